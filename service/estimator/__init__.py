@@ -1,0 +1,4 @@
+"""Pure estimator library: exact parameter counts, per-GPU memory and step time of a layout.
+
+Imports nothing outside the standard library (tests/estimator/test_purity.py checks it).
+"""

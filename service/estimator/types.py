@@ -1,0 +1,521 @@
+"""Typed inputs and outputs of the estimator: ModelSpec x ClusterSpec x Layout x TrainingSpec.
+
+All quantities are SI with the unit in the name (bytes, seconds, FLOP/s, bytes/s). Inputs
+validate themselves in ``__post_init__`` and raise domain errors that quote the numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from service.estimator.errors import InvalidHardware, InvalidLayout, InvalidModel, InvalidTraining
+
+
+def _require_positive(cls: type[Exception], name: str, value: float) -> None:
+    if not value > 0:
+        raise cls(f"{name} must be > 0, got {value}", rule="positive", field=name)
+
+
+# ---------------------------------------------------------------- model
+
+
+class MlpKind(StrEnum):
+    SWIGLU = "swiglu"  # gated: gate, up, down projections (Llama, Mistral, Qwen2, Phi-3)
+    GEGLU = "geglu"  # gated with GELU (Gemma): same three matrices as SwiGLU
+    GELU = "gelu"  # two matrices, up and down (GPT-2, GPT-NeoX, Falcon, BLOOM)
+
+    @property
+    def gated(self) -> bool:
+        return self is not MlpKind.GELU
+
+
+class NormKind(StrEnum):
+    RMSNORM = "rmsnorm"  # weight only: h parameters
+    LAYERNORM = "layernorm"  # weight and bias: 2h parameters
+
+
+class PositionEmbedding(StrEnum):
+    ROPE = "rope"  # no parameters
+    LEARNED = "learned"  # max_position_embeddings x h table (GPT-2, GPT-3)
+    ALIBI = "alibi"  # no parameters (BLOOM)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, DeepSeek-style shared experts)."""
+
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden_size: int
+    num_shared_experts: int = 0
+    shared_expert_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = False  # Qwen2-MoE: a sigmoid gate h -> 1 on the shared expert
+    layer_frequency: int = 1  # every k-th layer is MoE, the others dense
+    router_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "top_k", "expert_ffn_hidden_size", "layer_frequency"):
+            _require_positive(InvalidModel, f"moe.{name}", getattr(self, name))
+        if self.top_k > self.num_experts:
+            raise InvalidModel(
+                f"moe.top_k ({self.top_k}) exceeds moe.num_experts ({self.num_experts})",
+                rule="moe_top_k",
+                field="moe.top_k",
+            )
+        if self.num_shared_experts < 0:
+            raise InvalidModel("moe.num_shared_experts must be >= 0", field="moe.num_shared_experts")
+        if self.num_shared_experts and self.shared_expert_ffn_hidden_size <= 0:
+            raise InvalidModel(
+                "moe.shared_expert_ffn_hidden_size must be > 0 when shared experts exist",
+                rule="positive",
+                field="moe.shared_expert_ffn_hidden_size",
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer, as exact as a parameter count needs."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
+    family: str = "custom"  # HF model_type where known: llama, gpt2, gpt_neox, falcon, ...
+    max_position_embeddings: int = 4096
+    mlp: MlpKind = MlpKind.SWIGLU
+    norm: NormKind = NormKind.RMSNORM
+    position_embedding: PositionEmbedding = PositionEmbedding.ROPE
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    attn_out_bias: bool = False
+    mlp_bias: bool = False
+    norms_per_layer: int = 2  # 1 for Falcon-7B's shared pre-norm of its parallel block
+    embedding_norm: bool = False  # BLOOM's word_embeddings_layernorm
+    parallel_attn_mlp: bool = False  # GPT-J/NeoX/Falcon: attention and MLP read the same input
+    rotary_fraction: float = 1.0  # partial rotary (GPT-NeoX 0.25, Phi-2 0.4); no parameters
+    moe: MoESpec | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_kv_heads",
+            "ffn_hidden_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
+            _require_positive(InvalidModel, name, getattr(self, name))
+        if self.head_dim == 0:
+            if self.hidden_size % self.num_attention_heads:
+                raise InvalidModel(
+                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                    f"({self.num_attention_heads}); give head_dim explicitly",
+                    rule="head_dim",
+                    field="head_dim",
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        _require_positive(InvalidModel, "head_dim", self.head_dim)
+        if self.num_attention_heads % self.num_kv_heads:
+            raise InvalidModel(
+                f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})",
+                rule="gqa_groups",
+                field="num_kv_heads",
+            )
+        if self.norms_per_layer not in (1, 2, 4):
+            raise InvalidModel(
+                f"norms_per_layer must be 1, 2 or 4, got {self.norms_per_layer}",
+                field="norms_per_layer",
+            )
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            raise InvalidModel(
+                f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}",
+                field="rotary_fraction",
+            )
+
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection output: heads x head_dim."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of one of the key/value projection outputs: kv heads x head_dim."""
+        return self.num_kv_heads * self.head_dim
+
+
+# ---------------------------------------------------------------- hardware
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeakFlops:
+    """Dense (not 2:4 sparse) peak FLOP/s per precision; None where the GPU has no such unit."""
+
+    fp32: float
+    tf32: float | None = None
+    bf16: float | None = None
+    fp16: float | None = None
+    fp8: float | None = None
+
+    def __post_init__(self) -> None:
+        _require_positive(InvalidHardware, "peak_flops_per_s.fp32", self.fp32)
+        for name in ("tf32", "bf16", "fp16", "fp8"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_positive(InvalidHardware, f"peak_flops_per_s.{name}", value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPUSpec:
+    name: str
+    memory_bytes: int
+    peak_flops_per_s: PeakFlops
+    hbm_bandwidth_bytes_per_s: float
+    intra_node_bandwidth_bytes_per_s: float  # per GPU, one direction (NVLink, or PCIe)
+    pcie_bandwidth_bytes_per_s: float  # host link, one direction
+    vendor: str = "nvidia"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "memory_bytes",
+            "hbm_bandwidth_bytes_per_s",
+            "intra_node_bandwidth_bytes_per_s",
+            "pcie_bandwidth_bytes_per_s",
+        ):
+            _require_positive(InvalidHardware, name, getattr(self, name))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """Homogeneous nodes of identical GPUs; bandwidths per GPU, one direction."""
+
+    gpu: GPUSpec
+    num_nodes: int
+    gpus_per_node: int
+    intra_node_bandwidth_bytes_per_s: float
+    inter_node_bandwidth_bytes_per_s: float
+    cpu_memory_bytes_per_node: int = 0
+    nvme_bytes_per_node: int = 0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_nodes",
+            "gpus_per_node",
+            "intra_node_bandwidth_bytes_per_s",
+            "inter_node_bandwidth_bytes_per_s",
+        ):
+            _require_positive(InvalidHardware, name, getattr(self, name))
+        for name in ("cpu_memory_bytes_per_node", "nvme_bytes_per_node"):
+            if getattr(self, name) < 0:
+                raise InvalidHardware(
+                    f"{name} must be >= 0, got {getattr(self, name)}", rule="non_negative", field=name
+                )
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+# ---------------------------------------------------------------- training
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"  # mixed: bf16 compute and weights, fp32 master weights and optimizer states
+    FP16 = "fp16"  # mixed, with loss scaling
+    FP8 = "fp8"  # Transformer Engine style: fp8 GEMMs, bf16 weights, fp32 master + states
+    BF16_PURE = "bf16_pure"  # parameters, gradients and optimizer states all bf16
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    ADAMW_8BIT = "adamw_8bit"
+    SGD = "sgd"  # with momentum
+    ADAFACTOR = "adafactor"
+    LION = "lion"
+
+
+class Method(StrEnum):
+    FULL = "full"
+    LORA = "lora"
+    QLORA = "qlora"
+
+
+class Attention(StrEnum):
+    FLASH = "flash"
+    SDPA = "sdpa"
+    EAGER = "eager"  # materialises the s x s scores and probabilities
+
+
+ALL_LINEAR: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSpec:
+    seq_len: int
+    global_batch_size: int  # sequences per optimizer step
+    precision: Precision = Precision.BF16
+    optimizer: Optimizer = Optimizer.ADAMW
+    method: Method = Method.FULL
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] = ALL_LINEAR
+    attention: Attention = Attention.FLASH
+    tokens: int | None = None  # total training tokens, for time to train
+
+    def __post_init__(self) -> None:
+        _require_positive(InvalidTraining, "seq_len", self.seq_len)
+        _require_positive(InvalidTraining, "global_batch_size", self.global_batch_size)
+        if self.method is not Method.FULL:
+            _require_positive(InvalidTraining, "lora_rank", self.lora_rank)
+            if not self.lora_targets:
+                raise InvalidTraining(
+                    "lora_targets must name at least one module", rule="non_empty", field="lora_targets"
+                )
+            unknown = sorted(set(self.lora_targets) - set(ALL_LINEAR))
+            if unknown:
+                raise InvalidTraining(
+                    f"unknown lora_targets {unknown}; known: {list(ALL_LINEAR)}",
+                    rule="lora_target",
+                    field="lora_targets",
+                )
+        if self.tokens is not None:
+            _require_positive(InvalidTraining, "tokens", self.tokens)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch_size
+
+
+# ---------------------------------------------------------------- layout
+
+
+class Framework(StrEnum):
+    DEEPSPEED = "deepspeed"
+    MEGATRON = "megatron"
+    FSDP = "fsdp"
+
+
+class Offload(StrEnum):
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"  # recompute attention's core (Korthikanti §5)
+    FULL = "full"  # keep each layer's input only
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """How one job is split over the cluster. FSDP FULL_SHARD is zero_stage 3, SHARD_GRAD_OP 2;
+    Megatron's distributed optimizer is zero_stage 1. Cross-checks against the model and cluster
+    live in ``service.estimator.validate``."""
+
+    framework: Framework = Framework.DEEPSPEED
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    offload_optimizer: Offload = Offload.NONE
+    offload_params: Offload = Offload.NONE
+    recompute: Recompute = Recompute.NONE
+    micro_batch_size: int = 1
+    virtual_pipeline_stages: int = 1
+    gradient_accumulation_steps: int | None = None  # derived: global = micro x accum x dp
+    activation_offload: bool = False
+    optimizer_in_backward: bool = False
+    chunked_loss: bool = False
+    fsdp_hybrid_shard: bool = False  # HYBRID_SHARD: shard inside a node, replicate across nodes
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages"):
+            _require_positive(InvalidLayout, name, getattr(self, name))
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise InvalidLayout(
+                f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}", rule="zero_stage", field="zero_stage"
+            )
+        if self.gradient_accumulation_steps is not None:
+            _require_positive(InvalidLayout, "gradient_accumulation_steps", self.gradient_accumulation_steps)
+
+    def accumulation_steps(self, global_batch_size: int) -> int:
+        """Micro-batches per data-parallel rank per step: global = micro x accumulation x dp."""
+        per_step = self.micro_batch_size * self.dp
+        if self.gradient_accumulation_steps is not None:
+            if per_step * self.gradient_accumulation_steps != global_batch_size:
+                raise InvalidLayout(
+                    f"micro_batch_size ({self.micro_batch_size}) x gradient_accumulation_steps "
+                    f"({self.gradient_accumulation_steps}) x dp ({self.dp}) = "
+                    f"{per_step * self.gradient_accumulation_steps} != global_batch_size ({global_batch_size})",
+                    rule="global_batch",
+                    field="gradient_accumulation_steps",
+                )
+            return self.gradient_accumulation_steps
+        if global_batch_size % per_step:
+            raise InvalidLayout(
+                f"global_batch_size ({global_batch_size}) is not divisible by micro_batch_size "
+                f"({self.micro_batch_size}) x dp ({self.dp}) = {per_step}",
+                rule="global_batch",
+                field="micro_batch_size",
+            )
+        return global_batch_size // per_step
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+# ---------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParameterCounts:
+    """Exact parameter counts, as PyTorch's ``sum(p.numel() for p in model.parameters())``
+    counts them (tied tensors once)."""
+
+    total: int
+    embedding: int  # token embedding (+ learned positions, + embedding norm)
+    output: int  # untied lm_head; 0 when tied
+    final_norm: int
+    attention_per_layer: int  # q, k, v, o projections and their biases
+    norms_per_layer: int  # the layer's norms (replicated under tensor parallelism)
+    dense_layers: int  # layers with a dense MLP
+    dense_mlp_per_layer: int
+    moe_layers: int = 0  # layers whose MLP is a mixture of experts
+    experts_per_moe_layer: int = 0  # all routed experts of one MoE layer
+    router_per_moe_layer: int = 0
+    shared_experts_per_moe_layer: int = 0  # shared experts and their gate
+    active_per_token: int = 0  # total minus the routed experts a token does not visit
+    largest_module: int = 0  # the largest single nn.Module's own parameters (DeepSpeed's L)
+
+    @property
+    def layers_total(self) -> int:
+        """All parameters inside the decoder layers."""
+        return self.total - self.embedding - self.output - self.final_norm
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """Bytes on one GPU (the most-loaded rank)."""
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    buffers: int  # communication buckets, gathered ZeRO-3 params, temporaries
+    overhead: int  # CUDA context + allocator fragmentation reserve
+
+    @property
+    def total(self) -> int:
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer_states
+            + self.activations
+            + self.buffers
+            + self.overhead
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    per_gpu: MemoryBreakdown
+    capacity_bytes: int
+    cpu_per_node_bytes: int
+    nvme_per_node_bytes: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.per_gpu.total
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeBreakdown:
+    """Seconds of one optimizer step on the slowest rank."""
+
+    compute_s: float
+    recompute_s: float = 0.0
+    tp_comm_s: float = 0.0
+    cp_comm_s: float = 0.0
+    ep_comm_s: float = 0.0
+    pp_bubble_s: float = 0.0
+    pp_comm_s: float = 0.0
+    dp_comm_exposed_s: float = 0.0
+    offload_s: float = 0.0
+    optimizer_s: float = 0.0
+
+    @property
+    def step_s(self) -> float:
+        return (
+            self.compute_s
+            + self.recompute_s
+            + self.tp_comm_s
+            + self.cp_comm_s
+            + self.ep_comm_s
+            + self.pp_bubble_s
+            + self.pp_comm_s
+            + self.dp_comm_exposed_s
+            + self.offload_s
+            + self.optimizer_s
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeEstimate:
+    breakdown: TimeBreakdown
+    tokens_per_s: float
+    tflops_per_gpu: float  # model FLOPs only (PaLM MFU convention), 1e12 FLOP/s
+    mfu: float
+    hardware_tflops_per_gpu: float  # including recomputation
+    hfu: float
+
+    @property
+    def step_s(self) -> float:
+        return self.breakdown.step_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    fits: bool
+    memory: MemoryEstimate
+    time: TimeEstimate | None = None
+    max_micro_batch_size: int = 0
+    max_seq_len: int = 0
+    time_to_train_s: float | None = None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+    assumptions: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """One chosen layout for a job: what the launchers render."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    layout: Layout
+    estimate: Estimate | None = None
+    rationale: tuple[str, ...] = field(default_factory=tuple)
