@@ -1,0 +1,9 @@
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY service ./service
+COPY migrations ./migrations
+RUN pip install --no-cache-dir .
+EXPOSE 8000
+# Migrate, then serve; compose makes the database healthy first.
+CMD ["sh", "-c", "alembic upgrade head && uvicorn service.main:create_app --factory --host 0.0.0.0 --port 8000"]

@@ -1,0 +1,10 @@
+"""The web shell: one thin router per resource."""
+
+from fastapi import APIRouter
+
+from service.api import clusters, gpus, health
+
+api_router = APIRouter()
+api_router.include_router(health.router)
+api_router.include_router(gpus.router)
+api_router.include_router(clusters.router)

@@ -1,0 +1,42 @@
+"""Dependencies as Annotated aliases: settings, the request's session (the one place that
+commits), and repositories."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.persistence.repository import ClusterRepository
+from service.settings import Settings
+
+
+def get_app_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """Commit when the handler returns, roll back when it raises: nothing is half-written."""
+    factory: sessionmaker[Session] = request.app.state.sessionmaker
+    with factory() as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+# scope="function": commit before the response is sent, so a failed commit is never a 2xx.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+def get_cluster_repository(session: SessionDep) -> ClusterRepository:
+    return ClusterRepository(session)
+
+
+ClusterRepoDep = Annotated[ClusterRepository, Depends(get_cluster_repository)]

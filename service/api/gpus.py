@@ -1,0 +1,39 @@
+"""GPU catalog: read-only, every entry with its source."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api.problems import PROBLEM_RESPONSES
+from service.api.schemas import GPUOut, Page, PeakFlopsOut
+from service.catalog.gpus import GPUEntry, gpu_entry, gpus
+
+router = APIRouter(prefix="/v1/gpus", tags=["catalog"], responses=PROBLEM_RESPONSES)
+
+
+def to_out(entry: GPUEntry) -> GPUOut:
+    spec = entry.spec
+    peak = spec.peak_flops_per_s
+    return GPUOut(
+        name=entry.name,
+        display_name=entry.display_name,
+        vendor=entry.vendor,
+        memory_bytes=spec.memory_bytes,
+        peak_flops_per_s=PeakFlopsOut(fp32=peak.fp32, tf32=peak.tf32, bf16=peak.bf16, fp16=peak.fp16, fp8=peak.fp8),
+        hbm_bandwidth_bytes_per_s=spec.hbm_bandwidth_bytes_per_s,
+        intra_node_bandwidth_bytes_per_s=spec.intra_node_bandwidth_bytes_per_s,
+        pcie_bandwidth_bytes_per_s=spec.pcie_bandwidth_bytes_per_s,
+        source=entry.source,
+        notes=entry.notes or "",
+    )
+
+
+@router.get("", response_model=Page[GPUOut])
+def list_gpus() -> Page[GPUOut]:
+    """The whole catalog in one page (it is small); `next_cursor` is always null."""
+    return Page[GPUOut](items=[to_out(gpu_entry(name)) for name in gpus()])
+
+
+@router.get("/{name}", response_model=GPUOut)
+def get_gpu(name: str) -> GPUOut:
+    return to_out(gpu_entry(name))

@@ -1,0 +1,223 @@
+"""Wire schemas: pydantic models at the edge, with Field limits, turned into domain types here."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from service.catalog.errors import UnknownCatalogEntry
+from service.catalog.gpus import gpu as catalog_gpu
+from service.errors import Unprocessable
+from service.estimator.errors import EstimatorError
+from service.estimator.types import ClusterSpec, GPUSpec, PeakFlops
+
+GB_PER_S = 1e9  # the *_gbps inputs are GB/s (1e9 bytes/s), converted once here
+MAX_BANDWIDTH_BYTES_PER_S = 1e14  # 100 TB/s per GPU: far above any link that exists
+MAX_MEMORY_BYTES = 2**44  # 16 TiB: any larger "GPU" or host is a typo
+MAX_FLOPS_PER_S = 1e18
+
+T = TypeVar("T")
+
+
+class Strict(BaseModel):
+    """Unknown fields are errors; `X_gbps` is accepted wherever `X_bytes_per_s` is a field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gbps_to_bytes_per_s(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for key in data:
+            if not (isinstance(key, str) and key.endswith("_gbps")):
+                continue
+            target = key.removesuffix("_gbps") + "_bytes_per_s"
+            if target not in cls.model_fields:
+                continue  # left in place: `extra="forbid"` names it
+            if target in data:
+                raise ValueError(f"give either {key} or {target}, not both")
+            value = out.pop(key)
+            out[target] = value * GB_PER_S if isinstance(value, int | float) else value
+        return out
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = None
+
+
+# ---------------------------------------------------------------- GPUs and clusters
+
+
+class PeakFlopsIn(Strict):
+    fp32: float = Field(gt=0, le=MAX_FLOPS_PER_S)
+    tf32: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
+    bf16: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
+    fp16: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
+    fp8: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
+
+
+class CustomGPU(Strict):
+    """A GPU that is not in the catalog: every field is required (peaks dense, not sparse)."""
+
+    name: str = Field(min_length=1, max_length=100)
+    memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES)
+    peak_flops_per_s: PeakFlopsIn
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+    intra_node_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+    pcie_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+
+    def to_domain(self) -> GPUSpec:
+        return GPUSpec(
+            name=self.name,
+            memory_bytes=self.memory_bytes,
+            peak_flops_per_s=PeakFlops(**self.peak_flops_per_s.model_dump()),
+            hbm_bandwidth_bytes_per_s=self.hbm_bandwidth_bytes_per_s,
+            intra_node_bandwidth_bytes_per_s=self.intra_node_bandwidth_bytes_per_s,
+            pcie_bandwidth_bytes_per_s=self.pcie_bandwidth_bytes_per_s,
+            vendor="custom",
+            source="supplied by the client",
+        )
+
+
+def resolve_gpu(gpu: str | CustomGPU, field: str = "gpu") -> GPUSpec:
+    """A catalog name or a custom spec -> GPUSpec; an unknown name is a 422 naming the field."""
+    if isinstance(gpu, CustomGPU):
+        return gpu.to_domain()
+    try:
+        return catalog_gpu(gpu)
+    except UnknownCatalogEntry as exc:
+        raise Unprocessable(
+            str(exc),
+            errors=[{"field": field, "message": str(exc), "type": "unknown_gpu", "known": list(exc.known)}],
+        ) from exc
+
+
+class ClusterShape(Strict):
+    """The hardware of a cluster; bandwidths per GPU, one direction, bytes/s."""
+
+    gpu: str | CustomGPU = Field(description="a catalog GPU name (GET /v1/gpus) or a custom spec")
+    num_nodes: int = Field(ge=1, le=100_000)
+    gpus_per_node: int = Field(ge=1, le=64)
+    intra_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None, gt=0, le=MAX_BANDWIDTH_BYTES_PER_S, description="default: the GPU's NVLink/PCIe figure"
+    )
+    inter_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_BANDWIDTH_BYTES_PER_S,
+        description="each GPU's share of the node's network; required when num_nodes > 1",
+    )
+    cpu_memory_bytes_per_node: int = Field(default=0, ge=0, le=MAX_MEMORY_BYTES)
+    nvme_bytes_per_node: int = Field(default=0, ge=0, le=2**50)
+
+    def to_domain(self) -> ClusterSpec:
+        gpu = resolve_gpu(self.gpu)
+        intra = self.intra_node_bandwidth_bytes_per_s or gpu.intra_node_bandwidth_bytes_per_s
+        inter = self.inter_node_bandwidth_bytes_per_s
+        if inter is None:
+            if self.num_nodes > 1:
+                raise Unprocessable(
+                    "inter_node_bandwidth_bytes_per_s is required when num_nodes > 1",
+                    errors=[
+                        {
+                            "field": "inter_node_bandwidth_bytes_per_s",
+                            "message": f"required when num_nodes ({self.num_nodes}) > 1",
+                            "type": "missing",
+                        }
+                    ],
+                )
+            inter = intra  # one node: nothing crosses a network
+        try:
+            return ClusterSpec(
+                gpu=gpu,
+                num_nodes=self.num_nodes,
+                gpus_per_node=self.gpus_per_node,
+                intra_node_bandwidth_bytes_per_s=intra,
+                inter_node_bandwidth_bytes_per_s=inter,
+                cpu_memory_bytes_per_node=self.cpu_memory_bytes_per_node,
+                nvme_bytes_per_node=self.nvme_bytes_per_node,
+            )
+        except EstimatorError as exc:  # pragma: no cover - Field limits catch these first
+            raise Unprocessable(exc.message, errors=[{"field": exc.field or "cluster", "message": exc.message}])
+
+
+class ClusterCreate(ClusterShape):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
+    description: str = Field(default="", max_length=2000)
+
+
+class ClusterPatch(Strict):
+    """Fields to change; the merged cluster is validated as a whole."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
+    description: str | None = Field(default=None, max_length=2000)
+    gpu: str | CustomGPU | None = None
+    num_nodes: int | None = Field(default=None, ge=1, le=100_000)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=64)
+    intra_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+    inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+    cpu_memory_bytes_per_node: int | None = Field(default=None, ge=0, le=MAX_MEMORY_BYTES)
+    nvme_bytes_per_node: int | None = Field(default=None, ge=0, le=2**50)
+
+
+class ClusterOut(BaseModel):
+    id: str
+    name: str
+    description: str
+    gpu: str | CustomGPU
+    num_nodes: int
+    gpus_per_node: int
+    world_size: int
+    gpu_memory_bytes: int
+    intra_node_bandwidth_bytes_per_s: float
+    inter_node_bandwidth_bytes_per_s: float
+    cpu_memory_bytes_per_node: int
+    nvme_bytes_per_node: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class ClusterRef(Strict):
+    """A stored cluster, by id."""
+
+    id: str = Field(min_length=1, max_length=64)
+
+
+# ---------------------------------------------------------------- catalog
+
+
+class PeakFlopsOut(BaseModel):
+    fp32: float
+    tf32: float | None
+    bf16: float | None
+    fp16: float | None
+    fp8: float | None
+
+
+class GPUOut(BaseModel):
+    name: str
+    display_name: str
+    vendor: str
+    memory_bytes: int
+    peak_flops_per_s: PeakFlopsOut
+    hbm_bandwidth_bytes_per_s: float
+    intra_node_bandwidth_bytes_per_s: float
+    pcie_bandwidth_bytes_per_s: float
+    source: str
+    notes: str = ""
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, as every error is rendered."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = None

@@ -1,0 +1,150 @@
+"""One error shape for the whole service: RFC 9457 problem details (application/problem+json).
+
+Every error, ours or FastAPI's own (404, 405, 422), goes through the handlers installed here.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.catalog.errors import UnknownCatalogEntry
+from service.estimator.errors import EstimatorError
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+PROBLEM_TYPE_BASE = "https://trainplan.dev/problems/"
+
+
+class ServiceError(Exception):
+    """An error the service reports to the client; `status_code` is the HTTP status."""
+
+    status_code = 400
+    slug = "bad-request"
+
+    def __init__(self, detail: str, *, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.errors = errors
+
+
+class NotFound(ServiceError):
+    status_code = 404
+    slug = "not-found"
+
+
+class Conflict(ServiceError):
+    status_code = 409
+    slug = "conflict"
+
+
+class Unprocessable(ServiceError):
+    status_code = 422
+    slug = "validation-error"
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+    slug = "payload-too-large"
+
+
+class ServiceUnavailable(ServiceError):
+    status_code = 503
+    slug = "unavailable"
+
+
+def problem_response(
+    status: int,
+    detail: str,
+    *,
+    slug: str,
+    errors: list[dict[str, Any]] | None = None,
+    instance: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": PROBLEM_TYPE_BASE + slug,
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+    }
+    if instance is not None:
+        body["instance"] = instance
+    if errors:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
+
+
+def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
+    """('body', 'gpu', 'memory_bytes') -> 'gpu.memory_bytes'; query and path keep their prefix."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    out = []
+    for err in exc.errors():
+        entry: dict[str, Any] = {"field": _field_path(err.get("loc", ())), "message": err.get("msg", "")}
+        entry["type"] = err.get("type", "invalid")
+        ctx = err.get("ctx") or {}
+        limits = {k: v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le", "max_length", "min_length")}
+        if limits:
+            entry["limit"] = {k: (v if isinstance(v, int | float | str) else str(v)) for k, v in limits.items()}
+        out.append(entry)
+    return out
+
+
+async def _service_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    return problem_response(
+        exc.status_code, exc.detail, slug=exc.slug, errors=exc.errors, instance=request.url.path
+    )
+
+
+async def _estimator_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EstimatorError)
+    errors = [{"field": exc.field or "body", "rule": exc.rule, "message": exc.message}]
+    return problem_response(422, exc.message, slug=exc.rule, errors=errors, instance=request.url.path)
+
+
+async def _unknown_entry(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, UnknownCatalogEntry)
+    # An unknown name inside a request body is a validation problem; in a path it is a 404.
+    return problem_response(404, str(exc), slug="not-found", instance=request.url.path)
+
+
+async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = _validation_errors(exc)
+    if any(e["type"] == "json_invalid" for e in errors):
+        return problem_response(
+            400, "Malformed JSON body", slug="malformed-json", errors=errors, instance=request.url.path
+        )
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
+    return problem_response(422, detail, slug="validation-error", errors=errors, instance=request.url.path)
+
+
+async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    status = exc.status_code
+    detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(status).phrase
+    if status == 404 and detail == "Not Found":
+        detail = f"No route matches {request.method} {request.url.path}"
+    if status == 405:
+        detail = f"Method {request.method} is not allowed on {request.url.path}"
+    slug = {404: "not-found", 405: "method-not-allowed"}.get(status, "http-error")
+    return problem_response(status, detail, slug=slug, instance=request.url.path, headers=exc.headers)
+
+
+def install_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(EstimatorError, _estimator_error)
+    app.add_exception_handler(UnknownCatalogEntry, _unknown_entry)
+    app.add_exception_handler(RequestValidationError, _request_validation)
+    app.add_exception_handler(StarletteHTTPException, _http_exception)

@@ -1,0 +1,59 @@
+"""The app factory: settings -> engine (in lifespan) -> routers, middleware and error handlers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from sqlalchemy.orm import sessionmaker
+
+from service.api import api_router
+from service.errors import install_handlers
+from service.metrics import Metrics
+from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
+from service.persistence.db import make_engine
+from service.settings import Settings, get_settings
+
+VERSION = "0.1.0"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.database_url, sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+        app.state.engine = engine
+        app.state.sessionmaker = sessionmaker(engine, expire_on_commit=False)
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(
+        title="trainplan",
+        version=VERSION,
+        summary="Plans LLM training layouts that fit in GPU memory, with numbers.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    logging.getLogger("service").setLevel(settings.log_level.upper())
+    install_handlers(app)
+    app.include_router(api_router)
+    # Outermost last: request id wraps everything so even a 413 or a 500 carries it.
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["X-Request-ID", "Location"],
+        )
+    app.add_middleware(RequestIdMiddleware)
+    return app

@@ -1,0 +1,92 @@
+"""Rows: clusters, plans, observed runs and idempotency keys. Wire schemas live in api/schemas.py."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from service.persistence.db import Base, UTCDateTime, new_id, utcnow
+
+
+class ClusterRecord(Base):
+    __tablename__ = "clusters"
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    # Either a catalog GPU name, or null with `gpu_spec` holding a complete custom spec.
+    gpu_name: Mapped[str | None] = mapped_column(String(100))
+    gpu_spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    num_nodes: Mapped[int] = mapped_column(Integer)
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    intra_node_bandwidth_bytes_per_s: Mapped[float] = mapped_column(Float)
+    inter_node_bandwidth_bytes_per_s: Mapped[float] = mapped_column(Float)
+    cpu_memory_bytes_per_node: Mapped[int] = mapped_column(BigInteger)
+    nvme_bytes_per_node: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class PlanRecord(Base):
+    __tablename__ = "plans"
+    __table_args__ = (
+        Index("ix_plans_cluster_id_id", "cluster_id", "id"),
+        Index("ix_plans_model_name_id", "model_name", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
+    # RESTRICT: a stored cluster that plans refer to cannot be deleted (409); every plan also
+    # keeps the cluster it was made for in `cluster_snapshot`, so later edits don't rewrite history.
+    cluster_id: Mapped[str | None] = mapped_column(
+        String(26), ForeignKey("clusters.id", ondelete="RESTRICT")
+    )
+    cluster_snapshot: Mapped[dict[str, Any]] = mapped_column(JSON)
+    model_name: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(20))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    artifacts: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    catalog_version: Mapped[str] = mapped_column(String(64))
+    estimator_version: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    runs: Mapped[list[RunRecord]] = relationship(
+        back_populates="plan", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class RunRecord(Base):
+    """What a real run of a plan measured, and how it compared with the estimate."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
+    plan_id: Mapped[str] = mapped_column(
+        String(26), ForeignKey("plans.id", ondelete="CASCADE"), index=True
+    )
+    peak_memory_bytes_per_gpu: Mapped[int | None] = mapped_column(BigInteger)
+    step_s: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    gpu_utilization: Mapped[float | None] = mapped_column(Float)
+    out_of_memory: Mapped[bool] = mapped_column(default=False)
+    framework_version: Mapped[str] = mapped_column(String(100), default="")
+    notes: Mapped[str] = mapped_column(Text, default="")
+    diagnosis: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    plan: Mapped[PlanRecord] = relationship(back_populates="runs")
+
+
+class IdempotencyKeyRecord(Base):
+    """A retried write with the same key and body returns the first result and creates nothing."""
+
+    __tablename__ = "idempotency_keys"
+
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(100), primary_key=True)  # e.g. "POST /v1/plans"
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    resource_id: Mapped[str] = mapped_column(String(26))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

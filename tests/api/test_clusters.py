@@ -1,0 +1,197 @@
+"""Cluster inventory end to end, on a database built by the migrations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.api.helpers import assert_problem
+
+H100_NODE: dict[str, Any] = {
+    "name": "h100-pod",
+    "gpu": "h100-sxm-80gb",
+    "num_nodes": 4,
+    "gpus_per_node": 8,
+    "inter_node_bandwidth_bytes_per_s": 50e9,
+    "cpu_memory_bytes_per_node": 2 * 1024**4,
+}
+
+CUSTOM_GPU: dict[str, Any] = {
+    "name": "lab-card-48gb",
+    "memory_bytes": 48 * 1024**3,
+    "peak_flops_per_s": {"fp32": 40e12, "bf16": 180e12},
+    "hbm_bandwidth_bytes_per_s": 1.0e12,
+    "intra_node_bandwidth_bytes_per_s": 32e9,
+    "pcie_bandwidth_bytes_per_s": 32e9,
+}
+
+
+def create(client: TestClient, **overrides: Any) -> dict[str, Any]:
+    response = client.post("/v1/clusters", json=H100_NODE | overrides)
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def test_create_fetch_and_defaults(client: TestClient) -> None:
+    response = client.post("/v1/clusters", json=H100_NODE)
+    assert response.status_code == 201
+    body = response.json()
+    assert response.headers["location"] == f"/v1/clusters/{body['id']}"
+    assert body["world_size"] == 32
+    # The intra-node bandwidth defaults from the catalog entry of the GPU.
+    gpu = client.get("/v1/gpus/h100-sxm-80gb").json()
+    assert body["intra_node_bandwidth_bytes_per_s"] == gpu["intra_node_bandwidth_bytes_per_s"]
+    assert body["gpu_memory_bytes"] == gpu["memory_bytes"]
+    fetched = client.get(f"/v1/clusters/{body['id']}")
+    assert fetched.status_code == 200
+    assert fetched.json() == body
+
+
+def test_gbps_inputs_are_converted_to_bytes_per_s(client: TestClient) -> None:
+    body = {k: v for k, v in H100_NODE.items() if k != "inter_node_bandwidth_bytes_per_s"}
+    response = client.post("/v1/clusters", json=body | {"inter_node_bandwidth_gbps": 25})
+    assert response.status_code == 201, response.text
+    assert response.json()["inter_node_bandwidth_bytes_per_s"] == 25e9
+    both = body | {"inter_node_bandwidth_gbps": 25, "inter_node_bandwidth_bytes_per_s": 25e9, "name": "b"}
+    assert_problem(client.post("/v1/clusters", json=both), 422)
+
+
+def test_custom_gpu_round_trips(client: TestClient) -> None:
+    created = create(client, name="lab", gpu=CUSTOM_GPU, num_nodes=1, inter_node_bandwidth_bytes_per_s=None)
+    assert created["gpu"] == CUSTOM_GPU | {
+        "peak_flops_per_s": {"fp32": 40e12, "bf16": 180e12, "tf32": None, "fp16": None, "fp8": None}
+    }
+    assert created["gpu_memory_bytes"] == 48 * 1024**3
+    # One node: nothing crosses a network, inter-node defaults to intra-node.
+    assert created["inter_node_bandwidth_bytes_per_s"] == 32e9
+
+
+def test_incomplete_custom_gpu_names_the_missing_field(client: TestClient) -> None:
+    gpu = {k: v for k, v in CUSTOM_GPU.items() if k != "hbm_bandwidth_bytes_per_s"}
+    response = client.post("/v1/clusters", json=H100_NODE | {"gpu": gpu})
+    problem = assert_problem(response, 422)
+    assert any(e["field"].endswith("hbm_bandwidth_bytes_per_s") for e in problem["errors"])
+
+
+def test_unknown_gpu_is_422_naming_the_field_and_the_catalog(client: TestClient) -> None:
+    response = client.post("/v1/clusters", json=H100_NODE | {"gpu": "h100"})
+    problem = assert_problem(response, 422)
+    assert problem["errors"][0]["field"] == "gpu"
+    assert "h100-sxm-80gb" in problem["errors"][0]["known"]
+
+
+def test_zero_nodes_and_negative_bandwidth_name_field_and_limit(client: TestClient) -> None:
+    problem = assert_problem(client.post("/v1/clusters", json=H100_NODE | {"num_nodes": 0}), 422)
+    assert problem["errors"][0]["field"] == "num_nodes"
+    assert problem["errors"][0]["limit"] == {"ge": 1}
+    response = client.post("/v1/clusters", json=H100_NODE | {"inter_node_bandwidth_bytes_per_s": -1})
+    problem = assert_problem(response, 422)
+    assert problem["errors"][0]["field"] == "inter_node_bandwidth_bytes_per_s"
+    assert problem["errors"][0]["limit"] == {"gt": 0}
+
+
+def test_multi_node_requires_inter_node_bandwidth(client: TestClient) -> None:
+    body = {k: v for k, v in H100_NODE.items() if k != "inter_node_bandwidth_bytes_per_s"}
+    problem = assert_problem(client.post("/v1/clusters", json=body), 422)
+    assert problem["errors"][0]["field"] == "inter_node_bandwidth_bytes_per_s"
+
+
+def test_unknown_field_is_rejected_by_name(client: TestClient) -> None:
+    problem = assert_problem(client.post("/v1/clusters", json=H100_NODE | {"gpu_count": 8}), 422)
+    assert problem["errors"][0]["field"] == "gpu_count"
+    assert problem["errors"][0]["type"] == "extra_forbidden"
+
+
+def test_malformed_json_is_400(client: TestClient) -> None:
+    response = client.post(
+        "/v1/clusters", content=b'{"name": "x", "num_nodes": ', headers={"content-type": "application/json"}
+    )
+    assert_problem(response, 400)
+
+
+def test_huge_body_is_413_and_nothing_is_stored(client: TestClient) -> None:
+    big = H100_NODE | {"description": "x" * 300_000}
+    problem = assert_problem(client.post("/v1/clusters", json=big), 413)
+    assert problem["errors"][0]["limit"]["max_bytes"] == 256 * 1024
+    assert client.get("/v1/clusters").json()["items"] == []
+
+
+def test_duplicate_name_is_409(client: TestClient) -> None:
+    first = create(client)
+    problem = assert_problem(client.post("/v1/clusters", json=H100_NODE), 409)
+    assert problem["errors"][0]["existing_id"] == first["id"]
+
+
+def test_put_replaces_and_patch_merges(client: TestClient) -> None:
+    created = create(client)
+    replaced = client.put(
+        f"/v1/clusters/{created['id']}", json=H100_NODE | {"gpu": "a100-sxm-80gb", "num_nodes": 2}
+    )
+    assert replaced.status_code == 200, replaced.text
+    body = replaced.json()
+    assert body["gpu"] == "a100-sxm-80gb" and body["num_nodes"] == 2
+    assert body["created_at"] == created["created_at"]
+    assert body["updated_at"] >= created["updated_at"]
+    a100 = client.get("/v1/gpus/a100-sxm-80gb").json()
+    assert body["intra_node_bandwidth_bytes_per_s"] == a100["intra_node_bandwidth_bytes_per_s"]
+
+    patched = client.patch(f"/v1/clusters/{created['id']}", json={"num_nodes": 1, "description": "one box"})
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["num_nodes"] == 1
+    assert patched.json()["description"] == "one box"
+    assert patched.json()["gpu"] == "a100-sxm-80gb"
+
+
+def test_patch_with_invalid_merge_changes_nothing(client: TestClient) -> None:
+    created = create(client)
+    assert_problem(client.patch(f"/v1/clusters/{created['id']}", json={"gpu": "no-such-gpu"}), 422)
+    assert_problem(client.patch(f"/v1/clusters/{created['id']}", json={"num_nodes": -3}), 422)
+    assert client.get(f"/v1/clusters/{created['id']}").json() == created
+
+
+def test_rename_onto_existing_name_is_409(client: TestClient) -> None:
+    create(client)
+    other = create(client, name="other")
+    assert_problem(client.patch(f"/v1/clusters/{other['id']}", json={"name": "h100-pod"}), 409)
+
+
+def test_missing_cluster_is_404_for_every_method(client: TestClient) -> None:
+    for method in ("GET", "PUT", "PATCH", "DELETE"):
+        kwargs: dict[str, Any] = {"json": H100_NODE} if method == "PUT" else {}
+        if method == "PATCH":
+            kwargs = {"json": {"num_nodes": 2}}
+        response = client.request(method, "/v1/clusters/01JZZZZZZZZZZZZZZZZZZZZZZZ", **kwargs)
+        assert_problem(response, 404)
+
+
+def test_delete_then_gone(client: TestClient) -> None:
+    created = create(client)
+    assert client.delete(f"/v1/clusters/{created['id']}").status_code == 204
+    assert_problem(client.get(f"/v1/clusters/{created['id']}"), 404)
+
+
+def test_cursor_pagination_visits_every_cluster_once(client: TestClient) -> None:
+    ids = [create(client, name=f"c{i}")["id"] for i in range(7)]
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        params: dict[str, Any] = {"limit": 3} | ({"cursor": cursor} if cursor else {})
+        page = client.get("/v1/clusters", params=params).json()
+        seen += [item["id"] for item in page["items"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(ids)
+    assert pages == 3
+
+
+def test_bad_cursor_and_limit_are_422(client: TestClient) -> None:
+    problem = assert_problem(client.get("/v1/clusters", params={"cursor": "not-a-cursor"}), 422)
+    assert problem["errors"][0]["field"] == "query.cursor"
+    problem = assert_problem(client.get("/v1/clusters", params={"limit": 501}), 422)
+    assert problem["errors"][0]["field"] == "query.limit"
+    assert problem["errors"][0]["limit"] == {"le": 500}

@@ -1,0 +1,53 @@
+"""Health, readiness, metrics, request ids, CORS and the problem format of FastAPI's own errors."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+from service.settings import Settings
+from tests.api.helpers import assert_problem
+
+
+def test_healthz_and_readyz(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready"
+
+
+def test_readyz_is_503_when_the_database_does_not_answer(tmp_path: object) -> None:
+    settings = Settings(database_url="postgresql+psycopg://nobody@127.0.0.1:1/none")
+    with TestClient(create_app(settings)) as client:
+        assert_problem(client.get("/readyz"), 503)
+        assert client.get("/healthz").status_code == 200
+
+
+def test_unknown_route_and_method_are_problems(client: TestClient) -> None:
+    problem = assert_problem(client.get("/v1/nothing-here"), 404)
+    assert "/v1/nothing-here" in problem["detail"]
+    assert_problem(client.delete("/v1/gpus"), 405)
+
+
+def test_request_id_is_echoed_or_made(client: TestClient) -> None:
+    assert client.get("/healthz", headers={"X-Request-ID": "abc-123"}).headers["x-request-id"] == "abc-123"
+    made = client.get("/healthz", headers={"X-Request-ID": "bad id with spaces"}).headers["x-request-id"]
+    assert made and made != "bad id with spaces"
+
+
+def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
+    client.get("/v1/gpus/h100-sxm-80gb")
+    client.get("/v1/gpus/nope")
+    text = client.get("/metrics").text
+    assert 'trainplan_http_requests_total{method="GET",route="/v1/gpus/{name}",status="200"} 1' in text
+    assert 'trainplan_http_requests_total{method="GET",route="/v1/gpus/{name}",status="404"} 1' in text
+    assert "trainplan_http_request_duration_seconds_bucket" in text
+
+
+def test_cors_allows_only_configured_origins(migrated_url: str) -> None:
+    settings = Settings(database_url=migrated_url, cors_origins=["https://ui.example"])
+    with TestClient(create_app(settings)) as client:
+        ok = client.get("/healthz", headers={"Origin": "https://ui.example"})
+        assert ok.headers["access-control-allow-origin"] == "https://ui.example"
+        other = client.get("/healthz", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers

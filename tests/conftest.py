@@ -1,0 +1,77 @@
+"""Fixtures: a database built by `alembic upgrade head` (SQLite by default, PostgreSQL when
+PLANNER_TEST_DATABASE_URL is set), an app bound to it, and a TestClient. Rows are deleted
+after each test, so tests can also exercise real commits and concurrency."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.config import Config
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from service.main import create_app
+from service.persistence import models  # noqa: F401  (registers tables)
+from service.persistence.db import Base, make_engine
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+DB_FIXTURES = {"migrated_url", "db_engine", "app", "client"}
+
+
+def alembic_config(url: str) -> Config:
+    config = Config(toml_file=str(ROOT / "pyproject.toml"))
+    config.attributes["database_url"] = url
+    return config
+
+
+def reset_postgres_schema(url: str) -> None:
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test that touches the database is marked `db`; CI runs those again on PostgreSQL.
+    for item in items:
+        if DB_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.db)
+
+
+@pytest.fixture(scope="session")
+def migrated_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = os.environ.get("PLANNER_TEST_DATABASE_URL")
+    if url:
+        reset_postgres_schema(url)
+    else:
+        url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'test.db'}"
+    command.upgrade(alembic_config(url), "head")
+    return url
+
+
+@pytest.fixture(scope="session")
+def db_engine(migrated_url: str) -> Iterator[Engine]:
+    engine = make_engine(migrated_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def app(migrated_url: str, db_engine: Engine) -> Iterator[FastAPI]:
+    yield create_app(Settings(database_url=migrated_url, max_body_bytes=256 * 1024))
+    with db_engine.begin() as conn:
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(table.delete())
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
