@@ -5,6 +5,7 @@ Every error, ours or FastAPI's own (404, 405, 422), goes through the handlers in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -64,7 +65,7 @@ def problem_response(
     slug: str,
     errors: list[dict[str, Any]] | None = None,
     instance: str | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_BASE + slug,
@@ -95,7 +96,9 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
         ctx = err.get("ctx") or {}
         limits = {k: v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le", "max_length", "min_length")}
         if limits:
-            entry["limit"] = {k: (v if isinstance(v, int | float | str) else str(v)) for k, v in limits.items()}
+            entry["limit"] = {
+                k: (v if isinstance(v, int | float | str) else str(v)) for k, v in limits.items()
+            }
         out.append(entry)
     return out
 

@@ -50,6 +50,8 @@ class Metrics:
                     lines.append(f'trainplan_http_request_duration_seconds_bucket{{{base},le="{bound}"}} {n}')
                 total = self._count[(method, route)]
                 lines.append(f'trainplan_http_request_duration_seconds_bucket{{{base},le="+Inf"}} {total}')
-                lines.append(f"trainplan_http_request_duration_seconds_sum{{{base}}} {self._sum_s[(method, route)]}")
+                lines.append(
+                    f"trainplan_http_request_duration_seconds_sum{{{base}}} {self._sum_s[(method, route)]}"
+                )
                 lines.append(f"trainplan_http_request_duration_seconds_count{{{base}}} {total}")
         return "\n".join(lines) + "\n"

@@ -6,7 +6,6 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -57,7 +56,9 @@ class RequestIdMiddleware:
             if started:
                 raise
             response = problem_response(
-                500, f"internal server error; request id {request_id} identifies it in the logs", slug="internal"
+                500,
+                f"internal server error; request id {request_id} identifies it in the logs",
+                slug="internal",
             )
             await response(scope, receive, send_with_id)
 
@@ -140,7 +141,7 @@ class MetricsMiddleware:
             self.metrics.observe(scope["method"], _route_template(scope), status, time.perf_counter() - start)
 
 
-def _route_template(scope: dict[str, Any]) -> str:
+def _route_template(scope: Scope) -> str:
     """The matched route's path template (bounded label cardinality), or 'unmatched'."""
     route = scope.get("route")
     path = getattr(route, "path", None)

@@ -11,6 +11,13 @@ def test_contract_paths_are_documented() -> None:
     import json
 
     paths = json.loads(render())["paths"]
-    for path in ("/healthz", "/readyz", "/metrics", "/v1/gpus", "/v1/gpus/{name}", "/v1/clusters",
-                 "/v1/clusters/{cluster_id}"):
+    for path in (
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/v1/gpus",
+        "/v1/gpus/{name}",
+        "/v1/clusters",
+        "/v1/clusters/{cluster_id}",
+    ):
         assert path in paths, path

@@ -108,7 +108,9 @@ def create_cluster(body: ClusterCreate, repo: ClusterRepoDep, response: Response
 
 
 @router.get("", response_model=Page[ClusterOut])
-def list_clusters(repo: ClusterRepoDep, limit: LimitQuery = 50, cursor: CursorQuery = None) -> Page[ClusterOut]:
+def list_clusters(
+    repo: ClusterRepoDep, limit: LimitQuery = 50, cursor: CursorQuery = None
+) -> Page[ClusterOut]:
     try:
         after = decode_cursor(cursor) if cursor else None
     except InvalidCursor as exc:
@@ -138,9 +140,14 @@ def update_cluster(cluster_id: str, body: ClusterPatch, repo: ClusterRepoDep) ->
     # A new GPU brings its own default intra-node bandwidth unless the patch sets one.
     if "gpu" in body.model_fields_set and "intra_node_bandwidth_bytes_per_s" not in body.model_fields_set:
         merged["intra_node_bandwidth_bytes_per_s"] = None
-    if "num_nodes" in body.model_fields_set and "inter_node_bandwidth_bytes_per_s" not in body.model_fields_set:
-        if merged["num_nodes"] == 1:
-            merged["inter_node_bandwidth_bytes_per_s"] = None
+    # Shrinking to one node drops the network figure (it defaults to intra-node again).
+    touched = body.model_fields_set
+    if (
+        "num_nodes" in touched
+        and "inter_node_bandwidth_bytes_per_s" not in touched
+        and merged["num_nodes"] == 1
+    ):
+        merged["inter_node_bandwidth_bytes_per_s"] = None
     replacement = ClusterCreate.model_validate(merged)
     _check_name_free(repo, replacement.name, record.id)
     _apply(record, replacement)

@@ -19,7 +19,9 @@ def to_out(entry: GPUEntry) -> GPUOut:
         display_name=entry.display_name,
         vendor=entry.vendor,
         memory_bytes=spec.memory_bytes,
-        peak_flops_per_s=PeakFlopsOut(fp32=peak.fp32, tf32=peak.tf32, bf16=peak.bf16, fp16=peak.fp16, fp8=peak.fp8),
+        peak_flops_per_s=PeakFlopsOut(
+            fp32=peak.fp32, tf32=peak.tf32, bf16=peak.bf16, fp16=peak.fp16, fp8=peak.fp8
+        ),
         hbm_bandwidth_bytes_per_s=spec.hbm_bandwidth_bytes_per_s,
         intra_node_bandwidth_bytes_per_s=spec.intra_node_bandwidth_bytes_per_s,
         pcie_bandwidth_bytes_per_s=spec.pcie_bandwidth_bytes_per_s,

@@ -143,7 +143,9 @@ class ClusterShape(Strict):
                 nvme_bytes_per_node=self.nvme_bytes_per_node,
             )
         except EstimatorError as exc:  # pragma: no cover - Field limits catch these first
-            raise Unprocessable(exc.message, errors=[{"field": exc.field or "cluster", "message": exc.message}])
+            raise Unprocessable(
+                exc.message, errors=[{"field": exc.field or "cluster", "message": exc.message}]
+            ) from exc
 
 
 class ClusterCreate(ClusterShape):

@@ -9,10 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from service.estimator.errors import InvalidHardware, InvalidLayout, InvalidModel, InvalidTraining
+from service.estimator.errors import (
+    EstimatorError,
+    InvalidHardware,
+    InvalidLayout,
+    InvalidModel,
+    InvalidTraining,
+)
 
 
-def _require_positive(cls: type[Exception], name: str, value: float) -> None:
+def _require_positive(cls: type[EstimatorError], name: str, value: float) -> None:
     if not value > 0:
         raise cls(f"{name} must be > 0, got {value}", rule="positive", field=name)
 

@@ -40,9 +40,7 @@ class PlanRecord(Base):
     id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
     # RESTRICT: a stored cluster that plans refer to cannot be deleted (409); every plan also
     # keeps the cluster it was made for in `cluster_snapshot`, so later edits don't rewrite history.
-    cluster_id: Mapped[str | None] = mapped_column(
-        String(26), ForeignKey("clusters.id", ondelete="RESTRICT")
-    )
+    cluster_id: Mapped[str | None] = mapped_column(String(26), ForeignKey("clusters.id", ondelete="RESTRICT"))
     cluster_snapshot: Mapped[dict[str, Any]] = mapped_column(JSON)
     model_name: Mapped[str] = mapped_column(String(200))
     status: Mapped[str] = mapped_column(String(20))
@@ -64,9 +62,7 @@ class RunRecord(Base):
     __tablename__ = "runs"
 
     id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
-    plan_id: Mapped[str] = mapped_column(
-        String(26), ForeignKey("plans.id", ondelete="CASCADE"), index=True
-    )
+    plan_id: Mapped[str] = mapped_column(String(26), ForeignKey("plans.id", ondelete="CASCADE"), index=True)
     peak_memory_bytes_per_gpu: Mapped[int | None] = mapped_column(BigInteger)
     step_s: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)

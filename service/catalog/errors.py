@@ -1,0 +1,36 @@
+"""Errors raised while loading or looking up the data catalogs (GPUs, model presets)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+CatalogKind = Literal["gpu", "model"]
+
+
+class UnknownCatalogEntry(LookupError):
+    """A name that no catalog entry carries; `known` lists the names that exist, sorted."""
+
+    def __init__(self, kind: CatalogKind, name: str, known: Iterable[str]) -> None:
+        self.kind: CatalogKind = kind
+        self.name = name
+        self.known: tuple[str, ...] = tuple(sorted(known))
+        self.message = f"unknown {kind} {name!r} (known: {', '.join(self.known)})"
+        super().__init__(self.message)
+
+
+class InvalidCatalogEntry(ValueError):
+    """A catalog file whose data breaks the schema: the bug is in the data file, not the request.
+
+    `entry` is the table name (None for file-level problems such as bad TOML) and `key` the
+    offending key, when one is to blame.
+    """
+
+    def __init__(
+        self, message: str, *, kind: CatalogKind, entry: str | None = None, key: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind: CatalogKind = kind
+        self.entry = entry
+        self.key = key

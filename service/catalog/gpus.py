@@ -1,0 +1,188 @@
+"""GPU catalog: ``gpus.toml`` parsed and validated once into estimator ``GPUSpec`` values.
+
+Each entry is a TOML table keyed by its API slug (``h100-sxm-80gb``: product and memory). Values
+are SI with the unit in the key (``memory_bytes``, ``peak_bf16_flops_per_s``,
+``hbm_bandwidth_bytes_per_s``), peaks are dense (datasheets' 2:4-sparse figures halved), link
+bandwidths are per GPU and one direction, and every entry names its ``source`` datasheet. The
+conventions, and why each number is what it is, are spelled out in the comments of the TOML file.
+The file is read on first use (``functools.cache``), never at import.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from types import MappingProxyType
+
+from service.catalog.errors import InvalidCatalogEntry, UnknownCatalogEntry
+from service.estimator.errors import EstimatorError
+from service.estimator.types import GPUSpec, PeakFlops
+
+_DATA_PACKAGE = "service.catalog"
+_DATA_FILE = "gpus.toml"
+_SLUG = re.compile(r"[a-z0-9]+(?:[.-][a-z0-9]+)*")
+
+# TOML key -> PeakFlops field. fp32 is required; a chip without a precision omits the key.
+_PEAK_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "peak_fp32_flops_per_s": "fp32",
+        "peak_tf32_flops_per_s": "tf32",
+        "peak_bf16_flops_per_s": "bf16",
+        "peak_fp16_flops_per_s": "fp16",
+        "peak_fp8_flops_per_s": "fp8",
+    }
+)
+_RATE_KEYS = (
+    "hbm_bandwidth_bytes_per_s",
+    "intra_node_bandwidth_bytes_per_s",
+    "pcie_bandwidth_bytes_per_s",
+)
+_REQUIRED_KEYS = frozenset(
+    {"display_name", "vendor", "memory_bytes", "peak_fp32_flops_per_s", "source", *_RATE_KEYS}
+)
+_ALLOWED_KEYS = _REQUIRED_KEYS | frozenset(_PEAK_KEYS) | {"notes"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPUEntry:
+    """A catalog GPU: the estimator's spec plus what a listing shows to people."""
+
+    name: str  # the API slug, also spec.name
+    display_name: str
+    vendor: str
+    spec: GPUSpec
+    source: str
+    notes: str | None = None
+
+
+def gpus() -> dict[str, GPUSpec]:
+    """Every catalog GPU by slug, in file order (a fresh dict; the parsed catalog stays cached)."""
+    return {name: entry.spec for name, entry in _catalog().items()}
+
+
+def gpu_entries() -> tuple[GPUEntry, ...]:
+    """Every catalog entry, in file order."""
+    return tuple(_catalog().values())
+
+
+def gpu_entry(name: str) -> GPUEntry:
+    catalog = _catalog()
+    try:
+        return catalog[name]
+    except KeyError:
+        raise UnknownCatalogEntry("gpu", name, catalog) from None
+
+
+def gpu(name: str) -> GPUSpec:
+    return gpu_entry(name).spec
+
+
+@cache
+def _catalog() -> Mapping[str, GPUEntry]:
+    text = resources.files(_DATA_PACKAGE).joinpath(_DATA_FILE).read_text(encoding="utf-8")
+    return MappingProxyType(_parse_gpus(text))
+
+
+def _parse_gpus(text: str) -> dict[str, GPUEntry]:
+    """Parse and validate the text of a GPU catalog; raises InvalidCatalogEntry naming entry and key."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise InvalidCatalogEntry(f"gpu catalog is not valid TOML: {error}", kind="gpu") from error
+    if not document:
+        raise InvalidCatalogEntry("gpu catalog has no entries", kind="gpu")
+    return {name: _parse_entry(name, table) for name, table in document.items()}
+
+
+def _parse_entry(name: str, table: object) -> GPUEntry:
+    if not _SLUG.fullmatch(name):
+        raise _invalid(name, None, "the name must be a lowercase slug such as 'h100-sxm-80gb'")
+    if not isinstance(table, dict):
+        raise _invalid(name, None, f"expected a table of keys, got {type(table).__name__}")
+    _check_keys(name, table)
+    vendor = _text(name, table, "vendor")
+    if not _SLUG.fullmatch(vendor):
+        raise _invalid(name, "vendor", f"vendor must be a lowercase slug such as 'nvidia', got {vendor!r}")
+    peaks = {field: _number(name, table, key) for key, field in _PEAK_KEYS.items() if key in table}
+    source = _text(name, table, "source")
+    try:
+        spec = GPUSpec(
+            name=name,
+            memory_bytes=_integer(name, table, "memory_bytes"),
+            peak_flops_per_s=PeakFlops(**peaks),
+            hbm_bandwidth_bytes_per_s=_number(name, table, "hbm_bandwidth_bytes_per_s"),
+            intra_node_bandwidth_bytes_per_s=_number(name, table, "intra_node_bandwidth_bytes_per_s"),
+            pcie_bandwidth_bytes_per_s=_number(name, table, "pcie_bandwidth_bytes_per_s"),
+            vendor=vendor,
+            source=source,
+        )
+    except EstimatorError as error:
+        key = _toml_key(error.field)
+        # Quote the key as the file spells it, not the GPUSpec field path.
+        message = error.message.replace(error.field, key) if error.field and key else error.message
+        raise _invalid(name, key, message) from error
+    return GPUEntry(
+        name=name,
+        display_name=_text(name, table, "display_name"),
+        vendor=vendor,
+        spec=spec,
+        source=source,
+        notes=_text(name, table, "notes") if "notes" in table else None,
+    )
+
+
+def _check_keys(name: str, table: dict[str, object]) -> None:
+    """Unknown keys are typos (``peak_bf16_tflops``) that would silently drop a value: reject them."""
+    unknown = sorted(set(table) - _ALLOWED_KEYS)
+    if unknown:
+        raise _invalid(
+            name,
+            unknown[0],
+            f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"(allowed: {', '.join(sorted(_ALLOWED_KEYS))})",
+        )
+    missing = sorted(_REQUIRED_KEYS - set(table))
+    if missing:
+        raise _invalid(
+            name,
+            missing[0],
+            f"missing required key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}",
+        )
+
+
+def _text(name: str, table: dict[str, object], key: str) -> str:
+    value = table[key]
+    if not isinstance(value, str) or not value.strip():
+        raise _invalid(name, key, f"{key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _number(name: str, table: dict[str, object], key: str) -> float:
+    value = table[key]
+    # bool is an int subclass; `true` is never a bandwidth.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _invalid(name, key, f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(name: str, table: dict[str, object], key: str) -> int:
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid(name, key, f"{key} must be an integer (bytes), got {value!r}")
+    return value
+
+
+def _toml_key(field: str | None) -> str | None:
+    """Map a GPUSpec field path from an estimator error back to the TOML key that set it."""
+    prefix = "peak_flops_per_s."
+    if field is not None and field.startswith(prefix):
+        return f"peak_{field.removeprefix(prefix)}_flops_per_s"
+    return field
+
+
+def _invalid(name: str, key: str | None, problem: str) -> InvalidCatalogEntry:
+    return InvalidCatalogEntry(f"gpu {name!r}: {problem}", kind="gpu", entry=name, key=key)
