@@ -2,9 +2,10 @@
 
 from fastapi import APIRouter
 
-from service.api import clusters, gpus, health
+from service.api import clusters, gpus, health, models
 
 api_router = APIRouter()
 api_router.include_router(health.router)
 api_router.include_router(gpus.router)
+api_router.include_router(models.router)
 api_router.include_router(clusters.router)

@@ -1,0 +1,61 @@
+"""Model presets and model resolution with exact parameter counts."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fastapi import APIRouter
+
+from service.api.problems import PROBLEM_RESPONSES
+from service.api.schemas import ModelPresetOut, Page, ParametersOut, ResolvedModel, ResolveRequest
+from service.catalog.models import ModelPreset, models
+from service.catalog.models import model as catalog_model
+from service.estimator.params import layer_parameters, parameter_counts, stage_parameter_counts
+from service.estimator.types import ModelSpec
+
+router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROBLEM_RESPONSES)
+
+
+def architecture_dict(spec: ModelSpec) -> dict[str, Any]:
+    return dataclasses.asdict(spec)
+
+
+def parameters_out(spec: ModelSpec, pp: int = 1) -> ParametersOut:
+    counts = parameter_counts(spec)
+    return ParametersOut(
+        **dataclasses.asdict(counts),
+        per_layer=max(layer_parameters(spec, i) for i in range(spec.num_layers)),
+        per_stage=list(stage_parameter_counts(spec, pp)),
+    )
+
+
+def preset_out(preset: ModelPreset) -> ModelPresetOut:
+    return ModelPresetOut(
+        name=preset.name,
+        display_name=preset.display_name,
+        source=preset.source,
+        config=preset.config,
+        architecture=architecture_dict(preset.spec),
+        parameters_total=parameter_counts(preset.spec).total,
+    )
+
+
+@router.get("", response_model=Page[ModelPresetOut])
+def list_models() -> Page[ModelPresetOut]:
+    """Every preset in one page (the catalog is small); `next_cursor` is always null."""
+    return Page[ModelPresetOut](items=[preset_out(p) for p in models().values()])
+
+
+@router.get("/{name}", response_model=ModelPresetOut)
+def get_model(name: str) -> ModelPresetOut:
+    return preset_out(catalog_model(name))
+
+
+@router.post("/resolve", response_model=ResolvedModel)
+def resolve_model(body: ResolveRequest) -> ResolvedModel:
+    """A preset, a Hugging Face config.json or explicit fields -> architecture and exact counts."""
+    spec = body.model.to_domain()
+    return ResolvedModel(
+        name=spec.name, architecture=architecture_dict(spec), parameters=parameters_out(spec, body.pp)
+    )

@@ -1,0 +1,82 @@
+"""Model presets: ``models.toml`` parsed once into ModelSpecs built from each preset's config.json fields."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from service.catalog.errors import InvalidCatalogEntry, UnknownCatalogEntry
+from service.estimator.errors import EstimatorError
+from service.estimator.hf_config import model_from_hf_config
+from service.estimator.types import ModelSpec
+
+_FILE = "models.toml"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelPreset:
+    name: str  # the API slug, e.g. "llama-3-8b"
+    display_name: str
+    source: str  # URL of the config.json (or the paper table) the fields come from
+    config: dict[str, Any]  # the published config.json fields, verbatim
+    spec: ModelSpec
+
+
+def _text(entry: str, table: dict[str, Any], key: str) -> str:
+    value = table.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidCatalogEntry(
+            f"{_FILE} [{entry}]: {key!r} must be a non-empty string", kind="model", entry=entry, key=key
+        )
+    return value
+
+
+def _preset(slug: str, table: object) -> ModelPreset:
+    if not isinstance(table, dict):
+        raise InvalidCatalogEntry(f"{_FILE}: [{slug}] must be a table", kind="model", entry=slug)
+    unknown = sorted(set(table) - {"display_name", "source", "config"})
+    if unknown:
+        raise InvalidCatalogEntry(
+            f"{_FILE} [{slug}]: unknown keys {unknown}", kind="model", entry=slug, key=unknown[0]
+        )
+    config = table.get("config")
+    if not isinstance(config, dict):
+        raise InvalidCatalogEntry(
+            f"{_FILE} [{slug}]: missing [{slug}.config] table", kind="model", entry=slug, key="config"
+        )
+    try:
+        spec = model_from_hf_config(config, name=slug)
+    except EstimatorError as exc:
+        raise InvalidCatalogEntry(
+            f"{_FILE} [{slug}]: {exc.message}", kind="model", entry=slug, key=exc.field
+        ) from exc
+    return ModelPreset(
+        name=slug,
+        display_name=_text(slug, table, "display_name"),
+        source=_text(slug, table, "source"),
+        config=config,
+        spec=spec,
+    )
+
+
+@cache
+def models() -> dict[str, ModelPreset]:
+    """Every preset, keyed by slug (parsed and validated on first use, then cached)."""
+    text = resources.files("service.catalog").joinpath(_FILE).read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidCatalogEntry(f"{_FILE}: {exc}", kind="model") from exc
+    return {slug: _preset(slug, table) for slug, table in data.items()}
+
+
+def model(name: str) -> ModelPreset:
+    """The preset named ``name``; UnknownCatalogEntry lists the known names otherwise."""
+    presets = models()
+    try:
+        return presets[name]
+    except KeyError:
+        raise UnknownCatalogEntry(kind="model", name=name, known=presets) from None

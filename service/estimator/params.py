@@ -1,0 +1,226 @@
+"""Exact parameter counts of a decoder-only transformer, per component and per pipeline stage.
+
+Counts equal PyTorch's ``sum(p.numel() for p in model.parameters())`` for the same Hugging Face
+``transformers`` model (tied tensors counted once); ``validation/param_counts.py`` measures that on
+the meta device for every supported family and every catalog preset.
+
+References: Narayanan et al. 2021 (arXiv:2104.04473) Eq. 2, P = 12lh^2 (1 + 13/(12h) + (V+s)/(12lh));
+nanoGPT ``transformer_sizing.ipynb``; Megatron-LM ``theoretical_memory_usage.py`` for the
+per-stage split (the first stage holds the embedding, the last the final norm and output layer).
+"""
+
+from __future__ import annotations
+
+from service.estimator.errors import InvalidLayout
+from service.estimator.types import ModelSpec, MoESpec, NormKind, ParameterCounts, PositionEmbedding
+
+# Families whose Hugging Face module fuses q, k and v into one Linear (or GPT-2's Conv1D); this
+# changes only which single module is largest, never a total.
+_FUSED_QKV_FAMILIES = frozenset({"gpt2", "gpt_neox", "falcon", "bloom", "phi3"})
+# Families whose gated MLP fuses gate and up into one Linear (Phi-3's gate_up_proj).
+_FUSED_GATE_UP_FAMILIES = frozenset({"phi3"})
+# Families whose lm_head carries a bias (Phi-1/1.5/2); read from ModelSpec.lm_head_bias once it exists.
+_LM_HEAD_BIAS_FAMILIES = frozenset({"phi"})
+
+
+def norm_parameters(model: ModelSpec) -> int:
+    """Parameters of one norm over the hidden size."""
+    # RMSNorm has a weight (h); LayerNorm a weight and a bias (2h).
+    return model.hidden_size * (2 if model.norm is NormKind.LAYERNORM else 1)
+
+
+def token_embedding_parameters(model: ModelSpec) -> int:
+    # V x h lookup table.
+    return model.vocab_size * model.hidden_size
+
+
+def embedding_parameters(model: ModelSpec) -> int:
+    """Token embedding, learned position table and embedding norm (BLOOM)."""
+    # V*h + (s*h when positions are learned, as in GPT-2/GPT-3) + one norm when present.
+    positions = (
+        model.max_position_embeddings * model.hidden_size
+        if model.position_embedding is PositionEmbedding.LEARNED
+        else 0
+    )
+    embedding_norm = norm_parameters(model) if model.embedding_norm else 0
+    return token_embedding_parameters(model) + positions + embedding_norm
+
+
+def lm_head_bias(model: ModelSpec) -> bool:
+    """Whether the output layer has a bias (Phi-2's lm_head does)."""
+    return bool(getattr(model, "lm_head_bias", model.family in _LM_HEAD_BIAS_FAMILIES))
+
+
+def output_parameters(model: ModelSpec) -> int:
+    """The lm_head's own parameters: 0 when tied to the embedding (plus its bias, if any)."""
+    # h*V weight unless tied; + V when the lm_head has a bias (kept even when the weight is tied).
+    weight = 0 if model.tied_embeddings else model.hidden_size * model.vocab_size
+    return weight + (model.vocab_size if lm_head_bias(model) else 0)
+
+
+def attention_parameters(model: ModelSpec) -> int:
+    """q, k, v and output projections of one layer, with their biases."""
+    # q: h x (a*d), k and v: h x (g*d) each, o: (a*d) x h, with a heads, g kv heads, d head_dim.
+    h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    weights = h * q + 2 * h * kv + q * h
+    qkv_bias = q + 2 * kv if model.qkv_bias else 0
+    out_bias = h if model.attn_out_bias else 0
+    return weights + qkv_bias + out_bias
+
+
+def _mlp_parameters(model: ModelSpec, ffn: int) -> int:
+    # Gated (SwiGLU/GeGLU): gate and up h x f, down f x h -> 3hf (+ 2f + h biases);
+    # plain GELU: up h x f, down f x h -> 2hf (+ f + h biases).
+    h = model.hidden_size
+    if model.mlp.gated:
+        return 3 * h * ffn + (2 * ffn + h if model.mlp_bias else 0)
+    return 2 * h * ffn + (ffn + h if model.mlp_bias else 0)
+
+
+def mlp_parameters(model: ModelSpec) -> int:
+    """One dense feed-forward block of width ffn_hidden_size."""
+    return _mlp_parameters(model, model.ffn_hidden_size)
+
+
+def expert_parameters(model: ModelSpec, moe: MoESpec) -> int:
+    """One routed expert: an MLP of width expert_ffn_hidden_size."""
+    return _mlp_parameters(model, moe.expert_ffn_hidden_size)
+
+
+def router_parameters(model: ModelSpec, moe: MoESpec) -> int:
+    # Router: h x E logits (+ E bias).
+    return model.hidden_size * moe.num_experts + (moe.num_experts if moe.router_bias else 0)
+
+
+def shared_expert_parameters(model: ModelSpec, moe: MoESpec) -> int:
+    """Shared (always active) experts and, for Qwen2-MoE, their sigmoid gate."""
+    # n_shared MLPs of width f_shared, + the h -> 1 gate (no bias) when present.
+    experts = moe.num_shared_experts * _mlp_parameters(model, moe.shared_expert_ffn_hidden_size)
+    gate = model.hidden_size if moe.shared_expert_gate else 0
+    return experts + gate
+
+
+def moe_parameters(model: ModelSpec, moe: MoESpec) -> int:
+    """The whole feed-forward block of one MoE layer: routed experts, router, shared experts."""
+    # E experts + router + shared experts.
+    return (
+        moe.num_experts * expert_parameters(model, moe)
+        + router_parameters(model, moe)
+        + shared_expert_parameters(model, moe)
+    )
+
+
+def layer_norm_parameters(model: ModelSpec) -> int:
+    """All norms inside one decoder layer."""
+    # norms_per_layer x one norm (1: Falcon-7B, 2: most, 4: Gemma-2's sandwich norms).
+    return model.norms_per_layer * norm_parameters(model)
+
+
+def is_moe_layer(model: ModelSpec, index: int) -> bool:
+    """Whether decoder layer ``index`` (0-based) has a mixture-of-experts MLP."""
+    # Every layer_frequency-th layer, counted from 1: Qwen2-MoE's (i + 1) % decoder_sparse_step == 0.
+    return model.moe is not None and (index + 1) % model.moe.layer_frequency == 0
+
+
+def layer_parameters(model: ModelSpec, index: int) -> int:
+    """All parameters of decoder layer ``index`` (0-based)."""
+    # attention + norms + (MoE block or dense MLP).
+    if model.moe is not None and is_moe_layer(model, index):
+        mlp = moe_parameters(model, model.moe)
+    else:
+        mlp = mlp_parameters(model)
+    return attention_parameters(model) + layer_norm_parameters(model) + mlp
+
+
+def moe_layer_count(model: ModelSpec) -> int:
+    return sum(1 for i in range(model.num_layers) if is_moe_layer(model, i))
+
+
+def largest_module_parameters(model: ModelSpec) -> int:
+    """The largest single nn.Module's own parameters (DeepSpeed's largest_layer_params for ZeRO-3)."""
+    # Candidates are the leaf modules of the Hugging Face model: embeddings, lm_head, the attention
+    # and MLP projections (fused where the family fuses them) and, in transformers >= 5, the experts
+    # module, which holds all experts' gate_up and down tensors as its own parameters.
+    h, q, kv, f = model.hidden_size, model.q_size, model.kv_size, model.ffn_hidden_size
+    candidates = [token_embedding_parameters(model), output_parameters(model)]
+    if model.position_embedding is PositionEmbedding.LEARNED:
+        candidates.append(model.max_position_embeddings * h)
+    bias = 1 if model.qkv_bias else 0
+    if model.family in _FUSED_QKV_FAMILIES:
+        candidates.append((h + bias) * (q + 2 * kv))
+    else:
+        candidates.append((h + bias) * q)
+    candidates.append(q * h + (h if model.attn_out_bias else 0))
+    mlp_bias = 1 if model.mlp_bias else 0
+    fused_up = 2 if model.mlp.gated and model.family in _FUSED_GATE_UP_FAMILIES else 1
+    candidates.append((h + mlp_bias) * f * fused_up)
+    candidates.append(f * h + h * mlp_bias)
+    if model.moe is not None:
+        candidates.append(model.moe.num_experts * expert_parameters(model, model.moe))
+        candidates.append(router_parameters(model, model.moe))
+        if model.moe.num_shared_experts:
+            # Each of the shared expert's projections is its own Linear.
+            candidates.append((h + mlp_bias) * model.moe.shared_expert_ffn_hidden_size)
+    return max(candidates)
+
+
+def parameter_counts(model: ModelSpec) -> ParameterCounts:
+    """Exact parameter counts of ``model``, by component."""
+    moe_layers = moe_layer_count(model)
+    dense_layers = model.num_layers - moe_layers
+    embedding = embedding_parameters(model)
+    output = output_parameters(model)
+    final_norm = norm_parameters(model)
+    layers = sum(layer_parameters(model, i) for i in range(model.num_layers))
+    total = embedding + output + final_norm + layers
+    experts = router = shared = inactive = 0
+    if model.moe is not None:
+        per_expert = expert_parameters(model, model.moe)
+        experts = model.moe.num_experts * per_expert
+        router = router_parameters(model, model.moe)
+        shared = shared_expert_parameters(model, model.moe)
+        # A token visits top_k of the E routed experts in each MoE layer.
+        inactive = moe_layers * (model.moe.num_experts - model.moe.top_k) * per_expert
+    return ParameterCounts(
+        total=total,
+        embedding=embedding,
+        output=output,
+        final_norm=final_norm,
+        attention_per_layer=attention_parameters(model),
+        norms_per_layer=layer_norm_parameters(model),
+        dense_layers=dense_layers,
+        dense_mlp_per_layer=mlp_parameters(model),
+        moe_layers=moe_layers,
+        experts_per_moe_layer=experts,
+        router_per_moe_layer=router,
+        shared_experts_per_moe_layer=shared,
+        active_per_token=total - inactive,
+        largest_module=largest_module_parameters(model),
+    )
+
+
+def stage_parameter_counts(model: ModelSpec, pp: int) -> tuple[int, ...]:
+    """Parameters held by each of ``pp`` pipeline stages when layers are split evenly.
+
+    Megatron convention: the first stage holds the embedding, the last the final norm and the
+    output layer. With tied embeddings and pp > 1, Megatron keeps a copy of the word embedding on
+    the last stage for the output layer and all-reduces its gradient between the first and last
+    stage, so the stages then sum to the total plus V x h.
+    """
+    if pp < 1:
+        raise InvalidLayout(f"pp must be >= 1, got {pp}", rule="positive", field="pp")
+    if model.num_layers % pp:
+        raise InvalidLayout(
+            f"num_layers ({model.num_layers}) is not divisible by pp ({pp})",
+            rule="pp_divides_layers",
+            field="pp",
+        )
+    per_stage = model.num_layers // pp
+    stages = [
+        sum(layer_parameters(model, i) for i in range(s * per_stage, (s + 1) * per_stage)) for s in range(pp)
+    ]
+    stages[0] += embedding_parameters(model)
+    stages[-1] += norm_parameters(model) + output_parameters(model)
+    if model.tied_embeddings and pp > 1:
+        stages[-1] += token_embedding_parameters(model)  # the output layer's copy of the word embedding
+    return tuple(stages)

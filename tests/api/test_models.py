@@ -1,0 +1,108 @@
+"""Model presets and POST /v1/models/resolve: the three ways to name a model agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.api.helpers import assert_problem
+
+CONTRACT_PRESETS = {
+    "gpt2", "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-8b",
+    "llama-3.1-70b", "llama-3.1-405b", "mistral-7b", "mixtral-8x7b", "qwen2.5-0.5b", "qwen2.5-7b",
+    "qwen2.5-72b", "gemma-2b", "phi-3-mini", "gpt-neox-20b", "falcon-7b", "gpt-3-175b", "bloom-176b",
+}  # fmt: skip
+
+LLAMA_2_7B_CONFIG: dict[str, Any] = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+
+
+def resolve(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/v1/models/resolve", json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_every_contract_preset_is_listed_with_a_source(client: TestClient) -> None:
+    items = client.get("/v1/models").json()["items"]
+    assert CONTRACT_PRESETS <= {m["name"] for m in items}
+    assert all(m["source"] for m in items)
+
+
+def test_preset_hf_config_and_architecture_resolve_to_the_same_count(client: TestClient) -> None:
+    # Llama-2-7B: 6,738,415,616 parameters as PyTorch counts them (validation/param_counts.py).
+    by_preset = resolve(client, {"model": {"preset": "llama-2-7b"}})
+    by_config = resolve(client, {"model": {"hf_config": LLAMA_2_7B_CONFIG}})
+    by_fields = resolve(
+        client,
+        {
+            "model": {
+                "architecture": {
+                    "num_layers": 32,
+                    "hidden_size": 4096,
+                    "num_attention_heads": 32,
+                    "ffn_hidden_size": 11008,
+                    "vocab_size": 32000,
+                }
+            }
+        },
+    )
+    totals = {r["parameters"]["total"] for r in (by_preset, by_config, by_fields)}
+    assert totals == {6_738_415_616}
+    assert by_preset["parameters"]["embedding"] == 32000 * 4096
+
+
+def test_per_stage_counts_sum_to_the_total(client: TestClient) -> None:
+    result = resolve(client, {"model": {"preset": "llama-2-7b"}, "pp": 4})
+    stages = result["parameters"]["per_stage"]
+    assert len(stages) == 4
+    assert sum(stages) == result["parameters"]["total"]  # untied: no duplicated embedding
+
+
+def test_get_one_preset_and_unknown_preset(client: TestClient) -> None:
+    body = client.get("/v1/models/mixtral-8x7b").json()
+    assert body["architecture"]["moe"]["num_experts"] == 8
+    assert_problem(client.get("/v1/models/llama-9"), 404)
+    problem = assert_problem(client.post("/v1/models/resolve", json={"model": {"preset": "llama-9"}}), 422)
+    assert problem["errors"][0]["field"] == "model.preset"
+
+
+def test_model_needs_exactly_one_form(client: TestClient) -> None:
+    both = {"preset": "gpt2", "hf_config": LLAMA_2_7B_CONFIG}
+    assert_problem(client.post("/v1/models/resolve", json={"model": both}), 422)
+    assert_problem(client.post("/v1/models/resolve", json={"model": {}}), 422)
+
+
+def test_bad_architecture_names_the_field(client: TestClient) -> None:
+    arch = {
+        "num_layers": 2,
+        "hidden_size": 100,
+        "num_attention_heads": 3,
+        "ffn_hidden_size": 10,
+        "vocab_size": 5,
+    }
+    problem = assert_problem(client.post("/v1/models/resolve", json={"model": {"architecture": arch}}), 422)
+    assert problem["errors"][0]["field"] == "model.architecture.head_dim"
+    unsupported = {"model_type": "t5", "d_model": 512}
+    problem = assert_problem(
+        client.post("/v1/models/resolve", json={"model": {"hf_config": unsupported}}), 422
+    )
+    assert problem["errors"][0]["field"] == "model.hf_config.model_type"
+
+
+def test_pp_that_does_not_divide_layers_is_422(client: TestClient) -> None:
+    problem = assert_problem(
+        client.post("/v1/models/resolve", json={"model": {"preset": "gpt2"}, "pp": 5}), 422
+    )
+    assert "12" in problem["detail"] and "5" in problem["detail"]
