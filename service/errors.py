@@ -80,9 +80,13 @@ def problem_response(
     return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
+# Tags of discriminated unions in api/schemas.py: they are not fields, so locations omit them.
+_UNION_TAGS = {"by_id", "inline", "str", "CustomGPU"}
+
+
 def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     """('body', 'gpu', 'memory_bytes') -> 'gpu.memory_bytes'; query and path keep their prefix."""
-    parts = [str(p) for p in loc]
+    parts = [str(p) for p in loc if p not in _UNION_TAGS]
     if parts and parts[0] == "body":
         parts = parts[1:]
     return ".".join(parts) or "body"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.gpus import gpu as catalog_gpu
@@ -14,14 +14,24 @@ from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
 from service.estimator.hf_config import model_from_hf_config
 from service.estimator.types import (
+    ALL_LINEAR,
+    Attention,
     ClusterSpec,
+    Framework,
     GPUSpec,
+    Layout,
+    Method,
     MlpKind,
     ModelSpec,
     MoESpec,
     NormKind,
+    Offload,
+    Optimizer,
     PeakFlops,
     PositionEmbedding,
+    Precision,
+    Recompute,
+    TrainingSpec,
 )
 
 GB_PER_S = 1e9  # the *_gbps inputs are GB/s (1e9 bytes/s), converted once here
@@ -371,3 +381,80 @@ class ModelPresetOut(BaseModel):
     config: dict[str, Any]
     architecture: dict[str, Any]
     parameters_total: int
+
+
+# ---------------------------------------------------------------- training and layout
+
+
+class TrainingIn(Strict):
+    seq_len: int = Field(ge=1, le=10_000_000)
+    global_batch_size: int = Field(ge=1, le=100_000_000, description="sequences per optimizer step")
+    precision: Precision = Precision.BF16
+    optimizer: Optimizer = Optimizer.ADAMW
+    method: Method = Method.FULL
+    lora_rank: int = Field(default=16, ge=1, le=65_536)
+    lora_targets: list[str] | Literal["all-linear"] = Field(default="all-linear", max_length=64)
+    attention: Attention = Attention.FLASH
+    tokens: int | None = Field(default=None, gt=0, le=10**16, description="total tokens, for time to train")
+
+    def to_domain(self) -> TrainingSpec:
+        targets = ALL_LINEAR if self.lora_targets == "all-linear" else tuple(self.lora_targets)
+        return TrainingSpec(
+            seq_len=self.seq_len,
+            global_batch_size=self.global_batch_size,
+            precision=self.precision,
+            optimizer=self.optimizer,
+            method=self.method,
+            lora_rank=self.lora_rank,
+            lora_targets=targets,
+            attention=self.attention,
+            tokens=self.tokens,
+        )
+
+
+class LayoutIn(Strict):
+    framework: Framework = Framework.DEEPSPEED
+    dp: int = Field(default=1, ge=1, le=1_000_000)
+    tp: int = Field(default=1, ge=1, le=1024)
+    pp: int = Field(default=1, ge=1, le=1024)
+    cp: int = Field(default=1, ge=1, le=1024)
+    ep: int = Field(default=1, ge=1, le=4096)
+    sequence_parallel: bool = False
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    offload_optimizer: Offload = Offload.NONE
+    offload_params: Offload = Offload.NONE
+    recompute: Recompute = Recompute.NONE
+    micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
+    virtual_pipeline_stages: int = Field(default=1, ge=1, le=1024)
+    gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=1_000_000)
+    activation_offload: bool = False
+    optimizer_in_backward: bool = False
+    chunked_loss: bool = False
+    fsdp_hybrid_shard: bool = False
+
+    def to_domain(self) -> Layout:
+        return Layout(**self.model_dump())
+
+
+class ClusterIn(ClusterShape):
+    """An inline cluster (the shape of a stored one, without name)."""
+
+
+def _cluster_kind(value: Any) -> str:
+    if isinstance(value, dict) and "id" in value:
+        return "by_id"
+    return "inline"
+
+
+# A stored cluster by id, or an inline one; the tags are dropped from error locations.
+ClusterChoice = Annotated[
+    Annotated[ClusterRef, Tag("by_id")] | Annotated[ClusterIn, Tag("inline")],
+    Discriminator(_cluster_kind),
+]
+
+
+class EstimateRequest(Strict):
+    model: ModelRef
+    cluster: ClusterChoice = Field(description='{"id": ...} of a stored cluster, or an inline one')
+    training: TrainingIn
+    layout: LayoutIn

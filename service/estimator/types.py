@@ -358,7 +358,9 @@ class Layout:
             _require_positive(InvalidLayout, name, getattr(self, name))
         if self.zero_stage not in (0, 1, 2, 3):
             raise InvalidLayout(
-                f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}", rule="zero_stage", field="zero_stage"
+                f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}",
+                rule="zero_stage",
+                field="zero_stage",
             )
         if self.gradient_accumulation_steps is not None:
             _require_positive(InvalidLayout, "gradient_accumulation_steps", self.gradient_accumulation_steps)
@@ -367,11 +369,12 @@ class Layout:
         """Micro-batches per data-parallel rank per step: global = micro x accumulation x dp."""
         per_step = self.micro_batch_size * self.dp
         if self.gradient_accumulation_steps is not None:
-            if per_step * self.gradient_accumulation_steps != global_batch_size:
+            product = per_step * self.gradient_accumulation_steps
+            if product != global_batch_size:
                 raise InvalidLayout(
                     f"micro_batch_size ({self.micro_batch_size}) x gradient_accumulation_steps "
-                    f"({self.gradient_accumulation_steps}) x dp ({self.dp}) = "
-                    f"{per_step * self.gradient_accumulation_steps} != global_batch_size ({global_batch_size})",
+                    f"({self.gradient_accumulation_steps}) x dp ({self.dp}) = {product} "
+                    f"!= global_batch_size ({global_batch_size})",
                     rule="global_batch",
                     field="gradient_accumulation_steps",
                 )
