@@ -282,6 +282,7 @@ class ArchitectureIn(Strict):
     embedding_norm: bool = False
     parallel_attn_mlp: bool = False
     rotary_fraction: float = Field(default=1.0, gt=0, le=1)
+    lm_head_bias: bool = False
     moe: MoEIn | None = None
 
     def to_domain(self, name: str) -> ModelSpec:
@@ -431,6 +432,8 @@ class LayoutIn(Strict):
     optimizer_in_backward: bool = False
     chunked_loss: bool = False
     fsdp_hybrid_shard: bool = False
+    tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool | None = Field(default=None, description="default: the framework's")
 
     def to_domain(self) -> Layout:
         return Layout(**self.model_dump())

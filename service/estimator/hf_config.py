@@ -268,7 +268,7 @@ def _qwen2_moe(f: _Fields, name: str) -> ModelSpec:
 
 def _phi(f: _Fields, name: str) -> ModelSpec:
     # PhiDecoderLayer: one LayerNorm feeding attention and MLP in parallel; q, k, v, dense, fc1,
-    # fc2 all with bias; lm_head with bias (see params.lm_head_bias); partial rotary 0.5 default.
+    # fc2 all with bias; lm_head with bias; partial rotary 0.5 default.
     f.reject("qk_layernorm", True, "ModelSpec has no per-head q/k LayerNorm")
     heads = f.required_int("num_attention_heads")
     return ModelSpec(
@@ -291,6 +291,7 @@ def _phi(f: _Fields, name: str) -> ModelSpec:
         norms_per_layer=1,
         parallel_attn_mlp=True,
         rotary_fraction=f.rotary_fraction("partial_rotary_factor", default=0.5),
+        lm_head_bias=True,
     )
 
 

@@ -19,8 +19,6 @@ from service.estimator.types import ModelSpec, MoESpec, NormKind, ParameterCount
 _FUSED_QKV_FAMILIES = frozenset({"gpt2", "gpt_neox", "falcon", "bloom", "phi3"})
 # Families whose gated MLP fuses gate and up into one Linear (Phi-3's gate_up_proj).
 _FUSED_GATE_UP_FAMILIES = frozenset({"phi3"})
-# Families whose lm_head carries a bias (Phi-1/1.5/2); read from ModelSpec.lm_head_bias once it exists.
-_LM_HEAD_BIAS_FAMILIES = frozenset({"phi"})
 
 
 def norm_parameters(model: ModelSpec) -> int:
@@ -48,7 +46,7 @@ def embedding_parameters(model: ModelSpec) -> int:
 
 def lm_head_bias(model: ModelSpec) -> bool:
     """Whether the output layer has a bias (Phi-2's lm_head does)."""
-    return bool(getattr(model, "lm_head_bias", model.family in _LM_HEAD_BIAS_FAMILIES))
+    return model.lm_head_bias
 
 
 def output_parameters(model: ModelSpec) -> int:

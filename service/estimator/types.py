@@ -104,6 +104,7 @@ class ModelSpec:
     embedding_norm: bool = False  # BLOOM's word_embeddings_layernorm
     parallel_attn_mlp: bool = False  # GPT-J/NeoX/Falcon: attention and MLP read the same input
     rotary_fraction: float = 1.0  # partial rotary (GPT-NeoX 0.25, Phi-2 0.4); no parameters
+    lm_head_bias: bool = False  # Phi-1/1.5/2's output layer has a bias
     moe: MoESpec | None = None
 
     def __post_init__(self) -> None:
@@ -352,6 +353,8 @@ class Layout:
     optimizer_in_backward: bool = False
     chunked_loss: bool = False
     fsdp_hybrid_shard: bool = False  # HYBRID_SHARD: shard inside a node, replicate across nodes
+    tp_comm_overlap: bool = False  # Megatron --tp-comm-overlap (Transformer Engine userbuffers)
+    overlap_grad_reduce: bool | None = None  # DP reduce under backward; None: the framework default
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages"):

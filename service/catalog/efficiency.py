@@ -1,0 +1,61 @@
+"""Load ``efficiency.toml`` (achievable efficiency, link efficiency, overlap, host rates) into the
+estimator's ``EfficiencyCurve``. Parsed once and cached; nothing is read at import."""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from service.estimator.efficiency import CurvePoint, EfficiencyCurve
+from service.estimator.types import Framework
+
+EFFICIENCY_TOML = Path(__file__).with_name("efficiency.toml")
+
+
+def _points(table: dict[str, Any]) -> tuple[CurvePoint, ...]:
+    return tuple(CurvePoint(x=float(p["x"]), factor=float(p["factor"])) for p in table["points"])
+
+
+def _sources(data: dict[str, Any]) -> tuple[str, ...]:
+    # every `source` / `*_source` string in the file, in order, for the estimate's assumptions
+    found: list[str] = []
+    for section in data.values():
+        if isinstance(section, dict):
+            found += [str(v) for k, v in section.items() if k == "source" or k.endswith("_source")]
+    return tuple(found)
+
+
+def parse_efficiency(data: dict[str, Any]) -> EfficiencyCurve:
+    """Build the curve from a parsed TOML document (same layout as ``efficiency.toml``)."""
+    peak, links, overlap, host = data["peak_fraction"], data["links"], data["overlap"], data["host"]
+    return EfficiencyCurve(
+        peak_fraction_by_gpu=tuple((g["match"], float(g["fraction"])) for g in peak.get("gpu", [])),
+        default_peak_fraction=float(peak["default"]),
+        width_points=_points(data["width"]),
+        tokens_points=_points(data["tokens"]),
+        intra_node_bus_efficiency=float(links["intra_node_bus_efficiency"]),
+        inter_node_bus_efficiency=float(links["inter_node_bus_efficiency"]),
+        intra_node_latency_s=float(links["intra_node_latency_s"]),
+        inter_node_latency_s=float(links["inter_node_latency_s"]),
+        dp_overlap_by_framework=tuple((Framework(k), bool(v)) for k, v in overlap["dp_by_framework"].items()),
+        dp_overlap_max_hidden_fraction=float(overlap["dp_max_hidden_fraction"]),
+        tp_overlap_hidden_fraction=float(overlap["tp_hidden_fraction"]),
+        zero3_prefetch_hidden_fraction=float(overlap["zero3_prefetch_hidden_fraction"]),
+        memory_traffic_per_stored_byte=float(data["memory_bound"]["traffic_per_stored_byte"]),
+        cpu_adam_params_per_s_per_node=float(host["cpu_adam_params_per_s_per_node"]),
+        nvme_bandwidth_bytes_per_s_per_node=float(host["nvme_bandwidth_bytes_per_s_per_node"]),
+        sources=_sources(data),
+    )
+
+
+def load_efficiency(path: Path = EFFICIENCY_TOML) -> EfficiencyCurve:
+    with path.open("rb") as f:
+        return parse_efficiency(tomllib.load(f))
+
+
+@functools.cache
+def default_efficiency() -> EfficiencyCurve:
+    """The packaged curve, parsed once."""
+    return load_efficiency()

@@ -1,0 +1,197 @@
+"""Collective communication costs (alpha-beta model) and the link each parallel group crosses.
+
+Every cost is ``latency_s x hops + traffic_bytes / bandwidth_bytes_per_s``, where the traffic is
+what one rank must send, from NCCL's performance notes (nccl-tests doc/PERFORMANCE.md): for a
+buffer of S bytes over n ranks, the bus bandwidth is ``busbw = algbw x factor`` with
+factor 2(n-1)/n for all-reduce and (n-1)/n for reduce-scatter, all-gather and all-to-all, so
+``time = S x factor / busbw``. ``bandwidth_bytes_per_s`` below is that per-GPU, one-direction
+bus bandwidth (already derated by the caller for what NCCL achieves on the link).
+
+Rank order, innermost (fastest-varying) to outermost: ``tp, cp, dp, pp``; expert parallelism
+splits the dp group from its innermost end (``ep`` ranks are consecutive dp ranks, stride
+``tp x cp``). This is Megatron-Core's default ``tp-cp-ep-dp-pp``; Llama 3 (arXiv:2407.21783
+§3.3.2) swaps dp and pp. Keeping dp inside pp lets a small dp group stay inside a node.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from service.estimator.types import ClusterSpec, Layout
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """Where one parallel group's traffic flows: ranks per node, nodes, and the two bandwidths."""
+
+    group_size: int
+    ranks_per_node: int  # members of the group that share one node
+    nodes: int  # nodes the group spans
+    intra_bandwidth_bytes_per_s: float
+    inter_bandwidth_bytes_per_s: float
+    intra_latency_s: float
+    inter_latency_s: float
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.nodes > 1
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """The bottleneck link of a flat (single-level) collective over the whole group."""
+        return self.inter_bandwidth_bytes_per_s if self.spans_nodes else self.intra_bandwidth_bytes_per_s
+
+    @property
+    def latency_s(self) -> float:
+        return self.inter_latency_s if self.spans_nodes else self.intra_latency_s
+
+
+# ---------------------------------------------------------------- flat collectives
+
+
+def ring_all_reduce_s(size_bytes: float, n: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    # ring: reduce-scatter then all-gather, 2(n-1) steps of S/n each (NCCL busbw factor 2(n-1)/n)
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * size_bytes / bandwidth_bytes_per_s
+
+
+def tree_all_reduce_s(size_bytes: float, n: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    # NCCL double binary tree: reduce up + broadcast down, 2 log2(n) hops of latency; pipelined,
+    # each rank moves about 2S (no (n-1)/n saving), so it wins only for small messages
+    if n <= 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(n)) * latency_s + 2 * size_bytes / bandwidth_bytes_per_s
+
+
+def all_reduce_s(size_bytes: float, n: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    """NCCL picks the faster of ring and tree; so do we."""
+    return min(
+        ring_all_reduce_s(size_bytes, n, bandwidth_bytes_per_s, latency_s),
+        tree_all_reduce_s(size_bytes, n, bandwidth_bytes_per_s, latency_s),
+    )
+
+
+def reduce_scatter_s(size_bytes: float, n: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    # size_bytes is the full (unsharded) buffer; each rank sends (n-1)/n of it in n-1 steps
+    if n <= 1:
+        return 0.0
+    return (n - 1) * latency_s + (n - 1) / n * size_bytes / bandwidth_bytes_per_s
+
+
+def all_gather_s(size_bytes: float, n: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    # size_bytes is the gathered (full) buffer; the mirror image of reduce-scatter
+    return reduce_scatter_s(size_bytes, n, bandwidth_bytes_per_s, latency_s)
+
+
+def all_to_all_s(size_bytes: float, n: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    # size_bytes is what one rank holds before the exchange; it keeps 1/n and sends (n-1)/n
+    if n <= 1:
+        return 0.0
+    return (n - 1) * latency_s + (n - 1) / n * size_bytes / bandwidth_bytes_per_s
+
+
+def p2p_s(size_bytes: float, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    # one send/recv between neighbouring pipeline stages
+    return latency_s + size_bytes / bandwidth_bytes_per_s
+
+
+# ---------------------------------------------------------------- group-aware collectives
+
+
+def hierarchical_all_reduce_s(size_bytes: float, link: Link) -> float:
+    """Reduce-scatter inside each node, all-reduce 1/g of the data across nodes, all-gather inside.
+
+    Each of the g local ranks runs its own inter-node all-reduce on its S/g shard over its own
+    NIC share, in parallel (NCCL's tree/ring over NVLink+IB behaves the same to first order).
+    """
+    g = link.ranks_per_node
+    intra = 2 * reduce_scatter_s(size_bytes, g, link.intra_bandwidth_bytes_per_s, link.intra_latency_s)
+    inter = all_reduce_s(size_bytes / g, link.nodes, link.inter_bandwidth_bytes_per_s, link.inter_latency_s)
+    return intra + inter
+
+
+def group_all_reduce_s(size_bytes: float, link: Link) -> float:
+    """All-reduce over a group: flat inside a node, hierarchical when it spans nodes."""
+    if link.group_size <= 1:
+        return 0.0
+    if link.spans_nodes and link.ranks_per_node > 1:
+        return hierarchical_all_reduce_s(size_bytes, link)
+    return all_reduce_s(size_bytes, link.group_size, link.bandwidth_bytes_per_s, link.latency_s)
+
+
+def group_reduce_scatter_s(size_bytes: float, link: Link) -> float:
+    """Reduce-scatter over a group; across nodes the per-GPU NIC share is the bottleneck.
+
+    Hierarchically: intra-node reduce-scatter of S, then an inter-node one of S/g per rank.
+    """
+    if link.group_size <= 1:
+        return 0.0
+    if not link.spans_nodes:
+        return reduce_scatter_s(size_bytes, link.group_size, link.intra_bandwidth_bytes_per_s, link.latency_s)
+    g = link.ranks_per_node
+    intra = reduce_scatter_s(size_bytes, g, link.intra_bandwidth_bytes_per_s, link.intra_latency_s)
+    inter = reduce_scatter_s(
+        size_bytes / g, link.nodes, link.inter_bandwidth_bytes_per_s, link.inter_latency_s
+    )
+    return intra + inter
+
+
+def group_all_gather_s(size_bytes: float, link: Link) -> float:
+    """All-gather over a group: the mirror image of ``group_reduce_scatter_s``."""
+    return group_reduce_scatter_s(size_bytes, link)
+
+
+def group_all_to_all_s(size_bytes: float, link: Link) -> float:
+    """All-to-all over a group: the (n-1)/n of the data leaving each rank crosses the slowest link."""
+    return all_to_all_s(size_bytes, link.group_size, link.bandwidth_bytes_per_s, link.latency_s)
+
+
+# ---------------------------------------------------------------- placement
+
+
+def link_for_group(
+    cluster: ClusterSpec,
+    group_size: int,
+    stride: int,
+    *,
+    intra_latency_s: float = 0.0,
+    inter_latency_s: float = 0.0,
+    intra_efficiency: float = 1.0,
+    inter_efficiency: float = 1.0,
+) -> Link:
+    """The link of a group of ``group_size`` ranks ``stride`` apart in the global rank order.
+
+    Ranks fill nodes in order, so consecutive members share a node while ``stride`` < GPUs per
+    node; the group stays inside one node when ``group_size x stride`` <= GPUs per node.
+    Efficiencies derate the nominal bandwidths to what NCCL achieves (busbw / nominal).
+    """
+    gpn = cluster.gpus_per_node
+    ranks_per_node = max(1, min(group_size, gpn // stride)) if stride < gpn else 1
+    nodes = math.ceil(group_size / ranks_per_node)
+    return Link(
+        group_size=group_size,
+        ranks_per_node=ranks_per_node,
+        nodes=nodes,
+        intra_bandwidth_bytes_per_s=cluster.intra_node_bandwidth_bytes_per_s * intra_efficiency,
+        inter_bandwidth_bytes_per_s=cluster.inter_node_bandwidth_bytes_per_s * inter_efficiency,
+        intra_latency_s=intra_latency_s,
+        inter_latency_s=inter_latency_s,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupStrides:
+    """Distance in global ranks between neighbours of each parallel group (order tp, cp, ep|dp, pp)."""
+
+    tp: int
+    cp: int
+    ep: int
+    dp: int
+    pp: int
+
+
+def group_strides(layout: Layout) -> GroupStrides:
+    inner = layout.tp * layout.cp
+    return GroupStrides(tp=1, cp=layout.tp, ep=inner, dp=inner, pp=inner * layout.dp)

@@ -1,0 +1,93 @@
+"""How far from the data sheet real training runs: matmul efficiency, link efficiency, overlap.
+
+The numbers live in ``service/catalog/efficiency.toml`` with a source per entry; this module only
+holds their shape (``EfficiencyCurve``) and the interpolation. Achieved GEMM throughput is
+
+    peak(precision) x peak_fraction(gpu) x width_factor(h / tp) x tokens_factor(b s / cp)
+
+``peak_fraction`` is what large GEMMs sustain in a training run; the two factors take it down for
+narrow GEMMs (small hidden sizes, wide tensor parallelism) and short micro-batches. Factors are
+piecewise linear in log2 of their argument and flat outside the tabulated range. The memory-bound
+work between the GEMMs (norms, activations, dropout, eager softmax) is timed separately from HBM
+bandwidth, ``memory_traffic_per_stored_byte`` x the activation bytes the layer stores.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from service.estimator.errors import InvalidHardware
+from service.estimator.types import Framework
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CurvePoint:
+    x: float  # hidden size per TP rank, or tokens per micro-batch per CP rank
+    factor: float  # multiplies the peak fraction, in (0, 1]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EfficiencyCurve:
+    """Achievable fractions of the data sheet, the host-side rates and the overlap defaults."""
+
+    peak_fraction_by_gpu: tuple[tuple[str, float], ...]  # (substring of GPUSpec.name, fraction)
+    default_peak_fraction: float
+    width_points: tuple[CurvePoint, ...]
+    tokens_points: tuple[CurvePoint, ...]
+    intra_node_bus_efficiency: float  # NCCL busbw / nominal NVLink (or PCIe) bandwidth
+    inter_node_bus_efficiency: float  # NCCL busbw / nominal per-GPU NIC bandwidth
+    intra_node_latency_s: float  # per hop
+    inter_node_latency_s: float  # per hop
+    dp_overlap_by_framework: tuple[tuple[Framework, bool], ...]  # grad reduction during backward?
+    dp_overlap_max_hidden_fraction: float  # the last bucket is always exposed
+    tp_overlap_hidden_fraction: float  # with Megatron --tp-comm-overlap (off by default)
+    zero3_prefetch_hidden_fraction: float  # ZeRO-3/FSDP gathers prefetched under compute
+    memory_traffic_per_stored_byte: float  # HBM bytes moved forward per activation byte stored
+    cpu_adam_params_per_s_per_node: float  # DeepSpeed CPU-Adam, whole host
+    nvme_bandwidth_bytes_per_s_per_node: float  # when the cluster gives none
+    sources: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        fractions = [self.default_peak_fraction, *(f for _, f in self.peak_fraction_by_gpu)]
+        fractions += [p.factor for p in (*self.width_points, *self.tokens_points)]
+        fractions += [self.intra_node_bus_efficiency, self.inter_node_bus_efficiency]
+        for value in fractions:
+            if not 0.0 < value <= 1.0:
+                raise InvalidHardware(f"efficiency fractions must be in (0, 1], got {value}", rule="fraction")
+        if not self.width_points or not self.tokens_points:
+            raise InvalidHardware("efficiency curves need at least one point", rule="non_empty")
+
+
+def _interpolate_log2(points: tuple[CurvePoint, ...], x: float) -> float:
+    # piecewise linear in log2(x) between sorted points; flat beyond both ends
+    ordered = sorted(points, key=lambda p: p.x)
+    if x <= ordered[0].x:
+        return ordered[0].factor
+    for low, high in itertools.pairwise(ordered):
+        if x <= high.x:
+            t = (math.log2(x) - math.log2(low.x)) / (math.log2(high.x) - math.log2(low.x))
+            return low.factor + t * (high.factor - low.factor)
+    return ordered[-1].factor
+
+
+def peak_fraction(curve: EfficiencyCurve, gpu_name: str) -> float:
+    """The first ``peak_fraction_by_gpu`` entry whose key occurs in the GPU name, else the default."""
+    name = gpu_name.lower()
+    for key, fraction in curve.peak_fraction_by_gpu:
+        if key.lower() in name:
+            return fraction
+    return curve.default_peak_fraction
+
+
+def matmul_efficiency(curve: EfficiencyCurve, gpu_name: str, width: float, tokens: float) -> float:
+    """Fraction of peak a layer sustains for GEMM width ``h / tp`` and ``b s / cp`` tokens."""
+    width_factor = _interpolate_log2(curve.width_points, width)
+    tokens_factor = _interpolate_log2(curve.tokens_points, tokens)
+    return peak_fraction(curve, gpu_name) * width_factor * tokens_factor
+
+
+def dp_overlap_default(curve: EfficiencyCurve, framework: Framework) -> bool:
+    """Whether the framework reduces gradients during backward by default."""
+    return dict(curve.dp_overlap_by_framework).get(framework, False)

@@ -1,0 +1,171 @@
+"""FLOPs of one training step, counted term by term from the architecture.
+
+Conventions (all counts are integers; one multiply-add = 2 FLOPs):
+* Only matrix multiplications count: a linear layer of shape (in, out) costs 2 x in x out per
+  token forward; biases, norms, activations and softmax are left out (Megatron, PaLM, nanoGPT).
+* Attention's sequence term QK^T and AV costs 4 x s x q_size per token forward, i.e.
+  4 b s^2 q_size per layer, over the *full* s x s score matrix: causal masking is not halved
+  (Korthikanti Eq. 7, Narayanan Eq. 3, PaLM's 12 L H Q T and Megatron-LM's
+  ``num_floating_point_operations`` all count the full square).
+* Backward = 2 x forward (input gradients + weight gradients, one forward's worth each).
+* Model FLOPs (MFU, PaLM arXiv:2204.02311 §4.1 and Korthikanti arXiv:2205.05198 App. A) leave
+  recomputation out; hardware FLOPs (HFU) add it: full recompute is one more forward of every
+  layer (Narayanan Eq. 3 counts it), selective recompute one more forward of attention's core.
+* LoRA / QLoRA: the frozen base runs forward and the input-gradient half of backward only
+  (2 of the 3 passes, 4/6 of dense training); attention's core has no weights, so its backward
+  stays 2x; the adapters (rank r: in x r then r x out) train fully. QLoRA's dequantisation is
+  not a matmul and is not counted.
+
+Cross-checks (tests/estimator/test_flops.py): for a GPT config the model count equals
+Korthikanti Eq. 7, 72 B L s h^2 (1 + s/(6h) + V/(12 h L)), and the full-recompute hardware
+count equals Narayanan Eq. 3, 96 B L s h^2 (1 + s/(6h) + V/(16 h L)), exactly.
+"""
+
+from __future__ import annotations
+
+from service.estimator.params import is_moe_layer
+from service.estimator.types import Method, ModelSpec, MoESpec, Recompute, TrainingSpec
+
+# ---------------------------------------------------------------- forward, per token
+
+
+def attention_projection_flops(model: ModelSpec) -> int:
+    """q, k, v and output projections, forward, per token (GQA: k and v are kv_size wide)."""
+    # 2 x (h*q + 2*h*kv + q*h)
+    h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    return 2 * (h * q + 2 * h * kv + q * h)
+
+
+def attention_core_flops(model: ModelSpec, seq_len: int) -> int:
+    """QK^T and AV, forward, per token: 2 s q_size each, full (not causal-halved) square."""
+    # Korthikanti App. A: 4 b s^2 h per layer for b sequences of s tokens -> 4 s h per token
+    return 4 * seq_len * model.q_size
+
+
+def mlp_flops(model: ModelSpec, ffn_hidden_size: int) -> int:
+    """One MLP of width ``ffn_hidden_size``, forward, per token: 3 matrices if gated, else 2."""
+    matrices = 3 if model.mlp.gated else 2
+    return 2 * matrices * model.hidden_size * ffn_hidden_size
+
+
+def moe_flops(model: ModelSpec, moe: MoESpec) -> int:
+    """One MoE block, forward, per token: top_k routed experts + shared experts + router (+ gate)."""
+    # router h -> E logits; Qwen2-MoE's shared-expert gate h -> 1
+    routed = moe.top_k * mlp_flops(model, moe.expert_ffn_hidden_size)
+    shared = moe.num_shared_experts * mlp_flops(model, moe.shared_expert_ffn_hidden_size)
+    router = 2 * model.hidden_size * moe.num_experts
+    gate = 2 * model.hidden_size if moe.shared_expert_gate else 0
+    return routed + shared + router + gate
+
+
+def layer_matmul_flops(model: ModelSpec, index: int) -> int:
+    """Weight matmuls of decoder layer ``index`` (0-based), forward, per token."""
+    if model.moe is not None and is_moe_layer(model, index):
+        ffn = moe_flops(model, model.moe)
+    else:
+        ffn = mlp_flops(model, model.ffn_hidden_size)
+    return attention_projection_flops(model) + ffn
+
+
+def logits_flops(model: ModelSpec) -> int:
+    """Output layer h -> V, forward, per token (the embedding lookup costs no FLOPs)."""
+    return 2 * model.hidden_size * model.vocab_size
+
+
+# ---------------------------------------------------------------- LoRA adapters
+
+
+def _lora_module_shapes(model: ModelSpec, ffn: int) -> dict[str, tuple[int, int]]:
+    # (in, out) of each adaptable module; a plain GELU MLP has no gate_proj
+    h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    shapes |= {"up_proj": (h, ffn), "down_proj": (ffn, h)}
+    if model.mlp.gated:
+        shapes["gate_proj"] = (h, ffn)
+    return shapes
+
+
+def _lora_flops_for(model: ModelSpec, targets: tuple[str, ...], rank: int, ffn: int, mlp_copies: int) -> int:
+    # adapter x -> A (in x r) -> B (r x out): 2 r (in + out) per token; MLP targets once per active expert
+    total = 0
+    for name, (fan_in, fan_out) in _lora_module_shapes(model, ffn).items():
+        if name in targets:
+            copies = mlp_copies if name.endswith(("up_proj", "down_proj", "gate_proj")) else 1
+            total += copies * 2 * rank * (fan_in + fan_out)
+    return total
+
+
+def lora_adapter_flops(model: ModelSpec, index: int, training: TrainingSpec) -> int:
+    """LoRA adapters of layer ``index``, forward, per token (0 for full fine-tuning)."""
+    if training.method is Method.FULL:
+        return 0
+    targets, rank = training.lora_targets, training.lora_rank
+    if model.moe is None or not is_moe_layer(model, index):
+        return _lora_flops_for(model, targets, rank, model.ffn_hidden_size, 1)
+    moe = model.moe
+    # attention adapters once, MLP adapters on each of the top_k routed experts a token visits ...
+    total = _lora_flops_for(model, targets, rank, moe.expert_ffn_hidden_size, moe.top_k)
+    # ... and on the shared experts
+    mlp_targets = tuple(t for t in targets if t not in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    shared_ffn = moe.shared_expert_ffn_hidden_size
+    total += _lora_flops_for(model, mlp_targets, rank, shared_ffn, moe.num_shared_experts)
+    return total
+
+
+# ---------------------------------------------------------------- training passes
+
+
+def frozen_passes(training: TrainingSpec) -> int:
+    """Passes over a weight matmul per step: 3 (fwd + input grad + weight grad), 2 if frozen (LoRA)."""
+    return 3 if training.method is Method.FULL else 2
+
+
+def layer_training_flops(model: ModelSpec, index: int, training: TrainingSpec) -> int:
+    """Forward + backward of layer ``index`` per token, no recompute."""
+    # weight matmuls x (3 or 2) + attention core x 3 (no weights: both backward halves needed)
+    # + adapters x 3
+    weights = frozen_passes(training) * layer_matmul_flops(model, index)
+    core = 3 * attention_core_flops(model, training.seq_len)
+    adapters = 3 * lora_adapter_flops(model, index, training)
+    return weights + core + adapters
+
+
+def logits_training_flops(model: ModelSpec, training: TrainingSpec) -> int:
+    """Forward + backward of the output layer per token (frozen under LoRA)."""
+    return frozen_passes(training) * logits_flops(model)
+
+
+def layer_recompute_flops(model: ModelSpec, index: int, training: TrainingSpec, recompute: Recompute) -> int:
+    """Extra forward FLOPs per token of layer ``index`` that recomputation adds."""
+    # full: the whole layer forward again (Narayanan Eq. 3's 4th pass);
+    # selective: attention's QK^T and AV only (Korthikanti §5: "core attention")
+    core = attention_core_flops(model, training.seq_len)
+    if recompute is Recompute.FULL:
+        return layer_matmul_flops(model, index) + core + lora_adapter_flops(model, index, training)
+    if recompute is Recompute.SELECTIVE:
+        return core
+    return 0
+
+
+# ---------------------------------------------------------------- per step
+
+
+def model_flops_per_token(model: ModelSpec, training: TrainingSpec) -> int:
+    """Training FLOPs per token without recomputation (PaLM / Korthikanti model FLOPs)."""
+    layers = sum(layer_training_flops(model, i, training) for i in range(model.num_layers))
+    return layers + logits_training_flops(model, training)
+
+
+def recompute_flops_per_token(model: ModelSpec, training: TrainingSpec, recompute: Recompute) -> int:
+    return sum(layer_recompute_flops(model, i, training, recompute) for i in range(model.num_layers))
+
+
+def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> int:
+    """Model FLOPs of one optimizer step (global batch x seq_len tokens)."""
+    return training.tokens_per_step * model_flops_per_token(model, training)
+
+
+def hardware_flops_per_step(model: ModelSpec, training: TrainingSpec, recompute: Recompute) -> int:
+    """Model FLOPs plus the recomputed forward work (HFU numerator)."""
+    per_token = model_flops_per_token(model, training) + recompute_flops_per_token(model, training, recompute)
+    return training.tokens_per_step * per_token

@@ -1,0 +1,96 @@
+"""Collective costs: hand-computed alpha-beta cases, NCCL's busbw identities, and group placement."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service.estimator import comm
+from service.estimator.types import ClusterSpec, GPUSpec, Layout, PeakFlops
+
+GPU = GPUSpec(
+    name="test-gpu",
+    memory_bytes=80 * 10**9,
+    peak_flops_per_s=PeakFlops(fp32=1e12, bf16=1e14),
+    hbm_bandwidth_bytes_per_s=2e12,
+    intra_node_bandwidth_bytes_per_s=300e9,
+    pcie_bandwidth_bytes_per_s=32e9,
+)
+CLUSTER = ClusterSpec(
+    gpu=GPU,
+    num_nodes=4,
+    gpus_per_node=8,
+    intra_node_bandwidth_bytes_per_s=300e9,
+    inter_node_bandwidth_bytes_per_s=25e9,
+)
+
+
+def test_ring_all_reduce_by_hand() -> None:
+    # S = 8 GB over 4 ranks at 1 GB/s: 2 * 3/4 * 8 = 12 s; + 2*(4-1) hops * 1 ms = 6 ms
+    assert comm.ring_all_reduce_s(8e9, 4, 1e9, 0.0) == pytest.approx(12.0)
+    assert comm.ring_all_reduce_s(8e9, 4, 1e9, 1e-3) == pytest.approx(12.006)
+    assert comm.ring_all_reduce_s(8e9, 1, 1e9, 1e-3) == 0.0
+
+
+def test_nccl_busbw_identities() -> None:
+    # nccl-tests PERFORMANCE.md: algbw = S / t; all-reduce busbw = algbw * 2(n-1)/n,
+    # reduce-scatter / all-gather busbw = algbw * (n-1)/n; with zero latency busbw is the link
+    size, n, link = 1e9, 8, 200e9
+    algbw = size / comm.ring_all_reduce_s(size, n, link, 0.0)
+    assert algbw * 2 * (n - 1) / n == pytest.approx(link)
+    algbw = size / comm.reduce_scatter_s(size, n, link, 0.0)
+    assert algbw * (n - 1) / n == pytest.approx(link)
+    assert comm.all_gather_s(size, n, link, 0.0) == comm.reduce_scatter_s(size, n, link, 0.0)
+
+
+def test_tree_wins_only_for_small_messages() -> None:
+    # 64 ranks, 10 us per hop: ring pays 126 hops, tree 2*6 = 12
+    small, large = 1e3, 1e9
+    assert comm.tree_all_reduce_s(small, 64, 25e9, 1e-5) < comm.ring_all_reduce_s(small, 64, 25e9, 1e-5)
+    assert comm.ring_all_reduce_s(large, 64, 25e9, 1e-5) < comm.tree_all_reduce_s(large, 64, 25e9, 1e-5)
+
+
+def test_all_to_all_and_p2p_by_hand() -> None:
+    # each of 4 ranks sends 3/4 of its 4 GB at 1 GB/s -> 3 s; p2p 2 GB at 1 GB/s + 1 ms
+    assert comm.all_to_all_s(4e9, 4, 1e9, 0.0) == pytest.approx(3.0)
+    assert comm.p2p_s(2e9, 1e9, 1e-3) == pytest.approx(2.001)
+
+
+def test_link_placement() -> None:
+    tp8 = comm.link_for_group(CLUSTER, 8, 1)  # tp=8 fills one node
+    assert (tp8.ranks_per_node, tp8.nodes, tp8.bandwidth_bytes_per_s) == (8, 1, 300e9)
+    dp4 = comm.link_for_group(CLUSTER, 4, 8)  # dp after tp=8: one rank per node
+    assert (dp4.ranks_per_node, dp4.nodes, dp4.bandwidth_bytes_per_s) == (1, 4, 25e9)
+    dp8 = comm.link_for_group(CLUSTER, 8, 2)  # dp after tp=2: 4 per node over 2 nodes
+    assert (dp8.ranks_per_node, dp8.nodes) == (4, 2)
+    dp2 = comm.link_for_group(CLUSTER, 2, 4)  # stays inside a node
+    assert not dp2.spans_nodes
+    strides = comm.group_strides(Layout(dp=2, tp=2, cp=2, pp=4))
+    assert (strides.tp, strides.cp, strides.dp, strides.pp) == (1, 2, 4, 8)
+
+
+def test_hierarchical_all_reduce_by_hand() -> None:
+    # 32 ranks = 8 per node x 4 nodes, S = 8 GB, no latency:
+    # intra reduce-scatter + all-gather: 2 * 7/8 * 8e9 / 300e9 = 0.046667 s
+    # inter ring all-reduce of S/8 = 1 GB over 4 nodes at 25 GB/s: 2 * 3/4 * 1e9 / 25e9 = 0.06 s
+    link = comm.link_for_group(CLUSTER, 32, 1)
+    assert comm.group_all_reduce_s(8e9, link) == pytest.approx(2 * 7 / 8 * 8e9 / 300e9 + 0.06)
+    # cheaper than a flat ring over the inter-node links: 2 * 31/32 * 8e9 / 25e9 = 0.62 s
+    assert comm.group_all_reduce_s(8e9, link) < comm.ring_all_reduce_s(8e9, 32, 25e9, 0.0)
+
+
+@given(
+    size=st.floats(1.0, 1e11),
+    group=st.sampled_from([2, 4, 8, 16, 32]),
+    stride=st.sampled_from([1, 2, 4, 8]),
+    faster=st.floats(1.0, 10.0),
+)
+def test_more_bandwidth_is_never_slower(size: float, group: int, stride: int, faster: float) -> None:
+    full = comm.link_for_group(CLUSTER, group, stride, intra_latency_s=5e-6, inter_latency_s=1e-5)
+    derated = comm.link_for_group(
+        CLUSTER, group, stride, intra_latency_s=5e-6, inter_latency_s=1e-5, inter_efficiency=1.0 / faster
+    )
+    # the full link has `faster` x the derated one's inter-node bandwidth: never slower
+    for collective in (comm.group_all_reduce_s, comm.group_reduce_scatter_s, comm.group_all_to_all_s):
+        assert collective(size, full) <= collective(size, derated) * (1 + 1e-12)

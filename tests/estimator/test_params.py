@@ -1,0 +1,305 @@
+"""Exact parameter counts: hand-computed tiny models, Narayanan's closed form, published totals."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from service.catalog.models import model
+from service.estimator.errors import InvalidLayout, InvalidModel
+from service.estimator.hf_config import model_from_hf_config
+from service.estimator.params import (
+    attention_parameters,
+    is_moe_layer,
+    layer_parameters,
+    mlp_parameters,
+    parameter_counts,
+    stage_parameter_counts,
+)
+from service.estimator.types import MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding
+
+
+def tiny_llama(**overrides: object) -> ModelSpec:
+    fields: dict[str, object] = {
+        "name": "tiny-llama",
+        "num_layers": 2,
+        "hidden_size": 8,
+        "num_attention_heads": 2,
+        "num_kv_heads": 1,
+        "ffn_hidden_size": 16,
+        "vocab_size": 10,
+    }
+    fields.update(overrides)
+    return ModelSpec(**fields)  # type: ignore[arg-type]
+
+
+def gpt(*, num_layers: int, hidden: int, vocab: int, seq: int) -> ModelSpec:
+    """GPT-2/3 layout: learned positions, 4h GELU MLP, biases everywhere, LayerNorm, tied."""
+    return ModelSpec(
+        name="gpt",
+        family="gpt2",
+        num_layers=num_layers,
+        hidden_size=hidden,
+        num_attention_heads=4,
+        num_kv_heads=4,
+        ffn_hidden_size=4 * hidden,
+        vocab_size=vocab,
+        max_position_embeddings=seq,
+        mlp=MlpKind.GELU,
+        norm=NormKind.LAYERNORM,
+        position_embedding=PositionEmbedding.LEARNED,
+        tied_embeddings=True,
+        qkv_bias=True,
+        attn_out_bias=True,
+        mlp_bias=True,
+    )
+
+
+# ---------------------------------------------------------------- hand-computed
+
+
+def test_tiny_llama_gqa_by_hand() -> None:
+    # h=8, 2 heads of head_dim 4, 1 kv head, f=16, V=10, 2 layers, untied, RMSNorm, no biases.
+    m = tiny_llama()
+    # q 8x8=64, k 8x4=32, v 8x4=32, o 8x8=64 -> 192
+    assert attention_parameters(m) == 192
+    # gate, up 8x16 each, down 16x8 -> 3*128 = 384
+    assert mlp_parameters(m) == 384
+    counts = parameter_counts(m)
+    assert counts.norms_per_layer == 16  # 2 RMSNorms x 8
+    assert counts.embedding == 80  # 10 x 8
+    assert counts.output == 80  # untied lm_head 8 x 10
+    assert counts.final_norm == 8
+    # layer = 192 + 384 + 16 = 592; total = 80 + 80 + 8 + 2*592 = 1352
+    assert layer_parameters(m, 0) == 592
+    assert counts.total == 1352
+    assert counts.layers_total == 1184
+    assert counts.active_per_token == counts.total  # dense: every parameter is active
+    assert counts.largest_module == 128  # gate_proj / up_proj / down_proj, 8 x 16
+
+
+def test_tiny_head_dim_not_hidden_over_heads() -> None:
+    # head_dim 6 != 8/2: q 8x12=96, k 8x6=48, v 48, o 12x8=96 -> 288
+    assert attention_parameters(tiny_llama(head_dim=6)) == 288
+
+
+def test_tiny_biases() -> None:
+    # qkv bias adds q + k + v widths = 8 + 4 + 4 = 16; output bias adds h = 8
+    assert attention_parameters(tiny_llama(qkv_bias=True)) == 192 + 16
+    assert attention_parameters(tiny_llama(qkv_bias=True, attn_out_bias=True)) == 192 + 24
+    # gated MLP bias: gate 16 + up 16 + down 8 = 40
+    assert mlp_parameters(tiny_llama(mlp_bias=True)) == 384 + 40
+
+
+def test_tiny_gpt_by_hand() -> None:
+    # h=4, 1 layer, V=10, s=6, f=16, LayerNorm, learned positions, tied.
+    m = gpt(num_layers=1, hidden=4, vocab=10, seq=6)
+    counts = parameter_counts(m)
+    # attention: 4 weights 4x4 = 64, biases 3*4 (qkv) + 4 (out) = 16 -> 80
+    assert counts.attention_per_layer == 80
+    # MLP: 4x16 + 16x4 = 128, biases 16 + 4 = 20 -> 148
+    assert counts.dense_mlp_per_layer == 148
+    assert counts.norms_per_layer == 16  # 2 LayerNorms x (weight 4 + bias 4)
+    assert counts.embedding == 64  # (V + s) x h = 16 x 4
+    assert counts.output == 0  # tied
+    assert counts.final_norm == 8
+    # 64 + 8 + (80 + 148 + 16) = 316
+    assert counts.total == 316
+
+
+def test_embedding_norm_and_single_norm() -> None:
+    # BLOOM's embedding LayerNorm adds 2h to the embedding; Falcon-7B keeps one norm per layer.
+    m = tiny_llama(norm=NormKind.LAYERNORM, embedding_norm=True, norms_per_layer=1)
+    counts = parameter_counts(m)
+    assert counts.embedding == 80 + 16  # V*h + (weight + bias) 2*8
+    assert counts.norms_per_layer == 16  # one LayerNorm of 2*8
+
+
+def test_tiny_moe_by_hand() -> None:
+    # 4 experts of width 6, top-2, router with bias, one shared expert of width 10 with a gate.
+    moe = MoESpec(
+        num_experts=4,
+        top_k=2,
+        expert_ffn_hidden_size=6,
+        num_shared_experts=1,
+        shared_expert_ffn_hidden_size=10,
+        shared_expert_gate=True,
+        router_bias=True,
+        layer_frequency=2,
+    )
+    m = tiny_llama(moe=moe)
+    counts = parameter_counts(m)
+    assert [is_moe_layer(m, i) for i in range(2)] == [False, True]  # (i + 1) % 2 == 0
+    assert counts.moe_layers == 1 and counts.dense_layers == 1
+    assert counts.experts_per_moe_layer == 4 * 3 * 8 * 6  # 4 experts x 3 matrices x h x f_e = 576
+    assert counts.router_per_moe_layer == 8 * 4 + 4  # h x E + E bias = 36
+    assert counts.shared_experts_per_moe_layer == 3 * 8 * 10 + 8  # 240 + gate h -> 1 = 248
+    # layer 0 dense: 592; layer 1: 192 + 16 + 576 + 36 + 248 = 1068
+    assert layer_parameters(m, 1) == 1068
+    assert counts.total == 80 + 80 + 8 + 592 + 1068
+    # a token skips 2 of 4 experts (2 x 144) in the one MoE layer
+    assert counts.active_per_token == counts.total - 2 * 144
+    assert counts.largest_module == 576  # transformers 5 keeps all experts in one module
+
+
+# ---------------------------------------------------------------- cross-check
+
+
+@pytest.mark.parametrize(
+    ("num_layers", "hidden", "vocab", "seq"),
+    [(12, 768, 50257, 1024), (96, 12288, 50257, 2048), (3, 64, 1000, 128), (40, 5120, 51200, 2048)],
+)
+def test_narayanan_eq2_matches_term_by_term(num_layers: int, hidden: int, vocab: int, seq: int) -> None:
+    # Narayanan et al. 2021 (arXiv:2104.04473) Eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12lh)),
+    # i.e. 12h^2 + 13h per layer plus (V + s) h embeddings. It leaves out the final LayerNorm (2h).
+    layers, h = num_layers, hidden
+    closed = 12 * layers * h**2 * (1 + Fraction(13, 12 * h) + Fraction(vocab + seq, 12 * layers * h))
+    assert closed.denominator == 1
+    assert parameter_counts(gpt(num_layers=layers, hidden=h, vocab=vocab, seq=seq)).total == closed + 2 * h
+
+
+# ---------------------------------------------------------------- published totals
+
+
+@pytest.mark.parametrize(
+    ("preset", "total"),
+    [
+        ("gpt2", 124_439_808),
+        ("llama-2-7b", 6_738_415_616),
+        ("llama-3-8b", 8_030_261_248),
+        ("mistral-7b", 7_241_732_096),
+        ("mixtral-8x7b", 46_702_792_704),
+        ("qwen2.5-0.5b", 494_032_768),
+        ("llama-3.1-405b", 405_853_388_800),
+        ("bloom-176b", 176_247_271_424),
+    ],
+)
+def test_published_totals(preset: str, total: int) -> None:
+    # Each also measured with PyTorch on the meta device (validation/data/param_counts.json).
+    assert parameter_counts(model(preset).spec).total == total
+
+
+def test_mixtral_active_parameters() -> None:
+    # Mixtral's "12.9B active": 32 layers skip 6 of 8 experts of 3 x 4096 x 14336 each.
+    counts = parameter_counts(model("mixtral-8x7b").spec)
+    assert counts.active_per_token == 46_702_792_704 - 32 * 6 * 3 * 4096 * 14336 == 12_879_925_248
+    assert counts.largest_module == 8 * 3 * 4096 * 14336  # one layer's experts module
+
+
+def test_largest_module_is_the_embedding_for_dense_llama() -> None:
+    assert parameter_counts(model("llama-3-8b").spec).largest_module == 128256 * 4096
+
+
+# ---------------------------------------------------------------- pipeline stages
+
+
+def test_stages_sum_to_total_when_untied() -> None:
+    m = model("llama-2-7b").spec
+    stages = stage_parameter_counts(m, 4)
+    counts = parameter_counts(m)
+    assert sum(stages) == counts.total
+    per_layer = layer_parameters(m, 0)
+    assert stages[0] == counts.embedding + 8 * per_layer
+    assert stages[1] == stages[2] == 8 * per_layer
+    assert stages[3] == 8 * per_layer + counts.final_norm + counts.output
+
+
+def test_tied_last_stage_holds_an_embedding_copy() -> None:
+    # Megatron keeps a copy of the word embedding on the last stage for the output layer.
+    m = model("gpt2").spec
+    total = parameter_counts(m).total
+    assert stage_parameter_counts(m, 1) == (total,)
+    stages = stage_parameter_counts(m, 3)
+    assert sum(stages) == total + 50257 * 768
+    # first stage: token + position embeddings; last: 4 layers + ln_f + the copy
+    assert stages[0] - stages[1] == 50257 * 768 + 1024 * 768
+
+
+def test_stage_counts_follow_moe_placement() -> None:
+    moe = MoESpec(num_experts=4, top_k=1, expert_ffn_hidden_size=6, layer_frequency=2)
+    m = tiny_llama(num_layers=4, moe=moe)
+    stages = stage_parameter_counts(m, 2)
+    assert sum(stages) == parameter_counts(m).total
+    assert stages[0] - 80 == layer_parameters(m, 0) + layer_parameters(m, 1)
+
+
+@pytest.mark.parametrize("pp", [3, 5, 64])
+def test_stage_counts_reject_uneven_split(pp: int) -> None:
+    with pytest.raises(InvalidLayout, match=rf"num_layers \(32\) is not divisible by pp \({pp}\)"):
+        stage_parameter_counts(model("llama-2-7b").spec, pp)
+
+
+def test_stage_counts_reject_non_positive_pp() -> None:
+    with pytest.raises(InvalidLayout):
+        stage_parameter_counts(tiny_llama(), 0)
+
+
+# ---------------------------------------------------------------- resolving hf configs
+
+
+def test_hf_config_unknown_model_type() -> None:
+    with pytest.raises(InvalidModel, match="'t5' is not supported") as info:
+        model_from_hf_config({"model_type": "t5"})
+    assert info.value.field == "hf_config.model_type"
+
+
+def test_hf_config_missing_field_is_named() -> None:
+    config = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}
+    with pytest.raises(InvalidModel, match="'num_hidden_layers' is required") as info:
+        model_from_hf_config(config)
+    assert info.value.field == "hf_config.num_hidden_layers"
+
+
+def test_hf_config_wrong_type_is_named() -> None:
+    config = dict(model("llama-2-7b").config, num_key_value_heads="8")
+    with pytest.raises(InvalidModel, match="'num_key_value_heads' must be an integer"):
+        model_from_hf_config(config)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "key", "value"),
+    [("phi", "qk_layernorm", True), ("qwen2_moe", "mlp_only_layers", [0])],
+)
+def test_hf_config_rejects_what_modelspec_cannot_express(model_type: str, key: str, value: object) -> None:
+    config = {
+        "model_type": model_type,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 100,
+        key: value,
+    }
+    with pytest.raises(InvalidModel) as info:
+        model_from_hf_config(config)
+    assert info.value.field == f"hf_config.{key}"
+
+
+def test_hf_config_defaults_follow_transformers() -> None:
+    base = {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2, "vocab_size": 100}
+    # Missing kv heads: LlamaConfig None (= heads), MistralConfig 8, Qwen2Config 32.
+    llama = model_from_hf_config({"model_type": "llama", "num_attention_heads": 64, **base})
+    mistral = model_from_hf_config({"model_type": "mistral", "num_attention_heads": 64, **base})
+    qwen2 = model_from_hf_config({"model_type": "qwen2", "num_attention_heads": 64, **base})
+    assert (llama.num_kv_heads, mistral.num_kv_heads, qwen2.num_kv_heads) == (64, 8, 32)
+    assert qwen2.qkv_bias and not qwen2.attn_out_bias
+    # GemmaConfig: 16 kv heads, head_dim 256, tied; GPT-2: n_inner 4h; GPT-NeoX: rotary_pct 0.25.
+    gemma = model_from_hf_config({"model_type": "gemma", "num_attention_heads": 16, **base})
+    assert gemma.head_dim == 256 and gemma.tied_embeddings and gemma.mlp is MlpKind.GEGLU
+    gpt2 = model_from_hf_config(
+        {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 9}
+    )
+    assert gpt2.ffn_hidden_size == 256 and gpt2.max_position_embeddings == 1024
+    neox = model_from_hf_config({"model_type": "gpt_neox", "num_attention_heads": 8, **base})
+    assert neox.rotary_fraction == 0.25 and neox.parallel_attn_mlp and not neox.tied_embeddings
+
+
+def test_hf_config_falcon_layouts() -> None:
+    base = {"model_type": "falcon", "hidden_size": 256, "num_hidden_layers": 2, "vocab_size": 100}
+    old = model_from_hf_config({**base, "num_attention_heads": 8})
+    assert (old.num_kv_heads, old.norms_per_layer, old.ffn_hidden_size) == (1, 1, 1024)
+    new = model_from_hf_config(
+        {**base, "num_attention_heads": 16, "num_kv_heads": 4, "new_decoder_architecture": True}
+    )
+    assert (new.num_kv_heads, new.norms_per_layer) == (4, 2)
