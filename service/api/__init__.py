@@ -2,10 +2,11 @@
 
 from fastapi import APIRouter
 
-from service.api import clusters, gpus, health, models
+from service.api import clusters, estimates, gpus, health, models
 
 api_router = APIRouter()
 api_router.include_router(health.router)
 api_router.include_router(gpus.router)
 api_router.include_router(models.router)
 api_router.include_router(clusters.router)
+api_router.include_router(estimates.router)

@@ -24,7 +24,7 @@ def to_out(record: ClusterRecord) -> ClusterOut:
     gpu: str | CustomGPU = (
         CustomGPU.model_validate(record.gpu_spec) if record.gpu_spec is not None else str(record.gpu_name)
     )
-    spec = ClusterCreate.model_validate(_record_fields(record)).to_domain()
+    spec = ClusterCreate.model_validate(record_fields(record)).to_domain()
     return ClusterOut(
         id=record.id,
         name=record.name,
@@ -43,7 +43,7 @@ def to_out(record: ClusterRecord) -> ClusterOut:
     )
 
 
-def _record_fields(record: ClusterRecord) -> dict[str, Any]:
+def record_fields(record: ClusterRecord) -> dict[str, Any]:
     return {
         "name": record.name,
         "description": record.description,
@@ -136,7 +136,7 @@ def replace_cluster(cluster_id: str, body: ClusterCreate, repo: ClusterRepoDep) 
 @router.patch("/{cluster_id}", response_model=ClusterOut)
 def update_cluster(cluster_id: str, body: ClusterPatch, repo: ClusterRepoDep) -> ClusterOut:
     record = _get_or_404(repo, cluster_id)
-    merged = _record_fields(record) | body.model_dump(exclude_unset=True)
+    merged = record_fields(record) | body.model_dump(exclude_unset=True)
     # A new GPU brings its own default intra-node bandwidth unless the patch sets one.
     if "gpu" in body.model_fields_set and "intra_node_bandwidth_bytes_per_s" not in body.model_fields_set:
         merged["intra_node_bandwidth_bytes_per_s"] = None

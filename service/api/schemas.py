@@ -461,3 +461,66 @@ class EstimateRequest(Strict):
     cluster: ClusterChoice = Field(description='{"id": ...} of a stored cluster, or an inline one')
     training: TrainingIn
     layout: LayoutIn
+    gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e6, description="price of one GPU-hour")
+
+
+# ---------------------------------------------------------------- estimates
+
+
+class MemoryPerGPUOut(BaseModel):
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    buffers: int
+    overhead: int
+    total: int
+
+
+class MemoryOut(BaseModel):
+    per_gpu: MemoryPerGPUOut = Field(description="bytes on the most-loaded rank")
+    capacity_bytes: int
+    headroom_bytes: int
+    cpu_per_node_bytes: int
+    nvme_per_node_bytes: int
+
+
+class TimeBreakdownOut(BaseModel):
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    pp_bubble_s: float
+    pp_comm_s: float
+    dp_comm_exposed_s: float
+    offload_s: float
+    optimizer_s: float
+
+
+class TimeOut(BaseModel):
+    step_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float = Field(description="model FLOPs only (PaLM MFU convention)")
+    mfu: float
+    hardware_tflops_per_gpu: float = Field(description="including recomputation")
+    hfu: float
+    breakdown: TimeBreakdownOut
+
+
+class LimitsOut(BaseModel):
+    max_micro_batch_size: int = Field(description="largest micro-batch that still fits this layout; 0: none")
+    max_seq_len: int = Field(description="largest sequence length that still fits this layout; 0: none")
+
+
+class EstimateOut(BaseModel):
+    fits: bool
+    memory: MemoryOut
+    time: TimeOut | None
+    limits: LimitsOut
+    time_to_train_s: float | None
+    cost_to_train: float | None = Field(default=None, description="given gpu_hour_cost, in its currency")
+    layout: dict[str, Any] = Field(description="the layout estimated, with derived fields filled in")
+    parameters_total: int
+    warnings: list[str]
+    assumptions: list[str]

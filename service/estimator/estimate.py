@@ -1,0 +1,88 @@
+"""One layout, every number: validate, then memory (most-loaded rank), step time and limits."""
+
+from __future__ import annotations
+
+from service.estimator.efficiency import EfficiencyCurve
+from service.estimator.memory import assumptions as memory_assumptions
+from service.estimator.memory import max_micro_batch_size, max_seq_len, memory_estimate
+from service.estimator.params import parameter_counts
+from service.estimator.step_time import time_estimate
+from service.estimator.types import (
+    ClusterSpec,
+    Estimate,
+    Layout,
+    MemoryEstimate,
+    ModelSpec,
+    Offload,
+    TrainingSpec,
+)
+from service.estimator.validate import validate_layout
+
+# Below this fraction of GPU memory left free, a layout that "fits" is flagged: allocator
+# behaviour and framework versions move real peaks by a few percent.
+THIN_HEADROOM_FRACTION = 0.05
+
+
+def host_fits(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
+    """Host RAM and NVMe within the node's, where the cluster states them (0 = unknown)."""
+    cpu_ok = (
+        not cluster.cpu_memory_bytes_per_node
+        or memory.cpu_per_node_bytes <= cluster.cpu_memory_bytes_per_node
+    )
+    nvme_ok = not cluster.nvme_bytes_per_node or memory.nvme_per_node_bytes <= cluster.nvme_bytes_per_node
+    return cpu_ok and nvme_ok
+
+
+def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -> tuple[str, ...]:
+    out = []
+    if memory.headroom_bytes < 0:
+        out.append(
+            f"does not fit: {memory.per_gpu.total / 2**30:.2f} GiB needed per GPU, "
+            f"{memory.capacity_bytes / 2**30:.2f} GiB available"
+        )
+    elif memory.headroom_bytes < THIN_HEADROOM_FRACTION * memory.capacity_bytes:
+        out.append(f"thin headroom: {memory.headroom_bytes / 2**30:.2f} GiB free per GPU (< 5%)")
+    offloading = layout.offload_optimizer is not Offload.NONE or layout.offload_params is not Offload.NONE
+    if memory.cpu_per_node_bytes and not cluster.cpu_memory_bytes_per_node and offloading:
+        out.append(
+            f"host RAM per node is not stated for this cluster; offload needs "
+            f"{memory.cpu_per_node_bytes / 2**30:.1f} GiB per node"
+        )
+    elif cluster.cpu_memory_bytes_per_node and memory.cpu_per_node_bytes > cluster.cpu_memory_bytes_per_node:
+        out.append(
+            f"host RAM: {memory.cpu_per_node_bytes / 2**30:.1f} GiB needed per node, "
+            f"{cluster.cpu_memory_bytes_per_node / 2**30:.1f} GiB available"
+        )
+    if cluster.nvme_bytes_per_node and memory.nvme_per_node_bytes > cluster.nvme_bytes_per_node:
+        out.append(
+            f"NVMe: {memory.nvme_per_node_bytes / 2**30:.1f} GiB needed per node, "
+            f"{cluster.nvme_bytes_per_node / 2**30:.1f} GiB available"
+        )
+    return tuple(out)
+
+
+def estimate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    *,
+    efficiency: EfficiencyCurve,
+    with_limits: bool = True,
+) -> Estimate:
+    """Every number for one layout; raises InvalidLayout (with the rule and numbers) if it cannot run."""
+    validate_layout(model, cluster, layout, training)
+    counts = parameter_counts(model)
+    memory = memory_estimate(model, cluster, layout, training)
+    time = time_estimate(model, cluster, layout, training, counts, efficiency)
+    tokens = training.tokens
+    return Estimate(
+        fits=memory.headroom_bytes >= 0 and host_fits(memory, cluster),
+        memory=memory,
+        time=time,
+        max_micro_batch_size=max_micro_batch_size(model, cluster, layout, training) if with_limits else 0,
+        max_seq_len=max_seq_len(model, cluster, layout, training) if with_limits else 0,
+        time_to_train_s=tokens / time.tokens_per_s if tokens else None,
+        warnings=warnings_for(memory, cluster, layout),
+        assumptions=memory_assumptions(model, cluster, layout, training),
+    )

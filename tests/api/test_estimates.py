@@ -1,0 +1,98 @@
+"""POST /v1/estimates end to end: the breakdown adds up, rules are named, stored clusters work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.api.helpers import assert_problem
+
+H100_NODE = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+
+
+def body(**layout: Any) -> dict[str, Any]:
+    return {
+        "model": {"preset": "llama-2-7b"},
+        "cluster": H100_NODE,
+        "training": {"seq_len": 4096, "global_batch_size": 64, "tokens": 10**9},
+        "layout": {"framework": "deepspeed", "dp": 8, "zero_stage": 2, "recompute": "full"} | layout,
+        "gpu_hour_cost": 2.0,
+    }
+
+
+def post(client: TestClient, payload: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/v1/estimates", json=payload)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_breakdown_adds_up_and_zero2_states_follow_the_paper(client: TestClient) -> None:
+    result = post(client, body())
+    per_gpu = result["memory"]["per_gpu"]
+    parts = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead")
+    assert per_gpu["total"] == sum(per_gpu[k] for k in parts)
+    assert result["memory"]["headroom_bytes"] == result["memory"]["capacity_bytes"] - per_gpu["total"]
+    # ZeRO-2 (arXiv:1910.02054 §5): 2P fp16 weights, 2P/N grads, 12P/N fp32 states; P = 6,738,415,616.
+    p = 6_738_415_616
+    assert per_gpu["parameters"] == 2 * p
+    assert per_gpu["gradients"] == 2 * p // 8
+    assert per_gpu["optimizer_states"] == 12 * p // 8
+    assert result["fits"] is True
+    assert result["layout"]["gradient_accumulation_steps"] == 8  # 64 = 1 x 8 x 8
+    time = result["time"]
+    assert abs(time["step_s"] - sum(time["breakdown"].values())) < 1e-9 * time["step_s"]
+    assert 0 < time["mfu"] <= time["hfu"] < 1
+    assert result["time_to_train_s"] == 10**9 / time["tokens_per_s"]
+    assert abs(result["cost_to_train"] - result["time_to_train_s"] / 3600 * 8 * 2.0) < 1e-6
+    assert result["limits"]["max_micro_batch_size"] >= 1
+    assert result["assumptions"]
+
+
+def test_seed_article_7b_zero2_on_8_x_24gb_does_not_fit(client: TestClient) -> None:
+    cluster = {"gpu": "rtx-4090-24gb", "num_nodes": 1, "gpus_per_node": 8}
+    result = post(client, body(micro_batch_size=1) | {"cluster": cluster})
+    assert result["fits"] is False
+    states = sum(result["memory"]["per_gpu"][k] for k in ("parameters", "gradients", "optimizer_states"))
+    assert states > 24 * 2**30 * 0.97  # 2P + 14P/8 = 25.3 GB before activations
+    assert any("does not fit" in w for w in result["warnings"])
+
+
+def test_invalid_layout_names_rule_and_numbers(client: TestClient) -> None:
+    problem = assert_problem(client.post("/v1/estimates", json=body(tp=3)), 422)
+    assert problem["errors"][0]["rule"] == "world_size"
+    assert "24" in problem["detail"] and "8" in problem["detail"]
+    problem = assert_problem(client.post("/v1/estimates", json=body(offload_params="cpu")), 422)
+    assert problem["errors"][0]["field"] == "offload_params"
+
+
+def test_global_batch_must_divide(client: TestClient) -> None:
+    payload = body()
+    payload["training"]["global_batch_size"] = 60
+    problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
+    assert "60" in problem["detail"]
+
+
+def test_stored_cluster_by_id_and_unknown_id(client: TestClient) -> None:
+    created = client.post("/v1/clusters", json=H100_NODE | {"name": "box"}).json()
+    by_id = post(client, body() | {"cluster": {"id": created["id"]}})
+    inline = post(client, body())
+    assert by_id["memory"] == inline["memory"]
+    problem = assert_problem(client.post("/v1/estimates", json=body() | {"cluster": {"id": "nope"}}), 422)
+    assert problem["errors"][0]["field"] == "cluster.id"
+
+
+def test_inline_cluster_errors_name_the_field_without_union_noise(client: TestClient) -> None:
+    payload = body() | {"cluster": H100_NODE | {"num_nodes": 0}}
+    problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
+    assert [e["field"] for e in problem["errors"]] == ["cluster.num_nodes"]
+
+
+def test_enum_and_limit_errors(client: TestClient) -> None:
+    problem = assert_problem(client.post("/v1/estimates", json=body(zero_stage=4)), 422)
+    assert problem["errors"][0]["field"] == "layout.zero_stage"
+    payload = body()
+    payload["training"]["precision"] = "fp12"
+    problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
+    assert problem["errors"][0]["field"] == "training.precision"
