@@ -1,0 +1,370 @@
+"""Activation bytes one GPU keeps for backward, for two implementations of the same model.
+
+* Megatron-LM (``Framework.MEGATRON``): Korthikanti et al., "Reducing Activation Recomputation in
+  Large Transformer Models" (arXiv:2205.05198) §4-5, Table 2, generalised to GQA, gated MLPs and
+  FlashAttention (no s^2 tensors; a fp32 logsumexp instead). 16-bit activations, 1-byte dropout masks.
+* PyTorch / Hugging Face transformers (DeepSpeed and FSDP): what autograd saves in HF's modelling
+  code, tensor by tensor (RMSNorm's fp32 upcast, SDPA's q/k/v/out/logsumexp, SwiGLU's gate/up/SiLU,
+  the fp32 log-softmax of the loss). Checked against ``validation/data/activations.json``, which
+  records the saved storages of real models on the CPU.
+
+The published formulas (Korthikanti Table 2, Megatron's ``theoretical_memory_usage.py``) are
+reproduced exactly by ``korthikanti_layer_bytes`` and ``megatron_theoretical_activation_bytes``.
+All quantities are bytes of one rank; ``tokens`` is the rank's s/cp x b.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from service.estimator.types import (
+    Attention,
+    Framework,
+    Layout,
+    Method,
+    ModelSpec,
+    NormKind,
+    PositionEmbedding,
+    Precision,
+    Recompute,
+    TrainingSpec,
+)
+
+# HF families whose MLP activation is the python tanh-GELU ("gelu_new"): it saves its input,
+# tanh output, 0.5x, 1+tanh and its output (5 tensors of width f) instead of 2.
+PYTHON_GELU_FAMILIES = frozenset({"gpt2", "phi"})
+# HF families whose one Linear makes q, k and v: a saved view of v keeps the whole q+k+v buffer alive.
+FUSED_QKV_FAMILIES = frozenset({"gpt2", "gpt_neox", "falcon", "bloom", "phi3"})
+# Eager softmax in the model dtype (no fp32 upcast and 16-bit copy): GPT-2, Falcon.
+MODEL_DTYPE_SOFTMAX_FAMILIES = frozenset({"gpt2", "falcon"})
+# Falcon's SDPA path repeats k and v to every head and passes a materialised (b, 1, s, s) mask.
+SDPA_EXPANDS_KV_FAMILIES = frozenset({"falcon"})
+# Gemma's RMSNorm multiplies by (1 + weight) in fp32, so its saved normalised input stays fp32.
+FP32_NORM_FAMILIES = frozenset({"gemma", "gemma2", "gemma3"})
+FP32_BYTES = 4
+INDEX_BYTES = 8  # int64 token ids, labels and routing indices
+MASK_BYTES = 1  # dropout masks (Korthikanti counts 1 byte per element)
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """Bytes replicated over tensor parallelism unless sequence-parallel, and bytes sharded by it."""
+
+    replicated: float
+    sharded: float
+
+    def __add__(self, other: Split) -> Split:
+        return Split(self.replicated + other.replicated, self.sharded + other.sharded)
+
+    def scaled(self, factor: float) -> Split:
+        return Split(self.replicated * factor, self.sharded * factor)
+
+    def per_rank(self, tp: int, sequence_parallel: bool) -> float:
+        return self.replicated / (tp if sequence_parallel else 1) + self.sharded / tp
+
+
+def element_bytes(precision: Precision) -> int:
+    """Bytes of one activation element: fp32 training keeps fp32, every other mode 16-bit."""
+    # fp8 (Transformer Engine) computes GEMMs in fp8 but hands bf16 tensors between ops; we count 2.
+    return 4 if precision is Precision.FP32 else 2
+
+
+def local_tokens(layout: Layout, training: TrainingSpec) -> float:
+    """Tokens one rank processes per micro-batch: the sequence is split over context parallelism."""
+    return training.seq_len / layout.cp * layout.micro_batch_size
+
+
+# ---------------------------------------------------------------- Megatron (Korthikanti)
+
+
+def _megatron_attention(model: ModelSpec, layout: Layout, training: TrainingSpec, core: bool) -> Split:
+    # Korthikanti §4.1: QKV input 2sbh, Q and K 4sbh, V 2sbh, projection input 2sbh, dropout mask sbh
+    # (11sbh) + softmax 2as^2b, its dropout mask as^2b and output 2as^2b (5as^2b); GQA shrinks K, V.
+    d, t = element_bytes(training.precision), local_tokens(layout, training)
+    h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    replicated = d * t * h + MASK_BYTES * t * h
+    sharded = d * t * (2 * q + 2 * kv)
+    if core and training.attention is Attention.EAGER:
+        sharded += (2 * d + MASK_BYTES) * model.num_attention_heads * t * training.seq_len
+    elif core:
+        sharded += FP32_BYTES * model.num_attention_heads * t  # FlashAttention's logsumexp
+    return Split(replicated, sharded)
+
+
+def _megatron_mlp(model: ModelSpec, layout: Layout, training: TrainingSpec, ffn: int, tokens: float) -> Split:
+    # Korthikanti §4.1: fc1 input 2sbh, GeLU input 8sbh, fc2 input 8sbh, dropout mask sbh (19sbh at
+    # f = 4h); a gated MLP keeps fc1's 2f-wide output and the product: 3 x 2sbf instead of 2 x 2sbf.
+    d, h = element_bytes(training.precision), model.hidden_size
+    width = 3 * ffn if model.mlp.gated else 2 * ffn
+    return Split(d * tokens * h + MASK_BYTES * tokens * h, d * tokens * width)
+
+
+MlpFn = Callable[[ModelSpec, Layout, TrainingSpec, int, float], Split]
+
+
+def _moe_mlp(model: ModelSpec, layout: Layout, training: TrainingSpec, mlp: MlpFn, tokens: float) -> Split:
+    # Balanced routing: each rank's experts see top_k x tokens (EP moves tokens, not their number).
+    # Kept: the router's input and fp32 probabilities (T x E), routing indices, dispatched and
+    # combined tokens (2 x top_k x T x h), each expert's MLP on its tokens, shared experts on all.
+    assert model.moe is not None
+    moe, d, h = model.moe, element_bytes(training.precision), model.hidden_size
+    routed = moe.top_k * tokens
+    router = mlp(model, layout, training, 0, tokens).replicated + FP32_BYTES * tokens * moe.num_experts
+    sharded = mlp(model, layout, training, moe.expert_ffn_hidden_size, routed).sharded
+    sharded += 2 * d * routed * h + 4 * INDEX_BYTES * routed
+    if moe.num_shared_experts:
+        shared_ffn = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
+        sharded += mlp(model, layout, training, shared_ffn, tokens).sharded
+    return Split(router, sharded)
+
+
+def _norms(model: ModelSpec, layout: Layout, training: TrainingSpec) -> Split:
+    # Korthikanti: each LayerNorm keeps its 2sbh input; replicated unless sequence parallel.
+    d, t = element_bytes(training.precision), local_tokens(layout, training)
+    return Split(model.norms_per_layer * d * t * model.hidden_size, 0.0)
+
+
+def megatron_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> float:
+    """One transformer layer, one micro-batch, no recomputation except selective's core attention."""
+    core = layout.recompute is Recompute.NONE
+    t = local_tokens(layout, training)
+    mlp = (
+        _moe_mlp(model, layout, training, _megatron_mlp, t)
+        if moe_layer
+        else _megatron_mlp(model, layout, training, model.ffn_hidden_size, t)
+    )
+    split = _megatron_attention(model, layout, training, core) + mlp + _norms(model, layout, training)
+    return split.per_rank(layout.tp, layout.sequence_parallel)
+
+
+# ---------------------------------------------------------------- Hugging Face transformers
+
+
+def _hf_norm(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
+    # LlamaRMSNorm: x.to(fp32) (4 bytes, saved by pow), rsqrt (4 per token), x*rsqrt cast back to the
+    # input dtype (saved by weight * x). LayerNorm: its input and fp32 mean + rstd per token.
+    d, h = element_bytes(training.precision), model.hidden_size
+    if model.norm is NormKind.LAYERNORM:
+        return d * tokens * h + 2 * FP32_BYTES * tokens
+    normed = FP32_BYTES if model.family in FP32_NORM_FAMILIES else d
+    return FP32_BYTES * tokens * h + FP32_BYTES * tokens + normed * tokens * h
+
+
+def _hf_sdpa(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
+    # SDPA/flash save q, k, v. Rotary makes new q and k; a fused qkv Linear's output stays alive
+    # whole through the saved view of v (measured: gpt_neox, phi3, gpt2). Falcon repeats k and v
+    # to all heads (new tensors) and materialises its mask in the model dtype.
+    d, q, kv = element_bytes(training.precision), model.q_size, model.kv_size
+    rotary = model.position_embedding is PositionEmbedding.ROPE
+    if model.family in SDPA_EXPANDS_KV_FAMILIES:
+        return d * tokens * 3 * q + d * tokens * training.seq_len  # mask: b x s_local x s
+    if model.family in FUSED_QKV_FAMILIES:
+        return d * tokens * ((q + 2 * kv) + ((q + kv) if rotary else 0))
+    return d * tokens * (q + 2 * kv)
+
+
+def _hf_attention(model: ModelSpec, layout: Layout, training: TrainingSpec, core: bool) -> Split:
+    # Linear input (the norm output) + o_proj input, and the attention kernel's own tensors. Eager:
+    # q, k and v (repeated to all heads under GQA), the softmax output (fp32, plus its 16-bit copy,
+    # except where the family keeps the model dtype); attention dropout 0, so no mask.
+    # SDPA/flash: q, k, v and the fp32 logsumexp; the output is o_proj's input (the GPU kernels
+    # write it in (b, s, a, d) layout, so no copy).
+    d, t = element_bytes(training.precision), local_tokens(layout, training)
+    h, q, kv, a = model.hidden_size, model.q_size, model.kv_size, model.num_attention_heads
+    sharded = d * t * q
+    if training.attention is Attention.EAGER:
+        kv_saved = q if model.num_kv_heads < a else kv
+        sharded += d * t * (q + 2 * kv_saved)
+        if core and model.family in MODEL_DTYPE_SOFTMAX_FAMILIES:
+            sharded += d * a * t * training.seq_len
+        elif core:
+            sharded += (FP32_BYTES + (d if d < FP32_BYTES else 0)) * a * t * training.seq_len
+    else:
+        sharded += _hf_sdpa(model, training, t) + (FP32_BYTES * a * t if core else 0.0)
+    return Split(d * t * h, sharded)
+
+
+def _hf_mlp(model: ModelSpec, layout: Layout, training: TrainingSpec, ffn: int, tokens: float) -> Split:
+    # SwiGLU: gate and up outputs, SiLU output, their product (down_proj input): 4 x f.
+    # Native GELU: fc1 output and GELU output: 2 x f; python tanh-GELU: 5 x f.
+    d, h = element_bytes(training.precision), model.hidden_size
+    width = 4 if model.mlp.gated else 5 if model.family in PYTHON_GELU_FAMILIES else 2
+    return Split(d * tokens * h, d * tokens * width * ffn)
+
+
+def _lora_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    # Each adapter keeps lora_A's r-wide output for lora_B's weight gradient; its input is the base
+    # Linear's input, already counted (lora_dropout 0, peft's default).
+    if training.method is Method.FULL:
+        return 0.0
+    d, t = element_bytes(training.precision), local_tokens(layout, training)
+    return d * t * training.lora_rank * len(training.lora_targets)
+
+
+def hf_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> float:
+    """One decoder layer of an HF model, one micro-batch, as autograd saves it."""
+    core = layout.recompute is Recompute.NONE
+    t = local_tokens(layout, training)
+    norms = Split(model.norms_per_layer * _hf_norm(model, training, t), 0.0)
+    mlp = (
+        _moe_mlp(model, layout, training, _hf_mlp, t)
+        if moe_layer
+        else _hf_mlp(model, layout, training, model.ffn_hidden_size, t)
+    )
+    if model.parallel_attn_mlp and model.norms_per_layer == 1:
+        mlp = Split(0.0, mlp.sharded)  # attention and MLP read the same normalised input
+    elif model.parallel_attn_mlp and model.norm is NormKind.LAYERNORM:
+        # Both LayerNorms read the layer input: one saved tensor, not two.
+        norms = Split(norms.replicated - element_bytes(training.precision) * t * model.hidden_size, 0.0)
+    split = (
+        norms
+        + _hf_attention(model, layout, training, core)
+        + mlp
+        + Split(0.0, _lora_bytes(model, layout, training))
+    )
+    return split.per_rank(layout.tp, layout.sequence_parallel)
+
+
+# ---------------------------------------------------------------- per stage
+
+
+def layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> float:
+    """One layer, one micro-batch, with the layout's recompute mode, for the layout's framework."""
+    if layout.recompute is Recompute.FULL:
+        # Only the layer input survives the forward (2sbh in Korthikanti; sharded under SP).
+        d, t = element_bytes(training.precision), local_tokens(layout, training)
+        return d * t * model.hidden_size / (layout.tp if layout.sequence_parallel else 1)
+    if layout.framework is Framework.MEGATRON:
+        return megatron_layer_bytes(model, layout, training, moe_layer)
+    return hf_layer_bytes(model, layout, training, moe_layer)
+
+
+def recompute_working_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """Full recompute rebuilds one layer's activations at a time during backward."""
+    if layout.recompute is not Recompute.FULL:
+        return 0.0
+    no_recompute = dataclasses.replace(layout, recompute=Recompute.NONE)
+    return max(layer_bytes(model, no_recompute, training, moe) for moe in _layer_kinds(model))
+
+
+def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
+    if model.moe is None:
+        return (False,)
+    return (True,) if model.moe.layer_frequency == 1 else (False, True)
+
+
+def micro_batches_in_flight(layout: Layout, rank: int, micro_batches: int) -> float:
+    """Micro-batches whose activations pipeline rank ``rank`` holds at its peak.
+
+    1F1B (Narayanan et al. 2021 §2.2): rank r warms up with p - r forwards, capped by m.
+    Interleaved with v chunks (Megatron's schedule): (v-1)p + 2(p-1-r) + 1 chunk forwards of
+    L/(pv) layers; on rank 0 that is Korthikanti's factor 1 + (p-1)/(pv) times p micro-batches.
+    """
+    p, v = layout.pp, layout.virtual_pipeline_stages
+    if p == 1:
+        return 1.0
+    if v == 1:
+        return float(min(p - rank, micro_batches))
+    return ((v - 1) * p + 2 * (p - 1 - rank) + 1) / v
+
+
+def _first_stage_extra(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    # Token ids (int64) saved by the embedding; Megatron adds the embedding dropout mask (sbh, /t).
+    t = local_tokens(layout, training)
+    extra = INDEX_BYTES * t
+    if layout.framework is Framework.MEGATRON:
+        extra += MASK_BYTES * t * model.hidden_size / layout.tp
+    return extra
+
+
+def _last_stage_extra(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    # Final norm input, lm_head input and the fp32 log-softmax (HF upcasts logits; Megatron's
+    # vocab-parallel cross-entropy keeps fp32 logits): 4sbh(1 + v/h)/t in Korthikanti §4.3.
+    # A chunked / fused loss keeps only the hidden-state gradient it computed in forward.
+    d, t, h = element_bytes(training.precision), local_tokens(layout, training), model.hidden_size
+    sp = layout.tp if layout.sequence_parallel else 1
+    if layout.framework is Framework.MEGATRON:
+        norm_and_input = 2 * d * t * h / sp
+    else:
+        norm_and_input = (_hf_norm(model, training, t) + d * t * h) / sp
+    loss = d * t * h if layout.chunked_loss else FP32_BYTES * t * model.vocab_size / layout.tp
+    return norm_and_input + loss + INDEX_BYTES * t
+
+
+def stage_activation_bytes(
+    model: ModelSpec, layout: Layout, training: TrainingSpec, rank: int, micro_batches: int
+) -> int:
+    """Activations held at its peak by pipeline rank ``rank`` (0 = first stage)."""
+    layers_per_rank = model.num_layers / layout.pp
+    per_micro = layers_per_rank * layer_bytes(model, layout, training, False)
+    if model.moe is not None:
+        # Every layer_frequency-th layer is MoE; the pipeline stage holds its share of them.
+        moe_share = (model.num_layers // model.moe.layer_frequency) / model.num_layers
+        moe_delta = layer_bytes(model, layout, training, True) - layer_bytes(model, layout, training, False)
+        per_micro += layers_per_rank * moe_share * moe_delta
+    in_flight = micro_batches_in_flight(layout, rank, micro_batches)
+    total = per_micro * in_flight + recompute_working_bytes(model, layout, training)
+    if rank == 0:
+        total += _first_stage_extra(model, layout, training) * in_flight
+    if rank == layout.pp - 1:
+        total += _last_stage_extra(model, layout, training)
+    return math.ceil(total)
+
+
+def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> int:
+    """Transient fp32 logits-sized tensors around the loss (not saved, but alive at the peak)."""
+    # HF: the fp32 upcast of the logits in forward, then the fp32 gradients of nll and log-softmax
+    # in backward (2 x 4sbV). Megatron's fused vocab-parallel cross-entropy: one 4sbV/t gradient.
+    if layout.chunked_loss:
+        return 0
+    t = local_tokens(layout, training)
+    copies = 1 if layout.framework is Framework.MEGATRON else 2
+    return math.ceil(copies * FP32_BYTES * t * model.vocab_size / layout.tp)
+
+
+# ---------------------------------------------------------------- published formulas, exactly
+
+
+def korthikanti_layer_bytes(
+    *, s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False, selective: bool = False
+) -> float:
+    """Korthikanti et al. Table 2: bytes per transformer layer (16-bit, 1-byte masks, 4h GeLU)."""
+    # sbh(10 + 24/t + 5as/(ht)); SP shards the 10: sbh(34/t + 5as/(ht)); selective drops 5as/(ht).
+    replicated = 10 * s * b * h / (t if sequence_parallel else 1)
+    sharded = 24 * s * b * h / t
+    scores = 0.0 if selective else 5 * a * s * s * b / t
+    return replicated + sharded + scores
+
+
+def megatron_theoretical_activation_bytes(
+    *,
+    seq_length: int,
+    micro_batch_size: int,
+    hidden_size: int,
+    ffn_hidden_size: int,
+    num_layers: int,
+    padded_vocab_size: int,
+    tp: int,
+    pp: int,
+    virtual_pp: int | None = None,
+    num_microbatches: int | None = None,
+    sequence_parallel: bool = False,
+    selective_recompute: bool = False,
+) -> float:
+    """Megatron-LM ``theoretical_memory_usage.py`` (d98e8a6) activation memory, dense models."""
+    sbh = seq_length * micro_batch_size * hidden_size
+    with_sp = sequence_parallel and selective_recompute
+    per_layer = sbh * (18 + 4 * ffn_hidden_size / hidden_size) if with_sp else sbh * (10 + 24 / tp)
+    total = per_layer * num_layers + 8 * seq_length * micro_batch_size * pp + sbh * pp
+    if virtual_pp is not None:
+        total *= 1 + (pp - 1) / (pp * virtual_pp)
+    elif pp > 1 and num_microbatches is not None:
+        total *= min(1, num_microbatches / pp)
+    if pp == 1 and with_sp:
+        total += sbh * 4 * (1 + padded_vocab_size / hidden_size)
+    elif pp == 1:
+        total += 2 * (seq_length * micro_batch_size * padded_vocab_size / tp + sbh)
+    return total / tp if with_sp else total * 1.05

@@ -1,0 +1,439 @@
+"""Model states on one GPU: weights, gradients and optimizer states, sharded and offloaded.
+
+Bytes per parameter follow ZeRO (Rajbhandari et al., arXiv:1910.02054 §3.1, §5): 2 bytes of 16-bit
+weights, 2 of gradients and K = 12 of fp32 master weights and Adam moments, the master copy counted
+with the optimizer states; stage 1 shards the optimizer over the data-parallel group, stage 2 also
+the gradients, stage 3 also the weights. Megatron keeps fp32 main gradients (18 bytes, 6 + 12/d
+with the distributed optimizer; Megatron-LM docs/user-guide/features/dist_optimizer.md). FSDP's
+sharded fp32 parameter is the master. The published estimators of DeepSpeed
+(``estimate_zero{2,3}_model_states_mem_needs``) and Megatron-LM
+(``compute_weight_and_optimizer_memory``) are reproduced exactly at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from service.estimator.params import parameter_counts
+from service.estimator.types import (
+    ClusterSpec,
+    Framework,
+    Layout,
+    Method,
+    ModelSpec,
+    MoESpec,
+    Offload,
+    Optimizer,
+    ParameterCounts,
+    Precision,
+    TrainingSpec,
+)
+
+MiB = 2**20
+MIXED = frozenset({Precision.BF16, Precision.FP16, Precision.FP8})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryAssumptions:
+    """Every constant the estimate rests on, in one place (bytes or elements, as named)."""
+
+    # ~700-800 MiB for the CUDA context and the kernels of cuBLAS/cuDNN once loaded
+    # (discuss.pytorch.org/t/high-gpu-memory-overhead/81330: "~700+MB" depending on CUDA version).
+    cuda_context_bytes: int = 768 * MiB
+    # NCCL channel buffers per communicator (NCCL_BUFFSIZE 4 MiB x channels x peers, both protocols).
+    nccl_bytes_per_group: int = 256 * MiB
+    # Caching-allocator fragmentation reserve, as a fraction of activations + buffers.
+    fragmentation_fraction: float = 0.10
+    # PyTorch DDP default: buckets are a flat copy of the gradients (gradient_as_bucket_view=False).
+    ddp_gradient_as_bucket_view: bool = False
+    # DeepSpeed defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size 5e8 elements, one
+    # bucket (overlap_comm defaults to False below stage 3); stage 3 prefetch 5e7, live params 1e9,
+    # params under 1e5 elements never partitioned. Stage 0 flattens grads in 5e8-element chunks.
+    ds_reduce_bucket_elements: int = 500_000_000
+    ds_stage0_allreduce_elements: int = 500_000_000
+    ds_prefetch_bucket_elements: int = 50_000_000
+    ds_max_live_parameters: int = 1_000_000_000
+    ds_param_persistence_threshold: int = 100_000
+    # FSDP gathers one unit (a decoder layer) ahead of the one computing.
+    fsdp_prefetch_layers: int = 1
+    # bitsandbytes 8-bit Adam: 1 byte per moment + one fp32 absmax per 2048-element block.
+    adam_8bit_block_elements: int = 2048
+    # QLoRA NF4: 4 bits per weight + double-quantised absmax constants, 0.127 bits per weight
+    # (Dettmers et al., arXiv:2305.14314 §3).
+    qlora_bits_per_param: float = 4.127
+    # CPU Adam (ZeRO-Offload) steps on an fp32 copy of each gradient shard held in pinned memory.
+    cpu_adam_grad_bytes: int = 4
+
+
+DEFAULT_ASSUMPTIONS = MemoryAssumptions()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateBytes:
+    """Bytes per parameter of each model-state tensor."""
+
+    weights: float  # the 16-bit (or fp32) copy the GEMMs read
+    gradients: float
+    master: float  # fp32 master weights; for FSDP the sharded fp32 parameter itself
+    moments: float  # optimizer state proper
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankParameters:
+    """Parameters on one GPU after tp, pp and ep, before ZeRO/FSDP sharding."""
+
+    dense: float  # sharded by ZeRO over dp x cp
+    expert: float  # routed experts, sharded over the expert-data-parallel group
+    linear: float  # the decoder layers' Linear weights among them (QLoRA quantises these)
+    layer: float  # the largest decoder layer (FSDP's gathering unit)
+    last_unit: float  # final norm + output layer, gathered at the loss (FSDP)
+
+
+# ---------------------------------------------------------------- bytes per parameter
+
+
+def moment_bytes(training: TrainingSpec, model: ModelSpec, assume: MemoryAssumptions) -> float:
+    """Optimizer moments per trainable parameter (no master copy)."""
+    # AdamW: m and v; Lion and SGD-momentum: one moment; Adafactor: factored second moment only
+    # (rows + columns per matrix, Shazeer & Stern arXiv:1804.04235), beta1 = None as in HF.
+    element = 2 if training.precision is Precision.BF16_PURE else 4
+    if training.optimizer is Optimizer.ADAMW:
+        return 2 * element
+    if training.optimizer is Optimizer.ADAMW_8BIT:
+        return 2 * (1 + 4 / assume.adam_8bit_block_elements)
+    if training.optimizer in (Optimizer.SGD, Optimizer.LION):
+        return element
+    return element * adafactor_state_fraction(model)
+
+
+def adafactor_state_fraction(model: ModelSpec) -> float:
+    """Adafactor's state elements per parameter: (rows + cols) / (rows x cols) over the matrices."""
+    h, q, kv, f = model.hidden_size, model.q_size, model.kv_size, model.ffn_hidden_size
+    counts = parameter_counts(model)
+    mlp_mats = [(h, f)] * (3 if model.mlp.gated else 2)
+    layer = [(h, q), (h, kv), (h, kv), (q, h), *mlp_mats]
+    factored = model.num_layers * sum(r + c for r, c in layer) + model.vocab_size + h
+    vectors = counts.norms_per_layer * model.num_layers + counts.final_norm
+    return (factored + vectors) / counts.total
+
+
+def state_bytes(
+    training: TrainingSpec, framework: Framework, model: ModelSpec, assume: MemoryAssumptions
+) -> StateBytes:
+    """Bytes per trainable parameter by precision and framework (ZeRO §3.1; Megatron dist_optimizer.md)."""
+    p = training.precision
+    weights = 4 if p is Precision.FP32 else 2
+    master = 4.0 if p in MIXED else 0.0
+    gradients: float = weights
+    if framework is Framework.MEGATRON and p in (Precision.BF16, Precision.FP8):
+        gradients = 4  # fp32 main grads: 2 + 4 + 12 = 18 bytes
+    elif framework is Framework.MEGATRON and p is Precision.FP16:
+        master = 8  # fp32 main params + an fp32 copy of the fp16 grads: 2 + 2 + 16 = 20 bytes
+    elif framework is Framework.FSDP and p in MIXED:
+        gradients = 4  # gradients take the sharded fp32 parameter's dtype
+    return StateBytes(
+        weights=weights, gradients=gradients, master=master, moments=moment_bytes(training, model, assume)
+    )
+
+
+def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[float, float]:
+    """Bytes per frozen base parameter (LoRA/QLoRA): (layer Linear weights, everything else)."""
+    # LoRA: the base in the compute dtype (bf16, or fp32 under fp32). QLoRA: NF4 Linears,
+    # embeddings, lm_head and norms in bf16.
+    other = 4.0 if training.precision is Precision.FP32 else 2.0
+    if training.method is Method.QLORA:
+        return assume.qlora_bits_per_param / 8, other
+    return other, other
+
+
+# ---------------------------------------------------------------- parameters on a rank
+
+
+def rank_parameters(model: ModelSpec, counts: ParameterCounts, layout: Layout, rank: int) -> RankParameters:
+    """Parameters held by pipeline rank ``rank`` (Megatron split: embedding first, head last)."""
+    p, t, e = layout.pp, layout.tp, layout.ep
+    layers = model.num_layers
+    attention = counts.attention_per_layer * layers
+    mlp = (
+        counts.dense_mlp_per_layer * counts.dense_layers
+        + counts.shared_experts_per_moe_layer * counts.moe_layers
+    )
+    replicated = (counts.norms_per_layer * layers + counts.router_per_moe_layer * counts.moe_layers) / p
+    expert = counts.experts_per_moe_layer * counts.moe_layers / (p * t * e)
+    dense = (attention + mlp) / (p * t) + replicated
+    # With pp > 1 and tied embeddings the last stage keeps its own copy of the word embedding.
+    head = counts.output or (model.vocab_size * model.hidden_size if p > 1 else 0)
+    if rank == 0:
+        dense += counts.embedding / t
+    if rank == p - 1:
+        dense += counts.final_norm + head / t
+    moe_layer = counts.router_per_moe_layer + counts.shared_experts_per_moe_layer / t
+    moe_layer += counts.experts_per_moe_layer / (t * e)
+    layer = counts.attention_per_layer / t + counts.norms_per_layer
+    layer += max(
+        counts.dense_mlp_per_layer / t if counts.dense_layers else 0, moe_layer if counts.moe_layers else 0
+    )
+    last_unit = counts.final_norm + (counts.output or model.vocab_size * model.hidden_size) / t
+    return RankParameters(
+        dense=dense,
+        expert=expert,
+        linear=(attention + mlp) / (p * t) + expert,
+        layer=layer,
+        last_unit=last_unit,
+    )
+
+
+def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """Trainable LoRA parameters on one rank: r x (d_in + d_out) per targeted Linear per layer."""
+    h, q, kv, f = model.hidden_size, model.q_size, model.kv_size, model.ffn_hidden_size
+    shapes = {
+        "q_proj": h + q,
+        "k_proj": h + kv,
+        "v_proj": h + kv,
+        "o_proj": q + h,
+        "up_proj": h + f,
+        "down_proj": f + h,
+    }
+    if model.mlp.gated:
+        shapes["gate_proj"] = h + f
+    per_layer: float = sum(shapes.get(name, 0) for name in training.lora_targets) * training.lora_rank
+    if model.moe is not None:
+        per_layer += _lora_expert_parameters(model, model.moe, training, layout)
+    return model.num_layers / layout.pp * per_layer / layout.tp
+
+
+def _lora_expert_parameters(model: ModelSpec, moe: MoESpec, training: TrainingSpec, layout: Layout) -> float:
+    # MLP targets on MoE layers adapt every local routed expert (E/ep of them, width f_e) instead
+    # of the dense MLP (width f), averaged over the layers that are MoE.
+    mlp_targets = [n for n in training.lora_targets if n in ("gate_proj", "up_proj", "down_proj")]
+    if not model.mlp.gated and "gate_proj" in mlp_targets:
+        mlp_targets.remove("gate_proj")
+    h, share = model.hidden_size, 1 / moe.layer_frequency
+    dense = len(mlp_targets) * (h + model.ffn_hidden_size) * training.lora_rank
+    experts = (
+        moe.num_experts / layout.ep * len(mlp_targets) * (h + moe.expert_ffn_hidden_size) * training.lora_rank
+    )
+    return share * (experts - dense)
+
+
+def shard_degrees(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:
+    """ZeRO/FSDP sharding group sizes: (dense parameters, routed experts)."""
+    # ZeRO and Megatron's distributed optimizer shard over dp x cp; FSDP HYBRID_SHARD only inside a
+    # node (the GPUs left after tp there). Experts shard over expert-DP = dp x cp / ep (etp = tp).
+    dense = layout.dp * layout.cp
+    if layout.framework is Framework.FSDP and layout.fsdp_hybrid_shard:
+        dense = min(dense, max(1, cluster.gpus_per_node // layout.tp))
+    return dense, max(1, dense // layout.ep)
+
+
+# ---------------------------------------------------------------- model states
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelStates:
+    """Persistent per-GPU bytes of the model states, and what went to host memory or NVMe."""
+
+    parameters: float
+    gradients: float
+    optimizer_states: float
+    host_bytes: float = 0.0
+    nvme_bytes: float = 0.0
+
+
+def _divisors(layout: Layout, shard: int) -> tuple[int, int, int]:
+    # (weights, gradients, optimizer) divisors. ZeRO-1 shards the optimizer, ZeRO-2 also the
+    # gradients, ZeRO-3 also the weights. FSDP has no optimizer-only stage: SHARD_GRAD_OP (2)
+    # already shards the fp32 parameters, gradients and optimizer.
+    stage = layout.zero_stage
+    if layout.framework is Framework.FSDP:
+        sharded = shard if stage >= 2 else 1
+        return sharded, sharded, sharded
+    return (shard if stage >= 3 else 1), (shard if stage >= 2 else 1), (shard if stage >= 1 else 1)
+
+
+def _group_states(
+    count: float, frozen: float, frozen_bytes_per: float, sb: StateBytes, layout: Layout, shard: int
+) -> ModelStates:
+    """Model states of ``count`` trainable and ``frozen`` frozen parameters sharded over ``shard`` ranks."""
+    w_div, g_div, o_div = _divisors(layout, shard)
+    if layout.framework is Framework.FSDP:
+        # The sharded parameter is the fp32 master (mixed) or the weights themselves. The 16-bit
+        # copies gathered for compute are buffers (memory.gathered_parameter_bytes), not states.
+        storage = sb.master or sb.weights
+        params = (count * storage + frozen * frozen_bytes_per) / w_div
+        return ModelStates(
+            parameters=params,
+            gradients=count * sb.gradients / g_div,
+            optimizer_states=count * sb.moments / o_div,
+        )
+    return ModelStates(
+        parameters=(count * sb.weights + frozen * frozen_bytes_per) / w_div,
+        gradients=count * sb.gradients / g_div,
+        optimizer_states=count * (sb.master + sb.moments) / o_div,
+    )
+
+
+def _offloaded(
+    states: ModelStates, count: float, layout: Layout, shard: int, assume: MemoryAssumptions
+) -> ModelStates:
+    # ZeRO-Offload/Infinity and FSDP CPUOffload: the optimizer (fp32 master + moments; FSDP's
+    # master is its offloaded parameter) steps on the host from an fp32 gradient copy; DeepSpeed
+    # and FSDP stream gradients out as they are reduced, while Megatron's CPU optimizer keeps its
+    # main-grad buffer on the GPU. Offloaded parameters (ZeRO-3 / FULL_SHARD only) leave whole.
+    host = nvme = 0.0
+    params, grads, optim = states.parameters, states.gradients, states.optimizer_states
+    if layout.offload_optimizer is not Offload.NONE:
+        host += count * assume.cpu_adam_grad_bytes / shard
+        if layout.offload_optimizer is Offload.NVME:
+            nvme += optim
+        else:
+            host += optim
+        optim = 0.0
+        if layout.framework is not Framework.MEGATRON:
+            grads = 0.0
+    if layout.offload_params is Offload.CPU:
+        host, params = host + params, 0.0
+    elif layout.offload_params is Offload.NVME:
+        nvme, params = nvme + params, 0.0
+    return ModelStates(
+        parameters=params, gradients=grads, optimizer_states=optim, host_bytes=host, nvme_bytes=nvme
+    )
+
+
+def model_state_bytes(
+    model: ModelSpec,
+    counts: ParameterCounts,
+    cluster: ClusterSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    rank: int = 0,
+    assume: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+) -> ModelStates:
+    """Weights, gradients and optimizer states of pipeline rank ``rank``, after sharding and offload."""
+    rp = rank_parameters(model, counts, layout, rank)
+    sb = state_bytes(training, layout.framework, model, assume)
+    dense_shard, expert_shard = shard_degrees(layout, cluster)
+    if training.method is Method.FULL:
+        groups = [(rp.dense, 0.0, 0.0, dense_shard), (rp.expert, 0.0, 0.0, expert_shard)]
+    else:
+        linear_bytes, other_bytes = frozen_bytes(training, assume)
+        frozen = rp.linear * linear_bytes + (rp.dense + rp.expert - rp.linear) * other_bytes
+        groups = [
+            (
+                lora_parameters(model, training, layout),
+                rp.dense + rp.expert,
+                frozen / (rp.dense + rp.expert),
+                dense_shard,
+            )
+        ]
+    total = ModelStates(parameters=0.0, gradients=0.0, optimizer_states=0.0)
+    for count, frozen_count, per_frozen, shard in groups:
+        states = _offloaded(
+            _group_states(count, frozen_count, per_frozen, sb, layout, shard), count, layout, shard, assume
+        )
+        total = ModelStates(
+            parameters=total.parameters + states.parameters,
+            gradients=total.gradients + states.gradients,
+            optimizer_states=total.optimizer_states + states.optimizer_states,
+            host_bytes=total.host_bytes + states.host_bytes,
+            nvme_bytes=total.nvme_bytes + states.nvme_bytes,
+        )
+    if training.precision is Precision.FP8 and layout.zero_stage < 3:
+        # Transformer Engine caches an fp8 copy of each GEMM weight and of its transpose (1 + 1
+        # bytes) across micro-batches; under ZeRO-3/FULL_SHARD they are per-layer temporaries.
+        total = dataclasses.replace(total, parameters=total.parameters + 2 * rp.linear)
+    return total
+
+
+# ---------------------------------------------------------------- published estimators, exactly
+
+
+def deepspeed_zero2_estimate(
+    total_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    additional_buffer_factor: float = 1.5,
+    legacy: bool = False,
+) -> tuple[int, int]:
+    """DeepSpeed ``estimate_zero2_model_states_mem_needs`` (@edaa722): (gpu_bytes, cpu_bytes).
+
+    ``legacy`` gives the formula before PR #5099 (4P + 16P/G), which the docs' 15.93 GB still shows.
+    """
+    total_gpus = num_nodes * num_gpus_per_node
+    if cpu_offload:
+        # 2 = 16-bit params on the GPU; the host holds fp32 params, grads and moments per GPU.
+        gpu = 2 * total_params
+        cpu = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    else:
+        # 18 = 2 grads16 + 4 grads32 + 4 params32 + 8 optimizer states32, partitioned.
+        gpu = (
+            4 * total_params + int(16 * total_params / total_gpus)
+            if legacy
+            else 2 * total_params + int(18 * total_params / total_gpus)
+        )
+        cpu = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(gpu), int(cpu)
+
+
+def deepspeed_zero3_estimate(
+    total_params: int,
+    largest_layer_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    cpu_offload_params: bool = True,
+    zero_init: bool = True,
+    additional_buffer_factor: float = 1.5,
+) -> tuple[int, int]:
+    """DeepSpeed ``estimate_zero3_model_states_mem_needs`` (@edaa722): (gpu_bytes, cpu_bytes)."""
+    total_gpus = num_nodes * num_gpus_per_node
+    gpus_factor = 1 / num_nodes
+    largest_layer = 4 * largest_layer_params  # 16-bit params + grads of the largest layer
+    # Host multipliers: 18 = 16 (fp32 params, grads, 2 moments) + 2 (16-bit params); 4 x GPUs per
+    # node = the fp32 model each process builds on the CPU without zero.Init.
+    if cpu_offload and cpu_offload_params:
+        gpu, per = largest_layer, 18.0
+    elif cpu_offload:
+        gpu, per = largest_layer + int(2 * total_params / total_gpus), 16.0
+    else:
+        gpu = largest_layer + int(18 * total_params / total_gpus)
+        host = (largest_layer_params if zero_init else total_params) * 4 * num_gpus_per_node
+        return int(gpu), int(host * additional_buffer_factor)
+    cpu: float
+    if zero_init:
+        cpu = total_params * per * gpus_factor * additional_buffer_factor
+    else:
+        cpu = total_params * max(4 * num_gpus_per_node, per * gpus_factor) * additional_buffer_factor
+    return int(gpu), int(cpu)
+
+
+def megatron_weight_and_optimizer_bytes(
+    counts: ParameterCounts,
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    ep: int = 1,
+    etp: int | None = None,
+    cp: int = 1,
+    distributed_optimizer: bool = True,
+) -> float:
+    """Megatron-LM ``compute_weight_and_optimizer_memory`` (d98e8a6) for the most-loaded shard."""
+    etp = tp if etp is None else etp
+    layers = counts.dense_layers + counts.moe_layers
+    block = counts.attention_per_layer * layers + counts.dense_mlp_per_layer * counts.dense_layers
+    block += counts.shared_experts_per_moe_layer * counts.moe_layers
+    tp_sharded = (block / pp + counts.embedding + (counts.output if pp == 1 else 0)) / tp
+    replicated = (
+        counts.norms_per_layer * layers + counts.router_per_moe_layer * counts.moe_layers + counts.final_norm
+    ) / pp
+    expert = counts.experts_per_moe_layer * counts.moe_layers / (pp * etp * ep)
+    expert_dp = dp * tp * pp * cp // (etp * ep * pp)
+
+    def per_param(data_parallel: int) -> float:
+        # bf16 params, fp32 main grads, fp32 main params and Adam: 18, or 6 + 12/d distributed.
+        return 6 + 12 / data_parallel if distributed_optimizer else 18
+
+    return (tp_sharded + replicated) * per_param(dp) + expert * per_param(expert_dp)

@@ -1,0 +1,271 @@
+"""Cross-checks of a layout against the model, the cluster, the training setup and the framework.
+
+``validate_layout`` raises ``InvalidLayout`` (with the numbers, a ``rule`` slug and the ``field``)
+for the first rule broken. What each framework supports is data, in ``FRAMEWORK_CAPABILITIES``.
+
+Choices made here:
+* ``sequence_parallel`` with tp = 1 is accepted as a no-op (Megatron-LM's ``validate_args`` turns
+  it off when the tensor-parallel size is 1).
+* The vocabulary needs no rule: Megatron pads it to a multiple of 128 x tp
+  (``--make-vocab-size-divisible-by``), DTensor (torchtitan, DeepSpeed AutoTP) shards unevenly.
+* With context parallelism the sequence must split into 2 x cp chunks: Megatron's load-balanced
+  causal ring attention gives each rank one early and one late chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NoReturn
+
+from service.estimator.errors import InvalidLayout
+from service.estimator.types import (
+    Attention,
+    ClusterSpec,
+    Framework,
+    Layout,
+    Method,
+    ModelSpec,
+    Offload,
+    Precision,
+    Recompute,
+    TrainingSpec,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    zero_stages: frozenset[int]
+    max_zero_stage_with_pp: int  # highest zero_stage allowed together with pp > 1
+    offload_devices: frozenset[Offload]  # where optimizer/params may be offloaded (NONE always ok)
+    param_offload: bool
+    interleaved_pipeline: bool
+    lora_with_model_parallel: bool  # LoRA/QLoRA together with tp > 1 or pp > 1
+    optimizer_in_backward: bool
+    activation_offload_needs_full_recompute: bool
+    source: str
+
+
+FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxyType(
+    {
+        Framework.DEEPSPEED: Capabilities(
+            zero_stages=frozenset({0, 1, 2, 3}),
+            # deepspeed/runtime/pipe/engine.py: assert zero_optimization_stage() < ZeroStageEnum.gradients,
+            # "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
+            max_zero_stage_with_pp=1,
+            # ZeRO-Offload (CPU) and ZeRO-Infinity (NVMe); zero/config.py: offload_param "Valid only
+            # with stage 3", offload_optimizer "Valid for ZeRO stage 1, 2, 3".
+            offload_devices=frozenset({Offload.CPU, Offload.NVME}),
+            param_offload=True,
+            interleaved_pipeline=False,  # PipelineEngine runs plain 1F1B (TrainSchedule)
+            lora_with_model_parallel=True,
+            optimizer_in_backward=False,
+            # activation_checkpointing.cpu_checkpointing offloads the checkpoints themselves.
+            activation_offload_needs_full_recompute=True,
+            source="deepspeedai/DeepSpeed runtime/zero/config.py, runtime/pipe/engine.py",
+        ),
+        Framework.MEGATRON: Capabilities(
+            # Megatron-LM: DDP (0) or --use-distributed-optimizer (1); no gradient/param sharding.
+            zero_stages=frozenset({0, 1}),
+            max_zero_stage_with_pp=1,
+            # --optimizer-cpu-offload (with the distributed optimizer); no parameter offload.
+            offload_devices=frozenset({Offload.CPU}),
+            param_offload=False,
+            interleaved_pipeline=True,  # --num-layers-per-virtual-pipeline-stage
+            lora_with_model_parallel=False,  # no PEFT in Megatron-LM itself (NeMo adds it)
+            optimizer_in_backward=False,
+            activation_offload_needs_full_recompute=False,
+            source="NVIDIA/Megatron-LM megatron/training/arguments.py validate_args",
+        ),
+        Framework.FSDP: Capabilities(
+            # NO_SHARD (0), SHARD_GRAD_OP (2), FULL_SHARD (3); no optimizer-only stage.
+            zero_stages=frozenset({0, 2, 3}),
+            max_zero_stage_with_pp=3,  # torchtitan composes FSDP with PP and TP (2D/3D)
+            # CPUOffload(offload_params=True) moves params, grads and the optimizer step together.
+            offload_devices=frozenset({Offload.CPU}),
+            param_offload=True,
+            interleaved_pipeline=True,  # torchtitan Interleaved1F1B
+            lora_with_model_parallel=True,
+            optimizer_in_backward=True,  # torchtune optimizer_in_bwd
+            activation_offload_needs_full_recompute=False,
+            source="pytorch FSDP docs (ShardingStrategy, CPUOffload), torchtitan parallel_dims, torchtune",
+        ),
+    }
+)
+
+
+def _fail(message: str, rule: str, field: str) -> NoReturn:
+    raise InvalidLayout(message, rule=rule, field=field)
+
+
+def _check_world(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> None:
+    if layout.world_size != cluster.world_size:
+        _fail(
+            f"dp*tp*pp*cp = {layout.dp}*{layout.tp}*{layout.pp}*{layout.cp} = {layout.world_size} "
+            f"!= world size ({cluster.num_nodes} nodes x {cluster.gpus_per_node} GPUs "
+            f"= {cluster.world_size})",
+            "world_size",
+            "dp",
+        )
+    # Megatron: attention heads and query groups (kv heads) are split over tensor-parallel ranks.
+    if model.num_attention_heads % layout.tp:
+        _fail(f"num_attention_heads ({model.num_attention_heads}) % tp ({layout.tp}) != 0", "heads_tp", "tp")
+    if model.num_kv_heads % layout.tp:
+        _fail(f"num_kv_heads ({model.num_kv_heads}) % tp ({layout.tp}) != 0", "kv_heads_tp", "tp")
+
+
+def _check_pipeline(model: ModelSpec, layout: Layout, training: TrainingSpec, caps: Capabilities) -> None:
+    p, v = layout.pp, layout.virtual_pipeline_stages
+    if model.num_layers % p:
+        _fail(f"num_layers ({model.num_layers}) % pp ({p}) != 0", "pp_layers", "pp")
+    if v > 1 and p == 1:
+        _fail(f"virtual_pipeline_stages ({v}) > 1 needs pp > 1", "virtual_pp", "virtual_pipeline_stages")
+    if v > 1 and not caps.interleaved_pipeline:
+        _fail(
+            f"{layout.framework.value} has no interleaved pipeline schedule",
+            "virtual_pp",
+            "virtual_pipeline_stages",
+        )
+    if v > 1 and model.num_layers % (p * v):
+        _fail(
+            f"num_layers ({model.num_layers}) % (pp*v = {p * v}) != 0", "pp_layers", "virtual_pipeline_stages"
+        )
+    micro_batches = layout.accumulation_steps(training.global_batch_size)
+    if v > 1 and micro_batches % p:
+        # Megatron's interleaved schedule needs the micro-batches to be a multiple of pp.
+        _fail(
+            f"micro-batches per step ({micro_batches}) % pp ({p}) != 0 with interleaving", "virtual_pp", "pp"
+        )
+    if p > 1 and layout.zero_stage > caps.max_zero_stage_with_pp:
+        _fail(
+            f"zero_stage {layout.zero_stage} with pp = {p}: {layout.framework.value} allows at most "
+            f"{caps.max_zero_stage_with_pp}",
+            "zero_pp",
+            "zero_stage",
+        )
+
+
+def _check_sequence(model: ModelSpec, layout: Layout, training: TrainingSpec) -> None:
+    cp = layout.cp
+    if cp > 1 and training.seq_len % (2 * cp):
+        _fail(
+            f"seq_len ({training.seq_len}) % (2*cp = {2 * cp}) != 0 (load-balanced ring attention)",
+            "cp_seq",
+            "cp",
+        )
+    if cp > 1 and training.attention is Attention.EAGER:
+        _fail("context parallelism needs flash or sdpa attention, not eager", "cp_attention", "cp")
+    if cp > 1 and layout.framework is Framework.DEEPSPEED and model.num_attention_heads % cp:
+        # DeepSpeed-Ulysses all-to-all splits heads over the sequence-parallel group.
+        _fail(
+            f"num_attention_heads ({model.num_attention_heads}) % cp ({cp}) != 0 (Ulysses)", "cp_heads", "cp"
+        )
+    if layout.sequence_parallel and layout.tp > 1 and training.seq_len * layout.micro_batch_size % layout.tp:
+        _fail(
+            f"seq_len x micro_batch ({training.seq_len * layout.micro_batch_size}) % tp != 0", "sp_seq", "tp"
+        )
+
+
+def _check_experts(model: ModelSpec, layout: Layout) -> None:
+    ep = layout.ep
+    if ep == 1:
+        return
+    if model.moe is None:
+        _fail(f"ep = {ep} > 1 needs a mixture-of-experts model", "ep_moe", "ep")
+    if model.moe.num_experts % ep:
+        _fail(f"num_experts ({model.moe.num_experts}) % ep ({ep}) != 0", "ep_experts", "ep")
+    if (layout.dp * layout.cp) % ep:
+        # Megatron parallel_state: world % (etp*ep*pp) == 0 with etp = tp, i.e. ep | dp*cp.
+        _fail(f"dp*cp ({layout.dp * layout.cp}) % ep ({ep}) != 0", "ep_dp", "ep")
+
+
+def _check_sharding(layout: Layout, caps: Capabilities) -> None:
+    name = layout.framework.value
+    if layout.zero_stage not in caps.zero_stages:
+        _fail(
+            f"{name} has no zero_stage {layout.zero_stage} (allowed {sorted(caps.zero_stages)})",
+            "zero_stage",
+            "zero_stage",
+        )
+    if layout.fsdp_hybrid_shard and (
+        layout.framework is not Framework.FSDP or layout.zero_stage not in (2, 3)
+    ):
+        _fail(
+            "fsdp_hybrid_shard needs framework fsdp with zero_stage 2 or 3",
+            "hybrid_shard",
+            "fsdp_hybrid_shard",
+        )
+    for field, device in (
+        ("offload_optimizer", layout.offload_optimizer),
+        ("offload_params", layout.offload_params),
+    ):
+        if device is not Offload.NONE and device not in caps.offload_devices:
+            _fail(f"{name} cannot offload to {device.value}", "offload_device", field)
+    if layout.offload_params is not Offload.NONE and (not caps.param_offload or layout.zero_stage != 3):
+        _fail(
+            f"offload_params needs zero_stage 3 (got {layout.zero_stage}) in {name}",
+            "offload_params",
+            "offload_params",
+        )
+    if layout.offload_optimizer is not Offload.NONE and layout.zero_stage < 1:
+        _fail("offload_optimizer needs zero_stage >= 1", "offload_optimizer", "offload_optimizer")
+    if layout.framework is Framework.FSDP and layout.offload_optimizer is not layout.offload_params:
+        # FSDP CPUOffload offloads parameters, gradients and the optimizer step together.
+        _fail(
+            "fsdp offloads params and optimizer together: set both or neither",
+            "fsdp_offload",
+            "offload_optimizer",
+        )
+
+
+def _check_training(cluster: ClusterSpec, layout: Layout, training: TrainingSpec, caps: Capabilities) -> None:
+    peaks = cluster.gpu.peak_flops_per_s
+    needs = {
+        Precision.FP8: peaks.fp8,
+        Precision.BF16: peaks.bf16,
+        Precision.BF16_PURE: peaks.bf16,
+        Precision.FP16: peaks.fp16,
+    }
+    if training.precision in needs and needs[training.precision] is None:
+        _fail(f"{cluster.gpu.name} has no {training.precision.value} support", "precision", "precision")
+    model_parallel = layout.tp > 1 or layout.pp > 1
+    if training.method is not Method.FULL and model_parallel and not caps.lora_with_model_parallel:
+        _fail(
+            f"{training.method.value} with tp/pp > 1 is not supported by {layout.framework.value}",
+            "lora_mp",
+            "tp",
+        )
+    if layout.optimizer_in_backward and not caps.optimizer_in_backward:
+        _fail(
+            f"{layout.framework.value} cannot fuse the optimizer into backward",
+            "optimizer_in_backward",
+            "optimizer_in_backward",
+        )
+    if layout.optimizer_in_backward and layout.accumulation_steps(training.global_batch_size) > 1:
+        _fail(
+            "optimizer_in_backward needs gradient_accumulation_steps = 1",
+            "optimizer_in_backward",
+            "optimizer_in_backward",
+        )
+    if (
+        layout.activation_offload
+        and caps.activation_offload_needs_full_recompute
+        and layout.recompute is not Recompute.FULL
+    ):
+        _fail(
+            "deepspeed offloads activation checkpoints only: set recompute full",
+            "activation_offload",
+            "activation_offload",
+        )
+
+
+def validate_layout(model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec) -> None:
+    """Raise ``InvalidLayout`` for the first rule the layout breaks; return None if it can run."""
+    caps = FRAMEWORK_CAPABILITIES[layout.framework]
+    layout.accumulation_steps(training.global_batch_size)  # rule global_batch
+    _check_world(model, cluster, layout)
+    _check_sharding(layout, caps)
+    _check_pipeline(model, layout, training, caps)
+    _check_sequence(model, layout, training)
+    _check_experts(model, layout)
+    _check_training(cluster, layout, training, caps)

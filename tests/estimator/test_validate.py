@@ -1,0 +1,217 @@
+"""validate_layout: each rule raises InvalidLayout with its slug, field and numbers; good layouts pass."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from service.estimator.errors import InvalidLayout
+from service.estimator.types import (
+    Attention,
+    ClusterSpec,
+    Framework,
+    GPUSpec,
+    Layout,
+    Method,
+    ModelSpec,
+    MoESpec,
+    Offload,
+    PeakFlops,
+    Precision,
+    Recompute,
+    TrainingSpec,
+)
+from service.estimator.validate import FRAMEWORK_CAPABILITIES, validate_layout
+
+# 32 layers, 32 heads / 8 kv heads; 16 GPUs on 2 nodes.
+MODEL = ModelSpec(
+    name="m", family="llama", num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+    ffn_hidden_size=14336, vocab_size=128256,
+)  # fmt: skip
+MOE = dataclasses.replace(MODEL, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336))
+H100 = GPUSpec(
+    name="h100",
+    memory_bytes=80 * 2**30,
+    peak_flops_per_s=PeakFlops(fp32=6.7e13, bf16=9.9e14, fp16=9.9e14, fp8=2e15),
+    hbm_bandwidth_bytes_per_s=3.35e12,
+    intra_node_bandwidth_bytes_per_s=4.5e11,
+    pcie_bandwidth_bytes_per_s=6.4e10,
+)
+V100 = dataclasses.replace(H100, name="v100", peak_flops_per_s=PeakFlops(fp32=1.5e13, fp16=1.25e14))
+CLUSTER = ClusterSpec(
+    gpu=H100, num_nodes=2, gpus_per_node=8, intra_node_bandwidth_bytes_per_s=4.5e11,
+    inter_node_bandwidth_bytes_per_s=5e10,
+)  # fmt: skip
+TRAIN = TrainingSpec(seq_len=4096, global_batch_size=64)
+
+
+def check(
+    layout: Layout,
+    *,
+    model: ModelSpec = MODEL,
+    cluster: ClusterSpec = CLUSTER,
+    training: TrainingSpec = TRAIN,
+) -> None:
+    validate_layout(model, cluster, layout, training)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(dp=16, zero_stage=3),
+        Layout(dp=16, zero_stage=2, offload_optimizer=Offload.CPU),
+        Layout(dp=4, zero_stage=3, tp=4, offload_params=Offload.NVME, offload_optimizer=Offload.NVME),
+        Layout(dp=8, pp=2, zero_stage=1),
+        Layout(framework=Framework.MEGATRON, dp=2, tp=4, pp=2, zero_stage=1, sequence_parallel=True),
+        Layout(framework=Framework.MEGATRON, dp=4, tp=2, pp=2, virtual_pipeline_stages=2, zero_stage=1),
+        Layout(framework=Framework.MEGATRON, dp=8, cp=2, zero_stage=1),
+        Layout(framework=Framework.FSDP, dp=4, tp=2, pp=2, zero_stage=3),
+        Layout(
+            framework=Framework.FSDP,
+            dp=16,
+            zero_stage=3,
+            offload_params=Offload.CPU,
+            offload_optimizer=Offload.CPU,
+        ),
+        Layout(framework=Framework.FSDP, dp=16, zero_stage=2, fsdp_hybrid_shard=True),
+        Layout(dp=16, sequence_parallel=True),  # tp = 1: a no-op, accepted
+    ],
+)
+def test_valid_layouts_pass(layout: Layout) -> None:
+    check(layout)
+
+
+def test_moe_expert_parallel_passes() -> None:
+    check(Layout(framework=Framework.MEGATRON, dp=8, tp=2, ep=8, zero_stage=1), model=MOE)
+
+
+@pytest.mark.parametrize(
+    ("layout", "rule", "field"),
+    [
+        (Layout(dp=8), "world_size", "dp"),  # 8 != 2 x 8
+        (Layout(dp=16, zero_stage=1, framework=Framework.FSDP), "zero_stage", "zero_stage"),
+        (Layout(dp=16, zero_stage=2, framework=Framework.MEGATRON), "zero_stage", "zero_stage"),
+        (Layout(dp=8, pp=2, zero_stage=2), "zero_pp", "zero_stage"),
+        (Layout(dp=16, zero_stage=2, offload_params=Offload.CPU), "offload_params", "offload_params"),
+        (
+            Layout(dp=16, zero_stage=0, offload_optimizer=Offload.CPU),
+            "offload_optimizer",
+            "offload_optimizer",
+        ),
+        (
+            Layout(framework=Framework.FSDP, dp=16, zero_stage=3, offload_optimizer=Offload.NVME),
+            "offload_device",
+            "offload_optimizer",
+        ),
+        (
+            Layout(framework=Framework.FSDP, dp=16, zero_stage=3, offload_optimizer=Offload.CPU),
+            "fsdp_offload",
+            "offload_optimizer",
+        ),
+        (
+            Layout(framework=Framework.MEGATRON, dp=16, zero_stage=1, offload_params=Offload.CPU),
+            "offload_params",
+            "offload_params",
+        ),
+        (Layout(dp=16, zero_stage=2, fsdp_hybrid_shard=True), "hybrid_shard", "fsdp_hybrid_shard"),
+        (Layout(dp=16, virtual_pipeline_stages=2), "virtual_pp", "virtual_pipeline_stages"),
+        (Layout(dp=8, pp=2, virtual_pipeline_stages=2), "virtual_pp", "virtual_pipeline_stages"),  # deepspeed
+        (Layout(dp=16, micro_batch_size=3), "global_batch", "micro_batch_size"),  # 64 % 48
+        (Layout(dp=16, ep=2), "ep_moe", "ep"),
+        (Layout(dp=16, optimizer_in_backward=True), "optimizer_in_backward", "optimizer_in_backward"),
+        (Layout(dp=16, activation_offload=True), "activation_offload", "activation_offload"),
+    ],
+)
+def test_rules(layout: Layout, rule: str, field: str) -> None:
+    with pytest.raises(InvalidLayout) as err:
+        check(layout)
+    assert (err.value.rule, err.value.field) == (rule, field)
+
+
+def test_world_size_message_quotes_numbers() -> None:
+    with pytest.raises(InvalidLayout, match=r"= 8 != world size \(2 nodes x 8 GPUs = 16\)"):
+        check(Layout(dp=8))
+
+
+def test_heads_and_kv_heads_divide_tp() -> None:
+    c32 = dataclasses.replace(CLUSTER, num_nodes=4)
+    with pytest.raises(InvalidLayout) as err:
+        check(Layout(dp=2, tp=16), cluster=c32)  # 32 heads fine, 8 kv heads % 16 != 0
+    assert err.value.rule == "kv_heads_tp"
+    with pytest.raises(InvalidLayout) as err:
+        check(Layout(dp=16, tp=3), cluster=dataclasses.replace(CLUSTER, num_nodes=6))  # 32 % 3
+    assert err.value.rule == "heads_tp"
+
+
+def test_layers_divide_pp_and_virtual_stages() -> None:
+    with pytest.raises(InvalidLayout) as err:
+        check(Layout(framework=Framework.FSDP, dp=1, pp=16), model=dataclasses.replace(MODEL, num_layers=24))
+    assert err.value.rule == "pp_layers"
+    with pytest.raises(InvalidLayout) as err:
+        check(
+            Layout(framework=Framework.MEGATRON, dp=8, pp=2, virtual_pipeline_stages=4),
+            model=dataclasses.replace(MODEL, num_layers=30),  # 30 % 2 == 0, 30 % 8 != 0
+        )
+    assert (err.value.rule, err.value.field) == ("pp_layers", "virtual_pipeline_stages")
+    with pytest.raises(InvalidLayout) as err:  # interleaving needs micro-batches % pp == 0
+        check(
+            Layout(framework=Framework.MEGATRON, dp=4, pp=4, virtual_pipeline_stages=2, micro_batch_size=2),
+            training=dataclasses.replace(TRAIN, global_batch_size=48),  # 48 / (2 x 4) = 6 % 4
+        )
+    assert err.value.rule == "virtual_pp"
+
+
+def test_sequence_rules() -> None:
+    megatron_cp = Layout(framework=Framework.MEGATRON, dp=8, cp=2, zero_stage=1)
+    with pytest.raises(InvalidLayout) as err:
+        check(megatron_cp, training=dataclasses.replace(TRAIN, seq_len=4098))  # 4098 % 4
+    assert err.value.rule == "cp_seq"
+    with pytest.raises(InvalidLayout) as err:
+        check(megatron_cp, training=dataclasses.replace(TRAIN, attention=Attention.EAGER))
+    assert err.value.rule == "cp_attention"
+    with pytest.raises(InvalidLayout) as err:  # Ulysses: 24 heads % cp 16
+        check(Layout(dp=1, cp=16), model=dataclasses.replace(MODEL, num_attention_heads=24, num_kv_heads=8))
+    assert err.value.rule == "cp_heads"
+
+
+def test_expert_rules() -> None:
+    with pytest.raises(InvalidLayout) as err:
+        check(Layout(framework=Framework.MEGATRON, dp=16, ep=16, zero_stage=1), model=MOE)  # 8 experts % 16
+    assert err.value.rule == "ep_experts"
+    with pytest.raises(InvalidLayout) as err:  # dp*cp = 2 not divisible by ep 4
+        check(Layout(framework=Framework.MEGATRON, dp=2, tp=8, ep=4, zero_stage=1), model=MOE)
+    assert err.value.rule == "ep_dp"
+
+
+def test_precision_needs_hardware_support() -> None:
+    v100 = dataclasses.replace(CLUSTER, gpu=V100)
+    with pytest.raises(InvalidLayout) as err:
+        check(Layout(dp=16), cluster=v100)  # bf16 on a V100
+    assert (err.value.rule, err.value.field) == ("precision", "precision")
+    with pytest.raises(InvalidLayout):
+        check(Layout(dp=16), cluster=v100, training=dataclasses.replace(TRAIN, precision=Precision.FP8))
+    check(Layout(dp=16), cluster=v100, training=dataclasses.replace(TRAIN, precision=Precision.FP16))
+
+
+def test_lora_with_model_parallel_in_megatron_is_rejected() -> None:
+    lora = dataclasses.replace(TRAIN, method=Method.LORA)
+    with pytest.raises(InvalidLayout) as err:
+        check(Layout(framework=Framework.MEGATRON, dp=8, tp=2, zero_stage=1), training=lora)
+    assert err.value.rule == "lora_mp"
+    check(Layout(framework=Framework.FSDP, dp=8, tp=2, zero_stage=3), training=lora)
+
+
+def test_optimizer_in_backward_and_activation_offload_where_supported() -> None:
+    one_step = dataclasses.replace(TRAIN, global_batch_size=16)
+    check(
+        Layout(framework=Framework.FSDP, dp=16, zero_stage=3, optimizer_in_backward=True), training=one_step
+    )
+    with pytest.raises(InvalidLayout):  # 64 / 16 = 4 accumulation steps
+        check(Layout(framework=Framework.FSDP, dp=16, zero_stage=3, optimizer_in_backward=True))
+    check(Layout(dp=16, zero_stage=3, activation_offload=True, recompute=Recompute.FULL))
+
+
+def test_capabilities_cover_every_framework() -> None:
+    assert set(FRAMEWORK_CAPABILITIES) == set(Framework)
+    assert all(caps.source for caps in FRAMEWORK_CAPABILITIES.values())
