@@ -2,7 +2,7 @@
 
 from fastapi import APIRouter
 
-from service.api import clusters, estimates, gpus, health, models
+from service.api import clusters, estimates, gpus, health, models, plans
 
 api_router = APIRouter()
 api_router.include_router(health.router)
@@ -10,3 +10,4 @@ api_router.include_router(gpus.router)
 api_router.include_router(models.router)
 api_router.include_router(clusters.router)
 api_router.include_router(estimates.router)
+api_router.include_router(plans.router)

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.persistence.repository import ClusterRepository
+from service.persistence.repository import ClusterRepository, PlanRepository
 from service.settings import Settings
 
 
@@ -40,3 +40,10 @@ def get_cluster_repository(session: SessionDep) -> ClusterRepository:
 
 
 ClusterRepoDep = Annotated[ClusterRepository, Depends(get_cluster_repository)]
+
+
+def get_plan_repository(session: SessionDep) -> PlanRepository:
+    return PlanRepository(session)
+
+
+PlanRepoDep = Annotated[PlanRepository, Depends(get_plan_repository)]

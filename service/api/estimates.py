@@ -6,8 +6,9 @@ import dataclasses
 
 from fastapi import APIRouter
 
+from service.api.calibration import calibration_for, calibration_out, hardware_key
 from service.api.clusters import record_fields
-from service.api.deps import ClusterRepoDep
+from service.api.deps import ClusterRepoDep, PlanRepoDep
 from service.api.problems import PROBLEM_RESPONSES
 from service.api.schemas import (
     ClusterCreate,
@@ -23,10 +24,12 @@ from service.api.schemas import (
 from service.catalog.efficiency import default_efficiency
 from service.errors import Unprocessable
 from service.estimator import estimate
+from service.estimator.calibration import Calibration, apply_calibration
+from service.estimator.estimate import host_fits
 from service.estimator.params import parameter_counts
 from service.estimator.step_time import cost
-from service.estimator.types import ClusterSpec, Estimate, Layout, TrainingSpec
-from service.persistence.repository import ClusterRepository
+from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, TrainingSpec
+from service.persistence.repository import ClusterRepository, PlanRepository
 
 router = APIRouter(prefix="/v1/estimates", tags=["estimates"], responses=PROBLEM_RESPONSES)
 
@@ -58,6 +61,7 @@ def estimate_out(
     training: TrainingSpec,
     total_parameters: int,
     gpu_hour_cost: float | None,
+    calibration: Calibration | None = None,
 ) -> EstimateOut:
     memory, time = result.memory, result.time
     per_gpu = memory.per_gpu
@@ -96,14 +100,27 @@ def estimate_out(
         parameters_total=total_parameters,
         warnings=list(result.warnings),
         assumptions=list(result.assumptions),
+        calibration=calibration_out(calibration) if calibration else None,
     )
 
 
+def calibrated_estimate(
+    plans: PlanRepository, model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
+) -> tuple[Estimate, Calibration]:
+    """The estimate with the factors learned from runs on this hardware and framework applied."""
+    result = estimate(model, cluster, layout, training, efficiency=default_efficiency())
+    calibration = calibration_for(plans, hardware_key(cluster), layout.framework.value)
+    calibrated = apply_calibration(result, calibration, host_fits=host_fits(result.memory, cluster))
+    return calibrated, calibration
+
+
 @router.post("", response_model=EstimateOut)
-def create_estimate(body: EstimateRequest, repo: ClusterRepoDep) -> EstimateOut:
+def create_estimate(body: EstimateRequest, clusters: ClusterRepoDep, plans: PlanRepoDep) -> EstimateOut:
     model = body.model.to_domain()
-    cluster = resolve_cluster(body.cluster, repo)
+    cluster = resolve_cluster(body.cluster, clusters)
     training = body.training.to_domain()
     layout = body.layout.to_domain()
-    result = estimate(model, cluster, layout, training, efficiency=default_efficiency())
-    return estimate_out(result, layout, training, parameter_counts(model).total, body.gpu_hour_cost)
+    result, calibration = calibrated_estimate(plans, model, cluster, layout, training)
+    return estimate_out(
+        result, layout, training, parameter_counts(model).total, body.gpu_hour_cost, calibration
+    )

@@ -35,6 +35,7 @@ class PlanRecord(Base):
     __table_args__ = (
         Index("ix_plans_cluster_id_id", "cluster_id", "id"),
         Index("ix_plans_model_name_id", "model_name", "id"),
+        Index("ix_plans_hardware_key_framework", "hardware_key", "framework"),
     )
 
     id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
@@ -42,6 +43,10 @@ class PlanRecord(Base):
     # keeps the cluster it was made for in `cluster_snapshot`, so later edits don't rewrite history.
     cluster_id: Mapped[str | None] = mapped_column(String(26), ForeignKey("clusters.id", ondelete="RESTRICT"))
     cluster_snapshot: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # Fingerprint of the resolved hardware (GPU spec, node shape, links): calibration learned from
+    # runs applies to later estimates on the same hardware and framework.
+    hardware_key: Mapped[str] = mapped_column(String(64))
+    framework: Mapped[str | None] = mapped_column(String(20))  # of the recommended layout
     model_name: Mapped[str] = mapped_column(String(200))
     status: Mapped[str] = mapped_column(String(20))
     request: Mapped[dict[str, Any]] = mapped_column(JSON)

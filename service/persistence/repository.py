@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from service.persistence.models import ClusterRecord, PlanRecord
+from service.persistence.models import ClusterRecord, IdempotencyKeyRecord, PlanRecord, RunRecord
 
 
 class InvalidCursor(ValueError):
@@ -60,3 +62,80 @@ class ClusterRepository:
     def plan_count(self, cluster_id: str) -> int:
         query = select(func.count()).select_from(PlanRecord).where(PlanRecord.cluster_id == cluster_id)
         return int(self.session.scalar(query) or 0)
+
+
+class PlanRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, plan_id: str) -> PlanRecord | None:
+        return self.session.get(PlanRecord, plan_id)
+
+    def add(self, record: PlanRecord) -> PlanRecord:
+        self.session.add(record)
+        self.session.flush()
+        return record
+
+    def delete(self, record: PlanRecord) -> None:
+        self.session.execute(
+            delete(IdempotencyKeyRecord).where(IdempotencyKeyRecord.resource_id == record.id)
+        )
+        self.session.delete(record)
+        self.session.flush()
+
+    def list_page(
+        self, *, limit: int, before_id: str | None, filters: PlanFilters
+    ) -> tuple[Sequence[PlanRecord], str | None]:
+        """Newest first; the cursor is the last id of the page."""
+        query = select(PlanRecord).order_by(PlanRecord.id.desc()).limit(limit + 1)
+        if before_id is not None:
+            query = query.where(PlanRecord.id < before_id)
+        if filters.cluster_id is not None:
+            query = query.where(PlanRecord.cluster_id == filters.cluster_id)
+        if filters.model is not None:
+            query = query.where(PlanRecord.model_name == filters.model)
+        if filters.status is not None:
+            query = query.where(PlanRecord.status == filters.status)
+        if filters.created_after is not None:
+            query = query.where(PlanRecord.created_at >= filters.created_after)
+        if filters.created_before is not None:
+            query = query.where(PlanRecord.created_at < filters.created_before)
+        rows = self.session.scalars(query).all()
+        next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
+        return rows[:limit], next_cursor
+
+    def idempotency_key(self, key: str, scope: str) -> IdempotencyKeyRecord | None:
+        return self.session.get(IdempotencyKeyRecord, (key, scope))
+
+    def add_idempotency_key(self, record: IdempotencyKeyRecord) -> None:
+        self.session.add(record)
+        self.session.flush()
+
+    def add_run(self, record: RunRecord) -> RunRecord:
+        self.session.add(record)
+        self.session.flush()
+        return record
+
+    def runs(self, plan_id: str) -> Sequence[RunRecord]:
+        return self.session.scalars(
+            select(RunRecord).where(RunRecord.plan_id == plan_id).order_by(RunRecord.id)
+        ).all()
+
+    def runs_on_hardware(self, hardware_key: str, framework: str) -> Sequence[tuple[RunRecord, PlanRecord]]:
+        """Every stored run of a plan made for this hardware and framework (calibration's input)."""
+        query = (
+            select(RunRecord, PlanRecord)
+            .join(PlanRecord, RunRecord.plan_id == PlanRecord.id)
+            .where(PlanRecord.hardware_key == hardware_key, PlanRecord.framework == framework)
+            .order_by(RunRecord.id)
+        )
+        return [(run, plan) for run, plan in self.session.execute(query).all()]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanFilters:
+    cluster_id: str | None = None
+    model: str | None = None
+    status: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None

@@ -1,0 +1,80 @@
+"""Calibration from stored runs: which runs apply to an estimate, and the factors they give.
+
+Runs apply to later estimates on the same hardware (a fingerprint of the resolved cluster, so a
+stored cluster and an identical inline one share it, and editing a cluster's hardware starts
+afresh) and the same framework.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from service.estimator.calibration import Calibration, Observation, learn_calibration
+from service.estimator.types import ClusterSpec
+from service.feedback import ObservedRun, measured_step_s
+from service.persistence.models import PlanRecord, RunRecord
+from service.persistence.repository import PlanRepository
+
+
+def hardware_key(cluster: ClusterSpec) -> str:
+    canonical = json.dumps(dataclasses.asdict(cluster), sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def observed(run: RunRecord) -> ObservedRun:
+    return ObservedRun(
+        peak_memory_bytes_per_gpu=run.peak_memory_bytes_per_gpu,
+        step_s=run.step_s,
+        tokens_per_s=run.tokens_per_s,
+        gpu_utilization=run.gpu_utilization,
+        out_of_memory=run.out_of_memory,
+    )
+
+
+def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
+    """The run next to its plan's *uncalibrated* estimate (factors applied then are divided out)."""
+    recommended = plan.result.get("recommended")
+    if not recommended:
+        return None
+    estimate: dict[str, Any] = recommended["estimate"]
+    factors = (estimate.get("calibration") or {}).get("factors", {})
+    per_gpu = estimate["memory"]["per_gpu"]
+    states = per_gpu["parameters"] + per_gpu["gradients"] + per_gpu["optimizer_states"]
+    dynamic = (per_gpu["activations"] + per_gpu["buffers"] + per_gpu["overhead"]) / factors.get(
+        "memory_dynamic", 1.0
+    )
+    time = estimate.get("time")
+    training = plan.request["training"]
+    return Observation(
+        model_state_bytes=states,
+        dynamic_bytes=round(dynamic),
+        capacity_bytes=estimate["memory"]["capacity_bytes"],
+        measured_peak_bytes=run.peak_memory_bytes_per_gpu,
+        out_of_memory=run.out_of_memory,
+        estimated_step_s=time["step_s"] / factors.get("step_time", 1.0) if time else None,
+        measured_step_s=measured_step_s(observed(run), training["seq_len"] * training["global_batch_size"]),
+    )
+
+
+def calibration_for(repo: PlanRepository, key: str, framework: str) -> Calibration:
+    pairs = repo.runs_on_hardware(key, framework)
+    observations = [o for o in (observation(run, plan) for run, plan in pairs) if o is not None]
+    return learn_calibration(observations)
+
+
+def calibration_out(calibration: Calibration) -> dict[str, Any] | None:
+    if calibration.runs == 0:
+        return None
+    return {
+        "factors": {
+            "memory_dynamic": calibration.memory_dynamic_factor,
+            "step_time": calibration.step_time_factor,
+        },
+        "runs": calibration.runs,
+        "memory_runs": calibration.memory_runs,
+        "time_runs": calibration.time_runs,
+        "out_of_memory_runs": calibration.oom_runs,
+    }

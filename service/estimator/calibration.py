@@ -1,0 +1,144 @@
+"""Correction factors learned from observed runs, and their application to an estimate.
+
+The model states (parameters, gradients, optimizer states) are exact arithmetic, so runs only
+calibrate what is not: the dynamic part of memory (activations, buffers, overhead, which depend
+on kernels, allocator and framework version) and the step time. Factors are medians of the
+observed/estimated ratios, bounded so that a few odd runs cannot swing a plan wildly. A run that
+ran out of memory sets a floor: the dynamic factor must be large enough that its estimate would
+not have fit, plus a margin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from service.estimator.types import Estimate, MemoryBreakdown, TimeBreakdown
+
+# Bounds of the learned factors: outside them a run says more about a broken setup than about
+# the estimator, and the plan should not follow it blindly.
+MEMORY_FACTOR_BOUNDS = (0.8, 2.0)
+TIME_FACTOR_BOUNDS = (0.5, 3.0)
+# An out-of-memory run proves the real need exceeded capacity; ask this much more than that.
+OOM_MARGIN = 1.05
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    """One stored run next to the estimate its plan recommended."""
+
+    model_state_bytes: int  # estimated parameters + gradients + optimizer states per GPU
+    dynamic_bytes: int  # estimated activations + buffers + overhead per GPU
+    capacity_bytes: int
+    measured_peak_bytes: int | None
+    out_of_memory: bool
+    estimated_step_s: float | None
+    measured_step_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    memory_dynamic_factor: float = 1.0  # multiplies activations, buffers and overhead
+    step_time_factor: float = 1.0  # multiplies every part of the step time
+    runs: int = 0
+    memory_runs: int = 0
+    time_runs: int = 0
+    oom_runs: int = 0
+    # The largest estimated dynamic bytes among the runs: what the factor's surplus is measured on
+    # when a search has to leave room for it before it knows a layout.
+    reference_dynamic_bytes: int = 0
+
+    @property
+    def is_identity(self) -> bool:
+        return self.memory_dynamic_factor == 1.0 and self.step_time_factor == 1.0
+
+
+def _clamp(value: float, bounds: tuple[float, float]) -> float:
+    return min(max(value, bounds[0]), bounds[1])
+
+
+def memory_ratio(obs: Observation) -> float | None:
+    """measured dynamic / estimated dynamic, where the run reported a peak and did not OOM."""
+    if obs.out_of_memory or obs.measured_peak_bytes is None or obs.dynamic_bytes <= 0:
+        return None
+    return max(obs.measured_peak_bytes - obs.model_state_bytes, 0) / obs.dynamic_bytes
+
+
+def oom_floor(obs: Observation) -> float | None:
+    """The smallest dynamic factor under which this OOM run's estimate would not have fit."""
+    if not obs.out_of_memory or obs.dynamic_bytes <= 0:
+        return None
+    return OOM_MARGIN * (obs.capacity_bytes - obs.model_state_bytes) / obs.dynamic_bytes
+
+
+def learn_calibration(observations: Sequence[Observation]) -> Calibration:
+    ratios = [r for r in map(memory_ratio, observations) if r is not None]
+    floors = [f for f in map(oom_floor, observations) if f is not None]
+    memory = statistics.median(ratios) if ratios else 1.0
+    if floors:
+        memory = max(memory, *floors)
+    times = [
+        o.measured_step_s / o.estimated_step_s
+        for o in observations
+        if o.measured_step_s and o.estimated_step_s and not o.out_of_memory
+    ]
+    return Calibration(
+        memory_dynamic_factor=_clamp(memory, MEMORY_FACTOR_BOUNDS) if ratios or floors else 1.0,
+        step_time_factor=_clamp(statistics.median(times), TIME_FACTOR_BOUNDS) if times else 1.0,
+        runs=len(observations),
+        memory_runs=len(ratios),
+        time_runs=len(times),
+        oom_runs=len(floors),
+        reference_dynamic_bytes=max((o.dynamic_bytes for o in observations), default=0),
+    )
+
+
+def calibrated_memory(per_gpu: MemoryBreakdown, factor: float) -> MemoryBreakdown:
+    return dataclasses.replace(
+        per_gpu,
+        activations=math.ceil(per_gpu.activations * factor),
+        buffers=math.ceil(per_gpu.buffers * factor),
+        overhead=math.ceil(per_gpu.overhead * factor),
+    )
+
+
+def calibrated_time(breakdown: TimeBreakdown, factor: float) -> TimeBreakdown:
+    scaled = {f.name: getattr(breakdown, f.name) * factor for f in dataclasses.fields(breakdown)}
+    return TimeBreakdown(**scaled)
+
+
+def apply_calibration(estimate: Estimate, calibration: Calibration, *, host_fits: bool) -> Estimate:
+    """The estimate with the learned factors applied; `host_fits` is the unchanged host verdict."""
+    if calibration.is_identity:
+        return estimate
+    memory = dataclasses.replace(
+        estimate.memory, per_gpu=calibrated_memory(estimate.memory.per_gpu, calibration.memory_dynamic_factor)
+    )
+    time = estimate.time
+    f = calibration.step_time_factor
+    if time is not None:
+        time = dataclasses.replace(
+            time,
+            breakdown=calibrated_time(time.breakdown, f),
+            tokens_per_s=time.tokens_per_s / f,
+            tflops_per_gpu=time.tflops_per_gpu / f,
+            mfu=time.mfu / f,
+            hardware_tflops_per_gpu=time.hardware_tflops_per_gpu / f,
+            hfu=time.hfu / f,
+        )
+    ttt = estimate.time_to_train_s * f if estimate.time_to_train_s is not None else None
+    return dataclasses.replace(
+        estimate,
+        memory=memory,
+        time=time,
+        fits=memory.headroom_bytes >= 0 and host_fits,
+        time_to_train_s=ttt,
+        assumptions=(
+            *estimate.assumptions,
+            f"calibrated from {calibration.runs} observed run(s) on this hardware and framework: "
+            f"dynamic memory x{calibration.memory_dynamic_factor:.3f}, step time x{f:.3f}",
+        ),
+    )

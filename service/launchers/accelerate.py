@@ -1,0 +1,237 @@
+"""Accelerate target (pinned: accelerate 1.15.0): the YAML `accelerate config` writes, and the launch line.
+
+Schema from accelerate/commands/config/config_args.py (ClusterConfig; unknown top-level keys fail
+at load) and commands/launch.py (nested deepspeed_config / megatron_lm_config /
+parallelism_config keys are copied verbatim into CLI arguments, so they carry their CLI names;
+fsdp_config keys carry the ``fsdp_`` prefix). Nested keys are not checked at load time, so this
+module spells each one as launch.py declares it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from service.estimator.types import Framework, Offload, Plan, Precision, Recompute
+from service.launchers.common import (
+    MASTER_PORT,
+    SHELL,
+    TRAIN_SCRIPT,
+    YAML,
+    Artifact,
+    Raw,
+    Target,
+    Unsupported,
+    Word,
+    accumulation,
+    check_world,
+    comment_lines,
+    hf_decoder_layer,
+    layout_summary,
+    script,
+    shell_command,
+)
+from service.launchers.deepspeed import NVME_PATH
+
+CONFIG_NAME = "accelerate_config.yaml"
+LAUNCH_NAME = "accelerate_launch.sh"
+TARGET = Target.ACCELERATE
+
+
+def _mixed_precision(plan: Plan) -> str:
+    precision = plan.training.precision
+    if precision is Precision.FP32:
+        return "no"
+    if precision is Precision.FP16:
+        return "fp16"
+    if precision is Precision.FP8:
+        if plan.layout.framework is not Framework.DEEPSPEED:
+            raise Unsupported(
+                TARGET, "fp8 needs an fp8_config backend (Transformer Engine) that is not emitted here"
+            )
+        return "bf16"  # DeepSpeedPlugin runs bf16 for fp8 too; fp8 GEMMs come from the model code
+    return "bf16"  # bf16_pure: the script loads the model in bf16
+
+
+def _deepspeed(plan: Plan) -> dict[str, Any]:
+    lo = plan.layout
+    if lo.tp > 1 or lo.pp > 1 or lo.cp > 1:
+        raise Unsupported(
+            TARGET,
+            f"tp={lo.tp} pp={lo.pp} cp={lo.cp}: Accelerate's DeepSpeed plugin drives data parallelism "
+            "(ZeRO) only; use the deepspeed target",
+        )
+    if lo.offload_params is not Offload.NONE and lo.zero_stage < 3:
+        raise Unsupported(TARGET, "offload_param_device applies to ZeRO stage 3 only")
+    if lo.offload_optimizer is Offload.NVME and lo.zero_stage < 3:
+        raise Unsupported(TARGET, "NVMe optimizer offload is available only with ZeRO stage 3")
+    if lo.offload_optimizer is not Offload.NONE and lo.zero_stage == 0:
+        raise Unsupported(TARGET, "optimizer offload needs ZeRO stage 1, 2 or 3")
+    ds: dict[str, Any] = {
+        "gradient_accumulation_steps": accumulation(plan),
+        "gradient_clipping": 1.0,
+        "offload_optimizer_device": str(lo.offload_optimizer),
+        "offload_param_device": str(lo.offload_params),
+        "zero_stage": lo.zero_stage,
+    }
+    if lo.offload_optimizer is Offload.NVME:
+        ds["offload_optimizer_nvme_path"] = NVME_PATH
+    if lo.offload_params is Offload.NVME:
+        ds["offload_param_nvme_path"] = NVME_PATH
+    if lo.zero_stage == 3:
+        ds |= {"zero3_init_flag": True, "zero3_save_16bit_model": True}
+    if plan.cluster.num_nodes > 1:
+        ds["deepspeed_multinode_launcher"] = "standard"  # torchrun on every node, no ssh
+    return {"distributed_type": "DEEPSPEED", "deepspeed_config": ds}
+
+
+def _fsdp(plan: Plan) -> dict[str, Any]:
+    lo = plan.layout
+    if lo.zero_stage == 0:
+        if lo.tp > 1 or lo.pp > 1 or lo.cp > 1:
+            raise Unsupported(TARGET, "tp/pp/cp without sharding: Accelerate's MULTI_GPU is plain DDP")
+        return {"distributed_type": "MULTI_GPU"}
+    if lo.zero_stage == 1:
+        raise Unsupported(TARGET, "FSDP has no optimizer-state-only sharding (ZeRO-1)")
+    if lo.pp > 1 or lo.ep > 1:
+        raise Unsupported(
+            TARGET, f"pp={lo.pp} ep={lo.ep}: Accelerate's FSDP v2 has no pipeline or expert parallelism"
+        )
+    if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
+        raise Unsupported(TARGET, "FSDP offloads to CPU memory only, not NVMe")
+    if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):
+        raise Unsupported(
+            TARGET,
+            "FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer states together; "
+            f"offload_optimizer={lo.offload_optimizer} with offload_params={lo.offload_params} "
+            "is not expressible",
+        )
+    fsdp: dict[str, Any] = {
+        "fsdp_version": 2,
+        "fsdp_reshard_after_forward": lo.zero_stage == 3,  # False = SHARD_GRAD_OP (ZeRO-2)
+        "fsdp_offload_params": lo.offload_params is Offload.CPU,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_sync_module_states": True,  # launch requires it with cpu_ram_efficient_loading
+        # Accelerate checkpoints whole decoder layers: selective recompute runs as full.
+        "fsdp_activation_checkpointing": lo.recompute is not Recompute.NONE,
+    }
+    layer = hf_decoder_layer(plan.model.family)
+    if layer is not None:  # otherwise the model's _no_split_modules decide
+        fsdp["fsdp_transformer_layer_cls_to_wrap"] = layer
+    config: dict[str, Any] = {"distributed_type": "FSDP", "fsdp_config": fsdp}
+    replicate, shard = _dp_split(plan)
+    if lo.tp > 1 or lo.cp > 1 or replicate > 1:
+        config["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": replicate,
+            "parallelism_config_dp_shard_size": shard,
+            "parallelism_config_tp_size": lo.tp,
+            "parallelism_config_cp_size": lo.cp,
+        }
+    return config
+
+
+def _dp_split(plan: Plan) -> tuple[int, int]:
+    """(replicate, shard) data-parallel degrees: HYBRID_SHARD replicates across nodes."""
+    lo, nodes = plan.layout, plan.cluster.num_nodes
+    if not lo.fsdp_hybrid_shard or nodes == 1:
+        return 1, lo.dp
+    if lo.dp % nodes:
+        raise Unsupported(TARGET, f"hybrid shard: dp ({lo.dp}) is not a multiple of the nodes ({nodes})")
+    return nodes, lo.dp // nodes
+
+
+def _megatron(plan: Plan) -> dict[str, Any]:
+    lo = plan.layout
+    if lo.zero_stage > 1 or lo.offload_params is not Offload.NONE or lo.offload_optimizer is not Offload.NONE:
+        raise Unsupported(
+            TARGET, "Megatron-LM through Accelerate: ZeRO-1 (distributed optimizer) and no offload only"
+        )
+    if lo.virtual_pipeline_stages > 1:
+        raise Unsupported(
+            TARGET, "Accelerate's megatron_lm_config has no virtual pipeline (interleaved) setting"
+        )
+    mlm: dict[str, Any] = {
+        "megatron_lm_tp_degree": lo.tp,
+        "megatron_lm_pp_degree": lo.pp,
+        "megatron_lm_context_parallel_size": lo.cp,
+        "megatron_lm_expert_model_parallel_size": lo.ep,
+        "megatron_lm_sequence_parallelism": lo.sequence_parallel and lo.tp > 1,
+        "megatron_lm_use_distributed_optimizer": lo.zero_stage == 1,
+        "megatron_lm_gradient_clipping": 1.0,
+        "megatron_lm_recompute_activations": lo.recompute is Recompute.SELECTIVE,
+    }
+    if lo.pp > 1:
+        mlm["megatron_lm_num_micro_batches"] = accumulation(plan)
+    if lo.recompute is Recompute.FULL:
+        mlm |= {
+            "megatron_lm_recompute_granularity": "full",
+            "megatron_lm_recompute_method": "uniform",
+            "megatron_lm_recompute_num_layers": 1,
+        }
+    return {"distributed_type": "MEGATRON_LM", "megatron_lm_config": mlm}
+
+
+def accelerate_config(plan: Plan) -> dict[str, Any]:
+    """The YAML mapping; raises Unsupported where Accelerate cannot express the layout."""
+    check_world(TARGET, plan)
+    lo, cluster = plan.layout, plan.cluster
+    if lo.framework is Framework.DEEPSPEED:
+        parallel = _deepspeed(plan)
+    elif lo.framework is Framework.FSDP:
+        parallel = _fsdp(plan)
+    else:
+        parallel = _megatron(plan)
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "downcast_bf16": "no",
+        "enable_cpu_affinity": False,
+        "machine_rank": 0,  # overridden per node by the launch line
+        "main_process_port": MASTER_PORT,
+        "main_training_function": "main",
+        "mixed_precision": _mixed_precision(plan),
+        "num_machines": cluster.num_nodes,
+        "num_processes": cluster.world_size,  # total over all machines
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    config |= parallel
+    if parallel["distributed_type"] == "MULTI_GPU" and cluster.world_size == 1:
+        config["distributed_type"] = "NO"
+    return dict(sorted(config.items()))
+
+
+def launch_words(plan: Plan, config_path: str = CONFIG_NAME) -> list[Word]:
+    words: list[Word] = ["accelerate", "launch", "--config_file", config_path]
+    if plan.cluster.num_nodes > 1:
+        words += [
+            "--machine_rank",
+            Raw('"${NODE_RANK}"'),
+            "--main_process_ip",
+            Raw('"${MASTER_ADDR}"'),
+            "--main_process_port",
+            Raw('"${MASTER_PORT}"'),
+        ]
+    return [*words, TRAIN_SCRIPT]
+
+
+def render(plan: Plan) -> list[Artifact]:
+    config = accelerate_config(plan)
+    text = "\n".join(comment_lines(layout_summary(plan))) + "\n" + yaml.safe_dump(config, sort_keys=False)
+    body: list[str] = []
+    if plan.cluster.num_nodes > 1:
+        body.append(': "${NODE_RANK:?set NODE_RANK to the index of this node, 0 on the first}"')
+    body.append(shell_command(launch_words(plan)))
+    return [
+        Artifact(name=CONFIG_NAME, target=TARGET, media_type=YAML, content=text),
+        Artifact(
+            name=LAUNCH_NAME,
+            target=TARGET,
+            media_type=SHELL,
+            content=script(plan, body, header="Accelerate 1.15.0: run on every node."),
+        ),
+    ]

@@ -1,0 +1,233 @@
+"""Shared pieces of the launcher renderers: the result types, layout summaries, torchrun lines.
+
+Everything here is pure: plain values in, plain values out. Serialisation happens in the
+target modules, last.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from service.estimator.types import Plan, Precision
+
+MASTER_PORT = 29500  # torchrun / DeepSpeed launcher default rendezvous port
+TRAIN_SCRIPT = "train.py"  # the user's training script for DeepSpeed and HF Trainer targets
+DEFAULT_TRAIN_STEPS = 1000  # when the training spec gives no token budget
+
+JSON = "application/json"
+YAML = "application/yaml"
+SHELL = "text/x-shellscript"
+TEXT = "text/plain"
+
+
+class Target(StrEnum):
+    DEEPSPEED = "deepspeed"
+    ACCELERATE = "accelerate"
+    HF_TRAINER = "hf_trainer"
+    MEGATRON = "megatron"
+    TORCHTITAN = "torchtitan"
+    SLURM = "slurm"
+    KUBERNETES = "kubernetes"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Artifact:
+    """One generated file: a stable name, the target that made it, and its media type."""
+
+    name: str
+    target: Target
+    media_type: str
+    content: str
+
+
+class Unsupported(Exception):
+    """The plan's layout cannot be expressed in this target; ``reason`` says why."""
+
+    def __init__(self, target: Target, reason: str) -> None:
+        super().__init__(f"{target}: {reason}")
+        self.target = target
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Raw:
+    """A shell word emitted verbatim (a quoted variable expansion), never quoted again."""
+
+    text: str
+
+
+Word = str | Raw
+
+
+def shell_words(words: Sequence[Word]) -> str:
+    """shlex.join, except that Raw words pass through untouched."""
+    return " ".join(w.text if isinstance(w, Raw) else shlex.quote(w) for w in words)
+
+
+def shell_command(words: Sequence[Word], *, width: int = 100) -> str:
+    """One command, wrapped with backslashes before options so long lines stay readable."""
+    lines: list[str] = []
+    current: list[Word] = []
+    for word in words:
+        starts_option = isinstance(word, str) and word.startswith("-") and len(current) > 1
+        if starts_option and len(shell_words(current)) + len(shell_words([word])) > width:
+            lines.append(shell_words(current))
+            current = []
+        current.append(word)
+    lines.append(shell_words(current))
+    return " \\\n    ".join(lines)
+
+
+def accumulation(plan: Plan) -> int:
+    """Micro-batches per data-parallel rank per optimizer step."""
+    return plan.layout.accumulation_steps(plan.training.global_batch_size)
+
+
+def train_steps(plan: Plan) -> int:
+    """Optimizer steps for the token budget, or a fixed default when the spec gives none."""
+    if plan.training.tokens is None:
+        return DEFAULT_TRAIN_STEPS
+    return max(1, math.ceil(plan.training.tokens / plan.training.tokens_per_step))
+
+
+def check_world(target: Target, plan: Plan) -> None:
+    """The layout must fill the cluster exactly: every launcher starts one process per GPU."""
+    layout, cluster = plan.layout, plan.cluster
+    if layout.world_size != cluster.world_size:
+        raise Unsupported(
+            target,
+            f"dp*tp*pp*cp ({layout.world_size}) != GPUs in the cluster ({cluster.world_size} = "
+            f"{cluster.num_nodes} nodes x {cluster.gpus_per_node})",
+        )
+
+
+def layout_summary(plan: Plan) -> str:
+    """One line naming every layout choice, for a comment or annotation in the artifact."""
+    lo, cl = plan.layout, plan.cluster
+    parts = [
+        f"framework={lo.framework}",
+        f"dp={lo.dp} tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}",
+        f"sequence_parallel={str(lo.sequence_parallel).lower()}",
+        f"zero_stage={lo.zero_stage}",
+        f"offload_optimizer={lo.offload_optimizer} offload_params={lo.offload_params}",
+        f"recompute={lo.recompute}",
+        f"micro_batch={lo.micro_batch_size} accumulation={accumulation(plan)}",
+        f"global_batch={plan.training.global_batch_size} seq_len={plan.training.seq_len}",
+        f"precision={plan.training.precision}",
+    ]
+    if lo.virtual_pipeline_stages > 1:
+        parts.append(f"virtual_pipeline_stages={lo.virtual_pipeline_stages}")
+    if lo.fsdp_hybrid_shard:
+        parts.append("fsdp_hybrid_shard=true")
+    parts.append(f"world={lo.world_size} ({cl.num_nodes} node(s) x {cl.gpus_per_node} {cl.gpu.name})")
+    return f"trainplan layout for {plan.model.name}: " + ", ".join(parts)
+
+
+def comment_lines(text: str) -> list[str]:
+    """A summary as shell/YAML comment lines."""
+    return [f"# {line}".rstrip() for line in text.splitlines()]
+
+
+def half_precision(plan: Plan) -> str | None:
+    """'bf16', 'fp16' or None (fp32) for frameworks with a single mixed-precision switch."""
+    precision = plan.training.precision
+    if precision is Precision.FP16:
+        return "fp16"
+    if precision is Precision.FP32:
+        return None
+    return "bf16"  # bf16, bf16_pure and fp8 all keep bf16 activations and weights
+
+
+def hf_decoder_layer(family: str) -> str | None:
+    """The transformers decoder-layer class name FSDP wraps, for the model families we know."""
+    return _HF_DECODER_LAYERS.get(family)
+
+
+_HF_DECODER_LAYERS = {
+    "llama": "LlamaDecoderLayer",
+    "mistral": "MistralDecoderLayer",
+    "mixtral": "MixtralDecoderLayer",
+    "qwen2": "Qwen2DecoderLayer",
+    "qwen2_moe": "Qwen2MoeDecoderLayer",
+    "qwen3": "Qwen3DecoderLayer",
+    "gemma": "GemmaDecoderLayer",
+    "gemma2": "Gemma2DecoderLayer",
+    "phi3": "Phi3DecoderLayer",
+    "gpt2": "GPT2Block",
+    "gpt_neox": "GPTNeoXLayer",
+    "falcon": "FalconDecoderLayer",
+    "bloom": "BloomBlock",
+}
+
+
+def dns_label(name: str) -> str:
+    """A DNS-1035 label (Kubernetes object names, Slurm job names): [a-z]([-a-z0-9]*[a-z0-9])?."""
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    if not label or not label[0].isalpha():
+        label = "job-" + label
+    return label[:63].rstrip("-")
+
+
+def torchrun_words(plan: Plan, *, rendezvous: str) -> list[Word]:
+    """torchrun's topology options.
+
+    rendezvous: "standalone" for one node; "c10d" (one identical command per node, ranks
+    assigned at rendezvous, endpoint from $MASTER_ADDR/$MASTER_PORT); "env" to take the
+    topology from PET_* variables (Kubeflow PyTorchJob sets them).
+    """
+    cluster = plan.cluster
+    nproc = str(cluster.gpus_per_node)
+    if rendezvous == "env":
+        return ["torchrun", "--nnodes", str(cluster.num_nodes), "--nproc-per-node", nproc]
+    if rendezvous == "standalone" or cluster.num_nodes == 1:
+        return ["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", nproc]
+    return [
+        "torchrun",
+        "--nnodes",
+        str(cluster.num_nodes),
+        "--nproc-per-node",
+        nproc,
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        Raw('"${MASTER_ADDR}:${MASTER_PORT}"'),
+        "--rdzv-id",
+        Raw('"${JOB_ID}"'),
+    ]
+
+
+def script(
+    plan: Plan,
+    body: Sequence[str],
+    *,
+    env: Sequence[tuple[str, str]] = (),
+    header: str = "",
+    every_node: bool = True,
+) -> str:
+    """A bash script: shebang, the layout comment, strict mode, exported env, the body."""
+    lines = ["#!/usr/bin/env bash"]
+    if header:
+        lines += comment_lines(header)
+    lines += comment_lines(layout_summary(plan))
+    lines.append("set -euo pipefail")
+    if plan.cluster.num_nodes > 1 and not every_node:
+        lines += [
+            "# Run this script once, on the first node.",
+            'export MASTER_ADDR="${MASTER_ADDR:-node-0}"',
+            f'export MASTER_PORT="${{MASTER_PORT:-{MASTER_PORT}}}"',
+        ]
+    elif plan.cluster.num_nodes > 1:
+        lines += [
+            "# Run this same script on every node; set MASTER_ADDR to the first node's address.",
+            ': "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"',
+            f'export MASTER_PORT="${{MASTER_PORT:-{MASTER_PORT}}}"',
+            'export JOB_ID="${JOB_ID:-trainplan}"',
+        ]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env]
+    lines += body
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,248 @@
+"""DeepSpeed target (pinned: deepspeed 0.19.8): ds_config.json, the `deepspeed` launch line, a hostfile.
+
+Keys and rules follow deepspeed/runtime/config.py (batch assertion: train_batch_size ==
+micro * accumulation * data-parallel size) and runtime/zero/config.py (pydantic, extra=forbid).
+The parser accepts some mistakes silently, so this module never emits: unknown top-level keys,
+``offload_param`` below stage 3, NVMe offload below stage 3, or ``"auto"`` (HF-only) values.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from service.estimator.types import Offload, Optimizer, Plan, Precision, Recompute
+from service.launchers.common import (
+    JSON,
+    MASTER_PORT,
+    SHELL,
+    TEXT,
+    TRAIN_SCRIPT,
+    Artifact,
+    Raw,
+    Target,
+    Unsupported,
+    Word,
+    accumulation,
+    check_world,
+    script,
+    shell_command,
+)
+
+CONFIG_NAME = "ds_config.json"
+HOSTFILE_NAME = "hostfile"
+LAUNCH_NAME = "deepspeed_launch.sh"
+NVME_PATH = "/local_nvme"  # offload swap directory on each node; must exist and be fast local NVMe
+
+# Bucket sizes in elements. DeepSpeed's defaults are 5e8; HF's "auto" uses h^2 (reduce) and
+# 0.9 h^2 (stage-3 prefetch) and 10 h (persistence threshold): scale with the layer width so a
+# bucket holds about one layer's worth of a hidden x hidden matrix.
+DEFAULT_BUCKET_ELEMENTS = 500_000_000
+MIN_BUCKET_ELEMENTS = 10_000_000  # below this the NCCL launch overhead dominates
+
+
+def _check(plan: Plan) -> None:
+    lo = plan.layout
+    target = Target.DEEPSPEED
+    check_world(target, plan)
+    if lo.framework != "deepspeed":
+        raise Unsupported(target, f"the layout is for {lo.framework}, not DeepSpeed")
+    if lo.cp > 1:
+        raise Unsupported(
+            target,
+            f"cp={lo.cp}: ds_config has no context parallelism (Ulysses sequence parallelism "
+            "needs DistributedAttention in the model code)",
+        )
+    if lo.pp > 1 and lo.zero_stage >= 2:
+        raise Unsupported(
+            target,
+            f"ZeRO-{lo.zero_stage} with pp={lo.pp}: DeepSpeed's PipelineEngine asserts that ZeRO-2 "
+            "and ZeRO-3 are incompatible with pipeline parallelism",
+        )
+    if lo.tp > 1 and (lo.zero_stage == 3 or lo.pp > 1):
+        raise Unsupported(
+            target,
+            f"tp={lo.tp} with ZeRO-{lo.zero_stage}, pp={lo.pp}: DeepSpeed AutoTP training "
+            "(tensor_parallel.autotp_size) combines with ZeRO 0-2 and no pipeline only",
+        )
+    if lo.offload_params is not Offload.NONE and lo.zero_stage < 3:
+        raise Unsupported(
+            target,
+            f"offload_params={lo.offload_params} with ZeRO-{lo.zero_stage}: offload_param is only "
+            "read by ZeRO stage 3 (silently ignored below)",
+        )
+    if lo.offload_optimizer is Offload.NVME and lo.zero_stage < 3:
+        raise Unsupported(target, "NVMe optimizer offload is available only with ZeRO stage 3")
+    if lo.offload_optimizer is not Offload.NONE and lo.zero_stage == 0:
+        raise Unsupported(target, "optimizer offload needs ZeRO stage 1, 2 or 3")
+    if plan.training.precision is Precision.BF16_PURE and lo.zero_stage == 0:
+        raise Unsupported(target, "bf16 master weights and optimizer states need ZeRO stage 1-3")
+
+
+def _bucket(elements: int) -> int:
+    return max(MIN_BUCKET_ELEMENTS, min(DEFAULT_BUCKET_ELEMENTS, elements))
+
+
+def _offload(device: Offload) -> dict[str, Any]:
+    block: dict[str, Any] = {"device": str(device), "pin_memory": True}
+    if device is Offload.NVME:
+        block["nvme_path"] = NVME_PATH
+    return block
+
+
+def zero_block(plan: Plan) -> dict[str, Any]:
+    """zero_optimization, in runtime/zero/config.py's spelling."""
+    lo = plan.layout
+    h = plan.model.hidden_size
+    zero: dict[str, Any] = {"stage": lo.zero_stage}
+    if lo.zero_stage == 0:
+        return zero
+    zero |= {
+        # Overlap the gradient reduce with backward; the pipeline engine turns it off by itself.
+        "overlap_comm": lo.pp == 1,
+        "contiguous_gradients": True,
+        "reduce_scatter": True,
+        "reduce_bucket_size": _bucket(h * h),
+    }
+    if lo.zero_stage < 3:
+        zero |= {"allgather_partitions": True, "allgather_bucket_size": _bucket(h * h)}
+    else:
+        zero |= {
+            "stage3_prefetch_bucket_size": _bucket(9 * h * h // 10),
+            "stage3_param_persistence_threshold": 10 * h,
+            "stage3_max_live_parameters": 1_000_000_000,
+            "stage3_max_reuse_distance": 1_000_000_000,
+            "sub_group_size": 1_000_000_000,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        }
+    if lo.offload_optimizer is not Offload.NONE:
+        zero["offload_optimizer"] = _offload(lo.offload_optimizer)
+    if lo.offload_params is not Offload.NONE:
+        zero["offload_param"] = _offload(lo.offload_params)
+    return zero
+
+
+def _precision(plan: Plan) -> dict[str, Any]:
+    precision = plan.training.precision
+    if precision is Precision.FP32:
+        return {}
+    if precision is Precision.FP16:
+        # loss_scale 0 = dynamic loss scaling, starting at 2**16.
+        return {
+            "fp16": {
+                "enabled": True,
+                "loss_scale": 0,
+                "initial_scale_power": 16,
+                "loss_scale_window": 1000,
+                "hysteresis": 2,
+                "min_loss_scale": 1,
+            }
+        }
+    bf16: dict[str, Any] = {"enabled": True}
+    if precision is Precision.BF16_PURE:
+        bf16 |= {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    return {"bf16": bf16}  # fp8 GEMMs come from the model code (Transformer Engine), not ds_config
+
+
+def _optimizer(plan: Plan) -> dict[str, Any]:
+    # DeepSpeed builds these itself (DeepSpeedCPUAdam under offload); other optimizers come
+    # from the training script. lr and decay are placeholders: the plan does not carry them.
+    kinds = {Optimizer.ADAMW: "AdamW", Optimizer.LION: "Lion"}
+    kind = kinds.get(plan.training.optimizer)
+    if kind is None:
+        return {}
+    params: dict[str, Any] = {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}
+    if kind == "AdamW":
+        params["eps"] = 1e-8
+    return {"optimizer": {"type": kind, "params": params}}
+
+
+def ds_config(plan: Plan) -> dict[str, Any]:
+    """The ds_config.json dict; raises Unsupported where DeepSpeed cannot run the layout."""
+    _check(plan)
+    lo = plan.layout
+    micro, accum = lo.micro_batch_size, accumulation(plan)
+    config: dict[str, Any] = {
+        # world_size in DeepSpeed's batch assertion is the data-parallel size.
+        "train_batch_size": micro * accum * lo.dp,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 100,
+        "wall_clock_breakdown": False,
+    }
+    config |= _precision(plan)
+    config |= _optimizer(plan)
+    config["zero_optimization"] = zero_block(plan)
+    if lo.recompute is not Recompute.NONE:
+        # Configures deepspeed.checkpointing (Megatron-DeepSpeed style model code); HF models
+        # turn on gradient checkpointing in the script instead.
+        config["activation_checkpointing"] = {
+            "partition_activations": lo.tp > 1,
+            "cpu_checkpointing": lo.activation_offload,
+            "contiguous_memory_optimization": False,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+    if lo.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": lo.tp}
+    if lo.pp > 1:
+        # The script must build a deepspeed.pipe.PipelineModule(num_stages=pp).
+        config["pipeline"] = {"stages": lo.pp, "partition": "parameters"}
+    return config
+
+
+def hostfile(plan: Plan) -> str:
+    """One `host slots=N` line per node; the host names are placeholders to replace."""
+    lines = ["# Replace node-<i> with the nodes' host names (passwordless ssh from the first node)."]
+    lines += [f"node-{i} slots={plan.cluster.gpus_per_node}" for i in range(plan.cluster.num_nodes)]
+    return "\n".join(lines) + "\n"
+
+
+def launch_words(plan: Plan) -> list[Word]:
+    cluster = plan.cluster
+    words: list[Word] = ["deepspeed"]
+    if cluster.num_nodes > 1:
+        words += [
+            f"--hostfile={HOSTFILE_NAME}",
+            f"--num_nodes={cluster.num_nodes}",
+            f"--num_gpus={cluster.gpus_per_node}",
+            Raw('--master_addr="${MASTER_ADDR}"'),
+            Raw('--master_port="${MASTER_PORT}"'),
+        ]
+    else:
+        words += [f"--num_gpus={cluster.gpus_per_node}", f"--master_port={MASTER_PORT}"]
+    words += [TRAIN_SCRIPT, "--deepspeed", "--deepspeed_config", CONFIG_NAME]
+    return words
+
+
+def render(plan: Plan) -> list[Artifact]:
+    config = ds_config(plan)
+    header = "DeepSpeed 0.19.8 launcher: starts every rank over ssh (pdsh) from this node."
+    if plan.layout.pp > 1:
+        header += f"\n{TRAIN_SCRIPT} must build deepspeed.pipe.PipelineModule(num_stages={plan.layout.pp})."
+    if plan.layout.ep > 1:
+        header += (
+            f"\n{TRAIN_SCRIPT} must build MoE layers as deepspeed.moe.layer.MoE(ep_size={plan.layout.ep})."
+        )
+    if plan.training.precision is Precision.FP8:
+        header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."
+    artifacts = [
+        Artifact(
+            name=CONFIG_NAME,
+            target=Target.DEEPSPEED,
+            media_type=JSON,
+            content=json.dumps(config, indent=2) + "\n",
+        ),
+        Artifact(
+            name=LAUNCH_NAME,
+            target=Target.DEEPSPEED,
+            media_type=SHELL,
+            content=script(plan, [shell_command(launch_words(plan))], header=header, every_node=False),
+        ),
+    ]
+    if plan.cluster.num_nodes > 1:
+        artifacts.append(
+            Artifact(name=HOSTFILE_NAME, target=Target.DEEPSPEED, media_type=TEXT, content=hostfile(plan))
+        )
+    return artifacts

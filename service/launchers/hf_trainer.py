@@ -1,0 +1,186 @@
+"""Hugging Face Trainer target (pinned: transformers 5.24.0): TrainingArguments as JSON and as flags.
+
+Field names from transformers/training_args.py. ``deepspeed`` points at the DeepSpeed target's
+ds_config.json (concrete numbers that equal TrainingArguments, so the Trainer's "auto" merge has
+nothing to fill and nothing to contradict); FSDP goes through ``fsdp`` + ``fsdp_config`` (v2).
+The Trainer has no tensor, pipeline, context or expert parallelism of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from service.estimator.types import Framework, Offload, Optimizer, Plan, Precision, Recompute
+from service.launchers import deepspeed
+from service.launchers.common import (
+    JSON,
+    SHELL,
+    TRAIN_SCRIPT,
+    Artifact,
+    Target,
+    Unsupported,
+    Word,
+    accumulation,
+    check_world,
+    hf_decoder_layer,
+    script,
+    shell_command,
+    torchrun_words,
+    train_steps,
+)
+
+ARGS_NAME = "training_args.json"
+FSDP_CONFIG_NAME = "fsdp_config.json"
+LAUNCH_NAME = "hf_trainer_launch.sh"
+TARGET = Target.HF_TRAINER
+DATALOADER_WORKERS = 4  # per rank; with 8 ranks per node that is 32 loader processes
+PREFETCH_FACTOR = 2  # batches each worker keeps ready (PyTorch's default when workers > 0)
+
+_OPTIM = {
+    Optimizer.ADAMW: "adamw_torch_fused",
+    Optimizer.ADAMW_8BIT: "adamw_bnb_8bit",
+    Optimizer.SGD: "sgd",
+    Optimizer.ADAFACTOR: "adafactor",
+    Optimizer.LION: "lion_32bit",
+}
+
+
+def _check(plan: Plan) -> None:
+    check_world(TARGET, plan)
+    lo = plan.layout
+    if lo.framework is Framework.MEGATRON:
+        raise Unsupported(TARGET, "the layout is for Megatron-LM; the HF Trainer runs DeepSpeed or FSDP")
+    if lo.tp > 1 or lo.pp > 1 or lo.cp > 1 or lo.ep > 1:
+        raise Unsupported(
+            TARGET, f"tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}: the HF Trainer runs data parallelism only"
+        )
+    if plan.training.precision is Precision.FP8:
+        raise Unsupported(TARGET, "TrainingArguments has no fp8 switch; use the accelerate target")
+
+
+def _fsdp_config(plan: Plan) -> dict[str, Any]:
+    lo = plan.layout
+    if lo.zero_stage == 1:
+        raise Unsupported(TARGET, "FSDP has no optimizer-state-only sharding (ZeRO-1)")
+    if lo.fsdp_hybrid_shard and plan.cluster.num_nodes > 1:
+        raise Unsupported(TARGET, "HYBRID_SHARD is FSDP1-only in the Trainer; FSDP2 needs a 2-D device mesh")
+    if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
+        raise Unsupported(TARGET, "FSDP offloads to CPU memory only, not NVMe")
+    if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):
+        raise Unsupported(
+            TARGET, "FSDP2's cpu_offload moves parameters, gradients and optimizer states together"
+        )
+    config: dict[str, Any] = {
+        "version": 2,
+        "reshard_after_forward": lo.zero_stage == 3,  # False = SHARD_GRAD_OP (ZeRO-2)
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "state_dict_type": "SHARDED_STATE_DICT",
+        "cpu_ram_efficient_loading": True,
+        "cpu_offload": lo.offload_params is Offload.CPU,
+        # Checkpoints whole decoder layers: selective recompute runs as full.
+        "activation_checkpointing": lo.recompute is not Recompute.NONE,
+    }
+    layer = hf_decoder_layer(plan.model.family)
+    if layer is not None:  # otherwise the model's _no_split_modules decide
+        config["transformer_layer_cls_to_wrap"] = [layer]
+    return config
+
+
+def _parallel(plan: Plan, config_dir: str) -> tuple[dict[str, Any], list[Artifact]]:
+    """The deepspeed= / fsdp= arguments, and the files they point at."""
+    lo = plan.layout
+    if lo.framework is Framework.DEEPSPEED:
+        try:
+            ds = deepspeed.ds_config(plan)
+        except Unsupported as exc:
+            raise Unsupported(TARGET, exc.reason) from exc
+        artifact = Artifact(
+            name=deepspeed.CONFIG_NAME,
+            target=TARGET,
+            media_type=JSON,
+            content=json.dumps(ds, indent=2) + "\n",
+        )
+        return {"deepspeed": config_dir + deepspeed.CONFIG_NAME}, [artifact]
+    if lo.zero_stage == 0:
+        return {}, []  # plain DDP
+    fsdp = _fsdp_config(plan)
+    artifact = Artifact(
+        name=FSDP_CONFIG_NAME, target=TARGET, media_type=JSON, content=json.dumps(fsdp, indent=2) + "\n"
+    )
+    return {"fsdp": True, "fsdp_config": config_dir + FSDP_CONFIG_NAME}, [artifact]
+
+
+def training_arguments(plan: Plan, config_dir: str = "") -> tuple[dict[str, Any], list[Artifact]]:
+    """TrainingArguments fields (for HfArgumentParser.parse_json_file) and the config files they name.
+
+    config_dir: prefix of the config-file paths (empty: the working directory).
+    """
+    _check(plan)
+    lo = plan.layout
+    parallel, files = _parallel(plan, config_dir)
+    args: dict[str, Any] = {
+        "output_dir": "output",
+        "max_steps": train_steps(plan),
+        "per_device_train_batch_size": lo.micro_batch_size,
+        "gradient_accumulation_steps": accumulation(plan),
+        "max_grad_norm": 1.0,
+        "optim": _OPTIM[plan.training.optimizer],
+    }
+    precision = plan.training.precision
+    if precision in (Precision.BF16, Precision.BF16_PURE):
+        args["bf16"] = True
+    elif precision is Precision.FP16:
+        args["fp16"] = True
+    # FSDP checkpoints through fsdp_config; the Trainer refuses both switches at once.
+    if lo.recompute is not Recompute.NONE and "fsdp" not in parallel:
+        args["activation_checkpointing"] = True
+    args |= {
+        "dataloader_num_workers": DATALOADER_WORKERS,
+        "dataloader_prefetch_factor": PREFETCH_FACTOR,
+        "dataloader_pin_memory": True,
+        "dataloader_persistent_workers": True,
+        "logging_steps": 10,
+        "save_steps": 500,
+        "report_to": "none",
+    }
+    args |= parallel
+    return args, files
+
+
+def cli_flags(args: dict[str, Any]) -> list[str]:
+    """The same arguments as HfArgumentParser command-line flags."""
+    flags: list[str] = []
+    for key, value in args.items():
+        if key == "fsdp" and value is True:
+            flags.append("--fsdp")  # nargs="?", const=True
+        elif isinstance(value, bool):
+            flags += [f"--{key}", str(value).lower()]
+        else:
+            flags += [f"--{key}", str(value)]
+    return flags
+
+
+def entry_words(plan: Plan, config_dir: str = "") -> tuple[list[Word], list[Artifact]]:
+    """What follows torchrun's options: the script and its flags; plus the files it reads."""
+    args, files = training_arguments(plan, config_dir)
+    return [TRAIN_SCRIPT, *cli_flags(args)], files
+
+
+def render(plan: Plan) -> list[Artifact]:
+    args, files = training_arguments(plan)
+    words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), TRAIN_SCRIPT, *cli_flags(args)]
+    header = (
+        f"HF Trainer (transformers 5.24.0): {TRAIN_SCRIPT} parses TrainingArguments with HfArgumentParser,\n"
+        f"from these flags or from {ARGS_NAME} (parse_json_file)."
+    )
+    return [
+        Artifact(name=ARGS_NAME, target=TARGET, media_type=JSON, content=json.dumps(args, indent=2) + "\n"),
+        *files,
+        Artifact(
+            name=LAUNCH_NAME,
+            target=TARGET,
+            media_type=SHELL,
+            content=script(plan, [shell_command(words)], header=header),
+        ),
+    ]

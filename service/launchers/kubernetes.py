@@ -1,0 +1,125 @@
+"""Kubernetes target: a Kubeflow Training Operator v1 PyTorchJob (kubeflow.org/v1) and its ConfigMap.
+
+Schema: the CRD of kubeflow/training-operator release-1.9; the webhook additionally requires
+exactly one Master, Workers >= 1 when present, a container named ``pytorch`` and a DNS-1035
+name. The operator injects PET_NNODES / PET_NODE_RANK / PET_MASTER_ADDR / PET_MASTER_PORT /
+PET_NPROC_PER_NODE, which torchrun reads, so the command names no addresses.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from service.estimator.types import Plan
+from service.launchers.common import (
+    YAML,
+    Artifact,
+    Raw,
+    Target,
+    check_world,
+    comment_lines,
+    dns_label,
+    layout_summary,
+    torchrun_words,
+)
+from service.launchers.job import entry
+
+MANIFEST_NAME = "pytorchjob.yaml"
+TARGET = Target.KUBERNETES
+CONFIG_DIR = "/etc/trainplan/"  # the ConfigMap's mount point
+IMAGE = "registry.example.com/trainplan/train:latest"  # placeholder: an image with the training code
+SHM_BYTES = "64Gi"  # /dev/shm for dataloader workers and NCCL; the container default (64 MiB) is too small
+
+
+def _container(plan: Plan, command: list[str], env: list[tuple[str, str]], has_files: bool) -> dict[str, Any]:
+    gpus = plan.cluster.gpus_per_node
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if has_files:
+        mounts.append({"name": "trainplan-config", "mountPath": CONFIG_DIR.rstrip("/"), "readOnly": True})
+    container: dict[str, Any] = {
+        "name": "pytorch",  # the operator finds the training container by this name
+        "image": IMAGE,
+        "command": command,
+    }
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env]
+    container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
+    container["volumeMounts"] = mounts
+    return container
+
+
+def _replica(
+    plan: Plan, replicas: int, container: dict[str, Any], name: str, has_files: bool
+) -> dict[str, Any]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_BYTES}}
+    ]
+    if has_files:
+        volumes.append({"name": "trainplan-config", "configMap": {"name": f"{name}-config"}})
+    return {
+        "replicas": replicas,
+        "restartPolicy": "OnFailure",
+        "template": {"spec": {"containers": [copy.deepcopy(container)], "volumes": volumes}},
+    }
+
+
+def manifests(plan: Plan) -> list[dict[str, Any]]:
+    """The ConfigMap (when the command reads config files) and the PyTorchJob, as plain dicts."""
+    check_world(TARGET, plan)
+    job = entry(plan, TARGET, CONFIG_DIR)
+    words = [*torchrun_words(plan, rendezvous="env"), *job.words]
+    command = [w for w in words if not isinstance(w, Raw)]
+    assert len(command) == len(words), "a Kubernetes command takes no shell expansions"
+    name = dns_label("trainplan-" + plan.model.name)
+    has_files = bool(job.files)
+    container = _container(plan, command, job.env, has_files)
+    specs = {"Master": _replica(plan, 1, container, name, has_files)}
+    if plan.cluster.num_nodes > 1:
+        specs["Worker"] = _replica(plan, plan.cluster.num_nodes - 1, container, name, has_files)
+    metadata = {
+        "name": name,
+        "annotations": {"trainplan/layout": layout_summary(plan), "trainplan/runs": str(job.via)},
+    }
+    pytorchjob: dict[str, Any] = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": metadata,
+        "spec": {
+            "nprocPerNode": str(plan.cluster.gpus_per_node),
+            "runPolicy": {"cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": specs,
+        },
+    }
+    documents: list[dict[str, Any]] = []
+    if has_files:
+        documents.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": f"{name}-config"},
+                "data": {f.name: f.content for f in job.files},
+            }
+        )
+    documents.append(pytorchjob)
+    return documents
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML, with multi-line strings (the ConfigMap's files) as literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render(plan: Plan) -> list[Artifact]:
+    header = "\n".join(comment_lines(layout_summary(plan))) + "\n"
+    text = header + yaml.dump_all(manifests(plan), Dumper=_Dumper, sort_keys=False, width=120)
+    return [Artifact(name=MANIFEST_NAME, target=TARGET, media_type=YAML, content=text)]

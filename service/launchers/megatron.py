@@ -1,0 +1,231 @@
+"""Megatron-LM target (pinned: Megatron-LM main @d98e8a6): pretrain_gpt.py arguments, torchrun script.
+
+Flag names from megatron/training/arguments.py at that commit; the layout is checked against
+the rules its validate_args and TransformerConfig enforce (divisibility of world, batch,
+layers, heads; recompute granularity; distributed-optimizer prerequisites), so a layout that
+Megatron would reject is reported as unsupported instead of emitted.
+"""
+
+from __future__ import annotations
+
+from service.estimator.types import (
+    MlpKind,
+    NormKind,
+    Offload,
+    Plan,
+    PositionEmbedding,
+    Precision,
+    Recompute,
+)
+from service.launchers.common import (
+    SHELL,
+    Artifact,
+    Target,
+    Unsupported,
+    Word,
+    accumulation,
+    check_world,
+    script,
+    shell_command,
+    torchrun_words,
+    train_steps,
+)
+
+LAUNCH_NAME = "megatron_launch.sh"
+ENTRY = "pretrain_gpt.py"
+TARGET = Target.MEGATRON
+
+
+def needs_max_connections_env(plan: Plan) -> bool:
+    """validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP>1 or CP>1 (pre-Blackwell)."""
+    return plan.layout.tp > 1 or plan.layout.cp > 1
+
+
+def environment(plan: Plan) -> list[tuple[str, str]]:
+    return [("CUDA_DEVICE_MAX_CONNECTIONS", "1")] if needs_max_connections_env(plan) else []
+
+
+def _check(plan: Plan) -> None:
+    check_world(TARGET, plan)
+    lo, model, seq = plan.layout, plan.model, plan.training.seq_len
+    if lo.framework != "megatron":
+        raise Unsupported(TARGET, f"the layout is for {lo.framework}, not Megatron-LM")
+    problems: list[str] = []
+    if lo.zero_stage > 1:
+        problems.append(
+            f"zero_stage={lo.zero_stage}: Megatron shards optimizer states only (distributed optimizer)"
+        )
+    if lo.offload_params is not Offload.NONE:
+        problems.append("parameter offload is not available in Megatron-LM")
+    if lo.offload_optimizer is Offload.NVME:
+        problems.append("optimizer offload goes to CPU memory only, not NVMe")
+    if lo.offload_optimizer is Offload.CPU and lo.zero_stage != 1:
+        problems.append("--optimizer-cpu-offload needs the distributed optimizer (zero_stage 1)")
+    if model.num_layers % lo.pp:
+        problems.append(f"num_layers ({model.num_layers}) % pp ({lo.pp}) != 0")
+    vpp = lo.virtual_pipeline_stages
+    if vpp > 1 and lo.pp == 1:
+        problems.append("virtual pipeline stages need pp > 1")
+    if vpp > 1 and (model.num_layers // lo.pp) % vpp:
+        problems.append(
+            f"layers per pipeline rank ({model.num_layers // lo.pp}) % virtual stages ({vpp}) != 0"
+        )
+    if model.num_attention_heads % lo.tp:
+        problems.append(f"num_attention_heads ({model.num_attention_heads}) % tp ({lo.tp}) != 0")
+    groups = model.num_kv_heads
+    if groups % lo.tp and lo.tp % groups:
+        problems.append(f"num_query_groups ({groups}) is neither a multiple nor a divisor of tp ({lo.tp})")
+    if lo.cp > 1 and seq % (2 * lo.cp):
+        problems.append(f"seq_len ({seq}) % (2 * cp) ({2 * lo.cp}) != 0")
+    if model.moe is not None and model.moe.num_experts % lo.ep:
+        problems.append(f"num_experts ({model.moe.num_experts}) % ep ({lo.ep}) != 0")
+    if model.moe is None and lo.ep > 1:
+        problems.append(f"ep={lo.ep} on a dense model")
+    if model.position_embedding is PositionEmbedding.ALIBI:
+        problems.append("ALiBi position embeddings are not in Megatron-LM's GPT model")
+    if model.mlp is MlpKind.GEGLU:
+        problems.append("GeGLU MLPs are not a pretrain_gpt.py flag (only --swiglu)")
+    if plan.training.precision is Precision.BF16_PURE:
+        problems.append("pure bf16 (bf16 master weights and states) is not emitted for Megatron")
+    if problems:
+        raise Unsupported(TARGET, "; ".join(problems))
+
+
+def _model_args(plan: Plan) -> list[str]:
+    model, seq = plan.model, plan.training.seq_len
+    args = [
+        "--num-layers", str(model.num_layers),
+        "--hidden-size", str(model.hidden_size),
+        "--ffn-hidden-size", str(model.ffn_hidden_size),
+        "--num-attention-heads", str(model.num_attention_heads),
+    ]  # fmt: skip
+    if model.num_kv_heads != model.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
+    if model.head_dim * model.num_attention_heads != model.hidden_size:
+        args += ["--kv-channels", str(model.head_dim)]
+    args += [
+        "--seq-length",
+        str(seq),
+        "--max-position-embeddings",
+        str(max(seq, model.max_position_embeddings)),
+    ]
+    if model.position_embedding is PositionEmbedding.ROPE:
+        args += ["--position-embedding-type", "rope"]
+        if model.rotary_fraction < 1.0:
+            args += ["--rotary-percent", str(model.rotary_fraction)]
+    else:
+        args += ["--position-embedding-type", "learned_absolute"]
+    if model.mlp is MlpKind.SWIGLU:
+        args.append("--swiglu")
+    args += ["--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"]
+    if not model.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not (model.mlp_bias or model.attn_out_bias):
+        args.append("--disable-bias-linear")
+        if model.qkv_bias:
+            args.append("--add-qkv-bias")
+    if model.moe is not None:
+        moe = model.moe
+        args += [
+            "--num-experts", str(moe.num_experts),
+            "--moe-router-topk", str(moe.top_k),
+            "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size),
+        ]  # fmt: skip
+        if moe.num_shared_experts:
+            shared = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
+            args += ["--moe-shared-expert-intermediate-size", str(shared)]
+    # Mock data and a null tokenizer of the model's vocabulary size: replace with
+    # --data-path/--tokenizer-type/--tokenizer-model for real data.
+    args += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab_size)]
+    return args
+
+
+def _parallel_args(plan: Plan) -> list[str]:
+    lo = plan.layout
+    args = [
+        "--tensor-model-parallel-size", str(lo.tp),
+        "--pipeline-model-parallel-size", str(lo.pp),
+        "--context-parallel-size", str(lo.cp),
+    ]  # fmt: skip
+    if lo.ep > 1:
+        args += ["--expert-model-parallel-size", str(lo.ep)]
+    if lo.sequence_parallel and lo.tp > 1:  # Megatron drops it silently at tp=1
+        args.append("--sequence-parallel")
+    if lo.virtual_pipeline_stages > 1:
+        per_stage = plan.model.num_layers // lo.pp // lo.virtual_pipeline_stages
+        args += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
+    if lo.zero_stage == 1:
+        args += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    if lo.offload_optimizer is Offload.CPU:
+        args += [
+            "--optimizer-cpu-offload",
+            "--use-precision-aware-optimizer",
+            "--optimizer-offload-fraction",
+            "1.0",
+        ]
+    return args
+
+
+def _recompute_args(plan: Plan) -> list[str]:
+    recompute = plan.layout.recompute
+    if recompute is Recompute.SELECTIVE:
+        return ["--recompute-granularity", "selective"]
+    if recompute is Recompute.FULL:
+        # Every layer keeps only its input: uniform over chunks of one layer.
+        return [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            "1",
+        ]
+    return []
+
+
+def _precision_args(plan: Plan) -> list[str]:
+    precision = plan.training.precision
+    if precision is Precision.FP16:
+        return ["--fp16"]
+    if precision is Precision.FP8:
+        return [
+            "--bf16",
+            "--fp8-format",
+            "hybrid",
+            "--fp8-amax-history-len",
+            "1024",
+            "--fp8-amax-compute-algo",
+            "max",
+        ]
+    if precision is Precision.BF16:
+        return ["--bf16"]
+    return []
+
+
+def megatron_args(plan: Plan) -> list[str]:
+    """pretrain_gpt.py's arguments; raises Unsupported where validate_args would fail."""
+    _check(plan)
+    lo = plan.layout
+    accumulation(plan)  # global = micro x accumulation x dp, or InvalidLayout
+    return [
+        *_parallel_args(plan),
+        "--micro-batch-size", str(lo.micro_batch_size),
+        "--global-batch-size", str(plan.training.global_batch_size),
+        "--train-iters", str(train_steps(plan)),
+        *_recompute_args(plan),
+        *_precision_args(plan),
+        *_model_args(plan),
+        "--lr", "3e-4", "--min-lr", "3e-5", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
+        "--log-interval", "10", "--eval-interval", "1000", "--eval-iters", "10",
+    ]  # fmt: skip
+
+
+def entry_words(plan: Plan) -> list[Word]:
+    return [ENTRY, *megatron_args(plan)]
+
+
+def render(plan: Plan) -> list[Artifact]:
+    words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), *entry_words(plan)]
+    header = f"Megatron-LM (main @d98e8a6): run from the Megatron-LM checkout, where {ENTRY} lives."
+    content = script(plan, [shell_command(words)], env=environment(plan), header=header)
+    return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

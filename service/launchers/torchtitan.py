@@ -1,0 +1,185 @@
+"""torchtitan target (pinned: torchtitan 0.3.0, the first release without TOML).
+
+0.3.0 takes the model and its defaults from a config-registry function (``--module llama3
+--config llama3_8b``) and overrides fields with ``--section.field`` flags (tyro), ending with
+the ``activation_checkpoint:<mode>`` subcommand. Field names from torchtitan/config/configs.py
+at 0.3.0 (TrainingConfig, ParallelismConfig). The model cannot be described on the command
+line, so only models that match a registered flavor are rendered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.estimator.types import Framework, ModelSpec, Offload, Plan, Precision, Recompute
+from service.launchers.common import (
+    SHELL,
+    Artifact,
+    Target,
+    Unsupported,
+    Word,
+    accumulation,
+    check_world,
+    script,
+    shell_command,
+    torchrun_words,
+    train_steps,
+)
+
+LAUNCH_NAME = "torchtitan_launch.sh"
+TARGET = Target.TORCHTITAN
+VERSION = "0.3.0"
+
+
+@dataclass(frozen=True, slots=True)
+class Flavor:
+    module: str
+    config: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+
+
+# torchtitan/models/llama3/__init__.py and config_registry.py at 0.3.0.
+FLAVORS = (
+    Flavor("llama3", "llama3_8b", 32, 4096, 32, 8, 14336, 128256),
+    Flavor("llama3", "llama3_70b", 80, 8192, 64, 8, 28672, 128256),
+    Flavor("llama3", "llama3_405b", 126, 16384, 128, 8, 53248, 128256),
+)
+
+
+def flavor(model: ModelSpec) -> Flavor | None:
+    shape = (
+        model.num_layers,
+        model.hidden_size,
+        model.num_attention_heads,
+        model.num_kv_heads,
+        model.ffn_hidden_size,
+        model.vocab_size,
+    )
+    for f in FLAVORS:
+        if (
+            f.num_layers,
+            f.hidden_size,
+            f.num_attention_heads,
+            f.num_kv_heads,
+            f.ffn_hidden_size,
+            f.vocab_size,
+        ) == shape:
+            return f
+    return None
+
+
+def _check(plan: Plan) -> Flavor:
+    check_world(TARGET, plan)
+    lo = plan.layout
+    if lo.framework is not Framework.FSDP:
+        raise Unsupported(TARGET, f"the layout is for {lo.framework}; torchtitan runs FSDP2 with TP/PP/CP")
+    found = flavor(plan.model)
+    if found is None:
+        names = ", ".join(f"{f.module}/{f.config}" for f in FLAVORS)
+        raise Unsupported(
+            TARGET,
+            f"torchtitan {VERSION} builds the model from its config registry; {plan.model.name} matches "
+            f"none of {names} (register a config function for it)",
+        )
+    problems: list[str] = []
+    if lo.zero_stage == 1:
+        problems.append("FSDP has no optimizer-state-only sharding (ZeRO-1)")
+    if lo.ep > 1:
+        problems.append(f"ep={lo.ep}: the registered llama3 flavors are dense")
+    if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
+        problems.append("torchtitan offloads to CPU memory only")
+    if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):
+        problems.append(
+            "training.enable_cpu_offload moves parameters, gradients and optimizer states together"
+        )
+    if lo.offload_params is not Offload.NONE and lo.zero_stage == 0:
+        problems.append("CPU offload needs FSDP sharding")
+    if plan.training.precision in (Precision.FP16, Precision.FP8):
+        problems.append(f"precision {plan.training.precision} needs model converters not emitted here")
+    if lo.virtual_pipeline_stages > 1 and (plan.model.num_layers % (lo.pp * lo.virtual_pipeline_stages)):
+        problems.append("layers are not divisible into pp x virtual stages")
+    if lo.virtual_pipeline_stages > 1 and accumulation(plan) % lo.pp:
+        problems.append(f"Interleaved1F1B needs microbatches ({accumulation(plan)}) % pp ({lo.pp}) == 0")
+    if problems:
+        raise Unsupported(TARGET, "; ".join(problems))
+    return found
+
+
+def _data_parallel(plan: Plan) -> tuple[int, int]:
+    """(replicate, shard): DDP replicates, FSDP shards, HSDP shards inside a node."""
+    lo, nodes = plan.layout, plan.cluster.num_nodes
+    if lo.zero_stage == 0:
+        return lo.dp, 1
+    if lo.fsdp_hybrid_shard and nodes > 1:
+        replicate = nodes // lo.pp if nodes % lo.pp == 0 else 1
+        if replicate > 1 and lo.dp % replicate == 0:
+            return replicate, lo.dp // replicate
+    return 1, lo.dp
+
+
+def train_args(plan: Plan) -> list[str]:
+    """Arguments to `python -m torchtitan.train` (ConfigManager.parse_args takes exactly these)."""
+    found = _check(plan)
+    lo, training = plan.layout, plan.training
+    replicate, shard = _data_parallel(plan)
+    accum = accumulation(plan)
+    args = ["--module", found.module, "--config", found.config]
+    args += [
+        "--parallelism.data_parallel_replicate_degree", str(replicate),
+        "--parallelism.data_parallel_shard_degree", str(shard),
+        "--parallelism.tensor_parallel_degree", str(lo.tp),
+        "--parallelism.pipeline_parallel_degree", str(lo.pp),
+        "--parallelism.context_parallel_degree", str(lo.cp),
+    ]  # fmt: skip
+    if lo.tp > 1 and not lo.sequence_parallel:
+        args.append("--parallelism.no-enable-sequence-parallel")
+    if shard > 1:
+        args += ["--parallelism.fsdp_reshard_after_forward", "always" if lo.zero_stage == 3 else "never"]
+    if lo.pp > 1:
+        # Megatron-style accounting: the accumulation micro-batches are the pipeline microbatches.
+        local = lo.micro_batch_size * accum
+        schedule = "Interleaved1F1B" if lo.virtual_pipeline_stages > 1 else "1F1B"
+        args += [
+            "--parallelism.pipeline_parallel_schedule", schedule,
+            "--parallelism.pipeline_parallel_microbatch_size", str(lo.micro_batch_size),
+        ]  # fmt: skip
+        if lo.virtual_pipeline_stages > 1:
+            per_stage = plan.model.num_layers // (lo.pp * lo.virtual_pipeline_stages)
+            args += ["--parallelism.pipeline_parallel_layers_per_stage", str(per_stage)]
+    else:
+        local = lo.micro_batch_size
+    args += [
+        "--training.local_batch_size", str(local),
+        "--training.global_batch_size", str(training.global_batch_size),
+        "--training.seq_len", str(training.seq_len),
+        "--training.steps", str(train_steps(plan)),
+        "--training.max_norm", "1.0",
+    ]  # fmt: skip
+    if training.precision is Precision.BF16_PURE:
+        args += ["--training.dtype", "bfloat16"]
+    else:
+        param = "float32" if training.precision is Precision.FP32 else "bfloat16"
+        args += ["--training.mixed_precision_param", param]
+    if lo.offload_params is Offload.CPU:
+        args.append("--training.enable_cpu_offload")
+    if lo.pp > 1:
+        args.append("--training.disable_cuda_graphs")  # 0.3.0 raises for PP with CUDA graphs
+    mode = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}[lo.recompute]
+    args.append(f"activation_checkpoint:{mode}")  # a tyro subcommand: must come last
+    return args
+
+
+def entry_words(plan: Plan) -> list[Word]:
+    return ["-m", "torchtitan.train", *train_args(plan)]
+
+
+def render(plan: Plan) -> list[Artifact]:
+    words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), *entry_words(plan)]
+    header = f"torchtitan {VERSION}: config module plus --section.field overrides (no TOML since 0.3.0)."
+    content = script(plan, [shell_command(words)], header=header)
+    return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

@@ -1,0 +1,481 @@
+"""Recommend layouts for a job: search the valid ones, keep those that fit, rank by an objective.
+
+``recommend(model, cluster, training, constraints, efficiency)`` searches, for each GPU count the
+objective needs, every ``space.Structure`` x framework sharding (``FRAMEWORK_CAPABILITIES``) x
+interleaving x recompute, and for each the micro-batches that fit (binary search: memory grows with
+the micro-batch). The memory and time of each candidate come from ``fast.Evaluator``, which equals
+the estimator's; what is returned is re-estimated with ``estimate()``. Families that cannot fit at
+micro-batch 1 are cut before any time is computed; more recompute is only tried when it allows a
+larger micro-batch, offload only when nothing fits without it. A pure library, like the estimator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from service.estimator.efficiency import EfficiencyCurve
+from service.estimator.errors import InvalidLayout
+from service.estimator.estimate import estimate, host_fits
+from service.estimator.memory import _largest
+from service.estimator.model_states import DEFAULT_ASSUMPTIONS, state_bytes
+from service.estimator.types import (
+    ClusterSpec,
+    Estimate,
+    Layout,
+    MemoryEstimate,
+    Method,
+    ModelSpec,
+    Recompute,
+    TimeEstimate,
+    TrainingSpec,
+)
+from service.estimator.validate import validate_layout
+from service.recommender import rank
+from service.recommender.fast import Evaluator
+from service.recommender.space import (
+    RECOMPUTE_ORDER,
+    RejectionLog,
+    Sharding,
+    Structure,
+    gpu_counts,
+    make_layout,
+    micro_batch_sizes,
+    shardings,
+    structures,
+    sub_cluster,
+    virtual_stages,
+)
+from service.recommender.types import (
+    Candidate,
+    Constraints,
+    Objective,
+    Recommendation,
+    Rejection,
+    SearchStats,
+    Suggestion,
+)
+
+__all__ = ["Constraints", "Objective", "Recommendation", "recommend", "search"]
+
+MAX_MICRO_BATCHES_TIMED = 4  # with pp > 1, the largest few micro-batches that fit are timed
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    layout: Layout
+    memory: MemoryEstimate
+    time: TimeEstimate
+    key: tuple[float, ...]
+
+
+@dataclass(slots=True)
+class SearchResult:
+    """Best candidate per family, what was rejected and how much work it took."""
+
+    best: dict[tuple[object, ...], Scored] = field(default_factory=dict)
+    log: RejectionLog = field(default_factory=RejectionLog)
+    evaluators: dict[int, Evaluator] = field(default_factory=dict)
+    families: int = 0
+    candidates: int = 0
+    truncated: bool = False
+    valid_structures: int = 0
+
+    def ranked(self) -> list[Scored]:
+        return sorted(self.best.values(), key=lambda s: s.key)
+
+    @property
+    def memory_evaluations(self) -> int:
+        return sum(e.memory_calls for e in self.evaluators.values())
+
+
+@dataclass(slots=True)
+class _Job:
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    constraints: Constraints
+    curve: EfficiencyCurve
+    deadline: float
+
+
+def _limit_bytes(capacity: int, constraints: Constraints) -> int:
+    return int(capacity * (1.0 - constraints.min_headroom_fraction))
+
+
+def _fits(memory: MemoryEstimate, cluster: ClusterSpec, limit: int) -> bool:
+    return memory.per_gpu.total <= limit and host_fits(memory, cluster)
+
+
+def _family_key(layout: Layout) -> tuple[object, ...]:
+    return (
+        layout.world_size,
+        layout.framework,
+        layout.tp,
+        layout.pp,
+        layout.cp,
+        layout.ep,
+        layout.zero_stage,
+        layout.offload_optimizer,
+        layout.offload_params,
+    )
+
+
+def _log_memory(result: SearchResult, layout: Layout, memory: MemoryEstimate, limit: int, count: int) -> None:
+    if memory.per_gpu.total > limit:
+        result.log.add_memory("does not fit in GPU memory", count, layout, memory.per_gpu.total, limit)
+    else:
+        detail = f"needs {memory.cpu_per_node_bytes / 2**30:.0f} GiB host RAM per node"
+        result.log.add("does not fit in host memory", count, layout, detail)
+
+
+def _search_memory_family(
+    job: _Job, ev: Evaluator, result: SearchResult, s: Structure, sh: Sharding, virtual: int, limit: int
+) -> bool:
+    """Every recompute mode of one family; True if any fits."""
+    sub = ev.cluster
+    sizes = micro_batch_sizes(job.training, s, virtual, s.tp > 1)
+    if not sizes:
+        result.log.add(
+            "invalid: virtual_pp",
+            1,
+            make_layout(s, sh, RECOMPUTE_ORDER[0], virtual, 1),
+            "no micro-batch gives a multiple of pp micro-batches",
+        )
+        return False
+    best_index, fitted = -1, False
+    for recompute in RECOMPUTE_ORDER:
+        result.families += 1
+        first = make_layout(s, sh, recompute, virtual, sizes[0])
+        try:
+            validate_layout(job.model, sub, first, job.training)
+        except InvalidLayout as error:
+            result.log.add(f"invalid: {error.rule}", 1, first, str(error))
+            continue
+        memory = ev.memory(first)
+        if not _fits(memory, sub, limit):
+            _log_memory(result, first, memory, limit, 1)
+            continue
+        fitted = True
+
+        def ok(i: int, recompute: Recompute = recompute) -> bool:
+            layout = make_layout(s, sh, recompute, virtual, sizes[i])
+            return _fits(ev.memory(layout), sub, limit)
+
+        top = _largest(0, len(sizes) - 1, 1, ok)
+        if top <= best_index:
+            continue  # more recompute without a larger micro-batch only costs time
+        best_index = top
+        timed = [top] if s.pp == 1 else list(range(max(0, top - MAX_MICRO_BATCHES_TIMED + 1), top + 1))
+        for i in timed:
+            _time_candidate(job, ev, result, make_layout(s, sh, recompute, virtual, sizes[i]))
+        if top == len(sizes) - 1:
+            break
+    return fitted
+
+
+def _time_candidate(job: _Job, ev: Evaluator, result: SearchResult, layout: Layout) -> None:
+    result.candidates += 1
+    time_estimate = ev.time(layout)
+    key = rank.sort_key(job.constraints.objective, layout, time_estimate.tokens_per_s)
+    family = _family_key(layout)
+    held = result.best.get(family)
+    if held is None or key < held.key:
+        result.best[family] = Scored(layout, ev.memory(layout), time_estimate, key)
+
+
+def _search_structure(job: _Job, ev: Evaluator, result: SearchResult, s: Structure, limit: int) -> None:
+    for framework in job.constraints.frameworks:
+        options, unsupported = shardings(framework, s, job.constraints.allow_offload)
+        for reason in unsupported:
+            result.log.add(
+                reason, 1, make_layout(s, Sharding(framework, 0), RECOMPUTE_ORDER[0], 1, 1), reason
+            )
+        fitted = False
+        for sh in options:
+            if sh.offloads and fitted:
+                continue  # offload only where nothing fits without it
+            probe = make_layout(s, sh, Recompute.FULL, 1, 1)
+            if not _states_fit(ev, probe, limit):
+                result.families += 1
+                _log_memory(result, probe, ev.memory(probe), limit, 1)
+                continue
+            for virtual in virtual_stages(job.model, framework, s.pp):
+                if _dominated(job, ev, result, s, sh, virtual):
+                    continue
+                fitted |= _search_memory_family(job, ev, result, s, sh, virtual, limit)
+                if time.perf_counter() > job.deadline:
+                    result.truncated = True
+                    return
+
+
+def _dominated(
+    job: _Job, ev: Evaluator, result: SearchResult, s: Structure, sh: Sharding, virtual: int
+) -> bool:
+    """True when even the most favourable micro-batch cannot beat the current top k.
+
+    Step time falls with the micro-batch (GEMM efficiency, fewer collectives) except the pipeline
+    bubble, and recompute only adds time: the time of the largest micro-batch without recompute,
+    less its bubble, bounds every member of the family from below.
+    """
+    top_k = job.constraints.top_k
+    if len(result.best) < top_k:
+        return False
+    sizes = micro_batch_sizes(job.training, s, virtual, s.tp > 1)
+    if not sizes:
+        return False
+    optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1])
+    try:
+        validate_layout(job.model, ev.cluster, optimistic, job.training)
+    except InvalidLayout:
+        return False
+    bound = ev.time(optimistic)
+    fastest_s = bound.step_s - bound.breakdown.pp_bubble_s
+    best_tokens_per_s = job.training.tokens_per_step / fastest_s
+    key = rank.sort_key(job.constraints.objective, optimistic, best_tokens_per_s)
+    threshold = sorted(h.key for h in result.best.values())[top_k - 1]
+    if key[:2] <= threshold[:2]:
+        return False
+    result.log.add(
+        "dominated: cannot beat the top k at any micro-batch",
+        1,
+        optimistic,
+        f"at most {best_tokens_per_s:,.0f} tokens/s (micro-batch {sizes[-1]}, no recompute, no bubble)",
+    )
+    return True
+
+
+def _states_fit(ev: Evaluator, layout: Layout, limit: int) -> bool:
+    # model states alone (no activations, buffers or overhead): a lower bound on every rank's need
+    for rank_index in sorted({0, layout.pp - 1}):
+        states = ev.model_states(layout, rank_index)
+        if states.parameters + states.gradients + states.optimizer_states > limit:
+            return False
+    return True
+
+
+def _count_can_fit(job: _Job, ev: Evaluator, gpus: int, limit: int, result: SearchResult) -> bool:
+    """False when the model states alone, fully sharded over every GPU, exceed the limit (no offload)."""
+    if job.constraints.allow_offload or job.training.method is not Method.FULL:
+        return True
+    per_param = min(
+        sb.weights + sb.gradients + sb.master + sb.moments
+        for sb in (
+            state_bytes(job.training, f, job.model, DEFAULT_ASSUMPTIONS) for f in job.constraints.frameworks
+        )
+    )
+    need = int(per_param * ev.counts.total / gpus)
+    if need <= limit:
+        return True
+    example = Layout(dp=gpus, zero_stage=3, framework=job.constraints.frameworks[0])
+    result.log.add_memory("does not fit in GPU memory", 1, example, need, limit)
+    return False
+
+
+def search(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    efficiency: EfficiencyCurve,
+    counts: tuple[int, ...],
+    *,
+    stop_at_first_fit: bool = False,
+    deadline: float | None = None,
+) -> SearchResult:
+    """Fast-path search over the given GPU counts (in order)."""
+    job = _Job(model, cluster, training, constraints, efficiency, deadline or time.perf_counter() + 1e9)
+    result = SearchResult()
+    for gpus in counts:
+        sub = sub_cluster(cluster, gpus)
+        ev = Evaluator(model, sub, training, efficiency)
+        result.evaluators[gpus] = ev
+        limit = _limit_bytes(sub.gpu.memory_bytes, constraints)
+        before = len(result.best)
+        if not _count_can_fit(job, ev, gpus, limit, result):
+            continue
+        for s in structures(model, cluster, training, gpus, result.log):
+            result.valid_structures += 1
+            _search_structure(job, ev, result, s, limit)
+            if result.truncated:
+                return result
+        if stop_at_first_fit and len(result.best) > before:
+            return result
+    return result
+
+
+# ---------------------------------------------------------------- the recommendation
+
+
+def _counts_for(cluster: ClusterSpec, constraints: Constraints) -> tuple[tuple[int, ...], bool]:
+    """GPU counts to search, in order, and whether to stop at the first that fits."""
+    counts = gpu_counts(cluster, constraints.max_gpus)
+    if constraints.objective in (Objective.FEWEST_GPUS, Objective.COST):
+        return counts, constraints.objective is Objective.FEWEST_GPUS
+    return tuple(reversed(counts)), False
+
+
+def _run_search(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    efficiency: EfficiencyCurve,
+    deadline: float,
+) -> SearchResult:
+    counts, first_fit = _counts_for(cluster, constraints)
+    if constraints.objective is Objective.COST:
+        found = search(
+            model,
+            cluster,
+            training,
+            constraints,
+            efficiency,
+            counts,
+            stop_at_first_fit=True,
+            deadline=deadline,
+        )
+        if not found.best:
+            return found
+        smallest = min(s.layout.world_size for s in found.best.values())
+        larger = [n for n in counts if n > smallest]
+        picks = tuple(larger[i] for i in range(0, len(larger), max(1, len(larger) // 4)))[:4]
+        more = search(model, cluster, training, constraints, efficiency, picks, deadline=deadline)
+        found.best.update(more.best)
+        found.evaluators.update(more.evaluators)
+        found.families += more.families
+        found.candidates += more.candidates
+        found.truncated |= more.truncated
+        return found
+    if first_fit:
+        return search(
+            model,
+            cluster,
+            training,
+            constraints,
+            efficiency,
+            counts,
+            stop_at_first_fit=True,
+            deadline=deadline,
+        )
+    # throughput / time to train: all the GPUs allowed; fewer only if no split of them is valid
+    for gpus in counts:
+        result = search(model, cluster, training, constraints, efficiency, (gpus,), deadline=deadline)
+        if result.valid_structures:
+            return result
+    return result
+
+
+def _full_estimate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    curve: EfficiencyCurve,
+    ev: Evaluator,
+    layout: Layout,
+) -> Estimate:
+    sub = ev.cluster
+    result = estimate(model, sub, layout, training, efficiency=curve, with_limits=False)
+
+    def ok(b: int) -> bool:
+        candidate = dataclasses.replace(layout, micro_batch_size=b, gradient_accumulation_steps=None)
+        memory = ev.memory(candidate)
+        return memory.headroom_bytes >= 0 and host_fits(memory, sub)
+
+    max_b = _largest(1, max(1, training.global_batch_size // layout.dp), 1, ok)
+    return dataclasses.replace(result, max_micro_batch_size=max_b)
+
+
+def recommend(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints | None = None,
+    efficiency: EfficiencyCurve | None = None,
+    *,
+    with_suggestions: bool = True,
+) -> Recommendation:
+    """The best ``top_k`` layouts by the objective, the rejected families, and what would fit."""
+    from service.recommender.suggest import suggestions
+
+    if efficiency is None:
+        raise TypeError("recommend needs an EfficiencyCurve: pass catalog.efficiency.default_efficiency()")
+    constraints = constraints or Constraints()
+    started = time.perf_counter()
+    result = _run_search(
+        model, cluster, training, constraints, efficiency, started + constraints.time_budget_s
+    )
+    ranked = result.ranked()[: constraints.top_k + 1]
+    chosen: list[tuple[Layout, Evaluator, Estimate]] = []
+    for scored in ranked[: constraints.top_k]:
+        ev = result.evaluators[scored.layout.world_size]
+        chosen.append(
+            (scored.layout, ev, _full_estimate(model, cluster, training, efficiency, ev, scored.layout))
+        )
+    candidates = _candidates(chosen, constraints, training, result)
+    rejected = tuple(
+        Rejection(
+            reason=reason,
+            count=group.count,
+            example=group.example,
+            detail=group.detail,
+            per_gpu_bytes=group.per_gpu_bytes,
+            capacity_bytes=group.capacity_bytes,
+        )
+        for reason, group in sorted(result.log.groups.items(), key=lambda kv: -kv[1].count)
+    )
+    tips: tuple[Suggestion, ...] = ()
+    if not candidates and with_suggestions:
+        tips = suggestions(model, cluster, training, constraints, efficiency)
+    return Recommendation(
+        status="feasible" if candidates else "infeasible",
+        recommended=candidates[0] if candidates else None,
+        alternatives=tuple(candidates[1:]),
+        rejected=rejected,
+        suggestions=tips,
+        search=SearchStats(
+            candidates_evaluated=result.candidates,
+            duration_s=time.perf_counter() - started,
+            truncated=result.truncated,
+            families_considered=result.families,
+            memory_evaluations=result.memory_evaluations,
+            full_estimates=len(chosen),
+        ),
+    )
+
+
+def _tokens_per_s(est: Estimate) -> float:
+    assert est.time is not None  # estimate() always times a valid layout
+    return est.time.tokens_per_s
+
+
+def _candidates(
+    chosen: list[tuple[Layout, Evaluator, Estimate]],
+    constraints: Constraints,
+    training: TrainingSpec,
+    result: SearchResult,
+) -> tuple[Candidate, ...]:
+    if not chosen:
+        return ()
+    best_layout, best_ev, best = chosen[0]
+    no_pp = any(s.layout.pp == 1 for s in result.best.values())
+    runner_up = (chosen[1][0], chosen[1][2]) if len(chosen) > 1 else None
+    out = [
+        Candidate(
+            layout=best_layout,
+            estimate=best,
+            score=rank.score(constraints, best_layout.world_size, _tokens_per_s(best), training.tokens),
+            rationale=rank.rationale(best_layout, best, best_ev.cluster.gpus_per_node, runner_up, no_pp),
+        )
+    ]
+    for layout, _, est in chosen[1:]:
+        out.append(
+            Candidate(
+                layout=layout,
+                estimate=est,
+                score=rank.score(constraints, layout.world_size, _tokens_per_s(est), training.tokens),
+                rationale=rank.alternative_rationale(layout, est, best),
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,145 @@
+"""Capacity planning: for a model and a token budget, how many GPUs of each type, and how long.
+
+For each GPU type of the catalog (or each cluster given), the fewest GPUs, in whole nodes, for
+which a layout fits (``suggest.fewest_gpus``), then the time and cost to train ``training.tokens``
+at the best layout on that many GPUs, or on ``gpus`` GPUs when asked. Training time is tokens /
+throughput (Narayanan et al. arXiv:2104.04473 Eq. 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from service.estimator.efficiency import EfficiencyCurve
+from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
+from service.recommender.suggest import fewest_gpus, node_ladder, with_gpu
+from service.recommender.types import Constraints, Objective
+
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_INTER_NODE_BYTES_PER_S = 50e9  # 8 x 400 Gb/s NICs shared by 8 GPUs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CapacityOption:
+    gpu: str
+    fits: bool
+    min_gpus: int | None = None
+    min_nodes: int | None = None
+    layout: Layout | None = None  # the fastest layout on min_gpus (or on the cluster given)
+    num_gpus: int | None = None  # where the time below was computed
+    tokens_per_s: float | None = None
+    time_to_train_s: float | None = None
+    gpu_hours: float | None = None
+    cost: float | None = None  # gpu_hours x the hourly price, when one is known
+    note: str = ""
+
+
+def default_cluster(
+    gpu: GPUSpec, num_nodes: int = 1, gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+) -> ClusterSpec:
+    """A node of ``gpus_per_node`` GPUs on its own NVLink/PCIe, 50 GB/s per GPU between nodes."""
+    return ClusterSpec(
+        gpu=gpu,
+        num_nodes=num_nodes,
+        gpus_per_node=gpus_per_node,
+        intra_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=DEFAULT_INTER_NODE_BYTES_PER_S,
+    )
+
+
+def _option(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    curve: EfficiencyCurve,
+    counts: tuple[int, ...],
+    price: float | None,
+    at_gpus: int | None,
+) -> CapacityOption:
+    from service.recommender import recommend
+
+    name = cluster.gpu.name
+    found = fewest_gpus(model, cluster, training, constraints, curve, counts)
+    if found is None:
+        return CapacityOption(gpu=name, fits=False, note=f"no layout fits up to {max(counts)} GPUs")
+    gpus, tokens_per_s, layout = found
+    nodes = max(1, gpus // cluster.gpus_per_node)
+    run_gpus = at_gpus if at_gpus and at_gpus >= gpus else gpus
+    if run_gpus != gpus:
+        target = dataclasses.replace(cluster, num_nodes=max(1, run_gpus // cluster.gpus_per_node))
+        fastest = dataclasses.replace(constraints, top_k=1, objective=Objective.THROUGHPUT)
+        best = recommend(model, target, training, fastest, curve, with_suggestions=False)
+        if best.recommended is not None and best.recommended.estimate.time is not None:
+            layout, tokens_per_s = best.recommended.layout, best.recommended.estimate.time.tokens_per_s
+            run_gpus = layout.world_size
+    seconds = training.tokens / tokens_per_s if training.tokens else None
+    gpu_hours = seconds * run_gpus / 3600 if seconds is not None else None
+    return CapacityOption(
+        gpu=name,
+        fits=True,
+        min_gpus=gpus,
+        min_nodes=nodes,
+        layout=layout,
+        num_gpus=run_gpus,
+        tokens_per_s=tokens_per_s,
+        time_to_train_s=seconds,
+        gpu_hours=gpu_hours,
+        cost=gpu_hours * price if gpu_hours is not None and price is not None else None,
+    )
+
+
+def capacity(
+    model: ModelSpec,
+    training: TrainingSpec,
+    efficiency: EfficiencyCurve,
+    *,
+    gpus: Iterable[GPUSpec] = (),
+    clusters: Iterable[ClusterSpec] = (),
+    constraints: Constraints | None = None,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    max_nodes: int = 4096,
+    at_gpus: int | None = None,
+    gpu_hour_cost: Mapping[str, float] | None = None,
+) -> tuple[CapacityOption, ...]:
+    """One option per GPU type (default: the catalog) or per stored cluster, sorted by time to train."""
+    constraints = constraints or Constraints(objective=Objective.FEWEST_GPUS)
+    prices = gpu_hour_cost or {}
+    options: list[CapacityOption] = []
+    cluster_list = list(clusters)
+    for cluster in cluster_list:
+        first = dataclasses.replace(cluster, num_nodes=1)
+        counts = tuple(n for n in node_ladder(first, 1) if n <= cluster.world_size)
+        if cluster.gpus_per_node > 1:
+            counts = tuple(d for d in (1, 2, 4) if d < cluster.gpus_per_node) + counts
+        price = prices.get(cluster.gpu.name, constraints.gpu_hour_cost)
+        options.append(
+            _option(
+                model,
+                cluster,
+                training,
+                constraints,
+                efficiency,
+                counts,
+                price,
+                at_gpus or cluster.world_size,
+            )
+        )
+    if not cluster_list:
+        specs = list(gpus)
+        if not specs:
+            from service.catalog.gpus import gpus as catalog
+
+            specs = list(catalog().values())
+        for gpu in specs:
+            cluster = default_cluster(gpu, max_nodes, gpus_per_node)
+            ladder = node_ladder(with_gpu(cluster, gpu, 1), 1)
+            within = tuple(d for d in (1, 2, 4) if d < gpus_per_node)
+            counts = within + tuple(n for n in ladder if n <= max_nodes * gpus_per_node)
+            price = prices.get(gpu.name, constraints.gpu_hour_cost)
+            options.append(_option(model, cluster, training, constraints, efficiency, counts, price, at_gpus))
+    return tuple(
+        sorted(options, key=lambda o: (not o.fits, o.time_to_train_s or float("inf"), o.min_gpus or 0))
+    )

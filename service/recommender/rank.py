@@ -1,0 +1,164 @@
+"""Objectives, and the rationale of a ranking in words and numbers.
+
+Each objective turns (GPUs, tokens/s) into a sort key, smaller first, and a score to report:
+throughput and time to train rank by tokens/s (Narayanan et al. arXiv:2104.04473 Eq. 4: time =
+tokens / throughput), fewest GPUs by the count then tokens/s, cost by GPU-hours (x price) per token.
+"""
+
+from __future__ import annotations
+
+from service.estimator.types import Estimate, Framework, Layout, Offload, Recompute
+from service.recommender.types import Constraints, Objective
+
+GiB = 2**30
+
+
+def sort_key(objective: Objective, layout: Layout, tokens_per_s: float) -> tuple[float, ...]:
+    """Smaller is better. Throughput equal to 4 significant digits goes to the simpler layout."""
+    gpus = layout.world_size
+    rounded = float(f"{tokens_per_s:.4g}")
+    if objective is Objective.FEWEST_GPUS:
+        return (gpus, -rounded, *simplicity(layout))
+    if objective is Objective.COST:
+        return (float(f"{gpus / tokens_per_s:.4g}"), -rounded, *simplicity(layout))
+    return (-rounded, gpus, *simplicity(layout))
+
+
+def simplicity(layout: Layout) -> tuple[int, ...]:
+    """Fewer moving parts first: no pipeline, no CP, narrow TP, no offload, low ZeRO stage, no recompute."""
+    offload = int(layout.offload_optimizer is not Offload.NONE) + int(
+        layout.offload_params is not Offload.NONE
+    )
+    recompute = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL).index(layout.recompute)
+    return (
+        layout.pp,
+        layout.cp,
+        layout.tp,
+        layout.ep,
+        offload,
+        layout.virtual_pipeline_stages,
+        layout.zero_stage,
+        recompute,
+    )
+
+
+def score(constraints: Constraints, gpus: int, tokens_per_s: float, tokens: int | None) -> float:
+    """The objective's value: tokens/s, GPUs, price (or GPU-hours) per million tokens, or seconds."""
+    objective = constraints.objective
+    if objective is Objective.FEWEST_GPUS:
+        return float(gpus)
+    if objective is Objective.COST:
+        gpu_hours_per_million = gpus / tokens_per_s * 1e6 / 3600
+        return gpu_hours_per_million * (constraints.gpu_hour_cost or 1.0)
+    if objective is Objective.TIME_TO_TRAIN and tokens:
+        return tokens / tokens_per_s
+    return tokens_per_s
+
+
+def describe(layout: Layout) -> str:
+    """One line: framework and every parallel degree that is not 1."""
+    parts = [layout.framework.value, f"dp={layout.dp}"]
+    parts += [f"{name}={value}" for name, value in (("tp", layout.tp), ("pp", layout.pp)) if value > 1]
+    parts += [f"{name}={value}" for name, value in (("cp", layout.cp), ("ep", layout.ep)) if value > 1]
+    if layout.virtual_pipeline_stages > 1:
+        parts.append(f"v={layout.virtual_pipeline_stages}")
+    parts.append(f"zero={layout.zero_stage}")
+    if layout.offload_optimizer is not Offload.NONE:
+        parts.append(f"offload_optimizer={layout.offload_optimizer.value}")
+    if layout.offload_params is not Offload.NONE:
+        parts.append(f"offload_params={layout.offload_params.value}")
+    parts += [f"recompute={layout.recompute.value}", f"micro_batch={layout.micro_batch_size}"]
+    return " ".join(parts)
+
+
+def _sharding_words(layout: Layout) -> str:
+    shards = layout.dp * layout.cp
+    if layout.zero_stage == 0:
+        return "no ZeRO sharding (model states replicated)"
+    if layout.framework is Framework.MEGATRON:
+        return f"distributed optimizer shards optimizer states over dp x cp = {shards}"
+    if layout.framework is Framework.FSDP:
+        mode = "FULL_SHARD" if layout.zero_stage == 3 else "SHARD_GRAD_OP"
+        return f"FSDP {mode} over {shards} ranks"
+    return f"ZeRO-{layout.zero_stage} over {shards} ranks"
+
+
+def _biggest_overhead(estimate: Estimate) -> str:
+    assert estimate.time is not None
+    b = estimate.time.breakdown
+    step = b.step_s
+    parts = {
+        "recompute": b.recompute_s,
+        "TP communication": b.tp_comm_s,
+        "CP communication": b.cp_comm_s,
+        "EP all-to-all": b.ep_comm_s,
+        "pipeline bubble": b.pp_bubble_s,
+        "pipeline p2p": b.pp_comm_s,
+        "exposed DP communication": b.dp_comm_exposed_s,
+        "offload traffic": b.offload_s,
+        "optimizer step": b.optimizer_s,
+    }
+    name, seconds = max(parts.items(), key=lambda kv: kv[1])
+    return (
+        f"limited by {name}: {seconds / step:.1%} of the {step:.3g} s step (compute {b.compute_s / step:.0%})"
+    )
+
+
+def rationale(
+    layout: Layout,
+    estimate: Estimate,
+    gpus_per_node: int,
+    runner_up: tuple[Layout, Estimate] | None,
+    fits_without_pp: bool,
+) -> tuple[str, ...]:
+    """Why this layout wins and what limits it, each line with its numbers."""
+    assert estimate.time is not None
+    t = estimate.time
+    lines = [f"{t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {t.mfu:.1%}"]
+    if runner_up is not None and runner_up[1].time is not None:
+        other = runner_up[1].time.tokens_per_s
+        lines.append(
+            f"tokens/s {(t.tokens_per_s / other - 1):.1%} higher than the next ({describe(runner_up[0])})"
+        )
+    if layout.tp > 1:
+        where = "inside the node" if layout.tp <= gpus_per_node else "ACROSS nodes"
+        lines.append(f"TP={layout.tp} {where} ({gpus_per_node} GPUs per node), sequence parallel on")
+    else:
+        lines.append("TP=1: the model fits without tensor parallelism")
+    if layout.pp > 1:
+        bubble = t.breakdown.pp_bubble_s / t.step_s
+        why = "" if not fits_without_pp else " (a layout without PP also fits, but is slower)"
+        lines.append(
+            f"PP={layout.pp} across nodes, v={layout.virtual_pipeline_stages}: "
+            f"bubble {bubble:.1%} of step{why}"
+        )
+    else:
+        lines.append("PP=1: no pipeline bubble")
+    lines.append(_sharding_words(layout))
+    lines.append(
+        f"micro-batch {layout.micro_batch_size} (largest that fits: {estimate.max_micro_batch_size}), "
+        f"recompute {layout.recompute.value}"
+        + ("" if layout.recompute is Recompute.NONE else " to fit activations")
+    )
+    memory = estimate.memory
+    lines.append(
+        f"{memory.per_gpu.total / GiB:.1f} GiB of {memory.capacity_bytes / GiB:.1f} GiB per GPU: "
+        f"{memory.headroom_bytes / GiB:.1f} GiB headroom "
+        f"({memory.headroom_bytes / memory.capacity_bytes:.0%})"
+    )
+    if memory.cpu_per_node_bytes:
+        lines.append(f"offload needs {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node")
+    lines.append(_biggest_overhead(estimate))
+    return tuple(lines)
+
+
+def alternative_rationale(layout: Layout, estimate: Estimate, best: Estimate) -> tuple[str, ...]:
+    """How an alternative compares with the recommended layout."""
+    assert estimate.time is not None and best.time is not None
+    slower = 1 - estimate.time.tokens_per_s / best.time.tokens_per_s
+    headroom = estimate.memory.headroom_bytes / GiB
+    return (
+        f"{estimate.time.tokens_per_s:,.0f} tokens/s ({slower:.1%} below the recommended), "
+        f"{headroom:.1f} GiB headroom",
+        _biggest_overhead(estimate),
+    )

@@ -1,0 +1,208 @@
+"""What would make an infeasible job fit, with numbers.
+
+In order: more GPUs of this type (the fewest whole nodes that fit), other catalog GPUs (the fewest
+of each, same node shape and network), offload (with the host RAM per node it needs, against the
+node's), and parameter-efficient fine-tuning (LoRA, QLoRA: Hu et al. arXiv:2106.09685, Dettmers
+et al. arXiv:2305.14314) on the GPUs given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+
+from service.estimator.efficiency import EfficiencyCurve
+from service.estimator.types import ClusterSpec, GPUSpec, Layout, Method, ModelSpec, TrainingSpec
+from service.recommender.types import Constraints, Objective, Suggestion
+
+GiB = 2**30
+MAX_NODE_FACTOR = 64  # look for up to 64x the nodes given before giving up
+SUGGESTION_BUDGET_S = 1.0  # per suggestion search
+
+
+def node_ladder(cluster: ClusterSpec, start_nodes: int) -> tuple[int, ...]:
+    """GPU counts from ``start_nodes`` nodes up: each node count to 16, then 3-smooth counts."""
+    gpn = cluster.gpus_per_node
+    top = max(start_nodes, cluster.num_nodes) * MAX_NODE_FACTOR
+    counts = [k for k in range(start_nodes, top + 1) if k <= 16 or _smooth(k)]
+    return tuple(k * gpn for k in counts)
+
+
+def _smooth(k: int) -> bool:
+    while k % 2 == 0:
+        k //= 2
+    while k % 3 == 0:
+        k //= 3
+    return k == 1
+
+
+def with_gpu(cluster: ClusterSpec, gpu: GPUSpec, num_nodes: int | None = None) -> ClusterSpec:
+    """The same node shape and network with another GPU (its own NVLink/PCIe bandwidth)."""
+    return dataclasses.replace(
+        cluster,
+        gpu=gpu,
+        num_nodes=num_nodes or cluster.num_nodes,
+        intra_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
+    )
+
+
+def fewest_gpus(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    curve: EfficiencyCurve,
+    counts: Iterable[int],
+) -> tuple[int, float, Layout] | None:
+    """(GPUs, tokens/s, best layout) at the first count in ``counts`` where a layout fits."""
+    from service.recommender import search
+
+    fewest = dataclasses.replace(constraints, objective=Objective.FEWEST_GPUS, max_gpus=None, top_k=1)
+    counts = tuple(counts)
+    big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
+    deadline = time.perf_counter() + SUGGESTION_BUDGET_S
+    result = search(model, big, training, fewest, curve, counts, stop_at_first_fit=True, deadline=deadline)
+    ranked = result.ranked()
+    if not ranked:
+        return None
+    best = ranked[0]
+    return best.layout.world_size, best.time.tokens_per_s, best.layout
+
+
+def suggestions(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    curve: EfficiencyCurve,
+    catalog: Iterable[GPUSpec] = (),
+) -> tuple[Suggestion, ...]:
+    """Every change that makes the job fit, each with the numbers that show it."""
+    out: list[Suggestion] = []
+    more = fewest_gpus(
+        model, cluster, training, constraints, curve, node_ladder(cluster, cluster.num_nodes + 1)
+    )
+    if more is not None:
+        gpus, tps, layout = more
+        out.append(
+            Suggestion(
+                kind="more_gpus",
+                detail=f"{gpus} x {cluster.gpu.name} ({gpus // cluster.gpus_per_node} nodes of "
+                f"{cluster.gpus_per_node}) fit: {tps:,.0f} tokens/s",
+                gpu=cluster.gpu.name,
+                num_gpus=gpus,
+                num_nodes=gpus // cluster.gpus_per_node,
+                tokens_per_s=tps,
+                layout=layout,
+            )
+        )
+    for gpu in _catalog(catalog):
+        if gpu.name == cluster.gpu.name or gpu.memory_bytes <= cluster.gpu.memory_bytes:
+            continue
+        other = with_gpu(cluster, gpu, 1)
+        found = fewest_gpus(model, other, training, constraints, curve, node_ladder(other, 1))
+        if found is not None:
+            gpus, tps, layout = found
+            out.append(
+                Suggestion(
+                    kind="other_gpu",
+                    detail=f"{gpus} x {gpu.name} ({gpu.memory_bytes / GiB:.0f} GiB) fit: {tps:,.0f} tokens/s",
+                    gpu=gpu.name,
+                    num_gpus=gpus,
+                    num_nodes=max(1, gpus // cluster.gpus_per_node),
+                    tokens_per_s=tps,
+                    layout=layout,
+                )
+            )
+    out += _offload(model, cluster, training, constraints, curve)
+    out += _peft(model, cluster, training, constraints, curve)
+    return tuple(out)
+
+
+def _catalog(catalog: Iterable[GPUSpec]) -> list[GPUSpec]:
+    given = list(catalog)
+    if given:
+        return given
+    from service.catalog.gpus import gpus
+
+    return list(gpus().values())
+
+
+def _offload(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    curve: EfficiencyCurve,
+) -> list[Suggestion]:
+    from service.recommender import recommend
+
+    if constraints.allow_offload and cluster.cpu_memory_bytes_per_node == 0:
+        return []
+    # host RAM as needed: what would offload take, and does the node have it?
+    unlimited = dataclasses.replace(cluster, cpu_memory_bytes_per_node=0, nvme_bytes_per_node=0)
+    allowed = dataclasses.replace(constraints, allow_offload=True, top_k=1, time_budget_s=SUGGESTION_BUDGET_S)
+    found = recommend(model, unlimited, training, allowed, curve, with_suggestions=False)
+    if found.recommended is None:
+        return []
+    memory = found.recommended.estimate.memory
+    have = cluster.cpu_memory_bytes_per_node
+    verdict = (
+        "unknown host RAM"
+        if not have
+        else (
+            "the node has it"
+            if memory.cpu_per_node_bytes <= have
+            else (f"the node has only {have / GiB:.0f} GiB")
+        )
+    )
+    return [
+        Suggestion(
+            kind="offload",
+            detail=f"offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node ({verdict}): "
+            f"{memory.per_gpu.total / GiB:.1f} GiB per GPU",
+            gpu=cluster.gpu.name,
+            num_gpus=cluster.world_size,
+            per_gpu_bytes=memory.per_gpu.total,
+            cpu_per_node_bytes=memory.cpu_per_node_bytes,
+            tokens_per_s=found.recommended.estimate.time.tokens_per_s
+            if found.recommended.estimate.time
+            else None,
+            layout=found.recommended.layout,
+        )
+    ]
+
+
+def _peft(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    curve: EfficiencyCurve,
+) -> list[Suggestion]:
+    from service.recommender import recommend
+
+    if training.method is not Method.FULL:
+        return []
+    out = []
+    for method in (Method.LORA, Method.QLORA):
+        peft = dataclasses.replace(training, method=method)
+        quick = dataclasses.replace(constraints, top_k=1, time_budget_s=SUGGESTION_BUDGET_S)
+        found = recommend(model, cluster, peft, quick, curve, with_suggestions=False)
+        if found.recommended is None:
+            continue
+        est = found.recommended.estimate
+        out.append(
+            Suggestion(
+                kind=method.value,
+                detail=f"{method.value} (rank {peft.lora_rank}) fits on the {cluster.world_size} GPUs given: "
+                f"{est.memory.per_gpu.total / GiB:.1f} GiB per GPU",
+                gpu=cluster.gpu.name,
+                num_gpus=cluster.world_size,
+                per_gpu_bytes=est.memory.per_gpu.total,
+                tokens_per_s=est.time.tokens_per_s if est.time else None,
+                layout=found.recommended.layout,
+            )
+        )
+    return out

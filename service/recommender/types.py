@@ -1,0 +1,106 @@
+"""What the recommender takes beyond the estimator's inputs, and what it returns.
+
+Frozen dataclasses, SI units with the unit in the name, like ``service.estimator.types``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from service.estimator.errors import InvalidTraining
+from service.estimator.types import Estimate, Framework, Layout
+
+
+class Objective(StrEnum):
+    THROUGHPUT = "throughput"  # most tokens/s on the GPUs given
+    FEWEST_GPUS = "fewest_gpus"  # fewest GPUs (whole nodes) that fit, then tokens/s
+    COST = "cost"  # lowest price per token (GPU-hours per token without a price)
+    TIME_TO_TRAIN = "time_to_train"  # shortest wall time for training.tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Constraints:
+    objective: Objective = Objective.THROUGHPUT
+    max_gpus: int | None = None  # use at most this many of the cluster's GPUs
+    frameworks: tuple[Framework, ...] = tuple(Framework)
+    allow_offload: bool = True  # optimizer / parameter / activation offload to host or NVMe
+    # Keep this fraction of GPU memory free (allocator behaviour, framework versions).
+    min_headroom_fraction: float = 0.05
+    top_k: int = 3  # the recommended layout + top_k - 1 alternatives
+    gpu_hour_cost: float | None = None  # price of one GPU for one hour, any currency
+    time_budget_s: float = 10.0  # the search stops (truncated) past this
+
+    def __post_init__(self) -> None:
+        if self.max_gpus is not None and self.max_gpus < 1:
+            raise InvalidTraining(f"max_gpus must be >= 1, got {self.max_gpus}", field="max_gpus")
+        if not self.frameworks:
+            raise InvalidTraining("frameworks must name at least one framework", field="frameworks")
+        if not 0.0 <= self.min_headroom_fraction < 1.0:
+            raise InvalidTraining(
+                f"min_headroom_fraction must be in [0, 1), got {self.min_headroom_fraction}",
+                field="min_headroom_fraction",
+            )
+        if self.top_k < 1:
+            raise InvalidTraining(f"top_k must be >= 1, got {self.top_k}", field="top_k")
+        if self.gpu_hour_cost is not None and self.gpu_hour_cost < 0:
+            raise InvalidTraining("gpu_hour_cost must be >= 0", field="gpu_hour_cost")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """A layout that fits, its full estimate, and why it ranks where it does."""
+
+    layout: Layout
+    estimate: Estimate
+    score: float  # the objective's value: tokens/s, GPUs, price per token or seconds
+    rationale: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejection:
+    """A group of layouts turned down for one reason, with one worked example."""
+
+    reason: str  # "does not fit in GPU memory", "invalid: pp_layers", "megatron does not support ..."
+    count: int
+    example: Layout
+    detail: str  # the example's numbers or the rule's message
+    per_gpu_bytes: int | None = None  # the example's need, for "does not fit"
+    capacity_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Suggestion:
+    """One change that would make an infeasible job fit, with its numbers."""
+
+    kind: str  # more_gpus | other_gpu | offload | lora | qlora
+    detail: str
+    gpu: str | None = None
+    num_gpus: int | None = None
+    num_nodes: int | None = None
+    per_gpu_bytes: int | None = None
+    cpu_per_node_bytes: int | None = None
+    tokens_per_s: float | None = None
+    layout: Layout | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchStats:
+    candidates_evaluated: int  # layouts scored by the memory + time model (fast path)
+    duration_s: float
+    truncated: bool  # a time or count cap stopped the search early
+    families_considered: int = 0  # (gpus, framework, tp, pp, cp, ep, sharding) combinations
+    memory_evaluations: int = 0
+    full_estimates: int = 0  # estimate() calls on what is returned
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recommendation:
+    status: str  # "feasible" | "infeasible"
+    recommended: Candidate | None
+    alternatives: tuple[Candidate, ...] = ()
+    rejected: tuple[Rejection, ...] = ()
+    suggestions: tuple[Suggestion, ...] = ()
+    search: SearchStats = field(
+        default_factory=lambda: SearchStats(candidates_evaluated=0, duration_s=0.0, truncated=False)
+    )

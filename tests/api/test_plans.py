@@ -1,0 +1,194 @@
+"""Plans end to end: create (idempotently), fetch, list, download artifacts, post runs, and see
+the next estimate calibrated. Runs on SQLite and, in CI, again on PostgreSQL."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.api.helpers import assert_problem
+
+CLUSTER = {"name": "box", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+
+
+def plan_body(**overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": {"preset": "gpt2"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 1024, "global_batch_size": 64, "tokens": 10**9},
+        "constraints": {"top_k": 2, "frameworks": ["deepspeed"]},
+        "launchers": ["deepspeed", "slurm"],
+    }
+    return body | overrides
+
+
+def create(client: TestClient, body: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    headers = {"Idempotency-Key": key} if key else {}
+    response = client.post("/v1/plans", json=body, headers=headers)
+    assert response.status_code == 201, response.text
+    plan: dict[str, Any] = response.json()
+    assert response.headers["location"] == f"/v1/plans/{plan['id']}"
+    return plan
+
+
+def test_full_cycle_on_a_stored_cluster(client: TestClient) -> None:
+    cluster = client.post("/v1/clusters", json=CLUSTER).json()
+    plan = create(client, plan_body(cluster={"id": cluster["id"]}))
+    assert plan["status"] == "feasible"
+    assert plan["cluster_id"] == cluster["id"]
+    recommended = plan["recommended"]
+    assert recommended["estimate"]["fits"] and recommended["rationale"]
+    assert recommended["layout"]["framework"] == "deepspeed"
+    assert plan["versions"]["catalog"] and plan["versions"]["estimator"]
+    assert plan["search"]["candidates_evaluated"] > 0
+
+    assert client.get(f"/v1/plans/{plan['id']}").json() == plan
+    listed = client.get("/v1/plans", params={"cluster_id": cluster["id"]}).json()
+    assert [p["id"] for p in listed["items"]] == [plan["id"]]
+
+    names = {a["name"] for a in plan["artifacts"]}
+    assert {"ds_config.json", "deepspeed_launch.sh", "trainplan.sbatch"} <= names
+    for artifact in plan["artifacts"]:
+        response = client.get(artifact["url"])
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith(artifact["media_type"])
+        assert response.headers["content-disposition"] == f'attachment; filename="{artifact["name"]}"'
+        assert len(response.content) == artifact["size_bytes"]
+    ds_config = client.get(f"/v1/plans/{plan['id']}/artifacts/ds_config.json").json()
+    assert ds_config["train_batch_size"] == 64
+    bundle = client.get(f"/v1/plans/{plan['id']}/artifacts.zip")
+    assert bundle.headers["content-type"] == "application/zip"
+    assert set(zipfile.ZipFile(io.BytesIO(bundle.content)).namelist()) == names
+
+    # The stored cluster cannot be deleted while the plan refers to it.
+    assert_problem(client.delete(f"/v1/clusters/{cluster['id']}"), 409)
+    assert client.delete(f"/v1/plans/{plan['id']}").status_code == 204
+    assert_problem(client.get(f"/v1/plans/{plan['id']}"), 404)
+    assert client.delete(f"/v1/clusters/{cluster['id']}").status_code == 204
+
+
+def test_runs_are_diagnosed_and_calibrate_the_next_estimate(client: TestClient) -> None:
+    plan = create(client, plan_body())
+    estimate = plan["recommended"]["estimate"]
+    layout = plan["recommended"]["layout"]
+    estimate_request = {
+        "model": plan_body()["model"],
+        "cluster": plan_body()["cluster"],
+        "training": plan_body()["training"],
+        "layout": layout,
+    }
+    before = client.post("/v1/estimates", json=estimate_request).json()
+    assert before["calibration"] is None
+
+    run = {
+        "peak_memory_bytes_per_gpu": estimate["memory"]["per_gpu"]["total"] + 2 * 2**30,
+        "step_s": estimate["time"]["step_s"] * 1.25,
+        "gpu_utilization": 0.5,
+        "framework_version": "deepspeed 0.19.8",
+    }
+    response = client.post(f"/v1/plans/{plan['id']}/runs", json=run)
+    assert response.status_code == 201, response.text
+    diagnosis = response.json()["diagnosis"]
+    assert abs(diagnosis["step_time_error"] - 0.25) < 1e-9
+    assert diagnosis["memory_error"] > 0
+    assert diagnosis["advice"]
+    assert [r["id"] for r in client.get(f"/v1/plans/{plan['id']}/runs").json()["items"]] == [
+        response.json()["id"]
+    ]
+
+    after = client.post("/v1/estimates", json=estimate_request).json()
+    assert after["calibration"]["runs"] == 1
+    assert abs(after["calibration"]["factors"]["step_time"] - 1.25) < 1e-9
+    assert abs(after["time"]["step_s"] - 1.25 * before["time"]["step_s"]) < 1e-9 * before["time"]["step_s"]
+    # Model states are exact arithmetic and are not calibrated; the dynamic part is.
+    for part in ("parameters", "gradients", "optimizer_states"):
+        assert after["memory"]["per_gpu"][part] == before["memory"]["per_gpu"][part]
+    assert after["memory"]["per_gpu"]["activations"] > before["memory"]["per_gpu"]["activations"]
+
+
+def test_an_out_of_memory_run_makes_the_next_plan_more_conservative(client: TestClient) -> None:
+    body = plan_body(model={"preset": "llama-2-7b"}, training={"seq_len": 4096, "global_batch_size": 64})
+    body["launchers"] = []
+    first = create(client, body)
+    first_total = first["recommended"]["estimate"]["memory"]["per_gpu"]["total"]
+    response = client.post(f"/v1/plans/{first['id']}/runs", json={"out_of_memory": True})
+    assert response.status_code == 201
+    assert "ran out of memory" in response.json()["diagnosis"]["advice"][0]
+    second = create(client, body)
+    estimate = second["recommended"]["estimate"]
+    assert estimate["calibration"]["out_of_memory_runs"] == 1
+    assert estimate["calibration"]["factors"]["memory_dynamic"] > 1
+    # The new recommendation fits even with the dynamic memory scaled up past what ran out.
+    assert estimate["fits"]
+    assert estimate["memory"]["per_gpu"]["total"] <= estimate["memory"]["capacity_bytes"]
+    assert second["recommended"]["layout"] != first["recommended"]["layout"] or (
+        estimate["memory"]["per_gpu"]["total"] > first_total
+    )
+
+
+def test_idempotency_key_replays_and_refuses_another_body(client: TestClient) -> None:
+    first = create(client, plan_body(), key="job-42")
+    replay = client.post("/v1/plans", json=plan_body(), headers={"Idempotency-Key": "job-42"})
+    assert replay.status_code == 200
+    assert replay.headers["idempotent-replayed"] == "true"
+    assert replay.json() == first
+    other = plan_body(training={"seq_len": 512, "global_batch_size": 64})
+    problem = assert_problem(client.post("/v1/plans", json=other, headers={"Idempotency-Key": "job-42"}), 422)
+    assert problem["errors"][0]["field"] == "header.Idempotency-Key"
+    assert len(client.get("/v1/plans").json()["items"]) == 1
+
+
+def test_infeasible_job_is_stored_with_suggestions(client: TestClient) -> None:
+    body = plan_body(
+        model={"preset": "llama-2-70b"},
+        cluster={"gpu": "rtx-4090-24gb", "num_nodes": 1, "gpus_per_node": 8},
+        training={"seq_len": 4096, "global_batch_size": 8},
+        constraints={"allow_offload": False},
+    )
+    plan = create(client, body)
+    assert plan["status"] == "infeasible"
+    assert plan["recommended"] is None
+    assert plan["suggestions"]
+    assert plan["artifacts"] == []
+    assert client.get("/v1/plans", params={"status": "infeasible"}).json()["items"][0]["id"] == plan["id"]
+    assert_problem(client.post(f"/v1/plans/{plan['id']}/runs", json={"out_of_memory": True}), 409)
+
+
+def test_listing_filters_and_pages_newest_first(client: TestClient) -> None:
+    ids = [create(client, plan_body(launchers=[]))["id"] for _ in range(3)]
+    ids.append(create(client, plan_body(model={"preset": "qwen2.5-0.5b"}, launchers=[]))["id"])
+    page = client.get("/v1/plans", params={"limit": 2}).json()
+    assert [p["id"] for p in page["items"]] == ids[::-1][:2]
+    rest = client.get("/v1/plans", params={"limit": 2, "cursor": page["next_cursor"]}).json()
+    assert [p["id"] for p in rest["items"]] == ids[::-1][2:]
+    assert rest["next_cursor"] is None
+    only = client.get("/v1/plans", params={"model": "qwen2.5-0.5b"}).json()["items"]
+    assert [p["id"] for p in only] == [ids[-1]]
+    created = page["items"][0]["created_at"]
+    assert client.get("/v1/plans", params={"created_after": "2100-01-01T00:00:00Z"}).json()["items"] == []
+    assert len(client.get("/v1/plans", params={"created_before": created}).json()["items"]) >= 1
+
+
+def test_error_paths_are_problems_and_store_nothing(client: TestClient) -> None:
+    assert_problem(client.get("/v1/plans/01JZZZZZZZZZZZZZZZZZZZZZZZ"), 404)
+    assert_problem(client.post("/v1/plans", json=plan_body(cluster={"id": "missing"})), 422)
+    assert_problem(client.post("/v1/plans", json=plan_body(launchers=["ansible"])), 422)
+    assert_problem(client.get("/v1/plans", params={"status": "done"}), 422)
+    plan = create(client, plan_body())
+    problem = assert_problem(client.get(f"/v1/plans/{plan['id']}/artifacts/passwd"), 404)
+    assert "ds_config.json" in problem["detail"]
+    bad_runs = [
+        {},
+        {"gpu_utilization": 1.5, "step_s": 1},
+        {"step_s": -1},
+        {"step_s": 1, "tokens_per_s": 5},
+        {"peak_memory_bytes_per_gpu": 1, "surprise": True},
+    ]
+    for bad in bad_runs:
+        assert_problem(client.post(f"/v1/plans/{plan['id']}/runs", json=bad), 422)
+    assert_problem(client.post("/v1/plans/nope/runs", json={"step_s": 1}), 404)
+    assert client.get(f"/v1/plans/{plan['id']}/runs").json()["items"] == []
+    assert len(client.get("/v1/plans").json()["items"]) == 1

@@ -1,0 +1,67 @@
+"""A scheduler-style client: concurrent POST /v1/plans against a real server on loopback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+BODY = {
+    "model": {"preset": "gpt2"},
+    "cluster": {"gpu": "a100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 2},
+    "training": {"seq_len": 1024, "global_batch_size": 16},
+    "constraints": {"top_k": 1, "frameworks": ["fsdp"]},
+    "launchers": ["accelerate"],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def server(app: FastAPI) -> Iterator[str]:
+    port = _free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    instance = uvicorn.Server(config)
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not instance.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    instance.should_exit = True
+    thread.join(timeout=20)
+
+
+def _post(base: str, key: str) -> httpx.Response:
+    with httpx.Client(base_url=base, timeout=120) as http:
+        return http.post("/v1/plans", json=BODY, headers={"Idempotency-Key": key})
+
+
+def test_50_distinct_keys_create_50_plans_and_20_retries_create_one(server: str) -> None:
+    with ThreadPoolExecutor(max_workers=25) as pool:
+        distinct = list(pool.map(lambda i: _post(server, f"job-{i}"), range(50)))
+    assert [r.status_code for r in distinct] == [201] * 50, [r.text for r in distinct if r.status_code != 201]
+    assert len({r.json()["id"] for r in distinct}) == 50
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        retries = list(pool.map(lambda _: _post(server, "the-same-job"), range(20)))
+    statuses = sorted(r.status_code for r in retries)
+    assert statuses.count(201) == 1 and statuses.count(200) == 19, statuses
+    assert len({r.json()["id"] for r in retries}) == 1
+
+    with httpx.Client(base_url=server) as http:
+        listed = http.get("/v1/plans", params={"limit": 500}).json()["items"]
+    assert len(listed) == 51

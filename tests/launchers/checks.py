@@ -1,0 +1,294 @@
+"""Static checks of rendered artifacts: the rules the real tools enforce, and the mistakes they let
+through silently (unknown DeepSpeed top-level keys, offload_param below stage 3, nested
+Accelerate keys, Megatron's validate_args rules, the PyTorchJob CRD schema)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from service.estimator.types import Plan
+from service.launchers import Artifact
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "schemas"
+SCHEMA_DIRS = (SCHEMAS, Path("/work/shared/reference/schemas"))
+
+# Top-level keys runtime/config.py reads (it silently ignores any other).
+DS_TOP_LEVEL = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+    "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "bf16", "fp16", "optimizer",
+    "zero_optimization", "activation_checkpointing", "tensor_parallel", "pipeline",
+}  # fmt: skip
+
+# accelerate/commands/config/config_args.py ClusterConfig + BaseConfig fields.
+ACCELERATE_TOP_LEVEL = {
+    "compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug",
+    "num_processes", "machine_rank", "num_machines", "gpu_ids", "main_process_ip",
+    "main_process_port", "rdzv_backend", "same_network", "main_training_function",
+    "enable_cpu_affinity", "fp8_config", "deepspeed_config", "fsdp_config", "parallelism_config",
+    "megatron_lm_config", "mpirun_config", "downcast_bf16", "dynamo_config",
+}  # fmt: skip
+# Nested keys as accelerate/commands/launch.py declares the CLI arguments.
+ACCELERATE_NESTED = {
+    "deepspeed_config": {
+        "gradient_accumulation_steps", "gradient_clipping", "offload_optimizer_device",
+        "offload_param_device", "offload_optimizer_nvme_path", "offload_param_nvme_path",
+        "zero_stage", "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_multinode_launcher",
+    },
+    "fsdp_config": {
+        "fsdp_version", "fsdp_reshard_after_forward", "fsdp_offload_params", "fsdp_auto_wrap_policy",
+        "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states",
+        "fsdp_activation_checkpointing", "fsdp_transformer_layer_cls_to_wrap",
+    },
+    "parallelism_config": {
+        "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
+        "parallelism_config_tp_size", "parallelism_config_cp_size",
+    },
+    "megatron_lm_config": {
+        "megatron_lm_tp_degree", "megatron_lm_pp_degree", "megatron_lm_context_parallel_size",
+        "megatron_lm_expert_model_parallel_size", "megatron_lm_sequence_parallelism",
+        "megatron_lm_use_distributed_optimizer", "megatron_lm_gradient_clipping",
+        "megatron_lm_recompute_activations", "megatron_lm_num_micro_batches",
+        "megatron_lm_recompute_granularity", "megatron_lm_recompute_method",
+        "megatron_lm_recompute_num_layers",
+    },
+}  # fmt: skip
+
+# Canonical Megatron-LM flags (megatron/training/arguments.py @d98e8a6); value-less ones marked.
+MEGATRON_SWITCHES = {
+    "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
+    "--overlap-param-gather", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+    "--bf16", "--fp16", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear", "--add-qkv-bias", "--mock-data",
+}  # fmt: skip
+MEGATRON_VALUED = {
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--optimizer-offload-fraction", "--micro-batch-size", "--global-batch-size", "--train-iters",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--fp8-format",
+    "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--num-layers", "--hidden-size",
+    "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups", "--kv-channels",
+    "--seq-length", "--max-position-embeddings", "--position-embedding-type", "--rotary-percent",
+    "--normalization", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+    "--moe-shared-expert-intermediate-size", "--tokenizer-type", "--vocab-size", "--lr", "--min-lr",
+    "--lr-decay-style", "--clip-grad", "--log-interval", "--eval-interval", "--eval-iters",
+}  # fmt: skip
+MEGATRON_FORBIDDEN = {"--batch-size", "--warmup", "--model-parallel-size", "--checkpoint-activations"}
+
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it: 10x faster
+HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)$")
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def check_ds_config(config: dict[str, Any], dp: int) -> None:
+    assert set(config) <= DS_TOP_LEVEL, set(config) - DS_TOP_LEVEL
+    assert '"auto"' not in json.dumps(config), "raw DeepSpeed does not resolve 'auto'"
+    micro, accum = config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
+    assert config["train_batch_size"] == micro * accum * dp
+    assert not (config.get("bf16", {}).get("enabled") and config.get("fp16", {}).get("enabled"))
+    zero = config["zero_optimization"]
+    stage = zero["stage"]
+    if stage < 3:
+        assert "offload_param" not in zero, "offload_param is silently ignored below stage 3"
+        assert zero.get("offload_optimizer", {}).get("device") != "nvme"
+        assert not any(k.startswith("stage3_") for k in zero)
+    if stage == 0:
+        assert "offload_optimizer" not in zero
+    for block in ("offload_optimizer", "offload_param"):
+        if zero.get(block, {}).get("device") == "nvme":
+            assert zero[block]["nvme_path"]
+    if "pipeline" in config:
+        assert stage < 2, "ZeRO-2/3 are incompatible with pipeline parallelism"
+
+
+def check_accelerate(config: dict[str, Any], plan: Plan) -> None:
+    assert set(config) <= ACCELERATE_TOP_LEVEL, set(config) - ACCELERATE_TOP_LEVEL
+    for section, allowed in ACCELERATE_NESTED.items():
+        assert set(config.get(section, {})) <= allowed, set(config.get(section, {})) - allowed
+    assert config["num_processes"] == plan.cluster.world_size
+    assert config["num_machines"] == plan.cluster.num_nodes
+    assert config["mixed_precision"] in {"no", "fp16", "bf16", "fp8"}
+    fsdp = config.get("fsdp_config", {})
+    if fsdp:
+        assert isinstance(fsdp["fsdp_reshard_after_forward"], bool)
+        assert fsdp["fsdp_state_dict_type"] != "LOCAL_STATE_DICT"
+        assert not fsdp["fsdp_cpu_ram_efficient_loading"] or fsdp["fsdp_sync_module_states"]
+    if "parallelism_config" in config:
+        assert fsdp.get("fsdp_version") == 2
+        pc = config["parallelism_config"]
+        product = 1
+        for key in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size"):
+            product *= pc[f"parallelism_config_{key}"]
+        assert product == plan.cluster.world_size
+
+
+def megatron_flags(words: list[str]) -> dict[str, str | None]:
+    flags: dict[str, str | None] = {}
+    i = 0
+    while i < len(words):
+        flag = words[i]
+        assert flag not in MEGATRON_FORBIDDEN, flag
+        if flag in MEGATRON_SWITCHES:
+            flags[flag] = None
+            i += 1
+        else:
+            assert flag in MEGATRON_VALUED, f"not a canonical Megatron-LM flag: {flag}"
+            assert flag not in flags, f"{flag} given twice"
+            flags[flag] = words[i + 1]
+            i += 2
+    return flags
+
+
+def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
+    """The rules megatron/training/arguments.py validate_args and TransformerConfig enforce."""
+    f = megatron_flags(words)
+
+    def num(name: str, default: int = 1) -> int:
+        value = f.get(name)
+        return default if value is None else int(value)
+
+    world = plan.cluster.world_size
+    tp, pp, cp = (
+        num("--tensor-model-parallel-size"),
+        num("--pipeline-model-parallel-size"),
+        num("--context-parallel-size"),
+    )
+    assert world % (tp * pp * cp) == 0
+    dp = world // (tp * pp * cp)
+    mbs, gbs = num("--micro-batch-size"), num("--global-batch-size")
+    assert gbs % (mbs * dp) == 0 and gbs // (mbs * dp) >= 1
+    layers, heads = num("--num-layers"), num("--num-attention-heads")
+    assert layers % pp == 0
+    if "--num-layers-per-virtual-pipeline-stage" in f:
+        k = num("--num-layers-per-virtual-pipeline-stage")
+        assert pp > 1 and (layers // pp) % k == 0 and (layers // pp) // k > 1
+    assert heads % tp == 0
+    groups = num("--num-query-groups") if "--group-query-attention" in f else heads
+    assert groups % tp == 0 or tp % groups == 0
+    if "--kv-channels" not in f:
+        assert num("--hidden-size") % heads == 0
+    seq = num("--seq-length")
+    assert num("--max-position-embeddings") >= seq
+    if cp > 1:
+        assert seq % (2 * cp) == 0
+    if "--sequence-parallel" in f:
+        assert tp > 1, "Megatron drops --sequence-parallel silently at tp=1"
+    if tp > 1 or cp > 1:
+        assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1"
+    granularity = f.get("--recompute-granularity")
+    assert granularity in (None, "full", "selective")
+    if granularity == "full":
+        assert f.get("--recompute-method") in ("uniform", "block")
+        assert 1 <= num("--recompute-num-layers") <= layers // pp
+    else:
+        assert "--recompute-method" not in f and "--recompute-num-layers" not in f
+    if "--overlap-param-gather" in f:
+        assert "--use-distributed-optimizer" in f and "--overlap-grad-reduce" in f
+    if "--optimizer-cpu-offload" in f:
+        assert "--use-distributed-optimizer" in f
+    assert not ("--fp16" in f and "--bf16" in f)
+    if "--expert-model-parallel-size" in f:
+        assert num("--num-experts", 0) % num("--expert-model-parallel-size") == 0
+
+
+def check_hostfile(text: str, plan: Plan) -> None:
+    hosts = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = HOSTFILE_LINE.match(line)
+        assert match, f"bad hostfile entry {line!r}"
+        assert int(match[2]) == plan.cluster.gpus_per_node
+        hosts.append(match[1])
+    assert len(hosts) == len(set(hosts)) == plan.cluster.num_nodes
+
+
+@cache
+def pytorchjob_validator() -> jsonschema.protocols.Validator:
+    schema = pytorchjob_spec_schema()
+    validator: jsonschema.protocols.Validator = jsonschema.validators.validator_for(schema)(schema)
+    return validator
+
+
+@cache
+def pytorchjob_spec_schema() -> dict[str, Any]:
+    for directory in SCHEMA_DIRS:
+        path = directory / "kubeflow.org_pytorchjobs.yaml"
+        if path.exists():
+            crd = yaml.safe_load(path.read_text())
+            (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+            schema: dict[str, Any] = v1["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            return schema
+    raise FileNotFoundError("kubeflow.org_pytorchjobs.yaml")
+
+
+def check_pytorchjob(text: str, plan: Plan) -> None:
+    documents = list(yaml.load_all(text, Loader=LOADER))
+    (job,) = [d for d in documents if d["kind"] == "PyTorchJob"]
+    assert job["apiVersion"] == "kubeflow.org/v1"
+    pytorchjob_validator().validate(job["spec"])
+    assert DNS_1035.match(job["metadata"]["name"]) and len(job["metadata"]["name"]) <= 63
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert set(specs) <= {"Master", "Worker"} and specs["Master"]["replicas"] == 1
+    assert 1 + specs.get("Worker", {}).get("replicas", 0) == plan.cluster.num_nodes
+    for spec in specs.values():
+        containers = spec["template"]["spec"]["containers"]
+        assert any(c["name"] == "pytorch" and c["image"] for c in containers)
+        volumes = {v["name"] for v in spec["template"]["spec"].get("volumes", [])}
+        for container in containers:
+            assert container["resources"]["limits"]["nvidia.com/gpu"] == plan.cluster.gpus_per_node
+            assert {m["name"] for m in container.get("volumeMounts", [])} <= volumes
+            assert not any(e["name"].startswith("PET_") for e in container.get("env", []))
+    assert job["spec"]["nprocPerNode"] == str(plan.cluster.gpus_per_node)
+    for config_map in (d for d in documents if d["kind"] == "ConfigMap"):
+        assert DNS_1035.match(config_map["metadata"]["name"])
+        for name, content in config_map["data"].items():
+            if name.endswith(".json"):
+                json.loads(content)
+
+
+def shell_command_words(text: str, program: str) -> list[str]:
+    """The words of the command line in a script that starts with `program` (after srun)."""
+    joined = text.replace("\\\n", " ")
+    for line in joined.splitlines():
+        if line.startswith("#") or program not in line:
+            continue
+        words = shlex.split(line, posix=True)
+        if program in words:
+            return words[words.index(program) :]
+    raise AssertionError(f"no {program} command")
+
+
+def check_artifact(artifact: Artifact, plan: Plan) -> None:
+    """Every static check that applies to one artifact, chosen by its name."""
+    name, text = artifact.name, artifact.content
+    if name.endswith(".json"):
+        data = json.loads(text)
+        if name == "ds_config.json":
+            check_ds_config(data, plan.layout.dp)
+        if name == "training_args.json":
+            assert not ("fsdp" in data and "deepspeed" in data)
+            assert data.get("dataloader_num_workers", 0) > 0 or "dataloader_prefetch_factor" not in data
+            assert not (data.get("bf16") and data.get("fp16"))
+    elif name == "accelerate_config.yaml":
+        check_accelerate(yaml.load(text, Loader=LOADER), plan)
+    elif name == "pytorchjob.yaml":
+        check_pytorchjob(text, plan)
+    elif name == "hostfile":
+        check_hostfile(text, plan)
+    elif name == "megatron_launch.sh":
+        words = shell_command_words(text, "pretrain_gpt.py")[1:]
+        env = dict(re.findall(r"^export (\w+)=(\S+)$", text, re.M))
+        check_megatron(words, plan, env)
+    if artifact.media_type == "text/x-shellscript":
+        assert text.startswith("#!")
+        assert "layout" in text.splitlines()[1] or any(
+            "trainplan layout" in x for x in text.splitlines()[:12]
+        )

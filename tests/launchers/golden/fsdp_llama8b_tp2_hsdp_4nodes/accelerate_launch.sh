@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Accelerate 1.15.0: run on every node.
+# trainplan layout for llama-3.1-8b: framework=fsdp, dp=16 tp=2 pp=1 cp=1 ep=1, sequence_parallel=true, zero_stage=3, offload_optimizer=none offload_params=none, recompute=full, micro_batch=1 accumulation=32, global_batch=512 seq_len=8192, precision=bf16, fsdp_hybrid_shard=true, world=32 (4 node(s) x 8 H100-SXM-80GB)
+set -euo pipefail
+# Run this same script on every node; set MASTER_ADDR to the first node's address.
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"
+export MASTER_PORT="${MASTER_PORT:-29500}"
+export JOB_ID="${JOB_ID:-trainplan}"
+: "${NODE_RANK:?set NODE_RANK to the index of this node, 0 on the first}"
+accelerate launch --config_file accelerate_config.yaml --machine_rank "${NODE_RANK}" \
+    --main_process_ip "${MASTER_ADDR}" --main_process_port "${MASTER_PORT}" train.py

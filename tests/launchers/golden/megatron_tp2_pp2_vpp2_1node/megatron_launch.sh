@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Megatron-LM (main @d98e8a6): run from the Megatron-LM checkout, where pretrain_gpt.py lives.
+# trainplan layout for tiny-llama-0.4b: framework=megatron, dp=2 tp=2 pp=2 cp=1 ep=1, sequence_parallel=true, zero_stage=1, offload_optimizer=none offload_params=none, recompute=selective, micro_batch=1 accumulation=128, global_batch=256 seq_len=4096, precision=bf16, virtual_pipeline_stages=2, world=8 (1 node(s) x 8 H100-SXM-80GB)
+set -euo pipefail
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+torchrun --standalone --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 \
+    --pipeline-model-parallel-size 2 --context-parallel-size 1 --sequence-parallel \
+    --num-layers-per-virtual-pipeline-stage 4 --use-distributed-optimizer --overlap-grad-reduce \
+    --overlap-param-gather --micro-batch-size 1 --global-batch-size 256 --train-iters 1000 \
+    --recompute-granularity selective --bf16 --num-layers 16 --hidden-size 1024 --ffn-hidden-size 2816 \
+    --num-attention-heads 16 --group-query-attention --num-query-groups 4 --seq-length 4096 \
+    --max-position-embeddings 4096 --position-embedding-type rope --swiglu --normalization RMSNorm \
+    --untie-embeddings-and-output-weights --disable-bias-linear --mock-data --tokenizer-type NullTokenizer \
+    --vocab-size 32000 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --clip-grad 1.0 --log-interval 10 \
+    --eval-interval 1000 --eval-iters 10

@@ -1,0 +1,52 @@
+"""A grid of layouts over every framework, ZeRO stage, offload, TP/PP/CP split and 1/2/4 nodes."""
+
+from __future__ import annotations
+
+import itertools
+
+from service.estimator.types import Framework, Offload, Plan, Precision, Recompute
+from tests.launchers.factories import llama3_8b, plan, training
+
+SPLITS = ((1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1), (1, 1, 2), (4, 2, 1))  # (tp, pp, cp)
+OFFLOADS = (
+    (Offload.NONE, Offload.NONE),
+    (Offload.CPU, Offload.NONE),
+    (Offload.CPU, Offload.CPU),
+    (Offload.NVME, Offload.NVME),
+)
+RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+PRECISIONS = (
+    Precision.BF16,
+    Precision.BF16,
+    Precision.FP16,
+    Precision.FP32,
+    Precision.FP8,
+    Precision.BF16_PURE,
+)
+
+
+def grid() -> list[tuple[str, Plan]]:
+    plans: list[tuple[str, Plan]] = []
+    combos = itertools.product((1, 2, 4), SPLITS, Framework, range(4), OFFLOADS)
+    for i, (nodes, (tp, pp, cp), framework, zero, (off_opt, off_par)) in enumerate(combos):
+        model = llama3_8b() if framework is Framework.FSDP and i % 2 == 0 else None
+        p = plan(
+            nodes=nodes,
+            model=model,
+            train=training(precision=PRECISIONS[i % len(PRECISIONS)]),
+            framework=framework,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            sequence_parallel=tp > 1,
+            zero_stage=zero,
+            offload_optimizer=off_opt,
+            offload_params=off_par,
+            recompute=RECOMPUTE[i % len(RECOMPUTE)],
+            micro_batch_size=1 + (i % 2),
+            virtual_pipeline_stages=2 if pp > 1 and i % 3 == 0 else 1,
+            fsdp_hybrid_shard=framework is Framework.FSDP and nodes > 1 and i % 4 == 1,
+        )
+        name = f"n{nodes}-tp{tp}pp{pp}cp{cp}-{framework}-z{zero}-{off_opt}{off_par}-{i}"
+        plans.append((name, p))
+    return plans

@@ -1,0 +1,181 @@
+"""Feed the artifacts to the real tools' own parsers (pinned: deepspeed 0.19.8, accelerate 1.15.0,
+transformers 5.24.0, torchtitan 0.3.0), over the layout grid. Each tool is optional: a missing one
+skips its test (install with the project's ``launchers`` extra)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from service.estimator.types import Framework, Plan
+from service.launchers import Artifact, Target, Unsupported, accelerate, deepspeed, hf_trainer, torchtitan
+from tests.launchers.grid import grid
+
+GRID = grid()
+
+
+def rendered(target: Target) -> Iterator[tuple[str, Plan, list[Artifact]]]:
+    from service.launchers import RENDERERS
+
+    seen: set[tuple[str, ...]] = set()
+    for name, plan in GRID:
+        try:
+            artifacts = RENDERERS[target](plan)
+        except Unsupported:
+            continue
+        key = tuple(a.content for a in artifacts)
+        if key not in seen:  # plans that render identically are parsed once
+            seen.add(key)
+            yield name, plan, artifacts
+
+
+def by_name(artifacts: list[Artifact], name: str) -> Artifact:
+    (found,) = [a for a in artifacts if a.name == name]
+    return found
+
+
+def test_deepspeed_config_and_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("deepspeed")
+    from deepspeed.launcher import runner
+    from deepspeed.runtime import config as ds_runtime_config
+
+    monkeypatch.setattr(ds_runtime_config.dist, "get_rank", lambda *a, **k: 0)
+    count = 0
+    for name, plan, artifacts in rendered(Target.DEEPSPEED):
+        config = json.loads(by_name(artifacts, deepspeed.CONFIG_NAME).content)
+        # The batch assertion's world size is the data-parallel size.
+        monkeypatch.setattr(ds_runtime_config.dist, "get_world_size", lambda *a, dp=plan.layout.dp, **k: dp)
+        parsed = ds_runtime_config.DeepSpeedConfig(config)
+        assert parsed.train_batch_size == plan.training.global_batch_size, name
+        assert parsed.zero_optimization_stage == plan.layout.zero_stage, name
+        assert parsed.bfloat16_config.enabled == ("bf16" in config), name
+        launch = by_name(artifacts, deepspeed.LAUNCH_NAME).content
+        line = launch.split("\ndeepspeed ", 1)[1].replace("\\\n", " ")
+        line = line.replace("${MASTER_ADDR}", "10.0.0.1").replace("${MASTER_PORT}", "29500")
+        words = shlex.split(line)
+        args = runner.parse_args(words)
+        assert args.user_script == "train.py" and args.num_gpus == plan.cluster.gpus_per_node, name
+        if plan.cluster.num_nodes > 1:
+            hostfile = tmp_path / "hostfile"
+            hostfile.write_text(by_name(artifacts, deepspeed.HOSTFILE_NAME).content)
+            pool = runner.fetch_hostfile(str(hostfile))
+            assert list(pool.values()) == [plan.cluster.gpus_per_node] * plan.cluster.num_nodes
+        count += 1
+    assert count > 20
+
+
+def _accelerate_args(path: Path, plan: Plan) -> Any:
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    expanded = {'"${NODE_RANK}"': "1", '"${MASTER_ADDR}"': "10.0.0.1", '"${MASTER_PORT}"': "29500"}
+    words = [w if isinstance(w, str) else expanded[w.text] for w in accelerate.launch_words(plan, str(path))][
+        2:
+    ]
+    args = launch_command_parser().parse_args(words)
+    args, defaults, mp_from_config = _validate_launch_command(args)
+    if args.use_deepspeed:  # as launch_command does before deepspeed_launcher
+        fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+    return args
+
+
+def test_accelerate_config_loader_launch_and_plugins(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    count = 0
+    for name, plan, artifacts in rendered(Target.ACCELERATE):
+        path = tmp_path / accelerate.CONFIG_NAME
+        path.write_text(by_name(artifacts, accelerate.CONFIG_NAME).content)
+        loaded = load_config_from_file(str(path))  # unknown top-level keys raise here
+        assert loaded.num_processes == plan.cluster.world_size, name
+        args = _accelerate_args(path, plan)
+        framework = plan.layout.framework
+        if framework is Framework.DEEPSPEED:
+            _, env = prepare_deepspeed_cmd_env(args)
+            with mock.patch.dict(os.environ, env):
+                plugin = DeepSpeedPlugin()
+            assert plugin.zero_stage == plan.layout.zero_stage, name
+        elif framework is Framework.FSDP and plan.layout.zero_stage >= 2:
+            env = prepare_multi_gpu_env(args)
+            with mock.patch.dict(os.environ, env):
+                fsdp = FullyShardedDataParallelPlugin()
+            assert fsdp.fsdp_version == 2 and fsdp.reshard_after_forward == (plan.layout.zero_stage == 3), (
+                name
+            )
+        else:
+            prepare_multi_gpu_env(args)
+        count += 1
+    assert count > 20
+
+
+def test_hf_training_arguments_json_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    transformers = pytest.importorskip("transformers")
+    parser = transformers.HfArgumentParser(transformers.TrainingArguments)
+    monkeypatch.chdir(tmp_path)
+    count = 0
+    for name, plan, artifacts in rendered(Target.HF_TRAINER):
+        for artifact in artifacts:
+            (tmp_path / artifact.name).write_text(artifact.content)
+        data = json.loads(by_name(artifacts, hf_trainer.ARGS_NAME).content)
+        # A CPU box: bf16 needs use_cpu; allow_extra_keys=False rejects unknown fields.
+        (from_json,) = parser.parse_dict({**data, "use_cpu": True}, allow_extra_keys=False)
+        flags, _ = hf_trainer.entry_words(plan)
+        (from_cli,) = parser.parse_args_into_dataclasses([str(w) for w in flags[1:]] + ["--use_cpu", "true"])
+        for args in (from_json, from_cli):
+            assert args.per_device_train_batch_size == plan.layout.micro_batch_size, name
+            assert args.gradient_accumulation_steps * plan.layout.dp * plan.layout.micro_batch_size == (
+                plan.training.global_batch_size
+            )
+            if "fsdp_config" in data:
+                assert args.fsdp_config["version"] == 2
+                known = {
+                    "version", "reshard_after_forward", "auto_wrap_policy", "state_dict_type",
+                    "cpu_offload", "cpu_ram_efficient_loading", "activation_checkpointing",
+                    "transformer_layer_cls_to_wrap", "min_num_params", "xla", "xla_fsdp_v2",
+                    "xla_fsdp_grad_ckpt",
+                }  # fmt: skip
+                assert set(args.fsdp_config) <= known, (
+                    set(args.fsdp_config) - known
+                )  # unknown keys are ignored
+        count += 1
+    assert count > 10
+
+
+def test_torchtitan_config_manager_and_parallel_dims() -> None:
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("tyro")
+    from torchtitan.config.manager import ConfigManager
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    count = 0
+    for name, plan, _ in rendered(Target.TORCHTITAN):
+        config = ConfigManager().parse_args(torchtitan.train_args(plan))
+        par, training = config.parallelism, config.training
+        dims = ParallelDims(
+            dp_replicate=par.data_parallel_replicate_degree,
+            dp_shard=par.data_parallel_shard_degree,
+            cp=par.context_parallel_degree,
+            tp=par.tensor_parallel_degree,
+            pp=par.pipeline_parallel_degree,
+            ep=par.expert_parallel_degree,
+            world_size=plan.cluster.world_size,
+        )
+        dp = dims.dp_replicate * dims.dp_shard
+        assert dp == plan.layout.dp, name
+        assert training.global_batch_size % (training.local_batch_size * dp) == 0, name
+        assert training.global_batch_size == plan.training.global_batch_size, name
+        if par.pipeline_parallel_degree > 1:
+            assert training.disable_cuda_graphs
+            assert training.local_batch_size % par.pipeline_parallel_microbatch_size == 0
+        count += 1
+    assert count > 5
