@@ -4,8 +4,9 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 HOST ?= 127.0.0.1
 PORT ?= 8000
+DEEPSPEED_VERSION ?= 0.19.8
 
-.PHONY: install serve test lint typecheck pytest openapi validate validate-install report bench clean
+.PHONY: install serve test lint typecheck pytest openapi heavy-install validate report bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +21,8 @@ serve: install
 	$(VENV)/bin/alembic upgrade head
 	$(VENV)/bin/uvicorn service.main:create_app --factory --host $(HOST) --port $(PORT)
 
-## Install and run the whole test suite: lint, types, tests.
+## Install and run the whole test suite: lint, types, tests. Tests that need the heavy tools
+## (torch, DeepSpeed, ...) skip without them; `make validate` installs those and runs them.
 test: install lint typecheck pytest
 
 lint:
@@ -36,15 +38,26 @@ pytest:
 openapi: install
 	$(PY) -m service.openapi
 
-## Validation against real transformers models (installs torch 2.13.0 CPU + transformers).
-$(VENV)/.validation-installed: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[dev,validation]'
+## PyTorch 2.13.0 (CPU build), transformers, and the launcher tools (DeepSpeed, accelerate, torchtitan).
+$(VENV)/.heavy-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e '.[dev,validation,launchers]'
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation 'deepspeed==$(DEEPSPEED_VERSION)'
 	touch $@
 
-validate-install: $(VENV)/.validation-installed
+heavy-install: $(VENV)/.heavy-installed
 
-validate: validate-install
+## The tests that need the heavy tools, then the validation harness (re-measures a CI subset,
+## compares every committed measurement and published case with the estimator, writes REPORT.md).
+validate: heavy-install
+	TRAINPLAN_NO_SKIPS=1 $(PY) -m pytest -q tests/launchers tests/validation
 	$(PY) -m validation.run --ci
+
+## Re-measure everything (minutes) and rewrite validation/data/*.json and validation/REPORT.md.
+report: heavy-install
+	$(PY) -m validation.run --all
+
+bench: install
+	$(PY) -m bench.recommender_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache trainplan.db*

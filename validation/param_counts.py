@@ -8,17 +8,21 @@ decoder layers, final norm and output layer. Each count must equal ``parameter_c
 
 Run from the repository root (needs the ``validation`` extra: torch, transformers):
 
-    python -m validation.param_counts
+    python -m validation.param_counts          # rewrites validation/data/param_counts.json
+    python -m validation.param_counts --check  # CI: measures again, compares, writes nothing
 
-Writes ``validation/data/param_counts.json``; exits 1 when any case differs.
+Exits 1 when any case differs from the estimator, or (``--check``) any measurement from the file.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import datetime
 import json
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -283,7 +287,7 @@ def measure(fields: dict[str, Any]) -> Measured:
     """Build the model on the meta device and split its named parameters by component."""
     config = AutoConfig.for_model(**copy.deepcopy(fields))  # transformers edits nested rope dicts
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     num_layers = config.num_hidden_layers
     layers = [0] * num_layers
     embedding = output = final_norm = 0
@@ -330,7 +334,41 @@ def compare(case: str, origin: str, fields: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def main() -> int:
+MEASURED_KEYS = (
+    "measured_total",
+    "measured_embedding",
+    "measured_output",
+    "measured_final_norm",
+    "measured_per_layer",
+    "measured_largest_module",
+    "measured_layers",
+)
+
+
+def drift(records: list[dict[str, Any]], committed: list[dict[str, Any]]) -> list[str]:
+    """Where fresh measurements differ from the committed file (cases, configs or any count)."""
+    problems = []
+    if [r["case"] for r in records] != [c["case"] for c in committed]:
+        problems.append(f"case list differs from {OUT}")
+    old = {c["case"]: c for c in committed}
+    for record in records:
+        previous = old.get(record["case"])
+        if previous is None:
+            continue
+        for key in ("config", *MEASURED_KEYS):
+            if record[key] != previous[key]:
+                problems.append(f"{record['case']}: {key} measured {record[key]}, committed {previous[key]}")
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m validation.param_counts", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="compare with the committed data file instead of rewriting it"
+    )
+    args = parser.parse_args(argv)
     cases = [(slug, "preset", dict(p.config)) for slug, p in models().items()]
     cases += [(case, "synthetic", fields) for case, fields in SYNTHETIC.items()]
     records = []
@@ -339,16 +377,24 @@ def main() -> int:
         records.append(record)
         status = "exact" if record["exact"] else f"MISMATCH {record['mismatches']}"
         print(f"{case:32s} {record['model_type']:10s} {record['measured_total']:>18,} {status}")
+    bad = [r["case"] for r in records if not r["exact"]]
+    print(f"{len(records) - len(bad)}/{len(records)} exact")
+    if args.check:
+        problems = drift(records, json.loads(OUT.read_text(encoding="utf-8"))["cases"])
+        for problem in problems:
+            print("DRIFT", problem, file=sys.stderr)
+        print(f"{'no' if not problems else len(problems)} difference(s) from {OUT.name}")
+        return 1 if bad or problems else 0
     OUT.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "generated_by": "python -m validation.param_counts",
+        "measured_on": datetime.date.today().isoformat(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cases": records,
     }
     OUT.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    bad = [r["case"] for r in records if not r["exact"]]
-    print(f"{len(records) - len(bad)}/{len(records)} exact; wrote {OUT}")
+    print(f"wrote {OUT}")
     return 1 if bad else 0
 
 

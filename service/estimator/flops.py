@@ -23,6 +23,8 @@ count equals Narayanan Eq. 3, 96 B L s h^2 (1 + s/(6h) + V/(16 h L)), exactly.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from service.estimator.params import is_moe_layer
 from service.estimator.types import Method, ModelSpec, MoESpec, Recompute, TrainingSpec
 
@@ -150,12 +152,14 @@ def layer_recompute_flops(model: ModelSpec, index: int, training: TrainingSpec, 
 # ---------------------------------------------------------------- per step
 
 
+@lru_cache(maxsize=1024)  # O(layers); a search asks again for every layout of one job
 def model_flops_per_token(model: ModelSpec, training: TrainingSpec) -> int:
     """Training FLOPs per token without recomputation (PaLM / Korthikanti model FLOPs)."""
     layers = sum(layer_training_flops(model, i, training) for i in range(model.num_layers))
     return layers + logits_training_flops(model, training)
 
 
+@lru_cache(maxsize=1024)
 def recompute_flops_per_token(model: ModelSpec, training: TrainingSpec, recompute: Recompute) -> int:
     return sum(layer_recompute_flops(model, i, training, recompute) for i in range(model.num_layers))
 

@@ -153,7 +153,7 @@ def micro_batches_per_step(layout: Layout, training: TrainingSpec) -> int:
     return max(1, training.global_batch_size // (layout.micro_batch_size * layout.dp))
 
 
-def _activation_split(
+def activation_split(
     model: ModelSpec, layout: Layout, training: TrainingSpec, rank: int
 ) -> tuple[float, float]:
     # (on GPU, offloaded to host). Activation offload keeps the layer computing and the next one.
@@ -185,7 +185,7 @@ def rank_memory(
     trainable = (
         rp.dense + rp.expert if training.method is Method.FULL else lora_parameters(model, training, layout)
     )
-    act_gpu, act_host = _activation_split(model, layout, training, rank)
+    act_gpu, act_host = activation_split(model, layout, training, rank)
     shards = (shard_degrees(layout, cluster)[0], trainable)
     buffers = bucket_bytes(trainable, sb, layout, assume)
     buffers += gathered_parameter_bytes(model, counts, rp, layout, sb, shards, assume)
@@ -233,7 +233,7 @@ def fits(model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: Train
     return estimate.headroom_bytes >= 0 and host_ok and nvme_ok
 
 
-def _largest(low: int, high: int, step: int, ok: Callable[[int], bool]) -> int:
+def largest_satisfying(low: int, high: int, step: int, ok: Callable[[int], bool]) -> int:
     """Largest multiple of ``step`` in [low, high] for which the monotone predicate ``ok`` holds, else 0."""
     if high < low or not ok(low):
         return 0
@@ -253,7 +253,7 @@ def max_micro_batch_size(
         candidate = dataclasses.replace(layout, micro_batch_size=b, gradient_accumulation_steps=None)
         return fits(model, cluster, candidate, training)
 
-    return _largest(1, max(1, training.global_batch_size // layout.dp), 1, ok)
+    return largest_satisfying(1, max(1, training.global_batch_size // layout.dp), 1, ok)
 
 
 MAX_SEQ_LEN_SEARCHED = 2**22  # 4M tokens: beyond any context length in the catalog
@@ -266,7 +266,7 @@ def max_seq_len(model: ModelSpec, cluster: ClusterSpec, layout: Layout, training
     def ok(s: int) -> bool:
         return fits(model, cluster, layout, dataclasses.replace(training, seq_len=s))
 
-    return _largest(step, MAX_SEQ_LEN_SEARCHED, step, ok)
+    return largest_satisfying(step, MAX_SEQ_LEN_SEARCHED, step, ok)
 
 
 def assumptions(

@@ -11,6 +11,8 @@ per-stage split (the first stage holds the embedding, the last the final norm an
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import ModelSpec, MoESpec, NormKind, ParameterCounts, PositionEmbedding
 
@@ -162,6 +164,7 @@ def largest_module_parameters(model: ModelSpec) -> int:
     return max(candidates)
 
 
+@lru_cache(maxsize=1024)  # ModelSpec is frozen: searches ask for the same counts thousands of times
 def parameter_counts(model: ModelSpec) -> ParameterCounts:
     """Exact parameter counts of ``model``, by component."""
     moe_layers = moe_layer_count(model)
@@ -197,6 +200,7 @@ def parameter_counts(model: ModelSpec) -> ParameterCounts:
     )
 
 
+@lru_cache(maxsize=4096)
 def stage_parameter_counts(model: ModelSpec, pp: int) -> tuple[int, ...]:
     """Parameters held by each of ``pp`` pipeline stages when layers are split evenly.
 

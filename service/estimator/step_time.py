@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from service.estimator import comm, flops
 from service.estimator.efficiency import EfficiencyCurve, dp_overlap_default, matmul_efficiency
@@ -98,17 +99,27 @@ def grad_bytes(precision: Precision, framework: Framework) -> int:
 
 
 def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> range:
+    return layers_of_stage(model.num_layers, layout.pp, stage)
+
+
+def layers_of_stage(num_layers: int, pp: int, stage: int) -> range:
     # contiguous split, the remainder on the last stages (interleaving keeps the per-rank count)
-    per_stage = math.ceil(model.num_layers / layout.pp)
-    start = min(stage * per_stage, model.num_layers)
-    return range(start, min(start + per_stage, model.num_layers))
+    per_stage = math.ceil(num_layers / pp)
+    start = min(stage * per_stage, num_layers)
+    return range(start, min(start + per_stage, num_layers))
 
 
 def stage_flops_per_token(model: ModelSpec, layout: Layout, training: TrainingSpec, stage: int) -> int:
     """Forward + backward FLOPs per token of one pipeline stage (the last adds the output layer)."""
-    layers = sum(flops.layer_training_flops(model, i, training) for i in stage_layers(model, layout, stage))
-    logits = flops.logits_training_flops(model, training) if stage == layout.pp - 1 else 0
-    return layers + logits
+    return _stage_flops_per_token(model, training, layout.pp, stage)
+
+
+@lru_cache(maxsize=4096)  # depends on the stage split only, not on the rest of the layout
+def _stage_flops_per_token(model: ModelSpec, training: TrainingSpec, pp: int, stage: int) -> int:
+    total = sum(
+        flops.layer_training_flops(model, i, training) for i in layers_of_stage(model.num_layers, pp, stage)
+    )
+    return total + (flops.logits_training_flops(model, training) if stage == pp - 1 else 0)
 
 
 def slowest_stage(model: ModelSpec, layout: Layout, training: TrainingSpec) -> int:
@@ -203,7 +214,7 @@ def exposed_s(comm_s: float, window_s: float, max_hidden_fraction: float) -> flo
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Step:
+class StepContext:
     """Everything the part functions share, computed once."""
 
     model: ModelSpec
@@ -227,14 +238,14 @@ class _Step:
         return stage_layers(self.model, self.layout, self.stage)
 
 
-def memory_bound_s(st: _Step, passes: float, stored_bytes_per_token: float) -> float:
+def memory_bound_s(st: StepContext, passes: float, stored_bytes_per_token: float) -> float:
     """Time of ``passes`` forward-equivalents of memory-bound work over all micro-batches."""
     # backward moves 2x the forward traffic, so a training step is 3 passes
     traffic = st.curve.memory_traffic_per_stored_byte * stored_bytes_per_token * passes
     return st.micro_batches * st.tokens * traffic / st.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
-def compute_s(st: _Step) -> float:
+def compute_s(st: StepContext) -> float:
     """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs + memory-bound ops."""
     per_token = stage_flops_per_token(st.model, st.layout, st.training, st.stage)
     gemm_s = st.micro_batches * st.tokens * per_token / st.layout.tp / st.flops_per_s
@@ -242,7 +253,7 @@ def compute_s(st: _Step) -> float:
     return gemm_s + memory_bound_s(st, 3, stored)
 
 
-def recompute_s(st: _Step) -> float:
+def recompute_s(st: StepContext) -> float:
     """The recomputed forward: every layer (full) or attention's core (selective)."""
     recompute = st.layout.recompute
     per_token = sum(flops.layer_recompute_flops(st.model, i, st.training, recompute) for i in st.layers)
@@ -259,7 +270,7 @@ def recompute_s(st: _Step) -> float:
     return gemm_s + memory_bound_s(st, 1, stored)
 
 
-def tp_comm_s(st: _Step) -> float:
+def tp_comm_s(st: StepContext) -> float:
     """Megatron TP: 2 all-reduces forward + 2 backward per layer (+2 with full recompute)."""
     # SP swaps each all-reduce for a reduce-scatter + all-gather of the same total time
     # (Korthikanti §4.2.2); Narayanan §3.3: volume 8 b s h (t-1)/t per layer.
@@ -272,7 +283,7 @@ def tp_comm_s(st: _Step) -> float:
     return total * (1.0 - st.curve.tp_overlap_hidden_fraction) if st.overlap.tp else total
 
 
-def cp_comm_s(st: _Step) -> float:
+def cp_comm_s(st: StepContext) -> float:
     """Ring attention: K and V chunks go round the CP ring, hidden under attention's core compute."""
     # forward: (cp-1) sends of K and V; backward: K, V and dK, dV -> 3x the forward traffic
     if st.layout.cp == 1:
@@ -286,7 +297,7 @@ def cp_comm_s(st: _Step) -> float:
     return st.micro_batches * len(st.layers) * per_layer
 
 
-def ep_comm_s(st: _Step) -> float:
+def ep_comm_s(st: StepContext) -> float:
     """Expert parallelism: dispatch + combine all-to-all, forward and backward, per MoE layer."""
     moe = st.model.moe
     if moe is None or st.layout.ep == 1:
@@ -300,18 +311,18 @@ def ep_comm_s(st: _Step) -> float:
     return st.micro_batches * moe_layers * collectives * one
 
 
-def ideal_s(st: _Step) -> float:
+def ideal_s(st: StepContext) -> float:
     """Time of all micro-batches without bubble: the work a pipeline bubble scales."""
     return compute_s(st) + recompute_s(st) + tp_comm_s(st) + cp_comm_s(st) + ep_comm_s(st)
 
 
-def pp_bubble_s(st: _Step) -> float:
+def pp_bubble_s(st: StepContext) -> float:
     # (p-1)/(v m) of the ideal time: 1F1B v=1, interleaved v chunks (Narayanan §2.2.2)
     p, v = st.layout.pp, st.layout.virtual_pipeline_stages
     return (p - 1) / (v * st.micro_batches) * ideal_s(st)
 
 
-def pp_comm_s(st: _Step) -> float:
+def pp_comm_s(st: StepContext) -> float:
     """Point-to-point activations forward and gradients backward, v x per micro-batch."""
     if st.layout.pp == 1:
         return 0.0
@@ -322,7 +333,7 @@ def pp_comm_s(st: _Step) -> float:
     return 2 * st.layout.virtual_pipeline_stages * st.micro_batches * one
 
 
-def dp_grad_reduce_s(st: _Step) -> float:
+def dp_grad_reduce_s(st: StepContext) -> float:
     """Gradient reduction per step: all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, dist-opt)."""
     grad_size = gpu_parameters(st.model, st.layout, st.counts) * grad_bytes(
         st.training.precision, st.layout.framework
@@ -334,7 +345,7 @@ def dp_grad_reduce_s(st: _Step) -> float:
     return comm.group_reduce_scatter_s(grad_size, st.links.dp)
 
 
-def dp_param_gather_s(st: _Step) -> float:
+def dp_param_gather_s(st: StepContext) -> float:
     """ZeRO-1/2 (dist-opt) all-gather of the updated 16-bit parameters after the step."""
     if st.training.method is not Method.FULL or st.layout.zero_stage not in (1, 2):
         return 0.0
@@ -342,7 +353,7 @@ def dp_param_gather_s(st: _Step) -> float:
     return comm.group_all_gather_s(param_size, st.links.dp)
 
 
-def zero3_comm_s(st: _Step) -> float:
+def zero3_comm_s(st: StepContext) -> float:
     """ZeRO-3/FSDP per micro-batch: parameter all-gather forward and backward + gradient reduce-scatter."""
     # 3 x the parameter volume per micro-batch, 1.5x DDP's 2 (ZeRO arXiv:1910.02054 §7.2.2)
     params = gpu_parameters(st.model, st.layout, st.counts)
@@ -352,7 +363,7 @@ def zero3_comm_s(st: _Step) -> float:
     return st.micro_batches * (gathers + reduce)
 
 
-def dp_comm_exposed_s(st: _Step) -> float:
+def dp_comm_exposed_s(st: StepContext) -> float:
     """DP traffic left on the critical path after the framework's overlap."""
     compute = compute_s(st) + recompute_s(st)
     if st.layout.zero_stage == 3:
@@ -370,13 +381,13 @@ def dp_comm_exposed_s(st: _Step) -> float:
     return exposed_s(reduce, 2 / 3 * per_micro_batch, hidden) + exposed_s(gather, per_micro_batch / 3, hidden)
 
 
-def sharded_parameters(st: _Step) -> float:
+def sharded_parameters(st: StepContext) -> float:
     """Parameters whose optimizer state this GPU owns (ZeRO >= 1 shards over dp x cp)."""
     params = gpu_parameters(st.model, st.layout, st.counts)
     return params / (st.layout.dp * st.layout.cp) if st.layout.zero_stage >= 1 else params
 
 
-def offload_s(st: _Step) -> float:
+def offload_s(st: StepContext) -> float:
     """PCIe and NVMe traffic of optimizer and parameter offload, exposed."""
     pcie = st.cluster.gpu.pcie_bandwidth_bytes_per_s
     shard = sharded_parameters(st)
@@ -395,7 +406,7 @@ def offload_s(st: _Step) -> float:
 
 # bytes of HBM (or host memory) traffic per parameter in one optimizer step: AdamW reads and
 # writes fp32 master, m and v (24), reads the fp32 grad (4) and writes the 16-bit param (2)
-_OPTIMIZER_STEP_BYTES = {
+OPTIMIZER_STEP_BYTES = {
     Optimizer.ADAMW: 30,
     Optimizer.ADAMW_8BIT: 18,  # 1-byte m and v (+ fp32 master 8, grad 4, param 2)
     Optimizer.SGD: 22,  # master and momentum (16), grad 4, param 2
@@ -404,7 +415,7 @@ _OPTIMIZER_STEP_BYTES = {
 }
 
 
-def optimizer_s(st: _Step) -> float:
+def optimizer_s(st: StepContext) -> float:
     """The optimizer step: memory-bound on the GPU, or DeepSpeed CPU-Adam on the host."""
     shard = sharded_parameters(st)
     if st.training.method is not Method.FULL:
@@ -412,7 +423,7 @@ def optimizer_s(st: _Step) -> float:
     if st.layout.offload_optimizer is not Offload.NONE:
         # the host's CPU-Adam rate is shared by all GPUs of the node
         return shard * st.cluster.gpus_per_node / st.curve.cpu_adam_params_per_s_per_node
-    step_bytes = shard * _OPTIMIZER_STEP_BYTES[st.training.optimizer]
+    step_bytes = shard * OPTIMIZER_STEP_BYTES[st.training.optimizer]
     return step_bytes / st.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
@@ -427,11 +438,11 @@ def _step(
     counts: ParameterCounts,
     curve: EfficiencyCurve,
     overlap: CommOverlap,
-) -> _Step:
+) -> StepContext:
     width = model.hidden_size / layout.tp
     tokens = micro_batch_tokens_per_rank(layout, training)
     efficiency = matmul_efficiency(curve, cluster.gpu.name, width, tokens)
-    return _Step(
+    return StepContext(
         model=model,
         cluster=cluster,
         layout=layout,
@@ -446,7 +457,7 @@ def _step(
     )
 
 
-def time_breakdown(st: _Step) -> TimeBreakdown:
+def time_breakdown(st: StepContext) -> TimeBreakdown:
     return TimeBreakdown(
         compute_s=compute_s(st),
         recompute_s=recompute_s(st),

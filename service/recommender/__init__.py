@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from service.estimator.efficiency import EfficiencyCurve
 from service.estimator.errors import InvalidLayout
 from service.estimator.estimate import estimate, host_fits
-from service.estimator.memory import _largest
+from service.estimator.memory import largest_satisfying
 from service.estimator.model_states import DEFAULT_ASSUMPTIONS, state_bytes
 from service.estimator.types import (
     ClusterSpec,
@@ -163,7 +163,7 @@ def _search_memory_family(
             layout = make_layout(s, sh, recompute, virtual, sizes[i])
             return _fits(ev.memory(layout), sub, limit)
 
-        top = _largest(0, len(sizes) - 1, 1, ok)
+        top = largest_satisfying(0, len(sizes) - 1, 1, ok)
         if top <= best_index:
             continue  # more recompute without a larger micro-batch only costs time
         best_index = top
@@ -383,7 +383,7 @@ def _full_estimate(
         memory = ev.memory(candidate)
         return memory.headroom_bytes >= 0 and host_fits(memory, sub)
 
-    max_b = _largest(1, max(1, training.global_batch_size // layout.dp), 1, ok)
+    max_b = largest_satisfying(1, max(1, training.global_batch_size // layout.dp), 1, ok)
     return dataclasses.replace(result, max_micro_batch_size=max_b)
 
 

@@ -140,7 +140,7 @@ class Evaluator:
             if training.method is Method.FULL
             else lora_parameters(model, training, layout)
         )
-        act_gpu, act_host = mem._activation_split(model, layout, training, rank)
+        act_gpu, act_host = mem.activation_split(model, layout, training, rank)
         shards = (shard_degrees(layout, self.cluster)[0], trainable)
         buffers = mem.bucket_bytes(trainable, sb, layout, assume)
         buffers += mem.gathered_parameter_bytes(model, self.counts, rp, layout, sb, shards, assume)
@@ -228,7 +228,7 @@ class Evaluator:
         work = self._stage_flops_of(model, layout)
         stage = work.index(max(work))
         peak = st.peak_flops_per_s(cluster, training.precision)
-        step = st._Step(
+        step = st.StepContext(
             model=model,
             cluster=cluster,
             layout=layout,
@@ -255,11 +255,11 @@ class Evaluator:
             hfu=hardware_flops / (step_s * gpus * peak),
         )
 
-    def _memory_bound_s(self, s: st._Step, passes: float, stored: float) -> float:
+    def _memory_bound_s(self, s: st.StepContext, passes: float, stored: float) -> float:
         traffic = s.curve.memory_traffic_per_stored_byte * stored * passes
         return s.micro_batches * s.tokens * traffic / s.cluster.gpu.hbm_bandwidth_bytes_per_s
 
-    def _compute_s(self, s: st._Step, per_token: int) -> float:
+    def _compute_s(self, s: st.StepContext, per_token: int) -> float:
         gemm_s = s.micro_batches * s.tokens * per_token / s.layout.tp / s.flops_per_s
         layers = st.stage_layers(s.model, s.layout, s.stage)
         stored = sum(self._stored(s.layout)[i] for i in layers)
@@ -267,7 +267,7 @@ class Evaluator:
             stored += st.logits_stored_bytes(s.model, s.layout)
         return gemm_s + self._memory_bound_s(s, 3, stored)
 
-    def _recompute_s(self, s: st._Step) -> float:
+    def _recompute_s(self, s: st.StepContext) -> float:
         recompute = s.layout.recompute
         layers = st.stage_layers(s.model, s.layout, s.stage)
         per_token = sum(self._recompute_flops[recompute][i] for i in layers)
@@ -282,7 +282,7 @@ class Evaluator:
             )
         return gemm_s + self._memory_bound_s(s, 1, stored)
 
-    def _ep_comm_s(self, s: st._Step) -> float:
+    def _ep_comm_s(self, s: st.StepContext) -> float:
         moe = s.model.moe
         if moe is None or s.layout.ep == 1:
             return 0.0
@@ -292,7 +292,7 @@ class Evaluator:
         one = comm.group_all_to_all_s(size_bytes, s.links.ep)
         return s.micro_batches * self._moe_layer_count(s.layout, s.stage) * collectives * one
 
-    def _dp_exposed_s(self, s: st._Step, compute: float, params: float) -> float:
+    def _dp_exposed_s(self, s: st.StepContext, compute: float, params: float) -> float:
         training, layout, links = s.training, s.layout, s.links
         full = training.method is Method.FULL
         grad_size = params * st.grad_bytes(training.precision, layout.framework)
@@ -324,7 +324,7 @@ class Evaluator:
             gather, per_micro_batch / 3, hidden
         )
 
-    def _offload_s(self, s: st._Step, shard: float, compute: float) -> float:
+    def _offload_s(self, s: st.StepContext, shard: float, compute: float) -> float:
         pcie = s.cluster.gpu.pcie_bandwidth_bytes_per_s
         seconds = 0.0
         if s.layout.offload_optimizer is not Offload.NONE:
@@ -337,15 +337,15 @@ class Evaluator:
             seconds += st.exposed_s(fetch_s, compute, s.curve.zero3_prefetch_hidden_fraction)
         return seconds
 
-    def _optimizer_s(self, s: st._Step, shard: float) -> float:
+    def _optimizer_s(self, s: st.StepContext, shard: float) -> float:
         if s.training.method is not Method.FULL:
             return 0.0
         if s.layout.offload_optimizer is not Offload.NONE:
             return shard * s.cluster.gpus_per_node / s.curve.cpu_adam_params_per_s_per_node
-        step_bytes = shard * st._OPTIMIZER_STEP_BYTES[s.training.optimizer]
+        step_bytes = shard * st.OPTIMIZER_STEP_BYTES[s.training.optimizer]
         return step_bytes / s.cluster.gpu.hbm_bandwidth_bytes_per_s
 
-    def _breakdown(self, s: st._Step, per_token: int) -> TimeBreakdown:
+    def _breakdown(self, s: st.StepContext, per_token: int) -> TimeBreakdown:
         compute = self._compute_s(s, per_token)
         recompute = self._recompute_s(s)
         tp, cp, ep = st.tp_comm_s(s), st.cp_comm_s(s), self._ep_comm_s(s)

@@ -1,0 +1,126 @@
+"""Candidate generation rules, and the fast evaluator equal to the estimator."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from service.catalog.efficiency import default_efficiency
+from service.catalog.gpus import gpu
+from service.catalog.models import model
+from service.estimator.memory import memory_estimate
+from service.estimator.step_time import time_estimate
+from service.estimator.types import ClusterSpec, Framework, Layout, Offload, Recompute, TrainingSpec
+from service.recommender.fast import Evaluator
+from service.recommender.space import (
+    RejectionLog,
+    Structure,
+    divisors,
+    gpu_counts,
+    micro_batch_sizes,
+    shardings,
+    structures,
+    virtual_stages,
+)
+
+
+def cluster(name: str = "h100-sxm-80gb", nodes: int = 1, per_node: int = 8) -> ClusterSpec:
+    g = gpu(name)
+    return ClusterSpec(
+        gpu=g,
+        num_nodes=nodes,
+        gpus_per_node=per_node,
+        intra_node_bandwidth_bytes_per_s=g.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=50e9,
+    )
+
+
+def test_divisors() -> None:
+    assert divisors(12) == (1, 2, 3, 4, 6, 12)
+    assert divisors(1) == (1,)
+
+
+def test_gpu_counts_are_node_multiples_past_one_node() -> None:
+    counts = gpu_counts(cluster(nodes=4))
+    assert counts == (1, 2, 4, 8, 16, 24, 32)
+    assert gpu_counts(cluster(nodes=4), max_gpus=20) == (1, 2, 4, 8, 16)
+
+
+def test_structures_respect_the_rules() -> None:
+    # Llama-3.1-405B: 128 heads, 8 kv heads, 126 layers; 16 nodes of 8
+    spec = model("llama-3.1-405b").spec
+    training = TrainingSpec(seq_len=8192, global_batch_size=512)
+    log = RejectionLog()
+    found = list(structures(spec, cluster(nodes=16), training, 128, log))
+    assert found
+    for s in found:
+        assert s.dp * s.tp * s.pp * s.cp == 128
+        assert s.tp <= 8 and spec.num_kv_heads % s.tp == 0
+        assert spec.num_layers % s.pp == 0  # 126 = 2 x 63: pp in {1, 2}
+        assert training.global_batch_size % s.dp == 0
+    assert {s.pp for s in found} == {1, 2}
+    assert log.groups["invalid: tp_node"].count > 0
+    assert "num_layers (126) % pp (4)" in log.groups["invalid: pp_layers"].detail
+
+
+def test_shardings_follow_the_capability_table() -> None:
+    s = Structure(gpus=16, dp=2, tp=4, pp=2, cp=1, ep=1)
+    megatron, missing = shardings(Framework.MEGATRON, s, offload=False)
+    assert {sh.zero_stage for sh in megatron} == {0, 1}
+    assert "megatron does not support zero_stage 3" in missing
+    deepspeed, missing = shardings(Framework.DEEPSPEED, s, offload=False)
+    assert {sh.zero_stage for sh in deepspeed} == {0, 1}  # ZeRO-2/3 are incompatible with PP
+    assert "deepspeed does not support zero_stage 2 with pp > 1" in missing
+    fsdp, _ = shardings(Framework.FSDP, Structure(gpus=8, dp=8, tp=1, pp=1, cp=1, ep=1), offload=True)
+    # FSDP offloads parameters and optimizer together, FULL_SHARD only
+    assert all(sh.offload_params is sh.offload_optimizer for sh in fsdp)
+    assert {sh.zero_stage for sh in fsdp if sh.offloads} == {3}
+
+
+def test_interleaving_and_micro_batches() -> None:
+    spec = model("llama-2-7b").spec  # 32 layers
+    assert virtual_stages(spec, Framework.DEEPSPEED, 4) == (1,)
+    assert virtual_stages(spec, Framework.MEGATRON, 4) == (1, 2, 4, 8)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    s = Structure(gpus=16, dp=4, tp=1, pp=4, cp=1, ep=1)
+    assert micro_batch_sizes(training, s, 1, False) == (1, 2, 4, 8, 16)
+    assert micro_batch_sizes(training, s, 2, False) == (1, 2, 4)  # 16 / b micro-batches % pp == 0
+
+
+def _sample_layouts(nodes: int, moe: bool) -> list[Layout]:
+    out = []
+    for fw, tp, pp, zero, recompute, off in itertools.product(
+        list(Framework), (1, 8), (1, 2), (0, 1, 3), list(Recompute), (Offload.NONE, Offload.CPU)
+    ):
+        dp = nodes * 8 // (tp * pp)
+        out.append(
+            Layout(
+                framework=fw,
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                ep=8 if moe and dp % 8 == 0 else 1,
+                zero_stage=zero,
+                recompute=recompute,
+                sequence_parallel=tp > 1,
+                virtual_pipeline_stages=2 if pp > 1 and fw is not Framework.DEEPSPEED else 1,
+                micro_batch_size=2,
+                offload_optimizer=off,
+                offload_params=off if zero == 3 else Offload.NONE,
+                tp_comm_overlap=fw is Framework.MEGATRON and tp > 1,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize(("name", "nodes"), [("llama-3-8b", 2), ("mixtral-8x7b", 4)])
+def test_fast_evaluator_equals_the_estimator(name: str, nodes: int) -> None:
+    spec = model(name).spec
+    c = cluster(nodes=nodes)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    curve = default_efficiency()
+    ev = Evaluator(spec, c, training, curve)
+    for layout in _sample_layouts(nodes, spec.moe is not None)[::3]:
+        assert ev.memory(layout) == memory_estimate(spec, c, layout, training), layout
+        assert ev.time(layout) == time_estimate(spec, c, layout, training, None, curve), layout

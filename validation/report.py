@@ -1,0 +1,261 @@
+"""Write ``validation/REPORT.md``: every validated case, the reference number, ours and the error.
+
+    python -m validation.report
+
+Reads the committed measurements (``validation/data/*.json``) and the published cases
+(``../shared/reference/cases/visible.json``), recomputes our numbers with the estimator
+(``validation.cases``) and writes the report. Needs no torch, and the output depends only on those
+inputs (no timestamps but the ones stored in the data files), so an unchanged tree rewrites the same
+file. Exits 1 when a row expected to pass fails, or a known gap unexpectedly passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from validation import cases
+from validation.cases import Expect, Row
+
+REPORT_PATH = cases.ROOT / "validation" / "REPORT.md"
+
+
+@dataclass(frozen=True, slots=True)
+class SectionSummary:
+    section: str
+    cases: int  # distinct case ids that count (not excluded)
+    checks: int  # rows that count
+    within_tolerance: int
+    known_gaps: int
+    excluded: int
+    worst: Row | None  # largest |error| among the rows expected to pass
+
+    @property
+    def unexpected(self) -> int:
+        return self.checks - self.within_tolerance - self.known_gaps
+
+
+def worst_text(s: SectionSummary) -> str:
+    if s.worst is None:
+        return "—"
+    if s.worst.error == 0:
+        return "0 (every row exact)"
+    return f"{percent(s.worst.error)} ({s.worst.case_id})"
+
+
+def summarize(section: str, rows: Sequence[Row]) -> SectionSummary:
+    counted = [r for r in rows if r.expect is not Expect.EXCLUDED]
+    expected_to_pass = [r for r in counted if r.expect is Expect.PASS and r.error is not None]
+    worst = max(expected_to_pass, key=lambda r: abs(r.error or 0.0), default=None)
+    return SectionSummary(
+        section=section,
+        cases=len({r.case_id for r in counted}),
+        checks=len(counted),
+        within_tolerance=sum(r.ok for r in counted),
+        known_gaps=sum(r.expect is Expect.KNOWN_GAP for r in counted),
+        excluded=len(rows) - len(counted),
+        worst=worst,
+    )
+
+
+def failures(rows: Sequence[Row]) -> list[Row]:
+    """Rows expected to pass that fail, and known gaps that now pass (remove their mark)."""
+    return [r for r in rows if not r.as_expected]
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def number(x: float | str) -> str:
+    if isinstance(x, str):
+        return x
+    if math.isfinite(x) and float(x).is_integer():
+        return f"{int(x):,}"
+    if abs(x) >= 1e4:
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:,.2f}"
+    return f"{x:.4g}"
+
+
+def percent(error: float | None) -> str:
+    if error is None:
+        return "—"
+    if not math.isfinite(error):
+        return "inf"
+    return f"{0.0 if abs(error) < 5e-9 else error:+.2%}"  # float noise of an exact formula: 0
+
+
+def tolerance(row: Row) -> str:
+    if row.unit == "verdict":
+        return "same verdict"
+    if row.abs_tolerance and row.tolerance:
+        return f"±max({row.abs_tolerance:g} {row.unit}, {row.tolerance:.0%})"
+    if row.abs_tolerance:
+        return f"±{row.abs_tolerance:g} {row.unit}"
+    if row.tolerance <= 1e-9:  # 0, or float rounding of an exact formula
+        return "exact"
+    return f"±{row.tolerance:.0%}"
+
+
+def result(row: Row) -> str:
+    if row.expect is Expect.EXCLUDED:
+        return "excluded"
+    if row.expect is Expect.KNOWN_GAP:
+        return "known gap (fails as expected)" if not row.ok else "**known gap now passes**"
+    return "ok" if row.ok else "**FAIL**"
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in line) + " |" for line in body]
+    return lines
+
+
+# ---------------------------------------------------------------- the document
+
+
+def _versions(records: Sequence[dict[str, Any]]) -> str:
+    torch = sorted({str(r.get("torch")) for r in records})
+    transformers = sorted({str(r.get("transformers")) for r in records})
+    return f"torch {', '.join(torch)}, transformers {', '.join(transformers)}"
+
+
+def _measured_on(document: dict[str, Any]) -> str:
+    date = document.get("measured_on")
+    return f"measured on {date}" if date else "measurement date not recorded in the file"
+
+
+def sources() -> list[str]:
+    """The header's list of inputs: commands, versions and dates as stored in the data files."""
+    params = cases.param_count_document()
+    acts = cases.activation_document()
+    published = cases.CASES_PATH
+    shown = (
+        "../shared/reference/cases/visible.json" if published.parent.parent.parent.name == "shared" else ""
+    )
+    return [
+        f"- `validation/data/param_counts.json` ({len(params['cases'])} models, built on the meta device): "
+        f"regenerate with `{params['generated_by']}`; {_versions([params])}; {_measured_on(params)}.",
+        f"- `validation/data/activations.json` ({len(acts['cases'])} cases, one training forward on the "
+        f"CPU): regenerate with `{acts['regenerate']}`; {_versions(acts['cases'])}; {_measured_on(acts)}.",
+        f"- `{shown or published}`: the published numbers ({len(cases.published_cases())} cases; "
+        "ZeRO, DeepSpeed, Megatron-LM, Korthikanti, Narayanan, Megatron-Core, BigScience).",
+    ]
+
+
+def render(rows: Sequence[Row]) -> str:
+    by_section = {s: [r for r in rows if r.section == s] for s in cases.SECTIONS}
+    summaries = [summarize(s, by_section[s]) for s in cases.SECTIONS]
+    bad = failures(rows)
+    lines = [
+        "# Validation report",
+        "",
+        "Written by `python -m validation.report` (the last step of `python -m validation.run --ci` and "
+        "`--all`); do not edit by hand. Reference values come from:",
+        "",
+        *sources(),
+        "",
+        "Ours: `service.estimator` of this tree, through `validation/cases.py`. Error = (ours − reference) "
+        "/ reference. A known gap is a case we miss for a stated reason (a strict xfail in the tests); "
+        "an excluded row is not comparable and says why.",
+        "",
+        "## Summary",
+        "",
+    ]
+    lines += table(
+        ["section", "cases", "checks", "within tolerance", "known gaps", "excluded", "worst error (case)"],
+        [
+            [
+                s.section,
+                str(s.cases),
+                str(s.checks),
+                str(s.within_tolerance),
+                str(s.known_gaps),
+                str(s.excluded),
+                worst_text(s),
+            ]
+            for s in summaries
+        ],
+    )
+    lines.append("")
+    if bad:
+        lines.append(
+            f"**{len(bad)} row(s) not as expected:** " + ", ".join(f"{r.case_id} ({r.quantity})" for r in bad)
+        )
+    else:
+        passing = sum(s.within_tolerance for s in summaries)
+        gaps = sum(s.known_gaps for s in summaries)
+        lines.append(
+            f"Every row expected to pass is within its tolerance ({passing} checks); "
+            f"the {gaps} known gaps fail as expected."
+        )
+    for section in cases.SECTIONS:
+        lines += ["", f"## {section[0].upper()}{section[1:]}", ""]
+        lines += table(
+            ["case", "quantity", "reference", "ours", "unit", "error", "tolerance", "result", "note"],
+            [
+                [
+                    r.case_id,
+                    r.quantity,
+                    number(r.reference),
+                    number(r.ours),
+                    r.unit,
+                    percent(r.error),
+                    tolerance(r),
+                    result(r),
+                    r.note,
+                ]
+                for r in by_section[section]
+            ],
+        )
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(rows: Sequence[Row]) -> list[str]:
+    """One line per section, for the console."""
+    out = []
+    for section in cases.SECTIONS:
+        s = summarize(section, [r for r in rows if r.section == section])
+        worst = f"worst error {worst_text(s)}"
+        extra = f", {s.known_gaps} known gaps" if s.known_gaps else ""
+        extra += f", {s.excluded} excluded" if s.excluded else ""
+        out.append(
+            f"{section:22s} {s.within_tolerance}/{s.checks} checks ok over {s.cases} cases{extra}; {worst}"
+        )
+    return out
+
+
+def write(path: Path = REPORT_PATH) -> list[Row]:
+    """Build every row, write the report and return the rows not as expected."""
+    rows = cases.all_rows()
+    path.write_text(render(rows), encoding="utf-8")
+    for line in summary_lines(rows):
+        print(line)
+    bad = failures(rows)
+    for row in bad:
+        values = f"reference {number(row.reference)}, ours {number(row.ours)} ({percent(row.error)})"
+        print(f"NOT AS EXPECTED {row.section} / {row.case_id} / {row.quantity}: {values}, {result(row)}")
+    print(f"wrote {path.relative_to(cases.ROOT)}")
+    return bad
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m validation.report", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--output", type=Path, default=REPORT_PATH, help="where to write (default: %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    return 1 if write(args.output) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
