@@ -2,7 +2,7 @@
 
 from fastapi import APIRouter
 
-from service.api import clusters, estimates, gpus, health, models, plans
+from service.api import capacity, clusters, estimates, gpus, health, models, plans
 
 api_router = APIRouter()
 api_router.include_router(health.router)
@@ -11,3 +11,4 @@ api_router.include_router(models.router)
 api_router.include_router(clusters.router)
 api_router.include_router(estimates.router)
 api_router.include_router(plans.router)
+api_router.include_router(capacity.router)

@@ -1,0 +1,62 @@
+"""POST /v1/capacity: GPUs needed and time to train, per GPU type or per stored cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.api.helpers import assert_problem
+
+TRAINING = {"seq_len": 2048, "global_batch_size": 32, "tokens": 2 * 10**9}
+
+
+def test_per_gpu_type_fewest_gpus_time_and_cost(client: TestClient) -> None:
+    body: dict[str, Any] = {
+        "model": {"preset": "llama-2-7b"},
+        "training": TRAINING,
+        "gpus": ["h100-sxm-80gb", "rtx-4090-24gb"],
+        "max_nodes": 4,
+        "gpu_hour_cost": {"h100-sxm-80gb": 2.5, "rtx-4090-24gb": 0.4},
+        "constraints": {"frameworks": ["deepspeed"], "allow_offload": False},
+    }
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    options = {o["gpu"]: o for o in response.json()["options"]}
+    h100 = options["h100-sxm-80gb"]
+    assert h100["fits"] and h100["min_gpus"] >= 1
+    # 16 bytes/param of states alone (108 GB) cannot sit on one 80 GiB card without sharding.
+    assert h100["min_gpus"] >= 2
+    assert h100["time_to_train_s"] == TRAINING["tokens"] / h100["tokens_per_s"]
+    assert abs(h100["cost"] - h100["gpu_hours"] * 2.5) < 1e-9 * h100["cost"]
+    assert (
+        h100["layout"]["dp"] * h100["layout"]["tp"] * h100["layout"]["pp"] * h100["layout"]["cp"]
+        == (h100["num_gpus"])
+    )
+    # Without offload, 24 GB cards need more of them than 80 GB cards, when they fit at all.
+    rtx = options["rtx-4090-24gb"]
+    assert not rtx["fits"] or rtx["min_gpus"] > h100["min_gpus"]
+
+
+def test_stored_clusters_keep_their_ids(client: TestClient) -> None:
+    ids = [
+        client.post(
+            "/v1/clusters", json={"name": n, "gpu": "a100-sxm-80gb", "num_nodes": 1, "gpus_per_node": g}
+        ).json()["id"]
+        for n, g in (("small", 2), ("full", 8))
+    ]
+    body = {"model": {"preset": "gpt2"}, "training": TRAINING, "cluster_ids": ids}
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    options = response.json()["options"]
+    assert {o["cluster_id"] for o in options} == set(ids)
+    assert all(o["fits"] and o["gpu"] == "a100-sxm-80gb" for o in options)
+
+
+def test_bad_capacity_requests(client: TestClient) -> None:
+    base = {"model": {"preset": "gpt2"}, "training": TRAINING}
+    problem = assert_problem(client.post("/v1/capacity", json=base | {"gpus": ["h100"]}), 422)
+    assert problem["errors"][0]["field"] == "gpus.0"
+    assert_problem(client.post("/v1/capacity", json=base | {"cluster_ids": ["missing"]}), 422)
+    assert_problem(client.post("/v1/capacity", json=base | {"gpus": ["l4-24gb"], "cluster_ids": ["x"]}), 422)
+    assert_problem(client.post("/v1/capacity", json=base | {"gpu_hour_cost": -1.0}), 422)
