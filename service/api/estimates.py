@@ -25,6 +25,7 @@ from service.catalog.efficiency import default_efficiency
 from service.errors import Unprocessable
 from service.estimator import estimate
 from service.estimator.calibration import Calibration, apply_calibration
+from service.estimator.errors import EstimatorError
 from service.estimator.estimate import host_fits
 from service.estimator.params import parameter_counts
 from service.estimator.step_time import cost
@@ -104,11 +105,28 @@ def estimate_out(
     )
 
 
+TRAINING_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
+LAYOUT_FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
+
+
+def located(exc: EstimatorError) -> EstimatorError:
+    """The same error with its field named as the request body names it (layout.tp, training.seq_len)."""
+    field = exc.field or ""
+    if field in LAYOUT_FIELDS:
+        field = f"layout.{field}"
+    elif field in TRAINING_FIELDS:
+        field = f"training.{field}"
+    return type(exc)(exc.message, rule=exc.rule, field=field or None)
+
+
 def calibrated_estimate(
     plans: PlanRepository, model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
 ) -> tuple[Estimate, Calibration]:
     """The estimate with the factors learned from runs on this hardware and framework applied."""
-    result = estimate(model, cluster, layout, training, efficiency=default_efficiency())
+    try:
+        result = estimate(model, cluster, layout, training, efficiency=default_efficiency())
+    except EstimatorError as exc:
+        raise located(exc) from exc
     calibration = calibration_for(plans, hardware_key(cluster), layout.framework.value)
     calibrated = apply_calibration(result, calibration, host_fits=host_fits(result.memory, cluster))
     return calibrated, calibration

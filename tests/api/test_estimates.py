@@ -64,7 +64,7 @@ def test_invalid_layout_names_rule_and_numbers(client: TestClient) -> None:
     assert problem["errors"][0]["rule"] == "world_size"
     assert "24" in problem["detail"] and "8" in problem["detail"]
     problem = assert_problem(client.post("/v1/estimates", json=body(offload_params="cpu")), 422)
-    assert problem["errors"][0]["field"] == "offload_params"
+    assert problem["errors"][0]["field"] == "layout.offload_params"
 
 
 def test_global_batch_must_divide(client: TestClient) -> None:
@@ -96,3 +96,23 @@ def test_enum_and_limit_errors(client: TestClient) -> None:
     payload["training"]["precision"] = "fp12"
     problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
     assert problem["errors"][0]["field"] == "training.precision"
+
+
+def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestClient) -> None:
+    mixtral = {"preset": "mixtral-8x7b"}
+    cases: list[tuple[dict[str, Any], dict[str, Any], str, str]] = [
+        # (layout change, other body changes, rule, field)
+        ({"dp": 4}, {}, "world_size", "layout.dp"),
+        ({"dp": 1, "tp": 8}, {"model": {"preset": "gpt2"}}, "heads_tp", "layout.tp"),
+        ({"dp": 1, "pp": 8, "zero_stage": 1}, {"model": {"preset": "gpt2"}}, "pp_layers", "layout.pp"),
+        ({"dp": 4, "pp": 2, "zero_stage": 3}, {}, "zero_pp", "layout.zero_stage"),
+        ({"zero_stage": 2, "offload_params": "cpu"}, {}, "offload_params", "layout.offload_params"),
+        ({"ep": 2}, {}, "ep_moe", "layout.ep"),
+        ({"dp": 8, "ep": 3}, {"model": mixtral}, "ep_experts", "layout.ep"),
+    ]
+    for layout, extra, rule, field in cases:
+        response = client.post("/v1/estimates", json=body(**layout) | extra)
+        problem = assert_problem(response, 422)
+        assert problem["errors"][0]["rule"] == rule, (layout, problem)
+        assert problem["errors"][0]["field"] == field, (layout, problem)
+        assert any(ch.isdigit() for ch in problem["detail"]), problem["detail"]
