@@ -241,7 +241,7 @@ def gpu_cluster(g: GPUSpec, gpus: int, inter_node_bytes_per_s: float) -> Cluster
 
 def gpt(layers: int, hidden: int, heads: int, vocab: int = 51200, seq_len: int = 2048) -> ModelSpec:
     """GPT-2/3 style: learned positions, 4h GELU MLP, LayerNorm, biases, tied embeddings."""
-    # The twin of tests/estimator/test_flops.py's ``gpt`` (family "custom", not "gpt2": no HF quirks).
+    # family "custom", not "gpt2": the Megatron-style papers' model, without HF implementation quirks
     return ModelSpec(
         name=f"gpt-{layers}x{hidden}",
         num_layers=layers,

@@ -10,36 +10,12 @@ from service.estimator import flops
 from service.estimator.params import parameter_counts
 from service.estimator.types import (
     Method,
-    MlpKind,
     ModelSpec,
     MoESpec,
-    NormKind,
-    PositionEmbedding,
     Recompute,
     TrainingSpec,
 )
-
-
-def gpt(layers: int, hidden: int, heads: int, vocab: int = 51200, seq_len: int = 2048) -> ModelSpec:
-    """GPT-2/3 style: learned positions, 4h GELU MLP, LayerNorm, biases, tied embeddings."""
-    return ModelSpec(
-        name=f"gpt-{layers}x{hidden}",
-        num_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_kv_heads=heads,
-        ffn_hidden_size=4 * hidden,
-        vocab_size=vocab,
-        max_position_embeddings=seq_len,
-        mlp=MlpKind.GELU,
-        norm=NormKind.LAYERNORM,
-        position_embedding=PositionEmbedding.LEARNED,
-        tied_embeddings=True,
-        qkv_bias=True,
-        attn_out_bias=True,
-        mlp_bias=True,
-    )
-
+from validation.cases import gpt
 
 TINY = ModelSpec(
     name="tiny",
