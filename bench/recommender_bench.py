@@ -1,14 +1,19 @@
 """Recommender speed: full searches, and layouts evaluated per second against llm-analysis.
 
-Run: ``.venv/bin/python -m bench.recommender_bench`` (add ``--llm-analysis PYTHON`` to compare with
-llm-analysis installed in another interpreter, e.g. ``.bench-venv/bin/python``). Numbers go to
-stdout and, as JSON, to ``--json PATH``. Not a test: timings depend on the machine.
+Run: ``make bench``, or ``.venv/bin/python -m bench.recommender_bench [--llm-analysis PYTHON]
+[--json PATH]``. ``PYTHON`` is an interpreter with ``llm-analysis==0.2.2`` installed (its own venv:
+it pins ``transformers==4.31``); it evaluates the same layouts in a subprocess that times itself.
+Not a test: timings depend on the machine, so they are reported with best and median of repeats.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -17,9 +22,15 @@ from typing import Any
 from service.catalog.efficiency import default_efficiency
 from service.catalog.gpus import gpu
 from service.catalog.models import model
+from service.estimator.errors import InvalidLayout
+from service.estimator.estimate import estimate
 from service.estimator.types import ClusterSpec, Framework, Layout, Recompute, TrainingSpec
+from service.estimator.validate import validate_layout
 from service.recommender import Constraints, recommend
 from service.recommender.fast import Evaluator
+
+GiB = 2**30
+GPU = "h100-sxm-80gb"
 
 
 def _cluster(name: str, nodes: int) -> ClusterSpec:
@@ -34,121 +45,272 @@ def _cluster(name: str, nodes: int) -> ClusterSpec:
     )
 
 
-def full_search(preset: str, nodes: int, seq: int, batch: int, repeats: int = 3) -> dict[str, Any]:
+def _summary(times: list[float]) -> dict[str, float]:
+    return {"best": min(times), "median": statistics.median(times)}
+
+
+def full_search(preset: str, nodes: int, seq: int, batch: int, repeats: int) -> dict[str, Any]:
     curve = default_efficiency()
-    spec, cluster = model(preset).spec, _cluster("h100-sxm-80gb", nodes)
+    spec, cluster = model(preset).spec, _cluster(GPU, nodes)
     training = TrainingSpec(seq_len=seq, global_batch_size=batch)
+    recommend(spec, cluster, training, Constraints(), curve)  # imports, catalog parsing, lru_caches
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
         result = recommend(spec, cluster, training, Constraints(), curve)
         times.append(time.perf_counter() - started)
-    assert result.recommended is not None
+    assert result.recommended is not None and result.recommended.estimate.time is not None
+    s = _summary(times)
     return {
-        "job": f"{preset} on {cluster.world_size} x h100-sxm-80gb, seq {seq}, batch {batch}",
-        "best_s": min(times),
-        "median_s": sorted(times)[len(times) // 2],
+        "job": f"{preset} on {cluster.world_size} x {GPU}, seq {seq}, global batch {batch}",
+        "repeats": repeats,
+        "best_s": s["best"],
+        "median_s": s["median"],
         "candidates_timed": result.search.candidates_evaluated,
         "families": result.search.families_considered,
         "memory_evaluations": result.search.memory_evaluations,
         "full_estimates": result.search.full_estimates,
         "truncated": result.search.truncated,
         "recommended": str(result.recommended.layout),
-        "tokens_per_s": result.recommended.estimate.time.tokens_per_s
-        if result.recommended.estimate.time
-        else None,
+        "tokens_per_s": result.recommended.estimate.time.tokens_per_s,
     }
 
 
-# The configurations both tools evaluate: Llama-2-7B shapes on 8 A100-80GB, tp x pp x b x recompute.
-CONFIGS = [
-    (tp, pp, b, recompute)
-    for tp in (1, 2, 4, 8)
-    for pp in (1, 2, 4)
-    for b in (1, 2, 4)
-    for recompute in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-    if tp * pp <= 8
-]
+# ---------------------------------------------------------------- layouts per second
+
+# The layouts both tools evaluate: Llama-2-7B on 8 H100-80GB, seq 4096, global batch 256 (the 7B
+# search's job), DeepSpeed ZeRO 0-3 (0-1 with pp > 1) x tp x pp x recompute x micro-batch, SP on
+# with tp > 1 (llm-analysis' default sp_size = tp_size). Only layouts our validator accepts.
+LA_MODEL, SEQ, GLOBAL_BATCH, GPUS = "llama-2-7b", 4096, 256, 8
+LA_RECOMPUTE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}  # ActivationRecomputation
 
 
-def ours_per_s(rounds: int = 5) -> float:
+def comparison_layouts() -> list[Layout]:
+    spec, cluster = model(LA_MODEL).spec, _cluster(GPU, 1)
+    training = TrainingSpec(seq_len=SEQ, global_batch_size=GLOBAL_BATCH)
+    out = []
+    for tp in (1, 2, 4, 8):
+        for pp in (1, 2, 4):
+            if tp * pp > GPUS:
+                continue
+            for zero in (0, 1, 2, 3):
+                for recompute in Recompute:
+                    for b in (1, 2, 4, 8):
+                        layout = Layout(
+                            framework=Framework.DEEPSPEED,
+                            dp=GPUS // (tp * pp),
+                            tp=tp,
+                            pp=pp,
+                            zero_stage=zero,
+                            recompute=recompute,
+                            micro_batch_size=b,
+                            sequence_parallel=tp > 1,
+                        )
+                        try:
+                            validate_layout(spec, cluster, layout, training)
+                        except InvalidLayout:
+                            continue
+                        out.append(layout)
+    return out
+
+
+def ours_per_s(layouts: list[Layout], rounds: int) -> dict[str, Any]:
+    """Memory + step time of every layout through a fresh ``Evaluator`` per round (its memos only
+    help within a round, as within one search), and through ``estimate()`` itself."""
     curve = default_efficiency()
-    spec, cluster = model("llama-2-7b").spec, _cluster("a100-sxm-80gb", 1)
-    training = TrainingSpec(seq_len=4096, global_batch_size=64)
-    evaluator = Evaluator(spec, cluster, training, curve)
-    started, n = time.perf_counter(), 0
+    spec, cluster = model(LA_MODEL).spec, _cluster(GPU, 1)
+    training = TrainingSpec(seq_len=SEQ, global_batch_size=GLOBAL_BATCH)
+    rates = []
     for _ in range(rounds):
-        for tp, pp, b, recompute in CONFIGS:
-            layout = Layout(
-                framework=Framework.MEGATRON,
-                dp=8 // (tp * pp),
-                tp=tp,
-                pp=pp,
-                micro_batch_size=b,
-                recompute=recompute,
-                sequence_parallel=tp > 1,
-                zero_stage=1,
-            )
+        started = time.perf_counter()
+        evaluator = Evaluator(spec, cluster, training, curve)
+        for layout in layouts:
             evaluator.memory(layout)
             evaluator.time(layout)
-            n += 1
-    return n / (time.perf_counter() - started)
+        rates.append(len(layouts) / (time.perf_counter() - started))
+    estimate_rates = []
+    for _ in range(2):
+        started = time.perf_counter()
+        for layout in layouts:
+            estimate(spec, cluster, layout, training, efficiency=curve, with_limits=False)
+        estimate_rates.append(len(layouts) / (time.perf_counter() - started))
+    return {
+        "layouts": len(layouts),
+        "rounds": rounds,
+        "best_per_s": max(rates),
+        "median_per_s": statistics.median(rates),
+        "estimate_best_per_s": max(estimate_rates),
+        "estimate_median_per_s": statistics.median(estimate_rates),
+    }
 
 
+# Runs inside the llm-analysis interpreter: argv[1] = JSON {layouts, rounds, sample}; prints JSON.
 LLM_ANALYSIS_SNIPPET = r"""
-import sys, time, logging, json
+import json, logging, statistics, sys, time
 logging.disable(logging.CRITICAL)
-from llm_analysis.analysis import LLMAnalysis
-from llm_analysis.config import ModelConfig, ParallelismConfig
-from llm_analysis.config import get_dtype_config_by_name, get_gpu_config_by_name
-configs = json.loads(sys.argv[1])
-model = ModelConfig(name="llama-2-7b", num_layers=32, n_head=32, hidden_dim=4096, vocab_size=32000,
-                    max_seq_len=4096, ffn_embed_dim=11008, mlp_gated_linear_units=True)
-gpu = get_gpu_config_by_name("a100-sxm-80gb")
-dtype = get_dtype_config_by_name("w16a16e16")
-n = 0
-started = time.perf_counter()
-for tp, pp, b, recompute in configs * 5:
-    par = ParallelismConfig(tp_size=tp, pp_size=pp, dp_size=8 // (tp * pp))
-    analysis = LLMAnalysis(model, gpu, dtype, par)
-    analysis.training(batch_size_per_gpu=b, seq_len=4096, global_batch_size=64,
-                      activation_recomputation={"none": 0, "selective": 1, "full": 4}[recompute],
-                      ds_zero=1, output_dir=None)
-    n += 1
-print(n / (time.perf_counter() - started))
+from llm_analysis.analysis import ActivationRecomputation, DSZeRO, LLMAnalysis
+from llm_analysis.config import (ParallelismConfig, get_dtype_config_by_name, get_gpu_config_by_name,
+                                 get_model_config_by_name)
+job = json.loads(sys.argv[1])
+model = get_model_config_by_name("NousResearch_Llama-2-7b-hf")  # its own Llama-2-7B entry
+gpu = get_gpu_config_by_name(job["gpu"])
+dtype = get_dtype_config_by_name("w16a16e16")  # bf16 weights / activations, fp32 master + Adam
+
+def run(layout):
+    dp, tp, pp, zero, recompute, b = layout
+    analysis = LLMAnalysis(model, gpu, dtype, ParallelismConfig(tp_size=tp, pp_size=pp, dp_size=dp))
+    return analysis.training(batch_size_per_gpu=b, seq_len=job["seq"], global_batch_size=job["batch"],
+                             activation_recomputation=ActivationRecomputation(recompute),
+                             ds_zero=DSZeRO(zero), output_dir=None)
+
+rates = []
+for _ in range(job["rounds"]):
+    started = time.perf_counter()
+    for layout in job["layouts"]:
+        run(layout)
+    rates.append(len(job["layouts"]) / (time.perf_counter() - started))
+keys = ("weight_memory_per_gpu", "gradient_memory_per_gpu", "optimizer_state_memory_per_gpu",
+        "activation_memory_per_gpu", "memory_left_per_gpu", "latency_per_iter")
+sample = [{k: run(layout)[k] for k in keys} for layout in job["sample"]]
+print(json.dumps({"rates": rates, "sample": sample, "capacity_bytes": gpu.mem_per_GPU_in_GB * 1024**3}))
 """
 
 
-def llm_analysis_per_s(python: str) -> float | None:
-    configs = [(tp, pp, b, r.value) for tp, pp, b, r in CONFIGS]
+def _la_tuple(layout: Layout) -> list[int]:
+    return [
+        layout.dp,
+        layout.tp,
+        layout.pp,
+        layout.zero_stage,
+        LA_RECOMPUTE[layout.recompute],
+        layout.micro_batch_size,
+    ]
+
+
+# A few layouts whose memory per GPU both tools report side by side.
+SAMPLE = [
+    # (tp, pp, zero, recompute, micro-batch)
+    (1, 1, 1, Recompute.NONE, 1),
+    (1, 1, 3, Recompute.SELECTIVE, 2),
+    (2, 1, 1, Recompute.SELECTIVE, 4),
+    (1, 4, 1, Recompute.FULL, 8),
+    (8, 1, 0, Recompute.NONE, 8),
+]
+
+
+def _sample_layouts(layouts: list[Layout]) -> list[Layout]:
+    wanted = set(SAMPLE)
+    return [
+        layout
+        for layout in layouts
+        if (layout.tp, layout.pp, layout.zero_stage, layout.recompute, layout.micro_batch_size) in wanted
+    ]
+
+
+def llm_analysis_per_s(python: str, layouts: list[Layout], rounds: int) -> dict[str, Any]:
+    sample = _sample_layouts(layouts)
+    job = {
+        "gpu": GPU,
+        "seq": SEQ,
+        "batch": GLOBAL_BATCH,
+        "rounds": rounds,
+        "layouts": [_la_tuple(layout) for layout in layouts],
+        "sample": [_la_tuple(layout) for layout in sample],
+    }
     done = subprocess.run(
-        [python, "-c", LLM_ANALYSIS_SNIPPET, json.dumps(configs)], capture_output=True, text=True, timeout=600
+        [python, "-c", LLM_ANALYSIS_SNIPPET, json.dumps(job)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
     )
     if done.returncode != 0:
-        print(done.stderr[-2000:], file=sys.stderr)
-        return None
-    return float(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"llm-analysis run failed:\n{done.stderr[-3000:]}")
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    return {
+        "layouts": len(layouts),
+        "rounds": rounds,
+        "best_per_s": max(theirs["rates"]),
+        "median_per_s": statistics.median(theirs["rates"]),
+        "memory_sample": _memory_sample(sample, theirs["sample"], theirs["capacity_bytes"]),
+    }
+
+
+def _memory_sample(
+    sample: list[Layout], theirs: list[dict[str, float]], capacity_bytes: float
+) -> list[dict[str, Any]]:
+    curve = default_efficiency()
+    spec, cluster = model(LA_MODEL).spec, _cluster(GPU, 1)
+    training = TrainingSpec(seq_len=SEQ, global_batch_size=GLOBAL_BATCH)
+    evaluator = Evaluator(spec, cluster, training, curve)
+    rows = []
+    for layout, la in zip(sample, theirs, strict=True):
+        ours = evaluator.memory(layout).per_gpu
+        rows.append(
+            {
+                "layout": f"dp={layout.dp} tp={layout.tp} pp={layout.pp} zero={layout.zero_stage} "
+                f"recompute={layout.recompute.value} b={layout.micro_batch_size}",
+                "ours_gib": {
+                    "parameters": ours.parameters / GiB,
+                    "gradients": ours.gradients / GiB,
+                    "optimizer_states": ours.optimizer_states / GiB,
+                    "activations": ours.activations / GiB,
+                    "buffers_and_overhead": (ours.buffers + ours.overhead) / GiB,
+                    "total": ours.total / GiB,
+                },
+                "llm_analysis_gib": {
+                    "parameters": la["weight_memory_per_gpu"] / GiB,
+                    "gradients": la["gradient_memory_per_gpu"] / GiB,
+                    "optimizer_states": la["optimizer_state_memory_per_gpu"] / GiB,
+                    "activations": la["activation_memory_per_gpu"] / GiB,
+                    "total": (capacity_bytes - la["memory_left_per_gpu"]) / GiB,
+                },
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------- report
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "load_average_1min_at_start": os.getloadavg()[0],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--llm-analysis", default=None, help="python with llm-analysis installed")
-    parser.add_argument("--json", default=None)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llm-analysis", default=None, help="a Python with llm-analysis==0.2.2 installed")
+    parser.add_argument("--json", default=None, help="write the report here as JSON")
+    parser.add_argument("--repeats", type=int, default=21, help="repeats of the 7B search (405B: a third)")
     args = parser.parse_args()
     report: dict[str, Any] = {
-        "405b_16384_h100": full_search("llama-3.1-405b", 2048, 8192, 2048),
-        "7b_8_h100": full_search("llama-2-7b", 1, 4096, 256, repeats=5),
-        "ours_layouts_per_s": ours_per_s(),
+        "date": datetime.date.today().isoformat(),
+        "machine": _machine(),
+        "search_7b_8_h100": full_search("llama-2-7b", 1, 4096, 256, repeats=args.repeats),
+        "search_405b_16384_h100": full_search(
+            "llama-3.1-405b", 2048, 8192, 2048, repeats=max(3, args.repeats // 3)
+        ),
     }
+    layouts = comparison_layouts()
+    report["ours"] = ours_per_s(layouts, rounds=7)
     if args.llm_analysis:
-        theirs = llm_analysis_per_s(args.llm_analysis)
-        report["llm_analysis_layouts_per_s"] = theirs
-        if theirs:
-            report["speedup"] = report["ours_layouts_per_s"] / theirs
+        theirs = llm_analysis_per_s(args.llm_analysis, layouts, rounds=3)
+        report["llm_analysis"] = theirs
+        report["speedup_best"] = report["ours"]["best_per_s"] / theirs["best_per_s"]
+        report["speedup_median"] = report["ours"]["median_per_s"] / theirs["median_per_s"]
+    report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
     print(json.dumps(report, indent=2))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
+            f.write("\n")
+    if args.llm_analysis and report["speedup_median"] < 10:
+        print(f"speed-up {report['speedup_median']:.1f}x < 10x (issue 4)", file=sys.stderr)
 
 
 if __name__ == "__main__":

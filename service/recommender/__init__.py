@@ -23,6 +23,7 @@ from service.estimator.model_states import DEFAULT_ASSUMPTIONS, state_bytes
 from service.estimator.types import (
     ClusterSpec,
     Estimate,
+    Framework,
     Layout,
     MemoryEstimate,
     Method,
@@ -82,8 +83,20 @@ class SearchResult:
     truncated: bool = False
     valid_structures: int = 0
 
+    _threshold: tuple[float, ...] | None = None  # the k-th best key's objective part, until best changes
+
     def ranked(self) -> list[Scored]:
         return sorted(self.best.values(), key=lambda s: s.key)
+
+    def keep(self, family: tuple[object, ...], scored: Scored) -> None:
+        self.best[family] = scored
+        self._threshold = None
+
+    def threshold(self, top_k: int) -> tuple[float, ...]:
+        """The objective part (first two entries) of the ``top_k``-th best key; needs k held."""
+        if self._threshold is None:
+            self._threshold = sorted(h.key for h in self.best.values())[top_k - 1][:2]
+        return self._threshold
 
     @property
     def memory_evaluations(self) -> int:
@@ -131,11 +144,16 @@ def _log_memory(result: SearchResult, layout: Layout, memory: MemoryEstimate, li
 
 
 def _search_memory_family(
-    job: _Job, ev: Evaluator, result: SearchResult, s: Structure, sh: Sharding, virtual: int, limit: int
+    job: _Job,
+    ev: Evaluator,
+    result: SearchResult,
+    family: tuple[Structure, Sharding, int],
+    sizes: tuple[int, ...],
+    limit: int,
 ) -> bool:
-    """Every recompute mode of one family; True if any fits."""
+    """Every recompute mode of one family (structure, sharding, interleaving); True if any fits."""
     sub = ev.cluster
-    sizes = micro_batch_sizes(job.training, s, virtual, s.tp > 1)
+    s, sh, virtual = family
     if not sizes:
         result.log.add(
             "invalid: virtual_pp",
@@ -182,16 +200,20 @@ def _time_candidate(job: _Job, ev: Evaluator, result: SearchResult, layout: Layo
     family = _family_key(layout)
     held = result.best.get(family)
     if held is None or key < held.key:
-        result.best[family] = Scored(layout, ev.memory(layout), time_estimate, key)
+        result.keep(family, Scored(layout, ev.memory(layout), time_estimate, key))
 
 
 def _search_structure(job: _Job, ev: Evaluator, result: SearchResult, s: Structure, limit: int) -> None:
+    sizes_of: dict[int, tuple[int, ...]] = {}  # micro-batches by interleaving depth
+    ceilings: dict[tuple[Framework, int], tuple[float, ...] | None] = {}  # see _dominated
     for framework in job.constraints.frameworks:
         options, unsupported = shardings(framework, s, job.constraints.allow_offload)
         for reason in unsupported:
-            result.log.add(
-                reason, 1, make_layout(s, Sharding(framework, 0), RECOMPUTE_ORDER[0], 1, 1), reason
-            )
+            if reason in result.log.groups:
+                result.log.groups[reason].count += 1  # the example is kept from the first
+            else:
+                example = make_layout(s, Sharding(framework, 0), RECOMPUTE_ORDER[0], 1, 1)
+                result.log.add(reason, 1, example, reason)
         fitted = False
         for sh in options:
             if sh.offloads and fitted:
@@ -202,48 +224,85 @@ def _search_structure(job: _Job, ev: Evaluator, result: SearchResult, s: Structu
                 _log_memory(result, probe, ev.memory(probe), limit, 1)
                 continue
             for virtual in virtual_stages(job.model, framework, s.pp):
-                if _dominated(job, ev, result, s, sh, virtual):
+                sizes = sizes_of.get(virtual)
+                if sizes is None:
+                    sizes = sizes_of[virtual] = micro_batch_sizes(job.training, s, virtual, s.tp > 1)
+                if _dominated(job, ev, result, (s, sh, virtual), sizes, ceilings):
                     continue
-                fitted |= _search_memory_family(job, ev, result, s, sh, virtual, limit)
+                fitted |= _search_memory_family(job, ev, result, (s, sh, virtual), sizes, limit)
                 if time.perf_counter() > job.deadline:
                     result.truncated = True
                     return
 
 
+DOMINATED = "dominated: cannot beat the top k at any micro-batch"
+# Float slack on the floor below: its sum and ``step_s - pp_bubble_s`` round differently (~1e-15).
+_FLOOR_SLACK = 1e-9
+
+
 def _dominated(
-    job: _Job, ev: Evaluator, result: SearchResult, s: Structure, sh: Sharding, virtual: int
+    job: _Job,
+    ev: Evaluator,
+    result: SearchResult,
+    family: tuple[Structure, Sharding, int],
+    sizes: tuple[int, ...],
+    ceilings: dict[tuple[Framework, int], tuple[float, ...] | None],
 ) -> bool:
     """True when even the most favourable micro-batch cannot beat the current top k.
 
     Step time falls with the micro-batch (GEMM efficiency, fewer collectives) except the pipeline
     bubble, and recompute only adds time: the time of the largest micro-batch without recompute,
     less its bubble, bounds every member of the family from below.
+
+    Cheaper first, per (framework, interleaving) of the structure: ``ceilings`` holds the sort key of
+    ``Evaluator.floor_s``, the part of that bound no sharding changes (DP, offload and optimizer time
+    are >= 0, and the key never gets larger with more tokens/s), or None when the optimistic layout
+    is invalid (``shardings`` yields only what the framework allows, so the sharding does not change
+    validity: ``tests/recommender/test_space.py`` checks it). Past the first family, one whose
+    ceiling loses is counted without building its layout; the first is logged with its exact bound.
     """
     top_k = job.constraints.top_k
-    if len(result.best) < top_k:
+    if len(result.best) < top_k or not sizes:
         return False
-    sizes = micro_batch_sizes(job.training, s, virtual, s.tp > 1)
-    if not sizes:
+    s, sh, virtual = family
+    if (sh.framework, virtual) not in ceilings:
+        ceilings[sh.framework, virtual] = _ceiling_key(job, ev, family, sizes[-1])
+    ceiling = ceilings[sh.framework, virtual]
+    if ceiling is None:
         return False
+    threshold = result.threshold(top_k)
+    if ceiling > threshold and DOMINATED in result.log.groups:
+        result.log.groups[DOMINATED].count += 1
+        return True
     optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1])
     try:
         validate_layout(job.model, ev.cluster, optimistic, job.training)
     except InvalidLayout:
         return False
     bound = ev.time(optimistic)
-    fastest_s = bound.step_s - bound.breakdown.pp_bubble_s
-    best_tokens_per_s = job.training.tokens_per_step / fastest_s
-    key = rank.sort_key(job.constraints.objective, optimistic, best_tokens_per_s)
-    threshold = sorted(h.key for h in result.best.values())[top_k - 1]
-    if key[:2] <= threshold[:2]:
+    best_tokens_per_s = job.training.tokens_per_step / (bound.step_s - bound.breakdown.pp_bubble_s)
+    if rank.primary_key(job.constraints.objective, s.gpus, best_tokens_per_s) <= threshold:
         return False
     result.log.add(
-        "dominated: cannot beat the top k at any micro-batch",
+        DOMINATED,
         1,
         optimistic,
         f"at most {best_tokens_per_s:,.0f} tokens/s (micro-batch {sizes[-1]}, no recompute, no bubble)",
     )
     return True
+
+
+def _ceiling_key(
+    job: _Job, ev: Evaluator, family: tuple[Structure, Sharding, int], micro_batch: int
+) -> tuple[float, ...] | None:
+    s, sh, virtual = family
+    optimistic = make_layout(s, sh, Recompute.NONE, virtual, micro_batch)
+    try:
+        validate_layout(job.model, ev.cluster, optimistic, job.training)
+    except InvalidLayout:
+        return None
+    ceiling = job.training.tokens_per_step / (ev.floor_s(optimistic) * (1 - _FLOOR_SLACK))
+    return rank.primary_key(job.constraints.objective, s.gpus, ceiling)
 
 
 def _states_fit(ev: Evaluator, layout: Layout, limit: int) -> bool:

@@ -3,10 +3,15 @@
 ``memory_estimate`` and ``time_estimate`` recompute everything that depends only on the model
 (parameter counts, per-layer FLOPs, per-stage sums) on every call: O(layers) work, ~1-5 ms for a
 126-layer model. A search asks for thousands of layouts of the *same* job, so ``Evaluator`` holds
-those sums once and memoises what depends on fewer inputs than a full layout (model states by
-sharding, per-stage sums by pp). It composes the estimator's own part functions in the same order,
-so its numbers equal ``estimate()``'s; ``tests/recommender/test_space.py`` checks that equality on
-a sample of layouts. The recommender still runs ``estimate()`` on what it returns.
+those sums once and memoises each part under only the layout fields it depends on: model states
+and gradient buckets by sharding (``_StatesKey``), activations without the sharding
+(``_ActivationKey``), the sharding-independent parts of a step (``_PartsKey``; compute, CP ring and
+PP sends also without recompute, ``_BaseKey``), the group links by split. Only data parallelism,
+offload and the optimizer step are computed per layout. It composes the estimator's own part
+functions and sums in the same order, so its numbers equal ``estimate()``'s;
+``tests/recommender/test_space.py`` checks that equality on a sample of layouts, and on layouts
+shuffled so that memo hits come from other layouts. The recommender still runs ``estimate()`` on
+what it returns.
 """
 
 from __future__ import annotations
@@ -46,17 +51,18 @@ from service.estimator.types import (
     TrainingSpec,
 )
 
-# Layout fields model states depend on (not micro-batch, recompute, interleaving or SP).
-_StatesKey = tuple[Framework, int, int, int, int, int, int, Offload, Offload, bool, int]
+# Layout fields model states and gradient buckets depend on (not micro-batch, recompute,
+# interleaving or SP), and the pipeline rank. dp and cp enter only as the ZeRO / FSDP shard group
+# dp x cp (model_states.shard_degrees, memory.bucket_bytes): (dp 4, cp 2) shares (dp 8, cp 1)'s.
+_StatesKey = tuple[Framework, int, int, int, int, int, Offload, Offload, bool, int]
 
 
 def _states_key(layout: Layout, rank: int) -> _StatesKey:
     return (
         layout.framework,
-        layout.dp,
+        layout.dp * layout.cp,
         layout.tp,
         layout.pp,
-        layout.cp,
         layout.ep,
         layout.zero_stage,
         layout.offload_optimizer,
@@ -64,6 +70,51 @@ def _states_key(layout: Layout, rank: int) -> _StatesKey:
         layout.fsdp_hybrid_shard,
         rank,
     )
+
+
+# Layout fields activations depend on (not the sharding), and the pipeline rank.
+_ActivationKey = tuple[
+    Framework, int, int, int, int, int, bool, int, int | None, int, Recompute, bool, bool, int
+]
+# activations on GPU, on host, pipeline + dequantize buffers, loss workspace (last stage only)
+_ActivationPart = tuple[float, float, float, int | None]
+
+# Layout fields a step's time depends on before data parallelism, offload and the optimizer (those
+# depend on the sharding and the framework): dp, tp, pp, cp, ep, sequence_parallel, micro_batch_size,
+# gradient_accumulation_steps, virtual_pipeline_stages, recompute, tp_comm_overlap.
+_PartsKey = tuple[int, int, int, int, int, bool, int, int | None, int, Recompute, bool]
+
+
+# _PartsKey less recompute and tp_comm_overlap.
+_BaseKey = tuple[int, int, int, int, int, bool, int, int | None, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Base:
+    """The parts of a step neither recompute nor TP overlap change."""
+
+    stage: int  # the slowest pipeline stage
+    micro_batches: int
+    flops_per_s: float  # achieved GEMM rate per GPU
+    links: st.GroupLinks
+    compute_s: float
+    cp_comm_s: float
+    pp_comm_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """The sharding-independent parts of one step (``step_time`` functions of the same name)."""
+
+    micro_batches: int
+    links: st.GroupLinks
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    pp_bubble_s: float
+    pp_comm_s: float
 
 
 @dataclass(slots=True)
@@ -85,7 +136,15 @@ class Evaluator:
     _states: dict[_StatesKey, ModelStates] = field(default_factory=dict)
     _state_bytes: dict[Framework, StateBytes] = field(default_factory=dict)
     _stage_flops: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    _stage_params: dict[int, int] = field(default_factory=dict)
+    _sharded: dict[_StatesKey, tuple[ModelStates, float]] = field(default_factory=dict)
+    _activations: dict[_ActivationKey, _ActivationPart] = field(default_factory=dict)
+    _gpu_params: dict[tuple[int, int, int], float] = field(default_factory=dict)
+    _stage_stored_sums: dict[tuple[int, bool, int, int], float] = field(default_factory=dict)
+    _stage_recompute: dict[tuple[int, int, Recompute], int] = field(default_factory=dict)
+    _group_links: dict[tuple[int, int, int, int, int], st.GroupLinks] = field(default_factory=dict)
+    _parts_cache: dict[_PartsKey, _Parts] = field(default_factory=dict)
+    _bases: dict[_BaseKey, _Base] = field(default_factory=dict)
+    _peak_flops_per_s: float = field(init=False)
     _layer_stored: dict[tuple[int, bool], tuple[float, ...]] = field(default_factory=dict)
     _moe_layers: dict[tuple[int, int], int] = field(default_factory=dict)
     _flops_ready: bool = False
@@ -109,6 +168,8 @@ class Evaluator:
             * (sum(self._layer_flops) + self._logits_flops + sum(self._recompute_flops[r]))
             for r in Recompute
         }
+        # raises for a precision the GPU lacks, as time_estimate does (validate_layout rejects it first)
+        self._peak_flops_per_s = st.peak_flops_per_s(self.cluster, training.precision)
         self._flops_ready = True
 
     # ------------------------------------------------------------ memory (memory.rank_memory)
@@ -130,47 +191,89 @@ class Evaluator:
             self._state_bytes[framework] = found
         return found
 
+    def _sharded_part(self, layout: Layout, rank: int) -> tuple[ModelStates, float]:
+        # model states and gradient buckets + gathered parameters: they depend on the sharding only
+        key = _states_key(layout, rank)
+        found = self._sharded.get(key)
+        if found is None:
+            model, training, assume = self.model, self.training, DEFAULT_ASSUMPTIONS
+            rp = rank_parameters(model, self.counts, layout, rank)
+            sb = self._sb(layout.framework)
+            trainable = (
+                rp.dense + rp.expert
+                if training.method is Method.FULL
+                else lora_parameters(model, training, layout)
+            )
+            shards = (shard_degrees(layout, self.cluster)[0], trainable)
+            buffers = mem.bucket_bytes(trainable, sb, layout, assume)
+            buffers += mem.gathered_parameter_bytes(model, self.counts, rp, layout, sb, shards, assume)
+            found = (self.model_states(layout, rank), buffers)
+            self._sharded[key] = found
+        return found
+
+    def _activation_part(self, layout: Layout, rank: int) -> _ActivationPart:
+        # activations (GPU, host) and the activation-sized buffers: they do not depend on the sharding
+        key = (
+            layout.framework,
+            layout.dp,
+            layout.tp,
+            layout.pp,
+            layout.cp,
+            layout.ep,
+            layout.sequence_parallel,
+            layout.micro_batch_size,
+            layout.gradient_accumulation_steps,
+            layout.virtual_pipeline_stages,
+            layout.recompute,
+            layout.activation_offload,
+            layout.chunked_loss,
+            rank,
+        )
+        found = self._activations.get(key)
+        if found is None:
+            model, training = self.model, self.training
+            act_gpu, act_host = mem.activation_split(model, layout, training, rank)
+            pipeline = mem.pipeline_buffer_bytes(model, layout, training) + mem.dequantize_bytes(
+                model, layout, training
+            )
+            loss = (
+                activations.loss_workspace_bytes(model, layout, training) if rank == layout.pp - 1 else None
+            )
+            found = (act_gpu, act_host, pipeline, loss)
+            self._activations[key] = found
+        return found
+
     def _rank_memory(self, layout: Layout, rank: int) -> tuple[MemoryBreakdown, float, float]:
-        model, training, assume = self.model, self.training, DEFAULT_ASSUMPTIONS
-        states = self.model_states(layout, rank)
-        rp = rank_parameters(model, self.counts, layout, rank)
-        sb = self._sb(layout.framework)
-        trainable = (
-            rp.dense + rp.expert
-            if training.method is Method.FULL
-            else lora_parameters(model, training, layout)
-        )
-        act_gpu, act_host = mem.activation_split(model, layout, training, rank)
-        shards = (shard_degrees(layout, self.cluster)[0], trainable)
-        buffers = mem.bucket_bytes(trainable, sb, layout, assume)
-        buffers += mem.gathered_parameter_bytes(model, self.counts, rp, layout, sb, shards, assume)
-        buffers += mem.pipeline_buffer_bytes(model, layout, training) + mem.dequantize_bytes(
-            model, layout, training
-        )
-        if rank == layout.pp - 1:
-            buffers += activations.loss_workspace_bytes(model, layout, training)
+        # memory.rank_memory, its sums in the same order
+        states, buffers = self._sharded_part(layout, rank)
+        act_gpu, act_host, pipeline, loss = self._activation_part(layout, rank)
+        buffers += pipeline
+        if loss is not None:
+            buffers += loss
         breakdown = MemoryBreakdown(
             parameters=math.ceil(states.parameters),
             gradients=math.ceil(states.gradients),
             optimizer_states=math.ceil(states.optimizer_states),
             activations=math.ceil(act_gpu),
             buffers=math.ceil(buffers),
-            overhead=math.ceil(mem.overhead_bytes(layout, act_gpu + buffers, assume)),
+            overhead=math.ceil(mem.overhead_bytes(layout, act_gpu + buffers, DEFAULT_ASSUMPTIONS)),
         )
         return breakdown, states.host_bytes + act_host, states.nvme_bytes
 
     def memory(self, layout: Layout) -> MemoryEstimate:
         """Equals ``memory.memory_estimate(model, cluster, layout, training)``."""
         self.memory_calls += 1
-        ranks = sorted({0, layout.pp - 1})
-        results = [self._rank_memory(layout, r) for r in ranks]
-        breakdown = max((r[0] for r in results), key=lambda b: b.total)
+        breakdown, host, nvme = self._rank_memory(layout, 0)
+        if layout.pp > 1:  # the larger of the first and the last stage, the first on a tie
+            last, last_host, last_nvme = self._rank_memory(layout, layout.pp - 1)
+            breakdown = last if last.total > breakdown.total else breakdown
+            host, nvme = max(host, last_host), max(nvme, last_nvme)
         gpn = self.cluster.gpus_per_node
         return MemoryEstimate(
             per_gpu=breakdown,
             capacity_bytes=self.cluster.gpu.memory_bytes,
-            cpu_per_node_bytes=math.ceil(max(r[1] for r in results) * gpn),
-            nvme_per_node_bytes=math.ceil(max(r[2] for r in results) * gpn),
+            cpu_per_node_bytes=math.ceil(host * gpn),
+            nvme_per_node_bytes=math.ceil(nvme * gpn),
         )
 
     # ------------------------------------------------------------ time (step_time.time_estimate)
@@ -198,14 +301,43 @@ class Evaluator:
             self._layer_stored[key] = found
         return found
 
+    def _stage_stored(self, layout: Layout, stage: int) -> float:
+        # sum of layer_stored_bytes over the stage's layers, in layer order (as the estimator sums)
+        key = (layout.tp, layout.sequence_parallel, layout.pp, stage)
+        found = self._stage_stored_sums.get(key)
+        if found is None:
+            stored = self._stored(layout)
+            found = sum(stored[i] for i in st.stage_layers(self.model, layout, stage))
+            self._stage_stored_sums[key] = found
+        return found
+
+    def _stage_recompute_flops(self, layout: Layout, stage: int) -> int:
+        key = (layout.pp, stage, layout.recompute)
+        found = self._stage_recompute.get(key)
+        if found is None:
+            per_layer = self._recompute_flops[layout.recompute]
+            found = sum(per_layer[i] for i in st.stage_layers(self.model, layout, stage))
+            self._stage_recompute[key] = found
+        return found
+
     def gpu_parameters(self, layout: Layout) -> float:
         """Equals ``step_time.gpu_parameters``."""
-        stage_params = self._stage_params.get(layout.pp)
-        if stage_params is None:
+        key = (layout.pp, layout.tp, layout.ep)
+        found = self._gpu_params.get(key)
+        if found is None:
             stage_params = max(stage_parameter_counts(self.model, layout.pp))
-            self._stage_params[layout.pp] = stage_params
-        experts = self.counts.experts_per_moe_layer * math.ceil(self.counts.moe_layers / layout.pp)
-        return ((stage_params - experts) + experts / layout.ep) / layout.tp
+            experts = self.counts.experts_per_moe_layer * math.ceil(self.counts.moe_layers / layout.pp)
+            found = ((stage_params - experts) + experts / layout.ep) / layout.tp
+            self._gpu_params[key] = found
+        return found
+
+    def _links(self, layout: Layout) -> st.GroupLinks:
+        key = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep)
+        found = self._group_links.get(key)
+        if found is None:
+            found = st.group_links(self.cluster, layout, self.curve)
+            self._group_links[key] = found
+        return found
 
     def _moe_layer_count(self, layout: Layout, stage: int) -> int:
         key = (layout.pp, stage)
@@ -219,41 +351,134 @@ class Evaluator:
     def time(self, layout: Layout) -> TimeEstimate:
         """Equals ``step_time.time_estimate(model, cluster, layout, training, counts, curve)``."""
         self.time_calls += 1
-        if not self._flops_ready:
-            self._prepare_flops()
-        model, cluster, training, curve = self.model, self.cluster, self.training, self.curve
-        overlap = st.CommOverlap(tp=layout.tp_comm_overlap, dp=layout.overlap_grad_reduce)
-        tokens = st.micro_batch_tokens_per_rank(layout, training)
-        efficiency = matmul_efficiency(curve, cluster.gpu.name, model.hidden_size / layout.tp, tokens)
-        work = self._stage_flops_of(model, layout)
-        stage = work.index(max(work))
-        peak = st.peak_flops_per_s(cluster, training.precision)
-        step = st.StepContext(
-            model=model,
-            cluster=cluster,
-            layout=layout,
-            training=training,
-            counts=self.counts,
-            curve=curve,
-            overlap=overlap,
-            stage=stage,
-            micro_batches=layout.accumulation_steps(training.global_batch_size),
-            flops_per_s=peak * efficiency,
-            links=st.group_links(cluster, layout, curve),
+        parts = self._parts(layout)
+        params = self.gpu_parameters(layout)
+        shard = params / (layout.dp * layout.cp) if layout.zero_stage >= 1 else params
+        breakdown = TimeBreakdown(
+            compute_s=parts.compute_s,
+            recompute_s=parts.recompute_s,
+            tp_comm_s=parts.tp_comm_s,
+            cp_comm_s=parts.cp_comm_s,
+            ep_comm_s=parts.ep_comm_s,
+            pp_bubble_s=parts.pp_bubble_s,
+            pp_comm_s=parts.pp_comm_s,
+            dp_comm_exposed_s=self._dp_exposed_s(layout, parts, params),
+            offload_s=self._offload_s(layout, parts, shard),
+            optimizer_s=self._optimizer_s(layout, shard),
         )
-        breakdown = self._breakdown(step, work[stage])
         step_s = breakdown.step_s
         gpus = layout.world_size
+        peak = self._peak_flops_per_s
         model_flops = self._model_flops_step
         hardware_flops = self._hardware_flops_step[layout.recompute]
         return TimeEstimate(
             breakdown=breakdown,
-            tokens_per_s=training.tokens_per_step / step_s,
+            tokens_per_s=self.training.tokens_per_step / step_s,
             tflops_per_gpu=model_flops / (step_s * gpus) / 1e12,
             mfu=model_flops / (step_s * gpus * peak),
             hardware_tflops_per_gpu=hardware_flops / (step_s * gpus) / 1e12,
             hfu=hardware_flops / (step_s * gpus * peak),
         )
+
+    def floor_s(self, layout: Layout) -> float:
+        """``time(layout).step_s`` less its bubble, DP, offload and optimizer time (all >= 0): a lower
+        bound on the bubble-free step of every sharding and framework with the same parts key."""
+        p = self._parts(layout)
+        return p.compute_s + p.recompute_s + p.tp_comm_s + p.cp_comm_s + p.ep_comm_s + p.pp_comm_s
+
+    def _parts(self, layout: Layout) -> _Parts:
+        key = (
+            layout.dp,
+            layout.tp,
+            layout.pp,
+            layout.cp,
+            layout.ep,
+            layout.sequence_parallel,
+            layout.micro_batch_size,
+            layout.gradient_accumulation_steps,
+            layout.virtual_pipeline_stages,
+            layout.recompute,
+            layout.tp_comm_overlap,
+        )
+        found = self._parts_cache.get(key)
+        if found is None:
+            found = self._make_parts(layout)
+            self._parts_cache[key] = found
+        return found
+
+    def _make_parts(self, layout: Layout) -> _Parts:
+        base = self._base(layout)
+        s = self._context(layout, base.stage, base.micro_batches, base.flops_per_s, base.links)
+        recompute = self._recompute_s(s)
+        tp, ep = st.tp_comm_s(s), self._ep_comm_s(s)
+        ideal = base.compute_s + recompute + tp + base.cp_comm_s + ep
+        p, v = layout.pp, layout.virtual_pipeline_stages
+        return _Parts(
+            micro_batches=base.micro_batches,
+            links=base.links,
+            compute_s=base.compute_s,
+            recompute_s=recompute,
+            tp_comm_s=tp,
+            cp_comm_s=base.cp_comm_s,
+            ep_comm_s=ep,
+            pp_bubble_s=(p - 1) / (v * base.micro_batches) * ideal,
+            pp_comm_s=base.pp_comm_s,
+        )
+
+    def _context(
+        self, layout: Layout, stage: int, micro_batches: int, flops_per_s: float, links: st.GroupLinks
+    ) -> st.StepContext:
+        return st.StepContext(
+            model=self.model,
+            cluster=self.cluster,
+            layout=layout,
+            training=self.training,
+            counts=self.counts,
+            curve=self.curve,
+            overlap=st.CommOverlap(tp=layout.tp_comm_overlap, dp=layout.overlap_grad_reduce),
+            stage=stage,
+            micro_batches=micro_batches,
+            flops_per_s=flops_per_s,
+            links=links,
+        )
+
+    def _base(self, layout: Layout) -> _Base:
+        # what neither recompute nor TP overlap changes: GEMM rate, compute, CP ring, PP sends
+        key = (
+            layout.dp,
+            layout.tp,
+            layout.pp,
+            layout.cp,
+            layout.ep,
+            layout.sequence_parallel,
+            layout.micro_batch_size,
+            layout.gradient_accumulation_steps,
+            layout.virtual_pipeline_stages,
+        )
+        found = self._bases.get(key)
+        if found is not None:
+            return found
+        if not self._flops_ready:
+            self._prepare_flops()
+        model, cluster, training = self.model, self.cluster, self.training
+        tokens = st.micro_batch_tokens_per_rank(layout, training)
+        efficiency = matmul_efficiency(self.curve, cluster.gpu.name, model.hidden_size / layout.tp, tokens)
+        work = self._stage_flops_of(model, layout)
+        stage = work.index(max(work))
+        micro_batches = layout.accumulation_steps(training.global_batch_size)
+        flops_per_s, links = self._peak_flops_per_s * efficiency, self._links(layout)
+        s = self._context(layout, stage, micro_batches, flops_per_s, links)
+        found = _Base(
+            stage=stage,
+            micro_batches=micro_batches,
+            flops_per_s=flops_per_s,
+            links=links,
+            compute_s=self._compute_s(s, work[stage]),
+            cp_comm_s=st.cp_comm_s(s),
+            pp_comm_s=st.pp_comm_s(s),
+        )
+        self._bases[key] = found
+        return found
 
     def _memory_bound_s(self, s: st.StepContext, passes: float, stored: float) -> float:
         traffic = s.curve.memory_traffic_per_stored_byte * stored * passes
@@ -261,25 +486,22 @@ class Evaluator:
 
     def _compute_s(self, s: st.StepContext, per_token: int) -> float:
         gemm_s = s.micro_batches * s.tokens * per_token / s.layout.tp / s.flops_per_s
-        layers = st.stage_layers(s.model, s.layout, s.stage)
-        stored = sum(self._stored(s.layout)[i] for i in layers)
+        stored = self._stage_stored(s.layout, s.stage)
         if s.stage == s.layout.pp - 1:
             stored += st.logits_stored_bytes(s.model, s.layout)
         return gemm_s + self._memory_bound_s(s, 3, stored)
 
     def _recompute_s(self, s: st.StepContext) -> float:
         recompute = s.layout.recompute
-        layers = st.stage_layers(s.model, s.layout, s.stage)
-        per_token = sum(self._recompute_flops[recompute][i] for i in layers)
+        per_token = self._stage_recompute_flops(s.layout, s.stage)
         gemm_s = s.micro_batches * s.tokens * per_token / s.layout.tp / s.flops_per_s
         stored = 0.0
         if recompute is Recompute.FULL:
-            stored = sum(self._stored(s.layout)[i] for i in layers)
+            stored = self._stage_stored(s.layout, s.stage)
         elif recompute is Recompute.SELECTIVE and s.training.attention is Attention.EAGER:
             heads = s.model.num_attention_heads / s.layout.tp
-            stored = (
-                len(layers) * 5 * heads * s.training.seq_len * st.activation_bytes(s.training.precision) / 2
-            )
+            layers = len(st.stage_layers(s.model, s.layout, s.stage))
+            stored = layers * 5 * heads * s.training.seq_len * st.activation_bytes(s.training.precision) / 2
         return gemm_s + self._memory_bound_s(s, 1, stored)
 
     def _ep_comm_s(self, s: st.StepContext) -> float:
@@ -292,76 +514,59 @@ class Evaluator:
         one = comm.group_all_to_all_s(size_bytes, s.links.ep)
         return s.micro_batches * self._moe_layer_count(s.layout, s.stage) * collectives * one
 
-    def _dp_exposed_s(self, s: st.StepContext, compute: float, params: float) -> float:
-        training, layout, links = s.training, s.layout, s.links
+    def _dp_exposed_s(self, layout: Layout, parts: _Parts, params: float) -> float:
+        training, curve, dp_link = self.training, self.curve, parts.links.dp
+        compute = parts.compute_s + parts.recompute_s
         full = training.method is Method.FULL
         grad_size = params * st.grad_bytes(training.precision, layout.framework)
         if layout.zero_stage == 3:
-            gathers = 2 * comm.group_all_gather_s(params * st.activation_bytes(training.precision), links.dp)
-            reduce3 = comm.group_reduce_scatter_s(grad_size, links.dp) if full else 0.0
+            gathers = 2 * comm.group_all_gather_s(params * st.activation_bytes(training.precision), dp_link)
+            reduce3 = comm.group_reduce_scatter_s(grad_size, dp_link) if full else 0.0
             return st.exposed_s(
-                s.micro_batches * (gathers + reduce3), compute, s.curve.zero3_prefetch_hidden_fraction
+                parts.micro_batches * (gathers + reduce3), compute, curve.zero3_prefetch_hidden_fraction
             )
         reduce = 0.0
         if full:
             reduce = (
-                comm.group_all_reduce_s(grad_size, links.dp)
+                comm.group_all_reduce_s(grad_size, dp_link)
                 if layout.zero_stage == 0
-                else comm.group_reduce_scatter_s(grad_size, links.dp)
+                else comm.group_reduce_scatter_s(grad_size, dp_link)
             )
         gather = 0.0
         if full and layout.zero_stage in (1, 2):
             size = params * st.activation_bytes(training.precision)
-            gather = comm.group_all_gather_s(size, links.dp)
+            gather = comm.group_all_gather_s(size, dp_link)
         overlapped = (
-            s.overlap.dp if s.overlap.dp is not None else dp_overlap_default(s.curve, layout.framework)
+            layout.overlap_grad_reduce
+            if layout.overlap_grad_reduce is not None
+            else dp_overlap_default(curve, layout.framework)
         )
         if not overlapped:
             return reduce + gather
-        per_micro_batch = compute / s.micro_batches
-        hidden = s.curve.dp_overlap_max_hidden_fraction
+        per_micro_batch = compute / parts.micro_batches
+        hidden = curve.dp_overlap_max_hidden_fraction
         return st.exposed_s(reduce, 2 / 3 * per_micro_batch, hidden) + st.exposed_s(
             gather, per_micro_batch / 3, hidden
         )
 
-    def _offload_s(self, s: st.StepContext, shard: float, compute: float) -> float:
-        pcie = s.cluster.gpu.pcie_bandwidth_bytes_per_s
+    def _offload_s(self, layout: Layout, parts: _Parts, shard: float) -> float:
+        cluster, curve = self.cluster, self.curve
+        pcie = cluster.gpu.pcie_bandwidth_bytes_per_s
         seconds = 0.0
-        if s.layout.offload_optimizer is not Offload.NONE:
+        if layout.offload_optimizer is not Offload.NONE:
             seconds += shard * (2 + 2) / pcie
-        if s.layout.offload_optimizer is Offload.NVME:
-            node_bytes = shard * s.cluster.gpus_per_node * 2 * 12
-            seconds += node_bytes / s.curve.nvme_bandwidth_bytes_per_s_per_node
-        if s.layout.offload_params is not Offload.NONE:
-            fetch_s = s.micro_batches * 2 * 2 * shard / pcie
-            seconds += st.exposed_s(fetch_s, compute, s.curve.zero3_prefetch_hidden_fraction)
+        if layout.offload_optimizer is Offload.NVME:
+            node_bytes = shard * cluster.gpus_per_node * 2 * 12
+            seconds += node_bytes / curve.nvme_bandwidth_bytes_per_s_per_node
+        if layout.offload_params is not Offload.NONE:
+            fetch_s = parts.micro_batches * 2 * 2 * shard / pcie
+            seconds += st.exposed_s(fetch_s, parts.compute_s, curve.zero3_prefetch_hidden_fraction)
         return seconds
 
-    def _optimizer_s(self, s: st.StepContext, shard: float) -> float:
-        if s.training.method is not Method.FULL:
+    def _optimizer_s(self, layout: Layout, shard: float) -> float:
+        if self.training.method is not Method.FULL:
             return 0.0
-        if s.layout.offload_optimizer is not Offload.NONE:
-            return shard * s.cluster.gpus_per_node / s.curve.cpu_adam_params_per_s_per_node
-        step_bytes = shard * st.OPTIMIZER_STEP_BYTES[s.training.optimizer]
-        return step_bytes / s.cluster.gpu.hbm_bandwidth_bytes_per_s
-
-    def _breakdown(self, s: st.StepContext, per_token: int) -> TimeBreakdown:
-        compute = self._compute_s(s, per_token)
-        recompute = self._recompute_s(s)
-        tp, cp, ep = st.tp_comm_s(s), st.cp_comm_s(s), self._ep_comm_s(s)
-        ideal = compute + recompute + tp + cp + ep
-        p, v = s.layout.pp, s.layout.virtual_pipeline_stages
-        params = self.gpu_parameters(s.layout)
-        shard = params / (s.layout.dp * s.layout.cp) if s.layout.zero_stage >= 1 else params
-        return TimeBreakdown(
-            compute_s=compute,
-            recompute_s=recompute,
-            tp_comm_s=tp,
-            cp_comm_s=cp,
-            ep_comm_s=ep,
-            pp_bubble_s=(p - 1) / (v * s.micro_batches) * ideal,
-            pp_comm_s=st.pp_comm_s(s),
-            dp_comm_exposed_s=self._dp_exposed_s(s, compute + recompute, params),
-            offload_s=self._offload_s(s, shard, compute),
-            optimizer_s=self._optimizer_s(s, shard),
-        )
+        if layout.offload_optimizer is not Offload.NONE:
+            return shard * self.cluster.gpus_per_node / self.curve.cpu_adam_params_per_s_per_node
+        step_bytes = shard * st.OPTIMIZER_STEP_BYTES[self.training.optimizer]
+        return step_bytes / self.cluster.gpu.hbm_bandwidth_bytes_per_s

@@ -15,13 +15,17 @@ GiB = 2**30
 
 def sort_key(objective: Objective, layout: Layout, tokens_per_s: float) -> tuple[float, ...]:
     """Smaller is better. Throughput equal to 4 significant digits goes to the simpler layout."""
-    gpus = layout.world_size
+    return (*primary_key(objective, layout.world_size, tokens_per_s), *simplicity(layout))
+
+
+def primary_key(objective: Objective, gpus: int, tokens_per_s: float) -> tuple[float, float]:
+    """The objective's part of ``sort_key``: never larger for more tokens/s on the same GPUs."""
     rounded = float(f"{tokens_per_s:.4g}")
     if objective is Objective.FEWEST_GPUS:
-        return (gpus, -rounded, *simplicity(layout))
+        return (gpus, -rounded)
     if objective is Objective.COST:
-        return (float(f"{gpus / tokens_per_s:.4g}"), -rounded, *simplicity(layout))
-    return (-rounded, gpus, *simplicity(layout))
+        return (float(f"{gpus / tokens_per_s:.4g}"), -rounded)
+    return (-rounded, gpus)
 
 
 def simplicity(layout: Layout) -> tuple[int, ...]:

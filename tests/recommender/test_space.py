@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
 from service.catalog.efficiency import default_efficiency
 from service.catalog.gpus import gpu
 from service.catalog.models import model
+from service.estimator.errors import InvalidLayout
 from service.estimator.memory import memory_estimate
 from service.estimator.step_time import time_estimate
-from service.estimator.types import ClusterSpec, Framework, Layout, Offload, Recompute, TrainingSpec
+from service.estimator.types import (
+    Attention,
+    ClusterSpec,
+    Framework,
+    Layout,
+    Method,
+    Offload,
+    Recompute,
+    TrainingSpec,
+)
+from service.estimator.validate import validate_layout
 from service.recommender.fast import Evaluator
 from service.recommender.space import (
     RejectionLog,
     Structure,
     divisors,
     gpu_counts,
+    make_layout,
     micro_batch_sizes,
     shardings,
     structures,
@@ -124,3 +137,95 @@ def test_fast_evaluator_equals_the_estimator(name: str, nodes: int) -> None:
     for layout in _sample_layouts(nodes, spec.moe is not None)[::3]:
         assert ev.memory(layout) == memory_estimate(spec, c, layout, training), layout
         assert ev.time(layout) == time_estimate(spec, c, layout, training, None, curve), layout
+
+
+def _shared_key_layouts(moe: bool) -> list[Layout]:
+    # 8 and 16 GPUs split so that many layouts share the Evaluator's memo keys: (dp, cp) pairs with
+    # the same ZeRO group dp x cp, every sharding over the same structure, micro-batch and recompute
+    # over the same sharding, Megatron's TP overlap on and off, experts split or not.
+    out = []
+    for (dp, cp), tp, pp, b, recompute, fw, zero, ep in itertools.product(
+        ((8, 1), (4, 2), (2, 1), (1, 2)),
+        (1, 2),
+        (1, 2, 4),
+        (1, 4),
+        list(Recompute),
+        list(Framework),
+        (0, 1, 3),
+        (1, 2) if moe else (1,),
+    ):
+        if dp * cp * tp * pp not in (8, 16) or (dp * cp) % ep:
+            continue
+        out.append(
+            Layout(
+                framework=fw,
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                cp=cp,
+                ep=ep,
+                zero_stage=zero,
+                recompute=recompute,
+                micro_batch_size=b,
+                sequence_parallel=tp > 1,
+                tp_comm_overlap=fw is Framework.MEGATRON and tp > 1,
+                offload_optimizer=Offload.CPU if zero == 3 and b == 4 else Offload.NONE,
+                virtual_pipeline_stages=2 if pp == 2 and fw is Framework.MEGATRON else 1,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize(("name", "step"), [("llama-3-8b", 2), ("mixtral-8x7b", 5)])
+def test_fast_evaluator_memo_hits_equal_the_estimator(name: str, step: int) -> None:
+    # The memo keys leave out layout fields on purpose; a shuffled order makes each key's first
+    # layout a different one, so a field wrongly left out shows up as a mismatch.
+    spec = model(name).spec
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    curve = default_efficiency()
+    layouts = _shared_key_layouts(spec.moe is not None)
+    random.Random(4).shuffle(layouts)
+    evaluators = {n: Evaluator(spec, cluster(nodes=n // 8), training, curve) for n in (8, 16)}
+    for layout in layouts[::step]:
+        ev = evaluators[layout.world_size]
+        c = ev.cluster
+        assert ev.memory(layout) == memory_estimate(spec, c, layout, training), layout
+        assert ev.time(layout) == time_estimate(spec, c, layout, training, None, curve), layout
+        floor = ev.floor_s(layout)
+        exact = ev.time(layout).breakdown
+        assert floor <= (exact.step_s - exact.pp_bubble_s) * (1 + 1e-12), layout
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes", "training"),
+    [
+        ("llama-2-7b", 1, TrainingSpec(seq_len=4096, global_batch_size=256)),
+        ("mixtral-8x7b", 2, TrainingSpec(seq_len=4096, global_batch_size=64)),
+        ("llama-3-8b", 2, TrainingSpec(seq_len=8192, global_batch_size=64, method=Method.LORA)),
+        ("llama-2-13b", 2, TrainingSpec(seq_len=2048, global_batch_size=64, attention=Attention.EAGER)),
+    ],
+)
+def test_the_sharding_does_not_change_a_familys_validity(
+    name: str, nodes: int, training: TrainingSpec
+) -> None:
+    # recommender._dominated caches whether a family's optimistic layout (no recompute, largest
+    # micro-batch) is valid per (structure, framework, interleaving): shardings() must only yield
+    # what the framework allows, whatever the structure.
+    spec, c = model(name).spec, cluster(nodes=nodes)
+    for s in structures(spec, c, training, c.world_size, RejectionLog()):
+        for framework in Framework:
+            options, _ = shardings(framework, s, offload=True)
+            for virtual in virtual_stages(spec, framework, s.pp):
+                sizes = micro_batch_sizes(training, s, virtual, s.tp > 1)
+                if not sizes:
+                    continue
+                verdicts = set()
+                for sh in options:
+                    try:
+                        validate_layout(
+                            spec, c, make_layout(s, sh, Recompute.NONE, virtual, sizes[-1]), training
+                        )
+                        verdicts.add("valid")
+                    except InvalidLayout as error:
+                        verdicts.add(f"invalid: {error.rule}")
+                assert len(verdicts) <= 1, (s, framework, virtual, verdicts)
