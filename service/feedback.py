@@ -58,7 +58,7 @@ def _memory_advice(run: ObservedRun, estimate: dict[str, Any], layout: dict[str,
         return []
     max_mb = estimate["limits"]["max_micro_batch_size"]
     options = []
-    if max_mb > layout["micro_batch_size"]:
+    if max_mb is not None and max_mb > layout["micro_batch_size"]:
         options.append(f"a larger micro-batch (up to {max_mb} fits by this plan's model)")
     if layout["zero_stage"] > 0:
         options.append(f"less sharding (zero_stage {layout['zero_stage']} -> {layout['zero_stage'] - 1})")

@@ -512,8 +512,12 @@ class TimeOut(BaseModel):
 
 
 class LimitsOut(BaseModel):
-    max_micro_batch_size: int = Field(description="largest micro-batch that still fits this layout; 0: none")
-    max_seq_len: int = Field(description="largest sequence length that still fits this layout; 0: none")
+    max_micro_batch_size: int | None = Field(
+        description="largest micro-batch that still fits this layout; 0: none; null: not computed"
+    )
+    max_seq_len: int | None = Field(
+        description="largest sequence length that still fits this layout; 0: none; null: not computed"
+    )
 
 
 class CalibrationOut(BaseModel):

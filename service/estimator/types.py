@@ -514,8 +514,8 @@ class Estimate:
     fits: bool
     memory: MemoryEstimate
     time: TimeEstimate | None = None
-    max_micro_batch_size: int = 0
-    max_seq_len: int = 0
+    max_micro_batch_size: int | None = None  # largest that fits; 0: none does; None: not computed
+    max_seq_len: int | None = None
     time_to_train_s: float | None = None
     warnings: tuple[str, ...] = field(default_factory=tuple)
     assumptions: tuple[str, ...] = field(default_factory=tuple)

@@ -13,6 +13,10 @@ from service.recommender.types import Constraints, Objective
 GiB = 2**30
 
 
+# Differences below this share of the step or of tokens/s are within the model's own noise.
+TIE_FRACTION = 0.005
+
+
 def sort_key(objective: Objective, layout: Layout, tokens_per_s: float) -> tuple[float, ...]:
     """Smaller is better. Throughput equal to 4 significant digits goes to the simpler layout."""
     return (*primary_key(objective, layout.world_size, tokens_per_s), *simplicity(layout))
@@ -103,6 +107,8 @@ def _biggest_overhead(estimate: Estimate) -> str:
         "optimizer step": b.optimizer_s,
     }
     name, seconds = max(parts.items(), key=lambda kv: kv[1])
+    if seconds < TIE_FRACTION * step:
+        return f"compute-bound: {b.compute_s / step:.1%} of the {step:.3g} s step is forward and backward"
     return (
         f"limited by {name}: {seconds / step:.1%} of the {step:.3g} s step (compute {b.compute_s / step:.0%})"
     )
@@ -120,10 +126,14 @@ def rationale(
     t = estimate.time
     lines = [f"{t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {t.mfu:.1%}"]
     if runner_up is not None and runner_up[1].time is not None:
-        other = runner_up[1].time.tokens_per_s
-        lines.append(
-            f"tokens/s {(t.tokens_per_s / other - 1):.1%} higher than the next ({describe(runner_up[0])})"
-        )
+        gain = t.tokens_per_s / runner_up[1].time.tokens_per_s - 1
+        if gain < TIE_FRACTION:
+            lines.append(
+                f"ties with the next ({describe(runner_up[0])}) within {TIE_FRACTION:.1%} of tokens/s; "
+                "ranked first as the simpler layout"
+            )
+        else:
+            lines.append(f"tokens/s {gain:.1%} higher than the next ({describe(runner_up[0])})")
     if layout.tp > 1:
         where = "inside the node" if layout.tp <= gpus_per_node else "ACROSS nodes"
         lines.append(f"TP={layout.tp} {where} ({gpus_per_node} GPUs per node), sequence parallel on")
