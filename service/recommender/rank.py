@@ -129,8 +129,8 @@ def rationale(
         gain = t.tokens_per_s / runner_up[1].time.tokens_per_s - 1
         if gain < TIE_FRACTION:
             lines.append(
-                f"ties with the next ({describe(runner_up[0])}) within {TIE_FRACTION:.1%} of tokens/s; "
-                "ranked first as the simpler layout"
+                f"ties with the next ({describe(runner_up[0])}): within {TIE_FRACTION:.1%} of tokens/s, "
+                "below what the model resolves; either is a good choice"
             )
         else:
             lines.append(f"tokens/s {gain:.1%} higher than the next ({describe(runner_up[0])})")
