@@ -253,6 +253,14 @@ def compute_s(st: StepContext) -> float:
     return gemm_s + memory_bound_s(st, 3, stored)
 
 
+# Forward-equivalents of memory-bound work a recompute costs. Full recompute re-runs each layer's
+# forward once. Selective recompute re-runs attention's core, whose s x s chain (scores written by
+# QK^T, read and written by mask/softmax, read by dropout, which writes its mask and output) moves
+# about twice the bytes it finally stores (Korthikanti Table 4: selective costs 7% of a layer, more
+# than its 2.7% FLOPs; Korthikanti §5 names the softmax/dropout memory traffic as the cost).
+RECOMPUTE_PASSES = {Recompute.NONE: 0.0, Recompute.SELECTIVE: 2.0, Recompute.FULL: 1.0}
+
+
 def recompute_s(st: StepContext) -> float:
     """The recomputed forward: every layer (full) or attention's core (selective)."""
     recompute = st.layout.recompute
@@ -267,7 +275,7 @@ def recompute_s(st: StepContext) -> float:
         )
     else:
         stored = 0.0
-    return gemm_s + memory_bound_s(st, 1, stored)
+    return gemm_s + memory_bound_s(st, RECOMPUTE_PASSES[recompute], stored)
 
 
 def tp_comm_s(st: StepContext) -> float:

@@ -502,7 +502,7 @@ class Evaluator:
             heads = s.model.num_attention_heads / s.layout.tp
             layers = len(st.stage_layers(s.model, s.layout, s.stage))
             stored = layers * 5 * heads * s.training.seq_len * st.activation_bytes(s.training.precision) / 2
-        return gemm_s + self._memory_bound_s(s, 1, stored)
+        return gemm_s + self._memory_bound_s(s, st.RECOMPUTE_PASSES[recompute], stored)
 
     def _ep_comm_s(self, s: st.StepContext) -> float:
         moe = s.model.moe

@@ -127,11 +127,19 @@ def _sample_layouts(nodes: int, moe: bool) -> list[Layout]:
     return out
 
 
-@pytest.mark.parametrize(("name", "nodes"), [("llama-3-8b", 2), ("mixtral-8x7b", 4)])
-def test_fast_evaluator_equals_the_estimator(name: str, nodes: int) -> None:
+@pytest.mark.parametrize(
+    ("name", "nodes", "attention"),
+    [
+        ("llama-3-8b", 2, Attention.FLASH),
+        ("mixtral-8x7b", 4, Attention.FLASH),
+        ("llama-2-7b", 2, Attention.EAGER),
+    ],
+)
+def test_fast_evaluator_equals_the_estimator(name: str, nodes: int, attention: Attention) -> None:
+    # eager attention exercises the s x s terms (stored scores, selective recompute traffic)
     spec = model(name).spec
     c = cluster(nodes=nodes)
-    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256, attention=attention)
     curve = default_efficiency()
     ev = Evaluator(spec, c, training, curve)
     for layout in _sample_layouts(nodes, spec.moe is not None)[::3]:
