@@ -31,6 +31,11 @@ class Metrics:
             self._sum_s[key] += duration_s
             self._count[key] += 1
 
+    def requests_with_status(self, status: int) -> list[tuple[str, str]]:
+        """(method, route) of every request answered with `status` so far."""
+        with self._lock:
+            return [(m, r) for (m, r, s), n in self._requests.items() if s == status for _ in range(n)]
+
     def render(self) -> str:
         lines = [
             "# HELP trainplan_http_requests_total HTTP requests by method, route template and status.",

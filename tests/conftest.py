@@ -86,3 +86,5 @@ def app(migrated_url: str, db_engine: Engine) -> Iterator[FastAPI]:
 def client(app: FastAPI) -> Iterator[TestClient]:
     with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
+    # No test, however bad its input, may meet an internal error.
+    assert app.state.metrics.requests_with_status(500) == [], "a request was answered with 500"

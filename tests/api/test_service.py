@@ -51,3 +51,18 @@ def test_cors_allows_only_configured_origins(migrated_url: str) -> None:
         assert ok.headers["access-control-allow-origin"] == "https://ui.example"
         other = client.get("/healthz", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in other.headers
+
+
+def test_an_unexpected_error_is_a_problem_500_with_the_request_id(migrated_url: str) -> None:
+    app = create_app(Settings(database_url=migrated_url))
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("bug")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.get("/boom", headers={"X-Request-ID": "trace-7"})
+    problem = assert_problem(response, 500)
+    assert "trace-7" in problem["detail"] and "bug" not in problem["detail"]
+    assert response.headers["x-request-id"] == "trace-7"
+    assert app.state.metrics.requests_with_status(500) == [("GET", "/boom")]
