@@ -122,7 +122,8 @@ async def _estimator_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _unknown_entry(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, UnknownCatalogEntry)
-    # An unknown name inside a request body is a validation problem; in a path it is a 404.
+    # Reached from path lookups (GET /v1/gpus/{name}); names inside a body are turned into 422s
+    # naming the field where the body is resolved (api/schemas.py).
     return problem_response(404, str(exc), slug="not-found", instance=request.url.path)
 
 

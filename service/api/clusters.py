@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response, status
+from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from service.api.deps import ClusterRepoDep
@@ -34,8 +35,13 @@ def to_out(record: ClusterRecord) -> ClusterOut:
         gpus_per_node=record.gpus_per_node,
         world_size=record.num_nodes * record.gpus_per_node,
         gpu_memory_bytes=spec.gpu.memory_bytes,
-        intra_node_bandwidth_bytes_per_s=record.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=record.inter_node_bandwidth_bytes_per_s,
+        intra_node_bandwidth_bytes_per_s=spec.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=spec.inter_node_bandwidth_bytes_per_s,
+        defaulted=[
+            name
+            for name in ("intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s")
+            if getattr(record, name) is None
+        ],
         cpu_memory_bytes_per_node=record.cpu_memory_bytes_per_node,
         nvme_bytes_per_node=record.nvme_bytes_per_node,
         created_at=record.created_at,
@@ -59,7 +65,7 @@ def record_fields(record: ClusterRecord) -> dict[str, Any]:
 
 def _apply(record: ClusterRecord, body: ClusterCreate) -> None:
     """Validate the whole cluster (catalog GPU, bandwidth defaults) and write it to the row."""
-    spec = body.to_domain()
+    spec = body.to_domain()  # validates: catalog GPU, bandwidth defaults, inter-node when needed
     record.name = body.name
     record.description = body.description
     if isinstance(body.gpu, CustomGPU):
@@ -68,8 +74,9 @@ def _apply(record: ClusterRecord, body: ClusterCreate) -> None:
         record.gpu_name, record.gpu_spec = body.gpu, None
     record.num_nodes = spec.num_nodes
     record.gpus_per_node = spec.gpus_per_node
-    record.intra_node_bandwidth_bytes_per_s = spec.intra_node_bandwidth_bytes_per_s
-    record.inter_node_bandwidth_bytes_per_s = spec.inter_node_bandwidth_bytes_per_s
+    # Stored as given: None keeps following the default (the GPU's link; intra-node on one node).
+    record.intra_node_bandwidth_bytes_per_s = body.intra_node_bandwidth_bytes_per_s
+    record.inter_node_bandwidth_bytes_per_s = body.inter_node_bandwidth_bytes_per_s
     record.cpu_memory_bytes_per_node = spec.cpu_memory_bytes_per_node
     record.nvme_bytes_per_node = spec.nvme_bytes_per_node
 
@@ -137,18 +144,14 @@ def replace_cluster(cluster_id: str, body: ClusterCreate, repo: ClusterRepoDep) 
 def update_cluster(cluster_id: str, body: ClusterPatch, repo: ClusterRepoDep) -> ClusterOut:
     record = _get_or_404(repo, cluster_id)
     merged = record_fields(record) | body.model_dump(exclude_unset=True)
-    # A new GPU brings its own default intra-node bandwidth unless the patch sets one.
-    if "gpu" in body.model_fields_set and "intra_node_bandwidth_bytes_per_s" not in body.model_fields_set:
-        merged["intra_node_bandwidth_bytes_per_s"] = None
-    # Shrinking to one node drops the network figure (it defaults to intra-node again).
-    touched = body.model_fields_set
-    if (
-        "num_nodes" in touched
-        and "inter_node_bandwidth_bytes_per_s" not in touched
-        and merged["num_nodes"] == 1
-    ):
-        merged["inter_node_bandwidth_bytes_per_s"] = None
-    replacement = ClusterCreate.model_validate(merged)
+    try:
+        replacement = ClusterCreate.model_validate(merged)
+    except ValidationError as exc:  # e.g. a stored custom GPU that no longer validates
+        errors = [
+            {"field": ".".join(map(str, e["loc"])), "message": e["msg"], "type": e["type"]}
+            for e in exc.errors()
+        ]
+        raise Unprocessable("the patched cluster is not valid", errors=errors) from exc
     _check_name_free(repo, replacement.name, record.id)
     _apply(record, replacement)
     _save(repo, record)

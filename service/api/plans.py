@@ -7,7 +7,7 @@ import hashlib
 import io
 import json
 import zipfile
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response, status
@@ -221,6 +221,13 @@ def _replay(found: IdempotencyKeyRecord, digest: str, repo: PlanRepository, resp
     return plan_out(record)
 
 
+def as_utc(moment: datetime | None) -> datetime | None:
+    """Query timestamps without an offset are UTC, as every timestamp this service writes."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
+
+
 def _get_or_404(repo: PlanRepository, plan_id: str) -> PlanRecord:
     record = repo.get(plan_id)
     if record is None:
@@ -300,8 +307,8 @@ def list_plans(
     cluster_id: Annotated[str | None, Query(max_length=64)] = None,
     model: Annotated[str | None, Query(max_length=200)] = None,
     status_: Annotated[str | None, Query(alias="status", pattern="^(feasible|infeasible)$")] = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
+    created_after: Annotated[datetime | None, Query(description="ISO 8601; without an offset: UTC")] = None,
+    created_before: Annotated[datetime | None, Query(description="ISO 8601; without an offset: UTC")] = None,
 ) -> Page[PlanOut]:
     """Newest first, filtered; pass `next_cursor` back as `cursor` for the next page."""
     try:
@@ -312,8 +319,8 @@ def list_plans(
         cluster_id=cluster_id,
         model=model,
         status=status_,
-        created_after=created_after,
-        created_before=created_before,
+        created_after=as_utc(created_after),
+        created_before=as_utc(created_before),
     )
     rows, next_cursor = plans.list_page(limit=limit, before_id=before, filters=filters)
     return Page[PlanOut](items=[plan_out(r) for r in rows], next_cursor=next_cursor)

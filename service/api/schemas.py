@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.gpus import gpu as catalog_gpu
@@ -177,7 +177,8 @@ class ClusterCreate(ClusterShape):
 
 
 class ClusterPatch(Strict):
-    """Fields to change; the merged cluster is validated as a whole."""
+    """Fields to change; the merged cluster is validated as a whole. Only the two bandwidths may
+    be null: null puts them back to their defaults. (None below means "not sent".)"""
 
     name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
     description: str | None = Field(default=None, max_length=2000)
@@ -188,6 +189,17 @@ class ClusterPatch(Strict):
     inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
     cpu_memory_bytes_per_node: int | None = Field(default=None, ge=0, le=MAX_MEMORY_BYTES)
     nvme_bytes_per_node: int | None = Field(default=None, ge=0, le=2**50)
+
+    @field_validator(
+        "name", "description", "gpu", "num_nodes", "gpus_per_node", "cpu_memory_bytes_per_node",
+        "nvme_bytes_per_node", mode="before",
+    )  # fmt: skip
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        # runs only for values the client sent: an explicit null is refused, naming the field
+        if value is None:
+            raise ValueError("may not be null (leave the field out to keep it)")
+        return value
 
 
 class ClusterOut(BaseModel):
@@ -201,6 +213,9 @@ class ClusterOut(BaseModel):
     gpu_memory_bytes: int
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
+    defaulted: list[str] = Field(
+        description="fields taken from defaults (they follow the GPU and node count)"
+    )
     cpu_memory_bytes_per_node: int
     nvme_bytes_per_node: int
     created_at: datetime

@@ -22,8 +22,9 @@ class ClusterRecord(Base):
     gpu_spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     num_nodes: Mapped[int] = mapped_column(Integer)
     gpus_per_node: Mapped[int] = mapped_column(Integer)
-    intra_node_bandwidth_bytes_per_s: Mapped[float] = mapped_column(Float)
-    inter_node_bandwidth_bytes_per_s: Mapped[float] = mapped_column(Float)
+    # As given; None: the default (the GPU's intra-node link; on one node, inter = intra).
+    intra_node_bandwidth_bytes_per_s: Mapped[float | None] = mapped_column(Float)
+    inter_node_bandwidth_bytes_per_s: Mapped[float | None] = mapped_column(Float)
     cpu_memory_bytes_per_node: Mapped[int] = mapped_column(BigInteger)
     nvme_bytes_per_node: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

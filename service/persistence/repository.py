@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,7 +24,7 @@ def encode_cursor(last_id: str) -> str:
 def decode_cursor(cursor: str) -> str:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # binascii.Error, UnicodeDecodeError, non-ASCII input
         raise InvalidCursor(f"cursor {cursor!r} is not one this service issued") from exc
     if len(raw) != 26 or not raw.isalnum():
         raise InvalidCursor(f"cursor {cursor!r} is not one this service issued")

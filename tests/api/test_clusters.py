@@ -195,3 +195,35 @@ def test_bad_cursor_and_limit_are_422(client: TestClient) -> None:
     problem = assert_problem(client.get("/v1/clusters", params={"limit": 501}), 422)
     assert problem["errors"][0]["field"] == "query.limit"
     assert problem["errors"][0]["limit"] == {"le": 500}
+
+
+def test_defaults_follow_the_cluster_and_growing_past_one_node_needs_a_network(client: TestClient) -> None:
+    one = create(client, name="one", num_nodes=1, inter_node_bandwidth_bytes_per_s=None)
+    assert set(one["defaulted"]) == {"intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s"}
+    # One node: the network figure is the NVLink one by default; it must not survive growing.
+    problem = assert_problem(client.patch(f"/v1/clusters/{one['id']}", json={"num_nodes": 4}), 422)
+    assert problem["errors"][0]["field"] == "inter_node_bandwidth_bytes_per_s"
+    grown = client.patch(f"/v1/clusters/{one['id']}", json={"num_nodes": 4, "inter_node_bandwidth_gbps": 25})
+    assert grown.status_code == 200, grown.text
+    assert grown.json()["inter_node_bandwidth_bytes_per_s"] == 25e9
+    assert grown.json()["defaulted"] == ["intra_node_bandwidth_bytes_per_s"]
+    # A defaulted intra-node figure follows a new GPU; null puts a given one back to its default.
+    swapped = client.patch(f"/v1/clusters/{one['id']}", json={"gpu": "a100-sxm-80gb"}).json()
+    a100 = client.get("/v1/gpus/a100-sxm-80gb").json()
+    assert swapped["intra_node_bandwidth_bytes_per_s"] == a100["intra_node_bandwidth_bytes_per_s"]
+    back = client.patch(f"/v1/clusters/{one['id']}", json={"inter_node_bandwidth_bytes_per_s": None})
+    assert_problem(back, 422)  # four nodes still need a network figure
+
+
+def test_explicit_null_is_refused_by_field(client: TestClient) -> None:
+    created = create(client)
+    for field in ("name", "num_nodes", "gpu", "description", "cpu_memory_bytes_per_node"):
+        problem = assert_problem(client.patch(f"/v1/clusters/{created['id']}", json={field: None}), 422)
+        assert problem["errors"][0]["field"] == field
+    assert client.get(f"/v1/clusters/{created['id']}").json() == created
+
+
+def test_non_ascii_cursor_is_422(client: TestClient) -> None:
+    for path in ("/v1/clusters", "/v1/plans"):
+        problem = assert_problem(client.get(path, params={"cursor": "é"}), 422)
+        assert problem["errors"][0]["field"] == "query.cursor"

@@ -192,3 +192,11 @@ def test_error_paths_are_problems_and_store_nothing(client: TestClient) -> None:
     assert_problem(client.post("/v1/plans/nope/runs", json={"step_s": 1}), 404)
     assert client.get(f"/v1/plans/{plan['id']}/runs").json()["items"] == []
     assert len(client.get("/v1/plans").json()["items"]) == 1
+
+
+def test_created_filters_accept_timestamps_without_an_offset_as_utc(client: TestClient) -> None:
+    plan = create(client, plan_body(launchers=[]))
+    for params in ({"created_after": "2000-01-01T00:00:00"}, {"created_before": "2100-01-01T00:00:00"}):
+        items = client.get("/v1/plans", params=params).json()["items"]
+        assert [p["id"] for p in items] == [plan["id"]]
+    assert client.get("/v1/plans", params={"created_after": "2100-01-01T00:00:00"}).json()["items"] == []
