@@ -24,9 +24,8 @@ from service.api.schemas import (
 from service.catalog.efficiency import default_efficiency
 from service.errors import Unprocessable
 from service.estimator import estimate
-from service.estimator.calibration import Calibration, apply_calibration
+from service.estimator.calibration import Calibration
 from service.estimator.errors import EstimatorError
-from service.estimator.estimate import host_fits
 from service.estimator.params import parameter_counts
 from service.estimator.step_time import cost
 from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, TrainingSpec
@@ -123,13 +122,14 @@ def calibrated_estimate(
     plans: PlanRepository, model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
 ) -> tuple[Estimate, Calibration]:
     """The estimate with the factors learned from runs on this hardware and framework applied."""
+    calibration = calibration_for(plans, hardware_key(cluster), layout.framework.value)
     try:
-        result = estimate(model, cluster, layout, training, efficiency=default_efficiency())
+        result = estimate(
+            model, cluster, layout, training, efficiency=default_efficiency(), calibration=calibration
+        )
     except EstimatorError as exc:
         raise located(exc) from exc
-    calibration = calibration_for(plans, hardware_key(cluster), layout.framework.value)
-    calibrated = apply_calibration(result, calibration, host_fits=host_fits(result.memory, cluster))
-    return calibrated, calibration
+    return result, calibration
 
 
 @router.post("", response_model=EstimateOut)

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response, status
+from pydantic import BaseModel
 from sqlalchemy.exc import IntegrityError
 
 from service.api.calibration import calibration_for, calibration_out, hardware_key, observed
@@ -31,9 +32,8 @@ from service.catalog import catalog_version
 from service.catalog.efficiency import default_efficiency
 from service.errors import Conflict, NotFound, Unprocessable
 from service.estimator import ESTIMATOR_VERSION
-from service.estimator.calibration import Calibration, apply_calibration
-from service.estimator.estimate import host_fits
-from service.estimator.memory import max_seq_len
+from service.estimator.calibration import Calibration
+from service.estimator.estimate import estimate as estimate_layout
 from service.estimator.params import parameter_counts
 from service.estimator.types import ClusterSpec, Layout, ModelSpec, Plan, TrainingSpec
 from service.feedback import diagnose
@@ -41,6 +41,7 @@ from service.launchers import render
 from service.persistence.models import IdempotencyKeyRecord, PlanRecord, RunRecord
 from service.persistence.repository import InvalidCursor, PlanFilters, PlanRepository, decode_cursor
 from service.recommender import recommend
+from service.recommender.space import sub_cluster
 from service.recommender.types import Candidate, Constraints, Recommendation
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=PROBLEM_RESPONSES)
@@ -53,16 +54,6 @@ IdempotencyKey = Annotated[
 
 
 # ---------------------------------------------------------------- planning
-
-
-def sub_cluster(cluster: ClusterSpec, world_size: int) -> ClusterSpec:
-    """The part of the cluster a layout of `world_size` GPUs runs on (whole nodes, or part of one)."""
-    if world_size >= cluster.world_size:
-        return cluster
-    per_node = min(cluster.gpus_per_node, world_size)
-    return dataclasses.replace(
-        cluster, num_nodes=max(1, world_size // cluster.gpus_per_node), gpus_per_node=per_node
-    )
 
 
 def headroom_for(
@@ -90,15 +81,21 @@ def candidate_out(
     calibration: Calibration,
     gpu_hour_cost: float | None,
     *,
-    with_seq_limit: bool = False,
+    with_limits: bool = False,
 ) -> CandidateOut:
-    sub = sub_cluster(cluster, candidate.layout.world_size)
     estimate = candidate.estimate
-    if with_seq_limit:  # the search skips this limit; the recommended layout gets it
-        estimate = dataclasses.replace(
-            estimate, max_seq_len=max_seq_len(model, sub, candidate.layout, training)
+    if with_limits or not calibration.is_identity:
+        # The recommended layout gets both limits; calibrated numbers are recomputed whole so
+        # that fit, warnings and limits agree with the calibrated memory.
+        estimate = estimate_layout(
+            model,
+            sub_cluster(cluster, candidate.layout.world_size),
+            candidate.layout,
+            training,
+            efficiency=default_efficiency(),
+            with_limits=with_limits,
+            calibration=calibration,
         )
-    estimate = apply_calibration(estimate, calibration, host_fits=host_fits(estimate.memory, sub))
     total = parameter_counts(model).total
     out = estimate_out(estimate, candidate.layout, training, total, gpu_hour_cost, calibration)
     return CandidateOut(
@@ -122,7 +119,7 @@ def plan_result(
 
     def out(c: Candidate, recommended: bool = False) -> dict[str, Any]:
         calibration = calibrations.get(c.layout.framework.value, Calibration())
-        result = candidate_out(c, model, cluster, training, calibration, cost, with_seq_limit=recommended)
+        result = candidate_out(c, model, cluster, training, calibration, cost, with_limits=recommended)
         return result.model_dump(mode="json")
 
     recommended = rec.recommended
@@ -160,11 +157,6 @@ def render_artifacts(
     return files, {target.value: reason for target, reason in unsupported.items()}
 
 
-def request_digest(body: PlanRequest) -> str:
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 # ---------------------------------------------------------------- output
 
 
@@ -200,10 +192,17 @@ def plan_out(record: PlanRecord) -> PlanOut:
     )
 
 
-def _replay(found: IdempotencyKeyRecord, digest: str, repo: PlanRepository, response: Response) -> PlanOut:
+def stored_resource(repo: PlanRepository, key: str | None, scope: str, digest: str) -> str | None:
+    """The id a previous request with this Idempotency-Key created, if any; the same key with
+    another body is refused."""
+    if key is None:
+        return None
+    found = repo.idempotency_key(key, scope)
+    if found is None:
+        return None
     if found.request_sha256 != digest:
         raise Unprocessable(
-            f"Idempotency-Key {found.key!r} was used with another request body (plan {found.resource_id})",
+            f"Idempotency-Key {key!r} was used with another request body (it created {found.resource_id})",
             errors=[
                 {
                     "field": "header.Idempotency-Key",
@@ -212,13 +211,33 @@ def _replay(found: IdempotencyKeyRecord, digest: str, repo: PlanRepository, resp
                 }
             ],
         )
-    record = repo.get(found.resource_id)
-    if record is None:
-        raise NotFound(f"the plan created with Idempotency-Key {found.key!r} has since been deleted")
+    return found.resource_id
+
+
+def remember(repo: PlanRepository, key: str | None, scope: str, digest: str, resource_id: str) -> None:
+    """Record the key in the same transaction as the resource; a concurrent twin fails here."""
+    if key is not None:
+        record = IdempotencyKeyRecord(key=key, scope=scope, request_sha256=digest, resource_id=resource_id)
+        repo.add_idempotency_key(record)
+
+
+def replayed(response: Response, location: str) -> None:
     response.status_code = status.HTTP_200_OK
     response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = f"/v1/plans/{record.id}"
+    response.headers["Location"] = location
+
+
+def _replay_plan(plan_id: str, key: str | None, repo: PlanRepository, response: Response) -> PlanOut:
+    record = repo.get(plan_id)
+    if record is None:  # keys outlive what they created, so a retry cannot silently recreate it
+        raise NotFound(f"plan {plan_id} created with Idempotency-Key {key!r} has since been deleted")
+    replayed(response, f"/v1/plans/{record.id}")
     return plan_out(record)
+
+
+def request_digest(body: BaseModel) -> str:
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -252,10 +271,9 @@ def create_plan(
     idempotency_key: IdempotencyKey = None,
 ) -> PlanOut:
     digest = request_digest(body)
-    if idempotency_key is not None:
-        found = plans.idempotency_key(idempotency_key, IDEMPOTENCY_SCOPE)
-        if found is not None:
-            return _replay(found, digest, plans, response)
+    earlier = stored_resource(plans, idempotency_key, IDEMPOTENCY_SCOPE, digest)
+    if earlier is not None:
+        return _replay_plan(earlier, idempotency_key, plans, response)
     model = body.model.to_domain()
     cluster = resolve_cluster(body.cluster, clusters)
     training = body.training.to_domain()
@@ -282,19 +300,14 @@ def create_plan(
     )
     try:
         plans.add(record)
-        if idempotency_key is not None:
-            plans.add_idempotency_key(
-                IdempotencyKeyRecord(
-                    key=idempotency_key, scope=IDEMPOTENCY_SCOPE, request_sha256=digest, resource_id=record.id
-                )
-            )
+        remember(plans, idempotency_key, IDEMPOTENCY_SCOPE, digest, record.id)
     except IntegrityError:
         # A concurrent request with the same key committed first: it owns the plan.
         plans.session.rollback()
-        found = plans.idempotency_key(idempotency_key or "", IDEMPOTENCY_SCOPE)
-        if found is None:
+        earlier = stored_resource(plans, idempotency_key, IDEMPOTENCY_SCOPE, digest)
+        if earlier is None:
             raise
-        return _replay(found, digest, plans, response)
+        return _replay_plan(earlier, idempotency_key, plans, response)
     response.headers["Location"] = f"/v1/plans/{record.id}"
     return plan_out(record)
 
@@ -381,8 +394,16 @@ def get_artifact(plan_id: str, name: str, plans: PlanRepoDep) -> Response:
 
 
 @router.post("/{plan_id}/runs", status_code=status.HTTP_201_CREATED, response_model=RunOut)
-def create_run(plan_id: str, body: RunIn, plans: PlanRepoDep, response: Response) -> RunOut:
+def create_run(
+    plan_id: str, body: RunIn, plans: PlanRepoDep, response: Response, idempotency_key: IdempotencyKey = None
+) -> RunOut:
+    """Store what a run measured; a retry with the same Idempotency-Key is not counted twice."""
     record = _get_or_404(plans, plan_id)
+    scope = f"POST /v1/plans/{plan_id}/runs"
+    digest = request_digest(body)
+    earlier = stored_resource(plans, idempotency_key, scope, digest)
+    if earlier is not None:
+        return _replay_run(plan_id, earlier, plans, response)
     recommended = record.result.get("recommended")
     if recommended is None:
         raise Conflict(
@@ -397,10 +418,34 @@ def create_run(plan_id: str, body: RunIn, plans: PlanRepoDep, response: Response
         recommended["layout"],
         training["seq_len"] * training["global_batch_size"],
     )
-    plans.add_run(run)
+    try:
+        plans.add_run(run)
+        remember(plans, idempotency_key, scope, digest, run.id)
+    except IntegrityError:
+        plans.session.rollback()
+        earlier = stored_resource(plans, idempotency_key, scope, digest)
+        if earlier is None:
+            raise
+        return _replay_run(plan_id, earlier, plans, response)
     calibration = calibration_for(plans, record.hardware_key, str(record.framework))
     response.headers["Location"] = f"/v1/plans/{plan_id}/runs/{run.id}"
     return run_out(run, calibration_out(calibration))
+
+
+def _replay_run(plan_id: str, run_id: str, plans: PlanRepository, response: Response) -> RunOut:
+    run = plans.run(run_id)
+    if run is None or run.plan_id != plan_id:
+        raise NotFound(f"run {run_id} of plan {plan_id} has since been deleted")
+    replayed(response, f"/v1/plans/{plan_id}/runs/{run_id}")
+    return run_out(run, None)
+
+
+@router.get("/{plan_id}/runs/{run_id}", response_model=RunOut)
+def get_run(plan_id: str, run_id: str, plans: PlanRepoDep) -> RunOut:
+    run = plans.run(run_id)
+    if run is None or run.plan_id != plan_id:
+        raise NotFound(f"plan {plan_id!r} has no run {run_id!r}")
+    return run_out(run, None)
 
 
 @router.get("/{plan_id}/runs", response_model=Page[RunOut])

@@ -260,15 +260,19 @@ def micro_batches_in_flight(layout: Layout, rank: int, micro_batches: int) -> fl
     """Micro-batches whose activations pipeline rank ``rank`` holds at its peak.
 
     1F1B (Narayanan et al. 2021 §2.2): rank r warms up with p - r forwards, capped by m.
-    Interleaved with v chunks (Megatron's schedule): (v-1)p + 2(p-1-r) + 1 chunk forwards of
-    L/(pv) layers; on rank 0 that is Korthikanti's factor 1 + (p-1)/(pv) times p micro-batches.
+    Interleaved with v chunks (Megatron's schedule): (v-1)p + 2(p-1-r) warm-up chunk forwards
+    + 1 in steady state, each of L/(pv) layers; on rank 0 that is Korthikanti's factor
+    1 + (p-1)/(pv) times p micro-batches. Megatron caps the warm-up at all m x v chunk forwards
+    of the step (forward_backward_pipelining_with_interleaving), so with few micro-batches a rank
+    holds at most all m of them.
     """
     p, v = layout.pp, layout.virtual_pipeline_stages
     if p == 1:
         return 1.0
     if v == 1:
         return float(min(p - rank, micro_batches))
-    return ((v - 1) * p + 2 * (p - 1 - rank) + 1) / v
+    chunks = min((v - 1) * p + 2 * (p - 1 - rank) + 1, micro_batches * v)
+    return chunks / v
 
 
 def _first_stage_extra(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.estimator.types import Estimate, MemoryBreakdown, TimeBreakdown
+from service.estimator.types import MemoryBreakdown, TimeBreakdown, TimeEstimate
 
 # Bounds of the learned factors: outside them a run says more about a broken setup than about
 # the estimator, and the plan should not follow it blindly.
@@ -105,40 +105,23 @@ def calibrated_memory(per_gpu: MemoryBreakdown, factor: float) -> MemoryBreakdow
     )
 
 
-def calibrated_time(breakdown: TimeBreakdown, factor: float) -> TimeBreakdown:
-    scaled = {f.name: getattr(breakdown, f.name) * factor for f in dataclasses.fields(breakdown)}
-    return TimeBreakdown(**scaled)
-
-
-def apply_calibration(estimate: Estimate, calibration: Calibration, *, host_fits: bool) -> Estimate:
-    """The estimate with the learned factors applied; `host_fits` is the unchanged host verdict."""
-    if calibration.is_identity:
-        return estimate
-    memory = dataclasses.replace(
-        estimate.memory, per_gpu=calibrated_memory(estimate.memory.per_gpu, calibration.memory_dynamic_factor)
-    )
-    time = estimate.time
-    f = calibration.step_time_factor
-    if time is not None:
-        time = dataclasses.replace(
-            time,
-            breakdown=calibrated_time(time.breakdown, f),
-            tokens_per_s=time.tokens_per_s / f,
-            tflops_per_gpu=time.tflops_per_gpu / f,
-            mfu=time.mfu / f,
-            hardware_tflops_per_gpu=time.hardware_tflops_per_gpu / f,
-            hfu=time.hfu / f,
-        )
-    ttt = estimate.time_to_train_s * f if estimate.time_to_train_s is not None else None
+def calibrated_time(time: TimeEstimate, factor: float) -> TimeEstimate:
+    """Every part of the step scaled by the learned factor; rates and utilisation follow."""
+    parts = {f.name: getattr(time.breakdown, f.name) * factor for f in dataclasses.fields(time.breakdown)}
     return dataclasses.replace(
-        estimate,
-        memory=memory,
-        time=time,
-        fits=memory.headroom_bytes >= 0 and host_fits,
-        time_to_train_s=ttt,
-        assumptions=(
-            *estimate.assumptions,
-            f"calibrated from {calibration.runs} observed run(s) on this hardware and framework: "
-            f"dynamic memory x{calibration.memory_dynamic_factor:.3f}, step time x{f:.3f}",
-        ),
+        time,
+        breakdown=TimeBreakdown(**parts),
+        tokens_per_s=time.tokens_per_s / factor,
+        tflops_per_gpu=time.tflops_per_gpu / factor,
+        mfu=time.mfu / factor,
+        hardware_tflops_per_gpu=time.hardware_tflops_per_gpu / factor,
+        hfu=time.hfu / factor,
+    )
+
+
+def calibration_note(calibration: Calibration) -> str:
+    memory, time = calibration.memory_dynamic_factor, calibration.step_time_factor
+    return (
+        f"calibrated from {calibration.runs} observed run(s) on this hardware and framework: "
+        f"dynamic memory x{memory:.3f}, step time x{time:.3f}"
     )

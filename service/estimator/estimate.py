@@ -1,12 +1,19 @@
-"""One layout, every number: validate, then memory (most-loaded rank), step time and limits."""
+"""One layout, every number: validate, then memory (most-loaded rank), step time and limits,
+all under the calibration learned from observed runs when there is one."""
 
 from __future__ import annotations
 
+from service.estimator.calibration import Calibration, calibrated_time, calibration_note
 from service.estimator.efficiency import EfficiencyCurve
 from service.estimator.memory import assumptions as memory_assumptions
-from service.estimator.memory import max_micro_batch_size, max_seq_len, memory_estimate
+from service.estimator.memory import (
+    calibrated_memory_estimate,
+    max_micro_batch_size,
+    max_seq_len,
+    memory_fits,
+)
 from service.estimator.params import parameter_counts
-from service.estimator.step_time import time_estimate
+from service.estimator.step_time import time_estimate, time_to_train_s
 from service.estimator.types import (
     ClusterSpec,
     Estimate,
@@ -21,16 +28,7 @@ from service.estimator.validate import validate_layout
 # Below this fraction of GPU memory left free, a layout that "fits" is flagged: allocator
 # behaviour and framework versions move real peaks by a few percent.
 THIN_HEADROOM_FRACTION = 0.05
-
-
-def host_fits(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
-    """Host RAM and NVMe within the node's, where the cluster states them (0 = unknown)."""
-    cpu_ok = (
-        not cluster.cpu_memory_bytes_per_node
-        or memory.cpu_per_node_bytes <= cluster.cpu_memory_bytes_per_node
-    )
-    nvme_ok = not cluster.nvme_bytes_per_node or memory.nvme_per_node_bytes <= cluster.nvme_bytes_per_node
-    return cpu_ok and nvme_ok
+NO_CALIBRATION = Calibration()
 
 
 def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -> tuple[str, ...]:
@@ -69,20 +67,28 @@ def estimate(
     *,
     efficiency: EfficiencyCurve,
     with_limits: bool = True,
+    calibration: Calibration = NO_CALIBRATION,
 ) -> Estimate:
-    """Every number for one layout; raises InvalidLayout (with the rule and numbers) if it cannot run."""
+    """Every number for one layout; raises InvalidLayout (with the rule and numbers) if it cannot run.
+
+    With a calibration, memory, fit, warnings and limits all use the calibrated dynamic memory,
+    and the step time its factor, so the numbers never contradict each other."""
     validate_layout(model, cluster, layout, training)
-    counts = parameter_counts(model)
-    memory = memory_estimate(model, cluster, layout, training)
-    time = time_estimate(model, cluster, layout, training, counts, efficiency)
-    tokens = training.tokens
+    factor = calibration.memory_dynamic_factor
+    memory = calibrated_memory_estimate(model, cluster, layout, training, factor)
+    time = time_estimate(model, cluster, layout, training, parameter_counts(model), efficiency)
+    if calibration.step_time_factor != 1.0:
+        time = calibrated_time(time, calibration.step_time_factor)
+    notes = memory_assumptions(model, cluster, layout, training)
     return Estimate(
-        fits=memory.headroom_bytes >= 0 and host_fits(memory, cluster),
+        fits=memory_fits(memory, cluster),
         memory=memory,
         time=time,
-        max_micro_batch_size=max_micro_batch_size(model, cluster, layout, training) if with_limits else None,
-        max_seq_len=max_seq_len(model, cluster, layout, training) if with_limits else None,
-        time_to_train_s=tokens / time.tokens_per_s if tokens else None,
+        max_micro_batch_size=max_micro_batch_size(model, cluster, layout, training, factor)
+        if with_limits
+        else None,
+        max_seq_len=max_seq_len(model, cluster, layout, training, factor) if with_limits else None,
+        time_to_train_s=time_to_train_s(training.tokens, time.tokens_per_s) if training.tokens else None,
         warnings=warnings_for(memory, cluster, layout),
-        assumptions=memory_assumptions(model, cluster, layout, training),
+        assumptions=notes if calibration.is_identity else (*notes, calibration_note(calibration)),
     )

@@ -16,12 +16,16 @@ import math
 from collections.abc import Callable
 
 from service.estimator import activations
+from service.estimator.calibration import calibrated_memory
+from service.estimator.errors import InvalidLayout
 from service.estimator.model_states import (
     DEFAULT_ASSUMPTIONS,
     MemoryAssumptions,
     MiB,
     RankParameters,
     StateBytes,
+    deepspeed_assumption,
+    deepspeed_buckets,
     deepspeed_zero2_estimate,
     deepspeed_zero3_estimate,
     lora_parameters,
@@ -31,7 +35,7 @@ from service.estimator.model_states import (
     shard_degrees,
     state_bytes,
 )
-from service.estimator.params import parameter_counts
+from service.estimator.params import moe_layer_count, parameter_counts
 from service.estimator.types import (
     ClusterSpec,
     Framework,
@@ -46,6 +50,7 @@ from service.estimator.types import (
     Precision,
     TrainingSpec,
 )
+from service.estimator.validate import validate_layout
 
 __all__ = [
     "DEFAULT_ASSUMPTIONS",
@@ -64,7 +69,9 @@ __all__ = [
 # ---------------------------------------------------------------- buffers and overhead
 
 
-def bucket_bytes(trainable: float, sb: StateBytes, layout: Layout, assume: MemoryAssumptions) -> float:
+def bucket_bytes(
+    model: ModelSpec, trainable: float, sb: StateBytes, layout: Layout, assume: MemoryAssumptions
+) -> float:
     """Gradient communication buckets (flat copies made for the reduction)."""
     # DeepSpeed 0: gradients flattened in MEMORY_OPT_ALLREDUCE_SIZE chunks for the all-reduce;
     # 1-3: one reduce_bucket_size buffer in the 16-bit dtype (stage_1_and_2.py / stage3.py).
@@ -74,7 +81,7 @@ def bucket_bytes(trainable: float, sb: StateBytes, layout: Layout, assume: Memor
     if layout.framework is Framework.DEEPSPEED:
         if layout.zero_stage == 0:
             return min(trainable, assume.ds_stage0_allreduce_elements) * sb.gradients if replicas > 1 else 0.0
-        return assume.ds_reduce_bucket_elements * sb.weights
+        return deepspeed_buckets(model, layout).reduce_buffer_elements * sb.weights
     if layout.framework is Framework.FSDP and layout.zero_stage == 0:
         return trainable * sb.gradients if replicas > 1 and not assume.ddp_gradient_as_bucket_view else 0.0
     return 0.0
@@ -109,9 +116,10 @@ def gathered_parameter_bytes(
     # and reduces one module's 16-bit gradients at a time (DeepSpeed's 4 x largest layer); norms
     # (under the persistence threshold) are never partitioned.
     largest = counts.largest_module / layout.tp
-    live = min(largest + assume.ds_prefetch_bucket_elements, assume.ds_max_live_parameters)
+    ds = deepspeed_buckets(model, layout)
+    live = min(largest + ds.prefetch_bucket_elements, ds.max_live_parameters)
     persistent = counts.norms_per_layer * model.num_layers / layout.pp + counts.final_norm
-    if model.hidden_size >= assume.ds_param_persistence_threshold:
+    if model.hidden_size >= ds.param_persistence_threshold:
         persistent = 0
     return (live + persistent + largest) * sb.weights
 
@@ -162,10 +170,13 @@ def activation_split(
     )
     if not layout.activation_offload:
         return float(total), 0.0
-    per_layer = activations.layer_bytes(model, layout, training, model.moe is not None)
+    # Weighted like stage_activation_bytes: MoE layers (every layer_frequency-th) and dense ones.
+    dense = activations.layer_bytes(model, layout, training, False)
+    moe = activations.layer_bytes(model, layout, training, True) if model.moe is not None else dense
+    mean = dense + moe_layer_count(model) / model.num_layers * (moe - dense)
     in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches_per_step(layout, training))
-    layers = model.num_layers / layout.pp * in_flight * per_layer
-    kept = min(layers, 2 * per_layer)
+    layers = model.num_layers / layout.pp * in_flight * mean
+    kept = min(layers, 2 * max(dense, moe))  # the layer computing and the next, the larger kind
     return total - layers + kept, layers - kept
 
 
@@ -187,7 +198,7 @@ def rank_memory(
     )
     act_gpu, act_host = activation_split(model, layout, training, rank)
     shards = (shard_degrees(layout, cluster)[0], trainable)
-    buffers = bucket_bytes(trainable, sb, layout, assume)
+    buffers = bucket_bytes(model, trainable, sb, layout, assume)
     buffers += gathered_parameter_bytes(model, counts, rp, layout, sb, shards, assume)
     buffers += pipeline_buffer_bytes(model, layout, training) + dequantize_bytes(model, layout, training)
     if rank == layout.pp - 1:
@@ -222,15 +233,43 @@ def memory_estimate(
     )
 
 
-def fits(model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec) -> bool:
-    """GPU total within capacity, and host/NVMe within the node's, where the cluster states them."""
-    estimate = memory_estimate(model, cluster, layout, training)
-    host_ok = (
+def host_fits(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
+    """Host RAM and NVMe within the node's, where the cluster states them (0 = not stated)."""
+    cpu_ok = (
         not cluster.cpu_memory_bytes_per_node
-        or estimate.cpu_per_node_bytes <= cluster.cpu_memory_bytes_per_node
+        or memory.cpu_per_node_bytes <= cluster.cpu_memory_bytes_per_node
     )
-    nvme_ok = not cluster.nvme_bytes_per_node or estimate.nvme_per_node_bytes <= cluster.nvme_bytes_per_node
-    return estimate.headroom_bytes >= 0 and host_ok and nvme_ok
+    nvme_ok = not cluster.nvme_bytes_per_node or memory.nvme_per_node_bytes <= cluster.nvme_bytes_per_node
+    return cpu_ok and nvme_ok
+
+
+def memory_fits(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
+    """The one fit predicate: the GPU total within capacity and the host side within the node's."""
+    return memory.headroom_bytes >= 0 and host_fits(memory, cluster)
+
+
+def calibrated_memory_estimate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    dynamic_factor: float = 1.0,
+) -> MemoryEstimate:
+    """memory_estimate with the dynamic part (activations, buffers, overhead) scaled by runs."""
+    memory = memory_estimate(model, cluster, layout, training)
+    if dynamic_factor == 1.0:
+        return memory
+    return dataclasses.replace(memory, per_gpu=calibrated_memory(memory.per_gpu, dynamic_factor))
+
+
+def fits(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    dynamic_factor: float = 1.0,
+) -> bool:
+    return memory_fits(calibrated_memory_estimate(model, cluster, layout, training, dynamic_factor), cluster)
 
 
 def largest_satisfying(low: int, high: int, step: int, ok: Callable[[int], bool]) -> int:
@@ -244,27 +283,62 @@ def largest_satisfying(low: int, high: int, step: int, ok: Callable[[int], bool]
     return lo * step
 
 
-def max_micro_batch_size(
+def valid_micro_batch_sizes(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
-) -> int:
-    """Largest micro-batch (up to the per-replica batch) that fits this layout; 0 if none does."""
-
-    def ok(b: int) -> bool:
+) -> list[int]:
+    """Micro-batch sizes this layout accepts as it stands (they divide the per-replica batch and
+    pass every layout rule), ascending."""
+    per_replica = (
+        training.global_batch_size // layout.dp if training.global_batch_size % layout.dp == 0 else 0
+    )
+    out = []
+    for b in range(1, per_replica + 1):
+        if per_replica % b:
+            continue
         candidate = dataclasses.replace(layout, micro_batch_size=b, gradient_accumulation_steps=None)
-        return fits(model, cluster, candidate, training)
+        try:
+            validate_layout(model, cluster, candidate, training)
+        except InvalidLayout:
+            continue
+        out.append(b)
+    return out
 
-    return largest_satisfying(1, max(1, training.global_batch_size // layout.dp), 1, ok)
+
+def max_micro_batch_size(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    dynamic_factor: float = 1.0,
+) -> int:
+    """Largest valid micro-batch that fits this layout; 0 if none does. Memory grows with the
+    micro-batch, so a binary search over the valid sizes (ascending) finds it."""
+    sizes = valid_micro_batch_sizes(model, cluster, layout, training)
+
+    def ok(i: int) -> bool:
+        candidate = dataclasses.replace(layout, micro_batch_size=sizes[i], gradient_accumulation_steps=None)
+        return fits(model, cluster, candidate, training, dynamic_factor)
+
+    if not sizes or not ok(0):
+        return 0
+    return sizes[largest_satisfying(0, len(sizes) - 1, 1, ok)]
 
 
 MAX_SEQ_LEN_SEARCHED = 2**22  # 4M tokens: beyond any context length in the catalog
 
 
-def max_seq_len(model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec) -> int:
+def max_seq_len(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    dynamic_factor: float = 1.0,
+) -> int:
     """Largest sequence length (a multiple of 2cp, and of tp under SP) that fits; 0 if none does."""
     step = math.lcm(2 * layout.cp if layout.cp > 1 else 1, layout.tp if layout.sequence_parallel else 1)
 
     def ok(s: int) -> bool:
-        return fits(model, cluster, layout, dataclasses.replace(training, seq_len=s))
+        return fits(model, cluster, layout, dataclasses.replace(training, seq_len=s), dynamic_factor)
 
     return largest_satisfying(step, MAX_SEQ_LEN_SEARCHED, step, ok)
 
@@ -295,16 +369,8 @@ def assumptions(
         notes.append(
             "pipeline: first and last stage evaluated, the larger reported; 1F1B in-flight micro-batches"
         )
-    if layout.framework is Framework.DEEPSPEED and layout.zero_stage >= 1:
-        notes.append(
-            f"DeepSpeed reduce_bucket_size {assume.ds_reduce_bucket_elements:.0e} elements (default)"
-        )
-    if layout.framework is Framework.DEEPSPEED and layout.zero_stage == 3:
-        notes.append(
-            "ZeRO-3 live parameters: largest module + prefetch "
-            f"{assume.ds_prefetch_bucket_elements:.0e} elements, params under "
-            f"{assume.ds_param_persistence_threshold:.0e} elements persistent"
-        )
+    if ds_note := deepspeed_assumption(model, layout):
+        notes.append(ds_note)
     if layout.framework is Framework.FSDP and layout.zero_stage == 0 and layout.dp * layout.cp > 1:
         notes.append("plain data parallel = PyTorch DDP; its buckets hold one more copy of the gradients")
     if layout.offload_optimizer is not Offload.NONE:

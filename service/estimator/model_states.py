@@ -47,14 +47,10 @@ class MemoryAssumptions:
     fragmentation_fraction: float = 0.10
     # PyTorch DDP default: buckets are a flat copy of the gradients (gradient_as_bucket_view=False).
     ddp_gradient_as_bucket_view: bool = False
-    # DeepSpeed defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size 5e8 elements, one
-    # bucket (overlap_comm defaults to False below stage 3); stage 3 prefetch 5e7, live params 1e9,
-    # params under 1e5 elements never partitioned. Stage 0 flattens grads in 5e8-element chunks.
-    ds_reduce_bucket_elements: int = 500_000_000
+    # DeepSpeed stage 0 flattens gradients in 5e8-element chunks for its all-reduce
+    # (MEMORY_OPT_ALLREDUCE_SIZE, not a config key). ZeRO buckets follow the rendered ds_config:
+    # ``deepspeed_buckets``.
     ds_stage0_allreduce_elements: int = 500_000_000
-    ds_prefetch_bucket_elements: int = 50_000_000
-    ds_max_live_parameters: int = 1_000_000_000
-    ds_param_persistence_threshold: int = 100_000
     # FSDP gathers one unit (a decoder layer) ahead of the one computing.
     fsdp_prefetch_layers: int = 1
     # bitsandbytes 8-bit Adam: 1 byte per moment + one fp32 absmax per 2048-element block.
@@ -88,6 +84,96 @@ class RankParameters:
     linear: float  # the decoder layers' Linear weights among them (QLoRA quantises these)
     layer: float  # the largest decoder layer (FSDP's gathering unit)
     last_unit: float  # final norm + output layer, gathered at the loss (FSDP)
+
+
+# ---------------------------------------------------------------- DeepSpeed buckets
+
+# Bucket sizes in elements, as the rendered ds_config.json sets them. Hugging Face's DeepSpeed
+# integration fills "auto" with reduce_bucket_size = h^2, stage3_prefetch_bucket_size = 0.9 h^2
+# and stage3_param_persistence_threshold = 10 h (transformers integrations/deepspeed.py
+# HfTrainerDeepSpeedConfig.trainer_config_finalize): a bucket holds about one h x h matrix, so it
+# fills (and its reduce starts) once per layer or so, instead of DeepSpeed's own code defaults
+# (reduce/allgather 5e8, prefetch 5e7, persistence 1e5; runtime/zero/config.py), which at 2 bytes
+# are 1 GB buckets that a 7B model fills only a few times per backward (little to overlap).
+# Clamped to [1e7, 5e8]: below 1e7 NCCL launch overhead dominates, above 5e8 is DeepSpeed's default.
+DS_MAX_BUCKET_ELEMENTS = 500_000_000
+DS_MIN_BUCKET_ELEMENTS = 10_000_000
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # DeepSpeed's default stage3_max_live_parameters
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeepSpeedBuckets:
+    """The ZeRO bucket settings the DeepSpeed launcher renders, and what they allocate."""
+
+    reduce_bucket_elements: int  # zero_optimization.reduce_bucket_size
+    allgather_bucket_elements: int  # zero_optimization.allgather_bucket_size (stage 1/2)
+    prefetch_bucket_elements: int  # stage3_prefetch_bucket_size
+    param_persistence_threshold: int  # stage3_param_persistence_threshold
+    max_live_parameters: int  # stage3_max_live_parameters
+    overlap_comm: bool  # zero_optimization.overlap_comm, as DeepSpeed will run it
+    # 16-bit gradient staging the ZeRO optimizer allocates: stage 1/2 (contiguous_gradients)
+    # one reduce_bucket_size buffer, a second one with overlap_comm ("Use double buffers to avoid
+    # data access conflict when overlap_comm is enabled", stage_1_and_2.py backward_prologue);
+    # stage 3 one per dtype (stage3.py, bucket.buffer) whatever overlap_comm; 0 at stage 0.
+    reduce_buffer_elements: int
+
+
+def _ds_bucket(elements: float) -> int:
+    return int(max(DS_MIN_BUCKET_ELEMENTS, min(DS_MAX_BUCKET_ELEMENTS, elements)))
+
+
+def deepspeed_overlap_comm(layout: Layout) -> bool:
+    """overlap_comm as DeepSpeed runs it for ``layout``.
+
+    ``Layout.overlap_grad_reduce`` None takes DeepSpeed's default (True at stage 3, False below:
+    zero/config.py ``overlap_comm_valid``); the pipeline engine forces it off at stage <= 2, and
+    stage 0 has no ZeRO reduce to overlap.
+    """
+    stage = layout.zero_stage
+    if stage == 0 or (layout.pp > 1 and stage <= 2):
+        return False
+    return stage == 3 if layout.overlap_grad_reduce is None else layout.overlap_grad_reduce
+
+
+def deepspeed_buckets(model: ModelSpec, layout: Layout) -> DeepSpeedBuckets:
+    """ZeRO bucket sizes the DeepSpeed launcher writes to ds_config.json and the memory model counts."""
+    h = model.hidden_size
+    reduce = _ds_bucket(h * h)
+    overlap = deepspeed_overlap_comm(layout)
+    if layout.zero_stage == 0:
+        buffers = 0
+    elif layout.zero_stage < 3:
+        buffers = 2 if overlap else 1
+    else:
+        buffers = 1
+    return DeepSpeedBuckets(
+        reduce_bucket_elements=reduce,
+        allgather_bucket_elements=_ds_bucket(h * h),
+        prefetch_bucket_elements=_ds_bucket(9 * h * h // 10),
+        param_persistence_threshold=10 * h,
+        max_live_parameters=DS_MAX_LIVE_PARAMETERS,
+        overlap_comm=overlap,
+        reduce_buffer_elements=buffers * reduce,
+    )
+
+
+def deepspeed_assumption(model: ModelSpec, layout: Layout) -> str:
+    """The memory notes' line on DeepSpeed's buckets ('' below ZeRO-1 or for other frameworks)."""
+    if layout.framework is not Framework.DEEPSPEED or layout.zero_stage == 0:
+        return ""
+    b = deepspeed_buckets(model, layout)
+    text = (
+        f"DeepSpeed reduce_bucket_size {b.reduce_bucket_elements:.3g} elements (h^2, as Hugging Face's "
+        f'"auto"), overlap_comm {str(b.overlap_comm).lower()}: '
+        f"{b.reduce_buffer_elements // b.reduce_bucket_elements} gradient bucket(s) allocated"
+    )
+    if layout.zero_stage == 3:
+        text += (
+            f"; ZeRO-3 live parameters: largest module + prefetch {b.prefetch_bucket_elements:.3g} elements "
+            f"(0.9 h^2), max live {b.max_live_parameters:.0e}, params under "
+            f"{b.param_persistence_threshold} elements (10 h) persistent"
+        )
+    return text
 
 
 # ---------------------------------------------------------------- bytes per parameter

@@ -103,7 +103,8 @@ def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> range:
 
 
 def layers_of_stage(num_layers: int, pp: int, stage: int) -> range:
-    # contiguous split, the remainder on the last stages (interleaving keeps the per-rank count)
+    # contiguous split of ceil(L / pp) layers per stage; with a remainder the last stages would get
+    # fewer, but validation requires pp | L, so the split is even (interleaving keeps the per-rank count)
     per_stage = math.ceil(num_layers / pp)
     start = min(stage * per_stage, num_layers)
     return range(start, min(start + per_stage, num_layers))
@@ -167,9 +168,28 @@ def micro_batch_tokens_per_rank(layout: Layout, training: TrainingSpec) -> int:
 
 def gpu_parameters(model: ModelSpec, layout: Layout, counts: ParameterCounts) -> float:
     """Parameters on one GPU of the most loaded stage before ZeRO sharding (experts split by ep)."""
-    stage_params = max(stage_parameter_counts(model, layout.pp))
-    experts = counts.experts_per_moe_layer * math.ceil(counts.moe_layers / layout.pp)
+    # Each stage's routed experts are those of the MoE layers it holds (every layer_frequency-th
+    # layer), so with ep > 1 or uneven MoE layers the most loaded GPU is found per stage.
+    return max(
+        stage_gpu_parameters(stage_params, counts.experts_per_moe_layer * moe_layers, layout)
+        for stage_params, moe_layers in zip(
+            stage_parameter_counts(model, layout.pp), stage_moe_layer_counts(model, layout.pp), strict=True
+        )
+    )
+
+
+def stage_gpu_parameters(stage_params: int, experts: int, layout: Layout) -> float:
+    """One GPU's share of a stage's ``stage_params``, of which ``experts`` are routed experts."""
     return ((stage_params - experts) + experts / layout.ep) / layout.tp
+
+
+@lru_cache(maxsize=4096)
+def stage_moe_layer_counts(model: ModelSpec, pp: int) -> tuple[int, ...]:
+    """MoE layers held by each of ``pp`` pipeline stages."""
+    return tuple(
+        sum(1 for i in layers_of_stage(model.num_layers, pp, stage) if is_moe_layer(model, i))
+        for stage in range(pp)
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

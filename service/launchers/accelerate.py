@@ -153,6 +153,13 @@ def _megatron(plan: Plan) -> dict[str, Any]:
         raise Unsupported(
             TARGET, "Accelerate's megatron_lm_config has no virtual pipeline (interleaved) setting"
         )
+    if lo.tp_comm_overlap or lo.overlap_grad_reduce:
+        # The estimate hides TP / DP communication that this config would leave exposed.
+        raise Unsupported(
+            TARGET,
+            "Accelerate's megatron_lm_config has no --tp-comm-overlap / --overlap-grad-reduce "
+            "setting; use the megatron target",
+        )
     mlm: dict[str, Any] = {
         "megatron_lm_tp_degree": lo.tp,
         "megatron_lm_pp_degree": lo.pp,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import Offload, Optimizer, Plan, Precision, Recompute
 from service.launchers.common import (
     JSON,
@@ -33,12 +34,6 @@ CONFIG_NAME = "ds_config.json"
 HOSTFILE_NAME = "hostfile"
 LAUNCH_NAME = "deepspeed_launch.sh"
 NVME_PATH = "/local_nvme"  # offload swap directory on each node; must exist and be fast local NVMe
-
-# Bucket sizes in elements. DeepSpeed's defaults are 5e8; HF's "auto" uses h^2 (reduce) and
-# 0.9 h^2 (stage-3 prefetch) and 10 h (persistence threshold): scale with the layer width so a
-# bucket holds about one layer's worth of a hidden x hidden matrix.
-DEFAULT_BUCKET_ELEMENTS = 500_000_000
-MIN_BUCKET_ELEMENTS = 10_000_000  # below this the NCCL launch overhead dominates
 
 
 def _check(plan: Plan) -> None:
@@ -65,6 +60,19 @@ def _check(plan: Plan) -> None:
             f"tp={lo.tp} with ZeRO-{lo.zero_stage}, pp={lo.pp}: DeepSpeed AutoTP training "
             "(tensor_parallel.autotp_size) combines with ZeRO 0-2 and no pipeline only",
         )
+    if lo.sequence_parallel and lo.tp > 1:
+        raise Unsupported(
+            target,
+            f"sequence_parallel with tp={lo.tp}: DeepSpeed AutoTP has no Megatron-style sequence "
+            "parallelism (norm and dropout activations stay replicated over the TP group)",
+        )
+    if lo.overlap_grad_reduce and (lo.zero_stage == 0 or lo.pp > 1):
+        raise Unsupported(
+            target,
+            f"overlap_grad_reduce with ZeRO-{lo.zero_stage}, pp={lo.pp}: DeepSpeed overlaps the "
+            "gradient reduce (overlap_comm) only in the ZeRO optimizer, and its PipelineEngine "
+            "forces overlap_comm off below stage 3",
+        )
     if lo.offload_params is not Offload.NONE and lo.zero_stage < 3:
         raise Unsupported(
             target,
@@ -79,10 +87,6 @@ def _check(plan: Plan) -> None:
         raise Unsupported(target, "bf16 master weights and optimizer states need ZeRO stage 1-3")
 
 
-def _bucket(elements: int) -> int:
-    return max(MIN_BUCKET_ELEMENTS, min(DEFAULT_BUCKET_ELEMENTS, elements))
-
-
 def _offload(device: Offload) -> dict[str, Any]:
     block: dict[str, Any] = {"device": str(device), "pin_memory": True}
     if device is Offload.NVME:
@@ -91,26 +95,30 @@ def _offload(device: Offload) -> dict[str, Any]:
 
 
 def zero_block(plan: Plan) -> dict[str, Any]:
-    """zero_optimization, in runtime/zero/config.py's spelling."""
+    """zero_optimization, in runtime/zero/config.py's spelling.
+
+    Bucket sizes and overlap_comm come from ``model_states.deepspeed_buckets``, the function the
+    memory model counts them with (overlap_comm from ``Layout.overlap_grad_reduce``, which the
+    time model reads too; None is DeepSpeed's default: true at stage 3, false below).
+    """
     lo = plan.layout
-    h = plan.model.hidden_size
     zero: dict[str, Any] = {"stage": lo.zero_stage}
     if lo.zero_stage == 0:
         return zero
+    b = deepspeed_buckets(plan.model, lo)
     zero |= {
-        # Overlap the gradient reduce with backward; the pipeline engine turns it off by itself.
-        "overlap_comm": lo.pp == 1,
+        "overlap_comm": b.overlap_comm,
         "contiguous_gradients": True,
         "reduce_scatter": True,
-        "reduce_bucket_size": _bucket(h * h),
+        "reduce_bucket_size": b.reduce_bucket_elements,
     }
     if lo.zero_stage < 3:
-        zero |= {"allgather_partitions": True, "allgather_bucket_size": _bucket(h * h)}
+        zero |= {"allgather_partitions": True, "allgather_bucket_size": b.allgather_bucket_elements}
     else:
         zero |= {
-            "stage3_prefetch_bucket_size": _bucket(9 * h * h // 10),
-            "stage3_param_persistence_threshold": 10 * h,
-            "stage3_max_live_parameters": 1_000_000_000,
+            "stage3_prefetch_bucket_size": b.prefetch_bucket_elements,
+            "stage3_param_persistence_threshold": b.param_persistence_threshold,
+            "stage3_max_live_parameters": b.max_live_parameters,
             "stage3_max_reuse_distance": 1_000_000_000,
             "sub_group_size": 1_000_000_000,
             "stage3_gather_16bit_weights_on_model_save": True,

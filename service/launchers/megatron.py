@@ -61,6 +61,11 @@ def _check(plan: Plan) -> None:
         problems.append("optimizer offload goes to CPU memory only, not NVMe")
     if lo.offload_optimizer is Offload.CPU and lo.zero_stage != 1:
         problems.append("--optimizer-cpu-offload needs the distributed optimizer (zero_stage 1)")
+    if lo.tp_comm_overlap and not (lo.sequence_parallel and lo.tp > 1):
+        problems.append(
+            "tp_comm_overlap needs sequence parallelism at tp > 1 (validate_args: 'Tensor parallel "
+            "communication/GEMM overlap can happen only when sequence parallelism is enabled')"
+        )
     if model.num_layers % lo.pp:
         problems.append(f"num_layers ({model.num_layers}) % pp ({lo.pp}) != 0")
     vpp = lo.virtual_pipeline_stages
@@ -151,11 +156,21 @@ def _parallel_args(plan: Plan) -> list[str]:
         args += ["--expert-model-parallel-size", str(lo.ep)]
     if lo.sequence_parallel and lo.tp > 1:  # Megatron drops it silently at tp=1
         args.append("--sequence-parallel")
+    if lo.tp_comm_overlap:  # _check: only with --sequence-parallel at tp > 1
+        # Transformer Engine userbuffers (the default --transformer-impl transformer_engine).
+        args.append("--tp-comm-overlap")
     if lo.virtual_pipeline_stages > 1:
         per_stage = plan.model.num_layers // lo.pp // lo.virtual_pipeline_stages
         args += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
     if lo.zero_stage == 1:
-        args += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+        args.append("--use-distributed-optimizer")
+    if lo.overlap_grad_reduce:
+        # The time model hides the reduce under backward and, with the distributed optimizer,
+        # the parameter all-gather under the next forward: --overlap-param-gather, which
+        # validate_args allows only with --use-distributed-optimizer and --overlap-grad-reduce.
+        args.append("--overlap-grad-reduce")
+        if lo.zero_stage == 1:
+            args.append("--overlap-param-gather")
     if lo.offload_optimizer is Offload.CPU:
         args += [
             "--optimizer-cpu-offload",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.persistence.models import ClusterRecord, IdempotencyKeyRecord, PlanRecord, RunRecord
@@ -76,9 +76,7 @@ class PlanRepository:
         return record
 
     def delete(self, record: PlanRecord) -> None:
-        self.session.execute(
-            delete(IdempotencyKeyRecord).where(IdempotencyKeyRecord.resource_id == record.id)
-        )
+        """The plan and its runs; idempotency keys stay, so a late retry learns it was deleted."""
         self.session.delete(record)
         self.session.flush()
 
@@ -114,6 +112,9 @@ class PlanRepository:
         self.session.add(record)
         self.session.flush()
         return record
+
+    def run(self, run_id: str) -> RunRecord | None:
+        return self.session.get(RunRecord, run_id)
 
     def runs(self, plan_id: str) -> Sequence[RunRecord]:
         return self.session.scalars(

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from service.estimator.efficiency import EfficiencyCurve
 from service.estimator.errors import InvalidLayout
-from service.estimator.estimate import estimate, host_fits
-from service.estimator.memory import largest_satisfying
+from service.estimator.estimate import estimate
+from service.estimator.memory import host_fits, largest_satisfying, memory_fits, valid_micro_batch_sizes
 from service.estimator.model_states import DEFAULT_ASSUMPTIONS, state_bytes
 from service.estimator.types import (
     ClusterSpec,
@@ -437,12 +437,15 @@ def _full_estimate(
     sub = ev.cluster
     result = estimate(model, sub, layout, training, efficiency=curve, with_limits=False)
 
-    def ok(b: int) -> bool:
-        candidate = dataclasses.replace(layout, micro_batch_size=b, gradient_accumulation_steps=None)
-        memory = ev.memory(candidate)
-        return memory.headroom_bytes >= 0 and host_fits(memory, sub)
+    # The estimator's definition of the limit (memory.max_micro_batch_size: the largest valid size
+    # that fits), on the fast path's memory, which equals memory_estimate's.
+    sizes = valid_micro_batch_sizes(model, sub, layout, training)
 
-    max_b = largest_satisfying(1, max(1, training.global_batch_size // layout.dp), 1, ok)
+    def ok(i: int) -> bool:
+        candidate = dataclasses.replace(layout, micro_batch_size=sizes[i], gradient_accumulation_steps=None)
+        return memory_fits(ev.memory(candidate), sub)
+
+    max_b = sizes[largest_satisfying(0, len(sizes) - 1, 1, ok)] if sizes and ok(0) else 0
     return dataclasses.replace(result, max_micro_batch_size=max_b)
 
 

@@ -2,8 +2,9 @@
 
 For each GPU type of the catalog (or each cluster given), the fewest GPUs, in whole nodes, for
 which a layout fits (``suggest.fewest_gpus``), then the time and cost to train ``training.tokens``
-at the best layout on that many GPUs, or on ``gpus`` GPUs when asked. Training time is tokens /
-throughput (Narayanan et al. arXiv:2104.04473 Eq. 4).
+at the best layout on that many GPUs, or on ``at_gpus`` GPUs when asked (a stored cluster cannot grow:
+``at_gpus`` is capped at its size). Training time is tokens / throughput (Narayanan et al.
+arXiv:2104.04473 Eq. 4).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from service.estimator.efficiency import EfficiencyCurve
+from service.estimator.step_time import time_to_train_s
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
 from service.recommender.suggest import fewest_gpus, node_ladder, with_gpu
 from service.recommender.types import Constraints, Objective
@@ -58,6 +60,7 @@ def _option(
     counts: tuple[int, ...],
     price: float | None,
     at_gpus: int | None,
+    notes: tuple[str, ...] = (),
 ) -> CapacityOption:
     from service.recommender import recommend
 
@@ -67,6 +70,7 @@ def _option(
         return CapacityOption(gpu=name, fits=False, note=f"no layout fits up to {max(counts)} GPUs")
     gpus, tokens_per_s, layout = found
     nodes = max(1, gpus // cluster.gpus_per_node)
+    said = list(notes)
     run_gpus = at_gpus if at_gpus and at_gpus >= gpus else gpus
     if run_gpus != gpus:
         target = dataclasses.replace(cluster, num_nodes=max(1, run_gpus // cluster.gpus_per_node))
@@ -74,8 +78,11 @@ def _option(
         best = recommend(model, target, training, fastest, curve, with_suggestions=False)
         if best.recommended is not None and best.recommended.estimate.time is not None:
             layout, tokens_per_s = best.recommended.layout, best.recommended.estimate.time.tokens_per_s
-            run_gpus = layout.world_size
-    seconds = training.tokens / tokens_per_s if training.tokens else None
+        else:
+            # keep GPU count and throughput from the same layout: the one found on min_gpus
+            said.append(f"no layout found on {run_gpus} GPUs; time is for the {layout.world_size}-GPU layout")
+        run_gpus = layout.world_size
+    seconds = time_to_train_s(training.tokens, tokens_per_s) if training.tokens else None
     gpu_hours = seconds * run_gpus / 3600 if seconds is not None else None
     return CapacityOption(
         gpu=name,
@@ -88,6 +95,7 @@ def _option(
         time_to_train_s=seconds,
         gpu_hours=gpu_hours,
         cost=gpu_hours * price if gpu_hours is not None and price is not None else None,
+        note="; ".join(said),
     )
 
 
@@ -115,17 +123,16 @@ def capacity(
         if cluster.gpus_per_node > 1:
             counts = tuple(d for d in (1, 2, 4) if d < cluster.gpus_per_node) + counts
         price = prices.get(cluster.gpu.name, constraints.gpu_hour_cost)
+        # a stored cluster cannot grow: at most its own GPUs
+        asked = at_gpus or cluster.world_size
+        run_at = min(asked, cluster.world_size)
+        clamped = (
+            (f"asked for {asked} GPUs; the stored cluster has {cluster.world_size}, timed on those",)
+            if asked > cluster.world_size
+            else ()
+        )
         options.append(
-            _option(
-                model,
-                cluster,
-                training,
-                constraints,
-                efficiency,
-                counts,
-                price,
-                at_gpus or cluster.world_size,
-            )
+            _option(model, cluster, training, constraints, efficiency, counts, price, run_at, clamped)
         )
     if not cluster_list:
         specs = list(gpus)

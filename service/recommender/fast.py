@@ -54,7 +54,7 @@ from service.estimator.types import (
 # Layout fields model states and gradient buckets depend on (not micro-batch, recompute,
 # interleaving or SP), and the pipeline rank. dp and cp enter only as the ZeRO / FSDP shard group
 # dp x cp (model_states.shard_degrees, memory.bucket_bytes): (dp 4, cp 2) shares (dp 8, cp 1)'s.
-_StatesKey = tuple[Framework, int, int, int, int, int, Offload, Offload, bool, int]
+_StatesKey = tuple[Framework, int, int, int, int, int, Offload, Offload, bool, bool | None, int]
 
 
 def _states_key(layout: Layout, rank: int) -> _StatesKey:
@@ -68,6 +68,7 @@ def _states_key(layout: Layout, rank: int) -> _StatesKey:
         layout.offload_optimizer,
         layout.offload_params,
         layout.fsdp_hybrid_shard,
+        layout.overlap_grad_reduce,  # DeepSpeed overlap_comm doubles the ZeRO-1/2 reduce buckets
         rank,
     )
 
@@ -205,7 +206,7 @@ class Evaluator:
                 else lora_parameters(model, training, layout)
             )
             shards = (shard_degrees(layout, self.cluster)[0], trainable)
-            buffers = mem.bucket_bytes(trainable, sb, layout, assume)
+            buffers = mem.bucket_bytes(model, trainable, sb, layout, assume)
             buffers += mem.gathered_parameter_bytes(model, self.counts, rp, layout, sb, shards, assume)
             found = (self.model_states(layout, rank), buffers)
             self._sharded[key] = found
@@ -325,9 +326,16 @@ class Evaluator:
         key = (layout.pp, layout.tp, layout.ep)
         found = self._gpu_params.get(key)
         if found is None:
-            stage_params = max(stage_parameter_counts(self.model, layout.pp))
-            experts = self.counts.experts_per_moe_layer * math.ceil(self.counts.moe_layers / layout.pp)
-            found = ((stage_params - experts) + experts / layout.ep) / layout.tp
+            # the estimator's per-stage maximum: routed experts of the MoE layers each stage holds
+            per_moe_layer = self.counts.experts_per_moe_layer
+            found = max(
+                st.stage_gpu_parameters(stage_params, per_moe_layer * moe_layers, layout)
+                for stage_params, moe_layers in zip(
+                    stage_parameter_counts(self.model, layout.pp),
+                    st.stage_moe_layer_counts(self.model, layout.pp),
+                    strict=True,
+                )
+            )
             self._gpu_params[key] = found
         return found
 

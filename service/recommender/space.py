@@ -11,8 +11,11 @@ A layout is built in three layers, each generated lazily and pruned as early as 
   ``validate.FRAMEWORK_CAPABILITIES`` allows (the capability table stays data, in the estimator);
 * memory knobs (recompute, interleaving) and the micro-batch, chosen by the search.
 
-Sequence parallelism is switched on whenever tp > 1: it shards what plain TP replicates at the same
-communication time (Korthikanti et al. arXiv:2205.05198 §4.2.2), so it never loses.
+Sequence parallelism is switched on whenever tp > 1 where the framework has it: it shards what plain
+TP replicates at the same communication time (Korthikanti et al. arXiv:2205.05198 §4.2.2), so it
+never loses. Megatron-LM has ``--sequence-parallel`` and torchtitan's TP plan shards the norms with
+``SequenceParallel`` (``parallelism.enable_sequence_parallel``, default on); DeepSpeed AutoTP has
+no such mode, so its TP layouts keep the norm and dropout activations replicated.
 """
 
 from __future__ import annotations
@@ -46,15 +49,29 @@ class FrameworkFlags:
 
     overlap_grad_reduce: bool | None  # None: the framework default
     tp_comm_overlap: bool  # needs tp > 1 and sequence parallelism
+    sequence_parallel: bool  # the framework shards norm/dropout activations over TP
 
 
 # Megatron-Core: --overlap-grad-reduce --overlap-param-gather, and --tp-comm-overlap
-# (Transformer Engine userbuffers; needs --sequence-parallel). PyTorch DDP/FSDP already overlap.
+# (Transformer Engine userbuffers; needs --sequence-parallel). DeepSpeed: overlap_comm in the ZeRO
+# optimizer (stages 1-3, not under the pipeline engine; see make_layout). PyTorch DDP/FSDP
+# already overlap. The launchers render exactly these flags, so the estimate is of the same job.
 FRAMEWORK_FLAGS: dict[Framework, FrameworkFlags] = {
-    Framework.MEGATRON: FrameworkFlags(overlap_grad_reduce=True, tp_comm_overlap=True),
-    Framework.DEEPSPEED: FrameworkFlags(overlap_grad_reduce=None, tp_comm_overlap=False),
-    Framework.FSDP: FrameworkFlags(overlap_grad_reduce=None, tp_comm_overlap=False),
+    Framework.MEGATRON: FrameworkFlags(
+        overlap_grad_reduce=True, tp_comm_overlap=True, sequence_parallel=True
+    ),
+    Framework.DEEPSPEED: FrameworkFlags(
+        overlap_grad_reduce=True, tp_comm_overlap=False, sequence_parallel=False
+    ),
+    Framework.FSDP: FrameworkFlags(overlap_grad_reduce=None, tp_comm_overlap=False, sequence_parallel=True),
 }
+
+
+def _overlap_grad_reduce(flags: FrameworkFlags, structure: Structure, sharding: Sharding) -> bool | None:
+    if sharding.framework is Framework.DEEPSPEED and (sharding.zero_stage == 0 or structure.pp > 1):
+        # Stage 0 reduces after backward; the PipelineEngine forces overlap_comm off (stage <= 2).
+        return None
+    return flags.overlap_grad_reduce
 
 
 @functools.cache
@@ -288,7 +305,7 @@ def make_layout(
     structure: Structure, sharding: Sharding, recompute: Recompute, virtual: int, micro_batch: int
 ) -> Layout:
     flags = FRAMEWORK_FLAGS[sharding.framework]
-    sp = structure.tp > 1
+    sp = structure.tp > 1 and flags.sequence_parallel
     return Layout(
         framework=sharding.framework,
         dp=structure.dp,
@@ -304,7 +321,7 @@ def make_layout(
         micro_batch_size=micro_batch,
         virtual_pipeline_stages=virtual,
         tp_comm_overlap=flags.tp_comm_overlap and sp,
-        overlap_grad_reduce=flags.overlap_grad_reduce,
+        overlap_grad_reduce=_overlap_grad_reduce(flags, structure, sharding),
     )
 
 

@@ -116,3 +116,15 @@ def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestCl
         assert problem["errors"][0]["rule"] == rule, (layout, problem)
         assert problem["errors"][0]["field"] == field, (layout, problem)
         assert any(ch.isdigit() for ch in problem["detail"]), problem["detail"]
+
+
+def test_the_advertised_micro_batch_is_one_the_service_accepts(client: TestClient) -> None:
+    # Llama-3-8B, FSDP FULL_SHARD over 8, global batch 64: the per-replica batch is 8, so the
+    # largest micro-batch must divide 8 (an unrestricted search once advertised 7).
+    payload = body(framework="fsdp", zero_stage=3, recompute="full") | {"model": {"preset": "llama-3-8b"}}
+    result = post(client, payload)
+    largest = result["limits"]["max_micro_batch_size"]
+    assert largest in (1, 2, 4, 8)
+    again = post(client, body(framework="fsdp", zero_stage=3, recompute="full", micro_batch_size=largest)
+                 | {"model": {"preset": "llama-3-8b"}})  # fmt: skip
+    assert again["fits"]

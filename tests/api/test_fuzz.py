@@ -64,6 +64,61 @@ def test_estimates_never_fail_with_500(client: TestClient, body: dict[str, Any])
         assert response.headers["content-type"].startswith("application/problem+json")
 
 
+LIST_QUERIES = st.fixed_dictionaries(
+    {},
+    optional={
+        "limit": st.one_of(st.integers(min_value=-5, max_value=600), st.text(max_size=5)),
+        "cursor": st.text(max_size=30),
+        "status": st.text(max_size=12),
+        "model": st.text(max_size=20),
+        "created_after": st.one_of(st.text(max_size=25), st.datetimes().map(lambda d: d.isoformat())),
+        "created_before": st.datetimes().map(lambda d: d.isoformat()),
+    },
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(params=LIST_QUERIES, path=st.sampled_from(["/v1/plans", "/v1/clusters"]))
+def test_list_queries_never_fail_with_500(client: TestClient, params: dict[str, Any], path: str) -> None:
+    response = client.get(path, params=params)
+    assert response.status_code in (200, 422), response.text
+
+
+PATCHES = st.fixed_dictionaries(
+    {},
+    optional={
+        k: st.one_of(st.none(), VALUES, st.sampled_from([1, 2, 8, "a100-sxm-80gb", "x"]))
+        for k in (
+            "name",
+            "description",
+            "gpu",
+            "num_nodes",
+            "gpus_per_node",
+            "intra_node_bandwidth_bytes_per_s",
+            "inter_node_bandwidth_bytes_per_s",
+            "inter_node_bandwidth_gbps",
+            "cpu_memory_bytes_per_node",
+        )
+    },
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(patch=PATCHES)
+def test_cluster_patches_never_fail_with_500(client: TestClient, patch: dict[str, Any]) -> None:
+    listed = client.get("/v1/clusters").json()["items"]
+    if listed:
+        cluster_id = listed[0]["id"]
+    else:
+        body = {"name": "fuzz", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+        cluster_id = client.post("/v1/clusters", json=body).json()["id"]
+    before = client.get(f"/v1/clusters/{cluster_id}").json()
+    response = client.patch(f"/v1/clusters/{cluster_id}", json=patch)
+    assert response.status_code in (200, 409, 422), response.text
+    if response.status_code != 200:
+        assert client.get(f"/v1/clusters/{cluster_id}").json() == before
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     body=st.fixed_dictionaries(
@@ -134,3 +189,12 @@ def test_plausible_layouts_are_estimated_or_refused_by_a_named_rule(
     per_gpu = result["memory"]["per_gpu"]
     assert all(v >= 0 for v in per_gpu.values())
     assert result["time"]["step_s"] > 0
+    # The verdict, the warnings and the limits agree with each other.
+    assert result["fits"] == (result["memory"]["headroom_bytes"] >= 0)
+    assert result["fits"] != any(w.startswith("does not fit") for w in result["warnings"])
+    largest = result["limits"]["max_micro_batch_size"]
+    if largest:
+        layout = result["layout"] | {"micro_batch_size": largest, "gradient_accumulation_steps": None}
+        again = client.post("/v1/estimates", json=body | {"layout": layout})
+        assert again.status_code == 200, again.text
+        assert again.json()["fits"], f"the advertised micro-batch {largest} does not fit"

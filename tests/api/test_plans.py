@@ -123,6 +123,18 @@ def test_an_out_of_memory_run_makes_the_next_plan_more_conservative(client: Test
     assert estimate["calibration"]["factors"]["memory_dynamic"] > 1
     # The new recommendation fits even with the dynamic memory scaled up past what ran out.
     assert estimate["fits"]
+    # The old layout, estimated again, no longer fits; verdict, warning and limits agree.
+    again = client.post(
+        "/v1/estimates",
+        json={k: body[k] for k in ("model", "cluster", "training")}
+        | {"layout": first["recommended"]["layout"]},
+    ).json()
+    assert again["calibration"]["out_of_memory_runs"] == 1
+    assert again["fits"] is False
+    assert any(w.startswith("does not fit") for w in again["warnings"])
+    assert again["limits"]["max_micro_batch_size"] < first["recommended"]["layout"]["micro_batch_size"] or (
+        again["limits"]["max_micro_batch_size"] == 0
+    )
     assert estimate["memory"]["per_gpu"]["total"] <= estimate["memory"]["capacity_bytes"]
     assert second["recommended"]["layout"] != first["recommended"]["layout"] or (
         estimate["memory"]["per_gpu"]["total"] > first_total
@@ -200,3 +212,30 @@ def test_created_filters_accept_timestamps_without_an_offset_as_utc(client: Test
         items = client.get("/v1/plans", params=params).json()["items"]
         assert [p["id"] for p in items] == [plan["id"]]
     assert client.get("/v1/plans", params={"created_after": "2100-01-01T00:00:00"}).json()["items"] == []
+
+
+def test_run_retries_with_one_key_are_stored_once(client: TestClient) -> None:
+    plan = create(client, plan_body(launchers=[]))
+    run = {"step_s": plan["recommended"]["estimate"]["time"]["step_s"] * 1.1}
+    headers = {"Idempotency-Key": "run-1"}
+    first = client.post(f"/v1/plans/{plan['id']}/runs", json=run, headers=headers)
+    assert first.status_code == 201
+    again = client.post(f"/v1/plans/{plan['id']}/runs", json=run, headers=headers)
+    assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["location"] == first.headers["location"]
+    assert client.get(first.headers["location"]).json()["id"] == first.json()["id"]
+    assert len(client.get(f"/v1/plans/{plan['id']}/runs").json()["items"]) == 1
+    other = client.post(f"/v1/plans/{plan['id']}/runs", json={"step_s": 1.0}, headers=headers)
+    assert_problem(other, 422)
+    assert_problem(client.get(f"/v1/plans/{plan['id']}/runs/01JZZZZZZZZZZZZZZZZZZZZZZZ"), 404)
+
+
+def test_a_retry_after_delete_says_so_instead_of_recreating(client: TestClient) -> None:
+    plan = create(client, plan_body(launchers=[]), key="job-9")
+    assert client.delete(f"/v1/plans/{plan['id']}").status_code == 204
+    problem = assert_problem(
+        client.post("/v1/plans", json=plan_body(launchers=[]), headers={"Idempotency-Key": "job-9"}), 404
+    )
+    assert "deleted" in problem["detail"]
+    assert client.get("/v1/plans").json()["items"] == []

@@ -20,6 +20,8 @@ from service.estimator.memory import (
 )
 from service.estimator.model_states import (
     adafactor_state_fraction,
+    deepspeed_assumption,
+    deepspeed_buckets,
     lora_parameters,
     model_state_bytes,
     moment_bytes,
@@ -265,6 +267,39 @@ def test_pipeline_micro_batches_in_flight() -> None:
     assert activations.micro_batches_in_flight(Layout(pp=4, virtual_pipeline_stages=2), 0, 8) == 5.5
 
 
+def test_interleaved_micro_batches_in_flight_are_capped_by_the_micro_batches() -> None:
+    # Megatron's interleaved warm-up, (v-1)p + 2(p-1-r) chunk forwards, is capped at all m x v of
+    # them: pp 4, v 2, m 4 -> rank 0 min(4 + 6 + 1, 8) / 2 = 4 (not 5.5), rank 1 min(9, 8) / 2 = 4,
+    # rank 2 7 / 2 = 3.5, rank 3 5 / 2 = 2.5.
+    lay = Layout(pp=4, virtual_pipeline_stages=2)
+    assert [activations.micro_batches_in_flight(lay, r, 4) for r in range(4)] == [4.0, 4.0, 3.5, 2.5]
+    for p, v, r in itertools.product((2, 4, 8), (2, 3, 4), range(8)):
+        if r >= p:
+            continue
+        lay = Layout(pp=p, virtual_pipeline_stages=v)
+        held = [activations.micro_batches_in_flight(lay, r, m) for m in (p, 2 * p, 3 * p, 4 * p)]
+        assert all(h <= m for h, m in zip(held, (p, 2 * p, 3 * p, 4 * p), strict=True)), (p, v, r)
+        assert held == sorted(held), (p, v, r)  # more micro-batches never hold fewer
+        if r:
+            assert held[0] <= activations.micro_batches_in_flight(lay, r - 1, p)  # later ranks hold fewer
+
+
+def test_interleaving_holds_no_more_than_all_micro_batches() -> None:
+    # 8 layers, pp 4, v 2, 4 micro-batches: rank 0 holds all 4 micro-batches' activations of its
+    # 2 layers (+ the embedding's), as without interleaving, not 5.5 of them.
+    model = dataclasses.replace(TINY, num_layers=8)
+    training = TrainingSpec(seq_len=16, global_batch_size=4)
+    plain = Layout(framework=Framework.MEGATRON, pp=4)
+    interleaved = dataclasses.replace(plain, virtual_pipeline_stages=2)
+    assert activations.stage_activation_bytes(model, interleaved, training, 0, 4) == (
+        activations.stage_activation_bytes(model, plain, training, 0, 4)
+    )
+    c = cluster(4)
+    assert memory_estimate(model, c, interleaved, training).per_gpu.activations == (
+        memory_estimate(model, c, plain, training).per_gpu.activations
+    )
+
+
 def test_chunked_loss_removes_fp32_logits() -> None:
     lay = Layout(framework=Framework.FSDP, micro_batch_size=2)
     plain = activations.stage_activation_bytes(TINY, lay, TRAIN, 0, 1)
@@ -427,3 +462,37 @@ def test_moe_experts_shard_by_ep() -> None:
     four = rank_parameters(moe, counts, Layout(dp=4, ep=4), 0)
     # 8 experts x 3 x 64 x 128 = 196608 per layer, 2 layers; ep 4 keeps a quarter.
     assert (one.expert, four.expert) == (2 * 196608, 2 * 196608 / 4)
+
+
+def test_deepspeed_buckets_follow_hidden_size_and_overlap_comm() -> None:
+    # ds_config.json and the memory model share model_states.deepspeed_buckets: h^2 reduce buckets
+    # (Hugging Face's "auto"), clamped to [1e7, 5e8]; ZeRO-1/2 double them under overlap_comm.
+    big = dataclasses.replace(TINY, hidden_size=8192, num_attention_heads=64, num_kv_heads=8)
+    z2 = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=2, overlap_grad_reduce=True)
+    b = deepspeed_buckets(big, z2)
+    assert (b.reduce_bucket_elements, b.overlap_comm, b.reduce_buffer_elements) == (
+        8192**2,
+        True,
+        2 * 8192**2,
+    )
+    assert deepspeed_buckets(big, dataclasses.replace(z2, overlap_grad_reduce=None)).overlap_comm is False
+    assert deepspeed_buckets(big, dataclasses.replace(z2, pp=2, dp=4)).overlap_comm is False  # PipelineEngine
+    z3 = dataclasses.replace(z2, zero_stage=3, overlap_grad_reduce=None)
+    b3 = deepspeed_buckets(big, z3)
+    assert b3.overlap_comm and b3.reduce_buffer_elements == b3.reduce_bucket_elements
+    assert b3.prefetch_bucket_elements == 9 * 8192**2 // 10 and b3.param_persistence_threshold == 81920
+    assert deepspeed_buckets(TINY, z2).reduce_bucket_elements == 10_000_000
+    note = deepspeed_assumption(big, z3)
+    assert "reduce_bucket_size 6.71e+07" in note and "overlap_comm true" in note and "prefetch" in note
+    assert deepspeed_assumption(big, Layout(framework=Framework.MEGATRON, dp=8, zero_stage=1)) == ""
+
+
+def test_deepspeed_memory_counts_the_rendered_buckets() -> None:
+    # ZeRO-2 with overlap_comm allocates a second reduce_bucket_size buffer (16-bit) per rank.
+    big = dataclasses.replace(TINY, hidden_size=8192, num_attention_heads=64, num_kv_heads=8)
+    z2 = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=2, overlap_grad_reduce=True)
+    on = memory_estimate(big, cluster(1), z2, TRAIN).per_gpu.buffers
+    off = memory_estimate(
+        big, cluster(1), dataclasses.replace(z2, overlap_grad_reduce=None), TRAIN
+    ).per_gpu.buffers
+    assert on - off == pytest.approx(8192**2 * 2, abs=2)

@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from service.catalog.efficiency import default_efficiency
 from service.estimator import flops
 from service.estimator.efficiency import CurvePoint, EfficiencyCurve
-from service.estimator.step_time import CommOverlap, cost, time_estimate, time_to_train_s, training_time_s
+from service.estimator.params import parameter_counts, stage_parameter_counts
+from service.estimator.step_time import (
+    CommOverlap,
+    cost,
+    gpu_parameters,
+    time_estimate,
+    time_to_train_s,
+    training_time_s,
+)
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -216,6 +224,34 @@ def test_zero3_offload_cp_ep_and_lora_show_up_where_expected() -> None:
     lora_est = time_estimate(PROPERTY_MODEL, cl, Layout(dp=16), lora, efficiency=default_efficiency())
     full_est = time_estimate(PROPERTY_MODEL, cl, Layout(dp=16), training, efficiency=default_efficiency())
     assert lora_est.step_s < full_est.step_s
+
+
+def test_gpu_parameters_count_the_moe_layers_of_the_most_loaded_stage() -> None:
+    # 6 layers, MoE every 2nd (layers 1, 3, 5): pp 2 puts 1 MoE layer on stage 0 (layers 0-2) and 2
+    # on stage 1 (layers 3-5). 8192 learned positions (8192 x 64) make stage 0 the largest: it keeps
+    # 1 layer of experts, split by ep 4, not ceil(3 / 2) = 2.
+    moe = dataclasses.replace(
+        gpt(6, 64, 4, seq_len=8192),
+        moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=256, layer_frequency=2),
+    )
+    counts = parameter_counts(moe)
+    assert counts.moe_layers == 3
+    experts = counts.experts_per_moe_layer
+    stage0, stage1 = stage_parameter_counts(moe, 2)
+    assert stage0 > stage1
+    expected = max((stage0 - experts) + experts / 4, (stage1 - 2 * experts) + 2 * experts / 4)
+    assert expected == (stage0 - experts) + experts / 4
+    assert gpu_parameters(moe, Layout(dp=4, pp=2, ep=4), counts) == expected
+    # tp 2 halves it; every layer MoE (layer_frequency 1) keeps the even split of 3 per stage
+    assert gpu_parameters(moe, Layout(dp=4, tp=2, pp=2, ep=4), counts) == expected / 2
+    every = dataclasses.replace(moe, moe=dataclasses.replace(moe.moe, layer_frequency=1))
+    all_counts = parameter_counts(every)
+    per_layer = all_counts.experts_per_moe_layer
+    top = max(stage_parameter_counts(every, 2))
+    assert (
+        gpu_parameters(every, Layout(dp=4, pp=2, ep=4), all_counts)
+        == (top - 3 * per_layer) + 3 * per_layer / 4
+    )
 
 
 # ---------------------------------------------------------------- published throughput cases

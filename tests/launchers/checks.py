@@ -63,8 +63,9 @@ ACCELERATE_NESTED = {
 
 # Canonical Megatron-LM flags (megatron/training/arguments.py @d98e8a6); value-less ones marked.
 MEGATRON_SWITCHES = {
-    "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
-    "--overlap-param-gather", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+    "--sequence-parallel", "--tp-comm-overlap", "--use-distributed-optimizer",
+    "--overlap-grad-reduce", "--overlap-param-gather", "--optimizer-cpu-offload",
+    "--use-precision-aware-optimizer",
     "--bf16", "--fp16", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--mock-data",
 }  # fmt: skip
@@ -180,6 +181,8 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
         assert seq % (2 * cp) == 0
     if "--sequence-parallel" in f:
         assert tp > 1, "Megatron drops --sequence-parallel silently at tp=1"
+    if "--tp-comm-overlap" in f:
+        assert "--sequence-parallel" in f and tp > 1, "--tp-comm-overlap requires sequence parallelism"
     if tp > 1 or cp > 1:
         assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1"
     granularity = f.get("--recompute-granularity")

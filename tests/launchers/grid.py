@@ -25,6 +25,14 @@ PRECISIONS = (
 )
 
 
+def _overlap(framework: Framework, zero: int, pp: int) -> bool | None:
+    if framework is Framework.MEGATRON:
+        return True
+    if framework is Framework.DEEPSPEED and zero > 0 and pp == 1:
+        return True
+    return None
+
+
 def grid() -> list[tuple[str, Plan]]:
     plans: list[tuple[str, Plan]] = []
     combos = itertools.product((1, 2, 4), SPLITS, Framework, range(4), OFFLOADS)
@@ -38,7 +46,11 @@ def grid() -> list[tuple[str, Plan]]:
             tp=tp,
             pp=pp,
             cp=cp,
-            sequence_parallel=tp > 1,
+            # as the recommender sets them (space.make_layout): no SP in DeepSpeed AutoTP; Megatron's
+            # overlaps on every other plan; DeepSpeed overlap_comm where its ZeRO optimizer overlaps.
+            sequence_parallel=tp > 1 and framework is not Framework.DEEPSPEED,
+            tp_comm_overlap=framework is Framework.MEGATRON and tp > 1 and i % 2 == 0,
+            overlap_grad_reduce=_overlap(framework, zero, pp) if i % 2 == 0 else None,
             zero_stage=zero,
             offload_optimizer=off_opt,
             offload_params=off_par,

@@ -30,8 +30,10 @@ def cases() -> dict[str, Plan]:
             offload_params=Offload.CPU,
             recompute=Recompute.FULL,
             micro_batch_size=2,
+            overlap_grad_reduce=True,
         ),
-        # Megatron TP2 x PP2 with interleaving, sequence parallel, distributed optimizer, 1 node.
+        # Megatron TP2 x PP2 with interleaving, sequence parallel, distributed optimizer, TP and DP
+        # communication overlap (as the recommender sets them), 1 node.
         "megatron_tp2_pp2_vpp2_1node": plan(
             framework=Framework.MEGATRON,
             tp=2,
@@ -40,6 +42,8 @@ def cases() -> dict[str, Plan]:
             virtual_pipeline_stages=2,
             zero_stage=1,
             recompute=Recompute.SELECTIVE,
+            tp_comm_overlap=True,
+            overlap_grad_reduce=True,
         ),
         # FSDP2 + TP2 on Llama-3.1-8B over 4 nodes with hybrid sharding (torchtitan, slurm, k8s).
         "fsdp_llama8b_tp2_hsdp_4nodes": plan(

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import Framework, Offload, Recompute
 from service.launchers import Target, Unsupported, accelerate, deepspeed, megatron, torchtitan
 from tests.launchers.factories import llama3_8b, plan, small_llama
@@ -76,3 +77,122 @@ def test_torchtitan_pipeline_batch_accounting() -> None:
     args = torchtitan.train_args(plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3, pp=2))
     assert args[args.index("--training.local_batch_size") + 1] == "64"
     assert "--training.disable_cuda_graphs" in args and args[-1] == "activation_checkpoint:none"
+
+
+# ---------------------------------------------------------------- the estimate's job is the shipped job
+
+
+def _flag_values(args: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for i, word in enumerate(args):
+        if word.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            out[word] = nxt if nxt is not None and not nxt.startswith("--") else None
+    return out
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_megatron_renders_every_timing_relevant_layout_field(on: bool) -> None:
+    # The time model reads tp_comm_overlap, overlap_grad_reduce, sequence_parallel, recompute,
+    # virtual stages, the ZeRO stage and the micro-batch: each must show in pretrain_gpt.py's args.
+    lo = {
+        "framework": Framework.MEGATRON,
+        "tp": 2,
+        "pp": 2,
+        "sequence_parallel": on,
+        "tp_comm_overlap": on,
+        "overlap_grad_reduce": on,
+        "recompute": Recompute.SELECTIVE if on else Recompute.FULL,
+        "virtual_pipeline_stages": 2 if on else 1,
+        "zero_stage": 1 if on else 0,
+        "micro_batch_size": 2 if on else 1,
+    }
+    f = _flag_values(megatron.megatron_args(plan(**lo)))
+    assert ("--sequence-parallel" in f) is on
+    assert ("--tp-comm-overlap" in f) is on
+    assert ("--overlap-grad-reduce" in f) is on
+    assert ("--overlap-param-gather" in f) is on  # with the distributed optimizer only
+    assert ("--use-distributed-optimizer" in f) is on
+    assert f["--recompute-granularity"] == ("selective" if on else "full")
+    assert ("--num-layers-per-virtual-pipeline-stage" in f) is on  # 16 layers / pp 2 / vpp 2 = 4
+    assert f["--micro-batch-size"] == ("2" if on else "1")
+
+
+def test_megatron_overlap_grad_reduce_without_distributed_optimizer() -> None:
+    f = _flag_values(megatron.megatron_args(plan(framework=Framework.MEGATRON, overlap_grad_reduce=True)))
+    assert "--overlap-grad-reduce" in f
+    assert "--overlap-param-gather" not in f and "--use-distributed-optimizer" not in f
+
+
+def test_megatron_refuses_tp_comm_overlap_without_sequence_parallel() -> None:
+    with pytest.raises(Unsupported, match="sequence parallelism"):
+        megatron.megatron_args(plan(framework=Framework.MEGATRON, tp=2, tp_comm_overlap=True))
+    with pytest.raises(Unsupported, match="sequence parallelism"):
+        megatron.megatron_args(
+            plan(framework=Framework.MEGATRON, sequence_parallel=True, tp_comm_overlap=True)
+        )
+
+
+def test_accelerate_megatron_refuses_overlaps_it_cannot_set() -> None:
+    with pytest.raises(Unsupported, match="megatron target"):
+        accelerate.render(plan(framework=Framework.MEGATRON, zero_stage=1, overlap_grad_reduce=True))
+
+
+@pytest.mark.parametrize(
+    ("stage", "offload", "overlap", "expected_overlap"),
+    [
+        (1, Offload.NONE, True, True),
+        (2, Offload.CPU, None, False),  # DeepSpeed's default below stage 3
+        (3, Offload.CPU, None, True),  # ... and at stage 3
+        (3, Offload.NONE, False, False),
+    ],
+)
+def test_deepspeed_renders_every_timing_relevant_layout_field(
+    stage: int, offload: Offload, overlap: bool | None, expected_overlap: bool
+) -> None:
+    p = plan(
+        framework=Framework.DEEPSPEED,
+        zero_stage=stage,
+        offload_optimizer=offload,
+        micro_batch_size=2,
+        overlap_grad_reduce=overlap,
+    )
+    config = deepspeed.ds_config(p)
+    zero = config["zero_optimization"]
+    assert zero["stage"] == stage
+    assert zero.get("offload_optimizer", {}).get("device", "none") == str(offload)
+    assert config["train_micro_batch_size_per_gpu"] == 2
+    assert config["gradient_accumulation_steps"] == 256 // (2 * 8)
+    assert zero["overlap_comm"] is expected_overlap
+
+
+def test_deepspeed_buckets_are_the_memory_models() -> None:
+    # One function sizes the buckets for ds_config.json and for the memory estimate.
+    p = plan(nodes=2, model=llama3_8b(), framework=Framework.DEEPSPEED, zero_stage=3)
+    zero = deepspeed.zero_block(p)
+    b = deepspeed_buckets(p.model, p.layout)
+    h = 4096
+    assert zero["reduce_bucket_size"] == b.reduce_bucket_elements == h * h
+    assert zero["stage3_prefetch_bucket_size"] == b.prefetch_bucket_elements == 9 * h * h // 10
+    assert zero["stage3_param_persistence_threshold"] == b.param_persistence_threshold == 10 * h
+    assert zero["stage3_max_live_parameters"] == b.max_live_parameters
+    assert zero["overlap_comm"] is b.overlap_comm
+    # ZeRO-1/2 with overlap_comm keep two reduce buffers (stage_1_and_2.py double buffering).
+    z2 = replace(p.layout, zero_stage=2, overlap_grad_reduce=True)
+    assert deepspeed_buckets(p.model, z2).reduce_buffer_elements == 2 * h * h
+    assert deepspeed_buckets(p.model, replace(z2, overlap_grad_reduce=None)).reduce_buffer_elements == h * h
+    # small models: clamped to 1e7 elements
+    assert deepspeed_buckets(small_llama(), z2).reduce_bucket_elements == 10_000_000
+
+
+@pytest.mark.parametrize(
+    ("layout", "words"),
+    [
+        ({"tp": 2, "sequence_parallel": True, "zero_stage": 1}, "no Megatron-style sequence parallelism"),
+        ({"zero_stage": 0, "overlap_grad_reduce": True}, "overlap_comm"),
+        ({"pp": 2, "zero_stage": 1, "overlap_grad_reduce": True}, "overlap_comm"),
+    ],
+)
+def test_deepspeed_refuses_what_the_estimate_would_misdescribe(layout: dict[str, object], words: str) -> None:
+    with pytest.raises(Unsupported, match=words):
+        deepspeed.ds_config(plan(framework=Framework.DEEPSPEED, **layout))

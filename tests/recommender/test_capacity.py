@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
 from service.catalog.efficiency import default_efficiency
 from service.catalog.gpus import gpu
 from service.catalog.models import model
+from service.estimator.step_time import time_to_train_s
 from service.estimator.types import ClusterSpec, TrainingSpec
 from service.recommender.capacity import capacity
 
@@ -41,3 +46,52 @@ def test_stored_cluster_runs_at_its_size() -> None:
     assert option.fits and option.min_gpus is not None and option.min_gpus <= 16
     assert option.num_gpus == 16  # time to train on the whole stored cluster
     assert option.time_to_train_s is not None and option.time_to_train_s > 0
+
+
+def _stored_a100_cluster() -> ClusterSpec:
+    return ClusterSpec(
+        gpu=gpu("a100-sxm-80gb"),
+        num_nodes=2,
+        gpus_per_node=8,
+        intra_node_bandwidth_bytes_per_s=300e9,
+        inter_node_bandwidth_bytes_per_s=25e9,
+    )
+
+
+def test_stored_cluster_does_not_grow_past_its_size() -> None:
+    # at_gpus=64 on a 16-GPU stored cluster: timed on the 16 GPUs it has, and the option says so
+    training = TrainingSpec(seq_len=2048, global_batch_size=256, tokens=10**10)
+    stored = _stored_a100_cluster()
+    (option,) = capacity(
+        model("llama-2-7b").spec, training, default_efficiency(), clusters=[stored], at_gpus=64
+    )
+    assert option.fits and option.layout is not None and option.num_gpus is not None
+    assert option.num_gpus <= stored.world_size
+    assert option.layout.world_size == option.num_gpus
+    assert "64" in option.note and "16" in option.note
+    (whole,) = capacity(model("llama-2-7b").spec, training, default_efficiency(), clusters=[stored])
+    assert whole.note == ""
+    assert (option.num_gpus, option.tokens_per_s) == (whole.num_gpus, whole.tokens_per_s)
+
+
+def test_no_layout_at_requested_gpus_keeps_one_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    # when nothing is found on at_gpus, the GPU count, throughput and GPU-hours all come from the
+    # min_gpus layout instead of mixing at_gpus with the min_gpus throughput
+    import service.recommender
+
+    monkeypatch.setattr(
+        service.recommender, "recommend", lambda *args, **kwargs: SimpleNamespace(recommended=None)
+    )
+    training = TrainingSpec(seq_len=4096, global_batch_size=512, tokens=10**11)
+    (option,) = capacity(
+        model("llama-3-8b").spec,
+        training,
+        default_efficiency(),
+        gpus=[gpu("h100-sxm-80gb")],
+        at_gpus=1024,
+    )
+    assert option.fits and option.layout is not None and option.tokens_per_s is not None
+    assert option.num_gpus == option.layout.world_size == option.min_gpus
+    assert option.time_to_train_s == time_to_train_s(1e11, option.tokens_per_s)
+    assert option.gpu_hours == option.time_to_train_s * option.num_gpus / 3600
+    assert "1024" in option.note

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -19,7 +21,11 @@ from service.estimator.types import (
     Framework,
     Layout,
     Method,
+    ModelSpec,
+    MoESpec,
     Offload,
+    PositionEmbedding,
+    Precision,
     Recompute,
     TrainingSpec,
 )
@@ -145,6 +151,157 @@ def test_fast_evaluator_equals_the_estimator(name: str, nodes: int, attention: A
     for layout in _sample_layouts(nodes, spec.moe is not None)[::3]:
         assert ev.memory(layout) == memory_estimate(spec, c, layout, training), layout
         assert ev.time(layout) == time_estimate(spec, c, layout, training, None, curve), layout
+
+
+# 12 layers, MoE every 2nd (layers 1, 3, ..., 11): pp 4 puts 1, 2, 1, 2 MoE layers on its stages,
+# pp 2 3 and 3. Qwen2-MoE-like shared expert with its gate; 65536 learned positions (67M) make the
+# first stage, with one MoE layer, the largest at pp 4 (the last has two).
+SPARSE_MOE = ModelSpec(
+    name="moe-every-2nd", num_layers=12, hidden_size=1024, num_attention_heads=16, num_kv_heads=4,
+    ffn_hidden_size=2816, vocab_size=32000, qkv_bias=True, max_position_embeddings=65536,
+    position_embedding=PositionEmbedding.LEARNED,
+    moe=MoESpec(
+        num_experts=8, top_k=2, expert_ffn_hidden_size=1408, num_shared_experts=1,
+        shared_expert_ffn_hidden_size=2816, shared_expert_gate=True, layer_frequency=2,
+    ),
+)  # fmt: skip
+
+_ZERO_STAGES = {Framework.MEGATRON: (0, 1), Framework.DEEPSPEED: (0, 1, 2, 3), Framework.FSDP: (0, 2, 3)}
+
+# (framework, dp, tp, pp, cp, v, micro-batch) on 16 GPUs (2 nodes of 8)
+_AXIS_STRUCTURES = (
+    (Framework.MEGATRON, 4, 2, 2, 1, 2, 1),
+    (Framework.MEGATRON, 2, 2, 4, 1, 1, 2),
+    (Framework.MEGATRON, 4, 1, 4, 1, 2, 2),
+    (Framework.MEGATRON, 4, 2, 1, 2, 1, 2),
+    (Framework.DEEPSPEED, 16, 1, 1, 1, 1, 2),
+    (Framework.DEEPSPEED, 4, 2, 2, 1, 1, 1),
+    (Framework.FSDP, 16, 1, 1, 1, 1, 1),
+    (Framework.FSDP, 4, 2, 1, 2, 1, 2),
+    (Framework.FSDP, 8, 1, 2, 1, 1, 2),
+)
+
+
+def _axis_variants(global_batch: int) -> list[tuple[str, Callable[[Layout], Layout]]]:
+    # the layout flags the recommender's own sample leaves at their defaults
+    def ga(lay: Layout) -> Layout:
+        return dataclasses.replace(
+            lay, gradient_accumulation_steps=global_batch // (lay.micro_batch_size * lay.dp)
+        )
+
+    def offload(kind: Offload) -> Callable[[Layout], Layout]:
+        return lambda lay: dataclasses.replace(
+            lay, offload_optimizer=kind, offload_params=kind if lay.zero_stage == 3 else Offload.NONE
+        )
+
+    return [
+        ("plain", lambda lay: lay),
+        ("nvme", offload(Offload.NVME)),
+        ("nvme optimizer", lambda lay: dataclasses.replace(lay, offload_optimizer=Offload.NVME)),
+        ("cpu", offload(Offload.CPU)),
+        ("activation offload", lambda lay: dataclasses.replace(lay, activation_offload=True)),
+        (
+            "activation offload + full",
+            lambda lay: dataclasses.replace(lay, activation_offload=True, recompute=Recompute.FULL),
+        ),
+        ("chunked loss", lambda lay: dataclasses.replace(lay, chunked_loss=True)),
+        ("hybrid shard", lambda lay: dataclasses.replace(lay, fsdp_hybrid_shard=True)),
+        ("overlap on", lambda lay: dataclasses.replace(lay, overlap_grad_reduce=True)),
+        ("overlap off", lambda lay: dataclasses.replace(lay, overlap_grad_reduce=False)),
+        ("accumulation", ga),
+        ("selective", lambda lay: dataclasses.replace(lay, recompute=Recompute.SELECTIVE)),
+        (
+            "all flags",
+            lambda lay: dataclasses.replace(
+                ga(offload(Offload.NVME)(lay)),
+                activation_offload=True,
+                chunked_loss=True,
+                fsdp_hybrid_shard=True,
+                overlap_grad_reduce=False,
+                recompute=Recompute.FULL,
+            ),
+        ),
+    ]
+
+
+def _axis_layouts(moe: bool, global_batch: int) -> list[tuple[str, Layout]]:
+    # every variant on every (structure, zero stage) pair, so each flag meets every framework, split
+    # and sharding
+    pairs = [(s, z) for s in _AXIS_STRUCTURES for z in _ZERO_STAGES[s[0]]]
+    out = []
+    for name, variant in _axis_variants(global_batch):
+        for (fw, dp, tp, pp, cp, v, b), zero in pairs:
+            base = Layout(
+                framework=fw, dp=dp, tp=tp, pp=pp, cp=cp, ep=(2 if dp * cp % 2 == 0 else 1) if moe else 1,
+                zero_stage=zero, sequence_parallel=tp > 1, virtual_pipeline_stages=v, micro_batch_size=b,
+                tp_comm_overlap=fw is Framework.MEGATRON and tp > 1,
+            )  # fmt: skip
+            out.append((name, variant(base)))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "training"),
+    [
+        ("llama-3-8b", TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.LORA)),
+        ("llama-3-8b", TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.QLORA, lora_rank=8)),
+        ("llama-3-8b", TrainingSpec(seq_len=2048, global_batch_size=64, precision=Precision.FP32)),
+        (
+            "llama-2-7b",
+            TrainingSpec(
+                seq_len=2048, global_batch_size=64, precision=Precision.BF16_PURE, attention=Attention.EAGER
+            ),
+        ),
+        ("moe-every-2nd", TrainingSpec(seq_len=4096, global_batch_size=64)),
+        ("moe-every-2nd", TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.LORA)),
+    ],
+)
+def test_fast_evaluator_equals_the_estimator_on_every_axis(name: str, training: TrainingSpec) -> None:
+    # LoRA / QLoRA, fp32 / pure bf16, NVMe offload, activation offload, chunked loss, FSDP hybrid
+    # shard, explicit DP overlap and accumulation steps, MoE on every 2nd layer; shuffled, so memo
+    # hits come from layouts with other flags.
+    spec = SPARSE_MOE if name == SPARSE_MOE.name else model(name).spec
+    c = cluster(nodes=2)
+    curve = default_efficiency()
+    ev = Evaluator(spec, c, training, curve)
+    layouts = _axis_layouts(spec.moe is not None, training.global_batch_size)
+    assert {n for n, _ in layouts} == {n for n, _ in _axis_variants(training.global_batch_size)}
+    random.Random(7).shuffle(layouts)
+    for _, layout in layouts:
+        assert ev.memory(layout) == memory_estimate(spec, c, layout, training), layout
+        assert ev.time(layout) == time_estimate(spec, c, layout, training, None, curve), layout
+
+
+@pytest.mark.parametrize("spec", [model("llama-3-8b").spec, SPARSE_MOE], ids=["dense", "moe-every-2nd"])
+def test_fast_evaluator_equals_the_estimator_with_few_micro_batches(spec: ModelSpec) -> None:
+    # Interleaved pipelines with m = pp or fewer micro-batches, where Megatron caps the warm-up at
+    # all m x v chunks; pp 4 splits SPARSE_MOE's MoE layers 1, 2, 1, 2 over the stages.
+    training = TrainingSpec(seq_len=4096, global_batch_size=16)
+    c = cluster(nodes=2)
+    curve = default_efficiency()
+    ev = Evaluator(spec, c, training, curve)
+    layouts = []
+    for (dp, tp), pp, v, b, recompute in itertools.product(
+        ((1, 4), (2, 2), (4, 1)), (2, 4), (1, 2, 3), (1, 2, 4), (Recompute.NONE, Recompute.FULL)
+    ):
+        if dp * tp * pp > 16 or spec.num_layers % (pp * v):
+            continue
+        lay = Layout(
+            framework=Framework.MEGATRON, dp=dp, tp=tp, pp=pp, ep=2 if spec.moe and dp % 2 == 0 else 1,
+            zero_stage=1, recompute=recompute, sequence_parallel=tp > 1, virtual_pipeline_stages=v,
+            micro_batch_size=b,
+        )  # fmt: skip
+        layouts.append(lay)
+    assert any(lay.accumulation_steps(16) <= lay.pp and lay.virtual_pipeline_stages > 1 for lay in layouts)
+    random.Random(5).shuffle(layouts)
+    for layout in layouts:
+        explicit = dataclasses.replace(layout, gradient_accumulation_steps=layout.accumulation_steps(16))
+        for lay in (layout, explicit):
+            assert ev.memory(lay) == memory_estimate(spec, c, lay, training), lay
+            assert ev.time(lay) == time_estimate(spec, c, lay, training, None, curve), lay
+        # memory_estimate takes explicit steps as given, even a single micro-batch (time rejects it)
+        single = dataclasses.replace(layout, gradient_accumulation_steps=1)
+        assert ev.memory(single) == memory_estimate(spec, c, single, training), single
 
 
 def _shared_key_layouts(moe: bool) -> list[Layout]:

@@ -4,7 +4,7 @@
 set -euo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 torchrun --standalone --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 \
-    --pipeline-model-parallel-size 2 --context-parallel-size 1 --sequence-parallel \
+    --pipeline-model-parallel-size 2 --context-parallel-size 1 --sequence-parallel --tp-comm-overlap \
     --num-layers-per-virtual-pipeline-stage 4 --use-distributed-optimizer --overlap-grad-reduce \
     --overlap-param-gather --micro-batch-size 1 --global-batch-size 256 --train-iters 1000 \
     --recompute-granularity selective --bf16 --num-layers 16 --hidden-size 1024 --ffn-hidden-size 2816 \
