@@ -36,6 +36,7 @@ from service.estimator.validate import validate_layout
 from service.recommender import rank
 from service.recommender.fast import Evaluator
 from service.recommender.space import (
+    FRAMEWORK_FLAGS,
     RECOMPUTE_ORDER,
     RejectionLog,
     Sharding,
@@ -204,7 +205,7 @@ def _time_candidate(job: _Job, ev: Evaluator, result: SearchResult, layout: Layo
 
 
 def _search_structure(job: _Job, ev: Evaluator, result: SearchResult, s: Structure, limit: int) -> None:
-    sizes_of: dict[int, tuple[int, ...]] = {}  # micro-batches by interleaving depth
+    sizes_of: dict[tuple[int, bool], tuple[int, ...]] = {}  # micro-batches by (interleaving, SP)
     ceilings: dict[tuple[Framework, int], tuple[float, ...] | None] = {}  # see _dominated
     for framework in job.constraints.frameworks:
         options, unsupported = shardings(framework, s, job.constraints.allow_offload)
@@ -224,9 +225,10 @@ def _search_structure(job: _Job, ev: Evaluator, result: SearchResult, s: Structu
                 _log_memory(result, probe, ev.memory(probe), limit, 1)
                 continue
             for virtual in virtual_stages(job.model, framework, s.pp):
-                sizes = sizes_of.get(virtual)
+                sp = s.tp > 1 and FRAMEWORK_FLAGS[framework].sequence_parallel
+                sizes = sizes_of.get((virtual, sp))
                 if sizes is None:
-                    sizes = sizes_of[virtual] = micro_batch_sizes(job.training, s, virtual, s.tp > 1)
+                    sizes = sizes_of[(virtual, sp)] = micro_batch_sizes(job.training, s, virtual, sp)
                 if _dominated(job, ev, result, (s, sh, virtual), sizes, ceilings):
                     continue
                 fitted |= _search_memory_family(job, ev, result, (s, sh, virtual), sizes, limit)
@@ -468,9 +470,8 @@ def recommend(
     result = _run_search(
         model, cluster, training, constraints, efficiency, started + constraints.time_budget_s
     )
-    ranked = result.ranked()[: constraints.top_k + 1]
     chosen: list[tuple[Layout, Evaluator, Estimate]] = []
-    for scored in ranked[: constraints.top_k]:
+    for scored in result.ranked()[: constraints.top_k]:
         ev = result.evaluators[scored.layout.world_size]
         chosen.append(
             (scored.layout, ev, _full_estimate(model, cluster, training, efficiency, ev, scored.layout))
