@@ -60,6 +60,7 @@ bench: install
 	test -f .bench-venv/.installed || { $(PYTHON) -m venv .bench-venv \
 		&& .bench-venv/bin/python -m pip install -q 'llm-analysis==0.2.2' && touch .bench-venv/.installed; }
 	$(PY) -m bench.recommender_bench --llm-analysis .bench-venv/bin/python --json bench/results.json
+	$(PY) -m bench.estimate_latency
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache trainplan.db*
