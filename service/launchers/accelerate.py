@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from service.estimator.types import Framework, Offload, Plan, Precision, Recompute
+from service.launchers import deepspeed
 from service.launchers.common import (
     MASTER_PORT,
     SHELL,
@@ -32,7 +33,6 @@ from service.launchers.common import (
     script,
     shell_command,
 )
-from service.launchers.deepspeed import NVME_PATH
 
 CONFIG_NAME = "accelerate_config.yaml"
 LAUNCH_NAME = "accelerate_launch.sh"
@@ -46,15 +46,24 @@ def _mixed_precision(plan: Plan) -> str:
     if precision is Precision.FP16:
         return "fp16"
     if precision is Precision.FP8:
-        if plan.layout.framework is not Framework.DEEPSPEED:
-            raise Unsupported(
-                TARGET, "fp8 needs an fp8_config backend (Transformer Engine) that is not emitted here"
-            )
-        return "bf16"  # DeepSpeedPlugin runs bf16 for fp8 too; fp8 GEMMs come from the model code
+        # DeepSpeed layouts take precision from ds_config.json and never get here.
+        raise Unsupported(
+            TARGET, "fp8 needs an fp8_config backend (Transformer Engine) that is not emitted here"
+        )
     return "bf16"  # bf16_pure: the script loads the model in bf16
 
 
 def _deepspeed(plan: Plan) -> dict[str, Any]:
+    """distributed_type DEEPSPEED pointing at the deepspeed target's ds_config.json.
+
+    Inline plugin keys would run DeepSpeed with its default buckets (reduce_bucket_size 5e8,
+    default overlap_comm), not the ones the memory estimate counts; the config file carries
+    ``deepspeed_buckets``' sizes. With ``deepspeed_config_file`` set, DeepSpeedPlugin refuses
+    the inline zero_stage / offload / accumulation / clipping / zero3_save_16bit_model keys and
+    a top-level mixed_precision (utils/dataclasses.py ``_deepspeed_config_checks``; ds_config's
+    bf16 / fp16 blocks decide), so only the launcher keys stay. The path is relative: the launch
+    script runs from the directory that holds the files.
+    """
     lo = plan.layout
     if lo.tp > 1 or lo.pp > 1 or lo.cp > 1:
         raise Unsupported(
@@ -62,28 +71,18 @@ def _deepspeed(plan: Plan) -> dict[str, Any]:
             f"tp={lo.tp} pp={lo.pp} cp={lo.cp}: Accelerate's DeepSpeed plugin drives data parallelism "
             "(ZeRO) only; use the deepspeed target",
         )
-    if lo.offload_params is not Offload.NONE and lo.zero_stage < 3:
-        raise Unsupported(TARGET, "offload_param_device applies to ZeRO stage 3 only")
-    if lo.offload_optimizer is Offload.NVME and lo.zero_stage < 3:
-        raise Unsupported(TARGET, "NVMe optimizer offload is available only with ZeRO stage 3")
-    if lo.offload_optimizer is not Offload.NONE and lo.zero_stage == 0:
-        raise Unsupported(TARGET, "optimizer offload needs ZeRO stage 1, 2 or 3")
-    ds: dict[str, Any] = {
-        "gradient_accumulation_steps": accumulation(plan),
-        "gradient_clipping": 1.0,
-        "offload_optimizer_device": str(lo.offload_optimizer),
-        "offload_param_device": str(lo.offload_params),
-        "zero_stage": lo.zero_stage,
-    }
-    if lo.offload_optimizer is Offload.NVME:
-        ds["offload_optimizer_nvme_path"] = NVME_PATH
-    if lo.offload_params is Offload.NVME:
-        ds["offload_param_nvme_path"] = NVME_PATH
+    _ds_config_artifact(plan)  # raises where DeepSpeed cannot run the layout
+    ds: dict[str, Any] = {"deepspeed_config_file": deepspeed.CONFIG_NAME}
     if lo.zero_stage == 3:
-        ds |= {"zero3_init_flag": True, "zero3_save_16bit_model": True}
+        ds["zero3_init_flag"] = True
     if plan.cluster.num_nodes > 1:
         ds["deepspeed_multinode_launcher"] = "standard"  # torchrun on every node, no ssh
     return {"distributed_type": "DEEPSPEED", "deepspeed_config": ds}
+
+
+def _ds_config_artifact(plan: Plan) -> Artifact:
+    """The deepspeed target's ds_config.json, byte for byte (render() de-duplicates it)."""
+    return deepspeed.config_artifact(plan, TARGET)
 
 
 def _fsdp(plan: Plan) -> dict[str, Any]:
@@ -199,13 +198,14 @@ def accelerate_config(plan: Plan) -> dict[str, Any]:
         "machine_rank": 0,  # overridden per node by the launch line
         "main_process_port": MASTER_PORT,
         "main_training_function": "main",
-        "mixed_precision": _mixed_precision(plan),
         "num_machines": cluster.num_nodes,
         "num_processes": cluster.world_size,  # total over all machines
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": False,
     }
+    if lo.framework is not Framework.DEEPSPEED:  # DeepSpeed: ds_config.json's bf16 / fp16 blocks
+        config["mixed_precision"] = _mixed_precision(plan)
     config |= parallel
     if parallel["distributed_type"] == "MULTI_GPU" and cluster.world_size == 1:
         config["distributed_type"] = "NO"
@@ -233,12 +233,20 @@ def render(plan: Plan) -> list[Artifact]:
     if plan.cluster.num_nodes > 1:
         body.append(': "${NODE_RANK:?set NODE_RANK to the index of this node, 0 on the first}"')
     body.append(shell_command(launch_words(plan)))
-    return [
+    header = "Accelerate 1.15.0: run on every node."
+    if plan.layout.framework is Framework.DEEPSPEED:
+        header += (
+            f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."
+        )
+    artifacts = [
         Artifact(name=CONFIG_NAME, target=TARGET, media_type=YAML, content=text),
         Artifact(
             name=LAUNCH_NAME,
             target=TARGET,
             media_type=SHELL,
-            content=script(plan, body, header="Accelerate 1.15.0: run on every node."),
+            content=script(plan, body, header=header),
         ),
     ]
+    if plan.layout.framework is Framework.DEEPSPEED:
+        artifacts.append(_ds_config_artifact(plan))
+    return artifacts

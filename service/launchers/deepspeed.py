@@ -200,6 +200,22 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     return config
 
 
+def config_artifact(plan: Plan, target: Target = Target.DEEPSPEED) -> Artifact:
+    """ds_config.json as every target that runs DeepSpeed ships it (byte-identical across targets).
+
+    Raises Unsupported (naming ``target``) where DeepSpeed cannot run the layout.
+    """
+    try:
+        config = ds_config(plan)
+    except Unsupported as exc:
+        if exc.target is target:
+            raise
+        raise Unsupported(target, exc.reason) from exc
+    return Artifact(
+        name=CONFIG_NAME, target=target, media_type=JSON, content=json.dumps(config, indent=2) + "\n"
+    )
+
+
 def hostfile(plan: Plan) -> str:
     """One `host slots=N` line per node; the host names are placeholders to replace."""
     lines = ["# Replace node-<i> with the nodes' host names (passwordless ssh from the first node)."]
@@ -225,7 +241,7 @@ def launch_words(plan: Plan) -> list[Word]:
 
 
 def render(plan: Plan) -> list[Artifact]:
-    config = ds_config(plan)
+    config = config_artifact(plan)
     header = "DeepSpeed 0.19.8 launcher: starts every rank over ssh (pdsh) from this node."
     if plan.layout.pp > 1:
         header += f"\n{TRAIN_SCRIPT} must build deepspeed.pipe.PipelineModule(num_stages={plan.layout.pp})."
@@ -236,12 +252,7 @@ def render(plan: Plan) -> list[Artifact]:
     if plan.training.precision is Precision.FP8:
         header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."
     artifacts = [
-        Artifact(
-            name=CONFIG_NAME,
-            target=Target.DEEPSPEED,
-            media_type=JSON,
-            content=json.dumps(config, indent=2) + "\n",
-        ),
+        config,
         Artifact(
             name=LAUNCH_NAME,
             target=Target.DEEPSPEED,

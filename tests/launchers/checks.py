@@ -37,10 +37,13 @@ ACCELERATE_TOP_LEVEL = {
 }  # fmt: skip
 # Nested keys as accelerate/commands/launch.py declares the CLI arguments.
 ACCELERATE_NESTED = {
+    # With deepspeed_config_file, DeepSpeedPlugin._deepspeed_config_checks refuses the inline
+    # zero_stage / offload / accumulation / clipping / zero3_save_16bit_model keys (and a
+    # top-level mixed_precision): only these launcher keys may sit beside it.
     "deepspeed_config": {
-        "gradient_accumulation_steps", "gradient_clipping", "offload_optimizer_device",
-        "offload_param_device", "offload_optimizer_nvme_path", "offload_param_nvme_path",
-        "zero_stage", "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_multinode_launcher",
+        "deepspeed_config_file", "zero3_init_flag", "deepspeed_multinode_launcher",
+        "deepspeed_hostfile", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
+        "deepspeed_moe_layer_cls_names",
     },
     "fsdp_config": {
         "fsdp_version", "fsdp_reshard_after_forward", "fsdp_offload_params", "fsdp_auto_wrap_policy",
@@ -115,7 +118,12 @@ def check_accelerate(config: dict[str, Any], plan: Plan) -> None:
         assert set(config.get(section, {})) <= allowed, set(config.get(section, {})) - allowed
     assert config["num_processes"] == plan.cluster.world_size
     assert config["num_machines"] == plan.cluster.num_nodes
-    assert config["mixed_precision"] in {"no", "fp16", "bf16", "fp8"}
+    if config["distributed_type"] == "DEEPSPEED":
+        # Everything DeepSpeed runs (buckets, precision, ZeRO) comes from the shared ds_config.json.
+        assert config["deepspeed_config"]["deepspeed_config_file"] == "ds_config.json"
+        assert "mixed_precision" not in config, "refused beside deepspeed_config_file"
+    else:
+        assert config["mixed_precision"] in {"no", "fp16", "bf16", "fp8"}
     fsdp = config.get("fsdp_config", {})
     if fsdp:
         assert isinstance(fsdp["fsdp_reshard_after_forward"], bool)

@@ -122,3 +122,24 @@ def test_scripts_pass_shellcheck(tmp_path: Path) -> None:
     paths = _write_scripts(tmp_path)
     result = subprocess.run(["shellcheck", "--shell=bash", *map(str, paths)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[:4000]
+
+
+def test_accelerate_deepspeed_ships_the_deepspeed_targets_ds_config() -> None:
+    """Wherever Accelerate runs DeepSpeed, it ships ds_config.json byte for byte as the deepspeed
+    target does, and its YAML points there (so DeepSpeed runs the estimate's buckets)."""
+    results = {(name, target): result for name, _, target, result in rendered()}
+    count = 0
+    for name, plan in GRID:
+        ours = results[name, Target.ACCELERATE]
+        if plan.layout.framework is not Framework.DEEPSPEED or isinstance(ours, str):
+            continue
+        theirs = results[name, Target.DEEPSPEED]
+        assert not isinstance(theirs, str), (name, theirs)
+        (mine,) = [a.content for a in ours if a.name == "ds_config.json"]
+        (shipped,) = [a.content for a in theirs if a.name == "ds_config.json"]
+        assert mine == shipped, name
+        (config,) = [a.content for a in ours if a.name == "accelerate_config.yaml"]
+        assert "deepspeed_config_file: ds_config.json" in config, name
+        render(plan)  # raises if two targets' ds_config.json differ
+        count += 1
+    assert count > 20

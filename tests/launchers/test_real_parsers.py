@@ -86,25 +86,40 @@ def _accelerate_args(path: Path, plan: Plan) -> Any:
     return args
 
 
-def test_accelerate_config_loader_launch_and_plugins(tmp_path: Path) -> None:
+def test_accelerate_config_loader_launch_and_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("accelerate")
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
+    # As a user runs accelerate_launch.sh: from the directory holding the rendered files, whose
+    # relative paths (--config_file, deepspeed_config_file) resolve there.
+    monkeypatch.chdir(tmp_path)
     count = 0
     for name, plan, artifacts in rendered(Target.ACCELERATE):
-        path = tmp_path / accelerate.CONFIG_NAME
-        path.write_text(by_name(artifacts, accelerate.CONFIG_NAME).content)
+        for old in tmp_path.iterdir():
+            old.unlink()
+        for artifact in artifacts:
+            (tmp_path / artifact.name).write_text(artifact.content)
+        path = Path(accelerate.CONFIG_NAME)
         loaded = load_config_from_file(str(path))  # unknown top-level keys raise here
         assert loaded.num_processes == plan.cluster.world_size, name
         args = _accelerate_args(path, plan)
         framework = plan.layout.framework
         if framework is Framework.DEEPSPEED:
             _, env = prepare_deepspeed_cmd_env(args)
+            assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == deepspeed.CONFIG_NAME, name
+            # Refuses inline plugin keys (and a config-file mixed_precision) beside the file.
             with mock.patch.dict(os.environ, env):
                 plugin = DeepSpeedPlugin()
+            shipped = json.loads(by_name(artifacts, deepspeed.CONFIG_NAME).content)
             assert plugin.zero_stage == plan.layout.zero_stage, name
+            assert plugin.gradient_accumulation_steps == shipped["gradient_accumulation_steps"], name
+            # DeepSpeed runs the buckets the memory estimate counts, not its 5e8 defaults.
+            zero = plugin.deepspeed_config["zero_optimization"]
+            for key, value in shipped["zero_optimization"].items():
+                assert zero[key] == value, (name, key)
+            assert plugin.zero3_init_flag == (plan.layout.zero_stage == 3), name
         elif framework is Framework.FSDP and plan.layout.zero_stage >= 2:
             env = prepare_multi_gpu_env(args)
             with mock.patch.dict(os.environ, env):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import Framework, Offload, Recompute
-from service.launchers import Target, Unsupported, accelerate, deepspeed, megatron, torchtitan
+from service.launchers import Target, Unsupported, accelerate, deepspeed, megatron, render, torchtitan
 from tests.launchers.factories import llama3_8b, plan, small_llama
 
 
@@ -196,3 +197,44 @@ def test_deepspeed_buckets_are_the_memory_models() -> None:
 def test_deepspeed_refuses_what_the_estimate_would_misdescribe(layout: dict[str, object], words: str) -> None:
     with pytest.raises(Unsupported, match=words):
         deepspeed.ds_config(plan(framework=Framework.DEEPSPEED, **layout))
+
+
+# ---------------------------------------------------------------- accelerate runs the shared ds_config.json
+
+
+@pytest.mark.parametrize(
+    ("nodes", "layout"),
+    [
+        (1, {"zero_stage": 1, "overlap_grad_reduce": True}),
+        (1, {"zero_stage": 2, "offload_optimizer": Offload.CPU}),
+        (2, {"zero_stage": 3, "offload_optimizer": Offload.NVME, "offload_params": Offload.NVME}),
+    ],
+)
+def test_accelerate_deepspeed_points_at_the_deepspeed_targets_ds_config(
+    nodes: int, layout: dict[str, object]
+) -> None:
+    # Inline plugin keys would leave DeepSpeed on its own buckets (reduce_bucket_size 5e8),
+    # about 1 GB/GPU more than the estimate counts: the config must name the shared file.
+    p = plan(nodes=nodes, model=llama3_8b(), framework=Framework.DEEPSPEED, **layout)
+    ds = accelerate.accelerate_config(p)["deepspeed_config"]
+    assert ds["deepspeed_config_file"] == deepspeed.CONFIG_NAME
+    assert set(ds) <= {"deepspeed_config_file", "zero3_init_flag", "deepspeed_multinode_launcher"}
+    assert "mixed_precision" not in accelerate.accelerate_config(p)
+    ours = {a.name: a for a in accelerate.render(p)}
+    theirs = {a.name: a for a in deepspeed.render(p)}
+    assert ours[deepspeed.CONFIG_NAME].content == theirs[deepspeed.CONFIG_NAME].content  # byte-identical
+    assert ours[deepspeed.CONFIG_NAME].target is Target.ACCELERATE
+    zero = json.loads(ours[deepspeed.CONFIG_NAME].content)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == deepspeed_buckets(p.model, p.layout).reduce_bucket_elements
+    # render() keeps one ds_config.json for both targets (it raises if they differ).
+    artifacts, unsupported = render(p, [Target.DEEPSPEED, Target.ACCELERATE])
+    assert not unsupported
+    assert [a.name for a in artifacts].count(deepspeed.CONFIG_NAME) == 1
+
+
+def test_accelerate_deepspeed_refuses_what_ds_config_refuses() -> None:
+    # The same ds_config.json runs under Accelerate, so DeepSpeed's refusals carry over.
+    p = plan(framework=Framework.DEEPSPEED, zero_stage=0, overlap_grad_reduce=True)
+    with pytest.raises(Unsupported, match="overlap_comm") as info:
+        accelerate.render(p)
+    assert info.value.target is Target.ACCELERATE
