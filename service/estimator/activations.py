@@ -247,10 +247,10 @@ def recompute_working_bytes(model: ModelSpec, layout: Layout, training: Training
     if layout.recompute is not Recompute.FULL:
         return 0.0
     no_recompute = dataclasses.replace(layout, recompute=Recompute.NONE)
-    return max(layer_bytes(model, no_recompute, training, moe) for moe in _layer_kinds(model))
+    return max(layer_bytes(model, no_recompute, training, moe) for moe in layer_kinds(model))
 
 
-def _layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
+def layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
     if model.moe is None:
         return (False,)
     return (True,) if model.moe.layer_frequency == 1 else (False, True)
@@ -275,7 +275,7 @@ def micro_batches_in_flight(layout: Layout, rank: int, micro_batches: int) -> fl
     return chunks / v
 
 
-def _first_stage_extra(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+def first_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
     # Token ids (int64) saved by the embedding; Megatron adds the embedding dropout mask (sbh, /t).
     t = local_tokens(layout, training)
     extra = INDEX_BYTES * t
@@ -284,7 +284,7 @@ def _first_stage_extra(model: ModelSpec, layout: Layout, training: TrainingSpec)
     return extra
 
 
-def _last_stage_extra(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
     # Final norm input, lm_head input and the fp32 log-softmax (HF upcasts logits; Megatron's
     # vocab-parallel cross-entropy keeps fp32 logits): 4sbh(1 + v/h)/t in Korthikanti §4.3.
     # A chunked / fused loss keeps only the hidden-state gradient it computed in forward.
@@ -312,9 +312,9 @@ def stage_activation_bytes(
     in_flight = micro_batches_in_flight(layout, rank, micro_batches)
     total = per_micro * in_flight + recompute_working_bytes(model, layout, training)
     if rank == 0:
-        total += _first_stage_extra(model, layout, training) * in_flight
+        total += first_stage_extra_bytes(model, layout, training) * in_flight
     if rank == layout.pp - 1:
-        total += _last_stage_extra(model, layout, training)
+        total += last_stage_extra_bytes(model, layout, training)
     return math.ceil(total)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from service.estimator.efficiency import EfficiencyCurve
 from service.estimator.errors import InvalidLayout
 from service.estimator.estimate import estimate
-from service.estimator.memory import host_fits, largest_satisfying, memory_fits, valid_micro_batch_sizes
+from service.estimator.memory import largest_satisfying, valid_micro_batch_sizes
 from service.estimator.model_states import DEFAULT_ASSUMPTIONS, state_bytes
 from service.estimator.types import (
     ClusterSpec,
@@ -34,7 +34,7 @@ from service.estimator.types import (
 )
 from service.estimator.validate import validate_layout
 from service.recommender import rank
-from service.recommender.fast import Evaluator
+from service.recommender.fast import Evaluator, host_numbers_fit
 from service.recommender.space import (
     FRAMEWORK_FLAGS,
     RECOMPUTE_ORDER,
@@ -118,8 +118,10 @@ def _limit_bytes(capacity: int, constraints: Constraints) -> int:
     return int(capacity * (1.0 - constraints.min_headroom_fraction))
 
 
-def _fits(memory: MemoryEstimate, cluster: ClusterSpec, limit: int) -> bool:
-    return memory.per_gpu.total <= limit and host_fits(memory, cluster)
+def _fits(memory: tuple[int, int, int], cluster: ClusterSpec, limit: int) -> bool:
+    # memory: Evaluator.memory_numbers' (per-GPU total, host bytes per node, NVMe bytes per node)
+    total, cpu, nvme = memory
+    return total <= limit and host_numbers_fit(cluster, cpu, nvme)
 
 
 def _family_key(layout: Layout) -> tuple[object, ...]:
@@ -136,11 +138,14 @@ def _family_key(layout: Layout) -> tuple[object, ...]:
     )
 
 
-def _log_memory(result: SearchResult, layout: Layout, memory: MemoryEstimate, limit: int, count: int) -> None:
-    if memory.per_gpu.total > limit:
-        result.log.add_memory("does not fit in GPU memory", count, layout, memory.per_gpu.total, limit)
+def _log_memory(
+    result: SearchResult, layout: Layout, memory: tuple[int, int, int], limit: int, count: int
+) -> None:
+    total, cpu, _ = memory  # Evaluator.memory_numbers
+    if total > limit:
+        result.log.add_memory("does not fit in GPU memory", count, layout, total, limit)
     else:
-        detail = f"needs {memory.cpu_per_node_bytes / 2**30:.0f} GiB host RAM per node"
+        detail = f"needs {cpu / 2**30:.0f} GiB host RAM per node"
         result.log.add("does not fit in host memory", count, layout, detail)
 
 
@@ -172,7 +177,7 @@ def _search_memory_family(
         except InvalidLayout as error:
             result.log.add(f"invalid: {error.rule}", 1, first, str(error))
             continue
-        memory = ev.memory(first)
+        memory = ev.memory_numbers(first)
         if not _fits(memory, sub, limit):
             _log_memory(result, first, memory, limit, 1)
             continue
@@ -180,7 +185,7 @@ def _search_memory_family(
 
         def ok(i: int, recompute: Recompute = recompute) -> bool:
             layout = make_layout(s, sh, recompute, virtual, sizes[i])
-            return _fits(ev.memory(layout), sub, limit)
+            return ev.fits(layout, limit)
 
         top = largest_satisfying(0, len(sizes) - 1, 1, ok)
         if top <= best_index:
@@ -196,12 +201,12 @@ def _search_memory_family(
 
 def _time_candidate(job: _Job, ev: Evaluator, result: SearchResult, layout: Layout) -> None:
     result.candidates += 1
-    time_estimate = ev.time(layout)
-    key = rank.sort_key(job.constraints.objective, layout, time_estimate.tokens_per_s)
+    _, tokens_per_s = ev.step_numbers(layout)  # equal to ev.time(layout)'s, without the objects
+    key = rank.sort_key(job.constraints.objective, layout, tokens_per_s)
     family = _family_key(layout)
     held = result.best.get(family)
     if held is None or key < held.key:
-        result.keep(family, Scored(layout, ev.memory(layout), time_estimate, key))
+        result.keep(family, Scored(layout, ev.memory(layout), ev.time(layout), key))
 
 
 def _search_structure(job: _Job, ev: Evaluator, result: SearchResult, s: Structure, limit: int) -> None:
@@ -222,7 +227,7 @@ def _search_structure(job: _Job, ev: Evaluator, result: SearchResult, s: Structu
             probe = make_layout(s, sh, Recompute.FULL, 1, 1)
             if not _states_fit(ev, probe, limit):
                 result.families += 1
-                _log_memory(result, probe, ev.memory(probe), limit, 1)
+                _log_memory(result, probe, ev.memory_numbers(probe), limit, 1)
                 continue
             for virtual in virtual_stages(job.model, framework, s.pp):
                 sp = s.tp > 1 and FRAMEWORK_FLAGS[framework].sequence_parallel
@@ -445,7 +450,7 @@ def _full_estimate(
 
     def ok(i: int) -> bool:
         candidate = dataclasses.replace(layout, micro_batch_size=sizes[i], gradient_accumulation_steps=None)
-        return memory_fits(ev.memory(candidate), sub)
+        return ev.fits(candidate, sub.gpu.memory_bytes)  # memory_fits: headroom >= 0, host fits
 
     max_b = sizes[largest_satisfying(0, len(sizes) - 1, 1, ok)] if sizes and ok(0) else 0
     return dataclasses.replace(result, max_micro_batch_size=max_b)

@@ -16,6 +16,7 @@ what it returns.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -77,8 +78,13 @@ def _states_key(layout: Layout, rank: int) -> _StatesKey:
 _ActivationKey = tuple[
     Framework, int, int, int, int, int, bool, int, int | None, int, Recompute, bool, bool, int
 ]
-# activations on GPU, on host, pipeline + dequantize buffers, loss workspace (last stage only)
-_ActivationPart = tuple[float, float, float, int | None]
+# activations on GPU, on host, pipeline + dequantize buffers, loss workspace (last stage only),
+# activations on GPU rounded up, overhead_bytes' fixed part (CUDA context + NCCL buffers). The key
+# holds every field communicator_count reads (dp, cp, tp, pp, ep).
+_ActivationPart = tuple[float, float, float, int | None, int, int]
+# model states, gradient buckets + gathered parameters, (parameters, gradients, optimizer states)
+# rounded up as in the breakdown, and their sum
+_ShardedPart = tuple[ModelStates, float, tuple[int, int, int], int]
 
 # Layout fields a step's time depends on before data parallelism, offload and the optimizer (those
 # depend on the sharding and the framework): dp, tp, pp, cp, ep, sequence_parallel, micro_batch_size,
@@ -88,6 +94,16 @@ _PartsKey = tuple[int, int, int, int, int, bool, int, int | None, int, Recompute
 
 # _PartsKey less recompute and tp_comm_overlap.
 _BaseKey = tuple[int, int, int, int, int, bool, int, int | None, int]
+
+
+_FRAGMENTATION = DEFAULT_ASSUMPTIONS.fragmentation_fraction
+
+
+def host_numbers_fit(cluster: ClusterSpec, cpu_per_node_bytes: int, nvme_per_node_bytes: int) -> bool:
+    """``memory.host_fits`` on the two numbers it reads (0 in the cluster = not stated)."""
+    cpu_ok = not cluster.cpu_memory_bytes_per_node or cpu_per_node_bytes <= cluster.cpu_memory_bytes_per_node
+    nvme_ok = not cluster.nvme_bytes_per_node or nvme_per_node_bytes <= cluster.nvme_bytes_per_node
+    return cpu_ok and nvme_ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +132,9 @@ class _Parts:
     ep_comm_s: float
     pp_bubble_s: float
     pp_comm_s: float
+    # compute_s + ... + pp_comm_s, added left to right as TimeBreakdown.step_s adds its first seven
+    # terms: step_s = before_dp_s + dp_comm_exposed_s + offload_s + optimizer_s, the same float
+    before_dp_s: float
 
 
 @dataclass(slots=True)
@@ -137,8 +156,16 @@ class Evaluator:
     _states: dict[_StatesKey, ModelStates] = field(default_factory=dict)
     _state_bytes: dict[Framework, StateBytes] = field(default_factory=dict)
     _stage_flops: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    _sharded: dict[_StatesKey, tuple[ModelStates, float]] = field(default_factory=dict)
+    _sharded: dict[_StatesKey, _ShardedPart] = field(default_factory=dict)
     _activations: dict[_ActivationKey, _ActivationPart] = field(default_factory=dict)
+    _layer_bytes_memo: dict[tuple[Framework, int, bool, int, int, Recompute, bool], float] = field(
+        default_factory=dict
+    )
+    layer_kinds: tuple[bool, ...] = field(init=False)
+    _recompute_working: dict[tuple[Framework, int, bool, int, int], float] = field(default_factory=dict)
+    _dp_collectives: dict[tuple[int, int, int, int, int, int, Framework], tuple[float, float]] = field(
+        default_factory=dict
+    )
     _gpu_params: dict[tuple[int, int, int], float] = field(default_factory=dict)
     _stage_stored_sums: dict[tuple[int, bool, int, int], float] = field(default_factory=dict)
     _stage_recompute: dict[tuple[int, int, Recompute], int] = field(default_factory=dict)
@@ -153,6 +180,7 @@ class Evaluator:
     def __post_init__(self) -> None:
         self.counts = parameter_counts(self.model)
         self._flops_ready = False
+        self.layer_kinds = activations.layer_kinds(self.model)
 
     def _prepare_flops(self) -> None:
         # per-layer FLOPs, once per job (only the time model needs them)
@@ -192,7 +220,7 @@ class Evaluator:
             self._state_bytes[framework] = found
         return found
 
-    def _sharded_part(self, layout: Layout, rank: int) -> tuple[ModelStates, float]:
+    def _sharded_part(self, layout: Layout, rank: int) -> _ShardedPart:
         # model states and gradient buckets + gathered parameters: they depend on the sharding only
         key = _states_key(layout, rank)
         found = self._sharded.get(key)
@@ -208,7 +236,14 @@ class Evaluator:
             shards = (shard_degrees(layout, self.cluster)[0], trainable)
             buffers = mem.bucket_bytes(model, trainable, sb, layout, assume)
             buffers += mem.gathered_parameter_bytes(model, self.counts, rp, layout, sb, shards, assume)
-            found = (self.model_states(layout, rank), buffers)
+            states = self.model_states(layout, rank)
+            # the breakdown's first three (rounded) fields and their sum: an int, so exact in any order
+            rounded = (
+                math.ceil(states.parameters),
+                math.ceil(states.gradients),
+                math.ceil(states.optimizer_states),
+            )
+            found = (states, buffers, rounded, sum(rounded))
             self._sharded[key] = found
         return found
 
@@ -233,33 +268,108 @@ class Evaluator:
         found = self._activations.get(key)
         if found is None:
             model, training = self.model, self.training
-            act_gpu, act_host = mem.activation_split(model, layout, training, rank)
+            if layout.activation_offload:
+                act_gpu, act_host = mem.activation_split(model, layout, training, rank)
+            else:  # memory.activation_split without offload
+                micro_batches = mem.micro_batches_per_step(layout, training)
+                act_gpu, act_host = float(self._stage_activation_bytes(layout, rank, micro_batches)), 0.0
             pipeline = mem.pipeline_buffer_bytes(model, layout, training) + mem.dequantize_bytes(
                 model, layout, training
             )
             loss = (
                 activations.loss_workspace_bytes(model, layout, training) if rank == layout.pp - 1 else None
             )
-            found = (act_gpu, act_host, pipeline, loss)
+            # memory.overhead_bytes less its fragmentation term: (context + NCCL) is summed first there
+            # too, so adding fragmentation x dynamic later gives the same float
+            assume = DEFAULT_ASSUMPTIONS
+            fixed = assume.cuda_context_bytes + assume.nccl_bytes_per_group * mem.communicator_count(layout)
+            found = (act_gpu, act_host, pipeline, loss, math.ceil(act_gpu), fixed)
             self._activations[key] = found
         return found
 
+    def _layer_bytes(self, layout: Layout, moe_layer: bool) -> float:
+        # activations.layer_bytes; the fields it (and local_tokens) reads
+        key = (
+            layout.framework,
+            layout.tp,
+            layout.sequence_parallel,
+            layout.cp,
+            layout.micro_batch_size,
+            layout.recompute,
+            moe_layer,
+        )
+        found = self._layer_bytes_memo.get(key)
+        if found is None:
+            found = activations.layer_bytes(self.model, layout, self.training, moe_layer)
+            self._layer_bytes_memo[key] = found
+        return found
+
+    def _recompute_working_bytes(self, layout: Layout) -> float:
+        # activations.recompute_working_bytes: the largest layer kind's bytes without recompute
+        if layout.recompute is not Recompute.FULL:
+            return 0.0
+        key = (layout.framework, layout.tp, layout.sequence_parallel, layout.cp, layout.micro_batch_size)
+        found = self._recompute_working.get(key)
+        if found is None:
+            no_recompute = dataclasses.replace(layout, recompute=Recompute.NONE)
+            found = max(self._layer_bytes(no_recompute, moe) for moe in self.layer_kinds)
+            self._recompute_working[key] = found
+        return found
+
+    def _stage_activation_bytes(self, layout: Layout, rank: int, micro_batches: int) -> int:
+        # activations.stage_activation_bytes, the same terms in the same order, on memoised layers
+        model, training = self.model, self.training
+        layers_per_rank = model.num_layers / layout.pp
+        dense = self._layer_bytes(layout, False)
+        per_micro = layers_per_rank * dense
+        if model.moe is not None:
+            moe_share = (model.num_layers // model.moe.layer_frequency) / model.num_layers
+            moe_delta = self._layer_bytes(layout, True) - dense
+            per_micro += layers_per_rank * moe_share * moe_delta
+        in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches)
+        total = per_micro * in_flight + self._recompute_working_bytes(layout)
+        if rank == 0:
+            total += activations.first_stage_extra_bytes(model, layout, training) * in_flight
+        if rank == layout.pp - 1:
+            total += activations.last_stage_extra_bytes(model, layout, training)
+        return math.ceil(total)
+
     def _rank_memory(self, layout: Layout, rank: int) -> tuple[MemoryBreakdown, float, float]:
         # memory.rank_memory, its sums in the same order
-        states, buffers = self._sharded_part(layout, rank)
-        act_gpu, act_host, pipeline, loss = self._activation_part(layout, rank)
+        states, buffers, (parameters, gradients, optimizer_states), _ = self._sharded_part(layout, rank)
+        act_gpu, act_host, pipeline, loss, act_rounded, fixed = self._activation_part(layout, rank)
         buffers += pipeline
         if loss is not None:
             buffers += loss
         breakdown = MemoryBreakdown(
-            parameters=math.ceil(states.parameters),
-            gradients=math.ceil(states.gradients),
-            optimizer_states=math.ceil(states.optimizer_states),
-            activations=math.ceil(act_gpu),
+            parameters=parameters,
+            gradients=gradients,
+            optimizer_states=optimizer_states,
+            activations=act_rounded,
             buffers=math.ceil(buffers),
-            overhead=math.ceil(mem.overhead_bytes(layout, act_gpu + buffers, DEFAULT_ASSUMPTIONS)),
+            overhead=math.ceil(fixed + _FRAGMENTATION * (act_gpu + buffers)),
         )
         return breakdown, states.host_bytes + act_host, states.nvme_bytes
+
+    def _rank_numbers(self, layout: Layout, rank: int) -> tuple[int, float, float]:
+        # _rank_memory's (breakdown.total, host, NVMe) without building the breakdown
+        (
+            states,
+            buffers,
+            _,
+            states_total,
+        ) = self._sharded_part(layout, rank)
+        act_gpu, act_host, pipeline, loss, act_rounded, fixed = self._activation_part(layout, rank)
+        buffers += pipeline
+        if loss is not None:
+            buffers += loss
+        total = (
+            states_total
+            + act_rounded
+            + math.ceil(buffers)
+            + math.ceil(fixed + _FRAGMENTATION * (act_gpu + buffers))
+        )
+        return total, states.host_bytes + act_host, states.nvme_bytes
 
     def memory(self, layout: Layout) -> MemoryEstimate:
         """Equals ``memory.memory_estimate(model, cluster, layout, training)``."""
@@ -276,6 +386,24 @@ class Evaluator:
             cpu_per_node_bytes=math.ceil(host * gpn),
             nvme_per_node_bytes=math.ceil(nvme * gpn),
         )
+
+    def memory_numbers(self, layout: Layout) -> tuple[int, int, int]:
+        """``(per_gpu.total, cpu_per_node_bytes, nvme_per_node_bytes)`` of ``memory(layout)``: what a
+        search needs to decide a fit, without the result objects. Counted in ``memory_calls``."""
+        self.memory_calls += 1
+        total, host, nvme = self._rank_numbers(layout, 0)
+        if layout.pp > 1:
+            last, last_host, last_nvme = self._rank_numbers(layout, layout.pp - 1)
+            total = last if last > total else total
+            host, nvme = max(host, last_host), max(nvme, last_nvme)
+        gpn = self.cluster.gpus_per_node
+        return total, math.ceil(host * gpn), math.ceil(nvme * gpn)
+
+    def fits(self, layout: Layout, limit: int) -> bool:
+        """``memory(layout).per_gpu.total <= limit`` and ``memory.host_fits`` (host RAM and NVMe per
+        node within the cluster's, where stated), from ``memory_numbers``."""
+        total, cpu, nvme = self.memory_numbers(layout)
+        return total <= limit and host_numbers_fit(self.cluster, cpu, nvme)
 
     # ------------------------------------------------------------ time (step_time.time_estimate)
 
@@ -388,6 +516,21 @@ class Evaluator:
             hfu=hardware_flops / (step_s * gpus * peak),
         )
 
+    def step_numbers(self, layout: Layout) -> tuple[float, float]:
+        """``(step_s, tokens_per_s)`` of ``time(layout)``: what a search ranks by, without the result
+        objects. Counted in ``time_calls``."""
+        self.time_calls += 1
+        parts = self._parts(layout)
+        params = self.gpu_parameters(layout)
+        shard = params / (layout.dp * layout.cp) if layout.zero_stage >= 1 else params
+        step_s = (
+            parts.before_dp_s
+            + self._dp_exposed_s(layout, parts, params)
+            + self._offload_s(layout, parts, shard)
+            + self._optimizer_s(layout, shard)
+        )
+        return step_s, self.training.tokens_per_step / step_s
+
     def floor_s(self, layout: Layout) -> float:
         """``time(layout).step_s`` less its bubble, DP, offload and optimizer time (all >= 0): a lower
         bound on the bubble-free step of every sharding and framework with the same parts key."""
@@ -421,6 +564,7 @@ class Evaluator:
         tp, ep = st.tp_comm_s(s), self._ep_comm_s(s)
         ideal = base.compute_s + recompute + tp + base.cp_comm_s + ep
         p, v = layout.pp, layout.virtual_pipeline_stages
+        bubble = (p - 1) / (v * base.micro_batches) * ideal
         return _Parts(
             micro_batches=base.micro_batches,
             links=base.links,
@@ -429,8 +573,9 @@ class Evaluator:
             tp_comm_s=tp,
             cp_comm_s=base.cp_comm_s,
             ep_comm_s=ep,
-            pp_bubble_s=(p - 1) / (v * base.micro_batches) * ideal,
+            pp_bubble_s=bubble,
             pp_comm_s=base.pp_comm_s,
+            before_dp_s=base.compute_s + recompute + tp + base.cp_comm_s + ep + bubble + base.pp_comm_s,
         )
 
     def _context(
@@ -522,28 +667,46 @@ class Evaluator:
         one = comm.group_all_to_all_s(size_bytes, s.links.ep)
         return s.micro_batches * self._moe_layer_count(s.layout, s.stage) * collectives * one
 
-    def _dp_exposed_s(self, layout: Layout, parts: _Parts, params: float) -> float:
-        training, curve, dp_link = self.training, self.curve, parts.links.dp
-        compute = parts.compute_s + parts.recompute_s
+    def _dp_collective_s(self, layout: Layout, links: st.GroupLinks, params: float) -> tuple[float, float]:
+        # _dp_exposed_s' collective times, before overlap: they depend on the sharding and the
+        # framework (gradient bytes) only. ZeRO-3: (gathers + reduce-scatter per micro-batch, 0);
+        # else (gradient reduction, parameter all-gather).
+        key = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.zero_stage, layout.framework)
+        found = self._dp_collectives.get(key)
+        if found is not None:
+            return found
+        training, dp_link = self.training, links.dp
         full = training.method is Method.FULL
         grad_size = params * st.grad_bytes(training.precision, layout.framework)
         if layout.zero_stage == 3:
             gathers = 2 * comm.group_all_gather_s(params * st.activation_bytes(training.precision), dp_link)
             reduce3 = comm.group_reduce_scatter_s(grad_size, dp_link) if full else 0.0
+            found = (gathers + reduce3, 0.0)
+        else:
+            reduce = 0.0
+            if full:
+                reduce = (
+                    comm.group_all_reduce_s(grad_size, dp_link)
+                    if layout.zero_stage == 0
+                    else comm.group_reduce_scatter_s(grad_size, dp_link)
+                )
+            gather = 0.0
+            if full and layout.zero_stage in (1, 2):
+                size = params * st.activation_bytes(training.precision)
+                gather = comm.group_all_gather_s(size, dp_link)
+            found = (reduce, gather)
+        self._dp_collectives[key] = found
+        return found
+
+    def _dp_exposed_s(self, layout: Layout, parts: _Parts, params: float) -> float:
+        curve = self.curve
+        compute = parts.compute_s + parts.recompute_s
+        if layout.zero_stage == 3:
+            per_micro_batch_s = self._dp_collective_s(layout, parts.links, params)[0]
             return st.exposed_s(
-                parts.micro_batches * (gathers + reduce3), compute, curve.zero3_prefetch_hidden_fraction
+                parts.micro_batches * per_micro_batch_s, compute, curve.zero3_prefetch_hidden_fraction
             )
-        reduce = 0.0
-        if full:
-            reduce = (
-                comm.group_all_reduce_s(grad_size, dp_link)
-                if layout.zero_stage == 0
-                else comm.group_reduce_scatter_s(grad_size, dp_link)
-            )
-        gather = 0.0
-        if full and layout.zero_stage in (1, 2):
-            size = params * st.activation_bytes(training.precision)
-            gather = comm.group_all_gather_s(size, dp_link)
+        reduce, gather = self._dp_collective_s(layout, parts.links, params)
         overlapped = (
             layout.overlap_grad_reduce
             if layout.overlap_grad_reduce is not None

@@ -13,7 +13,7 @@ from service.catalog.efficiency import default_efficiency
 from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.estimator.errors import InvalidLayout
-from service.estimator.memory import memory_estimate
+from service.estimator.memory import host_fits, memory_estimate, memory_fits
 from service.estimator.step_time import time_estimate
 from service.estimator.types import (
     Attention,
@@ -394,3 +394,37 @@ def test_the_sharding_does_not_change_a_familys_validity(
                     except InvalidLayout as error:
                         verdicts.add(f"invalid: {error.rule}")
                 assert len(verdicts) <= 1, (s, framework, virtual, verdicts)
+
+
+@pytest.mark.parametrize(
+    ("name", "training"),
+    [
+        ("llama-3-8b", TrainingSpec(seq_len=4096, global_batch_size=64)),
+        ("moe-every-2nd", TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.LORA)),
+        ("llama-2-7b", TrainingSpec(seq_len=2048, global_batch_size=64, attention=Attention.EAGER)),
+    ],
+)
+def test_fast_evaluator_numbers_equal_the_estimator(name: str, training: TrainingSpec) -> None:
+    # The search path's plain numbers (memory_numbers, fits, step_numbers) equal the estimator's
+    # totals exactly, on every axis, shuffled, with a host limit that some offloading layouts break.
+    spec = SPARSE_MOE if name == SPARSE_MOE.name else model(name).spec
+    c = dataclasses.replace(
+        cluster(nodes=2), cpu_memory_bytes_per_node=300 * 2**30, nvme_bytes_per_node=2**40
+    )
+    curve = default_efficiency()
+    ev = Evaluator(spec, c, training, curve)
+    layouts = [lay for _, lay in _axis_layouts(spec.moe is not None, training.global_batch_size)]
+    random.Random(11).shuffle(layouts)
+    verdicts = set()
+    for layout in layouts:
+        memory = memory_estimate(spec, c, layout, training)
+        numbers = (memory.per_gpu.total, memory.cpu_per_node_bytes, memory.nvme_per_node_bytes)
+        assert ev.memory_numbers(layout) == numbers, layout
+        for limit in (memory.per_gpu.total - 1, memory.per_gpu.total, c.gpu.memory_bytes):
+            fits = memory.per_gpu.total <= limit and host_fits(memory, c)
+            assert ev.fits(layout, limit) == fits, layout
+            verdicts.add(fits)
+        assert ev.fits(layout, c.gpu.memory_bytes) == memory_fits(memory, c), layout
+        step = time_estimate(spec, c, layout, training, None, curve)
+        assert ev.step_numbers(layout) == (step.step_s, step.tokens_per_s), layout
+    assert verdicts == {True, False}
