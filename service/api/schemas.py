@@ -686,7 +686,9 @@ class CapacityRequest(Strict):
     gpu_hour_cost: float | dict[str, float] | None = Field(
         default=None, description="one price per GPU-hour, or one per GPU name"
     )
-    constraints: ConstraintsIn = Field(default_factory=ConstraintsIn)
+    # Capacity counts the GPUs that hold the job: offload is opt-in here (with unstated host RAM
+    # and NVMe it would make any model "fit" on two cards at offload speed).
+    constraints: ConstraintsIn = Field(default_factory=lambda: ConstraintsIn(allow_offload=False))
 
     @model_validator(mode="after")
     def _one_source(self) -> CapacityRequest:

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from service.estimator.efficiency import EfficiencyCurve
-from service.estimator.step_time import time_to_train_s
+from service.estimator.errors import InvalidTraining
+from service.estimator.step_time import peak_flops_per_s, time_to_train_s
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
 from service.recommender.suggest import fewest_gpus, node_ladder, with_gpu
 from service.recommender.types import Constraints, Objective
@@ -65,6 +66,10 @@ def _option(
     from service.recommender import recommend
 
     name = cluster.gpu.name
+    try:
+        peak_flops_per_s(cluster, training.precision)
+    except InvalidTraining as exc:  # say why, rather than "nothing fits"
+        return CapacityOption(gpu=name, fits=False, note=f"{exc.message}: ask for another precision")
     found = fewest_gpus(model, cluster, training, constraints, curve, counts)
     if found is None:
         return CapacityOption(gpu=name, fits=False, note=f"no layout fits up to {max(counts)} GPUs")

@@ -60,3 +60,19 @@ def test_bad_capacity_requests(client: TestClient) -> None:
     assert_problem(client.post("/v1/capacity", json=base | {"cluster_ids": ["missing"]}), 422)
     assert_problem(client.post("/v1/capacity", json=base | {"gpus": ["l4-24gb"], "cluster_ids": ["x"]}), 422)
     assert_problem(client.post("/v1/capacity", json=base | {"gpu_hour_cost": -1.0}), 422)
+
+
+def test_capacity_counts_gpus_that_hold_the_job_and_says_why_a_gpu_cannot(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "llama-2-13b"},
+        "training": TRAINING,
+        "gpus": ["h100-sxm-80gb", "v100-sxm2-32gb"],
+        "max_nodes": 4,
+    }
+    options = {o["gpu"]: o for o in client.post("/v1/capacity", json=body).json()["options"]}
+    # No offload unless asked: 13B's 16 bytes/param of states (208 GB) need several 80 GB cards.
+    h100 = options["h100-sxm-80gb"]
+    assert h100["fits"] and h100["min_gpus"] >= 4
+    assert h100["layout"]["offload_optimizer"] == "none" and h100["layout"]["offload_params"] == "none"
+    v100 = options["v100-sxm2-32gb"]
+    assert not v100["fits"] and "bf16" in v100["note"]
