@@ -538,19 +538,7 @@ class Evaluator:
         return p.compute_s + p.recompute_s + p.tp_comm_s + p.cp_comm_s + p.ep_comm_s + p.pp_comm_s
 
     def _parts(self, layout: Layout) -> _Parts:
-        key = (
-            layout.dp,
-            layout.tp,
-            layout.pp,
-            layout.cp,
-            layout.ep,
-            layout.sequence_parallel,
-            layout.micro_batch_size,
-            layout.gradient_accumulation_steps,
-            layout.virtual_pipeline_stages,
-            layout.recompute,
-            layout.tp_comm_overlap,
-        )
+        key: _PartsKey = (*_base_key(layout), layout.recompute, layout.tp_comm_overlap)
         found = self._parts_cache.get(key)
         if found is None:
             found = self._make_parts(layout)
@@ -597,17 +585,7 @@ class Evaluator:
 
     def _base(self, layout: Layout) -> _Base:
         # what neither recompute nor TP overlap changes: GEMM rate, compute, CP ring, PP sends
-        key = (
-            layout.dp,
-            layout.tp,
-            layout.pp,
-            layout.cp,
-            layout.ep,
-            layout.sequence_parallel,
-            layout.micro_batch_size,
-            layout.gradient_accumulation_steps,
-            layout.virtual_pipeline_stages,
-        )
+        key = _base_key(layout)
         found = self._bases.get(key)
         if found is not None:
             return found
@@ -741,3 +719,19 @@ class Evaluator:
             return shard * self.cluster.gpus_per_node / self.curve.cpu_adam_params_per_s_per_node
         step_bytes = shard * st.OPTIMIZER_STEP_BYTES[self.training.optimizer]
         return step_bytes / self.cluster.gpu.hbm_bandwidth_bytes_per_s
+
+
+def _base_key(layout: Layout) -> _BaseKey:
+    """The layout fields the GEMM rate, compute, CP ring and PP sends depend on (the parts key
+    extends it with recompute and TP overlap, so the two memos cannot drift apart)."""
+    return (
+        layout.dp,
+        layout.tp,
+        layout.pp,
+        layout.cp,
+        layout.ep,
+        layout.sequence_parallel,
+        layout.micro_batch_size,
+        layout.gradient_accumulation_steps,
+        layout.virtual_pipeline_stages,
+    )
