@@ -30,7 +30,7 @@ from service.estimator.model_states import (
     deepspeed_zero3_estimate,
     lora_parameters,
     megatron_weight_and_optimizer_bytes,
-    model_state_bytes,
+    rank_model_states,
     rank_parameters,
     shard_degrees,
     state_bytes,
@@ -190,14 +190,15 @@ def rank_memory(
 ) -> tuple[MemoryBreakdown, float, float]:
     """Breakdown of pipeline rank ``rank``, with its host and NVMe bytes."""
     counts = parameter_counts(model)
-    states = model_state_bytes(model, counts, cluster, layout, training, rank, assume)
     rp = rank_parameters(model, counts, layout, rank)
     sb = state_bytes(training, layout.framework, model, assume)
+    degrees = shard_degrees(layout, cluster)
+    states = rank_model_states(model, layout, training, rp, sb, degrees, assume)  # = model_state_bytes
     trainable = (
         rp.dense + rp.expert if training.method is Method.FULL else lora_parameters(model, training, layout)
     )
     act_gpu, act_host = activation_split(model, layout, training, rank)
-    shards = (shard_degrees(layout, cluster)[0], trainable)
+    shards = (degrees[0], trainable)
     buffers = bucket_bytes(model, trainable, sb, layout, assume)
     buffers += gathered_parameter_bytes(model, counts, rp, layout, sb, shards, assume)
     buffers += pipeline_buffer_bytes(model, layout, training) + dequantize_bytes(model, layout, training)

@@ -12,7 +12,6 @@ sharded fp32 parameter is the master. The published estimators of DeepSpeed
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from service.estimator.params import parameter_counts
@@ -338,9 +337,15 @@ def _divisors(layout: Layout, shard: int) -> tuple[int, int, int]:
     return (shard if stage >= 3 else 1), (shard if stage >= 2 else 1), (shard if stage >= 1 else 1)
 
 
+# (parameters, gradients, optimizer states) and those + (host, NVMe) bytes: plain tuples, since
+# model_state_bytes runs for every layout a search considers and ModelStates is a frozen dataclass
+_States = tuple[float, float, float]
+_OffloadedStates = tuple[float, float, float, float, float]
+
+
 def _group_states(
     count: float, frozen: float, frozen_bytes_per: float, sb: StateBytes, layout: Layout, shard: int
-) -> ModelStates:
+) -> _States:
     """Model states of ``count`` trainable and ``frozen`` frozen parameters sharded over ``shard`` ranks."""
     w_div, g_div, o_div = _divisors(layout, shard)
     if layout.framework is Framework.FSDP:
@@ -348,27 +353,23 @@ def _group_states(
         # copies gathered for compute are buffers (memory.gathered_parameter_bytes), not states.
         storage = sb.master or sb.weights
         params = (count * storage + frozen * frozen_bytes_per) / w_div
-        return ModelStates(
-            parameters=params,
-            gradients=count * sb.gradients / g_div,
-            optimizer_states=count * sb.moments / o_div,
-        )
-    return ModelStates(
-        parameters=(count * sb.weights + frozen * frozen_bytes_per) / w_div,
-        gradients=count * sb.gradients / g_div,
-        optimizer_states=count * (sb.master + sb.moments) / o_div,
+        return params, count * sb.gradients / g_div, count * sb.moments / o_div
+    return (
+        (count * sb.weights + frozen * frozen_bytes_per) / w_div,
+        count * sb.gradients / g_div,
+        count * (sb.master + sb.moments) / o_div,
     )
 
 
 def _offloaded(
-    states: ModelStates, count: float, layout: Layout, shard: int, assume: MemoryAssumptions
-) -> ModelStates:
+    states: _States, count: float, layout: Layout, shard: int, assume: MemoryAssumptions
+) -> _OffloadedStates:
     # ZeRO-Offload/Infinity and FSDP CPUOffload: the optimizer (fp32 master + moments; FSDP's
     # master is its offloaded parameter) steps on the host from an fp32 gradient copy; DeepSpeed
     # and FSDP stream gradients out as they are reduced, while Megatron's CPU optimizer keeps its
     # main-grad buffer on the GPU. Offloaded parameters (ZeRO-3 / FULL_SHARD only) leave whole.
     host = nvme = 0.0
-    params, grads, optim = states.parameters, states.gradients, states.optimizer_states
+    params, grads, optim = states
     if layout.offload_optimizer is not Offload.NONE:
         host += count * assume.cpu_adam_grad_bytes / shard
         if layout.offload_optimizer is Offload.NVME:
@@ -382,9 +383,7 @@ def _offloaded(
         host, params = host + params, 0.0
     elif layout.offload_params is Offload.NVME:
         nvme, params = nvme + params, 0.0
-    return ModelStates(
-        parameters=params, gradients=grads, optimizer_states=optim, host_bytes=host, nvme_bytes=nvme
-    )
+    return params, grads, optim, host, nvme
 
 
 def model_state_bytes(
@@ -399,7 +398,21 @@ def model_state_bytes(
     """Weights, gradients and optimizer states of pipeline rank ``rank``, after sharding and offload."""
     rp = rank_parameters(model, counts, layout, rank)
     sb = state_bytes(training, layout.framework, model, assume)
-    dense_shard, expert_shard = shard_degrees(layout, cluster)
+    return rank_model_states(model, layout, training, rp, sb, shard_degrees(layout, cluster), assume)
+
+
+def rank_model_states(
+    model: ModelSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    rp: RankParameters,
+    sb: StateBytes,
+    shards: tuple[int, int],
+    assume: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+) -> ModelStates:
+    """``model_state_bytes`` from the rank's parameters, the bytes per parameter and the shard
+    degrees (``rank_parameters``, ``state_bytes``, ``shard_degrees``), for callers that hold them."""
+    dense_shard, expert_shard = shards
     if training.method is Method.FULL:
         groups = [(rp.dense, 0.0, 0.0, dense_shard), (rp.expert, 0.0, 0.0, expert_shard)]
     else:
@@ -413,23 +426,28 @@ def model_state_bytes(
                 dense_shard,
             )
         ]
-    total = ModelStates(parameters=0.0, gradients=0.0, optimizer_states=0.0)
+    parameters = gradients = optimizer_states = host = nvme = 0.0
     for count, frozen_count, per_frozen, shard in groups:
-        states = _offloaded(
-            _group_states(count, frozen_count, per_frozen, sb, layout, shard), count, layout, shard, assume
+        group = _group_states(count, frozen_count, per_frozen, sb, layout, shard)
+        group_params, group_grads, group_optim, group_host, group_nvme = _offloaded(
+            group, count, layout, shard, assume
         )
-        total = ModelStates(
-            parameters=total.parameters + states.parameters,
-            gradients=total.gradients + states.gradients,
-            optimizer_states=total.optimizer_states + states.optimizer_states,
-            host_bytes=total.host_bytes + states.host_bytes,
-            nvme_bytes=total.nvme_bytes + states.nvme_bytes,
-        )
+        parameters += group_params
+        gradients += group_grads
+        optimizer_states += group_optim
+        host += group_host
+        nvme += group_nvme
     if training.precision is Precision.FP8 and layout.zero_stage < 3:
         # Transformer Engine caches an fp8 copy of each GEMM weight and of its transpose (1 + 1
         # bytes) across micro-batches; under ZeRO-3/FULL_SHARD they are per-layer temporaries.
-        total = dataclasses.replace(total, parameters=total.parameters + 2 * rp.linear)
-    return total
+        parameters += 2 * rp.linear
+    return ModelStates(
+        parameters=parameters,
+        gradients=gradients,
+        optimizer_states=optimizer_states,
+        host_bytes=host,
+        nvme_bytes=nvme,
+    )
 
 
 # ---------------------------------------------------------------- published estimators, exactly
