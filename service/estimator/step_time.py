@@ -150,15 +150,16 @@ def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
     return scale * (replicated + (sharded + scores) / t)
 
 
-def logits_stored_bytes(model: ModelSpec, layout: Layout) -> float:
-    # fp32 logits for the cross-entropy, vocab-parallel over tp: 4 v / t per token (Korthikanti §4.3)
-    return 4 * model.vocab_size / layout.tp
+def loss_traffic_bytes(model: ModelSpec, layout: Layout, curve: EfficiencyCurve) -> float:
+    """HBM bytes per token the cross-entropy moves in one step on the last stage (fp32 logits,
+    vocab-parallel over tp, Korthikanti §4.3): ``loss_traffic_bytes_per_logit`` x V / t."""
+    return curve.loss_traffic_bytes_per_logit * model.vocab_size / layout.tp
 
 
-def stage_memory_traffic_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, stage: int) -> float:
-    """Activation bytes per token stored on one GPU of ``stage``: what its memory-bound ops touch."""
-    layers = sum(layer_stored_bytes(model, layout, training, i) for i in stage_layers(model, layout, stage))
-    return layers + (logits_stored_bytes(model, layout) if stage == layout.pp - 1 else 0.0)
+def stage_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, stage: int) -> float:
+    """Activation bytes per token the layers of ``stage`` store on one GPU: what their memory-bound
+    ops touch (the loss on the logits is timed apart, ``loss_traffic_bytes``)."""
+    return sum(layer_stored_bytes(model, layout, training, i) for i in stage_layers(model, layout, stage))
 
 
 def micro_batch_tokens_per_rank(layout: Layout, training: TrainingSpec) -> int:
@@ -265,12 +266,21 @@ def memory_bound_s(st: StepContext, passes: float, stored_bytes_per_token: float
     return st.micro_batches * st.tokens * traffic / st.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
+def loss_s(st: StepContext) -> float:
+    """Cross-entropy on the logits, forward and backward, all micro-batches (last stage only)."""
+    if st.stage != st.layout.pp - 1:
+        return 0.0
+    traffic = loss_traffic_bytes(st.model, st.layout, st.curve)
+    return st.micro_batches * st.tokens * traffic / st.cluster.gpu.hbm_bandwidth_bytes_per_s
+
+
 def compute_s(st: StepContext) -> float:
-    """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs + memory-bound ops."""
+    """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs, the memory-bound
+    ops between them and the loss."""
     per_token = stage_flops_per_token(st.model, st.layout, st.training, st.stage)
     gemm_s = st.micro_batches * st.tokens * per_token / st.layout.tp / st.flops_per_s
-    stored = stage_memory_traffic_bytes(st.model, st.layout, st.training, st.stage)
-    return gemm_s + memory_bound_s(st, 3, stored)
+    stored = stage_stored_bytes(st.model, st.layout, st.training, st.stage)
+    return gemm_s + memory_bound_s(st, 3, stored) + loss_s(st)
 
 
 # Forward-equivalents of memory-bound work a recompute costs. Full recompute re-runs each layer's

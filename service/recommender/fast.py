@@ -618,9 +618,7 @@ class Evaluator:
     def _compute_s(self, s: st.StepContext, per_token: int) -> float:
         gemm_s = s.micro_batches * s.tokens * per_token / s.layout.tp / s.flops_per_s
         stored = self._stage_stored(s.layout, s.stage)
-        if s.stage == s.layout.pp - 1:
-            stored += st.logits_stored_bytes(s.model, s.layout)
-        return gemm_s + self._memory_bound_s(s, 3, stored)
+        return gemm_s + self._memory_bound_s(s, 3, stored) + st.loss_s(s)
 
     def _recompute_s(self, s: st.StepContext) -> float:
         recompute = s.layout.recompute

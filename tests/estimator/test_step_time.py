@@ -41,7 +41,9 @@ from validation.cases import gpu_cluster as cluster
 DAY_S = 86400.0
 
 
-def flat_curve(peak_fraction: float, traffic_per_stored_byte: float) -> EfficiencyCurve:
+def flat_curve(
+    peak_fraction: float, traffic_per_stored_byte: float, loss_bytes_per_logit: float = 0.0
+) -> EfficiencyCurve:
     return dataclasses.replace(
         default_efficiency(),
         peak_fraction_by_gpu=(),
@@ -49,6 +51,7 @@ def flat_curve(peak_fraction: float, traffic_per_stored_byte: float) -> Efficien
         width_points=(CurvePoint(x=1.0, factor=1.0),),
         tokens_points=(CurvePoint(x=1.0, factor=1.0),),
         memory_traffic_per_stored_byte=traffic_per_stored_byte,
+        loss_traffic_bytes_per_logit=loss_bytes_per_logit,
     )
 
 
@@ -73,10 +76,13 @@ def test_single_gpu_by_hand() -> None:
     assert est.step_s == pytest.approx(1.4976e-8 + 3.54e-9)
     assert est.tokens_per_s == pytest.approx(6 / est.step_s)
     assert est.mfu == pytest.approx(7488 / est.step_s / 1e12)
-    # memory-bound term: stored bytes per token = 10h (40) + 2(q+2kv) + 2q (24) + 2*3*ffn (48) + fp32
-    # logits 4V (40) = 152; traffic 2 x 152 x 3 passes x 6 tokens = 5472 B / 2e12 B/s = 2.736e-9 s
+    # memory-bound term: stored bytes per token = 10h (40) + 2(q+2kv) + 2q (24) + 2*3*ffn (48) = 112;
+    # traffic 2 x 112 x 3 passes x 6 tokens = 4032 B / 2e12 B/s = 2.016e-9 s
     with_memory = time_estimate(TINY, ONE_GPU, Layout(), TINY_TRAINING, efficiency=flat_curve(0.5, 2.0))
-    assert with_memory.breakdown.compute_s == pytest.approx(1.4976e-8 + 2.736e-9)
+    assert with_memory.breakdown.compute_s == pytest.approx(1.4976e-8 + 2.016e-9)
+    # the loss: 52 B per logit x V (10) x 6 tokens = 3120 B / 2e12 B/s = 1.56e-9 s
+    with_loss = time_estimate(TINY, ONE_GPU, Layout(), TINY_TRAINING, efficiency=flat_curve(0.5, 2.0, 52.0))
+    assert with_loss.breakdown.compute_s == pytest.approx(1.4976e-8 + 2.016e-9 + 1.56e-9)
 
 
 def test_efficiency_is_required() -> None:
