@@ -9,10 +9,11 @@ What overlaps with what, and by how much (defaults; ``CommOverlap`` overrides th
 * TP all-reduces (or SP reduce-scatter + all-gather) are fully exposed: Megatron-LM runs them on
   the compute stream unless ``--tp-comm-overlap`` (then ``tp_overlap_hidden_fraction`` hides).
 * DP gradient reduction (all-reduce for ZeRO-0; reduce-scatter + 16-bit parameter all-gather for
-  ZeRO-1/2 and Megatron's distributed optimizer) is exposed unless the framework overlaps it
+  ZeRO-1/2 and Megatron's distributed optimizer; ZeRO-2 reduce-scatters after every micro-batch,
+  the others once per step) is exposed unless the framework overlaps it
   (PyTorch DDP/FSDP do by default, Megatron only with ``--overlap-grad-reduce`` /
-  ``--overlap-param-gather``, DeepSpeed ZeRO-0..2 not by default). Overlapped, the reduction hides
-  under the last micro-batch's backward and the gather under the first forward, at most
+  ``--overlap-param-gather``, DeepSpeed ZeRO-0..2 not by default). Overlapped, a reduction hides
+  under its micro-batch's backward and the gather under the first forward, at most
   ``dp_overlap_max_hidden_fraction`` (0.9: the last bucket is always exposed).
 * ZeRO-3/FSDP parameter all-gathers (forward and backward) and gradient reduce-scatter run every
   micro-batch, 1.5x the DDP volume (ZeRO arXiv:1910.02054 §7), prefetched under compute.
@@ -407,16 +408,29 @@ def dp_comm_exposed_s(st: StepContext) -> float:
     if st.layout.zero_stage == 3:
         return exposed_s(zero3_comm_s(st), compute, st.curve.zero3_prefetch_hidden_fraction)
     reduce, gather = dp_grad_reduce_s(st), dp_param_gather_s(st)
+    reductions = gradient_reductions(st.layout, st.micro_batches)
     overlapped = (
         st.overlap.dp if st.overlap.dp is not None else dp_overlap_default(st.curve, st.layout.framework)
     )
     if not overlapped:
-        return reduce + gather
-    # reduction hides under the last micro-batch's backward (2/3 of it, + its recompute); the parameter
+        return reductions * reduce + gather
+    # each reduction hides under its micro-batch's backward (2/3 of it, + its recompute); the parameter
     # all-gather under the next step's first forward (Megatron --overlap-param-gather) (1/3)
     per_micro_batch = compute / st.micro_batches
     hidden = st.curve.dp_overlap_max_hidden_fraction
-    return exposed_s(reduce, 2 / 3 * per_micro_batch, hidden) + exposed_s(gather, per_micro_batch / 3, hidden)
+    return reductions * exposed_s(reduce, 2 / 3 * per_micro_batch, hidden) + exposed_s(
+        gather, per_micro_batch / 3, hidden
+    )
+
+
+def gradient_reductions(layout: Layout, micro_batches: int) -> int:
+    """Gradient reductions per step outside ZeRO-3: one, or one per micro-batch for ZeRO-2."""
+    # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters after every micro-batch's
+    # backward: DeepSpeed reduces when partition_gradients (stage 2) or at the accumulation boundary
+    # (stage 1) (runtime/zero/stage_1_and_2.py, reduce_ready_partitions_and_remove_grads); FSDP
+    # SHARD_GRAD_OP after every backward outside no_sync, which would keep unsharded gradients.
+    # ZeRO-0/1 and Megatron's distributed optimizer accumulate locally and reduce once per step.
+    return micro_batches if layout.zero_stage == 2 else 1
 
 
 def sharded_parameters(st: StepContext) -> float:
@@ -468,7 +482,7 @@ def optimizer_s(st: StepContext) -> float:
 # ---------------------------------------------------------------- the estimate
 
 
-def _step(
+def step_context(
     model: ModelSpec,
     cluster: ClusterSpec,
     layout: Layout,
@@ -477,6 +491,7 @@ def _step(
     curve: EfficiencyCurve,
     overlap: CommOverlap,
 ) -> StepContext:
+    """The shared inputs of every step-time term: slowest stage, micro-batches, achieved FLOP/s, links."""
     width = model.hidden_size / layout.tp
     tokens = micro_batch_tokens_per_rank(layout, training)
     efficiency = matmul_efficiency(curve, cluster.gpu.name, width, tokens)
@@ -527,7 +542,7 @@ def time_estimate(
     if counts is None:
         counts = parameter_counts(model)
     overlap = overlap or CommOverlap(tp=layout.tp_comm_overlap, dp=layout.overlap_grad_reduce)
-    st = _step(model, cluster, layout, training, counts, efficiency, overlap)
+    st = step_context(model, cluster, layout, training, counts, efficiency, overlap)
     breakdown = time_breakdown(st)
     step = breakdown.step_s
     gpus = layout.world_size

@@ -688,11 +688,12 @@ class Evaluator:
             if layout.overlap_grad_reduce is not None
             else dp_overlap_default(curve, layout.framework)
         )
+        reductions = st.gradient_reductions(layout, parts.micro_batches)
         if not overlapped:
-            return reduce + gather
+            return reductions * reduce + gather
         per_micro_batch = compute / parts.micro_batches
         hidden = curve.dp_overlap_max_hidden_fraction
-        return st.exposed_s(reduce, 2 / 3 * per_micro_batch, hidden) + st.exposed_s(
+        return reductions * st.exposed_s(reduce, 2 / 3 * per_micro_batch, hidden) + st.exposed_s(
             gather, per_micro_batch / 3, hidden
         )
 
