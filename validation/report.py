@@ -196,7 +196,11 @@ def render(rows: Sequence[Row]) -> str:
         gaps = sum(s.known_gaps for s in summaries)
         lines.append(
             f"Every row expected to pass is within its tolerance ({passing} checks); "
-            f"the {gaps} known gaps fail as expected."
+            + (
+                f"the {gaps} known gap{'s' if gaps != 1 else ''} fail{'' if gaps != 1 else 's'} as expected."
+                if gaps
+                else "there is no known gap."
+            )
         )
     for section in cases.SECTIONS:
         lines += ["", f"## {section[0].upper()}{section[1:]}", ""]
@@ -226,7 +230,7 @@ def summary_lines(rows: Sequence[Row]) -> list[str]:
     for section in cases.SECTIONS:
         s = summarize(section, [r for r in rows if r.section == section])
         worst = f"worst error {worst_text(s)}"
-        extra = f", {s.known_gaps} known gaps" if s.known_gaps else ""
+        extra = f", {s.known_gaps} known gap{'s' if s.known_gaps != 1 else ''}" if s.known_gaps else ""
         extra += f", {s.excluded} excluded" if s.excluded else ""
         out.append(
             f"{section:22s} {s.within_tolerance}/{s.checks} checks ok over {s.cases} cases{extra}; {worst}"

@@ -44,6 +44,7 @@ def parse_efficiency(data: dict[str, Any]) -> EfficiencyCurve:
         tp_overlap_hidden_fraction=float(overlap["tp_hidden_fraction"]),
         zero3_prefetch_hidden_fraction=float(overlap["zero3_prefetch_hidden_fraction"]),
         memory_traffic_per_stored_byte=float(data["memory_bound"]["traffic_per_stored_byte"]),
+        loss_traffic_bytes_per_logit=float(data["memory_bound"]["loss_traffic_bytes_per_logit"]),
         cpu_adam_params_per_s_per_node=float(host["cpu_adam_params_per_s_per_node"]),
         nvme_bandwidth_bytes_per_s_per_node=float(host["nvme_bandwidth_bytes_per_s_per_node"]),
         sources=_sources(data),

@@ -9,7 +9,8 @@ holds their shape (``EfficiencyCurve``) and the interpolation. Achieved GEMM thr
 narrow GEMMs (small hidden sizes, wide tensor parallelism) and short micro-batches. Factors are
 piecewise linear in log2 of their argument and flat outside the tabulated range. The memory-bound
 work between the GEMMs (norms, activations, dropout, eager softmax) is timed separately from HBM
-bandwidth, ``memory_traffic_per_stored_byte`` x the activation bytes the layer stores.
+bandwidth, ``memory_traffic_per_stored_byte`` x the activation bytes the layer stores, and the
+cross-entropy from ``loss_traffic_bytes_per_logit`` x the logits of the last stage.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class EfficiencyCurve:
     tp_overlap_hidden_fraction: float  # with Megatron --tp-comm-overlap (off by default)
     zero3_prefetch_hidden_fraction: float  # ZeRO-3/FSDP gathers prefetched under compute
     memory_traffic_per_stored_byte: float  # HBM bytes moved forward per activation byte stored
+    loss_traffic_bytes_per_logit: float  # HBM bytes the cross-entropy moves per logit, fwd + bwd
     cpu_adam_params_per_s_per_node: float  # DeepSpeed CPU-Adam, whole host
     nvme_bandwidth_bytes_per_s_per_node: float  # when the cluster gives none
     sources: tuple[str, ...] = ()
@@ -56,6 +58,9 @@ class EfficiencyCurve:
         for value in fractions:
             if not 0.0 < value <= 1.0:
                 raise InvalidHardware(f"efficiency fractions must be in (0, 1], got {value}", rule="fraction")
+        for name in ("memory_traffic_per_stored_byte", "loss_traffic_bytes_per_logit"):
+            if getattr(self, name) < 0.0:
+                raise InvalidHardware(f"{name} must be >= 0, got {getattr(self, name)}", rule="non_negative")
         if not self.width_points or not self.tokens_points:
             raise InvalidHardware("efficiency curves need at least one point", rule="non_empty")
 

@@ -9,10 +9,11 @@ What overlaps with what, and by how much (defaults; ``CommOverlap`` overrides th
 * TP all-reduces (or SP reduce-scatter + all-gather) are fully exposed: Megatron-LM runs them on
   the compute stream unless ``--tp-comm-overlap`` (then ``tp_overlap_hidden_fraction`` hides).
 * DP gradient reduction (all-reduce for ZeRO-0; reduce-scatter + 16-bit parameter all-gather for
-  ZeRO-1/2 and Megatron's distributed optimizer) is exposed unless the framework overlaps it
+  ZeRO-1/2 and Megatron's distributed optimizer; ZeRO-2 reduce-scatters after every micro-batch,
+  the others once per step) is exposed unless the framework overlaps it
   (PyTorch DDP/FSDP do by default, Megatron only with ``--overlap-grad-reduce`` /
-  ``--overlap-param-gather``, DeepSpeed ZeRO-0..2 not by default). Overlapped, the reduction hides
-  under the last micro-batch's backward and the gather under the first forward, at most
+  ``--overlap-param-gather``, DeepSpeed ZeRO-0..2 not by default). Overlapped, a reduction hides
+  under its micro-batch's backward and the gather under the first forward, at most
   ``dp_overlap_max_hidden_fraction`` (0.9: the last bucket is always exposed).
 * ZeRO-3/FSDP parameter all-gathers (forward and backward) and gradient reduce-scatter run every
   micro-batch, 1.5x the DDP volume (ZeRO arXiv:1910.02054 §7), prefetched under compute.
@@ -150,15 +151,16 @@ def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
     return scale * (replicated + (sharded + scores) / t)
 
 
-def logits_stored_bytes(model: ModelSpec, layout: Layout) -> float:
-    # fp32 logits for the cross-entropy, vocab-parallel over tp: 4 v / t per token (Korthikanti §4.3)
-    return 4 * model.vocab_size / layout.tp
+def loss_traffic_bytes(model: ModelSpec, layout: Layout, curve: EfficiencyCurve) -> float:
+    """HBM bytes per token the cross-entropy moves in one step on the last stage (fp32 logits,
+    vocab-parallel over tp, Korthikanti §4.3): ``loss_traffic_bytes_per_logit`` x V / t."""
+    return curve.loss_traffic_bytes_per_logit * model.vocab_size / layout.tp
 
 
-def stage_memory_traffic_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, stage: int) -> float:
-    """Activation bytes per token stored on one GPU of ``stage``: what its memory-bound ops touch."""
-    layers = sum(layer_stored_bytes(model, layout, training, i) for i in stage_layers(model, layout, stage))
-    return layers + (logits_stored_bytes(model, layout) if stage == layout.pp - 1 else 0.0)
+def stage_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, stage: int) -> float:
+    """Activation bytes per token the layers of ``stage`` store on one GPU: what their memory-bound
+    ops touch (the loss on the logits is timed apart, ``loss_traffic_bytes``)."""
+    return sum(layer_stored_bytes(model, layout, training, i) for i in stage_layers(model, layout, stage))
 
 
 def micro_batch_tokens_per_rank(layout: Layout, training: TrainingSpec) -> int:
@@ -265,12 +267,21 @@ def memory_bound_s(st: StepContext, passes: float, stored_bytes_per_token: float
     return st.micro_batches * st.tokens * traffic / st.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
+def loss_s(st: StepContext) -> float:
+    """Cross-entropy on the logits, forward and backward, all micro-batches (last stage only)."""
+    if st.stage != st.layout.pp - 1:
+        return 0.0
+    traffic = loss_traffic_bytes(st.model, st.layout, st.curve)
+    return st.micro_batches * st.tokens * traffic / st.cluster.gpu.hbm_bandwidth_bytes_per_s
+
+
 def compute_s(st: StepContext) -> float:
-    """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs + memory-bound ops."""
+    """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs, the memory-bound
+    ops between them and the loss."""
     per_token = stage_flops_per_token(st.model, st.layout, st.training, st.stage)
     gemm_s = st.micro_batches * st.tokens * per_token / st.layout.tp / st.flops_per_s
-    stored = stage_memory_traffic_bytes(st.model, st.layout, st.training, st.stage)
-    return gemm_s + memory_bound_s(st, 3, stored)
+    stored = stage_stored_bytes(st.model, st.layout, st.training, st.stage)
+    return gemm_s + memory_bound_s(st, 3, stored) + loss_s(st)
 
 
 # Forward-equivalents of memory-bound work a recompute costs. Full recompute re-runs each layer's
@@ -397,16 +408,29 @@ def dp_comm_exposed_s(st: StepContext) -> float:
     if st.layout.zero_stage == 3:
         return exposed_s(zero3_comm_s(st), compute, st.curve.zero3_prefetch_hidden_fraction)
     reduce, gather = dp_grad_reduce_s(st), dp_param_gather_s(st)
+    reductions = gradient_reductions(st.layout, st.micro_batches)
     overlapped = (
         st.overlap.dp if st.overlap.dp is not None else dp_overlap_default(st.curve, st.layout.framework)
     )
     if not overlapped:
-        return reduce + gather
-    # reduction hides under the last micro-batch's backward (2/3 of it, + its recompute); the parameter
+        return reductions * reduce + gather
+    # each reduction hides under its micro-batch's backward (2/3 of it, + its recompute); the parameter
     # all-gather under the next step's first forward (Megatron --overlap-param-gather) (1/3)
     per_micro_batch = compute / st.micro_batches
     hidden = st.curve.dp_overlap_max_hidden_fraction
-    return exposed_s(reduce, 2 / 3 * per_micro_batch, hidden) + exposed_s(gather, per_micro_batch / 3, hidden)
+    return reductions * exposed_s(reduce, 2 / 3 * per_micro_batch, hidden) + exposed_s(
+        gather, per_micro_batch / 3, hidden
+    )
+
+
+def gradient_reductions(layout: Layout, micro_batches: int) -> int:
+    """Gradient reductions per step outside ZeRO-3: one, or one per micro-batch for ZeRO-2."""
+    # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters after every micro-batch's
+    # backward: DeepSpeed reduces when partition_gradients (stage 2) or at the accumulation boundary
+    # (stage 1) (runtime/zero/stage_1_and_2.py, reduce_ready_partitions_and_remove_grads); FSDP
+    # SHARD_GRAD_OP after every backward outside no_sync, which would keep unsharded gradients.
+    # ZeRO-0/1 and Megatron's distributed optimizer accumulate locally and reduce once per step.
+    return micro_batches if layout.zero_stage == 2 else 1
 
 
 def sharded_parameters(st: StepContext) -> float:
@@ -458,7 +482,7 @@ def optimizer_s(st: StepContext) -> float:
 # ---------------------------------------------------------------- the estimate
 
 
-def _step(
+def step_context(
     model: ModelSpec,
     cluster: ClusterSpec,
     layout: Layout,
@@ -467,6 +491,7 @@ def _step(
     curve: EfficiencyCurve,
     overlap: CommOverlap,
 ) -> StepContext:
+    """The shared inputs of every step-time term: slowest stage, micro-batches, achieved FLOP/s, links."""
     width = model.hidden_size / layout.tp
     tokens = micro_batch_tokens_per_rank(layout, training)
     efficiency = matmul_efficiency(curve, cluster.gpu.name, width, tokens)
@@ -517,7 +542,7 @@ def time_estimate(
     if counts is None:
         counts = parameter_counts(model)
     overlap = overlap or CommOverlap(tp=layout.tp_comm_overlap, dp=layout.overlap_grad_reduce)
-    st = _step(model, cluster, layout, training, counts, efficiency, overlap)
+    st = step_context(model, cluster, layout, training, counts, efficiency, overlap)
     breakdown = time_breakdown(st)
     step = breakdown.step_s
     gpus = layout.world_size

@@ -629,8 +629,10 @@ class Evaluator:
         # step_time.compute_s
         gemm_s = micro_batches * tokens * work[stage] / layout.tp / flops_per_s
         stored = self._stage_stored(layout, stage)
+        loss_s = 0.0  # step_time.loss_s
         if stage == layout.pp - 1:
-            stored += st.logits_stored_bytes(model, layout)
+            traffic = st.loss_traffic_bytes(model, layout, self.curve)
+            loss_s = micro_batches * tokens * traffic / self._hbm_bytes_per_s
         found = _Base(
             stage=stage,
             layers=len(st.stage_layers(model, layout, stage)),
@@ -638,7 +640,7 @@ class Evaluator:
             tokens=tokens,
             flops_per_s=flops_per_s,
             links=links,
-            compute_s=gemm_s + self._memory_bound_s(micro_batches, tokens, 3, stored),
+            compute_s=gemm_s + self._memory_bound_s(micro_batches, tokens, 3, stored) + loss_s,
             cp_comm_s=cp_comm,
             pp_comm_s=pp_comm,
             tp_all_reduce_s=tp_all_reduce,
@@ -798,10 +800,11 @@ class Evaluator:
         overlapped = layout.overlap_grad_reduce
         if overlapped is None:
             overlapped = self._dp_overlap[layout.framework]
+        reductions = st.gradient_reductions(layout, parts.base.micro_batches)
         if not overlapped:
-            return reduce + gather
+            return reductions * reduce + gather
         hidden = self._dp_hidden
-        return st.exposed_s(reduce, parts.reduce_window_s, hidden) + st.exposed_s(
+        return reductions * st.exposed_s(reduce, parts.reduce_window_s, hidden) + st.exposed_s(
             gather, parts.gather_window_s, hidden
         )
 

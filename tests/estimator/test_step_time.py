@@ -17,7 +17,11 @@ from service.estimator.params import parameter_counts, stage_parameter_counts
 from service.estimator.step_time import (
     CommOverlap,
     cost,
+    dp_comm_exposed_s,
+    dp_grad_reduce_s,
+    dp_param_gather_s,
     gpu_parameters,
+    step_context,
     time_estimate,
     time_to_train_s,
     training_time_s,
@@ -25,6 +29,7 @@ from service.estimator.step_time import (
 from service.estimator.types import (
     Attention,
     ClusterSpec,
+    Framework,
     Layout,
     Method,
     MoESpec,
@@ -41,7 +46,9 @@ from validation.cases import gpu_cluster as cluster
 DAY_S = 86400.0
 
 
-def flat_curve(peak_fraction: float, traffic_per_stored_byte: float) -> EfficiencyCurve:
+def flat_curve(
+    peak_fraction: float, traffic_per_stored_byte: float, loss_bytes_per_logit: float = 0.0
+) -> EfficiencyCurve:
     return dataclasses.replace(
         default_efficiency(),
         peak_fraction_by_gpu=(),
@@ -49,6 +56,7 @@ def flat_curve(peak_fraction: float, traffic_per_stored_byte: float) -> Efficien
         width_points=(CurvePoint(x=1.0, factor=1.0),),
         tokens_points=(CurvePoint(x=1.0, factor=1.0),),
         memory_traffic_per_stored_byte=traffic_per_stored_byte,
+        loss_traffic_bytes_per_logit=loss_bytes_per_logit,
     )
 
 
@@ -73,10 +81,13 @@ def test_single_gpu_by_hand() -> None:
     assert est.step_s == pytest.approx(1.4976e-8 + 3.54e-9)
     assert est.tokens_per_s == pytest.approx(6 / est.step_s)
     assert est.mfu == pytest.approx(7488 / est.step_s / 1e12)
-    # memory-bound term: stored bytes per token = 10h (40) + 2(q+2kv) + 2q (24) + 2*3*ffn (48) + fp32
-    # logits 4V (40) = 152; traffic 2 x 152 x 3 passes x 6 tokens = 5472 B / 2e12 B/s = 2.736e-9 s
+    # memory-bound term: stored bytes per token = 10h (40) + 2(q+2kv) + 2q (24) + 2*3*ffn (48) = 112;
+    # traffic 2 x 112 x 3 passes x 6 tokens = 4032 B / 2e12 B/s = 2.016e-9 s
     with_memory = time_estimate(TINY, ONE_GPU, Layout(), TINY_TRAINING, efficiency=flat_curve(0.5, 2.0))
-    assert with_memory.breakdown.compute_s == pytest.approx(1.4976e-8 + 2.736e-9)
+    assert with_memory.breakdown.compute_s == pytest.approx(1.4976e-8 + 2.016e-9)
+    # the loss: 52 B per logit x V (10) x 6 tokens = 3120 B / 2e12 B/s = 1.56e-9 s
+    with_loss = time_estimate(TINY, ONE_GPU, Layout(), TINY_TRAINING, efficiency=flat_curve(0.5, 2.0, 52.0))
+    assert with_loss.breakdown.compute_s == pytest.approx(1.4976e-8 + 2.016e-9 + 1.56e-9)
 
 
 def test_efficiency_is_required() -> None:
@@ -224,6 +235,30 @@ def test_zero3_offload_cp_ep_and_lora_show_up_where_expected() -> None:
     lora_est = time_estimate(PROPERTY_MODEL, cl, Layout(dp=16), lora, efficiency=default_efficiency())
     full_est = time_estimate(PROPERTY_MODEL, cl, Layout(dp=16), training, efficiency=default_efficiency())
     assert lora_est.step_s < full_est.step_s
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero2_reduces_every_micro_batch_zero1_once(overlap: bool) -> None:
+    # 16 A100s on 2 nodes; global batch 64 over dp 16 at micro-batch 1 -> 4 micro-batches per step
+    cl = cluster(A100, 16, 25e9)
+    training = TrainingSpec(seq_len=2048, global_batch_size=64)
+    exposed = {}
+    for stage in (1, 2):
+        layout = Layout(framework=Framework.DEEPSPEED, dp=16, zero_stage=stage, overlap_grad_reduce=overlap)
+        ctx = step_context(PROPERTY_MODEL, cl, layout, training, parameter_counts(PROPERTY_MODEL),
+                    default_efficiency(), CommOverlap(dp=overlap))  # fmt: skip
+        reduce, gather = dp_grad_reduce_s(ctx), dp_param_gather_s(ctx)
+        assert ctx.micro_batches == 4 and reduce > 0 and gather > 0
+        exposed[stage] = dp_comm_exposed_s(ctx)
+        if not overlap:
+            # DeepSpeed stage_1_and_2.py: stage 2 reduces after every backward, stage 1 at the boundary
+            assert exposed[stage] == pytest.approx((4 if stage == 2 else 1) * reduce + gather)
+    assert exposed[2] > exposed[1]
+    # and the search sees it: ZeRO-1 is never slower than ZeRO-2 on the same layout
+    assert (
+        _estimate(cl, Layout(dp=16, zero_stage=1), 64).step_s
+        <= _estimate(cl, Layout(dp=16, zero_stage=2), 64).step_s
+    )
 
 
 def test_gpu_parameters_count_the_moe_layers_of_the_most_loaded_stage() -> None:
