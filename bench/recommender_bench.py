@@ -2,7 +2,8 @@
 
 Run: ``make bench``, or ``.venv/bin/python -m bench.recommender_bench [--llm-analysis PYTHON]
 [--json PATH]``. ``PYTHON`` is an interpreter with ``llm-analysis==0.2.2`` installed (its own venv:
-it pins ``transformers==4.31``); it evaluates the same layouts in a subprocess that times itself.
+it pins ``transformers==4.31``); it evaluates the same layouts in a subprocess that times itself,
+one round at our command, interleaved with ours so both see the machine in the same phase.
 Not a test: timings depend on the machine, so they are reported with best and median of repeats.
 """
 
@@ -114,53 +115,54 @@ def comparison_layouts() -> list[Layout]:
     return out
 
 
-def ours_per_s(layouts: list[Layout], rounds: int) -> dict[str, Any]:
-    """Memory + step time of every layout through a fresh ``Evaluator`` per round (its memos only
-    help within a round, as within one search), two ways, alternating round by round:
+class _Ours:
+    """Rounds of our evaluation of the comparison layouts, a fresh ``Evaluator`` per round (its memos
+    only help within a round, as within one search), two ways:
 
     * numbers (what the search uses to decide fit and rank): ``memory_numbers`` (per-GPU total, host
       and NVMe bytes per node) + ``step_numbers`` (step time, tokens/s);
     * objects: ``memory`` + ``time``, the full ``MemoryEstimate`` / ``TimeEstimate`` with breakdowns.
 
     Both equal ``estimate()``'s (``tests/recommender/test_space.py``); ``estimate()`` itself too."""
-    curve = default_efficiency()
-    spec, cluster = model(LA_MODEL).spec, _cluster(GPU, 1)
-    training = TrainingSpec(seq_len=SEQ, global_batch_size=GLOBAL_BATCH)
-    numbers, objects = [], []
-    for _ in range(rounds):
+
+    def __init__(self, layouts: list[Layout]) -> None:
+        self.layouts = layouts
+        self.curve = default_efficiency()
+        self.spec, self.cluster = model(LA_MODEL).spec, _cluster(GPU, 1)
+        self.training = TrainingSpec(seq_len=SEQ, global_batch_size=GLOBAL_BATCH)
+
+    def numbers_round(self) -> float:
         started = time.perf_counter()
-        evaluator = Evaluator(spec, cluster, training, curve)
-        for layout in layouts:
+        evaluator = Evaluator(self.spec, self.cluster, self.training, self.curve)
+        for layout in self.layouts:
             evaluator.memory_numbers(layout)
             evaluator.step_numbers(layout)
-        numbers.append(len(layouts) / (time.perf_counter() - started))
+        return len(self.layouts) / (time.perf_counter() - started)
+
+    def objects_round(self) -> float:
         started = time.perf_counter()
-        evaluator = Evaluator(spec, cluster, training, curve)
-        for layout in layouts:
+        evaluator = Evaluator(self.spec, self.cluster, self.training, self.curve)
+        for layout in self.layouts:
             evaluator.memory(layout)
             evaluator.time(layout)
-        objects.append(len(layouts) / (time.perf_counter() - started))
-    estimate_rates = []
-    for _ in range(2):
+        return len(self.layouts) / (time.perf_counter() - started)
+
+    def estimate_round(self) -> float:
         started = time.perf_counter()
-        for layout in layouts:
-            estimate(spec, cluster, layout, training, efficiency=curve, with_limits=False)
-        estimate_rates.append(len(layouts) / (time.perf_counter() - started))
-    return {
-        "layouts": len(layouts),
-        "rounds": rounds,
-        "numbers_best_per_s": max(numbers),
-        "numbers_median_per_s": statistics.median(numbers),
-        "objects_best_per_s": max(objects),
-        "objects_median_per_s": statistics.median(objects),
-        "estimate_best_per_s": max(estimate_rates),
-        "estimate_median_per_s": statistics.median(estimate_rates),
-    }
+        for layout in self.layouts:
+            estimate(self.spec, self.cluster, layout, self.training, efficiency=self.curve, with_limits=False)
+        return len(self.layouts) / (time.perf_counter() - started)
 
 
-# Runs inside the llm-analysis interpreter: argv[1] = JSON {layouts, rounds, sample}; prints JSON.
+def _rates(rates: list[float], prefix: str = "") -> dict[str, float]:
+    return {f"{prefix}best_per_s": max(rates), f"{prefix}median_per_s": statistics.median(rates)}
+
+
+# Runs inside the llm-analysis interpreter: argv[1] = JSON {layouts, sample}. Reads commands on stdin,
+# one per line: "round" times one pass over the layouts and prints its rate; "sample" prints the memory
+# sample; so its rounds interleave with ours and both see the machine in the same phase.
 LLM_ANALYSIS_SNIPPET = r"""
-import json, logging, statistics, sys, time
+import json, logging, sys, time
 logging.disable(logging.CRITICAL)
 from llm_analysis.analysis import ActivationRecomputation, DSZeRO, LLMAnalysis
 from llm_analysis.config import (ParallelismConfig, get_dtype_config_by_name, get_gpu_config_by_name,
@@ -177,16 +179,20 @@ def run(layout):
                              activation_recomputation=ActivationRecomputation(recompute),
                              ds_zero=DSZeRO(zero), output_dir=None)
 
-rates = []
-for _ in range(job["rounds"]):
-    started = time.perf_counter()
-    for layout in job["layouts"]:
-        run(layout)
-    rates.append(len(job["layouts"]) / (time.perf_counter() - started))
 keys = ("weight_memory_per_gpu", "gradient_memory_per_gpu", "optimizer_state_memory_per_gpu",
         "activation_memory_per_gpu", "memory_left_per_gpu", "latency_per_iter")
-sample = [{k: run(layout)[k] for k in keys} for layout in job["sample"]]
-print(json.dumps({"rates": rates, "sample": sample, "capacity_bytes": gpu.mem_per_GPU_in_GB * 1024**3}))
+print(json.dumps({"ready": True}), flush=True)
+for command in sys.stdin:
+    if command.strip() == "round":
+        started = time.perf_counter()
+        for layout in job["layouts"]:
+            run(layout)
+        print(json.dumps({"rate": len(job["layouts"]) / (time.perf_counter() - started)}), flush=True)
+    elif command.strip() == "sample":
+        sample = [{k: run(layout)[k] for k in keys} for layout in job["sample"]]
+        print(json.dumps({"sample": sample, "capacity_bytes": gpu.mem_per_GPU_in_GB * 1024**3}), flush=True)
+    else:
+        break
 """
 
 
@@ -221,33 +227,70 @@ def _sample_layouts(layouts: list[Layout]) -> list[Layout]:
     ]
 
 
-def llm_analysis_per_s(python: str, layouts: list[Layout], rounds: int) -> dict[str, Any]:
-    sample = _sample_layouts(layouts)
-    job = {
-        "gpu": GPU,
-        "seq": SEQ,
-        "batch": GLOBAL_BATCH,
-        "rounds": rounds,
-        "layouts": [_la_tuple(layout) for layout in layouts],
-        "sample": [_la_tuple(layout) for layout in sample],
-    }
-    done = subprocess.run(
-        [python, "-c", LLM_ANALYSIS_SNIPPET, json.dumps(job)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"llm-analysis run failed:\n{done.stderr[-3000:]}")
-    theirs = json.loads(done.stdout.strip().splitlines()[-1])
-    return {
-        "layouts": len(layouts),
-        "rounds": rounds,
-        "best_per_s": max(theirs["rates"]),
-        "median_per_s": statistics.median(theirs["rates"]),
-        "memory_sample": _memory_sample(sample, theirs["sample"], theirs["capacity_bytes"]),
-    }
+def compare(layouts: list[Layout], rounds: int, python: str | None) -> dict[str, Any]:
+    """Layouts per second, ours and (given its Python) llm-analysis', in interleaved rounds.
+
+    Each round runs ours (numbers, objects) and then one llm-analysis round in its subprocess, so the
+    two are timed seconds apart, in the same phase of a shared machine whose speed drifts; the
+    speed-up is the median (and the worst) of the per-round ratios."""
+    ours = _Ours(layouts)
+    numbers: list[float] = []
+    objects: list[float] = []
+    theirs: list[float] = []
+    proc = None
+    if python:
+        sample = _sample_layouts(layouts)
+        job = {
+            "gpu": GPU,
+            "seq": SEQ,
+            "batch": GLOBAL_BATCH,
+            "layouts": [_la_tuple(layout) for layout in layouts],
+            "sample": [_la_tuple(layout) for layout in sample],
+        }
+        proc = subprocess.Popen(
+            [python, "-c", LLM_ANALYSIS_SNIPPET, json.dumps(job)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        _ask(proc, None)  # imports done
+        _ask(proc, "round")  # warm-up, as ours warms up in the searches before
+    try:
+        for _ in range(rounds):
+            numbers.append(ours.numbers_round())
+            objects.append(ours.objects_round())
+            if proc is not None:
+                theirs.append(_ask(proc, "round")["rate"])
+        report: dict[str, Any] = {"ours": {"layouts": len(layouts), "rounds": rounds}}
+        report["ours"] |= _rates(numbers, "numbers_") | _rates(objects, "objects_")
+        report["ours"] |= _rates([ours.estimate_round() for _ in range(2)], "estimate_")
+        if proc is not None:
+            answer = _ask(proc, "sample")
+            report["llm_analysis"] = {"layouts": len(layouts), "rounds": rounds} | _rates(theirs)
+            report["llm_analysis"]["memory_sample"] = _memory_sample(
+                _sample_layouts(layouts), answer["sample"], answer["capacity_bytes"]
+            )
+            for what, mine in (("numbers", numbers), ("objects", objects)):
+                ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
+                report[f"speedup_{what}_median"] = statistics.median(ratios)
+                report[f"speedup_{what}_worst"] = min(ratios)
+        return report
+    finally:
+        if proc is not None:
+            proc.communicate("quit\n", timeout=60)
+
+
+def _ask(proc: subprocess.Popen[str], command: str | None) -> dict[str, Any]:
+    """Send one command to the llm-analysis subprocess and read its one-line JSON answer."""
+    assert proc.stdin is not None and proc.stdout is not None
+    if command is not None:
+        proc.stdin.write(command + "\n")
+        proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"llm-analysis subprocess ended (exit {proc.wait()}) on {command!r}")
+    answer: dict[str, Any] = json.loads(line)
+    return answer
 
 
 def _memory_sample(
@@ -310,17 +353,7 @@ def main() -> None:
             "llama-3.1-405b", 2048, 8192, 2048, repeats=max(3, args.repeats // 3)
         ),
     }
-    layouts = comparison_layouts()
-    report["ours"] = ours_per_s(layouts, rounds=9)
-    if args.llm_analysis:
-        theirs = llm_analysis_per_s(args.llm_analysis, layouts, rounds=3)
-        report["llm_analysis"] = theirs
-        ours = report["ours"]
-        # numbers: what the search evaluates per layout; objects: the full result objects. llm-analysis
-        # builds its full summary dict (and log text) on every call either way.
-        for what in ("numbers", "objects"):
-            report[f"speedup_{what}_best"] = ours[f"{what}_best_per_s"] / theirs["best_per_s"]
-            report[f"speedup_{what}_median"] = ours[f"{what}_median_per_s"] / theirs["median_per_s"]
+    report |= compare(comparison_layouts(), rounds=15, python=args.llm_analysis)
     report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
     print(json.dumps(report, indent=2))
     if args.json:
