@@ -11,10 +11,12 @@ import pytest
 
 from service.catalog.efficiency import default_efficiency
 from service.catalog.gpus import gpu
-from service.catalog.models import model
+from service.catalog.models import model, models
+from service.estimator import flops
 from service.estimator.errors import InvalidLayout
 from service.estimator.memory import host_fits, memory_estimate, memory_fits
-from service.estimator.step_time import time_estimate
+from service.estimator.params import is_moe_layer
+from service.estimator.step_time import layer_stored_bytes, time_estimate
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -428,3 +430,21 @@ def test_fast_evaluator_numbers_equal_the_estimator(name: str, training: Trainin
         step = time_estimate(spec, c, layout, training, None, curve)
         assert ev.step_numbers(layout) == (step.step_s, step.tokens_per_s), layout
     assert verdicts == {True, False}
+
+
+@pytest.mark.parametrize("name", sorted(models()))
+def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
+    # the Evaluator computes per-layer FLOPs and stored bytes once per kind (dense, MoE): it relies
+    # on the estimator's per-layer functions reading the layer index only through is_moe_layer
+    spec = model(name).spec
+    training = TrainingSpec(seq_len=2048, global_batch_size=8, attention=Attention.EAGER)
+    layout = Layout(tp=2, sequence_parallel=True)
+    per_kind: dict[bool, set[tuple[float, ...]]] = {}
+    for i in range(spec.num_layers):
+        values = (
+            flops.layer_training_flops(spec, i, training),
+            *(flops.layer_recompute_flops(spec, i, training, r) for r in Recompute),
+            layer_stored_bytes(spec, layout, training, i),
+        )
+        per_kind.setdefault(is_moe_layer(spec, i), set()).add(values)
+    assert all(len(values) == 1 for values in per_kind.values())
