@@ -659,8 +659,9 @@ def bloom_prequel() -> ThroughputCase:
         derivation="sec_per_iteration published (its 107.48 TFLOP/s come from the old BigScience formula)",
         known_gap="measured -31.5%: 532 s vs 777 s published, from one early iteration (iteration 2) "
         "of a prequel experiment: 2048 micro-batches of one sequence; not modelled: the bf16 optimizer's "
-        "per-micro-batch fp32 gradient accumulation (~25 s of HBM traffic) and eager attention at head_dim "
-        "450, off the tensor-core tile sizes (64/128)",
+        "per-micro-batch fp32 gradient accumulation (10-18 B/param, 25-45 s of HBM traffic) and "
+        "eager attention's batched GEMMs at head_dim 450, not a multiple of 8 (off the tensor-core "
+        "alignment)",
     )
 
 
