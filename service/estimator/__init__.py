@@ -9,4 +9,4 @@ from service.estimator.estimate import estimate
 __all__ = ["estimate"]
 
 # Bumped whenever a formula changes what an estimate says; stored with every plan.
-ESTIMATOR_VERSION = "0.2.0"  # 0.2.0: the loss timed op by op, H100 peak fraction 0.60
+ESTIMATOR_VERSION = "0.3.0"  # 0.3.0: eager attention core slowed at an unaligned head_dim

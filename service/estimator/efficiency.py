@@ -10,7 +10,9 @@ narrow GEMMs (small hidden sizes, wide tensor parallelism) and short micro-batch
 piecewise linear in log2 of their argument and flat outside the tabulated range. The memory-bound
 work between the GEMMs (norms, activations, dropout, eager softmax) is timed separately from HBM
 bandwidth, ``memory_traffic_per_stored_byte`` x the activation bytes the layer stores, and the
-cross-entropy from ``loss_traffic_bytes_per_logit`` x the logits of the last stage.
+cross-entropy from ``loss_traffic_bytes_per_logit`` x the logits of the last stage. Eager
+attention's batched GEMMs run at ``unaligned_attention_core_factor`` of that rate when a head's row
+(head_dim x element bytes) is not a multiple of ``attention_alignment_bytes``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class EfficiencyCurve:
     zero3_prefetch_hidden_fraction: float  # ZeRO-3/FSDP gathers prefetched under compute
     memory_traffic_per_stored_byte: float  # HBM bytes moved forward per activation byte stored
     loss_traffic_bytes_per_logit: float  # HBM bytes the cross-entropy moves per logit, fwd + bwd
+    attention_alignment_bytes: int  # a head's row must be a multiple of this for the fast BMM kernels
+    unaligned_attention_core_factor: float  # eager QK^T / AV rate off that alignment, x the GEMM rate
     cpu_adam_params_per_s_per_node: float  # DeepSpeed CPU-Adam, whole host
     nvme_bandwidth_bytes_per_s_per_node: float  # when the cluster gives none
     sources: tuple[str, ...] = ()
@@ -55,12 +59,18 @@ class EfficiencyCurve:
         fractions = [self.default_peak_fraction, *(f for _, f in self.peak_fraction_by_gpu)]
         fractions += [p.factor for p in (*self.width_points, *self.tokens_points)]
         fractions += [self.intra_node_bus_efficiency, self.inter_node_bus_efficiency]
+        fractions.append(self.unaligned_attention_core_factor)
         for value in fractions:
             if not 0.0 < value <= 1.0:
                 raise InvalidHardware(f"efficiency fractions must be in (0, 1], got {value}", rule="fraction")
         for name in ("memory_traffic_per_stored_byte", "loss_traffic_bytes_per_logit"):
             if getattr(self, name) < 0.0:
                 raise InvalidHardware(f"{name} must be >= 0, got {getattr(self, name)}", rule="non_negative")
+        if self.attention_alignment_bytes < 1:
+            raise InvalidHardware(
+                f"attention_alignment_bytes must be >= 1, got {self.attention_alignment_bytes}",
+                rule="positive",
+            )
         if not self.width_points or not self.tokens_points:
             raise InvalidHardware("efficiency curves need at least one point", rule="non_empty")
 

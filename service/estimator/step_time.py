@@ -275,13 +275,59 @@ def loss_s(st: StepContext) -> float:
     return st.micro_batches * st.tokens * traffic / st.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
+def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, curve: EfficiencyCurve) -> float:
+    """Extra time of eager attention's core (QK^T, AV) as a multiple of its time at the GEMM rate:
+    ``1 / unaligned_attention_core_factor - 1`` when a head's row, head_dim x element bytes, is off
+    ``attention_alignment_bytes``, else 0. Flash and SDPA pad head_dim to a multiple of 8: 0."""
+    # BigScience prequel: head_dim 108 (216 B) ran 1.30-1.40x the step of head_dim 144 (efficiency.toml)
+    if training.attention is not Attention.EAGER:
+        return 0.0
+    if model.head_dim * activation_bytes(training.precision) % curve.attention_alignment_bytes == 0:
+        return 0.0
+    return 1.0 / curve.unaligned_attention_core_factor - 1.0
+
+
+def unaligned_core_s(
+    model: ModelSpec,
+    training: TrainingSpec,
+    curve: EfficiencyCurve,
+    *,
+    core_passes: int,
+    micro_batches: int,
+    tokens: int,
+    tp: int,
+    flops_per_s: float,
+) -> float:
+    """Time ``core_passes`` layer-forwards of attention's core add, over all micro-batches, beyond
+    their FLOPs at the GEMM rate ``flops_per_s`` (``unaligned_core_slowdown``; 0 when aligned)."""
+    slowdown = unaligned_core_slowdown(model, training, curve)
+    if slowdown == 0.0:
+        return 0.0
+    per_token = core_passes * flops.attention_core_flops(model, training.seq_len)
+    return micro_batches * tokens * per_token / tp / flops_per_s * slowdown
+
+
+def _unaligned_core_s(st: StepContext, passes_per_layer: int) -> float:
+    return unaligned_core_s(
+        st.model,
+        st.training,
+        st.curve,
+        core_passes=passes_per_layer * len(st.layers),
+        micro_batches=st.micro_batches,
+        tokens=st.tokens,
+        tp=st.layout.tp,
+        flops_per_s=st.flops_per_s,
+    )
+
+
 def compute_s(st: StepContext) -> float:
-    """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs, the memory-bound
-    ops between them and the loss."""
+    """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs (with eager
+    attention's core slowed when its head_dim is unaligned), the memory-bound ops between them and
+    the loss."""
     per_token = stage_flops_per_token(st.model, st.layout, st.training, st.stage)
     gemm_s = st.micro_batches * st.tokens * per_token / st.layout.tp / st.flops_per_s
     stored = stage_stored_bytes(st.model, st.layout, st.training, st.stage)
-    return gemm_s + memory_bound_s(st, 3, stored) + loss_s(st)
+    return gemm_s + _unaligned_core_s(st, 3) + memory_bound_s(st, 3, stored) + loss_s(st)
 
 
 # Forward-equivalents of memory-bound work a recompute costs. Full recompute re-runs each layer's
@@ -306,7 +352,10 @@ def recompute_s(st: StepContext) -> float:
         )
     else:
         stored = 0.0
-    return gemm_s + memory_bound_s(st, RECOMPUTE_PASSES[recompute], stored)
+    core_passes = 0 if recompute is Recompute.NONE else 1  # full and selective both redo the core
+    return (
+        gemm_s + _unaligned_core_s(st, core_passes) + memory_bound_s(st, RECOMPUTE_PASSES[recompute], stored)
+    )
 
 
 def tp_comm_s(st: StepContext) -> float:

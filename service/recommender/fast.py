@@ -195,6 +195,7 @@ class Evaluator:
     _full_training: bool = field(init=False)
     _optimizer_step_bytes: int = field(init=False)  # HBM bytes per parameter of one optimizer step
     _hbm_bytes_per_s: float = field(init=False)
+    _core_slowdown: bool = field(init=False)  # eager attention with an unaligned head_dim
     # the time model's per-layer FLOPs, filled on its first use (memory alone never needs them)
     _flops_ready: bool = False
     _peak_flops_per_s: float = field(init=False)
@@ -237,6 +238,7 @@ class Evaluator:
         self._full_training = self.training.method is _FULL_TRAINING
         self._optimizer_step_bytes = st.OPTIMIZER_STEP_BYTES[self.training.optimizer]
         self._hbm_bytes_per_s = self.cluster.gpu.hbm_bandwidth_bytes_per_s
+        self._core_slowdown = st.unaligned_core_slowdown(self.model, self.training, curve) > 0.0
 
     def _per_layer(self, value: Callable[[int], _Number]) -> tuple[_Number, ...]:
         # value(i) of every layer i, computed once per layer kind: the estimator's per-layer functions
@@ -633,14 +635,18 @@ class Evaluator:
         if stage == layout.pp - 1:
             traffic = st.loss_traffic_bytes(model, layout, self.curve)
             loss_s = micro_batches * tokens * traffic / self._hbm_bytes_per_s
+        layers = len(st.stage_layers(model, layout, stage))
         found = _Base(
             stage=stage,
-            layers=len(st.stage_layers(model, layout, stage)),
+            layers=layers,
             micro_batches=micro_batches,
             tokens=tokens,
             flops_per_s=flops_per_s,
             links=links,
-            compute_s=gemm_s + self._memory_bound_s(micro_batches, tokens, 3, stored) + loss_s,
+            compute_s=gemm_s
+            + self._unaligned_core_s(3 * layers, micro_batches, tokens, layout.tp, flops_per_s)
+            + self._memory_bound_s(micro_batches, tokens, 3, stored)
+            + loss_s,
             cp_comm_s=cp_comm,
             pp_comm_s=pp_comm,
             tp_all_reduce_s=tp_all_reduce,
@@ -735,6 +741,23 @@ class Evaluator:
         traffic = self.curve.memory_traffic_per_stored_byte * stored * passes
         return micro_batches * tokens * traffic / self._hbm_bytes_per_s
 
+    def _unaligned_core_s(
+        self, core_passes: int, micro_batches: int, tokens: int, tp: int, flops_per_s: float
+    ) -> float:
+        # step_time.unaligned_core_s (0 unless eager attention's head_dim is off the alignment)
+        if not self._core_slowdown or not core_passes:
+            return 0.0
+        return st.unaligned_core_s(
+            self.model,
+            self.training,
+            self.curve,
+            core_passes=core_passes,
+            micro_batches=micro_batches,
+            tokens=tokens,
+            tp=tp,
+            flops_per_s=flops_per_s,
+        )
+
     def _recompute_s(self, layout: Layout, base: _Base) -> float:
         # step_time.recompute_s
         recompute, training = layout.recompute, self.training
@@ -747,7 +770,11 @@ class Evaluator:
             heads = self.model.num_attention_heads / layout.tp
             stored = base.layers * 5 * heads * training.seq_len * st.activation_bytes(training.precision) / 2
         passes = st.RECOMPUTE_PASSES[recompute]
-        return gemm_s + self._memory_bound_s(base.micro_batches, base.tokens, passes, stored)
+        core_passes = 0 if recompute is _NO_RECOMPUTE else base.layers
+        unaligned_s = self._unaligned_core_s(
+            core_passes, base.micro_batches, base.tokens, layout.tp, base.flops_per_s
+        )
+        return gemm_s + unaligned_s + self._memory_bound_s(base.micro_batches, base.tokens, passes, stored)
 
     def _ep_comm_s(self, layout: Layout, base: _Base) -> float:
         # step_time.ep_comm_s

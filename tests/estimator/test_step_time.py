@@ -40,7 +40,7 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from tests.estimator.test_flops import TINY, TINY_TRAINING, gpt
-from validation.cases import A100, ThroughputCase, throughput_cases
+from validation.cases import A100, HeadDimPair, ThroughputCase, head_dim_pairs, throughput_cases
 from validation.cases import gpu_cluster as cluster
 
 DAY_S = 86400.0
@@ -88,6 +88,58 @@ def test_single_gpu_by_hand() -> None:
     # the loss: 52 B per logit x V (10) x 6 tokens = 3120 B / 2e12 B/s = 1.56e-9 s
     with_loss = time_estimate(TINY, ONE_GPU, Layout(), TINY_TRAINING, efficiency=flat_curve(0.5, 2.0, 52.0))
     assert with_loss.breakdown.compute_s == pytest.approx(1.4976e-8 + 2.016e-9 + 1.56e-9)
+
+
+def test_unaligned_head_dim_slows_eager_attention_core_by_hand() -> None:
+    # TINY: head_dim 2, rows of 4 bytes (bf16), off a 16-byte alignment. Core 48 FLOPs per token
+    # forward, 3 passes, 6 tokens: 864 FLOPs at 0.5e12 -> 1.728e-9 s; at factor 0.25 it takes 4x,
+    # +3 x that = 5.184e-9 s.
+    # Full recompute redoes the core once: 288 FLOPs -> +3 x 5.76e-10 = 1.728e-9 s.
+    eager = dataclasses.replace(TINY_TRAINING, attention=Attention.EAGER)
+    curve = dataclasses.replace(flat_curve(0.5, 0.0), unaligned_attention_core_factor=0.25)
+    full = Layout(recompute=Recompute.FULL)
+    aligned = time_estimate(
+        TINY, ONE_GPU, full, eager, efficiency=dataclasses.replace(curve, attention_alignment_bytes=4)
+    )
+    slowed = time_estimate(TINY, ONE_GPU, full, eager, efficiency=curve)
+    assert slowed.breakdown.compute_s - aligned.breakdown.compute_s == pytest.approx(5.184e-9)
+    assert slowed.breakdown.recompute_s - aligned.breakdown.recompute_s == pytest.approx(1.728e-9)
+    # selective recompute redoes the core too; no recompute adds nothing to recompute_s
+    selective = Layout(recompute=Recompute.SELECTIVE)
+    base = time_estimate(
+        TINY, ONE_GPU, selective, eager, efficiency=dataclasses.replace(curve, attention_alignment_bytes=4)
+    )
+    assert time_estimate(TINY, ONE_GPU, selective, eager, efficiency=curve).breakdown.recompute_s - (
+        base.breakdown.recompute_s
+    ) == pytest.approx(1.728e-9)
+    assert time_estimate(TINY, ONE_GPU, Layout(), eager, efficiency=curve).breakdown.recompute_s == 0.0
+    # FLOPs, hence MFU's numerator, are unchanged: the slowdown is time, not work
+    assert slowed.mfu < aligned.mfu
+    assert slowed.mfu * slowed.step_s == pytest.approx(aligned.mfu * aligned.step_s)
+    # flash and SDPA pad head_dim to a multiple of 8: no slowdown
+    for attention in (Attention.FLASH, Attention.SDPA):
+        training = dataclasses.replace(TINY_TRAINING, attention=attention)
+        padded = time_estimate(TINY, ONE_GPU, full, training, efficiency=curve)
+        assert padded == time_estimate(TINY, ONE_GPU, full, training, efficiency=flat_curve(0.5, 0.0))
+
+
+@pytest.mark.parametrize("head_dim", [100, 108, 150, 225, 450])
+def test_unaligned_head_dim_is_never_faster(head_dim: int) -> None:
+    # same model with head_dim padded up to the next multiple of 8 does more FLOPs and is still faster
+    # under eager attention; a smaller factor is slower; the catalog's factor slows, the identity does not
+    spec = gpt(8, 4096, 32)
+    unaligned = dataclasses.replace(spec, head_dim=head_dim)
+    padded = dataclasses.replace(spec, head_dim=head_dim + (-head_dim) % 8)
+    training = TrainingSpec(seq_len=2048, global_batch_size=64, attention=Attention.EAGER)
+    c, lay, curve = cluster(A100, 8, 25e9), Layout(dp=8, recompute=Recompute.FULL), default_efficiency()
+
+    def step_s(model: Any, factor: float = curve.unaligned_attention_core_factor) -> float:
+        eff = dataclasses.replace(curve, unaligned_attention_core_factor=factor)
+        return time_estimate(model, c, lay, training, efficiency=eff).step_s
+
+    assert step_s(padded) < step_s(unaligned)
+    assert step_s(unaligned, 1.0) < step_s(unaligned, 0.5) < step_s(unaligned, 0.05)
+    assert step_s(padded, 0.05) == step_s(padded, 1.0)
 
 
 def test_efficiency_is_required() -> None:
@@ -309,3 +361,22 @@ def test_published_step_time_within_15_percent(
     published_s, overlap = case.published_step_s, case.overlap
     est = time_estimate(model, cl, layout, training, efficiency=default_efficiency(), overlap=overlap)
     assert est.step_s == pytest.approx(published_s, rel=0.15)
+
+
+@pytest.mark.parametrize("pair", head_dim_pairs(), ids=lambda p: p.id)
+def test_published_head_dim_pair_ratio_within_5_percent(pair: HeadDimPair) -> None:
+    # BigScience prequel: one layout, head_dim on and off the 16-byte alignment; four pairs fitted
+    # unaligned_core_factor, the hidden-size pair is out of the fit
+    curve = default_efficiency()
+
+    def step_s(case: ThroughputCase) -> float:
+        return time_estimate(case.model, case.cluster, case.layout, case.training, efficiency=curve).step_s
+
+    assert step_s(pair.unaligned) / step_s(pair.aligned) == pytest.approx(pair.published_ratio, rel=0.05)
+    # without the slowdown the model would see almost nothing (more heads: a little more softmax traffic)
+    plain = dataclasses.replace(curve, unaligned_attention_core_factor=1.0)
+
+    def plain_s(case: ThroughputCase) -> float:
+        return time_estimate(case.model, case.cluster, case.layout, case.training, efficiency=plain).step_s
+
+    assert plain_s(pair.unaligned) / plain_s(pair.aligned) < pair.published_ratio * 0.85

@@ -168,6 +168,10 @@ SPARSE_MOE = ModelSpec(
     ),
 )  # fmt: skip
 
+# head_dim 100: 200-byte rows, off the 16-byte alignment, so eager attention's core runs slowed
+UNALIGNED_HEADS = dataclasses.replace(model("llama-2-7b").spec, name="head-dim-100", head_dim=100)
+_SPECS = {spec.name: spec for spec in (SPARSE_MOE, UNALIGNED_HEADS)}
+
 _ZERO_STAGES = {Framework.MEGATRON: (0, 1), Framework.DEEPSPEED: (0, 1, 2, 3), Framework.FSDP: (0, 2, 3)}
 
 # (framework, dp, tp, pp, cp, v, micro-batch) on 16 GPUs (2 nodes of 8)
@@ -256,13 +260,14 @@ def _axis_layouts(moe: bool, global_batch: int) -> list[tuple[str, Layout]]:
         ),
         ("moe-every-2nd", TrainingSpec(seq_len=4096, global_batch_size=64)),
         ("moe-every-2nd", TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.LORA)),
+        ("head-dim-100", TrainingSpec(seq_len=2048, global_batch_size=64, attention=Attention.EAGER)),
     ],
 )
 def test_fast_evaluator_equals_the_estimator_on_every_axis(name: str, training: TrainingSpec) -> None:
     # LoRA / QLoRA, fp32 / pure bf16, NVMe offload, activation offload, chunked loss, FSDP hybrid
-    # shard, explicit DP overlap and accumulation steps, MoE on every 2nd layer; shuffled, so memo
-    # hits come from layouts with other flags.
-    spec = SPARSE_MOE if name == SPARSE_MOE.name else model(name).spec
+    # shard, explicit DP overlap and accumulation steps, MoE on every 2nd layer, an unaligned
+    # head_dim under eager attention; shuffled, so memo hits come from layouts with other flags.
+    spec = _SPECS[name] if name in _SPECS else model(name).spec
     c = cluster(nodes=2)
     curve = default_efficiency()
     ev = Evaluator(spec, c, training, curve)
