@@ -13,8 +13,17 @@ from service.estimator.memory import (
     memory_fits,
 )
 from service.estimator.params import parameter_counts
-from service.estimator.step_time import time_estimate, time_to_train_s
+from service.estimator.step_time import (
+    CommOverlap,
+    activation_bytes,
+    step_context,
+    time_estimate,
+    time_to_train_s,
+    unaligned_core_slowdown,
+    unaligned_core_step_s,
+)
 from service.estimator.types import (
+    Attention,
     ClusterSpec,
     Estimate,
     Layout,
@@ -24,6 +33,10 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from service.estimator.validate import validate_layout
+
+# FlashAttention-2 and -3 (and PyTorch SDPA's flash backend) support head dimensions up to 256
+# (Dao-AILab/flash-attention README, "Head dimension up to 256").
+FLASH_MAX_HEAD_DIM = 256
 
 # Below this fraction of GPU memory left free, a layout that "fits" is flagged: allocator
 # behaviour and framework versions move real peaks by a few percent.
@@ -59,6 +72,35 @@ def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -
     return tuple(out)
 
 
+def attention_warnings(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    curve: EfficiencyCurve,
+    step_time_factor: float,
+) -> tuple[str, ...]:
+    """The head_dim's cost under eager attention, and flash kernels asked for a head_dim they lack."""
+    out = []
+    head_dim = model.head_dim
+    if unaligned_core_slowdown(model, training, curve) > 0.0:
+        overlap = CommOverlap(tp=layout.tp_comm_overlap, dp=layout.overlap_grad_reduce)
+        st = step_context(model, cluster, layout, training, parameter_counts(model), curve, overlap)
+        added_s = unaligned_core_step_s(st) * step_time_factor
+        out.append(
+            f"head_dim {head_dim} ({head_dim * activation_bytes(training.precision)}-byte rows) is not a "
+            f"multiple of {curve.attention_alignment_bytes} bytes: eager "
+            f"attention's QK^T and AV run at {curve.unaligned_attention_core_factor:g} of the GEMM rate, "
+            f"{added_s:.3g} s of each step; flash or sdpa attention pad head_dim to a multiple of 8"
+        )
+    if training.attention is Attention.FLASH and head_dim > FLASH_MAX_HEAD_DIM:
+        out.append(
+            f"head_dim {head_dim} > {FLASH_MAX_HEAD_DIM}: flash attention kernels do not support it "
+            "(flash-attn refuses; PyTorch SDPA falls back to a slower kernel); this estimate assumes flash"
+        )
+    return tuple(out)
+
+
 def estimate(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -89,6 +131,9 @@ def estimate(
         else None,
         max_seq_len=max_seq_len(model, cluster, layout, training, factor) if with_limits else None,
         time_to_train_s=time_to_train_s(training.tokens, time.tokens_per_s) if training.tokens else None,
-        warnings=warnings_for(memory, cluster, layout),
+        warnings=(
+            *warnings_for(memory, cluster, layout),
+            *attention_warnings(model, cluster, layout, training, efficiency, calibration.step_time_factor),
+        ),
         assumptions=notes if calibration.is_identity else (*notes, calibration_note(calibration)),
     )

@@ -320,6 +320,12 @@ def _unaligned_core_s(st: StepContext, passes_per_layer: int) -> float:
     )
 
 
+def unaligned_core_step_s(st: StepContext) -> float:
+    """What an unaligned head_dim adds to the step: training passes plus the recomputed core."""
+    recomputed = 0 if st.layout.recompute is Recompute.NONE else 1
+    return _unaligned_core_s(st, 3) + _unaligned_core_s(st, recomputed)
+
+
 def compute_s(st: StepContext) -> float:
     """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs (with eager
     attention's core slowed when its head_dim is unaligned), the memory-bound ops between them and

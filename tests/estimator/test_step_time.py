@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from service.catalog.efficiency import default_efficiency
 from service.estimator import flops
 from service.estimator.efficiency import CurvePoint, EfficiencyCurve
+from service.estimator.estimate import estimate
 from service.estimator.params import parameter_counts, stage_parameter_counts
 from service.estimator.step_time import (
     CommOverlap,
@@ -140,6 +141,30 @@ def test_unaligned_head_dim_is_never_faster(head_dim: int) -> None:
     assert step_s(padded) < step_s(unaligned)
     assert step_s(unaligned, 1.0) < step_s(unaligned, 0.5) < step_s(unaligned, 0.05)
     assert step_s(padded, 0.05) == step_s(padded, 1.0)
+
+
+def test_estimate_warns_about_the_head_dim() -> None:
+    # the 20B prequel row: head_dim 450 (900-byte rows) under eager attention; the warning's seconds
+    # are the step-time difference against an aligned-rate curve
+    case = next(c for c in throughput_cases() if c.id.startswith("bloom-prequel"))
+    curve = default_efficiency()
+    result = estimate(
+        case.model, case.cluster, case.layout, case.training, efficiency=curve, with_limits=False
+    )
+    plain = dataclasses.replace(curve, unaligned_attention_core_factor=1.0)
+    aligned_s = time_estimate(case.model, case.cluster, case.layout, case.training, efficiency=plain).step_s
+    (warning,) = [w for w in result.warnings if w.startswith("head_dim")]
+    assert "head_dim 450 (900-byte rows) is not a multiple of 16 bytes" in warning
+    assert f"{result.time.step_s - aligned_s:.3g} s of each step" in warning
+    # flash kernels stop at head_dim 256; an aligned head_dim under eager warns of nothing
+    flash = dataclasses.replace(case.training, attention=Attention.FLASH)
+    (warning,) = estimate(
+        case.model, case.cluster, case.layout, flash, efficiency=curve, with_limits=False
+    ).warnings
+    assert warning.startswith("head_dim 450 > 256: flash attention kernels do not support it")
+    narrower = dataclasses.replace(case.model, num_attention_heads=40, num_kv_heads=40, head_dim=0)  # 360
+    quiet = estimate(narrower, case.cluster, case.layout, case.training, efficiency=curve, with_limits=False)
+    assert not [w for w in quiet.warnings if w.startswith("head_dim")]
 
 
 def test_efficiency_is_required() -> None:
