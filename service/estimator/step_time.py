@@ -278,9 +278,10 @@ def loss_s(st: StepContext) -> float:
 def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, curve: EfficiencyCurve) -> float:
     """Extra time of eager attention's core (QK^T, AV) as a multiple of its time at the GEMM rate:
     ``1 / unaligned_attention_core_factor - 1`` when a head's row, head_dim x element bytes, is off
-    ``attention_alignment_bytes``, else 0. Flash and SDPA pad head_dim to a multiple of 8: 0."""
+    ``attention_alignment_bytes``, else 0. Flash and SDPA pad head_dim to a multiple of 8: 0. fp32
+    attention runs on CUDA cores, not tensor cores, and the measurements are 16-bit: 0."""
     # BigScience prequel: head_dim 108 (216 B) ran 1.30-1.40x the step of head_dim 144 (efficiency.toml)
-    if training.attention is not Attention.EAGER:
+    if training.attention is not Attention.EAGER or training.precision is Precision.FP32:
         return 0.0
     if model.head_dim * activation_bytes(training.precision) % curve.attention_alignment_bytes == 0:
         return 0.0

@@ -36,6 +36,7 @@ from service.estimator.types import (
     MoESpec,
     Offload,
     PeakFlops,
+    Precision,
     Recompute,
     TimeEstimate,
     TrainingSpec,
@@ -117,9 +118,12 @@ def test_unaligned_head_dim_slows_eager_attention_core_by_hand() -> None:
     # FLOPs, hence MFU's numerator, are unchanged: the slowdown is time, not work
     assert slowed.mfu < aligned.mfu
     assert slowed.mfu * slowed.step_s == pytest.approx(aligned.mfu * aligned.step_s)
-    # flash and SDPA pad head_dim to a multiple of 8: no slowdown
-    for attention in (Attention.FLASH, Attention.SDPA):
-        training = dataclasses.replace(TINY_TRAINING, attention=attention)
+    # flash and SDPA pad head_dim to a multiple of 8; fp32 runs on CUDA cores: no slowdown
+    fp32 = dataclasses.replace(eager, precision=Precision.FP32)
+    for training in (
+        *(dataclasses.replace(TINY_TRAINING, attention=a) for a in (Attention.FLASH, Attention.SDPA)),
+        fp32,
+    ):
         padded = time_estimate(TINY, ONE_GPU, full, training, efficiency=curve)
         assert padded == time_estimate(TINY, ONE_GPU, full, training, efficiency=flat_curve(0.5, 0.0))
 
