@@ -28,7 +28,8 @@ from service.estimator.estimate import estimate
 from service.estimator.types import ClusterSpec, Framework, Layout, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
 from service.recommender import Constraints, recommend
-from service.recommender.fast import Evaluator
+from service.estimator import evaluate
+from service.estimator.job import make_job
 
 GiB = 2**30
 GPU = "h100-sxm-80gb"
@@ -116,14 +117,16 @@ def comparison_layouts() -> list[Layout]:
 
 
 class _Ours:
-    """Rounds of our evaluation of the comparison layouts, a fresh ``Evaluator`` per round (its memos
-    only help within a round, as within one search), two ways:
+    """Rounds of our evaluation of the comparison layouts, a fresh estimator ``Job`` per round (its
+    memos only help within a round, as within one search), two ways:
 
-    * numbers (what the search uses to decide fit and rank): ``memory_numbers`` (per-GPU total, host
-      and NVMe bytes per node) + ``step_numbers`` (step time, tokens/s);
-    * objects: ``memory`` + ``time``, the full ``MemoryEstimate`` / ``TimeEstimate`` with breakdowns.
+    * numbers (what the search uses to decide fit and rank): ``evaluate.memory_numbers`` (per-GPU
+      total, host and NVMe bytes per node) + ``evaluate.step_numbers`` (step time, tokens/s);
+    * objects: ``evaluate.memory_estimate`` + ``evaluate.time_estimate``, the full
+      ``MemoryEstimate`` / ``TimeEstimate`` with breakdowns.
 
-    Both equal ``estimate()``'s (``tests/recommender/test_space.py``); ``estimate()`` itself too."""
+    Both are the estimator's own sums (``estimate()`` reports the objects); ``estimate()`` itself,
+    with its validation, notes and warnings, is timed too."""
 
     def __init__(self, layouts: list[Layout]) -> None:
         self.layouts = layouts
@@ -133,18 +136,18 @@ class _Ours:
 
     def numbers_round(self) -> float:
         started = time.perf_counter()
-        evaluator = Evaluator(self.spec, self.cluster, self.training, self.curve)
+        job = make_job(self.spec, self.cluster, self.training, self.curve)
         for layout in self.layouts:
-            evaluator.memory_numbers(layout)
-            evaluator.step_numbers(layout)
+            evaluate.memory_numbers(job, layout)
+            evaluate.step_numbers(job, layout)
         return len(self.layouts) / (time.perf_counter() - started)
 
     def objects_round(self) -> float:
         started = time.perf_counter()
-        evaluator = Evaluator(self.spec, self.cluster, self.training, self.curve)
+        job = make_job(self.spec, self.cluster, self.training, self.curve)
         for layout in self.layouts:
-            evaluator.memory(layout)
-            evaluator.time(layout)
+            evaluate.memory_estimate(job, layout)
+            evaluate.time_estimate(job, layout)
         return len(self.layouts) / (time.perf_counter() - started)
 
     def estimate_round(self) -> float:
@@ -299,10 +302,10 @@ def _memory_sample(
     curve = default_efficiency()
     spec, cluster = model(LA_MODEL).spec, _cluster(GPU, 1)
     training = TrainingSpec(seq_len=SEQ, global_batch_size=GLOBAL_BATCH)
-    evaluator = Evaluator(spec, cluster, training, curve)
+    job = make_job(spec, cluster, training, curve)
     rows = []
     for layout, la in zip(sample, theirs, strict=True):
-        ours = evaluator.memory(layout).per_gpu
+        ours = evaluate.memory_estimate(job, layout).per_gpu
         rows.append(
             {
                 "layout": f"dp={layout.dp} tp={layout.tp} pp={layout.pp} zero={layout.zero_stage} "

@@ -33,24 +33,23 @@ from pathlib import Path
 from typing import Any
 
 from service.catalog.efficiency import default_efficiency
-from service.estimator import activations, flops
+from service.estimator import activations, evaluate, flops
 from service.estimator.hf_config import model_from_hf_config
-from service.estimator.memory import (
+from service.estimator.job import prepare
+from service.estimator.model_states import (
     deepspeed_zero2_estimate,
     deepspeed_zero3_estimate,
-    fits,
     megatron_weight_and_optimizer_bytes,
-    memory_estimate,
+    model_state_bytes,
 )
-from service.estimator.model_states import model_state_bytes
 from service.estimator.params import layer_parameters, parameter_counts
-from service.estimator.step_time import CommOverlap, time_estimate
 from service.estimator.types import (
     Attention,
     ClusterSpec,
     Framework,
     GPUSpec,
     Layout,
+    MemoryEstimate,
     MlpKind,
     ModelSpec,
     NormKind,
@@ -60,6 +59,7 @@ from service.estimator.types import (
     PositionEmbedding,
     Precision,
     Recompute,
+    TimeEstimate,
     TrainingSpec,
 )
 
@@ -462,6 +462,24 @@ def erratum_7b_pure_data_parallel(dp: int) -> MemoryCase:
     return LLAMA_2_7B, c, Layout(dp=dp, recompute=Recompute.FULL), training
 
 
+def memory_estimate(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
+) -> MemoryEstimate:
+    """The estimator's memory of one layout (``evaluate.memory_estimate`` on the prepared job)."""
+    return evaluate.memory_estimate(prepare(model, cluster, training, default_efficiency()), layout)
+
+
+def fits(model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec) -> bool:
+    return evaluate.memory_fits(memory_estimate(model, cluster, layout, training), cluster)
+
+
+def time_estimate(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
+) -> TimeEstimate:
+    """The estimator's step time of one layout."""
+    return evaluate.time_estimate(prepare(model, cluster, training, default_efficiency()), layout)
+
+
 def model_state_bytes_per_gpu(case: MemoryCase) -> int:
     b = memory_estimate(*case).per_gpu
     return b.parameters + b.gradients + b.optimizer_states
@@ -513,11 +531,17 @@ def measured_inputs(case: dict[str, Any]) -> tuple[Layout, TrainingSpec]:
     return Layout(framework=Framework.FSDP, micro_batch_size=case["batch"]), training
 
 
+def _one_gpu_activation_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> int:
+    # the single rank's activations (one micro-batch in flight), as the estimator sums them
+    job = prepare(model, gpu_cluster(H100, 1, 25e9), training, default_efficiency())
+    return activations.stage_activation_bytes(model, layout, activations.layer_activations(job, layout), 0, 1)
+
+
 def activation_estimates(case: dict[str, Any]) -> tuple[dict[str, int], float]:
     """Our saved bytes for each measured depth (keyed as ``total_bytes``) and per layer."""
     lay, training = measured_inputs(case)
     totals = {
-        layers: activations.stage_activation_bytes(hf_model(case, int(layers)), lay, training, 0, 1)
+        layers: _one_gpu_activation_bytes(hf_model(case, int(layers)), lay, training)
         for layers in case["total_bytes"]
     }
     model = hf_model(case, 2)
@@ -538,7 +562,6 @@ class ThroughputCase:
     layout: Layout
     training: TrainingSpec
     published_step_s: float
-    overlap: CommOverlap
     derivation: str  # how published_step_s follows from the source
     known_gap: str = ""  # why our step time is off by more than the tolerance (a strict xfail)
 
@@ -581,7 +604,6 @@ def narayanan(
         layout=layout,
         training=training,
         published_step_s=eq3_flops(batch, 2048, layers, h, 51200) / (tflops * 1e12 * gpus),
-        overlap=CommOverlap(),
         derivation=f"Eq. 3 FLOPs / ({tflops:g} TFLOP/s x {gpus} GPUs)",
     )
 
@@ -601,6 +623,8 @@ def megatron_h100(
         virtual_pipeline_stages=virtual,
         sequence_parallel=tp > 1,
         zero_stage=1,
+        tp_comm_overlap=True,
+        overlap_grad_reduce=True,
     )
     training = TrainingSpec(seq_len=4096, global_batch_size=batch, precision=Precision.BF16)
     return ThroughputCase(
@@ -610,7 +634,6 @@ def megatron_h100(
         layout=layout,
         training=training,
         published_step_s=eq7_flops(batch, 4096, layers, h, 131072) / (tflops * 1e12 * gpus),
-        overlap=CommOverlap(tp=True, dp=True),
         derivation=f"Eq. 7 (Megatron num_floating_point_operations) / ({tflops:g} TFLOP/s x {gpus} GPUs)",
         known_gap=known_gap,
     )
@@ -635,7 +658,6 @@ def korthikanti_22b() -> ThroughputCase:
         layout=layout,
         training=training,
         published_step_s=1.10,
-        overlap=CommOverlap(),
         derivation="iteration time published (Table 5); Eq. 7/8 reproduce its MFU/HFU",
     )
 
@@ -655,7 +677,6 @@ def bloom_prequel() -> ThroughputCase:
         layout=layout,
         training=training,
         published_step_s=777.09,
-        overlap=CommOverlap(),
         derivation="sec_per_iteration published (its 107.48 TFLOP/s come from the old BigScience formula); "
         "head_dim 450 (900-byte rows) is off the 16-byte alignment: eager attention's core runs at "
         "unaligned_core_factor, fitted on the head-count pairs below, not on this row (-31.5% without it)",
@@ -701,7 +722,6 @@ def _prequel_run(
         layout=layout,
         training=training,
         published_step_s=published_s,
-        overlap=CommOverlap(),
         derivation="Sec/it published",
     )
 
@@ -772,9 +792,9 @@ def korthikanti_layer_time_s(sp: bool, recompute: Recompute) -> float:
     communication, plus a layer's recompute (the optimizer and the logits are not in Table 4)."""
     base = korthikanti_22b()
     lay = dataclasses.replace(base.layout, sequence_parallel=sp, recompute=recompute)
-    b = time_estimate(base.model, base.cluster, lay, base.training, efficiency=default_efficiency()).breakdown
+    b = time_estimate(base.model, base.cluster, lay, base.training).breakdown
     layers = base.model.num_layers
-    layer = flops.layer_training_flops(base.model, 0, base.training)
+    layer = flops.layer_training_flops(base.model, False, base.training)
     share = layer / (layers * layer + flops.logits_training_flops(base.model, base.training))
     return (b.compute_s + b.tp_comm_s) * share + b.recompute_s / layers
 
@@ -899,9 +919,10 @@ def _megatron_rows() -> Iterator[Row]:
     )  # fmt: skip
     for row, tp, sp, recompute, per_sbh in KORTHIKANTI_TABLE2:
         lay, training = korthikanti_table2_inputs(tp, sp, recompute)
+        ours = activations.layer_bytes(GPT_22B, lay, training, False, lay.recompute)
         yield compare(
             PUBLISHED_MEMORY, f"korthikanti-table2-{row}", "activation bytes per layer (22B, s 2048, b 4)",
-            per_sbh * KORTHIKANTI_SBH, activations.layer_bytes(GPT_22B, lay, training, False), "bytes",
+            per_sbh * KORTHIKANTI_SBH, ours, "bytes",
             tolerance=1e-12, note=f"Table 2 formula: {per_sbh:.4g} sbh, tp {tp}",
         )  # fmt: skip
 
@@ -949,10 +970,7 @@ def published_memory_rows() -> Iterator[Row]:
 def published_throughput_rows() -> Iterator[Row]:
     """Published step times (within 15%) and fit verdicts on the published layouts."""
     for case in throughput_cases():
-        est = time_estimate(
-            case.model, case.cluster, case.layout, case.training, efficiency=default_efficiency(),
-            overlap=case.overlap,
-        )  # fmt: skip
+        est = time_estimate(case.model, case.cluster, case.layout, case.training)
         yield compare(
             PUBLISHED_THROUGHPUT, case.id, "step time", case.published_step_s, est.step_s, "s",
             tolerance=STEP_TIME_TOLERANCE, expect=Expect.KNOWN_GAP if case.known_gap else Expect.PASS,
@@ -976,14 +994,7 @@ def published_throughput_rows() -> Iterator[Row]:
 
 
 def head_dim_pair_step_s(case: ThroughputCase) -> float:
-    return time_estimate(
-        case.model,
-        case.cluster,
-        case.layout,
-        case.training,
-        efficiency=default_efficiency(),
-        overlap=case.overlap,
-    ).step_s
+    return time_estimate(case.model, case.cluster, case.layout, case.training).step_s
 
 
 def head_dim_pair_rows() -> Iterator[Row]:

@@ -45,6 +45,7 @@ def parse_efficiency(data: dict[str, Any]) -> EfficiencyCurve:
         zero3_prefetch_hidden_fraction=float(overlap["zero3_prefetch_hidden_fraction"]),
         memory_traffic_per_stored_byte=float(data["memory_bound"]["traffic_per_stored_byte"]),
         loss_traffic_bytes_per_logit=float(data["memory_bound"]["loss_traffic_bytes_per_logit"]),
+        selective_recompute_passes=float(data["memory_bound"]["selective_recompute_passes"]),
         attention_alignment_bytes=int(data["attention_alignment"]["alignment_bytes"]),
         unaligned_attention_core_factor=float(data["attention_alignment"]["unaligned_core_factor"]),
         cpu_adam_params_per_s_per_node=float(host["cpu_adam_params_per_s_per_node"]),

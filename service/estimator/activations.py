@@ -15,11 +15,11 @@ All quantities are bytes of one rank; ``tokens`` is the rank's s/cp x b.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from service.estimator.job import Job, LayerKind, kind_counts, layout_memo, sum_by_kind
 from service.estimator.types import (
     Attention,
     Framework,
@@ -127,9 +127,10 @@ def _norms(model: ModelSpec, layout: Layout, training: TrainingSpec) -> Split:
     return Split(model.norms_per_layer * d * t * model.hidden_size, 0.0)
 
 
-def megatron_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> float:
-    """One transformer layer, one micro-batch, no recomputation except selective's core attention."""
-    core = layout.recompute is Recompute.NONE
+def megatron_layer_bytes(
+    model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool, core: bool = True
+) -> float:
+    """One transformer layer, one micro-batch; ``core`` False: attention's core is recomputed."""
     t = local_tokens(layout, training)
     mlp = (
         _moe_mlp(model, layout, training, _megatron_mlp, t)
@@ -204,9 +205,11 @@ def _lora_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> flo
     return d * t * training.lora_rank * len(training.lora_targets)
 
 
-def hf_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> float:
-    """One decoder layer of an HF model, one micro-batch, as autograd saves it."""
-    core = layout.recompute is Recompute.NONE
+def hf_layer_bytes(
+    model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool, core: bool = True
+) -> float:
+    """One decoder layer of an HF model, one micro-batch, as autograd saves it (``core`` False:
+    attention's core is recomputed)."""
     t = local_tokens(layout, training)
     norms = Split(model.norms_per_layer * _hf_norm(model, training, t), 0.0)
     mlp = (
@@ -231,29 +234,71 @@ def hf_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, moe
 # ---------------------------------------------------------------- per stage
 
 
-def layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> float:
-    """One layer, one micro-batch, with the layout's recompute mode, for the layout's framework."""
-    if layout.recompute is Recompute.FULL:
+def layer_bytes(
+    model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool, recompute: Recompute
+) -> float:
+    """One layer, one micro-batch, under ``recompute``, for the layout's framework."""
+    if recompute is Recompute.FULL:
         # Only the layer input survives the forward (2sbh in Korthikanti; sharded under SP).
         d, t = element_bytes(training.precision), local_tokens(layout, training)
         return d * t * model.hidden_size / (layout.tp if layout.sequence_parallel else 1)
+    core = recompute is Recompute.NONE
     if layout.framework is Framework.MEGATRON:
-        return megatron_layer_bytes(model, layout, training, moe_layer)
-    return hf_layer_bytes(model, layout, training, moe_layer)
+        return megatron_layer_bytes(model, layout, training, moe_layer, core)
+    return hf_layer_bytes(model, layout, training, moe_layer, core)
 
 
-def recompute_working_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
-    """Full recompute rebuilds one layer's activations at a time during backward."""
-    if layout.recompute is not Recompute.FULL:
+_LAYER_FIELDS = ("framework", "tp", "sequence_parallel", "cp", "micro_batch_size")
+
+
+@layout_memo(*_LAYER_FIELDS)
+def kind_layer_bytes(job: Job, layout: Layout, recompute: Recompute) -> dict[LayerKind, float]:
+    """``layer_bytes`` of each layer kind of the job under ``recompute``."""
+    model, training = job.model, job.training
+    return {kind: layer_bytes(model, layout, training, kind, recompute) for kind in job.kinds}
+
+
+def mean_layer_bytes(job: Job, per_kind: dict[LayerKind, float]) -> float:
+    """Activation bytes of the average decoder layer (each kind weighted by its share of the layers)."""
+    return sum_by_kind(kind_counts(job, 0, job.model.num_layers), per_kind.__getitem__) / job.model.num_layers
+
+
+def recompute_working_bytes(job: Job, layout: Layout, recompute: Recompute) -> float:
+    """Full recompute rebuilds one layer's activations at a time during backward: the largest kind's."""
+    if recompute is not Recompute.FULL:
         return 0.0
-    no_recompute = dataclasses.replace(layout, recompute=Recompute.NONE)
-    return max(layer_bytes(model, no_recompute, training, moe) for moe in layer_kinds(model))
+    return max(kind_layer_bytes(job, layout, Recompute.NONE).values())
 
 
-def layer_kinds(model: ModelSpec) -> tuple[bool, ...]:
-    if model.moe is None:
-        return (False,)
-    return (True,) if model.moe.layer_frequency == 1 else (False, True)
+@layout_memo(*_LAYER_FIELDS, "chunked_loss")
+def stage_extra_bytes(job: Job, layout: Layout) -> tuple[float, float]:
+    """``first_stage_extra_bytes`` and ``last_stage_extra_bytes`` of the job."""
+    model, training = job.model, job.training
+    return first_stage_extra_bytes(model, layout, training), last_stage_extra_bytes(model, layout, training)
+
+
+@dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
+class LayerActivations:
+    """Activation bytes of one micro-batch that every pipeline rank's total is made of."""
+
+    mean_layer: float  # mean_layer_bytes under the layout's recompute
+    largest_layer: float  # the largest layer kind's, under the layout's recompute
+    working: float  # recompute_working_bytes
+    first_extra: float  # first_stage_extra_bytes
+    last_extra: float  # last_stage_extra_bytes
+
+
+@layout_memo(*_LAYER_FIELDS, "recompute", "chunked_loss")
+def layer_activations(job: Job, layout: Layout) -> LayerActivations:
+    per_kind = kind_layer_bytes(job, layout, layout.recompute)
+    first_extra, last_extra = stage_extra_bytes(job, layout)
+    return LayerActivations(
+        mean_layer=mean_layer_bytes(job, per_kind),
+        largest_layer=max(per_kind.values()),
+        working=recompute_working_bytes(job, layout, layout.recompute),
+        first_extra=first_extra,
+        last_extra=last_extra,
+    )
 
 
 def micro_batches_in_flight(layout: Layout, rank: int, micro_batches: int) -> float:
@@ -298,23 +343,25 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
     return norm_and_input + loss + INDEX_BYTES * t
 
 
+def micro_batches_per_step(layout: Layout, training: TrainingSpec) -> int:
+    """Gradient-accumulation steps (tolerant: rounds down instead of raising on a bad split)."""
+    if layout.gradient_accumulation_steps is not None:
+        return layout.gradient_accumulation_steps
+    return max(1, training.global_batch_size // (layout.micro_batch_size * layout.dp))
+
+
 def stage_activation_bytes(
-    model: ModelSpec, layout: Layout, training: TrainingSpec, rank: int, micro_batches: int
+    model: ModelSpec, layout: Layout, layer: LayerActivations, rank: int, in_flight: float
 ) -> int:
-    """Activations held at its peak by pipeline rank ``rank`` (0 = first stage)."""
-    layers_per_rank = model.num_layers / layout.pp
-    per_micro = layers_per_rank * layer_bytes(model, layout, training, False)
-    if model.moe is not None:
-        # Every layer_frequency-th layer is MoE; the pipeline stage holds its share of them.
-        moe_share = (model.num_layers // model.moe.layer_frequency) / model.num_layers
-        moe_delta = layer_bytes(model, layout, training, True) - layer_bytes(model, layout, training, False)
-        per_micro += layers_per_rank * moe_share * moe_delta
-    in_flight = micro_batches_in_flight(layout, rank, micro_batches)
-    total = per_micro * in_flight + recompute_working_bytes(model, layout, training)
+    """Activations held at its peak by pipeline rank ``rank`` (0 = first stage), which holds
+    ``in_flight`` micro-batches (``micro_batches_in_flight``)."""
+    # every stage holds L / pp layers of the average kind (the MoE share of the whole model)
+    per_micro = model.num_layers / layout.pp * layer.mean_layer
+    total = per_micro * in_flight + layer.working
     if rank == 0:
-        total += first_stage_extra_bytes(model, layout, training) * in_flight
+        total += layer.first_extra * in_flight
     if rank == layout.pp - 1:
-        total += last_stage_extra_bytes(model, layout, training)
+        total += layer.last_extra
     return math.ceil(total)
 
 

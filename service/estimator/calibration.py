@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.estimator.types import MemoryBreakdown, TimeBreakdown, TimeEstimate
+from service.estimator.types import TimeBreakdown, TimeEstimate
 
 # Bounds of the learned factors: outside them a run says more about a broken setup than about
 # the estimator, and the plan should not follow it blindly.
@@ -96,13 +96,9 @@ def learn_calibration(observations: Sequence[Observation]) -> Calibration:
     )
 
 
-def calibrated_memory(per_gpu: MemoryBreakdown, factor: float) -> MemoryBreakdown:
-    return dataclasses.replace(
-        per_gpu,
-        activations=math.ceil(per_gpu.activations * factor),
-        buffers=math.ceil(per_gpu.buffers * factor),
-        overhead=math.ceil(per_gpu.overhead * factor),
-    )
+def calibrated_bytes(estimated_bytes: int, factor: float) -> int:
+    """A dynamic memory component (activations, buffers, overhead) scaled by the learned factor."""
+    return math.ceil(estimated_bytes * factor)
 
 
 def calibrated_time(time: TimeEstimate, factor: float) -> TimeEstimate:

@@ -49,6 +49,7 @@ class EfficiencyCurve:
     zero3_prefetch_hidden_fraction: float  # ZeRO-3/FSDP gathers prefetched under compute
     memory_traffic_per_stored_byte: float  # HBM bytes moved forward per activation byte stored
     loss_traffic_bytes_per_logit: float  # HBM bytes the cross-entropy moves per logit, fwd + bwd
+    selective_recompute_passes: float  # memory-bound passes of selective recompute over the bytes it stores
     attention_alignment_bytes: int  # a head's row must be a multiple of this for the fast BMM kernels
     unaligned_attention_core_factor: float  # eager QK^T / AV rate off that alignment, x the GEMM rate
     cpu_adam_params_per_s_per_node: float  # DeepSpeed CPU-Adam, whole host
@@ -63,7 +64,11 @@ class EfficiencyCurve:
         for value in fractions:
             if not 0.0 < value <= 1.0:
                 raise InvalidHardware(f"efficiency fractions must be in (0, 1], got {value}", rule="fraction")
-        for name in ("memory_traffic_per_stored_byte", "loss_traffic_bytes_per_logit"):
+        for name in (
+            "memory_traffic_per_stored_byte",
+            "loss_traffic_bytes_per_logit",
+            "selective_recompute_passes",
+        ):
             if getattr(self, name) < 0.0:
                 raise InvalidHardware(f"{name} must be >= 0, got {getattr(self, name)}", rule="non_negative")
         if self.attention_alignment_bytes < 1:
@@ -105,4 +110,7 @@ def matmul_efficiency(curve: EfficiencyCurve, gpu_name: str, width: float, token
 
 def dp_overlap_default(curve: EfficiencyCurve, framework: Framework) -> bool:
     """Whether the framework reduces gradients during backward by default."""
-    return dict(curve.dp_overlap_by_framework).get(framework, False)
+    for known, overlapped in curve.dp_overlap_by_framework:
+        if known is framework:
+            return overlapped
+    return False

@@ -3,21 +3,13 @@ all under the calibration learned from observed runs when there is one."""
 
 from __future__ import annotations
 
+from service.estimator import evaluate
 from service.estimator.calibration import Calibration, calibrated_time, calibration_note
 from service.estimator.efficiency import EfficiencyCurve
+from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
-from service.estimator.memory import (
-    calibrated_memory_estimate,
-    max_micro_batch_size,
-    max_seq_len,
-    memory_fits,
-)
-from service.estimator.params import parameter_counts
 from service.estimator.step_time import (
-    CommOverlap,
     activation_bytes,
-    step_context,
-    time_estimate,
     time_to_train_s,
     unaligned_core_slowdown,
     unaligned_core_step_s,
@@ -72,21 +64,13 @@ def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -
     return tuple(out)
 
 
-def attention_warnings(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    curve: EfficiencyCurve,
-    step_time_factor: float,
-) -> tuple[str, ...]:
+def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tuple[str, ...]:
     """The head_dim's cost under eager attention, and flash kernels asked for a head_dim they lack."""
     out = []
+    model, training, curve = job.model, job.training, job.curve
     head_dim = model.head_dim
     if unaligned_core_slowdown(model, training, curve) > 0.0:
-        overlap = CommOverlap(tp=layout.tp_comm_overlap, dp=layout.overlap_grad_reduce)
-        st = step_context(model, cluster, layout, training, parameter_counts(model), curve, overlap)
-        added_s = unaligned_core_step_s(st) * step_time_factor
+        added_s = unaligned_core_step_s(job, layout) * step_time_factor
         out.append(
             f"head_dim {head_dim} ({head_dim * activation_bytes(training.precision)}-byte rows) is not a "
             f"multiple of {curve.attention_alignment_bytes} bytes: eager "
@@ -116,24 +100,31 @@ def estimate(
     With a calibration, memory, fit, warnings and limits all use the calibrated dynamic memory,
     and the step time its factor, so the numbers never contradict each other."""
     validate_layout(model, cluster, layout, training)
+    job = prepare(model, cluster, training, efficiency)
+    return estimate_valid(job, layout, with_limits=with_limits, calibration=calibration)
+
+
+def estimate_valid(
+    job: Job, layout: Layout, *, with_limits: bool = True, calibration: Calibration = NO_CALIBRATION
+) -> Estimate:
+    """``estimate`` of a layout already validated against the job."""
     factor = calibration.memory_dynamic_factor
-    memory = calibrated_memory_estimate(model, cluster, layout, training, factor)
-    time = time_estimate(model, cluster, layout, training, parameter_counts(model), efficiency)
+    memory = evaluate.memory_estimate(job, layout, factor)
+    time = evaluate.time_estimate(job, layout)
     if calibration.step_time_factor != 1.0:
         time = calibrated_time(time, calibration.step_time_factor)
-    notes = memory_assumptions(model, cluster, layout, training)
+    notes = memory_assumptions(job, layout)
+    training = job.training
     return Estimate(
-        fits=memory_fits(memory, cluster),
+        fits=evaluate.memory_fits(memory, job.cluster),
         memory=memory,
         time=time,
-        max_micro_batch_size=max_micro_batch_size(model, cluster, layout, training, factor)
-        if with_limits
-        else None,
-        max_seq_len=max_seq_len(model, cluster, layout, training, factor) if with_limits else None,
+        max_micro_batch_size=evaluate.max_micro_batch_size(job, layout, factor) if with_limits else None,
+        max_seq_len=evaluate.max_seq_len(job, layout, factor) if with_limits else None,
         time_to_train_s=time_to_train_s(training.tokens, time.tokens_per_s) if training.tokens else None,
         warnings=(
-            *warnings_for(memory, cluster, layout),
-            *attention_warnings(model, cluster, layout, training, efficiency, calibration.step_time_factor),
+            *warnings_for(memory, job.cluster, layout),
+            *attention_warnings(job, layout, calibration.step_time_factor),
         ),
         assumptions=notes if calibration.is_identity else (*notes, calibration_note(calibration)),
     )

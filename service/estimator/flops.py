@@ -60,9 +60,9 @@ def moe_flops(model: ModelSpec, moe: MoESpec) -> int:
     return routed + shared + router + gate
 
 
-def layer_matmul_flops(model: ModelSpec, index: int) -> int:
-    """Weight matmuls of decoder layer ``index`` (0-based), forward, per token."""
-    if model.moe is not None and is_moe_layer(model, index):
+def layer_matmul_flops(model: ModelSpec, moe_layer: bool) -> int:
+    """Weight matmuls of one decoder layer (an MoE one when ``moe_layer``), forward, per token."""
+    if model.moe is not None and moe_layer:
         ffn = moe_flops(model, model.moe)
     else:
         ffn = mlp_flops(model, model.ffn_hidden_size)
@@ -97,12 +97,12 @@ def _lora_flops_for(model: ModelSpec, targets: tuple[str, ...], rank: int, ffn: 
     return total
 
 
-def lora_adapter_flops(model: ModelSpec, index: int, training: TrainingSpec) -> int:
-    """LoRA adapters of layer ``index``, forward, per token (0 for full fine-tuning)."""
+def lora_adapter_flops(model: ModelSpec, moe_layer: bool, training: TrainingSpec) -> int:
+    """LoRA adapters of one layer, forward, per token (0 for full fine-tuning)."""
     if training.method is Method.FULL:
         return 0
     targets, rank = training.lora_targets, training.lora_rank
-    if model.moe is None or not is_moe_layer(model, index):
+    if model.moe is None or not moe_layer:
         return _lora_flops_for(model, targets, rank, model.ffn_hidden_size, 1)
     moe = model.moe
     # attention adapters once, MLP adapters on each of the top_k routed experts a token visits ...
@@ -122,13 +122,13 @@ def frozen_passes(training: TrainingSpec) -> int:
     return 3 if training.method is Method.FULL else 2
 
 
-def layer_training_flops(model: ModelSpec, index: int, training: TrainingSpec) -> int:
-    """Forward + backward of layer ``index`` per token, no recompute."""
+def layer_training_flops(model: ModelSpec, moe_layer: bool, training: TrainingSpec) -> int:
+    """Forward + backward of one layer per token, no recompute."""
     # weight matmuls x (3 or 2) + attention core x 3 (no weights: both backward halves needed)
     # + adapters x 3
-    weights = frozen_passes(training) * layer_matmul_flops(model, index)
+    weights = frozen_passes(training) * layer_matmul_flops(model, moe_layer)
     core = 3 * attention_core_flops(model, training.seq_len)
-    adapters = 3 * lora_adapter_flops(model, index, training)
+    adapters = 3 * lora_adapter_flops(model, moe_layer, training)
     return weights + core + adapters
 
 
@@ -137,13 +137,15 @@ def logits_training_flops(model: ModelSpec, training: TrainingSpec) -> int:
     return frozen_passes(training) * logits_flops(model)
 
 
-def layer_recompute_flops(model: ModelSpec, index: int, training: TrainingSpec, recompute: Recompute) -> int:
-    """Extra forward FLOPs per token of layer ``index`` that recomputation adds."""
+def layer_recompute_flops(
+    model: ModelSpec, moe_layer: bool, training: TrainingSpec, recompute: Recompute
+) -> int:
+    """Extra forward FLOPs per token of one layer that recomputation adds."""
     # full: the whole layer forward again (Narayanan Eq. 3's 4th pass);
     # selective: attention's QK^T and AV only (Korthikanti §5: "core attention")
     core = attention_core_flops(model, training.seq_len)
     if recompute is Recompute.FULL:
-        return layer_matmul_flops(model, index) + core + lora_adapter_flops(model, index, training)
+        return layer_matmul_flops(model, moe_layer) + core + lora_adapter_flops(model, moe_layer, training)
     if recompute is Recompute.SELECTIVE:
         return core
     return 0
@@ -155,13 +157,18 @@ def layer_recompute_flops(model: ModelSpec, index: int, training: TrainingSpec, 
 @lru_cache(maxsize=1024)  # O(layers); a search asks again for every layout of one job
 def model_flops_per_token(model: ModelSpec, training: TrainingSpec) -> int:
     """Training FLOPs per token without recomputation (PaLM / Korthikanti model FLOPs)."""
-    layers = sum(layer_training_flops(model, i, training) for i in range(model.num_layers))
+    layers = sum(
+        layer_training_flops(model, is_moe_layer(model, i), training) for i in range(model.num_layers)
+    )
     return layers + logits_training_flops(model, training)
 
 
 @lru_cache(maxsize=1024)
 def recompute_flops_per_token(model: ModelSpec, training: TrainingSpec, recompute: Recompute) -> int:
-    return sum(layer_recompute_flops(model, i, training, recompute) for i in range(model.num_layers))
+    return sum(
+        layer_recompute_flops(model, is_moe_layer(model, i), training, recompute)
+        for i in range(model.num_layers)
+    )
 
 
 def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> int:

@@ -1,47 +1,39 @@
-"""Per-GPU memory of the most-loaded rank, by component, for any layout.
+"""Per-GPU memory of one pipeline rank, by component, for any layout.
 
-``memory_estimate`` adds up, for the first and the last pipeline stage, the model states
-(``service.estimator.model_states``: ZeRO / FSDP / Megatron distributed optimizer, offload), the
-activations (``service.estimator.activations``: Megatron's Korthikanti formulas or what Hugging Face
-models save), the communication buffers and gathered parameters, and the CUDA/NCCL overhead, and
-reports the larger stage (Megatron's theoretical memory models the first stage; the last one holds
-the logits). ``max_micro_batch_size`` and ``max_seq_len`` search the monotone fit for the largest
-value. Every constant lives in ``MemoryAssumptions``.
+For the first and the last pipeline stage (``pipeline_ranks``): the model states
+(``service.estimator.model_states``: ZeRO / FSDP / Megatron distributed optimizer, offload) with the
+buffers they size (gradient buckets, gathered ZeRO-3 / FSDP parameters), memoised by the sharding
+(``stage_states``); the activations (``service.estimator.activations``: Megatron's Korthikanti
+formulas or what Hugging Face models save) with the buffers they size (pipeline receive buffers,
+QLoRA dequantisation, the loss workspace) and the CUDA/NCCL overhead, memoised without the sharding
+(``stage_activations``). ``service.estimator.evaluate`` adds them up and reports the larger stage.
+Every constant lives in ``MemoryAssumptions``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 
 from service.estimator import activations
-from service.estimator.calibration import calibrated_memory
-from service.estimator.errors import InvalidLayout
+from service.estimator.job import Job, job_memo, layout_memo
 from service.estimator.model_states import (
-    DEFAULT_ASSUMPTIONS,
     MemoryAssumptions,
     MiB,
+    ModelStates,
     RankParameters,
     StateBytes,
     deepspeed_assumption,
     deepspeed_buckets,
-    deepspeed_zero2_estimate,
-    deepspeed_zero3_estimate,
     lora_parameters,
-    megatron_weight_and_optimizer_bytes,
     rank_model_states,
     rank_parameters,
     shard_degrees,
     state_bytes,
 )
-from service.estimator.params import moe_layer_count, parameter_counts
 from service.estimator.types import (
-    ClusterSpec,
     Framework,
     Layout,
-    MemoryBreakdown,
-    MemoryEstimate,
     Method,
     ModelSpec,
     Offload,
@@ -50,21 +42,6 @@ from service.estimator.types import (
     Precision,
     TrainingSpec,
 )
-from service.estimator.validate import validate_layout
-
-__all__ = [
-    "DEFAULT_ASSUMPTIONS",
-    "MemoryAssumptions",
-    "assumptions",
-    "deepspeed_zero2_estimate",
-    "deepspeed_zero3_estimate",
-    "fits",
-    "max_micro_batch_size",
-    "max_seq_len",
-    "megatron_weight_and_optimizer_bytes",
-    "memory_estimate",
-]
-
 
 # ---------------------------------------------------------------- buffers and overhead
 
@@ -141,217 +118,185 @@ def dequantize_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -
 
 def communicator_count(layout: Layout) -> int:
     """Process groups with more than one rank: data (x context), context, tensor, pipeline, expert."""
-    sizes = (layout.dp * layout.cp, layout.cp, layout.tp, layout.pp, layout.ep)
-    return sum(1 for size in sizes if size > 1)
+    groups = (layout.dp * layout.cp > 1) + (layout.cp > 1) + (layout.tp > 1) + (layout.pp > 1)
+    return groups + (layout.ep > 1)
 
 
-def overhead_bytes(layout: Layout, dynamic_bytes: float, assume: MemoryAssumptions) -> float:
-    """CUDA context + NCCL buffers + a fragmentation reserve on activations and buffers."""
-    nccl = assume.nccl_bytes_per_group * communicator_count(layout)
-    return assume.cuda_context_bytes + nccl + assume.fragmentation_fraction * dynamic_bytes
+def fixed_overhead_bytes(layout: Layout, assume: MemoryAssumptions) -> float:
+    """CUDA context + NCCL buffers of every process group with more than one rank."""
+    return assume.cuda_context_bytes + assume.nccl_bytes_per_group * communicator_count(layout)
 
 
-# ---------------------------------------------------------------- entry points
+def fragmentation_bytes(dynamic_bytes: float, fragmentation_fraction: float) -> float:
+    """The caching allocator's fragmentation reserve on activations and buffers."""
+    return fragmentation_fraction * dynamic_bytes
 
 
-def micro_batches_per_step(layout: Layout, training: TrainingSpec) -> int:
-    """Gradient-accumulation steps (tolerant: rounds down instead of raising on a bad split)."""
-    if layout.gradient_accumulation_steps is not None:
-        return layout.gradient_accumulation_steps
-    return max(1, training.global_batch_size // (layout.micro_batch_size * layout.dp))
+# ---------------------------------------------------------------- one pipeline rank, memoised per job
 
 
-def activation_split(
-    model: ModelSpec, layout: Layout, training: TrainingSpec, rank: int
-) -> tuple[float, float]:
-    # (on GPU, offloaded to host). Activation offload keeps the layer computing and the next one.
-    total = activations.stage_activation_bytes(
-        model, layout, training, rank, micro_batches_per_step(layout, training)
-    )
-    if not layout.activation_offload:
-        return float(total), 0.0
-    # Weighted like stage_activation_bytes: MoE layers (every layer_frequency-th) and dense ones.
-    dense = activations.layer_bytes(model, layout, training, False)
-    moe = activations.layer_bytes(model, layout, training, True) if model.moe is not None else dense
-    mean = dense + moe_layer_count(model) / model.num_layers * (moe - dense)
-    in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches_per_step(layout, training))
-    layers = model.num_layers / layout.pp * in_flight * mean
-    kept = min(layers, 2 * max(dense, moe))  # the layer computing and the next, the larger kind
-    return total - layers + kept, layers - kept
+def pipeline_ranks(layout: Layout) -> tuple[int, ...]:
+    """The pipeline ranks whose memory is evaluated: the first, and the last when pp > 1 (Megatron's
+    theoretical memory models the first stage; the last one holds the logits)."""
+    return (0,) if layout.pp == 1 else (0, layout.pp - 1)
 
 
-def rank_memory(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    rank: int,
-    assume: MemoryAssumptions,
-) -> tuple[MemoryBreakdown, float, float]:
-    """Breakdown of pipeline rank ``rank``, with its host and NVMe bytes."""
-    counts = parameter_counts(model)
-    rp = rank_parameters(model, counts, layout, rank)
-    sb = state_bytes(training, layout.framework, model, assume)
-    degrees = shard_degrees(layout, cluster)
-    states = rank_model_states(model, layout, training, rp, sb, degrees, assume)  # = model_state_bytes
-    trainable = (
-        rp.dense + rp.expert if training.method is Method.FULL else lora_parameters(model, training, layout)
-    )
-    act_gpu, act_host = activation_split(model, layout, training, rank)
-    shards = (degrees[0], trainable)
+@dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
+class RankStates:
+    """One pipeline rank's model states (rounded up to bytes, as reported) and the buffers they size."""
+
+    states: ModelStates
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    buffers: float  # gradient buckets + gathered ZeRO-3 / FSDP parameters
+    host_bytes: float
+    nvme_bytes: float
+
+
+@layout_memo("pp", "tp", "ep")
+def rank_parameters_of(job: Job, layout: Layout, rank: int) -> RankParameters:
+    """``rank_parameters`` of the job's model."""
+    return rank_parameters(job.model, job.counts, layout, rank)
+
+
+@job_memo
+def state_bytes_of(job: Job, framework: Framework) -> StateBytes:
+    """``state_bytes`` of the job's training under ``framework``."""
+    return state_bytes(job.training, framework, job.model, job.assume)
+
+
+def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
+    """Model states of pipeline rank ``rank`` after sharding and offload, with their buffers."""
+    model, training, assume = job.model, job.training, job.assume
+    rp = rank_parameters_of(job, layout, rank)
+    sb = state_bytes_of(job, layout.framework)
+    degrees = shard_degrees(layout, job.cluster)
+    states = rank_model_states(model, layout, training, rp, sb, degrees, assume)
+    full = training.method is Method.FULL
+    trainable = rp.dense + rp.expert if full else lora_parameters(model, training, layout)
     buffers = bucket_bytes(model, trainable, sb, layout, assume)
-    buffers += gathered_parameter_bytes(model, counts, rp, layout, sb, shards, assume)
-    buffers += pipeline_buffer_bytes(model, layout, training) + dequantize_bytes(model, layout, training)
-    if rank == layout.pp - 1:
-        buffers += activations.loss_workspace_bytes(model, layout, training)
-    breakdown = MemoryBreakdown(
+    buffers += gathered_parameter_bytes(model, job.counts, rp, layout, sb, (degrees[0], trainable), assume)
+    return RankStates(
+        states=states,
         parameters=math.ceil(states.parameters),
         gradients=math.ceil(states.gradients),
         optimizer_states=math.ceil(states.optimizer_states),
-        activations=math.ceil(act_gpu),
-        buffers=math.ceil(buffers),
-        overhead=math.ceil(overhead_bytes(layout, act_gpu + buffers, assume)),
-    )
-    return breakdown, states.host_bytes + act_host, states.nvme_bytes
-
-
-def memory_estimate(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    assume: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
-) -> MemoryEstimate:
-    """Per-GPU memory of the most-loaded rank (first or last pipeline stage) and host/NVMe per node."""
-    ranks = sorted({0, layout.pp - 1})
-    results = [rank_memory(model, cluster, layout, training, r, assume) for r in ranks]
-    breakdown = max((r[0] for r in results), key=lambda b: b.total)
-    return MemoryEstimate(
-        per_gpu=breakdown,
-        capacity_bytes=cluster.gpu.memory_bytes,
-        cpu_per_node_bytes=math.ceil(max(r[1] for r in results) * cluster.gpus_per_node),
-        nvme_per_node_bytes=math.ceil(max(r[2] for r in results) * cluster.gpus_per_node),
+        buffers=buffers,
+        host_bytes=states.host_bytes,
+        nvme_bytes=states.nvme_bytes,
     )
 
 
-def host_fits(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
-    """Host RAM and NVMe within the node's, where the cluster states them (0 = not stated)."""
-    cpu_ok = (
-        not cluster.cpu_memory_bytes_per_node
-        or memory.cpu_per_node_bytes <= cluster.cpu_memory_bytes_per_node
-    )
-    nvme_ok = not cluster.nvme_bytes_per_node or memory.nvme_per_node_bytes <= cluster.nvme_bytes_per_node
-    return cpu_ok and nvme_ok
+# The layout fields model states and their buffers read: the sharding (not micro-batch, recompute,
+# interleaving or SP).
+STATE_FIELDS = (
+    "framework",
+    "dp",
+    "cp",
+    "tp",
+    "pp",
+    "ep",
+    "zero_stage",
+    "offload_optimizer",
+    "offload_params",
+    "fsdp_hybrid_shard",
+    "overlap_grad_reduce",  # DeepSpeed overlap_comm doubles the ZeRO-1/2 reduce buckets
+)
 
 
-def memory_fits(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
-    """The one fit predicate: the GPU total within capacity and the host side within the node's."""
-    return memory.headroom_bytes >= 0 and host_fits(memory, cluster)
+@layout_memo(*STATE_FIELDS)
+def stage_states(job: Job, layout: Layout) -> tuple[RankStates, ...]:
+    """``rank_states`` of each of ``pipeline_ranks``."""
+    return tuple(rank_states(job, layout, rank) for rank in pipeline_ranks(layout))
 
 
-def calibrated_memory_estimate(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    dynamic_factor: float = 1.0,
-) -> MemoryEstimate:
-    """memory_estimate with the dynamic part (activations, buffers, overhead) scaled by runs."""
-    memory = memory_estimate(model, cluster, layout, training)
-    if dynamic_factor == 1.0:
-        return memory
-    return dataclasses.replace(memory, per_gpu=calibrated_memory(memory.per_gpu, dynamic_factor))
+@dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
+class RankActivations:
+    """One pipeline rank's activations and the buffers and overhead they size."""
+
+    on_gpu: float
+    on_gpu_bytes: int  # rounded up, as reported
+    on_host: float  # activation offload
+    buffers: float  # pipeline receive buffers, QLoRA dequantisation, the loss workspace (last rank)
+    fixed_overhead: float  # fixed_overhead_bytes
 
 
-def fits(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    dynamic_factor: float = 1.0,
-) -> bool:
-    return memory_fits(calibrated_memory_estimate(model, cluster, layout, training, dynamic_factor), cluster)
+def activation_split(
+    model: ModelSpec, layout: Layout, layer: activations.LayerActivations, total: int, in_flight: float
+) -> tuple[float, float]:
+    """A rank's ``total`` activation bytes split (on GPU, offloaded to host). Activation offload keeps
+    the layer computing and the next one on the GPU."""
+    if not layout.activation_offload:
+        return float(total), 0.0
+    layers = model.num_layers / layout.pp * in_flight * layer.mean_layer
+    kept = min(layers, 2 * layer.largest_layer)  # the layer computing and the next, the larger kind
+    return total - layers + kept, layers - kept
 
 
-def largest_satisfying(low: int, high: int, step: int, ok: Callable[[int], bool]) -> int:
-    """Largest multiple of ``step`` in [low, high] for which the monotone predicate ``ok`` holds, else 0."""
-    if high < low or not ok(low):
-        return 0
-    lo, hi = low // step, high // step  # ok(lo * step) holds
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if ok(mid * step) else (lo, mid - 1)
-    return lo * step
+@layout_memo("framework", "pp", "tp", "sequence_parallel", "cp", "micro_batch_size", "chunked_loss")
+def activation_buffer_bytes(job: Job, layout: Layout) -> tuple[float, float]:
+    """The activation-sized buffers of (every rank, the last rank): pipeline receive buffers and
+    QLoRA dequantisation, and those + the loss workspace."""
+    model, training = job.model, job.training
+    buffers = pipeline_buffer_bytes(model, layout, training) + dequantize_bytes(model, layout, training)
+    return buffers, buffers + activations.loss_workspace_bytes(model, layout, training)
 
 
-def valid_micro_batch_sizes(
-    model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
-) -> list[int]:
-    """Micro-batch sizes this layout accepts as it stands (they divide the per-replica batch and
-    pass every layout rule), ascending."""
-    per_replica = (
-        training.global_batch_size // layout.dp if training.global_batch_size % layout.dp == 0 else 0
-    )
+# The layout fields activations and their buffers read (not the sharding); they hold every field
+# communicator_count reads (dp, cp, tp, pp, ep).
+ACTIVATION_FIELDS = (
+    "framework",
+    "dp",
+    "cp",
+    "tp",
+    "pp",
+    "ep",
+    "sequence_parallel",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "virtual_pipeline_stages",
+    "recompute",
+    "activation_offload",
+    "chunked_loss",
+)
+
+
+@layout_memo(*ACTIVATION_FIELDS)
+def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
+    """Activations, their buffers and the fixed overhead of each of ``pipeline_ranks``."""
+    layer = activations.layer_activations(job, layout)
+    every_rank, last_rank = activation_buffer_bytes(job, layout)
+    fixed = fixed_overhead_bytes(layout, job.assume)
+    micro_batches = activations.micro_batches_per_step(layout, job.training)
     out = []
-    for b in range(1, per_replica + 1):
-        if per_replica % b:
-            continue
-        candidate = dataclasses.replace(layout, micro_batch_size=b, gradient_accumulation_steps=None)
-        try:
-            validate_layout(model, cluster, candidate, training)
-        except InvalidLayout:
-            continue
-        out.append(b)
-    return out
+    for rank in pipeline_ranks(layout):
+        in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches)
+        total = activations.stage_activation_bytes(job.model, layout, layer, rank, in_flight)
+        on_gpu, on_host = activation_split(job.model, layout, layer, total, in_flight)
+        out.append(
+            RankActivations(
+                on_gpu=on_gpu,
+                on_gpu_bytes=math.ceil(on_gpu),
+                on_host=on_host,
+                buffers=last_rank if rank == layout.pp - 1 else every_rank,
+                fixed_overhead=fixed,
+            )
+        )
+    return tuple(out)
 
 
-def max_micro_batch_size(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    dynamic_factor: float = 1.0,
-) -> int:
-    """Largest valid micro-batch that fits this layout; 0 if none does. Memory grows with the
-    micro-batch, so a binary search over the valid sizes (ascending) finds it."""
-    sizes = valid_micro_batch_sizes(model, cluster, layout, training)
-
-    def ok(i: int) -> bool:
-        candidate = dataclasses.replace(layout, micro_batch_size=sizes[i], gradient_accumulation_steps=None)
-        return fits(model, cluster, candidate, training, dynamic_factor)
-
-    if not sizes or not ok(0):
-        return 0
-    return sizes[largest_satisfying(0, len(sizes) - 1, 1, ok)]
+def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
+    """Model states per GPU with every state sharded over ``gpus`` GPUs and nothing offloaded: no
+    layout of ``framework`` on that many GPUs needs less (ZeRO-3 / FULL_SHARD's bound)."""
+    sb = state_bytes_of(job, framework)
+    per_parameter = sb.weights + sb.gradients + sb.master + sb.moments
+    return int(per_parameter * job.counts.total / gpus)
 
 
-MAX_SEQ_LEN_SEARCHED = 2**22  # 4M tokens: beyond any context length in the catalog
-
-
-def max_seq_len(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    dynamic_factor: float = 1.0,
-) -> int:
-    """Largest sequence length (a multiple of 2cp, and of tp under SP) that fits; 0 if none does."""
-    step = math.lcm(2 * layout.cp if layout.cp > 1 else 1, layout.tp if layout.sequence_parallel else 1)
-
-    def ok(s: int) -> bool:
-        return fits(model, cluster, layout, dataclasses.replace(training, seq_len=s), dynamic_factor)
-
-    return largest_satisfying(step, MAX_SEQ_LEN_SEARCHED, step, ok)
-
-
-def assumptions(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    assume: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
-) -> tuple[str, ...]:
+def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     """What the memory estimate assumed for this input, in words and numbers."""
+    model, training, assume = job.model, job.training, job.assume
     sb = state_bytes(training, layout.framework, model, assume)
     notes = [
         f"model states per trainable parameter: weights {sb.weights:g} B, gradients {sb.gradients:g} B, "

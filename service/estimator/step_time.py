@@ -5,7 +5,12 @@ We model the slowest rank: the most loaded pipeline stage (the last one holds th
 Megatron keeps the embedding on the first), one micro-batch at a time, ``m`` micro-batches per
 step. Ranks are ordered tp, cp, (ep inside) dp, pp from innermost to outermost (``comm``).
 
-What overlaps with what, and by how much (defaults; ``CommOverlap`` overrides them):
+Every part is a function of a prepared ``Job`` and the ``Layout``; the parts a search shares between
+layouts are memoised on the job by the layout fields they read (``job.layout_memo``), and
+``evaluate`` is where they are summed.
+
+What overlaps with what, and by how much (the layout's ``tp_comm_overlap`` and
+``overlap_grad_reduce`` choose; ``None`` takes the framework's default):
 * TP all-reduces (or SP reduce-scatter + all-gather) are fully exposed: Megatron-LM runs them on
   the compute stream unless ``--tp-comm-overlap`` (then ``tp_overlap_hidden_fraction`` hides).
 * DP gradient reduction (all-reduce for ZeRO-0; reduce-scatter + 16-bit parameter all-gather for
@@ -30,12 +35,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 from service.estimator import comm, flops
 from service.estimator.efficiency import EfficiencyCurve, dp_overlap_default, matmul_efficiency
 from service.estimator.errors import InvalidTraining
-from service.estimator.params import is_moe_layer, parameter_counts, stage_parameter_counts
+from service.estimator.job import Job, LayerKind, job_memo, kind_counts, layout_memo, sum_by_kind
+from service.estimator.params import stage_parameter_counts
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -45,22 +50,10 @@ from service.estimator.types import (
     ModelSpec,
     Offload,
     Optimizer,
-    ParameterCounts,
     Precision,
     Recompute,
-    TimeBreakdown,
-    TimeEstimate,
     TrainingSpec,
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CommOverlap:
-    """Which communication the framework overlaps; None takes the framework default."""
-
-    tp: bool = False  # Megatron --tp-comm-overlap
-    dp: bool | None = None  # --overlap-grad-reduce / --overlap-param-gather, DDP buckets
-
 
 # ---------------------------------------------------------------- per-GPU rates and sizes
 
@@ -99,11 +92,16 @@ def grad_bytes(precision: Precision, framework: Framework) -> int:
     return 2
 
 
-def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> range:
-    return layers_of_stage(model.num_layers, layout.pp, stage)
+def micro_batch_tokens_per_rank(layout: Layout, training: TrainingSpec) -> int:
+    """Tokens of one micro-batch that one CP rank holds."""
+    return layout.micro_batch_size * training.seq_len // layout.cp
+
+
+# ---------------------------------------------------------------- the pipeline split
 
 
 def layers_of_stage(num_layers: int, pp: int, stage: int) -> range:
+    """The decoder layers pipeline stage ``stage`` holds, of ``num_layers`` split over ``pp``."""
     # contiguous split of ceil(L / pp) layers per stage; with a remainder the last stages would get
     # fewer, but validation requires pp | L, so the split is even (interleaving keeps the per-rank count)
     per_stage = math.ceil(num_layers / pp)
@@ -111,44 +109,61 @@ def layers_of_stage(num_layers: int, pp: int, stage: int) -> range:
     return range(start, min(start + per_stage, num_layers))
 
 
-def stage_flops_per_token(model: ModelSpec, layout: Layout, training: TrainingSpec, stage: int) -> int:
-    """Forward + backward FLOPs per token of one pipeline stage (the last adds the output layer)."""
-    return _stage_flops_per_token(model, training, layout.pp, stage)
+@job_memo
+def stage_kind_counts(job: Job, pp: int) -> tuple[tuple[tuple[LayerKind, int], ...], ...]:
+    """Layers of each kind on each of ``pp`` stages."""
+    stages = (layers_of_stage(job.model.num_layers, pp, s) for s in range(pp))
+    return tuple(kind_counts(job, r.start, r.stop) for r in stages)
 
 
-@lru_cache(maxsize=4096)  # depends on the stage split only, not on the rest of the layout
-def _stage_flops_per_token(model: ModelSpec, training: TrainingSpec, pp: int, stage: int) -> int:
-    total = sum(
-        flops.layer_training_flops(model, i, training) for i in layers_of_stage(model.num_layers, pp, stage)
+@job_memo
+def stage_flops_per_token(job: Job, pp: int) -> tuple[int, ...]:
+    """Forward + backward FLOPs per token of each of ``pp`` stages (the last adds the output layer)."""
+    model, training = job.model, job.training
+    per_kind = {kind: flops.layer_training_flops(model, kind, training) for kind in job.kinds}
+    logits = flops.logits_training_flops(model, training)
+    return tuple(
+        sum(count * per_kind[kind] for kind, count in counts) + (logits if stage == pp - 1 else 0)
+        for stage, counts in enumerate(stage_kind_counts(job, pp))
     )
-    return total + (flops.logits_training_flops(model, training) if stage == pp - 1 else 0)
 
 
-def slowest_stage(model: ModelSpec, layout: Layout, training: TrainingSpec) -> int:
-    work = [stage_flops_per_token(model, layout, training, s) for s in range(layout.pp)]
+@job_memo
+def slowest_stage(job: Job, pp: int) -> int:
+    """The stage with the most FLOPs per token (the first of equals)."""
+    work = stage_flops_per_token(job, pp)
     return work.index(max(work))
 
 
-def _ffn_width(model: ModelSpec, index: int) -> int:
+def _ffn_width(model: ModelSpec, moe_layer: bool) -> int:
     # ffn-wide activations per token: top_k routed experts + shared experts in an MoE layer
     moe = model.moe
-    if moe is None or not is_moe_layer(model, index):
+    if moe is None or not moe_layer:
         return model.ffn_hidden_size
     return moe.top_k * moe.expert_ffn_hidden_size + moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
 
 
-def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, index: int) -> float:
-    """Activation bytes per token one GPU stores in layer ``index`` (Korthikanti Table 2, generalised)."""
+def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> float:
+    """Activation bytes per token one GPU stores in a layer (Korthikanti Table 2, generalised)."""
     # replicated unless SP: 2 norm inputs 4h, QKV and MLP inputs 4h, 2 dropout masks 2h -> 10h
     # sharded: Q, K, V 2(q + 2kv), attention output 2q, MLP 2 bytes x (2 GELU | 3 gated) ffn-wide tensors
     # eager attention: softmax out 2 + dropout mask 1 + dropout out 2 -> 5 a s (Korthikanti's 5as/h)
     h, q, kv, t = model.hidden_size, model.q_size, model.kv_size, layout.tp
     replicated = 10 * h / (t if layout.sequence_parallel else 1)
     mlp_tensors = 3 if model.mlp.gated else 2
-    sharded = 2 * (q + 2 * kv) + 2 * q + 2 * mlp_tensors * _ffn_width(model, index)
+    sharded = 2 * (q + 2 * kv) + 2 * q + 2 * mlp_tensors * _ffn_width(model, moe_layer)
     scores = 5 * model.num_attention_heads * training.seq_len if training.attention is Attention.EAGER else 0
     scale = activation_bytes(training.precision) / 2  # the table assumes 16-bit activations
     return scale * (replicated + (sharded + scores) / t)
+
+
+@layout_memo("tp", "sequence_parallel", "pp")
+def stage_stored_bytes(job: Job, layout: Layout) -> tuple[float, ...]:
+    """Activation bytes per token the layers of each stage store on one GPU: what their
+    memory-bound ops touch (the loss on the logits is timed apart, ``loss_traffic_bytes``)."""
+    model, training = job.model, job.training
+    per_kind = {kind: layer_stored_bytes(model, layout, training, kind) for kind in job.kinds}
+    return tuple(sum_by_kind(counts, per_kind.__getitem__) for counts in stage_kind_counts(job, layout.pp))
 
 
 def loss_traffic_bytes(model: ModelSpec, layout: Layout, curve: EfficiencyCurve) -> float:
@@ -157,26 +172,16 @@ def loss_traffic_bytes(model: ModelSpec, layout: Layout, curve: EfficiencyCurve)
     return curve.loss_traffic_bytes_per_logit * model.vocab_size / layout.tp
 
 
-def stage_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, stage: int) -> float:
-    """Activation bytes per token the layers of ``stage`` store on one GPU: what their memory-bound
-    ops touch (the loss on the logits is timed apart, ``loss_traffic_bytes``)."""
-    return sum(layer_stored_bytes(model, layout, training, i) for i in stage_layers(model, layout, stage))
-
-
-def micro_batch_tokens_per_rank(layout: Layout, training: TrainingSpec) -> int:
-    """Tokens of one micro-batch that one CP rank holds."""
-    return layout.micro_batch_size * training.seq_len // layout.cp
-
-
-def gpu_parameters(model: ModelSpec, layout: Layout, counts: ParameterCounts) -> float:
+@layout_memo("pp", "tp", "ep")
+def gpu_parameters(job: Job, layout: Layout) -> float:
     """Parameters on one GPU of the most loaded stage before ZeRO sharding (experts split by ep)."""
     # Each stage's routed experts are those of the MoE layers it holds (every layer_frequency-th
     # layer), so with ep > 1 or uneven MoE layers the most loaded GPU is found per stage.
+    experts_per_layer = job.counts.experts_per_moe_layer
+    stages = zip(stage_parameter_counts(job.model, layout.pp), stage_kind_counts(job, layout.pp), strict=True)
     return max(
-        stage_gpu_parameters(stage_params, counts.experts_per_moe_layer * moe_layers, layout)
-        for stage_params, moe_layers in zip(
-            stage_parameter_counts(model, layout.pp), stage_moe_layer_counts(model, layout.pp), strict=True
-        )
+        stage_gpu_parameters(params, experts_per_layer * dict(counts).get(True, 0), layout)
+        for params, counts in stages
     )
 
 
@@ -185,13 +190,7 @@ def stage_gpu_parameters(stage_params: int, experts: int, layout: Layout) -> flo
     return ((stage_params - experts) + experts / layout.ep) / layout.tp
 
 
-@lru_cache(maxsize=4096)
-def stage_moe_layer_counts(model: ModelSpec, pp: int) -> tuple[int, ...]:
-    """MoE layers held by each of ``pp`` pipeline stages."""
-    return tuple(
-        sum(1 for i in layers_of_stage(model.num_layers, pp, stage) if is_moe_layer(model, i))
-        for stage in range(pp)
-    )
+# ---------------------------------------------------------------- links
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,13 +202,14 @@ class GroupLinks:
     pp: comm.Link
 
 
-def group_links(cluster: ClusterSpec, layout: Layout, curve: EfficiencyCurve) -> GroupLinks:
+@layout_memo("dp", "tp", "pp", "cp", "ep")
+def group_links(job: Job, layout: Layout) -> GroupLinks:
     """The link each parallel group crosses, derated to NCCL's achievable bus bandwidth."""
-    strides = comm.group_strides(layout)
+    strides, curve = comm.group_strides(layout), job.curve
 
     def link(size: int, stride: int) -> comm.Link:
         return comm.link_for_group(
-            cluster,
+            job.cluster,
             size,
             stride,
             intra_latency_s=curve.intra_node_latency_s,
@@ -232,47 +232,83 @@ def exposed_s(comm_s: float, window_s: float, max_hidden_fraction: float) -> flo
     return max(comm_s * (1.0 - max_hidden_fraction), comm_s - window_s)
 
 
-# ---------------------------------------------------------------- the parts of a step
+# ---------------------------------------------------------------- what every part of a step reads
+
+# The layout fields of the step's base: the parallel split, the micro-batch and its count, SP
+# (stored activation bytes) and interleaving (pipeline sends).
+SPLIT_FIELDS = ("dp", "tp", "pp", "cp", "ep")
+BASE_FIELDS = (
+    *SPLIT_FIELDS,
+    "sequence_parallel",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "virtual_pipeline_stages",
+)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StepContext:
-    """Everything the part functions share, computed once."""
+@dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
+class StepBase:
+    """What every part of a step reads: the slowest stage and its layers, micro-batches, tokens of
+    one micro-batch on one CP rank, the achieved GEMM rate, the links and the GPU's parameters."""
 
-    model: ModelSpec
-    cluster: ClusterSpec
-    layout: Layout
-    training: TrainingSpec
-    counts: ParameterCounts
-    curve: EfficiencyCurve
-    overlap: CommOverlap
     stage: int
+    layers: int
+    counts: tuple[tuple[LayerKind, int], ...]  # the stage's layers by kind
     micro_batches: int
-    flops_per_s: float  # achieved, per GPU
+    tokens: int
+    flops_per_s: float
     links: GroupLinks
-
-    @property
-    def tokens(self) -> int:
-        return micro_batch_tokens_per_rank(self.layout, self.training)
-
-    @property
-    def layers(self) -> range:
-        return stage_layers(self.model, self.layout, self.stage)
+    parameters: float  # gpu_parameters
+    stored_bytes: float  # stage_stored_bytes of the slowest stage, per token
+    tp_all_reduce_s: float  # one all-reduce of a micro-batch's activations over the TP group
+    compute_s: float = 0.0  # compute_s, set once the rest is known
 
 
-def memory_bound_s(st: StepContext, passes: float, stored_bytes_per_token: float) -> float:
+@layout_memo(*BASE_FIELDS)
+def step_base(job: Job, layout: Layout) -> StepBase:
+    stage = slowest_stage(job, layout.pp)
+    tokens = micro_batch_tokens_per_rank(layout, job.training)
+    efficiency = matmul_efficiency(job.curve, job.cluster.gpu.name, job.model.hidden_size / layout.tp, tokens)
+    counts = stage_kind_counts(job, layout.pp)[stage]
+    links = group_links(job, layout)
+    base = StepBase(
+        stage=stage,
+        layers=sum(count for _, count in counts),
+        counts=counts,
+        micro_batches=layout.accumulation_steps(job.training.global_batch_size),
+        tokens=tokens,
+        flops_per_s=peak_flops_per_s(job.cluster, job.training.precision) * efficiency,
+        links=links,
+        parameters=gpu_parameters(job, layout),
+        stored_bytes=stage_stored_bytes(job, layout)[stage],
+        tp_all_reduce_s=tp_all_reduce_s(job, tokens, links.tp),
+    )
+    base.compute_s = compute_s(job, layout, base)
+    return base
+
+
+def tp_all_reduce_s(job: Job, tokens: int, link: comm.Link) -> float:
+    """One all-reduce of ``tokens`` tokens' activations (b s h) over the TP group's link."""
+    size_bytes = tokens * job.model.hidden_size * activation_bytes(job.training.precision)
+    return comm.group_all_reduce_s(size_bytes, link)
+
+
+# ---------------------------------------------------------------- compute
+
+
+def memory_bound_s(job: Job, base: StepBase, passes: float, stored_bytes_per_token: float) -> float:
     """Time of ``passes`` forward-equivalents of memory-bound work over all micro-batches."""
     # backward moves 2x the forward traffic, so a training step is 3 passes
-    traffic = st.curve.memory_traffic_per_stored_byte * stored_bytes_per_token * passes
-    return st.micro_batches * st.tokens * traffic / st.cluster.gpu.hbm_bandwidth_bytes_per_s
+    traffic = job.curve.memory_traffic_per_stored_byte * stored_bytes_per_token * passes
+    return base.micro_batches * base.tokens * traffic / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
-def loss_s(st: StepContext) -> float:
+def loss_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Cross-entropy on the logits, forward and backward, all micro-batches (last stage only)."""
-    if st.stage != st.layout.pp - 1:
+    if base.stage != layout.pp - 1:
         return 0.0
-    traffic = loss_traffic_bytes(st.model, st.layout, st.curve)
-    return st.micro_batches * st.tokens * traffic / st.cluster.gpu.hbm_bandwidth_bytes_per_s
+    traffic = loss_traffic_bytes(job.model, layout, job.curve)
+    return base.micro_batches * base.tokens * traffic / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
 def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, curve: EfficiencyCurve) -> float:
@@ -288,195 +324,221 @@ def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, curve: Eff
     return 1.0 / curve.unaligned_attention_core_factor - 1.0
 
 
-def unaligned_core_s(
-    model: ModelSpec,
-    training: TrainingSpec,
-    curve: EfficiencyCurve,
-    *,
-    core_passes: int,
-    micro_batches: int,
-    tokens: int,
-    tp: int,
-    flops_per_s: float,
-) -> float:
-    """Time ``core_passes`` layer-forwards of attention's core add, over all micro-batches, beyond
-    their FLOPs at the GEMM rate ``flops_per_s`` (``unaligned_core_slowdown``; 0 when aligned)."""
-    slowdown = unaligned_core_slowdown(model, training, curve)
-    if slowdown == 0.0:
+def unaligned_core_s(job: Job, layout: Layout, base: StepBase, passes_per_layer: int) -> float:
+    """Time ``passes_per_layer`` forwards of attention's core per layer of the slowest stage add, over
+    all micro-batches, beyond their FLOPs at the GEMM rate (``unaligned_core_slowdown``; 0 aligned)."""
+    slowdown = unaligned_core_slowdown(job.model, job.training, job.curve)
+    if slowdown == 0.0 or passes_per_layer == 0:
         return 0.0
-    per_token = core_passes * flops.attention_core_flops(model, training.seq_len)
-    return micro_batches * tokens * per_token / tp / flops_per_s * slowdown
+    per_token = passes_per_layer * base.layers * flops.attention_core_flops(job.model, job.training.seq_len)
+    return base.micro_batches * base.tokens * per_token / layout.tp / base.flops_per_s * slowdown
 
 
-def _unaligned_core_s(st: StepContext, passes_per_layer: int) -> float:
-    return unaligned_core_s(
-        st.model,
-        st.training,
-        st.curve,
-        core_passes=passes_per_layer * len(st.layers),
-        micro_batches=st.micro_batches,
-        tokens=st.tokens,
-        tp=st.layout.tp,
-        flops_per_s=st.flops_per_s,
-    )
-
-
-def unaligned_core_step_s(st: StepContext) -> float:
+def unaligned_core_step_s(job: Job, layout: Layout) -> float:
     """What an unaligned head_dim adds to the step: training passes plus the recomputed core."""
-    recomputed = 0 if st.layout.recompute is Recompute.NONE else 1
-    return _unaligned_core_s(st, 3) + _unaligned_core_s(st, recomputed)
+    base = step_base(job, layout)
+    recomputed = 0 if layout.recompute is Recompute.NONE else 1
+    return unaligned_core_s(job, layout, base, 3) + unaligned_core_s(job, layout, base, recomputed)
 
 
-def compute_s(st: StepContext) -> float:
+def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs (with eager
     attention's core slowed when its head_dim is unaligned), the memory-bound ops between them and
     the loss."""
-    per_token = stage_flops_per_token(st.model, st.layout, st.training, st.stage)
-    gemm_s = st.micro_batches * st.tokens * per_token / st.layout.tp / st.flops_per_s
-    stored = stage_stored_bytes(st.model, st.layout, st.training, st.stage)
-    return gemm_s + _unaligned_core_s(st, 3) + memory_bound_s(st, 3, stored) + loss_s(st)
+    per_token = stage_flops_per_token(job, layout.pp)[base.stage]
+    gemm_s = base.micro_batches * base.tokens * per_token / layout.tp / base.flops_per_s
+    unaligned_s = unaligned_core_s(job, layout, base, 3)
+    return gemm_s + unaligned_s + memory_bound_s(job, base, 3, base.stored_bytes) + loss_s(job, layout, base)
 
 
-# Forward-equivalents of memory-bound work a recompute costs. Full recompute re-runs each layer's
-# forward once. Selective recompute re-runs attention's core, whose s x s chain (scores written by
-# QK^T, read and written by mask/softmax, read by dropout, which writes its mask and output) moves
-# about twice the bytes it finally stores (Korthikanti Table 4: selective costs 7% of a layer, more
-# than its 2.7% FLOPs; Korthikanti §5 names the softmax/dropout memory traffic as the cost).
-RECOMPUTE_PASSES = {Recompute.NONE: 0.0, Recompute.SELECTIVE: 2.0, Recompute.FULL: 1.0}
-
-
-def recompute_s(st: StepContext) -> float:
-    """The recomputed forward: every layer (full) or attention's core (selective)."""
-    recompute = st.layout.recompute
-    per_token = sum(flops.layer_recompute_flops(st.model, i, st.training, recompute) for i in st.layers)
-    gemm_s = st.micro_batches * st.tokens * per_token / st.layout.tp / st.flops_per_s
+def recompute_passes(curve: EfficiencyCurve, recompute: Recompute) -> float:
+    """Forward-equivalents of memory-bound work a recompute costs over the bytes it writes again."""
+    # Full recompute re-runs each layer's forward once. Selective re-runs attention's core, whose
+    # s x s chain moves a multiple of the bytes it finally stores (efficiency.toml).
     if recompute is Recompute.FULL:
-        stored = sum(layer_stored_bytes(st.model, st.layout, st.training, i) for i in st.layers)
-    elif recompute is Recompute.SELECTIVE and st.training.attention is Attention.EAGER:
-        heads = st.model.num_attention_heads / st.layout.tp
-        stored = (
-            len(st.layers) * 5 * heads * st.training.seq_len * activation_bytes(st.training.precision) / 2
-        )
-    else:
-        stored = 0.0
-    core_passes = 0 if recompute is Recompute.NONE else 1  # full and selective both redo the core
-    return (
-        gemm_s + _unaligned_core_s(st, core_passes) + memory_bound_s(st, RECOMPUTE_PASSES[recompute], stored)
+        return 1.0
+    return curve.selective_recompute_passes if recompute is Recompute.SELECTIVE else 0.0
+
+
+def recompute_stored_bytes(job: Job, layout: Layout, base: StepBase) -> float:
+    """Activation bytes per token of the slowest stage the recomputed forward writes again."""
+    recompute, training = layout.recompute, job.training
+    if recompute is Recompute.FULL:
+        return base.stored_bytes
+    if recompute is Recompute.SELECTIVE and training.attention is Attention.EAGER:
+        # the s x s softmax chain of every layer: 5 a s bytes per token (16-bit), split over tp
+        heads = job.model.num_attention_heads / layout.tp
+        return base.layers * 5 * heads * training.seq_len * activation_bytes(training.precision) / 2
+    return 0.0
+
+
+@job_memo
+def stage_recompute_flops(job: Job, pp: int, stage: int, recompute: Recompute) -> int:
+    """Recomputed forward FLOPs per token of ``stage`` of ``pp`` (``flops.layer_recompute_flops``)."""
+    model, training = job.model, job.training
+    return sum(
+        count * flops.layer_recompute_flops(model, kind, training, recompute)
+        for kind, count in stage_kind_counts(job, pp)[stage]
     )
 
 
-def tp_comm_s(st: StepContext) -> float:
+def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
+    """The recomputed forward: every layer (full) or attention's core (selective)."""
+    recompute = layout.recompute
+    if recompute is Recompute.NONE:
+        return 0.0
+    per_token = stage_recompute_flops(job, layout.pp, base.stage, recompute)
+    gemm_s = base.micro_batches * base.tokens * per_token / layout.tp / base.flops_per_s
+    passes = recompute_passes(job.curve, recompute)
+    memory_s = memory_bound_s(job, base, passes, recompute_stored_bytes(job, layout, base))
+    # full and selective both redo the core
+    return gemm_s + unaligned_core_s(job, layout, base, 1) + memory_s
+
+
+# ---------------------------------------------------------------- model-parallel communication
+
+
+def tp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Megatron TP: 2 all-reduces forward + 2 backward per layer (+2 with full recompute)."""
     # SP swaps each all-reduce for a reduce-scatter + all-gather of the same total time
     # (Korthikanti §4.2.2); Narayanan §3.3: volume 8 b s h (t-1)/t per layer.
-    if st.layout.tp == 1:
+    if layout.tp == 1:
         return 0.0
-    size_bytes = st.tokens * st.model.hidden_size * activation_bytes(st.training.precision)
-    collectives = 4 + (2 if st.layout.recompute is Recompute.FULL else 0)
-    one = comm.group_all_reduce_s(size_bytes, st.links.tp)
-    total = st.micro_batches * len(st.layers) * collectives * one
-    return total * (1.0 - st.curve.tp_overlap_hidden_fraction) if st.overlap.tp else total
+    collectives = 4 + (2 if layout.recompute is Recompute.FULL else 0)
+    total = base.micro_batches * base.layers * collectives * base.tp_all_reduce_s
+    return total * (1.0 - job.curve.tp_overlap_hidden_fraction) if layout.tp_comm_overlap else total
 
 
-def cp_comm_s(st: StepContext) -> float:
+def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Ring attention: K and V chunks go round the CP ring, hidden under attention's core compute."""
     # forward: (cp-1) sends of K and V; backward: K, V and dK, dV -> 3x the forward traffic
-    if st.layout.cp == 1:
+    if layout.cp == 1:
         return 0.0
-    kv_width = max(st.model.kv_size / st.layout.tp, st.model.head_dim)
-    chunk_bytes = 2 * st.tokens * kv_width * activation_bytes(st.training.precision)
-    link = st.links.cp
-    ring_s = 3 * (st.layout.cp - 1) * comm.p2p_s(chunk_bytes, link.bandwidth_bytes_per_s, link.latency_s)
-    core_flops = 3 * flops.attention_core_flops(st.model, st.training.seq_len) * st.tokens / st.layout.tp
-    per_layer = max(0.0, ring_s - core_flops / st.flops_per_s)
-    return st.micro_batches * len(st.layers) * per_layer
+    model, training = job.model, job.training
+    kv_width = max(model.kv_size / layout.tp, model.head_dim)
+    chunk_bytes = 2 * base.tokens * kv_width * activation_bytes(training.precision)
+    link = base.links.cp
+    ring_s = 3 * (layout.cp - 1) * comm.p2p_s(chunk_bytes, link.bandwidth_bytes_per_s, link.latency_s)
+    core_flops = 3 * flops.attention_core_flops(model, training.seq_len) * base.tokens / layout.tp
+    per_layer = max(0.0, ring_s - core_flops / base.flops_per_s)
+    return base.micro_batches * base.layers * per_layer
 
 
-def ep_comm_s(st: StepContext) -> float:
+def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Expert parallelism: dispatch + combine all-to-all, forward and backward, per MoE layer."""
-    moe = st.model.moe
-    if moe is None or st.layout.ep == 1:
+    moe = job.model.moe
+    if moe is None or layout.ep == 1:
         return 0.0
-    moe_layers = sum(1 for i in st.layers if is_moe_layer(st.model, i))
+    moe_layers = dict(base.counts).get(True, 0)
     # each routed copy of a token (top_k of them) carries h values; SP splits tokens over tp
-    tokens = st.tokens / (st.layout.tp if st.layout.sequence_parallel else 1)
-    size_bytes = tokens * moe.top_k * st.model.hidden_size * activation_bytes(st.training.precision)
-    collectives = 4 + (2 if st.layout.recompute is Recompute.FULL else 0)
-    one = comm.group_all_to_all_s(size_bytes, st.links.ep)
-    return st.micro_batches * moe_layers * collectives * one
+    tokens = base.tokens / (layout.tp if layout.sequence_parallel else 1)
+    size_bytes = tokens * moe.top_k * job.model.hidden_size * activation_bytes(job.training.precision)
+    collectives = 4 + (2 if layout.recompute is Recompute.FULL else 0)
+    one = comm.group_all_to_all_s(size_bytes, base.links.ep)
+    return base.micro_batches * moe_layers * collectives * one
 
 
-def ideal_s(st: StepContext) -> float:
-    """Time of all micro-batches without bubble: the work a pipeline bubble scales."""
-    return compute_s(st) + recompute_s(st) + tp_comm_s(st) + cp_comm_s(st) + ep_comm_s(st)
+def bubble_fraction(layout: Layout, micro_batches: int) -> float:
+    """The pipeline bubble as a fraction of the ideal step: (p-1)/(v m) (1F1B v=1, interleaved v
+    chunks; Narayanan arXiv:2104.04473 §2.2.2)."""
+    return (layout.pp - 1) / (layout.virtual_pipeline_stages * micro_batches)
 
 
-def pp_bubble_s(st: StepContext) -> float:
-    # (p-1)/(v m) of the ideal time: 1F1B v=1, interleaved v chunks (Narayanan §2.2.2)
-    p, v = st.layout.pp, st.layout.virtual_pipeline_stages
-    return (p - 1) / (v * st.micro_batches) * ideal_s(st)
-
-
-def pp_comm_s(st: StepContext) -> float:
+def pp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Point-to-point activations forward and gradients backward, v x per micro-batch."""
-    if st.layout.pp == 1:
+    if layout.pp == 1:
         return 0.0
     # b s h / t bytes: Megatron's scatter/gather (or SP) splits the boundary tensor over tp
-    size_bytes = st.tokens * st.model.hidden_size * activation_bytes(st.training.precision) / st.layout.tp
-    link = st.links.pp
+    size_bytes = base.tokens * job.model.hidden_size * activation_bytes(job.training.precision) / layout.tp
+    link = base.links.pp
     one = comm.p2p_s(size_bytes, link.bandwidth_bytes_per_s, link.latency_s)
-    return 2 * st.layout.virtual_pipeline_stages * st.micro_batches * one
+    return 2 * layout.virtual_pipeline_stages * base.micro_batches * one
 
 
-def dp_grad_reduce_s(st: StepContext) -> float:
-    """Gradient reduction per step: all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, dist-opt)."""
-    grad_size = gpu_parameters(st.model, st.layout, st.counts) * grad_bytes(
-        st.training.precision, st.layout.framework
+PARTS_FIELDS = (*BASE_FIELDS, "recompute", "tp_comm_overlap")
+
+
+@dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
+class StepParts:
+    """The parts of a step that no sharding changes (``floor_s`` sums all but the bubble), and what
+    the sharding-dependent parts read."""
+
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    pp_bubble_s: float
+    pp_comm_s: float
+    micro_batches: int
+    parameters: float  # gpu_parameters
+
+
+@layout_memo(*PARTS_FIELDS)
+def step_parts(job: Job, layout: Layout) -> StepParts:
+    base = step_base(job, layout)
+    compute, recompute = base.compute_s, recompute_s(job, layout, base)
+    tp, cp, ep = tp_comm_s(job, layout, base), cp_comm_s(job, layout, base), ep_comm_s(job, layout, base)
+    ideal = compute + recompute + tp + cp + ep  # what the bubble scales
+    return StepParts(
+        compute_s=compute,
+        recompute_s=recompute,
+        tp_comm_s=tp,
+        cp_comm_s=cp,
+        ep_comm_s=ep,
+        pp_bubble_s=bubble_fraction(layout, base.micro_batches) * ideal,
+        pp_comm_s=pp_comm_s(job, layout, base),
+        micro_batches=base.micro_batches,
+        parameters=base.parameters,
     )
-    if st.training.method is not Method.FULL:
+
+
+# ---------------------------------------------------------------- data parallelism
+
+
+def dp_grad_reduce_s(job: Job, layout: Layout, base: StepBase) -> float:
+    """Gradient reduction per step: all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, dist-opt)."""
+    if job.training.method is not Method.FULL:
         return 0.0  # LoRA: only the adapters' gradients are reduced; negligible next to the base
-    if st.layout.zero_stage == 0:
-        return comm.group_all_reduce_s(grad_size, st.links.dp)
-    return comm.group_reduce_scatter_s(grad_size, st.links.dp)
+    grad_size = base.parameters * grad_bytes(job.training.precision, layout.framework)
+    if layout.zero_stage == 0:
+        return comm.group_all_reduce_s(grad_size, base.links.dp)
+    return comm.group_reduce_scatter_s(grad_size, base.links.dp)
 
 
-def dp_param_gather_s(st: StepContext) -> float:
+def dp_param_gather_s(job: Job, layout: Layout, base: StepBase) -> float:
     """ZeRO-1/2 (dist-opt) all-gather of the updated 16-bit parameters after the step."""
-    if st.training.method is not Method.FULL or st.layout.zero_stage not in (1, 2):
+    if job.training.method is not Method.FULL or layout.zero_stage not in (1, 2):
         return 0.0
-    param_size = gpu_parameters(st.model, st.layout, st.counts) * activation_bytes(st.training.precision)
-    return comm.group_all_gather_s(param_size, st.links.dp)
+    param_size = base.parameters * activation_bytes(job.training.precision)
+    return comm.group_all_gather_s(param_size, base.links.dp)
 
 
-def zero3_comm_s(st: StepContext) -> float:
+def zero3_micro_batch_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     """ZeRO-3/FSDP per micro-batch: parameter all-gather forward and backward + gradient reduce-scatter."""
     # 3 x the parameter volume per micro-batch, 1.5x DDP's 2 (ZeRO arXiv:1910.02054 §7.2.2)
-    params = gpu_parameters(st.model, st.layout, st.counts)
-    grad_size = params * grad_bytes(st.training.precision, st.layout.framework)
-    gathers = 2 * comm.group_all_gather_s(params * activation_bytes(st.training.precision), st.links.dp)
-    reduce = comm.group_reduce_scatter_s(grad_size, st.links.dp) if st.training.method is Method.FULL else 0.0
-    return st.micro_batches * (gathers + reduce)
+    training = job.training
+    grad_size = base.parameters * grad_bytes(training.precision, layout.framework)
+    gathers = 2 * comm.group_all_gather_s(
+        base.parameters * activation_bytes(training.precision), base.links.dp
+    )
+    full = training.method is Method.FULL
+    return gathers + (comm.group_reduce_scatter_s(grad_size, base.links.dp) if full else 0.0)
 
 
-def dp_comm_exposed_s(st: StepContext) -> float:
-    """DP traffic left on the critical path after the framework's overlap."""
-    compute = compute_s(st) + recompute_s(st)
-    if st.layout.zero_stage == 3:
-        return exposed_s(zero3_comm_s(st), compute, st.curve.zero3_prefetch_hidden_fraction)
-    reduce, gather = dp_grad_reduce_s(st), dp_param_gather_s(st)
-    reductions = gradient_reductions(st.layout, st.micro_batches)
-    overlapped = (
-        st.overlap.dp if st.overlap.dp is not None else dp_overlap_default(st.curve, st.layout.framework)
-    )
-    if not overlapped:
-        return reductions * reduce + gather
-    # each reduction hides under its micro-batch's backward (2/3 of it, + its recompute); the parameter
-    # all-gather under the next step's first forward (Megatron --overlap-param-gather) (1/3)
-    per_micro_batch = compute / st.micro_batches
-    hidden = st.curve.dp_overlap_max_hidden_fraction
-    return reductions * exposed_s(reduce, 2 / 3 * per_micro_batch, hidden) + exposed_s(
-        gather, per_micro_batch / 3, hidden
-    )
+# The layout fields the DP collectives read: the split (links and parameters), the sharding, and the
+# framework (gradient bytes).
+COLLECTIVE_FIELDS = (*SPLIT_FIELDS, "zero_stage", "framework")
+
+
+@layout_memo(*COLLECTIVE_FIELDS)
+def dp_collectives_s(job: Job, layout: Layout) -> tuple[float, float]:
+    """The DP collectives before overlap: ZeRO-3 (its per-micro-batch traffic, 0), else (the
+    gradient reduction, the parameter all-gather)."""
+    base = step_base(job, layout)
+    if layout.zero_stage == 3:
+        return zero3_micro_batch_comm_s(job, layout, base), 0.0
+    return dp_grad_reduce_s(job, layout, base), dp_param_gather_s(job, layout, base)
 
 
 def gradient_reductions(layout: Layout, micro_batches: int) -> int:
@@ -489,26 +551,61 @@ def gradient_reductions(layout: Layout, micro_batches: int) -> int:
     return micro_batches if layout.zero_stage == 2 else 1
 
 
-def sharded_parameters(st: StepContext) -> float:
+def dp_overlapped(job: Job, layout: Layout) -> bool:
+    """Whether the DP reduction runs under backward: the layout's choice, else the framework's default."""
+    if layout.overlap_grad_reduce is not None:
+        return layout.overlap_grad_reduce
+    return dp_overlap_default(job.curve, layout.framework)
+
+
+def dp_comm_exposed_s(job: Job, layout: Layout, parts: StepParts) -> float:
+    """DP traffic left on the critical path after the framework's overlap."""
+    compute = parts.compute_s + parts.recompute_s
+    collective_s, gather = dp_collectives_s(job, layout)
+    if layout.zero_stage == 3:
+        zero3_s = parts.micro_batches * collective_s
+        return exposed_s(zero3_s, compute, job.curve.zero3_prefetch_hidden_fraction)
+    reductions = gradient_reductions(layout, parts.micro_batches)
+    if not dp_overlapped(job, layout):
+        return reductions * collective_s + gather
+    # each reduction hides under its micro-batch's backward (2/3 of it, + its recompute); the parameter
+    # all-gather under the next step's first forward (Megatron --overlap-param-gather) (1/3)
+    per_micro_batch = compute / parts.micro_batches
+    hidden = job.curve.dp_overlap_max_hidden_fraction
+    return reductions * exposed_s(collective_s, 2 / 3 * per_micro_batch, hidden) + exposed_s(
+        gather, per_micro_batch / 3, hidden
+    )
+
+
+# ---------------------------------------------------------------- offload and the optimizer step
+
+# Enum members read once per layout below, bound once: reading one off its class costs ~0.1 us.
+_NO_OFFLOAD, _FULL_TRAINING = Offload.NONE, Method.FULL
+
+
+def sharded_parameters(layout: Layout, parts: StepParts) -> float:
     """Parameters whose optimizer state this GPU owns (ZeRO >= 1 shards over dp x cp)."""
-    params = gpu_parameters(st.model, st.layout, st.counts)
-    return params / (st.layout.dp * st.layout.cp) if st.layout.zero_stage >= 1 else params
+    params = parts.parameters
+    return params / (layout.dp * layout.cp) if layout.zero_stage >= 1 else params
 
 
-def offload_s(st: StepContext) -> float:
+def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
     """PCIe and NVMe traffic of optimizer and parameter offload, exposed."""
-    pcie = st.cluster.gpu.pcie_bandwidth_bytes_per_s
-    shard = sharded_parameters(st)
+    if layout.offload_optimizer is _NO_OFFLOAD and layout.offload_params is _NO_OFFLOAD:
+        return 0.0
+    cluster, curve = job.cluster, job.curve
+    pcie = cluster.gpu.pcie_bandwidth_bytes_per_s
+    shard = sharded_parameters(layout, parts)
     seconds = 0.0
-    if st.layout.offload_optimizer is not Offload.NONE:
+    if layout.offload_optimizer is not _NO_OFFLOAD:
         seconds += shard * (2 + 2) / pcie  # 16-bit gradients down, 16-bit parameters up
-    if st.layout.offload_optimizer is Offload.NVME:
-        node_bytes = shard * st.cluster.gpus_per_node * 2 * 12  # read + write fp32 master, m, v
-        seconds += node_bytes / st.curve.nvme_bandwidth_bytes_per_s_per_node
-    if st.layout.offload_params is not Offload.NONE:
+    if layout.offload_optimizer is Offload.NVME:
+        node_bytes = shard * cluster.gpus_per_node * 2 * 12  # read + write fp32 master, m, v
+        seconds += node_bytes / curve.nvme_bandwidth_bytes_per_s_per_node
+    if layout.offload_params is not _NO_OFFLOAD:
         # ZeRO-Infinity fetches this GPU's 16-bit shard for forward and backward, prefetched
-        fetch_s = st.micro_batches * 2 * 2 * shard / pcie
-        seconds += exposed_s(fetch_s, compute_s(st), st.curve.zero3_prefetch_hidden_fraction)
+        fetch_s = parts.micro_batches * 2 * 2 * shard / pcie
+        seconds += exposed_s(fetch_s, parts.compute_s, curve.zero3_prefetch_hidden_fraction)
     return seconds
 
 
@@ -523,96 +620,19 @@ OPTIMIZER_STEP_BYTES = {
 }
 
 
-def optimizer_s(st: StepContext) -> float:
+def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
     """The optimizer step: memory-bound on the GPU, or DeepSpeed CPU-Adam on the host."""
-    shard = sharded_parameters(st)
-    if st.training.method is not Method.FULL:
+    if job.training.method is not _FULL_TRAINING:
         return 0.0  # adapters only: negligible
-    if st.layout.offload_optimizer is not Offload.NONE:
+    shard = sharded_parameters(layout, parts)
+    if layout.offload_optimizer is not _NO_OFFLOAD:
         # the host's CPU-Adam rate is shared by all GPUs of the node
-        return shard * st.cluster.gpus_per_node / st.curve.cpu_adam_params_per_s_per_node
-    step_bytes = shard * OPTIMIZER_STEP_BYTES[st.training.optimizer]
-    return step_bytes / st.cluster.gpu.hbm_bandwidth_bytes_per_s
+        return shard * job.cluster.gpus_per_node / job.curve.cpu_adam_params_per_s_per_node
+    step_bytes = shard * OPTIMIZER_STEP_BYTES[job.training.optimizer]
+    return step_bytes / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
-# ---------------------------------------------------------------- the estimate
-
-
-def step_context(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    counts: ParameterCounts,
-    curve: EfficiencyCurve,
-    overlap: CommOverlap,
-) -> StepContext:
-    """The shared inputs of every step-time term: slowest stage, micro-batches, achieved FLOP/s, links."""
-    width = model.hidden_size / layout.tp
-    tokens = micro_batch_tokens_per_rank(layout, training)
-    efficiency = matmul_efficiency(curve, cluster.gpu.name, width, tokens)
-    return StepContext(
-        model=model,
-        cluster=cluster,
-        layout=layout,
-        training=training,
-        counts=counts,
-        curve=curve,
-        overlap=overlap,
-        stage=slowest_stage(model, layout, training),
-        micro_batches=layout.accumulation_steps(training.global_batch_size),
-        flops_per_s=peak_flops_per_s(cluster, training.precision) * efficiency,
-        links=group_links(cluster, layout, curve),
-    )
-
-
-def time_breakdown(st: StepContext) -> TimeBreakdown:
-    return TimeBreakdown(
-        compute_s=compute_s(st),
-        recompute_s=recompute_s(st),
-        tp_comm_s=tp_comm_s(st),
-        cp_comm_s=cp_comm_s(st),
-        ep_comm_s=ep_comm_s(st),
-        pp_bubble_s=pp_bubble_s(st),
-        pp_comm_s=pp_comm_s(st),
-        dp_comm_exposed_s=dp_comm_exposed_s(st),
-        offload_s=offload_s(st),
-        optimizer_s=optimizer_s(st),
-    )
-
-
-def time_estimate(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    counts: ParameterCounts | None = None,
-    efficiency: EfficiencyCurve | None = None,
-    *,
-    overlap: CommOverlap | None = None,
-) -> TimeEstimate:
-    """Step time, throughput and utilisation of ``layout``; ``efficiency`` comes from the catalog."""
-    if efficiency is None:
-        # the curve is data (service/catalog/efficiency.toml); the pure estimator cannot load it
-        raise TypeError("time_estimate needs an EfficiencyCurve: pass catalog.default_efficiency()")
-    if counts is None:
-        counts = parameter_counts(model)
-    overlap = overlap or CommOverlap(tp=layout.tp_comm_overlap, dp=layout.overlap_grad_reduce)
-    st = step_context(model, cluster, layout, training, counts, efficiency, overlap)
-    breakdown = time_breakdown(st)
-    step = breakdown.step_s
-    gpus = layout.world_size
-    peak = peak_flops_per_s(cluster, training.precision)
-    model_flops = flops.model_flops_per_step(model, training)
-    hardware_flops = flops.hardware_flops_per_step(model, training, layout.recompute)
-    return TimeEstimate(
-        breakdown=breakdown,
-        tokens_per_s=training.tokens_per_step / step,
-        tflops_per_gpu=model_flops / (step * gpus) / 1e12,
-        mfu=model_flops / (step * gpus * peak),
-        hardware_tflops_per_gpu=hardware_flops / (step * gpus) / 1e12,
-        hfu=hardware_flops / (step * gpus * peak),
-    )
+# ---------------------------------------------------------------- training time and price
 
 
 def time_to_train_s(tokens: float, tokens_per_s: float) -> float:

@@ -481,18 +481,45 @@ class TimeBreakdown:
 
     @property
     def step_s(self) -> float:
-        return (
-            self.compute_s
-            + self.recompute_s
-            + self.tp_comm_s
-            + self.cp_comm_s
-            + self.ep_comm_s
-            + self.pp_bubble_s
-            + self.pp_comm_s
-            + self.dp_comm_exposed_s
-            + self.offload_s
-            + self.optimizer_s
+        return step_total_s(
+            self.compute_s,
+            self.recompute_s,
+            self.tp_comm_s,
+            self.cp_comm_s,
+            self.ep_comm_s,
+            self.pp_bubble_s,
+            self.pp_comm_s,
+            self.dp_comm_exposed_s,
+            self.offload_s,
+            self.optimizer_s,
         )
+
+
+def step_total_s(
+    compute_s: float,
+    recompute_s: float,
+    tp_comm_s: float,
+    cp_comm_s: float,
+    ep_comm_s: float,
+    pp_bubble_s: float,
+    pp_comm_s: float,
+    dp_comm_exposed_s: float,
+    offload_s: float,
+    optimizer_s: float,
+) -> float:
+    """A step's seconds: its parts, in ``TimeBreakdown`` order, added left to right."""
+    return (
+        compute_s
+        + recompute_s
+        + tp_comm_s
+        + cp_comm_s
+        + ep_comm_s
+        + pp_bubble_s
+        + pp_comm_s
+        + dp_comm_exposed_s
+        + offload_s
+        + optimizer_s
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,9 +14,12 @@ Choices made here:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NoReturn
 
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
@@ -94,95 +97,187 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
 )
 
 
-def _fail(message: str, rule: str, field: str) -> NoReturn:
-    raise InvalidLayout(message, rule=rule, field=field)
+Violation = InvalidLayout | None
 
 
-def _check_world(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> None:
+def _bad(message: str, rule: str, field: str) -> InvalidLayout:
+    return InvalidLayout(message, rule=rule, field=field)
+
+
+def world_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     if layout.world_size != cluster.world_size:
-        _fail(
+        return _bad(
             f"dp*tp*pp*cp = {layout.dp}*{layout.tp}*{layout.pp}*{layout.cp} = {layout.world_size} "
             f"!= world size ({cluster.num_nodes} nodes x {cluster.gpus_per_node} GPUs "
             f"= {cluster.world_size})",
             "world_size",
             "dp",
         )
+    return None
+
+
+def tensor_parallel_violation(model: ModelSpec, tp: int) -> Violation:
     # Megatron: attention heads and query groups (kv heads) are split over tensor-parallel ranks.
-    if model.num_attention_heads % layout.tp:
-        _fail(f"num_attention_heads ({model.num_attention_heads}) % tp ({layout.tp}) != 0", "heads_tp", "tp")
-    if model.num_kv_heads % layout.tp:
-        _fail(f"num_kv_heads ({model.num_kv_heads}) % tp ({layout.tp}) != 0", "kv_heads_tp", "tp")
+    if model.num_attention_heads % tp:
+        return _bad(f"num_attention_heads ({model.num_attention_heads}) % tp ({tp}) != 0", "heads_tp", "tp")
+    if model.num_kv_heads % tp:
+        return _bad(f"num_kv_heads ({model.num_kv_heads}) % tp ({tp}) != 0", "kv_heads_tp", "tp")
+    return None
 
 
-def _check_pipeline(model: ModelSpec, layout: Layout, training: TrainingSpec, caps: Capabilities) -> None:
+def pipeline_split_violation(model: ModelSpec, pp: int, virtual: int) -> Violation:
+    """The layers split evenly over ``pp`` stages of ``virtual`` chunks each."""
+    if model.num_layers % pp:
+        return _bad(f"num_layers ({model.num_layers}) % pp ({pp}) != 0", "pp_layers", "pp")
+    if virtual > 1 and pp == 1:
+        return _bad(
+            f"virtual_pipeline_stages ({virtual}) > 1 needs pp > 1", "virtual_pp", "virtual_pipeline_stages"
+        )
+    return None
+
+
+def interleaving_violation(model: ModelSpec, layout: Layout, caps: Capabilities) -> Violation:
     p, v = layout.pp, layout.virtual_pipeline_stages
-    if model.num_layers % p:
-        _fail(f"num_layers ({model.num_layers}) % pp ({p}) != 0", "pp_layers", "pp")
-    if v > 1 and p == 1:
-        _fail(f"virtual_pipeline_stages ({v}) > 1 needs pp > 1", "virtual_pp", "virtual_pipeline_stages")
     if v > 1 and not caps.interleaved_pipeline:
-        _fail(
+        return _bad(
             f"{layout.framework.value} has no interleaved pipeline schedule",
             "virtual_pp",
             "virtual_pipeline_stages",
         )
     if v > 1 and model.num_layers % (p * v):
-        _fail(
+        return _bad(
             f"num_layers ({model.num_layers}) % (pp*v = {p * v}) != 0", "pp_layers", "virtual_pipeline_stages"
         )
-    micro_batches = layout.accumulation_steps(training.global_batch_size)
-    if v > 1 and micro_batches % p:
-        # Megatron's interleaved schedule needs the micro-batches to be a multiple of pp.
-        _fail(
-            f"micro-batches per step ({micro_batches}) % pp ({p}) != 0 with interleaving", "virtual_pp", "pp"
+    return None
+
+
+def batch_split_violation(training: TrainingSpec, layout: Layout) -> Violation:
+    """global = micro x accumulation x dp."""
+    try:
+        layout.accumulation_steps(training.global_batch_size)
+    except InvalidLayout as error:
+        return error
+    return None
+
+
+def interleaved_batches_violation(training: TrainingSpec, layout: Layout) -> Violation:
+    # Megatron's interleaved schedule needs the micro-batches to be a multiple of pp.
+    p = layout.pp
+    if layout.virtual_pipeline_stages > 1:
+        micro_batches = layout.accumulation_steps(training.global_batch_size)
+        if micro_batches % p:
+            return _bad(
+                f"micro-batches per step ({micro_batches}) % pp ({p}) != 0 with interleaving",
+                "virtual_pp",
+                "pp",
+            )
+    return None
+
+
+def sequence_parallel_violation(training: TrainingSpec, layout: Layout) -> Violation:
+    # sequence parallelism splits the micro-batch's tokens over the tensor-parallel ranks
+    if layout.sequence_parallel and layout.tp > 1 and training.seq_len * layout.micro_batch_size % layout.tp:
+        return _bad(
+            f"seq_len x micro_batch ({training.seq_len * layout.micro_batch_size}) % tp != 0", "sp_seq", "tp"
         )
+    return None
+
+
+def fused_optimizer_batches_violation(training: TrainingSpec, layout: Layout) -> Violation:
+    # the optimizer step fused into backward updates after every backward: no accumulation
+    if layout.optimizer_in_backward and layout.accumulation_steps(training.global_batch_size) > 1:
+        return _bad(
+            "optimizer_in_backward needs gradient_accumulation_steps = 1",
+            "optimizer_in_backward",
+            "optimizer_in_backward",
+        )
+    return None
+
+
+def micro_batch_violation(training: TrainingSpec, layout: Layout) -> Violation:
+    """The first rule the layout's micro-batch breaks (the four above), or None."""
+    for check in (
+        batch_split_violation,
+        interleaved_batches_violation,
+        sequence_parallel_violation,
+        fused_optimizer_batches_violation,
+    ):
+        violation = check(training, layout)
+        if violation is not None:
+            return violation
+    return None
+
+
+def valid_micro_batch_sizes(training: TrainingSpec, layout: Layout) -> tuple[int, ...]:
+    """The micro-batches ``micro_batch_violation`` accepts for this layout (accumulation derived),
+    ascending: divisors of the per-replica batch."""
+    if training.global_batch_size % layout.dp:
+        return ()
+    per_replica = training.global_batch_size // layout.dp
+    return tuple(
+        b
+        for b in divisors(per_replica)
+        if micro_batch_violation(
+            training, dataclasses.replace(layout, micro_batch_size=b, gradient_accumulation_steps=None)
+        )
+        is None
+    )
+
+
+def zero_with_pipeline_violation(layout: Layout, caps: Capabilities) -> Violation:
+    p = layout.pp
     if p > 1 and layout.zero_stage > caps.max_zero_stage_with_pp:
-        _fail(
+        return _bad(
             f"zero_stage {layout.zero_stage} with pp = {p}: {layout.framework.value} allows at most "
             f"{caps.max_zero_stage_with_pp}",
             "zero_pp",
             "zero_stage",
         )
+    return None
 
 
-def _check_sequence(model: ModelSpec, layout: Layout, training: TrainingSpec) -> None:
+def context_violation(layout: Layout, training: TrainingSpec) -> Violation:
     cp = layout.cp
     if cp > 1 and training.seq_len % (2 * cp):
-        _fail(
+        return _bad(
             f"seq_len ({training.seq_len}) % (2*cp = {2 * cp}) != 0 (load-balanced ring attention)",
             "cp_seq",
             "cp",
         )
     if cp > 1 and training.attention is Attention.EAGER:
-        _fail("context parallelism needs flash or sdpa attention, not eager", "cp_attention", "cp")
+        return _bad("context parallelism needs flash or sdpa attention, not eager", "cp_attention", "cp")
+    return None
+
+
+def ulysses_violation(model: ModelSpec, layout: Layout) -> Violation:
+    cp = layout.cp
     if cp > 1 and layout.framework is Framework.DEEPSPEED and model.num_attention_heads % cp:
         # DeepSpeed-Ulysses all-to-all splits heads over the sequence-parallel group.
-        _fail(
+        return _bad(
             f"num_attention_heads ({model.num_attention_heads}) % cp ({cp}) != 0 (Ulysses)", "cp_heads", "cp"
         )
-    if layout.sequence_parallel and layout.tp > 1 and training.seq_len * layout.micro_batch_size % layout.tp:
-        _fail(
-            f"seq_len x micro_batch ({training.seq_len * layout.micro_batch_size}) % tp != 0", "sp_seq", "tp"
-        )
+    return None
 
 
-def _check_experts(model: ModelSpec, layout: Layout) -> None:
+def expert_violation(model: ModelSpec, layout: Layout) -> Violation:
     ep = layout.ep
     if ep == 1:
-        return
+        return None
     if model.moe is None:
-        _fail(f"ep = {ep} > 1 needs a mixture-of-experts model", "ep_moe", "ep")
+        return _bad(f"ep = {ep} > 1 needs a mixture-of-experts model", "ep_moe", "ep")
     if model.moe.num_experts % ep:
-        _fail(f"num_experts ({model.moe.num_experts}) % ep ({ep}) != 0", "ep_experts", "ep")
+        return _bad(f"num_experts ({model.moe.num_experts}) % ep ({ep}) != 0", "ep_experts", "ep")
     if (layout.dp * layout.cp) % ep:
         # Megatron parallel_state: world % (etp*ep*pp) == 0 with etp = tp, i.e. ep | dp*cp.
-        _fail(f"dp*cp ({layout.dp * layout.cp}) % ep ({ep}) != 0", "ep_dp", "ep")
+        return _bad(f"dp*cp ({layout.dp * layout.cp}) % ep ({ep}) != 0", "ep_dp", "ep")
+    return None
 
 
-def _check_sharding(layout: Layout, caps: Capabilities) -> None:
+def sharding_violation(layout: Layout, caps: Capabilities) -> Violation:
+    """The framework's ZeRO / FSDP stage and offload choices (not their interplay with pp)."""
     name = layout.framework.value
     if layout.zero_stage not in caps.zero_stages:
-        _fail(
+        return _bad(
             f"{name} has no zero_stage {layout.zero_stage} (allowed {sorted(caps.zero_stages)})",
             "zero_stage",
             "zero_stage",
@@ -190,7 +285,7 @@ def _check_sharding(layout: Layout, caps: Capabilities) -> None:
     if layout.fsdp_hybrid_shard and (
         layout.framework is not Framework.FSDP or layout.zero_stage not in (2, 3)
     ):
-        _fail(
+        return _bad(
             "fsdp_hybrid_shard needs framework fsdp with zero_stage 2 or 3",
             "hybrid_shard",
             "fsdp_hybrid_shard",
@@ -200,25 +295,28 @@ def _check_sharding(layout: Layout, caps: Capabilities) -> None:
         ("offload_params", layout.offload_params),
     ):
         if device is not Offload.NONE and device not in caps.offload_devices:
-            _fail(f"{name} cannot offload to {device.value}", "offload_device", field)
+            return _bad(f"{name} cannot offload to {device.value}", "offload_device", field)
     if layout.offload_params is not Offload.NONE and (not caps.param_offload or layout.zero_stage != 3):
-        _fail(
+        return _bad(
             f"offload_params needs zero_stage 3 (got {layout.zero_stage}) in {name}",
             "offload_params",
             "offload_params",
         )
     if layout.offload_optimizer is not Offload.NONE and layout.zero_stage < 1:
-        _fail("offload_optimizer needs zero_stage >= 1", "offload_optimizer", "offload_optimizer")
+        return _bad("offload_optimizer needs zero_stage >= 1", "offload_optimizer", "offload_optimizer")
     if layout.framework is Framework.FSDP and layout.offload_optimizer is not layout.offload_params:
         # FSDP CPUOffload offloads parameters, gradients and the optimizer step together.
-        _fail(
+        return _bad(
             "fsdp offloads params and optimizer together: set both or neither",
             "fsdp_offload",
             "offload_optimizer",
         )
+    return None
 
 
-def _check_training(cluster: ClusterSpec, layout: Layout, training: TrainingSpec, caps: Capabilities) -> None:
+def training_violation(
+    cluster: ClusterSpec, layout: Layout, training: TrainingSpec, caps: Capabilities
+) -> Violation:
     peaks = cluster.gpu.peak_flops_per_s
     needs = {
         Precision.FP8: peaks.fp8,
@@ -227,45 +325,75 @@ def _check_training(cluster: ClusterSpec, layout: Layout, training: TrainingSpec
         Precision.FP16: peaks.fp16,
     }
     if training.precision in needs and needs[training.precision] is None:
-        _fail(f"{cluster.gpu.name} has no {training.precision.value} support", "precision", "precision")
+        return _bad(f"{cluster.gpu.name} has no {training.precision.value} support", "precision", "precision")
     model_parallel = layout.tp > 1 or layout.pp > 1
     if training.method is not Method.FULL and model_parallel and not caps.lora_with_model_parallel:
-        _fail(
+        return _bad(
             f"{training.method.value} with tp/pp > 1 is not supported by {layout.framework.value}",
             "lora_mp",
             "tp",
         )
     if layout.optimizer_in_backward and not caps.optimizer_in_backward:
-        _fail(
+        return _bad(
             f"{layout.framework.value} cannot fuse the optimizer into backward",
             "optimizer_in_backward",
             "optimizer_in_backward",
         )
-    if layout.optimizer_in_backward and layout.accumulation_steps(training.global_batch_size) > 1:
-        _fail(
-            "optimizer_in_backward needs gradient_accumulation_steps = 1",
-            "optimizer_in_backward",
-            "optimizer_in_backward",
-        )
+    return None
+
+
+def activation_offload_violation(layout: Layout, caps: Capabilities) -> Violation:
     if (
         layout.activation_offload
         and caps.activation_offload_needs_full_recompute
         and layout.recompute is not Recompute.FULL
     ):
-        _fail(
+        return _bad(
             "deepspeed offloads activation checkpoints only: set recompute full",
             "activation_offload",
             "activation_offload",
         )
+    return None
+
+
+def layout_violation(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
+) -> Violation:
+    """The first rule the layout breaks, or None: the rules above, in this order."""
+    caps = FRAMEWORK_CAPABILITIES[layout.framework]
+    checks: tuple[Callable[[], Violation], ...] = (
+        lambda: batch_split_violation(training, layout),
+        lambda: world_violation(cluster, layout),
+        lambda: tensor_parallel_violation(model, layout.tp),
+        lambda: sharding_violation(layout, caps),
+        lambda: pipeline_split_violation(model, layout.pp, layout.virtual_pipeline_stages),
+        lambda: interleaving_violation(model, layout, caps),
+        lambda: interleaved_batches_violation(training, layout),
+        lambda: zero_with_pipeline_violation(layout, caps),
+        lambda: context_violation(layout, training),
+        lambda: ulysses_violation(model, layout),
+        lambda: sequence_parallel_violation(training, layout),
+        lambda: expert_violation(model, layout),
+        lambda: training_violation(cluster, layout, training, caps),
+        lambda: fused_optimizer_batches_violation(training, layout),
+        lambda: activation_offload_violation(layout, caps),
+    )
+    for check in checks:
+        violation = check()
+        if violation is not None:
+            return violation
+    return None
 
 
 def validate_layout(model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec) -> None:
     """Raise ``InvalidLayout`` for the first rule the layout breaks; return None if it can run."""
-    caps = FRAMEWORK_CAPABILITIES[layout.framework]
-    layout.accumulation_steps(training.global_batch_size)  # rule global_batch
-    _check_world(model, cluster, layout)
-    _check_sharding(layout, caps)
-    _check_pipeline(model, layout, training, caps)
-    _check_sequence(model, layout, training)
-    _check_experts(model, layout)
-    _check_training(cluster, layout, training, caps)
+    violation = layout_violation(model, cluster, layout, training)
+    if violation is not None:
+        raise violation
+
+
+@functools.cache
+def divisors(n: int) -> tuple[int, ...]:
+    """Positive divisors of ``n``, ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted({*small, *(n // d for d in small)}))

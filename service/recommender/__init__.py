@@ -3,23 +3,26 @@
 ``recommend(model, cluster, training, constraints, efficiency)`` searches, for each GPU count the
 objective needs, every ``space.Structure`` x framework sharding (``FRAMEWORK_CAPABILITIES``) x
 interleaving x recompute, and for each the micro-batches that fit (binary search: memory grows with
-the micro-batch). The memory and time of each candidate come from ``fast.Evaluator``, which equals
-the estimator's; what is returned is re-estimated with ``estimate()``. Families that cannot fit at
+the micro-batch). Each GPU count is one estimator ``Job``; the memory and time of each candidate are
+the estimator's own (``estimator.evaluate``: plain numbers to decide fit and rank, result objects
+only for the layouts kept), and what is returned is its ``estimate``. Families that cannot fit at
 micro-batch 1 are cut before any time is computed; more recompute is only tried when it allows a
-larger micro-batch, offload only when nothing fits without it. A pure library, like the estimator.
+larger micro-batch, offload only when nothing fits without it. The search's budget counts layout
+evaluations, so its answer depends on the request alone. A pure library, like the estimator.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from service.estimator import evaluate
 from service.estimator.efficiency import EfficiencyCurve
-from service.estimator.errors import InvalidLayout
-from service.estimator.estimate import estimate
-from service.estimator.memory import largest_satisfying, valid_micro_batch_sizes
-from service.estimator.model_states import DEFAULT_ASSUMPTIONS, state_bytes
+from service.estimator.estimate import estimate_valid
+from service.estimator.job import Job, make_job
+from service.estimator.memory import min_state_bytes_per_gpu, stage_states
 from service.estimator.types import (
     ClusterSpec,
     Estimate,
@@ -32,9 +35,8 @@ from service.estimator.types import (
     TimeEstimate,
     TrainingSpec,
 )
-from service.estimator.validate import validate_layout
+from service.estimator.validate import layout_violation
 from service.recommender import rank
-from service.recommender.fast import Evaluator, host_numbers_fit
 from service.recommender.space import (
     FRAMEWORK_FLAGS,
     RECOMPUTE_ORDER,
@@ -78,9 +80,11 @@ class SearchResult:
 
     best: dict[tuple[object, ...], Scored] = field(default_factory=dict)
     log: RejectionLog = field(default_factory=RejectionLog)
-    evaluators: dict[int, Evaluator] = field(default_factory=dict)
+    jobs: dict[int, Job] = field(default_factory=dict)  # one per GPU count searched
     families: int = 0
     candidates: int = 0
+    memory_evaluations: int = 0
+    time_evaluations: int = 0
     truncated: bool = False
     valid_structures: int = 0
 
@@ -100,28 +104,39 @@ class SearchResult:
         return self._threshold
 
     @property
-    def memory_evaluations(self) -> int:
-        return sum(e.memory_calls for e in self.evaluators.values())
+    def evaluations(self) -> int:
+        return self.memory_evaluations + self.time_evaluations
+
+    def memory_numbers(self, job: Job, layout: Layout) -> tuple[int, int, int]:
+        """``evaluate.memory_numbers``, counted against the budget."""
+        self.memory_evaluations += 1
+        return evaluate.memory_numbers(job, layout)
+
+    def fits(self, job: Job, layout: Layout, limit: int) -> bool:
+        return evaluate.numbers_fit(job.cluster, self.memory_numbers(job, layout), limit)
+
+    def step_numbers(self, job: Job, layout: Layout) -> tuple[float, float]:
+        """``evaluate.step_numbers``, counted against the budget."""
+        self.time_evaluations += 1
+        return evaluate.step_numbers(job, layout)
+
+    def floor_s(self, job: Job, layout: Layout) -> float:
+        self.time_evaluations += 1
+        return evaluate.floor_s(job, layout)
 
 
-@dataclass(slots=True)
-class _Job:
+@dataclass(frozen=True, slots=True)
+class _Search:
+    """What one search is asked: the job's inputs and the constraints."""
+
     model: ModelSpec
-    cluster: ClusterSpec
     training: TrainingSpec
     constraints: Constraints
     curve: EfficiencyCurve
-    deadline: float
 
 
 def _limit_bytes(capacity: int, constraints: Constraints) -> int:
     return int(capacity * (1.0 - constraints.min_headroom_fraction))
-
-
-def _fits(memory: tuple[int, int, int], cluster: ClusterSpec, limit: int) -> bool:
-    # memory: Evaluator.memory_numbers' (per-GPU total, host bytes per node, NVMe bytes per node)
-    total, cpu, nvme = memory
-    return total <= limit and host_numbers_fit(cluster, cpu, nvme)
 
 
 def _family_key(layout: Layout) -> tuple[object, ...]:
@@ -141,7 +156,7 @@ def _family_key(layout: Layout) -> tuple[object, ...]:
 def _log_memory(
     result: SearchResult, layout: Layout, memory: tuple[int, int, int], limit: int, count: int
 ) -> None:
-    total, cpu, _ = memory  # Evaluator.memory_numbers
+    total, cpu, _ = memory  # evaluate.memory_numbers
     if total > limit:
         result.log.add_memory("does not fit in GPU memory", count, layout, total, limit)
     else:
@@ -150,15 +165,14 @@ def _log_memory(
 
 
 def _search_memory_family(
-    job: _Job,
-    ev: Evaluator,
+    search: _Search,
+    job: Job,
     result: SearchResult,
     family: tuple[Structure, Sharding, int],
     sizes: tuple[int, ...],
     limit: int,
 ) -> bool:
     """Every recompute mode of one family (structure, sharding, interleaving); True if any fits."""
-    sub = ev.cluster
     s, sh, virtual = family
     if not sizes:
         result.log.add(
@@ -172,48 +186,61 @@ def _search_memory_family(
     for recompute in RECOMPUTE_ORDER:
         result.families += 1
         first = make_layout(s, sh, recompute, virtual, sizes[0])
-        try:
-            validate_layout(job.model, sub, first, job.training)
-        except InvalidLayout as error:
-            result.log.add(f"invalid: {error.rule}", 1, first, str(error))
+        violation = layout_violation(search.model, job.cluster, first, search.training)
+        if violation is not None:
+            result.log.add(f"invalid: {violation.rule}", 1, first, str(violation))
             continue
-        memory = ev.memory_numbers(first)
-        if not _fits(memory, sub, limit):
+        memory = result.memory_numbers(job, first)
+        if not evaluate.numbers_fit(job.cluster, memory, limit):
             _log_memory(result, first, memory, limit, 1)
             continue
         fitted = True
 
-        def ok(i: int, recompute: Recompute = recompute) -> bool:
-            layout = make_layout(s, sh, recompute, virtual, sizes[i])
-            return ev.fits(layout, limit)
+        def sized(i: int, recompute: Recompute = recompute) -> Layout:
+            return make_layout(s, sh, recompute, virtual, sizes[i])
 
-        top = largest_satisfying(0, len(sizes) - 1, 1, ok)
+        top = _largest_fitting(result, job, sized, len(sizes), limit)  # sizes[0] fits
         if top <= best_index:
             continue  # more recompute without a larger micro-batch only costs time
         best_index = top
         timed = [top] if s.pp == 1 else list(range(max(0, top - MAX_MICRO_BATCHES_TIMED + 1), top + 1))
         for i in timed:
-            _time_candidate(job, ev, result, make_layout(s, sh, recompute, virtual, sizes[i]))
+            _time_candidate(search, job, result, sized(i))
         if top == len(sizes) - 1:
             break
     return fitted
 
 
-def _time_candidate(job: _Job, ev: Evaluator, result: SearchResult, layout: Layout) -> None:
+def _largest_fitting(
+    result: SearchResult, job: Job, sized: Callable[[int], Layout], count: int, limit: int
+) -> int:
+    """``evaluate.largest_fitting`` above index 0 (which fits), each layout it evaluates counted
+    against the budget."""
+
+    def counted(i: int) -> Layout:
+        result.memory_evaluations += 1
+        return sized(i)
+
+    return evaluate.largest_fitting(job, counted, count, limit, known_fit=0)
+
+
+def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Layout) -> None:
     result.candidates += 1
-    _, tokens_per_s = ev.step_numbers(layout)  # equal to ev.time(layout)'s, without the objects
-    key = rank.sort_key(job.constraints.objective, layout, tokens_per_s)
+    _, tokens_per_s = result.step_numbers(job, layout)
+    key = rank.sort_key(search.constraints.objective, layout, tokens_per_s)
     family = _family_key(layout)
     held = result.best.get(family)
     if held is None or key < held.key:
-        result.keep(family, Scored(layout, ev.memory(layout), ev.time(layout), key))
+        memory, time = evaluate.memory_estimate(job, layout), evaluate.time_estimate(job, layout)
+        result.keep(family, Scored(layout, memory, time, key))
 
 
-def _search_structure(job: _Job, ev: Evaluator, result: SearchResult, s: Structure, limit: int) -> None:
+def _search_structure(search: _Search, job: Job, result: SearchResult, s: Structure, limit: int) -> None:
     sizes_of: dict[tuple[int, bool], tuple[int, ...]] = {}  # micro-batches by (interleaving, SP)
     ceilings: dict[tuple[Framework, int], tuple[float, ...] | None] = {}  # see _dominated
-    for framework in job.constraints.frameworks:
-        options, unsupported = shardings(framework, s, job.constraints.allow_offload)
+    budget = search.constraints.max_evaluations
+    for framework in search.constraints.frameworks:
+        options, unsupported = shardings(framework, s, search.constraints.allow_offload)
         for reason in unsupported:
             if reason in result.log.groups:
                 result.log.groups[reason].count += 1  # the example is kept from the first
@@ -225,19 +252,19 @@ def _search_structure(job: _Job, ev: Evaluator, result: SearchResult, s: Structu
             if sh.offloads and fitted:
                 continue  # offload only where nothing fits without it
             probe = make_layout(s, sh, Recompute.FULL, 1, 1)
-            if not _states_fit(ev, probe, limit):
+            if not _states_fit(job, probe, limit):
                 result.families += 1
-                _log_memory(result, probe, ev.memory_numbers(probe), limit, 1)
+                _log_memory(result, probe, result.memory_numbers(job, probe), limit, 1)
                 continue
-            for virtual in virtual_stages(job.model, framework, s.pp):
+            for virtual in virtual_stages(search.model, framework, s.pp):
                 sp = s.tp > 1 and FRAMEWORK_FLAGS[framework].sequence_parallel
                 sizes = sizes_of.get((virtual, sp))
                 if sizes is None:
-                    sizes = sizes_of[(virtual, sp)] = micro_batch_sizes(job.training, s, virtual, sp)
-                if _dominated(job, ev, result, (s, sh, virtual), sizes, ceilings):
+                    sizes = sizes_of[(virtual, sp)] = micro_batch_sizes(search.training, s, virtual, sp)
+                if _dominated(search, job, result, (s, sh, virtual), sizes, ceilings):
                     continue
-                fitted |= _search_memory_family(job, ev, result, (s, sh, virtual), sizes, limit)
-                if time.perf_counter() > job.deadline:
+                fitted |= _search_memory_family(search, job, result, (s, sh, virtual), sizes, limit)
+                if result.evaluations >= budget:
                     result.truncated = True
                     return
 
@@ -248,8 +275,8 @@ _FLOOR_SLACK = 1e-9
 
 
 def _dominated(
-    job: _Job,
-    ev: Evaluator,
+    search: _Search,
+    job: Job,
     result: SearchResult,
     family: tuple[Structure, Sharding, int],
     sizes: tuple[int, ...],
@@ -262,18 +289,18 @@ def _dominated(
     less its bubble, bounds every member of the family from below.
 
     Cheaper first, per (framework, interleaving) of the structure: ``ceilings`` holds the sort key of
-    ``Evaluator.floor_s``, the part of that bound no sharding changes (DP, offload and optimizer time
+    ``evaluate.floor_s``, the part of that bound no sharding changes (DP, offload and optimizer time
     are >= 0, and the key never gets larger with more tokens/s), or None when the optimistic layout
     is invalid (``shardings`` yields only what the framework allows, so the sharding does not change
     validity: ``tests/recommender/test_space.py`` checks it). Past the first family, one whose
     ceiling loses is counted without building its layout; the first is logged with its exact bound.
     """
-    top_k = job.constraints.top_k
+    top_k = search.constraints.top_k
     if len(result.best) < top_k or not sizes:
         return False
     s, sh, virtual = family
     if (sh.framework, virtual) not in ceilings:
-        ceilings[sh.framework, virtual] = _ceiling_key(job, ev, family, sizes[-1])
+        ceilings[sh.framework, virtual] = _ceiling_key(search, job, result, family, sizes[-1])
     ceiling = ceilings[sh.framework, virtual]
     if ceiling is None:
         return False
@@ -282,13 +309,12 @@ def _dominated(
         result.log.groups[DOMINATED].count += 1
         return True
     optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1])
-    try:
-        validate_layout(job.model, ev.cluster, optimistic, job.training)
-    except InvalidLayout:
+    if layout_violation(search.model, job.cluster, optimistic, search.training) is not None:
         return False
-    bound = ev.time(optimistic)
-    best_tokens_per_s = job.training.tokens_per_step / (bound.step_s - bound.breakdown.pp_bubble_s)
-    if rank.primary_key(job.constraints.objective, s.gpus, best_tokens_per_s) <= threshold:
+    result.time_evaluations += 1
+    bound = evaluate.time_estimate(job, optimistic)
+    best_tokens_per_s = search.training.tokens_per_step / (bound.step_s - bound.breakdown.pp_bubble_s)
+    if rank.primary_key(search.constraints.objective, s.gpus, best_tokens_per_s) <= threshold:
         return False
     result.log.add(
         DOMINATED,
@@ -300,41 +326,34 @@ def _dominated(
 
 
 def _ceiling_key(
-    job: _Job, ev: Evaluator, family: tuple[Structure, Sharding, int], micro_batch: int
+    search: _Search, job: Job, result: SearchResult, family: tuple[Structure, Sharding, int], micro_batch: int
 ) -> tuple[float, ...] | None:
     s, sh, virtual = family
     optimistic = make_layout(s, sh, Recompute.NONE, virtual, micro_batch)
-    try:
-        validate_layout(job.model, ev.cluster, optimistic, job.training)
-    except InvalidLayout:
+    if layout_violation(search.model, job.cluster, optimistic, search.training) is not None:
         return None
-    ceiling = job.training.tokens_per_step / (ev.floor_s(optimistic) * (1 - _FLOOR_SLACK))
-    return rank.primary_key(job.constraints.objective, s.gpus, ceiling)
+    ceiling = search.training.tokens_per_step / (result.floor_s(job, optimistic) * (1 - _FLOOR_SLACK))
+    return rank.primary_key(search.constraints.objective, s.gpus, ceiling)
 
 
-def _states_fit(ev: Evaluator, layout: Layout, limit: int) -> bool:
+def _states_fit(job: Job, layout: Layout, limit: int) -> bool:
     # model states alone (no activations, buffers or overhead): a lower bound on every rank's need
-    for rank_index in sorted({0, layout.pp - 1}):
-        states = ev.model_states(layout, rank_index)
+    for rank_states in stage_states(job, layout):
+        states = rank_states.states
         if states.parameters + states.gradients + states.optimizer_states > limit:
             return False
     return True
 
 
-def _count_can_fit(job: _Job, ev: Evaluator, gpus: int, limit: int, result: SearchResult) -> bool:
+def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: SearchResult) -> bool:
     """False when the model states alone, fully sharded over every GPU, exceed the limit (no offload)."""
-    if job.constraints.allow_offload or job.training.method is not Method.FULL:
+    constraints = search.constraints
+    if constraints.allow_offload or search.training.method is not Method.FULL:
         return True
-    per_param = min(
-        sb.weights + sb.gradients + sb.master + sb.moments
-        for sb in (
-            state_bytes(job.training, f, job.model, DEFAULT_ASSUMPTIONS) for f in job.constraints.frameworks
-        )
-    )
-    need = int(per_param * ev.counts.total / gpus)
+    need = min(min_state_bytes_per_gpu(job, framework, gpus) for framework in constraints.frameworks)
     if need <= limit:
         return True
-    example = Layout(dp=gpus, zero_stage=3, framework=job.constraints.frameworks[0])
+    example = Layout(dp=gpus, zero_stage=3, framework=constraints.frameworks[0])
     result.log.add_memory("does not fit in GPU memory", 1, example, need, limit)
     return False
 
@@ -348,22 +367,20 @@ def search(
     counts: tuple[int, ...],
     *,
     stop_at_first_fit: bool = False,
-    deadline: float | None = None,
 ) -> SearchResult:
-    """Fast-path search over the given GPU counts (in order)."""
-    job = _Job(model, cluster, training, constraints, efficiency, deadline or time.perf_counter() + 1e9)
+    """Search over the given GPU counts (in order), within ``constraints.max_evaluations``."""
+    request = _Search(model, training, constraints, efficiency)
     result = SearchResult()
     for gpus in counts:
-        sub = sub_cluster(cluster, gpus)
-        ev = Evaluator(model, sub, training, efficiency)
-        result.evaluators[gpus] = ev
-        limit = _limit_bytes(sub.gpu.memory_bytes, constraints)
+        job = make_job(model, sub_cluster(cluster, gpus), training, efficiency)
+        result.jobs[gpus] = job
+        limit = _limit_bytes(job.cluster.gpu.memory_bytes, constraints)
         before = len(result.best)
-        if not _count_can_fit(job, ev, gpus, limit, result):
+        if not _count_can_fit(request, job, gpus, limit, result):
             continue
         for s in structures(model, cluster, training, gpus, result.log):
             result.valid_structures += 1
-            _search_structure(job, ev, result, s, limit)
+            _search_structure(request, job, result, s, limit)
             if result.truncated:
                 return result
         if stop_at_first_fit and len(result.best) > before:
@@ -382,78 +399,50 @@ def _counts_for(cluster: ClusterSpec, constraints: Constraints) -> tuple[tuple[i
     return tuple(reversed(counts)), False
 
 
+def _merge(found: SearchResult, more: SearchResult) -> None:
+    found.best.update(more.best)
+    found.jobs.update(more.jobs)
+    found.families += more.families
+    found.candidates += more.candidates
+    found.memory_evaluations += more.memory_evaluations
+    found.time_evaluations += more.time_evaluations
+    found.truncated |= more.truncated
+
+
 def _run_search(
     model: ModelSpec,
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints,
     efficiency: EfficiencyCurve,
-    deadline: float,
 ) -> SearchResult:
     counts, first_fit = _counts_for(cluster, constraints)
     if constraints.objective is Objective.COST:
-        found = search(
-            model,
-            cluster,
-            training,
-            constraints,
-            efficiency,
-            counts,
-            stop_at_first_fit=True,
-            deadline=deadline,
-        )
-        if not found.best:
+        found = search(model, cluster, training, constraints, efficiency, counts, stop_at_first_fit=True)
+        if not found.best or found.truncated:
             return found
         smallest = min(s.layout.world_size for s in found.best.values())
         larger = [n for n in counts if n > smallest]
         picks = tuple(larger[i] for i in range(0, len(larger), max(1, len(larger) // 4)))[:4]
-        more = search(model, cluster, training, constraints, efficiency, picks, deadline=deadline)
-        found.best.update(more.best)
-        found.evaluators.update(more.evaluators)
-        found.families += more.families
-        found.candidates += more.candidates
-        found.truncated |= more.truncated
+        left = dataclasses.replace(
+            constraints, max_evaluations=constraints.max_evaluations - found.evaluations
+        )
+        _merge(found, search(model, cluster, training, left, efficiency, picks))
         return found
     if first_fit:
-        return search(
-            model,
-            cluster,
-            training,
-            constraints,
-            efficiency,
-            counts,
-            stop_at_first_fit=True,
-            deadline=deadline,
-        )
+        return search(model, cluster, training, constraints, efficiency, counts, stop_at_first_fit=True)
     # throughput / time to train: all the GPUs allowed; fewer only if no split of them is valid
     for gpus in counts:
-        result = search(model, cluster, training, constraints, efficiency, (gpus,), deadline=deadline)
+        result = search(model, cluster, training, constraints, efficiency, (gpus,))
         if result.valid_structures:
             return result
     return result
 
 
-def _full_estimate(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    curve: EfficiencyCurve,
-    ev: Evaluator,
-    layout: Layout,
-) -> Estimate:
-    sub = ev.cluster
-    result = estimate(model, sub, layout, training, efficiency=curve, with_limits=False)
-
-    # The estimator's definition of the limit (memory.max_micro_batch_size: the largest valid size
-    # that fits), on the fast path's memory, which equals memory_estimate's.
-    sizes = valid_micro_batch_sizes(model, sub, layout, training)
-
-    def ok(i: int) -> bool:
-        candidate = dataclasses.replace(layout, micro_batch_size=sizes[i], gradient_accumulation_steps=None)
-        return ev.fits(candidate, sub.gpu.memory_bytes)  # memory_fits: headroom >= 0, host fits
-
-    max_b = sizes[largest_satisfying(0, len(sizes) - 1, 1, ok)] if sizes and ok(0) else 0
-    return dataclasses.replace(result, max_micro_batch_size=max_b)
+def _full_estimate(job: Job, layout: Layout) -> Estimate:
+    """The estimate of a layout the search keeps: everything but the sequence-length limit."""
+    result = estimate_valid(job, layout, with_limits=False)
+    return dataclasses.replace(result, max_micro_batch_size=evaluate.max_micro_batch_size(job, layout))
 
 
 def recommend(
@@ -472,15 +461,11 @@ def recommend(
         raise TypeError("recommend needs an EfficiencyCurve: pass catalog.efficiency.default_efficiency()")
     constraints = constraints or Constraints()
     started = time.perf_counter()
-    result = _run_search(
-        model, cluster, training, constraints, efficiency, started + constraints.time_budget_s
-    )
-    chosen: list[tuple[Layout, Evaluator, Estimate]] = []
+    result = _run_search(model, cluster, training, constraints, efficiency)
+    chosen: list[tuple[Layout, Job, Estimate]] = []
     for scored in result.ranked()[: constraints.top_k]:
-        ev = result.evaluators[scored.layout.world_size]
-        chosen.append(
-            (scored.layout, ev, _full_estimate(model, cluster, training, efficiency, ev, scored.layout))
-        )
+        job = result.jobs[scored.layout.world_size]
+        chosen.append((scored.layout, job, _full_estimate(job, scored.layout)))
     candidates = _candidates(chosen, constraints, training, result)
     rejected = tuple(
         Rejection(
@@ -508,6 +493,7 @@ def recommend(
             truncated=result.truncated,
             families_considered=result.families,
             memory_evaluations=result.memory_evaluations,
+            time_evaluations=result.time_evaluations,
             full_estimates=len(chosen),
         ),
     )
@@ -519,14 +505,14 @@ def _tokens_per_s(est: Estimate) -> float:
 
 
 def _candidates(
-    chosen: list[tuple[Layout, Evaluator, Estimate]],
+    chosen: list[tuple[Layout, Job, Estimate]],
     constraints: Constraints,
     training: TrainingSpec,
     result: SearchResult,
 ) -> tuple[Candidate, ...]:
     if not chosen:
         return ()
-    best_layout, best_ev, best = chosen[0]
+    best_layout, best_job, best = chosen[0]
     no_pp = any(s.layout.pp == 1 for s in result.best.values())
     runner_up = (chosen[1][0], chosen[1][2]) if len(chosen) > 1 else None
     out = [
@@ -534,7 +520,7 @@ def _candidates(
             layout=best_layout,
             estimate=best,
             score=rank.score(constraints, best_layout.world_size, _tokens_per_s(best), training.tokens),
-            rationale=rank.rationale(best_layout, best, best_ev.cluster.gpus_per_node, runner_up, no_pp),
+            rationale=rank.rationale(best_layout, best, best_job.cluster.gpus_per_node, runner_up, no_pp),
         )
     ]
     for layout, _, est in chosen[1:]:

@@ -9,6 +9,9 @@ A layout is built in three layers, each generated lazily and pruned as early as 
   dp x cp, and dp divides the global batch;
 * a ``Sharding``: framework, ZeRO stage / FSDP mode and offload, only as
   ``validate.FRAMEWORK_CAPABILITIES`` allows (the capability table stays data, in the estimator);
+
+every rule is the validator's own (``service.estimator.validate``), called at the level where its
+fields are chosen; only keeping TP inside a node and ``MAX_CP`` are the search's policy;
 * memory knobs (recompute, interleaving) and the micro-batch, chosen by the search.
 
 Sequence parallelism is switched on whenever tp > 1 where the framework has it: it shards what plain
@@ -21,13 +24,11 @@ no such mode, so its TP layouts keep the norm and dropout activations replicated
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
-    Attention,
     ClusterSpec,
     Framework,
     Layout,
@@ -36,7 +37,17 @@ from service.estimator.types import (
     Recompute,
     TrainingSpec,
 )
-from service.estimator.validate import FRAMEWORK_CAPABILITIES, validate_layout
+from service.estimator.validate import (
+    FRAMEWORK_CAPABILITIES,
+    batch_split_violation,
+    context_violation,
+    divisors,
+    pipeline_split_violation,
+    sharding_violation,
+    tensor_parallel_violation,
+    valid_micro_batch_sizes,
+    zero_with_pipeline_violation,
+)
 
 MAX_CP = 32  # context parallelism beyond 32 ranks only pays off past the catalog's context lengths
 MAX_VIRTUAL_STAGES = 8  # interleaving deeper than 8 chunks costs more p2p than its bubble saves
@@ -72,13 +83,6 @@ def _overlap_grad_reduce(flags: FrameworkFlags, structure: Structure, sharding: 
         # Stage 0 reduces after backward; the PipelineEngine forces overlap_comm off (stage <= 2).
         return None
     return flags.overlap_grad_reduce
-
-
-@functools.cache
-def divisors(n: int) -> tuple[int, ...]:
-    """Positive divisors of ``n``, ascending."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return tuple(sorted({*small, *(n // d for d in small)}))
 
 
 def gpu_counts(cluster: ClusterSpec, max_gpus: int | None = None) -> tuple[int, ...]:
@@ -137,17 +141,6 @@ class RejectionLog:
             group.example, group.detail, group.per_gpu_bytes = example, detail, need
 
 
-def _rule_example(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout
-) -> tuple[str, str]:
-    """The validator's rule slug and message for an invalid layout."""
-    try:
-        validate_layout(model, cluster, layout, training)
-    except InvalidLayout as error:
-        return f"invalid: {error.rule}", str(error)
-    return "invalid: tp_node", "tensor parallelism across nodes"
-
-
 # ---------------------------------------------------------------- structures
 
 
@@ -161,63 +154,38 @@ class Structure:
     ep: int
 
 
-def _structure_rule(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, tp: int, pp: int, cp: int, dp: int
-) -> str | None:
-    # the first rule a (tp, pp, cp, dp) split breaks, or None
-    if tp > cluster.gpus_per_node:
-        return "tp_node"
-    if model.num_attention_heads % tp or model.num_kv_heads % tp:
-        return "heads_tp"
-    if model.num_layers % pp:
-        return "pp_layers"
-    if cp > 1 and (training.seq_len % (2 * cp) or cp > MAX_CP or training.attention is Attention.EAGER):
-        return "cp_seq"
-    if training.global_batch_size % dp:
-        return "global_batch"
-    return None
+def _structure_violation(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout
+) -> tuple[str, str] | None:
+    """The first rule a (dp, tp, pp, cp) split breaks, as (rule, detail), or None."""
+    if layout.tp > cluster.gpus_per_node:
+        return "tp_node", (
+            f"tp ({layout.tp}) > GPUs per node ({cluster.gpus_per_node}): TP all-reduces would cross nodes"
+        )
+    violation = tensor_parallel_violation(model, layout.tp) or pipeline_split_violation(model, layout.pp, 1)
+    if violation is None and layout.cp > MAX_CP:
+        return "cp_seq", f"cp ({layout.cp}) > {MAX_CP}"
+    violation = violation or context_violation(layout, training) or batch_split_violation(training, layout)
+    return None if violation is None else (violation.rule, str(violation))
 
 
 def structures(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, gpus: int, log: RejectionLog
 ) -> Iterator[Structure]:
     """Every valid split of ``gpus`` GPUs, tp ascending within pp ascending; invalid ones are logged."""
-    used = sub_cluster(cluster, gpus)
     for pp in divisors(gpus):
         for tp in divisors(gpus // pp):
             for cp in divisors(gpus // (pp * tp)):
                 dp = gpus // (pp * tp * cp)
-                rule = _structure_rule(model, cluster, training, tp, pp, cp, dp)
-                if rule is not None:
+                layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp)
+                broken = _structure_violation(model, cluster, training, layout)
+                if broken is not None:
+                    rule, detail = broken
                     if rule != "pp_layers" or pp <= model.num_layers:
-                        _log_rule(model, used, training, log, rule, Layout(dp=dp, tp=tp, pp=pp, cp=cp))
+                        log.add(f"invalid: {rule}", 1, layout, detail)
                     continue
                 for ep in _ep_options(model, dp * cp):
                     yield Structure(gpus=gpus, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
-
-
-def _log_rule(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    log: RejectionLog,
-    rule: str,
-    layout: Layout,
-) -> None:
-    reason = f"invalid: {rule}"
-    if reason in log.groups:
-        log.groups[reason].count += 1
-        return
-    if rule == "tp_node":
-        detail = (
-            f"tp ({layout.tp}) > GPUs per node ({cluster.gpus_per_node}): TP all-reduces would cross nodes"
-        )
-    elif rule == "cp_seq" and layout.cp > MAX_CP:
-        detail = f"cp ({layout.cp}) > {MAX_CP}"
-    else:
-        reason, detail = _rule_example(model, cluster, training, layout)
-        reason = f"invalid: {rule}" if reason == "invalid: tp_node" else reason
-    log.add(reason, 1, layout, detail)
 
 
 def _ep_options(model: ModelSpec, dp_cp: int) -> tuple[int, ...]:
@@ -241,40 +209,54 @@ class Sharding:
         return self.offload_optimizer is not Offload.NONE or self.offload_params is not Offload.NONE
 
 
+# The offload choices, in the order the search tries them: none, then host memory, then NVMe.
+_OFFLOADS = (
+    (Offload.NONE, Offload.NONE),
+    (Offload.CPU, Offload.NONE),
+    (Offload.CPU, Offload.CPU),
+    (Offload.NVME, Offload.NONE),
+    (Offload.NVME, Offload.NVME),
+)
+
+
 def shardings(framework: Framework, structure: Structure, offload: bool) -> tuple[list[Sharding], list[str]]:
-    """What ``framework`` supports for this structure, and what it does not (for the rejection log)."""
+    """What ``framework`` supports for this structure (the validator's sharding rules), and why it
+    does not support the stages it does not (for the rejection log)."""
+    ok, unsupported = _shardings(framework, structure.pp > 1, structure.dp * structure.cp > 1, offload)
+    return list(ok), list(unsupported)
+
+
+@functools.cache
+def _shardings(
+    framework: Framework, pipelined: bool, data_parallel: bool, offload: bool
+) -> tuple[tuple[Sharding, ...], tuple[str, ...]]:
+    # the sharding rules read the framework, the stage, the offload devices and whether pp > 1
     caps = FRAMEWORK_CAPABILITIES[framework]
     ok: list[Sharding] = []
     unsupported: list[str] = []
     for stage in (0, 1, 2, 3):
-        if stage not in caps.zero_stages:
-            unsupported.append(f"{framework.value} does not support zero_stage {stage}")
-            continue
-        if structure.pp > 1 and stage > caps.max_zero_stage_with_pp:
-            unsupported.append(f"{framework.value} does not support zero_stage {stage} with pp > 1")
-            continue
-        if stage > 0 and structure.dp * structure.cp == 1:
-            continue  # nothing to shard over: same as stage 0
-        ok.append(Sharding(framework, stage))
-        if offload:
-            ok.extend(_offloads(framework, stage))
-    return ok, unsupported
+        for optimizer_device, params_device in _OFFLOADS if offload else _OFFLOADS[:1]:
+            sharding = Sharding(framework, stage, optimizer_device, params_device)
+            layout = Layout(
+                framework=framework,
+                pp=2 if pipelined else 1,
+                zero_stage=stage,
+                offload_optimizer=optimizer_device,
+                offload_params=params_device,
+            )
+            violation = sharding_violation(layout, caps) or zero_with_pipeline_violation(layout, caps)
+            if violation is not None and not sharding.offloads:
+                unsupported.append(_unsupported_reason(framework, stage, violation))
+                break  # the stage itself is unsupported: its offload variants go unsaid
+            if violation is None and (stage == 0 or data_parallel):
+                ok.append(sharding)  # stage > 0 on one data-parallel rank would shard over nothing
+    return tuple(ok), tuple(unsupported)
 
 
-def _offloads(framework: Framework, stage: int) -> list[Sharding]:
-    caps = FRAMEWORK_CAPABILITIES[framework]
-    out: list[Sharding] = []
-    if stage == 0:
-        return out
-    for device in sorted(caps.offload_devices, key=lambda d: d is Offload.NVME):
-        if framework is Framework.FSDP:
-            if stage == 3 and caps.param_offload:
-                out.append(Sharding(framework, stage, device, device))
-            continue
-        out.append(Sharding(framework, stage, device))
-        if stage == 3 and caps.param_offload:
-            out.append(Sharding(framework, stage, device, device))
-    return out
+def _unsupported_reason(framework: Framework, stage: int, violation: InvalidLayout) -> str:
+    if violation.rule == "zero_pp":
+        return f"{framework.value} does not support zero_stage {stage} with pp > 1"
+    return f"{framework.value} does not support zero_stage {stage}"
 
 
 def virtual_stages(model: ModelSpec, framework: Framework, pp: int) -> tuple[int, ...]:
@@ -288,17 +270,15 @@ def virtual_stages(model: ModelSpec, framework: Framework, pp: int) -> tuple[int
 def micro_batch_sizes(
     training: TrainingSpec, structure: Structure, virtual: int, sequence_parallel: bool
 ) -> tuple[int, ...]:
-    """Valid micro-batches: divide the per-replica batch; interleaving needs m % pp == 0."""
-    per_replica = training.global_batch_size // structure.dp
-    out = []
-    for b in divisors(per_replica):
-        m = per_replica // b
-        if virtual > 1 and m % structure.pp:
-            continue
-        if sequence_parallel and (training.seq_len * b) % structure.tp:
-            continue
-        out.append(b)
-    return tuple(out)
+    """The micro-batches the validator accepts for this structure, interleaving and SP."""
+    layout = Layout(
+        dp=structure.dp,
+        tp=structure.tp,
+        pp=structure.pp,
+        virtual_pipeline_stages=virtual,
+        sequence_parallel=sequence_parallel,
+    )
+    return valid_micro_batch_sizes(training, layout)
 
 
 def make_layout(

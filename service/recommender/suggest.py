@@ -9,7 +9,6 @@ et al. arXiv:2305.14314) on the GPUs given.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable
 
 from service.estimator.efficiency import EfficiencyCurve
@@ -18,7 +17,9 @@ from service.recommender.types import Constraints, Objective, Suggestion
 
 GiB = 2**30
 MAX_NODE_FACTOR = 64  # look for up to 64x the nodes given before giving up
-SUGGESTION_BUDGET_S = 1.0  # per suggestion search
+# Layout evaluations per suggestion search (about a second of work): each suggestion is one more
+# search, so together they stay within a few times the main search's budget.
+SUGGESTION_EVALUATIONS = 50_000
 
 
 def node_ladder(cluster: ClusterSpec, start_nodes: int) -> tuple[int, ...]:
@@ -58,11 +59,16 @@ def fewest_gpus(
     """(GPUs, tokens/s, best layout) at the first count in ``counts`` where a layout fits."""
     from service.recommender import search
 
-    fewest = dataclasses.replace(constraints, objective=Objective.FEWEST_GPUS, max_gpus=None, top_k=1)
+    fewest = dataclasses.replace(
+        constraints,
+        objective=Objective.FEWEST_GPUS,
+        max_gpus=None,
+        top_k=1,
+        max_evaluations=SUGGESTION_EVALUATIONS,
+    )
     counts = tuple(counts)
     big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
-    deadline = time.perf_counter() + SUGGESTION_BUDGET_S
-    result = search(model, big, training, fewest, curve, counts, stop_at_first_fit=True, deadline=deadline)
+    result = search(model, big, training, fewest, curve, counts, stop_at_first_fit=True)
     ranked = result.ranked()
     if not ranked:
         return None
@@ -142,7 +148,9 @@ def _offload(
         return []
     # host RAM as needed: what would offload take, and does the node have it?
     unlimited = dataclasses.replace(cluster, cpu_memory_bytes_per_node=0, nvme_bytes_per_node=0)
-    allowed = dataclasses.replace(constraints, allow_offload=True, top_k=1, time_budget_s=SUGGESTION_BUDGET_S)
+    allowed = dataclasses.replace(
+        constraints, allow_offload=True, top_k=1, max_evaluations=SUGGESTION_EVALUATIONS
+    )
     found = recommend(model, unlimited, training, allowed, curve, with_suggestions=False)
     if found.recommended is None:
         return []
@@ -188,7 +196,7 @@ def _peft(
     out = []
     for method in (Method.LORA, Method.QLORA):
         peft = dataclasses.replace(training, method=method)
-        quick = dataclasses.replace(constraints, top_k=1, time_budget_s=SUGGESTION_BUDGET_S)
+        quick = dataclasses.replace(constraints, top_k=1, max_evaluations=SUGGESTION_EVALUATIONS)
         found = recommend(model, cluster, peft, quick, curve, with_suggestions=False)
         if found.recommended is None:
             continue

@@ -29,7 +29,9 @@ class Constraints:
     min_headroom_fraction: float = 0.05
     top_k: int = 3  # the recommended layout + top_k - 1 alternatives
     gpu_hour_cost: float | None = None  # price of one GPU for one hour, any currency
-    time_budget_s: float = 10.0  # the search stops (truncated) past this
+    # The search stops (truncated) after this many layout evaluations (memory or step time): a
+    # budget in work, not seconds, so that the answer depends on the request alone.
+    max_evaluations: int = 500_000
 
     def __post_init__(self) -> None:
         if self.max_gpus is not None and self.max_gpus < 1:
@@ -43,6 +45,10 @@ class Constraints:
             )
         if self.top_k < 1:
             raise InvalidTraining(f"top_k must be >= 1, got {self.top_k}", field="top_k")
+        if self.max_evaluations < 1:
+            raise InvalidTraining(
+                f"max_evaluations must be >= 1, got {self.max_evaluations}", field="max_evaluations"
+            )
         if self.gpu_hour_cost is not None and self.gpu_hour_cost < 0:
             raise InvalidTraining("gpu_hour_cost must be >= 0", field="gpu_hour_cost")
 
@@ -86,11 +92,12 @@ class Suggestion:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchStats:
-    candidates_evaluated: int  # layouts scored by the memory + time model (fast path)
+    candidates_evaluated: int  # layouts ranked by their step time
     duration_s: float
-    truncated: bool  # a time or count cap stopped the search early
+    truncated: bool  # the evaluation budget (Constraints.max_evaluations) stopped the search early
     families_considered: int = 0  # (gpus, framework, tp, pp, cp, ep, sharding) combinations
     memory_evaluations: int = 0
+    time_evaluations: int = 0  # step times, ranked candidates and bounds
     full_estimates: int = 0  # estimate() calls on what is returned
 
 

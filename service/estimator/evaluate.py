@@ -1,0 +1,248 @@
+"""A layout evaluated against a prepared job: the one place where the parts of memory and of the
+step time are summed, and the searches over one layout's micro-batch and sequence length.
+
+Two faces of the same sums: plain numbers (``memory_numbers``, ``step_numbers``: what a search
+needs to decide fit and rank) and result objects (``memory_estimate``, ``time_estimate``: what an
+estimate reports). The parts come from ``memory`` (model states and activations of the first and
+the last pipeline stage) and ``step_time``, memoised on the job by the layout fields they read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+from service.estimator import flops
+from service.estimator import step_time as st
+from service.estimator.calibration import calibrated_bytes
+from service.estimator.job import Job, make_job
+from service.estimator.memory import (
+    RankActivations,
+    RankStates,
+    fragmentation_bytes,
+    stage_activations,
+    stage_states,
+)
+from service.estimator.types import (
+    ClusterSpec,
+    Layout,
+    MemoryBreakdown,
+    MemoryEstimate,
+    TimeBreakdown,
+    TimeEstimate,
+    step_total_s,
+)
+from service.estimator.validate import valid_micro_batch_sizes
+
+# (parameters, gradients, optimizer states, activations, buffers, overhead) of one GPU, in bytes
+MemoryParts = tuple[int, int, int, int, int, int]
+
+# ---------------------------------------------------------------- memory
+
+
+def rank_memory_parts(
+    job: Job, states: RankStates, acts: RankActivations, dynamic_factor: float
+) -> MemoryParts:
+    """One pipeline rank's bytes by component; ``dynamic_factor`` (learned from runs) scales the
+    dynamic ones: activations, buffers and overhead."""
+    buffers = states.buffers + acts.buffers
+    overhead = acts.fixed_overhead + fragmentation_bytes(
+        acts.on_gpu + buffers, job.assume.fragmentation_fraction
+    )
+    if dynamic_factor == 1.0:
+        dynamic = (acts.on_gpu_bytes, math.ceil(buffers), math.ceil(overhead))
+    else:
+        dynamic = (
+            calibrated_bytes(acts.on_gpu_bytes, dynamic_factor),
+            calibrated_bytes(math.ceil(buffers), dynamic_factor),
+            calibrated_bytes(math.ceil(overhead), dynamic_factor),
+        )
+    return (states.parameters, states.gradients, states.optimizer_states, *dynamic)
+
+
+def most_loaded(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[MemoryParts, float, float]:
+    """The parts of the most loaded evaluated rank (the first on a tie), and the largest host and
+    NVMe bytes per GPU of any evaluated rank."""
+    all_states, all_acts = stage_states(job, layout), stage_activations(job, layout)
+    first_states, first_acts = all_states[0], all_acts[0]
+    heaviest = rank_memory_parts(job, first_states, first_acts, dynamic_factor)
+    host, nvme = first_states.host_bytes + first_acts.on_host, first_states.nvme_bytes
+    if len(all_states) > 1:  # the last pipeline stage
+        last_states, last_acts = all_states[1], all_acts[1]
+        last = rank_memory_parts(job, last_states, last_acts, dynamic_factor)
+        if sum(last) > sum(heaviest):
+            heaviest = last
+        host = max(host, last_states.host_bytes + last_acts.on_host)
+        nvme = max(nvme, last_states.nvme_bytes)
+    return heaviest, host, nvme
+
+
+def memory_numbers(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[int, int, int]:
+    """``(per-GPU total, host bytes per node, NVMe bytes per node)`` of ``memory_estimate``."""
+    parts, host, nvme = most_loaded(job, layout, dynamic_factor)
+    gpus_per_node = job.cluster.gpus_per_node
+    return sum(parts), math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)
+
+
+def memory_estimate(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> MemoryEstimate:
+    """Per-GPU memory of the most-loaded rank (first or last pipeline stage) and host/NVMe per node."""
+    parts, host, nvme = most_loaded(job, layout, dynamic_factor)
+    gpus_per_node = job.cluster.gpus_per_node
+    return MemoryEstimate(
+        per_gpu=memory_breakdown(parts),
+        capacity_bytes=job.cluster.gpu.memory_bytes,
+        cpu_per_node_bytes=math.ceil(host * gpus_per_node),
+        nvme_per_node_bytes=math.ceil(nvme * gpus_per_node),
+    )
+
+
+def memory_breakdown(parts: MemoryParts) -> MemoryBreakdown:
+    parameters, gradients, optimizer_states, activations, buffers, overhead = parts
+    return MemoryBreakdown(
+        parameters=parameters,
+        gradients=gradients,
+        optimizer_states=optimizer_states,
+        activations=activations,
+        buffers=buffers,
+        overhead=overhead,
+    )
+
+
+def numbers_fit(cluster: ClusterSpec, numbers: tuple[int, int, int], limit_bytes: int) -> bool:
+    """The one fit predicate: the per-GPU total within ``limit_bytes``, host RAM and NVMe per node
+    within the node's where the cluster states them (0 = not stated)."""
+    total, cpu, nvme = numbers
+    cpu_ok = not cluster.cpu_memory_bytes_per_node or cpu <= cluster.cpu_memory_bytes_per_node
+    nvme_ok = not cluster.nvme_bytes_per_node or nvme <= cluster.nvme_bytes_per_node
+    return total <= limit_bytes and cpu_ok and nvme_ok
+
+
+def memory_fits(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
+    """``numbers_fit`` of an estimate, against the GPU's whole capacity."""
+    numbers = (memory.per_gpu.total, memory.cpu_per_node_bytes, memory.nvme_per_node_bytes)
+    return numbers_fit(cluster, numbers, memory.capacity_bytes)
+
+
+def fits(job: Job, layout: Layout, limit_bytes: int | None = None, dynamic_factor: float = 1.0) -> bool:
+    """Whether ``layout`` fits within ``limit_bytes`` per GPU (default: the GPU's capacity)."""
+    limit = job.cluster.gpu.memory_bytes if limit_bytes is None else limit_bytes
+    return numbers_fit(job.cluster, memory_numbers(job, layout, dynamic_factor), limit)
+
+
+# ---------------------------------------------------------------- time
+
+
+def time_parts(job: Job, layout: Layout) -> tuple[float, ...]:
+    """The step's parts in ``TimeBreakdown`` order."""
+    parts = st.step_parts(job, layout)
+    return (
+        parts.compute_s,
+        parts.recompute_s,
+        parts.tp_comm_s,
+        parts.cp_comm_s,
+        parts.ep_comm_s,
+        parts.pp_bubble_s,
+        parts.pp_comm_s,
+        st.dp_comm_exposed_s(job, layout, parts),
+        st.offload_s(job, layout, parts),
+        st.optimizer_s(job, layout, parts),
+    )
+
+
+def time_breakdown(parts: tuple[float, ...]) -> TimeBreakdown:
+    names = [f.name for f in dataclasses.fields(TimeBreakdown)]
+    return TimeBreakdown(**dict(zip(names, parts, strict=True)))
+
+
+def step_numbers(job: Job, layout: Layout) -> tuple[float, float]:
+    """``(step_s, tokens_per_s)`` of ``time_estimate``: what a search ranks by."""
+    step_s = step_total_s(*time_parts(job, layout))
+    return step_s, job.training.tokens_per_step / step_s
+
+
+def time_estimate(job: Job, layout: Layout) -> TimeEstimate:
+    """Step time, throughput and utilisation of ``layout``."""
+    breakdown = time_breakdown(time_parts(job, layout))
+    step_s, gpus = breakdown.step_s, layout.world_size
+    model, training = job.model, job.training
+    peak = st.peak_flops_per_s(job.cluster, training.precision)
+    model_flops = flops.model_flops_per_step(model, training)
+    hardware_flops = flops.hardware_flops_per_step(model, training, layout.recompute)
+    return TimeEstimate(
+        breakdown=breakdown,
+        tokens_per_s=training.tokens_per_step / step_s,
+        tflops_per_gpu=model_flops / (step_s * gpus) / 1e12,
+        mfu=model_flops / (step_s * gpus * peak),
+        hardware_tflops_per_gpu=hardware_flops / (step_s * gpus) / 1e12,
+        hfu=hardware_flops / (step_s * gpus * peak),
+    )
+
+
+def floor_s(job: Job, layout: Layout) -> float:
+    """The step less its bubble, DP, offload and optimizer time (all >= 0): a lower bound on the
+    bubble-free step of every sharding and framework that shares the layout's ``PARTS_FIELDS``."""
+    p = st.step_parts(job, layout)
+    return p.compute_s + p.recompute_s + p.tp_comm_s + p.cp_comm_s + p.ep_comm_s + p.pp_comm_s
+
+
+# ---------------------------------------------------------------- the largest micro-batch and sequence
+
+
+def largest_satisfying(low: int, high: int, step: int, ok: Callable[[int], bool]) -> int:
+    """Largest multiple of ``step`` in [low, high] for which the monotone predicate ``ok`` holds, else 0."""
+    if high < low or not ok(low):
+        return 0
+    lo, hi = low // step, high // step  # ok(lo * step) holds
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid * step) else (lo, mid - 1)
+    return lo * step
+
+
+def largest_fitting(
+    job: Job,
+    layouts: Callable[[int], Layout],
+    count: int,
+    limit_bytes: int,
+    dynamic_factor: float = 1.0,
+    *,
+    known_fit: int = -1,
+) -> int:
+    """The index of the largest of ``count`` layouts ``layouts(0..count-1)`` (micro-batches in
+    ascending order: memory grows with the micro-batch) that fits, by binary search; -1 if none.
+    ``known_fit``: an index already known to fit, so the search starts above it."""
+    low, high = known_fit, count - 1  # the answer is in [low, high]; low fits, or is -1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(job, layouts(mid), limit_bytes, dynamic_factor):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def max_micro_batch_size(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> int:
+    """Largest valid micro-batch that fits this layout within the GPU's capacity; 0 if none does."""
+    sizes = valid_micro_batch_sizes(job.training, layout)
+
+    def with_size(i: int) -> Layout:
+        return dataclasses.replace(layout, micro_batch_size=sizes[i], gradient_accumulation_steps=None)
+
+    found = largest_fitting(job, with_size, len(sizes), job.cluster.gpu.memory_bytes, dynamic_factor)
+    return sizes[found] if found >= 0 else 0
+
+
+MAX_SEQ_LEN_SEARCHED = 2**22  # 4M tokens: beyond any context length in the catalog
+
+
+def max_seq_len(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> int:
+    """Largest sequence length (a multiple of 2cp, and of tp under SP) that fits; 0 if none does."""
+    step = math.lcm(2 * layout.cp if layout.cp > 1 else 1, layout.tp if layout.sequence_parallel else 1)
+
+    def ok(seq_len: int) -> bool:
+        training = dataclasses.replace(job.training, seq_len=seq_len)
+        other = make_job(job.model, job.cluster, training, job.curve, job.assume)  # not shared: one-off
+        return fits(other, layout, dynamic_factor=dynamic_factor)
+
+    return largest_satisfying(step, MAX_SEQ_LEN_SEARCHED, step, ok)

@@ -1,0 +1,167 @@
+"""A job prepared once: everything that depends on (model, cluster, training, efficiency curve)
+and not on the layout, and the memos of the layout-level parts.
+
+A search asks for thousands of layouts of one job, and ``estimate()`` for one. Both go through
+``prepare`` and the estimator's own part functions; the parts that are worth remembering are
+decorated with ``layout_memo(*fields)``, which keys the memo on exactly the layout fields named next
+to the formula (``tests/estimator/test_job.py`` records which fields every memoised part really
+reads, over a grid of layouts, and fails when one is missing from its key). Per-layer quantities
+are computed once per layer kind (``layer_kinds``): every per-layer formula of the estimator reads
+the layer only through its kind.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from service.estimator.efficiency import EfficiencyCurve
+from service.estimator.model_states import DEFAULT_ASSUMPTIONS, MemoryAssumptions
+from service.estimator.params import is_moe_layer, parameter_counts
+from service.estimator.types import ClusterSpec, Layout, ModelSpec, ParameterCounts, TrainingSpec
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+# A decoder layer's kind: whether its feed-forward block is a mixture of experts. Every per-layer
+# formula (FLOPs, stored activation bytes, parameters) reads the layer index only through it.
+LayerKind = bool
+
+
+@dataclass(frozen=True, slots=True, eq=False, kw_only=True)
+class Job:
+    """One (model, cluster, training, curve): its constants, and the memos of its parts."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    curve: EfficiencyCurve
+    assume: MemoryAssumptions
+    counts: ParameterCounts
+    layer_kinds: tuple[LayerKind, ...]  # the kind of every decoder layer, in order
+    kinds: tuple[LayerKind, ...]  # the distinct kinds, in order of first appearance
+    memos: defaultdict[object, dict[Any, Any]] = field(default_factory=lambda: defaultdict(dict))
+
+
+def make_job(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    curve: EfficiencyCurve,
+    assume: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+) -> Job:
+    """A new job with empty memos (``prepare`` returns a shared one)."""
+    layer_kinds = tuple(is_moe_layer(model, i) for i in range(model.num_layers))
+    return Job(
+        model=model,
+        cluster=cluster,
+        training=training,
+        curve=curve,
+        assume=assume,
+        counts=parameter_counts(model),
+        layer_kinds=layer_kinds,
+        kinds=tuple(dict.fromkeys(layer_kinds)),
+    )
+
+
+@functools.lru_cache(maxsize=128)
+def prepare(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    curve: EfficiencyCurve,
+    assume: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+) -> Job:
+    """The job of these inputs, shared by every caller that asks for the same ones (its memos too)."""
+    return make_job(model, cluster, training, curve, assume)
+
+
+# ---------------------------------------------------------------- memos
+
+
+@dataclass(frozen=True, slots=True)
+class MemoisedPart:
+    """A part memoised by ``layout_memo``: its name, the layout fields of its key, the formula."""
+
+    name: str
+    fields: tuple[str, ...]
+    formula: Callable[..., Any]
+
+
+_MISSING = object()  # a memo's "not computed yet" (None is a value some parts return)
+
+# every layout_memo part, for the key-completeness test
+MEMOISED_PARTS: list[MemoisedPart] = []
+
+
+def layout_memo(
+    *fields: str,
+) -> Callable[[Callable[Concatenate[Job, Layout, P], T]], Callable[Concatenate[Job, Layout, P], T]]:
+    """Memoise ``part(job, layout, *args)`` on the job, keyed by the named layout fields (and the
+    hashable positional ``args``).
+
+    The key must name every field the part reads, directly or through the parts it calls; the
+    part's value may depend on the job freely (a job is one model, cluster and training)."""
+    key_of = operator.attrgetter(*fields)
+
+    def decorate(part: Callable[Concatenate[Job, Layout, P], T]) -> Callable[Concatenate[Job, Layout, P], T]:
+        if part.__code__.co_argcount == 2:  # part(job, layout): the common case, without packing args
+
+            def memoised_layout(job: Job, layout: Layout) -> T:
+                memo = job.memos[memoised_layout]
+                key = key_of(layout)
+                value = memo.get(key, _MISSING)
+                if value is _MISSING:
+                    value = memo[key] = part(job, layout)  # type: ignore[call-arg]
+                return value  # type: ignore[no-any-return]
+
+            memoised: Callable[..., T] = memoised_layout
+        else:
+
+            def memoised_args(job: Job, layout: Layout, /, *args: P.args, **kwargs: P.kwargs) -> T:
+                memo = job.memos[memoised_args]
+                key = (key_of(layout), *args)
+                value = memo.get(key, _MISSING)
+                if value is _MISSING:
+                    value = memo[key] = part(job, layout, *args, **kwargs)
+                return value  # type: ignore[no-any-return]
+
+            memoised = memoised_args
+        MEMOISED_PARTS.append(MemoisedPart(part.__qualname__, fields, part))
+        return functools.wraps(part)(memoised)
+
+    return decorate
+
+
+def job_memo(part: Callable[Concatenate[Job, P], T]) -> Callable[Concatenate[Job, P], T]:
+    """Memoise ``part(job, *args)`` on the job, keyed by its (hashable, positional) arguments."""
+
+    @functools.wraps(part)
+    def memoised(job: Job, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        assert not kwargs, "job_memo parts take positional arguments only"
+        memo = job.memos[memoised]
+        value = memo.get(args, _MISSING)
+        if value is _MISSING:
+            value = memo[args] = part(job, *args)  # type: ignore[call-arg]
+        return value  # type: ignore[no-any-return]
+
+    return memoised
+
+
+# ---------------------------------------------------------------- layers by kind
+
+
+@job_memo
+def kind_counts(job: Job, start: int, stop: int) -> tuple[tuple[LayerKind, int], ...]:
+    """How many layers of each kind ``layers[start:stop]`` holds, kinds in ``job.kinds`` order."""
+    held = job.layer_kinds[start:stop]
+    return tuple((kind, held.count(kind)) for kind in job.kinds if kind in held)
+
+
+def sum_by_kind(counts: tuple[tuple[LayerKind, int], ...], value: Callable[[LayerKind], float]) -> float:
+    """Sum of ``value(kind)`` over the layers ``counts`` describes."""
+    return sum(count * value(kind) for kind, count in counts)
