@@ -80,7 +80,7 @@ def problem_response(
     return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
-# Tags of discriminated unions in api/schemas.py: they are not fields, so locations omit them.
+# Tags of discriminated unions in api/schemas/: they are not fields, so locations omit them.
 _UNION_TAGS = {"by_id", "inline", "str", "CustomGPU"}
 
 
@@ -123,7 +123,7 @@ async def _estimator_error(request: Request, exc: Exception) -> JSONResponse:
 async def _unknown_entry(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, UnknownCatalogEntry)
     # Reached from path lookups (GET /v1/gpus/{name}); names inside a body are turned into 422s
-    # naming the field where the body is resolved (api/schemas.py).
+    # naming the field where the body is resolved (api/schemas/).
     return problem_response(404, str(exc), slug="not-found", instance=request.url.path)
 
 

@@ -11,7 +11,9 @@ from fastapi import APIRouter
 from service.api.deps import ClusterRepoDep
 from service.api.estimates import resolve_cluster
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas import CapacityOptionOut, CapacityOut, CapacityRequest, ClusterRef, resolve_gpu
+from service.api.schemas.capacity import CapacityOptionOut, CapacityOut, CapacityRequest
+from service.api.schemas.clusters import ClusterRef
+from service.api.schemas.gpus import resolve_gpu
 from service.catalog.efficiency import default_efficiency
 from service.recommender.capacity import CapacityOption, capacity
 from service.recommender.types import Objective

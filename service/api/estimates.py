@@ -10,9 +10,8 @@ from service.api.calibration import calibration_for, calibration_out, hardware_k
 from service.api.clusters import record_fields
 from service.api.deps import ClusterRepoDep, PlanRepoDep
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas import (
-    ClusterCreate,
-    ClusterRef,
+from service.api.schemas.clusters import ClusterCreate, ClusterRef
+from service.api.schemas.estimates import (
     EstimateOut,
     EstimateRequest,
     LimitsOut,

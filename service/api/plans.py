@@ -18,16 +18,9 @@ from service.api.calibration import calibration_for, calibration_out, hardware_k
 from service.api.deps import ClusterRepoDep, PlanRepoDep
 from service.api.estimates import estimate_out, resolve_cluster
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas import (
-    ArtifactOut,
-    CandidateOut,
-    ClusterRef,
-    Page,
-    PlanOut,
-    PlanRequest,
-    RunIn,
-    RunOut,
-)
+from service.api.schemas.clusters import ClusterRef
+from service.api.schemas.common import Page
+from service.api.schemas.plans import ArtifactOut, CandidateOut, PlanOut, PlanRequest, RunIn, RunOut
 from service.catalog import catalog_version
 from service.catalog.efficiency import default_efficiency
 from service.errors import Conflict, NotFound, Unprocessable

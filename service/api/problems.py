@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from service.api.schemas import Problem
+from service.api.schemas.common import Problem
 from service.errors import PROBLEM_MEDIA_TYPE
 
 _PROBLEM_CONTENT = {PROBLEM_MEDIA_TYPE: {"schema": Problem.model_json_schema()}}
