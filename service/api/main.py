@@ -1,7 +1,8 @@
 """`api_router`: every resource router, included once; `service.main` mounts it on the app.
 
-Kept out of `service/api/__init__.py`, so that importing a schema module does not import
-every router (and FastAPI with them).
+The only module that imports routers (tests/api/test_router_imports.py); kept out of
+`service/api/__init__.py`, so that importing a schema module (as `service.planning` does)
+does not import every router, and FastAPI with them.
 """
 
 from fastapi import APIRouter
