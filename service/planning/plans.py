@@ -14,7 +14,6 @@ from service.api.schemas.plans import ArtifactOut, CandidateOut, PlanOut, PlanRe
 from service.catalog import catalog_version
 from service.catalog.efficiency import default_efficiency
 from service.errors import NotFound
-from service.estimator import ESTIMATOR_VERSION
 from service.estimator.calibration import Calibration
 from service.estimator.estimate import estimate as estimate_layout
 from service.estimator.params import parameter_counts
@@ -29,6 +28,7 @@ from service.planning.idempotency import Outcome, create_once, request_digest
 from service.recommender import recommend
 from service.recommender.space import sub_cluster
 from service.recommender.types import Candidate, Recommendation
+from service.versions import estimator_version
 
 # Stored with every key; the route it was first written for, kept so stored keys still match.
 PLAN_SCOPE = "POST /v1/plans"
@@ -88,7 +88,7 @@ def plan_record(session: Session, request: PlanRequest) -> PlanRecord:
         result=result,
         artifacts=artifacts,
         catalog_version=catalog_version(),
-        estimator_version=ESTIMATOR_VERSION,
+        estimator_version=estimator_version(),
     )
 
 
