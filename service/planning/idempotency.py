@@ -69,7 +69,9 @@ def create_once(
     replay: Callable[[str], T],
 ) -> Outcome[T]:
     """`create()` adds the resource and returns its id and value; `replay(id)` returns the value of
-    one created earlier. Without a key, `create()` simply runs."""
+    one created earlier. Without a key, `create()` simply runs. A lost race rolls back the
+    caller's whole transaction (PostgreSQL has aborted it at the failed insert anyway), so give
+    each retry-safe write a transaction of its own, as every HTTP request has."""
     if key is None:
         return Outcome(create()[1], replayed=False)
     repo = PlanRepository(session)
