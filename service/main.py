@@ -10,8 +10,8 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from sqlalchemy.orm import sessionmaker
 
-from service.api import api_router
-from service.errors import install_handlers
+from service.api.main import api_router
+from service.api.problems import install_handlers
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
 from service.persistence.db import make_engine

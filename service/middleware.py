@@ -9,7 +9,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import problem_response
+from service.api.problems import problem_response
 from service.metrics import Metrics
 
 log = logging.getLogger("service.errors")

@@ -138,16 +138,14 @@ def sources() -> list[str]:
     """The header's list of inputs: commands, versions and dates as stored in the data files."""
     params = cases.param_count_document()
     acts = cases.activation_document()
-    published = cases.CASES_PATH
-    shown = (
-        "../shared/reference/cases/visible.json" if published.parent.parent.parent.name == "shared" else ""
-    )
     return [
         f"- `validation/data/param_counts.json` ({len(params['cases'])} models, built on the meta device): "
         f"regenerate with `{params['generated_by']}`; {_versions([params])}; {_measured_on(params)}.",
         f"- `validation/data/activations.json` ({len(acts['cases'])} cases, one training forward on the "
         f"CPU): regenerate with `{acts['regenerate']}`; {_versions(acts['cases'])}; {_measured_on(acts)}.",
-        f"- `{shown or published}`: the published numbers ({len(cases.published_cases())} cases; "
+        # Named as the checkout sees it, not by where this machine keeps it: the same text everywhere.
+        "- `../shared/reference/cases/visible.json`: the published numbers "
+        f"({len(cases.published_cases())} cases; "
         "ZeRO, DeepSpeed, Megatron-LM, Korthikanti, Narayanan, Megatron-Core, BigScience).",
     ]
 
@@ -248,7 +246,8 @@ def write(path: Path = REPORT_PATH) -> list[Row]:
     for row in bad:
         values = f"reference {number(row.reference)}, ours {number(row.ours)} ({percent(row.error)})"
         print(f"NOT AS EXPECTED {row.section} / {row.case_id} / {row.quantity}: {values}, {result(row)}")
-    print(f"wrote {path.relative_to(cases.ROOT)}")
+    written = path.resolve()
+    print(f"wrote {written.relative_to(cases.ROOT) if written.is_relative_to(cases.ROOT) else written}")
     return bad
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 from pydantic import ValidationError
@@ -10,10 +10,13 @@ from sqlalchemy.exc import IntegrityError
 
 from service.api.deps import ClusterRepoDep
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas import ClusterCreate, ClusterOut, ClusterPatch, CustomGPU, Page
+from service.api.schemas.clusters import ClusterCreate, ClusterOut, ClusterPatch
+from service.api.schemas.common import Page
+from service.api.schemas.gpus import CustomGPU
 from service.errors import Conflict, NotFound, Unprocessable
 from service.persistence.models import ClusterRecord
 from service.persistence.repository import ClusterRepository, InvalidCursor, decode_cursor
+from service.planning.clusters import record_fields
 
 router = APIRouter(prefix="/v1/clusters", tags=["clusters"], responses=PROBLEM_RESPONSES)
 
@@ -47,20 +50,6 @@ def to_out(record: ClusterRecord) -> ClusterOut:
         created_at=record.created_at,
         updated_at=record.updated_at,
     )
-
-
-def record_fields(record: ClusterRecord) -> dict[str, Any]:
-    return {
-        "name": record.name,
-        "description": record.description,
-        "gpu": record.gpu_spec if record.gpu_spec is not None else record.gpu_name,
-        "num_nodes": record.num_nodes,
-        "gpus_per_node": record.gpus_per_node,
-        "intra_node_bandwidth_bytes_per_s": record.intra_node_bandwidth_bytes_per_s,
-        "inter_node_bandwidth_bytes_per_s": record.inter_node_bandwidth_bytes_per_s,
-        "cpu_memory_bytes_per_node": record.cpu_memory_bytes_per_node,
-        "nvme_bytes_per_node": record.nvme_bytes_per_node,
-    }
 
 
 def _apply(record: ClusterRecord, body: ClusterCreate) -> None:

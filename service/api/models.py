@@ -8,7 +8,8 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas import ModelPresetOut, Page, ParametersOut, ResolvedModel, ResolveRequest
+from service.api.schemas.common import Page
+from service.api.schemas.models import ModelPresetOut, ParametersOut, ResolvedModel, ResolveRequest
 from service.catalog.models import ModelPreset, models
 from service.catalog.models import model as catalog_model
 from service.estimator.params import layer_parameters, parameter_counts, stage_parameter_counts

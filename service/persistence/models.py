@@ -1,4 +1,4 @@
-"""Rows: clusters, plans, observed runs and idempotency keys. Wire schemas live in api/schemas.py."""
+"""Rows: clusters, plans, observed runs and idempotency keys. Wire schemas live in api/schemas/."""
 
 from __future__ import annotations
 

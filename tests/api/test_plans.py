@@ -9,6 +9,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from service.catalog import catalog_version
+from service.versions import estimator_version
 from tests.api.helpers import assert_problem
 
 CLUSTER = {"name": "box", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
@@ -42,7 +44,7 @@ def test_full_cycle_on_a_stored_cluster(client: TestClient) -> None:
     recommended = plan["recommended"]
     assert recommended["estimate"]["fits"] and recommended["rationale"]
     assert recommended["layout"]["framework"] == "deepspeed"
-    assert plan["versions"]["catalog"] and plan["versions"]["estimator"]
+    assert plan["versions"] == {"catalog": catalog_version(), "estimator": estimator_version()}
     assert plan["search"]["candidates_evaluated"] > 0
 
     assert client.get(f"/v1/plans/{plan['id']}").json() == plan

@@ -1,4 +1,5 @@
-"""Calibration from stored runs: which runs apply to an estimate, and the factors they give.
+"""Calibration from stored runs: which runs apply to an estimate, the factors they give, and the
+headroom a plan's search keeps because of them.
 
 Runs apply to later estimates on the same hardware (a fingerprint of the resolved cluster, so a
 stored cluster and an identical inline one share it, and editing a cluster's hardware starts
@@ -17,6 +18,7 @@ from service.estimator.types import ClusterSpec
 from service.feedback import ObservedRun, measured_step_s
 from service.persistence.models import PlanRecord, RunRecord
 from service.persistence.repository import PlanRepository
+from service.recommender.types import Constraints
 
 
 def hardware_key(cluster: ClusterSpec) -> str:
@@ -78,3 +80,20 @@ def calibration_out(calibration: Calibration) -> dict[str, Any] | None:
         "time_runs": calibration.time_runs,
         "out_of_memory_runs": calibration.oom_runs,
     }
+
+
+def headroom_for(
+    constraints: Constraints, calibrations: dict[str, Calibration], capacity_bytes: int
+) -> Constraints:
+    """Make the search as conservative as the runs ask: a dynamic-memory factor above 1 (an OOM
+    sets one) widens the required headroom by the extra bytes it implies for that hardware."""
+    extra = 0.0
+    for calibration in calibrations.values():
+        if calibration.memory_dynamic_factor > 1.0 and calibration.reference_dynamic_bytes:
+            surplus = (calibration.memory_dynamic_factor - 1.0) * calibration.reference_dynamic_bytes
+            extra = max(extra, surplus / capacity_bytes)
+    if extra == 0.0:
+        return constraints
+    return dataclasses.replace(
+        constraints, min_headroom_fraction=min(0.9, constraints.min_headroom_fraction + extra)
+    )

@@ -1,0 +1,123 @@
+"""Estimates: one layout in (POST /v1/estimates), every number for it out."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from service.api.schemas.clusters import ClusterChoice
+from service.api.schemas.common import Strict
+from service.api.schemas.models import ModelRef
+from service.api.schemas.training import TrainingIn
+from service.estimator.types import Framework, Layout, Offload, Recompute
+
+
+class LayoutIn(Strict):
+    framework: Framework = Framework.DEEPSPEED
+    dp: int = Field(default=1, ge=1, le=1_000_000)
+    tp: int = Field(default=1, ge=1, le=1024)
+    pp: int = Field(default=1, ge=1, le=1024)
+    cp: int = Field(default=1, ge=1, le=1024)
+    ep: int = Field(default=1, ge=1, le=4096)
+    sequence_parallel: bool = False
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    offload_optimizer: Offload = Offload.NONE
+    offload_params: Offload = Offload.NONE
+    recompute: Recompute = Recompute.NONE
+    micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
+    virtual_pipeline_stages: int = Field(default=1, ge=1, le=1024)
+    gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=1_000_000)
+    activation_offload: bool = False
+    optimizer_in_backward: bool = False
+    chunked_loss: bool = False
+    fsdp_hybrid_shard: bool = False
+    tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool | None = Field(default=None, description="default: the framework's")
+
+    def to_domain(self) -> Layout:
+        return Layout(**self.model_dump())
+
+
+class EstimateRequest(Strict):
+    model: ModelRef
+    cluster: ClusterChoice = Field(description='{"id": ...} of a stored cluster, or an inline one')
+    training: TrainingIn
+    layout: LayoutIn
+    gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e6, description="price of one GPU-hour")
+
+
+class MemoryPerGPUOut(BaseModel):
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    buffers: int
+    overhead: int
+    total: int
+
+
+class MemoryOut(BaseModel):
+    per_gpu: MemoryPerGPUOut = Field(description="bytes on the most-loaded rank")
+    capacity_bytes: int
+    headroom_bytes: int
+    cpu_per_node_bytes: int
+    nvme_per_node_bytes: int
+
+
+class TimeBreakdownOut(BaseModel):
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    pp_bubble_s: float
+    pp_comm_s: float
+    dp_comm_exposed_s: float
+    offload_s: float
+    optimizer_s: float
+
+
+class TimeOut(BaseModel):
+    step_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float = Field(description="model FLOPs only (PaLM MFU convention)")
+    mfu: float
+    hardware_tflops_per_gpu: float = Field(description="including recomputation")
+    hfu: float
+    breakdown: TimeBreakdownOut
+
+
+class LimitsOut(BaseModel):
+    max_micro_batch_size: int | None = Field(
+        description="largest micro-batch that still fits this layout; 0: none; null: not computed"
+    )
+    max_seq_len: int | None = Field(
+        description="largest sequence length that still fits this layout; 0: none; null: not computed"
+    )
+
+
+class CalibrationOut(BaseModel):
+    factors: dict[str, float] = Field(
+        description="memory_dynamic (activations, buffers, overhead), step_time"
+    )
+    runs: int
+    memory_runs: int
+    time_runs: int
+    out_of_memory_runs: int
+
+
+class EstimateOut(BaseModel):
+    fits: bool
+    memory: MemoryOut
+    time: TimeOut | None
+    limits: LimitsOut
+    time_to_train_s: float | None
+    cost_to_train: float | None = Field(default=None, description="given gpu_hour_cost, in its currency")
+    layout: dict[str, Any] = Field(description="the layout estimated, with derived fields filled in")
+    parameters_total: int
+    warnings: list[str]
+    assumptions: list[str]
+    calibration: CalibrationOut | None = Field(
+        default=None, description="factors learned from runs on this hardware and framework, when any"
+    )

@@ -1,0 +1,76 @@
+"""GPUs: the catalog's entries, and a GPU given by catalog name or as a custom spec."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from service.api.schemas.common import MAX_BANDWIDTH_BYTES_PER_S, MAX_FLOPS_PER_S, MAX_MEMORY_BYTES, Strict
+from service.catalog.errors import UnknownCatalogEntry
+from service.catalog.gpus import gpu as catalog_gpu
+from service.errors import Unprocessable
+from service.estimator.types import GPUSpec, PeakFlops
+
+
+class PeakFlopsIn(Strict):
+    fp32: float = Field(gt=0, le=MAX_FLOPS_PER_S)
+    tf32: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
+    bf16: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
+    fp16: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
+    fp8: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
+
+
+class CustomGPU(Strict):
+    """A GPU that is not in the catalog: every field is required (peaks dense, not sparse)."""
+
+    name: str = Field(min_length=1, max_length=100)
+    memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES)
+    peak_flops_per_s: PeakFlopsIn
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+    intra_node_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+    pcie_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+
+    def to_domain(self) -> GPUSpec:
+        return GPUSpec(
+            name=self.name,
+            memory_bytes=self.memory_bytes,
+            peak_flops_per_s=PeakFlops(**self.peak_flops_per_s.model_dump()),
+            hbm_bandwidth_bytes_per_s=self.hbm_bandwidth_bytes_per_s,
+            intra_node_bandwidth_bytes_per_s=self.intra_node_bandwidth_bytes_per_s,
+            pcie_bandwidth_bytes_per_s=self.pcie_bandwidth_bytes_per_s,
+            vendor="custom",
+            source="supplied by the client",
+        )
+
+
+def resolve_gpu(gpu: str | CustomGPU, field: str = "gpu") -> GPUSpec:
+    """A catalog name or a custom spec -> GPUSpec; an unknown name is a 422 naming the field."""
+    if isinstance(gpu, CustomGPU):
+        return gpu.to_domain()
+    try:
+        return catalog_gpu(gpu)
+    except UnknownCatalogEntry as exc:
+        raise Unprocessable(
+            str(exc),
+            errors=[{"field": field, "message": str(exc), "type": "unknown_gpu", "known": list(exc.known)}],
+        ) from exc
+
+
+class PeakFlopsOut(BaseModel):
+    fp32: float
+    tf32: float | None
+    bf16: float | None
+    fp16: float | None
+    fp8: float | None
+
+
+class GPUOut(BaseModel):
+    name: str
+    display_name: str
+    vendor: str
+    memory_bytes: int
+    peak_flops_per_s: PeakFlopsOut
+    hbm_bandwidth_bytes_per_s: float
+    intra_node_bandwidth_bytes_per_s: float
+    pcie_bandwidth_bytes_per_s: float
+    source: str
+    notes: str = ""

@@ -1,0 +1,119 @@
+"""Plans and their runs: the request, the stored plan with its candidates and artifacts, runs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from service.api.schemas.clusters import ClusterChoice
+from service.api.schemas.common import MAX_MEMORY_BYTES, Strict
+from service.api.schemas.estimates import EstimateOut
+from service.api.schemas.models import ModelRef
+from service.api.schemas.training import TrainingIn
+from service.estimator.types import Framework
+from service.launchers import Target
+from service.recommender.types import Constraints, Objective
+
+
+class ConstraintsIn(Strict):
+    objective: Objective = Objective.THROUGHPUT
+    max_gpus: int | None = Field(default=None, ge=1, le=10_000_000)
+    frameworks: list[Framework] | None = Field(default=None, min_length=1, description="default: all")
+    allow_offload: bool = True
+    min_headroom_fraction: float = Field(default=0.05, ge=0, le=0.5)
+    top_k: int = Field(default=3, ge=1, le=20)
+    gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e6)
+
+    def to_domain(self) -> Constraints:
+        return Constraints(
+            objective=self.objective,
+            max_gpus=self.max_gpus,
+            frameworks=tuple(dict.fromkeys(self.frameworks)) if self.frameworks else tuple(Framework),
+            allow_offload=self.allow_offload,
+            min_headroom_fraction=self.min_headroom_fraction,
+            top_k=self.top_k,
+            gpu_hour_cost=self.gpu_hour_cost,
+        )
+
+
+class PlanRequest(Strict):
+    model: ModelRef
+    cluster: ClusterChoice = Field(description='{"id": ...} of a stored cluster, or an inline one')
+    training: TrainingIn
+    constraints: ConstraintsIn = Field(default_factory=ConstraintsIn)
+    launchers: list[Target] = Field(default_factory=list, max_length=16, description="targets to render")
+
+
+class CandidateOut(BaseModel):
+    layout: dict[str, Any]
+    estimate: EstimateOut
+    score: float
+    rationale: list[str]
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    target: str
+    media_type: str
+    size_bytes: int
+    url: str
+
+
+class PlanOut(BaseModel):
+    id: str
+    created_at: datetime
+    status: Literal["feasible", "infeasible"]
+    model: str
+    cluster_id: str | None
+    request: dict[str, Any]
+    recommended: CandidateOut | None
+    alternatives: list[CandidateOut]
+    rejected: list[dict[str, Any]]
+    suggestions: list[dict[str, Any]]
+    search: dict[str, Any]
+    artifacts: list[ArtifactOut]
+    unsupported_targets: dict[str, str] = Field(
+        description="requested targets that cannot express the layout"
+    )
+    calibration: dict[str, Any] | None
+    versions: dict[str, str] = Field(description="catalog and estimator versions that made the plan")
+
+
+class RunIn(Strict):
+    """What a real run of the plan measured."""
+
+    peak_memory_bytes_per_gpu: int | None = Field(default=None, gt=0, le=MAX_MEMORY_BYTES)
+    step_s: float | None = Field(default=None, gt=0, le=1e7)
+    tokens_per_s: float | None = Field(default=None, gt=0, le=1e12)
+    gpu_utilization: float | None = Field(default=None, ge=0, le=1)
+    out_of_memory: bool = False
+    framework_version: str = Field(default="", max_length=100)
+    notes: str = Field(default="", max_length=4000)
+
+    @model_validator(mode="after")
+    def _something_measured(self) -> RunIn:
+        if self.step_s is not None and self.tokens_per_s is not None:
+            raise ValueError("give step_s or tokens_per_s, not both")
+        measured = (self.peak_memory_bytes_per_gpu, self.step_s, self.tokens_per_s)
+        if not self.out_of_memory and all(m is None for m in measured):
+            raise ValueError("report peak_memory_bytes_per_gpu, step_s or tokens_per_s, or out_of_memory")
+        return self
+
+
+class RunOut(BaseModel):
+    id: str
+    plan_id: str
+    created_at: datetime
+    peak_memory_bytes_per_gpu: int | None
+    step_s: float | None
+    tokens_per_s: float | None
+    gpu_utilization: float | None
+    out_of_memory: bool
+    framework_version: str
+    notes: str
+    diagnosis: dict[str, Any]
+    calibration: dict[str, Any] | None = Field(
+        default=None, description="factors later estimates on this hardware and framework will apply"
+    )

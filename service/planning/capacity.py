@@ -1,0 +1,66 @@
+"""Capacity: how many GPUs of each type (or of each stored cluster) a job needs, and how long it
+trains on them, fitting options first."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service.api.schemas.capacity import CapacityOptionOut, CapacityOut, CapacityRequest
+from service.api.schemas.clusters import ClusterRef
+from service.api.schemas.gpus import resolve_gpu
+from service.catalog.efficiency import default_efficiency
+from service.persistence.repository import ClusterRepository
+from service.planning.clusters import resolve_cluster
+from service.recommender.capacity import CapacityOption, capacity
+from service.recommender.types import Objective
+
+
+def capacity_for(session: Session, request: CapacityRequest) -> CapacityOut:
+    started = time.perf_counter()
+    clusters = ClusterRepository(session)
+    model = request.model.to_domain()
+    training = request.training.to_domain()
+    constraints = dataclasses.replace(request.constraints.to_domain(), objective=Objective.FEWEST_GPUS)
+    stored = [resolve_cluster(ClusterRef(id=cid), clusters) for cid in request.cluster_ids or []]
+    gpus = [resolve_gpu(name, field=f"gpus.{i}") for i, name in enumerate(request.gpus or [])]
+    prices = request.gpu_hour_cost
+    per_gpu_price = prices if isinstance(prices, dict) else None
+    if isinstance(prices, float | int):
+        constraints = dataclasses.replace(constraints, gpu_hour_cost=float(prices))
+    curve = default_efficiency()
+
+    def options(**source: Any) -> tuple[CapacityOption, ...]:
+        return capacity(
+            model,
+            training,
+            curve,
+            constraints=constraints,
+            gpus_per_node=request.gpus_per_node,
+            max_nodes=request.max_nodes,
+            at_gpus=request.at_gpus,
+            gpu_hour_cost=per_gpu_price,
+            **source,
+        )
+
+    found: list[tuple[CapacityOption, str | None]] = []
+    if stored:  # one call per cluster, so each option keeps the id it answers for
+        for cid, spec in zip(request.cluster_ids or [], stored, strict=True):
+            found += [(o, cid) for o in options(clusters=[spec])]
+    else:
+        found = [(o, None) for o in options(gpus=gpus)]
+    found.sort(
+        key=lambda pair: (not pair[0].fits, pair[0].time_to_train_s or float("inf"), pair[0].min_gpus or 0)
+    )
+    out = [
+        CapacityOptionOut(
+            **{f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name != "layout"},
+            layout=dataclasses.asdict(o.layout) if o.layout else None,
+            cluster_id=cid,
+        )
+        for o, cid in found
+    ]
+    return CapacityOut(options=out, duration_s=time.perf_counter() - started)

@@ -1,0 +1,93 @@
+"""Retry-safe writes, for plans and runs alike: the same Idempotency-Key and body create once.
+
+A key is stored in the same transaction as the resource it created, under a scope (which
+write it belongs to) and the digest of the request body. A retry with the same body replays
+the stored resource; the same key with another body is refused; when two requests with one
+key race, the loser's insert of the key fails, its transaction is rolled back and it replays
+the winner's resource.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.errors import Unprocessable
+from service.persistence.models import IdempotencyKeyRecord
+from service.persistence.repository import PlanRepository
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """What a retry-safe write returns; `replayed` when an earlier request created it."""
+
+    value: T
+    replayed: bool
+
+
+def request_digest(body: BaseModel) -> str:
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _stored_resource(repo: PlanRepository, key: str, scope: str, digest: str) -> str | None:
+    """The id a previous request with this key created, if any; the same key with another body
+    is refused."""
+    found = repo.idempotency_key(key, scope)
+    if found is None:
+        return None
+    if found.request_sha256 != digest:
+        raise Unprocessable(
+            f"Idempotency-Key {key!r} was used with another request body (it created {found.resource_id})",
+            errors=[
+                {
+                    "field": "header.Idempotency-Key",
+                    "message": "reused with another body",
+                    "type": "idempotency",
+                }
+            ],
+        )
+    return found.resource_id
+
+
+def create_once(
+    session: Session,
+    *,
+    scope: str,
+    key: str | None,
+    digest: str,
+    create: Callable[[], tuple[str, T]],
+    replay: Callable[[str], T],
+) -> Outcome[T]:
+    """`create()` adds the resource and returns its id and value; `replay(id)` returns the value of
+    one created earlier. Without a key, `create()` simply runs. A lost race rolls back the
+    caller's whole transaction (PostgreSQL has aborted it at the failed insert anyway), so give
+    each retry-safe write a transaction of its own, as every HTTP request has."""
+    if key is None:
+        return Outcome(create()[1], replayed=False)
+    repo = PlanRepository(session)
+    earlier = _stored_resource(repo, key, scope, digest)
+    if earlier is not None:
+        return Outcome(replay(earlier), replayed=True)
+    try:
+        resource_id, value = create()
+        repo.add_idempotency_key(
+            IdempotencyKeyRecord(key=key, scope=scope, request_sha256=digest, resource_id=resource_id)
+        )
+    except IntegrityError:
+        # A concurrent request with the same key committed first: it owns the resource.
+        session.rollback()
+        earlier = _stored_resource(repo, key, scope, digest)
+        if earlier is None:
+            raise
+        return Outcome(replay(earlier), replayed=True)
+    return Outcome(value, replayed=False)

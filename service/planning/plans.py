@@ -1,0 +1,218 @@
+"""The plan workflow: headroom from calibration, the layout search, result shaping, launcher
+files, and the stored plan, created once per Idempotency-Key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service.api.schemas.clusters import ClusterRef
+from service.api.schemas.plans import ArtifactOut, CandidateOut, PlanOut, PlanRequest
+from service.catalog import catalog_version
+from service.catalog.efficiency import default_efficiency
+from service.errors import NotFound
+from service.estimator.calibration import Calibration
+from service.estimator.estimate import estimate as estimate_layout
+from service.estimator.params import parameter_counts
+from service.estimator.types import ClusterSpec, ModelSpec, Plan, TrainingSpec
+from service.launchers import render
+from service.persistence.models import PlanRecord
+from service.persistence.repository import ClusterRepository, PlanRepository
+from service.planning.calibration import calibration_for, calibration_out, hardware_key, headroom_for
+from service.planning.clusters import resolve_cluster
+from service.planning.estimates import estimate_out
+from service.planning.idempotency import Outcome, create_once, request_digest
+from service.recommender import recommend
+from service.recommender.space import sub_cluster
+from service.recommender.types import Candidate, Recommendation
+from service.versions import estimator_version
+
+# Stored with every key; the route it was first written for, kept so stored keys still match.
+PLAN_SCOPE = "POST /v1/plans"
+
+
+def create_plan(
+    session: Session, request: PlanRequest, idempotency_key: str | None = None
+) -> Outcome[PlanOut]:
+    """Search, shape, render and store a plan; a retry with the same key and body replays it."""
+    plans = PlanRepository(session)
+
+    def create() -> tuple[str, PlanOut]:
+        record = plan_record(session, request)
+        plans.add(record)
+        return record.id, plan_out(record)
+
+    def replay(plan_id: str) -> PlanOut:
+        record = plans.get(plan_id)
+        if record is None:  # keys outlive what they created, so a retry cannot silently recreate it
+            raise NotFound(
+                f"plan {plan_id} created with Idempotency-Key {idempotency_key!r} has since been deleted"
+            )
+        return plan_out(record)
+
+    return create_once(
+        session,
+        scope=PLAN_SCOPE,
+        key=idempotency_key,
+        digest=request_digest(request),
+        create=create,
+        replay=replay,
+    )
+
+
+def plan_record(session: Session, request: PlanRequest) -> PlanRecord:
+    """The plan for a request, not yet added: searched with the headroom the stored runs ask for."""
+    model = request.model.to_domain()
+    cluster = resolve_cluster(request.cluster, ClusterRepository(session))
+    training = request.training.to_domain()
+    constraints = request.constraints.to_domain()
+    key = hardware_key(cluster)
+    plans = PlanRepository(session)
+    calibrations = {fw.value: calibration_for(plans, key, fw.value) for fw in constraints.frameworks}
+    searched = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
+    rec = recommend(model, cluster, training, searched, default_efficiency())
+    result = plan_result(rec, model, cluster, training, request, calibrations)
+    artifacts, unsupported = render_artifacts(rec, model, cluster, training, request)
+    result["unsupported_targets"] = unsupported
+    return PlanRecord(
+        cluster_id=request.cluster.id if isinstance(request.cluster, ClusterRef) else None,
+        cluster_snapshot=_jsonable(dataclasses.asdict(cluster)),
+        hardware_key=key,
+        framework=rec.recommended.layout.framework.value if rec.recommended else None,
+        model_name=request.model.preset or model.name,
+        status=rec.status,
+        request=request.model_dump(mode="json"),
+        result=result,
+        artifacts=artifacts,
+        catalog_version=catalog_version(),
+        estimator_version=estimator_version(),
+    )
+
+
+def stored_plan(plans: PlanRepository, plan_id: str) -> PlanRecord:
+    record = plans.get(plan_id)
+    if record is None:
+        raise NotFound(f"plan {plan_id!r} does not exist")
+    return record
+
+
+def candidate_out(
+    candidate: Candidate,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    calibration: Calibration,
+    gpu_hour_cost: float | None,
+    *,
+    with_limits: bool = False,
+) -> CandidateOut:
+    estimate = candidate.estimate
+    if with_limits or not calibration.is_identity:
+        # The recommended layout gets both limits; calibrated numbers are recomputed whole so
+        # that fit, warnings and limits agree with the calibrated memory.
+        estimate = estimate_layout(
+            model,
+            sub_cluster(cluster, candidate.layout.world_size),
+            candidate.layout,
+            training,
+            efficiency=default_efficiency(),
+            with_limits=with_limits,
+            calibration=calibration,
+        )
+    total = parameter_counts(model).total
+    out = estimate_out(estimate, candidate.layout, training, total, gpu_hour_cost, calibration)
+    return CandidateOut(
+        layout=out.layout, estimate=out, score=candidate.score, rationale=list(candidate.rationale)
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def plan_result(
+    rec: Recommendation,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    request: PlanRequest,
+    calibrations: dict[str, Calibration],
+) -> dict[str, Any]:
+    """The stored result: candidates in their wire shape, rejected families, suggestions, search."""
+    cost = request.constraints.gpu_hour_cost
+
+    def out(c: Candidate, recommended: bool = False) -> dict[str, Any]:
+        calibration = calibrations.get(c.layout.framework.value, Calibration())
+        result = candidate_out(c, model, cluster, training, calibration, cost, with_limits=recommended)
+        return result.model_dump(mode="json")
+
+    recommended = rec.recommended
+    framework = recommended.layout.framework.value if recommended else None
+    return {
+        "status": rec.status,
+        "recommended": out(recommended, recommended=True) if recommended else None,
+        "alternatives": [out(c) for c in rec.alternatives],
+        "rejected": [_jsonable(dataclasses.asdict(r)) for r in rec.rejected],
+        "suggestions": [_jsonable(dataclasses.asdict(s)) for s in rec.suggestions],
+        "search": _jsonable(dataclasses.asdict(rec.search)),
+        "calibration": calibration_out(calibrations[framework]) if framework in calibrations else None,
+    }
+
+
+def render_artifacts(
+    rec: Recommendation, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, request: PlanRequest
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The recommended layout's launcher files, and why each target that cannot express it can't."""
+    if rec.recommended is None or not request.launchers:
+        return [], {}
+    layout = rec.recommended.layout
+    plan = Plan(
+        model=model,
+        cluster=sub_cluster(cluster, layout.world_size),
+        training=training,
+        layout=layout,
+        estimate=rec.recommended.estimate,
+        rationale=rec.recommended.rationale,
+    )
+    artifacts, unsupported = render(plan, request.launchers)
+    files = [
+        {"name": a.name, "target": a.target.value, "media_type": a.media_type, "content": a.content}
+        for a in artifacts
+    ]
+    return files, {target.value: reason for target, reason in unsupported.items()}
+
+
+def plan_out(record: PlanRecord) -> PlanOut:
+    """A stored plan in its wire shape."""
+    result = record.result
+    base = f"/v1/plans/{record.id}/artifacts/"
+    artifacts = [
+        ArtifactOut(
+            name=a["name"],
+            target=a["target"],
+            media_type=a["media_type"],
+            size_bytes=len(a["content"].encode()),
+            url=base + a["name"],
+        )
+        for a in record.artifacts
+    ]
+    return PlanOut(
+        id=record.id,
+        created_at=record.created_at,
+        status=result["status"],
+        model=record.model_name,
+        cluster_id=record.cluster_id,
+        request=record.request,
+        recommended=result["recommended"],
+        alternatives=result["alternatives"],
+        rejected=result["rejected"],
+        suggestions=result["suggestions"],
+        search=result["search"],
+        artifacts=artifacts,
+        unsupported_targets=result.get("unsupported_targets", {}),
+        calibration=result.get("calibration"),
+        versions={"catalog": record.catalog_version, "estimator": record.estimator_version},
+    )

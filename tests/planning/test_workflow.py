@@ -1,0 +1,74 @@
+"""The planning API called directly, as a CLI would: plans and runs are created once per
+Idempotency-Key (the HTTP tests check the same through the routers), and the loser of a race
+for a key replays the winner's resource."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from service import planning
+from service.api.schemas.estimates import EstimateRequest
+from service.api.schemas.plans import PlanRequest, RunIn
+from service.errors import Unprocessable
+from service.persistence.models import IdempotencyKeyRecord
+from service.planning.idempotency import create_once
+
+BODY: dict[str, Any] = {
+    "model": {"preset": "gpt2"},
+    "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+    "training": {"seq_len": 1024, "global_batch_size": 64},
+    "constraints": {"top_k": 1, "frameworks": ["deepspeed"]},
+    "launchers": ["deepspeed"],
+}
+
+
+def test_a_plan_is_created_once_per_key(session: Session) -> None:
+    request = PlanRequest.model_validate(BODY)
+    first = planning.create_plan(session, request, "job-1")
+    again = planning.create_plan(session, request, "job-1")
+    assert not first.replayed and again.replayed
+    assert again.value == first.value
+    assert first.value.status == "feasible" and [a.name for a in first.value.artifacts]
+
+    with pytest.raises(Unprocessable, match="another request body"):
+        planning.create_plan(session, PlanRequest.model_validate(BODY | {"launchers": []}), "job-1")
+    without_key = [planning.create_plan(session, request).value.id for _ in range(2)]
+    assert len({first.value.id, *without_key}) == 3
+
+
+def test_a_run_is_stored_once_per_key_and_calibrates_the_next_estimate(session: Session) -> None:
+    plan = planning.create_plan(session, PlanRequest.model_validate(BODY)).value
+    assert plan.recommended is not None
+    estimated_step_s = plan.recommended.estimate.time.step_s if plan.recommended.estimate.time else 1.0
+    run = RunIn(step_s=2 * estimated_step_s)
+    first = planning.add_run(session, plan.id, run, "run-1")
+    again = planning.add_run(session, plan.id, run, "run-1")
+    assert not first.replayed and again.replayed and again.value.id == first.value.id
+    assert first.value.calibration is not None and first.value.calibration["runs"] == 1
+
+    estimate = planning.estimate_for(
+        session,
+        EstimateRequest.model_validate(
+            {k: BODY[k] for k in ("model", "cluster", "training")} | {"layout": plan.recommended.layout}
+        ),
+    )
+    assert estimate.calibration is not None and estimate.calibration.runs == 1  # the retry counted once
+
+
+def test_the_loser_of_a_race_for_a_key_replays_the_winner(db_engine: Engine, session: Session) -> None:
+    digest = "0" * 64
+
+    def create() -> tuple[str, str]:
+        # The twin request commits its key while this one is still creating its resource.
+        with Session(db_engine) as twin, twin.begin():
+            twin.add(IdempotencyKeyRecord(key="k", scope="race", request_sha256=digest, resource_id="winner"))
+        return "loser", "created by the loser"
+
+    outcome = create_once(
+        session, scope="race", key="k", digest=digest, create=create, replay=lambda rid: f"replayed {rid}"
+    )
+    assert outcome == planning.Outcome("replayed winner", replayed=True)
