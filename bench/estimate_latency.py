@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from service.catalog.efficiency import default_efficiency
+from service.catalog.tuning import default_tuning
 from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.estimator import estimate
@@ -49,7 +49,7 @@ def timed_ms(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
 
 
 def library(repeats: int) -> None:
-    curve = default_efficiency()
+    tuning = default_tuning()
     for label, (name, nodes, layout, training) in JOBS.items():
         spec = model(name).spec
         cluster = ClusterSpec(
@@ -58,7 +58,7 @@ def library(repeats: int) -> None:
         )  # fmt: skip
         for with_limits in (False, True):
             run = functools.partial(
-                estimate, spec, cluster, layout, training, efficiency=curve, with_limits=with_limits
+                estimate, spec, cluster, layout, training, tuning=tuning, with_limits=with_limits
             )
             median, best = timed_ms(run, repeats)
             what = "estimate() with limits" if with_limits else "estimate() without limits"

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from service.catalog.efficiency import default_efficiency
+from service.catalog.tuning import default_tuning
 from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.estimator.errors import InvalidLayout
@@ -52,14 +52,14 @@ def _summary(times: list[float]) -> dict[str, float]:
 
 
 def full_search(preset: str, nodes: int, seq: int, batch: int, repeats: int) -> dict[str, Any]:
-    curve = default_efficiency()
+    tuning = default_tuning()
     spec, cluster = model(preset).spec, _cluster(GPU, nodes)
     training = TrainingSpec(seq_len=seq, global_batch_size=batch)
-    recommend(spec, cluster, training, Constraints(), curve)  # imports, catalog parsing, lru_caches
+    recommend(spec, cluster, training, Constraints(), tuning)  # imports, catalog parsing, lru_caches
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        result = recommend(spec, cluster, training, Constraints(), curve)
+        result = recommend(spec, cluster, training, Constraints(), tuning)
         times.append(time.perf_counter() - started)
     assert result.recommended is not None and result.recommended.estimate.time is not None
     s = _summary(times)
@@ -130,13 +130,13 @@ class _Ours:
 
     def __init__(self, layouts: list[Layout]) -> None:
         self.layouts = layouts
-        self.curve = default_efficiency()
+        self.tuning = default_tuning()
         self.spec, self.cluster = model(LA_MODEL).spec, _cluster(GPU, 1)
         self.training = TrainingSpec(seq_len=SEQ, global_batch_size=GLOBAL_BATCH)
 
     def numbers_round(self) -> float:
         started = time.perf_counter()
-        job = make_job(self.spec, self.cluster, self.training, self.curve)
+        job = make_job(self.spec, self.cluster, self.training, self.tuning)
         for layout in self.layouts:
             evaluate.memory_numbers(job, layout)
             evaluate.step_numbers(job, layout)
@@ -144,7 +144,7 @@ class _Ours:
 
     def objects_round(self) -> float:
         started = time.perf_counter()
-        job = make_job(self.spec, self.cluster, self.training, self.curve)
+        job = make_job(self.spec, self.cluster, self.training, self.tuning)
         for layout in self.layouts:
             evaluate.memory_estimate(job, layout)
             evaluate.time_estimate(job, layout)
@@ -153,7 +153,7 @@ class _Ours:
     def estimate_round(self) -> float:
         started = time.perf_counter()
         for layout in self.layouts:
-            estimate(self.spec, self.cluster, layout, self.training, efficiency=self.curve, with_limits=False)
+            estimate(self.spec, self.cluster, layout, self.training, tuning=self.tuning, with_limits=False)
         return len(self.layouts) / (time.perf_counter() - started)
 
 
@@ -299,10 +299,10 @@ def _ask(proc: subprocess.Popen[str], command: str | None) -> dict[str, Any]:
 def _memory_sample(
     sample: list[Layout], theirs: list[dict[str, float]], capacity_bytes: float
 ) -> list[dict[str, Any]]:
-    curve = default_efficiency()
+    tuning = default_tuning()
     spec, cluster = model(LA_MODEL).spec, _cluster(GPU, 1)
     training = TrainingSpec(seq_len=SEQ, global_batch_size=GLOBAL_BATCH)
-    job = make_job(spec, cluster, training, curve)
+    job = make_job(spec, cluster, training, tuning)
     rows = []
     for layout, la in zip(sample, theirs, strict=True):
         ours = evaluate.memory_estimate(job, layout).per_gpu

@@ -32,15 +32,19 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from service.catalog.efficiency import default_efficiency
+from service.catalog.tuning import default_tuning
 from service.estimator import activations, evaluate, flops
 from service.estimator.hf_config import model_from_hf_config
 from service.estimator.job import prepare
 from service.estimator.model_states import (
+    ModelStates,
     deepspeed_zero2_estimate,
     deepspeed_zero3_estimate,
     megatron_weight_and_optimizer_bytes,
-    model_state_bytes,
+    rank_model_states,
+    rank_parameters,
+    shard_degrees,
+    state_bytes,
 )
 from service.estimator.params import layer_parameters, parameter_counts
 from service.estimator.types import (
@@ -282,13 +286,23 @@ def flat_model(psi: int) -> tuple[ModelSpec, ParameterCounts]:
     return model, counts
 
 
+def flat_model_states(
+    model: ModelSpec, counts: ParameterCounts, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
+) -> ModelStates:
+    """The estimator's model-state formulas on a flat model's own counts (one pipeline rank)."""
+    assume = default_tuning().memory
+    rp = rank_parameters(model, counts, layout, 0)
+    sb = state_bytes(training, layout.framework, model, assume)
+    return rank_model_states(model, layout, training, rp, sb, shard_degrees(layout, cluster), assume)
+
+
 def zero_states_gb(psi: int, dp: int, stage: int) -> float:
     """ZeRO paper's per-device model states (fp16 mixed precision, Adam) in GB = 1e9."""
     model, counts = flat_model(psi)
     fp16 = TrainingSpec(seq_len=1024, global_batch_size=dp, precision=Precision.FP16)
     c = single_node(gpu("v100", 32 * GiB), dp) if dp <= 1024 else None
     assert c is not None
-    s = model_state_bytes(model, counts, c, Layout(dp=dp, zero_stage=stage), fp16)
+    s = flat_model_states(model, counts, c, Layout(dp=dp, zero_stage=stage), fp16)
     return (s.parameters + s.gradients + s.optimizer_states) / GB
 
 
@@ -306,7 +320,7 @@ def deepspeed_tutorial_zero1_optimizer_gb() -> float:
     model, counts = flat_model(1_500_000_000)
     fp16 = TrainingSpec(seq_len=1024, global_batch_size=8, precision=Precision.FP16)
     c, lay = single_node(gpu("v100", 32 * GiB), 8), Layout(dp=8, zero_stage=1)
-    return model_state_bytes(model, counts, c, lay, fp16).optimizer_states / GB
+    return flat_model_states(model, counts, c, lay, fp16).optimizer_states / GB
 
 
 T5_3B = 2_851_598_336  # t5-3b, shared parameters once (printed "2851M")
@@ -466,7 +480,7 @@ def memory_estimate(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
 ) -> MemoryEstimate:
     """The estimator's memory of one layout (``evaluate.memory_estimate`` on the prepared job)."""
-    return evaluate.memory_estimate(prepare(model, cluster, training, default_efficiency()), layout)
+    return evaluate.memory_estimate(prepare(model, cluster, training, default_tuning()), layout)
 
 
 def fits(model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec) -> bool:
@@ -477,7 +491,7 @@ def time_estimate(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
 ) -> TimeEstimate:
     """The estimator's step time of one layout."""
-    return evaluate.time_estimate(prepare(model, cluster, training, default_efficiency()), layout)
+    return evaluate.time_estimate(prepare(model, cluster, training, default_tuning()), layout)
 
 
 def model_state_bytes_per_gpu(case: MemoryCase) -> int:
@@ -533,7 +547,7 @@ def measured_inputs(case: dict[str, Any]) -> tuple[Layout, TrainingSpec]:
 
 def _one_gpu_activation_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> int:
     # the single rank's activations (one micro-batch in flight), as the estimator sums them
-    job = prepare(model, gpu_cluster(H100, 1, 25e9), training, default_efficiency())
+    job = prepare(model, gpu_cluster(H100, 1, 25e9), training, default_tuning())
     return activations.stage_activation_bytes(model, layout, activations.layer_activations(job, layout), 0, 1)
 
 

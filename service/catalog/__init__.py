@@ -5,7 +5,7 @@ import hashlib
 from functools import cache
 from importlib import resources
 
-CATALOG_FILES = ("gpus.toml", "models.toml", "efficiency.toml")
+CATALOG_FILES = ("gpus.toml", "models.toml", "tuning.toml")
 
 
 @cache

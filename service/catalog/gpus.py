@@ -42,7 +42,7 @@ _RATE_KEYS = (
     "pcie_bandwidth_bytes_per_s",
 )
 _REQUIRED_KEYS = frozenset(
-    {"display_name", "vendor", "memory_bytes", "peak_fp32_flops_per_s", "source", *_RATE_KEYS}
+    {"display_name", "chip", "vendor", "memory_bytes", "peak_fp32_flops_per_s", "source", *_RATE_KEYS}
 )
 _ALLOWED_KEYS = _REQUIRED_KEYS | frozenset(_PEAK_KEYS) | {"notes"}
 
@@ -62,6 +62,11 @@ class GPUEntry:
 def gpus() -> dict[str, GPUSpec]:
     """Every catalog GPU by slug, in file order (a fresh dict; the parsed catalog stays cached)."""
     return {name: entry.spec for name, entry in _catalog().items()}
+
+
+def known_chips() -> tuple[str, ...]:
+    """The dies of the catalog's GPUs, sorted: what a custom GPU may name as its ``chip``."""
+    return tuple(sorted({entry.spec.chip for entry in _catalog().values()}))
 
 
 def gpu_entries() -> tuple[GPUEntry, ...]:
@@ -104,9 +109,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
     if not isinstance(table, dict):
         raise _invalid(name, None, f"expected a table of keys, got {type(table).__name__}")
     _check_keys(name, table)
-    vendor = _text(name, table, "vendor")
-    if not _SLUG.fullmatch(vendor):
-        raise _invalid(name, "vendor", f"vendor must be a lowercase slug such as 'nvidia', got {vendor!r}")
+    vendor = _slug(name, table, "vendor")
     peaks = {field: _number(name, table, key) for key, field in _PEAK_KEYS.items() if key in table}
     source = _text(name, table, "source")
     try:
@@ -118,6 +121,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
             intra_node_bandwidth_bytes_per_s=_number(name, table, "intra_node_bandwidth_bytes_per_s"),
             pcie_bandwidth_bytes_per_s=_number(name, table, "pcie_bandwidth_bytes_per_s"),
             vendor=vendor,
+            chip=_slug(name, table, "chip"),
             source=source,
         )
     except EstimatorError as error:
@@ -133,6 +137,15 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
         source=source,
         notes=_text(name, table, "notes") if "notes" in table else None,
     )
+
+
+def _slug(name: str, table: dict[str, object], key: str) -> str:
+    value = _text(name, table, key)
+    if not _SLUG.fullmatch(value):
+        raise _invalid(
+            name, key, f"{key} must be a lowercase slug such as 'nvidia' or 'gh100', got {value!r}"
+        )
+    return value
 
 
 def _check_keys(name: str, table: dict[str, object]) -> None:

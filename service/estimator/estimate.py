@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from service.estimator import evaluate
 from service.estimator.calibration import Calibration, calibrated_time, calibration_note
-from service.estimator.efficiency import EfficiencyCurve
 from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
 from service.estimator.step_time import (
@@ -14,6 +13,7 @@ from service.estimator.step_time import (
     unaligned_core_slowdown,
     unaligned_core_step_s,
 )
+from service.estimator.tuning import Tuning, peak_fraction
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -67,14 +67,14 @@ def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -
 def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tuple[str, ...]:
     """The head_dim's cost under eager attention, and flash kernels asked for a head_dim they lack."""
     out = []
-    model, training, curve = job.model, job.training, job.curve
+    model, training, tuning = job.model, job.training, job.tuning
     head_dim = model.head_dim
-    if unaligned_core_slowdown(model, training, curve) > 0.0:
+    if unaligned_core_slowdown(model, training, tuning) > 0.0:
         added_s = unaligned_core_step_s(job, layout) * step_time_factor
         out.append(
             f"head_dim {head_dim} ({head_dim * activation_bytes(training.precision)}-byte rows) is not a "
-            f"multiple of {curve.attention_alignment_bytes} bytes: eager "
-            f"attention's QK^T and AV run at {curve.unaligned_attention_core_factor:g} of the GEMM rate, "
+            f"multiple of {tuning.attention_alignment_bytes} bytes: eager "
+            f"attention's QK^T and AV run at {tuning.unaligned_attention_core_factor:g} of the GEMM rate, "
             f"{added_s:.3g} s of each step; flash or sdpa attention pad head_dim to a multiple of 8"
         )
     if training.attention is Attention.FLASH and head_dim > FLASH_MAX_HEAD_DIM:
@@ -85,13 +85,24 @@ def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tup
     return tuple(out)
 
 
+def time_assumptions(job: Job) -> tuple[str, ...]:
+    """What the step time assumed for this GPU, in words and numbers."""
+    gpu, tuning = job.cluster.gpu, job.tuning
+    fraction = peak_fraction(tuning, gpu)
+    fitted = any(chip == gpu.chip for chip, _ in tuning.peak_fraction_by_chip)
+    if fitted:
+        return (f"GEMMs at up to {fraction:g} of the dense peak, the fraction fitted on the {gpu.chip} die",)
+    die = f"the {gpu.chip} die has" if gpu.chip else "the GPU's die is not stated and"
+    return (f"GEMMs at up to {fraction:g} of the dense peak: the default ({die} no fitted fraction)",)
+
+
 def estimate(
     model: ModelSpec,
     cluster: ClusterSpec,
     layout: Layout,
     training: TrainingSpec,
     *,
-    efficiency: EfficiencyCurve,
+    tuning: Tuning,
     with_limits: bool = True,
     calibration: Calibration = NO_CALIBRATION,
 ) -> Estimate:
@@ -100,7 +111,7 @@ def estimate(
     With a calibration, memory, fit, warnings and limits all use the calibrated dynamic memory,
     and the step time its factor, so the numbers never contradict each other."""
     validate_layout(model, cluster, layout, training)
-    job = prepare(model, cluster, training, efficiency)
+    job = prepare(model, cluster, training, tuning)
     return estimate_valid(job, layout, with_limits=with_limits, calibration=calibration)
 
 
@@ -113,7 +124,7 @@ def estimate_valid(
     time = evaluate.time_estimate(job, layout)
     if calibration.step_time_factor != 1.0:
         time = calibrated_time(time, calibration.step_time_factor)
-    notes = memory_assumptions(job, layout)
+    notes = (*memory_assumptions(job, layout), *time_assumptions(job))
     training = job.training
     return Estimate(
         fits=evaluate.memory_fits(memory, job.cluster),

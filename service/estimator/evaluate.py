@@ -242,7 +242,7 @@ def max_seq_len(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> int:
 
     def ok(seq_len: int) -> bool:
         training = dataclasses.replace(job.training, seq_len=seq_len)
-        other = make_job(job.model, job.cluster, training, job.curve, job.assume)  # not shared: one-off
+        other = make_job(job.model, job.cluster, training, job.tuning)  # not shared: one-off
         return fits(other, layout, dynamic_factor=dynamic_factor)
 
     return largest_satisfying(step, MAX_SEQ_LEN_SEARCHED, step, ok)

@@ -1,4 +1,4 @@
-"""A job prepared once: everything that depends on (model, cluster, training, efficiency curve)
+"""A job prepared once: everything that depends on (model, cluster, training, efficiency tuning)
 and not on the layout, and the memos of the layout-level parts.
 
 A search asks for thousands of layouts of one job, and ``estimate()`` for one. Both go through
@@ -19,9 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from service.estimator.efficiency import EfficiencyCurve
-from service.estimator.model_states import DEFAULT_ASSUMPTIONS, MemoryAssumptions
 from service.estimator.params import is_moe_layer, parameter_counts
+from service.estimator.tuning import MemoryAssumptions, Tuning
 from service.estimator.types import ClusterSpec, Layout, ModelSpec, ParameterCounts, TrainingSpec
 
 T = TypeVar("T")
@@ -34,13 +33,13 @@ LayerKind = bool
 
 @dataclass(frozen=True, slots=True, eq=False, kw_only=True)
 class Job:
-    """One (model, cluster, training, curve): its constants, and the memos of its parts."""
+    """One (model, cluster, training, tuning): its constants, and the memos of its parts."""
 
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec
-    curve: EfficiencyCurve
-    assume: MemoryAssumptions
+    tuning: Tuning
+    assume: MemoryAssumptions  # tuning.memory
     counts: ParameterCounts
     layer_kinds: tuple[LayerKind, ...]  # the kind of every decoder layer, in order
     kinds: tuple[LayerKind, ...]  # the distinct kinds, in order of first appearance
@@ -51,8 +50,7 @@ def make_job(
     model: ModelSpec,
     cluster: ClusterSpec,
     training: TrainingSpec,
-    curve: EfficiencyCurve,
-    assume: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+    tuning: Tuning,
 ) -> Job:
     """A new job with empty memos (``prepare`` returns a shared one)."""
     layer_kinds = tuple(is_moe_layer(model, i) for i in range(model.num_layers))
@@ -60,8 +58,8 @@ def make_job(
         model=model,
         cluster=cluster,
         training=training,
-        curve=curve,
-        assume=assume,
+        tuning=tuning,
+        assume=tuning.memory,
         counts=parameter_counts(model),
         layer_kinds=layer_kinds,
         kinds=tuple(dict.fromkeys(layer_kinds)),
@@ -73,11 +71,10 @@ def prepare(
     model: ModelSpec,
     cluster: ClusterSpec,
     training: TrainingSpec,
-    curve: EfficiencyCurve,
-    assume: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+    tuning: Tuning,
 ) -> Job:
     """The job of these inputs, shared by every caller that asks for the same ones (its memos too)."""
-    return make_job(model, cluster, training, curve, assume)
+    return make_job(model, cluster, training, tuning)
 
 
 # ---------------------------------------------------------------- memos

@@ -7,7 +7,7 @@ buffers they size (gradient buckets, gathered ZeRO-3 / FSDP parameters), memoise
 formulas or what Hugging Face models save) with the buffers they size (pipeline receive buffers,
 QLoRA dequantisation, the loss workspace) and the CUDA/NCCL overhead, memoised without the sharding
 (``stage_activations``). ``service.estimator.evaluate`` adds them up and reports the larger stage.
-Every constant lives in ``MemoryAssumptions``.
+Every allowance lives in ``MemoryAssumptions``, loaded from the catalog with its source.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from service.estimator import activations
 from service.estimator.job import Job, job_memo, layout_memo
 from service.estimator.model_states import (
-    MemoryAssumptions,
     MiB,
     ModelStates,
     RankParameters,
@@ -31,6 +30,7 @@ from service.estimator.model_states import (
     shard_degrees,
     state_bytes,
 )
+from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
     Framework,
     Layout,
@@ -294,27 +294,18 @@ def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
     return int(per_parameter * job.counts.total / gpus)
 
 
-def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
-    """What the memory estimate assumed for this input, in words and numbers."""
-    model, training, assume = job.model, job.training, job.assume
-    sb = state_bytes(training, layout.framework, model, assume)
-    notes = [
+def _state_bytes_note(job: Job, layout: Layout) -> str:
+    sb = state_bytes_of(job, layout.framework)
+    return (
         f"model states per trainable parameter: weights {sb.weights:g} B, gradients {sb.gradients:g} B, "
-        f"master {sb.master:g} B, optimizer moments {sb.moments:.4g} B ({training.optimizer.value})",
-        f"CUDA context {assume.cuda_context_bytes // MiB} MiB + NCCL {assume.nccl_bytes_per_group // MiB} "
-        f"MiB per process group; fragmentation reserve {assume.fragmentation_fraction:.0%} of activations "
-        "+ buffers",
-        "activations: "
-        + (
-            "Megatron-LM (Korthikanti et al. 2022, 16-bit, 1-byte dropout masks)"
-            if layout.framework is Framework.MEGATRON
-            else "Hugging Face transformers tensors saved by autograd (RMSNorm fp32 upcast, fp32 log-softmax)"
-        ),
-    ]
-    if layout.pp > 1:
-        notes.append(
-            "pipeline: first and last stage evaluated, the larger reported; 1F1B in-flight micro-batches"
-        )
+        f"master {sb.master:g} B, optimizer moments {sb.moments:.4g} B ({job.training.optimizer.value})"
+    )
+
+
+def _state_notes(job: Job, layout: Layout) -> list[str]:
+    # the sharding, offload, optimizer and quantisation this layout's model states assume
+    model, training, assume = job.model, job.training, job.assume
+    notes = []
     if ds_note := deepspeed_assumption(model, layout):
         notes.append(ds_note)
     if layout.framework is Framework.FSDP and layout.zero_stage == 0 and layout.dp * layout.cp > 1:
@@ -334,7 +325,30 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
         notes.append(
             f"QLoRA: NF4 Linear weights at {assume.qlora_bits_per_param} bits; embeddings, head, norms bf16"
         )
-    if training.precision is Precision.FP8:
+    return notes
+
+
+def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
+    """What the memory estimate assumed for this input, in words and numbers."""
+    assume = job.assume
+    notes = [
+        _state_bytes_note(job, layout),
+        f"CUDA context {assume.cuda_context_bytes // MiB} MiB + NCCL {assume.nccl_bytes_per_group // MiB} "
+        f"MiB per process group; fragmentation reserve {assume.fragmentation_fraction:.0%} of activations "
+        "+ buffers",
+        "activations: "
+        + (
+            "Megatron-LM (Korthikanti et al. 2022, 16-bit, 1-byte dropout masks)"
+            if layout.framework is Framework.MEGATRON
+            else "Hugging Face transformers tensors saved by autograd (RMSNorm fp32 upcast, fp32 log-softmax)"
+        ),
+    ]
+    if layout.pp > 1:
+        notes.append(
+            "pipeline: first and last stage evaluated, the larger reported; 1F1B in-flight micro-batches"
+        )
+    notes += _state_notes(job, layout)
+    if job.training.precision is Precision.FP8:
         notes.append(
             "fp8: bf16 weights + cached fp8 weight and transpose per GEMM weight (2 B), bf16 activations"
         )

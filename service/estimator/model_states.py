@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.estimator.params import parameter_counts
+from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
     ClusterSpec,
     Framework,
@@ -31,37 +32,6 @@ from service.estimator.types import (
 
 MiB = 2**20
 MIXED = frozenset({Precision.BF16, Precision.FP16, Precision.FP8})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemoryAssumptions:
-    """Every constant the estimate rests on, in one place (bytes or elements, as named)."""
-
-    # ~700-800 MiB for the CUDA context and the kernels of cuBLAS/cuDNN once loaded
-    # (discuss.pytorch.org/t/high-gpu-memory-overhead/81330: "~700+MB" depending on CUDA version).
-    cuda_context_bytes: int = 768 * MiB
-    # NCCL channel buffers per communicator (NCCL_BUFFSIZE 4 MiB x channels x peers, both protocols).
-    nccl_bytes_per_group: int = 256 * MiB
-    # Caching-allocator fragmentation reserve, as a fraction of activations + buffers.
-    fragmentation_fraction: float = 0.10
-    # PyTorch DDP default: buckets are a flat copy of the gradients (gradient_as_bucket_view=False).
-    ddp_gradient_as_bucket_view: bool = False
-    # DeepSpeed stage 0 flattens gradients in 5e8-element chunks for its all-reduce
-    # (MEMORY_OPT_ALLREDUCE_SIZE, not a config key). ZeRO buckets follow the rendered ds_config:
-    # ``deepspeed_buckets``.
-    ds_stage0_allreduce_elements: int = 500_000_000
-    # FSDP gathers one unit (a decoder layer) ahead of the one computing.
-    fsdp_prefetch_layers: int = 1
-    # bitsandbytes 8-bit Adam: 1 byte per moment + one fp32 absmax per 2048-element block.
-    adam_8bit_block_elements: int = 2048
-    # QLoRA NF4: 4 bits per weight + double-quantised absmax constants, 0.127 bits per weight
-    # (Dettmers et al., arXiv:2305.14314 §3).
-    qlora_bits_per_param: float = 4.127
-    # CPU Adam (ZeRO-Offload) steps on an fp32 copy of each gradient shard held in pinned memory.
-    cpu_adam_grad_bytes: int = 4
-
-
-DEFAULT_ASSUMPTIONS = MemoryAssumptions()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -338,7 +308,7 @@ def _divisors(layout: Layout, shard: int) -> tuple[int, int, int]:
 
 
 # (parameters, gradients, optimizer states) and those + (host, NVMe) bytes: plain tuples, since
-# model_state_bytes runs for every layout a search considers and ModelStates is a frozen dataclass
+# rank_model_states runs for every sharding a search considers and ModelStates is a frozen dataclass
 _States = tuple[float, float, float]
 _OffloadedStates = tuple[float, float, float, float, float]
 
@@ -386,19 +356,27 @@ def _offloaded(
     return params, grads, optim, host, nvme
 
 
-def model_state_bytes(
+# (trainable parameters, frozen parameters, bytes per frozen parameter, shard degree) of one group
+_Group = tuple[float, float, float, int]
+
+
+def _state_groups(
     model: ModelSpec,
-    counts: ParameterCounts,
-    cluster: ClusterSpec,
     layout: Layout,
     training: TrainingSpec,
-    rank: int = 0,
-    assume: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
-) -> ModelStates:
-    """Weights, gradients and optimizer states of pipeline rank ``rank``, after sharding and offload."""
-    rp = rank_parameters(model, counts, layout, rank)
-    sb = state_bytes(training, layout.framework, model, assume)
-    return rank_model_states(model, layout, training, rp, sb, shard_degrees(layout, cluster), assume)
+    rp: RankParameters,
+    shards: tuple[int, int],
+    assume: MemoryAssumptions,
+) -> list[_Group]:
+    # Full training: dense parameters sharded over dp x cp, routed experts over expert-DP. LoRA/QLoRA:
+    # the adapters train, the whole base is frozen (NF4 Linear weights under QLoRA).
+    dense_shard, expert_shard = shards
+    if training.method is Method.FULL:
+        return [(rp.dense, 0.0, 0.0, dense_shard), (rp.expert, 0.0, 0.0, expert_shard)]
+    linear_bytes, other_bytes = frozen_bytes(training, assume)
+    base = rp.dense + rp.expert
+    frozen = rp.linear * linear_bytes + (base - rp.linear) * other_bytes
+    return [(lora_parameters(model, training, layout), base, frozen / base, dense_shard)]
 
 
 def rank_model_states(
@@ -408,26 +386,13 @@ def rank_model_states(
     rp: RankParameters,
     sb: StateBytes,
     shards: tuple[int, int],
-    assume: MemoryAssumptions = DEFAULT_ASSUMPTIONS,
+    assume: MemoryAssumptions,
 ) -> ModelStates:
-    """``model_state_bytes`` from the rank's parameters, the bytes per parameter and the shard
-    degrees (``rank_parameters``, ``state_bytes``, ``shard_degrees``), for callers that hold them."""
-    dense_shard, expert_shard = shards
-    if training.method is Method.FULL:
-        groups = [(rp.dense, 0.0, 0.0, dense_shard), (rp.expert, 0.0, 0.0, expert_shard)]
-    else:
-        linear_bytes, other_bytes = frozen_bytes(training, assume)
-        frozen = rp.linear * linear_bytes + (rp.dense + rp.expert - rp.linear) * other_bytes
-        groups = [
-            (
-                lora_parameters(model, training, layout),
-                rp.dense + rp.expert,
-                frozen / (rp.dense + rp.expert),
-                dense_shard,
-            )
-        ]
+    """Weights, gradients and optimizer states of one pipeline rank after sharding and offload, from
+    its parameters, the bytes per parameter and the shard degrees (``rank_parameters``,
+    ``state_bytes``, ``shard_degrees``)."""
     parameters = gradients = optimizer_states = host = nvme = 0.0
-    for count, frozen_count, per_frozen, shard in groups:
+    for count, frozen_count, per_frozen, shard in _state_groups(model, layout, training, rp, shards, assume):
         group = _group_states(count, frozen_count, per_frozen, sb, layout, shard)
         group_params, group_grads, group_optim, group_host, group_nvme = _offloaded(
             group, count, layout, shard, assume

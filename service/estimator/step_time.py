@@ -37,10 +37,10 @@ import math
 from dataclasses import dataclass
 
 from service.estimator import comm, flops
-from service.estimator.efficiency import EfficiencyCurve, dp_overlap_default, matmul_efficiency
 from service.estimator.errors import InvalidTraining
 from service.estimator.job import Job, LayerKind, job_memo, kind_counts, layout_memo, sum_by_kind
 from service.estimator.params import stage_parameter_counts
+from service.estimator.tuning import Tuning, dp_overlap_default, matmul_efficiency
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -166,10 +166,10 @@ def stage_stored_bytes(job: Job, layout: Layout) -> tuple[float, ...]:
     return tuple(sum_by_kind(counts, per_kind.__getitem__) for counts in stage_kind_counts(job, layout.pp))
 
 
-def loss_traffic_bytes(model: ModelSpec, layout: Layout, curve: EfficiencyCurve) -> float:
+def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning) -> float:
     """HBM bytes per token the cross-entropy moves in one step on the last stage (fp32 logits,
     vocab-parallel over tp, Korthikanti §4.3): ``loss_traffic_bytes_per_logit`` x V / t."""
-    return curve.loss_traffic_bytes_per_logit * model.vocab_size / layout.tp
+    return tuning.loss_traffic_bytes_per_logit * model.vocab_size / layout.tp
 
 
 @layout_memo("pp", "tp", "ep")
@@ -205,17 +205,17 @@ class GroupLinks:
 @layout_memo("dp", "tp", "pp", "cp", "ep")
 def group_links(job: Job, layout: Layout) -> GroupLinks:
     """The link each parallel group crosses, derated to NCCL's achievable bus bandwidth."""
-    strides, curve = comm.group_strides(layout), job.curve
+    strides, tuning = comm.group_strides(layout), job.tuning
 
     def link(size: int, stride: int) -> comm.Link:
         return comm.link_for_group(
             job.cluster,
             size,
             stride,
-            intra_latency_s=curve.intra_node_latency_s,
-            inter_latency_s=curve.inter_node_latency_s,
-            intra_efficiency=curve.intra_node_bus_efficiency,
-            inter_efficiency=curve.inter_node_bus_efficiency,
+            intra_latency_s=tuning.intra_node_latency_s,
+            inter_latency_s=tuning.inter_node_latency_s,
+            intra_efficiency=tuning.intra_node_bus_efficiency,
+            inter_efficiency=tuning.inter_node_bus_efficiency,
         )
 
     return GroupLinks(
@@ -268,7 +268,7 @@ class StepBase:
 def step_base(job: Job, layout: Layout) -> StepBase:
     stage = slowest_stage(job, layout.pp)
     tokens = micro_batch_tokens_per_rank(layout, job.training)
-    efficiency = matmul_efficiency(job.curve, job.cluster.gpu.name, job.model.hidden_size / layout.tp, tokens)
+    efficiency = matmul_efficiency(job.tuning, job.cluster.gpu, job.model.hidden_size / layout.tp, tokens)
     counts = stage_kind_counts(job, layout.pp)[stage]
     links = group_links(job, layout)
     base = StepBase(
@@ -299,7 +299,7 @@ def tp_all_reduce_s(job: Job, tokens: int, link: comm.Link) -> float:
 def memory_bound_s(job: Job, base: StepBase, passes: float, stored_bytes_per_token: float) -> float:
     """Time of ``passes`` forward-equivalents of memory-bound work over all micro-batches."""
     # backward moves 2x the forward traffic, so a training step is 3 passes
-    traffic = job.curve.memory_traffic_per_stored_byte * stored_bytes_per_token * passes
+    traffic = job.tuning.memory_traffic_per_stored_byte * stored_bytes_per_token * passes
     return base.micro_batches * base.tokens * traffic / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
@@ -307,27 +307,27 @@ def loss_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Cross-entropy on the logits, forward and backward, all micro-batches (last stage only)."""
     if base.stage != layout.pp - 1:
         return 0.0
-    traffic = loss_traffic_bytes(job.model, layout, job.curve)
+    traffic = loss_traffic_bytes(job.model, layout, job.tuning)
     return base.micro_batches * base.tokens * traffic / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
-def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, curve: EfficiencyCurve) -> float:
+def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, tuning: Tuning) -> float:
     """Extra time of eager attention's core (QK^T, AV) as a multiple of its time at the GEMM rate:
     ``1 / unaligned_attention_core_factor - 1`` when a head's row, head_dim x element bytes, is off
     ``attention_alignment_bytes``, else 0. Flash and SDPA pad head_dim to a multiple of 8: 0. fp32
     attention runs on CUDA cores, not tensor cores, and the measurements are 16-bit: 0."""
-    # BigScience prequel: head_dim 108 (216 B) ran 1.30-1.40x the step of head_dim 144 (efficiency.toml)
+    # BigScience prequel: head_dim 108 (216 B) ran 1.30-1.40x the step of head_dim 144 (tuning.toml)
     if training.attention is not Attention.EAGER or training.precision is Precision.FP32:
         return 0.0
-    if model.head_dim * activation_bytes(training.precision) % curve.attention_alignment_bytes == 0:
+    if model.head_dim * activation_bytes(training.precision) % tuning.attention_alignment_bytes == 0:
         return 0.0
-    return 1.0 / curve.unaligned_attention_core_factor - 1.0
+    return 1.0 / tuning.unaligned_attention_core_factor - 1.0
 
 
 def unaligned_core_s(job: Job, layout: Layout, base: StepBase, passes_per_layer: int) -> float:
     """Time ``passes_per_layer`` forwards of attention's core per layer of the slowest stage add, over
     all micro-batches, beyond their FLOPs at the GEMM rate (``unaligned_core_slowdown``; 0 aligned)."""
-    slowdown = unaligned_core_slowdown(job.model, job.training, job.curve)
+    slowdown = unaligned_core_slowdown(job.model, job.training, job.tuning)
     if slowdown == 0.0 or passes_per_layer == 0:
         return 0.0
     per_token = passes_per_layer * base.layers * flops.attention_core_flops(job.model, job.training.seq_len)
@@ -351,13 +351,13 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     return gemm_s + unaligned_s + memory_bound_s(job, base, 3, base.stored_bytes) + loss_s(job, layout, base)
 
 
-def recompute_passes(curve: EfficiencyCurve, recompute: Recompute) -> float:
+def recompute_passes(tuning: Tuning, recompute: Recompute) -> float:
     """Forward-equivalents of memory-bound work a recompute costs over the bytes it writes again."""
     # Full recompute re-runs each layer's forward once. Selective re-runs attention's core, whose
-    # s x s chain moves a multiple of the bytes it finally stores (efficiency.toml).
+    # s x s chain moves a multiple of the bytes it finally stores (tuning.toml).
     if recompute is Recompute.FULL:
         return 1.0
-    return curve.selective_recompute_passes if recompute is Recompute.SELECTIVE else 0.0
+    return tuning.selective_recompute_passes if recompute is Recompute.SELECTIVE else 0.0
 
 
 def recompute_stored_bytes(job: Job, layout: Layout, base: StepBase) -> float:
@@ -389,7 +389,7 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
         return 0.0
     per_token = stage_recompute_flops(job, layout.pp, base.stage, recompute)
     gemm_s = base.micro_batches * base.tokens * per_token / layout.tp / base.flops_per_s
-    passes = recompute_passes(job.curve, recompute)
+    passes = recompute_passes(job.tuning, recompute)
     memory_s = memory_bound_s(job, base, passes, recompute_stored_bytes(job, layout, base))
     # full and selective both redo the core
     return gemm_s + unaligned_core_s(job, layout, base, 1) + memory_s
@@ -406,7 +406,7 @@ def tp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
         return 0.0
     collectives = 4 + (2 if layout.recompute is Recompute.FULL else 0)
     total = base.micro_batches * base.layers * collectives * base.tp_all_reduce_s
-    return total * (1.0 - job.curve.tp_overlap_hidden_fraction) if layout.tp_comm_overlap else total
+    return total * (1.0 - job.tuning.tp_overlap_hidden_fraction) if layout.tp_comm_overlap else total
 
 
 def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
@@ -555,7 +555,7 @@ def dp_overlapped(job: Job, layout: Layout) -> bool:
     """Whether the DP reduction runs under backward: the layout's choice, else the framework's default."""
     if layout.overlap_grad_reduce is not None:
         return layout.overlap_grad_reduce
-    return dp_overlap_default(job.curve, layout.framework)
+    return dp_overlap_default(job.tuning, layout.framework)
 
 
 def dp_comm_exposed_s(job: Job, layout: Layout, parts: StepParts) -> float:
@@ -564,14 +564,14 @@ def dp_comm_exposed_s(job: Job, layout: Layout, parts: StepParts) -> float:
     collective_s, gather = dp_collectives_s(job, layout)
     if layout.zero_stage == 3:
         zero3_s = parts.micro_batches * collective_s
-        return exposed_s(zero3_s, compute, job.curve.zero3_prefetch_hidden_fraction)
+        return exposed_s(zero3_s, compute, job.tuning.zero3_prefetch_hidden_fraction)
     reductions = gradient_reductions(layout, parts.micro_batches)
     if not dp_overlapped(job, layout):
         return reductions * collective_s + gather
     # each reduction hides under its micro-batch's backward (2/3 of it, + its recompute); the parameter
     # all-gather under the next step's first forward (Megatron --overlap-param-gather) (1/3)
     per_micro_batch = compute / parts.micro_batches
-    hidden = job.curve.dp_overlap_max_hidden_fraction
+    hidden = job.tuning.dp_overlap_max_hidden_fraction
     return reductions * exposed_s(collective_s, 2 / 3 * per_micro_batch, hidden) + exposed_s(
         gather, per_micro_batch / 3, hidden
     )
@@ -593,7 +593,7 @@ def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
     """PCIe and NVMe traffic of optimizer and parameter offload, exposed."""
     if layout.offload_optimizer is _NO_OFFLOAD and layout.offload_params is _NO_OFFLOAD:
         return 0.0
-    cluster, curve = job.cluster, job.curve
+    cluster, tuning = job.cluster, job.tuning
     pcie = cluster.gpu.pcie_bandwidth_bytes_per_s
     shard = sharded_parameters(layout, parts)
     seconds = 0.0
@@ -601,11 +601,11 @@ def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
         seconds += shard * (2 + 2) / pcie  # 16-bit gradients down, 16-bit parameters up
     if layout.offload_optimizer is Offload.NVME:
         node_bytes = shard * cluster.gpus_per_node * 2 * 12  # read + write fp32 master, m, v
-        seconds += node_bytes / curve.nvme_bandwidth_bytes_per_s_per_node
+        seconds += node_bytes / tuning.nvme_bandwidth_bytes_per_s_per_node
     if layout.offload_params is not _NO_OFFLOAD:
         # ZeRO-Infinity fetches this GPU's 16-bit shard for forward and backward, prefetched
         fetch_s = parts.micro_batches * 2 * 2 * shard / pcie
-        seconds += exposed_s(fetch_s, parts.compute_s, curve.zero3_prefetch_hidden_fraction)
+        seconds += exposed_s(fetch_s, parts.compute_s, tuning.zero3_prefetch_hidden_fraction)
     return seconds
 
 
@@ -627,7 +627,7 @@ def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
     shard = sharded_parameters(layout, parts)
     if layout.offload_optimizer is not _NO_OFFLOAD:
         # the host's CPU-Adam rate is shared by all GPUs of the node
-        return shard * job.cluster.gpus_per_node / job.curve.cpu_adam_params_per_s_per_node
+        return shard * job.cluster.gpus_per_node / job.tuning.cpu_adam_params_per_s_per_node
     step_bytes = shard * OPTIMIZER_STEP_BYTES[job.training.optimizer]
     return step_bytes / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
@@ -645,6 +645,11 @@ def training_time_s(total_flops: float, num_gpus: int, achieved_flops_per_s_per_
     return total_flops / (num_gpus * achieved_flops_per_s_per_gpu)
 
 
+def gpu_hours(time_s: float, num_gpus: int) -> float:
+    """GPU-hours of ``num_gpus`` GPUs held for ``time_s`` seconds."""
+    return time_s / 3600.0 * num_gpus
+
+
 def cost(time_s: float, num_gpus: int, price_per_gpu_hour: float) -> float:
     """Price of ``num_gpus`` GPUs for ``time_s`` seconds, in the currency of the hourly price."""
-    return time_s / 3600.0 * num_gpus * price_per_gpu_hour
+    return gpu_hours(time_s, num_gpus) * price_per_gpu_hour

@@ -187,6 +187,7 @@ class GPUSpec:
     intra_node_bandwidth_bytes_per_s: float  # per GPU, one direction (NVLink, or PCIe)
     pcie_bandwidth_bytes_per_s: float  # host link, one direction
     vendor: str = "nvidia"
+    chip: str = ""  # the die (gh100, ga100, ad102, ...): what the tuning's peak fractions are fitted per
     source: str = ""
 
     def __post_init__(self) -> None:

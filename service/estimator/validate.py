@@ -14,7 +14,6 @@ Choices made here:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -160,32 +159,28 @@ def batch_split_violation(training: TrainingSpec, layout: Layout) -> Violation:
     return None
 
 
-def interleaved_batches_violation(training: TrainingSpec, layout: Layout) -> Violation:
+def interleaved_batches_violation(layout: Layout, micro_batches: int) -> Violation:
     # Megatron's interleaved schedule needs the micro-batches to be a multiple of pp.
     p = layout.pp
-    if layout.virtual_pipeline_stages > 1:
-        micro_batches = layout.accumulation_steps(training.global_batch_size)
-        if micro_batches % p:
-            return _bad(
-                f"micro-batches per step ({micro_batches}) % pp ({p}) != 0 with interleaving",
-                "virtual_pp",
-                "pp",
-            )
-    return None
-
-
-def sequence_parallel_violation(training: TrainingSpec, layout: Layout) -> Violation:
-    # sequence parallelism splits the micro-batch's tokens over the tensor-parallel ranks
-    if layout.sequence_parallel and layout.tp > 1 and training.seq_len * layout.micro_batch_size % layout.tp:
+    if layout.virtual_pipeline_stages > 1 and micro_batches % p:
         return _bad(
-            f"seq_len x micro_batch ({training.seq_len * layout.micro_batch_size}) % tp != 0", "sp_seq", "tp"
+            f"micro-batches per step ({micro_batches}) % pp ({p}) != 0 with interleaving", "virtual_pp", "pp"
         )
     return None
 
 
-def fused_optimizer_batches_violation(training: TrainingSpec, layout: Layout) -> Violation:
+def sequence_parallel_violation(training: TrainingSpec, layout: Layout, micro_batch_size: int) -> Violation:
+    # sequence parallelism splits the micro-batch's tokens over the tensor-parallel ranks
+    if layout.sequence_parallel and layout.tp > 1 and training.seq_len * micro_batch_size % layout.tp:
+        return _bad(
+            f"seq_len x micro_batch ({training.seq_len * micro_batch_size}) % tp != 0", "sp_seq", "tp"
+        )
+    return None
+
+
+def fused_optimizer_batches_violation(layout: Layout, micro_batches: int) -> Violation:
     # the optimizer step fused into backward updates after every backward: no accumulation
-    if layout.optimizer_in_backward and layout.accumulation_steps(training.global_batch_size) > 1:
+    if layout.optimizer_in_backward and micro_batches > 1:
         return _bad(
             "optimizer_in_backward needs gradient_accumulation_steps = 1",
             "optimizer_in_backward",
@@ -194,34 +189,32 @@ def fused_optimizer_batches_violation(training: TrainingSpec, layout: Layout) ->
     return None
 
 
-def micro_batch_violation(training: TrainingSpec, layout: Layout) -> Violation:
-    """The first rule the layout's micro-batch breaks (the four above), or None."""
-    for check in (
-        batch_split_violation,
-        interleaved_batches_violation,
-        sequence_parallel_violation,
-        fused_optimizer_batches_violation,
-    ):
-        violation = check(training, layout)
-        if violation is not None:
-            return violation
-    return None
+def micro_batch_violation(training: TrainingSpec, layout: Layout, micro_batch_size: int) -> Violation:
+    """The first rule a micro-batch of ``micro_batch_size`` (accumulation derived from the global
+    batch) breaks in this layout, or None."""
+    per_step = micro_batch_size * layout.dp
+    if training.global_batch_size % per_step:
+        return _bad(
+            f"global_batch_size ({training.global_batch_size}) is not divisible by micro_batch_size "
+            f"({micro_batch_size}) x dp ({layout.dp}) = {per_step}",
+            "global_batch",
+            "micro_batch_size",
+        )
+    micro_batches = training.global_batch_size // per_step
+    return (
+        interleaved_batches_violation(layout, micro_batches)
+        or sequence_parallel_violation(training, layout, micro_batch_size)
+        or fused_optimizer_batches_violation(layout, micro_batches)
+    )
 
 
 def valid_micro_batch_sizes(training: TrainingSpec, layout: Layout) -> tuple[int, ...]:
-    """The micro-batches ``micro_batch_violation`` accepts for this layout (accumulation derived),
-    ascending: divisors of the per-replica batch."""
+    """The micro-batches ``micro_batch_violation`` accepts for this layout, ascending: divisors of
+    the per-replica batch."""
     if training.global_batch_size % layout.dp:
         return ()
     per_replica = training.global_batch_size // layout.dp
-    return tuple(
-        b
-        for b in divisors(per_replica)
-        if micro_batch_violation(
-            training, dataclasses.replace(layout, micro_batch_size=b, gradient_accumulation_steps=None)
-        )
-        is None
-    )
+    return tuple(b for b in divisors(per_replica) if micro_batch_violation(training, layout, b) is None)
 
 
 def zero_with_pipeline_violation(layout: Layout, caps: Capabilities) -> Violation:
@@ -361,6 +354,10 @@ def layout_violation(
 ) -> Violation:
     """The first rule the layout breaks, or None: the rules above, in this order."""
     caps = FRAMEWORK_CAPABILITIES[layout.framework]
+
+    def micro_batches() -> int:  # valid once batch_split_violation passed
+        return layout.accumulation_steps(training.global_batch_size)
+
     checks: tuple[Callable[[], Violation], ...] = (
         lambda: batch_split_violation(training, layout),
         lambda: world_violation(cluster, layout),
@@ -368,14 +365,14 @@ def layout_violation(
         lambda: sharding_violation(layout, caps),
         lambda: pipeline_split_violation(model, layout.pp, layout.virtual_pipeline_stages),
         lambda: interleaving_violation(model, layout, caps),
-        lambda: interleaved_batches_violation(training, layout),
+        lambda: interleaved_batches_violation(layout, micro_batches()),
         lambda: zero_with_pipeline_violation(layout, caps),
         lambda: context_violation(layout, training),
         lambda: ulysses_violation(model, layout),
-        lambda: sequence_parallel_violation(training, layout),
+        lambda: sequence_parallel_violation(training, layout, layout.micro_batch_size),
         lambda: expert_violation(model, layout),
         lambda: training_violation(cluster, layout, training, caps),
-        lambda: fused_optimizer_batches_violation(training, layout),
+        lambda: fused_optimizer_batches_violation(layout, micro_batches()),
         lambda: activation_offload_violation(layout, caps),
     )
     for check in checks:

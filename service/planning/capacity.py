@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from service.api.schemas.capacity import CapacityOptionOut, CapacityOut, CapacityRequest
 from service.api.schemas.clusters import ClusterRef
 from service.api.schemas.gpus import resolve_gpu
-from service.catalog.efficiency import default_efficiency
+from service.catalog.tuning import default_tuning
 from service.persistence.repository import ClusterRepository
 from service.planning.clusters import resolve_cluster
 from service.recommender.capacity import CapacityOption, capacity
@@ -31,13 +31,13 @@ def capacity_for(session: Session, request: CapacityRequest) -> CapacityOut:
     per_gpu_price = prices if isinstance(prices, dict) else None
     if isinstance(prices, float | int):
         constraints = dataclasses.replace(constraints, gpu_hour_cost=float(prices))
-    curve = default_efficiency()
+    tuning = default_tuning()
 
     def options(**source: Any) -> tuple[CapacityOption, ...]:
         return capacity(
             model,
             training,
-            curve,
+            tuning,
             constraints=constraints,
             gpus_per_node=request.gpus_per_node,
             max_nodes=request.max_nodes,

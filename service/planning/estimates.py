@@ -16,7 +16,7 @@ from service.api.schemas.estimates import (
     TimeBreakdownOut,
     TimeOut,
 )
-from service.catalog.efficiency import default_efficiency
+from service.catalog.tuning import default_tuning
 from service.estimator import estimate
 from service.estimator.calibration import Calibration
 from service.estimator.errors import EstimatorError
@@ -40,9 +40,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     layout = request.layout.to_domain()
     calibration = calibration_for(PlanRepository(session), hardware_key(cluster), layout.framework.value)
     try:
-        result = estimate(
-            model, cluster, layout, training, efficiency=default_efficiency(), calibration=calibration
-        )
+        result = estimate(model, cluster, layout, training, tuning=default_tuning(), calibration=calibration)
     except EstimatorError as exc:
         raise located(exc) from exc
     total = parameter_counts(model).total

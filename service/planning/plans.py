@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from service.api.schemas.clusters import ClusterRef
 from service.api.schemas.plans import ArtifactOut, CandidateOut, PlanOut, PlanRequest
 from service.catalog import catalog_version
-from service.catalog.efficiency import default_efficiency
+from service.catalog.tuning import default_tuning
 from service.errors import NotFound
 from service.estimator.calibration import Calibration
 from service.estimator.estimate import estimate as estimate_layout
@@ -73,7 +73,7 @@ def plan_record(session: Session, request: PlanRequest) -> PlanRecord:
     plans = PlanRepository(session)
     calibrations = {fw.value: calibration_for(plans, key, fw.value) for fw in constraints.frameworks}
     searched = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
-    rec = recommend(model, cluster, training, searched, default_efficiency())
+    rec = recommend(model, cluster, training, searched, default_tuning())
     result = plan_result(rec, model, cluster, training, request, calibrations)
     artifacts, unsupported = render_artifacts(rec, model, cluster, training, request)
     result["unsupported_targets"] = unsupported
@@ -118,7 +118,7 @@ def candidate_out(
             sub_cluster(cluster, candidate.layout.world_size),
             candidate.layout,
             training,
-            efficiency=default_efficiency(),
+            tuning=default_tuning(),
             with_limits=with_limits,
             calibration=calibration,
         )

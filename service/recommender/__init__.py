@@ -1,6 +1,6 @@
 """Recommend layouts for a job: search the valid ones, keep those that fit, rank by an objective.
 
-``recommend(model, cluster, training, constraints, efficiency)`` searches, for each GPU count the
+``recommend(model, cluster, training, constraints, tuning)`` searches, for each GPU count the
 objective needs, every ``space.Structure`` x framework sharding (``FRAMEWORK_CAPABILITIES``) x
 interleaving x recompute, and for each the micro-batches that fit (binary search: memory grows with
 the micro-batch). Each GPU count is one estimator ``Job``; the memory and time of each candidate are
@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from service.estimator import evaluate
-from service.estimator.efficiency import EfficiencyCurve
 from service.estimator.estimate import estimate_valid
 from service.estimator.job import Job, make_job
 from service.estimator.memory import min_state_bytes_per_gpu, stage_states
+from service.estimator.tuning import Tuning
 from service.estimator.types import (
     ClusterSpec,
     Estimate,
@@ -132,7 +132,7 @@ class _Search:
     model: ModelSpec
     training: TrainingSpec
     constraints: Constraints
-    curve: EfficiencyCurve
+    tuning: Tuning
 
 
 def _limit_bytes(capacity: int, constraints: Constraints) -> int:
@@ -363,16 +363,16 @@ def search(
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints,
-    efficiency: EfficiencyCurve,
+    tuning: Tuning,
     counts: tuple[int, ...],
     *,
     stop_at_first_fit: bool = False,
 ) -> SearchResult:
     """Search over the given GPU counts (in order), within ``constraints.max_evaluations``."""
-    request = _Search(model, training, constraints, efficiency)
+    request = _Search(model, training, constraints, tuning)
     result = SearchResult()
     for gpus in counts:
-        job = make_job(model, sub_cluster(cluster, gpus), training, efficiency)
+        job = make_job(model, sub_cluster(cluster, gpus), training, tuning)
         result.jobs[gpus] = job
         limit = _limit_bytes(job.cluster.gpu.memory_bytes, constraints)
         before = len(result.best)
@@ -414,11 +414,11 @@ def _run_search(
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints,
-    efficiency: EfficiencyCurve,
+    tuning: Tuning,
 ) -> SearchResult:
     counts, first_fit = _counts_for(cluster, constraints)
     if constraints.objective is Objective.COST:
-        found = search(model, cluster, training, constraints, efficiency, counts, stop_at_first_fit=True)
+        found = search(model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True)
         if not found.best or found.truncated:
             return found
         smallest = min(s.layout.world_size for s in found.best.values())
@@ -427,13 +427,13 @@ def _run_search(
         left = dataclasses.replace(
             constraints, max_evaluations=constraints.max_evaluations - found.evaluations
         )
-        _merge(found, search(model, cluster, training, left, efficiency, picks))
+        _merge(found, search(model, cluster, training, left, tuning, picks))
         return found
     if first_fit:
-        return search(model, cluster, training, constraints, efficiency, counts, stop_at_first_fit=True)
+        return search(model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True)
     # throughput / time to train: all the GPUs allowed; fewer only if no split of them is valid
     for gpus in counts:
-        result = search(model, cluster, training, constraints, efficiency, (gpus,))
+        result = search(model, cluster, training, constraints, tuning, (gpus,))
         if result.valid_structures:
             return result
     return result
@@ -450,18 +450,18 @@ def recommend(
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints | None = None,
-    efficiency: EfficiencyCurve | None = None,
+    tuning: Tuning | None = None,
     *,
     with_suggestions: bool = True,
 ) -> Recommendation:
     """The best ``top_k`` layouts by the objective, the rejected families, and what would fit."""
     from service.recommender.suggest import suggestions
 
-    if efficiency is None:
-        raise TypeError("recommend needs an EfficiencyCurve: pass catalog.efficiency.default_efficiency()")
+    if tuning is None:
+        raise TypeError("recommend needs the tuning numbers: pass catalog.tuning.default_tuning()")
     constraints = constraints or Constraints()
     started = time.perf_counter()
-    result = _run_search(model, cluster, training, constraints, efficiency)
+    result = _run_search(model, cluster, training, constraints, tuning)
     chosen: list[tuple[Layout, Job, Estimate]] = []
     for scored in result.ranked()[: constraints.top_k]:
         job = result.jobs[scored.layout.world_size]
@@ -480,7 +480,7 @@ def recommend(
     )
     tips: tuple[Suggestion, ...] = ()
     if not candidates and with_suggestions:
-        tips = suggestions(model, cluster, training, constraints, efficiency)
+        tips = suggestions(model, cluster, training, constraints, tuning)
     return Recommendation(
         status="feasible" if candidates else "infeasible",
         recommended=candidates[0] if candidates else None,

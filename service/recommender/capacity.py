@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from service.estimator.efficiency import EfficiencyCurve
 from service.estimator.errors import InvalidTraining
-from service.estimator.step_time import peak_flops_per_s, time_to_train_s
+from service.estimator.step_time import gpu_hours, peak_flops_per_s, time_to_train_s
+from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
 from service.recommender.suggest import fewest_gpus, node_ladder, with_gpu
 from service.recommender.types import Constraints, Objective
@@ -57,7 +57,7 @@ def _option(
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints,
-    curve: EfficiencyCurve,
+    tuning: Tuning,
     counts: tuple[int, ...],
     price: float | None,
     at_gpus: int | None,
@@ -70,7 +70,7 @@ def _option(
         peak_flops_per_s(cluster, training.precision)
     except InvalidTraining as exc:  # say why, rather than "nothing fits"
         return CapacityOption(gpu=name, fits=False, note=f"{exc.message}: ask for another precision")
-    found = fewest_gpus(model, cluster, training, constraints, curve, counts)
+    found = fewest_gpus(model, cluster, training, constraints, tuning, counts)
     if found is None:
         return CapacityOption(gpu=name, fits=False, note=f"no layout fits up to {max(counts)} GPUs")
     gpus, tokens_per_s, layout = found
@@ -80,7 +80,7 @@ def _option(
     if run_gpus != gpus:
         target = dataclasses.replace(cluster, num_nodes=max(1, run_gpus // cluster.gpus_per_node))
         fastest = dataclasses.replace(constraints, top_k=1, objective=Objective.THROUGHPUT)
-        best = recommend(model, target, training, fastest, curve, with_suggestions=False)
+        best = recommend(model, target, training, fastest, tuning, with_suggestions=False)
         if best.recommended is not None and best.recommended.estimate.time is not None:
             layout, tokens_per_s = best.recommended.layout, best.recommended.estimate.time.tokens_per_s
         else:
@@ -88,7 +88,7 @@ def _option(
             said.append(f"no layout found on {run_gpus} GPUs; time is for the {layout.world_size}-GPU layout")
         run_gpus = layout.world_size
     seconds = time_to_train_s(training.tokens, tokens_per_s) if training.tokens else None
-    gpu_hours = seconds * run_gpus / 3600 if seconds is not None else None
+    hours = gpu_hours(seconds, run_gpus) if seconds is not None else None
     return CapacityOption(
         gpu=name,
         fits=True,
@@ -98,8 +98,8 @@ def _option(
         num_gpus=run_gpus,
         tokens_per_s=tokens_per_s,
         time_to_train_s=seconds,
-        gpu_hours=gpu_hours,
-        cost=gpu_hours * price if gpu_hours is not None and price is not None else None,
+        gpu_hours=hours,
+        cost=hours * price if hours is not None and price is not None else None,
         note="; ".join(said),
     )
 
@@ -107,7 +107,7 @@ def _option(
 def capacity(
     model: ModelSpec,
     training: TrainingSpec,
-    efficiency: EfficiencyCurve,
+    tuning: Tuning,
     *,
     gpus: Iterable[GPUSpec] = (),
     clusters: Iterable[ClusterSpec] = (),
@@ -136,9 +136,7 @@ def capacity(
             if asked > cluster.world_size
             else ()
         )
-        options.append(
-            _option(model, cluster, training, constraints, efficiency, counts, price, run_at, clamped)
-        )
+        options.append(_option(model, cluster, training, constraints, tuning, counts, price, run_at, clamped))
     if not cluster_list:
         specs = list(gpus)
         if not specs:
@@ -151,7 +149,7 @@ def capacity(
             within = tuple(d for d in (1, 2, 4) if d < gpus_per_node)
             counts = within + tuple(n for n in ladder if n <= max_nodes * gpus_per_node)
             price = prices.get(gpu.name, constraints.gpu_hour_cost)
-            options.append(_option(model, cluster, training, constraints, efficiency, counts, price, at_gpus))
+            options.append(_option(model, cluster, training, constraints, tuning, counts, price, at_gpus))
     return tuple(
         sorted(options, key=lambda o: (not o.fits, o.time_to_train_s or float("inf"), o.min_gpus or 0))
     )

@@ -7,6 +7,7 @@ tokens / throughput), fewest GPUs by the count then tokens/s, cost by GPU-hours 
 
 from __future__ import annotations
 
+from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.types import Estimate, Framework, Layout, Offload, Recompute
 from service.recommender.types import Constraints, Objective
 
@@ -56,10 +57,10 @@ def score(constraints: Constraints, gpus: int, tokens_per_s: float, tokens: int 
     if objective is Objective.FEWEST_GPUS:
         return float(gpus)
     if objective is Objective.COST:
-        gpu_hours_per_million = gpus / tokens_per_s * 1e6 / 3600
-        return gpu_hours_per_million * (constraints.gpu_hour_cost or 1.0)
+        per_million = gpu_hours(time_to_train_s(1e6, tokens_per_s), gpus)
+        return per_million * (constraints.gpu_hour_cost or 1.0)
     if objective is Objective.TIME_TO_TRAIN and tokens:
-        return tokens / tokens_per_s
+        return time_to_train_s(tokens, tokens_per_s)
     return tokens_per_s
 
 

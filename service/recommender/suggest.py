@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from service.estimator.efficiency import EfficiencyCurve
+from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, Method, ModelSpec, TrainingSpec
 from service.recommender.types import Constraints, Objective, Suggestion
 
@@ -53,7 +53,7 @@ def fewest_gpus(
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints,
-    curve: EfficiencyCurve,
+    tuning: Tuning,
     counts: Iterable[int],
 ) -> tuple[int, float, Layout] | None:
     """(GPUs, tokens/s, best layout) at the first count in ``counts`` where a layout fits."""
@@ -68,7 +68,7 @@ def fewest_gpus(
     )
     counts = tuple(counts)
     big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
-    result = search(model, big, training, fewest, curve, counts, stop_at_first_fit=True)
+    result = search(model, big, training, fewest, tuning, counts, stop_at_first_fit=True)
     ranked = result.ranked()
     if not ranked:
         return None
@@ -81,13 +81,13 @@ def suggestions(
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints,
-    curve: EfficiencyCurve,
+    tuning: Tuning,
     catalog: Iterable[GPUSpec] = (),
 ) -> tuple[Suggestion, ...]:
     """Every change that makes the job fit, each with the numbers that show it."""
     out: list[Suggestion] = []
     more = fewest_gpus(
-        model, cluster, training, constraints, curve, node_ladder(cluster, cluster.num_nodes + 1)
+        model, cluster, training, constraints, tuning, node_ladder(cluster, cluster.num_nodes + 1)
     )
     if more is not None:
         gpus, tps, layout = more
@@ -107,7 +107,7 @@ def suggestions(
         if gpu.name == cluster.gpu.name or gpu.memory_bytes <= cluster.gpu.memory_bytes:
             continue
         other = with_gpu(cluster, gpu, 1)
-        found = fewest_gpus(model, other, training, constraints, curve, node_ladder(other, 1))
+        found = fewest_gpus(model, other, training, constraints, tuning, node_ladder(other, 1))
         if found is not None:
             gpus, tps, layout = found
             out.append(
@@ -121,8 +121,8 @@ def suggestions(
                     layout=layout,
                 )
             )
-    out += _offload(model, cluster, training, constraints, curve)
-    out += _peft(model, cluster, training, constraints, curve)
+    out += _offload(model, cluster, training, constraints, tuning)
+    out += _peft(model, cluster, training, constraints, tuning)
     return tuple(out)
 
 
@@ -140,7 +140,7 @@ def _offload(
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints,
-    curve: EfficiencyCurve,
+    tuning: Tuning,
 ) -> list[Suggestion]:
     from service.recommender import recommend
 
@@ -151,7 +151,7 @@ def _offload(
     allowed = dataclasses.replace(
         constraints, allow_offload=True, top_k=1, max_evaluations=SUGGESTION_EVALUATIONS
     )
-    found = recommend(model, unlimited, training, allowed, curve, with_suggestions=False)
+    found = recommend(model, unlimited, training, allowed, tuning, with_suggestions=False)
     if found.recommended is None:
         return []
     memory = found.recommended.estimate.memory
@@ -187,7 +187,7 @@ def _peft(
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints,
-    curve: EfficiencyCurve,
+    tuning: Tuning,
 ) -> list[Suggestion]:
     from service.recommender import recommend
 
@@ -197,7 +197,7 @@ def _peft(
     for method in (Method.LORA, Method.QLORA):
         peft = dataclasses.replace(training, method=method)
         quick = dataclasses.replace(constraints, top_k=1, max_evaluations=SUGGESTION_EVALUATIONS)
-        found = recommend(model, cluster, peft, quick, curve, with_suggestions=False)
+        found = recommend(model, cluster, peft, quick, tuning, with_suggestions=False)
         if found.recommended is None:
             continue
         est = found.recommended.estimate

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from service.api.schemas.common import MAX_BANDWIDTH_BYTES_PER_S, MAX_FLOPS_PER_S, MAX_MEMORY_BYTES, Strict
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.gpus import gpu as catalog_gpu
+from service.catalog.gpus import known_chips
 from service.errors import Unprocessable
 from service.estimator.types import GPUSpec, PeakFlops
 
@@ -20,14 +21,28 @@ class PeakFlopsIn(Strict):
 
 
 class CustomGPU(Strict):
-    """A GPU that is not in the catalog: every field is required (peaks dense, not sparse)."""
+    """A GPU that is not in the catalog: every field but ``chip`` is required (peaks dense, not sparse)."""
 
     name: str = Field(min_length=1, max_length=100)
+    chip: str | None = Field(
+        default=None,
+        max_length=32,
+        description="the GPU die (gh100 for an H800 or H20, ga100 for an A800, ...): picks the GEMM peak "
+        "fraction fitted on that silicon; absent: the default fraction. One of the catalog's chips.",
+    )
     memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES)
     peak_flops_per_s: PeakFlopsIn
     hbm_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
     intra_node_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
     pcie_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+
+    @field_validator("chip")
+    @classmethod
+    def _known_chip(cls, chip: str | None) -> str | None:
+        known = known_chips()
+        if chip is not None and chip not in known:
+            raise ValueError(f"unknown chip {chip!r}; known: {', '.join(known)}")
+        return chip
 
     def to_domain(self) -> GPUSpec:
         return GPUSpec(
@@ -38,6 +53,7 @@ class CustomGPU(Strict):
             intra_node_bandwidth_bytes_per_s=self.intra_node_bandwidth_bytes_per_s,
             pcie_bandwidth_bytes_per_s=self.pcie_bandwidth_bytes_per_s,
             vendor="custom",
+            chip=self.chip or "",
             source="supplied by the client",
         )
 
@@ -67,6 +83,7 @@ class GPUOut(BaseModel):
     name: str
     display_name: str
     vendor: str
+    chip: str
     memory_bytes: int
     peak_flops_per_s: PeakFlopsOut
     hbm_bandwidth_bytes_per_s: float

@@ -1,5 +1,5 @@
-"""Load ``efficiency.toml`` (achievable efficiency, link efficiency, overlap, host rates) into the
-estimator's ``EfficiencyCurve``. Parsed once and cached; nothing is read at import."""
+"""Load ``tuning.toml`` (achievable efficiency, link efficiency, overlap, host rates) into the
+estimator's ``Tuning``. Parsed once and cached; nothing is read at import."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from service.estimator.efficiency import CurvePoint, EfficiencyCurve
+from service.estimator.tuning import CurvePoint, MemoryAssumptions, Tuning
 from service.estimator.types import Framework
 
-EFFICIENCY_TOML = Path(__file__).with_name("efficiency.toml")
+TUNING_TOML = Path(__file__).with_name("tuning.toml")
 
 
 def _points(table: dict[str, Any]) -> tuple[CurvePoint, ...]:
@@ -27,11 +27,26 @@ def _sources(data: dict[str, Any]) -> tuple[str, ...]:
     return tuple(found)
 
 
-def parse_efficiency(data: dict[str, Any]) -> EfficiencyCurve:
-    """Build the curve from a parsed TOML document (same layout as ``efficiency.toml``)."""
+def _memory(table: dict[str, Any]) -> MemoryAssumptions:
+    mib = 2**20
+    return MemoryAssumptions(
+        cuda_context_bytes=int(table["cuda_context_mib"] * mib),
+        nccl_bytes_per_group=int(table["nccl_mib_per_group"] * mib),
+        fragmentation_fraction=float(table["fragmentation_fraction"]),
+        ddp_gradient_as_bucket_view=bool(table["ddp_gradient_as_bucket_view"]),
+        ds_stage0_allreduce_elements=int(table["ds_stage0_allreduce_elements"]),
+        fsdp_prefetch_layers=int(table["fsdp_prefetch_layers"]),
+        adam_8bit_block_elements=int(table["adam_8bit_block_elements"]),
+        qlora_bits_per_param=float(table["qlora_bits_per_param"]),
+        cpu_adam_grad_bytes=int(table["cpu_adam_grad_bytes"]),
+    )
+
+
+def parse_tuning(data: dict[str, Any]) -> Tuning:
+    """Build the tuning from a parsed TOML document (same layout as ``tuning.toml``)."""
     peak, links, overlap, host = data["peak_fraction"], data["links"], data["overlap"], data["host"]
-    return EfficiencyCurve(
-        peak_fraction_by_gpu=tuple((g["match"], float(g["fraction"])) for g in peak.get("gpu", [])),
+    return Tuning(
+        peak_fraction_by_chip=tuple((g["chip"], float(g["fraction"])) for g in peak.get("chip", [])),
         default_peak_fraction=float(peak["default"]),
         width_points=_points(data["width"]),
         tokens_points=_points(data["tokens"]),
@@ -50,16 +65,17 @@ def parse_efficiency(data: dict[str, Any]) -> EfficiencyCurve:
         unaligned_attention_core_factor=float(data["attention_alignment"]["unaligned_core_factor"]),
         cpu_adam_params_per_s_per_node=float(host["cpu_adam_params_per_s_per_node"]),
         nvme_bandwidth_bytes_per_s_per_node=float(host["nvme_bandwidth_bytes_per_s_per_node"]),
+        memory=_memory(data["memory"]),
         sources=_sources(data),
     )
 
 
-def load_efficiency(path: Path = EFFICIENCY_TOML) -> EfficiencyCurve:
+def load_tuning(path: Path = TUNING_TOML) -> Tuning:
     with path.open("rb") as f:
-        return parse_efficiency(tomllib.load(f))
+        return parse_tuning(tomllib.load(f))
 
 
 @functools.cache
-def default_efficiency() -> EfficiencyCurve:
-    """The packaged curve, parsed once."""
-    return load_efficiency()
+def default_tuning() -> Tuning:
+    """The packaged tuning, parsed once."""
+    return load_tuning()

@@ -1,13 +1,16 @@
-"""How far from the data sheet real training runs: matmul efficiency, link efficiency, overlap.
+"""The estimator's tuning numbers: how far from the data sheet real training runs (matmul and link
+efficiency, overlap, host rates) and the memory model's allowances (CUDA context, NCCL buffers,
+allocator fragmentation, framework defaults).
 
-The numbers live in ``service/catalog/efficiency.toml`` with a source per entry; this module only
-holds their shape (``EfficiencyCurve``) and the interpolation. Achieved GEMM throughput is
+The numbers live in ``service/catalog/tuning.toml`` with a source per entry and what each was
+fitted on; this module only holds their shape (``Tuning``, ``MemoryAssumptions``) and the
+interpolation. Achieved GEMM throughput is
 
     peak(precision) x peak_fraction(gpu) x width_factor(h / tp) x tokens_factor(b s / cp)
 
-``peak_fraction`` is what large GEMMs sustain in a training run; the two factors take it down for
-narrow GEMMs (small hidden sizes, wide tensor parallelism) and short micro-batches. Factors are
-piecewise linear in log2 of their argument and flat outside the tabulated range. The memory-bound
+``peak_fraction`` is what large GEMMs sustain in a training run on the GPU's die; the two factors
+take it down for narrow GEMMs (small hidden sizes, wide tensor parallelism) and short micro-batches.
+Factors are piecewise linear in log2 of their argument and flat outside the tabulated range. The memory-bound
 work between the GEMMs (norms, activations, dropout, eager softmax) is timed separately from HBM
 bandwidth, ``memory_traffic_per_stored_byte`` x the activation bytes the layer stores, and the
 cross-entropy from ``loss_traffic_bytes_per_logit`` x the logits of the last stage. Eager
@@ -22,7 +25,41 @@ import math
 from dataclasses import dataclass
 
 from service.estimator.errors import InvalidHardware
-from service.estimator.types import Framework
+from service.estimator.types import Framework, GPUSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryAssumptions:
+    """The memory model's allowances and the framework defaults it counts with (bytes or elements,
+    as named); the values and their sources are in the catalog's ``[memory]`` table."""
+
+    cuda_context_bytes: int  # CUDA context + cuBLAS/cuDNN kernels, per process
+    nccl_bytes_per_group: int  # NCCL channel buffers per communicator with more than one rank
+    fragmentation_fraction: float  # caching-allocator reserve, a fraction of activations + buffers
+    ddp_gradient_as_bucket_view: bool  # PyTorch DDP's buckets alias the gradients (False: a copy)
+    ds_stage0_allreduce_elements: int  # DeepSpeed stage 0 flattens gradients in chunks this large
+    fsdp_prefetch_layers: int  # FSDP gathers this many units ahead of the one computing
+    adam_8bit_block_elements: int  # bitsandbytes 8-bit Adam: one fp32 absmax per block
+    qlora_bits_per_param: float  # NF4 weight + double-quantised constants
+    cpu_adam_grad_bytes: int  # CPU Adam's pinned copy of each gradient shard, per element
+
+    def __post_init__(self) -> None:
+        for name in ("cuda_context_bytes", "nccl_bytes_per_group", "ds_stage0_allreduce_elements"):
+            if getattr(self, name) < 0:
+                raise InvalidHardware(
+                    f"memory.{name} must be >= 0, got {getattr(self, name)}", rule="non_negative"
+                )
+        for name in ("adam_8bit_block_elements", "qlora_bits_per_param", "cpu_adam_grad_bytes"):
+            if not getattr(self, name) > 0:
+                raise InvalidHardware(
+                    f"memory.{name} must be > 0, got {getattr(self, name)}", rule="positive"
+                )
+        if not 0.0 <= self.fragmentation_fraction < 1.0 or self.fsdp_prefetch_layers < 0:
+            raise InvalidHardware(
+                "memory.fragmentation_fraction must be in [0, 1) and fsdp_prefetch_layers >= 0, got "
+                f"{self.fragmentation_fraction} and {self.fsdp_prefetch_layers}",
+                rule="range",
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,10 +69,10 @@ class CurvePoint:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EfficiencyCurve:
+class Tuning:
     """Achievable fractions of the data sheet, the host-side rates and the overlap defaults."""
 
-    peak_fraction_by_gpu: tuple[tuple[str, float], ...]  # (substring of GPUSpec.name, fraction)
+    peak_fraction_by_chip: tuple[tuple[str, float], ...]  # (GPUSpec.chip, fraction)
     default_peak_fraction: float
     width_points: tuple[CurvePoint, ...]
     tokens_points: tuple[CurvePoint, ...]
@@ -54,10 +91,11 @@ class EfficiencyCurve:
     unaligned_attention_core_factor: float  # eager QK^T / AV rate off that alignment, x the GEMM rate
     cpu_adam_params_per_s_per_node: float  # DeepSpeed CPU-Adam, whole host
     nvme_bandwidth_bytes_per_s_per_node: float  # when the cluster gives none
+    memory: MemoryAssumptions  # the memory model's allowances
     sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        fractions = [self.default_peak_fraction, *(f for _, f in self.peak_fraction_by_gpu)]
+        fractions = [self.default_peak_fraction, *(f for _, f in self.peak_fraction_by_chip)]
         fractions += [p.factor for p in (*self.width_points, *self.tokens_points)]
         fractions += [self.intra_node_bus_efficiency, self.inter_node_bus_efficiency]
         fractions.append(self.unaligned_attention_core_factor)
@@ -92,25 +130,24 @@ def _interpolate_log2(points: tuple[CurvePoint, ...], x: float) -> float:
     return ordered[-1].factor
 
 
-def peak_fraction(curve: EfficiencyCurve, gpu_name: str) -> float:
-    """The first ``peak_fraction_by_gpu`` entry whose key occurs in the GPU name, else the default."""
-    name = gpu_name.lower()
-    for key, fraction in curve.peak_fraction_by_gpu:
-        if key.lower() in name:
+def peak_fraction(tuning: Tuning, gpu: GPUSpec) -> float:
+    """The fraction fitted on the GPU's die (``GPUSpec.chip``), else the default."""
+    for chip, fraction in tuning.peak_fraction_by_chip:
+        if chip == gpu.chip:
             return fraction
-    return curve.default_peak_fraction
+    return tuning.default_peak_fraction
 
 
-def matmul_efficiency(curve: EfficiencyCurve, gpu_name: str, width: float, tokens: float) -> float:
+def matmul_efficiency(tuning: Tuning, gpu: GPUSpec, width: float, tokens: float) -> float:
     """Fraction of peak a layer sustains for GEMM width ``h / tp`` and ``b s / cp`` tokens."""
-    width_factor = _interpolate_log2(curve.width_points, width)
-    tokens_factor = _interpolate_log2(curve.tokens_points, tokens)
-    return peak_fraction(curve, gpu_name) * width_factor * tokens_factor
+    width_factor = _interpolate_log2(tuning.width_points, width)
+    tokens_factor = _interpolate_log2(tuning.tokens_points, tokens)
+    return peak_fraction(tuning, gpu) * width_factor * tokens_factor
 
 
-def dp_overlap_default(curve: EfficiencyCurve, framework: Framework) -> bool:
+def dp_overlap_default(tuning: Tuning, framework: Framework) -> bool:
     """Whether the framework reduces gradients during backward by default."""
-    for known, overlapped in curve.dp_overlap_by_framework:
+    for known, overlapped in tuning.dp_overlap_by_framework:
         if known is framework:
             return overlapped
     return False
