@@ -215,6 +215,7 @@ def single_node(g: GPUSpec, gpus: int, cpu_bytes: int = 0) -> ClusterSpec:
 
 A100 = GPUSpec(
     name="a100-sxm-80gb",
+    chip="ga100",
     memory_bytes=80 * 10**9,
     peak_flops_per_s=PeakFlops(fp32=19.5e12, tf32=156e12, bf16=312e12, fp16=312e12),
     hbm_bandwidth_bytes_per_s=2.039e12,
@@ -223,6 +224,7 @@ A100 = GPUSpec(
 )
 H100 = GPUSpec(
     name="h100-sxm-80gb",
+    chip="gh100",
     memory_bytes=80 * 10**9,
     peak_flops_per_s=PeakFlops(fp32=67e12, tf32=494e12, bf16=989e12, fp16=989e12, fp8=1979e12),
     hbm_bandwidth_bytes_per_s=3.35e12,
