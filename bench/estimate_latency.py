@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from service.catalog.tuning import default_tuning
 from service.catalog.gpus import gpu
 from service.catalog.models import model
+from service.catalog.tuning import default_tuning
 from service.estimator import estimate
 from service.estimator.types import ClusterSpec, Framework, Layout, Recompute, TrainingSpec
 

@@ -20,16 +20,16 @@ import sys
 import time
 from typing import Any
 
-from service.catalog.tuning import default_tuning
 from service.catalog.gpus import gpu
 from service.catalog.models import model
+from service.catalog.tuning import default_tuning
+from service.estimator import evaluate
 from service.estimator.errors import InvalidLayout
 from service.estimator.estimate import estimate
+from service.estimator.job import make_job
 from service.estimator.types import ClusterSpec, Framework, Layout, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
 from service.recommender import Constraints, recommend
-from service.estimator import evaluate
-from service.estimator.job import make_job
 
 GiB = 2**30
 GPU = "h100-sxm-80gb"

@@ -234,16 +234,10 @@ def exposed_s(comm_s: float, window_s: float, max_hidden_fraction: float) -> flo
 
 # ---------------------------------------------------------------- what every part of a step reads
 
-# The layout fields of the step's base: the parallel split, the micro-batch and its count, SP
-# (stored activation bytes) and interleaving (pipeline sends).
+# The layout fields of the step's base: the parallel split, the micro-batch and its count, and SP
+# (stored activation bytes).
 SPLIT_FIELDS = ("dp", "tp", "pp", "cp", "ep")
-BASE_FIELDS = (
-    *SPLIT_FIELDS,
-    "sequence_parallel",
-    "micro_batch_size",
-    "gradient_accumulation_steps",
-    "virtual_pipeline_stages",
-)
+BASE_FIELDS = (*SPLIT_FIELDS, "sequence_parallel", "micro_batch_size", "gradient_accumulation_steps")
 
 
 @dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
@@ -455,7 +449,8 @@ def pp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     return 2 * layout.virtual_pipeline_stages * base.micro_batches * one
 
 
-PARTS_FIELDS = (*BASE_FIELDS, "recompute", "tp_comm_overlap")
+# + interleaving (the bubble and the pipeline sends), recompute and TP overlap
+PARTS_FIELDS = (*BASE_FIELDS, "virtual_pipeline_stages", "recompute", "tp_comm_overlap")
 
 
 @dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
@@ -496,34 +491,32 @@ def step_parts(job: Job, layout: Layout) -> StepParts:
 # ---------------------------------------------------------------- data parallelism
 
 
-def dp_grad_reduce_s(job: Job, layout: Layout, base: StepBase) -> float:
-    """Gradient reduction per step: all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, dist-opt)."""
+def dp_grad_reduce_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
+    """Gradient reduction per step of ``parameters`` over the DP ``link``: all-reduce (ZeRO-0) or
+    reduce-scatter (ZeRO-1/2, dist-opt)."""
     if job.training.method is not Method.FULL:
         return 0.0  # LoRA: only the adapters' gradients are reduced; negligible next to the base
-    grad_size = base.parameters * grad_bytes(job.training.precision, layout.framework)
+    grad_size = parameters * grad_bytes(job.training.precision, layout.framework)
     if layout.zero_stage == 0:
-        return comm.group_all_reduce_s(grad_size, base.links.dp)
-    return comm.group_reduce_scatter_s(grad_size, base.links.dp)
+        return comm.group_all_reduce_s(grad_size, link)
+    return comm.group_reduce_scatter_s(grad_size, link)
 
 
-def dp_param_gather_s(job: Job, layout: Layout, base: StepBase) -> float:
+def dp_param_gather_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
     """ZeRO-1/2 (dist-opt) all-gather of the updated 16-bit parameters after the step."""
     if job.training.method is not Method.FULL or layout.zero_stage not in (1, 2):
         return 0.0
-    param_size = base.parameters * activation_bytes(job.training.precision)
-    return comm.group_all_gather_s(param_size, base.links.dp)
+    return comm.group_all_gather_s(parameters * activation_bytes(job.training.precision), link)
 
 
-def zero3_micro_batch_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
+def zero3_micro_batch_comm_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
     """ZeRO-3/FSDP per micro-batch: parameter all-gather forward and backward + gradient reduce-scatter."""
     # 3 x the parameter volume per micro-batch, 1.5x DDP's 2 (ZeRO arXiv:1910.02054 §7.2.2)
     training = job.training
-    grad_size = base.parameters * grad_bytes(training.precision, layout.framework)
-    gathers = 2 * comm.group_all_gather_s(
-        base.parameters * activation_bytes(training.precision), base.links.dp
-    )
+    grad_size = parameters * grad_bytes(training.precision, layout.framework)
+    gathers = 2 * comm.group_all_gather_s(parameters * activation_bytes(training.precision), link)
     full = training.method is Method.FULL
-    return gathers + (comm.group_reduce_scatter_s(grad_size, base.links.dp) if full else 0.0)
+    return gathers + (comm.group_reduce_scatter_s(grad_size, link) if full else 0.0)
 
 
 # The layout fields the DP collectives read: the split (links and parameters), the sharding, and the
@@ -535,10 +528,10 @@ COLLECTIVE_FIELDS = (*SPLIT_FIELDS, "zero_stage", "framework")
 def dp_collectives_s(job: Job, layout: Layout) -> tuple[float, float]:
     """The DP collectives before overlap: ZeRO-3 (its per-micro-batch traffic, 0), else (the
     gradient reduction, the parameter all-gather)."""
-    base = step_base(job, layout)
+    parameters, link = gpu_parameters(job, layout), group_links(job, layout).dp
     if layout.zero_stage == 3:
-        return zero3_micro_batch_comm_s(job, layout, base), 0.0
-    return dp_grad_reduce_s(job, layout, base), dp_param_gather_s(job, layout, base)
+        return zero3_micro_batch_comm_s(job, layout, parameters, link), 0.0
+    return dp_grad_reduce_s(job, layout, parameters, link), dp_param_gather_s(job, layout, parameters, link)
 
 
 def gradient_reductions(layout: Layout, micro_batches: int) -> int:

@@ -42,6 +42,7 @@ from service.estimator.validate import (
     batch_split_violation,
     context_violation,
     divisors,
+    expert_violation,
     pipeline_split_violation,
     sharding_violation,
     tensor_parallel_violation,
@@ -184,14 +185,16 @@ def structures(
                     if rule != "pp_layers" or pp <= model.num_layers:
                         log.add(f"invalid: {rule}", 1, layout, detail)
                     continue
-                for ep in _ep_options(model, dp * cp):
+                for ep in _ep_options(model, layout):
                     yield Structure(gpus=gpus, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
 
 
-def _ep_options(model: ModelSpec, dp_cp: int) -> tuple[int, ...]:
+def _ep_options(model: ModelSpec, split: Layout) -> tuple[int, ...]:
+    """Expert-parallel degrees the validator accepts for a (dp, cp) split: divisors of the experts."""
     if model.moe is None:
         return (1,)
-    return tuple(e for e in divisors(model.moe.num_experts) if dp_cp % e == 0)
+    candidates = (Layout(dp=split.dp, cp=split.cp, ep=e) for e in divisors(model.moe.num_experts))
+    return tuple(c.ep for c in candidates if expert_violation(model, c) is None)
 
 
 # ---------------------------------------------------------------- shardings

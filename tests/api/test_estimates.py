@@ -128,3 +128,53 @@ def test_the_advertised_micro_batch_is_one_the_service_accepts(client: TestClien
     again = post(client, body(framework="fsdp", zero_stage=3, recompute="full", micro_batch_size=largest)
                  | {"model": {"preset": "llama-3-8b"}})  # fmt: skip
     assert again["fits"]
+
+
+def custom_gpu(name: str, like: str, chip: str | None) -> dict[str, Any]:
+    """A custom GPU with the catalog entry ``like``'s numbers, under another name."""
+    spec = {
+        "h100-sxm-80gb": {"bf16": 989.4e12, "fp16": 989.4e12, "hbm": 3.35e12, "nvlink": 450e9},
+        "a100-sxm-80gb": {"bf16": 312e12, "fp16": 312e12, "hbm": 2.039e12, "nvlink": 300e9},
+    }[like]
+    gpu: dict[str, Any] = {
+        "name": name,
+        "memory_bytes": 80 * 2**30,
+        "peak_flops_per_s": {"fp32": 19.5e12, "bf16": spec["bf16"], "fp16": spec["fp16"]},
+        "hbm_bandwidth_bytes_per_s": spec["hbm"],
+        "intra_node_bandwidth_bytes_per_s": spec["nvlink"],
+        "pcie_bandwidth_bytes_per_s": 32e9,
+    }
+    return gpu | ({"chip": chip} if chip is not None else {})
+
+
+def test_efficiency_follows_the_gpu_die_not_its_name(client: TestClient) -> None:
+    # An H800 and an A800 are the GH100 and GA100 dies: they get the peak fraction fitted on those
+    # (tuning.toml), not the default; a name alone, even 'a100-like', selects nothing.
+    def mfu(gpu: dict[str, Any]) -> float:
+        cluster = {"gpu": gpu, "num_nodes": 1, "gpus_per_node": 8}
+        result = post(client, body() | {"cluster": cluster})
+        return float(result["time"]["mfu"])
+
+    catalog = {
+        name: post(client, body() | {"cluster": {"gpu": name, "num_nodes": 1, "gpus_per_node": 8}})
+        for name in ("h100-sxm-80gb", "a100-sxm-80gb")
+    }
+    h800, a800 = custom_gpu("h800", "h100-sxm-80gb", "gh100"), custom_gpu("a800", "a100-sxm-80gb", "ga100")
+    assert mfu(a800) > mfu(custom_gpu("a800", "a100-sxm-80gb", None))  # 0.74 against the default 0.65
+    assert mfu(h800) < mfu(custom_gpu("h800", "h100-sxm-80gb", None))  # 0.60 against 0.65
+    assert mfu(custom_gpu("my-a100-like", "a100-sxm-80gb", None)) == mfu(
+        custom_gpu("x", "a100-sxm-80gb", None)
+    )
+    # the custom A800 with the catalog A100's numbers and die is timed like it (up to its HBM/PCIe)
+    assert abs(mfu(a800) / catalog["a100-sxm-80gb"]["time"]["mfu"] - 1) < 0.02
+    notes = post(client, body() | {"cluster": {"gpu": a800, "num_nodes": 1, "gpus_per_node": 8}})[
+        "assumptions"
+    ]
+    assert any("fitted on the ga100 die" in note for note in notes)
+
+
+def test_an_unknown_chip_is_refused_with_the_known_ones(client: TestClient) -> None:
+    cluster = {"gpu": custom_gpu("mystery", "h100-sxm-80gb", "zz999"), "num_nodes": 1, "gpus_per_node": 8}
+    response = client.post("/v1/estimates", json=body() | {"cluster": cluster})
+    problem = assert_problem(response, 422)
+    assert any(e["field"].endswith("gpu.chip") and "gh100" in e["message"] for e in problem["errors"])

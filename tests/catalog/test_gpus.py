@@ -53,6 +53,7 @@ VALID_ENTRY = """
 [test-gpu-16gb]
 display_name = "Test GPU 16GB"
 vendor = "nvidia"
+chip = "test-die"
 memory_bytes = 17_179_869_184
 peak_fp32_flops_per_s = 10e12
 peak_bf16_flops_per_s = 100e12
@@ -204,6 +205,7 @@ def test_parse_accepts_a_minimal_entry() -> None:
     (entry,) = _parse_gpus(VALID_ENTRY).values()
     assert entry.name == "test-gpu-16gb"
     assert entry.notes is None
+    assert entry.spec.chip == "test-die"
     assert entry.spec.peak_flops_per_s.tf32 is None
     assert math.isclose(entry.spec.peak_flops_per_s.bf16 or 0.0, 100e12)
 

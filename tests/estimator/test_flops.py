@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service.estimator import flops
-from service.estimator.params import parameter_counts
+from service.estimator.params import is_moe_layer, parameter_counts
 from service.estimator.types import (
     Method,
     ModelSpec,
@@ -49,7 +49,7 @@ def test_tiny_lora_by_hand() -> None:
         seq_len=3, global_batch_size=2, method=Method.LORA, lora_rank=2, lora_targets=("q_proj", "down_proj")
     )
     # adapters: q_proj 2*r*(4+4) = 32, down_proj 2*r*(8+4) = 48 -> 80 forward per token
-    assert flops.lora_adapter_flops(TINY, 0, training) == 80
+    assert flops.lora_adapter_flops(TINY, is_moe_layer(TINY, 0), training) == 80
     # frozen weights 2x (96+192+80 = 368 -> 736), core 3x48 = 144, adapters 3x80 = 240 -> 1120 per token
     assert flops.model_flops_per_token(TINY, training) == 1120
     assert flops.model_flops_per_step(TINY, training) == 6 * 1120
@@ -76,7 +76,7 @@ def test_tiny_moe_by_hand() -> None:
     )
     # routed 2 x 2*3*4*6 = 288, shared 1 x 2*3*4*8 = 192, router 2*4*4 = 32, shared gate 2*4 = 8 -> 520
     assert flops.moe_flops(model, moe) == 520
-    assert flops.layer_matmul_flops(model, 0) == 96 + 520
+    assert flops.layer_matmul_flops(model, is_moe_layer(model, 0)) == 96 + 520
 
 
 @pytest.mark.parametrize(

@@ -9,21 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.estimator import activations
-from service.estimator.memory import (
-    DEFAULT_ASSUMPTIONS,
-    assumptions,
-    fits,
-    max_micro_batch_size,
-    max_seq_len,
-    memory_estimate,
-)
+from service.catalog.tuning import default_tuning
+from service.estimator import activations, evaluate
+from service.estimator.memory import assumptions
 from service.estimator.model_states import (
     adafactor_state_fraction,
     deepspeed_assumption,
     deepspeed_buckets,
     lora_parameters,
-    model_state_bytes,
     moment_bytes,
     rank_parameters,
     state_bytes,
@@ -47,8 +40,10 @@ from service.estimator.types import (
     Recompute,
     TrainingSpec,
 )
+from tests.estimator.helpers import fits, job, memory, stage_activation_bytes, states
 
 GB = 10**9
+ASSUME = default_tuning().memory
 
 # 2 layers, h 8, 2 heads, ffn 16, vocab 32, SwiGLU, RMSNorm, untied. Parameters:
 # attention 4 x 8 x 8 = 256, MLP 3 x 8 x 16 = 384, two norms 2 x 8 = 16 per layer;
@@ -87,10 +82,9 @@ def cluster(gpus: int = 8, per_node: int = 8, memory_bytes: int = 80 * 2**30) ->
 
 
 def states_total(model: ModelSpec, layout: Layout, training: TrainingSpec, gpus: int = 8) -> float:
-    counts = parameter_counts(model)
     worst = 0.0
     for rank in {0, layout.pp - 1}:
-        s = model_state_bytes(model, counts, cluster(gpus), layout, training, rank)
+        s = states(model, cluster(gpus), layout, training, rank)
         worst = max(worst, s.parameters + s.gradients + s.optimizer_states)
     return worst
 
@@ -102,7 +96,7 @@ TRAIN = TrainingSpec(seq_len=16, global_batch_size=8)
 
 
 def test_tiny_zero0_mixed_adam_is_16_bytes_per_param() -> None:
-    s = model_state_bytes(TINY, parameter_counts(TINY), cluster(1), Layout(dp=1), TRAIN)
+    s = states(TINY, cluster(1), Layout(dp=1), TRAIN)
     # bf16 weights 2 x 1832 = 3664, bf16 grads 3664, fp32 master + m + v 12 x 1832 = 21984.
     assert (s.parameters, s.gradients, s.optimizer_states) == (3664, 3664, 21984)
 
@@ -119,59 +113,53 @@ def test_tiny_zero0_mixed_adam_is_16_bytes_per_param() -> None:
     ],
 )
 def test_tiny_zero_stages(stage: int, expected: tuple[int, int, int]) -> None:
-    s = model_state_bytes(TINY, parameter_counts(TINY), cluster(4), Layout(dp=4, zero_stage=stage), TRAIN)
+    s = states(TINY, cluster(4), Layout(dp=4, zero_stage=stage), TRAIN)
     assert (s.parameters, s.gradients, s.optimizer_states) == expected
 
 
 def test_megatron_bytes_per_param_match_distributed_optimizer_table() -> None:
-    counts, c = parameter_counts(TINY), cluster(4)
-    plain = model_state_bytes(TINY, counts, c, Layout(framework=Framework.MEGATRON, dp=4), TRAIN)
+    c = cluster(4)
+    plain = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4), TRAIN)
     # bf16 params 2 + fp32 main grads 4 + fp32 master and Adam 12 = 18 bytes per parameter.
     assert plain.parameters + plain.gradients + plain.optimizer_states == 18 * TINY_P
-    dist = model_state_bytes(TINY, counts, c, Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1), TRAIN)
+    dist = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1), TRAIN)
     # Distributed optimizer: 6 + 12/4 = 9 bytes per parameter.
     assert dist.parameters + dist.gradients + dist.optimizer_states == 9 * TINY_P
     fp16 = dataclasses.replace(TRAIN, precision=Precision.FP16)
-    dist16 = model_state_bytes(
-        TINY, counts, c, Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1), fp16
-    )
+    dist16 = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1), fp16)
     # fp16: 4 + 16/d = 4 + 4 = 8 bytes per parameter.
     assert dist16.parameters + dist16.gradients + dist16.optimizer_states == 8 * TINY_P
 
 
 def test_fsdp_full_shard_keeps_fp32_master_as_the_parameter() -> None:
-    s = model_state_bytes(
-        TINY, parameter_counts(TINY), cluster(4), Layout(framework=Framework.FSDP, dp=4, zero_stage=3), TRAIN
-    )
+    s = states(TINY, cluster(4), Layout(framework=Framework.FSDP, dp=4, zero_stage=3), TRAIN)
     # sharded fp32 parameter 4P/4 = 1832, fp32 gradients 1832, Adam moments 8P/4 = 3664: 16P/4 in all.
     assert (s.parameters, s.gradients, s.optimizer_states) == (1832, 1832, 3664)
 
 
 def test_fsdp_shard_grad_op_keeps_unsharded_bf16_copy_as_a_buffer() -> None:
     lay = Layout(framework=Framework.FSDP, dp=4, zero_stage=2)
-    s = model_state_bytes(TINY, parameter_counts(TINY), cluster(4), lay, TRAIN)
+    s = states(TINY, cluster(4), lay, TRAIN)
     assert s.parameters == 1832  # the fp32 shard 4P/4
-    full = memory_estimate(TINY, cluster(4, per_node=4), dataclasses.replace(lay, zero_stage=3), TRAIN)
-    grad_op = memory_estimate(TINY, cluster(4, per_node=4), lay, TRAIN)
+    full = memory(TINY, cluster(4, per_node=4), dataclasses.replace(lay, zero_stage=3), TRAIN)
+    grad_op = memory(TINY, cluster(4, per_node=4), lay, TRAIN)
     # SHARD_GRAD_OP holds all 2P = 3664 bytes of bf16 weights from forward to backward (+ one
     # layer's gradients); FULL_SHARD gathers two layers and the output unit.
     assert grad_op.per_gpu.buffers - full.per_gpu.buffers > 0
 
 
 def test_bf16_pure_and_fp32() -> None:
-    counts, c = parameter_counts(TINY), cluster(1)
-    pure = model_state_bytes(
-        TINY, counts, c, Layout(), dataclasses.replace(TRAIN, precision=Precision.BF16_PURE)
-    )
+    c = cluster(1)
+    pure = states(TINY, c, Layout(), dataclasses.replace(TRAIN, precision=Precision.BF16_PURE))
     # 2 + 2 + (2 moments x 2 bytes) = 8 bytes per parameter, no master copy.
     assert pure.parameters + pure.gradients + pure.optimizer_states == 8 * TINY_P
-    fp32 = model_state_bytes(TINY, counts, c, Layout(), dataclasses.replace(TRAIN, precision=Precision.FP32))
+    fp32 = states(TINY, c, Layout(), dataclasses.replace(TRAIN, precision=Precision.FP32))
     # 4 + 4 + 8 = 16 bytes per parameter.
     assert fp32.parameters + fp32.gradients + fp32.optimizer_states == 16 * TINY_P
 
 
 def test_optimizer_moments() -> None:
-    a = DEFAULT_ASSUMPTIONS
+    a = ASSUME
     assert moment_bytes(TRAIN, TINY, a) == 8  # Adam m + v in fp32
     assert moment_bytes(dataclasses.replace(TRAIN, optimizer=Optimizer.SGD), TINY, a) == 4
     assert moment_bytes(dataclasses.replace(TRAIN, optimizer=Optimizer.LION), TINY, a) == 4
@@ -199,34 +187,34 @@ def test_lora_parameter_count() -> None:
 
 def test_lora_freezes_the_base_without_gradients() -> None:
     lora = dataclasses.replace(TRAIN, method=Method.LORA, lora_rank=2, lora_targets=("q_proj", "v_proj"))
-    s = model_state_bytes(TINY, parameter_counts(TINY), cluster(1), Layout(), lora)
+    s = states(TINY, cluster(1), Layout(), lora)
     # frozen bf16 base 2 x 1832 + adapters 2 x 128; grads 2 x 128; optimizer 12 x 128.
     assert (s.parameters, s.gradients, s.optimizer_states) == (2 * 1832 + 256, 256, 1536)
 
 
 def test_qlora_quantises_layer_linears_only() -> None:
     q = dataclasses.replace(TRAIN, method=Method.QLORA, lora_rank=2, lora_targets=("q_proj",))
-    s = model_state_bytes(TINY, parameter_counts(TINY), cluster(1), Layout(), q)
+    s = states(TINY, cluster(1), Layout(), q)
     # Linears 2 x 640 = 1280 at 4.127/8 bytes; the other 552 (embedding, head, norms) bf16; +2 x 64 adapters.
     assert s.parameters == pytest.approx(1280 * 4.127 / 8 + 552 * 2 + 2 * 64)
 
 
 def test_cpu_offload_moves_optimizer_and_gradients_to_host() -> None:
     lay = Layout(dp=4, zero_stage=2, offload_optimizer=Offload.CPU)
-    s = model_state_bytes(TINY, parameter_counts(TINY), cluster(4), lay, TRAIN)
+    s = states(TINY, cluster(4), lay, TRAIN)
     # GPU keeps 2P bf16 weights; host: (12 + 4 fp32 grad copy) x P/4 = 7328 per GPU.
     assert (s.parameters, s.gradients, s.optimizer_states) == (3664, 0, 0)
     assert s.host_bytes == 7328
-    est = memory_estimate(TINY, cluster(4, per_node=4), lay, TRAIN)
+    est = memory(TINY, cluster(4, per_node=4), lay, TRAIN)
     assert est.cpu_per_node_bytes == 4 * 7328
 
 
 def test_fp8_adds_weight_caches() -> None:
     fp8 = dataclasses.replace(TRAIN, precision=Precision.FP8)
-    s = model_state_bytes(TINY, parameter_counts(TINY), cluster(1), Layout(), fp8)
+    s = states(TINY, cluster(1), Layout(), fp8)
     # bf16 weights 3664 + fp8 weight and transpose (2 bytes) for the 1280 layer-Linear parameters.
     assert s.parameters == 3664 + 2 * 1280
-    assert state_bytes(fp8, Framework.DEEPSPEED, TINY, DEFAULT_ASSUMPTIONS).master == 4
+    assert state_bytes(fp8, Framework.DEEPSPEED, TINY, ASSUME).master == 4
 
 
 # ---------------------------------------------------------------- activations, hand-computed
@@ -291,20 +279,20 @@ def test_interleaving_holds_no_more_than_all_micro_batches() -> None:
     training = TrainingSpec(seq_len=16, global_batch_size=4)
     plain = Layout(framework=Framework.MEGATRON, pp=4)
     interleaved = dataclasses.replace(plain, virtual_pipeline_stages=2)
-    assert activations.stage_activation_bytes(model, interleaved, training, 0, 4) == (
-        activations.stage_activation_bytes(model, plain, training, 0, 4)
-    )
     c = cluster(4)
-    assert memory_estimate(model, c, interleaved, training).per_gpu.activations == (
-        memory_estimate(model, c, plain, training).per_gpu.activations
+    assert stage_activation_bytes(model, c, interleaved, training, 0, 4) == (
+        stage_activation_bytes(model, c, plain, training, 0, 4)
+    )
+    assert memory(model, c, interleaved, training).per_gpu.activations == (
+        memory(model, c, plain, training).per_gpu.activations
     )
 
 
 def test_chunked_loss_removes_fp32_logits() -> None:
     lay = Layout(framework=Framework.FSDP, micro_batch_size=2)
-    plain = activations.stage_activation_bytes(TINY, lay, TRAIN, 0, 1)
-    chunked = activations.stage_activation_bytes(
-        TINY, dataclasses.replace(lay, chunked_loss=True), TRAIN, 0, 1
+    plain = stage_activation_bytes(TINY, cluster(1), lay, TRAIN, 0, 1)
+    chunked = stage_activation_bytes(
+        TINY, cluster(1), dataclasses.replace(lay, chunked_loss=True), TRAIN, 0, 1
     )
     # fp32 log-softmax 4 x (16 x 2 tokens) x 32 vocab = 4096 replaced by a 2 x 32 x 8 = 512 gradient.
     assert plain - chunked == 4096 - 512
@@ -314,9 +302,9 @@ def test_chunked_loss_removes_fp32_logits() -> None:
 
 
 def test_estimate_components_and_headroom() -> None:
-    est = memory_estimate(TINY, cluster(1), Layout(), TRAIN)
+    est = memory(TINY, cluster(1), Layout(), TRAIN)
     b = est.per_gpu
-    assert b.parameters == 3664 and b.activations > 0 and b.overhead >= DEFAULT_ASSUMPTIONS.cuda_context_bytes
+    assert b.parameters == 3664 and b.activations > 0 and b.overhead >= ASSUME.cuda_context_bytes
     assert est.headroom_bytes == est.capacity_bytes - b.total
 
 
@@ -328,18 +316,20 @@ def test_max_micro_batch_and_seq_len_are_the_largest_that_fit() -> None:
     c = cluster(1, memory_bytes=4 * 2**30)
     training = TrainingSpec(seq_len=2048, global_batch_size=64)
     lay = Layout(framework=Framework.FSDP)
-    b = max_micro_batch_size(model, c, lay, training)
+    b = evaluate.max_micro_batch_size(job(model, c, training), lay)
     assert 1 <= b < 64
     assert fits(model, c, dataclasses.replace(lay, micro_batch_size=b), training)
     assert not fits(model, c, dataclasses.replace(lay, micro_batch_size=b + 1), training)
-    s = max_seq_len(model, c, lay, training)
+    s = evaluate.max_seq_len(job(model, c, training), lay)
     assert fits(model, c, lay, dataclasses.replace(training, seq_len=s))
     assert not fits(model, c, lay, dataclasses.replace(training, seq_len=s + 1))
-    assert max_micro_batch_size(model, cluster(1, memory_bytes=2**30), lay, training) == 0
+    assert evaluate.max_micro_batch_size(job(model, cluster(1, memory_bytes=2**30), training), lay) == 0
 
 
 def test_assumptions_name_the_numbers() -> None:
-    notes = assumptions(TINY, cluster(4), Layout(dp=4, zero_stage=3, offload_optimizer=Offload.CPU), TRAIN)
+    notes = assumptions(
+        job(TINY, cluster(4), TRAIN), Layout(dp=4, zero_stage=3, offload_optimizer=Offload.CPU)
+    )
     text = " ".join(notes)
     assert "768 MiB" in text and "reduce_bucket_size" in text and "optimizer offload" in text
 
@@ -423,12 +413,13 @@ def test_recompute_none_ge_selective_ge_full(
         precision=Precision.FP32 if fp32 else Precision.BF16,
     )
     per_layer = [
-        activations.layer_bytes(model, dataclasses.replace(layout, recompute=r), training, False)
+        activations.layer_bytes(model, dataclasses.replace(layout, recompute=r), training, False, r)
         for r in Recompute
     ]
     assert per_layer[0] >= per_layer[1] >= per_layer[2]
+    c = cluster(layout.tp * layout.cp)
     stage = [
-        activations.stage_activation_bytes(model, dataclasses.replace(layout, recompute=r), training, 0, 1)
+        stage_activation_bytes(model, c, dataclasses.replace(layout, recompute=r), training, 0, 1)
         for r in Recompute
     ]
     # With the one layer recomputed at a time, full recompute may exceed selective on short stacks,
@@ -444,7 +435,7 @@ def test_larger_micro_batch_never_lowers_activations(
     training = TrainingSpec(seq_len=128, global_batch_size=64)
     lay = dataclasses.replace(layout, pp=pp, recompute=r, gradient_accumulation_steps=4)
     sizes = [
-        memory_estimate(
+        memory(
             model, cluster(pp * lay.tp * lay.cp), dataclasses.replace(lay, micro_batch_size=b), training
         ).per_gpu.activations
         for b in (1, 2, 3, 4)
@@ -491,8 +482,6 @@ def test_deepspeed_memory_counts_the_rendered_buckets() -> None:
     # ZeRO-2 with overlap_comm allocates a second reduce_bucket_size buffer (16-bit) per rank.
     big = dataclasses.replace(TINY, hidden_size=8192, num_attention_heads=64, num_kv_heads=8)
     z2 = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=2, overlap_grad_reduce=True)
-    on = memory_estimate(big, cluster(1), z2, TRAIN).per_gpu.buffers
-    off = memory_estimate(
-        big, cluster(1), dataclasses.replace(z2, overlap_grad_reduce=None), TRAIN
-    ).per_gpu.buffers
+    on = memory(big, cluster(1), z2, TRAIN).per_gpu.buffers
+    off = memory(big, cluster(1), dataclasses.replace(z2, overlap_grad_reduce=None), TRAIN).per_gpu.buffers
     assert on - off == pytest.approx(8192**2 * 2, abs=2)

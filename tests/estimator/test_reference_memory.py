@@ -9,14 +9,11 @@ from typing import Any
 import pytest
 
 from service.estimator import activations
-from service.estimator.memory import (
+from service.estimator.model_states import (
     deepspeed_zero2_estimate,
     deepspeed_zero3_estimate,
-    fits,
     megatron_weight_and_optimizer_bytes,
-    memory_estimate,
 )
-from service.estimator.model_states import model_state_bytes
 from service.estimator.params import parameter_counts
 from service.estimator.types import (
     Framework,
@@ -26,6 +23,7 @@ from service.estimator.types import (
     Recompute,
     TrainingSpec,
 )
+from tests.estimator.helpers import fits, memory, states
 from validation import cases as reference
 from validation.cases import (
     CASES_PATH,
@@ -142,7 +140,8 @@ def test_deepspeed_estimator_cross_checks_our_offload_host_bytes() -> None:
     model, counts = flat_model(T5_3B)
     training = TrainingSpec(seq_len=512, global_batch_size=8, precision=Precision.FP16)
     lay = Layout(dp=8, zero_stage=3, offload_optimizer=Offload.CPU)
-    host = 8 * model_state_bytes(model, counts, cluster(gpu("a100", 80 * GiB), 8), lay, training).host_bytes
+    c = cluster(gpu("a100", 80 * GiB), 8)
+    host = 8 * reference.flat_model_states(model, counts, c, lay, training).host_bytes
     _, ds_cpu = deepspeed_zero3_estimate(T5_3B, T5_3B_LARGEST, 8, cpu_offload=True, cpu_offload_params=False)
     assert host == pytest.approx(ds_cpu / 1.5, rel=1e-9)
 
@@ -162,7 +161,7 @@ def test_megatron_formula_agrees_with_our_megatron_model_states() -> None:
     counts, training = parameter_counts(model), TrainingSpec(seq_len=4096, global_batch_size=64)
     for dist in (False, True):
         lay = Layout(framework=Framework.MEGATRON, dp=4, tp=2, zero_stage=int(dist))
-        s = model_state_bytes(model, counts, cluster(gpu("h100", 80 * GiB), 8), lay, training)
+        s = states(model, cluster(gpu("h100", 80 * GiB), 8), lay, training)
         ref = megatron_weight_and_optimizer_bytes(counts, tp=2, pp=1, dp=4, distributed_optimizer=dist)
         assert s.parameters + s.gradients + s.optimizer_states == pytest.approx(ref, rel=1e-12)
 
@@ -175,7 +174,8 @@ def test_megatron_formula_agrees_with_our_megatron_model_states() -> None:
 def test_korthikanti_table2_rows_exact(tp: int, sp: bool, recompute: Recompute, per_sbh: float) -> None:
     sbh = KORTHIKANTI_SBH
     lay, training = korthikanti_table2_inputs(tp, sp, recompute)
-    assert activations.layer_bytes(GPT_22B, lay, training, False) == pytest.approx(per_sbh * sbh, rel=1e-12)
+    per_layer = activations.layer_bytes(GPT_22B, lay, training, False, lay.recompute)
+    assert per_layer == pytest.approx(per_sbh * sbh, rel=1e-12)
     if recompute is not Recompute.FULL:
         published = activations.korthikanti_layer_bytes(
             s=2048, b=4, h=6144, a=64, t=tp, sequence_parallel=sp, selective=recompute is Recompute.SELECTIVE
@@ -227,7 +227,7 @@ def test_megatron_theoretical_activation_formula() -> None:
 def test_erratum_7b_zero2_on_8x24gb_does_not_fit_without_offload() -> None:
     p = parameter_counts(LLAMA_2_7B).total
     model, c, lay, training = erratum_7b_zero2_on_8x24gb()
-    b = memory_estimate(model, c, lay, training).per_gpu
+    b = memory(model, c, lay, training).per_gpu
     # 2P + 14P/8 = 13.48 + 11.79 = 25.27 GB of model states alone, over a 25.77 GB (24 GiB) card.
     assert (b.parameters + b.gradients + b.optimizer_states) / GB == pytest.approx(
         2 * p / GB + 14 * p / 8 / GB
@@ -240,11 +240,11 @@ def test_erratum_7b_zero2_on_8x24gb_does_not_fit_without_offload() -> None:
 def test_erratum_13b_on_4x32gb_needs_optimizer_offload() -> None:
     p = parameter_counts(LLAMA_2_13B).total
     model, c, zero3, training = erratum_13b_zero3_on_4x32gb()  # V100: no bf16
-    b = memory_estimate(model, c, zero3, training).per_gpu
+    b = memory(model, c, zero3, training).per_gpu
     assert (b.parameters + b.gradients + b.optimizer_states) == pytest.approx(16 * p / 4)  # 52 GB
     assert not fits(model, c, zero3, training)
     offload = dataclasses.replace(zero3, offload_optimizer=Offload.CPU)
-    est = memory_estimate(model, c, offload, training)
+    est = memory(model, c, offload, training)
     assert fits(model, c, offload, training)
     # GPU keeps 16-bit params 2P/4 = 6.5 GB (the article's "4P/4" also counts the 16-bit grads,
     # which ZeRO-Offload streams to the host). Host: 12P (master + moments, 156 GB) + 4P fp32
@@ -258,7 +258,7 @@ def test_erratum_13b_on_4x32gb_needs_optimizer_offload() -> None:
 def test_erratum_7b_pure_data_parallel_never_fits_80gb(dp: int) -> None:
     p = parameter_counts(LLAMA_2_7B).total
     model, c, lay, training = erratum_7b_pure_data_parallel(dp)
-    b = memory_estimate(model, c, lay, training).per_gpu
+    b = memory(model, c, lay, training).per_gpu
     # 16P = 107.8 GB per card whatever dp is.
     assert b.parameters + b.gradients + b.optimizer_states == 16 * p
     assert round(16 * p / GB) == 108

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from service.catalog.efficiency import default_efficiency
 from service.catalog.gpus import gpu
 from service.catalog.models import model
+from service.catalog.tuning import default_tuning
 from service.estimator.step_time import time_to_train_s
 from service.estimator.types import ClusterSpec, TrainingSpec
 from service.recommender.capacity import capacity
@@ -20,7 +20,7 @@ def test_fewest_gpus_per_type_and_time_to_train() -> None:
     options = capacity(
         model("llama-3-8b").spec,
         training,
-        default_efficiency(),
+        default_tuning(),
         gpus=[gpu("h100-sxm-80gb"), gpu("rtx-4090-24gb")],
     )
     by_gpu = {o.gpu: o for o in options}
@@ -42,7 +42,7 @@ def test_stored_cluster_runs_at_its_size() -> None:
         intra_node_bandwidth_bytes_per_s=300e9,
         inter_node_bandwidth_bytes_per_s=25e9,
     )
-    (option,) = capacity(model("llama-2-7b").spec, training, default_efficiency(), clusters=[stored])
+    (option,) = capacity(model("llama-2-7b").spec, training, default_tuning(), clusters=[stored])
     assert option.fits and option.min_gpus is not None and option.min_gpus <= 16
     assert option.num_gpus == 16  # time to train on the whole stored cluster
     assert option.time_to_train_s is not None and option.time_to_train_s > 0
@@ -62,14 +62,12 @@ def test_stored_cluster_does_not_grow_past_its_size() -> None:
     # at_gpus=64 on a 16-GPU stored cluster: timed on the 16 GPUs it has, and the option says so
     training = TrainingSpec(seq_len=2048, global_batch_size=256, tokens=10**10)
     stored = _stored_a100_cluster()
-    (option,) = capacity(
-        model("llama-2-7b").spec, training, default_efficiency(), clusters=[stored], at_gpus=64
-    )
+    (option,) = capacity(model("llama-2-7b").spec, training, default_tuning(), clusters=[stored], at_gpus=64)
     assert option.fits and option.layout is not None and option.num_gpus is not None
     assert option.num_gpus <= stored.world_size
     assert option.layout.world_size == option.num_gpus
     assert "64" in option.note and "16" in option.note
-    (whole,) = capacity(model("llama-2-7b").spec, training, default_efficiency(), clusters=[stored])
+    (whole,) = capacity(model("llama-2-7b").spec, training, default_tuning(), clusters=[stored])
     assert whole.note == ""
     assert (option.num_gpus, option.tokens_per_s) == (whole.num_gpus, whole.tokens_per_s)
 
@@ -86,7 +84,7 @@ def test_no_layout_at_requested_gpus_keeps_one_layout(monkeypatch: pytest.Monkey
     (option,) = capacity(
         model("llama-3-8b").spec,
         training,
-        default_efficiency(),
+        default_tuning(),
         gpus=[gpu("h100-sxm-80gb")],
         at_gpus=1024,
     )

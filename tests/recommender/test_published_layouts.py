@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from service.catalog.efficiency import default_efficiency
 from service.catalog.gpus import gpu
+from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from service.estimator.types import (
     ClusterSpec,
@@ -151,15 +151,15 @@ def _published(case: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingSp
 @pytest.mark.parametrize("case_id", sorted(PUBLISHED))
 def test_published_layout_fits_and_recommender_is_at_least_as_fast(case_id: str) -> None:
     model, cluster, training, layout = _published(BY_ID[case_id])
-    curve = default_efficiency()
-    published = estimate(model, cluster, layout, training, efficiency=curve, with_limits=False)
+    tuning = default_tuning()
+    published = estimate(model, cluster, layout, training, tuning=tuning, with_limits=False)
     assert published.fits, published.warnings
     result = recommend(
         model,
         cluster,
         training,
         Constraints(min_headroom_fraction=0.0, top_k=1),
-        curve,
+        tuning,
         with_suggestions=False,
     )
     assert result.recommended is not None and result.recommended.estimate.time is not None
@@ -186,7 +186,7 @@ def _korthikanti_step_s(recompute: Recompute, sp: bool, full_layer_count: int = 
     layout = Layout(
         framework=Framework.MEGATRON, tp=8, micro_batch_size=4, recompute=recompute, sequence_parallel=sp
     )
-    est = estimate(model, cluster, layout, training, efficiency=default_efficiency(), with_limits=False)
+    est = estimate(model, cluster, layout, training, tuning=default_tuning(), with_limits=False)
     assert est.time is not None
     return est.time.step_s
 

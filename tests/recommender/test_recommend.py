@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from service.catalog.efficiency import default_efficiency
 from service.catalog.gpus import gpu
 from service.catalog.models import model
-from service.estimator.efficiency import EfficiencyCurve
+from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
+from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, Framework, TrainingSpec
 from service.estimator.validate import validate_layout
 from service.recommender import Constraints, Objective, recommend
@@ -17,8 +17,8 @@ from service.recommender.suggest import suggestions
 
 
 @pytest.fixture(scope="module")
-def curve() -> EfficiencyCurve:
-    return default_efficiency()
+def tuning() -> Tuning:
+    return default_tuning()
 
 
 def cluster(name: str, nodes: int = 1, per_node: int = 8, host_gib: int = 0) -> ClusterSpec:
@@ -33,14 +33,14 @@ def cluster(name: str, nodes: int = 1, per_node: int = 8, host_gib: int = 0) -> 
     )
 
 
-def test_small_model_on_one_gpu_needs_no_parallelism(curve: EfficiencyCurve) -> None:
+def test_small_model_on_one_gpu_needs_no_parallelism(tuning: Tuning) -> None:
     # GPT-2 (124M): 16 bytes/param of states ~ 2 GB; one 80 GB GPU holds it with micro-batch 32
     result = recommend(
         model("gpt2").spec,
         cluster("h100-sxm-80gb", per_node=1),
         TrainingSpec(seq_len=1024, global_batch_size=32),
         Constraints(),
-        curve,
+        tuning,
     )
     assert result.status == "feasible" and result.recommended is not None
     layout = result.recommended.layout
@@ -49,10 +49,10 @@ def test_small_model_on_one_gpu_needs_no_parallelism(curve: EfficiencyCurve) -> 
     assert result.search.candidates_evaluated >= 1
 
 
-def test_7b_on_eight_80gb_gpus_is_sensible(curve: EfficiencyCurve) -> None:
+def test_7b_on_eight_80gb_gpus_is_sensible(tuning: Tuning) -> None:
     c = cluster("h100-sxm-80gb")
     training = TrainingSpec(seq_len=4096, global_batch_size=256)
-    result = recommend(model("llama-2-7b").spec, c, training, Constraints(), curve)
+    result = recommend(model("llama-2-7b").spec, c, training, Constraints(), tuning)
     assert result.recommended is not None
     best = result.recommended
     assert best.layout.world_size == 8 and best.layout.pp == 1  # fits without a pipeline
@@ -63,16 +63,16 @@ def test_7b_on_eight_80gb_gpus_is_sensible(curve: EfficiencyCurve) -> None:
     assert len(result.alternatives) == 2
 
 
-def test_70b_on_eight_24gb_gpus_is_infeasible_and_says_how_many(curve: EfficiencyCurve) -> None:
+def test_70b_on_eight_24gb_gpus_is_infeasible_and_says_how_many(tuning: Tuning) -> None:
     spec, c = model("llama-2-70b").spec, cluster("rtx-4090-24gb", host_gib=256)
     training = TrainingSpec(seq_len=4096, global_batch_size=64)
     constraints = Constraints(allow_offload=False)
-    result = recommend(spec, c, training, constraints, curve, with_suggestions=False)
+    result = recommend(spec, c, training, constraints, tuning, with_suggestions=False)
     assert result.status == "infeasible" and result.recommended is None
     memory = next(r for r in result.rejected if r.reason == "does not fit in GPU memory")
     assert memory.count > 0 and memory.per_gpu_bytes is not None and memory.capacity_bytes is not None
     assert memory.per_gpu_bytes > memory.capacity_bytes
-    tips = suggestions(spec, c, training, constraints, curve, catalog=[gpu("h100-sxm-80gb")])
+    tips = suggestions(spec, c, training, constraints, tuning, catalog=[gpu("h100-sxm-80gb")])
     more = next(t for t in tips if t.kind == "more_gpus")
     # 70B x 16 bytes = 1.1 TB of states over 22.8 GiB usable per GPU: at least 48 GPUs
     assert more.num_gpus is not None and more.num_gpus >= 48 and more.num_gpus % 8 == 0
@@ -92,49 +92,70 @@ JOBS = [
 
 @pytest.mark.parametrize(("name", "gpu_name", "nodes", "seq", "batch"), JOBS)
 def test_every_candidate_is_valid_and_fits_with_headroom(
-    curve: EfficiencyCurve, name: str, gpu_name: str, nodes: int, seq: int, batch: int
+    tuning: Tuning, name: str, gpu_name: str, nodes: int, seq: int, batch: int
 ) -> None:
     spec, c = model(name).spec, cluster(gpu_name, nodes)
     training = TrainingSpec(seq_len=seq, global_batch_size=batch)
     constraints = Constraints(min_headroom_fraction=0.1)
-    result = recommend(spec, c, training, constraints, curve)
+    result = recommend(spec, c, training, constraints, tuning)
     assert result.recommended is not None
     candidates = [result.recommended, *result.alternatives]
     for cand in candidates:
         sub = sub_cluster(c, cand.layout.world_size)
         validate_layout(spec, sub, cand.layout, training)
-        again = estimate(spec, sub, cand.layout, training, efficiency=curve, with_limits=False)
+        again = estimate(spec, sub, cand.layout, training, tuning=tuning, with_limits=False)
         assert again.memory == cand.estimate.memory and again.time == cand.estimate.time
         assert cand.estimate.memory.per_gpu.total <= 0.9 * c.gpu.memory_bytes
     speeds = [cand.estimate.time.tokens_per_s for cand in candidates if cand.estimate.time]
     assert speeds[0] >= max(speeds) * (1 - 1e-3)  # top-1 first (equal to 4 digits: the simpler wins)
 
 
-def test_more_frameworks_never_worse(curve: EfficiencyCurve) -> None:
+def test_more_frameworks_never_worse(tuning: Tuning) -> None:
     spec, c = model("llama-2-7b").spec, cluster("a100-sxm-80gb")
     training = TrainingSpec(seq_len=2048, global_batch_size=64)
     scores = {}
     for frameworks in ((Framework.DEEPSPEED,), (Framework.DEEPSPEED, Framework.MEGATRON), tuple(Framework)):
-        result = recommend(spec, c, training, Constraints(frameworks=frameworks, top_k=1), curve)
+        result = recommend(spec, c, training, Constraints(frameworks=frameworks, top_k=1), tuning)
         assert result.recommended is not None and result.recommended.layout.framework in frameworks
         scores[frameworks] = result.recommended.score
     values = list(scores.values())
     assert values[0] <= values[1] * (1 + 1e-3) and values[1] <= values[2] * (1 + 1e-3)
 
 
-def test_fewest_gpus_objective_uses_fewer_gpus(curve: EfficiencyCurve) -> None:
+def test_fewest_gpus_objective_uses_fewer_gpus(tuning: Tuning) -> None:
     spec, c = model("llama-2-7b").spec, cluster("h100-sxm-80gb", nodes=2)
     training = TrainingSpec(seq_len=2048, global_batch_size=64)
-    result = recommend(spec, c, training, Constraints(objective=Objective.FEWEST_GPUS, top_k=1), curve)
+    result = recommend(spec, c, training, Constraints(objective=Objective.FEWEST_GPUS, top_k=1), tuning)
     assert result.recommended is not None
     assert result.recommended.layout.world_size < 16
     assert result.recommended.score == result.recommended.layout.world_size
 
 
-def test_rejections_carry_a_worked_example(curve: EfficiencyCurve) -> None:
+def test_rejections_carry_a_worked_example(tuning: Tuning) -> None:
     spec, c = model("llama-3-70b").spec, cluster("h100-sxm-80gb", nodes=2)
-    result = recommend(spec, c, TrainingSpec(seq_len=8192, global_batch_size=64), Constraints(), curve)
+    result = recommend(spec, c, TrainingSpec(seq_len=8192, global_batch_size=64), Constraints(), tuning)
     reasons = {r.reason: r for r in result.rejected}
     assert "megatron does not support zero_stage 3" in reasons
     assert reasons["does not fit in GPU memory"].detail.endswith("over)")
     assert all(r.count >= 1 for r in result.rejected)
+
+
+def test_the_search_budget_counts_evaluations_so_the_answer_depends_on_the_request_only(
+    tuning: Tuning,
+) -> None:
+    # A budget in layout evaluations, not seconds: the same request gives the same answer (layouts,
+    # counters, rejections) however busy the machine; a small budget truncates at that count.
+    spec, c = model("llama-3.1-70b").spec, cluster("h100-sxm-80gb", nodes=4)
+    training = TrainingSpec(seq_len=8192, global_batch_size=256)
+    full = recommend(spec, c, training, Constraints(), tuning)
+    assert not full.search.truncated
+    used = full.search.memory_evaluations + full.search.time_evaluations
+    small = Constraints(max_evaluations=used // 4)
+    first, second = (recommend(spec, c, training, small, tuning, with_suggestions=False) for _ in range(2))
+    assert first.search.truncated and second.search.truncated
+    evaluations = first.search.memory_evaluations + first.search.time_evaluations
+    assert used // 4 <= evaluations < used  # stops at the first family past the budget
+    assert first.recommended == second.recommended and first.alternatives == second.alternatives
+    assert first.rejected == second.rejected
+    counters = ("memory_evaluations", "time_evaluations", "candidates_evaluated", "families_considered")
+    assert [getattr(first.search, k) for k in counters] == [getattr(second.search, k) for k in counters]
