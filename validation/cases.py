@@ -35,7 +35,7 @@ from typing import Any
 from service.catalog.tuning import default_tuning
 from service.estimator import activations, evaluate, flops
 from service.estimator.hf_config import model_from_hf_config
-from service.estimator.job import prepare
+from service.estimator.job import prepare, rank_kind_counts
 from service.estimator.model_states import (
     ModelStates,
     deepspeed_zero2_estimate,
@@ -293,7 +293,7 @@ def flat_model_states(
 ) -> ModelStates:
     """The estimator's model-state formulas on a flat model's own counts (one pipeline rank)."""
     assume = default_tuning().memory
-    rp = rank_parameters(model, counts, layout, 0)
+    rp = rank_parameters(model, counts, layout, 0, ((False, model.num_layers),))
     sb = state_bytes(training, layout.framework, model, assume)
     return rank_model_states(model, layout, training, rp, sb, shard_degrees(layout, cluster), assume)
 
@@ -550,7 +550,9 @@ def measured_inputs(case: dict[str, Any]) -> tuple[Layout, TrainingSpec]:
 def _one_gpu_activation_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> int:
     # the single rank's activations (one micro-batch in flight), as the estimator sums them
     job = prepare(model, gpu_cluster(H100, 1, 25e9), training, default_tuning())
-    return activations.stage_activation_bytes(model, layout, activations.layer_activations(job, layout), 0, 1)
+    layer = activations.layer_activations(job, layout)
+    per_micro = activations.rank_micro_batch_bytes(layer, rank_kind_counts(job, layout)[0])
+    return activations.stage_activation_bytes(layout, layer, per_micro, 0, 1)
 
 
 def activation_estimates(case: dict[str, Any]) -> tuple[dict[str, int], float]:

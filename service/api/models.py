@@ -13,7 +13,9 @@ from service.api.schemas.models import ModelPresetOut, ParametersOut, ResolvedMo
 from service.catalog.models import ModelPreset, models
 from service.catalog.models import model as catalog_model
 from service.estimator.params import layer_parameters, parameter_counts, stage_parameter_counts
-from service.estimator.types import ModelSpec
+from service.estimator.pipeline import stage_layers
+from service.estimator.types import Layout, ModelSpec
+from service.estimator.validate import pipeline_split_violation
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROBLEM_RESPONSES)
 
@@ -24,10 +26,15 @@ def architecture_dict(spec: ModelSpec) -> dict[str, Any]:
 
 def parameters_out(spec: ModelSpec, pp: int = 1) -> ParametersOut:
     counts = parameter_counts(spec)
+    layout = Layout(pp=pp)
+    violation = pipeline_split_violation(spec, layout)
+    if violation is not None:
+        raise violation
     return ParametersOut(
         **dataclasses.asdict(counts),
         per_layer=max(layer_parameters(spec, i) for i in range(spec.num_layers)),
-        per_stage=list(stage_parameter_counts(spec, pp)),
+        per_stage=list(stage_parameter_counts(spec, layout)),
+        stage_layers=list(stage_layers(spec.num_layers, layout)),
     )
 
 

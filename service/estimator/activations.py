@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.estimator.job import Job, LayerKind, kind_counts, layout_memo, sum_by_kind
+from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
 from service.estimator.types import (
     Attention,
     Framework,
@@ -258,11 +258,6 @@ def kind_layer_bytes(job: Job, layout: Layout, recompute: Recompute) -> dict[Lay
     return {kind: layer_bytes(model, layout, training, kind, recompute) for kind in job.kinds}
 
 
-def mean_layer_bytes(job: Job, per_kind: dict[LayerKind, float]) -> float:
-    """Activation bytes of the average decoder layer (each kind weighted by its share of the layers)."""
-    return sum_by_kind(kind_counts(job, 0, job.model.num_layers), per_kind.__getitem__) / job.model.num_layers
-
-
 def recompute_working_bytes(job: Job, layout: Layout, recompute: Recompute) -> float:
     """Full recompute rebuilds one layer's activations at a time during backward: the largest kind's."""
     if recompute is not Recompute.FULL:
@@ -281,7 +276,7 @@ def stage_extra_bytes(job: Job, layout: Layout) -> tuple[float, float]:
 class LayerActivations:
     """Activation bytes of one micro-batch that every pipeline rank's total is made of."""
 
-    mean_layer: float  # mean_layer_bytes under the layout's recompute
+    per_kind: dict[LayerKind, float]  # kind_layer_bytes under the layout's recompute
     largest_layer: float  # the largest layer kind's, under the layout's recompute
     working: float  # recompute_working_bytes
     first_extra: float  # first_stage_extra_bytes
@@ -293,7 +288,7 @@ def layer_activations(job: Job, layout: Layout) -> LayerActivations:
     per_kind = kind_layer_bytes(job, layout, layout.recompute)
     first_extra, last_extra = stage_extra_bytes(job, layout)
     return LayerActivations(
-        mean_layer=mean_layer_bytes(job, per_kind),
+        per_kind=per_kind,
         largest_layer=max(per_kind.values()),
         working=recompute_working_bytes(job, layout, layout.recompute),
         first_extra=first_extra,
@@ -350,13 +345,18 @@ def micro_batches_per_step(layout: Layout, training: TrainingSpec) -> int:
     return max(1, training.global_batch_size // (layout.micro_batch_size * layout.dp))
 
 
+def rank_micro_batch_bytes(layer: LayerActivations, layers: tuple[tuple[LayerKind, int], ...]) -> float:
+    """Activation bytes of one micro-batch in the decoder layers a pipeline rank holds (how many of
+    each kind), recompute applied."""
+    return sum_by_kind(layers, layer.per_kind.__getitem__)
+
+
 def stage_activation_bytes(
-    model: ModelSpec, layout: Layout, layer: LayerActivations, rank: int, in_flight: float
+    layout: Layout, layer: LayerActivations, per_micro: float, rank: int, in_flight: float
 ) -> int:
-    """Activations held at its peak by pipeline rank ``rank`` (0 = first stage), which holds
-    ``in_flight`` micro-batches (``micro_batches_in_flight``)."""
-    # every stage holds L / pp layers of the average kind (the MoE share of the whole model)
-    per_micro = model.num_layers / layout.pp * layer.mean_layer
+    """Activations held at its peak by pipeline rank ``rank`` (0 = first stage), whose layers hold
+    ``per_micro`` bytes per micro-batch and which holds ``in_flight`` micro-batches
+    (``micro_batches_in_flight``)."""
     total = per_micro * in_flight + layer.working
     if rank == 0:
         total += layer.first_extra * in_flight

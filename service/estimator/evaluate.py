@@ -65,16 +65,14 @@ def most_loaded(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[
     """The parts of the most loaded evaluated rank (the first on a tie), and the largest host and
     NVMe bytes per GPU of any evaluated rank."""
     all_states, all_acts = stage_states(job, layout), stage_activations(job, layout)
-    first_states, first_acts = all_states[0], all_acts[0]
-    heaviest = rank_memory_parts(job, first_states, first_acts, dynamic_factor)
-    host, nvme = first_states.host_bytes + first_acts.on_host, first_states.nvme_bytes
-    if len(all_states) > 1:  # the last pipeline stage
-        last_states, last_acts = all_states[1], all_acts[1]
-        last = rank_memory_parts(job, last_states, last_acts, dynamic_factor)
-        if sum(last) > sum(heaviest):
-            heaviest = last
-        host = max(host, last_states.host_bytes + last_acts.on_host)
-        nvme = max(nvme, last_states.nvme_bytes)
+    heaviest = rank_memory_parts(job, all_states[0], all_acts[0], dynamic_factor)
+    host, nvme = all_states[0].host_bytes + all_acts[0].on_host, all_states[0].nvme_bytes
+    for states, acts in zip(all_states[1:], all_acts[1:], strict=True):  # the other evaluated ranks
+        parts = rank_memory_parts(job, states, acts, dynamic_factor)
+        if sum(parts) > sum(heaviest):
+            heaviest = parts
+        host = max(host, states.host_bytes + acts.on_host)
+        nvme = max(nvme, states.nvme_bytes)
     return heaviest, host, nvme
 
 
@@ -179,11 +177,15 @@ def time_estimate(job: Job, layout: Layout) -> TimeEstimate:
     )
 
 
-def floor_s(job: Job, layout: Layout) -> float:
-    """The step less its bubble, DP, offload and optimizer time (all >= 0): a lower bound on the
-    bubble-free step of every sharding and framework that shares the layout's ``PARTS_FIELDS``."""
+def floor_s(job: Job, layout: Layout, most_micro_batches: int | None = None) -> float:
+    """The step less its DP, offload and optimizer time (all >= 0) and less its bubble: a lower bound
+    on the step of every sharding and framework that shares the layout's ``PARTS_FIELDS``.
+    ``most_micro_batches``: the most micro-batches a member of the family runs (its smallest
+    micro-batch); the bubble of any member is then at least (p-1)/(v m) of this layout's ideal."""
     p = st.step_parts(job, layout)
-    return p.compute_s + p.recompute_s + p.tp_comm_s + p.cp_comm_s + p.ep_comm_s + p.pp_comm_s
+    ideal = p.compute_s + p.recompute_s + p.tp_comm_s + p.cp_comm_s + p.ep_comm_s
+    bubble = 0.0 if most_micro_batches is None else st.bubble_fraction(layout, most_micro_batches) * ideal
+    return ideal + p.pp_comm_s + bubble
 
 
 # ---------------------------------------------------------------- the largest micro-batch and sequence

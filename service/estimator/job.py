@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from service.estimator import pipeline
 from service.estimator.params import is_moe_layer, parameter_counts
 from service.estimator.tuning import MemoryAssumptions, Tuning
 from service.estimator.types import ClusterSpec, Layout, ModelSpec, ParameterCounts, TrainingSpec
@@ -162,3 +163,16 @@ def kind_counts(job: Job, start: int, stop: int) -> tuple[tuple[LayerKind, int],
 def sum_by_kind(counts: tuple[tuple[LayerKind, int], ...], value: Callable[[LayerKind], float]) -> float:
     """Sum of ``value(kind)`` over the layers ``counts`` describes."""
     return sum(count * value(kind) for kind, count in counts)
+
+
+@layout_memo(*pipeline.PIPELINE_FIELDS)
+def rank_kind_counts(job: Job, layout: Layout) -> tuple[tuple[tuple[LayerKind, int], ...], ...]:
+    """Layers of each kind on each pipeline rank (all of its virtual stages)."""
+    out = []
+    for chunks in pipeline.rank_layer_ranges(job.model.num_layers, layout):
+        totals: dict[LayerKind, int] = {}
+        for chunk in chunks:
+            for kind, count in kind_counts(job, chunk.start, chunk.stop):
+                totals[kind] = totals.get(kind, 0) + count
+        out.append(tuple((kind, totals[kind]) for kind in job.kinds if kind in totals))
+    return tuple(out)

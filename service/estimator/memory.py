@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from service.estimator import activations
-from service.estimator.job import Job, job_memo, layout_memo
+from service.estimator import activations, pipeline
+from service.estimator.job import Job, job_memo, layout_memo, rank_kind_counts
 from service.estimator.model_states import (
     MiB,
     ModelStates,
@@ -30,6 +30,7 @@ from service.estimator.model_states import (
     shard_degrees,
     state_bytes,
 )
+from service.estimator.pipeline import PIPELINE_FIELDS
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
     Framework,
@@ -95,7 +96,7 @@ def gathered_parameter_bytes(
     largest = counts.largest_module / layout.tp
     ds = deepspeed_buckets(model, layout)
     live = min(largest + ds.prefetch_bucket_elements, ds.max_live_parameters)
-    persistent = counts.norms_per_layer * model.num_layers / layout.pp + counts.final_norm
+    persistent = counts.norms_per_layer * rp.layers + counts.final_norm
     if model.hidden_size >= ds.param_persistence_threshold:
         persistent = 0
     return (live + persistent + largest) * sb.weights
@@ -135,10 +136,21 @@ def fragmentation_bytes(dynamic_bytes: float, fragmentation_fraction: float) -> 
 # ---------------------------------------------------------------- one pipeline rank, memoised per job
 
 
-def pipeline_ranks(layout: Layout) -> tuple[int, ...]:
-    """The pipeline ranks whose memory is evaluated: the first, and the last when pp > 1 (Megatron's
-    theoretical memory models the first stage; the last one holds the logits)."""
-    return (0,) if layout.pp == 1 else (0, layout.pp - 1)
+@layout_memo(*PIPELINE_FIELDS)
+def pipeline_ranks(job: Job, layout: Layout) -> tuple[int, ...]:
+    """The pipeline ranks whose memory is evaluated: the first (Megatron's theoretical memory models
+    it: the embedding and the most micro-batches in flight), the last (the logits), and between them
+    the first rank of each layer count the first rank does not have (an uneven split): a later rank
+    with the same layers holds fewer micro-batches in flight, so it never needs more."""
+    counts = rank_kind_counts(job, layout)
+    ranks, seen = [0], {counts[0]}
+    for rank in range(1, layout.pp - 1):
+        if counts[rank] not in seen:
+            ranks.append(rank)
+            seen.add(counts[rank])
+    if layout.pp > 1:
+        ranks.append(layout.pp - 1)
+    return tuple(ranks)
 
 
 @dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
@@ -154,10 +166,10 @@ class RankStates:
     nvme_bytes: float
 
 
-@layout_memo("pp", "tp", "ep")
+@layout_memo(*PIPELINE_FIELDS, "tp", "ep")
 def rank_parameters_of(job: Job, layout: Layout, rank: int) -> RankParameters:
-    """``rank_parameters`` of the job's model."""
-    return rank_parameters(job.model, job.counts, layout, rank)
+    """``rank_parameters`` of the job's model on pipeline rank ``rank``."""
+    return rank_parameters(job.model, job.counts, layout, rank, rank_kind_counts(job, layout)[rank])
 
 
 @job_memo
@@ -174,7 +186,7 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
     degrees = shard_degrees(layout, job.cluster)
     states = rank_model_states(model, layout, training, rp, sb, degrees, assume)
     full = training.method is Method.FULL
-    trainable = rp.dense + rp.expert if full else lora_parameters(model, training, layout)
+    trainable = rp.dense + rp.expert if full else lora_parameters(model, training, layout, rp)
     buffers = bucket_bytes(model, trainable, sb, layout, assume)
     buffers += gathered_parameter_bytes(model, job.counts, rp, layout, sb, (degrees[0], trainable), assume)
     return RankStates(
@@ -195,7 +207,7 @@ STATE_FIELDS = (
     "dp",
     "cp",
     "tp",
-    "pp",
+    *PIPELINE_FIELDS,
     "ep",
     "zero_stage",
     "offload_optimizer",
@@ -208,7 +220,7 @@ STATE_FIELDS = (
 @layout_memo(*STATE_FIELDS)
 def stage_states(job: Job, layout: Layout) -> tuple[RankStates, ...]:
     """``rank_states`` of each of ``pipeline_ranks``."""
-    return tuple(rank_states(job, layout, rank) for rank in pipeline_ranks(layout))
+    return tuple(rank_states(job, layout, rank) for rank in pipeline_ranks(job, layout))
 
 
 @dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
@@ -223,13 +235,14 @@ class RankActivations:
 
 
 def activation_split(
-    model: ModelSpec, layout: Layout, layer: activations.LayerActivations, total: int, in_flight: float
+    layout: Layout, layer: activations.LayerActivations, per_micro: float, total: int, in_flight: float
 ) -> tuple[float, float]:
-    """A rank's ``total`` activation bytes split (on GPU, offloaded to host). Activation offload keeps
-    the layer computing and the next one on the GPU."""
+    """A rank's ``total`` activation bytes split (on GPU, offloaded to host), its layers holding
+    ``per_micro`` bytes per micro-batch. Activation offload keeps the layer computing and the next
+    one on the GPU."""
     if not layout.activation_offload:
         return float(total), 0.0
-    layers = model.num_layers / layout.pp * in_flight * layer.mean_layer
+    layers = in_flight * per_micro
     kept = min(layers, 2 * layer.largest_layer)  # the layer computing and the next, the larger kind
     return total - layers + kept, layers - kept
 
@@ -250,12 +263,11 @@ ACTIVATION_FIELDS = (
     "dp",
     "cp",
     "tp",
-    "pp",
+    *PIPELINE_FIELDS,
     "ep",
     "sequence_parallel",
     "micro_batch_size",
     "gradient_accumulation_steps",
-    "virtual_pipeline_stages",
     "recompute",
     "activation_offload",
     "chunked_loss",
@@ -270,10 +282,12 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     fixed = fixed_overhead_bytes(layout, job.assume)
     micro_batches = activations.micro_batches_per_step(layout, job.training)
     out = []
-    for rank in pipeline_ranks(layout):
+    kinds = rank_kind_counts(job, layout)
+    for rank in pipeline_ranks(job, layout):
         in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches)
-        total = activations.stage_activation_bytes(job.model, layout, layer, rank, in_flight)
-        on_gpu, on_host = activation_split(job.model, layout, layer, total, in_flight)
+        per_micro = activations.rank_micro_batch_bytes(layer, kinds[rank])
+        total = activations.stage_activation_bytes(layout, layer, per_micro, rank, in_flight)
+        on_gpu, on_host = activation_split(layout, layer, per_micro, total, in_flight)
         out.append(
             RankActivations(
                 on_gpu=on_gpu,
@@ -328,6 +342,19 @@ def _state_notes(job: Job, layout: Layout) -> list[str]:
     return notes
 
 
+def _pipeline_note(job: Job, layout: Layout) -> str:
+    embedding, loss = pipeline.accounts_for(job.model.num_layers, layout)
+    how = ""
+    if layout.pipeline_layers is None and (embedding or loss):
+        counted = " and ".join(name for name, on in (("the embedding", embedding), ("the loss", loss)) if on)
+        how = f" ({counted} counted as a layer)"
+    ranks = ", ".join(str(rank) for rank in pipeline_ranks(job, layout))
+    return (
+        f"pipeline: layers per stage {pipeline.describe(job.model.num_layers, layout)}{how}; ranks {ranks} "
+        "evaluated, the most loaded reported; in-flight micro-batches of the 1F1B / interleaved schedule"
+    )
+
+
 def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     """What the memory estimate assumed for this input, in words and numbers."""
     assume = job.assume
@@ -344,9 +371,7 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
         ),
     ]
     if layout.pp > 1:
-        notes.append(
-            "pipeline: first and last stage evaluated, the larger reported; 1F1B in-flight micro-batches"
-        )
+        notes.append(_pipeline_note(job, layout))
     notes += _state_notes(job, layout)
     if job.training.precision is Precision.FP8:
         notes.append(

@@ -48,6 +48,8 @@ class StateBytes:
 class RankParameters:
     """Parameters on one GPU after tp, pp and ep, before ZeRO/FSDP sharding."""
 
+    layers: int  # decoder layers on the rank
+    moe_layers: int  # of which MoE
     dense: float  # sharded by ZeRO over dp x cp
     expert: float  # routed experts, sharded over the expert-data-parallel group
     linear: float  # the decoder layers' Linear weights among them (QLoRA quantises these)
@@ -205,18 +207,19 @@ def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[flo
 # ---------------------------------------------------------------- parameters on a rank
 
 
-def rank_parameters(model: ModelSpec, counts: ParameterCounts, layout: Layout, rank: int) -> RankParameters:
-    """Parameters held by pipeline rank ``rank`` (Megatron split: embedding first, head last)."""
+def rank_parameters(
+    model: ModelSpec, counts: ParameterCounts, layout: Layout, rank: int, layers: tuple[tuple[bool, int], ...]
+) -> RankParameters:
+    """Parameters held by pipeline rank ``rank``, whose decoder layers are ``layers`` (how many of
+    each kind: MoE or not), after tp and ep (Megatron split: embedding first, head last)."""
     p, t, e = layout.pp, layout.tp, layout.ep
-    layers = model.num_layers
-    attention = counts.attention_per_layer * layers
-    mlp = (
-        counts.dense_mlp_per_layer * counts.dense_layers
-        + counts.shared_experts_per_moe_layer * counts.moe_layers
-    )
-    replicated = (counts.norms_per_layer * layers + counts.router_per_moe_layer * counts.moe_layers) / p
-    expert = counts.experts_per_moe_layer * counts.moe_layers / (p * t * e)
-    dense = (attention + mlp) / (p * t) + replicated
+    moe_layers = dict(layers).get(True, 0)
+    held = sum(count for _, count in layers)
+    attention = counts.attention_per_layer * held
+    mlp = counts.dense_mlp_per_layer * (held - moe_layers) + counts.shared_experts_per_moe_layer * moe_layers
+    replicated = counts.norms_per_layer * held + counts.router_per_moe_layer * moe_layers
+    expert = counts.experts_per_moe_layer * moe_layers / (t * e)
+    dense = (attention + mlp) / t + replicated
     # With pp > 1 and tied embeddings the last stage keeps its own copy of the word embedding.
     head = counts.output or (model.vocab_size * model.hidden_size if p > 1 else 0)
     if rank == 0:
@@ -231,16 +234,19 @@ def rank_parameters(model: ModelSpec, counts: ParameterCounts, layout: Layout, r
     )
     last_unit = counts.final_norm + (counts.output or model.vocab_size * model.hidden_size) / t
     return RankParameters(
+        layers=held,
+        moe_layers=moe_layers,
         dense=dense,
         expert=expert,
-        linear=(attention + mlp) / (p * t) + expert,
+        linear=(attention + mlp) / t + expert,
         layer=layer,
         last_unit=last_unit,
     )
 
 
-def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
-    """Trainable LoRA parameters on one rank: r x (d_in + d_out) per targeted Linear per layer."""
+def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout, rp: RankParameters) -> float:
+    """Trainable LoRA parameters on one GPU of a rank: r x (d_in + d_out) per targeted Linear of each
+    of its layers (``rp.layers``, ``rp.moe_layers`` of them MoE), split over tp."""
     h, q, kv, f = model.hidden_size, model.q_size, model.kv_size, model.ffn_hidden_size
     shapes = {
         "q_proj": h + q,
@@ -253,23 +259,24 @@ def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout) ->
     if model.mlp.gated:
         shapes["gate_proj"] = h + f
     per_layer: float = sum(shapes.get(name, 0) for name in training.lora_targets) * training.lora_rank
+    total = rp.layers * per_layer
     if model.moe is not None:
-        per_layer += _lora_expert_parameters(model, model.moe, training, layout)
-    return model.num_layers / layout.pp * per_layer / layout.tp
+        total += rp.moe_layers * _lora_expert_parameters(model, model.moe, training, layout)
+    return total / layout.tp
 
 
 def _lora_expert_parameters(model: ModelSpec, moe: MoESpec, training: TrainingSpec, layout: Layout) -> float:
-    # MLP targets on MoE layers adapt every local routed expert (E/ep of them, width f_e) instead
-    # of the dense MLP (width f), averaged over the layers that are MoE.
+    # MLP targets on an MoE layer adapt every local routed expert (E/ep of them, width f_e) instead
+    # of the dense MLP (width f): the difference per MoE layer.
     mlp_targets = [n for n in training.lora_targets if n in ("gate_proj", "up_proj", "down_proj")]
     if not model.mlp.gated and "gate_proj" in mlp_targets:
         mlp_targets.remove("gate_proj")
-    h, share = model.hidden_size, 1 / moe.layer_frequency
+    h = model.hidden_size
     dense = len(mlp_targets) * (h + model.ffn_hidden_size) * training.lora_rank
     experts = (
         moe.num_experts / layout.ep * len(mlp_targets) * (h + moe.expert_ffn_hidden_size) * training.lora_rank
     )
-    return share * (experts - dense)
+    return experts - dense
 
 
 def shard_degrees(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:
@@ -376,7 +383,7 @@ def _state_groups(
     linear_bytes, other_bytes = frozen_bytes(training, assume)
     base = rp.dense + rp.expert
     frozen = rp.linear * linear_bytes + (base - rp.linear) * other_bytes
-    return [(lora_parameters(model, training, layout), base, frozen / base, dense_shard)]
+    return [(lora_parameters(model, training, layout, rp), base, frozen / base, dense_shard)]
 
 
 def rank_model_states(

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from service.estimator.errors import InvalidLayout
-from service.estimator.types import ModelSpec, MoESpec, NormKind, ParameterCounts, PositionEmbedding
+from service.estimator import pipeline
+from service.estimator.types import Layout, ModelSpec, MoESpec, NormKind, ParameterCounts, PositionEmbedding
 
 # Families whose Hugging Face module fuses q, k and v into one Linear (or GPT-2's Conv1D); this
 # changes only which single module is largest, never a total.
@@ -200,29 +200,21 @@ def parameter_counts(model: ModelSpec) -> ParameterCounts:
     )
 
 
-@lru_cache(maxsize=4096)
-def stage_parameter_counts(model: ModelSpec, pp: int) -> tuple[int, ...]:
-    """Parameters held by each of ``pp`` pipeline stages when layers are split evenly.
+def stage_parameter_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+    """Parameters held by each pipeline rank under the layout's split (``pipeline.stage_layers``).
 
     Megatron convention: the first stage holds the embedding, the last the final norm and the
     output layer. With tied embeddings and pp > 1, Megatron keeps a copy of the word embedding on
     the last stage for the output layer and all-reduces its gradient between the first and last
     stage, so the stages then sum to the total plus V x h.
     """
-    if pp < 1:
-        raise InvalidLayout(f"pp must be >= 1, got {pp}", rule="positive", field="pp")
-    if model.num_layers % pp:
-        raise InvalidLayout(
-            f"num_layers ({model.num_layers}) is not divisible by pp ({pp})",
-            rule="pp_divides_layers",
-            field="pp",
-        )
-    per_stage = model.num_layers // pp
-    stages = [
-        sum(layer_parameters(model, i) for i in range(s * per_stage, (s + 1) * per_stage)) for s in range(pp)
-    ]
+    ranks = pipeline.rank_layer_ranges(model.num_layers, layout)
+    kinds = [is_moe_layer(model, i) for i in range(model.num_layers)]
+    # a layer's parameters depend on it only through is_moe_layer: one count per kind
+    per_kind = {kind: layer_parameters(model, kinds.index(kind)) for kind in set(kinds)}
+    stages = [sum(per_kind[kinds[i]] for chunk in chunks for i in chunk) for chunks in ranks]
     stages[0] += embedding_parameters(model)
     stages[-1] += norm_parameters(model) + output_parameters(model)
-    if model.tied_embeddings and pp > 1:
+    if model.tied_embeddings and layout.pp > 1:
         stages[-1] += token_embedding_parameters(model)  # the output layer's copy of the word embedding
     return tuple(stages)

@@ -33,13 +33,13 @@ What overlaps with what, and by how much (the layout's ``tp_comm_overlap`` and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from service.estimator import comm, flops
 from service.estimator.errors import InvalidTraining
-from service.estimator.job import Job, LayerKind, job_memo, kind_counts, layout_memo, sum_by_kind
+from service.estimator.job import Job, LayerKind, job_memo, layout_memo, rank_kind_counts, sum_by_kind
 from service.estimator.params import stage_parameter_counts
+from service.estimator.pipeline import PIPELINE_FIELDS
 from service.estimator.tuning import Tuning, dp_overlap_default, matmul_efficiency
 from service.estimator.types import (
     Attention,
@@ -100,38 +100,23 @@ def micro_batch_tokens_per_rank(layout: Layout, training: TrainingSpec) -> int:
 # ---------------------------------------------------------------- the pipeline split
 
 
-def layers_of_stage(num_layers: int, pp: int, stage: int) -> range:
-    """The decoder layers pipeline stage ``stage`` holds, of ``num_layers`` split over ``pp``."""
-    # contiguous split of ceil(L / pp) layers per stage; with a remainder the last stages would get
-    # fewer, but validation requires pp | L, so the split is even (interleaving keeps the per-rank count)
-    per_stage = math.ceil(num_layers / pp)
-    start = min(stage * per_stage, num_layers)
-    return range(start, min(start + per_stage, num_layers))
-
-
-@job_memo
-def stage_kind_counts(job: Job, pp: int) -> tuple[tuple[tuple[LayerKind, int], ...], ...]:
-    """Layers of each kind on each of ``pp`` stages."""
-    stages = (layers_of_stage(job.model.num_layers, pp, s) for s in range(pp))
-    return tuple(kind_counts(job, r.start, r.stop) for r in stages)
-
-
-@job_memo
-def stage_flops_per_token(job: Job, pp: int) -> tuple[int, ...]:
-    """Forward + backward FLOPs per token of each of ``pp`` stages (the last adds the output layer)."""
+@layout_memo(*PIPELINE_FIELDS)
+def stage_flops_per_token(job: Job, layout: Layout) -> tuple[int, ...]:
+    """Forward + backward FLOPs per token of each pipeline rank (the last adds the output layer)."""
     model, training = job.model, job.training
     per_kind = {kind: flops.layer_training_flops(model, kind, training) for kind in job.kinds}
     logits = flops.logits_training_flops(model, training)
+    last = layout.pp - 1
     return tuple(
-        sum(count * per_kind[kind] for kind, count in counts) + (logits if stage == pp - 1 else 0)
-        for stage, counts in enumerate(stage_kind_counts(job, pp))
+        sum(count * per_kind[kind] for kind, count in counts) + (logits if rank == last else 0)
+        for rank, counts in enumerate(rank_kind_counts(job, layout))
     )
 
 
-@job_memo
-def slowest_stage(job: Job, pp: int) -> int:
-    """The stage with the most FLOPs per token (the first of equals)."""
-    work = stage_flops_per_token(job, pp)
+@layout_memo(*PIPELINE_FIELDS)
+def slowest_stage(job: Job, layout: Layout) -> int:
+    """The pipeline rank with the most FLOPs per token (the first of equals)."""
+    work = stage_flops_per_token(job, layout)
     return work.index(max(work))
 
 
@@ -157,13 +142,13 @@ def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
     return scale * (replicated + (sharded + scores) / t)
 
 
-@layout_memo("tp", "sequence_parallel", "pp")
+@layout_memo("tp", "sequence_parallel", *PIPELINE_FIELDS)
 def stage_stored_bytes(job: Job, layout: Layout) -> tuple[float, ...]:
-    """Activation bytes per token the layers of each stage store on one GPU: what their
+    """Activation bytes per token the layers of each pipeline rank store on one GPU: what their
     memory-bound ops touch (the loss on the logits is timed apart, ``loss_traffic_bytes``)."""
     model, training = job.model, job.training
     per_kind = {kind: layer_stored_bytes(model, layout, training, kind) for kind in job.kinds}
-    return tuple(sum_by_kind(counts, per_kind.__getitem__) for counts in stage_kind_counts(job, layout.pp))
+    return tuple(sum_by_kind(counts, per_kind.__getitem__) for counts in rank_kind_counts(job, layout))
 
 
 def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning) -> float:
@@ -172,13 +157,13 @@ def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning) -> floa
     return tuning.loss_traffic_bytes_per_logit * model.vocab_size / layout.tp
 
 
-@layout_memo("pp", "tp", "ep")
+@layout_memo(*PIPELINE_FIELDS, "tp", "ep")
 def gpu_parameters(job: Job, layout: Layout) -> float:
     """Parameters on one GPU of the most loaded stage before ZeRO sharding (experts split by ep)."""
     # Each stage's routed experts are those of the MoE layers it holds (every layer_frequency-th
     # layer), so with ep > 1 or uneven MoE layers the most loaded GPU is found per stage.
     experts_per_layer = job.counts.experts_per_moe_layer
-    stages = zip(stage_parameter_counts(job.model, layout.pp), stage_kind_counts(job, layout.pp), strict=True)
+    stages = zip(stage_parameter_counts(job.model, layout), rank_kind_counts(job, layout), strict=True)
     return max(
         stage_gpu_parameters(params, experts_per_layer * dict(counts).get(True, 0), layout)
         for params, counts in stages
@@ -237,7 +222,13 @@ def exposed_s(comm_s: float, window_s: float, max_hidden_fraction: float) -> flo
 # The layout fields of the step's base: the parallel split, the micro-batch and its count, and SP
 # (stored activation bytes).
 SPLIT_FIELDS = ("dp", "tp", "pp", "cp", "ep")
-BASE_FIELDS = (*SPLIT_FIELDS, "sequence_parallel", "micro_batch_size", "gradient_accumulation_steps")
+BASE_FIELDS = (
+    *SPLIT_FIELDS,
+    *PIPELINE_FIELDS[1:],
+    "sequence_parallel",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+)
 
 
 @dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
@@ -260,10 +251,10 @@ class StepBase:
 
 @layout_memo(*BASE_FIELDS)
 def step_base(job: Job, layout: Layout) -> StepBase:
-    stage = slowest_stage(job, layout.pp)
+    stage = slowest_stage(job, layout)
     tokens = micro_batch_tokens_per_rank(layout, job.training)
     efficiency = matmul_efficiency(job.tuning, job.cluster.gpu, job.model.hidden_size / layout.tp, tokens)
-    counts = stage_kind_counts(job, layout.pp)[stage]
+    counts = rank_kind_counts(job, layout)[stage]
     links = group_links(job, layout)
     base = StepBase(
         stage=stage,
@@ -339,7 +330,7 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs (with eager
     attention's core slowed when its head_dim is unaligned), the memory-bound ops between them and
     the loss."""
-    per_token = stage_flops_per_token(job, layout.pp)[base.stage]
+    per_token = stage_flops_per_token(job, layout)[base.stage]
     gemm_s = base.micro_batches * base.tokens * per_token / layout.tp / base.flops_per_s
     unaligned_s = unaligned_core_s(job, layout, base, 3)
     return gemm_s + unaligned_s + memory_bound_s(job, base, 3, base.stored_bytes) + loss_s(job, layout, base)
@@ -367,13 +358,9 @@ def recompute_stored_bytes(job: Job, layout: Layout, base: StepBase) -> float:
 
 
 @job_memo
-def stage_recompute_flops(job: Job, pp: int, stage: int, recompute: Recompute) -> int:
-    """Recomputed forward FLOPs per token of ``stage`` of ``pp`` (``flops.layer_recompute_flops``)."""
-    model, training = job.model, job.training
-    return sum(
-        count * flops.layer_recompute_flops(model, kind, training, recompute)
-        for kind, count in stage_kind_counts(job, pp)[stage]
-    )
+def kind_recompute_flops(job: Job, kind: LayerKind, recompute: Recompute) -> int:
+    """``flops.layer_recompute_flops`` of a layer of ``kind``."""
+    return flops.layer_recompute_flops(job.model, kind, job.training, recompute)
 
 
 def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
@@ -381,7 +368,7 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     recompute = layout.recompute
     if recompute is Recompute.NONE:
         return 0.0
-    per_token = stage_recompute_flops(job, layout.pp, base.stage, recompute)
+    per_token = sum(count * kind_recompute_flops(job, kind, recompute) for kind, count in base.counts)
     gemm_s = base.micro_batches * base.tokens * per_token / layout.tp / base.flops_per_s
     passes = recompute_passes(job.tuning, recompute)
     memory_s = memory_bound_s(job, base, passes, recompute_stored_bytes(job, layout, base))
@@ -519,9 +506,9 @@ def zero3_micro_batch_comm_s(job: Job, layout: Layout, parameters: float, link: 
     return gathers + (comm.group_reduce_scatter_s(grad_size, link) if full else 0.0)
 
 
-# The layout fields the DP collectives read: the split (links and parameters), the sharding, and the
-# framework (gradient bytes).
-COLLECTIVE_FIELDS = (*SPLIT_FIELDS, "zero_stage", "framework")
+# The layout fields the DP collectives read: the split and the pipeline split (links and the GPU's
+# parameters), the sharding, and the framework (gradient bytes).
+COLLECTIVE_FIELDS = (*SPLIT_FIELDS, *PIPELINE_FIELDS[1:], "zero_stage", "framework")
 
 
 @layout_memo(*COLLECTIVE_FIELDS)

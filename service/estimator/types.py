@@ -356,6 +356,12 @@ class Layout:
     fsdp_hybrid_shard: bool = False  # HYBRID_SHARD: shard inside a node, replicate across nodes
     tp_comm_overlap: bool = False  # Megatron --tp-comm-overlap (Transformer Engine userbuffers)
     overlap_grad_reduce: bool | None = None  # DP reduce under backward; None: the framework default
+    # Decoder layers of each of the pp x v virtual pipeline stages, in model order; None: the
+    # split ``service.estimator.pipeline.stage_layers`` derives (even, or embedding and loss
+    # counted as a layer each).
+    pipeline_layers: tuple[int, ...] | None = None
+    pipeline_account_for_embedding: bool = False  # the embedding counts as a layer in the split
+    pipeline_account_for_loss: bool = False  # the output layer and loss count as a layer
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages"):
@@ -368,6 +374,12 @@ class Layout:
             )
         if self.gradient_accumulation_steps is not None:
             _require_positive(InvalidLayout, "gradient_accumulation_steps", self.gradient_accumulation_steps)
+        if self.pipeline_layers is not None and any(layers < 0 for layers in self.pipeline_layers):
+            raise InvalidLayout(
+                f"pipeline_layers must be >= 0 each, got {list(self.pipeline_layers)}",
+                rule="non_negative",
+                field="pipeline_layers",
+            )
 
     def accumulation_steps(self, global_batch_size: int) -> int:
         """Micro-batches per data-parallel rank per step: global = micro x accumulation x dp."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from service.estimator import pipeline
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
     Attention,
@@ -124,28 +125,46 @@ def tensor_parallel_violation(model: ModelSpec, tp: int) -> Violation:
     return None
 
 
-def pipeline_split_violation(model: ModelSpec, pp: int, virtual: int) -> Violation:
-    """The layers split evenly over ``pp`` stages of ``virtual`` chunks each."""
-    if model.num_layers % pp:
-        return _bad(f"num_layers ({model.num_layers}) % pp ({pp}) != 0", "pp_layers", "pp")
-    if virtual > 1 and pp == 1:
+def pipeline_split_violation(model: ModelSpec, layout: Layout) -> Violation:
+    """The layers split over pp x v virtual stages (``pipeline.stage_layers``): every stage gets a
+    count >= 0, the counts add up to the layers, and every pipeline rank holds a layer or the
+    embedding or the loss."""
+    p, v = layout.pp, layout.virtual_pipeline_stages
+    if v > 1 and p == 1:
         return _bad(
-            f"virtual_pipeline_stages ({virtual}) > 1 needs pp > 1", "virtual_pp", "virtual_pipeline_stages"
+            f"virtual_pipeline_stages ({v}) > 1 needs pp > 1", "virtual_pp", "virtual_pipeline_stages"
+        )
+    explicit = layout.pipeline_layers
+    if explicit is not None and (layout.pipeline_account_for_embedding or layout.pipeline_account_for_loss):
+        return _bad(
+            "pipeline_layers already places every layer: drop pipeline_account_for_embedding/_loss",
+            "pipeline_split",
+            "pipeline_layers",
+        )
+    if explicit is not None and (len(explicit) != p * v or sum(explicit) != model.num_layers):
+        return _bad(
+            f"pipeline_layers must give the layers of each of pp x v = {p * v} stages adding up to "
+            f"num_layers ({model.num_layers}); got {len(explicit)} stages of {sum(explicit)} layers",
+            "pipeline_split",
+            "pipeline_layers",
+        )
+    if not pipeline.covers_every_rank(model.num_layers, layout):
+        split = pipeline.stage_layers(model.num_layers, layout)
+        return _bad(
+            f"num_layers ({model.num_layers}) cannot give each of pp x v = {p * v} stages a layer "
+            f"(split {list(split)})",
+            "pp_layers",
+            "pp",
         )
     return None
 
 
-def interleaving_violation(model: ModelSpec, layout: Layout, caps: Capabilities) -> Violation:
-    p, v = layout.pp, layout.virtual_pipeline_stages
-    if v > 1 and not caps.interleaved_pipeline:
+def interleaving_violation(layout: Layout, caps: Capabilities) -> Violation:
+    if layout.virtual_pipeline_stages > 1 and not caps.interleaved_pipeline:
         return _bad(
             f"{layout.framework.value} has no interleaved pipeline schedule",
             "virtual_pp",
             "virtual_pipeline_stages",
-        )
-    if v > 1 and model.num_layers % (p * v):
-        return _bad(
-            f"num_layers ({model.num_layers}) % (pp*v = {p * v}) != 0", "pp_layers", "virtual_pipeline_stages"
         )
     return None
 
@@ -363,8 +382,8 @@ def layout_violation(
         lambda: world_violation(cluster, layout),
         lambda: tensor_parallel_violation(model, layout.tp),
         lambda: sharding_violation(layout, caps),
-        lambda: pipeline_split_violation(model, layout.pp, layout.virtual_pipeline_stages),
-        lambda: interleaving_violation(model, layout, caps),
+        lambda: pipeline_split_violation(model, layout),
+        lambda: interleaving_violation(layout, caps),
         lambda: interleaved_batches_violation(layout, micro_batches()),
         lambda: zero_with_pipeline_violation(layout, caps),
         lambda: context_violation(layout, training),

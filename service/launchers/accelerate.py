@@ -30,6 +30,7 @@ from service.launchers.common import (
     comment_lines,
     hf_decoder_layer,
     layout_summary,
+    pipeline_split,
     script,
     shell_command,
 )
@@ -151,6 +152,12 @@ def _megatron(plan: Plan) -> dict[str, Any]:
     if lo.virtual_pipeline_stages > 1:
         raise Unsupported(
             TARGET, "Accelerate's megatron_lm_config has no virtual pipeline (interleaved) setting"
+        )
+    if lo.pp > 1 and not pipeline_split(plan).even:
+        raise Unsupported(
+            TARGET,
+            f"pipeline split {list(pipeline_split(plan).stages)}: Accelerate's megatron_lm_config has "
+            "no uneven-stage setting (use the megatron target)",
         )
     if lo.tp_comm_overlap or lo.overlap_grad_reduce:
         # The estimate hides TP / DP communication that this config would leave exposed.

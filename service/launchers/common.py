@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from service.estimator import pipeline
 from service.estimator.types import Plan, Precision
 
 MASTER_PORT = 29500  # torchrun / DeepSpeed launcher default rendezvous port
@@ -93,6 +94,40 @@ def train_steps(plan: Plan) -> int:
     if plan.training.tokens is None:
         return DEFAULT_TRAIN_STEPS
     return max(1, math.ceil(plan.training.tokens / plan.training.tokens_per_step))
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSplit:
+    """The pipeline split the plan was estimated with (``estimator.pipeline``), for the launchers
+    to render with each tool's own options."""
+
+    stages: tuple[int, ...]  # decoder layers of each of the pp x v virtual stages, in model order
+    embedding: int  # 1 when a derived split counts the embedding as a layer
+    loss: int  # 1 when a derived split counts the output layer and loss as a layer
+    explicit: bool  # the layout gave the layers of each stage
+
+    @property
+    def even(self) -> bool:
+        """Every virtual stage holds the same layers and nothing is counted for embedding or loss."""
+        return not (self.embedding or self.loss) and len(set(self.stages)) == 1
+
+    @property
+    def accounted(self) -> bool:
+        """Derived with the embedding and/or loss as layers, all units shared out evenly: Megatron's
+        account-for split, expressible by its two flags."""
+        units = sum(self.stages) + self.embedding + self.loss
+        return not self.explicit and (self.embedding or self.loss) > 0 and units % len(self.stages) == 0
+
+
+def pipeline_split(plan: Plan) -> PipelineSplit:
+    layers, layout = plan.model.num_layers, plan.layout
+    embedding, loss = (0, 0) if layout.pipeline_layers is not None else pipeline.accounts_for(layers, layout)
+    return PipelineSplit(
+        stages=pipeline.stage_layers(layers, layout),
+        embedding=embedding,
+        loss=loss,
+        explicit=layout.pipeline_layers is not None,
+    )
 
 
 def check_world(target: Target, plan: Plan) -> None:

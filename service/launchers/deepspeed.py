@@ -26,6 +26,7 @@ from service.launchers.common import (
     Word,
     accumulation,
     check_world,
+    pipeline_split,
     script,
     shell_command,
 )
@@ -34,6 +35,21 @@ CONFIG_NAME = "ds_config.json"
 HOSTFILE_NAME = "hostfile"
 LAUNCH_NAME = "deepspeed_launch.sh"
 NVME_PATH = "/local_nvme"  # offload swap directory on each node; must exist and be fast local NVMe
+
+
+def partition_method(plan: Plan) -> str:
+    """PipelineModule's partition_method for the estimated split, '' when none gives it.
+
+    An even split: balance the decoder layers alone ('type:' regex on their class name, which
+    DeepSpeed searches case-insensitively); the embedding and loss counted as a layer each: 'uniform'
+    over the layer specs [embedding, the decoder layers, the head], which since DeepSpeed 0.10.1 gives
+    the remainder to the first stages (runtime/utils.py partition_uniform), as the estimate did."""
+    split = pipeline_split(plan)
+    if split.even:
+        return "type:DecoderLayer"
+    if split.accounted and split.embedding and split.loss:
+        return "uniform"
+    return ""
 
 
 def _check(plan: Plan) -> None:
@@ -65,6 +81,13 @@ def _check(plan: Plan) -> None:
             target,
             f"sequence_parallel with tp={lo.tp}: DeepSpeed AutoTP has no Megatron-style sequence "
             "parallelism (norm and dropout activations stay replicated over the TP group)",
+        )
+    if lo.pp > 1 and not partition_method(plan):
+        raise Unsupported(
+            target,
+            f"pipeline split {list(pipeline_split(plan).stages)}: DeepSpeed's PipelineModule partitions "
+            "'uniform'ly over all layer specs, by 'parameters' or by a layer 'type:'; it cannot place "
+            "these counts (an even split, or the embedding and loss counted as a layer each, it can)",
         )
     if lo.overlap_grad_reduce and (lo.zero_stage == 0 or lo.pp > 1):
         raise Unsupported(
@@ -195,8 +218,8 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     if lo.tp > 1:
         config["tensor_parallel"] = {"autotp_size": lo.tp}
     if lo.pp > 1:
-        # The script must build a deepspeed.pipe.PipelineModule(num_stages=pp).
-        config["pipeline"] = {"stages": lo.pp, "partition": "parameters"}
+        # The script builds deepspeed.pipe.PipelineModule(num_stages=pp, partition_method=this).
+        config["pipeline"] = {"stages": lo.pp, "partition": partition_method(plan)}
     return config
 
 
@@ -244,7 +267,10 @@ def render(plan: Plan) -> list[Artifact]:
     config = config_artifact(plan)
     header = "DeepSpeed 0.19.8 launcher: starts every rank over ssh (pdsh) from this node."
     if plan.layout.pp > 1:
-        header += f"\n{TRAIN_SCRIPT} must build deepspeed.pipe.PipelineModule(num_stages={plan.layout.pp})."
+        header += (
+            f"\n{TRAIN_SCRIPT} must build deepspeed.pipe.PipelineModule(num_stages={plan.layout.pp}, "
+            f"partition_method={partition_method(plan)!r}) over [embedding, decoder layers, head] specs."
+        )
     if plan.layout.ep > 1:
         header += (
             f"\n{TRAIN_SCRIPT} must build MoE layers as deepspeed.moe.layer.MoE(ep_size={plan.layout.ep})."

@@ -25,6 +25,7 @@ from service.launchers.common import (
     Word,
     accumulation,
     check_world,
+    pipeline_split,
     script,
     shell_command,
     torchrun_words,
@@ -66,15 +67,9 @@ def _check(plan: Plan) -> None:
             "tp_comm_overlap needs sequence parallelism at tp > 1 (validate_args: 'Tensor parallel "
             "communication/GEMM overlap can happen only when sequence parallelism is enabled')"
         )
-    if model.num_layers % lo.pp:
-        problems.append(f"num_layers ({model.num_layers}) % pp ({lo.pp}) != 0")
     vpp = lo.virtual_pipeline_stages
     if vpp > 1 and lo.pp == 1:
         problems.append("virtual pipeline stages need pp > 1")
-    if vpp > 1 and (model.num_layers // lo.pp) % vpp:
-        problems.append(
-            f"layers per pipeline rank ({model.num_layers // lo.pp}) % virtual stages ({vpp}) != 0"
-        )
     if model.num_attention_heads % lo.tp:
         problems.append(f"num_attention_heads ({model.num_attention_heads}) % tp ({lo.tp}) != 0")
     groups = model.num_kv_heads
@@ -159,9 +154,7 @@ def _parallel_args(plan: Plan) -> list[str]:
     if lo.tp_comm_overlap:  # _check: only with --sequence-parallel at tp > 1
         # Transformer Engine userbuffers (the default --transformer-impl transformer_engine).
         args.append("--tp-comm-overlap")
-    if lo.virtual_pipeline_stages > 1:
-        per_stage = plan.model.num_layers // lo.pp // lo.virtual_pipeline_stages
-        args += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
+    args += pipeline_args(plan)
     if lo.zero_stage == 1:
         args.append("--use-distributed-optimizer")
     if lo.overlap_grad_reduce:
@@ -179,6 +172,37 @@ def _parallel_args(plan: Plan) -> list[str]:
             "1.0",
         ]
     return args
+
+
+def pipeline_args(plan: Plan) -> list[str]:
+    """The split the plan was estimated with, in Megatron-Core's terms: even (with
+    --num-layers-per-virtual-pipeline-stage when interleaved), the embedding and loss counted as layers
+    (--account-for-embedding/loss-in-pipeline-split, core 0.11+), or any other split as a
+    --pipeline-model-parallel-layout string (core 0.13+: E embedding, t*n decoder layers, L loss,
+    | between the pp x v virtual stages in model order)."""
+    lo = plan.layout
+    if lo.pp == 1:
+        return []
+    split = pipeline_split(plan)
+    if split.even:
+        per_stage = split.stages[0]
+        return (
+            ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
+            if lo.virtual_pipeline_stages > 1
+            else []
+        )
+    if split.accounted:
+        args = ["--account-for-embedding-in-pipeline-split"] if split.embedding else []
+        args += ["--account-for-loss-in-pipeline-split"] if split.loss else []
+        if lo.virtual_pipeline_stages > 1:  # uneven stages take the stage count, not layers per stage
+            args += ["--num-virtual-stages-per-pipeline-rank", str(lo.virtual_pipeline_stages)]
+        return args
+    last = len(split.stages) - 1
+    cells = [
+        ("E" if k == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + ("L" if k == last else "")
+        for k, n in enumerate(split.stages)
+    ]
+    return ["--pipeline-model-parallel-layout", "|".join(cells)]
 
 
 def _recompute_args(plan: Plan) -> list[str]:

@@ -20,6 +20,7 @@ from service.launchers.common import (
     Word,
     accumulation,
     check_world,
+    pipeline_split,
     script,
     shell_command,
     torchrun_words,
@@ -101,13 +102,45 @@ def _check(plan: Plan) -> Flavor:
         problems.append("CPU offload needs FSDP sharding")
     if plan.training.precision in (Precision.FP16, Precision.FP8):
         problems.append(f"precision {plan.training.precision} needs model converters not emitted here")
-    if lo.virtual_pipeline_stages > 1 and (plan.model.num_layers % (lo.pp * lo.virtual_pipeline_stages)):
-        problems.append("layers are not divisible into pp x virtual stages")
+    if lo.pp > 1 and (reason := _split_problem(plan)):
+        problems.append(reason)
     if lo.virtual_pipeline_stages > 1 and accumulation(plan) % lo.pp:
         problems.append(f"Interleaved1F1B needs microbatches ({accumulation(plan)}) % pp ({lo.pp}) == 0")
     if problems:
         raise Unsupported(TARGET, "; ".join(problems))
     return found
+
+
+def _split_args(plan: Plan) -> list[str]:
+    """The estimated split in torchtitan's terms (torchtitan/distributed/pipeline_parallel.py
+    _generate_llm_fqn_per_model_part): L + f + l units shared out over the stages, the first
+    (units % stages) one more, f layers fewer on the first stage and l on the last; with layers
+    per stage k the stage count is ceil(units / k), else pp (1F1B)."""
+    split = pipeline_split(plan)
+    stages = len(split.stages)
+    args = [
+        "--parallelism.pipeline_parallel_first_stage_less_layers", str(split.embedding),
+        "--parallelism.pipeline_parallel_last_stage_less_layers", str(split.loss),
+    ]  # fmt: skip
+    if stages > plan.layout.pp:
+        units = sum(split.stages) + split.embedding + split.loss
+        args += ["--parallelism.pipeline_parallel_layers_per_stage", str(-(-units // stages))]
+    return args
+
+
+def _split_problem(plan: Plan) -> str:
+    """Why torchtitan's split options cannot give the estimated split ('' when they can)."""
+    split = pipeline_split(plan)
+    if split.explicit and not split.even:
+        return (
+            "an explicit uneven split (pipeline_layers) needs module_fqns_per_model_part, which "
+            "torchtitan's command line does not take: give pipeline_account_for_embedding/_loss instead"
+        )
+    stages = len(split.stages)
+    units = sum(split.stages) + split.embedding + split.loss
+    if stages > plan.layout.pp and -(-units // -(-units // stages)) != stages:
+        return f"no layers per stage gives {stages} stages of {units} layer units"
+    return ""
 
 
 def _data_parallel(plan: Plan) -> tuple[int, int]:
@@ -148,9 +181,7 @@ def train_args(plan: Plan) -> list[str]:
             "--parallelism.pipeline_parallel_schedule", schedule,
             "--parallelism.pipeline_parallel_microbatch_size", str(lo.micro_batch_size),
         ]  # fmt: skip
-        if lo.virtual_pipeline_stages > 1:
-            per_stage = plan.model.num_layers // (lo.pp * lo.virtual_pipeline_stages)
-            args += ["--parallelism.pipeline_parallel_layers_per_stage", str(per_stage)]
+        args += _split_args(plan)
     else:
         local = lo.micro_batch_size
     args += [

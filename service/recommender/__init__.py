@@ -14,6 +14,7 @@ evaluations, so its answer depends on the request alone. A pure library, like th
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,7 +101,7 @@ class SearchResult:
     def threshold(self, top_k: int) -> tuple[float, ...]:
         """The objective part (first two entries) of the ``top_k``-th best key; needs k held."""
         if self._threshold is None:
-            self._threshold = sorted(h.key for h in self.best.values())[top_k - 1][:2]
+            self._threshold = heapq.nsmallest(top_k, (h.key for h in self.best.values()))[-1][:2]
         return self._threshold
 
     @property
@@ -120,9 +121,9 @@ class SearchResult:
         self.time_evaluations += 1
         return evaluate.step_numbers(job, layout)
 
-    def floor_s(self, job: Job, layout: Layout) -> float:
+    def floor_s(self, job: Job, layout: Layout, most_micro_batches: int) -> float:
         self.time_evaluations += 1
-        return evaluate.floor_s(job, layout)
+        return evaluate.floor_s(job, layout, most_micro_batches)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +287,8 @@ def _dominated(
 
     Step time falls with the micro-batch (GEMM efficiency, fewer collectives) except the pipeline
     bubble, and recompute only adds time: the time of the largest micro-batch without recompute,
-    less its bubble, bounds every member of the family from below.
+    less its bubble, plus the least bubble any member has ((p-1)/(v m) of that time, m the most
+    micro-batches, at the smallest micro-batch), bounds every member of the family from below.
 
     Cheaper first, per (framework, interleaving) of the structure: ``ceilings`` holds the sort key of
     ``evaluate.floor_s``, the part of that bound no sharding changes (DP, offload and optimizer time
@@ -299,8 +301,9 @@ def _dominated(
     if len(result.best) < top_k or not sizes:
         return False
     s, sh, virtual = family
+    most = search.training.global_batch_size // (s.dp * sizes[0])  # micro-batches at the smallest
     if (sh.framework, virtual) not in ceilings:
-        ceilings[sh.framework, virtual] = _ceiling_key(search, job, result, family, sizes[-1])
+        ceilings[sh.framework, virtual] = _ceiling_key(search, job, result, family, sizes[-1], most)
     ceiling = ceilings[sh.framework, virtual]
     if ceiling is None:
         return False
@@ -313,26 +316,34 @@ def _dominated(
         return False
     result.time_evaluations += 1
     bound = evaluate.time_estimate(job, optimistic)
-    best_tokens_per_s = search.training.tokens_per_step / (bound.step_s - bound.breakdown.pp_bubble_s)
+    least_bubble_s = evaluate.floor_s(job, optimistic, most) - evaluate.floor_s(job, optimistic)
+    step_s = bound.step_s - bound.breakdown.pp_bubble_s + least_bubble_s
+    best_tokens_per_s = search.training.tokens_per_step / step_s
     if rank.primary_key(search.constraints.objective, s.gpus, best_tokens_per_s) <= threshold:
         return False
     result.log.add(
         DOMINATED,
         1,
         optimistic,
-        f"at most {best_tokens_per_s:,.0f} tokens/s (micro-batch {sizes[-1]}, no recompute, no bubble)",
+        f"at most {best_tokens_per_s:,.0f} tokens/s (micro-batch {sizes[-1]}, no recompute, least bubble)",
     )
     return True
 
 
 def _ceiling_key(
-    search: _Search, job: Job, result: SearchResult, family: tuple[Structure, Sharding, int], micro_batch: int
+    search: _Search,
+    job: Job,
+    result: SearchResult,
+    family: tuple[Structure, Sharding, int],
+    micro_batch: int,
+    most_micro_batches: int,
 ) -> tuple[float, ...] | None:
     s, sh, virtual = family
     optimistic = make_layout(s, sh, Recompute.NONE, virtual, micro_batch)
     if layout_violation(search.model, job.cluster, optimistic, search.training) is not None:
         return None
-    ceiling = search.training.tokens_per_step / (result.floor_s(job, optimistic) * (1 - _FLOOR_SLACK))
+    floor = result.floor_s(job, optimistic, most_micro_batches)
+    ceiling = search.training.tokens_per_step / (floor * (1 - _FLOOR_SLACK))
     return rank.primary_key(search.constraints.objective, s.gpus, ceiling)
 
 

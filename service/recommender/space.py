@@ -163,7 +163,7 @@ def _structure_violation(
         return "tp_node", (
             f"tp ({layout.tp}) > GPUs per node ({cluster.gpus_per_node}): TP all-reduces would cross nodes"
         )
-    violation = tensor_parallel_violation(model, layout.tp) or pipeline_split_violation(model, layout.pp, 1)
+    violation = tensor_parallel_violation(model, layout.tp) or pipeline_split_violation(model, layout)
     if violation is None and layout.cp > MAX_CP:
         return "cp_seq", f"cp ({layout.cp}) > {MAX_CP}"
     violation = violation or context_violation(layout, training) or batch_split_violation(training, layout)
@@ -263,11 +263,18 @@ def _unsupported_reason(framework: Framework, stage: int, violation: InvalidLayo
 
 
 def virtual_stages(model: ModelSpec, framework: Framework, pp: int) -> tuple[int, ...]:
-    """Interleaving depths to try: 1, and chunkings of each stage's layers where supported."""
+    """Interleaving depths to try: 1, and where the framework interleaves, the depths v whose pp x v
+    virtual stages split the layers evenly, or evenly once the embedding and the loss count as a
+    layer each (Megatron-Core's account-for split): the splits its flags express."""
     if pp == 1 or not FRAMEWORK_CAPABILITIES[framework].interleaved_pipeline:
         return (1,)
-    per_stage = model.num_layers // pp
-    return tuple(v for v in divisors(per_stage) if v <= MAX_VIRTUAL_STAGES)
+    layers = model.num_layers
+    deeper = (
+        v
+        for v in range(2, MAX_VIRTUAL_STAGES + 1)
+        if pp * v <= layers and (layers % (pp * v) == 0 or (layers + 2) % (pp * v) == 0)
+    )
+    return (1, *deeper)
 
 
 def micro_batch_sizes(

@@ -104,7 +104,18 @@ def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestCl
         # (layout change, other body changes, rule, field)
         ({"dp": 4}, {}, "world_size", "layout.dp"),
         ({"dp": 1, "tp": 8}, {"model": {"preset": "gpt2"}}, "heads_tp", "layout.tp"),
-        ({"dp": 1, "pp": 8, "zero_stage": 1}, {"model": {"preset": "gpt2"}}, "pp_layers", "layout.pp"),
+        (
+            {"dp": 1, "pp": 8, "zero_stage": 1, "virtual_pipeline_stages": 2},
+            {"model": {"preset": "gpt2"}},
+            "pp_layers",
+            "layout.pp",
+        ),
+        (
+            {"dp": 4, "pp": 2, "zero_stage": 1, "pipeline_layers": [16, 15]},
+            {},
+            "pipeline_split",
+            "layout.pipeline_layers",
+        ),
         ({"dp": 4, "pp": 2, "zero_stage": 3}, {}, "zero_pp", "layout.zero_stage"),
         ({"zero_stage": 2, "offload_params": "cpu"}, {}, "offload_params", "layout.offload_params"),
         ({"ep": 2}, {}, "ep_moe", "layout.ep"),

@@ -101,8 +101,15 @@ def test_bad_architecture_names_the_field(client: TestClient) -> None:
     assert problem["errors"][0]["field"] == "model.hf_config.model_type"
 
 
-def test_pp_that_does_not_divide_layers_is_422(client: TestClient) -> None:
+def test_pp_that_does_not_divide_layers_splits_unevenly(client: TestClient) -> None:
+    # gpt2's 12 layers on 5 stages: 14 units with the embedding and the loss, 3 3 3 3 2, less one
+    # each at the ends; more stages than 14 units cannot each hold something
+    response = client.post("/v1/models/resolve", json={"model": {"preset": "gpt2"}, "pp": 5})
+    assert response.status_code == 200, response.text
+    parameters = response.json()["parameters"]
+    assert parameters["stage_layers"] == [2, 3, 3, 3, 1]
+    assert len(parameters["per_stage"]) == 5
     problem = assert_problem(
-        client.post("/v1/models/resolve", json={"model": {"preset": "gpt2"}, "pp": 5}), 422
+        client.post("/v1/models/resolve", json={"model": {"preset": "gpt2"}, "pp": 16}), 422
     )
-    assert "12" in problem["detail"] and "5" in problem["detail"]
+    assert "12" in problem["detail"] and "16" in problem["detail"]

@@ -8,19 +8,39 @@ functions of ``memory`` and ``activations``. ``tuning`` defaults to the catalog'
 from __future__ import annotations
 
 from service.catalog.tuning import default_tuning
-from service.estimator import activations, evaluate
+from service.estimator import activations, evaluate, model_states
 from service.estimator import memory as memory_parts
-from service.estimator.job import Job, make_job
-from service.estimator.model_states import ModelStates
+from service.estimator.job import Job, make_job, rank_kind_counts
+from service.estimator.model_states import ModelStates, RankParameters
+from service.estimator.params import parameter_counts
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
     ClusterSpec,
+    GPUSpec,
     Layout,
     MemoryEstimate,
     ModelSpec,
+    PeakFlops,
     TimeEstimate,
     TrainingSpec,
 )
+
+# a cluster and training for the helpers that need a job but read neither
+ONE_GPU = ClusterSpec(
+    gpu=GPUSpec(
+        name="any",
+        memory_bytes=2**30,
+        peak_flops_per_s=PeakFlops(fp32=1e12, bf16=1e12, fp16=1e12),
+        hbm_bandwidth_bytes_per_s=1e12,
+        intra_node_bandwidth_bytes_per_s=1e11,
+        pcie_bandwidth_bytes_per_s=1e10,
+    ),
+    num_nodes=1,
+    gpus_per_node=1,
+    intra_node_bandwidth_bytes_per_s=1e11,
+    inter_node_bandwidth_bytes_per_s=1e10,
+)
+SHORT = TrainingSpec(seq_len=16, global_batch_size=1)
 
 
 def job(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, tuning: Tuning | None = None) -> Job:
@@ -71,6 +91,14 @@ def stage_activation_bytes(
     micro_batches: int,
 ) -> int:
     """Activations pipeline rank ``rank`` holds at its peak with ``micro_batches`` per step."""
-    layer = activations.layer_activations(job(model, cluster, training), layout)
+    j = job(model, cluster, training)
+    layer = activations.layer_activations(j, layout)
     in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches)
-    return activations.stage_activation_bytes(model, layout, layer, rank, in_flight)
+    per_micro = activations.rank_micro_batch_bytes(layer, rank_kind_counts(j, layout)[rank])
+    return activations.stage_activation_bytes(layout, layer, per_micro, rank, in_flight)
+
+
+def rank_parameters(model: ModelSpec, layout: Layout, rank: int) -> RankParameters:
+    """``model_states.rank_parameters`` of pipeline rank ``rank`` under the layout's split."""
+    layers = rank_kind_counts(job(model, ONE_GPU, SHORT), layout)[rank]
+    return model_states.rank_parameters(model, parameter_counts(model), layout, rank, layers)

@@ -25,12 +25,20 @@ import pytest
 from service.catalog.gpus import gpu
 from service.catalog.models import model, models
 from service.catalog.tuning import default_tuning
-from service.estimator import activations, evaluate, flops, step_time
+from service.estimator import activations, evaluate, flops, pipeline, step_time
 from service.estimator import job as job_module
 from service.estimator import memory as memory_parts
 from service.estimator.calibration import Calibration, calibrated_time
 from service.estimator.estimate import estimate, estimate_valid
-from service.estimator.job import MEMOISED_PARTS, Job, MemoisedPart, layout_memo, make_job, prepare
+from service.estimator.job import (
+    MEMOISED_PARTS,
+    Job,
+    MemoisedPart,
+    layout_memo,
+    make_job,
+    prepare,
+    rank_kind_counts,
+)
 from service.estimator.params import is_moe_layer, layer_parameters, stage_parameter_counts
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
@@ -135,6 +143,13 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
     ep = 1
     if spec.moe is not None:
         ep = rng.choice([e for e in (1, 2, 4, 8) if (dp * cp) % e == 0])
+    virtual = rng.choice((1, 2)) if pp > 1 else 1
+    split, account = None, (False, False)
+    if pp > 1 and rng.random() < 0.3:  # an explicit uneven split: every stage >= 1 layer
+        cuts = sorted(rng.sample(range(1, spec.num_layers), pp * virtual - 1))
+        split = tuple(b - a for a, b in zip((0, *cuts), (*cuts, spec.num_layers), strict=True))
+    elif pp > 1 and rng.random() < 0.4:
+        account = (rng.random() < 0.7, rng.random() < 0.7)
     return Layout(
         framework=framework,
         dp=dp,
@@ -148,7 +163,10 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
         offload_params=offload_params,
         recompute=rng.choice(list(Recompute)),
         micro_batch_size=micro,
-        virtual_pipeline_stages=rng.choice((1, 2)) if pp > 1 else 1,
+        virtual_pipeline_stages=virtual,
+        pipeline_layers=split,
+        pipeline_account_for_embedding=account[0],
+        pipeline_account_for_loss=account[1],
         gradient_accumulation_steps=steps,
         activation_offload=rng.random() < 0.3,
         optimizer_in_backward=in_backward,
@@ -229,11 +247,15 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "fsdp_hybrid_shard": {False, True},
     "tp_comm_overlap": {False, True},
     "overlap_grad_reduce": {None, False, True},
+    "pipeline_account_for_embedding": {False, True},
+    "pipeline_account_for_loss": {False, True},
 }
+# explicit splits are too many to list: the grid reaches None and at least this many distinct ones
+EXPLICIT_SPLITS = 20
 
 
 def test_the_grid_reaches_every_field_value() -> None:
-    assert set(GRID_COVERAGE) == LAYOUT_FIELDS
+    assert set(GRID_COVERAGE) | {"pipeline_layers"} == LAYOUT_FIELDS
     seen: dict[str, set[Any]] = {name: set() for name in LAYOUT_FIELDS}
     for (spec, c, training, _), layouts in grid():
         assert len(layouts) == GRID_LAYOUTS_PER_CLUSTER, (spec.name, training, c.world_size)
@@ -242,6 +264,7 @@ def test_the_grid_reaches_every_field_value() -> None:
                 seen[name].add(getattr(layout, name))
     for name, wanted in GRID_COVERAGE.items():
         assert wanted <= seen[name], (name, wanted - seen[name])
+    assert None in seen["pipeline_layers"] and len(seen["pipeline_layers"]) > EXPLICIT_SPLITS
 
 
 # ---------------------------------------------------------------- recording what a part reads
@@ -388,7 +411,11 @@ def test_the_check_reports_a_part_whose_key_misses_a_field(monkeypatch: pytest.M
     inputs = (SPARSE_MOE, cluster(1), BASE, default_tuning())
     layout = Layout(dp=4, tp=2, ep=2)
     found = {name.rsplit(".", 1)[1]: unkeyed_reads(entry, inputs, layout) for name, entry in mine.items()}
-    assert found == {"pipeline_depth": {"pp"}, "parameters_per_gpu": {"pp", "ep"}, "gpus": {"pp", "cp"}}
+    split = {"pp", "virtual_pipeline_stages", "pipeline_layers"} | {
+        "pipeline_account_for_embedding",
+        "pipeline_account_for_loss",
+    }
+    assert found == {"pipeline_depth": {"pp"}, "parameters_per_gpu": split | {"ep"}, "gpus": {"pp", "cp"}}
     # the memo really is wrong there: a hit from another pp returns the first one's value
     shared = make_job(*inputs)
     assert pipeline_depth(shared, layout) == 2
@@ -573,7 +600,7 @@ def test_memo_hits_equal_fresh_jobs(name: str, training: TrainingSpec, which: st
             fresh = make_job(spec, c, training, tuning)
             assert evaluate.memory_estimate(shared, single) == evaluate.memory_estimate(fresh, single), single
     # the shared job answered layouts from its memos
-    assert 0 < len(shared.memos[step_time.gpu_parameters]) < len(layouts) / 10
+    assert 0 < len(shared.memos[step_time.group_links]) < len(layouts) / 10
     stage_memos = [
         len(shared.memos[part]) for part in (memory_parts.stage_states, memory_parts.stage_activations)
     ]
@@ -586,7 +613,8 @@ def test_the_shared_job_check_catches_a_short_key(monkeypatch: pytest.MonkeyPatc
     # layouts vary SP at a fixed (tp, pp), so a shared job returns another layout's stored bytes.
     monkeypatch.setattr(job_module, "MEMOISED_PARTS", list(MEMOISED_PARTS))
     (stored,) = [entry for entry in MEMOISED_PARTS if entry.name == "stage_stored_bytes"]
-    monkeypatch.setattr(step_time, "stage_stored_bytes", layout_memo("tp", "pp")(stored.formula))
+    short_key = layout_memo("tp", *pipeline.PIPELINE_FIELDS)  # sequence_parallel left out
+    monkeypatch.setattr(step_time, "stage_stored_bytes", short_key(stored.formula))
     spec, c, tuning = spec_of("llama-3-8b"), cluster(2, host_limits=True), default_tuning()
     shared = make_job(spec, c, BASE, tuning)
     wrong = [
@@ -655,9 +683,10 @@ def test_estimate_is_evaluate_on_the_prepared_job(name: str, training: TrainingS
 # ---------------------------------------------------------------- layers by kind
 
 
-def _stage_layers(spec: ModelSpec, pp: int) -> Iterator[tuple[int, range]]:
-    for stage in range(pp):
-        yield stage, step_time.layers_of_stage(spec.num_layers, pp, stage)
+def _stage_layers(spec: ModelSpec, layout: Layout) -> Iterator[tuple[int, list[int]]]:
+    # each pipeline rank's layer indices, its virtual stages together
+    for rank, chunks in enumerate(pipeline.rank_layer_ranges(spec.num_layers, layout)):
+        yield rank, [i for chunk in chunks for i in chunk]
 
 
 @pytest.mark.parametrize("name", [*sorted(models()), SPARSE_MOE.name])
@@ -676,32 +705,34 @@ def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
         per_kind.setdefault(kind, set()).add(layer_parameters(spec, i))
     assert all(len(values) == 1 for values in per_kind.values())
     experts = job.counts.experts_per_moe_layer
-    for pp in (p for p in (1, 2, 4, 8) if spec.num_layers % p == 0):
+    for pp in (1, 2, 3, 4, 8):  # even splits, and uneven ones (3, or layers not divisible)
         staged = dataclasses.replace(layout, pp=pp)
         logits = flops.logits_training_flops(spec, training)
         by_layer = [
             sum(flops.layer_training_flops(spec, kinds[i], training) for i in layers)
             + (logits if s == pp - 1 else 0)
-            for s, layers in _stage_layers(spec, pp)
+            for s, layers in _stage_layers(spec, staged)
         ]
-        assert step_time.stage_flops_per_token(job, pp) == tuple(by_layer)
-        for recompute, (s, layers) in itertools.product(Recompute, _stage_layers(spec, pp)):
-            assert step_time.stage_recompute_flops(job, pp, s, recompute) == sum(
-                flops.layer_recompute_flops(spec, kinds[i], training, recompute) for i in layers
-            )
+        assert step_time.stage_flops_per_token(job, staged) == tuple(by_layer)
+        counts = rank_kind_counts(job, staged)
+        for recompute, (s, layers) in itertools.product(Recompute, _stage_layers(spec, staged)):
+            assert sum(
+                count * step_time.kind_recompute_flops(job, kind, recompute) for kind, count in counts[s]
+            ) == sum(flops.layer_recompute_flops(spec, kinds[i], training, recompute) for i in layers)
         stored = [
             sum(step_time.layer_stored_bytes(spec, staged, training, kinds[i]) for i in layers)
-            for _, layers in _stage_layers(spec, pp)
+            for _, layers in _stage_layers(spec, staged)
         ]
         assert step_time.stage_stored_bytes(job, staged) == pytest.approx(tuple(stored), rel=1e-12)
         on_gpu = [
             step_time.stage_gpu_parameters(params, experts * sum(kinds[i] for i in layers), staged)
             for params, (_, layers) in zip(
-                stage_parameter_counts(spec, pp), _stage_layers(spec, pp), strict=True
+                stage_parameter_counts(spec, staged), _stage_layers(spec, staged), strict=True
             )
         ]
         assert step_time.gpu_parameters(job, staged) == max(on_gpu)
     for recompute in Recompute:
         saved = sum(activations.layer_bytes(spec, layout, training, kind, recompute) for kind in kinds)
-        mean = activations.mean_layer_bytes(job, activations.kind_layer_bytes(job, layout, recompute))
-        assert mean * spec.num_layers == pytest.approx(saved, rel=1e-12)
+        layer = activations.layer_activations(job, dataclasses.replace(layout, recompute=recompute))
+        whole = activations.rank_micro_batch_bytes(layer, rank_kind_counts(job, layout)[0])
+        assert whole == pytest.approx(saved, rel=1e-12)

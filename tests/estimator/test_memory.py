@@ -18,10 +18,8 @@ from service.estimator.model_states import (
     deepspeed_buckets,
     lora_parameters,
     moment_bytes,
-    rank_parameters,
     state_bytes,
 )
-from service.estimator.params import parameter_counts
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -40,7 +38,7 @@ from service.estimator.types import (
     Recompute,
     TrainingSpec,
 )
-from tests.estimator.helpers import fits, job, memory, stage_activation_bytes, states
+from tests.estimator.helpers import fits, job, memory, rank_parameters, stage_activation_bytes, states
 
 GB = 10**9
 ASSUME = default_tuning().memory
@@ -171,9 +169,8 @@ def test_optimizer_moments() -> None:
 
 
 def test_rank_parameters_split_tp_and_pp() -> None:
-    counts = parameter_counts(TINY)
     lay = Layout(tp=2, pp=2)
-    first, last = rank_parameters(TINY, counts, lay, 0), rank_parameters(TINY, counts, lay, 1)
+    first, last = rank_parameters(TINY, lay, 0), rank_parameters(TINY, lay, 1)
     # One layer per stage: (256 + 384) / 2 = 320 sharded + 16 replicated norms.
     # First: + embedding 256/2 = 128 -> 464. Last: + final norm 8 + lm_head 256/2 = 128 -> 472.
     assert (first.dense, last.dense) == (464, 472)
@@ -182,7 +179,7 @@ def test_rank_parameters_split_tp_and_pp() -> None:
 def test_lora_parameter_count() -> None:
     lora = dataclasses.replace(TRAIN, method=Method.LORA, lora_rank=2, lora_targets=("q_proj", "v_proj"))
     # r x (d_in + d_out) = 2 x (8 + 8) per target, 2 targets, 2 layers = 128.
-    assert lora_parameters(TINY, lora, Layout()) == 128
+    assert lora_parameters(TINY, lora, Layout(), rank_parameters(TINY, Layout(), 0)) == 128
 
 
 def test_lora_freezes_the_base_without_gradients() -> None:
@@ -448,9 +445,8 @@ def test_moe_experts_shard_by_ep() -> None:
         name="moe", family="mixtral", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4,
         ffn_hidden_size=128, vocab_size=256, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=128),
     )  # fmt: skip
-    counts = parameter_counts(moe)
-    one = rank_parameters(moe, counts, Layout(dp=4), 0)
-    four = rank_parameters(moe, counts, Layout(dp=4, ep=4), 0)
+    one = rank_parameters(moe, Layout(dp=4), 0)
+    four = rank_parameters(moe, Layout(dp=4, ep=4), 0)
     # 8 experts x 3 x 64 x 128 = 196608 per layer, 2 layers; ep 4 keeps a quarter.
     assert (one.expert, four.expert) == (2 * 196608, 2 * 196608 / 4)
 

@@ -7,6 +7,7 @@ from fractions import Fraction
 import pytest
 
 from service.catalog.models import model
+from service.estimator import pipeline
 from service.estimator.errors import InvalidLayout, InvalidModel
 from service.estimator.hf_config import model_from_hf_config
 from service.estimator.params import (
@@ -17,7 +18,7 @@ from service.estimator.params import (
     parameter_counts,
     stage_parameter_counts,
 )
-from service.estimator.types import MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding
+from service.estimator.types import Layout, MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding
 
 
 def tiny_llama(**overrides: object) -> ModelSpec:
@@ -196,7 +197,7 @@ def test_largest_module_is_the_embedding_for_dense_llama() -> None:
 
 def test_stages_sum_to_total_when_untied() -> None:
     m = model("llama-2-7b").spec
-    stages = stage_parameter_counts(m, 4)
+    stages = stage_parameter_counts(m, Layout(pp=4))
     counts = parameter_counts(m)
     assert sum(stages) == counts.total
     per_layer = layer_parameters(m, 0)
@@ -209,8 +210,8 @@ def test_tied_last_stage_holds_an_embedding_copy() -> None:
     # Megatron keeps a copy of the word embedding on the last stage for the output layer.
     m = model("gpt2").spec
     total = parameter_counts(m).total
-    assert stage_parameter_counts(m, 1) == (total,)
-    stages = stage_parameter_counts(m, 3)
+    assert stage_parameter_counts(m, Layout()) == (total,)
+    stages = stage_parameter_counts(m, Layout(pp=3))
     assert sum(stages) == total + 50257 * 768
     # first stage: token + position embeddings; last: 4 layers + ln_f + the copy
     assert stages[0] - stages[1] == 50257 * 768 + 1024 * 768
@@ -219,20 +220,48 @@ def test_tied_last_stage_holds_an_embedding_copy() -> None:
 def test_stage_counts_follow_moe_placement() -> None:
     moe = MoESpec(num_experts=4, top_k=1, expert_ffn_hidden_size=6, layer_frequency=2)
     m = tiny_llama(num_layers=4, moe=moe)
-    stages = stage_parameter_counts(m, 2)
+    stages = stage_parameter_counts(m, Layout(pp=2))
     assert sum(stages) == parameter_counts(m).total
     assert stages[0] - 80 == layer_parameters(m, 0) + layer_parameters(m, 1)
 
 
-@pytest.mark.parametrize("pp", [3, 5, 64])
-def test_stage_counts_reject_uneven_split(pp: int) -> None:
-    with pytest.raises(InvalidLayout, match=rf"num_layers \(32\) is not divisible by pp \({pp}\)"):
-        stage_parameter_counts(model("llama-2-7b").spec, pp)
+@pytest.mark.parametrize(
+    ("pp", "split"),
+    [
+        (3, (11, 11, 10)),  # 34 units = 12 + 11 + 11, less the embedding and the loss
+        (5, (6, 7, 7, 7, 5)),  # 34 = 7 + 7 + 7 + 7 + 6
+        (6, (5, 6, 6, 6, 5, 4)),  # 34 = 6 x 4 + 5 x 2, the remainder to the first stages
+    ],
+)
+def test_stages_that_do_not_divide_the_layers_count_the_embedding_and_loss_as_layers(
+    pp: int, split: tuple[int, ...]
+) -> None:
+    # torchtitan's split (pipeline_module_split): L + 2 units, the first (L + 2) % S stages one more,
+    # then the first stage gives one back to the embedding and the last to the loss
+    m = model("llama-2-7b").spec
+    layout = Layout(pp=pp)
+    assert pipeline.stage_layers(m.num_layers, layout) == split
+    stages = stage_parameter_counts(m, layout)
+    assert sum(stages) == parameter_counts(m).total
+    per_layer = layer_parameters(m, 0)
+    assert stages[1] == split[1] * per_layer
+
+
+def test_published_uneven_splits() -> None:
+    # Llama 3 (arXiv:2407.21783 §3.3.2): 126 layers on 16 stages, one fewer on the first and the
+    # last; BLOOM (tr11, partition 'type:transformer|embedding'): 70 layers on 12 stages.
+    assert pipeline.stage_layers(126, Layout(pp=16)) == (7, *(8,) * 14, 7)
+    assert pipeline.stage_layers(70, Layout(pp=12)) == (5, *(6,) * 10, 5)
+    # an even split stays even unless the flags ask for Megatron's account-for split
+    assert pipeline.stage_layers(32, Layout(pp=4)) == (8, 8, 8, 8)
+    flags = Layout(pp=4, pipeline_account_for_embedding=True, pipeline_account_for_loss=True)
+    assert pipeline.stage_layers(32, flags) == (8, 9, 8, 7)
+    assert pipeline.describe(126, Layout(pp=16)) == "7, 8 x 14, 7"
 
 
 def test_stage_counts_reject_non_positive_pp() -> None:
     with pytest.raises(InvalidLayout):
-        stage_parameter_counts(tiny_llama(), 0)
+        stage_parameter_counts(tiny_llama(), Layout(pp=0))
 
 
 # ---------------------------------------------------------------- resolving hf configs

@@ -379,7 +379,7 @@ def test_gpu_parameters_count_the_moe_layers_of_the_most_loaded_stage() -> None:
     counts = parameter_counts(moe)
     assert counts.moe_layers == 3
     experts = counts.experts_per_moe_layer
-    stage0, stage1 = stage_parameter_counts(moe, 2)
+    stage0, stage1 = stage_parameter_counts(moe, Layout(pp=2))
     assert stage0 > stage1
     expected = max((stage0 - experts) + experts / 4, (stage1 - 2 * experts) + 2 * experts / 4)
     assert expected == (stage0 - experts) + experts / 4
@@ -389,7 +389,7 @@ def test_gpu_parameters_count_the_moe_layers_of_the_most_loaded_stage() -> None:
     every = dataclasses.replace(moe, moe=dataclasses.replace(moe.moe, layer_frequency=1))
     all_counts = parameter_counts(every)
     per_layer = all_counts.experts_per_moe_layer
-    top = max(stage_parameter_counts(every, 2))
+    top = max(stage_parameter_counts(every, Layout(pp=2)))
     assert on_gpu(every, Layout(dp=4, pp=2, ep=4)) == (top - 3 * per_layer) + 3 * per_layer / 4
 
 

@@ -144,16 +144,37 @@ def test_heads_and_kv_heads_divide_tp() -> None:
     assert err.value.rule == "heads_tp"
 
 
-def test_layers_divide_pp_and_virtual_stages() -> None:
-    with pytest.raises(InvalidLayout) as err:
-        check(Layout(framework=Framework.FSDP, dp=1, pp=16), model=dataclasses.replace(MODEL, num_layers=24))
-    assert err.value.rule == "pp_layers"
-    with pytest.raises(InvalidLayout) as err:
+def test_every_pipeline_stage_holds_layers() -> None:
+    # 24 layers on 16 stages split unevenly (26 units: 2, 2, ... 1 after the embedding and loss)
+    check(Layout(framework=Framework.FSDP, dp=1, pp=16), model=dataclasses.replace(MODEL, num_layers=24))
+    with pytest.raises(InvalidLayout) as err:  # 12 layers (+ 2) cannot cover 16 stages
+        check(Layout(framework=Framework.FSDP, dp=1, pp=16), model=dataclasses.replace(MODEL, num_layers=12))
+    assert (err.value.rule, err.value.field) == ("pp_layers", "pp")
+    # interleaving splits the layers over pp x v virtual stages: 30 over 8 is uneven, and allowed
+    check(
+        Layout(framework=Framework.MEGATRON, dp=8, pp=2, virtual_pipeline_stages=4),
+        model=dataclasses.replace(MODEL, num_layers=30),
+    )
+    with pytest.raises(InvalidLayout) as err:  # an explicit split must cover every layer
+        check(Layout(framework=Framework.FSDP, dp=8, pp=2, pipeline_layers=(20, 11)))
+    assert (err.value.rule, err.value.field) == ("pipeline_split", "pipeline_layers")
+    with pytest.raises(InvalidLayout) as err:  # and give one count per virtual stage
         check(
-            Layout(framework=Framework.MEGATRON, dp=8, pp=2, virtual_pipeline_stages=4),
-            model=dataclasses.replace(MODEL, num_layers=30),  # 30 % 2 == 0, 30 % 8 != 0
+            Layout(
+                framework=Framework.MEGATRON, dp=8, pp=2, virtual_pipeline_stages=2, pipeline_layers=(16, 16)
+            )
         )
-    assert (err.value.rule, err.value.field) == ("pp_layers", "virtual_pipeline_stages")
+    assert (err.value.rule, err.value.field) == ("pipeline_split", "pipeline_layers")
+    with pytest.raises(InvalidLayout) as err:  # the flags only shape a derived split
+        check(
+            Layout(
+                framework=Framework.FSDP, dp=8, pp=2, pipeline_layers=(15, 17), pipeline_account_for_loss=True
+            )
+        )
+    assert err.value.rule == "pipeline_split"
+    with pytest.raises(InvalidLayout) as err:  # a middle rank with no layer is pointless
+        check(Layout(framework=Framework.FSDP, dp=4, pp=4, pipeline_layers=(16, 0, 8, 8)))
+    assert err.value.rule == "pp_layers"
     with pytest.raises(InvalidLayout) as err:  # interleaving needs micro-batches % pp == 0
         check(
             Layout(framework=Framework.MEGATRON, dp=4, pp=4, virtual_pipeline_stages=2, micro_batch_size=2),

@@ -71,10 +71,12 @@ MEGATRON_SWITCHES = {
     "--use-precision-aware-optimizer",
     "--bf16", "--fp16", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--mock-data",
+    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
 }  # fmt: skip
 MEGATRON_VALUED = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank", "--pipeline-model-parallel-layout",
     "--optimizer-offload-fraction", "--micro-batch-size", "--global-batch-size", "--train-iters",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--fp8-format",
     "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--num-layers", "--hidden-size",
@@ -155,6 +157,39 @@ def megatron_flags(words: list[str]) -> dict[str, str | None]:
     return flags
 
 
+def megatron_split(f: dict[str, str | None], layers: int, pp: int) -> list[int]:
+    """Decoder layers per pipeline rank as Megatron-Core builds them (transformer_block.py
+    get_num_layers_to_build), after the checks arguments.py and TransformerConfig make."""
+    vpp_flags = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank")
+    assert sum(flag in f for flag in (*vpp_flags, "--pipeline-model-parallel-layout")) <= 1
+    embedding = int("--account-for-embedding-in-pipeline-split" in f)
+    loss = int("--account-for-loss-in-pipeline-split" in f)
+    if "--pipeline-model-parallel-layout" in f:
+        assert not (embedding or loss), "the layout excludes the account-for flags"
+        text = str(f["--pipeline-model-parallel-layout"])
+        text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text.replace(",", ""))
+        stages = text.split("|")
+        assert len(stages) % pp == 0 and text.startswith("E") and text.endswith("L")
+        assert text.count("E") == 1 and text.count("L") == 1 and set(text) <= {"E", "t", "L", "|"}
+        return [sum(stage.count("t") for stage in stages[rank::pp]) for rank in range(pp)]
+    units = layers + embedding + loss
+    assert units % pp == 0, "Number of layers should be divisible by the pipeline-model-parallel size"
+    vpp = 1
+    if "--num-layers-per-virtual-pipeline-stage" in f:
+        assert not (embedding or loss) and pp > 1
+        k = int(str(f["--num-layers-per-virtual-pipeline-stage"]))
+        assert (units // pp) % k == 0
+        vpp = units // pp // k
+        assert vpp > 1
+    if "--num-virtual-stages-per-pipeline-rank" in f:
+        vpp = int(str(f["--num-virtual-stages-per-pipeline-rank"]))
+        assert pp > 1 and vpp > 1 and (units // pp) % vpp == 0
+    per_rank = [units // pp] * pp
+    per_rank[0] -= embedding
+    per_rank[-1] -= loss
+    return per_rank
+
+
 def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
     """The rules megatron/training/arguments.py validate_args and TransformerConfig enforce."""
     f = megatron_flags(words)
@@ -174,10 +209,8 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
     mbs, gbs = num("--micro-batch-size"), num("--global-batch-size")
     assert gbs % (mbs * dp) == 0 and gbs // (mbs * dp) >= 1
     layers, heads = num("--num-layers"), num("--num-attention-heads")
-    assert layers % pp == 0
-    if "--num-layers-per-virtual-pipeline-stage" in f:
-        k = num("--num-layers-per-virtual-pipeline-stage")
-        assert pp > 1 and (layers // pp) % k == 0 and (layers // pp) // k > 1
+    per_rank = megatron_split(f, layers, pp)
+    assert sum(per_rank) == layers
     assert heads % tp == 0
     groups = num("--num-query-groups") if "--group-query-attention" in f else heads
     assert groups % tp == 0 or tp % groups == 0
@@ -197,7 +230,7 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
     assert granularity in (None, "full", "selective")
     if granularity == "full":
         assert f.get("--recompute-method") in ("uniform", "block")
-        assert 1 <= num("--recompute-num-layers") <= layers // pp
+        assert 1 <= num("--recompute-num-layers") <= max(per_rank)
     else:
         assert "--recompute-method" not in f and "--recompute-num-layers" not in f
     if "--overlap-param-gather" in f:

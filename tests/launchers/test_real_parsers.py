@@ -14,8 +14,10 @@ from unittest import mock
 
 import pytest
 
+from service.estimator import pipeline
 from service.estimator.types import Framework, Plan
 from service.launchers import Artifact, Target, Unsupported, accelerate, deepspeed, hf_trainer, torchtitan
+from tests.launchers import factories
 from tests.launchers.grid import grid
 
 GRID = grid()
@@ -192,5 +194,37 @@ def test_torchtitan_config_manager_and_parallel_dims() -> None:
         if par.pipeline_parallel_degree > 1:
             assert training.disable_cuda_graphs
             assert training.local_batch_size % par.pipeline_parallel_microbatch_size == 0
+            assert torchtitan_split(par, plan.model.num_layers) == pipeline.stage_layers(
+                plan.model.num_layers, plan.layout
+            ), name
         count += 1
     assert count > 5
+
+
+def torchtitan_split(par: Any, num_layers: int) -> tuple[int, ...]:
+    """The layers of each stage torchtitan builds from these options (its own split function)."""
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    first, last = par.pipeline_parallel_first_stage_less_layers, par.pipeline_parallel_last_stage_less_layers
+    per_stage = par.pipeline_parallel_layers_per_stage
+    stages = -(-(num_layers + first + last) // per_stage) if per_stage else par.pipeline_parallel_degree
+    parts = _generate_llm_fqn_per_model_part(stages, num_layers, first, last)
+    return tuple(sum(name.startswith("layers.") for name in part) for part in parts)
+
+
+def test_torchtitan_builds_the_estimated_uneven_split() -> None:
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("tyro")
+    from torchtitan.config.manager import ConfigManager
+
+    for pp, flags in ((4, (True, True)), (4, (True, False)), (2, (False, True))):
+        plan = factories.plan(
+            model=factories.llama3_8b(),
+            framework=Framework.FSDP,
+            zero_stage=3,
+            pp=pp,
+            pipeline_account_for_embedding=flags[0],
+            pipeline_account_for_loss=flags[1],
+        )
+        par = ConfigManager().parse_args(torchtitan.train_args(plan)).parallelism
+        assert torchtitan_split(par, 32) == pipeline.stage_layers(32, plan.layout)

@@ -10,6 +10,7 @@ import pytest
 from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import Framework, Offload, Recompute
 from service.launchers import Target, Unsupported, accelerate, deepspeed, megatron, render, torchtitan
+from tests.launchers import checks
 from tests.launchers.factories import llama3_8b, plan, small_llama
 
 
@@ -66,11 +67,40 @@ def test_megatron_full_recompute_names_method_and_layers() -> None:
     ]
 
 
-def test_megatron_refuses_uneven_pipeline() -> None:
-    with pytest.raises(Unsupported, match="num_layers"):
-        megatron.megatron_args(
-            plan(model=replace(small_llama(), num_layers=18), framework=Framework.MEGATRON, pp=4)
-        )
+def test_megatron_renders_the_estimated_uneven_split() -> None:
+    # 18 layers on pp 4: 20 units (embedding and loss as a layer each) 5 per rank -> 4, 5, 5, 4, which
+    # Megatron-Core's account-for flags build; an explicit split goes into a layout string
+    derived = plan(model=replace(small_llama(), num_layers=18), framework=Framework.MEGATRON, pp=4)
+    args = megatron.megatron_args(derived)
+    assert (
+        "--account-for-embedding-in-pipeline-split" in args and "--account-for-loss-in-pipeline-split" in args
+    )
+    assert checks.megatron_split(checks.megatron_flags(args), 18, 4) == [4, 5, 5, 4]
+    explicit = replace(derived, layout=replace(derived.layout, pipeline_layers=(3, 6, 6, 3)))
+    args = megatron.megatron_args(explicit)
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*3|t*6|t*6|t*3L"
+    assert checks.megatron_split(checks.megatron_flags(args), 18, 4) == [3, 6, 6, 3]
+
+
+def test_every_target_renders_the_estimated_split_or_says_why() -> None:
+    # Llama-3-8B's 32 layers on pp 4 with the embedding and loss counted (8, 9, 8, 7): torchtitan's
+    # first/last-stage-less-layers give it, DeepSpeed's 'uniform' partition over [embedding, layers,
+    # head] gives 18 layers' 4, 5, 5, 4; an explicit odd split only Megatron renders
+    accounted = {"pipeline_account_for_embedding": True, "pipeline_account_for_loss": True}
+    derived = plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3, pp=4, **accounted)
+    args = torchtitan.train_args(derived)
+    assert args[args.index("--parallelism.pipeline_parallel_first_stage_less_layers") + 1] == "1"
+    assert args[args.index("--parallelism.pipeline_parallel_last_stage_less_layers") + 1] == "1"
+    explicit = replace(derived.layout, pipeline_layers=(6, 10, 10, 6), **dict.fromkeys(accounted, False))
+    with pytest.raises(Unsupported, match="module_fqns_per_model_part"):
+        torchtitan.train_args(replace(derived, layout=explicit))
+    even = plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3, pp=2)
+    args = torchtitan.train_args(even)  # an even split: nothing counted for the embedding or loss
+    assert args[args.index("--parallelism.pipeline_parallel_first_stage_less_layers") + 1] == "0"
+    ds = plan(model=replace(small_llama(), num_layers=18), framework=Framework.DEEPSPEED, zero_stage=1, pp=4)
+    assert deepspeed.ds_config(ds)["pipeline"] == {"stages": 4, "partition": "uniform"}
+    with pytest.raises(Unsupported, match="PipelineModule"):
+        deepspeed.ds_config(replace(ds, layout=replace(ds.layout, pipeline_layers=(3, 6, 6, 3))))
 
 
 def test_torchtitan_pipeline_batch_accounting() -> None:

@@ -208,3 +208,59 @@ def test_korthikanti_table4_ranking() -> None:
     ]
     ours = sorted(measured, key=lambda cfg: korthikanti_layer_time_s(*cfg))
     assert ours == measured
+
+
+def _nodes_of_8(name: str, nodes: int, inter_bytes_per_s: float) -> ClusterSpec:
+    g = gpu(name)
+    return ClusterSpec(
+        gpu=g,
+        num_nodes=nodes,
+        gpus_per_node=8,
+        intra_node_bandwidth_bytes_per_s=g.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=inter_bytes_per_s,
+    )
+
+
+def test_published_uneven_pipelines_estimate() -> None:
+    # BLOOM-176B trained 70 layers on PP12 (TP4 PP12 DP8 on 48 nodes of A100-80GB, bigscience tr11;
+    # stages 5, 6 x 10, 5); Llama-3.1-405B 126 layers on PP16 (TP8 CP1 PP16 DP128, Llama 3 Table 4;
+    # stages 7, 8 x 14, 7). Both used to be refused (num_layers % pp != 0).
+    from service.catalog.models import model
+
+    bloom = estimate(
+        model("bloom-176b").spec,
+        _nodes_of_8("a100-sxm-80gb", 48, 12.5e9),
+        Layout(
+            framework=Framework.MEGATRON,
+            dp=8,
+            tp=4,
+            pp=12,
+            sequence_parallel=True,
+            zero_stage=1,
+            recompute=Recompute.FULL,
+            micro_batch_size=2,
+        ),
+        TrainingSpec(seq_len=2048, global_batch_size=2048),
+        tuning=default_tuning(),
+    )
+    assert bloom.fits and bloom.time is not None
+    assert any("layers per stage 5, 6 x 10, 5" in note for note in bloom.assumptions)
+    meta = estimate(
+        model("llama-3.1-405b").spec,
+        _nodes_of_8("h100-sxm-80gb", 2048, 50e9),
+        Layout(
+            framework=Framework.MEGATRON,
+            dp=128,
+            tp=8,
+            pp=16,
+            sequence_parallel=True,
+            zero_stage=1,
+            recompute=Recompute.FULL,
+            virtual_pipeline_stages=8,
+        ),
+        TrainingSpec(seq_len=8192, global_batch_size=2048),
+        tuning=default_tuning(),
+    )
+    assert meta.fits and meta.time is not None
+    # 128 virtual stages: the first holds only the embedding, the last only the loss
+    assert any("layers per stage 0, 1 x 126, 0" in note for note in meta.assumptions)

@@ -16,7 +16,7 @@ import pytest
 from service.catalog.models import models
 from service.estimator.hf_config import model_from_hf_config
 from service.estimator.params import layer_parameters, parameter_counts, stage_parameter_counts
-from service.estimator.types import ModelSpec
+from service.estimator.types import Layout, ModelSpec
 
 DATA = Path(__file__).resolve().parents[2] / "validation" / "data" / "param_counts.json"
 
@@ -63,4 +63,4 @@ def test_stage_counts_from_measured_pieces(case: dict[str, Any]) -> None:
         expected[-1] += case["measured_final_norm"] + case["measured_output"]
         if spec.tied_embeddings and pp > 1:
             expected[-1] += spec.vocab_size * spec.hidden_size  # the output layer's embedding copy
-        assert stage_parameter_counts(spec, pp) == tuple(expected)
+        assert stage_parameter_counts(spec, Layout(pp=pp)) == tuple(expected)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -34,9 +34,26 @@ class LayoutIn(Strict):
     fsdp_hybrid_shard: bool = False
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool | None = Field(default=None, description="default: the framework's")
+    pipeline_layers: list[Annotated[int, Field(ge=0, le=100_000)]] | None = Field(
+        default=None,
+        max_length=4096,
+        description="decoder layers of each of the pp x virtual_pipeline_stages stages, in model order "
+        "(virtual stage k runs on pipeline rank k % pp); default: an even split, or, when the stages do "
+        "not divide the layers, one where the embedding and the loss count as a layer each",
+    )
+    pipeline_account_for_embedding: bool = Field(
+        default=False,
+        description="the embedding counts as a layer in the derived split (Megatron-Core's flag)",
+    )
+    pipeline_account_for_loss: bool = Field(
+        default=False, description="the output layer and loss count as a layer in the derived split"
+    )
 
     def to_domain(self) -> Layout:
-        return Layout(**self.model_dump())
+        fields = self.model_dump()
+        if self.pipeline_layers is not None:
+            fields["pipeline_layers"] = tuple(self.pipeline_layers)
+        return Layout(**fields)
 
 
 class EstimateRequest(Strict):

@@ -112,7 +112,11 @@ class ModelRef(Strict):
 class ResolveRequest(Strict):
     model: ModelRef
     pp: int = Field(
-        default=1, ge=1, le=1024, description="also split the count over this many pipeline stages"
+        default=1,
+        ge=1,
+        le=1024,
+        description="also split the count over this many pipeline stages (evenly, or with the embedding "
+        "and the loss counting as a layer each when the stages do not divide the layers)",
     )
 
 
@@ -133,6 +137,7 @@ class ParametersOut(BaseModel):
     active_per_token: int
     largest_module: int
     per_stage: list[int]
+    stage_layers: list[int] = Field(description="decoder layers of each pipeline stage")
 
 
 class ResolvedModel(BaseModel):
