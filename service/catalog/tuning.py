@@ -54,6 +54,7 @@ def parse_tuning(data: dict[str, Any]) -> Tuning:
         inter_node_bus_efficiency=float(links["inter_node_bus_efficiency"]),
         intra_node_latency_s=float(links["intra_node_latency_s"]),
         inter_node_latency_s=float(links["inter_node_latency_s"]),
+        collective_base_latency_s=float(links["collective_base_latency_s"]),
         dp_overlap_by_framework=tuple((Framework(k), bool(v)) for k, v in overlap["dp_by_framework"].items()),
         dp_overlap_max_hidden_fraction=float(overlap["dp_max_hidden_fraction"]),
         tp_overlap_hidden_fraction=float(overlap["tp_hidden_fraction"]),

@@ -16,6 +16,7 @@ splits the dp group from its innermost end (``ep`` ranks are consecutive dp rank
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.estimator.types import ClusterSpec, Layout
@@ -30,8 +31,9 @@ class Link:
     nodes: int  # nodes the group spans
     intra_bandwidth_bytes_per_s: float
     inter_bandwidth_bytes_per_s: float
-    intra_latency_s: float
-    inter_latency_s: float
+    intra_latency_s: float  # per ring step between GPUs of a node
+    inter_latency_s: float  # per ring step between nodes
+    base_latency_s: float = 0.0  # once per collective (NCCL's launch and protocol set-up)
 
     @property
     def spans_nodes(self) -> bool:
@@ -46,6 +48,9 @@ class Link:
     def latency_s(self) -> float:
         return self.inter_latency_s if self.spans_nodes else self.intra_latency_s
 
+
+# A collective over a group: (bytes, link) -> seconds.
+Collective = Callable[[float, "Link"], float]
 
 # ---------------------------------------------------------------- flat collectives
 
@@ -117,25 +122,36 @@ def group_all_reduce_s(size_bytes: float, link: Link) -> float:
     if link.group_size <= 1:
         return 0.0
     if link.spans_nodes and link.ranks_per_node > 1:
-        return hierarchical_all_reduce_s(size_bytes, link)
-    return all_reduce_s(size_bytes, link.group_size, link.bandwidth_bytes_per_s, link.latency_s)
+        return link.base_latency_s + hierarchical_all_reduce_s(size_bytes, link)
+    return link.base_latency_s + all_reduce_s(
+        size_bytes, link.group_size, link.bandwidth_bytes_per_s, link.latency_s
+    )
+
+
+def ring_latency_s(link: Link) -> float:
+    """Latency of one ring reduce-scatter or all-gather over the group (NCCL src/graph/tuning.cc):
+    base + (n - N) steps between GPUs of a node + (N - 1) steps between nodes, for n ranks on N
+    nodes. NCCL runs these two collectives as a flat ring (not a tree), so at thousands of ranks the
+    steps add up to milliseconds."""
+    steps_in_nodes = link.group_size - link.nodes
+    return (
+        link.base_latency_s + steps_in_nodes * link.intra_latency_s + (link.nodes - 1) * link.inter_latency_s
+    )
 
 
 def group_reduce_scatter_s(size_bytes: float, link: Link) -> float:
-    """Reduce-scatter over a group; across nodes the per-GPU NIC share is the bottleneck.
-
-    Hierarchically: intra-node reduce-scatter of S, then an inter-node one of S/g per rank.
-    """
+    """Reduce-scatter over a group: the ring's latency plus its traffic. Across nodes NCCL's rings
+    use every GPU's NIC, so the inter-node traffic is S/g per GPU (g of the group per node) after
+    the intra-node share, (g-1)/g S, over NVLink."""
     if link.group_size <= 1:
         return 0.0
     if not link.spans_nodes:
-        return reduce_scatter_s(size_bytes, link.group_size, link.intra_bandwidth_bytes_per_s, link.latency_s)
-    g = link.ranks_per_node
-    intra = reduce_scatter_s(size_bytes, g, link.intra_bandwidth_bytes_per_s, link.intra_latency_s)
-    inter = reduce_scatter_s(
-        size_bytes / g, link.nodes, link.inter_bandwidth_bytes_per_s, link.inter_latency_s
-    )
-    return intra + inter
+        n = link.group_size
+        return ring_latency_s(link) + (n - 1) / n * size_bytes / link.intra_bandwidth_bytes_per_s
+    g, nodes = link.ranks_per_node, link.nodes
+    intra = (g - 1) / g * size_bytes / link.intra_bandwidth_bytes_per_s
+    inter = (nodes - 1) / nodes * (size_bytes / g) / link.inter_bandwidth_bytes_per_s
+    return ring_latency_s(link) + intra + inter
 
 
 def group_all_gather_s(size_bytes: float, link: Link) -> float:
@@ -145,7 +161,11 @@ def group_all_gather_s(size_bytes: float, link: Link) -> float:
 
 def group_all_to_all_s(size_bytes: float, link: Link) -> float:
     """All-to-all over a group: the (n-1)/n of the data leaving each rank crosses the slowest link."""
-    return all_to_all_s(size_bytes, link.group_size, link.bandwidth_bytes_per_s, link.latency_s)
+    if link.group_size <= 1:
+        return 0.0
+    return link.base_latency_s + all_to_all_s(
+        size_bytes, link.group_size, link.bandwidth_bytes_per_s, link.latency_s
+    )
 
 
 # ---------------------------------------------------------------- placement
@@ -158,6 +178,7 @@ def link_for_group(
     *,
     intra_latency_s: float = 0.0,
     inter_latency_s: float = 0.0,
+    base_latency_s: float = 0.0,
     intra_efficiency: float = 1.0,
     inter_efficiency: float = 1.0,
 ) -> Link:
@@ -178,6 +199,7 @@ def link_for_group(
         inter_bandwidth_bytes_per_s=cluster.inter_node_bandwidth_bytes_per_s * inter_efficiency,
         intra_latency_s=intra_latency_s,
         inter_latency_s=inter_latency_s,
+        base_latency_s=base_latency_s,
     )
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from service.estimator import flops
+from service.estimator import dp_comm, flops
 from service.estimator import step_time as st
 from service.estimator.calibration import calibrated_bytes
 from service.estimator.job import Job, make_job
@@ -142,7 +142,7 @@ def time_parts(job: Job, layout: Layout) -> tuple[float, ...]:
         parts.ep_comm_s,
         parts.pp_bubble_s,
         parts.pp_comm_s,
-        st.dp_comm_exposed_s(job, layout, parts),
+        dp_comm.dp_comm_exposed_s(job, layout, parts),
         st.offload_s(job, layout, parts),
         st.optimizer_s(job, layout, parts),
     )

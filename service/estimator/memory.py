@@ -73,19 +73,29 @@ def gathered_parameter_bytes(
     sb: StateBytes,
     shards: tuple[int, float],
     assume: MemoryAssumptions,
+    *,
+    full: bool,
 ) -> float:
-    """Unsharded compute copies of the parameters alive at the peak (ZeRO-3 / FSDP)."""
+    """Unsharded compute copies of the parameters (and gradients) alive at the peak (ZeRO-3 / FSDP).
+    ``full``: every weight trains (else the frozen base has no gradients to hold)."""
     dense_shard, trainable = shards
     stage = layout.zero_stage if dense_shard > 1 else 0  # FSDP falls back to NO_SHARD on one rank
+    grads = 1.0 if full else 0.0
     if layout.framework is Framework.FSDP:
+        if stage in (2, 3) and layout.pp > 1:
+            # Under torch.distributed.pipelining every micro-batch but the last runs backward with
+            # reshard_after_backward and gradient sync off (PipelineStage.backward_maybe_with_nosync):
+            # the stage's parameters stay unsharded from one backward to the next forward, and its
+            # unsharded gradients accumulate until the last micro-batch's reduce-scatter.
+            return (1.0 + grads) * (rp.dense + rp.expert) * sb.weights
         if stage == 3:
             # This layer, the prefetched one, the output unit kept through the loss, and this
             # layer's unsharded gradients before their reduce-scatter.
             units = (1 + assume.fsdp_prefetch_layers) * rp.layer + rp.last_unit
-            return (units + rp.layer) * sb.weights
+            return (units + grads * rp.layer) * sb.weights
         if stage == 2:
             # SHARD_GRAD_OP keeps every unsharded parameter from forward to backward, + one unit's grads.
-            return (rp.dense + rp.expert + rp.layer) * sb.weights
+            return (rp.dense + rp.expert + grads * rp.layer) * sb.weights
         # NO_SHARD / DDP under autocast: 16-bit casts of the fp32 weights, saved for backward.
         return trainable * sb.weights if sb.master else 0.0
     if layout.zero_stage != 3 or layout.framework is Framework.MEGATRON:
@@ -99,7 +109,7 @@ def gathered_parameter_bytes(
     persistent = counts.norms_per_layer * rp.layers + counts.final_norm
     if model.hidden_size >= ds.param_persistence_threshold:
         persistent = 0
-    return (live + persistent + largest) * sb.weights
+    return (live + persistent + grads * largest) * sb.weights
 
 
 def pipeline_buffer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
@@ -188,7 +198,9 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
     full = training.method is Method.FULL
     trainable = rp.dense + rp.expert if full else lora_parameters(model, training, layout, rp)
     buffers = bucket_bytes(model, trainable, sb, layout, assume)
-    buffers += gathered_parameter_bytes(model, job.counts, rp, layout, sb, (degrees[0], trainable), assume)
+    buffers += gathered_parameter_bytes(
+        model, job.counts, rp, layout, sb, (degrees[0], trainable), assume, full=full
+    )
     return RankStates(
         states=states,
         parameters=math.ceil(states.parameters),

@@ -13,15 +13,8 @@ What overlaps with what, and by how much (the layout's ``tp_comm_overlap`` and
 ``overlap_grad_reduce`` choose; ``None`` takes the framework's default):
 * TP all-reduces (or SP reduce-scatter + all-gather) are fully exposed: Megatron-LM runs them on
   the compute stream unless ``--tp-comm-overlap`` (then ``tp_overlap_hidden_fraction`` hides).
-* DP gradient reduction (all-reduce for ZeRO-0; reduce-scatter + 16-bit parameter all-gather for
-  ZeRO-1/2 and Megatron's distributed optimizer; ZeRO-2 reduce-scatters after every micro-batch,
-  the others once per step) is exposed unless the framework overlaps it
-  (PyTorch DDP/FSDP do by default, Megatron only with ``--overlap-grad-reduce`` /
-  ``--overlap-param-gather``, DeepSpeed ZeRO-0..2 not by default). Overlapped, a reduction hides
-  under its micro-batch's backward and the gather under the first forward, at most
-  ``dp_overlap_max_hidden_fraction`` (0.9: the last bucket is always exposed).
-* ZeRO-3/FSDP parameter all-gathers (forward and backward) and gradient reduce-scatter run every
-  micro-batch, 1.5x the DDP volume (ZeRO arXiv:1910.02054 §7), prefetched under compute.
+* DP communication (bucketed gradient reductions and parameter gathers; ZeRO-3/FSDP layer by
+  layer) and what of it each framework hides: ``dp_comm``.
 * CP ring attention passes K/V around the ring under the attention compute; only the excess shows.
 * EP all-to-all (dispatch + combine, forward and backward: 4 per MoE layer) is fully exposed.
 * PP: bubble (p-1)/(v m) of the ideal time (Narayanan arXiv:2104.04473 §2.2, Llama 3 §3.3.2),
@@ -40,7 +33,7 @@ from service.estimator.errors import InvalidTraining
 from service.estimator.job import Job, LayerKind, job_memo, layout_memo, rank_kind_counts, sum_by_kind
 from service.estimator.params import stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS
-from service.estimator.tuning import Tuning, dp_overlap_default, matmul_efficiency
+from service.estimator.tuning import Tuning, matmul_efficiency
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -199,6 +192,7 @@ def group_links(job: Job, layout: Layout) -> GroupLinks:
             stride,
             intra_latency_s=tuning.intra_node_latency_s,
             inter_latency_s=tuning.inter_node_latency_s,
+            base_latency_s=tuning.collective_base_latency_s,
             intra_efficiency=tuning.intra_node_bus_efficiency,
             inter_efficiency=tuning.inter_node_bus_efficiency,
         )
@@ -472,88 +466,6 @@ def step_parts(job: Job, layout: Layout) -> StepParts:
         pp_comm_s=pp_comm_s(job, layout, base),
         micro_batches=base.micro_batches,
         parameters=base.parameters,
-    )
-
-
-# ---------------------------------------------------------------- data parallelism
-
-
-def dp_grad_reduce_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
-    """Gradient reduction per step of ``parameters`` over the DP ``link``: all-reduce (ZeRO-0) or
-    reduce-scatter (ZeRO-1/2, dist-opt)."""
-    if job.training.method is not Method.FULL:
-        return 0.0  # LoRA: only the adapters' gradients are reduced; negligible next to the base
-    grad_size = parameters * grad_bytes(job.training.precision, layout.framework)
-    if layout.zero_stage == 0:
-        return comm.group_all_reduce_s(grad_size, link)
-    return comm.group_reduce_scatter_s(grad_size, link)
-
-
-def dp_param_gather_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
-    """ZeRO-1/2 (dist-opt) all-gather of the updated 16-bit parameters after the step."""
-    if job.training.method is not Method.FULL or layout.zero_stage not in (1, 2):
-        return 0.0
-    return comm.group_all_gather_s(parameters * activation_bytes(job.training.precision), link)
-
-
-def zero3_micro_batch_comm_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
-    """ZeRO-3/FSDP per micro-batch: parameter all-gather forward and backward + gradient reduce-scatter."""
-    # 3 x the parameter volume per micro-batch, 1.5x DDP's 2 (ZeRO arXiv:1910.02054 §7.2.2)
-    training = job.training
-    grad_size = parameters * grad_bytes(training.precision, layout.framework)
-    gathers = 2 * comm.group_all_gather_s(parameters * activation_bytes(training.precision), link)
-    full = training.method is Method.FULL
-    return gathers + (comm.group_reduce_scatter_s(grad_size, link) if full else 0.0)
-
-
-# The layout fields the DP collectives read: the split and the pipeline split (links and the GPU's
-# parameters), the sharding, and the framework (gradient bytes).
-COLLECTIVE_FIELDS = (*SPLIT_FIELDS, *PIPELINE_FIELDS[1:], "zero_stage", "framework")
-
-
-@layout_memo(*COLLECTIVE_FIELDS)
-def dp_collectives_s(job: Job, layout: Layout) -> tuple[float, float]:
-    """The DP collectives before overlap: ZeRO-3 (its per-micro-batch traffic, 0), else (the
-    gradient reduction, the parameter all-gather)."""
-    parameters, link = gpu_parameters(job, layout), group_links(job, layout).dp
-    if layout.zero_stage == 3:
-        return zero3_micro_batch_comm_s(job, layout, parameters, link), 0.0
-    return dp_grad_reduce_s(job, layout, parameters, link), dp_param_gather_s(job, layout, parameters, link)
-
-
-def gradient_reductions(layout: Layout, micro_batches: int) -> int:
-    """Gradient reductions per step outside ZeRO-3: one, or one per micro-batch for ZeRO-2."""
-    # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters after every micro-batch's
-    # backward: DeepSpeed reduces when partition_gradients (stage 2) or at the accumulation boundary
-    # (stage 1) (runtime/zero/stage_1_and_2.py, reduce_ready_partitions_and_remove_grads); FSDP
-    # SHARD_GRAD_OP after every backward outside no_sync, which would keep unsharded gradients.
-    # ZeRO-0/1 and Megatron's distributed optimizer accumulate locally and reduce once per step.
-    return micro_batches if layout.zero_stage == 2 else 1
-
-
-def dp_overlapped(job: Job, layout: Layout) -> bool:
-    """Whether the DP reduction runs under backward: the layout's choice, else the framework's default."""
-    if layout.overlap_grad_reduce is not None:
-        return layout.overlap_grad_reduce
-    return dp_overlap_default(job.tuning, layout.framework)
-
-
-def dp_comm_exposed_s(job: Job, layout: Layout, parts: StepParts) -> float:
-    """DP traffic left on the critical path after the framework's overlap."""
-    compute = parts.compute_s + parts.recompute_s
-    collective_s, gather = dp_collectives_s(job, layout)
-    if layout.zero_stage == 3:
-        zero3_s = parts.micro_batches * collective_s
-        return exposed_s(zero3_s, compute, job.tuning.zero3_prefetch_hidden_fraction)
-    reductions = gradient_reductions(layout, parts.micro_batches)
-    if not dp_overlapped(job, layout):
-        return reductions * collective_s + gather
-    # each reduction hides under its micro-batch's backward (2/3 of it, + its recompute); the parameter
-    # all-gather under the next step's first forward (Megatron --overlap-param-gather) (1/3)
-    per_micro_batch = compute / parts.micro_batches
-    hidden = job.tuning.dp_overlap_max_hidden_fraction
-    return reductions * exposed_s(collective_s, 2 / 3 * per_micro_batch, hidden) + exposed_s(
-        gather, per_micro_batch / 3, hidden
     )
 
 

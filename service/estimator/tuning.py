@@ -78,8 +78,9 @@ class Tuning:
     tokens_points: tuple[CurvePoint, ...]
     intra_node_bus_efficiency: float  # NCCL busbw / nominal NVLink (or PCIe) bandwidth
     inter_node_bus_efficiency: float  # NCCL busbw / nominal per-GPU NIC bandwidth
-    intra_node_latency_s: float  # per hop
-    inter_node_latency_s: float  # per hop
+    intra_node_latency_s: float  # per ring step between GPUs of a node
+    inter_node_latency_s: float  # per ring step between nodes
+    collective_base_latency_s: float  # once per collective
     dp_overlap_by_framework: tuple[tuple[Framework, bool], ...]  # grad reduction during backward?
     dp_overlap_max_hidden_fraction: float  # the last bucket is always exposed
     tp_overlap_hidden_fraction: float  # with Megatron --tp-comm-overlap (off by default)

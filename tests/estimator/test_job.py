@@ -25,7 +25,7 @@ import pytest
 from service.catalog.gpus import gpu
 from service.catalog.models import model, models
 from service.catalog.tuning import default_tuning
-from service.estimator import activations, evaluate, flops, pipeline, step_time
+from service.estimator import activations, dp_comm, evaluate, flops, pipeline, step_time
 from service.estimator import job as job_module
 from service.estimator import memory as memory_parts
 from service.estimator.calibration import Calibration, calibrated_time
@@ -276,7 +276,7 @@ def memo_wrapper_codes() -> frozenset[object]:
     formulas = {id(entry.formula) for entry in MEMOISED_PARTS}
     wrappers = [
         value
-        for module in (activations, job_module, memory_parts, step_time, evaluate)
+        for module in (activations, job_module, memory_parts, step_time, dp_comm, evaluate)
         for value in vars(module).values()
         if id(getattr(value, "__wrapped__", None)) in formulas
     ]
@@ -308,6 +308,7 @@ def recording(layout: Layout) -> RecordingLayout:
 EXTRA_ARGUMENTS: dict[str, Callable[[Layout], tuple[Any, ...]]] = {
     "recompute": lambda layout: tuple(Recompute),
     "rank": lambda layout: tuple(sorted({0, layout.pp - 1})),
+    "kind": lambda layout: (False, True),  # a dense and an MoE layer (a dense model has no experts)
 }
 
 

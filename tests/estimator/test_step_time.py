@@ -12,14 +12,12 @@ from hypothesis import strategies as st
 
 from service.catalog.tuning import default_tuning
 from service.estimator import flops
+from service.estimator.dp_comm import dp_comm_exposed_s, dp_grad_reduce_s, dp_param_gather_s
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
 from service.estimator.params import parameter_counts, stage_parameter_counts
 from service.estimator.step_time import (
     cost,
-    dp_comm_exposed_s,
-    dp_grad_reduce_s,
-    dp_param_gather_s,
     gpu_parameters,
     step_base,
     step_parts,
@@ -64,6 +62,7 @@ def flat_curve(
         inter_node_bus_efficiency=0.9,
         intra_node_latency_s=5e-6,
         inter_node_latency_s=1.5e-5,
+        collective_base_latency_s=0.0,
         dp_overlap_by_framework=(
             (Framework.DEEPSPEED, False),
             (Framework.MEGATRON, False),

@@ -1,0 +1,359 @@
+"""Data-parallel communication as each framework runs it, and how much of it compute hides.
+
+Replicated parameters (ZeRO-0/1/2, Megatron's distributed optimizer, DDP): the gradients are
+reduced in buckets, one collective per bucket, each paying NCCL's latency (``comm``); ZeRO-1/2 and
+the distributed optimizer then all-gather the updated 16-bit parameters in the same buckets.
+ZeRO-2 reduces after every micro-batch, the others once per step. Overlapped (the layout's
+``overlap_grad_reduce``, else the framework's default), a reduction hides under its micro-batch's
+backward and the gather under the next step's first forward, at most
+``dp_overlap_max_hidden_fraction``.
+
+Sharded parameters (DeepSpeed ZeRO-3, FSDP FULL_SHARD and SHARD_GRAD_OP): every wrapped unit is
+all-gathered before its forward, again before its backward when it was resharded after forward,
+and its gradients are reduce-scattered after its backward. The unit is a decoder layer (FSDP:
+torchtitan and accelerate wrap each block) or each of its modules with parameters (DeepSpeed gathers
+submodule by submodule, coalescing up to ``stage3_prefetch_bucket_size`` when prefetching, and
+reduce-scatters in ``reduce_bucket_size`` buckets). A unit's gather hides under the forward of the
+unit before it (one-unit prefetch: FSDP BACKWARD_PRE, FSDP2's implicit prefetch, DeepSpeed's
+prefetch bucket), its backward collectives under its own backward; the first gather and the last
+reduce-scatter of a pass are exposed. ``zero3_prefetch_hidden_fraction`` caps what any window hides
+(NCCL's kernels share the SMs with the GEMMs they overlap). How often: DeepSpeed every micro-batch
+(``no_sync`` is refused at stage 2/3); FSDP without pipelining every micro-batch (torchtitan does not
+skip the reduce-scatter while accumulating); FSDP under torch.distributed.pipelining gathers once
+per step (torchtitan's ``reshard_after_forward`` is False with PP) and reduce-scatters only after the
+last micro-batch (``PipelineStage.backward_maybe_with_nosync``). HYBRID_SHARD shards inside a node:
+gathers and reduce-scatters there, then all-reduces the gradient shard across the replicas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from service.estimator import comm, flops
+from service.estimator.job import Job, LayerKind, job_memo, layout_memo
+from service.estimator.memory import state_bytes_of
+from service.estimator.model_states import deepspeed_buckets, deepspeed_overlap_comm, shard_degrees
+from service.estimator.step_time import (
+    SPLIT_FIELDS,
+    StepBase,
+    StepParts,
+    exposed_s,
+    gpu_parameters,
+    grad_bytes,
+    group_links,
+    step_base,
+)
+from service.estimator.tuning import dp_overlap_default
+from service.estimator.types import Framework, Layout, Method, ModelSpec
+
+# ---------------------------------------------------------------- the frameworks' bucket sizes
+
+# Megatron-Core's default gradient bucket with --overlap-grad-reduce: max(40M, 1M x dp-cp size)
+# parameters ("larger DP sizes need larger buckets to ensure collectives do not become
+# latency-bound", core/distributed/distributed_data_parallel_config.py bucket_size); without the
+# overlap one bucket holds everything.
+MEGATRON_MIN_BUCKET_ELEMENTS = 40_000_000
+MEGATRON_BUCKET_ELEMENTS_PER_DP_RANK = 1_000_000
+# PyTorch DDP bucket_cap_mb = 25 (MiB) (torch.nn.parallel.DistributedDataParallel).
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+# DeepSpeed stage 0 all-reduces the flattened gradients in 5e8-element chunks
+# (runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE; the catalog's memory.ds_stage0_allreduce_elements).
+
+
+def replicated_bucket_elements(job: Job, layout: Layout) -> float:
+    """Gradient elements per reduction bucket when the parameters are replicated (ZeRO <= 2)."""
+    framework = layout.framework
+    if framework is Framework.MEGATRON:
+        if not dp_overlapped(job, layout):
+            return math.inf
+        return max(MEGATRON_MIN_BUCKET_ELEMENTS, MEGATRON_BUCKET_ELEMENTS_PER_DP_RANK * layout.dp * layout.cp)
+    if framework is Framework.FSDP:
+        return DDP_BUCKET_BYTES / grad_bytes(job.training.precision, framework)
+    if layout.zero_stage == 0:
+        return job.assume.ds_stage0_allreduce_elements
+    return deepspeed_buckets(job.model, layout).reduce_bucket_elements
+
+
+def bucketed_s(collective: comm.Collective, size_bytes: float, link: comm.Link, calls: float) -> float:
+    """``collective`` of ``size_bytes`` split into ``calls`` collectives: the traffic once, the
+    latency ``calls`` times (a fraction when one collective serves several units)."""
+    latency_s = collective(0.0, link)
+    return collective(size_bytes, link) + (calls - 1.0) * latency_s
+
+
+# ---------------------------------------------------------------- replicated parameters
+
+
+def dp_overlapped(job: Job, layout: Layout) -> bool:
+    """Whether the DP reduction runs under backward: DeepSpeed's overlap_comm as the launcher
+    renders it, else the layout's choice or the framework's default."""
+    if layout.framework is Framework.DEEPSPEED:
+        return deepspeed_overlap_comm(layout)
+    if layout.overlap_grad_reduce is not None:
+        return layout.overlap_grad_reduce
+    return dp_overlap_default(job.tuning, layout.framework)
+
+
+def dp_grad_reduce_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
+    """One reduction of ``parameters`` gradients over the DP ``link`` in the framework's buckets:
+    all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, dist-opt)."""
+    if job.training.method is not Method.FULL:
+        return 0.0  # LoRA: only the adapters' gradients are reduced; negligible next to the base
+    grad_size = parameters * grad_bytes(job.training.precision, layout.framework)
+    calls = math.ceil(parameters / replicated_bucket_elements(job, layout))
+    collective = comm.group_all_reduce_s if layout.zero_stage == 0 else comm.group_reduce_scatter_s
+    return bucketed_s(collective, grad_size, link, calls)
+
+
+def dp_param_gather_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
+    """ZeRO-1/2 (dist-opt) all-gather of the updated 16-bit parameters after the step, in the
+    reduction's buckets (Megatron's param-gather buckets are its gradient buckets)."""
+    if job.training.method is not Method.FULL or layout.zero_stage not in (1, 2):
+        return 0.0
+    size = parameters * state_bytes_of(job, layout.framework).weights
+    calls = math.ceil(parameters / replicated_bucket_elements(job, layout))
+    return bucketed_s(comm.group_all_gather_s, size, link, calls)
+
+
+def gradient_reductions(layout: Layout, micro_batches: int) -> int:
+    """Gradient reductions per step with replicated parameters: one, or one per micro-batch for ZeRO-2."""
+    # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters after every micro-batch's
+    # backward: DeepSpeed reduces when partition_gradients (stage 2) or at the accumulation boundary
+    # (stage 1) (runtime/zero/stage_1_and_2.py, reduce_ready_partitions_and_remove_grads).
+    # ZeRO-0/1 and Megatron's distributed optimizer accumulate locally and reduce once per step.
+    return micro_batches if layout.zero_stage == 2 else 1
+
+
+# The layout fields the replicated collectives read: the split and the pipeline split (links and the
+# GPU's parameters), the sharding, the framework (buckets, gradient bytes) and the overlap (buckets).
+REPLICATED_FIELDS = (*SPLIT_FIELDS, "pipeline_layers", "pipeline_account_for_embedding",
+                     "pipeline_account_for_loss", "virtual_pipeline_stages", "zero_stage",
+                     "framework", "overlap_grad_reduce")  # fmt: skip
+
+
+@layout_memo(*REPLICATED_FIELDS)
+def replicated_collectives_s(job: Job, layout: Layout) -> tuple[float, float]:
+    """(one gradient reduction, the parameter all-gather) with replicated parameters."""
+    parameters, link = gpu_parameters(job, layout), group_links(job, layout).dp
+    return dp_grad_reduce_s(job, layout, parameters, link), dp_param_gather_s(job, layout, parameters, link)
+
+
+def replicated_exposed_s(job: Job, layout: Layout, parts: StepParts) -> float:
+    """Replicated-parameter DP traffic left on the critical path after the framework's overlap."""
+    reduce_s, gather_s = replicated_collectives_s(job, layout)
+    reductions = gradient_reductions(layout, parts.micro_batches)
+    if not dp_overlapped(job, layout):
+        return reductions * reduce_s + gather_s
+    # each reduction hides under its micro-batch's backward (2/3 of it, + its recompute); the parameter
+    # all-gather under the next step's first forward (Megatron --overlap-param-gather) (1/3)
+    per_micro_batch = (parts.compute_s + parts.recompute_s) / parts.micro_batches
+    hidden = job.tuning.dp_overlap_max_hidden_fraction
+    return reductions * exposed_s(reduce_s, 2 / 3 * per_micro_batch, hidden) + exposed_s(
+        gather_s, per_micro_batch / 3, hidden
+    )
+
+
+# ---------------------------------------------------------------- sharded parameters
+
+
+def sharded(layout: Layout) -> bool:
+    """Whether the parameters themselves are sharded: ZeRO-3, or FSDP at stage 2 or 3 (SHARD_GRAD_OP
+    also frees the unsharded parameters after backward and gathers them again before the next
+    forward)."""
+    if layout.zero_stage == 3:
+        return True
+    return layout.framework is Framework.FSDP and layout.zero_stage == 2
+
+
+def layer_modules(model: ModelSpec, kind: LayerKind) -> int:
+    """Modules with their own parameters in a decoder layer (DeepSpeed's gathering unit): q, k, v, o
+    and the MLP's two or three projections; an MoE layer's router and its fused experts
+    (transformers >= 5 keeps each layer's experts as one module's 3-D tensors) and shared experts."""
+    mlp = 3 if model.mlp.gated else 2
+    if not kind or model.moe is None:
+        return 4 + mlp
+    return 4 + 1 + 1 + (mlp if model.moe.num_shared_experts else 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitParameters:
+    """One decoder layer's parameters on one GPU, by the group that shards them."""
+
+    dense: float  # sharded over the DP (x CP) group
+    experts: float  # routed experts, sharded over the expert-data-parallel group
+
+
+@job_memo
+def unit_parameters(job: Job, kind: LayerKind, tp: int, ep: int) -> UnitParameters:
+    """A decoder layer of ``kind`` on one GPU after tp and ep (norms count with the dense part)."""
+    c = job.counts
+    dense = c.attention_per_layer + c.norms_per_layer
+    if kind and job.model.moe is not None:
+        dense += c.router_per_moe_layer + c.shared_experts_per_moe_layer
+        return UnitParameters(dense=dense / tp, experts=c.experts_per_moe_layer / ep / tp)
+    return UnitParameters(dense=(dense + c.dense_mlp_per_layer) / tp, experts=0.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardLinks:
+    dense: comm.Link  # the group the dense parameters are sharded over
+    experts: comm.Link  # the expert-data-parallel group
+    replicas: comm.Link | None  # HYBRID_SHARD: the replicas of each shard, across nodes
+
+
+@layout_memo("dp", "tp", "cp", "ep", "framework", "fsdp_hybrid_shard")
+def shard_links(job: Job, layout: Layout) -> ShardLinks:
+    """The links of the sharding groups (ranks ordered tp, cp, ep|dp, pp: ``comm``)."""
+    tuning, cluster = job.tuning, job.cluster
+    dense_shard, expert_shard = shard_degrees(layout, cluster)
+
+    def link(size: int, stride: int) -> comm.Link:
+        return comm.link_for_group(
+            cluster,
+            size,
+            stride,
+            intra_latency_s=tuning.intra_node_latency_s,
+            inter_latency_s=tuning.inter_node_latency_s,
+            base_latency_s=tuning.collective_base_latency_s,
+            intra_efficiency=tuning.intra_node_bus_efficiency,
+            inter_efficiency=tuning.inter_node_bus_efficiency,
+        )
+
+    group = layout.dp * layout.cp
+    replicas = None if dense_shard == group else link(group // dense_shard, layout.tp * dense_shard)
+    return ShardLinks(
+        dense=link(dense_shard, layout.tp),
+        experts=link(expert_shard, layout.tp * layout.ep),
+        replicas=replicas,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitCollectives:
+    """The DP collectives of one decoder layer of a kind, per pass."""
+
+    gather_s: float  # all-gather of its parameters
+    reduce_s: float  # reduce-scatter of its gradients (+ HSDP's all-reduce across replicas)
+
+
+def unit_gather_calls(job: Job, layout: Layout, kind: LayerKind, elements: float) -> float:
+    """All-gathers per layer: one per FSDP unit; DeepSpeed one per module, modules coalesced while
+    they fit its prefetch bucket (partitioned_param_coordinator.fetch_sub_module)."""
+    if layout.framework is not Framework.DEEPSPEED:
+        return 1.0
+    bucket = deepspeed_buckets(job.model, layout).prefetch_bucket_elements
+    return float(min(layer_modules(job.model, kind), max(1, math.ceil(elements / bucket))))
+
+
+def unit_reduce_calls(job: Job, layout: Layout, elements: float) -> float:
+    """Reduce-scatters per layer: one per FSDP unit; DeepSpeed one per ``reduce_bucket_size`` of
+    gradients, so a fraction of one when a bucket spans layers."""
+    if layout.framework is not Framework.DEEPSPEED:
+        return 1.0
+    return elements / deepspeed_buckets(job.model, layout).reduce_bucket_elements
+
+
+# + the buckets DeepSpeed's launcher renders (deepspeed_buckets reads the stage, the overlap and pp)
+@layout_memo(*SPLIT_FIELDS, "framework", "fsdp_hybrid_shard", "zero_stage", "overlap_grad_reduce")
+def unit_collectives(job: Job, layout: Layout, kind: LayerKind) -> UnitCollectives:
+    links = shard_links(job, layout)
+    unit = unit_parameters(job, kind, layout.tp, layout.ep)
+    elements = unit.dense + unit.experts
+    weight_bytes = state_bytes_of(job, layout.framework).weights
+    gathers = unit_gather_calls(job, layout, kind, elements)
+    gather_s = bucketed_s(comm.group_all_gather_s, unit.dense * weight_bytes, links.dense, gathers)
+    if unit.experts:
+        gather_s += comm.group_all_gather_s(unit.experts * weight_bytes, links.experts)
+    if job.training.method is not Method.FULL:
+        return UnitCollectives(gather_s=gather_s, reduce_s=0.0)  # frozen base: no gradients to reduce
+    g = grad_bytes(job.training.precision, layout.framework)
+    reduces = unit_reduce_calls(job, layout, elements)
+    reduce_s = bucketed_s(comm.group_reduce_scatter_s, unit.dense * g, links.dense, reduces)
+    if unit.experts:
+        reduce_s += comm.group_reduce_scatter_s(unit.experts * g, links.experts)
+    if links.replicas is not None:  # HYBRID_SHARD: the shard all-reduced across the replicas
+        shard = shard_degrees(layout, job.cluster)[0]
+        reduce_s += comm.group_all_reduce_s(elements * g / shard, links.replicas)
+    return UnitCollectives(gather_s=gather_s, reduce_s=reduce_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardedPasses:
+    """How many times per step the layers are gathered and reduced."""
+
+    forward_gathers: int  # passes that gather every layer before its forward
+    backward_gathers: int  # passes that gather every layer again before its backward
+    reductions: int  # passes that reduce-scatter every layer's gradients
+
+
+def sharded_passes(layout: Layout, micro_batches: int) -> ShardedPasses:
+    m = micro_batches
+    if layout.framework is Framework.FSDP and layout.pp > 1:
+        # torch.distributed.pipelining: every backward but the last keeps the stage unsharded and its
+        # gradients unreduced (PipelineStage.backward_maybe_with_nosync), so one reduce-scatter per
+        # step. torchtitan's --parallelism.fsdp_reshard_after_forward as the launcher renders it:
+        # "never" (ZeRO-2) gathers once; "always" (ZeRO-3) reshards after each forward, so every
+        # backward gathers again, and so do the warm-up forwards (at most pp) before the first backward.
+        if layout.zero_stage == 2:
+            return ShardedPasses(forward_gathers=1, backward_gathers=0, reductions=1)
+        return ShardedPasses(forward_gathers=min(m, layout.pp), backward_gathers=m, reductions=1)
+    if layout.framework is Framework.FSDP and layout.zero_stage == 2:
+        return ShardedPasses(forward_gathers=m, backward_gathers=0, reductions=m)  # SHARD_GRAD_OP
+    return ShardedPasses(forward_gathers=m, backward_gathers=m, reductions=m)
+
+
+def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) -> tuple[float, float]:
+    """(forward, backward) GEMM time of one layer of ``kind`` for one micro-batch: what its
+    collectives hide under (the backward includes the layer's recomputed forward)."""
+    model, training = job.model, job.training
+    forward = (
+        flops.layer_matmul_flops(model, kind)
+        + flops.attention_core_flops(model, training.seq_len)
+        + flops.lora_adapter_flops(model, kind, training)
+    )
+    backward = flops.layer_training_flops(model, kind, training) - forward
+    backward += flops.layer_recompute_flops(model, kind, training, layout.recompute)
+    seconds_per_flop = base.tokens / layout.tp / base.flops_per_s
+    return forward * seconds_per_flop, backward * seconds_per_flop
+
+
+def sharded_exposed_s(job: Job, layout: Layout) -> float:
+    """ZeRO-3/FSDP traffic left on the critical path, layer by layer."""
+    base = step_base(job, layout)
+    passes = sharded_passes(layout, base.micro_batches)
+    hidden = job.tuning.zero3_prefetch_hidden_fraction
+    overlapped = dp_overlapped(job, layout)
+    forward = backward_gather = backward_reduce = 0.0
+    first_gather_s = last_reduce_s = 0.0
+    for kind, count in base.counts:
+        unit = unit_collectives(job, layout, kind)
+        forward_window, backward_window = kind_windows_s(job, layout, base, kind)
+        first_gather_s = max(first_gather_s, unit.gather_s)
+        forward += count * exposed_s(unit.gather_s, forward_window, hidden)
+        if overlapped:
+            last_reduce_s = max(last_reduce_s, unit.reduce_s)
+            backward_gather += count * exposed_s(unit.gather_s + unit.reduce_s, backward_window, hidden)
+            backward_reduce += count * exposed_s(unit.reduce_s, backward_window, hidden)
+        else:  # each reduce-scatter waits for its layer's backward (DeepSpeed overlap_comm false)
+            backward_gather += count * (exposed_s(unit.gather_s, backward_window, hidden) + unit.reduce_s)
+            backward_reduce += count * unit.reduce_s
+    forward += first_gather_s  # nothing runs before the first layer's gather
+    backward_gather += last_reduce_s  # nor after the last layer's reduce-scatter
+    backward_reduce += last_reduce_s
+    only_reduced = passes.reductions - passes.backward_gathers
+    return (
+        passes.forward_gathers * forward
+        + passes.backward_gathers * backward_gather
+        + only_reduced * backward_reduce
+    )
+
+
+# ---------------------------------------------------------------- both
+
+
+def dp_comm_exposed_s(job: Job, layout: Layout, parts: StepParts) -> float:
+    """DP traffic left on the critical path after the framework's overlap."""
+    if sharded(layout):
+        return sharded_exposed_s(job, layout)
+    return replicated_exposed_s(job, layout, parts)

@@ -1,0 +1,227 @@
+"""Data-parallel communication as the frameworks run it (``service.estimator.dp_comm``): NCCL's ring
+latency by hand, the frameworks' buckets and units counted, ZeRO-3/FSDP per layer at scale,
+pipelining's once-per-step collectives, hybrid sharding, and the order ZeRO-2 <= ZeRO-3."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.catalog.gpus import gpu
+from service.catalog.models import model as preset
+from service.estimator import comm, dp_comm
+from service.estimator.step_time import step_base, step_parts
+from service.estimator.types import (
+    ClusterSpec,
+    Framework,
+    Layout,
+    Method,
+    Recompute,
+    TrainingSpec,
+)
+from tests.estimator.helpers import job, memory, time
+from tests.estimator.test_step_time import PROPERTY_MODEL
+from validation.cases import A100, gpu_cluster
+
+H100 = gpu("h100-sxm-80gb")
+LLAMA_8B = preset("llama-3.1-8b").spec
+
+
+def h100s(gpus: int) -> ClusterSpec:
+    return gpu_cluster(H100, gpus, 50e9)  # 8 x 400 Gb/s per node
+
+
+def link(size: int, per_node: int) -> comm.Link:
+    return comm.Link(
+        group_size=size,
+        ranks_per_node=per_node,
+        nodes=math.ceil(size / per_node),
+        intra_bandwidth_bytes_per_s=100e9,
+        inter_bandwidth_bytes_per_s=10e9,
+        intra_latency_s=2e-6,
+        inter_latency_s=5e-6,
+        base_latency_s=10e-6,
+    )
+
+
+def test_ring_latency_by_hand() -> None:
+    # NCCL tuning.cc: base + (n - N) steps inside nodes + (N - 1) between them; 16 ranks on 2 nodes
+    assert comm.ring_latency_s(link(16, 8)) == pytest.approx(10e-6 + 14 * 2e-6 + 1 * 5e-6)
+    # 1,024 ranks on 128 nodes: 10 + 896 x 2 + 127 x 5 us = 2.437 ms before a byte moves
+    assert comm.ring_latency_s(link(1024, 8)) == pytest.approx(2.437e-3)
+    # reduce-scatter of 1 GB over 16 ranks on 2 nodes: 7/8 of it over NVLink, 1/2 of a 1/8 over IB
+    expected = 10e-6 + 14 * 2e-6 + 5e-6 + 7 / 8 * 1e9 / 100e9 + 1 / 2 * (1e9 / 8) / 10e9
+    assert comm.group_reduce_scatter_s(1e9, link(16, 8)) == pytest.approx(expected)
+    # a collective of nothing costs its latency: what the bucket count multiplies
+    assert comm.group_all_gather_s(0.0, link(16, 8)) == pytest.approx(comm.ring_latency_s(link(16, 8)))
+
+
+def test_buckets_multiply_the_latency_not_the_traffic() -> None:
+    one = comm.group_reduce_scatter_s(1e9, link(64, 8))
+    ten = dp_comm.bucketed_s(comm.group_reduce_scatter_s, 1e9, link(64, 8), 10)
+    assert ten - one == pytest.approx(9 * comm.ring_latency_s(link(64, 8)))
+
+
+def test_each_framework_buckets_its_reduction() -> None:
+    cl = gpu_cluster(A100, 64, 25e9)
+    training = TrainingSpec(seq_len=2048, global_batch_size=256)
+    j = job(PROPERTY_MODEL, cl, training)
+    h = PROPERTY_MODEL.hidden_size
+    megatron = Layout(framework=Framework.MEGATRON, dp=64, zero_stage=1, overlap_grad_reduce=True)
+    # Megatron-Core: max(40M, 1M x dp-cp) parameters; one bucket without --overlap-grad-reduce
+    assert dp_comm.replicated_bucket_elements(j, megatron) == 64_000_000
+    no_overlap = dataclasses.replace(megatron, overlap_grad_reduce=False)
+    assert dp_comm.replicated_bucket_elements(j, no_overlap) == math.inf
+    # DeepSpeed through HF: reduce_bucket_size = h^2 (clamped to [1e7, 5e8]); stage 0: 5e8 chunks
+    ds = Layout(framework=Framework.DEEPSPEED, dp=64, zero_stage=2)
+    assert dp_comm.replicated_bucket_elements(j, ds) == max(10_000_000, h * h)
+    ds0 = dataclasses.replace(ds, zero_stage=0)
+    assert dp_comm.replicated_bucket_elements(j, ds0) == 500_000_000
+    # DDP: bucket_cap_mb 25 MiB of 16-bit gradients
+    ddp = Layout(framework=Framework.FSDP, dp=64, zero_stage=0)
+    assert dp_comm.replicated_bucket_elements(j, ddp) == 25 * 2**20 / 2
+    # ... and the reduction pays one latency per bucket
+    base = step_base(j, ds)
+    calls = math.ceil(base.parameters / max(10_000_000, h * h))
+    one = comm.group_reduce_scatter_s(base.parameters * 2, base.links.dp)
+    reduce_s = dp_comm.dp_grad_reduce_s(j, ds, base.parameters, base.links.dp)
+    assert reduce_s == pytest.approx(one + (calls - 1) * comm.ring_latency_s(base.links.dp))
+
+
+def test_deepspeed_gathers_module_by_module_fsdp_layer_by_layer() -> None:
+    j = job(LLAMA_8B, h100s(64), TrainingSpec(seq_len=8192, global_batch_size=128))
+    fsdp = Layout(framework=Framework.FSDP, dp=64, zero_stage=3)
+    ds = dataclasses.replace(fsdp, framework=Framework.DEEPSPEED)
+    # Llama: q, k, v, o, gate, up, down; each at least the 0.9 h^2 prefetch bucket but k and v
+    assert dp_comm.layer_modules(LLAMA_8B, False) == 7
+    assert dp_comm.unit_gather_calls(j, ds, False, 218_112_000) == 7
+    assert dp_comm.unit_gather_calls(j, fsdp, False, 218_112_000) == 1
+    fsdp_unit = dp_comm.unit_collectives(j, fsdp, False)
+    ds_unit = dp_comm.unit_collectives(j, ds, False)
+    latency = comm.ring_latency_s(dp_comm.shard_links(j, fsdp).dense)
+    assert ds_unit.gather_s - fsdp_unit.gather_s == pytest.approx(6 * latency)
+
+
+def _fsdp_8b(gpus: int) -> float:
+    # torchtitan's Llama-3.1-8B benchmark shape: local batch 2, seq 8192, FSDP over every GPU
+    training = TrainingSpec(seq_len=8192, global_batch_size=2 * gpus)
+    layout = Layout(framework=Framework.FSDP, dp=gpus, zero_stage=3, micro_batch_size=2)
+    return time(LLAMA_8B, h100s(gpus), layout, training).breakdown.dp_comm_exposed_s
+
+
+def test_fsdp_exposed_communication_grows_with_the_ring() -> None:
+    exposed = [_fsdp_8b(n) for n in (8, 64, 512, 4096)]
+    assert exposed == sorted(exposed)
+    # per layer and pass, 3 collectives of base + 3,584 x 1.9 + 511 x 4.0 us (~8.9 ms) at 4,096
+    # ranks: latency alone is ~0.85 s per micro-batch, more than a fifth of it exposed
+    assert exposed[-1] > 5 * exposed[0]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "framework"),
+    [
+        (gpu_cluster(gpu("rtx-4090-24gb"), 8, 3e9), Framework.DEEPSPEED),
+        (gpu_cluster(A100, 64, 25e9), Framework.DEEPSPEED),
+        (gpu_cluster(A100, 64, 25e9), Framework.FSDP),
+        (h100s(1024), Framework.FSDP),
+    ],
+)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero3_is_never_cheaper_than_zero2_on_the_same_link(
+    cluster: ClusterSpec, framework: Framework, overlap: bool
+) -> None:
+    # ZeRO-3 sends ZeRO-2's reduce-scatters and gathers the parameters besides: with the same overlap
+    # its DP time is never the smaller
+    training = TrainingSpec(seq_len=2048, global_batch_size=4 * cluster.world_size)
+    exposed = {}
+    for stage in (2, 3):
+        layout = Layout(
+            framework=framework,
+            dp=cluster.world_size,
+            zero_stage=stage,
+            recompute=Recompute.FULL,
+            overlap_grad_reduce=overlap,
+        )
+        exposed[stage] = time(PROPERTY_MODEL, cluster, layout, training).breakdown.dp_comm_exposed_s
+    assert exposed[3] >= exposed[2] > 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    nodes=st.sampled_from([1, 2, 8, 32]),
+    inter=st.floats(3e9, 1e11),
+    micro_batches=st.sampled_from([1, 2, 8]),
+)
+def test_sharded_exposure_is_bounded_by_its_traffic(nodes: int, inter: float, micro_batches: int) -> None:
+    # never more than every collective back to back, never less than the cap leaves exposed
+    cl = gpu_cluster(A100, 8 * nodes, inter)
+    n = cl.world_size
+    training = TrainingSpec(seq_len=2048, global_batch_size=n * micro_batches)
+    layout = Layout(framework=Framework.DEEPSPEED, dp=n, zero_stage=3)
+    j = job(PROPERTY_MODEL, cl, training)
+    unit = dp_comm.unit_collectives(j, layout, False)
+    layers = PROPERTY_MODEL.num_layers
+    all_s = micro_batches * (layers * (2 * unit.gather_s + unit.reduce_s) + unit.gather_s + unit.reduce_s)
+    exposed = dp_comm.dp_comm_exposed_s(j, layout, step_parts(j, layout))
+    hidden = j.tuning.zero3_prefetch_hidden_fraction
+    assert (1 - hidden) * micro_batches * layers * (2 * unit.gather_s + unit.reduce_s) <= exposed + 1e-12
+    assert exposed <= all_s + 1e-12
+
+
+def test_fsdp_under_pipelining_reduces_once_per_step_and_holds_the_stage() -> None:
+    cl = h100s(64)
+    model = LLAMA_8B
+    exposed, gathered = {}, {}
+    for stage in (2, 3):
+        for m in (4, 16):
+            training = TrainingSpec(seq_len=4096, global_batch_size=16 * m)
+            layout = Layout(framework=Framework.FSDP, dp=16, pp=4, zero_stage=stage)
+            j = job(model, cl, training)
+            assert step_base(j, layout).micro_batches == m
+            exposed[stage, m] = dp_comm.dp_comm_exposed_s(j, layout, step_parts(j, layout))
+            gathered[stage, m] = memory(model, cl, layout, training).per_gpu.buffers
+    # "never" (ZeRO-2) gathers once and reduces once whatever the micro-batches
+    assert exposed[2, 16] == pytest.approx(exposed[2, 4])
+    # "always" (ZeRO-3) gathers again in every backward
+    assert exposed[3, 16] > exposed[3, 4] > exposed[2, 4]
+    # both hold the stage's unsharded parameters and gradients: 8 of 32 layers, 16-bit, twice
+    stage_bytes = 2 * 2 * 8 * 218_112_000
+    assert gathered[2, 4] >= stage_bytes and gathered[3, 4] >= stage_bytes
+
+
+def test_hybrid_shard_trades_gathers_across_nodes_for_an_all_reduce() -> None:
+    cl = h100s(512)
+    training = TrainingSpec(seq_len=8192, global_batch_size=1024)
+    full = Layout(framework=Framework.FSDP, dp=512, zero_stage=3, micro_batch_size=2)
+    hybrid = dataclasses.replace(full, fsdp_hybrid_shard=True)
+    j = job(LLAMA_8B, cl, training)
+    links = dp_comm.shard_links(j, hybrid)
+    assert links.dense.group_size == 8 and not links.dense.spans_nodes
+    assert links.replicas is not None and links.replicas.group_size == 64
+    full_unit = dp_comm.unit_collectives(j, full, False)
+    hybrid_unit = dp_comm.unit_collectives(j, hybrid, False)
+    assert hybrid_unit.gather_s < full_unit.gather_s  # inside the node
+    # the reduce-scatter inside the node + the 1/8 shard all-reduced across 64 nodes
+    shard_bytes = 218_112_000 * 2 / 8
+    inside = comm.group_reduce_scatter_s(218_112_000 * 2, links.dense)
+    across = comm.group_all_reduce_s(shard_bytes, links.replicas)
+    assert hybrid_unit.reduce_s == pytest.approx(inside + across, rel=1e-3)
+    assert time(LLAMA_8B, cl, hybrid, training).step_s < time(LLAMA_8B, cl, full, training).step_s
+
+
+def test_frozen_base_under_zero3_gathers_but_reduces_and_holds_no_gradients() -> None:
+    cl = gpu_cluster(A100, 16, 25e9)
+    full = TrainingSpec(seq_len=2048, global_batch_size=32)
+    lora = dataclasses.replace(full, method=Method.LORA)
+    for framework in (Framework.DEEPSPEED, Framework.FSDP):
+        layout = Layout(framework=framework, dp=16, zero_stage=3)
+        jl = job(PROPERTY_MODEL, cl, lora)
+        assert dp_comm.unit_collectives(jl, layout, False).reduce_s == 0.0
+        assert dp_comm.unit_collectives(jl, layout, False).gather_s > 0.0
+        full_buffers = memory(PROPERTY_MODEL, cl, layout, full).per_gpu.buffers
+        lora_buffers = memory(PROPERTY_MODEL, cl, layout, lora).per_gpu.buffers
+        assert lora_buffers < full_buffers
