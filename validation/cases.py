@@ -551,7 +551,7 @@ def _one_gpu_activation_bytes(model: ModelSpec, layout: Layout, training: Traini
     # the single rank's activations (one micro-batch in flight), as the estimator sums them
     job = prepare(model, gpu_cluster(H100, 1, 25e9), training, default_tuning())
     layer = activations.layer_activations(job, layout)
-    per_micro = activations.rank_micro_batch_bytes(layer, rank_kind_counts(job, layout)[0])
+    per_micro = activations.rank_micro_batch_bytes(layer, rank_kind_counts(job, layout)[0], 1.0)
     return activations.stage_activation_bytes(layout, layer, per_micro, 0, 1)
 
 

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from service.estimator import flops
 from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
 from service.estimator.types import (
     Attention,
@@ -231,6 +232,35 @@ def hf_layer_bytes(
     return split.per_rank(layout.tp, layout.sequence_parallel)
 
 
+# ---------------------------------------------------------------- torchtitan per-op AC
+
+
+def op_sac_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> float:
+    """One decoder layer under torchtitan's per-op selective AC, one micro-batch: the block's input
+    (the checkpoint's), the outputs of the matmuls it saves (``flops.op_sac_saved``: every second one
+    is recomputed), the attention op's output and fp32 logsumexp, and under TP with SP the two
+    reduce-scatter outputs; norms, activations and the other ops are recomputed (SelectiveAC,
+    torchtitan distributed/activation_checkpoint.py). A row-parallel matmul's output under TP is
+    a full-width partial sum, saved before its reduce-scatter."""
+    d, t = element_bytes(training.precision), local_tokens(layout, training)
+    h, tp = model.hidden_size, layout.tp
+    replicated, sharded, whole = d * t * h, 0.0, 0.0
+    matmuls = flops.layer_matmuls(model, moe_layer)
+    for matmul, saved in zip(matmuls, flops.op_sac_saved(matmuls), strict=True):
+        if not saved:
+            continue
+        if matmul.row_parallel and tp > 1:
+            whole += d * t * matmul.out_features
+        else:
+            sharded += d * t * matmul.out_features
+    sharded += d * t * model.q_size + FP32_BYTES * model.num_attention_heads * t
+    if tp > 1 and layout.sequence_parallel:
+        replicated += 2 * d * t * h
+    if moe_layer and model.moe is not None:  # topk's values and indices are saved
+        replicated += (FP32_BYTES + INDEX_BYTES) * t * model.moe.top_k
+    return Split(replicated, sharded).per_rank(tp, layout.sequence_parallel) + whole
+
+
 # ---------------------------------------------------------------- per stage
 
 
@@ -242,6 +272,8 @@ def layer_bytes(
         # Only the layer input survives the forward (2sbh in Korthikanti; sharded under SP).
         d, t = element_bytes(training.precision), local_tokens(layout, training)
         return d * t * model.hidden_size / (layout.tp if layout.sequence_parallel else 1)
+    if recompute is Recompute.SELECTIVE_OP:
+        return op_sac_layer_bytes(model, layout, training, moe_layer)
     core = recompute is Recompute.NONE
     if layout.framework is Framework.MEGATRON:
         return megatron_layer_bytes(model, layout, training, moe_layer, core)
@@ -259,8 +291,9 @@ def kind_layer_bytes(job: Job, layout: Layout, recompute: Recompute) -> dict[Lay
 
 
 def recompute_working_bytes(job: Job, layout: Layout, recompute: Recompute) -> float:
-    """Full recompute rebuilds one layer's activations at a time during backward: the largest kind's."""
-    if recompute is not Recompute.FULL:
+    """Full and per-op recompute rebuild one layer's activations at a time during backward: the
+    largest kind's."""
+    if recompute not in (Recompute.FULL, Recompute.SELECTIVE_OP):
         return 0.0
     return max(kind_layer_bytes(job, layout, Recompute.NONE).values())
 
@@ -277,19 +310,23 @@ class LayerActivations:
     """Activation bytes of one micro-batch that every pipeline rank's total is made of."""
 
     per_kind: dict[LayerKind, float]  # kind_layer_bytes under the layout's recompute
+    kept_per_kind: dict[LayerKind, float]  # kind_layer_bytes of the layers that do not recompute
     largest_layer: float  # the largest layer kind's, under the layout's recompute
     working: float  # recompute_working_bytes
     first_extra: float  # first_stage_extra_bytes
     last_extra: float  # last_stage_extra_bytes
 
 
-@layout_memo(*_LAYER_FIELDS, "recompute", "chunked_loss")
+@layout_memo(*_LAYER_FIELDS, "recompute", "recompute_num_layers", "chunked_loss")
 def layer_activations(job: Job, layout: Layout) -> LayerActivations:
     per_kind = kind_layer_bytes(job, layout, layout.recompute)
+    partial = layout.recompute_num_layers is not None
+    kept = kind_layer_bytes(job, layout, Recompute.NONE) if partial else per_kind
     first_extra, last_extra = stage_extra_bytes(job, layout)
     return LayerActivations(
         per_kind=per_kind,
-        largest_layer=max(per_kind.values()),
+        kept_per_kind=kept,
+        largest_layer=max(max(per_kind.values()), max(kept.values())),
         working=recompute_working_bytes(job, layout, layout.recompute),
         first_extra=first_extra,
         last_extra=last_extra,
@@ -345,10 +382,17 @@ def micro_batches_per_step(layout: Layout, training: TrainingSpec) -> int:
     return max(1, training.global_batch_size // (layout.micro_batch_size * layout.dp))
 
 
-def rank_micro_batch_bytes(layer: LayerActivations, layers: tuple[tuple[LayerKind, int], ...]) -> float:
+def rank_micro_batch_bytes(
+    layer: LayerActivations, layers: tuple[tuple[LayerKind, int], ...], recomputed_fraction: float
+) -> float:
     """Activation bytes of one micro-batch in the decoder layers a pipeline rank holds (how many of
-    each kind), recompute applied."""
-    return sum_by_kind(layers, layer.per_kind.__getitem__)
+    each kind), recompute applied to ``recomputed_fraction`` of them
+    (``pipeline.rank_recomputed_fractions``), the rest keeping everything."""
+    stored = sum_by_kind(layers, layer.per_kind.__getitem__)
+    if recomputed_fraction >= 1.0:
+        return stored
+    kept = sum_by_kind(layers, layer.kept_per_kind.__getitem__)
+    return recomputed_fraction * stored + (1.0 - recomputed_fraction) * kept
 
 
 def stage_activation_bytes(

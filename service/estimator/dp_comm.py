@@ -42,6 +42,7 @@ from service.estimator.step_time import (
     gpu_parameters,
     grad_bytes,
     group_links,
+    recomputed_share,
     step_base,
 )
 from service.estimator.tuning import dp_overlap_default
@@ -312,8 +313,9 @@ def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) ->
         + flops.attention_core_flops(model, training.seq_len)
         + flops.lora_adapter_flops(model, kind, training)
     )
-    backward = flops.layer_training_flops(model, kind, training) - forward
-    backward += flops.layer_recompute_flops(model, kind, training, layout.recompute)
+    backward = float(flops.layer_training_flops(model, kind, training) - forward)
+    recomputed = flops.layer_recompute_flops(model, kind, training, layout.recompute)
+    backward += recomputed_share(job, layout) * recomputed
     seconds_per_flop = base.tokens / layout.tp / base.flops_per_s
     return forward * seconds_per_flop, backward * seconds_per_flop
 

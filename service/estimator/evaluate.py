@@ -24,6 +24,7 @@ from service.estimator.memory import (
     stage_activations,
     stage_states,
 )
+from service.estimator.pipeline import recomputed_fraction
 from service.estimator.types import (
     ClusterSpec,
     Layout,
@@ -166,7 +167,8 @@ def time_estimate(job: Job, layout: Layout) -> TimeEstimate:
     model, training = job.model, job.training
     peak = st.peak_flops_per_s(job.cluster, training.precision)
     model_flops = flops.model_flops_per_step(model, training)
-    hardware_flops = flops.hardware_flops_per_step(model, training, layout.recompute)
+    recomputed = recomputed_fraction(model.num_layers, layout)
+    hardware_flops = flops.hardware_flops_per_step(model, training, layout.recompute, recomputed)
     return TimeEstimate(
         breakdown=breakdown,
         tokens_per_s=training.tokens_per_step / step_s,

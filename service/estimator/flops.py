@@ -23,6 +23,7 @@ count equals Narayanan Eq. 3, 96 B L s h^2 (1 + s/(6h) + V/(16 h L)), exactly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from service.estimator.params import is_moe_layer
@@ -67,6 +68,56 @@ def layer_matmul_flops(model: ModelSpec, moe_layer: bool) -> int:
     else:
         ffn = mlp_flops(model, model.ffn_hidden_size)
     return attention_projection_flops(model) + ffn
+
+
+@dataclass(frozen=True, slots=True)
+class Matmul:
+    """One weight matmul of a decoder layer, per token: its output width and FLOPs. ``row_parallel``:
+    under tensor parallelism its output is a full-width partial sum (o_proj, down_proj)."""
+
+    out_features: int
+    flops: int
+    row_parallel: bool
+
+
+def layer_matmuls(model: ModelSpec, moe_layer: bool) -> tuple[Matmul, ...]:
+    """The weight matmuls of one decoder layer in forward order, as torchtitan's blocks run them:
+    q, k, v, o, then the MLP's gate (w1), up (w3) and down (w2) (gate and down without a gated MLP);
+    an MoE layer's routed experts (top_k of them per token, the rows of one grouped matmul) and shared
+    experts in the MLP's place. The router is left out: torchtitan's per-op AC always recomputes it
+    (force_recompute_mm_shapes_by_fqns = ["moe.router.gate"])."""
+    h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    attention = (
+        Matmul(q, 2 * h * q, False),
+        Matmul(kv, 2 * h * kv, False),
+        Matmul(kv, 2 * h * kv, False),
+        Matmul(h, 2 * q * h, True),
+    )
+
+    def mlp(ffn: int, copies: int) -> tuple[Matmul, ...]:
+        up = (Matmul(copies * ffn, copies * 2 * h * ffn, False),) * (2 if model.mlp.gated else 1)
+        return (*up, Matmul(h, copies * 2 * ffn * h, True))
+
+    moe = model.moe
+    if moe is None or not moe_layer:
+        return attention + mlp(model.ffn_hidden_size, 1)
+    routed = mlp(moe.expert_ffn_hidden_size, moe.top_k)
+    shared = mlp(moe.shared_expert_ffn_hidden_size, moe.num_shared_experts) if moe.num_shared_experts else ()
+    return attention + routed + shared
+
+
+def op_sac_saved(matmuls: tuple[Matmul, ...]) -> tuple[bool, ...]:
+    """Which matmul outputs torchtitan's per-op AC saves: every second one (the 2nd, 4th, ...) is
+    recomputed (SelectiveAC: ``mm_count % 2 == 0`` -> PREFER_RECOMPUTE, counted per block)."""
+    return tuple(index % 2 == 0 for index in range(len(matmuls)))
+
+
+def op_sac_recompute_flops(model: ModelSpec, moe_layer: bool) -> int:
+    """Forward FLOPs per token per-op AC runs again: the unsaved matmuls (+ the MoE router)."""
+    matmuls = layer_matmuls(model, moe_layer)
+    recomputed = sum(m.flops for m, saved in zip(matmuls, op_sac_saved(matmuls), strict=True) if not saved)
+    router = 2 * model.hidden_size * model.moe.num_experts if model.moe is not None and moe_layer else 0
+    return recomputed + router
 
 
 def logits_flops(model: ModelSpec) -> int:
@@ -142,12 +193,15 @@ def layer_recompute_flops(
 ) -> int:
     """Extra forward FLOPs per token of one layer that recomputation adds."""
     # full: the whole layer forward again (Narayanan Eq. 3's 4th pass);
-    # selective: attention's QK^T and AV only (Korthikanti §5: "core attention")
+    # selective: attention's QK^T and AV only (Korthikanti §5: "core attention");
+    # selective_op: the matmuls per-op AC does not save (attention's output is saved)
     core = attention_core_flops(model, training.seq_len)
     if recompute is Recompute.FULL:
         return layer_matmul_flops(model, moe_layer) + core + lora_adapter_flops(model, moe_layer, training)
     if recompute is Recompute.SELECTIVE:
         return core
+    if recompute is Recompute.SELECTIVE_OP:
+        return op_sac_recompute_flops(model, moe_layer)
     return 0
 
 
@@ -176,7 +230,10 @@ def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> int:
     return training.tokens_per_step * model_flops_per_token(model, training)
 
 
-def hardware_flops_per_step(model: ModelSpec, training: TrainingSpec, recompute: Recompute) -> int:
-    """Model FLOPs plus the recomputed forward work (HFU numerator)."""
-    per_token = model_flops_per_token(model, training) + recompute_flops_per_token(model, training, recompute)
-    return training.tokens_per_step * per_token
+def hardware_flops_per_step(
+    model: ModelSpec, training: TrainingSpec, recompute: Recompute, recomputed_fraction: float = 1.0
+) -> float:
+    """Model FLOPs plus the recomputed forward work (HFU numerator); ``recomputed_fraction`` of the
+    layers recompute (``pipeline.recomputed_fraction``)."""
+    recomputed = recomputed_fraction * recompute_flops_per_token(model, training, recompute)
+    return training.tokens_per_step * (model_flops_per_token(model, training) + recomputed)

@@ -30,7 +30,7 @@ from service.estimator.model_states import (
     shard_degrees,
     state_bytes,
 )
-from service.estimator.pipeline import PIPELINE_FIELDS
+from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
     Framework,
@@ -281,6 +281,7 @@ ACTIVATION_FIELDS = (
     "micro_batch_size",
     "gradient_accumulation_steps",
     "recompute",
+    "recompute_num_layers",
     "activation_offload",
     "chunked_loss",
 )
@@ -295,9 +296,10 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     micro_batches = activations.micro_batches_per_step(layout, job.training)
     out = []
     kinds = rank_kind_counts(job, layout)
+    recomputed = rank_recomputed_fractions(job.model.num_layers, layout)
     for rank in pipeline_ranks(job, layout):
         in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches)
-        per_micro = activations.rank_micro_batch_bytes(layer, kinds[rank])
+        per_micro = activations.rank_micro_batch_bytes(layer, kinds[rank], recomputed[rank])
         total = activations.stage_activation_bytes(layout, layer, per_micro, rank, in_flight)
         on_gpu, on_host = activation_split(layout, layer, per_micro, total, in_flight)
         out.append(

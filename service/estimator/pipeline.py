@@ -96,6 +96,30 @@ def describe(num_layers: int, layout: Layout) -> str:
     return ", ".join(f"{layers}" if count == 1 else f"{layers} x {count}" for layers, count in runs)
 
 
+def rank_recomputed_fractions(num_layers: int, layout: Layout) -> tuple[float, ...]:
+    """The fraction of each pipeline rank's layers that recompute: with ``recompute_num_layers`` N
+    the first N layers of each of its virtual stages (Megatron's block method, per model chunk),
+    else all of them (1.0; whether anything is recomputed is the layout's ``recompute``)."""
+    n = layout.recompute_num_layers
+    if n is None:
+        return (1.0,) * layout.pp
+    split = stage_layers(num_layers, layout)
+    fractions = []
+    for rank in range(layout.pp):
+        stages = split[rank :: layout.pp]
+        layers = sum(stages)
+        fractions.append(sum(min(n, s) for s in stages) / layers if layers else 1.0)
+    return tuple(fractions)
+
+
+def recomputed_fraction(num_layers: int, layout: Layout) -> float:
+    """The fraction of all the model's layers that recompute (``rank_recomputed_fractions``)."""
+    n = layout.recompute_num_layers
+    if n is None:
+        return 1.0
+    return sum(min(n, s) for s in stage_layers(num_layers, layout)) / num_layers
+
+
 # The layout fields the split reads.
 PIPELINE_FIELDS = (
     "pp",

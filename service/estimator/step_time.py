@@ -32,7 +32,7 @@ from service.estimator import comm, flops
 from service.estimator.errors import InvalidTraining
 from service.estimator.job import Job, LayerKind, job_memo, layout_memo, rank_kind_counts, sum_by_kind
 from service.estimator.params import stage_parameter_counts
-from service.estimator.pipeline import PIPELINE_FIELDS
+from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import Tuning, matmul_efficiency
 from service.estimator.types import (
     Attention,
@@ -303,7 +303,7 @@ def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, tuning: Tu
     return 1.0 / tuning.unaligned_attention_core_factor - 1.0
 
 
-def unaligned_core_s(job: Job, layout: Layout, base: StepBase, passes_per_layer: int) -> float:
+def unaligned_core_s(job: Job, layout: Layout, base: StepBase, passes_per_layer: float) -> float:
     """Time ``passes_per_layer`` forwards of attention's core per layer of the slowest stage add, over
     all micro-batches, beyond their FLOPs at the GEMM rate (``unaligned_core_slowdown``; 0 aligned)."""
     slowdown = unaligned_core_slowdown(job.model, job.training, job.tuning)
@@ -316,7 +316,9 @@ def unaligned_core_s(job: Job, layout: Layout, base: StepBase, passes_per_layer:
 def unaligned_core_step_s(job: Job, layout: Layout) -> float:
     """What an unaligned head_dim adds to the step: training passes plus the recomputed core."""
     base = step_base(job, layout)
-    recomputed = 0 if layout.recompute is Recompute.NONE else 1
+    # full and selective redo the core (per-op AC saves the attention op's output)
+    recomputed = 1.0 if layout.recompute in (Recompute.FULL, Recompute.SELECTIVE) else 0.0
+    recomputed *= recomputed_share(job, layout)
     return unaligned_core_s(job, layout, base, 3) + unaligned_core_s(job, layout, base, recomputed)
 
 
@@ -332,9 +334,10 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
 
 def recompute_passes(tuning: Tuning, recompute: Recompute) -> float:
     """Forward-equivalents of memory-bound work a recompute costs over the bytes it writes again."""
-    # Full recompute re-runs each layer's forward once. Selective re-runs attention's core, whose
-    # s x s chain moves a multiple of the bytes it finally stores (tuning.toml).
-    if recompute is Recompute.FULL:
+    # Full recompute re-runs each layer's forward once, and so does per-op AC for every op but the
+    # matmuls and attention it saved (norms, activations, residuals). Selective re-runs attention's
+    # core, whose s x s chain moves a multiple of the bytes it finally stores (tuning.toml).
+    if recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
         return 1.0
     return tuning.selective_recompute_passes if recompute is Recompute.SELECTIVE else 0.0
 
@@ -342,7 +345,7 @@ def recompute_passes(tuning: Tuning, recompute: Recompute) -> float:
 def recompute_stored_bytes(job: Job, layout: Layout, base: StepBase) -> float:
     """Activation bytes per token of the slowest stage the recomputed forward writes again."""
     recompute, training = layout.recompute, job.training
-    if recompute is Recompute.FULL:
+    if recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
         return base.stored_bytes
     if recompute is Recompute.SELECTIVE and training.attention is Attention.EAGER:
         # the s x s softmax chain of every layer: 5 a s bytes per token (16-bit), split over tp
@@ -357,8 +360,15 @@ def kind_recompute_flops(job: Job, kind: LayerKind, recompute: Recompute) -> int
     return flops.layer_recompute_flops(job.model, kind, job.training, recompute)
 
 
+@layout_memo(*PIPELINE_FIELDS, "recompute_num_layers")
+def recomputed_share(job: Job, layout: Layout) -> float:
+    """The share of the slowest stage's layers that recompute (``recompute_num_layers``)."""
+    return rank_recomputed_fractions(job.model.num_layers, layout)[slowest_stage(job, layout)]
+
+
 def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
-    """The recomputed forward: every layer (full) or attention's core (selective)."""
+    """The recomputed forward: every layer (full), its unsaved ops (per-op AC) or attention's core
+    (selective), on the share of the layers that recompute."""
     recompute = layout.recompute
     if recompute is Recompute.NONE:
         return 0.0
@@ -366,20 +376,28 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     gemm_s = base.micro_batches * base.tokens * per_token / layout.tp / base.flops_per_s
     passes = recompute_passes(job.tuning, recompute)
     memory_s = memory_bound_s(job, base, passes, recompute_stored_bytes(job, layout, base))
-    # full and selective both redo the core
-    return gemm_s + unaligned_core_s(job, layout, base, 1) + memory_s
+    core = 1.0 if recompute is not Recompute.SELECTIVE_OP else 0.0  # full and selective redo the core
+    return recomputed_share(job, layout) * (gemm_s + unaligned_core_s(job, layout, base, core) + memory_s)
+
+
+def recomputed_collectives(job: Job, layout: Layout) -> float:
+    """TP collectives per layer a recompute runs again: full recompute re-runs the forward's two;
+    per-op AC saves the reduce-scatters but not the all-gathers before attention and the MLP."""
+    if layout.recompute not in (Recompute.FULL, Recompute.SELECTIVE_OP):
+        return 0.0
+    return 2.0 * recomputed_share(job, layout)
 
 
 # ---------------------------------------------------------------- model-parallel communication
 
 
 def tp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
-    """Megatron TP: 2 all-reduces forward + 2 backward per layer (+2 with full recompute)."""
+    """Megatron TP: 2 all-reduces forward + 2 backward per layer (+2 when recomputed)."""
     # SP swaps each all-reduce for a reduce-scatter + all-gather of the same total time
     # (Korthikanti §4.2.2); Narayanan §3.3: volume 8 b s h (t-1)/t per layer.
     if layout.tp == 1:
         return 0.0
-    collectives = 4 + (2 if layout.recompute is Recompute.FULL else 0)
+    collectives = 4 + recomputed_collectives(job, layout)
     total = base.micro_batches * base.layers * collectives * base.tp_all_reduce_s
     return total * (1.0 - job.tuning.tp_overlap_hidden_fraction) if layout.tp_comm_overlap else total
 
@@ -408,7 +426,8 @@ def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     # each routed copy of a token (top_k of them) carries h values; SP splits tokens over tp
     tokens = base.tokens / (layout.tp if layout.sequence_parallel else 1)
     size_bytes = tokens * moe.top_k * job.model.hidden_size * activation_bytes(job.training.precision)
-    collectives = 4 + (2 if layout.recompute is Recompute.FULL else 0)
+    # full recompute dispatches and combines again; per-op AC saves all_to_all_single's outputs
+    collectives = 4 + (2.0 * recomputed_share(job, layout) if layout.recompute is Recompute.FULL else 0.0)
     one = comm.group_all_to_all_s(size_bytes, base.links.ep)
     return base.micro_batches * moe_layers * collectives * one
 
@@ -431,7 +450,13 @@ def pp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
 
 
 # + interleaving (the bubble and the pipeline sends), recompute and TP overlap
-PARTS_FIELDS = (*BASE_FIELDS, "virtual_pipeline_stages", "recompute", "tp_comm_overlap")
+PARTS_FIELDS = (
+    *BASE_FIELDS,
+    "virtual_pipeline_stages",
+    "recompute",
+    "recompute_num_layers",
+    "tp_comm_overlap",
+)
 
 
 @dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)

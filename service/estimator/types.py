@@ -325,9 +325,18 @@ class Offload(StrEnum):
 
 
 class Recompute(StrEnum):
+    """Activation recomputation, as each framework names its policies."""
+
     NONE = "none"
-    SELECTIVE = "selective"  # recompute attention's core (Korthikanti §5)
-    FULL = "full"  # keep each layer's input only
+    # Megatron --recompute-granularity selective (--recompute-modules core_attn, the default):
+    # attention's core is recomputed (Korthikanti §5)
+    SELECTIVE = "selective"
+    # torchtitan per-op selective AC: the outputs of matmuls, attention and reduce-scatters are saved,
+    # every second matmul and every other op recomputed (torchtitan distributed/activation_checkpoint.py)
+    SELECTIVE_OP = "selective_op"
+    # each layer keeps its input only (Megatron full, torchtitan full, DeepSpeed and HF checkpointing);
+    # with Layout.recompute_num_layers only that many layers of each (virtual) stage
+    FULL = "full"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -347,6 +356,10 @@ class Layout:
     offload_optimizer: Offload = Offload.NONE
     offload_params: Offload = Offload.NONE
     recompute: Recompute = Recompute.NONE
+    # With recompute full: only the first N layers of each (virtual) pipeline stage are recomputed,
+    # the others keep every activation (Megatron --recompute-method block --recompute-num-layers N);
+    # None: every layer.
+    recompute_num_layers: int | None = None
     micro_batch_size: int = 1
     virtual_pipeline_stages: int = 1
     gradient_accumulation_steps: int | None = None  # derived: global = micro x accum x dp
@@ -374,6 +387,8 @@ class Layout:
             )
         if self.gradient_accumulation_steps is not None:
             _require_positive(InvalidLayout, "gradient_accumulation_steps", self.gradient_accumulation_steps)
+        if self.recompute_num_layers is not None:
+            _require_positive(InvalidLayout, "recompute_num_layers", self.recompute_num_layers)
         if self.pipeline_layers is not None and any(layers < 0 for layers in self.pipeline_layers):
             raise InvalidLayout(
                 f"pipeline_layers must be >= 0 each, got {list(self.pipeline_layers)}",

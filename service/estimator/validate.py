@@ -46,6 +46,8 @@ class Capabilities:
     lora_with_model_parallel: bool  # LoRA/QLoRA together with tp > 1 or pp > 1
     optimizer_in_backward: bool
     activation_offload_needs_full_recompute: bool
+    recompute_modes: frozenset[Recompute]  # the recompute policies the framework has
+    partial_recompute: bool  # recompute_num_layers (only some layers of each stage)
     source: str
 
 
@@ -65,6 +67,9 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             optimizer_in_backward=False,
             # activation_checkpointing.cpu_checkpointing offloads the checkpoints themselves.
             activation_offload_needs_full_recompute=True,
+            # deepspeed.checkpointing / HF gradient checkpointing wrap whole decoder layers
+            recompute_modes=frozenset({Recompute.NONE, Recompute.FULL}),
+            partial_recompute=False,
             source="deepspeedai/DeepSpeed runtime/zero/config.py, runtime/pipe/engine.py",
         ),
         Framework.MEGATRON: Capabilities(
@@ -78,6 +83,9 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             lora_with_model_parallel=False,  # no PEFT in Megatron-LM itself (NeMo adds it)
             optimizer_in_backward=False,
             activation_offload_needs_full_recompute=False,
+            # --recompute-granularity selective|full, --recompute-method block --recompute-num-layers
+            recompute_modes=frozenset({Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL}),
+            partial_recompute=True,
             source="NVIDIA/Megatron-LM megatron/training/arguments.py validate_args",
         ),
         Framework.FSDP: Capabilities(
@@ -91,6 +99,9 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             lora_with_model_parallel=True,
             optimizer_in_backward=True,  # torchtune optimizer_in_bwd
             activation_offload_needs_full_recompute=False,
+            # torchtitan activation_checkpoint full | selective (per op); accelerate/HF: whole layers
+            recompute_modes=frozenset({Recompute.NONE, Recompute.SELECTIVE_OP, Recompute.FULL}),
+            partial_recompute=False,
             source="pytorch FSDP docs (ShardingStrategy, CPUOffload), torchtitan parallel_dims, torchtune",
         ),
     }
@@ -354,6 +365,32 @@ def training_violation(
     return None
 
 
+def recompute_violation(model: ModelSpec, layout: Layout, caps: Capabilities) -> Violation:
+    """The recompute policy must be one the framework has; recompute_num_layers goes with full
+    recompute in a framework that can recompute some layers only, at most a stage's layers."""
+    name = layout.framework.value
+    if layout.recompute not in caps.recompute_modes:
+        allowed = sorted(mode.value for mode in caps.recompute_modes)
+        return _bad(
+            f"{name} has no recompute {layout.recompute.value} (allowed {allowed})", "recompute", "recompute"
+        )
+    n, field = layout.recompute_num_layers, "recompute_num_layers"
+    if n is None:
+        return None
+    if not caps.partial_recompute:
+        return _bad(f"{name} cannot recompute only some layers: recompute_num_layers {n}", field, field)
+    if layout.recompute is not Recompute.FULL:
+        return _bad(f"recompute_num_layers needs recompute full, got {layout.recompute.value}", field, field)
+    largest = max(pipeline.stage_layers(model.num_layers, layout))
+    if n > largest:
+        return _bad(
+            f"recompute_num_layers {n} > {largest}, the most layers of a (virtual) pipeline stage",
+            field,
+            field,
+        )
+    return None
+
+
 def activation_offload_violation(layout: Layout, caps: Capabilities) -> Violation:
     if (
         layout.activation_offload
@@ -392,6 +429,7 @@ def layout_violation(
         lambda: expert_violation(model, layout),
         lambda: training_violation(cluster, layout, training, caps),
         lambda: fused_optimizer_batches_violation(layout, micro_batches()),
+        lambda: recompute_violation(model, layout, caps),
         lambda: activation_offload_violation(layout, caps),
     )
     for check in checks:

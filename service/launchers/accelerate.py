@@ -107,6 +107,10 @@ def _fsdp(plan: Plan) -> dict[str, Any]:
             f"offload_optimizer={lo.offload_optimizer} with offload_params={lo.offload_params} "
             "is not expressible",
         )
+    if lo.recompute is Recompute.SELECTIVE_OP:
+        raise Unsupported(
+            TARGET, "per-op selective AC is torchtitan's; Accelerate checkpoints whole decoder layers"
+        )
     fsdp: dict[str, Any] = {
         "fsdp_version": 2,
         "fsdp_reshard_after_forward": lo.zero_stage == 3,  # False = SHARD_GRAD_OP (ZeRO-2)
@@ -115,8 +119,7 @@ def _fsdp(plan: Plan) -> dict[str, Any]:
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         "fsdp_cpu_ram_efficient_loading": True,
         "fsdp_sync_module_states": True,  # launch requires it with cpu_ram_efficient_loading
-        # Accelerate checkpoints whole decoder layers: selective recompute runs as full.
-        "fsdp_activation_checkpointing": lo.recompute is not Recompute.NONE,
+        "fsdp_activation_checkpointing": lo.recompute is Recompute.FULL,  # whole decoder layers
     }
     layer = hf_decoder_layer(plan.model.family)
     if layer is not None:  # otherwise the model's _no_split_modules decide
@@ -179,10 +182,12 @@ def _megatron(plan: Plan) -> dict[str, Any]:
     if lo.pp > 1:
         mlm["megatron_lm_num_micro_batches"] = accumulation(plan)
     if lo.recompute is Recompute.FULL:
+        # every layer keeps its input (uniform, chunks of one), or the first N of each stage (block)
+        partial = lo.recompute_num_layers is not None
         mlm |= {
             "megatron_lm_recompute_granularity": "full",
-            "megatron_lm_recompute_method": "uniform",
-            "megatron_lm_recompute_num_layers": 1,
+            "megatron_lm_recompute_method": "block" if partial else "uniform",
+            "megatron_lm_recompute_num_layers": lo.recompute_num_layers if partial else 1,
         }
     return {"distributed_type": "MEGATRON_LM", "megatron_lm_config": mlm}
 

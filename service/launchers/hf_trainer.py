@@ -71,6 +71,10 @@ def _fsdp_config(plan: Plan) -> dict[str, Any]:
         raise Unsupported(
             TARGET, "FSDP2's cpu_offload moves parameters, gradients and optimizer states together"
         )
+    if lo.recompute is Recompute.SELECTIVE_OP:
+        raise Unsupported(
+            TARGET, "per-op selective AC is torchtitan's; the Trainer checkpoints whole decoder layers"
+        )
     config: dict[str, Any] = {
         "version": 2,
         "reshard_after_forward": lo.zero_stage == 3,  # False = SHARD_GRAD_OP (ZeRO-2)
@@ -78,8 +82,7 @@ def _fsdp_config(plan: Plan) -> dict[str, Any]:
         "state_dict_type": "SHARDED_STATE_DICT",
         "cpu_ram_efficient_loading": True,
         "cpu_offload": lo.offload_params is Offload.CPU,
-        # Checkpoints whole decoder layers: selective recompute runs as full.
-        "activation_checkpointing": lo.recompute is not Recompute.NONE,
+        "activation_checkpointing": lo.recompute is Recompute.FULL,  # whole decoder layers
     }
     layer = hf_decoder_layer(plan.model.family)
     if layer is not None:  # otherwise the model's _no_split_modules decide
@@ -133,7 +136,7 @@ def training_arguments(plan: Plan, config_dir: str = "") -> tuple[dict[str, Any]
     elif precision is Precision.FP16:
         args["fp16"] = True
     # FSDP checkpoints through fsdp_config; the Trainer refuses both switches at once.
-    if lo.recompute is not Recompute.NONE and "fsdp" not in parallel:
+    if lo.recompute is Recompute.FULL and "fsdp" not in parallel:
         args["activation_checkpointing"] = True
     args |= {
         "dataloader_num_workers": DATALOADER_WORKERS,

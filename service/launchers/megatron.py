@@ -209,6 +209,10 @@ def _recompute_args(plan: Plan) -> list[str]:
     recompute = plan.layout.recompute
     if recompute is Recompute.SELECTIVE:
         return ["--recompute-granularity", "selective"]
+    if recompute is Recompute.FULL and plan.layout.recompute_num_layers is not None:
+        # The first N layers of each (virtual) stage keep only their input, the rest everything.
+        n = str(plan.layout.recompute_num_layers)
+        return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", n]
     if recompute is Recompute.FULL:
         # Every layer keeps only its input: uniform over chunks of one layer.
         return [

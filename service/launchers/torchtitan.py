@@ -200,7 +200,8 @@ def train_args(plan: Plan) -> list[str]:
         args.append("--training.enable_cpu_offload")
     if lo.pp > 1:
         args.append("--training.disable_cuda_graphs")  # 0.3.0 raises for PP with CUDA graphs
-    mode = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}[lo.recompute]
+    # torchtitan's "selective" is per-op AC (SelectiveAC), what selective_op estimates
+    mode = {Recompute.NONE: "none", Recompute.SELECTIVE_OP: "selective", Recompute.FULL: "full"}[lo.recompute]
     args.append(f"activation_checkpoint:{mode}")  # a tyro subcommand: must come last
     return args
 

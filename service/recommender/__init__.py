@@ -23,6 +23,7 @@ from service.estimator import evaluate
 from service.estimator.estimate import estimate_valid
 from service.estimator.job import Job, make_job
 from service.estimator.memory import min_state_bytes_per_gpu, stage_states
+from service.estimator.pipeline import stage_layers
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
     ClusterSpec,
@@ -36,17 +37,17 @@ from service.estimator.types import (
     TimeEstimate,
     TrainingSpec,
 )
-from service.estimator.validate import layout_violation
+from service.estimator.validate import FRAMEWORK_CAPABILITIES, layout_violation
 from service.recommender import rank
 from service.recommender.space import (
     FRAMEWORK_FLAGS,
-    RECOMPUTE_ORDER,
     RejectionLog,
     Sharding,
     Structure,
     gpu_counts,
     make_layout,
     micro_batch_sizes,
+    recompute_order,
     shardings,
     structures,
     sub_cluster,
@@ -179,12 +180,12 @@ def _search_memory_family(
         result.log.add(
             "invalid: virtual_pp",
             1,
-            make_layout(s, sh, RECOMPUTE_ORDER[0], virtual, 1),
+            make_layout(s, sh, Recompute.NONE, virtual, 1),
             "no micro-batch gives a multiple of pp micro-batches",
         )
         return False
     best_index, fitted = -1, False
-    for recompute in RECOMPUTE_ORDER:
+    for recompute in recompute_order(sh.framework):
         result.families += 1
         first = make_layout(s, sh, recompute, virtual, sizes[0])
         violation = layout_violation(search.model, job.cluster, first, search.training)
@@ -206,10 +207,37 @@ def _search_memory_family(
         best_index = top
         timed = [top] if s.pp == 1 else list(range(max(0, top - MAX_MICRO_BATCHES_TIMED + 1), top + 1))
         for i in timed:
-            _time_candidate(search, job, result, sized(i))
+            layout = sized(i)
+            if recompute is Recompute.FULL and FRAMEWORK_CAPABILITIES[sh.framework].partial_recompute:
+                layout = _fewest_recomputed_layers(search, job, result, layout, limit)
+            _time_candidate(search, job, result, layout)
         if top == len(sizes) - 1:
             break
     return fitted
+
+
+def _fewest_recomputed_layers(
+    search: _Search, job: Job, result: SearchResult, layout: Layout, limit: int
+) -> Layout:
+    """``layout`` (full recompute, which fits) with the fewest layers of each stage recomputed that
+    still fit (Megatron's block method): memory falls as more layers recompute, so a binary search."""
+    most = max(stage_layers(search.model.num_layers, layout))
+
+    def with_layers(n: int) -> Layout:
+        return dataclasses.replace(layout, recompute_num_layers=n)
+
+    def fits(n: int) -> bool:
+        result.memory_evaluations += 1
+        return evaluate.numbers_fit(job.cluster, result.memory_numbers(job, with_layers(n)), limit)
+
+    low, high = 1, most  # every layer recomputing (n = most) is the layout itself, which fits
+    while low < high:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return layout if low == most else with_layers(low)
 
 
 def _largest_fitting(
@@ -246,7 +274,7 @@ def _search_structure(search: _Search, job: Job, result: SearchResult, s: Struct
             if reason in result.log.groups:
                 result.log.groups[reason].count += 1  # the example is kept from the first
             else:
-                example = make_layout(s, Sharding(framework, 0), RECOMPUTE_ORDER[0], 1, 1)
+                example = make_layout(s, Sharding(framework, 0), Recompute.NONE, 1, 1)
                 result.log.add(reason, 1, example, reason)
         fitted = False
         for sh in options:

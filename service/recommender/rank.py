@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.types import Estimate, Framework, Layout, Offload, Recompute
+from service.recommender.space import RECOMPUTE_COST_ORDER
 from service.recommender.types import Constraints, Objective
 
 GiB = 2**30
@@ -33,12 +34,20 @@ def primary_key(objective: Objective, gpus: int, tokens_per_s: float) -> tuple[f
     return (-rounded, gpus)
 
 
+def recompute_words(layout: Layout) -> str:
+    """The recompute policy: its name, and how many layers of each stage when not all."""
+    n = layout.recompute_num_layers
+    if n is None:
+        return layout.recompute.value
+    return f"{layout.recompute.value} ({n} layer{'s' if n > 1 else ''} of each stage)"
+
+
 def simplicity(layout: Layout) -> tuple[int, ...]:
     """Fewer moving parts first: no pipeline, no CP, narrow TP, no offload, low ZeRO stage, no recompute."""
     offload = int(layout.offload_optimizer is not Offload.NONE) + int(
         layout.offload_params is not Offload.NONE
     )
-    recompute = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL).index(layout.recompute)
+    recompute = RECOMPUTE_COST_ORDER.index(layout.recompute)
     return (
         layout.pp,
         layout.cp,
@@ -76,7 +85,7 @@ def describe(layout: Layout) -> str:
         parts.append(f"offload_optimizer={layout.offload_optimizer.value}")
     if layout.offload_params is not Offload.NONE:
         parts.append(f"offload_params={layout.offload_params.value}")
-    parts += [f"recompute={layout.recompute.value}", f"micro_batch={layout.micro_batch_size}"]
+    parts += [f"recompute={recompute_words(layout)}", f"micro_batch={layout.micro_batch_size}"]
     return " ".join(parts)
 
 
@@ -152,7 +161,7 @@ def rationale(
     lines.append(_sharding_words(layout))
     lines.append(
         f"micro-batch {layout.micro_batch_size} (largest that fits: {estimate.max_micro_batch_size}), "
-        f"recompute {layout.recompute.value}"
+        f"recompute {recompute_words(layout)}"
         + ("" if layout.recompute is Recompute.NONE else " to fit activations")
     )
     memory = estimate.memory

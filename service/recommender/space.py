@@ -52,7 +52,14 @@ from service.estimator.validate import (
 
 MAX_CP = 32  # context parallelism beyond 32 ranks only pays off past the catalog's context lengths
 MAX_VIRTUAL_STAGES = 8  # interleaving deeper than 8 chunks costs more p2p than its bubble saves
-RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)  # fastest first
+# fastest first: core attention only, then the matmuls per-op AC does not save, then whole layers
+RECOMPUTE_COST_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.SELECTIVE_OP, Recompute.FULL)
+
+
+def recompute_order(framework: Framework) -> tuple[Recompute, ...]:
+    """The framework's recompute policies, fastest first."""
+    modes = FRAMEWORK_CAPABILITIES[framework].recompute_modes
+    return tuple(mode for mode in RECOMPUTE_COST_ORDER if mode in modes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ functions of ``memory`` and ``activations``. ``tuning`` defaults to the catalog'
 from __future__ import annotations
 
 from service.catalog.tuning import default_tuning
-from service.estimator import activations, evaluate, model_states
+from service.estimator import activations, evaluate, model_states, pipeline
 from service.estimator import memory as memory_parts
 from service.estimator.job import Job, make_job, rank_kind_counts
 from service.estimator.model_states import ModelStates, RankParameters
@@ -94,7 +94,8 @@ def stage_activation_bytes(
     j = job(model, cluster, training)
     layer = activations.layer_activations(j, layout)
     in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches)
-    per_micro = activations.rank_micro_batch_bytes(layer, rank_kind_counts(j, layout)[rank])
+    recomputed = pipeline.rank_recomputed_fractions(model.num_layers, layout)
+    per_micro = activations.rank_micro_batch_bytes(layer, rank_kind_counts(j, layout)[rank], recomputed[rank])
     return activations.stage_activation_bytes(layout, layer, per_micro, rank, in_flight)
 
 

@@ -150,6 +150,9 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
         split = tuple(b - a for a, b in zip((0, *cuts), (*cuts, spec.num_layers), strict=True))
     elif pp > 1 and rng.random() < 0.4:
         account = (rng.random() < 0.7, rng.random() < 0.7)
+    recompute = rng.choice(list(Recompute))
+    # some layers of each stage (the validator refuses more than a stage holds)
+    recompute_layers = rng.choice((1, 2, 3)) if recompute is Recompute.FULL and rng.random() < 0.4 else None
     return Layout(
         framework=framework,
         dp=dp,
@@ -161,7 +164,8 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
         zero_stage=zero,
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
-        recompute=rng.choice(list(Recompute)),
+        recompute=recompute,
+        recompute_num_layers=recompute_layers,
         micro_batch_size=micro,
         virtual_pipeline_stages=virtual,
         pipeline_layers=split,
@@ -238,6 +242,7 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "offload_optimizer": set(Offload),
     "offload_params": set(Offload),
     "recompute": set(Recompute),
+    "recompute_num_layers": {None, 1, 2, 3},
     "micro_batch_size": {1, 2, 4},
     "virtual_pipeline_stages": {1, 2},
     "gradient_accumulation_steps": {None, 1, 2, 4, 8},
@@ -735,5 +740,5 @@ def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
     for recompute in Recompute:
         saved = sum(activations.layer_bytes(spec, layout, training, kind, recompute) for kind in kinds)
         layer = activations.layer_activations(job, dataclasses.replace(layout, recompute=recompute))
-        whole = activations.rank_micro_batch_bytes(layer, rank_kind_counts(job, layout)[0])
+        whole = activations.rank_micro_batch_bytes(layer, rank_kind_counts(job, layout)[0], 1.0)
         assert whole == pytest.approx(saved, rel=1e-12)

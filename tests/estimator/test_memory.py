@@ -409,19 +409,26 @@ def test_recompute_none_ge_selective_ge_full(
         attention=attention,
         precision=Precision.FP32 if fp32 else Precision.BF16,
     )
+    # the framework's own selective policy: Megatron's core attention, torchtitan's per-op AC
+    selective = Recompute.SELECTIVE if layout.framework is Framework.MEGATRON else Recompute.SELECTIVE_OP
+    modes = (Recompute.NONE, selective, Recompute.FULL)
     per_layer = [
         activations.layer_bytes(model, dataclasses.replace(layout, recompute=r), training, False, r)
-        for r in Recompute
+        for r in modes
     ]
-    assert per_layer[0] >= per_layer[1] >= per_layer[2]
+    # under TP per-op AC saves the row-parallel matmuls' full-width partial sums (o_proj, down_proj
+    # before their reduce): it can keep more than no recompute, which saves their inputs only
+    assert per_layer[1] >= per_layer[2]
+    assert per_layer[0] >= per_layer[1] or (selective is Recompute.SELECTIVE_OP and layout.tp > 1)
     c = cluster(layout.tp * layout.cp)
     stage = [
         stage_activation_bytes(model, c, dataclasses.replace(layout, recompute=r), training, 0, 1)
-        for r in Recompute
+        for r in modes
     ]
     # With the one layer recomputed at a time, full recompute may exceed selective on short stacks,
     # never the no-recompute footprint (two layers or more).
-    assert stage[0] >= stage[1] and stage[0] >= stage[2]
+    assert stage[0] >= stage[2]
+    assert stage[0] >= stage[1] or (selective is Recompute.SELECTIVE_OP and layout.tp > 1)
 
 
 @settings(max_examples=60, deadline=None)

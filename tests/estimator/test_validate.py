@@ -121,6 +121,40 @@ def test_moe_expert_parallel_passes() -> None:
         (Layout(dp=16, ep=2), "ep_moe", "ep"),
         (Layout(dp=16, optimizer_in_backward=True), "optimizer_in_backward", "optimizer_in_backward"),
         (Layout(dp=16, activation_offload=True), "activation_offload", "activation_offload"),
+        # each framework's own recompute policies (HF/DeepSpeed checkpoint whole layers; the core-attention
+        # recompute is Megatron's, per-op AC torchtitan's)
+        (Layout(dp=16, recompute=Recompute.SELECTIVE), "recompute", "recompute"),
+        (Layout(framework=Framework.FSDP, dp=16, recompute=Recompute.SELECTIVE), "recompute", "recompute"),
+        (
+            Layout(framework=Framework.MEGATRON, dp=16, recompute=Recompute.SELECTIVE_OP),
+            "recompute",
+            "recompute",
+        ),
+        (
+            Layout(framework=Framework.FSDP, dp=16, recompute=Recompute.FULL, recompute_num_layers=2),
+            "recompute_num_layers",
+            "recompute_num_layers",
+        ),
+        (
+            Layout(
+                framework=Framework.MEGATRON, dp=16, recompute=Recompute.SELECTIVE, recompute_num_layers=2
+            ),
+            "recompute_num_layers",
+            "recompute_num_layers",
+        ),
+        (  # 32 layers over pp 2 x v 2: 8 per virtual stage
+            Layout(
+                framework=Framework.MEGATRON,
+                dp=4,
+                pp=2,
+                tp=2,
+                virtual_pipeline_stages=2,
+                recompute=Recompute.FULL,
+                recompute_num_layers=9,
+            ),
+            "recompute_num_layers",
+            "recompute_num_layers",
+        ),
     ],
 )
 def test_rules(layout: Layout, rule: str, field: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from service.estimator.types import Plan
+from service.estimator.types import Plan, Recompute
 from service.launchers import Artifact
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "schemas"
@@ -227,10 +227,21 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
     if tp > 1 or cp > 1:
         assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1"
     granularity = f.get("--recompute-granularity")
-    assert granularity in (None, "full", "selective")
+    # exactly the policy the estimate is of
+    lo = plan.layout
+    assert (
+        granularity
+        == {Recompute.NONE: None, Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}[lo.recompute]
+    )
     if granularity == "full":
-        assert f.get("--recompute-method") in ("uniform", "block")
         assert 1 <= num("--recompute-num-layers") <= max(per_rank)
+        if lo.recompute_num_layers is None:  # every layer keeps its input only
+            assert (f.get("--recompute-method"), num("--recompute-num-layers")) == ("uniform", 1)
+        else:  # the first N layers of each (virtual) stage
+            assert (f.get("--recompute-method"), num("--recompute-num-layers")) == (
+                "block",
+                lo.recompute_num_layers,
+            )
     else:
         assert "--recompute-method" not in f and "--recompute-num-layers" not in f
     if "--overlap-param-gather" in f:

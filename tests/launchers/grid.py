@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from service.estimator.types import Framework, Offload, Plan, Precision, Recompute
+from service.estimator.types import Framework, Offload, Plan, Precision
+from service.recommender.space import recompute_order
 from tests.launchers.factories import llama3_8b, plan, training
 
 SPLITS = ((1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1), (1, 1, 2), (4, 2, 1))  # (tp, pp, cp)
@@ -14,7 +15,6 @@ OFFLOADS = (
     (Offload.CPU, Offload.CPU),
     (Offload.NVME, Offload.NVME),
 )
-RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 PRECISIONS = (
     Precision.BF16,
     Precision.BF16,
@@ -54,7 +54,9 @@ def grid() -> list[tuple[str, Plan]]:
             zero_stage=zero,
             offload_optimizer=off_opt,
             offload_params=off_par,
-            recompute=RECOMPUTE[i % len(RECOMPUTE)],
+            recompute=recompute_order(framework)[i % len(recompute_order(framework))],
+            # Megatron's block method on every other full-recompute plan
+            recompute_num_layers=1 if framework is Framework.MEGATRON and i % 6 == 5 else None,
             micro_batch_size=1 + (i % 2),
             virtual_pipeline_stages=2 if pp > 1 and i % 3 == 0 else 1,
             fsdp_hybrid_shard=framework is Framework.FSDP and nodes > 1 and i % 4 == 1,

@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 
 from service.estimator import pipeline
-from service.estimator.types import Framework, Plan
+from service.estimator.types import Framework, Plan, Recompute
 from service.launchers import Artifact, Target, Unsupported, accelerate, deepspeed, hf_trainer, torchtitan
 from tests.launchers import factories
 from tests.launchers.grid import grid
@@ -189,6 +189,10 @@ def test_torchtitan_config_manager_and_parallel_dims() -> None:
         )
         dp = dims.dp_replicate * dims.dp_shard
         assert dp == plan.layout.dp, name
+        # the activation checkpointing torchtitan builds is the policy estimated
+        wanted = {Recompute.NONE: "NoneType", Recompute.SELECTIVE_OP: "SelectiveAC", Recompute.FULL: "FullAC"}
+        built = type(config.activation_checkpoint).__qualname__.split(".")[0]
+        assert built == wanted[plan.layout.recompute], (name, built)
         assert training.global_batch_size % (training.local_batch_size * dp) == 0, name
         assert training.global_batch_size == plan.training.global_batch_size, name
         if par.pipeline_parallel_degree > 1:

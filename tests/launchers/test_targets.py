@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import Framework, Offload, Recompute
-from service.launchers import Target, Unsupported, accelerate, deepspeed, megatron, render, torchtitan
+from service.launchers import (
+    Target,
+    Unsupported,
+    accelerate,
+    deepspeed,
+    hf_trainer,
+    megatron,
+    render,
+    torchtitan,
+)
 from tests.launchers import checks
 from tests.launchers.factories import llama3_8b, plan, small_llama
 
@@ -65,6 +75,22 @@ def test_megatron_full_recompute_names_method_and_layers() -> None:
     assert megatron.environment(plan(framework=Framework.MEGATRON, tp=2)) == [
         ("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     ]
+
+
+def test_megatron_block_recompute_renders_the_estimated_layers() -> None:
+    lo = {"framework": Framework.MEGATRON, "tp": 2, "recompute": Recompute.FULL, "recompute_num_layers": 3}
+    args = megatron.megatron_args(plan(**lo))
+    at = args.index("--recompute-granularity")
+    assert args[at : at + 6] == ["--recompute-granularity", "full", "--recompute-method", "block",
+                                 "--recompute-num-layers", "3"]  # fmt: skip
+    mlm = accelerate.accelerate_config(plan(**lo))["megatron_lm_config"]
+    assert (mlm["megatron_lm_recompute_method"], mlm["megatron_lm_recompute_num_layers"]) == ("block", 3)
+
+
+@pytest.mark.parametrize("render", [accelerate.accelerate_config, hf_trainer.training_arguments])
+def test_per_op_ac_is_refused_where_only_whole_layers_checkpoint(render: Any) -> None:
+    with pytest.raises(Unsupported, match="per-op selective AC is torchtitan's"):
+        render(plan(framework=Framework.FSDP, zero_stage=3, recompute=Recompute.SELECTIVE_OP))
 
 
 def test_megatron_renders_the_estimated_uneven_split() -> None:

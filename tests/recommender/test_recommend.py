@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from service.catalog.gpus import gpu
@@ -9,7 +11,7 @@ from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from service.estimator.tuning import Tuning
-from service.estimator.types import ClusterSpec, Framework, TrainingSpec
+from service.estimator.types import ClusterSpec, Framework, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
 from service.recommender import Constraints, Objective, recommend
 from service.recommender.space import sub_cluster
@@ -159,3 +161,28 @@ def test_the_search_budget_counts_evaluations_so_the_answer_depends_on_the_reque
     assert first.rejected == second.rejected
     counters = ("memory_evaluations", "time_evaluations", "candidates_evaluated", "families_considered")
     assert [getattr(first.search, k) for k in counters] == [getattr(second.search, k) for k in counters]
+
+
+def test_megatron_recomputes_only_the_layers_it_must(tuning: Tuning) -> None:
+    # 70B at 8K on 16 A100: some layouts fit only with recompute; Megatron's block method recomputes
+    # the fewest layers of each stage that fit (one fewer does not), and is faster than all of them
+    c = cluster("a100-sxm-80gb", nodes=2)
+    training = TrainingSpec(seq_len=8192, global_batch_size=64)
+    spec = model("llama-3.1-70b").spec
+    found = recommend(spec, c, training, Constraints(frameworks=(Framework.MEGATRON,)), tuning)
+    partial = [
+        cand for cand in (found.recommended, *found.alternatives) if cand and cand.layout.recompute_num_layers
+    ]
+    assert partial
+    for cand in partial:
+        n = cand.layout.recompute_num_layers
+        assert n is not None and cand.estimate.fits
+        fewer = dataclasses.replace(cand.layout, recompute_num_layers=n - 1 or None, recompute=Recompute.FULL)
+        if n > 1:
+            assert not estimate(
+                spec, sub_cluster(c, cand.layout.world_size), fewer, training, tuning=tuning
+            ).fits
+        every = dataclasses.replace(cand.layout, recompute_num_layers=None)
+        slower = estimate(spec, sub_cluster(c, every.world_size), every, training, tuning=tuning)
+        assert cand.estimate.time is not None and slower.time is not None
+        assert cand.estimate.time.tokens_per_s > slower.time.tokens_per_s

@@ -24,7 +24,19 @@ class LayoutIn(Strict):
     zero_stage: Literal[0, 1, 2, 3] = 0
     offload_optimizer: Offload = Offload.NONE
     offload_params: Offload = Offload.NONE
-    recompute: Recompute = Recompute.NONE
+    recompute: Recompute = Field(
+        default=Recompute.NONE,
+        description="selective: Megatron's core-attention recompute; selective_op: torchtitan's per-op AC "
+        "(matmul and attention outputs saved, every second matmul recomputed); full: each layer keeps its "
+        "input (every framework's layer checkpointing)",
+    )
+    recompute_num_layers: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="with recompute full (Megatron): only the first N layers of each (virtual) pipeline "
+        "stage recompute (--recompute-method block); default: every layer",
+    )
     micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
     virtual_pipeline_stages: int = Field(default=1, ge=1, le=1024)
     gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=1_000_000)
