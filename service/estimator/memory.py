@@ -296,7 +296,11 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     micro_batches = activations.micro_batches_per_step(layout, job.training)
     out = []
     kinds = rank_kind_counts(job, layout)
-    recomputed = rank_recomputed_fractions(job.model.num_layers, layout)
+    recomputed = (
+        rank_recomputed_fractions(job.model.num_layers, layout)
+        if layout.recompute_num_layers is not None
+        else (1.0,) * layout.pp
+    )
     for rank in pipeline_ranks(job, layout):
         in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches)
         per_micro = activations.rank_micro_batch_bytes(layer, kinds[rank], recomputed[rank])

@@ -206,14 +206,30 @@ def _search_memory_family(
             continue  # more recompute without a larger micro-batch only costs time
         best_index = top
         timed = [top] if s.pp == 1 else list(range(max(0, top - MAX_MICRO_BATCHES_TIMED + 1), top + 1))
+        partial = recompute is Recompute.FULL and FRAMEWORK_CAPABILITIES[sh.framework].partial_recompute
         for i in timed:
             layout = sized(i)
-            if recompute is Recompute.FULL and FRAMEWORK_CAPABILITIES[sh.framework].partial_recompute:
+            if partial and _may_enter_top(
+                search, job, result, dataclasses.replace(layout, recompute=Recompute.NONE)
+            ):
                 layout = _fewest_recomputed_layers(search, job, result, layout, limit)
             _time_candidate(search, job, result, layout)
         if top == len(sizes) - 1:
             break
     return fitted
+
+
+def _may_enter_top(search: _Search, job: Job, result: SearchResult, bound: Layout) -> bool:
+    """Whether a layout as fast as ``bound`` would enter the current top k (a layout recomputing
+    some of its layers is never faster than the same one recomputing none)."""
+    top_k = search.constraints.top_k
+    if len(result.best) < top_k:
+        return True
+    result.time_evaluations += 1
+    _, tokens_per_s = evaluate.step_numbers(job, bound)
+    return rank.primary_key(search.constraints.objective, bound.world_size, tokens_per_s) <= result.threshold(
+        top_k
+    )
 
 
 def _fewest_recomputed_layers(
@@ -264,9 +280,46 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
         result.keep(family, Scored(layout, memory, time, key))
 
 
-def _search_structure(search: _Search, job: Job, result: SearchResult, s: Structure, limit: int) -> None:
-    sizes_of: dict[tuple[int, bool], tuple[int, ...]] = {}  # micro-batches by (interleaving, SP)
-    ceilings: dict[tuple[Framework, int], tuple[float, ...] | None] = {}  # see _dominated
+# Micro-batch sizes by (interleaving, SP), and the ceiling keys by (framework, interleaving) of one
+# structure (see _dominated).
+Sizes = dict[tuple[int, bool], tuple[int, ...]]
+Ceilings = dict[tuple[Framework, int], tuple[float, ...] | None]
+
+
+def _sizes(
+    search: _Search, s: Structure, framework: Framework, virtual: int, sizes_of: Sizes
+) -> tuple[int, ...]:
+    sp = s.tp > 1 and FRAMEWORK_FLAGS[framework].sequence_parallel
+    if (virtual, sp) not in sizes_of:
+        sizes_of[virtual, sp] = micro_batch_sizes(search.training, s, virtual, sp)
+    return sizes_of[virtual, sp]
+
+
+def _structure_ceilings(
+    search: _Search, job: Job, result: SearchResult, s: Structure
+) -> tuple[tuple[float, ...] | None, Sizes, Ceilings]:
+    """The best ceiling key of any family of the structure (None: none can be bounded), with the
+    sizes and ceilings it computed, which ``_search_structure`` then reuses."""
+    sizes_of: Sizes = {}
+    ceilings: Ceilings = {}
+    for framework in search.constraints.frameworks:
+        options, _ = shardings(framework, s, search.constraints.allow_offload)
+        if not options:
+            continue
+        for virtual in virtual_stages(search.model, framework, s.pp):
+            sizes = _sizes(search, s, framework, virtual, sizes_of)
+            if sizes:
+                most = search.training.global_batch_size // (s.dp * sizes[0])
+                family = (s, options[0], virtual)
+                ceilings[framework, virtual] = _ceiling_key(search, job, result, family, sizes[-1], most)
+    keys = [key for key in ceilings.values() if key is not None]
+    return (min(keys) if keys else None), sizes_of, ceilings
+
+
+def _search_structure(
+    search: _Search, job: Job, result: SearchResult, s: Structure, limit: int, known: tuple[Sizes, Ceilings]
+) -> None:
+    sizes_of, ceilings = known
     budget = search.constraints.max_evaluations
     for framework in search.constraints.frameworks:
         options, unsupported = shardings(framework, s, search.constraints.allow_offload)
@@ -277,19 +330,20 @@ def _search_structure(search: _Search, job: Job, result: SearchResult, s: Struct
                 example = make_layout(s, Sharding(framework, 0), Recompute.NONE, 1, 1)
                 result.log.add(reason, 1, example, reason)
         fitted = False
+        virtuals = virtual_stages(search.model, framework, s.pp)
         for sh in options:
             if sh.offloads and fitted:
                 continue  # offload only where nothing fits without it
+            if _ceilings_lose(search, result, [ceilings.get((framework, v)) for v in virtuals]):
+                result.log.groups[DOMINATED].count += len(virtuals)  # no sharding changes a ceiling
+                continue
             probe = make_layout(s, sh, Recompute.FULL, 1, 1)
             if not _states_fit(job, probe, limit):
                 result.families += 1
                 _log_memory(result, probe, result.memory_numbers(job, probe), limit, 1)
                 continue
-            for virtual in virtual_stages(search.model, framework, s.pp):
-                sp = s.tp > 1 and FRAMEWORK_FLAGS[framework].sequence_parallel
-                sizes = sizes_of.get((virtual, sp))
-                if sizes is None:
-                    sizes = sizes_of[(virtual, sp)] = micro_batch_sizes(search.training, s, virtual, sp)
+            for virtual in virtuals:
+                sizes = _sizes(search, s, framework, virtual, sizes_of)
                 if _dominated(search, job, result, (s, sh, virtual), sizes, ceilings):
                     continue
                 fitted |= _search_memory_family(search, job, result, (s, sh, virtual), sizes, limit)
@@ -303,13 +357,23 @@ DOMINATED = "dominated: cannot beat the top k at any micro-batch"
 _FLOOR_SLACK = 1e-9
 
 
+def _ceilings_lose(search: _Search, result: SearchResult, ceilings: list[tuple[float, ...] | None]) -> bool:
+    """Whether every family of these ceilings is dominated (``_dominated``'s cheap test), once the
+    first dominated family has been logged with its exact bound."""
+    top_k = search.constraints.top_k
+    if len(result.best) < top_k or DOMINATED not in result.log.groups:
+        return False
+    threshold = result.threshold(top_k)
+    return all(ceiling is not None and ceiling > threshold for ceiling in ceilings)
+
+
 def _dominated(
     search: _Search,
     job: Job,
     result: SearchResult,
     family: tuple[Structure, Sharding, int],
     sizes: tuple[int, ...],
-    ceilings: dict[tuple[Framework, int], tuple[float, ...] | None],
+    ceilings: Ceilings,
 ) -> bool:
     """True when even the most favourable micro-batch cannot beat the current top k.
 
@@ -417,9 +481,14 @@ def search(
         before = len(result.best)
         if not _count_can_fit(request, job, gpus, limit, result):
             continue
-        for s in structures(model, cluster, training, gpus, result.log):
+        # the most promising structures first (their ceiling: the step without DP, offload and
+        # optimizer time, at the least bubble), so the top k fills early and bounds the rest
+        found = list(structures(model, cluster, training, gpus, result.log))
+        bounded = [(_structure_ceilings(request, job, result, s), i, s) for i, s in enumerate(found)]
+        bounded.sort(key=lambda b: (b[0][0] is None, b[0][0] or (), b[1]))
+        for (_, sizes_of, ceilings), _, s in bounded:
             result.valid_structures += 1
-            _search_structure(request, job, result, s, limit)
+            _search_structure(request, job, result, s, limit, (sizes_of, ceilings))
             if result.truncated:
                 return result
         if stop_at_first_fit and len(result.best) > before:
