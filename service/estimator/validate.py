@@ -4,8 +4,11 @@
 for the first rule broken. What each framework supports is data, in ``FRAMEWORK_CAPABILITIES``.
 
 Choices made here:
-* ``sequence_parallel`` with tp = 1 is accepted as a no-op (Megatron-LM's ``validate_args`` turns
-  it off when the tensor-parallel size is 1).
+* A switch that changes nothing in the layout is refused, not accepted as a no-op
+  (``unused_switch_violation``): ``sequence_parallel`` with tp = 1 (Megatron-LM's ``validate_args``
+  would turn it off), ``tp_comm_overlap`` outside Megatron with tp > 1 and SP, ``overlap_grad_reduce``
+  with no data-parallel reduction, the pipeline-split flags without a pipeline,
+  ``fsdp_hybrid_shard`` when the sharding group already fits in a node.
 * The vocabulary needs no rule: Megatron pads it to a multiple of 128 x tp
   (``--make-vocab-size-divisible-by``), DTensor (torchtitan, DeepSpeed AutoTP) shards unevenly.
 * With context parallelism the sequence must split into 2 x cp chunks: Megatron's load-balanced
@@ -205,6 +208,33 @@ def sequence_parallel_violation(training: TrainingSpec, layout: Layout, micro_ba
         return _bad(
             f"seq_len x micro_batch ({training.seq_len * micro_batch_size}) % tp != 0", "sp_seq", "tp"
         )
+    return None
+
+
+def unused_switch_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
+    """A switch the layout cannot use: the estimate would not change, so the request is refused."""
+    if layout.sequence_parallel and layout.tp == 1:
+        return _bad("sequence_parallel needs tp > 1 (it splits the tensor-parallel group's tokens)", "unused",
+                    "sequence_parallel")  # fmt: skip
+    if layout.tp_comm_overlap and not (
+        layout.framework is Framework.MEGATRON and layout.tp > 1 and layout.sequence_parallel
+    ):
+        return _bad("tp_comm_overlap is Megatron's --tp-comm-overlap: it needs framework megatron, tp > 1 "
+                    "and sequence_parallel", "unused", "tp_comm_overlap")  # fmt: skip
+    if layout.overlap_grad_reduce is not None and layout.dp * layout.cp == 1:
+        return _bad("overlap_grad_reduce: dp x cp = 1 has no gradient reduction to overlap", "unused",
+                    "overlap_grad_reduce")  # fmt: skip
+    if (layout.pipeline_account_for_embedding or layout.pipeline_account_for_loss) and layout.pp == 1:
+        field = (
+            "pipeline_account_for_embedding"
+            if layout.pipeline_account_for_embedding
+            else "pipeline_account_for_loss"
+        )
+        return _bad(f"{field} needs pp > 1 (it shapes the pipeline split)", "unused", field)
+    in_node = max(1, cluster.gpus_per_node // layout.tp)
+    if layout.fsdp_hybrid_shard and layout.dp * layout.cp <= in_node:
+        return _bad(f"fsdp_hybrid_shard: the dp x cp = {layout.dp * layout.cp} ranks already shard inside "
+                    f"one node ({in_node} per node after tp)", "unused", "fsdp_hybrid_shard")  # fmt: skip
     return None
 
 
@@ -430,6 +460,7 @@ def layout_violation(
         lambda: training_violation(cluster, layout, training, caps),
         lambda: fused_optimizer_batches_violation(layout, micro_batches()),
         lambda: recompute_violation(model, layout, caps),
+        lambda: unused_switch_violation(cluster, layout),
         lambda: activation_offload_violation(layout, caps),
     )
     for check in checks:

@@ -87,6 +87,8 @@ FRAMEWORK_FLAGS: dict[Framework, FrameworkFlags] = {
 
 
 def _overlap_grad_reduce(flags: FrameworkFlags, structure: Structure, sharding: Sharding) -> bool | None:
+    if structure.dp * structure.cp == 1:
+        return None  # no gradient reduction
     if sharding.framework is Framework.DEEPSPEED and (sharding.zero_stage == 0 or structure.pp > 1):
         # Stage 0 reduces after backward; the PipelineEngine forces overlap_comm off (stage <= 2).
         return None

@@ -75,7 +75,6 @@ def check(
             offload_optimizer=Offload.CPU,
         ),
         Layout(framework=Framework.FSDP, dp=16, zero_stage=2, fsdp_hybrid_shard=True),
-        Layout(dp=16, sequence_parallel=True),  # tp = 1: a no-op, accepted
     ],
 )
 def test_valid_layouts_pass(layout: Layout) -> None:
@@ -121,6 +120,21 @@ def test_moe_expert_parallel_passes() -> None:
         (Layout(dp=16, ep=2), "ep_moe", "ep"),
         (Layout(dp=16, optimizer_in_backward=True), "optimizer_in_backward", "optimizer_in_backward"),
         (Layout(dp=16, activation_offload=True), "activation_offload", "activation_offload"),
+        # switches that would change nothing are refused, not accepted as no-ops
+        (Layout(dp=16, sequence_parallel=True), "unused", "sequence_parallel"),
+        (Layout(dp=8, tp=2, sequence_parallel=True, tp_comm_overlap=True), "unused", "tp_comm_overlap"),
+        (Layout(framework=Framework.MEGATRON, dp=8, tp=2, tp_comm_overlap=True), "unused", "tp_comm_overlap"),
+        (
+            Layout(framework=Framework.MEGATRON, tp=8, pp=2, overlap_grad_reduce=True),
+            "unused",
+            "overlap_grad_reduce",
+        ),
+        (Layout(dp=16, pipeline_account_for_loss=True), "unused", "pipeline_account_for_loss"),
+        (  # 4 ranks of tp 2 on 8-GPU nodes: HYBRID_SHARD would shard exactly as FULL_SHARD does
+            Layout(framework=Framework.FSDP, dp=4, tp=2, pp=2, zero_stage=3, fsdp_hybrid_shard=True),
+            "unused",
+            "fsdp_hybrid_shard",
+        ),
         # each framework's own recompute policies (HF/DeepSpeed checkpoint whole layers; the core-attention
         # recompute is Megatron's, per-op AC torchtitan's)
         (Layout(dp=16, recompute=Recompute.SELECTIVE), "recompute", "recompute"),
