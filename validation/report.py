@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from validation import cases
+from validation import cases, published
 from validation.cases import Expect, Row
 
 REPORT_PATH = cases.ROOT / "validation" / "REPORT.md"
@@ -219,7 +219,138 @@ def render(rows: Sequence[Row]) -> str:
                 for r in by_section[section]
             ],
         )
+    lines += published_section()
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- published runs (reported, not gated)
+
+_HALF = {"fit": "fit", "held_out": "held-out"}
+
+
+def _fraction(part: int, whole: int) -> str:
+    return f"{part}/{whole} ({part / whole:.0%})" if whole else "—"
+
+
+def _worst(result: published.Result | None) -> str:
+    return "—" if result is None else f"{percent(result.error)} ({result.id})"
+
+
+def _display(result: published.Result, value: float | None) -> str:
+    shown = result.display(value)
+    return "—" if shown is None else number(round(shown, 4))
+
+
+def published_section() -> list[str]:
+    """Published runs (``validation/data/published_runs.json``): each half and kind on its own
+    row, every row, the rows the service cannot express by reason, and the acceptance targets.
+    Reported only: ``main``'s exit status does not depend on them."""
+    rows = published.results()
+    summary = published.summarize(rows)
+    document = published.document()
+    tput, mem = summary.half("held_out", "throughput"), summary.half("held_out", "memory")
+    lines = [
+        "",
+        "## Published runs (fit and held-out halves)",
+        "",
+        f"`validation/data/published_runs.json`: {len(rows)} published training runs (step time, and "
+        "peak memory reserved per GPU as PyTorch's allocator reports it, max over ranks), described with "
+        "their split rule in `validation/data/published_runs.md`; read by `validation/published.py`. Each "
+        "row was assigned to the fit or the held-out half before any number was compared: "
+        f"{cell(document['split_rule'])} The halves are reported separately, never pooled. Error = "
+        "(ours − published) / published; a row matches within 15% (step time) or 10% (memory). "
+        "Ours: `estimate` with the catalog GPU and tuning; a row's caveats name what it sets that the "
+        "service has no field for. These rows are reported, not gated: they do not change this "
+        "command's exit status.",
+        "",
+    ]
+    lines += table(
+        [
+            "half",
+            "kind",
+            "rows",
+            "expressible",
+            "within tolerance",
+            "median \\|error\\|",  # the header is not escaped by table()
+            "median error",
+            "worst (row)",
+        ],
+        [
+            [
+                _HALF[h.split],
+                h.kind,
+                str(h.rows),
+                str(h.expressible),
+                _fraction(h.within, h.expressible),
+                percent(h.median_abs_error).lstrip("+"),
+                percent(h.median_signed_error),
+                _worst(h.worst),
+            ]
+            for h in summary.halves
+        ],
+    )
+    lines += [
+        "",
+        "Acceptance targets, on the held-out half's expressible rows "
+        f"({tput.expressible} of {tput.rows} throughput rows, {mem.expressible} of {mem.rows} memory rows):",
+        "",
+    ]
+    lines += [
+        f"- {t.text}: {t.value}, **{'met' if t.met else 'not met'}**" for t in published.targets(summary)
+    ]
+    lines += [
+        "",
+        "### Every row",
+        "",
+    ]
+    ordered = sorted(
+        rows, key=lambda r: (published.SPLITS.index(r.split), published.KINDS.index(r.kind), r.id)
+    )
+    lines += table(
+        ["run", "half", "kind", "published", "ours", "unit", "error", "note"],
+        [
+            [
+                r.id,
+                _HALF[r.split],
+                r.kind,
+                _display(r, r.published),
+                _display(r, r.ours),
+                published.UNIT[r.kind],
+                percent(r.error),
+                "; ".join(r.caveats) if r.expressible else f"not expressible: {r.reason}",
+            ]
+            for r in ordered
+        ],
+    )
+    lines += ["", "### Rows the service cannot express", ""]
+    lines += table(
+        ["reason", "rows", "runs"],
+        [[reason, str(len(ids)), ", ".join(ids)] for reason, ids in summary.unexpressible],
+    )
+    marked = {row["id"]: bool(row["expressible_now"]) for row in published.load_rows()}
+    newly = sorted(r.id for r in rows if r.expressible and not marked[r.id])
+    refused = sorted(r.id for r in rows if not r.expressible and marked[r.id])
+    lines.append("")
+    lines.append(
+        "The file's `expressible_now` is its authors' judgement when it was assembled; "
+        f"{len(newly)} row(s) it marks not expressible are expressible now"
+        + (f" ({', '.join(newly)})" if newly else "")
+        + f", and {len(refused)} row(s) it marks expressible are refused"
+        + (f" ({', '.join(refused)})." if refused else ".")
+    )
+    return lines
+
+
+def published_summary_lines() -> list[str]:
+    """One line per half and kind of the published runs, for the console."""
+    out = []
+    for h in published.summarize().halves:
+        median = percent(h.median_abs_error).lstrip("+")
+        out.append(
+            f"published {h.kind:10s} {_HALF[h.split]:8s} {h.within}/{h.expressible} within tolerance "
+            f"({h.rows} rows), median |error| {median}, median error {percent(h.median_signed_error)}"
+        )
+    return out
 
 
 def summary_lines(rows: Sequence[Row]) -> list[str]:
@@ -240,7 +371,7 @@ def write(path: Path = REPORT_PATH) -> list[Row]:
     """Build every row, write the report and return the rows not as expected."""
     rows = cases.all_rows()
     path.write_text(render(rows), encoding="utf-8")
-    for line in summary_lines(rows):
+    for line in summary_lines(rows) + published_summary_lines():
         print(line)
     bad = failures(rows)
     for row in bad:

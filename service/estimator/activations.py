@@ -280,10 +280,10 @@ def layer_bytes(
     return hf_layer_bytes(model, layout, training, moe_layer, core)
 
 
-_LAYER_FIELDS = ("framework", "tp", "sequence_parallel", "cp", "micro_batch_size")
+LAYER_FIELDS = ("framework", "tp", "sequence_parallel", "cp", "micro_batch_size")
 
 
-@layout_memo(*_LAYER_FIELDS)
+@layout_memo(*LAYER_FIELDS)
 def kind_layer_bytes(job: Job, layout: Layout, recompute: Recompute) -> dict[LayerKind, float]:
     """``layer_bytes`` of each layer kind of the job under ``recompute``."""
     model, training = job.model, job.training
@@ -298,7 +298,7 @@ def recompute_working_bytes(job: Job, layout: Layout, recompute: Recompute) -> f
     return max(kind_layer_bytes(job, layout, Recompute.NONE).values())
 
 
-@layout_memo(*_LAYER_FIELDS, "chunked_loss")
+@layout_memo(*LAYER_FIELDS, "chunked_loss")
 def stage_extra_bytes(job: Job, layout: Layout) -> tuple[float, float]:
     """``first_stage_extra_bytes`` and ``last_stage_extra_bytes`` of the job."""
     model, training = job.model, job.training
@@ -317,7 +317,7 @@ class LayerActivations:
     last_extra: float  # last_stage_extra_bytes
 
 
-@layout_memo(*_LAYER_FIELDS, "recompute", "recompute_num_layers", "chunked_loss")
+@layout_memo(*LAYER_FIELDS, "recompute", "recompute_num_layers", "chunked_loss")
 def layer_activations(job: Job, layout: Layout) -> LayerActivations:
     per_kind = kind_layer_bytes(job, layout, layout.recompute)
     partial = layout.recompute_num_layers is not None

@@ -226,6 +226,7 @@ STATE_FIELDS = (
     "offload_params",
     "fsdp_hybrid_shard",
     "overlap_grad_reduce",  # DeepSpeed overlap_comm doubles the ZeRO-1/2 reduce buckets
+    "optimizer_in_backward",  # no gradient outlives its unit
 )
 
 
@@ -316,6 +317,27 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
             )
         )
     return tuple(out)
+
+
+@layout_memo(*activations.LAYER_FIELDS, *PIPELINE_FIELDS, "recompute", "recompute_num_layers", "chunked_loss",
+             "activation_offload")  # fmt: skip
+def offloaded_activation_bytes(job: Job, layout: Layout) -> float:
+    """Activation bytes one micro-batch sends to the host (and back) under activation offload, on the
+    pipeline rank that sends the most: its layers' activations but the two kept on the GPU
+    (``activation_split``)."""
+    if not layout.activation_offload:
+        return 0.0
+    layer = activations.layer_activations(job, layout)
+    kinds = rank_kind_counts(job, layout)
+    recomputed = rank_recomputed_fractions(job.model.num_layers, layout)
+    return max(
+        max(
+            0.0,
+            activations.rank_micro_batch_bytes(layer, kinds[rank], recomputed[rank])
+            - 2 * layer.largest_layer,
+        )
+        for rank in range(layout.pp)
+    )
 
 
 def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:

@@ -409,6 +409,12 @@ def rank_model_states(
         optimizer_states += group_optim
         host += group_host
         nvme += group_nvme
+    if layout.optimizer_in_backward:
+        # Each parameter steps as soon as its gradient is ready and the gradient is freed (torchtune
+        # optimizer_in_bwd: a post-accumulate-grad hook per parameter; under FSDP2 on the sharded
+        # gradient after the unit's reduce-scatter): no gradient outlives its unit, and the unit in
+        # flight is counted with the gathered buffers (memory.gathered_parameter_bytes).
+        gradients = 0.0
     if training.precision is Precision.FP8 and layout.zero_stage < 3:
         # Transformer Engine caches an fp8 copy of each GEMM weight and of its transpose (1 + 1
         # bytes) across micro-batches; under ZeRO-3/FULL_SHARD they are per-layer temporaries.

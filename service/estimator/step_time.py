@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from service.estimator import comm, flops
 from service.estimator.errors import InvalidTraining
 from service.estimator.job import Job, LayerKind, job_memo, layout_memo, rank_kind_counts, sum_by_kind
+from service.estimator.memory import offloaded_activation_bytes, rank_parameters_of
 from service.estimator.params import stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import Tuning, matmul_efficiency
@@ -235,7 +236,8 @@ class StepBase:
     counts: tuple[tuple[LayerKind, int], ...]  # the stage's layers by kind
     micro_batches: int
     tokens: int
-    flops_per_s: float
+    flops_per_s: float  # the weight GEMMs' achieved rate
+    core_flops_per_s: float  # attention's core: 16-bit even when the linear layers run in fp8
     links: GroupLinks
     parameters: float  # gpu_parameters
     stored_bytes: float  # stage_stored_bytes of the slowest stage, per token
@@ -250,13 +252,18 @@ def step_base(job: Job, layout: Layout) -> StepBase:
     efficiency = matmul_efficiency(job.tuning, job.cluster.gpu, job.model.hidden_size / layout.tp, tokens)
     counts = rank_kind_counts(job, layout)[stage]
     links = group_links(job, layout)
+    precision = job.training.precision
+    # fp8 recipes (Transformer Engine, torchao float8) convert the Linear layers only; attention's
+    # QK^T and AV stay in bf16 (flash attention's 16-bit kernels)
+    core_precision = Precision.BF16 if precision is Precision.FP8 else precision
     base = StepBase(
         stage=stage,
         layers=sum(count for _, count in counts),
         counts=counts,
         micro_batches=layout.accumulation_steps(job.training.global_batch_size),
         tokens=tokens,
-        flops_per_s=peak_flops_per_s(job.cluster, job.training.precision) * efficiency,
+        flops_per_s=peak_flops_per_s(job.cluster, precision) * efficiency,
+        core_flops_per_s=peak_flops_per_s(job.cluster, core_precision) * efficiency,
         links=links,
         parameters=gpu_parameters(job, layout),
         stored_bytes=stage_stored_bytes(job, layout)[stage],
@@ -327,9 +334,28 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     attention's core slowed when its head_dim is unaligned), the memory-bound ops between them and
     the loss."""
     per_token = stage_flops_per_token(job, layout)[base.stage]
-    gemm_s = base.micro_batches * base.tokens * per_token / layout.tp / base.flops_per_s
+    core = base.layers * 3 * flops.attention_core_flops(job.model, job.training.seq_len)
     unaligned_s = unaligned_core_s(job, layout, base, 3)
-    return gemm_s + unaligned_s + memory_bound_s(job, base, 3, base.stored_bytes) + loss_s(job, layout, base)
+    memory_s = memory_bound_s(job, base, 3, base.stored_bytes) + dequantize_s(job, layout, base, 2)
+    return gemm_s(layout, base, per_token - core, core) + unaligned_s + memory_s + loss_s(job, layout, base)
+
+
+def gemm_s(layout: Layout, base: StepBase, linear_per_token: float, core_per_token: float) -> float:
+    """All micro-batches of ``linear_per_token`` weight-GEMM FLOPs and ``core_per_token`` attention
+    core FLOPs per token on one GPU of the tp group."""
+    tokens = base.micro_batches * base.tokens / layout.tp
+    return tokens * (linear_per_token / base.flops_per_s + core_per_token / base.core_flops_per_s)
+
+
+def dequantize_s(job: Job, layout: Layout, base: StepBase, passes: float) -> float:
+    """QLoRA: bitsandbytes dequantises every NF4 weight to 16 bits before each matmul that reads it
+    (forward, and the input-gradient half of backward): per pass it reads the packed weights
+    (``qlora_bits_per_param``) and writes 2 bytes per weight, memory-bound, every micro-batch."""
+    if job.training.method is not Method.QLORA:
+        return 0.0
+    linear = rank_parameters_of(job, layout, base.stage).linear
+    bytes_per_weight = job.assume.qlora_bits_per_param / 8 + 2
+    return base.micro_batches * passes * linear * bytes_per_weight / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
 def recompute_passes(tuning: Tuning, recompute: Recompute) -> float:
@@ -373,11 +399,14 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     if recompute is Recompute.NONE:
         return 0.0
     per_token = sum(count * kind_recompute_flops(job, kind, recompute) for kind, count in base.counts)
-    gemm_s = base.micro_batches * base.tokens * per_token / layout.tp / base.flops_per_s
+    redone = 1.0 if recompute is not Recompute.SELECTIVE_OP else 0.0  # full and selective redo the core
+    core = redone * base.layers * flops.attention_core_flops(job.model, job.training.seq_len)
     passes = recompute_passes(job.tuning, recompute)
     memory_s = memory_bound_s(job, base, passes, recompute_stored_bytes(job, layout, base))
-    core = 1.0 if recompute is not Recompute.SELECTIVE_OP else 0.0  # full and selective redo the core
-    return recomputed_share(job, layout) * (gemm_s + unaligned_core_s(job, layout, base, core) + memory_s)
+    if recompute is Recompute.FULL:
+        memory_s += dequantize_s(job, layout, base, 1)  # the recomputed forward dequantises again
+    work_s = gemm_s(layout, base, per_token - core, core) + unaligned_core_s(job, layout, base, redone)
+    return recomputed_share(job, layout) * (work_s + memory_s)
 
 
 def recomputed_collectives(job: Job, layout: Layout) -> float:
@@ -507,22 +536,32 @@ def sharded_parameters(layout: Layout, parts: StepParts) -> float:
 
 
 def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
-    """PCIe and NVMe traffic of optimizer and parameter offload, exposed."""
-    if layout.offload_optimizer is _NO_OFFLOAD and layout.offload_params is _NO_OFFLOAD:
+    """PCIe and NVMe traffic of optimizer, parameter and activation offload."""
+    if (
+        layout.offload_optimizer is _NO_OFFLOAD
+        and layout.offload_params is _NO_OFFLOAD
+        and not layout.activation_offload
+    ):
         return 0.0
     cluster, tuning = job.cluster, job.tuning
     pcie = cluster.gpu.pcie_bandwidth_bytes_per_s
     shard = sharded_parameters(layout, parts)
+    element = activation_bytes(job.training.precision)  # 16-bit, or fp32 training's 4 bytes
     seconds = 0.0
     if layout.offload_optimizer is not _NO_OFFLOAD:
-        seconds += shard * (2 + 2) / pcie  # 16-bit gradients down, 16-bit parameters up
+        seconds += shard * (element + element) / pcie  # gradients down, updated parameters up: exposed
     if layout.offload_optimizer is Offload.NVME:
         node_bytes = shard * cluster.gpus_per_node * 2 * 12  # read + write fp32 master, m, v
         seconds += node_bytes / tuning.nvme_bandwidth_bytes_per_s_per_node
     if layout.offload_params is not _NO_OFFLOAD:
-        # ZeRO-Infinity fetches this GPU's 16-bit shard for forward and backward, prefetched
-        fetch_s = parts.micro_batches * 2 * 2 * shard / pcie
+        # ZeRO-Infinity fetches this GPU's shard for forward and backward, prefetched
+        fetch_s = parts.micro_batches * 2 * element * shard / pcie
         seconds += exposed_s(fetch_s, parts.compute_s, tuning.zero3_prefetch_hidden_fraction)
+    if layout.activation_offload:
+        # every micro-batch's offloaded activations go to the host in forward and come back in backward
+        copy_s = parts.micro_batches * 2 * offloaded_activation_bytes(job, layout) / pcie
+        window = parts.compute_s + parts.recompute_s
+        seconds += exposed_s(copy_s, window, tuning.activation_offload_hidden_fraction)
     return seconds
 
 
@@ -543,8 +582,11 @@ def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
         return 0.0  # adapters only: negligible
     shard = sharded_parameters(layout, parts)
     if layout.offload_optimizer is not _NO_OFFLOAD:
-        # the host's CPU-Adam rate is shared by all GPUs of the node
-        return shard * job.cluster.gpus_per_node / job.tuning.cpu_adam_params_per_s_per_node
+        # the host's CPU-Adam rate is shared by all GPUs of the node; FSDP steps PyTorch's AdamW there
+        rate = job.tuning.cpu_adam_params_per_s_per_node
+        if layout.framework is Framework.FSDP:
+            rate /= job.tuning.torch_cpu_adam_slowdown
+        return shard * job.cluster.gpus_per_node / rate
     step_bytes = shard * OPTIMIZER_STEP_BYTES[job.training.optimizer]
     return step_bytes / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 

@@ -85,12 +85,14 @@ class Tuning:
     dp_overlap_max_hidden_fraction: float  # the last bucket is always exposed
     tp_overlap_hidden_fraction: float  # with Megatron --tp-comm-overlap (off by default)
     zero3_prefetch_hidden_fraction: float  # ZeRO-3/FSDP gathers prefetched under compute
+    activation_offload_hidden_fraction: float  # activation copies to/from the host on a side stream
     memory_traffic_per_stored_byte: float  # HBM bytes moved forward per activation byte stored
     loss_traffic_bytes_per_logit: float  # HBM bytes the cross-entropy moves per logit, fwd + bwd
     selective_recompute_passes: float  # memory-bound passes of selective recompute over the bytes it stores
     attention_alignment_bytes: int  # a head's row must be a multiple of this for the fast BMM kernels
     unaligned_attention_core_factor: float  # eager QK^T / AV rate off that alignment, x the GEMM rate
     cpu_adam_params_per_s_per_node: float  # DeepSpeed CPU-Adam, whole host
+    torch_cpu_adam_slowdown: float  # PyTorch's AdamW on CPU tensors (FSDP CPU offload) vs DeepSpeed's
     nvme_bandwidth_bytes_per_s_per_node: float  # when the cluster gives none
     memory: MemoryAssumptions  # the memory model's allowances
     sources: tuple[str, ...] = ()

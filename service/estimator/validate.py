@@ -224,17 +224,20 @@ def unused_switch_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     if layout.overlap_grad_reduce is not None and layout.dp * layout.cp == 1:
         return _bad("overlap_grad_reduce: dp x cp = 1 has no gradient reduction to overlap", "unused",
                     "overlap_grad_reduce")  # fmt: skip
-    if (layout.pipeline_account_for_embedding or layout.pipeline_account_for_loss) and layout.pp == 1:
-        field = (
-            "pipeline_account_for_embedding"
-            if layout.pipeline_account_for_embedding
-            else "pipeline_account_for_loss"
-        )
-        return _bad(f"{field} needs pp > 1 (it shapes the pipeline split)", "unused", field)
     in_node = max(1, cluster.gpus_per_node // layout.tp)
     if layout.fsdp_hybrid_shard and layout.dp * layout.cp <= in_node:
         return _bad(f"fsdp_hybrid_shard: the dp x cp = {layout.dp * layout.cp} ranks already shard inside "
                     f"one node ({in_node} per node after tp)", "unused", "fsdp_hybrid_shard")  # fmt: skip
+    return None
+
+
+def unused_split_flag_violation(layout: Layout) -> Violation:
+    """A pipeline-split flag needs a pipeline to shape. (Where the flags leave the derived split as
+    it would be without them they still say what the user runs: Megatron-Core needs both flags for
+    126 layers over 64 virtual stages, where our shared-out split happens to coincide.)"""
+    for field in ("pipeline_account_for_embedding", "pipeline_account_for_loss"):
+        if getattr(layout, field) and layout.pp == 1:
+            return _bad(f"{field} needs pp > 1 (it shapes the pipeline split)", "unused", field)
     return None
 
 
@@ -461,6 +464,7 @@ def layout_violation(
         lambda: fused_optimizer_batches_violation(layout, micro_batches()),
         lambda: recompute_violation(model, layout, caps),
         lambda: unused_switch_violation(cluster, layout),
+        lambda: unused_split_flag_violation(layout),
         lambda: activation_offload_violation(layout, caps),
     )
     for check in checks:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.helpers import assert_problem
@@ -189,3 +190,22 @@ def test_an_unknown_chip_is_refused_with_the_known_ones(client: TestClient) -> N
     response = client.post("/v1/estimates", json=body() | {"cluster": cluster})
     problem = assert_problem(response, 422)
     assert any(e["field"].endswith("gpu.chip") and "gh100" in e["message"] for e in problem["errors"])
+
+
+@pytest.mark.parametrize(("name", "value"), [("lora_rank", 8), ("lora_targets", ["q_proj"])])
+def test_adapter_settings_without_adapters_are_refused(client: TestClient, name: str, value: Any) -> None:
+    payload = body()
+    payload["training"][name] = value
+    problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
+    assert problem["errors"][0]["field"] == f"training.{name}"
+    assert problem["errors"][0]["rule"] == "unused"
+    payload["training"]["method"] = "lora"  # with adapters the same value is estimated
+    post(client, payload)
+
+
+def test_a_switch_that_changes_nothing_is_refused(client: TestClient) -> None:
+    problem = assert_problem(client.post("/v1/estimates", json=body(sequence_parallel=True)), 422)
+    assert (problem["errors"][0]["field"], problem["errors"][0]["rule"]) == (
+        "layout.sequence_parallel",
+        "unused",
+    )

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from service.api.schemas.common import Strict
+from service.estimator.errors import InvalidTraining
 from service.estimator.types import ALL_LINEAR, Attention, Method, Optimizer, Precision, TrainingSpec
 
 
@@ -16,20 +17,38 @@ class TrainingIn(Strict):
     precision: Precision = Precision.BF16
     optimizer: Optimizer = Optimizer.ADAMW
     method: Method = Method.FULL
-    lora_rank: int = Field(default=16, ge=1, le=65_536)
-    lora_targets: list[str] | Literal["all-linear"] = Field(default="all-linear", max_length=64)
+    lora_rank: int | None = Field(default=None, ge=1, le=65_536, description="LoRA/QLoRA only; default 16")
+    lora_targets: list[str] | Literal["all-linear"] | None = Field(
+        default=None, max_length=64, description='LoRA/QLoRA only; default "all-linear"'
+    )
     attention: Attention = Attention.FLASH
     tokens: int | None = Field(default=None, gt=0, le=10**16, description="total tokens, for time to train")
 
     def to_domain(self) -> TrainingSpec:
-        targets = ALL_LINEAR if self.lora_targets == "all-linear" else tuple(self.lora_targets)
+        """The domain's training spec; its errors name the field as the request body does."""
+        try:
+            return self._to_domain()
+        except InvalidTraining as exc:
+            field = None if exc.field is None else f"training.{exc.field}"
+            raise InvalidTraining(exc.message, rule=exc.rule, field=field) from exc
+
+    def _to_domain(self) -> TrainingSpec:
+        if self.method is Method.FULL:
+            # adapters' settings with no adapters would be accepted and ignored
+            for name in ("lora_rank", "lora_targets"):
+                if getattr(self, name) is not None:
+                    raise InvalidTraining(
+                        f"{name} applies to method lora or qlora, not full", rule="unused", field=name
+                    )
+        wanted = self.lora_targets or "all-linear"
+        targets = ALL_LINEAR if wanted == "all-linear" else tuple(wanted)
         return TrainingSpec(
             seq_len=self.seq_len,
             global_batch_size=self.global_batch_size,
             precision=self.precision,
             optimizer=self.optimizer,
             method=self.method,
-            lora_rank=self.lora_rank,
+            lora_rank=16 if self.lora_rank is None else self.lora_rank,
             lora_targets=targets,
             attention=self.attention,
             tokens=self.tokens,

@@ -1,0 +1,139 @@
+"""validation/published.py: every published run builds estimator inputs or says why it cannot, the
+file's split follows its written rule, and the summary of each half adds up. Needs no torch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from service.estimator.types import Framework, Precision, Recompute
+from validation import published
+
+ROWS = published.load_rows()
+IDS = [row["id"] for row in ROWS]
+
+
+def test_file_shape() -> None:
+    assert len(ROWS) == 110
+    assert len(set(IDS)) == len(IDS)
+    assert sum(row["kind"] == "throughput" for row in ROWS) == 90
+    assert sum(row["kind"] == "memory" for row in ROWS) == 20
+    assert {row["split"] for row in ROWS} == set(published.SPLITS)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_row_builds_or_says_why(row: published.Row) -> None:
+    try:
+        built = published.inputs(row)
+    except published.Unexpressible as error:
+        assert error.reason.strip()
+        return
+    _model, cluster, training, layout, caveats = built
+    assert cluster.world_size == row["cluster"]["total_gpus"] == layout.world_size
+    assert training.seq_len == row["training"]["seq_len"]
+    assert all(isinstance(c, str) and c for c in caveats)
+
+
+def test_split_follows_the_written_rule() -> None:
+    by_rule = published.split_by_rule(ROWS)
+    assert {row["id"]: row["split"] for row in ROWS} == by_rule
+    # a group never straddles the halves
+    groups: dict[str, set[str]] = {}
+    for row in ROWS:
+        groups.setdefault(row["group"], set()).add(row["split"])
+    assert all(len(splits) == 1 for splits in groups.values())
+    assert len(groups) == 88
+
+
+def test_memory_rows_are_gib_in_bytes() -> None:
+    for row in ROWS:
+        if row["kind"] == "memory":
+            gib = row["published"]["memory_gib"]
+            assert row["peak_memory_bytes_per_gpu"] == round(gib * 2**30), row["id"]
+            assert "reserved" in row["memory_measure"]
+
+
+def test_megatron_row_by_hand() -> None:
+    row = published.row_by_id("nemo2407-l2-70b-h100x64-tp4pp4vp20")
+    model, cluster, training, layout, _ = published.inputs(row)
+    assert (layout.framework, layout.dp, layout.tp, layout.pp, layout.cp) == (Framework.MEGATRON, 4, 4, 4, 1)
+    assert (layout.virtual_pipeline_stages, layout.micro_batch_size, layout.zero_stage) == (20, 1, 1)
+    assert layout.gradient_accumulation_steps == 32
+    assert layout.recompute is Recompute.NONE and layout.recompute_num_layers is None
+    assert layout.sequence_parallel and layout.tp_comm_overlap
+    assert training.precision is Precision.FP8 and training.global_batch_size == 128
+    assert model.num_layers == 80 and cluster.gpu.name == "h100-sxm-80gb" and cluster.num_nodes == 8
+    assert cluster.inter_node_bandwidth_bytes_per_s == row["cluster"]["inter_node_bandwidth_bytes_per_s"]
+
+
+def test_torchtitan_recompute_mapping() -> None:
+    op = published.inputs(published.row_by_id("tt2412-l31-8b-h100x8-fsdp-eager-tput")).layout
+    assert (op.framework, op.dp, op.zero_stage) == (Framework.FSDP, 8, 3)
+    assert op.recompute is Recompute.SELECTIVE_OP
+    full = published.inputs(published.row_by_id("ttdoc-l3-70b-a100x64-fsdp-full")).layout
+    assert full.recompute is Recompute.FULL and full.recompute_num_layers is None
+    with pytest.raises(published.Unexpressible, match="selective layer"):
+        published.inputs(published.row_by_id("ttdoc-l3-8b-a100x64-fsdp-sel-layer"))
+
+
+def test_recompute_policies() -> None:
+    megatron = {"framework": "megatron"}
+    assert published.recompute_of({**megatron, "recompute": "selective"}) == (Recompute.SELECTIVE, None)
+    block = "--recompute-granularity full --recompute-method block --recompute-num-layers 3"
+    assert published.recompute_of({**megatron, "recompute": "full", "recompute_detail": block}) == (
+        Recompute.FULL,
+        3,
+    )
+    uniform = "--recompute-method uniform --recompute-num-layers 1"
+    assert published.recompute_of({**megatron, "recompute": "full", "recompute_detail": uniform}) == (
+        Recompute.FULL,
+        None,
+    )
+    with pytest.raises(published.Unexpressible, match="recompute not published"):
+        published.recompute_of({**megatron, "recompute": "unknown"})
+    with pytest.raises(published.Unexpressible, match="mla_up_proj"):
+        published.recompute_of(
+            {**megatron, "recompute": "selective", "recompute_detail": "recompute_modules ['mla_up_proj']"}
+        )
+
+
+def test_pipeline_split_from_the_row() -> None:
+    bloom = published.inputs(published.row_by_id("bloom-tr11-176b-a100x384-tp4pp12dp8")).layout
+    assert bloom.pipeline_layers == (5, *[6] * 10, 5)
+    # per-rank counts under interleaving: the account-for flags give the split, checked against them
+    megatron = published.inputs(published.row_by_id("mb2509-l31-405b-h100x1024-tp8pp8cp2vp8")).layout
+    assert megatron.pipeline_layers is None
+    assert megatron.pipeline_account_for_embedding and megatron.pipeline_account_for_loss
+
+
+def test_caveats_are_kept() -> None:
+    caveats = published.inputs(published.row_by_id("tt2412-l31-8b-h100x8-fsdp-compile-fp8-tput")).caveats
+    text = " ".join(caveats)
+    assert "torch.compile" in text and "fp8 recipe" in text and "GPU variant" in text
+
+
+def test_summary_adds_up() -> None:
+    results = published.results()
+    summary = published.summarize(results)
+    assert len(summary.halves) == len(published.SPLITS) * len(published.KINDS)
+    assert sum(h.rows for h in summary.halves) == len(ROWS)
+    unexpressible = sum(len(ids) for _, ids in summary.unexpressible)
+    assert sum(h.expressible for h in summary.halves) + unexpressible == len(ROWS)
+    assert all(reason.strip() for reason, _ in summary.unexpressible)
+    for h in summary.halves:
+        assert 0 <= h.within <= h.expressible <= h.rows
+        if h.expressible:
+            fraction = h.within_fraction
+            assert fraction is not None and 0.0 <= fraction <= 1.0
+            assert h.median_abs_error is not None and h.median_signed_error is not None
+            assert abs(h.median_signed_error) <= h.median_abs_error + 1e-12
+            assert h.worst is not None and h.worst.error is not None
+            assert abs(h.worst.error) >= h.median_abs_error
+        counted = [r for r in results if r.split == h.split and r.kind == h.kind]
+        assert h.rows == len(counted)
+    for r in results:
+        assert (r.reason is None) == r.expressible
+        if r.error is not None:
+            assert math.isfinite(r.error) and r.ours is not None and r.ours > 0
+    assert len(published.targets(summary)) == 3
