@@ -61,6 +61,7 @@ def parse_tuning(data: dict[str, Any]) -> Tuning:
         zero3_prefetch_hidden_fraction=float(overlap["zero3_prefetch_hidden_fraction"]),
         activation_offload_hidden_fraction=float(overlap["activation_offload_hidden_fraction"]),
         memory_traffic_per_stored_byte=float(data["memory_bound"]["traffic_per_stored_byte"]),
+        eager_traffic_factor=float(data["memory_bound"]["eager_traffic_factor"]),
         loss_traffic_bytes_per_logit=float(data["memory_bound"]["loss_traffic_bytes_per_logit"]),
         selective_recompute_passes=float(data["memory_bound"]["selective_recompute_passes"]),
         attention_alignment_bytes=int(data["attention_alignment"]["alignment_bytes"]),

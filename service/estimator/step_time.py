@@ -214,12 +214,13 @@ def exposed_s(comm_s: float, window_s: float, max_hidden_fraction: float) -> flo
 
 # ---------------------------------------------------------------- what every part of a step reads
 
-# The layout fields of the step's base: the parallel split, the micro-batch and its count, and SP
-# (stored activation bytes).
+# The layout fields of the step's base: the parallel split, the micro-batch and its count, SP and
+# the framework (stored activation bytes, the kernels between the GEMMs).
 SPLIT_FIELDS = ("dp", "tp", "pp", "cp", "ep")
 BASE_FIELDS = (
     *SPLIT_FIELDS,
     *PIPELINE_FIELDS[1:],
+    "framework",  # fused (Megatron) or eager kernels between the GEMMs
     "sequence_parallel",
     "micro_batch_size",
     "gradient_accumulation_steps",
@@ -282,10 +283,16 @@ def tp_all_reduce_s(job: Job, tokens: int, link: comm.Link) -> float:
 # ---------------------------------------------------------------- compute
 
 
-def memory_bound_s(job: Job, base: StepBase, passes: float, stored_bytes_per_token: float) -> float:
-    """Time of ``passes`` forward-equivalents of memory-bound work over all micro-batches."""
+def memory_bound_s(
+    job: Job, layout: Layout, base: StepBase, passes: float, stored_bytes_per_token: float
+) -> float:
+    """Time of ``passes`` forward-equivalents of memory-bound work over all micro-batches: Megatron's
+    fused kernels, or PyTorch eager's op-by-op kernels (``eager_traffic_factor`` x the traffic)."""
     # backward moves 2x the forward traffic, so a training step is 3 passes
-    traffic = job.tuning.memory_traffic_per_stored_byte * stored_bytes_per_token * passes
+    tuning = job.tuning
+    traffic = tuning.memory_traffic_per_stored_byte * stored_bytes_per_token * passes
+    if layout.framework is not Framework.MEGATRON:
+        traffic *= tuning.eager_traffic_factor
     return base.micro_batches * base.tokens * traffic / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
@@ -336,7 +343,7 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     per_token = stage_flops_per_token(job, layout)[base.stage]
     core = base.layers * 3 * flops.attention_core_flops(job.model, job.training.seq_len)
     unaligned_s = unaligned_core_s(job, layout, base, 3)
-    memory_s = memory_bound_s(job, base, 3, base.stored_bytes) + dequantize_s(job, layout, base, 2)
+    memory_s = memory_bound_s(job, layout, base, 3, base.stored_bytes) + dequantize_s(job, layout, base, 2)
     return gemm_s(layout, base, per_token - core, core) + unaligned_s + memory_s + loss_s(job, layout, base)
 
 
@@ -402,7 +409,7 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     redone = 1.0 if recompute is not Recompute.SELECTIVE_OP else 0.0  # full and selective redo the core
     core = redone * base.layers * flops.attention_core_flops(job.model, job.training.seq_len)
     passes = recompute_passes(job.tuning, recompute)
-    memory_s = memory_bound_s(job, base, passes, recompute_stored_bytes(job, layout, base))
+    memory_s = memory_bound_s(job, layout, base, passes, recompute_stored_bytes(job, layout, base))
     if recompute is Recompute.FULL:
         memory_s += dequantize_s(job, layout, base, 1)  # the recomputed forward dequantises again
     work_s = gemm_s(layout, base, per_token - core, core) + unaligned_core_s(job, layout, base, redone)

@@ -86,7 +86,8 @@ class Tuning:
     tp_overlap_hidden_fraction: float  # with Megatron --tp-comm-overlap (off by default)
     zero3_prefetch_hidden_fraction: float  # ZeRO-3/FSDP gathers prefetched under compute
     activation_offload_hidden_fraction: float  # activation copies to/from the host on a side stream
-    memory_traffic_per_stored_byte: float  # HBM bytes moved forward per activation byte stored
+    memory_traffic_per_stored_byte: float  # HBM bytes moved forward per activation byte stored (fused)
+    eager_traffic_factor: float  # PyTorch eager's op-by-op traffic over the fused kernels' (not Megatron)
     loss_traffic_bytes_per_logit: float  # HBM bytes the cross-entropy moves per logit, fwd + bwd
     selective_recompute_passes: float  # memory-bound passes of selective recompute over the bytes it stores
     attention_alignment_bytes: int  # a head's row must be a multiple of this for the fast BMM kernels
