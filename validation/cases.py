@@ -46,7 +46,7 @@ from service.estimator.model_states import (
     shard_degrees,
     state_bytes,
 )
-from service.estimator.params import layer_parameters, parameter_counts
+from service.estimator.params import LayerKind, layer_parameters, parameter_counts
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -66,6 +66,8 @@ from service.estimator.types import (
     TimeEstimate,
     TrainingSpec,
 )
+
+DENSE = LayerKind(moe=False)  # a dense decoder layer with full attention
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "validation" / "data"
@@ -293,7 +295,7 @@ def flat_model_states(
 ) -> ModelStates:
     """The estimator's model-state formulas on a flat model's own counts (one pipeline rank)."""
     assume = default_tuning().memory
-    rp = rank_parameters(model, counts, layout, 0, ((False, model.num_layers),))
+    rp = rank_parameters(model, counts, layout, 0, ((DENSE, model.num_layers),))
     sb = state_bytes(training, layout.framework, model, assume)
     return rank_model_states(model, layout, training, rp, sb, shard_degrees(layout, cluster), assume)
 
@@ -812,7 +814,7 @@ def korthikanti_layer_time_s(sp: bool, recompute: Recompute) -> float:
     lay = dataclasses.replace(base.layout, sequence_parallel=sp, recompute=recompute)
     b = time_estimate(base.model, base.cluster, lay, base.training).breakdown
     layers = base.model.num_layers
-    layer = flops.layer_training_flops(base.model, False, base.training)
+    layer = flops.layer_training_flops(base.model, DENSE, base.training)
     share = layer / (layers * layer + flops.logits_training_flops(base.model, base.training))
     return (b.compute_s + b.tp_comm_s) * share + b.recompute_s / layers
 
@@ -937,7 +939,7 @@ def _megatron_rows() -> Iterator[Row]:
     )  # fmt: skip
     for row, tp, sp, recompute, per_sbh in KORTHIKANTI_TABLE2:
         lay, training = korthikanti_table2_inputs(tp, sp, recompute)
-        ours = activations.layer_bytes(GPT_22B, lay, training, False, lay.recompute)
+        ours = activations.layer_bytes(GPT_22B, lay, training, DENSE, lay.recompute)
         yield compare(
             PUBLISHED_MEMORY, f"korthikanti-table2-{row}", "activation bytes per layer (22B, s 2048, b 4)",
             per_sbh * KORTHIKANTI_SBH, ours, "bytes",

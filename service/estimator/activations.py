@@ -30,6 +30,7 @@ from service.estimator.types import (
     NormKind,
     PositionEmbedding,
     Precision,
+    QKNorm,
     Recompute,
     TrainingSpec,
 )
@@ -176,7 +177,7 @@ def _hf_attention(model: ModelSpec, layout: Layout, training: TrainingSpec, core
     # write it in (b, s, a, d) layout, so no copy).
     d, t = element_bytes(training.precision), local_tokens(layout, training)
     h, q, kv, a = model.hidden_size, model.q_size, model.kv_size, model.num_attention_heads
-    sharded = d * t * q
+    sharded = d * t * model.v_size  # the attention output, o_proj's input
     if training.attention is Attention.EAGER:
         kv_saved = q if model.num_kv_heads < a else kv
         sharded += d * t * (q + 2 * kv_saved)
@@ -184,9 +185,44 @@ def _hf_attention(model: ModelSpec, layout: Layout, training: TrainingSpec, core
             sharded += d * a * t * training.seq_len
         elif core:
             sharded += (FP32_BYTES + (d if d < FP32_BYTES else 0)) * a * t * training.seq_len
+    elif model.mla is not None:
+        sharded += _hf_mla(model, training, t) + (FP32_BYTES * a * t if core else 0.0)
     else:
         sharded += _hf_sdpa(model, training, t) + (FP32_BYTES * a * t if core else 0.0)
-    return Split(d * t * h, sharded)
+    return Split(d * t * h + _hf_mla_latents(model, training, t), sharded + _hf_qk_norm(model, training, t))
+
+
+def _hf_qk_norm(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
+    # RMSNorm on q and k (Qwen3, Gemma 3 per head; OLMo 2 over all heads), measured: the fp32 upcast
+    # 4(q + kv), one fp32 rsqrt per row, the normalised 16-bit output 2(q + kv) (the weight's grad
+    # reads it); the projections' own outputs are then not kept.
+    if model.qk_norm not in (QKNorm.PER_HEAD, QKNorm.FULL_WIDTH):
+        return 0.0
+    d, width = element_bytes(training.precision), model.q_size + model.kv_size
+    rows = model.num_attention_heads + model.num_kv_heads if model.qk_norm is QKNorm.PER_HEAD else 2
+    return tokens * ((FP32_BYTES + d) * width + FP32_BYTES * rows)
+
+
+def _hf_mla(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
+    # DeepSeek MLA as transformers runs it (measured on a miniature): the query cat(q_pass, q_rot) and
+    # the key (both heads x (nope + rope)), the whole kv_b output (heads x (nope + v), alive through
+    # the value view), and the kernel's output (heads x v) for o_proj.
+    mla = model.mla
+    assert mla is not None
+    n, d = model.num_attention_heads, element_bytes(training.precision)
+    return d * tokens * n * (2 * mla.qk_head_dim + mla.qk_nope_head_dim + 2 * mla.v_head_dim)
+
+
+def _hf_mla_latents(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
+    # the q and kv latents' RMSNorms (fp32 input 4r, rsqrt 4, 16-bit output 2r) and their outputs as the
+    # q_b / kv_b inputs (2r): replicated over tensor parallelism, as the layer input is
+    mla = model.mla
+    if mla is None:
+        return 0.0
+    d, ranks = element_bytes(training.precision), [mla.kv_lora_rank]
+    if mla.q_lora_rank is not None:
+        ranks.append(mla.q_lora_rank)
+    return tokens * sum((FP32_BYTES + 2 * d) * r + FP32_BYTES for r in ranks)
 
 
 def _hf_mlp(model: ModelSpec, layout: Layout, training: TrainingSpec, ffn: int, tokens: float) -> Split:
@@ -265,9 +301,10 @@ def op_sac_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
 
 
 def layer_bytes(
-    model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool, recompute: Recompute
+    model: ModelSpec, layout: Layout, training: TrainingSpec, kind: LayerKind, recompute: Recompute
 ) -> float:
-    """One layer, one micro-batch, under ``recompute``, for the layout's framework."""
+    """One layer of ``kind``, one micro-batch, under ``recompute``, for the layout's framework."""
+    moe_layer = kind.moe
     if recompute is Recompute.FULL:
         # Only the layer input survives the forward (2sbh in Korthikanti; sharded under SP).
         d, t = element_bytes(training.precision), local_tokens(layout, training)

@@ -172,7 +172,7 @@ def layer_modules(model: ModelSpec, kind: LayerKind) -> int:
     and the MLP's two or three projections; an MoE layer's router and its fused experts
     (transformers >= 5 keeps each layer's experts as one module's 3-D tensors) and shared experts."""
     mlp = 3 if model.mlp.gated else 2
-    if not kind or model.moe is None:
+    if not kind.moe or model.moe is None:
         return 4 + mlp
     return 4 + 1 + 1 + (mlp if model.moe.num_shared_experts else 0)
 
@@ -190,7 +190,7 @@ def unit_parameters(job: Job, kind: LayerKind, tp: int, ep: int) -> UnitParamete
     """A decoder layer of ``kind`` on one GPU after tp and ep (norms count with the dense part)."""
     c = job.counts
     dense = c.attention_per_layer + c.norms_per_layer
-    if kind and job.model.moe is not None:
+    if kind.moe and job.model.moe is not None:
         dense += c.router_per_moe_layer + c.shared_experts_per_moe_layer
         return UnitParameters(dense=dense / tp, experts=c.experts_per_moe_layer / ep / tp)
     return UnitParameters(dense=(dense + c.dense_mlp_per_layer) / tp, experts=0.0)
@@ -309,9 +309,9 @@ def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) ->
     collectives hide under (the backward includes the layer's recomputed forward)."""
     model, training = job.model, job.training
     forward = (
-        flops.layer_matmul_flops(model, kind)
-        + flops.attention_core_flops(model, training.seq_len)
-        + flops.lora_adapter_flops(model, kind, training)
+        flops.layer_matmul_flops(model, kind.moe)
+        + flops.layer_core_flops(model, kind, training.seq_len)
+        + flops.lora_adapter_flops(model, kind.moe, training)
     )
     backward = float(flops.layer_training_flops(model, kind, training) - forward)
     recomputed = flops.layer_recompute_flops(model, kind, training, layout.recompute)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from service.estimator.params import is_moe_layer
+from service.estimator.params import LayerKind, layer_kind
 from service.estimator.types import Method, ModelSpec, MoESpec, Recompute, TrainingSpec
 
 # ---------------------------------------------------------------- forward, per token
@@ -34,15 +34,38 @@ from service.estimator.types import Method, ModelSpec, MoESpec, Recompute, Train
 
 def attention_projection_flops(model: ModelSpec) -> int:
     """q, k, v and output projections, forward, per token (GQA: k and v are kv_size wide)."""
+    if model.mla is not None:
+        return mla_projection_flops(model)
     # 2 x (h*q + 2*h*kv + q*h)
     h, q, kv = model.hidden_size, model.q_size, model.kv_size
     return 2 * (h * q + 2 * h * kv + q * h)
 
 
-def attention_core_flops(model: ModelSpec, seq_len: int) -> int:
-    """QK^T and AV, forward, per token: 2 s q_size each, full (not causal-halved) square."""
-    # Korthikanti App. A: 4 b s^2 h per layer for b sequences of s tokens -> 4 s h per token
-    return 4 * seq_len * model.q_size
+def mla_projection_flops(model: ModelSpec) -> int:
+    """DeepSeek MLA projections, forward, per token, as transformers runs them in training (the
+    latent is decompressed for every key by kv_b_proj; no weight absorption): q_a + q_b (or q_proj),
+    kv_a_proj_with_mqa, kv_b_proj and o_proj."""
+    mla = model.mla
+    assert mla is not None
+    h, n, r_q = model.hidden_size, model.num_attention_heads, mla.q_lora_rank
+    q = 2 * h * n * mla.qk_head_dim if r_q is None else 2 * (h * r_q + r_q * n * mla.qk_head_dim)
+    kv_a = 2 * h * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+    kv_b = 2 * mla.kv_lora_rank * n * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return q + kv_a + kv_b + 2 * model.v_size * h
+
+
+def attention_core_flops(model: ModelSpec, span: int) -> int:
+    """QK^T and AV, forward, per token, for queries that each see ``span`` keys (the sequence, or a
+    sliding window or chunk: ``ModelSpec.attention_span``): 2 span q_size + 2 span v_size, over the
+    full (not causal-halved) square."""
+    # Korthikanti App. A: 4 b s^2 h per layer for b sequences of s tokens -> 4 s h per token; MLA's
+    # QK^T runs over nope + rope, its AV over v_head_dim
+    return 2 * span * (model.q_size + model.v_size)
+
+
+def layer_core_flops(model: ModelSpec, kind: LayerKind, seq_len: int) -> int:
+    """``attention_core_flops`` of a layer of ``kind`` in sequences of ``seq_len`` tokens."""
+    return attention_core_flops(model, model.attention_span(kind.attention, seq_len))
 
 
 def mlp_flops(model: ModelSpec, ffn_hidden_size: int) -> int:
@@ -173,13 +196,13 @@ def frozen_passes(training: TrainingSpec) -> int:
     return 3 if training.method is Method.FULL else 2
 
 
-def layer_training_flops(model: ModelSpec, moe_layer: bool, training: TrainingSpec) -> int:
+def layer_training_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> int:
     """Forward + backward of one layer per token, no recompute."""
     # weight matmuls x (3 or 2) + attention core x 3 (no weights: both backward halves needed)
     # + adapters x 3
-    weights = frozen_passes(training) * layer_matmul_flops(model, moe_layer)
-    core = 3 * attention_core_flops(model, training.seq_len)
-    adapters = 3 * lora_adapter_flops(model, moe_layer, training)
+    weights = frozen_passes(training) * layer_matmul_flops(model, kind.moe)
+    core = 3 * layer_core_flops(model, kind, training.seq_len)
+    adapters = 3 * lora_adapter_flops(model, kind.moe, training)
     return weights + core + adapters
 
 
@@ -189,19 +212,19 @@ def logits_training_flops(model: ModelSpec, training: TrainingSpec) -> int:
 
 
 def layer_recompute_flops(
-    model: ModelSpec, moe_layer: bool, training: TrainingSpec, recompute: Recompute
+    model: ModelSpec, kind: LayerKind, training: TrainingSpec, recompute: Recompute
 ) -> int:
     """Extra forward FLOPs per token of one layer that recomputation adds."""
     # full: the whole layer forward again (Narayanan Eq. 3's 4th pass);
     # selective: attention's QK^T and AV only (Korthikanti §5: "core attention");
     # selective_op: the matmuls per-op AC does not save (attention's output is saved)
-    core = attention_core_flops(model, training.seq_len)
+    core = layer_core_flops(model, kind, training.seq_len)
     if recompute is Recompute.FULL:
-        return layer_matmul_flops(model, moe_layer) + core + lora_adapter_flops(model, moe_layer, training)
+        return layer_matmul_flops(model, kind.moe) + core + lora_adapter_flops(model, kind.moe, training)
     if recompute is Recompute.SELECTIVE:
         return core
     if recompute is Recompute.SELECTIVE_OP:
-        return op_sac_recompute_flops(model, moe_layer)
+        return op_sac_recompute_flops(model, kind.moe)
     return 0
 
 
@@ -211,16 +234,14 @@ def layer_recompute_flops(
 @lru_cache(maxsize=1024)  # O(layers); a search asks again for every layout of one job
 def model_flops_per_token(model: ModelSpec, training: TrainingSpec) -> int:
     """Training FLOPs per token without recomputation (PaLM / Korthikanti model FLOPs)."""
-    layers = sum(
-        layer_training_flops(model, is_moe_layer(model, i), training) for i in range(model.num_layers)
-    )
+    layers = sum(layer_training_flops(model, layer_kind(model, i), training) for i in range(model.num_layers))
     return layers + logits_training_flops(model, training)
 
 
 @lru_cache(maxsize=1024)
 def recompute_flops_per_token(model: ModelSpec, training: TrainingSpec, recompute: Recompute) -> int:
     return sum(
-        layer_recompute_flops(model, is_moe_layer(model, i), training, recompute)
+        layer_recompute_flops(model, layer_kind(model, i), training, recompute)
         for i in range(model.num_layers)
     )
 

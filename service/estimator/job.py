@@ -20,16 +20,23 @@ from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from service.estimator import pipeline
-from service.estimator.params import is_moe_layer, parameter_counts
+from service.estimator.params import LayerKind, layer_kind, parameter_counts
+
+__all__ = [
+    "Job",
+    "LayerKind",
+    "job_memo",
+    "layout_memo",
+    "make_job",
+    "prepare",
+    "rank_kind_counts",
+    "sum_by_kind",
+]
 from service.estimator.tuning import MemoryAssumptions, Tuning
 from service.estimator.types import ClusterSpec, Layout, ModelSpec, ParameterCounts, TrainingSpec
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-# A decoder layer's kind: whether its feed-forward block is a mixture of experts. Every per-layer
-# formula (FLOPs, stored activation bytes, parameters) reads the layer index only through it.
-LayerKind = bool
 
 
 @dataclass(frozen=True, slots=True, eq=False, kw_only=True)
@@ -54,7 +61,7 @@ def make_job(
     tuning: Tuning,
 ) -> Job:
     """A new job with empty memos (``prepare`` returns a shared one)."""
-    layer_kinds = tuple(is_moe_layer(model, i) for i in range(model.num_layers))
+    layer_kinds = tuple(layer_kind(model, i) for i in range(model.num_layers))
     return Job(
         model=model,
         cluster=cluster,
@@ -158,6 +165,11 @@ def kind_counts(job: Job, start: int, stop: int) -> tuple[tuple[LayerKind, int],
     """How many layers of each kind ``layers[start:stop]`` holds, kinds in ``job.kinds`` order."""
     held = job.layer_kinds[start:stop]
     return tuple((kind, held.count(kind)) for kind in job.kinds if kind in held)
+
+
+def moe_layers_of(counts: tuple[tuple[LayerKind, int], ...]) -> int:
+    """How many of these layers have an MoE block."""
+    return sum(count for kind, count in counts if kind.moe)
 
 
 def sum_by_kind(counts: tuple[tuple[LayerKind, int], ...], value: Callable[[LayerKind], float]) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.estimator.params import parameter_counts
+from service.estimator.params import LayerKind, parameter_counts
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
     ClusterSpec,
@@ -208,12 +208,16 @@ def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[flo
 
 
 def rank_parameters(
-    model: ModelSpec, counts: ParameterCounts, layout: Layout, rank: int, layers: tuple[tuple[bool, int], ...]
+    model: ModelSpec,
+    counts: ParameterCounts,
+    layout: Layout,
+    rank: int,
+    layers: tuple[tuple[LayerKind, int], ...],
 ) -> RankParameters:
     """Parameters held by pipeline rank ``rank``, whose decoder layers are ``layers`` (how many of
     each kind: MoE or not), after tp and ep (Megatron split: embedding first, head last)."""
     p, t, e = layout.pp, layout.tp, layout.ep
-    moe_layers = dict(layers).get(True, 0)
+    moe_layers = sum(count for kind, count in layers if kind.moe)
     held = sum(count for _, count in layers)
     attention = counts.attention_per_layer * held
     mlp = counts.dense_mlp_per_layer * (held - moe_layers) + counts.shared_experts_per_moe_layer * moe_layers

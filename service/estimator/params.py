@@ -12,9 +12,35 @@ per-stage split (the first stage holds the embedding, the last the final norm an
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 from service.estimator import pipeline
-from service.estimator.types import Layout, ModelSpec, MoESpec, NormKind, ParameterCounts, PositionEmbedding
+from service.estimator.types import (
+    AttentionKind,
+    Layout,
+    ModelSpec,
+    MoESpec,
+    NormKind,
+    ParameterCounts,
+    PositionEmbedding,
+    QKNorm,
+)
+
+
+class LayerKind(NamedTuple):
+    """A decoder layer's kind: whether its MLP is the MoE block and what its attention sees. Every
+    per-layer formula (parameters, FLOPs, stored activations) reads the layer index only through it,
+    so a model's layers are computed once per kind and summed (Gemma 3: sliding and full layers;
+    DeepSeek-V3: dense first layers; Llama 4: chunked dense, chunked MoE and full MoE)."""
+
+    moe: bool
+    attention: AttentionKind = AttentionKind.FULL
+
+
+def layer_kind(model: ModelSpec, index: int) -> LayerKind:
+    """The kind of decoder layer ``index`` (0-based)."""
+    return LayerKind(moe=is_moe_layer(model, index), attention=model.attention_kind(index))
+
 
 # Families whose Hugging Face module fuses q, k and v into one Linear (or GPT-2's Conv1D); this
 # changes only which single module is largest, never a total.
@@ -59,13 +85,45 @@ def output_parameters(model: ModelSpec) -> int:
 
 
 def attention_parameters(model: ModelSpec) -> int:
-    """q, k, v and output projections of one layer, with their biases."""
+    """q, k, v and output projections of one layer, with their biases, q/k norms and sinks."""
+    if model.mla is not None:
+        return mla_parameters(model) + qk_norm_parameters(model) + sink_parameters(model)
     # q: h x (a*d), k and v: h x (g*d) each, o: (a*d) x h, with a heads, g kv heads, d head_dim.
     h, q, kv = model.hidden_size, model.q_size, model.kv_size
     weights = h * q + 2 * h * kv + q * h
     qkv_bias = q + 2 * kv if model.qkv_bias else 0
     out_bias = h if model.attn_out_bias else 0
-    return weights + qkv_bias + out_bias
+    return weights + qkv_bias + out_bias + qk_norm_parameters(model) + sink_parameters(model)
+
+
+def mla_parameters(model: ModelSpec) -> int:
+    """DeepSeek multi-head latent attention (transformers DeepseekV2/V3Attention), n heads:
+    q_a_proj (h -> r_q, bias with attention_bias) + q_a_layernorm (r_q) + q_b_proj (r_q -> n qk), or a
+    plain q_proj (h -> n qk) without q_lora_rank; kv_a_proj_with_mqa (h -> r + rope, biased) +
+    kv_a_layernorm (r) + kv_b_proj (r -> n (nope + v)); o_proj (n v -> h, biased)."""
+    mla = model.mla
+    assert mla is not None
+    h, n, b = model.hidden_size, model.num_attention_heads, 1 if model.mla_bias else 0
+    r_q, r = mla.q_lora_rank, mla.kv_lora_rank
+    q = h * n * mla.qk_head_dim if r_q is None else (h + b) * r_q + r_q + r_q * n * mla.qk_head_dim
+    kv = (h + b) * (r + mla.qk_rope_head_dim) + r + r * n * (mla.qk_nope_head_dim + mla.v_head_dim)
+    o = n * mla.v_head_dim * h + b * h
+    return q + kv + o
+
+
+def qk_norm_parameters(model: ModelSpec) -> int:
+    """Norms on the queries and keys: RMSNorm(head_dim) twice (Qwen3, Gemma 3), RMSNorm over all q
+    and all k heads (OLMo 2), or a weightless L2 norm (Llama 4)."""
+    if model.qk_norm is QKNorm.PER_HEAD:
+        return 2 * model.head_dim
+    if model.qk_norm is QKNorm.FULL_WIDTH:
+        return model.q_size + model.kv_size
+    return 0
+
+
+def sink_parameters(model: ModelSpec) -> int:
+    """GPT-OSS attention sinks: one learned logit per head."""
+    return model.num_attention_heads if model.attention_sinks else 0
 
 
 def _mlp_parameters(model: ModelSpec, ffn: int) -> int:
@@ -83,8 +141,13 @@ def mlp_parameters(model: ModelSpec) -> int:
 
 
 def expert_parameters(model: ModelSpec, moe: MoESpec) -> int:
-    """One routed expert: an MLP of width expert_ffn_hidden_size."""
-    return _mlp_parameters(model, moe.expert_ffn_hidden_size)
+    """One routed expert: an MLP of width expert_ffn_hidden_size (biased only with expert_bias:
+    DeepSeek-V2's mlp_bias reaches its dense and shared MLPs, not the routed experts)."""
+    h, f = model.hidden_size, moe.expert_ffn_hidden_size
+    weights = (3 if model.mlp.gated else 2) * h * f
+    if not moe.expert_bias:
+        return weights
+    return weights + ((2 if model.mlp.gated else 1) * f + h)
 
 
 def router_parameters(model: ModelSpec, moe: MoESpec) -> int:
@@ -117,9 +180,13 @@ def layer_norm_parameters(model: ModelSpec) -> int:
 
 
 def is_moe_layer(model: ModelSpec, index: int) -> bool:
-    """Whether decoder layer ``index`` (0-based) has a mixture-of-experts MLP."""
-    # Every layer_frequency-th layer, counted from 1: Qwen2-MoE's (i + 1) % decoder_sparse_step == 0.
-    return model.moe is not None and (index + 1) % model.moe.layer_frequency == 0
+    """Whether decoder layer ``index`` (0-based) has a mixture-of-experts MLP: one of the model's
+    ``moe_layers``, else every layer_frequency-th (Qwen2-MoE's (i + 1) % decoder_sparse_step == 0)."""
+    if model.moe is None:
+        return False
+    if model.moe_layers is not None:
+        return index in model.moe_layers
+    return (index + 1) % model.moe.layer_frequency == 0
 
 
 def layer_parameters(model: ModelSpec, index: int) -> int:
@@ -151,6 +218,11 @@ def largest_module_parameters(model: ModelSpec) -> int:
     else:
         candidates.append((h + bias) * q)
     candidates.append(q * h + (h if model.attn_out_bias else 0))
+    if model.mla is not None:
+        mla, n = model.mla, model.num_attention_heads
+        if mla.q_lora_rank is not None:
+            candidates.append(mla.q_lora_rank * n * mla.qk_head_dim)
+        candidates.append(mla.kv_lora_rank * n * (mla.qk_nope_head_dim + mla.v_head_dim))
     mlp_bias = 1 if model.mlp_bias else 0
     fused_up = 2 if model.mlp.gated and model.family in _FUSED_GATE_UP_FAMILIES else 1
     candidates.append((h + mlp_bias) * f * fused_up)
@@ -210,7 +282,7 @@ def stage_parameter_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     """
     ranks = pipeline.rank_layer_ranges(model.num_layers, layout)
     kinds = [is_moe_layer(model, i) for i in range(model.num_layers)]
-    # a layer's parameters depend on it only through is_moe_layer: one count per kind
+    # a layer's parameters depend on its kind only through the MoE block: one count per value
     per_kind = {kind: layer_parameters(model, kinds.index(kind)) for kind in set(kinds)}
     stages = [sum(per_kind[kinds[i]] for chunk in chunks for i in chunk) for chunks in ranks]
     stages[0] += embedding_parameters(model)

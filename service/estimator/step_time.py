@@ -30,7 +30,15 @@ from dataclasses import dataclass
 
 from service.estimator import comm, flops
 from service.estimator.errors import InvalidTraining
-from service.estimator.job import Job, LayerKind, job_memo, layout_memo, rank_kind_counts, sum_by_kind
+from service.estimator.job import (
+    Job,
+    LayerKind,
+    job_memo,
+    layout_memo,
+    moe_layers_of,
+    rank_kind_counts,
+    sum_by_kind,
+)
 from service.estimator.memory import offloaded_activation_bytes, rank_parameters_of
 from service.estimator.params import stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
@@ -122,7 +130,7 @@ def _ffn_width(model: ModelSpec, moe_layer: bool) -> int:
     return moe.top_k * moe.expert_ffn_hidden_size + moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
 
 
-def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> float:
+def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, kind: LayerKind) -> float:
     """Activation bytes per token one GPU stores in a layer (Korthikanti Table 2, generalised)."""
     # replicated unless SP: 2 norm inputs 4h, QKV and MLP inputs 4h, 2 dropout masks 2h -> 10h
     # sharded: Q, K, V 2(q + 2kv), attention output 2q, MLP 2 bytes x (2 GELU | 3 gated) ffn-wide tensors
@@ -130,7 +138,8 @@ def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
     h, q, kv, t = model.hidden_size, model.q_size, model.kv_size, layout.tp
     replicated = 10 * h / (t if layout.sequence_parallel else 1)
     mlp_tensors = 3 if model.mlp.gated else 2
-    sharded = 2 * (q + 2 * kv) + 2 * q + 2 * mlp_tensors * _ffn_width(model, moe_layer)
+    sharded = 2 * (q + 2 * kv) + 2 * q + 2 * mlp_tensors * _ffn_width(model, kind.moe)
+    # eager attention materialises every s x s score and masks outside a window or chunk
     scores = 5 * model.num_attention_heads * training.seq_len if training.attention is Attention.EAGER else 0
     scale = activation_bytes(training.precision) / 2  # the table assumes 16-bit activations
     return scale * (replicated + (sharded + scores) / t)
@@ -159,7 +168,7 @@ def gpu_parameters(job: Job, layout: Layout) -> float:
     experts_per_layer = job.counts.experts_per_moe_layer
     stages = zip(stage_parameter_counts(job.model, layout), rank_kind_counts(job, layout), strict=True)
     return max(
-        stage_gpu_parameters(params, experts_per_layer * dict(counts).get(True, 0), layout)
+        stage_gpu_parameters(params, experts_per_layer * moe_layers_of(counts), layout)
         for params, counts in stages
     )
 
@@ -242,6 +251,7 @@ class StepBase:
     links: GroupLinks
     parameters: float  # gpu_parameters
     stored_bytes: float  # stage_stored_bytes of the slowest stage, per token
+    core_flops: int  # attention's core, forward, per token, over the slowest stage's layers
     tp_all_reduce_s: float  # one all-reduce of a micro-batch's activations over the TP group
     compute_s: float = 0.0  # compute_s, set once the rest is known
 
@@ -268,10 +278,17 @@ def step_base(job: Job, layout: Layout) -> StepBase:
         links=links,
         parameters=gpu_parameters(job, layout),
         stored_bytes=stage_stored_bytes(job, layout)[stage],
+        core_flops=sum_core_flops(job, counts),
         tp_all_reduce_s=tp_all_reduce_s(job, tokens, links.tp),
     )
     base.compute_s = compute_s(job, layout, base)
     return base
+
+
+def sum_core_flops(job: Job, counts: tuple[tuple[LayerKind, int], ...]) -> int:
+    """Attention's core FLOPs per token, forward, of these layers (each kind's span)."""
+    seq_len = job.training.seq_len
+    return sum(count * flops.layer_core_flops(job.model, kind, seq_len) for kind, count in counts)
 
 
 def tp_all_reduce_s(job: Job, tokens: int, link: comm.Link) -> float:
@@ -323,7 +340,7 @@ def unaligned_core_s(job: Job, layout: Layout, base: StepBase, passes_per_layer:
     slowdown = unaligned_core_slowdown(job.model, job.training, job.tuning)
     if slowdown == 0.0 or passes_per_layer == 0:
         return 0.0
-    per_token = passes_per_layer * base.layers * flops.attention_core_flops(job.model, job.training.seq_len)
+    per_token = passes_per_layer * base.core_flops
     return base.micro_batches * base.tokens * per_token / layout.tp / base.flops_per_s * slowdown
 
 
@@ -341,7 +358,7 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     attention's core slowed when its head_dim is unaligned), the memory-bound ops between them and
     the loss."""
     per_token = stage_flops_per_token(job, layout)[base.stage]
-    core = base.layers * 3 * flops.attention_core_flops(job.model, job.training.seq_len)
+    core = 3 * base.core_flops
     unaligned_s = unaligned_core_s(job, layout, base, 3)
     memory_s = memory_bound_s(job, layout, base, 3, base.stored_bytes) + dequantize_s(job, layout, base, 2)
     return gemm_s(layout, base, per_token - core, core) + unaligned_s + memory_s + loss_s(job, layout, base)
@@ -407,7 +424,7 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
         return 0.0
     per_token = sum(count * kind_recompute_flops(job, kind, recompute) for kind, count in base.counts)
     redone = 1.0 if recompute is not Recompute.SELECTIVE_OP else 0.0  # full and selective redo the core
-    core = redone * base.layers * flops.attention_core_flops(job.model, job.training.seq_len)
+    core = redone * base.core_flops
     passes = recompute_passes(job.tuning, recompute)
     memory_s = memory_bound_s(job, layout, base, passes, recompute_stored_bytes(job, layout, base))
     if recompute is Recompute.FULL:
@@ -448,7 +465,7 @@ def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     chunk_bytes = 2 * base.tokens * kv_width * activation_bytes(training.precision)
     link = base.links.cp
     ring_s = 3 * (layout.cp - 1) * comm.p2p_s(chunk_bytes, link.bandwidth_bytes_per_s, link.latency_s)
-    core_flops = 3 * flops.attention_core_flops(model, training.seq_len) * base.tokens / layout.tp
+    core_flops = 3 * base.core_flops / base.layers * base.tokens / layout.tp  # a layer's, on average
     per_layer = max(0.0, ring_s - core_flops / base.flops_per_s)
     return base.micro_batches * base.layers * per_layer
 
@@ -458,7 +475,7 @@ def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     moe = job.model.moe
     if moe is None or layout.ep == 1:
         return 0.0
-    moe_layers = dict(base.counts).get(True, 0)
+    moe_layers = moe_layers_of(base.counts)
     # each routed copy of a token (top_k of them) carries h values; SP splits tokens over tp
     tokens = base.tokens / (layout.tp if layout.sequence_parallel else 1)
     size_bytes = tokens * moe.top_k * job.model.hidden_size * activation_bytes(job.training.precision)

@@ -47,9 +47,47 @@ class PositionEmbedding(StrEnum):
     ALIBI = "alibi"  # no parameters (BLOOM)
 
 
+class AttentionKind(StrEnum):
+    """What keys a layer's queries attend to (HF ``layer_types``)."""
+
+    FULL = "full"  # every earlier token (causal)
+    SLIDING = "sliding"  # the last ``sliding_window`` tokens, itself included (Mistral, Gemma 2/3, GPT-OSS)
+    CHUNKED = "chunked"  # earlier tokens of the same ``attention_chunk_size`` chunk (Llama 4)
+
+
+class QKNorm(StrEnum):
+    """Normalisation of the queries and keys before RoPE."""
+
+    NONE = "none"
+    PER_HEAD = "per_head"  # Qwen3, Gemma 3: one RMSNorm(head_dim) for q, one for k, shared by heads
+    FULL_WIDTH = "full_width"  # OLMo 2: RMSNorm over all q heads (q_size), one over all k heads (kv_size)
+    L2 = "l2"  # Llama 4: weightless L2 norm
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MLASpec:
+    """DeepSeek multi-head latent attention: queries and keys/values through low-rank latents."""
+
+    q_lora_rank: int | None  # None (DeepSeek-V2-Lite): a plain h -> heads x (nope + rope) q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            _require_positive(InvalidModel, f"mla.{name}", getattr(self, name))
+        if self.q_lora_rank is not None:
+            _require_positive(InvalidModel, "mla.q_lora_rank", self.q_lora_rank)
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MoESpec:
-    """Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE, DeepSeek-style shared experts)."""
+    """Mixture-of-experts feed-forward (Mixtral, Qwen2/3-MoE, DeepSeek, Llama 4, GPT-OSS)."""
 
     num_experts: int
     top_k: int
@@ -57,8 +95,9 @@ class MoESpec:
     num_shared_experts: int = 0
     shared_expert_ffn_hidden_size: int = 0
     shared_expert_gate: bool = False  # Qwen2-MoE: a sigmoid gate h -> 1 on the shared expert
-    layer_frequency: int = 1  # every k-th layer is MoE, the others dense
+    layer_frequency: int = 1  # every k-th layer is MoE, the others dense (unless ModelSpec.moe_layers)
     router_bias: bool = False
+    expert_bias: bool = False  # GPT-OSS: biases on every routed expert's gate_up (2f) and down (h)
 
     def __post_init__(self) -> None:
         for name in ("num_experts", "top_k", "expert_ffn_hidden_size", "layer_frequency"):
@@ -106,6 +145,18 @@ class ModelSpec:
     rotary_fraction: float = 1.0  # partial rotary (GPT-NeoX 0.25, Phi-2 0.4); no parameters
     lm_head_bias: bool = False  # Phi-1/1.5/2's output layer has a bias
     moe: MoESpec | None = None
+    # The decoder layers whose MLP is the MoE block, 0-based; None: every moe.layer_frequency-th.
+    # (Qwen3-MoE mlp_only_layers, DeepSeek first_k_dense_replace, Llama 4 interleave.)
+    moe_layers: tuple[int, ...] | None = None
+    # Per decoder layer, what its attention sees; () = every layer full (causal).
+    layer_types: tuple[AttentionKind, ...] = ()
+    sliding_window: int | None = None  # keys a sliding layer's query sees, itself included
+    attention_chunk_size: int | None = None  # tokens per chunk of a chunked layer
+    qk_norm: QKNorm = QKNorm.NONE
+    attention_sinks: bool = False  # GPT-OSS: one learned sink logit per head and layer
+    mla: MLASpec | None = None  # DeepSeek-V2/V3 attention instead of q/k/v/o of head_dim
+    mla_bias: bool = False  # DeepSeek attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj
+    final_logit_softcapping: bool = False  # Gemma 2: tanh(logits / c) * c, whose output autograd keeps
 
     def __post_init__(self) -> None:
         for name in (
@@ -145,15 +196,67 @@ class ModelSpec:
                 f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}",
                 field="rotary_fraction",
             )
+        self._check_layer_structure()
+
+    def _check_layer_structure(self) -> None:
+        if self.moe_layers is not None:
+            bad = [i for i in self.moe_layers if not 0 <= i < self.num_layers]
+            if bad or len(set(self.moe_layers)) != len(self.moe_layers):
+                raise InvalidModel(
+                    f"moe_layers must be distinct layer indices in [0, {self.num_layers}), got "
+                    f"{list(self.moe_layers)}",
+                    rule="moe_layers",
+                    field="moe_layers",
+                )
+            if self.moe is None and self.moe_layers:
+                raise InvalidModel("moe_layers needs moe", rule="moe_layers", field="moe_layers")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise InvalidModel(
+                f"layer_types must give all {self.num_layers} layers, got {len(self.layer_types)}",
+                rule="layer_types",
+                field="layer_types",
+            )
+        needs = {AttentionKind.SLIDING: ("sliding_window", self.sliding_window),
+                 AttentionKind.CHUNKED: ("attention_chunk_size", self.attention_chunk_size)}  # fmt: skip
+        for kind, (name, value) in needs.items():
+            if kind in self.layer_types and (value is None or value <= 0):
+                raise InvalidModel(
+                    f"{kind.value} layers need {name} > 0, got {value}", rule="layer_types", field=name
+                )
+
+    def attention_kind(self, index: int) -> AttentionKind:
+        """What decoder layer ``index`` attends to."""
+        return self.layer_types[index] if self.layer_types else AttentionKind.FULL
+
+    def attention_span(self, kind: AttentionKind, seq_len: int) -> int:
+        """Keys one query of a ``kind`` layer attends to, at most: the whole sequence, the window, or
+        the chunk (the causal triangle is not halved, as the FLOP conventions of ``flops`` say)."""
+        if kind is AttentionKind.SLIDING and self.sliding_window is not None:
+            return min(seq_len, self.sliding_window)
+        if kind is AttentionKind.CHUNKED and self.attention_chunk_size is not None:
+            return min(seq_len, self.attention_chunk_size)
+        return seq_len
 
     @property
     def q_size(self) -> int:
-        """Width of the query projection output: heads x head_dim."""
+        """Width of the query projection output: heads x head_dim (MLA: heads x (nope + rope))."""
+        if self.mla is not None:
+            return self.num_attention_heads * self.mla.qk_head_dim
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def v_size(self) -> int:
+        """Width of the attention output before o_proj: heads x head_dim (MLA: heads x v_head_dim)."""
+        if self.mla is not None:
+            return self.num_attention_heads * self.mla.v_head_dim
         return self.num_attention_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
-        """Width of one of the key/value projection outputs: kv heads x head_dim."""
+        """Width of one of the key/value projection outputs: kv heads x head_dim (MLA: every head has
+        its own decompressed key, heads x (nope + rope))."""
+        if self.mla is not None:
+            return self.num_attention_heads * self.mla.qk_head_dim
         return self.num_kv_heads * self.head_dim
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from service.catalog.gpus import gpu
 from service.catalog.models import model as preset
 from service.estimator import comm, dp_comm
+from service.estimator.params import LayerKind
 from service.estimator.step_time import step_base, step_parts
 from service.estimator.types import (
     ClusterSpec,
@@ -26,6 +27,8 @@ from service.estimator.types import (
 from tests.estimator.helpers import job, memory, time
 from tests.estimator.test_step_time import PROPERTY_MODEL
 from validation.cases import A100, gpu_cluster
+
+DENSE = LayerKind(moe=False)  # a dense decoder layer with full attention
 
 H100 = gpu("h100-sxm-80gb")
 LLAMA_8B = preset("llama-3.1-8b").spec
@@ -97,11 +100,11 @@ def test_deepspeed_gathers_module_by_module_fsdp_layer_by_layer() -> None:
     fsdp = Layout(framework=Framework.FSDP, dp=64, zero_stage=3)
     ds = dataclasses.replace(fsdp, framework=Framework.DEEPSPEED)
     # Llama: q, k, v, o, gate, up, down; each at least the 0.9 h^2 prefetch bucket but k and v
-    assert dp_comm.layer_modules(LLAMA_8B, False) == 7
-    assert dp_comm.unit_gather_calls(j, ds, False, 218_112_000) == 7
-    assert dp_comm.unit_gather_calls(j, fsdp, False, 218_112_000) == 1
-    fsdp_unit = dp_comm.unit_collectives(j, fsdp, False)
-    ds_unit = dp_comm.unit_collectives(j, ds, False)
+    assert dp_comm.layer_modules(LLAMA_8B, DENSE) == 7
+    assert dp_comm.unit_gather_calls(j, ds, DENSE, 218_112_000) == 7
+    assert dp_comm.unit_gather_calls(j, fsdp, DENSE, 218_112_000) == 1
+    fsdp_unit = dp_comm.unit_collectives(j, fsdp, DENSE)
+    ds_unit = dp_comm.unit_collectives(j, ds, DENSE)
     latency = comm.ring_latency_s(dp_comm.shard_links(j, fsdp).dense)
     assert ds_unit.gather_s - fsdp_unit.gather_s == pytest.approx(6 * latency)
 
@@ -163,7 +166,7 @@ def test_sharded_exposure_is_bounded_by_its_traffic(nodes: int, inter: float, mi
     training = TrainingSpec(seq_len=2048, global_batch_size=n * micro_batches)
     layout = Layout(framework=Framework.DEEPSPEED, dp=n, zero_stage=3)
     j = job(PROPERTY_MODEL, cl, training)
-    unit = dp_comm.unit_collectives(j, layout, False)
+    unit = dp_comm.unit_collectives(j, layout, DENSE)
     layers = PROPERTY_MODEL.num_layers
     all_s = micro_batches * (layers * (2 * unit.gather_s + unit.reduce_s) + unit.gather_s + unit.reduce_s)
     exposed = dp_comm.dp_comm_exposed_s(j, layout, step_parts(j, layout))
@@ -202,8 +205,8 @@ def test_hybrid_shard_trades_gathers_across_nodes_for_an_all_reduce() -> None:
     links = dp_comm.shard_links(j, hybrid)
     assert links.dense.group_size == 8 and not links.dense.spans_nodes
     assert links.replicas is not None and links.replicas.group_size == 64
-    full_unit = dp_comm.unit_collectives(j, full, False)
-    hybrid_unit = dp_comm.unit_collectives(j, hybrid, False)
+    full_unit = dp_comm.unit_collectives(j, full, DENSE)
+    hybrid_unit = dp_comm.unit_collectives(j, hybrid, DENSE)
     assert hybrid_unit.gather_s < full_unit.gather_s  # inside the node
     # the reduce-scatter inside the node + the 1/8 shard all-reduced across 64 nodes
     shard_bytes = 218_112_000 * 2 / 8
@@ -220,8 +223,8 @@ def test_frozen_base_under_zero3_gathers_but_reduces_and_holds_no_gradients() ->
     for framework in (Framework.DEEPSPEED, Framework.FSDP):
         layout = Layout(framework=framework, dp=16, zero_stage=3)
         jl = job(PROPERTY_MODEL, cl, lora)
-        assert dp_comm.unit_collectives(jl, layout, False).reduce_s == 0.0
-        assert dp_comm.unit_collectives(jl, layout, False).gather_s > 0.0
+        assert dp_comm.unit_collectives(jl, layout, DENSE).reduce_s == 0.0
+        assert dp_comm.unit_collectives(jl, layout, DENSE).gather_s > 0.0
         full_buffers = memory(PROPERTY_MODEL, cl, layout, full).per_gpu.buffers
         lora_buffers = memory(PROPERTY_MODEL, cl, layout, lora).per_gpu.buffers
         assert lora_buffers < full_buffers

@@ -39,7 +39,13 @@ from service.estimator.job import (
     prepare,
     rank_kind_counts,
 )
-from service.estimator.params import is_moe_layer, layer_parameters, stage_parameter_counts
+from service.estimator.params import (
+    LayerKind,
+    is_moe_layer,
+    layer_kind,
+    layer_parameters,
+    stage_parameter_counts,
+)
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
     Attention,
@@ -313,7 +319,7 @@ def recording(layout: Layout) -> RecordingLayout:
 EXTRA_ARGUMENTS: dict[str, Callable[[Layout], tuple[Any, ...]]] = {
     "recompute": lambda layout: tuple(Recompute),
     "rank": lambda layout: tuple(sorted({0, layout.pp - 1})),
-    "kind": lambda layout: (False, True),  # a dense and an MoE layer (a dense model has no experts)
+    "kind": lambda layout: (LayerKind(False), LayerKind(True)),  # a dense and an MoE layer
 }
 
 
@@ -698,15 +704,17 @@ def _stage_layers(spec: ModelSpec, layout: Layout) -> Iterator[tuple[int, list[i
 @pytest.mark.parametrize("name", [*sorted(models()), SPARSE_MOE.name])
 def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
     # The job computes per-layer FLOPs, recompute FLOPs, stored and saved activation bytes once per
-    # layer kind (dense, MoE) and sums them by kind: it relies on every per-layer quantity reading the
-    # layer only through is_moe_layer. Layer by layer, by index, the sums come out the same.
+    # layer kind (MoE or not, attention span) and sums them by kind: it relies on every per-layer
+    # quantity reading the layer only through layer_kind. Layer by layer, by index, the sums come out
+    # the same.
     spec = spec_of(name)
     training = TrainingSpec(seq_len=2048, global_batch_size=8, attention=Attention.EAGER)
     layout = Layout(tp=2, sequence_parallel=True)
     job = make_job(spec, cluster(1), training, default_tuning())
-    kinds = [is_moe_layer(spec, i) for i in range(spec.num_layers)]
+    kinds = [layer_kind(spec, i) for i in range(spec.num_layers)]
     assert job.layer_kinds == tuple(kinds) and set(job.kinds) == set(kinds)
-    per_kind: dict[bool, set[int]] = {}
+    assert [kind.moe for kind in kinds] == [is_moe_layer(spec, i) for i in range(spec.num_layers)]
+    per_kind: dict[LayerKind, set[int]] = {}
     for i, kind in enumerate(kinds):
         per_kind.setdefault(kind, set()).add(layer_parameters(spec, i))
     assert all(len(values) == 1 for values in per_kind.values())
@@ -731,7 +739,7 @@ def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
         ]
         assert step_time.stage_stored_bytes(job, staged) == pytest.approx(tuple(stored), rel=1e-12)
         on_gpu = [
-            step_time.stage_gpu_parameters(params, experts * sum(kinds[i] for i in layers), staged)
+            step_time.stage_gpu_parameters(params, experts * sum(kinds[i].moe for i in layers), staged)
             for params, (_, layers) in zip(
                 stage_parameter_counts(spec, staged), _stage_layers(spec, staged), strict=True
             )

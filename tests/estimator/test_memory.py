@@ -20,6 +20,7 @@ from service.estimator.model_states import (
     moment_bytes,
     state_bytes,
 )
+from service.estimator.params import LayerKind
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -39,6 +40,8 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from tests.estimator.helpers import fits, job, memory, rank_parameters, stage_activation_bytes, states
+
+DENSE = LayerKind(moe=False)  # a dense decoder layer with full attention
 
 GB = 10**9
 ASSUME = default_tuning().memory
@@ -413,7 +416,7 @@ def test_recompute_none_ge_selective_ge_full(
     selective = Recompute.SELECTIVE if layout.framework is Framework.MEGATRON else Recompute.SELECTIVE_OP
     modes = (Recompute.NONE, selective, Recompute.FULL)
     per_layer = [
-        activations.layer_bytes(model, dataclasses.replace(layout, recompute=r), training, False, r)
+        activations.layer_bytes(model, dataclasses.replace(layout, recompute=r), training, DENSE, r)
         for r in modes
     ]
     # under TP per-op AC saves the row-parallel matmuls' full-width partial sums (o_proj, down_proj

@@ -11,6 +11,7 @@ import pytest
 from service.catalog.gpus import gpu
 from service.catalog.models import model as preset
 from service.estimator import activations, flops, pipeline
+from service.estimator.params import LayerKind
 from service.estimator.types import (
     Framework,
     Layout,
@@ -20,6 +21,8 @@ from service.estimator.types import (
 )
 from tests.estimator.helpers import memory, time
 from validation.cases import gpu_cluster
+
+DENSE = LayerKind(moe=False)  # a dense decoder layer with full attention
 
 H100 = gpu("h100-sxm-80gb")
 LLAMA_8B = preset("llama-3.1-8b").spec
@@ -43,7 +46,7 @@ def test_per_op_ac_saves_every_other_matmul_by_hand() -> None:
     # 4 tokens x 2 bytes x (input 8 + q 8 + v 4 + gate 16 + down 8 + attention output 8)
     # + 4 tokens x fp32 logsumexp x 2 heads
     expected = 4 * 2 * (8 + 8 + 4 + 16 + 8 + 8) + 4 * 4 * 2
-    assert activations.layer_bytes(TINY, layout, training, False, Recompute.SELECTIVE_OP) == expected
+    assert activations.layer_bytes(TINY, layout, training, DENSE, Recompute.SELECTIVE_OP) == expected
 
 
 def _tt_8b(gpus: int, recompute: Recompute) -> tuple[float, float]:

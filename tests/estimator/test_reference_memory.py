@@ -14,7 +14,7 @@ from service.estimator.model_states import (
     deepspeed_zero3_estimate,
     megatron_weight_and_optimizer_bytes,
 )
-from service.estimator.params import parameter_counts
+from service.estimator.params import LayerKind, parameter_counts
 from service.estimator.types import (
     Framework,
     Layout,
@@ -55,6 +55,8 @@ from validation.cases import (
     zero_states_gb,
 )
 from validation.cases import single_node as cluster
+
+DENSE = LayerKind(moe=False)  # a dense decoder layer with full attention
 
 
 def cases(prefix: str) -> list[dict[str, Any]]:
@@ -174,7 +176,7 @@ def test_megatron_formula_agrees_with_our_megatron_model_states() -> None:
 def test_korthikanti_table2_rows_exact(tp: int, sp: bool, recompute: Recompute, per_sbh: float) -> None:
     sbh = KORTHIKANTI_SBH
     lay, training = korthikanti_table2_inputs(tp, sp, recompute)
-    per_layer = activations.layer_bytes(GPT_22B, lay, training, False, lay.recompute)
+    per_layer = activations.layer_bytes(GPT_22B, lay, training, DENSE, lay.recompute)
     assert per_layer == pytest.approx(per_sbh * sbh, rel=1e-12)
     if recompute is not Recompute.FULL:
         published = activations.korthikanti_layer_bytes(
