@@ -8,13 +8,17 @@ Megatron would reject is reported as unsupported instead of emitted.
 
 from __future__ import annotations
 
+from service.estimator.params import is_moe_layer
 from service.estimator.types import (
+    AttentionKind,
     MlpKind,
+    ModelSpec,
     NormKind,
     Offload,
     Plan,
     PositionEmbedding,
     Precision,
+    QKNorm,
     Recompute,
 )
 from service.launchers.common import (
@@ -85,10 +89,66 @@ def _check(plan: Plan) -> None:
         problems.append("ALiBi position embeddings are not in Megatron-LM's GPT model")
     if model.mlp is MlpKind.GEGLU:
         problems.append("GeGLU MLPs are not a pretrain_gpt.py flag (only --swiglu)")
+    problems += _architecture_problems(model)
     if plan.training.precision is Precision.BF16_PURE:
         problems.append("pure bf16 (bf16 master weights and states) is not emitted for Megatron")
     if problems:
         raise Unsupported(TARGET, "; ".join(problems))
+
+
+def _architecture_problems(model: ModelSpec) -> list[str]:
+    """What pretrain_gpt.py's GPT model has no flag for (the run would train another model)."""
+    problems = []
+    if any(kind is not AttentionKind.FULL for kind in model.layer_types):
+        problems.append("sliding-window / chunked attention layers are not emitted for Megatron-LM")
+    if model.qk_norm in (QKNorm.FULL_WIDTH, QKNorm.L2):
+        problems.append(f"q/k norm {model.qk_norm.value}: --qk-layernorm normalises per head only")
+    if model.attention_sinks:
+        problems.append("attention sinks (GPT-OSS) are not a Megatron-LM GPT option")
+    if model.moe is not None and model.moe.expert_bias:
+        problems.append("biased experts (GPT-OSS) are not a Megatron-LM GPT option")
+    if model.final_logit_softcapping:
+        problems.append("final-logit soft-capping is not a Megatron-LM GPT option")
+    return problems
+
+
+def moe_layer_pattern(model: ModelSpec) -> str:
+    """--moe-layer-freq as a Python list expression of 0 (dense) / 1 (MoE) per layer, run-length
+    encoded ("[0]*3+[1]*58" for DeepSeek-V3), or "1" when every layer is MoE."""
+    flags = [1 if is_moe_layer(model, i) else 0 for i in range(model.num_layers)]
+    if all(flags):
+        return "1"
+    runs: list[list[int]] = []
+    for flag in flags:
+        if runs and runs[-1][0] == flag:
+            runs[-1][1] += 1
+        else:
+            runs.append([flag, 1])
+    return "+".join(f"[{flag}]*{count}" if count > 1 else f"[{flag}]" for flag, count in runs)
+
+
+def _attention_args(model: ModelSpec) -> list[str]:
+    mla = model.mla
+    if mla is None:
+        args = []
+        if model.num_kv_heads != model.num_attention_heads:
+            args += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
+        if model.head_dim * model.num_attention_heads != model.hidden_size:
+            args += ["--kv-channels", str(model.head_dim)]
+        if model.qk_norm is QKNorm.PER_HEAD:
+            args.append("--qk-layernorm")  # RMSNorm(head_dim) on q and k (Qwen3, Gemma 3)
+        return args
+    # DeepSeek MLA: --qk-layernorm normalises the q and kv latents (q_a_layernorm, kv_a_layernorm)
+    args = ["--multi-latent-attention", "--kv-lora-rank", str(mla.kv_lora_rank)]
+    if mla.q_lora_rank is not None:
+        args += ["--q-lora-rank", str(mla.q_lora_rank)]
+    args += [
+        "--qk-head-dim", str(mla.qk_nope_head_dim),
+        "--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim),
+        "--v-head-dim", str(mla.v_head_dim),
+        "--qk-layernorm",
+    ]  # fmt: skip
+    return args
 
 
 def _model_args(plan: Plan) -> list[str]:
@@ -99,10 +159,7 @@ def _model_args(plan: Plan) -> list[str]:
         "--ffn-hidden-size", str(model.ffn_hidden_size),
         "--num-attention-heads", str(model.num_attention_heads),
     ]  # fmt: skip
-    if model.num_kv_heads != model.num_attention_heads:
-        args += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
-    if model.head_dim * model.num_attention_heads != model.hidden_size:
-        args += ["--kv-channels", str(model.head_dim)]
+    args += _attention_args(model)
     args += [
         "--seq-length",
         str(seq),
@@ -134,6 +191,7 @@ def _model_args(plan: Plan) -> list[str]:
         if moe.num_shared_experts:
             shared = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
             args += ["--moe-shared-expert-intermediate-size", str(shared)]
+        args += ["--moe-layer-freq", moe_layer_pattern(model)]
     # Mock data and a null tokenizer of the model's vocabulary size: replace with
     # --data-path/--tokenizer-type/--tokenizer-model for real data.
     args += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab_size)]

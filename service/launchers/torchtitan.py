@@ -34,42 +34,55 @@ VERSION = "0.3.0"
 
 @dataclass(frozen=True, slots=True)
 class Flavor:
+    """A model torchtitan builds from its registry (``--module``, ``--config``), and its shape."""
+
     module: str
     config: str
     num_layers: int
     hidden_size: int
     num_attention_heads: int
-    num_kv_heads: int
-    ffn_hidden_size: int
+    num_kv_heads: int | None  # None: DeepSeek's MLA (no kv heads)
     vocab_size: int
+    ffn_hidden_size: int | None = None  # dense models: the MLP width
+    num_experts: int = 0
 
 
-# torchtitan/models/llama3/__init__.py and config_registry.py at 0.3.0.
+# torchtitan 0.3.0: torchtitan/models/<module>/__init__.py (the flavors' shapes) and
+# config_registry.py (the --config functions; a flavor without one, e.g. qwen3 8B or 235B-A22B,
+# cannot be named on the command line).
 FLAVORS = (
-    Flavor("llama3", "llama3_8b", 32, 4096, 32, 8, 14336, 128256),
-    Flavor("llama3", "llama3_70b", 80, 8192, 64, 8, 28672, 128256),
-    Flavor("llama3", "llama3_405b", 126, 16384, 128, 8, 53248, 128256),
+    Flavor("llama3", "llama3_8b", 32, 4096, 32, 8, 128256, ffn_hidden_size=14336),
+    Flavor("llama3", "llama3_70b", 80, 8192, 64, 8, 128256, ffn_hidden_size=28672),
+    Flavor("llama3", "llama3_405b", 126, 16384, 128, 8, 128256, ffn_hidden_size=53248),
+    Flavor("qwen3", "qwen3_0_6b", 28, 1024, 16, 8, 151936, ffn_hidden_size=3072),
+    Flavor("qwen3", "qwen3_1_7b", 28, 2048, 16, 8, 151936, ffn_hidden_size=6144),
+    Flavor("qwen3", "qwen3_14b", 40, 5120, 40, 8, 151936, ffn_hidden_size=17408),
+    Flavor("qwen3", "qwen3_32b", 64, 5120, 64, 8, 151936, ffn_hidden_size=25600),
+    Flavor("qwen3", "qwen3_30b_a3b", 48, 2048, 32, 4, 151936, num_experts=128),
+    Flavor("deepseek_v3", "deepseek_v3_16b", 27, 2048, 16, None, 102400, num_experts=64),
+    Flavor("deepseek_v3", "deepseek_v3_671b", 61, 7168, 128, None, 129280, num_experts=256),
+    Flavor("gpt_oss", "gpt_oss_20b", 24, 2880, 64, 8, 201088, num_experts=32),
+    Flavor("gpt_oss", "gpt_oss_120b", 36, 2880, 64, 8, 201088, num_experts=128),
 )
 
 
 def flavor(model: ModelSpec) -> Flavor | None:
-    shape = (
-        model.num_layers,
-        model.hidden_size,
-        model.num_attention_heads,
-        model.num_kv_heads,
-        model.ffn_hidden_size,
-        model.vocab_size,
-    )
+    """The registered flavor with the model's shape, if any."""
+    experts = model.moe.num_experts if model.moe is not None else 0
+    kv_heads = None if model.mla is not None else model.num_kv_heads
     for f in FLAVORS:
-        if (
+        shape = (
             f.num_layers,
             f.hidden_size,
             f.num_attention_heads,
             f.num_kv_heads,
-            f.ffn_hidden_size,
             f.vocab_size,
-        ) == shape:
+            f.num_experts,
+        )
+        if shape != (model.num_layers, model.hidden_size, model.num_attention_heads, kv_heads,
+                     model.vocab_size, experts):  # fmt: skip
+            continue
+        if f.ffn_hidden_size is None or f.ffn_hidden_size == model.ffn_hidden_size:
             return f
     return None
 
@@ -90,8 +103,12 @@ def _check(plan: Plan) -> Flavor:
     problems: list[str] = []
     if lo.zero_stage == 1:
         problems.append("FSDP has no optimizer-state-only sharding (ZeRO-1)")
-    if lo.ep > 1:
-        problems.append(f"ep={lo.ep}: the registered llama3 flavors are dense")
+    if lo.ep > 1 and lo.tp > 1:
+        # 0.3.0's expert_parallel_degree borrows ranks from dp_shard x cp x tp: the experts would not
+        # be tensor-parallel as estimated (expert tensor parallelism = tp)
+        problems.append(
+            f"ep={lo.ep} with tp={lo.tp}: torchtitan's EP would take the TP ranks from the experts"
+        )
     if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
         problems.append("torchtitan offloads to CPU memory only")
     if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):
@@ -171,6 +188,8 @@ def train_args(plan: Plan) -> list[str]:
     ]  # fmt: skip
     if lo.tp > 1 and not lo.sequence_parallel:
         args.append("--parallelism.no-enable-sequence-parallel")
+    if lo.ep > 1:
+        args += ["--parallelism.expert_parallel_degree", str(lo.ep)]
     if shard > 1:
         args += ["--parallelism.fsdp_reshard_after_forward", "always" if lo.zero_stage == 3 else "never"]
     if lo.pp > 1:
@@ -198,8 +217,10 @@ def train_args(plan: Plan) -> list[str]:
         args += ["--training.mixed_precision_param", param]
     if lo.offload_params is Offload.CPU:
         args.append("--training.enable_cpu_offload")
-    if lo.pp > 1:
-        args.append("--training.disable_cuda_graphs")  # 0.3.0 raises for PP with CUDA graphs
+    if lo.pp > 1 or lo.ep > 1:
+        # 0.3.0 raises for PP with CUDA graphs, and for EP's all-to-all dispatcher (it synchronises
+        # with the CPU)
+        args.append("--training.disable_cuda_graphs")
     # torchtitan's "selective" is per-op AC (SelectiveAC), what selective_op estimates
     mode = {Recompute.NONE: "none", Recompute.SELECTIVE_OP: "selective", Recompute.FULL: "full"}[lo.recompute]
     args.append(f"activation_checkpoint:{mode}")  # a tyro subcommand: must come last

@@ -72,6 +72,7 @@ MEGATRON_SWITCHES = {
     "--bf16", "--fp16", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--mock-data",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+    "--multi-latent-attention", "--qk-layernorm",
 }  # fmt: skip
 MEGATRON_VALUED = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
@@ -85,6 +86,8 @@ MEGATRON_VALUED = {
     "--normalization", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--tokenizer-type", "--vocab-size", "--lr", "--min-lr",
     "--lr-decay-style", "--clip-grad", "--log-interval", "--eval-interval", "--eval-iters",
+    "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
+    "--v-head-dim",
 }  # fmt: skip
 MEGATRON_FORBIDDEN = {"--batch-size", "--warmup", "--model-parallel-size", "--checkpoint-activations"}
 

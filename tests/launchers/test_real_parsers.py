@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 
 from service.estimator import pipeline
-from service.estimator.types import Framework, Plan, Recompute
+from service.estimator.types import Framework, ModelSpec, MoESpec, Plan, QKNorm, Recompute
 from service.launchers import Artifact, Target, Unsupported, accelerate, deepspeed, hf_trainer, torchtitan
 from tests.launchers import factories
 from tests.launchers.grid import grid
@@ -232,3 +232,36 @@ def test_torchtitan_builds_the_estimated_uneven_split() -> None:
         )
         par = ConfigManager().parse_args(torchtitan.train_args(plan)).parallelism
         assert torchtitan_split(par, 32) == pipeline.stage_layers(32, plan.layout)
+
+
+QWEN3_30B_A3B = ModelSpec(
+    name="qwen3-30b-a3b",
+    family="qwen3_moe",
+    num_layers=48,
+    hidden_size=2048,
+    num_attention_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    ffn_hidden_size=6144,
+    vocab_size=151936,
+    qk_norm=QKNorm.PER_HEAD,
+    moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768),
+)
+
+
+def test_torchtitan_builds_a_registered_moe_flavor_with_expert_parallelism() -> None:
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("tyro")
+    from torchtitan.config.manager import ConfigManager
+
+    plan = factories.plan(model=QWEN3_30B_A3B, framework=Framework.FSDP, zero_stage=3, ep=8)
+    args = torchtitan.train_args(plan)
+    assert args[:4] == ["--module", "qwen3", "--config", "qwen3_30b_a3b"]
+    config = ConfigManager().parse_args(args)
+    assert config.parallelism.expert_parallel_degree == 8
+    assert config.parallelism.data_parallel_shard_degree == 8
+    # with tp > 1 its EP would borrow the TP ranks: refused, not rendered differently from the estimate
+    with pytest.raises(Unsupported, match="ep=4 with tp=2"):
+        torchtitan.train_args(
+            factories.plan(model=QWEN3_30B_A3B, framework=Framework.FSDP, zero_stage=3, tp=2, ep=4)
+        )

@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 
 from service.estimator.model_states import deepspeed_buckets
-from service.estimator.types import Framework, Offload, Recompute
+from service.estimator.types import (
+    AttentionKind,
+    Framework,
+    MLASpec,
+    ModelSpec,
+    MoESpec,
+    Offload,
+    QKNorm,
+    Recompute,
+)
 from service.launchers import (
     Target,
     Unsupported,
@@ -294,3 +303,48 @@ def test_accelerate_deepspeed_refuses_what_ds_config_refuses() -> None:
     with pytest.raises(Unsupported, match="overlap_comm") as info:
         accelerate.render(p)
     assert info.value.target is Target.ACCELERATE
+
+
+DEEPSEEK_LIKE = ModelSpec(
+    name="deepseek-mini",
+    family="deepseek_v3",
+    num_layers=6,
+    hidden_size=1024,
+    num_attention_heads=16,
+    num_kv_heads=16,
+    ffn_hidden_size=4096,
+    vocab_size=32000,
+    moe=MoESpec(
+        num_experts=16,
+        top_k=4,
+        expert_ffn_hidden_size=512,
+        num_shared_experts=1,
+        shared_expert_ffn_hidden_size=1024,
+    ),
+    moe_layers=(2, 3, 4, 5),
+    mla=MLASpec(q_lora_rank=384, kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64),
+)
+
+
+def test_megatron_renders_latent_attention_and_the_moe_layer_pattern() -> None:
+    args = megatron.megatron_args(plan(model=DEEPSEEK_LIKE, framework=Framework.MEGATRON, zero_stage=1, ep=4))
+    f = _flag_values(args)
+    assert "--multi-latent-attention" in args and "--qk-layernorm" in args
+    assert (f["--q-lora-rank"], f["--kv-lora-rank"]) == ("384", "128")
+    assert (f["--qk-head-dim"], f["--qk-pos-emb-head-dim"], f["--v-head-dim"]) == ("64", "32", "64")
+    assert f["--moe-layer-freq"] == "[0]*2+[1]*4"  # first_k_dense_replace 2
+    assert eval(f["--moe-layer-freq"]) == [0, 0, 1, 1, 1, 1]  # what Megatron's parser evaluates
+    assert "--group-query-attention" not in args
+
+
+def test_megatron_refuses_what_its_gpt_model_cannot_build() -> None:
+    windowed = replace(
+        small_llama(),
+        layer_types=(AttentionKind.SLIDING, AttentionKind.FULL) * 8,
+        sliding_window=1024,
+        qk_norm=QKNorm.FULL_WIDTH,
+    )
+    with pytest.raises(Unsupported, match=r"sliding-window.*q/k norm full_width"):
+        megatron.megatron_args(plan(model=windowed, framework=Framework.MEGATRON, zero_stage=1))
+    qwen3_like = replace(small_llama(), qk_norm=QKNorm.PER_HEAD)
+    assert "--qk-layernorm" in megatron.megatron_args(plan(model=qwen3_like, framework=Framework.MEGATRON))
