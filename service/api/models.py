@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from service.api.problems import PROBLEM_RESPONSES
 from service.api.schemas.common import Page
 from service.api.schemas.models import ModelPresetOut, ParametersOut, ResolvedModel, ResolveRequest
 from service.catalog.models import ModelPreset, models
 from service.catalog.models import model as catalog_model
+from service.estimator.errors import InvalidModel
 from service.estimator.params import layer_parameters, parameter_counts, stage_parameter_counts
 from service.estimator.pipeline import stage_layers
 from service.estimator.types import Layout, ModelSpec
@@ -42,6 +43,7 @@ def preset_out(preset: ModelPreset) -> ModelPresetOut:
     return ModelPresetOut(
         name=preset.name,
         display_name=preset.display_name,
+        family=preset.spec.family,
         source=preset.source,
         config=preset.config,
         architecture=architecture_dict(preset.spec),
@@ -50,9 +52,21 @@ def preset_out(preset: ModelPreset) -> ModelPresetOut:
 
 
 @router.get("", response_model=Page[ModelPresetOut])
-def list_models() -> Page[ModelPresetOut]:
-    """Every preset in one page (the catalog is small); `next_cursor` is always null."""
-    return Page[ModelPresetOut](items=[preset_out(p) for p in models().values()])
+def list_models(
+    family: str | None = Query(
+        default=None, max_length=64, description="only this model_type, e.g. qwen3_moe"
+    ),
+) -> Page[ModelPresetOut]:
+    """Every preset (of one family) in one page (the catalog is small); `next_cursor` is always null."""
+    presets = list(models().values())
+    if family is not None:
+        known = sorted({p.spec.family for p in presets})
+        presets = [p for p in presets if p.spec.family == family]
+        if not presets:
+            raise InvalidModel(
+                f"no preset of family {family!r}; families: {known}", rule="family", field="family"
+            )
+    return Page[ModelPresetOut](items=[preset_out(p) for p in presets])
 
 
 @router.get("/{name}", response_model=ModelPresetOut)

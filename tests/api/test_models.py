@@ -113,3 +113,35 @@ def test_pp_that_does_not_divide_layers_splits_unevenly(client: TestClient) -> N
         client.post("/v1/models/resolve", json={"model": {"preset": "gpt2"}, "pp": 16}), 422
     )
     assert "12" in problem["detail"] and "16" in problem["detail"]
+
+
+def test_presets_filter_by_family(client: TestClient) -> None:
+    listed = client.get("/v1/models").json()["items"]
+    families = {item["family"] for item in listed}
+    assert "llama" in families
+    llamas = client.get("/v1/models", params={"family": "llama"}).json()["items"]
+    assert llamas and {item["family"] for item in llamas} == {"llama"}
+    assert {item["name"] for item in llamas} == {item["name"] for item in listed if item["family"] == "llama"}
+    problem = assert_problem(client.get("/v1/models", params={"family": "nope"}), 422)
+    assert problem["errors"][0]["field"] == "family" and "llama" in problem["detail"]
+
+
+def test_the_new_architecture_fields_resolve_to_the_count(client: TestClient) -> None:
+    # a 4-layer DeepSeek-style miniature: MLA, dense first layer then MoE, sliding layers
+    body = {
+        "num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "ffn_hidden_size": 512,
+        "vocab_size": 1000, "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 128},
+        "moe_layers": [1, 2, 3],
+        "mla": {"q_lora_rank": 64, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                "v_head_dim": 16},
+        "layer_types": ["sliding", "full", "sliding", "full"], "sliding_window": 128,
+    }  # fmt: skip
+    got = resolve(client, {"model": {"architecture": body}})["parameters"]
+    # MLA: q_a 256*64 + norm 64 + q_b 64*4*24 + kv_a 256*(32+8) + norm 32 + kv_b 32*4*(16+16) + o 4*16*256
+    attention = 256 * 64 + 64 + 64 * 4 * 24 + 256 * 40 + 32 + 32 * 4 * 32 + 64 * 256
+    assert got["attention_per_layer"] == attention
+    # layer 0 dense (3 x 256 x 512), layers 1-3: 8 experts of 3 x 256 x 128 + router 256 x 8
+    layers = 4 * (attention + 2 * 256) + 3 * 256 * 512 + 3 * (8 * 3 * 256 * 128 + 256 * 8)
+    assert got["total"] == 1000 * 256 * 2 + 256 + layers
+    bad = client.post("/v1/models/resolve", json={"model": {"architecture": body | {"sliding_window": None}}})
+    assert assert_problem(bad, 422)["errors"][0]["field"] == "model.architecture.sliding_window"

@@ -12,7 +12,16 @@ from service.catalog.models import model as catalog_model
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
 from service.estimator.hf_config import model_from_hf_config
-from service.estimator.types import MlpKind, ModelSpec, MoESpec, NormKind, PositionEmbedding
+from service.estimator.types import (
+    AttentionKind,
+    MLASpec,
+    MlpKind,
+    ModelSpec,
+    MoESpec,
+    NormKind,
+    PositionEmbedding,
+    QKNorm,
+)
 
 
 class MoEIn(Strict):
@@ -24,6 +33,17 @@ class MoEIn(Strict):
     shared_expert_gate: bool = False
     layer_frequency: int = Field(default=1, ge=1, le=1000)
     router_bias: bool = False
+    expert_bias: bool = False
+
+
+class MLAIn(Strict):
+    """DeepSeek multi-head latent attention."""
+
+    q_lora_rank: int | None = Field(default=None, ge=1, le=1_000_000, description="null: a plain q_proj")
+    kv_lora_rank: int = Field(ge=1, le=1_000_000)
+    qk_nope_head_dim: int = Field(ge=1, le=100_000)
+    qk_rope_head_dim: int = Field(ge=1, le=100_000)
+    v_head_dim: int = Field(ge=1, le=100_000)
 
 
 class ArchitectureIn(Strict):
@@ -50,15 +70,35 @@ class ArchitectureIn(Strict):
     rotary_fraction: float = Field(default=1.0, gt=0, le=1)
     lm_head_bias: bool = False
     moe: MoEIn | None = None
+    moe_layers: list[int] | None = Field(
+        default=None,
+        max_length=10_000,
+        description="0-based layers with the MoE block; default: every layer_frequency-th",
+    )
+    layer_types: list[AttentionKind] | None = Field(
+        default=None, max_length=10_000, description="per layer: full, sliding or chunked; default: all full"
+    )
+    sliding_window: int | None = Field(default=None, ge=1, le=100_000_000)
+    attention_chunk_size: int | None = Field(default=None, ge=1, le=100_000_000)
+    qk_norm: QKNorm = QKNorm.NONE
+    attention_sinks: bool = False
+    mla: MLAIn | None = None
+    mla_bias: bool = False
+    final_logit_softcapping: bool = False
 
     def to_domain(self, name: str) -> ModelSpec:
-        fields = self.model_dump(exclude={"moe", "num_kv_heads", "head_dim"})
+        fields = self.model_dump(
+            exclude={"moe", "num_kv_heads", "head_dim", "mla", "moe_layers", "layer_types"}
+        )
         moe = MoESpec(**self.moe.model_dump()) if self.moe else None
         return ModelSpec(
             name=name,
             num_kv_heads=self.num_kv_heads or self.num_attention_heads,
             head_dim=self.head_dim or 0,
             moe=moe,
+            mla=MLASpec(**self.mla.model_dump()) if self.mla else None,
+            moe_layers=None if self.moe_layers is None else tuple(self.moe_layers),
+            layer_types=tuple(self.layer_types or ()),
             **fields,
         )
 
@@ -149,6 +189,7 @@ class ResolvedModel(BaseModel):
 class ModelPresetOut(BaseModel):
     name: str
     display_name: str
+    family: str = Field(description="the Hugging Face model_type the architecture follows")
     source: str
     config: dict[str, Any]
     architecture: dict[str, Any]
