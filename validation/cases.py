@@ -248,9 +248,13 @@ def gpu_cluster(g: GPUSpec, gpus: int, inter_node_bytes_per_s: float) -> Cluster
 
 
 def gpt(layers: int, hidden: int, heads: int, vocab: int = 51200, seq_len: int = 2048) -> ModelSpec:
-    """GPT-2/3 style: learned positions, 4h GELU MLP, LayerNorm, biases, tied embeddings."""
+    """GPT-2/3 style: learned positions, 4h GELU MLP, LayerNorm, biases, tied embeddings, trained with
+    dropout 0.1 (Megatron-LM's --hidden-dropout and --attention-dropout defaults, which the papers'
+    runs used: Korthikanti Table 2 counts their masks)."""
     # family "custom", not "gpt2": the Megatron-style papers' model, without HF implementation quirks
     return ModelSpec(
+        hidden_dropout=0.1,
+        attention_dropout=0.1,
         name=f"gpt-{layers}x{hidden}",
         num_layers=layers,
         hidden_size=hidden,
@@ -411,6 +415,7 @@ def arithmetic(expression: str) -> float:
 GPT_22B = ModelSpec(
     name="gpt-22b", num_layers=48, hidden_size=6144, num_attention_heads=64, num_kv_heads=64,
     ffn_hidden_size=24576, vocab_size=51200, mlp=MlpKind.GELU, norm=NormKind.LAYERNORM,
+    hidden_dropout=0.1, attention_dropout=0.1,  # Table 2 counts the dropout masks
 )  # fmt: skip
 KORTHIKANTI_SBH = 2048 * 4 * 6144  # s 2048, b 4, h 6144
 

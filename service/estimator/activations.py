@@ -87,10 +87,10 @@ def _megatron_attention(model: ModelSpec, layout: Layout, training: TrainingSpec
     # (11sbh) + softmax 2as^2b, its dropout mask as^2b and output 2as^2b (5as^2b); GQA shrinks K, V.
     d, t = element_bytes(training.precision), local_tokens(layout, training)
     h, q, kv = model.hidden_size, model.q_size, model.kv_size
-    replicated = d * t * h + MASK_BYTES * t * h
+    replicated = d * t * h + _hidden_mask(model) * t * h
     sharded = d * t * (2 * q + 2 * kv)
     if core and training.attention is Attention.EAGER:
-        sharded += (2 * d + MASK_BYTES) * model.num_attention_heads * t * training.seq_len
+        sharded += _probability_bytes(model, d) * model.num_attention_heads * t * training.seq_len
     elif core:
         sharded += FP32_BYTES * model.num_attention_heads * t  # FlashAttention's logsumexp
     return Split(replicated, sharded)
@@ -101,7 +101,17 @@ def _megatron_mlp(model: ModelSpec, layout: Layout, training: TrainingSpec, ffn:
     # f = 4h); a gated MLP keeps fc1's 2f-wide output and the product: 3 x 2sbf instead of 2 x 2sbf.
     d, h = element_bytes(training.precision), model.hidden_size
     width = 3 * ffn if model.mlp.gated else 2 * ffn
-    return Split(d * tokens * h + MASK_BYTES * tokens * h, d * tokens * width)
+    return Split(d * tokens * h + _hidden_mask(model) * tokens * h, d * tokens * width)
+
+
+def _hidden_mask(model: ModelSpec) -> int:
+    # a residual branch's dropout keeps a 1-byte mask per element, when the model trains with dropout
+    return MASK_BYTES if model.hidden_dropout > 0 else 0
+
+
+def _probability_bytes(model: ModelSpec, d: int) -> int:
+    # eager attention keeps the softmax output (d), and with attention dropout its mask and output too
+    return d + (MASK_BYTES + d if model.attention_dropout > 0 else 0)
 
 
 MlpFn = Callable[[ModelSpec, Layout, TrainingSpec, int, float], Split]
@@ -185,11 +195,15 @@ def _hf_attention(model: ModelSpec, layout: Layout, training: TrainingSpec, core
             sharded += d * a * t * training.seq_len
         elif core:
             sharded += (FP32_BYTES + (d if d < FP32_BYTES else 0)) * a * t * training.seq_len
+        if core and model.attention_dropout > 0:  # the probabilities' dropout: its mask and output
+            sharded += (MASK_BYTES + d) * a * t * training.seq_len
     elif model.mla is not None:
         sharded += _hf_mla(model, training, t) + (FP32_BYTES * a * t if core else 0.0)
     else:
         sharded += _hf_sdpa(model, training, t) + (FP32_BYTES * a * t if core else 0.0)
-    return Split(d * t * h + _hf_mla_latents(model, training, t), sharded + _hf_qk_norm(model, training, t))
+    # the residual dropout after o_proj keeps its mask
+    replicated = d * t * h + _hf_mla_latents(model, training, t) + _hidden_mask(model) * t * h
+    return Split(replicated, sharded + _hf_qk_norm(model, training, t))
 
 
 def _hf_qk_norm(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
@@ -230,7 +244,8 @@ def _hf_mlp(model: ModelSpec, layout: Layout, training: TrainingSpec, ffn: int, 
     # Native GELU: fc1 output and GELU output: 2 x f; python tanh-GELU: 5 x f.
     d, h = element_bytes(training.precision), model.hidden_size
     width = 4 if model.mlp.gated else 5 if model.family in PYTHON_GELU_FAMILIES else 2
-    return Split(d * tokens * h, d * tokens * width * ffn)
+    # the residual dropout after the down projection keeps its mask
+    return Split(d * tokens * h + _hidden_mask(model) * tokens * h, d * tokens * width * ffn)
 
 
 def _lora_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
@@ -393,8 +408,8 @@ def first_stage_extra_bytes(model: ModelSpec, layout: Layout, training: Training
     # Token ids (int64) saved by the embedding; Megatron adds the embedding dropout mask (sbh, /t).
     t = local_tokens(layout, training)
     extra = INDEX_BYTES * t
-    if layout.framework is Framework.MEGATRON:
-        extra += MASK_BYTES * t * model.hidden_size / layout.tp
+    if layout.framework is Framework.MEGATRON or model.hidden_dropout > 0:
+        extra += _hidden_mask(model) * t * model.hidden_size / layout.tp
     return extra
 
 

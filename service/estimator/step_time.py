@@ -133,14 +133,22 @@ def _ffn_width(model: ModelSpec, moe_layer: bool) -> int:
 def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, kind: LayerKind) -> float:
     """Activation bytes per token one GPU stores in a layer (Korthikanti Table 2, generalised)."""
     # replicated unless SP: 2 norm inputs 4h, QKV and MLP inputs 4h, 2 dropout masks 2h -> 10h
+    # (8h without dropout)
     # sharded: Q, K, V 2(q + 2kv), attention output 2q, MLP 2 bytes x (2 GELU | 3 gated) ffn-wide tensors
-    # eager attention: softmax out 2 + dropout mask 1 + dropout out 2 -> 5 a s (Korthikanti's 5as/h)
+    # eager attention: softmax out 2 + dropout mask 1 + dropout out 2 -> 5 a s (Korthikanti's 5as/h;
+    # 2 a s without attention dropout)
     h, q, kv, t = model.hidden_size, model.q_size, model.kv_size, layout.tp
-    replicated = 10 * h / (t if layout.sequence_parallel else 1)
+    masks = 2 * h if model.hidden_dropout > 0 else 0
+    replicated = (8 * h + masks) / (t if layout.sequence_parallel else 1)
     mlp_tensors = 3 if model.mlp.gated else 2
     sharded = 2 * (q + 2 * kv) + 2 * q + 2 * mlp_tensors * _ffn_width(model, kind.moe)
     # eager attention materialises every s x s score and masks outside a window or chunk
-    scores = 5 * model.num_attention_heads * training.seq_len if training.attention is Attention.EAGER else 0
+    probabilities = 5 if model.attention_dropout > 0 else 2
+    scores = (
+        probabilities * model.num_attention_heads * training.seq_len
+        if training.attention is Attention.EAGER
+        else 0
+    )
     scale = activation_bytes(training.precision) / 2  # the table assumes 16-bit activations
     return scale * (replicated + (sharded + scores) / t)
 
@@ -248,6 +256,8 @@ class StepBase:
     tokens: int
     flops_per_s: float  # the weight GEMMs' achieved rate
     core_flops_per_s: float  # attention's core: 16-bit even when the linear layers run in fp8
+    expert_flops_per_s: float  # routed experts' GEMMs, on the tokens each expert receives
+    routed_flops: int  # routed experts' forward FLOPs per token over the slowest stage's layers
     links: GroupLinks
     parameters: float  # gpu_parameters
     stored_bytes: float  # stage_stored_bytes of the slowest stage, per token
@@ -267,14 +277,17 @@ def step_base(job: Job, layout: Layout) -> StepBase:
     # fp8 recipes (Transformer Engine, torchao float8) convert the Linear layers only; attention's
     # QK^T and AV stay in bf16 (flash attention's 16-bit kernels)
     core_precision = Precision.BF16 if precision is Precision.FP8 else precision
+    peak = peak_flops_per_s(job.cluster, precision)
     base = StepBase(
         stage=stage,
         layers=sum(count for _, count in counts),
         counts=counts,
         micro_batches=layout.accumulation_steps(job.training.global_batch_size),
         tokens=tokens,
-        flops_per_s=peak_flops_per_s(job.cluster, precision) * efficiency,
+        flops_per_s=peak * efficiency,
         core_flops_per_s=peak_flops_per_s(job.cluster, core_precision) * efficiency,
+        expert_flops_per_s=peak * expert_efficiency(job, layout),
+        routed_flops=moe_layers_of(counts) * routed_expert_flops(job.model),
         links=links,
         parameters=gpu_parameters(job, layout),
         stored_bytes=stage_stored_bytes(job, layout)[stage],
@@ -283,6 +296,31 @@ def step_base(job: Job, layout: Layout) -> StepBase:
     )
     base.compute_s = compute_s(job, layout, base)
     return base
+
+
+def tokens_per_expert(job: Job, layout: Layout) -> float:
+    """Rows of one routed expert's GEMMs per micro-batch: the tokens of the expert-parallel group
+    (ep ranks' b s / cp each) routed top_k times over E experts, balanced (GShard's mean load)."""
+    moe = job.model.moe
+    tokens = micro_batch_tokens_per_rank(layout, job.training)
+    if moe is None:
+        return float(tokens)
+    return tokens * layout.ep * moe.top_k / moe.num_experts
+
+
+def expert_efficiency(job: Job, layout: Layout) -> float:
+    """``matmul_efficiency`` of the routed experts' GEMMs: as narrow as the smaller of h and the
+    expert width (each expert's up and down projections, split over tp), on ``tokens_per_expert`` rows."""
+    model = job.model
+    expert_width = model.moe.expert_ffn_hidden_size if model.moe is not None else model.hidden_size
+    width = min(model.hidden_size, expert_width) / layout.tp
+    return matmul_efficiency(job.tuning, job.cluster.gpu, width, tokens_per_expert(job, layout))
+
+
+def routed_expert_flops(model: ModelSpec) -> int:
+    """Forward FLOPs per token of the routed experts a token visits in one MoE layer."""
+    moe = model.moe
+    return 0 if moe is None else moe.top_k * flops.mlp_flops(model, moe.expert_ffn_hidden_size)
 
 
 def sum_core_flops(job: Job, counts: tuple[tuple[LayerKind, int], ...]) -> int:
@@ -359,16 +397,28 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     the loss."""
     per_token = stage_flops_per_token(job, layout)[base.stage]
     core = 3 * base.core_flops
+    routed = flops.frozen_passes(job.training) * base.routed_flops
     unaligned_s = unaligned_core_s(job, layout, base, 3)
     memory_s = memory_bound_s(job, layout, base, 3, base.stored_bytes) + dequantize_s(job, layout, base, 2)
-    return gemm_s(layout, base, per_token - core, core) + unaligned_s + memory_s + loss_s(job, layout, base)
+    work_s = gemm_s(layout, base, per_token - core - routed, core, routed)
+    return work_s + unaligned_s + memory_s + loss_s(job, layout, base)
 
 
-def gemm_s(layout: Layout, base: StepBase, linear_per_token: float, core_per_token: float) -> float:
-    """All micro-batches of ``linear_per_token`` weight-GEMM FLOPs and ``core_per_token`` attention
-    core FLOPs per token on one GPU of the tp group."""
+def gemm_s(
+    layout: Layout,
+    base: StepBase,
+    linear_per_token: float,
+    core_per_token: float,
+    routed_per_token: float = 0.0,
+) -> float:
+    """All micro-batches of ``linear_per_token`` weight-GEMM FLOPs, ``core_per_token`` attention
+    core FLOPs and ``routed_per_token`` routed-expert FLOPs per token on one GPU of the tp group."""
     tokens = base.micro_batches * base.tokens / layout.tp
-    return tokens * (linear_per_token / base.flops_per_s + core_per_token / base.core_flops_per_s)
+    return tokens * (
+        linear_per_token / base.flops_per_s
+        + core_per_token / base.core_flops_per_s
+        + routed_per_token / base.expert_flops_per_s
+    )
 
 
 def dequantize_s(job: Job, layout: Layout, base: StepBase, passes: float) -> float:
@@ -398,9 +448,13 @@ def recompute_stored_bytes(job: Job, layout: Layout, base: StepBase) -> float:
     if recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
         return base.stored_bytes
     if recompute is Recompute.SELECTIVE and training.attention is Attention.EAGER:
-        # the s x s softmax chain of every layer: 5 a s bytes per token (16-bit), split over tp
+        # the s x s softmax chain of every layer: 5 a s bytes per token (16-bit; 2 a s without attention
+        # dropout), split over tp
         heads = job.model.num_attention_heads / layout.tp
-        return base.layers * 5 * heads * training.seq_len * activation_bytes(training.precision) / 2
+        probabilities = 5 if job.model.attention_dropout > 0 else 2
+        return (
+            base.layers * probabilities * heads * training.seq_len * activation_bytes(training.precision) / 2
+        )
     return 0.0
 
 
@@ -429,7 +483,10 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     memory_s = memory_bound_s(job, layout, base, passes, recompute_stored_bytes(job, layout, base))
     if recompute is Recompute.FULL:
         memory_s += dequantize_s(job, layout, base, 1)  # the recomputed forward dequantises again
-    work_s = gemm_s(layout, base, per_token - core, core) + unaligned_core_s(job, layout, base, redone)
+    routed = base.routed_flops if recompute is Recompute.FULL else 0  # the recomputed forward's experts
+    work_s = gemm_s(layout, base, per_token - core - routed, core, routed) + unaligned_core_s(
+        job, layout, base, redone
+    )
     return recomputed_share(job, layout) * (work_s + memory_s)
 
 

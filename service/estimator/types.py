@@ -157,6 +157,11 @@ class ModelSpec:
     mla: MLASpec | None = None  # DeepSeek-V2/V3 attention instead of q/k/v/o of head_dim
     mla_bias: bool = False  # DeepSeek attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj
     final_logit_softcapping: bool = False  # Gemma 2: tanh(logits / c) * c, whose output autograd keeps
+    # Dropout the model trains with (its masks, and the attention probabilities' copies, are saved):
+    # on the embedding and each residual branch (GPT-2 resid_pdrop/embd_pdrop, Megatron --hidden-dropout),
+    # and on the attention probabilities (attn_pdrop, --attention-dropout). Modern LLMs train with 0.
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -196,6 +201,9 @@ class ModelSpec:
                 f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}",
                 field="rotary_fraction",
             )
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise InvalidModel(f"{name} must be in [0, 1), got {getattr(self, name)}", field=name)
         self._check_layer_structure()
 
     def _check_layer_structure(self) -> None:

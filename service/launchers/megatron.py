@@ -192,6 +192,13 @@ def _model_args(plan: Plan) -> list[str]:
             shared = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
             args += ["--moe-shared-expert-intermediate-size", str(shared)]
         args += ["--moe-layer-freq", moe_layer_pattern(model)]
+    # Megatron-LM's defaults are 0.1 each: the run keeps the dropout the estimate counted
+    args += [
+        "--hidden-dropout",
+        str(model.hidden_dropout),
+        "--attention-dropout",
+        str(model.attention_dropout),
+    ]
     # Mock data and a null tokenizer of the model's vocabulary size: replace with
     # --data-path/--tokenizer-type/--tokenizer-model for real data.
     args += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab_size)]

@@ -239,12 +239,19 @@ def test_megatron_layer_is_korthikanti_for_gpt() -> None:
     gpt = ModelSpec(
         name="gpt-22b", num_layers=48, hidden_size=6144, num_attention_heads=64, num_kv_heads=64,
         ffn_hidden_size=4 * 6144, vocab_size=51200, mlp=MlpKind.GELU, norm=NormKind.LAYERNORM,
+        hidden_dropout=0.1, attention_dropout=0.1,
     )  # fmt: skip
     training = TrainingSpec(seq_len=2048, global_batch_size=4, attention=Attention.EAGER)
     lay = Layout(framework=Framework.MEGATRON, tp=8, micro_batch_size=4)
     # sbh(10 + 24/8 + 5as/(8h)) with s 2048, b 4, h 6144, a 64.
     expected = activations.korthikanti_layer_bytes(s=2048, b=4, h=6144, a=64, t=8)
     assert activations.megatron_layer_bytes(gpt, lay, training, False) == pytest.approx(expected, rel=1e-12)
+    # without dropout: no 1-byte masks (sbh x 2: after attention and after the MLP) and the eager
+    # probabilities are kept once (2as, not softmax + mask + dropout output 5as)
+    plain = dataclasses.replace(gpt, hidden_dropout=0.0, attention_dropout=0.0)
+    sbh, asb = 2048 * 4 * 6144, 64 * 2048 * 2048 * 4
+    without = expected - 2 * sbh - 3 * asb / 8
+    assert activations.megatron_layer_bytes(plain, lay, training, False) == pytest.approx(without, rel=1e-12)
 
 
 def test_pipeline_micro_batches_in_flight() -> None:

@@ -87,7 +87,7 @@ MEGATRON_VALUED = {
     "--moe-shared-expert-intermediate-size", "--tokenizer-type", "--vocab-size", "--lr", "--min-lr",
     "--lr-decay-style", "--clip-grad", "--log-interval", "--eval-interval", "--eval-iters",
     "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
-    "--v-head-dim",
+    "--v-head-dim", "--hidden-dropout", "--attention-dropout",
 }  # fmt: skip
 MEGATRON_FORBIDDEN = {"--batch-size", "--warmup", "--model-parallel-size", "--checkpoint-activations"}
 

@@ -348,3 +348,12 @@ def test_megatron_refuses_what_its_gpt_model_cannot_build() -> None:
         megatron.megatron_args(plan(model=windowed, framework=Framework.MEGATRON, zero_stage=1))
     qwen3_like = replace(small_llama(), qk_norm=QKNorm.PER_HEAD)
     assert "--qk-layernorm" in megatron.megatron_args(plan(model=qwen3_like, framework=Framework.MEGATRON))
+
+
+def test_megatron_trains_with_the_dropout_the_estimate_counted() -> None:
+    # Megatron-LM defaults to 0.1 hidden and attention dropout; Llama trains without
+    f = _flag_values(megatron.megatron_args(plan(framework=Framework.MEGATRON)))
+    assert (f["--hidden-dropout"], f["--attention-dropout"]) == ("0.0", "0.0")
+    gpt_like = replace(small_llama(), hidden_dropout=0.1, attention_dropout=0.1)
+    f = _flag_values(megatron.megatron_args(plan(model=gpt_like, framework=Framework.MEGATRON)))
+    assert (f["--hidden-dropout"], f["--attention-dropout"]) == ("0.1", "0.1")

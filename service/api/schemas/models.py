@@ -85,6 +85,10 @@ class ArchitectureIn(Strict):
     mla: MLAIn | None = None
     mla_bias: bool = False
     final_logit_softcapping: bool = False
+    hidden_dropout: float = Field(default=0.0, ge=0, lt=1, description="embedding and residual dropout")
+    attention_dropout: float = Field(
+        default=0.0, ge=0, lt=1, description="dropout on the attention probabilities"
+    )
 
     def to_domain(self, name: str) -> ModelSpec:
         fields = self.model_dump(

@@ -10,6 +10,6 @@ torchrun --standalone --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --tensor-mod
     --recompute-granularity selective --bf16 --num-layers 16 --hidden-size 1024 --ffn-hidden-size 2816 \
     --num-attention-heads 16 --group-query-attention --num-query-groups 4 --seq-length 4096 \
     --max-position-embeddings 4096 --position-embedding-type rope --swiglu --normalization RMSNorm \
-    --untie-embeddings-and-output-weights --disable-bias-linear --mock-data --tokenizer-type NullTokenizer \
-    --vocab-size 32000 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --clip-grad 1.0 --log-interval 10 \
-    --eval-interval 1000 --eval-iters 10
+    --untie-embeddings-and-output-weights --disable-bias-linear --hidden-dropout 0.0 --attention-dropout 0.0 \
+    --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --lr 3e-4 --min-lr 3e-5 \
+    --lr-decay-style cosine --clip-grad 1.0 --log-interval 10 --eval-interval 1000 --eval-iters 10
