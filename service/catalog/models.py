@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -21,7 +22,7 @@ class ModelPreset:
     name: str  # the API slug, e.g. "llama-3-8b"
     display_name: str
     source: str  # URL of the config.json (or the paper table) the fields come from
-    config: dict[str, Any]  # the published config.json fields, verbatim
+    config: dict[str, Any]  # the published config.json fields, verbatim (null_keys restored as None)
     spec: ModelSpec
 
 
@@ -34,10 +35,46 @@ def _text(entry: str, table: dict[str, Any], key: str) -> str:
     return value
 
 
+def _with_nulls(slug: str, config: dict[str, Any], null_keys: object) -> dict[str, Any]:
+    """``config`` with each dotted path of ``null_keys`` set to None (TOML has no null)."""
+    if null_keys is None:
+        return config
+    if not isinstance(null_keys, list) or not all(isinstance(k, str) and k for k in null_keys):
+        raise InvalidCatalogEntry(
+            f"{_FILE} [{slug}]: 'null_keys' must be a list of config key paths",
+            kind="model",
+            entry=slug,
+            key="null_keys",
+        )
+    restored = copy.deepcopy(config)
+    for path in null_keys:
+        *parents, leaf = path.split(".")
+        table = restored
+        for part in parents:
+            inner = table.get(part)
+            if not isinstance(inner, dict):
+                raise InvalidCatalogEntry(
+                    f"{_FILE} [{slug}]: null_keys entry {path!r}: [{slug}.config.{part}] is not a table",
+                    kind="model",
+                    entry=slug,
+                    key="null_keys",
+                )
+            table = inner
+        if leaf in table:
+            raise InvalidCatalogEntry(
+                f"{_FILE} [{slug}]: {path!r} is both in null_keys and set in [{slug}.config]",
+                kind="model",
+                entry=slug,
+                key="null_keys",
+            )
+        table[leaf] = None
+    return restored
+
+
 def _preset(slug: str, table: object) -> ModelPreset:
     if not isinstance(table, dict):
         raise InvalidCatalogEntry(f"{_FILE}: [{slug}] must be a table", kind="model", entry=slug)
-    unknown = sorted(set(table) - {"display_name", "source", "config"})
+    unknown = sorted(set(table) - {"display_name", "source", "config", "null_keys"})
     if unknown:
         raise InvalidCatalogEntry(
             f"{_FILE} [{slug}]: unknown keys {unknown}", kind="model", entry=slug, key=unknown[0]
@@ -47,6 +84,7 @@ def _preset(slug: str, table: object) -> ModelPreset:
         raise InvalidCatalogEntry(
             f"{_FILE} [{slug}]: missing [{slug}.config] table", kind="model", entry=slug, key="config"
         )
+    config = _with_nulls(slug, config, table.get("null_keys"))
     try:
         spec = model_from_hf_config(config, name=slug)
     except EstimatorError as exc:

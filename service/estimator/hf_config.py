@@ -7,30 +7,50 @@ count of ``AutoModelForCausalLM.from_config(config)``. ``validation/param_counts
 
 Only the core sizes (hidden size, layers, heads, vocabulary and, where the family has one, the MLP
 width) are required; every other missing key takes the transformers configuration-class default.
+A key that the family's configuration class declares (or its modeling file reads) and that changes
+the architecture in a way ModelSpec cannot express is refused with InvalidModel naming that key
+(rule ``hf_config``); keys transformers ignores, and harmless ones (token ids, dropout, eps, rope
+settings, router loss coefficients, scalar multipliers, ...), are accepted.
+
+Multimodal wrappers (``gemma3``, ``llama4``, ``mistral3``) resolve their ``text_config``: the
+language model is counted, the vision tower and projector are not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from service.estimator.errors import InvalidModel
 from service.estimator.types import (
+    AttentionKind,
+    MLASpec,
     MlpKind,
     ModelSpec,
     MoESpec,
     NormKind,
     PositionEmbedding,
+    QKNorm,
 )
 
 _MISSING = object()
+
+FULL, SLIDING, CHUNKED = AttentionKind.FULL, AttentionKind.SLIDING, AttentionKind.CHUNKED
+# transformers' layer_types values
+_LAYER_TYPES = {
+    "full_attention": FULL,
+    "sliding_attention": SLIDING,
+    "chunked_attention": CHUNKED,
+}
 
 
 class _Fields:
     """Typed, defaulting access to a config.json mapping; errors name the offending key."""
 
-    def __init__(self, raw: Mapping[str, object], model_type: str) -> None:
+    def __init__(self, raw: Mapping[str, object], model_type: str, prefix: str = "") -> None:
         self.raw = raw
         self.model_type = model_type
+        self.prefix = prefix  # "text_config." inside a multimodal wrapper
 
     def _lookup(self, keys: tuple[str, ...]) -> tuple[str, object]:
         for key in keys:
@@ -39,10 +59,11 @@ class _Fields:
         return keys[0], _MISSING
 
     def _error(self, key: str, problem: str) -> InvalidModel:
+        path = self.prefix + key
         return InvalidModel(
-            f"hf_config (model_type {self.model_type!r}): {key!r} {problem}",
+            f"hf_config (model_type {self.model_type!r}): {path!r} {problem}",
             rule="hf_config",
-            field=f"hf_config.{key}",
+            field=f"hf_config.{path}",
         )
 
     def required_int(self, *keys: str) -> int:
@@ -59,6 +80,20 @@ class _Fields:
     def optional_int(self, key: str) -> int | None:
         value = self.raw.get(key)
         return None if value is None else self._as_int(key, value)
+
+    def int_or_null(self, key: str, default: int | None) -> int | None:
+        """A missing key takes the class default; an explicit null stays null (DeepSeek-V2-Lite's
+        q_lora_rank, Mistral NeMo's sliding_window), unlike ``int_or``."""
+        if key not in self.raw:
+            return default
+        value = self.raw[key]
+        return None if value is None else self._as_int(key, value)
+
+    def positive_int_or(self, key: str, default: int) -> int:
+        value = self.int_or(key, default)
+        if value < 1:
+            raise self._error(key, f"must be >= 1, got {value}")
+        return value
 
     def kv_heads(self, key: str, default: int | None, num_heads: int) -> int:
         """kv heads: a missing key takes the class default; null (or a None default) means MHA."""
@@ -89,6 +124,44 @@ class _Fields:
             raise self._error(key, f"must be a list of integers, got {value!r}")
         return [self._as_int(key, item) for item in value]
 
+    def layer_indices(self, key: str, num_layers: int) -> list[int]:
+        """A list of decoder-layer indices, each in [0, num_layers)."""
+        indices = self.int_list(key)
+        bad = [i for i in indices if not 0 <= i < num_layers]
+        if bad:
+            raise self._error(key, f"lists layers {bad} outside [0, {num_layers})")
+        return indices
+
+    def layer_types(
+        self, default: Sequence[AttentionKind], allowed: Collection[AttentionKind]
+    ) -> list[AttentionKind]:
+        """``layer_types`` (one attention kind per layer) when given, else the class's default list."""
+        value = self.raw.get("layer_types")
+        if value is None:
+            return list(default)
+        names = sorted(name for name, kind in _LAYER_TYPES.items() if kind in allowed)
+        if not isinstance(value, list) or len(value) != len(default):
+            raise self._error(
+                "layer_types", f"must list one of {names} for each of the {len(default)} layers"
+            )
+        kinds = []
+        for item in value:
+            kind = _LAYER_TYPES.get(item) if isinstance(item, str) else None
+            if kind is None or kind not in allowed:
+                raise self._error("layer_types", f"has {item!r}; this family's layers are one of {names}")
+            kinds.append(kind)
+        return kinds
+
+    def nested(self, key: str, model_type: str) -> _Fields:
+        """The sub-config a multimodal wrapper keeps its language model in (``text_config``)."""
+        value = self.raw.get(key)
+        if not isinstance(value, Mapping):
+            raise self._error(key, "must be an object: the language model's configuration")
+        inner = value.get("model_type", model_type)
+        if inner != model_type:
+            raise self._error(f"{key}.model_type", f"must be {model_type!r}, got {inner!r}")
+        return _Fields(value, model_type, prefix=f"{self.prefix}{key}.")
+
     def rotary_fraction(self, *keys: str, default: float) -> float:
         """Partial rotary factor, top level or inside rope_parameters / rope_scaling."""
         for key in keys:
@@ -105,6 +178,12 @@ class _Fields:
         if self.raw.get(key) == unsupported:
             raise self._error(key, f"= {unsupported!r} is not supported: {reason}")
 
+    def require(self, key: str, expected: object, reason: str) -> None:
+        """Raise when ``key`` is given (not null) with any value but ``expected``."""
+        value = self.raw.get(key)
+        if value is not None and value != expected:
+            raise self._error(key, f"= {value!r} is not supported (only {expected!r}): {reason}")
+
     def _as_int(self, key: str, value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self._error(key, f"must be an integer, got {value!r}")
@@ -115,6 +194,65 @@ def _gated_kind(f: _Fields, key: str = "hidden_act", default: str = "silu") -> M
     # Same three matrices either way; GeGLU when the gate's activation is a GELU.
     act = f.raw.get(key, default)
     return MlpKind.GEGLU if isinstance(act, str) and act.startswith("gelu") else MlpKind.SWIGLU
+
+
+class _Attention(NamedTuple):
+    """What each decoder layer attends to, as ModelSpec stores it."""
+
+    layer_types: tuple[AttentionKind, ...] = ()
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+
+def _attention(
+    f: _Fields, kinds: Sequence[AttentionKind], *, window: int | None = None, chunk: int | None = None
+) -> _Attention:
+    # A sliding layer without a window attends to every earlier token (transformers then passes
+    # sliding_window=None to the kernel); a model whose layers are all full stores ().
+    resolved = tuple(FULL if kind is SLIDING and window is None else kind for kind in kinds)
+    if window is not None and SLIDING in resolved and window < 1:
+        raise f._error("sliding_window", f"must be >= 1, got {window}")
+    if CHUNKED in resolved and (chunk is None or chunk < 1):
+        raise f._error("attention_chunk_size", f"must be >= 1 for chunked_attention layers, got {chunk}")
+    if all(kind is FULL for kind in resolved):
+        return _Attention()
+    return _Attention(
+        resolved, window if SLIDING in resolved else None, chunk if CHUNKED in resolved else None
+    )
+
+
+def _every_layer_sliding(f: _Fields, num_layers: int, window: int | None) -> _Attention:
+    # Mistral, Mixtral, Phi-3, Qwen3-MoE: one sliding_window for every layer, or none when null.
+    return _attention(f, [SLIDING] * num_layers, window=window)
+
+
+def _qwen_window(f: _Fields, num_layers: int) -> _Attention:
+    # Qwen2Config/Qwen3Config: sliding_window only with use_sliding_window; then layers from
+    # max_window_layers on are sliding (unless layer_types lists them).
+    window = f.int_or_null("sliding_window", 4096) if f.bool_or("use_sliding_window", False) else None
+    first = f.int_or("max_window_layers", 28)
+    default = [SLIDING if window is not None and i >= first else FULL for i in range(num_layers)]
+    return _attention(f, f.layer_types(default, (FULL, SLIDING)), window=window)
+
+
+def _moe_layers(indices: Iterable[int], num_layers: int) -> tuple[int, ...] | None:
+    # None (every layer) when the MoE block is on all layers, else the sorted indices.
+    chosen = tuple(sorted(set(indices)))
+    return None if chosen == tuple(range(num_layers)) else chosen
+
+
+def _dense_width(f: _Fields, key: str, default: int, *, needed: bool) -> int:
+    # The dense MLP's width is required only when some layer has a dense MLP.
+    return f.required_int(key) if needed else f.int_or(key, default)
+
+
+def _final_softcap(f: _Fields, default: float | None) -> bool:
+    # Gemma 2 defaults to 30.0 (null turns it off), Gemma 3 to None.
+    key = "final_logit_softcapping"
+    if key in f.raw:
+        f.float_or(key, 0.0)  # type check
+        return f.raw[key] is not None
+    return default is not None
 
 
 def _llama_like(
@@ -132,20 +270,28 @@ def _llama_like(
     norms_per_layer: int = 2,
     rotary_fraction: float = 1.0,
     moe: MoESpec | None = None,
+    moe_layers: tuple[int, ...] | None = None,
+    ffn_hidden_size: int | None = None,
+    attention: _Attention | None = None,
+    qk_norm: QKNorm = QKNorm.NONE,
+    attention_sinks: bool = False,
+    final_logit_softcapping: bool = False,
+    family: str | None = None,
 ) -> ModelSpec:
     """Pre-norm RMSNorm decoders with separate (or Phi-3-fused) q/k/v and a gated MLP."""
     heads = f.required_int("num_attention_heads")
     hidden = f.required_int("hidden_size")
     head_dim = f.optional_int("head_dim") or head_dim_default or 0
+    attention = attention or _Attention()
     return ModelSpec(
         name=name,
-        family=f.model_type,
+        family=family or f.model_type,
         num_layers=f.required_int("num_hidden_layers"),
         hidden_size=hidden,
         num_attention_heads=heads,
         num_kv_heads=f.kv_heads("num_key_value_heads", kv_default, heads),
         head_dim=head_dim,
-        ffn_hidden_size=f.required_int("intermediate_size"),
+        ffn_hidden_size=f.required_int("intermediate_size") if ffn_hidden_size is None else ffn_hidden_size,
         vocab_size=f.required_int("vocab_size"),
         max_position_embeddings=f.int_or("max_position_embeddings", max_positions),
         mlp=mlp or _gated_kind(f),
@@ -158,6 +304,13 @@ def _llama_like(
         norms_per_layer=norms_per_layer,
         rotary_fraction=rotary_fraction,
         moe=moe,
+        moe_layers=moe_layers,
+        layer_types=attention.layer_types,
+        sliding_window=attention.sliding_window,
+        attention_chunk_size=attention.attention_chunk_size,
+        qk_norm=qk_norm,
+        attention_sinks=attention_sinks,
+        final_logit_softcapping=final_logit_softcapping,
     )
 
 
@@ -175,14 +328,84 @@ def _llama(f: _Fields, name: str) -> ModelSpec:
     )
 
 
+def _granite(f: _Fields, name: str) -> ModelSpec:
+    # GraniteConfig: Llama's modules and defaults; embedding_multiplier, attention_multiplier,
+    # residual_multiplier and logits_scaling are scalars without parameters.
+    return _llama(f, name)
+
+
 def _mistral(f: _Fields, name: str) -> ModelSpec:
-    # MistralAttention/MistralMLP: no biases at all; MistralConfig defaults to 8 kv heads.
-    return _llama_like(f, name, kv_default=8, max_positions=4096 * 32)
+    # MistralAttention/MistralMLP: no biases at all; MistralConfig defaults to 8 kv heads and a
+    # sliding_window of 4096 on every layer (NeMo and Small 3 set it to null: no window).
+    window = f.int_or_null("sliding_window", 4096)
+    attention = _every_layer_sliding(f, f.required_int("num_hidden_layers"), window)
+    return _llama_like(f, name, kv_default=8, max_positions=4096 * 32, attention=attention)
+
+
+def _mistral3(f: _Fields, name: str) -> ModelSpec:
+    # Mistral3ForConditionalGeneration (Mistral Small 3.1/3.2): a Pixtral vision tower and a Mistral
+    # text model in text_config; the text model is counted.
+    return _mistral(f.nested("text_config", "mistral"), name)
 
 
 def _qwen2(f: _Fields, name: str) -> ModelSpec:
     # Qwen2Attention: q, k, v with bias=True, o_proj without; Qwen2Config defaults to 32 kv heads.
-    return _llama_like(f, name, kv_default=32, max_positions=32768, qkv_bias=True)
+    attention = _qwen_window(f, f.required_int("num_hidden_layers"))
+    return _llama_like(f, name, kv_default=32, max_positions=32768, qkv_bias=True, attention=attention)
+
+
+def _qwen3(f: _Fields, name: str) -> ModelSpec:
+    # Qwen3Attention: attention_bias on q, k, v and o; q_norm and k_norm RMSNorm(head_dim) shared by
+    # the heads; Qwen3Config: head_dim 128 (not hidden / heads), 32 kv heads.
+    bias = f.bool_or("attention_bias", False)
+    return _llama_like(
+        f,
+        name,
+        kv_default=32,
+        max_positions=32768,
+        qkv_bias=bias,
+        out_bias=bias,
+        head_dim_default=128,
+        qk_norm=QKNorm.PER_HEAD,
+        attention=_qwen_window(f, f.required_int("num_hidden_layers")),
+    )
+
+
+def _qwen3_moe(f: _Fields, name: str) -> ModelSpec:
+    # Qwen3MoeDecoderLayer: the MoE block (router h x E, E experts of moe_intermediate_size, no
+    # shared expert) on layer i unless i is in mlp_only_layers, when num_experts > 0 and
+    # (i + 1) % decoder_sparse_step == 0; a dense MLP of intermediate_size elsewhere. The attention
+    # is Qwen3's, but head_dim is not a Qwen3MoeConfig field: the JSON key, else hidden / heads.
+    # use_sliding_window puts the window on every layer (there is no max_window_layers).
+    layers = f.required_int("num_hidden_layers")
+    num_experts = f.int_or("num_experts", f.int_or("num_local_experts", 128))
+    step = f.positive_int_or("decoder_sparse_step", 1)
+    mlp_only = set(f.int_list("mlp_only_layers"))
+    indices = [i for i in range(layers) if i not in mlp_only and (i + 1) % step == 0]
+    moe = moe_layers = None
+    if num_experts > 0:
+        moe = MoESpec(
+            num_experts=num_experts,
+            top_k=f.int_or("num_experts_per_tok", 8),
+            expert_ffn_hidden_size=f.int_or("moe_intermediate_size", 768),
+        )
+        moe_layers = _moe_layers(indices, layers)
+    window = f.int_or_null("sliding_window", 4096) if f.bool_or("use_sliding_window", False) else None
+    bias = f.bool_or("attention_bias", False)
+    dense = moe is None or len(indices) < layers
+    return _llama_like(
+        f,
+        name,
+        kv_default=4,
+        max_positions=32768,
+        qkv_bias=bias,
+        out_bias=bias,
+        moe=moe,
+        moe_layers=moe_layers,
+        ffn_hidden_size=_dense_width(f, "intermediate_size", 6144, needed=dense),
+        qk_norm=QKNorm.PER_HEAD,
+        attention=_every_layer_sliding(f, layers, window),
+    )
 
 
 def _gemma(f: _Fields, name: str) -> ModelSpec:
@@ -202,7 +425,13 @@ def _gemma(f: _Fields, name: str) -> ModelSpec:
 
 
 def _gemma2(f: _Fields, name: str) -> ModelSpec:
-    # Gemma2DecoderLayer: input, post_attention, pre_feedforward and post_feedforward RMSNorms.
+    # Gemma2DecoderLayer: input, post_attention, pre_feedforward and post_feedforward RMSNorms;
+    # layer_types default: sliding (sliding_window 4096) and full alternating, layer 0 sliding;
+    # final_logit_softcapping 30.0 (null: off). attn_logit_softcapping and query_pre_attn_scalar
+    # only rescale attention scores.
+    f.reject("use_bidirectional_attention", True, "the estimator models causal decoders")
+    layers = f.required_int("num_hidden_layers")
+    kinds = f.layer_types([SLIDING if (i + 1) % 2 else FULL for i in range(layers)], (FULL, SLIDING))
     bias = f.bool_or("attention_bias", False)
     return _llama_like(
         f,
@@ -213,44 +442,180 @@ def _gemma2(f: _Fields, name: str) -> ModelSpec:
         qkv_bias=bias,
         out_bias=bias,
         head_dim_default=256,
-        mlp=MlpKind.GEGLU,
+        mlp=_gated_kind(f, "hidden_activation", "gelu_pytorch_tanh"),
         norms_per_layer=4,
+        attention=_attention(f, kinds, window=f.int_or_null("sliding_window", 4096)),
+        final_logit_softcapping=_final_softcap(f, 30.0),
+    )
+
+
+def _gemma3_text(f: _Fields, name: str) -> ModelSpec:
+    # Gemma3TextConfig: Gemma 2's layer plus q_norm and k_norm RMSNorm(head_dim); layer i sliding
+    # unless (i + 1) % sliding_window_pattern == 0 (5 local : 1 global); no soft-capping by default.
+    f.reject("use_bidirectional_attention", True, "the estimator models causal decoders")
+    layers = f.required_int("num_hidden_layers")
+    pattern = f.positive_int_or("sliding_window_pattern", 6)
+    kinds = f.layer_types([SLIDING if (i + 1) % pattern else FULL for i in range(layers)], (FULL, SLIDING))
+    bias = f.bool_or("attention_bias", False)
+    return _llama_like(
+        f,
+        name,
+        kv_default=4,
+        max_positions=131072,
+        tied=True,
+        qkv_bias=bias,
+        out_bias=bias,
+        head_dim_default=256,
+        mlp=_gated_kind(f, "hidden_activation", "gelu_pytorch_tanh"),
+        norms_per_layer=4,
+        attention=_attention(f, kinds, window=f.int_or_null("sliding_window", 4096)),
+        qk_norm=QKNorm.PER_HEAD,
+        final_logit_softcapping=_final_softcap(f, None),
+        family="gemma3",
+    )
+
+
+def _gemma3(f: _Fields, name: str) -> ModelSpec:
+    # Gemma3ForConditionalGeneration: SigLIP tower + projector + Gemma3TextModel (text_config).
+    return _gemma3_text(f.nested("text_config", "gemma3_text"), name)
+
+
+def _llama4_text(f: _Fields, name: str) -> ModelSpec:
+    # Llama4TextDecoderLayer: on the moe_layers (default every interleave_moe_layer_step-th) the MoE
+    # block: router h x E (no bias), E experts and one shared expert, all of intermediate_size;
+    # elsewhere a dense MLP of intermediate_size_mlp. RoPE layers (no_rope_layers[i] == 1, default
+    # all but every no_rope_layer_interval-th) attend within attention_chunk_size chunks, NoPE layers
+    # to everything; use_qk_norm: a weightless L2 norm on q and k (RoPE layers).
+    layers = f.required_int("num_hidden_layers")
+    step = f.positive_int_or("interleave_moe_layer_step", 1)
+    if f.raw.get("moe_layers") is not None:
+        indices = f.layer_indices("moe_layers", layers)
+    else:
+        indices = list(range(step - 1, layers, step))
+    interval = f.positive_int_or("no_rope_layer_interval", 4)
+    rope = f.int_list("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(rope) != layers:
+        raise f._error("no_rope_layers", f"must give all {layers} layers, got {len(rope)}")
+    chunk = f.int_or_null("attention_chunk_size", 8192)
+    default = [CHUNKED if uses_rope and chunk is not None else FULL for uses_rope in rope]
+    kinds = f.layer_types(default, (FULL, CHUNKED))
+    width = f.required_int("intermediate_size")
+    moe = MoESpec(
+        num_experts=f.int_or("num_local_experts", 16),
+        top_k=f.int_or("num_experts_per_tok", 1),
+        expert_ffn_hidden_size=width,
+        num_shared_experts=1,
+        shared_expert_ffn_hidden_size=width,
+    )
+    bias = f.bool_or("attention_bias", False)
+    return _llama_like(
+        f,
+        name,
+        kv_default=8,
+        max_positions=4096 * 32,
+        qkv_bias=bias,
+        out_bias=bias,
+        head_dim_default=128,
+        moe=moe,
+        moe_layers=_moe_layers(indices, layers),
+        ffn_hidden_size=_dense_width(f, "intermediate_size_mlp", 16384, needed=len(set(indices)) < layers),
+        attention=_attention(f, kinds, chunk=chunk),
+        qk_norm=QKNorm.L2 if f.bool_or("use_qk_norm", True) else QKNorm.NONE,
+        family="llama4",
+    )
+
+
+def _llama4(f: _Fields, name: str) -> ModelSpec:
+    # Llama4ForConditionalGeneration: vision model + projector + Llama4ForCausalLM (text_config).
+    return _llama4_text(f.nested("text_config", "llama4_text"), name)
+
+
+def _gpt_oss(f: _Fields, name: str) -> ModelSpec:
+    # GptOssDecoderLayer: attention with attention_bias (default true) on q, k, v, o and one learned
+    # sink logit per head; every layer's MLP is the MoE block: router h x E with bias, E experts of
+    # intermediate_size with biases on gate_up (2f) and down (h); layers alternate sliding
+    # (sliding_window 128) and full. The clamped SwiGLU (swiglu_alpha, swiglu_limit) has SwiGLU's
+    # matrices.
+    layers = f.required_int("num_hidden_layers")
+    kinds = f.layer_types([SLIDING if (i + 1) % 2 else FULL for i in range(layers)], (FULL, SLIDING))
+    width = f.required_int("intermediate_size")
+    moe = MoESpec(
+        num_experts=f.int_or("num_local_experts", f.int_or("num_experts", 128)),
+        top_k=f.int_or("num_experts_per_tok", 4),
+        expert_ffn_hidden_size=width,
+        router_bias=True,
+        expert_bias=True,
+    )
+    bias = f.bool_or("attention_bias", True)
+    return _llama_like(
+        f,
+        name,
+        kv_default=8,
+        max_positions=131072,
+        qkv_bias=bias,
+        out_bias=bias,
+        head_dim_default=64,
+        mlp=MlpKind.SWIGLU,
+        moe=moe,
+        ffn_hidden_size=width,
+        attention=_attention(f, kinds, window=f.int_or_null("sliding_window", 128)),
+        attention_sinks=True,
+    )
+
+
+def _olmo2(f: _Fields, name: str) -> ModelSpec:
+    # Olmo2DecoderLayer: no input norm; post_attention and post_feedforward RMSNorms; q_norm over all
+    # q heads (heads x head_dim) and k_norm over all k heads; attention_bias on q, k, v and o;
+    # head_dim is not an Olmo2Config field: the JSON key, else hidden / heads.
+    bias = f.bool_or("attention_bias", False)
+    return _llama_like(
+        f,
+        name,
+        kv_default=None,
+        max_positions=2048,
+        qkv_bias=bias,
+        out_bias=bias,
+        qk_norm=QKNorm.FULL_WIDTH,
     )
 
 
 def _phi3(f: _Fields, name: str) -> ModelSpec:
     # Phi3: fused qkv_proj and gate_up_proj, no biases; same counts as separate projections.
+    # sliding_window (default null) applies to every layer.
+    window = f.int_or_null("sliding_window", None)
     return _llama_like(
         f,
         name,
         kv_default=None,
         max_positions=4096,
         rotary_fraction=f.rotary_fraction("partial_rotary_factor", default=1.0),
+        attention=_every_layer_sliding(f, f.required_int("num_hidden_layers"), window),
     )
 
 
 def _mixtral(f: _Fields, name: str) -> ModelSpec:
-    # MixtralSparseMoeBlock: router h x E (no bias) and E SwiGLU experts of intermediate_size.
+    # MixtralSparseMoeBlock: router h x E (no bias) and E SwiGLU experts of intermediate_size;
+    # sliding_window (default null) on every layer.
     moe = MoESpec(
         num_experts=f.int_or("num_local_experts", f.int_or("num_experts", 8)),
         top_k=f.int_or("num_experts_per_tok", 2),
         expert_ffn_hidden_size=f.required_int("intermediate_size"),
     )
-    return _llama_like(f, name, kv_default=8, max_positions=4096 * 32, moe=moe)
+    window = f.int_or_null("sliding_window", None)
+    attention = _every_layer_sliding(f, f.required_int("num_hidden_layers"), window)
+    return _llama_like(f, name, kv_default=8, max_positions=4096 * 32, moe=moe, attention=attention)
 
 
 def _qwen2_moe(f: _Fields, name: str) -> ModelSpec:
     # Qwen2MoeSparseMoeBlock: router, E experts of moe_intermediate_size, one shared expert of
-    # shared_expert_intermediate_size and its h -> 1 sigmoid gate; MoE on every
-    # decoder_sparse_step-th layer, dense MLP of intermediate_size elsewhere.
-    if f.int_list("mlp_only_layers"):
-        raise InvalidModel(
-            "hf_config (model_type 'qwen2_moe'): a non-empty 'mlp_only_layers' is not supported yet",
-            rule="hf_config",
-            field="hf_config.mlp_only_layers",
-        )
+    # shared_expert_intermediate_size and its h -> 1 sigmoid gate; MoE on layer i unless i is in
+    # mlp_only_layers, when (i + 1) % decoder_sparse_step == 0; dense MLP of intermediate_size
+    # elsewhere. With use_sliding_window, even layers below max_window_layers are sliding.
+    layers = f.required_int("num_hidden_layers")
     num_experts = f.int_or("num_experts", 60)
-    moe = None
+    step = f.positive_int_or("decoder_sparse_step", 1)
+    mlp_only = set(f.int_list("mlp_only_layers"))
+    moe = moe_layers = None
     if num_experts > 0:
         moe = MoESpec(
             num_experts=num_experts,
@@ -259,11 +624,101 @@ def _qwen2_moe(f: _Fields, name: str) -> ModelSpec:
             num_shared_experts=1,
             shared_expert_ffn_hidden_size=f.int_or("shared_expert_intermediate_size", 5632),
             shared_expert_gate=True,
-            layer_frequency=f.int_or("decoder_sparse_step", 1),
+            layer_frequency=step,
         )
+        if mlp_only:
+            indices = [i for i in range(layers) if i not in mlp_only and (i + 1) % step == 0]
+            moe_layers = _moe_layers(indices, layers)
+    use_window = f.bool_or("use_sliding_window", False)
+    window = f.int_or_null("sliding_window", 4096) if use_window else None
+    first = f.int_or("max_window_layers", 28)
+    default = [SLIDING if (i + 1) % 2 and i < first and use_window else FULL for i in range(layers)]
+    attention = _attention(f, f.layer_types(default, (FULL, SLIDING)), window=window)
     return _llama_like(
-        f, name, kv_default=16, max_positions=32768, qkv_bias=f.bool_or("qkv_bias", True), moe=moe
+        f,
+        name,
+        kv_default=16,
+        max_positions=32768,
+        qkv_bias=f.bool_or("qkv_bias", True),
+        moe=moe,
+        moe_layers=moe_layers,
+        attention=attention,
     )
+
+
+def _deepseek(f: _Fields, name: str, *, v3: bool) -> ModelSpec:
+    # DeepseekV2/V3Attention (MLA): q_a_proj, q_a_layernorm, q_b_proj (or a plain q_proj when
+    # q_lora_rank is null), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; attention_bias on
+    # q_a_proj, kv_a_proj_with_mqa and o_proj. Layers from first_k_dense_replace on carry the MoE
+    # block: router h x E (no bias), E experts of moe_intermediate_size and ONE shared MLP of
+    # n_shared_experts x moe_intermediate_size; earlier layers a dense MLP of intermediate_size.
+    # V2's mlp_bias biases the dense and shared MLPs, not the routed experts. The multi-token
+    # prediction layers (V3 num_nextn_predict_layers) are not part of DeepseekV3ForCausalLM.
+    f.require(
+        "moe_layer_freq", 1, "transformers puts the MoE block on every layer from first_k_dense_replace on"
+    )
+    layers = f.required_int("num_hidden_layers")
+    heads = f.required_int("num_attention_heads")
+    kv_heads = f.kv_heads("num_key_value_heads", 128 if v3 else None, heads)
+    if kv_heads != heads:
+        raise f._error(
+            "num_key_value_heads",
+            f"= {kv_heads} must equal num_attention_heads ({heads}): multi-head latent attention "
+            "decompresses a key and a value for every head",
+        )
+    mla = MLASpec(
+        q_lora_rank=f.int_or_null("q_lora_rank", 1536),
+        kv_lora_rank=f.int_or("kv_lora_rank", 512),
+        qk_nope_head_dim=f.int_or("qk_nope_head_dim", 128),
+        qk_rope_head_dim=f.int_or("qk_rope_head_dim", 64),
+        v_head_dim=f.int_or("v_head_dim", 128),
+    )
+    alias = "num_local_experts" if v3 else "num_experts"
+    num_experts = f.int_or("n_routed_experts", f.int_or(alias, 256 if v3 else 64))
+    top_k = f.int_or("num_experts_per_tok", 8) if v3 else f.required_int("num_experts_per_tok")
+    expert_width = f.int_or("moe_intermediate_size", 2048 if v3 else 1407)
+    shared = f.int_or("n_shared_experts", 1 if v3 else 2)
+    mlp_bias = False if v3 else f.bool_or("mlp_bias", False)
+    if shared < 0 or (shared == 0 and mlp_bias):
+        # with mlp_bias, a zero-width shared MLP still has a down_proj bias of hidden_size
+        raise f._error("n_shared_experts", f"= {shared} is not supported (mlp_bias {mlp_bias})")
+    moe = MoESpec(
+        num_experts=num_experts,
+        top_k=top_k,
+        expert_ffn_hidden_size=expert_width,
+        num_shared_experts=1 if shared else 0,
+        shared_expert_ffn_hidden_size=shared * expert_width,
+    )
+    first_dense = f.int_or("first_k_dense_replace", 3 if v3 else 0)
+    return ModelSpec(
+        name=name,
+        family=f.model_type,
+        num_layers=layers,
+        hidden_size=f.required_int("hidden_size"),
+        num_attention_heads=heads,
+        num_kv_heads=heads,
+        head_dim=mla.qk_head_dim,
+        ffn_hidden_size=_dense_width(f, "intermediate_size", 18432 if v3 else 11008, needed=first_dense > 0),
+        vocab_size=f.required_int("vocab_size"),
+        max_position_embeddings=f.int_or("max_position_embeddings", 4096 if v3 else 2048),
+        mlp=_gated_kind(f),
+        norm=NormKind.RMSNORM,
+        position_embedding=PositionEmbedding.ROPE,
+        tied_embeddings=f.bool_or("tie_word_embeddings", False),
+        mlp_bias=mlp_bias,
+        moe=moe,
+        moe_layers=_moe_layers(range(max(first_dense, 0), layers), layers),
+        mla=mla,
+        mla_bias=f.bool_or("attention_bias", False),
+    )
+
+
+def _deepseek_v2(f: _Fields, name: str) -> ModelSpec:
+    return _deepseek(f, name, v3=False)
+
+
+def _deepseek_v3(f: _Fields, name: str) -> ModelSpec:
+    return _deepseek(f, name, v3=True)
 
 
 def _phi(f: _Fields, name: str) -> ModelSpec:
@@ -413,18 +868,30 @@ def _bloom(f: _Fields, name: str) -> ModelSpec:
 
 _BUILDERS: dict[str, Callable[[_Fields, str], ModelSpec]] = {
     "llama": _llama,
+    "granite": _granite,
     "mistral": _mistral,
+    "mistral3": _mistral3,
     "qwen2": _qwen2,
+    "qwen3": _qwen3,
     "gemma": _gemma,
     "gemma2": _gemma2,
+    "gemma3_text": _gemma3_text,
+    "gemma3": _gemma3,
+    "llama4_text": _llama4_text,
+    "llama4": _llama4,
+    "olmo2": _olmo2,
     "phi3": _phi3,
     "phi": _phi,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "falcon": _falcon,
+    "bloom": _bloom,
     "mixtral": _mixtral,
     "qwen2_moe": _qwen2_moe,
-    "bloom": _bloom,
+    "qwen3_moe": _qwen3_moe,
+    "deepseek_v2": _deepseek_v2,
+    "deepseek_v3": _deepseek_v3,
+    "gpt_oss": _gpt_oss,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))

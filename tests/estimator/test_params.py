@@ -288,7 +288,12 @@ def test_hf_config_wrong_type_is_named() -> None:
 
 @pytest.mark.parametrize(
     ("model_type", "key", "value"),
-    [("phi", "qk_layernorm", True), ("qwen2_moe", "mlp_only_layers", [0])],
+    [
+        ("phi", "qk_layernorm", True),
+        ("deepseek_v3", "moe_layer_freq", 2),
+        ("gemma2", "use_bidirectional_attention", True),
+        ("gemma3_text", "use_bidirectional_attention", True),
+    ],
 )
 def test_hf_config_rejects_what_modelspec_cannot_express(model_type: str, key: str, value: object) -> None:
     config = {
