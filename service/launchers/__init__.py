@@ -9,11 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from service.estimator.types import Plan
+from service.estimator.types import Framework, Plan
 from service.launchers import accelerate, deepspeed, hf_trainer, kubernetes, megatron, slurm, torchtitan
 from service.launchers.common import Artifact, Target, Unsupported
 
-__all__ = ["RENDERERS", "Artifact", "Target", "Unsupported", "render"]
+__all__ = [
+    "FRAMEWORK_TARGETS",
+    "RENDERERS",
+    "Artifact",
+    "Target",
+    "Unsupported",
+    "render",
+    "runnable_targets",
+]
 
 RENDERERS: dict[Target, Callable[[Plan], list[Artifact]]] = {
     Target.DEEPSPEED: deepspeed.render,
@@ -24,6 +32,35 @@ RENDERERS: dict[Target, Callable[[Plan], list[Artifact]]] = {
     Target.SLURM: slurm.render,
     Target.KUBERNETES: kubernetes.render,
 }
+
+
+# The targets that run a framework's layout (Slurm and Kubernetes wrap one of these).
+FRAMEWORK_TARGETS: dict[Framework, tuple[Target, ...]] = {
+    Framework.DEEPSPEED: (Target.DEEPSPEED, Target.HF_TRAINER, Target.ACCELERATE),
+    Framework.MEGATRON: (Target.MEGATRON, Target.ACCELERATE),
+    Framework.FSDP: (Target.TORCHTITAN, Target.ACCELERATE, Target.HF_TRAINER),
+}
+
+
+def runnable_targets(
+    plan: Plan, targets: Iterable[Target] | None = None
+) -> tuple[list[Target], dict[Target, str]]:
+    """The targets of the plan's framework (those of ``targets`` only, when given) that render it,
+    and why each of the others cannot."""
+    wanted = FRAMEWORK_TARGETS[plan.layout.framework]
+    if targets is not None:
+        allowed = set(targets)
+        wanted = tuple(t for t in wanted if t in allowed)
+    runs: list[Target] = []
+    reasons: dict[Target, str] = {}
+    for target in wanted:
+        try:
+            RENDERERS[target](plan)
+        except Unsupported as exc:
+            reasons[target] = exc.reason
+        else:
+            runs.append(target)
+    return runs, reasons
 
 
 def render(plan: Plan, targets: Iterable[Target] | None = None) -> tuple[list[Artifact], dict[Target, str]]:

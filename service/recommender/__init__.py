@@ -33,11 +33,13 @@ from service.estimator.types import (
     MemoryEstimate,
     Method,
     ModelSpec,
+    Plan,
     Recompute,
     TimeEstimate,
     TrainingSpec,
 )
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, layout_violation
+from service.launchers import runnable_targets
 from service.recommender import rank
 from service.recommender.space import (
     FRAMEWORK_FLAGS,
@@ -275,9 +277,32 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
     key = rank.sort_key(search.constraints.objective, layout, tokens_per_s)
     family = _family_key(layout)
     held = result.best.get(family)
-    if held is None or key < held.key:
-        memory, time = evaluate.memory_estimate(job, layout), evaluate.time_estimate(job, layout)
-        result.keep(family, Scored(layout, memory, time, key))
+    if held is not None and key >= held.key:
+        return
+    # a layout that could be shown (the top k) must run as written; one that cannot reach the top k
+    # now never will (the k-th key only improves), so its launchers are not asked
+    top_k = search.constraints.top_k
+    shown = len(result.best) < top_k or key[:2] <= result.threshold(top_k)
+    if shown and not _runs(search, job, result, layout):
+        return
+    memory, time = evaluate.memory_estimate(job, layout), evaluate.time_estimate(job, layout)
+    result.keep(family, Scored(layout, memory, time, key))
+
+
+NO_LAUNCHER = "no launcher runs it"
+
+
+def _runs(search: _Search, job: Job, result: SearchResult, layout: Layout) -> bool:
+    """Whether a launcher of the layout's framework (of the requested ones) renders it: a plan is only
+    worth proposing if it can be run as written. Checked only for layouts that would be kept."""
+    plan = Plan(model=search.model, cluster=job.cluster, training=search.training, layout=layout)
+    runs, reasons = runnable_targets(plan, search.constraints.launchers)
+    if not runs:
+        detail = "; ".join(f"{target.value}: {reason}" for target, reason in reasons.items())
+        result.log.add(
+            NO_LAUNCHER, 1, layout, detail or "none of the requested launchers runs this framework"
+        )
+    return bool(runs)
 
 
 # Micro-batch sizes by (interleaving, SP), and the ceiling keys by (framework, interleaving) of one

@@ -10,6 +10,7 @@ from enum import StrEnum
 
 from service.estimator.errors import InvalidTraining
 from service.estimator.types import Estimate, Framework, Layout
+from service.launchers.common import Target
 
 
 class Objective(StrEnum):
@@ -32,6 +33,8 @@ class Constraints:
     # The search stops (truncated) after this many layout evaluations (memory or step time): a
     # budget in work, not seconds, so that the answer depends on the request alone.
     max_evaluations: int = 500_000
+    # The launchers a plan must render in (one of them, of the layout's framework); None: any.
+    launchers: tuple[Target, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.max_gpus is not None and self.max_gpus < 1:
