@@ -18,7 +18,7 @@ from service.estimator.calibration import Calibration
 from service.estimator.estimate import estimate as estimate_layout
 from service.estimator.params import parameter_counts
 from service.estimator.types import ClusterSpec, ModelSpec, Plan, TrainingSpec
-from service.launchers import render
+from service.launchers import Target, render
 from service.persistence.models import PlanRecord
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, hardware_key, headroom_for
@@ -69,6 +69,10 @@ def plan_record(session: Session, request: PlanRequest) -> PlanRecord:
     cluster = resolve_cluster(request.cluster, ClusterRepository(session))
     training = request.training.to_domain()
     constraints = request.constraints.to_domain()
+    # the recommendation must run in one of the requested launchers (Slurm and Kubernetes wrap one)
+    runners = tuple(t for t in request.launchers if t not in (Target.SLURM, Target.KUBERNETES))
+    if runners:
+        constraints = dataclasses.replace(constraints, launchers=runners)
     key = hardware_key(cluster)
     plans = PlanRepository(session)
     calibrations = {fw.value: calibration_for(plans, key, fw.value) for fw in constraints.frameworks}

@@ -7,6 +7,7 @@ import io
 import zipfile
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from service.catalog import catalog_version
@@ -241,3 +242,42 @@ def test_a_retry_after_delete_says_so_instead_of_recreating(client: TestClient) 
     )
     assert "deleted" in problem["detail"]
     assert client.get("/v1/plans").json()["items"] == []
+
+
+ALL_RUNNERS = ["deepspeed", "accelerate", "hf_trainer", "megatron", "torchtitan"]
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "training"),
+    [
+        # the example: 8B at 8K on one H100 node rendered nothing before
+        ("llama-3.1-8b", 8, {"seq_len": 8192, "global_batch_size": 128}),
+        ("qwen3-8b", 8, {"seq_len": 4096, "global_batch_size": 64}),
+        ("llama-3.1-70b", 32, {"seq_len": 8192, "global_batch_size": 256}),
+    ],
+)
+def test_the_recommendation_runs_in_its_own_framework_launcher(
+    client: TestClient, model: str, gpus: int, training: dict[str, Any]
+) -> None:
+    body = plan_body(
+        model={"preset": model},
+        cluster={
+            "gpu": "h100-sxm-80gb",
+            "num_nodes": gpus // 8,
+            "gpus_per_node": 8,
+            "inter_node_bandwidth_bytes_per_s": 5e10,
+        },
+        training=training,
+        constraints={"top_k": 3},
+        launchers=ALL_RUNNERS,
+    )
+    plan = create(client, body)
+    framework = plan["recommended"]["layout"]["framework"]
+    rendered = {a["target"] for a in plan["artifacts"]}
+    own = {"deepspeed": {"deepspeed", "hf_trainer", "accelerate"}, "megatron": {"megatron", "accelerate"},
+           "fsdp": {"torchtitan", "accelerate", "hf_trainer"}}[framework]  # fmt: skip
+    assert rendered & own, (framework, plan["unsupported_targets"])
+    # asked for one launcher only, the recommendation is one it renders
+    only = create(client, body | {"launchers": ["megatron"]})
+    assert only["recommended"]["layout"]["framework"] == "megatron"
+    assert {a["target"] for a in only["artifacts"]} == {"megatron"}
