@@ -46,7 +46,7 @@ class Capabilities:
     offload_devices: frozenset[Offload]  # where optimizer/params may be offloaded (NONE always ok)
     param_offload: bool
     interleaved_pipeline: bool
-    lora_with_model_parallel: bool  # LoRA/QLoRA together with tp > 1 or pp > 1
+    peft: bool  # LoRA / QLoRA adapters at all
     optimizer_in_backward: bool
     activation_offload_needs_full_recompute: bool
     recompute_modes: frozenset[Recompute]  # the recompute policies the framework has
@@ -66,7 +66,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             offload_devices=frozenset({Offload.CPU, Offload.NVME}),
             param_offload=True,
             interleaved_pipeline=False,  # PipelineEngine runs plain 1F1B (TrainSchedule)
-            lora_with_model_parallel=True,
+            peft=True,  # Hugging Face PEFT under DeepSpeed (Trainer, accelerate)
             optimizer_in_backward=False,
             # activation_checkpointing.cpu_checkpointing offloads the checkpoints themselves.
             activation_offload_needs_full_recompute=True,
@@ -83,7 +83,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             offload_devices=frozenset({Offload.CPU}),
             param_offload=False,
             interleaved_pipeline=True,  # --num-layers-per-virtual-pipeline-stage
-            lora_with_model_parallel=False,  # no PEFT in Megatron-LM itself (NeMo adds it)
+            peft=False,  # no PEFT in Megatron-LM itself (NeMo / Megatron-Bridge add it)
             optimizer_in_backward=False,
             activation_offload_needs_full_recompute=False,
             # --recompute-granularity selective|full, --recompute-method block --recompute-num-layers
@@ -99,7 +99,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             offload_devices=frozenset({Offload.CPU}),
             param_offload=True,
             interleaved_pipeline=True,  # torchtitan Interleaved1F1B
-            lora_with_model_parallel=True,
+            peft=True,  # Hugging Face PEFT under FSDP (Trainer, accelerate); torchtitan has none
             optimizer_in_backward=True,  # torchtune optimizer_in_bwd
             activation_offload_needs_full_recompute=False,
             # torchtitan activation_checkpoint full | selective (per op); accelerate/HF: whole layers
@@ -382,12 +382,11 @@ def training_violation(
     }
     if training.precision in needs and needs[training.precision] is None:
         return _bad(f"{cluster.gpu.name} has no {training.precision.value} support", "precision", "precision")
-    model_parallel = layout.tp > 1 or layout.pp > 1
-    if training.method is not Method.FULL and model_parallel and not caps.lora_with_model_parallel:
+    if training.method is not Method.FULL and not caps.peft:
         return _bad(
-            f"{training.method.value} with tp/pp > 1 is not supported by {layout.framework.value}",
-            "lora_mp",
-            "tp",
+            f"{training.method.value} needs PEFT adapters, which {layout.framework.value} does not have",
+            "peft",
+            "framework",
         )
     if layout.optimizer_in_backward and not caps.optimizer_in_backward:
         return _bad(

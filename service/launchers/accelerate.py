@@ -30,6 +30,8 @@ from service.launchers.common import (
     comment_lines,
     hf_decoder_layer,
     layout_summary,
+    peft_artifacts,
+    peft_header,
     pipeline_split,
     script,
     shell_command,
@@ -245,7 +247,7 @@ def render(plan: Plan) -> list[Artifact]:
     if plan.cluster.num_nodes > 1:
         body.append(': "${NODE_RANK:?set NODE_RANK to the index of this node, 0 on the first}"')
     body.append(shell_command(launch_words(plan)))
-    header = "Accelerate 1.15.0: run on every node."
+    header = "Accelerate 1.15.0: run on every node." + peft_header(plan)
     if plan.layout.framework is Framework.DEEPSPEED:
         header += (
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."
@@ -261,4 +263,4 @@ def render(plan: Plan) -> list[Artifact]:
     ]
     if plan.layout.framework is Framework.DEEPSPEED:
         artifacts.append(_ds_config_artifact(plan))
-    return artifacts
+    return [*artifacts, *peft_artifacts(plan, TARGET)]

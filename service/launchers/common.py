@@ -6,6 +6,7 @@ target modules, last.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from service.estimator import pipeline
-from service.estimator.types import Plan, Precision
+from service.estimator.types import Method, Plan, Precision
 
 MASTER_PORT = 29500  # torchrun / DeepSpeed launcher default rendezvous port
 TRAIN_SCRIPT = "train.py"  # the user's training script for DeepSpeed and HF Trainer targets
@@ -266,3 +267,60 @@ def script(
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env]
     lines += body
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- adapters (PEFT)
+
+LORA_CONFIG_NAME = "lora_config.json"
+BNB_CONFIG_NAME = "bnb_config.json"
+
+
+def peft_header(plan: Plan) -> str:
+    """What the training script does with the adapter files ('' for full training)."""
+    method = plan.training.method
+    if method is Method.FULL:
+        return ""
+    text = (
+        f"\n{method.value}: {TRAIN_SCRIPT} must wrap the model with peft.get_peft_model(model, "
+        f"LoraConfig(**json.load(open({LORA_CONFIG_NAME!r})))): only the adapters train."
+    )
+    if method is Method.QLORA:
+        text += (
+            f"\nqlora: load the base model with from_pretrained(..., quantization_config="
+            f"BitsAndBytesConfig(**json.load(open({BNB_CONFIG_NAME!r})))) (NF4, double quantisation)."
+        )
+    return text
+
+
+def peft_artifacts(plan: Plan, target: Target) -> list[Artifact]:
+    """peft.LoraConfig (and, for QLoRA, transformers.BitsAndBytesConfig) fields of the estimated
+    adapters: rank and target modules as estimated; lora_alpha 2 x rank and dropout 0 (neither changes
+    memory or time: the estimate counts no adapter dropout)."""
+    training = plan.training
+    if training.method is Method.FULL:
+        return []
+    lora = {
+        "r": training.lora_rank,
+        "lora_alpha": 2 * training.lora_rank,
+        "lora_dropout": 0.0,
+        "target_modules": list(training.lora_targets),
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
+    files = [
+        Artifact(
+            name=LORA_CONFIG_NAME, target=target, media_type=JSON, content=json.dumps(lora, indent=2) + "\n"
+        )
+    ]
+    if training.method is Method.QLORA:
+        # NF4 with double-quantised constants: the estimate's qlora_bits_per_param (4.127 bits)
+        compute = "float32" if training.precision is Precision.FP32 else "bfloat16"
+        bnb = {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": compute,
+        }
+        content = json.dumps(bnb, indent=2) + "\n"
+        files.append(Artifact(name=BNB_CONFIG_NAME, target=target, media_type=JSON, content=content))
+    return files

@@ -26,6 +26,8 @@ from service.launchers.common import (
     Word,
     accumulation,
     check_world,
+    peft_artifacts,
+    peft_header,
     pipeline_split,
     script,
     shell_command,
@@ -277,8 +279,10 @@ def render(plan: Plan) -> list[Artifact]:
         )
     if plan.training.precision is Precision.FP8:
         header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."
+    header += peft_header(plan)
     artifacts = [
         config,
+        *peft_artifacts(plan, Target.DEEPSPEED),
         Artifact(
             name=LAUNCH_NAME,
             target=Target.DEEPSPEED,

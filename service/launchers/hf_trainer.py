@@ -24,6 +24,8 @@ from service.launchers.common import (
     accumulation,
     check_world,
     hf_decoder_layer,
+    peft_artifacts,
+    peft_header,
     script,
     shell_command,
     torchrun_words,
@@ -176,10 +178,11 @@ def render(plan: Plan) -> list[Artifact]:
     header = (
         f"HF Trainer (transformers 5.24.0): {TRAIN_SCRIPT} parses TrainingArguments with HfArgumentParser,\n"
         f"from these flags or from {ARGS_NAME} (parse_json_file)."
-    )
+    ) + peft_header(plan)
     return [
         Artifact(name=ARGS_NAME, target=TARGET, media_type=JSON, content=json.dumps(args, indent=2) + "\n"),
         *files,
+        *peft_artifacts(plan, TARGET),
         Artifact(
             name=LAUNCH_NAME,
             target=TARGET,

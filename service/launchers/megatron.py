@@ -11,6 +11,7 @@ from __future__ import annotations
 from service.estimator.params import is_moe_layer
 from service.estimator.types import (
     AttentionKind,
+    Method,
     MlpKind,
     ModelSpec,
     NormKind,
@@ -56,6 +57,10 @@ def _check(plan: Plan) -> None:
     if lo.framework != "megatron":
         raise Unsupported(TARGET, f"the layout is for {lo.framework}, not Megatron-LM")
     problems: list[str] = []
+    if plan.training.method is not Method.FULL:
+        problems.append(
+            f"{plan.training.method.value}: Megatron-LM has no PEFT (NeMo / Megatron-Bridge add it)"
+        )
     if lo.zero_stage > 1:
         problems.append(
             f"zero_stage={lo.zero_stage}: Megatron shards optimizer states only (distributed optimizer)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.estimator.types import Framework, ModelSpec, Offload, Plan, Precision, Recompute
+from service.estimator.types import Framework, Method, ModelSpec, Offload, Plan, Precision, Recompute
 from service.launchers.common import (
     SHELL,
     Artifact,
@@ -101,6 +101,10 @@ def _check(plan: Plan) -> Flavor:
             f"none of {names} (register a config function for it)",
         )
     problems: list[str] = []
+    if plan.training.method is not Method.FULL:
+        problems.append(
+            f"{plan.training.method.value}: torchtitan {VERSION} trains full models only (no PEFT)"
+        )
     if lo.zero_stage == 1:
         problems.append("FSDP has no optimizer-state-only sharding (ZeRO-1)")
     if lo.ep > 1 and lo.tp > 1:

@@ -281,3 +281,20 @@ def test_the_recommendation_runs_in_its_own_framework_launcher(
     only = create(client, body | {"launchers": ["megatron"]})
     assert only["recommended"]["layout"]["framework"] == "megatron"
     assert {a["target"] for a in only["artifacts"]} == {"megatron"}
+
+
+def test_a_qlora_plan_trains_adapters_on_one_consumer_card(client: TestClient) -> None:
+    # the example: QLoRA of an 8B model on one RTX 4090 got Megatron's full pre-training script
+    body = plan_body(
+        model={"preset": "llama-3-8b"},
+        cluster={"gpu": "rtx-4090-24gb", "num_nodes": 1, "gpus_per_node": 1},
+        training={"seq_len": 2048, "global_batch_size": 16, "method": "qlora", "lora_rank": 16},
+        constraints={"top_k": 3},
+        launchers=ALL_RUNNERS,
+    )
+    plan = create(client, body)
+    assert plan["status"] == "feasible"
+    assert plan["recommended"]["layout"]["framework"] != "megatron"  # Megatron-LM has no PEFT
+    names = {a["name"] for a in plan["artifacts"]}
+    assert {"lora_config.json", "bnb_config.json"} <= names
+    assert "no PEFT" in plan["unsupported_targets"]["torchtitan"]

@@ -263,12 +263,16 @@ def test_precision_needs_hardware_support() -> None:
     check(Layout(dp=16), cluster=v100, training=dataclasses.replace(TRAIN, precision=Precision.FP16))
 
 
-def test_lora_with_model_parallel_in_megatron_is_rejected() -> None:
+def test_adapters_need_a_framework_with_peft() -> None:
+    # Megatron-LM has no PEFT at any tp/pp; FSDP and DeepSpeed train adapters through Hugging Face PEFT
     lora = dataclasses.replace(TRAIN, method=Method.LORA)
-    with pytest.raises(InvalidLayout) as err:
-        check(Layout(framework=Framework.MEGATRON, dp=8, tp=2, zero_stage=1), training=lora)
-    assert err.value.rule == "lora_mp"
+    for layout in (Layout(framework=Framework.MEGATRON, dp=16, zero_stage=1),
+                   Layout(framework=Framework.MEGATRON, dp=8, tp=2, zero_stage=1)):  # fmt: skip
+        with pytest.raises(InvalidLayout) as err:
+            check(layout, training=lora)
+        assert (err.value.rule, err.value.field) == ("peft", "framework")
     check(Layout(framework=Framework.FSDP, dp=8, tp=2, zero_stage=3), training=lora)
+    check(Layout(framework=Framework.DEEPSPEED, dp=16, zero_stage=2), training=lora)
 
 
 def test_optimizer_in_backward_and_activation_offload_where_supported() -> None:

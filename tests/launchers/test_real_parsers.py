@@ -4,6 +4,7 @@ skips its test (install with the project's ``launchers`` extra)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -15,7 +16,7 @@ from unittest import mock
 import pytest
 
 from service.estimator import pipeline
-from service.estimator.types import Framework, ModelSpec, MoESpec, Plan, QKNorm, Recompute
+from service.estimator.types import Framework, Method, ModelSpec, MoESpec, Plan, QKNorm, Recompute
 from service.launchers import Artifact, Target, Unsupported, accelerate, deepspeed, hf_trainer, torchtitan
 from tests.launchers import factories
 from tests.launchers.grid import grid
@@ -265,3 +266,33 @@ def test_torchtitan_builds_a_registered_moe_flavor_with_expert_parallelism() -> 
         torchtitan.train_args(
             factories.plan(model=QWEN3_30B_A3B, framework=Framework.FSDP, zero_stage=3, tp=2, ep=4)
         )
+
+
+@pytest.mark.parametrize("method", [Method.LORA, Method.QLORA])
+def test_adapter_files_load_into_peft_and_bitsandbytes(method: Method) -> None:
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    training = dataclasses.replace(
+        factories.training(), method=method, lora_rank=32, lora_targets=("q_proj", "v_proj")
+    )
+    for target, render in ((Target.HF_TRAINER, hf_trainer.render), (Target.DEEPSPEED, deepspeed.render),
+                           (Target.ACCELERATE, accelerate.render)):  # fmt: skip
+        framework = Framework.FSDP if target is Target.ACCELERATE else Framework.DEEPSPEED
+        plan = factories.plan(
+            train=training, framework=framework, zero_stage=2 if target is not Target.ACCELERATE else 3
+        )
+        files = {a.name: a for a in render(plan)}
+        lora = peft.LoraConfig(**json.loads(files["lora_config.json"].content))
+        assert (lora.r, sorted(lora.target_modules)) == (32, ["q_proj", "v_proj"]), target
+        if method is Method.QLORA:
+            bnb = transformers.BitsAndBytesConfig(**json.loads(files["bnb_config.json"].content))
+            assert bnb.load_in_4bit and bnb.bnb_4bit_quant_type == "nf4" and bnb.bnb_4bit_use_double_quant
+        else:
+            assert "bnb_config.json" not in files
+    for render in (torchtitan.render,):
+        with pytest.raises(Unsupported, match="no PEFT"):
+            render(
+                factories.plan(
+                    model=factories.llama3_8b(), train=training, framework=Framework.FSDP, zero_stage=3
+                )
+            )
