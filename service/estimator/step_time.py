@@ -142,6 +142,10 @@ def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
     replicated = (8 * h + masks) / (t if layout.sequence_parallel else 1)
     mlp_tensors = 3 if model.mlp.gated else 2
     sharded = 2 * (q + 2 * kv) + 2 * q + 2 * mlp_tensors * _ffn_width(model, kind.moe)
+    if kind.moe and model.moe is not None:
+        # the routed copies of every token: permuted for dispatch and gathered back for combine (top_k
+        # rows of h each; activations._moe_mlp stores the same), which the permute kernels read and write
+        sharded += 2 * 2 * model.moe.top_k * h
     # eager attention materialises every s x s score and masks outside a window or chunk
     probabilities = 5 if model.attention_dropout > 0 else 2
     scores = (
