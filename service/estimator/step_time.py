@@ -519,7 +519,7 @@ def tp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
 def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Ring attention: K and V chunks go round the CP ring, hidden under attention's core compute."""
     # forward: (cp-1) sends of K and V; backward: K, V and dK, dV -> 3x the forward traffic
-    if layout.cp == 1:
+    if layout.cp == 1 or base.layers == 0:
         return 0.0
     model, training = job.model, job.training
     kv_width = max(model.kv_size / layout.tp, model.head_dim)

@@ -298,3 +298,35 @@ def test_a_qlora_plan_trains_adapters_on_one_consumer_card(client: TestClient) -
     names = {a["name"] for a in plan["artifacts"]}
     assert {"lora_config.json", "bnb_config.json"} <= names
     assert "no PEFT" in plan["unsupported_targets"]["torchtitan"]
+
+
+@pytest.mark.parametrize(
+    ("preset", "nodes", "training"),
+    [
+        ("qwen3-235b-a22b", 32, {"seq_len": 4096, "global_batch_size": 1024}),
+        ("deepseek-v3", 128, {"seq_len": 4096, "global_batch_size": 2048}),
+        ("llama-4-scout-17b-16e", 8, {"seq_len": 8192, "global_batch_size": 512}),
+    ],
+)
+def test_todays_moe_models_get_a_runnable_plan(
+    client: TestClient, preset: str, nodes: int, training: dict[str, Any]
+) -> None:
+    cluster = {
+        "gpu": "h100-sxm-80gb",
+        "num_nodes": nodes,
+        "gpus_per_node": 8,
+        "inter_node_bandwidth_bytes_per_s": 5e10,
+    }
+    body = plan_body(
+        model={"preset": preset},
+        cluster=cluster,
+        training=training,
+        constraints={"top_k": 2},
+        launchers=ALL_RUNNERS,
+    )
+    plan = create(client, body)
+    assert plan["status"] == "feasible", plan.get("suggestions")
+    framework = plan["recommended"]["layout"]["framework"]
+    own = {"deepspeed": {"deepspeed", "hf_trainer", "accelerate"}, "megatron": {"megatron", "accelerate"},
+           "fsdp": {"torchtitan", "accelerate", "hf_trainer"}}[framework]  # fmt: skip
+    assert {a["target"] for a in plan["artifacts"]} & own
