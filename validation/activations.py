@@ -212,9 +212,88 @@ BLOOM = {  # ALiBi, fused qkv, LayerNorm after embeddings, 4h GeLU
     "hidden_dropout": 0.0,
 }
 
+# --- families of 2025: per-head q/k norms, MLA, sliding windows, sinks, post-norms ----------------
+# Mixed layer kinds are placed so that every kind occurs after layer 0 (see per_kind_bytes).
+
+QWEN3 = {  # q_norm/k_norm RMSNorm(head_dim) per head; head_dim 32 != 128/8
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1024,
+    "use_sliding_window": False,
+    **_NO_DROPOUT,
+}
+QWEN3_MOE = {  # 4 experts of 96, top-2, no shared expert; layer 1 is a dense MLP (mlp_only_layers)
+    **QWEN3,
+    "moe_intermediate_size": 96,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [1],
+}
+DEEPSEEK_V3 = {  # MLA with q_lora_rank; layers 0-1 dense, then MoE: 4 routed (top-2, 2 groups) + 1 shared
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "moe_intermediate_size": 96,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "n_group": 2,
+    "topk_group": 1,
+    "first_k_dense_replace": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 96,
+    "kv_lora_rank": 64,
+    # qk head dim 32 + 16 == v_head_dim: the CPU takes SDPA's flash kernel (no s x s tensors), the
+    # path CUDA's kernels take; with unequal dims the CPU falls back to the math kernel.
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 48,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1024,
+    **_NO_DROPOUT,
+}
+GEMMA3 = {  # sliding (window 32 < s) and full layers alternating; per-head q/k norms; Gemma RMSNorm
+    **GEMMA,
+    "sliding_window": 32,
+    "sliding_window_pattern": 2,
+    "query_pre_attn_scalar": 32,
+}
+GPT_OSS = {  # attention sinks (eager only), sliding/full alternating, 4 biased experts, clamped SwiGLU
+    "hidden_size": 128,
+    "intermediate_size": 96,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "sliding_window": 32,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1024,
+    **_NO_DROPOUT,
+}
+OLMO2 = {  # no input norm: post-attention and post-feedforward norms; q/k norms over all heads
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1024,
+    **_NO_DROPOUT,
+}
+
 
 def _family_cases(
-    name: str, model_type: str, config: dict[str, Any], shapes: Sequence[tuple[str, str, int, int]]
+    name: str,
+    model_type: str,
+    config: dict[str, Any],
+    shapes: Sequence[tuple[str, str, int, int]],
+    note: str = "",
 ) -> list[Case]:
     return [
         Case(
@@ -225,9 +304,27 @@ def _family_cases(
             attn_implementation=attn,
             batch=batch,
             seq_len=seq,
+            note=note,
         )
         for dtype, attn, batch, seq in shapes
     ]
+
+
+_NOTES = {
+    "qwen3-moe": "layer 1 dense (mlp_only_layers), the others MoE; grouped_mm experts (the default)",
+    "deepseek-v3": (
+        "MLA with qk head dim (32 + 16) == v_head_dim 48, so the CPU runs SDPA's flash kernel as CUDA "
+        "does (unequal dims send the CPU to the math kernel, which keeps s x s tensors); layers 0-1 "
+        "dense, 2-3 MoE with a shared expert; the router's group top-k indices "
+        "(16 x n_group + 8 x topk_group bytes per token) are not modelled"
+    ),
+    "gemma3": (
+        "sliding (window 32) and full layers alternate; with s >= window SDPA gets a mask: k, v "
+        "repeated to every head and the additive mask kept per sliding layer"
+    ),
+    "gpt-oss": "attention sinks: eager only (transformers refuses SDPA); sliding and full alternate",
+    "olmo2": "no input norm: the residual stream feeds q/k/v; fp32 norm products",
+}
 
 
 _FOUR_WAYS = [(d, a, 2, 64) for d in ("float32", "bfloat16") for a in ("eager", "sdpa")]
@@ -266,6 +363,12 @@ def _all_cases() -> tuple[Case, ...]:
         *_family_cases("falcon-new", "falcon", FALCON_NEW, _BF16_BOTH),
         *_family_cases("mixtral", "mixtral", MIXTRAL, [*_BF16_BOTH, ("float32", "sdpa", 2, 64)]),
         *_family_cases("bloom", "bloom", BLOOM, [(d, "eager", 2, 64) for d in ("float32", "bfloat16")]),
+        *_family_cases("qwen3", "qwen3", QWEN3, _BF16_BOTH),
+        *_family_cases("qwen3-moe", "qwen3_moe", QWEN3_MOE, _BF16_BOTH, _NOTES["qwen3-moe"]),
+        *_family_cases("deepseek-v3", "deepseek_v3", DEEPSEEK_V3, _BF16_BOTH, _NOTES["deepseek-v3"]),
+        *_family_cases("gemma3", "gemma3_text", GEMMA3, [*_BF16_BOTH, ("bfloat16", "sdpa", 1, 128)], _NOTES["gemma3"]),
+        *_family_cases("gpt-oss", "gpt_oss", GPT_OSS, [("bfloat16", "eager", 2, 64)], _NOTES["gpt-oss"]),
+        *_family_cases("olmo2", "olmo2", OLMO2, _BF16_BOTH, _NOTES["olmo2"]),
     ]
     return tuple(
         Case(**{**{f: getattr(c, f) for f in Case.__dataclass_fields__}, "ci": c.id in _CI_IDS})
@@ -352,6 +455,7 @@ class _Recorder:
 
     parameter_ptrs: frozenset[int]
     storages: dict[int, int] = field(default_factory=dict)
+    owners: dict[int, int] = field(default_factory=dict)  # storage -> layer that first saved it (-1: none)
     sample_layer: int | None = None
     current_layer: int = -1
     tracker: _AllocationTracker | None = None
@@ -367,7 +471,9 @@ class _Recorder:
         ptr = storage.data_ptr()
         if ptr in self.parameter_ptrs:
             return tensor
-        self.storages.setdefault(ptr, storage.nbytes())
+        if ptr not in self.storages:
+            self.storages[ptr] = storage.nbytes()
+            self.owners[ptr] = self.current_layer
         if self.current_layer == self.sample_layer and ptr not in self.sample:
             self.sample[ptr] = self._describe(tensor, ptr, storage.nbytes())
         return tensor
@@ -424,34 +530,74 @@ def _inputs(case: Case, vocab_size: int) -> torch.Tensor:
     return torch.randint(0, vocab_size, (case.batch, case.seq_len), generator=generator)
 
 
-def saved_bytes(case: Case, num_layers: int, *, sample: bool = False) -> tuple[int, list[dict[str, Any]]]:
+def layer_kind(config: transformers.PretrainedConfig, index: int, layer: torch.nn.Module) -> str:
+    """``attention/mlp`` of decoder layer ``index``: its ``config.layer_types`` entry without the
+    ``_attention`` suffix (``full`` when the config has none) and ``moe`` when the layer holds routed
+    experts (a module with an ``experts`` attribute), else ``dense``."""
+    types = getattr(config, "layer_types", None)
+    attention = str(types[index]).removesuffix("_attention") if types else "full"
+    moe = any(hasattr(module, "experts") for module in layer.modules())
+    return f"{attention}/{'moe' if moe else 'dense'}"
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """One training forward: everything saved, and who saved it first."""
+
+    total: int
+    sample: list[dict[str, Any]]  # the last layer's saved tensors (with ``sample``)
+    layer_bytes: list[int]  # per decoder layer, the storages it was the first to save
+    layer_kinds: list[str]  # ``layer_kind`` of every decoder layer
+
+
+def saved_bytes(case: Case, num_layers: int, *, sample: bool = False) -> Saved:
     """Bytes autograd saves in one training forward; with ``sample``, the last layer's saved tensors."""
     model = build_model(case, num_layers)
+    layers = decoder_layers(model, num_layers)
     parameter_ptrs = frozenset(_storage_ptr(p) for p in model.parameters())
     recorder = _Recorder(parameter_ptrs=parameter_ptrs, sample_layer=num_layers - 1 if sample else None)
     input_ids = _inputs(case, model.config.vocab_size)
     recorder.tracker = _AllocationTracker(recorder.scope) if sample else None
     with (
-        _layer_scopes(decoder_layers(model, num_layers), recorder),
+        _layer_scopes(layers, recorder),
         torch.autograd.graph.saved_tensors_hooks(recorder.pack, _unpack),
         recorder.tracker if recorder.tracker is not None else nullcontext(),
     ):
         output = model(input_ids=input_ids, labels=input_ids)
     if not torch.isfinite(output.loss):
         raise RuntimeError(f"{case.id}: loss is {output.loss.item()}")
-    return sum(recorder.storages.values()), list(recorder.sample.values())
+    layer_bytes = [0] * num_layers
+    for ptr, owner in recorder.owners.items():
+        if owner >= 0:
+            layer_bytes[owner] += recorder.storages[ptr]
+    return Saved(
+        total=sum(recorder.storages.values()),
+        sample=list(recorder.sample.values()),
+        layer_bytes=layer_bytes,
+        layer_kinds=[layer_kind(model.config, i, layer) for i, layer in enumerate(layers)],
+    )
 
 
 def _whole(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
 
+def per_kind_bytes(saved: Saved) -> dict[str, int]:
+    """Bytes of one layer of each kind: the last layer of that kind. Layer 0 also first saves what
+    all layers share (rotary tables, masks), so every kind must occur after it."""
+    last = {kind: index for index, kind in enumerate(saved.layer_kinds)}
+    if 0 in last.values():
+        kind = saved.layer_kinds[0]
+        raise ValueError(f"layer kind {kind!r} occurs only in layer 0; choose a config that repeats it")
+    return {kind: saved.layer_bytes[index] for kind, index in sorted(last.items())}
+
+
 def measure(case: Case) -> dict[str, Any]:
     """Measure ``case`` at two depths; see the module docstring for the definitions."""
-    shallow, sample = saved_bytes(case, SHALLOW_LAYERS, sample=True)
-    deep, _ = saved_bytes(case, DEEP_LAYERS)
-    per_layer = (deep - shallow) / (DEEP_LAYERS - SHALLOW_LAYERS)
-    sample_per_layer = sum(e["bytes"] for e in sample if e["allocated"] != "outside")
+    shallow = saved_bytes(case, SHALLOW_LAYERS, sample=True)
+    deep = saved_bytes(case, DEEP_LAYERS)
+    per_layer = (deep.total - shallow.total) / (DEEP_LAYERS - SHALLOW_LAYERS)
+    sample_per_layer = sum(e["bytes"] for e in shallow.sample if e["allocated"] != "outside")
     return {
         "id": case.id,
         "model_type": case.model_type,
@@ -461,12 +607,16 @@ def measure(case: Case) -> dict[str, Any]:
         "batch": case.batch,
         "seq_len": case.seq_len,
         "ci": case.ci,
+        "note": case.note,
         "per_layer_bytes": _whole(per_layer),
-        "outside_layers_bytes": _whole(shallow - SHALLOW_LAYERS * per_layer),
-        "total_bytes": {str(SHALLOW_LAYERS): shallow, str(DEEP_LAYERS): deep},
+        "outside_layers_bytes": _whole(shallow.total - SHALLOW_LAYERS * per_layer),
+        "total_bytes": {str(SHALLOW_LAYERS): shallow.total, str(DEEP_LAYERS): deep.total},
+        "layer_kinds": deep.layer_kinds,
+        "layer_bytes": deep.layer_bytes,
+        "per_kind_bytes": per_kind_bytes(deep),
         "sample_per_layer_bytes": sample_per_layer,
-        "saved_tensors_sample": sample[:SAMPLE_CAP],
-        "saved_tensors_sample_truncated": len(sample) > SAMPLE_CAP,
+        "saved_tensors_sample": shallow.sample[:SAMPLE_CAP],
+        "saved_tensors_sample_truncated": len(shallow.sample) > SAMPLE_CAP,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }

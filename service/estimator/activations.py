@@ -23,6 +23,7 @@ from service.estimator import flops
 from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
 from service.estimator.types import (
     Attention,
+    AttentionKind,
     Framework,
     Layout,
     Method,
@@ -44,8 +45,17 @@ FUSED_QKV_FAMILIES = frozenset({"gpt2", "gpt_neox", "falcon", "bloom", "phi3"})
 MODEL_DTYPE_SOFTMAX_FAMILIES = frozenset({"gpt2", "falcon"})
 # Falcon's SDPA path repeats k and v to every head and passes a materialised (b, 1, s, s) mask.
 SDPA_EXPANDS_KV_FAMILIES = frozenset({"falcon"})
-# Gemma's RMSNorm multiplies by (1 + weight) in fp32, so its saved normalised input stays fp32.
-FP32_NORM_FAMILIES = frozenset({"gemma", "gemma2", "gemma3"})
+# RMSNorms whose weight multiplies the fp32 normalised input (Gemma's (1 + weight) in fp32; OLMo 2's
+# weight * x before the cast; GPT-OSS keeps its norm weights in fp32), so that saved product is fp32.
+FP32_NORM_FAMILIES = frozenset({"gemma", "gemma2", "gemma3", "olmo2", "gpt_oss"})
+# Gemma's RMSNorm also saves the fp32 (1 + weight) it multiplies by: 4 bytes per weight, per norm.
+ONE_PLUS_WEIGHT_NORM_FAMILIES = frozenset({"gemma", "gemma2", "gemma3"})
+# MoE routers that run in fp32 on an fp32 copy of their input (DeepSeek-V2/V3), so the routing
+# weights each routed row is scaled by are fp32 too.
+FP32_ROUTER_FAMILIES = frozenset({"deepseek_v2", "deepseek_v3"})
+# GPT-OSS experts' clamped GLU, (clamp(up) + 1) * g * sigmoid(alpha * g) with g = clamp(gate), keeps
+# five f-wide tensors (sigmoid, clamped gate, the gate product, up + 1, the output) instead of two.
+CLAMPED_GLU_FAMILIES = frozenset({"gpt_oss"})
 FP32_BYTES = 4
 INDEX_BYTES = 8  # int64 token ids, labels and routing indices
 MASK_BYTES = 1  # dropout masks (Korthikanti counts 1 byte per element)
@@ -163,23 +173,48 @@ def _hf_norm(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
     if model.norm is NormKind.LAYERNORM:
         return d * tokens * h + 2 * FP32_BYTES * tokens
     normed = FP32_BYTES if model.family in FP32_NORM_FAMILIES else d
-    return FP32_BYTES * tokens * h + FP32_BYTES * tokens + normed * tokens * h
+    one_plus_weight = FP32_BYTES * h if model.family in ONE_PLUS_WEIGHT_NORM_FAMILIES else 0
+    return FP32_BYTES * tokens * h + FP32_BYTES * tokens + normed * tokens * h + one_plus_weight
 
 
-def _hf_sdpa(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
+def _sdpa_window_mask(model: ModelSpec, training: TrainingSpec, attention: AttentionKind) -> bool:
+    # transformers passes SDPA a sliding layer's mask (instead of is_causal) once the sequence
+    # reaches the window (masking_utils._ignore_causal_mask_sdpa); flash-attention-2 takes a window.
+    window = model.sliding_window
+    return (
+        training.attention is Attention.SDPA
+        and attention is AttentionKind.SLIDING
+        and window is not None
+        and training.seq_len >= window
+    )
+
+
+def _hf_sdpa(model: ModelSpec, training: TrainingSpec, tokens: float, masked: bool = False) -> float:
     # SDPA/flash save q, k, v. Rotary makes new q and k; a fused qkv Linear's output stays alive
     # whole through the saved view of v (measured: gpt_neox, phi3, gpt2). Falcon repeats k and v
-    # to all heads (new tensors) and materialises its mask in the model dtype.
+    # to all heads (new tensors) and materialises its mask in the model dtype. So does any SDPA
+    # call given a mask (``masked``, Gemma 3's sliding layers): with a mask transformers does not
+    # use SDPA's GQA, so k and v are repeated to every head, and SDPA turns the boolean b x 1 x s x s
+    # mask into a new additive one in the model dtype, which the kernel keeps (measured; CUDA's
+    # mem-efficient kernel keeps it the same way).
     d, q, kv = element_bytes(training.precision), model.q_size, model.kv_size
     rotary = model.position_embedding is PositionEmbedding.ROPE
     if model.family in SDPA_EXPANDS_KV_FAMILIES:
         return d * tokens * 3 * q + d * tokens * training.seq_len  # mask: b x s_local x s
     if model.family in FUSED_QKV_FAMILIES:
         return d * tokens * ((q + 2 * kv) + ((q + kv) if rotary else 0))
+    if masked:
+        return d * tokens * 3 * q + d * tokens * training.seq_len
     return d * tokens * (q + 2 * kv)
 
 
-def _hf_attention(model: ModelSpec, layout: Layout, training: TrainingSpec, core: bool) -> Split:
+def _hf_attention(
+    model: ModelSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    core: bool,
+    attention: AttentionKind = AttentionKind.FULL,
+) -> Split:
     # Linear input (the norm output) + o_proj input, and the attention kernel's own tensors. Eager:
     # q, k and v (repeated to all heads under GQA), the softmax output (fp32, plus its 16-bit copy,
     # except where the family keeps the model dtype); attention dropout 0, so no mask.
@@ -191,7 +226,11 @@ def _hf_attention(model: ModelSpec, layout: Layout, training: TrainingSpec, core
     if training.attention is Attention.EAGER:
         kv_saved = q if model.num_kv_heads < a else kv
         sharded += d * t * (q + 2 * kv_saved)
-        if core and model.family in MODEL_DTYPE_SOFTMAX_FAMILIES:
+        if core and model.attention_sinks:
+            # GPT-OSS: the softmax, in the model dtype, over the scores and the sink column, and the
+            # int64 argmax of the max subtracted before it (measured)
+            sharded += (d * (training.seq_len + 1) + INDEX_BYTES) * a * t
+        elif core and model.family in MODEL_DTYPE_SOFTMAX_FAMILIES:
             sharded += d * a * t * training.seq_len
         elif core:
             sharded += (FP32_BYTES + (d if d < FP32_BYTES else 0)) * a * t * training.seq_len
@@ -200,7 +239,8 @@ def _hf_attention(model: ModelSpec, layout: Layout, training: TrainingSpec, core
     elif model.mla is not None:
         sharded += _hf_mla(model, training, t) + (FP32_BYTES * a * t if core else 0.0)
     else:
-        sharded += _hf_sdpa(model, training, t) + (FP32_BYTES * a * t if core else 0.0)
+        masked = _sdpa_window_mask(model, training, attention)
+        sharded += _hf_sdpa(model, training, t, masked) + (FP32_BYTES * a * t if core else 0.0)
     # the residual dropout after o_proj keeps its mask
     replicated = d * t * h + _hf_mla_latents(model, training, t) + _hidden_mask(model) * t * h
     return Split(replicated, sharded + _hf_qk_norm(model, training, t))
@@ -208,13 +248,18 @@ def _hf_attention(model: ModelSpec, layout: Layout, training: TrainingSpec, core
 
 def _hf_qk_norm(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
     # RMSNorm on q and k (Qwen3, Gemma 3 per head; OLMo 2 over all heads), measured: the fp32 upcast
-    # 4(q + kv), one fp32 rsqrt per row, the normalised 16-bit output 2(q + kv) (the weight's grad
-    # reads it); the projections' own outputs are then not kept.
+    # 4(q + kv), one fp32 rsqrt per row, the normalised output 2(q + kv) (the weight's grad reads it;
+    # fp32 4(q + kv) for the FP32_NORM_FAMILIES, and Gemma's fp32 (1 + weight) once per norm); the
+    # projections' own outputs are then not kept.
     if model.qk_norm not in (QKNorm.PER_HEAD, QKNorm.FULL_WIDTH):
         return 0.0
     d, width = element_bytes(training.precision), model.q_size + model.kv_size
-    rows = model.num_attention_heads + model.num_kv_heads if model.qk_norm is QKNorm.PER_HEAD else 2
-    return tokens * ((FP32_BYTES + d) * width + FP32_BYTES * rows)
+    per_head = model.qk_norm is QKNorm.PER_HEAD
+    rows = model.num_attention_heads + model.num_kv_heads if per_head else 2
+    normed = FP32_BYTES if model.family in FP32_NORM_FAMILIES else d
+    weights = 2 * model.head_dim if per_head else width
+    one_plus_weight = FP32_BYTES * weights if model.family in ONE_PLUS_WEIGHT_NORM_FAMILIES else 0
+    return tokens * ((FP32_BYTES + normed) * width + FP32_BYTES * rows) + one_plus_weight
 
 
 def _hf_mla(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
@@ -244,8 +289,34 @@ def _hf_mlp(model: ModelSpec, layout: Layout, training: TrainingSpec, ffn: int, 
     # Native GELU: fc1 output and GELU output: 2 x f; python tanh-GELU: 5 x f.
     d, h = element_bytes(training.precision), model.hidden_size
     width = 4 if model.mlp.gated else 5 if model.family in PYTHON_GELU_FAMILIES else 2
+    if model.family in CLAMPED_GLU_FAMILIES:
+        width = 7  # the fused gate_up output (2f) and the clamped GLU's five f-wide tensors
     # the residual dropout after the down projection keeps its mask
     return Split(d * tokens * h + _hidden_mask(model) * tokens * h, d * tokens * width * ffn)
+
+
+def _hf_moe_router(model: ModelSpec, training: TrainingSpec, tokens: float) -> Split:
+    # What transformers' MoE blocks keep beyond ``_moe_mlp`` (measured, grouped_mm experts): each
+    # routed row's routing weight (model dtype; fp32 from an fp32 router) and the int32 expert
+    # offsets (4 per expert); with expert biases the sorted expert ids (int64 per row) that gather
+    # them. GPT-OSS softmaxes only the top-k logits, in the model dtype (no fp32 T x E
+    # probabilities). An fp32 router (DeepSeek) keeps an fp32 copy of its input (4h); DeepSeek-V3's
+    # group-limited sigmoid router also its expert mask (1 byte per expert) and the normalised top-k
+    # weights with their sum, fp32 (4k + 4); its group top-k indices (16 x n_group + 8 x topk_group
+    # per token) are not modelled (the spec has no n_group).
+    assert model.moe is not None
+    moe, d, h = model.moe, element_bytes(training.precision), model.hidden_size
+    k, experts = moe.top_k, moe.num_experts
+    fp32_router = model.family in FP32_ROUTER_FAMILIES
+    per_row = (FP32_BYTES if fp32_router else d) + (INDEX_BYTES if moe.expert_bias else 0)
+    per_token = k * per_row
+    if model.family == "gpt_oss":
+        per_token += d * k - FP32_BYTES * experts
+    if fp32_router:
+        per_token += FP32_BYTES * h
+    if model.family == "deepseek_v3":
+        per_token += experts + FP32_BYTES * (k + 1)
+    return Split(per_token * tokens + 4 * experts, 0.0)
 
 
 def _lora_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
@@ -258,14 +329,19 @@ def _lora_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> flo
 
 
 def hf_layer_bytes(
-    model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool, core: bool = True
+    model: ModelSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    moe_layer: bool,
+    core: bool = True,
+    attention: AttentionKind = AttentionKind.FULL,
 ) -> float:
     """One decoder layer of an HF model, one micro-batch, as autograd saves it (``core`` False:
-    attention's core is recomputed)."""
+    attention's core is recomputed); ``attention`` is the layer's kind."""
     t = local_tokens(layout, training)
     norms = Split(model.norms_per_layer * _hf_norm(model, training, t), 0.0)
     mlp = (
-        _moe_mlp(model, layout, training, _hf_mlp, t)
+        _moe_mlp(model, layout, training, _hf_mlp, t) + _hf_moe_router(model, training, t)
         if moe_layer
         else _hf_mlp(model, layout, training, model.ffn_hidden_size, t)
     )
@@ -276,7 +352,7 @@ def hf_layer_bytes(
         norms = Split(norms.replicated - element_bytes(training.precision) * t * model.hidden_size, 0.0)
     split = (
         norms
-        + _hf_attention(model, layout, training, core)
+        + _hf_attention(model, layout, training, core, attention)
         + mlp
         + Split(0.0, _lora_bytes(model, layout, training))
     )
@@ -329,7 +405,7 @@ def layer_bytes(
     core = recompute is Recompute.NONE
     if layout.framework is Framework.MEGATRON:
         return megatron_layer_bytes(model, layout, training, moe_layer, core)
-    return hf_layer_bytes(model, layout, training, moe_layer, core)
+    return hf_layer_bytes(model, layout, training, moe_layer, core, kind.attention)
 
 
 LAYER_FIELDS = ("framework", "tp", "sequence_parallel", "cp", "micro_batch_size")

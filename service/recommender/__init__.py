@@ -43,12 +43,14 @@ from service.launchers import runnable_targets
 from service.recommender import rank
 from service.recommender.space import (
     FRAMEWORK_FLAGS,
+    OffloadDevices,
     RejectionLog,
     Sharding,
     Structure,
     gpu_counts,
     make_layout,
     micro_batch_sizes,
+    offload_devices,
     recompute_order,
     shardings,
     structures,
@@ -131,12 +133,13 @@ class SearchResult:
 
 @dataclass(frozen=True, slots=True)
 class _Search:
-    """What one search is asked: the job's inputs and the constraints."""
+    """What one search is asked: the job's inputs, the constraints and where it may offload."""
 
     model: ModelSpec
     training: TrainingSpec
     constraints: Constraints
     tuning: Tuning
+    offload: OffloadDevices
 
 
 def _limit_bytes(capacity: int, constraints: Constraints) -> int:
@@ -328,7 +331,7 @@ def _structure_ceilings(
     sizes_of: Sizes = {}
     ceilings: Ceilings = {}
     for framework in search.constraints.frameworks:
-        options, _ = shardings(framework, s, search.constraints.allow_offload)
+        options, _ = shardings(framework, s, search.offload)
         if not options:
             continue
         for virtual in virtual_stages(search.model, framework, s.pp):
@@ -347,7 +350,7 @@ def _search_structure(
     sizes_of, ceilings = known
     budget = search.constraints.max_evaluations
     for framework in search.constraints.frameworks:
-        options, unsupported = shardings(framework, s, search.constraints.allow_offload)
+        options, unsupported = shardings(framework, s, search.offload)
         for reason in unsupported:
             if reason in result.log.groups:
                 result.log.groups[reason].count += 1  # the example is kept from the first
@@ -476,7 +479,7 @@ def _states_fit(job: Job, layout: Layout, limit: int) -> bool:
 def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: SearchResult) -> bool:
     """False when the model states alone, fully sharded over every GPU, exceed the limit (no offload)."""
     constraints = search.constraints
-    if constraints.allow_offload or search.training.method is not Method.FULL:
+    if search.offload.cpu or search.offload.nvme or search.training.method is not Method.FULL:
         return True
     need = min(min_state_bytes_per_gpu(job, framework, gpus) for framework in constraints.frameworks)
     if need <= limit:
@@ -497,7 +500,9 @@ def search(
     stop_at_first_fit: bool = False,
 ) -> SearchResult:
     """Search over the given GPU counts (in order), within ``constraints.max_evaluations``."""
-    request = _Search(model, training, constraints, tuning)
+    request = _Search(
+        model, training, constraints, tuning, offload_devices(constraints.allow_offload, cluster)
+    )
     result = SearchResult()
     for gpus in counts:
         job = make_job(model, sub_cluster(cluster, gpus), training, tuning)

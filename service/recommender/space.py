@@ -231,7 +231,32 @@ _OFFLOADS = (
 )
 
 
-def shardings(framework: Framework, structure: Structure, offload: bool) -> tuple[list[Sharding], list[str]]:
+@dataclass(frozen=True, slots=True)
+class OffloadDevices:
+    """Where the search may offload to: host RAM and NVMe, each only where the cluster states it."""
+
+    cpu: bool
+    nvme: bool
+
+    def allows(self, optimizer: Offload, params: Offload) -> bool:
+        return all(
+            device is Offload.NONE or (self.cpu if device is Offload.CPU else self.nvme)
+            for device in (optimizer, params)
+        )
+
+
+def offload_devices(allow_offload: bool, cluster: ClusterSpec) -> OffloadDevices:
+    """Offload only to memory the cluster says it has: a plan that needs host RAM or NVMe nobody
+    stated cannot be run as written (suggest.py says what it would need instead)."""
+    return OffloadDevices(
+        cpu=allow_offload and cluster.cpu_memory_bytes_per_node > 0,
+        nvme=allow_offload and cluster.nvme_bytes_per_node > 0,
+    )
+
+
+def shardings(
+    framework: Framework, structure: Structure, offload: OffloadDevices
+) -> tuple[list[Sharding], list[str]]:
     """What ``framework`` supports for this structure (the validator's sharding rules), and why it
     does not support the stages it does not (for the rejection log)."""
     ok, unsupported = _shardings(framework, structure.pp > 1, structure.dp * structure.cp > 1, offload)
@@ -240,14 +265,16 @@ def shardings(framework: Framework, structure: Structure, offload: bool) -> tupl
 
 @functools.cache
 def _shardings(
-    framework: Framework, pipelined: bool, data_parallel: bool, offload: bool
+    framework: Framework, pipelined: bool, data_parallel: bool, offload: OffloadDevices
 ) -> tuple[tuple[Sharding, ...], tuple[str, ...]]:
     # the sharding rules read the framework, the stage, the offload devices and whether pp > 1
     caps = FRAMEWORK_CAPABILITIES[framework]
     ok: list[Sharding] = []
     unsupported: list[str] = []
     for stage in (0, 1, 2, 3):
-        for optimizer_device, params_device in _OFFLOADS if offload else _OFFLOADS[:1]:
+        for optimizer_device, params_device in _OFFLOADS:
+            if not offload.allows(optimizer_device, params_device):
+                continue
             sharding = Sharding(framework, stage, optimizer_device, params_device)
             layout = Layout(
                 framework=framework,
@@ -260,8 +287,10 @@ def _shardings(
             if violation is not None and not sharding.offloads:
                 unsupported.append(_unsupported_reason(framework, stage, violation))
                 break  # the stage itself is unsupported: its offload variants go unsaid
-            if violation is None and (stage == 0 or data_parallel):
-                ok.append(sharding)  # stage > 0 on one data-parallel rank would shard over nothing
+            if violation is None and (stage == 0 or data_parallel or sharding.offloads):
+                # stage > 0 on one data-parallel rank shards over nothing, but is how DeepSpeed and
+                # FSDP offload a single GPU's optimizer (ZeRO-Offload) and parameters (ZeRO-Infinity)
+                ok.append(sharding)
     return tuple(ok), tuple(unsupported)
 
 

@@ -135,6 +135,9 @@ def _catalog(catalog: Iterable[GPUSpec]) -> list[GPUSpec]:
     return list(gpus().values())
 
 
+UNLIMITED = 2**62  # bytes of host RAM and NVMe "as much as needed", to ask what offload would need
+
+
 def _offload(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -144,10 +147,10 @@ def _offload(
 ) -> list[Suggestion]:
     from service.recommender import recommend
 
-    if constraints.allow_offload and cluster.cpu_memory_bytes_per_node == 0:
-        return []
     # host RAM as needed: what would offload take, and does the node have it?
-    unlimited = dataclasses.replace(cluster, cpu_memory_bytes_per_node=0, nvme_bytes_per_node=0)
+    unlimited = dataclasses.replace(
+        cluster, cpu_memory_bytes_per_node=UNLIMITED, nvme_bytes_per_node=UNLIMITED
+    )
     allowed = dataclasses.replace(
         constraints, allow_offload=True, top_k=1, max_evaluations=SUGGESTION_EVALUATIONS
     )

@@ -330,3 +330,32 @@ def test_todays_moe_models_get_a_runnable_plan(
     own = {"deepspeed": {"deepspeed", "hf_trainer", "accelerate"}, "megatron": {"megatron", "accelerate"},
            "fsdp": {"torchtitan", "accelerate", "hf_trainer"}}[framework]  # fmt: skip
     assert {a["target"] for a in plan["artifacts"]} & own
+
+
+def test_one_gpu_offloads_only_to_host_ram_the_cluster_states(client: TestClient) -> None:
+    # full fine-tuning of 8B on one H100: infeasible on the card alone, feasible with ZeRO-Offload
+    # once the node states its host RAM (512 GiB)
+    body = plan_body(
+        model={"preset": "llama-3.1-8b"},
+        training={"seq_len": 2048, "global_batch_size": 8},
+        constraints={"top_k": 2},
+        launchers=ALL_RUNNERS,
+    )
+    unstated = create(
+        client, body | {"cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1}}
+    )
+    assert unstated["status"] == "infeasible"
+    # what offload would need is a suggestion, not a plan
+    assert any(s["kind"] == "offload" for s in unstated["suggestions"])
+    stated = {
+        "gpu": "h100-sxm-80gb",
+        "num_nodes": 1,
+        "gpus_per_node": 1,
+        "cpu_memory_bytes_per_node": 512 * 2**30,
+    }
+    plan = create(client, body | {"cluster": stated})
+    assert plan["status"] == "feasible"
+    layout = plan["recommended"]["layout"]
+    assert layout["dp"] == 1 and layout["offload_optimizer"] == "cpu"
+    assert plan["recommended"]["estimate"]["memory"]["cpu_per_node_bytes"] <= 512 * 2**30
+    assert plan["artifacts"]

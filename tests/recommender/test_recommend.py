@@ -164,9 +164,9 @@ def test_the_search_budget_counts_evaluations_so_the_answer_depends_on_the_reque
 
 
 def test_megatron_recomputes_only_the_layers_it_must(tuning: Tuning) -> None:
-    # 70B at 16K on 16 A100: some layouts fit only with recompute; Megatron's block method recomputes
+    # 70B at 16K on 32 A100: some layouts fit only with recompute; Megatron's block method recomputes
     # the fewest layers of each stage that fit (one fewer does not), and is faster than all of them
-    c = cluster("a100-sxm-80gb", nodes=2)
+    c = cluster("a100-sxm-80gb", nodes=4)
     training = TrainingSpec(seq_len=16384, global_batch_size=64)
     spec = model("llama-3.1-70b").spec
     found = recommend(spec, c, training, Constraints(frameworks=(Framework.MEGATRON,)), tuning)

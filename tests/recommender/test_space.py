@@ -15,16 +15,19 @@ from service.estimator.types import (
     ClusterSpec,
     Framework,
     Method,
+    Offload,
     Recompute,
     TrainingSpec,
 )
 from service.estimator.validate import divisors, validate_layout
 from service.recommender.space import (
+    OffloadDevices,
     RejectionLog,
     Structure,
     gpu_counts,
     make_layout,
     micro_batch_sizes,
+    offload_devices,
     shardings,
     structures,
     virtual_stages,
@@ -72,15 +75,35 @@ def test_structures_respect_the_rules() -> None:
     assert max(s.pp for s in small) == 32  # 62 units do not cover 64 stages (pp > layers: not logged)
 
 
+NO_OFFLOAD, ANY_OFFLOAD = OffloadDevices(cpu=False, nvme=False), OffloadDevices(cpu=True, nvme=True)
+
+
+def test_offload_only_to_memory_the_cluster_states() -> None:
+    stated = dataclasses.replace(cluster(), cpu_memory_bytes_per_node=2**40)
+    assert offload_devices(True, cluster()) == NO_OFFLOAD  # host RAM and NVMe unstated
+    assert offload_devices(True, stated) == OffloadDevices(cpu=True, nvme=False)
+    assert offload_devices(False, stated) == NO_OFFLOAD
+    one_gpu = Structure(gpus=1, dp=1, tp=1, pp=1, cp=1, ep=1)
+    # one GPU: ZeRO shards over nothing, but ZeRO-Offload / FSDP CPU offload still move the optimizer
+    deepspeed, _ = shardings(Framework.DEEPSPEED, one_gpu, OffloadDevices(cpu=True, nvme=False))
+    assert {(sh.zero_stage, sh.offload_optimizer) for sh in deepspeed if sh.zero_stage} == {
+        (1, Offload.CPU),
+        (2, Offload.CPU),
+        (3, Offload.CPU),
+    }
+    assert all(sh.offload_optimizer is not Offload.NVME for sh in deepspeed)
+    assert {sh.zero_stage for sh in shardings(Framework.DEEPSPEED, one_gpu, NO_OFFLOAD)[0]} == {0}
+
+
 def test_shardings_follow_the_capability_table() -> None:
     s = Structure(gpus=16, dp=2, tp=4, pp=2, cp=1, ep=1)
-    megatron, missing = shardings(Framework.MEGATRON, s, offload=False)
+    megatron, missing = shardings(Framework.MEGATRON, s, NO_OFFLOAD)
     assert {sh.zero_stage for sh in megatron} == {0, 1}
     assert "megatron does not support zero_stage 3" in missing
-    deepspeed, missing = shardings(Framework.DEEPSPEED, s, offload=False)
+    deepspeed, missing = shardings(Framework.DEEPSPEED, s, NO_OFFLOAD)
     assert {sh.zero_stage for sh in deepspeed} == {0, 1}  # ZeRO-2/3 are incompatible with PP
     assert "deepspeed does not support zero_stage 2 with pp > 1" in missing
-    fsdp, _ = shardings(Framework.FSDP, Structure(gpus=8, dp=8, tp=1, pp=1, cp=1, ep=1), offload=True)
+    fsdp, _ = shardings(Framework.FSDP, Structure(gpus=8, dp=8, tp=1, pp=1, cp=1, ep=1), ANY_OFFLOAD)
     # FSDP offloads parameters and optimizer together, FULL_SHARD only
     assert all(sh.offload_params is sh.offload_optimizer for sh in fsdp)
     assert {sh.zero_stage for sh in fsdp if sh.offloads} == {3}
@@ -114,7 +137,7 @@ def test_the_sharding_does_not_change_a_familys_validity(
     spec, c = model(name).spec, cluster(nodes=nodes)
     for s in structures(spec, c, training, c.world_size, RejectionLog()):
         for framework in Framework:
-            options, _ = shardings(framework, s, offload=True)
+            options, _ = shardings(framework, s, ANY_OFFLOAD)
             for virtual in virtual_stages(spec, framework, s.pp):
                 sizes = micro_batch_sizes(training, s, virtual, s.tp > 1)
                 if not sizes:
