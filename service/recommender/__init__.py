@@ -93,6 +93,8 @@ class SearchResult:
     time_evaluations: int = 0
     truncated: bool = False
     valid_structures: int = 0
+    # why the GPU counts above the one searched last gave no layout (the throughput objective's fallback)
+    idle_reason: str | None = None
 
     _threshold: tuple[float, ...] | None = None  # the k-th best key's objective part, until best changes
 
@@ -569,12 +571,28 @@ def _run_search(
         return found
     if first_fit:
         return search(model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True)
-    # throughput / time to train: all the GPUs allowed; fewer only if no split of them is valid
+    # throughput / time to train: all the GPUs allowed; fewer only if no layout of them fits and runs
+    skipped: list[str] = []
+    searched = 0  # counts with valid splits that were searched in full (invalid ones cost little)
     for gpus in counts:
         result = search(model, cluster, training, constraints, tuning, (gpus,))
-        if result.valid_structures:
+        if result.best or result.truncated:
+            if skipped:  # the largest count's reason, and how many more counts failed
+                more = f"; nor {len(skipped) - 1} smaller counts" if len(skipped) > 1 else ""
+                result.idle_reason = skipped[0] + more
             return result
+        common = max(result.log.groups.items(), key=lambda kv: kv[1].count, default=None)
+        why = f"{common[0]}: {common[1].detail}" if common else "no structure"
+        what = "valid split" if not result.valid_structures else "layout that fits and runs"
+        skipped.append(f"no {what} of {gpus} GPUs ({why})")
+        searched += 1 if result.valid_structures else 0
+        if searched >= MAX_FALLBACK_COUNTS:
+            break
     return result
+
+
+# GPU counts with valid splits searched below the cluster's before a throughput search gives up
+MAX_FALLBACK_COUNTS = 8
 
 
 def _full_estimate(job: Job, layout: Layout) -> Estimate:
@@ -604,7 +622,7 @@ def recommend(
     for scored in result.ranked()[: constraints.top_k]:
         job = result.jobs[scored.layout.world_size]
         chosen.append((scored.layout, job, _full_estimate(job, scored.layout)))
-    candidates = _candidates(chosen, constraints, training, result)
+    candidates = _candidates(chosen, constraints, training, result, cluster.world_size)
     rejected = tuple(
         Rejection(
             reason=reason,
@@ -642,23 +660,48 @@ def _tokens_per_s(est: Estimate) -> float:
     return est.time.tokens_per_s
 
 
+def gpu_use(layout: Layout, constraints: Constraints, result: SearchResult, total_gpus: int) -> str:
+    """How many of the cluster's GPUs the layout uses, and why not the others."""
+    used, limit = layout.world_size, constraints.max_gpus
+    if used == total_gpus:
+        return f"uses all {total_gpus} GPUs"
+    capped = limit is not None and limit < total_gpus
+    if capped and used == limit:
+        return f"uses {used} of {total_gpus} GPUs: max_gpus {limit}"
+    if constraints.objective in (Objective.FEWEST_GPUS, Objective.COST):
+        objective = constraints.objective.value
+        return f"uses {used} of {total_gpus} GPUs: the objective ({objective}) prefers fewer"
+    reason = result.idle_reason or "no larger count this cluster's node shape allows has a valid split"
+    cap = f" (max_gpus {limit})" if capped else ""
+    return f"uses {used} of {total_gpus} GPUs{cap}: {reason}"
+
+
 def _candidates(
     chosen: list[tuple[Layout, Job, Estimate]],
     constraints: Constraints,
     training: TrainingSpec,
     result: SearchResult,
+    total: int,
 ) -> tuple[Candidate, ...]:
     if not chosen:
         return ()
     best_layout, best_job, best = chosen[0]
     no_pp = any(s.layout.pp == 1 for s in result.best.values())
     runner_up = (chosen[1][0], chosen[1][2]) if len(chosen) > 1 else None
+    cluster = best_job.cluster
     out = [
         Candidate(
             layout=best_layout,
             estimate=best,
             score=rank.score(constraints, best_layout.world_size, _tokens_per_s(best), training.tokens),
-            rationale=rank.rationale(best_layout, best, best_job.cluster.gpus_per_node, runner_up, no_pp),
+            rationale=rank.rationale(
+                best_layout,
+                best,
+                cluster,
+                runner_up,
+                no_pp,
+                gpu_use(best_layout, constraints, result, total),
+            ),
         )
     ]
     for layout, _, est in chosen[1:]:

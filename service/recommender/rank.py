@@ -7,8 +7,10 @@ tokens / throughput), fewest GPUs by the count then tokens/s, cost by GPU-hours 
 
 from __future__ import annotations
 
+from service.estimator.comm import group_strides, link_for_group
+from service.estimator.model_states import shard_degrees
 from service.estimator.step_time import gpu_hours, time_to_train_s
-from service.estimator.types import Estimate, Framework, Layout, Offload, Recompute
+from service.estimator.types import ClusterSpec, Estimate, Framework, Layout, Offload, Recompute
 from service.recommender.space import RECOMPUTE_COST_ORDER
 from service.recommender.types import Constraints, Objective
 
@@ -89,16 +91,25 @@ def describe(layout: Layout) -> str:
     return " ".join(parts)
 
 
-def _sharding_words(layout: Layout) -> str:
+def _sharding_words(layout: Layout, cluster: ClusterSpec) -> str:
     shards = layout.dp * layout.cp
+    offload = [
+        f"{what} offloaded to {device.value}"
+        for what, device in (("optimizer", layout.offload_optimizer), ("parameters", layout.offload_params))
+        if device is not Offload.NONE
+    ]
+    tail = f"; {', '.join(offload)}" if offload else ""
     if layout.zero_stage == 0:
-        return "no ZeRO sharding (model states replicated)"
+        return "no ZeRO sharding (model states replicated)" + tail
     if layout.framework is Framework.MEGATRON:
-        return f"distributed optimizer shards optimizer states over dp x cp = {shards}"
+        return f"distributed optimizer shards optimizer states over dp x cp = {shards}" + tail
     if layout.framework is Framework.FSDP:
         mode = "FULL_SHARD" if layout.zero_stage == 3 else "SHARD_GRAD_OP"
-        return f"FSDP {mode} over {shards} ranks"
-    return f"ZeRO-{layout.zero_stage} over {shards} ranks"
+        if layout.fsdp_hybrid_shard:
+            inside = shard_degrees(layout, cluster)[0]
+            return f"FSDP {mode} (hybrid) over {inside} ranks inside a node, replicated across nodes" + tail
+        return f"FSDP {mode} over {shards} ranks" + tail
+    return f"ZeRO-{layout.zero_stage} over {shards} ranks" + tail
 
 
 def _biggest_overhead(estimate: Estimate) -> str:
@@ -124,17 +135,26 @@ def _biggest_overhead(estimate: Estimate) -> str:
     )
 
 
+def _spans_nodes(cluster: ClusterSpec, size: int, stride: int) -> bool:
+    return link_for_group(cluster, size, stride).spans_nodes
+
+
 def rationale(
     layout: Layout,
     estimate: Estimate,
-    gpus_per_node: int,
+    cluster: ClusterSpec,
     runner_up: tuple[Layout, Estimate] | None,
     fits_without_pp: bool,
+    gpu_use: str,
 ) -> tuple[str, ...]:
-    """Why this layout wins and what limits it, each line with its numbers."""
+    """Why this layout wins and what limits it, each line with its numbers; every claim about the
+    layout is read from its fields and the cluster (tests/recommender/test_rationale.py checks them)."""
     assert estimate.time is not None
     t = estimate.time
+    strides = group_strides(layout)
+    gpus_per_node = cluster.gpus_per_node
     lines = [f"{t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {t.mfu:.1%}"]
+    lines.append(gpu_use)
     if runner_up is not None and runner_up[1].time is not None:
         gain = t.tokens_per_s / runner_up[1].time.tokens_per_s - 1
         if gain < TIE_FRACTION:
@@ -145,20 +165,29 @@ def rationale(
         else:
             lines.append(f"tokens/s {gain:.1%} higher than the next ({describe(runner_up[0])})")
     if layout.tp > 1:
-        where = "inside the node" if layout.tp <= gpus_per_node else "ACROSS nodes"
-        lines.append(f"TP={layout.tp} {where} ({gpus_per_node} GPUs per node), sequence parallel on")
+        where = "ACROSS nodes" if _spans_nodes(cluster, layout.tp, strides.tp) else "inside the node"
+        sp = "on" if layout.sequence_parallel else "off"
+        lines.append(f"TP={layout.tp} {where} ({gpus_per_node} GPUs per node), sequence parallel {sp}")
     else:
         lines.append("TP=1: the model fits without tensor parallelism")
+    if layout.cp > 1:
+        where = "across nodes" if _spans_nodes(cluster, layout.cp, strides.cp) else "inside the node"
+        lines.append(
+            f"CP={layout.cp} {where}: each rank holds 1/{layout.cp} of the sequence (ring attention)"
+        )
+    if layout.ep > 1:
+        where = "across nodes" if _spans_nodes(cluster, layout.ep, strides.ep) else "inside the node"
+        lines.append(f"EP={layout.ep} {where}: each rank holds 1/{layout.ep} of the routed experts")
     if layout.pp > 1:
         bubble = t.breakdown.pp_bubble_s / t.step_s
         why = "" if not fits_without_pp else " (a layout without PP also fits, but is slower)"
+        where = "across nodes" if _spans_nodes(cluster, layout.pp, strides.pp) else "inside the node"
         lines.append(
-            f"PP={layout.pp} across nodes, v={layout.virtual_pipeline_stages}: "
-            f"bubble {bubble:.1%} of step{why}"
+            f"PP={layout.pp} {where}, v={layout.virtual_pipeline_stages}: bubble {bubble:.1%} of step{why}"
         )
     else:
         lines.append("PP=1: no pipeline bubble")
-    lines.append(_sharding_words(layout))
+    lines.append(_sharding_words(layout, cluster))
     lines.append(
         f"micro-batch {layout.micro_batch_size} (largest that fits: {estimate.max_micro_batch_size}), "
         f"recompute {recompute_words(layout)}"

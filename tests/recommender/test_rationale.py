@@ -1,0 +1,103 @@
+"""Every claim a recommendation's rationale makes about its layout matches the layout's fields: a
+property checked over plans of many shapes (one GPU to hundreds, dense and MoE, offload, idle GPUs)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from service.catalog.gpus import gpu
+from service.catalog.models import model
+from service.catalog.tuning import default_tuning
+from service.estimator.types import ClusterSpec, Layout, Method, Offload, TrainingSpec
+from service.recommender import Candidate, Constraints, Objective, recommend
+
+
+def cluster(name: str, nodes: int, per_node: int = 8, host_gib: int = 0) -> ClusterSpec:
+    g = gpu(name)
+    return ClusterSpec(
+        gpu=g,
+        num_nodes=nodes,
+        gpus_per_node=per_node,
+        intra_node_bandwidth_bytes_per_s=g.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=25e9,
+        cpu_memory_bytes_per_node=host_gib * 2**30,
+    )
+
+
+JOBS = [
+    ("gpt2", cluster("a100-sxm-80gb", 1, per_node=1), TrainingSpec(seq_len=1024, global_batch_size=16)),
+    ("llama-3.1-8b", cluster("h100-sxm-80gb", 1, per_node=1, host_gib=512), TrainingSpec(seq_len=2048, global_batch_size=8)),
+    ("llama-3.1-8b", cluster("h100-sxm-80gb", 1), TrainingSpec(seq_len=8192, global_batch_size=128)),
+    ("llama-3-8b", cluster("rtx-4090-24gb", 1, per_node=1), TrainingSpec(seq_len=2048, global_batch_size=16, method=Method.QLORA)),
+    ("qwen3-14b", cluster("h100-sxm-80gb", 2), TrainingSpec(seq_len=4096, global_batch_size=64)),
+    ("llama-3.1-70b", cluster("h100-sxm-80gb", 4), TrainingSpec(seq_len=8192, global_batch_size=256)),
+    ("mixtral-8x7b", cluster("h100-sxm-80gb", 4), TrainingSpec(seq_len=4096, global_batch_size=256)),
+    ("qwen3-30b-a3b", cluster("h100-sxm-80gb", 2), TrainingSpec(seq_len=4096, global_batch_size=128)),
+    ("llama-2-70b", cluster("a100-sxm-80gb", 16), TrainingSpec(seq_len=4096, global_batch_size=512)),
+    # GPT-2 on 384 GPUs with a prime global batch (dp 1) and an odd sequence (no CP): at most tp 4 x pp 12
+    # GPUs: fewer GPUs, and the rationale says why
+    ("gpt2", cluster("a100-sxm-80gb", 48), TrainingSpec(seq_len=1023, global_batch_size=997)),
+]  # fmt: skip
+
+
+def _spans(size: int, stride: int, per_node: int) -> bool:
+    # ranks fill nodes in order: the group's last member, (size - 1) x stride, is on another node
+    return size > 1 and (size - 1) * stride >= per_node
+
+
+def check_claims(candidate: Candidate, c: ClusterSpec) -> None:
+    lo: Layout = candidate.layout
+    lines = candidate.rationale
+    text = "\n".join(lines)
+    used = re.search(r"uses (all )?(\d+)( of (\d+))? GPUs", text)
+    assert used is not None, text
+    assert int(used.group(2)) == (c.world_size if used.group(1) else lo.world_size)
+    if used.group(1):
+        assert lo.world_size == c.world_size
+    else:
+        assert int(used.group(2)) == lo.world_size < c.world_size and int(used.group(4)) == c.world_size
+    tp_line = next(line for line in lines if line.startswith("TP="))
+    assert tp_line.startswith(f"TP={lo.tp}")
+    if lo.tp > 1:
+        assert ("ACROSS nodes" in tp_line) == _spans(lo.tp, 1, c.gpus_per_node)
+        assert tp_line.endswith("sequence parallel on" if lo.sequence_parallel else "sequence parallel off")
+    pp_line = next(line for line in lines if line.startswith("PP="))
+    assert pp_line.startswith(f"PP={lo.pp}")
+    if lo.pp > 1:
+        stride = lo.tp * lo.cp * lo.dp
+        assert ("across nodes" in pp_line) == _spans(lo.pp, stride, c.gpus_per_node)
+        assert f"v={lo.virtual_pipeline_stages}" in pp_line
+    assert any(line.startswith(f"CP={lo.cp} ") for line in lines) == (lo.cp > 1)
+    assert any(line.startswith(f"EP={lo.ep} ") for line in lines) == (lo.ep > 1)
+    for what, device in (("optimizer", lo.offload_optimizer), ("parameters", lo.offload_params)):
+        assert (f"{what} offloaded to" in text) == (device is not Offload.NONE)
+    if lo.zero_stage:
+        assert f"ZeRO-{lo.zero_stage}" in text or "FSDP" in text or "distributed optimizer" in text
+    else:
+        assert "no ZeRO sharding" in text
+    assert f"micro-batch {lo.micro_batch_size} " in text
+    assert f"recompute {lo.recompute.value}" in text
+
+
+@pytest.mark.parametrize(("name", "c", "training"), JOBS, ids=[f"{j[0]}-{j[1].world_size}" for j in JOBS])
+def test_every_rationale_claim_matches_the_layout(name: str, c: ClusterSpec, training: TrainingSpec) -> None:
+    found = recommend(model(name).spec, c, training, Constraints(top_k=3), default_tuning())
+    assert found.recommended is not None, [r.reason for r in found.rejected[:3]]
+    check_claims(found.recommended, c)
+
+
+def test_idle_gpus_are_explained() -> None:
+    name, c, training = JOBS[-1]
+    found = recommend(model(name).spec, c, training, Constraints(top_k=1), default_tuning())
+    assert found.recommended is not None
+    used = found.recommended.layout.world_size
+    assert used < c.world_size
+    line = next(line for line in found.recommended.rationale if line.startswith("uses "))
+    assert f"no valid split of {c.world_size} GPUs" in line or f"of {c.world_size} GPUs (" in line
+    fewest = recommend(
+        model(name).spec, c, training, Constraints(objective=Objective.FEWEST_GPUS), default_tuning()
+    )
+    assert fewest.recommended is not None
+    assert any("prefers fewer" in line for line in fewest.recommended.rationale)
