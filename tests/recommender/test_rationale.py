@@ -26,11 +26,13 @@ def cluster(name: str, nodes: int, per_node: int = 8, host_gib: int = 0) -> Clus
     )
 
 
+ONE_H100_WITH_HOST_RAM = cluster("h100-sxm-80gb", 1, per_node=1, host_gib=512)
+QLORA = TrainingSpec(seq_len=2048, global_batch_size=16, method=Method.QLORA)
 JOBS = [
     ("gpt2", cluster("a100-sxm-80gb", 1, per_node=1), TrainingSpec(seq_len=1024, global_batch_size=16)),
-    ("llama-3.1-8b", cluster("h100-sxm-80gb", 1, per_node=1, host_gib=512), TrainingSpec(seq_len=2048, global_batch_size=8)),
+    ("llama-3.1-8b", ONE_H100_WITH_HOST_RAM, TrainingSpec(seq_len=2048, global_batch_size=8)),
     ("llama-3.1-8b", cluster("h100-sxm-80gb", 1), TrainingSpec(seq_len=8192, global_batch_size=128)),
-    ("llama-3-8b", cluster("rtx-4090-24gb", 1, per_node=1), TrainingSpec(seq_len=2048, global_batch_size=16, method=Method.QLORA)),
+    ("llama-3-8b", cluster("rtx-4090-24gb", 1, per_node=1), QLORA),
     ("qwen3-14b", cluster("h100-sxm-80gb", 2), TrainingSpec(seq_len=4096, global_batch_size=64)),
     ("llama-3.1-70b", cluster("h100-sxm-80gb", 4), TrainingSpec(seq_len=8192, global_batch_size=256)),
     ("mixtral-8x7b", cluster("h100-sxm-80gb", 4), TrainingSpec(seq_len=4096, global_batch_size=256)),
