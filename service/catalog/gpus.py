@@ -44,7 +44,7 @@ _RATE_KEYS = (
 _REQUIRED_KEYS = frozenset(
     {"display_name", "chip", "vendor", "memory_bytes", "peak_fp32_flops_per_s", "source", *_RATE_KEYS}
 )
-_ALLOWED_KEYS = _REQUIRED_KEYS | frozenset(_PEAK_KEYS) | {"notes"}
+_ALLOWED_KEYS = _REQUIRED_KEYS | frozenset(_PEAK_KEYS) | {"notes", "flash_attention"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +122,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
             pcie_bandwidth_bytes_per_s=_number(name, table, "pcie_bandwidth_bytes_per_s"),
             vendor=vendor,
             chip=_slug(name, table, "chip"),
+            flash_attention=_flag(name, table, "flash_attention", True),
             source=source,
         )
     except EstimatorError as error:
@@ -165,6 +166,13 @@ def _check_keys(name: str, table: dict[str, object]) -> None:
             missing[0],
             f"missing required key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}",
         )
+
+
+def _flag(name: str, table: dict[str, object], key: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise _invalid(name, key, f"must be true or false, got {value!r}")
+    return value
 
 
 def _text(name: str, table: dict[str, object], key: str) -> str:

@@ -299,6 +299,8 @@ class GPUSpec:
     pcie_bandwidth_bytes_per_s: float  # host link, one direction
     vendor: str = "nvidia"
     chip: str = ""  # the die (gh100, ga100, ad102, ...): what the tuning's peak fractions are fitted per
+    # FlashAttention-2 kernels exist for it (NVIDIA Ampere sm_80 and newer, AMD CDNA 2/3 via ROCm)
+    flash_attention: bool = True
     source: str = ""
 
     def __post_init__(self) -> None:

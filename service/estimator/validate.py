@@ -370,9 +370,9 @@ def sharding_violation(layout: Layout, caps: Capabilities) -> Violation:
     return None
 
 
-def training_violation(
-    cluster: ClusterSpec, layout: Layout, training: TrainingSpec, caps: Capabilities
-) -> Violation:
+def hardware_violation(cluster: ClusterSpec, training: TrainingSpec) -> Violation:
+    """What the GPU cannot run, whatever the layout: a precision without matrix units for it (bf16
+    before Ampere, fp8 before Hopper / Ada) and FlashAttention where its kernels do not exist."""
     peaks = cluster.gpu.peak_flops_per_s
     needs = {
         Precision.FP8: peaks.fp8,
@@ -382,6 +382,22 @@ def training_violation(
     }
     if training.precision in needs and needs[training.precision] is None:
         return _bad(f"{cluster.gpu.name} has no {training.precision.value} support", "precision", "precision")
+    if training.attention is Attention.FLASH and not cluster.gpu.flash_attention:
+        return _bad(
+            f"{cluster.gpu.name} has no FlashAttention kernels (they need NVIDIA Ampere or newer, or AMD "
+            "CDNA 2/3): use attention sdpa or eager",
+            "flash_attention",
+            "attention",
+        )
+    return None
+
+
+def training_violation(
+    cluster: ClusterSpec, layout: Layout, training: TrainingSpec, caps: Capabilities
+) -> Violation:
+    hardware = hardware_violation(cluster, training)
+    if hardware is not None:
+        return hardware
     if training.method is not Method.FULL and not caps.peft:
         return _bad(
             f"{training.method.value} needs PEFT adapters, which {layout.framework.value} does not have",

@@ -18,12 +18,13 @@ from service.estimator.calibration import Calibration
 from service.estimator.estimate import estimate as estimate_layout
 from service.estimator.params import parameter_counts
 from service.estimator.types import ClusterSpec, ModelSpec, Plan, TrainingSpec
+from service.estimator.validate import hardware_violation
 from service.launchers import Target, render
 from service.persistence.models import PlanRecord
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, hardware_key, headroom_for
 from service.planning.clusters import resolve_cluster
-from service.planning.estimates import estimate_out
+from service.planning.estimates import estimate_out, located
 from service.planning.idempotency import Outcome, create_once, request_digest
 from service.recommender import recommend
 from service.recommender.space import sub_cluster
@@ -68,6 +69,9 @@ def plan_record(session: Session, request: PlanRequest) -> PlanRecord:
     model = request.model.to_domain()
     cluster = resolve_cluster(request.cluster, ClusterRepository(session))
     training = request.training.to_domain()
+    hardware = hardware_violation(cluster, training)  # no layout changes what the GPU can run
+    if hardware is not None:
+        raise located(hardware)
     constraints = request.constraints.to_domain()
     # the recommendation must run in one of the requested launchers (Slurm and Kubernetes wrap one)
     runners = tuple(t for t in request.launchers if t not in (Target.SLURM, Target.KUBERNETES))

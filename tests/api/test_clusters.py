@@ -62,6 +62,7 @@ def test_custom_gpu_round_trips(client: TestClient) -> None:
     created = create(client, name="lab", gpu=CUSTOM_GPU, num_nodes=1, inter_node_bandwidth_bytes_per_s=None)
     assert created["gpu"] == CUSTOM_GPU | {
         "chip": None,  # not stated: the default peak fraction
+        "flash_attention": True,  # not stated: assumed, as for the catalog's Ampere and newer
         "peak_flops_per_s": {"fp32": 40e12, "bf16": 180e12, "tf32": None, "fp16": None, "fp8": None},
     }
     assert created["gpu_memory_bytes"] == 48 * 1024**3

@@ -359,3 +359,21 @@ def test_one_gpu_offloads_only_to_host_ram_the_cluster_states(client: TestClient
     assert layout["dp"] == 1 and layout["offload_optimizer"] == "cpu"
     assert plan["recommended"]["estimate"]["memory"]["cpu_per_node_bytes"] <= 512 * 2**30
     assert plan["artifacts"]
+
+
+def test_what_the_gpu_cannot_run_is_a_422_naming_the_field(client: TestClient) -> None:
+    v100 = {"gpu": "v100-sxm2-32gb", "num_nodes": 1, "gpus_per_node": 8}
+    body = plan_body(cluster=v100, training={"seq_len": 1024, "global_batch_size": 64, "precision": "fp16"})
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)  # flash attention on Volta
+    assert (problem["errors"][0]["field"], problem["errors"][0]["rule"]) == (
+        "training.attention",
+        "flash_attention",
+    )
+    bf16 = body | {"training": {"seq_len": 1024, "global_batch_size": 64, "attention": "sdpa"}}
+    problem = assert_problem(client.post("/v1/plans", json=bf16), 422)  # bf16 before Ampere
+    assert problem["errors"][0]["field"] == "training.precision"
+    ok = body | {
+        "training": {"seq_len": 1024, "global_batch_size": 64, "precision": "fp16", "attention": "sdpa"}
+    }
+    assert create(client, ok)["status"] == "feasible"
+    assert client.get("/v1/gpus/v100-sxm2-32gb").json()["flash_attention"] is False

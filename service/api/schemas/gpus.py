@@ -35,6 +35,10 @@ class CustomGPU(Strict):
     hbm_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
     intra_node_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
     pcie_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+    flash_attention: bool = Field(
+        default=True,
+        description="FlashAttention-2 kernels exist for it (NVIDIA Ampere or newer, AMD CDNA 2/3)",
+    )
 
     @field_validator("chip")
     @classmethod
@@ -54,6 +58,7 @@ class CustomGPU(Strict):
             pcie_bandwidth_bytes_per_s=self.pcie_bandwidth_bytes_per_s,
             vendor="custom",
             chip=self.chip or "",
+            flash_attention=self.flash_attention,
             source="supplied by the client",
         )
 
@@ -84,6 +89,7 @@ class GPUOut(BaseModel):
     display_name: str
     vendor: str
     chip: str
+    flash_attention: bool
     memory_bytes: int
     peak_flops_per_s: PeakFlopsOut
     hbm_bandwidth_bytes_per_s: float
