@@ -35,6 +35,27 @@ from service.estimator.types import (
 
 _MISSING = object()
 
+# The largest sizes a config may state (the explicit-architecture form's limits): the per-layer work
+# of an estimate grows with the layer count, so an absurd one would pin a core.
+_DEFAULT_INT_LIMIT = 10_000_000
+_INT_LIMITS = {
+    "num_hidden_layers": 10_000,
+    "n_layer": 10_000,
+    "num_attention_heads": 10_000,
+    "n_head": 10_000,
+    "num_key_value_heads": 10_000,
+    "hidden_size": 1_000_000,
+    "n_embd": 1_000_000,
+    "n_embed": 1_000_000,
+    "head_dim": 100_000,
+    "num_experts": 4096,
+    "num_local_experts": 4096,
+    "n_routed_experts": 4096,
+    "num_experts_per_tok": 256,
+    "max_position_embeddings": 100_000_000,
+    "n_positions": 100_000_000,
+}
+
 FULL, SLIDING, CHUNKED = AttentionKind.FULL, AttentionKind.SLIDING, AttentionKind.CHUNKED
 # transformers' layer_types values
 _LAYER_TYPES = {
@@ -187,6 +208,9 @@ class _Fields:
     def _as_int(self, key: str, value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self._error(key, f"must be an integer, got {value!r}")
+        limit = _INT_LIMITS.get(key, _DEFAULT_INT_LIMIT)
+        if value > limit:
+            raise self._error(key, f"= {value} exceeds {limit:,} (the most this planner takes)")
         return value
 
 

@@ -334,3 +334,12 @@ def test_mixtral_sliding_window_when_given() -> None:
     config = {**LLAMA_LIKE, "model_type": "mixtral", "num_local_experts": 2, "num_experts_per_tok": 1}
     assert build(config).layer_types == ()
     assert build({**config, "sliding_window": 8}).layer_types == (SLIDING, SLIDING)
+
+
+def test_absurd_sizes_are_refused_before_any_work() -> None:
+    # a million layers would cost minutes per request: the limit is the explicit-architecture form's
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_hidden_layers": 1_000_000, "vocab_size": 100}  # fmt: skip
+    with pytest.raises(InvalidModel, match="num_hidden_layers.*exceeds 10,000") as err:
+        model_from_hf_config(config)
+    assert err.value.field == "hf_config.num_hidden_layers"
