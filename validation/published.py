@@ -29,6 +29,7 @@ Imports no torch; the output depends only on the file and the estimator.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -209,7 +210,16 @@ def build_cluster(row: Row, caveats: list[str]) -> ClusterSpec:
     variant = c.get("gpu_variant")
     if variant:
         described = variant.get("description", "") if isinstance(variant, Mapping) else str(variant)
-        caveats.append(f"GPU variant: {described.split(';')[0]}; catalog {gpu.name} used")
+        stated = variant.get("hbm_bandwidth_bytes_per_s") if isinstance(variant, Mapping) else None
+        if isinstance(stated, int | float):
+            # the variant's published HBM bandwidth, as a custom GPU of the same die would state it;
+            # its power limit (clocks) is not modelled
+            gpu = dataclasses.replace(gpu, hbm_bandwidth_bytes_per_s=float(stated))
+            caveats.append(
+                f"GPU variant: {described.split(';')[0]}; {gpu.name} with its {stated / 1e12:.2g} TB/s HBM"
+            )
+        else:
+            caveats.append(f"GPU variant: {described.split(';')[0]}; catalog {gpu.name} used")
     if c["num_nodes"] * c["gpus_per_node"] != c["total_gpus"]:
         raise Unexpressible(f"num_nodes x gpus_per_node != total_gpus ({c['total_gpus']})")
     return ClusterSpec(
