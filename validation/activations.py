@@ -20,7 +20,10 @@ its untyped storage:
 * deduplicated by the storage's ``data_ptr`` (views of one buffer count once);
 * counted as the storage's full ``nbytes``, not the viewed region: the whole buffer stays allocated
   as long as any saved view of it does, so this is the memory that backward actually holds;
-* storages of parameters are excluded, and so are 0-dim tensors (scalars such as scaling factors).
+* storages of parameters are excluded, and so are 0-dim tensors (scalars such as scaling factors);
+* only storages a graph node still holds when the forward returns: a node whose outputs were all
+  dropped in the forward (DeepSeek-V3's group-limited top-k, whose values are discarded) frees
+  what it saved, and a later saved tensor may reuse that address (it is then a new storage).
 
 Two depths with otherwise identical settings give the per-layer cost and the rest::
 
@@ -31,13 +34,21 @@ Two depths with otherwise identical settings give the per-layer cost and the res
 Tensors built once and shared by all layers (rotary cos/sin) are saved once and so
 land in ``outside_layers_bytes``; each layer's input, saved by the layer's first norm, is per layer.
 
+Models whose layers differ (sliding and full attention, dense and MoE MLPs) are also measured per
+layer kind. Each storage belongs to the layer whose forward saved it first (``layer_bytes``, the
+L2 run); ``layer_kinds`` names every layer ``attention/mlp`` (``sliding/dense``, ``full/moe``,
+see ``layer_kind``) and ``per_kind_bytes`` is the last layer of each kind (layer 0 also first saves
+the shared tensors, so every kind must occur after it). For such a model ``per_layer_bytes`` is
+the mean of the layers the deeper run adds, and ``outside_layers_bytes`` absorbs the difference
+between those and the shallow run's layers.
+
 ``saved_tensors_sample`` lists what the last layer of the L1 run saves (pack order, deduplicated),
 with the op that allocated each storage (found with a ``TorchDispatchMode``) and where it was
 allocated: ``layer`` (inside this layer), ``previous_layer`` (the layer input), ``outside``
 (before the layers: embeddings, rotary tables, masks) or ``unknown`` (made where the dispatch mode
 cannot see it, e.g. Falcon's 8-byte index tensors for ``qkv[..., [-2], :]``). All but the
-``outside`` entries add up to ``per_layer_bytes``; ``sample_per_layer_bytes`` records that sum as
-a self-check.
+``outside`` entries add up to ``per_layer_bytes`` (of that layer's kind where kinds differ);
+``sample_per_layer_bytes`` records that sum as a self-check.
 
 Only ``eager`` and ``sdpa`` attention are measured: ``flash_attention_2`` needs CUDA.
 """
@@ -313,10 +324,10 @@ def _family_cases(
 _NOTES = {
     "qwen3-moe": "layer 1 dense (mlp_only_layers), the others MoE; grouped_mm experts (the default)",
     "deepseek-v3": (
-        "MLA with qk head dim (32 + 16) == v_head_dim 48, so the CPU runs SDPA's flash kernel as CUDA "
-        "does (unequal dims send the CPU to the math kernel, which keeps s x s tensors); layers 0-1 "
-        "dense, 2-3 MoE with a shared expert; the router's group top-k indices "
-        "(16 x n_group + 8 x topk_group bytes per token) are not modelled"
+        "MLA with qk head dim 32 + 16 == v_head_dim 48, so the CPU takes SDPA's flash kernel (no s x s "
+        "tensors), as CUDA's flash/mem-efficient kernels do and as we model; with unequal dims (the "
+        "real 192 vs 128) the CPU falls back to the math kernel and keeps s x s tensors; layers 0-1 "
+        "dense, 2-3 MoE (4 routed experts in 2 groups, top-2, and a shared expert)"
     ),
     "gemma3": (
         "sliding (window 32) and full layers alternate; with s >= window SDPA gets a mask: k, v "
@@ -340,6 +351,8 @@ _CI_IDS = frozenset(
         "gpt2-float32-sdpa-b2-s64",
         "gpt2-bfloat16-eager-b2-s64",
         "mixtral-bfloat16-sdpa-b2-s64",
+        "deepseek-v3-bfloat16-sdpa-b2-s64",  # MLA, dense + MoE layers, nodes freed in the forward
+        "gemma3-bfloat16-sdpa-b2-s64",  # sliding + full layers, SDPA with a mask
     }
 )
 
@@ -366,7 +379,9 @@ def _all_cases() -> tuple[Case, ...]:
         *_family_cases("qwen3", "qwen3", QWEN3, _BF16_BOTH),
         *_family_cases("qwen3-moe", "qwen3_moe", QWEN3_MOE, _BF16_BOTH, _NOTES["qwen3-moe"]),
         *_family_cases("deepseek-v3", "deepseek_v3", DEEPSEEK_V3, _BF16_BOTH, _NOTES["deepseek-v3"]),
-        *_family_cases("gemma3", "gemma3_text", GEMMA3, [*_BF16_BOTH, ("bfloat16", "sdpa", 1, 128)], _NOTES["gemma3"]),
+        *_family_cases(
+            "gemma3", "gemma3_text", GEMMA3, [*_BF16_BOTH, ("bfloat16", "sdpa", 1, 128)], _NOTES["gemma3"]
+        ),
         *_family_cases("gpt-oss", "gpt_oss", GPT_OSS, [("bfloat16", "eager", 2, 64)], _NOTES["gpt-oss"]),
         *_family_cases("olmo2", "olmo2", OLMO2, _BF16_BOTH, _NOTES["olmo2"]),
     ]
@@ -449,13 +464,38 @@ class _AllocationTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return known.op, known.scope
 
 
+class _Packed:
+    """What the pack hook hands autograd instead of the tensor: it lives exactly as long as the
+    graph node that saved it, so a weak reference to it says whether backward still holds it."""
+
+    __slots__ = ("__weakref__", "tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+@dataclass(slots=True)
+class _Storage:
+    """One saved storage: its size, the layer that first saved it, and its saved references."""
+
+    nbytes: int
+    owner: int  # layer index, -1 outside the decoder layers
+    holders: list[weakref.ref[_Packed]] = field(default_factory=list)
+
+    def held(self) -> bool:
+        return any(holder() is not None for holder in self.holders)
+
+
 @dataclass
 class _Recorder:
-    """Pack hook state: saved storages by data_ptr, and the sample of one layer."""
+    """Pack hook state: saved storages by data_ptr, and the sample of one layer.
+
+    A storage counts when a graph node still holds it after the forward: a node whose outputs
+    are all dropped in the forward (e.g. a top-k whose values are discarded) frees what it saved,
+    and its address may then be reused by a later saved storage, which is a new one."""
 
     parameter_ptrs: frozenset[int]
-    storages: dict[int, int] = field(default_factory=dict)
-    owners: dict[int, int] = field(default_factory=dict)  # storage -> layer that first saved it (-1: none)
+    saved: dict[int, _Storage] = field(default_factory=dict)
     sample_layer: int | None = None
     current_layer: int = -1
     tracker: _AllocationTracker | None = None
@@ -464,19 +504,26 @@ class _Recorder:
     def scope(self) -> str:
         return "outside" if self.current_layer == -1 else f"layer{self.current_layer}"
 
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor | _Packed:
         if tensor is None or tensor.dim() == 0:
             return tensor
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
         if ptr in self.parameter_ptrs:
             return tensor
-        if ptr not in self.storages:
-            self.storages[ptr] = storage.nbytes()
-            self.owners[ptr] = self.current_layer
+        entry = self.saved.get(ptr)
+        if entry is None or not entry.held():  # new, or the address of a freed one reused
+            entry = self.saved[ptr] = _Storage(storage.nbytes(), self.current_layer)
+            self.sample.pop(ptr, None)
         if self.current_layer == self.sample_layer and ptr not in self.sample:
             self.sample[ptr] = self._describe(tensor, ptr, storage.nbytes())
-        return tensor
+        packed = _Packed(tensor)
+        entry.holders.append(weakref.ref(packed))
+        return packed
+
+    def held(self) -> dict[int, _Storage]:
+        """The saved storages the graph still holds (call while the forward's outputs live)."""
+        return {ptr: entry for ptr, entry in self.saved.items() if entry.held()}
 
     def _describe(self, tensor: torch.Tensor, ptr: int, nbytes: int) -> dict[str, Any]:
         op, scope = self.tracker.creator(ptr) if self.tracker is not None else ("?", "?")
@@ -521,8 +568,8 @@ def _layer_scopes(layers: torch.nn.ModuleList, recorder: _Recorder) -> Iterator[
             handle.remove()
 
 
-def _unpack(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
+def _unpack(packed: torch.Tensor | _Packed) -> torch.Tensor:
+    return packed.tensor if isinstance(packed, _Packed) else packed
 
 
 def _inputs(case: Case, vocab_size: int) -> torch.Tensor:
@@ -566,13 +613,14 @@ def saved_bytes(case: Case, num_layers: int, *, sample: bool = False) -> Saved:
         output = model(input_ids=input_ids, labels=input_ids)
     if not torch.isfinite(output.loss):
         raise RuntimeError(f"{case.id}: loss is {output.loss.item()}")
+    held = recorder.held()  # while output keeps the graph alive
     layer_bytes = [0] * num_layers
-    for ptr, owner in recorder.owners.items():
-        if owner >= 0:
-            layer_bytes[owner] += recorder.storages[ptr]
+    for entry in held.values():
+        if entry.owner >= 0:
+            layer_bytes[entry.owner] += entry.nbytes
     return Saved(
-        total=sum(recorder.storages.values()),
-        sample=list(recorder.sample.values()),
+        total=sum(entry.nbytes for entry in held.values()),
+        sample=[described for ptr, described in recorder.sample.items() if ptr in held],
         layer_bytes=layer_bytes,
         layer_kinds=[layer_kind(model.config, i, layer) for i, layer in enumerate(layers)],
     )

@@ -46,9 +46,10 @@ from service.estimator.model_states import (
     shard_degrees,
     state_bytes,
 )
-from service.estimator.params import LayerKind, layer_parameters, parameter_counts
+from service.estimator.params import LayerKind, layer_kind, layer_parameters, parameter_counts
 from service.estimator.types import (
     Attention,
+    AttentionKind,
     ClusterSpec,
     Framework,
     GPUSpec,
@@ -562,15 +563,37 @@ def _one_gpu_activation_bytes(model: ModelSpec, layout: Layout, training: Traini
     return activations.stage_activation_bytes(layout, layer, per_micro, 0, 1)
 
 
+def measured_layer_kind(label: str) -> LayerKind:
+    """The estimator's kind of a measured ``layer_kinds`` label (``attention/mlp``, e.g.
+    ``sliding/dense``)."""
+    attention, mlp = label.split("/")
+    return LayerKind(moe=mlp == "moe", attention=AttentionKind(attention))
+
+
+def activation_kind_estimates(case: dict[str, Any]) -> dict[str, float]:
+    """Our bytes for one layer of each kind the case measured (``per_kind_bytes``)."""
+    lay, training = measured_inputs(case)
+    model = hf_model(case, len(case["layer_kinds"]))
+    return {
+        label: activations.layer_bytes(model, lay, training, measured_layer_kind(label), Recompute.NONE)
+        for label in case["per_kind_bytes"]
+    }
+
+
 def activation_estimates(case: dict[str, Any]) -> tuple[dict[str, int], float]:
-    """Our saved bytes for each measured depth (keyed as ``total_bytes``) and per layer."""
+    """Our saved bytes for each measured depth (keyed as ``total_bytes``) and per layer: the mean
+    of the layers the deeper model adds (``per_layer_bytes`` is their two-depth difference)."""
     lay, training = measured_inputs(case)
     totals = {
         layers: _one_gpu_activation_bytes(hf_model(case, int(layers)), lay, training)
         for layers in case["total_bytes"]
     }
-    model = hf_model(case, 2)
-    per_layer = activations.hf_layer_bytes(model, lay, training, model.moe is not None)
+    shallow, deep = sorted(int(layers) for layers in case["total_bytes"])
+    model = hf_model(case, deep)
+    added = [layer_kind(model, index) for index in range(shallow, deep)]
+    per_layer = sum(
+        activations.layer_bytes(model, lay, training, kind, Recompute.NONE) for kind in added
+    ) / len(added)
     return totals, per_layer
 
 
@@ -853,11 +876,14 @@ def parameter_count_rows() -> Iterator[Row]:
 
 def _activation_case_note(case: dict[str, Any]) -> str:
     shape = f"b {case['batch']}, s {case['seq_len']}"
-    return f"{case['model_type']}, {case['dtype']}, {case['attn_implementation']}, {shape}"
+    notes = [f"{case['model_type']}, {case['dtype']}, {case['attn_implementation']}, {shape}"]
+    notes += [case["note"]] if case.get("note") else []
+    return "; ".join(notes)
 
 
 def activation_rows() -> Iterator[Row]:
-    """Every case of activations.json: totals at both depths and per layer, within 10%."""
+    """Every case of activations.json: totals at both depths and per layer, within 10%; a case
+    with layers of several kinds also one layer of each kind."""
     for case in activation_document()["cases"]:
         excluded = case["id"] in CPU_ONLY_PATHS
         note = CPU_ONLY_REASON if excluded else _activation_case_note(case)
@@ -867,6 +893,12 @@ def activation_rows() -> Iterator[Row]:
             for layers, measured in case["total_bytes"].items()
         ]
         pairs.append(("bytes per layer", case["per_layer_bytes"], per_layer))
+        if len(case["per_kind_bytes"]) > 1:
+            kinds = activation_kind_estimates(case)
+            pairs += [
+                (f"bytes per {label} layer", measured, kinds[label])
+                for label, measured in case["per_kind_bytes"].items()
+            ]
         for quantity, measured, ours in pairs:
             yield compare(
                 ACTIVATIONS, case["id"], quantity, measured, ours, "bytes", tolerance=ACTIVATION_TOLERANCE,

@@ -50,9 +50,14 @@ SDPA_EXPANDS_KV_FAMILIES = frozenset({"falcon"})
 FP32_NORM_FAMILIES = frozenset({"gemma", "gemma2", "gemma3", "olmo2", "gpt_oss"})
 # Gemma's RMSNorm also saves the fp32 (1 + weight) it multiplies by: 4 bytes per weight, per norm.
 ONE_PLUS_WEIGHT_NORM_FAMILIES = frozenset({"gemma", "gemma2", "gemma3"})
-# MoE routers that run in fp32 on an fp32 copy of their input (DeepSeek-V2/V3), so the routing
-# weights each routed row is scaled by are fp32 too.
+# MoE routers that run in fp32 on an fp32 copy of their input (DeepSeek-V2/V3).
 FP32_ROUTER_FAMILIES = frozenset({"deepseek_v2", "deepseek_v3"})
+# MoE blocks whose top-k routing weights stay fp32 (not cast to the model dtype) when each routed
+# row is scaled by its weight.
+FP32_ROUTING_WEIGHT_FAMILIES = frozenset({"mixtral", "deepseek_v2", "deepseek_v3"})
+# Routers that renormalise the top-k weights in place (w /= w.sum()): autograd keeps a copy of the
+# fp32 weights and their sum. (Qwen2/3-MoE do so only with norm_topk_prob, which the spec lacks.)
+NORMALISED_TOPK_FAMILIES = frozenset({"mixtral", "deepseek_v3"})
 # GPT-OSS experts' clamped GLU, (clamp(up) + 1) * g * sigmoid(alpha * g) with g = clamp(gate), keeps
 # five f-wide tensors (sigmoid, clamped gate, the gate product, up + 1, the output) instead of two.
 CLAMPED_GLU_FAMILIES = frozenset({"gpt_oss"})
@@ -196,7 +201,8 @@ def _hf_sdpa(model: ModelSpec, training: TrainingSpec, tokens: float, masked: bo
     # call given a mask (``masked``, Gemma 3's sliding layers): with a mask transformers does not
     # use SDPA's GQA, so k and v are repeated to every head, and SDPA turns the boolean b x 1 x s x s
     # mask into a new additive one in the model dtype, which the kernel keeps (measured; CUDA's
-    # mem-efficient kernel keeps it the same way).
+    # mem-efficient kernel keeps it the same way). Not measured, so counted as unmasked: a fused-qkv
+    # family with a window (Phi-3), Llama 4's chunked layers.
     d, q, kv = element_bytes(training.precision), model.q_size, model.kv_size
     rotary = model.position_embedding is PositionEmbedding.ROPE
     if model.family in SDPA_EXPANDS_KV_FAMILIES:
@@ -297,25 +303,23 @@ def _hf_mlp(model: ModelSpec, layout: Layout, training: TrainingSpec, ffn: int, 
 
 def _hf_moe_router(model: ModelSpec, training: TrainingSpec, tokens: float) -> Split:
     # What transformers' MoE blocks keep beyond ``_moe_mlp`` (measured, grouped_mm experts): each
-    # routed row's routing weight (model dtype; fp32 from an fp32 router) and the int32 expert
-    # offsets (4 per expert); with expert biases the sorted expert ids (int64 per row) that gather
-    # them. GPT-OSS softmaxes only the top-k logits, in the model dtype (no fp32 T x E
-    # probabilities). An fp32 router (DeepSeek) keeps an fp32 copy of its input (4h); DeepSeek-V3's
-    # group-limited sigmoid router also its expert mask (1 byte per expert) and the normalised top-k
-    # weights with their sum, fp32 (4k + 4); its group top-k indices (16 x n_group + 8 x topk_group
-    # per token) are not modelled (the spec has no n_group).
+    # routed row's routing weight (model dtype, or fp32) and the int32 expert offsets (4 per
+    # expert); with expert biases the sorted expert ids (int64 per row) that gather them; the fp32
+    # copy and sum of renormalised top-k weights (4k + 4). GPT-OSS softmaxes only the top-k logits,
+    # in the model dtype (2k, no fp32 T x E probabilities). An fp32 router (DeepSeek) keeps an fp32
+    # copy of its input (4h). DeepSeek-V3's group-limited selection keeps nothing: its top-k
+    # values are dropped, so the nodes (and the group indices and mask they saved) die in forward.
     assert model.moe is not None
-    moe, d, h = model.moe, element_bytes(training.precision), model.hidden_size
+    moe, d, h, family = model.moe, element_bytes(training.precision), model.hidden_size, model.family
     k, experts = moe.top_k, moe.num_experts
-    fp32_router = model.family in FP32_ROUTER_FAMILIES
-    per_row = (FP32_BYTES if fp32_router else d) + (INDEX_BYTES if moe.expert_bias else 0)
-    per_token = k * per_row
-    if model.family == "gpt_oss":
+    weight = FP32_BYTES if family in FP32_ROUTING_WEIGHT_FAMILIES else d
+    per_token = k * (weight + (INDEX_BYTES if moe.expert_bias else 0))
+    if family in NORMALISED_TOPK_FAMILIES:
+        per_token += FP32_BYTES * (k + 1)
+    if family == "gpt_oss":
         per_token += d * k - FP32_BYTES * experts
-    if fp32_router:
+    if family in FP32_ROUTER_FAMILIES:
         per_token += FP32_BYTES * h
-    if model.family == "deepseek_v3":
-        per_token += experts + FP32_BYTES * (k + 1)
     return Split(per_token * tokens + 4 * experts, 0.0)
 
 
