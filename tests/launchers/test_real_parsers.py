@@ -296,3 +296,17 @@ def test_adapter_files_load_into_peft_and_bitsandbytes(method: Method) -> None:
                     model=factories.llama3_8b(), train=training, framework=Framework.FSDP, zero_stage=3
                 )
             )
+
+
+def test_fsdp_wraps_a_decoder_layer_class_transformers_defines_for_every_preset_family() -> None:
+    transformers = pytest.importorskip("transformers")
+    import importlib
+
+    from service.catalog.models import models
+    from service.launchers.common import hf_decoder_layer
+
+    for family in sorted({preset.spec.family for preset in models().values()}):
+        layer = hf_decoder_layer(family)
+        assert layer is not None, family
+        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        assert hasattr(module, layer), (family, layer, transformers.__version__)
