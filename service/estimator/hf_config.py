@@ -18,6 +18,7 @@ language model is counted, the vision tower and projector are not.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -937,4 +938,35 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         )
     default_name = config.get("_name_or_path")
     resolved = name or (default_name if isinstance(default_name, str) and default_name else model_type)
-    return builder(_Fields(config, model_type), resolved)
+    spec = builder(_Fields(config, model_type), resolved)
+    hidden, attention = _dropout(config, model_type)
+    if hidden or attention:
+        spec = dataclasses.replace(spec, hidden_dropout=hidden, attention_dropout=attention)
+    return spec
+
+
+# GPT-2's config class defaults its dropouts to 0.1 (resid_pdrop, embd_pdrop, attn_pdrop); every
+# other family's to 0.
+_DROPOUT_DEFAULTS = {"gpt2": 0.1}
+
+
+def _dropout(config: Mapping[str, object], model_type: str) -> tuple[float, float]:
+    """(hidden, attention) dropout the model trains with: the embedding and residual dropouts
+    (resid_pdrop, embd_pdrop, hidden_dropout) and the attention probabilities' (attn_pdrop,
+    attention_dropout), from the text model's config for the multimodal wrappers."""
+    text = config.get("text_config")
+    f = _Fields(text if isinstance(text, Mapping) else config, model_type)
+    default = _DROPOUT_DEFAULTS.get(model_type, 0.0)
+    # an absent key takes the config class's default; GPT-2's class has only the *_pdrop keys
+    hidden_keys = (
+        ("resid_pdrop", "embd_pdrop")
+        if model_type == "gpt2"
+        else ("resid_pdrop", "embd_pdrop", "hidden_dropout")
+    )
+    attention_keys = ("attn_pdrop",) if model_type == "gpt2" else ("attn_pdrop", "attention_dropout")
+    hidden = max(f.float_or(key, default) for key in hidden_keys)
+    attention = max(f.float_or(key, default) for key in attention_keys)
+    for key, value in (("hidden_dropout", hidden), ("attention_dropout", attention)):
+        if not 0.0 <= value < 1.0:
+            raise f._error(key, f"= {value} is not a dropout probability in [0, 1)")
+    return hidden, attention

@@ -343,3 +343,18 @@ def test_absurd_sizes_are_refused_before_any_work() -> None:
     with pytest.raises(InvalidModel, match=r"num_hidden_layers.*exceeds 10,000") as err:
         model_from_hf_config(config)
     assert err.value.field == "hf_config.num_hidden_layers"
+
+
+def test_dropout_comes_from_the_config_with_its_class_defaults() -> None:
+    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100}
+    # GPT2Config defaults resid_pdrop, embd_pdrop and attn_pdrop to 0.1: the masks are stored
+    spec = model_from_hf_config(gpt2)
+    assert (spec.hidden_dropout, spec.attention_dropout) == (0.1, 0.1)
+    off = model_from_hf_config(gpt2 | {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})
+    assert (off.hidden_dropout, off.attention_dropout) == (0.0, 0.0)
+    llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+             "num_hidden_layers": 2, "vocab_size": 100}  # fmt: skip
+    assert model_from_hf_config(llama).attention_dropout == 0.0
+    assert model_from_hf_config(llama | {"attention_dropout": 0.1}).attention_dropout == 0.1
+    with pytest.raises(InvalidModel, match="attention_dropout"):
+        model_from_hf_config(llama | {"attention_dropout": 1.5})
