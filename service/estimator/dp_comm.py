@@ -44,6 +44,7 @@ from service.estimator.step_time import (
     group_links,
     recomputed_share,
     step_base,
+    tuned_link,
 )
 from service.estimator.tuning import dp_overlap_default
 from service.estimator.types import Framework, Layout, Method, ModelSpec
@@ -206,26 +207,14 @@ class ShardLinks:
 @layout_memo("dp", "tp", "cp", "ep", "framework", "fsdp_hybrid_shard")
 def shard_links(job: Job, layout: Layout) -> ShardLinks:
     """The links of the sharding groups (ranks ordered tp, cp, ep|dp, pp: ``comm``)."""
-    tuning, cluster = job.tuning, job.cluster
-    dense_shard, expert_shard = shard_degrees(layout, cluster)
-
-    def link(size: int, stride: int) -> comm.Link:
-        return comm.link_for_group(
-            cluster,
-            size,
-            stride,
-            intra_latency_s=tuning.intra_node_latency_s,
-            inter_latency_s=tuning.inter_node_latency_s,
-            base_latency_s=tuning.collective_base_latency_s,
-            intra_efficiency=tuning.intra_node_bus_efficiency,
-            inter_efficiency=tuning.inter_node_bus_efficiency,
-        )
-
+    dense_shard, expert_shard = shard_degrees(layout, job.cluster)
     group = layout.dp * layout.cp
-    replicas = None if dense_shard == group else link(group // dense_shard, layout.tp * dense_shard)
+    replicas = (
+        None if dense_shard == group else tuned_link(job, group // dense_shard, layout.tp * dense_shard)
+    )
     return ShardLinks(
-        dense=link(dense_shard, layout.tp),
-        experts=link(expert_shard, layout.tp * layout.ep),
+        dense=tuned_link(job, dense_shard, layout.tp),
+        experts=tuned_link(job, expert_shard, layout.tp * layout.ep),
         replicas=replicas,
     )
 

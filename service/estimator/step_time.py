@@ -202,29 +202,32 @@ class GroupLinks:
     pp: comm.Link
 
 
+def tuned_link(job: Job, size: int, stride: int) -> comm.Link:
+    """The link of a group of ``size`` ranks ``stride`` apart, derated to what NCCL achieves and with
+    its latencies (tuning [links])."""
+    tuning = job.tuning
+    return comm.link_for_group(
+        job.cluster,
+        size,
+        stride,
+        intra_latency_s=tuning.intra_node_latency_s,
+        inter_latency_s=tuning.inter_node_latency_s,
+        base_latency_s=tuning.collective_base_latency_s,
+        intra_efficiency=tuning.intra_node_bus_efficiency,
+        inter_efficiency=tuning.inter_node_bus_efficiency,
+    )
+
+
 @layout_memo("dp", "tp", "pp", "cp", "ep")
 def group_links(job: Job, layout: Layout) -> GroupLinks:
     """The link each parallel group crosses, derated to NCCL's achievable bus bandwidth."""
-    strides, tuning = comm.group_strides(layout), job.tuning
-
-    def link(size: int, stride: int) -> comm.Link:
-        return comm.link_for_group(
-            job.cluster,
-            size,
-            stride,
-            intra_latency_s=tuning.intra_node_latency_s,
-            inter_latency_s=tuning.inter_node_latency_s,
-            base_latency_s=tuning.collective_base_latency_s,
-            intra_efficiency=tuning.intra_node_bus_efficiency,
-            inter_efficiency=tuning.inter_node_bus_efficiency,
-        )
-
+    strides = comm.group_strides(layout)
     return GroupLinks(
-        tp=link(layout.tp, strides.tp),
-        cp=link(layout.cp, strides.cp),
-        ep=link(layout.ep, strides.ep),
-        dp=link(layout.dp * layout.cp, strides.cp),
-        pp=link(layout.pp, strides.pp),
+        tp=tuned_link(job, layout.tp, strides.tp),
+        cp=tuned_link(job, layout.cp, strides.cp),
+        ep=tuned_link(job, layout.ep, strides.ep),
+        dp=tuned_link(job, layout.dp * layout.cp, strides.cp),
+        pp=tuned_link(job, layout.pp, strides.pp),
     )
 
 

@@ -9,26 +9,14 @@ import dataclasses
 
 import pytest
 
-from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.types import ClusterSpec, Method, Offload, Plan, TrainingSpec
 from service.launchers import FRAMEWORK_TARGETS, RENDERERS, runnable_targets
 from service.recommender import Constraints, recommend
 from service.recommender.space import sub_cluster
+from tests.recommender.helpers import cluster
 from tests.recommender.test_rationale import check_claims
-
-
-def cluster(name: str, nodes: int, per_node: int = 8, host_gib: int = 0) -> ClusterSpec:
-    g = gpu(name)
-    return ClusterSpec(
-        gpu=g,
-        num_nodes=nodes,
-        gpus_per_node=per_node,
-        intra_node_bandwidth_bytes_per_s=g.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=50e9,
-        cpu_memory_bytes_per_node=host_gib * 2**30,
-    )
 
 
 def training(seq: int, batch: int, method: Method = Method.FULL, **more: object) -> TrainingSpec:

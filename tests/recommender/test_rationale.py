@@ -7,24 +7,11 @@ import re
 
 import pytest
 
-from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.types import ClusterSpec, Layout, Method, Offload, TrainingSpec
 from service.recommender import Candidate, Constraints, Objective, recommend
-
-
-def cluster(name: str, nodes: int, per_node: int = 8, host_gib: int = 0) -> ClusterSpec:
-    g = gpu(name)
-    return ClusterSpec(
-        gpu=g,
-        num_nodes=nodes,
-        gpus_per_node=per_node,
-        intra_node_bandwidth_bytes_per_s=g.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=25e9,
-        cpu_memory_bytes_per_node=host_gib * 2**30,
-    )
-
+from tests.recommender.helpers import cluster
 
 ONE_H100_WITH_HOST_RAM = cluster("h100-sxm-80gb", 1, per_node=1, host_gib=512)
 QLORA = TrainingSpec(seq_len=2048, global_batch_size=16, method=Method.QLORA)

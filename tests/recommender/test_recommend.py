@@ -11,28 +11,17 @@ from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from service.estimator.tuning import Tuning
-from service.estimator.types import ClusterSpec, Framework, Recompute, TrainingSpec
+from service.estimator.types import Framework, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
 from service.recommender import Constraints, Objective, recommend
 from service.recommender.space import sub_cluster
 from service.recommender.suggest import suggestions
+from tests.recommender.helpers import cluster
 
 
 @pytest.fixture(scope="module")
 def tuning() -> Tuning:
     return default_tuning()
-
-
-def cluster(name: str, nodes: int = 1, per_node: int = 8, host_gib: int = 0) -> ClusterSpec:
-    g = gpu(name)
-    return ClusterSpec(
-        gpu=g,
-        num_nodes=nodes,
-        gpus_per_node=per_node,
-        intra_node_bandwidth_bytes_per_s=g.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=50e9,
-        cpu_memory_bytes_per_node=host_gib * 2**30,
-    )
 
 
 def test_small_model_on_one_gpu_needs_no_parallelism(tuning: Tuning) -> None:

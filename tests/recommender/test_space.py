@@ -7,12 +7,10 @@ import dataclasses
 
 import pytest
 
-from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
     Attention,
-    ClusterSpec,
     Framework,
     Method,
     Offload,
@@ -32,17 +30,7 @@ from service.recommender.space import (
     structures,
     virtual_stages,
 )
-
-
-def cluster(name: str = "h100-sxm-80gb", nodes: int = 1, per_node: int = 8) -> ClusterSpec:
-    g = gpu(name)
-    return ClusterSpec(
-        gpu=g,
-        num_nodes=nodes,
-        gpus_per_node=per_node,
-        intra_node_bandwidth_bytes_per_s=g.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=50e9,
-    )
+from tests.recommender.helpers import cluster
 
 
 def test_divisors() -> None:
