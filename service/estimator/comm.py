@@ -5,7 +5,10 @@ what one rank must send, from NCCL's performance notes (nccl-tests doc/PERFORMAN
 buffer of S bytes over n ranks, the bus bandwidth is ``busbw = algbw x factor`` with
 factor 2(n-1)/n for all-reduce and (n-1)/n for reduce-scatter, all-gather and all-to-all, so
 ``time = S x factor / busbw``. ``bandwidth_bytes_per_s`` below is that per-GPU, one-direction
-bus bandwidth (already derated by the caller for what NCCL achieves on the link).
+bus bandwidth (already derated by the caller for what NCCL achieves on the link). The group-aware
+collectives add NCCL's own latency model (src/graph/tuning.cc): a base latency per collective, and
+a ring reduce-scatter or all-gather pays one step per rank, the steps inside a node and between nodes
+at their own latency (``ring_latency_s``), which is what makes flat ZeRO-3 over thousands of ranks slow.
 
 Rank order, innermost (fastest-varying) to outermost: ``tp, cp, dp, pp``; expert parallelism
 splits the dp group from its innermost end (``ep`` ranks are consecutive dp ranks, stride
@@ -83,11 +86,6 @@ def reduce_scatter_s(size_bytes: float, n: int, bandwidth_bytes_per_s: float, la
     if n <= 1:
         return 0.0
     return (n - 1) * latency_s + (n - 1) / n * size_bytes / bandwidth_bytes_per_s
-
-
-def all_gather_s(size_bytes: float, n: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
-    # size_bytes is the gathered (full) buffer; the mirror image of reduce-scatter
-    return reduce_scatter_s(size_bytes, n, bandwidth_bytes_per_s, latency_s)
 
 
 def all_to_all_s(size_bytes: float, n: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
