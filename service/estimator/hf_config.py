@@ -19,6 +19,7 @@ language model is counted, the vision tower and projector are not.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -134,8 +135,8 @@ class _Fields:
         value = self.raw.get(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self._error(key, f"must be a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self._error(key, f"must be a finite number, got {value!r}")
         return float(value)
 
     def int_list(self, key: str) -> list[int]:

@@ -76,3 +76,22 @@ def test_capacity_counts_gpus_that_hold_the_job_and_says_why_a_gpu_cannot(client
     assert h100["layout"]["offload_optimizer"] == "none" and h100["layout"]["offload_params"] == "none"
     v100 = options["v100-sxm2-32gb"]
     assert not v100["fits"] and "bf16" in v100["note"]
+
+
+def test_non_finite_numbers_are_refused(client: TestClient) -> None:
+    # JSON has no NaN or Infinity, but Python's parser accepts the tokens: a number must be finite
+    body = (
+        '{"model": {"preset": "gpt2"}, "training": {"seq_len": 1024, "global_batch_size": 64}, '
+        '"gpus": ["a100-sxm-80gb"], "gpu_hour_cost": NaN}'
+    )
+    response = client.post("/v1/capacity", content=body, headers={"content-type": "application/json"})
+    assert assert_problem(response, 422)["errors"][0]["field"].startswith("gpu_hour_cost")
+    resolve = (
+        '{"model": {"hf_config": {"model_type": "phi", "hidden_size": 64, "intermediate_size": 128, '
+        '"num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100, '
+        '"partial_rotary_factor": Infinity}}}'
+    )
+    response = client.post(
+        "/v1/models/resolve", content=resolve, headers={"content-type": "application/json"}
+    )
+    assert "partial_rotary_factor" in assert_problem(response, 422)["errors"][0]["field"]

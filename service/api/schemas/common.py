@@ -17,7 +17,7 @@ T = TypeVar("T")
 class Strict(BaseModel):
     """Unknown fields are errors; `X_gbps` is accepted wherever `X_bytes_per_s` is a field."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # finite numbers only
 
     @model_validator(mode="before")
     @classmethod
