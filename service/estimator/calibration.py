@@ -24,6 +24,9 @@ MEMORY_FACTOR_BOUNDS = (0.8, 2.0)
 TIME_FACTOR_BOUNDS = (0.5, 3.0)
 # An out-of-memory run proves the real need exceeded capacity; ask this much more than that.
 OOM_MARGIN = 1.05
+# Assumption, not fitted: a framework's own step-time factor (on top of the hardware's) is trusted in
+# proportion to its runs, n / (n + FRAMEWORK_PRIOR_RUNS): one run moves it a third of the way.
+FRAMEWORK_PRIOR_RUNS = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +45,9 @@ class Observation:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Calibration:
     memory_dynamic_factor: float = 1.0  # multiplies activations, buffers and overhead
-    step_time_factor: float = 1.0  # multiplies every part of the step time
+    step_time_factor: float = 1.0  # multiplies every part of the step time: hardware x framework
+    hardware_step_time_factor: float = 1.0  # what every run on the hardware says (links, clocks, host)
+    framework_step_time_factor: float = 1.0  # what this framework's runs say beyond the hardware
     runs: int = 0
     memory_runs: int = 0
     time_runs: int = 0
@@ -74,20 +79,51 @@ def oom_floor(obs: Observation) -> float | None:
     return OOM_MARGIN * (obs.capacity_bytes - obs.model_state_bytes) / obs.dynamic_bytes
 
 
+def time_ratios(observations: Sequence[Observation]) -> list[float]:
+    """measured / estimated step time of the runs that finished and reported one."""
+    return [
+        o.measured_step_s / o.estimated_step_s
+        for o in observations
+        if o.measured_step_s and o.estimated_step_s and not o.out_of_memory
+    ]
+
+
+def shared_calibration(hardware: Sequence[Observation], framework: Sequence[Observation]) -> Calibration:
+    """The calibration of one framework on one hardware: memory from the framework's own runs (its
+    allocator and buffers), step time from every run on the hardware (what they say about its links,
+    clocks and host is the same for every framework) times the framework's own deviation from that,
+    trusted in proportion to its runs (``FRAMEWORK_PRIOR_RUNS``)."""
+    own = learn_calibration(framework)
+    shared = time_ratios(hardware)
+    if not shared:
+        return own
+    hardware_factor = _clamp(statistics.median(shared), TIME_FACTOR_BOUNDS)
+    mine = time_ratios(framework)
+    extra = 1.0
+    if mine:
+        weight = len(mine) / (len(mine) + FRAMEWORK_PRIOR_RUNS)
+        extra = (statistics.median(mine) / hardware_factor) ** weight
+    return dataclasses.replace(
+        own,
+        step_time_factor=_clamp(hardware_factor * extra, TIME_FACTOR_BOUNDS),
+        hardware_step_time_factor=hardware_factor,
+        framework_step_time_factor=extra,
+        runs=len(hardware),
+        time_runs=len(shared),
+    )
+
+
 def learn_calibration(observations: Sequence[Observation]) -> Calibration:
     ratios = [r for r in map(memory_ratio, observations) if r is not None]
     floors = [f for f in map(oom_floor, observations) if f is not None]
     memory = statistics.median(ratios) if ratios else 1.0
     if floors:
         memory = max(memory, *floors)
-    times = [
-        o.measured_step_s / o.estimated_step_s
-        for o in observations
-        if o.measured_step_s and o.estimated_step_s and not o.out_of_memory
-    ]
+    times = time_ratios(observations)
     return Calibration(
         memory_dynamic_factor=_clamp(memory, MEMORY_FACTOR_BOUNDS) if ratios or floors else 1.0,
         step_time_factor=_clamp(statistics.median(times), TIME_FACTOR_BOUNDS) if times else 1.0,
+        framework_step_time_factor=_clamp(statistics.median(times), TIME_FACTOR_BOUNDS) if times else 1.0,
         runs=len(observations),
         memory_runs=len(ratios),
         time_runs=len(times),

@@ -121,14 +121,18 @@ class PlanRepository:
             select(RunRecord).where(RunRecord.plan_id == plan_id).order_by(RunRecord.id)
         ).all()
 
-    def runs_on_hardware(self, hardware_key: str, framework: str) -> Sequence[tuple[RunRecord, PlanRecord]]:
-        """Every stored run of a plan made for this hardware and framework (calibration's input)."""
+    def runs_on_hardware(
+        self, hardware_key: str, framework: str | None = None
+    ) -> Sequence[tuple[RunRecord, PlanRecord]]:
+        """Every stored run of a plan made for this hardware (and this framework, if given)."""
         query = (
             select(RunRecord, PlanRecord)
             .join(PlanRecord, RunRecord.plan_id == PlanRecord.id)
-            .where(PlanRecord.hardware_key == hardware_key, PlanRecord.framework == framework)
+            .where(PlanRecord.hardware_key == hardware_key)
             .order_by(RunRecord.id)
         )
+        if framework is not None:
+            query = query.where(PlanRecord.framework == framework)
         return [(run, plan) for run, plan in self.session.execute(query).all()]
 
 

@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from service.estimator.calibration import Calibration, Observation, learn_calibration
+from service.estimator.calibration import Calibration, Observation, shared_calibration
 from service.estimator.types import ClusterSpec
 from service.feedback import ObservedRun, measured_step_s
 from service.persistence.models import PlanRecord, RunRecord
@@ -62,9 +62,10 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
 
 
 def calibration_for(repo: PlanRepository, key: str, framework: str) -> Calibration:
-    pairs = repo.runs_on_hardware(key, framework)
-    observations = [o for o in (observation(run, plan) for run, plan in pairs) if o is not None]
-    return learn_calibration(observations)
+    """The framework's calibration on this hardware: step time from every framework's runs on it,
+    memory and the framework's own deviation from its own (``shared_calibration``)."""
+    pairs = [(o, plan.framework) for run, plan in repo.runs_on_hardware(key) if (o := observation(run, plan))]
+    return shared_calibration([o for o, _ in pairs], [o for o, fw in pairs if fw == framework])
 
 
 def calibration_out(calibration: Calibration) -> dict[str, Any] | None:
@@ -74,6 +75,8 @@ def calibration_out(calibration: Calibration) -> dict[str, Any] | None:
         "factors": {
             "memory_dynamic": calibration.memory_dynamic_factor,
             "step_time": calibration.step_time_factor,
+            "step_time_hardware": calibration.hardware_step_time_factor,
+            "step_time_framework": calibration.framework_step_time_factor,
         },
         "runs": calibration.runs,
         "memory_runs": calibration.memory_runs,

@@ -377,3 +377,23 @@ def test_what_the_gpu_cannot_run_is_a_422_naming_the_field(client: TestClient) -
     }
     assert create(client, ok)["status"] == "feasible"
     assert client.get("/v1/gpus/v100-sxm2-32gb").json()["flash_attention"] is False
+
+
+def test_what_a_run_says_about_the_hardware_calibrates_every_framework(client: TestClient) -> None:
+    # one slow DeepSpeed run on this cluster: an FSDP estimate on the same hardware is slowed by the
+    # hardware's share of it, and its memory (allocator, buffers: the framework's own) is not touched
+    plan = create(client, plan_body())
+    step_s = plan["recommended"]["estimate"]["time"]["step_s"]
+    run = {"step_s": step_s * 1.5, "framework_version": "deepspeed 0.19.8"}
+    assert client.post(f"/v1/plans/{plan['id']}/runs", json=run).status_code == 201
+    fsdp = {
+        "model": plan_body()["model"],
+        "cluster": plan_body()["cluster"],
+        "training": plan_body()["training"],
+        "layout": {"framework": "fsdp", "dp": 8, "zero_stage": 3},
+    }
+    calibrated = client.post("/v1/estimates", json=fsdp).json()["calibration"]
+    assert calibrated["factors"]["step_time_hardware"] == pytest.approx(1.5)
+    assert calibrated["factors"]["step_time_framework"] == 1.0  # no FSDP run yet
+    assert calibrated["factors"]["step_time"] == pytest.approx(1.5)
+    assert calibrated["factors"]["memory_dynamic"] == 1.0
