@@ -21,6 +21,29 @@ MASTER_PORT = 29500  # torchrun / DeepSpeed launcher default rendezvous port
 TRAIN_SCRIPT = "train.py"  # the user's training script for DeepSpeed and HF Trainer targets
 DEFAULT_TRAIN_STEPS = 1000  # when the training spec gives no token budget
 
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """The optimizer settings every target writes, so the files of one plan train the same run.
+
+    Placeholders (the plan carries no learning rate): the Llama 2 paper's AdamW settings (Touvron
+    et al. 2023, section 2.2: lr 3e-4 decayed to 10%, betas 0.9/0.95, weight decay 0.1, clipping
+    1.0) with PyTorch's default eps. HF Trainer refuses
+    a ds_config whose optimizer block differs from its TrainingArguments
+    (integrations/deepspeed.py, trainer_config_finalize), so both are written from here.
+    """
+
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip_grad_norm: float = 1.0
+
+
+HYPERPARAMETERS = Hyperparameters()
+
 JSON = "application/json"
 YAML = "application/yaml"
 SHELL = "text/x-shellscript"

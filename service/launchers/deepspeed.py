@@ -1,7 +1,8 @@
 """DeepSpeed target (pinned: deepspeed 0.19.8): ds_config.json, the `deepspeed` launch line, a hostfile.
 
 Keys and rules follow deepspeed/runtime/config.py (batch assertion: train_batch_size ==
-micro * accumulation * data-parallel size) and runtime/zero/config.py (pydantic, extra=forbid).
+micro * accumulation * the ranks it counts, see ``batch_ranks``) and runtime/zero/config.py
+(pydantic, extra=forbid).
 The parser accepts some mistakes silently, so this module never emits: unknown top-level keys,
 ``offload_param`` below stage 3, NVMe offload below stage 3, or ``"auto"`` (HF-only) values.
 """
@@ -14,6 +15,7 @@ from typing import Any
 from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import Offload, Optimizer, Plan, Precision, Recompute
 from service.launchers.common import (
+    HYPERPARAMETERS,
     JSON,
     MASTER_PORT,
     SHELL,
@@ -179,15 +181,29 @@ def _precision(plan: Plan) -> dict[str, Any]:
 
 def _optimizer(plan: Plan) -> dict[str, Any]:
     # DeepSpeed builds these itself (DeepSpeedCPUAdam under offload); other optimizers come
-    # from the training script. lr and decay are placeholders: the plan does not carry them.
+    # from the training script.
     kinds = {Optimizer.ADAMW: "AdamW", Optimizer.LION: "Lion"}
     kind = kinds.get(plan.training.optimizer)
     if kind is None:
         return {}
-    params: dict[str, Any] = {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}
+    hp = HYPERPARAMETERS
+    params: dict[str, Any] = {"lr": hp.lr, "betas": [hp.beta1, hp.beta2], "weight_decay": hp.weight_decay}
     if kind == "AdamW":
-        params["eps"] = 1e-8
+        params["eps"] = hp.eps
     return {"optimizer": {"type": kind, "params": params}}
+
+
+def batch_ranks(plan: Plan) -> int:
+    """The world size in DeepSpeed's batch assertion (runtime/config.py, DeepSpeedConfig.__init__).
+
+    With a pipeline, PipelineModule's topology is the mpu and the count is its data-parallel size.
+    Without one, AutoTP (config-driven, or HF Trainer's tp_model_init) passes no mpu, so the count is
+    dist.get_world_size(): every rank, tensor-parallel peers included, although those peers read the
+    same samples. train_batch_size is then tp times the samples per optimizer step, which stays
+    micro * accumulation * dp; HF Trainer's check (world_size * micro * accumulation) agrees.
+    """
+    lo = plan.layout
+    return lo.dp if lo.pp > 1 else lo.dp * lo.tp
 
 
 def ds_config(plan: Plan) -> dict[str, Any]:
@@ -196,11 +212,10 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     lo = plan.layout
     micro, accum = lo.micro_batch_size, accumulation(plan)
     config: dict[str, Any] = {
-        # world_size in DeepSpeed's batch assertion is the data-parallel size.
-        "train_batch_size": micro * accum * lo.dp,
+        "train_batch_size": micro * accum * batch_ranks(plan),
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
-        "gradient_clipping": 1.0,
+        "gradient_clipping": HYPERPARAMETERS.clip_grad_norm,
         "steps_per_print": 100,
         "wall_clock_breakdown": False,
     }

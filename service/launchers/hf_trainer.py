@@ -14,6 +14,7 @@ from typing import Any
 from service.estimator.types import Framework, Offload, Optimizer, Plan, Precision, Recompute
 from service.launchers import deepspeed
 from service.launchers.common import (
+    HYPERPARAMETERS,
     JSON,
     SHELL,
     TRAIN_SCRIPT,
@@ -129,8 +130,14 @@ def training_arguments(plan: Plan, config_dir: str = "") -> tuple[dict[str, Any]
         "max_steps": train_steps(plan),
         "per_device_train_batch_size": lo.micro_batch_size,
         "gradient_accumulation_steps": accumulation(plan),
-        "max_grad_norm": 1.0,
         "optim": _OPTIM[plan.training.optimizer],
+        # The same optimizer settings as ds_config's block, which HF Trainer checks against these.
+        "learning_rate": HYPERPARAMETERS.lr,
+        "adam_beta1": HYPERPARAMETERS.beta1,
+        "adam_beta2": HYPERPARAMETERS.beta2,
+        "adam_epsilon": HYPERPARAMETERS.eps,
+        "weight_decay": HYPERPARAMETERS.weight_decay,
+        "max_grad_norm": HYPERPARAMETERS.clip_grad_norm,
     }
     precision = plan.training.precision
     if precision in (Precision.BF16, Precision.BF16_PURE):

@@ -23,6 +23,7 @@ from service.estimator.types import (
     Recompute,
 )
 from service.launchers.common import (
+    HYPERPARAMETERS,
     SHELL,
     Artifact,
     Target,
@@ -320,6 +321,7 @@ def megatron_args(plan: Plan) -> list[str]:
     _check(plan)
     lo = plan.layout
     accumulation(plan)  # global = micro x accumulation x dp, or InvalidLayout
+    hp = HYPERPARAMETERS
     return [
         *_parallel_args(plan),
         "--micro-batch-size", str(lo.micro_batch_size),
@@ -328,7 +330,9 @@ def megatron_args(plan: Plan) -> list[str]:
         *_recompute_args(plan),
         *_precision_args(plan),
         *_model_args(plan),
-        "--lr", "3e-4", "--min-lr", "3e-5", "--lr-decay-style", "cosine", "--clip-grad", "1.0",
+        "--lr", str(hp.lr), "--min-lr", str(hp.min_lr), "--lr-decay-style", "cosine",
+        "--clip-grad", str(hp.clip_grad_norm), "--weight-decay", str(hp.weight_decay),
+        "--adam-beta1", str(hp.beta1), "--adam-beta2", str(hp.beta2), "--adam-eps", str(hp.eps),
         "--log-interval", "10", "--eval-interval", "1000", "--eval-iters", "10",
     ]  # fmt: skip
 

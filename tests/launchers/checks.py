@@ -85,7 +85,8 @@ MEGATRON_VALUED = {
     "--seq-length", "--max-position-embeddings", "--position-embedding-type", "--rotary-percent",
     "--normalization", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--tokenizer-type", "--vocab-size", "--lr", "--min-lr",
-    "--lr-decay-style", "--clip-grad", "--log-interval", "--eval-interval", "--eval-iters",
+    "--lr-decay-style", "--clip-grad", "--weight-decay", "--adam-beta1", "--adam-beta2", "--adam-eps",
+    "--log-interval", "--eval-interval", "--eval-iters",
     "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
     "--v-head-dim", "--hidden-dropout", "--attention-dropout",
 }  # fmt: skip
@@ -96,11 +97,13 @@ HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)$")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def check_ds_config(config: dict[str, Any], dp: int) -> None:
+def check_ds_config(config: dict[str, Any], ranks: int) -> None:
+    """``ranks``: the world size of DeepSpeed's batch assertion (every rank without a pipeline,
+    AutoTP's tensor-parallel peers included; the pipeline grid's data-parallel ranks with one)."""
     assert set(config) <= DS_TOP_LEVEL, set(config) - DS_TOP_LEVEL
     assert '"auto"' not in json.dumps(config), "raw DeepSpeed does not resolve 'auto'"
     micro, accum = config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
-    assert config["train_batch_size"] == micro * accum * dp
+    assert config["train_batch_size"] == micro * accum * ranks
     assert not (config.get("bf16", {}).get("enabled") and config.get("fp16", {}).get("enabled"))
     zero = config["zero_optimization"]
     stage = zero["stage"]
@@ -330,7 +333,8 @@ def check_artifact(artifact: Artifact, plan: Plan) -> None:
     if name.endswith(".json"):
         data = json.loads(text)
         if name == "ds_config.json":
-            check_ds_config(data, plan.layout.dp)
+            lo = plan.layout
+            check_ds_config(data, lo.dp if lo.pp > 1 else plan.cluster.world_size)
         if name == "training_args.json":
             assert not ("fsdp" in data and "deepspeed" in data)
             assert data.get("dataloader_num_workers", 0) > 0 or "dataloader_prefetch_factor" not in data

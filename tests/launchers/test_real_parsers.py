@@ -4,6 +4,7 @@ skips its test (install with the project's ``launchers`` extra)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -44,20 +45,61 @@ def by_name(artifacts: list[Artifact], name: str) -> Artifact:
     return found
 
 
-def test_deepspeed_config_and_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def fake_world(size: int) -> Iterator[None]:
+    """A real torch.distributed world of ``size`` ranks on PyTorch's fake backend (no GPUs, no
+    peers: collectives are no-ops), seen by DeepSpeed's comm layer; the groups DeepSpeed caches in
+    deepspeed.utils.groups are cleared on exit so the next world builds its own."""
+    import torch.distributed as tdist
+    from deepspeed import comm
+    from deepspeed.utils import groups
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    tdist.init_process_group(backend="fake", rank=0, world_size=size, store=FakeStore())
+    try:
+        comm.init_distributed(dist_backend="fake", dist_init_required=False)
+        yield
+    finally:
+        for cached in ("_TENSOR_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP"):
+            setattr(groups, cached, None)
+        tdist.destroy_process_group()
+
+
+def test_deepspeed_config_and_launcher(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
+    from deepspeed import comm
     from deepspeed.launcher import runner
     from deepspeed.runtime import config as ds_runtime_config
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
+    from deepspeed.utils import groups
 
-    monkeypatch.setattr(ds_runtime_config.dist, "get_rank", lambda *a, **k: 0)
-    count = 0
+    count = autotp = 0
     for name, plan, artifacts in rendered(Target.DEEPSPEED):
         config = json.loads(by_name(artifacts, deepspeed.CONFIG_NAME).content)
-        # The batch assertion's world size is the data-parallel size.
-        monkeypatch.setattr(ds_runtime_config.dist, "get_world_size", lambda *a, dp=plan.layout.dp, **k: dp)
-        parsed = ds_runtime_config.DeepSpeedConfig(config)
-        assert parsed.train_batch_size == plan.training.global_batch_size, name
-        assert parsed.zero_optimization_stage == plan.layout.zero_stage, name
+        lo = plan.layout
+        # The world deepspeed.initialize sees: one rank per GPU of the cluster.
+        with fake_world(plan.cluster.world_size):
+            if lo.pp > 1:
+                # PipelineModule's topology is the mpu: the batch counts its data-parallel ranks.
+                mpu = PipelineParallelGrid(topology=PipeDataParallelTopology(num_pp=lo.pp, num_dp=lo.dp))
+                parsed = ds_runtime_config.DeepSpeedConfig(config, mpu)
+            else:
+                # AutoTP (from the config, or HF Trainer's tp_model_init) passes no mpu and builds
+                # its tensor-parallel groups over the whole world, as deepspeed.initialize does.
+                parsed = ds_runtime_config.DeepSpeedConfig(config)
+                if lo.tp > 1:
+                    assert parsed.tensor_parallel_config.autotp_size == lo.tp, name
+                    groups._init_tp_mesh_device(
+                        tensor_model_parallel_size=parsed.tensor_parallel_config.autotp_size
+                    )
+                    assert comm.get_world_size(groups.get_tensor_model_parallel_group()) == lo.tp, name
+                    assert comm.get_world_size(groups.get_data_parallel_group()) == lo.dp, name
+                    autotp += 1
+        # Samples per optimizer step: DeepSpeed's train batch counts tensor-parallel peers, which
+        # read the same samples.
+        assert parsed.train_batch_size == plan.training.global_batch_size * (lo.tp if lo.pp == 1 else 1), name
+        assert parsed.train_micro_batch_size_per_gpu == lo.micro_batch_size, name
+        assert parsed.zero_optimization_stage == lo.zero_stage, name
         assert parsed.bfloat16_config.enabled == ("bf16" in config), name
         launch = by_name(artifacts, deepspeed.LAUNCH_NAME).content
         line = launch.split("\ndeepspeed ", 1)[1].replace("\\\n", " ")
@@ -71,7 +113,7 @@ def test_deepspeed_config_and_launcher(tmp_path: Path, monkeypatch: pytest.Monke
             pool = runner.fetch_hostfile(str(hostfile))
             assert list(pool.values()) == [plan.cluster.gpus_per_node] * plan.cluster.num_nodes
         count += 1
-    assert count > 20
+    assert count > 20 and autotp >= 3, (count, autotp)
 
 
 def _accelerate_args(path: Path, plan: Plan) -> Any:
@@ -140,16 +182,23 @@ def test_hf_training_arguments_json_and_flags(tmp_path: Path, monkeypatch: pytes
     transformers = pytest.importorskip("transformers")
     parser = transformers.HfArgumentParser(transformers.TrainingArguments)
     monkeypatch.chdir(tmp_path)
-    count = 0
+    count = with_deepspeed = 0
     for name, plan, artifacts in rendered(Target.HF_TRAINER):
         for artifact in artifacts:
             (tmp_path / artifact.name).write_text(artifact.content)
         data = json.loads(by_name(artifacts, hf_trainer.ARGS_NAME).content)
-        # A CPU box: bf16 needs use_cpu; allow_extra_keys=False rejects unknown fields.
-        (from_json,) = parser.parse_dict({**data, "use_cpu": True}, allow_extra_keys=False)
-        flags, _ = hf_trainer.entry_words(plan)
-        (from_cli,) = parser.parse_args_into_dataclasses([str(w) for w in flags[1:]] + ["--use_cpu", "true"])
+        # A CPU box: bf16 needs use_cpu; allow_extra_keys=False rejects unknown fields. The world
+        # is the plan's: TrainingArguments checks ds_config.json against itself with it.
+        world = mock.PropertyMock(return_value=plan.cluster.world_size)
+        with mock.patch.object(transformers.TrainingArguments, "world_size", world):
+            (from_json,) = parser.parse_dict({**data, "use_cpu": True}, allow_extra_keys=False)
+            flags, _ = hf_trainer.entry_words(plan)
+            words = [str(w) for w in flags[1:]] + ["--use_cpu", "true"]
+            (from_cli,) = parser.parse_args_into_dataclasses(words)
         for args in (from_json, from_cli):
+            if "deepspeed" in data:
+                # Trainer raises on these at trainer_config_finalize (batch, lr, betas, clipping...).
+                assert args.hf_deepspeed_config.mismatches == [], (name, args.hf_deepspeed_config.mismatches)
             assert args.per_device_train_batch_size == plan.layout.micro_batch_size, name
             assert args.gradient_accumulation_steps * plan.layout.dp * plan.layout.micro_batch_size == (
                 plan.training.global_batch_size
@@ -166,7 +215,8 @@ def test_hf_training_arguments_json_and_flags(tmp_path: Path, monkeypatch: pytes
                     set(args.fsdp_config) - known
                 )  # unknown keys are ignored
         count += 1
-    assert count > 10
+        with_deepspeed += "deepspeed" in data
+    assert count > 10 and with_deepspeed > 5, (count, with_deepspeed)
 
 
 def test_torchtitan_config_manager_and_parallel_dims() -> None:

@@ -33,12 +33,13 @@ from tests.launchers import checks
 from tests.launchers.factories import llama3_8b, plan, small_llama
 
 
-def test_deepspeed_batch_uses_data_parallel_size() -> None:
-    # 2 nodes x 8 = 16 GPUs, tp=2 -> dp=8; 256 = micro 2 x accumulation 16 x dp 8.
+def test_deepspeed_batch_counts_every_autotp_rank() -> None:
+    # 2 nodes x 8 = 16 GPUs, tp=2 -> dp=8; 256 = micro 2 x accumulation 16 x dp 8 samples per step.
+    # AutoTP passes DeepSpeed no mpu, so its batch assertion counts all 16 ranks: 2 x 16 x 16 = 512.
     config = deepspeed.ds_config(
         plan(nodes=2, framework=Framework.DEEPSPEED, tp=2, micro_batch_size=2, zero_stage=1)
     )
-    assert (config["train_batch_size"], config["gradient_accumulation_steps"]) == (256, 16)
+    assert (config["train_batch_size"], config["gradient_accumulation_steps"]) == (512, 16)
     assert config["tensor_parallel"] == {"autotp_size": 2}
 
 

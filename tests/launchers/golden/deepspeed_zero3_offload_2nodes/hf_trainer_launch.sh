@@ -9,7 +9,8 @@ export MASTER_PORT="${MASTER_PORT:-29500}"
 export JOB_ID="${JOB_ID:-trainplan}"
 torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR}:${MASTER_PORT}" \
     --rdzv-id "${JOB_ID}" train.py --output_dir output --max_steps 1000 --per_device_train_batch_size 2 \
-    --gradient_accumulation_steps 8 --max_grad_norm 1.0 --optim adamw_torch_fused --bf16 true \
+    --gradient_accumulation_steps 8 --optim adamw_torch_fused --learning_rate 0.0003 --adam_beta1 0.9 \
+    --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --bf16 true \
     --activation_checkpointing true --dataloader_num_workers 4 --dataloader_prefetch_factor 2 \
     --dataloader_pin_memory true --dataloader_persistent_workers true --logging_steps 10 --save_steps 500 \
     --report_to none --deepspeed ds_config.json
