@@ -8,14 +8,26 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from service.estimator.tuning import CurvePoint, MemoryAssumptions, Tuning
+from service.estimator.tuning import AttentionKernelRate, CurvePoint, MemoryAssumptions, Tuning
 from service.estimator.types import Framework
 
 TUNING_TOML = Path(__file__).with_name("tuning.toml")
 
 
-def _points(table: dict[str, Any]) -> tuple[CurvePoint, ...]:
-    return tuple(CurvePoint(x=float(p["x"]), factor=float(p["factor"])) for p in table["points"])
+def _points(table: dict[str, Any], key: str = "points") -> tuple[CurvePoint, ...]:
+    return tuple(CurvePoint(x=float(p["x"]), factor=float(p["factor"])) for p in table[key])
+
+
+def _attention_kernel_rates(table: dict[str, Any]) -> tuple[AttentionKernelRate, ...]:
+    return tuple(
+        AttentionKernelRate(
+            kernel=str(rate["kernel"]),
+            chip=str(rate["chip"]),
+            forward_points=_points(rate, "forward"),
+            backward_points=_points(rate, "backward"),
+        )
+        for rate in table.get("rate", [])
+    )
 
 
 def _sources(data: dict[str, Any]) -> tuple[str, ...]:
@@ -66,6 +78,10 @@ def parse_tuning(data: dict[str, Any]) -> Tuning:
         selective_recompute_passes=float(data["memory_bound"]["selective_recompute_passes"]),
         attention_alignment_bytes=int(data["attention_alignment"]["alignment_bytes"]),
         unaligned_attention_core_factor=float(data["attention_alignment"]["unaligned_core_factor"]),
+        attention_kernel_by_framework=tuple(
+            (Framework(k), str(v)) for k, v in data["attention_kernel"]["framework"].items()
+        ),
+        attention_kernel_rates=_attention_kernel_rates(data["attention_kernel"]),
         cpu_adam_params_per_s_per_node=float(host["cpu_adam_params_per_s_per_node"]),
         torch_cpu_adam_slowdown=float(host["torch_cpu_adam_slowdown"]),
         nvme_bandwidth_bytes_per_s_per_node=float(host["nvme_bandwidth_bytes_per_s_per_node"]),

@@ -38,16 +38,18 @@ from service.estimator.step_time import (
     SPLIT_FIELDS,
     StepBase,
     StepParts,
+    core_s_per_token,
     exposed_s,
     gpu_parameters,
     grad_bytes,
     group_links,
+    kind_core_work_flops,
     recomputed_share,
     step_base,
     tuned_link,
 )
 from service.estimator.tuning import dp_overlap_default
-from service.estimator.types import Framework, Layout, Method, ModelSpec
+from service.estimator.types import Framework, Layout, Method, ModelSpec, Recompute
 
 # ---------------------------------------------------------------- the frameworks' bucket sizes
 
@@ -294,19 +296,23 @@ def sharded_passes(layout: Layout, micro_batches: int) -> ShardedPasses:
 
 
 def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) -> tuple[float, float]:
-    """(forward, backward) GEMM time of one layer of ``kind`` for one micro-batch: what its
-    collectives hide under (the backward includes the layer's recomputed forward)."""
+    """(forward, backward) compute time of one layer of ``kind`` for one micro-batch: what its
+    collectives hide under (the backward includes the layer's recomputed forward). The weight GEMMs
+    run at the GEMM rate, attention's core as its kernels do (``step_time.core_s_per_token``)."""
     model, training = job.model, job.training
-    forward = (
-        flops.layer_matmul_flops(model, kind.moe)
-        + flops.layer_core_flops(model, kind, training.seq_len)
-        + flops.lora_adapter_flops(model, kind.moe, training)
-    )
-    backward = float(flops.layer_training_flops(model, kind, training) - forward)
+    core = flops.layer_core_flops(model, kind, training.seq_len)
+    work = kind_core_work_flops(job, kind)
+    forward = flops.layer_matmul_flops(model, kind.moe) + flops.lora_adapter_flops(model, kind.moe, training)
+    backward = float(flops.layer_training_flops(model, kind, training) - forward - 3 * core)
     recomputed = flops.layer_recompute_flops(model, kind, training, layout.recompute)
-    backward += recomputed_share(job, layout) * recomputed
+    redone = 1.0 if layout.recompute in (Recompute.FULL, Recompute.SELECTIVE) else 0.0  # they redo the core
+    share = recomputed_share(job, layout)
+    backward += share * (recomputed - redone * core)
     seconds_per_flop = base.tokens / layout.tp / base.flops_per_s
-    return forward * seconds_per_flop, backward * seconds_per_flop
+    tokens = base.tokens / layout.tp
+    forward_s = forward * seconds_per_flop + tokens * core_s_per_token(base, work, 0.0)
+    core_backward_s = tokens * core_s_per_token(base, share * redone * work, 2 * work)
+    return forward_s, backward * seconds_per_flop + core_backward_s
 
 
 def sharded_exposed_s(job: Job, layout: Layout) -> float:

@@ -9,6 +9,7 @@ from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
 from service.estimator.step_time import (
     activation_bytes,
+    core_kernel,
     time_to_train_s,
     unaligned_core_slowdown,
     unaligned_core_step_s,
@@ -85,15 +86,36 @@ def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tup
     return tuple(out)
 
 
-def time_assumptions(job: Job) -> tuple[str, ...]:
+def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     """What the step time assumed for this GPU, in words and numbers."""
     gpu, tuning = job.cluster.gpu, job.tuning
     fraction = peak_fraction(tuning, gpu)
     fitted = any(chip == gpu.chip for chip, _ in tuning.peak_fraction_by_chip)
     if fitted:
-        return (f"GEMMs at up to {fraction:g} of the dense peak, the fraction fitted on the {gpu.chip} die",)
-    die = f"the {gpu.chip} die has" if gpu.chip else "the GPU's die is not stated and"
-    return (f"GEMMs at up to {fraction:g} of the dense peak: the default ({die} no fitted fraction)",)
+        gemm = f"GEMMs at up to {fraction:g} of the dense peak, the fraction fitted on the {gpu.chip} die"
+    else:
+        die = f"the {gpu.chip} die has" if gpu.chip else "the GPU's die is not stated and"
+        gemm = f"GEMMs at up to {fraction:g} of the dense peak: the default ({die} no fitted fraction)"
+    return (gemm, attention_core_note(job, layout))
+
+
+def attention_core_note(job: Job, layout: Layout) -> str:
+    """How attention's core was timed: which kernel, at what share of the 16-bit peak."""
+    attention = job.training.attention
+    if attention is Attention.EAGER:
+        return "attention's core (eager): the whole masked s x s square at the GEMM rate"
+    kernel = core_kernel(job, layout)
+    if kernel is None:
+        die = job.cluster.gpu.chip or "unstated"
+        return (
+            f"attention's core ({attention}): the causal triangle at the GEMM rate (no published rate of "
+            f"{layout.framework}'s kernel in {job.training.precision} on the {die} die)"
+        )
+    return (
+        f"attention's core ({attention}, {kernel.name} kernel, calls of {kernel.call_tokens:g} tokens): the "
+        f"causal triangle at {kernel.forward_fraction:.3f} (forward) and {kernel.backward_fraction:.3f} "
+        "(backward, 2.5x the forward FLOPs) of the 16-bit peak, the kernel's published rate"
+    )
 
 
 def estimate(
@@ -124,7 +146,7 @@ def estimate_valid(
     time = evaluate.time_estimate(job, layout)
     if calibration.step_time_factor != 1.0:
         time = calibrated_time(time, calibration.step_time_factor)
-    notes = (*memory_assumptions(job, layout), *time_assumptions(job))
+    notes = (*memory_assumptions(job, layout), *time_assumptions(job, layout))
     training = job.training
     return Estimate(
         fits=evaluate.memory_fits(memory, job.cluster),

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from service.estimator.params import LayerKind, layer_kind
-from service.estimator.types import Method, ModelSpec, MoESpec, Recompute, TrainingSpec
+from service.estimator.types import AttentionKind, Method, ModelSpec, MoESpec, Recompute, TrainingSpec
 
 # ---------------------------------------------------------------- forward, per token
 
@@ -66,6 +66,29 @@ def attention_core_flops(model: ModelSpec, span: int) -> int:
 def layer_core_flops(model: ModelSpec, kind: LayerKind, seq_len: int) -> int:
     """``attention_core_flops`` of a layer of ``kind`` in sequences of ``seq_len`` tokens."""
     return attention_core_flops(model, model.attention_span(kind.attention, seq_len))
+
+
+def causal_keys_per_query(model: ModelSpec, kind: AttentionKind, seq_len: int) -> float:
+    """Keys a query of a ``kind`` layer sees on average under the causal mask: (s + 1) / 2 for the
+    whole sequence, the triangle then the full window for a sliding window, a triangle per chunk."""
+    if kind is AttentionKind.SLIDING and model.sliding_window is not None and model.sliding_window < seq_len:
+        w = model.sliding_window
+        return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
+    if kind is AttentionKind.CHUNKED and model.attention_chunk_size is not None:
+        c = min(model.attention_chunk_size, seq_len)
+        full, rest = divmod(seq_len, c)
+        return (full * c * (c + 1) / 2 + rest * (rest + 1) / 2) / seq_len
+    return (seq_len + 1) / 2
+
+
+def layer_core_work_flops(model: ModelSpec, kind: LayerKind, seq_len: int, flash: bool) -> float:
+    """The core FLOPs a layer's attention kernel executes, forward, per token. Flash kernels skip
+    the key blocks the causal mask hides (FlashAttention-2 and cuDNN iterate only to the diagonal),
+    so they do ``causal_keys_per_query`` keys' work; eager attention computes the whole masked
+    square, ``layer_core_flops``."""
+    if not flash:
+        return float(layer_core_flops(model, kind, seq_len))
+    return 2 * causal_keys_per_query(model, kind.attention, seq_len) * (model.q_size + model.v_size)
 
 
 def mlp_flops(model: ModelSpec, ffn_hidden_size: int) -> int:

@@ -1,6 +1,12 @@
 """Step time of one layout: compute at an achievable fraction of peak, plus exposed communication,
 pipeline bubble, offload traffic and the optimizer step.
 
+Attention's core (QK^T, AV) is timed apart from the weight GEMMs: a flash-style kernel (flash,
+sdpa) executes the causal triangle only, at its published rate on the die for the framework's
+kernel (FlashAttention-2 for PyTorch SDPA and flash-attn, cuDNN for Transformer Engine), its
+backward doing 2.5x the forward FLOPs; eager attention computes the whole masked square at the
+GEMM rate. MFU still counts the whole square, as Megatron's and the papers' formulas do.
+
 We model the slowest rank: the most loaded pipeline stage (the last one holds the output layer;
 Megatron keeps the embedding on the first), one micro-batch at a time, ``m`` micro-batches per
 step. Ranks are ordered tp, cp, (ep inside) dp, pp from innermost to outermost (``comm``).
@@ -42,7 +48,7 @@ from service.estimator.job import (
 from service.estimator.memory import offloaded_activation_bytes, rank_parameters_of
 from service.estimator.params import stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
-from service.estimator.tuning import Tuning, matmul_efficiency
+from service.estimator.tuning import Tuning, attention_kernel_fractions, matmul_efficiency
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -262,13 +268,15 @@ class StepBase:
     micro_batches: int
     tokens: int
     flops_per_s: float  # the weight GEMMs' achieved rate
-    core_flops_per_s: float  # attention's core: 16-bit even when the linear layers run in fp8
+    core_forward_flops_per_s: float  # attention's core, forward: 16-bit even when the linears run in fp8
+    core_backward_flops_per_s: float  # its backward, per FLOP of the 2 x forward we count
     expert_flops_per_s: float  # routed experts' GEMMs, on the tokens each expert receives
     routed_flops: int  # routed experts' forward FLOPs per token over the slowest stage's layers
     links: GroupLinks
     parameters: float  # gpu_parameters
     stored_bytes: float  # stage_stored_bytes of the slowest stage, per token
     core_flops: int  # attention's core, forward, per token, over the slowest stage's layers
+    core_work_flops: float  # what its kernels execute of that (flash skips the masked blocks)
     tp_all_reduce_s: float  # one all-reduce of a micro-batch's activations over the TP group
     compute_s: float = 0.0  # compute_s, set once the rest is known
 
@@ -281,9 +289,7 @@ def step_base(job: Job, layout: Layout) -> StepBase:
     counts = rank_kind_counts(job, layout)[stage]
     links = group_links(job, layout)
     precision = job.training.precision
-    # fp8 recipes (Transformer Engine, torchao float8) convert the Linear layers only; attention's
-    # QK^T and AV stay in bf16 (flash attention's 16-bit kernels)
-    core_precision = Precision.BF16 if precision is Precision.FP8 else precision
+    core_forward, core_backward = core_rates_flops_per_s(job, layout, efficiency)
     peak = peak_flops_per_s(job.cluster, precision)
     base = StepBase(
         stage=stage,
@@ -292,17 +298,68 @@ def step_base(job: Job, layout: Layout) -> StepBase:
         micro_batches=layout.accumulation_steps(job.training.global_batch_size),
         tokens=tokens,
         flops_per_s=peak * efficiency,
-        core_flops_per_s=peak_flops_per_s(job.cluster, core_precision) * efficiency,
+        core_forward_flops_per_s=core_forward,
+        core_backward_flops_per_s=core_backward,
         expert_flops_per_s=peak * expert_efficiency(job, layout),
         routed_flops=moe_layers_of(counts) * routed_expert_flops(job.model),
         links=links,
         parameters=gpu_parameters(job, layout),
         stored_bytes=stage_stored_bytes(job, layout)[stage],
         core_flops=sum_core_flops(job, counts),
+        core_work_flops=sum_by_kind(counts, lambda kind: kind_core_work_flops(job, kind)),
         tp_all_reduce_s=tp_all_reduce_s(job, tokens, links.tp),
     )
     base.compute_s = compute_s(job, layout, base)
     return base
+
+
+# FlashAttention's backward does 2.5x its forward FLOPs (it recomputes QK^T; Dao arXiv:2307.08691 and the
+# FlashAttention-3 benchmarks count it so); the step counts the core's backward as 2x the forward.
+FLASH_BACKWARD_FLOPS_RATIO = 2.5
+
+
+@dataclass(frozen=True, slots=True)
+class CoreKernel:
+    """The flash-style attention kernel a layout runs and its published rates on the die."""
+
+    name: str  # tuning.toml [attention_kernel] framework -> kernel
+    call_tokens: float  # sequence length of one kernel call: seq_len / cp
+    forward_fraction: float  # of the 16-bit dense peak
+    backward_fraction: float  # the same, backward FLOPs counted 2.5 x forward
+
+
+def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
+    """The kernel that runs attention's core with a published rate (tuning.toml [attention_kernel]),
+    or None: eager attention, fp32, or no figure for the framework's kernel on this die (the core then
+    runs at the GEMM rate)."""
+    training = job.training
+    if training.attention is Attention.EAGER or training.precision is Precision.FP32:
+        return None
+    call_tokens = training.seq_len / layout.cp
+    fractions = attention_kernel_fractions(job.tuning, job.cluster.gpu, layout.framework, call_tokens)
+    if fractions is None:
+        return None
+    name = dict(job.tuning.attention_kernel_by_framework)[layout.framework]
+    return CoreKernel(name, call_tokens, *fractions)
+
+
+def core_rates_flops_per_s(job: Job, layout: Layout, gemm_efficiency: float) -> tuple[float, float]:
+    """(forward, backward) rates of attention's core (QK^T, AV): its kernel's (``core_kernel``), else
+    the GEMM rate. The backward rate is per FLOP of the 2 x forward the step counts."""
+    # fp8 recipes (Transformer Engine, torchao float8) convert the Linear layers only; attention's
+    # QK^T and AV stay in bf16 (flash attention's 16-bit kernels)
+    precision = job.training.precision
+    peak = peak_flops_per_s(job.cluster, Precision.BF16 if precision is Precision.FP8 else precision)
+    kernel = core_kernel(job, layout)
+    if kernel is None:
+        return peak * gemm_efficiency, peak * gemm_efficiency
+    backward = peak * kernel.backward_fraction * 2.0 / FLASH_BACKWARD_FLOPS_RATIO
+    return peak * kernel.forward_fraction, backward
+
+
+def core_s_per_token(base: StepBase, forward_flops: float, backward_flops: float) -> float:
+    """Seconds per token of ``forward_flops`` and ``backward_flops`` (2 x forward counting) of the core."""
+    return forward_flops / base.core_forward_flops_per_s + backward_flops / base.core_backward_flops_per_s
 
 
 def tokens_per_expert(job: Job, layout: Layout) -> float:
@@ -334,6 +391,13 @@ def sum_core_flops(job: Job, counts: tuple[tuple[LayerKind, int], ...]) -> int:
     """Attention's core FLOPs per token, forward, of these layers (each kind's span)."""
     seq_len = job.training.seq_len
     return sum(count * flops.layer_core_flops(job.model, kind, seq_len) for kind, count in counts)
+
+
+@job_memo
+def kind_core_work_flops(job: Job, kind: LayerKind) -> float:
+    """``flops.layer_core_work_flops`` of a layer of ``kind`` with the job's attention."""
+    flash = job.training.attention is not Attention.EAGER
+    return flops.layer_core_work_flops(job.model, kind, job.training.seq_len, flash)
 
 
 def tp_all_reduce_s(job: Job, tokens: int, link: comm.Link) -> float:
@@ -403,11 +467,11 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     attention's core slowed when its head_dim is unaligned), the memory-bound ops between them and
     the loss."""
     per_token = stage_flops_per_token(job, layout)[base.stage]
-    core = 3 * base.core_flops
+    core, work = base.core_flops, base.core_work_flops  # forward; backward twice that
     routed = flops.frozen_passes(job.training) * base.routed_flops
     unaligned_s = unaligned_core_s(job, layout, base, 3)
     memory_s = memory_bound_s(job, layout, base, 3, base.stored_bytes) + dequantize_s(job, layout, base, 2)
-    work_s = gemm_s(layout, base, per_token - core - routed, core, routed)
+    work_s = gemm_s(layout, base, per_token - 3 * core - routed, work, 2 * work, routed)
     return work_s + unaligned_s + memory_s + loss_s(job, layout, base)
 
 
@@ -415,15 +479,17 @@ def gemm_s(
     layout: Layout,
     base: StepBase,
     linear_per_token: float,
-    core_per_token: float,
+    core_forward_per_token: float,
+    core_backward_per_token: float,
     routed_per_token: float = 0.0,
 ) -> float:
-    """All micro-batches of ``linear_per_token`` weight-GEMM FLOPs, ``core_per_token`` attention
-    core FLOPs and ``routed_per_token`` routed-expert FLOPs per token on one GPU of the tp group."""
+    """All micro-batches of ``linear_per_token`` weight-GEMM FLOPs, the attention-core FLOPs its
+    kernels execute forward and backward, and ``routed_per_token`` routed-expert FLOPs per token on
+    one GPU of the tp group."""
     tokens = base.micro_batches * base.tokens / layout.tp
     return tokens * (
         linear_per_token / base.flops_per_s
-        + core_per_token / base.core_flops_per_s
+        + core_s_per_token(base, core_forward_per_token, core_backward_per_token)
         + routed_per_token / base.expert_flops_per_s
     )
 
@@ -491,9 +557,8 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     if recompute is Recompute.FULL:
         memory_s += dequantize_s(job, layout, base, 1)  # the recomputed forward dequantises again
     routed = base.routed_flops if recompute is Recompute.FULL else 0  # the recomputed forward's experts
-    work_s = gemm_s(layout, base, per_token - core - routed, core, routed) + unaligned_core_s(
-        job, layout, base, redone
-    )
+    work_s = gemm_s(layout, base, per_token - core - routed, redone * base.core_work_flops, 0.0, routed)
+    work_s += unaligned_core_s(job, layout, base, redone)
     return recomputed_share(job, layout) * (work_s + memory_s)
 
 
@@ -529,8 +594,8 @@ def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     chunk_bytes = 2 * base.tokens * kv_width * activation_bytes(training.precision)
     link = base.links.cp
     ring_s = 3 * (layout.cp - 1) * comm.p2p_s(chunk_bytes, link.bandwidth_bytes_per_s, link.latency_s)
-    core_flops = 3 * base.core_flops / base.layers * base.tokens / layout.tp  # a layer's, on average
-    per_layer = max(0.0, ring_s - core_flops / base.flops_per_s)
+    core_flops = base.core_work_flops / base.layers * base.tokens / layout.tp  # a layer's forward, on average
+    per_layer = max(0.0, ring_s - core_s_per_token(base, core_flops, 2 * core_flops))
     return base.micro_batches * base.layers * per_layer
 
 

@@ -13,7 +13,9 @@ take it down for narrow GEMMs (small hidden sizes, wide tensor parallelism) and 
 Factors are piecewise linear in log2 of their argument and flat outside the tabulated range. The memory-bound
 work between the GEMMs (norms, activations, dropout, eager softmax) is timed separately from HBM
 bandwidth, ``memory_traffic_per_stored_byte`` x the activation bytes the layer stores, and the
-cross-entropy from ``loss_traffic_bytes_per_logit`` x the logits of the last stage. Eager
+cross-entropy from ``loss_traffic_bytes_per_logit`` x the logits of the last stage. Flash-style
+attention's core runs at its kernel's published rate on the die (``attention_kernel_fractions``),
+not at the GEMM rate. Eager
 attention's batched GEMMs run at ``unaligned_attention_core_factor`` of that rate when a head's row
 (head_dim x element bytes) is not a multiple of ``attention_alignment_bytes``.
 """
@@ -69,6 +71,18 @@ class CurvePoint:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionKernelRate:
+    """A flash-style attention kernel's achieved rate on one die, as fractions of the 16-bit dense peak
+    by the sequence length of a kernel call; backward in the FlashAttention convention (2.5 x the
+    forward FLOPs)."""
+
+    kernel: str
+    chip: str  # GPUSpec.chip
+    forward_points: tuple[CurvePoint, ...]
+    backward_points: tuple[CurvePoint, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Tuning:
     """Achievable fractions of the data sheet, the host-side rates and the overlap defaults."""
 
@@ -92,6 +106,9 @@ class Tuning:
     selective_recompute_passes: float  # memory-bound passes of selective recompute over the bytes it stores
     attention_alignment_bytes: int  # a head's row must be a multiple of this for the fast BMM kernels
     unaligned_attention_core_factor: float  # eager QK^T / AV rate off that alignment, x the GEMM rate
+    # flash-style attention: the kernel each framework runs, and the published rates per die
+    attention_kernel_by_framework: tuple[tuple[Framework, str], ...] = ()
+    attention_kernel_rates: tuple[AttentionKernelRate, ...] = ()
     cpu_adam_params_per_s_per_node: float  # DeepSpeed CPU-Adam, whole host
     torch_cpu_adam_slowdown: float  # PyTorch's AdamW on CPU tensors (FSDP CPU offload) vs DeepSpeed's
     nvme_bandwidth_bytes_per_s_per_node: float  # when the cluster gives none
@@ -101,6 +118,13 @@ class Tuning:
     def __post_init__(self) -> None:
         fractions = [self.default_peak_fraction, *(f for _, f in self.peak_fraction_by_chip)]
         fractions += [p.factor for p in (*self.width_points, *self.tokens_points)]
+        for rate in self.attention_kernel_rates:
+            if not rate.forward_points or not rate.backward_points:
+                raise InvalidHardware(
+                    f"attention kernel {rate.kernel} on {rate.chip} needs forward and backward points",
+                    rule="non_empty",
+                )
+            fractions += [p.factor for p in (*rate.forward_points, *rate.backward_points)]
         fractions += [self.intra_node_bus_efficiency, self.inter_node_bus_efficiency]
         fractions.append(self.unaligned_attention_core_factor)
         for value in fractions:
@@ -147,6 +171,22 @@ def matmul_efficiency(tuning: Tuning, gpu: GPUSpec, width: float, tokens: float)
     width_factor = _interpolate_log2(tuning.width_points, width)
     tokens_factor = _interpolate_log2(tuning.tokens_points, tokens)
     return peak_fraction(tuning, gpu) * width_factor * tokens_factor
+
+
+def attention_kernel_fractions(
+    tuning: Tuning, gpu: GPUSpec, framework: Framework, kernel_seq_len: float
+) -> tuple[float, float] | None:
+    """(forward, backward) fractions of the 16-bit peak that the framework's flash-style attention
+    kernel reaches on the GPU's die for calls of ``kernel_seq_len`` tokens; None without a published
+    figure (the core then runs at the GEMM rate). Backward counts 2.5 x the forward FLOPs."""
+    kernel = dict(tuning.attention_kernel_by_framework).get(framework)
+    for rate in tuning.attention_kernel_rates:
+        if rate.kernel == kernel and rate.chip == gpu.chip:
+            return (
+                _interpolate_log2(rate.forward_points, kernel_seq_len),
+                _interpolate_log2(rate.backward_points, kernel_seq_len),
+            )
+    return None
 
 
 def dp_overlap_default(tuning: Tuning, framework: Framework) -> bool:
