@@ -13,7 +13,12 @@ from sqlalchemy.orm import sessionmaker
 from service.api.main import api_router
 from service.api.problems import install_handlers
 from service.metrics import Metrics
-from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
+from service.middleware import (
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+    NulRefusalMiddleware,
+    RequestIdMiddleware,
+)
 from service.persistence.db import make_engine
 from service.settings import Settings, get_settings
 
@@ -47,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Outermost last: request id wraps everything so even a 413 or a 500 carries it.
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(NulRefusalMiddleware)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

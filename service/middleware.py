@@ -1,4 +1,4 @@
-"""ASGI middleware: request ids, body-size limit and request metrics."""
+"""ASGI middleware: request ids, body-size limit, NUL refusal and request metrics."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import logging
 import re
 import time
 import uuid
+from urllib.parse import unquote_to_bytes
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -61,6 +62,40 @@ class RequestIdMiddleware:
                 slug="internal",
             )
             await response(scope, receive, send_with_id)
+
+
+class NulRefusalMiddleware:
+    """A NUL (U+0000, %00) in the path, the query or a header is a 422 before any route runs: no id,
+    filter or key holds one, and PostgreSQL text cannot store one (the body's strings are refused by
+    the schemas)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        where = None
+        if b"\x00" in scope.get("raw_path", b"") or "\x00" in scope["path"]:
+            where = "path"
+        elif b"\x00" in unquote_to_bytes(scope.get("query_string", b"")):
+            where = "query"
+        else:
+            for name, value in scope["headers"]:
+                if b"\x00" in value:
+                    where = f"header {name.decode('latin-1')}"
+                    break
+        if where is None:
+            await self.app(scope, receive, send)
+            return
+        response = problem_response(
+            422,
+            f"the request's {where} contains the NUL character (%00), which no field accepts",
+            slug="validation-error",
+            errors=[{"field": where, "message": "must not contain NUL (U+0000)"}],
+        )
+        await response(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import Engine, text
 
@@ -14,6 +14,18 @@ router = APIRouter(tags=["health"])
 @router.get("/healthz")
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
+
+
+# Load balancers probe with HEAD: the same answers without a body (not in the OpenAPI document).
+@router.head("/healthz", include_in_schema=False)
+def healthz_head() -> Response:
+    return Response(status_code=200)
+
+
+@router.head("/readyz", include_in_schema=False)
+def readyz_head(request: Request) -> Response:
+    readyz(request)
+    return Response(status_code=200)
 
 
 @router.get("/readyz", responses={503: {"description": "the database does not answer"}})

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from service.api.schemas.common import Problem
 from service.catalog.errors import UnknownCatalogEntry
@@ -124,10 +125,28 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(status).phrase
     if status == 404 and detail == "Not Found":
         detail = f"No route matches {request.method} {request.url.path}"
+    headers = dict(exc.headers or {})
     if status == 405:
-        detail = f"Method {request.method} is not allowed on {request.url.path}"
+        allowed = allowed_methods(request)
+        headers["Allow"] = ", ".join(allowed)
+        detail = (
+            f"Method {request.method} is not allowed on {request.url.path}; allowed: {', '.join(allowed)}"
+        )
     slug = {404: "not-found", 405: "method-not-allowed"}.get(status, "http-error")
-    return problem_response(status, detail, slug=slug, instance=request.url.path, headers=exc.headers)
+    return problem_response(status, detail, slug=slug, instance=request.url.path, headers=headers or None)
+
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves on this path (Starlette's 405 names only the first route's)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -923,6 +923,9 @@ _BUILDERS: dict[str, Callable[[_Fields, str], ModelSpec]] = {
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
 
 
+MAX_NAME_CHARS = 200  # a model's name, as plans store it
+
+
 def model_from_hf_config(config: Mapping[str, object], *, name: str | None = None) -> ModelSpec:
     """The ModelSpec of a Hugging Face ``config.json`` (already parsed into a mapping)."""
     model_type = config.get("model_type")
@@ -938,6 +941,13 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
             field="hf_config.model_type",
         )
     default_name = config.get("_name_or_path")
+    if name is None and isinstance(default_name, str) and len(default_name) > MAX_NAME_CHARS:
+        raise InvalidModel(
+            f"hf_config _name_or_path is {len(default_name)} characters, over the {MAX_NAME_CHARS} a model "
+            "name may have; give a shorter one (or the request's model.name)",
+            rule="max_length",
+            field="hf_config._name_or_path",
+        )
     resolved = name or (default_name if isinstance(default_name, str) and default_name else model_type)
     spec = builder(_Fields(config, model_type), resolved)
     hidden, attention = _dropout(config, model_type)

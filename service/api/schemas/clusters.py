@@ -7,7 +7,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
-from service.api.schemas.common import MAX_BANDWIDTH_BYTES_PER_S, MAX_MEMORY_BYTES, Strict
+from service.api.schemas.common import (
+    MAX_BANDWIDTH_BYTES_PER_S,
+    MAX_MEMORY_BYTES,
+    MIN_BANDWIDTH_BYTES_PER_S,
+    Strict,
+)
 from service.api.schemas.gpus import CustomGPU, resolve_gpu
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
@@ -21,11 +26,14 @@ class ClusterShape(Strict):
     num_nodes: int = Field(ge=1, le=100_000)
     gpus_per_node: int = Field(ge=1, le=64)
     intra_node_bandwidth_bytes_per_s: float | None = Field(
-        default=None, gt=0, le=MAX_BANDWIDTH_BYTES_PER_S, description="default: the GPU's NVLink/PCIe figure"
+        default=None,
+        ge=MIN_BANDWIDTH_BYTES_PER_S,
+        le=MAX_BANDWIDTH_BYTES_PER_S,
+        description="default: the GPU's NVLink/PCIe figure",
     )
     inter_node_bandwidth_bytes_per_s: float | None = Field(
         default=None,
-        gt=0,
+        ge=MIN_BANDWIDTH_BYTES_PER_S,
         le=MAX_BANDWIDTH_BYTES_PER_S,
         description="each GPU's share of the node's network; required when num_nodes > 1",
     )
@@ -79,8 +87,12 @@ class ClusterPatch(Strict):
     gpu: str | CustomGPU | None = None
     num_nodes: int | None = Field(default=None, ge=1, le=100_000)
     gpus_per_node: int | None = Field(default=None, ge=1, le=64)
-    intra_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
-    inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+    intra_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
+    )
+    inter_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
+    )
     cpu_memory_bytes_per_node: int | None = Field(default=None, ge=0, le=MAX_MEMORY_BYTES)
     nvme_bytes_per_node: int | None = Field(default=None, ge=0, le=2**50)
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, field_validator
 
-from service.api.schemas.common import MAX_BANDWIDTH_BYTES_PER_S, MAX_FLOPS_PER_S, MAX_MEMORY_BYTES, Strict
+from service.api.schemas.common import (
+    MAX_BANDWIDTH_BYTES_PER_S,
+    MAX_FLOPS_PER_S,
+    MAX_MEMORY_BYTES,
+    MIN_BANDWIDTH_BYTES_PER_S,
+    MIN_FLOPS_PER_S,
+    MIN_MEMORY_BYTES,
+    Strict,
+)
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.gpus import gpu as catalog_gpu
 from service.catalog.gpus import known_chips
@@ -13,11 +21,11 @@ from service.estimator.types import GPUSpec, PeakFlops
 
 
 class PeakFlopsIn(Strict):
-    fp32: float = Field(gt=0, le=MAX_FLOPS_PER_S)
-    tf32: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
-    bf16: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
-    fp16: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
-    fp8: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S)
+    fp32: float = Field(ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
+    tf32: float | None = Field(default=None, ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
+    bf16: float | None = Field(default=None, ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
+    fp16: float | None = Field(default=None, ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
+    fp8: float | None = Field(default=None, ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
 
 
 class CustomGPU(Strict):
@@ -30,11 +38,13 @@ class CustomGPU(Strict):
         description="the GPU die (gh100 for an H800 or H20, ga100 for an A800, ...): picks the GEMM peak "
         "fraction fitted on that silicon; absent: the default fraction. One of the catalog's chips.",
     )
-    memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES)
+    memory_bytes: int = Field(ge=MIN_MEMORY_BYTES, le=MAX_MEMORY_BYTES)
     peak_flops_per_s: PeakFlopsIn
-    hbm_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
-    intra_node_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
-    pcie_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_BANDWIDTH_BYTES_PER_S)
+    hbm_bandwidth_bytes_per_s: float = Field(ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S)
+    intra_node_bandwidth_bytes_per_s: float = Field(
+        ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
+    )
+    pcie_bandwidth_bytes_per_s: float = Field(ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S)
     flash_attention: bool = Field(
         default=True,
         description="FlashAttention-2 kernels exist for it (NVIDIA Ampere or newer, AMD CDNA 2/3)",

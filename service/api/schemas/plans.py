@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from service.api.schemas.clusters import ClusterChoice
-from service.api.schemas.common import MAX_MEMORY_BYTES, Strict
+from service.api.schemas.common import MAX_MEMORY_BYTES, MIN_MEMORY_BYTES, Strict
 from service.api.schemas.estimates import EstimateOut
 from service.api.schemas.models import ModelRef
 from service.api.schemas.training import TrainingIn
@@ -84,9 +84,9 @@ class PlanOut(BaseModel):
 class RunIn(Strict):
     """What a real run of the plan measured."""
 
-    peak_memory_bytes_per_gpu: int | None = Field(default=None, gt=0, le=MAX_MEMORY_BYTES)
-    step_s: float | None = Field(default=None, gt=0, le=1e7)
-    tokens_per_s: float | None = Field(default=None, gt=0, le=1e12)
+    peak_memory_bytes_per_gpu: int | None = Field(default=None, ge=MIN_MEMORY_BYTES, le=MAX_MEMORY_BYTES)
+    step_s: float | None = Field(default=None, ge=1e-3, le=1e7)  # no training step takes under 1 ms
+    tokens_per_s: float | None = Field(default=None, ge=1.0, le=1e12)
     gpu_utilization: float | None = Field(default=None, ge=0, le=1)
     out_of_memory: bool = False
     framework_version: str = Field(default="", max_length=100)

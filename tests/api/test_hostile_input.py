@@ -1,0 +1,159 @@
+"""Inputs a hostile or careless client sends: JSON types other than the field's, NUL characters
+anywhere, values below physical bounds, names longer than a plan stores. Each is a 422 that names the
+field (or where in the request), on SQLite and PostgreSQL, and nothing is stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.helpers import assert_problem
+
+CLUSTER = {"name": "ok", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+ONE_H100 = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1}
+
+
+def estimate_body(**parts: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": {"preset": "gpt2"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 2, **parts.get("cluster", {})},
+        "training": {"seq_len": 1024, "global_batch_size": 8, **parts.get("training", {})},
+        "layout": {"dp": 2, **parts.get("layout", {})},
+    }
+
+
+@pytest.mark.parametrize(
+    ("parts", "field", "words"),
+    [
+        (
+            {"training": {"global_batch_size": "8"}},
+            "training.global_batch_size",
+            "expected an integer, got str '8'",
+        ),
+        ({"training": {"seq_len": True}}, "training.seq_len", "expected an integer, got bool True"),
+        ({"layout": {"dp": "2"}}, "layout.dp", "expected an integer, got str '2'"),
+        ({"layout": {"sequence_parallel": 1}}, "layout.sequence_parallel", "expected true or false, got 1"),
+        (
+            {"cluster": {"intra_node_bandwidth_bytes_per_s": "4e11"}},
+            "cluster.intra_node_bandwidth_bytes_per_s",
+            "expected a number, got str",
+        ),
+        (
+            {"cluster": {"intra_node_bandwidth_gbps": "400"}},
+            "cluster",
+            "intra_node_bandwidth_gbps: expected a number",
+        ),
+    ],
+)
+def test_json_types_other_than_the_fields_are_refused(
+    client: TestClient, parts: dict[str, Any], field: str, words: str
+) -> None:
+    body = assert_problem(client.post("/v1/estimates", json=estimate_body(**parts)), 422)
+    assert body["errors"][0]["field"] == field, body
+    assert words in body["detail"], body["detail"]
+
+
+def test_integers_still_fill_number_fields(client: TestClient) -> None:
+    ok = client.post(
+        "/v1/estimates", json=estimate_body(cluster={"intra_node_bandwidth_bytes_per_s": 400_000_000_000})
+    )
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "limit"),
+    [
+        ("inter_node_bandwidth_bytes_per_s", 5e-324, "1000000"),  # a denormal: step time would be Infinity
+        ("intra_node_bandwidth_bytes_per_s", 1.0, "1000000"),
+    ],
+)
+def test_hardware_below_physical_bounds_is_refused(
+    client: TestClient, field: str, value: float, limit: str
+) -> None:
+    body = estimate_body(
+        cluster={"num_nodes": 2, "gpus_per_node": 1, field: value, "inter_node_bandwidth_bytes_per_s": 5e10}
+    )
+    body["cluster"][field] = value
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert field in problem["detail"] and limit in problem["detail"].replace(".0", ""), problem["detail"]
+
+
+def test_custom_gpu_with_a_denormal_peak_is_refused(client: TestClient) -> None:
+    gpu = {
+        "name": "tiny",
+        "memory_bytes": 80 * 10**9,
+        "peak_flops_per_s": {"fp32": 1e-300, "bf16": 1e-300},
+        "hbm_bandwidth_bytes_per_s": 2e12,
+        "intra_node_bandwidth_bytes_per_s": 4e11,
+        "pcie_bandwidth_bytes_per_s": 6.4e10,
+    }
+    body = estimate_body()
+    body["cluster"] = {"gpu": gpu, "num_nodes": 1, "gpus_per_node": 2}
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert "peak_flops_per_s" in problem["detail"]
+
+
+def test_nul_in_a_body_string_is_refused_and_nothing_is_stored(client: TestClient) -> None:
+    for patch in ({"name": "a\u0000b"}, {"description": "x\u0000"}):
+        problem = assert_problem(client.post("/v1/clusters", json={**CLUSTER, **patch}), 422)
+        assert "NUL" in problem["detail"]
+    hf = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "intermediate_size": 128, "vocab_size": 100, "_name_or_path": "a\u0000"}  # fmt: skip
+    body = estimate_body()
+    body["model"] = {"hf_config": hf}
+    assert "hf_config._name_or_path" in assert_problem(client.post("/v1/estimates", json=body), 422)["detail"]
+    assert client.get("/v1/clusters").json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "where"),
+    [
+        ("GET", "/v1/plans", {"params": {"cluster_id": "a\u0000b"}}, "query"),
+        ("GET", "/v1/clusters/a%00b", {}, "path"),
+        ("POST", "/v1/clusters", {"json": CLUSTER, "headers": {"Idempotency-Key": "a\u0000b"}}, "header"),
+    ],
+)
+def test_nul_in_the_path_query_or_a_header_is_refused(
+    client: TestClient, method: str, path: str, kwargs: dict[str, Any], where: str
+) -> None:
+    problem = assert_problem(client.request(method, path, **kwargs), 422)
+    assert where in problem["detail"] and "NUL" in problem["detail"]
+    assert client.get("/v1/clusters").json()["items"] == []
+
+
+def test_a_model_name_longer_than_a_plan_stores_is_refused(client: TestClient) -> None:
+    hf = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "intermediate_size": 128, "vocab_size": 100, "_name_or_path": "x" * 201}  # fmt: skip
+    body = {
+        "model": {"hf_config": hf},
+        "cluster": ONE_H100,
+        "training": {"seq_len": 128, "global_batch_size": 1},
+    }
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)
+    assert "_name_or_path" in problem["detail"] and "200" in problem["detail"]
+    assert client.get("/v1/plans").json()["items"] == []
+    # the request's model.name labels it instead
+    named = client.post("/v1/plans", json={**body, "model": {"hf_config": hf, "name": "tiny"}})
+    assert named.status_code == 201, named.text
+
+
+def test_observed_runs_below_physical_bounds_are_refused(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "gpt2"},
+        "cluster": ONE_H100,
+        "training": {"seq_len": 128, "global_batch_size": 1},
+    }
+    plan = client.post("/v1/plans", json=body).json()
+    for field, value in (("step_s", 1e-300), ("tokens_per_s", 1e-9), ("peak_memory_bytes_per_gpu", 1)):
+        response = client.post(f"/v1/plans/{plan['id']}/runs", json={field: value})
+        assert field in assert_problem(response, 422)["detail"]
+
+
+def test_method_not_allowed_names_every_method_and_health_answers_head(client: TestClient) -> None:
+    response = client.put("/v1/clusters")
+    assert_problem(response, 405)
+    assert response.headers["allow"] == "GET, POST"
+    assert client.head("/healthz").status_code == 200
+    assert client.head("/readyz").status_code == 200
