@@ -30,7 +30,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(settings.database_url, sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+        engine = make_engine(
+            settings.database_url,
+            sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
+            connect_timeout_s=settings.database_connect_timeout_s,
+            statement_timeout_ms=settings.database_statement_timeout_ms,
+            pool_timeout_s=settings.database_pool_timeout_s,
+        )
         app.state.engine = engine
         app.state.sessionmaker = sessionmaker(engine, expire_on_commit=False)
         try:

@@ -1,9 +1,11 @@
 """Service settings, read from the environment with the PLANNER_ prefix."""
 
+import json
 from functools import lru_cache
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -11,13 +13,32 @@ class Settings(BaseSettings):
 
     # SQLite file in the working directory by default; postgresql+psycopg://... for PostgreSQL.
     database_url: str = "sqlite:///./trainplan.db"
-    # Origins allowed to call the API from a browser (the platform UI); comma-separated in env.
-    cors_origins: list[str] = Field(default_factory=list)
+    # Origins allowed to call the API from a browser (the platform UI): a JSON list or
+    # comma-separated in the environment.
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Request bodies larger than this are refused with 413 before they are parsed.
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     # SQLite waits this long for a competing writer before failing with "database is locked".
     sqlite_busy_timeout_ms: int = Field(default=5_000, ge=0)
+    # PostgreSQL: give up connecting, on one statement, and waiting for a pooled connection after
+    # these (the request is then a 503 with Retry-After).
+    database_connect_timeout_s: int = Field(default=5, ge=1)
+    database_statement_timeout_ms: int = Field(default=30_000, ge=100)
+    database_pool_timeout_s: float = Field(default=10.0, gt=0)
     log_level: str = "INFO"
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"PLANNER_CORS_ORIGINS is not a valid JSON list: {exc}") from None
+        return [origin.strip() for origin in text.split(",") if origin.strip()]
 
 
 @lru_cache

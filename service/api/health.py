@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import Engine, text
@@ -28,7 +31,7 @@ def readyz_head(request: Request) -> Response:
     return Response(status_code=200)
 
 
-@router.get("/readyz", responses={503: {"description": "the database does not answer"}})
+@router.get("/readyz", responses={503: {"description": "the database does not answer or cannot be written"}})
 def readyz(request: Request) -> dict[str, str]:
     engine: Engine = request.app.state.engine
     try:
@@ -36,7 +39,21 @@ def readyz(request: Request) -> dict[str, str]:
             conn.execute(text("SELECT 1"))
     except Exception as exc:
         raise ServiceUnavailable(f"database not reachable: {type(exc).__name__}") from exc
+    unwritable = _unwritable_sqlite_files(engine)
+    if unwritable:
+        raise ServiceUnavailable(f"database files not writable: {', '.join(unwritable)}")
     return {"status": "ready", "database": engine.dialect.name}
+
+
+def _unwritable_sqlite_files(engine: Engine) -> list[str]:
+    """SQLite writes the database, its WAL and shared-memory files and creates them in the folder:
+    any of them read-only and every write would fail while reads still answer."""
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        return []
+    main = Path(database)
+    paths = [main.parent, main, *(main.with_name(main.name + suffix) for suffix in ("-wal", "-shm"))]
+    return [str(path) for path in paths if path.exists() and not os.access(path, os.W_OK)]
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

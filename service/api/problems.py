@@ -7,10 +7,12 @@ their OpenAPI documentation, shared by every router.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -22,6 +24,7 @@ from service.catalog.errors import UnknownCatalogEntry
 from service.errors import ServiceError
 from service.estimator.errors import EstimatorError
 
+log = logging.getLogger("service.errors")
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "https://trainplan.dev/problems/"
 
@@ -88,10 +91,58 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     return out
 
 
+RETRY_AFTER_S = 2  # what a 503 asks a client to wait: a busy database frees within seconds
+
+
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status_code == 503 else None
     return problem_response(
-        exc.status_code, exc.detail, slug=exc.slug, errors=exc.errors, instance=request.url.path
+        exc.status_code,
+        exc.detail,
+        slug=exc.slug,
+        errors=exc.errors,
+        instance=request.url.path,
+        headers=headers,
+    )
+
+
+def database_unavailable_detail(exc: BaseException) -> str | None:
+    """Why the database cannot serve the request now, when that is the error (busy, locked,
+    unreachable, timed out, read-only): the request may succeed later, so it is a 503, not a 500.
+    None for any other error (a bug stays a 500)."""
+    if isinstance(exc, sqlalchemy.exc.TimeoutError):
+        return "the database connection pool is exhausted"
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
+        return "the database connection was lost"
+    if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+        message = str(exc.orig).lower() if exc.orig is not None else ""
+        for words, why in (
+            ("locked", "the database is busy (locked by another writer)"),
+            ("busy", "the database is busy"),
+            ("readonly", "the database is read-only"),
+            ("read-only", "the database is read-only"),
+            ("statement timeout", "the database did not answer within the statement timeout"),
+            ("timeout", "the database did not answer in time"),
+            ("timed out", "the database did not answer in time"),
+        ):
+            if words in message:
+                return why
+        return "the database cannot be reached"
+    return None
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    why = database_unavailable_detail(exc)
+    if why is None:
+        raise exc
+    log.warning("503 on %s %s: %s (%s)", request.method, request.url.path, why, type(exc).__name__)
+    return problem_response(
+        503,
+        f"{why}; nothing was stored; retry after {RETRY_AFTER_S} s",
+        slug="unavailable",
+        instance=request.url.path,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
 
@@ -151,6 +202,7 @@ def allowed_methods(request: Request) -> list[str]:
 
 def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(sqlalchemy.exc.SQLAlchemyError, _database_error)
     app.add_exception_handler(EstimatorError, _estimator_error)
     app.add_exception_handler(UnknownCatalogEntry, _unknown_entry)
     app.add_exception_handler(RequestValidationError, _request_validation)

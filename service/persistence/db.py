@@ -62,8 +62,17 @@ def new_id() -> str:
     return "".join(reversed(chars))
 
 
-def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 5_000) -> Engine:
-    """Engine for SQLite (WAL, busy timeout, foreign keys on) or PostgreSQL via psycopg 3."""
+def make_engine(
+    url: str,
+    *,
+    sqlite_busy_timeout_ms: int = 5_000,
+    connect_timeout_s: int = 5,
+    statement_timeout_ms: int = 30_000,
+    pool_timeout_s: float = 10.0,
+) -> Engine:
+    """Engine for SQLite (WAL, busy timeout, foreign keys on) or PostgreSQL via psycopg 3 with a
+    connect timeout, a statement timeout and a pool wait: a database that accepts TCP but never
+    answers, a stuck statement or an exhausted pool ends as a 503, never a hung request."""
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
@@ -75,9 +84,18 @@ def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 5_000) -> Engine:
             cursor = dbapi_connection.cursor()
             if ":memory:" not in url:
                 cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=FULL")  # each commit's WAL is on disk before its 2xx
             cursor.execute(f"PRAGMA busy_timeout={int(sqlite_busy_timeout_ms)}")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_timeout=pool_timeout_s,
+        connect_args={
+            "connect_timeout": connect_timeout_s,
+            "options": f"-c statement_timeout={int(statement_timeout_ms)}",
+        },
+    )

@@ -1,0 +1,113 @@
+"""A database that is busy, unreachable or silent: a 503 problem+json with Retry-After within the
+configured timeouts, nothing half-written, and the service answering again once it is back."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic import command
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+from service.settings import Settings
+from tests.api.helpers import assert_problem
+from tests.conftest import alembic_config
+
+CLUSTER = {"name": "c", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+
+
+def assert_unavailable(response: object, *words: str) -> None:
+    problem = assert_problem(response, 503)  # type: ignore[arg-type]
+    assert response.headers["retry-after"] == "2"  # type: ignore[attr-defined]
+    for word in words:
+        assert word in problem["detail"], problem["detail"]
+
+
+@pytest.fixture
+def sqlite_file(tmp_path: Path) -> str:
+    path = tmp_path / "faults.db"
+    command.upgrade(alembic_config(f"sqlite:///{path}"), "head")
+    return str(path)
+
+
+def test_a_locked_sqlite_database_is_a_503_and_nothing_is_stored(sqlite_file: str) -> None:
+    settings = Settings(database_url=f"sqlite:///{sqlite_file}", sqlite_busy_timeout_ms=0)
+    with TestClient(create_app(settings)) as client:
+        holder = sqlite3.connect(sqlite_file, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")  # another writer holds the database
+        try:
+            assert_unavailable(client.post("/v1/clusters", json=CLUSTER), "busy", "nothing was stored")
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert client.get("/v1/clusters").json()["items"] == []
+        assert client.post("/v1/clusters", json=CLUSTER).status_code == 201
+
+
+def test_an_unreachable_postgresql_is_a_503_and_health_still_answers() -> None:
+    with socket.socket() as probe:  # a local port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = Settings(database_url=f"postgresql+psycopg://postgres@127.0.0.1:{port}/none")
+    with TestClient(create_app(settings)) as client:
+        assert_unavailable(client.post("/v1/clusters", json=CLUSTER), "cannot be reached")
+        assert_unavailable(client.get("/v1/clusters"))
+        assert_unavailable(client.get("/readyz"))
+        assert client.get("/healthz").status_code == 200
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """Accepts TCP connections and never answers (a hung database host)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    server.close()
+
+
+def test_a_database_that_never_answers_is_a_503_within_the_connect_timeout(silent_server: int) -> None:
+    settings = Settings(
+        database_url=f"postgresql+psycopg://postgres@127.0.0.1:{silent_server}/none",
+        database_connect_timeout_s=2,  # libpq's smallest
+    )
+    with TestClient(create_app(settings)) as client:
+        started = time.perf_counter()
+        assert_unavailable(client.get("/readyz"))
+        assert time.perf_counter() - started < 10  # not the 60 s + a hung request used to take
+
+
+def test_readyz_notices_an_unwritable_sqlite_file(sqlite_file: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (as root every file is writable, so the permission check is stubbed for the WAL file)
+    import service.api.health as health
+
+    real_access = health.os.access
+    wal = sqlite_file + "-wal"
+    monkeypatch.setattr(health.os, "access", lambda path, mode: str(path) != wal and real_access(path, mode))
+    with TestClient(create_app(Settings(database_url=f"sqlite:///{sqlite_file}"))) as client:
+        client.get("/v1/clusters")  # opens the database: WAL mode creates the -wal file
+        assert Path(wal).exists()
+        assert_unavailable(client.get("/readyz"), "not writable", wal)
