@@ -65,6 +65,8 @@ def covers_every_rank(num_layers: int, layout: Layout) -> bool:
 def _covers_every_rank(
     num_layers: int, pp: int, virtual: int, explicit: tuple[int, ...] | None, embedding: bool, loss: bool
 ) -> bool:
+    if pp > num_layers + 2:
+        return False  # the ranks between the first and the last need a layer each: no split can do it
     layout = Layout(
         pp=pp,
         virtual_pipeline_stages=virtual,

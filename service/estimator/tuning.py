@@ -167,10 +167,22 @@ def peak_fraction(tuning: Tuning, gpu: GPUSpec) -> float:
 
 
 def matmul_efficiency(tuning: Tuning, gpu: GPUSpec, width: float, tokens: float) -> float:
-    """Fraction of peak a layer sustains for GEMM width ``h / tp`` and ``b s / cp`` tokens."""
+    """Fraction of peak a layer sustains for GEMM width ``h / tp`` and ``b s / cp`` tokens (the
+    GEMMs' rows), never above what streaming the weights from HBM allows (``weight_streaming_bound``)."""
     width_factor = _interpolate_log2(tuning.width_points, width)
     tokens_factor = _interpolate_log2(tuning.tokens_points, tokens)
-    return peak_fraction(tuning, gpu) * width_factor * tokens_factor
+    return min(peak_fraction(tuning, gpu) * width_factor * tokens_factor, weight_streaming_bound(gpu, tokens))
+
+
+def weight_streaming_bound(gpu: GPUSpec, rows: float) -> float:
+    """The roofline of a GEMM of ``rows`` rows against a weight matrix read from HBM: 2 rows K N FLOPs
+    over the 2 K N bytes of 16-bit weights is ``rows`` FLOP per byte, so at most rows x bandwidth /
+    peak of the 16-bit peak (fp8 halves the bytes and doubles the peak; tf32 the reverse: the same
+    bound). It binds only for short rows (under ~300 on H100, ~150 on A100): tiny micro-batches, wide
+    context parallelism, or fine-grained experts that see few tokens each."""
+    peaks = gpu.peak_flops_per_s
+    peak_16bit = peaks.bf16 or peaks.fp16 or peaks.fp32
+    return rows * gpu.hbm_bandwidth_bytes_per_s / peak_16bit
 
 
 def attention_kernel_fractions(

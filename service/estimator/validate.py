@@ -163,10 +163,10 @@ def pipeline_split_violation(model: ModelSpec, layout: Layout) -> Violation:
             "pipeline_layers",
         )
     if not pipeline.covers_every_rank(model.num_layers, layout):
-        split = pipeline.stage_layers(model.num_layers, layout)
+        # the split itself only when it is short enough to read (a search tries pp in the thousands)
+        shown = f" (split {list(pipeline.stage_layers(model.num_layers, layout))})" if p * v <= 256 else ""
         return _bad(
-            f"num_layers ({model.num_layers}) cannot give each of pp x v = {p * v} stages a layer "
-            f"(split {list(split)})",
+            f"num_layers ({model.num_layers}) cannot give each of pp x v = {p * v} stages a layer{shown}",
             "pp_layers",
             "pp",
         )
@@ -497,6 +497,7 @@ def validate_layout(model: ModelSpec, cluster: ClusterSpec, layout: Layout, trai
 
 
 @functools.cache
+@functools.lru_cache(maxsize=4096)
 def divisors(n: int) -> tuple[int, ...]:
     """Positive divisors of ``n``, ascending."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]

@@ -100,16 +100,20 @@ def gpu_counts(cluster: ClusterSpec, max_gpus: int | None = None) -> tuple[int, 
     gpn, nodes = cluster.gpus_per_node, cluster.num_nodes
     limit = min(cluster.world_size, max_gpus or cluster.world_size)
     within = [d for d in divisors(gpn) if d < gpn]
-    node_counts = [k for k in range(1, nodes + 1) if k <= 16 or _three_smooth(k) or k == nodes]
+    node_counts = sorted({*range(1, min(nodes, 16) + 1), *three_smooth_up_to(nodes), nodes})
     return tuple(n for n in (*within, *(k * gpn for k in node_counts)) if n <= limit)
 
 
-def _three_smooth(k: int) -> bool:
-    while k % 2 == 0:
-        k //= 2
-    while k % 3 == 0:
-        k //= 3
-    return k == 1
+def three_smooth_up_to(n: int) -> list[int]:
+    """Every 2^a 3^b <= n (a few dozen even for a million nodes; generated, not searched for)."""
+    found, power3 = [], 1
+    while power3 <= n:
+        value = power3
+        while value <= n:
+            found.append(value)
+            value *= 2
+        power3 *= 3
+    return found
 
 
 # ---------------------------------------------------------------- rejections
@@ -164,38 +168,47 @@ class Structure:
     ep: int
 
 
-def _structure_violation(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout
-) -> tuple[str, str] | None:
-    """The first rule a (dp, tp, pp, cp) split breaks, as (rule, detail), or None."""
-    if layout.tp > cluster.gpus_per_node:
-        return "tp_node", (
-            f"tp ({layout.tp}) > GPUs per node ({cluster.gpus_per_node}): TP all-reduces would cross nodes"
-        )
-    violation = tensor_parallel_violation(model, layout.tp) or pipeline_split_violation(model, layout)
-    if violation is None and layout.cp > MAX_CP:
-        return "cp_seq", f"cp ({layout.cp}) > {MAX_CP}"
-    violation = violation or context_violation(layout, training) or batch_split_violation(training, layout)
-    return None if violation is None else (violation.rule, str(violation))
-
-
 def structures(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, gpus: int, log: RejectionLog
 ) -> Iterator[Structure]:
-    """Every valid split of ``gpus`` GPUs, tp ascending within pp ascending; invalid ones are logged."""
+    """Every valid split of ``gpus`` GPUs, tp ascending within pp ascending; invalid ones are logged
+    (counted per rule: the first a split breaks, in the validator's order).
+
+    The work is bounded whatever the cluster size: pp stops past num_layers + 2 (no split gives every
+    rank a layer), and a (pp, tp) that breaks a rule, or cp beyond ``MAX_CP``, is counted for all its
+    cp at once."""
     for pp in divisors(gpus):
+        if pp > model.num_layers + 2:
+            break  # ascending: every larger pp leaves a rank without a layer; not splits at all
         for tp in divisors(gpus // pp):
-            for cp in divisors(gpus // (pp * tp)):
-                dp = gpus // (pp * tp * cp)
-                layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp)
-                broken = _structure_violation(model, cluster, training, layout)
+            rest = gpus // (pp * tp)
+            cps = divisors(rest)
+            example = Layout(dp=rest, tp=tp, pp=pp)
+            if tp > cluster.gpus_per_node:
+                detail = (
+                    f"tp ({tp}) > GPUs per node ({cluster.gpus_per_node}): TP all-reduces would cross nodes"
+                )
+                log.add("invalid: tp_node", len(cps), example, detail)
+                continue
+            violation = tensor_parallel_violation(model, tp) or pipeline_split_violation(model, example)
+            if violation is not None:
+                if violation.rule != "pp_layers" or pp <= model.num_layers:
+                    log.add(f"invalid: {violation.rule}", len(cps), example, str(violation))
+                continue
+            beyond = [cp for cp in cps if cp > MAX_CP]
+            if beyond:
+                wide = Layout(dp=rest // beyond[0], tp=tp, pp=pp, cp=beyond[0])
+                log.add("invalid: cp_seq", len(beyond), wide, f"cp ({beyond[0]}) > {MAX_CP}")
+            for cp in cps:
+                if cp > MAX_CP:
+                    break
+                layout = Layout(dp=rest // cp, tp=tp, pp=pp, cp=cp)
+                broken = context_violation(layout, training) or batch_split_violation(training, layout)
                 if broken is not None:
-                    rule, detail = broken
-                    if rule != "pp_layers" or pp <= model.num_layers:
-                        log.add(f"invalid: {rule}", 1, layout, detail)
+                    log.add(f"invalid: {broken.rule}", 1, layout, str(broken))
                     continue
                 for ep in _ep_options(model, layout):
-                    yield Structure(gpus=gpus, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+                    yield Structure(gpus=gpus, dp=layout.dp, tp=tp, pp=pp, cp=cp, ep=ep)
 
 
 def _ep_options(model: ModelSpec, split: Layout) -> tuple[int, ...]:

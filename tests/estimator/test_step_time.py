@@ -42,7 +42,7 @@ from service.estimator.types import (
 )
 from tests.estimator.helpers import job, time
 from tests.estimator.test_flops import TINY, TINY_TRAINING, gpt
-from validation.cases import A100, HeadDimPair, ThroughputCase, head_dim_pairs, throughput_cases
+from validation.cases import A100, H100, HeadDimPair, ThroughputCase, head_dim_pairs, throughput_cases
 from validation.cases import gpu_cluster as cluster
 
 DAY_S = 86400.0
@@ -442,3 +442,14 @@ def test_published_head_dim_pair_ratio_within_5_percent(pair: HeadDimPair) -> No
     # without the slowdown the model would see almost nothing (more heads: a little more softmax traffic)
     plain = dataclasses.replace(tuning, unaligned_attention_core_factor=1.0)
     assert ratio(plain) < pair.published_ratio * 0.85
+
+
+def test_short_gemms_are_bound_by_streaming_their_weights() -> None:
+    from service.estimator.tuning import matmul_efficiency, weight_streaming_bound
+
+    tuning = default_tuning()
+    # 64 rows on H100: 64 FLOP per weight byte x 3.35e12 B/s = 2.1e14 of 989e12 -> 0.217 of the peak
+    assert weight_streaming_bound(H100, 64) == pytest.approx(64 * 3.35e12 / 989e12)
+    assert matmul_efficiency(tuning, H100, 4096, 16) == pytest.approx(16 * 3.35e12 / 989e12)
+    # long rows: the fitted curve, far below the roofline
+    assert matmul_efficiency(tuning, H100, 4096, 8192) < weight_streaming_bound(H100, 8192)

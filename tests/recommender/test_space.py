@@ -63,6 +63,55 @@ def test_structures_respect_the_rules() -> None:
     assert max(s.pp for s in small) == 32  # 62 units do not cover 64 stages (pp > layers: not logged)
 
 
+def test_structures_of_a_huge_cluster_are_bounded_work_with_exact_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # phi-3-mini (32 layers) on 14 million GPUs (2^19 x 27: 80 divisors): pp stops at 34, and a
+    # (pp, tp) that breaks a rule (or cp past MAX_CP) is counted for all its cp at once, not built
+    # layout by layout
+    import service.recommender.space as space
+
+    built = 0
+    real_layout = space.Layout
+
+    def counting_layout(**fields: object) -> object:
+        nonlocal built
+        built += 1
+        return real_layout(**fields)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(space, "Layout", counting_layout)
+    spec = model("phi-3-mini").spec
+    training = TrainingSpec(seq_len=2048, global_batch_size=64)
+    log = RejectionLog()
+    gpus = 2**19 * 27
+    found = list(structures(spec, cluster(nodes=gpus // 8), training, gpus, log))
+    assert all(s.pp <= spec.num_layers + 2 for s in found)
+    assert built < 5_000
+    # every (pp <= 34, tp, cp) split of the 10M GPUs is either yielded or counted once under a rule
+    splits = sum(
+        len(divisors(gpus // (pp * tp)))
+        for pp in divisors(gpus)
+        if pp <= spec.num_layers + 2
+        for tp in divisors(gpus // pp)
+    )
+    logged = sum(group.count for group in log.groups.values())
+    assert logged + len(found) == splits - sum(  # pp of 33 or 34 breaking pp_layers is not logged
+        len(divisors(gpus // (pp * tp)))
+        for pp in divisors(gpus)
+        if spec.num_layers < pp <= spec.num_layers + 2
+        for tp in divisors(gpus // pp)
+        if tp <= 8
+    )
+
+
+def test_node_counts_past_16_are_three_smooth() -> None:
+    from service.recommender.space import three_smooth_up_to
+
+    assert sorted(three_smooth_up_to(20)) == [1, 2, 3, 4, 6, 8, 9, 12, 16, 18]
+    counts = gpu_counts(cluster(nodes=1_000_000))
+    assert len(counts) < 300 and counts[-1] == 8_000_000
+
+
 NO_OFFLOAD, ANY_OFFLOAD = OffloadDevices(cpu=False, nvme=False), OffloadDevices(cpu=True, nvme=True)
 
 
