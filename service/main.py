@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -51,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.planning_slots = threading.BoundedSemaphore(settings.max_concurrent_planning)
     app.state.metrics = Metrics()
     logging.getLogger("service").setLevel(settings.log_level.upper())
     install_handlers(app)

@@ -25,6 +25,10 @@ class Settings(BaseSettings):
     database_connect_timeout_s: int = Field(default=5, ge=1)
     database_statement_timeout_ms: int = Field(default=30_000, ge=100)
     database_pool_timeout_s: float = Field(default=10.0, gt=0)
+    # CPU-heavy requests (estimates, plans, capacity) run at most this many at once; the next waits
+    # up to planning_queue_wait_s for a slot, then gets 503 with Retry-After.
+    max_concurrent_planning: int = Field(default=8, ge=1, le=256)
+    planning_queue_wait_s: float = Field(default=5.0, ge=0, le=60)
     log_level: str = "INFO"
 
     @field_validator("cors_origins", mode="before")

@@ -3,12 +3,14 @@ commits), and repositories."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.errors import ServiceUnavailable
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.settings import Settings
 
@@ -30,7 +32,25 @@ def get_session(request: Request) -> Iterator[Session]:
             raise
 
 
+def planning_slot(request: Request) -> Iterator[None]:
+    """One of the bounded slots for CPU-heavy planning (estimates, plans, capacity): waits up to
+    ``planning_queue_wait_s`` for one, else 503 with Retry-After. Health checks and reads never
+    queue behind a burst of searches."""
+    settings: Settings = request.app.state.settings
+    slots: threading.BoundedSemaphore = request.app.state.planning_slots
+    if not slots.acquire(timeout=settings.planning_queue_wait_s):
+        raise ServiceUnavailable(
+            f"all {settings.max_concurrent_planning} planning slots are busy "
+            f"(waited {settings.planning_queue_wait_s:g} s for one)"
+        )
+    try:
+        yield
+    finally:
+        slots.release()
+
+
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+PlanningSlot = Depends(planning_slot)
 # scope="function": commit before the response is sent, so a failed commit is never a 2xx.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 

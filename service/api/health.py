@@ -14,14 +14,15 @@ from service.errors import ServiceUnavailable
 router = APIRouter(tags=["health"])
 
 
+# async: answered on the event loop, never queued behind the worker threads a burst of plans holds
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
 # Load balancers probe with HEAD: the same answers without a body (not in the OpenAPI document).
 @router.head("/healthz", include_in_schema=False)
-def healthz_head() -> Response:
+async def healthz_head() -> Response:
     return Response(status_code=200)
 
 

@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response, status
 
 from service import planning
-from service.api.deps import PlanRepoDep, SessionDep
+from service.api.deps import PlanningSlot, PlanRepoDep, SessionDep
 from service.api.problems import PROBLEM_RESPONSES
 from service.api.schemas.common import Page
 from service.api.schemas.plans import ArtifactOut, PlanOut, PlanRequest, RunIn, RunOut
@@ -49,6 +49,7 @@ def as_utc(moment: datetime | None) -> datetime | None:
     status_code=status.HTTP_201_CREATED,
     response_model=PlanOut,
     responses={200: {"description": "a retry with the same Idempotency-Key and body: the stored plan"}},
+    dependencies=[PlanningSlot],
 )
 def create_plan(
     body: PlanRequest, session: SessionDep, response: Response, idempotency_key: IdempotencyKey = None

@@ -1,0 +1,49 @@
+"""Overload: CPU-heavy requests take one of a bounded set of planning slots; when all are held the
+next waits briefly, then gets a 503 with Retry-After, while health checks and reads still answer."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from alembic import command
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+from service.settings import Settings
+from tests.api.helpers import assert_problem
+from tests.conftest import alembic_config
+
+ESTIMATE = {
+    "model": {"preset": "gpt2"},
+    "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+    "training": {"seq_len": 128, "global_batch_size": 1},
+    "layout": {},
+}
+
+
+def test_full_planning_slots_are_a_503_and_health_still_answers(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'overload.db'}"
+    command.upgrade(alembic_config(url), "head")
+    settings = Settings(database_url=url, max_concurrent_planning=2, planning_queue_wait_s=0.2)
+    with TestClient(create_app(settings)) as client:
+        slots: threading.BoundedSemaphore = client.app.state.planning_slots  # type: ignore[attr-defined]
+        assert client.post("/v1/estimates", json=ESTIMATE).status_code == 200
+        for _ in range(2):  # two long searches hold both slots
+            assert slots.acquire(blocking=False)
+        try:
+            started = time.perf_counter()
+            for path, body in (("/v1/estimates", ESTIMATE), ("/v1/capacity", {"model": {"preset": "gpt2"},
+                               "training": {"seq_len": 128, "global_batch_size": 1}})):  # fmt: skip
+                response = client.post(path, json=body)
+                problem = assert_problem(response, 503)
+                assert response.headers["retry-after"] == "2"
+                assert "planning slots are busy" in problem["detail"]
+            assert time.perf_counter() - started < 2  # waited 0.2 s each, not for the searches
+            assert client.get("/healthz").status_code == 200
+            assert client.get("/v1/clusters").status_code == 200  # reads take no slot
+        finally:
+            slots.release()
+            slots.release()
+        assert client.post("/v1/estimates", json=ESTIMATE).status_code == 200
