@@ -13,6 +13,7 @@ from http import HTTPStatus
 from typing import Any
 
 import sqlalchemy.exc
+import sqlalchemy.orm.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -133,6 +134,12 @@ def database_unavailable_detail(exc: BaseException) -> str | None:
 
 
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, sqlalchemy.exc.IntegrityError):
+        # a check passed, then a concurrent writer changed the rows it read (took a name, deleted a
+        # referenced cluster): the rolled-back request may be retried against the new state
+        return _concurrent_change(
+            request, "a concurrent change conflicts with it (a name taken, a row deleted)"
+        )
     why = database_unavailable_detail(exc)
     if why is None:
         raise exc
@@ -200,9 +207,24 @@ def allowed_methods(request: Request) -> list[str]:
     ]
 
 
+def _concurrent_change(request: Request, why: str) -> JSONResponse:
+    return problem_response(
+        409,
+        f"{why}; nothing was stored: read the resource again and retry",
+        slug="conflict",
+        instance=request.url.path,
+    )
+
+
+async def _stale_row(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, sqlalchemy.orm.exc.StaleDataError)
+    return _concurrent_change(request, "the row changed or was deleted while this request ran")
+
+
 def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(sqlalchemy.exc.SQLAlchemyError, _database_error)
+    app.add_exception_handler(sqlalchemy.orm.exc.StaleDataError, _stale_row)
     app.add_exception_handler(EstimatorError, _estimator_error)
     app.add_exception_handler(UnknownCatalogEntry, _unknown_entry)
     app.add_exception_handler(RequestValidationError, _request_validation)

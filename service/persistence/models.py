@@ -29,6 +29,11 @@ class ClusterRecord(Base):
     nvme_bytes_per_node: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    # Optimistic concurrency: every UPDATE and DELETE names the version it read (StaleDataError
+    # when another writer got there first), so concurrent changes cannot combine.
+    version: Mapped[int] = mapped_column(Integer, server_default="1")
+
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012  (SQLAlchemy reads it at class creation)
 
 
 class PlanRecord(Base):

@@ -1,0 +1,88 @@
+"""Races between writers, forced deterministically: a second writer commits between a request's read
+and its write. The request answers 409 (read again and retry), never 500, and the stored rows stay
+valid; on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+import service.api.clusters as clusters_api
+import service.planning.plans as plans_planning
+from tests.api.helpers import assert_problem
+
+ONE_NODE = {"name": "race", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+
+
+def interleave(
+    monkeypatch: pytest.MonkeyPatch, module: Any, name: str, meanwhile: Callable[[], None]
+) -> None:
+    """Run ``meanwhile`` (another writer, committed) right before ``module.name`` runs, once."""
+    original = getattr(module, name)
+    done = False
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        nonlocal done
+        if not done:
+            done = True
+            meanwhile()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapped)
+
+
+def other_writer(engine: Engine, sql: str, **params: Any) -> Callable[[], None]:
+    def run() -> None:
+        with engine.begin() as conn:
+            conn.execute(text(sql), params)
+
+    return run
+
+
+def test_patch_racing_delete_is_a_409(
+    client: TestClient, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = client.post("/v1/clusters", json=ONE_NODE).json()
+    delete = other_writer(db_engine, "DELETE FROM clusters WHERE id = :id", id=cluster["id"])
+    interleave(monkeypatch, clusters_api, "_save", delete)
+    problem = assert_problem(client.patch(f"/v1/clusters/{cluster['id']}", json={"num_nodes": 2,
+                             "inter_node_bandwidth_bytes_per_s": 5e10}), 409)  # fmt: skip
+    assert "changed or was deleted" in problem["detail"]
+    assert client.get(f"/v1/clusters/{cluster['id']}").status_code == 404
+
+
+def test_two_patches_cannot_combine_into_an_invalid_cluster(
+    client: TestClient, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 2 nodes with a network; one PATCH drops the network (valid on 1 node), the other grows to 4 nodes
+    # (valid with the network it read): applied together they would store 4 nodes without a network
+    body = {**ONE_NODE, "num_nodes": 2, "inter_node_bandwidth_bytes_per_s": 5e10}
+    cluster = client.post("/v1/clusters", json=body).json()
+    drop_network = other_writer(
+        db_engine,
+        "UPDATE clusters SET num_nodes = 1, inter_node_bandwidth_bytes_per_s = NULL, version = version + 1 "
+        "WHERE id = :id",
+        id=cluster["id"],
+    )
+    interleave(monkeypatch, clusters_api, "_save", drop_network)
+    assert_problem(client.patch(f"/v1/clusters/{cluster['id']}", json={"num_nodes": 4}), 409)
+    stored = client.get(f"/v1/clusters/{cluster['id']}")
+    assert stored.status_code == 200, stored.text  # what is stored still validates
+    assert stored.json()["num_nodes"] == 1
+
+
+def test_a_plan_on_a_cluster_deleted_meanwhile_is_a_409(
+    client: TestClient, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = client.post("/v1/clusters", json=ONE_NODE).json()
+    delete = other_writer(db_engine, "DELETE FROM clusters WHERE id = :id", id=cluster["id"])
+    interleave(monkeypatch, plans_planning, "render_artifacts", delete)  # after the cluster was read
+    body = {"model": {"preset": "gpt2"}, "cluster": {"id": cluster["id"]},
+            "training": {"seq_len": 128, "global_batch_size": 8}}  # fmt: skip
+    problem = assert_problem(client.post("/v1/plans", json=body), 409)
+    assert "concurrent change" in problem["detail"]
+    assert client.get("/v1/plans").json()["items"] == []
