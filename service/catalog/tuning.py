@@ -82,6 +82,10 @@ def parse_tuning(data: dict[str, Any]) -> Tuning:
             (Framework(k), str(v)) for k, v in data["attention_kernel"]["framework"].items()
         ),
         attention_kernel_rates=_attention_kernel_rates(data["attention_kernel"]),
+        kernel_launch_s=float(data["kernel_launch"]["launch_s"]),
+        kernels_per_layer_by_framework=tuple(
+            (Framework(k), int(v)) for k, v in data["kernel_launch"]["kernels_per_layer"].items()
+        ),
         cpu_adam_params_per_s_per_node=float(host["cpu_adam_params_per_s_per_node"]),
         torch_cpu_adam_slowdown=float(host["torch_cpu_adam_slowdown"]),
         nvme_bandwidth_bytes_per_s_per_node=float(host["nvme_bandwidth_bytes_per_s_per_node"]),

@@ -48,7 +48,7 @@ from service.estimator.job import (
 from service.estimator.memory import offloaded_activation_bytes, rank_parameters_of
 from service.estimator.params import stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
-from service.estimator.tuning import Tuning, attention_kernel_fractions, matmul_efficiency
+from service.estimator.tuning import Tuning, attention_kernel_fractions, kernels_per_layer, matmul_efficiency
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -472,7 +472,16 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     unaligned_s = unaligned_core_s(job, layout, base, 3)
     memory_s = memory_bound_s(job, layout, base, 3, base.stored_bytes) + dequantize_s(job, layout, base, 2)
     work_s = gemm_s(layout, base, per_token - 3 * core - routed, work, 2 * work, routed)
-    return work_s + unaligned_s + memory_s + loss_s(job, layout, base)
+    return max(
+        work_s + unaligned_s + memory_s + loss_s(job, layout, base), launch_floor_s(job, layout, base, 3)
+    )
+
+
+def launch_floor_s(job: Job, layout: Layout, base: StepBase, passes: float) -> float:
+    """The least ``passes`` forward-equivalents of the stage's layers take, all micro-batches: each
+    layer's kernels cost at least their launch (tuning.toml [kernel_launch]), however short their rows."""
+    kernels = kernels_per_layer(job.tuning, layout.framework)
+    return base.micro_batches * base.layers * passes * kernels * job.tuning.kernel_launch_s
 
 
 def gemm_s(
@@ -559,7 +568,9 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     routed = base.routed_flops if recompute is Recompute.FULL else 0  # the recomputed forward's experts
     work_s = gemm_s(layout, base, per_token - core - routed, redone * base.core_work_flops, 0.0, routed)
     work_s += unaligned_core_s(job, layout, base, redone)
-    return recomputed_share(job, layout) * (work_s + memory_s)
+    share = recomputed_share(job, layout)
+    relaunched = share if recompute is Recompute.FULL else 0.0  # the others re-run a few of the kernels
+    return max(share * (work_s + memory_s), launch_floor_s(job, layout, base, relaunched))
 
 
 def recomputed_collectives(job: Job, layout: Layout) -> float:

@@ -106,6 +106,8 @@ class Tuning:
     selective_recompute_passes: float  # memory-bound passes of selective recompute over the bytes it stores
     attention_alignment_bytes: int  # a head's row must be a multiple of this for the fast BMM kernels
     unaligned_attention_core_factor: float  # eager QK^T / AV rate off that alignment, x the GEMM rate
+    kernel_launch_s: float = 0.0  # the least a kernel costs, launch included (0: no floor)
+    kernels_per_layer_by_framework: tuple[tuple[Framework, int], ...] = ()  # a decoder layer's forward
     # flash-style attention: the kernel each framework runs, and the published rates per die
     attention_kernel_by_framework: tuple[tuple[Framework, str], ...] = ()
     attention_kernel_rates: tuple[AttentionKernelRate, ...] = ()
@@ -199,6 +201,11 @@ def attention_kernel_fractions(
                 _interpolate_log2(rate.backward_points, kernel_seq_len),
             )
     return None
+
+
+def kernels_per_layer(tuning: Tuning, framework: Framework) -> int:
+    """Kernels one decoder layer's forward launches under the framework (0 when not stated)."""
+    return dict(tuning.kernels_per_layer_by_framework).get(framework, 0)
 
 
 def dp_overlap_default(tuning: Tuning, framework: Framework) -> bool:

@@ -453,3 +453,25 @@ def test_short_gemms_are_bound_by_streaming_their_weights() -> None:
     assert matmul_efficiency(tuning, H100, 4096, 16) == pytest.approx(16 * 3.35e12 / 989e12)
     # long rows: the fitted curve, far below the roofline
     assert matmul_efficiency(tuning, H100, 4096, 8192) < weight_streaming_bound(H100, 8192)
+
+
+def test_a_layer_costs_at_least_its_kernel_launches_by_hand() -> None:
+    # TINY (1 layer), 2 sequences of 3 tokens, micro-batch 1: 2 micro-batches. 10 kernels per layer
+    # forward at 1 ms each: forward + backward = 3 x 10 x 1 ms per micro-batch -> 0.06 s, far above
+    # its 1.44e-8 s of FLOPs; full recompute launches the forward again: 2 x 10 x 1 ms = 0.02 s
+    floor = dataclasses.replace(
+        flat_curve(0.5, 0.0),
+        kernel_launch_s=1e-3,
+        kernels_per_layer_by_framework=((Framework.DEEPSPEED, 10),),
+    )
+    est = time(TINY, ONE_GPU, Layout(), TINY_TRAINING, tuning=floor)
+    assert est.breakdown.compute_s == pytest.approx(0.06)
+    full = time(TINY, ONE_GPU, Layout(recompute=Recompute.FULL), TINY_TRAINING, tuning=floor)
+    assert full.breakdown.recompute_s == pytest.approx(0.02)
+    # no kernel count for the framework: no floor
+    megatron = time(TINY, ONE_GPU, Layout(framework=Framework.MEGATRON), TINY_TRAINING, tuning=floor)
+    assert megatron.breakdown.compute_s == pytest.approx(1.44e-8)
+    # the catalog's floor (36 eager kernels at 4 us) binds for the tiny model
+    tuning = default_tuning()
+    tiny = time(TINY, ONE_GPU, Layout(), TINY_TRAINING, tuning=tuning)
+    assert tiny.breakdown.compute_s == pytest.approx(2 * 3 * 36 * 4e-6)
