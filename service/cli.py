@@ -1,0 +1,724 @@
+"""`trainplan`: the command line for capacity planning, on the same API the service serves.
+
+Every command sends the request the HTTP API takes: to a running service with ``--url``, or, by
+default, to the service in-process over the local database (``PLANNER_DATABASE_URL``, migrated first),
+so the numbers are the API's either way. Human output is aligned tables with units; ``--json`` prints
+the API's JSON. Exit codes: 0 feasible (or done), 2 infeasible, 1 error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import httpx
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from service.launchers.common import Target
+
+FEASIBLE, ERROR, INFEASIBLE = 0, 1, 2
+GIB = 2**30
+_GPUS = re.compile(r"^(?:(\d+)x)?(\d+)x([a-z0-9][a-z0-9.\-]*)$")
+_BAR = 40  # characters of the memory bar at the card's capacity
+
+console = Console(highlight=False)
+errors = Console(stderr=True, highlight=False)
+
+
+class Failure(click.ClickException):
+    """An API problem or a bad flag: printed as one line (field, detail), exit code 1."""
+
+    exit_code = ERROR
+
+    def show(self, file: Any = None) -> None:
+        errors.print(f"[bold red]error:[/] {escape(self.message)}")
+
+
+# ---------------------------------------------------------------- the API, remote or in-process
+
+
+class Api:
+    """The service's HTTP API, over the network (``url``) or in-process on the local database."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[httpx.Client]:
+        if self.url:
+            with httpx.Client(base_url=self.url, timeout=120) as remote:
+                yield remote
+            return
+        import warnings
+
+        # the in-process transport; Starlette's note about httpx is for test suites, not for users
+        warnings.filterwarnings("ignore", message=".*starlette.testclient.*")
+        from fastapi.testclient import TestClient
+
+        from service.main import create_app
+        from service.settings import get_settings
+
+        settings = get_settings()
+        migrate(settings.database_url)
+        with TestClient(create_app(settings), raise_server_exceptions=False) as local:
+            yield local
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        with self.client() as client:
+            try:
+                response = client.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                raise Failure(f"cannot reach {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise Failure(problem_text(response))
+        if response.status_code == 204 or not response.content:
+            return None
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.content
+
+
+def migrate(database_url: str) -> None:
+    """``alembic upgrade head`` on the local database, as ``make serve`` does."""
+    from alembic import command
+    from alembic.config import Config
+
+    root = Path(__file__).resolve().parents[1]
+    config = Config(toml_file=str(root / "pyproject.toml"))
+    config.attributes["database_url"] = database_url
+    command.upgrade(config, "head")
+
+
+def problem_text(response: httpx.Response) -> str:
+    """An RFC 9457 problem as one line: status, detail, and each field the API named."""
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+    detail = str(body.get("detail", response.reason_phrase))
+    named = []
+    for error in body.get("errors", []):
+        if isinstance(error, dict) and error.get("field"):
+            message = str(error.get("message", ""))
+            named.append(str(error["field"]) if message in detail else f"{error['field']}: {message}")
+    return f"HTTP {response.status_code}: {detail}" + (f" [field {'; '.join(named)}]" if named else "")
+
+
+# ---------------------------------------------------------------- request pieces from flags
+
+
+def cluster_from_gpus(spec: str, inter_gbps: float | None) -> dict[str, Any]:
+    """``8xh100-sxm-80gb`` (one node of 8, or N/8 nodes of 8 past 8) or ``4x8xh100-sxm-80gb`` (nodes
+    x GPUs per node) as an inline cluster."""
+    match = _GPUS.match(spec.strip().lower())
+    if match is None:
+        raise Failure(f"--gpus {spec!r}: expected COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb")
+    nodes_text, count_text, gpu = match.groups()
+    count = int(count_text)
+    if nodes_text is not None:
+        nodes, per_node = int(nodes_text), count
+    elif count <= 8:
+        nodes, per_node = 1, count
+    elif count % 8 == 0:
+        nodes, per_node = count // 8, 8
+    else:
+        raise Failure(f"--gpus {spec!r}: {count} GPUs is not whole nodes of 8; write NODESxPER_NODExGPU")
+    cluster: dict[str, Any] = {"gpu": gpu, "num_nodes": nodes, "gpus_per_node": per_node}
+    if inter_gbps is not None:
+        cluster["inter_node_bandwidth_gbps"] = inter_gbps
+    elif nodes > 1:
+        raise Failure(f"--gpus {spec!r} spans {nodes} nodes: give --inter-gbps (each GPU's network, GB/s)")
+    return cluster
+
+
+def model_ref(model: str | None, config: Path | None) -> dict[str, Any]:
+    if (model is None) == (config is None):
+        raise Failure("give exactly one of --model NAME (GET /v1/models) or --config config.json")
+    if model is not None:
+        return {"preset": model}
+    assert config is not None
+    try:
+        return {"hf_config": json.loads(config.read_text())}
+    except (OSError, ValueError) as exc:
+        raise Failure(f"--config {config}: {exc}") from exc
+
+
+def cluster_choice(
+    api: Api, gpus: str | None, cluster: str | None, inter_gbps: float | None
+) -> dict[str, Any]:
+    if (gpus is None) == (cluster is None):
+        raise Failure("give exactly one of --gpus COUNTxGPU or --cluster NAME (a stored cluster)")
+    if gpus is not None:
+        return cluster_from_gpus(gpus, inter_gbps)
+    return {"id": stored_cluster_id(api, str(cluster))}
+
+
+def stored_cluster_id(api: Api, name_or_id: str) -> str:
+    cursor = None
+    while True:
+        page = api.call(
+            "GET", "/v1/clusters", params={"limit": 200, **({"cursor": cursor} if cursor else {})}
+        )
+        for item in page["items"]:
+            if name_or_id in (item["id"], item["name"]):
+                return str(item["id"])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            raise Failure(f"--cluster {name_or_id!r}: no stored cluster has that name or id")
+
+
+def training(seq: int, batch: int, precision: str, method: str, tokens: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "seq_len": seq,
+        "global_batch_size": batch,
+        "precision": precision,
+        "method": method,
+    }
+    if tokens is not None:
+        body["tokens"] = tokens
+    return body
+
+
+# ---------------------------------------------------------------- human output
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:,.1f} GiB"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 86_400:
+        return f"{value / 86_400:,.1f} d"
+    if value >= 3_600:
+        return f"{value / 3_600:,.1f} h"
+    return f"{value:,.3f} s"
+
+
+def layout_text(layout: dict[str, Any]) -> str:
+    parts = [str(layout.get("framework"))]
+    parts += [f"{k}={layout[k]}" for k in ("dp", "tp", "pp", "cp", "ep") if layout.get(k, 1) != 1]
+    parts.append(f"zero={layout.get('zero_stage', 0)}")
+    if layout.get("virtual_pipeline_stages", 1) > 1:
+        parts.append(f"vpp={layout['virtual_pipeline_stages']}")
+    parts.append(f"micro={layout.get('micro_batch_size')}")
+    if layout.get("recompute", "none") != "none":
+        parts.append(f"recompute={layout['recompute']}")
+    for key in ("offload_optimizer", "offload_params"):
+        if layout.get(key, "none") != "none":
+            parts.append(f"{key}={layout[key]}")
+    return " ".join(parts)
+
+
+def memory_table(estimate: dict[str, Any]) -> Table:
+    """Per-GPU memory by component, with a bar each against the card's capacity."""
+    memory = estimate["memory"]
+    capacity = memory["capacity_bytes"]
+    table = Table(title=f"memory per GPU (most-loaded rank) of {gib(capacity)}", title_justify="left")
+    table.add_column("component")
+    table.add_column("GiB", justify="right")
+    table.add_column("share of the card")
+    for name, value in memory["per_gpu"].items():
+        width = 0 if capacity <= 0 else min(_BAR, math.ceil(_BAR * value / capacity))
+        style = "bold" if name == "total" else ""
+        bar = "#" * width + "." * (_BAR - width)
+        table.add_row(name, f"{value / GIB:,.2f}", bar, style=style)
+    return table
+
+
+def time_table(estimate: dict[str, Any]) -> Table | None:
+    time = estimate.get("time")
+    if time is None:
+        return None
+    table = Table(title="step time", title_justify="left")
+    table.add_column("part")
+    table.add_column("s", justify="right")
+    for name, value in time["breakdown"].items():
+        if value:
+            table.add_row(name.removesuffix("_s"), f"{value:,.4f}")
+    table.add_row("step", f"{time['step_s']:,.4f}", style="bold")
+    return table
+
+
+def summary_lines(estimate: dict[str, Any]) -> list[str]:
+    lines = []
+    time = estimate.get("time")
+    if time is not None:
+        lines.append(
+            f"throughput {time['tokens_per_s']:,.0f} tokens/s, {time['tflops_per_gpu']:,.1f} TFLOP/s per "
+            f"GPU, MFU {time['mfu']:.1%}, step {seconds(time['step_s'])}"
+        )
+    if estimate.get("time_to_train_s") is not None:
+        lines.append(f"time to train {seconds(estimate['time_to_train_s'])}")
+    return lines
+
+
+def print_estimate(estimate: dict[str, Any]) -> None:
+    verdict = "[green]fits[/]" if estimate["fits"] else "[red]does not fit[/]"
+    console.print(f"{layout_text(estimate['layout'])}: {verdict}")
+    console.print(memory_table(estimate))
+    table = time_table(estimate)
+    if table is not None:
+        console.print(table)
+    for line in summary_lines(estimate):
+        console.print(line)
+    for warning in estimate.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
+
+
+def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
+    console.print(f"plan {plan['id']} for {plan['model']}: [bold]{plan['status']}[/]")
+    rec = plan.get("recommended")
+    if rec is not None:
+        console.print(f"[bold]recommended[/] {layout_text(rec['layout'])}")
+        print_estimate(rec["estimate"])
+        for reason in rec["rationale"]:
+            console.print(f"  - {escape(reason)}")
+    if plan["alternatives"]:
+        table = Table(title="alternatives", title_justify="left")
+        for column in ("layout", "memory", "tokens/s", "MFU"):
+            table.add_column(column, justify="left" if column == "layout" else "right")
+        for alt in plan["alternatives"]:
+            est = alt["estimate"]
+            time = est.get("time") or {}
+            table.add_row(
+                layout_text(alt["layout"]),
+                gib(est["memory"]["per_gpu"]["total"]),
+                f"{time.get('tokens_per_s', 0):,.0f}",
+                f"{time.get('mfu', 0):.1%}",
+            )
+        console.print(table)
+    if plan["rejected"]:
+        table = Table(title="rejected", title_justify="left")
+        table.add_column("reason")
+        table.add_column("layouts", justify="right")
+        table.add_column("example")
+        for group in plan["rejected"]:
+            table.add_row(
+                escape(str(group.get("reason"))),
+                str(group.get("count")),
+                escape(str(group.get("detail", ""))),
+            )
+        console.print(table)
+    for suggestion in plan["suggestions"]:
+        console.print(f"[cyan]suggestion:[/] {escape(str(suggestion.get('summary') or suggestion))}")
+    for target, why in plan["unsupported_targets"].items():
+        if target in asked:  # not the ones --out added
+            console.print(f"[yellow]{target}:[/] {escape(why)}")
+
+
+def write_artifacts(api: Api, plan: dict[str, Any], out: Path) -> list[Path]:
+    """The plan's files (the API's artifacts, byte for byte) under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for artifact in plan["artifacts"]:
+        content = api.call("GET", f"/v1/plans/{plan['id']}/artifacts/{artifact['name']}")
+        path = out / artifact["name"]
+        path.write_bytes(
+            content if isinstance(content, bytes) else json.dumps(content, indent=2).encode() + b"\n"
+        )
+        written.append(path)
+    return written
+
+
+def emit(data: Any, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+
+
+# ---------------------------------------------------------------- commands
+
+url_option = click.option("--url", envvar="TRAINPLAN_URL", help="a running service (default: in-process)")
+json_option = click.option("--json", "as_json", is_flag=True, help="print the API's JSON")
+model_options = [
+    click.option("--model", help="a catalog preset (trainplan models)"),
+    click.option("--config", type=click.Path(path_type=Path, exists=True), help="a Hugging Face config.json"),
+]
+job_options = [
+    click.option("--seq", type=int, required=True, help="sequence length (tokens)"),
+    click.option("--batch", type=int, required=True, help="global batch (sequences per optimizer step)"),
+    click.option("--precision", default="bf16", show_default=True),
+    click.option("--method", default="full", show_default=True, help="full, lora or qlora"),
+    click.option("--tokens", type=int, help="total training tokens, for time to train"),
+]
+cluster_options = [
+    click.option("--gpus", help="COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb"),
+    click.option("--cluster", help="a stored cluster's name or id"),
+    click.option("--inter-gbps", type=float, help="each GPU's network between nodes, GB/s"),
+]
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def options(*groups: list[Any]) -> Callable[[F], F]:
+    """Apply groups of click options shared by several commands, in order."""
+
+    def decorate(function: F) -> F:
+        for group in reversed(groups):
+            for option in reversed(group):
+                function = option(function)
+        return function
+
+    return decorate
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Plan LLM training when GPU memory is short: memory, step time and layouts, as the API computes them."""
+
+
+@main.command()
+@options(model_options, cluster_options, job_options)
+@click.option(
+    "--objective", default="throughput", show_default=True, help="throughput, fewest_gpus, cost, time"
+)
+@click.option("--framework", "frameworks", multiple=True, help="limit the search (repeatable)")
+@click.option("--launcher", "launchers", multiple=True, help="render for these targets (repeatable)")
+@click.option("--top-k", type=int, default=3, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), help="write the launcher files here")
+@url_option
+@json_option
+def plan(
+    model: str | None,
+    config: Path | None,
+    gpus: str | None,
+    cluster: str | None,
+    inter_gbps: float | None,
+    seq: int,
+    batch: int,
+    precision: str,
+    method: str,
+    tokens: int | None,
+    objective: str,
+    frameworks: tuple[str, ...],
+    launchers: tuple[str, ...],
+    top_k: int,
+    out: Path | None,
+    url: str | None,
+    as_json: bool,
+) -> None:
+    """Search every layout and recommend one (POST /v1/plans); --out writes its files."""
+    api = Api(url)
+    constraints: dict[str, Any] = {"objective": objective, "top_k": top_k}
+    if frameworks:
+        constraints["frameworks"] = list(frameworks)
+    # --out without --launcher: every target, so the files of whichever runs the recommendation
+    targets = list(launchers) or ([target.value for target in Target] if out is not None else [])
+    body = {
+        "model": model_ref(model, config),
+        "cluster": cluster_choice(api, gpus, cluster, inter_gbps),
+        "training": training(seq, batch, precision, method, tokens),
+        "constraints": constraints,
+        "launchers": targets,
+    }
+    with console.status("searching layouts...") if not as_json else contextlib.nullcontext():
+        result = api.call("POST", "/v1/plans", json=body)
+    if as_json:
+        emit(result, True)
+    else:
+        print_plan(result, asked=set(launchers))
+    if out is not None:
+        for path in write_artifacts(api, result, out):
+            if not as_json:
+                console.print(f"wrote {path}")
+    sys.exit(FEASIBLE if result["status"] == "feasible" else INFEASIBLE)
+
+
+@main.command()
+@options(model_options, cluster_options, job_options)
+@click.option("--framework", default="deepspeed", show_default=True)
+@click.option("--dp", type=int, default=1, show_default=True)
+@click.option("--tp", type=int, default=1, show_default=True)
+@click.option("--pp", type=int, default=1, show_default=True)
+@click.option("--cp", type=int, default=1, show_default=True)
+@click.option("--zero", type=int, default=0, show_default=True, help="ZeRO stage (FSDP: 3 full shard)")
+@click.option("--micro", type=int, default=1, show_default=True, help="micro-batch size")
+@click.option("--recompute", default="none", show_default=True)
+@url_option
+@json_option
+def estimate(
+    model: str | None,
+    config: Path | None,
+    gpus: str | None,
+    cluster: str | None,
+    inter_gbps: float | None,
+    seq: int,
+    batch: int,
+    precision: str,
+    method: str,
+    tokens: int | None,
+    framework: str,
+    dp: int,
+    tp: int,
+    pp: int,
+    cp: int,
+    zero: int,
+    micro: int,
+    recompute: str,
+    url: str | None,
+    as_json: bool,
+) -> None:
+    """Memory and step time of one layout (POST /v1/estimates)."""
+    api = Api(url)
+    layout = {"framework": framework, "dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero_stage": zero,
+              "micro_batch_size": micro, "recompute": recompute}  # fmt: skip
+    body = {
+        "model": model_ref(model, config),
+        "cluster": cluster_choice(api, gpus, cluster, inter_gbps),
+        "training": training(seq, batch, precision, method, tokens),
+        "layout": layout,
+    }
+    result = api.call("POST", "/v1/estimates", json=body)
+    emit(result, as_json)
+    if not as_json:
+        print_estimate(result)
+    sys.exit(FEASIBLE if result["fits"] else INFEASIBLE)
+
+
+@main.command()
+@options(model_options, job_options)
+@click.option("--gpu", "gpu_names", multiple=True, help="catalog GPUs to compare (default: all)")
+@click.option("--max-nodes", type=int, default=1024, show_default=True)
+@url_option
+@json_option
+def capacity(
+    model: str | None,
+    config: Path | None,
+    seq: int,
+    batch: int,
+    precision: str,
+    method: str,
+    tokens: int | None,
+    gpu_names: tuple[str, ...],
+    max_nodes: int,
+    url: str | None,
+    as_json: bool,
+) -> None:
+    """GPUs each card type needs, and time to train on them (POST /v1/capacity)."""
+    api = Api(url)
+    body: dict[str, Any] = {
+        "model": model_ref(model, config),
+        "training": training(seq, batch, precision, method, tokens),
+        "max_nodes": max_nodes,
+    }
+    if gpu_names:
+        body["gpus"] = list(gpu_names)
+    with console.status("sizing...") if not as_json else contextlib.nullcontext():
+        result = api.call("POST", "/v1/capacity", json=body)
+    if as_json:
+        emit(result, True)
+    else:
+        table = Table(title="capacity", title_justify="left")
+        for column in ("GPU", "fits", "min GPUs", "layout", "tokens/s", "time to train", "GPU-hours"):
+            table.add_column(
+                column, justify="right" if column in ("min GPUs", "tokens/s", "GPU-hours") else "left"
+            )
+        for option in result["options"]:
+            hours = option.get("gpu_hours")
+            table.add_row(
+                option["gpu"],
+                "yes" if option["fits"] else "no",
+                str(option.get("min_gpus") or "-"),
+                layout_text(option["layout"]) if option.get("layout") else escape(option.get("note", "")),
+                f"{option['tokens_per_s']:,.0f}" if option.get("tokens_per_s") else "-",
+                seconds(option.get("time_to_train_s")),
+                f"{hours:,.0f}" if hours is not None else "-",
+            )
+        console.print(table)
+    sys.exit(FEASIBLE if any(o["fits"] for o in result["options"]) else INFEASIBLE)
+
+
+@main.command()
+@url_option
+@json_option
+def models(url: str | None, as_json: bool) -> None:
+    """The catalog's model presets (GET /v1/models)."""
+    items = all_pages(Api(url), "/v1/models")
+    if as_json:
+        emit(items, True)
+        return
+    table = Table(title="models", title_justify="left")
+    for column in ("name", "family", "parameters"):
+        table.add_column(column, justify="right" if column == "parameters" else "left")
+    for item in items:
+        table.add_row(item["name"], item["family"], f"{item['parameters_total'] / 1e9:,.2f} B")
+    console.print(table)
+
+
+@main.command(name="gpus")
+@url_option
+@json_option
+def gpus_command(url: str | None, as_json: bool) -> None:
+    """The catalog's GPUs (GET /v1/gpus)."""
+    items = all_pages(Api(url), "/v1/gpus")
+    if as_json:
+        emit(items, True)
+        return
+    table = Table(title="GPUs", title_justify="left")
+    for column in ("name", "memory", "bf16 TFLOP/s", "HBM TB/s", "intra-node GB/s"):
+        table.add_column(column, justify="left" if column == "name" else "right")
+    for item in items:
+        bf16 = item["peak_flops_per_s"].get("bf16")
+        table.add_row(
+            item["name"],
+            f"{item['memory_bytes'] / 1e9:,.0f} GB",
+            f"{bf16 / 1e12:,.0f}" if bf16 else "-",
+            f"{item['hbm_bandwidth_bytes_per_s'] / 1e12:,.2f}",
+            f"{item['intra_node_bandwidth_bytes_per_s'] / 1e9:,.0f}",
+        )
+    console.print(table)
+
+
+def all_pages(api: Api, path: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page = api.call("GET", path, params={"limit": 200, **({"cursor": cursor} if cursor else {})})
+        if isinstance(page, list):
+            return page
+        items += page["items"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return items
+
+
+@main.group()
+def clusters() -> None:
+    """Stored cluster inventories (/v1/clusters)."""
+
+
+@clusters.command(name="list")
+@url_option
+@json_option
+def clusters_list(url: str | None, as_json: bool) -> None:
+    items = all_pages(Api(url), "/v1/clusters")
+    if as_json:
+        emit(items, True)
+        return
+    table = Table(title="clusters", title_justify="left")
+    for column in ("name", "id", "GPU", "nodes", "GPUs per node"):
+        table.add_column(column)
+    for item in items:
+        gpu = item["gpu"] if isinstance(item["gpu"], str) else item["gpu"].get("name")
+        table.add_row(
+            escape(item["name"]),
+            item["id"],
+            escape(str(gpu)),
+            str(item["num_nodes"]),
+            str(item["gpus_per_node"]),
+        )
+    console.print(table)
+
+
+@clusters.command(name="add")
+@click.argument("name")
+@click.option("--gpus", required=True, help="COUNTxGPU or NODESxPER_NODExGPU")
+@click.option("--inter-gbps", type=float, help="each GPU's network between nodes, GB/s")
+@click.option("--host-gib", type=float, default=0, help="host RAM per node, GiB (0: not stated)")
+@click.option("--description", default="")
+@url_option
+@json_option
+def clusters_add(
+    name: str,
+    gpus: str,
+    inter_gbps: float | None,
+    host_gib: float,
+    description: str,
+    url: str | None,
+    as_json: bool,
+) -> None:
+    body = {"name": name, "description": description, **cluster_from_gpus(gpus, inter_gbps)}
+    if host_gib:
+        body["cpu_memory_bytes_per_node"] = int(host_gib * GIB)
+    stored = Api(url).call("POST", "/v1/clusters", json=body)
+    emit(stored, as_json)
+    if not as_json:
+        console.print(
+            f"stored cluster {escape(stored['name'])} ({stored['id']}): {stored['world_size']} GPUs"
+        )
+
+
+@clusters.command(name="delete")
+@click.argument("name_or_id")
+@url_option
+def clusters_delete(name_or_id: str, url: str | None) -> None:
+    api = Api(url)
+    cluster_id = stored_cluster_id(api, name_or_id)
+    api.call("DELETE", f"/v1/clusters/{cluster_id}")
+    console.print(f"deleted cluster {cluster_id}")
+
+
+@main.group()
+def runs() -> None:
+    """Observed runs of a plan: they calibrate later estimates on the same hardware."""
+
+
+@runs.command(name="add")
+@click.argument("plan_id")
+@click.option("--step-s", type=float, help="measured seconds per optimizer step")
+@click.option("--tokens-per-s", type=float, help="measured tokens per second, all GPUs")
+@click.option("--peak-gib", type=float, help="peak memory reserved per GPU, GiB (max over ranks)")
+@click.option("--oom", is_flag=True, help="the run ran out of memory")
+@click.option("--notes", default="")
+@url_option
+@json_option
+def runs_add(
+    plan_id: str,
+    step_s: float | None,
+    tokens_per_s: float | None,
+    peak_gib: float | None,
+    oom: bool,
+    notes: str,
+    url: str | None,
+    as_json: bool,
+) -> None:
+    body: dict[str, Any] = {"out_of_memory": oom, "notes": notes}
+    if step_s is not None:
+        body["step_s"] = step_s
+    if tokens_per_s is not None:
+        body["tokens_per_s"] = tokens_per_s
+    if peak_gib is not None:
+        body["peak_memory_bytes_per_gpu"] = int(peak_gib * GIB)
+    run = Api(url).call("POST", f"/v1/plans/{plan_id}/runs", json=body)
+    emit(run, as_json)
+    if not as_json:
+        console.print(f"stored run {run['id']} of plan {plan_id}")
+        for key in ("diagnosis", "calibration"):
+            if run.get(key):
+                console.print(f"{key}: {escape(json.dumps(run[key]))}")
+
+
+@main.command()
+def openapi() -> None:
+    """Print the service's OpenAPI document."""
+    from service.main import create_app
+
+    click.echo(json.dumps(create_app().openapi(), indent=2))
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+def serve(host: str, port: int) -> None:
+    """Migrate the database (PLANNER_DATABASE_URL) and serve the API."""
+    import uvicorn
+
+    from service.settings import get_settings
+
+    migrate(get_settings().database_url)
+    uvicorn.run("service.main:create_app", factory=True, host=host, port=port)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

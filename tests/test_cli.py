@@ -1,0 +1,179 @@
+"""The `trainplan` command line: the API's numbers (in-process or over HTTP), tables for people, JSON
+for scripts, launcher files on disk, and exit codes scripts can use (0 feasible, 2 infeasible, 1 error)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+import yaml
+from click.testing import CliRunner, Result
+
+from service.cli import cluster_from_gpus, main
+from service.main import create_app
+from service.settings import Settings
+
+PLAN_8B = ["--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "8192", "--batch", "128"]
+
+
+@pytest.fixture
+def database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("PLANNER_DATABASE_URL", url)
+    from service.settings import get_settings
+
+    get_settings.cache_clear()
+    yield url
+    get_settings.cache_clear()
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_plan_prints_tables_and_writes_the_apis_files(database: str, tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    result = run("plan", *PLAN_8B, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    for words in ("feasible", "recommended", "memory per GPU", "GiB", "tokens/s", "MFU", "wrote"):
+        assert words in result.output
+    files = sorted(p.name for p in out.iterdir())
+    assert files  # the recommended framework's launcher and the Slurm / Kubernetes wrappers
+    # the same files the API serves for the same plan, byte for byte
+    plan = json.loads(run("plan", *PLAN_8B, "--json").output)
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(Settings(database_url=database))) as client:
+        stored = client.get(f"/v1/plans/{plan['id']}").json()
+        assert stored["recommended"] == plan["recommended"]
+        for artifact in stored["artifacts"]:
+            if (out / artifact["name"]).exists():
+                assert (out / artifact["name"]).read_bytes() == client.get(artifact["url"]).content
+    for path in out.iterdir():
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            assert list(yaml.safe_load_all(text))
+        elif path.suffix == ".json":
+            json.loads(text)
+        elif path.suffix in (".sh", ".sbatch"):
+            assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
+
+
+def test_json_output_is_the_apis_plan_and_exit_codes_say_feasible_or_not(database: str) -> None:
+    feasible = run("plan", *PLAN_8B, "--json")
+    assert feasible.exit_code == 0
+    plan = json.loads(feasible.output)
+    assert plan["status"] == "feasible" and plan["recommended"]["estimate"]["fits"]
+    too_big = run("plan", "--model", "llama-3.1-405b", "--gpus", "1xrtx-4090-24gb", "--seq", "4096",
+                  "--batch", "8", "--json")  # fmt: skip
+    assert too_big.exit_code == 2
+    assert json.loads(too_big.output)["status"] == "infeasible"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--model", "llama-3.1-8b", "--gpus", "9xh100-sxm-80gb"], "not whole nodes of 8"),
+        (["--model", "llama-3.1-8b", "--gpus", "2x8xh100-sxm-80gb"], "give --inter-gbps"),
+        (["--model", "nope", "--gpus", "8xh100-sxm-80gb"], "model.preset"),
+        (["--gpus", "8xh100-sxm-80gb"], "--model NAME"),
+        (["--model", "llama-3.1-8b", "--gpus", "8xh100"], "unknown gpu 'h100'"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_exit_1(database: str, args: list[str], words: str) -> None:
+    result = CliRunner().invoke(main, ["plan", *args, "--seq", "2048", "--batch", "8"])
+    assert result.exit_code == 1, result.output
+    assert "error:" in result.output and words in result.output, result.output
+
+
+def test_estimate_of_one_layout(database: str) -> None:
+    args = ["--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "4096", "--batch", "64"]
+    fits = run("estimate", *args, "--framework", "fsdp", "--dp", "8", "--zero", "3", "--json")
+    assert fits.exit_code == 0
+    body = json.loads(fits.output)
+    assert body["fits"] and body["layout"]["dp"] == 8
+    table = run("estimate", *args, "--framework", "fsdp", "--dp", "8", "--zero", "3")
+    assert "fits" in table.output and "step time" in table.output
+    # plain DDP of 8B on 80 GB cards: 16 bytes per parameter do not fit
+    assert run("estimate", *args, "--dp", "8", "--micro", "8").exit_code == 2
+
+
+def test_clusters_plans_on_them_and_runs(database: str) -> None:
+    added = run("clusters", "add", "lab", "--gpus", "2x8xa100-sxm-80gb", "--inter-gbps", "25")
+    assert added.exit_code == 0 and "16 GPUs" in added.output
+    assert "lab" in run("clusters", "list").output
+    planned = run(
+        "plan", "--model", "llama-3.1-8b", "--cluster", "lab", "--seq", "4096", "--batch", "64", "--json"
+    )
+    assert planned.exit_code == 0
+    plan = json.loads(planned.output)
+    assert plan["cluster_id"] is not None
+    runs = run("runs", "add", plan["id"], "--step-s", "12.5", "--peak-gib", "60", "--json")
+    assert runs.exit_code == 0
+    assert json.loads(runs.output)["plan_id"] == plan["id"]
+    # a cluster with plans cannot go: the API's 409, as one line
+    refused = CliRunner().invoke(main, ["clusters", "delete", "lab"])
+    assert refused.exit_code == 1 and "409" in refused.output
+
+
+def test_catalog_listings(database: str) -> None:
+    assert "llama-3.1-8b" in run("models").output
+    assert "h100-sxm-80gb" in run("gpus").output
+    assert any(m["name"] == "llama-3.1-8b" for m in json.loads(run("models", "--json").output))
+    assert json.loads(run("openapi").output)["openapi"].startswith("3.")
+
+
+def test_gpus_shorthand() -> None:
+    assert cluster_from_gpus("8xh100-sxm-80gb", None) == {
+        "gpu": "h100-sxm-80gb",
+        "num_nodes": 1,
+        "gpus_per_node": 8,
+    }
+    assert cluster_from_gpus("4xl40s-48gb", None)["gpus_per_node"] == 4
+    assert cluster_from_gpus("32xh100-sxm-80gb", 50)["num_nodes"] == 4
+    assert cluster_from_gpus("2x4xh100-sxm-80gb", 50) == {
+        "gpu": "h100-sxm-80gb", "num_nodes": 2, "gpus_per_node": 4, "inter_node_bandwidth_gbps": 50
+    }  # fmt: skip
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    """The service on a loopback port, for --url."""
+    url = f"sqlite:///{tmp_path / 'served.db'}"
+    from service.cli import migrate
+
+    migrate(url)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(Settings(database_url=url)), host="127.0.0.1", port=port, log_level="warning"
+    )
+    served = uvicorn.Server(config)
+    thread = threading.Thread(target=served.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if served.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    served.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_the_same_numbers_in_process_and_over_http(database: str, server: str) -> None:
+    def numbers(*extra: str) -> dict[str, Any]:
+        result = run("plan", *PLAN_8B, "--json", *extra)
+        assert result.exit_code == 0, result.output
+        plan: dict[str, Any] = json.loads(result.output)
+        return plan["recommended"]
+
+    assert numbers() == numbers("--url", server)
