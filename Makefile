@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 DEEPSPEED_VERSION ?= 0.19.8
 
-.PHONY: install serve test lint typecheck pytest openapi heavy-install validate report bench clean
+.PHONY: install serve test lint typecheck pytest openapi heavy-install validate report bench browser-test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ validate: heavy-install
 ## Re-measure everything (minutes) and rewrite validation/data/*.json and validation/REPORT.md.
 report: heavy-install
 	$(PY) -m validation.run --all
+
+## The page in a real browser (Playwright driving Debian's Chromium: apt-get install chromium), skips
+## turned into failures; SCREENSHOT=docs/page.png refreshes the README's picture.
+browser-test: install
+	$(PY) -m pip install -q -e '.[dev,browser]'
+	TRAINPLAN_NO_SKIPS=1 TRAINPLAN_SCREENSHOT=$(SCREENSHOT) $(PY) -m pytest -q tests/test_web_page.py
 
 bench: install
 	test -f .bench-venv/.installed || { $(PYTHON) -m venv .bench-venv \

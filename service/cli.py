@@ -311,7 +311,7 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
             )
         console.print(table)
     for suggestion in plan["suggestions"]:
-        console.print(f"[cyan]suggestion:[/] {escape(str(suggestion.get('summary') or suggestion))}")
+        console.print(f"[cyan]suggestion:[/] {escape(str(suggestion.get('detail') or suggestion))}")
     for target, why in plan["unsupported_targets"].items():
         if target in asked:  # not the ones --out added
             console.print(f"[yellow]{target}:[/] {escape(why)}")

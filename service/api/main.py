@@ -7,7 +7,7 @@ does not import every router, and FastAPI with them.
 
 from fastapi import APIRouter
 
-from service.api import capacity, clusters, estimates, gpus, health, models, plans
+from service.api import capacity, clusters, estimates, gpus, health, models, plans, web
 
 api_router = APIRouter()
 api_router.include_router(health.router)
@@ -17,3 +17,4 @@ api_router.include_router(clusters.router)
 api_router.include_router(estimates.router)
 api_router.include_router(plans.router)
 api_router.include_router(capacity.router)
+api_router.include_router(web.router)
