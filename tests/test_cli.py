@@ -47,16 +47,17 @@ def test_plan_prints_tables_and_writes_the_apis_files(database: str, tmp_path: P
         assert words in result.output
     files = sorted(p.name for p in out.iterdir())
     assert files  # the recommended framework's launcher and the Slurm / Kubernetes wrappers
-    # the same files the API serves for the same plan, byte for byte
-    plan = json.loads(run("plan", *PLAN_8B, "--json").output)
+    # --json --out: the API's plan on stdout, the same files the API serves for it, byte for byte
+    out = tmp_path / "plan-json"
+    plan = json.loads(run("plan", *PLAN_8B, "--json", "--out", str(out)).output)
     from fastapi.testclient import TestClient
 
     with TestClient(create_app(Settings(database_url=database))) as client:
         stored = client.get(f"/v1/plans/{plan['id']}").json()
         assert stored["recommended"] == plan["recommended"]
+        assert sorted(a["name"] for a in stored["artifacts"]) == sorted(p.name for p in out.iterdir())
         for artifact in stored["artifacts"]:
-            if (out / artifact["name"]).exists():
-                assert (out / artifact["name"]).read_bytes() == client.get(artifact["url"]).content
+            assert (out / artifact["name"]).read_bytes() == client.get(artifact["url"]).content
     for path in out.iterdir():
         text = path.read_text()
         if path.suffix in (".yaml", ".yml"):
@@ -65,6 +66,38 @@ def test_plan_prints_tables_and_writes_the_apis_files(database: str, tmp_path: P
             json.loads(text)
         elif path.suffix in (".sh", ".sbatch"):
             assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
+    # the launcher tests' own checks (flags each tool accepts, world sizes, batch arithmetic), on the
+    # files as written, for the recommended layout
+    check_files(out, plan)
+
+
+def check_files(out: Path, plan: dict[str, Any]) -> None:
+    from service.api.schemas.estimates import LayoutIn
+    from service.catalog.models import model
+    from service.catalog.tuning import default_tuning
+    from service.estimator.estimate import estimate
+    from service.estimator.types import Plan, TrainingSpec
+    from service.launchers import Artifact, Target
+    from service.recommender.space import sub_cluster
+    from tests.launchers.checks import check_artifact
+    from tests.recommender.helpers import cluster
+
+    fields = LayoutIn.model_fields
+    layout = LayoutIn(**{k: v for k, v in plan["recommended"]["layout"].items() if k in fields}).to_domain()
+    spec, training = model("llama-3.1-8b").spec, TrainingSpec(seq_len=8192, global_batch_size=128)
+    on = sub_cluster(cluster(), layout.world_size)
+    est = estimate(spec, on, layout, training, tuning=default_tuning())
+    domain = Plan(model=spec, cluster=on, training=training, layout=layout, estimate=est)
+    checked = 0
+    for artifact in plan["artifacts"]:
+        path = out / artifact["name"]
+        written = Artifact(
+            name=artifact["name"], target=Target(artifact["target"]), media_type=artifact["media_type"],
+            content=path.read_text(),
+        )  # fmt: skip
+        check_artifact(written, domain)
+        checked += 1
+    assert checked == len(list(out.iterdir())) >= 2
 
 
 def test_json_output_is_the_apis_plan_and_exit_codes_say_feasible_or_not(database: str) -> None:
