@@ -21,6 +21,7 @@ from service.estimator.memory import (
     RankActivations,
     RankStates,
     fragmentation_bytes,
+    pipeline_ranks,
     stage_activations,
     stage_states,
 )
@@ -30,6 +31,7 @@ from service.estimator.types import (
     Layout,
     MemoryBreakdown,
     MemoryEstimate,
+    StageMemory,
     TimeBreakdown,
     TimeEstimate,
     step_total_s,
@@ -85,14 +87,24 @@ def memory_numbers(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tup
 
 
 def memory_estimate(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> MemoryEstimate:
-    """Per-GPU memory of the most-loaded rank (first or last pipeline stage) and host/NVMe per node."""
+    """Per-GPU memory of the most-loaded rank (first or last pipeline stage), of each evaluated
+    pipeline rank, and host/NVMe per node."""
     parts, host, nvme = most_loaded(job, layout, dynamic_factor)
     gpus_per_node = job.cluster.gpus_per_node
+    stages = zip(
+        pipeline_ranks(job, layout), stage_states(job, layout), stage_activations(job, layout), strict=True
+    )
     return MemoryEstimate(
         per_gpu=memory_breakdown(parts),
         capacity_bytes=job.cluster.gpu.memory_bytes,
         cpu_per_node_bytes=math.ceil(host * gpus_per_node),
         nvme_per_node_bytes=math.ceil(nvme * gpus_per_node),
+        per_stage=tuple(
+            StageMemory(
+                rank=rank, memory=memory_breakdown(rank_memory_parts(job, states, acts, dynamic_factor))
+            )
+            for rank, states, acts in stages
+        ),
     )
 
 

@@ -594,11 +594,21 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StageMemory:
+    """One evaluated pipeline rank's per-GPU memory (the first, the last, and each rank whose layer
+    count differs from those before it: the others never need more)."""
+
+    rank: int
+    memory: MemoryBreakdown
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryEstimate:
-    per_gpu: MemoryBreakdown
+    per_gpu: MemoryBreakdown  # the most-loaded of ``per_stage``
     capacity_bytes: int
     cpu_per_node_bytes: int
     nvme_per_node_bytes: int
+    per_stage: tuple[StageMemory, ...] = ()
 
     @property
     def headroom_bytes(self) -> int:

@@ -13,6 +13,7 @@ from service.api.schemas.estimates import (
     LimitsOut,
     MemoryOut,
     MemoryPerGPUOut,
+    StageMemoryOut,
     TimeBreakdownOut,
     TimeOut,
 )
@@ -89,6 +90,10 @@ def estimate_out(
         fits=result.fits,
         memory=MemoryOut(
             per_gpu=MemoryPerGPUOut(**dataclasses.asdict(per_gpu), total=per_gpu.total),
+            per_stage=[
+                StageMemoryOut(rank=stage.rank, **dataclasses.asdict(stage.memory), total=stage.memory.total)
+                for stage in memory.per_stage
+            ],
             capacity_bytes=memory.capacity_bytes,
             headroom_bytes=memory.headroom_bytes,
             cpu_per_node_bytes=memory.cpu_per_node_bytes,

@@ -92,7 +92,7 @@ function memoryChart(candidates) {
   candidates.forEach((candidate, index) => {
     const y = top + index * row;
     const label = svg("text", { x: left - 8, y: y + 18, "text-anchor": "end", class: "label" });
-    label.textContent = `${index === 0 ? "★ " : ""}${layoutText(candidate.layout)}`;
+    label.textContent = candidate.label || `${index === 0 ? "★ " : ""}${layoutText(candidate.layout)}`;
     chart.append(label);
     let x = left;
     COMPONENTS.forEach((name, k) => {
@@ -191,6 +191,15 @@ function renderPlan(plan, container) {
     }
     container.append(el("h4", { text: "Memory per GPU (most-loaded rank)" }));
     container.append(memoryChart([rec, ...plan.alternatives]));
+    const stages = est.memory.per_stage || [];
+    if (stages.length > 1) {
+      // uneven pipeline stages: one bar per evaluated pipeline rank of the recommended layout
+      container.append(el("h4", { text: "Memory per pipeline rank (recommended layout)" }));
+      container.append(memoryChart(stages.map((stage) => ({
+        label: `pipeline rank ${stage.rank}`,
+        estimate: { memory: { capacity_bytes: est.memory.capacity_bytes, per_gpu: stage } },
+      }))));
+    }
     if (est.time) {
       container.append(el("h4", { text: "Step time" }));
       container.append(timeChart(est));

@@ -209,3 +209,18 @@ def test_a_switch_that_changes_nothing_is_refused(client: TestClient) -> None:
         "layout.sequence_parallel",
         "unused",
     )
+
+
+def test_estimate_lists_memory_per_pipeline_rank(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+        "layout": {"framework": "megatron", "dp": 2, "tp": 2, "pp": 2, "zero_stage": 1},
+    }
+    memory = client.post("/v1/estimates", json=body).json()["memory"]
+    assert [stage["rank"] for stage in memory["per_stage"]] == [0, 1]
+    assert max(stage["total"] for stage in memory["per_stage"]) == memory["per_gpu"]["total"]
+    for stage in memory["per_stage"]:
+        parts = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead")
+        assert stage["total"] == sum(stage[p] for p in parts)

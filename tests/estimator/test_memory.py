@@ -498,3 +498,27 @@ def test_deepspeed_memory_counts_the_rendered_buckets() -> None:
     on = memory(big, cluster(1), z2, TRAIN).per_gpu.buffers
     off = memory(big, cluster(1), dataclasses.replace(z2, overlap_grad_reduce=None), TRAIN).per_gpu.buffers
     assert on - off == pytest.approx(8192**2 * 2, abs=2)
+
+
+def test_per_stage_memory_names_each_evaluated_rank_and_the_heaviest_is_per_gpu() -> None:
+    from service.catalog.models import model
+    from service.catalog.tuning import default_tuning
+    from service.estimator.estimate import estimate
+    from service.estimator.types import Framework, Layout, Recompute, TrainingSpec
+    from tests.recommender.helpers import cluster
+
+    # BLOOM-176B's published split: 70 layers on PP12 (5, 6 x 10, 5): ranks 0, 1 (the first with 6
+    # layers) and 11 are evaluated; the others repeat rank 1's layers with fewer micro-batches in flight
+    spec = model("bloom-176b").spec
+    layout = Layout(framework=Framework.MEGATRON, dp=8, tp=4, pp=12, sequence_parallel=True, zero_stage=1,
+                    recompute=Recompute.FULL, micro_batch_size=2)  # fmt: skip
+    est = estimate(spec, cluster("a100-sxm-80gb", nodes=48, inter=12.5e9), layout,
+                   TrainingSpec(seq_len=2048, global_batch_size=2048), tuning=default_tuning())  # fmt: skip
+    assert [s.rank for s in est.memory.per_stage] == [0, 1, 11]
+    assert max(s.memory.total for s in est.memory.per_stage) == est.memory.per_gpu.total
+    assert len({s.memory.total for s in est.memory.per_stage}) == 3  # the stages differ
+    nodes = cluster("a100-sxm-80gb", nodes=48, inter=12.5e9)
+    training = TrainingSpec(seq_len=2048, global_batch_size=2304)
+    single = estimate(spec, nodes, Layout(dp=384, zero_stage=3), training, tuning=default_tuning())
+    assert [s.rank for s in single.memory.per_stage] == [0]
+    assert single.memory.per_stage[0].memory == single.memory.per_gpu

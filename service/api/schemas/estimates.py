@@ -86,8 +86,18 @@ class MemoryPerGPUOut(BaseModel):
     total: int
 
 
+class StageMemoryOut(MemoryPerGPUOut):
+    rank: int = Field(description="pipeline rank (0: the first stage)")
+
+
 class MemoryOut(BaseModel):
     per_gpu: MemoryPerGPUOut = Field(description="bytes on the most-loaded rank")
+    per_stage: list[StageMemoryOut] = Field(
+        default_factory=list,  # plans stored before it was reported read back without it
+        description="bytes per GPU of each evaluated pipeline rank: the first, the last, and each rank "
+        "whose layer count differs from those before it (the others never need more); one entry without "
+        "a pipeline",
+    )
     capacity_bytes: int
     headroom_bytes: int
     cpu_per_node_bytes: int
