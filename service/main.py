@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from service.middleware import (
     NulRefusalMiddleware,
     RequestIdMiddleware,
 )
-from service.persistence.db import make_engine
+from service.persistence.db import make_engine, sqlite_file_identity
 from service.settings import Settings, get_settings
 
 VERSION = "0.1.0"
@@ -40,6 +41,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         app.state.engine = engine
         app.state.sessionmaker = sessionmaker(engine, expire_on_commit=False)
+        if engine.dialect.name == "sqlite":
+            with contextlib.suppress(Exception), engine.connect():  # SQLite creates its file here
+                pass  # a failure is /readyz's to report, not a crash at startup
+        app.state.database_identity = sqlite_file_identity(engine)
         try:
             yield
         finally:

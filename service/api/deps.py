@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.errors import ServiceUnavailable
+from service.persistence.db import sqlite_file_identity
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.settings import Settings
 
@@ -20,8 +21,19 @@ def get_app_settings(request: Request) -> Settings:
     return settings
 
 
+def check_database_file(request: Request) -> None:
+    """503 when the SQLite file the service opened was deleted or replaced: its writes would be lost."""
+    opened = request.app.state.database_identity
+    if opened is not None and sqlite_file_identity(request.app.state.engine) != opened:
+        raise ServiceUnavailable(
+            f"the database file {opened[0]} was removed or replaced while the service ran; "
+            "restore it and restart the service"
+        )
+
+
 def get_session(request: Request) -> Iterator[Session]:
     """Commit when the handler returns, roll back when it raises: nothing is half-written."""
+    check_database_file(request)
     factory: sessionmaker[Session] = request.app.state.sessionmaker
     with factory() as session:
         try:

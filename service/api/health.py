@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import Engine, text
 
+from service.api.deps import check_database_file
 from service.errors import ServiceUnavailable
 
 router = APIRouter(tags=["health"])
@@ -40,6 +41,7 @@ def readyz(request: Request) -> dict[str, str]:
             conn.execute(text("SELECT 1"))
     except Exception as exc:
         raise ServiceUnavailable(f"database not reachable: {type(exc).__name__}") from exc
+    check_database_file(request)
     unwritable = _unwritable_sqlite_files(engine)
     if unwritable:
         raise ServiceUnavailable(f"database files not writable: {', '.join(unwritable)}")

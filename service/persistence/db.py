@@ -99,3 +99,17 @@ def make_engine(
             "options": f"-c statement_timeout={int(statement_timeout_ms)}",
         },
     )
+
+
+def sqlite_file_identity(engine: Engine) -> tuple[str, int, int] | None:
+    """(path, device, inode) of a SQLite database file, or None (PostgreSQL, in-memory, not yet
+    created). A file deleted or replaced under a running service changes it: writes would go to an
+    unlinked inode and be lost while every request still succeeded."""
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        return None
+    try:
+        stat = os.stat(database)
+    except FileNotFoundError:
+        return (database, -1, -1)
+    return (database, stat.st_dev, stat.st_ino)

@@ -111,3 +111,16 @@ def test_readyz_notices_an_unwritable_sqlite_file(sqlite_file: str, monkeypatch:
         client.get("/v1/clusters")  # opens the database: WAL mode creates the -wal file
         assert Path(wal).exists()
         assert_unavailable(client.get("/readyz"), "not writable", wal)
+
+
+def test_a_deleted_database_file_is_a_503_not_lost_writes(sqlite_file: str) -> None:
+    import os
+
+    with TestClient(create_app(Settings(database_url=f"sqlite:///{sqlite_file}"))) as client:
+        assert client.post("/v1/clusters", json=CLUSTER).status_code == 201
+        for suffix in ("", "-wal", "-shm"):  # an operator's rm, or a volume swapped underneath
+            if os.path.exists(sqlite_file + suffix):
+                os.remove(sqlite_file + suffix)
+        assert_unavailable(client.post("/v1/clusters", json=CLUSTER | {"name": "d"}), "removed or replaced")
+        assert_unavailable(client.get("/readyz"), "removed or replaced")
+        assert client.get("/healthz").status_code == 200
