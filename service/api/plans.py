@@ -11,7 +11,7 @@ import zipfile
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
 
 from service import planning
 from service.api.deps import PlanningSlot, PlanRepoDep, SessionDep
@@ -52,10 +52,21 @@ def as_utc(moment: datetime | None) -> datetime | None:
     dependencies=[PlanningSlot],
 )
 def create_plan(
-    body: PlanRequest, session: SessionDep, response: Response, idempotency_key: IdempotencyKey = None
+    body: PlanRequest,
+    session: SessionDep,
+    request: Request,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
 ) -> PlanOut:
     outcome = planning.create_plan(session, body, idempotency_key)
     created(response, f"/v1/plans/{outcome.value.id}", outcome.replayed)
+    if not outcome.replayed:
+        search = outcome.value.search
+        request.app.state.metrics.observe_search(
+            float(search.get("duration_s", 0.0)),
+            int(search.get("memory_evaluations", 0)) + int(search.get("time_evaluations", 0)),
+            bool(search.get("truncated", False)),
+        )
     return outcome.value
 
 

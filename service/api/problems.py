@@ -144,6 +144,7 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     if why is None:
         raise exc
     log.warning("503 on %s %s: %s (%s)", request.method, request.url.path, why, type(exc).__name__)
+    request.app.state.metrics.observe_database_unavailable(why)
     return problem_response(
         503,
         f"{why}; nothing was stored; retry after {RETRY_AFTER_S} s",

@@ -124,3 +124,20 @@ def test_a_deleted_database_file_is_a_503_not_lost_writes(sqlite_file: str) -> N
         assert_unavailable(client.post("/v1/clusters", json=CLUSTER | {"name": "d"}), "removed or replaced")
         assert_unavailable(client.get("/readyz"), "removed or replaced")
         assert client.get("/healthz").status_code == 200
+
+
+def test_database_503s_are_counted_by_reason(sqlite_file: str) -> None:
+    settings = Settings(database_url=f"sqlite:///{sqlite_file}", sqlite_busy_timeout_ms=0)
+    with TestClient(create_app(settings)) as client:
+        holder = sqlite3.connect(sqlite_file, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            assert client.post("/v1/clusters", json=CLUSTER).status_code == 503
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        metrics = client.get("/metrics").text
+        assert (
+            'trainplan_database_unavailable_total{reason="the database is busy (locked by another writer)"} 1'
+            in metrics
+        )

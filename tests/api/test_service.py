@@ -66,3 +66,19 @@ def test_an_unexpected_error_is_a_problem_500_with_the_request_id(migrated_url: 
     assert "trace-7" in problem["detail"] and "bug" not in problem["detail"]
     assert response.headers["x-request-id"] == "trace-7"
     assert app.state.metrics.requests_with_status(500) == [("GET", "/boom")]
+
+
+def test_metrics_count_searches_and_their_evaluations(client: TestClient) -> None:
+    two_gpus = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 2}
+    body = {
+        "model": {"preset": "gpt2"},
+        "cluster": two_gpus,
+        "training": {"seq_len": 512, "global_batch_size": 8},
+    }
+    plan = client.post("/v1/plans", json=body, headers={"Idempotency-Key": "metrics-1"}).json()
+    client.post("/v1/plans", json=body, headers={"Idempotency-Key": "metrics-1"})  # a replay: no search
+    text = client.get("/metrics").text
+    assert "trainplan_search_duration_seconds_count 1" in text
+    evaluations = plan["search"]["memory_evaluations"] + plan["search"]["time_evaluations"]
+    assert f"trainplan_search_evaluations_total {evaluations}" in text and evaluations > 0
+    assert "trainplan_search_truncated_total 0" in text
