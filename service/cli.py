@@ -13,7 +13,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +28,7 @@ from service.launchers.common import Target
 FEASIBLE, ERROR, INFEASIBLE = 0, 1, 2
 GIB = 2**30
 _GPUS = re.compile(r"^(?:(\d+)x)?(\d+)x([a-z0-9][a-z0-9.\-]*)$")
-_BAR = 40  # characters of the memory bar at the card's capacity
+_BAR_CHARS = 40  # the memory bar's width at the card's capacity
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
@@ -47,17 +47,27 @@ class Failure(click.ClickException):
 
 
 class Api:
-    """The service's HTTP API, over the network (``url``) or in-process on the local database."""
+    """The service's HTTP API, over the network (``url``) or in-process on the local database.
+
+    One client per command: the local service is migrated and started once, then serves every call
+    (a plan and each of its files), and is closed when the command ends."""
 
     def __init__(self, url: str | None) -> None:
         self.url = url
+        self._stack = contextlib.ExitStack()
+        self._client: httpx.Client | None = None
+        context = click.get_current_context(silent=True)
+        if context is not None:
+            context.call_on_close(self._stack.close)
 
-    @contextlib.contextmanager
-    def client(self) -> Iterator[httpx.Client]:
+    def client(self) -> httpx.Client:
+        if self._client is None:
+            self._client = self._stack.enter_context(self._open())
+        return self._client
+
+    def _open(self) -> contextlib.AbstractContextManager[httpx.Client]:
         if self.url:
-            with httpx.Client(base_url=self.url, timeout=120) as remote:
-                yield remote
-            return
+            return httpx.Client(base_url=self.url, timeout=120)
         import warnings
 
         # the in-process transport; Starlette's note about httpx is for test suites, not for users
@@ -69,15 +79,13 @@ class Api:
 
         settings = get_settings()
         migrate(settings.database_url)
-        with TestClient(create_app(settings), raise_server_exceptions=False) as local:
-            yield local
+        return TestClient(create_app(settings), raise_server_exceptions=False)
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        with self.client() as client:
-            try:
-                response = client.request(method, path, **kwargs)
-            except httpx.HTTPError as exc:
-                raise Failure(f"cannot reach {self.url}: {exc}") from exc
+        try:
+            response = self.client().request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise Failure(f"cannot reach {self.url}: {exc}") from exc
         if response.status_code >= 400:
             raise Failure(problem_text(response))
         if response.status_code == 204 or not response.content:
@@ -163,17 +171,10 @@ def cluster_choice(
 
 
 def stored_cluster_id(api: Api, name_or_id: str) -> str:
-    cursor = None
-    while True:
-        page = api.call(
-            "GET", "/v1/clusters", params={"limit": 200, **({"cursor": cursor} if cursor else {})}
-        )
-        for item in page["items"]:
-            if name_or_id in (item["id"], item["name"]):
-                return str(item["id"])
-        cursor = page.get("next_cursor")
-        if not cursor:
-            raise Failure(f"--cluster {name_or_id!r}: no stored cluster has that name or id")
+    for item in all_pages(api, "/v1/clusters"):
+        if name_or_id in (item["id"], item["name"]):
+            return str(item["id"])
+    raise Failure(f"--cluster {name_or_id!r}: no stored cluster has that name or id")
 
 
 def training(seq: int, batch: int, precision: str, method: str, tokens: int | None) -> dict[str, Any]:
@@ -229,9 +230,9 @@ def memory_table(estimate: dict[str, Any]) -> Table:
     table.add_column("GiB", justify="right")
     table.add_column("share of the card")
     for name, value in memory["per_gpu"].items():
-        width = 0 if capacity <= 0 else min(_BAR, math.ceil(_BAR * value / capacity))
+        width = 0 if capacity <= 0 else min(_BAR_CHARS, math.ceil(_BAR_CHARS * value / capacity))
         style = "bold" if name == "total" else ""
-        bar = "#" * width + "." * (_BAR - width)
+        bar = "#" * width + "." * (_BAR_CHARS - width)
         table.add_row(name, f"{value / GIB:,.2f}", bar, style=style)
     return table
 

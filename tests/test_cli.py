@@ -4,22 +4,19 @@ for scripts, launcher files on disk, and exit codes scripts can use (0 feasible,
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 import yaml
 from click.testing import CliRunner, Result
 
 from service.cli import cluster_from_gpus, main
 from service.main import create_app
 from service.settings import Settings
+from tests.loopback import served
 
 PLAN_8B = ["--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "8192", "--batch", "128"]
 
@@ -180,26 +177,8 @@ def test_gpus_shorthand() -> None:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
     """The service on a loopback port, for --url."""
-    url = f"sqlite:///{tmp_path / 'served.db'}"
-    from service.cli import migrate
-
-    migrate(url)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = uvicorn.Config(
-        create_app(Settings(database_url=url)), host="127.0.0.1", port=port, log_level="warning"
-    )
-    served = uvicorn.Server(config)
-    thread = threading.Thread(target=served.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if served.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    served.should_exit = True
-    thread.join(timeout=10)
+    with served(f"sqlite:///{tmp_path / 'served.db'}") as url:
+        yield url
 
 
 def test_the_same_numbers_in_process_and_over_http(database: str, server: str) -> None:

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from service.main import create_app
-from service.settings import Settings
+from tests import loopback
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -29,27 +24,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from service.cli import migrate
-
-    url = f"sqlite:///{tmp_path_factory.mktemp('web') / 'web.db'}"
-    migrate(url)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(Settings(database_url=url)), host="127.0.0.1", port=port, log_level="warning"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with loopback.served(f"sqlite:///{tmp_path_factory.mktemp('web') / 'web.db'}") as url:
+        yield url
 
 
 def test_the_page_and_its_assets_are_served_without_a_cdn(served: str) -> None:

@@ -25,6 +25,7 @@ def _attention_kernel_rates(table: dict[str, Any]) -> tuple[AttentionKernelRate,
             chip=str(rate["chip"]),
             forward_points=_points(rate, "forward"),
             backward_points=_points(rate, "backward"),
+            backward_flops_per_forward=float(rate["backward_flops_per_forward"]),
         )
         for rate in table.get("rate", [])
     )

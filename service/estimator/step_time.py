@@ -48,7 +48,13 @@ from service.estimator.job import (
 from service.estimator.memory import offloaded_activation_bytes, rank_parameters_of
 from service.estimator.params import stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
-from service.estimator.tuning import Tuning, attention_kernel_fractions, kernels_per_layer, matmul_efficiency
+from service.estimator.tuning import (
+    Tuning,
+    attention_kernel_fractions,
+    attention_kernel_rate,
+    kernels_per_layer,
+    matmul_efficiency,
+)
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -313,11 +319,6 @@ def step_base(job: Job, layout: Layout) -> StepBase:
     return base
 
 
-# FlashAttention's backward does 2.5x its forward FLOPs (it recomputes QK^T; Dao arXiv:2307.08691 and the
-# FlashAttention-3 benchmarks count it so); the step counts the core's backward as 2x the forward.
-FLASH_BACKWARD_FLOPS_RATIO = 2.5
-
-
 @dataclass(frozen=True, slots=True)
 class CoreKernel:
     """The flash-style attention kernel a layout runs and its published rates on the die."""
@@ -325,7 +326,8 @@ class CoreKernel:
     name: str  # tuning.toml [attention_kernel] framework -> kernel
     call_tokens: float  # sequence length of one kernel call: seq_len / cp
     forward_fraction: float  # of the 16-bit dense peak
-    backward_fraction: float  # the same, backward FLOPs counted 2.5 x forward
+    backward_fraction: float  # the same, counting backward_flops_per_forward FLOPs per forward FLOP
+    backward_flops_per_forward: float
 
 
 def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
@@ -335,12 +337,13 @@ def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
     training = job.training
     if training.attention is Attention.EAGER or training.precision is Precision.FP32:
         return None
-    call_tokens = training.seq_len / layout.cp
-    fractions = attention_kernel_fractions(job.tuning, job.cluster.gpu, layout.framework, call_tokens)
-    if fractions is None:
+    rate = attention_kernel_rate(job.tuning, job.cluster.gpu, layout.framework)
+    fractions = attention_kernel_fractions(
+        job.tuning, job.cluster.gpu, layout.framework, training.seq_len / layout.cp
+    )
+    if rate is None or fractions is None:
         return None
-    name = dict(job.tuning.attention_kernel_by_framework)[layout.framework]
-    return CoreKernel(name, call_tokens, *fractions)
+    return CoreKernel(rate.kernel, training.seq_len / layout.cp, *fractions, rate.backward_flops_per_forward)
 
 
 def core_rates_flops_per_s(job: Job, layout: Layout, gemm_efficiency: float) -> tuple[float, float]:
@@ -353,7 +356,8 @@ def core_rates_flops_per_s(job: Job, layout: Layout, gemm_efficiency: float) -> 
     kernel = core_kernel(job, layout)
     if kernel is None:
         return peak * gemm_efficiency, peak * gemm_efficiency
-    backward = peak * kernel.backward_fraction * 2.0 / FLASH_BACKWARD_FLOPS_RATIO
+    # the step counts the core's backward as 2x its forward; the kernel's rate counts its own ratio
+    backward = peak * kernel.backward_fraction * 2.0 / kernel.backward_flops_per_forward
     return peak * kernel.forward_fraction, backward
 
 

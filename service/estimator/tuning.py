@@ -73,13 +73,14 @@ class CurvePoint:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttentionKernelRate:
     """A flash-style attention kernel's achieved rate on one die, as fractions of the 16-bit dense peak
-    by the sequence length of a kernel call; backward in the FlashAttention convention (2.5 x the
-    forward FLOPs)."""
+    by the sequence length of a kernel call; the backward rate counts ``backward_flops_per_forward``
+    FLOPs per forward FLOP (FlashAttention's convention: 2.5, it recomputes QK^T)."""
 
     kernel: str
     chip: str  # GPUSpec.chip
     forward_points: tuple[CurvePoint, ...]
     backward_points: tuple[CurvePoint, ...]
+    backward_flops_per_forward: float  # the FLOPs the backward rate counts, per forward FLOP
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,20 +188,29 @@ def weight_streaming_bound(gpu: GPUSpec, rows: float) -> float:
     return rows * gpu.hbm_bandwidth_bytes_per_s / peak_16bit
 
 
+def attention_kernel_rate(tuning: Tuning, gpu: GPUSpec, framework: Framework) -> AttentionKernelRate | None:
+    """The published rates of the framework's flash-style attention kernel on the GPU's die, or None
+    (the core then runs at the GEMM rate)."""
+    kernel = dict(tuning.attention_kernel_by_framework).get(framework)
+    for rate in tuning.attention_kernel_rates:
+        if rate.kernel == kernel and rate.chip == gpu.chip:
+            return rate
+    return None
+
+
 def attention_kernel_fractions(
     tuning: Tuning, gpu: GPUSpec, framework: Framework, kernel_seq_len: float
 ) -> tuple[float, float] | None:
     """(forward, backward) fractions of the 16-bit peak that the framework's flash-style attention
     kernel reaches on the GPU's die for calls of ``kernel_seq_len`` tokens; None without a published
-    figure (the core then runs at the GEMM rate). Backward counts 2.5 x the forward FLOPs."""
-    kernel = dict(tuning.attention_kernel_by_framework).get(framework)
-    for rate in tuning.attention_kernel_rates:
-        if rate.kernel == kernel and rate.chip == gpu.chip:
-            return (
-                _interpolate_log2(rate.forward_points, kernel_seq_len),
-                _interpolate_log2(rate.backward_points, kernel_seq_len),
-            )
-    return None
+    figure. Backward counts the rate's ``backward_flops_per_forward`` x the forward FLOPs."""
+    rate = attention_kernel_rate(tuning, gpu, framework)
+    if rate is None:
+        return None
+    return (
+        _interpolate_log2(rate.forward_points, kernel_seq_len),
+        _interpolate_log2(rate.backward_points, kernel_seq_len),
+    )
 
 
 def kernels_per_layer(tuning: Tuning, framework: Framework) -> int:

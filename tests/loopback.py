@@ -1,0 +1,41 @@
+"""The service on a loopback port in a thread, on a migrated database: for tests that need real
+HTTP (the CLI's --url, the browser)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import uvicorn
+
+from service.cli import migrate
+from service.main import create_app
+from service.settings import Settings
+
+
+@contextlib.contextmanager
+def served(database_url: str) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of the service while the block runs."""
+    migrate(database_url)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(Settings(database_url=database_url)), host="127.0.0.1", port=port, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    assert server.started, "the service did not start within 10 s"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
