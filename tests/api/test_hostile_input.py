@@ -72,10 +72,9 @@ def test_integers_still_fill_number_fields(client: TestClient) -> None:
 def test_hardware_below_physical_bounds_is_refused(
     client: TestClient, field: str, value: float, limit: str
 ) -> None:
-    body = estimate_body(
-        cluster={"num_nodes": 2, "gpus_per_node": 1, field: value, "inter_node_bandwidth_bytes_per_s": 5e10}
-    )
-    body["cluster"][field] = value
+    # two nodes with a valid network, then the field under test set below its bound
+    two_nodes = {"num_nodes": 2, "gpus_per_node": 1, "inter_node_bandwidth_bytes_per_s": 5e10}
+    body = estimate_body(cluster={**two_nodes, field: value})
     problem = assert_problem(client.post("/v1/estimates", json=body), 422)
     assert field in problem["detail"] and limit in problem["detail"].replace(".0", ""), problem["detail"]
 
