@@ -6,4 +6,4 @@ COPY migrations ./migrations
 RUN pip install --no-cache-dir .
 EXPOSE 8000
 # Migrate, then serve; compose makes the database healthy first.
-CMD ["sh", "-c", "alembic upgrade head && uvicorn service.main:create_app --factory --host 0.0.0.0 --port 8000"]
+CMD ["sh", "-c", "alembic upgrade head && uvicorn service.main:create_app --factory --no-access-log --host 0.0.0.0 --port 8000"]

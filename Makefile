@@ -19,7 +19,7 @@ install: $(VENV)/.installed
 ## Install, migrate the embedded SQLite database (./trainplan.db) and serve on $(HOST):$(PORT).
 serve: install
 	$(VENV)/bin/alembic upgrade head
-	$(VENV)/bin/uvicorn service.main:create_app --factory --host $(HOST) --port $(PORT)
+	$(VENV)/bin/uvicorn service.main:create_app --factory --no-access-log --host $(HOST) --port $(PORT)
 
 ## Install and run the whole test suite: lint, types, tests. Tests that need the heavy tools
 ## (torch, DeepSpeed, ...) skip without them; `make validate` installs those and runs them.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +13,7 @@ from sqlalchemy.orm import sessionmaker
 
 from service.api.main import api_router
 from service.api.problems import install_handlers
+from service.logs import configure_logging
 from service.metrics import Metrics
 from service.middleware import (
     BodyLimitMiddleware,
@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.planning_slots = threading.BoundedSemaphore(settings.max_concurrent_planning)
     app.state.metrics = Metrics()
-    logging.getLogger("service").setLevel(settings.log_level.upper())
+    configure_logging(settings.log_level, settings.log_format)
     install_handlers(app)
     app.include_router(api_router)
     # Outermost last: request id wraps everything so even a 413 or a 500 carries it.

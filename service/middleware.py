@@ -11,9 +11,11 @@ from urllib.parse import unquote_to_bytes
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.problems import problem_response
+from service.logs import request_id_var
 from service.metrics import Metrics
 
 log = logging.getLogger("service.errors")
+access_log = logging.getLogger("service.access")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -34,6 +36,7 @@ class RequestIdMiddleware:
         sent = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         request_id = sent if _REQUEST_ID.match(sent) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
+        token = request_id_var.set(request_id)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -62,6 +65,8 @@ class RequestIdMiddleware:
                 slug="internal",
             )
             await response(scope, receive, send_with_id)
+        finally:
+            request_id_var.reset(token)
 
 
 class NulRefusalMiddleware:
@@ -153,6 +158,8 @@ class BodyLimitMiddleware:
 
 
 class MetricsMiddleware:
+    """Counts and times every request by route template, and writes its access log line."""
+
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
@@ -173,7 +180,22 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, capture)
         finally:
-            self.metrics.observe(scope["method"], _route_template(scope), status, time.perf_counter() - start)
+            elapsed_s = time.perf_counter() - start
+            route = _route_template(scope)
+            self.metrics.observe(scope["method"], route, status, elapsed_s)
+            access_log.info(
+                "%s %s %d",
+                scope["method"],
+                scope["path"],
+                status,
+                extra={
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "route": route,
+                    "status": status,
+                    "duration_ms": round(elapsed_s * 1000, 2),
+                },
+            )
 
 
 def _route_template(scope: Scope) -> str:

@@ -2,7 +2,7 @@
 
 import json
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -29,7 +29,14 @@ class Settings(BaseSettings):
     # up to planning_queue_wait_s for a slot, then gets 503 with Retry-After.
     max_concurrent_planning: int = Field(default=8, ge=1, le=256)
     planning_queue_wait_s: float = Field(default=5.0, ge=0, le=60)
-    log_level: str = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    # One JSON object per line (with the request id) for log shippers; "text" for a terminal.
+    log_format: Literal["json", "text"] = "json"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("cors_origins", mode="before")
     @classmethod

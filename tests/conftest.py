@@ -13,7 +13,7 @@ from alembic import command
 from alembic.config import Config
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, make_url, text
 
 from service.main import create_app
 from service.persistence import models  # noqa: F401  (registers tables)
@@ -36,6 +36,20 @@ def reset_postgres_schema(url: str) -> None:
         conn.execute(text("DROP SCHEMA public CASCADE"))
         conn.execute(text("CREATE SCHEMA public"))
     engine.dispose()
+
+
+def sibling_postgres_database(url: str, suffix: str) -> str:
+    """A database named `<that database>_<suffix>` on the same server (created when missing), for a
+    test that must not share tables with the others (the fuzzer, several service processes)."""
+    base = make_url(url)
+    name = f"{base.database}_{suffix}"
+    engine = make_engine(url)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        exists = conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name})
+        if not exists:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return base.set(database=name).render_as_string(hide_password=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

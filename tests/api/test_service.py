@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import json
+import logging
+
 from fastapi.testclient import TestClient
 
 from service.main import create_app
@@ -82,3 +86,30 @@ def test_metrics_count_searches_and_their_evaluations(client: TestClient) -> Non
     evaluations = plan["search"]["memory_evaluations"] + plan["search"]["time_evaluations"]
     assert f"trainplan_search_evaluations_total {evaluations}" in text and evaluations > 0
     assert "trainplan_search_truncated_total 0" in text
+
+
+def test_logs_are_json_lines_carrying_the_request_id(migrated_url: str) -> None:
+    app = create_app(Settings(database_url=migrated_url, log_format="json"))
+    stream = io.StringIO()
+    (handler,) = [h for h in logging.getLogger("service").handlers if h.get_name() == "trainplan"]
+    handler.setStream(stream)  # type: ignore[attr-defined]
+
+    @app.get("/boom")
+    def boom() -> None:  # runs in a worker thread: the id must follow it there
+        logging.getLogger("service.test").warning("about to fail", extra={"cause": "test"})
+        raise RuntimeError("bug")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        client.get("/v1/gpus/h100-sxm-80gb", headers={"X-Request-ID": "trace-8"})
+        client.get("/boom", headers={"X-Request-ID": "trace-9"})
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    access = [line for line in lines if line["logger"] == "service.access"]
+    assert [(a["request_id"], a["route"], a["status"]) for a in access] == [
+        ("trace-8", "/v1/gpus/{name}", 200),
+        ("trace-9", "/boom", 500),
+    ]
+    assert all(a["duration_ms"] >= 0 and a["method"] == "GET" for a in access)
+    in_thread = next(line for line in lines if line["logger"] == "service.test")
+    assert in_thread["request_id"] == "trace-9" and in_thread["cause"] == "test"
+    error = next(line for line in lines if line["logger"] == "service.errors")
+    assert error["request_id"] == "trace-9" and "RuntimeError: bug" in error["exception"]
