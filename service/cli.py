@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -66,8 +67,12 @@ class Api:
         return self._client
 
     def _open(self) -> contextlib.AbstractContextManager[httpx.Client]:
+        # A service with PLANNER_REQUIRE_AUTH=true needs a key: from the environment, never a flag
+        # (a flag would show in `ps` and in shell history).
+        key = os.environ.get("TRAINPLAN_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         if self.url:
-            return httpx.Client(base_url=self.url, timeout=120)
+            return httpx.Client(base_url=self.url, timeout=120, headers=headers)
         import warnings
 
         # the in-process transport; Starlette's note about httpx is for test suites, not for users
@@ -77,9 +82,10 @@ class Api:
         from service.main import create_app
         from service.settings import get_settings
 
-        settings = get_settings()
+        # In-process, the service's access lines would only interleave with the command's output.
+        settings = get_settings().model_copy(update={"log_level": "WARNING"})
         migrate(settings.database_url)
-        return TestClient(create_app(settings), raise_server_exceptions=False)
+        return TestClient(create_app(settings), raise_server_exceptions=False, headers=headers)
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -339,7 +345,11 @@ def emit(data: Any, as_json: bool) -> None:
 
 # ---------------------------------------------------------------- commands
 
-url_option = click.option("--url", envvar="TRAINPLAN_URL", help="a running service (default: in-process)")
+url_option = click.option(
+    "--url",
+    envvar="TRAINPLAN_URL",
+    help="a running service (default: in-process); its API key, if it needs one: TRAINPLAN_API_KEY",
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="print the API's JSON")
 model_options = [
     click.option("--model", help="a catalog preset (trainplan models)"),
@@ -698,6 +708,126 @@ def runs_add(
         for key in ("diagnosis", "calibration"):
             if run.get(key):
                 console.print(f"{key}: {escape(json.dumps(run[key]))}")
+
+
+@main.group()
+def keys() -> None:
+    """API keys (PLANNER_REQUIRE_AUTH=true). Without --url: straight on the local database
+    (PLANNER_DATABASE_URL), which is how the first admin key is made; with --url: through
+    /v1/api-keys, with an admin key in TRAINPLAN_API_KEY."""
+
+
+def _key_row(record: Any) -> dict[str, Any]:
+    from service.api.api_keys import to_out
+
+    return to_out(record).model_dump(mode="json")
+
+
+@contextlib.contextmanager
+def _local_session() -> Any:
+    from sqlalchemy.orm import Session
+
+    from service.persistence.db import make_engine
+    from service.settings import get_settings
+
+    url = get_settings().database_url
+    migrate(url)
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            yield session
+            session.commit()
+    finally:
+        engine.dispose()
+
+
+@keys.command(name="create")
+@click.argument("owner")
+@click.option("--name", default="", help="what uses the key, for people reading the list")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    type=click.Choice(["read", "write", "admin"]),
+    help="repeat for several (default: read and write)",
+)
+@url_option
+@json_option
+def keys_create(owner: str, name: str, scopes: tuple[str, ...], url: str | None, as_json: bool) -> None:
+    """Create a key for OWNER; its secret is printed once and never stored."""
+    from pydantic import ValidationError
+
+    from service.api.schemas.api_keys import ApiKeyCreate
+
+    fields = {"owner": owner, "name": name} | ({"scopes": list(scopes)} if scopes else {})
+    try:
+        body = ApiKeyCreate.model_validate(fields).model_dump()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise Failure(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
+    if url:
+        created = Api(url).call("POST", "/v1/api-keys", json=body)
+    else:
+        from service.planning import api_keys
+
+        with _local_session() as session:
+            record, secret = api_keys.create_key(session, **body)
+            created = _key_row(record) | {"secret": secret}
+    emit(created, as_json)
+    if not as_json:
+        console.print(
+            f"API key {created['id']} for {escape(created['owner'])}, scopes {', '.join(created['scopes'])}"
+        )
+        console.print(f"secret (shown once; send as 'Authorization: Bearer ...'): {created['secret']}")
+
+
+@keys.command(name="list")
+@click.option("--owner", help="only this owner's keys")
+@url_option
+@json_option
+def keys_list(owner: str | None, url: str | None, as_json: bool) -> None:
+    if url:
+        items = Api(url).call("GET", "/v1/api-keys", params={"owner": owner} if owner else {})["items"]
+    else:
+        from service.planning import api_keys
+
+        with _local_session() as session:
+            items = [_key_row(r) for r in api_keys.list_keys(session, owner)]
+    if as_json:
+        emit(items, True)
+        return
+    table = Table(title="API keys", title_justify="left")
+    for column in ("id", "owner", "name", "scopes", "created", "revoked"):
+        table.add_column(column)
+    for item in items:
+        table.add_row(
+            item["id"],
+            escape(item["owner"]),
+            escape(item["name"]),
+            ", ".join(item["scopes"]),
+            item["created_at"],
+            item["revoked_at"] or "",
+        )
+    console.print(table)
+
+
+@keys.command(name="revoke")
+@click.argument("key_id")
+@url_option
+def keys_revoke(key_id: str, url: str | None) -> None:
+    """Revoke a key: refused from the next request on."""
+    if url:
+        Api(url).call("DELETE", f"/v1/api-keys/{key_id}")
+    else:
+        from service.errors import ServiceError
+        from service.planning import api_keys
+
+        with _local_session() as session:
+            try:
+                api_keys.revoke_key(session, key_id)
+            except ServiceError as exc:
+                raise Failure(exc.detail) from exc
+    console.print(f"revoked API key {key_id}")
 
 
 @main.command()

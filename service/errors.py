@@ -21,6 +21,20 @@ class ServiceError(Exception):
         self.errors = errors
 
 
+class Unauthorized(ServiceError):
+    """No credentials, or ones the service does not know; answered with WWW-Authenticate: Bearer."""
+
+    status_code = 401
+    slug = "unauthorized"
+
+
+class Forbidden(ServiceError):
+    """A known key without the scope the operation needs."""
+
+    status_code = 403
+    slug = "forbidden"
+
+
 class NotFound(ServiceError):
     status_code = 404
     slug = "not-found"

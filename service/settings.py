@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     # up to planning_queue_wait_s for a slot, then gets 503 with Retry-After.
     max_concurrent_planning: int = Field(default=8, ge=1, le=256)
     planning_queue_wait_s: float = Field(default=5.0, ge=0, le=60)
+    # Off: every request acts as the owner "local" with every scope (one user on a laptop). On: every
+    # /v1 request needs `Authorization: Bearer <API key>` (create keys with `trainplan keys create`).
+    require_auth: bool = False
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # One JSON object per line (with the request id) for log shippers; "text" for a terminal.
     log_format: Literal["json", "text"] = "json"

@@ -17,14 +17,17 @@ from service.settings import Settings
 
 
 @contextlib.contextmanager
-def served(database_url: str) -> Iterator[str]:
+def served(database_url: str, *, require_auth: bool = False) -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of the service while the block runs."""
     migrate(database_url)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     config = uvicorn.Config(
-        create_app(Settings(database_url=database_url)), host="127.0.0.1", port=port, log_level="warning"
+        create_app(Settings(database_url=database_url, require_auth=require_auth)),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

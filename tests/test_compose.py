@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT.parent / "shared" / "reference" / "schemas" / "compose-spec.json"
 
 
-def test_compose_file_is_valid_and_waits_for_a_healthy_database() -> None:
+def test_compose_file_is_valid_and_waits_for_a_healthy_migrated_database() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     if not SCHEMA.exists():
         pytest.skip(f"compose schema not found at {SCHEMA}")
@@ -23,3 +23,8 @@ def test_compose_file_is_valid_and_waits_for_a_healthy_database() -> None:
     assert "healthcheck" in compose["services"]["db"]
     assert api["environment"]["PLANNER_DATABASE_URL"].startswith("postgresql+psycopg://")
     assert "pgdata" in compose["volumes"]
+    # Replicas (--scale api=N): migrated once before any starts, each on its own host port.
+    assert api["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert compose["services"]["migrate"]["command"] == ["alembic", "upgrade", "head"]
+    assert "alembic" not in " ".join(api["command"])
+    assert api["ports"] == ["8000-8015:8000"]

@@ -20,6 +20,7 @@ CONTRACT = {
     ("post", "/v1/plans/{plan_id}/runs"), ("get", "/v1/plans/{plan_id}/runs"),
     ("get", "/v1/plans/{plan_id}/runs/{run_id}"),
     ("post", "/v1/capacity"),
+    ("post", "/v1/api-keys"), ("get", "/v1/api-keys"), ("delete", "/v1/api-keys/{key_id}"),
 }  # fmt: skip
 
 
@@ -37,3 +38,5 @@ def test_every_contract_endpoint_is_documented_with_problem_responses() -> None:
             method,
             path,
         )
+        if path.startswith("/v1/"):  # PLANNER_REQUIRE_AUTH=true: no key, or not the scope
+            assert {"401", "403"} <= set(responses), (method, path)

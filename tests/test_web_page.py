@@ -99,3 +99,31 @@ def test_an_api_error_appears_next_to_its_field(served: str, browser: Any) -> No
     assert page.get_attribute("#training\\.seq_len", "aria-invalid") == "true"
     assert page.locator("#form-errors").is_visible()
     page.close()
+
+
+def test_a_service_that_requires_keys_asks_for_one_once(tmp_path: Path, browser: Any) -> None:
+    from sqlalchemy.orm import Session
+
+    from service.persistence.db import make_engine
+    from service.planning.api_keys import create_key
+
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    with loopback.served(url, require_auth=True) as base:
+        engine = make_engine(url)
+        with Session(engine) as session:
+            _, secret = create_key(session, owner="ui", name="browser", scopes=["read", "write"])
+            session.commit()
+        engine.dispose()
+        page = browser.new_page()
+        asked: list[str] = []
+
+        def answer(dialog: Any) -> None:
+            asked.append(dialog.message)
+            dialog.accept(secret)
+
+        page.on("dialog", answer)
+        page.goto(f"{base}/")
+        page.wait_for_selector("body[data-ready=true]")
+        assert len(asked) == 1 and "API key" in asked[0]
+        assert page.locator("#model\\.preset option").count() > 10  # the catalog came with the key
+        page.close()

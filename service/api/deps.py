@@ -1,5 +1,5 @@
-"""Dependencies as Annotated aliases: settings, the request's session (the one place that
-commits), and repositories."""
+"""Dependencies as Annotated aliases: settings, who the request acts as (its API key), the
+request's session (the one place that commits, opened for that owner), and repositories."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.errors import ServiceUnavailable
+from service.errors import Forbidden, ServiceUnavailable, Unauthorized
 from service.persistence.db import sqlite_file_identity
 from service.persistence.repository import ClusterRepository, PlanRepository
+from service.planning import api_keys
+from service.planning.api_keys import Principal
 from service.settings import Settings
 
 
@@ -31,11 +33,61 @@ def check_database_file(request: Request) -> None:
         )
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """Commit when the handler returns, roll back when it raises: nothing is half-written."""
+# POSTs that compute and store nothing: a read-only key may call them.
+_COMPUTE_ONLY = frozenset({"/v1/estimates", "/v1/capacity", "/v1/models/resolve"})
+
+
+def required_scope(method: str, route: str) -> str:
+    """The scope an operation needs: admin for API keys, read for GETs and pure computations,
+    write for everything that stores or deletes."""
+    if route.startswith("/v1/api-keys"):
+        return "admin"
+    if method in ("GET", "HEAD") or route in _COMPUTE_ONLY:
+        return "read"
+    return "write"
+
+
+def get_principal(request: Request) -> Principal:
+    """Who the request acts as. With PLANNER_REQUIRE_AUTH off, the local owner with every scope;
+    on, the owner of the `Authorization: Bearer` key (401 without a valid one, 403 without the
+    scope the route needs). Each request looks its key up: a revocation holds on every replica."""
+    settings: Settings = request.app.state.settings
+    if not settings.require_auth:
+        return api_keys.LOCAL
+    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise Unauthorized(
+            "this service requires an API key: send it as 'Authorization: Bearer <key>'",
+            errors=[{"field": "header.Authorization", "message": "missing or not a Bearer token"}],
+        )
     check_database_file(request)
     factory: sessionmaker[Session] = request.app.state.sessionmaker
     with factory() as session:
+        principal = api_keys.authenticate(session, secret.strip())
+    if principal is None:
+        raise Unauthorized(
+            "the API key is not valid: unknown or revoked",
+            errors=[{"field": "header.Authorization", "message": "unknown or revoked key"}],
+        )
+    route = getattr(request.scope.get("route"), "path", request.url.path)
+    needed = required_scope(request.method, route)
+    if needed not in principal.scopes:
+        raise Forbidden(
+            f"{request.method} {route} needs the {needed!r} scope; this key has {sorted(principal.scopes)}",
+            errors=[{"field": "header.Authorization", "message": f"scope {needed!r} missing"}],
+        )
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def get_session(request: Request, principal: PrincipalDep) -> Iterator[Session]:
+    """Commit when the handler returns, roll back when it raises: nothing is half-written. The
+    session works for the principal's owner (the repositories read `session.info["owner"]`)."""
+    check_database_file(request)
+    factory: sessionmaker[Session] = request.app.state.sessionmaker
+    with factory(info={"owner": principal.owner}) as session:
         try:
             yield session
             session.commit()
@@ -62,6 +114,7 @@ def planning_slot(request: Request) -> Iterator[None]:
 
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+Authenticated = Depends(get_principal)  # for routers: every route authenticates, sessions or not
 PlanningSlot = Depends(planning_slot)
 # scope="function": commit before the response is sent, so a failed commit is never a 2xx.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]

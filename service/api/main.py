@@ -7,14 +7,13 @@ does not import every router, and FastAPI with them.
 
 from fastapi import APIRouter
 
-from service.api import capacity, clusters, estimates, gpus, health, models, plans, web
+from service.api import api_keys, capacity, clusters, estimates, gpus, health, models, plans, web
+from service.api.deps import Authenticated
 
 api_router = APIRouter()
+# Open: liveness, readiness, metrics and the page (which asks for a key when the API needs one).
 api_router.include_router(health.router)
-api_router.include_router(gpus.router)
-api_router.include_router(models.router)
-api_router.include_router(clusters.router)
-api_router.include_router(estimates.router)
-api_router.include_router(plans.router)
-api_router.include_router(capacity.router)
 api_router.include_router(web.router)
+# Everything under /v1 acts for an API key's owner, with the scope its method needs.
+for module in (gpus, models, clusters, estimates, plans, capacity, api_keys):
+    api_router.include_router(module.router, dependencies=[Authenticated])

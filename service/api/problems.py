@@ -33,6 +33,11 @@ _PROBLEM_CONTENT = {PROBLEM_MEDIA_TYPE: {"schema": Problem.model_json_schema()}}
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"description": "Malformed request (e.g. invalid JSON)", "content": _PROBLEM_CONTENT},
+    401: {
+        "description": "No valid API key (only when the service requires one: PLANNER_REQUIRE_AUTH=true)",
+        "content": _PROBLEM_CONTENT,
+    },
+    403: {"description": "The API key lacks the scope this operation needs", "content": _PROBLEM_CONTENT},
     404: {"description": "Not found", "content": _PROBLEM_CONTENT},
     409: {"description": "Conflict with stored state", "content": _PROBLEM_CONTENT},
     413: {"description": "Request body too large", "content": _PROBLEM_CONTENT},
@@ -98,6 +103,8 @@ RETRY_AFTER_S = 2  # what a 503 asks a client to wait: a busy database frees wit
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
     headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status_code == 503 else None
+    if exc.status_code == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="trainplan"'}
     return problem_response(
         exc.status_code,
         exc.detail,

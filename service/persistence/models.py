@@ -5,17 +5,24 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from service.persistence.db import Base, UTCDateTime, new_id, utcnow
 
+# Who owns what: clusters, plans (and through them their runs) and idempotency keys belong to the
+# owner of the API key that created them; without authentication every request acts as this owner.
+LOCAL_OWNER = "local"
+OWNER_MAX_LENGTH = 100
+
 
 class ClusterRecord(Base):
     __tablename__ = "clusters"
+    __table_args__ = (UniqueConstraint("owner", "name", name="uq_clusters_owner_name"),)
 
     id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
+    owner: Mapped[str] = mapped_column(String(OWNER_MAX_LENGTH), server_default=LOCAL_OWNER)
+    name: Mapped[str] = mapped_column(String(200))
     description: Mapped[str] = mapped_column(Text, default="")
     # Either a catalog GPU name, or null with `gpu_spec` holding a complete custom spec.
     gpu_name: Mapped[str | None] = mapped_column(String(100))
@@ -42,9 +49,11 @@ class PlanRecord(Base):
         Index("ix_plans_cluster_id_id", "cluster_id", "id"),
         Index("ix_plans_model_name_id", "model_name", "id"),
         Index("ix_plans_hardware_key_framework", "hardware_key", "framework"),
+        Index("ix_plans_owner_id", "owner", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(String(OWNER_MAX_LENGTH), server_default=LOCAL_OWNER)
     # RESTRICT: a stored cluster that plans refer to cannot be deleted (409); every plan also
     # keeps the cluster it was made for in `cluster_snapshot`, so later edits don't rewrite history.
     cluster_id: Mapped[str | None] = mapped_column(String(26), ForeignKey("clusters.id", ondelete="RESTRICT"))
@@ -92,8 +101,25 @@ class IdempotencyKeyRecord(Base):
 
     __tablename__ = "idempotency_keys"
 
+    # Each owner has its own keys: another owner's identical key neither replays nor reveals anything.
+    owner: Mapped[str] = mapped_column(String(OWNER_MAX_LENGTH), primary_key=True, server_default=LOCAL_OWNER)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
     scope: Mapped[str] = mapped_column(String(100), primary_key=True)  # e.g. "POST /v1/plans"
     request_sha256: Mapped[str] = mapped_column(String(64))
     resource_id: Mapped[str] = mapped_column(String(26))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiKeyRecord(Base):
+    """An API key: its owner and scopes, and the SHA-256 of its secret (the secret itself is shown
+    once, at creation, and never stored). Revoked keys stay, so a list shows when they were revoked."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(String(OWNER_MAX_LENGTH), index=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    secret_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -1,4 +1,9 @@
-"""Repositories: a session in __init__, `add`/`flush` only; the session dependency commits."""
+"""Repositories: a session in __init__, `add`/`flush` only; the session dependency commits.
+
+Every repository works for one owner, the one its session was opened for (``session.info["owner"]``,
+set by the request's session dependency from its API key; ``local`` when authentication is off):
+it reads only that owner's rows and stamps the rows it adds, so no route can reach another owner's
+clusters, plans, runs or idempotency keys by forgetting a filter."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.persistence.models import ClusterRecord, IdempotencyKeyRecord, PlanRecord, RunRecord
+from service.persistence.models import LOCAL_OWNER, ClusterRecord, IdempotencyKeyRecord, PlanRecord, RunRecord
 
 
 class InvalidCursor(ValueError):
@@ -31,18 +36,32 @@ def decode_cursor(cursor: str) -> str:
     return raw
 
 
+def session_owner(session: Session) -> str:
+    """The owner a session works for."""
+    owner: str = session.info.get("owner", LOCAL_OWNER)
+    return owner
+
+
 class ClusterRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
+        self.owner = session_owner(session)
 
     def get(self, cluster_id: str) -> ClusterRecord | None:
-        return self.session.get(ClusterRecord, cluster_id)
+        record = self.session.get(ClusterRecord, cluster_id)
+        return record if record is not None and record.owner == self.owner else None
 
     def get_by_name(self, name: str) -> ClusterRecord | None:
-        return self.session.scalars(select(ClusterRecord).where(ClusterRecord.name == name)).first()
+        query = select(ClusterRecord).where(ClusterRecord.owner == self.owner, ClusterRecord.name == name)
+        return self.session.scalars(query).first()
 
     def list_page(self, *, limit: int, after_id: str | None) -> tuple[Sequence[ClusterRecord], str | None]:
-        query = select(ClusterRecord).order_by(ClusterRecord.id).limit(limit + 1)
+        query = (
+            select(ClusterRecord)
+            .where(ClusterRecord.owner == self.owner)
+            .order_by(ClusterRecord.id)
+            .limit(limit + 1)
+        )
         if after_id is not None:
             query = query.where(ClusterRecord.id > after_id)
         rows = self.session.scalars(query).all()
@@ -50,6 +69,7 @@ class ClusterRepository:
         return rows[:limit], next_cursor
 
     def add(self, record: ClusterRecord) -> ClusterRecord:
+        record.owner = self.owner
         self.session.add(record)
         self.session.flush()
         return record
@@ -66,11 +86,14 @@ class ClusterRepository:
 class PlanRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
+        self.owner = session_owner(session)
 
     def get(self, plan_id: str) -> PlanRecord | None:
-        return self.session.get(PlanRecord, plan_id)
+        record = self.session.get(PlanRecord, plan_id)
+        return record if record is not None and record.owner == self.owner else None
 
     def add(self, record: PlanRecord) -> PlanRecord:
+        record.owner = self.owner
         self.session.add(record)
         self.session.flush()
         return record
@@ -84,7 +107,12 @@ class PlanRepository:
         self, *, limit: int, before_id: str | None, filters: PlanFilters
     ) -> tuple[Sequence[PlanRecord], str | None]:
         """Newest first; the cursor is the last id of the page."""
-        query = select(PlanRecord).order_by(PlanRecord.id.desc()).limit(limit + 1)
+        query = (
+            select(PlanRecord)
+            .where(PlanRecord.owner == self.owner)
+            .order_by(PlanRecord.id.desc())
+            .limit(limit + 1)
+        )
         if before_id is not None:
             query = query.where(PlanRecord.id < before_id)
         if filters.cluster_id is not None:
@@ -102,9 +130,10 @@ class PlanRepository:
         return rows[:limit], next_cursor
 
     def idempotency_key(self, key: str, scope: str) -> IdempotencyKeyRecord | None:
-        return self.session.get(IdempotencyKeyRecord, (key, scope))
+        return self.session.get(IdempotencyKeyRecord, (self.owner, key, scope))
 
     def add_idempotency_key(self, record: IdempotencyKeyRecord) -> None:
+        record.owner = self.owner
         self.session.add(record)
         self.session.flush()
 
@@ -114,21 +143,28 @@ class PlanRepository:
         return record
 
     def run(self, run_id: str) -> RunRecord | None:
-        return self.session.get(RunRecord, run_id)
+        """A run of one of this owner's plans."""
+        record = self.session.get(RunRecord, run_id)
+        return record if record is not None and record.plan.owner == self.owner else None
 
     def runs(self, plan_id: str) -> Sequence[RunRecord]:
-        return self.session.scalars(
-            select(RunRecord).where(RunRecord.plan_id == plan_id).order_by(RunRecord.id)
-        ).all()
+        query = (
+            select(RunRecord)
+            .join(PlanRecord, RunRecord.plan_id == PlanRecord.id)
+            .where(PlanRecord.owner == self.owner, RunRecord.plan_id == plan_id)
+            .order_by(RunRecord.id)
+        )
+        return self.session.scalars(query).all()
 
     def runs_on_hardware(
         self, hardware_key: str, framework: str | None = None
     ) -> Sequence[tuple[RunRecord, PlanRecord]]:
-        """Every stored run of a plan made for this hardware (and this framework, if given)."""
+        """Every run this owner stored of a plan made for this hardware (and this framework, if given):
+        one owner's runs never calibrate another's estimates."""
         query = (
             select(RunRecord, PlanRecord)
             .join(PlanRecord, RunRecord.plan_id == PlanRecord.id)
-            .where(PlanRecord.hardware_key == hardware_key)
+            .where(PlanRecord.owner == self.owner, PlanRecord.hardware_key == hardware_key)
             .order_by(RunRecord.id)
         )
         if framework is not None:

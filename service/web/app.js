@@ -35,8 +35,14 @@ class ApiError extends Error {
   }
 }
 
-async function api(method, path, body) {
+// A service started with PLANNER_REQUIRE_AUTH=true answers 401: ask for an API key once, keep it
+// for this tab only (sessionStorage), and send it as a Bearer token from then on.
+const KEY_STORE = "trainplan-api-key";
+
+async function api(method, path, body, retried = false) {
   const options = { method, headers: { Accept: "application/json" } };
+  const key = sessionStorage.getItem(KEY_STORE);
+  if (key) options.headers.Authorization = `Bearer ${key}`;
   if (body !== undefined) {
     options.headers["Content-Type"] = "application/json";
     options.body = JSON.stringify(body);
@@ -44,6 +50,18 @@ async function api(method, path, body) {
   const response = await fetch(path, options);
   const text = await response.text();
   const data = text ? JSON.parse(text) : null;
+  if (response.status === 401 && !retried) {
+    // Several calls may meet the 401 at once: only the first asks, the others reuse its answer.
+    let current = sessionStorage.getItem(KEY_STORE);
+    if (!current || current === key) {
+      const entered = window.prompt("This service needs an API key (trainplan keys create OWNER):");
+      if (entered) {
+        current = entered.trim();
+        sessionStorage.setItem(KEY_STORE, current);
+      }
+    }
+    if (current && current !== key) return api(method, path, body, true);
+  }
   if (!response.ok) throw new ApiError(response.status, data || {});
   return data;
 }

@@ -1,0 +1,42 @@
+"""API keys (admin scope): create one for an owner (its secret is answered once), list, revoke."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from service.api.deps import SessionDep
+from service.api.problems import PROBLEM_RESPONSES
+from service.api.schemas.api_keys import ApiKeyCreate, ApiKeyCreated, ApiKeyOut
+from service.api.schemas.common import Page
+from service.persistence.models import OWNER_MAX_LENGTH, ApiKeyRecord
+from service.planning import api_keys
+
+router = APIRouter(prefix="/v1/api-keys", tags=["api-keys"], responses=PROBLEM_RESPONSES)
+
+
+def to_out(record: ApiKeyRecord) -> ApiKeyOut:
+    return ApiKeyOut.model_validate(record, from_attributes=True)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ApiKeyCreated)
+def create_api_key(body: ApiKeyCreate, session: SessionDep, response: Response) -> ApiKeyCreated:
+    record, secret = api_keys.create_key(session, owner=body.owner, name=body.name, scopes=body.scopes)
+    response.headers["Location"] = f"/v1/api-keys/{record.id}"
+    return ApiKeyCreated(**to_out(record).model_dump(), secret=secret)
+
+
+@router.get("", response_model=Page[ApiKeyOut])
+def list_api_keys(
+    session: SessionDep, owner: Annotated[str | None, Query(max_length=OWNER_MAX_LENGTH)] = None
+) -> Page[ApiKeyOut]:
+    """Every key (revoked ones too, with when), optionally of one owner; never a secret."""
+    return Page[ApiKeyOut](items=[to_out(r) for r in api_keys.list_keys(session, owner)])
+
+
+@router.delete("/{key_id}", status_code=status.HTTP_204_NO_CONTENT)
+def revoke_api_key(key_id: str, session: SessionDep) -> Response:
+    """Revoke: the key is refused (401) from the next request on; the row stays, with revoked_at."""
+    api_keys.revoke_key(session, key_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,82 @@
+"""API keys: create (the secret is shown once), list, revoke, and authenticate a presented secret.
+
+A secret is ``tp_`` and 32 random bytes (256 bits, URL-safe base64); only its SHA-256 is stored. A
+fast hash is enough for secrets this random (a slow password hash protects guessable passwords, which
+these are not), and lets every request find its key by one indexed lookup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.errors import NotFound
+from service.persistence.db import utcnow
+from service.persistence.models import LOCAL_OWNER, ApiKeyRecord
+
+# read: GET everything the owner has, and computations that store nothing (estimates, capacity,
+# model resolution);
+# write: create, change and delete clusters, plans and runs; admin: manage API keys of every owner.
+SCOPES = ("read", "write", "admin")
+SECRET_PREFIX = "tp_"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request acts as: the owner of its rows, and what it may do."""
+
+    owner: str
+    scopes: frozenset[str]
+    key_id: str | None  # None: authentication is off
+
+
+LOCAL = Principal(owner=LOCAL_OWNER, scopes=frozenset(SCOPES), key_id=None)
+
+
+def secret_digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_key(session: Session, *, owner: str, name: str, scopes: Sequence[str]) -> tuple[ApiKeyRecord, str]:
+    """A new key and its secret (returned once, never stored)."""
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    ordered = [scope for scope in SCOPES if scope in set(scopes)]
+    record = ApiKeyRecord(owner=owner, name=name, scopes=ordered, secret_sha256=secret_digest(secret))
+    session.add(record)
+    session.flush()
+    return record, secret
+
+
+def list_keys(session: Session, owner: str | None = None) -> Sequence[ApiKeyRecord]:
+    query = select(ApiKeyRecord).order_by(ApiKeyRecord.id)
+    if owner is not None:
+        query = query.where(ApiKeyRecord.owner == owner)
+    return session.scalars(query).all()
+
+
+def revoke_key(session: Session, key_id: str) -> ApiKeyRecord:
+    """Revoked from the next request on, on every replica (each request looks its key up)."""
+    record = session.get(ApiKeyRecord, key_id)
+    if record is None:
+        raise NotFound(f"API key {key_id!r} does not exist")
+    if record.revoked_at is None:
+        record.revoked_at = utcnow()
+        session.flush()
+    return record
+
+
+def authenticate(session: Session, secret: str) -> Principal | None:
+    """The principal of a presented secret; None when it is unknown or revoked."""
+    if not secret.startswith(SECRET_PREFIX) or len(secret) > 200:
+        return None
+    record = session.scalars(
+        select(ApiKeyRecord).where(ApiKeyRecord.secret_sha256 == secret_digest(secret))
+    ).first()
+    if record is None or record.revoked_at is not None:
+        return None
+    return Principal(owner=record.owner, scopes=frozenset(record.scopes), key_id=record.id)
