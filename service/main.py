@@ -21,8 +21,9 @@ from service.middleware import (
     NulRefusalMiddleware,
     RequestIdMiddleware,
 )
-from service.persistence.db import make_engine, sqlite_file_identity
+from service.persistence.db import make_engine, serialize_sqlite_writes, sqlite_file_identity
 from service.settings import Settings, get_settings
+from service.versions import estimator_version
 
 VERSION = "0.1.0"
 
@@ -42,9 +43,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.sessionmaker = sessionmaker(engine, expire_on_commit=False)
         if engine.dialect.name == "sqlite":
+            serialize_sqlite_writes(app.state.sessionmaker, settings.sqlite_busy_timeout_ms / 1000)
+        if engine.dialect.name == "sqlite":
             with contextlib.suppress(Exception), engine.connect():  # SQLite creates its file here
                 pass  # a failure is /readyz's to report, not a crash at startup
         app.state.database_identity = sqlite_file_identity(engine)
+        # Digest the estimator's source once, before the first plan: concurrent first requests
+        # would each parse every file (functools.cache does not hold them back).
+        estimator_version()
         try:
             yield
         finally:

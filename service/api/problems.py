@@ -24,6 +24,7 @@ from service.api.schemas.common import Problem
 from service.catalog.errors import UnknownCatalogEntry
 from service.errors import ServiceError
 from service.estimator.errors import EstimatorError
+from service.persistence.db import WriterBusy
 
 log = logging.getLogger("service.errors")
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -119,6 +120,8 @@ def database_unavailable_detail(exc: BaseException) -> str | None:
     """Why the database cannot serve the request now, when that is the error (busy, locked,
     unreachable, timed out, read-only): the request may succeed later, so it is a 503, not a 500.
     None for any other error (a bug stays a 500)."""
+    if isinstance(exc, WriterBusy):
+        return "the database is busy (another request held its one writer for the whole busy timeout)"
     if isinstance(exc, sqlalchemy.exc.TimeoutError):
         return "the database connection pool is exhausted"
     if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:

@@ -61,17 +61,27 @@ def make_job(
     tuning: Tuning,
 ) -> Job:
     """A new job with empty memos (``prepare`` returns a shared one)."""
-    layer_kinds = tuple(layer_kind(model, i) for i in range(model.num_layers))
+    counts, layer_kinds, kinds = _model_constants(model)
     return Job(
         model=model,
         cluster=cluster,
         training=training,
         tuning=tuning,
         assume=tuning.memory,
-        counts=parameter_counts(model),
+        counts=counts,
         layer_kinds=layer_kinds,
-        kinds=tuple(dict.fromkeys(layer_kinds)),
+        kinds=kinds,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _model_constants(
+    model: ModelSpec,
+) -> tuple[ParameterCounts, tuple[LayerKind, ...], tuple[LayerKind, ...]]:
+    """What a job needs of the model alone: its parameter counts, each layer's kind, the distinct
+    kinds. Shared by every job of the model (the limit searches make one per sequence length)."""
+    layer_kinds = tuple(layer_kind(model, i) for i in range(model.num_layers))
+    return parameter_counts(model), layer_kinds, tuple(dict.fromkeys(layer_kinds))
 
 
 @functools.lru_cache(maxsize=128)

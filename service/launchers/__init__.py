@@ -43,10 +43,11 @@ FRAMEWORK_TARGETS: dict[Framework, tuple[Target, ...]] = {
 
 
 def runnable_targets(
-    plan: Plan, targets: Iterable[Target] | None = None
+    plan: Plan, targets: Iterable[Target] | None = None, *, first_only: bool = False
 ) -> tuple[list[Target], dict[Target, str]]:
     """The targets of the plan's framework (those of ``targets`` only, when given) that render it,
-    and why each of the others cannot."""
+    and why each of the others cannot. ``first_only``: stop at the first that renders (the search
+    only asks whether one does; each render builds every file)."""
     wanted = FRAMEWORK_TARGETS[plan.layout.framework]
     if targets is not None:
         allowed = set(targets)
@@ -60,6 +61,8 @@ def runnable_targets(
             reasons[target] = exc.reason
         else:
             runs.append(target)
+            if first_only:
+                break
     return runs, reasons
 
 

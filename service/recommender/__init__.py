@@ -301,7 +301,7 @@ def _runs(search: _Search, job: Job, result: SearchResult, layout: Layout) -> bo
     """Whether a launcher of the layout's framework (of the requested ones) renders it: a plan is only
     worth proposing if it can be run as written. Checked only for layouts that would be kept."""
     plan = Plan(model=search.model, cluster=job.cluster, training=search.training, layout=layout)
-    runs, reasons = runnable_targets(plan, search.constraints.launchers)
+    runs, reasons = runnable_targets(plan, search.constraints.launchers, first_only=True)
     if not runs:
         detail = "; ".join(f"{target.value}: {reason}" for target, reason in reasons.items())
         result.log.add(

@@ -141,3 +141,39 @@ def test_database_503s_are_counted_by_reason(sqlite_file: str) -> None:
             'trainplan_database_unavailable_total{reason="the database is busy (locked by another writer)"} 1'
             in metrics
         )
+
+
+def test_writers_in_one_process_queue_for_sqlite_and_a_long_wait_is_a_503(sqlite_file: str) -> None:
+    """Writers of this process take turns on a lock (no busy-handler polling); one that waits past
+    the busy timeout gets a 503 and stores nothing."""
+    from service.persistence.models import ClusterRecord
+
+    settings = Settings(database_url=f"sqlite:///{sqlite_file}", sqlite_busy_timeout_ms=200)
+    app = create_app(settings)
+    with TestClient(app) as client:
+        holder = app.state.sessionmaker()
+        holder.add(ClusterRecord(name="held", gpu_name="h100-sxm-80gb", num_nodes=1, gpus_per_node=1,
+                                 cpu_memory_bytes_per_node=0, nvme_bytes_per_node=0))  # fmt: skip
+        holder.flush()  # this session now holds the process's writer
+        try:
+            waited = client.post("/v1/clusters", json=CLUSTER)
+            assert_unavailable(waited, "held its one writer", "nothing was stored")
+            assert client.get("/v1/clusters").status_code == 200  # reads never wait for it
+        finally:
+            holder.rollback()
+            holder.close()
+        # Released at the end of the transaction: writers go on, several at once take turns.
+        bodies = [CLUSTER | {"name": f"c{i}"} for i in range(8)]
+        results: list[int] = []
+        threads = [
+            threading.Thread(
+                target=lambda b=b: results.append(client.post("/v1/clusters", json=b).status_code)
+            )
+            for b in bodies
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == [201] * 8
+        assert len(client.get("/v1/clusters").json()["items"]) == 8
