@@ -81,8 +81,14 @@ class RunRecord(Base):
 
     __tablename__ = "runs"
 
+    __table_args__ = (Index("ix_runs_owner_hardware_key", "owner", "hardware_key"),)
+
     id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
     plan_id: Mapped[str] = mapped_column(String(26), ForeignKey("plans.id", ondelete="CASCADE"), index=True)
+    # The plan's owner and hardware, copied (neither changes): calibration finds an owner's runs on
+    # some hardware through this index, without reading every plan made for that hardware.
+    owner: Mapped[str] = mapped_column(String(OWNER_MAX_LENGTH), server_default=LOCAL_OWNER)
+    hardware_key: Mapped[str] = mapped_column(String(64), server_default="")
     peak_memory_bytes_per_gpu: Mapped[int | None] = mapped_column(BigInteger)
     step_s: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)

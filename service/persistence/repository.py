@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from service.persistence.models import LOCAL_OWNER, ClusterRecord, IdempotencyKeyRecord, PlanRecord, RunRecord
 
@@ -137,7 +137,8 @@ class PlanRepository:
         self.session.add(record)
         self.session.flush()
 
-    def add_run(self, record: RunRecord) -> RunRecord:
+    def add_run(self, record: RunRecord, plan: PlanRecord) -> RunRecord:
+        record.plan_id, record.owner, record.hardware_key = plan.id, plan.owner, plan.hardware_key
         self.session.add(record)
         self.session.flush()
         return record
@@ -145,13 +146,12 @@ class PlanRepository:
     def run(self, run_id: str) -> RunRecord | None:
         """A run of one of this owner's plans."""
         record = self.session.get(RunRecord, run_id)
-        return record if record is not None and record.plan.owner == self.owner else None
+        return record if record is not None and record.owner == self.owner else None
 
     def runs(self, plan_id: str) -> Sequence[RunRecord]:
         query = (
             select(RunRecord)
-            .join(PlanRecord, RunRecord.plan_id == PlanRecord.id)
-            .where(PlanRecord.owner == self.owner, RunRecord.plan_id == plan_id)
+            .where(RunRecord.owner == self.owner, RunRecord.plan_id == plan_id)
             .order_by(RunRecord.id)
         )
         return self.session.scalars(query).all()
@@ -164,7 +164,9 @@ class PlanRepository:
         query = (
             select(RunRecord, PlanRecord)
             .join(PlanRecord, RunRecord.plan_id == PlanRecord.id)
-            .where(PlanRecord.owner == self.owner, PlanRecord.hardware_key == hardware_key)
+            # filtered on the run's own columns: the index leads, each plan is one key lookup
+            .where(RunRecord.owner == self.owner, RunRecord.hardware_key == hardware_key)
+            .options(defer(PlanRecord.artifacts))
             .order_by(RunRecord.id)
         )
         if framework is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from service.estimator.calibration import Calibration, Observation, shared_calibration
@@ -64,8 +65,14 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
 def calibration_for(repo: PlanRepository, key: str, framework: str) -> Calibration:
     """The framework's calibration on this hardware: step time from every framework's runs on it,
     memory and the framework's own deviation from its own (``shared_calibration``)."""
+    return calibrations_for(repo, key, (framework,))[framework]
+
+
+def calibrations_for(repo: PlanRepository, key: str, frameworks: Iterable[str]) -> dict[str, Calibration]:
+    """``calibration_for`` of each framework, from one read of the runs on this hardware."""
     pairs = [(o, plan.framework) for run, plan in repo.runs_on_hardware(key) if (o := observation(run, plan))]
-    return shared_calibration([o for o, _ in pairs], [o for o, fw in pairs if fw == framework])
+    every = [o for o, _ in pairs]
+    return {fw: shared_calibration(every, [o for o, own in pairs if own == fw]) for fw in frameworks}
 
 
 def calibration_out(calibration: Calibration) -> dict[str, Any] | None:

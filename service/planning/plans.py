@@ -22,7 +22,7 @@ from service.estimator.validate import hardware_violation
 from service.launchers import Target, render
 from service.persistence.models import PlanRecord
 from service.persistence.repository import ClusterRepository, PlanRepository
-from service.planning.calibration import calibration_for, calibration_out, hardware_key, headroom_for
+from service.planning.calibration import calibration_out, calibrations_for, hardware_key, headroom_for
 from service.planning.clusters import resolve_cluster
 from service.planning.estimates import estimate_out, located
 from service.planning.idempotency import Outcome, create_once, request_digest
@@ -79,7 +79,7 @@ def plan_record(session: Session, request: PlanRequest) -> PlanRecord:
         constraints = dataclasses.replace(constraints, launchers=runners)
     key = hardware_key(cluster)
     plans = PlanRepository(session)
-    calibrations = {fw.value: calibration_for(plans, key, fw.value) for fw in constraints.frameworks}
+    calibrations = calibrations_for(plans, key, [fw.value for fw in constraints.frameworks])
     searched = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
     rec = recommend(model, cluster, training, searched, default_tuning())
     result = plan_result(rec, model, cluster, training, request, calibrations)

@@ -37,7 +37,7 @@ def add_run(
                 f"plan {plan_id!r} is infeasible: it has no layout a run could have measured",
                 errors=[{"field": "plan_id", "message": "infeasible plan"}],
             )
-        record = RunRecord(plan_id=plan.id, **run.model_dump())
+        record = RunRecord(**run.model_dump())
         training = plan.request["training"]
         record.diagnosis = diagnose(
             observed(record),
@@ -45,7 +45,7 @@ def add_run(
             recommended["layout"],
             training["seq_len"] * training["global_batch_size"],
         )
-        plans.add_run(record)
+        plans.add_run(record, plan)
         calibration = calibration_for(plans, plan.hardware_key, str(plan.framework))
         return record.id, run_out(record, calibration_out(calibration))
 

@@ -221,3 +221,31 @@ def test_without_require_auth_every_request_is_the_local_owner(client: TestClien
 )
 def test_required_scope(method: str, route: str, scope: str) -> None:
     assert required_scope(method, route) == scope
+
+
+def test_calibration_reads_runs_by_their_index_not_every_plan_on_the_hardware(db_engine: Engine) -> None:
+    """The runs of an owner on some hardware are found through ix_runs_owner_hardware_key; each plan
+    is then one primary-key lookup (the join used to walk every plan made for that hardware)."""
+    if db_engine.dialect.name != "sqlite":
+        pytest.skip("EXPLAIN QUERY PLAN is SQLite's")
+    from sqlalchemy import event
+
+    from service.persistence.repository import PlanRepository
+
+    sent: list[tuple[str, Any]] = []
+
+    def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        sent.append((statement, parameters))
+
+    event.listen(db_engine, "before_cursor_execute", capture)
+    try:
+        with Session(db_engine) as session:
+            PlanRepository(session).runs_on_hardware("hw")
+    finally:
+        event.remove(db_engine, "before_cursor_execute", capture)
+    (statement, parameters), *_ = sent
+    with db_engine.connect() as conn:
+        rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
+    plan = " | ".join(str(row[-1]) for row in rows)
+    assert "ix_runs_owner_hardware_key" in plan, plan
+    assert "SCAN plans" not in plan and "ix_plans_hardware_key" not in plan, plan
