@@ -3,7 +3,7 @@ PostgreSQL database of its own) under wrk on loopback; requests/s and latency pe
 estimates and plans.
 
     .venv/bin/python -m bench.load [--database sqlite|postgresql|both] [--duration 10]
-                                   [--connections 8] [--workers 1] [--json bench/load_results.json]
+                                   [--connections 8] [--replicas 1] [--json bench/load_results.json]
 
 Needs wrk (Debian: apt-get install wrk). Not a test: figures depend on the machine (the report
 records its CPU count and load average). Every request of a run is distinct (wrk's Lua script counts
@@ -85,10 +85,11 @@ def _fresh_database(kind: str, folder: Path) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def _wrk(url: str, script: Path, duration_s: int, connections: int) -> dict[str, Any]:
-    command = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(script), url]
-    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+def _wrk_command(url: str, script: Path, duration_s: int, connections: int) -> list[str]:
+    return ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(script), url]
 
+
+def _parse_wrk(out: str) -> dict[str, Any]:
     def ms(label: str) -> float:
         found = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
         assert found, out
@@ -110,34 +111,60 @@ def _wrk(url: str, script: Path, duration_s: int, connections: int) -> dict[str,
     }
 
 
-def run(kind: str, duration_s: int, connections: int, workers: int) -> dict[str, Any]:
+def _load(urls: list[str], script: Path, duration_s: int, connections: int) -> dict[str, Any]:
+    """One wrk per replica, all at once, the connections split between them. Requests add up; each
+    percentile is the worst replica's (wrk's histograms cannot be merged from its text)."""
+    share = max(1, connections // len(urls))
+    running = [
+        subprocess.Popen(_wrk_command(url, script, duration_s, share), stdout=subprocess.PIPE, text=True)
+        for url in urls
+    ]
+    parts = [_parse_wrk(process.communicate()[0]) for process in running]
+    merged: dict[str, Any] = {
+        "requests": sum(p["requests"] for p in parts),
+        "requests_per_s": round(sum(p["requests_per_s"] for p in parts), 2),
+        "non_2xx": sum(p["non_2xx"] for p in parts),
+        "socket_errors": [p["socket_errors"] for p in parts if p["socket_errors"]] or None,
+    }
+    for key in ("p50_ms", "p90_ms", "p99_ms"):
+        merged[key] = max(p[key] for p in parts)
+    return merged
+
+
+def run(kind: str, duration_s: int, connections: int, replicas: int) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="trainplan-load-"))
     url = _fresh_database(kind, folder)
     migrate(url)
-    port = _free_port()
     env = os.environ | {"PLANNER_DATABASE_URL": url, "PLANNER_LOG_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "uvicorn", "service.main:create_app", "--factory", "--no-access-log"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
-    server = subprocess.Popen(command, cwd=ROOT, env=env)
-    base = f"http://127.0.0.1:{port}"
+    servers, bases = [], []
+    for _ in range(replicas):
+        port = _free_port()
+        command = [sys.executable, "-m", "uvicorn", "service.main:create_app", "--factory", "--no-access-log"]
+        command += ["--host", "127.0.0.1", "--port", str(port)]
+        servers.append(subprocess.Popen(command, cwd=ROOT, env=env))
+        bases.append(f"http://127.0.0.1:{port}")
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        for base in bases:
+            for _ in range(300):
+                try:
+                    if httpx.get(f"{base}/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
         results: dict[str, Any] = {}
         for name, (path, body) in SCENARIOS.items():
             script = folder / f"{path.strip('/').replace('/', '_')}.lua"
             script.write_text(LUA.replace("PATH", path).replace("BODY", body))
-            _wrk(base + path, script, 2, connections)  # warm-up: imports, catalog, first connections
-            results[name] = _wrk(base + path, script, duration_s, connections)
-            print(f"{kind:10} {name:22} {results[name]}", flush=True)
+            urls = [base + path for base in bases]
+            _load(urls, script, 2, connections)  # warm-up: imports, catalog, first connections
+            results[name] = _load(urls, script, duration_s, connections)
+            print(f"{kind:10} x{replicas} {name:22} {results[name]}", flush=True)
         return results
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            server.wait(timeout=30)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -148,7 +175,13 @@ def main() -> None:
     parser.add_argument("--database", choices=["sqlite", "postgresql", "both"], default="both")
     parser.add_argument("--duration", type=int, default=10, help="seconds per scenario")
     parser.add_argument("--connections", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="service processes on one database, each on its own port with its own wrk (uvicorn's "
+        "--workers share one socket, and one worker accepts all of wrk's keep-alive connections)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -157,10 +190,10 @@ def main() -> None:
     load_before = os.getloadavg()
     report = {
         "cpus": os.cpu_count(),
-        "workers": args.workers,
+        "replicas": args.replicas,
         "connections": args.connections,
         "duration_s": args.duration,
-        "results": {kind: run(kind, args.duration, args.connections, args.workers) for kind in kinds},
+        "results": {kind: run(kind, args.duration, args.connections, args.replicas) for kind in kinds},
         "load_average_before_after": [load_before[0], os.getloadavg()[0]],
     }
     if args.json:
