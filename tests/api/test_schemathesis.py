@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from alembic import command
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from schemathesis import openapi
 from schemathesis.checks import not_a_server_error
@@ -42,7 +43,69 @@ if os.environ.get("PLANNER_TEST_DATABASE_URL"):
 else:
     DATABASE_URL = f"sqlite:///{Path(tempfile.mkdtemp(prefix='trainplan-fuzz-')) / 'fuzz.db'}"
 command.upgrade(alembic_config(DATABASE_URL), "head")
-schema = openapi.from_asgi("/openapi.json", create_app(Settings(database_url=DATABASE_URL)))
+APP = create_app(Settings(database_url=DATABASE_URL))
+schema = openapi.from_asgi("/openapi.json", APP)
+
+# Stored rows and catalog names, so that generated requests reach the deep paths (a stored cluster, a
+# plan with its artifacts and runs, a search on a real preset) and not only the 404s and 422s that
+# random ids and names meet.
+with TestClient(APP) as _seed:
+    _cluster = _seed.post(
+        "/v1/clusters", json={"name": "fuzz", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+    )
+    _plan = _seed.post(
+        "/v1/plans",
+        json={
+            "model": {"preset": "gpt2"},
+            "cluster": {"id": _cluster.json()["id"]},
+            "training": {"seq_len": 512, "global_batch_size": 16},
+            "constraints": {"top_k": 1, "frameworks": ["deepspeed"]},
+            "launchers": ["deepspeed"],
+        },
+    ).json()
+    _run = _seed.post(f"/v1/plans/{_plan['id']}/runs", json={"step_s": 1.0}).json()
+    _key = _seed.post("/v1/api-keys", json={"owner": "fuzz"}).json()
+STORED = {
+    "cluster_id": _cluster.json()["id"],
+    "plan_id": _plan["id"],
+    "run_id": _run["id"],
+    "key_id": _key["id"],
+    "name": _plan["artifacts"][0]["name"],
+}
+PRESETS = ["gpt2", "llama-3.1-8b", "mixtral-8x7b"]
+GPUS = ["h100-sxm-80gb", "a100-sxm-80gb"]
+
+
+def _pick(generated: object, choices: list[str]) -> str | None:
+    """A stored value for about half of the generated ones (chosen by the value, so a case replays)."""
+    digest = sum(map(ord, str(generated)))
+    return choices[digest % len(choices)] if digest % 2 == 0 else None
+
+
+@schema.hook
+def map_path_parameters(_ctx: Any, path_parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+    for name, value in (path_parameters or {}).items():
+        if name in STORED and _pick(value, [STORED[name]]) is not None:
+            path_parameters[name] = STORED[name]
+    return path_parameters
+
+
+@schema.hook
+def map_body(_ctx: Any, body: Any) -> Any:
+    if not isinstance(body, dict):
+        return body
+    model = body.get("model")
+    if isinstance(model, dict) and "preset" in model and (preset := _pick(model["preset"], PRESETS)):
+        model["preset"] = preset
+    cluster = body.get("cluster")
+    if isinstance(cluster, dict):
+        if isinstance(cluster.get("gpu"), str) and (gpu := _pick(cluster["gpu"], GPUS)):
+            cluster["gpu"] = gpu
+        if "id" in cluster and _pick(cluster["id"], [STORED["cluster_id"]]):
+            cluster["id"] = STORED["cluster_id"]
+    if isinstance(body.get("gpu"), str) and (gpu := _pick(body["gpu"], GPUS)):
+        body["gpu"] = gpu
+    return body
 
 
 @schema.parametrize()
