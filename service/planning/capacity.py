@@ -18,6 +18,8 @@ from service.planning.clusters import resolve_cluster
 from service.recommender.capacity import CapacityOption, capacity
 from service.recommender.types import Objective
 
+_NOT_ON_THE_WIRE = ("layout", "source")  # the layout goes as a dict; the source as the cluster id
+
 
 def capacity_for(session: Session, request: CapacityRequest) -> CapacityOut:
     started = time.perf_counter()
@@ -46,10 +48,11 @@ def capacity_for(session: Session, request: CapacityRequest) -> CapacityOut:
             **source,
         )
 
-    found: list[tuple[CapacityOption, str | None]] = []
-    if stored:  # one call per cluster, so each option keeps the id it answers for
-        for cid, spec in zip(request.cluster_ids or [], stored, strict=True):
-            found += [(o, cid) for o in options(clusters=[spec])]
+    # One call for every source, so that they share the request's evaluation budget.
+    found: list[tuple[CapacityOption, str | None]]
+    if stored:
+        ids = request.cluster_ids or []
+        found = [(o, ids[o.source]) for o in options(clusters=stored)]
     else:
         found = [(o, None) for o in options(gpus=gpus)]
     found.sort(
@@ -57,7 +60,11 @@ def capacity_for(session: Session, request: CapacityRequest) -> CapacityOut:
     )
     out = [
         CapacityOptionOut(
-            **{f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name != "layout"},
+            **{
+                f.name: getattr(o, f.name)
+                for f in dataclasses.fields(o)
+                if f.name not in ("layout", "source")
+            },
             layout=dataclasses.asdict(o.layout) if o.layout else None,
             cluster_id=cid,
         )

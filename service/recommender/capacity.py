@@ -17,7 +17,7 @@ from service.estimator.errors import InvalidTraining
 from service.estimator.step_time import gpu_hours, peak_flops_per_s, time_to_train_s
 from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
-from service.recommender.suggest import fewest_gpus, node_ladder, with_gpu
+from service.recommender.suggest import SUGGESTION_EVALUATIONS, fewest_gpus, node_ladder, with_gpu
 from service.recommender.types import Constraints, Objective
 
 DEFAULT_GPUS_PER_NODE = 8
@@ -37,6 +37,9 @@ class CapacityOption:
     gpu_hours: float | None = None
     cost: float | None = None  # gpu_hours x the hourly price, when one is known
     note: str = ""
+    evaluations: int = 0  # layout evaluations spent on this option (of the request's budget)
+    truncated: bool = False  # its share of the request's budget ran out before the search ended
+    source: int = 0  # the index of its cluster (or GPU type) among those given
 
 
 def default_cluster(
@@ -61,8 +64,10 @@ def _option(
     counts: tuple[int, ...],
     price: float | None,
     at_gpus: int | None,
+    budget: int,
     notes: tuple[str, ...] = (),
 ) -> CapacityOption:
+    """The option of one GPU type or cluster, within ``budget`` layout evaluations."""
     from service.recommender import recommend
 
     name = cluster.gpu.name
@@ -70,23 +75,37 @@ def _option(
         peak_flops_per_s(cluster, training.precision)
     except InvalidTraining as exc:  # say why, rather than "nothing fits"
         return CapacityOption(gpu=name, fits=False, note=f"{exc.message}: ask for another precision")
-    found = fewest_gpus(model, cluster, training, constraints, tuning, counts)
-    if found is None:
-        return CapacityOption(gpu=name, fits=False, note=f"no layout fits up to {max(counts)} GPUs")
-    gpus, tokens_per_s, layout = found
+    fewest = fewest_gpus(
+        model, cluster, training, constraints, tuning, counts, min(budget, SUGGESTION_EVALUATIONS)
+    )
+    spent, truncated = fewest.evaluations, fewest.truncated
+    if fewest.found is None:
+        why = (
+            f"the request's evaluation budget ran out ({spent:,} layouts evaluated for this GPU) before a fit"
+            if truncated
+            else f"no layout fits up to {max(counts)} GPUs"
+        )
+        return CapacityOption(gpu=name, fits=False, note=why, evaluations=spent, truncated=truncated)
+    gpus, tokens_per_s, layout = fewest.found
     nodes = max(1, gpus // cluster.gpus_per_node)
     said = list(notes)
     run_gpus = at_gpus if at_gpus and at_gpus >= gpus else gpus
     if run_gpus != gpus:
         target = dataclasses.replace(cluster, num_nodes=max(1, run_gpus // cluster.gpus_per_node))
-        fastest = dataclasses.replace(constraints, top_k=1, objective=Objective.THROUGHPUT)
+        fastest = dataclasses.replace(
+            constraints, top_k=1, objective=Objective.THROUGHPUT, max_evaluations=max(1, budget - spent)
+        )
         best = recommend(model, target, training, fastest, tuning, with_suggestions=False)
+        spent += best.search.memory_evaluations + best.search.time_evaluations
+        truncated |= best.search.truncated
         if best.recommended is not None and best.recommended.estimate.time is not None:
             layout, tokens_per_s = best.recommended.layout, best.recommended.estimate.time.tokens_per_s
         else:
             # keep GPU count and throughput from the same layout: the one found on min_gpus
             said.append(f"no layout found on {run_gpus} GPUs; time is for the {layout.world_size}-GPU layout")
         run_gpus = layout.world_size
+    if truncated:
+        said.append("the request's evaluation budget cut this search: its layout is the best it found")
     seconds = time_to_train_s(training.tokens, tokens_per_s) if training.tokens else None
     hours = gpu_hours(seconds, run_gpus) if seconds is not None else None
     return CapacityOption(
@@ -101,6 +120,8 @@ def _option(
         gpu_hours=hours,
         cost=hours * price if hours is not None and price is not None else None,
         note="; ".join(said),
+        evaluations=spent,
+        truncated=truncated,
     )
 
 
@@ -117,12 +138,27 @@ def capacity(
     at_gpus: int | None = None,
     gpu_hour_cost: Mapping[str, float] | None = None,
 ) -> tuple[CapacityOption, ...]:
-    """One option per GPU type (default: the catalog) or per stored cluster, sorted by time to train."""
+    """One option per GPU type (default: the catalog) or per stored cluster, sorted by time to train.
+
+    The whole request searches within ``constraints.max_evaluations`` layout evaluations, as one
+    plan does: each GPU type or cluster, in turn, gets an equal share of what is left (what one
+    leaves unused goes to the ones after it), and an option whose share ran out says so."""
     constraints = constraints or Constraints(objective=Objective.FEWEST_GPUS)
     prices = gpu_hour_cost or {}
     options: list[CapacityOption] = []
     cluster_list = list(clusters)
-    for cluster in cluster_list:
+    specs = [] if cluster_list else list(gpus)
+    if not cluster_list and not specs:
+        from service.catalog.gpus import gpus as catalog
+
+        specs = list(catalog().values())
+    sources = len(cluster_list) or len(specs)
+
+    def share() -> int:
+        left = constraints.max_evaluations - sum(o.evaluations for o in options)
+        return max(1, left // (sources - len(options)))
+
+    for index, cluster in enumerate(cluster_list):
         first = dataclasses.replace(cluster, num_nodes=1)
         counts = tuple(n for n in node_ladder(first, 1) if n <= cluster.world_size)
         if cluster.gpus_per_node > 1:
@@ -136,20 +172,18 @@ def capacity(
             if asked > cluster.world_size
             else ()
         )
-        options.append(_option(model, cluster, training, constraints, tuning, counts, price, run_at, clamped))
-    if not cluster_list:
-        specs = list(gpus)
-        if not specs:
-            from service.catalog.gpus import gpus as catalog
-
-            specs = list(catalog().values())
-        for gpu in specs:
-            cluster = default_cluster(gpu, max_nodes, gpus_per_node)
-            ladder = node_ladder(with_gpu(cluster, gpu, 1), 1)
-            within = tuple(d for d in (1, 2, 4) if d < gpus_per_node)
-            counts = within + tuple(n for n in ladder if n <= max_nodes * gpus_per_node)
-            price = prices.get(gpu.name, constraints.gpu_hour_cost)
-            options.append(_option(model, cluster, training, constraints, tuning, counts, price, at_gpus))
+        found = _option(
+            model, cluster, training, constraints, tuning, counts, price, run_at, share(), clamped
+        )
+        options.append(dataclasses.replace(found, source=index))
+    for index, gpu in enumerate(specs):
+        cluster = default_cluster(gpu, max_nodes, gpus_per_node)
+        ladder = node_ladder(with_gpu(cluster, gpu, 1), 1)
+        within = tuple(d for d in (1, 2, 4) if d < gpus_per_node)
+        counts = within + tuple(n for n in ladder if n <= max_nodes * gpus_per_node)
+        price = prices.get(gpu.name, constraints.gpu_hour_cost)
+        found = _option(model, cluster, training, constraints, tuning, counts, price, at_gpus, share())
+        options.append(dataclasses.replace(found, source=index))
     return tuple(
         sorted(options, key=lambda o: (not o.fits, o.time_to_train_s or float("inf"), o.min_gpus or 0))
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, Method, ModelSpec, TrainingSpec
@@ -55,8 +56,10 @@ def fewest_gpus(
     constraints: Constraints,
     tuning: Tuning,
     counts: Iterable[int],
-) -> tuple[int, float, Layout] | None:
-    """(GPUs, tokens/s, best layout) at the first count in ``counts`` where a layout fits."""
+    max_evaluations: int = SUGGESTION_EVALUATIONS,
+) -> FewestGpus:
+    """(GPUs, tokens/s, best layout) at the first count in ``counts`` where a layout fits, searched
+    within ``max_evaluations`` layout evaluations."""
     from service.recommender import search
 
     fewest = dataclasses.replace(
@@ -64,16 +67,24 @@ def fewest_gpus(
         objective=Objective.FEWEST_GPUS,
         max_gpus=None,
         top_k=1,
-        max_evaluations=SUGGESTION_EVALUATIONS,
+        max_evaluations=max_evaluations,
     )
     counts = tuple(counts)
     big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
     result = search(model, big, training, fewest, tuning, counts, stop_at_first_fit=True)
     ranked = result.ranked()
-    if not ranked:
-        return None
-    best = ranked[0]
-    return best.layout.world_size, best.time.tokens_per_s, best.layout
+    found = None
+    if ranked:
+        best = ranked[0]
+        found = (best.layout.world_size, best.time.tokens_per_s, best.layout)
+    return FewestGpus(found=found, evaluations=result.evaluations, truncated=result.truncated)
+
+
+@dataclass(frozen=True, slots=True)
+class FewestGpus:
+    found: tuple[int, float, Layout] | None  # GPUs, tokens/s, the best layout on them
+    evaluations: int  # layout evaluations the search spent
+    truncated: bool  # its budget ran out before it found a fit or finished the counts
 
 
 def suggestions(
@@ -88,7 +99,7 @@ def suggestions(
     out: list[Suggestion] = []
     more = fewest_gpus(
         model, cluster, training, constraints, tuning, node_ladder(cluster, cluster.num_nodes + 1)
-    )
+    ).found
     if more is not None:
         gpus, tps, layout = more
         out.append(
@@ -107,7 +118,7 @@ def suggestions(
         if gpu.name == cluster.gpu.name or gpu.memory_bytes <= cluster.gpu.memory_bytes:
             continue
         other = with_gpu(cluster, gpu, 1)
-        found = fewest_gpus(model, other, training, constraints, tuning, node_ladder(other, 1))
+        found = fewest_gpus(model, other, training, constraints, tuning, node_ladder(other, 1)).found
         if found is not None:
             gpus, tps, layout = found
             out.append(

@@ -12,6 +12,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator.step_time import time_to_train_s
 from service.estimator.types import ClusterSpec, TrainingSpec
 from service.recommender.capacity import capacity
+from service.recommender.types import Constraints, Objective, SearchStats
 
 
 def test_fewest_gpus_per_type_and_time_to_train() -> None:
@@ -78,7 +79,11 @@ def test_no_layout_at_requested_gpus_keeps_one_layout(monkeypatch: pytest.Monkey
     import service.recommender
 
     monkeypatch.setattr(
-        service.recommender, "recommend", lambda *args, **kwargs: SimpleNamespace(recommended=None)
+        service.recommender,
+        "recommend",
+        lambda *args, **kwargs: SimpleNamespace(
+            recommended=None, search=SearchStats(candidates_evaluated=0, duration_s=0.0, truncated=False)
+        ),
     )
     training = TrainingSpec(seq_len=4096, global_batch_size=512, tokens=10**11)
     (option,) = capacity(
@@ -93,3 +98,34 @@ def test_no_layout_at_requested_gpus_keeps_one_layout(monkeypatch: pytest.Monkey
     assert option.time_to_train_s == time_to_train_s(1e11, option.tokens_per_s)
     assert option.gpu_hours == option.time_to_train_s * option.num_gpus / 3600
     assert "1024" in option.note
+
+
+def test_the_request_shares_one_evaluation_budget_and_says_where_it_ran_out() -> None:
+    """Capacity across GPU types searches within Constraints.max_evaluations in all, as one plan
+    does: each type gets an equal share of what is left; a type whose share ran out says so."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=512, tokens=10**11)
+    types = [gpu("h100-sxm-80gb"), gpu("a100-sxm-40gb"), gpu("l4-24gb")]
+    llama = model("llama-2-70b").spec
+    full = capacity(llama, training, default_tuning(), gpus=types)
+    assert all(o.fits and not o.truncated and o.evaluations > 0 for o in full)
+    by_source = sorted(full, key=lambda o: o.source)
+    # the first type's share (a third of the budget) suffices; the others' do not
+    budget = 3 * by_source[0].evaluations + 30
+    assert by_source[1].evaluations > by_source[0].evaluations + 30
+    tight = sorted(
+        capacity(
+            llama,
+            training,
+            default_tuning(),
+            gpus=types,
+            constraints=Constraints(objective=Objective.FEWEST_GPUS, max_evaluations=budget),
+        ),
+        key=lambda o: o.source,
+    )
+    assert sum(o.evaluations for o in tight) <= budget + len(types)
+    assert not tight[0].truncated and (tight[0].min_gpus, tight[0].layout) == (
+        by_source[0].min_gpus,
+        by_source[0].layout,
+    )
+    assert tight[1].truncated and tight[2].truncated
+    assert all("evaluation budget" in o.note for o in tight[1:])

@@ -57,6 +57,8 @@ class CapacityOptionOut(BaseModel):
     gpu_hours: float | None
     cost: float | None
     note: str
+    evaluations: int = Field(description="layout evaluations spent on this option, of the request's budget")
+    truncated: bool = Field(description="its share of the request's evaluation budget ran out (see note)")
 
 
 class CapacityOut(BaseModel):
