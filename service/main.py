@@ -12,7 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from sqlalchemy.orm import sessionmaker
 
 from service.api.main import api_router
-from service.api.problems import install_handlers
+from service.api.problems import document_problem_schema, install_handlers
 from service.logs import configure_logging
 from service.metrics import Metrics
 from service.middleware import (
@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics()
     configure_logging(settings.log_level, settings.log_format)
     install_handlers(app)
+    document_problem_schema(app)
     app.include_router(api_router)
     # Outermost last: request id wraps everything so even a 413 or a 500 carries it.
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

@@ -30,7 +30,9 @@ log = logging.getLogger("service.errors")
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "https://trainplan.dev/problems/"
 
-_PROBLEM_CONTENT = {PROBLEM_MEDIA_TYPE: {"schema": Problem.model_json_schema()}}
+# Every error response refers to one Problem schema in the document's components
+# (``document_problem_schema`` puts it there), instead of repeating it in each of them.
+_PROBLEM_CONTENT = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"description": "Malformed request (e.g. invalid JSON)", "content": _PROBLEM_CONTENT},
@@ -230,6 +232,21 @@ def _concurrent_change(request: Request, why: str) -> JSONResponse:
 async def _stale_row(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, sqlalchemy.orm.exc.StaleDataError)
     return _concurrent_change(request, "the row changed or was deleted while this request ran")
+
+
+def document_problem_schema(app: FastAPI) -> None:
+    """Add the Problem schema to the OpenAPI document's components, where PROBLEM_RESPONSES refer."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = generate()
+            document.setdefault("components", {}).setdefault("schemas", {})["Problem"] = (
+                Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+            )
+        return app.openapi_schema or generate()
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def install_handlers(app: FastAPI) -> None:
