@@ -44,7 +44,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.sessionmaker = sessionmaker(engine, expire_on_commit=False)
         if engine.dialect.name == "sqlite":
             serialize_sqlite_writes(app.state.sessionmaker, settings.sqlite_busy_timeout_ms / 1000)
-        if engine.dialect.name == "sqlite":
             with contextlib.suppress(Exception), engine.connect():  # SQLite creates its file here
                 pass  # a failure is /readyz's to report, not a crash at startup
         app.state.database_identity = sqlite_file_identity(engine)
