@@ -16,13 +16,18 @@ from service.main import create_app
 from service.settings import Settings
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @contextlib.contextmanager
 def served(database_url: str, *, require_auth: bool = False) -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of the service while the block runs."""
     migrate(database_url)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     config = uvicorn.Config(
         create_app(Settings(database_url=database_url, require_auth=require_auth)),
         host="127.0.0.1",

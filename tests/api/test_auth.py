@@ -249,3 +249,13 @@ def test_calibration_reads_runs_by_their_index_not_every_plan_on_the_hardware(db
     plan = " | ".join(str(row[-1]) for row in rows)
     assert "ix_runs_owner_hardware_key" in plan, plan
     assert "SCAN plans" not in plan and "ix_plans_hardware_key" not in plan, plan
+
+
+def test_the_scopes_are_named_once_for_the_schema_the_service_and_the_cli() -> None:
+    import typing
+
+    from service.api.schemas.api_keys import Scope
+    from service.cli import keys_create
+
+    choices = next(p for p in keys_create.params if p.name == "scopes").type.choices  # type: ignore[attr-defined]
+    assert typing.get_args(Scope) == api_keys.SCOPES == tuple(choices)

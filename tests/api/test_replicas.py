@@ -6,7 +6,6 @@ both processes (one host)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import pytest
 
 from service.cli import migrate
 from tests.conftest import ROOT, reset_postgres_schema, sibling_postgres_database
+from tests.loopback import free_port
 
 pytestmark = pytest.mark.db
 
@@ -31,12 +31,6 @@ BODY: dict[str, Any] = {
     "constraints": {"top_k": 1, "frameworks": ["deepspeed"]},
     "launchers": [],
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +45,7 @@ def replicas() -> Iterator[tuple[httpx.Client, httpx.Client]]:
     processes, clients = [], []
     try:
         for _ in range(2):
-            port = _free_port()
+            port = free_port()
             command = [sys.executable, "-m", "uvicorn", "service.main:create_app", "--factory"]
             command += ["--no-access-log", "--host", "127.0.0.1", "--port", str(port)]
             processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE))
