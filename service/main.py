@@ -42,11 +42,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         app.state.engine = engine
         app.state.sessionmaker = sessionmaker(engine, expire_on_commit=False)
+        app.state.database_identity = None
+        release_writer_lock = None
         if engine.dialect.name == "sqlite":
-            serialize_sqlite_writes(app.state.sessionmaker, settings.sqlite_busy_timeout_ms / 1000)
             with contextlib.suppress(Exception), engine.connect():  # SQLite creates its file here
                 pass  # a failure is /readyz's to report, not a crash at startup
-        app.state.database_identity = sqlite_file_identity(engine)
+            identity = app.state.database_identity = sqlite_file_identity(engine)
+            release_writer_lock = serialize_sqlite_writes(
+                app.state.sessionmaker,
+                settings.sqlite_busy_timeout_ms / 1000,
+                identity[0] if identity else None,
+            )
         # Digest the estimator's source once, before the first plan: concurrent first requests
         # would each parse every file (functools.cache does not hold them back).
         estimator_version()
@@ -54,6 +60,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             engine.dispose()
+            if release_writer_lock is not None:
+                release_writer_lock()
 
     app = FastAPI(
         title="trainplan",

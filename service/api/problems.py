@@ -123,7 +123,7 @@ def database_unavailable_detail(exc: BaseException) -> str | None:
     unreachable, timed out, read-only): the request may succeed later, so it is a 503, not a 500.
     None for any other error (a bug stays a 500)."""
     if isinstance(exc, WriterBusy):
-        return "the database is busy (another request held its one writer for the whole busy timeout)"
+        return f"the database is busy ({exc})"  # one of two fixed sentences: a metrics label
     if isinstance(exc, sqlalchemy.exc.TimeoutError):
         return "the database connection pool is exhausted"
     if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:

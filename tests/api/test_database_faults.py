@@ -177,3 +177,30 @@ def test_writers_in_one_process_queue_for_sqlite_and_a_long_wait_is_a_503(sqlite
             thread.join()
         assert results == [201] * 8
         assert len(client.get("/v1/clusters").json()["items"]) == 8
+
+
+def test_service_processes_on_one_sqlite_file_take_turns_on_a_file_lock(sqlite_file: str) -> None:
+    """Two services on one file (as two processes would be: each opens the lock file itself, and
+    `flock` locks of separate opens exclude each other) queue on `<database>-writer.lock` rather
+    than on SQLite's busy handler; a wait past the busy timeout is a 503 naming the other process."""
+    from service.persistence.models import ClusterRecord
+
+    settings = Settings(database_url=f"sqlite:///{sqlite_file}", sqlite_busy_timeout_ms=200)
+    one, other = create_app(settings), create_app(settings)
+    with TestClient(one), TestClient(other) as client:
+        assert Path(sqlite_file + "-writer.lock").exists()
+        holder = one.state.sessionmaker()
+        holder.add(ClusterRecord(name="held", gpu_name="h100-sxm-80gb", num_nodes=1, gpus_per_node=1,
+                                 cpu_memory_bytes_per_node=0, nvme_bytes_per_node=0))  # fmt: skip
+        holder.flush()  # the first service now holds the writer of the file
+        try:
+            started = time.monotonic()
+            waited = client.post("/v1/clusters", json=CLUSTER)
+            assert time.monotonic() - started < 2
+            assert_unavailable(waited, "another service process held", "nothing was stored")
+        finally:
+            holder.commit()
+            holder.close()
+        assert client.post("/v1/clusters", json=CLUSTER).status_code == 201
+        names = sorted(item["name"] for item in client.get("/v1/clusters").json()["items"])
+        assert names == ["c", "held"]
