@@ -4,7 +4,7 @@
 pre-assigned ``split``, ``fit`` or ``held_out``; ``published_runs.md`` documents every field and
 the split rule). ``inputs`` turns one row into ``(ModelSpec, ClusterSpec, TrainingSpec, Layout)``
 plus the caveats: what the row sets that the service has no field for (fp8 recipe details,
-torch.compile, CUDA graphs, the GPU variant, ...), reported next to the row, never dropped
+CUDA graphs, the GPU variant, ...), reported next to the row, never dropped
 silently. A row the service cannot express raises ``Unexpressible`` with the reason.
 ``evaluate`` compares our step time (throughput rows) or per-GPU memory (memory rows) with the
 published number, and ``summarize`` reports each half (fit, held-out) and kind separately.
@@ -49,6 +49,7 @@ from service.estimator.pipeline import stage_layers
 from service.estimator.types import (
     Attention,
     ClusterSpec,
+    Compile,
     Framework,
     Layout,
     MlpKind,
@@ -381,11 +382,37 @@ def build_layout(row: Row, model: ModelSpec, caveats: list[str]) -> Layout:
             activation_offload=bool(ly.get("activation_cpu_offload", False)),
             tp_comm_overlap=switches["tp_comm_overlap"],
             overlap_grad_reduce=switches["overlap_grad_reduce"],
+            torch_compile=compile_of(row),
         )
         pipeline_fields = _pipeline(row, model, base, caveats)
         return Layout(**{**_layout_fields(base), **pipeline_fields})
     except EstimatorError as error:
         raise Unexpressible(error.message) from None
+
+
+# What torch.compile compiled in each source's torchtitan: the TransformerBlocks always; the loss
+# from 2025 (torchtitan components/loss.py build_cross_entropy_loss: `if job_config.training.compile:
+# loss_fn = torch.compile(loss_fn)`); before, train.py left it commented out ("compiling loss function
+# causes CUDA errors, turning off for now", 9dec370 train.py l.136).
+_COMPILED_LOSS_BY_SOURCE = {
+    "torchtitan-perf-doc": False,  # 3faaa1a0 (2024-08): train.py compiles no loss
+    "torchtitan-bench-2412": False,  # 9dec370 (2024-12): commented out
+    "torchtitan-asynctp-2506": True,  # 820504e (2025-06): components/loss.py l.29
+    "torchtitan-trainy-h200": True,  # e7c0cae (2025-06): components/loss.py l.29
+}
+
+
+def compile_of(row: Row) -> Compile:
+    """The row's torch.compile as the service names it; a compiled row from a source whose loss
+    compilation is not recorded above cannot be expressed."""
+    if not row["layout"].get("torch_compile"):
+        return Compile.NONE
+    loss = _COMPILED_LOSS_BY_SOURCE.get(row["source_key"])
+    if loss is None:
+        raise Unexpressible(
+            f"torch.compile in {row['source_key']}: whether the loss was compiled is not recorded"
+        )
+    return Compile.MODEL_AND_LOSS if loss else Compile.MODEL
 
 
 def _switches(ly: Mapping[str, Any], caveats: list[str]) -> dict[str, Any]:
@@ -443,6 +470,7 @@ _MAPPED_LAYOUT_KEYS = frozenset(
         "activation_cpu_offload",
         "overlap_grad_reduce",
         "tp_comm_overlap",
+        "torch_compile",
     }
 )
 
@@ -453,7 +481,6 @@ def _layout_caveat(key: str, value: Any, layout: Mapping[str, Any]) -> str | Non
         return None
     special: dict[str, Callable[[], str | None]] = {
         "fp8_recipe": lambda: f"fp8 recipe: {_short(value)}",
-        "torch_compile": lambda: "torch.compile (not modelled)",
         "cuda_graphs": lambda: "CUDA graphs (not modelled)",
         "fsdp_float8_all_gather": lambda: "fp8 FSDP all-gather (modelled as bf16)" if value is True else None,
         "fsdp_mixed_precision": lambda: (

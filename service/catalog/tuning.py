@@ -76,6 +76,9 @@ def parse_tuning(data: dict[str, Any]) -> Tuning:
         memory_traffic_per_stored_byte=float(data["memory_bound"]["traffic_per_stored_byte"]),
         eager_traffic_factor=float(data["memory_bound"]["eager_traffic_factor"]),
         loss_traffic_bytes_per_logit=float(data["memory_bound"]["loss_traffic_bytes_per_logit"]),
+        compiled_loss_traffic_bytes_per_logit=float(
+            data["memory_bound"]["compiled_loss_traffic_bytes_per_logit"]
+        ),
         selective_recompute_passes=float(data["memory_bound"]["selective_recompute_passes"]),
         attention_alignment_bytes=int(data["attention_alignment"]["alignment_bytes"]),
         unaligned_attention_core_factor=float(data["attention_alignment"]["unaligned_core_factor"]),
@@ -87,6 +90,7 @@ def parse_tuning(data: dict[str, Any]) -> Tuning:
         kernels_per_layer_by_framework=tuple(
             (Framework(k), int(v)) for k, v in data["kernel_launch"]["kernels_per_layer"].items()
         ),
+        compiled_kernels_per_layer=int(data["kernel_launch"]["compiled_kernels_per_layer"]),
         cpu_adam_params_per_s_per_node=float(host["cpu_adam_params_per_s_per_node"]),
         torch_cpu_adam_slowdown=float(host["torch_cpu_adam_slowdown"]),
         nvme_bandwidth_bytes_per_s_per_node=float(host["nvme_bandwidth_bytes_per_s_per_node"]),

@@ -24,6 +24,7 @@ from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
 from service.estimator.types import (
     Attention,
     AttentionKind,
+    Compile,
     Framework,
     Layout,
     Method,
@@ -360,7 +361,24 @@ def hf_layer_bytes(
         + mlp
         + Split(0.0, _lora_bytes(model, layout, training))
     )
+    if layout.torch_compile is not Compile.NONE:
+        split = split + _compiled_difference(model, layout, training, moe_layer)
     return split.per_rank(layout.tp, layout.sequence_parallel)
+
+
+def _compiled_difference(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> Split:
+    """What inductor's compiled layer saves minus what eager autograd saves, for the ops measured
+    (a Llama-3 block, torch 2.13; ``validation/data/compile_activations.json``): each RMSNorm keeps
+    its 16-bit input and fp32 rsqrt instead of the fp32 upcast and the 16-bit normalised copy (the
+    backward recomputes them), and a gated MLP keeps gate, up and their product but not the SiLU
+    output: -4h per norm and -f per token, -15 of h=512's 52 bytes/h measured. LayerNorm, GELU MLPs
+    and MoE experts are counted as eager (not measured)."""
+    d, t, h = element_bytes(training.precision), local_tokens(layout, training), model.hidden_size
+    replicated = 0.0
+    if model.norm is NormKind.RMSNORM and model.family not in FP32_NORM_FAMILIES:
+        replicated -= model.norms_per_layer * FP32_BYTES * t * h
+    sharded = -d * t * model.ffn_hidden_size if model.mlp.gated and not moe_layer else 0.0
+    return Split(replicated, sharded)
 
 
 # ---------------------------------------------------------------- torchtitan per-op AC
@@ -376,16 +394,21 @@ def op_sac_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
     d, t = element_bytes(training.precision), local_tokens(layout, training)
     h, tp = model.hidden_size, layout.tp
     replicated, sharded, whole = d * t * h, 0.0, 0.0
+    # Compiled, the partitioner saves only what backward reads, MUST_SAVE or not: a dense layer's
+    # output projections (o_proj, down_proj and their reduce-scatters) feed only the residual add
+    # (measured: the down projection's output, saved eager, is not compiled). An MoE layer's expert
+    # outputs are scaled by the routing weights, whose gradient reads them: counted as eager.
+    compiled = layout.torch_compile is not Compile.NONE and not moe_layer
     matmuls = flops.layer_matmuls(model, moe_layer)
     for matmul, saved in zip(matmuls, flops.op_sac_saved(matmuls), strict=True):
-        if not saved:
+        if not saved or (compiled and matmul.row_parallel):
             continue
         if matmul.row_parallel and tp > 1:
             whole += d * t * matmul.out_features
         else:
             sharded += d * t * matmul.out_features
     sharded += d * t * model.q_size + FP32_BYTES * model.num_attention_heads * t
-    if tp > 1 and layout.sequence_parallel:
+    if tp > 1 and layout.sequence_parallel and not compiled:
         replicated += 2 * d * t * h
     if moe_layer and model.moe is not None:  # topk's values and indices are saved
         replicated += (FP32_BYTES + INDEX_BYTES) * t * model.moe.top_k
@@ -412,7 +435,7 @@ def layer_bytes(
     return hf_layer_bytes(model, layout, training, moe_layer, core, kind.attention)
 
 
-LAYER_FIELDS = ("framework", "tp", "sequence_parallel", "cp", "micro_batch_size")
+LAYER_FIELDS = ("framework", "torch_compile", "tp", "sequence_parallel", "cp", "micro_batch_size")
 
 
 @layout_memo(*LAYER_FIELDS)
@@ -447,6 +470,7 @@ class LayerActivations:
     working: float  # recompute_working_bytes
     first_extra: float  # first_stage_extra_bytes
     last_extra: float  # last_stage_extra_bytes
+    loss_workspace: float  # loss_workspace_bytes (counted with the buffers)
 
 
 @layout_memo(*LAYER_FIELDS, "recompute", "recompute_num_layers", "chunked_loss")
@@ -462,6 +486,7 @@ def layer_activations(job: Job, layout: Layout) -> LayerActivations:
         working=recompute_working_bytes(job, layout, layout.recompute),
         first_extra=first_extra,
         last_extra=last_extra,
+        loss_workspace=loss_workspace_bytes(job.model, layout, job.training),
     )
 
 
@@ -496,14 +521,21 @@ def first_stage_extra_bytes(model: ModelSpec, layout: Layout, training: Training
 def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
     # Final norm input, lm_head input and the fp32 log-softmax (HF upcasts logits; Megatron's
     # vocab-parallel cross-entropy keeps fp32 logits): 4sbh(1 + v/h)/t in Korthikanti §4.3.
-    # A chunked / fused loss keeps only the hidden-state gradient it computed in forward.
+    # A chunked / fused loss keeps only the hidden-state gradient it computed in forward. Compiled
+    # (inductor fuses log_softmax + nll_loss), the loss saves its 16-bit input logits and a fp32
+    # logsumexp per token, and recomputes the softmax in its backward kernel.
     d, t, h = element_bytes(training.precision), local_tokens(layout, training), model.hidden_size
     sp = layout.tp if layout.sequence_parallel else 1
     if layout.framework is Framework.MEGATRON:
         norm_and_input = 2 * d * t * h / sp
     else:
         norm_and_input = (_hf_norm(model, training, t) + d * t * h) / sp
-    loss = d * t * h if layout.chunked_loss else FP32_BYTES * t * model.vocab_size / layout.tp
+    if layout.chunked_loss:
+        loss = d * t * h
+    elif layout.torch_compile is Compile.MODEL_AND_LOSS:
+        loss = d * t * model.vocab_size / layout.tp + FP32_BYTES * t
+    else:
+        loss = FP32_BYTES * t * model.vocab_size / layout.tp
     return norm_and_input + loss + INDEX_BYTES * t
 
 
@@ -533,11 +565,18 @@ def stage_activation_bytes(
     """Activations held at its peak by pipeline rank ``rank`` (0 = first stage), whose layers hold
     ``per_micro`` bytes per micro-batch and which holds ``in_flight`` micro-batches
     (``micro_batches_in_flight``)."""
-    total = per_micro * in_flight + layer.working
+    total = per_micro * in_flight
     if rank == 0:
         total += layer.first_extra * in_flight
     if rank == layout.pp - 1:
-        total += layer.last_extra
+        # The loss's peak (its saved logits, with its workspace among the buffers) and a layer's
+        # recompute in backward come one after the other, not together: the working set adds only
+        # what exceeds the loss's. Measured on the CPU (validation/data/compile_activations.json):
+        # every variant peaks in the loss's backward at layers + logits + workspace, no working set.
+        loss_peak = layer.last_extra + layer.loss_workspace
+        total += layer.last_extra + max(0.0, layer.working - loss_peak)
+    else:
+        total += layer.working
     return math.ceil(total)
 
 
@@ -545,9 +584,12 @@ def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpe
     """Transient fp32 logits-sized tensors around the loss (not saved, but alive at the peak)."""
     # HF: the fp32 upcast of the logits in forward, then the fp32 gradients of nll and log-softmax
     # in backward (2 x 4sbV). Megatron's fused vocab-parallel cross-entropy: one 4sbV/t gradient.
+    # torch.compile's fused backward kernel writes the logits' 16-bit gradient only (2sbV/t).
     if layout.chunked_loss:
         return 0
     t = local_tokens(layout, training)
+    if layout.torch_compile is Compile.MODEL_AND_LOSS:
+        return math.ceil(element_bytes(training.precision) * t * model.vocab_size / layout.tp)
     copies = 1 if layout.framework is Framework.MEGATRON else 2
     return math.ceil(copies * FP32_BYTES * t * model.vocab_size / layout.tp)
 

@@ -33,6 +33,7 @@ from service.estimator.model_states import (
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
+    Compile,
     Framework,
     Layout,
     Method,
@@ -260,7 +261,8 @@ def activation_split(
     return total - layers + kept, layers - kept
 
 
-@layout_memo("framework", "pp", "tp", "sequence_parallel", "cp", "micro_batch_size", "chunked_loss")
+@layout_memo("framework", "pp", "tp", "sequence_parallel", "cp", "micro_batch_size", "chunked_loss",
+             "torch_compile")  # fmt: skip
 def activation_buffer_bytes(job: Job, layout: Layout) -> tuple[float, float]:
     """The activation-sized buffers of (every rank, the last rank): pipeline receive buffers and
     QLoRA dequantisation, and those + the loss workspace."""
@@ -285,6 +287,7 @@ ACTIVATION_FIELDS = (
     "recompute_num_layers",
     "activation_offload",
     "chunked_loss",
+    "torch_compile",
 )
 
 
@@ -419,4 +422,9 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
         )
     if layout.chunked_loss:
         notes.append("chunked loss: no full-vocabulary logits, only the hidden-state gradient is kept")
+    elif layout.torch_compile is Compile.MODEL_AND_LOSS:
+        notes.append(
+            "torch.compile: the fused cross-entropy keeps the 16-bit logits and writes their 16-bit gradient "
+            "(no fp32 log-softmax)"
+        )
     return tuple(notes)

@@ -58,6 +58,7 @@ from service.estimator.tuning import (
 from service.estimator.types import (
     Attention,
     ClusterSpec,
+    Compile,
     Framework,
     Layout,
     Method,
@@ -180,8 +181,14 @@ def stage_stored_bytes(job: Job, layout: Layout) -> tuple[float, ...]:
 
 def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning) -> float:
     """HBM bytes per token the cross-entropy moves in one step on the last stage (fp32 logits,
-    vocab-parallel over tp, Korthikanti §4.3): ``loss_traffic_bytes_per_logit`` x V / t."""
-    return tuning.loss_traffic_bytes_per_logit * model.vocab_size / layout.tp
+    vocab-parallel over tp, Korthikanti §4.3): ``loss_traffic_bytes_per_logit`` x V / t; compiled,
+    inductor's fused kernels on the 16-bit logits (``compiled_loss_traffic_bytes_per_logit``)."""
+    per_logit = (
+        tuning.compiled_loss_traffic_bytes_per_logit
+        if layout.torch_compile is Compile.MODEL_AND_LOSS
+        else tuning.loss_traffic_bytes_per_logit
+    )
+    return per_logit * model.vocab_size / layout.tp
 
 
 @layout_memo(*PIPELINE_FIELDS, "tp", "ep")
@@ -257,6 +264,7 @@ BASE_FIELDS = (
     *SPLIT_FIELDS,
     *PIPELINE_FIELDS[1:],
     "framework",  # fused (Megatron) or eager kernels between the GEMMs
+    "torch_compile",  # or inductor's
     "sequence_parallel",
     "micro_batch_size",
     "gradient_accumulation_steps",
@@ -417,11 +425,12 @@ def memory_bound_s(
     job: Job, layout: Layout, base: StepBase, passes: float, stored_bytes_per_token: float
 ) -> float:
     """Time of ``passes`` forward-equivalents of memory-bound work over all micro-batches: Megatron's
-    fused kernels, or PyTorch eager's op-by-op kernels (``eager_traffic_factor`` x the traffic)."""
+    fused kernels, inductor's (torch.compile), or PyTorch eager's op-by-op kernels
+    (``eager_traffic_factor`` x the traffic)."""
     # backward moves 2x the forward traffic, so a training step is 3 passes
     tuning = job.tuning
     traffic = tuning.memory_traffic_per_stored_byte * stored_bytes_per_token * passes
-    if layout.framework is not Framework.MEGATRON:
+    if layout.framework is not Framework.MEGATRON and layout.torch_compile is Compile.NONE:
         traffic *= tuning.eager_traffic_factor
     return base.micro_batches * base.tokens * traffic / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
@@ -475,6 +484,7 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     routed = flops.frozen_passes(job.training) * base.routed_flops
     unaligned_s = unaligned_core_s(job, layout, base, 3)
     memory_s = memory_bound_s(job, layout, base, 3, base.stored_bytes) + dequantize_s(job, layout, base, 2)
+    memory_s += fp8_cast_s(job, layout, base)
     work_s = gemm_s(layout, base, per_token - 3 * core - routed, work, 2 * work, routed)
     return max(
         work_s + unaligned_s + memory_s + loss_s(job, layout, base), launch_floor_s(job, layout, base, 3)
@@ -484,7 +494,7 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
 def launch_floor_s(job: Job, layout: Layout, base: StepBase, passes: float) -> float:
     """The least ``passes`` forward-equivalents of the stage's layers take, all micro-batches: each
     layer's kernels cost at least their launch (tuning.toml [kernel_launch]), however short their rows."""
-    kernels = kernels_per_layer(job.tuning, layout.framework)
+    kernels = kernels_per_layer(job.tuning, layout.framework, layout.torch_compile is not Compile.NONE)
     return base.micro_batches * base.layers * passes * kernels * job.tuning.kernel_launch_s
 
 
@@ -505,6 +515,46 @@ def gemm_s(
         + core_s_per_token(base, core_forward_per_token, core_backward_per_token)
         + routed_per_token / base.expert_flops_per_s
     )
+
+
+# torchao Float8Linear's dynamic tensorwise scaling (and Transformer Engine's Linear swapped into a
+# PyTorch model): every cast to fp8 is its own pass, amax(|x|) reads the 16-bit tensor (2 bytes an
+# element), the scaled cast reads it again and writes fp8 (2 + 1). Forward casts each Linear's input;
+# backward casts its output gradient, and its input again, transposed, for the weight gradient
+# (reads 2, writes 1). Megatron-Core's Transformer Engine modules fuse the casts into the norm and
+# activation kernels and take amax from the previous kernel's epilogue: no separate pass.
+FP8_CAST_BYTES = 5  # amax read + scaled cast read and fp8 write, per 16-bit element
+FP8_TRANSPOSED_CAST_BYTES = 3  # the input re-cast, transposed, for the weight gradient
+
+
+@job_memo
+def fp8_cast_bytes_per_token(job: Job, kind: LayerKind, tp: int) -> float:
+    """HBM bytes per token one layer of ``kind`` moves casting its Linear layers' inputs, output
+    gradients and transposed inputs to fp8 on one tensor-parallel rank (column-parallel inputs are
+    whole, row-parallel inputs and column-parallel outputs 1/tp)."""
+    total = 0.0
+    for matmul in flops.layer_matmuls(job.model, kind.moe):
+        in_features = matmul.flops / (2 * matmul.out_features)
+        outputs = float(matmul.out_features)
+        if matmul.row_parallel:
+            inputs = in_features / tp
+        else:
+            inputs, outputs = in_features, outputs / tp
+        total += (FP8_CAST_BYTES + FP8_TRANSPOSED_CAST_BYTES) * inputs + FP8_CAST_BYTES * outputs
+    return total
+
+
+def fp8_cast_s(job: Job, layout: Layout, base: StepBase) -> float:
+    """The separate fp8 cast passes of a non-Megatron fp8 run (``FP8_CAST_BYTES``), all
+    micro-batches of the slowest stage: its layers' activations per token, and each weight cast
+    (forward) and cast transposed (backward) once per micro-batch."""
+    if job.training.precision is not Precision.FP8 or layout.framework is Framework.MEGATRON:
+        return 0.0
+    per_token = sum(count * fp8_cast_bytes_per_token(job, kind, layout.tp) for kind, count in base.counts)
+    linear = rank_parameters_of(job, layout, base.stage).linear
+    weights = (FP8_CAST_BYTES + FP8_TRANSPOSED_CAST_BYTES) * linear
+    moved = base.micro_batches * (base.tokens * per_token + weights)
+    return moved / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
 def dequantize_s(job: Job, layout: Layout, base: StepBase, passes: float) -> float:

@@ -104,11 +104,13 @@ class Tuning:
     memory_traffic_per_stored_byte: float  # HBM bytes moved forward per activation byte stored (fused)
     eager_traffic_factor: float  # PyTorch eager's op-by-op traffic over the fused kernels' (not Megatron)
     loss_traffic_bytes_per_logit: float  # HBM bytes the cross-entropy moves per logit, fwd + bwd
+    compiled_loss_traffic_bytes_per_logit: float  # the same, torch.compile's fused cross-entropy
     selective_recompute_passes: float  # memory-bound passes of selective recompute over the bytes it stores
     attention_alignment_bytes: int  # a head's row must be a multiple of this for the fast BMM kernels
     unaligned_attention_core_factor: float  # eager QK^T / AV rate off that alignment, x the GEMM rate
     kernel_launch_s: float = 0.0  # the least a kernel costs, launch included (0: no floor)
     kernels_per_layer_by_framework: tuple[tuple[Framework, int], ...] = ()  # a decoder layer's forward
+    compiled_kernels_per_layer: int = 0  # the same under torch.compile (0: no floor)
     # flash-style attention: the kernel each framework runs, and the published rates per die
     attention_kernel_by_framework: tuple[tuple[Framework, str], ...] = ()
     attention_kernel_rates: tuple[AttentionKernelRate, ...] = ()
@@ -213,8 +215,11 @@ def attention_kernel_fractions(
     )
 
 
-def kernels_per_layer(tuning: Tuning, framework: Framework) -> int:
-    """Kernels one decoder layer's forward launches under the framework (0 when not stated)."""
+def kernels_per_layer(tuning: Tuning, framework: Framework, compiled: bool = False) -> int:
+    """Kernels one decoder layer's forward launches under the framework, or compiled by
+    torch.compile (0 when not stated)."""
+    if compiled:
+        return tuning.compiled_kernels_per_layer
     return dict(tuning.kernels_per_layer_by_framework).get(framework, 0)
 
 

@@ -452,6 +452,20 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
+class Compile(StrEnum):
+    """What torch.compile (inductor) compiles: fused pointwise kernels (memory traffic, launches) and
+    a compiled backward that recomputes inside one graph in the layers; a fused cross-entropy (no
+    fp32 logits) in the loss."""
+
+    NONE = "none"
+    # each decoder layer (torchtitan --compile.components model; torchtitan before 2025 compiled
+    # the TransformerBlocks only)
+    MODEL = "model"
+    # the layers and the loss: torchtitan --compile.enable (components model and loss, its default),
+    # HF Trainer torch_compile and accelerate's dynamo backend (HF models compute the loss in forward)
+    MODEL_AND_LOSS = "model_and_loss"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
     """How one job is split over the cluster. FSDP FULL_SHARD is zero_stage 3, SHARD_GRAD_OP 2;
@@ -479,6 +493,7 @@ class Layout:
     activation_offload: bool = False
     optimizer_in_backward: bool = False
     chunked_loss: bool = False
+    torch_compile: Compile = Compile.NONE
     fsdp_hybrid_shard: bool = False  # HYBRID_SHARD: shard inside a node, replicate across nodes
     tp_comm_overlap: bool = False  # Megatron --tp-comm-overlap (Transformer Engine userbuffers)
     overlap_grad_reduce: bool | None = None  # DP reduce under backward; None: the framework default

@@ -28,6 +28,7 @@ from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
     Attention,
     ClusterSpec,
+    Compile,
     Framework,
     Layout,
     Method,
@@ -51,6 +52,7 @@ class Capabilities:
     activation_offload_needs_full_recompute: bool
     recompute_modes: frozenset[Recompute]  # the recompute policies the framework has
     partial_recompute: bool  # recompute_num_layers (only some layers of each stage)
+    torch_compile: str | None  # why the framework's compiled run is not modelled; None: it is
     source: str
 
 
@@ -73,6 +75,8 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # deepspeed.checkpointing / HF gradient checkpointing wrap whole decoder layers
             recompute_modes=frozenset({Recompute.NONE, Recompute.FULL}),
             partial_recompute=False,
+            torch_compile="DeepSpeed's compiled engine (engine.compile, DeepCompile) rewrites ZeRO's "
+            "collectives into the graph: not modelled",
             source="deepspeedai/DeepSpeed runtime/zero/config.py, runtime/pipe/engine.py",
         ),
         Framework.MEGATRON: Capabilities(
@@ -89,6 +93,8 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # --recompute-granularity selective|full, --recompute-method block --recompute-num-layers
             recompute_modes=frozenset({Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL}),
             partial_recompute=True,
+            torch_compile="Megatron-LM has no torch.compile switch: its fused kernels are Transformer "
+            "Engine's, already modelled",
             source="NVIDIA/Megatron-LM megatron/training/arguments.py validate_args",
         ),
         Framework.FSDP: Capabilities(
@@ -105,6 +111,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # torchtitan activation_checkpoint full | selective (per op); accelerate/HF: whole layers
             recompute_modes=frozenset({Recompute.NONE, Recompute.SELECTIVE_OP, Recompute.FULL}),
             partial_recompute=False,
+            torch_compile=None,  # torchtitan --compile.enable; HF Trainer / accelerate over FSDP
             source="pytorch FSDP docs (ShardingStrategy, CPUOffload), torchtitan parallel_dims, torchtune",
         ),
     }
@@ -439,6 +446,18 @@ def recompute_violation(model: ModelSpec, layout: Layout, caps: Capabilities) ->
     return None
 
 
+def compile_violation(layout: Layout, training: TrainingSpec, caps: Capabilities) -> Violation:
+    if layout.torch_compile is Compile.NONE:
+        return None
+    if caps.torch_compile is not None:
+        return _bad(f"torch_compile with {layout.framework.value}: {caps.torch_compile}", "torch_compile",
+                    "torch_compile")  # fmt: skip
+    if training.method is Method.QLORA:
+        return _bad("torch_compile with qlora: bitsandbytes' NF4 matmuls break the compiled graph (not "
+                    "modelled)", "torch_compile", "torch_compile")  # fmt: skip
+    return None
+
+
 def activation_offload_violation(layout: Layout, caps: Capabilities) -> Violation:
     if (
         layout.activation_offload
@@ -481,6 +500,7 @@ def layout_violation(
         lambda: unused_switch_violation(cluster, layout),
         lambda: unused_split_flag_violation(layout),
         lambda: activation_offload_violation(layout, caps),
+        lambda: compile_violation(layout, training, caps),
     )
     for check in checks:
         violation = check()

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from service.estimator.types import Framework, Offload, Plan, Precision, Recompute
+from service.estimator.types import Compile, Framework, Offload, Plan, Precision, Recompute
 from service.launchers import deepspeed
 from service.launchers.common import (
     MASTER_PORT,
@@ -220,6 +220,13 @@ def accelerate_config(plan: Plan) -> dict[str, Any]:
     }
     if lo.framework is not Framework.DEEPSPEED:  # DeepSpeed: ds_config.json's bf16 / fp16 blocks
         config["mixed_precision"] = _mixed_precision(plan)
+    if lo.torch_compile is Compile.MODEL:
+        raise Unsupported(
+            TARGET,
+            "the dynamo backend compiles the model's forward, the loss of HF models with it: model_and_loss",
+        )
+    if lo.torch_compile is Compile.MODEL_AND_LOSS:
+        config["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     config |= parallel
     if parallel["distributed_type"] == "MULTI_GPU" and cluster.world_size == 1:
         config["distributed_type"] = "NO"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.estimator.types import Framework, Offload, Optimizer, Plan, Precision, Recompute
+from service.estimator.types import Compile, Framework, Offload, Optimizer, Plan, Precision, Recompute
 from service.launchers import deepspeed
 from service.launchers.common import (
     HYPERPARAMETERS,
@@ -60,6 +60,11 @@ def _check(plan: Plan) -> None:
         )
     if plan.training.precision is Precision.FP8:
         raise Unsupported(TARGET, "TrainingArguments has no fp8 switch; use the accelerate target")
+    if lo.torch_compile is Compile.MODEL:
+        raise Unsupported(
+            TARGET,
+            "torch_compile compiles the model's forward, the loss of HF models with it: model_and_loss",
+        )
 
 
 def _fsdp_config(plan: Plan) -> dict[str, Any]:
@@ -147,6 +152,8 @@ def training_arguments(plan: Plan, config_dir: str = "") -> tuple[dict[str, Any]
     # FSDP checkpoints through fsdp_config; the Trainer refuses both switches at once.
     if lo.recompute is Recompute.FULL and "fsdp" not in parallel:
         args["activation_checkpointing"] = True
+    if lo.torch_compile is Compile.MODEL_AND_LOSS:
+        args["torch_compile"] = True  # inductor, over the forward that computes the loss
     args |= {
         "dataloader_num_workers": DATALOADER_WORKERS,
         "dataloader_prefetch_factor": PREFETCH_FACTOR,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.estimator.types import Framework, Method, ModelSpec, Offload, Plan, Precision, Recompute
+from service.estimator.types import Compile, Framework, Method, ModelSpec, Offload, Plan, Precision, Recompute
 from service.launchers.common import (
     SHELL,
     Artifact,
@@ -221,6 +221,10 @@ def train_args(plan: Plan) -> list[str]:
         args += ["--training.mixed_precision_param", param]
     if lo.offload_params is Offload.CPU:
         args.append("--training.enable_cpu_offload")
+    if lo.torch_compile is not Compile.NONE:
+        args.append("--compile.enable")  # components: model and loss, its default
+        if lo.torch_compile is Compile.MODEL:
+            args += ["--compile.components", "model"]
     if lo.pp > 1 or lo.ep > 1:
         # 0.3.0 raises for PP with CUDA graphs, and for EP's all-to-all dispatcher (it synchronises
         # with the CPU)

@@ -27,6 +27,7 @@ from service.estimator.pipeline import stage_layers
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
     ClusterSpec,
+    Compile,
     Estimate,
     Framework,
     Layout,
@@ -142,6 +143,17 @@ class _Search:
     constraints: Constraints
     tuning: Tuning
     offload: OffloadDevices
+
+    def compiled(self, framework: Framework) -> Compile:
+        """How the search compiles ``framework``'s layouts: model and loss where asked
+        (``Constraints.torch_compile``) and modelled (FSDP, not QLoRA: ``validate.compile_violation``)."""
+        if (
+            self.constraints.torch_compile
+            and FRAMEWORK_CAPABILITIES[framework].torch_compile is None
+            and self.training.method is not Method.QLORA
+        ):
+            return Compile.MODEL_AND_LOSS
+        return Compile.NONE
 
 
 def _limit_bytes(capacity: int, constraints: Constraints) -> int:
@@ -333,7 +345,7 @@ def _structure_ceilings(
     sizes_of: Sizes = {}
     ceilings: Ceilings = {}
     for framework in search.constraints.frameworks:
-        options, _ = shardings(framework, s, search.offload)
+        options, _ = shardings(framework, s, search.offload, search.compiled(framework))
         if not options:
             continue
         for virtual in virtual_stages(search.model, framework, s.pp):
@@ -352,7 +364,7 @@ def _search_structure(
     sizes_of, ceilings = known
     budget = search.constraints.max_evaluations
     for framework in search.constraints.frameworks:
-        options, unsupported = shardings(framework, s, search.offload)
+        options, unsupported = shardings(framework, s, search.offload, search.compiled(framework))
         for reason in unsupported:
             if reason in result.log.groups:
                 result.log.groups[reason].count += 1  # the example is kept from the first

@@ -10,7 +10,7 @@ from __future__ import annotations
 from service.estimator.comm import group_strides, link_for_group
 from service.estimator.model_states import shard_degrees
 from service.estimator.step_time import gpu_hours, time_to_train_s
-from service.estimator.types import ClusterSpec, Estimate, Framework, Layout, Offload, Recompute
+from service.estimator.types import ClusterSpec, Compile, Estimate, Framework, Layout, Offload, Recompute
 from service.recommender.space import RECOMPUTE_COST_ORDER
 from service.recommender.types import Constraints, Objective
 
@@ -88,6 +88,8 @@ def describe(layout: Layout) -> str:
     if layout.offload_params is not Offload.NONE:
         parts.append(f"offload_params={layout.offload_params.value}")
     parts += [f"recompute={recompute_words(layout)}", f"micro_batch={layout.micro_batch_size}"]
+    if layout.torch_compile is not Compile.NONE:
+        parts.append(f"torch_compile={layout.torch_compile.value}")
     return " ".join(parts)
 
 
@@ -201,6 +203,9 @@ def rationale(
     )
     if memory.cpu_per_node_bytes:
         lines.append(f"offload needs {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node")
+    if layout.torch_compile is not Compile.NONE:
+        loss = " and the loss (no fp32 logits)" if layout.torch_compile is Compile.MODEL_AND_LOSS else ""
+        lines.append(f"torch.compile: inductor fuses the pointwise ops between the GEMMs{loss}")
     lines.append(_biggest_overhead(estimate))
     return tuple(lines)
 

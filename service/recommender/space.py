@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
     ClusterSpec,
+    Compile,
     Framework,
     Layout,
     ModelSpec,
@@ -228,6 +229,7 @@ class Sharding:
     zero_stage: int
     offload_optimizer: Offload = Offload.NONE
     offload_params: Offload = Offload.NONE
+    torch_compile: Compile = Compile.NONE
 
     @property
     def offloads(self) -> bool:
@@ -268,17 +270,19 @@ def offload_devices(allow_offload: bool, cluster: ClusterSpec) -> OffloadDevices
 
 
 def shardings(
-    framework: Framework, structure: Structure, offload: OffloadDevices
+    framework: Framework, structure: Structure, offload: OffloadDevices, compiled: Compile = Compile.NONE
 ) -> tuple[list[Sharding], list[str]]:
     """What ``framework`` supports for this structure (the validator's sharding rules), and why it
-    does not support the stages it does not (for the rejection log)."""
-    ok, unsupported = _shardings(framework, structure.pp > 1, structure.dp * structure.cp > 1, offload)
+    does not support the stages it does not (for the rejection log); each compiled as ``compiled``."""
+    ok, unsupported = _shardings(
+        framework, structure.pp > 1, structure.dp * structure.cp > 1, offload, compiled
+    )
     return list(ok), list(unsupported)
 
 
 @functools.cache
 def _shardings(
-    framework: Framework, pipelined: bool, data_parallel: bool, offload: OffloadDevices
+    framework: Framework, pipelined: bool, data_parallel: bool, offload: OffloadDevices, compiled: Compile
 ) -> tuple[tuple[Sharding, ...], tuple[str, ...]]:
     # the sharding rules read the framework, the stage, the offload devices and whether pp > 1
     caps = FRAMEWORK_CAPABILITIES[framework]
@@ -288,7 +292,7 @@ def _shardings(
         for optimizer_device, params_device in _OFFLOADS:
             if not offload.allows(optimizer_device, params_device):
                 continue
-            sharding = Sharding(framework, stage, optimizer_device, params_device)
+            sharding = Sharding(framework, stage, optimizer_device, params_device, compiled)
             layout = Layout(
                 framework=framework,
                 pp=2 if pipelined else 1,
@@ -363,6 +367,7 @@ def make_layout(
         virtual_pipeline_stages=virtual,
         tp_comm_overlap=flags.tp_comm_overlap and sp,
         overlap_grad_reduce=_overlap_grad_reduce(flags, structure, sharding),
+        torch_compile=sharding.torch_compile,
     )
 
 

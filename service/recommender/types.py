@@ -31,10 +31,14 @@ class Constraints:
     top_k: int = 3  # the recommended layout + top_k - 1 alternatives
     gpu_hour_cost: float | None = None  # price of one GPU for one hour, any currency
     # The search stops (truncated) after this many layout evaluations (memory or step time): a
-    # budget in work, not seconds, so that the answer depends on the request alone.
+    # budget in work, not seconds, so that the answer depends on the request alone. It is checked
+    # between families of layouts, so the family that crosses it finishes (a few evaluations over).
     max_evaluations: int = 500_000
     # The launchers a plan must render in (one of them, of the layout's framework); None: any.
     launchers: tuple[Target, ...] | None = None
+    # Compile the layouts of frameworks whose compiled run is modelled (FSDP: torchtitan
+    # --compile.enable, HF Trainer torch_compile, accelerate's dynamo backend), model and loss.
+    torch_compile: bool = False
 
     def __post_init__(self) -> None:
         if self.max_gpus is not None and self.max_gpus < 1:

@@ -224,3 +224,27 @@ def test_estimate_lists_memory_per_pipeline_rank(client: TestClient) -> None:
     for stage in memory["per_stage"]:
         parts = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead")
         assert stage["total"] == sum(stage[p] for p in parts)
+
+
+def test_torch_compile_is_estimated_for_fsdp_and_refused_where_it_is_not_modelled(client: TestClient) -> None:
+    fsdp = {"framework": "fsdp", "zero_stage": 3, "recompute": "selective_op"}
+    eager = post(client, body(**fsdp))
+    model = post(client, body(**fsdp, torch_compile="model"))
+    both = post(client, body(**fsdp, torch_compile="model_and_loss"))
+    # inductor's fused pointwise kernels: less memory-bound time; the fused loss: no fp32 logits
+    assert both["time"]["step_s"] < eager["time"]["step_s"]
+    assert model["memory"]["per_gpu"]["total"] <= eager["memory"]["per_gpu"]["total"]
+    assert both["memory"]["per_gpu"]["total"] < model["memory"]["per_gpu"]["total"]
+    assert any("torch.compile" in note for note in both["assumptions"])
+    assert both["layout"]["torch_compile"] == "model_and_loss"
+    # DeepSpeed's compiled engine is not modelled; Megatron has no such switch; NF4 breaks the graph
+    for layout, extra in (
+        ({"torch_compile": "model"}, {}),
+        ({"framework": "megatron", "zero_stage": 1, "torch_compile": "model_and_loss"}, {}),
+        (fsdp | {"torch_compile": "model"}, {"method": "qlora"}),
+    ):
+        payload = body(**layout)
+        payload["training"] |= extra
+        problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
+        assert problem["errors"][0]["field"] == "layout.torch_compile", problem
+        assert "torch_compile" in problem["detail"], problem["detail"]

@@ -397,3 +397,36 @@ def test_what_a_run_says_about_the_hardware_calibrates_every_framework(client: T
     assert calibrated["factors"]["step_time_framework"] == 1.0  # no FSDP run yet
     assert calibrated["factors"]["step_time"] == pytest.approx(1.5)
     assert calibrated["factors"]["memory_dynamic"] == 1.0
+
+
+def test_asked_to_compile_the_fsdp_plan_is_estimated_rendered_and_explained_compiled(
+    client: TestClient,
+) -> None:
+    body = plan_body(
+        model={"preset": "llama-3.1-8b"},
+        training={"seq_len": 8192, "global_batch_size": 16},
+        constraints={"top_k": 2, "frameworks": ["fsdp"], "torch_compile": True},
+        launchers=["torchtitan", "hf_trainer", "accelerate"],
+    )
+    compiled, eager = (
+        create(client, body),
+        create(client, body | {"constraints": {"top_k": 2, "frameworks": ["fsdp"]}}),
+    )
+    for candidate in [compiled["recommended"], *compiled["alternatives"]]:
+        assert candidate["layout"]["torch_compile"] == "model_and_loss"
+    assert eager["recommended"]["layout"]["torch_compile"] == "none"
+    assert any("torch.compile" in line for line in compiled["recommended"]["rationale"])
+    # the fused loss keeps no fp32 logits: more tokens per GPU or fewer recomputed
+    assert (
+        compiled["recommended"]["estimate"]["time"]["tokens_per_s"]
+        > eager["recommended"]["estimate"]["time"]["tokens_per_s"]
+    )
+    text = {a["target"]: "" for a in compiled["artifacts"]}
+    for artifact in compiled["artifacts"]:
+        text[artifact["target"]] += client.get(artifact["url"]).text
+    assert "--compile.enable" in text["torchtitan"]
+    assert "dynamo_backend: INDUCTOR" in text["accelerate"]
+    if "hf_trainer" in text:  # data parallelism only
+        assert '"torch_compile": true' in text["hf_trainer"]
+    else:
+        assert "data parallelism only" in compiled["unsupported_targets"]["hf_trainer"]

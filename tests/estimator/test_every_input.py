@@ -18,6 +18,7 @@ from service.estimator.errors import EstimatorError
 from service.estimator.estimate import estimate
 from service.estimator.types import (
     ClusterSpec,
+    Compile,
     Estimate,
     Framework,
     Layout,
@@ -107,6 +108,14 @@ LAYOUT_CASES = [
         training=dataclasses.replace(TRAINING, global_batch_size=8),
     ),
     Case("chunked_loss", FSDP, replace(FSDP, chunked_loss=True)),
+    Case("torch_compile", FSDP, replace(FSDP, torch_compile=Compile.MODEL)),
+    Case("torch_compile", FSDP, replace(FSDP, torch_compile=Compile.MODEL_AND_LOSS)),
+    Case(
+        "torch_compile",
+        replace(FSDP, torch_compile=Compile.MODEL),
+        replace(FSDP, torch_compile=Compile.MODEL_AND_LOSS),
+    ),
+    Case("torch_compile", MEGATRON, replace(MEGATRON, torch_compile=Compile.MODEL), refused=True),
     Case(
         "fsdp_hybrid_shard",
         replace(FSDP, dp=16),

@@ -28,6 +28,7 @@ from service.estimator.tuning import CurvePoint, Tuning
 from service.estimator.types import (
     Attention,
     ClusterSpec,
+    Compile,
     Framework,
     Layout,
     Method,
@@ -75,6 +76,7 @@ def flat_curve(
         memory_traffic_per_stored_byte=traffic_per_stored_byte,
         eager_traffic_factor=2.0,
         loss_traffic_bytes_per_logit=loss_bytes_per_logit,
+        compiled_loss_traffic_bytes_per_logit=loss_bytes_per_logit / 6.5,
         selective_recompute_passes=2.0,
         attention_alignment_bytes=16,
         unaligned_attention_core_factor=0.05,
@@ -475,3 +477,50 @@ def test_a_layer_costs_at_least_its_kernel_launches_by_hand() -> None:
     tuning = default_tuning()
     tiny = time(TINY, ONE_GPU, Layout(), TINY_TRAINING, tuning=tuning)
     assert tiny.breakdown.compute_s == pytest.approx(2 * 3 * 36 * 4e-6)
+
+
+# ---------------------------------------------------------------- fp8 casts and torch.compile
+
+
+def test_fp8_casts_are_counted_per_linear_by_hand_and_only_outside_megatron() -> None:
+    """Llama-3.1-8B, tp 1: each of the 7 Linears casts its input (amax 2 + cast 3 bytes an element)
+    and, in backward, its output gradient (5) and its input again, transposed (3)."""
+    from service.catalog.models import model as preset
+    from service.estimator import step_time
+
+    llama = preset("llama-3.1-8b").spec
+    h, q, kv, f = llama.hidden_size, llama.q_size, llama.kv_size, llama.ffn_hidden_size
+    inputs = 3 * h + q + 2 * h + f  # wq, wk, wv read h; wo reads q; w1, w3 read h; w2 reads f
+    outputs = q + 2 * kv + h + 2 * f + h
+    fp8 = TrainingSpec(seq_len=8192, global_batch_size=8, precision=Precision.FP8)
+    j = make_job(llama, cluster(H100, 8, 50e9), fp8, default_tuning())
+    kind = next(iter(j.kinds))
+    assert step_time.fp8_cast_bytes_per_token(j, kind, 1) == 8 * inputs + 5 * outputs
+    # tp 8: column-parallel outputs and row-parallel inputs split, the rest whole
+    split = 8 * (5 * h + (q + f) / 8) + 5 * ((q + 2 * kv + 2 * f) / 8 + 2 * h)
+    assert step_time.fp8_cast_bytes_per_token(j, kind, 8) == pytest.approx(split)
+    fsdp = Layout(framework=Framework.FSDP, dp=8, zero_stage=3)
+    base = step_time.step_base(j, fsdp)
+    assert step_time.fp8_cast_s(j, fsdp, base) > 0
+    megatron = Layout(framework=Framework.MEGATRON, dp=8, zero_stage=1)
+    assert step_time.fp8_cast_s(j, megatron, step_time.step_base(j, megatron)) == 0.0  # fused by TE
+    bf16 = make_job(llama, j.cluster, dataclasses.replace(fp8, precision=Precision.BF16), default_tuning())
+    assert step_time.fp8_cast_s(bf16, fsdp, step_time.step_base(bf16, fsdp)) == 0.0
+
+
+def test_compiling_shortens_the_step_by_the_eager_traffic_and_the_loss_it_fuses() -> None:
+    """torch.compile takes the eager factor off the memory-bound ops and, with the loss, its fp32
+    traffic; the GEMMs are the same."""
+    from service.catalog.models import model as preset
+
+    llama = preset("llama-3.1-8b").spec
+    training = TrainingSpec(seq_len=8192, global_batch_size=16)
+    steps = {}
+    for compiled in Compile:
+        layout = Layout(
+            framework=Framework.FSDP, dp=8, zero_stage=3, micro_batch_size=2, torch_compile=compiled
+        )
+        steps[compiled] = time(llama, cluster(H100, 8, 50e9), layout, training, tuning=default_tuning())
+    eager, model_only, both = steps[Compile.NONE], steps[Compile.MODEL], steps[Compile.MODEL_AND_LOSS]
+    assert eager.step_s > model_only.step_s > both.step_s
+    assert eager.breakdown.compute_s - model_only.breakdown.compute_s > 0.03 * eager.step_s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from service.estimator.types import Framework, Offload, Plan, Precision
+from service.estimator.types import Compile, Framework, Offload, Plan, Precision
 from service.recommender.space import recompute_order
 from tests.launchers.factories import llama3_8b, plan, training
 
@@ -60,6 +60,7 @@ def grid() -> list[tuple[str, Plan]]:
             micro_batch_size=1 + (i % 2),
             virtual_pipeline_stages=2 if pp > 1 and i % 3 == 0 else 1,
             fsdp_hybrid_shard=framework is Framework.FSDP and nodes > 1 and i % 4 == 1,
+            torch_compile=tuple(Compile)[i % 5 % 3] if framework is Framework.FSDP else Compile.NONE,
         )
         name = f"n{nodes}-tp{tp}pp{pp}cp{cp}-{framework}-z{zero}-{off_opt}{off_par}-{i}"
         plans.append((name, p))

@@ -17,7 +17,7 @@ from unittest import mock
 import pytest
 
 from service.estimator import pipeline
-from service.estimator.types import Framework, Method, ModelSpec, MoESpec, Plan, QKNorm, Recompute
+from service.estimator.types import Compile, Framework, Method, ModelSpec, MoESpec, Plan, QKNorm, Recompute
 from service.launchers import Artifact, Target, Unsupported, accelerate, deepspeed, hf_trainer, torchtitan
 from tests.launchers import factories
 from tests.launchers.grid import grid
@@ -150,6 +150,10 @@ def test_accelerate_config_loader_launch_and_plugins(tmp_path: Path, monkeypatch
         loaded = load_config_from_file(str(path))  # unknown top-level keys raise here
         assert loaded.num_processes == plan.cluster.world_size, name
         args = _accelerate_args(path, plan)
+        # the compiled run estimated (model and loss: HF models compute the loss in forward)
+        compiled = plan.layout.torch_compile is Compile.MODEL_AND_LOSS
+        assert loaded.dynamo_config == ({"dynamo_backend": "INDUCTOR"} if compiled else {}), name
+        assert plan.layout.torch_compile is not Compile.MODEL, name  # refused: loss compiled too
         framework = plan.layout.framework
         if framework is Framework.DEEPSPEED:
             _, env = prepare_deepspeed_cmd_env(args)
@@ -200,6 +204,8 @@ def test_hf_training_arguments_json_and_flags(tmp_path: Path, monkeypatch: pytes
                 # Trainer raises on these at trainer_config_finalize (batch, lr, betas, clipping...).
                 assert args.hf_deepspeed_config.mismatches == [], (name, args.hf_deepspeed_config.mismatches)
             assert args.per_device_train_batch_size == plan.layout.micro_batch_size, name
+            assert args.torch_compile == (plan.layout.torch_compile is Compile.MODEL_AND_LOSS), name
+            assert plan.layout.torch_compile is not Compile.MODEL, name  # refused: loss compiled too
             assert args.gradient_accumulation_steps * plan.layout.dp * plan.layout.micro_batch_size == (
                 plan.training.global_batch_size
             )
@@ -244,6 +250,11 @@ def test_torchtitan_config_manager_and_parallel_dims() -> None:
         wanted = {Recompute.NONE: "NoneType", Recompute.SELECTIVE_OP: "SelectiveAC", Recompute.FULL: "FullAC"}
         built = type(config.activation_checkpoint).__qualname__.split(".")[0]
         assert built == wanted[plan.layout.recompute], (name, built)
+        # the compiled components estimated: torchtitan compiles the model and the loss by default
+        compiled = {Compile.NONE: None, Compile.MODEL: ["model"], Compile.MODEL_AND_LOSS: ["model", "loss"]}
+        assert (config.compile.components if config.compile.enable else None) == compiled[
+            plan.layout.torch_compile
+        ], name
         assert training.global_batch_size % (training.local_batch_size * dp) == 0, name
         assert training.global_batch_size == plan.training.global_batch_size, name
         if par.pipeline_parallel_degree > 1:

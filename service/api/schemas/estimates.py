@@ -10,7 +10,7 @@ from service.api.schemas.clusters import ClusterChoice
 from service.api.schemas.common import Strict
 from service.api.schemas.models import ModelRef
 from service.api.schemas.training import TrainingIn
-from service.estimator.types import Framework, Layout, Offload, Recompute
+from service.estimator.types import Compile, Framework, Layout, Offload, Recompute
 
 
 class LayoutIn(Strict):
@@ -43,6 +43,13 @@ class LayoutIn(Strict):
     activation_offload: bool = False
     optimizer_in_backward: bool = False
     chunked_loss: bool = False
+    torch_compile: Compile = Field(
+        default=Compile.NONE,
+        description="torch.compile (inductor), fsdp only: model compiles each decoder layer (torchtitan "
+        "--compile.components model), model_and_loss also the cross-entropy (torchtitan --compile.enable, "
+        "HF Trainer torch_compile, accelerate's dynamo backend); megatron has no such switch, deepspeed's "
+        "compiled engine is not modelled",
+    )
     fsdp_hybrid_shard: bool = False
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool | None = Field(default=None, description="default: the framework's")

@@ -25,6 +25,12 @@ class ConstraintsIn(Strict):
     min_headroom_fraction: float = Field(default=0.05, ge=0, le=0.5)
     top_k: int = Field(default=3, ge=1, le=20)
     gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e6)
+    torch_compile: bool = Field(
+        default=False,
+        description="compile fsdp layouts with torch.compile, model and loss (torchtitan --compile.enable, "
+        "HF Trainer torch_compile, accelerate's dynamo backend); not qlora; megatron and deepspeed layouts "
+        "stay eager",
+    )
 
     def to_domain(self) -> Constraints:
         return Constraints(
@@ -35,6 +41,7 @@ class ConstraintsIn(Strict):
             min_headroom_fraction=self.min_headroom_fraction,
             top_k=self.top_k,
             gpu_hour_cost=self.gpu_hour_cost,
+            torch_compile=self.torch_compile,
         )
 
 
