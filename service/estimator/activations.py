@@ -584,13 +584,22 @@ def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpe
     """Transient fp32 logits-sized tensors around the loss (not saved, but alive at the peak)."""
     # HF: the fp32 upcast of the logits in forward, then the fp32 gradients of nll and log-softmax
     # in backward (2 x 4sbV). Megatron's fused vocab-parallel cross-entropy: one 4sbV/t gradient.
-    # torch.compile's fused backward kernel writes the logits' 16-bit gradient only (2sbV/t).
+    # FSDP with TP (torchtitan's loss_parallel, DTensor's log-softmax and nll_loss handlers): the
+    # backward makes a zeros grad_input, exp(x) and their sum beside the saved log-softmax, 3 x
+    # 4sbV/t (validation/data/loss_parallel.json: 4 fp32 logit shards at the peak against the plain
+    # loss's 3, the same loss and gradients). torch.compile's fused backward kernel writes the
+    # logits' 16-bit gradient only (2sbV/t).
     if layout.chunked_loss:
         return 0
     t = local_tokens(layout, training)
     if layout.torch_compile is Compile.MODEL_AND_LOSS:
         return math.ceil(element_bytes(training.precision) * t * model.vocab_size / layout.tp)
-    copies = 1 if layout.framework is Framework.MEGATRON else 2
+    if layout.framework is Framework.MEGATRON:
+        copies = 1
+    elif layout.framework is Framework.FSDP and layout.tp > 1:
+        copies = 3
+    else:
+        copies = 2
     return math.ceil(copies * FP32_BYTES * t * model.vocab_size / layout.tp)
 
 

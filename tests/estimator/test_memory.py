@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -24,6 +26,7 @@ from service.estimator.params import LayerKind
 from service.estimator.types import (
     Attention,
     ClusterSpec,
+    Compile,
     Framework,
     GPUSpec,
     Layout,
@@ -303,6 +306,29 @@ def test_chunked_loss_removes_fp32_logits() -> None:
     )
     # fp32 log-softmax 4 x (16 x 2 tokens) x 32 vocab = 4096 replaced by a 2 x 32 x 8 = 512 gradient.
     assert plain - chunked == 4096 - 512
+
+
+@pytest.mark.parametrize(
+    ("framework", "tp", "compiled", "copies"),
+    [
+        (Framework.FSDP, 1, Compile.NONE, 2.0),  # the nll and log-softmax gradients
+        (Framework.FSDP, 2, Compile.NONE, 3.0),  # DTensor loss_parallel: zeros grad_input, exp, sum
+        (Framework.MEGATRON, 2, Compile.NONE, 1.0),  # the fused vocab-parallel cross-entropy
+        (Framework.FSDP, 2, Compile.MODEL_AND_LOSS, 0.5),  # inductor: the 16-bit logits' gradient
+    ],
+)
+def test_loss_workspace_counts_each_frameworks_fp32_logit_copies(
+    framework: Framework, tp: int, compiled: Compile, copies: float
+) -> None:
+    """In fp32 logit shards, 4 x tokens x V / tp: the plain loss peaks at 3 with its saved
+    log-softmax, loss_parallel at 4 (validation/data/loss_parallel.json: the CPU over 2 gloo ranks)."""
+    lay = Layout(framework=framework, tp=tp, micro_batch_size=2, torch_compile=compiled)
+    shard = 4 * 32 * TINY.vocab_size / tp  # 2 x 16 tokens
+    assert activations.loss_workspace_bytes(TINY, lay, TRAIN) == copies * shard
+    if framework is Framework.FSDP and compiled is Compile.NONE:
+        measured = json.loads((Path(__file__).parents[2] / "validation/data/loss_parallel.json").read_text())
+        peak = measured["variants"]["loss_parallel" if tp > 1 else "plain"]["backward_peak_L"]
+        assert copies + 1 == peak  # + the saved log-softmax (last_stage_extra_bytes)
 
 
 # ---------------------------------------------------------------- entry points
