@@ -13,7 +13,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from service.estimator.tuning import Tuning
-from service.estimator.types import ClusterSpec, GPUSpec, Layout, Method, ModelSpec, TrainingSpec
+from service.estimator.types import (
+    ClusterSpec,
+    Compile,
+    Framework,
+    GPUSpec,
+    Layout,
+    Method,
+    ModelSpec,
+    TrainingSpec,
+)
 from service.recommender.types import Constraints, Objective, Suggestion
 
 GiB = 2**30
@@ -133,6 +142,7 @@ def suggestions(
                 )
             )
     out += _offload(model, cluster, training, constraints, tuning)
+    out += _compile(model, cluster, training, constraints, tuning)
     out += _peft(model, cluster, training, constraints, tuning)
     return tuple(out)
 
@@ -191,6 +201,44 @@ def _offload(
             tokens_per_s=found.recommended.estimate.time.tokens_per_s
             if found.recommended.estimate.time
             else None,
+            layout=found.recommended.layout,
+        )
+    ]
+
+
+def _compile(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    tuning: Tuning,
+) -> list[Suggestion]:
+    """FSDP compiled with torch.compile, model and loss (no fp32 logits, fused norms), on the GPUs
+    given, where the request did not ask for it."""
+    from service.recommender import recommend
+
+    if constraints.torch_compile or Framework.FSDP not in constraints.frameworks:
+        return []
+    compiled = dataclasses.replace(
+        constraints,
+        torch_compile=True,
+        frameworks=(Framework.FSDP,),
+        top_k=1,
+        max_evaluations=SUGGESTION_EVALUATIONS,
+    )
+    found = recommend(model, cluster, training, compiled, tuning, with_suggestions=False)
+    if found.recommended is None or found.recommended.layout.torch_compile is Compile.NONE:
+        return []
+    est = found.recommended.estimate
+    return [
+        Suggestion(
+            kind="torch_compile",
+            detail=f"torch.compile of the FSDP model and loss (constraints.torch_compile) fits on the "
+            f"{cluster.world_size} GPUs given: {est.memory.per_gpu.total / GiB:.1f} GiB per GPU",
+            gpu=cluster.gpu.name,
+            num_gpus=cluster.world_size,
+            per_gpu_bytes=est.memory.per_gpu.total,
+            tokens_per_s=est.time.tokens_per_s if est.time else None,
             layout=found.recommended.layout,
         )
     ]

@@ -86,7 +86,7 @@ class Rejection:
 class Suggestion:
     """One change that would make an infeasible job fit, with its numbers."""
 
-    kind: str  # more_gpus | other_gpu | offload | lora | qlora
+    kind: str  # more_gpus | other_gpu | offload | torch_compile | lora | qlora
     detail: str
     gpu: str | None = None
     num_gpus: int | None = None

@@ -11,7 +11,7 @@ from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from service.estimator.tuning import Tuning
-from service.estimator.types import Framework, Recompute, TrainingSpec
+from service.estimator.types import Compile, Framework, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
 from service.recommender import Constraints, Objective, recommend
 from service.recommender.space import sub_cluster
@@ -72,6 +72,25 @@ def test_70b_on_eight_24gb_gpus_is_infeasible_and_says_how_many(tuning: Tuning) 
     assert offload.cpu_per_node_bytes is not None and offload.cpu_per_node_bytes > 256 * 2**30
     assert "256 GiB" in offload.detail
     assert any(t.kind == "qlora" for t in tips)
+
+
+def test_an_fsdp_job_that_fits_only_compiled_is_told_so(tuning: Tuning) -> None:
+    """Llama-3.1-8B at 16K on two H100s: eager FSDP keeps fp32 logits (3 copies at the loss's peak)
+    and does not fit; compiled (model and loss) it does, and the suggestion is the compiled plan."""
+    spec, c = model("llama-3.1-8b").spec, cluster(per_node=2)
+    training = TrainingSpec(seq_len=16384, global_batch_size=8)
+    constraints = Constraints(frameworks=(Framework.FSDP,), allow_offload=False)
+    assert recommend(spec, c, training, constraints, tuning, with_suggestions=False).recommended is None
+    tips = suggestions(spec, c, training, constraints, tuning, catalog=[gpu("h100-sxm-80gb")])
+    compiled = next(t for t in tips if t.kind == "torch_compile")
+    assert compiled.layout is not None and compiled.layout.torch_compile is Compile.MODEL_AND_LOSS
+    assert compiled.per_gpu_bytes is not None and compiled.per_gpu_bytes < 0.95 * c.gpu.memory_bytes
+    asked = dataclasses.replace(constraints, torch_compile=True)
+    plan = recommend(spec, c, training, asked, tuning, with_suggestions=False).recommended
+    assert plan is not None and plan.layout == compiled.layout
+    # asked already: nothing more to suggest
+    again = suggestions(spec, c, training, asked, tuning, catalog=[gpu("h100-sxm-80gb")])
+    assert not any(t.kind == "torch_compile" for t in again)
 
 
 JOBS = [
