@@ -18,7 +18,7 @@ VALUES = st.one_of(
 )
 LAYOUT_KEYS = ["framework", "dp", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch_size", "recompute",
                "offload_optimizer", "offload_params", "virtual_pipeline_stages", "sequence_parallel",
-               "gradient_accumulation_steps", "chunked_loss"]  # fmt: skip
+               "gradient_accumulation_steps", "chunked_loss", "torch_compile"]  # fmt: skip
 TRAINING_KEYS = ["seq_len", "global_batch_size", "precision", "optimizer", "method", "lora_rank", "attention"]
 ENUMS = {
     "framework": ["deepspeed", "megatron", "fsdp"],
@@ -29,6 +29,7 @@ ENUMS = {
     "optimizer": ["adamw", "adamw_8bit", "sgd", "adafactor", "lion"],
     "method": ["full", "lora", "qlora"],
     "attention": ["flash", "sdpa", "eager"],
+    "torch_compile": ["none", "model", "model_and_loss"],
 }
 
 
