@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from service.estimator import evaluate
+from service.estimator.errors import InvalidTraining
 from service.estimator.estimate import estimate_valid
 from service.estimator.job import Job, make_job
 from service.estimator.memory import min_state_bytes_per_gpu, stage_states
@@ -514,6 +515,12 @@ def search(
     stop_at_first_fit: bool = False,
 ) -> SearchResult:
     """Search over the given GPU counts (in order), within ``constraints.max_evaluations``."""
+    if constraints.torch_compile and training.method is Method.QLORA:
+        raise InvalidTraining(
+            "torch_compile with qlora: bitsandbytes' NF4 matmuls break the compiled graph (not modelled)",
+            field="constraints.torch_compile",
+            rule="torch_compile",
+        )
     request = _Search(
         model, training, constraints, tuning, offload_devices(constraints.allow_offload, cluster)
     )

@@ -258,7 +258,12 @@ def _peft(
     out = []
     for method in (Method.LORA, Method.QLORA):
         peft = dataclasses.replace(training, method=method)
-        quick = dataclasses.replace(constraints, top_k=1, max_evaluations=SUGGESTION_EVALUATIONS)
+        quick = dataclasses.replace(
+            constraints,
+            top_k=1,
+            max_evaluations=SUGGESTION_EVALUATIONS,
+            torch_compile=constraints.torch_compile and method is not Method.QLORA,
+        )
         found = recommend(model, cluster, peft, quick, tuning, with_suggestions=False)
         if found.recommended is None:
             continue

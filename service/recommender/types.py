@@ -10,6 +10,7 @@ from enum import StrEnum
 
 from service.estimator.errors import InvalidTraining
 from service.estimator.types import Estimate, Framework, Layout
+from service.estimator.validate import FRAMEWORK_CAPABILITIES
 from service.launchers.common import Target
 
 
@@ -58,6 +59,14 @@ class Constraints:
             )
         if self.gpu_hour_cost is not None and self.gpu_hour_cost < 0:
             raise InvalidTraining("gpu_hour_cost must be >= 0", field="gpu_hour_cost")
+        compilable = [f for f in self.frameworks if FRAMEWORK_CAPABILITIES[f].torch_compile is None]
+        if self.torch_compile and not compilable:
+            named = ", ".join(f.value for f in self.frameworks)
+            raise InvalidTraining(
+                f"torch_compile compiles fsdp layouts only, and frameworks ({named}) has none",
+                field="constraints.torch_compile",
+                rule="torch_compile",
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

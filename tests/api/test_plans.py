@@ -430,3 +430,23 @@ def test_asked_to_compile_the_fsdp_plan_is_estimated_rendered_and_explained_comp
         assert '"torch_compile": true' in text["hf_trainer"]
     else:
         assert "data parallelism only" in compiled["unsupported_targets"]["hf_trainer"]
+
+
+def test_asking_to_compile_what_cannot_be_compiled_is_refused(client: TestClient) -> None:
+    """constraints.torch_compile changes only FSDP layouts, and not QLoRA's: asked where it would
+    change nothing, it is a 422 naming the field, and nothing is stored."""
+    before = client.get("/v1/plans").json()["items"]
+    for constraints, training in (
+        ({"frameworks": ["megatron", "deepspeed"], "torch_compile": True}, {}),
+        ({"torch_compile": True}, {"method": "qlora"}),
+    ):
+        body = plan_body(constraints=constraints)
+        body["training"] |= training
+        for path in ("/v1/plans", "/v1/capacity"):
+            payload = (
+                body if path == "/v1/plans" else {k: body[k] for k in ("model", "training", "constraints")}
+            )
+            problem = assert_problem(client.post(path, json=payload), 422)
+            assert problem["errors"][0]["field"] == "constraints.torch_compile", problem
+            assert "torch_compile" in problem["detail"]
+    assert client.get("/v1/plans").json()["items"] == before
