@@ -79,6 +79,10 @@ def parse_tuning(data: dict[str, Any]) -> Tuning:
         compiled_loss_traffic_bytes_per_logit=float(
             data["memory_bound"]["compiled_loss_traffic_bytes_per_logit"]
         ),
+        fp8_cast_bytes_per_element=float(data["memory_bound"]["fp8_cast_bytes_per_element"]),
+        fp8_transposed_cast_bytes_per_element=float(
+            data["memory_bound"]["fp8_transposed_cast_bytes_per_element"]
+        ),
         selective_recompute_passes=float(data["memory_bound"]["selective_recompute_passes"]),
         attention_alignment_bytes=int(data["attention_alignment"]["alignment_bytes"]),
         unaligned_attention_core_factor=float(data["attention_alignment"]["unaligned_core_factor"]),

@@ -517,21 +517,13 @@ def gemm_s(
     )
 
 
-# torchao Float8Linear's dynamic tensorwise scaling (and Transformer Engine's Linear swapped into a
-# PyTorch model): every cast to fp8 is its own pass, amax(|x|) reads the 16-bit tensor (2 bytes an
-# element), the scaled cast reads it again and writes fp8 (2 + 1). Forward casts each Linear's input;
-# backward casts its output gradient, and its input again, transposed, for the weight gradient
-# (reads 2, writes 1). Megatron-Core's Transformer Engine modules fuse the casts into the norm and
-# activation kernels and take amax from the previous kernel's epilogue: no separate pass.
-FP8_CAST_BYTES = 5  # amax read + scaled cast read and fp8 write, per 16-bit element
-FP8_TRANSPOSED_CAST_BYTES = 3  # the input re-cast, transposed, for the weight gradient
-
-
 @job_memo
 def fp8_cast_bytes_per_token(job: Job, kind: LayerKind, tp: int) -> float:
-    """HBM bytes per token one layer of ``kind`` moves casting its Linear layers' inputs, output
-    gradients and transposed inputs to fp8 on one tensor-parallel rank (column-parallel inputs are
-    whole, row-parallel inputs and column-parallel outputs 1/tp)."""
+    """HBM bytes per token one layer of ``kind`` moves casting its Linear layers' inputs and output
+    gradients to fp8 (``fp8_cast_bytes_per_element``), and the inputs again, transposed, for the
+    weight gradients (``fp8_transposed_cast_bytes_per_element``), on one tensor-parallel rank
+    (column-parallel inputs are whole, row-parallel inputs and column-parallel outputs 1/tp)."""
+    cast, transposed = job.tuning.fp8_cast_bytes_per_element, job.tuning.fp8_transposed_cast_bytes_per_element
     total = 0.0
     for matmul in flops.layer_matmuls(job.model, kind.moe):
         in_features = matmul.flops / (2 * matmul.out_features)
@@ -540,19 +532,21 @@ def fp8_cast_bytes_per_token(job: Job, kind: LayerKind, tp: int) -> float:
             inputs = in_features / tp
         else:
             inputs, outputs = in_features, outputs / tp
-        total += (FP8_CAST_BYTES + FP8_TRANSPOSED_CAST_BYTES) * inputs + FP8_CAST_BYTES * outputs
+        total += (cast + transposed) * inputs + cast * outputs
     return total
 
 
 def fp8_cast_s(job: Job, layout: Layout, base: StepBase) -> float:
-    """The separate fp8 cast passes of a non-Megatron fp8 run (``FP8_CAST_BYTES``), all
+    """The separate fp8 cast passes of a non-Megatron fp8 run (tuning.toml [memory_bound]), all
     micro-batches of the slowest stage: its layers' activations per token, and each weight cast
-    (forward) and cast transposed (backward) once per micro-batch."""
+    (forward) and cast transposed (backward) once per micro-batch. Megatron-Core's Transformer
+    Engine modules fuse the casts into the norm and activation kernels: no separate pass."""
     if job.training.precision is not Precision.FP8 or layout.framework is Framework.MEGATRON:
         return 0.0
     per_token = sum(count * fp8_cast_bytes_per_token(job, kind, layout.tp) for kind, count in base.counts)
     linear = rank_parameters_of(job, layout, base.stage).linear
-    weights = (FP8_CAST_BYTES + FP8_TRANSPOSED_CAST_BYTES) * linear
+    tuning = job.tuning
+    weights = (tuning.fp8_cast_bytes_per_element + tuning.fp8_transposed_cast_bytes_per_element) * linear
     moved = base.micro_batches * (base.tokens * per_token + weights)
     return moved / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 

@@ -105,6 +105,8 @@ class Tuning:
     eager_traffic_factor: float  # PyTorch eager's op-by-op traffic over the fused kernels' (not Megatron)
     loss_traffic_bytes_per_logit: float  # HBM bytes the cross-entropy moves per logit, fwd + bwd
     compiled_loss_traffic_bytes_per_logit: float  # the same, torch.compile's fused cross-entropy
+    fp8_cast_bytes_per_element: float  # a separate cast to fp8 (torchao): amax read, cast read + write
+    fp8_transposed_cast_bytes_per_element: float  # the input re-cast, transposed, for the weight grad
     selective_recompute_passes: float  # memory-bound passes of selective recompute over the bytes it stores
     attention_alignment_bytes: int  # a head's row must be a multiple of this for the fast BMM kernels
     unaligned_attention_core_factor: float  # eager QK^T / AV rate off that alignment, x the GEMM rate

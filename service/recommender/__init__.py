@@ -147,12 +147,8 @@ class _Search:
 
     def compiled(self, framework: Framework) -> Compile:
         """How the search compiles ``framework``'s layouts: model and loss where asked
-        (``Constraints.torch_compile``) and modelled (FSDP, not QLoRA: ``validate.compile_violation``)."""
-        if (
-            self.constraints.torch_compile
-            and FRAMEWORK_CAPABILITIES[framework].torch_compile is None
-            and self.training.method is not Method.QLORA
-        ):
+        (``Constraints.torch_compile``; ``search`` refuses it with QLoRA) and modelled (FSDP)."""
+        if self.constraints.torch_compile and FRAMEWORK_CAPABILITIES[framework].torch_compile is None:
             return Compile.MODEL_AND_LOSS
         return Compile.NONE
 

@@ -23,7 +23,7 @@ from service.estimator.types import (
     ModelSpec,
     TrainingSpec,
 )
-from service.recommender.types import Constraints, Objective, Suggestion
+from service.recommender.types import Candidate, Constraints, Objective, Suggestion
 
 GiB = 2**30
 MAX_NODE_FACTOR = 64  # look for up to 64x the nodes given before giving up
@@ -226,22 +226,11 @@ def _compile(
         top_k=1,
         max_evaluations=SUGGESTION_EVALUATIONS,
     )
-    found = recommend(model, cluster, training, compiled, tuning, with_suggestions=False)
-    if found.recommended is None or found.recommended.layout.torch_compile is Compile.NONE:
+    found = recommend(model, cluster, training, compiled, tuning, with_suggestions=False).recommended
+    if found is None or found.layout.torch_compile is Compile.NONE:
         return []
-    est = found.recommended.estimate
-    return [
-        Suggestion(
-            kind="torch_compile",
-            detail=f"torch.compile of the FSDP model and loss (constraints.torch_compile) fits on the "
-            f"{cluster.world_size} GPUs given: {est.memory.per_gpu.total / GiB:.1f} GiB per GPU",
-            gpu=cluster.gpu.name,
-            num_gpus=cluster.world_size,
-            per_gpu_bytes=est.memory.per_gpu.total,
-            tokens_per_s=est.time.tokens_per_s if est.time else None,
-            layout=found.recommended.layout,
-        )
-    ]
+    what = "torch.compile of the FSDP model and loss (constraints.torch_compile)"
+    return [_on_the_gpus_given("torch_compile", what, cluster, found)]
 
 
 def _peft(
@@ -264,20 +253,23 @@ def _peft(
             max_evaluations=SUGGESTION_EVALUATIONS,
             torch_compile=constraints.torch_compile and method is not Method.QLORA,
         )
-        found = recommend(model, cluster, peft, quick, tuning, with_suggestions=False)
-        if found.recommended is None:
-            continue
-        est = found.recommended.estimate
-        out.append(
-            Suggestion(
-                kind=method.value,
-                detail=f"{method.value} (rank {peft.lora_rank}) fits on the {cluster.world_size} GPUs given: "
-                f"{est.memory.per_gpu.total / GiB:.1f} GiB per GPU",
-                gpu=cluster.gpu.name,
-                num_gpus=cluster.world_size,
-                per_gpu_bytes=est.memory.per_gpu.total,
-                tokens_per_s=est.time.tokens_per_s if est.time else None,
-                layout=found.recommended.layout,
-            )
-        )
+        found = recommend(model, cluster, peft, quick, tuning, with_suggestions=False).recommended
+        if found is not None:
+            what = f"{method.value} (rank {peft.lora_rank})"
+            out.append(_on_the_gpus_given(method.value, what, cluster, found))
     return out
+
+
+def _on_the_gpus_given(kind: str, what: str, cluster: ClusterSpec, found: Candidate) -> Suggestion:
+    """A change that fits on the cluster as given, with its plan's memory and tokens/s."""
+    est = found.estimate
+    return Suggestion(
+        kind=kind,
+        detail=f"{what} fits on the {cluster.world_size} GPUs given: "
+        f"{est.memory.per_gpu.total / GiB:.1f} GiB per GPU",
+        gpu=cluster.gpu.name,
+        num_gpus=cluster.world_size,
+        per_gpu_bytes=est.memory.per_gpu.total,
+        tokens_per_s=est.time.tokens_per_s if est.time else None,
+        layout=found.layout,
+    )

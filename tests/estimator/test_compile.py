@@ -40,6 +40,7 @@ MODEL = model_from_hf_config(
     }
 )
 TRAINING = TrainingSpec(seq_len=1024, global_batch_size=2)
+CLUSTER = gpu_cluster(gpu("h100-sxm-80gb"), 1, 50e9)  # the estimator's inputs; the bytes are the CPU's
 POLICIES = {"none": Recompute.NONE, "selective_op": Recompute.SELECTIVE_OP, "full": Recompute.FULL}
 # torchtitan repeats k and v to every head before SDPA, which keeps them whole (2 x (q - kv) bytes a
 # token, 3 units here); Hugging Face models, which the no-AC layer is counted as, pass GQA to SDPA.
@@ -67,9 +68,6 @@ def layer_bytes(recompute: str, compiled: bool) -> float:
     policy = POLICIES[recompute]
     kind = next(iter(make_job(MODEL, CLUSTER, TRAINING, default_tuning()).kinds))
     return activations.layer_bytes(MODEL, layout(policy, compiled), TRAINING, kind, policy)
-
-
-CLUSTER = gpu_cluster(gpu("h100-sxm-80gb"), 1, 50e9)
 
 
 @pytest.mark.parametrize("compiled", [False, True])

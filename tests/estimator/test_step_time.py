@@ -77,6 +77,8 @@ def flat_curve(
         eager_traffic_factor=2.0,
         loss_traffic_bytes_per_logit=loss_bytes_per_logit,
         compiled_loss_traffic_bytes_per_logit=loss_bytes_per_logit / 6.5,
+        fp8_cast_bytes_per_element=5.0,
+        fp8_transposed_cast_bytes_per_element=3.0,
         selective_recompute_passes=2.0,
         attention_alignment_bytes=16,
         unaligned_attention_core_factor=0.05,
