@@ -363,7 +363,25 @@ def hf_layer_bytes(
     )
     if layout.torch_compile is not Compile.NONE:
         split = split + _compiled_difference(model, layout, training, moe_layer)
-    return split.per_rank(layout.tp, layout.sequence_parallel)
+    inputs = 1 if model.parallel_attn_mlp and model.norms_per_layer == 1 else 2  # attention's, MLP's
+    return split.per_rank(layout.tp, layout.sequence_parallel) + inputs * _gathered_input_excess(
+        model, layout, training
+    )
+
+
+def _gathered_input_excess(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """What one column-parallel Linear's saved input holds beyond its sequence-parallel shard.
+
+    DTensor tensor parallelism (torchtitan's PrepareModuleInput / ColwiseParallel with
+    ``input_layouts=Shard(1)``, FSDP's TP) all-gathers the norm's output to ``Replicate()`` before
+    the Linear, and autograd saves that whole tensor for the weight gradient (torch's
+    distributed/tensor/parallel/style.py; all-gather is not among the ops inductor's partitioner or
+    torchtitan's per-op AC recompute, so compiled runs save it too). Megatron saves the shard and
+    all-gathers it again in backward (Korthikanti et al. 2022 §4.2.2): nothing beyond it."""
+    if layout.framework is not Framework.FSDP or layout.tp == 1 or not layout.sequence_parallel:
+        return 0.0
+    whole = element_bytes(training.precision) * local_tokens(layout, training) * model.hidden_size
+    return whole * (1 - 1 / layout.tp)
 
 
 def _compiled_difference(model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool) -> Split:
@@ -530,6 +548,7 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
         norm_and_input = 2 * d * t * h / sp
     else:
         norm_and_input = (_hf_norm(model, training, t) + d * t * h) / sp
+        norm_and_input += _gathered_input_excess(model, layout, training)  # the output layer's input
     if layout.chunked_loss:
         loss = d * t * h
     elif layout.torch_compile is Compile.MODEL_AND_LOSS:

@@ -413,6 +413,11 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
             else "Hugging Face transformers tensors saved by autograd (RMSNorm fp32 upcast, fp32 log-softmax)"
         ),
     ]
+    if layout.framework is Framework.FSDP and layout.tp > 1 and layout.sequence_parallel:
+        notes.append(
+            "DTensor tensor parallelism: each column-parallel Linear's all-gathered input is saved whole "
+            "(the sequence-parallel shard is not what backward keeps)"
+        )
     if layout.pp > 1:
         notes.append(_pipeline_note(job, layout))
     notes += _state_notes(job, layout)

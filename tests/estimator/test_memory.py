@@ -331,6 +331,32 @@ def test_loss_workspace_counts_each_frameworks_fp32_logit_copies(
         assert copies + 1 == peak  # + the saved log-softmax (last_stage_extra_bytes)
 
 
+def test_dtensor_tensor_parallel_saves_each_gathered_linear_input_whole() -> None:
+    """torchtitan's DTensor TP with sequence parallelism saves the all-gathered input of the MLP
+    (and of attention) and of the output layer whole: measured on 2 gloo ranks
+    (validation/data/dtensor_saved.json: two full-sequence hidden tensors among the saved ones).
+    Megatron saves the shard and gathers again in backward (Korthikanti §4.2.2)."""
+    measured = json.loads((Path(__file__).parents[2] / "validation/data/dtensor_saved.json").read_text())
+    assert measured["saved_hidden_full"] == 2  # the MLP's input and the output layer's input
+    tp, tokens = 2, 2 * 16  # micro-batch 2 x seq 16
+    whole = 2 * tokens * TINY.hidden_size  # bf16
+    sp = Layout(framework=Framework.FSDP, tp=tp, sequence_parallel=True, micro_batch_size=2)
+    megatron_sharding = dataclasses.replace(sp, framework=Framework.MEGATRON)
+    kind = DENSE
+    fsdp_layer = activations.layer_bytes(TINY, sp, TRAIN, kind, Recompute.NONE)
+    # the same HF layer, its two Linear inputs counted as SP shards
+    shards = activations.hf_layer_bytes(TINY, dataclasses.replace(sp, tp=1), TRAIN, False)
+    assert fsdp_layer == pytest.approx(shards / tp + 2 * whole * (1 - 1 / tp))
+    assert activations.last_stage_extra_bytes(TINY, sp, TRAIN) - activations.last_stage_extra_bytes(
+        TINY, dataclasses.replace(sp, tp=1), TRAIN
+    ) / tp == pytest.approx(whole * (1 - 1 / tp) + 8 * tokens * (1 - 1 / tp))
+    # Megatron's SP keeps shards only: its layer scales as 1/tp
+    assert activations.layer_bytes(TINY, megatron_sharding, TRAIN, kind, Recompute.NONE) == pytest.approx(
+        activations.layer_bytes(TINY, dataclasses.replace(megatron_sharding, tp=1, sequence_parallel=False),
+                                TRAIN, kind, Recompute.NONE) / tp
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------- entry points
 
 
