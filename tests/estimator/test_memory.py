@@ -372,7 +372,7 @@ def test_max_micro_batch_and_seq_len_are_the_largest_that_fit() -> None:
         name="l", family="llama", num_layers=4, hidden_size=1024, num_attention_heads=8, num_kv_heads=8,
         ffn_hidden_size=2816, vocab_size=32000,
     )  # fmt: skip
-    c = cluster(1, memory_bytes=4 * 2**30)
+    c = cluster(1, memory_bytes=6 * 2**30)
     training = TrainingSpec(seq_len=2048, global_batch_size=64)
     lay = Layout(framework=Framework.FSDP)
     b = evaluate.max_micro_batch_size(job(model, c, training), lay)
