@@ -45,7 +45,7 @@ def entry(plan: Plan, wrapper: Target, config_dir: str = "") -> Entry:
         if framework is Framework.MEGATRON:
             return Entry(Target.MEGATRON, megatron.entry_words(plan), [], megatron.environment(plan))
         try:
-            return Entry(Target.TORCHTITAN, torchtitan.entry_words(plan), [], [])
+            return Entry(Target.TORCHTITAN, torchtitan.entry_words(plan), [], torchtitan.environment())
         except Unsupported as titan:
             try:
                 words, files = hf_trainer.entry_words(plan, config_dir)

@@ -239,8 +239,15 @@ def entry_words(plan: Plan) -> list[Word]:
     return ["-m", "torchtitan.train", *train_args(plan)]
 
 
+def environment() -> list[tuple[str, str]]:
+    """What torchtitan's own run_train.sh exports (0.3.0): the caching allocator's expandable
+    segments, which grow in place instead of leaving cached blocks of one size behind. The memory
+    estimate's fragmentation reserve was fitted on runs launched this way (tuning.toml [memory])."""
+    return [("PYTORCH_ALLOC_CONF", "expandable_segments:True")]
+
+
 def render(plan: Plan) -> list[Artifact]:
     words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), *entry_words(plan)]
     header = f"torchtitan {VERSION}: config module plus --section.field overrides (no TOML since 0.3.0)."
-    content = script(plan, [shell_command(words)], header=header)
+    content = script(plan, [shell_command(words)], env=environment(), header=header)
     return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

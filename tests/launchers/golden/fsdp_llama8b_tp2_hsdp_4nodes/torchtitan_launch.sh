@@ -6,6 +6,7 @@ set -euo pipefail
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"
 export MASTER_PORT="${MASTER_PORT:-29500}"
 export JOB_ID="${JOB_ID:-trainplan}"
+export PYTORCH_ALLOC_CONF=expandable_segments:True
 torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR}:${MASTER_PORT}" \
     --rdzv-id "${JOB_ID}" -m torchtitan.train --module llama3 --config llama3_8b \
     --parallelism.data_parallel_replicate_degree 4 --parallelism.data_parallel_shard_degree 4 \
