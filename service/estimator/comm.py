@@ -203,15 +203,22 @@ def link_for_group(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GroupStrides:
-    """Distance in global ranks between neighbours of each parallel group (order tp, cp, ep|dp, pp)."""
+    """Distance in global ranks between neighbours of each parallel group (order tp, cp, dp, pp)."""
 
     tp: int
     cp: int
-    ep: int
     dp: int
     pp: int
 
 
 def group_strides(layout: Layout) -> GroupStrides:
     inner = layout.tp * layout.cp
-    return GroupStrides(tp=1, cp=layout.tp, ep=inner, dp=inner, pp=inner * layout.dp)
+    return GroupStrides(tp=1, cp=layout.tp, dp=inner, pp=inner * layout.dp)
+
+
+def expert_stride(layout: Layout) -> int:
+    """Distance between expert-parallel neighbours. The experts have their own grid, etp x ep x
+    expert-dp over a stage's ranks, so ep neighbours are etp apart: Megatron folds context
+    parallelism into expert-dp (parallel_state's expert RankGenerator), torchtitan's ep borrows the
+    cp and dp-shard ranks, DeepSpeed's expert groups are data-parallel ranks tp apart."""
+    return layout.expert_tp

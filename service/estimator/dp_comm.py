@@ -189,13 +189,14 @@ class UnitParameters:
 
 
 @job_memo
-def unit_parameters(job: Job, kind: LayerKind, tp: int, ep: int) -> UnitParameters:
-    """A decoder layer of ``kind`` on one GPU after tp and ep (norms count with the dense part)."""
+def unit_parameters(job: Job, kind: LayerKind, tp: int, ep: int, etp: int) -> UnitParameters:
+    """A decoder layer of ``kind`` on one GPU after tp, and its routed experts after ep and etp (norms
+    count with the dense part)."""
     c = job.counts
     dense = c.attention_per_layer + c.norms_per_layer
     if kind.moe and job.model.moe is not None:
         dense += c.router_per_moe_layer + c.shared_experts_per_moe_layer
-        return UnitParameters(dense=dense / tp, experts=c.experts_per_moe_layer / ep / tp)
+        return UnitParameters(dense=dense / tp, experts=c.experts_per_moe_layer / ep / etp)
     return UnitParameters(dense=(dense + c.dense_mlp_per_layer) / tp, experts=0.0)
 
 
@@ -206,7 +207,7 @@ class ShardLinks:
     replicas: comm.Link | None  # HYBRID_SHARD: the replicas of each shard, across nodes
 
 
-@layout_memo("dp", "tp", "cp", "ep", "framework", "fsdp_hybrid_shard")
+@layout_memo("dp", "tp", "cp", "ep", "etp", "framework", "fsdp_hybrid_shard")
 def shard_links(job: Job, layout: Layout) -> ShardLinks:
     """The links of the sharding groups (ranks ordered tp, cp, ep|dp, pp: ``comm``)."""
     dense_shard, expert_shard = shard_degrees(layout, job.cluster)
@@ -216,7 +217,7 @@ def shard_links(job: Job, layout: Layout) -> ShardLinks:
     )
     return ShardLinks(
         dense=tuned_link(job, dense_shard, layout.tp),
-        experts=tuned_link(job, expert_shard, layout.tp * layout.ep),
+        experts=tuned_link(job, expert_shard, layout.expert_tp * layout.ep),
         replicas=replicas,
     )
 
@@ -250,7 +251,7 @@ def unit_reduce_calls(job: Job, layout: Layout, elements: float) -> float:
 @layout_memo(*SPLIT_FIELDS, "framework", "fsdp_hybrid_shard", "zero_stage", "overlap_grad_reduce")
 def unit_collectives(job: Job, layout: Layout, kind: LayerKind) -> UnitCollectives:
     links = shard_links(job, layout)
-    unit = unit_parameters(job, kind, layout.tp, layout.ep)
+    unit = unit_parameters(job, kind, layout.tp, layout.ep, layout.expert_tp)
     elements = unit.dense + unit.experts
     weight_bytes = state_bytes_of(job, layout.framework).weights
     gathers = unit_gather_calls(job, layout, kind, elements)

@@ -177,7 +177,7 @@ class RankStates:
     nvme_bytes: float
 
 
-@layout_memo(*PIPELINE_FIELDS, "tp", "ep")
+@layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")
 def rank_parameters_of(job: Job, layout: Layout, rank: int) -> RankParameters:
     """``rank_parameters`` of the job's model on pipeline rank ``rank``."""
     return rank_parameters(job.model, job.counts, layout, rank, rank_kind_counts(job, layout)[rank])
@@ -222,6 +222,7 @@ STATE_FIELDS = (
     "tp",
     *PIPELINE_FIELDS,
     "ep",
+    "etp",
     "zero_stage",
     "offload_optimizer",
     "offload_params",

@@ -216,13 +216,13 @@ def rank_parameters(
 ) -> RankParameters:
     """Parameters held by pipeline rank ``rank``, whose decoder layers are ``layers`` (how many of
     each kind: MoE or not), after tp and ep (Megatron split: embedding first, head last)."""
-    p, t, e = layout.pp, layout.tp, layout.ep
+    p, t, e, et = layout.pp, layout.tp, layout.ep, layout.expert_tp
     moe_layers = sum(count for kind, count in layers if kind.moe)
     held = sum(count for _, count in layers)
     attention = counts.attention_per_layer * held
     mlp = counts.dense_mlp_per_layer * (held - moe_layers) + counts.shared_experts_per_moe_layer * moe_layers
     replicated = counts.norms_per_layer * held + counts.router_per_moe_layer * moe_layers
-    expert = counts.experts_per_moe_layer * moe_layers / (t * e)
+    expert = counts.experts_per_moe_layer * moe_layers / (et * e)
     dense = (attention + mlp) / t + replicated
     # With pp > 1 and tied embeddings the last stage keeps its own copy of the word embedding.
     head = counts.output or (model.vocab_size * model.hidden_size if p > 1 else 0)
@@ -231,7 +231,7 @@ def rank_parameters(
     if rank == p - 1:
         dense += counts.final_norm + head / t
     moe_layer = counts.router_per_moe_layer + counts.shared_experts_per_moe_layer / t
-    moe_layer += counts.experts_per_moe_layer / (t * e)
+    moe_layer += counts.experts_per_moe_layer / (et * e)
     layer = counts.attention_per_layer / t + counts.norms_per_layer
     layer += max(
         counts.dense_mlp_per_layer / t if counts.dense_layers else 0, moe_layer if counts.moe_layers else 0
@@ -286,11 +286,12 @@ def _lora_expert_parameters(model: ModelSpec, moe: MoESpec, training: TrainingSp
 def shard_degrees(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:
     """ZeRO/FSDP sharding group sizes: (dense parameters, routed experts)."""
     # ZeRO and Megatron's distributed optimizer shard over dp x cp; FSDP HYBRID_SHARD only inside a
-    # node (the GPUs left after tp there). Experts shard over expert-DP = dp x cp / ep (etp = tp).
+    # node (the GPUs left after tp there). Experts shard over expert-DP = tp x dp x cp / (etp x ep)
+    # (Megatron's expert grid; dp x cp / ep with etp = tp).
     dense = layout.dp * layout.cp
     if layout.framework is Framework.FSDP and layout.fsdp_hybrid_shard:
         dense = min(dense, max(1, cluster.gpus_per_node // layout.tp))
-    return dense, max(1, dense // layout.ep)
+    return dense, max(1, dense * layout.tp // (layout.expert_tp * layout.ep))
 
 
 # ---------------------------------------------------------------- model states

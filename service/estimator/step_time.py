@@ -191,7 +191,7 @@ def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning) -> floa
     return per_logit * model.vocab_size / layout.tp
 
 
-@layout_memo(*PIPELINE_FIELDS, "tp", "ep")
+@layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")
 def gpu_parameters(job: Job, layout: Layout) -> float:
     """Parameters on one GPU of the most loaded stage before ZeRO sharding (experts split by ep)."""
     # Each stage's routed experts are those of the MoE layers it holds (every layer_frequency-th
@@ -205,8 +205,9 @@ def gpu_parameters(job: Job, layout: Layout) -> float:
 
 
 def stage_gpu_parameters(stage_params: int, experts: int, layout: Layout) -> float:
-    """One GPU's share of a stage's ``stage_params``, of which ``experts`` are routed experts."""
-    return ((stage_params - experts) + experts / layout.ep) / layout.tp
+    """One GPU's share of a stage's ``stage_params``, of which ``experts`` are routed experts (split
+    over ep x etp)."""
+    return (stage_params - experts) / layout.tp + experts / (layout.ep * layout.expert_tp)
 
 
 # ---------------------------------------------------------------- links
@@ -216,7 +217,6 @@ def stage_gpu_parameters(stage_params: int, experts: int, layout: Layout) -> flo
 class GroupLinks:
     tp: comm.Link
     cp: comm.Link
-    ep: comm.Link
     dp: comm.Link  # the gradient group: dp x cp ranks (Megatron's dp-cp group), stride tp
     pp: comm.Link
 
@@ -237,17 +237,22 @@ def tuned_link(job: Job, size: int, stride: int) -> comm.Link:
     )
 
 
-@layout_memo("dp", "tp", "pp", "cp", "ep")
+@layout_memo("dp", "tp", "pp", "cp")
 def group_links(job: Job, layout: Layout) -> GroupLinks:
     """The link each parallel group crosses, derated to NCCL's achievable bus bandwidth."""
     strides = comm.group_strides(layout)
     return GroupLinks(
         tp=tuned_link(job, layout.tp, strides.tp),
         cp=tuned_link(job, layout.cp, strides.cp),
-        ep=tuned_link(job, layout.ep, strides.ep),
         dp=tuned_link(job, layout.dp * layout.cp, strides.cp),
         pp=tuned_link(job, layout.pp, strides.pp),
     )
+
+
+@layout_memo("tp", "ep", "etp")
+def expert_link(job: Job, layout: Layout) -> comm.Link:
+    """The link of the expert-parallel group (its all-to-all), ``comm.expert_stride`` apart."""
+    return tuned_link(job, layout.ep, comm.expert_stride(layout))
 
 
 def exposed_s(comm_s: float, window_s: float, max_hidden_fraction: float) -> float:
@@ -259,7 +264,7 @@ def exposed_s(comm_s: float, window_s: float, max_hidden_fraction: float) -> flo
 
 # The layout fields of the step's base: the parallel split, the micro-batch and its count, SP and
 # the framework (stored activation bytes, the kernels between the GEMMs).
-SPLIT_FIELDS = ("dp", "tp", "pp", "cp", "ep")
+SPLIT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "etp")
 BASE_FIELDS = (
     *SPLIT_FIELDS,
     *PIPELINE_FIELDS[1:],
@@ -376,20 +381,22 @@ def core_s_per_token(base: StepBase, forward_flops: float, backward_flops: float
 
 def tokens_per_expert(job: Job, layout: Layout) -> float:
     """Rows of one routed expert's GEMMs per micro-batch: the tokens of the expert-parallel group
-    (ep ranks' b s / cp each) routed top_k times over E experts, balanced (GShard's mean load)."""
+    (ep ranks' b s / cp each) routed top_k times over E experts, balanced (GShard's mean load). With
+    etp < tp each rank dispatches its sequence-parallel shard, etp/tp of the tokens (Megatron's
+    alltoall dispatcher gathers the tokens over the etp group only)."""
     moe = job.model.moe
     tokens = micro_batch_tokens_per_rank(layout, job.training)
     if moe is None:
         return float(tokens)
-    return tokens * layout.ep * moe.top_k / moe.num_experts
+    return tokens * layout.expert_tp / layout.tp * layout.ep * moe.top_k / moe.num_experts
 
 
 def expert_efficiency(job: Job, layout: Layout) -> float:
     """``matmul_efficiency`` of the routed experts' GEMMs: as narrow as the smaller of h and the
-    expert width (each expert's up and down projections, split over tp), on ``tokens_per_expert`` rows."""
+    expert width (each expert's up and down projections, split over etp), on ``tokens_per_expert`` rows."""
     model = job.model
     expert_width = model.moe.expert_ffn_hidden_size if model.moe is not None else model.hidden_size
-    width = min(model.hidden_size, expert_width) / layout.tp
+    width = min(model.hidden_size, expert_width) / layout.expert_tp
     return matmul_efficiency(job.tuning, job.cluster.gpu, width, tokens_per_expert(job, layout))
 
 
@@ -633,14 +640,31 @@ def recomputed_collectives(job: Job, layout: Layout) -> float:
 
 
 def tp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
-    """Megatron TP: 2 all-reduces forward + 2 backward per layer (+2 when recomputed)."""
+    """Megatron TP: 2 all-reduces forward + 2 backward per layer (+2 when recomputed), half of them
+    attention's and half the MLP's; an MoE layer's MLP half as ``moe_mlp_tp_factor`` says."""
     # SP swaps each all-reduce for a reduce-scatter + all-gather of the same total time
     # (Korthikanti §4.2.2); Narayanan §3.3: volume 8 b s h (t-1)/t per layer.
     if layout.tp == 1:
         return 0.0
-    collectives = 4 + recomputed_collectives(job, layout)
-    total = base.micro_batches * base.layers * collectives * base.tp_all_reduce_s
+    half = 2 + recomputed_collectives(job, layout) / 2  # forward, backward (and recompute) of one half
+    moe_layers = moe_layers_of(base.counts)
+    mlp_halves = (base.layers - moe_layers) + moe_layers * moe_mlp_tp_factor(job, layout)
+    collectives = half * (base.layers + mlp_halves)
+    total = base.micro_batches * collectives * base.tp_all_reduce_s
     return total * (1.0 - job.tuning.tp_overlap_hidden_fraction) if layout.tp_comm_overlap else total
+
+
+def moe_mlp_tp_factor(job: Job, layout: Layout) -> float:
+    """An MoE layer's MLP-side TP collectives in units of a dense layer's. Megatron's alltoall token
+    dispatcher all-gathers the routed tokens over the expert-tensor-parallel group after the
+    all-to-all and reduce-scatters them before the combine (core/transformer/moe/token_dispatcher.py:
+    "num_global_tokens = num_local_tokens x TP x EP"): top_k copies of each token, top_k times the
+    dense volume; none with etp 1, whose experts are whole. Timed on the tp link (an etp between 1
+    and tp is rare). Other frameworks gather the tokens before routing, as a dense MLP does."""
+    moe = job.model.moe
+    if moe is None or layout.framework is not Framework.MEGATRON:
+        return 1.0
+    return 0.0 if layout.expert_tp == 1 else float(moe.top_k)
 
 
 def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
@@ -669,7 +693,7 @@ def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     size_bytes = tokens * moe.top_k * job.model.hidden_size * activation_bytes(job.training.precision)
     # full recompute dispatches and combines again; per-op AC saves all_to_all_single's outputs
     collectives = 4 + (2.0 * recomputed_share(job, layout) if layout.recompute is Recompute.FULL else 0.0)
-    one = comm.group_all_to_all_s(size_bytes, base.links.ep)
+    one = comm.group_all_to_all_s(size_bytes, expert_link(job, layout))
     return base.micro_batches * moe_layers * collectives * one
 
 

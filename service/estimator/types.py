@@ -478,6 +478,10 @@ class Layout:
     pp: int = 1
     cp: int = 1
     ep: int = 1
+    # Expert tensor parallelism: the routed experts' Linear layers split over etp ranks instead of
+    # tp (Megatron --expert-tensor-parallel-size, "MoE parallel folding": the expert grid is
+    # etp x ep x expert-dp over the tp x cp x dp ranks of a pipeline stage); None: tp, Megatron's default.
+    etp: int | None = None
     sequence_parallel: bool = False
     zero_stage: int = 0
     offload_optimizer: Offload = Offload.NONE
@@ -517,6 +521,8 @@ class Layout:
             _require_positive(InvalidLayout, "gradient_accumulation_steps", self.gradient_accumulation_steps)
         if self.recompute_num_layers is not None:
             _require_positive(InvalidLayout, "recompute_num_layers", self.recompute_num_layers)
+        if self.etp is not None:
+            _require_positive(InvalidLayout, "etp", self.etp)
         if self.pipeline_layers is not None and any(layers < 0 for layers in self.pipeline_layers):
             raise InvalidLayout(
                 f"pipeline_layers must be >= 0 each, got {list(self.pipeline_layers)}",
@@ -546,6 +552,11 @@ class Layout:
                 field="micro_batch_size",
             )
         return global_batch_size // per_step
+
+    @property
+    def expert_tp(self) -> int:
+        """The routed experts' tensor-parallel degree: ``etp``, else ``tp``."""
+        return self.tp if self.etp is None else self.etp
 
     @property
     def model_parallel_size(self) -> int:

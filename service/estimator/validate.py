@@ -330,9 +330,34 @@ def expert_violation(model: ModelSpec, layout: Layout) -> Violation:
         return _bad(f"ep = {ep} > 1 needs a mixture-of-experts model", "ep_moe", "ep")
     if model.moe.num_experts % ep:
         return _bad(f"num_experts ({model.moe.num_experts}) % ep ({ep}) != 0", "ep_experts", "ep")
-    if (layout.dp * layout.cp) % ep:
-        # Megatron parallel_state: world % (etp*ep*pp) == 0 with etp = tp, i.e. ep | dp*cp.
-        return _bad(f"dp*cp ({layout.dp * layout.cp}) % ep ({ep}) != 0", "ep_dp", "ep")
+    etp = layout.expert_tp
+    if (layout.tp * layout.dp * layout.cp) % (etp * ep):
+        # Megatron parallel_state: a stage's tp x cp x dp ranks form the expert grid etp x ep x
+        # expert-dp (world % (etp * ep * pp) == 0); with etp = tp that is ep | dp * cp.
+        return _bad(f"tp*dp*cp ({layout.tp * layout.dp * layout.cp}) % (etp*ep) ({etp * ep}) != 0 "
+                    f"(etp = {etp})", "ep_dp", "ep")  # fmt: skip
+    return None
+
+
+def expert_tensor_violation(model: ModelSpec, layout: Layout) -> Violation:
+    """``etp`` is Megatron's --expert-tensor-parallel-size: routed experts of an MoE model split over
+    etp ranks, folded with ep into the stage's tp x cp x dp ranks."""
+    etp = layout.etp
+    if etp is None:
+        return None
+    if model.moe is None:
+        return _bad(f"etp = {etp} needs a mixture-of-experts model (it splits the routed experts)", "unused",
+                    "etp")  # fmt: skip
+    if layout.framework is not Framework.MEGATRON:
+        return _bad(f"etp is Megatron's --expert-tensor-parallel-size; {layout.framework.value} splits the "
+                    "experts over tp", "etp_framework", "etp")  # fmt: skip
+    if model.moe.expert_ffn_hidden_size % etp:
+        return _bad(f"expert_ffn_hidden_size ({model.moe.expert_ffn_hidden_size}) % etp ({etp}) != 0",
+                    "etp_width", "etp")  # fmt: skip
+    if etp < layout.tp and not layout.sequence_parallel:
+        # each rank then dispatches its own sequence-parallel shard of the tokens (Megatron asserts
+        # sequence parallelism for MoE with tensor parallelism)
+        return _bad(f"etp ({etp}) < tp ({layout.tp}) needs sequence_parallel", "etp_sp", "etp")
     return None
 
 
@@ -493,6 +518,7 @@ def layout_violation(
         lambda: context_violation(layout, training),
         lambda: ulysses_violation(model, layout),
         lambda: sequence_parallel_violation(training, layout, layout.micro_batch_size),
+        lambda: expert_tensor_violation(model, layout),
         lambda: expert_violation(model, layout),
         lambda: training_violation(cluster, layout, training, caps),
         lambda: fused_optimizer_batches_violation(layout, micro_batches()),

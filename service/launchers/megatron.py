@@ -220,6 +220,8 @@ def _parallel_args(plan: Plan) -> list[str]:
     ]  # fmt: skip
     if lo.ep > 1:
         args += ["--expert-model-parallel-size", str(lo.ep)]
+    if lo.etp is not None:  # default (None): the tensor-parallel size
+        args += ["--expert-tensor-parallel-size", str(lo.etp)]
     if lo.sequence_parallel and lo.tp > 1:  # Megatron drops it silently at tp=1
         args.append("--sequence-parallel")
     if lo.tp_comm_overlap:  # _check: only with --sequence-parallel at tp > 1

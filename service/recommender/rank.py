@@ -7,7 +7,7 @@ tokens / throughput), fewest GPUs by the count then tokens/s, cost by GPU-hours 
 
 from __future__ import annotations
 
-from service.estimator.comm import group_strides, link_for_group
+from service.estimator.comm import expert_stride, group_strides, link_for_group
 from service.estimator.model_states import shard_degrees
 from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.types import ClusterSpec, Compile, Estimate, Framework, Layout, Offload, Recompute
@@ -80,6 +80,8 @@ def describe(layout: Layout) -> str:
     parts = [layout.framework.value, f"dp={layout.dp}"]
     parts += [f"{name}={value}" for name, value in (("tp", layout.tp), ("pp", layout.pp)) if value > 1]
     parts += [f"{name}={value}" for name, value in (("cp", layout.cp), ("ep", layout.ep)) if value > 1]
+    if layout.etp is not None:
+        parts.append(f"etp={layout.etp}")
     if layout.virtual_pipeline_stages > 1:
         parts.append(f"v={layout.virtual_pipeline_stages}")
     parts.append(f"zero={layout.zero_stage}")
@@ -178,8 +180,11 @@ def rationale(
             f"CP={layout.cp} {where}: each rank holds 1/{layout.cp} of the sequence (ring attention)"
         )
     if layout.ep > 1:
-        where = "across nodes" if _spans_nodes(cluster, layout.ep, strides.ep) else "inside the node"
-        lines.append(f"EP={layout.ep} {where}: each rank holds 1/{layout.ep} of the routed experts")
+        where = (
+            "across nodes" if _spans_nodes(cluster, layout.ep, expert_stride(layout)) else "inside the node"
+        )
+        split = f", each split over etp={layout.etp} ranks" if layout.etp is not None else ""
+        lines.append(f"EP={layout.ep} {where}: each rank holds 1/{layout.ep} of the routed experts{split}")
     if layout.pp > 1:
         bubble = t.breakdown.pp_bubble_s / t.step_s
         why = "" if not fits_without_pp else " (a layout without PP also fits, but is slower)"

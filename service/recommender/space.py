@@ -6,7 +6,7 @@ A layout is built in three layers, each generated lazily and pruned as early as 
   (Megatron-LM ``validate_args``, torchtitan ``ParallelDims``): tp divides the attention and kv heads
   and stays inside a node (Narayanan et al. arXiv:2104.04473 §3.3: "keep TP inside a server"),
   pp divides the layers, cp splits the sequence into 2 cp chunks, ep divides the experts and
-  dp x cp, and dp divides the global batch;
+  dp x cp (or, with Megatron's etp 1, tp x dp x cp), and dp divides the global batch;
 * a ``Sharding``: framework, ZeRO stage / FSDP mode and offload, only as
   ``validate.FRAMEWORK_CAPABILITIES`` allows (the capability table stays data, in the estimator);
 
@@ -23,6 +23,7 @@ no such mode, so its TP layouts keep the norm and dropout activations replicated
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -167,6 +168,7 @@ class Structure:
     pp: int
     cp: int
     ep: int
+    etp: int | None = None  # Megatron's experts over 1 rank instead of tp (``Layout.etp``)
 
 
 def structures(
@@ -208,16 +210,20 @@ def structures(
                 if broken is not None:
                     log.add(f"invalid: {broken.rule}", 1, layout, str(broken))
                     continue
-                for ep in _ep_options(model, layout):
-                    yield Structure(gpus=gpus, dp=layout.dp, tp=tp, pp=pp, cp=cp, ep=ep)
+                for ep, etp in _ep_options(model, Layout(dp=layout.dp, tp=tp, cp=cp)):
+                    yield Structure(gpus=gpus, dp=layout.dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
 
 
-def _ep_options(model: ModelSpec, split: Layout) -> tuple[int, ...]:
-    """Expert-parallel degrees the validator accepts for a (dp, cp) split: divisors of the experts."""
+def _ep_options(model: ModelSpec, split: Layout) -> tuple[tuple[int, int | None], ...]:
+    """(ep, etp) pairs the validator accepts for a (tp, dp, cp) split: ep divides the experts, and
+    with tp > 1 also whole experts (etp 1, Megatron's MoE parallel folding: ep may reach tp x dp x cp)."""
     if model.moe is None:
-        return (1,)
-    candidates = (Layout(dp=split.dp, cp=split.cp, ep=e) for e in divisors(model.moe.num_experts))
-    return tuple(c.ep for c in candidates if expert_violation(model, c) is None)
+        return ((1, None),)
+    etps: tuple[int | None, ...] = (None, 1) if split.tp > 1 else (None,)
+    candidates = (
+        dataclasses.replace(split, ep=e, etp=etp) for etp in etps for e in divisors(model.moe.num_experts)
+    )
+    return tuple((c.ep, c.etp) for c in candidates if expert_violation(model, c) is None)
 
 
 # ---------------------------------------------------------------- shardings
@@ -274,6 +280,8 @@ def shardings(
 ) -> tuple[list[Sharding], list[str]]:
     """What ``framework`` supports for this structure (the validator's sharding rules), and why it
     does not support the stages it does not (for the rejection log); each compiled as ``compiled``."""
+    if structure.etp is not None and framework is not Framework.MEGATRON:
+        return [], []  # expert tensor parallelism is Megatron's: the other frameworks search etp = tp
     ok, unsupported = _shardings(
         framework, structure.pp > 1, structure.dp * structure.cp > 1, offload, compiled
     )
@@ -358,6 +366,7 @@ def make_layout(
         pp=structure.pp,
         cp=structure.cp,
         ep=structure.ep,
+        etp=structure.etp,
         sequence_parallel=sp,
         zero_stage=sharding.zero_stage,
         offload_optimizer=sharding.offload_optimizer,

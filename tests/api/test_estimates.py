@@ -248,3 +248,27 @@ def test_torch_compile_is_estimated_for_fsdp_and_refused_where_it_is_not_modelle
         problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
         assert problem["errors"][0]["field"] == "layout.torch_compile", problem
         assert "torch_compile" in problem["detail"], problem["detail"]
+
+
+def test_expert_tensor_parallelism_is_megatrons_and_folds_ep_over_tp(client: TestClient) -> None:
+    # Mixtral on one node, TP 2 x DP 4: EP 8 is a valid expert grid only with the experts whole (etp 1)
+    megatron = {"framework": "megatron", "dp": 4, "tp": 2, "sequence_parallel": True, "zero_stage": 1}
+    payload = body(**megatron, ep=8, etp=1) | {"model": {"preset": "mixtral-8x7b"}}
+    folded = post(client, payload)
+    assert (folded["layout"]["ep"], folded["layout"]["etp"]) == (8, 1)
+    default = post(client, body(**megatron, ep=4) | {"model": {"preset": "mixtral-8x7b"}})
+    assert default["layout"]["etp"] is None
+    # one expert whole per GPU against half of two: the experts' parameters per GPU are equal
+    assert folded["memory"]["per_gpu"]["parameters"] == pytest.approx(
+        default["memory"]["per_gpu"]["parameters"], rel=1e-6
+    )
+    for layout, rule in (
+        (megatron | {"ep": 8}, "ep_dp"),  # etp = tp: 2 x 8 does not divide tp x dp = 8
+        ({"framework": "fsdp", "zero_stage": 3, "ep": 8, "etp": 1}, "etp_framework"),
+    ):
+        problem = assert_problem(
+            client.post("/v1/estimates", json=body(**layout) | {"model": {"preset": "mixtral-8x7b"}}), 422
+        )
+        assert problem["errors"][0]["rule"] == rule, problem
+    problem = assert_problem(client.post("/v1/estimates", json=body(etp=1)), 422)  # llama: no experts
+    assert problem["errors"][0]["field"] == "layout.etp", problem

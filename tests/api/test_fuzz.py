@@ -16,9 +16,10 @@ NUMBERS = st.one_of(
 VALUES = st.one_of(
     NUMBERS, st.booleans(), st.none(), st.text(max_size=12), st.lists(st.integers(), max_size=3)
 )
-LAYOUT_KEYS = ["framework", "dp", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch_size", "recompute",
-               "offload_optimizer", "offload_params", "virtual_pipeline_stages", "sequence_parallel",
-               "gradient_accumulation_steps", "chunked_loss", "torch_compile"]  # fmt: skip
+LAYOUT_KEYS = ["framework", "dp", "tp", "pp", "cp", "ep", "etp", "zero_stage", "micro_batch_size",
+               "recompute", "offload_optimizer", "offload_params", "virtual_pipeline_stages",
+               "sequence_parallel", "gradient_accumulation_steps", "chunked_loss",
+               "torch_compile"]  # fmt: skip
 TRAINING_KEYS = ["seq_len", "global_batch_size", "precision", "optimizer", "method", "lora_rank", "attention"]
 ENUMS = {
     "framework": ["deepspeed", "megatron", "fsdp"],

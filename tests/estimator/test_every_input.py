@@ -73,6 +73,8 @@ LAYOUT_CASES = [
     Case("pp", replace(MEGATRON, dp=2, tp=2, pp=2), replace(MEGATRON, dp=1, tp=2, pp=4)),
     Case("cp", replace(MEGATRON, dp=4), replace(MEGATRON, dp=2, cp=2)),
     Case("ep", replace(MEGATRON, dp=4), replace(MEGATRON, dp=4, ep=2), model=MOE),
+    Case("etp", replace(MEGATRON, dp=4, ep=4), replace(MEGATRON, dp=4, ep=4, etp=1), model=MOE),
+    Case("etp", FSDP, replace(FSDP, etp=1), model=MOE, refused=True),  # Megatron's option only
     Case("sequence_parallel", replace(MEGATRON, sequence_parallel=False), MEGATRON),
     Case("zero_stage", replace(DEEPSPEED, zero_stage=1), DEEPSPEED),
     Case("offload_optimizer", DEEPSPEED, replace(DEEPSPEED, offload_optimizer=Offload.CPU)),

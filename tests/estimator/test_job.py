@@ -147,9 +147,12 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
     steps = None
     if rng.random() < 0.25 and training.global_batch_size % (micro * dp) == 0:
         steps = training.global_batch_size // (micro * dp)
+    etp = None  # Megatron's experts over fewer ranks than tp (MoE parallel folding)
+    if spec.moe is not None and framework is Framework.MEGATRON and tp > 1 and rng.random() < 0.4:
+        etp = 1
     ep = 1
     if spec.moe is not None:
-        ep = rng.choice([e for e in (1, 2, 4, 8) if (dp * cp) % e == 0])
+        ep = rng.choice([e for e in (1, 2, 4, 8) if (dp * cp * tp // (etp or tp)) % e == 0])
     virtual = rng.choice((1, 2)) if pp > 1 else 1
     split, account = None, (False, False)
     if pp > 1 and rng.random() < 0.3:  # an explicit uneven split: every stage >= 1 layer
@@ -167,6 +170,7 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
         pp=pp,
         cp=cp,
         ep=ep,
+        etp=etp,
         sequence_parallel=rng.random() < 0.5,
         zero_stage=zero,
         offload_optimizer=offload_optimizer,
@@ -245,6 +249,7 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "pp": {1, 2, 4},
     "cp": {1, 2},
     "ep": {1, 2, 4, 8},
+    "etp": {None, 1},
     "sequence_parallel": {False, True},
     "zero_stage": {0, 1, 2, 3},
     "offload_optimizer": set(Offload),
@@ -430,7 +435,11 @@ def test_the_check_reports_a_part_whose_key_misses_a_field(monkeypatch: pytest.M
         "pipeline_account_for_embedding",
         "pipeline_account_for_loss",
     }
-    assert found == {"pipeline_depth": {"pp"}, "parameters_per_gpu": split | {"ep"}, "gpus": {"pp", "cp"}}
+    assert found == {
+        "pipeline_depth": {"pp"},
+        "parameters_per_gpu": split | {"ep", "etp"},
+        "gpus": {"pp", "cp"},
+    }
     # the memo really is wrong there: a hit from another pp returns the first one's value
     shared = make_job(*inputs)
     assert pipeline_depth(shared, layout) == 2

@@ -20,6 +20,7 @@ from service.estimator.model_states import (
     deepspeed_buckets,
     lora_parameters,
     moment_bytes,
+    shard_degrees,
     state_bytes,
 )
 from service.estimator.params import LayerKind
@@ -518,6 +519,15 @@ def test_moe_experts_shard_by_ep() -> None:
     four = rank_parameters(moe, Layout(dp=4, ep=4), 0)
     # 8 experts x 3 x 64 x 128 = 196608 per layer, 2 layers; ep 4 keeps a quarter.
     assert (one.expert, four.expert) == (2 * 196608, 2 * 196608 / 4)
+    # Megatron splits them over etp (default tp): tp 2 halves them again, etp 1 keeps them whole
+    megatron = Layout(framework=Framework.MEGATRON, dp=4, tp=2, ep=4, sequence_parallel=True, zero_stage=1)
+    split = rank_parameters(moe, megatron, 0)
+    whole = rank_parameters(moe, dataclasses.replace(megatron, ep=8, etp=1), 0)
+    assert (split.expert, whole.expert) == (2 * 196608 / 8, 2 * 196608 / 8)
+    assert rank_parameters(moe, dataclasses.replace(megatron, etp=1), 0).expert == 2 * 196608 / 4
+    # expert-dp = tp x dp x cp / (etp x ep): 8 / 8 = 1 with the folded layout, 8 / (2 x 4) = 1 by default
+    assert shard_degrees(dataclasses.replace(megatron, ep=4, etp=1), cluster(1)) == (4, 2)
+    assert shard_degrees(megatron, cluster(1)) == (4, 1)
 
 
 def test_deepspeed_buckets_follow_hidden_size_and_overlap_comm() -> None:

@@ -276,3 +276,22 @@ def test_hf_activation_formula_within_10_percent_of_measured(case: dict[str, Any
     for layers, measured in case["total_bytes"].items():
         assert estimates[layers] == pytest.approx(measured, rel=0.10), layers
     assert per_layer == pytest.approx(case["per_layer_bytes"], rel=0.10)
+
+
+@pytest.mark.parametrize(("ep", "etp"), [(2, None), (4, 2), (8, 1)])
+def test_megatron_formula_agrees_with_our_moe_states_under_expert_tensor_parallelism(
+    ep: int, etp: int | None
+) -> None:
+    # Megatron's compute_weight_and_optimizer_memory with its expert grid (etp x ep x expert-dp over
+    # tp x dp): the two methods must agree on the experts' share and the expert-dp their optimizer
+    # shards over, for the default etp = tp and for MoE parallel folding
+    from service.catalog.models import model as preset
+
+    mixtral = preset("mixtral-8x7b").spec
+    counts, training = parameter_counts(mixtral), TrainingSpec(seq_len=4096, global_batch_size=64)
+    lay = Layout(
+        framework=Framework.MEGATRON, dp=4, tp=2, ep=ep, etp=etp, sequence_parallel=True, zero_stage=1
+    )
+    s = states(mixtral, cluster(gpu("h100", 80 * GiB), 8), lay, training)
+    ref = megatron_weight_and_optimizer_bytes(counts, tp=2, pp=1, dp=4, ep=ep, etp=etp)
+    assert s.parameters + s.gradients + s.optimizer_states == pytest.approx(ref, rel=1e-12)

@@ -18,13 +18,15 @@ from service.estimator.job import make_job
 from service.estimator.params import parameter_counts, stage_parameter_counts
 from service.estimator.step_time import (
     cost,
+    expert_efficiency,
     gpu_parameters,
     step_base,
     step_parts,
     time_to_train_s,
+    tokens_per_expert,
     training_time_s,
 )
-from service.estimator.tuning import CurvePoint, Tuning
+from service.estimator.tuning import CurvePoint, Tuning, matmul_efficiency
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -410,6 +412,27 @@ def test_gpu_parameters_count_the_moe_layers_of_the_most_loaded_stage() -> None:
     assert on_gpu(every, Layout(dp=4, pp=2, ep=4)) == (top - 3 * per_layer) + 3 * per_layer / 4
 
 
+def test_expert_tensor_parallelism_keeps_expert_gemms_whole_on_fewer_rows() -> None:
+    # Megatron, tp 4 and SP, 8 experts top-2 of width 256 (h 64): by default (etp = tp) each expert's
+    # GEMMs are 64 / 4 = 16 wide and see the tp group's gathered tokens; with etp 1 they are whole
+    # (64 wide) and see each rank's sequence-parallel shard, a quarter of the rows.
+    moe = dataclasses.replace(gpt(4, 64, 4), moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=256))
+    training = dataclasses.replace(TINY_TRAINING, seq_len=1024, global_batch_size=8)
+    base = Layout(framework=Framework.MEGATRON, dp=2, tp=4, ep=2, sequence_parallel=True, zero_stage=1)
+    folded = dataclasses.replace(base, ep=8, etp=1)
+    j = job(moe, cluster(A100, 8, 25e9), training)
+    rows = {lay.expert_tp: tokens_per_expert(j, lay) for lay in (base, folded)}
+    assert rows == {4: 1024 * 2 * 2 / 8, 1: 1024 / 4 * 8 * 2 / 8}
+    tuning = j.tuning
+    for lay in (base, folded):
+        width = 64 / lay.expert_tp
+        assert expert_efficiency(j, lay) == matmul_efficiency(
+            tuning, j.cluster.gpu, width, rows[lay.expert_tp]
+        )
+    # the experts' GPU parameters: 8 experts / (ep 2 x etp 4) = 1 per GPU either way
+    assert gpu_parameters(j, base) == gpu_parameters(j, folded)
+
+
 # ---------------------------------------------------------------- published throughput cases
 
 
@@ -526,3 +549,24 @@ def test_compiling_shortens_the_step_by_the_eager_traffic_and_the_loss_it_fuses(
     eager, model_only, both = steps[Compile.NONE], steps[Compile.MODEL], steps[Compile.MODEL_AND_LOSS]
     assert eager.step_s > model_only.step_s > both.step_s
     assert eager.breakdown.compute_s - model_only.breakdown.compute_s > 0.03 * eager.step_s
+
+
+def test_moe_tp_collectives_follow_the_expert_grid() -> None:
+    # Megatron's alltoall dispatcher gathers the routed tokens (top_k = 2 per token) over the expert
+    # TP group: an MoE layer's MLP half costs 2x a dense one's with etp = tp, nothing with etp 1; the
+    # attention half is unchanged. All 4 layers MoE, no recompute: 2 x (4 + 4 x 2) collectives against
+    # 2 x (4 + 0), a ratio of 3.
+    moe = dataclasses.replace(gpt(4, 64, 4), moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=256))
+    training = dataclasses.replace(TINY_TRAINING, seq_len=1024, global_batch_size=8)
+    base = Layout(framework=Framework.MEGATRON, dp=4, tp=2, ep=2, sequence_parallel=True, zero_stage=1)
+    c = cluster(A100, 8, 25e9)
+    split = time(moe, c, base, training, tuning=default_tuning()).breakdown.tp_comm_s
+    whole = time(
+        moe, c, dataclasses.replace(base, etp=1), training, tuning=default_tuning()
+    ).breakdown.tp_comm_s
+    assert split == pytest.approx(3 * whole, rel=1e-12)
+    fsdp = Layout(framework=Framework.FSDP, dp=4, tp=2, ep=2, sequence_parallel=True, zero_stage=3)
+    dense = dataclasses.replace(moe, moe=None)
+    assert time(moe, c, fsdp, training, tuning=default_tuning()).breakdown.tp_comm_s == pytest.approx(
+        time(dense, c, fsdp, training, tuning=default_tuning()).breakdown.tp_comm_s, rel=1e-12
+    )  # torchtitan gathers before routing, as a dense MLP does

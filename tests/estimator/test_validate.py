@@ -253,6 +253,25 @@ def test_expert_rules() -> None:
     assert err.value.rule == "ep_dp"
 
 
+def test_expert_tensor_parallelism_folds_ep_into_tp() -> None:
+    # Megatron's expert grid etp x ep x expert-dp over tp x cp x dp: with etp 1, ep 8 fits dp 2 x tp 8
+    folded = Layout(
+        framework=Framework.MEGATRON, dp=2, tp=8, ep=8, etp=1, sequence_parallel=True, zero_stage=1
+    )
+    check(folded, model=MOE)
+    refusals = [
+        (dataclasses.replace(folded, etp=4), MOE, "ep_dp", "ep"),  # 4 x 8 does not divide 16
+        (dataclasses.replace(folded, sequence_parallel=False), MOE, "etp_sp", "etp"),
+        (dataclasses.replace(folded, ep=1), MODEL, "unused", "etp"),  # a dense model has no experts
+        (Layout(framework=Framework.FSDP, dp=16, ep=8, etp=1, zero_stage=3), MOE, "etp_framework", "etp"),
+        (dataclasses.replace(folded, etp=3, ep=1), MOE, "etp_width", "etp"),  # 14336 % 3
+    ]
+    for layout, model, rule, field in refusals:
+        with pytest.raises(InvalidLayout) as err:
+            check(layout, model=model)
+        assert (err.value.rule, err.value.field) == (rule, field), layout
+
+
 def test_precision_needs_hardware_support() -> None:
     v100 = dataclasses.replace(CLUSTER, gpu=V100)
     with pytest.raises(InvalidLayout) as err:

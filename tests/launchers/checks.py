@@ -76,8 +76,9 @@ MEGATRON_SWITCHES = {
 }  # fmt: skip
 MEGATRON_VALUED = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-    "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
-    "--num-virtual-stages-per-pipeline-rank", "--pipeline-model-parallel-layout",
+    "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--pipeline-model-parallel-layout",
     "--optimizer-offload-fraction", "--micro-batch-size", "--global-batch-size", "--train-iters",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--fp8-format",
     "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--num-layers", "--hidden-size",
@@ -257,6 +258,10 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
     assert not ("--fp16" in f and "--bf16" in f)
     if "--expert-model-parallel-size" in f:
         assert num("--num-experts", 0) % num("--expert-model-parallel-size") == 0
+    # parallel_state: the expert grid etp x ep x expert-dp covers a stage's tp x cp x dp ranks
+    etp, ep = num("--expert-tensor-parallel-size", tp), num("--expert-model-parallel-size")
+    assert (tp * cp * dp) % (etp * ep) == 0
+    assert (etp, ep) == (lo.expert_tp, lo.ep)
 
 
 def check_hostfile(text: str, plan: Plan) -> None:

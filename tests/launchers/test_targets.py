@@ -338,6 +338,20 @@ def test_megatron_renders_latent_attention_and_the_moe_layer_pattern() -> None:
     assert "--group-query-attention" not in args
 
 
+def test_megatron_renders_expert_tensor_parallelism_folded_into_the_stage() -> None:
+    # TP 2 x DP 4 = 8 ranks per stage hold EP 8 x ETP 1 (MoE parallel folding): ep > dp, valid only
+    # because the experts are not split over tp
+    folded = plan(model=DEEPSEEK_LIKE, framework=Framework.MEGATRON, zero_stage=1, tp=2,
+                  sequence_parallel=True, ep=8, etp=1)  # fmt: skip
+    f = _flag_values(megatron.megatron_args(folded))
+    assert (f["--expert-model-parallel-size"], f["--expert-tensor-parallel-size"]) == ("8", "1")
+    for artifact in megatron.render(folded):
+        checks.check_artifact(artifact, folded)
+    default = plan(model=DEEPSEEK_LIKE, framework=Framework.MEGATRON, zero_stage=1, tp=2,
+                   sequence_parallel=True, ep=4)  # fmt: skip
+    assert "--expert-tensor-parallel-size" not in megatron.megatron_args(default)  # Megatron's default: tp
+
+
 def test_megatron_refuses_what_its_gpt_model_cannot_build() -> None:
     windowed = replace(
         small_llama(),

@@ -146,6 +146,21 @@ def test_shardings_follow_the_capability_table() -> None:
     assert {sh.zero_stage for sh in fsdp if sh.offloads} == {3}
 
 
+def test_structures_fold_experts_over_tp_for_megatron_only() -> None:
+    # Mixtral (8 experts) on 16 GPUs: with etp 1 the experts spread over tp x dp x cp, so ep 8 is
+    # tried where dp x cp = 2 alone would allow ep 2 at most; only Megatron has that option
+    spec, c = model("mixtral-8x7b").spec, cluster(nodes=2)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    found = list(structures(spec, c, training, 16, RejectionLog()))
+    folded = [s for s in found if s.etp == 1]
+    assert folded and all(s.tp > 1 for s in folded)
+    assert any(s.ep > s.dp * s.cp for s in folded)
+    assert not any(s.ep > s.dp * s.cp for s in found if s.etp is None)
+    for framework in (Framework.FSDP, Framework.DEEPSPEED):
+        assert shardings(framework, folded[0], ANY_OFFLOAD) == ([], [])
+    assert shardings(Framework.MEGATRON, folded[0], ANY_OFFLOAD)[0]
+
+
 def test_interleaving_and_micro_batches() -> None:
     spec = model("llama-2-7b").spec  # 32 layers
     assert virtual_stages(spec, Framework.DEEPSPEED, 4) == (1,)

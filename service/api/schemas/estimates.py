@@ -20,6 +20,14 @@ class LayoutIn(Strict):
     pp: int = Field(default=1, ge=1, le=1024)
     cp: int = Field(default=1, ge=1, le=1024)
     ep: int = Field(default=1, ge=1, le=4096)
+    etp: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="megatron, MoE models: the routed experts' tensor-parallel degree "
+        "(--expert-tensor-parallel-size; etp x ep x expert-dp fold over tp x cp x dp, so ep may exceed "
+        "dp x cp when etp < tp); default: tp",
+    )
     sequence_parallel: bool = False
     zero_stage: Literal[0, 1, 2, 3] = 0
     offload_optimizer: Offload = Offload.NONE
