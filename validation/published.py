@@ -268,17 +268,26 @@ _REQUIRED_LAYOUT = (
 )
 _OP_SAC = re.compile(r"selective[ _]op|per[- ]op|selective_ac_option\s*=?\s*'op'")
 _LAYER_SAC = re.compile(r"selective[ _]layer|selective_ac_option\s*'?\d+'?")
+_LAYER_SAC_EVERY = re.compile(r"selective_ac_option\s*'?(\d+)'?")
 _MODULES = re.compile(r"recompute_modules\s*\[([^\]]*)\]")
 _NUM_LAYERS = re.compile(r"recompute[-_]num[-_]layers[\s=]+(\d+)")
 
 
-def recompute_of(layout: Mapping[str, Any]) -> tuple[Recompute, int | None]:
+class RecomputeOf(NamedTuple):
+    """A row's recompute as the service's layout fields."""
+
+    policy: Recompute
+    num_layers: int | None = None  # Layout.recompute_num_layers
+    every_n_layers: int | None = None  # Layout.recompute_every_n_layers
+
+
+def recompute_of(layout: Mapping[str, Any]) -> RecomputeOf:
     """The service's policy for the row's ``recompute`` + ``recompute_detail`` (see the module
     docstring); ``Unexpressible`` for a policy the service has no name for."""
     mode, detail = layout.get("recompute"), str(layout.get("recompute_detail") or "")
     framework = layout.get("framework")
     if mode == "none":
-        return Recompute.NONE, None
+        return RecomputeOf(Recompute.NONE)
     if mode == "unknown" or mode is None:
         raise Unexpressible("recompute not published")
     if mode == "selective":
@@ -290,22 +299,26 @@ def recompute_of(layout: Mapping[str, Any]) -> tuple[Recompute, int | None]:
                     f"Megatron selective recompute of {names}: the service's selective recomputes "
                     "core attention only"
                 )
-            return Recompute.SELECTIVE, None
+            return RecomputeOf(Recompute.SELECTIVE)
         if framework == "fsdp" and _OP_SAC.search(detail):
-            return Recompute.SELECTIVE_OP, None
+            return RecomputeOf(Recompute.SELECTIVE_OP)
         if framework == "fsdp" and _LAYER_SAC.search(detail):
-            raise Unexpressible(
-                "torchtitan selective layer AC (every N-th block checkpointed) has no service policy"
-            )
+            # torchtitan's selective layer AC: every N-th TransformerBlock fully checkpointed
+            every = _LAYER_SAC_EVERY.search(detail)
+            if every is None:
+                raise Unexpressible(
+                    f"torchtitan selective layer AC without its selective_ac_option ({detail})"
+                )
+            return RecomputeOf(Recompute.FULL, every_n_layers=int(every.group(1)))
         raise Unexpressible(f"{framework} selective recompute not identified ({detail or 'no detail'})")
     if mode == "full":
         n = _NUM_LAYERS.search(detail)
         if n is None:
-            return Recompute.FULL, None
+            return RecomputeOf(Recompute.FULL)
         if "block" in detail:
-            return Recompute.FULL, int(n.group(1))
+            return RecomputeOf(Recompute.FULL, num_layers=int(n.group(1)))
         if int(n.group(1)) == 1:
-            return Recompute.FULL, None
+            return RecomputeOf(Recompute.FULL)
         raise Unexpressible(f"full recompute of groups of {n.group(1)} layers (uniform method)")
     raise Unexpressible(f"recompute {mode!r} has no service counterpart")
 
@@ -361,7 +374,7 @@ def build_layout(row: Row, model: ModelSpec, caveats: list[str]) -> Layout:
         raise Unexpressible(f"not published: {', '.join(missing)}")
     if ly.get("framework") not in _FRAMEWORKS:
         raise Unexpressible(f"framework {ly.get('framework')!r} has no service counterpart")
-    recompute, recompute_layers = recompute_of(ly)
+    recompute = recompute_of(ly)
     accumulation = ly.get("gradient_accumulation_steps")
     switches = _switches(ly, caveats)
     try:
@@ -378,8 +391,9 @@ def build_layout(row: Row, model: ModelSpec, caveats: list[str]) -> Layout:
             virtual_pipeline_stages=int(ly["virtual_pipeline_stages"]),
             micro_batch_size=int(ly["micro_batch_size"]),
             gradient_accumulation_steps=None if accumulation is None else int(accumulation),
-            recompute=recompute,
-            recompute_num_layers=recompute_layers,
+            recompute=recompute.policy,
+            recompute_num_layers=recompute.num_layers,
+            recompute_every_n_layers=recompute.every_n_layers,
             activation_offload=bool(ly.get("activation_cpu_offload", False)),
             tp_comm_overlap=switches["tp_comm_overlap"],
             overlap_grad_reduce=switches["overlap_grad_reduce"],

@@ -491,10 +491,10 @@ class LayerActivations:
     loss_workspace: float  # loss_workspace_bytes (counted with the buffers)
 
 
-@layout_memo(*LAYER_FIELDS, "recompute", "recompute_num_layers", "chunked_loss")
+@layout_memo(*LAYER_FIELDS, "recompute", "recompute_num_layers", "recompute_every_n_layers", "chunked_loss")
 def layer_activations(job: Job, layout: Layout) -> LayerActivations:
     per_kind = kind_layer_bytes(job, layout, layout.recompute)
-    partial = layout.recompute_num_layers is not None
+    partial = layout.recomputes_some_layers
     kept = kind_layer_bytes(job, layout, Recompute.NONE) if partial else per_kind
     first_extra, last_extra = stage_extra_bytes(job, layout)
     return LayerActivations(

@@ -286,6 +286,7 @@ ACTIVATION_FIELDS = (
     "gradient_accumulation_steps",
     "recompute",
     "recompute_num_layers",
+    "recompute_every_n_layers",
     "activation_offload",
     "chunked_loss",
     "torch_compile",
@@ -303,7 +304,7 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     kinds = rank_kind_counts(job, layout)
     recomputed = (
         rank_recomputed_fractions(job.model.num_layers, layout)
-        if layout.recompute_num_layers is not None
+        if layout.recomputes_some_layers
         else (1.0,) * layout.pp
     )
     for rank in pipeline_ranks(job, layout):
@@ -323,7 +324,8 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     return tuple(out)
 
 
-@layout_memo(*activations.LAYER_FIELDS, *PIPELINE_FIELDS, "recompute", "recompute_num_layers", "chunked_loss",
+@layout_memo(*activations.LAYER_FIELDS, *PIPELINE_FIELDS, "recompute", "recompute_num_layers",
+             "recompute_every_n_layers", "chunked_loss",
              "activation_offload")  # fmt: skip
 def offloaded_activation_bytes(job: Job, layout: Layout) -> float:
     """Activation bytes one micro-batch sends to the host (and back) under activation offload, on the

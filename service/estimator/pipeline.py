@@ -98,11 +98,23 @@ def describe(num_layers: int, layout: Layout) -> str:
     return ", ".join(f"{layers}" if count == 1 else f"{layers} x {count}" for layers, count in runs)
 
 
+def rank_layer_counts(num_layers: int, layout: Layout) -> tuple[int, ...]:
+    """Decoder layers each pipeline rank holds (all of its virtual stages)."""
+    split = stage_layers(num_layers, layout)
+    return tuple(sum(split[rank :: layout.pp]) for rank in range(layout.pp))
+
+
 def rank_recomputed_fractions(num_layers: int, layout: Layout) -> tuple[float, ...]:
     """The fraction of each pipeline rank's layers that recompute: with ``recompute_num_layers`` N
-    the first N layers of each of its virtual stages (Megatron's block method, per model chunk),
-    else all of them (1.0; whether anything is recomputed is the layout's ``recompute``)."""
-    n = layout.recompute_num_layers
+    the first N layers of each of its virtual stages (Megatron's block method, per model chunk); with
+    ``recompute_every_n_layers`` N every N-th layer the rank builds (torchtitan's selective layer AC
+    counts the blocks it wraps, per process, and checkpoints those whose count % N == 0: floor(L/N)
+    of L); else all of them (1.0; whether anything is recomputed is the layout's ``recompute``)."""
+    n, every = layout.recompute_num_layers, layout.recompute_every_n_layers
+    if every is not None:
+        return tuple(
+            (layers // every) / layers if layers else 1.0 for layers in rank_layer_counts(num_layers, layout)
+        )
     if n is None:
         return (1.0,) * layout.pp
     split = stage_layers(num_layers, layout)
@@ -116,7 +128,9 @@ def rank_recomputed_fractions(num_layers: int, layout: Layout) -> tuple[float, .
 
 def recomputed_fraction(num_layers: int, layout: Layout) -> float:
     """The fraction of all the model's layers that recompute (``rank_recomputed_fractions``)."""
-    n = layout.recompute_num_layers
+    n, every = layout.recompute_num_layers, layout.recompute_every_n_layers
+    if every is not None:
+        return sum(layers // every for layers in rank_layer_counts(num_layers, layout)) / num_layers
     if n is None:
         return 1.0
     return sum(min(n, s) for s in stage_layers(num_layers, layout)) / num_layers

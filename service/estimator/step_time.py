@@ -601,9 +601,10 @@ def kind_recompute_flops(job: Job, kind: LayerKind, recompute: Recompute) -> int
     return flops.layer_recompute_flops(job.model, kind, job.training, recompute)
 
 
-@layout_memo(*PIPELINE_FIELDS, "recompute_num_layers")
+@layout_memo(*PIPELINE_FIELDS, "recompute_num_layers", "recompute_every_n_layers")
 def recomputed_share(job: Job, layout: Layout) -> float:
-    """The share of the slowest stage's layers that recompute (``recompute_num_layers``)."""
+    """The share of the slowest stage's layers that recompute (``recompute_num_layers``,
+    ``recompute_every_n_layers``)."""
     return rank_recomputed_fractions(job.model.num_layers, layout)[slowest_stage(job, layout)]
 
 
@@ -720,6 +721,7 @@ PARTS_FIELDS = (
     "virtual_pipeline_stages",
     "recompute",
     "recompute_num_layers",
+    "recompute_every_n_layers",
     "tp_comm_overlap",
 )
 

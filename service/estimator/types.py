@@ -491,6 +491,10 @@ class Layout:
     # the others keep every activation (Megatron --recompute-method block --recompute-num-layers N);
     # None: every layer.
     recompute_num_layers: int | None = None
+    # With recompute full: only every N-th decoder layer is checkpointed, the others keep every
+    # activation (torchtitan's selective layer AC, activation_checkpoint.selective_ac_option N, up to
+    # 0.2); None: every layer.
+    recompute_every_n_layers: int | None = None
     micro_batch_size: int = 1
     virtual_pipeline_stages: int = 1
     gradient_accumulation_steps: int | None = None  # derived: global = micro x accum x dp
@@ -521,6 +525,8 @@ class Layout:
             _require_positive(InvalidLayout, "gradient_accumulation_steps", self.gradient_accumulation_steps)
         if self.recompute_num_layers is not None:
             _require_positive(InvalidLayout, "recompute_num_layers", self.recompute_num_layers)
+        if self.recompute_every_n_layers is not None:
+            _require_positive(InvalidLayout, "recompute_every_n_layers", self.recompute_every_n_layers)
         if self.etp is not None:
             _require_positive(InvalidLayout, "etp", self.etp)
         if self.pipeline_layers is not None and any(layers < 0 for layers in self.pipeline_layers):
@@ -552,6 +558,11 @@ class Layout:
                 field="micro_batch_size",
             )
         return global_batch_size // per_step
+
+    @property
+    def recomputes_some_layers(self) -> bool:
+        """Only some layers recompute (``recompute_num_layers`` or ``recompute_every_n_layers``)."""
+        return self.recompute_num_layers is not None or self.recompute_every_n_layers is not None
 
     @property
     def expert_tp(self) -> int:

@@ -52,6 +52,7 @@ class Capabilities:
     activation_offload_needs_full_recompute: bool
     recompute_modes: frozenset[Recompute]  # the recompute policies the framework has
     partial_recompute: bool  # recompute_num_layers (only some layers of each stage)
+    layer_interval_recompute: bool  # recompute_every_n_layers (every N-th layer)
     torch_compile: str | None  # why the framework's compiled run is not modelled; None: it is
     source: str
 
@@ -75,6 +76,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # deepspeed.checkpointing / HF gradient checkpointing wrap whole decoder layers
             recompute_modes=frozenset({Recompute.NONE, Recompute.FULL}),
             partial_recompute=False,
+            layer_interval_recompute=False,
             torch_compile="DeepSpeed's compiled engine (engine.compile, DeepCompile) rewrites ZeRO's "
             "collectives into the graph: not modelled",
             source="deepspeedai/DeepSpeed runtime/zero/config.py, runtime/pipe/engine.py",
@@ -93,6 +95,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # --recompute-granularity selective|full, --recompute-method block --recompute-num-layers
             recompute_modes=frozenset({Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL}),
             partial_recompute=True,
+            layer_interval_recompute=False,  # --recompute-method uniform groups layers, skips none
             torch_compile="Megatron-LM has no torch.compile switch: its fused kernels are Transformer "
             "Engine's, already modelled",
             source="NVIDIA/Megatron-LM megatron/training/arguments.py validate_args",
@@ -111,6 +114,8 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # torchtitan activation_checkpoint full | selective (per op); accelerate/HF: whole layers
             recompute_modes=frozenset({Recompute.NONE, Recompute.SELECTIVE_OP, Recompute.FULL}),
             partial_recompute=False,
+            # torchtitan up to 0.2: activation_checkpoint.mode selective, selective_ac_option N
+            layer_interval_recompute=True,
             torch_compile=None,  # torchtitan --compile.enable; HF Trainer / accelerate over FSDP
             source="pytorch FSDP docs (ShardingStrategy, CPUOffload), torchtitan parallel_dims, torchtune",
         ),
@@ -454,6 +459,18 @@ def recompute_violation(model: ModelSpec, layout: Layout, caps: Capabilities) ->
         return _bad(
             f"{name} has no recompute {layout.recompute.value} (allowed {allowed})", "recompute", "recompute"
         )
+    every, field = layout.recompute_every_n_layers, "recompute_every_n_layers"
+    if every is not None:
+        if not caps.layer_interval_recompute:
+            return _bad(f"{name} cannot checkpoint every N-th layer only: {field} {every}", field, field)
+        if layout.recompute is not Recompute.FULL:
+            return _bad(f"{field} needs recompute full, got {layout.recompute.value}", field, field)
+        if every == 1:
+            return _bad(f"{field} 1 checkpoints every layer: that is recompute full", "unused", field)
+        most = max(pipeline.rank_layer_counts(model.num_layers, layout))
+        if every > most:
+            return _bad(f"{field} {every} > the {most} layers a pipeline rank holds at most: nothing would "
+                        "be checkpointed, that is recompute none", "unused", field)  # fmt: skip
     n, field = layout.recompute_num_layers, "recompute_num_layers"
     if n is None:
         return None

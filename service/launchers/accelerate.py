@@ -90,6 +90,8 @@ def _ds_config_artifact(plan: Plan) -> Artifact:
 
 def _fsdp(plan: Plan) -> dict[str, Any]:
     lo = plan.layout
+    if lo.recompute_every_n_layers is not None:
+        raise Unsupported(TARGET, "fsdp_activation_checkpointing wraps every decoder layer, not every N-th")
     if lo.zero_stage == 0:
         if lo.tp > 1 or lo.pp > 1 or lo.cp > 1:
             raise Unsupported(TARGET, "tp/pp/cp without sharding: Accelerate's MULTI_GPU is plain DDP")

@@ -60,6 +60,8 @@ def _check(plan: Plan) -> None:
         )
     if plan.training.precision is Precision.FP8:
         raise Unsupported(TARGET, "TrainingArguments has no fp8 switch; use the accelerate target")
+    if lo.recompute_every_n_layers is not None:
+        raise Unsupported(TARGET, "gradient checkpointing wraps every decoder layer, not every N-th")
     if lo.torch_compile is Compile.MODEL:
         raise Unsupported(
             TARGET,

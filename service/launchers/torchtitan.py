@@ -113,6 +113,11 @@ def _check(plan: Plan) -> Flavor:
         problems.append(
             f"ep={lo.ep} with tp={lo.tp}: torchtitan's EP would take the TP ranks from the experts"
         )
+    if lo.recompute_every_n_layers is not None:
+        problems.append(
+            f"recompute_every_n_layers {lo.recompute_every_n_layers}: torchtitan {VERSION} checkpoints every "
+            "block or none (its every-N-th-block selective AC, selective_ac_option, ended with 0.2)"
+        )
     if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
         problems.append("torchtitan offloads to CPU memory only")
     if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):

@@ -38,7 +38,9 @@ def primary_key(objective: Objective, gpus: int, tokens_per_s: float) -> tuple[f
 
 def recompute_words(layout: Layout) -> str:
     """The recompute policy: its name, and how many layers of each stage when not all."""
-    n = layout.recompute_num_layers
+    n, every = layout.recompute_num_layers, layout.recompute_every_n_layers
+    if every is not None:
+        return f"{layout.recompute.value} (every {every}th layer)"
     if n is None:
         return layout.recompute.value
     return f"{layout.recompute.value} ({n} layer{'s' if n > 1 else ''} of each stage)"

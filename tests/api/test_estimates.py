@@ -272,3 +272,18 @@ def test_expert_tensor_parallelism_is_megatrons_and_folds_ep_over_tp(client: Tes
         assert problem["errors"][0]["rule"] == rule, problem
     problem = assert_problem(client.post("/v1/estimates", json=body(etp=1)), 422)  # llama: no experts
     assert problem["errors"][0]["field"] == "layout.etp", problem
+
+
+def test_every_nth_layer_checkpointing_is_torchtitans(client: TestClient) -> None:
+    fsdp = {"framework": "fsdp", "zero_stage": 3, "recompute": "full"}
+    every = post(client, body(**fsdp, recompute_every_n_layers=2))
+    full = post(client, body(**fsdp))
+    assert every["layout"]["recompute_every_n_layers"] == 2
+    assert every["memory"]["per_gpu"]["activations"] > full["memory"]["per_gpu"]["activations"]
+    assert every["time"]["breakdown"]["recompute_s"] < full["time"]["breakdown"]["recompute_s"]
+    for layout in (
+        {"framework": "megatron", "zero_stage": 1, "recompute": "full", "recompute_every_n_layers": 2},
+        fsdp | {"recompute_every_n_layers": 1},  # every layer: that is recompute full
+    ):
+        problem = assert_problem(client.post("/v1/estimates", json=body(**layout)), 422)
+        assert problem["errors"][0]["field"] == "layout.recompute_every_n_layers", problem

@@ -89,6 +89,17 @@ LAYOUT_CASES = [
         replace(MEGATRON, recompute=Recompute.FULL),
         replace(MEGATRON, recompute=Recompute.FULL, recompute_num_layers=8),
     ),
+    Case(
+        "recompute_every_n_layers",
+        replace(FSDP, recompute=Recompute.FULL),
+        replace(FSDP, recompute=Recompute.FULL, recompute_every_n_layers=2),
+    ),
+    Case(  # torchtitan's option only
+        "recompute_every_n_layers",
+        replace(MEGATRON, recompute=Recompute.FULL),
+        replace(MEGATRON, recompute=Recompute.FULL, recompute_every_n_layers=2),
+        refused=True,
+    ),
     Case("micro_batch_size", MEGATRON, replace(MEGATRON, micro_batch_size=2)),
     Case(
         "virtual_pipeline_stages",

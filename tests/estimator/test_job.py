@@ -163,6 +163,9 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
     recompute = rng.choice(list(Recompute))
     # some layers of each stage (the validator refuses more than a stage holds)
     recompute_layers = rng.choice((1, 2, 3)) if recompute is Recompute.FULL and rng.random() < 0.4 else None
+    every = None  # torchtitan's every-N-th-layer AC, the other partial policy
+    if recompute is Recompute.FULL and recompute_layers is None and framework is Framework.FSDP:
+        every = rng.choice((None, 2, 3))
     return Layout(
         framework=framework,
         dp=dp,
@@ -177,6 +180,7 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
         offload_params=offload_params,
         recompute=recompute,
         recompute_num_layers=recompute_layers,
+        recompute_every_n_layers=every,
         micro_batch_size=micro,
         virtual_pipeline_stages=virtual,
         pipeline_layers=split,
@@ -256,6 +260,7 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "offload_params": set(Offload),
     "recompute": set(Recompute),
     "recompute_num_layers": {None, 1, 2, 3},
+    "recompute_every_n_layers": {None, 2, 3},
     "micro_batch_size": {1, 2, 4},
     "virtual_pipeline_stages": {1, 2},
     "gradient_accumulation_steps": {None, 1, 2, 4, 8},

@@ -19,6 +19,7 @@ from service.estimator.types import (
     Recompute,
     TrainingSpec,
 )
+from tests.estimator.helpers import job as _job
 from tests.estimator.helpers import memory, time
 from validation.cases import gpu_cluster
 
@@ -114,3 +115,36 @@ def test_fewer_recomputed_layers_cost_memory_and_save_time() -> None:
     full = time(LLAMA_8B, cluster, _megatron(None), training)
     no = time(LLAMA_8B, cluster, none, training)
     assert half.hfu * half.step_s == pytest.approx((no.hfu * no.step_s + full.hfu * full.step_s) / 2)
+
+
+def _torchtitan(every: int | None, pp: int = 1) -> Layout:
+    return Layout(
+        framework=Framework.FSDP, dp=8 // pp, pp=pp, zero_stage=3 if pp == 1 else 2,
+        recompute=Recompute.FULL, recompute_every_n_layers=every,
+    )  # fmt: skip
+
+
+def test_every_nth_layer_recomputes_floor_of_the_ranks_layers_over_n() -> None:
+    # torchtitan's selective layer AC counts the blocks it wraps (from 1) and checkpoints count % N == 0
+    assert pipeline.rank_recomputed_fractions(32, _torchtitan(3)) == (10 / 32,)
+    assert pipeline.recomputed_fraction(32, _torchtitan(3)) == 10 / 32
+    assert pipeline.rank_recomputed_fractions(32, _torchtitan(3, pp=2)) == (5 / 16, 5 / 16)
+    assert pipeline.rank_recomputed_fractions(32, _torchtitan(2, pp=2)) == (0.5, 0.5)
+
+
+def test_every_nth_layer_sits_between_no_recompute_and_full_in_memory_and_time() -> None:
+    # every 2nd layer: half the layers keep everything, half their input; half the recompute
+    cluster = gpu_cluster(H100, 8, 50e9)
+    training = TrainingSpec(seq_len=8192, global_batch_size=16)
+    full, half = _torchtitan(None), _torchtitan(2)
+    none = dataclasses.replace(full, recompute=Recompute.NONE)
+    mem = [memory(LLAMA_8B, cluster, lo, training).per_gpu.activations for lo in (none, half, full)]
+    assert mem == sorted(mem, reverse=True)
+    half_s, full_s = (time(LLAMA_8B, cluster, lo, training).breakdown.recompute_s for lo in (half, full))
+    assert half_s == pytest.approx(full_s / 2) and full_s > 0
+    # per layer, the even mix of a kept and a checkpointed layer (one micro-batch, pp 1)
+    j_half = activations.layer_activations(_job(LLAMA_8B, cluster, training), half)
+    kept, stored = j_half.kept_per_kind[DENSE], j_half.per_kind[DENSE]
+    assert activations.rank_micro_batch_bytes(j_half, ((DENSE, 32),), 0.5) == pytest.approx(
+        16 * kept + 16 * stored
+    )

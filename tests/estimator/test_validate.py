@@ -156,6 +156,26 @@ def test_moe_expert_parallel_passes() -> None:
             "recompute_num_layers",
             "recompute_num_layers",
         ),
+        (  # every N-th layer is torchtitan's (up to 0.2), with full recompute, N in 2..rank's layers
+            Layout(framework=Framework.MEGATRON, dp=16, recompute=Recompute.FULL, recompute_every_n_layers=2),
+            "recompute_every_n_layers",
+            "recompute_every_n_layers",
+        ),
+        (
+            Layout(framework=Framework.FSDP, dp=16, recompute=Recompute.NONE, recompute_every_n_layers=2),
+            "recompute_every_n_layers",
+            "recompute_every_n_layers",
+        ),
+        (
+            Layout(framework=Framework.FSDP, dp=16, recompute=Recompute.FULL, recompute_every_n_layers=1),
+            "unused",
+            "recompute_every_n_layers",
+        ),
+        (  # 32 layers: a 33rd is never reached
+            Layout(framework=Framework.FSDP, dp=16, recompute=Recompute.FULL, recompute_every_n_layers=33),
+            "unused",
+            "recompute_every_n_layers",
+        ),
         (  # 32 layers over pp 2 x v 2: 8 per virtual stage
             Layout(
                 framework=Framework.MEGATRON,

@@ -97,6 +97,17 @@ def test_megatron_block_recompute_renders_the_estimated_layers() -> None:
     assert (mlm["megatron_lm_recompute_method"], mlm["megatron_lm_recompute_num_layers"]) == ("block", 3)
 
 
+@pytest.mark.parametrize(
+    "render", [accelerate.accelerate_config, hf_trainer.training_arguments, torchtitan.train_args]
+)
+def test_every_nth_layer_checkpointing_is_refused_where_every_layer_checkpoints(render: Any) -> None:
+    # torchtitan 0.3 dropped selective_ac_option N; HF and accelerate wrap every decoder layer
+    every = plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3, recompute=Recompute.FULL,
+                 recompute_every_n_layers=2)  # fmt: skip
+    with pytest.raises(Unsupported, match="every"):
+        render(every)
+
+
 @pytest.mark.parametrize("render", [accelerate.accelerate_config, hf_trainer.training_arguments])
 def test_per_op_ac_is_refused_where_only_whole_layers_checkpoint(render: Any) -> None:
     with pytest.raises(Unsupported, match="per-op selective AC is torchtitan's"):

@@ -73,21 +73,24 @@ def test_torchtitan_recompute_mapping() -> None:
     assert op.recompute is Recompute.SELECTIVE_OP
     full = published.inputs(published.row_by_id("ttdoc-l3-70b-a100x64-fsdp-full")).layout
     assert full.recompute is Recompute.FULL and full.recompute_num_layers is None
-    with pytest.raises(published.Unexpressible, match="selective layer"):
-        published.inputs(published.row_by_id("ttdoc-l3-8b-a100x64-fsdp-sel-layer"))
+    # torchtitan's selective layer AC (selective_ac_option '2'): every 2nd block checkpointed
+    layer = published.inputs(published.row_by_id("ttdoc-l3-8b-a100x64-fsdp-sel-layer")).layout
+    assert (layer.recompute, layer.recompute_every_n_layers) == (Recompute.FULL, 2)
 
 
 def test_recompute_policies() -> None:
     megatron = {"framework": "megatron"}
-    assert published.recompute_of({**megatron, "recompute": "selective"}) == (Recompute.SELECTIVE, None)
+    assert published.recompute_of({**megatron, "recompute": "selective"}) == (Recompute.SELECTIVE, None, None)
     block = "--recompute-granularity full --recompute-method block --recompute-num-layers 3"
     assert published.recompute_of({**megatron, "recompute": "full", "recompute_detail": block}) == (
         Recompute.FULL,
         3,
+        None,
     )
     uniform = "--recompute-method uniform --recompute-num-layers 1"
     assert published.recompute_of({**megatron, "recompute": "full", "recompute_detail": uniform}) == (
         Recompute.FULL,
+        None,
         None,
     )
     with pytest.raises(published.Unexpressible, match="recompute not published"):

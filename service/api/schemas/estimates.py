@@ -45,6 +45,14 @@ class LayoutIn(Strict):
         description="with recompute full (Megatron): only the first N layers of each (virtual) pipeline "
         "stage recompute (--recompute-method block); default: every layer",
     )
+    recompute_every_n_layers: int | None = Field(
+        default=None,
+        ge=2,
+        le=100_000,
+        description="with recompute full (fsdp): only every N-th decoder layer is checkpointed, the others "
+        "keep every activation (torchtitan's selective layer AC, selective_ac_option N, up to 0.2; no "
+        "launcher renders it); default: every layer",
+    )
     micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
     virtual_pipeline_stages: int = Field(default=1, ge=1, le=1024)
     gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=1_000_000)
