@@ -185,7 +185,9 @@ def rationale(
         where = (
             "across nodes" if _spans_nodes(cluster, layout.ep, expert_stride(layout)) else "inside the node"
         )
-        split = f", each split over etp={layout.etp} ranks" if layout.etp is not None else ""
+        split = {None: "", 1: ", each expert whole (etp=1, not split over tp)"}.get(
+            layout.etp, f", each split over etp={layout.etp} ranks"
+        )
         lines.append(f"EP={layout.ep} {where}: each rank holds 1/{layout.ep} of the routed experts{split}")
     if layout.pp > 1:
         bubble = t.breakdown.pp_bubble_s / t.step_s

@@ -60,6 +60,10 @@ def check_claims(candidate: Candidate, c: ClusterSpec) -> None:
         assert f"v={lo.virtual_pipeline_stages}" in pp_line
     assert any(line.startswith(f"CP={lo.cp} ") for line in lines) == (lo.cp > 1)
     assert any(line.startswith(f"EP={lo.ep} ") for line in lines) == (lo.ep > 1)
+    if lo.ep > 1:
+        ep_line = next(line for line in lines if line.startswith("EP="))
+        assert ("across nodes" in ep_line) == _spans(lo.ep, lo.expert_tp, c.gpus_per_node)
+        assert ("each expert whole (etp=1" in ep_line) == (lo.etp == 1)
     for what, device in (("optimizer", lo.offload_optimizer), ("parameters", lo.offload_params)):
         assert (f"{what} offloaded to" in text) == (device is not Offload.NONE)
     if lo.zero_stage:
