@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,6 +242,31 @@ def _display(result: published.Result, value: float | None) -> str:
     return "—" if shown is None else number(round(shown, 4))
 
 
+TUNING_TOML = Path(__file__).parents[1] / "service" / "catalog" / "tuning.toml"
+
+
+def fitted_on_the_fit_half() -> list[str]:
+    """The catalog's tuning entries whose source says they were fitted on the fit half: a
+    ``[[peak_fraction.chip]]`` entry, or a ``name`` whose ``<stem>_source`` says so."""
+    tuning = tomllib.loads(TUNING_TOML.read_text())
+
+    def fitted(text: object) -> bool:
+        return isinstance(text, str) and text.lower().startswith("fitted on") and "fit half" in text
+
+    found = [
+        f"peak_fraction {chip['chip']} = {chip['fraction']}"
+        for chip in tuning["peak_fraction"]["chip"]
+        if fitted(chip["source"])
+    ]
+    for section, table in tuning.items():
+        for key, text in table.items() if isinstance(table, dict) else ():
+            if key.endswith("_source") and fitted(text):
+                stem = key.removesuffix("_source")
+                name = next(k for k in table if k.startswith(stem) and not k.endswith("source"))
+                found.append(f"{section}.{name} = {table[name]}")
+    return found
+
+
 def published_section() -> list[str]:
     """Published runs (``validation/data/published_runs.json``): each half and kind on its own
     row, every row, the rows the service cannot express by reason, and the acceptance targets.
@@ -262,6 +288,10 @@ def published_section() -> list[str]:
         "Ours: `estimate` with the catalog GPU and tuning; a row's caveats name what it sets that the "
         "service has no field for. These rows are reported, not gated: they do not change this "
         "command's exit status.",
+        "",
+        "Tuning numbers fitted on the fit half (their sources in `service/catalog/tuning.toml` say how): "
+        + "; ".join(fitted_on_the_fit_half())
+        + ". Nothing is fitted on the held-out half.",
         "",
     ]
     lines += table(
