@@ -58,6 +58,10 @@ def test_bad_capacity_requests(client: TestClient) -> None:
     problem = assert_problem(client.post("/v1/capacity", json=base | {"gpus": ["h100"]}), 422)
     assert problem["errors"][0]["field"] == "gpus.0"
     assert_problem(client.post("/v1/capacity", json=base | {"cluster_ids": ["missing"]}), 422)
+    # an empty id is refused at the edge (it once reached ClusterRef inside the handler: a 500)
+    for key in ("cluster_ids", "gpus"):
+        problem = assert_problem(client.post("/v1/capacity", json=base | {key: [""]}), 422)
+        assert problem["errors"][0]["field"] == f"{key}.0", problem
     assert_problem(client.post("/v1/capacity", json=base | {"gpus": ["l4-24gb"], "cluster_ids": ["x"]}), 422)
     assert_problem(client.post("/v1/capacity", json=base | {"gpu_hour_cost": -1.0}), 422)
 

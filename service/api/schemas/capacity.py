@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -17,9 +17,14 @@ class CapacityRequest(Strict):
 
     model: ModelRef
     training: TrainingIn
-    gpus: list[str] | None = Field(default=None, min_length=1, max_length=64, description="catalog GPU names")
-    cluster_ids: list[str] | None = Field(
-        default=None, min_length=1, max_length=64, description="stored clusters"
+    gpus: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        default=None, min_length=1, max_length=64, description="catalog GPU names"
+    )
+    cluster_ids: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="stored clusters (ids as ClusterRef takes them)",
     )
     gpus_per_node: int = Field(default=8, ge=1, le=64, description="node size for catalog GPUs")
     max_nodes: int = Field(default=1024, ge=1, le=100_000, description="largest count searched")
