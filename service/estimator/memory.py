@@ -113,12 +113,38 @@ def gathered_parameter_bytes(
     return (live + persistent + grads * largest) * sb.weights
 
 
-def pipeline_buffer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
-    # 1F1B keeps a received activation and a received gradient (b x s x h, 16-bit) per rank.
-    if layout.pp == 1:
-        return 0.0
+def stage_boundary_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """One micro-batch's hidden states between two pipeline stages (b x s x h / cp, 16-bit; SP keeps
+    the tp shard)."""
     d, t = activations.element_bytes(training.precision), activations.local_tokens(layout, training)
-    return 2 * d * t * model.hidden_size / (layout.tp if layout.sequence_parallel else 1)
+    return d * t * model.hidden_size / (layout.tp if layout.sequence_parallel else 1)
+
+
+def pipeline_buffer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    # Megatron's and DeepSpeed's 1F1B receive into a new tensor per transfer: a received activation
+    # (then the stage's input, counted with the activations) and a received gradient in flight.
+    # torch.distributed.pipelining (FSDP) allocates its buffers once: pipelining_buffer_bytes.
+    if layout.pp == 1 or layout.framework is Framework.FSDP:
+        return 0.0
+    return 2 * stage_boundary_bytes(model, layout, training)
+
+
+def pipelining_buffer_bytes(
+    model: ModelSpec, layout: Layout, training: TrainingSpec, rank: int, micro_batches: int, in_flight: float
+) -> float:
+    """torch.distributed.pipelining's receive buffers on pipeline rank ``rank`` (FSDP with pp > 1):
+    PipelineStage allocates, for every micro-batch of the schedule, a forward receive buffer on each
+    of its stages but the first and a gradient receive buffer on each but the last, once, and keeps
+    them (stage.py ``_setup_forward_recv_info`` / ``_create_grad_recv_info``, one per micro-batch
+    index). A forward buffer of an in-flight micro-batch is that micro-batch's stage input, already
+    counted with the activations (``in_flight`` micro-batches, ``micro_batches_in_flight``)."""
+    if layout.pp == 1 or layout.framework is not Framework.FSDP:
+        return 0.0
+    v = layout.virtual_pipeline_stages
+    receiving = v - (1 if rank == 0 else 0)  # the rank's stages r, r + pp, ...: stage 0 receives nothing
+    sending = v - (1 if rank == layout.pp - 1 else 0)  # the last stage gets no gradient
+    buffers = sending * micro_batches + receiving * max(0.0, micro_batches - in_flight)
+    return buffers * stage_boundary_bytes(model, layout, training)
 
 
 def dequantize_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
@@ -312,12 +338,13 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
         per_micro = activations.rank_micro_batch_bytes(layer, kinds[rank], recomputed[rank])
         total = activations.stage_activation_bytes(layout, layer, per_micro, rank, in_flight)
         on_gpu, on_host = activation_split(layout, layer, per_micro, total, in_flight)
+        received = pipelining_buffer_bytes(job.model, layout, job.training, rank, micro_batches, in_flight)
         out.append(
             RankActivations(
                 on_gpu=on_gpu,
                 on_gpu_bytes=math.ceil(on_gpu),
                 on_host=on_host,
-                buffers=last_rank if rank == layout.pp - 1 else every_rank,
+                buffers=(last_rank if rank == layout.pp - 1 else every_rank) + received,
                 fixed_overhead=fixed,
             )
         )
@@ -395,9 +422,15 @@ def _pipeline_note(job: Job, layout: Layout) -> str:
         counted = " and ".join(name for name, on in (("the embedding", embedding), ("the loss", loss)) if on)
         how = f" ({counted} counted as a layer)"
     ranks = ", ".join(str(rank) for rank in pipeline_ranks(job, layout))
+    buffers = (
+        "; torch.distributed.pipelining keeps a forward and a gradient receive buffer per micro-batch"
+        if layout.framework is Framework.FSDP
+        else ""
+    )
     return (
         f"pipeline: layers per stage {pipeline.describe(job.model.num_layers, layout)}{how}; ranks {ranks} "
-        "evaluated, the most loaded reported; in-flight micro-batches of the 1F1B / interleaved schedule"
+        "evaluated, the most loaded reported; in-flight micro-batches of the 1F1B / interleaved "
+        f"schedule{buffers}"
     )
 
 

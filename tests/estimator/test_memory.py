@@ -283,6 +283,31 @@ def test_interleaved_micro_batches_in_flight_are_capped_by_the_micro_batches() -
             assert held[0] <= activations.micro_batches_in_flight(lay, r - 1, p)  # later ranks hold fewer
 
 
+def test_torch_pipelining_keeps_a_receive_buffer_per_micro_batch() -> None:
+    # torch.distributed.pipelining allocates, per stage, a forward receive buffer for every micro-batch
+    # (not on stage 0) and a gradient receive buffer for every micro-batch (not on the last stage);
+    # a forward buffer of an in-flight micro-batch is its stage input, counted with the activations.
+    # Megatron receives into a new tensor per transfer: one activation and one gradient in flight.
+    from service.estimator.memory import pipeline_buffer_bytes, pipelining_buffer_bytes
+
+    training = TrainingSpec(seq_len=16, global_batch_size=8)
+    fsdp = Layout(framework=Framework.FSDP, pp=4, zero_stage=2, micro_batch_size=1)
+    one = 2 * 16 * TINY.hidden_size  # bf16, one micro-batch of 16 tokens
+
+    def held(rank: int, in_flight: float, layout: Layout = fsdp) -> float:
+        return pipelining_buffer_bytes(TINY, layout, training, rank, 8, in_flight) / one
+
+    assert held(0, 4) == 8  # gradients only
+    assert held(1, 3) == 8 + (8 - 3)  # + the forward buffers of the 5 micro-batches not in flight
+    assert held(3, 1) == 8 - 1 + 0  # no gradient buffers on the last stage; 7 forward ones idle
+    interleaved = dataclasses.replace(fsdp, virtual_pipeline_stages=2)  # rank 0 holds stages 0 and 4
+    assert held(0, 5.5, interleaved) == 2 * 8 + 1 * (8 - 5.5)
+    assert pipeline_buffer_bytes(TINY, fsdp, training) == 0
+    megatron = dataclasses.replace(fsdp, framework=Framework.MEGATRON, zero_stage=1)
+    assert pipeline_buffer_bytes(TINY, megatron, training) == 2 * one
+    assert pipelining_buffer_bytes(TINY, megatron, training, 1, 8, 3) == 0
+
+
 def test_interleaving_holds_no_more_than_all_micro_batches() -> None:
     # 8 layers, pp 4, v 2, 4 micro-batches: rank 0 holds all 4 micro-batches' activations of its
     # 2 layers (+ the embedding's), as without interleaving, not 5.5 of them.
