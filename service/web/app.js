@@ -88,10 +88,12 @@ const fmt = {
 function layoutText(layout) {
   const parts = [layout.framework];
   for (const key of ["dp", "tp", "pp", "cp", "ep"]) if ((layout[key] ?? 1) !== 1) parts.push(`${key}=${layout[key]}`);
+  if (layout.etp != null) parts.push(`etp=${layout.etp}`);
   parts.push(`zero=${layout.zero_stage}`);
   if ((layout.virtual_pipeline_stages ?? 1) > 1) parts.push(`vpp=${layout.virtual_pipeline_stages}`);
   parts.push(`micro=${layout.micro_batch_size}`);
   if (layout.recompute && layout.recompute !== "none") parts.push(`recompute=${layout.recompute}`);
+  if (layout.torch_compile && layout.torch_compile !== "none") parts.push(`compile=${layout.torch_compile}`);
   for (const key of ["offload_optimizer", "offload_params"]) if (layout[key] && layout[key] !== "none") parts.push(`${key}=${layout[key]}`);
   return parts.join(" ");
 }
