@@ -183,6 +183,10 @@ def _megatron(plan: Plan) -> dict[str, Any]:
         "megatron_lm_gradient_clipping": 1.0,
         "megatron_lm_recompute_activations": lo.recompute is Recompute.SELECTIVE,
     }
+    if plan.model.moe is not None:
+        # MegatronLMPlugin defaults expert_tensor_parallel_size to 1 (utils/dataclasses.py), not to tp
+        # as Megatron-LM does: always say which the estimate is of
+        mlm["megatron_lm_expert_tensor_parallel_size"] = lo.expert_tp
     if lo.pp > 1:
         mlm["megatron_lm_num_micro_batches"] = accumulation(plan)
     if lo.recompute is Recompute.FULL:

@@ -56,7 +56,8 @@ ACCELERATE_NESTED = {
     },
     "megatron_lm_config": {
         "megatron_lm_tp_degree", "megatron_lm_pp_degree", "megatron_lm_context_parallel_size",
-        "megatron_lm_expert_model_parallel_size", "megatron_lm_sequence_parallelism",
+        "megatron_lm_expert_model_parallel_size", "megatron_lm_expert_tensor_parallel_size",
+        "megatron_lm_sequence_parallelism",
         "megatron_lm_use_distributed_optimizer", "megatron_lm_gradient_clipping",
         "megatron_lm_recompute_activations", "megatron_lm_num_micro_batches",
         "megatron_lm_recompute_granularity", "megatron_lm_recompute_method",

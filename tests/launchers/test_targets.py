@@ -361,6 +361,12 @@ def test_megatron_renders_expert_tensor_parallelism_folded_into_the_stage() -> N
     default = plan(model=DEEPSEEK_LIKE, framework=Framework.MEGATRON, zero_stage=1, tp=2,
                    sequence_parallel=True, ep=4)  # fmt: skip
     assert "--expert-tensor-parallel-size" not in megatron.megatron_args(default)  # Megatron's default: tp
+    # Accelerate's MegatronLMPlugin defaults it to 1, not tp: its config always names the estimated one
+    for layout, etp in ((folded, 1), (default, 2)):
+        mlm = accelerate.accelerate_config(layout)["megatron_lm_config"]
+        assert mlm["megatron_lm_expert_tensor_parallel_size"] == etp
+    dense = accelerate.accelerate_config(plan(framework=Framework.MEGATRON, zero_stage=1, tp=2))
+    assert "megatron_lm_expert_tensor_parallel_size" not in dense["megatron_lm_config"]
 
 
 def test_megatron_refuses_what_its_gpt_model_cannot_build() -> None:
