@@ -289,9 +289,10 @@ def render(plan: Plan) -> list[Artifact]:
             f"partition_method={partition_method(plan)!r}) over [embedding, decoder layers, head] specs."
         )
     if plan.layout.ep > 1:
-        header += (
-            f"\n{TRAIN_SCRIPT} must build MoE layers as deepspeed.moe.layer.MoE(ep_size={plan.layout.ep})."
-        )
+        # the estimate splits the experts over tp as well; DeepSpeed's MoE replicates them by default
+        split = ", enable_expert_tensor_parallelism=True" if plan.layout.tp > 1 else ""
+        moe = f"deepspeed.moe.layer.MoE(ep_size={plan.layout.ep}{split})"
+        header += f"\n{TRAIN_SCRIPT} must build MoE layers as {moe}."
     if plan.training.precision is Precision.FP8:
         header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."
     header += peft_header(plan)

@@ -389,3 +389,14 @@ def test_megatron_trains_with_the_dropout_the_estimate_counted() -> None:
     gpt_like = replace(small_llama(), hidden_dropout=0.1, attention_dropout=0.1)
     f = _flag_values(megatron.megatron_args(plan(model=gpt_like, framework=Framework.MEGATRON)))
     assert (f["--hidden-dropout"], f["--attention-dropout"]) == ("0.1", "0.1")
+
+
+def test_deepspeed_moe_splits_the_experts_over_tp_as_estimated() -> None:
+    # DeepSpeed's MoE layer replicates the experts over the tensor-parallel group unless told to split
+    # them (enable_expert_tensor_parallelism=False by default); the estimate splits them over tp
+    def header(**layout: Any) -> str:
+        artifacts = deepspeed.render(plan(model=DEEPSEEK_LIKE, framework=Framework.DEEPSPEED, **layout))
+        return next(a.content for a in artifacts if a.name.endswith(".sh"))
+
+    assert "MoE(ep_size=4, enable_expert_tensor_parallelism=True)" in header(tp=2, ep=4, zero_stage=1)
+    assert "MoE(ep_size=8)." in header(ep=8, zero_stage=1)
