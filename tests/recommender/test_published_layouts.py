@@ -7,6 +7,7 @@ source measured several layouts of one job (Korthikanti Tables 4-5), our ranking
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -270,10 +271,16 @@ def test_published_uneven_pipelines_estimate() -> None:
 def test_405b_plan_on_16384_h100_is_as_fast_as_metas_layout() -> None:
     """Llama 3 paper Table 4: Llama-3.1-405B on 16,384 H100 (TP8 CP1 PP16 DP128, 8K sequences, 16M
     tokens per batch) at 400 TFLOP/s per GPU, 6.689 s a step (validation/data/published_runs.json,
-    llama3paper-t4-405b-h100x16384-tp8pp16dp128). The search, which now tries every pp, must find a
-    layout at least as fast, by our model, as the best we give Meta's degrees (the paper names no
-    schedule, micro-batch or recompute, so every one that fits), and within 10% of the measured
-    tokens/s."""
+    llama3paper-t4-405b-h100x16384-tp8pp16dp128). Meta's layout as §3.3.2 describes it: no
+    activation checkpointing ("we could pre-train Llama 3 on sequences of 8K tokens without
+    activation checkpointing"), and V = 8 virtual stages per rank, since "the first model chunk on the
+    first stage has only the embedding": 126 layers + embedding + loss = 128 units over 16 x V chunks
+    leaves a chunk of one unit only at V = 8. The search, which now tries every pp, must recommend a
+    layout within 10% of the tokens/s our model gives that layout, and within 10% of the measured
+    tokens/s. Megatron's memory for those degrees (full fp32 main gradients under ZeRO-1) does not fit
+    80 GB without recompute; Meta's FSDP sharded the gradients too and freed each stage's input and
+    output tensors early, so the layout's speed is compared whether or not it fits our Megatron
+    memory, as the paper says it ran."""
     from service.catalog.models import model
 
     spec = model("llama-3.1-405b").spec
@@ -283,18 +290,22 @@ def test_405b_plan_on_16384_h100_is_as_fast_as_metas_layout() -> None:
     plan = recommend(spec, cluster, training, Constraints(), tuning)
     assert plan.recommended is not None and plan.recommended.estimate.time is not None
     ours = plan.recommended.estimate.time.tokens_per_s
-    metas = []
+    metas_layout = Layout(
+        framework=Framework.MEGATRON, dp=128, tp=8, pp=16, sequence_parallel=True, zero_stage=1,
+        recompute=Recompute.NONE, virtual_pipeline_stages=8, tp_comm_overlap=True,
+        overlap_grad_reduce=True,
+    )  # fmt: skip
+    metas = estimate(spec, cluster, metas_layout, training, tuning=tuning)
+    assert any("layers per stage 0, 1 x 126, 0" in note for note in metas.assumptions)
+    assert metas.time is not None
+    assert abs(ours - metas.time.tokens_per_s) / metas.time.tokens_per_s <= 0.10
+    measured = 2048 * 8192 / 6.689
+    assert abs(metas.time.tokens_per_s - measured) / measured <= 0.10
+    assert abs(ours - measured) / measured <= 0.10
+    # and no layout of Meta's degrees that fits our Megatron memory (some recompute) beats the plan
     megatrons = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
     for virtual, recompute in itertools.product((1, 2, 4, 8), megatrons):
-        layout = Layout(
-            framework=Framework.MEGATRON, dp=128, tp=8, pp=16, sequence_parallel=True, zero_stage=1,
-            recompute=recompute, virtual_pipeline_stages=virtual, tp_comm_overlap=True,
-            overlap_grad_reduce=True,
-        )  # fmt: skip
+        layout = dataclasses.replace(metas_layout, recompute=recompute, virtual_pipeline_stages=virtual)
         est = estimate(spec, cluster, layout, training, tuning=tuning)
         if est.fits and est.time is not None:
-            metas.append(est.time.tokens_per_s)
-    assert metas, "Meta's degrees fit with some recompute"
-    assert ours >= 0.9 * max(metas)
-    measured = 2048 * 8192 / 6.689
-    assert abs(ours - measured) / measured <= 0.10
+            assert est.time.tokens_per_s <= ours * 1.01, (virtual, recompute)
