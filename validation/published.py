@@ -58,6 +58,7 @@ from service.estimator.types import (
     PositionEmbedding,
     Precision,
     Recompute,
+    RecomputeModule,
     TrainingSpec,
 )
 from service.estimator.validate import validate_layout
@@ -279,6 +280,7 @@ class RecomputeOf(NamedTuple):
     policy: Recompute
     num_layers: int | None = None  # Layout.recompute_num_layers
     every_n_layers: int | None = None  # Layout.recompute_every_n_layers
+    modules: tuple[RecomputeModule, ...] | None = None  # Layout.recompute_modules
 
 
 def recompute_of(layout: Mapping[str, Any]) -> RecomputeOf:
@@ -293,13 +295,13 @@ def recompute_of(layout: Mapping[str, Any]) -> RecomputeOf:
     if mode == "selective":
         if framework == "megatron":
             modules = _MODULES.search(detail)
-            names = re.findall(r"\w+", modules.group(1)) if modules else ["core_attn"]
-            if names != ["core_attn"]:
-                raise Unexpressible(
-                    f"Megatron selective recompute of {names}: the service's selective recomputes "
-                    "core attention only"
-                )
-            return RecomputeOf(Recompute.SELECTIVE)
+            if modules is None:
+                return RecomputeOf(Recompute.SELECTIVE)
+            names = re.findall(r"\w+", modules.group(1))
+            known = {module.value for module in RecomputeModule}
+            if not set(names) <= known:
+                raise Unexpressible(f"Megatron recompute_modules {names}: the service knows {sorted(known)}")
+            return RecomputeOf(Recompute.SELECTIVE, modules=tuple(RecomputeModule(name) for name in names))
         if framework == "fsdp" and _OP_SAC.search(detail):
             return RecomputeOf(Recompute.SELECTIVE_OP)
         if framework == "fsdp" and _LAYER_SAC.search(detail):
@@ -394,6 +396,7 @@ def build_layout(row: Row, model: ModelSpec, caveats: list[str]) -> Layout:
             recompute=recompute.policy,
             recompute_num_layers=recompute.num_layers,
             recompute_every_n_layers=recompute.every_n_layers,
+            recompute_modules=recompute.modules,
             activation_offload=bool(ly.get("activation_cpu_offload", False)),
             tp_comm_overlap=switches["tp_comm_overlap"],
             overlap_grad_reduce=switches["overlap_grad_reduce"],

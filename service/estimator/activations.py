@@ -34,6 +34,7 @@ from service.estimator.types import (
     Precision,
     QKNorm,
     Recompute,
+    RecomputeModule,
     TrainingSpec,
 )
 
@@ -133,17 +134,31 @@ def _probability_bytes(model: ModelSpec, d: int) -> int:
 MlpFn = Callable[[ModelSpec, Layout, TrainingSpec, int, float], Split]
 
 
-def _moe_mlp(model: ModelSpec, layout: Layout, training: TrainingSpec, mlp: MlpFn, tokens: float) -> Split:
+def _moe_mlp(
+    model: ModelSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    mlp: MlpFn,
+    tokens: float,
+    modules: frozenset[RecomputeModule] = frozenset(),
+) -> Split:
     # Balanced routing: each rank's experts see top_k x tokens (EP moves tokens, not their number).
     # Kept: the router's input and fp32 probabilities (T x E), routing indices, dispatched and
     # combined tokens (2 x top_k x T x h), each expert's MLP on its tokens, shared experts on all.
+    # Megatron's selective modules: moe keeps the block's input only, moe_act drops the experts'
+    # activation output (f of each routed token), shared_experts the shared MLP's.
     assert model.moe is not None
     moe, d, h = model.moe, element_bytes(training.precision), model.hidden_size
     routed = moe.top_k * tokens
-    router = mlp(model, layout, training, 0, tokens).replicated + FP32_BYTES * tokens * moe.num_experts
+    block_input = mlp(model, layout, training, 0, tokens).replicated
+    if RecomputeModule.MOE in modules:
+        return Split(block_input, 0.0)
+    router = block_input + FP32_BYTES * tokens * moe.num_experts
     sharded = mlp(model, layout, training, moe.expert_ffn_hidden_size, routed).sharded
+    if RecomputeModule.MOE_ACT in modules:
+        sharded -= d * routed * moe.expert_ffn_hidden_size
     sharded += 2 * d * routed * h + 4 * INDEX_BYTES * routed
-    if moe.num_shared_experts:
+    if moe.num_shared_experts and RecomputeModule.SHARED_EXPERTS not in modules:
         shared_ffn = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
         sharded += mlp(model, layout, training, shared_ffn, tokens).sharded
     return Split(router, sharded)
@@ -156,16 +171,32 @@ def _norms(model: ModelSpec, layout: Layout, training: TrainingSpec) -> Split:
 
 
 def megatron_layer_bytes(
-    model: ModelSpec, layout: Layout, training: TrainingSpec, moe_layer: bool, core: bool = True
+    model: ModelSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    moe_layer: bool,
+    modules: frozenset[RecomputeModule] = frozenset(),
 ) -> float:
-    """One transformer layer, one micro-batch; ``core`` False: attention's core is recomputed."""
-    t = local_tokens(layout, training)
-    mlp = (
-        _moe_mlp(model, layout, training, _megatron_mlp, t)
-        if moe_layer
-        else _megatron_mlp(model, layout, training, model.ffn_hidden_size, t)
-    )
-    split = _megatron_attention(model, layout, training, core) + mlp + _norms(model, layout, training)
+    """One transformer layer, one micro-batch, with Megatron's selective ``modules`` recomputed
+    (none: every activation kept)."""
+    t, d, h = local_tokens(layout, training), element_bytes(training.precision), model.hidden_size
+    core = RecomputeModule.CORE_ATTN not in modules
+    attention = _megatron_attention(model, layout, training, core)
+    if RecomputeModule.MLA_UP_PROJ in modules:
+        # the decompressed q, k and v are discarded after the core and rebuilt from the latents
+        attention += Split(0.0, -d * t * (model.q_size + 2 * model.kv_size))
+    norm_output = d * t * h  # what an unfused norm hands the next Linear (counted as its input)
+    if RecomputeModule.LAYERNORM in modules and model.mla is not None:
+        attention += Split(-norm_output, 0.0)
+    if moe_layer:
+        mlp = _moe_mlp(model, layout, training, _megatron_mlp, t, modules)
+        if RecomputeModule.LAYERNORM in modules:
+            mlp += Split(-norm_output, 0.0)  # the pre-MLP norm's output (the block's input)
+    elif RecomputeModule.MLP in modules:
+        mlp = Split(_hidden_mask(model) * t * h, 0.0)  # the MLP keeps nothing; its dropout mask stays
+    else:
+        mlp = _megatron_mlp(model, layout, training, model.ffn_hidden_size, t)
+    split = attention + mlp + _norms(model, layout, training)
     return split.per_rank(layout.tp, layout.sequence_parallel)
 
 
@@ -447,16 +478,18 @@ def layer_bytes(
         return d * t * model.hidden_size / (layout.tp if layout.sequence_parallel else 1)
     if recompute is Recompute.SELECTIVE_OP:
         return op_sac_layer_bytes(model, layout, training, moe_layer)
-    core = recompute is Recompute.NONE
     if layout.framework is Framework.MEGATRON:
-        return megatron_layer_bytes(model, layout, training, moe_layer, core)
+        chosen = layout.recompute_modules or (RecomputeModule.CORE_ATTN,)  # Megatron's default
+        modules = frozenset(chosen) if recompute is Recompute.SELECTIVE else frozenset()
+        return megatron_layer_bytes(model, layout, training, moe_layer, modules)
+    core = recompute is Recompute.NONE
     return hf_layer_bytes(model, layout, training, moe_layer, core, kind.attention)
 
 
 LAYER_FIELDS = ("framework", "torch_compile", "tp", "sequence_parallel", "cp", "micro_batch_size")
 
 
-@layout_memo(*LAYER_FIELDS)
+@layout_memo(*LAYER_FIELDS, "recompute_modules")
 def kind_layer_bytes(job: Job, layout: Layout, recompute: Recompute) -> dict[LayerKind, float]:
     """``layer_bytes`` of each layer kind of the job under ``recompute``."""
     model, training = job.model, job.training
@@ -491,7 +524,8 @@ class LayerActivations:
     loss_workspace: float  # loss_workspace_bytes (counted with the buffers)
 
 
-@layout_memo(*LAYER_FIELDS, "recompute", "recompute_num_layers", "recompute_every_n_layers", "chunked_loss")
+@layout_memo(*LAYER_FIELDS, "recompute", "recompute_num_layers", "recompute_every_n_layers",
+             "recompute_modules", "chunked_loss")  # fmt: skip
 def layer_activations(job: Job, layout: Layout) -> LayerActivations:
     per_kind = kind_layer_bytes(job, layout, layout.recompute)
     partial = layout.recomputes_some_layers

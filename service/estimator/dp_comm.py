@@ -49,7 +49,7 @@ from service.estimator.step_time import (
     tuned_link,
 )
 from service.estimator.tuning import dp_overlap_default
-from service.estimator.types import Framework, Layout, Method, ModelSpec, Recompute
+from service.estimator.types import Framework, Layout, Method, ModelSpec
 
 # ---------------------------------------------------------------- the frameworks' bucket sizes
 
@@ -305,8 +305,9 @@ def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) ->
     work = kind_core_work_flops(job, kind)
     forward = flops.layer_matmul_flops(model, kind.moe) + flops.lora_adapter_flops(model, kind.moe, training)
     backward = float(flops.layer_training_flops(model, kind, training) - forward - 3 * core)
-    recomputed = flops.layer_recompute_flops(model, kind, training, layout.recompute)
-    redone = 1.0 if layout.recompute in (Recompute.FULL, Recompute.SELECTIVE) else 0.0  # they redo the core
+    modules = layout.selective_modules
+    recomputed = flops.layer_recompute_flops(model, kind, training, layout.recompute, modules)
+    redone = 1.0 if layout.recomputes_core else 0.0  # full and selective core_attn redo the core
     share = recomputed_share(job, layout)
     backward += share * (recomputed - redone * core)
     seconds_per_flop = base.tokens / layout.tp / base.flops_per_s

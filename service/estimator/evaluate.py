@@ -180,7 +180,9 @@ def time_estimate(job: Job, layout: Layout) -> TimeEstimate:
     peak = st.peak_flops_per_s(job.cluster, training.precision)
     model_flops = flops.model_flops_per_step(model, training)
     recomputed = recomputed_fraction(model.num_layers, layout)
-    hardware_flops = flops.hardware_flops_per_step(model, training, layout.recompute, recomputed)
+    hardware_flops = flops.hardware_flops_per_step(
+        model, training, layout.recompute, recomputed, layout.selective_modules
+    )
     return TimeEstimate(
         breakdown=breakdown,
         tokens_per_s=training.tokens_per_step / step_s,

@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from service.estimator.params import LayerKind, layer_kind
-from service.estimator.types import AttentionKind, Method, ModelSpec, MoESpec, Recompute, TrainingSpec
+from service.estimator.types import (
+    AttentionKind,
+    Method,
+    ModelSpec,
+    MoESpec,
+    Recompute,
+    RecomputeModule,
+    TrainingSpec,
+)
 
 # ---------------------------------------------------------------- forward, per token
 
@@ -235,19 +243,42 @@ def logits_training_flops(model: ModelSpec, training: TrainingSpec) -> int:
 
 
 def layer_recompute_flops(
-    model: ModelSpec, kind: LayerKind, training: TrainingSpec, recompute: Recompute
+    model: ModelSpec,
+    kind: LayerKind,
+    training: TrainingSpec,
+    recompute: Recompute,
+    modules: frozenset[RecomputeModule] = frozenset({RecomputeModule.CORE_ATTN}),
 ) -> int:
-    """Extra forward FLOPs per token of one layer that recomputation adds."""
+    """Extra forward FLOPs per token of one layer that recomputation adds; ``modules``: what
+    Megatron's selective recompute checkpoints (its default, core_attn)."""
     # full: the whole layer forward again (Narayanan Eq. 3's 4th pass);
-    # selective: attention's QK^T and AV only (Korthikanti §5: "core attention");
+    # selective: the modules' forward (Korthikanti §5 "core attention": QK^T and AV);
     # selective_op: the matmuls per-op AC does not save (attention's output is saved)
     core = layer_core_flops(model, kind, training.seq_len)
     if recompute is Recompute.FULL:
         return layer_matmul_flops(model, kind.moe) + core + lora_adapter_flops(model, kind.moe, training)
     if recompute is Recompute.SELECTIVE:
-        return core
+        return sum(_module_forward_flops(model, kind, module, core) for module in modules)
     if recompute is Recompute.SELECTIVE_OP:
         return op_sac_recompute_flops(model, kind.moe)
+    return 0
+
+
+def _module_forward_flops(model: ModelSpec, kind: LayerKind, module: RecomputeModule, core: int) -> int:
+    # the matmuls a checkpointed Megatron module runs again; norms and activations are elementwise
+    moe = model.moe if kind.moe else None
+    if module is RecomputeModule.CORE_ATTN:
+        return core
+    if module is RecomputeModule.MLA_UP_PROJ and model.mla is not None:
+        mla, n = model.mla, model.num_attention_heads
+        q_up = 2 * mla.q_lora_rank * n * mla.qk_head_dim if mla.q_lora_rank is not None else 0
+        return q_up + 2 * mla.kv_lora_rank * n * (mla.qk_nope_head_dim + mla.v_head_dim)
+    if module is RecomputeModule.MLP and moe is None:
+        return mlp_flops(model, model.ffn_hidden_size)
+    if module is RecomputeModule.MOE and moe is not None:
+        return moe_flops(model, moe)
+    if module is RecomputeModule.SHARED_EXPERTS and moe is not None:
+        return moe.num_shared_experts * mlp_flops(model, moe.shared_expert_ffn_hidden_size)
     return 0
 
 
@@ -262,9 +293,11 @@ def model_flops_per_token(model: ModelSpec, training: TrainingSpec) -> int:
 
 
 @lru_cache(maxsize=1024)
-def recompute_flops_per_token(model: ModelSpec, training: TrainingSpec, recompute: Recompute) -> int:
+def recompute_flops_per_token(
+    model: ModelSpec, training: TrainingSpec, recompute: Recompute, modules: frozenset[RecomputeModule]
+) -> int:
     return sum(
-        layer_recompute_flops(model, layer_kind(model, i), training, recompute)
+        layer_recompute_flops(model, layer_kind(model, i), training, recompute, modules)
         for i in range(model.num_layers)
     )
 
@@ -275,9 +308,13 @@ def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> int:
 
 
 def hardware_flops_per_step(
-    model: ModelSpec, training: TrainingSpec, recompute: Recompute, recomputed_fraction: float = 1.0
+    model: ModelSpec,
+    training: TrainingSpec,
+    recompute: Recompute,
+    recomputed_fraction: float = 1.0,
+    modules: frozenset[RecomputeModule] = frozenset({RecomputeModule.CORE_ATTN}),
 ) -> float:
     """Model FLOPs plus the recomputed forward work (HFU numerator); ``recomputed_fraction`` of the
-    layers recompute (``pipeline.recomputed_fraction``)."""
-    recomputed = recomputed_fraction * recompute_flops_per_token(model, training, recompute)
+    layers recompute (``pipeline.recomputed_fraction``); ``modules``: Megatron's selective ones."""
+    recomputed = recomputed_fraction * recompute_flops_per_token(model, training, recompute, modules)
     return training.tokens_per_step * (model_flops_per_token(model, training) + recomputed)

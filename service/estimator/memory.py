@@ -313,6 +313,7 @@ ACTIVATION_FIELDS = (
     "recompute",
     "recompute_num_layers",
     "recompute_every_n_layers",
+    "recompute_modules",
     "activation_offload",
     "chunked_loss",
     "torch_compile",
@@ -352,7 +353,7 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
 
 
 @layout_memo(*activations.LAYER_FIELDS, *PIPELINE_FIELDS, "recompute", "recompute_num_layers",
-             "recompute_every_n_layers", "chunked_loss",
+             "recompute_every_n_layers", "recompute_modules", "chunked_loss",
              "activation_offload")  # fmt: skip
 def offloaded_activation_bytes(job: Job, layout: Layout) -> float:
     """Activation bytes one micro-batch sends to the host (and back) under activation offload, on the

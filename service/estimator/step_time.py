@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.estimator import comm, flops
+from service.estimator import activations, comm, flops
 from service.estimator.errors import InvalidTraining
 from service.estimator.job import (
     Job,
@@ -67,6 +67,7 @@ from service.estimator.types import (
     Optimizer,
     Precision,
     Recompute,
+    RecomputeModule,
     TrainingSpec,
 )
 
@@ -476,9 +477,8 @@ def unaligned_core_s(job: Job, layout: Layout, base: StepBase, passes_per_layer:
 def unaligned_core_step_s(job: Job, layout: Layout) -> float:
     """What an unaligned head_dim adds to the step: training passes plus the recomputed core."""
     base = step_base(job, layout)
-    # full and selective redo the core (per-op AC saves the attention op's output)
-    recomputed = 1.0 if layout.recompute in (Recompute.FULL, Recompute.SELECTIVE) else 0.0
-    recomputed *= recomputed_share(job, layout)
+    # full and selective core_attn redo the core (per-op AC saves the attention op's output)
+    recomputed = recomputed_share(job, layout) if layout.recomputes_core else 0.0
     return unaligned_core_s(job, layout, base, 3) + unaligned_core_s(job, layout, base, recomputed)
 
 
@@ -584,7 +584,7 @@ def recompute_stored_bytes(job: Job, layout: Layout, base: StepBase) -> float:
     recompute, training = layout.recompute, job.training
     if recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
         return base.stored_bytes
-    if recompute is Recompute.SELECTIVE and training.attention is Attention.EAGER:
+    if RecomputeModule.CORE_ATTN in layout.selective_modules and training.attention is Attention.EAGER:
         # the s x s softmax chain of every layer: 5 a s bytes per token (16-bit; 2 a s without attention
         # dropout), split over tp
         heads = job.model.num_attention_heads / layout.tp
@@ -595,10 +595,26 @@ def recompute_stored_bytes(job: Job, layout: Layout, base: StepBase) -> float:
     return 0.0
 
 
+def selective_modules_stored_bytes(job: Job, layout: Layout, base: StepBase) -> float:
+    """Activation bytes per token of the slowest stage that Megatron's selective modules other than
+    core_attn free, and their recomputed forward writes again once."""
+    modules = layout.selective_modules - {RecomputeModule.CORE_ATTN}
+    if not modules:
+        return 0.0
+    model, training = job.model, job.training
+    freed = 0.0
+    for kind, count in base.counts:
+        kept = activations.megatron_layer_bytes(model, layout, training, kind.moe, frozenset())
+        freed += count * (kept - activations.megatron_layer_bytes(model, layout, training, kind.moe, modules))
+    return freed / base.tokens
+
+
 @job_memo
-def kind_recompute_flops(job: Job, kind: LayerKind, recompute: Recompute) -> int:
+def kind_recompute_flops(
+    job: Job, kind: LayerKind, recompute: Recompute, modules: frozenset[RecomputeModule]
+) -> int:
     """``flops.layer_recompute_flops`` of a layer of ``kind``."""
-    return flops.layer_recompute_flops(job.model, kind, job.training, recompute)
+    return flops.layer_recompute_flops(job.model, kind, job.training, recompute, modules)
 
 
 @layout_memo(*PIPELINE_FIELDS, "recompute_num_layers", "recompute_every_n_layers")
@@ -614,14 +630,17 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     recompute = layout.recompute
     if recompute is Recompute.NONE:
         return 0.0
-    per_token = sum(count * kind_recompute_flops(job, kind, recompute) for kind, count in base.counts)
-    redone = 1.0 if recompute is not Recompute.SELECTIVE_OP else 0.0  # full and selective redo the core
+    modules = layout.selective_modules
+    per_token = sum_by_kind(base.counts, lambda kind: kind_recompute_flops(job, kind, recompute, modules))
+    redone = 1.0 if layout.recomputes_core else 0.0
     core = redone * base.core_flops
     passes = recompute_passes(job.tuning, recompute)
     memory_s = memory_bound_s(job, layout, base, passes, recompute_stored_bytes(job, layout, base))
+    memory_s += memory_bound_s(job, layout, base, 1.0, selective_modules_stored_bytes(job, layout, base))
     if recompute is Recompute.FULL:
         memory_s += dequantize_s(job, layout, base, 1)  # the recomputed forward dequantises again
-    routed = base.routed_flops if recompute is Recompute.FULL else 0  # the recomputed forward's experts
+    # the recomputed forward's experts (full, or Megatron's moe module)
+    routed = base.routed_flops if recompute is Recompute.FULL or RecomputeModule.MOE in modules else 0
     work_s = gemm_s(layout, base, per_token - core - routed, redone * base.core_work_flops, 0.0, routed)
     work_s += unaligned_core_s(job, layout, base, redone)
     share = recomputed_share(job, layout)
@@ -629,12 +648,17 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     return max(share * (work_s + memory_s), launch_floor_s(job, layout, base, relaunched))
 
 
-def recomputed_collectives(job: Job, layout: Layout) -> float:
-    """TP collectives per layer a recompute runs again: full recompute re-runs the forward's two;
-    per-op AC saves the reduce-scatters but not the all-gathers before attention and the MLP."""
-    if layout.recompute not in (Recompute.FULL, Recompute.SELECTIVE_OP):
-        return 0.0
-    return 2.0 * recomputed_share(job, layout)
+def recomputed_collectives(job: Job, layout: Layout) -> tuple[float, float, float]:
+    """TP collectives a recompute runs again in (attention, a dense MLP, an MoE block), per layer:
+    full recompute re-runs the forward's one each; per-op AC saves the reduce-scatters but not the
+    all-gathers before attention and the MLP. Megatron's selective mlp and moe modules re-run their
+    MLP's forward collectives; core_attn, mla_up_proj and the elementwise ones none."""
+    share = recomputed_share(job, layout)
+    if layout.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+        return share, share, share
+    modules = layout.selective_modules
+    dense = share if RecomputeModule.MLP in modules else 0.0
+    return 0.0, dense, share if RecomputeModule.MOE in modules else 0.0
 
 
 # ---------------------------------------------------------------- model-parallel communication
@@ -647,10 +671,11 @@ def tp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     # (Korthikanti §4.2.2); Narayanan §3.3: volume 8 b s h (t-1)/t per layer.
     if layout.tp == 1:
         return 0.0
-    half = 2 + recomputed_collectives(job, layout) / 2  # forward, backward (and recompute) of one half
+    attention, dense, moe = recomputed_collectives(job, layout)  # each half: forward, backward, recompute
     moe_layers = moe_layers_of(base.counts)
-    mlp_halves = (base.layers - moe_layers) + moe_layers * moe_mlp_tp_factor(job, layout)
-    collectives = half * (base.layers + mlp_halves)
+    moe_halves = moe_layers * moe_mlp_tp_factor(job, layout)
+    collectives = (2 + attention) * base.layers + (2 + dense) * (base.layers - moe_layers)
+    collectives += (2 + moe) * moe_halves
     total = base.micro_batches * collectives * base.tp_all_reduce_s
     return total * (1.0 - job.tuning.tp_overlap_hidden_fraction) if layout.tp_comm_overlap else total
 
@@ -692,8 +717,10 @@ def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     # each routed copy of a token (top_k of them) carries h values; SP splits tokens over tp
     tokens = base.tokens / (layout.tp if layout.sequence_parallel else 1)
     size_bytes = tokens * moe.top_k * job.model.hidden_size * activation_bytes(job.training.precision)
-    # full recompute dispatches and combines again; per-op AC saves all_to_all_single's outputs
-    collectives = 4 + (2.0 * recomputed_share(job, layout) if layout.recompute is Recompute.FULL else 0.0)
+    # full recompute (and Megatron's moe module) dispatches and combines again; per-op AC saves
+    # all_to_all_single's outputs
+    redispatched = layout.recompute is Recompute.FULL or RecomputeModule.MOE in layout.selective_modules
+    collectives = 4 + (2.0 * recomputed_share(job, layout) if redispatched else 0.0)
     one = comm.group_all_to_all_s(size_bytes, expert_link(job, layout))
     return base.micro_batches * moe_layers * collectives * one
 
@@ -722,6 +749,7 @@ PARTS_FIELDS = (
     "recompute",
     "recompute_num_layers",
     "recompute_every_n_layers",
+    "recompute_modules",
     "tp_comm_overlap",
 )
 

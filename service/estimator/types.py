@@ -452,6 +452,22 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
+class RecomputeModule(StrEnum):
+    """What Megatron-Core's selective recompute checkpoints (--recompute-modules; core 0.13+,
+    megatron/core/transformer/transformer_layer.py, multi_latent_attention.py, moe/moe_layer.py,
+    moe/experts.py)."""
+
+    CORE_ATTN = "core_attn"  # attention's core (the default): QK^T, softmax, AV
+    MLP = "mlp"  # a dense layer's whole MLP (MoE layers ignore it)
+    MOE = "moe"  # an MoE layer's whole MoE block: router, dispatch, experts, combine
+    MOE_ACT = "moe_act"  # the routed experts' activation function (its output is not kept)
+    SHARED_EXPERTS = "shared_experts"  # the shared experts' MLP
+    # the norms Transformer Engine does not fuse into the next Linear (IdentityOp otherwise): the
+    # MLA input norm and the MoE pre-MLP norm; their outputs are discarded and recomputed
+    LAYERNORM = "layernorm"
+    MLA_UP_PROJ = "mla_up_proj"  # MLA's q/kv up-projections and RoPE: the decompressed q, k, v
+
+
 class Compile(StrEnum):
     """What torch.compile (inductor) compiles: fused pointwise kernels (memory traffic, launches) and
     a compiled backward that recomputes inside one graph in the layers; a fused cross-entropy (no
@@ -495,6 +511,9 @@ class Layout:
     # activation (torchtitan's selective layer AC, activation_checkpoint.selective_ac_option N, up to
     # 0.2); None: every layer.
     recompute_every_n_layers: int | None = None
+    # With recompute selective (Megatron): the modules recomputed (--recompute-modules); None:
+    # Megatron's default, core_attn.
+    recompute_modules: tuple[RecomputeModule, ...] | None = None
     micro_batch_size: int = 1
     virtual_pipeline_stages: int = 1
     gradient_accumulation_steps: int | None = None  # derived: global = micro x accum x dp
@@ -529,6 +548,14 @@ class Layout:
             _require_positive(InvalidLayout, "recompute_every_n_layers", self.recompute_every_n_layers)
         if self.etp is not None:
             _require_positive(InvalidLayout, "etp", self.etp)
+        modules = self.recompute_modules
+        if modules is not None and (not modules or len(set(modules)) != len(modules)):
+            raise InvalidLayout(
+                "recompute_modules must name each module once, at least one; got "
+                f"{[module.value for module in modules]}",
+                rule="recompute_modules",
+                field="recompute_modules",
+            )
         if self.pipeline_layers is not None and any(layers < 0 for layers in self.pipeline_layers):
             raise InvalidLayout(
                 f"pipeline_layers must be >= 0 each, got {list(self.pipeline_layers)}",
@@ -563,6 +590,18 @@ class Layout:
     def recomputes_some_layers(self) -> bool:
         """Only some layers recompute (``recompute_num_layers`` or ``recompute_every_n_layers``)."""
         return self.recompute_num_layers is not None or self.recompute_every_n_layers is not None
+
+    @property
+    def selective_modules(self) -> frozenset[RecomputeModule]:
+        """The modules Megatron's selective recompute checkpoints; empty under any other policy."""
+        if self.recompute is not Recompute.SELECTIVE:
+            return frozenset()
+        return frozenset(self.recompute_modules or (RecomputeModule.CORE_ATTN,))
+
+    @property
+    def recomputes_core(self) -> bool:
+        """Attention's core is computed again in backward: full recompute, or selective with core_attn."""
+        return self.recompute is Recompute.FULL or RecomputeModule.CORE_ATTN in self.selective_modules
 
     @property
     def expert_tp(self) -> int:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from service.estimator import pipeline
+from service.estimator import params, pipeline
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
     Attention,
@@ -36,6 +36,7 @@ from service.estimator.types import (
     Offload,
     Precision,
     Recompute,
+    RecomputeModule,
     TrainingSpec,
 )
 
@@ -471,6 +472,9 @@ def recompute_violation(model: ModelSpec, layout: Layout, caps: Capabilities) ->
         if every > most:
             return _bad(f"{field} {every} > the {most} layers a pipeline rank holds at most: nothing would "
                         "be checkpointed, that is recompute none", "unused", field)  # fmt: skip
+    modules_bad = recompute_modules_violation(model, layout)
+    if modules_bad is not None:
+        return modules_bad
     n, field = layout.recompute_num_layers, "recompute_num_layers"
     if n is None:
         return None
@@ -485,6 +489,40 @@ def recompute_violation(model: ModelSpec, layout: Layout, caps: Capabilities) ->
             field,
             field,
         )
+    return None
+
+
+def recompute_modules_violation(model: ModelSpec, layout: Layout) -> Violation:
+    """Megatron's --recompute-modules go with selective recompute, and each must checkpoint
+    something in this model (Megatron skips a module it cannot apply, e.g. mlp on MoE layers)."""
+    field = "recompute_modules"
+    modules = layout.recompute_modules
+    if modules is None:
+        return None
+    if layout.recompute is not Recompute.SELECTIVE:
+        got = layout.recompute.value
+        return _bad(f"{field} needs recompute selective (Megatron), got {got}", field, field)
+    kinds = {params.is_moe_layer(model, index) for index in range(model.num_layers)}
+    moe, shared = model.moe is not None, model.moe is not None and model.moe.num_shared_experts > 0
+    # what each module needs in the model to act on (Megatron-Core transformer_layer.py, moe_layer.py)
+    needs = {
+        RecomputeModule.MLP: (False in kinds, "a dense (non-MoE) layer: Megatron ignores mlp on MoE layers"),
+        RecomputeModule.MOE: (moe, "an MoE layer"),
+        RecomputeModule.MOE_ACT: (moe, "an MoE layer"),
+        RecomputeModule.SHARED_EXPERTS: (shared, "shared experts"),
+        RecomputeModule.MLA_UP_PROJ: (model.mla is not None, "multi-latent attention"),
+        RecomputeModule.LAYERNORM: (
+            moe or model.mla is not None,
+            "a norm Transformer Engine leaves unfused (MLA's input norm, an MoE layer's pre-MLP norm); "
+            "the dense layer's norms are fused into the next Linear",
+        ),
+    }
+    for module in modules:
+        present, what = needs.get(module, (True, ""))
+        if not present:
+            return _bad(f"{field} {module.value} needs {what}; {model.name} has none", "unused", field)
+    if RecomputeModule.MOE in modules and RecomputeModule.MOE_ACT in modules:
+        return _bad(f"{field} moe already recomputes the experts' activation: drop moe_act", "unused", field)
     return None
 
 

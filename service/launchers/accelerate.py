@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from service.estimator.types import Compile, Framework, Offload, Plan, Precision, Recompute
+from service.estimator.types import Compile, Framework, Offload, Plan, Precision, Recompute, RecomputeModule
 from service.launchers import deepspeed
 from service.launchers.common import (
     MASTER_PORT,
@@ -173,6 +173,11 @@ def _megatron(plan: Plan) -> dict[str, Any]:
             "Accelerate's megatron_lm_config has no --tp-comm-overlap / --overlap-grad-reduce "
             "setting; use the megatron target",
         )
+    if lo.recompute_modules is not None and set(lo.recompute_modules) != {RecomputeModule.CORE_ATTN}:
+        # MegatronLMPlugin's recompute_activations sets selective granularity with Megatron's default
+        # modules (core_attn); the plugin has no field for --recompute-modules
+        modules = [module.value for module in lo.recompute_modules]
+        raise Unsupported(TARGET, f"recompute_modules {modules}: MegatronLMPlugin recomputes core_attn only")
     mlm: dict[str, Any] = {
         "megatron_lm_tp_degree": lo.tp,
         "megatron_lm_pp_degree": lo.pp,

@@ -193,6 +193,11 @@ def _model_args(plan: Plan) -> list[str]:
             "--num-experts", str(moe.num_experts),
             "--moe-router-topk", str(moe.top_k),
             "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size),
+            # the estimate's dispatch is the all-to-all (step_time.ep_comm_s; Megatron's default is
+            # allgather) over one grouped GEMM per rank's experts, as NVIDIA's recipes run them
+            # (moe_act recompute needs it too: TransformerConfig)
+            "--moe-token-dispatcher-type", "alltoall",
+            "--moe-grouped-gemm",
         ]  # fmt: skip
         if moe.num_shared_experts:
             shared = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
@@ -280,8 +285,11 @@ def pipeline_args(plan: Plan) -> list[str]:
 
 def _recompute_args(plan: Plan) -> list[str]:
     recompute = plan.layout.recompute
+    if recompute is Recompute.SELECTIVE and plan.layout.recompute_modules is not None:
+        modules = [module.value for module in plan.layout.recompute_modules]
+        return ["--recompute-granularity", "selective", "--recompute-modules", *modules]
     if recompute is Recompute.SELECTIVE:
-        return ["--recompute-granularity", "selective"]
+        return ["--recompute-granularity", "selective"]  # --recompute-modules' default: core_attn
     if recompute is Recompute.FULL and plan.layout.recompute_num_layers is not None:
         # The first N layers of each (virtual) stage keep only their input, the rest everything.
         n = str(plan.layout.recompute_num_layers)

@@ -39,6 +39,8 @@ def primary_key(objective: Objective, gpus: int, tokens_per_s: float) -> tuple[f
 def recompute_words(layout: Layout) -> str:
     """The recompute policy: its name, and how many layers of each stage when not all."""
     n, every = layout.recompute_num_layers, layout.recompute_every_n_layers
+    if layout.recompute_modules is not None:
+        return f"{layout.recompute.value} ({', '.join(module.value for module in layout.recompute_modules)})"
     if every is not None:
         return f"{layout.recompute.value} (every {every}th layer)"
     if n is None:

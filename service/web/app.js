@@ -92,7 +92,10 @@ function layoutText(layout) {
   parts.push(`zero=${layout.zero_stage}`);
   if ((layout.virtual_pipeline_stages ?? 1) > 1) parts.push(`vpp=${layout.virtual_pipeline_stages}`);
   parts.push(`micro=${layout.micro_batch_size}`);
-  if (layout.recompute && layout.recompute !== "none") parts.push(`recompute=${layout.recompute}`);
+  if (layout.recompute && layout.recompute !== "none") {
+    const modules = layout.recompute_modules ? `(${layout.recompute_modules.join(",")})` : "";
+    parts.push(`recompute=${layout.recompute}${modules}`);
+  }
   if (layout.torch_compile && layout.torch_compile !== "none") parts.push(`compile=${layout.torch_compile}`);
   for (const key of ["offload_optimizer", "offload_params"]) if (layout[key] && layout[key] !== "none") parts.push(`${key}=${layout[key]}`);
   return parts.join(" ");

@@ -287,3 +287,26 @@ def test_every_nth_layer_checkpointing_is_torchtitans(client: TestClient) -> Non
     ):
         problem = assert_problem(client.post("/v1/estimates", json=body(**layout)), 422)
         assert problem["errors"][0]["field"] == "layout.recompute_every_n_layers", problem
+
+
+def test_megatron_recompute_modules(client: TestClient) -> None:
+    megatron = {"framework": "megatron", "zero_stage": 1, "tp": 2, "dp": 4, "sequence_parallel": True,
+                "recompute": "selective"}  # fmt: skip
+    default = post(client, body(**megatron))
+    mlp = post(client, body(**megatron, recompute_modules=["core_attn", "mlp"]))
+    assert mlp["layout"]["recompute_modules"] == ["core_attn", "mlp"]
+    assert default["layout"]["recompute_modules"] is None
+    assert mlp["memory"]["per_gpu"]["activations"] < default["memory"]["per_gpu"]["activations"]
+    assert mlp["time"]["breakdown"]["recompute_s"] > default["time"]["breakdown"]["recompute_s"]
+    for layout, reason in (
+        (megatron | {"recompute_modules": ["moe"]}, "MoE"),  # llama-2-7b has no MoE block
+        (megatron | {"recompute": "full", "recompute_modules": ["mlp"]}, "selective"),
+        (megatron | {"recompute_modules": ["mlp", "mlp"]}, "once"),
+    ):
+        problem = assert_problem(client.post("/v1/estimates", json=body(**layout)), 422)
+        assert problem["errors"][0]["field"] == "layout.recompute_modules", problem
+        assert reason in problem["errors"][0]["message"] or reason in problem["detail"], problem
+    problem = assert_problem(
+        client.post("/v1/estimates", json=body(**megatron, recompute_modules=["mlp_fc1"])), 422
+    )
+    assert problem["errors"][0]["field"].startswith("layout.recompute_modules"), problem

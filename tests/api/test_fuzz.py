@@ -19,7 +19,7 @@ VALUES = st.one_of(
 LAYOUT_KEYS = ["framework", "dp", "tp", "pp", "cp", "ep", "etp", "zero_stage", "micro_batch_size",
                "recompute", "offload_optimizer", "offload_params", "virtual_pipeline_stages",
                "sequence_parallel", "gradient_accumulation_steps", "chunked_loss",
-               "torch_compile", "recompute_every_n_layers"]  # fmt: skip
+               "torch_compile", "recompute_every_n_layers", "recompute_modules"]  # fmt: skip
 TRAINING_KEYS = ["seq_len", "global_batch_size", "precision", "optimizer", "method", "lora_rank", "attention"]
 ENUMS = {
     "framework": ["deepspeed", "megatron", "fsdp"],
@@ -31,6 +31,7 @@ ENUMS = {
     "method": ["full", "lora", "qlora"],
     "attention": ["flash", "sdpa", "eager"],
     "torch_compile": ["none", "model", "model_and_loss"],
+    "recompute_modules": [["core_attn"], ["mlp"], ["moe", "moe_act"], ["moe"], [], ["mlp", "mlp"]],
 }
 
 

@@ -29,6 +29,7 @@ from service.estimator.types import (
     Optimizer,
     Precision,
     Recompute,
+    RecomputeModule,
     TrainingSpec,
 )
 from validation.cases import gpu_cluster
@@ -98,6 +99,32 @@ LAYOUT_CASES = [
         "recompute_every_n_layers",
         replace(MEGATRON, recompute=Recompute.FULL),
         replace(MEGATRON, recompute=Recompute.FULL, recompute_every_n_layers=2),
+        refused=True,
+    ),
+    Case(
+        "recompute_modules",
+        replace(MEGATRON, recompute=Recompute.SELECTIVE),
+        replace(MEGATRON, recompute=Recompute.SELECTIVE, recompute_modules=(RecomputeModule.MLP,)),
+    ),
+    *(
+        Case(
+            "recompute_modules",
+            replace(MEGATRON, dp=4, ep=4, recompute=Recompute.SELECTIVE),
+            replace(MEGATRON, dp=4, ep=4, recompute=Recompute.SELECTIVE, recompute_modules=(module,)),
+            model=MOE,
+        )
+        for module in (RecomputeModule.MOE, RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM)
+    ),
+    Case(  # a dense model has no MoE block (nor shared experts, nor MLA, nor an unfused norm)
+        "recompute_modules",
+        replace(MEGATRON, recompute=Recompute.SELECTIVE),
+        replace(MEGATRON, recompute=Recompute.SELECTIVE, recompute_modules=(RecomputeModule.MOE,)),
+        refused=True,
+    ),
+    Case(  # Megatron's selective policy only
+        "recompute_modules",
+        replace(MEGATRON, recompute=Recompute.FULL),
+        replace(MEGATRON, recompute=Recompute.FULL, recompute_modules=(RecomputeModule.CORE_ATTN,)),
         refused=True,
     ),
     Case("micro_batch_size", MEGATRON, replace(MEGATRON, micro_batch_size=2)),

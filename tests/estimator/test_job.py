@@ -62,6 +62,7 @@ from service.estimator.types import (
     PositionEmbedding,
     Precision,
     Recompute,
+    RecomputeModule,
     TrainingSpec,
 )
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, layout_violation
@@ -127,6 +128,16 @@ FP16_EAGER = TrainingSpec(
 # ---------------------------------------------------------------- a grid of valid layouts
 
 
+M = RecomputeModule
+RECOMPUTE_MODULE_SETS = (
+    (M.MLP,),
+    (M.CORE_ATTN, M.MLP),
+    (M.MOE,),
+    (M.MOE_ACT, M.LAYERNORM),
+    (M.CORE_ATTN, M.MOE),
+)
+
+
 def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: TrainingSpec) -> Layout | None:
     """A layout drawn over every field (often invalid: the caller validates it)."""
     tp, pp, cp = rng.choice((1, 2, 4, 8)), rng.choice((1, 2, 4)), rng.choice((1, 1, 2))
@@ -166,6 +177,9 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
     every = None  # torchtitan's every-N-th-layer AC, the other partial policy
     if recompute is Recompute.FULL and recompute_layers is None and framework is Framework.FSDP:
         every = rng.choice((None, 2, 3))
+    modules = None  # Megatron's selective modules (refused where the model lacks them)
+    if recompute is Recompute.SELECTIVE and rng.random() < 0.6:
+        modules = rng.choice(RECOMPUTE_MODULE_SETS)
     return Layout(
         framework=framework,
         dp=dp,
@@ -181,6 +195,7 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
         recompute=recompute,
         recompute_num_layers=recompute_layers,
         recompute_every_n_layers=every,
+        recompute_modules=modules,
         micro_batch_size=micro,
         virtual_pipeline_stages=virtual,
         pipeline_layers=split,
@@ -261,6 +276,7 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "recompute": set(Recompute),
     "recompute_num_layers": {None, 1, 2, 3},
     "recompute_every_n_layers": {None, 2, 3},
+    "recompute_modules": {None, *RECOMPUTE_MODULE_SETS},
     "micro_batch_size": {1, 2, 4},
     "virtual_pipeline_stages": {1, 2},
     "gradient_accumulation_steps": {None, 1, 2, 4, 8},
@@ -719,6 +735,9 @@ def _stage_layers(spec: ModelSpec, layout: Layout) -> Iterator[tuple[int, list[i
         yield rank, [i for chunk in chunks for i in chunk]
 
 
+MODULES = frozenset({RecomputeModule.CORE_ATTN, RecomputeModule.MLP, RecomputeModule.MOE})
+
+
 @pytest.mark.parametrize("name", [*sorted(models()), SPARSE_MOE.name])
 def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
     # The job computes per-layer FLOPs, recompute FLOPs, stored and saved activation bytes once per
@@ -749,8 +768,11 @@ def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
         counts = rank_kind_counts(job, staged)
         for recompute, (s, layers) in itertools.product(Recompute, _stage_layers(spec, staged)):
             assert sum(
-                count * step_time.kind_recompute_flops(job, kind, recompute) for kind, count in counts[s]
-            ) == sum(flops.layer_recompute_flops(spec, kinds[i], training, recompute) for i in layers)
+                count * step_time.kind_recompute_flops(job, kind, recompute, MODULES)
+                for kind, count in counts[s]
+            ) == sum(
+                flops.layer_recompute_flops(spec, kinds[i], training, recompute, MODULES) for i in layers
+            )
         stored = [
             sum(step_time.layer_stored_bytes(spec, staged, training, kinds[i]) for i in layers)
             for _, layers in _stage_layers(spec, staged)

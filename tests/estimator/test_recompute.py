@@ -16,7 +16,9 @@ from service.estimator.types import (
     Framework,
     Layout,
     ModelSpec,
+    MoESpec,
     Recompute,
+    RecomputeModule,
     TrainingSpec,
 )
 from tests.estimator.helpers import job as _job
@@ -147,4 +149,85 @@ def test_every_nth_layer_sits_between_no_recompute_and_full_in_memory_and_time()
     kept, stored = j_half.kept_per_kind[DENSE], j_half.per_kind[DENSE]
     assert activations.rank_micro_batch_bytes(j_half, ((DENSE, 32),), 0.5) == pytest.approx(
         16 * kept + 16 * stored
+    )
+
+
+# ---------------------------------------------------------------- Megatron's --recompute-modules
+
+TINY_MOE = dataclasses.replace(
+    TINY,
+    name="tiny-moe",
+    moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=8, num_shared_experts=1,
+                shared_expert_ffn_hidden_size=8),
+)  # fmt: skip
+M = RecomputeModule
+
+
+def _freed(model: ModelSpec, moe_layer: bool, *modules: RecomputeModule) -> float:
+    # what Megatron's selective modules free in one layer: 4 tokens, bf16, tp 1
+    training, layout = TrainingSpec(seq_len=4, global_batch_size=1), Layout(framework=Framework.MEGATRON)
+    kept = activations.megatron_layer_bytes(model, layout, training, moe_layer)
+    return kept - activations.megatron_layer_bytes(model, layout, training, moe_layer, frozenset(modules))
+
+
+def test_recompute_modules_free_their_activations_by_hand() -> None:
+    # core_attn: flash attention's fp32 logsumexp, 4 tokens x 2 heads x 4 bytes
+    assert _freed(TINY, False, M.CORE_ATTN) == 32
+    # mlp (dense): fc1's input 2 x 4 x 8 and its gate/up outputs and product 2 x 4 x (3 x 16)
+    assert _freed(TINY, False, M.MLP) == 64 + 384
+    # an MoE block of 4 tokens, top 2 of 4 experts (f 8) + 1 shared expert (f 8):
+    # router input 64 + fp32 probabilities 4 x 4 x 4, routed experts 2 x 8 x 24, dispatched and
+    # combined tokens 2 x 2 x 8 x 8, routing indices 4 x 8 x 8, shared expert 2 x 4 x 24
+    block = 64 + 64 + 384 + 256 + 256 + 192
+    assert _freed(TINY_MOE, True, M.MOE) == block - 64  # the block keeps its input only
+    assert _freed(TINY_MOE, True, M.MOE_ACT) == 2 * 8 * 8  # the routed experts' activation output
+    assert _freed(TINY_MOE, True, M.SHARED_EXPERTS) == 192
+    assert _freed(TINY_MOE, True, M.LAYERNORM) == 64  # the pre-MLP norm's output
+    assert _freed(TINY_MOE, True, M.MOE, M.LAYERNORM) == block  # the block's input too
+    assert _freed(TINY_MOE, False, M.MOE) == 0  # a dense layer of an MoE model has no MoE block
+
+
+def test_recompute_modules_run_their_forward_again_by_hand() -> None:
+    training = TrainingSpec(seq_len=4, global_batch_size=1)
+    moe, dense = LayerKind(moe=True), DENSE
+
+    def extra(model: ModelSpec, kind: LayerKind, *modules: RecomputeModule) -> int:
+        return flops.layer_recompute_flops(model, kind, training, Recompute.SELECTIVE, frozenset(modules))
+
+    core = flops.layer_core_flops(TINY, dense, 4)
+    assert extra(TINY, dense, M.CORE_ATTN) == core
+    assert extra(TINY, dense, M.MLP) == 2 * 3 * 8 * 16  # gate, up and down, 8 -> 16
+    assert extra(TINY, dense, M.CORE_ATTN, M.MLP) == core + 768
+    # routed 2 x 384 + shared 384 + router 2 x 8 x 4
+    assert extra(TINY_MOE, moe, M.MOE) == 768 + 384 + 64
+    assert extra(TINY_MOE, moe, M.SHARED_EXPERTS) == 384
+    assert extra(TINY_MOE, moe, M.MOE_ACT, M.LAYERNORM) == 0  # elementwise: memory-bound time only
+    assert extra(TINY_MOE, dense, M.MOE) == 0
+
+
+def test_more_recompute_modules_cost_time_and_save_memory() -> None:
+    cluster = gpu_cluster(H100, 8, 50e9)
+    training = TrainingSpec(seq_len=8192, global_batch_size=16)
+    base = Layout(framework=Framework.MEGATRON, dp=4, tp=2, sequence_parallel=True, zero_stage=1,
+                  recompute=Recompute.SELECTIVE)  # fmt: skip
+    mlp = dataclasses.replace(base, recompute_modules=(M.CORE_ATTN, M.MLP))
+    default, both = (time(LLAMA_8B, cluster, lo, training) for lo in (base, mlp))
+    assert both.breakdown.recompute_s > default.breakdown.recompute_s
+    assert both.breakdown.tp_comm_s > default.breakdown.tp_comm_s  # the MLP's forward collectives again
+    assert both.hfu * both.step_s > default.hfu * default.step_s  # its FLOPs count as hardware FLOPs
+    assert memory(LLAMA_8B, cluster, mlp, training).per_gpu.activations < (
+        memory(LLAMA_8B, cluster, base, training).per_gpu.activations
+    )
+    # explicit core_attn is Megatron's default
+    explicit = dataclasses.replace(base, recompute_modules=(M.CORE_ATTN,))
+    assert time(LLAMA_8B, cluster, explicit, training) == default
+    # an MoE block recomputed dispatches and combines again: 6 all-to-alls instead of 4
+    mixtral = preset("mixtral-8x7b").spec
+    moe_base = dataclasses.replace(base, ep=4, tp=1, dp=8, sequence_parallel=False)
+    moe = dataclasses.replace(moe_base, recompute_modules=(M.CORE_ATTN, M.MOE))
+    before, after = (time(mixtral, cluster, lo, training).breakdown for lo in (moe_base, moe))
+    assert after.ep_comm_s == pytest.approx(1.5 * before.ep_comm_s)
+    assert after.recompute_s > before.recompute_s
+    assert memory(mixtral, cluster, moe, training).per_gpu.activations < (
+        memory(mixtral, cluster, moe_base, training).per_gpu.activations
     )

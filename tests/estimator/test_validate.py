@@ -20,6 +20,7 @@ from service.estimator.types import (
     PeakFlops,
     Precision,
     Recompute,
+    RecomputeModule,
     TrainingSpec,
 )
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, validate_layout
@@ -327,3 +328,40 @@ def test_optimizer_in_backward_and_activation_offload_where_supported() -> None:
 def test_capabilities_cover_every_framework() -> None:
     assert set(FRAMEWORK_CAPABILITIES) == set(Framework)
     assert all(caps.source for caps in FRAMEWORK_CAPABILITIES.values())
+
+
+SELECTIVE = Layout(framework=Framework.MEGATRON, dp=16, recompute=Recompute.SELECTIVE)
+MODULE = RecomputeModule
+
+
+@pytest.mark.parametrize(
+    ("layout", "model", "words"),
+    [
+        (  # Megatron's selective policy only
+            dataclasses.replace(SELECTIVE, recompute=Recompute.FULL, recompute_modules=(MODULE.MLP,)),
+            MODEL,
+            "needs recompute selective",
+        ),
+        (dataclasses.replace(SELECTIVE, recompute_modules=(MODULE.MOE,)), MODEL, "moe needs an MoE layer"),
+        (dataclasses.replace(SELECTIVE, recompute_modules=(MODULE.MLP,)), MOE, "mlp needs a dense"),
+        (dataclasses.replace(SELECTIVE, recompute_modules=(MODULE.SHARED_EXPERTS,)), MOE, "shared experts"),
+        (dataclasses.replace(SELECTIVE, recompute_modules=(MODULE.MLA_UP_PROJ,)), MODEL, "multi-latent"),
+        (dataclasses.replace(SELECTIVE, recompute_modules=(MODULE.LAYERNORM,)), MODEL, "fused"),
+        (dataclasses.replace(SELECTIVE, recompute_modules=(MODULE.MOE, MODULE.MOE_ACT)), MOE, "drop moe_act"),
+    ],
+)
+def test_recompute_modules_that_act_on_nothing_are_refused(
+    layout: Layout, model: ModelSpec, words: str
+) -> None:
+    with pytest.raises(InvalidLayout, match=words) as err:
+        check(layout, model=model)
+    assert err.value.field == "recompute_modules"
+
+
+def test_recompute_modules_are_named_once() -> None:
+    with pytest.raises(InvalidLayout, match="each module once") as err:
+        Layout(recompute=Recompute.SELECTIVE, recompute_modules=(MODULE.MLP, MODULE.MLP))
+    assert err.value.field == "recompute_modules"
+    with pytest.raises(InvalidLayout, match="at least one"):
+        Layout(recompute=Recompute.SELECTIVE, recompute_modules=())
+    check(dataclasses.replace(SELECTIVE, recompute_modules=(MODULE.MOE_ACT, MODULE.LAYERNORM)), model=MOE)

@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from service.estimator.types import Plan, Recompute
+from service.estimator.types import Plan, Recompute, RecomputeModule
 from service.launchers import Artifact
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "schemas"
@@ -69,7 +69,7 @@ ACCELERATE_NESTED = {
 MEGATRON_SWITCHES = {
     "--sequence-parallel", "--tp-comm-overlap", "--use-distributed-optimizer",
     "--overlap-grad-reduce", "--overlap-param-gather", "--optimizer-cpu-offload",
-    "--use-precision-aware-optimizer",
+    "--use-precision-aware-optimizer", "--moe-grouped-gemm",
     "--bf16", "--fp16", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--mock-data",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
@@ -90,8 +90,20 @@ MEGATRON_VALUED = {
     "--lr-decay-style", "--clip-grad", "--weight-decay", "--adam-beta1", "--adam-beta2", "--adam-eps",
     "--log-interval", "--eval-interval", "--eval-iters",
     "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
-    "--v-head-dim", "--hidden-dropout", "--attention-dropout",
+    "--v-head-dim", "--hidden-dropout", "--attention-dropout", "--moe-token-dispatcher-type",
 }  # fmt: skip
+# flags that take a list (nargs="*"), kept space-joined, and the values Megatron-Core allows
+MEGATRON_LISTS = {
+    "--recompute-modules": {
+        "core_attn",
+        "moe_act",
+        "layernorm",
+        "mla_up_proj",
+        "mlp",
+        "moe",
+        "shared_experts",
+    },
+}
 MEGATRON_FORBIDDEN = {"--batch-size", "--warmup", "--model-parallel-size", "--checkpoint-activations"}
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it: 10x faster
@@ -157,6 +169,14 @@ def megatron_flags(words: list[str]) -> dict[str, str | None]:
         if flag in MEGATRON_SWITCHES:
             flags[flag] = None
             i += 1
+        elif flag in MEGATRON_LISTS:
+            assert flag not in flags, f"{flag} given twice"
+            end = i + 1
+            while end < len(words) and not words[end].startswith("--"):
+                assert words[end] in MEGATRON_LISTS[flag], f"{flag}: {words[end]} is not a choice"
+                end += 1
+            flags[flag] = " ".join(words[i + 1 : end])
+            i = end
         else:
             assert flag in MEGATRON_VALUED, f"not a canonical Megatron-LM flag: {flag}"
             assert flag not in flags, f"{flag} given twice"
@@ -252,6 +272,14 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
             )
     else:
         assert "--recompute-method" not in f and "--recompute-num-layers" not in f
+    modules = (f.get("--recompute-modules") or "core_attn").split()  # TransformerConfig's default
+    if granularity == "selective":
+        assert modules == [m.value for m in (lo.recompute_modules or (RecomputeModule.CORE_ATTN,))]
+        # TransformerConfig.__post_init__
+        assert "moe_act" not in modules or "--moe-grouped-gemm" in f
+        assert "mla_up_proj" not in modules or "--multi-latent-attention" in f
+    else:
+        assert "--recompute-modules" not in f
     if "--overlap-param-gather" in f:
         assert "--use-distributed-optimizer" in f and "--overlap-grad-reduce" in f
     if "--optimizer-cpu-offload" in f:

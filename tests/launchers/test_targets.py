@@ -18,6 +18,7 @@ from service.estimator.types import (
     Offload,
     QKNorm,
     Recompute,
+    RecomputeModule,
 )
 from service.launchers import (
     Target,
@@ -400,3 +401,23 @@ def test_deepspeed_moe_splits_the_experts_over_tp_as_estimated() -> None:
 
     assert "MoE(ep_size=4, enable_expert_tensor_parallelism=True)" in header(tp=2, ep=4, zero_stage=1)
     assert "MoE(ep_size=8)." in header(ep=8, zero_stage=1)
+
+
+def test_megatron_renders_the_estimated_recompute_modules() -> None:
+    # DeepSeek-V3's H100 recipe (Megatron-Bridge run_script.py): selective mla_up_proj + mlp
+    modules = (RecomputeModule.MLA_UP_PROJ, RecomputeModule.MLP, RecomputeModule.MOE_ACT)
+    chosen = plan(model=DEEPSEEK_LIKE, framework=Framework.MEGATRON, zero_stage=1, ep=4,
+                  recompute=Recompute.SELECTIVE, recompute_modules=modules)  # fmt: skip
+    args = megatron.megatron_args(chosen)
+    at = args.index("--recompute-modules")
+    assert args[at - 2 : at + 4] == ["--recompute-granularity", "selective", "--recompute-modules",
+                                     "mla_up_proj", "mlp", "moe_act"]  # fmt: skip
+    assert "--moe-grouped-gemm" in args  # moe_act needs it (TransformerConfig)
+    for artifact in megatron.render(chosen):
+        checks.check_artifact(artifact, chosen)
+    # Megatron's default (core_attn) is left to Megatron
+    default = plan(framework=Framework.MEGATRON, zero_stage=1, recompute=Recompute.SELECTIVE)
+    assert "--recompute-modules" not in megatron.megatron_args(default)
+    # MegatronLMPlugin has recompute_activations (core_attn) only
+    with pytest.raises(Unsupported, match="recompute_modules"):
+        accelerate.accelerate_config(chosen)

@@ -94,3 +94,15 @@ def test_idle_gpus_are_explained() -> None:
     )
     assert fewest.recommended is not None
     assert any("prefers fewer" in line for line in fewest.recommended.rationale)
+
+
+def test_a_layout_line_names_megatrons_recompute_modules() -> None:
+    from service.estimator.types import Framework, Recompute, RecomputeModule
+    from service.recommender.rank import describe
+
+    modules = (RecomputeModule.CORE_ATTN, RecomputeModule.MLP)
+    layout = Layout(framework=Framework.MEGATRON, recompute=Recompute.SELECTIVE, recompute_modules=modules)
+    assert "recompute=selective (core_attn, mlp)" in describe(layout)
+    assert "recompute=selective " in describe(
+        Layout(framework=Framework.MEGATRON, recompute=Recompute.SELECTIVE)
+    )

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from service.estimator.types import Compile, Framework, Precision, Recompute
+from service.estimator.types import Compile, Framework, Precision, Recompute, RecomputeModule
 from validation import published
 
 ROWS = published.load_rows()
@@ -80,11 +80,17 @@ def test_torchtitan_recompute_mapping() -> None:
 
 def test_recompute_policies() -> None:
     megatron = {"framework": "megatron"}
-    assert published.recompute_of({**megatron, "recompute": "selective"}) == (Recompute.SELECTIVE, None, None)
+    assert published.recompute_of({**megatron, "recompute": "selective"}) == (
+        Recompute.SELECTIVE,
+        None,
+        None,
+        None,
+    )
     block = "--recompute-granularity full --recompute-method block --recompute-num-layers 3"
     assert published.recompute_of({**megatron, "recompute": "full", "recompute_detail": block}) == (
         Recompute.FULL,
         3,
+        None,
         None,
     )
     uniform = "--recompute-method uniform --recompute-num-layers 1"
@@ -92,12 +98,20 @@ def test_recompute_policies() -> None:
         Recompute.FULL,
         None,
         None,
+        None,
     )
     with pytest.raises(published.Unexpressible, match="recompute not published"):
         published.recompute_of({**megatron, "recompute": "unknown"})
-    with pytest.raises(published.Unexpressible, match="mla_up_proj"):
+    modules = "megatron selective, recompute_modules ['mla_up_proj', 'mlp'] (run_script.py)"
+    assert published.recompute_of({**megatron, "recompute": "selective", "recompute_detail": modules}) == (
+        Recompute.SELECTIVE,
+        None,
+        None,
+        (RecomputeModule.MLA_UP_PROJ, RecomputeModule.MLP),
+    )
+    with pytest.raises(published.Unexpressible, match="recompute_modules"):
         published.recompute_of(
-            {**megatron, "recompute": "selective", "recompute_detail": "recompute_modules ['mla_up_proj']"}
+            {**megatron, "recompute": "selective", "recompute_detail": "recompute_modules ['mlp_fc1']"}
         )
 
 

@@ -10,7 +10,8 @@ from service.api.schemas.clusters import ClusterChoice
 from service.api.schemas.common import Strict
 from service.api.schemas.models import ModelRef
 from service.api.schemas.training import TrainingIn
-from service.estimator.types import Compile, Framework, Layout, Offload, Recompute
+from service.estimator.errors import InvalidLayout
+from service.estimator.types import Compile, Framework, Layout, Offload, Recompute, RecomputeModule
 
 
 class LayoutIn(Strict):
@@ -34,7 +35,8 @@ class LayoutIn(Strict):
     offload_params: Offload = Offload.NONE
     recompute: Recompute = Field(
         default=Recompute.NONE,
-        description="selective: Megatron's core-attention recompute; selective_op: torchtitan's per-op AC "
+        description="selective: Megatron's selective recompute (recompute_modules, core attention by "
+        "default); selective_op: torchtitan's per-op AC "
         "(matmul and attention outputs saved, every second matmul recomputed); full: each layer keeps its "
         "input (every framework's layer checkpointing)",
     )
@@ -52,6 +54,15 @@ class LayoutIn(Strict):
         description="with recompute full (fsdp): only every N-th decoder layer is checkpointed, the others "
         "keep every activation (torchtitan's selective layer AC, selective_ac_option N, up to 0.2; no "
         "launcher renders it); default: every layer",
+    )
+    recompute_modules: list[RecomputeModule] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=len(RecomputeModule),
+        description="with recompute selective (megatron): the modules recomputed (--recompute-modules): "
+        "core_attn, mlp (dense layers), moe, moe_act, shared_experts, layernorm (the norms Transformer "
+        "Engine leaves unfused: MLA's input norm, MoE's pre-MLP norm), mla_up_proj; each must act on the "
+        "model; default: core_attn",
     )
     micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
     virtual_pipeline_stages: int = Field(default=1, ge=1, le=1024)
@@ -88,7 +99,13 @@ class LayoutIn(Strict):
         fields = self.model_dump()
         if self.pipeline_layers is not None:
             fields["pipeline_layers"] = tuple(self.pipeline_layers)
-        return Layout(**fields)
+        if self.recompute_modules is not None:
+            fields["recompute_modules"] = tuple(self.recompute_modules)
+        try:
+            return Layout(**fields)
+        except InvalidLayout as exc:  # named as the request body names it
+            field = None if exc.field is None else f"layout.{exc.field}"
+            raise InvalidLayout(exc.message, rule=exc.rule, field=field) from exc
 
 
 class EstimateRequest(Strict):
