@@ -249,6 +249,7 @@ def build_training(row: Row) -> TrainingSpec:
         global_batch_size=int(t["global_batch_size"]),
         precision=_PRECISIONS[t["precision"]],
         attention=_ATTENTION[t["attention"]],
+        mtp_num_layers=int(row["layout"].get("mtp_num_layers") or 0),  # the rows file it with the layout
     )
 
 
@@ -469,6 +470,7 @@ def _short(text: object, limit: int = 90) -> str:
 # Layout keys the Layout above takes (or that only document: *_detail), so no caveat.
 _MAPPED_LAYOUT_KEYS = frozenset(
     {
+        "mtp_num_layers",  # TrainingSpec.mtp_num_layers
         "framework",
         "dp",
         "tp",

@@ -589,7 +589,11 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
         loss = d * t * model.vocab_size / layout.tp + FP32_BYTES * t
     else:
         loss = FP32_BYTES * t * model.vocab_size / layout.tp
-    return norm_and_input + loss + INDEX_BYTES * t
+    # each multi-token-prediction depth (Megatron only) keeps its enorm input (the shifted tokens'
+    # embedding), eh_proj's 2h input, its final norm's and output layer's inputs, its own fp32
+    # logits and shifted labels; its decoder layer counts with the stage's layers
+    mtp = training.mtp_num_layers * (5 * d * t * h / sp + loss + INDEX_BYTES * t)
+    return norm_and_input + loss + INDEX_BYTES * t + mtp
 
 
 def micro_batches_per_step(layout: Layout, training: TrainingSpec) -> int:

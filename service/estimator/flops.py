@@ -237,6 +237,13 @@ def layer_training_flops(model: ModelSpec, kind: LayerKind, training: TrainingSp
     return weights + core + adapters
 
 
+def mtp_block_training_flops(model: ModelSpec, training: TrainingSpec) -> int:
+    """One multi-token-prediction depth beyond its decoder layer, forward + backward per token: eh_proj
+    (2h -> h) and the output layer on its hidden state (Megatron-Core MultiTokenPredictionLayer)."""
+    h = model.hidden_size
+    return 3 * 2 * 2 * h * h + logits_training_flops(model, training)
+
+
 def logits_training_flops(model: ModelSpec, training: TrainingSpec) -> int:
     """Forward + backward of the output layer per token (frozen under LoRA)."""
     return frozen_passes(training) * logits_flops(model)
@@ -289,7 +296,10 @@ def _module_forward_flops(model: ModelSpec, kind: LayerKind, module: RecomputeMo
 def model_flops_per_token(model: ModelSpec, training: TrainingSpec) -> int:
     """Training FLOPs per token without recomputation (PaLM / Korthikanti model FLOPs)."""
     layers = sum(layer_training_flops(model, layer_kind(model, i), training) for i in range(model.num_layers))
-    return layers + logits_training_flops(model, training)
+    # each multi-token-prediction depth: a layer of the last layer's kind, its projection and loss
+    last = layer_kind(model, model.num_layers - 1)
+    mtp = layer_training_flops(model, last, training) + mtp_block_training_flops(model, training)
+    return layers + logits_training_flops(model, training) + training.mtp_num_layers * mtp
 
 
 @lru_cache(maxsize=1024)

@@ -189,12 +189,18 @@ def sum_by_kind(counts: tuple[tuple[LayerKind, int], ...], value: Callable[[Laye
 
 @layout_memo(*pipeline.PIPELINE_FIELDS)
 def rank_kind_counts(job: Job, layout: Layout) -> tuple[tuple[tuple[LayerKind, int], ...], ...]:
-    """Layers of each kind on each pipeline rank (all of its virtual stages)."""
+    """Layers of each kind on each pipeline rank (all of its virtual stages), with the multi-token
+    prediction layers on the last: Megatron-Core builds them there (post_process), each with the
+    last decoder layer's spec (get_gpt_mtp_block_spec)."""
     out = []
-    for chunks in pipeline.rank_layer_ranges(job.model.num_layers, layout):
+    last = layout.pp - 1
+    for rank, chunks in enumerate(pipeline.rank_layer_ranges(job.model.num_layers, layout)):
         totals: dict[LayerKind, int] = {}
         for chunk in chunks:
             for kind, count in kind_counts(job, chunk.start, chunk.stop):
                 totals[kind] = totals.get(kind, 0) + count
+        if rank == last and job.training.mtp_num_layers:
+            mtp = job.layer_kinds[-1]
+            totals[mtp] = totals.get(mtp, 0) + job.training.mtp_num_layers
         out.append(tuple((kind, totals[kind]) for kind in job.kinds if kind in totals))
     return tuple(out)

@@ -206,7 +206,8 @@ class RankStates:
 @layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")
 def rank_parameters_of(job: Job, layout: Layout, rank: int) -> RankParameters:
     """``rank_parameters`` of the job's model on pipeline rank ``rank``."""
-    return rank_parameters(job.model, job.counts, layout, rank, rank_kind_counts(job, layout)[rank])
+    layers = rank_kind_counts(job, layout)[rank]
+    return rank_parameters(job.model, job.counts, layout, rank, layers, job.training.mtp_num_layers)
 
 
 @job_memo

@@ -213,9 +213,11 @@ def rank_parameters(
     layout: Layout,
     rank: int,
     layers: tuple[tuple[LayerKind, int], ...],
+    mtp_layers: int = 0,
 ) -> RankParameters:
     """Parameters held by pipeline rank ``rank``, whose decoder layers are ``layers`` (how many of
-    each kind: MoE or not), after tp and ep (Megatron split: embedding first, head last)."""
+    each kind: MoE or not; the last rank's include its ``mtp_layers`` multi-token-prediction layers),
+    after tp and ep (Megatron split: embedding first, head last)."""
     p, t, e, et = layout.pp, layout.tp, layout.ep, layout.expert_tp
     moe_layers = sum(count for kind, count in layers if kind.moe)
     held = sum(count for _, count in layers)
@@ -230,6 +232,12 @@ def rank_parameters(
         dense += counts.embedding / t
     if rank == p - 1:
         dense += counts.final_norm + head / t
+    if rank == p - 1 and mtp_layers:
+        # each depth's eh_proj (column-parallel) and norms; the shifted tokens' embedding copy
+        h = model.hidden_size
+        dense += mtp_layers * (2 * h * h / t + 3 * counts.final_norm)
+        if p > 1 and counts.output:
+            dense += counts.embedding / t
     moe_layer = counts.router_per_moe_layer + counts.shared_experts_per_moe_layer / t
     moe_layer += counts.experts_per_moe_layer / (et * e)
     layer = counts.attention_per_layer / t + counts.norms_per_layer

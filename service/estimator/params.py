@@ -272,8 +272,27 @@ def parameter_counts(model: ModelSpec) -> ParameterCounts:
     )
 
 
-def stage_parameter_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
-    """Parameters held by each pipeline rank under the layout's split (``pipeline.stage_layers``).
+def mtp_block_parameters(model: ModelSpec) -> int:
+    """One multi-token-prediction depth beyond its decoder layer: eh_proj (2h -> h, no bias) and the
+    enorm, hnorm and final norm (Megatron-Core MultiTokenPredictionLayer; DeepSeek-V3 §2.2)."""
+    h = model.hidden_size
+    return 2 * h * h + 3 * norm_parameters(model)
+
+
+def mtp_stage_parameters(model: ModelSpec, layout: Layout, mtp_layers: int) -> int:
+    """What ``mtp_layers`` multi-token-prediction depths add to the last pipeline rank: each a decoder
+    layer of the last layer's spec and its block, and with pp > 1 and untied embeddings a copy of
+    the word embedding (GPTModel builds it where mtp_process, to embed the shifted tokens)."""
+    if mtp_layers == 0:
+        return 0
+    per_depth = layer_parameters(model, model.num_layers - 1) + mtp_block_parameters(model)
+    copy = token_embedding_parameters(model) if layout.pp > 1 and not model.tied_embeddings else 0
+    return mtp_layers * per_depth + copy
+
+
+def stage_parameter_counts(model: ModelSpec, layout: Layout, mtp_layers: int = 0) -> tuple[int, ...]:
+    """Parameters held by each pipeline rank under the layout's split (``pipeline.stage_layers``),
+    the ``mtp_layers`` multi-token-prediction depths on the last (``mtp_stage_parameters``).
 
     Megatron convention: the first stage holds the embedding, the last the final norm and the
     output layer. With tied embeddings and pp > 1, Megatron keeps a copy of the word embedding on
@@ -289,4 +308,5 @@ def stage_parameter_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     stages[-1] += norm_parameters(model) + output_parameters(model)
     if model.tied_embeddings and layout.pp > 1:
         stages[-1] += token_embedding_parameters(model)  # the output layer's copy of the word embedding
+    stages[-1] += mtp_stage_parameters(model, layout, mtp_layers)
     return tuple(stages)

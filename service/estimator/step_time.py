@@ -121,7 +121,10 @@ def stage_flops_per_token(job: Job, layout: Layout) -> tuple[int, ...]:
     """Forward + backward FLOPs per token of each pipeline rank (the last adds the output layer)."""
     model, training = job.model, job.training
     per_kind = {kind: flops.layer_training_flops(model, kind, training) for kind in job.kinds}
-    logits = flops.logits_training_flops(model, training)
+    # the output layer, and each multi-token-prediction depth's (its layer is among the counts)
+    logits = flops.logits_training_flops(model, training) + training.mtp_num_layers * (
+        flops.mtp_block_training_flops(model, training)
+    )
     last = layout.pp - 1
     return tuple(
         sum(count * per_kind[kind] for kind, count in counts) + (logits if rank == last else 0)
@@ -198,7 +201,8 @@ def gpu_parameters(job: Job, layout: Layout) -> float:
     # Each stage's routed experts are those of the MoE layers it holds (every layer_frequency-th
     # layer), so with ep > 1 or uneven MoE layers the most loaded GPU is found per stage.
     experts_per_layer = job.counts.experts_per_moe_layer
-    stages = zip(stage_parameter_counts(job.model, layout), rank_kind_counts(job, layout), strict=True)
+    counts = stage_parameter_counts(job.model, layout, job.training.mtp_num_layers)
+    stages = zip(counts, rank_kind_counts(job, layout), strict=True)
     return max(
         stage_gpu_parameters(params, experts_per_layer * moe_layers_of(counts), layout)
         for params, counts in stages
@@ -448,7 +452,8 @@ def loss_s(job: Job, layout: Layout, base: StepBase) -> float:
     if base.stage != layout.pp - 1:
         return 0.0
     traffic = loss_traffic_bytes(job.model, layout, job.tuning)
-    return base.micro_batches * base.tokens * traffic / job.cluster.gpu.hbm_bandwidth_bytes_per_s
+    losses = 1 + job.training.mtp_num_layers  # each multi-token-prediction depth has its own loss
+    return losses * base.micro_batches * base.tokens * traffic / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
 def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, tuning: Tuning) -> float:

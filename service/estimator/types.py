@@ -397,9 +397,19 @@ class TrainingSpec:
     lora_targets: tuple[str, ...] = ALL_LINEAR
     attention: Attention = Attention.FLASH
     tokens: int | None = None  # total training tokens, for time to train
+    # Multi-token prediction depths trained with the model (DeepSeek-V3 §2.2; Megatron-Core
+    # --mtp-num-layers): each adds a decoder layer, its input projection and norms, and another
+    # output-layer loss on the last pipeline stage.
+    mtp_num_layers: int = 0
 
     def __post_init__(self) -> None:
         _require_positive(InvalidTraining, "seq_len", self.seq_len)
+        if self.mtp_num_layers < 0:
+            raise InvalidTraining(
+                f"mtp_num_layers must be >= 0, got {self.mtp_num_layers}",
+                rule="non_negative",
+                field="mtp_num_layers",
+            )
         _require_positive(InvalidTraining, "global_batch_size", self.global_batch_size)
         if self.method is not Method.FULL:
             _require_positive(InvalidTraining, "lora_rank", self.lora_rank)

@@ -34,6 +34,7 @@ from service.estimator.types import (
     Method,
     ModelSpec,
     Offload,
+    PositionEmbedding,
     Precision,
     Recompute,
     RecomputeModule,
@@ -431,7 +432,7 @@ def hardware_violation(cluster: ClusterSpec, training: TrainingSpec) -> Violatio
 
 
 def training_violation(
-    cluster: ClusterSpec, layout: Layout, training: TrainingSpec, caps: Capabilities
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec, caps: Capabilities
 ) -> Violation:
     hardware = hardware_violation(cluster, training)
     if hardware is not None:
@@ -442,6 +443,18 @@ def training_violation(
             "peft",
             "framework",
         )
+    if training.mtp_num_layers and layout.framework is not Framework.MEGATRON:
+        # transformers' DeepseekV3ForCausalLM drops the MTP modules; torchtitan and DeepSpeed build none
+        return _bad(
+            f"mtp_num_layers {training.mtp_num_layers}: {layout.framework.value} trains no multi-token "
+            "prediction (Megatron-Core --mtp-num-layers does)",
+            "mtp",
+            "mtp_num_layers",
+        )
+    if training.mtp_num_layers and model.position_embedding is PositionEmbedding.LEARNED:
+        # megatron/training/arguments.py: MTP supports rope or no position embedding only
+        return _bad("mtp_num_layers with learned position embeddings: Megatron's MTP takes rope or none",
+                    "mtp", "mtp_num_layers")  # fmt: skip
     if layout.optimizer_in_backward and not caps.optimizer_in_backward:
         return _bad(
             f"{layout.framework.value} cannot fuse the optimizer into backward",
@@ -575,7 +588,7 @@ def layout_violation(
         lambda: sequence_parallel_violation(training, layout, layout.micro_batch_size),
         lambda: expert_tensor_violation(model, layout),
         lambda: expert_violation(model, layout),
-        lambda: training_violation(cluster, layout, training, caps),
+        lambda: training_violation(model, cluster, layout, training, caps),
         lambda: fused_optimizer_batches_violation(layout, micro_batches()),
         lambda: recompute_violation(model, layout, caps),
         lambda: unused_switch_violation(cluster, layout),

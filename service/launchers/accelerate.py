@@ -178,6 +178,10 @@ def _megatron(plan: Plan) -> dict[str, Any]:
         # modules (core_attn); the plugin has no field for --recompute-modules
         modules = [module.value for module in lo.recompute_modules]
         raise Unsupported(TARGET, f"recompute_modules {modules}: MegatronLMPlugin recomputes core_attn only")
+    if plan.training.mtp_num_layers:
+        raise Unsupported(
+            TARGET, "MegatronLMPlugin has no field for --mtp-num-layers; use the megatron target"
+        )
     mlm: dict[str, Any] = {
         "megatron_lm_tp_degree": lo.tp,
         "megatron_lm_pp_degree": lo.pp,

@@ -203,6 +203,8 @@ def _model_args(plan: Plan) -> list[str]:
             shared = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
             args += ["--moe-shared-expert-intermediate-size", str(shared)]
         args += ["--moe-layer-freq", moe_layer_pattern(model)]
+    if plan.training.mtp_num_layers:  # on the last pipeline stage, as the estimate places them
+        args += ["--mtp-num-layers", str(plan.training.mtp_num_layers)]
     # Megatron-LM's defaults are 0.1 each: the run keeps the dropout the estimate counted
     args += [
         "--hidden-dropout",
@@ -256,8 +258,8 @@ def pipeline_args(plan: Plan) -> list[str]:
     """The split the plan was estimated with, in Megatron-Core's terms: even (with
     --num-layers-per-virtual-pipeline-stage when interleaved), the embedding and loss counted as layers
     (--account-for-embedding/loss-in-pipeline-split, core 0.11+), or any other split as a
-    --pipeline-model-parallel-layout string (core 0.13+: E embedding, t*n decoder layers, L loss,
-    | between the pp x v virtual stages in model order)."""
+    --pipeline-model-parallel-layout string (core 0.13+: E embedding, t*n decoder layers, m a
+    multi-token-prediction layer, L loss, | between the pp x v virtual stages in model order)."""
     lo = plan.layout
     if lo.pp == 1:
         return []
@@ -276,8 +278,9 @@ def pipeline_args(plan: Plan) -> list[str]:
             args += ["--num-virtual-stages-per-pipeline-rank", str(lo.virtual_pipeline_stages)]
         return args
     last = len(split.stages) - 1
+    tail = "m" * plan.training.mtp_num_layers + "L"  # the MTP layers sit before the loss, last stage
     cells = [
-        ("E" if k == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + ("L" if k == last else "")
+        ("E" if k == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + (tail if k == last else "")
         for k, n in enumerate(split.stages)
     ]
     return ["--pipeline-model-parallel-layout", "|".join(cells)]

@@ -310,3 +310,17 @@ def test_megatron_recompute_modules(client: TestClient) -> None:
         client.post("/v1/estimates", json=body(**megatron, recompute_modules=["mlp_fc1"])), 422
     )
     assert problem["errors"][0]["field"].startswith("layout.recompute_modules"), problem
+
+
+def test_multi_token_prediction(client: TestClient) -> None:
+    megatron = {"framework": "megatron", "zero_stage": 1, "pp": 2, "dp": 4}
+    plain = post(client, body(**megatron))
+    payload = body(**megatron)
+    payload["training"] = payload["training"] | {"mtp_num_layers": 1}
+    mtp = post(client, payload)
+    assert mtp["time"]["step_s"] > plain["time"]["step_s"]
+    assert mtp["memory"]["per_gpu"]["parameters"] >= plain["memory"]["per_gpu"]["parameters"]
+    payload = body()
+    payload["training"] = payload["training"] | {"mtp_num_layers": 1}  # deepspeed builds no MTP
+    problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
+    assert problem["errors"][0]["field"] == "training.mtp_num_layers", problem

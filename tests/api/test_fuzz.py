@@ -20,7 +20,8 @@ LAYOUT_KEYS = ["framework", "dp", "tp", "pp", "cp", "ep", "etp", "zero_stage", "
                "recompute", "offload_optimizer", "offload_params", "virtual_pipeline_stages",
                "sequence_parallel", "gradient_accumulation_steps", "chunked_loss",
                "torch_compile", "recompute_every_n_layers", "recompute_modules"]  # fmt: skip
-TRAINING_KEYS = ["seq_len", "global_batch_size", "precision", "optimizer", "method", "lora_rank", "attention"]
+TRAINING_KEYS = ["seq_len", "global_batch_size", "precision", "optimizer", "method", "lora_rank", "attention",
+                 "mtp_num_layers"]  # fmt: skip
 ENUMS = {
     "framework": ["deepspeed", "megatron", "fsdp"],
     "recompute": ["none", "selective", "full"],

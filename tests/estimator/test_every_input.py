@@ -204,6 +204,19 @@ TRAINING_CASES = [
         changed_training=dataclasses.replace(TRAINING, attention=TRAINING.attention.EAGER),
     ),
     Case("tokens", FSDP, FSDP, changed_training=dataclasses.replace(TRAINING, tokens=10**12)),
+    Case(
+        "mtp_num_layers",
+        MEGATRON_PP,
+        MEGATRON_PP,
+        changed_training=dataclasses.replace(TRAINING, mtp_num_layers=1),
+    ),
+    Case(  # Megatron-Core's option only
+        "mtp_num_layers",
+        FSDP,
+        FSDP,
+        changed_training=dataclasses.replace(TRAINING, mtp_num_layers=1),
+        refused=True,
+    ),
 ]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -148,3 +150,15 @@ def test_recompute_never_reduces_hardware_flops(
     selective = flops.hardware_flops_per_step(model, training, Recompute.SELECTIVE)
     full = flops.hardware_flops_per_step(model, training, Recompute.FULL)
     assert none == flops.model_flops_per_step(model, training) < selective < full
+
+
+def test_multi_token_prediction_flops_by_hand() -> None:
+    # each depth: a layer of the last kind, eh_proj (2h -> h) and another output layer, all trained
+    from service.estimator.params import LayerKind
+
+    training = TrainingSpec(seq_len=TINY_TRAINING.seq_len, global_batch_size=1)
+    mtp = dataclasses.replace(training, mtp_num_layers=1)
+    h, v = TINY.hidden_size, TINY.vocab_size
+    layer = flops.layer_training_flops(TINY, LayerKind(moe=False), training)
+    extra = flops.model_flops_per_token(TINY, mtp) - flops.model_flops_per_token(TINY, training)
+    assert extra == layer + 3 * 2 * 2 * h * h + 3 * 2 * h * v

@@ -337,3 +337,17 @@ def test_hf_config_falcon_layouts() -> None:
         {**base, "num_attention_heads": 16, "num_kv_heads": 4, "new_decoder_architecture": True}
     )
     assert (new.num_kv_heads, new.norms_per_layer) == (4, 2)
+
+
+def test_multi_token_prediction_adds_its_layer_block_and_embedding_copy_to_the_last_stage() -> None:
+    # tiny Llama (h 8, V 10, untied): one MTP depth = a decoder layer + eh_proj 2h x h + 3 RMSNorms (h
+    # each); with pp 2 the last stage also embeds the shifted tokens: its own V x h copy
+    m = tiny_llama()
+    plain = stage_parameter_counts(m, Layout(pp=2))
+    with_mtp = stage_parameter_counts(m, Layout(pp=2), mtp_layers=1)
+    assert with_mtp[0] == plain[0]
+    assert with_mtp[1] - plain[1] == layer_parameters(m, 1) + 2 * 8 * 8 + 3 * 8 + 10 * 8
+    # on one stage the embedding is there already; two depths, two blocks
+    assert stage_parameter_counts(m, Layout(), mtp_layers=2)[0] - stage_parameter_counts(m, Layout())[0] == (
+        2 * (layer_parameters(m, 1) + 2 * 8 * 8 + 3 * 8)
+    )

@@ -15,7 +15,7 @@ from service.estimator import flops
 from service.estimator.dp_comm import dp_comm_exposed_s, dp_grad_reduce_s, dp_param_gather_s
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
-from service.estimator.params import parameter_counts, stage_parameter_counts
+from service.estimator.params import LayerKind, parameter_counts, stage_parameter_counts
 from service.estimator.step_time import (
     cost,
     expert_efficiency,
@@ -570,3 +570,30 @@ def test_moe_tp_collectives_follow_the_expert_grid() -> None:
     assert time(moe, c, fsdp, training, tuning=default_tuning()).breakdown.tp_comm_s == pytest.approx(
         time(dense, c, fsdp, training, tuning=default_tuning()).breakdown.tp_comm_s, rel=1e-12
     )  # torchtitan gathers before routing, as a dense MLP does
+
+
+def test_multi_token_prediction_loads_the_last_pipeline_stage() -> None:
+    # Llama-3-8B on Megatron PP 4 (8 layers a stage): one MTP depth puts a ninth layer, its projection
+    # and a second output layer and loss on the last stage, which becomes the slowest and the largest
+    from service.catalog.models import model as preset
+    from service.estimator import memory as memory_module
+    from service.estimator.step_time import stage_flops_per_token
+
+    spec = preset("llama-3-8b").spec
+    c = cluster(H100, 8, 50e9)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    mtp = dataclasses.replace(training, mtp_num_layers=1)
+    layout = Layout(framework=Framework.MEGATRON, dp=2, pp=4, zero_stage=1)
+    plain, with_mtp = (
+        stage_flops_per_token(job(spec, c, training), layout),
+        stage_flops_per_token(job(spec, c, mtp), layout),
+    )
+    assert with_mtp[:3] == plain[:3]
+    assert with_mtp[3] - plain[3] == (
+        flops.layer_training_flops(spec, LayerKind(moe=False), training)
+        + flops.mtp_block_training_flops(spec, training)
+    )
+    before, after = time(spec, c, layout, training), time(spec, c, layout, mtp)
+    assert after.step_s > before.step_s
+    states = [memory_module.rank_parameters_of(job(spec, c, t), layout, 3).dense for t in (training, mtp)]
+    assert states[1] > states[0]

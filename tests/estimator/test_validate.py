@@ -18,6 +18,7 @@ from service.estimator.types import (
     MoESpec,
     Offload,
     PeakFlops,
+    PositionEmbedding,
     Precision,
     Recompute,
     RecomputeModule,
@@ -365,3 +366,16 @@ def test_recompute_modules_are_named_once() -> None:
     with pytest.raises(InvalidLayout, match="at least one"):
         Layout(recompute=Recompute.SELECTIVE, recompute_modules=())
     check(dataclasses.replace(SELECTIVE, recompute_modules=(MODULE.MOE_ACT, MODULE.LAYERNORM)), model=MOE)
+
+
+def test_multi_token_prediction_is_megatrons_and_needs_rope() -> None:
+    mtp = dataclasses.replace(TRAIN, mtp_num_layers=1)
+    check(Layout(framework=Framework.MEGATRON, dp=16, zero_stage=1), training=mtp)
+    with pytest.raises(InvalidLayout, match="trains no multi-token prediction") as err:
+        check(Layout(framework=Framework.FSDP, dp=16, zero_stage=3), training=mtp)
+    assert err.value.field == "mtp_num_layers"
+    learned = dataclasses.replace(
+        MODEL, position_embedding=PositionEmbedding.LEARNED, max_position_embeddings=4096
+    )
+    with pytest.raises(InvalidLayout, match="rope or none"):
+        check(Layout(framework=Framework.MEGATRON, dp=16, zero_stage=1), model=learned, training=mtp)

@@ -91,6 +91,7 @@ MEGATRON_VALUED = {
     "--log-interval", "--eval-interval", "--eval-iters",
     "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
     "--v-head-dim", "--hidden-dropout", "--attention-dropout", "--moe-token-dispatcher-type",
+    "--mtp-num-layers",
 }  # fmt: skip
 # flags that take a list (nargs="*"), kept space-joined, and the values Megatron-Core allows
 MEGATRON_LISTS = {
@@ -198,7 +199,10 @@ def megatron_split(f: dict[str, str | None], layers: int, pp: int) -> list[int]:
         text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text.replace(",", ""))
         stages = text.split("|")
         assert len(stages) % pp == 0 and text.startswith("E") and text.endswith("L")
-        assert text.count("E") == 1 and text.count("L") == 1 and set(text) <= {"E", "t", "L", "|"}
+        assert text.count("E") == 1 and text.count("L") == 1 and set(text) <= {"E", "t", "m", "L", "|"}
+        # the MTP layers: as many as --mtp-num-layers, in the last stage before the loss
+        assert "m" not in text or stages[-1].endswith("m" * text.count("m") + "L")
+        assert text.count("m") == int(str(f.get("--mtp-num-layers") or 0))
         return [sum(stage.count("t") for stage in stages[rank::pp]) for rank in range(pp)]
     units = layers + embedding + loss
     assert units % pp == 0, "Number of layers should be divisible by the pipeline-model-parallel size"
@@ -280,6 +284,9 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
         assert "mla_up_proj" not in modules or "--multi-latent-attention" in f
     else:
         assert "--recompute-modules" not in f
+    if "--mtp-num-layers" in f:  # validate_args: MTP with rope or no position embedding only
+        assert f.get("--position-embedding-type") in ("rope", "none")
+        assert int(str(f["--mtp-num-layers"])) == plan.training.mtp_num_layers
     if "--overlap-param-gather" in f:
         assert "--use-distributed-optimizer" in f and "--overlap-grad-reduce" in f
     if "--optimizer-cpu-offload" in f:

@@ -31,7 +31,7 @@ from service.launchers import (
     torchtitan,
 )
 from tests.launchers import checks
-from tests.launchers.factories import llama3_8b, plan, small_llama
+from tests.launchers.factories import llama3_8b, plan, small_llama, training
 
 
 def test_deepspeed_batch_counts_every_autotp_rank() -> None:
@@ -421,3 +421,19 @@ def test_megatron_renders_the_estimated_recompute_modules() -> None:
     # MegatronLMPlugin has recompute_activations (core_attn) only
     with pytest.raises(Unsupported, match="recompute_modules"):
         accelerate.accelerate_config(chosen)
+
+
+def test_megatron_renders_multi_token_prediction_on_the_last_stage() -> None:
+    # DeepSeek-V3's recipes train one MTP depth; in a layout string it sits before the loss ('mL')
+    mtp = training(mtp_num_layers=1)
+    chosen = plan(model=replace(small_llama(), num_layers=18), train=mtp, framework=Framework.MEGATRON, pp=4,
+                  zero_stage=1, pipeline_layers=(3, 6, 6, 3))  # fmt: skip
+    args = megatron.megatron_args(chosen)
+    assert args[args.index("--mtp-num-layers") + 1] == "1"
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*3|t*6|t*6|t*3mL"
+    for artifact in megatron.render(chosen):
+        checks.check_artifact(artifact, chosen)
+    assert "--mtp-num-layers" not in megatron.megatron_args(replace(chosen, training=training()))
+    even = replace(chosen, layout=replace(chosen.layout, pp=2, dp=4, pipeline_layers=None))
+    with pytest.raises(Unsupported, match="mtp-num-layers"):
+        accelerate.accelerate_config(even)

@@ -23,6 +23,13 @@ class TrainingIn(Strict):
     )
     attention: Attention = Attention.FLASH
     tokens: int | None = Field(default=None, gt=0, le=10**16, description="total tokens, for time to train")
+    mtp_num_layers: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="multi-token prediction depths trained with the model (megatron --mtp-num-layers; "
+        "DeepSeek-V3 trains 1): each adds a layer, its projection and a loss on the last pipeline stage",
+    )
 
     def to_domain(self) -> TrainingSpec:
         """The domain's training spec; its errors name the field as the request body does."""
@@ -52,4 +59,5 @@ class TrainingIn(Strict):
             lora_targets=targets,
             attention=self.attention,
             tokens=self.tokens,
+            mtp_num_layers=self.mtp_num_layers,
         )
