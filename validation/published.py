@@ -400,6 +400,7 @@ def build_layout(row: Row, model: ModelSpec, caveats: list[str]) -> Layout:
             recompute_modules=recompute.modules,
             activation_offload=bool(ly.get("activation_cpu_offload", False)),
             tp_comm_overlap=switches["tp_comm_overlap"],
+            moe_a2a_overlap=switches["moe_a2a_overlap"],
             overlap_grad_reduce=switches["overlap_grad_reduce"],
             torch_compile=compile_of(row),
         )
@@ -452,7 +453,18 @@ def _switches(ly: Mapping[str, Any], caveats: list[str]) -> dict[str, Any]:
     grad = ly.get("overlap_grad_reduce")
     if grad is not None and int(ly["dp"]) * int(ly["cp"]) == 1:
         grad = None  # no data-parallel reduction to overlap
-    return {"sequence_parallel": sp, "tp_comm_overlap": overlap, "overlap_grad_reduce": grad}
+    # Megatron's EP all-to-all overlap; delay_wgrad_compute (which moves weight gradients later to widen
+    # the windows) has no service field
+    a2a = str(ly.get("moe_a2a_overlap") or "")
+    if "delay_wgrad_compute=True" in a2a:
+        caveats.append("delay_wgrad_compute (no service field)")
+    moe_a2a = "overlap_moe_expert_parallel_comm=True" in a2a
+    return {
+        "sequence_parallel": sp,
+        "tp_comm_overlap": overlap,
+        "overlap_grad_reduce": grad,
+        "moe_a2a_overlap": moe_a2a,
+    }
 
 
 def _layout_fields(layout: Layout) -> dict[str, Any]:
@@ -471,6 +483,7 @@ def _short(text: object, limit: int = 90) -> str:
 _MAPPED_LAYOUT_KEYS = frozenset(
     {
         "mtp_num_layers",  # TrainingSpec.mtp_num_layers
+        "moe_a2a_overlap",  # Layout.moe_a2a_overlap (_switches)
         "framework",
         "dp",
         "tp",

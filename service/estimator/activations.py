@@ -553,11 +553,14 @@ def micro_batches_in_flight(layout: Layout, rank: int, micro_batches: int) -> fl
     holds at most all m of them.
     """
     p, v = layout.pp, layout.virtual_pipeline_stages
+    # Megatron's combined 1F1B (moe_a2a_overlap) runs a forward beside a backward: one more micro-batch
+    # in flight, without a pipeline two (schedules.py: the interleaved warm-up plus one)
+    overlap = 1 if layout.moe_a2a_overlap else 0
     if p == 1:
-        return 1.0
+        return float(min(1 + overlap, micro_batches))
     if v == 1:
         return float(min(p - rank, micro_batches))
-    chunks = min((v - 1) * p + 2 * (p - 1 - rank) + 1, micro_batches * v)
+    chunks = min((v - 1) * p + 2 * (p - 1 - rank) + 1 + overlap, micro_batches * v)
     return chunks / v
 
 

@@ -318,6 +318,7 @@ ACTIVATION_FIELDS = (
     "activation_offload",
     "chunked_loss",
     "torch_compile",
+    "moe_a2a_overlap",
 )
 
 

@@ -727,7 +727,28 @@ def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     redispatched = layout.recompute is Recompute.FULL or RecomputeModule.MOE in layout.selective_modules
     collectives = 4 + (2.0 * recomputed_share(job, layout) if redispatched else 0.0)
     one = comm.group_all_to_all_s(size_bytes, expert_link(job, layout))
-    return base.micro_batches * moe_layers * collectives * one
+    if not layout.moe_a2a_overlap:
+        return base.micro_batches * moe_layers * collectives * one
+    # Combined 1F1B (Megatron-Core pipeline_parallel/combined_1f1b.py): a layer's forward dispatch and
+    # combine run under the backward compute of the micro-batch scheduled beside it, its backward ones
+    # under that one's forward, in every pair of the steady state; the warm-up forwards and cool-down
+    # backwards have no partner. The windows are an average layer's share of the stage's compute.
+    forward_s = base.compute_s / (3 * base.micro_batches * max(1, base.layers))
+    paired = paired_fraction(layout, base.stage, base.micro_batches)
+    exposed = max(0.0, 2 * one - 2 * forward_s) + max(0.0, 2 * one - forward_s)
+    return base.micro_batches * moe_layers * (paired * exposed + (1 - paired) * collectives * one)
+
+
+def paired_fraction(layout: Layout, rank: int, micro_batches: int) -> float:
+    """The share of a rank's forward (and backward) passes the combined 1F1B schedule pairs with a
+    pass of another micro-batch: all but the first forward and last backward without a pipeline; with
+    the interleaved one, all but the warm-up chunks (schedules.py: its warm-up plus one)."""
+    p, v = layout.pp, layout.virtual_pipeline_stages
+    passes = micro_batches * v
+    if p == 1:
+        return (micro_batches - 1) / micro_batches
+    warmup = min((v - 1) * p + 2 * (p - 1 - rank) + 1, passes)
+    return (passes - warmup) / passes
 
 
 def bubble_fraction(layout: Layout, micro_batches: int) -> float:
@@ -756,6 +777,7 @@ PARTS_FIELDS = (
     "recompute_every_n_layers",
     "recompute_modules",
     "tp_comm_overlap",
+    "moe_a2a_overlap",
 )
 
 

@@ -533,6 +533,9 @@ class Layout:
     torch_compile: Compile = Compile.NONE
     fsdp_hybrid_shard: bool = False  # HYBRID_SHARD: shard inside a node, replicate across nodes
     tp_comm_overlap: bool = False  # Megatron --tp-comm-overlap (Transformer Engine userbuffers)
+    # Megatron --overlap-moe-expert-parallel-comm: the combined 1F1B schedule runs one micro-batch's
+    # forward beside another's backward, each one's EP all-to-alls under the other's compute
+    moe_a2a_overlap: bool = False
     overlap_grad_reduce: bool | None = None  # DP reduce under backward; None: the framework default
     # Decoder layers of each of the pp x v virtual pipeline stages, in model order; None: the
     # split ``service.estimator.pipeline.stage_layers`` derives (even, or embedding and loss

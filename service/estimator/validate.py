@@ -539,6 +539,25 @@ def recompute_modules_violation(model: ModelSpec, layout: Layout) -> Violation:
     return None
 
 
+def moe_a2a_overlap_violation(model: ModelSpec, layout: Layout) -> Violation:
+    """Megatron's EP all-to-all overlap: the rules TransformerConfig.__post_init__ enforces."""
+    field = "moe_a2a_overlap"
+    if not layout.moe_a2a_overlap:
+        return None
+    if layout.framework is not Framework.MEGATRON:
+        return _bad(f"{field} is Megatron's --overlap-moe-expert-parallel-comm", field, field)
+    if model.moe is None or layout.ep == 1:
+        return _bad(
+            f"{field} overlaps expert-parallel all-to-alls: needs an MoE model and ep > 1", "unused", field
+        )
+    if layout.pp > 1 and layout.virtual_pipeline_stages == 1:
+        why = f"{field} with pp > 1 needs the interleaved schedule (virtual_pipeline_stages > 1)"
+        return _bad(why, field, field)
+    if layout.recompute is Recompute.FULL or RecomputeModule.MOE in layout.selective_modules:
+        return _bad(f"{field} needs recompute none or selective without the moe module", field, field)
+    return None
+
+
 def compile_violation(layout: Layout, training: TrainingSpec, caps: Capabilities) -> Violation:
     if layout.torch_compile is Compile.NONE:
         return None
@@ -591,6 +610,7 @@ def layout_violation(
         lambda: training_violation(model, cluster, layout, training, caps),
         lambda: fused_optimizer_batches_violation(layout, micro_batches()),
         lambda: recompute_violation(model, layout, caps),
+        lambda: moe_a2a_overlap_violation(model, layout),
         lambda: unused_switch_violation(cluster, layout),
         lambda: unused_split_flag_violation(layout),
         lambda: activation_offload_violation(layout, caps),

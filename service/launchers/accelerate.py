@@ -166,11 +166,12 @@ def _megatron(plan: Plan) -> dict[str, Any]:
             f"pipeline split {list(pipeline_split(plan).stages)}: Accelerate's megatron_lm_config has "
             "no uneven-stage setting (use the megatron target)",
         )
-    if lo.tp_comm_overlap or lo.overlap_grad_reduce:
+    if lo.tp_comm_overlap or lo.overlap_grad_reduce or lo.moe_a2a_overlap:
         # The estimate hides TP / DP communication that this config would leave exposed.
         raise Unsupported(
             TARGET,
-            "Accelerate's megatron_lm_config has no --tp-comm-overlap / --overlap-grad-reduce "
+            "Accelerate's megatron_lm_config has no --tp-comm-overlap / --overlap-grad-reduce / "
+            "--overlap-moe-expert-parallel-comm "
             "setting; use the megatron target",
         )
     if lo.recompute_modules is not None and set(lo.recompute_modules) != {RecomputeModule.CORE_ATTN}:

@@ -231,6 +231,8 @@ def _parallel_args(plan: Plan) -> list[str]:
         args += ["--expert-tensor-parallel-size", str(lo.etp)]
     if lo.sequence_parallel and lo.tp > 1:  # Megatron drops it silently at tp=1
         args.append("--sequence-parallel")
+    if lo.moe_a2a_overlap:  # combined 1F1B: EP all-to-alls under another micro-batch's compute
+        args.append("--overlap-moe-expert-parallel-comm")
     if lo.tp_comm_overlap:  # _check: only with --sequence-parallel at tp > 1
         # Transformer Engine userbuffers (the default --transformer-impl transformer_engine).
         args.append("--tp-comm-overlap")

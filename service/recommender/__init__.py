@@ -40,7 +40,7 @@ from service.estimator.types import (
     TimeEstimate,
     TrainingSpec,
 )
-from service.estimator.validate import FRAMEWORK_CAPABILITIES, layout_violation
+from service.estimator.validate import FRAMEWORK_CAPABILITIES, layout_violation, moe_a2a_overlap_violation
 from service.launchers import runnable_targets
 from service.recommender import rank
 from service.recommender.space import (
@@ -230,9 +230,24 @@ def _search_memory_family(
             ):
                 layout = _fewest_recomputed_layers(search, job, result, layout, limit)
             _time_candidate(search, job, result, layout)
+            overlapped = _overlapped(search, layout)
+            if overlapped is not None and evaluate.numbers_fit(
+                job.cluster, result.memory_numbers(job, overlapped), limit
+            ):
+                _time_candidate(search, job, result, overlapped)  # one more micro-batch in flight
         if top == len(sizes) - 1:
             break
     return fitted
+
+
+def _overlapped(search: _Search, layout: Layout) -> Layout | None:
+    """``layout`` with Megatron's EP all-to-all overlap, where its rules allow it (MoE, ep > 1,
+    interleaved when pipelined, no full recompute); None elsewhere. It hides the all-to-alls under
+    the other micro-batch's compute for one more micro-batch in flight: the search times both."""
+    if layout.framework is not Framework.MEGATRON or layout.ep == 1 or search.model.moe is None:
+        return None
+    overlapped = dataclasses.replace(layout, moe_a2a_overlap=True)
+    return overlapped if moe_a2a_overlap_violation(search.model, overlapped) is None else None
 
 
 def _may_enter_top(search: _Search, job: Job, result: SearchResult, bound: Layout) -> bool:
@@ -443,6 +458,7 @@ def _dominated(
         result.log.groups[DOMINATED].count += 1
         return True
     optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1])
+    optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if layout_violation(search.model, job.cluster, optimistic, search.training) is not None:
         return False
     result.time_evaluations += 1
@@ -471,6 +487,7 @@ def _ceiling_key(
 ) -> tuple[float, ...] | None:
     s, sh, virtual = family
     optimistic = make_layout(s, sh, Recompute.NONE, virtual, micro_batch)
+    optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if layout_violation(search.model, job.cluster, optimistic, search.training) is not None:
         return None
     floor = result.floor_s(job, optimistic, most_micro_batches)

@@ -96,6 +96,8 @@ def describe(layout: Layout) -> str:
     parts += [f"recompute={recompute_words(layout)}", f"micro_batch={layout.micro_batch_size}"]
     if layout.torch_compile is not Compile.NONE:
         parts.append(f"torch_compile={layout.torch_compile.value}")
+    if layout.moe_a2a_overlap:
+        parts.append("a2a_overlap")
     return " ".join(parts)
 
 
@@ -190,7 +192,15 @@ def rationale(
         split = {None: "", 1: ", each expert whole (etp=1, not split over tp)"}.get(
             layout.etp, f", each split over etp={layout.etp} ranks"
         )
-        lines.append(f"EP={layout.ep} {where}: each rank holds 1/{layout.ep} of the routed experts{split}")
+        overlap = (
+            "; its all-to-alls run under another micro-batch's compute (--overlap-moe-expert-parallel-comm, "
+            f"{t.breakdown.ep_comm_s / t.step_s:.1%} of the step left exposed)"
+            if layout.moe_a2a_overlap
+            else ""
+        )
+        lines.append(
+            f"EP={layout.ep} {where}: each rank holds 1/{layout.ep} of the routed experts{split}{overlap}"
+        )
     if layout.pp > 1:
         bubble = t.breakdown.pp_bubble_s / t.step_s
         why = "" if not fits_without_pp else " (a layout without PP also fits, but is slower)"

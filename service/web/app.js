@@ -97,6 +97,7 @@ function layoutText(layout) {
     parts.push(`recompute=${layout.recompute}${modules}`);
   }
   if (layout.torch_compile && layout.torch_compile !== "none") parts.push(`compile=${layout.torch_compile}`);
+  if (layout.moe_a2a_overlap) parts.push("a2a_overlap");
   for (const key of ["offload_optimizer", "offload_params"]) if (layout[key] && layout[key] !== "none") parts.push(`${key}=${layout[key]}`);
   return parts.join(" ");
 }

@@ -324,3 +324,23 @@ def test_multi_token_prediction(client: TestClient) -> None:
     payload["training"] = payload["training"] | {"mtp_num_layers": 1}  # deepspeed builds no MTP
     problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
     assert problem["errors"][0]["field"] == "training.mtp_num_layers", problem
+
+
+def test_moe_a2a_overlap(client: TestClient) -> None:
+    moe = {"framework": "megatron", "zero_stage": 1, "dp": 8, "ep": 8, "recompute": "selective"}
+    payload = body(**moe) | {"model": {"preset": "mixtral-8x7b"}}
+    payload["cluster"] = {
+        "gpu": "h100-sxm-80gb",
+        "num_nodes": 2,
+        "gpus_per_node": 8,
+        "inter_node_bandwidth_gbps": 400,
+    }
+    payload["layout"]["dp"] = 16
+    plain = post(client, payload)
+    payload["layout"]["moe_a2a_overlap"] = True
+    overlapped = post(client, payload)
+    assert overlapped["time"]["breakdown"]["ep_comm_s"] < plain["time"]["breakdown"]["ep_comm_s"]
+    assert overlapped["memory"]["per_gpu"]["activations"] > plain["memory"]["per_gpu"]["activations"]
+    problem = assert_problem(client.post("/v1/estimates", json=body(framework="megatron", zero_stage=1,
+                                                                     moe_a2a_overlap=True)), 422)  # fmt: skip
+    assert problem["errors"][0]["field"] == "layout.moe_a2a_overlap", problem

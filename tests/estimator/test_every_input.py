@@ -127,6 +127,13 @@ LAYOUT_CASES = [
         replace(MEGATRON, recompute=Recompute.FULL, recompute_modules=(RecomputeModule.CORE_ATTN,)),
         refused=True,
     ),
+    Case(
+        "moe_a2a_overlap",
+        replace(MEGATRON, dp=4, ep=4),
+        replace(MEGATRON, dp=4, ep=4, moe_a2a_overlap=True),
+        model=MOE,
+    ),
+    Case("moe_a2a_overlap", MEGATRON, replace(MEGATRON, moe_a2a_overlap=True), refused=True),  # no experts
     Case("micro_batch_size", MEGATRON, replace(MEGATRON, micro_batch_size=2)),
     Case(
         "virtual_pipeline_stages",

@@ -208,6 +208,7 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
         torch_compile=rng.choice(list(Compile)) if framework is Framework.FSDP else Compile.NONE,
         fsdp_hybrid_shard=framework is Framework.FSDP and rng.random() < 0.4,
         tp_comm_overlap=rng.random() < 0.5,
+        moe_a2a_overlap=spec.moe is not None and framework is Framework.MEGATRON and rng.random() < 0.4,
         overlap_grad_reduce=rng.choice((None, False, True)),
     )
 
@@ -286,6 +287,7 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "torch_compile": set(Compile),
     "fsdp_hybrid_shard": {False, True},
     "tp_comm_overlap": {False, True},
+    "moe_a2a_overlap": {False, True},
     "overlap_grad_reduce": {None, False, True},
     "pipeline_account_for_embedding": {False, True},
     "pipeline_account_for_loss": {False, True},

@@ -597,3 +597,33 @@ def test_multi_token_prediction_loads_the_last_pipeline_stage() -> None:
     assert after.step_s > before.step_s
     states = [memory_module.rank_parameters_of(job(spec, c, t), layout, 3).dense for t in (training, mtp)]
     assert states[1] > states[0]
+
+
+def test_moe_a2a_overlap_hides_the_all_to_alls_under_the_other_micro_batch() -> None:
+    # Mixtral on 16 H100 over 50 GB/s, EP 16 across the two nodes, 16 micro-batches: each pair of the
+    # combined 1F1B hides a layer's forward dispatch + combine under the partner's backward (2x the
+    # forward) and its backward ones under the partner's forward; the first forward and the last
+    # backward have no partner
+    from service.catalog.models import model as preset
+    from service.estimator.activations import micro_batches_in_flight
+    from service.estimator.step_time import paired_fraction
+
+    spec = preset("mixtral-8x7b").spec
+    c = cluster(H100, 16, 50e9)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    plain = Layout(framework=Framework.MEGATRON, dp=16, ep=16, zero_stage=1, recompute=Recompute.SELECTIVE)
+    overlapped = dataclasses.replace(plain, moe_a2a_overlap=True)
+    before, after = time(spec, c, plain, training).breakdown, time(spec, c, overlapped, training).breakdown
+    assert after.compute_s == before.compute_s
+    m, layers = 16, spec.num_layers
+    one = before.ep_comm_s / (m * layers * 4)
+    forward = before.compute_s / (3 * m * layers)
+    exposed = max(0.0, 2 * one - 2 * forward) + max(0.0, 2 * one - forward)
+    assert paired_fraction(overlapped, 0, m) == 15 / 16
+    assert after.ep_comm_s == pytest.approx(m * layers * (15 / 16 * exposed + 1 / 16 * 4 * one))
+    assert after.ep_comm_s < before.ep_comm_s
+    # a forward runs beside a backward: two micro-batches' activations in flight
+    assert micro_batches_in_flight(overlapped, 0, m) == 2 and micro_batches_in_flight(plain, 0, m) == 1
+    # interleaved: the warm-up chunks (plus one) are unpaired
+    pp = dataclasses.replace(overlapped, dp=8, pp=2, ep=8, virtual_pipeline_stages=2)
+    assert paired_fraction(pp, 0, 32) == (64 - (2 + 2 + 1)) / 64

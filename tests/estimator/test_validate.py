@@ -379,3 +379,22 @@ def test_multi_token_prediction_is_megatrons_and_needs_rope() -> None:
     )
     with pytest.raises(InvalidLayout, match="rope or none"):
         check(Layout(framework=Framework.MEGATRON, dp=16, zero_stage=1), model=learned, training=mtp)
+
+
+@pytest.mark.parametrize(
+    ("layout", "model", "words"),
+    [
+        (Layout(framework=Framework.FSDP, dp=16, zero_stage=3, moe_a2a_overlap=True), MOE, "Megatron's"),
+        (Layout(framework=Framework.MEGATRON, dp=16, moe_a2a_overlap=True), MOE, "ep > 1"),
+        (Layout(framework=Framework.MEGATRON, dp=8, pp=2, ep=4, moe_a2a_overlap=True), MOE, "interleaved"),
+        (
+            Layout(framework=Framework.MEGATRON, dp=16, ep=4, moe_a2a_overlap=True, recompute=Recompute.FULL),
+            MOE,
+            "recompute",
+        ),
+    ],
+)
+def test_moe_a2a_overlap_follows_megatrons_rules(layout: Layout, model: ModelSpec, words: str) -> None:
+    with pytest.raises(InvalidLayout, match=words) as err:
+        check(layout, model=model)
+    assert err.value.field == "moe_a2a_overlap"

@@ -69,7 +69,7 @@ ACCELERATE_NESTED = {
 MEGATRON_SWITCHES = {
     "--sequence-parallel", "--tp-comm-overlap", "--use-distributed-optimizer",
     "--overlap-grad-reduce", "--overlap-param-gather", "--optimizer-cpu-offload",
-    "--use-precision-aware-optimizer", "--moe-grouped-gemm",
+    "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--overlap-moe-expert-parallel-comm",
     "--bf16", "--fp16", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--mock-data",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
@@ -284,6 +284,14 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
         assert "mla_up_proj" not in modules or "--multi-latent-attention" in f
     else:
         assert "--recompute-modules" not in f
+    if "--overlap-moe-expert-parallel-comm" in f:  # TransformerConfig.__post_init__
+        assert num("--expert-model-parallel-size") > 1
+        assert f.get("--moe-token-dispatcher-type") in ("alltoall", "flex")
+        assert granularity != "full" and "moe" not in modules
+        vpp = ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank")
+        chunks = str(f.get("--pipeline-model-parallel-layout") or "").count("|") + 1
+        assert pp == 1 or any(flag in f for flag in vpp) or chunks > pp
+    assert ("--overlap-moe-expert-parallel-comm" in f) == lo.moe_a2a_overlap
     if "--mtp-num-layers" in f:  # validate_args: MTP with rope or no position embedding only
         assert f.get("--position-embedding-type") in ("rope", "none")
         assert int(str(f["--mtp-num-layers"])) == plan.training.mtp_num_layers

@@ -437,3 +437,16 @@ def test_megatron_renders_multi_token_prediction_on_the_last_stage() -> None:
     even = replace(chosen, layout=replace(chosen.layout, pp=2, dp=4, pipeline_layers=None))
     with pytest.raises(Unsupported, match="mtp-num-layers"):
         accelerate.accelerate_config(even)
+
+
+def test_megatron_renders_the_ep_all_to_all_overlap() -> None:
+    overlapped = plan(
+        model=DEEPSEEK_LIKE, framework=Framework.MEGATRON, zero_stage=1, ep=4, moe_a2a_overlap=True
+    )
+    args = megatron.megatron_args(overlapped)
+    assert "--overlap-moe-expert-parallel-comm" in args
+    assert args[args.index("--moe-token-dispatcher-type") + 1] == "alltoall"  # what the overlap needs
+    for artifact in megatron.render(overlapped):
+        checks.check_artifact(artifact, overlapped)
+    with pytest.raises(Unsupported, match="overlap-moe-expert-parallel-comm"):
+        accelerate.accelerate_config(overlapped)

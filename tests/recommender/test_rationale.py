@@ -64,6 +64,7 @@ def check_claims(candidate: Candidate, c: ClusterSpec) -> None:
         ep_line = next(line for line in lines if line.startswith("EP="))
         assert ("across nodes" in ep_line) == _spans(lo.ep, lo.expert_tp, c.gpus_per_node)
         assert ("each expert whole (etp=1" in ep_line) == (lo.etp == 1)
+        assert ("--overlap-moe-expert-parallel-comm" in ep_line) == lo.moe_a2a_overlap
     for what, device in (("optimizer", lo.offload_optimizer), ("parameters", lo.offload_params)):
         assert (f"{what} offloaded to" in text) == (device is not Offload.NONE)
     if lo.zero_stage:

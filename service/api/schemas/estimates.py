@@ -79,6 +79,12 @@ class LayoutIn(Strict):
     )
     fsdp_hybrid_shard: bool = False
     tp_comm_overlap: bool = False
+    moe_a2a_overlap: bool = Field(
+        default=False,
+        description="megatron, MoE with ep > 1: --overlap-moe-expert-parallel-comm (combined 1F1B: each "
+        "micro-batch's EP all-to-alls under another's compute; one more micro-batch in flight; pp > 1 "
+        "needs virtual_pipeline_stages > 1, recompute not full)",
+    )
     overlap_grad_reduce: bool | None = Field(default=None, description="default: the framework's")
     pipeline_layers: list[Annotated[int, Field(ge=0, le=100_000)]] | None = Field(
         default=None,
