@@ -450,3 +450,31 @@ def test_asking_to_compile_what_cannot_be_compiled_is_refused(client: TestClient
             assert problem["errors"][0]["field"] == "constraints.torch_compile", problem
             assert "torch_compile" in problem["detail"]
     assert client.get("/v1/plans").json()["items"] == before
+
+
+def test_a_megatron_moe_plan_with_multi_token_prediction_launches_what_was_estimated(
+    client: TestClient,
+) -> None:
+    # Qwen3-30B-A3B on two H100 nodes, one MTP depth: only Megatron trains it, and its launch script
+    # carries the MTP depth and the all-to-all overlap exactly when the estimate has them
+    body = plan_body(
+        model={"preset": "qwen3-30b-a3b"},
+        cluster={
+            "gpu": "h100-sxm-80gb",
+            "num_nodes": 2,
+            "gpus_per_node": 8,
+            "inter_node_bandwidth_gbps": 400,
+        },
+        training={"seq_len": 4096, "global_batch_size": 128, "mtp_num_layers": 1},
+        constraints={"top_k": 2},
+        launchers=["megatron"],
+    )
+    plan = create(client, body)
+    assert plan["status"] == "feasible", plan
+    layout = plan["recommended"]["layout"]
+    assert layout["framework"] == "megatron" and layout["ep"] > 1
+    script = client.get(f"/v1/plans/{plan['id']}/artifacts/{plan['artifacts'][0]['name']}").text
+    assert "--mtp-num-layers 1" in script
+    assert ("--overlap-moe-expert-parallel-comm" in script) == layout["moe_a2a_overlap"]
+    ep_line = next(line for line in plan["recommended"]["rationale"] if line.startswith("EP="))
+    assert ("--overlap-moe-expert-parallel-comm" in ep_line) == layout["moe_a2a_overlap"]
