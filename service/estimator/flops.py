@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from service.estimator.params import LayerKind, layer_kind
+from service.estimator.params import LayerKind, layer_kind, mtp_projection_parameters
 from service.estimator.types import (
     AttentionKind,
     Method,
@@ -240,8 +240,8 @@ def layer_training_flops(model: ModelSpec, kind: LayerKind, training: TrainingSp
 def mtp_block_training_flops(model: ModelSpec, training: TrainingSpec) -> int:
     """One multi-token-prediction depth beyond its decoder layer, forward + backward per token: eh_proj
     (2h -> h) and the output layer on its hidden state (Megatron-Core MultiTokenPredictionLayer)."""
-    h = model.hidden_size
-    return 3 * 2 * 2 * h * h + logits_training_flops(model, training)
+    # 2 FLOPs per weight per token forward, x3 with the backward
+    return 3 * 2 * mtp_projection_parameters(model) + logits_training_flops(model, training)
 
 
 def logits_training_flops(model: ModelSpec, training: TrainingSpec) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.estimator.params import LayerKind, parameter_counts
+from service.estimator.params import MTP_NORMS, LayerKind, mtp_projection_parameters, parameter_counts
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
     ClusterSpec,
@@ -234,8 +234,7 @@ def rank_parameters(
         dense += counts.final_norm + head / t
     if rank == p - 1 and mtp_layers:
         # each depth's eh_proj (column-parallel) and norms; the shifted tokens' embedding copy
-        h = model.hidden_size
-        dense += mtp_layers * (2 * h * h / t + 3 * counts.final_norm)
+        dense += mtp_layers * (mtp_projection_parameters(model) / t + MTP_NORMS * counts.final_norm)
         if p > 1 and counts.output:
             dense += counts.embedding / t
     moe_layer = counts.router_per_moe_layer + counts.shared_experts_per_moe_layer / t

@@ -272,11 +272,18 @@ def parameter_counts(model: ModelSpec) -> ParameterCounts:
     )
 
 
+MTP_NORMS = 3  # enorm, hnorm and the depth's final norm (Megatron-Core MultiTokenPredictionLayer)
+
+
+def mtp_projection_parameters(model: ModelSpec) -> int:
+    """eh_proj of one multi-token-prediction depth: [embedding; hidden] 2h -> h, no bias."""
+    return 2 * model.hidden_size * model.hidden_size
+
+
 def mtp_block_parameters(model: ModelSpec) -> int:
-    """One multi-token-prediction depth beyond its decoder layer: eh_proj (2h -> h, no bias) and the
-    enorm, hnorm and final norm (Megatron-Core MultiTokenPredictionLayer; DeepSeek-V3 §2.2)."""
-    h = model.hidden_size
-    return 2 * h * h + 3 * norm_parameters(model)
+    """One multi-token-prediction depth beyond its decoder layer: eh_proj and its norms
+    (DeepSeek-V3 §2.2)."""
+    return mtp_projection_parameters(model) + MTP_NORMS * norm_parameters(model)
 
 
 def mtp_stage_parameters(model: ModelSpec, layout: Layout, mtp_layers: int) -> int:
