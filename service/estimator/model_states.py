@@ -276,12 +276,34 @@ def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout, rp
     return total / layout.tp
 
 
+def lora_expert_parameters(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, rp: RankParameters
+) -> float:
+    """Of ``lora_parameters``, the adapters of the local routed experts (E/ep per MoE layer): they
+    live in the expert modules, so ZeRO/FSDP shard them with the experts, over expert-DP."""
+    if model.moe is None:
+        return 0.0
+    targets = _lora_mlp_targets(model, training)
+    per_layer = (
+        model.moe.num_experts
+        / layout.ep
+        * len(targets)
+        * (model.hidden_size + model.moe.expert_ffn_hidden_size)
+    )
+    return rp.moe_layers * per_layer * training.lora_rank / layout.tp
+
+
+def _lora_mlp_targets(model: ModelSpec, training: TrainingSpec) -> list[str]:
+    targets = [n for n in training.lora_targets if n in ("gate_proj", "up_proj", "down_proj")]
+    if not model.mlp.gated and "gate_proj" in targets:
+        targets.remove("gate_proj")
+    return targets
+
+
 def _lora_expert_parameters(model: ModelSpec, moe: MoESpec, training: TrainingSpec, layout: Layout) -> float:
     # MLP targets on an MoE layer adapt every local routed expert (E/ep of them, width f_e) instead
     # of the dense MLP (width f): the difference per MoE layer.
-    mlp_targets = [n for n in training.lora_targets if n in ("gate_proj", "up_proj", "down_proj")]
-    if not model.mlp.gated and "gate_proj" in mlp_targets:
-        mlp_targets.remove("gate_proj")
+    mlp_targets = _lora_mlp_targets(model, training)
     h = model.hidden_size
     dense = len(mlp_targets) * (h + model.ffn_hidden_size) * training.lora_rank
     experts = (
@@ -388,14 +410,25 @@ def _state_groups(
     assume: MemoryAssumptions,
 ) -> list[_Group]:
     # Full training: dense parameters sharded over dp x cp, routed experts over expert-DP. LoRA/QLoRA:
-    # the adapters train, the whole base is frozen (NF4 Linear weights under QLoRA).
+    # the adapters train, the whole base is frozen (NF4 Linear weights under QLoRA), each part
+    # sharded over the same group as in full training: a frozen expert is still an expert
+    # parameter (DeepSpeed's MoE groups, FSDP's expert mesh), so the frozen base's bytes per GPU
+    # depend on the method only through its dtype (issue 24: the experts, already split over ep,
+    # were divided by the dense group again).
     dense_shard, expert_shard = shards
     if training.method is Method.FULL:
         return [(rp.dense, 0.0, 0.0, dense_shard), (rp.expert, 0.0, 0.0, expert_shard)]
     linear_bytes, other_bytes = frozen_bytes(training, assume)
-    base = rp.dense + rp.expert
-    frozen = rp.linear * linear_bytes + (base - rp.linear) * other_bytes
-    return [(lora_parameters(model, training, layout, rp), base, frozen / base, dense_shard)]
+    dense_linear = rp.linear - rp.expert  # routed experts are Linear weights only
+    dense_frozen = dense_linear * linear_bytes + (rp.dense - dense_linear) * other_bytes
+    adapters = lora_parameters(model, training, layout, rp)
+    expert_adapters = lora_expert_parameters(model, training, layout, rp)
+    groups = [
+        (adapters - expert_adapters, rp.dense, dense_frozen / rp.dense if rp.dense else 0.0, dense_shard)
+    ]
+    if rp.expert:
+        groups.append((expert_adapters, rp.expert, linear_bytes, expert_shard))
+    return groups
 
 
 def rank_model_states(

@@ -1,0 +1,228 @@
+"""The frozen base of LoRA/QLoRA is sharded exactly as full training shards the same weights.
+
+Issue 24: under ZeRO-3 with ep > 1 the routed experts, already split over ep, were divided by the
+dense data-parallel group again for LoRA/QLoRA (Mixtral-8x7B on 8 H100, ep 8: 10.87 GiB of
+parameters per GPU for full training, 1.70 GiB for LoRA). The frozen base's bytes per GPU may
+depend on the method only through its dtype (NF4 Linears under QLoRA).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from service.catalog.gpus import gpu
+from service.catalog.models import model as preset
+from service.catalog.models import models
+from service.catalog.tuning import default_tuning
+from service.estimator.errors import EstimatorError
+from service.estimator.estimate import estimate
+from service.estimator.memory import rank_parameters_of, rank_states, state_bytes_of
+from service.estimator.model_states import ModelStates, lora_parameters
+from service.estimator.types import (
+    ClusterSpec,
+    Framework,
+    Layout,
+    Method,
+    ModelSpec,
+    Offload,
+    Precision,
+    TrainingSpec,
+)
+from service.estimator.validate import FRAMEWORK_CAPABILITIES, validate_layout
+from tests.estimator.helpers import job as make_job
+from validation.cases import gpu_cluster
+
+H100 = gpu("h100-sxm-80gb")
+GiB = 2**30
+
+# ---------------------------------------------------------------- Mixtral-8x7B by hand
+
+# Mixtral-8x7B (config.json: h 4096, 32 layers, 32 heads, 8 KV heads of 128, ffn 14336, 8 experts,
+# vocabulary 32000, untied): per layer q 4096^2 + k 4096 x 1024 + v 4096 x 1024 + o 4096^2,
+# 2 RMSNorms of 4096, a 4096 x 8 router; 8 experts of 3 x 4096 x 14336.
+ATTENTION = 2 * 4096 * 4096 + 2 * 4096 * 1024  # 41,943,040
+DENSE = 32 * (ATTENTION + 2 * 4096 + 4096 * 8) + 2 * 32000 * 4096 + 4096  # 1,605,636,096
+EXPERTS_PER_RANK = 32 * 8 * 3 * 4096 * 14336 // 8  # ep 8: one expert per layer, 5,637,144,576
+# LoRA r = 16 on every Linear: r x (d_in + d_out) each; the local expert's three MLP adapters.
+DENSE_ADAPTERS = 32 * 16 * ((4096 + 4096) * 2 + (4096 + 1024) * 2)  # 13,631,488
+EXPERT_ADAPTERS = 32 * 16 * 3 * (4096 + 14336)  # 28,311,552
+# ZeRO-3 over dp 8: dense parameters / 8; the experts' expert-DP group is dp x tp / ep = 1.
+FULL_PARAMETER_BYTES = 2 * DENSE // 8 + 2 * EXPERTS_PER_RANK  # 11,675,698,176 = 10.87 GiB
+LORA_PARAMETER_BYTES = FULL_PARAMETER_BYTES + 2 * DENSE_ADAPTERS // 8 + 2 * EXPERT_ADAPTERS  # 10.93 GiB
+MIXTRAL_EP8 = Layout(framework=Framework.DEEPSPEED, dp=8, ep=8, zero_stage=3)
+
+
+def _mixtral_parameters(method: Method) -> int:
+    training = TrainingSpec(seq_len=4096, global_batch_size=8, method=method)
+    mixtral = preset("mixtral-8x7b").spec
+    return estimate(
+        mixtral, gpu_cluster(H100, 8, 50e9), MIXTRAL_EP8, training, tuning=default_tuning()
+    ).memory.per_gpu.parameters
+
+
+def test_mixtral_ep8_zero3_full_counts_dense_over_dp_and_experts_over_expert_dp() -> None:
+    assert _mixtral_parameters(Method.FULL) == pytest.approx(FULL_PARAMETER_BYTES, abs=1)
+    assert FULL_PARAMETER_BYTES / GiB == pytest.approx(10.874, abs=1e-3)
+
+
+def test_mixtral_ep8_zero3_lora_counts_the_same_frozen_base_plus_adapters() -> None:
+    # was 1.70 GiB: the base / 8 again
+    assert _mixtral_parameters(Method.LORA) == pytest.approx(LORA_PARAMETER_BYTES, abs=1)
+    assert LORA_PARAMETER_BYTES / GiB == pytest.approx(10.930, abs=1e-3)
+
+
+def test_mixtral_ep8_zero3_qlora_stores_the_same_sharding_in_nf4() -> None:
+    nf4 = default_tuning().memory.qlora_bits_per_param / 8
+    # NF4: the attention Linears (dense, / 8) and the local expert (expert-DP 1); bf16: embeddings,
+    # head, norms, routers (dense, / 8)
+    other = DENSE - 32 * ATTENTION
+    frozen = (32 * ATTENTION * nf4 + other * 2) / 8 + EXPERTS_PER_RANK * nf4
+    expected = frozen + 2 * DENSE_ADAPTERS / 8 + 2 * EXPERT_ADAPTERS
+    assert _mixtral_parameters(Method.QLORA) == pytest.approx(expected, abs=1)
+
+
+# ---------------------------------------------------------------- every preset x layout
+
+PRESETS = sorted(models())
+MOE_PRESETS = sorted(name for name, p in models().items() if p.spec.moe is not None)
+PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP32, Precision.BF16_PURE)
+
+
+def _states(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec
+) -> list[ModelStates]:
+    j = make_job(model, cluster, training)
+    return [rank_states(j, layout, rank).states for rank in range(layout.pp)]
+
+
+def _total(s: ModelStates) -> float:
+    """Model-state bytes wherever they live: GPU, host and NVMe (offload moves, never drops)."""
+    return s.parameters + s.gradients + s.optimizer_states + s.host_bytes + s.nvme_bytes
+
+
+def _valid(model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec) -> bool:
+    try:
+        validate_layout(model, cluster, layout, training)
+    except EstimatorError:
+        return False
+    return True
+
+
+def check_frozen_base(model: ModelSpec, layout: Layout, precision: Precision) -> bool:
+    """The invariants for one preset and layout; False when the layout cannot run LoRA."""
+    gpus = layout.dp * layout.tp * layout.pp * layout.cp
+    cluster = gpu_cluster(H100, gpus, 50e9)
+    full_t = TrainingSpec(seq_len=2048, global_batch_size=layout.dp, precision=precision)
+    lora_t = dataclasses.replace(full_t, method=Method.LORA)
+    qlora_t = dataclasses.replace(full_t, method=Method.QLORA)
+    if not (_valid(model, cluster, layout, full_t) and _valid(model, cluster, layout, lora_t)):
+        return False
+    full, lora = _states(model, cluster, layout, full_t), _states(model, cluster, layout, lora_t)
+    qlora = _states(model, cluster, layout, qlora_t) if _valid(model, cluster, layout, qlora_t) else None
+    sb = state_bytes_of(make_job(model, cluster, full_t), layout.framework)
+    # full training stores the parameters as FSDP's sharded fp32 master (mixed) or the weights; the
+    # frozen base is in the compute dtype (fp32 under fp32, else 16-bit)
+    stored = sb.master or sb.weights if layout.framework is Framework.FSDP else sb.weights
+    frozen = 4.0 if precision is Precision.FP32 else 2.0
+    j = make_job(model, cluster, lora_t)
+    for rank in range(layout.pp):
+        # the adapters train: stored as full training stores its parameters
+        adapters = lora_parameters(model, lora_t, layout, rank_parameters_of(j, layout, rank)) * stored
+        base = full[rank].parameters * frozen / stored
+        if layout.offload_params is not Offload.NONE:
+            assert lora[rank].parameters == full[rank].parameters == 0.0  # all on the host
+        else:  # the adapters are sharded (at most over every GPU) or not
+            assert base + adapters / gpus - 1 <= lora[rank].parameters <= base + adapters + 1, (
+                rank,
+                full,
+                lora,
+            )
+        assert _total(lora[rank]) <= _total(full[rank]), (rank, lora, full)
+        if qlora is not None:
+            assert _total(qlora[rank]) <= _total(lora[rank]), (rank, qlora, lora)
+            assert qlora[rank].gradients == lora[rank].gradients
+        if layout.offload_optimizer is Offload.NONE and layout.offload_params is Offload.NONE:
+            gpu_states = [s.parameters + s.gradients + s.optimizer_states for s in (full[rank], lora[rank])]
+            assert gpu_states[1] <= gpu_states[0]
+    return True
+
+
+PEFT_FRAMEWORKS = [f for f, caps in FRAMEWORK_CAPABILITIES.items() if caps.peft]
+
+
+@st.composite
+def peft_layouts(draw: st.DrawFn) -> Layout:
+    """Layouts of a framework with PEFT, its ZeRO stages (those it allows with pp > 1)."""
+    framework = draw(st.sampled_from(PEFT_FRAMEWORKS))
+    caps = FRAMEWORK_CAPABILITIES[framework]
+    pp = draw(st.sampled_from([1, 2, 4]))
+    stages = sorted(s for s in caps.zero_stages if pp == 1 or s <= caps.max_zero_stage_with_pp)
+    dp = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    params = [Offload.NONE, Offload.CPU] if caps.param_offload else [Offload.NONE]
+    return Layout(
+        framework=framework,
+        dp=dp,
+        tp=draw(st.sampled_from([1, 2, 4])),
+        pp=pp,
+        ep=draw(st.sampled_from([e for e in (1, 2, 4, 8) if dp % e == 0])),
+        zero_stage=draw(st.sampled_from(stages)),
+        offload_optimizer=draw(st.sampled_from([Offload.NONE, Offload.CPU])),
+        offload_params=draw(st.sampled_from(params)),
+        fsdp_hybrid_shard=framework is Framework.FSDP and draw(st.booleans()),
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(
+    name=st.sampled_from(PRESETS),
+    layout=peft_layouts(),
+    precision=st.sampled_from(PRECISIONS),
+)
+def test_frozen_base_bytes_do_not_depend_on_the_method(
+    name: str, layout: Layout, precision: Precision
+) -> None:
+    assume(check_frozen_base(models()[name].spec, layout, precision))
+
+
+GRID = [
+    Layout(framework=Framework.DEEPSPEED, dp=8, ep=8, zero_stage=3),
+    Layout(framework=Framework.DEEPSPEED, dp=8, ep=4, zero_stage=3),
+    Layout(framework=Framework.DEEPSPEED, dp=8, ep=2, zero_stage=2),
+    Layout(framework=Framework.DEEPSPEED, dp=8, ep=8, zero_stage=1),
+    Layout(framework=Framework.DEEPSPEED, dp=4, tp=2, ep=4, zero_stage=3),
+    Layout(framework=Framework.DEEPSPEED, dp=4, pp=2, ep=4, zero_stage=1),
+    Layout(
+        framework=Framework.DEEPSPEED,
+        dp=8,
+        ep=8,
+        zero_stage=3,
+        offload_params=Offload.CPU,
+        offload_optimizer=Offload.CPU,
+    ),
+    Layout(framework=Framework.FSDP, dp=8, ep=8, zero_stage=3),
+    Layout(framework=Framework.FSDP, dp=8, ep=4, zero_stage=2),
+    Layout(framework=Framework.FSDP, dp=4, tp=2, ep=4, zero_stage=3),
+    Layout(framework=Framework.FSDP, dp=4, pp=2, ep=2, zero_stage=3),
+    Layout(framework=Framework.FSDP, dp=16, ep=8, zero_stage=3, fsdp_hybrid_shard=True),
+    Layout(framework=Framework.MEGATRON, dp=8, ep=8, zero_stage=1),
+    Layout(framework=Framework.MEGATRON, dp=4, tp=2, ep=8, etp=1, zero_stage=1),
+]
+
+
+@pytest.mark.parametrize("name", MOE_PRESETS)
+def test_frozen_experts_are_sharded_as_full_training_shards_them(name: str) -> None:
+    spec = models()[name].spec
+    checked = [layout for layout in GRID if check_frozen_base(spec, layout, Precision.BF16)]
+    # Megatron has no PEFT (refused); every MoE preset runs some DeepSpeed and FSDP ep layout
+    assert {layout.framework for layout in checked} == {Framework.DEEPSPEED, Framework.FSDP}, name
+
+
+@pytest.mark.parametrize("layout", GRID[-2:])
+def test_megatron_refuses_peft_so_no_frozen_base_to_compare(layout: Layout) -> None:
+    mixtral = preset("mixtral-8x7b").spec
+    lora = TrainingSpec(seq_len=2048, global_batch_size=layout.dp, method=Method.LORA)
+    assert not _valid(mixtral, gpu_cluster(H100, 8, 50e9), layout, lora)
