@@ -194,16 +194,19 @@ def test_the_same_numbers_in_process_and_over_http(database: str, server: str) -
 def test_keys_made_on_the_database_open_a_service_that_requires_them(
     database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The operator's bootstrap: the first admin key is made on the database, the others through it."""
     admin = json.loads(
         run("keys", "create", "ops", "--scope", "admin", "--name", "bootstrap", "--json").output
     )
     assert admin["scopes"] == ["admin"] and admin["secret"].startswith("tp_")
+    assert admin["created_via"] == "operator"
     assert "secret" not in run("keys", "list", "--json").output
     with served(database, require_auth=True) as url:
         assert run("clusters", "list", "--url", url).exit_code == 1  # no key: 401
         monkeypatch.setenv("TRAINPLAN_API_KEY", admin["secret"])
         team = json.loads(run("keys", "create", "team", "--url", url, "--json").output)
         assert team["owner"] == "team" and team["scopes"] == ["read", "write"]
+        assert team["created_via"] == "api"
         monkeypatch.setenv("TRAINPLAN_API_KEY", team["secret"])
         assert run("clusters", "add", "box", "--gpus", "8xh100-sxm-80gb", "--url", url).exit_code == 0
         assert "box" in run("clusters", "list", "--url", url).output

@@ -80,3 +80,44 @@ def test_rows_stored_before_owners_belong_to_local_and_runs_get_their_plans_hard
         assert conn.execute(text("SELECT owner, hardware_key FROM runs")).all() == [("local", "hw-1")]
         assert conn.execute(text("SELECT owner, key FROM idempotency_keys")).all() == [("local", "k")]
     engine.dispose()
+
+
+def test_keys_stored_before_their_origin_was_recorded_are_revoked(tmp_path: object) -> None:
+    """Earlier versions let anyone create keys over the API with authentication off, and stored
+    nothing that tells those from the operator's: upgrading revokes every one of them, so a key made
+    without authentication does not open the service once it requires keys."""
+    from pathlib import Path
+
+    from fastapi.testclient import TestClient
+    from sqlalchemy import create_engine, text
+
+    from service.main import create_app
+    from service.planning.api_keys import secret_digest
+    from service.settings import Settings
+
+    url = f"sqlite:///{Path(str(tmp_path)) / 'before-origins.db'}"
+    config = alembic_config(url)
+    command.upgrade(config, "fe8d8c9fa53a")  # the last revision without api_keys.created_via
+    minted = "tp_minted-over-the-unauthenticated-api"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        for key_id, secret, revoked_at in [
+            ("K1", minted, None),
+            ("K2", "tp_revoked-before", "2026-12-01 10:00:00.000000"),
+        ]:
+            conn.execute(
+                text(
+                    "INSERT INTO api_keys (id, owner, name, scopes, secret_sha256, created_at, revoked_at)"
+                    " VALUES (:id, 'local', '', '[\"admin\"]', :digest, '2026-12-01 00:00:00', :revoked)"
+                ),
+                {"id": key_id, "digest": secret_digest(secret), "revoked": revoked_at},
+            )
+    command.upgrade(config, "head")
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, created_via, revoked_at FROM api_keys ORDER BY id")).all()
+    engine.dispose()
+    assert [(key_id, via) for key_id, via, _ in rows] == [("K1", "unknown"), ("K2", "unknown")]
+    assert rows[0][2] is not None and rows[1][2].startswith("2026-12-01 10:00:00")  # kept as it was
+    with TestClient(create_app(Settings(database_url=url, require_auth=True))) as client:
+        refused = client.get("/v1/api-keys", headers={"Authorization": f"Bearer {minted}"})
+        assert refused.status_code == 401

@@ -1,19 +1,48 @@
-"""API keys (admin scope): create one for an owner (its secret is answered once), list, revoke."""
+"""API keys (admin scope): create one for an owner (its secret is answered once), list, revoke.
+
+Only under authentication: with PLANNER_REQUIRE_AUTH off every caller is the local owner with every
+scope, so anyone who reaches the port could make an admin key that stays valid once authentication
+is turned on. The first admin key is made by the operator on the database instead
+(`trainplan keys create OWNER --scope admin`)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Depends, Query, Response, status
 
-from service.api.deps import SessionDep
+from service.api.deps import SessionDep, SettingsDep
 from service.api.problems import PROBLEM_RESPONSES
 from service.api.schemas.api_keys import ApiKeyCreate, ApiKeyCreated, ApiKeyOut
 from service.api.schemas.common import Page
+from service.errors import Forbidden
 from service.persistence.models import OWNER_MAX_LENGTH, ApiKeyRecord
 from service.planning import api_keys
 
-router = APIRouter(prefix="/v1/api-keys", tags=["api-keys"], responses=PROBLEM_RESPONSES)
+
+def require_authentication(settings: SettingsDep) -> None:
+    """403 while the service does not authenticate: no caller can be told apart from another."""
+    if not settings.require_auth:
+        raise Forbidden(
+            "API keys are managed only when the service requires them (PLANNER_REQUIRE_AUTH=true); "
+            "without authentication any caller could make an admin key. Make the first admin key on "
+            "the database with `trainplan keys create OWNER --scope admin`, then turn authentication on"
+        )
+
+
+router = APIRouter(
+    prefix="/v1/api-keys",
+    tags=["api-keys"],
+    responses={
+        **PROBLEM_RESPONSES,
+        403: {
+            **PROBLEM_RESPONSES[403],
+            "description": "The API key lacks the admin scope, or the service does not require keys "
+            "(PLANNER_REQUIRE_AUTH=false), when none can be managed",
+        },
+    },
+    dependencies=[Depends(require_authentication)],
+)
 
 
 def to_out(record: ApiKeyRecord) -> ApiKeyOut:
@@ -22,7 +51,9 @@ def to_out(record: ApiKeyRecord) -> ApiKeyOut:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ApiKeyCreated)
 def create_api_key(body: ApiKeyCreate, session: SessionDep, response: Response) -> ApiKeyCreated:
-    record, secret = api_keys.create_key(session, owner=body.owner, name=body.name, scopes=body.scopes)
+    record, secret = api_keys.create_key(
+        session, owner=body.owner, name=body.name, scopes=body.scopes, created_via="api"
+    )
     response.headers["Location"] = f"/v1/api-keys/{record.id}"
     return ApiKeyCreated(**to_out(record).model_dump(), secret=secret)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
@@ -116,6 +116,12 @@ class IdempotencyKeyRecord(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+# How a key was made: "operator" on the database (`trainplan keys create` without --url), "api"
+# by an authenticated admin (POST /v1/api-keys, which exists only under authentication), "unknown"
+# before this was recorded (an unauthenticated POST may have made it; the migration revoked those).
+ApiKeyOrigin = Literal["operator", "api", "unknown"]
+
+
 class ApiKeyRecord(Base):
     """An API key: its owner and scopes, and the SHA-256 of its secret (the secret itself is shown
     once, at creation, and never stored). Revoked keys stay, so a list shows when they were revoked."""
@@ -127,5 +133,6 @@ class ApiKeyRecord(Base):
     name: Mapped[str] = mapped_column(String(200), default="")
     scopes: Mapped[list[str]] = mapped_column(JSON)
     secret_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_via: Mapped[str] = mapped_column(String(20))  # an ApiKeyOrigin
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -1,5 +1,9 @@
 """API keys: create (the secret is shown once), list, revoke, and authenticate a presented secret.
 
+Keys exist only under authentication: the first admin key is made by the operator on the database
+(`trainplan keys create OWNER --scope admin`, no HTTP involved), later ones by an authenticated admin
+over the API (which refuses with 403 while PLANNER_REQUIRE_AUTH is off). Each key records which.
+
 A secret is ``tp_`` and 32 random bytes (256 bits, URL-safe base64); only its SHA-256 is stored. A
 fast hash is enough for secrets this random (a slow password hash protects guessable passwords, which
 these are not), and lets every request find its key by one indexed lookup.
@@ -11,6 +15,7 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -24,6 +29,8 @@ from service.persistence.models import LOCAL_OWNER, ApiKeyRecord
 # write: create, change and delete clusters, plans and runs; admin: manage API keys of every owner.
 SCOPES = ("read", "write", "admin")
 SECRET_PREFIX = "tp_"
+# How a new key is made (the "unknown" of keys from before this was recorded is never given again).
+KeyOrigin = Literal["operator", "api"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +49,16 @@ def secret_digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def create_key(session: Session, *, owner: str, name: str, scopes: Sequence[str]) -> tuple[ApiKeyRecord, str]:
-    """A new key and its secret (returned once, never stored)."""
+def create_key(
+    session: Session, *, owner: str, name: str, scopes: Sequence[str], created_via: KeyOrigin = "operator"
+) -> tuple[ApiKeyRecord, str]:
+    """A new key and its secret (returned once, never stored); made by the operator on the database
+    unless `created_via` says the API made it."""
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     ordered = [scope for scope in SCOPES if scope in set(scopes)]
-    record = ApiKeyRecord(owner=owner, name=name, scopes=ordered, secret_sha256=secret_digest(secret))
+    record = ApiKeyRecord(
+        owner=owner, name=name, scopes=ordered, secret_sha256=secret_digest(secret), created_via=created_via
+    )
     session.add(record)
     session.flush()
     return record, secret

@@ -122,6 +122,7 @@ def test_keys_are_created_once_listed_without_secrets_and_revoked_everywhere(
     assert created.status_code == 201, created.text
     key = created.json()
     assert key["secret"].startswith("tp_") and key["scopes"] == ["read", "write"]
+    assert key["created_via"] == "api"
     assert created.headers["location"] == f"/v1/api-keys/{key['id']}"
     carol = {"Authorization": f"Bearer {key['secret']}"}
     assert client.post("/v1/clusters", json=BOX, headers=carol).status_code == 201
@@ -193,6 +194,36 @@ def test_idempotency_keys_and_calibration_are_per_owner(api: tuple[TestClient, A
     assert client.post(f"/v1/plans/{first.json()['id']}/runs", json=slow, headers=alice).status_code == 201
     assert client.post("/v1/estimates", json=estimate, headers=alice).json()["calibration"]["runs"] == 1
     assert client.post("/v1/estimates", json=estimate, headers=bob).json()["calibration"] is None
+
+
+def test_keys_are_the_operators_on_the_database(api: tuple[TestClient, Any]) -> None:
+    """The fixture's keys were made as `trainplan keys create` makes them: on the database."""
+    client, keys = api
+    listed = client.get("/v1/api-keys", headers=keys["admin"]).json()["items"]
+    assert {k["name"]: k["created_via"] for k in listed} == dict.fromkeys(
+        ("alice", "bob", "reader", "admin"), "operator"
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/api-keys", {"owner": "mallory", "scopes": ["admin"]}),
+        ("POST", "/v1/api-keys", {"owner": "bad owner!"}),  # refused before the body is read
+        ("GET", "/v1/api-keys", None),
+        ("DELETE", "/v1/api-keys/01JAAAAAAAAAAAAAAAAAAAAAAA", None),
+    ],
+)
+def test_without_require_auth_no_key_can_be_made_listed_or_revoked(
+    client: TestClient, db_engine: Engine, method: str, path: str, body: dict[str, Any] | None
+) -> None:
+    """With authentication off every caller is the local admin: a key made then would be anyone's,
+    and would still open the service once authentication is on."""
+    problem = assert_problem(client.request(method, path, json=body), 403)
+    assert "PLANNER_REQUIRE_AUTH=true" in problem["detail"]
+    assert "trainplan keys create OWNER --scope admin" in problem["detail"]
+    with Session(db_engine) as session:
+        assert api_keys.list_keys(session) == []
 
 
 def test_without_require_auth_every_request_is_the_local_owner(client: TestClient) -> None:

@@ -64,12 +64,10 @@ with TestClient(APP) as _seed:
         },
     ).json()
     _run = _seed.post(f"/v1/plans/{_plan['id']}/runs", json={"step_s": 1.0}).json()
-    _key = _seed.post("/v1/api-keys", json={"owner": "fuzz"}).json()
 STORED = {
     "cluster_id": _cluster.json()["id"],
     "plan_id": _plan["id"],
     "run_id": _run["id"],
-    "key_id": _key["id"],
     "name": _plan["artifacts"][0]["name"],
 }
 PRESETS = ["gpt2", "llama-3.1-8b", "mixtral-8x7b"]

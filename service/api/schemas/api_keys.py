@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from service.api.schemas.common import Strict
-from service.persistence.models import OWNER_MAX_LENGTH
+from service.persistence.models import OWNER_MAX_LENGTH, ApiKeyOrigin
 
 Scope = Literal["read", "write", "admin"]
 
@@ -39,6 +39,10 @@ class ApiKeyOut(BaseModel):
     owner: str
     name: str
     scopes: list[Scope]
+    created_via: ApiKeyOrigin = Field(
+        description="operator: made on the database (`trainplan keys create`); api: by an authenticated "
+        "admin; unknown: made before this was recorded, possibly without authentication (revoked on upgrade)"
+    )
     created_at: datetime
     revoked_at: datetime | None
 
