@@ -9,6 +9,7 @@ says which.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,9 +117,15 @@ def _time_advice(run: ObservedRun, estimate: dict[str, Any]) -> list[str]:
 
 
 def diagnose(
-    run: ObservedRun, estimate: dict[str, Any], layout: dict[str, Any], tokens_per_step: int
+    run: ObservedRun,
+    estimate: dict[str, Any],
+    layout: dict[str, Any],
+    tokens_per_step: int,
+    implausible: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Estimate errors (measured vs estimated, relative) and advice for one observed run."""
+    """Estimate errors (measured vs estimated, relative) and advice for one observed run.
+    ``implausible``: why the run cannot be what the plan measured (estimator.calibration's
+    ``implausibility``); such a run gets that as its advice and moves no calibration factor."""
     total = estimate["memory"]["per_gpu"]["total"]
     memory_error = None
     if run.peak_memory_bytes_per_gpu is not None and not run.out_of_memory:
@@ -126,11 +133,20 @@ def diagnose(
     step = measured_step_s(run, tokens_per_step)
     time = estimate.get("time")
     step_error = _relative(step, time["step_s"]) if step is not None and time else None
-    advice = _memory_advice(run, estimate, layout) + _time_advice(run, estimate)
-    if step_error is not None and step_error > 0.15:
+    if implausible:
+        advice = [
+            *implausible,
+            "implausible for this plan: stored, but it moves no calibration factor; check that the run "
+            "used the plan's layout, batch and sequence length, and how its numbers were measured",
+        ]
+    else:
+        advice = _memory_advice(run, estimate, layout) + _time_advice(run, estimate)
+    if step_error is not None and step_error > 0.15 and not implausible:
         advice.append(f"steps take {step_error:.0%} longer than estimated; later estimates on this hardware "
                       "and framework are calibrated with the observed ratio")  # fmt: skip
     return {
+        "implausible": bool(implausible),
+        "implausible_reasons": list(implausible),
         "memory_error": memory_error,
         "step_time_error": step_error,
         "estimated_peak_memory_bytes_per_gpu": total,

@@ -4,7 +4,12 @@ all under the calibration learned from observed runs when there is one."""
 from __future__ import annotations
 
 from service.estimator import evaluate
-from service.estimator.calibration import Calibration, calibrated_time, calibration_note
+from service.estimator.calibration import (
+    Calibration,
+    calibrated_time,
+    calibration_note,
+    capped_step_time_factor,
+)
 from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
 from service.estimator.step_time import (
@@ -144,8 +149,10 @@ def estimate_valid(
     factor = calibration.memory_dynamic_factor
     memory = evaluate.memory_estimate(job, layout, factor)
     time = evaluate.time_estimate(job, layout)
-    if calibration.step_time_factor != 1.0:
-        time = calibrated_time(time, calibration.step_time_factor)
+    # no faster than the step's hardware FLOPs at the dense peak (HFU <= 1), whatever the runs say
+    step_time_factor = capped_step_time_factor(time, calibration.step_time_factor)
+    if step_time_factor != 1.0:
+        time = calibrated_time(time, step_time_factor)
     notes = (*memory_assumptions(job, layout), *time_assumptions(job, layout))
     training = job.training
     return Estimate(
@@ -157,7 +164,9 @@ def estimate_valid(
         time_to_train_s=time_to_train_s(training.tokens, time.tokens_per_s) if training.tokens else None,
         warnings=(
             *warnings_for(memory, job.cluster, layout),
-            *attention_warnings(job, layout, calibration.step_time_factor),
+            *attention_warnings(job, layout, step_time_factor),
         ),
-        assumptions=notes if calibration.is_identity else (*notes, calibration_note(calibration)),
+        assumptions=(
+            notes if calibration.is_identity else (*notes, calibration_note(calibration, step_time_factor))
+        ),
     )

@@ -51,6 +51,9 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
     )
     time = estimate.get("time")
     training = plan.request["training"]
+    # step x HFU is the step's hardware FLOPs per GPU over the dense peak: the step at HFU 1, the same
+    # before and after a step-time factor (which divides HFU as it multiplies the step)
+    peak_step_s = time["step_s"] * time["hfu"] if time and time.get("hfu") else None
     return Observation(
         model_state_bytes=states,
         dynamic_bytes=round(dynamic),
@@ -59,6 +62,7 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
         out_of_memory=run.out_of_memory,
         estimated_step_s=time["step_s"] / factors.get("step_time", 1.0) if time else None,
         measured_step_s=measured_step_s(observed(run), training["seq_len"] * training["global_batch_size"]),
+        peak_step_s=peak_step_s,
     )
 
 
@@ -76,12 +80,16 @@ def calibrations_for(repo: PlanRepository, key: str, frameworks: Iterable[str]) 
 
 
 def calibration_out(calibration: Calibration) -> dict[str, Any] | None:
-    if calibration.runs == 0:
+    """The factors and the runs they come from; ``step_time`` is the factor applied (capped where the
+    step would beat the dense peak), ``step_time_learned`` what the runs say."""
+    if calibration.runs == 0 and calibration.implausible_runs == 0:
         return None
+    learned = calibration.learned_step_time_factor
     return {
         "factors": {
             "memory_dynamic": calibration.memory_dynamic_factor,
             "step_time": calibration.step_time_factor,
+            "step_time_learned": calibration.step_time_factor if learned is None else learned,
             "step_time_hardware": calibration.hardware_step_time_factor,
             "step_time_framework": calibration.framework_step_time_factor,
         },
@@ -89,6 +97,7 @@ def calibration_out(calibration: Calibration) -> dict[str, Any] | None:
         "memory_runs": calibration.memory_runs,
         "time_runs": calibration.time_runs,
         "out_of_memory_runs": calibration.oom_runs,
+        "implausible_runs": calibration.implausible_runs,
     }
 
 

@@ -15,13 +15,13 @@ from service.catalog import catalog_version
 from service.catalog.tuning import default_tuning
 from service.errors import NotFound
 from service.estimator.calibration import Calibration
-from service.estimator.estimate import estimate as estimate_layout
 from service.estimator.params import parameter_counts
 from service.estimator.types import ClusterSpec, ModelSpec, Plan, TrainingSpec
 from service.estimator.validate import hardware_violation
 from service.launchers import Target, render
 from service.persistence.models import PlanRecord
 from service.persistence.repository import ClusterRepository, PlanRepository
+from service.planning.calibrated import calibrated_candidates
 from service.planning.calibration import calibration_out, calibrations_for, hardware_key, headroom_for
 from service.planning.clusters import resolve_cluster
 from service.planning.estimates import estimate_out, located
@@ -109,29 +109,16 @@ def stored_plan(plans: PlanRepository, plan_id: str) -> PlanRecord:
 
 def candidate_out(
     candidate: Candidate,
-    model: ModelSpec,
-    cluster: ClusterSpec,
     training: TrainingSpec,
+    total_parameters: int,
     calibration: Calibration,
     gpu_hour_cost: float | None,
-    *,
-    with_limits: bool = False,
 ) -> CandidateOut:
-    estimate = candidate.estimate
-    if with_limits or not calibration.is_identity:
-        # The recommended layout gets both limits; calibrated numbers are recomputed whole so
-        # that fit, warnings and limits agree with the calibrated memory.
-        estimate = estimate_layout(
-            model,
-            sub_cluster(cluster, candidate.layout.world_size),
-            candidate.layout,
-            training,
-            tuning=default_tuning(),
-            with_limits=with_limits,
-            calibration=calibration,
-        )
-    total = parameter_counts(model).total
-    out = estimate_out(estimate, candidate.layout, training, total, gpu_hour_cost, calibration)
+    """A candidate in its wire shape; its estimate, score and rationale already under
+    ``calibration``, the one its estimate applied (planning.calibrated)."""
+    out = estimate_out(
+        candidate.estimate, candidate.layout, training, total_parameters, gpu_hour_cost, calibration
+    )
     return CandidateOut(
         layout=out.layout, estimate=out, score=candidate.score, rationale=list(candidate.rationale)
     )
@@ -149,20 +136,19 @@ def plan_result(
     request: PlanRequest,
     calibrations: dict[str, Calibration],
 ) -> dict[str, Any]:
-    """The stored result: candidates in their wire shape, rejected families, suggestions, search."""
+    """The stored result: candidates in their wire shape (estimate, score and rationale under their
+    framework's calibration), rejected families, suggestions, search."""
     cost = request.constraints.gpu_hour_cost
-
-    def out(c: Candidate, recommended: bool = False) -> dict[str, Any]:
-        calibration = calibrations.get(c.layout.framework.value, Calibration())
-        result = candidate_out(c, model, cluster, training, calibration, cost, with_limits=recommended)
-        return result.model_dump(mode="json")
-
+    total = parameter_counts(model).total
+    constraints = request.constraints.to_domain()
+    chosen = calibrated_candidates(rec, model, cluster, training, constraints, calibrations)
+    outs = [candidate_out(c, training, total, cal, cost).model_dump(mode="json") for c, cal in chosen]
     recommended = rec.recommended
     framework = recommended.layout.framework.value if recommended else None
     return {
         "status": rec.status,
-        "recommended": out(recommended, recommended=True) if recommended else None,
-        "alternatives": [out(c) for c in rec.alternatives],
+        "recommended": outs[0] if outs else None,
+        "alternatives": outs[1:],
         "rejected": [_jsonable(dataclasses.asdict(r)) for r in rec.rejected],
         "suggestions": [_jsonable(dataclasses.asdict(s)) for s in rec.suggestions],
         "search": _jsonable(dataclasses.asdict(rec.search)),

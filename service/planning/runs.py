@@ -9,10 +9,11 @@ from sqlalchemy.orm import Session
 
 from service.api.schemas.plans import RunIn, RunOut
 from service.errors import Conflict, NotFound
+from service.estimator.calibration import implausibility
 from service.feedback import diagnose
-from service.persistence.models import RunRecord
+from service.persistence.models import PlanRecord, RunRecord
 from service.persistence.repository import PlanRepository
-from service.planning.calibration import calibration_for, calibration_out, observed
+from service.planning.calibration import calibration_for, calibration_out, observation, observed
 from service.planning.idempotency import Outcome, create_once, request_digest
 from service.planning.plans import stored_plan
 
@@ -44,6 +45,7 @@ def add_run(
             recommended["estimate"],
             recommended["layout"],
             training["seq_len"] * training["global_batch_size"],
+            implausible_reasons(record, plan),
         )
         plans.add_run(record, plan)
         calibration = calibration_for(plans, plan.hardware_key, str(plan.framework))
@@ -65,6 +67,24 @@ def add_run(
     )
 
 
+def implausible_reasons(run: RunRecord, plan: PlanRecord) -> tuple[str, ...]:
+    """Why the run cannot be what its plan measured: the check calibration makes (``observation``
+    and ``implausibility`` read only what is stored, so runs stored before the check get it too)."""
+    obs = observation(run, plan)
+    return implausibility(obs) if obs is not None else ()
+
+
+def with_plausibility(run: RunRecord) -> dict[str, Any]:
+    """The stored diagnosis; a run stored before runs were checked gets the check's verdict, as
+    calibration applies it to that run (its advice is left as it was stored)."""
+    diagnosis = dict(run.diagnosis)
+    if "implausible" not in diagnosis:
+        reasons = implausible_reasons(run, run.plan)
+        diagnosis["implausible"] = bool(reasons)
+        diagnosis["implausible_reasons"] = list(reasons)
+    return diagnosis
+
+
 def run_out(run: RunRecord, calibration: dict[str, Any] | None) -> RunOut:
     """A stored run in its wire shape; `calibration` only in the answer that stored it."""
     return RunOut(
@@ -78,6 +98,6 @@ def run_out(run: RunRecord, calibration: dict[str, Any] | None) -> RunOut:
         out_of_memory=run.out_of_memory,
         framework_version=run.framework_version,
         notes=run.notes,
-        diagnosis=run.diagnosis,
+        diagnosis=with_plausibility(run),
         calibration=calibration,
     )
