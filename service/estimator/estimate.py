@@ -10,6 +10,7 @@ from service.estimator.calibration import (
     calibration_note,
     capped_step_time_factor,
 )
+from service.estimator.caveats import chip_warnings, fitted_fractions
 from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
 from service.estimator.step_time import (
@@ -98,6 +99,11 @@ def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     fitted = any(chip == gpu.chip for chip, _ in tuning.peak_fraction_by_chip)
     if fitted:
         gemm = f"GEMMs at up to {fraction:g} of the dense peak, the fraction fitted on the {gpu.chip} die"
+    elif not gpu.chip and tuning.peak_fraction_by_chip:
+        gemm = (
+            f"GEMMs at up to {fraction:g} of the dense peak: the GPU's die is not stated, so the lowest "
+            f"fraction fitted on a die ({fitted_fractions(tuning)})"
+        )
     else:
         die = f"the {gpu.chip} die has" if gpu.chip else "the GPU's die is not stated and"
         gemm = f"GEMMs at up to {fraction:g} of the dense peak: the default ({die} no fitted fraction)"
@@ -116,10 +122,13 @@ def attention_core_note(job: Job, layout: Layout) -> str:
             f"attention's core ({attention}): the causal triangle at the GEMM rate (no published rate of "
             f"{layout.framework}'s kernel in {job.training.precision} on the {die} die)"
         )
+    rate = "the kernel's published rate"
+    if not job.cluster.gpu.chip:
+        rate = "the kernel's slowest published rate (the die is not stated), at most the GEMM rate"
     return (
         f"attention's core ({attention}, {kernel.name} kernel, calls of {kernel.call_tokens:g} tokens): the "
         f"causal triangle at {kernel.forward_fraction:.3f} (forward) and {kernel.backward_fraction:.3f} "
-        "(backward, 2.5x the forward FLOPs) of the 16-bit peak, the kernel's published rate"
+        f"(backward, 2.5x the forward FLOPs) of the 16-bit peak, {rate}"
     )
 
 
@@ -165,6 +174,7 @@ def estimate_valid(
         warnings=(
             *warnings_for(memory, job.cluster, layout),
             *attention_warnings(job, layout, step_time_factor),
+            *chip_warnings(job),
         ),
         assumptions=(
             notes if calibration.is_identity else (*notes, calibration_note(calibration, step_time_factor))

@@ -375,8 +375,13 @@ def core_rates_flops_per_s(job: Job, layout: Layout, gemm_efficiency: float) -> 
     if kernel is None:
         return peak * gemm_efficiency, peak * gemm_efficiency
     # the step counts the core's backward as 2x its forward; the kernel's rate counts its own ratio
+    forward = peak * kernel.forward_fraction
     backward = peak * kernel.backward_fraction * 2.0 / kernel.backward_flops_per_forward
-    return peak * kernel.forward_fraction, backward
+    if not job.cluster.gpu.chip:
+        # die not stated: the slowest fitted die's core, which for a die without a published kernel
+        # rate is its GEMM rate (the conservative fraction's die among them: tuning.peak_fraction)
+        return min(forward, peak * gemm_efficiency), min(backward, peak * gemm_efficiency)
+    return forward, backward
 
 
 def core_s_per_token(base: StepBase, forward_flops: float, backward_flops: float) -> float:

@@ -22,6 +22,7 @@ attention's batched GEMMs run at ``unaligned_attention_core_factor`` of that rat
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -165,8 +166,21 @@ def _interpolate_log2(points: tuple[CurvePoint, ...], x: float) -> float:
     return ordered[-1].factor
 
 
+def conservative_peak_fraction(tuning: Tuning) -> float:
+    """The smallest peak fraction fitted on any die (the default when none is fitted): what a GPU
+    whose die is not stated gets, so that it is never timed faster than a fitted part of its peaks."""
+    return min(
+        (fraction for _, fraction in tuning.peak_fraction_by_chip), default=tuning.default_peak_fraction
+    )
+
+
 def peak_fraction(tuning: Tuning, gpu: GPUSpec) -> float:
-    """The fraction fitted on the GPU's die (``GPUSpec.chip``), else the default."""
+    """The fraction fitted on the GPU's die (``GPUSpec.chip``), else the default; a GPU without a
+    chip (a custom part) gets ``conservative_peak_fraction``: the default (0.65 in the catalog) is
+    above every fitted die but GA100, so an H100 described without its chip came out 38% faster
+    than the catalog's (issue 24)."""
+    if not gpu.chip:
+        return conservative_peak_fraction(tuning)
     for chip, fraction in tuning.peak_fraction_by_chip:
         if chip == gpu.chip:
             return fraction
@@ -194,12 +208,47 @@ def weight_streaming_bound(gpu: GPUSpec, rows: float) -> float:
 
 def attention_kernel_rate(tuning: Tuning, gpu: GPUSpec, framework: Framework) -> AttentionKernelRate | None:
     """The published rates of the framework's flash-style attention kernel on the GPU's die, or None
-    (the core then runs at the GEMM rate)."""
+    (the core then runs at the GEMM rate). A GPU without a chip gets the kernel's slowest rate over
+    the dies it is published for (``conservative_kernel_rate``)."""
     kernel = dict(tuning.attention_kernel_by_framework).get(framework)
+    if not gpu.chip:
+        return conservative_kernel_rate(tuning, kernel)
     for rate in tuning.attention_kernel_rates:
         if rate.kernel == kernel and rate.chip == gpu.chip:
             return rate
     return None
+
+
+def conservative_kernel_rate(tuning: Tuning, kernel: str | None) -> AttentionKernelRate | None:
+    """``kernel``'s published rates, the smallest over the dies at each tabulated sequence length
+    (forward and backward apart, the backward in the first die's FLOP convention), chip ''; None if
+    no die has one. Step time also caps it at the GEMM rate (``step_time.core_rates_flops_per_s``):
+    a fitted die without a published rate runs its core at its GEMM rate."""
+    rates = [rate for rate in tuning.attention_kernel_rates if rate.kernel == kernel]
+    if len(rates) <= 1:
+        return dataclasses.replace(rates[0], chip="") if rates else None
+    convention = rates[0].backward_flops_per_forward
+
+    def lowest(backward: bool) -> tuple[CurvePoint, ...]:
+        curves = [
+            (rate.backward_points, convention / rate.backward_flops_per_forward)
+            if backward
+            else (rate.forward_points, 1.0)
+            for rate in rates
+        ]
+        xs = sorted({point.x for points, _ in curves for point in points})
+        return tuple(
+            CurvePoint(x=x, factor=min(_interpolate_log2(points, x) * scale for points, scale in curves))
+            for x in xs
+        )
+
+    return AttentionKernelRate(
+        kernel=rates[0].kernel,
+        chip="",
+        forward_points=lowest(False),
+        backward_points=lowest(True),
+        backward_flops_per_forward=convention,
+    )
 
 
 def attention_kernel_fractions(
