@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 DEEPSPEED_VERSION ?= 0.19.8
 
-.PHONY: install serve test lint typecheck pytest openapi heavy-install validate report bench browser-test clean
+.PHONY: install serve test lint typecheck pytest openapi heavy-install validate report bench invariant-sweep browser-test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ bench: install
 		&& .bench-venv/bin/python -m pip install -q 'llm-analysis==0.2.2' && touch .bench-venv/.installed; }
 	$(PY) -m bench.recommender_bench --llm-analysis .bench-venv/bin/python --json bench/results.json
 	$(PY) -m bench.estimate_latency
+
+## Issue 24's invariants over every preset x every catalog GPU x full/LoRA/QLoRA (2,499 plans, in-process;
+## CPU-bound: the infeasible plans' suggestion searches dominate): bench/invariant_sweep.json and a summary.
+invariant-sweep: install
+	$(PY) -m bench.invariant_sweep
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache trainplan.db*
