@@ -55,6 +55,14 @@ class PayloadTooLarge(ServiceError):
     slug = "payload-too-large"
 
 
+class ClientClosedRequest(ServiceError):
+    """The client went away while the service computed its answer: nothing of it is stored. (The
+    status is nginx's 499; nobody reads it but the access log.)"""
+
+    status_code = 499
+    slug = "client-closed-request"
+
+
 class ServiceUnavailable(ServiceError):
     status_code = 503
     slug = "unavailable"

@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service import planning
-from service.api.deps import PlanningSlot, SessionDep
+from service.api.deps import PlanningDeadline, SessionDep
 from service.api.problems import PROBLEM_RESPONSES
 from service.api.schemas.capacity import CapacityOut, CapacityRequest
 
 router = APIRouter(prefix="/v1/capacity", tags=["capacity"], responses=PROBLEM_RESPONSES)
 
 
-@router.post("", response_model=CapacityOut, dependencies=[PlanningSlot])
-def plan_capacity(body: CapacityRequest, session: SessionDep) -> CapacityOut:
-    return planning.capacity_for(session, body)
+@router.post("", response_model=CapacityOut)
+def plan_capacity(body: CapacityRequest, deadline: PlanningDeadline, session: SessionDep) -> CapacityOut:
+    return planning.capacity_for(session, body, deadline)

@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response, status
 
 from service import planning
-from service.api.deps import PlanningSlot, PlanRepoDep, SessionDep
+from service.api.deps import PlanningDeadline, PlanRepoDep, SessionDep
 from service.api.problems import PROBLEM_RESPONSES
 from service.api.schemas.common import Page
 from service.api.schemas.plans import ArtifactOut, PlanOut, PlanRequest, RunIn, RunOut
@@ -49,16 +49,16 @@ def as_utc(moment: datetime | None) -> datetime | None:
     status_code=status.HTTP_201_CREATED,
     response_model=PlanOut,
     responses={200: {"description": "a retry with the same Idempotency-Key and body: the stored plan"}},
-    dependencies=[PlanningSlot],
 )
 def create_plan(
     body: PlanRequest,
+    deadline: PlanningDeadline,
     session: SessionDep,
     request: Request,
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> PlanOut:
-    outcome = planning.create_plan(session, body, idempotency_key)
+    outcome = planning.create_plan(session, body, idempotency_key, deadline)
     created(response, f"/v1/plans/{outcome.value.id}", outcome.replayed)
     if not outcome.replayed:
         search = outcome.value.search

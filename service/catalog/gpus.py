@@ -44,7 +44,7 @@ _RATE_KEYS = (
 _REQUIRED_KEYS = frozenset(
     {"display_name", "chip", "vendor", "memory_bytes", "peak_fp32_flops_per_s", "source", *_RATE_KEYS}
 )
-_ALLOWED_KEYS = _REQUIRED_KEYS | frozenset(_PEAK_KEYS) | {"notes", "flash_attention"}
+_ALLOWED_KEYS = _REQUIRED_KEYS | frozenset(_PEAK_KEYS) | {"notes", "flash_attention", "gpus_per_node"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +57,9 @@ class GPUEntry:
     spec: GPUSpec
     source: str
     notes: str | None = None
+    # The node the part ships in (8 on an HGX baseboard or an OAM platform); None: a PCIe card,
+    # whose server holds what its buyer chose. Suggestions place the job in whole nodes of it.
+    gpus_per_node: int | None = None
 
 
 def gpus() -> dict[str, GPUSpec]:
@@ -137,6 +140,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
         spec=spec,
         source=source,
         notes=_text(name, table, "notes") if "notes" in table else None,
+        gpus_per_node=_integer(name, table, "gpus_per_node") if "gpus_per_node" in table else None,
     )
 
 

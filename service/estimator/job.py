@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from service.estimator import pipeline
+from service.estimator.defaults import for_gpu
 from service.estimator.params import LayerKind, layer_kind, parameter_counts
 
 __all__ = [
@@ -65,7 +66,7 @@ def make_job(
     return Job(
         model=model,
         cluster=cluster,
-        training=training,
+        training=for_gpu(training, cluster.gpu),  # what the request left to the hardware, for this GPU
         tuning=tuning,
         assume=tuning.memory,
         counts=counts,

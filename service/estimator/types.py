@@ -401,9 +401,18 @@ class TrainingSpec:
     # --mtp-num-layers): each adds a decoder layer, its input projection and norms, and another
     # output-layer loss on the last pipeline stage.
     mtp_num_layers: int = 0
+    # The fields the request left to the hardware ("precision", "attention"): resolved for the GPU
+    # (``defaults.for_gpu``) wherever the job is placed, and named in the answer.
+    hardware_defaults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         _require_positive(InvalidTraining, "seq_len", self.seq_len)
+        stray = self.hardware_defaults - {"precision", "attention"}
+        if stray:
+            raise InvalidTraining(
+                f"hardware_defaults names {sorted(stray)}; only precision and attention follow the GPU",
+                field="hardware_defaults",
+            )
         if self.mtp_num_layers < 0:
             raise InvalidTraining(
                 f"mtp_num_layers must be >= 0, got {self.mtp_num_layers}",

@@ -15,17 +15,20 @@ from service.api.schemas.gpus import resolve_gpu
 from service.catalog.tuning import default_tuning
 from service.persistence.repository import ClusterRepository
 from service.planning.clusters import resolve_cluster
+from service.planning.estimates import check_scale
+from service.recommender.budget import NO_DEADLINE, Deadline
 from service.recommender.capacity import CapacityOption, capacity
 from service.recommender.types import Objective
 
 _NOT_ON_THE_WIRE = ("layout", "source")  # the layout goes as a dict; the source as the cluster id
 
 
-def capacity_for(session: Session, request: CapacityRequest) -> CapacityOut:
+def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline = NO_DEADLINE) -> CapacityOut:
     started = time.perf_counter()
     clusters = ClusterRepository(session)
     model = request.model.to_domain()
-    training = request.training.to_domain()
+    training = request.training.to_domain(None)  # resolved per GPU type by capacity()
+    check_scale(model, None, training)
     constraints = dataclasses.replace(request.constraints.to_domain(), objective=Objective.FEWEST_GPUS)
     stored = [resolve_cluster(ClusterRef(id=cid), clusters) for cid in request.cluster_ids or []]
     gpus = [resolve_gpu(name, field=f"gpus.{i}") for i, name in enumerate(request.gpus or [])]
@@ -34,6 +37,7 @@ def capacity_for(session: Session, request: CapacityRequest) -> CapacityOut:
     if isinstance(prices, float | int):
         constraints = dataclasses.replace(constraints, gpu_hour_cost=float(prices))
     tuning = default_tuning()
+    budget = deadline.budget(constraints.max_evaluations)
 
     def options(**source: Any) -> tuple[CapacityOption, ...]:
         return capacity(
@@ -41,6 +45,7 @@ def capacity_for(session: Session, request: CapacityRequest) -> CapacityOut:
             training,
             tuning,
             constraints=constraints,
+            budget=budget,
             gpus_per_node=request.gpus_per_node,
             max_nodes=request.max_nodes,
             at_gpus=request.at_gpus,

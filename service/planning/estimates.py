@@ -20,10 +20,12 @@ from service.api.schemas.estimates import (
 from service.catalog.tuning import default_tuning
 from service.estimator import estimate
 from service.estimator.calibration import Calibration
+from service.estimator.defaults import chosen_defaults
 from service.estimator.errors import EstimatorError
 from service.estimator.params import parameter_counts
 from service.estimator.step_time import cost
-from service.estimator.types import Estimate, Layout, TrainingSpec
+from service.estimator.scale import scale_violation
+from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, TrainingSpec
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, hardware_key
 from service.planning.clusters import resolve_cluster
@@ -37,7 +39,8 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     framework applied; nothing is stored."""
     model = request.model.to_domain()
     cluster = resolve_cluster(request.cluster, ClusterRepository(session))
-    training = request.training.to_domain()
+    training = request.training.to_domain(cluster.gpu)
+    check_scale(model, cluster, training)
     layout = request.layout.to_domain()
     calibration = calibration_for(PlanRepository(session), hardware_key(cluster), layout.framework.value)
     try:
@@ -46,6 +49,13 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
         raise located(exc) from exc
     total = parameter_counts(model).total
     return estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
+
+
+def check_scale(model: ModelSpec, cluster: ClusterSpec | None, training: TrainingSpec) -> None:
+    """The cheap bound before any work: a job past what training has ever done is a 422."""
+    violation = scale_violation(model, cluster, training)
+    if violation is not None:
+        raise violation
 
 
 def located(exc: EstimatorError) -> EstimatorError:
@@ -107,5 +117,6 @@ def estimate_out(
         parameters_total=total_parameters,
         warnings=list(result.warnings),
         assumptions=list(result.assumptions),
+        resolved_defaults=chosen_defaults(training),
         calibration=calibration_out(calibration) if calibration else None,
     )

@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from service.estimator import evaluate
-from service.estimator.errors import InvalidTraining
+from service.estimator.defaults import for_gpu
+from service.estimator.errors import EstimatorError, InvalidTraining
 from service.estimator.estimate import estimate_valid
 from service.estimator.job import Job, make_job
 from service.estimator.memory import min_state_bytes_per_gpu, stage_states
@@ -31,6 +32,7 @@ from service.estimator.types import (
     Compile,
     Estimate,
     Framework,
+    GPUSpec,
     Layout,
     MemoryEstimate,
     Method,
@@ -40,9 +42,15 @@ from service.estimator.types import (
     TimeEstimate,
     TrainingSpec,
 )
-from service.estimator.validate import FRAMEWORK_CAPABILITIES, layout_violation, moe_a2a_overlap_violation
+from service.estimator.validate import (
+    FRAMEWORK_CAPABILITIES,
+    layout_violation,
+    moe_a2a_overlap_violation,
+    validate_layout,
+)
 from service.launchers import runnable_targets
 from service.recommender import rank
+from service.recommender.budget import Budget
 from service.recommender.space import (
     FRAMEWORK_FLAGS,
     OffloadDevices,
@@ -66,12 +74,12 @@ from service.recommender.types import (
     Recommendation,
     Rejection,
     SearchStats,
-    Suggestion,
 )
 
 __all__ = ["Constraints", "Objective", "Recommendation", "recommend", "search"]
 
 MAX_MICRO_BATCHES_TIMED = 4  # with pp > 1, the largest few micro-batches that fit are timed
+MEMORY_REJECTION = "does not fit in GPU memory"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +152,7 @@ class _Search:
     constraints: Constraints
     tuning: Tuning
     offload: OffloadDevices
+    budget: Budget
 
     def compiled(self, framework: Framework) -> Compile:
         """How the search compiles ``framework``'s layouts: model and loss where asked
@@ -176,7 +185,7 @@ def _log_memory(
 ) -> None:
     total, cpu, _ = memory  # evaluate.memory_numbers
     if total > limit:
-        result.log.add_memory("does not fit in GPU memory", count, layout, total, limit)
+        result.log.add_memory(MEMORY_REJECTION, count, layout, total, limit)
     else:
         detail = f"needs {cpu / 2**30:.0f} GiB host RAM per node"
         result.log.add("does not fit in host memory", count, layout, detail)
@@ -374,7 +383,6 @@ def _search_structure(
     search: _Search, job: Job, result: SearchResult, s: Structure, limit: int, known: tuple[Sizes, Ceilings]
 ) -> None:
     sizes_of, ceilings = known
-    budget = search.constraints.max_evaluations
     for framework in search.constraints.frameworks:
         options, unsupported = shardings(framework, s, search.offload, search.compiled(framework))
         for reason in unsupported:
@@ -401,7 +409,7 @@ def _search_structure(
                 if _dominated(search, job, result, (s, sh, virtual), sizes, ceilings):
                     continue
                 fitted |= _search_memory_family(search, job, result, (s, sh, virtual), sizes, limit)
-                if result.evaluations >= budget:
+                if search.budget.exhausted(result.evaluations):
                     result.truncated = True
                     return
 
@@ -513,7 +521,7 @@ def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: Sea
     if need <= limit:
         return True
     example = Layout(dp=gpus, zero_stage=3, framework=constraints.frameworks[0])
-    result.log.add_memory("does not fit in GPU memory", 1, example, need, limit)
+    result.log.add_memory(MEMORY_REJECTION, 1, example, need, limit)
     return False
 
 
@@ -526,8 +534,33 @@ def search(
     counts: tuple[int, ...],
     *,
     stop_at_first_fit: bool = False,
+    budget: Budget | None = None,
 ) -> SearchResult:
-    """Search over the given GPU counts (in order), within ``constraints.max_evaluations``."""
+    """Search over the given GPU counts (in order), within ``budget`` (default: a budget of
+    ``constraints.max_evaluations``), which is charged with what the search spent."""
+    training = for_gpu(training, cluster.gpu)  # what the request left to the hardware, for this GPU
+    budget = budget or Budget(constraints.max_evaluations)
+    result = SearchResult()
+    try:
+        _search_counts(
+            model, cluster, training, constraints, tuning, counts, stop_at_first_fit, budget, result
+        )
+    finally:
+        budget.charge(result.evaluations)
+    return result
+
+
+def _search_counts(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    tuning: Tuning,
+    counts: tuple[int, ...],
+    stop_at_first_fit: bool,
+    budget: Budget,
+    result: SearchResult,
+) -> None:
     if constraints.torch_compile and training.method is Method.QLORA:
         raise InvalidTraining(
             "torch_compile with qlora: bitsandbytes' NF4 matmuls break the compiled graph (not modelled)",
@@ -535,10 +568,12 @@ def search(
             rule="torch_compile",
         )
     request = _Search(
-        model, training, constraints, tuning, offload_devices(constraints.allow_offload, cluster)
+        model, training, constraints, tuning, offload_devices(constraints.allow_offload, cluster), budget
     )
-    result = SearchResult()
     for gpus in counts:
+        if budget.exhausted(result.evaluations):
+            result.truncated = True
+            return
         job = make_job(model, sub_cluster(cluster, gpus), training, tuning)
         result.jobs[gpus] = job
         limit = _limit_bytes(job.cluster.gpu.memory_bytes, constraints)
@@ -548,16 +583,20 @@ def search(
         # the most promising structures first (their ceiling: the step without DP, offload and
         # optimizer time, at the least bubble), so the top k fills early and bounds the rest
         found = list(structures(model, cluster, training, gpus, result.log))
-        bounded = [(_structure_ceilings(request, job, result, s), i, s) for i, s in enumerate(found)]
+        bounded = []
+        for i, s in enumerate(found):
+            if budget.exhausted(result.evaluations):
+                result.truncated = True
+                return
+            bounded.append((_structure_ceilings(request, job, result, s), i, s))
         bounded.sort(key=lambda b: (b[0][0] is None, b[0][0] or (), b[1]))
         for (_, sizes_of, ceilings), _, s in bounded:
             result.valid_structures += 1
             _search_structure(request, job, result, s, limit, (sizes_of, ceilings))
             if result.truncated:
-                return result
+                return
         if stop_at_first_fit and len(result.best) > before:
-            return result
-    return result
+            return
 
 
 # ---------------------------------------------------------------- the recommendation
@@ -587,27 +626,37 @@ def _run_search(
     training: TrainingSpec,
     constraints: Constraints,
     tuning: Tuning,
+    budget: Budget,
 ) -> SearchResult:
     counts, first_fit = _counts_for(cluster, constraints)
     if constraints.objective is Objective.COST:
-        found = search(model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True)
+        found = search(
+            model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True, budget=budget
+        )
         if not found.best or found.truncated:
             return found
         smallest = min(s.layout.world_size for s in found.best.values())
         larger = [n for n in counts if n > smallest]
         picks = tuple(larger[i] for i in range(0, len(larger), max(1, len(larger) // 4)))[:4]
-        left = dataclasses.replace(
-            constraints, max_evaluations=constraints.max_evaluations - found.evaluations
-        )
-        _merge(found, search(model, cluster, training, left, tuning, picks))
+        _merge(found, search(model, cluster, training, constraints, tuning, picks, budget=budget))
         return found
     if first_fit:
-        return search(model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True)
+        return search(
+            model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True, budget=budget
+        )
     # throughput / time to train: all the GPUs allowed; fewer only if no layout of them fits and runs
     skipped: list[str] = []
     searched = 0  # counts with valid splits that were searched in full (invalid ones cost little)
+    first: SearchResult | None = None  # all the GPUs allowed: what an infeasible answer reports
+    later = SearchResult()  # the work of the smaller counts
     for gpus in counts:
-        result = search(model, cluster, training, constraints, tuning, (gpus,))
+        result = search(model, cluster, training, constraints, tuning, (gpus,), budget=budget)
+        if first is None:
+            first = result
+        else:
+            later.memory_evaluations += result.memory_evaluations
+            later.time_evaluations += result.time_evaluations
+            later.families += result.families
         if result.best or result.truncated:
             if skipped:  # the largest count's reason, and how many more counts failed
                 more = f"; nor {len(skipped) - 1} smaller counts" if len(skipped) > 1 else ""
@@ -620,7 +669,14 @@ def _run_search(
         searched += 1 if result.valid_structures else 0
         if searched >= MAX_FALLBACK_COUNTS:
             break
-    return result
+    if first is None or first is result:
+        return result
+    # nothing fits on any count: the rejections and the closest miss of all the GPUs allowed, with
+    # the work of every count searched
+    first.memory_evaluations += later.memory_evaluations
+    first.time_evaluations += later.time_evaluations
+    first.families += later.families
+    return first
 
 
 # GPU counts with valid splits searched below the cluster's before a throughput search gives up
@@ -641,15 +697,23 @@ def recommend(
     tuning: Tuning | None = None,
     *,
     with_suggestions: bool = True,
+    budget: Budget | None = None,
+    catalog: Sequence[tuple[GPUSpec, int | None]] | None = None,
 ) -> Recommendation:
-    """The best ``top_k`` layouts by the objective, the rejected families, and what would fit."""
+    """The best ``top_k`` layouts by the objective, the rejected families, and what would fit.
+
+    The search and the suggestions share ``budget`` (default: ``constraints.max_evaluations``
+    evaluations, no deadline); suggestions name other GPUs of ``catalog`` (default: the GPU
+    catalog, with the node size each part ships in)."""
     from service.recommender.suggest import suggestions
 
     if tuning is None:
         raise TypeError("recommend needs the tuning numbers: pass catalog.tuning.default_tuning()")
     constraints = constraints or Constraints()
+    budget = budget or Budget(constraints.max_evaluations)
     started = time.perf_counter()
-    result = _run_search(model, cluster, training, constraints, tuning)
+    training = for_gpu(training, cluster.gpu)
+    result = _run_search(model, cluster, training, constraints, tuning, budget)
     chosen: list[tuple[Layout, Job, Estimate]] = []
     for scored in result.ranked()[: constraints.top_k]:
         job = result.jobs[scored.layout.world_size]
@@ -666,25 +730,61 @@ def recommend(
         )
         for reason, group in sorted(result.log.groups.items(), key=lambda kv: -kv[1].count)
     )
-    tips: tuple[Suggestion, ...] = ()
-    if not candidates and with_suggestions:
-        tips = suggestions(model, cluster, training, constraints, tuning)
-    return Recommendation(
-        status="feasible" if candidates else "infeasible",
-        recommended=candidates[0] if candidates else None,
-        alternatives=tuple(candidates[1:]),
-        rejected=rejected,
-        suggestions=tips,
-        search=SearchStats(
-            candidates_evaluated=result.candidates,
-            duration_s=time.perf_counter() - started,
-            truncated=result.truncated,
-            families_considered=result.families,
-            memory_evaluations=result.memory_evaluations,
-            time_evaluations=result.time_evaluations,
-            full_estimates=len(chosen),
-        ),
+    searched = SearchStats(
+        candidates_evaluated=result.candidates,
+        duration_s=time.perf_counter() - started,
+        truncated=result.truncated,
+        truncated_by=budget.reason if result.truncated else None,
+        families_considered=result.families,
+        memory_evaluations=result.memory_evaluations,
+        time_evaluations=result.time_evaluations,
+        full_estimates=len(chosen),
     )
+    if candidates or not with_suggestions:
+        return Recommendation(
+            status="feasible" if candidates else "infeasible",
+            recommended=candidates[0] if candidates else None,
+            alternatives=tuple(candidates[1:]),
+            rejected=rejected,
+            search=searched,
+        )
+    tips = suggestions(model, cluster, training, constraints, tuning, _catalog(catalog), budget)
+    return Recommendation(
+        status="infeasible",
+        recommended=None,
+        rejected=rejected,
+        suggestions=tips.made,
+        suggestions_skipped=tips.skipped,
+        closest=_closest(model, result, training),
+        search=searched,
+    )
+
+
+def _catalog(given: Sequence[tuple[GPUSpec, int | None]] | None) -> Sequence[tuple[GPUSpec, int | None]]:
+    if given is not None:
+        return given
+    from service.catalog.gpus import gpu_entries
+
+    return [(entry.spec, entry.gpus_per_node) for entry in gpu_entries()]
+
+
+def _closest(model: ModelSpec, result: SearchResult, training: TrainingSpec) -> Candidate | None:
+    """The layout that came closest to fitting (the least memory the search saw over the limit),
+    fully estimated: how far the best layout is from fitting, and its memory breakdown. Optional:
+    a layout the estimator refuses (a bound's example) leaves it out."""
+    group = result.log.groups.get(MEMORY_REJECTION)
+    if group is None:
+        return None
+    layout = group.example
+    job = result.jobs.get(layout.world_size)
+    if job is None:
+        return None
+    try:
+        validate_layout(model, job.cluster, layout, training)
+        estimate = estimate_valid(job, layout, with_limits=False)
+    except EstimatorError:
+        return None
+    return Candidate(layout=layout, estimate=estimate, score=0.0, rationale=(group.detail,))
 
 
 def _tokens_per_s(est: Estimate) -> float:

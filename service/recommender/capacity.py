@@ -13,11 +13,20 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from service.estimator.errors import InvalidTraining
-from service.estimator.step_time import gpu_hours, peak_flops_per_s, time_to_train_s
+from service.estimator.defaults import chosen_defaults, for_gpu
+from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
-from service.recommender.suggest import SUGGESTION_EVALUATIONS, fewest_gpus, node_ladder, with_gpu
+from service.estimator.validate import hardware_violation
+from service.recommender.budget import Budget
+from service.recommender.suggest import (
+    SUGGESTION_EVALUATIONS,
+    budget_words,
+    fewest_gpus,
+    node_ladder,
+    states_can_fit,
+    with_gpu,
+)
 from service.recommender.types import Constraints, Objective
 
 DEFAULT_GPUS_PER_NODE = 8
@@ -64,24 +73,31 @@ def _option(
     counts: tuple[int, ...],
     price: float | None,
     at_gpus: int | None,
-    budget: int,
+    budget: Budget,
     notes: tuple[str, ...] = (),
 ) -> CapacityOption:
-    """The option of one GPU type or cluster, within ``budget`` layout evaluations."""
+    """The option of one GPU type or cluster, within its share of the request's budget."""
     from service.recommender import recommend
 
     name = cluster.gpu.name
-    try:
-        peak_flops_per_s(cluster, training.precision)
-    except InvalidTraining as exc:  # say why, rather than "nothing fits"
-        return CapacityOption(gpu=name, fits=False, note=f"{exc.message}: ask for another precision")
-    fewest = fewest_gpus(
-        model, cluster, training, constraints, tuning, counts, min(budget, SUGGESTION_EVALUATIONS)
-    )
+    training = for_gpu(training, cluster.gpu)
+    unrunnable = hardware_violation(cluster, training)
+    if unrunnable is not None:  # say why, rather than "nothing fits"
+        return CapacityOption(
+            gpu=name, fits=False, note=f"{unrunnable.message}: ask for another {unrunnable.field}"
+        )
+    chosen = chosen_defaults(training)
+    if chosen:
+        notes = (*notes, "defaults for this GPU: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
+    if not states_can_fit(model, cluster, training, tuning, constraints, max(counts)):
+        return CapacityOption(
+            gpu=name, fits=False, note=f"the model states alone do not fit {max(counts)} GPUs"
+        )
+    fewest = fewest_gpus(model, cluster, training, constraints, tuning, counts, budget)
     spent, truncated = fewest.evaluations, fewest.truncated
     if fewest.found is None:
         why = (
-            f"the request's evaluation budget ran out ({spent:,} layouts evaluated for this GPU) before a fit"
+            f"the request's {budget_words(budget)} ran out ({spent:,} layouts evaluated for this GPU) before a fit"
             if truncated
             else f"no layout fits up to {max(counts)} GPUs"
         )
@@ -92,10 +108,8 @@ def _option(
     run_gpus = at_gpus if at_gpus and at_gpus >= gpus else gpus
     if run_gpus != gpus:
         target = dataclasses.replace(cluster, num_nodes=max(1, run_gpus // cluster.gpus_per_node))
-        fastest = dataclasses.replace(
-            constraints, top_k=1, objective=Objective.THROUGHPUT, max_evaluations=max(1, budget - spent)
-        )
-        best = recommend(model, target, training, fastest, tuning, with_suggestions=False)
+        fastest = dataclasses.replace(constraints, top_k=1, objective=Objective.THROUGHPUT)
+        best = recommend(model, target, training, fastest, tuning, with_suggestions=False, budget=budget)
         spent += best.search.memory_evaluations + best.search.time_evaluations
         truncated |= best.search.truncated
         if best.recommended is not None and best.recommended.estimate.time is not None:
@@ -105,7 +119,7 @@ def _option(
             said.append(f"no layout found on {run_gpus} GPUs; time is for the {layout.world_size}-GPU layout")
         run_gpus = layout.world_size
     if truncated:
-        said.append("the request's evaluation budget cut this search: its layout is the best it found")
+        said.append(f"the request's {budget_words(budget)} cut this search: its layout is the best it found")
     seconds = time_to_train_s(training.tokens, tokens_per_s) if training.tokens else None
     hours = gpu_hours(seconds, run_gpus) if seconds is not None else None
     return CapacityOption(
@@ -137,13 +151,16 @@ def capacity(
     max_nodes: int = 4096,
     at_gpus: int | None = None,
     gpu_hour_cost: Mapping[str, float] | None = None,
+    budget: Budget | None = None,
 ) -> tuple[CapacityOption, ...]:
     """One option per GPU type (default: the catalog) or per stored cluster, sorted by time to train.
 
-    The whole request searches within ``constraints.max_evaluations`` layout evaluations, as one
-    plan does: each GPU type or cluster, in turn, gets an equal share of what is left (what one
-    leaves unused goes to the ones after it), and an option whose share ran out says so."""
+    The whole request searches within ``budget`` (default: ``constraints.max_evaluations`` layout
+    evaluations), as one plan does: each GPU type or cluster, in turn, gets an equal share of what
+    is left (what one leaves unused goes to the ones after it), and an option whose share ran out
+    says so."""
     constraints = constraints or Constraints(objective=Objective.FEWEST_GPUS)
+    budget = budget or Budget(constraints.max_evaluations)
     prices = gpu_hour_cost or {}
     options: list[CapacityOption] = []
     cluster_list = list(clusters)
@@ -154,9 +171,8 @@ def capacity(
         specs = list(catalog().values())
     sources = len(cluster_list) or len(specs)
 
-    def share() -> int:
-        left = constraints.max_evaluations - sum(o.evaluations for o in options)
-        return max(1, left // (sources - len(options)))
+    def share() -> Budget:
+        return budget.share(SUGGESTION_EVALUATIONS, parts=sources - len(options))
 
     for index, cluster in enumerate(cluster_list):
         first = dataclasses.replace(cluster, num_nodes=1)

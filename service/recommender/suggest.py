@@ -1,17 +1,28 @@
-"""What would make an infeasible job fit, with numbers.
+"""What would make an infeasible job fit, with numbers: best effort, in the order a user can act.
 
-In order: more GPUs of this type (the fewest whole nodes that fit), other catalog GPUs (the fewest
-of each, same node shape and network), offload (with the host RAM per node it needs, against the
-node's), and parameter-efficient fine-tuning (LoRA, QLoRA: Hu et al. arXiv:2106.09685, Dettmers
-et al. arXiv:2305.14314) on the GPUs given.
+1. On the GPUs given, no new hardware: offload within the host RAM the nodes state (when the
+   request did not allow it), torch.compile (FSDP), parameter-efficient fine-tuning (LoRA, QLoRA:
+   Hu et al. arXiv:2106.09685, Dettmers et al. arXiv:2305.14314), a shorter sequence.
+2. More of the same: the fewest whole nodes of this GPU that fit; offload with the host RAM it
+   would need per node, where the nodes do not state that much.
+3. Other GPUs (catalog parts with more memory), each in whole nodes of the shape that part ships
+   in (8 per HGX/OAM board), the fewest that fit, the layout found there named.
+
+Every suggestion is searched within a share of the request's ``Budget``, after a cheap lower bound
+(model states alone) says it can fit. One that cannot be computed (an error of the estimator, the
+budget spent) is left out with its reason in ``Suggestions.skipped``; it never fails the plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from service.estimator.defaults import for_gpu
+from service.estimator.job import make_job
+from service.estimator.memory import min_state_bytes_per_gpu
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
     ClusterSpec,
@@ -23,13 +34,16 @@ from service.estimator.types import (
     ModelSpec,
     TrainingSpec,
 )
-from service.recommender.types import Candidate, Constraints, Objective, Suggestion
+from service.estimator.validate import hardware_violation
+from service.recommender.budget import Budget
+from service.recommender.types import Candidate, Constraints, Objective, Skipped, Suggestion
 
 GiB = 2**30
 MAX_NODE_FACTOR = 64  # look for up to 64x the nodes given before giving up
-# Layout evaluations per suggestion search (about a second of work): each suggestion is one more
-# search, so together they stay within a few times the main search's budget.
+# Layout evaluations one suggestion may spend at most (about a second of work), of the request's budget.
 SUGGESTION_EVALUATIONS = 50_000
+SHORTEST_SUGGESTED_SEQ = 512  # a shorter sequence is tried by halving, down to this
+UNLIMITED = 2**62  # bytes of host RAM and NVMe "as much as needed", to ask what offload would need
 
 
 def node_ladder(cluster: ClusterSpec, start_nodes: int) -> tuple[int, ...]:
@@ -48,45 +62,18 @@ def _smooth(k: int) -> bool:
     return k == 1
 
 
-def with_gpu(cluster: ClusterSpec, gpu: GPUSpec, num_nodes: int | None = None) -> ClusterSpec:
-    """The same node shape and network with another GPU (its own NVLink/PCIe bandwidth)."""
+def with_gpu(
+    cluster: ClusterSpec, gpu: GPUSpec, num_nodes: int | None = None, gpus_per_node: int | None = None
+) -> ClusterSpec:
+    """The same network with another GPU (its own NVLink/PCIe bandwidth), in nodes of
+    ``gpus_per_node`` (default: the cluster's)."""
     return dataclasses.replace(
         cluster,
         gpu=gpu,
         num_nodes=num_nodes or cluster.num_nodes,
+        gpus_per_node=gpus_per_node or cluster.gpus_per_node,
         intra_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
     )
-
-
-def fewest_gpus(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    constraints: Constraints,
-    tuning: Tuning,
-    counts: Iterable[int],
-    max_evaluations: int = SUGGESTION_EVALUATIONS,
-) -> FewestGpus:
-    """(GPUs, tokens/s, best layout) at the first count in ``counts`` where a layout fits, searched
-    within ``max_evaluations`` layout evaluations."""
-    from service.recommender import search
-
-    fewest = dataclasses.replace(
-        constraints,
-        objective=Objective.FEWEST_GPUS,
-        max_gpus=None,
-        top_k=1,
-        max_evaluations=max_evaluations,
-    )
-    counts = tuple(counts)
-    big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
-    result = search(model, big, training, fewest, tuning, counts, stop_at_first_fit=True)
-    ranked = result.ranked()
-    found = None
-    if ranked:
-        best = ranked[0]
-        found = (best.layout.world_size, best.time.tokens_per_s, best.layout)
-    return FewestGpus(found=found, evaluations=result.evaluations, truncated=result.truncated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,180 +83,354 @@ class FewestGpus:
     truncated: bool  # its budget ran out before it found a fit or finished the counts
 
 
+def fewest_gpus(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    tuning: Tuning,
+    counts: Iterable[int],
+    budget: Budget,
+) -> FewestGpus:
+    """(GPUs, tokens/s, best layout) at the first count in ``counts`` where a layout fits: the
+    fastest layout on that many GPUs (at a fixed count every objective ranks by tokens/s)."""
+    from service.recommender import search
+
+    fewest = dataclasses.replace(constraints, objective=Objective.FEWEST_GPUS, max_gpus=None, top_k=1)
+    counts = tuple(counts)
+    big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
+    result = search(model, big, training, fewest, tuning, counts, stop_at_first_fit=True, budget=budget)
+    ranked = result.ranked()
+    found = None
+    if ranked:
+        best = ranked[0]
+        found = (best.layout.world_size, best.time.tokens_per_s, best.layout)
+    return FewestGpus(found=found, evaluations=result.evaluations, truncated=result.truncated)
+
+
+def states_can_fit(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    tuning: Tuning,
+    constraints: Constraints,
+    gpus: int,
+) -> bool:
+    """The cheap bound: model states alone, sharded over all ``gpus`` GPUs with nothing offloaded,
+    fit the GPU for some framework allowed (no layout of them needs less). Full training only:
+    the bound counts every parameter's states, which a frozen (or NF4) base does not have."""
+    if training.method is not Method.FULL:
+        return True
+    job = make_job(model, with_gpu(cluster, cluster.gpu, 1, gpus), training, tuning)
+    limit = cluster.gpu.memory_bytes * (1.0 - constraints.min_headroom_fraction)
+    return any(min_state_bytes_per_gpu(job, fw, gpus) <= limit for fw in constraints.frameworks)
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestions:
+    made: tuple[Suggestion, ...]  # in the order above
+    skipped: tuple[Skipped, ...]  # what could not be computed, and why
+
+
+@dataclass(slots=True)
+class _Collector:
+    """Runs each suggestion within its share of the budget; one that fails is skipped, with why."""
+
+    budget: Budget
+    made: list[Suggestion] = dataclasses.field(default_factory=list)
+    skipped: list[Skipped] = dataclasses.field(default_factory=list)
+
+    def run(self, kind: str, parts: int, make: Callable[[Budget], list[Suggestion]]) -> None:
+        if self.budget.exhausted():
+            self.skipped.append(
+                Skipped(kind=kind, reason=f"the request's {budget_words(self.budget)} ran out first")
+            )
+            return
+        share = self.budget.share(SUGGESTION_EVALUATIONS, parts)
+        try:
+            found = make(share)
+        except (ValueError, ArithmeticError) as exc:  # the estimator's domain errors are ValueErrors
+            self.skipped.append(Skipped(kind=kind, reason=str(exc)))
+            return
+        self.made += found
+        if not found and share.reason is not None:
+            reason = f"the request's {budget_words(share)} ran out before a fit was found"
+            self.skipped.append(Skipped(kind=kind, reason=reason))
+
+    def skip(self, kind: str, reason: str) -> None:
+        self.skipped.append(Skipped(kind=kind, reason=reason))
+
+
+def budget_words(budget: Budget) -> str:
+    """What stopped a share of the work, in words."""
+    return {"time": "time budget", "cancelled": "client (it went away)"}.get(
+        budget.reason or "", "evaluation budget"
+    )
+
+
 def suggestions(
     model: ModelSpec,
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints,
     tuning: Tuning,
-    catalog: Iterable[GPUSpec] = (),
-) -> tuple[Suggestion, ...]:
-    """Every change that makes the job fit, each with the numbers that show it."""
-    out: list[Suggestion] = []
-    more = fewest_gpus(
-        model, cluster, training, constraints, tuning, node_ladder(cluster, cluster.num_nodes + 1)
-    ).found
-    if more is not None:
-        gpus, tps, layout = more
-        out.append(
+    catalog: Iterable[tuple[GPUSpec, int | None]] = (),
+    budget: Budget | None = None,
+) -> Suggestions:
+    """Every change that makes the job fit, each with the numbers that show it, no-new-hardware
+    first; ``catalog`` holds the other GPUs with the node size each ships in (None: the cluster's)."""
+    budget = budget or Budget(constraints.max_evaluations)
+    collect = _Collector(budget)
+    ask = _Ask(model, cluster, training, constraints, tuning)
+    # 1. on the GPUs given
+    if not constraints.allow_offload and cluster.cpu_memory_bytes_per_node:
+        collect.run("offload", 6, ask.offload_within_the_nodes)
+    if constraints.torch_compile or Framework.FSDP not in constraints.frameworks:
+        pass  # asked already, or no framework it compiles
+    elif training.method is Method.QLORA:
+        collect.skip("torch_compile", "bitsandbytes' NF4 matmuls break torch.compile's graph (not modelled)")
+    else:
+        collect.run("torch_compile", 5, ask.compiled)
+    for method in (Method.LORA, Method.QLORA):
+        if _order(method) > _order(training.method):
+            collect.run(method.value, 4, functools.partial(ask.peft, method))
+    if training.seq_len > SHORTEST_SUGGESTED_SEQ:
+        collect.run("shorter_sequence", 3, ask.shorter_sequence)
+    # 2. more of the same
+    collect.run("more_gpus", 2, ask.more_gpus)
+    collect.run("offload", 2, ask.offload_needs)
+    # 3. other GPUs
+    others = [(gpu, per_node) for gpu, per_node in catalog if _bigger(gpu, cluster.gpu)]
+    for i, (gpu, per_node) in enumerate(others):
+        collect.run("other_gpu", len(others) - i, functools.partial(ask.other_gpu, gpu, per_node))
+    made = _in_order(collect.made)
+    return Suggestions(made=made, skipped=tuple(collect.skipped))
+
+
+def _order(method: Method) -> int:
+    return (Method.FULL, Method.LORA, Method.QLORA).index(method)
+
+
+def _bigger(gpu: GPUSpec, than: GPUSpec) -> bool:
+    return gpu.name != than.name and gpu.memory_bytes > than.memory_bytes
+
+
+_GROUP = {"torch_compile": 0, "lora": 0, "qlora": 0, "shorter_sequence": 0,
+          "offload": 1, "more_gpus": 2, "other_gpu": 3}  # fmt: skip
+
+
+def _in_order(made: list[Suggestion]) -> tuple[Suggestion, ...]:
+    """On the GPUs given first (offload within the nodes' stated RAM included), then offload with
+    host RAM the nodes do not state (no new GPUs), then more of the same GPU, then other GPUs, the
+    fewest GPUs first and the fastest among equals."""
+
+    def key(s: Suggestion) -> tuple[int, int, float]:
+        group = 0 if s.on_the_gpus_given else _GROUP[s.kind]
+        if group < 3:
+            return (group, 0, 0.0)  # in the order they were asked (stable sort)
+        return (group, s.num_gpus or 0, -(s.tokens_per_s or 0.0))
+
+    return tuple(sorted(made, key=key))
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """The job as asked, and each way of changing it."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    constraints: Constraints
+    tuning: Tuning
+
+    def _best(
+        self,
+        budget: Budget,
+        constraints: Constraints | None = None,
+        cluster: ClusterSpec | None = None,
+        training: TrainingSpec | None = None,
+    ) -> Candidate | None:
+        """The best layout of the job so changed, searched with the request's objective."""
+        from service.recommender import recommend
+
+        asked = dataclasses.replace(constraints or self.constraints, top_k=1)
+        found = recommend(
+            self.model, cluster or self.cluster, training or self.training, asked, self.tuning,
+            with_suggestions=False, budget=budget,
+        )  # fmt: skip
+        return found.recommended
+
+    def offload_within_the_nodes(self, budget: Budget) -> list[Suggestion]:
+        found = self._best(budget, dataclasses.replace(self.constraints, allow_offload=True))
+        if found is None:
+            return []
+        host = found.estimate.memory.cpu_per_node_bytes
+        what = (
+            f"allow offload (constraints.allow_offload): {host / GiB:.0f} GiB of the nodes' host RAM per node"
+        )
+        return [_on_the_gpus_given("offload", what, self.cluster, found, self.training)]
+
+    def offload_needs(self, budget: Budget) -> list[Suggestion]:
+        """Offload with as much host RAM and NVMe as it takes: what it would need per node, where
+        the nodes do not state that much (else the search, allowed to offload, found it)."""
+        unlimited = dataclasses.replace(
+            self.cluster, cpu_memory_bytes_per_node=UNLIMITED, nvme_bytes_per_node=UNLIMITED
+        )
+        found = self._best(
+            budget, dataclasses.replace(self.constraints, allow_offload=True), cluster=unlimited
+        )
+        if found is None:
+            return []
+        memory = found.estimate.memory
+        have = self.cluster.cpu_memory_bytes_per_node
+        if have and memory.cpu_per_node_bytes <= have and self.constraints.allow_offload:
+            return []  # the plan's own search could offload within it: its answer stands
+        verdict = "host RAM not stated" if not have else f"the nodes state {have / GiB:.0f} GiB"
+        return [
             Suggestion(
-                kind="more_gpus",
-                detail=f"{gpus} x {cluster.gpu.name} ({gpus // cluster.gpus_per_node} nodes of "
-                f"{cluster.gpus_per_node}) fit: {tps:,.0f} tokens/s",
+                kind="offload",
+                detail=f"offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node ({verdict}): "
+                f"{memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)}",
+                gpu=self.cluster.gpu.name,
+                num_gpus=self.cluster.world_size,
+                gpus_per_node=self.cluster.gpus_per_node,
+                per_gpu_bytes=memory.per_gpu.total,
+                cpu_per_node_bytes=memory.cpu_per_node_bytes,
+                tokens_per_s=_tokens_per_s(found),
+                layout=found.layout,
+                on_the_gpus_given=bool(have and memory.cpu_per_node_bytes <= have),
+            )
+        ]
+
+    def compiled(self, budget: Budget) -> list[Suggestion]:
+        """FSDP compiled with torch.compile, model and loss (no fp32 logits, fused norms)."""
+        compiled = dataclasses.replace(self.constraints, torch_compile=True, frameworks=(Framework.FSDP,))
+        found = self._best(budget, compiled)
+        if found is None or found.layout.torch_compile is Compile.NONE:
+            return []
+        what = "torch.compile of the FSDP model and loss (constraints.torch_compile)"
+        return [_on_the_gpus_given("torch_compile", what, self.cluster, found, self.training)]
+
+    def peft(self, method: Method, budget: Budget) -> list[Suggestion]:
+        peft = dataclasses.replace(self.training, method=method)
+        compile_it = self.constraints.torch_compile and method is not Method.QLORA
+        found = self._best(
+            budget, dataclasses.replace(self.constraints, torch_compile=compile_it), training=peft
+        )
+        if found is None:
+            return []
+        what = f"{method.value} (rank {peft.lora_rank}, training.method {method.value})"
+        return [_on_the_gpus_given(method.value, what, self.cluster, found, peft)]
+
+    def shorter_sequence(self, budget: Budget) -> list[Suggestion]:
+        """The longest of seq_len / 2, / 4, ... (down to 512) that fits on the GPUs given; only where
+        the model states alone fit (a shorter sequence frees activations, nothing else)."""
+        if not states_can_fit(
+            self.model, self.cluster, self.training, self.tuning, self.constraints, self.cluster.world_size
+        ):
+            return []
+        seq = self.training.seq_len // 2
+        while seq >= SHORTEST_SUGGESTED_SEQ and not budget.exhausted():
+            shorter = dataclasses.replace(self.training, seq_len=seq)
+            found = self._best(budget.share(parts=1), training=shorter)
+            if found is not None:
+                what = f"training.seq_len {seq} (from {self.training.seq_len})"
+                return [_on_the_gpus_given("shorter_sequence", what, self.cluster, found, shorter)]
+            seq //= 2
+        return []
+
+    def more_gpus(self, budget: Budget) -> list[Suggestion]:
+        counts = node_ladder(self.cluster, self.cluster.num_nodes + 1)
+        counts = tuple(n for n in counts if n <= MAX_SUGGESTED_GPUS)
+        return self._fewest("more_gpus", self.cluster, counts, budget)
+
+    def other_gpu(self, gpu: GPUSpec, per_node: int | None, budget: Budget) -> list[Suggestion]:
+        other = with_gpu(self.cluster, gpu, 1, per_node)
+        training = for_gpu(self.training, gpu)
+        if hardware_violation(other, training) is not None:
+            return []  # the request asked for what this part cannot run (fp8 on an A100, ...)
+        counts = tuple(n for n in node_ladder(other, 1) if n <= MAX_SUGGESTED_GPUS)
+        return self._fewest("other_gpu", other, counts, budget, training)
+
+    def _fewest(
+        self,
+        kind: str,
+        cluster: ClusterSpec,
+        counts: tuple[int, ...],
+        budget: Budget,
+        training: TrainingSpec | None = None,
+    ) -> list[Suggestion]:
+        training = training or self.training
+        if not counts or not states_can_fit(
+            self.model, cluster, training, self.tuning, self.constraints, counts[-1]
+        ):
+            return []  # the cheap bound: not even the model states fit on the most GPUs tried
+        found = fewest_gpus(
+            self.model, cluster, training, self.constraints, self.tuning, counts, budget
+        ).found
+        if found is None:
+            return []
+        gpus, tokens_per_s, layout = found
+        per_node = cluster.gpus_per_node
+        nodes = max(1, gpus // per_node)
+        return [
+            Suggestion(
+                kind=kind,
+                detail=f"{gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.0f} GiB; {nodes} node"
+                f"{'s' if nodes > 1 else ''} of {min(per_node, gpus)}) fit: {tokens_per_s:,.0f} tokens/s with "
+                f"{_layout_words(layout)}",
                 gpu=cluster.gpu.name,
                 num_gpus=gpus,
-                num_nodes=gpus // cluster.gpus_per_node,
-                tokens_per_s=tps,
+                num_nodes=nodes,
+                gpus_per_node=min(per_node, gpus),
+                tokens_per_s=tokens_per_s,
                 layout=layout,
             )
-        )
-    for gpu in _catalog(catalog):
-        if gpu.name == cluster.gpu.name or gpu.memory_bytes <= cluster.gpu.memory_bytes:
-            continue
-        other = with_gpu(cluster, gpu, 1)
-        found = fewest_gpus(model, other, training, constraints, tuning, node_ladder(other, 1)).found
-        if found is not None:
-            gpus, tps, layout = found
-            out.append(
-                Suggestion(
-                    kind="other_gpu",
-                    detail=f"{gpus} x {gpu.name} ({gpu.memory_bytes / GiB:.0f} GiB) fit: {tps:,.0f} tokens/s",
-                    gpu=gpu.name,
-                    num_gpus=gpus,
-                    num_nodes=max(1, gpus // cluster.gpus_per_node),
-                    tokens_per_s=tps,
-                    layout=layout,
-                )
-            )
-    out += _offload(model, cluster, training, constraints, tuning)
-    out += _compile(model, cluster, training, constraints, tuning)
-    out += _peft(model, cluster, training, constraints, tuning)
-    return tuple(out)
+        ]
 
 
-def _catalog(catalog: Iterable[GPUSpec]) -> list[GPUSpec]:
-    given = list(catalog)
-    if given:
-        return given
-    from service.catalog.gpus import gpus
-
-    return list(gpus().values())
+# The most GPUs a suggestion proposes: beyond the largest published training runs' scale
+# (Llama 3 405B: 16,384 H100, arXiv:2407.21783 Table 4) a "fit" is not advice.
+MAX_SUGGESTED_GPUS = 32_768
 
 
-UNLIMITED = 2**62  # bytes of host RAM and NVMe "as much as needed", to ask what offload would need
-
-
-def _offload(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    constraints: Constraints,
-    tuning: Tuning,
-) -> list[Suggestion]:
-    from service.recommender import recommend
-
-    # host RAM as needed: what would offload take, and does the node have it?
-    unlimited = dataclasses.replace(
-        cluster, cpu_memory_bytes_per_node=UNLIMITED, nvme_bytes_per_node=UNLIMITED
+def _layout_words(layout: Layout) -> str:
+    degrees = " ".join(
+        f"{name}{getattr(layout, name)}"
+        for name in ("dp", "tp", "pp", "cp", "ep")
+        if getattr(layout, name) > 1
     )
-    allowed = dataclasses.replace(
-        constraints, allow_offload=True, top_k=1, max_evaluations=SUGGESTION_EVALUATIONS
-    )
-    found = recommend(model, unlimited, training, allowed, tuning, with_suggestions=False)
-    if found.recommended is None:
-        return []
-    memory = found.recommended.estimate.memory
-    have = cluster.cpu_memory_bytes_per_node
-    verdict = (
-        "unknown host RAM"
-        if not have
-        else (
-            "the node has it"
-            if memory.cpu_per_node_bytes <= have
-            else (f"the node has only {have / GiB:.0f} GiB")
-        )
-    )
-    return [
-        Suggestion(
-            kind="offload",
-            detail=f"offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node ({verdict}): "
-            f"{memory.per_gpu.total / GiB:.1f} GiB per GPU",
-            gpu=cluster.gpu.name,
-            num_gpus=cluster.world_size,
-            per_gpu_bytes=memory.per_gpu.total,
-            cpu_per_node_bytes=memory.cpu_per_node_bytes,
-            tokens_per_s=found.recommended.estimate.time.tokens_per_s
-            if found.recommended.estimate.time
-            else None,
-            layout=found.recommended.layout,
-        )
-    ]
+    zero = f" ZeRO-{layout.zero_stage}" if layout.zero_stage else ""
+    return f"{layout.framework.value} {degrees or 'one GPU'}{zero}, micro-batch {layout.micro_batch_size}"
 
 
-def _compile(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    constraints: Constraints,
-    tuning: Tuning,
-) -> list[Suggestion]:
-    """FSDP compiled with torch.compile, model and loss (no fp32 logits, fused norms), on the GPUs
-    given, where the request did not ask for it."""
-    from service.recommender import recommend
-
-    if constraints.torch_compile or Framework.FSDP not in constraints.frameworks:
-        return []
-    compiled = dataclasses.replace(
-        constraints,
-        torch_compile=True,
-        frameworks=(Framework.FSDP,),
-        top_k=1,
-        max_evaluations=SUGGESTION_EVALUATIONS,
-    )
-    found = recommend(model, cluster, training, compiled, tuning, with_suggestions=False).recommended
-    if found is None or found.layout.torch_compile is Compile.NONE:
-        return []
-    what = "torch.compile of the FSDP model and loss (constraints.torch_compile)"
-    return [_on_the_gpus_given("torch_compile", what, cluster, found)]
+def _tokens_per_s(found: Candidate) -> float | None:
+    return found.estimate.time.tokens_per_s if found.estimate.time else None
 
 
-def _peft(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    constraints: Constraints,
-    tuning: Tuning,
-) -> list[Suggestion]:
-    from service.recommender import recommend
-
-    if training.method is not Method.FULL:
-        return []
-    out = []
-    for method in (Method.LORA, Method.QLORA):
-        peft = dataclasses.replace(training, method=method)
-        quick = dataclasses.replace(
-            constraints,
-            top_k=1,
-            max_evaluations=SUGGESTION_EVALUATIONS,
-            torch_compile=constraints.torch_compile and method is not Method.QLORA,
-        )
-        found = recommend(model, cluster, peft, quick, tuning, with_suggestions=False).recommended
-        if found is not None:
-            what = f"{method.value} (rank {peft.lora_rank})"
-            out.append(_on_the_gpus_given(method.value, what, cluster, found))
-    return out
+def _speed(found: Candidate) -> str:
+    tokens_per_s = _tokens_per_s(found)
+    return f"{tokens_per_s:,.0f} tokens/s" if tokens_per_s is not None else "untimed"
 
 
-def _on_the_gpus_given(kind: str, what: str, cluster: ClusterSpec, found: Candidate) -> Suggestion:
+def _on_the_gpus_given(
+    kind: str, what: str, cluster: ClusterSpec, found: Candidate, training: TrainingSpec
+) -> Suggestion:
     """A change that fits on the cluster as given, with its plan's memory and tokens/s."""
     est = found.estimate
     return Suggestion(
         kind=kind,
         detail=f"{what} fits on the {cluster.world_size} GPUs given: "
-        f"{est.memory.per_gpu.total / GiB:.1f} GiB per GPU",
+        f"{est.memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)} with {_layout_words(found.layout)}",
         gpu=cluster.gpu.name,
-        num_gpus=cluster.world_size,
+        num_gpus=found.layout.world_size,
+        num_nodes=max(1, found.layout.world_size // cluster.gpus_per_node),
+        gpus_per_node=cluster.gpus_per_node,
         per_gpu_bytes=est.memory.per_gpu.total,
-        tokens_per_s=est.time.tokens_per_s if est.time else None,
+        cpu_per_node_bytes=est.memory.cpu_per_node_bytes or None,
+        tokens_per_s=_tokens_per_s(found),
         layout=found.layout,
+        method=training.method.value,
+        seq_len=training.seq_len,
+        on_the_gpus_given=True,
     )

@@ -95,22 +95,37 @@ class Rejection:
 class Suggestion:
     """One change that would make an infeasible job fit, with its numbers."""
 
-    kind: str  # more_gpus | other_gpu | offload | torch_compile | lora | qlora
+    kind: str  # offload | torch_compile | lora | qlora | shorter_sequence | more_gpus | other_gpu
     detail: str
     gpu: str | None = None
     num_gpus: int | None = None
     num_nodes: int | None = None
+    gpus_per_node: int | None = None  # the node shape it assumed
     per_gpu_bytes: int | None = None
     cpu_per_node_bytes: int | None = None
     tokens_per_s: float | None = None
-    layout: Layout | None = None
+    layout: Layout | None = None  # the layout it found, to plan or estimate as it states
+    method: str | None = None  # the training.method it assumed, where it changes it
+    seq_len: int | None = None  # the training.seq_len it assumed, where it changes it
+    on_the_gpus_given: bool = False  # needs no hardware the request does not state
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Skipped:
+    """A suggestion that could not be computed, and why (it never fails the plan)."""
+
+    kind: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchStats:
     candidates_evaluated: int  # layouts ranked by their step time
     duration_s: float
-    truncated: bool  # the evaluation budget (Constraints.max_evaluations) stopped the search early
+    truncated: bool  # the request's budget stopped the search early
+    # what stopped it: "evaluations" (Constraints.max_evaluations), "time" (the request's wall-time
+    # budget) or "cancelled" (the client went away); None when it ran to the end
+    truncated_by: str | None = None
     families_considered: int = 0  # (gpus, framework, tp, pp, cp, ep, sharding) combinations
     memory_evaluations: int = 0
     time_evaluations: int = 0  # step times, ranked candidates and bounds
@@ -124,6 +139,9 @@ class Recommendation:
     alternatives: tuple[Candidate, ...] = ()
     rejected: tuple[Rejection, ...] = ()
     suggestions: tuple[Suggestion, ...] = ()
+    suggestions_skipped: tuple[Skipped, ...] = ()
+    # infeasible: the layout that came closest to fitting, fully estimated (its memory breakdown)
+    closest: Candidate | None = None
     search: SearchStats = field(
         default_factory=lambda: SearchStats(candidates_evaluated=0, duration_s=0.0, truncated=False)
     )

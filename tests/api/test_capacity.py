@@ -78,8 +78,13 @@ def test_capacity_counts_gpus_that_hold_the_job_and_says_why_a_gpu_cannot(client
     h100 = options["h100-sxm-80gb"]
     assert h100["fits"] and h100["min_gpus"] >= 4
     assert h100["layout"]["offload_optimizer"] == "none" and h100["layout"]["offload_params"] == "none"
+    # the precision left to the hardware: fp16 on Volta (the option says so)
     v100 = options["v100-sxm2-32gb"]
-    assert not v100["fits"] and "bf16" in v100["note"]
+    assert "training.precision fp16" in v100["note"] and "training.attention sdpa" in v100["note"]
+    # bf16 asked for: Volta cannot, and the option says why rather than "nothing fits"
+    asked = body | {"training": TRAINING | {"precision": "bf16"}}
+    options = {o["gpu"]: o for o in client.post("/v1/capacity", json=asked).json()["options"]}
+    assert not options["v100-sxm2-32gb"]["fits"] and "bf16" in options["v100-sxm2-32gb"]["note"]
 
 
 def test_non_finite_numbers_are_refused(client: TestClient) -> None:

@@ -363,20 +363,44 @@ def test_one_gpu_offloads_only_to_host_ram_the_cluster_states(client: TestClient
 
 def test_what_the_gpu_cannot_run_is_a_422_naming_the_field(client: TestClient) -> None:
     v100 = {"gpu": "v100-sxm2-32gb", "num_nodes": 1, "gpus_per_node": 8}
-    body = plan_body(cluster=v100, training={"seq_len": 1024, "global_batch_size": 64, "precision": "fp16"})
-    problem = assert_problem(client.post("/v1/plans", json=body), 422)  # flash attention on Volta
+    flash = {"seq_len": 1024, "global_batch_size": 64, "precision": "fp16", "attention": "flash"}
+    body = plan_body(cluster=v100, training=flash)
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)  # flash attention on Volta, asked
     assert (problem["errors"][0]["field"], problem["errors"][0]["rule"]) == (
         "training.attention",
         "flash_attention",
     )
-    bf16 = body | {"training": {"seq_len": 1024, "global_batch_size": 64, "attention": "sdpa"}}
-    problem = assert_problem(client.post("/v1/plans", json=bf16), 422)  # bf16 before Ampere
+    bf16 = body | {"training": {"seq_len": 1024, "global_batch_size": 64, "precision": "bf16"}}
+    problem = assert_problem(client.post("/v1/plans", json=bf16), 422)  # bf16 before Ampere, asked
     assert problem["errors"][0]["field"] == "training.precision"
     ok = body | {
         "training": {"seq_len": 1024, "global_batch_size": 64, "precision": "fp16", "attention": "sdpa"}
     }
     assert create(client, ok)["status"] == "feasible"
     assert client.get("/v1/gpus/v100-sxm2-32gb").json()["flash_attention"] is False
+    # neither asked: each resolves to what Volta runs, and the answer says so
+    unasked = create(client, body | {"training": {"seq_len": 1024, "global_batch_size": 64}})
+    chosen = {"training.precision": "fp16", "training.attention": "sdpa"}
+    assert unasked["status"] == "feasible" and unasked["resolved_defaults"] == chosen
+    assert unasked["recommended"]["estimate"]["resolved_defaults"] == chosen
+
+
+def test_llama_2_13b_on_four_v100s_plans_with_the_defaults_volta_runs(client: TestClient) -> None:
+    """The write-up's scenario: 13B full fine-tuning on 4 x V100 32GB, no precision or attention
+    named. 13B x 16 bytes of states (208 GB) exceed 4 x 32 GB: infeasible on the cards alone, with
+    offload suggested; feasible with ZeRO offload once the node states its host RAM."""
+    training = {"seq_len": 2048, "global_batch_size": 32}
+    v100 = {"gpu": "v100-sxm2-32gb", "num_nodes": 1, "gpus_per_node": 4}
+    alone = create(client, plan_body(model={"preset": "llama-2-13b"}, cluster=v100, training=training))
+    assert alone["status"] == "infeasible"
+    assert alone["resolved_defaults"] == {"training.precision": "fp16", "training.attention": "sdpa"}
+    kinds = [s["kind"] for s in alone["suggestions"]]
+    assert "offload" in kinds and kinds.index("offload") < kinds.index("more_gpus")
+    stated = v100 | {"cpu_memory_bytes_per_node": 512 * 2**30}
+    plan = create(client, plan_body(model={"preset": "llama-2-13b"}, cluster=stated, training=training))
+    assert plan["status"] == "feasible"
+    layout = plan["recommended"]["layout"]
+    assert layout["offload_optimizer"] != "none" or layout["offload_params"] != "none"
 
 
 def test_what_a_run_says_about_the_hardware_calibrates_every_framework(client: TestClient) -> None:

@@ -63,7 +63,7 @@ def test_70b_on_eight_24gb_gpus_is_infeasible_and_says_how_many(tuning: Tuning) 
     memory = next(r for r in result.rejected if r.reason == "does not fit in GPU memory")
     assert memory.count > 0 and memory.per_gpu_bytes is not None and memory.capacity_bytes is not None
     assert memory.per_gpu_bytes > memory.capacity_bytes
-    tips = suggestions(spec, c, training, constraints, tuning, catalog=[gpu("h100-sxm-80gb")])
+    tips = suggestions(spec, c, training, constraints, tuning, catalog=[(gpu("h100-sxm-80gb"), 8)]).made
     more = next(t for t in tips if t.kind == "more_gpus")
     # 70B x 16 bytes = 1.1 TB of states over 22.8 GiB usable per GPU: at least 48 GPUs
     assert more.num_gpus is not None and more.num_gpus >= 48 and more.num_gpus % 8 == 0
@@ -81,7 +81,7 @@ def test_an_fsdp_job_that_fits_only_compiled_is_told_so(tuning: Tuning) -> None:
     training = TrainingSpec(seq_len=16384, global_batch_size=8)
     constraints = Constraints(frameworks=(Framework.FSDP,), allow_offload=False)
     assert recommend(spec, c, training, constraints, tuning, with_suggestions=False).recommended is None
-    tips = suggestions(spec, c, training, constraints, tuning, catalog=[gpu("h100-sxm-80gb")])
+    tips = suggestions(spec, c, training, constraints, tuning, catalog=[(gpu("h100-sxm-80gb"), 8)]).made
     compiled = next(t for t in tips if t.kind == "torch_compile")
     assert compiled.layout is not None and compiled.layout.torch_compile is Compile.MODEL_AND_LOSS
     assert compiled.per_gpu_bytes is not None and compiled.per_gpu_bytes < 0.95 * c.gpu.memory_bytes
@@ -89,7 +89,7 @@ def test_an_fsdp_job_that_fits_only_compiled_is_told_so(tuning: Tuning) -> None:
     plan = recommend(spec, c, training, asked, tuning, with_suggestions=False).recommended
     assert plan is not None and plan.layout == compiled.layout
     # asked already: nothing more to suggest
-    again = suggestions(spec, c, training, asked, tuning, catalog=[gpu("h100-sxm-80gb")])
+    again = suggestions(spec, c, training, asked, tuning, catalog=[(gpu("h100-sxm-80gb"), 8)]).made
     assert not any(t.kind == "torch_compile" for t in again)
 
 

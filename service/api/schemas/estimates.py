@@ -184,12 +184,18 @@ class LimitsOut(BaseModel):
 
 class CalibrationOut(BaseModel):
     factors: dict[str, float] = Field(
-        description="memory_dynamic (activations, buffers, overhead), step_time"
+        description="memory_dynamic (activations, buffers, overhead), step_time (as applied: capped where "
+        "the step would beat the GPU's dense peak), step_time_learned (what the runs say)"
     )
     runs: int
     memory_runs: int
     time_runs: int
     out_of_memory_runs: int
+    implausible_runs: int = Field(
+        default=0,
+        description="runs left out: impossible on this hardware (faster than its peak, a peak below the "
+        "model states) or more than 4x off the estimate; each one's diagnosis says why",
+    )
 
 
 class EstimateOut(BaseModel):
@@ -203,6 +209,11 @@ class EstimateOut(BaseModel):
     parameters_total: int
     warnings: list[str]
     assumptions: list[str]
+    resolved_defaults: dict[str, str] = Field(
+        default_factory=dict,  # plans stored before defaults followed the GPU read back without it
+        description='training fields the request left out, as resolved for the GPU: {"training.attention": '
+        '"sdpa", "training.precision": "fp16"} on a V100',
+    )
     calibration: CalibrationOut | None = Field(
         default=None, description="factors learned from runs on this hardware and framework, when any"
     )

@@ -68,6 +68,13 @@ class ArtifactOut(BaseModel):
     url: str
 
 
+class ClosestOut(BaseModel):
+    layout: dict[str, Any]
+    estimate: EstimateOut
+    over_bytes: int = Field(description="per-GPU bytes above what the GPU allows (capacity less headroom)")
+    detail: str
+
+
 class PlanOut(BaseModel):
     id: str
     created_at: datetime
@@ -78,7 +85,22 @@ class PlanOut(BaseModel):
     recommended: CandidateOut | None
     alternatives: list[CandidateOut]
     rejected: list[dict[str, Any]]
-    suggestions: list[dict[str, Any]]
+    suggestions: list[dict[str, Any]] = Field(
+        description="infeasible: what would make it fit, in the order a user can act: on the GPUs given "
+        "(offload within the stated host RAM, torch.compile, LoRA, QLoRA, a shorter sequence), then more "
+        "of the same GPU (or the host RAM offload needs), then other GPUs in whole nodes of their shape; "
+        "each with the layout, node shape, method and sequence it assumed"
+    )
+    suggestions_skipped: list[dict[str, str]] = Field(
+        default_factory=list, description="suggestions that could not be computed: kind and reason"
+    )
+    closest: ClosestOut | None = Field(
+        default=None,
+        description="infeasible: the layout that came closest to fitting, its estimate and how far over",
+    )
+    resolved_defaults: dict[str, str] = Field(
+        default_factory=dict, description="training fields the request left out, as resolved for the GPU"
+    )
     search: dict[str, Any]
     artifacts: list[ArtifactOut]
     unsupported_targets: dict[str, str] = Field(

@@ -1,0 +1,59 @@
+"""Training defaults that follow the hardware: what a request leaves out resolves against the GPU.
+
+A request that names only a model, a cluster and a training length must be valid on every GPU it
+can run on, so the fields whose best value depends on the part are not fixed constants:
+
+- precision: bf16 mixed precision where the GPU has bf16 matrix units (NVIDIA Ampere and newer,
+  AMD CDNA 2/3), fp16 mixed precision with loss scaling where it has fp16 units only (Volta,
+  Turing), fp32 otherwise. fp8 is never a default: it changes numerics and needs a recipe.
+- attention: FlashAttention-2 where its kernels exist (``GPUSpec.flash_attention``: Ampere and
+  newer, CDNA 2/3), otherwise PyTorch SDPA's memory-efficient kernel (xFormers' cutlass kernel,
+  which PyTorch ships for sm_50 and newer: it never materialises the s x s scores either).
+  Eager attention is never a default: every GPU the catalog or a custom entry describes runs SDPA.
+
+``TrainingSpec.hardware_defaults`` names the fields a request left to the hardware; ``for_gpu``
+re-resolves them when the same job is placed on another GPU (suggestions, capacity across types).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from service.estimator.types import Attention, GPUSpec, Precision, TrainingSpec
+
+# The fields whose default depends on the GPU, in the order the answer lists them.
+HARDWARE_DEFAULT_FIELDS: tuple[str, ...] = ("precision", "attention")
+
+
+def best_precision(gpu: GPUSpec) -> Precision:
+    """bf16 mixed where the GPU has bf16 units, else fp16 mixed, else fp32."""
+    peaks = gpu.peak_flops_per_s
+    if peaks.bf16 is not None:
+        return Precision.BF16
+    if peaks.fp16 is not None:
+        return Precision.FP16
+    return Precision.FP32
+
+
+def best_attention(gpu: GPUSpec) -> Attention:
+    """FlashAttention-2 where its kernels exist, else SDPA's memory-efficient kernel."""
+    return Attention.FLASH if gpu.flash_attention else Attention.SDPA
+
+
+def for_gpu(training: TrainingSpec, gpu: GPUSpec) -> TrainingSpec:
+    """``training`` with each field it left to the hardware resolved for ``gpu``."""
+    defaults = training.hardware_defaults
+    precision = best_precision(gpu) if "precision" in defaults else training.precision
+    attention = best_attention(gpu) if "attention" in defaults else training.attention
+    if precision is training.precision and attention is training.attention:
+        return training
+    return dataclasses.replace(training, precision=precision, attention=attention)
+
+
+def chosen_defaults(training: TrainingSpec) -> dict[str, str]:
+    """``{"training.precision": "fp16", ...}``: what each field left to the hardware resolved to."""
+    return {
+        f"training.{name}": str(getattr(training, name).value)
+        for name in HARDWARE_DEFAULT_FIELDS
+        if name in training.hardware_defaults
+    }
