@@ -1,10 +1,14 @@
 """Warnings about how far an estimate can be trusted for this input: a GPU whose die is not stated
-(timed at the most conservative fitted efficiency)."""
+(timed at the most conservative fitted efficiency), a sequence past the positions the model was
+trained to, and figures computed outside the ranges their validation covers."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from service.estimator.job import Job
 from service.estimator.tuning import Tuning, conservative_peak_fraction
+from service.estimator.types import ModelSpec, PositionEmbedding, TrainingSpec
 
 # Parts users describe as a custom GPU and the catalog die each is built on (the vendors' architecture
 # whitepapers and datasheets: H800, H20 and GH200's GPU are GH100 dies; A800 and A30 GA100; L20, L40 and
@@ -30,3 +34,103 @@ def chip_warnings(job: Job) -> tuple[str, ...]:
         "attention's core at its kernel's slowest published rate, at most the GEMM rate) is used; set chip "
         f"to the GPU's die for the efficiency fitted on it ({CHIP_EXAMPLES})",
     )
+
+
+# ---------------------------------------------------------------- the trained context
+
+
+def context_warnings(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
+    """A sequence longer than the positions the model was trained to (``max_position_embeddings``):
+    the estimate counts the memory and time of that sequence; whether the model is any good there is
+    another matter. Learned positions have no table row past the limit at all."""
+    limit, seq = model.max_position_embeddings, training.seq_len
+    if seq <= limit:
+        return ()
+    if model.position_embedding is PositionEmbedding.LEARNED:
+        return (
+            f"seq_len {seq:,} > max_position_embeddings {limit:,}: {model.name}'s learned position table has "
+            f"{limit:,} rows and none past them, so the run fails unless the table is extended (new rows, "
+            "not counted here) or the sequence is shortened",
+        )
+    how = (
+        "RoPE scaling (rope_scaling in its config) or continued pretraining at this length"
+        if model.position_embedding is PositionEmbedding.ROPE
+        else "continued pretraining at this length (ALiBi runs past it, but quality there is not what it was "
+        "trained for)"
+    )
+    return (
+        f"seq_len {seq:,} > max_position_embeddings {limit:,}: {model.name} was trained to {limit:,} "
+        f"positions and needs {how}; the estimate counts {seq:,}-token sequences as asked",
+    )
+
+
+# ---------------------------------------------------------------- what the validation covers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidatedRange:
+    """The inputs a figure of the estimate was compared with published measurements on: GPUs of the
+    layout, total parameters of the model, sequence length, each (least, most)."""
+
+    figure: str
+    gpus: tuple[int, int]
+    parameters: tuple[int, int]
+    seq_len: tuple[int, int]
+    source: str
+
+
+# The rows of validation/REPORT.md that compare each figure itself with a published measurement;
+# tests/estimator/test_caveats.py recomputes these bounds from the validation data, so they cannot
+# go stale. Per-component checks (model states on the ZeRO tables: 1 to 1,024 GPUs, 7.5B to 1T
+# parameters; activations measured on small transformers models on the CPU) are not ranges of the
+# whole per-GPU figure and are left out.
+VALIDATED_RANGES: tuple[ValidatedRange, ...] = (
+    ValidatedRange(
+        figure="step time",
+        gpus=(8, 11_616),
+        parameters=(1_485_426_688, 1_008_038_758_400),
+        seq_len=(2_048, 262_144),
+        source="validation/REPORT.md 'Published throughput' (visible.json step-time cases: Narayanan "
+        "Table 1, Korthikanti Tables 4-5, Megatron-Core H100 weak scaling, BigScience) and the expressible "
+        "throughput rows of validation/data/published_runs.json, fit and held-out halves",
+    ),
+    ValidatedRange(
+        figure="per-GPU memory",
+        gpus=(8, 512),
+        parameters=(8_030_261_248, 405_853_388_800),
+        seq_len=(8_192, 262_144),
+        source="validation/REPORT.md 'Published runs': the peak-memory rows of "
+        "validation/data/published_runs.json (allocator peak reserved per GPU), fit and held-out halves",
+    ),
+)
+
+
+def _count(n: float) -> str:
+    """1.49B, 406B, 1.01T, 125M: three significant digits with the SI suffix parameter counts use."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:g}"
+
+
+def coverage_warnings(
+    gpus: int, parameters: int, training: TrainingSpec, ranges: tuple[ValidatedRange, ...] = VALIDATED_RANGES
+) -> tuple[str, ...]:
+    """For each figure, a warning when the estimate's GPUs, parameters or sequence length lie outside
+    the ranges its validation covers (``VALIDATED_RANGES``), naming the ranges and what is outside."""
+    out = []
+    for r in ranges:
+        outside = []
+        if not r.gpus[0] <= gpus <= r.gpus[1]:
+            outside.append(f"{gpus:,} GPU{'s' if gpus != 1 else ''}")
+        if not r.parameters[0] <= parameters <= r.parameters[1]:
+            outside.append(f"{_count(parameters)} parameters")
+        if not r.seq_len[0] <= training.seq_len <= r.seq_len[1]:
+            outside.append(f"seq {training.seq_len:,}")
+        if outside:
+            out.append(
+                f"{r.figure} validated on {r.gpus[0]:,} to {r.gpus[1]:,} GPUs, {_count(r.parameters[0])} "
+                f"to {_count(r.parameters[1])} parameters, seq {r.seq_len[0]:,} to {r.seq_len[1]:,}; this "
+                f"estimate is outside: {', '.join(outside)}"
+            )
+    return tuple(out)

@@ -10,7 +10,7 @@ from service.estimator.calibration import (
     calibration_note,
     capped_step_time_factor,
 )
-from service.estimator.caveats import chip_warnings, fitted_fractions
+from service.estimator.caveats import chip_warnings, context_warnings, coverage_warnings, fitted_fractions
 from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
 from service.estimator.step_time import (
@@ -175,6 +175,8 @@ def estimate_valid(
             *warnings_for(memory, job.cluster, layout),
             *attention_warnings(job, layout, step_time_factor),
             *chip_warnings(job),
+            *context_warnings(job.model, training),
+            *coverage_warnings(layout.world_size, job.counts.total, training),
         ),
         assumptions=(
             notes if calibration.is_identity else (*notes, calibration_note(calibration, step_time_factor))

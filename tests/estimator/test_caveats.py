@@ -1,0 +1,127 @@
+"""Warnings for inputs the numbers cannot vouch for (issue 24): a sequence past the model's trained
+context, and figures computed outside the ranges their validation covers."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.catalog.gpus import gpu
+from service.catalog.models import model as preset
+from service.catalog.tuning import default_tuning
+from service.estimator.caveats import VALIDATED_RANGES, context_warnings, coverage_warnings
+from service.estimator.estimate import estimate
+from service.estimator.params import parameter_counts
+from service.estimator.types import Estimate, Framework, Layout, ModelSpec, TrainingSpec
+from validation import cases, published
+from validation.cases import gpu_cluster
+
+H100 = gpu("h100-sxm-80gb")
+FSDP8 = Layout(framework=Framework.FSDP, dp=8, zero_stage=3)
+
+
+def _estimate(name: str, seq_len: int, gpus: int = 8, layout: Layout = FSDP8) -> Estimate:
+    training = TrainingSpec(seq_len=seq_len, global_batch_size=layout.dp)
+    model = preset(name).spec
+    return estimate(
+        model, gpu_cluster(H100, gpus, 50e9), layout, training, tuning=default_tuning(), with_limits=False
+    )
+
+
+# ---------------------------------------------------------------- trained context
+
+
+def test_llama_3_8b_at_32k_is_past_its_8192_trained_positions() -> None:
+    warnings = _estimate("llama-3-8b", 32768).warnings
+    context = [w for w in warnings if w.startswith("seq_len")]
+    assert context == [
+        "seq_len 32,768 > max_position_embeddings 8,192: llama-3-8b was trained to 8,192 positions and needs "
+        "RoPE scaling (rope_scaling in its config) or continued pretraining at this length; the estimate "
+        "counts 32,768-token sequences as asked"
+    ]
+
+
+@pytest.mark.parametrize(("name", "seq_len"), [("llama-3-8b", 8192), ("llama-3.1-8b", 32768), ("gpt2", 1024)])
+def test_no_warning_within_the_trained_context(name: str, seq_len: int) -> None:
+    assert not context_warnings(preset(name).spec, TrainingSpec(seq_len=seq_len, global_batch_size=1))
+
+
+def test_learned_positions_have_no_row_past_the_table() -> None:
+    # estimated (as before) with a warning that the run fails as configured: not an error, since
+    # a user may extend the table, and a 422 would hide every other number of the answer
+    (warning,) = context_warnings(preset("gpt2").spec, TrainingSpec(seq_len=2048, global_batch_size=1))
+    assert "learned position table has 1,024 rows and none past them, so the run fails" in warning
+
+
+def test_alibi_runs_past_its_length_but_is_not_trained_there() -> None:
+    (warning,) = context_warnings(preset("bloom-176b").spec, TrainingSpec(seq_len=4096, global_batch_size=1))
+    assert "trained to 2,048 positions" in warning and "ALiBi" in warning
+
+
+# ---------------------------------------------------------------- validated ranges
+
+
+def _bounds(items: list[tuple[int, int, int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((min(column), max(column)) for column in zip(*items, strict=True))
+
+
+def _row_inputs(model: ModelSpec, gpus: int, seq_len: int) -> tuple[int, int, int]:
+    return gpus, parameter_counts(model).total, seq_len
+
+
+def _validated_inputs() -> dict[str, list[tuple[int, int, int]]]:
+    """(GPUs, parameters, seq_len) of every row that compares a figure with a published measurement."""
+    rows: dict[str, list[tuple[int, int, int]]] = {"step time": [], "per-GPU memory": []}
+    for row in published.load_rows():
+        try:
+            built = published.inputs(row)
+        except published.Unexpressible:
+            continue  # not compared, so not validated
+        figure = "step time" if row["kind"] == "throughput" else "per-GPU memory"
+        rows[figure].append(_row_inputs(built.model, built.layout.world_size, built.training.seq_len))
+    for case in cases.throughput_cases():
+        rows["step time"].append(_row_inputs(case.model, case.layout.world_size, case.training.seq_len))
+    return rows
+
+
+def test_validated_ranges_are_those_of_the_validation_data() -> None:
+    validated = _validated_inputs()
+    for r in VALIDATED_RANGES:
+        assert (r.gpus, r.parameters, r.seq_len) == _bounds(validated[r.figure]), r.figure
+        assert "validation" in r.source
+
+
+def test_every_validated_row_is_inside_its_ranges() -> None:
+    for figure, items in _validated_inputs().items():
+        ranges = tuple(r for r in VALIDATED_RANGES if r.figure == figure)
+        for gpus, parameters, seq_len in items:
+            assert not coverage_warnings(
+                gpus, parameters, TrainingSpec(seq_len=seq_len, global_batch_size=1), ranges
+            )
+
+
+def test_an_estimate_inside_both_ranges_has_no_coverage_warning() -> None:
+    # Llama-3.1-8B (8.03B) on 8 GPUs at 8K: the smallest validated memory row's own inputs
+    assert not [w for w in _estimate("llama-3.1-8b", 8192).warnings if "validated on" in w]
+
+
+def test_a_small_job_names_each_figure_and_what_is_outside() -> None:
+    warnings = [w for w in _estimate("qwen2.5-0.5b", 1024, 1, Layout()).warnings if "validated on" in w]
+    assert warnings == [
+        "step time validated on 8 to 11,616 GPUs, 1.49B to 1.01T parameters, seq 2,048 to 262,144; this "
+        "estimate is outside: 1 GPU, 494M parameters, seq 1,024",
+        "per-GPU memory validated on 8 to 512 GPUs, 8.03B to 406B parameters, seq 8,192 to 262,144; this "
+        "estimate is outside: 1 GPU, 494M parameters, seq 1,024",
+    ]
+
+
+def test_only_what_is_outside_is_named() -> None:
+    # 16 GPUs and 8.03B are inside both; seq 4,096 only outside the memory rows
+    warnings = [
+        w
+        for w in _estimate(
+            "llama-3.1-8b", 4096, 16, Layout(framework=Framework.FSDP, dp=16, zero_stage=3)
+        ).warnings
+        if "validated on" in w
+    ]
+    assert len(warnings) == 1 and warnings[0].startswith("per-GPU memory")
+    assert warnings[0].endswith("this estimate is outside: seq 4,096")
