@@ -16,12 +16,13 @@ from service.api.problems import document_problem_schema, install_handlers
 from service.logs import configure_logging
 from service.metrics import Metrics
 from service.middleware import (
+    ArrivalTimeMiddleware,
     BodyLimitMiddleware,
     MetricsMiddleware,
     NulRefusalMiddleware,
     RequestIdMiddleware,
 )
-from service.persistence.db import make_engine, serialize_sqlite_writes, sqlite_file_identity
+from service.persistence.db import ConnectionGate, make_engine, serialize_sqlite_writes, sqlite_file_identity
 from service.settings import Settings, get_settings
 from service.versions import estimator_version
 
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.planning_slots = threading.BoundedSemaphore(settings.max_concurrent_planning)
+    app.state.connection_gate = ConnectionGate()
     app.state.metrics = Metrics()
     configure_logging(settings.log_level, settings.log_format)
     install_handlers(app)
@@ -88,5 +90,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["*"],
             expose_headers=["X-Request-ID", "Location"],
         )
+    app.add_middleware(ArrivalTimeMiddleware)
     app.add_middleware(RequestIdMiddleware)
     return app

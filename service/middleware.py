@@ -1,4 +1,4 @@
-"""ASGI middleware: request ids, body-size limit, NUL refusal and request metrics."""
+"""ASGI middleware: request ids, arrival times, body-size limit, NUL refusal and request metrics."""
 
 from __future__ import annotations
 
@@ -67,6 +67,19 @@ class RequestIdMiddleware:
             await response(scope, receive, send_with_id)
         finally:
             request_id_var.reset(token)
+
+
+class ArrivalTimeMiddleware:
+    """Stamps each request's state with its arrival (`arrived_at_s`, time.monotonic()): its wait for
+    the database counts from then, including the time it queued for a worker thread."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["arrived_at_s"] = time.monotonic()
+        await self.app(scope, receive, send)
 
 
 class NulRefusalMiddleware:

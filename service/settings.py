@@ -20,9 +20,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     # SQLite waits this long for a competing writer before failing with "database is locked".
     sqlite_busy_timeout_ms: int = Field(default=5_000, ge=0)
-    # PostgreSQL: give up connecting, on one statement, and waiting for a pooled connection after
-    # these (the request is then a 503 with Retry-After).
-    database_connect_timeout_s: int = Field(default=5, ge=1)
+    # A request waits for its turn at the database (a connection of the pool) at most
+    # database_pool_timeout_s from its arrival, then PostgreSQL gets at most
+    # database_connect_timeout_s to open a connection (psycopg's floor is 2 s), and the server
+    # cancels each statement after database_statement_timeout_ms. Past any of them: a 503 with
+    # Retry-After. A database that never answers: every request's 503 within pool + connect.
+    database_connect_timeout_s: int = Field(default=5, ge=2)
     database_statement_timeout_ms: int = Field(default=30_000, ge=100)
     database_pool_timeout_s: float = Field(default=10.0, gt=0)
     # CPU-heavy requests (estimates, plans, capacity) run at most this many at once; the next waits

@@ -3,6 +3,7 @@ request's session (the one place that commits, opened for that owner), and repos
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Annotated
@@ -11,7 +12,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.errors import Forbidden, ServiceUnavailable, Unauthorized
-from service.persistence.db import sqlite_file_identity
+from service.persistence.db import ConnectionGate, sqlite_file_identity
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning import api_keys
 from service.planning.api_keys import Principal
@@ -31,6 +32,15 @@ def check_database_file(request: Request) -> None:
             f"the database file {opened[0]} was removed or replaced while the service ran; "
             "restore it and restart the service"
         )
+
+
+def database_slot(request: Request) -> contextlib.AbstractContextManager[None]:
+    """A turn at the database, waited for until PLANNER_DATABASE_POOL_TIMEOUT_S after the request
+    arrived; with at most one connection attempt after it (PLANNER_DATABASE_CONNECT_TIMEOUT_S), the
+    request's wait for the database is bounded by their sum."""
+    settings: Settings = request.app.state.settings
+    gate: ConnectionGate = request.app.state.connection_gate
+    return gate.slot(request.state.arrived_at_s + settings.database_pool_timeout_s)
 
 
 # POSTs that compute and store nothing: a read-only key may call them.
@@ -62,7 +72,7 @@ def get_principal(request: Request) -> Principal:
         )
     check_database_file(request)
     factory: sessionmaker[Session] = request.app.state.sessionmaker
-    with factory() as session:
+    with database_slot(request), factory() as session:
         principal = api_keys.authenticate(session, secret.strip())
     if principal is None:
         raise Unauthorized(
@@ -87,7 +97,7 @@ def get_session(request: Request, principal: PrincipalDep) -> Iterator[Session]:
     session works for the principal's owner (the repositories read `session.info["owner"]`)."""
     check_database_file(request)
     factory: sessionmaker[Session] = request.app.state.sessionmaker
-    with factory(info={"owner": principal.owner}) as session:
+    with database_slot(request), factory(info={"owner": principal.owner}) as session:
         try:
             yield session
             session.commit()

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import Engine, text
 
-from service.api.deps import check_database_file
+from service.api.deps import check_database_file, database_slot
 from service.errors import ServiceUnavailable
 
 router = APIRouter(tags=["health"])
@@ -37,7 +37,7 @@ def readyz_head(request: Request) -> Response:
 def readyz(request: Request) -> dict[str, str]:
     engine: Engine = request.app.state.engine
     try:
-        with engine.connect() as conn:
+        with database_slot(request), engine.connect() as conn:
             conn.execute(text("SELECT 1"))
     except Exception as exc:
         raise ServiceUnavailable(f"database not reachable: {type(exc).__name__}") from exc

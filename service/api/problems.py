@@ -24,7 +24,7 @@ from service.api.schemas.common import Problem
 from service.catalog.errors import UnknownCatalogEntry
 from service.errors import ServiceError
 from service.estimator.errors import EstimatorError
-from service.persistence.db import WriterBusy
+from service.persistence.db import ConnectionWaitTimeout, WriterBusy
 
 log = logging.getLogger("service.errors")
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -124,6 +124,8 @@ def database_unavailable_detail(exc: BaseException) -> str | None:
     None for any other error (a bug stays a 500)."""
     if isinstance(exc, WriterBusy):
         return f"the database is busy ({exc})"  # one of two fixed sentences: a metrics label
+    if isinstance(exc, ConnectionWaitTimeout):
+        return "no database connection came free within the pool timeout"
     if isinstance(exc, sqlalchemy.exc.TimeoutError):
         return "the database connection pool is exhausted"
     if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
