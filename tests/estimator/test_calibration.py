@@ -1,16 +1,32 @@
 """Calibration shared across frameworks: the hardware's step-time factor from every run on it, a
-framework's own deviation trusted in proportion to its runs; memory from the framework's own runs."""
+framework's own deviation trusted in proportion to its runs; memory from the framework's own runs.
+Runs that could not have happened move nothing, and no factor takes an estimate past the GPU's peak."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from service.catalog.models import model
+from service.catalog.tuning import default_tuning
 from service.estimator.calibration import (
     FRAMEWORK_PRIOR_RUNS,
+    IMPLAUSIBLE_RATIO,
+    MEMORY_FACTOR_BOUNDS,
+    TIME_FACTOR_BOUNDS,
+    Calibration,
     Observation,
+    applied_calibration,
+    calibrated_time,
+    capped_step_time_factor,
+    implausibility,
     learn_calibration,
     shared_calibration,
 )
+from service.estimator.estimate import estimate
+from service.estimator.types import Estimate, Framework, Layout, Recompute, TrainingSpec
+from tests.recommender.helpers import cluster
 
 
 def run(ratio: float, peak: int | None = None) -> Observation:
@@ -48,3 +64,156 @@ def test_a_frameworks_own_deviation_counts_in_proportion_to_its_runs() -> None:
     # with many runs of its own the framework's factor approaches its own median
     many = [run(2.0)] * 40
     assert shared_calibration(many + fsdp, many).step_time_factor == pytest.approx(2.0, rel=0.05)
+
+
+# ---------------------------------------------------------------- runs checked before they count
+
+GB = 10**9
+
+
+def measured(
+    step_s: float | None = None, peak: int | None = None, oom: bool = False, peak_step_s: float | None = 2.0
+) -> Observation:
+    """A run of a plan estimated at 4 s a step (2 s: the step's FLOPs at the dense peak, HFU 0.5)
+    and 30 GB per GPU, 20 GB of them model states, on an 80 GB card."""
+    return Observation(
+        model_state_bytes=20 * GB,
+        dynamic_bytes=10 * GB,
+        capacity_bytes=80 * GB,
+        measured_peak_bytes=peak,
+        out_of_memory=oom,
+        estimated_step_s=4.0,
+        measured_step_s=step_s,
+        peak_step_s=peak_step_s,
+    )
+
+
+def test_a_plausible_run_has_no_reason_against_it() -> None:
+    for run in (measured(3.0, 28 * GB), measured(2.0), measured(16.0), measured(peak=21 * GB)):
+        assert implausibility(run) == ()
+
+
+def test_a_step_faster_than_the_dense_peak_allows_is_implausible() -> None:
+    # the issue's run: 0.001 s where the step's FLOPs need 2 s at the peak (HFU 2000)
+    reasons = implausibility(measured(0.001))
+    assert "faster than the dense peak allows" in reasons[0] and "HFU 2e+03 > 1" in reasons[0]
+    assert "more than 4x off" in reasons[1]
+    # just past the peak: HFU 1.05, within 4x of the estimate, still impossible
+    (reason,) = implausibility(measured(2.0 / 1.05))
+    assert "at least 2 s per GPU at peak, HFU 1.05 > 1" in reason
+
+
+def test_where_the_estimate_itself_is_above_hfu_1_its_own_step_is_the_floor() -> None:
+    # attention's full square counted, at a million tokens: the estimate's own HFU is 1.25
+    over = measured(3.9, peak_step_s=5.0)
+    assert "faster than the dense peak" in implausibility(over)[0]
+    assert implausibility(measured(4.5, peak_step_s=5.0)) == ()
+
+
+def test_a_step_more_than_the_stated_factor_off_the_estimate_is_implausible() -> None:
+    assert IMPLAUSIBLE_RATIO == 4.0
+    (slow,) = implausibility(measured(16.1))
+    assert "step 16.1 s is 4.03x the estimated 4 s, more than 4x off" in slow
+    assert implausibility(measured(16.0)) == ()
+    # 0.99 s is 0.2475x: below the peak's 1 s as well as more than 4x faster
+    assert len(implausibility(measured(0.99))) == 2
+
+
+def test_a_peak_below_the_model_states_is_implausible() -> None:
+    # the issue's 1 MiB peak, and a peak just under the 20 GB of states
+    tiny = implausibility(measured(peak=2**20))
+    assert "below the 20 GB of model states" in tiny[0] and "more than 4x off" in tiny[1]
+    (under,) = implausibility(measured(peak=20 * GB - 1))
+    assert under.startswith("peak 20 GB is below the 20 GB of model states")
+    (huge,) = implausibility(measured(peak=121 * GB))
+    assert "4.03x the estimated 30 GB" in huge
+
+
+def test_an_out_of_memory_run_far_above_the_estimate_is_implausible() -> None:
+    assert implausibility(measured(oom=True)) == ()  # 80 GB < 4 x 30 GB
+    small = dataclasses.replace(measured(oom=True), model_state_bytes=GB, dynamic_bytes=GB)
+    assert "ran out of 80 GB where the estimate is 2 GB" in implausibility(small)[0]
+
+
+def test_implausible_runs_move_no_factor_and_are_counted() -> None:
+    absurd = [measured(0.001), measured(peak=2**20), measured(100.0, 200 * GB)]
+    alone = learn_calibration(absurd)
+    assert alone.is_identity and alone.runs == 0 and alone.implausible_runs == 3
+    shared = shared_calibration(absurd, absurd)
+    assert shared.is_identity and shared.runs == 0 and shared.implausible_runs == 3
+    # next to a plausible run, the factors are that run's alone
+    with_one = shared_calibration([*absurd, measured(6.0, 35 * GB)], [*absurd, measured(6.0, 35 * GB)])
+    assert with_one.step_time_factor == 1.5 and with_one.memory_dynamic_factor == 1.5
+    assert with_one.runs == 1 and with_one.implausible_runs == 3
+
+
+# ---------------------------------------------------------------- calibrated numbers capped by physics
+
+H100 = cluster("h100-sxm-80gb", 1)
+# (model, layout, training): low HFU (GPT-2, short sequences) to high (8B at 32k with full recompute)
+SHAPES = [
+    ("gpt2", Layout(dp=8, zero_stage=1), TrainingSpec(seq_len=1024, global_batch_size=64)),
+    (
+        "llama-3.1-8b",
+        Layout(framework=Framework.MEGATRON, tp=2, dp=4, zero_stage=1, sequence_parallel=True),
+        TrainingSpec(seq_len=8192, global_batch_size=128),
+    ),
+    (
+        "llama-3.1-8b",
+        Layout(framework=Framework.MEGATRON, cp=8, zero_stage=1, recompute=Recompute.FULL),
+        TrainingSpec(seq_len=32768, global_batch_size=8),
+    ),
+]
+
+
+def uncalibrated_and_calibrated(factor: float) -> list[tuple[Estimate, Estimate]]:
+    pairs = []
+    for name, layout, training in SHAPES:
+        spec = model(name).spec
+        plain = estimate(spec, H100, layout, training, tuning=default_tuning(), with_limits=False)
+        runs = Calibration(step_time_factor=factor, memory_dynamic_factor=MEMORY_FACTOR_BOUNDS[0], runs=1)
+        calibrated = estimate(spec, H100, layout, training, tuning=default_tuning(), calibration=runs)
+        pairs.append((plain, calibrated))
+    return pairs
+
+
+@pytest.mark.parametrize("factor", [TIME_FACTOR_BOUNDS[0], 0.6, 1.0, 1.5])
+def test_no_calibrated_estimate_exceeds_the_gpus_dense_peak(factor: float) -> None:
+    for plain, calibrated in uncalibrated_and_calibrated(factor):
+        assert plain.time is not None and calibrated.time is not None
+        t = calibrated.time
+        assert t.hfu <= 1 + 1e-12 and t.mfu <= t.hfu
+        assert H100.gpu.peak_flops_per_s.bf16 is not None
+        peak_tflops = H100.gpu.peak_flops_per_s.bf16 / 1e12
+        assert t.hardware_tflops_per_gpu <= peak_tflops * (1 + 1e-12)
+        # never below the step's FLOPs at the peak, never faster than the runs say either
+        assert t.step_s >= plain.time.step_s * min(plain.time.hfu, 1.0) * (1 - 1e-12)
+        assert t.step_s >= plain.time.step_s * factor * (1 - 1e-12)
+        if factor >= 1.0 or plain.time.hfu <= factor:
+            assert t.step_s == pytest.approx(plain.time.step_s * factor)  # nothing to cap
+        else:
+            assert t.hfu == pytest.approx(1.0)
+            assert any("capped at" in note and "HFU 1" in note for note in calibrated.assumptions)
+        # the lowest memory factor scales only the dynamic part: never below the model states
+        states = calibrated.memory.per_gpu
+        assert states.total >= states.parameters + states.gradients + states.optimizer_states
+        assert (states.parameters, states.gradients) == (
+            plain.memory.per_gpu.parameters,
+            plain.memory.per_gpu.gradients,
+        )
+
+
+def test_the_cap_lies_between_the_factor_and_the_uncalibrated_step() -> None:
+    (_, _, (name, layout, training)) = SHAPES
+    time = estimate(model(name).spec, H100, layout, training, tuning=default_tuning()).time
+    assert time is not None and 0.5 < time.hfu < 1.0  # the 8B at 32k: the cap binds at 0.5
+    assert capped_step_time_factor(time, 0.5) == time.hfu
+    assert capped_step_time_factor(time, 2.0) == 2.0
+    assert calibrated_time(time, 0.5).hfu == pytest.approx(1.0)
+    # an estimate counted above HFU 1 (attention's full square at a million tokens) is never sped up
+    over = dataclasses.replace(time, hfu=1.25)
+    assert capped_step_time_factor(over, 0.5) == 1.0 and capped_step_time_factor(over, 1.2) == 1.2
+    applied = applied_calibration(Calibration(step_time_factor=0.5, runs=1), time)
+    assert applied.step_time_factor == time.hfu and applied.learned_step_time_factor == 0.5
+    slower = applied_calibration(Calibration(step_time_factor=1.5, runs=1), time)
+    assert slower.step_time_factor == 1.5 and slower.learned_step_time_factor is None

@@ -1,0 +1,53 @@
+"""A calibrated plan's rationale is written again from its calibrated estimates: the two things only
+the search knew (whether a layout without PP fits, how the GPUs are used) are read back from the
+search's rationale, so writing it again from the search's own estimates gives back its very words."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.catalog.models import model
+from service.catalog.tuning import default_tuning
+from service.estimator.calibration import Calibration
+from service.estimator.estimate import estimate
+from service.estimator.types import ClusterSpec, Framework, Layout, TrainingSpec
+from service.planning.calibrated import (
+    FITS_WITHOUT_PP,
+    GPU_USE_LINE,
+    calibrated_candidates,
+    calibrated_rationale,
+)
+from service.recommender import Constraints, rank, recommend
+from tests.recommender.helpers import cluster
+
+H100x8 = cluster("h100-sxm-80gb", 1)
+JOBS = [
+    ("gpt2", H100x8, TrainingSpec(seq_len=1024, global_batch_size=64)),
+    ("llama-3.1-70b", cluster("h100-sxm-80gb", 4), TrainingSpec(seq_len=8192, global_batch_size=256)),
+    ("llama-2-70b", cluster("a100-sxm-80gb", 16), TrainingSpec(seq_len=4096, global_batch_size=512)),
+]
+
+
+def test_the_rationales_pp_and_gpu_use_lines_are_where_the_plan_reads_them() -> None:
+    spec, training = model("llama-3.1-8b").spec, TrainingSpec(seq_len=8192, global_batch_size=128)
+    layout = Layout(framework=Framework.MEGATRON, pp=2, dp=4, zero_stage=1)
+    est = estimate(spec, H100x8, layout, training, tuning=default_tuning())
+    for fits in (True, False):
+        lines = rank.rationale(layout, est, H100x8, None, fits, "the GPU use line")
+        assert lines[GPU_USE_LINE] == "the GPU use line"
+        assert any(FITS_WITHOUT_PP in line for line in lines) is fits
+
+
+@pytest.mark.parametrize(("name", "c", "training"), JOBS, ids=[j[0] for j in JOBS])
+def test_written_again_from_the_searchs_estimates_the_rationale_is_the_searchs(
+    name: str, c: ClusterSpec, training: TrainingSpec
+) -> None:
+    spec, constraints = model(name).spec, Constraints(top_k=3)
+    rec = recommend(spec, c, training, constraints, default_tuning())
+    assert rec.recommended is not None
+    chosen = [(candidate, Calibration()) for candidate in (rec.recommended, *rec.alternatives)]
+    again = calibrated_rationale(rec.recommended, chosen, c)
+    assert [candidate.rationale for candidate, _ in again] == [candidate.rationale for candidate, _ in chosen]
+    # without runs, the plan keeps the search's candidates' words and scores
+    uncalibrated = calibrated_candidates(rec, spec, c, training, constraints, {})
+    assert [(x.rationale, x.score) for x, _ in uncalibrated] == [(x.rationale, x.score) for x, _ in chosen]
