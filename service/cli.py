@@ -3,7 +3,9 @@
 Every command sends the request the HTTP API takes: to a running service with ``--url``, or, by
 default, to the service in-process over the local database (``PLANNER_DATABASE_URL``, migrated first),
 so the numbers are the API's either way. Human output is aligned tables with units; ``--json`` prints
-the API's JSON. Exit codes: 0 feasible (or done), 2 infeasible, 1 error.
+the API's JSON. Exit codes: 0 feasible (or done), 2 does not fit, 64 usage error (the command line
+itself: an unknown option, a missing or malformed value, a --config file that is not there; BSD's
+EX_USAGE), 1 any other error (the API refused the request, the service cannot be reached).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from rich.table import Table
 
 from service.launchers.common import Target
 
-FEASIBLE, ERROR, INFEASIBLE = 0, 1, 2
+FEASIBLE, ERROR, INFEASIBLE, USAGE = 0, 1, 2, 64
 GIB = 2**30
 _GPUS = re.compile(r"^(?:(\d+)x)?(\d+)x([a-z0-9][a-z0-9.\-]*)$")
 _BAR_CHARS = 40  # the memory bar's width at the card's capacity
@@ -36,12 +38,38 @@ errors = Console(stderr=True, highlight=False)
 
 
 class Failure(click.ClickException):
-    """An API problem or a bad flag: printed as one line (field, detail), exit code 1."""
+    """An API problem: printed as one line (field, detail), exit code 1."""
 
     exit_code = ERROR
 
     def show(self, file: Any = None) -> None:
         errors.print(f"[bold red]error:[/] {escape(self.message)}")
+
+
+class Usage(Failure):
+    """The command line itself is wrong (flags that contradict, a malformed --gpus): exit code 64."""
+
+    exit_code = USAGE
+
+
+class TrainplanGroup(click.Group):
+    """Click's group, with argument-parsing errors exiting 64 (EX_USAGE) rather than Click's 2,
+    which here means "does not fit": a script can tell a wrong call from an infeasible job."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.UsageError as exc:  # unknown option, missing or malformed value, missing file
+            exc.show()
+            sys.exit(USAGE)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            errors.print("aborted")
+            sys.exit(ERROR)
+        sys.exit(code if isinstance(code, int) else FEASIBLE)
 
 
 # ---------------------------------------------------------------- the API, remote or in-process
@@ -135,7 +163,7 @@ def cluster_from_gpus(spec: str, inter_gbps: float | None) -> dict[str, Any]:
     x GPUs per node) as an inline cluster."""
     match = _GPUS.match(spec.strip().lower())
     if match is None:
-        raise Failure(f"--gpus {spec!r}: expected COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb")
+        raise Usage(f"--gpus {spec!r}: expected COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb")
     nodes_text, count_text, gpu = match.groups()
     count = int(count_text)
     if nodes_text is not None:
@@ -145,25 +173,25 @@ def cluster_from_gpus(spec: str, inter_gbps: float | None) -> dict[str, Any]:
     elif count % 8 == 0:
         nodes, per_node = count // 8, 8
     else:
-        raise Failure(f"--gpus {spec!r}: {count} GPUs is not whole nodes of 8; write NODESxPER_NODExGPU")
+        raise Usage(f"--gpus {spec!r}: {count} GPUs is not whole nodes of 8; write NODESxPER_NODExGPU")
     cluster: dict[str, Any] = {"gpu": gpu, "num_nodes": nodes, "gpus_per_node": per_node}
     if inter_gbps is not None:
         cluster["inter_node_bandwidth_gbps"] = inter_gbps
     elif nodes > 1:
-        raise Failure(f"--gpus {spec!r} spans {nodes} nodes: give --inter-gbps (each GPU's network, GB/s)")
+        raise Usage(f"--gpus {spec!r} spans {nodes} nodes: give --inter-gbps (each GPU's network, GB/s)")
     return cluster
 
 
 def model_ref(model: str | None, config: Path | None) -> dict[str, Any]:
     if (model is None) == (config is None):
-        raise Failure("give exactly one of --model NAME (GET /v1/models) or --config config.json")
+        raise Usage("give exactly one of --model NAME (GET /v1/models) or --config config.json")
     if model is not None:
         return {"preset": model}
     assert config is not None
     try:
         return {"hf_config": json.loads(config.read_text())}
     except (OSError, ValueError) as exc:
-        raise Failure(f"--config {config}: {exc}") from exc
+        raise Usage(f"--config {config}: {exc}") from exc
 
 
 def cluster_choice(
@@ -183,15 +211,15 @@ def stored_cluster_id(api: Api, name_or_id: str) -> str:
     raise Failure(f"--cluster {name_or_id!r}: no stored cluster has that name or id")
 
 
-def training(seq: int, batch: int, precision: str, method: str, tokens: int | None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "seq_len": seq,
-        "global_batch_size": batch,
-        "precision": precision,
-        "method": method,
-    }
-    if tokens is not None:
-        body["tokens"] = tokens
+def training(
+    seq: int, batch: int, precision: str | None, method: str, tokens: int | None, attention: str | None = None
+) -> dict[str, Any]:
+    """The request's training; precision and attention left out resolve from the GPU (the answer's
+    resolved_defaults names what they became)."""
+    body: dict[str, Any] = {"seq_len": seq, "global_batch_size": batch, "method": method}
+    for name, value in (("precision", precision), ("attention", attention), ("tokens", tokens)):
+        if value is not None:
+            body[name] = value
     return body
 
 
@@ -285,6 +313,9 @@ def print_estimate(estimate: dict[str, Any]) -> None:
 
 def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
     console.print(f"plan {plan['id']} for {plan['model']}: [bold]{plan['status']}[/]")
+    chosen = plan.get("resolved_defaults") or {}
+    if chosen:
+        console.print("defaults for this GPU: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
     rec = plan.get("recommended")
     if rec is not None:
         console.print(f"[bold]recommended[/] {layout_text(rec['layout'])}")
@@ -317,8 +348,17 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
                 escape(str(group.get("detail", ""))),
             )
         console.print(table)
+    closest = plan.get("closest")
+    if closest is not None:
+        console.print(
+            f"[bold]closest[/] {layout_text(closest['layout'])}: {gib(closest['over_bytes'])} over what the "
+            "GPU allows"
+        )
+        print_estimate(closest["estimate"])
     for suggestion in plan["suggestions"]:
         console.print(f"[cyan]suggestion:[/] {escape(str(suggestion.get('detail') or suggestion))}")
+    for skipped in plan.get("suggestions_skipped") or []:
+        console.print(f"[dim]not suggested ({escape(skipped['kind'])}): {escape(skipped['reason'])}[/]")
     for target, why in plan["unsupported_targets"].items():
         if target in asked:  # not the ones --out added
             console.print(f"[yellow]{target}:[/] {escape(why)}")
@@ -358,7 +398,8 @@ model_options = [
 job_options = [
     click.option("--seq", type=int, required=True, help="sequence length (tokens)"),
     click.option("--batch", type=int, required=True, help="global batch (sequences per optimizer step)"),
-    click.option("--precision", default="bf16", show_default=True),
+    click.option("--precision", help="bf16, fp16, fp8, fp32, bf16_pure (default: from the GPU)"),
+    click.option("--attention", help="flash, sdpa, eager (default: from the GPU)"),
     click.option("--method", default="full", show_default=True, help="full, lora or qlora"),
     click.option("--tokens", type=int, help="total training tokens, for time to train"),
 ]
@@ -384,9 +425,17 @@ def options(*groups: list[Any]) -> Callable[[F], F]:
     return decorate
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=TrainplanGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """Plan LLM training when GPU memory is short: memory, step time and layouts, as the API computes them."""
+    """Plan LLM training when GPU memory is short: memory, step time and layouts, as the API computes them.
+
+    \b
+    Exit codes:
+      0   fits (or the command did what it says)
+      2   does not fit (plan infeasible, estimate over the card)
+      64  usage error: an unknown option, a missing or malformed value, flags that contradict
+      1   any other error: the API refused the request, the service cannot be reached
+    """
 
 
 @main.command()
@@ -408,7 +457,8 @@ def plan(
     inter_gbps: float | None,
     seq: int,
     batch: int,
-    precision: str,
+    precision: str | None,
+    attention: str | None,
     method: str,
     tokens: int | None,
     objective: str,
@@ -429,7 +479,7 @@ def plan(
     body = {
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps),
-        "training": training(seq, batch, precision, method, tokens),
+        "training": training(seq, batch, precision, method, tokens, attention),
         "constraints": constraints,
         "launchers": targets,
     }
@@ -466,7 +516,8 @@ def estimate(
     inter_gbps: float | None,
     seq: int,
     batch: int,
-    precision: str,
+    precision: str | None,
+    attention: str | None,
     method: str,
     tokens: int | None,
     framework: str,
@@ -487,7 +538,7 @@ def estimate(
     body = {
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps),
-        "training": training(seq, batch, precision, method, tokens),
+        "training": training(seq, batch, precision, method, tokens, attention),
         "layout": layout,
     }
     result = api.call("POST", "/v1/estimates", json=body)
@@ -508,7 +559,8 @@ def capacity(
     config: Path | None,
     seq: int,
     batch: int,
-    precision: str,
+    precision: str | None,
+    attention: str | None,
     method: str,
     tokens: int | None,
     gpu_names: tuple[str, ...],
@@ -520,7 +572,7 @@ def capacity(
     api = Api(url)
     body: dict[str, Any] = {
         "model": model_ref(model, config),
-        "training": training(seq, batch, precision, method, tokens),
+        "training": training(seq, batch, precision, method, tokens, attention),
         "max_nodes": max_nodes,
     }
     if gpu_names:

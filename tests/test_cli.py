@@ -109,19 +109,76 @@ def test_json_output_is_the_apis_plan_and_exit_codes_say_feasible_or_not(databas
 
 
 @pytest.mark.parametrize(
-    ("args", "words"),
+    ("args", "words", "code"),
     [
-        (["--model", "llama-3.1-8b", "--gpus", "9xh100-sxm-80gb"], "not whole nodes of 8"),
-        (["--model", "llama-3.1-8b", "--gpus", "2x8xh100-sxm-80gb"], "give --inter-gbps"),
-        (["--model", "nope", "--gpus", "8xh100-sxm-80gb"], "model.preset"),
-        (["--gpus", "8xh100-sxm-80gb"], "--model NAME"),
-        (["--model", "llama-3.1-8b", "--gpus", "8xh100"], "unknown gpu 'h100'"),
+        (["--model", "llama-3.1-8b", "--gpus", "9xh100-sxm-80gb"], "not whole nodes of 8", 64),
+        (["--model", "llama-3.1-8b", "--gpus", "2x8xh100-sxm-80gb"], "give --inter-gbps", 64),
+        (["--gpus", "8xh100-sxm-80gb"], "--model NAME", 64),
+        (["--model", "nope", "--gpus", "8xh100-sxm-80gb"], "model.preset", 1),
+        (["--model", "llama-3.1-8b", "--gpus", "8xh100"], "unknown gpu 'h100'", 1),
     ],
 )
-def test_bad_input_is_one_error_line_and_exit_1(database: str, args: list[str], words: str) -> None:
+def test_bad_input_is_one_error_line_and_its_exit_code(
+    database: str, args: list[str], words: str, code: int
+) -> None:
+    """Flags that contradict are the call's fault (64); what the API refuses is an error (1)."""
     result = CliRunner().invoke(main, ["plan", *args, "--seq", "2048", "--batch", "8"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == code, result.output
     assert "error:" in result.output and words in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--batch", "8"],  # no --seq
+        ["plan", "--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "2048", "--batch", "abc"],
+        ["plan", "--bogus"],
+        [
+            "plan",
+            "--config",
+            "/nonexistent/config.json",
+            "--gpus",
+            "8xh100-sxm-80gb",
+            "--seq",
+            "1",
+            "--batch",
+            "1",
+        ],
+        ["estimate", "--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "x", "--batch", "8"],
+        ["no-such-command"],
+    ],
+)
+def test_usage_errors_exit_64_never_2_which_means_does_not_fit(database: str, args: list[str]) -> None:
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 64, result.output
+    assert "Error" in result.output or "error" in result.output
+
+
+def test_help_documents_the_exit_codes(database: str) -> None:
+    result = run("--help")
+    assert result.exit_code == 0
+    for words in ("0   fits", "2   does not fit", "64  usage error", "1   any other error"):
+        assert words in result.output, result.output
+
+
+def test_a_v100_job_naming_neither_precision_nor_attention_plans(database: str) -> None:
+    """The write-up's scenario through the CLI: the defaults resolve to what Volta runs."""
+    args = [
+        "--model",
+        "llama-2-13b",
+        "--gpus",
+        "4xv100-sxm2-32gb",
+        "--seq",
+        "2048",
+        "--batch",
+        "32",
+        "--json",
+    ]
+    result = run("plan", *args)
+    assert result.exit_code == 2, result.output  # 208 GB of states over 4 x 32 GB: does not fit
+    plan = json.loads(result.output)
+    assert plan["resolved_defaults"] == {"training.precision": "fp16", "training.attention": "sdpa"}
+    assert plan["suggestions"] and plan["closest"] is not None
 
 
 def test_estimate_of_one_layout(database: str) -> None:

@@ -13,9 +13,11 @@ from service.api.schemas.clusters import ClusterRef
 from service.api.schemas.plans import ArtifactOut, CandidateOut, PlanOut, PlanRequest
 from service.catalog import catalog_version
 from service.catalog.tuning import default_tuning
-from service.errors import NotFound
+from service.errors import ClientClosedRequest, NotFound, Unprocessable
 from service.estimator.calibration import Calibration
+from service.estimator.defaults import chosen_defaults
 from service.estimator.params import parameter_counts
+from service.estimator.scale import MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS_PER_STEP
 from service.estimator.types import ClusterSpec, ModelSpec, Plan, TrainingSpec
 from service.estimator.validate import hardware_violation
 from service.launchers import Target, render
@@ -24,9 +26,10 @@ from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibrated import calibrated_candidates
 from service.planning.calibration import calibration_out, calibrations_for, hardware_key, headroom_for
 from service.planning.clusters import resolve_cluster
-from service.planning.estimates import estimate_out, located
+from service.planning.estimates import check_scale, estimate_out, located
 from service.planning.idempotency import Outcome, create_once, request_digest
 from service.recommender import recommend
+from service.recommender.budget import NO_DEADLINE, Deadline
 from service.recommender.space import sub_cluster
 from service.recommender.types import Candidate, Recommendation
 from service.versions import estimator_version
@@ -36,13 +39,16 @@ PLAN_SCOPE = "POST /v1/plans"
 
 
 def create_plan(
-    session: Session, request: PlanRequest, idempotency_key: str | None = None
+    session: Session,
+    request: PlanRequest,
+    idempotency_key: str | None = None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> Outcome[PlanOut]:
     """Search, shape, render and store a plan; a retry with the same key and body replays it."""
     plans = PlanRepository(session)
 
     def create() -> tuple[str, PlanOut]:
-        record = plan_record(session, request)
+        record = plan_record(session, request, deadline)
         plans.add(record)
         return record.id, plan_out(record)
 
@@ -64,14 +70,16 @@ def create_plan(
     )
 
 
-def plan_record(session: Session, request: PlanRequest) -> PlanRecord:
-    """The plan for a request, not yet added: searched with the headroom the stored runs ask for."""
+def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_DEADLINE) -> PlanRecord:
+    """The plan for a request, not yet added: searched with the headroom the stored runs ask for,
+    within the request's budget (``deadline`` and ``constraints.max_evaluations``)."""
     model = request.model.to_domain()
     cluster = resolve_cluster(request.cluster, ClusterRepository(session))
-    training = request.training.to_domain()
+    training = request.training.to_domain(cluster.gpu)
     hardware = hardware_violation(cluster, training)  # no layout changes what the GPU can run
     if hardware is not None:
         raise located(hardware)
+    check_scale(model, cluster, training)
     constraints = request.constraints.to_domain()
     # the recommendation must run in one of the requested launchers (Slurm and Kubernetes wrap one)
     runners = tuple(t for t in request.launchers if t not in (Target.SLURM, Target.KUBERNETES))
@@ -81,10 +89,18 @@ def plan_record(session: Session, request: PlanRequest) -> PlanRecord:
     plans = PlanRepository(session)
     calibrations = calibrations_for(plans, key, [fw.value for fw in constraints.frameworks])
     searched = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
-    rec = recommend(model, cluster, training, searched, default_tuning())
+    budget = deadline.budget(constraints.max_evaluations)
+    rec = recommend(model, cluster, training, searched, default_tuning(), budget=budget)
+    if budget.reason == "cancelled":
+        raise ClientClosedRequest("the client closed the connection; the plan was not stored")
+    if budget.reason == "time" and not (rec.recommended or rec.suggestions or rec.closest):
+        raise too_big_to_plan(model, cluster, training, deadline)
     result = plan_result(rec, model, cluster, training, request, calibrations)
     artifacts, unsupported = render_artifacts(rec, model, cluster, training, request)
     result["unsupported_targets"] = unsupported
+    result["suggestions_skipped"] = [dataclasses.asdict(s) for s in rec.suggestions_skipped]
+    result["closest"] = closest_out(rec.closest, model, training, searched.min_headroom_fraction)
+    result["resolved_defaults"] = chosen_defaults(training)
     return PlanRecord(
         cluster_id=request.cluster.id if isinstance(request.cluster, ClusterRef) else None,
         cluster_snapshot=_jsonable(dataclasses.asdict(cluster)),
@@ -97,6 +113,48 @@ def plan_record(session: Session, request: PlanRequest) -> PlanRecord:
         artifacts=artifacts,
         catalog_version=catalog_version(),
         estimator_version=estimator_version(),
+    )
+
+
+def closest_out(
+    closest: Candidate | None, model: ModelSpec, training: TrainingSpec, headroom_fraction: float
+) -> dict[str, Any] | None:
+    """An infeasible plan's closest layout: its estimate (every memory component) and how far
+    over the memory the search allows (the card less the headroom kept free) it is."""
+    if closest is None:
+        return None
+    memory = closest.estimate.memory
+    allowed = int(memory.capacity_bytes * (1.0 - headroom_fraction))
+    out = estimate_out(closest.estimate, closest.layout, training, parameter_counts(model).total, None)
+    return {
+        "layout": out.layout,
+        "estimate": out.model_dump(mode="json"),
+        "over_bytes": max(0, memory.per_gpu.total - allowed),
+        "detail": closest.rationale[0] if closest.rationale else "",
+    }
+
+
+def too_big_to_plan(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, deadline: Deadline
+) -> Unprocessable:
+    """Nothing useful computed within the request's time: name the inputs that make the job big,
+    each against the largest published figure (``estimator.scale``)."""
+    values = {
+        "model.num_layers": (model.num_layers, MAX_LAYERS),
+        "training.seq_len": (training.seq_len, MAX_SEQ_LEN),
+        "training.global_batch_size": (training.tokens_per_step, MAX_TOKENS_PER_STEP),
+        "cluster.num_nodes": (cluster.world_size, MAX_GPUS),
+    }
+    ranked = sorted(values.items(), key=lambda kv: -kv[1][0] / kv[1][1].limit)
+    errors = [
+        {"field": name, "message": f"{value:,} ({bound.reference})", "type": "too_big_to_plan"}
+        for name, (value, bound) in ranked[:2]
+    ]
+    return Unprocessable(
+        f"the job is too large to plan within the request's {deadline.seconds:g} s: no layout, closest "
+        f"layout or suggestion was computed; the largest inputs, against published runs: "
+        + "; ".join(f"{e['field']} {e['message']}" for e in errors),
+        errors=errors,
     )
 
 
@@ -204,6 +262,9 @@ def plan_out(record: PlanRecord) -> PlanOut:
         alternatives=result["alternatives"],
         rejected=result["rejected"],
         suggestions=result["suggestions"],
+        suggestions_skipped=result.get("suggestions_skipped", []),
+        closest=result.get("closest"),
+        resolved_defaults=result.get("resolved_defaults", {}),
         search=result["search"],
         artifacts=artifacts,
         unsupported_targets=result.get("unsupported_targets", {}),

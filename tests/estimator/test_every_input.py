@@ -211,6 +211,19 @@ TRAINING_CASES = [
         changed_training=dataclasses.replace(TRAINING, attention=TRAINING.attention.EAGER),
     ),
     Case("tokens", FSDP, FSDP, changed_training=dataclasses.replace(TRAINING, tokens=10**12)),
+    # fp32 and eager as written; left to the hardware, the H100 resolves them to bf16 and flash
+    Case(
+        "hardware_defaults",
+        FSDP,
+        FSDP,
+        training=dataclasses.replace(TRAINING, precision=Precision.FP32, attention=TRAINING.attention.EAGER),
+        changed_training=dataclasses.replace(
+            TRAINING,
+            precision=Precision.FP32,
+            attention=TRAINING.attention.EAGER,
+            hardware_defaults=frozenset({"precision", "attention"}),
+        ),
+    ),
     Case(
         "mtp_num_layers",
         MEGATRON_PP,

@@ -71,7 +71,9 @@ class ArtifactOut(BaseModel):
 class ClosestOut(BaseModel):
     layout: dict[str, Any]
     estimate: EstimateOut
-    over_bytes: int = Field(description="per-GPU bytes above what the GPU allows (capacity less headroom)")
+    over_bytes: int = Field(
+        description="per-GPU bytes above what the search allows: the card less constraints.min_headroom_fraction"
+    )
     detail: str
 
 
