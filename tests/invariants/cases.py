@@ -256,6 +256,7 @@ def cases(
     offload: bool = True,
     presets: tuple[str, ...] | None = None,
     catalog_gpus: tuple[str, ...] | None = None,
+    seq_lens: tuple[int, ...] = SEQ_LENS,
 ) -> Case:
     """A valid case. ``precisions`` None: the GPU's default precision (bf16, else fp16) or, now and
     then, another one it supports; attention is the GPU's default or sdpa/eager."""
@@ -282,7 +283,7 @@ def cases(
             else (Attention.SDPA, Attention.EAGER)
         )
     )
-    seq_len = draw(st.sampled_from(SEQ_LENS))
+    seq_len = draw(st.sampled_from(seq_lens))
 
     heads = math.gcd(model.num_attention_heads, model.num_kv_heads)
     tp = draw(st.sampled_from(_powers_of_two_dividing(heads, 8)))

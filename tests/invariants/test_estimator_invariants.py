@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypothesis import HealthCheck, assume, given, note, settings
+from hypothesis import HealthCheck, assume, given, note, settings, target
 from hypothesis import strategies as st
 
 from service.estimator.calibration import TIME_FACTOR_BOUNDS
@@ -27,6 +27,15 @@ BOUNDED = settings(
     database=None,
     suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
 )
+
+
+def aim_at_utilisation(case: Case) -> None:
+    """Steer the search towards the highest utilisation (hypothesis.target): a breach of the peak
+    lives in a corner (long sequences, full recompute, one die) that uniform draws seldom reach."""
+    time = case.estimate().time
+    assert time is not None
+    target(time.hfu, label="HFU")
+    target(time.mfu, label="MFU")
 
 
 def holds(check: Callable[..., str | None], *args: object) -> None:
@@ -87,6 +96,16 @@ def test_memory_non_increasing_as_zero3_dp_grows(case: Case) -> None:
 @BOUNDED
 @given(cases())
 def test_no_estimate_exceeds_the_gpus_peak(case: Case) -> None:
+    aim_at_utilisation(case)
+    holds(prop.within_peak, case)
+
+
+@BOUNDED
+@given(cases(seq_lens=(32768, 65536, 131072)))
+def test_no_long_sequence_estimate_exceeds_the_gpus_peak(case: Case) -> None:
+    """Long sequences, where attention's core (counted over the full square, run as the causal
+    triangle) dominates the FLOPs: the executed FLOP/s still within the peak."""
+    aim_at_utilisation(case)
     holds(prop.within_peak, case)
 
 
@@ -95,6 +114,7 @@ def test_no_estimate_exceeds_the_gpus_peak(case: Case) -> None:
 def test_no_calibrated_estimate_exceeds_the_gpus_peak(case: Case, factor: float) -> None:
     """Calibration from observed runs scales the step time by a factor within its bounds; the
     calibrated estimate must still be physically possible."""
+    aim_at_utilisation(case)
     holds(prop.within_peak, case, factor)
 
 
@@ -103,6 +123,7 @@ def test_no_calibrated_estimate_exceeds_the_gpus_peak(case: Case, factor: float)
 def test_mfu_within_the_best_published(case: Case) -> None:
     """16-bit mixed precision, as the published figure is (fp32 GEMMs reach a larger share of their
     much lower peak)."""
+    aim_at_utilisation(case)
     holds(prop.mfu_within_best_published, case)
 
 
