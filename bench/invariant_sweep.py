@@ -172,12 +172,13 @@ def run_job(job: Job, cli: bool = False, replan: bool = False) -> dict[str, Any]
     violations += checks.check_status(request, status, plan, minimal=True)
     plan_status = plan.get("status") if status == 201 else None
     if status == 201:
-        for check in (
+        plan_checks: list[Callable[[], list[Any]]] = [
             lambda: checks.check_plan_peaks(request, plan),
             lambda: checks.check_reestimate(_post, request, plan),
             lambda: checks.check_rationale(request, plan),
             lambda: checks.check_suggestions(_post, request, plan, replan=replan),
-        ):
+        ]
+        for check in plan_checks:
             try:
                 violations += check()
             except Exception as exc:  # a check that cannot read the answer is reported, not fatal
