@@ -177,7 +177,7 @@ def shared_calibration(hardware: Sequence[Observation], framework: Sequence[Obse
     if not shared:
         return own
     hardware_factor = _clamp(statistics.median(shared), TIME_FACTOR_BOUNDS)
-    mine = time_ratios(framework)
+    mine = time_ratios(plausible(framework))
     extra = 1.0
     if mine:
         weight = len(mine) / (len(mine) + FRAMEWORK_PRIOR_RUNS)

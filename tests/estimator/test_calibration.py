@@ -145,6 +145,7 @@ def test_implausible_runs_move_no_factor_and_are_counted() -> None:
     with_one = shared_calibration([*absurd, measured(6.0, 35 * GB)], [*absurd, measured(6.0, 35 * GB)])
     assert with_one.step_time_factor == 1.5 and with_one.memory_dynamic_factor == 1.5
     assert with_one.runs == 1 and with_one.implausible_runs == 3
+    assert (with_one.hardware_step_time_factor, with_one.framework_step_time_factor) == (1.5, 1.0)
 
 
 # ---------------------------------------------------------------- calibrated numbers capped by physics
