@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     # up to planning_queue_wait_s for a slot, then gets 503 with Retry-After.
     max_concurrent_planning: int = Field(default=8, ge=1, le=256)
     planning_queue_wait_s: float = Field(default=5.0, ge=0, le=60)
+    # Wall time one planning request may compute (its search, every suggestion, capacity across GPU
+    # types), from when it gets its slot; what the budget cut says so (search.truncated_by). 1.5 s
+    # of work keeps a plan's answer, stored and rendered, within 2 s on a 2-core machine.
+    request_budget_s: float = Field(default=1.5, gt=0, le=600)
     # Off: every request acts as the owner "local" with every scope (one user on a laptop). On: every
     # /v1 request needs `Authorization: Bearer <API key>` (create keys with `trainplan keys create`).
     require_auth: bool = False

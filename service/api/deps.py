@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
+import anyio.from_thread
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -16,6 +17,7 @@ from service.persistence.db import ConnectionGate, sqlite_file_identity
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning import api_keys
 from service.planning.api_keys import Principal
+from service.recommender.budget import Deadline
 from service.settings import Settings
 
 
@@ -106,10 +108,11 @@ def get_session(request: Request, principal: PrincipalDep) -> Iterator[Session]:
             raise
 
 
-def planning_slot(request: Request) -> Iterator[None]:
+def planning_slot(request: Request) -> Iterator[Deadline]:
     """One of the bounded slots for CPU-heavy planning (estimates, plans, capacity): waits up to
     ``planning_queue_wait_s`` for one, else 503 with Retry-After. Health checks and reads never
-    queue behind a burst of searches."""
+    queue behind a burst of searches. Yields the request's deadline: ``request_budget_s`` of work
+    from now, and whether the client has gone."""
     settings: Settings = request.app.state.settings
     slots: threading.BoundedSemaphore = request.app.state.planning_slots
     if not slots.acquire(timeout=settings.planning_queue_wait_s):
@@ -118,14 +121,29 @@ def planning_slot(request: Request) -> Iterator[None]:
             f"(waited {settings.planning_queue_wait_s:g} s for one)"
         )
     try:
-        yield
+        yield Deadline(seconds=settings.request_budget_s, cancelled=client_gone(request))
     finally:
         slots.release()
+
+
+def client_gone(request: Request) -> Callable[[], bool]:
+    """Whether the client closed the connection, asked from the worker thread the handler runs in
+    (its event loop answers; outside one, as in a direct call, nobody can have gone)."""
+
+    def gone() -> bool:
+        try:
+            return bool(anyio.from_thread.run(request.is_disconnected))
+        except RuntimeError:
+            return False
+
+    return gone
 
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 Authenticated = Depends(get_principal)  # for routers: every route authenticates, sessions or not
 PlanningSlot = Depends(planning_slot)
+# The route's slot and its deadline: ``deadline: PlanningDeadline`` in the handler's parameters.
+PlanningDeadline = Annotated[Deadline, Depends(planning_slot)]
 # scope="function": commit before the response is sent, so a failed commit is never a 2xx.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 

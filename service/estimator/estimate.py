@@ -11,6 +11,7 @@ from service.estimator.calibration import (
     capped_step_time_factor,
 )
 from service.estimator.caveats import chip_warnings, context_warnings, coverage_warnings, fitted_fractions
+from service.estimator.defaults import for_gpu
 from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
 from service.estimator.step_time import (
@@ -146,6 +147,7 @@ def estimate(
 
     With a calibration, memory, fit, warnings and limits all use the calibrated dynamic memory,
     and the step time its factor, so the numbers never contradict each other."""
+    training = for_gpu(training, cluster.gpu)  # what the request left to the hardware, for this GPU
     validate_layout(model, cluster, layout, training)
     job = prepare(model, cluster, training, tuning)
     return estimate_valid(job, layout, with_limits=with_limits, calibration=calibration)
