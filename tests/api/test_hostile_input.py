@@ -4,11 +4,14 @@ field (or where in the request), on SQLite and PostgreSQL, and nothing is stored
 
 from __future__ import annotations
 
-from typing import Any
+import typing
+from typing import Annotated, Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
+from service.api.schemas.common import Strict
 from tests.api.helpers import assert_problem
 
 CLUSTER = {"name": "ok", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
@@ -34,6 +37,9 @@ def estimate_body(**parts: dict[str, Any]) -> dict[str, Any]:
         ),
         ({"training": {"seq_len": True}}, "training.seq_len", "expected an integer, got bool True"),
         ({"layout": {"dp": "2"}}, "layout.dp", "expected an integer, got str '2'"),
+        ({"training": {"seq_len": 4096.0}}, "training.seq_len", "expected an integer, got float 4096.0"),
+        ({"layout": {"dp": 2.0}}, "layout.dp", "expected an integer, got float 2.0"),
+        ({"cluster": {"gpus_per_node": 2.0}}, "cluster.gpus_per_node", "expected an integer, got float"),
         ({"layout": {"sequence_parallel": 1}}, "layout.sequence_parallel", "expected true or false, got 1"),
         (
             {"cluster": {"intra_node_bandwidth_bytes_per_s": "4e11"}},
@@ -53,6 +59,51 @@ def test_json_types_other_than_the_fields_are_refused(
     body = assert_problem(client.post("/v1/estimates", json=estimate_body(**parts)), 422)
     assert body["errors"][0]["field"] == field, body
     assert words in body["detail"], body["detail"]
+
+
+def _strict_models() -> list[type[Strict]]:
+    import service.api.schemas.capacity
+    import service.api.schemas.plans  # noqa: F401  (with the others: every request body's model)
+
+    found, todo = [], [Strict]
+    while todo:
+        for model in todo.pop().__subclasses__():
+            found.append(model)
+            todo.append(model)
+    return found
+
+
+def _integer_fields(model: type[Strict]) -> dict[str, Any]:
+    """Each field that holds integers and no other scalar (through Optional, Annotated and lists),
+    with 2.0 where it holds one (in a list where it holds a list)."""
+
+    def kinds(annotation: Any) -> set[Any]:
+        args = typing.get_args(annotation)
+        if typing.get_origin(annotation) is Annotated:
+            return kinds(args[0])
+        if typing.get_origin(annotation) is list:
+            return {list} | kinds(args[0])
+        return set().union(*map(kinds, args)) if args else {annotation}
+
+    out: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        held = kinds(field.annotation)
+        if int in held and not held & {float, str, bool}:
+            out[name] = [2.0] if list in held else 2.0
+    return out
+
+
+def test_every_integer_field_of_every_request_body_refuses_a_float() -> None:
+    """Not only the ones above: each Strict model, each integer field, as JSON's 2.0."""
+    checked = 0
+    for model in _strict_models():
+        for name, value in _integer_fields(model).items():
+            with pytest.raises(ValidationError) as refused:
+                model.model_validate({name: value})
+            mine = [e for e in refused.value.errors() if e["loc"][:1] == (name,)]
+            assert mine and "expected an integer, got float" in mine[0]["msg"], (model, name, mine)
+            checked += 1
+    assert checked >= 30, checked  # seq_len, batch, degrees, layer counts, sizes, ...
 
 
 def test_integers_still_fill_number_fields(client: TestClient) -> None:

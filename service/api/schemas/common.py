@@ -33,7 +33,8 @@ def _scalar_kinds(annotation: Any) -> set[type]:
 
 
 def _strict_value(value: Any, kinds: set[type]) -> None:
-    """JSON's types as the field declares them: no "64" or true for a number, no 1 for a boolean."""
+    """JSON's types as the field declares them: no "64" or true for a number, no 64.0 for an
+    integer, no 1 for a boolean."""
     if isinstance(value, list):
         for item in value:
             _strict_value(item, kinds)
@@ -41,7 +42,11 @@ def _strict_value(value: Any, kinds: set[type]) -> None:
     if str in kinds or not kinds:
         return
     numeric = kinds & {int, float}
-    if numeric and (isinstance(value, str) or (isinstance(value, bool) and bool not in kinds)):
+    wrong = isinstance(value, str) or (isinstance(value, bool) and bool not in kinds)
+    # 4096.0 is a float in JSON: an integer field refuses it as it refuses "4096" (pydantic's lax
+    # mode would take it, and a client sending it has a bug to hear about)
+    wrong = wrong or (numeric == {int} and isinstance(value, float))
+    if numeric and wrong:
         expected = "an integer" if numeric == {int} else "a number"
         raise ValueError(f"expected {expected}, got {type(value).__name__} {value!r}")
     if kinds == {bool} and not isinstance(value, bool):
