@@ -19,6 +19,7 @@ from service.api.problems import PROBLEM_RESPONSES
 from service.api.schemas.common import Page
 from service.api.schemas.plans import ArtifactOut, PlanOut, PlanRequest, RunIn, RunOut
 from service.errors import NotFound, Unprocessable
+from service.launchers.common import MEDIA_TYPES
 from service.persistence.repository import InvalidCursor, PlanFilters, decode_cursor
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=PROBLEM_RESPONSES)
@@ -136,7 +137,12 @@ def artifacts_bundle(plan_id: str, plans: PlanRepoDep) -> Response:
 @router.get(
     "/{plan_id}/artifacts/{name}",
     response_class=Response,
-    responses={200: {"content": {"application/octet-stream": {}}, "description": "the file, raw"}},
+    responses={
+        200: {
+            "content": {media_type: {"schema": {"type": "string"}} for media_type in MEDIA_TYPES},
+            "description": "the file, raw, as its media type (the artifact's `media_type`)",
+        }
+    },
 )
 def get_artifact(plan_id: str, name: str, plans: PlanRepoDep) -> Response:
     record = planning.stored_plan(plans, plan_id)

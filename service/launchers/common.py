@@ -48,6 +48,7 @@ JSON = "application/json"
 YAML = "application/yaml"
 SHELL = "text/x-shellscript"
 TEXT = "text/plain"
+MEDIA_TYPES = (JSON, YAML, SHELL, TEXT)  # every artifact is served as one of these
 
 
 class Target(StrEnum):

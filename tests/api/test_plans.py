@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.catalog import catalog_version
+from service.launchers.common import MEDIA_TYPES
 from service.versions import estimator_version
 from tests.api.helpers import assert_problem
 
@@ -54,10 +55,13 @@ def test_full_cycle_on_a_stored_cluster(client: TestClient) -> None:
 
     names = {a["name"] for a in plan["artifacts"]}
     assert {"ds_config.json", "deepspeed_launch.sh", "trainplan.sbatch"} <= names
+    route = client.get("/openapi.json").json()["paths"]["/v1/plans/{plan_id}/artifacts/{name}"]["get"]
+    documented = route["responses"]["200"]["content"]  # what the OpenAPI says the file is served as
     for artifact in plan["artifacts"]:
         response = client.get(artifact["url"])
         assert response.status_code == 200
         assert response.headers["content-type"].startswith(artifact["media_type"])
+        assert artifact["media_type"] in documented, (artifact["media_type"], sorted(documented))
         assert response.headers["content-disposition"] == f'attachment; filename="{artifact["name"]}"'
         assert len(response.content) == artifact["size_bytes"]
     ds_config = client.get(f"/v1/plans/{plan['id']}/artifacts/ds_config.json").json()
@@ -274,6 +278,7 @@ def test_the_recommendation_runs_in_its_own_framework_launcher(
     plan = create(client, body)
     framework = plan["recommended"]["layout"]["framework"]
     rendered = {a["target"] for a in plan["artifacts"]}
+    assert {a["media_type"] for a in plan["artifacts"]} <= set(MEDIA_TYPES)  # as the OpenAPI documents
     own = {"deepspeed": {"deepspeed", "hf_trainer", "accelerate"}, "megatron": {"megatron", "accelerate"},
            "fsdp": {"torchtitan", "accelerate", "hf_trainer"}}[framework]  # fmt: skip
     assert rendered & own, (framework, plan["unsupported_targets"])
