@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Query
+from starlette.convertors import Convertor, register_url_convertor
 
 from service.api.problems import PROBLEM_RESPONSES
 from service.api.schemas.common import Page
@@ -18,6 +19,21 @@ from service.estimator.pipeline import stage_layers
 from service.estimator.types import Layout, ModelSpec
 from service.estimator.validate import pipeline_split_violation
 
+
+class PresetName(Convertor[str]):
+    """A preset's name in a path: any segment but "resolve", which is POST /v1/models/resolve's, so a
+    GET or OPTIONS there is a 405 naming POST, not the lookup of a preset called "resolve"."""
+
+    regex = "(?!resolve$)[^/]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("preset_name", PresetName())
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROBLEM_RESPONSES)
 
 
@@ -69,7 +85,7 @@ def list_models(
     return Page[ModelPresetOut](items=[preset_out(p) for p in presets])
 
 
-@router.get("/{name}", response_model=ModelPresetOut)
+@router.get("/{name:preset_name}", response_model=ModelPresetOut)
 def get_model(name: str) -> ModelPresetOut:
     return preset_out(catalog_model(name))
 

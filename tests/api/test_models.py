@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.helpers import assert_problem
@@ -76,6 +77,18 @@ def test_get_one_preset_and_unknown_preset(client: TestClient) -> None:
     assert_problem(client.get("/v1/models/llama-9"), 404)
     problem = assert_problem(client.post("/v1/models/resolve", json={"model": {"preset": "llama-9"}}), 422)
     assert problem["errors"][0]["field"] == "model.preset"
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "GET", "HEAD", "PUT", "DELETE"])
+def test_resolve_answers_only_post_not_the_preset_route(client: TestClient, method: str) -> None:
+    """/v1/models/resolve is POST's alone: other methods are the 405 every route answers, naming POST,
+    not GET /v1/models/{name} looking up a preset called "resolve"."""
+    response = client.request(method, "/v1/models/resolve")
+    assert response.status_code == 405, response.text
+    assert response.headers["allow"] == "POST"
+    if method != "HEAD":
+        assert "allowed: POST" in assert_problem(response, 405)["detail"]
+    assert "/v1/models/{name}" in client.get("/openapi.json").json()["paths"]  # the path as documented
 
 
 def test_model_needs_exactly_one_form(client: TestClient) -> None:
