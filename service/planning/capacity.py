@@ -30,7 +30,10 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
     training = request.training.to_domain(None)  # resolved per GPU type by capacity()
     check_scale(model, None, training)
     constraints = dataclasses.replace(request.constraints.to_domain(), objective=Objective.FEWEST_GPUS)
-    stored = [resolve_cluster(ClusterRef(id=cid), clusters) for cid in request.cluster_ids or []]
+    stored = [
+        resolve_cluster(ClusterRef(id=cid), clusters, field=f"cluster_ids.{i}")
+        for i, cid in enumerate(request.cluster_ids or [])
+    ]
     gpus = [resolve_gpu(name, field=f"gpus.{i}") for i, name in enumerate(request.gpus or [])]
     prices = request.gpu_hour_cost
     per_gpu_price = prices if isinstance(prices, dict) else None

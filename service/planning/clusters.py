@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.api.schemas.clusters import ClusterCreate, ClusterIn, ClusterRef
-from service.errors import Unprocessable
+from service.errors import NotFound
 from service.estimator.types import ClusterSpec
 from service.persistence.models import ClusterRecord
 from service.persistence.repository import ClusterRepository
@@ -26,20 +26,18 @@ def record_fields(record: ClusterRecord) -> dict[str, Any]:
     }
 
 
-def resolve_cluster(cluster: ClusterRef | ClusterIn, repo: ClusterRepository) -> ClusterSpec:
-    """A stored cluster id or an inline cluster -> ClusterSpec; an unknown id is a 422 naming it."""
+def resolve_cluster(
+    cluster: ClusterRef | ClusterIn, repo: ClusterRepository, field: str = "cluster.id"
+) -> ClusterSpec:
+    """A stored cluster id or an inline cluster -> ClusterSpec. An unknown id (or another owner's)
+    is a 404 naming `field`, as the cluster's own URL answers: the request is well formed, the
+    resource it names is not there."""
     if isinstance(cluster, ClusterIn):
         return cluster.to_domain()
     record = repo.get(cluster.id)
     if record is None:
-        raise Unprocessable(
+        raise NotFound(
             f"cluster {cluster.id!r} does not exist",
-            errors=[
-                {
-                    "field": "cluster.id",
-                    "message": "no stored cluster has this id",
-                    "type": "unknown_cluster",
-                }
-            ],
+            errors=[{"field": field, "message": "no stored cluster has this id", "type": "unknown_cluster"}],
         )
     return ClusterCreate.model_validate(record_fields(record)).to_domain()

@@ -165,7 +165,7 @@ def test_owners_see_only_their_own_clusters_plans_and_runs(api: tuple[TestClient
     assert_problem(client.delete(f"/v1/plans/{plan['id']}", headers=bob), 404)
     assert_problem(client.post(f"/v1/plans/{plan['id']}/runs", json={"step_s": 1.0}, headers=bob), 404)
     on_alices = client.post("/v1/plans", json=PLAN | {"cluster": {"id": cluster["id"]}}, headers=bob)
-    assert assert_problem(on_alices, 422)["errors"][0]["field"] == "cluster.id"
+    assert assert_problem(on_alices, 404)["errors"][0]["field"] == "cluster.id"
     # Names are per owner: bob may call his cluster "box" too.
     assert client.post("/v1/clusters", json=BOX, headers=bob).status_code == 201
     # Alice still has everything.

@@ -57,7 +57,8 @@ def test_bad_capacity_requests(client: TestClient) -> None:
     base = {"model": {"preset": "gpt2"}, "training": TRAINING}
     problem = assert_problem(client.post("/v1/capacity", json=base | {"gpus": ["h100"]}), 422)
     assert problem["errors"][0]["field"] == "gpus.0"
-    assert_problem(client.post("/v1/capacity", json=base | {"cluster_ids": ["missing"]}), 422)
+    problem = assert_problem(client.post("/v1/capacity", json=base | {"cluster_ids": ["missing"]}), 404)
+    assert problem["errors"][0]["field"] == "cluster_ids.0"
     # an empty id is refused at the edge (it once reached ClusterRef inside the handler: a 500)
     for key in ("cluster_ids", "gpus"):
         problem = assert_problem(client.post("/v1/capacity", json=base | {key: [""]}), 422)

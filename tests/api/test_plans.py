@@ -193,7 +193,7 @@ def test_listing_filters_and_pages_newest_first(client: TestClient) -> None:
 
 def test_error_paths_are_problems_and_store_nothing(client: TestClient) -> None:
     assert_problem(client.get("/v1/plans/01JZZZZZZZZZZZZZZZZZZZZZZZ"), 404)
-    assert_problem(client.post("/v1/plans", json=plan_body(cluster={"id": "missing"})), 422)
+    assert_problem(client.post("/v1/plans", json=plan_body(cluster={"id": "missing"})), 404)
     assert_problem(client.post("/v1/plans", json=plan_body(launchers=["ansible"])), 422)
     assert_problem(client.get("/v1/plans", params={"status": "done"}), 422)
     plan = create(client, plan_body())
