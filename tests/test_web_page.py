@@ -87,6 +87,32 @@ def test_a_plan_in_the_browser(served: str, browser: Any, tmp_path: Path) -> Non
     page.close()
 
 
+def test_a_v100_job_on_the_page_names_its_defaults_and_draws_the_closest_layout(
+    served: str, browser: Any
+) -> None:
+    """Llama-2-13B on 4 x V100 32GB, precision and attention left to the GPU: the page plans it
+    (fp16 and SDPA, named), and, infeasible on the cards alone, draws how far the closest layout is
+    from fitting and lists what would make it fit, none of it failing the plan."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    page.select_option("#model\\.preset", "llama-2-13b")
+    page.select_option("#cluster\\.gpu", "v100-sxm2-32gb")
+    page.fill("#cluster\\.gpus_per_node", "4")
+    page.fill("#training\\.seq_len", "2048")
+    page.fill("#training\\.global_batch_size", "32")
+    assert page.input_value("#training\\.precision") == "" and page.input_value("#training\\.attention") == ""
+    page.click("#submit")
+    page.wait_for_selector("#result .status", timeout=60_000)
+    assert "Infeasible" in page.inner_text("#result .status")
+    assert "training.precision fp16" in page.inner_text("#result .defaults")
+    assert "training.attention sdpa" in page.inner_text("#result .defaults")
+    assert page.locator("#result svg.memory-chart rect.segment").count() >= 3  # the closest layout's bar
+    assert "Closest layout" in page.inner_text("#result")
+    assert page.locator("#result ul.suggestions li").count() >= 1
+    page.close()
+
+
 def test_an_api_error_appears_next_to_its_field(served: str, browser: Any) -> None:
     page = browser.new_page()
     page.goto(f"{served}/")

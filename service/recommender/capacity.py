@@ -20,6 +20,7 @@ from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, Tra
 from service.estimator.validate import hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.suggest import (
+    DEFAULT_INTER_NODE_BYTES_PER_S,
     SUGGESTION_EVALUATIONS,
     budget_words,
     fewest_gpus,
@@ -30,7 +31,6 @@ from service.recommender.suggest import (
 from service.recommender.types import Constraints, Objective
 
 DEFAULT_GPUS_PER_NODE = 8
-DEFAULT_INTER_NODE_BYTES_PER_S = 50e9  # 8 x 400 Gb/s NICs shared by 8 GPUs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,7 +97,8 @@ def _option(
     spent, truncated = fewest.evaluations, fewest.truncated
     if fewest.found is None:
         why = (
-            f"the request's {budget_words(budget)} ran out ({spent:,} layouts evaluated for this GPU) before a fit"
+            f"the request's {budget_words(budget)} ran out ({spent:,} layouts evaluated for this GPU) "
+            "before a fit"
             if truncated
             else f"no layout fits up to {max(counts)} GPUs"
         )

@@ -44,6 +44,9 @@ MAX_NODE_FACTOR = 64  # look for up to 64x the nodes given before giving up
 SUGGESTION_EVALUATIONS = 50_000
 SHORTEST_SUGGESTED_SEQ = 512  # a shorter sequence is tried by halving, down to this
 UNLIMITED = 2**62  # bytes of host RAM and NVMe "as much as needed", to ask what offload would need
+# The network a job placed on more nodes than the request's one node assumes: 8 x 400 Gb/s NICs
+# shared by 8 GPUs (an HGX H100 node's eight ConnectX-7), 50 GB/s per GPU one way.
+DEFAULT_INTER_NODE_BYTES_PER_S = 50e9
 
 
 def node_ladder(cluster: ClusterSpec, start_nodes: int) -> tuple[int, ...]:
@@ -66,13 +69,23 @@ def with_gpu(
     cluster: ClusterSpec, gpu: GPUSpec, num_nodes: int | None = None, gpus_per_node: int | None = None
 ) -> ClusterSpec:
     """The same network with another GPU (its own NVLink/PCIe bandwidth), in nodes of
-    ``gpus_per_node`` (default: the cluster's)."""
+    ``gpus_per_node`` (default: the cluster's). A one-node cluster has no network of its own (its
+    "inter-node" bandwidth is its NVLink's): more nodes get ``DEFAULT_INTER_NODE_BYTES_PER_S``."""
     return dataclasses.replace(
         cluster,
         gpu=gpu,
         num_nodes=num_nodes or cluster.num_nodes,
         gpus_per_node=gpus_per_node or cluster.gpus_per_node,
         intra_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=network_bytes_per_s(cluster),
+    )
+
+
+def network_bytes_per_s(cluster: ClusterSpec) -> float:
+    """Each GPU's share of the network between nodes, as the cluster states it, or the default
+    where the cluster is one node."""
+    return (
+        cluster.inter_node_bandwidth_bytes_per_s if cluster.num_nodes > 1 else DEFAULT_INTER_NODE_BYTES_PER_S
     )
 
 
@@ -289,8 +302,8 @@ class _Ask:
         return [
             Suggestion(
                 kind="offload",
-                detail=f"offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node ({verdict}): "
-                f"{memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)}",
+                detail=f"offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node "
+                f"({verdict}): {memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)}",
                 gpu=self.cluster.gpu.name,
                 num_gpus=self.cluster.world_size,
                 gpus_per_node=self.cluster.gpus_per_node,
@@ -342,7 +355,7 @@ class _Ask:
     def more_gpus(self, budget: Budget) -> list[Suggestion]:
         counts = node_ladder(self.cluster, self.cluster.num_nodes + 1)
         counts = tuple(n for n in counts if n <= MAX_SUGGESTED_GPUS)
-        return self._fewest("more_gpus", self.cluster, counts, budget)
+        return self._fewest("more_gpus", with_gpu(self.cluster, self.cluster.gpu), counts, budget)
 
     def other_gpu(self, gpu: GPUSpec, per_node: int | None, budget: Budget) -> list[Suggestion]:
         other = with_gpu(self.cluster, gpu, 1, per_node)
@@ -373,16 +386,19 @@ class _Ask:
         gpus, tokens_per_s, layout = found
         per_node = cluster.gpus_per_node
         nodes = max(1, gpus // per_node)
+        network = cluster.inter_node_bandwidth_bytes_per_s if nodes > 1 else None
+        across = f", {network / 1e9:g} GB/s per GPU between nodes" if network else ""
         return [
             Suggestion(
                 kind=kind,
                 detail=f"{gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.0f} GiB; {nodes} node"
-                f"{'s' if nodes > 1 else ''} of {min(per_node, gpus)}) fit: {tokens_per_s:,.0f} tokens/s with "
-                f"{_layout_words(layout)}",
+                f"{'s' if nodes > 1 else ''} of {min(per_node, gpus)}{across}) fit: "
+                f"{tokens_per_s:,.0f} tokens/s with {_layout_words(layout)}",
                 gpu=cluster.gpu.name,
                 num_gpus=gpus,
                 num_nodes=nodes,
                 gpus_per_node=min(per_node, gpus),
+                inter_node_bandwidth_bytes_per_s=network,
                 tokens_per_s=tokens_per_s,
                 layout=layout,
             )
@@ -421,7 +437,8 @@ def _on_the_gpus_given(
     return Suggestion(
         kind=kind,
         detail=f"{what} fits on the {cluster.world_size} GPUs given: "
-        f"{est.memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)} with {_layout_words(found.layout)}",
+        f"{est.memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)} with "
+        f"{_layout_words(found.layout)}",
         gpu=cluster.gpu.name,
         num_gpus=found.layout.world_size,
         num_nodes=max(1, found.layout.world_size // cluster.gpus_per_node),

@@ -101,6 +101,7 @@ class Suggestion:
     num_gpus: int | None = None
     num_nodes: int | None = None
     gpus_per_node: int | None = None  # the node shape it assumed
+    inter_node_bandwidth_bytes_per_s: float | None = None  # the network it assumed, across nodes
     per_gpu_bytes: int | None = None
     cpu_per_node_bytes: int | None = None
     tokens_per_s: float | None = None

@@ -203,6 +203,10 @@ function renderPlan(plan, container) {
   container.append(el("p", { class: `status ${plan.status}` },
     el("strong", { text: plan.status === "feasible" ? "Feasible" : "Infeasible" }),
     ` — ${plan.model}, plan `, el("a", { href: `#/plans/${plan.id}`, text: plan.id })));
+  const chosen = Object.entries(plan.resolved_defaults || {});
+  if (chosen.length) {
+    container.append(el("p", { class: "note defaults", text: `Defaults for this GPU: ${chosen.map(([k, v]) => `${k} ${v}`).join(", ")}` }));
+  }
   const rec = plan.recommended;
   if (rec) {
     const est = rec.estimate;
@@ -240,8 +244,17 @@ function renderPlan(plan, container) {
     container.append(table(["reason", "layouts", "example"],
       plan.rejected.map((g) => [g.reason, g.count, g.detail || ""]), "Rejected layouts"));
   }
+  if (plan.closest) {
+    // infeasible: how far the layout that came closest is from fitting, component by component
+    container.append(el("h4", { text: `Closest layout: ${layoutText(plan.closest.layout)}, ${fmt.gib(plan.closest.over_bytes)} over` }));
+    container.append(memoryChart([plan.closest]));
+  }
   if (plan.suggestions.length) {
     container.append(el("h4", { text: "What would make it fit" }), list(plan.suggestions.map((s) => s.detail || s.kind), "suggestions"));
+  }
+  if ((plan.suggestions_skipped || []).length) {
+    container.append(el("h4", { text: "Not suggested" }),
+      list(plan.suggestions_skipped.map((s) => `${s.kind}: ${s.reason}`), "suggestions-skipped"));
   }
   for (const [target, why] of Object.entries(plan.unsupported_targets || {})) {
     container.append(el("p", { class: "note", text: `${target}: ${why}` }));
@@ -330,7 +343,9 @@ function planBody() {
     if (gbps !== undefined) body.cluster.inter_node_bandwidth_gbps = gbps;
   }
   body.training = { seq_len: number("training.seq_len"), global_batch_size: number("training.global_batch_size"),
-    precision: value("training.precision"), method: value("training.method") };
+    method: value("training.method") };
+  // left empty, precision and attention resolve from the GPU (the answer names what they became)
+  for (const name of ["precision", "attention"]) if (value(`training.${name}`)) body.training[name] = value(`training.${name}`);
   const tokens = number("training.tokens");
   if (tokens !== undefined) body.training.tokens = tokens;
   body.constraints = { objective: value("constraints.objective"), top_k: number("constraints.top_k") };
