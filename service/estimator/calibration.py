@@ -222,18 +222,19 @@ def calibrated_bytes(estimated_bytes: int, factor: float) -> int:
 
 
 def capped_step_time_factor(time: TimeEstimate, factor: float) -> float:
-    """The step-time factor an estimate may take: no faster than HFU 1. HFU = hardware FLOPs /
-    (step x GPUs x dense peak) (evaluate.time_estimate), so a factor f gives HFU time.hfu / f, and
-    f >= time.hfu keeps it <= 1 (and MFU <= HFU with it). Where the uncalibrated estimate is itself
-    above HFU 1 (the FLOPs count attention's full square, flops.py), the floor is the estimate."""
-    return max(factor, min(time.hfu, 1.0))
+    """The step-time factor a calibrated estimate takes: no faster than HFU 1. HFU = hardware FLOPs
+    / (step x GPUs x dense peak) (evaluate.time_estimate), so a factor f gives HFU time.hfu / f, and
+    f >= time.hfu keeps it <= 1 (and MFU <= HFU with it). Where the uncalibrated ``time`` is itself
+    above HFU 1 (its FLOPs count attention's full square, flops.py, timed as the causal triangle at
+    long sequences), this slows the calibrated estimate to HFU 1: it never quotes more than the peak."""
+    return max(factor, time.hfu)
 
 
 def applied_calibration(calibration: Calibration, time: TimeEstimate | None) -> Calibration:
     """``calibration`` with the step-time factor an uncalibrated ``time`` may take
     (``capped_step_time_factor``): what a stored estimate says it applied."""
     learned = calibration.step_time_factor
-    if time is None or capped_step_time_factor(time, learned) == learned:
+    if time is None or calibration.is_identity or capped_step_time_factor(time, learned) == learned:
         return calibration
     return dataclasses.replace(
         calibration, step_time_factor=capped_step_time_factor(time, learned), learned_step_time_factor=learned
@@ -242,7 +243,7 @@ def applied_calibration(calibration: Calibration, time: TimeEstimate | None) -> 
 
 def calibrated_time(time: TimeEstimate, factor: float) -> TimeEstimate:
     """Every part of the step scaled by the learned factor, capped at HFU 1
-    (``capped_step_time_factor``); rates and utilisation follow."""
+    (``capped_step_time_factor``); rates and utilisation follow. Only for a calibrated estimate."""
     factor = capped_step_time_factor(time, factor)
     parts = {f.name: getattr(time.breakdown, f.name) * factor for f in dataclasses.fields(time.breakdown)}
     return dataclasses.replace(

@@ -160,8 +160,10 @@ def estimate_valid(
     factor = calibration.memory_dynamic_factor
     memory = evaluate.memory_estimate(job, layout, factor)
     time = evaluate.time_estimate(job, layout)
-    # no faster than the step's hardware FLOPs at the dense peak (HFU <= 1), whatever the runs say
-    step_time_factor = capped_step_time_factor(time, calibration.step_time_factor)
+    step_time_factor = calibration.step_time_factor
+    if not calibration.is_identity:
+        # no faster than the step's hardware FLOPs at the dense peak (HFU <= 1), whatever the runs say
+        step_time_factor = capped_step_time_factor(time, step_time_factor)
     if step_time_factor != 1.0:
         time = calibrated_time(time, step_time_factor)
     notes = (*memory_assumptions(job, layout), *time_assumptions(job, layout))

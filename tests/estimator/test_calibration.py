@@ -211,10 +211,25 @@ def test_the_cap_lies_between_the_factor_and_the_uncalibrated_step() -> None:
     assert capped_step_time_factor(time, 0.5) == time.hfu
     assert capped_step_time_factor(time, 2.0) == 2.0
     assert calibrated_time(time, 0.5).hfu == pytest.approx(1.0)
-    # an estimate counted above HFU 1 (attention's full square at a million tokens) is never sped up
+    # an estimate counted above HFU 1 (attention's full square at long sequences) is slowed to HFU 1
     over = dataclasses.replace(time, hfu=1.25)
-    assert capped_step_time_factor(over, 0.5) == 1.0 and capped_step_time_factor(over, 1.2) == 1.2
+    assert capped_step_time_factor(over, 0.5) == capped_step_time_factor(over, 1.2) == 1.25
+    assert capped_step_time_factor(over, 1.5) == 1.5
+    assert applied_calibration(Calibration(), over) == Calibration()  # no runs: the estimate as it is
     applied = applied_calibration(Calibration(step_time_factor=0.5, runs=1), time)
     assert applied.step_time_factor == time.hfu and applied.learned_step_time_factor == 0.5
     slower = applied_calibration(Calibration(step_time_factor=1.5, runs=1), time)
     assert slower.step_time_factor == 1.5 and slower.learned_step_time_factor is None
+
+
+def test_where_the_uncalibrated_estimate_is_above_the_peak_a_calibrated_one_is_not() -> None:
+    # GPT-2 at 64k tokens on one A100 with full recompute: the FLOPs count attention's full square,
+    # the time its causal triangle, so the uncalibrated HFU is above 1 (the invariant suite's case)
+    spec, a100 = model("gpt2").spec, cluster("a100-sxm-40gb", 1, per_node=1)
+    layout, training = Layout(recompute=Recompute.FULL), TrainingSpec(seq_len=65536, global_batch_size=1)
+    plain = estimate(spec, a100, layout, training, tuning=default_tuning()).time
+    assert plain is not None and plain.hfu > 1
+    for factor in (TIME_FACTOR_BOUNDS[0], 1.0, 1.01):
+        runs = Calibration(step_time_factor=factor, memory_dynamic_factor=1.1, runs=1)
+        time = estimate(spec, a100, layout, training, tuning=default_tuning(), calibration=runs).time
+        assert time is not None and time.hfu == pytest.approx(1.0) and time.mfu < 1
