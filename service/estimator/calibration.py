@@ -97,7 +97,7 @@ def implausibility(obs: Observation) -> tuple[str, ...]:
     if measured and estimated and not obs.out_of_memory:
         # HFU = hardware FLOPs / (step x dense peak) <= 1: no step beats its FLOPs at the peak. The
         # FLOPs count attention's full s x s square (flops.py), more than causal flash kernels run,
-        # so where the estimate itself is above HFU 1 (million-token contexts) its own step is the floor.
+        # so where the estimate itself is above HFU 1 (long sequences) its own step is the floor.
         if obs.peak_step_s and measured < min(obs.peak_step_s, estimated):
             reasons.append(
                 f"step {measured:.4g} s is faster than the dense peak allows: the step's hardware FLOPs "

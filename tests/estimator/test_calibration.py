@@ -104,7 +104,7 @@ def test_a_step_faster_than_the_dense_peak_allows_is_implausible() -> None:
 
 
 def test_where_the_estimate_itself_is_above_hfu_1_its_own_step_is_the_floor() -> None:
-    # attention's full square counted, at a million tokens: the estimate's own HFU is 1.25
+    # attention's full square counted, at long sequences: the estimate's own HFU is 1.25
     over = measured(3.9, peak_step_s=5.0)
     assert "faster than the dense peak" in implausibility(over)[0]
     assert implausibility(measured(4.5, peak_step_s=5.0)) == ()
