@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     # types), from when it gets its slot; what the budget cut says so (search.truncated_by). 1.5 s
     # of work keeps a plan's answer, stored and rendered, within 2 s on a 2-core machine.
     request_budget_s: float = Field(default=1.5, gt=0, le=600)
+    # The same for POST /v1/capacity, which searches every GPU type of the catalog: a 400B-class
+    # model takes about a second of search per type today, so its answer needs more than a plan's.
+    capacity_budget_s: float = Field(default=8.0, gt=0, le=600)
     # Off: every request acts as the owner "local" with every scope (one user on a laptop). On: every
     # /v1 request needs `Authorization: Bearer <API key>` (create keys with `trainplan keys create`).
     require_auth: bool = False

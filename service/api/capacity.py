@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastapi import APIRouter
 
 from service import planning
-from service.api.deps import PlanningDeadline, SessionDep
+from service.api.deps import PlanningDeadline, SessionDep, SettingsDep
 from service.api.problems import PROBLEM_RESPONSES
 from service.api.schemas.capacity import CapacityOut, CapacityRequest
 
@@ -13,5 +15,9 @@ router = APIRouter(prefix="/v1/capacity", tags=["capacity"], responses=PROBLEM_R
 
 
 @router.post("", response_model=CapacityOut)
-def plan_capacity(body: CapacityRequest, deadline: PlanningDeadline, session: SessionDep) -> CapacityOut:
-    return planning.capacity_for(session, body, deadline)
+def plan_capacity(
+    body: CapacityRequest, deadline: PlanningDeadline, settings: SettingsDep, session: SessionDep
+) -> CapacityOut:
+    return planning.capacity_for(
+        session, body, dataclasses.replace(deadline, seconds=settings.capacity_budget_s)
+    )

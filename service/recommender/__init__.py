@@ -517,11 +517,42 @@ def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: Sea
     constraints = search.constraints
     if search.offload.cpu or search.offload.nvme or search.training.method is not Method.FULL:
         return True
-    need = min(min_state_bytes_per_gpu(job, framework, gpus) for framework in constraints.frameworks)
+    need, framework = min((min_state_bytes_per_gpu(job, fw, gpus), fw) for fw in constraints.frameworks)
     if need <= limit:
         return True
-    example = Layout(dp=gpus, zero_stage=3, framework=constraints.frameworks[0])
+    # the bound's layout: every state sharded over every GPU, as the framework can
+    zero = (
+        3
+        if 3 in FRAMEWORK_CAPABILITIES[framework].zero_stages
+        else max(FRAMEWORK_CAPABILITIES[framework].zero_stages)
+    )
+    example = Layout(dp=gpus, zero_stage=zero, framework=framework, recompute=recompute_order(framework)[-1])
     result.log.add_memory(MEMORY_REJECTION, 1, example, need, limit)
+    return False
+
+
+def _lean_layout_fits(
+    search: _Search, job: Job, result: SearchResult, found: list[Structure], limit: int
+) -> bool:
+    """Whether any structure of this GPU count has a layout that fits: each sharding's leanest
+    member (the most recompute, no interleaving, the smallest micro-batch) is checked for memory
+    alone, which no other member of its family needs less of. A count where none fits is cut
+    before any step time is computed (the fewest-GPU searches climb through such counts)."""
+    for s in found:
+        for framework in search.constraints.frameworks:
+            options, _ = shardings(framework, s, search.offload, search.compiled(framework))
+            sp = s.tp > 1 and FRAMEWORK_FLAGS[framework].sequence_parallel
+            sizes = micro_batch_sizes(search.training, s, 1, sp)
+            if not options or not sizes:
+                continue
+            for sh in options:
+                lean = make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0])
+                if layout_violation(search.model, job.cluster, lean, search.training) is not None:
+                    return True  # not a bound: the family's other members may be valid
+                memory = result.memory_numbers(job, lean)
+                if evaluate.numbers_fit(job.cluster, memory, limit):
+                    return True
+                _log_memory(result, lean, memory, limit, 1)
     return False
 
 
@@ -583,6 +614,8 @@ def _search_counts(
         # the most promising structures first (their ceiling: the step without DP, offload and
         # optimizer time, at the least bubble), so the top k fills early and bounds the rest
         found = list(structures(model, cluster, training, gpus, result.log))
+        if not _lean_layout_fits(request, job, result, found, limit):
+            continue
         bounded = []
         for i, s in enumerate(found):
             if budget.exhausted(result.evaluations):

@@ -4,7 +4,7 @@ A budget counts layout evaluations (memory or step time: deterministic, so a req
 within it gets the same answer on any machine) and, when the caller sets one, wall time and a
 cancellation test (the client went away). Work checks ``exhausted`` between steps and stops; what
 it cut says so (``reason``). A part of the work (one suggestion, one GPU type) takes a ``share``:
-its own cap on evaluations, charged to the whole as well, under the same clock.
+its own cap on evaluations and a fair part of the time left, charged to the whole as well.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ CANCEL_POLL_S = 0.05
 
 
 class Budget:
-    """Layout evaluations left, and the deadline and cancellation shared by every share."""
+    """Layout evaluations left, wall time and cancellation; a share has its own cap on both."""
 
     def __init__(
         self,
@@ -35,17 +35,16 @@ class Budget:
         self.spent = 0
         self._parent = _parent
         self._clock = clock
-        root = _parent._root if _parent is not None else self
-        self._root: Budget = root
-        if _parent is None:
-            self._deadline = None if max_seconds is None else clock() + max_seconds
-            self._cancelled = cancelled
-            self._polled_at = float("-inf")
-            self._reason: str | None = None
+        self._deadline = None if max_seconds is None else clock() + max_seconds
+        self._cancelled = cancelled if _parent is None else None
+        self._polled_at = float("-inf")
+        self._reason: str | None = None  # "time" or "cancelled", once seen
 
     def share(self, max_evaluations: int | None = None, parts: int = 1) -> Budget:
-        """A part's budget: at most ``max_evaluations`` and an equal share of what is left among
-        ``parts`` parts, charged to this budget too."""
+        """A part's budget: at most ``max_evaluations`` and an equal share among ``parts`` parts of
+        the evaluations left (what a part leaves goes to the parts after it), charged to this budget
+        too. The wall time is not split: the parts run in the order that matters most, and the
+        first ones take what they need (a fair split would leave every part of a large job cut)."""
         fair = max(1, self.left() // max(1, parts))
         cap = fair if max_evaluations is None else min(fair, max_evaluations)
         return Budget(max(1, cap), clock=self._clock, _parent=self)
@@ -61,19 +60,32 @@ class Budget:
 
     def exhausted(self, pending: int = 0) -> bool:
         """Whether the work must stop: ``pending`` uncharged evaluations reach the cap, the wall
-        time ran out, or the client is gone (the last two for every share at once)."""
-        return self.left() - pending <= 0 or self._root._out_of_time()
+        time of this share or of the whole ran out, or the client is gone."""
+        return self.left() - pending <= 0 or self._out_of_time()
 
     @property
     def reason(self) -> str | None:
-        """What stopped the work: "time" or "cancelled" (every share), "evaluations" (this one's
-        cap or the whole's); None while it may go on."""
-        if self._root._reason is not None:
-            return self._root._reason
+        """What stopped the work: "cancelled" (the client went away), "time" (this share's or the
+        whole's), "evaluations" (this share's cap or the whole's); None while it may go on."""
+        for budget in self._lineage():
+            if budget._reason == "cancelled":
+                return "cancelled"
+        if any(budget._reason == "time" for budget in self._lineage()):
+            return "time"
         return "evaluations" if self.left() <= 0 else None
+
+    def _lineage(self) -> list[Budget]:
+        chain: list[Budget] = []
+        budget: Budget | None = self
+        while budget is not None:
+            chain.append(budget)
+            budget = budget._parent
+        return chain
 
     def _out_of_time(self) -> bool:
         if self._reason is not None:
+            return True
+        if self._parent is not None and self._parent._out_of_time():
             return True
         now = self._clock()
         if self._deadline is not None and now >= self._deadline:

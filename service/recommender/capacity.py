@@ -193,7 +193,9 @@ def capacity(
             model, cluster, training, constraints, tuning, counts, price, run_at, share(), clamped
         )
         options.append(dataclasses.replace(found, source=index))
-    for index, gpu in enumerate(specs):
+    # the largest cards first: the request's time goes where a large job can fit, and a cut
+    # (an option that says its budget ran out) falls on the cards that would need the most of them
+    for index, gpu in sorted(enumerate(specs), key=lambda pair: -pair[1].memory_bytes):
         cluster = default_cluster(gpu, max_nodes, gpus_per_node)
         ladder = node_ladder(with_gpu(cluster, gpu, 1), 1)
         within = tuple(d for d in (1, 2, 4) if d < gpus_per_node)
