@@ -56,7 +56,7 @@ class TrainplanGroup(click.Group):
     """Click's group, with argument-parsing errors exiting 64 (EX_USAGE) rather than Click's 2,
     which here means "does not fit": a script can tell a wrong call from an infeasible job."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         try:
             code = super().main(*args, **kwargs)

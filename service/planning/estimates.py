@@ -23,8 +23,8 @@ from service.estimator.calibration import Calibration
 from service.estimator.defaults import chosen_defaults
 from service.estimator.errors import EstimatorError
 from service.estimator.params import parameter_counts
-from service.estimator.step_time import cost
 from service.estimator.scale import scale_violation
+from service.estimator.step_time import cost
 from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, TrainingSpec
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, hardware_key

@@ -39,6 +39,8 @@ BIG_MOE = {
     "moe": {"num_experts": 4096, "top_k": 8, "expert_ffn_hidden_size": 2048},
 }
 H100 = {"gpu": "h100-sxm-80gb", "inter_node_bandwidth_bytes_per_s": 5e10}
+LLAMA_7B_CONFIG = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+                   "num_attention_heads": 32, "vocab_size": 32000}  # fmt: skip
 # The probes, as sent: each past a published limit, refused before any search.
 PAST_THE_LIMITS = {
     "seq 10M x batch 100M": (
@@ -53,8 +55,7 @@ PAST_THE_LIMITS = {
         "model.num_layers",
     ),
     "hf_config llama with 10,000 layers on 1,024 x 8": (
-        {"model": {"hf_config": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
-                                 "num_attention_heads": 32, "num_hidden_layers": 10_000, "vocab_size": 32000}},
+        {"model": {"hf_config": LLAMA_7B_CONFIG | {"num_hidden_layers": 10_000}},
          "cluster": H100 | {"num_nodes": 1024, "gpus_per_node": 8},
          "training": {"seq_len": 4096, "global_batch_size": 4096}},
         "model.num_layers",
@@ -68,8 +69,7 @@ WITHIN_THE_LIMITS = {
         "training": {"seq_len": 8192, "global_batch_size": 8192},
     },
     "hf_config llama with 1,024 layers on 1,024 x 8": {
-        "model": {"hf_config": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
-                                "num_attention_heads": 32, "num_hidden_layers": 1024, "vocab_size": 32000}},
+        "model": {"hf_config": LLAMA_7B_CONFIG | {"num_hidden_layers": 1024}},
         "cluster": H100 | {"num_nodes": 1024, "gpus_per_node": 8},
         "training": {"seq_len": 4096, "global_batch_size": 4096},
     },

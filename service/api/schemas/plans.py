@@ -72,7 +72,8 @@ class ClosestOut(BaseModel):
     layout: dict[str, Any]
     estimate: EstimateOut
     over_bytes: int = Field(
-        description="per-GPU bytes above what the search allows: the card less constraints.min_headroom_fraction"
+        description="per-GPU bytes above what the search allows: the card less "
+        "constraints.min_headroom_fraction"
     )
     detail: str
 
