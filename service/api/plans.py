@@ -7,11 +7,13 @@ The workflow is `service.planning`; this router translates HTTP: the Idempotency
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
+from pydantic import BeforeValidator
 
 from service import planning
 from service.api.deps import PlanningDeadline, PlanRepoDep, SessionDep
@@ -36,6 +38,20 @@ def created(response: Response, location: str, replayed: bool) -> None:
     if replayed:
         response.status_code = status.HTTP_200_OK
         response.headers["Idempotent-Replayed"] = "true"
+
+
+_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
+
+
+def date_time_only(value: object) -> object:
+    """A query timestamp is an ISO 8601 date-time, as the OpenAPI's format says: pydantic would also
+    read a number (`created_before=0.5`, seconds since 1970) or a bare date."""
+    if isinstance(value, str) and not _DATE_TIME.match(value):
+        raise ValueError(f"expected an ISO 8601 date-time such as 2026-12-01T00:00:00Z, got {value!r}")
+    return value
+
+
+QueryTime = Annotated[datetime, BeforeValidator(date_time_only)]
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -79,8 +95,8 @@ def list_plans(
     cluster_id: Annotated[str | None, Query(max_length=64)] = None,
     model: Annotated[str | None, Query(max_length=200)] = None,
     status_: Annotated[str | None, Query(alias="status", pattern="^(feasible|infeasible)$")] = None,
-    created_after: Annotated[datetime | None, Query(description="ISO 8601; without an offset: UTC")] = None,
-    created_before: Annotated[datetime | None, Query(description="ISO 8601; without an offset: UTC")] = None,
+    created_after: Annotated[QueryTime | None, Query(description="ISO 8601; without an offset: UTC")] = None,
+    created_before: Annotated[QueryTime | None, Query(description="ISO 8601; without an offset: UTC")] = None,
 ) -> Page[PlanOut]:
     """Newest first, filtered; pass `next_cursor` back as `cursor` for the next page."""
     try:

@@ -221,6 +221,14 @@ def test_created_filters_accept_timestamps_without_an_offset_as_utc(client: Test
     assert client.get("/v1/plans", params={"created_after": "2100-01-01T00:00:00"}).json()["items"] == []
 
 
+@pytest.mark.parametrize("moment", ["0.5", "1764547200", "2026-12-01", "yesterday"])
+def test_created_filters_take_only_date_times(client: TestClient, moment: str) -> None:
+    """What the OpenAPI's date-time says: not seconds since 1970 (which pydantic would read), nor a
+    bare date."""
+    problem = assert_problem(client.get("/v1/plans", params={"created_before": moment}), 422)
+    assert problem["errors"][0]["field"] == "query.created_before"
+
+
 def test_run_retries_with_one_key_are_stored_once(client: TestClient) -> None:
     plan = create(client, plan_body(launchers=[]))
     run = {"step_s": plan["recommended"]["estimate"]["time"]["step_s"] * 1.1}
