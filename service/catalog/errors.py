@@ -1,11 +1,11 @@
-"""Errors raised while loading or looking up the data catalogs (GPUs, model presets)."""
+"""Errors raised while loading or looking up the data catalogs (GPUs, model presets, tuning)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Literal
 
-CatalogKind = Literal["gpu", "model"]
+CatalogKind = Literal["gpu", "model", "tuning"]
 
 
 class UnknownCatalogEntry(LookupError):
