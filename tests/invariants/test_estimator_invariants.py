@@ -21,7 +21,7 @@ from tests.invariants.cases import PEFT_FRAMEWORKS, Case, cases
 # Bounded and reproducible: CI runs the same examples every time (derandomize), none is timed
 # (deadline=None: a 405B estimate takes longer than a 0.5B one), and filtered draws are expected.
 BOUNDED = settings(
-    max_examples=120,
+    max_examples=80,
     deadline=None,
     derandomize=True,
     database=None,
