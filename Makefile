@@ -4,6 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 HOST ?= 127.0.0.1
 PORT ?= 8000
+WORKERS ?= 1
 DEEPSPEED_VERSION ?= 0.19.8
 
 .PHONY: install serve test lint typecheck pytest openapi heavy-install validate report bench invariant-sweep browser-test clean
@@ -17,9 +18,12 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 ## Install, migrate the embedded SQLite database (./trainplan.db) and serve on $(HOST):$(PORT).
+## WORKERS=N serves with N processes: set PROMETHEUS_MULTIPROC_DIR too (README), whose counts of
+## an earlier run are removed here.
 serve: install
 	$(VENV)/bin/alembic upgrade head
-	$(VENV)/bin/uvicorn service.main:create_app --factory --no-access-log --host $(HOST) --port $(PORT)
+	@if [ -n "$$PROMETHEUS_MULTIPROC_DIR" ]; then mkdir -p "$$PROMETHEUS_MULTIPROC_DIR" && rm -f "$$PROMETHEUS_MULTIPROC_DIR"/*.db; fi
+	$(VENV)/bin/uvicorn service.main:create_app --factory --no-access-log --host $(HOST) --port $(PORT) --workers $(WORKERS)
 
 ## Install and run the whole test suite: lint, types, tests. Tests that need the heavy tools
 ## (torch, DeepSpeed, ...) skip without them; `make validate` installs those and runs them.
