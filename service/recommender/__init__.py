@@ -527,7 +527,8 @@ def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: Sea
         else max(FRAMEWORK_CAPABILITIES[framework].zero_stages)
     )
     example = Layout(dp=gpus, zero_stage=zero, framework=framework, recompute=recompute_order(framework)[-1])
-    result.log.add_memory(MEMORY_REJECTION, 1, example, need, limit)
+    what = f"the model states alone, sharded over all {gpus} GPUs, need"
+    result.log.add_memory(MEMORY_REJECTION, 1, example, need, limit, what)
     return False
 
 

@@ -143,11 +143,13 @@ class RejectionLog:
         else:
             group.count += count
 
-    def add_memory(self, reason: str, count: int, example: Layout, need: int, capacity: int) -> None:
+    def add_memory(
+        self, reason: str, count: int, example: Layout, need: int, capacity: int, what: str = "needs"
+    ) -> None:
         group = self.groups.get(reason)
         over = (need - capacity) / 2**30
         detail = (
-            f"needs {need / 2**30:.1f} GiB per GPU, {capacity / 2**30:.1f} GiB allowed ({over:.1f} GiB over)"
+            f"{what} {need / 2**30:.1f} GiB per GPU, {capacity / 2**30:.1f} GiB allowed ({over:.1f} GiB over)"
         )
         if group is None:
             self.groups[reason] = RejectionGroup(count, example, detail, need, capacity)

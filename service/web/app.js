@@ -247,7 +247,7 @@ function renderPlan(plan, container) {
   if (plan.closest) {
     // infeasible: how far the layout that came closest is from fitting, component by component
     container.append(el("h4", { text: `Closest layout: ${layoutText(plan.closest.layout)}, ${fmt.gib(plan.closest.over_bytes)} over` }));
-    container.append(memoryChart([plan.closest]));
+    container.append(memoryChart([{ ...plan.closest, label: layoutText(plan.closest.layout) }]));
   }
   if (plan.suggestions.length) {
     container.append(el("h4", { text: "What would make it fit" }), list(plan.suggestions.map((s) => s.detail || s.kind), "suggestions"));

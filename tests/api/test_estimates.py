@@ -175,8 +175,9 @@ def test_efficiency_follows_the_gpu_die_not_its_name(client: TestClient) -> None
         for name in ("h100-sxm-80gb", "a100-sxm-80gb")
     }
     h800, a800 = custom_gpu("h800", "h100-sxm-80gb", "gh100"), custom_gpu("a800", "a100-sxm-80gb", "ga100")
-    assert mfu(a800) > mfu(custom_gpu("a800", "a100-sxm-80gb", None))  # 0.74 against the default 0.65
-    assert mfu(h800) < mfu(custom_gpu("h800", "h100-sxm-80gb", None))  # 0.60 against 0.65
+    # without a chip, the most conservative fitted die's efficiency (issue 24): naming the die is faster
+    assert mfu(a800) > mfu(custom_gpu("a800", "a100-sxm-80gb", None))  # ga100's fraction against the least
+    assert mfu(h800) > mfu(custom_gpu("h800", "h100-sxm-80gb", None))  # gh100's against the least
     assert mfu(custom_gpu("my-a100-like", "a100-sxm-80gb", None)) == mfu(
         custom_gpu("x", "a100-sxm-80gb", None)
     )
