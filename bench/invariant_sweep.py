@@ -88,13 +88,12 @@ def _post(path: str, body: dict[str, Any]) -> tuple[int, Any]:
 def _case_of(request: dict[str, Any], layout: dict[str, Any]) -> Any:
     """The recommended layout as an estimator case (the precision and attention the request left
     to the GPU resolved as issue 24 says), for the estimator's properties."""
-    from service.api.schemas.estimates import LayoutIn
     from service.estimator.types import Method
-    from tests.invariants.cases import Case, default_attention, gpu
-    from tests.invariants.checks import layout_request, precision_of
+    from tests.invariants.cases import Case, default_attention, gpu, layout_from_api
+    from tests.invariants.checks import precision_of
 
     training = request["training"]
-    domain = LayoutIn(**layout_request(layout)).to_domain()
+    domain = layout_from_api(layout)
     return Case(
         preset=request["model"]["preset"],
         gpu=request["cluster"]["gpu"],

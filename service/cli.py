@@ -809,7 +809,7 @@ def keys_create(owner: str, name: str, scopes: tuple[str, ...], url: str | None,
     """Create a key for OWNER; its secret is printed once and never stored."""
     from pydantic import ValidationError
 
-    from service.api.schemas.api_keys import ApiKeyCreate
+    from service.contracts.api_keys import ApiKeyCreate
 
     fields = {"owner": owner, "name": name} | ({"scopes": list(scopes)} if scopes else {})
     try:

@@ -69,9 +69,9 @@ def test_plan_prints_tables_and_writes_the_apis_files(database: str, tmp_path: P
 
 
 def check_files(out: Path, plan: dict[str, Any]) -> None:
-    from service.api.schemas.estimates import LayoutIn
     from service.catalog.models import model
     from service.catalog.tuning import default_tuning
+    from service.contracts.estimates import LayoutIn
     from service.estimator.estimate import estimate
     from service.estimator.types import Plan, TrainingSpec
     from service.launchers import Artifact, Target

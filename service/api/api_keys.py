@@ -13,8 +13,8 @@ from fastapi import APIRouter, Depends, Query, Response, status
 
 from service.api.deps import SessionDep, SettingsDep
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas.api_keys import ApiKeyCreate, ApiKeyCreated, ApiKeyOut
-from service.api.schemas.common import Page
+from service.contracts.api_keys import ApiKeyCreate, ApiKeyCreated, ApiKeyOut
+from service.contracts.common import Page
 from service.errors import Forbidden
 from service.persistence.models import OWNER_MAX_LENGTH, ApiKeyRecord
 from service.planning import api_keys

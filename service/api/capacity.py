@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from service import planning
 from service.api.deps import PlanningDeadline, SessionDep, SettingsDep
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas.capacity import CapacityOut, CapacityRequest
+from service.contracts.capacity import CapacityOut, CapacityRequest
 
 router = APIRouter(prefix="/v1/capacity", tags=["capacity"], responses=PROBLEM_RESPONSES)
 

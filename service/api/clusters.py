@@ -10,9 +10,9 @@ from sqlalchemy.exc import IntegrityError
 
 from service.api.deps import ClusterRepoDep
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas.clusters import ClusterCreate, ClusterOut, ClusterPatch
-from service.api.schemas.common import Page
-from service.api.schemas.gpus import CustomGPU
+from service.contracts.clusters import ClusterCreate, ClusterOut, ClusterPatch
+from service.contracts.common import Page
+from service.contracts.gpus import CustomGPU
 from service.errors import Conflict, NotFound, Unprocessable
 from service.persistence.models import ClusterRecord
 from service.persistence.repository import ClusterRepository, InvalidCursor, decode_cursor

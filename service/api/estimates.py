@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from service import planning
 from service.api.deps import PlanningSlot, SessionDep
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas.estimates import EstimateOut, EstimateRequest
+from service.contracts.estimates import EstimateOut, EstimateRequest
 
 router = APIRouter(prefix="/v1/estimates", tags=["estimates"], responses=PROBLEM_RESPONSES)
 

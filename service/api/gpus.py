@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas.common import Page
-from service.api.schemas.gpus import GPUOut, PeakFlopsOut
 from service.catalog.gpus import GPUEntry, gpu_entry, gpus
+from service.contracts.common import Page
+from service.contracts.gpus import GPUOut, PeakFlopsOut
 
 router = APIRouter(prefix="/v1/gpus", tags=["catalog"], responses=PROBLEM_RESPONSES)
 

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Query
 from starlette.convertors import Convertor, register_url_convertor
 
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas.common import Page
-from service.api.schemas.models import ModelPresetOut, ParametersOut, ResolvedModel, ResolveRequest
 from service.catalog.models import ModelPreset, models
 from service.catalog.models import model as catalog_model
+from service.contracts.common import Page
+from service.contracts.models import ModelPresetOut, ParametersOut, ResolvedModel, ResolveRequest
 from service.estimator.errors import InvalidModel
 from service.estimator.params import layer_parameters, parameter_counts, stage_parameter_counts
 from service.estimator.pipeline import stage_layers

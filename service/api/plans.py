@@ -18,8 +18,8 @@ from pydantic import BeforeValidator
 from service import planning
 from service.api.deps import PlanningDeadline, PlanRepoDep, SessionDep
 from service.api.problems import PROBLEM_RESPONSES
-from service.api.schemas.common import Page
-from service.api.schemas.plans import ArtifactOut, PlanOut, PlanRequest, RunIn, RunOut
+from service.contracts.common import Page
+from service.contracts.plans import ArtifactOut, PlanOut, PlanRequest, RunIn, RunOut
 from service.errors import NotFound, Unprocessable
 from service.launchers.common import MEDIA_TYPES
 from service.persistence.repository import InvalidCursor, PlanFilters, decode_cursor

@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from service.api.schemas.common import Problem
 from service.catalog.errors import UnknownCatalogEntry
+from service.contracts.common import Problem
 from service.errors import ServiceError
 from service.estimator.errors import EstimatorError
 from service.persistence.db import ConnectionWaitTimeout, WriterBusy

@@ -4,8 +4,9 @@ storage), runs and calibration, capacity; writes are retry-safe through Idempote
 
 Functions take the caller's SQLAlchemy session and work inside its transaction: they add and
 flush, the caller commits (for HTTP, `service.api.deps.get_session`). Requests and answers are
-the wire schemas of `service.api.schemas`; errors are `service.errors.ServiceError`s. Nothing
-here imports FastAPI (tests/planning/test_no_web_framework.py checks it).
+the contract of `service.contracts` (wire schemas and stored results); errors are
+`service.errors.ServiceError`s. Nothing here imports FastAPI or service.api
+(tests/planning/test_no_web_framework.py checks both).
 """
 
 from service.planning.capacity import capacity_for

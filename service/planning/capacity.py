@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.api.schemas.capacity import CapacityOptionOut, CapacityOut, CapacityRequest
-from service.api.schemas.clusters import ClusterRef
-from service.api.schemas.gpus import resolve_gpu
 from service.catalog.tuning import default_tuning
+from service.contracts.capacity import CapacityOptionOut, CapacityOut, CapacityRequest
+from service.contracts.clusters import ClusterRef
+from service.contracts.gpus import resolve_gpu
 from service.persistence.repository import ClusterRepository
 from service.planning.clusters import resolve_cluster
 from service.planning.estimates import check_scale

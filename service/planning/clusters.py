@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.api.schemas.clusters import ClusterCreate, ClusterIn, ClusterRef
+from service.contracts.clusters import ClusterCreate, ClusterIn, ClusterRef
 from service.errors import NotFound
 from service.estimator.types import ClusterSpec
 from service.persistence.models import ClusterRecord

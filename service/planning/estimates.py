@@ -7,7 +7,8 @@ import dataclasses
 
 from sqlalchemy.orm import Session
 
-from service.api.schemas.estimates import (
+from service.catalog.tuning import default_tuning
+from service.contracts.estimates import (
     EstimateOut,
     EstimateRequest,
     LimitsOut,
@@ -17,7 +18,6 @@ from service.api.schemas.estimates import (
     TimeBreakdownOut,
     TimeOut,
 )
-from service.catalog.tuning import default_tuning
 from service.estimator import estimate
 from service.estimator.calibration import Calibration
 from service.estimator.defaults import chosen_defaults

@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.api.schemas.clusters import ClusterRef
-from service.api.schemas.plans import ArtifactOut, CandidateOut, PlanOut, PlanRequest
 from service.catalog import catalog_version
 from service.catalog.tuning import default_tuning
+from service.contracts.clusters import ClusterRef
+from service.contracts.plans import ArtifactOut, CandidateOut, PlanOut, PlanRequest
 from service.errors import ClientClosedRequest, NotFound, Unprocessable
 from service.estimator.calibration import Calibration
 from service.estimator.defaults import chosen_defaults

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.api.schemas.plans import RunIn, RunOut
+from service.contracts.plans import RunIn, RunOut
 from service.errors import Conflict, NotFound
 from service.estimator.calibration import implausibility
 from service.feedback import diagnose

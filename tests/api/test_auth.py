@@ -285,8 +285,8 @@ def test_calibration_reads_runs_by_their_index_not_every_plan_on_the_hardware(db
 def test_the_scopes_are_named_once_for_the_schema_the_service_and_the_cli() -> None:
     import typing
 
-    from service.api.schemas.api_keys import Scope
     from service.cli import keys_create
+    from service.contracts.api_keys import Scope
 
     choices = next(p for p in keys_create.params if p.name == "scopes").type.choices  # type: ignore[attr-defined]
     assert typing.get_args(Scope) == api_keys.SCOPES == tuple(choices)

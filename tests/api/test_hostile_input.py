@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from service.api.schemas.common import Strict
+from service.contracts.common import Strict
 from tests.api.helpers import assert_problem
 
 CLUSTER = {"name": "ok", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
@@ -62,8 +62,8 @@ def test_json_types_other_than_the_fields_are_refused(
 
 
 def _strict_models() -> list[type[Strict]]:
-    import service.api.schemas.capacity
-    import service.api.schemas.plans  # noqa: F401  (with the others: every request body's model)
+    import service.contracts.capacity
+    import service.contracts.plans  # noqa: F401  (with the others: every request body's model)
 
     found, todo = [], [Strict]
     while todo:

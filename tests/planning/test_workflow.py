@@ -11,8 +11,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from service import planning
-from service.api.schemas.estimates import EstimateRequest
-from service.api.schemas.plans import PlanRequest, RunIn
+from service.contracts.estimates import EstimateRequest
+from service.contracts.plans import PlanRequest, RunIn
 from service.errors import Unprocessable
 from service.persistence.models import IdempotencyKeyRecord
 from service.planning.idempotency import create_once

@@ -1,2 +1,3 @@
-"""Wire schemas, one module per resource: pydantic models at the edge, with Field limits, turned
-into domain types by their `to_domain()`. Import from the resource's module."""
+"""The wire schemas live in `service.contracts` (shared with `service.planning`, which imports
+nothing from `service.api`); the modules here re-export them for code written against the old
+place. New code imports `service.contracts.<resource>`."""

@@ -1,0 +1,71 @@
+"""Capacity: GPUs needed and time to train, across GPU types or stored clusters."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from service.contracts.common import Strict
+from service.contracts.models import ModelRef
+from service.contracts.plans import ConstraintsIn
+from service.contracts.training import TrainingIn
+
+
+class CapacityRequest(Strict):
+    """GPUs needed and time to train, across GPU types (default: the catalog) or stored clusters."""
+
+    model: ModelRef
+    training: TrainingIn
+    gpus: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        default=None, min_length=1, max_length=64, description="catalog GPU names"
+    )
+    cluster_ids: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="stored clusters (ids as ClusterRef takes them)",
+    )
+    gpus_per_node: int = Field(default=8, ge=1, le=64, description="node size for catalog GPUs")
+    max_nodes: int = Field(default=1024, ge=1, le=100_000, description="largest count searched")
+    at_gpus: int | None = Field(
+        default=None, ge=1, le=10_000_000, description="time the run on this many GPUs"
+    )
+    gpu_hour_cost: float | dict[str, float] | None = Field(
+        default=None, description="one price per GPU-hour, or one per GPU name"
+    )
+    # Capacity counts the GPUs that hold the job: offload is opt-in here (with unstated host RAM
+    # and NVMe it would make any model "fit" on two cards at offload speed).
+    constraints: ConstraintsIn = Field(default_factory=lambda: ConstraintsIn(allow_offload=False))
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CapacityRequest:
+        if self.gpus is not None and self.cluster_ids is not None:
+            raise ValueError("give gpus or cluster_ids, not both")
+        prices = self.gpu_hour_cost
+        values = prices.values() if isinstance(prices, dict) else [prices] if prices is not None else []
+        if any(v < 0 for v in values):
+            raise ValueError("gpu_hour_cost must be >= 0")
+        return self
+
+
+class CapacityOptionOut(BaseModel):
+    gpu: str
+    cluster_id: str | None = None
+    fits: bool
+    min_gpus: int | None
+    min_nodes: int | None
+    layout: dict[str, Any] | None
+    num_gpus: int | None = Field(description="GPUs the time below was computed on")
+    tokens_per_s: float | None
+    time_to_train_s: float | None
+    gpu_hours: float | None
+    cost: float | None
+    note: str
+    evaluations: int = Field(description="layout evaluations spent on this option, of the request's budget")
+    truncated: bool = Field(description="its share of the request's evaluation budget ran out (see note)")
+
+
+class CapacityOut(BaseModel):
+    options: list[CapacityOptionOut] = Field(description="fitting options first, fastest to train first")
+    duration_s: float

@@ -1,0 +1,152 @@
+"""Clusters: stored ones (create, patch, out) and the cluster of a request, by id or inline."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
+
+from service.contracts.common import (
+    MAX_BANDWIDTH_BYTES_PER_S,
+    MAX_MEMORY_BYTES,
+    MIN_BANDWIDTH_BYTES_PER_S,
+    Strict,
+)
+from service.contracts.gpus import CustomGPU, resolve_gpu
+from service.errors import Unprocessable
+from service.estimator.errors import EstimatorError
+from service.estimator.types import ClusterSpec
+
+
+class ClusterShape(Strict):
+    """The hardware of a cluster; bandwidths per GPU, one direction, bytes/s."""
+
+    gpu: str | CustomGPU = Field(description="a catalog GPU name (GET /v1/gpus) or a custom spec")
+    num_nodes: int = Field(ge=1, le=100_000)
+    gpus_per_node: int = Field(ge=1, le=64)
+    intra_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        ge=MIN_BANDWIDTH_BYTES_PER_S,
+        le=MAX_BANDWIDTH_BYTES_PER_S,
+        description="default: the GPU's NVLink/PCIe figure",
+    )
+    inter_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        ge=MIN_BANDWIDTH_BYTES_PER_S,
+        le=MAX_BANDWIDTH_BYTES_PER_S,
+        description="each GPU's share of the node's network; required when num_nodes > 1",
+    )
+    cpu_memory_bytes_per_node: int = Field(default=0, ge=0, le=MAX_MEMORY_BYTES)
+    nvme_bytes_per_node: int = Field(default=0, ge=0, le=2**50)
+
+    def to_domain(self) -> ClusterSpec:
+        gpu = resolve_gpu(self.gpu)
+        intra = self.intra_node_bandwidth_bytes_per_s or gpu.intra_node_bandwidth_bytes_per_s
+        inter = self.inter_node_bandwidth_bytes_per_s
+        if inter is None:
+            if self.num_nodes > 1:
+                raise Unprocessable(
+                    "inter_node_bandwidth_bytes_per_s is required when num_nodes > 1",
+                    errors=[
+                        {
+                            "field": "inter_node_bandwidth_bytes_per_s",
+                            "message": f"required when num_nodes ({self.num_nodes}) > 1",
+                            "type": "missing",
+                        }
+                    ],
+                )
+            inter = intra  # one node: nothing crosses a network
+        try:
+            return ClusterSpec(
+                gpu=gpu,
+                num_nodes=self.num_nodes,
+                gpus_per_node=self.gpus_per_node,
+                intra_node_bandwidth_bytes_per_s=intra,
+                inter_node_bandwidth_bytes_per_s=inter,
+                cpu_memory_bytes_per_node=self.cpu_memory_bytes_per_node,
+                nvme_bytes_per_node=self.nvme_bytes_per_node,
+            )
+        except EstimatorError as exc:  # pragma: no cover - Field limits catch these first
+            raise Unprocessable(
+                exc.message, errors=[{"field": exc.field or "cluster", "message": exc.message}]
+            ) from exc
+
+
+class ClusterCreate(ClusterShape):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
+    description: str = Field(default="", max_length=2000)
+
+
+class ClusterPatch(Strict):
+    """Fields to change; the merged cluster is validated as a whole. Only the two bandwidths may
+    be null: null puts them back to their defaults. (None below means "not sent".)"""
+
+    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
+    description: str | None = Field(default=None, max_length=2000)
+    gpu: str | CustomGPU | None = None
+    num_nodes: int | None = Field(default=None, ge=1, le=100_000)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=64)
+    intra_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
+    )
+    inter_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
+    )
+    cpu_memory_bytes_per_node: int | None = Field(default=None, ge=0, le=MAX_MEMORY_BYTES)
+    nvme_bytes_per_node: int | None = Field(default=None, ge=0, le=2**50)
+
+    @field_validator(
+        "name", "description", "gpu", "num_nodes", "gpus_per_node", "cpu_memory_bytes_per_node",
+        "nvme_bytes_per_node", mode="before",
+    )  # fmt: skip
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        # runs only for values the client sent: an explicit null is refused, naming the field
+        if value is None:
+            raise ValueError("may not be null (leave the field out to keep it)")
+        return value
+
+
+class ClusterOut(BaseModel):
+    id: str
+    name: str
+    description: str
+    gpu: str | CustomGPU
+    num_nodes: int
+    gpus_per_node: int
+    world_size: int
+    gpu_memory_bytes: int
+    intra_node_bandwidth_bytes_per_s: float
+    inter_node_bandwidth_bytes_per_s: float
+    defaulted: list[str] = Field(
+        description="fields taken from defaults (they follow the GPU and node count)"
+    )
+    cpu_memory_bytes_per_node: int
+    nvme_bytes_per_node: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class ClusterRef(Strict):
+    """A stored cluster, by id."""
+
+    id: str = Field(min_length=1, max_length=64)
+
+
+class ClusterIn(ClusterShape):
+    """An inline cluster (the shape of a stored one, without name)."""
+
+
+def _cluster_kind(value: Any) -> str:
+    """Tag of a raw body (validation) or of a built model (serialisation)."""
+    if isinstance(value, ClusterRef) or (isinstance(value, dict) and "id" in value):
+        return "by_id"
+    return "inline"
+
+
+# A stored cluster by id, or an inline one; the tags are dropped from error locations.
+ClusterChoice = Annotated[
+    Annotated[ClusterRef, Tag("by_id")] | Annotated[ClusterIn, Tag("inline")],
+    Discriminator(_cluster_kind),
+]

@@ -1,0 +1,120 @@
+"""Shapes every resource shares: the strict input base (with `*_gbps` inputs), pages and problems."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Annotated, Any, Generic, TypeVar, Union
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+
+GB_PER_S = 1e9  # the *_gbps inputs are GB/s (1e9 bytes/s), converted once here
+# Physical bounds: no link, memory or chip outside them exists, and values outside them (a denormal
+# 5e-324 B/s) would turn a step time into Infinity.
+MIN_BANDWIDTH_BYTES_PER_S = 1e6  # 1 MB/s: slower than any PCIe, NVLink or NIC by orders of magnitude
+MAX_BANDWIDTH_BYTES_PER_S = 1e14  # 100 TB/s per GPU: far above any link that exists
+MIN_MEMORY_BYTES = 2**20  # 1 MiB
+MAX_MEMORY_BYTES = 2**44  # 16 TiB: any larger "GPU" or host is a typo
+MIN_FLOPS_PER_S = 1e9  # 1 GFLOP/s: below any accelerator's
+MAX_FLOPS_PER_S = 1e18
+
+T = TypeVar("T")
+
+
+def _scalar_kinds(annotation: Any) -> set[type]:
+    """The scalar types a field's annotation admits (int, float, bool, str), through Optional,
+    unions, Annotated and list[...]."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _scalar_kinds(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType, list, tuple):
+        return set().union(*(_scalar_kinds(arg) for arg in typing.get_args(annotation)))
+    return {annotation} & {int, float, bool, str}
+
+
+def _strict_value(value: Any, kinds: set[type]) -> None:
+    """JSON's types as the field declares them: no "64" or true for a number, no 64.0 for an
+    integer, no 1 for a boolean."""
+    if isinstance(value, list):
+        for item in value:
+            _strict_value(item, kinds)
+        return
+    if str in kinds or not kinds:
+        return
+    numeric = kinds & {int, float}
+    wrong = isinstance(value, str) or (isinstance(value, bool) and bool not in kinds)
+    # 4096.0 is a float in JSON: an integer field refuses it as it refuses "4096" (pydantic's lax
+    # mode would take it, and a client sending it has a bug to hear about)
+    wrong = wrong or (numeric == {int} and isinstance(value, float))
+    if numeric and wrong:
+        expected = "an integer" if numeric == {int} else "a number"
+        raise ValueError(f"expected {expected}, got {type(value).__name__} {value!r}")
+    if kinds == {bool} and not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _refuse_nul(value: Any, where: str = "") -> None:
+    """PostgreSQL text cannot hold NUL (0x00), and no name or label needs one: refused everywhere."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{where or 'the value'} must not contain the NUL character (U+0000)")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{where}.{key}" if where else str(key)
+            _refuse_nul(key, inner)
+            _refuse_nul(item, inner)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_nul(item, f"{where}[{index}]")
+
+
+class Strict(BaseModel):
+    """Unknown fields are errors; numbers and booleans must be JSON numbers and booleans; no string
+    holds NUL; `X_gbps` is accepted wherever `X_bytes_per_s` is a field."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # finite numbers only
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_types(cls, value: Any, info: ValidationInfo) -> Any:
+        _refuse_nul(value)
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and value is not None:
+            _strict_value(value, _scalar_kinds(field.annotation))
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gbps_to_bytes_per_s(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for key in data:
+            if not (isinstance(key, str) and key.endswith("_gbps")):
+                continue
+            target = key.removesuffix("_gbps") + "_bytes_per_s"
+            if target not in cls.model_fields:
+                continue  # left in place: `extra="forbid"` names it
+            if target in data:
+                raise ValueError(f"give either {key} or {target}, not both")
+            value = out.pop(key)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise ValueError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
+            out[target] = value * GB_PER_S
+        return out
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = None
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, as every error is rendered."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = None

@@ -1,0 +1,219 @@
+"""Estimates: one layout in (POST /v1/estimates), every number for it out."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from service.contracts.clusters import ClusterChoice
+from service.contracts.common import Strict
+from service.contracts.models import ModelRef
+from service.contracts.training import TrainingIn
+from service.estimator.errors import InvalidLayout
+from service.estimator.types import Compile, Framework, Layout, Offload, Recompute, RecomputeModule
+
+
+class LayoutIn(Strict):
+    framework: Framework = Framework.DEEPSPEED
+    dp: int = Field(default=1, ge=1, le=1_000_000)
+    tp: int = Field(default=1, ge=1, le=1024)
+    pp: int = Field(default=1, ge=1, le=1024)
+    cp: int = Field(default=1, ge=1, le=1024)
+    ep: int = Field(default=1, ge=1, le=4096)
+    etp: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="megatron, MoE models: the routed experts' tensor-parallel degree "
+        "(--expert-tensor-parallel-size; etp x ep x expert-dp fold over tp x cp x dp, so ep may exceed "
+        "dp x cp when etp < tp); default: tp",
+    )
+    sequence_parallel: bool = False
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    offload_optimizer: Offload = Offload.NONE
+    offload_params: Offload = Offload.NONE
+    recompute: Recompute = Field(
+        default=Recompute.NONE,
+        description="selective: Megatron's selective recompute (recompute_modules, core attention by "
+        "default); selective_op: torchtitan's per-op AC "
+        "(matmul and attention outputs saved, every second matmul recomputed); full: each layer keeps its "
+        "input (every framework's layer checkpointing)",
+    )
+    recompute_num_layers: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="with recompute full (Megatron): only the first N layers of each (virtual) pipeline "
+        "stage recompute (--recompute-method block); default: every layer",
+    )
+    recompute_every_n_layers: int | None = Field(
+        default=None,
+        ge=2,
+        le=100_000,
+        description="with recompute full (fsdp): only every N-th decoder layer is checkpointed, the others "
+        "keep every activation (torchtitan's selective layer AC, selective_ac_option N, up to 0.2; no "
+        "launcher renders it); default: every layer",
+    )
+    recompute_modules: list[RecomputeModule] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=len(RecomputeModule),
+        description="with recompute selective (megatron): the modules recomputed (--recompute-modules): "
+        "core_attn, mlp (dense layers), moe, moe_act, shared_experts, layernorm (the norms Transformer "
+        "Engine leaves unfused: MLA's input norm, MoE's pre-MLP norm), mla_up_proj; each must act on the "
+        "model; default: core_attn",
+    )
+    micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
+    virtual_pipeline_stages: int = Field(default=1, ge=1, le=1024)
+    gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=1_000_000)
+    activation_offload: bool = False
+    optimizer_in_backward: bool = False
+    chunked_loss: bool = False
+    torch_compile: Compile = Field(
+        default=Compile.NONE,
+        description="torch.compile (inductor), fsdp only: model compiles each decoder layer (torchtitan "
+        "--compile.components model), model_and_loss also the cross-entropy (torchtitan --compile.enable, "
+        "HF Trainer torch_compile, accelerate's dynamo backend); megatron has no such switch, deepspeed's "
+        "compiled engine is not modelled",
+    )
+    fsdp_hybrid_shard: bool = False
+    tp_comm_overlap: bool = False
+    moe_a2a_overlap: bool = Field(
+        default=False,
+        description="megatron, MoE with ep > 1: --overlap-moe-expert-parallel-comm (combined 1F1B: each "
+        "micro-batch's EP all-to-alls under another's compute; one more micro-batch in flight; pp > 1 "
+        "needs virtual_pipeline_stages > 1, recompute not full)",
+    )
+    overlap_grad_reduce: bool | None = Field(default=None, description="default: the framework's")
+    pipeline_layers: list[Annotated[int, Field(ge=0, le=100_000)]] | None = Field(
+        default=None,
+        max_length=4096,
+        description="decoder layers of each of the pp x virtual_pipeline_stages stages, in model order "
+        "(virtual stage k runs on pipeline rank k % pp); default: an even split, or, when the stages do "
+        "not divide the layers, one where the embedding and the loss count as a layer each",
+    )
+    pipeline_account_for_embedding: bool = Field(
+        default=False,
+        description="the embedding counts as a layer in the derived split (Megatron-Core's flag)",
+    )
+    pipeline_account_for_loss: bool = Field(
+        default=False, description="the output layer and loss count as a layer in the derived split"
+    )
+
+    def to_domain(self) -> Layout:
+        fields = self.model_dump()
+        if self.pipeline_layers is not None:
+            fields["pipeline_layers"] = tuple(self.pipeline_layers)
+        if self.recompute_modules is not None:
+            fields["recompute_modules"] = tuple(self.recompute_modules)
+        try:
+            return Layout(**fields)
+        except InvalidLayout as exc:  # named as the request body names it
+            field = None if exc.field is None else f"layout.{exc.field}"
+            raise InvalidLayout(exc.message, rule=exc.rule, field=field) from exc
+
+
+class EstimateRequest(Strict):
+    model: ModelRef
+    cluster: ClusterChoice = Field(description='{"id": ...} of a stored cluster, or an inline one')
+    training: TrainingIn
+    layout: LayoutIn
+    gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e6, description="price of one GPU-hour")
+
+
+class MemoryPerGPUOut(BaseModel):
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    buffers: int
+    overhead: int
+    total: int
+
+
+class StageMemoryOut(MemoryPerGPUOut):
+    rank: int = Field(description="pipeline rank (0: the first stage)")
+
+
+class MemoryOut(BaseModel):
+    per_gpu: MemoryPerGPUOut = Field(description="bytes on the most-loaded rank")
+    per_stage: list[StageMemoryOut] = Field(
+        default_factory=list,  # plans stored before it was reported read back without it
+        description="bytes per GPU of each evaluated pipeline rank: the first, the last, and each rank "
+        "whose layer count differs from those before it (the others never need more); one entry without "
+        "a pipeline",
+    )
+    capacity_bytes: int
+    headroom_bytes: int
+    cpu_per_node_bytes: int
+    nvme_per_node_bytes: int
+
+
+class TimeBreakdownOut(BaseModel):
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    pp_bubble_s: float
+    pp_comm_s: float
+    dp_comm_exposed_s: float
+    offload_s: float
+    optimizer_s: float
+
+
+class TimeOut(BaseModel):
+    step_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float = Field(description="model FLOPs only (PaLM MFU convention)")
+    mfu: float
+    hardware_tflops_per_gpu: float = Field(description="including recomputation")
+    hfu: float
+    breakdown: TimeBreakdownOut
+
+
+class LimitsOut(BaseModel):
+    max_micro_batch_size: int | None = Field(
+        description="largest micro-batch that still fits this layout; 0: none; null: not computed"
+    )
+    max_seq_len: int | None = Field(
+        description="largest sequence length that still fits this layout; 0: none; null: not computed"
+    )
+
+
+class CalibrationOut(BaseModel):
+    factors: dict[str, float] = Field(
+        description="memory_dynamic (activations, buffers, overhead), step_time (as applied: capped where "
+        "the step would beat the GPU's dense peak), step_time_learned (what the runs say)"
+    )
+    runs: int
+    memory_runs: int
+    time_runs: int
+    out_of_memory_runs: int
+    implausible_runs: int = Field(
+        default=0,
+        description="runs left out: impossible on this hardware (faster than its peak, a peak below the "
+        "model states) or more than 4x off the estimate; each one's diagnosis says why",
+    )
+
+
+class EstimateOut(BaseModel):
+    fits: bool
+    memory: MemoryOut
+    time: TimeOut | None
+    limits: LimitsOut
+    time_to_train_s: float | None
+    cost_to_train: float | None = Field(default=None, description="given gpu_hour_cost, in its currency")
+    layout: dict[str, Any] = Field(description="the layout estimated, with derived fields filled in")
+    parameters_total: int
+    warnings: list[str]
+    assumptions: list[str]
+    resolved_defaults: dict[str, str] = Field(
+        default_factory=dict,  # plans stored before defaults followed the GPU read back without it
+        description='training fields the request left out, as resolved for the GPU: {"training.attention": '
+        '"sdpa", "training.precision": "fp16"} on a V100',
+    )
+    calibration: CalibrationOut | None = Field(
+        default=None, description="factors learned from runs on this hardware and framework, when any"
+    )

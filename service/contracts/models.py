@@ -1,0 +1,200 @@
+"""Models: a preset, a Hugging Face config.json or explicit fields; presets and exact counts out."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from service.catalog.errors import UnknownCatalogEntry
+from service.catalog.models import model as catalog_model
+from service.contracts.common import Strict
+from service.errors import Unprocessable
+from service.estimator.errors import EstimatorError
+from service.estimator.hf_config import model_from_hf_config
+from service.estimator.types import (
+    AttentionKind,
+    MLASpec,
+    MlpKind,
+    ModelSpec,
+    MoESpec,
+    NormKind,
+    PositionEmbedding,
+    QKNorm,
+)
+
+
+class MoEIn(Strict):
+    num_experts: int = Field(ge=1, le=4096)
+    top_k: int = Field(ge=1, le=256)
+    expert_ffn_hidden_size: int = Field(ge=1, le=1_000_000)
+    num_shared_experts: int = Field(default=0, ge=0, le=64)
+    shared_expert_ffn_hidden_size: int = Field(default=0, ge=0, le=1_000_000)
+    shared_expert_gate: bool = False
+    layer_frequency: int = Field(default=1, ge=1, le=1000)
+    router_bias: bool = False
+    expert_bias: bool = False
+
+
+class MLAIn(Strict):
+    """DeepSeek multi-head latent attention."""
+
+    q_lora_rank: int | None = Field(default=None, ge=1, le=1_000_000, description="null: a plain q_proj")
+    kv_lora_rank: int = Field(ge=1, le=1_000_000)
+    qk_nope_head_dim: int = Field(ge=1, le=100_000)
+    qk_rope_head_dim: int = Field(ge=1, le=100_000)
+    v_head_dim: int = Field(ge=1, le=100_000)
+
+
+class ArchitectureIn(Strict):
+    """Explicit architecture fields; what a config.json would say, in our names."""
+
+    num_layers: int = Field(ge=1, le=10_000)
+    hidden_size: int = Field(ge=1, le=1_000_000)
+    num_attention_heads: int = Field(ge=1, le=10_000)
+    num_kv_heads: int | None = Field(default=None, ge=1, le=10_000, description="default: MHA")
+    head_dim: int | None = Field(default=None, ge=1, le=100_000, description="default: hidden/heads")
+    ffn_hidden_size: int = Field(ge=1, le=10_000_000)
+    vocab_size: int = Field(ge=1, le=10_000_000)
+    max_position_embeddings: int = Field(default=4096, ge=1, le=100_000_000)
+    mlp: MlpKind = MlpKind.SWIGLU
+    norm: NormKind = NormKind.RMSNORM
+    position_embedding: PositionEmbedding = PositionEmbedding.ROPE
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    attn_out_bias: bool = False
+    mlp_bias: bool = False
+    norms_per_layer: Literal[1, 2, 4] = 2
+    embedding_norm: bool = False
+    parallel_attn_mlp: bool = False
+    rotary_fraction: float = Field(default=1.0, gt=0, le=1)
+    lm_head_bias: bool = False
+    moe: MoEIn | None = None
+    moe_layers: list[int] | None = Field(
+        default=None,
+        max_length=10_000,
+        description="0-based layers with the MoE block; default: every layer_frequency-th",
+    )
+    layer_types: list[AttentionKind] | None = Field(
+        default=None, max_length=10_000, description="per layer: full, sliding or chunked; default: all full"
+    )
+    sliding_window: int | None = Field(default=None, ge=1, le=100_000_000)
+    attention_chunk_size: int | None = Field(default=None, ge=1, le=100_000_000)
+    qk_norm: QKNorm = QKNorm.NONE
+    attention_sinks: bool = False
+    mla: MLAIn | None = None
+    mla_bias: bool = False
+    final_logit_softcapping: bool = False
+    hidden_dropout: float = Field(default=0.0, ge=0, lt=1, description="embedding and residual dropout")
+    attention_dropout: float = Field(
+        default=0.0, ge=0, lt=1, description="dropout on the attention probabilities"
+    )
+
+    def to_domain(self, name: str) -> ModelSpec:
+        fields = self.model_dump(
+            exclude={"moe", "num_kv_heads", "head_dim", "mla", "moe_layers", "layer_types"}
+        )
+        moe = MoESpec(**self.moe.model_dump()) if self.moe else None
+        return ModelSpec(
+            name=name,
+            num_kv_heads=self.num_kv_heads or self.num_attention_heads,
+            head_dim=self.head_dim or 0,
+            moe=moe,
+            mla=MLASpec(**self.mla.model_dump()) if self.mla else None,
+            moe_layers=None if self.moe_layers is None else tuple(self.moe_layers),
+            layer_types=tuple(self.layer_types or ()),
+            **fields,
+        )
+
+
+class ModelRef(Strict):
+    """Exactly one of: a catalog preset, a Hugging Face config.json, or explicit fields."""
+
+    preset: str | None = Field(default=None, min_length=1, max_length=200)
+    hf_config: dict[str, Any] | None = None
+    architecture: ArchitectureIn | None = None
+    name: str | None = Field(default=None, max_length=200, description="label for hf_config/architecture")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelRef:
+        given = [k for k in ("preset", "hf_config", "architecture") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of preset, hf_config, architecture (got {given or 'none'})")
+        return self
+
+    def to_domain(self, field: str = "model") -> ModelSpec:
+        """Resolve to a ModelSpec; problems name the field under `field`."""
+        try:
+            if self.preset is not None:
+                return catalog_model(self.preset).spec
+            if self.hf_config is not None:
+                return model_from_hf_config(self.hf_config, name=self.name)
+            assert self.architecture is not None
+            return self.architecture.to_domain(self.name or "custom")
+        except UnknownCatalogEntry as exc:
+            raise Unprocessable(
+                str(exc),
+                errors=[
+                    {
+                        "field": f"{field}.preset",
+                        "message": str(exc),
+                        "type": "unknown_model",
+                        "known": list(exc.known),
+                    }
+                ],
+            ) from exc
+        except EstimatorError as exc:
+            prefix = "hf_config" if self.hf_config is not None else "architecture"
+            where = exc.field or prefix
+            if not where.startswith(prefix):
+                where = f"{prefix}.{where}"
+            raise Unprocessable(
+                exc.message, errors=[{"field": f"{field}.{where}", "rule": exc.rule, "message": exc.message}]
+            ) from exc
+
+
+class ResolveRequest(Strict):
+    model: ModelRef
+    pp: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="also split the count over this many pipeline stages (evenly, or with the embedding "
+        "and the loss counting as a layer each when the stages do not divide the layers)",
+    )
+
+
+class ParametersOut(BaseModel):
+    total: int
+    embedding: int
+    output: int
+    final_norm: int
+    per_layer: int = Field(description="one layer (the largest, for MoE models a MoE layer)")
+    attention_per_layer: int
+    norms_per_layer: int
+    dense_layers: int
+    dense_mlp_per_layer: int
+    moe_layers: int
+    experts_per_moe_layer: int
+    router_per_moe_layer: int
+    shared_experts_per_moe_layer: int
+    active_per_token: int
+    largest_module: int
+    per_stage: list[int]
+    stage_layers: list[int] = Field(description="decoder layers of each pipeline stage")
+
+
+class ResolvedModel(BaseModel):
+    name: str
+    architecture: dict[str, Any]
+    parameters: ParametersOut
+
+
+class ModelPresetOut(BaseModel):
+    name: str
+    display_name: str
+    family: str = Field(description="the Hugging Face model_type the architecture follows")
+    source: str
+    config: dict[str, Any]
+    architecture: dict[str, Any]
+    parameters_total: int

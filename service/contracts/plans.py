@@ -1,0 +1,151 @@
+"""Plans and their runs: the request, the stored plan with its candidates and artifacts, runs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from service.contracts.clusters import ClusterChoice
+from service.contracts.common import MAX_MEMORY_BYTES, MIN_MEMORY_BYTES, Strict
+from service.contracts.estimates import EstimateOut
+from service.contracts.models import ModelRef
+from service.contracts.training import TrainingIn
+from service.estimator.types import Framework
+from service.launchers import Target
+from service.recommender.types import Constraints, Objective
+
+
+class ConstraintsIn(Strict):
+    objective: Objective = Objective.THROUGHPUT
+    max_gpus: int | None = Field(default=None, ge=1, le=10_000_000)
+    frameworks: list[Framework] | None = Field(default=None, min_length=1, description="default: all")
+    allow_offload: bool = True
+    min_headroom_fraction: float = Field(default=0.05, ge=0, le=0.5)
+    top_k: int = Field(default=3, ge=1, le=20)
+    gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e6)
+    torch_compile: bool = Field(
+        default=False,
+        description="compile fsdp layouts with torch.compile, model and loss (torchtitan --compile.enable, "
+        "HF Trainer torch_compile, accelerate's dynamo backend); not qlora; megatron and deepspeed layouts "
+        "stay eager",
+    )
+
+    def to_domain(self) -> Constraints:
+        return Constraints(
+            objective=self.objective,
+            max_gpus=self.max_gpus,
+            frameworks=tuple(dict.fromkeys(self.frameworks)) if self.frameworks else tuple(Framework),
+            allow_offload=self.allow_offload,
+            min_headroom_fraction=self.min_headroom_fraction,
+            top_k=self.top_k,
+            gpu_hour_cost=self.gpu_hour_cost,
+            torch_compile=self.torch_compile,
+        )
+
+
+class PlanRequest(Strict):
+    model: ModelRef
+    cluster: ClusterChoice = Field(description='{"id": ...} of a stored cluster, or an inline one')
+    training: TrainingIn
+    constraints: ConstraintsIn = Field(default_factory=ConstraintsIn)
+    launchers: list[Target] = Field(default_factory=list, max_length=16, description="targets to render")
+
+
+class CandidateOut(BaseModel):
+    layout: dict[str, Any]
+    estimate: EstimateOut
+    score: float
+    rationale: list[str]
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    target: str
+    media_type: str
+    size_bytes: int
+    url: str
+
+
+class ClosestOut(BaseModel):
+    layout: dict[str, Any]
+    estimate: EstimateOut
+    over_bytes: int = Field(
+        description="per-GPU bytes above what the search allows: the card less "
+        "constraints.min_headroom_fraction"
+    )
+    detail: str
+
+
+class PlanOut(BaseModel):
+    id: str
+    created_at: datetime
+    status: Literal["feasible", "infeasible"]
+    model: str
+    cluster_id: str | None
+    request: dict[str, Any]
+    recommended: CandidateOut | None
+    alternatives: list[CandidateOut]
+    rejected: list[dict[str, Any]]
+    suggestions: list[dict[str, Any]] = Field(
+        description="infeasible: what would make it fit, in the order a user can act: on the GPUs given "
+        "(offload within the stated host RAM, torch.compile, LoRA, QLoRA, a shorter sequence), then more "
+        "of the same GPU (or the host RAM offload needs), then other GPUs in whole nodes of their shape; "
+        "each with the layout, node shape, method and sequence it assumed"
+    )
+    suggestions_skipped: list[dict[str, str]] = Field(
+        default_factory=list, description="suggestions that could not be computed: kind and reason"
+    )
+    closest: ClosestOut | None = Field(
+        default=None,
+        description="infeasible: the layout that came closest to fitting, its estimate and how far over",
+    )
+    resolved_defaults: dict[str, str] = Field(
+        default_factory=dict, description="training fields the request left out, as resolved for the GPU"
+    )
+    search: dict[str, Any]
+    artifacts: list[ArtifactOut]
+    unsupported_targets: dict[str, str] = Field(
+        description="requested targets that cannot express the layout"
+    )
+    calibration: dict[str, Any] | None
+    versions: dict[str, str] = Field(description="catalog and estimator versions that made the plan")
+
+
+class RunIn(Strict):
+    """What a real run of the plan measured."""
+
+    peak_memory_bytes_per_gpu: int | None = Field(default=None, ge=MIN_MEMORY_BYTES, le=MAX_MEMORY_BYTES)
+    step_s: float | None = Field(default=None, ge=1e-3, le=1e7)  # no training step takes under 1 ms
+    tokens_per_s: float | None = Field(default=None, ge=1.0, le=1e12)
+    gpu_utilization: float | None = Field(default=None, ge=0, le=1)
+    out_of_memory: bool = False
+    framework_version: str = Field(default="", max_length=100)
+    notes: str = Field(default="", max_length=4000)
+
+    @model_validator(mode="after")
+    def _something_measured(self) -> RunIn:
+        if self.step_s is not None and self.tokens_per_s is not None:
+            raise ValueError("give step_s or tokens_per_s, not both")
+        measured = (self.peak_memory_bytes_per_gpu, self.step_s, self.tokens_per_s)
+        if not self.out_of_memory and all(m is None for m in measured):
+            raise ValueError("report peak_memory_bytes_per_gpu, step_s or tokens_per_s, or out_of_memory")
+        return self
+
+
+class RunOut(BaseModel):
+    id: str
+    plan_id: str
+    created_at: datetime
+    peak_memory_bytes_per_gpu: int | None
+    step_s: float | None
+    tokens_per_s: float | None
+    gpu_utilization: float | None
+    out_of_memory: bool
+    framework_version: str
+    notes: str
+    diagnosis: dict[str, Any]
+    calibration: dict[str, Any] | None = Field(
+        default=None, description="factors later estimates on this hardware and framework will apply"
+    )

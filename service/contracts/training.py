@@ -1,0 +1,78 @@
+"""The training setup every estimate, plan and capacity request carries."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from service.contracts.common import Strict
+from service.estimator.defaults import HARDWARE_DEFAULT_FIELDS, for_gpu
+from service.estimator.errors import InvalidTraining
+from service.estimator.types import ALL_LINEAR, Attention, GPUSpec, Method, Optimizer, Precision, TrainingSpec
+
+
+class TrainingIn(Strict):
+    seq_len: int = Field(ge=1, le=10_000_000)
+    global_batch_size: int = Field(ge=1, le=100_000_000, description="sequences per optimizer step")
+    precision: Precision | None = Field(
+        default=None,
+        description="default: resolved from the GPU (bf16 where it has bf16 units, else fp16, else fp32; "
+        "never fp8) and named in the answer's resolved_defaults",
+    )
+    optimizer: Optimizer = Optimizer.ADAMW
+    method: Method = Method.FULL
+    lora_rank: int | None = Field(default=None, ge=1, le=65_536, description="LoRA/QLoRA only; default 16")
+    lora_targets: list[str] | Literal["all-linear"] | None = Field(
+        default=None, max_length=64, description='LoRA/QLoRA only; default "all-linear"'
+    )
+    attention: Attention | None = Field(
+        default=None,
+        description="default: resolved from the GPU (flash where FlashAttention-2 runs, else sdpa's "
+        "memory-efficient kernel) and named in the answer's resolved_defaults",
+    )
+    tokens: int | None = Field(default=None, gt=0, le=10**16, description="total tokens, for time to train")
+    mtp_num_layers: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="multi-token prediction depths trained with the model (megatron --mtp-num-layers; "
+        "DeepSeek-V3 trains 1): each adds a layer, its projection and a loss on the last pipeline stage",
+    )
+
+    def to_domain(self, gpu: GPUSpec | None) -> TrainingSpec:
+        """The domain's training spec for ``gpu`` (the fields left out resolved from it; None: left
+        for whoever places the job on a GPU, as capacity does per GPU type); its errors name the
+        field as the request body does."""
+        try:
+            training = self._to_domain()
+            return training if gpu is None else for_gpu(training, gpu)
+        except InvalidTraining as exc:
+            field = None if exc.field is None else f"training.{exc.field}"
+            raise InvalidTraining(exc.message, rule=exc.rule, field=field) from exc
+
+    def _to_domain(self) -> TrainingSpec:
+        if self.method is Method.FULL:
+            # adapters' settings with no adapters would be accepted and ignored
+            for name in ("lora_rank", "lora_targets"):
+                if getattr(self, name) is not None:
+                    raise InvalidTraining(
+                        f"{name} applies to method lora or qlora, not full", rule="unused", field=name
+                    )
+        wanted = self.lora_targets or "all-linear"
+        targets = ALL_LINEAR if wanted == "all-linear" else tuple(wanted)
+        return TrainingSpec(
+            seq_len=self.seq_len,
+            global_batch_size=self.global_batch_size,
+            precision=self.precision or Precision.BF16,  # placeholders until for_gpu resolves them
+            optimizer=self.optimizer,
+            method=self.method,
+            lora_rank=16 if self.lora_rank is None else self.lora_rank,
+            lora_targets=targets,
+            attention=self.attention or Attention.FLASH,
+            tokens=self.tokens,
+            mtp_num_layers=self.mtp_num_layers,
+            hardware_defaults=frozenset(
+                name for name in HARDWARE_DEFAULT_FIELDS if getattr(self, name) is None
+            ),
+        )
