@@ -26,6 +26,7 @@ from service.estimator.estimate import estimate
 from service.estimator.types import (
     Attention,
     ClusterSpec,
+    Compile,
     Estimate,
     Framework,
     GPUSpec,
@@ -35,6 +36,8 @@ from service.estimator.types import (
     ModelSpec,
     Offload,
     Precision,
+    Recompute,
+    RecomputeModule,
     TrainingSpec,
 )
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, layout_violation
@@ -211,6 +214,31 @@ def layout_body(layout: Layout) -> dict[str, Any]:
             out[f.name] = list(value) if isinstance(value, tuple) else getattr(value, "value", value)
     out.setdefault("framework", layout.framework.value)
     return out
+
+
+_ENUMS: dict[str, Any] = {
+    "framework": Framework,
+    "offload_optimizer": Offload,
+    "offload_params": Offload,
+    "recompute": Recompute,
+    "torch_compile": Compile,
+}
+
+
+def layout_from_api(layout: dict[str, Any]) -> Layout:
+    """A layout as the API returns it (estimate.layout, a suggestion's layout) as the domain's."""
+    fields: dict[str, Any] = {}
+    for name, value in layout.items():
+        if name not in LAYOUT_FIELDS or value is None:
+            continue
+        if name in _ENUMS:
+            value = _ENUMS[name](value)
+        elif name == "recompute_modules":
+            value = tuple(RecomputeModule(v) for v in value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        fields[name] = value
+    return Layout(**fields)
 
 
 def estimate_request(case: Case) -> dict[str, Any]:
