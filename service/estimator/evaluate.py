@@ -173,7 +173,15 @@ def step_numbers(job: Job, layout: Layout) -> tuple[float, float]:
 
 
 def time_estimate(job: Job, layout: Layout) -> TimeEstimate:
-    """Step time, throughput and utilisation of ``layout``."""
+    """Step time, throughput and utilisation of ``layout``.
+
+    MFU = model FLOPs / (step x GPUs x dense peak), model FLOPs without recompute and with
+    attention's core over the causal triangle, as Megatron-LM's num_floating_point_operations counts
+    it since 2025 (not PaLM's full square, App. B's 12 L H Q T, nor torchtitan's, which state they
+    ignore causal sparsity: at long sequences that square is twice what a causal kernel runs, and an
+    MFU on it passes 1). HFU = what the kernels execute (flash: the triangle; eager: the square),
+    recompute included, over the same; the step runs exactly those FLOPs at rates at most the dense
+    peak (step_time.compute_s, recompute_s), so MFU <= HFU <= 1 (flops.py)."""
     breakdown = time_breakdown(time_parts(job, layout))
     step_s, gpus = breakdown.step_s, layout.world_size
     model, training = job.model, job.training

@@ -1,12 +1,30 @@
 """FLOPs of one training step, counted term by term from the architecture.
 
-Conventions (all counts are integers; one multiply-add = 2 FLOPs):
+Conventions (one multiply-add = 2 FLOPs):
 * Only matrix multiplications count: a linear layer of shape (in, out) costs 2 x in x out per
   token forward; biases, norms, activations and softmax are left out (Megatron, PaLM, nanoGPT).
-* Attention's sequence term QK^T and AV costs 4 x s x q_size per token forward, i.e.
-  4 b s^2 q_size per layer, over the *full* s x s score matrix: causal masking is not halved
-  (Korthikanti Eq. 7, Narayanan Eq. 3, PaLM's 12 L H Q T and Megatron-LM's
-  ``num_floating_point_operations`` all count the full square).
+* Attention's sequence term QK^T and AV is counted three ways, per token forward:
+  - the full square, ``layer_core_flops``: 2 x span x (q_size + v_size), every key of the span for
+    every query (Korthikanti Eq. 7, Narayanan Eq. 3, PaLM's 12 L H Q T, torchtitan's
+    ``get_dense_model_nparams_and_flops``: "we follow the convention and do not account for sparsity
+    in causal attention"). What eager attention executes (it computes the masked scores too), and
+    the count the time model starts from (step_time swaps it for what the kernels execute);
+  - the causal triangle, ``layer_core_causal_flops``: query i sees keys 0..i, (s + 1) / 2 on average
+    (a sliding window or chunk its span of them: ``causal_keys_per_query``). MODEL FLOPs (MFU, the
+    estimate's tflops_per_gpu) count this: the masked half of the square is no work of the model,
+    and the frameworks now report MFU so: Megatron-LM's ``num_floating_point_operations``
+    (megatron/training/training.py) halves core attention, "causal mask (only half of the mask is
+    non-zero)", since 8873b55 (2025-03-06), and NeMo / Megatron-Bridge's published model TFLOP/s
+    follow it (tests/estimator/test_flops.py checks Llama-3-8B against validation/data's row);
+    FlashAttention's benchmarks count causal FLOPs as half the square
+    (benchmarks/benchmark_flash_attention.py: ``// (2 if causal else 1)``);
+  - what the kernels execute, ``layer_core_work_flops``: the triangle for flash kernels
+    (FlashAttention-2 and cuDNN skip the key blocks past the diagonal), the square for eager
+    attention. HARDWARE FLOPs (HFU) count this, so the executed FLOP/s is exactly what the time model
+    runs at (step_time.compute_s times the same work at each kernel's rate, at most the dense peak):
+    HFU <= 1 and MFU <= HFU by construction. The diagonal blocks' masked half is executed but not
+    counted, as the kernels' published rates (catalog tuning.toml [attention_kernel]) do not count
+    it: their time already includes it.
 * Backward = 2 x forward (input gradients + weight gradients, one forward's worth each).
 * Model FLOPs (MFU, PaLM arXiv:2204.02311 §4.1 and Korthikanti arXiv:2205.05198 App. A) leave
   recomputation out; hardware FLOPs (HFU) add it: full recompute is one more forward of every
@@ -16,18 +34,21 @@ Conventions (all counts are integers; one multiply-add = 2 FLOPs):
   stays 2x; the adapters (rank r: in x r then r x out) train fully. QLoRA's dequantisation is
   not a matmul and is not counted.
 
-Cross-checks (tests/estimator/test_flops.py): for a GPT config the model count equals
-Korthikanti Eq. 7, 72 B L s h^2 (1 + s/(6h) + V/(12 h L)), and the full-recompute hardware
-count equals Narayanan Eq. 3, 96 B L s h^2 (1 + s/(6h) + V/(16 h L)), exactly.
+Cross-checks (tests/estimator/test_flops.py): for a GPT config the full-square count equals
+Korthikanti Eq. 7, 72 B L s h^2 (1 + s/(6h) + V/(12 h L)), and with full recompute Narayanan Eq. 3,
+96 B L s h^2 (1 + s/(6h) + V/(16 h L)), exactly; the model count is Eq. 7 less the masked half,
+6 B L h s (s - 1).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 from service.estimator.params import LayerKind, layer_kind, mtp_projection_parameters
 from service.estimator.types import (
+    Attention,
     AttentionKind,
     Method,
     ModelSpec,
@@ -89,6 +110,21 @@ def causal_keys_per_query(model: ModelSpec, kind: AttentionKind, seq_len: int) -
     return (seq_len + 1) / 2
 
 
+def layer_core_causal_flops(model: ModelSpec, kind: LayerKind, seq_len: int) -> float:
+    """QK^T and AV of a layer of ``kind``, forward, per token, over the causal triangle: each query
+    against the ``causal_keys_per_query`` keys the mask lets it see. Model FLOPs count this."""
+    # Megatron-LM num_floating_point_operations: "/ 2  # causal mask (only half of the mask is
+    # non-zero)"; (s + 1) / 2 keys per query rather than s / 2: the diagonal is computed and kept
+    return 2 * causal_keys_per_query(model, kind.attention, seq_len) * (model.q_size + model.v_size)
+
+
+def runs_causal_kernel(training: TrainingSpec) -> bool:
+    """Whether attention's core runs a kernel that skips the causally masked blocks: flash and
+    PyTorch SDPA (its FlashAttention-2, memory-efficient and cuDNN backends all do); eager
+    attention materialises the whole s x s score matrix."""
+    return training.attention is not Attention.EAGER
+
+
 def layer_core_work_flops(model: ModelSpec, kind: LayerKind, seq_len: int, flash: bool) -> float:
     """The core FLOPs a layer's attention kernel executes, forward, per token. Flash kernels skip
     the key blocks the causal mask hides (FlashAttention-2 and cuDNN iterate only to the diagonal),
@@ -96,7 +132,7 @@ def layer_core_work_flops(model: ModelSpec, kind: LayerKind, seq_len: int, flash
     square, ``layer_core_flops``."""
     if not flash:
         return float(layer_core_flops(model, kind, seq_len))
-    return 2 * causal_keys_per_query(model, kind.attention, seq_len) * (model.q_size + model.v_size)
+    return layer_core_causal_flops(model, kind, seq_len)
 
 
 def mlp_flops(model: ModelSpec, ffn_hidden_size: int) -> int:
@@ -228,13 +264,33 @@ def frozen_passes(training: TrainingSpec) -> int:
 
 
 def layer_training_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> int:
-    """Forward + backward of one layer per token, no recompute."""
+    """Forward + backward of one layer per token, no recompute, attention's core over the full
+    square (``layer_core_flops``): the time model's count, which replaces 3 x that core by what its
+    kernels execute (step_time.compute_s). Model FLOPs: ``layer_model_flops``; hardware FLOPs:
+    ``layer_hardware_flops``."""
     # weight matmuls x (3 or 2) + attention core x 3 (no weights: both backward halves needed)
     # + adapters x 3
+    return layer_non_core_flops(model, kind, training) + 3 * layer_core_flops(model, kind, training.seq_len)
+
+
+def layer_non_core_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> int:
+    """Forward + backward of one layer's weight matmuls and adapters per token: all but the core."""
     weights = frozen_passes(training) * layer_matmul_flops(model, kind.moe)
-    core = 3 * layer_core_flops(model, kind, training.seq_len)
-    adapters = 3 * lora_adapter_flops(model, kind.moe, training)
-    return weights + core + adapters
+    return weights + 3 * lora_adapter_flops(model, kind.moe, training)
+
+
+def layer_model_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> float:
+    """Forward + backward of one layer per token, no recompute, attention's core over the causal
+    triangle (``layer_core_causal_flops``): the MFU numerator's share of the layer."""
+    core = layer_core_causal_flops(model, kind, training.seq_len)
+    return layer_non_core_flops(model, kind, training) + 3 * core
+
+
+def layer_hardware_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> float:
+    """Forward + backward of one layer per token, no recompute, attention's core as its kernel
+    executes it (``layer_core_work_flops``): the HFU numerator's share of the layer."""
+    core = layer_core_work_flops(model, kind, training.seq_len, runs_causal_kernel(training))
+    return layer_non_core_flops(model, kind, training) + 3 * core
 
 
 def mtp_block_training_flops(model: ModelSpec, training: TrainingSpec) -> int:
@@ -271,6 +327,30 @@ def layer_recompute_flops(
     return 0
 
 
+def recomputes_core(recompute: Recompute, modules: frozenset[RecomputeModule]) -> bool:
+    """Whether the recompute runs attention's core again: full, or selective with core_attn."""
+    return recompute is Recompute.FULL or (
+        recompute is Recompute.SELECTIVE and RecomputeModule.CORE_ATTN in modules
+    )
+
+
+def layer_recompute_hardware_flops(
+    model: ModelSpec,
+    kind: LayerKind,
+    training: TrainingSpec,
+    recompute: Recompute,
+    modules: frozenset[RecomputeModule] = frozenset({RecomputeModule.CORE_ATTN}),
+) -> float:
+    """``layer_recompute_flops`` with a recomputed core counted as its kernel executes it
+    (``layer_core_work_flops``), as step_time.recompute_s times it."""
+    extra = layer_recompute_flops(model, kind, training, recompute, modules)
+    if not recomputes_core(recompute, modules):
+        return float(extra)
+    square = layer_core_flops(model, kind, training.seq_len)
+    work = layer_core_work_flops(model, kind, training.seq_len, runs_causal_kernel(training))
+    return extra - square + work
+
+
 def _module_forward_flops(model: ModelSpec, kind: LayerKind, module: RecomputeModule, core: int) -> int:
     # the matmuls a checkpointed Megatron module runs again; norms and activations are elementwise
     moe = model.moe if kind.moe else None
@@ -293,26 +373,41 @@ def _module_forward_flops(model: ModelSpec, kind: LayerKind, module: RecomputeMo
 
 
 @lru_cache(maxsize=1024)  # O(layers); a search asks again for every layout of one job
-def model_flops_per_token(model: ModelSpec, training: TrainingSpec) -> int:
-    """Training FLOPs per token without recomputation (PaLM / Korthikanti model FLOPs)."""
-    layers = sum(layer_training_flops(model, layer_kind(model, i), training) for i in range(model.num_layers))
+def model_flops_per_token(model: ModelSpec, training: TrainingSpec) -> float:
+    """Training FLOPs per token without recomputation, attention's core over the causal triangle:
+    the MFU numerator (PaLM / Korthikanti model FLOPs, with Megatron-LM's causal attention term)."""
+    return _flops_per_token(model, training, layer_model_flops)
+
+
+@lru_cache(maxsize=1024)
+def executed_flops_per_token(model: ModelSpec, training: TrainingSpec) -> float:
+    """Training FLOPs per token without recomputation, attention's core as its kernels execute it
+    (``layer_core_work_flops``): ``model_flops_per_token`` for flash kernels, more for eager."""
+    return _flops_per_token(model, training, layer_hardware_flops)
+
+
+def _flops_per_token(
+    model: ModelSpec, training: TrainingSpec, layer: Callable[[ModelSpec, LayerKind, TrainingSpec], float]
+) -> float:
+    layers = sum(layer(model, layer_kind(model, i), training) for i in range(model.num_layers))
     # each multi-token-prediction depth: a layer of the last layer's kind, its projection and loss
     last = layer_kind(model, model.num_layers - 1)
-    mtp = layer_training_flops(model, last, training) + mtp_block_training_flops(model, training)
+    mtp = layer(model, last, training) + mtp_block_training_flops(model, training)
     return layers + logits_training_flops(model, training) + training.mtp_num_layers * mtp
 
 
 @lru_cache(maxsize=1024)
 def recompute_flops_per_token(
     model: ModelSpec, training: TrainingSpec, recompute: Recompute, modules: frozenset[RecomputeModule]
-) -> int:
+) -> float:
+    """Forward FLOPs per token that recomputing every layer adds, as the kernels execute them."""
     return sum(
-        layer_recompute_flops(model, layer_kind(model, i), training, recompute, modules)
+        layer_recompute_hardware_flops(model, layer_kind(model, i), training, recompute, modules)
         for i in range(model.num_layers)
     )
 
 
-def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> int:
+def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> float:
     """Model FLOPs of one optimizer step (global batch x seq_len tokens)."""
     return training.tokens_per_step * model_flops_per_token(model, training)
 
@@ -324,7 +419,8 @@ def hardware_flops_per_step(
     recomputed_fraction: float = 1.0,
     modules: frozenset[RecomputeModule] = frozenset({RecomputeModule.CORE_ATTN}),
 ) -> float:
-    """Model FLOPs plus the recomputed forward work (HFU numerator); ``recomputed_fraction`` of the
-    layers recompute (``pipeline.recomputed_fraction``); ``modules``: Megatron's selective ones."""
+    """What the GPUs execute of one step (HFU numerator): the training FLOPs with attention's core
+    as its kernels run it, plus the recomputed forward work; ``recomputed_fraction`` of the layers
+    recompute (``pipeline.recomputed_fraction``); ``modules``: Megatron's selective ones."""
     recomputed = recomputed_fraction * recompute_flops_per_token(model, training, recompute, modules)
-    return training.tokens_per_step * (model_flops_per_token(model, training) + recomputed)
+    return training.tokens_per_step * (executed_flops_per_token(model, training) + recomputed)

@@ -425,7 +425,7 @@ def sum_core_flops(job: Job, counts: tuple[tuple[LayerKind, int], ...]) -> int:
 @job_memo
 def kind_core_work_flops(job: Job, kind: LayerKind) -> float:
     """``flops.layer_core_work_flops`` of a layer of ``kind`` with the job's attention."""
-    flash = job.training.attention is not Attention.EAGER
+    flash = flops.runs_causal_kernel(job.training)
     return flops.layer_core_work_flops(job.model, kind, job.training.seq_len, flash)
 
 

@@ -238,7 +238,8 @@ class ModelSpec:
 
     def attention_span(self, kind: AttentionKind, seq_len: int) -> int:
         """Keys one query of a ``kind`` layer attends to, at most: the whole sequence, the window, or
-        the chunk (the causal triangle is not halved, as the FLOP conventions of ``flops`` say)."""
+        the chunk: the width of the full square (``flops.layer_core_flops``); under the causal mask a
+        query sees ``flops.causal_keys_per_query`` of them on average."""
         if kind is AttentionKind.SLIDING and self.sliding_window is not None:
             return min(seq_len, self.sliding_window)
         if kind is AttentionKind.CHUNKED and self.attention_chunk_size is not None:
@@ -775,10 +776,13 @@ def step_total_s(
 class TimeEstimate:
     breakdown: TimeBreakdown
     tokens_per_s: float
-    tflops_per_gpu: float  # model FLOPs only (PaLM MFU convention), 1e12 FLOP/s
-    mfu: float
-    hardware_tflops_per_gpu: float  # including recomputation
-    hfu: float
+    # model FLOPs (no recompute; attention's core over the causal triangle, Megatron-LM's count:
+    # flops.model_flops_per_token), 1e12 FLOP/s per GPU
+    tflops_per_gpu: float
+    mfu: float  # model FLOPs / (step x GPUs x dense peak of the precision)
+    # what the kernels execute, recompute included (flops.hardware_flops_per_step), 1e12 FLOP/s per GPU
+    hardware_tflops_per_gpu: float
+    hfu: float  # <= 1: the time model runs those FLOPs at rates <= the dense peak
 
     @property
     def step_s(self) -> float:

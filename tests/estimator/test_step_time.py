@@ -103,10 +103,10 @@ ONE_GPU = ClusterSpec(
 
 
 def test_single_gpu_by_hand() -> None:
-    # TINY: 7488 model FLOPs per step (test_flops). Flash attention executes the causal triangle only:
-    # (s + 1) / 2 = 2 of the 3 keys per query, 2 x 2 x (q + v = 8) = 32 of the core's 48 FLOPs per token,
-    # 3 passes x 16 fewer x 6 tokens = 288 fewer: 7200 executed at 0.5 x 1e12 FLOP/s -> 1.44e-8 s (no
-    # kernel figure for this GPU: the core runs at the GEMM rate)
+    # TINY: 7200 model FLOPs per step (test_flops), attention's core over the causal triangle: (s + 1) / 2
+    # = 2 of the 3 keys per query, 2 x 2 x (q + v = 8) = 32 FLOPs per token (the square's 48). Flash
+    # attention executes just that: 7200 at 0.5 x 1e12 FLOP/s -> 1.44e-8 s (no kernel figure for this
+    # GPU: the core runs at the GEMM rate)
     # params: embedding 40 + layer (attention 48 + norms 8 + MLP 96) 152 + final norm 4 + lm_head 40 = 236
     # AdamW moves 30 B/param: 7080 B / 2e12 B/s = 3.54e-9 s
     est = time(TINY, ONE_GPU, Layout(), TINY_TRAINING, tuning=flat_curve(0.5, 0.0))
@@ -114,11 +114,17 @@ def test_single_gpu_by_hand() -> None:
     assert est.breakdown.optimizer_s == pytest.approx(3.54e-9)
     assert est.step_s == pytest.approx(1.44e-8 + 3.54e-9)
     assert est.tokens_per_s == pytest.approx(6 / est.step_s)
-    assert est.mfu == pytest.approx(7488 / est.step_s / 1e12)  # MFU counts the whole square
-    # eager attention computes the masked square, in fp32 (no unaligned-head slowdown): 7488 -> 1.4976e-8 s
+    # MFU counts the triangle; HFU what ran, the same 7200: exactly the GEMM rate over the compute
+    assert est.mfu == pytest.approx(7200 / est.step_s / 1e12)
+    assert est.hfu == est.mfu and 7200 / est.breakdown.compute_s / 1e12 == pytest.approx(0.5)
+    # eager attention computes the masked square, in fp32 (no unaligned-head slowdown): 7488 -> 1.4976e-8 s;
+    # the model FLOPs stay 7200, the hardware FLOPs are the 7488 executed, again at the GEMM rate
     fp32_eager = dataclasses.replace(TINY_TRAINING, attention=Attention.EAGER, precision=Precision.FP32)
     whole = time(TINY, ONE_GPU, Layout(), fp32_eager, tuning=flat_curve(0.5, 0.0))
     assert whole.breakdown.compute_s == pytest.approx(1.4976e-8)
+    assert whole.mfu == pytest.approx(7200 / whole.step_s / 1e12)
+    assert whole.hfu == pytest.approx(7488 / whole.step_s / 1e12)
+    assert 7488 / whole.breakdown.compute_s / 1e12 == pytest.approx(0.5)
     # memory-bound term: stored bytes per token = 8h (32; no dropout masks) + 2(q+2kv) + 2q (24)
     # + 2*3*ffn (48) = 104; traffic 2 x 104 x 3 passes x 6 tokens = 3744 B / 2e12 B/s = 1.872e-9 s with
     # Megatron's fused kernels, twice that (eager_traffic_factor 2) for DeepSpeed running it op by op
@@ -231,15 +237,19 @@ def test_tuning_is_required() -> None:
 def test_korthikanti_table5_mfu_hfu(
     layers: int, hidden: int, batch: int, gpus: int, iteration_s: float, mfu: float, hfu: float
 ) -> None:
+    # the paper's runs: eager attention (Megatron's fused softmax over the whole square, 2022), which
+    # its Eq. 7 / 8 count as executed: our hardware count of it. Our model FLOPs count the causal
+    # triangle (flops.py), 6 B L h s (s - 1) below Eq. 7, so the paper's MFU is reproduced from Eq. 7
     model = gpt(layers, hidden, hidden // 128)
-    training = TrainingSpec(seq_len=2048, global_batch_size=batch)
+    training = TrainingSpec(seq_len=2048, global_batch_size=batch, attention=Attention.EAGER)
     peak = 312e12 * gpus
-    model_flops = flops.model_flops_per_step(model, training)
+    s, b, h, L = 2048, batch, hidden, layers
+    eq7 = flops.hardware_flops_per_step(model, training, Recompute.NONE)
+    assert flops.model_flops_per_step(model, training) == eq7 - 6 * b * L * h * s * (s - 1)
     # published times carry 2 decimals: the published MFU lies within their rounding interval
-    low, high = model_flops / ((iteration_s + 0.005) * peak), model_flops / ((iteration_s - 0.005) * peak)
+    low, high = eq7 / ((iteration_s + 0.005) * peak), eq7 / ((iteration_s - 0.005) * peak)
     assert low - 0.0005 <= mfu <= high + 0.0005
     # Eq. 8 counts the selective recompute as 12 B L s^2 h (our count: 4, one forward of QK^T and AV)
-    s, b, h, L = 2048, batch, hidden, layers
     eq8 = flops.hardware_flops_per_step(model, training, Recompute.SELECTIVE) + 8 * b * L * s**2 * h
     assert (
         eq8 / ((iteration_s + 0.005) * peak) - 0.0005 <= hfu <= eq8 / ((iteration_s - 0.005) * peak) + 0.0005
