@@ -1,6 +1,6 @@
 """Diagnosis of an observed run against the estimate its plan recommended.
 
-Pure functions over the stored estimate (the JSON the API returned) and the run's numbers. The
+Pure functions over the stored estimate (the typed contract the API returned) and the run's numbers. The
 advice follows the usual tuning rules, made concrete with the plan's own breakdown: memory well
 below capacity means the job is sharded or recomputed more than it needs; low utilisation means
 time goes to communication, the pipeline bubble, offload traffic or the host, and the breakdown
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from service.contracts.estimates import EstimateOut
+from service.contracts.results import RESULT_VERSION, RunDiagnosis, StoredLayout
 
 GiB = 2**30
 # Below this share of GPU memory at peak, the plan left speed on the table.
@@ -20,7 +22,6 @@ LOW_MEMORY_FRACTION = 0.6
 LOW_UTILIZATION = 0.7
 # A part of the step worth naming in advice.
 NOTABLE_SHARE = 0.10
-COMM_PARTS = ("tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_exposed_s")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,9 +46,9 @@ def _relative(measured: float, estimated: float) -> float:
     return (measured - estimated) / estimated
 
 
-def _memory_advice(run: ObservedRun, estimate: dict[str, Any], layout: dict[str, Any]) -> list[str]:
-    memory = estimate["memory"]
-    total, capacity = memory["per_gpu"]["total"], memory["capacity_bytes"]
+def _memory_advice(run: ObservedRun, estimate: EstimateOut, layout: StoredLayout) -> list[str]:
+    memory = estimate.memory
+    total, capacity = memory.per_gpu.total, memory.capacity_bytes
     if run.out_of_memory:
         return [
             f"ran out of memory where the estimate said {total / GiB:.1f} GiB of {capacity / GiB:.1f} GiB: "
@@ -57,18 +58,16 @@ def _memory_advice(run: ObservedRun, estimate: dict[str, Any], layout: dict[str,
     peak = run.peak_memory_bytes_per_gpu
     if peak is None or peak >= LOW_MEMORY_FRACTION * capacity:
         return []
-    max_mb = estimate["limits"]["max_micro_batch_size"]
+    max_mb = estimate.limits.max_micro_batch_size
     options = []
-    if max_mb is not None and max_mb > layout["micro_batch_size"]:
+    if max_mb is not None and max_mb > layout.micro_batch_size:
         options.append(f"a larger micro-batch (up to {max_mb} fits by this plan's model)")
-    if layout["zero_stage"] > 0:
-        options.append(f"less sharding (zero_stage {layout['zero_stage']} -> {layout['zero_stage'] - 1})")
-    if layout["recompute"] != "none":
-        options.append(f"less recomputation (recompute {layout['recompute']} -> none or selective)")
-    if layout["tp"] > 1 or layout["pp"] > 1:
-        options.append(
-            f"less model parallelism (tp={layout['tp']}, pp={layout['pp']}) and more data parallelism"
-        )
+    if layout.zero_stage > 0:
+        options.append(f"less sharding (zero_stage {layout.zero_stage} -> {layout.zero_stage - 1})")
+    if layout.recompute != "none":
+        options.append(f"less recomputation (recompute {layout.recompute} -> none or selective)")
+    if layout.tp > 1 or layout.pp > 1:
+        options.append(f"less model parallelism (tp={layout.tp}, pp={layout.pp}) and more data parallelism")
     if not options:
         return [f"peak memory {peak / GiB:.1f} GiB is {peak / capacity:.0%} of {capacity / GiB:.1f} GiB"]
     return [
@@ -77,26 +76,27 @@ def _memory_advice(run: ObservedRun, estimate: dict[str, Any], layout: dict[str,
     ]
 
 
-def _relief(layout: dict[str, Any]) -> str:
+def _relief(layout: StoredLayout) -> str:
     steps = []
-    if layout["recompute"] != "full":
+    if layout.recompute != "full":
         steps.append("full activation recompute")
-    if layout["micro_batch_size"] > 1:
-        steps.append(f"micro_batch_size {layout['micro_batch_size']} -> {layout['micro_batch_size'] // 2}")
-    if layout["zero_stage"] < 3 and layout["framework"] != "megatron":
-        steps.append(f"zero_stage {layout['zero_stage']} -> {layout['zero_stage'] + 1}")
+    if layout.micro_batch_size > 1:
+        steps.append(f"micro_batch_size {layout.micro_batch_size} -> {layout.micro_batch_size // 2}")
+    if layout.zero_stage < 3 and layout.framework != "megatron":
+        steps.append(f"zero_stage {layout.zero_stage} -> {layout.zero_stage + 1}")
     return ", ".join(steps) if steps else "more GPUs or optimizer offload"
 
 
-def _time_advice(run: ObservedRun, estimate: dict[str, Any]) -> list[str]:
-    time = estimate.get("time")
+def _time_advice(run: ObservedRun, estimate: EstimateOut) -> list[str]:
+    time = estimate.time
     if time is None or run.gpu_utilization is None or run.gpu_utilization >= LOW_UTILIZATION:
         return []
-    parts, step = time["breakdown"], time["step_s"]
+    parts, step = time.breakdown, time.step_s
+    communication = parts.tp_comm_s + parts.cp_comm_s + parts.ep_comm_s + parts.pp_comm_s
     shares = {
-        "communication": sum(parts[k] for k in COMM_PARTS) / step,
-        "pipeline bubble": parts["pp_bubble_s"] / step,
-        "offload traffic and the host optimizer": (parts["offload_s"] + parts["optimizer_s"]) / step,
+        "communication": (communication + parts.dp_comm_exposed_s) / step,
+        "pipeline bubble": parts.pp_bubble_s / step,
+        "offload traffic and the host optimizer": (parts.offload_s + parts.optimizer_s) / step,
     }
     remedies = {
         "communication": "keep TP inside a node, overlap DP reduction with backward, fewer ZeRO-3 gathers",
@@ -118,21 +118,21 @@ def _time_advice(run: ObservedRun, estimate: dict[str, Any]) -> list[str]:
 
 def diagnose(
     run: ObservedRun,
-    estimate: dict[str, Any],
-    layout: dict[str, Any],
+    estimate: EstimateOut,
+    layout: StoredLayout,
     tokens_per_step: int,
     implausible: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> RunDiagnosis:
     """Estimate errors (measured vs estimated, relative) and advice for one observed run.
     ``implausible``: why the run cannot be what the plan measured (estimator.calibration's
     ``implausibility``); such a run gets that as its advice and moves no calibration factor."""
-    total = estimate["memory"]["per_gpu"]["total"]
+    total = estimate.memory.per_gpu.total
     memory_error = None
     if run.peak_memory_bytes_per_gpu is not None and not run.out_of_memory:
         memory_error = _relative(run.peak_memory_bytes_per_gpu, total)
     step = measured_step_s(run, tokens_per_step)
-    time = estimate.get("time")
-    step_error = _relative(step, time["step_s"]) if step is not None and time else None
+    time = estimate.time
+    step_error = _relative(step, time.step_s) if step is not None and time else None
     if implausible:
         advice = [
             *implausible,
@@ -144,13 +144,14 @@ def diagnose(
     if step_error is not None and step_error > 0.15 and not implausible:
         advice.append(f"steps take {step_error:.0%} longer than estimated; later estimates on this hardware "
                       "and framework are calibrated with the observed ratio")  # fmt: skip
-    return {
-        "implausible": bool(implausible),
-        "implausible_reasons": list(implausible),
-        "memory_error": memory_error,
-        "step_time_error": step_error,
-        "estimated_peak_memory_bytes_per_gpu": total,
-        "estimated_step_s": time["step_s"] if time else None,
-        "measured_step_s": step,
-        "advice": advice,
-    }
+    return RunDiagnosis(
+        version=RESULT_VERSION,
+        implausible=bool(implausible),
+        implausible_reasons=list(implausible),
+        memory_error=memory_error,
+        step_time_error=step_error,
+        estimated_peak_memory_bytes_per_gpu=total,
+        estimated_step_s=time.step_s if time else None,
+        measured_step_s=step,
+        advice=advice,
+    )

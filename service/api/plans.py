@@ -20,6 +20,7 @@ from service.api.deps import PlanningDeadline, PlanRepoDep, SessionDep
 from service.api.problems import PROBLEM_RESPONSES
 from service.contracts.common import Page
 from service.contracts.plans import ArtifactOut, PlanOut, PlanRequest, RunIn, RunOut
+from service.contracts.results import SearchStatsOut
 from service.errors import NotFound, Unprocessable
 from service.launchers.common import MEDIA_TYPES
 from service.persistence.repository import InvalidCursor, PlanFilters, decode_cursor
@@ -78,12 +79,8 @@ def create_plan(
     outcome = planning.create_plan(session, body, idempotency_key, deadline)
     created(response, f"/v1/plans/{outcome.value.id}", outcome.replayed)
     if not outcome.replayed:
-        search = outcome.value.search
-        request.app.state.metrics.observe_search(
-            float(search.get("duration_s", 0.0)),
-            int(search.get("memory_evaluations", 0)) + int(search.get("time_evaluations", 0)),
-            bool(search.get("truncated", False)),
-        )
+        search = SearchStatsOut.model_validate(outcome.value.search)
+        request.app.state.metrics.observe_search(search.duration_s, search.evaluations, search.truncated)
     return outcome.value
 
 
@@ -139,10 +136,10 @@ def artifacts_bundle(plan_id: str, plans: PlanRepoDep) -> Response:
     record = planning.stored_plan(plans, plan_id)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
-        for artifact in record.artifacts:
-            info = zipfile.ZipInfo(artifact["name"], date_time=record.created_at.timetuple()[:6])
-            info.external_attr = (0o755 if artifact["name"].endswith(".sh") else 0o644) << 16
-            bundle.writestr(info, artifact["content"])
+        for artifact in planning.stored_artifacts(record):
+            info = zipfile.ZipInfo(artifact.name, date_time=record.created_at.timetuple()[:6])
+            info.external_attr = (0o755 if artifact.name.endswith(".sh") else 0o644) << 16
+            bundle.writestr(info, artifact.content)
     return Response(
         buffer.getvalue(),
         media_type="application/zip",
@@ -161,15 +158,15 @@ def artifacts_bundle(plan_id: str, plans: PlanRepoDep) -> Response:
     },
 )
 def get_artifact(plan_id: str, name: str, plans: PlanRepoDep) -> Response:
-    record = planning.stored_plan(plans, plan_id)
-    for artifact in record.artifacts:
-        if artifact["name"] == name:
+    artifacts = planning.stored_artifacts(planning.stored_plan(plans, plan_id))
+    for artifact in artifacts:
+        if artifact.name == name:
             return Response(
-                artifact["content"],
-                media_type=artifact["media_type"],
+                artifact.content,
+                media_type=artifact.media_type,
                 headers={"Content-Disposition": f'attachment; filename="{name}"'},
             )
-    known = [a["name"] for a in record.artifacts]
+    known = [a.name for a in artifacts]
     raise NotFound(f"plan {plan_id!r} has no artifact {name!r} (it has: {', '.join(known) or 'none'})")
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 from service.contracts.clusters import ClusterChoice
 from service.contracts.common import Strict
@@ -182,8 +187,52 @@ class LimitsOut(BaseModel):
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationFactors:
+    """The factors of a calibration by name; on the wire (and stored) an object of numbers, so its
+    schema is ``dict[str, float]``'s. Factors stored by earlier versions lack the later ones:
+    ``step_time_learned`` reads as ``step_time`` (nothing was capped then), the hardware and
+    framework parts stay out where they were not stored. Names this version does not know are kept
+    (``others``)."""
+
+    memory_dynamic: float = 1.0
+    step_time: float = 1.0
+    step_time_learned: float | None = None
+    step_time_hardware: float | None = None
+    step_time_framework: float | None = None
+    others: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, stored: Mapping[str, float]) -> CalibrationFactors:
+        named = {f.name for f in dataclasses.fields(cls)} - {"others"}
+        known = {k: v for k, v in stored.items() if k in named}
+        return cls(**known, others={k: v for k, v in stored.items() if k not in named})
+
+    def __post_init__(self) -> None:
+        if self.step_time_learned is None:
+            object.__setattr__(self, "step_time_learned", self.step_time)
+
+    def stored(self) -> dict[str, float]:
+        named = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "others"}
+        return {k: v for k, v in named.items() if v is not None} | dict(self.others)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        as_dict = core_schema.no_info_after_validator_function(cls.read, handler(dict[str, float]))
+        return core_schema.union_schema(
+            [core_schema.is_instance_schema(cls), as_dict],
+            serialization=core_schema.plain_serializer_function_ser_schema(lambda f: f.stored()),
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return handler(core_schema.dict_schema(core_schema.str_schema(), core_schema.float_schema()))
+
+
 class CalibrationOut(BaseModel):
-    factors: dict[str, float] = Field(
+    factors: CalibrationFactors = Field(
         description="memory_dynamic (activations, buffers, overhead), step_time (as applied: capped where "
         "the step would beat the GPU's dense peak), step_time_learned (what the runs say)"
     )

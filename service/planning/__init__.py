@@ -12,7 +12,7 @@ the contract of `service.contracts` (wire schemas and stored results); errors ar
 from service.planning.capacity import capacity_for
 from service.planning.estimates import estimate_for
 from service.planning.idempotency import Outcome
-from service.planning.plans import create_plan, plan_out, stored_plan
+from service.planning.plans import create_plan, plan_out, stored_artifacts, stored_plan
 from service.planning.runs import add_run, run_out
 
 __all__ = [
@@ -23,5 +23,6 @@ __all__ = [
     "estimate_for",
     "plan_out",
     "run_out",
+    "stored_artifacts",
     "stored_plan",
 ]

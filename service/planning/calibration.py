@@ -12,8 +12,9 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Iterable
-from typing import Any
 
+from service.contracts.estimates import CalibrationFactors, CalibrationOut
+from service.contracts.results import PlanResult, StoredRequest
 from service.estimator.calibration import Calibration, Observation, shared_calibration
 from service.estimator.types import ClusterSpec
 from service.feedback import ObservedRun, measured_step_s
@@ -39,29 +40,27 @@ def observed(run: RunRecord) -> ObservedRun:
 
 def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
     """The run next to its plan's *uncalibrated* estimate (factors applied then are divided out)."""
-    recommended = plan.result.get("recommended")
-    if not recommended:
+    recommended = PlanResult.read(plan.result).recommended
+    if recommended is None:
         return None
-    estimate: dict[str, Any] = recommended["estimate"]
-    factors = (estimate.get("calibration") or {}).get("factors", {})
-    per_gpu = estimate["memory"]["per_gpu"]
-    states = per_gpu["parameters"] + per_gpu["gradients"] + per_gpu["optimizer_states"]
-    dynamic = (per_gpu["activations"] + per_gpu["buffers"] + per_gpu["overhead"]) / factors.get(
-        "memory_dynamic", 1.0
-    )
-    time = estimate.get("time")
-    training = plan.request["training"]
+    estimate = recommended.estimate
+    factors = estimate.calibration.factors if estimate.calibration else CalibrationFactors()
+    per_gpu = estimate.memory.per_gpu
+    states = per_gpu.parameters + per_gpu.gradients + per_gpu.optimizer_states
+    dynamic = (per_gpu.activations + per_gpu.buffers + per_gpu.overhead) / factors.memory_dynamic
+    time = estimate.time
+    tokens_per_step = StoredRequest.read(plan.request).training.tokens_per_step
     # step x HFU is the step's hardware FLOPs per GPU over the dense peak: the step at HFU 1, the same
     # before and after a step-time factor (which divides HFU as it multiplies the step)
-    peak_step_s = time["step_s"] * time["hfu"] if time and time.get("hfu") else None
+    peak_step_s = time.step_s * time.hfu if time and time.hfu else None
     return Observation(
         model_state_bytes=states,
         dynamic_bytes=round(dynamic),
-        capacity_bytes=estimate["memory"]["capacity_bytes"],
+        capacity_bytes=estimate.memory.capacity_bytes,
         measured_peak_bytes=run.peak_memory_bytes_per_gpu,
         out_of_memory=run.out_of_memory,
-        estimated_step_s=time["step_s"] / factors.get("step_time", 1.0) if time else None,
-        measured_step_s=measured_step_s(observed(run), training["seq_len"] * training["global_batch_size"]),
+        estimated_step_s=time.step_s / factors.step_time if time else None,
+        measured_step_s=measured_step_s(observed(run), tokens_per_step),
         peak_step_s=peak_step_s,
     )
 
@@ -79,26 +78,26 @@ def calibrations_for(repo: PlanRepository, key: str, frameworks: Iterable[str]) 
     return {fw: shared_calibration(every, [o for o, own in pairs if own == fw]) for fw in frameworks}
 
 
-def calibration_out(calibration: Calibration) -> dict[str, Any] | None:
+def calibration_out(calibration: Calibration) -> CalibrationOut | None:
     """The factors and the runs they come from; ``step_time`` is the factor applied (capped where the
     step would beat the dense peak), ``step_time_learned`` what the runs say."""
     if calibration.runs == 0 and calibration.implausible_runs == 0:
         return None
     learned = calibration.learned_step_time_factor
-    return {
-        "factors": {
-            "memory_dynamic": calibration.memory_dynamic_factor,
-            "step_time": calibration.step_time_factor,
-            "step_time_learned": calibration.step_time_factor if learned is None else learned,
-            "step_time_hardware": calibration.hardware_step_time_factor,
-            "step_time_framework": calibration.framework_step_time_factor,
-        },
-        "runs": calibration.runs,
-        "memory_runs": calibration.memory_runs,
-        "time_runs": calibration.time_runs,
-        "out_of_memory_runs": calibration.oom_runs,
-        "implausible_runs": calibration.implausible_runs,
-    }
+    return CalibrationOut(
+        factors=CalibrationFactors(
+            memory_dynamic=calibration.memory_dynamic_factor,
+            step_time=calibration.step_time_factor,
+            step_time_learned=calibration.step_time_factor if learned is None else learned,
+            step_time_hardware=calibration.hardware_step_time_factor,
+            step_time_framework=calibration.framework_step_time_factor,
+        ),
+        runs=calibration.runs,
+        memory_runs=calibration.memory_runs,
+        time_runs=calibration.time_runs,
+        out_of_memory_runs=calibration.oom_runs,
+        implausible_runs=calibration.implausible_runs,
+    )
 
 
 def headroom_for(

@@ -12,7 +12,16 @@ from sqlalchemy.orm import Session
 from service.catalog import catalog_version
 from service.catalog.tuning import default_tuning
 from service.contracts.clusters import ClusterRef
-from service.contracts.plans import ArtifactOut, CandidateOut, PlanOut, PlanRequest
+from service.contracts.plans import CandidateOut, ClosestOut, PlanOut, PlanRequest
+from service.contracts.results import (
+    RESULT_VERSION,
+    PlanResult,
+    RejectionOut,
+    SearchStatsOut,
+    SkippedOut,
+    StoredArtifact,
+    SuggestionOut,
+)
 from service.errors import ClientClosedRequest, NotFound, Unprocessable
 from service.estimator.calibration import Calibration
 from service.estimator.defaults import chosen_defaults
@@ -97,10 +106,10 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         raise too_big_to_plan(model, cluster, training, deadline)
     result = plan_result(rec, model, cluster, training, request, calibrations)
     artifacts, unsupported = render_artifacts(rec, model, cluster, training, request)
-    result["unsupported_targets"] = unsupported
-    result["suggestions_skipped"] = [dataclasses.asdict(s) for s in rec.suggestions_skipped]
-    result["closest"] = closest_out(rec.closest, model, training, searched.min_headroom_fraction)
-    result["resolved_defaults"] = chosen_defaults(training)
+    result.unsupported_targets = unsupported
+    result.suggestions_skipped = [SkippedOut(kind=s.kind, reason=s.reason) for s in rec.suggestions_skipped]
+    result.closest = closest_out(rec.closest, model, training, searched.min_headroom_fraction)
+    result.resolved_defaults = chosen_defaults(training)
     return PlanRecord(
         cluster_id=request.cluster.id if isinstance(request.cluster, ClusterRef) else None,
         cluster_snapshot=_jsonable(dataclasses.asdict(cluster)),
@@ -109,8 +118,8 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         model_name=request.model.preset or model.name,
         status=rec.status,
         request=request.model_dump(mode="json"),
-        result=result,
-        artifacts=artifacts,
+        result=result.stored(),
+        artifacts=[a.model_dump(mode="json") for a in artifacts],
         catalog_version=catalog_version(),
         estimator_version=estimator_version(),
     )
@@ -118,7 +127,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
 
 def closest_out(
     closest: Candidate | None, model: ModelSpec, training: TrainingSpec, headroom_fraction: float
-) -> dict[str, Any] | None:
+) -> ClosestOut | None:
     """An infeasible plan's closest layout: its estimate (every memory component) and how far
     over the memory the search allows (the card less the headroom kept free) it is."""
     if closest is None:
@@ -126,12 +135,12 @@ def closest_out(
     memory = closest.estimate.memory
     allowed = int(memory.capacity_bytes * (1.0 - headroom_fraction))
     out = estimate_out(closest.estimate, closest.layout, training, parameter_counts(model).total, None)
-    return {
-        "layout": out.layout,
-        "estimate": out.model_dump(mode="json"),
-        "over_bytes": max(0, memory.per_gpu.total - allowed),
-        "detail": closest.rationale[0] if closest.rationale else "",
-    }
+    return ClosestOut(
+        layout=out.layout,
+        estimate=out,
+        over_bytes=max(0, memory.per_gpu.total - allowed),
+        detail=closest.rationale[0] if closest.rationale else "",
+    )
 
 
 def too_big_to_plan(
@@ -193,30 +202,31 @@ def plan_result(
     training: TrainingSpec,
     request: PlanRequest,
     calibrations: dict[str, Calibration],
-) -> dict[str, Any]:
+) -> PlanResult:
     """The stored result: candidates in their wire shape (estimate, score and rationale under their
     framework's calibration), rejected families, suggestions, search."""
     cost = request.constraints.gpu_hour_cost
     total = parameter_counts(model).total
     constraints = request.constraints.to_domain()
     chosen = calibrated_candidates(rec, model, cluster, training, constraints, calibrations)
-    outs = [candidate_out(c, training, total, cal, cost).model_dump(mode="json") for c, cal in chosen]
+    outs = [candidate_out(c, training, total, cal, cost) for c, cal in chosen]
     recommended = rec.recommended
     framework = recommended.layout.framework.value if recommended else None
-    return {
-        "status": rec.status,
-        "recommended": outs[0] if outs else None,
-        "alternatives": outs[1:],
-        "rejected": [_jsonable(dataclasses.asdict(r)) for r in rec.rejected],
-        "suggestions": [_jsonable(dataclasses.asdict(s)) for s in rec.suggestions],
-        "search": _jsonable(dataclasses.asdict(rec.search)),
-        "calibration": calibration_out(calibrations[framework]) if framework in calibrations else None,
-    }
+    return PlanResult(
+        version=RESULT_VERSION,
+        status="feasible" if rec.status == "feasible" else "infeasible",
+        recommended=outs[0] if outs else None,
+        alternatives=outs[1:],
+        rejected=[RejectionOut.model_validate(_jsonable(dataclasses.asdict(r))) for r in rec.rejected],
+        suggestions=[SuggestionOut.model_validate(_jsonable(dataclasses.asdict(s))) for s in rec.suggestions],
+        search=SearchStatsOut.model_validate(_jsonable(dataclasses.asdict(rec.search))),
+        calibration=calibration_out(calibrations[framework]) if framework in calibrations else None,
+    )
 
 
 def render_artifacts(
     rec: Recommendation, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, request: PlanRequest
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
+) -> tuple[list[StoredArtifact], dict[str, str]]:
     """The recommended layout's launcher files, and why each target that cannot express it can't."""
     if rec.recommended is None or not request.launchers:
         return [], {}
@@ -231,43 +241,38 @@ def render_artifacts(
     )
     artifacts, unsupported = render(plan, request.launchers)
     files = [
-        {"name": a.name, "target": a.target.value, "media_type": a.media_type, "content": a.content}
+        StoredArtifact(name=a.name, target=a.target.value, media_type=a.media_type, content=a.content)
         for a in artifacts
     ]
     return files, {target.value: reason for target, reason in unsupported.items()}
 
 
+def stored_artifacts(record: PlanRecord) -> list[StoredArtifact]:
+    """A stored plan's launcher files."""
+    return StoredArtifact.read_all(record.artifacts)
+
+
 def plan_out(record: PlanRecord) -> PlanOut:
-    """A stored plan in its wire shape."""
-    result = record.result
-    base = f"/v1/plans/{record.id}/artifacts/"
-    artifacts = [
-        ArtifactOut(
-            name=a["name"],
-            target=a["target"],
-            media_type=a["media_type"],
-            size_bytes=len(a["content"].encode()),
-            url=base + a["name"],
-        )
-        for a in record.artifacts
-    ]
+    """A stored plan in its wire shape (a result stored by an earlier version with the keys it
+    lacks at their defaults: PlanResult)."""
+    result = PlanResult.read(record.result)
     return PlanOut(
         id=record.id,
         created_at=record.created_at,
-        status=result["status"],
+        status=result.status,
         model=record.model_name,
         cluster_id=record.cluster_id,
         request=record.request,
-        recommended=result["recommended"],
-        alternatives=result["alternatives"],
-        rejected=result["rejected"],
-        suggestions=result["suggestions"],
-        suggestions_skipped=result.get("suggestions_skipped", []),
-        closest=result.get("closest"),
-        resolved_defaults=result.get("resolved_defaults", {}),
-        search=result["search"],
-        artifacts=artifacts,
-        unsupported_targets=result.get("unsupported_targets", {}),
-        calibration=result.get("calibration"),
+        recommended=result.recommended,
+        alternatives=result.alternatives,
+        rejected=[r.model_dump(mode="json") for r in result.rejected],
+        suggestions=[s.model_dump(mode="json") for s in result.suggestions],
+        suggestions_skipped=[s.model_dump(mode="json") for s in result.suggestions_skipped],
+        closest=result.closest,
+        resolved_defaults=result.resolved_defaults,
+        search=result.search.model_dump(mode="json"),
+        artifacts=[a.out(record.id) for a in stored_artifacts(record)],
+        unsupported_targets=result.unsupported_targets,
+        calibration=result.calibration.model_dump(mode="json") if result.calibration else None,
         versions={"catalog": record.catalog_version, "estimator": record.estimator_version},
     )

@@ -3,11 +3,11 @@ estimate (service.feedback), and the calibration they give later estimates."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy.orm import Session
 
+from service.contracts.estimates import CalibrationOut
 from service.contracts.plans import RunIn, RunOut
+from service.contracts.results import PlanResult, RunDiagnosis, StoredLayout, StoredRequest
 from service.errors import Conflict, NotFound
 from service.estimator.calibration import implausibility
 from service.feedback import diagnose
@@ -32,21 +32,20 @@ def add_run(
     plan = stored_plan(plans, plan_id)
 
     def create() -> tuple[str, RunOut]:
-        recommended = plan.result.get("recommended")
+        recommended = PlanResult.read(plan.result).recommended
         if recommended is None:
             raise Conflict(
                 f"plan {plan_id!r} is infeasible: it has no layout a run could have measured",
                 errors=[{"field": "plan_id", "message": "infeasible plan"}],
             )
         record = RunRecord(**run.model_dump())
-        training = plan.request["training"]
         record.diagnosis = diagnose(
             observed(record),
-            recommended["estimate"],
-            recommended["layout"],
-            training["seq_len"] * training["global_batch_size"],
+            recommended.estimate,
+            StoredLayout.model_validate(recommended.layout),
+            StoredRequest.read(plan.request).training.tokens_per_step,
             implausible_reasons(record, plan),
-        )
+        ).stored()
         plans.add_run(record, plan)
         calibration = calibration_for(plans, plan.hardware_key, str(plan.framework))
         return record.id, run_out(record, calibration_out(calibration))
@@ -74,18 +73,17 @@ def implausible_reasons(run: RunRecord, plan: PlanRecord) -> tuple[str, ...]:
     return implausibility(obs) if obs is not None else ()
 
 
-def with_plausibility(run: RunRecord) -> dict[str, Any]:
+def with_plausibility(run: RunRecord) -> RunDiagnosis:
     """The stored diagnosis; a run stored before runs were checked gets the check's verdict, as
     calibration applies it to that run (its advice is left as it was stored)."""
-    diagnosis = dict(run.diagnosis)
-    if "implausible" not in diagnosis:
+    diagnosis = RunDiagnosis.read(run.diagnosis)
+    if diagnosis.implausible is None:
         reasons = implausible_reasons(run, run.plan)
-        diagnosis["implausible"] = bool(reasons)
-        diagnosis["implausible_reasons"] = list(reasons)
+        diagnosis.implausible, diagnosis.implausible_reasons = bool(reasons), list(reasons)
     return diagnosis
 
 
-def run_out(run: RunRecord, calibration: dict[str, Any] | None) -> RunOut:
+def run_out(run: RunRecord, calibration: CalibrationOut | None) -> RunOut:
     """A stored run in its wire shape; `calibration` only in the answer that stored it."""
     return RunOut(
         id=run.id,
@@ -98,6 +96,6 @@ def run_out(run: RunRecord, calibration: dict[str, Any] | None) -> RunOut:
         out_of_memory=run.out_of_memory,
         framework_version=run.framework_version,
         notes=run.notes,
-        diagnosis=with_plausibility(run),
-        calibration=calibration,
+        diagnosis=with_plausibility(run).out(),
+        calibration=calibration.model_dump(mode="json") if calibration else None,
     )

@@ -1,0 +1,195 @@
+"""What the service stores and reads back, typed: a plan's result (`PlanResult`), its launcher
+files (`StoredArtifact`), the request it was made for (the part read back: `StoredRequest`) and a
+run's diagnosis (`RunDiagnosis`).
+
+The stored JSON is read through these models only, so every reader sees the same fields with the
+same defaults. Versioned: ``version`` is written with each result; results stored before it (and
+before the keys that came later: ``suggestions_skipped``, ``closest``, ``resolved_defaults``,
+``step_time_learned``, ``implausible_runs``, ...) read back as version 0, each missing key at its
+default. Keys a model does not name are kept (``extra="allow"``), so reading and writing a result
+back loses nothing another version stored. A change of meaning bumps ``RESULT_VERSION`` and reads
+the older versions in a validator here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.contracts.estimates import CalibrationOut
+from service.contracts.plans import ArtifactOut, CandidateOut, ClosestOut
+
+# 1: the first typed result (the keys of every earlier one, all of them present).
+RESULT_VERSION = 1
+
+
+class Stored(BaseModel):
+    """A stored record: keys this version does not name are kept, not dropped."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class SearchStatsOut(Stored):
+    """`recommender.types.SearchStats` as stored."""
+
+    candidates_evaluated: int = 0
+    duration_s: float = 0.0
+    truncated: bool = False
+    truncated_by: str | None = None
+    families_considered: int = 0
+    memory_evaluations: int = 0
+    time_evaluations: int = 0
+    full_estimates: int = 0
+
+    @property
+    def evaluations(self) -> int:
+        """Layout evaluations of the search, memory and step time together."""
+        return self.memory_evaluations + self.time_evaluations
+
+
+class RejectionOut(Stored):
+    """`recommender.types.Rejection` as stored; the example layout as the estimator's fields."""
+
+    reason: str
+    count: int
+    example: dict[str, Any]
+    detail: str
+    per_gpu_bytes: int | None = None
+    capacity_bytes: int | None = None
+
+
+class SuggestionOut(Stored):
+    """`recommender.types.Suggestion` as stored."""
+
+    kind: str
+    detail: str
+    gpu: str | None = None
+    num_gpus: int | None = None
+    num_nodes: int | None = None
+    gpus_per_node: int | None = None
+    inter_node_bandwidth_bytes_per_s: float | None = None
+    per_gpu_bytes: int | None = None
+    cpu_per_node_bytes: int | None = None
+    tokens_per_s: float | None = None
+    layout: dict[str, Any] | None = None
+    method: str | None = None
+    seq_len: int | None = None
+    on_the_gpus_given: bool = False
+
+
+class SkippedOut(Stored):
+    """`recommender.types.Skipped` as stored: a suggestion not computed, and why."""
+
+    kind: str
+    reason: str
+
+
+class PlanResult(Stored):
+    """A stored plan's result (PlanRecord.result): candidates in their wire shape (estimate, score
+    and rationale under their framework's calibration), what was rejected and suggested, the
+    search's statistics and the calibration applied."""
+
+    version: int = Field(default=0, description="RESULT_VERSION when written; 0: stored before versions")
+    status: Literal["feasible", "infeasible"]
+    recommended: CandidateOut | None = None
+    alternatives: list[CandidateOut] = Field(default_factory=list)
+    rejected: list[RejectionOut] = Field(default_factory=list)
+    suggestions: list[SuggestionOut] = Field(default_factory=list)
+    suggestions_skipped: list[SkippedOut] = Field(default_factory=list)
+    closest: ClosestOut | None = None
+    resolved_defaults: dict[str, str] = Field(default_factory=dict)
+    search: SearchStatsOut = Field(default_factory=SearchStatsOut)
+    unsupported_targets: dict[str, str] = Field(default_factory=dict)
+    calibration: CalibrationOut | None = None
+
+    @classmethod
+    def read(cls, stored: Mapping[str, Any]) -> PlanResult:
+        return cls.model_validate(stored)
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON to store."""
+        return self.model_dump(mode="json")
+
+
+class StoredArtifact(Stored):
+    """One launcher file of a plan (PlanRecord.artifacts)."""
+
+    name: str
+    target: str
+    media_type: str
+    content: str
+
+    def out(self, plan_id: str) -> ArtifactOut:
+        return ArtifactOut(
+            name=self.name,
+            target=self.target,
+            media_type=self.media_type,
+            size_bytes=len(self.content.encode()),
+            url=f"/v1/plans/{plan_id}/artifacts/{self.name}",
+        )
+
+    @classmethod
+    def read_all(cls, stored: list[dict[str, Any]]) -> list[StoredArtifact]:
+        return [cls.model_validate(a) for a in stored]
+
+
+class StoredTraining(Stored):
+    """What is read back of a stored request's training (the rest is kept as stored)."""
+
+    seq_len: int
+    global_batch_size: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch_size
+
+
+class StoredRequest(Stored):
+    """A stored plan's request (PlanRecord.request), as far as it is read back: the body was
+    validated when the plan was made, and a later version's rules must not refuse it now."""
+
+    training: StoredTraining
+
+    @classmethod
+    def read(cls, stored: Mapping[str, Any]) -> StoredRequest:
+        return cls.model_validate(stored)
+
+
+class StoredLayout(Stored):
+    """A candidate's layout as stored (the estimator's Layout fields, derived ones filled in), as
+    far as a run's diagnosis reads it."""
+
+    framework: str
+    tp: int = 1
+    pp: int = 1
+    zero_stage: int = 0
+    micro_batch_size: int = 1
+    recompute: str = "none"
+
+
+class RunDiagnosis(Stored):
+    """A run's diagnosis against its plan's estimate (RunRecord.diagnosis; service.feedback)."""
+
+    version: int = Field(default=0, description="RESULT_VERSION when written; 0: stored before versions")
+    # None: stored before runs were checked (planning.runs gives such a run the check's verdict)
+    implausible: bool | None = None
+    implausible_reasons: list[str] = Field(default_factory=list)
+    memory_error: float | None = None
+    step_time_error: float | None = None
+    estimated_peak_memory_bytes_per_gpu: int | None = None
+    estimated_step_s: float | None = None
+    measured_step_s: float | None = None
+    advice: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def read(cls, stored: Mapping[str, Any]) -> RunDiagnosis:
+        return cls.model_validate(stored)
+
+    def stored(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def out(self) -> dict[str, Any]:
+        """The wire shape (RunOut.diagnosis): the stored keys, without the version."""
+        return self.model_dump(mode="json", exclude={"version"})
