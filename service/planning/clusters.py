@@ -1,14 +1,22 @@
-"""The cluster a request names: a stored one by id, or an inline one, resolved to a ClusterSpec."""
+"""Clusters: the stored inventory (create, replace, patch, delete, and the wire shape of a stored
+one), and the cluster a request names, a stored one by id or an inline one, as a ClusterSpec."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from service.contracts.clusters import ClusterCreate, ClusterIn, ClusterRef
-from service.errors import NotFound
+from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
+
+from service.contracts.clusters import ClusterCreate, ClusterIn, ClusterOut, ClusterPatch, ClusterRef
+from service.contracts.gpus import CustomGPU
+from service.errors import Conflict, NotFound, Unprocessable
 from service.estimator.types import ClusterSpec
 from service.persistence.models import ClusterRecord
 from service.persistence.repository import ClusterRepository
+
+# Stored as given, None following the default (the GPU's link; intra-node on one node).
+DEFAULTED_FIELDS = ("intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s")
 
 
 def record_fields(record: ClusterRecord) -> dict[str, Any]:
@@ -24,6 +32,116 @@ def record_fields(record: ClusterRecord) -> dict[str, Any]:
         "cpu_memory_bytes_per_node": record.cpu_memory_bytes_per_node,
         "nvme_bytes_per_node": record.nvme_bytes_per_node,
     }
+
+
+def cluster_out(record: ClusterRecord) -> ClusterOut:
+    """A stored cluster in its wire shape, with the defaults it follows resolved and named."""
+    gpu: str | CustomGPU = (
+        CustomGPU.model_validate(record.gpu_spec) if record.gpu_spec is not None else str(record.gpu_name)
+    )
+    spec = ClusterCreate.model_validate(record_fields(record)).to_domain()
+    return ClusterOut(
+        id=record.id,
+        name=record.name,
+        description=record.description,
+        gpu=gpu,
+        num_nodes=record.num_nodes,
+        gpus_per_node=record.gpus_per_node,
+        world_size=record.num_nodes * record.gpus_per_node,
+        gpu_memory_bytes=spec.gpu.memory_bytes,
+        intra_node_bandwidth_bytes_per_s=spec.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=spec.inter_node_bandwidth_bytes_per_s,
+        defaulted=[name for name in DEFAULTED_FIELDS if getattr(record, name) is None],
+        cpu_memory_bytes_per_node=record.cpu_memory_bytes_per_node,
+        nvme_bytes_per_node=record.nvme_bytes_per_node,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+    )
+
+
+def stored_cluster(repo: ClusterRepository, cluster_id: str) -> ClusterRecord:
+    record = repo.get(cluster_id)
+    if record is None:
+        raise NotFound(f"cluster {cluster_id!r} does not exist")
+    return record
+
+
+def create_cluster(repo: ClusterRepository, body: ClusterCreate) -> ClusterRecord:
+    """Store a new cluster under a name no other cluster of the owner has."""
+    _check_name_free(repo, body.name, None)
+    record = ClusterRecord()
+    _apply(record, body)
+    return _save(repo, record)
+
+
+def replace_cluster(repo: ClusterRepository, cluster_id: str, body: ClusterCreate) -> ClusterRecord:
+    record = stored_cluster(repo, cluster_id)
+    _check_name_free(repo, body.name, record.id)
+    _apply(record, body)
+    return _save(repo, record)
+
+
+def update_cluster(repo: ClusterRepository, cluster_id: str, patch: ClusterPatch) -> ClusterRecord:
+    """The stored cluster with the fields sent changed, validated as a whole."""
+    record = stored_cluster(repo, cluster_id)
+    merged = record_fields(record) | patch.model_dump(exclude_unset=True)
+    try:
+        replacement = ClusterCreate.model_validate(merged)
+    except ValidationError as exc:  # e.g. a stored custom GPU that no longer validates
+        errors = [
+            {"field": ".".join(map(str, e["loc"])), "message": e["msg"], "type": e["type"]}
+            for e in exc.errors()
+        ]
+        raise Unprocessable("the patched cluster is not valid", errors=errors) from exc
+    _check_name_free(repo, replacement.name, record.id)
+    _apply(record, replacement)
+    return _save(repo, record)
+
+
+def delete_cluster(repo: ClusterRepository, cluster_id: str) -> None:
+    """Delete a cluster no stored plan refers to."""
+    record = stored_cluster(repo, cluster_id)
+    plans = repo.plan_count(cluster_id)
+    if plans:
+        raise Conflict(
+            f"cluster {cluster_id!r} is referenced by {plans} stored plan(s); delete those plans first",
+            errors=[{"field": "cluster_id", "message": "referenced by plans", "plans": plans}],
+        )
+    repo.delete(record)
+
+
+def _apply(record: ClusterRecord, body: ClusterCreate) -> None:
+    """Validate the whole cluster (catalog GPU, bandwidth defaults) and write it to the row."""
+    spec = body.to_domain()  # validates: catalog GPU, bandwidth defaults, inter-node when needed
+    record.name = body.name
+    record.description = body.description
+    if isinstance(body.gpu, CustomGPU):
+        record.gpu_name, record.gpu_spec = None, body.gpu.model_dump()
+    else:
+        record.gpu_name, record.gpu_spec = body.gpu, None
+    record.num_nodes = spec.num_nodes
+    record.gpus_per_node = spec.gpus_per_node
+    # Stored as given: None keeps following the default (the GPU's link; intra-node on one node).
+    record.intra_node_bandwidth_bytes_per_s = body.intra_node_bandwidth_bytes_per_s
+    record.inter_node_bandwidth_bytes_per_s = body.inter_node_bandwidth_bytes_per_s
+    record.cpu_memory_bytes_per_node = spec.cpu_memory_bytes_per_node
+    record.nvme_bytes_per_node = spec.nvme_bytes_per_node
+
+
+def _check_name_free(repo: ClusterRepository, name: str, own_id: str | None) -> None:
+    existing = repo.get_by_name(name)
+    if existing is not None and existing.id != own_id:
+        raise Conflict(
+            f"a cluster named {name!r} already exists (id {existing.id})",
+            errors=[{"field": "name", "message": "must be unique", "existing_id": existing.id}],
+        )
+
+
+def _save(repo: ClusterRepository, record: ClusterRecord) -> ClusterRecord:
+    try:
+        return repo.add(record)
+    except IntegrityError as exc:  # a concurrent writer took the name between check and flush
+        raise Conflict(f"a cluster named {record.name!r} already exists") from exc
 
 
 def resolve_cluster(

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-import service.api.clusters as clusters_api
+import service.planning.clusters as clusters_planning
 import service.planning.plans as plans_planning
 from tests.api.helpers import assert_problem
 
@@ -48,7 +48,7 @@ def test_patch_racing_delete_is_a_409(
 ) -> None:
     cluster = client.post("/v1/clusters", json=ONE_NODE).json()
     delete = other_writer(db_engine, "DELETE FROM clusters WHERE id = :id", id=cluster["id"])
-    interleave(monkeypatch, clusters_api, "_save", delete)
+    interleave(monkeypatch, clusters_planning, "_save", delete)
     problem = assert_problem(client.patch(f"/v1/clusters/{cluster['id']}", json={"num_nodes": 2,
                              "inter_node_bandwidth_bytes_per_s": 5e10}), 409)  # fmt: skip
     assert "changed or was deleted" in problem["detail"]
@@ -68,7 +68,7 @@ def test_two_patches_cannot_combine_into_an_invalid_cluster(
         "WHERE id = :id",
         id=cluster["id"],
     )
-    interleave(monkeypatch, clusters_api, "_save", drop_network)
+    interleave(monkeypatch, clusters_planning, "_save", drop_network)
     assert_problem(client.patch(f"/v1/clusters/{cluster['id']}", json={"num_nodes": 4}), 409)
     stored = client.get(f"/v1/clusters/{cluster['id']}")
     assert stored.status_code == 200, stored.text  # what is stored still validates
