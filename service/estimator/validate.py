@@ -56,6 +56,13 @@ class Capabilities:
     partial_recompute: bool  # recompute_num_layers (only some layers of each stage)
     layer_interval_recompute: bool  # recompute_every_n_layers (every N-th layer)
     torch_compile: str | None  # why the framework's compiled run is not modelled; None: it is
+    hybrid_shard: bool  # fsdp_hybrid_shard: shard inside a node, replicate across nodes (HSDP)
+    offload_together: bool  # offload moves params, grads and the optimizer step together
+    tp_comm_overlap: bool  # TP communication overlapped with the GEMMs (needs SP)
+    expert_tensor_parallel: bool  # etp: routed experts split over other ranks than tp
+    moe_a2a_overlap: bool  # EP all-to-alls under another micro-batch's compute
+    multi_token_prediction: bool  # trains the MTP modules (mtp_num_layers)
+    ulysses_context_parallel: bool  # cp splits the heads (DeepSpeed-Ulysses), not ring attention
     source: str
 
 
@@ -81,6 +88,13 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             layer_interval_recompute=False,
             torch_compile="DeepSpeed's compiled engine (engine.compile, DeepCompile) rewrites ZeRO's "
             "collectives into the graph: not modelled",
+            hybrid_shard=False,  # ZeRO++ hpZ is a secondary partition, not modelled
+            offload_together=False,
+            tp_comm_overlap=False,
+            expert_tensor_parallel=False,  # deepspeed.moe splits experts over tp (or not at all)
+            moe_a2a_overlap=False,
+            multi_token_prediction=False,  # transformers' DeepseekV3ForCausalLM drops the MTP modules
+            ulysses_context_parallel=True,  # DeepSpeed-Ulysses' all-to-all over the heads
             source="deepspeedai/DeepSpeed runtime/zero/config.py, runtime/pipe/engine.py",
         ),
         Framework.MEGATRON: Capabilities(
@@ -100,6 +114,13 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             layer_interval_recompute=False,  # --recompute-method uniform groups layers, skips none
             torch_compile="Megatron-LM has no torch.compile switch: its fused kernels are Transformer "
             "Engine's, already modelled",
+            hybrid_shard=False,
+            offload_together=False,
+            tp_comm_overlap=True,  # --tp-comm-overlap
+            expert_tensor_parallel=True,  # --expert-tensor-parallel-size
+            moe_a2a_overlap=True,  # --overlap-moe-expert-parallel-comm
+            multi_token_prediction=True,  # Megatron-Core --mtp-num-layers
+            ulysses_context_parallel=False,  # ring attention (--context-parallel-size)
             source="NVIDIA/Megatron-LM megatron/training/arguments.py validate_args",
         ),
         Framework.FSDP: Capabilities(
@@ -119,6 +140,13 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # torchtitan up to 0.2: activation_checkpoint.mode selective, selective_ac_option N
             layer_interval_recompute=True,
             torch_compile=None,  # torchtitan --compile.enable; HF Trainer / accelerate over FSDP
+            hybrid_shard=True,  # HYBRID_SHARD; torchtitan data_parallel_replicate_degree
+            offload_together=True,  # CPUOffload / CPUOffloadPolicy
+            tp_comm_overlap=False,
+            expert_tensor_parallel=False,  # torchtitan 0.3's experts are tensor-parallel over tp
+            moe_a2a_overlap=False,
+            multi_token_prediction=False,  # torchtitan builds no MTP modules
+            ulysses_context_parallel=False,  # ring attention (context_parallel_degree)
             source="pytorch FSDP docs (ShardingStrategy, CPUOffload), torchtitan parallel_dims, torchtune",
         ),
     }
@@ -126,6 +154,11 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
 
 
 Violation = InvalidLayout | None
+
+
+def _having(capability: str) -> str:
+    """The frameworks that have a capability, for a message ("megatron")."""
+    return " or ".join(f.value for f, caps in FRAMEWORK_CAPABILITIES.items() if getattr(caps, capability))
 
 
 def _bad(message: str, rule: str, field: str) -> InvalidLayout:
@@ -230,11 +263,11 @@ def unused_switch_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     if layout.sequence_parallel and layout.tp == 1:
         return _bad("sequence_parallel needs tp > 1 (it splits the tensor-parallel group's tokens)", "unused",
                     "sequence_parallel")  # fmt: skip
-    if layout.tp_comm_overlap and not (
-        layout.framework is Framework.MEGATRON and layout.tp > 1 and layout.sequence_parallel
-    ):
-        return _bad("tp_comm_overlap is Megatron's --tp-comm-overlap: it needs framework megatron, tp > 1 "
-                    "and sequence_parallel", "unused", "tp_comm_overlap")  # fmt: skip
+    overlaps_tp = FRAMEWORK_CAPABILITIES[layout.framework].tp_comm_overlap
+    if layout.tp_comm_overlap and not (overlaps_tp and layout.tp > 1 and layout.sequence_parallel):
+        return _bad(f"tp_comm_overlap is Megatron's --tp-comm-overlap: it needs framework "
+                    f"{_having('tp_comm_overlap')}, tp > 1 and sequence_parallel", "unused",
+                    "tp_comm_overlap")  # fmt: skip
     if layout.overlap_grad_reduce is not None and layout.dp * layout.cp == 1:
         return _bad("overlap_grad_reduce: dp x cp = 1 has no gradient reduction to overlap", "unused",
                     "overlap_grad_reduce")  # fmt: skip
@@ -321,7 +354,8 @@ def context_violation(layout: Layout, training: TrainingSpec) -> Violation:
 
 def ulysses_violation(model: ModelSpec, layout: Layout) -> Violation:
     cp = layout.cp
-    if cp > 1 and layout.framework is Framework.DEEPSPEED and model.num_attention_heads % cp:
+    ulysses = FRAMEWORK_CAPABILITIES[layout.framework].ulysses_context_parallel
+    if cp > 1 and ulysses and model.num_attention_heads % cp:
         # DeepSpeed-Ulysses all-to-all splits heads over the sequence-parallel group.
         return _bad(
             f"num_attention_heads ({model.num_attention_heads}) % cp ({cp}) != 0 (Ulysses)", "cp_heads", "cp"
@@ -355,7 +389,7 @@ def expert_tensor_violation(model: ModelSpec, layout: Layout) -> Violation:
     if model.moe is None:
         return _bad(f"etp = {etp} needs a mixture-of-experts model (it splits the routed experts)", "unused",
                     "etp")  # fmt: skip
-    if layout.framework is not Framework.MEGATRON:
+    if not FRAMEWORK_CAPABILITIES[layout.framework].expert_tensor_parallel:
         return _bad(f"etp is Megatron's --expert-tensor-parallel-size; {layout.framework.value} splits the "
                     "experts over tp", "etp_framework", "etp")  # fmt: skip
     if model.moe.expert_ffn_hidden_size % etp:
@@ -377,11 +411,9 @@ def sharding_violation(layout: Layout, caps: Capabilities) -> Violation:
             "zero_stage",
             "zero_stage",
         )
-    if layout.fsdp_hybrid_shard and (
-        layout.framework is not Framework.FSDP or layout.zero_stage not in (2, 3)
-    ):
+    if layout.fsdp_hybrid_shard and (not caps.hybrid_shard or layout.zero_stage not in (2, 3)):
         return _bad(
-            "fsdp_hybrid_shard needs framework fsdp with zero_stage 2 or 3",
+            f"fsdp_hybrid_shard needs framework {_having('hybrid_shard')} with zero_stage 2 or 3",
             "hybrid_shard",
             "fsdp_hybrid_shard",
         )
@@ -399,10 +431,10 @@ def sharding_violation(layout: Layout, caps: Capabilities) -> Violation:
         )
     if layout.offload_optimizer is not Offload.NONE and layout.zero_stage < 1:
         return _bad("offload_optimizer needs zero_stage >= 1", "offload_optimizer", "offload_optimizer")
-    if layout.framework is Framework.FSDP and layout.offload_optimizer is not layout.offload_params:
+    if caps.offload_together and layout.offload_optimizer is not layout.offload_params:
         # FSDP CPUOffload offloads parameters, gradients and the optimizer step together.
         return _bad(
-            "fsdp offloads params and optimizer together: set both or neither",
+            f"{name} offloads params and optimizer together: set both or neither",
             "fsdp_offload",
             "offload_optimizer",
         )
@@ -443,7 +475,7 @@ def training_violation(
             "peft",
             "framework",
         )
-    if training.mtp_num_layers and layout.framework is not Framework.MEGATRON:
+    if training.mtp_num_layers and not caps.multi_token_prediction:
         # transformers' DeepseekV3ForCausalLM drops the MTP modules; torchtitan and DeepSpeed build none
         return _bad(
             f"mtp_num_layers {training.mtp_num_layers}: {layout.framework.value} trains no multi-token "
@@ -544,7 +576,7 @@ def moe_a2a_overlap_violation(model: ModelSpec, layout: Layout) -> Violation:
     field = "moe_a2a_overlap"
     if not layout.moe_a2a_overlap:
         return None
-    if layout.framework is not Framework.MEGATRON:
+    if not FRAMEWORK_CAPABILITIES[layout.framework].moe_a2a_overlap:
         return _bad(f"{field} is Megatron's --overlap-moe-expert-parallel-comm", field, field)
     if model.moe is None or layout.ep == 1:
         return _bad(
