@@ -2,19 +2,22 @@
 
 Each renderer maps a Plan to the files its tool reads (a target may write several, e.g.
 ds_config.json + deepspeed_launch.sh + hostfile), or raises Unsupported with the reason the
-layout cannot be expressed there. Pinned tool versions are named in each module's docstring.
+layout cannot be expressed there: its module's ``refusal(plan)``, which REFUSALS answers without
+rendering. Which targets run which framework is the registry's (``service.frameworks``).
+Pinned tool versions are named in each module's docstring.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from service.estimator.types import Framework, Plan
-from service.launchers import accelerate, deepspeed, hf_trainer, kubernetes, megatron, slurm, torchtitan
-from service.launchers.common import Artifact, Target, Unsupported
+from service.estimator.types import Plan
+from service.frameworks import FRAMEWORKS
+from service.launchers import accelerate, deepspeed, hf_trainer, job, kubernetes, megatron, slurm, torchtitan
+from service.launchers.common import Artifact, Refusal, Target, Unsupported
 
 __all__ = [
-    "FRAMEWORK_TARGETS",
+    "REFUSALS",
     "RENDERERS",
     "Artifact",
     "Target",
@@ -34,31 +37,37 @@ RENDERERS: dict[Target, Callable[[Plan], list[Artifact]]] = {
 }
 
 
-# The targets that run a framework's layout (Slurm and Kubernetes wrap one of these).
-FRAMEWORK_TARGETS: dict[Framework, tuple[Target, ...]] = {
-    Framework.DEEPSPEED: (Target.DEEPSPEED, Target.HF_TRAINER, Target.ACCELERATE),
-    Framework.MEGATRON: (Target.MEGATRON, Target.ACCELERATE),
-    Framework.FSDP: (Target.TORCHTITAN, Target.ACCELERATE, Target.HF_TRAINER),
+# What each target cannot express: a pure predicate over the plan (the reason, or None), the same
+# function its renderer refuses with, so asking it renders nothing. Slurm and Kubernetes refuse what
+# the entry point they wrap refuses.
+REFUSALS: dict[Target, Callable[[Plan], Refusal]] = {
+    Target.DEEPSPEED: deepspeed.refusal,
+    Target.ACCELERATE: accelerate.refusal,
+    Target.HF_TRAINER: hf_trainer.refusal,
+    Target.MEGATRON: megatron.refusal,
+    Target.TORCHTITAN: torchtitan.refusal,
+    Target.SLURM: job.refusal,
+    Target.KUBERNETES: job.refusal,
 }
 
 
 def runnable_targets(
     plan: Plan, targets: Iterable[Target] | None = None, *, first_only: bool = False
 ) -> tuple[list[Target], dict[Target, str]]:
-    """The targets of the plan's framework (those of ``targets`` only, when given) that render it,
-    and why each of the others cannot. ``first_only``: stop at the first that renders (the search
-    only asks whether one does; each render builds every file)."""
-    wanted = FRAMEWORK_TARGETS[plan.layout.framework]
+    """The targets of the plan's framework (``frameworks.FRAMEWORKS``; those of ``targets`` only,
+    when given) that run it, and why each of the others cannot, from each target's refusal: nothing
+    is rendered. ``first_only``: stop at the first that runs it (the search only asks whether one
+    does)."""
+    wanted = FRAMEWORKS[plan.layout.framework].targets
     if targets is not None:
         allowed = set(targets)
         wanted = tuple(t for t in wanted if t in allowed)
     runs: list[Target] = []
     reasons: dict[Target, str] = {}
     for target in wanted:
-        try:
-            RENDERERS[target](plan)
-        except Unsupported as exc:
-            reasons[target] = exc.reason
+        reason = REFUSALS[target](plan)
+        if reason is not None:
+            reasons[target] = reason
         else:
             runs.append(target)
             if first_only:

@@ -22,19 +22,20 @@ from service.launchers.common import (
     YAML,
     Artifact,
     Raw,
+    Refusal,
     Target,
-    Unsupported,
     Word,
     accumulation,
-    check_world,
     comment_lines,
     hf_decoder_layer,
     layout_summary,
     peft_artifacts,
     peft_header,
     pipeline_split,
+    refuse,
     script,
     shell_command,
+    world_refusal,
 )
 
 CONFIG_NAME = "accelerate_config.yaml"
@@ -48,12 +49,94 @@ def _mixed_precision(plan: Plan) -> str:
         return "no"
     if precision is Precision.FP16:
         return "fp16"
-    if precision is Precision.FP8:
-        # DeepSpeed layouts take precision from ds_config.json and never get here.
-        raise Unsupported(
-            TARGET, "fp8 needs an fp8_config backend (Transformer Engine) that is not emitted here"
+    return "bf16"  # bf16_pure: the script loads the model in bf16 (fp8 is refused)
+
+
+def refusal(plan: Plan) -> Refusal:
+    """Why Accelerate cannot run the plan as estimated, or None."""
+    if (world := world_refusal(plan)) is not None:
+        return world
+    lo = plan.layout
+    if lo.framework is Framework.DEEPSPEED:
+        reason = _deepspeed_refusal(plan)
+    elif lo.framework is Framework.FSDP:
+        reason = _fsdp_refusal(plan)
+    else:
+        reason = _megatron_refusal(plan)
+    if reason is not None:
+        return reason
+    if lo.framework is not Framework.DEEPSPEED and plan.training.precision is Precision.FP8:
+        # DeepSpeed layouts take precision from ds_config.json
+        return "fp8 needs an fp8_config backend (Transformer Engine) that is not emitted here"
+    if lo.torch_compile is Compile.MODEL:
+        return (
+            "the dynamo backend compiles the model's forward, the loss of HF models with it: model_and_loss"
         )
-    return "bf16"  # bf16_pure: the script loads the model in bf16
+    return None
+
+
+def _deepspeed_refusal(plan: Plan) -> Refusal:
+    lo = plan.layout
+    if lo.tp > 1 or lo.pp > 1 or lo.cp > 1:
+        return (
+            f"tp={lo.tp} pp={lo.pp} cp={lo.cp}: Accelerate's DeepSpeed plugin drives data parallelism "
+            "(ZeRO) only; use the deepspeed target"
+        )
+    return deepspeed.refusal(plan)  # the deepspeed target's ds_config.json
+
+
+def _fsdp_refusal(plan: Plan) -> Refusal:
+    lo, nodes = plan.layout, plan.cluster.num_nodes
+    if lo.recompute_every_n_layers is not None:
+        return "fsdp_activation_checkpointing wraps every decoder layer, not every N-th"
+    if lo.zero_stage == 0:
+        if lo.tp > 1 or lo.pp > 1 or lo.cp > 1:
+            return "tp/pp/cp without sharding: Accelerate's MULTI_GPU is plain DDP"
+        return None
+    if lo.zero_stage == 1:
+        return "FSDP has no optimizer-state-only sharding (ZeRO-1)"
+    if lo.pp > 1 or lo.ep > 1:
+        return f"pp={lo.pp} ep={lo.ep}: Accelerate's FSDP v2 has no pipeline or expert parallelism"
+    if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
+        return "FSDP offloads to CPU memory only, not NVMe"
+    if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):
+        return (
+            "FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer states together; "
+            f"offload_optimizer={lo.offload_optimizer} with offload_params={lo.offload_params} "
+            "is not expressible"
+        )
+    if lo.recompute is Recompute.SELECTIVE_OP:
+        return "per-op selective AC is torchtitan's; Accelerate checkpoints whole decoder layers"
+    if lo.fsdp_hybrid_shard and nodes > 1 and lo.dp % nodes:
+        return f"hybrid shard: dp ({lo.dp}) is not a multiple of the nodes ({nodes})"
+    return None
+
+
+def _megatron_refusal(plan: Plan) -> Refusal:
+    lo = plan.layout
+    if lo.zero_stage > 1 or lo.offload_params is not Offload.NONE or lo.offload_optimizer is not Offload.NONE:
+        return "Megatron-LM through Accelerate: ZeRO-1 (distributed optimizer) and no offload only"
+    if lo.virtual_pipeline_stages > 1:
+        return "Accelerate's megatron_lm_config has no virtual pipeline (interleaved) setting"
+    if lo.pp > 1 and not pipeline_split(plan).even:
+        return (
+            f"pipeline split {list(pipeline_split(plan).stages)}: Accelerate's megatron_lm_config has "
+            "no uneven-stage setting (use the megatron target)"
+        )
+    if lo.tp_comm_overlap or lo.overlap_grad_reduce or lo.moe_a2a_overlap:
+        # The estimate hides TP / DP communication that this config would leave exposed.
+        return (
+            "Accelerate's megatron_lm_config has no --tp-comm-overlap / --overlap-grad-reduce / "
+            "--overlap-moe-expert-parallel-comm setting; use the megatron target"
+        )
+    if lo.recompute_modules is not None and set(lo.recompute_modules) != {RecomputeModule.CORE_ATTN}:
+        # MegatronLMPlugin's recompute_activations sets selective granularity with Megatron's default
+        # modules (core_attn); the plugin has no field for --recompute-modules
+        modules = [module.value for module in lo.recompute_modules]
+        return f"recompute_modules {modules}: MegatronLMPlugin recomputes core_attn only"
+    if plan.training.mtp_num_layers:
+        return "MegatronLMPlugin has no field for --mtp-num-layers; use the megatron target"
+    return None
 
 
 def _deepspeed(plan: Plan) -> dict[str, Any]:
@@ -68,13 +151,6 @@ def _deepspeed(plan: Plan) -> dict[str, Any]:
     script runs from the directory that holds the files.
     """
     lo = plan.layout
-    if lo.tp > 1 or lo.pp > 1 or lo.cp > 1:
-        raise Unsupported(
-            TARGET,
-            f"tp={lo.tp} pp={lo.pp} cp={lo.cp}: Accelerate's DeepSpeed plugin drives data parallelism "
-            "(ZeRO) only; use the deepspeed target",
-        )
-    _ds_config_artifact(plan)  # raises where DeepSpeed cannot run the layout
     ds: dict[str, Any] = {"deepspeed_config_file": deepspeed.CONFIG_NAME}
     if lo.zero_stage == 3:
         ds["zero3_init_flag"] = True
@@ -90,31 +166,8 @@ def _ds_config_artifact(plan: Plan) -> Artifact:
 
 def _fsdp(plan: Plan) -> dict[str, Any]:
     lo = plan.layout
-    if lo.recompute_every_n_layers is not None:
-        raise Unsupported(TARGET, "fsdp_activation_checkpointing wraps every decoder layer, not every N-th")
     if lo.zero_stage == 0:
-        if lo.tp > 1 or lo.pp > 1 or lo.cp > 1:
-            raise Unsupported(TARGET, "tp/pp/cp without sharding: Accelerate's MULTI_GPU is plain DDP")
         return {"distributed_type": "MULTI_GPU"}
-    if lo.zero_stage == 1:
-        raise Unsupported(TARGET, "FSDP has no optimizer-state-only sharding (ZeRO-1)")
-    if lo.pp > 1 or lo.ep > 1:
-        raise Unsupported(
-            TARGET, f"pp={lo.pp} ep={lo.ep}: Accelerate's FSDP v2 has no pipeline or expert parallelism"
-        )
-    if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
-        raise Unsupported(TARGET, "FSDP offloads to CPU memory only, not NVMe")
-    if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):
-        raise Unsupported(
-            TARGET,
-            "FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer states together; "
-            f"offload_optimizer={lo.offload_optimizer} with offload_params={lo.offload_params} "
-            "is not expressible",
-        )
-    if lo.recompute is Recompute.SELECTIVE_OP:
-        raise Unsupported(
-            TARGET, "per-op selective AC is torchtitan's; Accelerate checkpoints whole decoder layers"
-        )
     fsdp: dict[str, Any] = {
         "fsdp_version": 2,
         "fsdp_reshard_after_forward": lo.zero_stage == 3,  # False = SHARD_GRAD_OP (ZeRO-2)
@@ -145,44 +198,11 @@ def _dp_split(plan: Plan) -> tuple[int, int]:
     lo, nodes = plan.layout, plan.cluster.num_nodes
     if not lo.fsdp_hybrid_shard or nodes == 1:
         return 1, lo.dp
-    if lo.dp % nodes:
-        raise Unsupported(TARGET, f"hybrid shard: dp ({lo.dp}) is not a multiple of the nodes ({nodes})")
-    return nodes, lo.dp // nodes
+    return nodes, lo.dp // nodes  # dp % nodes == 0 (refusal)
 
 
 def _megatron(plan: Plan) -> dict[str, Any]:
     lo = plan.layout
-    if lo.zero_stage > 1 or lo.offload_params is not Offload.NONE or lo.offload_optimizer is not Offload.NONE:
-        raise Unsupported(
-            TARGET, "Megatron-LM through Accelerate: ZeRO-1 (distributed optimizer) and no offload only"
-        )
-    if lo.virtual_pipeline_stages > 1:
-        raise Unsupported(
-            TARGET, "Accelerate's megatron_lm_config has no virtual pipeline (interleaved) setting"
-        )
-    if lo.pp > 1 and not pipeline_split(plan).even:
-        raise Unsupported(
-            TARGET,
-            f"pipeline split {list(pipeline_split(plan).stages)}: Accelerate's megatron_lm_config has "
-            "no uneven-stage setting (use the megatron target)",
-        )
-    if lo.tp_comm_overlap or lo.overlap_grad_reduce or lo.moe_a2a_overlap:
-        # The estimate hides TP / DP communication that this config would leave exposed.
-        raise Unsupported(
-            TARGET,
-            "Accelerate's megatron_lm_config has no --tp-comm-overlap / --overlap-grad-reduce / "
-            "--overlap-moe-expert-parallel-comm "
-            "setting; use the megatron target",
-        )
-    if lo.recompute_modules is not None and set(lo.recompute_modules) != {RecomputeModule.CORE_ATTN}:
-        # MegatronLMPlugin's recompute_activations sets selective granularity with Megatron's default
-        # modules (core_attn); the plugin has no field for --recompute-modules
-        modules = [module.value for module in lo.recompute_modules]
-        raise Unsupported(TARGET, f"recompute_modules {modules}: MegatronLMPlugin recomputes core_attn only")
-    if plan.training.mtp_num_layers:
-        raise Unsupported(
-            TARGET, "MegatronLMPlugin has no field for --mtp-num-layers; use the megatron target"
-        )
     mlm: dict[str, Any] = {
         "megatron_lm_tp_degree": lo.tp,
         "megatron_lm_pp_degree": lo.pp,
@@ -212,7 +232,7 @@ def _megatron(plan: Plan) -> dict[str, Any]:
 
 def accelerate_config(plan: Plan) -> dict[str, Any]:
     """The YAML mapping; raises Unsupported where Accelerate cannot express the layout."""
-    check_world(TARGET, plan)
+    refuse(TARGET, refusal(plan))
     lo, cluster = plan.layout, plan.cluster
     if lo.framework is Framework.DEEPSPEED:
         parallel = _deepspeed(plan)
@@ -236,11 +256,6 @@ def accelerate_config(plan: Plan) -> dict[str, Any]:
     }
     if lo.framework is not Framework.DEEPSPEED:  # DeepSpeed: ds_config.json's bf16 / fp16 blocks
         config["mixed_precision"] = _mixed_precision(plan)
-    if lo.torch_compile is Compile.MODEL:
-        raise Unsupported(
-            TARGET,
-            "the dynamo backend compiles the model's forward, the loss of HF models with it: model_and_loss",
-        )
     if lo.torch_compile is Compile.MODEL_AND_LOSS:
         config["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     config |= parallel

@@ -12,10 +12,10 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from service.estimator import pipeline
 from service.estimator.types import Method, Plan, Precision
+from service.frameworks import Target as Target  # the registry's; re-exported for the targets
 
 MASTER_PORT = 29500  # torchrun / DeepSpeed launcher default rendezvous port
 TRAIN_SCRIPT = "train.py"  # the user's training script for DeepSpeed and HF Trainer targets
@@ -51,16 +51,6 @@ TEXT = "text/plain"
 MEDIA_TYPES = (JSON, YAML, SHELL, TEXT)  # every artifact is served as one of these
 
 
-class Target(StrEnum):
-    DEEPSPEED = "deepspeed"
-    ACCELERATE = "accelerate"
-    HF_TRAINER = "hf_trainer"
-    MEGATRON = "megatron"
-    TORCHTITAN = "torchtitan"
-    SLURM = "slurm"
-    KUBERNETES = "kubernetes"
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Artifact:
     """One generated file: a stable name, the target that made it, and its media type."""
@@ -78,6 +68,16 @@ class Unsupported(Exception):
         super().__init__(f"{target}: {reason}")
         self.target = target
         self.reason = reason
+
+
+Refusal = str | None  # why a target cannot express a plan, or None: it renders it
+
+
+def refuse(target: Target, reason: Refusal) -> None:
+    """Raise Unsupported with the target's refusal, if it has one: every renderer starts here, so
+    rendering refuses exactly what the target's pure predicate (``refusal(plan)``) says."""
+    if reason is not None:
+        raise Unsupported(target, reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,15 +155,15 @@ def pipeline_split(plan: Plan) -> PipelineSplit:
     )
 
 
-def check_world(target: Target, plan: Plan) -> None:
+def world_refusal(plan: Plan) -> Refusal:
     """The layout must fill the cluster exactly: every launcher starts one process per GPU."""
     layout, cluster = plan.layout, plan.cluster
     if layout.world_size != cluster.world_size:
-        raise Unsupported(
-            target,
+        return (
             f"dp*tp*pp*cp ({layout.world_size}) != GPUs in the cluster ({cluster.world_size} = "
-            f"{cluster.num_nodes} nodes x {cluster.gpus_per_node})",
+            f"{cluster.num_nodes} nodes x {cluster.gpus_per_node})"
         )
+    return None
 
 
 def layout_summary(plan: Plan) -> str:

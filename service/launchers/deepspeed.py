@@ -14,6 +14,7 @@ from typing import Any
 
 from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import Offload, Optimizer, Plan, Precision, Recompute
+from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
     HYPERPARAMETERS,
     JSON,
@@ -23,16 +24,18 @@ from service.launchers.common import (
     TRAIN_SCRIPT,
     Artifact,
     Raw,
+    Refusal,
     Target,
     Unsupported,
     Word,
     accumulation,
-    check_world,
     peft_artifacts,
     peft_header,
     pipeline_split,
+    refuse,
     script,
     shell_command,
+    world_refusal,
 )
 
 CONFIG_NAME = "ds_config.json"
@@ -56,62 +59,58 @@ def partition_method(plan: Plan) -> str:
     return ""
 
 
-def _check(plan: Plan) -> None:
+def refusal(plan: Plan) -> Refusal:
+    """Why DeepSpeed cannot run the plan as estimated, or None: the rules of its config parser and
+    engines, checked without building the config."""
     lo = plan.layout
-    target = Target.DEEPSPEED
-    check_world(target, plan)
-    if lo.framework != "deepspeed":
-        raise Unsupported(target, f"the layout is for {lo.framework}, not DeepSpeed")
+    if (world := world_refusal(plan)) is not None:
+        return world
+    if Target.DEEPSPEED not in FRAMEWORKS[lo.framework].targets:
+        return f"the layout is for {lo.framework}, not DeepSpeed"
     if lo.cp > 1:
-        raise Unsupported(
-            target,
+        return (
             f"cp={lo.cp}: ds_config has no context parallelism (Ulysses sequence parallelism "
-            "needs DistributedAttention in the model code)",
+            "needs DistributedAttention in the model code)"
         )
     if lo.pp > 1 and lo.zero_stage >= 2:
-        raise Unsupported(
-            target,
+        return (
             f"ZeRO-{lo.zero_stage} with pp={lo.pp}: DeepSpeed's PipelineEngine asserts that ZeRO-2 "
-            "and ZeRO-3 are incompatible with pipeline parallelism",
+            "and ZeRO-3 are incompatible with pipeline parallelism"
         )
     if lo.tp > 1 and (lo.zero_stage == 3 or lo.pp > 1):
-        raise Unsupported(
-            target,
+        return (
             f"tp={lo.tp} with ZeRO-{lo.zero_stage}, pp={lo.pp}: DeepSpeed AutoTP training "
-            "(tensor_parallel.autotp_size) combines with ZeRO 0-2 and no pipeline only",
+            "(tensor_parallel.autotp_size) combines with ZeRO 0-2 and no pipeline only"
         )
     if lo.sequence_parallel and lo.tp > 1:
-        raise Unsupported(
-            target,
+        return (
             f"sequence_parallel with tp={lo.tp}: DeepSpeed AutoTP has no Megatron-style sequence "
-            "parallelism (norm and dropout activations stay replicated over the TP group)",
+            "parallelism (norm and dropout activations stay replicated over the TP group)"
         )
     if lo.pp > 1 and not partition_method(plan):
-        raise Unsupported(
-            target,
+        return (
             f"pipeline split {list(pipeline_split(plan).stages)}: DeepSpeed's PipelineModule partitions "
             "'uniform'ly over all layer specs, by 'parameters' or by a layer 'type:'; it cannot place "
-            "these counts (an even split, or the embedding and loss counted as a layer each, it can)",
+            "these counts (an even split, or the embedding and loss counted as a layer each, it can)"
         )
     if lo.overlap_grad_reduce and (lo.zero_stage == 0 or lo.pp > 1):
-        raise Unsupported(
-            target,
+        return (
             f"overlap_grad_reduce with ZeRO-{lo.zero_stage}, pp={lo.pp}: DeepSpeed overlaps the "
             "gradient reduce (overlap_comm) only in the ZeRO optimizer, and its PipelineEngine "
-            "forces overlap_comm off below stage 3",
+            "forces overlap_comm off below stage 3"
         )
     if lo.offload_params is not Offload.NONE and lo.zero_stage < 3:
-        raise Unsupported(
-            target,
+        return (
             f"offload_params={lo.offload_params} with ZeRO-{lo.zero_stage}: offload_param is only "
-            "read by ZeRO stage 3 (silently ignored below)",
+            "read by ZeRO stage 3 (silently ignored below)"
         )
     if lo.offload_optimizer is Offload.NVME and lo.zero_stage < 3:
-        raise Unsupported(target, "NVMe optimizer offload is available only with ZeRO stage 3")
+        return "NVMe optimizer offload is available only with ZeRO stage 3"
     if lo.offload_optimizer is not Offload.NONE and lo.zero_stage == 0:
-        raise Unsupported(target, "optimizer offload needs ZeRO stage 1, 2 or 3")
+        return "optimizer offload needs ZeRO stage 1, 2 or 3"
     if plan.training.precision is Precision.BF16_PURE and lo.zero_stage == 0:
-        raise Unsupported(target, "bf16 master weights and optimizer states need ZeRO stage 1-3")
+        return "bf16 master weights and optimizer states need ZeRO stage 1-3"
+    return None
 
 
 def _offload(device: Offload) -> dict[str, Any]:
@@ -208,7 +207,7 @@ def batch_ranks(plan: Plan) -> int:
 
 def ds_config(plan: Plan) -> dict[str, Any]:
     """The ds_config.json dict; raises Unsupported where DeepSpeed cannot run the layout."""
-    _check(plan)
+    refuse(Target.DEEPSPEED, refusal(plan))
     lo = plan.layout
     micro, accum = lo.micro_batch_size, accumulation(plan)
     config: dict[str, Any] = {

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from service.estimator.types import Compile, Framework, Offload, Optimizer, Plan, Precision, Recompute
+from service.frameworks import FRAMEWORKS
 from service.launchers import deepspeed
 from service.launchers.common import (
     HYPERPARAMETERS,
@@ -19,18 +20,19 @@ from service.launchers.common import (
     SHELL,
     TRAIN_SCRIPT,
     Artifact,
+    Refusal,
     Target,
-    Unsupported,
     Word,
     accumulation,
-    check_world,
     hf_decoder_layer,
     peft_artifacts,
     peft_header,
+    refuse,
     script,
     shell_command,
     torchrun_words,
     train_steps,
+    world_refusal,
 )
 
 ARGS_NAME = "training_args.json"
@@ -49,42 +51,45 @@ _OPTIM = {
 }
 
 
-def _check(plan: Plan) -> None:
-    check_world(TARGET, plan)
+def refusal(plan: Plan) -> Refusal:
+    """Why the HF Trainer cannot run the plan as estimated, or None."""
     lo = plan.layout
-    if lo.framework is Framework.MEGATRON:
-        raise Unsupported(TARGET, "the layout is for Megatron-LM; the HF Trainer runs DeepSpeed or FSDP")
+    if (world := world_refusal(plan)) is not None:
+        return world
+    if TARGET not in FRAMEWORKS[lo.framework].targets:
+        return "the layout is for Megatron-LM; the HF Trainer runs DeepSpeed or FSDP"
     if lo.tp > 1 or lo.pp > 1 or lo.cp > 1 or lo.ep > 1:
-        raise Unsupported(
-            TARGET, f"tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}: the HF Trainer runs data parallelism only"
-        )
+        return f"tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}: the HF Trainer runs data parallelism only"
     if plan.training.precision is Precision.FP8:
-        raise Unsupported(TARGET, "TrainingArguments has no fp8 switch; use the accelerate target")
+        return "TrainingArguments has no fp8 switch; use the accelerate target"
     if lo.recompute_every_n_layers is not None:
-        raise Unsupported(TARGET, "gradient checkpointing wraps every decoder layer, not every N-th")
+        return "gradient checkpointing wraps every decoder layer, not every N-th"
     if lo.torch_compile is Compile.MODEL:
-        raise Unsupported(
-            TARGET,
-            "torch_compile compiles the model's forward, the loss of HF models with it: model_and_loss",
-        )
+        return "torch_compile compiles the model's forward, the loss of HF models with it: model_and_loss"
+    if lo.framework is Framework.DEEPSPEED:
+        return deepspeed.refusal(plan)  # the deepspeed target's ds_config.json
+    if lo.zero_stage == 0:
+        return None  # plain DDP
+    return _fsdp_refusal(plan)
+
+
+def _fsdp_refusal(plan: Plan) -> Refusal:
+    lo = plan.layout
+    if lo.zero_stage == 1:
+        return "FSDP has no optimizer-state-only sharding (ZeRO-1)"
+    if lo.fsdp_hybrid_shard and plan.cluster.num_nodes > 1:
+        return "HYBRID_SHARD is FSDP1-only in the Trainer; FSDP2 needs a 2-D device mesh"
+    if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
+        return "FSDP offloads to CPU memory only, not NVMe"
+    if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):
+        return "FSDP2's cpu_offload moves parameters, gradients and optimizer states together"
+    if lo.recompute is Recompute.SELECTIVE_OP:
+        return "per-op selective AC is torchtitan's; the Trainer checkpoints whole decoder layers"
+    return None
 
 
 def _fsdp_config(plan: Plan) -> dict[str, Any]:
     lo = plan.layout
-    if lo.zero_stage == 1:
-        raise Unsupported(TARGET, "FSDP has no optimizer-state-only sharding (ZeRO-1)")
-    if lo.fsdp_hybrid_shard and plan.cluster.num_nodes > 1:
-        raise Unsupported(TARGET, "HYBRID_SHARD is FSDP1-only in the Trainer; FSDP2 needs a 2-D device mesh")
-    if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
-        raise Unsupported(TARGET, "FSDP offloads to CPU memory only, not NVMe")
-    if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):
-        raise Unsupported(
-            TARGET, "FSDP2's cpu_offload moves parameters, gradients and optimizer states together"
-        )
-    if lo.recompute is Recompute.SELECTIVE_OP:
-        raise Unsupported(
-            TARGET, "per-op selective AC is torchtitan's; the Trainer checkpoints whole decoder layers"
-        )
     config: dict[str, Any] = {
         "version": 2,
         "reshard_after_forward": lo.zero_stage == 3,  # False = SHARD_GRAD_OP (ZeRO-2)
@@ -104,10 +109,7 @@ def _parallel(plan: Plan, config_dir: str) -> tuple[dict[str, Any], list[Artifac
     """The deepspeed= / fsdp= arguments, and the files they point at."""
     lo = plan.layout
     if lo.framework is Framework.DEEPSPEED:
-        try:
-            ds = deepspeed.ds_config(plan)
-        except Unsupported as exc:
-            raise Unsupported(TARGET, exc.reason) from exc
+        ds = deepspeed.ds_config(plan)
         artifact = Artifact(
             name=deepspeed.CONFIG_NAME,
             target=TARGET,
@@ -129,7 +131,7 @@ def training_arguments(plan: Plan, config_dir: str = "") -> tuple[dict[str, Any]
 
     config_dir: prefix of the config-file paths (empty: the working directory).
     """
-    _check(plan)
+    refuse(TARGET, refusal(plan))
     lo = plan.layout
     parallel, files = _parallel(plan, config_dir)
     args: dict[str, Any] = {

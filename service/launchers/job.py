@@ -12,7 +12,16 @@ from dataclasses import dataclass, replace
 
 from service.estimator.types import Framework, Plan
 from service.launchers import deepspeed, hf_trainer, megatron, torchtitan
-from service.launchers.common import JSON, TRAIN_SCRIPT, Artifact, Target, Unsupported, Word
+from service.launchers.common import (
+    JSON,
+    TRAIN_SCRIPT,
+    Artifact,
+    Refusal,
+    Target,
+    Word,
+    refuse,
+    world_refusal,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,36 +32,47 @@ class Entry:
     env: list[tuple[str, str]]
 
 
+def refusal(plan: Plan) -> Refusal:
+    """Why no entry point runs the plan, or None: the refusal of the framework's target (for FSDP,
+    torchtitan's and then the HF Trainer's), prefixed with that target's name."""
+    if (world := world_refusal(plan)) is not None:
+        return world
+    framework = plan.layout.framework
+    if framework is Framework.DEEPSPEED:
+        reason = deepspeed.refusal(plan)
+        return None if reason is None else f"{Target.DEEPSPEED}: {reason}"
+    if framework is Framework.MEGATRON:
+        reason = megatron.refusal(plan)
+        return None if reason is None else f"{Target.MEGATRON}: {reason}"
+    titan = torchtitan.refusal(plan)
+    if titan is None:
+        return None
+    hf = hf_trainer.refusal(plan)
+    return None if hf is None else f"torchtitan: {titan}; hf_trainer: {hf}"
+
+
 def entry(plan: Plan, wrapper: Target, config_dir: str = "") -> Entry:
     """The per-node command after `torchrun <topology>`; raises Unsupported(wrapper, ...)."""
+    refuse(wrapper, refusal(plan))
     framework = plan.layout.framework
-    try:
-        if framework is Framework.DEEPSPEED:
-            config = deepspeed.ds_config(plan)
-            file = Artifact(
-                name=deepspeed.CONFIG_NAME,
-                target=wrapper,
-                media_type=JSON,
-                content=json.dumps(config, indent=2) + "\n",
-            )
-            words: list[Word] = [
-                TRAIN_SCRIPT,
-                "--deepspeed",
-                "--deepspeed_config",
-                config_dir + deepspeed.CONFIG_NAME,
-            ]
-            return Entry(Target.DEEPSPEED, words, [file], [])
-        if framework is Framework.MEGATRON:
-            return Entry(Target.MEGATRON, megatron.entry_words(plan), [], megatron.environment(plan))
-        try:
-            return Entry(Target.TORCHTITAN, torchtitan.entry_words(plan), [], torchtitan.environment())
-        except Unsupported as titan:
-            try:
-                words, files = hf_trainer.entry_words(plan, config_dir)
-            except Unsupported as hf:
-                raise Unsupported(wrapper, f"torchtitan: {titan.reason}; hf_trainer: {hf.reason}") from hf
-            return Entry(Target.HF_TRAINER, words, [replace(f, target=wrapper) for f in files], [])
-    except Unsupported as exc:
-        if exc.target is wrapper:
-            raise
-        raise Unsupported(wrapper, f"{exc.target}: {exc.reason}") from exc
+    if framework is Framework.DEEPSPEED:
+        config = deepspeed.ds_config(plan)
+        file = Artifact(
+            name=deepspeed.CONFIG_NAME,
+            target=wrapper,
+            media_type=JSON,
+            content=json.dumps(config, indent=2) + "\n",
+        )
+        words: list[Word] = [
+            TRAIN_SCRIPT,
+            "--deepspeed",
+            "--deepspeed_config",
+            config_dir + deepspeed.CONFIG_NAME,
+        ]
+        return Entry(Target.DEEPSPEED, words, [file], [])
+    if framework is Framework.MEGATRON:
+        return Entry(Target.MEGATRON, megatron.entry_words(plan), [], megatron.environment(plan))
+    if torchtitan.refusal(plan) is None:
+        return Entry(Target.TORCHTITAN, torchtitan.entry_words(plan), [], torchtitan.environment())
+    words, files = hf_trainer.entry_words(plan, config_dir)
+    return Entry(Target.HF_TRAINER, words, [replace(f, target=wrapper) for f in files], [])

@@ -19,7 +19,6 @@ from service.launchers.common import (
     Artifact,
     Raw,
     Target,
-    check_world,
     comment_lines,
     dns_label,
     layout_summary,
@@ -68,7 +67,6 @@ def _replica(
 
 def manifests(plan: Plan) -> list[dict[str, Any]]:
     """The ConfigMap (when the command reads config files) and the PyTorchJob, as plain dicts."""
-    check_world(TARGET, plan)
     job = entry(plan, TARGET, CONFIG_DIR)
     words = [*torchrun_words(plan, rendezvous="env"), *job.words]
     command = [w for w in words if not isinstance(w, Raw)]

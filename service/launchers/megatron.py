@@ -22,20 +22,22 @@ from service.estimator.types import (
     QKNorm,
     Recompute,
 )
+from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
     HYPERPARAMETERS,
     SHELL,
     Artifact,
+    Refusal,
     Target,
-    Unsupported,
     Word,
     accumulation,
-    check_world,
     pipeline_split,
+    refuse,
     script,
     shell_command,
     torchrun_words,
     train_steps,
+    world_refusal,
 )
 
 LAUNCH_NAME = "megatron_launch.sh"
@@ -52,11 +54,13 @@ def environment(plan: Plan) -> list[tuple[str, str]]:
     return [("CUDA_DEVICE_MAX_CONNECTIONS", "1")] if needs_max_connections_env(plan) else []
 
 
-def _check(plan: Plan) -> None:
-    check_world(TARGET, plan)
+def refusal(plan: Plan) -> Refusal:
+    """Why Megatron-LM cannot run the plan as estimated (every problem, joined), or None."""
+    if (world := world_refusal(plan)) is not None:
+        return world
     lo, model, seq = plan.layout, plan.model, plan.training.seq_len
-    if lo.framework != "megatron":
-        raise Unsupported(TARGET, f"the layout is for {lo.framework}, not Megatron-LM")
+    if TARGET not in FRAMEWORKS[lo.framework].targets:
+        return f"the layout is for {lo.framework}, not Megatron-LM"
     problems: list[str] = []
     if plan.training.method is not Method.FULL:
         problems.append(
@@ -98,8 +102,7 @@ def _check(plan: Plan) -> None:
     problems += _architecture_problems(model)
     if plan.training.precision is Precision.BF16_PURE:
         problems.append("pure bf16 (bf16 master weights and states) is not emitted for Megatron")
-    if problems:
-        raise Unsupported(TARGET, "; ".join(problems))
+    return "; ".join(problems) if problems else None
 
 
 def _architecture_problems(model: ModelSpec) -> list[str]:
@@ -333,7 +336,7 @@ def _precision_args(plan: Plan) -> list[str]:
 
 def megatron_args(plan: Plan) -> list[str]:
     """pretrain_gpt.py's arguments; raises Unsupported where validate_args would fail."""
-    _check(plan)
+    refuse(TARGET, refusal(plan))
     lo = plan.layout
     accumulation(plan)  # global = micro x accumulation x dp, or InvalidLayout
     hp = HYPERPARAMETERS

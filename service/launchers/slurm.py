@@ -14,7 +14,6 @@ from service.launchers.common import (
     Artifact,
     Target,
     Word,
-    check_world,
     comment_lines,
     dns_label,
     layout_summary,
@@ -29,7 +28,6 @@ TARGET = Target.SLURM
 
 
 def sbatch_script(plan: Plan) -> tuple[str, list[Artifact]]:
-    check_world(TARGET, plan)
     job = entry(plan, TARGET)
     cluster = plan.cluster
     lines = [

@@ -11,20 +11,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.estimator.types import Compile, Framework, Method, ModelSpec, Offload, Plan, Precision, Recompute
+from service.estimator.types import Compile, Method, ModelSpec, Offload, Plan, Precision, Recompute
+from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
     SHELL,
     Artifact,
+    Refusal,
     Target,
-    Unsupported,
     Word,
     accumulation,
-    check_world,
     pipeline_split,
+    refuse,
     script,
     shell_command,
     torchrun_words,
     train_steps,
+    world_refusal,
 )
 
 LAUNCH_NAME = "torchtitan_launch.sh"
@@ -87,18 +89,18 @@ def flavor(model: ModelSpec) -> Flavor | None:
     return None
 
 
-def _check(plan: Plan) -> Flavor:
-    check_world(TARGET, plan)
+def refusal(plan: Plan) -> Refusal:
+    """Why torchtitan cannot run the plan as estimated (every problem, joined), or None."""
+    if (world := world_refusal(plan)) is not None:
+        return world
     lo = plan.layout
-    if lo.framework is not Framework.FSDP:
-        raise Unsupported(TARGET, f"the layout is for {lo.framework}; torchtitan runs FSDP2 with TP/PP/CP")
-    found = flavor(plan.model)
-    if found is None:
+    if TARGET not in FRAMEWORKS[lo.framework].targets:
+        return f"the layout is for {lo.framework}; torchtitan runs FSDP2 with TP/PP/CP"
+    if flavor(plan.model) is None:
         names = ", ".join(f"{f.module}/{f.config}" for f in FLAVORS)
-        raise Unsupported(
-            TARGET,
+        return (
             f"torchtitan {VERSION} builds the model from its config registry; {plan.model.name} matches "
-            f"none of {names} (register a config function for it)",
+            f"none of {names} (register a config function for it)"
         )
     problems: list[str] = []
     if plan.training.method is not Method.FULL:
@@ -132,9 +134,7 @@ def _check(plan: Plan) -> Flavor:
         problems.append(reason)
     if lo.virtual_pipeline_stages > 1 and accumulation(plan) % lo.pp:
         problems.append(f"Interleaved1F1B needs microbatches ({accumulation(plan)}) % pp ({lo.pp}) == 0")
-    if problems:
-        raise Unsupported(TARGET, "; ".join(problems))
-    return found
+    return "; ".join(problems) if problems else None
 
 
 def _split_args(plan: Plan) -> list[str]:
@@ -183,7 +183,9 @@ def _data_parallel(plan: Plan) -> tuple[int, int]:
 
 def train_args(plan: Plan) -> list[str]:
     """Arguments to `python -m torchtitan.train` (ConfigManager.parse_args takes exactly these)."""
-    found = _check(plan)
+    refuse(TARGET, refusal(plan))
+    found = flavor(plan.model)
+    assert found is not None  # refusal() names a model without a flavor
     lo, training = plan.layout, plan.training
     replicate, shard = _data_parallel(plan)
     accum = accumulation(plan)

@@ -48,11 +48,11 @@ from service.estimator.validate import (
     moe_a2a_overlap_violation,
     validate_layout,
 )
+from service.frameworks import FRAMEWORKS
 from service.launchers import runnable_targets
 from service.recommender import rank
 from service.recommender.budget import Budget
 from service.recommender.space import (
-    FRAMEWORK_FLAGS,
     OffloadDevices,
     RejectionLog,
     Sharding,
@@ -253,7 +253,8 @@ def _overlapped(search: _Search, layout: Layout) -> Layout | None:
     """``layout`` with Megatron's EP all-to-all overlap, where its rules allow it (MoE, ep > 1,
     interleaved when pipelined, no full recompute); None elsewhere. It hides the all-to-alls under
     the other micro-batch's compute for one more micro-batch in flight: the search times both."""
-    if layout.framework is not Framework.MEGATRON or layout.ep == 1 or search.model.moe is None:
+    overlaps = FRAMEWORKS[layout.framework].capabilities.moe_a2a_overlap
+    if not overlaps or layout.ep == 1 or search.model.moe is None:
         return None
     overlapped = dataclasses.replace(layout, moe_a2a_overlap=True)
     return overlapped if moe_a2a_overlap_violation(search.model, overlapped) is None else None
@@ -331,8 +332,9 @@ NO_LAUNCHER = "no launcher runs it"
 
 
 def _runs(search: _Search, job: Job, result: SearchResult, layout: Layout) -> bool:
-    """Whether a launcher of the layout's framework (of the requested ones) renders it: a plan is only
-    worth proposing if it can be run as written. Checked only for layouts that would be kept."""
+    """Whether a launcher of the layout's framework (of the requested ones) runs it: a plan is only
+    worth proposing if it can be run as written. Asks each target's refusal, a predicate over the
+    plan that renders nothing (tests/launchers/test_refusals.py holds it to what rendering does)."""
     plan = Plan(model=search.model, cluster=job.cluster, training=search.training, layout=layout)
     runs, reasons = runnable_targets(plan, search.constraints.launchers, first_only=True)
     if not runs:
@@ -352,7 +354,7 @@ Ceilings = dict[tuple[Framework, int], tuple[float, ...] | None]
 def _sizes(
     search: _Search, s: Structure, framework: Framework, virtual: int, sizes_of: Sizes
 ) -> tuple[int, ...]:
-    sp = s.tp > 1 and FRAMEWORK_FLAGS[framework].sequence_parallel
+    sp = s.tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
     if (virtual, sp) not in sizes_of:
         sizes_of[virtual, sp] = micro_batch_sizes(search.training, s, virtual, sp)
     return sizes_of[virtual, sp]
@@ -542,7 +544,7 @@ def _lean_layout_fits(
     for s in found:
         for framework in search.constraints.frameworks:
             options, _ = shardings(framework, s, search.offload, search.compiled(framework))
-            sp = s.tp > 1 and FRAMEWORK_FLAGS[framework].sequence_parallel
+            sp = s.tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
             sizes = micro_batch_sizes(search.training, s, 1, sp)
             if not options or not sizes:
                 continue

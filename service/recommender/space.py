@@ -7,8 +7,9 @@ A layout is built in three layers, each generated lazily and pruned as early as 
   and stays inside a node (Narayanan et al. arXiv:2104.04473 §3.3: "keep TP inside a server"),
   pp divides the layers, cp splits the sequence into 2 cp chunks, ep divides the experts and
   dp x cp (or, with Megatron's etp 1, tp x dp x cp), and dp divides the global batch;
-* a ``Sharding``: framework, ZeRO stage / FSDP mode and offload, only as
-  ``validate.FRAMEWORK_CAPABILITIES`` allows (the capability table stays data, in the estimator);
+* a ``Sharding``: framework, ZeRO stage / FSDP mode and offload, only as the framework's
+  capabilities allow (``service.frameworks.FRAMEWORKS``: its capabilities, the estimator's own
+  table, and the flags the search turns on);
 
 every rule is the validator's own (``service.estimator.validate``), called at the level where its
 fields are chosen; only keeping TP inside a node and ``MAX_CP`` are the search's policy;
@@ -40,7 +41,6 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from service.estimator.validate import (
-    FRAMEWORK_CAPABILITIES,
     batch_split_violation,
     context_violation,
     divisors,
@@ -51,6 +51,7 @@ from service.estimator.validate import (
     valid_micro_batch_sizes,
     zero_with_pipeline_violation,
 )
+from service.frameworks import FRAMEWORKS, FrameworkFlags
 
 MAX_CP = 32  # context parallelism beyond 32 ranks only pays off past the catalog's context lengths
 MAX_VIRTUAL_STAGES = 8  # interleaving deeper than 8 chunks costs more p2p than its bubble saves
@@ -60,39 +61,15 @@ RECOMPUTE_COST_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.SELECTIVE
 
 def recompute_order(framework: Framework) -> tuple[Recompute, ...]:
     """The framework's recompute policies, fastest first."""
-    modes = FRAMEWORK_CAPABILITIES[framework].recompute_modes
+    modes = FRAMEWORKS[framework].capabilities.recompute_modes
     return tuple(mode for mode in RECOMPUTE_COST_ORDER if mode in modes)
-
-
-@dataclass(frozen=True, slots=True)
-class FrameworkFlags:
-    """Switches the search turns on for a framework because they only save time."""
-
-    overlap_grad_reduce: bool | None  # None: the framework default
-    tp_comm_overlap: bool  # needs tp > 1 and sequence parallelism
-    sequence_parallel: bool  # the framework shards norm/dropout activations over TP
-
-
-# Megatron-Core: --overlap-grad-reduce --overlap-param-gather, and --tp-comm-overlap
-# (Transformer Engine userbuffers; needs --sequence-parallel). DeepSpeed: overlap_comm in the ZeRO
-# optimizer (stages 1-3, not under the pipeline engine; see make_layout). PyTorch DDP/FSDP
-# already overlap. The launchers render exactly these flags, so the estimate is of the same job.
-FRAMEWORK_FLAGS: dict[Framework, FrameworkFlags] = {
-    Framework.MEGATRON: FrameworkFlags(
-        overlap_grad_reduce=True, tp_comm_overlap=True, sequence_parallel=True
-    ),
-    Framework.DEEPSPEED: FrameworkFlags(
-        overlap_grad_reduce=True, tp_comm_overlap=False, sequence_parallel=False
-    ),
-    Framework.FSDP: FrameworkFlags(overlap_grad_reduce=None, tp_comm_overlap=False, sequence_parallel=True),
-}
 
 
 def _overlap_grad_reduce(flags: FrameworkFlags, structure: Structure, sharding: Sharding) -> bool | None:
     if structure.dp * structure.cp == 1:
         return None  # no gradient reduction
-    if sharding.framework is Framework.DEEPSPEED and (sharding.zero_stage == 0 or structure.pp > 1):
-        # Stage 0 reduces after backward; the PipelineEngine forces overlap_comm off (stage <= 2).
+    if flags.overlap_grad_reduce_needs_zero_without_pp and (sharding.zero_stage == 0 or structure.pp > 1):
+        # DeepSpeed: stage 0 reduces after backward; the PipelineEngine forces overlap_comm off.
         return None
     return flags.overlap_grad_reduce
 
@@ -282,8 +259,8 @@ def shardings(
 ) -> tuple[list[Sharding], list[str]]:
     """What ``framework`` supports for this structure (the validator's sharding rules), and why it
     does not support the stages it does not (for the rejection log); each compiled as ``compiled``."""
-    if structure.etp is not None and framework is not Framework.MEGATRON:
-        return [], []  # expert tensor parallelism is Megatron's: the other frameworks search etp = tp
+    if structure.etp is not None and not FRAMEWORKS[framework].capabilities.expert_tensor_parallel:
+        return [], []  # a framework without Megatron's etp splits the experts over tp: etp = tp
     ok, unsupported = _shardings(
         framework, structure.pp > 1, structure.dp * structure.cp > 1, offload, compiled
     )
@@ -295,7 +272,7 @@ def _shardings(
     framework: Framework, pipelined: bool, data_parallel: bool, offload: OffloadDevices, compiled: Compile
 ) -> tuple[tuple[Sharding, ...], tuple[str, ...]]:
     # the sharding rules read the framework, the stage, the offload devices and whether pp > 1
-    caps = FRAMEWORK_CAPABILITIES[framework]
+    caps = FRAMEWORKS[framework].capabilities
     ok: list[Sharding] = []
     unsupported: list[str] = []
     for stage in (0, 1, 2, 3):
@@ -331,7 +308,7 @@ def virtual_stages(model: ModelSpec, framework: Framework, pp: int) -> tuple[int
     """Interleaving depths to try: 1, and where the framework interleaves, the depths v whose pp x v
     virtual stages split the layers evenly, or evenly once the embedding and the loss count as a
     layer each (Megatron-Core's account-for split): the splits its flags express."""
-    if pp == 1 or not FRAMEWORK_CAPABILITIES[framework].interleaved_pipeline:
+    if pp == 1 or not FRAMEWORKS[framework].capabilities.interleaved_pipeline:
         return (1,)
     layers = model.num_layers
     deeper = (
@@ -359,7 +336,7 @@ def micro_batch_sizes(
 def make_layout(
     structure: Structure, sharding: Sharding, recompute: Recompute, virtual: int, micro_batch: int
 ) -> Layout:
-    flags = FRAMEWORK_FLAGS[sharding.framework]
+    flags = FRAMEWORKS[sharding.framework].flags
     sp = structure.tp > 1 and flags.sequence_parallel
     return Layout(
         framework=sharding.framework,

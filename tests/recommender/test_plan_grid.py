@@ -12,7 +12,8 @@ import pytest
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.types import ClusterSpec, Method, Offload, Plan, TrainingSpec
-from service.launchers import FRAMEWORK_TARGETS, RENDERERS, runnable_targets
+from service.frameworks import FRAMEWORKS
+from service.launchers import RENDERERS, runnable_targets
 from service.recommender import Constraints, recommend
 from service.recommender.space import sub_cluster
 from tests.recommender.helpers import cluster
@@ -92,7 +93,7 @@ def test_every_feasible_plan_runs_as_written(name: str, c: ClusterSpec, job: Tra
     layout = found.recommended.layout
     plan = Plan(model=spec, cluster=sub_cluster(c, layout.world_size), training=job, layout=layout)
     runs, reasons = runnable_targets(plan)
-    assert runs and set(runs) <= set(FRAMEWORK_TARGETS[layout.framework]), reasons
+    assert runs and set(runs) <= set(FRAMEWORKS[layout.framework].targets), reasons
     if job.method is not Method.FULL:  # every target that runs it trains adapters
         for target in runs:
             names = {artifact.name for artifact in RENDERERS[target](plan)}

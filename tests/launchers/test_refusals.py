@@ -1,0 +1,72 @@
+"""Each target's refusal (a pure predicate over the plan, what the search asks) says exactly what
+rendering says: None where the target renders the plan, the reason it refuses with where it does
+not, for every target over the launcher grid. So the search, which never renders, and the files can
+never disagree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from service.estimator.types import Framework, Method, Plan, Recompute
+from service.frameworks import FRAMEWORKS
+from service.launchers import REFUSALS, RENDERERS, Target, Unsupported, runnable_targets
+from tests.launchers.grid import grid
+
+
+def _plans() -> list[tuple[str, Plan]]:
+    """The grid, plus LoRA and every-N-th-layer recompute variants of part of it."""
+    cases = grid()
+    more = [
+        (f"{name}-lora", dataclasses.replace(p, training=dataclasses.replace(p.training, method=Method.LORA)))
+        for name, p in cases[::3]
+    ]
+    more += [
+        (
+            f"{name}-every-2",
+            dataclasses.replace(
+                p, layout=dataclasses.replace(p.layout, recompute=Recompute.FULL, recompute_every_n_layers=2)
+            ),
+        )
+        for name, p in cases[::5]
+    ]
+    return cases + more
+
+
+def _rendered(target: Target, plan: Plan) -> str | None:
+    try:
+        RENDERERS[target](plan)
+    except Unsupported as exc:
+        assert exc.target is target
+        return exc.reason
+    return None
+
+
+def test_every_target_refuses_exactly_what_it_does_not_render() -> None:
+    plans = _plans()
+    renders = 0
+    for name, plan in plans:
+        for target in Target:
+            said = REFUSALS[target](plan)
+            assert said == _rendered(target, plan), (name, target)
+            renders += said is None
+    assert set(REFUSALS) == set(RENDERERS) == set(Target)
+    assert renders > 500  # the grid reaches both answers for the targets
+
+
+def test_runnable_targets_are_the_frameworks_targets_that_do_not_refuse() -> None:
+    for name, plan in grid()[::7]:
+        wanted = FRAMEWORKS[plan.layout.framework].targets
+        runs, reasons = runnable_targets(plan)
+        assert runs == [t for t in wanted if _rendered(t, plan) is None], name
+        assert reasons == {t: r for t in wanted if (r := _rendered(t, plan)) is not None}, name
+        first, _ = runnable_targets(plan, first_only=True)
+        assert first == runs[:1], name
+
+
+def test_each_target_runs_the_frameworks_the_registry_gives_it() -> None:
+    """A target the registry does not list for a framework refuses every layout of it."""
+    for name, plan in grid()[::11]:
+        framework: Framework = plan.layout.framework
+        for target in (Target.DEEPSPEED, Target.HF_TRAINER, Target.MEGATRON, Target.TORCHTITAN):
+            if target not in FRAMEWORKS[framework].targets:
+                assert REFUSALS[target](plan) is not None, (name, target)
