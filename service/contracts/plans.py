@@ -14,6 +14,7 @@ from service.contracts.models import ModelRef
 from service.contracts.training import TrainingIn
 from service.estimator.types import Framework
 from service.launchers import Target
+from service.recommender import headroom
 from service.recommender.types import Constraints, Objective
 
 
@@ -22,7 +23,9 @@ class ConstraintsIn(Strict):
     max_gpus: int | None = Field(default=None, ge=1, le=10_000_000)
     frameworks: list[Framework] | None = Field(default=None, min_length=1, description="default: all")
     allow_offload: bool = True
-    min_headroom_fraction: float = Field(default=0.05, ge=0, le=0.5)
+    min_headroom_fraction: float = Field(
+        default=headroom.DEFAULT_FRACTION, ge=0, le=headroom.MAX_REQUESTED_FRACTION
+    )
     top_k: int = Field(default=3, ge=1, le=20)
     gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e6)
     torch_compile: bool = Field(

@@ -20,6 +20,7 @@ from service.estimator.types import ClusterSpec
 from service.feedback import ObservedRun, measured_step_s
 from service.persistence.models import PlanRecord, RunRecord
 from service.persistence.repository import PlanRepository
+from service.recommender import headroom
 from service.recommender.types import Constraints
 
 
@@ -113,5 +114,5 @@ def headroom_for(
     if extra == 0.0:
         return constraints
     return dataclasses.replace(
-        constraints, min_headroom_fraction=min(0.9, constraints.min_headroom_fraction + extra)
+        constraints, min_headroom_fraction=headroom.widened(constraints.min_headroom_fraction, extra)
     )

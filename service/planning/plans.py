@@ -37,7 +37,7 @@ from service.planning.calibration import calibration_out, calibrations_for, hard
 from service.planning.clusters import resolve_cluster
 from service.planning.estimates import check_scale, estimate_out, located
 from service.planning.idempotency import Outcome, create_once, request_digest
-from service.recommender import recommend
+from service.recommender import headroom, recommend
 from service.recommender.budget import NO_DEADLINE, Deadline
 from service.recommender.space import sub_cluster
 from service.recommender.types import Candidate, Recommendation
@@ -133,7 +133,7 @@ def closest_out(
     if closest is None:
         return None
     memory = closest.estimate.memory
-    allowed = int(memory.capacity_bytes * (1.0 - headroom_fraction))
+    allowed = headroom.allowed_bytes(memory.capacity_bytes, headroom_fraction)
     out = estimate_out(closest.estimate, closest.layout, training, parameter_counts(model).total, None)
     return ClosestOut(
         layout=out.layout,

@@ -50,7 +50,7 @@ from service.estimator.validate import (
 )
 from service.frameworks import FRAMEWORKS
 from service.launchers import runnable_targets
-from service.recommender import rank
+from service.recommender import headroom, rank
 from service.recommender.budget import Budget
 from service.recommender.space import (
     OffloadDevices,
@@ -160,10 +160,6 @@ class _Search:
         if self.constraints.torch_compile and FRAMEWORK_CAPABILITIES[framework].torch_compile is None:
             return Compile.MODEL_AND_LOSS
         return Compile.NONE
-
-
-def _limit_bytes(capacity: int, constraints: Constraints) -> int:
-    return int(capacity * (1.0 - constraints.min_headroom_fraction))
 
 
 def _family_key(layout: Layout) -> tuple[object, ...]:
@@ -610,7 +606,7 @@ def _search_counts(
             return
         job = make_job(model, sub_cluster(cluster, gpus), training, tuning)
         result.jobs[gpus] = job
-        limit = _limit_bytes(job.cluster.gpu.memory_bytes, constraints)
+        limit = headroom.allowed_bytes(job.cluster.gpu.memory_bytes, constraints.min_headroom_fraction)
         before = len(result.best)
         if not _count_can_fit(request, job, gpus, limit, result):
             continue

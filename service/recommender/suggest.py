@@ -36,6 +36,7 @@ from service.estimator.types import (
 )
 from service.estimator.validate import hardware_violation
 from service.recommender.budget import Budget
+from service.recommender.headroom import allowed_bytes
 from service.recommender.types import Candidate, Constraints, Objective, Skipped, Suggestion
 
 GiB = 2**30
@@ -135,7 +136,7 @@ def states_can_fit(
     if training.method is not Method.FULL:
         return True
     job = make_job(model, with_gpu(cluster, cluster.gpu, 1, gpus), training, tuning)
-    limit = cluster.gpu.memory_bytes * (1.0 - constraints.min_headroom_fraction)
+    limit = allowed_bytes(cluster.gpu.memory_bytes, constraints.min_headroom_fraction)
     return any(min_state_bytes_per_gpu(job, fw, gpus) <= limit for fw in constraints.frameworks)
 
 

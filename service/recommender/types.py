@@ -12,6 +12,7 @@ from service.estimator.errors import InvalidTraining
 from service.estimator.types import Estimate, Framework, Layout
 from service.estimator.validate import FRAMEWORK_CAPABILITIES
 from service.launchers.common import Target
+from service.recommender.headroom import DEFAULT_FRACTION as DEFAULT_HEADROOM_FRACTION
 
 
 class Objective(StrEnum):
@@ -27,8 +28,8 @@ class Constraints:
     max_gpus: int | None = None  # use at most this many of the cluster's GPUs
     frameworks: tuple[Framework, ...] = tuple(Framework)
     allow_offload: bool = True  # optimizer / parameter / activation offload to host or NVMe
-    # Keep this fraction of GPU memory free (allocator behaviour, framework versions).
-    min_headroom_fraction: float = 0.05
+    # Keep this fraction of GPU memory free (allocator behaviour, framework versions): headroom.py.
+    min_headroom_fraction: float = DEFAULT_HEADROOM_FRACTION
     top_k: int = 3  # the recommended layout + top_k - 1 alternatives
     gpu_hour_cost: float | None = None  # price of one GPU for one hour, any currency
     # The search stops (truncated) after this many layout evaluations (memory or step time): a

@@ -1,0 +1,29 @@
+"""The headroom policy is defined once (service.recommender.headroom) and every reader uses it: the
+request's default and limit, the search's default, and the estimator's thin-headroom flag agree."""
+
+from __future__ import annotations
+
+from service.contracts.plans import ConstraintsIn
+from service.estimator.estimate import THIN_HEADROOM_FRACTION
+from service.recommender import headroom
+from service.recommender.types import Constraints
+
+
+def test_every_default_is_the_policy() -> None:
+    assert headroom.DEFAULT_FRACTION == THIN_HEADROOM_FRACTION == 0.05
+    assert Constraints().min_headroom_fraction == headroom.DEFAULT_FRACTION
+    assert ConstraintsIn().min_headroom_fraction == headroom.DEFAULT_FRACTION
+    assert ConstraintsIn().to_domain().min_headroom_fraction == headroom.DEFAULT_FRACTION
+    schema = ConstraintsIn.model_json_schema()["properties"]["min_headroom_fraction"]
+    assert schema["maximum"] == headroom.MAX_REQUESTED_FRACTION == 0.5
+
+
+def test_allowed_bytes_is_the_card_less_the_headroom_rounded_down() -> None:
+    assert headroom.allowed_bytes(80 * 2**30, 0.05) == int(80 * 2**30 * 0.95)
+    assert headroom.allowed_bytes(1000, 0.0) == 1000
+    assert headroom.allowed_bytes(999, 0.5) == 499  # never rounds up: a byte over is over
+
+
+def test_calibration_widens_it_at_most_to_the_cap() -> None:
+    assert headroom.widened(0.05, 0.1) == 0.05 + 0.1
+    assert headroom.widened(0.5, 0.7) == headroom.MAX_FRACTION == 0.9
