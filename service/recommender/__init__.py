@@ -138,9 +138,15 @@ class SearchResult:
         self.time_evaluations += 1
         return evaluate.step_numbers(job, layout)
 
-    def floor_s(self, job: Job, layout: Layout, most_micro_batches: int) -> float:
+    def floor_s(self, job: Job, layout: Layout, most_micro_batches: int | None = None) -> float:
+        """``evaluate.floor_s``, counted against the budget."""
         self.time_evaluations += 1
         return evaluate.floor_s(job, layout, most_micro_batches)
+
+    def time_estimate(self, job: Job, layout: Layout) -> TimeEstimate:
+        """``evaluate.time_estimate`` (the step with its breakdown), counted against the budget."""
+        self.time_evaluations += 1
+        return evaluate.time_estimate(job, layout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,8 +268,7 @@ def _may_enter_top(search: _Search, job: Job, result: SearchResult, bound: Layou
     top_k = search.constraints.top_k
     if len(result.best) < top_k:
         return True
-    result.time_evaluations += 1
-    _, tokens_per_s = evaluate.step_numbers(job, bound)
+    _, tokens_per_s = result.step_numbers(job, bound)
     return rank.primary_key(search.constraints.objective, bound.world_size, tokens_per_s) <= result.threshold(
         top_k
     )
@@ -280,8 +285,7 @@ def _fewest_recomputed_layers(
         return dataclasses.replace(layout, recompute_num_layers=n)
 
     def fits(n: int) -> bool:
-        result.memory_evaluations += 1
-        return evaluate.numbers_fit(job.cluster, result.memory_numbers(job, with_layers(n)), limit)
+        return result.fits(job, with_layers(n), limit)
 
     low, high = 1, most  # every layer recomputing (n = most) is the layout itself, which fits
     while low < high:
@@ -467,9 +471,8 @@ def _dominated(
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if layout_violation(search.model, job.cluster, optimistic, search.training) is not None:
         return False
-    result.time_evaluations += 1
-    bound = evaluate.time_estimate(job, optimistic)
-    least_bubble_s = evaluate.floor_s(job, optimistic, most) - evaluate.floor_s(job, optimistic)
+    bound = result.time_estimate(job, optimistic)
+    least_bubble_s = result.floor_s(job, optimistic, most) - result.floor_s(job, optimistic)
     step_s = bound.step_s - bound.breakdown.pp_bubble_s + least_bubble_s
     best_tokens_per_s = search.training.tokens_per_step / step_s
     if rank.primary_key(search.constraints.objective, s.gpus, best_tokens_per_s) <= threshold:
@@ -680,20 +683,18 @@ def _run_search(
     skipped: list[str] = []
     searched = 0  # counts with valid splits that were searched in full (invalid ones cost little)
     first: SearchResult | None = None  # all the GPUs allowed: what an infeasible answer reports
-    later = SearchResult()  # the work of the smaller counts
+    work = SearchResult()  # the work of every count searched, which the answer reports
     for gpus in counts:
         result = search(model, cluster, training, constraints, tuning, (gpus,), budget=budget)
-        if first is None:
-            first = result
-        else:
-            later.memory_evaluations += result.memory_evaluations
-            later.time_evaluations += result.time_evaluations
-            later.families += result.families
+        first = first or result
+        work.memory_evaluations += result.memory_evaluations
+        work.time_evaluations += result.time_evaluations
+        work.families += result.families
         if result.best or result.truncated:
             if skipped:  # the largest count's reason, and how many more counts failed
                 more = f"; nor {len(skipped) - 1} smaller counts" if len(skipped) > 1 else ""
                 result.idle_reason = skipped[0] + more
-            return result
+            return _with_work(result, work)
         common = max(result.log.groups.items(), key=lambda kv: kv[1].count, default=None)
         why = f"{common[0]}: {common[1].detail}" if common else "no structure"
         what = "valid split" if not result.valid_structures else "layout that fits and runs"
@@ -701,14 +702,19 @@ def _run_search(
         searched += 1 if result.valid_structures else 0
         if searched >= MAX_FALLBACK_COUNTS:
             break
-    if first is None or first is result:
+    if first is None:
         return result
     # nothing fits on any count: the rejections and the closest miss of all the GPUs allowed, with
     # the work of every count searched
-    first.memory_evaluations += later.memory_evaluations
-    first.time_evaluations += later.time_evaluations
-    first.families += later.families
-    return first
+    return _with_work(first, work)
+
+
+def _with_work(result: SearchResult, work: SearchResult) -> SearchResult:
+    """``result`` reporting the evaluations and families of ``work`` (every count searched)."""
+    result.memory_evaluations = work.memory_evaluations
+    result.time_evaluations = work.time_evaluations
+    result.families = work.families
+    return result
 
 
 # GPU counts with valid splits searched below the cluster's before a throughput search gives up
