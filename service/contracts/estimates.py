@@ -171,7 +171,10 @@ class TimeBreakdownOut(BaseModel):
 class TimeOut(BaseModel):
     step_s: float
     tokens_per_s: float
-    tflops_per_gpu: float = Field(description="model FLOPs only (PaLM MFU convention)")
+    tflops_per_gpu: float = Field(
+        description="model FLOPs only, attention counted on its causal triangle (Megatron-LM's "
+        "num_floating_point_operations; PaLM's convention counts the full square)"
+    )
     mfu: float
     hardware_tflops_per_gpu: float = Field(description="including recomputation")
     hfu: float

@@ -96,8 +96,8 @@ def implausibility(obs: Observation) -> tuple[str, ...]:
     measured, estimated = obs.measured_step_s, obs.estimated_step_s
     if measured and estimated and not obs.out_of_memory:
         # HFU = hardware FLOPs / (step x dense peak) <= 1: no step beats its FLOPs at the peak. The
-        # FLOPs count attention's full s x s square (flops.py), more than causal flash kernels run,
-        # so where the estimate itself is above HFU 1 (long sequences) its own step is the floor.
+        # FLOPs are what the kernels run (flops.py: the causal triangle for flash/SDPA), so the
+        # estimate stays below HFU 1; its own step is still the floor where a run is faster still.
         if obs.peak_step_s and measured < min(obs.peak_step_s, estimated):
             reasons.append(
                 f"step {measured:.4g} s is faster than the dense peak allows: the step's hardware FLOPs "
@@ -224,9 +224,8 @@ def calibrated_bytes(estimated_bytes: int, factor: float) -> int:
 def capped_step_time_factor(time: TimeEstimate, factor: float) -> float:
     """The step-time factor a calibrated estimate takes: no faster than HFU 1. HFU = hardware FLOPs
     / (step x GPUs x dense peak) (evaluate.time_estimate), so a factor f gives HFU time.hfu / f, and
-    f >= time.hfu keeps it <= 1 (and MFU <= HFU with it). Where the uncalibrated ``time`` is itself
-    above HFU 1 (its FLOPs count attention's full square, flops.py, timed as the causal triangle at
-    long sequences), this slows the calibrated estimate to HFU 1: it never quotes more than the peak."""
+    f >= time.hfu keeps it <= 1 (and MFU <= HFU with it): a calibrated estimate never quotes more
+    than the peak, whatever the runs say."""
     return max(factor, time.hfu)
 
 
