@@ -38,9 +38,6 @@ from service.estimator.hf_config import model_from_hf_config
 from service.estimator.job import prepare, rank_kind_counts
 from service.estimator.model_states import (
     ModelStates,
-    deepspeed_zero2_estimate,
-    deepspeed_zero3_estimate,
-    megatron_weight_and_optimizer_bytes,
     rank_model_states,
     rank_parameters,
     shard_degrees,
@@ -66,6 +63,11 @@ from service.estimator.types import (
     Recompute,
     TimeEstimate,
     TrainingSpec,
+)
+from validation.published_formulas import (
+    deepspeed_zero2_estimate,
+    deepspeed_zero3_estimate,
+    megatron_weight_and_optimizer_bytes,
 )
 
 DENSE = LayerKind(moe=False)  # a dense decoder layer with full attention

@@ -8,8 +8,8 @@
   the fp32 log-softmax of the loss). Checked against ``validation/data/activations.json``, which
   records the saved storages of real models on the CPU.
 
-The published formulas (Korthikanti Table 2, Megatron's ``theoretical_memory_usage.py``) are
-reproduced exactly by ``korthikanti_layer_bytes`` and ``megatron_theoretical_activation_bytes``.
+The published formulas (Korthikanti Table 2, Megatron's ``theoretical_memory_usage.py``), which
+validation compares these with, are reproduced exactly in ``validation/published_formulas.py``.
 All quantities are bytes of one rank; ``tokens`` is the rank's s/cp x b.
 """
 
@@ -661,48 +661,3 @@ def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpe
     else:
         copies = 2
     return math.ceil(copies * FP32_BYTES * t * model.vocab_size / layout.tp)
-
-
-# ---------------------------------------------------------------- published formulas, exactly
-
-
-def korthikanti_layer_bytes(
-    *, s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False, selective: bool = False
-) -> float:
-    """Korthikanti et al. Table 2: bytes per transformer layer (16-bit, 1-byte masks, 4h GeLU)."""
-    # sbh(10 + 24/t + 5as/(ht)); SP shards the 10: sbh(34/t + 5as/(ht)); selective drops 5as/(ht).
-    replicated = 10 * s * b * h / (t if sequence_parallel else 1)
-    sharded = 24 * s * b * h / t
-    scores = 0.0 if selective else 5 * a * s * s * b / t
-    return replicated + sharded + scores
-
-
-def megatron_theoretical_activation_bytes(
-    *,
-    seq_length: int,
-    micro_batch_size: int,
-    hidden_size: int,
-    ffn_hidden_size: int,
-    num_layers: int,
-    padded_vocab_size: int,
-    tp: int,
-    pp: int,
-    virtual_pp: int | None = None,
-    num_microbatches: int | None = None,
-    sequence_parallel: bool = False,
-    selective_recompute: bool = False,
-) -> float:
-    """Megatron-LM ``theoretical_memory_usage.py`` (d98e8a6) activation memory, dense models."""
-    sbh = seq_length * micro_batch_size * hidden_size
-    with_sp = sequence_parallel and selective_recompute
-    per_layer = sbh * (18 + 4 * ffn_hidden_size / hidden_size) if with_sp else sbh * (10 + 24 / tp)
-    total = per_layer * num_layers + 8 * seq_length * micro_batch_size * pp + sbh * pp
-    if virtual_pp is not None:
-        total *= 1 + (pp - 1) / (pp * virtual_pp)
-    elif pp > 1 and num_microbatches is not None:
-        total *= min(1, num_microbatches / pp)
-    if pp == 1 and with_sp:
-        total += sbh * 4 * (1 + padded_vocab_size / hidden_size)
-    elif pp == 1:
-        total += 2 * (seq_length * micro_batch_size * padded_vocab_size / tp + sbh)
-    return total / tp if with_sp else total * 1.05

@@ -44,6 +44,7 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from tests.estimator.helpers import fits, job, memory, rank_parameters, stage_activation_bytes, states
+from validation import published_formulas
 
 DENSE = LayerKind(moe=False)  # a dense decoder layer with full attention
 
@@ -248,7 +249,7 @@ def test_megatron_layer_is_korthikanti_for_gpt() -> None:
     training = TrainingSpec(seq_len=2048, global_batch_size=4, attention=Attention.EAGER)
     lay = Layout(framework=Framework.MEGATRON, tp=8, micro_batch_size=4)
     # sbh(10 + 24/8 + 5as/(8h)) with s 2048, b 4, h 6144, a 64.
-    expected = activations.korthikanti_layer_bytes(s=2048, b=4, h=6144, a=64, t=8)
+    expected = published_formulas.korthikanti_layer_bytes(s=2048, b=4, h=6144, a=64, t=8)
     assert activations.megatron_layer_bytes(gpt, lay, training, False) == pytest.approx(expected, rel=1e-12)
     # without dropout: no 1-byte masks (sbh x 2: after attention and after the MLP) and the eager
     # probabilities are kept once (2as, not softmax + mask + dropout output 5as)

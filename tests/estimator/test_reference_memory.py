@@ -9,11 +9,6 @@ from typing import Any
 import pytest
 
 from service.estimator import activations
-from service.estimator.model_states import (
-    deepspeed_zero2_estimate,
-    deepspeed_zero3_estimate,
-    megatron_weight_and_optimizer_bytes,
-)
 from service.estimator.params import LayerKind, parameter_counts
 from service.estimator.types import (
     Framework,
@@ -25,6 +20,7 @@ from service.estimator.types import (
 )
 from tests.estimator.helpers import fits, memory, states
 from validation import cases as reference
+from validation import published_formulas
 from validation.cases import (
     CASES_PATH,
     DEEPSPEED_ZERO2_CASES,
@@ -55,6 +51,11 @@ from validation.cases import (
     zero_states_gb,
 )
 from validation.cases import single_node as cluster
+from validation.published_formulas import (
+    deepspeed_zero2_estimate,
+    deepspeed_zero3_estimate,
+    megatron_weight_and_optimizer_bytes,
+)
 
 DENSE = LayerKind(moe=False)  # a dense decoder layer with full attention
 
@@ -179,7 +180,7 @@ def test_korthikanti_table2_rows_exact(tp: int, sp: bool, recompute: Recompute, 
     per_layer = activations.layer_bytes(GPT_22B, lay, training, DENSE, lay.recompute)
     assert per_layer == pytest.approx(per_sbh * sbh, rel=1e-12)
     if recompute is not Recompute.FULL:
-        published = activations.korthikanti_layer_bytes(
+        published = published_formulas.korthikanti_layer_bytes(
             s=2048, b=4, h=6144, a=64, t=tp, sequence_parallel=sp, selective=recompute is Recompute.SELECTIVE
         )
         assert published == pytest.approx(per_sbh * sbh, rel=1e-12)
@@ -187,8 +188,8 @@ def test_korthikanti_table2_rows_exact(tp: int, sp: bool, recompute: Recompute, 
 
 def test_selective_recompute_saves_70_percent_for_gpt3() -> None:
     # GPT-3: a 96, s 2048, h 12288 -> 5as/h = 80; selective keeps 34 of 114: saves 70%.
-    full = activations.korthikanti_layer_bytes(s=2048, b=1, h=12288, a=96, t=8, sequence_parallel=True)
-    selective = activations.korthikanti_layer_bytes(
+    full = published_formulas.korthikanti_layer_bytes(s=2048, b=1, h=12288, a=96, t=8, sequence_parallel=True)
+    selective = published_formulas.korthikanti_layer_bytes(
         s=2048, b=1, h=12288, a=96, t=8, sequence_parallel=True, selective=True
     )
     assert 1 - selective / full == pytest.approx(80 / 114)
@@ -199,14 +200,14 @@ def test_megatron_theoretical_activation_formula() -> None:
     s, b, h, layers, v, t = 2048, 1, 4096, 2, 51200, 2
     sbh = s * b * h
     expected = (layers * 34 * sbh + 8 * s * b + sbh + 4 * sbh * (1 + v / h)) / t
-    got = activations.megatron_theoretical_activation_bytes(
+    got = published_formulas.megatron_theoretical_activation_bytes(
         seq_length=s, micro_batch_size=b, hidden_size=h, ffn_hidden_size=4 * h, num_layers=layers,
         padded_vocab_size=v, tp=t, pp=1, sequence_parallel=True, selective_recompute=True,
     )  # fmt: skip
     assert got == expected
     # Without SP: L sbh (10 + 24/t) + 8sb + sbh + 2(sbV/t + sbh), x 1.05, not divided by tp.
     expected = (layers * sbh * (10 + 24 / t) + 8 * s * b + sbh + 2 * (s * b * v / t + sbh)) * 1.05
-    got = activations.megatron_theoretical_activation_bytes(
+    got = published_formulas.megatron_theoretical_activation_bytes(
         seq_length=s, micro_batch_size=b, hidden_size=h, ffn_hidden_size=4 * h, num_layers=layers,
         padded_vocab_size=v, tp=t, pp=1,
     )  # fmt: skip
@@ -215,10 +216,10 @@ def test_megatron_theoretical_activation_formula() -> None:
     common = dict(seq_length=s, micro_batch_size=b, hidden_size=h, ffn_hidden_size=4 * h, num_layers=8,
                   padded_vocab_size=v, tp=1)  # fmt: skip
     base = 8 * sbh * 34 + 8 * s * b * 4 + sbh * 4
-    assert activations.megatron_theoretical_activation_bytes(
+    assert published_formulas.megatron_theoretical_activation_bytes(
         **common, pp=4, num_microbatches=2, sequence_parallel=True, selective_recompute=True
     ) == pytest.approx(base / 2)
-    assert activations.megatron_theoretical_activation_bytes(
+    assert published_formulas.megatron_theoretical_activation_bytes(
         **common, pp=4, virtual_pp=2, sequence_parallel=True, selective_recompute=True
     ) == pytest.approx(base * 1.375)
 
