@@ -215,6 +215,22 @@ def floor_s(job: Job, layout: Layout, most_micro_batches: int | None = None) -> 
 # ---------------------------------------------------------------- the largest micro-batch and sequence
 
 
+def bisect_largest(low: int, high: int, ok: Callable[[int], bool]) -> int:
+    """The largest ``x`` in [low, high] for which ``ok`` holds, where ``ok`` holds up to a point and
+    not after it, and holds at ``low`` (never asked: ``low`` may be a sentinel below the range, such
+    as -1 for "none"). Every search of the estimator and the recommender bisects through here."""
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if ok(middle) else (low, middle - 1)
+    return low
+
+
+def bisect_smallest(low: int, high: int, ok: Callable[[int], bool]) -> int:
+    """The smallest ``x`` in [low, high] for which ``ok`` holds, where ``ok`` fails up to a point and
+    holds after it, and holds at ``high`` (never asked): ``bisect_largest`` on the mirrored range."""
+    return -bisect_largest(-high, -low, lambda x: ok(-x))
+
+
 def largest_satisfying(
     low: int, high: int, step: int, ok: Callable[[int], bool], guess: int | None = None
 ) -> int:
@@ -244,10 +260,7 @@ def largest_satisfying(
                     lo = probe
                     break
                 hi, width = probe - 1, 2 * width
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if ok(mid * step) else (lo, mid - 1)
-    return lo * step
+    return bisect_largest(lo, hi, lambda i: ok(i * step)) * step
 
 
 def largest_fitting(
@@ -262,14 +275,7 @@ def largest_fitting(
     """The index of the largest of ``count`` layouts ``layouts(0..count-1)`` (micro-batches in
     ascending order: memory grows with the micro-batch) that fits, by binary search; -1 if none.
     ``known_fit``: an index already known to fit, so the search starts above it."""
-    low, high = known_fit, count - 1  # the answer is in [low, high]; low fits, or is -1
-    while low < high:
-        mid = (low + high + 1) // 2
-        if fits(job, layouts(mid), limit_bytes, dynamic_factor):
-            low = mid
-        else:
-            high = mid - 1
-    return low
+    return bisect_largest(known_fit, count - 1, lambda i: fits(job, layouts(i), limit_bytes, dynamic_factor))
 
 
 def max_micro_batch_size(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> int:

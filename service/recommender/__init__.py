@@ -287,14 +287,9 @@ def _fewest_recomputed_layers(
     def fits(n: int) -> bool:
         return result.fits(job, with_layers(n), limit)
 
-    low, high = 1, most  # every layer recomputing (n = most) is the layout itself, which fits
-    while low < high:
-        middle = (low + high) // 2
-        if fits(middle):
-            high = middle
-        else:
-            low = middle + 1
-    return layout if low == most else with_layers(low)
+    # every layer recomputing (n = most) is the layout itself, which fits
+    fewest = evaluate.bisect_smallest(1, most, fits)
+    return layout if fewest == most else with_layers(fewest)
 
 
 def _largest_fitting(

@@ -1,12 +1,19 @@
 """The limit searches' bisection, with and without a guess: the same exact answer as counting up,
-for any guess; a close guess costs a few calls (max_seq_len's secant guess lands within tokens)."""
+for any guess; a close guess costs a few calls (max_seq_len's secant guess lands within tokens).
+The one bisection every search uses (``bisect_largest``, mirrored by ``bisect_smallest``) never
+asks the bound it is given and halves the range on each call."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.estimator.evaluate import MAX_SEQ_LEN_SEARCHED, largest_satisfying
+from service.estimator.evaluate import (
+    MAX_SEQ_LEN_SEARCHED,
+    bisect_largest,
+    bisect_smallest,
+    largest_satisfying,
+)
 
 
 @given(
@@ -32,3 +39,24 @@ def test_a_close_guess_costs_a_few_calls_where_bisection_costs_log2_of_the_range
     calls.clear()
     assert largest_satisfying(1, MAX_SEQ_LEN_SEARCHED, 1, ok, guess=29_560) == 29_562
     assert len(calls) <= 6
+
+
+@given(low=st.integers(-1, 40), width=st.integers(0, 70), cut=st.integers(0, 70))
+def test_bisections_give_the_counted_answer_in_log2_calls(low: int, width: int, cut: int) -> None:
+    high = low + width
+    asked: list[int] = []
+
+    def at_most(x: int) -> bool:  # holds up to low + cut
+        asked.append(x)
+        return x <= low + cut
+
+    assert bisect_largest(low, high, at_most) == min(high, low + cut)
+    assert low not in asked and len(asked) <= width.bit_length()
+    asked.clear()
+
+    def at_least(x: int) -> bool:  # holds from high - cut on
+        asked.append(x)
+        return x >= high - cut
+
+    assert bisect_smallest(low, high, at_least) == max(low, high - cut)
+    assert high not in asked and len(asked) <= width.bit_length()
