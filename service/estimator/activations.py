@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from service.estimator import flops
 from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
+from service.estimator.params import FUSED_QKV_FAMILIES
 from service.estimator.types import (
     Attention,
     AttentionKind,
@@ -41,8 +42,6 @@ from service.estimator.types import (
 # HF families whose MLP activation is the python tanh-GELU ("gelu_new"): it saves its input,
 # tanh output, 0.5x, 1+tanh and its output (5 tensors of width f) instead of 2.
 PYTHON_GELU_FAMILIES = frozenset({"gpt2", "phi"})
-# HF families whose one Linear makes q, k and v: a saved view of v keeps the whole q+k+v buffer alive.
-FUSED_QKV_FAMILIES = frozenset({"gpt2", "gpt_neox", "falcon", "bloom", "phi3"})
 # Eager softmax in the model dtype (no fp32 upcast and 16-bit copy): GPT-2, Falcon.
 MODEL_DTYPE_SOFTMAX_FAMILIES = frozenset({"gpt2", "falcon"})
 # Falcon's SDPA path repeats k and v to every head and passes a materialised (b, 1, s, s) mask.
@@ -86,8 +85,10 @@ class Split:
 
 
 def element_bytes(precision: Precision) -> int:
-    """Bytes of one activation element: fp32 training keeps fp32, every other mode 16-bit."""
-    # fp8 (Transformer Engine) computes GEMMs in fp8 but hands bf16 tensors between ops; we count 2.
+    """Bytes of one activation element, kept for backward or sent over a link: fp32 training keeps
+    fp32, every other mode 16-bit."""
+    # fp8 (Transformer Engine, torchao) computes GEMMs in fp8 but hands bf16 tensors between ops and
+    # communicates them in bf16; we count 2.
     return 4 if precision is Precision.FP32 else 2
 
 

@@ -4,6 +4,7 @@ all under the calibration learned from observed runs when there is one."""
 from __future__ import annotations
 
 from service.estimator import evaluate
+from service.estimator.activations import element_bytes
 from service.estimator.calibration import (
     Calibration,
     calibrated_time,
@@ -15,7 +16,6 @@ from service.estimator.defaults import for_gpu
 from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
 from service.estimator.step_time import (
-    activation_bytes,
     core_kernel,
     time_to_train_s,
     unaligned_core_slowdown,
@@ -80,7 +80,7 @@ def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tup
     if unaligned_core_slowdown(model, training, tuning) > 0.0:
         added_s = unaligned_core_step_s(job, layout) * step_time_factor
         out.append(
-            f"head_dim {head_dim} ({head_dim * activation_bytes(training.precision)}-byte rows) is not a "
+            f"head_dim {head_dim} ({head_dim * element_bytes(training.precision)}-byte rows) is not a "
             f"multiple of {tuning.attention_alignment_bytes} bytes: eager "
             f"attention's QK^T and AV run at {tuning.unaligned_attention_core_factor:g} of the GEMM rate, "
             f"{added_s:.3g} s of each step; flash or sdpa attention pad head_dim to a multiple of 8"

@@ -42,9 +42,10 @@ def layer_kind(model: ModelSpec, index: int) -> LayerKind:
     return LayerKind(moe=is_moe_layer(model, index), attention=model.attention_kind(index))
 
 
-# Families whose Hugging Face module fuses q, k and v into one Linear (or GPT-2's Conv1D); this
-# changes only which single module is largest, never a total.
-_FUSED_QKV_FAMILIES = frozenset({"gpt2", "gpt_neox", "falcon", "bloom", "phi3"})
+# Families whose Hugging Face module fuses q, k and v into one Linear (or GPT-2's Conv1D). For the
+# parameters this changes only which single module is largest, never a total; for the activations,
+# a saved view of v keeps the whole q+k+v buffer alive (``activations._hf_sdpa``).
+FUSED_QKV_FAMILIES = frozenset({"gpt2", "gpt_neox", "falcon", "bloom", "phi3"})
 # Families whose gated MLP fuses gate and up into one Linear (Phi-3's gate_up_proj).
 _FUSED_GATE_UP_FAMILIES = frozenset({"phi3"})
 
@@ -213,7 +214,7 @@ def largest_module_parameters(model: ModelSpec) -> int:
     if model.position_embedding is PositionEmbedding.LEARNED:
         candidates.append(model.max_position_embeddings * h)
     bias = 1 if model.qkv_bias else 0
-    if model.family in _FUSED_QKV_FAMILIES:
+    if model.family in FUSED_QKV_FAMILIES:
         candidates.append((h + bias) * (q + 2 * kv))
     else:
         candidates.append((h + bias) * q)

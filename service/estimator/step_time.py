@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.estimator import activations, comm, flops
+from service.estimator.activations import element_bytes
 from service.estimator.errors import InvalidTraining
 from service.estimator.job import (
     Job,
@@ -94,11 +95,6 @@ def peak_flops_per_s(cluster: ClusterSpec, precision: Precision) -> float:
     return peak
 
 
-def activation_bytes(precision: Precision) -> int:
-    """Bytes per activation element sent over links (fp8 GEMMs still communicate 16-bit)."""
-    return 4 if precision is Precision.FP32 else 2
-
-
 def grad_bytes(precision: Precision, framework: Framework) -> int:
     """Bytes per gradient element in the DP reduction."""
     # Megatron reduces bf16 grads in fp32 (--accumulate-allreduce-grads-in-fp32, forced for bf16);
@@ -147,8 +143,19 @@ def _ffn_width(model: ModelSpec, moe_layer: bool) -> int:
     return moe.top_k * moe.expert_ffn_hidden_size + moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
 
 
-def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, kind: LayerKind) -> float:
-    """Activation bytes per token one GPU stores in a layer (Korthikanti Table 2, generalised)."""
+def layer_traffic_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, kind: LayerKind) -> float:
+    """Bytes per token, on one GPU, of the tensors a layer's memory-bound kernels (norms, activation
+    functions, dropout, eager softmax, MoE permutes) write in forward: what their time scales with
+    (``memory_bound_s``). Korthikanti Table 2's tensors, generalised.
+
+    Not the memory model's activations (``activations.layer_bytes``), on purpose: this is a traffic
+    proxy, the same Korthikanti tensors for every framework, in the unit in which tuning.toml's
+    ``memory_traffic_per_stored_byte`` and ``eager_traffic_factor`` were fitted, whereas the memory
+    model counts what each framework saves. In 16 bits with two norms per layer it is
+    ``activations.megatron_layer_bytes`` per token less the small tensors kept only for backward
+    (flash's fp32 logsumexp, an MoE router's fp32 probabilities and int64 routing indices;
+    tests/estimator/test_step_time.py pins the relation). It counts two norms per layer whatever the
+    model has, and in fp32 scales everything, its 1-byte dropout masks too, by 4/2."""
     # replicated unless SP: 2 norm inputs 4h, QKV and MLP inputs 4h, 2 dropout masks 2h -> 10h
     # (8h without dropout)
     # sharded: Q, K, V 2(q + 2kv), attention output 2q, MLP 2 bytes x (2 GELU | 3 gated) ffn-wide tensors
@@ -170,16 +177,16 @@ def layer_stored_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
         if training.attention is Attention.EAGER
         else 0
     )
-    scale = activation_bytes(training.precision) / 2  # the table assumes 16-bit activations
+    scale = element_bytes(training.precision) / 2  # the table assumes 16-bit activations
     return scale * (replicated + (sharded + scores) / t)
 
 
 @layout_memo("tp", "sequence_parallel", *PIPELINE_FIELDS)
-def stage_stored_bytes(job: Job, layout: Layout) -> tuple[float, ...]:
-    """Activation bytes per token the layers of each pipeline rank store on one GPU: what their
-    memory-bound ops touch (the loss on the logits is timed apart, ``loss_traffic_bytes``)."""
+def stage_traffic_bytes(job: Job, layout: Layout) -> tuple[float, ...]:
+    """``layer_traffic_bytes`` per token summed over the layers of each pipeline rank (the loss on the
+    logits is timed apart, ``loss_traffic_bytes``)."""
     model, training = job.model, job.training
-    per_kind = {kind: layer_stored_bytes(model, layout, training, kind) for kind in job.kinds}
+    per_kind = {kind: layer_traffic_bytes(model, layout, training, kind) for kind in job.kinds}
     return tuple(sum_by_kind(counts, per_kind.__getitem__) for counts in rank_kind_counts(job, layout))
 
 
@@ -298,7 +305,7 @@ class StepBase:
     routed_flops: int  # routed experts' forward FLOPs per token over the slowest stage's layers
     links: GroupLinks
     parameters: float  # gpu_parameters
-    stored_bytes: float  # stage_stored_bytes of the slowest stage, per token
+    traffic_bytes: float  # stage_traffic_bytes of the slowest stage, per token
     core_flops: int  # attention's core, forward, per token, over the slowest stage's layers
     core_work_flops: float  # what its kernels execute of that (flash skips the masked blocks)
     tp_all_reduce_s: float  # one all-reduce of a micro-batch's activations over the TP group
@@ -328,7 +335,7 @@ def step_base(job: Job, layout: Layout) -> StepBase:
         routed_flops=moe_layers_of(counts) * routed_expert_flops(job.model),
         links=links,
         parameters=gpu_parameters(job, layout),
-        stored_bytes=stage_stored_bytes(job, layout)[stage],
+        traffic_bytes=stage_traffic_bytes(job, layout)[stage],
         core_flops=sum_core_flops(job, counts),
         core_work_flops=sum_by_kind(counts, lambda kind: kind_core_work_flops(job, kind)),
         tp_all_reduce_s=tp_all_reduce_s(job, tokens, links.tp),
@@ -431,7 +438,7 @@ def kind_core_work_flops(job: Job, kind: LayerKind) -> float:
 
 def tp_all_reduce_s(job: Job, tokens: int, link: comm.Link) -> float:
     """One all-reduce of ``tokens`` tokens' activations (b s h) over the TP group's link."""
-    size_bytes = tokens * job.model.hidden_size * activation_bytes(job.training.precision)
+    size_bytes = tokens * job.model.hidden_size * element_bytes(job.training.precision)
     return comm.group_all_reduce_s(size_bytes, link)
 
 
@@ -439,14 +446,14 @@ def tp_all_reduce_s(job: Job, tokens: int, link: comm.Link) -> float:
 
 
 def memory_bound_s(
-    job: Job, layout: Layout, base: StepBase, passes: float, stored_bytes_per_token: float
+    job: Job, layout: Layout, base: StepBase, passes: float, traffic_bytes_per_token: float
 ) -> float:
     """Time of ``passes`` forward-equivalents of memory-bound work over all micro-batches: Megatron's
     fused kernels, inductor's (torch.compile), or PyTorch eager's op-by-op kernels
     (``eager_traffic_factor`` x the traffic)."""
     # backward moves 2x the forward traffic, so a training step is 3 passes
     tuning = job.tuning
-    traffic = tuning.memory_traffic_per_stored_byte * stored_bytes_per_token * passes
+    traffic = tuning.memory_traffic_per_stored_byte * traffic_bytes_per_token * passes
     if layout.framework is not Framework.MEGATRON and layout.torch_compile is Compile.NONE:
         traffic *= tuning.eager_traffic_factor
     return base.micro_batches * base.tokens * traffic / job.cluster.gpu.hbm_bandwidth_bytes_per_s
@@ -469,7 +476,7 @@ def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, tuning: Tu
     # BigScience prequel: head_dim 108 (216 B) ran 1.30-1.40x the step of head_dim 144 (tuning.toml)
     if training.attention is not Attention.EAGER or training.precision is Precision.FP32:
         return 0.0
-    if model.head_dim * activation_bytes(training.precision) % tuning.attention_alignment_bytes == 0:
+    if model.head_dim * element_bytes(training.precision) % tuning.attention_alignment_bytes == 0:
         return 0.0
     return 1.0 / tuning.unaligned_attention_core_factor - 1.0
 
@@ -500,7 +507,7 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     core, work = base.core_flops, base.core_work_flops  # forward; backward twice that
     routed = flops.frozen_passes(job.training) * base.routed_flops
     unaligned_s = unaligned_core_s(job, layout, base, 3)
-    memory_s = memory_bound_s(job, layout, base, 3, base.stored_bytes) + dequantize_s(job, layout, base, 2)
+    memory_s = memory_bound_s(job, layout, base, 3, base.traffic_bytes) + dequantize_s(job, layout, base, 2)
     memory_s += fp8_cast_s(job, layout, base)
     work_s = gemm_s(layout, base, per_token - 3 * core - routed, work, 2 * work, routed)
     return max(
@@ -589,19 +596,17 @@ def recompute_passes(tuning: Tuning, recompute: Recompute) -> float:
     return tuning.selective_recompute_passes if recompute is Recompute.SELECTIVE else 0.0
 
 
-def recompute_stored_bytes(job: Job, layout: Layout, base: StepBase) -> float:
-    """Activation bytes per token of the slowest stage the recomputed forward writes again."""
+def recompute_traffic_bytes(job: Job, layout: Layout, base: StepBase) -> float:
+    """``layer_traffic_bytes`` per token of the slowest stage that the recomputed forward writes again."""
     recompute, training = layout.recompute, job.training
     if recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
-        return base.stored_bytes
+        return base.traffic_bytes
     if RecomputeModule.CORE_ATTN in layout.selective_modules and training.attention is Attention.EAGER:
         # the s x s softmax chain of every layer: 5 a s bytes per token (16-bit; 2 a s without attention
         # dropout), split over tp
         heads = job.model.num_attention_heads / layout.tp
         probabilities = 5 if job.model.attention_dropout > 0 else 2
-        return (
-            base.layers * probabilities * heads * training.seq_len * activation_bytes(training.precision) / 2
-        )
+        return base.layers * probabilities * heads * training.seq_len * element_bytes(training.precision) / 2
     return 0.0
 
 
@@ -645,7 +650,7 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     redone = 1.0 if layout.recomputes_core else 0.0
     core = redone * base.core_flops
     passes = recompute_passes(job.tuning, recompute)
-    memory_s = memory_bound_s(job, layout, base, passes, recompute_stored_bytes(job, layout, base))
+    memory_s = memory_bound_s(job, layout, base, passes, recompute_traffic_bytes(job, layout, base))
     memory_s += memory_bound_s(job, layout, base, 1.0, selective_modules_stored_bytes(job, layout, base))
     if recompute is Recompute.FULL:
         memory_s += dequantize_s(job, layout, base, 1)  # the recomputed forward dequantises again
@@ -710,7 +715,7 @@ def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
         return 0.0
     model, training = job.model, job.training
     kv_width = max(model.kv_size / layout.tp, model.head_dim)
-    chunk_bytes = 2 * base.tokens * kv_width * activation_bytes(training.precision)
+    chunk_bytes = 2 * base.tokens * kv_width * element_bytes(training.precision)
     link = base.links.cp
     ring_s = 3 * (layout.cp - 1) * comm.p2p_s(chunk_bytes, link.bandwidth_bytes_per_s, link.latency_s)
     core_flops = base.core_work_flops / base.layers * base.tokens / layout.tp  # a layer's forward, on average
@@ -726,7 +731,7 @@ def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     moe_layers = moe_layers_of(base.counts)
     # each routed copy of a token (top_k of them) carries h values; SP splits tokens over tp
     tokens = base.tokens / (layout.tp if layout.sequence_parallel else 1)
-    size_bytes = tokens * moe.top_k * job.model.hidden_size * activation_bytes(job.training.precision)
+    size_bytes = tokens * moe.top_k * job.model.hidden_size * element_bytes(job.training.precision)
     # full recompute (and Megatron's moe module) dispatches and combines again; per-op AC saves
     # all_to_all_single's outputs
     redispatched = layout.recompute is Recompute.FULL or RecomputeModule.MOE in layout.selective_modules
@@ -767,7 +772,7 @@ def pp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     if layout.pp == 1:
         return 0.0
     # b s h / t bytes: Megatron's scatter/gather (or SP) splits the boundary tensor over tp
-    size_bytes = base.tokens * job.model.hidden_size * activation_bytes(job.training.precision) / layout.tp
+    size_bytes = base.tokens * job.model.hidden_size * element_bytes(job.training.precision) / layout.tp
     link = base.links.pp
     one = comm.p2p_s(size_bytes, link.bandwidth_bytes_per_s, link.latency_s)
     return 2 * layout.virtual_pipeline_stages * base.micro_batches * one
@@ -844,7 +849,7 @@ def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
     cluster, tuning = job.cluster, job.tuning
     pcie = cluster.gpu.pcie_bandwidth_bytes_per_s
     shard = sharded_parameters(layout, parts)
-    element = activation_bytes(job.training.precision)  # 16-bit, or fp32 training's 4 bytes
+    element = element_bytes(job.training.precision)  # 16-bit, or fp32 training's 4 bytes
     seconds = 0.0
     if layout.offload_optimizer is not _NO_OFFLOAD:
         seconds += shard * (element + element) / pcie  # gradients down, updated parameters up: exposed

@@ -468,7 +468,7 @@ def test_the_check_reports_a_part_whose_key_misses_a_field(monkeypatch: pytest.M
     assert pipeline_depth(shared, layout) == 2
     assert pipeline_depth(shared, dataclasses.replace(layout, pp=2, dp=2)) == 2  # should be 4
     # and a registered part under a key short of one field it reads is reported
-    (stored,) = [entry for entry in MEMOISED_PARTS if entry.name == "stage_stored_bytes"]
+    (stored,) = [entry for entry in MEMOISED_PARTS if entry.name == "stage_traffic_bytes"]
     short = MemoisedPart(
         stored.name, tuple(f for f in stored.fields if f != "sequence_parallel"), stored.formula
     )
@@ -657,12 +657,12 @@ def test_memo_hits_equal_fresh_jobs(name: str, training: TrainingSpec, which: st
 
 
 def test_the_shared_job_check_catches_a_short_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Mutation: stage_stored_bytes memoised without sequence_parallel (which it reads). The random
+    # Mutation: stage_traffic_bytes memoised without sequence_parallel (which it reads). The random
     # layouts vary SP at a fixed (tp, pp), so a shared job returns another layout's stored bytes.
     monkeypatch.setattr(job_module, "MEMOISED_PARTS", list(MEMOISED_PARTS))
-    (stored,) = [entry for entry in MEMOISED_PARTS if entry.name == "stage_stored_bytes"]
+    (stored,) = [entry for entry in MEMOISED_PARTS if entry.name == "stage_traffic_bytes"]
     short_key = layout_memo("tp", *pipeline.PIPELINE_FIELDS)  # sequence_parallel left out
-    monkeypatch.setattr(step_time, "stage_stored_bytes", short_key(stored.formula))
+    monkeypatch.setattr(step_time, "stage_traffic_bytes", short_key(stored.formula))
     spec, c, tuning = spec_of("llama-3-8b"), cluster(2, host_limits=True), default_tuning()
     shared = make_job(spec, c, BASE, tuning)
     wrong = [
@@ -776,10 +776,10 @@ def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
                 flops.layer_recompute_flops(spec, kinds[i], training, recompute, MODULES) for i in layers
             )
         stored = [
-            sum(step_time.layer_stored_bytes(spec, staged, training, kinds[i]) for i in layers)
+            sum(step_time.layer_traffic_bytes(spec, staged, training, kinds[i]) for i in layers)
             for _, layers in _stage_layers(spec, staged)
         ]
-        assert step_time.stage_stored_bytes(job, staged) == pytest.approx(tuple(stored), rel=1e-12)
+        assert step_time.stage_traffic_bytes(job, staged) == pytest.approx(tuple(stored), rel=1e-12)
         on_gpu = [
             step_time.stage_gpu_parameters(params, experts * sum(kinds[i].moe for i in layers), staged)
             for params, (_, layers) in zip(

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.catalog.models import model as preset
 from service.catalog.tuning import default_tuning
-from service.estimator import flops
+from service.estimator import activations, flops
 from service.estimator.dp_comm import dp_comm_exposed_s, dp_grad_reduce_s, dp_param_gather_s
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
@@ -20,6 +21,7 @@ from service.estimator.step_time import (
     cost,
     expert_efficiency,
     gpu_parameters,
+    layer_traffic_bytes,
     step_base,
     step_parts,
     time_to_train_s,
@@ -638,3 +640,33 @@ def test_moe_a2a_overlap_hides_the_all_to_alls_under_the_other_micro_batch() -> 
     # interleaved: the warm-up chunks (plus one) are unpaired
     pp = dataclasses.replace(overlapped, dp=8, pp=2, ep=8, virtual_pipeline_stages=2)
     assert paired_fraction(pp, 0, 32) == (64 - (2 + 2 + 1)) / 64
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama-3.1-8b", "mixtral-8x7b"])
+@pytest.mark.parametrize("attention", [Attention.EAGER, Attention.FLASH])
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_traffic_bytes_are_megatrons_activations_less_what_only_waits_for_backward(
+    name: str, attention: Attention, sequence_parallel: bool
+) -> None:
+    # The step's memory-bound proxy (layer_traffic_bytes) and the memory model's Megatron activations
+    # count the same tensors for a 16-bit layer with two norms, except the few small ones kept only
+    # for backward: flash's fp32 logsumexp (4 a), an MoE router's fp32 probabilities (4 E, replicated)
+    # and its int64 routing indices (4 x 8 top_k). Exact: every term is an integer number of bytes.
+    model = gpt(4, 1024, 16) if name == "gpt" else preset(name).spec
+    assert model.norms_per_layer == 2
+    training = TrainingSpec(seq_len=2048, global_batch_size=8, attention=attention)
+    layout = Layout(
+        framework=Framework.MEGATRON, tp=2, sequence_parallel=sequence_parallel, micro_batch_size=2
+    )
+    tokens = activations.local_tokens(layout, training)
+    flash = attention is not Attention.EAGER
+    for moe in [False] if model.moe is None else [False, True]:
+        replicated = sharded = 0
+        if flash:
+            sharded += 4 * model.num_attention_heads
+        if moe and model.moe is not None:
+            replicated += 4 * model.moe.num_experts
+            sharded += 4 * 8 * model.moe.top_k
+        kept_only = tokens * (replicated / (2 if sequence_parallel else 1) + sharded / 2)
+        traffic = layer_traffic_bytes(model, layout, training, LayerKind(moe=moe))
+        assert tokens * traffic + kept_only == activations.megatron_layer_bytes(model, layout, training, moe)
