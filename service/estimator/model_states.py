@@ -195,6 +195,22 @@ def state_bytes(
     )
 
 
+def optimizer_step_bytes(sb: StateBytes, framework: Framework) -> float:
+    """HBM bytes per trainable parameter that one optimizer step moves: the step is memory-bound, and
+    reads and writes the states ``state_bytes`` counts."""
+    # A fused step reads p, g, m, v and writes p, m, v (apex and DeepSpeed FusedAdam, csrc
+    # multi_tensor_adam.cu; torch's fused AdamW; SGD, Lion, Adafactor and 8-bit Adam touch their own
+    # moments the same way): the parameter it updates (the fp32 master, or the weights themselves
+    # without one) and the moments read and written, the gradient read as stored. With a master,
+    # DeepSpeed and Megatron then write the 16-bit weights from it (DeepSpeed's bit16 groups,
+    # Megatron's _copy_main_params_to_model_params); FSDP casts its sharded fp32 parameter to 16 bits
+    # at the all-gather, not in the step. Megatron's fp16 master includes its fp32 gradient copy,
+    # which is written and read the same way.
+    parameter = sb.master or sb.weights
+    copy = sb.weights if sb.master and framework is not Framework.FSDP else 0.0
+    return 2 * (parameter + sb.moments) + sb.gradients + copy
+
+
 def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[float, float]:
     """Bytes per frozen base parameter (LoRA/QLoRA): (layer Linear weights, everything else)."""
     # LoRA: the base in the compute dtype (bf16, or fp32 under fp32). QLoRA: NF4 Linears,

@@ -46,7 +46,8 @@ from service.estimator.job import (
     rank_kind_counts,
     sum_by_kind,
 )
-from service.estimator.memory import offloaded_activation_bytes, rank_parameters_of
+from service.estimator.memory import offloaded_activation_bytes, rank_parameters_of, state_bytes_of
+from service.estimator.model_states import optimizer_step_bytes
 from service.estimator.params import stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import (
@@ -65,7 +66,6 @@ from service.estimator.types import (
     Method,
     ModelSpec,
     Offload,
-    Optimizer,
     Precision,
     Recompute,
     RecomputeModule,
@@ -854,7 +854,9 @@ def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
     if layout.offload_optimizer is not _NO_OFFLOAD:
         seconds += shard * (element + element) / pcie  # gradients down, updated parameters up: exposed
     if layout.offload_optimizer is Offload.NVME:
-        node_bytes = shard * cluster.gpus_per_node * 2 * 12  # read + write fp32 master, m, v
+        # the step reads and writes the optimizer states it keeps on NVMe (fp32 master and moments)
+        states = state_bytes_of(job, layout.framework)
+        node_bytes = shard * cluster.gpus_per_node * 2 * (states.master + states.moments)
         seconds += node_bytes / tuning.nvme_bandwidth_bytes_per_s_per_node
     if layout.offload_params is not _NO_OFFLOAD:
         # ZeRO-Infinity fetches this GPU's shard for forward and backward, prefetched
@@ -868,17 +870,6 @@ def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
     return seconds
 
 
-# bytes of HBM (or host memory) traffic per parameter in one optimizer step: AdamW reads and
-# writes fp32 master, m and v (24), reads the fp32 grad (4) and writes the 16-bit param (2)
-OPTIMIZER_STEP_BYTES = {
-    Optimizer.ADAMW: 30,
-    Optimizer.ADAMW_8BIT: 18,  # 1-byte m and v (+ fp32 master 8, grad 4, param 2)
-    Optimizer.SGD: 22,  # master and momentum (16), grad 4, param 2
-    Optimizer.LION: 22,  # master and momentum, as SGD
-    Optimizer.ADAFACTOR: 14,  # master 8 (factored second moment ~0), grad 4, param 2
-}
-
-
 def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
     """The optimizer step: memory-bound on the GPU, or DeepSpeed CPU-Adam on the host."""
     if job.training.method is not _FULL_TRAINING:
@@ -890,7 +881,8 @@ def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
         if layout.framework is Framework.FSDP:
             rate /= job.tuning.torch_cpu_adam_slowdown
         return shard * job.cluster.gpus_per_node / rate
-    step_bytes = shard * OPTIMIZER_STEP_BYTES[job.training.optimizer]
+    # the states model_states counts, by precision, optimizer and framework, read and written once
+    step_bytes = shard * optimizer_step_bytes(state_bytes_of(job, layout.framework), layout.framework)
     return step_bytes / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
