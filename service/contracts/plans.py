@@ -116,9 +116,25 @@ class PlanOut(BaseModel):
     versions: dict[str, str] = Field(description="catalog and estimator versions that made the plan")
 
 
-class RunIn(Strict):
-    """What a real run of the plan measured."""
+# A log's text: the service's body limit (PLANNER_MAX_BODY_BYTES, 1 MiB by default) bounds it too
+MAX_LOG_CHARS = 1_000_000
+MEASUREMENTS = ("peak_memory_bytes_per_gpu", "step_s", "tokens_per_s", "gpu_utilization", "out_of_memory")
 
+
+class RunIn(Strict):
+    """What a real run of the plan measured: typed figures, or the log the framework printed
+    (`log`, read as `format` says; service.runlogs), never both."""
+
+    log: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_LOG_CHARS,
+        description="the training log as the framework printed it (instead of the typed figures): "
+        "Megatron-LM, torchtitan, DeepSpeed, HF Trainer or accelerate lines, or a CUDA out-of-memory error",
+    )
+    format: Literal["auto", "megatron", "torchtitan", "deepspeed", "hf_trainer", "accelerate"] = Field(
+        default="auto", description="the framework whose lines `log` holds; auto tries each"
+    )
     peak_memory_bytes_per_gpu: int | None = Field(default=None, ge=MIN_MEMORY_BYTES, le=MAX_MEMORY_BYTES)
     step_s: float | None = Field(default=None, ge=1e-3, le=1e7)  # no training step takes under 1 ms
     tokens_per_s: float | None = Field(default=None, ge=1.0, le=1e12)
@@ -129,6 +145,13 @@ class RunIn(Strict):
 
     @model_validator(mode="after")
     def _something_measured(self) -> RunIn:
+        if self.log is not None:
+            typed = [name for name in MEASUREMENTS if name in self.model_fields_set]
+            if typed:
+                raise ValueError(f"give a log or typed figures, not both: drop {', '.join(typed)} or log")
+            return self
+        if "format" in self.model_fields_set:
+            raise ValueError("format says how to read a log: give log with it")
         if self.step_s is not None and self.tokens_per_s is not None:
             raise ValueError("give step_s or tokens_per_s, not both")
         measured = (self.peak_memory_bytes_per_gpu, self.step_s, self.tokens_per_s)
@@ -149,6 +172,13 @@ class RunOut(BaseModel):
     framework_version: str
     notes: str
     diagnosis: dict[str, Any]
+    source: dict[str, Any] | None = Field(
+        default=None,
+        description="a run posted as a log: the format read, each figure with how it was made "
+        "(warm-up skipped, median of the steady steps) and from which lines, the memory statistic "
+        "(device_used, max_reserved, reserved, max_allocated, allocated), an out-of-memory error's "
+        "quoted figures, excerpts of the lines; null for typed runs",
+    )
     calibration: dict[str, Any] | None = Field(
         default=None, description="factors later estimates on this hardware and framework will apply"
     )

@@ -97,6 +97,8 @@ class RunRecord(Base):
     framework_version: Mapped[str] = mapped_column(String(100), default="")
     notes: Mapped[str] = mapped_column(Text, default="")
     diagnosis: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # a run posted as a log: what was read, from which lines (service.runlogs.ParsedLog.stored)
+    source: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     plan: Mapped[PlanRecord] = relationship(back_populates="runs")

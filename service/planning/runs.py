@@ -3,12 +3,15 @@ estimate (service.feedback), and the calibration they give later estimates."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from service.contracts.estimates import CalibrationOut
 from service.contracts.plans import RunIn, RunOut
 from service.contracts.results import PlanResult, RunDiagnosis, StoredLayout, StoredRequest
-from service.errors import Conflict, NotFound
+from service.errors import Conflict, NotFound, Unprocessable
 from service.estimator.calibration import implausibility
 from service.feedback import diagnose
 from service.persistence.models import PlanRecord, RunRecord
@@ -16,6 +19,7 @@ from service.persistence.repository import PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, observation, observed
 from service.planning.idempotency import Outcome, create_once, request_digest
 from service.planning.plans import stored_plan
+from service.runlogs import LogNotUnderstood, ParsedLog, parse_log
 
 
 def run_scope(plan_id: str) -> str:
@@ -38,7 +42,8 @@ def add_run(
                 f"plan {plan_id!r} is infeasible: it has no layout a run could have measured",
                 errors=[{"field": "plan_id", "message": "infeasible plan"}],
             )
-        record = RunRecord(**run.model_dump())
+        measured, source = measurements(run, plan, recommended.layout)
+        record = RunRecord(**measured, source=source)
         record.diagnosis = diagnose(
             observed(record),
             recommended.estimate,
@@ -64,6 +69,78 @@ def add_run(
         create=create,
         replay=replay,
     )
+
+
+def measurements(
+    run: RunIn, plan: PlanRecord, layout: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The run's stored fields: as typed, or read from its log (with what was read, from which
+    lines); a log's figures pass the typed fields' own limits, so both take the same path after."""
+    fields = run.model_dump(exclude={"log", "format"})
+    if run.log is None:
+        return fields, None
+    try:
+        parsed = parse_log(run.log, run.format)
+    except LogNotUnderstood as exc:
+        raise Unprocessable(str(exc), errors=[{"field": "log", "message": str(exc)}]) from exc
+    training = StoredRequest.read(plan.request).training
+    gpus = gpu_count(layout)
+    figures, conversions = from_log(parsed, seq_len=training.seq_len, gpus=gpus)
+    source = parsed.stored()
+    source["conversions"] = conversions
+    if parsed.global_batch_size is not None and parsed.global_batch_size != training.global_batch_size:
+        source["notes"].append(
+            f"the log's global batch size is {parsed.global_batch_size}, the plan's "
+            f"{training.global_batch_size}: its step time is another job's"
+        )
+    keep = {"framework_version": run.framework_version, "notes": run.notes}
+    try:
+        typed = RunIn.model_validate({**figures, **keep})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'run'}: {e['msg']}" for e in exc.errors())
+        message = f"the figures read from the log are not a run this service stores ({problems})"
+        raise Unprocessable(message, errors=[{"field": "log", "message": message}]) from exc
+    return typed.model_dump(exclude={"log", "format"}), source
+
+
+def gpu_count(layout: dict[str, Any]) -> int:
+    """GPUs the plan's layout runs on (expert parallelism folds into the others)."""
+    count = 1
+    for axis in ("dp", "tp", "pp", "cp"):
+        count *= int(layout.get(axis) or 1)
+    return count
+
+
+def from_log(parsed: ParsedLog, *, seq_len: int, gpus: int) -> tuple[dict[str, Any], list[str]]:
+    """The typed run a log states: its steady step time where it prints one, else its throughput as
+    tokens/s of the whole job (torchtitan's tps is per GPU, DeepSpeed's samples are sequences of the
+    plan's length); the peak memory and whether it ran out of memory. Says each conversion."""
+    figures: dict[str, Any] = {}
+    conversions: list[str] = []
+    if parsed.step_s is not None:
+        figures["step_s"] = parsed.step_s.value
+    elif parsed.tokens_per_s_per_gpu is not None:
+        per_gpu = parsed.tokens_per_s_per_gpu.value
+        figures["tokens_per_s"] = per_gpu * gpus
+        conversions.append(
+            f"tokens_per_s = {per_gpu:,.0f} tokens/s per GPU x {gpus} GPUs of the plan's layout"
+        )
+    elif parsed.samples_per_s is not None:
+        samples = parsed.samples_per_s.value
+        figures["tokens_per_s"] = samples * seq_len
+        conversions.append(
+            f"tokens_per_s = {samples:g} samples/s x {seq_len} tokens per sample (the plan's seq_len)"
+        )
+    if parsed.peak_memory is not None:
+        figures["peak_memory_bytes_per_gpu"] = round(parsed.peak_memory.value)
+    if parsed.out_of_memory is not None:
+        figures["out_of_memory"] = True
+        figures.pop("peak_memory_bytes_per_gpu", None)
+        conversions.append(
+            f"out_of_memory from line {parsed.out_of_memory.line.number}; the peak of a run that ran out "
+            "is not a peak, so none is stored (the error's figures are kept under out_of_memory)"
+        )
+    return figures, conversions
 
 
 def implausible_reasons(run: RunRecord, plan: PlanRecord) -> tuple[str, ...]:
@@ -97,5 +174,6 @@ def run_out(run: RunRecord, calibration: CalibrationOut | None) -> RunOut:
         framework_version=run.framework_version,
         notes=run.notes,
         diagnosis=with_plausibility(run).out(),
+        source=run.source,
         calibration=calibration.model_dump(mode="json") if calibration else None,
     )

@@ -1,0 +1,210 @@
+"""Runs from logs: `POST /v1/plans/{id}/runs` with `{"log", "format"}` stores the run the log
+states (step time, throughput, peak memory, out of memory) with what was read from which lines, and
+it is diagnosed and calibrates like a typed run. The unversioned `/plans` routes are aliases of
+`/v1/plans`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from service.contracts.plans import RunIn
+from tests.api.helpers import assert_problem
+from tests.api.test_plans import create, plan_body
+
+LOGS = Path(__file__).resolve().parents[1] / "runlogs" / "logs"
+GIB, MIB = 2**30, 2**20
+
+
+def log(name: str) -> str:
+    return (LOGS / f"{name}.log").read_text()
+
+
+@pytest.fixture
+def plan(client: TestClient) -> dict[str, Any]:
+    body = plan_body()
+    body["launchers"] = []
+    return create(client, body)  # gpt2, seq 1024, global batch 64, DeepSpeed dp=8 on 8 H100
+
+
+def post_log(client: TestClient, plan_id: str, text: str, **extra: Any) -> dict[str, Any]:
+    response = client.post(f"/v1/plans/{plan_id}/runs", json={"log": text, **extra})
+    assert response.status_code == 201, response.text
+    run: dict[str, Any] = response.json()
+    return run
+
+
+def figure(run: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(f for f in run["source"]["figures"] if f["name"] == name)
+    return found
+
+
+def gpus(plan: dict[str, Any]) -> int:
+    layout = plan["recommended"]["layout"]
+    return int(layout["dp"] * layout["tp"] * layout["pp"] * layout["cp"])
+
+
+def test_megatron_log(client: TestClient, plan: dict[str, Any]) -> None:
+    run = post_log(client, plan["id"], log("megatron"), format="megatron")
+    assert run["step_s"] == pytest.approx(2.6009)
+    assert run["tokens_per_s"] is None
+    assert run["peak_memory_bytes_per_gpu"] == 42520 * MIB
+    assert run["out_of_memory"] is False
+    source = run["source"]
+    assert source["format"] == "megatron" and source["memory_statistic"] == "max_reserved"
+    assert figure(run, "step_s")["lines"] == [11, 14, 15, 16, 17]
+    assert figure(run, "tflops_per_gpu")["value"] == pytest.approx(211.1)
+    assert source["excerpts"] and all(len(e["text"]) <= 160 for e in source["excerpts"])
+    assert run["diagnosis"]["measured_step_s"] == pytest.approx(2.6009)
+    # the same answer afterwards
+    again = client.get(f"/v1/plans/{plan['id']}/runs/{run['id']}").json()
+    assert again["source"] == source and again["step_s"] == run["step_s"]
+
+
+def test_torchtitan_log(client: TestClient, plan: dict[str, Any]) -> None:
+    run = post_log(client, plan["id"], log("torchtitan"))  # format auto
+    assert run["source"]["format"] == "torchtitan"
+    # tps is per GPU: the job's tokens/s is that times the plan's GPUs
+    assert run["tokens_per_s"] == pytest.approx(6641 * gpus(plan))
+    assert run["step_s"] is None
+    assert run["peak_memory_bytes_per_gpu"] == round(63.92 * GIB)
+    assert any("x 8 GPUs" in c for c in run["source"]["conversions"])
+    tokens_per_step = 1024 * 64
+    assert run["diagnosis"]["measured_step_s"] == pytest.approx(tokens_per_step / (6641 * gpus(plan)))
+
+
+def test_deepspeed_log(client: TestClient, plan: dict[str, Any]) -> None:
+    run = post_log(client, plan["id"], log("deepspeed"), format="deepspeed")
+    assert run["tokens_per_s"] == pytest.approx(13.330 * 1024)  # samples/s x the plan's seq_len
+    assert run["peak_memory_bytes_per_gpu"] == round(59.37 * GIB)
+    assert run["source"]["memory_statistic"] == "max_allocated"
+
+
+def test_hf_trainer_log(client: TestClient, plan: dict[str, Any]) -> None:
+    run = post_log(client, plan["id"], log("hf_trainer"), format="hf_trainer", notes="sft run 3")
+    assert run["step_s"] == pytest.approx(4.12)
+    assert run["peak_memory_bytes_per_gpu"] == 16060522496 + 32121044992 + 19470073856
+    assert run["source"]["summary"]["train_samples_per_second"] == pytest.approx(15.258)
+    assert run["notes"] == "sft run 3"
+
+
+def test_out_of_memory_log(client: TestClient, plan: dict[str, Any]) -> None:
+    run = post_log(client, plan["id"], log("oom"))
+    assert run["out_of_memory"] is True
+    assert run["peak_memory_bytes_per_gpu"] is None
+    oom = run["source"]["out_of_memory"]
+    assert oom["line"] == 8 and oom["tried_to_allocate_bytes"] == 2 * GIB
+    assert oom["capacity_bytes"] == round(79.11 * GIB)
+    # gpt2 fills 12.7 GB of the 80 GB card: an error 4x past the estimate is set aside, with why
+    assert run["diagnosis"]["implausible"] is True
+    assert "ran out of" in run["diagnosis"]["implausible_reasons"][0]
+
+
+def test_a_log_run_moves_the_factors_like_a_typed_run(client: TestClient, plan: dict[str, Any]) -> None:
+    estimate = plan["recommended"]["estimate"]
+    step_ms = estimate["time"]["step_s"] * 1.25 * 1000
+    total_mib = estimate["memory"]["per_gpu"]["total"] / MIB
+    lines = [
+        f" [2025-03-14 10:0{i // 10}:00.000000] iteration {i:8d}/     500 | consumed samples: {i * 64:12d} | "
+        f"elapsed time per iteration (ms): {step_ms * (3 if i == 1 else 1):.3f} | global batch size:    64 |"
+        for i in (1, 10, 20, 30, 40)
+    ]
+    lines.append(
+        f"[Rank 0] (after 10 iterations) memory (MB) | allocated: {total_mib / 2:.2f} | max allocated: "
+        f"{total_mib * 0.9:.2f} | reserved: {total_mib:.2f} | max reserved: {total_mib:.2f}"
+    )
+    request = {k: plan_body()[k] for k in ("model", "cluster", "training")} | {
+        "layout": plan["recommended"]["layout"]
+    }
+    run = post_log(client, plan["id"], "\n".join(lines))
+    assert run["diagnosis"]["implausible"] is False
+    assert run["diagnosis"]["step_time_error"] == pytest.approx(0.25, abs=1e-3)
+    assert run["calibration"]["runs"] == 1
+    after = client.post("/v1/estimates", json=request).json()
+    assert after["calibration"]["factors"]["step_time"] == pytest.approx(1.25, abs=1e-3)
+
+
+def test_a_log_far_off_is_set_aside(client: TestClient, plan: dict[str, Any]) -> None:
+    run = post_log(client, plan["id"], log("megatron"))  # a 7B job's 2.6 s step: not gpt2's
+    assert run["diagnosis"]["implausible"] is True and run["diagnosis"]["implausible_reasons"]
+
+
+def test_log_problems_name_the_log(client: TestClient, plan: dict[str, Any]) -> None:
+    url = f"/v1/plans/{plan['id']}/runs"
+    problem = assert_problem(client.post(url, json={"log": "hello\nworld\n"}), 422)
+    assert problem["errors"][0]["field"] == "log"
+    assert "looked for" in problem["detail"] and "Megatron-LM" in problem["detail"]
+    problem = assert_problem(client.post(url, json={"log": log("megatron"), "format": "torchtitan"}), 422)
+    assert problem["errors"][0]["field"] == "log"
+    for bad in (
+        {"log": log("megatron"), "step_s": 1.0},
+        {"log": log("megatron"), "out_of_memory": True},
+        {"log": log("megatron"), "format": "nemo"},
+        {"format": "megatron", "step_s": 1.0},
+        {"log": ""},
+    ):
+        assert_problem(client.post(url, json=bad), 422)
+    # the body limit (this app's: 256 KiB; the service's default 1 MiB) or the field's own
+    assert client.post(url, json={"log": "x" * 1_000_001}).status_code == 413
+    with pytest.raises(ValidationError, match="log"):
+        RunIn.model_validate({"log": "x" * 1_000_001})
+    assert client.get(url).json()["items"] == []
+
+
+def test_a_retried_log_is_stored_once(client: TestClient, plan: dict[str, Any]) -> None:
+    url = f"/v1/plans/{plan['id']}/runs"
+    body = {"log": log("deepspeed")}
+    first = client.post(url, json=body, headers={"Idempotency-Key": "log-1"})
+    again = client.post(url, json=body, headers={"Idempotency-Key": "log-1"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"] and again.json()["source"] == first.json()["source"]
+    assert len(client.get(url).json()["items"]) == 1
+
+
+def test_typed_runs_have_no_source(client: TestClient, plan: dict[str, Any]) -> None:
+    response = client.post(f"/v1/plans/{plan['id']}/runs", json={"step_s": 0.5})
+    assert response.status_code == 201 and response.json()["source"] is None
+
+
+# ---------------------------------------------------------------- the unversioned plan routes
+
+
+def test_post_plans_answers_like_post_v1_plans(client: TestClient) -> None:
+    body = plan_body()
+    versioned = client.post("/v1/plans", json=body)
+    alias = client.post("/plans", json=body)
+    assert alias.status_code == versioned.status_code == 201
+    made = alias.json()
+    assert alias.headers["location"] == f"/v1/plans/{made['id']}"
+    strip = {"id", "created_at", "search", "artifacts"}
+    assert {k: v for k, v in made.items() if k not in strip} == {
+        k: v for k, v in versioned.json().items() if k not in strip
+    }
+    assert client.get(f"/plans/{made['id']}").json() == client.get(f"/v1/plans/{made['id']}").json()
+    assert [p["id"] for p in client.get("/plans").json()["items"]] == [
+        p["id"] for p in client.get("/v1/plans").json()["items"]
+    ]
+    assert (
+        client.get(f"/plans/{made['id']}/artifacts").json()
+        == client.get(f"/v1/plans/{made['id']}/artifacts").json()
+    )
+    run = client.post(f"/plans/{made['id']}/runs", json={"log": log("oom")})
+    assert run.status_code == 201 and run.json()["out_of_memory"] is True
+    assert client.delete(f"/plans/{made['id']}").status_code == 204
+    assert_problem(client.get(f"/v1/plans/{made['id']}"), 404)
+    assert_problem(client.post("/plans", json={"model": {"preset": "gpt2"}}), 422)
+
+
+def test_the_aliases_are_deprecated_in_the_openapi_document(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    versioned = {p.removeprefix("/v1") for p in paths if p.startswith("/v1/plans")}
+    aliases = {p for p in paths if p.startswith("/plans")}
+    assert aliases == versioned
+    for path in aliases:
+        for method, operation in paths[path].items():
+            assert operation["deprecated"] is True, (method, path)
+            assert set(paths["/v1" + path][method]["responses"]) == set(operation["responses"])
