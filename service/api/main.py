@@ -17,3 +17,5 @@ api_router.include_router(web.router)
 # Everything under /v1 acts for an API key's owner, with the scope its method needs.
 for module in (gpus, models, clusters, estimates, plans, capacity, api_keys):
     api_router.include_router(module.router, dependencies=[Authenticated])
+# The design's unversioned plan paths, deprecated aliases of /v1/plans with the same authentication.
+api_router.include_router(plans.unversioned, dependencies=[Authenticated])

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.routing import APIRoute
 from pydantic import BeforeValidator
 
 from service import planning
@@ -192,3 +193,29 @@ def get_run(plan_id: str, run_id: str, plans: PlanRepoDep) -> RunOut:
 def list_runs(plan_id: str, plans: PlanRepoDep) -> Page[RunOut]:
     planning.stored_plan(plans, plan_id)
     return Page[RunOut](items=[planning.run_out(r, None) for r in plans.runs(plan_id)])
+
+
+# The design's unversioned paths (`POST /plans` for schedulers): the same handlers, dependencies and
+# answers as /v1/plans (Location names the /v1 path), listed in the OpenAPI document as deprecated.
+# Scopes come from the method and path (deps.required_scope): write for POST and DELETE, read for GET.
+UNVERSIONED_PREFIX = "/plans"
+unversioned = APIRouter(prefix=UNVERSIONED_PREFIX, tags=["plans (unversioned, deprecated)"])
+for _route in router.routes:
+    if isinstance(_route, APIRoute):
+        _methods = sorted(_route.methods or ())
+        unversioned.add_api_route(
+            _route.path.removeprefix(router.prefix),
+            _route.endpoint,
+            methods=_methods,
+            status_code=_route.status_code,
+            response_model=_route.response_model,
+            response_class=_route.response_class,
+            responses={**PROBLEM_RESPONSES, **_route.responses},
+            name=f"{_route.name}_unversioned",
+            summary=f"{_route.summary or _route.name.replace('_', ' ').capitalize()} (alias)",
+            description=(
+                f"Deprecated alias of `{', '.join(_methods)} {_route.path}`: the same "
+                "handler, authentication and answer. New integrations should call the /v1 path."
+            ),
+            deprecated=True,
+        )

@@ -71,7 +71,7 @@ def test_every_v1_operation_needs_a_key_and_health_does_not(api: tuple[TestClien
     for path, methods in operations.items():
         for method in methods:
             response = client.request(method.upper(), _example_path(path), json={})
-            if path.startswith("/v1/"):
+            if path.startswith(("/v1/", "/plans")):  # /plans: the unversioned aliases of /v1/plans
                 problem = assert_problem(response, 401)
                 assert response.headers["www-authenticate"].startswith("Bearer")
                 assert problem["errors"][0]["field"] == "header.Authorization"
@@ -107,6 +107,10 @@ def test_scopes_gate_writes_computations_and_key_management(api: tuple[TestClien
     problem = assert_problem(client.post("/v1/clusters", json=BOX, headers=reader), 403)
     assert "'write'" in problem["detail"] and "['read']" in problem["detail"]
     assert_problem(client.post("/v1/plans", json=PLAN, headers=reader), 403)
+    # the unversioned aliases: the same key, the same scopes
+    assert_problem(client.post("/plans", json=PLAN), 401)
+    assert_problem(client.post("/plans", json=PLAN, headers=reader), 403)
+    assert client.get("/plans", headers=reader).status_code == 200
     assert_problem(client.get("/v1/api-keys", headers=alice), 403)
     # An admin manages keys but holds no one's data: its own owner's lists are empty, not alice's.
     assert_problem(client.get("/v1/plans", headers=admin), 403)
@@ -248,6 +252,12 @@ def test_without_require_auth_every_request_is_the_local_owner(client: TestClien
         ("DELETE", "/v1/plans/{plan_id}", "write"),
         ("GET", "/v1/api-keys", "admin"),
         ("POST", "/v1/api-keys", "admin"),
+        # the unversioned aliases need what their /v1 routes need
+        ("POST", "/plans", "write"),
+        ("GET", "/plans", "read"),
+        ("GET", "/plans/{plan_id}/artifacts/{name}", "read"),
+        ("POST", "/plans/{plan_id}/runs", "write"),
+        ("DELETE", "/plans/{plan_id}", "write"),
     ],
 )
 def test_required_scope(method: str, route: str, scope: str) -> None:
