@@ -762,6 +762,87 @@ def runs_add(
                 console.print(f"{key}: {escape(json.dumps(run[key]))}")
 
 
+LOG_FORMATS = ("auto", "megatron", "torchtitan", "deepspeed", "hf_trainer", "accelerate")
+# The service's body limit is 1 MiB (PLANNER_MAX_BODY_BYTES) and JSON escapes grow a log's text: a
+# longer log is sent as its head (start-up, the memory report Megatron-LM prints once) and its tail.
+LOG_BODY_BYTES = 1_000_000
+LOG_HEAD_CHARS = 150_000
+
+
+def log_excerpt(text: str) -> tuple[str, bool]:
+    """The log as sent: whole when it fits the body limit, else its head and tail cut at lines."""
+    if len(json.dumps(text).encode()) <= LOG_BODY_BYTES:
+        return text, False
+    head = text[:LOG_HEAD_CHARS].rsplit("\n", 1)[0]
+    tail_chars = LOG_BODY_BYTES // 2
+    while True:
+        tail = text[-tail_chars:].split("\n", 1)[-1]
+        excerpt = head + "\n" + tail
+        if len(json.dumps(excerpt).encode()) <= LOG_BODY_BYTES or tail_chars < 10_000:
+            return excerpt, True
+        tail_chars //= 2
+
+
+@main.command()
+@click.argument("plan_id")
+@click.argument("logfile", type=click.File("r", encoding="utf-8", errors="replace"))
+@click.option(
+    "--format",
+    "log_format",
+    type=click.Choice(LOG_FORMATS),
+    default="auto",
+    show_default=True,
+    help="the framework that printed the log",
+)
+@click.option("--notes", default="", help="kept with the run")
+@url_option
+@json_option
+def report(plan_id: str, logfile: Any, log_format: str, notes: str, url: str | None, as_json: bool) -> None:
+    """Post a training log (LOGFILE, or - for stdin) as a run of PLAN_ID: prints what was read
+    from which lines, and the diagnosis."""
+    text, cut = log_excerpt(logfile.read())
+    if not text.strip():
+        raise Usage(f"{logfile.name}: the log is empty")
+    body: dict[str, Any] = {"log": text, "format": log_format, "notes": notes}
+    run = Api(url).call("POST", f"/v1/plans/{plan_id}/runs", json=body)
+    emit(run, as_json)
+    if as_json:
+        return
+    source = run.get("source") or {}
+    sent = ", its head and tail: the whole log is over 1 MB" if cut else ""
+    console.print(
+        f"stored run {run['id']} of plan {plan_id}, read as a {source.get('format', '?')} log "
+        f"({source.get('lines', '?')} lines{sent})"
+    )
+    for figure in source.get("figures", []):
+        console.print(f"  {figure['name']} = {_figure_text(figure)}: {escape(figure['how'])}")
+    oom = source.get("out_of_memory")
+    if oom:
+        quoted = ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in oom.items() if k.endswith("_bytes"))
+        console.print(f"  out of memory at line {oom['line']} (GPU {oom.get('gpu')}): {quoted}")
+    for note in [*source.get("conversions", []), *source.get("notes", [])]:
+        console.print(f"  - {escape(note)}")
+    diagnosis = run.get("diagnosis", {})
+    if diagnosis.get("implausible"):
+        console.print("set aside (moves no calibration factor):")
+        for reason in diagnosis.get("implausible_reasons", []):
+            console.print(f"  - {escape(reason)}")
+    for key, label in (("step_time_error", "step time vs estimate"), ("memory_error", "memory vs estimate")):
+        if diagnosis.get(key) is not None:
+            console.print(f"{label}: {diagnosis[key]:+.1%}")
+    for advice in diagnosis.get("advice", []):
+        console.print(f"  - {escape(advice)}")
+
+
+def _figure_text(figure: dict[str, Any]) -> str:
+    value = figure["value"]
+    if figure["unit"] == "bytes":
+        return f"{value / GIB:.2f} GiB ({figure.get('statistic')})"
+    if figure["unit"] == "fraction":
+        return f"{value:.1%}"
+    return f"{value:,.4g} {figure['unit']}"
+
+
 @main.group()
 def keys() -> None:
     """API keys (PLANNER_REQUIRE_AUTH=true). Without --url: straight on the local database

@@ -275,3 +275,62 @@ def test_keys_made_on_the_database_open_a_service_that_requires_them(
     assert [(k["id"], k["revoked_at"] is not None) for k in listed] == [(team["id"], True)]
     assert run("keys", "revoke", "01JAAAAAAAAAAAAAAAAAAAAAAA").exit_code == 1
     assert run("keys", "create", "bad owner!").exit_code == 1
+
+
+RUN_LOGS = Path(__file__).parent / "runlogs" / "logs"
+
+
+def words(output: str) -> str:
+    return " ".join(output.split())
+
+
+def test_report_reads_a_log_file_or_stdin_and_prints_what_it_read(database: str) -> None:
+    planned = run(
+        "plan", "--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "64", "--json"
+    )
+    plan_id = json.loads(planned.output)["id"]
+    megatron = run("report", plan_id, str(RUN_LOGS / "megatron.log"), "--format", "megatron")
+    assert megatron.exit_code == 0, megatron.output
+    printed = words(megatron.output)  # rich wraps at the terminal's width
+    assert "read as a megatron log (18 lines)" in printed
+    assert "step_s = 2.601 s: median of 5 steady step-time readings" in printed
+    assert "41.52 GiB (max_reserved)" in printed
+    assert "set aside" in printed  # a 7B job's step is not gpt2's: the diagnosis says so
+    # `-` reads stdin; --json prints the API's run
+    titan = CliRunner().invoke(
+        main, ["report", plan_id, "-", "--json"], input=(RUN_LOGS / "torchtitan.log").read_text()
+    )
+    assert titan.exit_code == 0, titan.output
+    stored = json.loads(titan.output)
+    assert stored["source"]["format"] == "torchtitan" and stored["tokens_per_s"] == 6641 * 8
+    oom = run("report", plan_id, str(RUN_LOGS / "oom.log"))
+    assert oom.exit_code == 0 and "out of memory at line 8 (GPU 1)" in words(oom.output)
+    for name, check in (("deepspeed", "13.33 samples/s"), ("hf_trainer", "step_s = 4.12 s")):
+        result = run("report", plan_id, str(RUN_LOGS / f"{name}.log"))
+        assert result.exit_code == 0 and check in words(result.output), result.output
+
+
+def test_report_exit_codes(database: str, tmp_path: Path) -> None:
+    planned = run(
+        "plan", "--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "64", "--json"
+    )
+    plan_id = json.loads(planned.output)["id"]
+    log = RUN_LOGS / "megatron.log"
+    assert CliRunner().invoke(main, ["report", plan_id, str(log), "--format", "nemo"]).exit_code == 64
+    assert CliRunner().invoke(main, ["report", plan_id, str(tmp_path / "missing.log")]).exit_code == 64
+    assert CliRunner().invoke(main, ["report", plan_id]).exit_code == 64
+    (tmp_path / "other.log").write_text("epoch 1 done\n")
+    refused = CliRunner().invoke(main, ["report", plan_id, str(tmp_path / "other.log")])
+    assert refused.exit_code == 1 and "HTTP 422" in refused.output and "looked for" in words(refused.output)
+    unknown = CliRunner().invoke(main, ["report", "01JAAAAAAAAAAAAAAAAAAAAAAA", str(log)])
+    assert unknown.exit_code == 1 and "404" in unknown.output
+
+
+def test_a_log_over_the_body_limit_is_sent_as_its_head_and_tail() -> None:
+    from service.cli import LOG_BODY_BYTES, log_excerpt
+
+    text = "\n".join(f"line {i} " + "x" * 80 for i in range(40_000))
+    sent, cut = log_excerpt(text)
+    assert cut and len(json.dumps(sent).encode()) <= LOG_BODY_BYTES
+    assert sent.startswith("line 0 ") and sent.endswith(f"line 39999 {'x' * 80}")
+    assert log_excerpt("short\n") == ("short\n", False)
