@@ -77,6 +77,7 @@ class SuggestionOut(Stored):
     method: str | None = None
     seq_len: int | None = None
     on_the_gpus_given: bool = False
+    truncated: bool = False
 
 
 class SkippedOut(Stored):

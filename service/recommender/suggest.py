@@ -166,6 +166,9 @@ class _Collector:
         except (ValueError, ArithmeticError) as exc:  # the estimator's domain errors are ValueErrors
             self.skipped.append(Skipped(kind=kind, reason=str(exc)))
             return
+        if found and share.reason is not None:  # found, but the search was cut: say so
+            cut = f" (its search was cut by the request's {budget_words(share)}: a faster layout may exist)"
+            found = [dataclasses.replace(s, detail=s.detail + cut, truncated=True) for s in found]
         self.made += found
         if not found and share.reason is not None:
             reason = f"the request's {budget_words(share)} ran out before a fit was found"

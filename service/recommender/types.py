@@ -110,6 +110,7 @@ class Suggestion:
     method: str | None = None  # the training.method it assumed, where it changes it
     seq_len: int | None = None  # the training.seq_len it assumed, where it changes it
     on_the_gpus_given: bool = False  # needs no hardware the request does not state
+    truncated: bool = False  # the request's budget cut its search: the best layout found, not sure best
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -92,3 +92,21 @@ def test_a_diagnosis_reads_back_and_goes_out_without_its_version(session: Sessio
     stored.diagnosis = {k: v for k, v in stored.diagnosis.items() if k not in ("version", "implausible")}
     again = planning.run_out(stored, None)
     assert again.diagnosis == run.diagnosis
+
+
+def test_the_stored_shapes_name_every_field_of_the_recommenders_results() -> None:
+    """A field added to a recommender result must be added to its stored shape (or it is kept only
+    as an unnamed extra): the two lists are checked here, field by field."""
+    import dataclasses
+
+    from service.contracts.results import RejectionOut, SearchStatsOut, SkippedOut, SuggestionOut
+    from service.recommender.types import Rejection, SearchStats, Skipped, Suggestion
+
+    pairs = (
+        (Suggestion, SuggestionOut),
+        (Rejection, RejectionOut),
+        (SearchStats, SearchStatsOut),
+        (Skipped, SkippedOut),
+    )
+    for domain, stored in pairs:
+        assert {f.name for f in dataclasses.fields(domain)} == set(stored.model_fields), domain.__name__
