@@ -22,6 +22,8 @@ CONTRACT = {
     ("post", "/v1/capacity"),
     ("post", "/v1/api-keys"), ("get", "/v1/api-keys"), ("delete", "/v1/api-keys/{key_id}"),
 }  # fmt: skip
+# The design's unversioned plan paths: deprecated aliases of /v1/plans (issue 28).
+CONTRACT |= {(method, path.removeprefix("/v1")) for method, path in CONTRACT if path.startswith("/v1/plans")}
 
 
 def test_committed_openapi_document_is_current() -> None:
@@ -38,5 +40,5 @@ def test_every_contract_endpoint_is_documented_with_problem_responses() -> None:
             method,
             path,
         )
-        if path.startswith("/v1/"):  # PLANNER_REQUIRE_AUTH=true: no key, or not the scope
+        if path.startswith(("/v1/", "/plans")):  # PLANNER_REQUIRE_AUTH=true: no key, or not the scope
             assert {"401", "403"} <= set(responses), (method, path)
