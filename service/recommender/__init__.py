@@ -46,6 +46,7 @@ from service.estimator.validate import (
     FRAMEWORK_CAPABILITIES,
     layout_violation,
     moe_a2a_overlap_violation,
+    training_violation,
     validate_layout,
 )
 from service.frameworks import FRAMEWORKS
@@ -80,6 +81,7 @@ __all__ = ["Constraints", "Objective", "Recommendation", "recommend", "search"]
 
 MAX_MICRO_BATCHES_TIMED = 4  # with pp > 1, the largest few micro-batches that fit are timed
 MEMORY_REJECTION = "does not fit in GPU memory"
+SEARCH_TIME_FRACTION = 0.7  # of a request's time, the most its main search takes when it may suggest
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,9 @@ class SearchResult:
     valid_structures: int = 0
     # why the GPU counts above the one searched last gave no layout (the throughput objective's fallback)
     idle_reason: str | None = None
+    # per count searched, the leanest layout that fits (``_lean_layout_fits``): kept if the budget
+    # cuts the search before it keeps any other
+    fallbacks: list[tuple[Job, Layout]] = field(default_factory=list)
 
     _threshold: tuple[float, ...] | None = None  # the k-th best key's objective part, until best changes
 
@@ -397,7 +402,8 @@ def _search_structure(
                 result.log.groups[DOMINATED].count += len(virtuals)  # no sharding changes a ceiling
                 continue
             probe = make_layout(s, sh, Recompute.FULL, 1, 1)
-            if not _states_fit(job, probe, limit):
+            valid = layout_violation(search.model, job.cluster, probe, search.training) is None
+            if valid and not _states_fit(job, probe, limit):  # an invalid one is logged as such below
                 result.families += 1
                 _log_memory(result, probe, result.memory_numbers(job, probe), limit, 1)
                 continue
@@ -535,8 +541,20 @@ def _lean_layout_fits(
     member (the most recompute, no interleaving, the smallest micro-batch) is checked for memory
     alone, which no other member of its family needs less of. A count where none fits is cut
     before any step time is computed (the fewest-GPU searches climb through such counts)."""
+    runnable = [
+        framework
+        for framework in search.constraints.frameworks
+        if training_violation(
+            search.model,
+            job.cluster,
+            Layout(framework=framework),
+            search.training,
+            FRAMEWORK_CAPABILITIES[framework],
+        )
+        is None
+    ]  # fmt: skip  (a framework that cannot train the job at all, e.g. LoRA on Megatron, bounds nothing)
     for s in found:
-        for framework in search.constraints.frameworks:
+        for framework in runnable:
             options, _ = shardings(framework, s, search.offload, search.compiled(framework))
             sp = s.tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
             sizes = micro_batch_sizes(search.training, s, 1, sp)
@@ -548,9 +566,23 @@ def _lean_layout_fits(
                     return True  # not a bound: the family's other members may be valid
                 memory = result.memory_numbers(job, lean)
                 if evaluate.numbers_fit(job.cluster, memory, limit):
+                    result.fallbacks.append((job, lean))
                     return True
                 _log_memory(result, lean, memory, limit, 1)
     return False
+
+
+MAX_FALLBACKS_TIMED = 3
+
+
+def _fall_back(search: _Search, result: SearchResult) -> None:
+    """A search the budget cut before it kept any layout keeps the leanest layout that fits, of
+    the counts it reached (a slow layout that runs beats no answer; ``truncated`` says the search
+    did not finish). A few evaluations past the budget, at most ``MAX_FALLBACKS_TIMED``."""
+    for job, layout in result.fallbacks[:MAX_FALLBACKS_TIMED]:
+        if result.best:
+            return
+        _time_candidate(search, job, result, layout)
 
 
 def search(
@@ -601,32 +633,43 @@ def _search_counts(
     for gpus in counts:
         if budget.exhausted(result.evaluations):
             result.truncated = True
-            return
+            break
         job = make_job(model, sub_cluster(cluster, gpus), training, tuning)
         result.jobs[gpus] = job
         limit = headroom.allowed_bytes(job.cluster.gpu.memory_bytes, constraints.min_headroom_fraction)
         before = len(result.best)
         if not _count_can_fit(request, job, gpus, limit, result):
             continue
-        # the most promising structures first (their ceiling: the step without DP, offload and
-        # optimizer time, at the least bubble), so the top k fills early and bounds the rest
         found = list(structures(model, cluster, training, gpus, result.log))
         if not _lean_layout_fits(request, job, result, found, limit):
             continue
-        bounded = []
-        for i, s in enumerate(found):
-            if budget.exhausted(result.evaluations):
-                result.truncated = True
-                return
-            bounded.append((_structure_ceilings(request, job, result, s), i, s))
-        bounded.sort(key=lambda b: (b[0][0] is None, b[0][0] or (), b[1]))
-        for (_, sizes_of, ceilings), _, s in bounded:
-            result.valid_structures += 1
-            _search_structure(request, job, result, s, limit, (sizes_of, ceilings))
-            if result.truncated:
-                return
+        if not _search_count(request, job, result, found, limit):
+            break
         if stop_at_first_fit and len(result.best) > before:
             return
+    if result.truncated and not result.best:
+        _fall_back(request, result)
+
+
+def _search_count(
+    search: _Search, job: Job, result: SearchResult, found: list[Structure], limit: int
+) -> bool:
+    """Every structure of one GPU count, the most promising first (their ceiling: the step without
+    DP, offload and optimizer time, at the least bubble), so the top k fills early and bounds the
+    rest; False when the budget cut it (``result.truncated``)."""
+    bounded = []
+    for i, s in enumerate(found):
+        if search.budget.exhausted(result.evaluations):
+            result.truncated = True
+            return False
+        bounded.append((_structure_ceilings(search, job, result, s), i, s))
+    bounded.sort(key=lambda b: (b[0][0] is None, b[0][0] or (), b[1]))
+    for (_, sizes_of, ceilings), _, s in bounded:
+        result.valid_structures += 1
+        _search_structure(search, job, result, s, limit, (sizes_of, ceilings))
+        if result.truncated:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------- the recommendation
@@ -746,7 +789,10 @@ def recommend(
     budget = budget or Budget(constraints.max_evaluations)
     started = time.perf_counter()
     training = for_gpu(training, cluster.gpu)
-    result = _run_search(model, cluster, training, constraints, tuning, budget)
+    # with suggestions to make if nothing fits, the search leaves them a part of the time: a search
+    # the budget cuts keeps the leanest layout that fits, so its answer is still a plan
+    searched_within = budget.share(time_fraction=SEARCH_TIME_FRACTION) if with_suggestions else budget
+    result = _run_search(model, cluster, training, constraints, tuning, searched_within)
     chosen: list[tuple[Layout, Job, Estimate]] = []
     for scored in result.ranked()[: constraints.top_k]:
         job = result.jobs[scored.layout.world_size]
@@ -767,7 +813,7 @@ def recommend(
         candidates_evaluated=result.candidates,
         duration_s=time.perf_counter() - started,
         truncated=result.truncated,
-        truncated_by=budget.reason if result.truncated else None,
+        truncated_by=searched_within.reason if result.truncated else None,
         families_considered=result.families,
         memory_evaluations=result.memory_evaluations,
         time_evaluations=result.time_evaluations,

@@ -40,14 +40,25 @@ class Budget:
         self._polled_at = float("-inf")
         self._reason: str | None = None  # "time" or "cancelled", once seen
 
-    def share(self, max_evaluations: int | None = None, parts: int = 1) -> Budget:
+    def share(
+        self, max_evaluations: int | None = None, parts: int = 1, time_fraction: float | None = None
+    ) -> Budget:
         """A part's budget: at most ``max_evaluations`` and an equal share among ``parts`` parts of
         the evaluations left (what a part leaves goes to the parts after it), charged to this budget
-        too. The wall time is not split: the parts run in the order that matters most, and the
-        first ones take what they need (a fair split would leave every part of a large job cut)."""
+        too. The wall time is not split among parts: they run in the order that matters most, and
+        the first ones take what they need (a fair split would leave every part of a large job
+        cut); ``time_fraction`` keeps the rest of the time left for what comes after this part."""
         fair = max(1, self.left() // max(1, parts))
         cap = fair if max_evaluations is None else min(fair, max_evaluations)
-        return Budget(max(1, cap), clock=self._clock, _parent=self)
+        seconds = None
+        if time_fraction is not None and (left := self._seconds_left()) is not None:
+            seconds = left * time_fraction
+        return Budget(max(1, cap), max_seconds=seconds, clock=self._clock, _parent=self)
+
+    def _seconds_left(self) -> float | None:
+        """The wall time left before this budget's or a parent's deadline; None: no deadline."""
+        lefts = [b._deadline - self._clock() for b in self._lineage() if b._deadline is not None]
+        return max(0.0, min(lefts)) if lefts else None
 
     def charge(self, evaluations: int) -> None:
         self.spent += evaluations

@@ -33,6 +33,9 @@ def cli_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     monkeypatch.setenv("PLANNER_DATABASE_URL", url)
+    # the same wall-time budget as the API fixture's (tests/conftest.py): a budget cut by the
+    # machine's load, not by the request, would make the two faces differ
+    monkeypatch.setenv("PLANNER_REQUEST_BUDGET_S", "60")
     get_settings.cache_clear()
     yield url
     get_settings.cache_clear()
