@@ -1,0 +1,37 @@
+"""The wire shapes that mirror a domain type name the same fields (issue 26): a field added to
+``Layout``, ``TrainingSpec``, ``TimeBreakdown``, ``MemoryBreakdown`` or ``TimeEstimate`` without its
+wire twin (or the reverse) fails here, instead of being accepted and ignored or silently dropped."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from pydantic import BaseModel
+
+from service.contracts.estimates import LayoutIn, MemoryPerGPUOut, TimeBreakdownOut, TimeOut
+from service.contracts.training import TrainingIn
+from service.estimator.types import Layout, MemoryBreakdown, TimeBreakdown, TimeEstimate, TrainingSpec
+
+# domain type, wire type, the fields only the domain has (and why), the fields only the wire has (and why)
+MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
+    (Layout, LayoutIn, set(), set()),
+    # hardware_defaults: which fields the request left out, derived from the wire's None values
+    (TrainingSpec, TrainingIn, {"hardware_defaults"}, set()),
+    (TimeBreakdown, TimeBreakdownOut, set(), set()),
+    # total: the sum of the components, a property of the domain type
+    (MemoryBreakdown, MemoryPerGPUOut, set(), {"total"}),
+    # step_s: the sum of the breakdown, a property of the domain type
+    (TimeEstimate, TimeOut, set(), {"step_s"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("domain", "wire", "domain_only", "wire_only"), MIRRORS, ids=lambda v: getattr(v, "__name__", "")
+)
+def test_the_wire_shape_names_every_field_of_its_domain_type(
+    domain: type, wire: type[BaseModel], domain_only: set[str], wire_only: set[str]
+) -> None:
+    fields = {f.name for f in dataclasses.fields(domain)}
+    assert fields - set(wire.model_fields) == domain_only
+    assert set(wire.model_fields) - fields == wire_only
