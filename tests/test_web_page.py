@@ -1,6 +1,8 @@
 """The page at `/`, in a real browser: Debian's Chromium driven headless by Playwright, against the
-service on a loopback port. Submits a plan and checks the memory chart, the rationale and the download
-links; an API error appears next to the field it names; the screenshot goes to docs/ for the README.
+service on a loopback port. Submits a plan and checks the memory chart and its table, the rationale,
+the launcher targets and the download links with their previews, and that focus moves to the result;
+a log pasted as a run is read and calibrates the next plan; host RAM makes an offload plan; LoRA's
+fields; an API error appears next to the field it names; the screenshot goes to docs/ for the README.
 
 Skips without Chromium or Playwright (`make test` on a bare machine); `.ci/run` installs both and runs
 it with skips turned into failures (`make browser-test`)."""
@@ -50,21 +52,57 @@ def browser() -> Iterator[Any]:
         chromium.close()
 
 
-def test_a_plan_in_the_browser(served: str, browser: Any, tmp_path: Path) -> None:
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+def new_plan(page: Any, served: str, **fields: str) -> None:
+    """The new-plan form with ``fields`` (input id: value; selects by their value), submitted; waits
+    for the answer."""
     page.goto(f"{served}/")
     page.wait_for_selector("body[data-ready=true]")
-    page.select_option("#model\\.preset", "llama-3.1-8b")
-    page.select_option("#cluster\\.gpu", "h100-sxm-80gb")
-    page.fill("#training\\.seq_len", "8192")
-    page.fill("#training\\.global_batch_size", "128")
+    for name, value in fields.items():
+        selector = "#" + name.replace(".", "\\.")
+        if page.evaluate("(s) => document.querySelector(s).tagName", selector) == "SELECT":
+            page.select_option(selector, value)
+        else:
+            page.fill(selector, value)
     page.click("#submit")
     page.wait_for_selector("#result .status", timeout=60_000)
+
+
+def cells(page: Any, table: str) -> list[list[str]]:
+    """The body cells of the first ``table``, row by row, as the page shows them."""
+    rows = page.locator(table).first.locator("tbody tr")
+    return [rows.nth(i).locator("td").all_inner_texts() for i in range(rows.count())]
+
+
+def test_a_plan_in_the_browser(served: str, browser: Any, tmp_path: Path) -> None:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    new_plan(
+        page,
+        served,
+        **{
+            "model.preset": "llama-3.1-8b",
+            "cluster.gpu": "h100-sxm-80gb",
+            "training.seq_len": "8192",
+            "training.global_batch_size": "128",
+        },
+    )
     assert "Feasible" in page.inner_text("#result .status")
+    # focus moved to the answer, a region with a name (keyboard and screen-reader users land on it)
+    assert page.evaluate("document.activeElement.id") == "result"
+    assert page.get_attribute("#result", "aria-label") == "Plan result"
+    assert "Not calibrated" in page.inner_text("#result .calibration h4")
     # the memory chart: a stacked bar per layout, components as segments, the card's capacity marked
     segments = page.locator("#result svg.memory-chart rect.segment")
     assert segments.count() >= 4
     assert page.locator("#result svg.memory-chart line.capacity").count() == 1
+    # the chart's numbers as a table: a row per bar, the totals the bars are labelled with
+    bars = page.locator("#result svg.memory-chart").first.locator("text.value")
+    totals = [bars.nth(i).text_content() for i in range(bars.count() - 1)]  # the last: the card
+    rows = cells(page, "#result table.memory-table")
+    assert len(rows) == len(totals) >= 1
+    headers = page.locator("#result table.memory-table").first.locator("th").all_inner_texts()
+    assert headers[:2] == ["layout", "parameters"] and "total" in headers
+    assert [row[headers.index("total")] for row in rows] == totals
+    assert rows[0][0].startswith("★ ")
     assert page.locator("#result svg.time-chart rect.segment").count() >= 1
     assert page.locator("#result ul.rationale li").count() >= 3
     links = page.locator("#result ul.artifacts a")
@@ -73,6 +111,20 @@ def test_a_plan_in_the_browser(served: str, browser: Any, tmp_path: Path) -> Non
     for href in hrefs:
         assert httpx.get(f"{served}{href}").status_code == 200
     assert any(h.endswith("artifacts.zip") for h in hrefs)
+    # every requested target says whether it renders the layout, and why not where it cannot
+    plan = httpx.get(f"{served}/v1/plans/{page.inner_text('#result .status a')}").json()
+    targets = {row[0]: row for row in cells(page, "#result table.targets-table")}
+    assert set(targets) == set(plan["request"]["launchers"])
+    for target, why in plan["unsupported_targets"].items():
+        assert targets[target][1:] == ["no", why]
+    assert {a["target"] for a in plan["artifacts"]} <= {t for t, row in targets.items() if row[1] == "yes"}
+    assert "render it" in page.inner_text("#launchers-note")
+    # a file opens in a preview: its text, as the download gives it
+    page.locator("#result ul.artifacts button").first.click()
+    page.wait_for_function("document.querySelector('#result .preview pre')?.textContent.length > 20")
+    first = plan["artifacts"][0]
+    assert page.text_content("#result .preview pre") == httpx.get(f"{served}{first['url']}").text
+    assert first["name"] in page.inner_text("#result .preview h5")
     # TRAINPLAN_SCREENSHOT=docs/page.png refreshes the README's picture; otherwise a scratch file
     shot = Path(os.environ.get("TRAINPLAN_SCREENSHOT") or tmp_path / "page.png")
     page.screenshot(path=str(ROOT / shot if not shot.is_absolute() else shot), full_page=True)
@@ -81,9 +133,142 @@ def test_a_plan_in_the_browser(served: str, browser: Any, tmp_path: Path) -> Non
     page.wait_for_selector("#plans-table tbody tr a")
     page.click("#plans-table tbody tr a")
     page.wait_for_selector("#plan-detail .status")
+    page.check("input[name=run-source][value=typed]")
     page.fill("#run\\.step_s", "15.2")
     page.click("#run-form button[type=submit]")
     page.wait_for_selector("#runs table")
+    page.close()
+
+
+def megatron_log(step_s: float, peak_bytes: int, global_batch: int) -> str:
+    """Megatron-LM's iteration and memory-report lines for a run whose steady steps take about
+    ``step_s`` and whose largest max-reserved reading is ``peak_bytes`` (a warm-up step first)."""
+    lines = [
+        "[rank0]:training ...",
+        "[rank0]:[before the start of training step] datetime: 2025-03-14 10:02:12",
+    ]
+    for iteration, scale in ((1, 2.0), (10, 1.001), (20, 0.999), (30, 1.0), (40, 1.002), (50, 0.998)):
+        lines.append(
+            f"[rank7]: [2025-03-14 10:{iteration:02d}:31.118274] iteration {iteration:>8}/     500 | "
+            f"consumed samples: {iteration * global_batch:>12} | elapsed time per iteration (ms): "
+            f"{step_s * scale * 1000:.1f} | throughput per GPU (TFLOP/s/GPU): 400.0 | learning rate: "
+            f"1.500000E-06 | global batch size: {global_batch:>5} | lm loss: 1.012381E+01 | "
+            "loss scale: 1.0 | "
+            "grad norm: 5.112 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+        )
+        if iteration == 10:
+            mb = peak_bytes / 2**20
+            lines.append(
+                f"[rank0]:[Rank 0] (after 10 iterations) memory (MB) | allocated: {mb * 0.6:.2f} | "
+                f"max allocated: {mb * 0.95:.2f} | reserved: {mb:.2f} | max reserved: {mb:.2f}"
+            )
+    return "\n".join(lines)
+
+
+def test_a_log_pasted_as_a_run_calibrates_the_next_plan(browser: Any, tmp_path: Path) -> None:
+    """A fresh service (no run on the H100 yet): the plan says it is not calibrated; a Megatron-LM
+    log 10% slower than its estimate, pasted on the plan's page, is read (format, figures, lines)
+    and diagnosed; planned again, the plan is calibrated by that run, the factor applied and the
+    figure without it shown next to the calibrated one."""
+    with loopback.served(f"sqlite:///{tmp_path / 'runs.db'}") as base:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        new_plan(
+            page,
+            base,
+            **{
+                "model.preset": "llama-3.1-8b",
+                "cluster.gpu": "h100-sxm-80gb",
+                "training.seq_len": "8192",
+                "training.global_batch_size": "128",
+            },
+        )
+        assert "not calibrated" in page.inner_text("#result .status")
+        assert "Not calibrated" in page.inner_text("#result .calibration h4")
+        plan_id = page.inner_text("#result .status a")
+        estimate = httpx.get(f"{base}/v1/plans/{plan_id}").json()["recommended"]["estimate"]
+        step = estimate["time"]["step_s"] * 1.1
+        log = megatron_log(step, int(estimate["memory"]["per_gpu"]["total"] * 1.02), 128)
+        page.click("#result .status a")
+        page.wait_for_selector("#plan-detail .status")
+        assert page.is_visible("#run\\.log") and not page.is_visible("#run\\.step_s")  # a log by default
+        page.fill("#run\\.log", log)
+        page.select_option("#run\\.format", "auto")
+        page.click("#run-form button[type=submit]")
+        page.wait_for_selector("#run-result h4")
+        assert page.evaluate("document.activeElement.id") == "run-result"
+        assert "Read as a megatron log" in page.inner_text("#run-result .run-read")
+        assert "max_reserved" in page.inner_text("#run-result .run-read")
+        read = {row[0]: row for row in cells(page, "#run-result table.source-figures")}
+        assert read["step_s"][1] == f"{step:.3f} s" and "median" in read["step_s"][2]
+        assert "Counted" in page.inner_text("#run-result .diagnosis-verdict")
+        assert "+10.0%" in page.inner_text("#run-result table.diagnosis")
+        assert "megatron log" in page.inner_text("#runs table")
+        # planned again: calibrated by the run, with the factor and the figure without it
+        page.click("text=Plan it again with the runs recorded")
+        page.wait_for_function(
+            f"location.hash.startsWith('#/plans/') && !location.hash.endsWith('{plan_id}')"
+        )
+        page.wait_for_selector("#plan-detail .calibration h4")
+        assert "Calibrated by 1 observed run" in page.inner_text("#plan-detail .calibration h4")
+        assert "1 gave a step time" in page.inner_text("#plan-detail .calibration-runs")
+        factors = {row[0]: row[1] for row in cells(page, "#plan-detail table.factors")}
+        assert factors["step_time"] == "×1.100"
+        figures = {row[0]: row[1:] for row in cells(page, "#plan-detail table.uncalibrated")}
+        calibrated, uncalibrated = (float(x.removesuffix(" s")) for x in figures["step time"])
+        assert calibrated == pytest.approx(uncalibrated * 1.1, rel=1e-3)
+        assert "step ×1.100" in page.inner_text("#plan-detail .status")
+        page.close()
+
+
+def test_host_ram_per_node_makes_an_offload_plan(served: str, browser: Any) -> None:
+    """Llama-3.1-8B full fine-tuning on one H100: infeasible on the card alone with no host RAM
+    stated; with 512 GiB of host RAM per node (sent in bytes) the plan offloads the optimizer."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    job = {
+        "model.preset": "llama-3.1-8b",
+        "cluster.gpu": "h100-sxm-80gb",
+        "cluster.gpus_per_node": "1",
+        "training.seq_len": "4096",
+        "training.global_batch_size": "64",
+        "training.method": "full",
+    }
+    new_plan(page, served, **job)
+    assert "Infeasible" in page.inner_text("#result .status")
+    assert "host RAM" in page.inner_text("#result ul.suggestions")
+    new_plan(
+        page, served, **job, **{"cluster.cpu_memory_gib_per_node": "512", "cluster.nvme_gib_per_node": "0"}
+    )
+    assert "Feasible" in page.inner_text("#result .status")
+    assert "offload_optimizer=cpu" in page.inner_text("#result h3")
+    plan = httpx.get(f"{served}/v1/plans/{page.inner_text('#result .status a')}").json()
+    assert plan["request"]["cluster"]["cpu_memory_bytes_per_node"] == 512 * 2**30
+    # the memory table reads as the API's numbers
+    header = page.locator("#result table.memory-table").first.locator("th").all_inner_texts()
+    first = cells(page, "#result table.memory-table")[0]
+    per_gpu = plan["recommended"]["estimate"]["memory"]["per_gpu"]
+    assert first[header.index("total")] == f"{per_gpu['total'] / 2**30:.1f} GiB"
+    assert first[header.index("optimizer states")] == f"{per_gpu['optimizer_states'] / 2**30:.1f} GiB"
+    page.close()
+
+
+def test_lora_rank_and_targets_appear_for_lora(served: str, browser: Any) -> None:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    assert not page.is_visible("#training\\.lora_rank")
+    page.select_option("#training\\.method", "lora")
+    assert page.is_visible("#training\\.lora_rank") and page.is_visible("#training\\.lora_targets")
+    page.fill("#training\\.lora_rank", "64")
+    for module in ("gate_proj", "up_proj", "down_proj"):
+        page.uncheck(f"input[name=lora-target][value={module}]")
+    page.click("#submit")
+    page.wait_for_selector("#result .status", timeout=60_000)
+    plan = httpx.get(f"{served}/v1/plans/{page.inner_text('#result .status a')}").json()
+    training = plan["request"]["training"]
+    assert (training["method"], training["lora_rank"]) == ("lora", 64)
+    assert training["lora_targets"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    page.select_option("#training\\.method", "full")
+    assert not page.is_visible("#training\\.lora_rank")
     page.close()
 
 

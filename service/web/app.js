@@ -66,6 +66,21 @@ async function api(method, path, body, retried = false) {
   return data;
 }
 
+// A file's text (an artifact's preview), sent with the API key like every other call.
+async function apiText(path) {
+  const headers = {};
+  const key = sessionStorage.getItem(KEY_STORE);
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const response = await fetch(path, { headers });
+  const text = await response.text();
+  if (!response.ok) {
+    let problem = {};
+    try { problem = JSON.parse(text); } catch { /* not a problem document */ }
+    throw new ApiError(response.status, problem);
+  }
+  return text;
+}
+
 async function allPages(path) {
   let items = [];
   let cursor = null;
@@ -150,6 +165,25 @@ function memoryChart(candidates) {
   return chart;
 }
 
+// The chart's numbers as a table: for screen readers (the SVG is one image to them) and narrow screens.
+function memoryTable(candidates, caption) {
+  const capacity = candidates[0].estimate.memory.capacity_bytes;
+  const rows = candidates.map((candidate, index) => {
+    const m = candidate.estimate.memory.per_gpu;
+    return [candidate.label || `${index === 0 ? "★ " : ""}${layoutText(candidate.layout)}`,
+      ...COMPONENTS.map((name) => fmt.gib(m[name] || 0)), fmt.gib(m.total), fmt.gib(capacity - m.total)];
+  });
+  const t = table(["layout", ...COMPONENTS.map((n) => n.replace("_", " ")), "total", "left on the card"], rows, caption);
+  t.classList.add("memory-table", "numbers");
+  return el("div", { class: "scroll" }, t);
+}
+
+function memoryFigure(candidates, caption) {
+  const figure = document.createDocumentFragment();
+  figure.append(memoryChart(candidates), memoryTable(candidates, caption));
+  return figure;
+}
+
 function timeChart(estimate) {
   const parts = Object.entries(estimate.time.breakdown).filter(([, v]) => v > 0);
   const total = estimate.time.step_s;
@@ -198,11 +232,139 @@ function table(headers, rows, caption) {
   return t;
 }
 
+// ---------------------------------------------------------------- calibration
+
+const FACTORS = {
+  memory_dynamic: "activations, buffers and overhead",
+  step_time: "every part of the step time, as applied (capped where the step would beat the GPU's dense peak)",
+  step_time_learned: "the step time the runs say, before that cap",
+  step_time_hardware: "what every framework's runs on this GPU say",
+  step_time_framework: "what this framework's own runs add to the hardware's",
+};
+
+function plural(n, one, many = `${one}s`) { return `${fmt.int(n)} ${n === 1 ? one : many}`; }
+
+function calibrationSummary(c) {
+  if (!c || c.runs === 0) return "not calibrated";
+  const f = c.factors;
+  return `step ×${f.step_time.toFixed(3)}, memory ×${f.memory_dynamic.toFixed(3)} (${plural(c.runs, "run")})`;
+}
+
+// Whether an estimate was calibrated, by which runs, with which factors, and its figures without them.
+function calibrationBlock(estimate, planId) {
+  const c = estimate.calibration;
+  const box = el("div", { class: "calibration" });
+  if (!c || c.runs === 0) {
+    box.append(el("h4", { text: "Not calibrated" }));
+    const why = c && c.implausible_runs
+      ? `No run on this GPU type and framework counts yet: ${plural(c.implausible_runs, "run")} set aside as implausible (each run's diagnosis says why). `
+      : "No run has been recorded on this GPU type yet: the figures are the model's alone. ";
+    box.append(el("p", { class: "note" }, why, "Record a run (a pasted log will do) on ",
+      el("a", { href: `#/plans/${planId}`, text: "the plan's page" }), "; later plans on this hardware use it."));
+    return box;
+  }
+  const f = c.factors;
+  box.append(el("h4", { text: `Calibrated by ${plural(c.runs, "observed run")}` }));
+  const parts = [`${fmt.int(c.time_runs)} gave a step time`, `${fmt.int(c.memory_runs)} a peak memory`];
+  if (c.out_of_memory_runs) parts.push(`${fmt.int(c.out_of_memory_runs)} ran out of memory`);
+  let text = `Runs of plans on this GPU type (step time from every framework's, the rest from this framework's): ${parts.join(", ")}`;
+  if (c.implausible_runs) text += `; ${plural(c.implausible_runs, "run")} set aside as implausible`;
+  box.append(el("p", { class: "calibration-runs", text: `${text}.` }));
+  const known = Object.keys(FACTORS).filter((k) => f[k] !== undefined && f[k] !== null);
+  const others = Object.keys(f).filter((k) => !(k in FACTORS));
+  const factors = table(["factor", "value", "scales"], [...known, ...others].map((k) => [k, `×${Number(f[k]).toFixed(3)}`, FACTORS[k] || ""]),
+    "Factors applied");
+  factors.classList.add("factors");
+  box.append(factors);
+  // The API gives the calibrated figures and the factors; the figures without them are derived here:
+  // the step-time factor scales every part of the step, the memory factor activations, buffers and overhead.
+  const rows = [];
+  if (estimate.time && f.step_time) {
+    rows.push(["step time", fmt.s(estimate.time.step_s), fmt.s(estimate.time.step_s / f.step_time)]);
+    rows.push(["tokens/s", fmt.int(estimate.time.tokens_per_s), fmt.int(estimate.time.tokens_per_s * f.step_time)]);
+  }
+  const m = estimate.memory.per_gpu;
+  if (f.memory_dynamic) {
+    const dynamic = m.activations + m.buffers + m.overhead;
+    rows.push(["memory per GPU", fmt.gib(m.total), `≈ ${fmt.gib(m.total - dynamic + dynamic / f.memory_dynamic)}`]);
+  }
+  const figures = table(["figure", "calibrated", "without calibration"], rows, "Calibrated and uncalibrated figures");
+  figures.classList.add("uncalibrated");
+  box.append(figures, el("p", { class: "note", text:
+    "Without calibration: the calibrated figure with the factor divided out (memory approximately: the factor scales activations, buffers and overhead)." }));
+  return box;
+}
+
+// ---------------------------------------------------------------- launcher targets and file previews
+
+function launcherBlock(plan, container) {
+  const requested = (plan.request && plan.request.launchers) || [];
+  const unsupported = plan.unsupported_targets || {};
+  const byTarget = {};
+  plan.artifacts.forEach((a) => { (byTarget[a.target] ||= []).push(a.name); });
+  const rows = requested.map((target) => {
+    if (unsupported[target]) return [target, "no", unsupported[target]];
+    if (byTarget[target]) return [target, "yes", byTarget[target].join(", ")];
+    return [target, "no", plan.recommended ? "nothing rendered for this target" : "no layout fits: nothing to render"];
+  });
+  Object.keys(byTarget).filter((t) => !requested.includes(t)).forEach((t) => rows.push([t, "yes", byTarget[t].join(", ")]));
+  container.append(el("h4", { text: "Launcher files" }));
+  if (rows.length) {
+    const t = table(["target", "renders this layout", "files, or why not"], rows, "Which targets render the recommendation");
+    t.classList.add("targets-table");
+    container.append(t);
+  } else {
+    container.append(el("p", { class: "note", text: "No launcher target was requested." }));
+  }
+  const rendering = rows.filter((r) => r[1] === "yes").map((r) => r[0]);
+  const not = rows.filter((r) => r[1] === "no").map((r) => r[0]);
+  const note = document.getElementById("launchers-note");
+  if (note && container.id === "result") {
+    note.textContent = `Plan ${plan.id}: ${rendering.length ? `${rendering.join(", ")} render it` : "no target renders it"}` +
+      `${not.length ? `; ${not.join(", ")} cannot (reasons under Launcher files)` : ""}.`;
+    [...document.getElementById("launchers").options].forEach((o) => {
+      if (unsupported[o.value]) o.title = unsupported[o.value]; else o.removeAttribute("title");
+    });
+  }
+  if (!plan.artifacts.length) return;
+  const preview = el("div", { class: "preview", role: "region", "aria-label": "File preview", tabindex: "-1", hidden: "" });
+  const files = el("ul", { class: "artifacts" });
+  plan.artifacts.forEach((a) => {
+    const button = el("button", { type: "button", class: "small", "aria-expanded": "false", text: "Preview" });
+    button.setAttribute("aria-label", `Preview ${a.name}`);
+    button.addEventListener("click", () => previewArtifact(a, button, preview, files));
+    files.append(el("li", {}, el("a", { href: a.url, download: a.name, text: a.name }),
+      ` (${a.target}, ${fmt.int(a.size_bytes)} bytes) `, button));
+  });
+  files.append(el("li", {}, el("a", { href: `/v1/plans/${plan.id}/artifacts.zip`, download: `${plan.id}.zip`, text: "all files (zip)" })));
+  container.append(files, preview);
+}
+
+async function previewArtifact(artifact, button, preview, files) {
+  const open = button.getAttribute("aria-expanded") === "true";
+  files.querySelectorAll("button[aria-expanded]").forEach((b) => b.setAttribute("aria-expanded", "false"));
+  if (open) { preview.hidden = true; preview.replaceChildren(); return; }
+  button.setAttribute("aria-expanded", "true");
+  const pre = el("pre", { tabindex: "0", text: "Loading…" });
+  preview.replaceChildren(el("h5", { text: `${artifact.name} (${artifact.media_type})` }), pre);
+  preview.hidden = false;
+  try {
+    pre.textContent = await apiText(artifact.url);
+  } catch (error) {
+    pre.textContent = `Could not load ${artifact.name}: ${error.message}`;
+    pre.classList.add("field-error");
+  }
+  preview.focus();
+}
+
+// ---------------------------------------------------------------- a plan
+
 function renderPlan(plan, container) {
   container.replaceChildren();
   container.append(el("p", { class: `status ${plan.status}` },
     el("strong", { text: plan.status === "feasible" ? "Feasible" : "Infeasible" }),
-    ` — ${plan.model}, plan `, el("a", { href: `#/plans/${plan.id}`, text: plan.id })));
+    ` — ${plan.model}, plan `, el("a", { href: `#/plans/${plan.id}`, text: plan.id }),
+    ` · ${calibrationSummary((plan.recommended || plan.closest || {}).estimate?.calibration)}`));
   const chosen = Object.entries(plan.resolved_defaults || {});
   if (chosen.length) {
     container.append(el("p", { class: "note defaults", text: `Defaults for this GPU: ${chosen.map(([k, v]) => `${k} ${v}`).join(", ")}` }));
@@ -217,16 +379,17 @@ function renderPlan(plan, container) {
         `MFU ${fmt.pct(est.time.mfu)} · step ${fmt.s(est.time.step_s)}` +
         (est.time_to_train_s ? ` · time to train ${fmt.s(est.time_to_train_s)}` : "") }));
     }
+    container.append(calibrationBlock(est, plan.id));
     container.append(el("h4", { text: "Memory per GPU (most-loaded rank)" }));
-    container.append(memoryChart([rec, ...plan.alternatives]));
+    container.append(memoryFigure([rec, ...plan.alternatives], `Memory per GPU in GiB, card ${fmt.gib(est.memory.capacity_bytes)}`));
     const stages = est.memory.per_stage || [];
     if (stages.length > 1) {
       // uneven pipeline stages: one bar per evaluated pipeline rank of the recommended layout
       container.append(el("h4", { text: "Memory per pipeline rank (recommended layout)" }));
-      container.append(memoryChart(stages.map((stage) => ({
+      container.append(memoryFigure(stages.map((stage) => ({
         label: `pipeline rank ${stage.rank}`,
         estimate: { memory: { capacity_bytes: est.memory.capacity_bytes, per_gpu: stage } },
-      }))));
+      })), "Memory per pipeline rank in GiB"));
     }
     if (est.time) {
       container.append(el("h4", { text: "Step time" }));
@@ -234,10 +397,10 @@ function renderPlan(plan, container) {
     }
     container.append(el("h4", { text: "Why this layout" }), list(rec.rationale, "rationale"));
     if (plan.alternatives.length) {
-      container.append(table(["layout", "memory", "tokens/s", "MFU"], plan.alternatives.map((a) => [
+      container.append(table(["layout", "memory", "tokens/s", "MFU", "calibration"], plan.alternatives.map((a) => [
         layoutText(a.layout), fmt.gib(a.estimate.memory.per_gpu.total),
         a.estimate.time ? fmt.int(a.estimate.time.tokens_per_s) : "-",
-        a.estimate.time ? fmt.pct(a.estimate.time.mfu) : "-"]), "Alternatives"));
+        a.estimate.time ? fmt.pct(a.estimate.time.mfu) : "-", calibrationSummary(a.estimate.calibration)]), "Alternatives"));
     }
   }
   if (plan.rejected.length) {
@@ -247,7 +410,8 @@ function renderPlan(plan, container) {
   if (plan.closest) {
     // infeasible: how far the layout that came closest is from fitting, component by component
     container.append(el("h4", { text: `Closest layout: ${layoutText(plan.closest.layout)}, ${fmt.gib(plan.closest.over_bytes)} over` }));
-    container.append(memoryChart([{ ...plan.closest, label: layoutText(plan.closest.layout) }]));
+    container.append(memoryFigure([{ ...plan.closest, label: layoutText(plan.closest.layout) }], "Memory of the closest layout in GiB"));
+    container.append(calibrationBlock(plan.closest.estimate, plan.id));
   }
   if (plan.suggestions.length) {
     container.append(el("h4", { text: "What would make it fit" }), list(plan.suggestions.map((s) => s.detail || s.kind), "suggestions"));
@@ -256,16 +420,7 @@ function renderPlan(plan, container) {
     container.append(el("h4", { text: "Not suggested" }),
       list(plan.suggestions_skipped.map((s) => `${s.kind}: ${s.reason}`), "suggestions-skipped"));
   }
-  for (const [target, why] of Object.entries(plan.unsupported_targets || {})) {
-    container.append(el("p", { class: "note", text: `${target}: ${why}` }));
-  }
-  if (plan.artifacts.length) {
-    const files = el("ul", { class: "artifacts" });
-    plan.artifacts.forEach((a) => files.append(el("li", {}, el("a", { href: a.url, download: a.name, text: a.name }),
-      ` (${a.target}, ${fmt.int(a.size_bytes)} bytes)`)));
-    files.append(el("li", {}, el("a", { href: `/v1/plans/${plan.id}/artifacts.zip`, download: `${plan.id}.zip`, text: "all files (zip)" })));
-    container.append(el("h4", { text: "Launcher files" }), files);
-  }
+  launcherBlock(plan, container);
 }
 
 // ---------------------------------------------------------------- errors next to their fields
@@ -279,7 +434,8 @@ function clearErrors(form, summary) {
 
 function fieldFor(form, field, prefix) {
   const name = `${prefix}${field}`;
-  const candidates = [name, name.replace(/_bytes_per_s$/, "_gbps"), field];
+  // the page asks for bandwidth in GB/s and host memory in GiB where the API names bytes
+  const candidates = [name, name.replace(/_bytes_per_s$/, "_gbps"), name.replace(/_bytes_per_node$/, "_gib_per_node"), field];
   for (const id of candidates) {
     const node = document.getElementById(id);
     if (node && form.contains(node)) return node;
@@ -341,16 +497,32 @@ function planBody() {
     body.cluster = { gpu: value("cluster.gpu"), num_nodes: number("cluster.num_nodes"), gpus_per_node: number("cluster.gpus_per_node") };
     const gbps = number("cluster.inter_node_bandwidth_gbps");
     if (gbps !== undefined) body.cluster.inter_node_bandwidth_gbps = gbps;
+    // host RAM and NVMe per node, typed in GiB, sent in bytes: offload layouts need them
+    for (const [input, field] of [["cluster.cpu_memory_gib_per_node", "cpu_memory_bytes_per_node"], ["cluster.nvme_gib_per_node", "nvme_bytes_per_node"]]) {
+      const gib = number(input);
+      if (gib !== undefined) body.cluster[field] = Number.isFinite(gib) ? Math.round(gib * GIB) : gib;
+    }
   }
   body.training = { seq_len: number("training.seq_len"), global_batch_size: number("training.global_batch_size"),
     method: value("training.method") };
   // left empty, precision and attention resolve from the GPU (the answer names what they became)
   for (const name of ["precision", "attention"]) if (value(`training.${name}`)) body.training[name] = value(`training.${name}`);
+  if (body.training.method !== "full") {
+    const rank = number("training.lora_rank");
+    if (rank !== undefined) body.training.lora_rank = rank;
+    const targets = [...document.querySelectorAll("input[name=lora-target]:checked")].map((c) => c.value);
+    const all = document.querySelectorAll("input[name=lora-target]").length;
+    body.training.lora_targets = targets.length === all ? "all-linear" : targets;
+  }
   const tokens = number("training.tokens");
   if (tokens !== undefined) body.training.tokens = tokens;
   body.constraints = { objective: value("constraints.objective"), top_k: number("constraints.top_k") };
   body.launchers = [...document.getElementById("launchers").selectedOptions].map((o) => o.value);
   return body;
+}
+
+function toggleLora() {
+  document.getElementById("lora-fields").hidden = value("training.method") === "full";
 }
 
 function toggleSources(name) {
@@ -372,7 +544,7 @@ async function submitPlan(event) {
     const plan = await api("POST", "/v1/plans", planBody());
     renderPlan(plan, result);
     busy.textContent = `Plan ${plan.id}: ${plan.status}`;
-    result.querySelector("h3, .status")?.setAttribute("tabindex", "-1");
+    result.focus();  // keyboard and screen-reader users land on the answer, its region named
   } catch (error) {
     busy.textContent = "";
     showErrors(form, summary, error);
@@ -413,7 +585,22 @@ async function showPlan(id) {
     const plan = await api("GET", `/v1/plans/${encodeURIComponent(id)}`);
     document.getElementById("plan-title").textContent = `Plan ${plan.id}`;
     renderPlan(plan, detail);
+    // the runs recorded since: the same request planned again picks up their calibration
+    const again = el("button", { type: "button", class: "secondary", text: "Plan it again with the runs recorded" });
+    again.addEventListener("click", async () => {
+      again.disabled = true;
+      try {
+        const fresh = await api("POST", "/v1/plans", plan.request);
+        location.hash = `#/plans/${fresh.id}`;
+      } catch (error) {
+        again.after(el("p", { class: "field-error", role: "alert", text: error.message }));
+      } finally {
+        again.disabled = false;
+      }
+    });
+    detail.append(again);
     document.getElementById("run-form").dataset.plan = plan.id;
+    document.getElementById("run-result").replaceChildren();
     await showRuns(plan.id);
   } catch (error) {
     detail.replaceChildren(el("p", { class: "field-error", role: "alert", text: error.message }));
@@ -425,10 +612,11 @@ async function showRuns(planId) {
   const box = document.getElementById("runs");
   box.replaceChildren();
   if (!runs.items.length) { box.append(el("p", { text: "No runs recorded yet." })); return; }
-  box.append(table(["recorded", "step", "peak memory", "diagnosis", "calibration factors"], runs.items.map((r) => [
-    new Date(r.created_at).toLocaleString(), r.step_s ? fmt.s(r.step_s) : "-",
+  box.append(table(["recorded", "read from", "step", "peak memory", "diagnosis", "calibration factors"], runs.items.map((r) => [
+    new Date(r.created_at).toLocaleString(), r.source ? `${r.source.format} log` : "typed figures", r.step_s ? fmt.s(r.step_s) : "-",
     r.peak_memory_bytes_per_gpu ? fmt.gib(r.peak_memory_bytes_per_gpu) : (r.out_of_memory ? "out of memory" : "-"),
-    Object.entries(r.diagnosis || {}).map(([k, v]) => `${k}: ${typeof v === "number" ? v.toFixed(3) : JSON.stringify(v)}`).join("; "),
+    Object.entries(r.diagnosis || {}).filter(([, v]) => v != null && !(Array.isArray(v) && !v.length))
+      .map(([k, v]) => `${k}: ${typeof v === "number" ? v.toFixed(3) : Array.isArray(v) ? v.join("; ") : String(v)}`).join("; "),
     r.calibration ? Object.entries(r.calibration.factors || r.calibration).map(([k, v]) => `${k} ${typeof v === "number" ? v.toFixed(3) : JSON.stringify(v)}`).join(", ") : "-",
   ]), "Runs of this plan"));
 }
@@ -437,17 +625,100 @@ async function submitRun(event) {
   event.preventDefault();
   const form = event.target, summary = document.getElementById("run-errors");
   clearErrors(form, summary);
-  const body = { out_of_memory: document.getElementById("run.out_of_memory").checked };
-  const step = number("run.step_s"), tps = number("run.tokens_per_s"), gib = number("run.peak_memory_gib");
-  if (step !== undefined) body.step_s = step;
-  if (tps !== undefined) body.tokens_per_s = tps;
-  if (gib !== undefined) body.peak_memory_bytes_per_gpu = Math.round(gib * GIB);
+  let body;
+  if (document.querySelector("input[name=run-source]:checked").value === "log") {
+    // the log as the framework printed it: the service reads it (RunOut.source says what it read)
+    body = { log: document.getElementById("run.log").value, format: value("run.format") };
+  } else {
+    body = { out_of_memory: document.getElementById("run.out_of_memory").checked };
+    const step = number("run.step_s"), tps = number("run.tokens_per_s"), gib = number("run.peak_memory_gib");
+    if (step !== undefined) body.step_s = step;
+    if (tps !== undefined) body.tokens_per_s = tps;
+    if (gib !== undefined) body.peak_memory_bytes_per_gpu = Math.round(gib * GIB);
+  }
+  const button = form.querySelector("button[type=submit]");
+  button.disabled = true;
   try {
-    await api("POST", `/v1/plans/${form.dataset.plan}/runs`, body);
+    const run = await api("POST", `/v1/plans/${form.dataset.plan}/runs`, body);
     form.reset();
+    toggleSources("run-source");
     await showRuns(form.dataset.plan);
+    const result = document.getElementById("run-result");
+    renderRun(run, result);
+    result.focus();
   } catch (error) {
     showErrors(form, summary, error, "run.");
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function numberText(v) { return typeof v === "number" ? (Number.isInteger(v) ? fmt.int(v) : v.toFixed(3)) : JSON.stringify(v); }
+
+function figureText(f) {
+  if (f.unit === "bytes") return fmt.gib(f.value);
+  if (f.unit === "s") return fmt.s(f.value);
+  return `${numberText(f.value)}${f.unit ? ` ${f.unit}` : ""}`;
+}
+
+// What the service read from a pasted log (RunOut.source), how it judged the run (diagnosis) and
+// the factors later estimates on this hardware apply (calibration).
+function renderRun(run, box) {
+  box.replaceChildren(el("h4", { text: `Run ${run.id} recorded` }));
+  const src = run.source;
+  if (src) {
+    box.append(el("p", { class: "run-read", text:
+      `Read as ${src.format === "unknown" ? "a log of no known framework" : `a ${src.format} log`}: ${plural(src.lines ?? 0, "line")}` +
+      (src.memory_statistic ? `, memory statistic ${src.memory_statistic}` : "") +
+      (src.global_batch_size ? `, global batch ${fmt.int(src.global_batch_size)}` : "") + "." }));
+    if (src.warmup) box.append(el("p", { class: "note", text: `Warm-up: ${src.warmup}` }));
+    const figures = src.figures || [];
+    if (figures.length) {
+      const t = table(["figure", "value", "how", "lines"], figures.map((f) => [f.name, figureText(f), f.how || "", (f.lines || []).join(", ")]),
+        "What was read");
+      t.classList.add("source-figures");
+      box.append(t);
+    }
+    if (src.out_of_memory) {
+      const oom = Object.entries(src.out_of_memory).filter(([, v]) => v != null)
+        .map(([k, v]) => `${k.replace(/_bytes$/, "").replace(/_/g, " ")} ${k.endsWith("_bytes") ? fmt.gib(v) : numberText(v)}`);
+      box.append(el("p", { class: "field-error out-of-memory", text: `Out of memory: ${oom.join(", ")}` }));
+    }
+    const notes = [...(src.notes || []), ...(src.conversions || [])];
+    if (notes.length) box.append(el("h5", { text: "Notes on the log" }), list(notes, "source-notes"));
+    if ((src.excerpts || []).length) {
+      box.append(el("h5", { text: "Lines it came from" }));
+      box.append(el("pre", { class: "excerpts", tabindex: "0", text: src.excerpts.map((x) => `${String(x.line).padStart(5)}${x.rank != null ? ` [rank ${x.rank}]` : ""}  ${x.text}`).join("\n") }));
+    }
+  }
+  const d = run.diagnosis || {};
+  box.append(el("h5", { text: "Diagnosis" }));
+  if (d.implausible) {
+    box.append(el("p", { class: "field-error diagnosis-verdict", text: "Implausible for this plan: stored, but it moves no calibration factor." }));
+  } else {
+    box.append(el("p", { class: "diagnosis-verdict", text: "Counted: it moves the calibration factors of this hardware." }));
+  }
+  const rows = [];
+  if (d.measured_step_s != null || d.estimated_step_s != null) {
+    rows.push(["step time", d.measured_step_s != null ? fmt.s(d.measured_step_s) : "-", d.estimated_step_s != null ? fmt.s(d.estimated_step_s) : "-",
+      d.step_time_error != null ? `${d.step_time_error >= 0 ? "+" : ""}${fmt.pct(d.step_time_error)}` : "-"]);
+  }
+  if (run.peak_memory_bytes_per_gpu != null || d.estimated_peak_memory_bytes_per_gpu != null) {
+    rows.push(["peak memory per GPU", run.peak_memory_bytes_per_gpu != null ? fmt.gib(run.peak_memory_bytes_per_gpu) : (run.out_of_memory ? "out of memory" : "-"),
+      d.estimated_peak_memory_bytes_per_gpu != null ? fmt.gib(d.estimated_peak_memory_bytes_per_gpu) : "-",
+      d.memory_error != null ? `${d.memory_error >= 0 ? "+" : ""}${fmt.pct(d.memory_error)}` : "-"]);
+  }
+  if (rows.length) {
+    const t = table(["figure", "measured", "estimated", "off by"], rows, "Measured against the plan's estimate");
+    t.classList.add("diagnosis");
+    box.append(t);
+  }
+  const advice = [...new Set([...(d.implausible_reasons || []), ...(d.advice || [])])];
+  if (advice.length) box.append(list(advice, "advice"));
+  if (run.calibration) {
+    box.append(el("p", { class: "note", text: `Estimates on this hardware and framework now apply: ${calibrationSummary(run.calibration)}` +
+      (run.calibration.implausible_runs ? `; ${plural(run.calibration.implausible_runs, "run")} set aside` : "") +
+      ". Plan it again to see them applied." }));
   }
 }
 
@@ -475,6 +746,9 @@ async function start() {
   clusters.forEach((c) => stored.append(el("option", { value: c.id, text: `${c.name} (${c.world_size} GPUs)` })));
   document.querySelectorAll("input[name=model-source]").forEach((r) => r.addEventListener("change", () => toggleSources("model-source")));
   document.querySelectorAll("input[name=cluster-source]").forEach((r) => r.addEventListener("change", () => toggleSources("cluster-source")));
+  document.querySelectorAll("input[name=run-source]").forEach((r) => r.addEventListener("change", () => toggleSources("run-source")));
+  document.getElementById("training.method").addEventListener("change", toggleLora);
+  toggleLora();
   document.getElementById("plan-form").addEventListener("submit", submitPlan);
   document.getElementById("filters").addEventListener("submit", (e) => { e.preventDefault(); loadPlans(); });
   document.getElementById("more").addEventListener("click", () => loadPlans(true));
