@@ -7,7 +7,7 @@ PORT ?= 8000
 WORKERS ?= 1
 DEEPSPEED_VERSION ?= 0.19.8
 
-.PHONY: install serve test lint typecheck pytest openapi heavy-install validate report bench invariant-sweep browser-test clean
+.PHONY: install serve test lint typecheck pytest openapi readme heavy-install validate report bench invariant-sweep browser-test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ pytest:
 
 openapi: install
 	$(PY) -m service.openapi
+
+## Run the README's examples against a fresh service on a loopback port and rewrite the outputs it
+## prints (tests/readme_examples.py); CI fails when one fails or README.md changes.
+readme: install
+	$(PY) -m tests.readme_examples --write
 
 ## PyTorch 2.13.0 (CPU build), transformers, and the launcher tools (DeepSpeed, accelerate, torchtitan).
 $(VENV)/.heavy-installed: $(VENV)/.installed pyproject.toml
