@@ -830,8 +830,10 @@ def report(plan_id: str, logfile: Any, log_format: str, notes: str, url: str | N
     for key, label in (("step_time_error", "step time vs estimate"), ("memory_error", "memory vs estimate")):
         if diagnosis.get(key) is not None:
             console.print(f"{label}: {diagnosis[key]:+.1%}")
+    reasons = diagnosis.get("implausible_reasons", [])
     for advice in diagnosis.get("advice", []):
-        console.print(f"  - {escape(advice)}")
+        if not any(advice.startswith(reason) for reason in reasons):  # said once, above
+            console.print(f"  - {escape(advice)}")
 
 
 def _figure_text(figure: dict[str, Any]) -> str:

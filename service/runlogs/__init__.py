@@ -164,7 +164,8 @@ def summarise(parsed: ParsedLog, readings: Readings) -> None:
     if readings.cut_lines:
         numbers = ", ".join(str(line.number) for line in readings.cut_lines[:10])
         parsed.notes.append(
-            f"{len(readings.cut_lines)} lines cut before their figures were skipped (lines {numbers})"
+            f"{len(readings.cut_lines)} {'line' if len(readings.cut_lines) == 1 else 'lines'} cut before "
+            f"their figures were skipped (lines {numbers})"
         )
     parsed.notes.extend(readings.notes)
     every = [*series, readings.tflops_per_gpu, readings.mfu, *readings.memory.values()]

@@ -186,7 +186,10 @@ def median_figure(name: str, unit: str, readings: Sequence[Reading], what: str) 
         span = f" (steps {min(steps)}-{max(steps)})" if steps else ""
         how = f"median of {len(kept)} steady {what} readings{span}{spread}"
         if skipped:
-            how += f"; {len(skipped)} warm-up readings skipped (step <= {WARMUP_STEPS} or a rank's first)"
+            readings_word = "reading" if len(skipped) == 1 else "readings"
+            how += (
+                f"; {len(skipped)} warm-up {readings_word} skipped (step <= {WARMUP_STEPS} or a rank's first)"
+            )
         used = kept
     else:
         used = list(readings)
