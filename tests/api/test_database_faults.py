@@ -189,7 +189,9 @@ def test_writers_in_one_process_queue_for_sqlite_and_a_long_wait_is_a_503(sqlite
     the busy timeout gets a 503 and stores nothing."""
     from service.persistence.models import ClusterRecord
 
-    settings = Settings(database_url=f"sqlite:///{sqlite_file}", sqlite_busy_timeout_ms=200)
+    # 1 s: long enough for eight writers taking turns on a loaded 2-core machine (each commit is an
+    # fsync), short enough for the held writer's wait below
+    settings = Settings(database_url=f"sqlite:///{sqlite_file}", sqlite_busy_timeout_ms=1000)
     app = create_app(settings)
     with TestClient(app) as client:
         holder = app.state.sessionmaker()
