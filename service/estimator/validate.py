@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -621,38 +620,32 @@ def layout_violation(
 ) -> Violation:
     """The first rule the layout breaks, or None: the rules above, in this order."""
     caps = FRAMEWORK_CAPABILITIES[layout.framework]
-
-    def micro_batches() -> int:  # valid once batch_split_violation passed
-        return layout.accumulation_steps(training.global_batch_size)
-
-    checks: tuple[Callable[[], Violation], ...] = (
-        lambda: batch_split_violation(training, layout),
-        lambda: world_violation(cluster, layout),
-        lambda: tensor_parallel_violation(model, layout.tp),
-        lambda: sharding_violation(layout, caps),
-        lambda: pipeline_split_violation(model, layout),
-        lambda: interleaving_violation(layout, caps),
-        lambda: interleaved_batches_violation(layout, micro_batches()),
-        lambda: zero_with_pipeline_violation(layout, caps),
-        lambda: context_violation(layout, training),
-        lambda: ulysses_violation(model, layout),
-        lambda: sequence_parallel_violation(training, layout, layout.micro_batch_size),
-        lambda: expert_tensor_violation(model, layout),
-        lambda: expert_violation(model, layout),
-        lambda: training_violation(model, cluster, layout, training, caps),
-        lambda: fused_optimizer_batches_violation(layout, micro_batches()),
-        lambda: recompute_violation(model, layout, caps),
-        lambda: moe_a2a_overlap_violation(model, layout),
-        lambda: unused_switch_violation(cluster, layout),
-        lambda: unused_split_flag_violation(layout),
-        lambda: activation_offload_violation(layout, caps),
-        lambda: compile_violation(layout, training, caps),
+    # One expression, evaluated left to right up to the first violation (an exception is truthy):
+    # the search asks this of every family it builds, so no per-call closures.
+    return (
+        batch_split_violation(training, layout)
+        or world_violation(cluster, layout)
+        or tensor_parallel_violation(model, layout.tp)
+        or sharding_violation(layout, caps)
+        or pipeline_split_violation(model, layout)
+        or interleaving_violation(layout, caps)
+        # accumulation_steps is valid once batch_split_violation passed
+        or interleaved_batches_violation(layout, layout.accumulation_steps(training.global_batch_size))
+        or zero_with_pipeline_violation(layout, caps)
+        or context_violation(layout, training)
+        or ulysses_violation(model, layout)
+        or sequence_parallel_violation(training, layout, layout.micro_batch_size)
+        or expert_tensor_violation(model, layout)
+        or expert_violation(model, layout)
+        or training_violation(model, cluster, layout, training, caps)
+        or fused_optimizer_batches_violation(layout, layout.accumulation_steps(training.global_batch_size))
+        or recompute_violation(model, layout, caps)
+        or moe_a2a_overlap_violation(model, layout)
+        or unused_switch_violation(cluster, layout)
+        or unused_split_flag_violation(layout)
+        or activation_offload_violation(layout, caps)
+        or compile_violation(layout, training, caps)
     )
-    for check in checks:
-        violation = check()
-        if violation is not None:
-            return violation
-    return None
 
 
 def validate_layout(model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec) -> None:

@@ -333,9 +333,12 @@ def micro_batch_sizes(
     return valid_micro_batch_sizes(training, layout)
 
 
+@functools.lru_cache(maxsize=16384)
 def make_layout(
     structure: Structure, sharding: Sharding, recompute: Recompute, virtual: int, micro_batch: int
 ) -> Layout:
+    """The layout of these choices (shared: the search builds the same one at several steps, and a
+    capacity sweep for every GPU type searching the same count; a ``Layout`` is frozen)."""
     flags = FRAMEWORKS[sharding.framework].flags
     sp = structure.tp > 1 and flags.sequence_parallel
     return Layout(
