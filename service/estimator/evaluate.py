@@ -16,8 +16,9 @@ from collections.abc import Callable
 from service.estimator import dp_comm, flops
 from service.estimator import step_time as st
 from service.estimator.calibration import calibrated_bytes
-from service.estimator.job import Job, make_job
+from service.estimator.job import Job, layout_memo, make_job
 from service.estimator.memory import (
+    MEMORY_FIELDS,
     RankActivations,
     RankStates,
     fragmentation_bytes,
@@ -81,6 +82,19 @@ def most_loaded(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[
 
 def memory_numbers(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[int, int, int]:
     """``(per-GPU total, host bytes per node, NVMe bytes per node)`` of ``memory_estimate``."""
+    if dynamic_factor == 1.0:
+        return uncalibrated_memory_numbers(job, layout)
+    return _memory_numbers(job, layout, dynamic_factor)
+
+
+@layout_memo(*MEMORY_FIELDS, memory=True)
+def uncalibrated_memory_numbers(job: Job, layout: Layout) -> tuple[int, int, int]:
+    """``memory_numbers`` without calibration, what a search asks of every layout it tries:
+    memoised with the memory parts (shared by the GPU types of a sweep: ``job.memory_memos``)."""
+    return _memory_numbers(job, layout, 1.0)
+
+
+def _memory_numbers(job: Job, layout: Layout, dynamic_factor: float) -> tuple[int, int, int]:
     parts, host, nvme = most_loaded(job, layout, dynamic_factor)
     gpus_per_node = job.cluster.gpus_per_node
     return sum(parts), math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)

@@ -8,15 +8,25 @@ to the formula (``tests/estimator/test_job.py`` records which fields every memoi
 reads, over a grid of layouts, and fails when one is missing from its key). Per-layer quantities
 are computed once per layer kind (``layer_kinds``): every per-layer formula of the estimator reads
 the layer only through its kind.
+
+The memory parts read of the job only its memory inputs (``memory_inputs``: the model, the training,
+the memory assumptions and the cluster's GPUs per node), not the GPU, the network or the
+efficiency tuning. Declared ``layout_memo(..., memory=True)``, their memos live in
+``Job.memory_memos``: the job's own, or, for jobs made inside ``shared_memory_memos()``, one set
+shared by every job of the same memory inputs (a capacity sweep asks the same layouts of every GPU
+type; the suggestions ask them of other GPUs).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from service.estimator import pipeline
@@ -31,6 +41,7 @@ __all__ = [
     "make_job",
     "prepare",
     "rank_kind_counts",
+    "shared_memory_memos",
     "sum_by_kind",
 ]
 from service.estimator.tuning import MemoryAssumptions, Tuning
@@ -52,7 +63,34 @@ class Job:
     counts: ParameterCounts
     layer_kinds: tuple[LayerKind, ...]  # the kind of every decoder layer, in order
     kinds: tuple[LayerKind, ...]  # the distinct kinds, in order of first appearance
-    memos: defaultdict[object, dict[Any, Any]] = field(default_factory=lambda: defaultdict(dict))
+    memos: Memos
+    memory_memos: Memos  # the memory parts' (``layout_memo(..., memory=True)``): see the module
+
+
+Memos = defaultdict[object, dict[Any, Any]]
+
+# memory_inputs -> the memory parts' memos, while a shared_memory_memos() block runs
+_MEMORY_SCOPE: ContextVar[dict[tuple[object, ...], Memos] | None] = ContextVar("memory_scope", default=None)
+
+
+@contextmanager
+def shared_memory_memos() -> Iterator[None]:
+    """Within this block (of this thread or task), jobs of equal ``memory_inputs`` share the memos
+    of the memory parts; they are dropped when the outermost block ends."""
+    if _MEMORY_SCOPE.get() is not None:  # nested: the outer block's
+        yield
+        return
+    token = _MEMORY_SCOPE.set({})
+    try:
+        yield
+    finally:
+        _MEMORY_SCOPE.reset(token)
+
+
+def memory_inputs(job: Job) -> tuple[object, ...]:
+    """Everything of the job the memory parts read: the model (its counts and layer kinds follow),
+    the training, the memory assumptions, and the GPUs per node (FSDP's hybrid shard)."""
+    return (job.model, job.training, job.assume, job.cluster.gpus_per_node)
 
 
 def make_job(
@@ -61,9 +99,12 @@ def make_job(
     training: TrainingSpec,
     tuning: Tuning,
 ) -> Job:
-    """A new job with empty memos (``prepare`` returns a shared one)."""
+    """A new job with empty memos (``prepare`` returns a shared one); inside
+    ``shared_memory_memos()`` its memory parts' memos are those of the jobs of the same memory
+    inputs."""
     counts, layer_kinds, kinds = _model_constants(model)
-    return Job(
+    memos: Memos = defaultdict(dict)
+    job = Job(
         model=model,
         cluster=cluster,
         training=for_gpu(training, cluster.gpu),  # what the request left to the hardware, for this GPU
@@ -72,7 +113,14 @@ def make_job(
         counts=counts,
         layer_kinds=layer_kinds,
         kinds=kinds,
+        memos=memos,
+        memory_memos=memos,
     )
+    scope = _MEMORY_SCOPE.get()
+    if scope is None:
+        return job
+    shared = scope.setdefault(memory_inputs(job), defaultdict(dict))
+    return dataclasses.replace(job, memory_memos=shared)
 
 
 @functools.lru_cache(maxsize=256)
@@ -115,20 +163,23 @@ MEMOISED_PARTS: list[MemoisedPart] = []
 
 
 def layout_memo(
-    *fields: str,
+    *fields: str, memory: bool = False
 ) -> Callable[[Callable[Concatenate[Job, Layout, P], T]], Callable[Concatenate[Job, Layout, P], T]]:
     """Memoise ``part(job, layout, *args)`` on the job, keyed by the named layout fields (and the
     hashable positional ``args``).
 
     The key must name every field the part reads, directly or through the parts it calls; the
-    part's value may depend on the job freely (a job is one model, cluster and training)."""
+    part's value may depend on the job freely (a job is one model, cluster and training), except
+    with ``memory=True``: then it may read of the job only its ``memory_inputs``, and is memoised in
+    ``Job.memory_memos``."""
     key_of = operator.attrgetter(*fields)
+    memos_of = operator.attrgetter("memory_memos" if memory else "memos")
 
     def decorate(part: Callable[Concatenate[Job, Layout, P], T]) -> Callable[Concatenate[Job, Layout, P], T]:
         if part.__code__.co_argcount == 2:  # part(job, layout): the common case, without packing args
 
             def memoised_layout(job: Job, layout: Layout) -> T:
-                memo = job.memos[memoised_layout]
+                memo = memos_of(job)[memoised_layout]
                 key = key_of(layout)
                 value = memo.get(key, _MISSING)
                 if value is _MISSING:
@@ -139,7 +190,7 @@ def layout_memo(
         else:
 
             def memoised_args(job: Job, layout: Layout, /, *args: P.args, **kwargs: P.kwargs) -> T:
-                memo = job.memos[memoised_args]
+                memo = memos_of(job)[memoised_args]
                 key = (key_of(layout), *args)
                 value = memo.get(key, _MISSING)
                 if value is _MISSING:

@@ -259,7 +259,7 @@ STATE_FIELDS = (
 )
 
 
-@layout_memo(*STATE_FIELDS)
+@layout_memo(*STATE_FIELDS, memory=True)
 def stage_states(job: Job, layout: Layout) -> tuple[RankStates, ...]:
     """``rank_states`` of each of ``pipeline_ranks``."""
     return tuple(rank_states(job, layout, rank) for rank in pipeline_ranks(job, layout))
@@ -322,7 +322,11 @@ ACTIVATION_FIELDS = (
 )
 
 
-@layout_memo(*ACTIVATION_FIELDS)
+# Every layout field a rank's memory reads: its states and its activations.
+MEMORY_FIELDS = tuple(dict.fromkeys((*STATE_FIELDS, *ACTIVATION_FIELDS)))
+
+
+@layout_memo(*ACTIVATION_FIELDS, memory=True)
 def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     """Activations, their buffers and the fixed overhead of each of ``pipeline_ranks``."""
     layer = activations.layer_activations(job, layout)

@@ -23,7 +23,7 @@ from service.estimator import evaluate
 from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError, InvalidTraining
 from service.estimator.estimate import estimate_valid
-from service.estimator.job import Job, make_job
+from service.estimator.job import Job, make_job, shared_memory_memos
 from service.estimator.memory import min_state_bytes_per_gpu, stage_states
 from service.estimator.pipeline import stage_layers
 from service.estimator.tuning import Tuning
@@ -602,9 +602,10 @@ def search(
     budget = budget or Budget(constraints.max_evaluations)
     result = SearchResult()
     try:
-        _search_counts(
-            model, cluster, training, constraints, tuning, counts, stop_at_first_fit, budget, result
-        )
+        with shared_memory_memos():  # or the caller's: a sweep over GPU types asks the same layouts
+            _search_counts(
+                model, cluster, training, constraints, tuning, counts, stop_at_first_fit, budget, result
+            )
     finally:
         budget.charge(result.evaluations)
     return result
@@ -781,10 +782,24 @@ def recommend(
     The search and the suggestions share ``budget`` (default: ``constraints.max_evaluations``
     evaluations, no deadline); suggestions name other GPUs of ``catalog`` (default: the GPU
     catalog, with the node size each part ships in)."""
-    from service.recommender.suggest import suggestions
-
     if tuning is None:
         raise TypeError("recommend needs the tuning numbers: pass catalog.tuning.default_tuning()")
+    with shared_memory_memos():  # the search and the suggestions (other GPUs, the same layouts)
+        return _recommend(model, cluster, training, constraints, tuning, with_suggestions, budget, catalog)
+
+
+def _recommend(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints | None,
+    tuning: Tuning,
+    with_suggestions: bool,
+    budget: Budget | None,
+    catalog: Sequence[tuple[GPUSpec, int | None]] | None,
+) -> Recommendation:
+    from service.recommender.suggest import suggestions
+
     constraints = constraints or Constraints()
     budget = budget or Budget(constraints.max_evaluations)
     started = time.perf_counter()

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from service.estimator.defaults import chosen_defaults, for_gpu
+from service.estimator.job import shared_memory_memos
 from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
@@ -160,6 +161,27 @@ def capacity(
     evaluations), as one plan does: each GPU type or cluster, in turn, gets an equal share of what
     is left (what one leaves unused goes to the ones after it), and an option whose share ran out
     says so."""
+    # every GPU type searches the same layouts of the model: their memory is computed once
+    with shared_memory_memos():
+        return _capacity(
+            model, training, tuning, gpus, clusters, constraints, gpus_per_node, max_nodes, at_gpus,
+            gpu_hour_cost, budget,
+        )  # fmt: skip
+
+
+def _capacity(
+    model: ModelSpec,
+    training: TrainingSpec,
+    tuning: Tuning,
+    gpus: Iterable[GPUSpec],
+    clusters: Iterable[ClusterSpec],
+    constraints: Constraints | None,
+    gpus_per_node: int,
+    max_nodes: int,
+    at_gpus: int | None,
+    gpu_hour_cost: Mapping[str, float] | None,
+    budget: Budget | None,
+) -> tuple[CapacityOption, ...]:
     constraints = constraints or Constraints(objective=Objective.FEWEST_GPUS)
     budget = budget or Budget(constraints.max_evaluations)
     prices = gpu_hour_cost or {}
