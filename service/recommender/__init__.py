@@ -24,7 +24,7 @@ from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError, InvalidTraining
 from service.estimator.estimate import estimate_valid
 from service.estimator.job import Job, make_job, shared_memory_memos
-from service.estimator.memory import min_state_bytes_per_gpu, stage_states
+from service.estimator.memory import stage_states
 from service.estimator.pipeline import stage_layers
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
@@ -59,6 +59,7 @@ from service.recommender.space import (
     Sharding,
     Structure,
     gpu_counts,
+    least_state_bytes,
     make_layout,
     micro_batch_sizes,
     offload_devices,
@@ -516,12 +517,10 @@ def _states_fit(job: Job, layout: Layout, limit: int) -> bool:
 
 def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: SearchResult) -> bool:
     """False when the model states alone, fully sharded over every GPU, exceed the limit (no offload)."""
-    constraints = search.constraints
-    if search.offload.cpu or search.offload.nvme or search.training.method is not Method.FULL:
+    bound = least_state_bytes(job, search.constraints.frameworks, search.offload, gpus)
+    if bound is None or bound[0] <= limit:
         return True
-    need, framework = min((min_state_bytes_per_gpu(job, fw, gpus), fw) for fw in constraints.frameworks)
-    if need <= limit:
-        return True
+    need, framework = bound
     # the bound's layout: every state sharded over every GPU, as the framework can
     zero = (
         3

@@ -30,11 +30,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from service.estimator.errors import InvalidLayout
+from service.estimator.job import Job
+from service.estimator.memory import min_state_bytes_per_gpu
 from service.estimator.types import (
     ClusterSpec,
     Compile,
     Framework,
     Layout,
+    Method,
     ModelSpec,
     Offload,
     Recompute,
@@ -252,6 +255,18 @@ def offload_devices(allow_offload: bool, cluster: ClusterSpec) -> OffloadDevices
         cpu=allow_offload and cluster.cpu_memory_bytes_per_node > 0,
         nvme=allow_offload and cluster.nvme_bytes_per_node > 0,
     )
+
+
+def least_state_bytes(
+    job: Job, frameworks: tuple[Framework, ...], offload: OffloadDevices, gpus: int
+) -> tuple[int, Framework] | None:
+    """The cheap bound before any search: model states alone, every state sharded over all
+    ``gpus`` GPUs and nothing offloaded; no layout of ``frameworks`` on that many GPUs needs less
+    (with the framework that needs least). None where it bounds nothing: offload to the host RAM
+    or NVMe the cluster states, or a frozen (or NF4) base, whose states the bound would over-count."""
+    if offload.cpu or offload.nvme or job.training.method is not Method.FULL:
+        return None
+    return min((min_state_bytes_per_gpu(job, framework, gpus), framework) for framework in frameworks)
 
 
 def shardings(

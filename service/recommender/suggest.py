@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from service.estimator.defaults import for_gpu
 from service.estimator.job import make_job
-from service.estimator.memory import min_state_bytes_per_gpu
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
     ClusterSpec,
@@ -37,6 +36,7 @@ from service.estimator.types import (
 from service.estimator.validate import hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.headroom import allowed_bytes
+from service.recommender.space import least_state_bytes, offload_devices
 from service.recommender.types import Candidate, Constraints, Objective, Skipped, Suggestion
 
 GiB = 2**30
@@ -130,14 +130,14 @@ def states_can_fit(
     constraints: Constraints,
     gpus: int,
 ) -> bool:
-    """The cheap bound: model states alone, sharded over all ``gpus`` GPUs with nothing offloaded,
-    fit the GPU for some framework allowed (no layout of them needs less). Full training only:
-    the bound counts every parameter's states, which a frozen (or NF4) base does not have."""
-    if training.method is not Method.FULL:
-        return True
+    """Whether the model states alone can fit ``gpus`` GPUs of the cluster for a framework allowed
+    (``space.least_state_bytes``, the bound the search applies per count, with its offload rule)."""
     job = make_job(model, with_gpu(cluster, cluster.gpu, 1, gpus), training, tuning)
-    limit = allowed_bytes(cluster.gpu.memory_bytes, constraints.min_headroom_fraction)
-    return any(min_state_bytes_per_gpu(job, fw, gpus) <= limit for fw in constraints.frameworks)
+    offload = offload_devices(constraints.allow_offload, cluster)
+    bound = least_state_bytes(job, constraints.frameworks, offload, gpus)
+    return bound is None or bound[0] <= allowed_bytes(
+        cluster.gpu.memory_bytes, constraints.min_headroom_fraction
+    )
 
 
 @dataclass(frozen=True, slots=True)

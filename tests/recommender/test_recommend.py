@@ -15,7 +15,7 @@ from service.estimator.types import Compile, Framework, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
 from service.recommender import Constraints, Objective, recommend
 from service.recommender.space import sub_cluster
-from service.recommender.suggest import suggestions
+from service.recommender.suggest import states_can_fit, suggestions
 from tests.recommender.helpers import cluster
 
 
@@ -72,6 +72,18 @@ def test_70b_on_eight_24gb_gpus_is_infeasible_and_says_how_many(tuning: Tuning) 
     assert offload.cpu_per_node_bytes is not None and offload.cpu_per_node_bytes > 256 * 2**30
     assert "256 GiB" in offload.detail
     assert any(t.kind == "qlora" for t in tips)
+
+
+def test_the_suggestions_states_bound_is_the_searchs_and_lets_stated_host_ram_offload(tuning: Tuning) -> None:
+    """13B full training on one 24 GB card: 13B x 16 bytes of states can never fit without offload,
+    so a suggestion on that card is not searched; with host RAM the node states and offload allowed
+    the bound bounds nothing (ZeRO-Offload holds the states on the host), as in the search itself."""
+    spec, training = model("llama-2-13b").spec, TrainingSpec(seq_len=1024, global_batch_size=8)
+    alone, with_ram = cluster("rtx-4090-24gb", per_node=1), cluster("rtx-4090-24gb", per_node=1, host_gib=512)
+    assert not states_can_fit(spec, alone, training, tuning, Constraints(), 1)
+    assert not states_can_fit(spec, with_ram, training, tuning, Constraints(allow_offload=False), 1)
+    assert states_can_fit(spec, with_ram, training, tuning, Constraints(), 1)
+    assert recommend(spec, with_ram, training, Constraints(), tuning, with_suggestions=False).recommended
 
 
 def test_an_fsdp_job_that_fits_only_compiled_is_told_so(tuning: Tuning) -> None:
