@@ -349,7 +349,7 @@ class _Ask:
         seq = self.training.seq_len // 2
         while seq >= SHORTEST_SUGGESTED_SEQ and not budget.exhausted():
             shorter = dataclasses.replace(self.training, seq_len=seq)
-            found = self._best(budget.share(parts=1), training=shorter)
+            found = self._best(budget, training=shorter)
             if found is not None:
                 what = f"training.seq_len {seq} (from {self.training.seq_len})"
                 return [_on_the_gpus_given("shorter_sequence", what, self.cluster, found, shorter)]
