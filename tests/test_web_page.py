@@ -2,7 +2,8 @@
 service on a loopback port. Submits a plan and checks the memory chart and its table, the rationale,
 the launcher targets and the download links with their previews, and that focus moves to the result;
 a log pasted as a run is read and calibrates the next plan; host RAM makes an offload plan; LoRA's
-fields; an API error appears next to the field it names; the screenshot goes to docs/ for the README.
+fields; an API error appears next to the field it names; the forms' options and limits come from the
+OpenAPI document, and without it the page still plans; the screenshot goes to docs/ for the README.
 
 Skips without Chromium or Playwright (`make test` on a bare machine); `.ci/run` installs both and runs
 it with skips turned into failures (`make browser-test`)."""
@@ -295,6 +296,69 @@ def test_a_v100_job_on_the_page_names_its_defaults_and_draws_the_closest_layout(
     assert page.locator("#result svg.memory-chart rect.segment").count() >= 3  # the closest layout's bar
     assert "Closest layout" in page.inner_text("#result")
     assert page.locator("#result ul.suggestions li").count() >= 1
+    page.close()
+
+
+def options(page: Any, select: str) -> list[tuple[str, str, bool]]:
+    """Each option of ``select``: its value, its text and whether it is selected."""
+    return [
+        tuple(o)
+        for o in page.eval_on_selector_all(
+            f"{select} option", "(os) => os.map((o) => [o.value, o.textContent, o.selected])"
+        )
+    ]
+
+
+def test_the_forms_read_their_fields_from_the_openapi_document(served: str, browser: Any) -> None:
+    schemas = httpx.get(f"{served}/openapi.json").json()["components"]["schemas"]
+    page = browser.new_page()
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    # precision may be left to the GPU: the page's empty option, then exactly the API's values
+    precision = options(page, "#training\\.precision")
+    assert [value for value, _, _ in precision] == ["", *schemas["Precision"]["enum"]]
+    assert precision[0][1:] == ("from the GPU", True)
+    assert [o[0] for o in options(page, "#training\\.method")] == schemas["Method"]["enum"]
+    assert page.input_value("#training\\.method") == schemas["TrainingIn"]["properties"]["method"]["default"]
+    objective = options(page, "#constraints\\.objective")
+    assert [o[0] for o in objective] == schemas["Objective"]["enum"]
+    assert ("time_to_train", "time to train", False) in objective  # the page's words for a value
+    assert page.input_value("#constraints\\.objective") == "throughput"  # the API's default
+    launchers = options(page, "#launchers")
+    assert [o[0] for o in launchers] == schemas["Target"]["enum"] and all(o[2] for o in launchers)
+    assert options(page, "#run\\.format")[0] == ("auto", "detect", True)
+    top_k = schemas["ConstraintsIn"]["properties"]["top_k"]
+    assert page.get_attribute("#constraints\\.top_k", "max") == str(int(top_k["maximum"]))
+    assert page.get_attribute("#constraints\\.top_k", "min") == str(int(top_k["minimum"]))
+    # typed in GiB: the API's byte limit in the page's unit
+    cpu_memory = schemas["ClusterIn"]["properties"]["cpu_memory_bytes_per_node"]
+    assert (
+        float(page.get_attribute("#cluster\\.cpu_memory_gib_per_node", "max"))
+        == cpu_memory["maximum"] / 2**30
+    )
+    batch = schemas["TrainingIn"]["properties"]["global_batch_size"]
+    assert page.get_attribute("#training\\.global_batch_size", "title") == batch["description"]
+    assert page.evaluate("document.getElementById('training.seq_len').required")
+    page.close()
+
+
+def test_without_the_openapi_document_the_page_still_plans(served: str, browser: Any) -> None:
+    """The document unreadable: the enums' selects offer only the service's defaults, which send
+    nothing, and a plan goes through with no error shown."""
+    page = browser.new_page()
+    page.route("**/openapi.json", lambda route: route.fulfill(status=503, body=""))
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    assert options(page, "#training\\.method") == [("", "the service's default", True)]
+    assert [o[0] for o in options(page, "#training\\.precision")] == [""]
+    assert options(page, "#launchers") == []
+    assert not page.is_visible("#training\\.lora_rank")  # the default method: full
+    page.click("#submit")
+    page.wait_for_selector("#result .status", timeout=60_000)
+    assert "Feasible" in page.inner_text("#result .status")
+    assert not page.is_visible("#form-errors")
+    plan = httpx.get(f"{served}/v1/plans/{page.inner_text('#result .status a')}").json()
+    assert plan["request"]["training"]["method"] == "full" and plan["request"]["launchers"] == []
     page.close()
 
 

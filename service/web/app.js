@@ -474,6 +474,97 @@ function showErrors(form, summary, error, prefix = "") {
   summary.focus();
 }
 
+// ---------------------------------------------------------------- the forms' fields, as the API states them
+
+// The OpenAPI document the service serves (FastAPI's default openapi_url): the forms' options,
+// limits and help come from the request schemas in it, so a value or a limit the API adds or
+// changes reaches the page without a second list here.
+const OPENAPI_URL = "/openapi.json";
+// Each form and the operation whose request body it sends; its controls' ids are the body's field
+// paths after the prefix (or the path in data-field, where the page asks in its own unit).
+const FORMS = [["plan-form", "/v1/plans", ""], ["run-form", "/v1/plans/{plan_id}/runs", "run."]];
+// The page's units (data-unit) in the API's: host memory is typed in GiB, bandwidth in GB/s.
+const UNITS = { GiB: GIB, "GB/s": 1e9 };
+// The page's words for some of the API's values; the set of values is the document's.
+const LABELS = { fewest_gpus: "fewest GPUs", time_to_train: "time to train", auto: "detect", deepspeed: "DeepSpeed",
+  accelerate: "Accelerate", hf_trainer: "HF Trainer", megatron: "Megatron-LM", slurm: "Slurm", kubernetes: "Kubernetes" };
+
+// A schema with $ref followed and allOf merged (the referring schema's own keys, such as a
+// default or a description, win), anyOf/oneOf without a null branch (nullable says there was one)
+// and a single branch left merged in.
+function resolveSchema(doc, schema) {
+  const { $ref, allOf, anyOf, oneOf, ...own } = schema;
+  let merged = {};
+  if ($ref) merged = resolveSchema(doc, $ref.split("/").slice(1).reduce((node, key) => node[key], doc));
+  for (const part of allOf || []) merged = { ...merged, ...resolveSchema(doc, part) };
+  const all = anyOf || oneOf || [];
+  const branches = all.filter((b) => b.type !== "null").map((b) => resolveSchema(doc, b));
+  if (branches.length === 1) merged = { ...merged, ...branches[0] };
+  else if (branches.length) merged.anyOf = branches;
+  if (branches.length < all.length) merged.nullable = true;
+  return { ...merged, ...own };
+}
+
+// The schema of the field at `path` (["training", "precision"]) under a request body's schema,
+// with whether its object requires it; null where the document has no such field.
+function fieldSchema(doc, body, path) {
+  let node = resolveSchema(doc, body), required = false;
+  for (const name of path) {
+    const owner = (node.anyOf || [node]).find((branch) => branch.properties && name in branch.properties);
+    if (!owner) return null;
+    required = (owner.required || []).includes(name);
+    node = resolveSchema(doc, owner.properties[name]);
+  }
+  // a list's items too (the launcher targets' enum is a $ref)
+  return { ...node, items: node.items && resolveSchema(doc, node.items), required };
+}
+
+// One control from its field's schema: a select's options from the enum (of the field, or of its
+// items for a list), after the page's own empty option ("from the GPU") where the field may be
+// left out with that meaning (nullable); a number's min, max and step in the control's unit;
+// required; the description as its help.
+function applyField(control, field) {
+  const values = field.enum || field.items?.enum;
+  if (values && control.tagName === "SELECT") {
+    const own = field.nullable ? [...control.options].filter((o) => o.value === "") : [];
+    // a list (the launcher targets) starts with every value chosen; otherwise the API's default
+    const chosen = (v) => control.multiple || (!own.length && v === field.default);
+    control.replaceChildren(...own, ...values.map((v) => el("option", { value: v, text: LABELS[v] || v, selected: chosen(v) ? "" : null })));
+  }
+  if (control.type === "number") {
+    const scale = UNITS[control.dataset.unit] || 1;
+    const whole = field.type === "integer" && scale === 1;
+    // an exclusive minimum of an integer is the next integer; of a number, HTML cannot say "above"
+    const min = field.minimum ?? (field.exclusiveMinimum === undefined ? undefined : field.exclusiveMinimum + (whole ? 1 : 0));
+    if (min !== undefined) control.min = min / scale;
+    if (field.maximum !== undefined) control.max = field.maximum / scale;
+    control.step = field.multipleOf ? field.multipleOf / scale : whole ? "1" : "any";
+  }
+  if ("required" in control) control.required = field.required;
+  if (field.description) control.title = field.description;
+}
+
+// Every control of the forms that sends an API field, from the document. Without the document the
+// page keeps what its HTML states: an enum's select offers only its empty option, which sends
+// nothing (the service's default applies), no launcher target is offered, and the limits are the
+// service's to report on submit.
+async function applyApiFields() {
+  try {
+    const doc = await api("GET", OPENAPI_URL);
+    for (const [formId, path, prefix] of FORMS) {
+      const body = doc.paths[path]?.post?.requestBody?.content?.["application/json"]?.schema;
+      if (!body) continue;
+      for (const control of document.getElementById(formId).querySelectorAll("[id]")) {
+        if (!control.id.startsWith(prefix)) continue;
+        const field = fieldSchema(doc, body, (control.dataset.field || control.id.slice(prefix.length)).split("."));
+        if (field) applyField(control, field);
+      }
+    }
+  } catch (error) {
+    console.warn(`${OPENAPI_URL} could not be read: the forms offer the service's defaults`, error);
+  }
+}
+
 // ---------------------------------------------------------------- the new-plan form
 
 function value(id) { return document.getElementById(id).value.trim(); }
@@ -503,11 +594,11 @@ function planBody() {
       if (gib !== undefined) body.cluster[field] = Number.isFinite(gib) ? Math.round(gib * GIB) : gib;
     }
   }
-  body.training = { seq_len: number("training.seq_len"), global_batch_size: number("training.global_batch_size"),
-    method: value("training.method") };
-  // left empty, precision and attention resolve from the GPU (the answer names what they became)
-  for (const name of ["precision", "attention"]) if (value(`training.${name}`)) body.training[name] = value(`training.${name}`);
-  if (body.training.method !== "full") {
+  body.training = { seq_len: number("training.seq_len"), global_batch_size: number("training.global_batch_size") };
+  // left empty, precision and attention resolve from the GPU (the answer names what they became);
+  // an empty method (the API's document unread) is the service's default
+  for (const name of ["precision", "attention", "method"]) if (value(`training.${name}`)) body.training[name] = value(`training.${name}`);
+  if (!fullTraining()) {
     const rank = number("training.lora_rank");
     if (rank !== undefined) body.training.lora_rank = rank;
     const targets = [...document.querySelectorAll("input[name=lora-target]:checked")].map((c) => c.value);
@@ -516,13 +607,17 @@ function planBody() {
   }
   const tokens = number("training.tokens");
   if (tokens !== undefined) body.training.tokens = tokens;
-  body.constraints = { objective: value("constraints.objective"), top_k: number("constraints.top_k") };
+  body.constraints = { top_k: number("constraints.top_k") };
+  if (value("constraints.objective")) body.constraints.objective = value("constraints.objective");
   body.launchers = [...document.getElementById("launchers").selectedOptions].map((o) => o.value);
   return body;
 }
 
+// empty: the service's default method, full training
+function fullTraining() { return ["", "full"].includes(value("training.method")); }
+
 function toggleLora() {
-  document.getElementById("lora-fields").hidden = value("training.method") === "full";
+  document.getElementById("lora-fields").hidden = fullTraining();
 }
 
 function toggleSources(name) {
@@ -628,7 +723,8 @@ async function submitRun(event) {
   let body;
   if (document.querySelector("input[name=run-source]:checked").value === "log") {
     // the log as the framework printed it: the service reads it (RunOut.source says what it read)
-    body = { log: document.getElementById("run.log").value, format: value("run.format") };
+    body = { log: document.getElementById("run.log").value };
+    if (value("run.format")) body.format = value("run.format");
   } else {
     body = { out_of_memory: document.getElementById("run.out_of_memory").checked };
     const step = number("run.step_s"), tps = number("run.tokens_per_s"), gib = number("run.peak_memory_gib");
@@ -735,7 +831,8 @@ function route() {
 }
 
 async function start() {
-  const [models, gpus, clusters] = await Promise.all([allPages("/v1/models"), allPages("/v1/gpus"), allPages("/v1/clusters")]);
+  const [models, gpus, clusters] = await Promise.all([allPages("/v1/models"), allPages("/v1/gpus"), allPages("/v1/clusters"),
+    applyApiFields()]);
   const presets = document.getElementById("model.preset");
   models.forEach((m) => presets.append(el("option", { value: m.name, text: `${m.name} (${(m.parameters_total / 1e9).toFixed(1)} B)` })));
   presets.value = models.some((m) => m.name === "llama-3.1-8b") ? "llama-3.1-8b" : models[0]?.name;
