@@ -234,6 +234,36 @@ class CalibrationFactors:
         return handler(core_schema.dict_schema(core_schema.str_schema(), core_schema.float_schema()))
 
 
+class RunEvidenceOut(BaseModel):
+    run_id: str
+    plan_id: str
+    framework: str
+    weight: float = Field(
+        description="how much the run counts for this job, in (0, 1]: halves every 30 days, halves when its "
+        "plan came from an older estimator version, 1 / (1 + |log2 ratio|) of model size and of sequence "
+        "length, halves for another layout family (data, model or expert parallel)"
+    )
+    weighted_because: list[str] = Field(description="each factor of the weight below 1, with its number")
+    factors: list[str] = Field(
+        description="the factors it moves: memory_dynamic (this framework's runs), step_time_hardware "
+        "(every framework's), step_time_framework (this framework's)"
+    )
+
+
+class SetAsideRunOut(BaseModel):
+    run_id: str
+    plan_id: str
+    reasons: list[str] = Field(description="why it cannot be what its plan measured, with the numbers")
+
+
+class UncalibratedOut(BaseModel):
+    fits: bool
+    memory_per_gpu_bytes: int = Field(description="the most loaded GPU's total without the memory factor")
+    step_s: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+
+
 class CalibrationOut(BaseModel):
     factors: CalibrationFactors = Field(
         description="memory_dynamic (activations, buffers, overhead), step_time (as applied: capped where "
@@ -247,6 +277,16 @@ class CalibrationOut(BaseModel):
         default=0,
         description="runs left out: impossible on this hardware (faster than its peak, a peak below the "
         "model states) or more than 4x off the estimate; each one's diagnosis says why",
+    )
+    evidence: list[RunEvidenceOut] = Field(
+        default_factory=list,  # answers stored before runs were weighed read back without it
+        description="the runs behind the factors, each with its weight for this job and the factors it moves",
+    )
+    set_aside: list[SetAsideRunOut] = Field(
+        default_factory=list, description="runs that move no factor, and why"
+    )
+    uncalibrated: UncalibratedOut | None = Field(
+        default=None, description="this estimate's figures without the factors, next to the calibrated ones"
     )
 
 

@@ -165,6 +165,8 @@ class StoredLayout(Stored):
     framework: str
     tp: int = 1
     pp: int = 1
+    cp: int = 1
+    ep: int = 1
     zero_stage: int = 0
     micro_batch_size: int = 1
     recompute: str = "none"

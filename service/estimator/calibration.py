@@ -7,6 +7,11 @@ observed/estimated ratios, bounded so that a few odd runs cannot swing a plan wi
 ran out of memory sets a floor: the dynamic factor must be large enough that its estimate would
 not have fit, plus a margin.
 
+Runs count as evidence, weighted (``evidence_weight``): by recency, by whether the estimate they were
+compared with came from this estimator version, and by how close the run's job is to the one being
+estimated (model size, sequence length, layout family). Medians are weighted medians; with equal
+weights they are the plain medians.
+
 Runs are checked before they count (``implausibility``): one that could not have happened on the
 plan's hardware (faster than the dense peak does the step's FLOPs, a peak below the model states
 the GPU must hold) or that is further off the estimate than ``IMPLAUSIBLE_RATIO`` moves no factor.
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,6 +47,16 @@ FRAMEWORK_PRIOR_RUNS = 2
 # follow is still inside it.
 IMPLAUSIBLE_RATIO = 4.0
 
+# Evidence weights: assumptions, not fitted (no set of calibrated plans to fit them on exists), each
+# stated in the answer next to the run it weighs. A run's age counts in whole days, so the runs of
+# one day weigh alike and the factors do not drift between two requests of the same day.
+RECENCY_HALF_LIFE_DAYS = 30  # a month-old run counts half as much as today's
+# A run compared with an older estimator's numbers says how far off *that* estimator was.
+OLDER_ESTIMATOR_WEIGHT = 0.5
+# Another layout family (data parallel with sharding, model parallel, expert parallel) exposes other
+# communication and other activation memory: its runs count half.
+OTHER_FAMILY_WEIGHT = 0.5
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Observation:
@@ -58,6 +72,82 @@ class Observation:
     # the step's hardware FLOPs per GPU (recompute included) at the GPU's dense peak of the
     # precision: the step time at HFU 1 (evaluate.time_estimate: hfu = hardware FLOPs / (step x peak))
     peak_step_s: float | None = None
+    run_id: str = ""
+    weight: float = 1.0  # evidence_weight of the run for the job being estimated
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobTraits:
+    """What makes two jobs alike for calibration: their size, sequence and layout family."""
+
+    parameters: int
+    seq_len: int
+    family: str | None = None  # layout_family; None: any (a search before it knows a layout)
+
+
+def layout_family(*, tp: int, pp: int, cp: int, ep: int) -> str:
+    """The family whose communication and activation memory a layout shares."""
+    if ep > 1:
+        return "expert-parallel"
+    if tp > 1 or pp > 1 or cp > 1:
+        return "model-parallel"
+    return "data-parallel"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evidence:
+    """A stored run as evidence: when, against which estimator, of which job."""
+
+    age_days: int
+    same_estimator: bool
+    job: JobTraits
+
+
+def _closeness(a: int, b: int) -> float:
+    """1 for equal sizes, 1/2 at a factor of 2 apart, 1/3 at 4, 1/(1 + |log2 ratio|)."""
+    return 1.0 / (1.0 + abs(math.log2(max(a, 1) / max(b, 1))))
+
+
+def evidence_weight(evidence: Evidence, target: JobTraits) -> tuple[float, tuple[str, ...]]:
+    """How much a run counts for ``target``, in (0, 1], and each factor below 1 with its reason."""
+    why = []
+    recency = 0.5 ** (max(evidence.age_days, 0) / RECENCY_HALF_LIFE_DAYS)
+    if recency < 1.0:
+        why.append(f"{evidence.age_days} days old: x{recency:.3g} (half-life {RECENCY_HALF_LIFE_DAYS} days)")
+    if not evidence.same_estimator:
+        why.append(f"compared with an older estimator version: x{OLDER_ESTIMATOR_WEIGHT:g}")
+    job = evidence.job
+    size = _closeness(job.parameters, target.parameters)
+    if size < 1.0:
+        why.append(
+            f"model of {job.parameters / 1e9:.3g}B parameters for {target.parameters / 1e9:.3g}B: x{size:.3g}"
+        )
+    sequence = _closeness(job.seq_len, target.seq_len)
+    if sequence < 1.0:
+        why.append(f"sequence {job.seq_len:,} for {target.seq_len:,}: x{sequence:.3g}")
+    family = 1.0
+    if target.family is not None and job.family != target.family:
+        family = OTHER_FAMILY_WEIGHT
+        why.append(f"{job.family} layout for a {target.family} one: x{OTHER_FAMILY_WEIGHT:g}")
+    weight = recency * (1.0 if evidence.same_estimator else OLDER_ESTIMATOR_WEIGHT) * size * sequence * family
+    return weight, tuple(why)
+
+
+def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+    """The value at half the total weight; where the cumulative weight stops exactly at half, the mean
+    of the two values around it, so equal weights give ``statistics.median``."""
+    if not values or len(values) != len(weights) or any(w <= 0 for w in weights):
+        raise ValueError(f"weighted_median needs as many positive weights as values: {values!r}, {weights!r}")
+    pairs = sorted(zip(values, weights, strict=True))
+    half = math.fsum(weights) / 2
+    cumulative = 0.0
+    for index, (value, weight) in enumerate(pairs):
+        cumulative += weight
+        if math.isclose(cumulative, half, rel_tol=1e-12) and index + 1 < len(pairs):
+            return (value + pairs[index + 1][0]) / 2
+        if cumulative > half:
+            return value
+    return pairs[-1][0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +166,11 @@ class Calibration:
     # The largest estimated dynamic bytes among the runs: what the factor's surplus is measured on
     # when a search has to leave room for it before it knows a layout.
     reference_dynamic_bytes: int = 0
+    # The runs behind each factor (Observation.run_id), and those set aside with why
+    memory_run_ids: tuple[str, ...] = ()  # the framework's runs with a peak, and its OOMs (a floor)
+    hardware_time_run_ids: tuple[str, ...] = ()  # every framework's runs with a step time
+    framework_time_run_ids: tuple[str, ...] = ()  # this framework's runs with a step time
+    set_aside: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def is_identity(self) -> bool:
@@ -143,6 +238,11 @@ def plausible(observations: Sequence[Observation]) -> list[Observation]:
     return [o for o in observations if not implausibility(o)]
 
 
+def set_aside(observations: Sequence[Observation]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The runs that move no factor, each with why (``implausibility``)."""
+    return tuple((o.run_id, why) for o in observations if (why := implausibility(o)))
+
+
 def memory_ratio(obs: Observation) -> float | None:
     """measured dynamic / estimated dynamic, where the run reported a peak and did not OOM."""
     if obs.out_of_memory or obs.measured_peak_bytes is None or obs.dynamic_bytes <= 0:
@@ -157,31 +257,44 @@ def oom_floor(obs: Observation) -> float | None:
     return OOM_MARGIN * (obs.capacity_bytes - obs.model_state_bytes) / obs.dynamic_bytes
 
 
+def time_ratio(obs: Observation) -> float | None:
+    """measured / estimated step time, where the run finished and reported one."""
+    if obs.measured_step_s and obs.estimated_step_s and not obs.out_of_memory:
+        return obs.measured_step_s / obs.estimated_step_s
+    return None
+
+
 def time_ratios(observations: Sequence[Observation]) -> list[float]:
-    """measured / estimated step time of the runs that finished and reported one."""
-    return [
-        o.measured_step_s / o.estimated_step_s
-        for o in observations
-        if o.measured_step_s and o.estimated_step_s and not o.out_of_memory
-    ]
+    """``time_ratio`` of the runs that have one."""
+    return [r for r in map(time_ratio, observations) if r is not None]
+
+
+def _timed(observations: Sequence[Observation]) -> list[Observation]:
+    return [o for o in observations if time_ratio(o) is not None]
+
+
+def _weighted_time_median(timed: Sequence[Observation]) -> float:
+    return weighted_median([time_ratio(o) or 0.0 for o in timed], [o.weight for o in timed])
 
 
 def shared_calibration(hardware: Sequence[Observation], framework: Sequence[Observation]) -> Calibration:
     """The calibration of one framework on one hardware: memory from the framework's own runs (its
     allocator and buffers), step time from every run on the hardware (what they say about its links,
     clocks and host is the same for every framework) times the framework's own deviation from that,
-    trusted in proportion to its runs (``FRAMEWORK_PRIOR_RUNS``). Implausible runs move nothing."""
+    trusted in proportion to its evidence (``FRAMEWORK_PRIOR_RUNS``; a run counts its weight).
+    Implausible runs move nothing."""
     own = learn_calibration(framework)
     usable = plausible(hardware)
-    shared = time_ratios(usable)
+    shared = _timed(usable)
     if not shared:
         return own
-    hardware_factor = _clamp(statistics.median(shared), TIME_FACTOR_BOUNDS)
-    mine = time_ratios(plausible(framework))
+    hardware_factor = _clamp(_weighted_time_median(shared), TIME_FACTOR_BOUNDS)
+    mine = _timed(plausible(framework))
     extra = 1.0
     if mine:
-        weight = len(mine) / (len(mine) + FRAMEWORK_PRIOR_RUNS)
-        extra = (statistics.median(mine) / hardware_factor) ** weight
+        evidence = math.fsum(o.weight for o in mine)
+        weight = evidence / (evidence + FRAMEWORK_PRIOR_RUNS)
+        extra = (_weighted_time_median(mine) / hardware_factor) ** weight
     return dataclasses.replace(
         own,
         step_time_factor=_clamp(hardware_factor * extra, TIME_FACTOR_BOUNDS),
@@ -190,28 +303,38 @@ def shared_calibration(hardware: Sequence[Observation], framework: Sequence[Obse
         runs=len(usable),
         time_runs=len(shared),
         implausible_runs=len(hardware) - len(usable),
+        hardware_time_run_ids=tuple(o.run_id for o in shared),
+        framework_time_run_ids=tuple(o.run_id for o in mine),
+        set_aside=set_aside(hardware),
     )
 
 
 def learn_calibration(stored: Sequence[Observation]) -> Calibration:
-    """Factors from one framework's runs, the implausible ones left out."""
+    """Factors from one framework's runs, the implausible ones left out; medians weighted by each
+    run's evidence weight. An OOM's floor holds whatever its weight: that job did not fit."""
     observations = plausible(stored)
-    ratios = [r for r in map(memory_ratio, observations) if r is not None]
-    floors = [f for f in map(oom_floor, observations) if f is not None]
-    memory = statistics.median(ratios) if ratios else 1.0
-    if floors:
-        memory = max(memory, *floors)
-    times = time_ratios(observations)
+    sized = [o for o in observations if memory_ratio(o) is not None]
+    ooms = [o for o in observations if oom_floor(o) is not None]
+    memory = (
+        weighted_median([memory_ratio(o) or 0.0 for o in sized], [o.weight for o in sized]) if sized else 1.0
+    )
+    if ooms:
+        memory = max(memory, *(oom_floor(o) or 0.0 for o in ooms))
+    timed = _timed(observations)
+    time = _clamp(_weighted_time_median(timed), TIME_FACTOR_BOUNDS) if timed else 1.0
     return Calibration(
-        memory_dynamic_factor=_clamp(memory, MEMORY_FACTOR_BOUNDS) if ratios or floors else 1.0,
-        step_time_factor=_clamp(statistics.median(times), TIME_FACTOR_BOUNDS) if times else 1.0,
-        framework_step_time_factor=_clamp(statistics.median(times), TIME_FACTOR_BOUNDS) if times else 1.0,
+        memory_dynamic_factor=_clamp(memory, MEMORY_FACTOR_BOUNDS) if sized or ooms else 1.0,
+        step_time_factor=time,
+        framework_step_time_factor=time,
         runs=len(observations),
-        memory_runs=len(ratios),
-        time_runs=len(times),
-        oom_runs=len(floors),
+        memory_runs=len(sized),
+        time_runs=len(timed),
+        oom_runs=len(ooms),
         implausible_runs=len(stored) - len(observations),
         reference_dynamic_bytes=max((o.dynamic_bytes for o in observations), default=0),
+        memory_run_ids=tuple(o.run_id for o in (*sized, *ooms)),
+        framework_time_run_ids=tuple(o.run_id for o in timed),
+        set_aside=set_aside(stored),
     )
 
 

@@ -6,11 +6,12 @@ never explains itself with the search's uncalibrated ones."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from service.catalog.tuning import default_tuning
 from service.estimator.calibration import Calibration, applied_calibration
 from service.estimator.estimate import estimate as estimate_layout
-from service.estimator.types import ClusterSpec, ModelSpec, TrainingSpec
+from service.estimator.types import ClusterSpec, Layout, ModelSpec, TrainingSpec
 from service.recommender import rank
 from service.recommender.space import sub_cluster
 from service.recommender.types import Candidate, Constraints, Recommendation
@@ -28,16 +29,17 @@ def calibrated_candidates(
     cluster: ClusterSpec,
     training: TrainingSpec,
     constraints: Constraints,
-    calibrations: dict[str, Calibration],
+    calibration_of: Callable[[Layout], Calibration],
 ) -> list[tuple[Candidate, Calibration]]:
-    """The recommended candidate (with both limits) and the alternatives, each with the calibration
-    its estimate applied (``applied_calibration``: the step-time factor capped at HFU 1)."""
+    """The recommended candidate (with both limits) and the alternatives, in the search's order, each
+    with the calibration its estimate applied (``calibration_of`` its layout, the step-time factor
+    capped at HFU 1: ``applied_calibration``)."""
     if rec.recommended is None:
         return []
     out = []
     for index, candidate in enumerate((rec.recommended, *rec.alternatives)):
         layout = candidate.layout
-        learned = calibrations.get(layout.framework.value, Calibration())
+        learned = calibration_of(layout)
         calibration = applied_calibration(learned, candidate.estimate.time)  # the search's: uncalibrated
         estimate = candidate.estimate
         if index == 0 or not calibration.is_identity:

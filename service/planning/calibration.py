@@ -3,7 +3,9 @@ headroom a plan's search keeps because of them.
 
 Runs apply to later estimates on the same hardware (a fingerprint of the resolved cluster, so a
 stored cluster and an identical inline one share it, and editing a cluster's hardware starts
-afresh) and the same framework.
+afresh): the step time from every framework's runs, memory from the same framework's. Each run
+counts by its weight for the job being estimated (``evidence_weight``: recency, estimator version,
+model size, sequence, layout family).
 """
 
 from __future__ import annotations
@@ -12,16 +14,34 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 
-from service.contracts.estimates import CalibrationFactors, CalibrationOut
-from service.contracts.results import PlanResult, StoredRequest
-from service.estimator.calibration import Calibration, Observation, shared_calibration
-from service.estimator.types import ClusterSpec
+from service.contracts.estimates import (
+    CalibrationFactors,
+    CalibrationOut,
+    RunEvidenceOut,
+    SetAsideRunOut,
+    UncalibratedOut,
+)
+from service.contracts.results import PlanResult, StoredLayout, StoredRequest
+from service.estimator.calibration import (
+    Calibration,
+    Evidence,
+    JobTraits,
+    Observation,
+    evidence_weight,
+    layout_family,
+    shared_calibration,
+)
+from service.estimator.types import ClusterSpec, Estimate, Layout
 from service.feedback import ObservedRun, measured_step_s
+from service.persistence.db import utcnow
 from service.persistence.models import PlanRecord, RunRecord
 from service.persistence.repository import PlanRepository
 from service.recommender import headroom
 from service.recommender.types import Constraints
+from service.versions import estimator_version
 
 
 def hardware_key(cluster: ClusterSpec) -> str:
@@ -40,16 +60,22 @@ def observed(run: RunRecord) -> ObservedRun:
 
 
 def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
-    """The run next to its plan's *uncalibrated* estimate (factors applied then are divided out)."""
+    """The run next to its plan's *uncalibrated* estimate: the figures stored beside the calibrated
+    ones, or (plans stored before they were) the factors applied then divided out."""
     recommended = PlanResult.read(plan.result).recommended
     if recommended is None:
         return None
     estimate = recommended.estimate
-    factors = estimate.calibration.factors if estimate.calibration else CalibrationFactors()
+    stored = estimate.calibration
+    factors = stored.factors if stored else CalibrationFactors()
     per_gpu = estimate.memory.per_gpu
     states = per_gpu.parameters + per_gpu.gradients + per_gpu.optimizer_states
     dynamic = (per_gpu.activations + per_gpu.buffers + per_gpu.overhead) / factors.memory_dynamic
     time = estimate.time
+    estimated_step_s = time.step_s / factors.step_time if time else None
+    if stored and stored.uncalibrated:
+        dynamic = stored.uncalibrated.memory_per_gpu_bytes - states
+        estimated_step_s = stored.uncalibrated.step_s
     tokens_per_step = StoredRequest.read(plan.request).training.tokens_per_step
     # step x HFU is the step's hardware FLOPs per GPU over the dense peak: the step at HFU 1, the same
     # before and after a step-time factor (which divides HFU as it multiplies the step)
@@ -60,36 +86,113 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
         capacity_bytes=estimate.memory.capacity_bytes,
         measured_peak_bytes=run.peak_memory_bytes_per_gpu,
         out_of_memory=run.out_of_memory,
-        estimated_step_s=time.step_s / factors.step_time if time else None,
+        estimated_step_s=estimated_step_s,
         measured_step_s=measured_step_s(observed(run), tokens_per_step),
         peak_step_s=peak_step_s,
+        run_id=run.id,
     )
 
 
-def calibration_for(repo: PlanRepository, key: str, framework: str) -> Calibration:
-    """The framework's calibration on this hardware: step time from every framework's runs on it,
-    memory and the framework's own deviation from its own (``shared_calibration``)."""
-    return calibrations_for(repo, key, (framework,))[framework]
+def job_traits(parameters: int, seq_len: int, layout: Layout | None = None) -> JobTraits:
+    """The job being estimated; without a layout (a search that has not chosen one) any family."""
+    family = None
+    if layout is not None:
+        family = layout_family(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep)
+    return JobTraits(parameters=parameters, seq_len=seq_len, family=family)
 
 
-def calibrations_for(repo: PlanRepository, key: str, frameworks: Iterable[str]) -> dict[str, Calibration]:
-    """``calibration_for`` of each framework, from one read of the runs on this hardware."""
-    pairs = [(o, plan.framework) for run, plan in repo.runs_on_hardware(key) if (o := observation(run, plan))]
-    every = [o for o, _ in pairs]
-    return {fw: shared_calibration(every, [o for o, own in pairs if own == fw]) for fw in frameworks}
+def stored_traits(plan: PlanRecord) -> JobTraits | None:
+    """The job a stored plan's recommended layout ran."""
+    recommended = PlanResult.read(plan.result).recommended
+    if recommended is None:
+        return None
+    layout = StoredLayout.model_validate(recommended.layout)
+    return JobTraits(
+        parameters=recommended.estimate.parameters_total,
+        seq_len=StoredRequest.read(plan.request).training.seq_len,
+        family=layout_family(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep),
+    )
 
 
-def calibration_out(calibration: Calibration) -> CalibrationOut | None:
-    """The factors and the runs they come from; ``step_time`` is the factor applied (capped where the
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredRun:
+    """A stored run as calibration reads it."""
+
+    observation: Observation
+    plan_id: str
+    framework: str
+    evidence: Evidence
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Learned:
+    """A framework's calibration for one job, and every run it weighed: (run, weight, why)."""
+
+    calibration: Calibration
+    weighed: tuple[tuple[StoredRun, float, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareRuns:
+    """The runs an owner stored on one hardware, read once, weighed for each job asked about."""
+
+    runs: tuple[StoredRun, ...]
+
+    def learned(self, framework: str, target: JobTraits) -> Learned:
+        """The framework's calibration on this hardware for ``target`` (``shared_calibration``), each
+        run weighted by ``evidence_weight``."""
+        weighed = tuple((run, *evidence_weight(run.evidence, target)) for run in self.runs)
+        every = [dataclasses.replace(run.observation, weight=weight) for run, weight, _ in weighed]
+        own = [o for o, (run, _, _) in zip(every, weighed, strict=True) if run.framework == framework]
+        return Learned(calibration=shared_calibration(every, own), weighed=weighed)
+
+
+def runs_on(repo: PlanRepository, key: str, now: datetime | None = None) -> HardwareRuns:
+    """Every run on this hardware with what makes it evidence: its age, the estimator version its
+    plan's estimate came from, the job it ran."""
+    now = now or utcnow()
+    current = estimator_version()
+    out = []
+    for run, plan in repo.runs_on_hardware(key):
+        obs, traits = observation(run, plan), stored_traits(plan)
+        if obs is None or traits is None:
+            continue
+        age_days = (now - run.created_at).days
+        evidence = Evidence(age_days=age_days, same_estimator=plan.estimator_version == current, job=traits)
+        out.append(
+            StoredRun(observation=obs, plan_id=plan.id, framework=str(plan.framework), evidence=evidence)
+        )
+    return HardwareRuns(tuple(out))
+
+
+def calibration_for(repo: PlanRepository, key: str, framework: str, target: JobTraits) -> Learned:
+    """The framework's calibration on this hardware for ``target``: step time from every framework's
+    runs on it, memory and the framework's own deviation from its own (``shared_calibration``)."""
+    return runs_on(repo, key).learned(framework, target)
+
+
+def calibration_out(learned: Learned, uncalibrated: Estimate | None = None) -> CalibrationOut | None:
+    """The factors, the runs behind each with their weight, the runs set aside with why, and (for an
+    estimate) its figures without calibration; ``step_time`` is the factor applied (capped where the
     step would beat the dense peak), ``step_time_learned`` what the runs say."""
+    calibration = learned.calibration
     if calibration.runs == 0 and calibration.implausible_runs == 0:
         return None
-    learned = calibration.learned_step_time_factor
+    behind: dict[str, list[str]] = {}
+    for factor, ids in (
+        ("memory_dynamic", calibration.memory_run_ids),
+        ("step_time_hardware", calibration.hardware_time_run_ids),
+        ("step_time_framework", calibration.framework_time_run_ids),
+    ):
+        for run_id in ids:
+            behind.setdefault(run_id, []).append(factor)
+    aside = dict(calibration.set_aside)
+    learned_factor = calibration.learned_step_time_factor
     return CalibrationOut(
         factors=CalibrationFactors(
             memory_dynamic=calibration.memory_dynamic_factor,
             step_time=calibration.step_time_factor,
-            step_time_learned=calibration.step_time_factor if learned is None else learned,
+            step_time_learned=calibration.step_time_factor if learned_factor is None else learned_factor,
             step_time_hardware=calibration.hardware_step_time_factor,
             step_time_framework=calibration.framework_step_time_factor,
         ),
@@ -98,16 +201,45 @@ def calibration_out(calibration: Calibration) -> CalibrationOut | None:
         time_runs=calibration.time_runs,
         out_of_memory_runs=calibration.oom_runs,
         implausible_runs=calibration.implausible_runs,
+        evidence=[
+            RunEvidenceOut(
+                run_id=run.observation.run_id,
+                plan_id=run.plan_id,
+                framework=run.framework,
+                weight=weight,
+                weighted_because=list(why),
+                factors=behind[run.observation.run_id],
+            )
+            for run, weight, why in learned.weighed
+            if run.observation.run_id in behind
+        ],
+        set_aside=[
+            SetAsideRunOut(run_id=run.observation.run_id, plan_id=run.plan_id, reasons=list(reasons))
+            for run, _, _ in learned.weighed
+            if (reasons := aside.get(run.observation.run_id))
+        ],
+        uncalibrated=uncalibrated_out(uncalibrated) if uncalibrated is not None else None,
+    )
+
+
+def uncalibrated_out(estimate: Estimate) -> UncalibratedOut:
+    time = estimate.time
+    return UncalibratedOut(
+        fits=estimate.fits,
+        memory_per_gpu_bytes=estimate.memory.per_gpu.total,
+        step_s=time.step_s if time else None,
+        tokens_per_s=time.tokens_per_s if time else None,
+        mfu=time.mfu if time else None,
     )
 
 
 def headroom_for(
-    constraints: Constraints, calibrations: dict[str, Calibration], capacity_bytes: int
+    constraints: Constraints, calibrations: Iterable[Calibration], capacity_bytes: int
 ) -> Constraints:
     """Make the search as conservative as the runs ask: a dynamic-memory factor above 1 (an OOM
     sets one) widens the required headroom by the extra bytes it implies for that hardware."""
     extra = 0.0
-    for calibration in calibrations.values():
+    for calibration in calibrations:
         if calibration.memory_dynamic_factor > 1.0 and calibration.reference_dynamic_bytes:
             surplus = (calibration.memory_dynamic_factor - 1.0) * calibration.reference_dynamic_bytes
             extra = max(extra, surplus / capacity_bytes)

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from service.catalog.tuning import default_tuning
 from service.contracts.estimates import (
+    CalibrationOut,
     EstimateOut,
     EstimateRequest,
     LimitsOut,
@@ -19,7 +20,6 @@ from service.contracts.estimates import (
     TimeOut,
 )
 from service.estimator import estimate
-from service.estimator.calibration import Calibration
 from service.estimator.defaults import chosen_defaults
 from service.estimator.errors import EstimatorError
 from service.estimator.params import parameter_counts
@@ -27,7 +27,7 @@ from service.estimator.scale import scale_violation
 from service.estimator.step_time import cost
 from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, TrainingSpec
 from service.persistence.repository import ClusterRepository, PlanRepository
-from service.planning.calibration import calibration_for, calibration_out, hardware_key
+from service.planning.calibration import calibration_for, calibration_out, hardware_key, job_traits
 from service.planning.clusters import resolve_cluster
 
 TRAINING_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
@@ -42,12 +42,22 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     training = request.training.to_domain(cluster.gpu)
     check_scale(model, cluster, training)
     layout = request.layout.to_domain()
-    calibration = calibration_for(PlanRepository(session), hardware_key(cluster), layout.framework.value)
+    total = parameter_counts(model).total
+    target = job_traits(total, training.seq_len, layout)
+    learned = calibration_for(PlanRepository(session), hardware_key(cluster), layout.framework.value, target)
     try:
-        result = estimate(model, cluster, layout, training, tuning=default_tuning(), calibration=calibration)
+        result = estimate(
+            model, cluster, layout, training, tuning=default_tuning(), calibration=learned.calibration
+        )
+        # the same layout without the factors, quoted next to the calibrated figures
+        uncalibrated = (
+            None
+            if learned.calibration.is_identity
+            else estimate(model, cluster, layout, training, tuning=default_tuning(), with_limits=False)
+        )
     except EstimatorError as exc:
         raise located(exc) from exc
-    total = parameter_counts(model).total
+    calibration = calibration_out(learned, uncalibrated)
     return estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
 
 
@@ -74,7 +84,7 @@ def estimate_out(
     training: TrainingSpec,
     total_parameters: int,
     gpu_hour_cost: float | None,
-    calibration: Calibration | None = None,
+    calibration: CalibrationOut | None = None,
 ) -> EstimateOut:
     memory, time = result.memory, result.time
     per_gpu = memory.per_gpu
@@ -118,5 +128,5 @@ def estimate_out(
         warnings=list(result.warnings),
         assumptions=list(result.assumptions),
         resolved_defaults=chosen_defaults(training),
-        calibration=calibration_out(calibration) if calibration else None,
+        calibration=calibration,
     )

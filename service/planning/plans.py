@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from service.catalog import catalog_version
 from service.catalog.tuning import default_tuning
 from service.contracts.clusters import ClusterRef
+from service.contracts.estimates import CalibrationOut
 from service.contracts.plans import CandidateOut, ClosestOut, PlanOut, PlanRequest
 from service.contracts.results import (
     RESULT_VERSION,
@@ -23,17 +24,24 @@ from service.contracts.results import (
     SuggestionOut,
 )
 from service.errors import ClientClosedRequest, NotFound, Unprocessable
-from service.estimator.calibration import Calibration
 from service.estimator.defaults import chosen_defaults
 from service.estimator.params import parameter_counts
 from service.estimator.scale import MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS_PER_STEP
-from service.estimator.types import ClusterSpec, ModelSpec, Plan, TrainingSpec
+from service.estimator.types import ClusterSpec, Layout, ModelSpec, Plan, TrainingSpec
 from service.estimator.validate import hardware_violation
 from service.launchers import Target, render
 from service.persistence.models import PlanRecord
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibrated import calibrated_candidates
-from service.planning.calibration import calibration_out, calibrations_for, hardware_key, headroom_for
+from service.planning.calibration import (
+    HardwareRuns,
+    Learned,
+    calibration_out,
+    hardware_key,
+    headroom_for,
+    job_traits,
+    runs_on,
+)
 from service.planning.clusters import resolve_cluster
 from service.planning.estimates import check_scale, estimate_out, located
 from service.planning.idempotency import Outcome, create_once, request_digest
@@ -96,7 +104,9 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         constraints = dataclasses.replace(constraints, launchers=runners)
     key = hardware_key(cluster)
     plans = PlanRepository(session)
-    calibrations = calibrations_for(plans, key, [fw.value for fw in constraints.frameworks])
+    runs = runs_on(plans, key)
+    before = job_traits(parameter_counts(model).total, training.seq_len)  # no layout chosen yet
+    calibrations = [runs.learned(fw.value, before).calibration for fw in constraints.frameworks]
     searched = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
     budget = deadline.budget(constraints.max_evaluations)
     rec = recommend(model, cluster, training, searched, default_tuning(), budget=budget)
@@ -104,7 +114,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         raise ClientClosedRequest("the client closed the connection; the plan was not stored")
     if budget.reason == "time" and not (rec.recommended or rec.suggestions or rec.closest):
         raise too_big_to_plan(model, cluster, training, deadline)
-    result = plan_result(rec, model, cluster, training, request, calibrations)
+    result = plan_result(rec, model, cluster, training, request, runs)
     artifacts, unsupported = render_artifacts(rec, model, cluster, training, request)
     result.unsupported_targets = unsupported
     result.suggestions_skipped = [SkippedOut(kind=s.kind, reason=s.reason) for s in rec.suggestions_skipped]
@@ -178,7 +188,7 @@ def candidate_out(
     candidate: Candidate,
     training: TrainingSpec,
     total_parameters: int,
-    calibration: Calibration,
+    calibration: CalibrationOut | None,
     gpu_hour_cost: float | None,
 ) -> CandidateOut:
     """A candidate in its wire shape; its estimate, score and rationale already under
@@ -201,17 +211,41 @@ def plan_result(
     cluster: ClusterSpec,
     training: TrainingSpec,
     request: PlanRequest,
-    calibrations: dict[str, Calibration],
+    runs: HardwareRuns,
 ) -> PlanResult:
-    """The stored result: candidates in their wire shape (estimate, score and rationale under their
-    framework's calibration), rejected families, suggestions, search."""
+    """The stored result: candidates in their wire shape (estimate, score and rationale under the
+    calibration the runs on this hardware give their framework and job, the search's uncalibrated
+    figures beside them), rejected families, suggestions, search."""
     cost = request.constraints.gpu_hour_cost
     total = parameter_counts(model).total
     constraints = request.constraints.to_domain()
-    chosen = calibrated_candidates(rec, model, cluster, training, constraints, calibrations)
-    outs = [candidate_out(c, training, total, cal, cost) for c, cal in chosen]
+    learned: dict[tuple[str, str | None], Learned] = {}
+
+    def learned_for(layout: Layout) -> Learned:
+        target = job_traits(total, training.seq_len, layout)
+        key = (layout.framework.value, target.family)
+        if key not in learned:
+            learned[key] = runs.learned(layout.framework.value, target)
+        return learned[key]
+
+    chosen = calibrated_candidates(
+        rec, model, cluster, training, constraints, lambda layout: learned_for(layout).calibration
+    )
+    searched = (rec.recommended, *rec.alternatives) if rec.recommended else ()
+    outs = [
+        candidate_out(
+            candidate,
+            training,
+            total,
+            calibration_out(
+                dataclasses.replace(learned_for(candidate.layout), calibration=applied),
+                None if applied.is_identity else original.estimate,
+            ),
+            cost,
+        )
+        for (candidate, applied), original in zip(chosen, searched, strict=True)
+    ]
     recommended = rec.recommended
-    framework = recommended.layout.framework.value if recommended else None
     return PlanResult(
         version=RESULT_VERSION,
         status="feasible" if rec.status == "feasible" else "infeasible",
@@ -220,7 +254,7 @@ def plan_result(
         rejected=[RejectionOut.model_validate(_jsonable(dataclasses.asdict(r))) for r in rec.rejected],
         suggestions=[SuggestionOut.model_validate(_jsonable(dataclasses.asdict(s))) for s in rec.suggestions],
         search=SearchStatsOut.model_validate(_jsonable(dataclasses.asdict(rec.search))),
-        calibration=calibration_out(calibrations[framework]) if framework in calibrations else None,
+        calibration=calibration_out(learned_for(recommended.layout)) if recommended else None,
     )
 
 

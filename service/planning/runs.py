@@ -16,7 +16,13 @@ from service.estimator.calibration import implausibility
 from service.feedback import diagnose
 from service.persistence.models import PlanRecord, RunRecord
 from service.persistence.repository import PlanRepository
-from service.planning.calibration import calibration_for, calibration_out, observation, observed
+from service.planning.calibration import (
+    calibration_for,
+    calibration_out,
+    observation,
+    observed,
+    stored_traits,
+)
 from service.planning.idempotency import Outcome, create_once, request_digest
 from service.planning.plans import stored_plan
 from service.runlogs import LogNotUnderstood, ParsedLog, parse_log
@@ -52,8 +58,12 @@ def add_run(
             implausible_reasons(record, plan),
         ).stored()
         plans.add_run(record, plan)
-        calibration = calibration_for(plans, plan.hardware_key, str(plan.framework))
-        return record.id, run_out(record, calibration_out(calibration))
+        # what the runs on this hardware now say for the plan's own job
+        target = stored_traits(plan)
+        calibration = (
+            calibration_for(plans, plan.hardware_key, str(plan.framework), target) if target else None
+        )
+        return record.id, run_out(record, calibration_out(calibration) if calibration else None)
 
     def replay(run_id: str) -> RunOut:
         record = plans.run(run_id)

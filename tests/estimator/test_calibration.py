@@ -5,8 +5,11 @@ Runs that could not have happened move nothing, and no factor takes an estimate 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
@@ -14,15 +17,23 @@ from service.estimator.calibration import (
     FRAMEWORK_PRIOR_RUNS,
     IMPLAUSIBLE_RATIO,
     MEMORY_FACTOR_BOUNDS,
+    OLDER_ESTIMATOR_WEIGHT,
+    OTHER_FAMILY_WEIGHT,
+    RECENCY_HALF_LIFE_DAYS,
     TIME_FACTOR_BOUNDS,
     Calibration,
+    Evidence,
+    JobTraits,
     Observation,
     applied_calibration,
     calibrated_time,
     capped_step_time_factor,
+    evidence_weight,
     implausibility,
+    layout_family,
     learn_calibration,
     shared_calibration,
+    weighted_median,
 )
 from service.estimator.estimate import estimate
 from service.estimator.types import Estimate, Framework, Layout, Recompute, TrainingSpec
@@ -238,3 +249,96 @@ def test_the_long_sequence_case_is_within_the_peak_calibrated_or_not() -> None:
         # a factor below the estimate's HFU is capped there, at HFU 1; others apply as they are
         expected = 1.0 if factor < plain.hfu else plain.hfu / factor
         assert time.hfu == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------- runs weighed as evidence
+
+TARGET = JobTraits(parameters=8 * 10**9, seq_len=8192, family="model-parallel")
+
+
+def evidence(**changes: object) -> Evidence:
+    base = Evidence(age_days=0, same_estimator=True, job=TARGET)
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_a_run_of_the_same_job_today_under_this_estimator_counts_fully() -> None:
+    assert evidence_weight(evidence(), TARGET) == (1.0, ())
+
+
+@pytest.mark.parametrize(
+    ("changes", "weight", "said"),
+    [
+        ({"age_days": RECENCY_HALF_LIFE_DAYS}, 0.5, "30 days old"),
+        ({"age_days": 2 * RECENCY_HALF_LIFE_DAYS}, 0.25, "60 days old"),
+        ({"same_estimator": False}, OLDER_ESTIMATOR_WEIGHT, "older estimator"),
+        ({"job": dataclasses.replace(TARGET, parameters=16 * 10**9)}, 1 / 2, "16B parameters for 8B"),
+        ({"job": dataclasses.replace(TARGET, parameters=2 * 10**9)}, 1 / 3, "2B parameters for 8B"),
+        ({"job": dataclasses.replace(TARGET, seq_len=4096)}, 1 / 2, "sequence 4,096 for 8,192"),
+        ({"job": dataclasses.replace(TARGET, family="data-parallel")}, OTHER_FAMILY_WEIGHT, "data-parallel"),
+    ],
+)
+def test_each_difference_lowers_the_weight_by_its_stated_factor(
+    changes: dict[str, object], weight: float, said: str
+) -> None:
+    got, why = evidence_weight(evidence(**changes), TARGET)
+    assert got == pytest.approx(weight)
+    assert len(why) == 1 and said in why[0]
+
+
+def test_the_factors_multiply_and_a_search_without_a_layout_ignores_the_family() -> None:
+    other = evidence(
+        age_days=30,
+        same_estimator=False,
+        job=JobTraits(parameters=4 * 10**9, seq_len=8192, family="data-parallel"),
+    )
+    assert evidence_weight(other, TARGET)[0] == pytest.approx(
+        0.5 * OLDER_ESTIMATOR_WEIGHT * 0.5 * OTHER_FAMILY_WEIGHT
+    )
+    anyfamily = dataclasses.replace(TARGET, family=None)
+    assert evidence_weight(other, anyfamily)[0] == pytest.approx(0.5 * OLDER_ESTIMATOR_WEIGHT * 0.5)
+
+
+def test_layout_families() -> None:
+    assert layout_family(tp=1, pp=1, cp=1, ep=1) == "data-parallel"
+    assert {layout_family(tp=2, pp=1, cp=1, ep=1), layout_family(tp=1, pp=4, cp=1, ep=1)} == {
+        "model-parallel"
+    }
+    assert layout_family(tp=1, pp=1, cp=2, ep=1) == "model-parallel"
+    assert layout_family(tp=2, pp=1, cp=1, ep=8) == "expert-parallel"
+
+
+@given(st.lists(st.floats(0.1, 10), min_size=1, max_size=9))
+def test_equal_weights_give_the_plain_median(values: list[float]) -> None:
+    assert weighted_median(values, [0.7] * len(values)) == pytest.approx(statistics.median(values))
+
+
+def test_the_weighted_median_follows_the_heavier_runs() -> None:
+    assert weighted_median([1.0, 2.0, 3.0], [0.1, 0.1, 1.0]) == 3.0
+    assert weighted_median([1.0, 2.0], [1.0, 1.0]) == 1.5  # cumulative weight stops at half: the mean
+    with pytest.raises(ValueError, match="positive weights"):
+        weighted_median([1.0], [0.0])
+
+
+def test_close_recent_runs_outweigh_far_old_ones_and_ids_say_which_moved_what() -> None:
+    fresh = dataclasses.replace(run(1.2, peak=130), run_id="fresh")  # dynamic 120 of 100: x1.2
+    old = [dataclasses.replace(run(2.0, peak=210), run_id=f"old{i}", weight=0.1) for i in range(2)]
+    unweighted = learn_calibration([dataclasses.replace(o, weight=1.0) for o in old] + [fresh])
+    weighted = learn_calibration([*old, fresh])
+    assert unweighted.step_time_factor == 2.0 and weighted.step_time_factor == pytest.approx(1.2)
+    assert weighted.memory_dynamic_factor == pytest.approx(1.2)
+    assert weighted.memory_run_ids == weighted.framework_time_run_ids == ("old0", "old1", "fresh")
+    # a framework's own deviation is trusted by its evidence (summed weights), not its count
+    hardware = [dataclasses.replace(run(1.0), run_id="other")]
+    mine = [dataclasses.replace(run(2.0), run_id="mine", weight=0.5)]
+    shared = shared_calibration(hardware + mine, mine)
+    assert shared.hardware_step_time_factor == 1.0  # the weighted median: the heavier run
+    weight = 0.5 / (0.5 + FRAMEWORK_PRIOR_RUNS)
+    assert shared.framework_step_time_factor == pytest.approx((2.0 / 1.0) ** weight)
+    assert shared.hardware_time_run_ids == ("other", "mine") and shared.framework_time_run_ids == ("mine",)
+
+
+def test_a_run_set_aside_is_named_with_its_reasons() -> None:
+    absurd = dataclasses.replace(measured(step_s=40.0), run_id="absurd")
+    calibration = shared_calibration([absurd], [absurd])
+    assert [run_id for run_id, _ in calibration.set_aside] == ["absurd"]
+    assert "more than 4x off" in calibration.set_aside[0][1][0]

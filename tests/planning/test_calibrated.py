@@ -49,5 +49,5 @@ def test_written_again_from_the_searchs_estimates_the_rationale_is_the_searchs(
     again = calibrated_rationale(rec.recommended, chosen, c)
     assert [candidate.rationale for candidate, _ in again] == [candidate.rationale for candidate, _ in chosen]
     # without runs, the plan keeps the search's candidates' words and scores
-    uncalibrated = calibrated_candidates(rec, spec, c, training, constraints, {})
+    uncalibrated = calibrated_candidates(rec, spec, c, training, constraints, lambda _: Calibration())
     assert [(x.rationale, x.score) for x, _ in uncalibrated] == [(x.rationale, x.score) for x, _ in chosen]

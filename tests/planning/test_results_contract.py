@@ -69,6 +69,9 @@ def test_a_result_stored_before_the_later_keys_reads_back_with_their_defaults(se
     assert out.calibration == OLD_CALIBRATION | {
         "factors": {"memory_dynamic": 1.25, "step_time": 1.5, "step_time_learned": 1.5},
         "implausible_runs": 0,
+        "evidence": [],
+        "set_aside": [],
+        "uncalibrated": None,
     }
     assert out.alternatives == current.alternatives and out.search == current.search
     assert [r["reason"] for r in out.rejected] == [r["reason"] for r in current.rejected]
