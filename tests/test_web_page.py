@@ -373,6 +373,12 @@ def test_an_api_error_appears_next_to_its_field(served: str, browser: Any) -> No
     assert message.count() == 1 and "greater than or equal to 1" in message.inner_text()
     assert page.get_attribute("#training\\.seq_len", "aria-invalid") == "true"
     assert page.locator("#form-errors").is_visible()
+    # a field typed in the page's unit (GiB) and sent in bytes: its error next to it all the same
+    page.fill("#training\\.seq_len", "4096")
+    page.fill("#cluster\\.cpu_memory_gib_per_node", "-1")
+    page.click("#submit")
+    page.wait_for_selector("#cluster\\.cpu_memory_gib_per_node + .field-error")
+    assert page.get_attribute("#cluster\\.cpu_memory_gib_per_node", "aria-invalid") == "true"
     page.close()
 
 

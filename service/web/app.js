@@ -434,9 +434,10 @@ function clearErrors(form, summary) {
 
 function fieldFor(form, field, prefix) {
   const name = `${prefix}${field}`;
-  // the page asks for bandwidth in GB/s and host memory in GiB where the API names bytes
-  const candidates = [name, name.replace(/_bytes_per_s$/, "_gbps"), name.replace(/_bytes_per_node$/, "_gib_per_node"), field];
-  for (const id of candidates) {
+  // a field the page asks for in its own unit (GB/s, GiB): the control whose data-field names it
+  const inUnit = [...form.querySelectorAll("[data-field]")].find((node) => node.dataset.field === field);
+  if (inUnit) return inUnit;
+  for (const id of [name, field]) {
     const node = document.getElementById(id);
     if (node && form.contains(node)) return node;
   }
