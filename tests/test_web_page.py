@@ -217,6 +217,15 @@ def test_a_log_pasted_as_a_run_calibrates_the_next_plan(browser: Any, tmp_path: 
         figures = {row[0]: row[1:] for row in cells(page, "#plan-detail table.uncalibrated")}
         calibrated, uncalibrated = (float(x.removesuffix(" s")) for x in figures["step time"])
         assert calibrated == pytest.approx(uncalibrated * 1.1, rel=1e-3)
+        # the figures without calibration are the API's, and the run behind the factor is named
+        again = httpx.get(f"{base}/v1/plans/{page.evaluate('location.hash').split('/')[-1]}").json()
+        quoted = again["recommended"]["estimate"]["calibration"]
+        assert figures["step time"][1] == f"{quoted['uncalibrated']['step_s']:.3f} s"
+        runs = httpx.get(f"{base}/v1/plans/{plan_id}/runs").json()["items"]
+        evidence = cells(page, "#plan-detail table.evidence-runs")
+        assert [row[0] for row in evidence] == [runs[0]["id"]] and evidence[0][2] == "1.000"
+        assert "step_time_hardware" in evidence[0][3]
+        assert page.get_attribute("#plan-detail table.evidence-runs a", "href") == f"#/plans/{plan_id}"
         assert "step ×1.100" in page.inner_text("#plan-detail .status")
         page.close()
 

@@ -225,7 +225,7 @@ function table(headers, rows, caption) {
   const body = el("tbody");
   rows.forEach((cells) => {
     const tr = el("tr");
-    cells.forEach((c) => tr.append(el("td", { text: String(c) })));
+    cells.forEach((c) => tr.append(c instanceof Node ? el("td", {}, c) : el("td", { text: String(c) })));
     body.append(tr);
   });
   t.append(body);
@@ -248,6 +248,29 @@ function calibrationSummary(c) {
   if (!c || c.runs === 0) return "not calibrated";
   const f = c.factors;
   return `step ×${f.step_time.toFixed(3)}, memory ×${f.memory_dynamic.toFixed(3)} (${plural(c.runs, "run")})`;
+}
+
+// The runs behind the factors, each with its weight for this job, and the runs set aside with why.
+function evidenceTable(c, planId) {
+  const box = el("div", { class: "evidence" });
+  const runLink = (r) => r.plan_id && r.plan_id !== planId
+    ? el("a", { href: `#/plans/${r.plan_id}`, text: r.run_id, title: `a run of plan ${r.plan_id}` })
+    : r.run_id;
+  if (c.evidence && c.evidence.length) {
+    const t = table(["run", "framework", "weight", "moves", "weighted because"], c.evidence.map((r) => [
+      runLink(r), r.framework, r.weight.toFixed(3), r.factors.join(", "),
+      r.weighted_because.length ? r.weighted_because.join("; ") : "the same job, today, this estimator"]),
+    "Runs behind the factors");
+    t.classList.add("evidence-runs");
+    box.append(t);
+  }
+  if (c.set_aside && c.set_aside.length) {
+    const t = table(["run", "set aside because"], c.set_aside.map((r) => [runLink(r), r.reasons.join("; ")]),
+      "Runs set aside");
+    t.classList.add("set-aside-runs");
+    box.append(t);
+  }
+  return box;
 }
 
 // Whether an estimate was calibrated, by which runs, with which factors, and its figures without them.
@@ -276,22 +299,36 @@ function calibrationBlock(estimate, planId) {
     "Factors applied");
   factors.classList.add("factors");
   box.append(factors);
-  // The API gives the calibrated figures and the factors; the figures without them are derived here:
-  // the step-time factor scales every part of the step, the memory factor activations, buffers and overhead.
+  box.append(evidenceTable(c, planId));
   const rows = [];
-  if (estimate.time && f.step_time) {
-    rows.push(["step time", fmt.s(estimate.time.step_s), fmt.s(estimate.time.step_s / f.step_time)]);
-    rows.push(["tokens/s", fmt.int(estimate.time.tokens_per_s), fmt.int(estimate.time.tokens_per_s * f.step_time)]);
-  }
-  const m = estimate.memory.per_gpu;
-  if (f.memory_dynamic) {
-    const dynamic = m.activations + m.buffers + m.overhead;
-    rows.push(["memory per GPU", fmt.gib(m.total), `≈ ${fmt.gib(m.total - dynamic + dynamic / f.memory_dynamic)}`]);
+  const u = c.uncalibrated;
+  if (u) {
+    // the API's own figures without the factors (answers since runs were weighed)
+    if (estimate.time && u.step_s != null) {
+      rows.push(["step time", fmt.s(estimate.time.step_s), fmt.s(u.step_s)]);
+      rows.push(["tokens/s", fmt.int(estimate.time.tokens_per_s), fmt.int(u.tokens_per_s)]);
+    }
+    rows.push(["memory per GPU", fmt.gib(estimate.memory.per_gpu.total), fmt.gib(u.memory_per_gpu_bytes)]);
+    rows.push(["fits", estimate.fits ? "yes" : "no", u.fits ? "yes" : "no"]);
+  } else {
+    // a plan stored before the API quoted them: the calibrated figure with the factor divided out
+    if (estimate.time && f.step_time) {
+      rows.push(["step time", fmt.s(estimate.time.step_s), fmt.s(estimate.time.step_s / f.step_time)]);
+      rows.push(["tokens/s", fmt.int(estimate.time.tokens_per_s), fmt.int(estimate.time.tokens_per_s * f.step_time)]);
+    }
+    const m = estimate.memory.per_gpu;
+    if (f.memory_dynamic) {
+      const dynamic = m.activations + m.buffers + m.overhead;
+      rows.push(["memory per GPU", fmt.gib(m.total), `≈ ${fmt.gib(m.total - dynamic + dynamic / f.memory_dynamic)}`]);
+    }
   }
   const figures = table(["figure", "calibrated", "without calibration"], rows, "Calibrated and uncalibrated figures");
   figures.classList.add("uncalibrated");
-  box.append(figures, el("p", { class: "note", text:
-    "Without calibration: the calibrated figure with the factor divided out (memory approximately: the factor scales activations, buffers and overhead)." }));
+  box.append(figures);
+  if (!u) {
+    box.append(el("p", { class: "note", text:
+      "Without calibration: the calibrated figure with the factor divided out (memory approximately: the factor scales activations, buffers and overhead)." }));
+  }
   return box;
 }
 
