@@ -126,11 +126,19 @@ def test_a_log_run_moves_the_factors_like_a_typed_run(client: TestClient, plan: 
     assert run["calibration"]["runs"] == 1
     after = client.post("/v1/estimates", json=request).json()
     assert after["calibration"]["factors"]["step_time"] == pytest.approx(1.25, abs=1e-3)
+    # the run behind the factor is named, and the figure without it quoted beside the calibrated one
+    assert [e["run_id"] for e in after["calibration"]["evidence"]] == [run["id"]]
+    assert after["calibration"]["uncalibrated"]["step_s"] == pytest.approx(estimate["time"]["step_s"])
 
 
 def test_a_log_far_off_is_set_aside(client: TestClient, plan: dict[str, Any]) -> None:
     run = post_log(client, plan["id"], log("megatron"))  # a 7B job's 2.6 s step: not gpt2's
     assert run["diagnosis"]["implausible"] is True and run["diagnosis"]["implausible_reasons"]
+    # later answers on this hardware say which run was set aside, and why
+    again = client.post("/v1/plans", json=plan_body()).json()
+    aside = again["recommended"]["estimate"]["calibration"]["set_aside"]
+    assert [(a["run_id"], a["plan_id"]) for a in aside] == [(run["id"], plan["id"])]
+    assert aside[0]["reasons"] == run["diagnosis"]["implausible_reasons"]
 
 
 def test_log_problems_name_the_log(client: TestClient, plan: dict[str, Any]) -> None:
