@@ -307,8 +307,35 @@ def print_estimate(estimate: dict[str, Any]) -> None:
         console.print(table)
     for line in summary_lines(estimate):
         console.print(line)
+    for line in calibration_lines(estimate.get("calibration")):
+        console.print(escape(line))
     for warning in estimate.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(warning)}")
+
+
+def calibration_lines(calibration: dict[str, Any] | None) -> list[str]:
+    """Which runs calibrated an estimate, the factors, its figures without them and the runs set aside."""
+    if not calibration:
+        return ["not calibrated: no run recorded on this hardware yet"]
+    factors = calibration["factors"]
+    lines = [
+        f"calibrated by {calibration['runs']} run(s): step time x{factors['step_time']:.3f}, "
+        f"dynamic memory x{factors['memory_dynamic']:.3f}"
+    ]
+    plain = calibration.get("uncalibrated")
+    if plain:
+        step = f"step {seconds(plain['step_s'])}, " if plain.get("step_s") is not None else ""
+        fits = "fits" if plain["fits"] else "does not fit"
+        lines.append(f"  without calibration: {step}{gib(plain['memory_per_gpu_bytes'])} per GPU, {fits}")
+    for run in calibration.get("evidence", []):
+        why = f": {'; '.join(run['weighted_because'])}" if run["weighted_because"] else ""
+        lines.append(
+            f"  run {run['run_id']} ({run['framework']}) weight {run['weight']:.3f}, moves "
+            f"{', '.join(run['factors'])}{why}"
+        )
+    for run in calibration.get("set_aside", []):
+        lines.append(f"  run {run['run_id']} set aside: {'; '.join(run['reasons'])}")
+    return lines
 
 
 def print_plan(plan: dict[str, Any], asked: set[str]) -> None:

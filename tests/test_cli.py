@@ -193,6 +193,19 @@ def test_estimate_of_one_layout(database: str) -> None:
     assert run("estimate", *args, "--dp", "8", "--micro", "8").exit_code == 2
 
 
+def test_a_calibrated_estimate_names_its_runs_and_its_figures_without_them(database: str) -> None:
+    args = ["--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "64"]
+    plan = json.loads(run("plan", *args, "--json").output)
+    before = words(run("plan", *args).output)
+    assert "not calibrated: no run recorded on this hardware yet" in before
+    step_s = plan["recommended"]["estimate"]["time"]["step_s"]
+    stored = json.loads(run("runs", "add", plan["id"], "--step-s", str(step_s * 1.5), "--json").output)
+    after = words(run("plan", *args).output)
+    assert "calibrated by 1 run(s): step time x1.500" in after
+    assert "without calibration: step" in after
+    assert f"run {stored['id']} (" in after and "weight 1.000, moves step_time_hardware" in after
+
+
 def test_clusters_plans_on_them_and_runs(database: str) -> None:
     added = run("clusters", "add", "lab", "--gpus", "2x8xa100-sxm-80gb", "--inter-gbps", "25")
     assert added.exit_code == 0 and "16 GPUs" in added.output
