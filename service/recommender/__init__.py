@@ -18,6 +18,7 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from service.estimator import evaluate
 from service.estimator.defaults import for_gpu
@@ -44,6 +45,8 @@ from service.estimator.types import (
 )
 from service.estimator.validate import (
     FRAMEWORK_CAPABILITIES,
+    Violation,
+    hardware_violation,
     layout_violation,
     moe_a2a_overlap_violation,
     training_violation,
@@ -174,6 +177,28 @@ class _Search:
         return Compile.NONE
 
 
+_UNSET = object()
+
+
+def _violation(job: Job, layout: Layout) -> Violation:
+    """``layout_violation`` of the job's model, cluster and training, memoised with the memory parts
+    (``Job.memory_memos``): besides the model and training (in ``memory_inputs``), the rules read of
+    the cluster only its GPU count and GPUs per node, and the GPU's precision and kernel support
+    (``hardware_violation``), the same for every layout of the job. Where the GPU runs the job, the
+    answer is then the same on every GPU type, and a sweep across them validates each layout once."""
+    hardware = job.memos[_violation]
+    if "gpu" not in hardware:
+        hardware["gpu"] = hardware_violation(job.cluster, job.training)
+    if hardware["gpu"] is not None:  # every layout breaks it, in the rule's order: not shared
+        return layout_violation(job.model, job.cluster, layout, job.training)
+    memo = job.memory_memos[_violation]
+    key = (layout, job.cluster.world_size)
+    found = memo.get(key, _UNSET)
+    if found is _UNSET:
+        found = memo[key] = layout_violation(job.model, job.cluster, layout, job.training)
+    return cast(Violation, found)
+
+
 def _family_key(layout: Layout) -> tuple[object, ...]:
     return (
         layout.world_size,
@@ -221,7 +246,7 @@ def _search_memory_family(
     for recompute in recompute_order(sh.framework):
         result.families += 1
         first = make_layout(s, sh, recompute, virtual, sizes[0])
-        violation = layout_violation(search.model, job.cluster, first, search.training)
+        violation = _violation(job, first)
         if violation is not None:
             result.log.add(f"invalid: {violation.rule}", 1, first, str(violation))
             continue
@@ -403,7 +428,7 @@ def _search_structure(
                 result.log.groups[DOMINATED].count += len(virtuals)  # no sharding changes a ceiling
                 continue
             probe = make_layout(s, sh, Recompute.FULL, 1, 1)
-            valid = layout_violation(search.model, job.cluster, probe, search.training) is None
+            valid = _violation(job, probe) is None
             if valid and not _states_fit(job, probe, limit):  # an invalid one is logged as such below
                 result.families += 1
                 _log_memory(result, probe, result.memory_numbers(job, probe), limit, 1)
@@ -471,7 +496,7 @@ def _dominated(
         return True
     optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1])
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
-    if layout_violation(search.model, job.cluster, optimistic, search.training) is not None:
+    if _violation(job, optimistic) is not None:
         return False
     bound = result.time_estimate(job, optimistic)
     least_bubble_s = result.floor_s(job, optimistic, most) - result.floor_s(job, optimistic)
@@ -499,7 +524,7 @@ def _ceiling_key(
     s, sh, virtual = family
     optimistic = make_layout(s, sh, Recompute.NONE, virtual, micro_batch)
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
-    if layout_violation(search.model, job.cluster, optimistic, search.training) is not None:
+    if _violation(job, optimistic) is not None:
         return None
     floor = result.floor_s(job, optimistic, most_micro_batches)
     ceiling = search.training.tokens_per_step / (floor * (1 - _FLOOR_SLACK))
@@ -561,7 +586,7 @@ def _lean_layout_fits(
                 continue
             for sh in options:
                 lean = make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0])
-                if layout_violation(search.model, job.cluster, lean, search.training) is not None:
+                if _violation(job, lean) is not None:
                     return True  # not a bound: the family's other members may be valid
                 memory = result.memory_numbers(job, lean)
                 if evaluate.numbers_fit(job.cluster, memory, limit):
