@@ -1,6 +1,6 @@
 """The published training runs of ``validation/data/published_runs.json``, as estimator inputs.
 
-``load_rows`` reads the file (110 rows: 90 step times, 20 measured peak memories, each with a
+``load_rows`` reads the file (117 rows: 97 step times, 20 measured peak memories, each with a
 pre-assigned ``split``, ``fit`` or ``held_out``; ``published_runs.md`` documents every field and
 the split rule). ``inputs`` turns one row into ``(ModelSpec, ClusterSpec, TrainingSpec, Layout)``
 plus the caveats: what the row sets that the service has no field for (fp8 recipe details,
@@ -402,6 +402,8 @@ def build_layout(row: Row, model: ModelSpec, caveats: list[str]) -> Layout:
             tp_comm_overlap=switches["tp_comm_overlap"],
             moe_a2a_overlap=switches["moe_a2a_overlap"],
             overlap_grad_reduce=switches["overlap_grad_reduce"],
+            grad_reduce_in_fp32=ly.get("grad_reduce_in_fp32"),
+            fp8_param_gather=bool(ly.get("fp8_param_gather", False)),
             torch_compile=compile_of(row),
         )
         pipeline_fields = _pipeline(row, model, base, caveats)
@@ -503,6 +505,8 @@ _MAPPED_LAYOUT_KEYS = frozenset(
         "first_last_stage_layers",
         "activation_cpu_offload",
         "overlap_grad_reduce",
+        "grad_reduce_in_fp32",  # Layout.grad_reduce_in_fp32 (Megatron's gradient buffer dtype)
+        "fp8_param_gather",  # Layout.fp8_param_gather (Megatron --fp8-param-gather)
         "tp_comm_overlap",
         "torch_compile",
     }
@@ -754,3 +758,83 @@ def targets(summary: Summary) -> tuple[Target, ...]:
             mem.expressible > 0 and mem.within == mem.expressible,
         ),
     )
+
+
+# ---------------------------------------------------------------- issue 27: layouts NVIDIA ships
+
+# The first class of issue 27: Megatron-Core layouts NVIDIA measured with its own recipes (NeMo,
+# Megatron-Bridge, its MLPerf GPT-3 implementation), dense models only (the MoE rows are another class).
+NVIDIA_RECIPE_SOURCES = frozenset({"megatron-bridge-perf", "nemo-24.07-perf", "mlperf-training"})
+NVIDIA_RECIPES_BEFORE_PATH = DATA_DIR / "nvidia_recipes_before.json"
+
+
+def is_nvidia_recipe_row(row: Row) -> bool:
+    """A throughput row of a dense model run by Megatron-Core from one of NVIDIA's sources."""
+    if row["kind"] != "throughput" or row["layout"]["framework"] != "megatron":
+        return False
+    if row["source_key"] not in NVIDIA_RECIPE_SOURCES:
+        return False
+    try:
+        return build_model(row, []).moe is None
+    except Unexpressible:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class RecipeResult:
+    """One NVIDIA recipe row: the fit verdict, per-GPU memory and step time of the estimate."""
+
+    id: str
+    split: str
+    published_step_s: float
+    fits: bool | None  # None when unexpressible
+    memory_bytes: float | None
+    step_s: float | None
+    reason: str | None = None
+
+    @property
+    def step_error(self) -> float | None:
+        return None if self.step_s is None else (self.step_s - self.published_step_s) / self.published_step_s
+
+
+def recipe_result(row: Row) -> RecipeResult:
+    base = {"id": row["id"], "split": row["split"], "published_step_s": float(row["step_s"])}
+    try:
+        built = inputs(row)
+    except Unexpressible as error:
+        return RecipeResult(**base, fits=None, memory_bytes=None, step_s=None, reason=error.reason)
+    est = estimate(
+        built.model, built.cluster, built.layout, built.training, tuning=default_tuning(), with_limits=False
+    )
+    assert est.time is not None
+    return RecipeResult(
+        **base, fits=est.fits, memory_bytes=float(est.memory.per_gpu.total), step_s=est.time.step_s
+    )
+
+
+@cache
+def recipe_results() -> tuple[RecipeResult, ...]:
+    """``recipe_result`` of every NVIDIA recipe row, in file order."""
+    return tuple(recipe_result(row) for row in load_rows() if is_nvidia_recipe_row(row))
+
+
+@cache
+def recipes_before() -> dict[str, RecipeResult]:
+    """The same rows as the tree before issue 27's changes estimated them (``NVIDIA_RECIPES_BEFORE_PATH``)."""
+    recorded = json.loads(NVIDIA_RECIPES_BEFORE_PATH.read_text(encoding="utf-8"))["rows"]
+    out = {}
+    for row in load_rows():
+        if row["id"] not in recorded:
+            continue
+        before = recorded[row["id"]]
+        gib = before.get("memory_gib")
+        out[row["id"]] = RecipeResult(
+            id=row["id"],
+            split=row["split"],
+            published_step_s=float(row["step_s"]),
+            fits=before.get("fits"),
+            memory_bytes=None if gib is None else gib * GiB,
+            step_s=before.get("step_s"),
+            reason=before.get("reason"),
+        )
+    return out

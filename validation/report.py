@@ -12,7 +12,9 @@ file. Exits 1 when a row expected to pass fails, or a known gap unexpectedly pas
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import statistics
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -221,6 +223,7 @@ def render(rows: Sequence[Row]) -> str:
             ],
         )
     lines += published_section()
+    lines += nvidia_recipes_section()
     return "\n".join(lines) + "\n"
 
 
@@ -367,6 +370,117 @@ def published_section() -> list[str]:
         + (f" ({', '.join(newly)})" if newly else "")
         + f", and {len(refused)} row(s) it marks expressible are refused"
         + (f" ({', '.join(refused)})." if refused else ".")
+    )
+    return lines
+
+
+def _recipe_layout(row: dict[str, Any]) -> str:
+    ly, c = row["layout"], row["cluster"]
+    sizes = " ".join(f"{k}{ly[k]}" for k in ("tp", "pp", "cp") if ly.get(k, 1) != 1)
+    vp = f" vp{ly['virtual_pipeline_stages']}" if ly.get("virtual_pipeline_stages", 1) != 1 else ""
+    words = [str(c["total_gpus"]), c["gpu"].split("-")[0].upper(), f"dp{ly['dp']}", sizes + vp]
+    return " ".join(word for word in (*words, f"mbs{ly['micro_batch_size']}") if word)
+
+
+def _verdict(result: published.RecipeResult) -> str:
+    if result.fits is None:
+        return "—"
+    return "fits" if result.fits else "**does not fit**"
+
+
+def _gib(result: published.RecipeResult) -> str:
+    return "—" if result.memory_bytes is None else f"{result.memory_bytes / published.GiB:.1f}"
+
+
+def _recipe_half(split: str, results: Sequence[published.RecipeResult]) -> list[str]:
+    chosen = [r for r in results if r.split == split and r.fits is not None]
+    errors = [r.step_error for r in chosen if r.step_error is not None]
+    refused = sum(1 for r in chosen if not r.fits)
+    if not errors:
+        return [_HALF[split], "0", "—", "—", "—"]
+    median_abs = statistics.median(abs(e) for e in errors)
+    return [
+        _HALF[split],
+        str(len(chosen)),
+        str(refused),
+        percent(median_abs).lstrip("+"),
+        percent(statistics.median(errors)),
+    ]
+
+
+def nvidia_recipes_section() -> list[str]:
+    """Issue 27's first class: Megatron-Core layouts NVIDIA ships, before and after its changes."""
+    after = published.recipe_results()
+    before = published.recipes_before()
+    rows = {row["id"]: row for row in published.load_rows()}
+    lines = [
+        "",
+        "## Layouts NVIDIA ships (issue 27, first class)",
+        "",
+        f"The {len(after)} throughput rows of dense models that NVIDIA measured with Megatron-Core and "
+        "its own recipes (sources `megatron-bridge-perf`, `nemo-24.07-perf`, `mlperf-training`; "
+        "`validation.published.is_nvidia_recipe_row`), in their fit and held-out halves. Each ran, so "
+        "none should be estimated not to fit (on the card's capacity: no row states its memory). "
+        "*Before*: the tree at "
+        f"{json.loads(published.NVIDIA_RECIPES_BEFORE_PATH.read_text(encoding='utf-8'))['commit']} "
+        "(`validation/data/nvidia_recipes_before.json`); *after*: this tree, which models the recipes' "
+        "`grad_reduce_in_fp32` (bf16 gradient buffer and reduce-scatter), `fp8_param_gather` (fp8 "
+        "weights, no bf16 copy or fp8 cache, gathered in fp8) and Transformer Engine's fp8 GEMM inputs "
+        "saved for backward, each row taking the value its recipe sets (the row's `*_detail` cites it).",
+        "",
+    ]
+    before_list = [before[r.id] for r in after]
+    lines += table(
+        [
+            "half",
+            "rows (before)",
+            "does not fit (before)",
+            "median |step error| (before)",
+            "median step error (before)",
+        ],
+        [_recipe_half(split, before_list) for split in published.SPLITS],
+    )
+    lines.append("")
+    lines += table(
+        [
+            "half",
+            "rows (after)",
+            "does not fit (after)",
+            "median |step error| (after)",
+            "median step error (after)",
+        ],
+        [_recipe_half(split, after) for split in published.SPLITS],
+    )
+    lines.append("")
+    ordered = sorted(after, key=lambda r: (published.SPLITS.index(r.split), r.id))
+    lines += table(
+        [
+            "run",
+            "half",
+            "precision",
+            "layout",
+            "fit before",
+            "fit after",
+            "GiB before",
+            "GiB after",
+            "step error before",
+            "step error after",
+        ],
+        [
+            [
+                r.id,
+                _HALF[r.split],
+                rows[r.id]["training"]["precision"],
+                _recipe_layout(rows[r.id]),
+                _verdict(before[r.id]),
+                _verdict(r),
+                _gib(before[r.id]),
+                _gib(r),
+                percent(before[r.id].step_error),
+                percent(r.step_error) if r.reason is None else f"not expressible: {r.reason}",
+            ]
+            for r in ordered
+        ],
     )
     return lines
 

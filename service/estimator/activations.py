@@ -122,6 +122,33 @@ def _megatron_mlp(model: ModelSpec, layout: Layout, training: TrainingSpec, ffn:
     return Split(d * tokens * h + _hidden_mask(model) * tokens * h, d * tokens * width)
 
 
+# Transformer Engine under fp8 quantises each GEMM's input and saves that fp8 copy for the weight
+# gradient instead of the 16-bit tensor (te.pytorch Linear / LayerNormLinear / LayerNormMLP save
+# the quantised input, Float8Tensor, in forward; the fused activation hands fc2 its input in fp8).
+# The tensors other ops need in backward stay 16-bit: a norm's input, attention's q, k, v and
+# output (the fused-attention kernel's), fc1's output (the activation's backward).
+FP8_BYTES = 1
+
+
+def _te_fp8_attention_change(model: ModelSpec, layout: Layout, training: TrainingSpec, core: bool) -> Split:
+    """What fp8 GEMM inputs change in ``_megatron_attention``: the QKV input (the input norm's
+    output) saved in fp8; the projection's input saved in fp8 beside the attention output, which
+    the core keeps in 16 bits unless it is recomputed."""
+    d, t = element_bytes(training.precision), local_tokens(layout, training)
+    qkv_input = (FP8_BYTES - d) * t * model.hidden_size
+    projection_input = FP8_BYTES * t * model.q_size - (0.0 if core else d * t * model.q_size)
+    return Split(qkv_input, projection_input)
+
+
+def _te_fp8_mlp_change(
+    model: ModelSpec, layout: Layout, training: TrainingSpec, ffn: int, tokens: float
+) -> Split:
+    """What fp8 GEMM inputs change in ``_megatron_mlp``: fc1's input (the pre-MLP norm's output)
+    and fc2's input (the activation's output) saved in fp8; fc1's output stays 16-bit."""
+    d = element_bytes(training.precision)
+    return Split((FP8_BYTES - d) * tokens * model.hidden_size, (FP8_BYTES - d) * tokens * ffn)
+
+
 def _hidden_mask(model: ModelSpec) -> int:
     # a residual branch's dropout keeps a 1-byte mask per element, when the model trains with dropout
     return MASK_BYTES if model.hidden_dropout > 0 else 0
@@ -182,7 +209,10 @@ def megatron_layer_bytes(
     (none: every activation kept)."""
     t, d, h = local_tokens(layout, training), element_bytes(training.precision), model.hidden_size
     core = RecomputeModule.CORE_ATTN not in modules
+    fp8 = training.precision is Precision.FP8
     attention = _megatron_attention(model, layout, training, core)
+    if fp8 and model.mla is None:
+        attention += _te_fp8_attention_change(model, layout, training, core)
     if RecomputeModule.MLA_UP_PROJ in modules:
         # the decompressed q, k and v are discarded after the core and rebuilt from the latents
         attention += Split(0.0, -d * t * (model.q_size + 2 * model.kv_size))
@@ -197,6 +227,8 @@ def megatron_layer_bytes(
         mlp = Split(_hidden_mask(model) * t * h, 0.0)  # the MLP keeps nothing; its dropout mask stays
     else:
         mlp = _megatron_mlp(model, layout, training, model.ffn_hidden_size, t)
+        if fp8:
+            mlp += _te_fp8_mlp_change(model, layout, training, model.ffn_hidden_size, t)
     split = attention + mlp + _norms(model, layout, training)
     return split.per_rank(layout.tp, layout.sequence_parallel)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from service.estimator import comm, flops
 from service.estimator.job import Job, LayerKind, job_memo, layout_memo
-from service.estimator.memory import state_bytes_of
+from service.estimator.memory import rank_parameters_of, state_bytes_of
 from service.estimator.model_states import deepspeed_buckets, deepspeed_overlap_comm, shard_degrees
 from service.estimator.step_time import (
     SPLIT_FIELDS,
@@ -59,6 +59,7 @@ from service.estimator.types import Framework, Layout, Method, ModelSpec
 # overlap one bucket holds everything.
 MEGATRON_MIN_BUCKET_ELEMENTS = 40_000_000
 MEGATRON_BUCKET_ELEMENTS_PER_DP_RANK = 1_000_000
+FP8_BYTES = 1  # an fp8 element (E4M3 / E5M2)
 # PyTorch DDP bucket_cap_mb = 25 (MiB) (torch.nn.parallel.DistributedDataParallel).
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 # DeepSpeed stage 0 all-reduces the flattened gradients in 5e8-element chunks
@@ -73,7 +74,7 @@ def replicated_bucket_elements(job: Job, layout: Layout) -> float:
             return math.inf
         return max(MEGATRON_MIN_BUCKET_ELEMENTS, MEGATRON_BUCKET_ELEMENTS_PER_DP_RANK * layout.dp * layout.cp)
     if framework is Framework.FSDP:
-        return DDP_BUCKET_BYTES / grad_bytes(job.training.precision, framework)
+        return DDP_BUCKET_BYTES / grad_bytes(job.training.precision, layout)
     if layout.zero_stage == 0:
         return job.assume.ds_stage0_allreduce_elements
     return deepspeed_buckets(job.model, layout).reduce_bucket_elements
@@ -104,7 +105,7 @@ def dp_grad_reduce_s(job: Job, layout: Layout, parameters: float, link: comm.Lin
     all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, dist-opt)."""
     if job.training.method is not Method.FULL:
         return 0.0  # LoRA: only the adapters' gradients are reduced; negligible next to the base
-    grad_size = parameters * grad_bytes(job.training.precision, layout.framework)
+    grad_size = parameters * grad_bytes(job.training.precision, layout)
     calls = math.ceil(parameters / replicated_bucket_elements(job, layout))
     collective = comm.group_all_reduce_s if layout.zero_stage == 0 else comm.group_reduce_scatter_s
     return bucketed_s(collective, grad_size, link, calls)
@@ -115,9 +116,24 @@ def dp_param_gather_s(job: Job, layout: Layout, parameters: float, link: comm.Li
     reduction's buckets (Megatron's param-gather buckets are its gradient buckets)."""
     if job.training.method is not Method.FULL or layout.zero_stage not in (1, 2):
         return 0.0
-    size = parameters * state_bytes_of(job, layout.framework).weights
+    size = parameters * gathered_bytes_per_parameter(job, layout)
     calls = math.ceil(parameters / replicated_bucket_elements(job, layout))
     return bucketed_s(comm.group_all_gather_s, size, link, calls)
+
+
+def gathered_bytes_per_parameter(job: Job, layout: Layout) -> float:
+    """Bytes per parameter of the distributed optimizer's parameter all-gather: the 16-bit weights,
+    or with Megatron's --fp8-param-gather 1 byte for the GEMM weights (their fp8 data; the
+    transpose is made after the gather) and 2 for the rest (embedding, norms), by the share of GEMM
+    weights on the most loaded stage (core/distributed/param_and_grad_buffer.py: fp8 parameters
+    live in a uint8 buffer)."""
+    weights = state_bytes_of(job, layout.framework).weights
+    if not layout.fp8_param_gather:
+        return weights
+    ranks = (rank_parameters_of(job, layout, rank) for rank in range(layout.pp))
+    held = max(ranks, key=lambda rp: rp.dense + rp.expert)
+    fp8_share = held.linear / (held.dense + held.expert)
+    return weights - (weights - FP8_BYTES) * fp8_share
 
 
 def gradient_reductions(layout: Layout, micro_batches: int) -> int:
@@ -133,7 +149,8 @@ def gradient_reductions(layout: Layout, micro_batches: int) -> int:
 # GPU's parameters), the sharding, the framework (buckets, gradient bytes) and the overlap (buckets).
 REPLICATED_FIELDS = (*SPLIT_FIELDS, "pipeline_layers", "pipeline_account_for_embedding",
                      "pipeline_account_for_loss", "virtual_pipeline_stages", "zero_stage",
-                     "framework", "overlap_grad_reduce")  # fmt: skip
+                     "framework", "overlap_grad_reduce", "grad_reduce_in_fp32",
+                     "fp8_param_gather")  # fmt: skip
 
 
 @layout_memo(*REPLICATED_FIELDS)
@@ -248,7 +265,8 @@ def unit_reduce_calls(job: Job, layout: Layout, elements: float) -> float:
 
 
 # + the buckets DeepSpeed's launcher renders (deepspeed_buckets reads the stage, the overlap and pp)
-@layout_memo(*SPLIT_FIELDS, "framework", "fsdp_hybrid_shard", "zero_stage", "overlap_grad_reduce")
+@layout_memo(*SPLIT_FIELDS, "framework", "fsdp_hybrid_shard", "zero_stage", "overlap_grad_reduce",
+             "grad_reduce_in_fp32")  # fmt: skip
 def unit_collectives(job: Job, layout: Layout, kind: LayerKind) -> UnitCollectives:
     links = shard_links(job, layout)
     unit = unit_parameters(job, kind, layout.tp, layout.ep, layout.expert_tp)
@@ -260,7 +278,7 @@ def unit_collectives(job: Job, layout: Layout, kind: LayerKind) -> UnitCollectiv
         gather_s += comm.group_all_gather_s(unit.experts * weight_bytes, links.experts)
     if job.training.method is not Method.FULL:
         return UnitCollectives(gather_s=gather_s, reduce_s=0.0)  # frozen base: no gradients to reduce
-    g = grad_bytes(job.training.precision, layout.framework)
+    g = grad_bytes(job.training.precision, layout)
     reduces = unit_reduce_calls(job, layout, elements)
     reduce_s = bucketed_s(comm.group_reduce_scatter_s, unit.dense * g, links.dense, reduces)
     if unit.experts:

@@ -25,6 +25,7 @@ from service.estimator.model_states import (
     deepspeed_assumption,
     deepspeed_buckets,
     lora_parameters,
+    megatron_grads_in_fp32,
     rank_model_states,
     rank_parameters,
     shard_degrees,
@@ -211,16 +212,21 @@ def rank_parameters_of(job: Job, layout: Layout, rank: int) -> RankParameters:
 
 
 @job_memo
-def state_bytes_of(job: Job, framework: Framework) -> StateBytes:
-    """``state_bytes`` of the job's training under ``framework``."""
-    return state_bytes(job.training, framework, job.model, job.assume)
+def state_bytes_of(job: Job, framework: Framework, grads_in_fp32: bool = True) -> StateBytes:
+    """``state_bytes`` of the job's training under ``framework`` (Megatron: gradients in fp32 or not)."""
+    return state_bytes(job.training, framework, job.model, job.assume, grads_in_fp32)
+
+
+def layout_state_bytes(job: Job, layout: Layout) -> StateBytes:
+    """``state_bytes_of`` the layout's framework and Megatron gradient dtype."""
+    return state_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout))
 
 
 def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
     """Model states of pipeline rank ``rank`` after sharding and offload, with their buffers."""
     model, training, assume = job.model, job.training, job.assume
     rp = rank_parameters_of(job, layout, rank)
-    sb = state_bytes_of(job, layout.framework)
+    sb = layout_state_bytes(job, layout)
     degrees = shard_degrees(layout, job.cluster)
     states = rank_model_states(model, layout, training, rp, sb, degrees, assume)
     full = training.method is Method.FULL
@@ -256,6 +262,8 @@ STATE_FIELDS = (
     "fsdp_hybrid_shard",
     "overlap_grad_reduce",  # DeepSpeed overlap_comm doubles the ZeRO-1/2 reduce buckets
     "optimizer_in_backward",  # no gradient outlives its unit
+    "grad_reduce_in_fp32",  # Megatron's gradient buffer dtype
+    "fp8_param_gather",  # Megatron's fp8 weights: no bf16 copy, no fp8 cache
 )
 
 
@@ -389,11 +397,16 @@ def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
 
 
 def _state_bytes_note(job: Job, layout: Layout) -> str:
-    sb = state_bytes_of(job, layout.framework)
-    return (
+    sb = layout_state_bytes(job, layout)
+    note = (
         f"model states per trainable parameter: weights {sb.weights:g} B, gradients {sb.gradients:g} B, "
         f"master {sb.master:g} B, optimizer moments {sb.moments:.4g} B ({job.training.optimizer.value})"
     )
+    if layout.framework is Framework.MEGATRON and job.training.precision in (Precision.BF16, Precision.FP8):
+        chosen = "as set" if layout.grad_reduce_in_fp32 is not None else "Megatron-LM's default for bf16"
+        dtype = "fp32" if megatron_grads_in_fp32(layout) else "bf16 (--grad-reduce-in-bf16)"
+        note += f"; gradient buffer and its reduce-scatter in {dtype} ({chosen})"
+    return note
 
 
 def _state_notes(job: Job, layout: Layout) -> list[str]:
@@ -441,6 +454,18 @@ def _pipeline_note(job: Job, layout: Layout) -> str:
     )
 
 
+def fp8_note(layout: Layout) -> str:
+    """What fp8 training keeps, as this layout runs it."""
+    if layout.framework is not Framework.MEGATRON:
+        return "fp8: bf16 weights + cached fp8 weight and transpose per GEMM weight (2 B), bf16 activations"
+    weights = (
+        "fp8 GEMM weights + their fp8 transpose (2 B; --fp8-param-gather: no bf16 copy, gathered in fp8)"
+        if layout.fp8_param_gather
+        else "bf16 weights + cached fp8 weight and transpose per GEMM weight (2 B)"
+    )
+    return f"fp8: {weights}; Transformer Engine keeps each GEMM's input for backward in fp8 (1 B)"
+
+
 def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     """What the memory estimate assumed for this input, in words and numbers."""
     assume = job.assume
@@ -465,9 +490,7 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
         notes.append(_pipeline_note(job, layout))
     notes += _state_notes(job, layout)
     if job.training.precision is Precision.FP8:
-        notes.append(
-            "fp8: bf16 weights + cached fp8 weight and transpose per GEMM weight (2 B), bf16 activations"
-        )
+        notes.append(fp8_note(layout))
     if layout.chunked_loss:
         notes.append("chunked loss: no full-vocabulary logits, only the hidden-state gradient is kept")
     elif layout.torch_compile is Compile.MODEL_AND_LOSS:

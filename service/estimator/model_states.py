@@ -4,7 +4,8 @@ Bytes per parameter follow ZeRO (Rajbhandari et al., arXiv:1910.02054 §3.1, §5
 weights, 2 of gradients and K = 12 of fp32 master weights and Adam moments, the master copy counted
 with the optimizer states; stage 1 shards the optimizer over the data-parallel group, stage 2 also
 the gradients, stage 3 also the weights. Megatron keeps fp32 main gradients (18 bytes, 6 + 12/d
-with the distributed optimizer; Megatron-LM docs/user-guide/features/dist_optimizer.md). FSDP's
+with the distributed optimizer; Megatron-LM docs/user-guide/features/dist_optimizer.md), or bf16 ones
+with ``Layout.grad_reduce_in_fp32`` False (16 bytes, 4 + 12/d). FSDP's
 sharded fp32 parameter is the master. The published estimators of DeepSpeed
 (``estimate_zero{2,3}_model_states_mem_needs``) and Megatron-LM
 (``compute_weight_and_optimizer_memory``), which validation compares these with, are reproduced
@@ -176,16 +177,31 @@ def adafactor_state_fraction(model: ModelSpec) -> float:
     return (factored + vectors) / counts.total
 
 
+def megatron_grads_in_fp32(layout: Layout) -> bool:
+    """Whether Megatron keeps and reduces its bf16/fp8 main grads in fp32: the layout's
+    ``grad_reduce_in_fp32``, else Megatron-LM's default (True: validate_args sets
+    accumulate_allreduce_grads_in_fp32 for --bf16 unless --grad-reduce-in-bf16)."""
+    return True if layout.grad_reduce_in_fp32 is None else layout.grad_reduce_in_fp32
+
+
 def state_bytes(
-    training: TrainingSpec, framework: Framework, model: ModelSpec, assume: MemoryAssumptions
+    training: TrainingSpec,
+    framework: Framework,
+    model: ModelSpec,
+    assume: MemoryAssumptions,
+    grads_in_fp32: bool = True,
 ) -> StateBytes:
-    """Bytes per trainable parameter by precision and framework (ZeRO §3.1; Megatron dist_optimizer.md)."""
+    """Bytes per trainable parameter by precision and framework (ZeRO §3.1; Megatron dist_optimizer.md);
+    ``grads_in_fp32``: Megatron's bf16/fp8 gradient buffer dtype (``megatron_grads_in_fp32``)."""
     p = training.precision
     weights = 4 if p is Precision.FP32 else 2
     master = 4.0 if p in MIXED else 0.0
     gradients: float = weights
     if framework is Framework.MEGATRON and p in (Precision.BF16, Precision.FP8):
-        gradients = 4  # fp32 main grads: 2 + 4 + 12 = 18 bytes
+        # the DDP grad buffer: fp32 main grads (2 + 4 + 12 = 18 bytes) or, with grad_reduce_in_fp32
+        # False, bf16 ones (16 bytes; core/distributed/param_and_grad_buffer.py: grad_dtype is
+        # fp32 only with grad_reduce_in_fp32)
+        gradients = 4 if grads_in_fp32 else 2
     elif framework is Framework.MEGATRON and p is Precision.FP16:
         master = 8  # fp32 main params + an fp32 copy of the fp16 grads: 2 + 2 + 16 = 20 bytes
     elif framework is Framework.FSDP and p in MIXED:
@@ -477,9 +493,12 @@ def rank_model_states(
         # gradient after the unit's reduce-scatter): no gradient outlives its unit, and the unit in
         # flight is counted with the gathered buffers (memory.gathered_parameter_bytes).
         gradients = 0.0
-    if training.precision is Precision.FP8 and layout.zero_stage < 3:
+    if training.precision is Precision.FP8 and layout.zero_stage < 3 and not layout.fp8_param_gather:
         # Transformer Engine caches an fp8 copy of each GEMM weight and of its transpose (1 + 1
-        # bytes) across micro-batches; under ZeRO-3/FULL_SHARD they are per-layer temporaries.
+        # bytes) across micro-batches; under ZeRO-3/FULL_SHARD they are per-layer temporaries. With
+        # Megatron's --fp8-param-gather the GEMM weights are fp8 tensors themselves (TE
+        # fp8_model_init: 1 B of data + 1 B of transpose on Hopper), counted as the 2-byte weights
+        # above: no bf16 copy, no cache.
         parameters += 2 * rp.linear
     return ModelStates(
         parameters=parameters,

@@ -46,8 +46,13 @@ from service.estimator.job import (
     rank_kind_counts,
     sum_by_kind,
 )
-from service.estimator.memory import offloaded_activation_bytes, rank_parameters_of, state_bytes_of
-from service.estimator.model_states import optimizer_step_bytes
+from service.estimator.memory import (
+    layout_state_bytes,
+    offloaded_activation_bytes,
+    rank_parameters_of,
+    state_bytes_of,
+)
+from service.estimator.model_states import megatron_grads_in_fp32, optimizer_step_bytes
 from service.estimator.params import stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import (
@@ -95,11 +100,15 @@ def peak_flops_per_s(cluster: ClusterSpec, precision: Precision) -> float:
     return peak
 
 
-def grad_bytes(precision: Precision, framework: Framework) -> int:
+def grad_bytes(precision: Precision, layout: Layout) -> int:
     """Bytes per gradient element in the DP reduction."""
-    # Megatron reduces bf16 grads in fp32 (--accumulate-allreduce-grads-in-fp32, forced for bf16);
-    # DeepSpeed and FSDP reduce in the training dtype.
-    if precision is Precision.FP32 or (precision is Precision.BF16 and framework is Framework.MEGATRON):
+    # Megatron reduces its bf16/fp8 main grads in the grad buffer's dtype: fp32 unless
+    # grad_reduce_in_fp32 is False (model_states.megatron_grads_in_fp32); DeepSpeed and FSDP reduce
+    # in the training dtype.
+    if precision is Precision.FP32:
+        return 4
+    mixed_bf16 = precision in (Precision.BF16, Precision.FP8)
+    if layout.framework is Framework.MEGATRON and mixed_bf16 and megatron_grads_in_fp32(layout):
         return 4
     return 2
 
@@ -882,7 +891,7 @@ def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
             rate /= job.tuning.torch_cpu_adam_slowdown
         return shard * job.cluster.gpus_per_node / rate
     # the states model_states counts, by precision, optimizer and framework, read and written once
-    step_bytes = shard * optimizer_step_bytes(state_bytes_of(job, layout.framework), layout.framework)
+    step_bytes = shard * optimizer_step_bytes(layout_state_bytes(job, layout), layout.framework)
     return step_bytes / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 

@@ -547,6 +547,15 @@ class Layout:
     # forward beside another's backward, each one's EP all-to-alls under the other's compute
     moe_a2a_overlap: bool = False
     overlap_grad_reduce: bool | None = None  # DP reduce under backward; None: the framework default
+    # Megatron, bf16/fp8: the gradient buffer (main grads) and its DP reduce-scatter in fp32 (4 B) or
+    # in bf16 (2 B, --grad-reduce-in-bf16). None: Megatron-LM's default for bf16, fp32
+    # (megatron/training/arguments.py validate_args, "bfloat16 requires gradient accumulation and
+    # all-reduce to be done in fp32"); Megatron-Bridge's performance recipes set False.
+    grad_reduce_in_fp32: bool | None = None
+    # Megatron, fp8 with the distributed optimizer: --fp8-param-gather, the GEMM weights kept as fp8
+    # (no bf16 copy; Transformer Engine's fp8 data + its transpose, 2 B) and all-gathered in fp8
+    # after the step. Megatron-Bridge's fp8 precision configs set it (mixed_precision.py).
+    fp8_param_gather: bool = False
     # Decoder layers of each of the pp x v virtual pipeline stages, in model order; None: the
     # split ``service.estimator.pipeline.stage_layers`` derives (even, or embedding and loss
     # counted as a layer each).

@@ -8,7 +8,8 @@ Choices made here:
   (``unused_switch_violation``): ``sequence_parallel`` with tp = 1 (Megatron-LM's ``validate_args``
   would turn it off), ``tp_comm_overlap`` outside Megatron with tp > 1 and SP, ``overlap_grad_reduce``
   with no data-parallel reduction, the pipeline-split flags without a pipeline,
-  ``fsdp_hybrid_shard`` when the sharding group already fits in a node.
+  ``fsdp_hybrid_shard`` when the sharding group already fits in a node, ``grad_reduce_in_fp32``
+  outside Megatron's bf16/fp8 training and ``fp8_param_gather`` outside Megatron's fp8 training.
 * The vocabulary needs no rule: Megatron pads it to a multiple of 128 x tp
   (``--make-vocab-size-divisible-by``), DTensor (torchtitan, DeepSpeed AutoTP) shards unevenly.
 * With context parallelism the sequence must split into 2 x cp chunks: Megatron's load-balanced
@@ -274,6 +275,26 @@ def unused_switch_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     if layout.fsdp_hybrid_shard and layout.dp * layout.cp <= in_node:
         return _bad(f"fsdp_hybrid_shard: the dp x cp = {layout.dp * layout.cp} ranks already shard inside "
                     f"one node ({in_node} per node after tp)", "unused", "fsdp_hybrid_shard")  # fmt: skip
+    return None
+
+
+def megatron_precision_violation(training: TrainingSpec, layout: Layout) -> Violation:
+    """Megatron's gradient-buffer dtype and fp8 parameter gather: only where they change something."""
+    megatron = layout.framework is Framework.MEGATRON
+    mixed_bf16 = training.precision in (Precision.BF16, Precision.FP8)
+    if layout.grad_reduce_in_fp32 is not None and not (megatron and mixed_bf16):
+        # fp16 keeps 16-bit grads and copies them to fp32 in the optimizer; fp32 has nothing to choose
+        return _bad(f"grad_reduce_in_fp32 is Megatron's gradient-buffer dtype under bf16 or fp8 (framework "
+                    f"{layout.framework.value}, precision {training.precision.value})", "unused",
+                    "grad_reduce_in_fp32")  # fmt: skip
+    if layout.fp8_param_gather and not (megatron and training.precision is Precision.FP8):
+        return _bad(f"fp8_param_gather is Megatron's --fp8-param-gather: it needs framework megatron and "
+                    f"precision fp8 (framework {layout.framework.value}, precision "
+                    f"{training.precision.value})", "unused", "fp8_param_gather")  # fmt: skip
+    if layout.fp8_param_gather and layout.zero_stage != 1:
+        # megatron/training/arguments.py: "--fp8-param-gather only supported with distributed optimizer"
+        return _bad(f"fp8_param_gather needs the distributed optimizer (zero_stage 1), got zero_stage "
+                    f"{layout.zero_stage}", "fp8_param_gather", "fp8_param_gather")  # fmt: skip
     return None
 
 
@@ -642,6 +663,7 @@ def layout_violation(
         or recompute_violation(model, layout, caps)
         or moe_a2a_overlap_violation(model, layout)
         or unused_switch_violation(cluster, layout)
+        or megatron_precision_violation(training, layout)
         or unused_split_flag_violation(layout)
         or activation_offload_violation(layout, caps)
         or compile_violation(layout, training, caps)

@@ -136,6 +136,12 @@ def _megatron_refusal(plan: Plan) -> Refusal:
         return f"recompute_modules {modules}: MegatronLMPlugin recomputes core_attn only"
     if plan.training.mtp_num_layers:
         return "MegatronLMPlugin has no field for --mtp-num-layers; use the megatron target"
+    if lo.grad_reduce_in_fp32 is False or lo.fp8_param_gather:
+        # the estimate counts bf16 gradients / fp8 weights that this config would not run
+        return (
+            "MegatronLMPlugin has no field for --grad-reduce-in-bf16 / --fp8-param-gather; use the "
+            "megatron target"
+        )
     return None
 
 

@@ -249,6 +249,11 @@ def _parallel_args(plan: Plan) -> list[str]:
         args.append("--overlap-grad-reduce")
         if lo.zero_stage == 1:
             args.append("--overlap-param-gather")
+    if lo.grad_reduce_in_fp32 is False:
+        # bf16 main grads and reduce-scatter (validate_args otherwise accumulates in fp32 for --bf16)
+        args.append("--grad-reduce-in-bf16")
+    if lo.fp8_param_gather:  # the validator allows it with fp8 and the distributed optimizer only
+        args.append("--fp8-param-gather")
     if lo.offload_optimizer is Offload.CPU:
         args += [
             "--optimizer-cpu-offload",

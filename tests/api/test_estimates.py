@@ -348,3 +348,20 @@ def test_moe_a2a_overlap(client: TestClient) -> None:
     problem = assert_problem(client.post("/v1/estimates", json=body(framework="megatron", zero_stage=1,
                                                                      moe_a2a_overlap=True)), 422)  # fmt: skip
     assert problem["errors"][0]["field"] == "layout.moe_a2a_overlap", problem
+
+
+def test_megatron_gradient_dtype_and_fp8_parameter_gather(client: TestClient) -> None:
+    megatron = {"framework": "megatron", "zero_stage": 1, "dp": 8}
+    payload = body(**megatron)
+    payload["training"] = payload["training"] | {"precision": "fp8"}
+    plain = post(client, payload)
+    payload["layout"] |= {"grad_reduce_in_fp32": False, "fp8_param_gather": True}
+    lean = post(client, payload)
+    # bf16 main grads: half the fp32 buffer; fp8 weights: no bf16 copy beside the fp8 cache
+    assert lean["memory"]["per_gpu"]["gradients"] * 2 == pytest.approx(
+        plain["memory"]["per_gpu"]["gradients"], rel=1e-6
+    )
+    assert lean["memory"]["per_gpu"]["parameters"] < plain["memory"]["per_gpu"]["parameters"]
+    assert any("--grad-reduce-in-bf16" in note for note in lean["assumptions"])
+    problem = assert_problem(client.post("/v1/estimates", json=body(grad_reduce_in_fp32=False)), 422)
+    assert problem["errors"][0]["field"] == "layout.grad_reduce_in_fp32", problem

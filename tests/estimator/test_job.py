@@ -123,6 +123,7 @@ FP32 = TrainingSpec(seq_len=2048, global_batch_size=64, precision=Precision.FP32
 FP16_EAGER = TrainingSpec(
     seq_len=2048, global_batch_size=64, precision=Precision.FP16, attention=Attention.EAGER
 )
+FP8 = dataclasses.replace(BASE, precision=Precision.FP8)
 
 
 # ---------------------------------------------------------------- a grid of valid layouts
@@ -210,6 +211,18 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
         tp_comm_overlap=rng.random() < 0.5,
         moe_a2a_overlap=spec.moe is not None and framework is Framework.MEGATRON and rng.random() < 0.4,
         overlap_grad_reduce=rng.choice((None, False, True)),
+        # Megatron's gradient-buffer dtype (bf16/fp8) and fp8 parameter gather (fp8, dist-opt)
+        grad_reduce_in_fp32=(
+            rng.choice((None, False, True))
+            if framework is Framework.MEGATRON and training.precision in (Precision.BF16, Precision.FP8)
+            else None
+        ),
+        fp8_param_gather=(
+            framework is Framework.MEGATRON
+            and training.precision is Precision.FP8
+            and zero == 1
+            and rng.random() < 0.5
+        ),
     )
 
 
@@ -237,6 +250,7 @@ GRID_JOBS = (
     ("llama-3-8b", QLORA),
     ("llama-3-8b", EAGER),
     ("llama-3-8b", FP32),
+    ("llama-3-8b", FP8),
     ("gpt2", EAGER),
     ("mixtral-8x7b", BASE),
     ("mixtral-8x7b", LORA),
@@ -289,6 +303,8 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "tp_comm_overlap": {False, True},
     "moe_a2a_overlap": {False, True},
     "overlap_grad_reduce": {None, False, True},
+    "grad_reduce_in_fp32": {None, False, True},
+    "fp8_param_gather": {False, True},
     "pipeline_account_for_embedding": {False, True},
     "pipeline_account_for_loss": {False, True},
 }

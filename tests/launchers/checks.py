@@ -73,7 +73,7 @@ MEGATRON_SWITCHES = {
     "--bf16", "--fp16", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--mock-data",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-    "--multi-latent-attention", "--qk-layernorm",
+    "--multi-latent-attention", "--qk-layernorm", "--grad-reduce-in-bf16", "--fp8-param-gather",
 }  # fmt: skip
 MEGATRON_VALUED = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
@@ -299,6 +299,11 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
         assert "--use-distributed-optimizer" in f and "--overlap-grad-reduce" in f
     if "--optimizer-cpu-offload" in f:
         assert "--use-distributed-optimizer" in f
+    # validate_args: --fp8-param-gather only with the distributed optimizer (fp8 training here)
+    assert ("--fp8-param-gather" in f) == lo.fp8_param_gather
+    if "--fp8-param-gather" in f:
+        assert "--use-distributed-optimizer" in f and "--fp8-format" in f
+    assert ("--grad-reduce-in-bf16" in f) == (lo.grad_reduce_in_fp32 is False)
     assert not ("--fp16" in f and "--bf16" in f)
     if "--expert-model-parallel-size" in f:
         assert num("--num-experts", 0) % num("--expert-model-parallel-size") == 0

@@ -16,6 +16,7 @@ from service.estimator.types import (
     ModelSpec,
     MoESpec,
     Offload,
+    Precision,
     QKNorm,
     Recompute,
     RecomputeModule,
@@ -201,6 +202,22 @@ def test_megatron_overlap_grad_reduce_without_distributed_optimizer() -> None:
     f = _flag_values(megatron.megatron_args(plan(framework=Framework.MEGATRON, overlap_grad_reduce=True)))
     assert "--overlap-grad-reduce" in f
     assert "--overlap-param-gather" not in f and "--use-distributed-optimizer" not in f
+
+
+def test_megatron_renders_the_gradient_dtype_and_fp8_parameter_gather() -> None:
+    # the estimate's bf16 gradient buffer and fp8 weights are the run's: --grad-reduce-in-bf16 (else
+    # validate_args accumulates bf16 grads in fp32) and --fp8-param-gather
+    fp8 = training(precision=Precision.FP8)
+    lean = plan(framework=Framework.MEGATRON, zero_stage=1, grad_reduce_in_fp32=False, fp8_param_gather=True,
+                train=fp8)  # fmt: skip
+    f = _flag_values(megatron.megatron_args(lean))
+    assert "--grad-reduce-in-bf16" in f and "--fp8-param-gather" in f and "--use-distributed-optimizer" in f
+    default = _flag_values(
+        megatron.megatron_args(plan(framework=Framework.MEGATRON, zero_stage=1, train=fp8))
+    )
+    assert "--grad-reduce-in-bf16" not in default and "--fp8-param-gather" not in default
+    with pytest.raises(Unsupported, match="megatron target"):
+        accelerate.render(lean)
 
 
 def test_megatron_refuses_tp_comm_overlap_without_sequence_parallel() -> None:

@@ -1,0 +1,111 @@
+"""Megatron settings the NVIDIA recipes choose (issue 27), each by hand on a tiny model.
+
+* ``grad_reduce_in_fp32``: the gradient buffer and its reduce-scatter in fp32 (Megatron-LM's default
+  for bf16) or bf16 (Megatron-Bridge's performance recipes).
+* ``fp8_param_gather``: fp8 GEMM weights (data + transpose, 2 B) instead of bf16 weights + the
+  cached fp8 copy and transpose (2 + 2 B), all-gathered in fp8.
+* Transformer Engine under fp8 saves each GEMM's input in fp8 (1 B) for backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from service.estimator import activations, dp_comm, step_time
+from service.estimator.errors import InvalidLayout
+from service.estimator.memory import assumptions
+from service.estimator.types import Framework, Layout, Precision, RecomputeModule, TrainingSpec
+from service.estimator.validate import validate_layout
+from tests.estimator.helpers import job, states
+from tests.estimator.test_memory import TINY, TINY_P, cluster
+
+TRAIN = TrainingSpec(seq_len=16, global_batch_size=8)
+FP8 = dataclasses.replace(TRAIN, precision=Precision.FP8)
+DIST = Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1)
+# TINY: h 8, 2 heads of 8 (q = kv = 8), SwiGLU f 16, 2 layers, vocab 32 untied: per layer
+# q, k, v, o 4 x 64 = 256 and the MLP 3 x 8 x 16 = 384 GEMM weights, 2 norms of 8
+TINY_LINEAR = 2 * (256 + 384)  # 1280 of TINY_P = 1832
+
+
+def total(s: object) -> float:
+    return s.parameters + s.gradients + s.optimizer_states  # type: ignore[attr-defined]
+
+
+def test_bf16_gradient_buffer_is_two_bytes_per_parameter() -> None:
+    c = cluster(4)
+    default = states(TINY, c, DIST, TRAIN)
+    lean = states(TINY, c, dataclasses.replace(DIST, grad_reduce_in_fp32=False), TRAIN)
+    # default (fp32 main grads): 2 + 4 + 12/4 = 9 B per parameter; bf16 grads: 2 + 2 + 3 = 7 B
+    assert default.gradients == 4 * TINY_P and total(default) == 9 * TINY_P
+    assert lean.gradients == 2 * TINY_P and total(lean) == 7 * TINY_P
+    explicit = states(TINY, c, dataclasses.replace(DIST, grad_reduce_in_fp32=True), TRAIN)
+    assert total(explicit) == total(default)  # None is Megatron-LM's default, fp32
+
+
+def test_fp8_param_gather_drops_the_bf16_copy_and_the_fp8_cache() -> None:
+    c = cluster(4)
+    cached = states(TINY, c, DIST, FP8)
+    fp8_weights = states(TINY, c, dataclasses.replace(DIST, fp8_param_gather=True), FP8)
+    # cached: 2 B bf16 weights for all 1832 + 2 B (fp8 copy + transpose) for the 1280 GEMM weights
+    assert cached.parameters == 2 * TINY_P + 2 * TINY_LINEAR == 6224
+    # fp8 parameters: 1 B data + 1 B transpose for the GEMM weights, 2 B bf16 for the other 552
+    assert fp8_weights.parameters == 2 * TINY_LINEAR + 2 * (TINY_P - TINY_LINEAR) == 2 * TINY_P
+
+
+def test_the_reduce_scatter_moves_the_buffers_dtype() -> None:
+    fp32 = step_time.grad_bytes(Precision.BF16, DIST)
+    bf16 = step_time.grad_bytes(Precision.BF16, dataclasses.replace(DIST, grad_reduce_in_fp32=False))
+    assert (fp32, bf16) == (4, 2)
+    assert step_time.grad_bytes(Precision.FP8, DIST) == 4  # fp8 runs with --bf16: fp32 main grads
+    assert step_time.grad_bytes(Precision.BF16, Layout(framework=Framework.FSDP, dp=4, zero_stage=3)) == 2
+
+
+def test_fp8_parameter_gather_bytes_by_the_share_of_gemm_weights() -> None:
+    j = job(TINY, cluster(4), FP8)
+    assert dp_comm.gathered_bytes_per_parameter(j, DIST) == 2
+    # 1 B for the 1280 GEMM weights, 2 B for the 552 others: (1280 + 1104) / 1832
+    fp8 = dp_comm.gathered_bytes_per_parameter(j, dataclasses.replace(DIST, fp8_param_gather=True))
+    assert fp8 == pytest.approx((TINY_LINEAR + 2 * (TINY_P - TINY_LINEAR)) / TINY_P)
+
+
+def test_transformer_engine_saves_gemm_inputs_in_fp8() -> None:
+    layout = Layout(framework=Framework.MEGATRON, dp=1)
+    bf16 = activations.megatron_layer_bytes(TINY, layout, TRAIN, moe_layer=False)
+    fp8 = activations.megatron_layer_bytes(TINY, layout, FP8, moe_layer=False)
+    t, h, q, f = 16, 8, 8, 16
+    # bf16, Korthikanti generalised: 2 norm inputs 2th each, QKV input 2th, q k v 2t(q + 2kv) (kv = q
+    # here), projection input 2tq, fc1 input 2th, fc1 output 2 x 2tf, product 2tf; flash's fp32
+    # logsumexp 4 B per head and token
+    assert bf16 == 2 * t * (2 * h + h + (q + 2 * q) + q + h + 3 * f) + 4 * 2 * t == 3712
+    # fp8: the QKV and fc1 inputs (th each) and fc2's input (tf) in 1 B; the projection keeps its own
+    # fp8 copy (tq) beside the attention output
+    assert fp8 == bf16 - t * h - t * h - t * f + t * q == 3328
+    # with the core recomputed the 16-bit attention output is not kept: only the fp8 copy
+    core = activations.megatron_layer_bytes(
+        TINY, layout, FP8, moe_layer=False, modules=frozenset({RecomputeModule.CORE_ATTN})
+    )
+    assert core == fp8 - 2 * t * q - 4 * 2 * t  # minus the 16-bit output and the fp32 logsumexp (2 heads)
+
+
+def test_the_switches_are_refused_where_they_change_nothing() -> None:
+    c = cluster(4)
+    fsdp = Layout(framework=Framework.FSDP, dp=4, zero_stage=3, grad_reduce_in_fp32=False)
+    with pytest.raises(InvalidLayout, match="grad_reduce_in_fp32"):
+        validate_layout(TINY, c, fsdp, TRAIN)
+    with pytest.raises(InvalidLayout, match="fp8_param_gather"):  # bf16 training
+        validate_layout(TINY, c, dataclasses.replace(DIST, fp8_param_gather=True), TRAIN)
+    with pytest.raises(InvalidLayout, match="distributed optimizer"):
+        validate_layout(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, fp8_param_gather=True), FP8)
+
+
+def test_the_estimate_says_what_it_assumed() -> None:
+    j = job(TINY, cluster(4), FP8)
+    notes = " ".join(
+        assumptions(j, dataclasses.replace(DIST, grad_reduce_in_fp32=False, fp8_param_gather=True))
+    )
+    assert "gradient buffer and its reduce-scatter in bf16 (--grad-reduce-in-bf16) (as set)" in notes
+    assert "--fp8-param-gather" in notes and "input for backward in fp8" in notes
+    default = " ".join(assumptions(j, DIST))
+    assert "in fp32 (Megatron-LM's default for bf16)" in default
