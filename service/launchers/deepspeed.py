@@ -77,10 +77,13 @@ def refusal(plan: Plan) -> Refusal:
             f"ZeRO-{lo.zero_stage} with pp={lo.pp}: DeepSpeed's PipelineEngine asserts that ZeRO-2 "
             "and ZeRO-3 are incompatible with pipeline parallelism"
         )
-    if lo.tp > 1 and (lo.zero_stage == 3 or lo.pp > 1):
+    # AutoTP training takes every ZeRO stage since 0.19.4, which dropped the stage <= 2 assertion
+    # (runtime/engine.py, _configure_tensor_parallel_states: "AutoTP + ZeRO stage 3 is supported for
+    # both inference and training"); the pipeline engine it never joins
+    if lo.tp > 1 and lo.pp > 1:
         return (
-            f"tp={lo.tp} with ZeRO-{lo.zero_stage}, pp={lo.pp}: DeepSpeed AutoTP training "
-            "(tensor_parallel.autotp_size) combines with ZeRO 0-2 and no pipeline only"
+            f"tp={lo.tp} with pp={lo.pp}: DeepSpeed AutoTP training (tensor_parallel.autotp_size) "
+            "does not combine with the pipeline engine"
         )
     if lo.sequence_parallel and lo.tp > 1:
         return (

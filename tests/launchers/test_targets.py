@@ -45,6 +45,17 @@ def test_deepspeed_batch_counts_every_autotp_rank() -> None:
     assert config["tensor_parallel"] == {"autotp_size": 2}
 
 
+def test_deepspeed_autotp_runs_with_zero3_and_not_with_the_pipeline() -> None:
+    # DeepSpeed 0.19.4 dropped AutoTP's "zero_stage <= 2" assertion: 0.19.8 trains AutoTP + ZeRO-3
+    config = deepspeed.ds_config(
+        plan(nodes=2, framework=Framework.DEEPSPEED, tp=2, micro_batch_size=2, zero_stage=3)
+    )
+    assert config["zero_optimization"]["stage"] == 3 and config["tensor_parallel"] == {"autotp_size": 2}
+    assert (config["train_batch_size"], config["gradient_accumulation_steps"]) == (512, 16)
+    with pytest.raises(Unsupported, match="pipeline engine"):
+        deepspeed.ds_config(plan(nodes=2, framework=Framework.DEEPSPEED, tp=2, pp=2, zero_stage=1))
+
+
 @pytest.mark.parametrize(
     ("layout", "words"),
     [
