@@ -1,6 +1,6 @@
 """The published training runs of ``validation/data/published_runs.json``, as estimator inputs.
 
-``load_rows`` reads the file (117 rows: 97 step times, 20 measured peak memories, each with a
+``load_rows`` reads the file (118 rows: 98 step times, 20 measured peak memories, each with a
 pre-assigned ``split``, ``fit`` or ``held_out``; ``published_runs.md`` documents every field and
 the split rule). ``inputs`` turns one row into ``(ModelSpec, ClusterSpec, TrainingSpec, Layout)``
 plus the caveats: what the row sets that the service has no field for (fp8 recipe details,
@@ -764,7 +764,9 @@ def targets(summary: Summary) -> tuple[Target, ...]:
 
 # The first class of issue 27: Megatron-Core layouts NVIDIA measured with its own recipes (NeMo,
 # Megatron-Bridge, its MLPerf GPT-3 implementation), dense models only (the MoE rows are another class).
-NVIDIA_RECIPE_SOURCES = frozenset({"megatron-bridge-perf", "nemo-24.07-perf", "mlperf-training"})
+NVIDIA_RECIPE_SOURCES = frozenset(
+    {"megatron-bridge-perf", "nemo-24.07-perf", "nemo-25.02-perf", "mlperf-training"}
+)
 NVIDIA_RECIPES_BEFORE_PATH = DATA_DIR / "nvidia_recipes_before.json"
 
 

@@ -418,7 +418,8 @@ def nvidia_recipes_section() -> list[str]:
         "## Layouts NVIDIA ships (issue 27, first class)",
         "",
         f"The {len(after)} throughput rows of dense models that NVIDIA measured with Megatron-Core and "
-        "its own recipes (sources `megatron-bridge-perf`, `nemo-24.07-perf`, `mlperf-training`; "
+        "its own recipes (sources `megatron-bridge-perf`, `nemo-24.07-perf`, `nemo-25.02-perf`, "
+        "`mlperf-training`; "
         "`validation.published.is_nvidia_recipe_row`), in their fit and held-out halves. Each ran, so "
         "none should be estimated not to fit (on the card's capacity: no row states its memory). "
         "*Before*: the tree at "
