@@ -425,7 +425,7 @@ model_options = [
 job_options = [
     click.option("--seq", type=int, required=True, help="sequence length (tokens)"),
     click.option("--batch", type=int, required=True, help="global batch (sequences per optimizer step)"),
-    click.option("--precision", help="bf16, fp16, fp8, fp32, bf16_pure (default: from the GPU)"),
+    click.option("--precision", help="bf16, fp16, fp8, fp32, tf32, bf16_pure (default: from the GPU)"),
     click.option("--attention", help="flash, sdpa, eager (default: from the GPU)"),
     click.option("--method", default="full", show_default=True, help="full, lora or qlora"),
     click.option("--tokens", type=int, help="total training tokens, for time to train"),

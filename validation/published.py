@@ -11,8 +11,9 @@ published number, and ``summarize`` reports each half (fit, held-out) and kind s
 
 Choices:
 
-* GPU: the catalog part named by ``cluster.gpu``. A row's ``gpu_variant`` (torchtitan's 96 GB /
-  500 W Grand Teton H100, the 94 GB lower-TDP part) is a caveat; the catalog part's rates are used.
+* GPU: the catalog part named by ``cluster.gpu``. torchtitan's 96 GB / 500 W Grand Teton H100 (and
+  its docs' 94 GB lower-TDP part) is the catalog's ``h100-sxm-500w-96gb``, whose power limit scales
+  its compute peaks (``service.estimator.clocks``); a row's ``gpu_variant`` stays a caveat.
 * Memory: the published number is PyTorch's ``reserved_bytes.all.peak`` (allocator reserve, max
   over ranks), stored in bytes (GiB x 2**30). It is compared with the estimate's
   ``memory.per_gpu.total``, which includes the CUDA context and the fragmentation reserve.
@@ -214,8 +215,8 @@ def build_cluster(row: Row, caveats: list[str]) -> ClusterSpec:
         described = variant.get("description", "") if isinstance(variant, Mapping) else str(variant)
         stated = variant.get("hbm_bandwidth_bytes_per_s") if isinstance(variant, Mapping) else None
         if isinstance(stated, int | float):
-            # the variant's published HBM bandwidth, as a custom GPU of the same die would state it;
-            # its power limit (clocks) is not modelled
+            # the variant's published HBM bandwidth, as a custom GPU of the same die would state it
+            # (its power limit is the catalog part's, named by cluster.gpu)
             gpu = dataclasses.replace(gpu, hbm_bandwidth_bytes_per_s=float(stated))
             caveats.append(
                 f"GPU variant: {described.split(';')[0]}; {gpu.name} with its {stated / 1e12:.2g} TB/s HBM"

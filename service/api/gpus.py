@@ -28,6 +28,10 @@ def to_out(entry: GPUEntry) -> GPUOut:
         hbm_bandwidth_bytes_per_s=spec.hbm_bandwidth_bytes_per_s,
         intra_node_bandwidth_bytes_per_s=spec.intra_node_bandwidth_bytes_per_s,
         pcie_bandwidth_bytes_per_s=spec.pcie_bandwidth_bytes_per_s,
+        rated_power_w=spec.rated_power_w,
+        power_limit_w=spec.power_limit_w,
+        peak_clock_hz=spec.peak_clock_hz,
+        sustained_clock_hz=spec.sustained_clock_hz,
         source=entry.source,
         notes=entry.notes or "",
     )

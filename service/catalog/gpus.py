@@ -44,7 +44,14 @@ _RATE_KEYS = (
 _REQUIRED_KEYS = frozenset(
     {"display_name", "chip", "vendor", "memory_bytes", "peak_fp32_flops_per_s", "source", *_RATE_KEYS}
 )
-_ALLOWED_KEYS = _REQUIRED_KEYS | frozenset(_PEAK_KEYS) | {"notes", "flash_attention", "gpus_per_node"}
+# Sustained clocks (service.estimator.clocks): optional, in pairs (a limit and the rating it scales from).
+_CLOCK_KEYS = ("rated_power_w", "power_limit_w", "peak_clock_hz", "sustained_clock_hz")
+_ALLOWED_KEYS = (
+    _REQUIRED_KEYS
+    | frozenset(_PEAK_KEYS)
+    | frozenset(_CLOCK_KEYS)
+    | {"notes", "flash_attention", "gpus_per_node"}
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +121,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
     _check_keys(name, table)
     vendor = _slug(name, table, "vendor")
     peaks = {field: _number(name, table, key) for key, field in _PEAK_KEYS.items() if key in table}
+    clocks = {key: _number(name, table, key) for key in _CLOCK_KEYS if key in table}
     source = _text(name, table, "source")
     try:
         spec = GPUSpec(
@@ -127,6 +135,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
             chip=_slug(name, table, "chip"),
             flash_attention=_flag(name, table, "flash_attention", True),
             source=source,
+            **clocks,
         )
     except EstimatorError as error:
         key = _toml_key(error.field)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.gpus import gpu as catalog_gpu
@@ -18,6 +18,9 @@ from service.contracts.common import (
 )
 from service.errors import Unprocessable
 from service.estimator.types import GPUSpec, PeakFlops
+
+MIN_POWER_W, MAX_POWER_W = 1.0, 10_000.0  # a board power outside these is a typo (a B200 is 1,000 W)
+MIN_CLOCK_HZ, MAX_CLOCK_HZ = 1e8, 1e10  # 100 MHz to 10 GHz
 
 
 class PeakFlopsIn(Strict):
@@ -52,6 +55,51 @@ class CustomGPU(Strict):
         default=True,
         description="FlashAttention-2 kernels exist for it (NVIDIA Ampere or newer, AMD CDNA 2/3)",
     )
+    # Sustained clocks (service.estimator.clocks): each limit after the rating it scales from, so that
+    # its validator sees the rating.
+    rated_power_w: float | None = Field(
+        default=None,
+        ge=MIN_POWER_W,
+        le=MAX_POWER_W,
+        description="the board power the peaks are quoted at (H100 SXM5: 700); needed with power_limit_w",
+    )
+    power_limit_w: float | None = Field(
+        default=None,
+        ge=MIN_POWER_W,
+        le=MAX_POWER_W,
+        description="the power limit the GPU runs at (nvidia-smi -pl), at most rated_power_w: the SM clock "
+        "falls as the cube root of power_limit_w / rated_power_w and every compute peak with it "
+        "(HBM and links keep theirs); the answer's assumptions state the peak used",
+    )
+    peak_clock_hz: float | None = Field(
+        default=None,
+        ge=MIN_CLOCK_HZ,
+        le=MAX_CLOCK_HZ,
+        description="the SM clock behind the peaks (H100 SXM5: 1.83e9); needed with sustained_clock_hz",
+    )
+    sustained_clock_hz: float | None = Field(
+        default=None,
+        ge=MIN_CLOCK_HZ,
+        le=MAX_CLOCK_HZ,
+        description="the SM clock the GPU holds under training load, at most peak_clock_hz: every compute "
+        "peak scales by sustained_clock_hz / peak_clock_hz (wins over power_limit_w)",
+    )
+
+    @field_validator("power_limit_w", "sustained_clock_hz")
+    @classmethod
+    def _at_most_rated(cls, value: float | None, info: ValidationInfo) -> float | None:
+        name = str(info.field_name)
+        rating = {"power_limit_w": "rated_power_w", "sustained_clock_hz": "peak_clock_hz"}[name]
+        reference = info.data.get(rating)
+        if value is None:
+            return value
+        if reference is None:
+            raise ValueError(f"{name} ({value:g}) scales the peaks from {rating}, which is not given")
+        if value > reference:
+            raise ValueError(
+                f"{name} ({value:g}) is above {rating} ({reference:g}), the figure the peaks are quoted at"
+            )
+        return value
 
     @field_validator("chip")
     @classmethod
@@ -73,6 +121,10 @@ class CustomGPU(Strict):
             chip=self.chip or "",
             flash_attention=self.flash_attention,
             source="supplied by the client",
+            rated_power_w=self.rated_power_w,
+            power_limit_w=self.power_limit_w,
+            peak_clock_hz=self.peak_clock_hz,
+            sustained_clock_hz=self.sustained_clock_hz,
         )
 
 
@@ -108,5 +160,10 @@ class GPUOut(BaseModel):
     hbm_bandwidth_bytes_per_s: float
     intra_node_bandwidth_bytes_per_s: float
     pcie_bandwidth_bytes_per_s: float
+    # sustained clocks (gpus.toml): the rating the peaks are quoted at and the limit the part runs at
+    rated_power_w: float | None = None
+    power_limit_w: float | None = None
+    peak_clock_hz: float | None = None
+    sustained_clock_hz: float | None = None
     source: str
     notes: str = ""

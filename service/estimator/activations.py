@@ -85,11 +85,12 @@ class Split:
 
 
 def element_bytes(precision: Precision) -> int:
-    """Bytes of one activation element, kept for backward or sent over a link: fp32 training keeps
-    fp32, every other mode 16-bit."""
+    """Bytes of one activation element, kept for backward or sent over a link: fp32 and tf32 training
+    keep fp32 (TF32 rounds a matmul's inputs inside the tensor core; its tensors stay fp32), every
+    other mode 16-bit."""
     # fp8 (Transformer Engine, torchao) computes GEMMs in fp8 but hands bf16 tensors between ops and
     # communicates them in bf16; we count 2.
-    return 4 if precision is Precision.FP32 else 2
+    return 4 if precision.stores_fp32 else 2
 
 
 def local_tokens(layout: Layout, training: TrainingSpec) -> float:

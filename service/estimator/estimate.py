@@ -12,11 +12,14 @@ from service.estimator.calibration import (
     capped_step_time_factor,
 )
 from service.estimator.caveats import chip_warnings, context_warnings, coverage_warnings, fitted_fractions
+from service.estimator.clocks import clock_note
 from service.estimator.defaults import for_gpu
 from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
 from service.estimator.step_time import (
     core_kernel,
+    peak_flops_per_s,
+    sustained_peak_flops_per_s,
     time_to_train_s,
     unaligned_core_slowdown,
     unaligned_core_step_s,
@@ -30,6 +33,7 @@ from service.estimator.types import (
     MemoryEstimate,
     ModelSpec,
     Offload,
+    Precision,
     TrainingSpec,
 )
 from service.estimator.validate import validate_layout
@@ -108,7 +112,22 @@ def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     else:
         die = f"the {gpu.chip} die has" if gpu.chip else "the GPU's die is not stated and"
         gemm = f"GEMMs at up to {fraction:g} of the dense peak: the default ({die} no fitted fraction)"
-    return (gemm, attention_core_note(job, layout))
+    return (peak_note(job), gemm, attention_core_note(job, layout))
+
+
+def peak_note(job: Job) -> str:
+    """The dense peak the step's matmuls run against, and the clock it assumes where not the datasheet's."""
+    precision = job.training.precision
+    gemm = Precision.BF16 if precision is Precision.BF16_PURE else precision
+    sustained = sustained_peak_flops_per_s(job.cluster, gemm)
+    text = f"compute peak: {gemm} dense {sustained / 1e12:.4g} TFLOP/s"
+    if precision is Precision.TF32:
+        text += " (TF32 tensor cores; weights, gradients and activations stay fp32)"
+    clocked = clock_note(job.cluster.gpu)
+    if clocked is not None:
+        datasheet = peak_flops_per_s(job.cluster, gemm)
+        text += f", the datasheet's {datasheet / 1e12:.4g} scaled: {clocked}"
+    return text
 
 
 def attention_core_note(job: Job, layout: Layout) -> str:

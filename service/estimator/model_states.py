@@ -33,6 +33,7 @@ from service.estimator.types import (
 )
 
 MiB = 2**20
+# Mixed precision keeps an fp32 master copy; fp32 and tf32 train the fp32 weights themselves.
 MIXED = frozenset({Precision.BF16, Precision.FP16, Precision.FP8})
 
 
@@ -194,7 +195,7 @@ def state_bytes(
     """Bytes per trainable parameter by precision and framework (ZeRO §3.1; Megatron dist_optimizer.md);
     ``grads_in_fp32``: Megatron's bf16/fp8 gradient buffer dtype (``megatron_grads_in_fp32``)."""
     p = training.precision
-    weights = 4 if p is Precision.FP32 else 2
+    weights = 4 if p.stores_fp32 else 2  # fp32 and tf32: fp32 weights and gradients, no master
     master = 4.0 if p in MIXED else 0.0
     gradients: float = weights
     if framework is Framework.MEGATRON and p in (Precision.BF16, Precision.FP8):
@@ -229,9 +230,9 @@ def optimizer_step_bytes(sb: StateBytes, framework: Framework) -> float:
 
 def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[float, float]:
     """Bytes per frozen base parameter (LoRA/QLoRA): (layer Linear weights, everything else)."""
-    # LoRA: the base in the compute dtype (bf16, or fp32 under fp32). QLoRA: NF4 Linears,
+    # LoRA: the base in the compute dtype (bf16, or fp32 under fp32 and tf32). QLoRA: NF4 Linears,
     # embeddings, lm_head and norms in bf16.
-    other = 4.0 if training.precision is Precision.FP32 else 2.0
+    other = 4.0 if training.precision.stores_fp32 else 2.0
     if training.method is Method.QLORA:
         return assume.qlora_bits_per_param / 8, other
     return other, other

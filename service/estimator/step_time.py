@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from service.estimator import activations, comm, flops
 from service.estimator.activations import element_bytes
+from service.estimator.clocks import clock_fraction
 from service.estimator.errors import InvalidTraining
 from service.estimator.job import (
     Job,
@@ -81,10 +82,12 @@ from service.estimator.types import (
 
 
 def peak_flops_per_s(cluster: ClusterSpec, precision: Precision) -> float:
-    """Dense data-sheet peak for the GEMM precision (fp32 training: no TF32, PyTorch's default)."""
+    """Dense data-sheet peak for the GEMM precision (fp32: no TF32, PyTorch's default; tf32: the TF32
+    tensor-core peak)."""
     peaks = cluster.gpu.peak_flops_per_s
     by_precision = {
         Precision.FP32: peaks.fp32,
+        Precision.TF32: peaks.tf32,
         Precision.BF16: peaks.bf16,
         Precision.BF16_PURE: peaks.bf16,
         Precision.FP16: peaks.fp16,
@@ -100,12 +103,18 @@ def peak_flops_per_s(cluster: ClusterSpec, precision: Precision) -> float:
     return peak
 
 
+def sustained_peak_flops_per_s(cluster: ClusterSpec, precision: Precision) -> float:
+    """``peak_flops_per_s`` at the clock the GPU holds (``clocks.clock_fraction``): what the step's
+    kernels run against. MFU and HFU stay on the datasheet peak, as published figures quote them."""
+    return peak_flops_per_s(cluster, precision) * clock_fraction(cluster.gpu)
+
+
 def grad_bytes(precision: Precision, layout: Layout) -> int:
     """Bytes per gradient element in the DP reduction."""
     # Megatron reduces its bf16/fp8 main grads in the grad buffer's dtype: fp32 unless
     # grad_reduce_in_fp32 is False (model_states.megatron_grads_in_fp32); DeepSpeed and FSDP reduce
     # in the training dtype.
-    if precision is Precision.FP32:
+    if precision.stores_fp32:
         return 4
     mixed_bf16 = precision in (Precision.BF16, Precision.FP8)
     if layout.framework is Framework.MEGATRON and mixed_bf16 and megatron_grads_in_fp32(layout):
@@ -330,7 +339,7 @@ def step_base(job: Job, layout: Layout) -> StepBase:
     links = group_links(job, layout)
     precision = job.training.precision
     core_forward, core_backward = core_rates_flops_per_s(job, layout, efficiency)
-    peak = peak_flops_per_s(job.cluster, precision)
+    peak = sustained_peak_flops_per_s(job.cluster, precision)
     base = StepBase(
         stage=stage,
         layers=sum(count for _, count in counts),
@@ -366,10 +375,10 @@ class CoreKernel:
 
 def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
     """The kernel that runs attention's core with a published rate (tuning.toml [attention_kernel]),
-    or None: eager attention, fp32, or no figure for the framework's kernel on this die (the core then
-    runs at the GEMM rate)."""
+    or None: eager attention, fp32 or tf32 (flash kernels take 16-bit inputs only), or no figure for
+    the framework's kernel on this die (the core then runs at the GEMM rate)."""
     training = job.training
-    if training.attention is Attention.EAGER or training.precision is Precision.FP32:
+    if training.attention is Attention.EAGER or training.precision.stores_fp32:
         return None
     rate = attention_kernel_rate(job.tuning, job.cluster.gpu, layout.framework)
     fractions = attention_kernel_fractions(
@@ -386,7 +395,8 @@ def core_rates_flops_per_s(job: Job, layout: Layout, gemm_efficiency: float) -> 
     # fp8 recipes (Transformer Engine, torchao float8) convert the Linear layers only; attention's
     # QK^T and AV stay in bf16 (flash attention's 16-bit kernels)
     precision = job.training.precision
-    peak = peak_flops_per_s(job.cluster, Precision.BF16 if precision is Precision.FP8 else precision)
+    gemm = Precision.BF16 if precision is Precision.FP8 else precision
+    peak = sustained_peak_flops_per_s(job.cluster, gemm)
     kernel = core_kernel(job, layout)
     if kernel is None:
         return peak * gemm_efficiency, peak * gemm_efficiency
@@ -481,9 +491,10 @@ def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, tuning: Tu
     """Extra time of eager attention's core (QK^T, AV) as a multiple of its time at the GEMM rate:
     ``1 / unaligned_attention_core_factor - 1`` when a head's row, head_dim x element bytes, is off
     ``attention_alignment_bytes``, else 0. Flash and SDPA pad head_dim to a multiple of 8: 0. fp32
-    attention runs on CUDA cores, not tensor cores, and the measurements are 16-bit: 0."""
+    attention runs on CUDA cores, not tensor cores, and the measurements are 16-bit: 0; tf32's
+    4-byte rows were not measured either: 0."""
     # BigScience prequel: head_dim 108 (216 B) ran 1.30-1.40x the step of head_dim 144 (tuning.toml)
-    if training.attention is not Attention.EAGER or training.precision is Precision.FP32:
+    if training.attention is not Attention.EAGER or training.precision.stores_fp32:
         return 0.0
     if model.head_dim * element_bytes(training.precision) % tuning.attention_alignment_bytes == 0:
         return 0.0

@@ -27,6 +27,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from service.estimator.clocks import clock_fraction
 from service.estimator.errors import InvalidHardware
 from service.estimator.types import Framework, GPUSpec
 
@@ -200,10 +201,12 @@ def weight_streaming_bound(gpu: GPUSpec, rows: float) -> float:
     over the 2 K N bytes of 16-bit weights is ``rows`` FLOP per byte, so at most rows x bandwidth /
     peak of the 16-bit peak (fp8 halves the bytes and doubles the peak; tf32 the reverse: the same
     bound). It binds only for short rows (under ~300 on H100, ~150 on A100): tiny micro-batches, wide
-    context parallelism, or fine-grained experts that see few tokens each."""
+    context parallelism, or fine-grained experts that see few tokens each. The peak is the one at the
+    GPU's sustained clock (``clocks.clock_fraction``): HBM keeps its own clock, so a slower SM clock
+    leaves a larger share of the slower peak within the bandwidth's reach."""
     peaks = gpu.peak_flops_per_s
     peak_16bit = peaks.bf16 or peaks.fp16 or peaks.fp32
-    return rows * gpu.hbm_bandwidth_bytes_per_s / peak_16bit
+    return rows * gpu.hbm_bandwidth_bytes_per_s / (peak_16bit * clock_fraction(gpu))
 
 
 def attention_kernel_rate(tuning: Tuning, gpu: GPUSpec, framework: Framework) -> AttentionKernelRate | None:

@@ -303,6 +303,14 @@ class GPUSpec:
     # FlashAttention-2 kernels exist for it (NVIDIA Ampere sm_80 and newer, AMD CDNA 2/3 via ROCm)
     flash_attention: bool = True
     source: str = ""
+    # Sustained clocks (service.estimator.clocks): the compute peaks above are quoted at the board
+    # power ``rated_power_w`` and the SM clock ``peak_clock_hz``; a part run at a lower
+    # ``power_limit_w``, or measured at a lower ``sustained_clock_hz``, computes at a lower clock and
+    # every compute peak scales with it. None: the part runs as its datasheet quotes it.
+    rated_power_w: float | None = None
+    power_limit_w: float | None = None
+    peak_clock_hz: float | None = None
+    sustained_clock_hz: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -312,6 +320,31 @@ class GPUSpec:
             "pcie_bandwidth_bytes_per_s",
         ):
             _require_positive(InvalidHardware, name, getattr(self, name))
+        for name in ("rated_power_w", "power_limit_w", "peak_clock_hz", "sustained_clock_hz"):
+            if getattr(self, name) is not None:
+                _require_positive(InvalidHardware, name, getattr(self, name))
+        _require_below(self.power_limit_w, "power_limit_w", self.rated_power_w, "rated_power_w")
+        _require_below(self.sustained_clock_hz, "sustained_clock_hz", self.peak_clock_hz, "peak_clock_hz")
+
+
+def _require_below(value: float | None, name: str, reference: float | None, reference_name: str) -> None:
+    """A power limit or sustained clock needs the rated figure it scales from, and stays at or below it:
+    the datasheet peaks are the most the part computes (a clock above them would time it faster)."""
+    if value is None:
+        return
+    if reference is None:
+        raise InvalidHardware(
+            f"{name} ({value:g}) scales the peaks from {reference_name}, which is not given",
+            rule="requires",
+            field=reference_name,
+        )
+    if value > reference:
+        raise InvalidHardware(
+            f"{name} ({value:g}) is above {reference_name} ({reference:g}), the figure the peaks are "
+            "quoted at",
+            rule="at_most",
+            field=name,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -350,10 +383,19 @@ class ClusterSpec:
 
 class Precision(StrEnum):
     FP32 = "fp32"
+    # fp32 weights, gradients, optimizer states and activations (fp32's memory), with the matmuls on
+    # the tensor cores' TF32 path: PyTorch torch.backends.cuda.matmul.allow_tf32 = True /
+    # torch.set_float32_matmul_precision("high"), HF Trainer --tf32. NVIDIA Ampere and newer.
+    TF32 = "tf32"
     BF16 = "bf16"  # mixed: bf16 compute and weights, fp32 master weights and optimizer states
     FP16 = "fp16"  # mixed, with loss scaling
     FP8 = "fp8"  # Transformer Engine style: fp8 GEMMs, bf16 weights, fp32 master + states
     BF16_PURE = "bf16_pure"  # parameters, gradients and optimizer states all bf16
+
+    @property
+    def stores_fp32(self) -> bool:
+        """Every tensor kept in fp32 (fp32; tf32 changes how matmuls compute, not what is stored)."""
+        return self in (Precision.FP32, Precision.TF32)
 
 
 class Optimizer(StrEnum):

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from service.estimator.types import Compile, Framework, Offload, Plan, Precision, Recompute, RecomputeModule
-from service.launchers import deepspeed
+from service.launchers import deepspeed, megatron
 from service.launchers.common import (
     MASTER_PORT,
     SHELL,
@@ -35,6 +35,7 @@ from service.launchers.common import (
     refuse,
     script,
     shell_command,
+    tf32_environment,
     world_refusal,
 )
 
@@ -45,8 +46,8 @@ TARGET = Target.ACCELERATE
 
 def _mixed_precision(plan: Plan) -> str:
     precision = plan.training.precision
-    if precision is Precision.FP32:
-        return "no"
+    if precision.stores_fp32:
+        return "no"  # tf32: fp32, with the launch script's TF32 switch (common.tf32_environment)
     if precision is Precision.FP16:
         return "fp16"
     return "bf16"  # bf16_pure: the script loads the model in bf16 (fp8 is refused)
@@ -68,6 +69,8 @@ def refusal(plan: Plan) -> Refusal:
     if lo.framework is not Framework.DEEPSPEED and plan.training.precision is Precision.FP8:
         # DeepSpeed layouts take precision from ds_config.json
         return "fp8 needs an fp8_config backend (Transformer Engine) that is not emitted here"
+    if lo.framework is Framework.MEGATRON and plan.training.precision is Precision.TF32:
+        return megatron.TF32_REFUSAL
     if lo.torch_compile is Compile.MODEL:
         return (
             "the dynamo backend compiles the model's forward, the loss of HF models with it: model_and_loss"
@@ -302,7 +305,7 @@ def render(plan: Plan) -> list[Artifact]:
             name=LAUNCH_NAME,
             target=TARGET,
             media_type=SHELL,
-            content=script(plan, body, header=header),
+            content=script(plan, body, env=tf32_environment(plan), header=header),
         ),
     ]
     if plan.layout.framework is Framework.DEEPSPEED:

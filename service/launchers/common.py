@@ -194,13 +194,24 @@ def comment_lines(text: str) -> list[str]:
 
 
 def half_precision(plan: Plan) -> str | None:
-    """'bf16', 'fp16' or None (fp32) for frameworks with a single mixed-precision switch."""
+    """'bf16', 'fp16' or None (fp32, tf32) for frameworks with a single mixed-precision switch."""
     precision = plan.training.precision
     if precision is Precision.FP16:
         return "fp16"
-    if precision is Precision.FP32:
+    if precision.stores_fp32:
         return None
     return "bf16"  # bf16, bf16_pure and fp8 all keep bf16 activations and weights
+
+
+# PyTorch's switch for fp32 matmuls on the TF32 tensor cores from outside the script: ATen's
+# Context::allowTF32CuBLAS reads it ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 forces TF32 enablement,
+# overrides set_float32_matmul_precision", PyTorch CUDA environment variables). NGC containers set it.
+TF32_ENV = ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+
+
+def tf32_environment(plan: Plan) -> list[tuple[str, str]]:
+    """The environment that runs an fp32 script's matmuls in TF32 (precision tf32); else none."""
+    return [TF32_ENV] if plan.training.precision is Precision.TF32 else []
 
 
 def hf_decoder_layer(family: str) -> str | None:
@@ -347,7 +358,7 @@ def peft_artifacts(plan: Plan, target: Target) -> list[Artifact]:
     ]
     if training.method is Method.QLORA:
         # NF4 with double-quantised constants: the estimate's qlora_bits_per_param (4.127 bits)
-        compute = "float32" if training.precision is Precision.FP32 else "bfloat16"
+        compute = "float32" if training.precision.stores_fp32 else "bfloat16"
         bnb = {
             "load_in_4bit": True,
             "bnb_4bit_quant_type": "nf4",

@@ -161,8 +161,8 @@ def zero_block(plan: Plan) -> dict[str, Any]:
 
 def _precision(plan: Plan) -> dict[str, Any]:
     precision = plan.training.precision
-    if precision is Precision.FP32:
-        return {}
+    if precision.stores_fp32:
+        return {}  # fp32; tf32 too: ds_config has no TF32 switch (the script sets it, render's header)
     if precision is Precision.FP16:
         # loss_scale 0 = dynamic loss scaling, starting at 2**16.
         return {
@@ -297,6 +297,11 @@ def render(plan: Plan) -> list[Artifact]:
         header += f"\n{TRAIN_SCRIPT} must build MoE layers as {moe}."
     if plan.training.precision is Precision.FP8:
         header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."
+    if plan.training.precision is Precision.TF32:
+        header += (
+            f"\ntf32: {TRAIN_SCRIPT} must set torch.backends.cuda.matmul.allow_tf32 = True (ds_config has no "
+            "TF32 switch; without fp16/bf16 blocks it trains fp32)."
+        )
     header += peft_header(plan)
     artifacts = [
         config,

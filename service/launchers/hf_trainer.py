@@ -153,6 +153,10 @@ def training_arguments(plan: Plan, config_dir: str = "") -> tuple[dict[str, Any]
         args["bf16"] = True
     elif precision is Precision.FP16:
         args["fp16"] = True
+    elif precision is Precision.TF32:
+        # fp32 training (neither bf16 nor fp16) with TrainingArguments.tf32: the Trainer sets
+        # torch.backends.cuda.matmul.allow_tf32 (transformers training_args.py)
+        args["tf32"] = True
     # FSDP checkpoints through fsdp_config; the Trainer refuses both switches at once.
     if lo.recompute is Recompute.FULL and "fsdp" not in parallel:
         args["activation_checkpointing"] = True

@@ -20,6 +20,7 @@ from service.launchers.common import (
     Target,
     Word,
     refuse,
+    tf32_environment,
     world_refusal,
 )
 
@@ -69,10 +70,10 @@ def entry(plan: Plan, wrapper: Target, config_dir: str = "") -> Entry:
             "--deepspeed_config",
             config_dir + deepspeed.CONFIG_NAME,
         ]
-        return Entry(Target.DEEPSPEED, words, [file], [])
+        return Entry(Target.DEEPSPEED, words, [file], tf32_environment(plan))
     if framework is Framework.MEGATRON:
         return Entry(Target.MEGATRON, megatron.entry_words(plan), [], megatron.environment(plan))
     if torchtitan.refusal(plan) is None:
-        return Entry(Target.TORCHTITAN, torchtitan.entry_words(plan), [], torchtitan.environment())
+        return Entry(Target.TORCHTITAN, torchtitan.entry_words(plan), [], torchtitan.environment(plan))
     words, files = hf_trainer.entry_words(plan, config_dir)
     return Entry(Target.HF_TRAINER, words, [replace(f, target=wrapper) for f in files], [])

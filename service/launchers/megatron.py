@@ -54,6 +54,16 @@ def environment(plan: Plan) -> list[tuple[str, str]]:
     return [("CUDA_DEVICE_MAX_CONNECTIONS", "1")] if needs_max_connections_env(plan) else []
 
 
+# megatron/training/arguments.py (NVIDIA/Megatron-LM@d98e8a6) has no TF32 argument: without --fp16 or
+# --bf16 it trains fp32 at PyTorch's default matmul precision ("highest", IEEE fp32), and its default
+# Transformer Engine layers issue their own cuBLASLt GEMMs, so an environment override is not known
+# to reach them.
+TF32_REFUSAL = (
+    "tf32: Megatron-LM has no TF32 switch; without --fp16/--bf16 it trains IEEE fp32, not the TF32 "
+    "matmuls this plan is timed at (estimate precision fp32 or bf16)"
+)
+
+
 def refusal(plan: Plan) -> Refusal:
     """Why Megatron-LM cannot run the plan as estimated (every problem, joined), or None."""
     if (world := world_refusal(plan)) is not None:
@@ -102,6 +112,8 @@ def refusal(plan: Plan) -> Refusal:
     problems += _architecture_problems(model)
     if plan.training.precision is Precision.BF16_PURE:
         problems.append("pure bf16 (bf16 master weights and states) is not emitted for Megatron")
+    if plan.training.precision is Precision.TF32:
+        problems.append(TF32_REFUSAL)
     return "; ".join(problems) if problems else None
 
 

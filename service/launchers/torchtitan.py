@@ -24,6 +24,7 @@ from service.launchers.common import (
     refuse,
     script,
     shell_command,
+    tf32_environment,
     torchrun_words,
     train_steps,
     world_refusal,
@@ -224,7 +225,7 @@ def train_args(plan: Plan) -> list[str]:
     if training.precision is Precision.BF16_PURE:
         args += ["--training.dtype", "bfloat16"]
     else:
-        param = "float32" if training.precision is Precision.FP32 else "bfloat16"
+        param = "float32" if training.precision.stores_fp32 else "bfloat16"  # tf32: the env's switch
         args += ["--training.mixed_precision_param", param]
     if lo.offload_params is Offload.CPU:
         args.append("--training.enable_cpu_offload")
@@ -246,15 +247,17 @@ def entry_words(plan: Plan) -> list[Word]:
     return ["-m", "torchtitan.train", *train_args(plan)]
 
 
-def environment() -> list[tuple[str, str]]:
+def environment(plan: Plan) -> list[tuple[str, str]]:
     """What torchtitan's own run_train.sh exports (0.3.0): the caching allocator's expandable
     segments, which grow in place instead of leaving cached blocks of one size behind. The memory
-    estimate's fragmentation reserve was fitted on runs launched this way (tuning.toml [memory])."""
-    return [("PYTORCH_ALLOC_CONF", "expandable_segments:True")]
+    estimate's fragmentation reserve was fitted on runs launched this way (tuning.toml [memory]).
+    tf32: torchtitan has no TF32 switch (its config only turns TF32 off, for batch-invariant runs),
+    so PyTorch's environment override turns it on for its nn.Linear matmuls."""
+    return [("PYTORCH_ALLOC_CONF", "expandable_segments:True"), *tf32_environment(plan)]
 
 
 def render(plan: Plan) -> list[Artifact]:
     words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), *entry_words(plan)]
     header = f"torchtitan {VERSION}: config module plus --section.field overrides (no TOML since 0.3.0)."
-    content = script(plan, [shell_command(words)], env=environment(), header=header)
+    content = script(plan, [shell_command(words)], env=environment(plan), header=header)
     return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

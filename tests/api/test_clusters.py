@@ -64,6 +64,11 @@ def test_custom_gpu_round_trips(client: TestClient) -> None:
         "chip": None,  # not stated: the default peak fraction
         "flash_attention": True,  # not stated: assumed, as for the catalog's Ampere and newer
         "peak_flops_per_s": {"fp32": 40e12, "bf16": 180e12, "tf32": None, "fp16": None, "fp8": None},
+        # not stated: the part runs as its peaks are quoted (no power limit, no sustained clock)
+        "rated_power_w": None,
+        "power_limit_w": None,
+        "peak_clock_hz": None,
+        "sustained_clock_hz": None,
     }
     assert created["gpu_memory_bytes"] == 48 * 1024**3
     # One node: nothing crosses a network, inter-node defaults to intra-node.

@@ -55,6 +55,7 @@ def peak_flops_per_s(spec: GPUSpec, precision: Precision) -> float | None:
     peaks = spec.peak_flops_per_s
     return {
         Precision.FP32: peaks.fp32,
+        Precision.TF32: peaks.tf32,
         Precision.BF16: peaks.bf16,
         Precision.BF16_PURE: peaks.bf16,
         Precision.FP16: peaks.fp16,

@@ -87,6 +87,7 @@ def supported_precisions(spec: GPUSpec) -> tuple[Precision, ...]:
         Precision.BF16: peaks.bf16,
         Precision.FP16: peaks.fp16,
         Precision.FP32: peaks.fp32,
+        Precision.TF32: peaks.tf32,
         Precision.BF16_PURE: peaks.bf16,
         Precision.FP8: peaks.fp8,
     }
@@ -95,10 +96,11 @@ def supported_precisions(spec: GPUSpec) -> tuple[Precision, ...]:
 
 def peak_of(spec: GPUSpec, precision: Precision) -> float:
     """The dense data-sheet peak of the precision's GEMMs (fp32: the non-tensor fp32 peak, PyTorch's
-    default without TF32), from the catalog, not from the estimator."""
+    default without TF32; tf32: the TF32 tensor-core peak), from the catalog, not from the estimator."""
     peaks = spec.peak_flops_per_s
     value = {
         Precision.FP32: peaks.fp32,
+        Precision.TF32: peaks.tf32,
         Precision.BF16: peaks.bf16,
         Precision.BF16_PURE: peaks.bf16,
         Precision.FP16: peaks.fp16,

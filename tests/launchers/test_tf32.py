@@ -1,0 +1,86 @@
+"""precision tf32 as each target takes it: fp32 training with the matmuls on TF32 tensor cores."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from service.estimator.types import Framework, Plan, Precision, TrainingSpec
+from service.launchers import REFUSALS, RENDERERS, Artifact, Target, Unsupported
+from service.launchers.common import TF32_ENV
+from tests.launchers import factories
+from tests.launchers.checks import check_artifact
+
+TF32 = factories.training(precision=Precision.TF32)
+FP32 = factories.training(precision=Precision.FP32)
+EXPORT = f"export {TF32_ENV[0]}={TF32_ENV[1]}"
+
+
+def by_name(artifacts: list[Artifact], name: str) -> Artifact:
+    (found,) = [a for a in artifacts if a.name == name]
+    return found
+
+
+def deepspeed_plan(train: TrainingSpec = TF32) -> Plan:
+    return factories.plan(train=train, framework=Framework.DEEPSPEED, zero_stage=2)
+
+
+def test_hf_trainer_sets_tf32_over_fp32_training() -> None:
+    args = json.loads(by_name(RENDERERS[Target.HF_TRAINER](deepspeed_plan()), "training_args.json").content)
+    assert args["tf32"] is True and "bf16" not in args and "fp16" not in args
+    fp32 = json.loads(
+        by_name(RENDERERS[Target.HF_TRAINER](deepspeed_plan(FP32)), "training_args.json").content
+    )
+    assert "tf32" not in fp32  # fp32 keeps PyTorch's default, IEEE fp32 matmuls
+
+
+def test_deepspeed_has_no_half_precision_block_and_the_script_sets_tf32() -> None:
+    artifacts = RENDERERS[Target.DEEPSPEED](deepspeed_plan())
+    config = json.loads(by_name(artifacts, "ds_config.json").content)
+    assert "bf16" not in config and "fp16" not in config
+    launch = by_name(artifacts, "deepspeed_launch.sh").content
+    assert "torch.backends.cuda.matmul.allow_tf32 = True" in launch
+
+
+def test_accelerate_runs_fp32_with_the_tf32_override() -> None:
+    plan = factories.plan(train=TF32, framework=Framework.FSDP, zero_stage=3)
+    artifacts = RENDERERS[Target.ACCELERATE](plan)
+    config = yaml.safe_load(by_name(artifacts, "accelerate_config.yaml").content)
+    assert config["mixed_precision"] == "no"
+    assert EXPORT in by_name(artifacts, "accelerate_launch.sh").content.splitlines()
+    fp32 = RENDERERS[Target.ACCELERATE](factories.plan(train=FP32, framework=Framework.FSDP, zero_stage=3))
+    assert EXPORT not in by_name(fp32, "accelerate_launch.sh").content
+
+
+def test_torchtitan_keeps_fp32_parameters_and_exports_the_override() -> None:
+    plan = factories.plan(model=factories.llama3_8b(), train=TF32, framework=Framework.FSDP, zero_stage=3)
+    launch = by_name(RENDERERS[Target.TORCHTITAN](plan), "torchtitan_launch.sh").content
+    assert "--training.mixed_precision_param float32" in launch
+    assert EXPORT in launch.splitlines()
+
+
+def test_megatron_refuses_tf32_with_the_reason() -> None:
+    plan = factories.plan(train=TF32, framework=Framework.MEGATRON, tp=2)
+    reason = REFUSALS[Target.MEGATRON](plan)
+    assert reason is not None and "no TF32 switch" in reason
+    with pytest.raises(Unsupported):
+        RENDERERS[Target.MEGATRON](plan)
+    assert REFUSALS[Target.ACCELERATE](plan) == reason  # MegatronLMPlugin runs the same Megatron-LM
+
+
+@pytest.mark.parametrize("framework", [Framework.DEEPSPEED, Framework.FSDP, Framework.MEGATRON])
+def test_every_target_renders_tf32_exactly_when_it_does_not_refuse(framework: Framework) -> None:
+    zero = {Framework.DEEPSPEED: 2, Framework.FSDP: 3, Framework.MEGATRON: 1}[framework]
+    plan = factories.plan(model=factories.llama3_8b(), train=TF32, framework=framework, zero_stage=zero)
+    for target, render in RENDERERS.items():
+        refused = REFUSALS[target](plan)
+        try:
+            artifacts = render(plan)
+        except Unsupported:
+            assert refused is not None, target
+            continue
+        assert refused is None, target
+        for artifact in artifacts:
+            check_artifact(artifact, plan)
