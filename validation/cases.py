@@ -675,6 +675,7 @@ def megatron_h100(
         zero_stage=1,
         tp_comm_overlap=True,
         overlap_grad_reduce=True,
+        grad_reduce_in_fp32=True,  # the README's flags name no --grad-reduce-in-bf16: Megatron-LM's fp32
     )
     training = TrainingSpec(seq_len=4096, global_batch_size=batch, precision=Precision.BF16)
     return ThroughputCase(
@@ -697,6 +698,7 @@ def korthikanti_22b() -> ThroughputCase:
         micro_batch_size=4,
         sequence_parallel=True,
         recompute=Recompute.SELECTIVE,
+        grad_reduce_in_fp32=True,  # Megatron-LM (2022) accumulated bf16 grads in fp32, its only way then
     )
     training = TrainingSpec(
         seq_len=2048, global_batch_size=4, precision=Precision.BF16, attention=Attention.EAGER

@@ -404,7 +404,7 @@ def build_layout(row: Row, model: ModelSpec, caveats: list[str]) -> Layout:
             moe_a2a_overlap=switches["moe_a2a_overlap"],
             overlap_grad_reduce=switches["overlap_grad_reduce"],
             grad_reduce_in_fp32=ly.get("grad_reduce_in_fp32"),
-            fp8_param_gather=bool(ly.get("fp8_param_gather", False)),
+            fp8_param_gather=ly.get("fp8_param_gather"),
             torch_compile=compile_of(row),
         )
         pipeline_fields = _pipeline(row, model, base, caveats)

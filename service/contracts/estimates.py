@@ -95,13 +95,14 @@ class LayoutIn(Strict):
         default=None,
         description="megatron, bf16/fp8: the gradient buffer (main grads) and its data-parallel "
         "reduce-scatter in fp32 (true, 4 B per parameter) or bf16 (false, --grad-reduce-in-bf16, 2 B; "
-        "Megatron-Bridge's performance recipes); default: Megatron-LM's for bf16, fp32",
+        "NVIDIA's Megatron-Bridge / NeMo recipes); default: the recipes' bf16 (Megatron-LM's own default "
+        "is fp32: set true to run that)",
     )
-    fp8_param_gather: bool = Field(
-        default=False,
+    fp8_param_gather: bool | None = Field(
+        default=None,
         description="megatron, fp8, zero_stage 1: --fp8-param-gather, the GEMM weights kept as fp8 "
-        "(no bf16 copy nor cached fp8 copy) and all-gathered in fp8 after the step "
-        "(Megatron-Bridge's fp8 precision configs set it)",
+        "(no bf16 copy nor cached fp8 copy) and all-gathered in fp8 after the step; default: on there, "
+        "as Megatron-Bridge's fp8 precision configs set it",
     )
     pipeline_layers: list[Annotated[int, Field(ge=0, le=100_000)]] | None = Field(
         default=None,

@@ -33,7 +33,12 @@ from dataclasses import dataclass
 from service.estimator import comm, flops
 from service.estimator.job import Job, LayerKind, job_memo, layout_memo
 from service.estimator.memory import rank_parameters_of, state_bytes_of
-from service.estimator.model_states import deepspeed_buckets, deepspeed_overlap_comm, shard_degrees
+from service.estimator.model_states import (
+    deepspeed_buckets,
+    deepspeed_overlap_comm,
+    megatron_fp8_params,
+    shard_degrees,
+)
 from service.estimator.step_time import (
     SPLIT_FIELDS,
     StepBase,
@@ -128,7 +133,7 @@ def gathered_bytes_per_parameter(job: Job, layout: Layout) -> float:
     weights on the most loaded stage (core/distributed/param_and_grad_buffer.py: fp8 parameters
     live in a uint8 buffer)."""
     weights = state_bytes_of(job, layout.framework).weights
-    if not layout.fp8_param_gather:
+    if not megatron_fp8_params(layout, job.training.precision):
         return weights
     ranks = (rank_parameters_of(job, layout, rank) for rank in range(layout.pp))
     held = max(ranks, key=lambda rp: rp.dense + rp.expert)

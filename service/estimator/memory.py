@@ -25,6 +25,7 @@ from service.estimator.model_states import (
     deepspeed_assumption,
     deepspeed_buckets,
     lora_parameters,
+    megatron_fp8_params,
     megatron_grads_in_fp32,
     rank_model_states,
     rank_parameters,
@@ -391,7 +392,7 @@ def offloaded_activation_bytes(job: Job, layout: Layout) -> float:
 def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
     """Model states per GPU with every state sharded over ``gpus`` GPUs and nothing offloaded: no
     layout of ``framework`` on that many GPUs needs less (ZeRO-3 / FULL_SHARD's bound)."""
-    sb = state_bytes_of(job, framework)
+    sb = state_bytes_of(job, framework, False)  # Megatron's bf16 gradient buffer: the least
     per_parameter = sb.weights + sb.gradients + sb.master + sb.moments
     return int(per_parameter * job.counts.total / gpus)
 
@@ -403,7 +404,11 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
         f"master {sb.master:g} B, optimizer moments {sb.moments:.4g} B ({job.training.optimizer.value})"
     )
     if layout.framework is Framework.MEGATRON and job.training.precision in (Precision.BF16, Precision.FP8):
-        chosen = "as set" if layout.grad_reduce_in_fp32 is not None else "Megatron-LM's default for bf16"
+        chosen = (
+            "as set"
+            if layout.grad_reduce_in_fp32 is not None
+            else "NVIDIA's recipes' default; Megatron-LM's own is fp32: grad_reduce_in_fp32 true"
+        )
         dtype = "fp32" if megatron_grads_in_fp32(layout) else "bf16 (--grad-reduce-in-bf16)"
         note += f"; gradient buffer and its reduce-scatter in {dtype} ({chosen})"
     return note
@@ -458,10 +463,13 @@ def fp8_note(layout: Layout) -> str:
     """What fp8 training keeps, as this layout runs it."""
     if layout.framework is not Framework.MEGATRON:
         return "fp8: bf16 weights + cached fp8 weight and transpose per GEMM weight (2 B), bf16 activations"
+    chosen = "as set" if layout.fp8_param_gather is not None else "NVIDIA's fp8 recipes' default"
     weights = (
-        "fp8 GEMM weights + their fp8 transpose (2 B; --fp8-param-gather: no bf16 copy, gathered in fp8)"
-        if layout.fp8_param_gather
-        else "bf16 weights + cached fp8 weight and transpose per GEMM weight (2 B)"
+        f"fp8 GEMM weights + their fp8 transpose (2 B; --fp8-param-gather, {chosen}: no bf16 copy, "
+        "gathered in fp8)"
+        if megatron_fp8_params(layout, Precision.FP8)
+        else "bf16 weights + cached fp8 weight and transpose per GEMM weight "
+        f"(2 B; no --fp8-param-gather, {chosen})"
     )
     return f"fp8: {weights}; Transformer Engine keeps each GEMM's input for backward in fp8 (1 B)"
 

@@ -180,9 +180,21 @@ def adafactor_state_fraction(model: ModelSpec) -> float:
 
 def megatron_grads_in_fp32(layout: Layout) -> bool:
     """Whether Megatron keeps and reduces its bf16/fp8 main grads in fp32: the layout's
-    ``grad_reduce_in_fp32``, else Megatron-LM's default (True: validate_args sets
-    accumulate_allreduce_grads_in_fp32 for --bf16 unless --grad-reduce-in-bf16)."""
-    return True if layout.grad_reduce_in_fp32 is None else layout.grad_reduce_in_fp32
+    ``grad_reduce_in_fp32``, else what NVIDIA's current recipes run, bf16 (False): Megatron-Bridge's
+    performance configs and set_llama3(1)_common_configs, NeMo's H100 launch scripts
+    (optim.grad_sync_dtype=bf16) and NVIDIA's MLPerf GPT-3 configs reduce in bf16. Megatron-LM's own
+    default for --bf16 is fp32 (validate_args, unless --grad-reduce-in-bf16): ``True`` runs that."""
+    return False if layout.grad_reduce_in_fp32 is None else layout.grad_reduce_in_fp32
+
+
+def megatron_fp8_params(layout: Layout, precision: Precision) -> bool:
+    """Whether Megatron keeps its GEMM weights as fp8 and gathers them in fp8 (--fp8-param-gather):
+    the layout's ``fp8_param_gather``, else what NVIDIA's fp8 recipes run: on for fp8 with the
+    distributed optimizer (Megatron-Bridge's fp8 precision configs, mixed_precision.py; NeMo 2.0's
+    fp8_params), which is the only optimizer it runs with."""
+    if layout.fp8_param_gather is not None:
+        return layout.fp8_param_gather
+    return layout.framework is Framework.MEGATRON and precision is Precision.FP8 and layout.zero_stage == 1
 
 
 def state_bytes(
@@ -494,7 +506,11 @@ def rank_model_states(
         # gradient after the unit's reduce-scatter): no gradient outlives its unit, and the unit in
         # flight is counted with the gathered buffers (memory.gathered_parameter_bytes).
         gradients = 0.0
-    if training.precision is Precision.FP8 and layout.zero_stage < 3 and not layout.fp8_param_gather:
+    if (
+        training.precision is Precision.FP8
+        and layout.zero_stage < 3
+        and not megatron_fp8_params(layout, training.precision)
+    ):
         # Transformer Engine caches an fp8 copy of each GEMM weight and of its transpose (1 + 1
         # bytes) across micro-batches; under ZeRO-3/FULL_SHARD they are per-layer temporaries. With
         # Megatron's --fp8-param-gather the GEMM weights are fp8 tensors themselves (TE

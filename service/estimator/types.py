@@ -597,7 +597,7 @@ class Layout:
     # Megatron, fp8 with the distributed optimizer: --fp8-param-gather, the GEMM weights kept as fp8
     # (no bf16 copy; Transformer Engine's fp8 data + its transpose, 2 B) and all-gathered in fp8
     # after the step. Megatron-Bridge's fp8 precision configs set it (mixed_precision.py).
-    fp8_param_gather: bool = False
+    fp8_param_gather: bool | None = None  # None: on for Megatron fp8 with the distributed optimizer
     # Decoder layers of each of the pp x v virtual pipeline stages, in model order; None: the
     # split ``service.estimator.pipeline.stage_layers`` derives (even, or embedding and loss
     # counted as a layer each).

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from service.estimator.model_states import megatron_fp8_params, megatron_grads_in_fp32
 from service.estimator.types import Compile, Framework, Offload, Plan, Precision, Recompute, RecomputeModule
 from service.launchers import deepspeed, megatron
 from service.launchers.common import (
@@ -139,11 +140,13 @@ def _megatron_refusal(plan: Plan) -> Refusal:
         return f"recompute_modules {modules}: MegatronLMPlugin recomputes core_attn only"
     if plan.training.mtp_num_layers:
         return "MegatronLMPlugin has no field for --mtp-num-layers; use the megatron target"
-    if lo.grad_reduce_in_fp32 is False or lo.fp8_param_gather:
+    bf16_grads = plan.training.precision in (Precision.BF16, Precision.FP8) and not megatron_grads_in_fp32(lo)
+    if bf16_grads or megatron_fp8_params(lo, plan.training.precision):
         # the estimate counts bf16 gradients / fp8 weights that this config would not run
         return (
-            "MegatronLMPlugin has no field for --grad-reduce-in-bf16 / --fp8-param-gather; use the "
-            "megatron target"
+            "MegatronLMPlugin has no field for --grad-reduce-in-bf16 / --fp8-param-gather (NVIDIA's "
+            "recipes' defaults, which the estimate takes): use the megatron target, or set "
+            "grad_reduce_in_fp32 true and fp8_param_gather false"
         )
     return None
 

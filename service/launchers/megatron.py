@@ -8,6 +8,7 @@ Megatron would reject is reported as unsupported instead of emitted.
 
 from __future__ import annotations
 
+from service.estimator.model_states import megatron_fp8_params, megatron_grads_in_fp32
 from service.estimator.params import is_moe_layer
 from service.estimator.types import (
     AttentionKind,
@@ -261,10 +262,11 @@ def _parallel_args(plan: Plan) -> list[str]:
         args.append("--overlap-grad-reduce")
         if lo.zero_stage == 1:
             args.append("--overlap-param-gather")
-    if lo.grad_reduce_in_fp32 is False:
+    precision = plan.training.precision
+    if precision in (Precision.BF16, Precision.FP8) and not megatron_grads_in_fp32(lo):
         # bf16 main grads and reduce-scatter (validate_args otherwise accumulates in fp32 for --bf16)
         args.append("--grad-reduce-in-bf16")
-    if lo.fp8_param_gather:  # the validator allows it with fp8 and the distributed optimizer only
+    if megatron_fp8_params(lo, precision):  # fp8 with the distributed optimizer only (validator)
         args.append("--fp8-param-gather")
     if lo.offload_optimizer is Offload.CPU:
         args += [

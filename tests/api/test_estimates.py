@@ -354,9 +354,12 @@ def test_megatron_gradient_dtype_and_fp8_parameter_gather(client: TestClient) ->
     megatron = {"framework": "megatron", "zero_stage": 1, "dp": 8}
     payload = body(**megatron)
     payload["training"] = payload["training"] | {"precision": "fp8"}
-    plain = post(client, payload)
+    recipes = post(client, payload)  # unset: NVIDIA's recipes, bf16 grads and fp8 weights
+    payload["layout"] |= {"grad_reduce_in_fp32": True, "fp8_param_gather": False}
+    plain = post(client, payload)  # Megatron-LM's own defaults
     payload["layout"] |= {"grad_reduce_in_fp32": False, "fp8_param_gather": True}
     lean = post(client, payload)
+    assert lean["memory"] == recipes["memory"] and lean["time"] == recipes["time"]
     # bf16 main grads: half the fp32 buffer; fp8 weights: no bf16 copy beside the fp8 cache
     assert lean["memory"]["per_gpu"]["gradients"] * 2 == pytest.approx(
         plain["memory"]["per_gpu"]["gradients"], rel=1e-6

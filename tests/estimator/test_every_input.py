@@ -171,12 +171,12 @@ LAYOUT_CASES = [
     ),
     Case("tp_comm_overlap", MEGATRON, replace(MEGATRON, tp_comm_overlap=True)),
     Case("overlap_grad_reduce", MEGATRON, replace(MEGATRON, overlap_grad_reduce=True)),
-    Case("grad_reduce_in_fp32", MEGATRON, replace(MEGATRON, grad_reduce_in_fp32=False)),
+    Case("grad_reduce_in_fp32", MEGATRON, replace(MEGATRON, grad_reduce_in_fp32=True)),
     Case("grad_reduce_in_fp32", FSDP, replace(FSDP, grad_reduce_in_fp32=False), refused=True),  # Megatron's
     Case(
         "fp8_param_gather",
         MEGATRON,
-        replace(MEGATRON, fp8_param_gather=True),
+        replace(MEGATRON, fp8_param_gather=False),
         training=dataclasses.replace(TRAINING, precision=Precision.FP8),
     ),
     Case("fp8_param_gather", MEGATRON, replace(MEGATRON, fp8_param_gather=True), refused=True),  # bf16

@@ -218,10 +218,9 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
             else None
         ),
         fp8_param_gather=(
-            framework is Framework.MEGATRON
-            and training.precision is Precision.FP8
-            and zero == 1
-            and rng.random() < 0.5
+            rng.choice((None, False, True))
+            if framework is Framework.MEGATRON and training.precision is Precision.FP8 and zero == 1
+            else None
         ),
     )
 
@@ -304,7 +303,7 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "moe_a2a_overlap": {False, True},
     "overlap_grad_reduce": {None, False, True},
     "grad_reduce_in_fp32": {None, False, True},
-    "fp8_param_gather": {False, True},
+    "fp8_param_gather": {None, False, True},
     "pipeline_account_for_embedding": {False, True},
     "pipeline_account_for_loss": {False, True},
 }

@@ -1,9 +1,10 @@
 """Megatron settings the NVIDIA recipes choose (issue 27), each by hand on a tiny model.
 
 * ``grad_reduce_in_fp32``: the gradient buffer and its reduce-scatter in fp32 (Megatron-LM's default
-  for bf16) or bf16 (Megatron-Bridge's performance recipes).
+  for bf16) or bf16 (NVIDIA's recipes: the default here).
 * ``fp8_param_gather``: fp8 GEMM weights (data + transpose, 2 B) instead of bf16 weights + the
-  cached fp8 copy and transpose (2 + 2 B), all-gathered in fp8.
+  cached fp8 copy and transpose (2 + 2 B), all-gathered in fp8 (NVIDIA's fp8 recipes: the default here
+  with the distributed optimizer).
 * Transformer Engine under fp8 saves each GEMM's input in fp8 (1 B) for backward.
 """
 
@@ -36,18 +37,19 @@ def total(s: object) -> float:
 def test_bf16_gradient_buffer_is_two_bytes_per_parameter() -> None:
     c = cluster(4)
     default = states(TINY, c, DIST, TRAIN)
+    fp32 = states(TINY, c, dataclasses.replace(DIST, grad_reduce_in_fp32=True), TRAIN)
+    # fp32 main grads (Megatron-LM's default): 2 + 4 + 12/4 = 9 B per parameter; bf16 grads: 2 + 2 + 3 = 7 B
+    assert fp32.gradients == 4 * TINY_P and total(fp32) == 9 * TINY_P
+    assert default.gradients == 2 * TINY_P and total(default) == 7 * TINY_P
     lean = states(TINY, c, dataclasses.replace(DIST, grad_reduce_in_fp32=False), TRAIN)
-    # default (fp32 main grads): 2 + 4 + 12/4 = 9 B per parameter; bf16 grads: 2 + 2 + 3 = 7 B
-    assert default.gradients == 4 * TINY_P and total(default) == 9 * TINY_P
-    assert lean.gradients == 2 * TINY_P and total(lean) == 7 * TINY_P
-    explicit = states(TINY, c, dataclasses.replace(DIST, grad_reduce_in_fp32=True), TRAIN)
-    assert total(explicit) == total(default)  # None is Megatron-LM's default, fp32
+    assert total(lean) == total(default)  # None is NVIDIA's recipes' choice, bf16
 
 
 def test_fp8_param_gather_drops_the_bf16_copy_and_the_fp8_cache() -> None:
     c = cluster(4)
-    cached = states(TINY, c, DIST, FP8)
-    fp8_weights = states(TINY, c, dataclasses.replace(DIST, fp8_param_gather=True), FP8)
+    cached = states(TINY, c, dataclasses.replace(DIST, fp8_param_gather=False), FP8)
+    fp8_weights = states(TINY, c, DIST, FP8)  # None: on with fp8 and the distributed optimizer
+    assert fp8_weights == states(TINY, c, dataclasses.replace(DIST, fp8_param_gather=True), FP8)
     # cached: 2 B bf16 weights for all 1832 + 2 B (fp8 copy + transpose) for the 1280 GEMM weights
     assert cached.parameters == 2 * TINY_P + 2 * TINY_LINEAR == 6224
     # fp8 parameters: 1 B data + 1 B transpose for the GEMM weights, 2 B bf16 for the other 552
@@ -55,18 +57,18 @@ def test_fp8_param_gather_drops_the_bf16_copy_and_the_fp8_cache() -> None:
 
 
 def test_the_reduce_scatter_moves_the_buffers_dtype() -> None:
-    fp32 = step_time.grad_bytes(Precision.BF16, DIST)
-    bf16 = step_time.grad_bytes(Precision.BF16, dataclasses.replace(DIST, grad_reduce_in_fp32=False))
+    fp32 = step_time.grad_bytes(Precision.BF16, dataclasses.replace(DIST, grad_reduce_in_fp32=True))
+    bf16 = step_time.grad_bytes(Precision.BF16, DIST)
     assert (fp32, bf16) == (4, 2)
-    assert step_time.grad_bytes(Precision.FP8, DIST) == 4  # fp8 runs with --bf16: fp32 main grads
+    assert step_time.grad_bytes(Precision.FP8, dataclasses.replace(DIST, grad_reduce_in_fp32=True)) == 4
     assert step_time.grad_bytes(Precision.BF16, Layout(framework=Framework.FSDP, dp=4, zero_stage=3)) == 2
 
 
 def test_fp8_parameter_gather_bytes_by_the_share_of_gemm_weights() -> None:
     j = job(TINY, cluster(4), FP8)
-    assert dp_comm.gathered_bytes_per_parameter(j, DIST) == 2
+    assert dp_comm.gathered_bytes_per_parameter(j, dataclasses.replace(DIST, fp8_param_gather=False)) == 2
     # 1 B for the 1280 GEMM weights, 2 B for the 552 others: (1280 + 1104) / 1832
-    fp8 = dp_comm.gathered_bytes_per_parameter(j, dataclasses.replace(DIST, fp8_param_gather=True))
+    fp8 = dp_comm.gathered_bytes_per_parameter(j, DIST)
     assert fp8 == pytest.approx((TINY_LINEAR + 2 * (TINY_P - TINY_LINEAR)) / TINY_P)
 
 
@@ -108,4 +110,5 @@ def test_the_estimate_says_what_it_assumed() -> None:
     assert "gradient buffer and its reduce-scatter in bf16 (--grad-reduce-in-bf16) (as set)" in notes
     assert "--fp8-param-gather" in notes and "input for backward in fp8" in notes
     default = " ".join(assumptions(j, DIST))
-    assert "in fp32 (Megatron-LM's default for bf16)" in default
+    assert "in bf16 (--grad-reduce-in-bf16) (NVIDIA's recipes' default" in default
+    assert "--fp8-param-gather, NVIDIA's fp8 recipes' default" in default

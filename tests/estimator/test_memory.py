@@ -125,12 +125,17 @@ def test_tiny_zero_stages(stage: int, expected: tuple[int, int, int]) -> None:
 
 def test_megatron_bytes_per_param_match_distributed_optimizer_table() -> None:
     c = cluster(4)
-    plain = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4), TRAIN)
+    # the table counts Megatron-LM's own default for bf16: fp32 main grads (grad_reduce_in_fp32)
+    plain = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, grad_reduce_in_fp32=True), TRAIN)
     # bf16 params 2 + fp32 main grads 4 + fp32 master and Adam 12 = 18 bytes per parameter.
     assert plain.parameters + plain.gradients + plain.optimizer_states == 18 * TINY_P
-    dist = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1), TRAIN)
+    dist_layout = Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1, grad_reduce_in_fp32=True)
+    dist = states(TINY, c, dist_layout, TRAIN)
     # Distributed optimizer: 6 + 12/4 = 9 bytes per parameter.
     assert dist.parameters + dist.gradients + dist.optimizer_states == 9 * TINY_P
+    # NVIDIA's recipes' bf16 gradient buffer (the default): 2 bytes less per parameter
+    recipe = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1), TRAIN)
+    assert recipe.parameters + recipe.gradients + recipe.optimizer_states == 7 * TINY_P
     fp16 = dataclasses.replace(TRAIN, precision=Precision.FP16)
     dist16 = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1), fp16)
     # fp16: 4 + 16/d = 4 + 4 = 8 bytes per parameter.

@@ -16,7 +16,7 @@ from service.estimator import activations, flops
 from service.estimator.dp_comm import dp_comm_exposed_s, dp_grad_reduce_s, dp_param_gather_s
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
-from service.estimator.model_states import optimizer_step_bytes, state_bytes
+from service.estimator.model_states import megatron_grads_in_fp32, optimizer_step_bytes, state_bytes
 from service.estimator.params import LayerKind, parameter_counts, stage_parameter_counts
 from service.estimator.step_time import (
     cost,
@@ -680,7 +680,7 @@ def test_traffic_bytes_are_megatrons_activations_less_what_only_waits_for_backwa
     [
         # (master + moments) read and written, the gradient read as stored, the 16-bit copy written
         (Framework.DEEPSPEED, Precision.BF16, Optimizer.ADAMW, 2 * (4 + 8) + 2 + 2),
-        (Framework.MEGATRON, Precision.BF16, Optimizer.ADAMW, 2 * (4 + 8) + 4 + 2),  # fp32 main grads
+        (Framework.MEGATRON, Precision.BF16, Optimizer.ADAMW, 2 * (4 + 8) + 2 + 2),  # recipes' bf16 grads
         (Framework.MEGATRON, Precision.FP16, Optimizer.ADAMW, 2 * (8 + 8) + 2 + 2),  # + fp32 grad copy
         (Framework.FSDP, Precision.BF16, Optimizer.ADAMW, 2 * (4 + 8) + 4),  # cast at the all-gather
         # no master: the weights themselves are read and written
@@ -693,7 +693,8 @@ def test_optimizer_step_moves_the_states_it_updates(
     framework: Framework, precision: Precision, optimizer: Optimizer, expected: int
 ) -> None:
     training = dataclasses.replace(TINY_TRAINING, precision=precision, optimizer=optimizer)
-    sb = state_bytes(training, framework, TINY, default_tuning().memory)
+    grads_in_fp32 = megatron_grads_in_fp32(Layout(framework=framework))
+    sb = state_bytes(training, framework, TINY, default_tuning().memory, grads_in_fp32)
     assert optimizer_step_bytes(sb, framework) == expected
     # and the step time reads it: 236 parameters on one GPU at 2e12 B/s
     gpu = dataclasses.replace(ONE_GPU.gpu, peak_flops_per_s=PeakFlops(fp32=1e12, bf16=1e12, fp16=1e12))

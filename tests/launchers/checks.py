@@ -14,7 +14,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from service.estimator.types import Plan, Recompute, RecomputeModule
+from service.estimator.model_states import megatron_fp8_params, megatron_grads_in_fp32
+from service.estimator.types import Plan, Precision, Recompute, RecomputeModule
 from service.launchers import Artifact
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "schemas"
@@ -300,10 +301,11 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
     if "--optimizer-cpu-offload" in f:
         assert "--use-distributed-optimizer" in f
     # validate_args: --fp8-param-gather only with the distributed optimizer (fp8 training here)
-    assert ("--fp8-param-gather" in f) == lo.fp8_param_gather
+    assert ("--fp8-param-gather" in f) == megatron_fp8_params(lo, plan.training.precision)
     if "--fp8-param-gather" in f:
         assert "--use-distributed-optimizer" in f and "--fp8-format" in f
-    assert ("--grad-reduce-in-bf16" in f) == (lo.grad_reduce_in_fp32 is False)
+    mixed = plan.training.precision in (Precision.BF16, Precision.FP8)
+    assert ("--grad-reduce-in-bf16" in f) == (mixed and not megatron_grads_in_fp32(lo))
     assert not ("--fp16" in f and "--bf16" in f)
     if "--expert-model-parallel-size" in f:
         assert num("--num-experts", 0) % num("--expert-model-parallel-size") == 0

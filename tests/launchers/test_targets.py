@@ -106,7 +106,8 @@ def test_megatron_block_recompute_renders_the_estimated_layers() -> None:
     at = args.index("--recompute-granularity")
     assert args[at : at + 6] == ["--recompute-granularity", "full", "--recompute-method", "block",
                                  "--recompute-num-layers", "3"]  # fmt: skip
-    mlm = accelerate.accelerate_config(plan(**lo))["megatron_lm_config"]
+    # Accelerate's plugin runs Megatron-LM's own fp32 gradient buffer: it renders layouts that say so
+    mlm = accelerate.accelerate_config(plan(**lo, grad_reduce_in_fp32=True))["megatron_lm_config"]
     assert (mlm["megatron_lm_recompute_method"], mlm["megatron_lm_recompute_num_layers"]) == ("block", 3)
 
 
@@ -218,17 +219,19 @@ def test_megatron_overlap_grad_reduce_without_distributed_optimizer() -> None:
 def test_megatron_renders_the_gradient_dtype_and_fp8_parameter_gather() -> None:
     # the estimate's bf16 gradient buffer and fp8 weights are the run's: --grad-reduce-in-bf16 (else
     # validate_args accumulates bf16 grads in fp32) and --fp8-param-gather
+    # NVIDIA's recipes' choices are the defaults: a layout that leaves them out runs them
     fp8 = training(precision=Precision.FP8)
-    lean = plan(framework=Framework.MEGATRON, zero_stage=1, grad_reduce_in_fp32=False, fp8_param_gather=True,
-                train=fp8)  # fmt: skip
+    lean = plan(framework=Framework.MEGATRON, zero_stage=1, train=fp8)
     f = _flag_values(megatron.megatron_args(lean))
     assert "--grad-reduce-in-bf16" in f and "--fp8-param-gather" in f and "--use-distributed-optimizer" in f
-    default = _flag_values(
-        megatron.megatron_args(plan(framework=Framework.MEGATRON, zero_stage=1, train=fp8))
-    )
-    assert "--grad-reduce-in-bf16" not in default and "--fp8-param-gather" not in default
+    megatron_lm = plan(framework=Framework.MEGATRON, zero_stage=1, grad_reduce_in_fp32=True,
+                       fp8_param_gather=False, train=fp8)  # fmt: skip
+    own = _flag_values(megatron.megatron_args(megatron_lm))
+    assert "--grad-reduce-in-bf16" not in own and "--fp8-param-gather" not in own
     with pytest.raises(Unsupported, match="megatron target"):
-        accelerate.render(lean)
+        accelerate.render(plan(framework=Framework.MEGATRON, zero_stage=1))  # bf16: the bf16 buffer
+    megatron_lm_bf16 = plan(framework=Framework.MEGATRON, zero_stage=1, grad_reduce_in_fp32=True)
+    assert accelerate.accelerate_config(megatron_lm_bf16)["distributed_type"] == "MEGATRON_LM"
 
 
 def test_megatron_refuses_tp_comm_overlap_without_sequence_parallel() -> None:
@@ -392,9 +395,12 @@ def test_megatron_renders_expert_tensor_parallelism_folded_into_the_stage() -> N
     assert "--expert-tensor-parallel-size" not in megatron.megatron_args(default)  # Megatron's default: tp
     # Accelerate's MegatronLMPlugin defaults it to 1, not tp: its config always names the estimated one
     for layout, etp in ((folded, 1), (default, 2)):
-        mlm = accelerate.accelerate_config(layout)["megatron_lm_config"]
+        fp32_grads = replace(layout, layout=replace(layout.layout, grad_reduce_in_fp32=True))
+        mlm = accelerate.accelerate_config(fp32_grads)["megatron_lm_config"]
         assert mlm["megatron_lm_expert_tensor_parallel_size"] == etp
-    dense = accelerate.accelerate_config(plan(framework=Framework.MEGATRON, zero_stage=1, tp=2))
+    dense = accelerate.accelerate_config(
+        plan(framework=Framework.MEGATRON, zero_stage=1, tp=2, grad_reduce_in_fp32=True)
+    )
     assert "megatron_lm_expert_tensor_parallel_size" not in dense["megatron_lm_config"]
 
 
