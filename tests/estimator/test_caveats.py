@@ -107,8 +107,8 @@ def test_an_estimate_inside_both_ranges_has_no_coverage_warning() -> None:
 def test_a_small_job_names_each_figure_and_what_is_outside() -> None:
     warnings = [w for w in _estimate("qwen2.5-0.5b", 1024, 1, Layout()).warnings if "validated on" in w]
     assert warnings == [
-        "step time validated on 8 to 11,616 GPUs, 1.49B to 1.01T parameters, seq 2,048 to 262,144; this "
-        "estimate is outside: 1 GPU, 494M parameters, seq 1,024",
+        "step time validated on 8 to 11,616 GPUs, 1.49B to 1.01T parameters, seq 1,024 to 262,144; this "
+        "estimate is outside: 1 GPU, 494M parameters",
         "per-GPU memory validated on 8 to 512 GPUs, 8.03B to 406B parameters, seq 8,192 to 262,144; this "
         "estimate is outside: 1 GPU, 494M parameters, seq 1,024",
     ]
