@@ -54,7 +54,7 @@ from service.estimator.step_time import (
     tuned_link,
 )
 from service.estimator.tuning import dp_overlap_default
-from service.estimator.types import Framework, Layout, Method, ModelSpec
+from service.estimator.types import Framework, Layout, Method, ModelSpec, Recompute
 
 # ---------------------------------------------------------------- the frameworks' bucket sizes
 
@@ -112,8 +112,18 @@ def dp_grad_reduce_s(job: Job, layout: Layout, parameters: float, link: comm.Lin
         return 0.0  # LoRA: only the adapters' gradients are reduced; negligible next to the base
     grad_size = parameters * grad_bytes(job.training.precision, layout)
     calls = math.ceil(parameters / replicated_bucket_elements(job, layout))
-    collective = comm.group_all_reduce_s if layout.zero_stage == 0 else comm.group_reduce_scatter_s
-    return bucketed_s(collective, grad_size, link, calls)
+    return bucketed_s(grad_reduce_collective(layout), grad_size, link, calls)
+
+
+def grad_reduce_collective(layout: Layout) -> comm.Collective:
+    """The collective of a gradient bucket with replicated parameters: all-reduce at ZeRO-0; at
+    ZeRO-1/2 a reduce-scatter (Megatron's distributed optimizer, FSDP's SHARD_GRAD_OP) except in
+    DeepSpeed, which all-reduces each bucket and keeps its own slice (runtime/zero/stage_1_and_2.py
+    average_tensor -> allreduce_and_scatter, zero config use_multi_rank_bucket_allreduce default True,
+    since DeepSpeed 0.12.4, PR #4695; before it, one dist.reduce per owning rank)."""
+    if layout.zero_stage == 0 or layout.framework is Framework.DEEPSPEED:
+        return comm.group_all_reduce_s
+    return comm.group_reduce_scatter_s
 
 
 def dp_param_gather_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
@@ -340,6 +350,23 @@ def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) ->
     return forward_s, backward * seconds_per_flop + core_backward_s
 
 
+def backward_prefetch_blocked(job: Job, layout: Layout, kind: LayerKind) -> bool:
+    """Whether DeepSpeed ZeRO-3 gathers a layer's parameters for backward without prefetching them.
+
+    Under full recompute a layer's parameters, gathered again for its recompute forward, stay live
+    until its backward reuses them (``stage3_max_reuse_distance``, 1e9 elements by default, spans
+    the layer: partitioned_param_coordinator ``__params_to_release``). The coordinator prefetches at
+    most ``stage3_max_live_parameters`` minus what is live (``fetch_sub_module``:
+    ``max_params_to_prefetch = min(max_live - n_available, prefetch_bucket_size)``), so when one
+    layer holds more than ``max_live_parameters`` nothing is prefetched while it is live and each
+    module waits for its own all-gather.
+    """
+    if layout.framework is not Framework.DEEPSPEED or layout.recompute is not Recompute.FULL:
+        return False
+    unit = unit_parameters(job, kind, layout.tp, layout.ep, layout.expert_tp)
+    return unit.dense + unit.experts > deepspeed_buckets(job.model, layout).max_live_parameters
+
+
 def sharded_exposed_s(job: Job, layout: Layout) -> float:
     """ZeRO-3/FSDP traffic left on the critical path, layer by layer."""
     base = step_base(job, layout)
@@ -355,8 +382,12 @@ def sharded_exposed_s(job: Job, layout: Layout) -> float:
         forward += count * exposed_s(unit.gather_s, forward_window, hidden)
         if overlapped:
             last_reduce_s = max(last_reduce_s, unit.reduce_s)
-            backward_gather += count * exposed_s(unit.gather_s + unit.reduce_s, backward_window, hidden)
-            backward_reduce += count * exposed_s(unit.reduce_s, backward_window, hidden)
+            reduce_exposed_s = exposed_s(unit.reduce_s, backward_window, hidden)
+            if backward_prefetch_blocked(job, layout, kind):  # each module waits for its gather
+                backward_gather += count * (unit.gather_s + reduce_exposed_s)
+            else:
+                backward_gather += count * exposed_s(unit.gather_s + unit.reduce_s, backward_window, hidden)
+            backward_reduce += count * reduce_exposed_s
         else:  # each reduce-scatter waits for its layer's backward (DeepSpeed overlap_comm false)
             backward_gather += count * (exposed_s(unit.gather_s, backward_window, hidden) + unit.reduce_s)
             backward_reduce += count * unit.reduce_s

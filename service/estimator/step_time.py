@@ -795,7 +795,23 @@ def pp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     size_bytes = base.tokens * job.model.hidden_size * element_bytes(job.training.precision) / layout.tp
     link = base.links.pp
     one = comm.p2p_s(size_bytes, link.bandwidth_bytes_per_s, link.latency_s)
-    return 2 * layout.virtual_pipeline_stages * base.micro_batches * one
+    sends_s = 2 * layout.virtual_pipeline_stages * base.micro_batches * one
+    return sends_s + tied_embedding_reduce_s(job, layout)
+
+
+def tied_embedding_reduce_s(job: Job, layout: Layout) -> float:
+    """DeepSpeed's pipeline engine all-reduces the tied embedding's gradient between the first and the
+    last stage once per step, before the DP reduction, on the critical path (DeepSpeed
+    runtime/pipe/engine.py ``_exec_reduce_tied_grads``: ``dist.all_reduce`` of ``weight.grad``, or of
+    the bf16 optimizer's fp32 ``_hp_grad``). The weight is the vocabulary-parallel embedding, V h / t."""
+    model, precision = job.model, job.training.precision
+    if layout.pp == 1 or not model.tied_embeddings or layout.framework is not Framework.DEEPSPEED:
+        return 0.0
+    grad_bytes = 4 if precision is Precision.BF16 else element_bytes(precision)
+    size_bytes = model.vocab_size * model.hidden_size / layout.tp * grad_bytes
+    # the pair holds the same (tp, cp, dp) coordinates on stage 0 and stage pp-1
+    link = tuned_link(job, 2, (layout.pp - 1) * layout.tp * layout.cp * layout.dp)
+    return comm.group_all_reduce_s(size_bytes, link)
 
 
 # + interleaving (the bubble and the pipeline sends), recompute and TP overlap

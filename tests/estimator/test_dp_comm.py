@@ -87,12 +87,14 @@ def test_each_framework_buckets_its_reduction() -> None:
     # DDP: bucket_cap_mb 25 MiB of 16-bit gradients
     ddp = Layout(framework=Framework.FSDP, dp=64, zero_stage=0)
     assert dp_comm.replicated_bucket_elements(j, ddp) == 25 * 2**20 / 2
-    # ... and the reduction pays one latency per bucket
+    # ... and the reduction pays one latency per bucket; DeepSpeed all-reduces each bucket and keeps
+    # its slice (stage_1_and_2 allreduce_and_scatter), where Megatron reduce-scatters
     base = step_base(j, ds)
     calls = math.ceil(base.parameters / max(10_000_000, h * h))
-    one = comm.group_reduce_scatter_s(base.parameters * 2, base.links.dp)
+    one = comm.group_all_reduce_s(base.parameters * 2, base.links.dp)
+    latency = comm.group_all_reduce_s(0.0, base.links.dp)
     reduce_s = dp_comm.dp_grad_reduce_s(j, ds, base.parameters, base.links.dp)
-    assert reduce_s == pytest.approx(one + (calls - 1) * comm.ring_latency_s(base.links.dp))
+    assert reduce_s == pytest.approx(one + (calls - 1) * latency)
 
 
 def test_deepspeed_gathers_module_by_module_fsdp_layer_by_layer() -> None:
@@ -150,6 +152,11 @@ def test_zero3_is_never_cheaper_than_zero2_on_the_same_link(
             overlap_grad_reduce=overlap,
         )
         exposed[stage] = time(PROPERTY_MODEL, cluster, layout, training).breakdown.dp_comm_exposed_s
+    if framework is Framework.DEEPSPEED and not overlap:
+        # DeepSpeed ZeRO-2 all-reduces each bucket (twice a reduce-scatter's traffic) and, without
+        # overlap_comm, hides none of it, while ZeRO-3 still prefetches its gathers: either can be larger
+        assert min(exposed.values()) > 0
+        return
     assert exposed[3] >= exposed[2] > 0
 
 

@@ -1,0 +1,163 @@
+"""Issue 27's ZeRO-3-at-scale and slow-network mechanisms: DeepSpeed's ZeRO-1/2 bucket all-reduce, the
+pipeline engine's tied-embedding all-reduce, ZeRO-3's backward prefetch capped by
+``stage3_max_live_parameters``; hand-computed tiny cases, then monotonic properties (more dp at a fixed
+global batch never raises per-GPU throughput under ZeRO-3; a slower link is never faster)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from service.catalog.gpus import gpu
+from service.estimator import comm, dp_comm, step_time
+from service.estimator.model_states import DS_MAX_LIVE_PARAMETERS
+from service.estimator.params import LayerKind
+from service.estimator.types import Framework, Layout, ModelSpec, Precision, Recompute, TrainingSpec
+from tests.estimator.helpers import job, time
+from validation.cases import A100, gpt, gpu_cluster
+
+DENSE = LayerKind(moe=False)
+V100 = gpu("v100-sxm2-32gb")
+TUNING_BASE_S, TUNING_INTER_S, INTER_EFFICIENCY = 1.4e-5, 4.0e-6, 0.9  # tuning.toml [links]
+
+
+def tiny_gpt(layers: int = 4, hidden: int = 1024, vocab: int = 1000) -> ModelSpec:
+    return gpt(layers, hidden, hidden // 64, vocab=vocab)
+
+
+# ---------------------------------------------------------------- DeepSpeed ZeRO-1/2: all-reduce
+
+
+def test_deepspeed_all_reduces_its_zero_buckets_megatron_reduce_scatters() -> None:
+    for stage in (1, 2):
+        ds = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=stage)
+        assert dp_comm.grad_reduce_collective(ds) is comm.group_all_reduce_s
+    assert dp_comm.grad_reduce_collective(Layout(framework=Framework.MEGATRON, dp=8, zero_stage=1)) is (
+        comm.group_reduce_scatter_s
+    )
+    assert dp_comm.grad_reduce_collective(Layout(framework=Framework.FSDP, dp=8, zero_stage=0)) is (
+        comm.group_all_reduce_s
+    )
+
+
+def test_deepspeed_zero1_moves_twice_a_reduce_scatters_traffic() -> None:
+    # one node pair, one rank per node (tp 8 fills each node): a flat ring over 2 ranks, 1 GB of grads
+    cluster = gpu_cluster(A100, 16, 10e9)
+    j = job(tiny_gpt(), cluster, TrainingSpec(seq_len=1024, global_batch_size=16))
+    link = step_time.tuned_link(j, 2, 8)
+    ds = Layout(framework=Framework.DEEPSPEED, dp=2, tp=8, zero_stage=1)
+    reduce_s = dp_comm.dp_grad_reduce_s(j, ds, 0.5e9, link)  # 0.5e9 bf16 gradients: 1e9 bytes
+    bw = 10e9 * INTER_EFFICIENCY
+    # ring all-reduce over n = 2: 2(n-1) = 2 steps of latency and 2(n-1)/n x S = S of traffic (a
+    # reduce-scatter: 1 step, S/2); reduce_bucket_size h^2 = 1M clamped to 1e7 elements: 50 buckets,
+    # each paying the base latency and its 2 steps
+    calls = 0.5e9 / 1e7
+    per_call = TUNING_BASE_S + 2 * TUNING_INTER_S
+    assert reduce_s == pytest.approx(calls * per_call + 1e9 / bw)
+
+
+# ---------------------------------------------------------------- tied embedding, DeepSpeed pipeline
+
+
+def tied_job(precision: Precision = Precision.FP16) -> tuple[object, Layout]:
+    model = tiny_gpt(vocab=50_000)  # tied embeddings (gpt())
+    cluster = gpu_cluster(A100, 16, 10e9)
+    training = TrainingSpec(seq_len=1024, global_batch_size=16, precision=precision)
+    layout = Layout(framework=Framework.DEEPSPEED, dp=1, tp=8, pp=2, zero_stage=1)
+    return job(model, cluster, training), layout
+
+
+def test_tied_embedding_all_reduce_by_hand() -> None:
+    j, layout = tied_job()
+    # V h / t fp16 gradients between stage 0 and stage 1, one rank per node: ring over 2 ranks
+    size = 50_000 * 1024 / 8 * 2
+    expected = TUNING_BASE_S + 2 * TUNING_INTER_S + size / (10e9 * INTER_EFFICIENCY)
+    assert step_time.tied_embedding_reduce_s(j, layout) == pytest.approx(expected)
+    # bf16 reduces the bf16 optimizer's fp32 copy of the gradient (_hp_grad): twice the bytes
+    jb, _ = tied_job(Precision.BF16)
+    bf16 = step_time.tied_embedding_reduce_s(jb, layout)
+    assert bf16 == pytest.approx(TUNING_BASE_S + 2 * TUNING_INTER_S + 2 * size / (10e9 * INTER_EFFICIENCY))
+
+
+def test_tied_embedding_all_reduce_only_where_deepspeed_pipelines_a_tied_model() -> None:
+    j, layout = tied_job()
+    assert step_time.tied_embedding_reduce_s(j, dataclasses.replace(layout, pp=1, tp=8, dp=2)) == 0.0
+    megatron = dataclasses.replace(layout, framework=Framework.MEGATRON)
+    assert step_time.tied_embedding_reduce_s(j, megatron) == 0.0
+    untied = dataclasses.replace(tiny_gpt(vocab=50_000), tied_embeddings=False)
+    ju = job(untied, gpu_cluster(A100, 16, 10e9), TrainingSpec(seq_len=1024, global_batch_size=16))
+    assert step_time.tied_embedding_reduce_s(ju, layout) == 0.0
+
+
+# ---------------------------------------------------------------- ZeRO-3 backward prefetch
+
+
+def zero3(framework: Framework = Framework.DEEPSPEED, recompute: Recompute = Recompute.FULL) -> Layout:
+    return Layout(framework=framework, dp=64, zero_stage=3, recompute=recompute)
+
+
+def test_backward_prefetch_is_blocked_only_past_max_live_parameters() -> None:
+    cluster = gpu_cluster(V100, 64, 6.25e9)
+    training = TrainingSpec(seq_len=1024, global_batch_size=64, precision=Precision.FP16)
+    # 12 h^2 per layer: h = 10240 holds 1.26e9 (> 1e9 live), h = 6144 holds 0.45e9
+    wide, narrow = job(gpt(2, 10240, 80), cluster, training), job(gpt(2, 6144, 48), cluster, training)
+    assert 12 * 10240**2 > DS_MAX_LIVE_PARAMETERS > 12 * 6144**2
+    assert dp_comm.backward_prefetch_blocked(wide, zero3(), DENSE)
+    assert not dp_comm.backward_prefetch_blocked(narrow, zero3(), DENSE)
+    # without recompute a layer's parameters are released after each module's backward; FSDP has no cap
+    assert not dp_comm.backward_prefetch_blocked(wide, zero3(recompute=Recompute.NONE), DENSE)
+    assert not dp_comm.backward_prefetch_blocked(wide, zero3(Framework.FSDP), DENSE)
+
+
+def test_a_blocked_backward_exposes_every_gather() -> None:
+    cluster = gpu_cluster(V100, 64, 6.25e9)
+    training = TrainingSpec(seq_len=1024, global_batch_size=64, precision=Precision.FP16)
+    j = job(gpt(2, 10240, 80), cluster, training)
+    layout = zero3()
+    unit = dp_comm.unit_collectives(j, layout, DENSE)
+    # 2 layers, one micro-batch: both backward gathers wait in full, and so does the first forward one
+    assert dp_comm.sharded_exposed_s(j, layout) >= 3 * unit.gather_s
+
+
+# ---------------------------------------------------------------- monotonic properties
+
+
+@pytest.mark.parametrize("framework", [Framework.DEEPSPEED, Framework.FSDP])
+@pytest.mark.parametrize("bandwidth", [1.5625e9, 6.25e9, 50e9])
+def test_more_dp_at_a_fixed_global_batch_never_raises_per_gpu_throughput(
+    framework: Framework, bandwidth: float
+) -> None:
+    # ZeRO-3 gathers and reduces the whole model every micro-batch whatever dp is: doubling the GPUs at
+    # a fixed global batch halves each GPU's tokens, never its collectives
+    model = gpt(24, 6144, 48)
+    training = TrainingSpec(seq_len=2048, global_batch_size=256, precision=Precision.BF16)
+    per_gpu = []
+    for gpus in (32, 64, 128, 256):
+        cluster = gpu_cluster(A100, gpus, bandwidth)
+        layout = Layout(
+            framework=framework, dp=gpus, zero_stage=3, micro_batch_size=1, recompute=Recompute.FULL
+        )
+        t = time(model, cluster, layout, training)
+        per_gpu.append(t.tokens_per_s / gpus)
+    assert all(b <= a * (1 + 1e-9) for a, b in itertools.pairwise(per_gpu)), per_gpu
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(framework=Framework.DEEPSPEED, dp=64, zero_stage=3, recompute=Recompute.FULL),
+        Layout(framework=Framework.FSDP, dp=64, zero_stage=3, micro_batch_size=1),
+        Layout(framework=Framework.DEEPSPEED, dp=4, tp=4, pp=4, zero_stage=1, recompute=Recompute.FULL),
+        Layout(framework=Framework.MEGATRON, dp=4, tp=4, pp=4, zero_stage=1, micro_batch_size=1),
+    ],
+)
+def test_a_slower_link_is_never_faster(layout: Layout) -> None:
+    model = gpt(24, 6144, 48)
+    training = TrainingSpec(seq_len=2048, global_batch_size=256, precision=Precision.BF16)
+    steps = [
+        time(model, gpu_cluster(A100, 64, bandwidth), layout, training).step_s
+        for bandwidth in (50e9, 25e9, 12.5e9, 6.25e9, 3.125e9, 1.5625e9)
+    ]
+    assert all(b >= a for a, b in itertools.pairwise(steps)), steps
