@@ -46,18 +46,22 @@ def _valid(case: Case) -> Case:
 # ---------------------------------------------------------------- methods
 
 
-def frozen_base_bytes(case: Case) -> float:
-    """The frozen base's bytes per GPU of a LoRA/QLoRA case: parameters on the GPU are the frozen
-    base plus the adapters, linear in the rank, so base = 2 P(r=1) - P(r=2)."""
-    one = case.replace(lora_rank=1).estimate().memory.per_gpu.parameters
-    two = case.replace(lora_rank=2).estimate().memory.per_gpu.parameters
-    return 2 * one - two
+def stage_parameters(case: Case) -> dict[int, int]:
+    """The ``parameters`` component of each pipeline rank the estimate reports."""
+    return {stage.rank: stage.memory.parameters for stage in case.estimate().memory.per_stage}
+
+
+def frozen_base_bytes(case: Case) -> dict[int, float]:
+    """The frozen base's bytes on each pipeline rank of a LoRA/QLoRA case: parameters on the GPU are
+    the frozen base plus the adapters, linear in the rank, so base = 2 P(r=1) - P(r=2)."""
+    one, two = stage_parameters(case.replace(lora_rank=1)), stage_parameters(case.replace(lora_rank=2))
+    return {rank: 2 * one[rank] - two[rank] for rank in one}
 
 
 def bytes_per_trained_parameter(case: Case) -> int:
     """Bytes per parameter of full training's ``parameters`` component: the 16-bit weights (fp32
     under fp32), except FSDP, whose sharded parameter is the fp32 master under mixed precision."""
-    if case.precision is Precision.FP32:
+    if case.precision.stores_fp32:
         return 4
     if case.layout.framework is Framework.FSDP and case.precision is not Precision.BF16_PURE:
         return 4
@@ -70,16 +74,17 @@ def frozen_base_independent_of_method(case: Case) -> str | None:
     if case.layout.framework not in PEFT_FRAMEWORKS or case.precision is Precision.FP8:
         raise NotApplicable("no adapters in this framework, or fp8 weight caches")
     lora = _valid(case.replace(method=Method.LORA))
-    full = lora.replace(method=Method.FULL).estimate().memory.per_gpu.parameters
-    base = frozen_base_bytes(lora)
-    frozen_bytes = 4 if case.precision is Precision.FP32 else 2
-    expected = full * frozen_bytes / bytes_per_trained_parameter(case)
-    if _close(base, expected, slack=4 * BYTES):
-        return None
-    return (
-        f"LoRA's frozen base is {base / GiB:.3f} GiB per GPU; full training of the same layout holds "
-        f"{expected / GiB:.3f} GiB of the same weights in that dtype"
-    )
+    # rank by rank: the most loaded rank of LoRA (adapters, activations) need not be full training's
+    full = stage_parameters(lora.replace(method=Method.FULL))
+    frozen_bytes = 4 if case.precision.stores_fp32 else 2
+    for rank, base in frozen_base_bytes(lora).items():
+        expected = full[rank] * frozen_bytes / bytes_per_trained_parameter(case)
+        if not _close(base, expected, slack=4 * BYTES):
+            return (
+                f"pipeline rank {rank}: LoRA's frozen base is {base / GiB:.3f} GiB per GPU; full training "
+                f"of the same layout holds {expected / GiB:.3f} GiB of the same weights in that dtype"
+            )
+    return None
 
 
 def model_states_qlora_le_lora_le_full(case: Case) -> str | None:
