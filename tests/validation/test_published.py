@@ -15,9 +15,9 @@ IDS = [row["id"] for row in ROWS]
 
 
 def test_file_shape() -> None:
-    assert len(ROWS) == 160
+    assert len(ROWS) == 164
     assert len(set(IDS)) == len(IDS)
-    assert sum(row["kind"] == "throughput" for row in ROWS) == 140
+    assert sum(row["kind"] == "throughput" for row in ROWS) == 144
     assert sum(row["kind"] == "memory" for row in ROWS) == 20
     assert {row["split"] for row in ROWS} == set(published.SPLITS)
 
@@ -43,7 +43,7 @@ def test_split_follows_the_written_rule() -> None:
     for row in ROWS:
         groups.setdefault(row["group"], set()).add(row["split"])
     assert all(len(splits) == 1 for splits in groups.values())
-    assert len(groups) == 129
+    assert len(groups) == 133
 
 
 def test_memory_rows_are_gib_in_bytes() -> None:
