@@ -405,12 +405,27 @@ def build_layout(row: Row, model: ModelSpec, caveats: list[str]) -> Layout:
             overlap_grad_reduce=switches["overlap_grad_reduce"],
             grad_reduce_in_fp32=ly.get("grad_reduce_in_fp32"),
             fp8_param_gather=ly.get("fp8_param_gather"),
+            moe_capacity_factor=moe_capacity_factor_of(ly),
             torch_compile=compile_of(row),
         )
         pipeline_fields = _pipeline(row, model, base, caveats)
         return Layout(**{**_layout_fields(base), **pipeline_fields})
     except EstimatorError as error:
         raise Unexpressible(error.message) from None
+
+
+def moe_capacity_factor_of(ly: Mapping[str, Any]) -> float | None:
+    """A row's token-drop MoE as ``Layout.moe_capacity_factor``: Megatron-Bridge's token-drop runs
+    (``moe_token_drop`` true or naming ``apply_moe_token_drop``) take that function's defaults,
+    ``moe_expert_capacity_factor=1.0`` padded to capacity (``moe_pad_expert_input_to_capacity=True``;
+    src/megatron/bridge/training/utils/moe_token_drop.py); an explicit number is the factor; false or
+    absent: dropless (None)."""
+    drop = ly.get("moe_token_drop")
+    if drop is None or drop is False:
+        return None
+    if isinstance(drop, int | float) and not isinstance(drop, bool):
+        return float(drop)
+    return 1.0
 
 
 # What torch.compile compiled in each source's torchtitan: the TransformerBlocks always; the loss
@@ -508,6 +523,7 @@ _MAPPED_LAYOUT_KEYS = frozenset(
         "overlap_grad_reduce",
         "grad_reduce_in_fp32",  # Layout.grad_reduce_in_fp32 (Megatron's gradient buffer dtype)
         "fp8_param_gather",  # Layout.fp8_param_gather (Megatron --fp8-param-gather)
+        "moe_token_drop",  # Layout.moe_capacity_factor (moe_capacity_factor_of)
         "tp_comm_overlap",
         "torch_compile",
     }

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from validation import cases, clock_classes, network_classes, published
+from validation import cases, clock_classes, moe_classes, network_classes, published
 from validation.cases import Expect, Row
 
 REPORT_PATH = cases.ROOT / "validation" / "REPORT.md"
@@ -226,6 +226,7 @@ def render(rows: Sequence[Row]) -> str:
     lines += nvidia_recipes_section()
     lines += clock_classes.sections(percent, table)
     lines += network_classes.sections(percent, table)
+    lines += moe_classes.sections(percent, table)
     return "\n".join(lines) + "\n"
 
 

@@ -162,6 +162,10 @@ class KernelLaunchTable(_Table):
     )
     compiled_kernels_per_layer: NonNegativeInt = Field(description="the same under torch.compile")
     kernels_source: Source
+    moe_host_sync_s: NonNegative = Field(
+        description="GPU idle per device-to-host synchronisation of an MoE token dispatcher (0: none)"
+    )
+    moe_host_sync_source: Source
 
 
 class AttentionAlignmentTable(_Table):
@@ -275,6 +279,7 @@ def to_tuning(file: TuningFile) -> Tuning:
             for rate in kernel.rate
         ),
         kernel_launch_s=launch.launch_s,
+        moe_host_sync_s=launch.moe_host_sync_s,
         kernels_per_layer_by_framework=tuple(launch.kernels_per_layer.items()),
         compiled_kernels_per_layer=launch.compiled_kernels_per_layer,
         cpu_adam_params_per_s_per_node=host.cpu_adam_params_per_s_per_node,

@@ -90,6 +90,15 @@ class LayoutIn(Strict):
         "micro-batch's EP all-to-alls under another's compute; one more micro-batch in flight; pp > 1 "
         "needs virtual_pipeline_stages > 1, recompute not full)",
     )
+    moe_capacity_factor: float | None = Field(
+        default=None,
+        gt=0,
+        le=64,
+        description="MoE models, token drop: each routed expert takes at most this multiple of its mean "
+        "load per micro-batch, padded to it (megatron --moe-expert-capacity-factor with "
+        "--moe-pad-expert-input-to-capacity, Megatron-Bridge's token-drop recipes use 1.0; deepspeed "
+        "MoE capacity_factor with drop_tokens); default: dropless for megatron and fsdp, 1.0 for deepspeed",
+    )
     overlap_grad_reduce: bool | None = Field(default=None, description="default: the framework's")
     grad_reduce_in_fp32: bool | None = Field(
         default=None,

@@ -32,6 +32,7 @@ What overlaps with what, and by how much (the layout's ``tp_comm_overlap`` and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from service.estimator import activations, comm, flops
@@ -303,6 +304,7 @@ BASE_FIELDS = (
     "sequence_parallel",
     "micro_batch_size",
     "gradient_accumulation_steps",
+    "moe_capacity_factor",  # the routed experts' rows, and the dispatcher's host sync
 )
 
 
@@ -319,7 +321,7 @@ class StepBase:
     flops_per_s: float  # the weight GEMMs' achieved rate
     core_forward_flops_per_s: float  # attention's core, forward: 16-bit even when the linears run in fp8
     core_backward_flops_per_s: float  # its backward, per FLOP of the 2 x forward we count
-    expert_flops_per_s: float  # routed experts' GEMMs, on the tokens each expert receives
+    expert_flops_per_s: float  # routed experts' GEMMs on the busiest EP rank, per FLOP of the mean load
     routed_flops: int  # routed experts' forward FLOPs per token over the slowest stage's layers
     links: GroupLinks
     parameters: float  # gpu_parameters
@@ -349,7 +351,7 @@ def step_base(job: Job, layout: Layout) -> StepBase:
         flops_per_s=peak * efficiency,
         core_forward_flops_per_s=core_forward,
         core_backward_flops_per_s=core_backward,
-        expert_flops_per_s=peak * expert_efficiency(job, layout),
+        expert_flops_per_s=peak * expert_efficiency(job, layout) / expert_load_factor(job, layout),
         routed_flops=moe_layers_of(counts) * routed_expert_flops(job.model),
         links=links,
         parameters=gpu_parameters(job, layout),
@@ -415,25 +417,66 @@ def core_s_per_token(base: StepBase, forward_flops: float, backward_flops: float
     return forward_flops / base.core_forward_flops_per_s + backward_flops / base.core_backward_flops_per_s
 
 
-def tokens_per_expert(job: Job, layout: Layout) -> float:
-    """Rows of one routed expert's GEMMs per micro-batch: the tokens of the expert-parallel group
-    (ep ranks' b s / cp each) routed top_k times over E experts, balanced (GShard's mean load). With
-    etp < tp each rank dispatches its sequence-parallel shard, etp/tp of the tokens (Megatron's
-    alltoall dispatcher gathers the tokens over the etp group only)."""
+def routed_rows_per_rank(job: Job, layout: Layout) -> float:
+    """Routed copies of tokens one GPU's experts take per micro-batch at the mean load: its b s / cp
+    tokens x top_k, or etp/tp of them with etp < tp (each rank dispatches its sequence-parallel shard;
+    Megatron's alltoall dispatcher gathers the tokens over the etp group only)."""
     moe = job.model.moe
     tokens = micro_batch_tokens_per_rank(layout, job.training)
+    return 0.0 if moe is None else tokens * layout.expert_tp / layout.tp * moe.top_k
+
+
+def tokens_per_expert(job: Job, layout: Layout) -> float:
+    """Rows of one routed expert's GEMMs per micro-batch: the tokens of the expert-parallel group
+    routed top_k times over E experts at the mean load (GShard's), or padded to the capacity factor's
+    multiple of it when one is set (``Layout.capacity_factor``)."""
+    moe = job.model.moe
     if moe is None:
-        return float(tokens)
-    return tokens * layout.expert_tp / layout.tp * layout.ep * moe.top_k / moe.num_experts
+        return float(micro_batch_tokens_per_rank(layout, job.training))
+    rows = routed_rows_per_rank(job, layout) * layout.ep / moe.num_experts
+    capacity = layout.capacity_factor
+    return rows if capacity is None else rows * capacity
+
+
+def max_load_factor(balls: float, bins: int) -> float:
+    """Expected fullest bin over the mean when ``balls`` fall uniformly at random into ``bins``."""
+    # Raab & Steger, 'Balls into Bins - A Simple and Tight Analysis' (RANDOM 1998), Thm 1, m >= n ln n:
+    # the fullest of n bins holds m/n + sqrt(2 (m/n) ln n) (1 + o(1)) of m balls
+    if bins <= 1 or balls <= 0:
+        return 1.0
+    return 1.0 + math.sqrt(2.0 * math.log(bins) * bins / balls)
+
+
+def expert_load_factor(job: Job, layout: Layout) -> float:
+    """The busiest expert-parallel rank's routed rows over the mean: padded to capacity, the capacity
+    factor (every expert computes exactly its capacity, tokens above it dropped); dropless, the
+    expected fullest of ep ranks when the EP group's routed copies fall on them uniformly at random
+    (``max_load_factor``; learned routing is no more even than that, so it is a floor)."""
+    moe = job.model.moe
+    if moe is None:
+        return 1.0
+    capacity = layout.capacity_factor
+    if capacity is not None:
+        return capacity
+    return max_load_factor(routed_rows_per_rank(job, layout) * layout.ep, layout.ep)
 
 
 def expert_efficiency(job: Job, layout: Layout) -> float:
     """``matmul_efficiency`` of the routed experts' GEMMs: as narrow as the smaller of h and the
-    expert width (each expert's up and down projections, split over etp), on ``tokens_per_expert`` rows."""
-    model = job.model
-    expert_width = model.moe.expert_ffn_hidden_size if model.moe is not None else model.hidden_size
-    width = min(model.hidden_size, expert_width) / layout.expert_tp
-    return matmul_efficiency(job.tuning, job.cluster.gpu, width, tokens_per_expert(job, layout))
+    expert width (split over etp), on ``tokens_per_expert`` rows, each bounded by its shape's roofline
+    (``tuning.gemm_roofline_bound``): the up projection (rows x h) @ (h x 2f/etp gated, f/etp plain)
+    and the down projection (rows x f/etp) @ (f/etp x h), weighted by their FLOPs."""
+    model, tuning, gpu = job.model, job.tuning, job.cluster.gpu
+    moe, rows = model.moe, tokens_per_expert(job, layout)
+    if moe is None:
+        return matmul_efficiency(tuning, gpu, model.hidden_size / layout.expert_tp, rows)
+    h, f = model.hidden_size, moe.expert_ffn_hidden_size / layout.expert_tp
+    up = (2 if model.mlp.gated else 1) * f
+    width = min(h, moe.expert_ffn_hidden_size) / layout.expert_tp
+    up_efficiency = matmul_efficiency(tuning, gpu, width, rows, shape=(up, h))
+    down_efficiency = matmul_efficiency(tuning, gpu, width, rows, shape=(h, f))
+    # FLOPs of each GEMM per row: 2 h up and 2 f h; time = FLOPs / efficiency
+    return (up + f) / (up / up_efficiency + f / down_efficiency)
 
 
 def routed_expert_flops(model: ModelSpec) -> int:
@@ -528,11 +571,83 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     routed = flops.frozen_passes(job.training) * base.routed_flops
     unaligned_s = unaligned_core_s(job, layout, base, 3)
     memory_s = memory_bound_s(job, layout, base, 3, base.traffic_bytes) + dequantize_s(job, layout, base, 2)
-    memory_s += fp8_cast_s(job, layout, base)
+    memory_s += fp8_cast_s(job, layout, base) + moe_dispatch_s(job, layout, base)
+    memory_s += moe_host_sync_s(job, layout, base, 1.0)
     work_s = gemm_s(layout, base, per_token - 3 * core - routed, work, 2 * work, routed)
     return max(
         work_s + unaligned_s + memory_s + loss_s(job, layout, base), launch_floor_s(job, layout, base, 3)
     )
+
+
+def router_bytes_per_token(num_experts: int) -> float:
+    """HBM bytes per token of an MoE router's score function and top-k over its E fp32 logits, forward
+    and backward: read the logits and write the probabilities (8E), then read the probabilities'
+    gradient and the probabilities and write the logits' gradient (12E)."""
+    # Megatron-Core moe_router_fusion (Megatron-Bridge's recipes set it): one fused top-k kernel each way
+    return 20.0 * num_experts
+
+
+def moe_dispatch_bytes_per_row(job: Job, layout: Layout) -> float:
+    """HBM bytes per routed row (one token's copy at one expert), forward and backward, that the
+    layer-traffic proxy (``layer_traffic_bytes``: the permute and unpermute, 2 x 2 top_k h) does not
+    count: Megatron's second permutation, which sorts the received rows by local expert after the
+    all-to-all (token_dispatcher.py sort_chunks_by_idxs, ep > 1 with more than one local expert: read
+    and write 2h bytes each way), and its fp8 casts of the experts' inputs and output gradients,
+    which Transformer Engine's GroupedLinear quantises in a pass of their own (no norm to fuse into):
+    the up projection's input h and output gradient 2f or f, the down projection's input f and
+    output gradient h, each cast and cast transposed (``fp8_cast_bytes_per_element``)."""
+    moe, model, tuning = job.model.moe, job.model, job.tuning
+    if moe is None or layout.framework is not Framework.MEGATRON:
+        return 0.0
+    h, f = model.hidden_size, moe.expert_ffn_hidden_size / layout.expert_tp
+    moved = 0.0
+    if layout.ep > 1 and moe.num_experts > layout.ep:
+        moved += 2 * 2 * element_bytes(job.training.precision) * h
+    if job.training.precision is Precision.FP8:
+        cast = tuning.fp8_cast_bytes_per_element + tuning.fp8_transposed_cast_bytes_per_element
+        moved += cast * (h + (2 if model.mlp.gated else 1) * f + f + h)
+    return moved
+
+
+def moe_dispatch_s(job: Job, layout: Layout, base: StepBase) -> float:
+    """The MoE layers' memory-bound passes the layer-traffic proxy leaves out, forward and backward,
+    all micro-batches of the slowest stage: the router's (``router_bytes_per_token``, every token of the
+    rank) and the dispatcher's and experts' casts (``moe_dispatch_bytes_per_row``, every routed row of
+    the busiest EP rank), over HBM bandwidth."""
+    moe = job.model.moe
+    moe_layers = moe_layers_of(base.counts)
+    if moe is None or moe_layers == 0:
+        return 0.0
+    tokens = base.tokens / (layout.tp if layout.sequence_parallel else 1)
+    rows = routed_rows_per_rank(job, layout) * expert_load_factor(job, layout)
+    per_layer = tokens * router_bytes_per_token(moe.num_experts)
+    per_layer += rows * moe_dispatch_bytes_per_row(job, layout)
+    return base.micro_batches * moe_layers * per_layer / job.cluster.gpu.hbm_bandwidth_bytes_per_s
+
+
+def dispatcher_syncs_host(layout: Layout) -> bool:
+    """Megatron-Core's alltoall token dispatcher copies the routed tokens' counts to the host and
+    synchronises once per MoE layer and forward unless it pads to capacity (token_dispatcher.py:
+    cuda_sync_point 'before_ep_alltoall', or 'before_finish' at ep = tp = 1; 'no_sync' in drop-and-pad
+    mode). DeepSpeed's MoE pads to capacity by default and reads no count on the host (sharded_moe.py
+    since deepspeed#5578); Hugging Face's expert loop (FSDP) is not modelled."""
+    return layout.framework is Framework.MEGATRON and layout.capacity_factor is None
+
+
+def moe_host_sync_s(job: Job, layout: Layout, base: StepBase, forwards: float) -> float:
+    """The GPU idle at the dispatcher's host syncs: ``moe_host_sync_s`` per MoE layer and forward,
+    ``forwards`` forwards of every micro-batch of the slowest stage (the training forward, or the
+    recomputed share: a recomputed MoE block dispatches again, ``redispatches``)."""
+    moe_layers = moe_layers_of(base.counts)
+    if job.model.moe is None or moe_layers == 0 or not dispatcher_syncs_host(layout):
+        return 0.0
+    return base.micro_batches * moe_layers * forwards * job.tuning.moe_host_sync_s
+
+
+def redispatches(layout: Layout) -> bool:
+    """The recomputed forward dispatches and combines the tokens again: full recompute, or Megatron's
+    selective moe module; per-op AC saves all_to_all_single's outputs."""
+    return layout.recompute is Recompute.FULL or RecomputeModule.MOE in layout.selective_modules
 
 
 def launch_floor_s(job: Job, layout: Layout, base: StepBase, passes: float) -> float:
@@ -680,7 +795,8 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     work_s += unaligned_core_s(job, layout, base, redone)
     share = recomputed_share(job, layout)
     relaunched = share if recompute is Recompute.FULL else 0.0  # the others re-run a few of the kernels
-    return max(share * (work_s + memory_s), launch_floor_s(job, layout, base, relaunched))
+    synced_s = moe_host_sync_s(job, layout, base, share) if redispatches(layout) else 0.0
+    return max(share * (work_s + memory_s), launch_floor_s(job, layout, base, relaunched)) + synced_s
 
 
 def recomputed_collectives(job: Job, layout: Layout) -> tuple[float, float, float]:
@@ -749,13 +865,12 @@ def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     if moe is None or layout.ep == 1:
         return 0.0
     moe_layers = moe_layers_of(base.counts)
-    # each routed copy of a token (top_k of them) carries h values; SP splits tokens over tp
+    # each routed copy of a token (top_k of them) carries h values; SP splits tokens over tp; the
+    # busiest rank receives expert_load_factor x the mean (padded: capacity x E rows are sent)
     tokens = base.tokens / (layout.tp if layout.sequence_parallel else 1)
     size_bytes = tokens * moe.top_k * job.model.hidden_size * element_bytes(job.training.precision)
-    # full recompute (and Megatron's moe module) dispatches and combines again; per-op AC saves
-    # all_to_all_single's outputs
-    redispatched = layout.recompute is Recompute.FULL or RecomputeModule.MOE in layout.selective_modules
-    collectives = 4 + (2.0 * recomputed_share(job, layout) if redispatched else 0.0)
+    size_bytes *= expert_load_factor(job, layout)
+    collectives = 4 + (2.0 * recomputed_share(job, layout) if redispatches(layout) else 0.0)
     one = comm.group_all_to_all_s(size_bytes, expert_link(job, layout))
     if not layout.moe_a2a_overlap:
         return base.micro_batches * moe_layers * collectives * one

@@ -113,6 +113,7 @@ class Tuning:
     attention_alignment_bytes: int  # a head's row must be a multiple of this for the fast BMM kernels
     unaligned_attention_core_factor: float  # eager QK^T / AV rate off that alignment, x the GEMM rate
     kernel_launch_s: float = 0.0  # the least a kernel costs, launch included (0: no floor)
+    moe_host_sync_s: float = 0.0  # GPU idle per device-to-host sync of an MoE dispatcher (0: none)
     kernels_per_layer_by_framework: tuple[tuple[Framework, int], ...] = ()  # a decoder layer's forward
     compiled_kernels_per_layer: int = 0  # the same under torch.compile (0: no floor)
     # flash-style attention: the kernel each framework runs, and the published rates per die
@@ -188,12 +189,30 @@ def peak_fraction(tuning: Tuning, gpu: GPUSpec) -> float:
     return tuning.default_peak_fraction
 
 
-def matmul_efficiency(tuning: Tuning, gpu: GPUSpec, width: float, tokens: float) -> float:
+def matmul_efficiency(
+    tuning: Tuning, gpu: GPUSpec, width: float, tokens: float, shape: tuple[float, float] | None = None
+) -> float:
     """Fraction of peak a layer sustains for GEMM width ``h / tp`` and ``b s / cp`` tokens (the
-    GEMMs' rows), never above what streaming the weights from HBM allows (``weight_streaming_bound``)."""
+    GEMMs' rows), never above what streaming the weights from HBM allows (``weight_streaming_bound``),
+    or, given the GEMM's ``shape`` (N, K), what moving all three of its operands allows
+    (``gemm_roofline_bound``: an MoE expert's GEMM, whose rows are few and whose N and K are small)."""
     width_factor = _interpolate_log2(tuning.width_points, width)
     tokens_factor = _interpolate_log2(tuning.tokens_points, tokens)
-    return min(peak_fraction(tuning, gpu) * width_factor * tokens_factor, weight_streaming_bound(gpu, tokens))
+    bound = weight_streaming_bound(gpu, tokens) if shape is None else gemm_roofline_bound(gpu, tokens, *shape)
+    return min(peak_fraction(tuning, gpu) * width_factor * tokens_factor, bound)
+
+
+def gemm_roofline_bound(gpu: GPUSpec, rows: float, n: float, k: float) -> float:
+    """The roofline of one (rows x K) @ (K x N) GEMM whose three operands cross HBM once: 2 rows N K
+    FLOPs over 2 (rows K + K N + rows N) bytes in 16 bits is rows N K / (rows K + K N + rows N) FLOP
+    per byte (Williams et al., 'Roofline', CACM 2009), as a fraction of the 16-bit peak at the sustained
+    clock; fp8 halves the bytes and doubles the peak (the same bound). With rows much below N and K it is
+    ``weight_streaming_bound``; it is symmetric in the three sizes, so the backward's GEMMs (dgrad: rows
+    x K over N; wgrad: N x K over rows) share it."""
+    intensity = rows * n * k / (rows * k + k * n + rows * n)
+    peaks = gpu.peak_flops_per_s
+    peak_16bit = peaks.bf16 or peaks.fp16 or peaks.fp32
+    return intensity * gpu.hbm_bandwidth_bytes_per_s / (peak_16bit * clock_fraction(gpu))
 
 
 def weight_streaming_bound(gpu: GPUSpec, rows: float) -> float:

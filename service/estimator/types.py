@@ -588,6 +588,13 @@ class Layout:
     # Megatron --overlap-moe-expert-parallel-comm: the combined 1F1B schedule runs one micro-batch's
     # forward beside another's backward, each one's EP all-to-alls under the other's compute
     moe_a2a_overlap: bool = False
+    # Token-drop MoE: every routed expert takes at most capacity = factor x its mean load of each
+    # micro-batch, padded to exactly that (Megatron --moe-expert-capacity-factor with
+    # --moe-pad-expert-input-to-capacity, Megatron-Bridge's token-drop recipes: 1.0; DeepSpeed MoE's
+    # capacity_factor with drop_tokens, which its dense [experts, capacity, h] dispatch pads). None:
+    # the framework's default: dropless for Megatron-Core, 1.0 for DeepSpeed (deepspeed.moe.layer.MoE
+    # capacity_factor=1.0, drop_tokens=True); dropless for FSDP (Hugging Face's expert loop).
+    moe_capacity_factor: float | None = None
     overlap_grad_reduce: bool | None = None  # DP reduce under backward; None: the framework default
     # Megatron, bf16/fp8: the gradient buffer (main grads) and its DP reduce-scatter in fp32 (4 B) or
     # in bf16 (2 B, --grad-reduce-in-bf16). None: Megatron-LM's default for bf16, fp32
@@ -622,6 +629,12 @@ class Layout:
             _require_positive(InvalidLayout, "recompute_every_n_layers", self.recompute_every_n_layers)
         if self.etp is not None:
             _require_positive(InvalidLayout, "etp", self.etp)
+        if self.moe_capacity_factor is not None and not self.moe_capacity_factor > 0.0:
+            raise InvalidLayout(
+                f"moe_capacity_factor must be > 0, got {self.moe_capacity_factor}",
+                rule="moe_capacity_factor",
+                field="moe_capacity_factor",
+            )
         modules = self.recompute_modules
         if modules is not None and (not modules or len(set(modules)) != len(modules)):
             raise InvalidLayout(
@@ -681,6 +694,14 @@ class Layout:
     def expert_tp(self) -> int:
         """The routed experts' tensor-parallel degree: ``etp``, else ``tp``."""
         return self.tp if self.etp is None else self.etp
+
+    @property
+    def capacity_factor(self) -> float | None:
+        """The routed experts' padded capacity over their mean load: ``moe_capacity_factor``, else the
+        framework's default (DeepSpeed MoE 1.0; Megatron-Core and FSDP dropless: None)."""
+        if self.moe_capacity_factor is not None:
+            return self.moe_capacity_factor
+        return 1.0 if self.framework is Framework.DEEPSPEED else None
 
     @property
     def model_parallel_size(self) -> int:

@@ -385,6 +385,10 @@ def ulysses_violation(model: ModelSpec, layout: Layout) -> Violation:
 
 
 def expert_violation(model: ModelSpec, layout: Layout) -> Violation:
+    if layout.moe_capacity_factor is not None and model.moe is None:
+        return _bad(
+            "moe_capacity_factor needs a mixture-of-experts model", "capacity_moe", "moe_capacity_factor"
+        )
     ep = layout.ep
     if ep == 1:
         return None

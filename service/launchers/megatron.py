@@ -219,6 +219,10 @@ def _model_args(plan: Plan) -> list[str]:
             shared = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
             args += ["--moe-shared-expert-intermediate-size", str(shared)]
         args += ["--moe-layer-freq", moe_layer_pattern(model)]
+        capacity = plan.layout.moe_capacity_factor
+        if capacity is not None:  # token drop, padded to capacity as estimated
+            args += ["--moe-expert-capacity-factor", str(capacity)]
+            args.append("--moe-pad-expert-input-to-capacity")
     if plan.training.mtp_num_layers:  # on the last pipeline stage, as the estimate places them
         args += ["--mtp-num-layers", str(plan.training.mtp_num_layers)]
     # Megatron-LM's defaults are 0.1 each: the run keeps the dropout the estimate counted

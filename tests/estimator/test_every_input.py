@@ -134,6 +134,13 @@ LAYOUT_CASES = [
         model=MOE,
     ),
     Case("moe_a2a_overlap", MEGATRON, replace(MEGATRON, moe_a2a_overlap=True), refused=True),  # no experts
+    Case(  # dropless -> padded to 1.25 x the mean load: more rows, no host sync
+        "moe_capacity_factor",
+        replace(MEGATRON, dp=4, ep=4),
+        replace(MEGATRON, dp=4, ep=4, moe_capacity_factor=1.25),
+        model=MOE,
+    ),
+    Case("moe_capacity_factor", MEGATRON, replace(MEGATRON, moe_capacity_factor=1.0), refused=True),  # dense
     Case("micro_batch_size", MEGATRON, replace(MEGATRON, micro_batch_size=2)),
     Case(
         "virtual_pipeline_stages",

@@ -222,6 +222,8 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
             if framework is Framework.MEGATRON and training.precision is Precision.FP8 and zero == 1
             else None
         ),
+        # token drop padded to capacity (drawn last: the draws above stay as they were)
+        moe_capacity_factor=rng.choice((None, None, 1.0, 1.25)) if spec.moe is not None else None,
     )
 
 
@@ -304,6 +306,7 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "overlap_grad_reduce": {None, False, True},
     "grad_reduce_in_fp32": {None, False, True},
     "fp8_param_gather": {None, False, True},
+    "moe_capacity_factor": {None, 1.0, 1.25},
     "pipeline_account_for_embedding": {False, True},
     "pipeline_account_for_loss": {False, True},
 }

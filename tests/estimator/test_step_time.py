@@ -441,10 +441,17 @@ def test_expert_tensor_parallelism_keeps_expert_gemms_whole_on_fewer_rows() -> N
     assert rows == {4: 1024 * 2 * 2 / 8, 1: 1024 / 4 * 8 * 2 / 8}
     tuning = j.tuning
     for lay in (base, folded):
-        width = 64 / lay.expert_tp
-        assert expert_efficiency(j, lay) == matmul_efficiency(
-            tuning, j.cluster.gpu, width, rows[lay.expert_tp]
+        # each projection on its shape's roofline (issue 27): up (rows x 64) @ (64 x f), down
+        # (rows x f) @ (f x 64), f = 256 / etp (GELU: not gated), weighted by their FLOPs (equal here)
+        width, f = 64 / lay.expert_tp, 256 / lay.expert_tp
+        up, down = (
+            matmul_efficiency(tuning, j.cluster.gpu, width, rows[lay.expert_tp], shape=shape)
+            for shape in ((f, 64), (64, f))
         )
+        assert not moe.mlp.gated
+        assert expert_efficiency(j, lay) == pytest.approx(2 / (1 / up + 1 / down))
+        unshaped = matmul_efficiency(tuning, j.cluster.gpu, width, rows[lay.expert_tp])
+        assert expert_efficiency(j, lay) <= unshaped
     # the experts' GPU parameters: 8 experts / (ep 2 x etp 4) = 1 per GPU either way
     assert gpu_parameters(j, base) == gpu_parameters(j, folded)
 

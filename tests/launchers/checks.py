@@ -293,6 +293,10 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
         chunks = str(f.get("--pipeline-model-parallel-layout") or "").count("|") + 1
         assert pp == 1 or any(flag in f for flag in vpp) or chunks > pp
     assert ("--overlap-moe-expert-parallel-comm" in f) == lo.moe_a2a_overlap
+    # token drop padded to capacity (MoEAlltoAllTokenDispatcher's drop-and-pad mode needs the factor)
+    assert ("--moe-pad-expert-input-to-capacity" in f) == (lo.moe_capacity_factor is not None)
+    if "--moe-expert-capacity-factor" in f:
+        assert float(str(f["--moe-expert-capacity-factor"])) == lo.moe_capacity_factor
     if "--mtp-num-layers" in f:  # validate_args: MTP with rope or no position embedding only
         assert f.get("--position-embedding-type") in ("rope", "none")
         assert int(str(f["--mtp-num-layers"])) == plan.training.mtp_num_layers
