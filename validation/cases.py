@@ -643,6 +643,8 @@ def narayanan(
         micro_batch_size=micro,
         virtual_pipeline_stages=virtual,
         recompute=Recompute.FULL,
+        # Megatron-LM in 2021 reduced gradients after the backward (--overlap-grad-reduce came in 2023)
+        overlap_grad_reduce=False if gpus // (tp * pp) > 1 else None,
     )
     training = TrainingSpec(
         seq_len=2048, global_batch_size=batch, precision=Precision.FP16, attention=Attention.EAGER

@@ -30,6 +30,7 @@ from service.launchers.common import (
     comment_lines,
     hf_decoder_layer,
     layout_summary,
+    megatron_overlaps_grad_reduce,
     peft_artifacts,
     peft_header,
     pipeline_split,
@@ -59,6 +60,8 @@ def refusal(plan: Plan) -> Refusal:
     if (world := world_refusal(plan)) is not None:
         return world
     lo = plan.layout
+    if lo.framework is Framework.MEGATRON and plan.training.precision is Precision.TF32:
+        return megatron.TF32_REFUSAL  # before the plugin's own limits: no Megatron-LM runs it
     if lo.framework is Framework.DEEPSPEED:
         reason = _deepspeed_refusal(plan)
     elif lo.framework is Framework.FSDP:
@@ -70,8 +73,6 @@ def refusal(plan: Plan) -> Refusal:
     if lo.framework is not Framework.DEEPSPEED and plan.training.precision is Precision.FP8:
         # DeepSpeed layouts take precision from ds_config.json
         return "fp8 needs an fp8_config backend (Transformer Engine) that is not emitted here"
-    if lo.framework is Framework.MEGATRON and plan.training.precision is Precision.TF32:
-        return megatron.TF32_REFUSAL
     if lo.torch_compile is Compile.MODEL:
         return (
             "the dynamo backend compiles the model's forward, the loss of HF models with it: model_and_loss"
@@ -127,11 +128,11 @@ def _megatron_refusal(plan: Plan) -> Refusal:
             f"pipeline split {list(pipeline_split(plan).stages)}: Accelerate's megatron_lm_config has "
             "no uneven-stage setting (use the megatron target)"
         )
-    if lo.tp_comm_overlap or lo.overlap_grad_reduce or lo.moe_a2a_overlap:
-        # The estimate hides TP / DP communication that this config would leave exposed.
+    if lo.tp_comm_overlap or lo.moe_a2a_overlap:
+        # The estimate hides TP / EP communication that this config would leave exposed.
         return (
-            "Accelerate's megatron_lm_config has no --tp-comm-overlap / --overlap-grad-reduce / "
-            "--overlap-moe-expert-parallel-comm setting; use the megatron target"
+            "Accelerate's megatron_lm_config has no --tp-comm-overlap / --overlap-moe-expert-parallel-comm "
+            "setting; use the megatron target"
         )
     if lo.recompute_modules is not None and set(lo.recompute_modules) != {RecomputeModule.CORE_ATTN}:
         # MegatronLMPlugin's recompute_activations sets selective granularity with Megatron's default
@@ -140,13 +141,20 @@ def _megatron_refusal(plan: Plan) -> Refusal:
         return f"recompute_modules {modules}: MegatronLMPlugin recomputes core_attn only"
     if plan.training.mtp_num_layers:
         return "MegatronLMPlugin has no field for --mtp-num-layers; use the megatron target"
-    bf16_grads = plan.training.precision in (Precision.BF16, Precision.FP8) and not megatron_grads_in_fp32(lo)
-    if bf16_grads or megatron_fp8_params(lo, plan.training.precision):
-        # the estimate counts bf16 gradients / fp8 weights that this config would not run
+    # NVIDIA's recipes' switches, which the estimate takes unless the layout says otherwise: the
+    # plugin runs Megatron-LM's own defaults (fp32 main grads, no fp8 weights, no overlapped reduce)
+    recipes = {
+        "--grad-reduce-in-bf16": plan.training.precision in (Precision.BF16, Precision.FP8)
+        and not megatron_grads_in_fp32(lo),
+        "--fp8-param-gather": megatron_fp8_params(lo, plan.training.precision),
+        "--overlap-grad-reduce": megatron_overlaps_grad_reduce(lo),
+    }
+    if any(recipes.values()):
+        flags = " / ".join(flag for flag, on in recipes.items() if on)
         return (
-            "MegatronLMPlugin has no field for --grad-reduce-in-bf16 / --fp8-param-gather (NVIDIA's "
-            "recipes' defaults, which the estimate takes): use the megatron target, or set "
-            "grad_reduce_in_fp32 true and fp8_param_gather false"
+            f"MegatronLMPlugin has no field for {flags} (NVIDIA's recipes, which the estimate takes by "
+            "default): use the megatron target, or set grad_reduce_in_fp32 true, fp8_param_gather false "
+            "and overlap_grad_reduce false"
         )
     return None
 

@@ -13,8 +13,10 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from service.catalog.tuning import default_tuning
 from service.estimator import pipeline
-from service.estimator.types import Method, Plan, Precision
+from service.estimator.tuning import dp_overlap_default
+from service.estimator.types import Framework, Layout, Method, Plan, Precision
 from service.frameworks import Target as Target  # the registry's; re-exported for the targets
 
 MASTER_PORT = 29500  # torchrun / DeepSpeed launcher default rendezvous port
@@ -153,6 +155,15 @@ def pipeline_split(plan: Plan) -> PipelineSplit:
         loss=loss,
         explicit=layout.pipeline_layers is not None,
     )
+
+
+def megatron_overlaps_grad_reduce(layout: Layout) -> bool:
+    """Whether a Megatron layout reduces its gradients under backward, as the estimate takes it
+    (dp_comm.dp_overlapped): its ``overlap_grad_reduce``, else the framework's default in tuning.toml
+    (NVIDIA's recipes: on), where there is a data-parallel reduction to overlap (dp x cp > 1)."""
+    if layout.overlap_grad_reduce is not None:
+        return layout.overlap_grad_reduce
+    return layout.dp * layout.cp > 1 and dp_overlap_default(default_tuning(), Framework.MEGATRON)
 
 
 def world_refusal(plan: Plan) -> Refusal:

@@ -32,6 +32,7 @@ from service.launchers.common import (
     Target,
     Word,
     accumulation,
+    megatron_overlaps_grad_reduce,
     pipeline_split,
     refuse,
     script,
@@ -259,7 +260,7 @@ def _parallel_args(plan: Plan) -> list[str]:
     args += pipeline_args(plan)
     if lo.zero_stage == 1:
         args.append("--use-distributed-optimizer")
-    if lo.overlap_grad_reduce:
+    if megatron_overlaps_grad_reduce(lo):
         # The time model hides the reduce under backward and, with the distributed optimizer,
         # the parameter all-gather under the next forward: --overlap-param-gather, which
         # validate_args allows only with --use-distributed-optimizer and --overlap-grad-reduce.

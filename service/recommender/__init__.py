@@ -57,6 +57,7 @@ from service.launchers import runnable_targets
 from service.recommender import headroom, rank
 from service.recommender.budget import Budget
 from service.recommender.space import (
+    MegatronLmSwitches,
     OffloadDevices,
     RejectionLog,
     Sharding,
@@ -64,6 +65,7 @@ from service.recommender.space import (
     gpu_counts,
     least_state_bytes,
     make_layout,
+    megatron_lm_switches,
     micro_batch_sizes,
     offload_devices,
     recompute_order,
@@ -168,6 +170,8 @@ class _Search:
     tuning: Tuning
     offload: OffloadDevices
     budget: Budget
+    # Megatron-LM's own switches where no requested launcher renders NVIDIA's recipe ones
+    megatron_lm: MegatronLmSwitches | None = None
 
     def compiled(self, framework: Framework) -> Compile:
         """How the search compiles ``framework``'s layouts: model and loss where asked
@@ -287,7 +291,7 @@ def _overlapped(search: _Search, layout: Layout) -> Layout | None:
     interleaved when pipelined, no full recompute); None elsewhere. It hides the all-to-alls under
     the other micro-batch's compute for one more micro-batch in flight: the search times both."""
     overlaps = FRAMEWORKS[layout.framework].capabilities.moe_a2a_overlap
-    if not overlaps or layout.ep == 1 or search.model.moe is None:
+    if not overlaps or layout.ep == 1 or search.model.moe is None or search.megatron_lm is not None:
         return None
     overlapped = dataclasses.replace(layout, moe_a2a_overlap=True)
     return overlapped if moe_a2a_overlap_violation(search.model, overlapped) is None else None
@@ -394,7 +398,7 @@ def _structure_ceilings(
     sizes_of: Sizes = {}
     ceilings: Ceilings = {}
     for framework in search.constraints.frameworks:
-        options, _ = shardings(framework, s, search.offload, search.compiled(framework))
+        options, _ = shardings(framework, s, search.offload, search.compiled(framework), search.megatron_lm)
         if not options:
             continue
         for virtual in virtual_stages(search.model, framework, s.pp):
@@ -412,7 +416,9 @@ def _search_structure(
 ) -> None:
     sizes_of, ceilings = known
     for framework in search.constraints.frameworks:
-        options, unsupported = shardings(framework, s, search.offload, search.compiled(framework))
+        options, unsupported = shardings(
+            framework, s, search.offload, search.compiled(framework), search.megatron_lm
+        )
         for reason in unsupported:
             if reason in result.log.groups:
                 result.log.groups[reason].count += 1  # the example is kept from the first
@@ -579,7 +585,9 @@ def _lean_layout_fits(
     ]  # fmt: skip  (a framework that cannot train the job at all, e.g. LoRA on Megatron, bounds nothing)
     for s in found:
         for framework in runnable:
-            options, _ = shardings(framework, s, search.offload, search.compiled(framework))
+            options, _ = shardings(
+                framework, s, search.offload, search.compiled(framework), search.megatron_lm
+            )
             sp = s.tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
             sizes = micro_batch_sizes(search.training, s, 1, sp)
             if not options or not sizes:
@@ -653,7 +661,13 @@ def _search_counts(
             rule="torch_compile",
         )
     request = _Search(
-        model, training, constraints, tuning, offload_devices(constraints.allow_offload, cluster), budget
+        model,
+        training,
+        constraints,
+        tuning,
+        offload_devices(constraints.allow_offload, cluster),
+        budget,
+        megatron_lm_switches(constraints.launchers, training.precision),
     )
     for gpus in counts:
         if budget.exhausted(result.evaluations):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from service.estimator.errors import InvalidLayout
@@ -40,6 +40,7 @@ from service.estimator.types import (
     Method,
     ModelSpec,
     Offload,
+    Precision,
     Recompute,
     TrainingSpec,
 )
@@ -54,7 +55,7 @@ from service.estimator.validate import (
     valid_micro_batch_sizes,
     zero_with_pipeline_violation,
 )
-from service.frameworks import FRAMEWORKS, FrameworkFlags
+from service.frameworks import FRAMEWORKS, FrameworkFlags, Target
 
 MAX_CP = 32  # context parallelism beyond 32 ranks only pays off past the catalog's context lengths
 MAX_VIRTUAL_STAGES = 8  # interleaving deeper than 8 chunks costs more p2p than its bubble saves
@@ -218,6 +219,7 @@ class Sharding:
     offload_optimizer: Offload = Offload.NONE
     offload_params: Offload = Offload.NONE
     torch_compile: Compile = Compile.NONE
+    megatron_lm: MegatronLmSwitches | None = None  # Megatron only: Megatron-LM's own switches
 
     @property
     def offloads(self) -> bool:
@@ -269,16 +271,47 @@ def least_state_bytes(
     return min((min_state_bytes_per_gpu(job, framework, gpus), framework) for framework in frameworks)
 
 
+@dataclass(frozen=True, slots=True)
+class MegatronLmSwitches:
+    """Megatron-LM's own switches, for a plan that must launch through a target that cannot set
+    NVIDIA's recipe ones the estimate takes by default (Accelerate's MegatronLMPlugin): fp32 main
+    gradients, bf16 weights, and no overlapped gradient reduce, TP or EP communication."""
+
+    grad_reduce_in_fp32: bool | None  # True under bf16 / fp8 (None: no buffer dtype to choose)
+    fp8_param_gather: bool | None  # False under fp8
+
+
+def megatron_lm_switches(
+    launchers: Sequence[Target] | None, precision: Precision
+) -> MegatronLmSwitches | None:
+    """Megatron-LM's own switches where the requested launchers leave out the megatron target (the only
+    one that renders the recipes'), else None: the recipes' defaults."""
+    if launchers is None or Target.MEGATRON in launchers:
+        return None
+    mixed = precision in (Precision.BF16, Precision.FP8)
+    return MegatronLmSwitches(
+        grad_reduce_in_fp32=True if mixed else None,
+        fp8_param_gather=False if precision is Precision.FP8 else None,
+    )
+
+
 def shardings(
-    framework: Framework, structure: Structure, offload: OffloadDevices, compiled: Compile = Compile.NONE
+    framework: Framework,
+    structure: Structure,
+    offload: OffloadDevices,
+    compiled: Compile = Compile.NONE,
+    megatron_lm: MegatronLmSwitches | None = None,
 ) -> tuple[list[Sharding], list[str]]:
     """What ``framework`` supports for this structure (the validator's sharding rules), and why it
-    does not support the stages it does not (for the rejection log); each compiled as ``compiled``."""
+    does not support the stages it does not (for the rejection log); each compiled as ``compiled``,
+    Megatron's with ``megatron_lm``'s switches where given."""
     if structure.etp is not None and not FRAMEWORKS[framework].capabilities.expert_tensor_parallel:
         return [], []  # a framework without Megatron's etp splits the experts over tp: etp = tp
     ok, unsupported = _shardings(
         framework, structure.pp > 1, structure.dp * structure.cp > 1, offload, compiled
     )
+    if megatron_lm is not None and framework is Framework.MEGATRON:
+        return [dataclasses.replace(sh, megatron_lm=megatron_lm) for sh in ok], list(unsupported)
     return list(ok), list(unsupported)
 
 
@@ -356,6 +389,11 @@ def make_layout(
     capacity sweep for every GPU type searching the same count; a ``Layout`` is frozen)."""
     flags = FRAMEWORKS[sharding.framework].flags
     sp = structure.tp > 1 and flags.sequence_parallel
+    own = sharding.megatron_lm
+    tp_overlap = flags.tp_comm_overlap and sp
+    overlap = _overlap_grad_reduce(flags, structure, sharding)
+    if own is not None:  # Megatron-LM's own: no overlapped reduce or TP communication
+        tp_overlap, overlap = False, (False if structure.dp * structure.cp > 1 else None)
     return Layout(
         framework=sharding.framework,
         dp=structure.dp,
@@ -371,8 +409,10 @@ def make_layout(
         recompute=recompute,
         micro_batch_size=micro_batch,
         virtual_pipeline_stages=virtual,
-        tp_comm_overlap=flags.tp_comm_overlap and sp,
-        overlap_grad_reduce=_overlap_grad_reduce(flags, structure, sharding),
+        tp_comm_overlap=tp_overlap,
+        overlap_grad_reduce=overlap,
+        grad_reduce_in_fp32=None if own is None else own.grad_reduce_in_fp32,
+        fp8_param_gather=None if own is None else own.fp8_param_gather,
         torch_compile=sharding.torch_compile,
     )
 

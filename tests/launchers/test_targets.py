@@ -34,6 +34,10 @@ from service.launchers import (
 from tests.launchers import checks
 from tests.launchers.factories import llama3_8b, plan, small_llama, training
 
+# What Accelerate's MegatronLMPlugin runs (Megatron-LM's own defaults); the estimate's defaults are NVIDIA's
+# recipes (bf16 gradient buffer, overlapped gradient reduce), which only the megatron target renders
+MEGATRON_LM_OWN: dict[str, Any] = {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False}
+
 
 def test_deepspeed_batch_counts_every_autotp_rank() -> None:
     # 2 nodes x 8 = 16 GPUs, tp=2 -> dp=8; 256 = micro 2 x accumulation 16 x dp 8 samples per step.
@@ -106,8 +110,8 @@ def test_megatron_block_recompute_renders_the_estimated_layers() -> None:
     at = args.index("--recompute-granularity")
     assert args[at : at + 6] == ["--recompute-granularity", "full", "--recompute-method", "block",
                                  "--recompute-num-layers", "3"]  # fmt: skip
-    # Accelerate's plugin runs Megatron-LM's own fp32 gradient buffer: it renders layouts that say so
-    mlm = accelerate.accelerate_config(plan(**lo, grad_reduce_in_fp32=True))["megatron_lm_config"]
+    # Accelerate's plugin runs Megatron-LM's own defaults: it renders layouts that say so
+    mlm = accelerate.accelerate_config(plan(**lo, **MEGATRON_LM_OWN))["megatron_lm_config"]
     assert (mlm["megatron_lm_recompute_method"], mlm["megatron_lm_recompute_num_layers"]) == ("block", 3)
 
 
@@ -230,7 +234,7 @@ def test_megatron_renders_the_gradient_dtype_and_fp8_parameter_gather() -> None:
     assert "--grad-reduce-in-bf16" not in own and "--fp8-param-gather" not in own
     with pytest.raises(Unsupported, match="megatron target"):
         accelerate.render(plan(framework=Framework.MEGATRON, zero_stage=1))  # bf16: the bf16 buffer
-    megatron_lm_bf16 = plan(framework=Framework.MEGATRON, zero_stage=1, grad_reduce_in_fp32=True)
+    megatron_lm_bf16 = plan(framework=Framework.MEGATRON, zero_stage=1, **MEGATRON_LM_OWN)
     assert accelerate.accelerate_config(megatron_lm_bf16)["distributed_type"] == "MEGATRON_LM"
 
 
@@ -395,11 +399,11 @@ def test_megatron_renders_expert_tensor_parallelism_folded_into_the_stage() -> N
     assert "--expert-tensor-parallel-size" not in megatron.megatron_args(default)  # Megatron's default: tp
     # Accelerate's MegatronLMPlugin defaults it to 1, not tp: its config always names the estimated one
     for layout, etp in ((folded, 1), (default, 2)):
-        fp32_grads = replace(layout, layout=replace(layout.layout, grad_reduce_in_fp32=True))
-        mlm = accelerate.accelerate_config(fp32_grads)["megatron_lm_config"]
+        own = replace(layout, layout=replace(layout.layout, **MEGATRON_LM_OWN))
+        mlm = accelerate.accelerate_config(own)["megatron_lm_config"]
         assert mlm["megatron_lm_expert_tensor_parallel_size"] == etp
     dense = accelerate.accelerate_config(
-        plan(framework=Framework.MEGATRON, zero_stage=1, tp=2, grad_reduce_in_fp32=True)
+        plan(framework=Framework.MEGATRON, zero_stage=1, tp=2, **MEGATRON_LM_OWN)
     )
     assert "megatron_lm_expert_tensor_parallel_size" not in dense["megatron_lm_config"]
 
