@@ -298,7 +298,9 @@ def summary_lines(estimate: dict[str, Any]) -> list[str]:
     return lines
 
 
-def print_estimate(estimate: dict[str, Any]) -> None:
+def print_estimate(estimate: dict[str, Any], calibrated: bool = True) -> None:
+    """An estimate as tables and lines; ``calibrated``: whether the service calibrates such an estimate
+    (a plan's closest layout is the search's, never calibrated)."""
     verdict = "[green]fits[/]" if estimate["fits"] else "[red]does not fit[/]"
     console.print(f"{layout_text(estimate['layout'])}: {verdict}")
     console.print(memory_table(estimate))
@@ -307,8 +309,9 @@ def print_estimate(estimate: dict[str, Any]) -> None:
         console.print(table)
     for line in summary_lines(estimate):
         console.print(line)
-    for line in calibration_lines(estimate.get("calibration")):
-        console.print(escape(line))
+    if calibrated:
+        for line in calibration_lines(estimate.get("calibration")):
+            console.print(escape(line))
     for warning in estimate.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(warning)}")
 
@@ -381,7 +384,7 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
             f"[bold]closest[/] {layout_text(closest['layout'])}: {gib(closest['over_bytes'])} over what the "
             "GPU allows"
         )
-        print_estimate(closest["estimate"])
+        print_estimate(closest["estimate"], calibrated=False)
     for suggestion in plan["suggestions"]:
         console.print(f"[cyan]suggestion:[/] {escape(str(suggestion.get('detail') or suggestion))}")
     for skipped in plan.get("suggestions_skipped") or []:

@@ -38,6 +38,7 @@ from service.estimator.hf_config import model_from_hf_config
 from service.estimator.job import prepare, rank_kind_counts
 from service.estimator.model_states import (
     ModelStates,
+    megatron_grads_in_fp32,
     rank_model_states,
     rank_parameters,
     shard_degrees,
@@ -303,7 +304,7 @@ def flat_model_states(
     """The estimator's model-state formulas on a flat model's own counts (one pipeline rank)."""
     assume = default_tuning().memory
     rp = rank_parameters(model, counts, layout, 0, ((DENSE, model.num_layers),))
-    sb = state_bytes(training, layout.framework, model, assume)
+    sb = state_bytes(training, layout.framework, model, assume, megatron_grads_in_fp32(layout))
     return rank_model_states(model, layout, training, rp, sb, shard_degrees(layout, cluster), assume)
 
 

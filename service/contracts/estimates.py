@@ -15,6 +15,7 @@ from service.contracts.clusters import ClusterChoice
 from service.contracts.common import Strict
 from service.contracts.models import ModelRef
 from service.contracts.training import TrainingIn
+from service.estimator.calibration import OLDER_ESTIMATOR_WEIGHT, OTHER_FAMILY_WEIGHT, RECENCY_HALF_LIFE_DAYS
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import Compile, Framework, Layout, Offload, Recompute, RecomputeModule
 
@@ -257,13 +258,14 @@ class CalibrationFactors:
 
 
 class RunEvidenceOut(BaseModel):
-    run_id: str
-    plan_id: str
-    framework: str
+    run_id: str = Field(description="the stored run (GET /v1/plans/{plan_id}/runs lists it)")
+    plan_id: str = Field(description="the plan the run measured")
+    framework: str = Field(description="its plan's framework")
     weight: float = Field(
-        description="how much the run counts for this job, in (0, 1]: halves every 30 days, halves when its "
-        "plan came from an older estimator version, 1 / (1 + |log2 ratio|) of model size and of sequence "
-        "length, halves for another layout family (data, model or expert parallel)"
+        description=f"how much the run counts for this job, in (0, 1]: halves every {RECENCY_HALF_LIFE_DAYS} "
+        f"days, x{OLDER_ESTIMATOR_WEIGHT:g} when its plan came from an older estimator version, "
+        "1 / (1 + |log2 ratio|) of model size and of sequence length, "
+        f"x{OTHER_FAMILY_WEIGHT:g} for another layout family (data, model or expert parallel)"
     )
     weighted_because: list[str] = Field(description="each factor of the weight below 1, with its number")
     factors: list[str] = Field(
@@ -273,17 +275,17 @@ class RunEvidenceOut(BaseModel):
 
 
 class SetAsideRunOut(BaseModel):
-    run_id: str
-    plan_id: str
+    run_id: str = Field(description="the stored run")
+    plan_id: str = Field(description="the plan it was posted to")
     reasons: list[str] = Field(description="why it cannot be what its plan measured, with the numbers")
 
 
 class UncalibratedOut(BaseModel):
-    fits: bool
+    fits: bool = Field(description="whether the layout fits without the memory factor")
     memory_per_gpu_bytes: int = Field(description="the most loaded GPU's total without the memory factor")
-    step_s: float | None
-    tokens_per_s: float | None
-    mfu: float | None
+    step_s: float | None = Field(description="the step time without the step-time factor")
+    tokens_per_s: float | None = Field(description="tokens per second, all GPUs, without the factor")
+    mfu: float | None = Field(description="model FLOPs utilisation without the factor")
 
 
 class CalibrationOut(BaseModel):

@@ -36,16 +36,17 @@ def best_precision(gpu: GPUSpec) -> Precision:
     return Precision.FP32
 
 
-def best_attention(gpu: GPUSpec) -> Attention:
-    """FlashAttention-2 where its kernels exist, else SDPA's memory-efficient kernel."""
-    return Attention.FLASH if gpu.flash_attention else Attention.SDPA
+def best_attention(gpu: GPUSpec, precision: Precision) -> Attention:
+    """FlashAttention-2 where its kernels exist and take the training's activations (fp16 / bf16
+    only: flash_attn's interface asserts the dtype), else SDPA, which runs fp32 too."""
+    return Attention.FLASH if gpu.flash_attention and not precision.stores_fp32 else Attention.SDPA
 
 
 def for_gpu(training: TrainingSpec, gpu: GPUSpec) -> TrainingSpec:
     """``training`` with each field it left to the hardware resolved for ``gpu``."""
     defaults = training.hardware_defaults
     precision = best_precision(gpu) if "precision" in defaults else training.precision
-    attention = best_attention(gpu) if "attention" in defaults else training.attention
+    attention = best_attention(gpu, precision) if "attention" in defaults else training.attention
     if precision is training.precision and attention is training.attention:
         return training
     return dataclasses.replace(training, precision=precision, attention=attention)

@@ -3,9 +3,10 @@
 Bytes per parameter follow ZeRO (Rajbhandari et al., arXiv:1910.02054 §3.1, §5): 2 bytes of 16-bit
 weights, 2 of gradients and K = 12 of fp32 master weights and Adam moments, the master copy counted
 with the optimizer states; stage 1 shards the optimizer over the data-parallel group, stage 2 also
-the gradients, stage 3 also the weights. Megatron keeps fp32 main gradients (18 bytes, 6 + 12/d
-with the distributed optimizer; Megatron-LM docs/user-guide/features/dist_optimizer.md), or bf16 ones
-with ``Layout.grad_reduce_in_fp32`` False (16 bytes, 4 + 12/d). FSDP's
+the gradients, stage 3 also the weights. Megatron keeps bf16 main gradients by default, as NVIDIA's
+recipes run it (16 bytes, 4 + 12/d with the distributed optimizer), or fp32 ones with
+``Layout.grad_reduce_in_fp32`` True, Megatron-LM's own default (18 bytes, 6 + 12/d;
+Megatron-LM docs/user-guide/features/dist_optimizer.md). FSDP's
 sharded fp32 parameter is the master. The published estimators of DeepSpeed
 (``estimate_zero{2,3}_model_states_mem_needs``) and Megatron-LM
 (``compute_weight_and_optimizer_memory``), which validation compares these with, are reproduced
@@ -202,7 +203,7 @@ def state_bytes(
     framework: Framework,
     model: ModelSpec,
     assume: MemoryAssumptions,
-    grads_in_fp32: bool = True,
+    grads_in_fp32: bool,
 ) -> StateBytes:
     """Bytes per trainable parameter by precision and framework (ZeRO §3.1; Megatron dist_optimizer.md);
     ``grads_in_fp32``: Megatron's bf16/fp8 gradient buffer dtype (``megatron_grads_in_fp32``)."""

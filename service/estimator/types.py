@@ -597,7 +597,8 @@ class Layout:
     moe_capacity_factor: float | None = None
     overlap_grad_reduce: bool | None = None  # DP reduce under backward; None: the framework default
     # Megatron, bf16/fp8: the gradient buffer (main grads) and its DP reduce-scatter in fp32 (4 B) or
-    # in bf16 (2 B, --grad-reduce-in-bf16). None: Megatron-LM's default for bf16, fp32
+    # in bf16 (2 B, --grad-reduce-in-bf16). None: NVIDIA's recipes' bf16 (model_states.megatron_grads_in_fp32;
+    # Megatron-LM's own default for bf16 is fp32: True)
     # (megatron/training/arguments.py validate_args, "bfloat16 requires gradient accumulation and
     # all-reduce to be done in fp32"); Megatron-Bridge's performance recipes set False.
     grad_reduce_in_fp32: bool | None = None

@@ -288,7 +288,7 @@ def megatron_precision_violation(training: TrainingSpec, layout: Layout) -> Viol
         return _bad(f"grad_reduce_in_fp32 is Megatron's gradient-buffer dtype under bf16 or fp8 (framework "
                     f"{layout.framework.value}, precision {training.precision.value})", "unused",
                     "grad_reduce_in_fp32")  # fmt: skip
-    if layout.fp8_param_gather and not (megatron and training.precision is Precision.FP8):
+    if layout.fp8_param_gather is not None and not (megatron and training.precision is Precision.FP8):
         return _bad(f"fp8_param_gather is Megatron's --fp8-param-gather: it needs framework megatron and "
                     f"precision fp8 (framework {layout.framework.value}, precision "
                     f"{training.precision.value})", "unused", "fp8_param_gather")  # fmt: skip

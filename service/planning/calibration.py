@@ -93,6 +93,10 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
     )
 
 
+# layout_family's answers
+LAYOUT_FAMILIES = ("data-parallel", "model-parallel", "expert-parallel")
+
+
 def job_traits(parameters: int, seq_len: int, layout: Layout | None = None) -> JobTraits:
     """The job being estimated; without a layout (a search that has not chosen one) any family."""
     family = None

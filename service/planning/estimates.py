@@ -20,6 +20,7 @@ from service.contracts.estimates import (
     TimeOut,
 )
 from service.estimator import estimate
+from service.estimator.calibration import applied_calibration
 from service.estimator.defaults import chosen_defaults
 from service.estimator.errors import EstimatorError
 from service.estimator.params import parameter_counts
@@ -57,7 +58,9 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
         )
     except EstimatorError as exc:
         raise located(exc) from exc
-    calibration = calibration_out(learned, uncalibrated)
+    # the factors as applied (the step's capped at HFU 1), as a plan's candidates report them
+    applied = applied_calibration(learned.calibration, uncalibrated.time if uncalibrated else None)
+    calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
     return estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
 
 

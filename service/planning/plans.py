@@ -34,6 +34,7 @@ from service.persistence.models import PlanRecord
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibrated import calibrated_candidates
 from service.planning.calibration import (
+    LAYOUT_FAMILIES,
     HardwareRuns,
     Learned,
     calibration_out,
@@ -105,8 +106,13 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     key = hardware_key(cluster)
     plans = PlanRepository(session)
     runs = runs_on(plans, key)
-    before = job_traits(parameter_counts(model).total, training.seq_len)  # no layout chosen yet
-    calibrations = [runs.learned(fw.value, before).calibration for fw in constraints.frameworks]
+    # no layout chosen yet: room for the largest memory factor any framework and family would apply
+    before = job_traits(parameter_counts(model).total, training.seq_len)
+    calibrations = [
+        runs.learned(fw.value, dataclasses.replace(before, family=family)).calibration
+        for fw in constraints.frameworks
+        for family in LAYOUT_FAMILIES
+    ]
     searched = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
     budget = deadline.budget(constraints.max_evaluations)
     rec = recommend(model, cluster, training, searched, default_tuning(), budget=budget)
