@@ -15,7 +15,7 @@ from functools import cache
 
 from validation import published
 from validation.cases import DATA_DIR
-from validation.network_classes import HALF, ClassRow, half_figures
+from validation.network_classes import ClassRow, halves_table, row_table
 
 BEFORE_PATH = DATA_DIR / "issue27_moe_before.json"
 # hf_config keys that give a model routed experts (Qwen3-MoE, DeepSeek, Mixtral / OLMoE)
@@ -74,22 +74,8 @@ def _layout(row: published.Row) -> str:
     )
 
 
-def _halves(rows: Sequence[ClassRow], percent: Callable[[float | None], str]) -> list[list[str]]:
-    body = []
-    for split in published.SPLITS:
-        half = [r for r in rows if r.split == split]
-        f = half_figures(half)
-        expressible = sum(r.after_s is not None for r in half)
-        body.append(
-            [
-                HALF[split],
-                f"{expressible} of {f.rows}",
-                f"{percent(f.median_before)} → {percent(f.median_after)}",
-                f"{percent(f.median_abs_before).lstrip('+')} → {percent(f.median_abs_after).lstrip('+')}",
-                f"{f.within_before} → {f.within_after}",
-            ]
-        )
-    return body
+def _expressible(half: Sequence[ClassRow]) -> str:
+    return f"{sum(r.after_s is not None for r in half)} of {len(half)}"
 
 
 def _pairs(rows: Sequence[ClassRow]) -> list[list[str]]:
@@ -113,23 +99,6 @@ def _pairs(rows: Sequence[ClassRow]) -> list[list[str]]:
             ]
         )
     return body
-
-
-def _row_table(rows: Sequence[ClassRow], percent: Callable[[float | None], str]) -> list[list[str]]:
-    by_id = {row["id"]: row for row in published.load_rows()}
-    ordered = sorted(rows, key=lambda r: (published.SPLITS.index(r.split), r.id))
-    return [
-        [
-            r.id,
-            HALF[r.split],
-            _routing(by_id[r.id]),
-            _layout(by_id[r.id]),
-            f"{r.published_s:.2f}",
-            percent(r.before),
-            percent(r.after) if r.reason is None else f"not expressible: {r.reason}",
-        ]
-        for r in ordered
-    ]
 
 
 def _median_abs(rows: Sequence[ClassRow], split: str) -> float | None:
@@ -190,7 +159,7 @@ def sections(percent: Callable[[float | None], str], table: Callable[..., list[s
         "",
     ]
     header = ["half", "rows (expressible)", "median step error (before → after)", "median \\|error\\|"]
-    lines += table([*header, "within 15%"], _halves(rows, percent))
+    lines += table([*header, "within 15%"], halves_table(rows, percent, _expressible))
     held_out = _median_abs(rows, "held_out")
     verdict = "met" if held_out is not None and held_out <= 0.15 else "not met"
     lines += [
@@ -205,6 +174,6 @@ def sections(percent: Callable[[float | None], str], table: Callable[..., list[s
     lines += ["", *_FINDINGS, ""]
     lines += table(
         ["run", "half", "routing", "cluster, layout", "published s/step", "error before", "error after"],
-        _row_table(rows, percent),
+        row_table(rows, percent, _layout, (_routing,)),
     )
     return lines

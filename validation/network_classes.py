@@ -137,14 +137,21 @@ def _layout(row: published.Row) -> str:
     )
 
 
-def _halves(rows: Sequence[ClassRow], percent: Callable[[float | None], str]) -> list[list[str]]:
+def halves_table(
+    rows: Sequence[ClassRow],
+    percent: Callable[[float | None], str],
+    count: Callable[[Sequence[ClassRow]], str] = lambda half: str(len(half)),
+) -> list[list[str]]:
+    """A class's halves before and after: rows (as ``count`` words them), median signed and absolute
+    step error, rows within 15%."""
     body = []
     for split in published.SPLITS:
-        f = half_figures([r for r in rows if r.split == split])
+        half = [r for r in rows if r.split == split]
+        f = half_figures(half)
         body.append(
             [
                 HALF[split],
-                str(f.rows),
+                count(half),
                 f"{percent(f.median_before)} → {percent(f.median_after)}",
                 f"{percent(f.median_abs_before).lstrip('+')} → {percent(f.median_abs_after).lstrip('+')}",
                 f"{f.within_before} → {f.within_after}",
@@ -153,14 +160,22 @@ def _halves(rows: Sequence[ClassRow], percent: Callable[[float | None], str]) ->
     return body
 
 
-def _row_table(rows: Sequence[ClassRow], percent: Callable[[float | None], str]) -> list[list[str]]:
+def row_table(
+    rows: Sequence[ClassRow],
+    percent: Callable[[float | None], str],
+    layout: Callable[[published.Row], str],
+    columns: Sequence[Callable[[published.Row], str]] = (),
+) -> list[list[str]]:
+    """A class's rows, halves in order: id, half, any ``columns``, the layout, published step, error
+    before and after (or why the row is not expressible)."""
     by_id = {row["id"]: row for row in published.load_rows()}
     ordered = sorted(rows, key=lambda r: (published.SPLITS.index(r.split), r.id))
     return [
         [
             r.id,
             HALF[r.split],
-            _layout(by_id[r.id]),
+            *(column(by_id[r.id]) for column in columns),
+            layout(by_id[r.id]),
             f"{r.published_s:.2f}",
             percent(r.before),
             percent(r.after) if r.reason is None else f"not expressible: {r.reason}",
@@ -222,9 +237,9 @@ def sections(percent: Callable[[float | None], str], table: Callable[..., list[s
         "DeepSpeed ZeRO-3 (ZeRO++ blog baselines):",
         "",
     ]
-    lines += table(_HALF_HEADER, _halves(deepspeed, percent))
+    lines += table(_HALF_HEADER, halves_table(deepspeed, percent))
     lines += ["", "FSDP (torchtitan, llm-foundry; no mechanism of this section applies to them):", ""]
-    lines += table(_HALF_HEADER, _halves(fsdp, percent))
+    lines += table(_HALF_HEADER, halves_table(fsdp, percent))
     lines += [
         "",
         "Achieved bandwidth, checked against DeepSpeed's baselines: the same model and micro-batch at "
@@ -238,7 +253,7 @@ def sections(percent: Callable[[float | None], str], table: Callable[..., list[s
         _bandwidth_check(deepspeed),
     )
     lines += ["", _bandwidth_sentence(_bandwidth_check(deepspeed)), "", *_ZERO3_FINDINGS, ""]
-    lines += table(_ROW_HEADER, _row_table(zero3, percent))
+    lines += table(_ROW_HEADER, row_table(zero3, percent, _layout))
     lines += [
         "",
         "## Slow inter-node networks (issue 27)",
@@ -253,9 +268,9 @@ def sections(percent: Callable[[float | None], str], table: Callable[..., list[s
         "(`step_time.tied_embedding_reduce_s`) and DeepSpeed's all-reduce of its ZeRO-1 gradient buckets.",
         "",
     ]
-    lines += table(_HALF_HEADER, _halves(network, percent))
+    lines += table(_HALF_HEADER, halves_table(network, percent))
     lines += ["", *_NETWORK_FINDINGS, "", _targets_without_sentence(), ""]
-    lines += table(_ROW_HEADER, _row_table(network, percent))
+    lines += table(_ROW_HEADER, row_table(network, percent, _layout))
     return lines
 
 
