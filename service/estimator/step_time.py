@@ -85,16 +85,7 @@ from service.estimator.types import (
 def peak_flops_per_s(cluster: ClusterSpec, precision: Precision) -> float:
     """Dense data-sheet peak for the GEMM precision (fp32: no TF32, PyTorch's default; tf32: the TF32
     tensor-core peak)."""
-    peaks = cluster.gpu.peak_flops_per_s
-    by_precision = {
-        Precision.FP32: peaks.fp32,
-        Precision.TF32: peaks.tf32,
-        Precision.BF16: peaks.bf16,
-        Precision.BF16_PURE: peaks.bf16,
-        Precision.FP16: peaks.fp16,
-        Precision.FP8: peaks.fp8,
-    }
-    peak = by_precision[precision]
+    peak = cluster.gpu.peak_flops_per_s.of(precision)
     if peak is None:
         raise InvalidTraining(
             f"{cluster.gpu.name} has no {precision.value} peak in its spec",

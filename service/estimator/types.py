@@ -289,6 +289,22 @@ class PeakFlops:
             if value is not None:
                 _require_positive(InvalidHardware, f"peak_flops_per_s.{name}", value)
 
+    def of(self, precision: Precision) -> float | None:
+        """The dense peak the precision's matmuls run on; None where the GPU has no units for it.
+        fp32 runs anywhere (CUDA cores, PyTorch's default without TF32); tf32 needs TF32 tensor
+        cores (NVIDIA Ampere and newer, AMD CDNA 3); bf16_pure runs bf16's."""
+        match precision:
+            case Precision.FP32:
+                return self.fp32
+            case Precision.TF32:
+                return self.tf32
+            case Precision.BF16 | Precision.BF16_PURE:
+                return self.bf16
+            case Precision.FP16:
+                return self.fp16
+            case Precision.FP8:
+                return self.fp8
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GPUSpec:

@@ -34,7 +34,6 @@ from service.estimator.types import (
     Method,
     ModelSpec,
     Offload,
-    PeakFlops,
     PositionEmbedding,
     Precision,
     Recompute,
@@ -466,25 +465,12 @@ def sharding_violation(layout: Layout, caps: Capabilities) -> Violation:
     return None
 
 
-def precision_peaks(peaks: PeakFlops) -> dict[Precision, float | None]:
-    """The dense peak each precision's matmuls run on; None where the GPU has no units for it. fp32
-    runs anywhere (CUDA cores); tf32 needs TF32 tensor cores (NVIDIA Ampere and newer, AMD CDNA 3)."""
-    return {
-        Precision.FP32: peaks.fp32,
-        Precision.TF32: peaks.tf32,
-        Precision.BF16: peaks.bf16,
-        Precision.FP16: peaks.fp16,
-        Precision.FP8: peaks.fp8,
-        Precision.BF16_PURE: peaks.bf16,
-    }
-
-
 def hardware_violation(cluster: ClusterSpec, training: TrainingSpec) -> Violation:
     """What the GPU cannot run, whatever the layout: a precision without matrix units for it (tf32 and
     bf16 before Ampere, fp8 before Hopper / Ada) and FlashAttention where its kernels do not exist."""
-    peaks = precision_peaks(cluster.gpu.peak_flops_per_s)
-    if peaks[training.precision] is None:
-        has = ", ".join(precision.value for precision, peak in peaks.items() if peak is not None)
+    peaks = cluster.gpu.peak_flops_per_s
+    if peaks.of(training.precision) is None:
+        has = ", ".join(precision.value for precision in Precision if peaks.of(precision) is not None)
         return _bad(
             f"{cluster.gpu.name} has no {training.precision.value} support (no {training.precision.value} "
             f"peak in its spec); precisions it runs: {has}",
