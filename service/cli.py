@@ -663,10 +663,12 @@ def gpus_command(url: str | None, as_json: bool) -> None:
         table.add_column(column, justify="left" if column == "name" else "right")
     for item in items:
         bf16 = item["peak_flops_per_s"].get("bf16")
+        clock = item.get("clock_fraction", 1.0)
+        sustained = f" ({bf16 * clock / 1e12:,.0f} at its clock)" if bf16 and clock != 1.0 else ""
         table.add_row(
             item["name"],
             f"{item['memory_bytes'] / 1e9:,.0f} GB",
-            f"{bf16 / 1e12:,.0f}" if bf16 else "-",
+            f"{bf16 / 1e12:,.0f}{sustained}" if bf16 else "-",
             f"{item['hbm_bandwidth_bytes_per_s'] / 1e12:,.2f}",
             f"{item['intra_node_bandwidth_bytes_per_s'] / 1e9:,.0f}",
         )

@@ -8,6 +8,7 @@ from service.api.problems import PROBLEM_RESPONSES
 from service.catalog.gpus import GPUEntry, gpu_entry, gpus
 from service.contracts.common import Page
 from service.contracts.gpus import GPUOut, PeakFlopsOut
+from service.estimator.clocks import clock_fraction
 
 router = APIRouter(prefix="/v1/gpus", tags=["catalog"], responses=PROBLEM_RESPONSES)
 
@@ -32,6 +33,7 @@ def to_out(entry: GPUEntry) -> GPUOut:
         power_limit_w=spec.power_limit_w,
         peak_clock_hz=spec.peak_clock_hz,
         sustained_clock_hz=spec.sustained_clock_hz,
+        clock_fraction=clock_fraction(spec),
         source=entry.source,
         notes=entry.notes or "",
     )

@@ -161,9 +161,16 @@ class GPUOut(BaseModel):
     intra_node_bandwidth_bytes_per_s: float
     pcie_bandwidth_bytes_per_s: float
     # sustained clocks (gpus.toml): the rating the peaks are quoted at and the limit the part runs at
-    rated_power_w: float | None = None
-    power_limit_w: float | None = None
-    peak_clock_hz: float | None = None
-    sustained_clock_hz: float | None = None
+    rated_power_w: float | None = Field(
+        default=None, description="board power the datasheet peaks are quoted at"
+    )
+    power_limit_w: float | None = Field(default=None, description="power limit the part runs at")
+    peak_clock_hz: float | None = Field(default=None, description="the clock behind the datasheet peaks")
+    sustained_clock_hz: float | None = Field(default=None, description="the clock the part holds under load")
+    clock_fraction: float = Field(
+        default=1.0,
+        description="the share of peak_flops_per_s the estimate computes at: sustained / peak clock, else "
+        "(power_limit_w / rated_power_w)^(1/3); 1 without either",
+    )
     source: str
     notes: str = ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.helpers import assert_problem
@@ -73,3 +74,9 @@ def test_a_limit_without_its_rating_or_above_it_is_a_422_naming_the_field(client
     ):
         problem = assert_problem(client.post("/v1/estimates", json=body(node | {"gpu": gpu})), 422)
         assert any(e["field"].endswith(f"gpu.{field}") for e in problem["errors"]), problem
+
+
+def test_the_catalog_says_at_what_share_of_its_peaks_a_power_capped_part_computes(client: TestClient) -> None:
+    capped = client.get("/v1/gpus/h100-sxm-500w-96gb").json()
+    assert capped["clock_fraction"] == pytest.approx((500 / 700) ** (1 / 3))  # the limit's clock
+    assert client.get("/v1/gpus/h100-sxm-80gb").json()["clock_fraction"] == 1.0
