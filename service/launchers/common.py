@@ -220,9 +220,16 @@ def half_precision(plan: Plan) -> str | None:
 TF32_ENV = ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
 
 
+# ROCm: PyTorch (2.7+) routes fp32 matmuls to hipBLASLt's TF32 path on MI300 only with this set
+# (its test_matmul_cuda opts in the same way; the flag is documented as temporary)
+ROCM_TF32_ENV = ("HIPBLASLT_ALLOW_TF32", "1")
+
+
 def tf32_environment(plan: Plan) -> list[tuple[str, str]]:
     """The environment that runs an fp32 script's matmuls in TF32 (precision tf32); else none."""
-    return [TF32_ENV] if plan.training.precision is Precision.TF32 else []
+    if plan.training.precision is not Precision.TF32:
+        return []
+    return [TF32_ENV, ROCM_TF32_ENV] if plan.cluster.gpu.vendor == "amd" else [TF32_ENV]
 
 
 def hf_decoder_layer(family: str) -> str | None:

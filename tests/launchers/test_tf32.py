@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import yaml
 
+from service.catalog.gpus import gpu
 from service.estimator.types import Framework, Plan, Precision, TrainingSpec
 from service.launchers import REFUSALS, RENDERERS, Artifact, Target, Unsupported
 from service.launchers.common import TF32_ENV
@@ -84,3 +86,13 @@ def test_every_target_renders_tf32_exactly_when_it_does_not_refuse(framework: Fr
         assert refused is None, target
         for artifact in artifacts:
             check_artifact(artifact, plan)
+
+
+def test_on_amd_the_launch_also_opens_hipblaslts_tf32_path() -> None:
+    # PyTorch on ROCm runs fp32 matmuls in TF32 (MI300) only with HIPBLASLT_ALLOW_TF32=1
+    nvidia = factories.plan(model=factories.llama3_8b(), train=TF32, framework=Framework.FSDP, zero_stage=3)
+    amd = dataclasses.replace(nvidia, cluster=dataclasses.replace(nvidia.cluster, gpu=gpu("mi300x-192gb")))
+    for plan, rocm in ((nvidia, False), (amd, True)):
+        launch = by_name(RENDERERS[Target.TORCHTITAN](plan), "torchtitan_launch.sh").content
+        assert EXPORT in launch.splitlines()
+        assert ("export HIPBLASLT_ALLOW_TF32=1" in launch.splitlines()) is rocm
