@@ -35,8 +35,10 @@ def estimate_of(row: published.Row) -> Estimate:
 def test_a_layout_as_nvidia_publishes_it_is_estimated_as_nvidia_ran_it(row: published.Row) -> None:
     try:
         as_run = estimate_of(row)
-    except published.Unexpressible:
-        pytest.skip("not expressible (the class's report names why)")
+    except published.Unexpressible as why:
+        # Megatron-FSDP (zero_stage 3 under Megatron) is the class's one unexpressible row
+        assert row["id"] == "mb2509-l3-8b-h100x8-mfsdp", str(why)
+        return
     bare = estimate_of(without_recipe_fields(row))
     assert bare.fits, f"{row['id']}: does not fit with the recipe switches left to their defaults"
     layout = row["layout"]
