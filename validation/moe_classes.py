@@ -15,7 +15,7 @@ from functools import cache
 
 from validation import published
 from validation.cases import DATA_DIR
-from validation.network_classes import ClassRow, halves_table, row_table
+from validation.network_classes import ClassRow, halves_table, row_table, rows_where
 
 BEFORE_PATH = DATA_DIR / "issue27_moe_before.json"
 # hf_config keys that give a model routed experts (Qwen3-MoE, DeepSeek, Mixtral / OLMoE)
@@ -38,25 +38,7 @@ def before_document() -> dict[str, object]:
 
 def class_rows() -> tuple[ClassRow, ...]:
     """The class's rows, in file order, with their step times before and now."""
-    before = before_document()["step_s"]
-    assert isinstance(before, dict)
-    chosen = []
-    for row in published.load_rows():
-        if not moe_row(row):
-            continue
-        result = published.evaluate(row)
-        chosen.append(
-            ClassRow(
-                id=row["id"],
-                split=row["split"],
-                framework=row["layout"]["framework"],
-                published_s=result.published,
-                before_s=before.get(row["id"]),
-                after_s=result.ours,
-                reason=result.reason,
-            )
-        )
-    return tuple(chosen)
+    return rows_where(moe_row, before_document())
 
 
 def _routing(row: published.Row) -> str:

@@ -73,11 +73,19 @@ def before_document() -> dict[str, object]:
 
 def class_rows(name: str) -> tuple[ClassRow, ...]:
     """The throughput rows of a class, in file order, with their step times before and now."""
-    before = before_document()["step_s"]
+    return rows_where(lambda row: row["kind"] == "throughput" and CLASSES[name](row), before_document())
+
+
+def rows_where(
+    chosen_row: Callable[[published.Row], bool], before_doc: dict[str, object]
+) -> tuple[ClassRow, ...]:
+    """The published rows ``chosen_row`` picks, in file order, with their step times before (from
+    ``before_doc``, a class's before file) and now."""
+    before = before_doc["step_s"]
     assert isinstance(before, dict)
     chosen = []
     for row in published.load_rows():
-        if row["kind"] != "throughput" or not CLASSES[name](row):
+        if not chosen_row(row):
             continue
         result = published.evaluate(row)
         chosen.append(
