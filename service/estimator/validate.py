@@ -388,6 +388,15 @@ def expert_violation(model: ModelSpec, layout: Layout) -> Violation:
         return _bad(
             "moe_capacity_factor needs a mixture-of-experts model", "capacity_moe", "moe_capacity_factor"
         )
+    if layout.moe_capacity_factor is not None and layout.framework is Framework.FSDP:
+        # Hugging Face's expert loop and torchtitan's token-choice MoE have no capacity: no launcher
+        # of fsdp could run the padded experts the estimate would time
+        return _bad(
+            "moe_capacity_factor: fsdp's MoE (Hugging Face's expert loop, torchtitan's token choice) drops "
+            "no tokens; capacity factors are megatron's and deepspeed's",
+            "capacity_moe",
+            "moe_capacity_factor",
+        )
     ep = layout.ep
     if ep == 1:
         return None

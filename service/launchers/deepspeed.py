@@ -293,7 +293,10 @@ def render(plan: Plan) -> list[Artifact]:
     if plan.layout.ep > 1:
         # the estimate splits the experts over tp as well; DeepSpeed's MoE replicates them by default
         split = ", enable_expert_tensor_parallelism=True" if plan.layout.tp > 1 else ""
-        moe = f"deepspeed.moe.layer.MoE(ep_size={plan.layout.ep}{split})"
+        # the capacity the estimate pads each expert to, where it is not DeepSpeed's default (1.0)
+        factor = plan.layout.moe_capacity_factor
+        capacity = f", capacity_factor={factor:g}" if factor is not None and factor != 1.0 else ""
+        moe = f"deepspeed.moe.layer.MoE(ep_size={plan.layout.ep}{split}{capacity})"
         header += f"\n{TRAIN_SCRIPT} must build MoE layers as {moe}."
     if plan.training.precision is Precision.FP8:
         header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."

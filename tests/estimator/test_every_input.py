@@ -141,6 +141,9 @@ LAYOUT_CASES = [
         model=MOE,
     ),
     Case("moe_capacity_factor", MEGATRON, replace(MEGATRON, moe_capacity_factor=1.0), refused=True),  # dense
+    Case(  # fsdp's MoE (Hugging Face, torchtitan) is dropless: no launcher would pad
+        "moe_capacity_factor", FSDP, replace(FSDP, moe_capacity_factor=1.25), model=MOE, refused=True
+    ),
     Case("micro_batch_size", MEGATRON, replace(MEGATRON, micro_batch_size=2)),
     Case(
         "virtual_pipeline_stages",

@@ -439,6 +439,9 @@ def test_deepspeed_moe_splits_the_experts_over_tp_as_estimated() -> None:
 
     assert "MoE(ep_size=4, enable_expert_tensor_parallelism=True)" in header(tp=2, ep=4, zero_stage=1)
     assert "MoE(ep_size=8)." in header(ep=8, zero_stage=1)
+    # a capacity the estimate pads to, other than DeepSpeed's default 1.0, is the script's too
+    assert "MoE(ep_size=8, capacity_factor=1.25)." in header(ep=8, zero_stage=1, moe_capacity_factor=1.25)
+    assert "MoE(ep_size=8)." in header(ep=8, zero_stage=1, moe_capacity_factor=1.0)
 
 
 def test_megatron_renders_the_estimated_recompute_modules() -> None:
