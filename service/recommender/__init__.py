@@ -113,7 +113,7 @@ class SearchResult:
     valid_structures: int = 0
     # why the GPU counts above the one searched last gave no layout (the throughput objective's fallback)
     idle_reason: str | None = None
-    # per count searched, the leanest layout that fits (``_lean_layout_fits``): kept if the budget
+    # per count searched, the leanest layout that fits (``_viable_structures``): kept if the budget
     # cuts the search before it keeps any other
     fallbacks: list[tuple[Job, Layout]] = field(default_factory=list)
 
@@ -564,13 +564,19 @@ def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: Sea
     return False
 
 
-def _lean_layout_fits(
-    search: _Search, job: Job, result: SearchResult, found: list[Structure], limit: int
-) -> bool:
-    """Whether any structure of this GPU count has a layout that fits: each sharding's leanest
+def _viable_structures(
+    search: _Search, job: Job, result: SearchResult, found: list[Structure], limit: int, every: bool
+) -> list[Structure]:
+    """The structures of this GPU count that may hold a layout that fits. Each sharding's leanest
     member (the most recompute, no interleaving, the smallest micro-batch) is checked for memory
-    alone, which no other member of its family needs less of. A count where none fits is cut
-    before any step time is computed (the fewest-GPU searches climb through such counts)."""
+    alone, which no other member of its family needs less of: a count where none fits is cut before
+    any step time is computed (the fewest-GPU searches climb through such counts), and its first
+    lean layout that fits is kept as the count's fallback.
+
+    ``every``: check each structure, and leave out (logged) those where none fits, so that no step
+    floor is computed for them: worth it where memory is tight (a fewest-GPU search stops at the
+    first count where anything fits, and there most structures fit nothing); a search of a count
+    where most fit stops at the first, and the step floors prune the rest, which is cheaper."""
     runnable = [
         framework
         for framework in search.constraints.frameworks
@@ -583,25 +589,40 @@ def _lean_layout_fits(
         )
         is None
     ]  # fmt: skip  (a framework that cannot train the job at all, e.g. LoRA on Megatron, bounds nothing)
+    viable: list[Structure] = []
     for s in found:
-        for framework in runnable:
-            options, _ = shardings(
-                framework, s, search.offload, search.compiled(framework), search.megatron_lm
-            )
-            sp = s.tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
-            sizes = micro_batch_sizes(search.training, s, 1, sp)
-            if not options or not sizes:
-                continue
-            for sh in options:
-                lean = make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0])
-                if _violation(job, lean) is not None:
-                    return True  # not a bound: the family's other members may be valid
-                memory = result.memory_numbers(job, lean)
-                if evaluate.numbers_fit(job.cluster, memory, limit):
-                    result.fallbacks.append((job, lean))
-                    return True
-                _log_memory(result, lean, memory, limit, 1)
-    return False
+        may_fit, lean = _lean_fit(search, job, result, s, runnable, limit)
+        if not may_fit:
+            continue
+        if lean is not None and not any(j is job for j, _ in result.fallbacks):
+            result.fallbacks.append((job, lean))
+        if not every:
+            return found
+        viable.append(s)
+    return viable
+
+
+def _lean_fit(
+    search: _Search, job: Job, result: SearchResult, s: Structure, runnable: list[Framework], limit: int
+) -> tuple[bool, Layout | None]:
+    """Whether ``s`` may hold a layout that fits (``_viable_structures``), and the first of its lean
+    layouts that fits; (True, None) where a lean layout breaks a rule before any fits (no bound:
+    the family's other members may be valid)."""
+    for framework in runnable:
+        options, _ = shardings(framework, s, search.offload, search.compiled(framework), search.megatron_lm)
+        sp = s.tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
+        sizes = micro_batch_sizes(search.training, s, 1, sp)
+        if not options or not sizes:
+            continue
+        for sh in reversed(options):  # the most sharded and offloaded first: the likeliest to fit
+            lean = make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0])
+            if _violation(job, lean) is not None:
+                return True, None
+            memory = result.memory_numbers(job, lean)
+            if evaluate.numbers_fit(job.cluster, memory, limit):
+                return True, lean
+            _log_memory(result, lean, memory, limit, 1)
+    return False, None
 
 
 MAX_FALLBACKS_TIMED = 3
@@ -679,8 +700,9 @@ def _search_counts(
         before = len(result.best)
         if not _count_can_fit(request, job, gpus, limit, result):
             continue
-        found = list(structures(model, cluster, training, gpus, result.log))
-        if not _lean_layout_fits(request, job, result, found, limit):
+        splits = list(structures(model, cluster, training, gpus, result.log))
+        found = _viable_structures(request, job, result, splits, limit, every=stop_at_first_fit)
+        if not found:
             continue
         if not _search_count(request, job, result, found, limit):
             break

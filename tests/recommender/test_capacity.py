@@ -104,7 +104,7 @@ def test_the_request_shares_one_evaluation_budget_and_says_where_it_ran_out() ->
     """Capacity across GPU types searches within Constraints.max_evaluations in all, as one plan
     does: each type gets an equal share of what is left; a type whose share ran out says so."""
     training = TrainingSpec(seq_len=4096, global_batch_size=512, tokens=10**11)
-    types = [gpu("h100-sxm-80gb"), gpu("a100-sxm-40gb"), gpu("l40s-48gb")]
+    types = [gpu("h200-sxm-141gb"), gpu("a100-sxm-40gb"), gpu("l40s-48gb")]
     llama = model("llama-2-70b").spec
     full = capacity(llama, training, default_tuning(), gpus=types)
     assert all(o.fits and not o.truncated and o.evaluations > 0 for o in full)
