@@ -574,6 +574,9 @@ def estimate(
     result = api.call("POST", "/v1/estimates", json=body)
     emit(result, as_json)
     if not as_json:
+        chosen = result.get("resolved_defaults") or {}
+        if chosen:  # left out: training fields resolved for the GPU, layout switches as recipes set them
+            console.print("defaults: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
         print_estimate(result)
     sys.exit(FEASIBLE if result["fits"] else INFEASIBLE)
 

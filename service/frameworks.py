@@ -131,6 +131,21 @@ FRAMEWORKS: Mapping[Framework, FrameworkEntry] = MappingProxyType(
 )
 
 
+def sequence_parallel_default(framework: Framework, tp: int) -> bool:
+    """Whether ``framework``'s recipes shard the norm and dropout activations over the TP group at
+    this tp (Megatron-Bridge / NeMo recipes set sequence_parallel with TP; torchtitan's TP plan
+    always does; DeepSpeed AutoTP has none): what the search builds and an estimate assumes unless
+    told."""
+    return tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
+
+
+def tp_comm_overlap_default(framework: Framework, sequence_parallel: bool) -> bool:
+    """Whether ``framework``'s recipes overlap the TP collectives with the GEMMs (Megatron-Bridge /
+    NeMo's tp_comm_overlap, which needs sequence parallelism): the search's and an estimate's
+    default."""
+    return sequence_parallel and FRAMEWORKS[framework].flags.tp_comm_overlap
+
+
 def frameworks_of(target: Target) -> tuple[Framework, ...]:
     """The frameworks whose layouts ``target`` runs (none for Slurm and Kubernetes: they wrap the
     framework's own targets)."""

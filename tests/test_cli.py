@@ -191,6 +191,10 @@ def test_estimate_of_one_layout(database: str) -> None:
     assert "fits" in table.output and "step time" in table.output
     # plain DDP of 8B on 80 GB cards: 16 bytes per parameter do not fit
     assert run("estimate", *args, "--dp", "8", "--micro", "8").exit_code == 2
+    # what the request left out is named, as the API resolved it
+    megatron = run("estimate", *args, "--framework", "megatron", "--dp", "2", "--tp", "4", "--zero", "1")
+    assert "layout.sequence_parallel true" in megatron.output, megatron.output
+    assert "layout.tp_comm_overlap true" in megatron.output
 
 
 def test_a_calibrated_estimate_names_its_runs_and_its_figures_without_them(database: str) -> None:

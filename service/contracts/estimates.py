@@ -18,6 +18,7 @@ from service.contracts.training import TrainingIn
 from service.estimator.calibration import OLDER_ESTIMATOR_WEIGHT, OTHER_FAMILY_WEIGHT, RECENCY_HALF_LIFE_DAYS
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import Compile, Framework, Layout, Offload, Recompute, RecomputeModule
+from service.frameworks import sequence_parallel_default, tp_comm_overlap_default
 
 
 class LayoutIn(Strict):
@@ -35,7 +36,13 @@ class LayoutIn(Strict):
         "(--expert-tensor-parallel-size; etp x ep x expert-dp fold over tp x cp x dp, so ep may exceed "
         "dp x cp when etp < tp); default: tp",
     )
-    sequence_parallel: bool = False
+    sequence_parallel: bool | None = Field(
+        default=None,
+        description="shard the norm and dropout activations over the TP group (Megatron's "
+        "--sequence-parallel, torchtitan's TP plan; DeepSpeed AutoTP has none); default: as the "
+        "framework's recipes and the search set it: on with tp > 1 for megatron and fsdp, off for "
+        "deepspeed (named in resolved_defaults)",
+    )
     zero_stage: Literal[0, 1, 2, 3] = 0
     offload_optimizer: Offload = Offload.NONE
     offload_params: Offload = Offload.NONE
@@ -84,7 +91,12 @@ class LayoutIn(Strict):
         "compiled engine is not modelled",
     )
     fsdp_hybrid_shard: bool = False
-    tp_comm_overlap: bool = False
+    tp_comm_overlap: bool | None = Field(
+        default=None,
+        description="megatron: --tp-comm-overlap (Transformer Engine userbuffers; needs sequence "
+        "parallelism at tp > 1); default: on where sequence parallelism is, as Megatron-Bridge / NeMo "
+        "recipes and the search set it, off for the other frameworks (named in resolved_defaults)",
+    )
     moe_a2a_overlap: bool = Field(
         default=False,
         description="megatron, MoE with ep > 1: --overlap-moe-expert-parallel-comm (combined 1F1B: each "
@@ -129,8 +141,26 @@ class LayoutIn(Strict):
         default=False, description="the output layer and loss count as a layer in the derived split"
     )
 
+    def framework_defaults(self) -> dict[str, bool]:
+        """The switches the request left out, as the framework's recipes (and the search) set them."""
+        chosen: dict[str, bool] = {}
+        sequence_parallel = self.sequence_parallel
+        if sequence_parallel is None:
+            sequence_parallel = sequence_parallel_default(self.framework, self.tp)
+            chosen["sequence_parallel"] = sequence_parallel
+        if self.tp_comm_overlap is None:
+            chosen["tp_comm_overlap"] = tp_comm_overlap_default(self.framework, sequence_parallel)
+        return chosen
+
+    def chosen_defaults(self) -> dict[str, str]:
+        """``{"layout.sequence_parallel": "true", ...}``: what each switch left out resolved to, where
+        the layout has a TP group for it to act on."""
+        if self.tp == 1:
+            return {}
+        return {f"layout.{name}": str(value).lower() for name, value in self.framework_defaults().items()}
+
     def to_domain(self) -> Layout:
-        fields = self.model_dump()
+        fields = self.model_dump() | self.framework_defaults()
         if self.pipeline_layers is not None:
             fields["pipeline_layers"] = tuple(self.pipeline_layers)
         if self.recompute_modules is not None:
@@ -328,7 +358,8 @@ class EstimateOut(BaseModel):
     resolved_defaults: dict[str, str] = Field(
         default_factory=dict,  # plans stored before defaults followed the GPU read back without it
         description='training fields the request left out, as resolved for the GPU: {"training.attention": '
-        '"sdpa", "training.precision": "fp16"} on a V100',
+        '"sdpa", "training.precision": "fp16"} on a V100; and layout switches left out, as the '
+        'framework\'s recipes set them: {"layout.sequence_parallel": "true"} for megatron at tp > 1',
     )
     calibration: CalibrationOut | None = Field(
         default=None, description="factors learned from runs on this hardware and framework, when any"

@@ -61,7 +61,9 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     # the factors as applied (the step's capped at HFU 1), as a plan's candidates report them
     applied = applied_calibration(learned.calibration, uncalibrated.time if uncalibrated else None)
     calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
-    return estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
+    out = estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
+    out.resolved_defaults |= request.layout.chosen_defaults()
+    return out
 
 
 def check_scale(model: ModelSpec, cluster: ClusterSpec | None, training: TrainingSpec) -> None:

@@ -52,7 +52,7 @@ from service.estimator.validate import (
     training_violation,
     validate_layout,
 )
-from service.frameworks import FRAMEWORKS
+from service.frameworks import FRAMEWORKS, sequence_parallel_default
 from service.launchers import runnable_targets
 from service.recommender import headroom, rank
 from service.recommender.budget import Budget
@@ -384,7 +384,7 @@ Ceilings = dict[tuple[Framework, int], tuple[float, ...] | None]
 def _sizes(
     search: _Search, s: Structure, framework: Framework, virtual: int, sizes_of: Sizes
 ) -> tuple[int, ...]:
-    sp = s.tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
+    sp = sequence_parallel_default(framework, s.tp)
     if (virtual, sp) not in sizes_of:
         sizes_of[virtual, sp] = micro_batch_sizes(search.training, s, virtual, sp)
     return sizes_of[virtual, sp]
@@ -610,7 +610,7 @@ def _lean_fit(
     the family's other members may be valid)."""
     for framework in runnable:
         options, _ = shardings(framework, s, search.offload, search.compiled(framework), search.megatron_lm)
-        sp = s.tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
+        sp = sequence_parallel_default(framework, s.tp)
         sizes = micro_batch_sizes(search.training, s, 1, sp)
         if not options or not sizes:
             continue

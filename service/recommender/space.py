@@ -55,7 +55,13 @@ from service.estimator.validate import (
     valid_micro_batch_sizes,
     zero_with_pipeline_violation,
 )
-from service.frameworks import FRAMEWORKS, FrameworkFlags, Target
+from service.frameworks import (
+    FRAMEWORKS,
+    FrameworkFlags,
+    Target,
+    sequence_parallel_default,
+    tp_comm_overlap_default,
+)
 
 MAX_CP = 32  # context parallelism beyond 32 ranks only pays off past the catalog's context lengths
 MAX_VIRTUAL_STAGES = 8  # interleaving deeper than 8 chunks costs more p2p than its bubble saves
@@ -388,9 +394,9 @@ def make_layout(
     """The layout of these choices (shared: the search builds the same one at several steps, and a
     capacity sweep for every GPU type searching the same count; a ``Layout`` is frozen)."""
     flags = FRAMEWORKS[sharding.framework].flags
-    sp = structure.tp > 1 and flags.sequence_parallel
+    sp = sequence_parallel_default(sharding.framework, structure.tp)
     own = sharding.megatron_lm
-    tp_overlap = flags.tp_comm_overlap and sp
+    tp_overlap = tp_comm_overlap_default(sharding.framework, sp)
     overlap = _overlap_grad_reduce(flags, structure, sharding)
     if own is not None:  # Megatron-LM's own: no overlapped reduce or TP communication
         tp_overlap, overlap = False, (False if structure.dp * structure.cp > 1 else None)

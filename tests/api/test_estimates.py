@@ -368,3 +368,69 @@ def test_megatron_gradient_dtype_and_fp8_parameter_gather(client: TestClient) ->
     assert any("--grad-reduce-in-bf16" in note for note in lean["assumptions"])
     problem = assert_problem(client.post("/v1/estimates", json=body(grad_reduce_in_fp32=False)), 422)
     assert problem["errors"][0]["field"] == "layout.grad_reduce_in_fp32", problem
+
+
+def test_tp_switches_left_out_follow_the_frameworks_recipes_as_the_search_builds_them(
+    client: TestClient,
+) -> None:
+    """Megatron at tp > 1 without sequence_parallel / tp_comm_overlap runs as NVIDIA's recipes and
+    the search set them (both on), and the answer names them; DeepSpeed AutoTP has no sequence
+    parallelism; what the request states is kept; at tp = 1 nothing is resolved."""
+    megatron = {"framework": "megatron", "dp": 2, "tp": 4, "zero_stage": 1, "recompute": "none"}
+    omitted = post(client, body() | {"layout": megatron})
+    assert omitted["layout"]["sequence_parallel"] is True and omitted["layout"]["tp_comm_overlap"] is True
+    assert omitted["resolved_defaults"]["layout.sequence_parallel"] == "true"
+    assert omitted["resolved_defaults"]["layout.tp_comm_overlap"] == "true"
+    switches = {"sequence_parallel": True, "tp_comm_overlap": True}
+    stated = post(client, body() | {"layout": megatron | switches})
+    assert stated["time"] == omitted["time"] and stated["memory"]["per_gpu"] == omitted["memory"]["per_gpu"]
+    assert not any(k.startswith("layout.") for k in stated["resolved_defaults"])
+    own = post(client, body() | {"layout": megatron | {"sequence_parallel": False, "tp_comm_overlap": False}})
+    assert own["layout"]["sequence_parallel"] is False
+    # without SP every TP rank keeps the norms' and dropout's activations whole: more memory, slower
+    assert own["memory"]["per_gpu"]["activations"] > omitted["memory"]["per_gpu"]["activations"]
+    assert own["time"]["step_s"] > omitted["time"]["step_s"]
+    autotp = post(client, body(dp=4, tp=2))
+    assert autotp["layout"]["sequence_parallel"] is False and autotp["layout"]["tp_comm_overlap"] is False
+    assert autotp["resolved_defaults"]["layout.sequence_parallel"] == "false"
+    plain = post(client, body())
+    assert not any(k.startswith("layout.") for k in plain["resolved_defaults"])
+
+
+FOUR_NODES = {
+    "gpu": "h100-sxm-80gb",
+    "num_nodes": 4,
+    "gpus_per_node": 8,
+    "inter_node_bandwidth_bytes_per_s": 50e9,
+}
+
+
+def test_a_plans_megatron_layout_estimates_the_same_with_its_switches_left_out(client: TestClient) -> None:
+    """A plan's Megatron layout, posted to /v1/estimates without the two switches, gives the plan's
+    numbers: the estimate's defaults are the search's."""
+    plan = client.post(
+        "/v1/plans",
+        json={
+            "model": {"preset": "llama-3-70b"},
+            "cluster": FOUR_NODES,
+            "training": {"seq_len": 4096, "global_batch_size": 512},
+            "constraints": {"frameworks": ["megatron"]},
+        },
+    )
+    assert plan.status_code in (200, 201), plan.text
+    recommended = plan.json()["recommended"]
+    layout = dict(recommended["layout"])
+    assert layout["tp"] > 1 and layout["sequence_parallel"] is True
+    for name in ("sequence_parallel", "tp_comm_overlap", "gradient_accumulation_steps"):
+        layout.pop(name)
+    estimate = post(
+        client,
+        {
+            "model": {"preset": "llama-3-70b"},
+            "cluster": FOUR_NODES,
+            "training": {"seq_len": 4096, "global_batch_size": 512},
+            "layout": {k: v for k, v in layout.items() if v is not None},
+        },
+    )
+    assert estimate["time"]["step_s"] == pytest.approx(recommended["estimate"]["time"]["step_s"], rel=1e-12)
+    assert estimate["memory"]["per_gpu"] == recommended["estimate"]["memory"]["per_gpu"]
