@@ -212,12 +212,23 @@ def stored_cluster_id(api: Api, name_or_id: str) -> str:
 
 
 def training(
-    seq: int, batch: int, precision: str | None, method: str, tokens: int | None, attention: str | None = None
+    seq: int,
+    batch: int,
+    precision: str | None,
+    method: str,
+    tokens: int | None,
+    attention: str | None = None,
+    base_dtype: str | None = None,
 ) -> dict[str, Any]:
     """The request's training; precision and attention left out resolve from the GPU (the answer's
     resolved_defaults names what they became)."""
     body: dict[str, Any] = {"seq_len": seq, "global_batch_size": batch, "method": method}
-    for name, value in (("precision", precision), ("attention", attention), ("tokens", tokens)):
+    for name, value in (
+        ("precision", precision),
+        ("attention", attention),
+        ("tokens", tokens),
+        ("base_dtype", base_dtype),
+    ):
         if value is not None:
             body[name] = value
     return body
@@ -431,6 +442,11 @@ job_options = [
     click.option("--precision", help="bf16, fp16, fp8, fp32, tf32, bf16_pure (default: from the GPU)"),
     click.option("--attention", help="flash, sdpa, eager (default: from the GPU)"),
     click.option("--method", default="full", show_default=True, help="full, lora or qlora"),
+    click.option(
+        "--base-dtype",
+        help="lora: compute (the default: the base in the compute dtype) or fp32 (loaded in fp32, trained "
+        "under 16-bit autocast)",
+    ),
     click.option("--tokens", type=int, help="total training tokens, for time to train"),
 ]
 cluster_options = [
@@ -489,6 +505,7 @@ def plan(
     batch: int,
     precision: str | None,
     attention: str | None,
+    base_dtype: str | None,
     method: str,
     tokens: int | None,
     objective: str,
@@ -509,7 +526,7 @@ def plan(
     body = {
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps),
-        "training": training(seq, batch, precision, method, tokens, attention),
+        "training": training(seq, batch, precision, method, tokens, attention, base_dtype),
         "constraints": constraints,
         "launchers": targets,
     }
@@ -548,6 +565,7 @@ def estimate(
     batch: int,
     precision: str | None,
     attention: str | None,
+    base_dtype: str | None,
     method: str,
     tokens: int | None,
     framework: str,
@@ -568,7 +586,7 @@ def estimate(
     body = {
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps),
-        "training": training(seq, batch, precision, method, tokens, attention),
+        "training": training(seq, batch, precision, method, tokens, attention, base_dtype),
         "layout": layout,
     }
     result = api.call("POST", "/v1/estimates", json=body)
@@ -594,6 +612,7 @@ def capacity(
     batch: int,
     precision: str | None,
     attention: str | None,
+    base_dtype: str | None,
     method: str,
     tokens: int | None,
     gpu_names: tuple[str, ...],
@@ -605,7 +624,7 @@ def capacity(
     api = Api(url)
     body: dict[str, Any] = {
         "model": model_ref(model, config),
-        "training": training(seq, batch, precision, method, tokens, attention),
+        "training": training(seq, batch, precision, method, tokens, attention, base_dtype),
         "max_nodes": max_nodes,
     }
     if gpu_names:

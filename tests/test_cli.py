@@ -351,3 +351,14 @@ def test_a_log_over_the_body_limit_is_sent_as_its_head_and_tail() -> None:
     assert cut and len(json.dumps(sent).encode()) <= LOG_BODY_BYTES
     assert sent.startswith("line 0 ") and sent.endswith(f"line 39999 {'x' * 80}")
     assert log_excerpt("short\n") == ("short\n", False)
+
+
+def test_a_lora_base_kept_in_fp32_is_an_input(database: str) -> None:
+    """The CLI sends --base-dtype as the API's training.base_dtype: 7B LoRA on one 24 GB card fits
+    with the base in bf16 and not with it in fp32 (4 B per base parameter)."""
+    args = ["--model", "llama-2-7b", "--gpus", "1xrtx-4090-24gb", "--seq", "2048", "--batch", "8"]
+    layout = ["--method", "lora", "--precision", "bf16", "--framework", "fsdp", "--recompute", "full"]
+    assert run("estimate", *args, *layout).exit_code == 0
+    fp32 = run("estimate", *args, *layout, "--base-dtype", "fp32", "--json")
+    assert fp32.exit_code == 2, fp32.output
+    assert json.loads(fp32.output)["fits"] is False

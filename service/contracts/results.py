@@ -76,6 +76,7 @@ class SuggestionOut(Stored):
     layout: dict[str, Any] | None = None
     method: str | None = None
     seq_len: int | None = None
+    base_dtype: str | None = None
     on_the_gpus_given: bool = False
     truncated: bool = False
 

@@ -9,7 +9,16 @@ from pydantic import Field
 from service.contracts.common import Strict
 from service.estimator.defaults import HARDWARE_DEFAULT_FIELDS, for_gpu
 from service.estimator.errors import InvalidTraining
-from service.estimator.types import ALL_LINEAR, Attention, GPUSpec, Method, Optimizer, Precision, TrainingSpec
+from service.estimator.types import (
+    ALL_LINEAR,
+    Attention,
+    BaseDtype,
+    GPUSpec,
+    Method,
+    Optimizer,
+    Precision,
+    TrainingSpec,
+)
 
 
 class TrainingIn(Strict):
@@ -38,6 +47,16 @@ class TrainingIn(Strict):
         le=16,
         description="multi-token prediction depths trained with the model (megatron --mtp-num-layers; "
         "DeepSeek-V3 trains 1): each adds a layer, its projection and a loss on the last pipeline stage",
+    )
+
+    base_dtype: BaseDtype = Field(
+        default=BaseDtype.COMPUTE,
+        description="lora: the dtype the frozen base is kept in. compute: loaded in the compute dtype "
+        "(from_pretrained(torch_dtype=torch.bfloat16) under bf16). fp32: loaded in fp32 (transformers' "
+        "from_pretrained without torch_dtype) and trained under 16-bit autocast (HF Trainer bf16=True): 4 B "
+        "per base parameter, and without FSDP sharding each layer keeps the 16-bit copies autocast makes "
+        "of its weights until its backward (recompute full: one layer's), each forward casting them again. "
+        "deepspeed refuses it (its engine casts the model to bf16 / fp16)",
     )
 
     def to_domain(self, gpu: GPUSpec | None) -> TrainingSpec:
@@ -72,6 +91,7 @@ class TrainingIn(Strict):
             attention=self.attention or Attention.FLASH,
             tokens=self.tokens,
             mtp_num_layers=self.mtp_num_layers,
+            base_dtype=self.base_dtype,
             hardware_defaults=frozenset(
                 name for name in HARDWARE_DEFAULT_FIELDS if getattr(self, name) is None
             ),

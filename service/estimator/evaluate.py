@@ -21,6 +21,7 @@ from service.estimator.memory import (
     MEMORY_FIELDS,
     RankActivations,
     RankStates,
+    autocast_weight_bytes,
     fragmentation_bytes,
     pipeline_ranks,
     stage_activations,
@@ -46,11 +47,12 @@ MemoryParts = tuple[int, int, int, int, int, int]
 
 
 def rank_memory_parts(
-    job: Job, states: RankStates, acts: RankActivations, dynamic_factor: float
+    job: Job, states: RankStates, acts: RankActivations, dynamic_factor: float, autocast_bytes: float = 0.0
 ) -> MemoryParts:
     """One pipeline rank's bytes by component; ``dynamic_factor`` (learned from runs) scales the
-    dynamic ones: activations, buffers and overhead."""
-    buffers = states.buffers + acts.buffers
+    dynamic ones: activations, buffers and overhead. ``autocast_bytes``: the 16-bit copies of a frozen
+    fp32 base the rank holds (``memory.autocast_weight_bytes``), a buffer."""
+    buffers = states.buffers + acts.buffers + autocast_bytes
     overhead = acts.fixed_overhead + fragmentation_bytes(
         acts.on_gpu + buffers, job.assume.fragmentation_fraction
     )
@@ -65,14 +67,23 @@ def rank_memory_parts(
     return (states.parameters, states.gradients, states.optimizer_states, *dynamic)
 
 
+def rank_autocast_bytes(job: Job, layout: Layout) -> list[float]:
+    """``memory.autocast_weight_bytes`` of each of ``pipeline_ranks``."""
+    ranks = pipeline_ranks(job, layout)
+    if not job.training.base_autocast:
+        return [0.0] * len(ranks)
+    return [autocast_weight_bytes(job, layout, rank) for rank in ranks]
+
+
 def most_loaded(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[MemoryParts, float, float]:
     """The parts of the most loaded evaluated rank (the first on a tie), and the largest host and
     NVMe bytes per GPU of any evaluated rank."""
     all_states, all_acts = stage_states(job, layout), stage_activations(job, layout)
-    heaviest = rank_memory_parts(job, all_states[0], all_acts[0], dynamic_factor)
+    casts = rank_autocast_bytes(job, layout)
+    heaviest = rank_memory_parts(job, all_states[0], all_acts[0], dynamic_factor, casts[0])
     host, nvme = all_states[0].host_bytes + all_acts[0].on_host, all_states[0].nvme_bytes
-    for states, acts in zip(all_states[1:], all_acts[1:], strict=True):  # the other evaluated ranks
-        parts = rank_memory_parts(job, states, acts, dynamic_factor)
+    for states, acts, cast in zip(all_states[1:], all_acts[1:], casts[1:], strict=True):  # the other ranks
+        parts = rank_memory_parts(job, states, acts, dynamic_factor, cast)
         if sum(parts) > sum(heaviest):
             heaviest = parts
         host = max(host, states.host_bytes + acts.on_host)
@@ -106,7 +117,11 @@ def memory_estimate(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> Me
     parts, host, nvme = most_loaded(job, layout, dynamic_factor)
     gpus_per_node = job.cluster.gpus_per_node
     stages = zip(
-        pipeline_ranks(job, layout), stage_states(job, layout), stage_activations(job, layout), strict=True
+        pipeline_ranks(job, layout),
+        stage_states(job, layout),
+        stage_activations(job, layout),
+        rank_autocast_bytes(job, layout),
+        strict=True,
     )
     return MemoryEstimate(
         per_gpu=memory_breakdown(parts),
@@ -115,9 +130,9 @@ def memory_estimate(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> Me
         nvme_per_node_bytes=math.ceil(nvme * gpus_per_node),
         per_stage=tuple(
             StageMemory(
-                rank=rank, memory=memory_breakdown(rank_memory_parts(job, states, acts, dynamic_factor))
+                rank=rank, memory=memory_breakdown(rank_memory_parts(job, states, acts, dynamic_factor, cast))
             )
-            for rank, states, acts in stages
+            for rank, states, acts, cast in stages
         ),
     )
 
@@ -162,7 +177,7 @@ def time_parts(job: Job, layout: Layout) -> tuple[float, ...]:
     """The step's parts in ``TimeBreakdown`` order."""
     parts = st.step_parts(job, layout)
     return (
-        parts.compute_s,
+        parts.compute_s + st.weight_cast_s(job, layout, parts),
         parts.recompute_s,
         parts.tp_comm_s,
         parts.cp_comm_s,

@@ -44,6 +44,7 @@ from service.estimator.types import (
     Optimizer,
     ParameterCounts,
     Precision,
+    Recompute,
     TrainingSpec,
 )
 
@@ -154,6 +155,51 @@ def dequantize_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -
     if training.method is not Method.QLORA:
         return 0.0
     return 2 * model.hidden_size * max(model.q_size, model.ffn_hidden_size) / layout.tp
+
+
+# The layout fields autocast_weight_bytes reads: the sharding group, the rank's layers and which recompute.
+AUTOCAST_FIELDS = (
+    "framework",
+    "dp",
+    "cp",
+    "tp",
+    *PIPELINE_FIELDS,
+    "ep",
+    "etp",
+    "zero_stage",
+    "fsdp_hybrid_shard",
+    "recompute",
+    "recompute_num_layers",
+    "recompute_every_n_layers",
+)
+
+
+@layout_memo(*AUTOCAST_FIELDS, memory=True)
+def autocast_weight_bytes(job: Job, layout: Layout, rank: int) -> float:
+    """16-bit copies of a frozen fp32 LoRA base held at the peak of pipeline rank ``rank``, where
+    autocast makes them (``TrainingSpec.base_autocast``) and nothing shards the weights (DDP, or FSDP
+    on one rank).
+
+    Autocast casts a Linear's fp32 weight to 16 bits at every use, and caches the copy only for leaf
+    tensors that require grad (aten/src/ATen/autocast_mode.cpp ``cached_cast``): a frozen weight's copy
+    is not cached but is what the matmul saves for its input gradient, so each layer whose
+    activations are kept holds its Linears' copies until its backward; a checkpointed layer holds
+    them only while it is recomputed, one layer at a time. The output layer (h x V, tied or not)
+    casts and saves likewise on the last rank. One micro-batch in flight (no PEFT launcher pipelines).
+    FSDP's sharded stages cast each fp32 shard before the all-gather (MixedPrecision param_dtype): the
+    gathered 16-bit unit is the copy, counted with the gathered parameters."""
+    if not job.training.base_autocast or layout.framework is not Framework.FSDP:
+        return 0.0
+    if layout.zero_stage > 0 and shard_degrees(layout, job.cluster)[0] > 1:
+        return 0.0
+    rp = rank_parameters_of(job, layout, rank)
+    recomputed = 0.0  # selective policies recompute no matmul's weight use (per-op AC: counted as kept)
+    if layout.recompute is Recompute.FULL:
+        recomputed = rank_recomputed_fractions(job.model.num_layers, layout)[rank]
+    held = (1.0 - recomputed) * rp.linear + (rp.layer if recomputed > 0 else 0.0)
+    if rank == layout.pp - 1:
+        held += job.model.hidden_size * job.model.vocab_size / layout.tp
+    return 2.0 * held
 
 
 def communicator_count(layout: Layout) -> int:

@@ -243,9 +243,10 @@ def optimizer_step_bytes(sb: StateBytes, framework: Framework) -> float:
 
 def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[float, float]:
     """Bytes per frozen base parameter (LoRA/QLoRA): (layer Linear weights, everything else)."""
-    # LoRA: the base in the compute dtype (bf16, or fp32 under fp32 and tf32). QLoRA: NF4 Linears,
-    # embeddings, lm_head and norms in bf16.
-    other = 4.0 if training.precision.stores_fp32 else 2.0
+    # LoRA: the base in the compute dtype (bf16, or fp32 under fp32 and tf32), or in fp32 where it
+    # was loaded so (base_dtype fp32: the 16-bit copies autocast makes are activations and buffers,
+    # memory.autocast_weight_bytes). QLoRA: NF4 Linears, embeddings, lm_head and norms in bf16.
+    other = 4.0 if training.precision.stores_fp32 or training.base_autocast else 2.0
     if training.method is Method.QLORA:
         return assume.qlora_bits_per_param / 8, other
     return other, other

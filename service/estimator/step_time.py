@@ -54,7 +54,7 @@ from service.estimator.memory import (
     rank_parameters_of,
     state_bytes_of,
 )
-from service.estimator.model_states import megatron_grads_in_fp32, optimizer_step_bytes
+from service.estimator.model_states import megatron_grads_in_fp32, optimizer_step_bytes, shard_degrees
 from service.estimator.params import stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import (
@@ -1010,6 +1010,29 @@ def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
         window = parts.compute_s + parts.recompute_s
         seconds += exposed_s(copy_s, window, tuning.activation_offload_hidden_fraction)
     return seconds
+
+
+def weight_cast_s(job: Job, layout: Layout, parts: StepParts) -> float:
+    """A frozen fp32 LoRA base under 16-bit autocast without sharding (DDP, or FSDP on one rank;
+    ``memory.autocast_weight_bytes``): every forward casts each Linear weight again (read 4 B, write
+    2 B; autocast caches no frozen weight's copy), and so does the recomputed forward of each
+    checkpointed layer, memory-bound, every micro-batch; the output layer's cast on the last rank
+    likewise. The backward uses the saved copies. FSDP's sharded stages cast only their shard before
+    each all-gather (1/dp of it): not counted. Part of compute; sharding-dependent, so outside the
+    floors the search prunes by."""
+    training = job.training
+    if not training.base_autocast or layout.framework is not Framework.FSDP:
+        return 0.0
+    if layout.zero_stage > 0 and shard_degrees(layout, job.cluster)[0] > 1:
+        return 0.0
+    stage = step_base(job, layout).stage
+    weights = rank_parameters_of(job, layout, stage).linear
+    if stage == layout.pp - 1:
+        weights += job.model.hidden_size * job.model.vocab_size / layout.tp
+    passes = 1.0
+    if layout.recompute is Recompute.FULL:
+        passes += rank_recomputed_fractions(job.model.num_layers, layout)[stage]
+    return parts.micro_batches * passes * 6.0 * weights / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
 def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:

@@ -428,6 +428,16 @@ class Method(StrEnum):
     QLORA = "qlora"
 
 
+class BaseDtype(StrEnum):
+    """The dtype LoRA's frozen base is kept in."""
+
+    # the compute dtype: from_pretrained(torch_dtype=bfloat16) under bf16, fp32 under fp32 and tf32
+    COMPUTE = "compute"
+    # loaded in fp32 (transformers' from_pretrained without torch_dtype) and trained under 16-bit
+    # autocast (HF Trainer bf16=True / fp16=True): every matmul casts its weight to 16 bits
+    FP32 = "fp32"
+
+
 class Attention(StrEnum):
     FLASH = "flash"
     SDPA = "sdpa"
@@ -460,6 +470,7 @@ class TrainingSpec:
     # --mtp-num-layers): each adds a decoder layer, its input projection and norms, and another
     # output-layer loss on the last pipeline stage.
     mtp_num_layers: int = 0
+    base_dtype: BaseDtype = BaseDtype.COMPUTE  # LoRA: the frozen base's dtype
     # The fields the request left to the hardware ("precision", "attention"): resolved for the GPU
     # (``defaults.for_gpu``) wherever the job is placed, and named in the answer.
     hardware_defaults: frozenset[str] = frozenset()
@@ -494,6 +505,27 @@ class TrainingSpec:
                 )
         if self.tokens is not None:
             _require_positive(InvalidTraining, "tokens", self.tokens)
+        if self.base_dtype is not BaseDtype.COMPUTE and self.method is not Method.LORA:
+            qlora = self.method is Method.QLORA
+            kept = "NF4 Linear weights (qlora)" if qlora else "the weights precision sets"
+            raise InvalidTraining(
+                f"base_dtype {self.base_dtype.value} applies to method lora (a frozen base in its own "
+                f"dtype); {self.method.value} keeps {kept}",
+                rule="unused",
+                field="base_dtype",
+            )
+        if self.base_dtype is BaseDtype.FP32 and self.precision in (Precision.FP8, Precision.BF16_PURE):
+            raise InvalidTraining(
+                f"base_dtype fp32 with precision {self.precision.value}: an fp32 base runs under 16-bit "
+                "autocast (bf16 or fp16), not Transformer Engine fp8 or pure bf16",
+                rule="base_dtype",
+                field="base_dtype",
+            )
+
+    @property
+    def base_autocast(self) -> bool:
+        """LoRA's frozen base kept in fp32 while the step computes in 16 bits under autocast."""
+        return self.base_dtype is BaseDtype.FP32 and not self.precision.stores_fp32
 
     @property
     def tokens_per_step(self) -> int:

@@ -63,6 +63,7 @@ class Capabilities:
     moe_a2a_overlap: bool  # EP all-to-alls under another micro-batch's compute
     multi_token_prediction: bool  # trains the MTP modules (mtp_num_layers)
     ulysses_context_parallel: bool  # cp splits the heads (DeepSpeed-Ulysses), not ring attention
+    fp32_base_under_autocast: bool  # a LoRA base left in fp32 while 16-bit autocast computes
     source: str
 
 
@@ -95,6 +96,9 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             moe_a2a_overlap=False,
             multi_token_prediction=False,  # transformers' DeepseekV3ForCausalLM drops the MTP modules
             ulysses_context_parallel=True,  # DeepSpeed-Ulysses' all-to-all over the heads
+            # runtime/engine.py _configure_distributed_model: module.bfloat16() / .half() under its
+            # bf16 / fp16 config, whatever dtype the model was loaded in
+            fp32_base_under_autocast=False,
             source="deepspeedai/DeepSpeed runtime/zero/config.py, runtime/pipe/engine.py",
         ),
         Framework.MEGATRON: Capabilities(
@@ -121,6 +125,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             moe_a2a_overlap=True,  # --overlap-moe-expert-parallel-comm
             multi_token_prediction=True,  # Megatron-Core --mtp-num-layers
             ulysses_context_parallel=False,  # ring attention (--context-parallel-size)
+            fp32_base_under_autocast=False,  # no PEFT
             source="NVIDIA/Megatron-LM megatron/training/arguments.py validate_args",
         ),
         Framework.FSDP: Capabilities(
@@ -147,6 +152,9 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             moe_a2a_overlap=False,
             multi_token_prediction=False,  # torchtitan builds no MTP modules
             ulysses_context_parallel=False,  # ring attention (context_parallel_degree)
+            # HF Trainer bf16=True / fp16=True: torch.autocast over the model as loaded (DDP), or
+            # FSDP's MixedPrecision casting its fp32 shards to param_dtype before each all-gather
+            fp32_base_under_autocast=True,
             source="pytorch FSDP docs (ShardingStrategy, CPUOffload), torchtitan parallel_dims, torchtune",
         ),
     }
@@ -520,6 +528,14 @@ def training_violation(
         # megatron/training/arguments.py: MTP supports rope or no position embedding only
         return _bad("mtp_num_layers with learned position embeddings: Megatron's MTP takes rope or none",
                     "mtp", "mtp_num_layers")  # fmt: skip
+    if training.base_autocast and not caps.fp32_base_under_autocast:
+        return _bad(
+            f"base_dtype fp32 with precision {training.precision.value}: {layout.framework.value} casts the "
+            f"whole model to {training.precision.value} (DeepSpeed's engine: module.bfloat16() / .half() "
+            "with its bf16 / fp16 config), so the base cannot stay fp32",
+            "base_dtype",
+            "base_dtype",
+        )
     if layout.optimizer_in_backward and not caps.optimizer_in_backward:
         return _bad(
             f"{layout.framework.value} cannot fuse the optimizer into backward",

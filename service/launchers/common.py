@@ -351,6 +351,17 @@ def peft_header(plan: Plan) -> str:
             f"\nqlora: load the base model with from_pretrained(..., quantization_config="
             f"BitsAndBytesConfig(**json.load(open({BNB_CONFIG_NAME!r})))) (NF4, double quantisation)."
         )
+    elif plan.training.base_autocast:
+        text += (
+            "\nlora: load the base model with from_pretrained(..., torch_dtype=torch.float32) (the "
+            "estimate keeps it in fp32 and counts the 16-bit copies autocast makes)."
+        )
+    elif not plan.training.precision.stores_fp32:
+        dtype = "float16" if plan.training.precision is Precision.FP16 else "bfloat16"
+        text += (
+            f"\nlora: load the base model with from_pretrained(..., torch_dtype=torch.{dtype}) (the "
+            "estimate keeps the frozen base in the compute dtype; without torch_dtype it loads in fp32)."
+        )
     return text
 
 

@@ -24,6 +24,7 @@ from service.estimator.defaults import for_gpu
 from service.estimator.job import make_job
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
+    BaseDtype,
     ClusterSpec,
     Compile,
     Framework,
@@ -31,6 +32,7 @@ from service.estimator.types import (
     Layout,
     Method,
     ModelSpec,
+    Precision,
     TrainingSpec,
 )
 from service.estimator.validate import hardware_violation
@@ -208,6 +210,8 @@ def suggestions(
         collect.skip("torch_compile", "bitsandbytes' NF4 matmuls break torch.compile's graph (not modelled)")
     else:
         collect.run("torch_compile", 5, ask.compiled)
+    if training.base_autocast:
+        collect.run("base_dtype", 4, ask.base_in_compute_dtype)
     for method in (Method.LORA, Method.QLORA):
         if _order(method) > _order(training.method):
             collect.run(method.value, 4, functools.partial(ask.peft, method))
@@ -232,7 +236,7 @@ def _bigger(gpu: GPUSpec, than: GPUSpec) -> bool:
     return gpu.name != than.name and gpu.memory_bytes > than.memory_bytes
 
 
-_GROUP = {"torch_compile": 0, "lora": 0, "qlora": 0, "shorter_sequence": 0,
+_GROUP = {"torch_compile": 0, "base_dtype": 0, "lora": 0, "qlora": 0, "shorter_sequence": 0,
           "offload": 1, "more_gpus": 2, "other_gpu": 3}  # fmt: skip
 
 
@@ -328,8 +332,24 @@ class _Ask:
         what = "torch.compile of the FSDP model and loss (constraints.torch_compile)"
         return [_on_the_gpus_given("torch_compile", what, self.cluster, found, self.training)]
 
+    def base_in_compute_dtype(self, budget: Budget) -> list[Suggestion]:
+        """The LoRA base loaded in the compute dtype instead of fp32: half its bytes, and no 16-bit
+        copies for autocast to make."""
+        loaded = dataclasses.replace(self.training, base_dtype=BaseDtype.COMPUTE)
+        found = self._best(budget, self.constraints, training=loaded)
+        if found is None:
+            return []
+        dtype = "float16" if loaded.precision is Precision.FP16 else "bfloat16"
+        what = (
+            f"the LoRA base loaded in {dtype} (training.base_dtype compute: "
+            f"from_pretrained(torch_dtype=torch.{dtype}))"
+        )
+        return [_on_the_gpus_given("base_dtype", what, self.cluster, found, loaded)]
+
     def peft(self, method: Method, budget: Budget) -> list[Suggestion]:
-        peft = dataclasses.replace(self.training, method=method)
+        # QLoRA quantises the base: whatever dtype LoRA's base was loaded in
+        base = BaseDtype.COMPUTE if method is Method.QLORA else self.training.base_dtype
+        peft = dataclasses.replace(self.training, method=method, base_dtype=base)
         compile_it = self.constraints.torch_compile and method is not Method.QLORA
         found = self._best(
             budget, dataclasses.replace(self.constraints, torch_compile=compile_it), training=peft
@@ -453,5 +473,6 @@ def _on_the_gpus_given(
         layout=found.layout,
         method=training.method.value,
         seq_len=training.seq_len,
+        base_dtype=None if training.method is Method.FULL else training.base_dtype.value,
         on_the_gpus_given=True,
     )

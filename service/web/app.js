@@ -639,6 +639,8 @@ function planBody() {
   if (!fullTraining()) {
     const rank = number("training.lora_rank");
     if (rank !== undefined) body.training.lora_rank = rank;
+    // the frozen base's dtype is LoRA's (QLoRA quantises it)
+    if (value("training.method") === "lora" && value("training.base_dtype")) body.training.base_dtype = value("training.base_dtype");
     const targets = [...document.querySelectorAll("input[name=lora-target]:checked")].map((c) => c.value);
     const all = document.querySelectorAll("input[name=lora-target]").length;
     body.training.lora_targets = targets.length === all ? "all-linear" : targets;

@@ -17,6 +17,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator.errors import EstimatorError
 from service.estimator.estimate import estimate
 from service.estimator.types import (
+    BaseDtype,
     ClusterSpec,
     Compile,
     Estimate,
@@ -254,6 +255,21 @@ TRAINING_CASES = [
         FSDP,
         FSDP,
         changed_training=dataclasses.replace(TRAINING, mtp_num_layers=1),
+        refused=True,
+    ),
+    Case(
+        "base_dtype",
+        FSDP,
+        FSDP,
+        training=LORA,
+        changed_training=dataclasses.replace(LORA, base_dtype=BaseDtype.FP32),
+    ),
+    Case(  # DeepSpeed's engine casts the whole model to the 16-bit dtype
+        "base_dtype",
+        DEEPSPEED,
+        DEEPSPEED,
+        training=LORA,
+        changed_training=dataclasses.replace(LORA, base_dtype=BaseDtype.FP32),
         refused=True,
     ),
 ]

@@ -49,6 +49,7 @@ from service.estimator.params import (
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
     Attention,
+    BaseDtype,
     ClusterSpec,
     Compile,
     Framework,
@@ -117,6 +118,7 @@ def spec_of(name: str) -> ModelSpec:
 
 BASE = TrainingSpec(seq_len=4096, global_batch_size=64)
 LORA = dataclasses.replace(BASE, method=Method.LORA)
+LORA_FP32_BASE = dataclasses.replace(LORA, base_dtype=BaseDtype.FP32)  # under bf16 autocast
 QLORA = dataclasses.replace(BASE, method=Method.QLORA, lora_rank=8)
 EAGER = TrainingSpec(seq_len=2048, global_batch_size=64, attention=Attention.EAGER)
 FP32 = TrainingSpec(seq_len=2048, global_batch_size=64, precision=Precision.FP32)
@@ -248,6 +250,7 @@ def valid_layouts(
 GRID_JOBS = (
     ("llama-3-8b", BASE),
     ("llama-3-8b", LORA),
+    ("llama-3-8b", LORA_FP32_BASE),
     ("llama-3-8b", QLORA),
     ("llama-3-8b", EAGER),
     ("llama-3-8b", FP32),

@@ -346,7 +346,7 @@ def applied_suggestion(request: dict[str, Any], suggestion: dict[str, Any]) -> d
         training["method"] = kind
     for key, value in (suggestion.get("training") or {}).items():
         training[key] = value
-    for key in ("seq_len", "global_batch_size", "method", "precision"):
+    for key in ("seq_len", "global_batch_size", "method", "precision", "base_dtype"):
         if suggestion.get(key) is not None:
             training[key] = suggestion[key]
     return out
