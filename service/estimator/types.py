@@ -454,14 +454,17 @@ class TrainingSpec:
     method: Method = Method.FULL
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = ALL_LINEAR
-    attention: Attention = Attention.FLASH
+    # None: left to the GPU, as a request that leaves it out: FlashAttention-2 where its kernels run
+    # and take the precision's activations, else SDPA (``defaults.for_gpu`` resolves it)
+    attention: Attention | None = None
     tokens: int | None = None  # total training tokens, for time to train
     # Multi-token prediction depths trained with the model (DeepSeek-V3 §2.2; Megatron-Core
     # --mtp-num-layers): each adds a decoder layer, its input projection and norms, and another
     # output-layer loss on the last pipeline stage.
     mtp_num_layers: int = 0
     # The fields the request left to the hardware ("precision", "attention"): resolved for the GPU
-    # (``defaults.for_gpu``) wherever the job is placed, and named in the answer.
+    # (``defaults.for_gpu``) wherever the job is placed, and named in the answer. An attention left
+    # None is one too (``for_gpu`` adds it here when it resolves it).
     hardware_defaults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:

@@ -17,6 +17,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator.errors import EstimatorError
 from service.estimator.estimate import estimate
 from service.estimator.types import (
+    Attention,
     ClusterSpec,
     Compile,
     Estimate,
@@ -227,7 +228,7 @@ TRAINING_CASES = [
         "attention",
         FSDP,
         FSDP,
-        changed_training=dataclasses.replace(TRAINING, attention=TRAINING.attention.EAGER),
+        changed_training=dataclasses.replace(TRAINING, attention=Attention.EAGER),
     ),
     Case("tokens", FSDP, FSDP, changed_training=dataclasses.replace(TRAINING, tokens=10**12)),
     # fp32 and eager as written; left to the hardware, the H100 resolves them to bf16 and flash
@@ -235,11 +236,11 @@ TRAINING_CASES = [
         "hardware_defaults",
         FSDP,
         FSDP,
-        training=dataclasses.replace(TRAINING, precision=Precision.FP32, attention=TRAINING.attention.EAGER),
+        training=dataclasses.replace(TRAINING, precision=Precision.FP32, attention=Attention.EAGER),
         changed_training=dataclasses.replace(
             TRAINING,
             precision=Precision.FP32,
-            attention=TRAINING.attention.EAGER,
+            attention=Attention.EAGER,
             hardware_defaults=frozenset({"precision", "attention"}),
         ),
     ),
