@@ -611,8 +611,10 @@ class Layout:
     # micro-batch, padded to exactly that (Megatron --moe-expert-capacity-factor with
     # --moe-pad-expert-input-to-capacity, Megatron-Bridge's token-drop recipes: 1.0; DeepSpeed MoE's
     # capacity_factor with drop_tokens, which its dense [experts, capacity, h] dispatch pads). None:
-    # the framework's default: dropless for Megatron-Core, 1.0 for DeepSpeed (deepspeed.moe.layer.MoE
-    # capacity_factor=1.0, drop_tokens=True); dropless for FSDP (Hugging Face's expert loop).
+    # the framework's default: dropless for Megatron-Core; 1.0 for DeepSpeed with ep > 1, whose script
+    # builds deepspeed.moe.layer.MoE layers (capacity_factor=1.0, drop_tokens=True); dropless for
+    # DeepSpeed at ep = 1, whose script trains the model's own MoE block (Hugging Face's expert loop,
+    # as FSDP does).
     moe_capacity_factor: float | None = None
     overlap_grad_reduce: bool | None = None  # DP reduce under backward; None: the framework default
     # Megatron, bf16/fp8: the gradient buffer (main grads) and its DP reduce-scatter in fp32 (4 B) or
@@ -718,10 +720,11 @@ class Layout:
     @property
     def capacity_factor(self) -> float | None:
         """The routed experts' padded capacity over their mean load: ``moe_capacity_factor``, else the
-        framework's default (DeepSpeed MoE 1.0; Megatron-Core and FSDP dropless: None)."""
+        default of the MoE layer the launcher runs (DeepSpeed MoE's 1.0 with ep > 1; dropless, None:
+        Megatron-Core, and the model's own block under FSDP and under DeepSpeed at ep = 1)."""
         if self.moe_capacity_factor is not None:
             return self.moe_capacity_factor
-        return 1.0 if self.framework is Framework.DEEPSPEED else None
+        return 1.0 if self.framework is Framework.DEEPSPEED and self.ep > 1 else None
 
     @property
     def model_parallel_size(self) -> int:

@@ -397,6 +397,15 @@ def expert_violation(model: ModelSpec, layout: Layout) -> Violation:
             "capacity_moe",
             "moe_capacity_factor",
         )
+    if layout.moe_capacity_factor is not None and layout.framework is Framework.DEEPSPEED and layout.ep == 1:
+        # the DeepSpeed script builds deepspeed.moe.layer.MoE (which has a capacity) for ep > 1 only;
+        # at ep = 1 it trains the model's own MoE block, which drops no tokens
+        return _bad(
+            "moe_capacity_factor: deepspeed at ep = 1 trains the model's own MoE block (Hugging Face's "
+            "expert loop), which drops no tokens; DeepSpeed MoE layers and their capacity come with ep > 1",
+            "capacity_moe",
+            "moe_capacity_factor",
+        )
     ep = layout.ep
     if ep == 1:
         return None

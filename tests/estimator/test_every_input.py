@@ -145,6 +145,13 @@ LAYOUT_CASES = [
     Case(  # fsdp's MoE (Hugging Face, torchtitan) is dropless: no launcher would pad
         "moe_capacity_factor", FSDP, replace(FSDP, moe_capacity_factor=1.25), model=MOE, refused=True
     ),
+    Case(  # deepspeed at ep = 1 trains the model's own (dropless) block, not DeepSpeed MoE layers
+        "moe_capacity_factor",
+        DEEPSPEED,
+        replace(DEEPSPEED, moe_capacity_factor=1.25),
+        model=MOE,
+        refused=True,
+    ),
     Case("micro_batch_size", MEGATRON, replace(MEGATRON, micro_batch_size=2)),
     Case(
         "virtual_pipeline_stages",
