@@ -116,6 +116,11 @@ def test_json_output_is_the_apis_plan_and_exit_codes_say_feasible_or_not(databas
         (["--gpus", "8xh100-sxm-80gb"], "--model NAME", 64),
         (["--model", "nope", "--gpus", "8xh100-sxm-80gb"], "model.preset", 1),
         (["--model", "llama-3.1-8b", "--gpus", "8xh100"], "unknown gpu 'h100'", 1),
+        (  # FlashAttention takes 16-bit inputs only
+            ["--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--precision", "fp32", "--attention", "flash"],
+            "training.attention",
+            1,
+        ),
     ],
 )
 def test_bad_input_is_one_error_line_and_its_exit_code(

@@ -1,7 +1,10 @@
 """The page's forms take their options, limits and help from the OpenAPI document (app.js,
-applyApiFields), without a browser: every control whose id names an API field names one that the
-request body it is sent in has, and index.html states no enum's values itself. A field renamed in the
-API, or an option list written back into the page, fails here."""
+applyApiFields), checked here without a browser and without walking the document: index.html writes
+no option list of its own into a control it sends, the forms send JSON bodies of operations the
+document has, and the units the page types in are ones app.js converts. That every control names a
+field of its request body, and each enum's select shows the document's values, is checked in a
+browser by the page's own walk (tests/test_web_page.py,
+test_every_control_that_names_an_api_field_is_one_the_page_finds_in_the_document)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 
 from service.openapi import openapi_document
 
@@ -19,6 +21,9 @@ WEB = Path(__file__).resolve().parents[1] / "service" / "web"
 SCRIPT = (WEB / "app.js").read_text()
 # The ids that name an API field: the request body's top-level fields, the run form's "run." ones
 API_ID = re.compile(r"^(model\.|cluster\.|training\.|constraints\.|run\.|launchers$)")
+# Fields whose values the document states no enum for, offered by the page as its own checkboxes:
+# the LoRA target modules (free module names in the API, checked by the service)
+FREE_VALUES = {"training.lora_targets"}
 
 
 @dataclass
@@ -89,60 +94,6 @@ def script_const(name: str) -> str:
 FORMS: list[list[str]] = json.loads(script_const("FORMS"))
 
 
-def resolve(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
-    """As app.js's resolveSchema: $ref followed, allOf merged, a lone non-null anyOf/oneOf branch
-    merged in (the referring schema's own keys win)."""
-    own = {k: v for k, v in schema.items() if k not in ("$ref", "allOf", "anyOf", "oneOf")}
-    merged: dict[str, Any] = {}
-    if "$ref" in schema:
-        target: Any = doc
-        for key in schema["$ref"].split("/")[1:]:
-            target = target[key]
-        merged = resolve(doc, target)
-    for part in schema.get("allOf", []):
-        merged |= resolve(doc, part)
-    every = schema.get("anyOf") or schema.get("oneOf") or []
-    branches = [resolve(doc, b) for b in every if b.get("type") != "null"]
-    if len(branches) == 1:
-        merged |= branches[0]
-    elif branches:
-        merged["anyOf"] = branches
-    return merged | own
-
-
-def field_schema(doc: dict[str, Any], body: dict[str, Any], path: list[str]) -> dict[str, Any] | None:
-    node = resolve(doc, body)
-    for name in path:
-        owners = [b for b in node.get("anyOf", [node]) if name in b.get("properties", {})]
-        if not owners:
-            return None
-        node = resolve(doc, owners[0]["properties"][name])
-    return node
-
-
-def enum_of(doc: dict[str, Any], schema: dict[str, Any]) -> list[Any] | None:
-    items = resolve(doc, schema["items"]) if "items" in schema else {}
-    return schema.get("enum") or items.get("enum")
-
-
-@cache
-def api_controls() -> list[tuple[Control, dict[str, Any] | None]]:
-    """Each control whose id names an API field, with that field's schema (None: no such field)."""
-    doc = openapi_document()
-    out = []
-    for control in page().values():
-        if not API_ID.match(control.id):
-            continue
-        form = next((f for f in FORMS if f[0] == control.form), None)
-        assert form is not None, f"#{control.id} is in no form app.js sends ({control.form})"
-        _, operation, prefix = form
-        assert control.id.startswith(prefix), f"#{control.id} is in #{form[0]}, whose ids start {prefix!r}"
-        body = doc["paths"][operation]["post"]["requestBody"]["content"]["application/json"]["schema"]
-        path = control.attrs.get("data-field") or control.id.removeprefix(prefix)
-        out.append((control, field_schema(doc, body, path.split("."))))
-    return out
-
-
 def test_the_page_reads_the_document_the_service_serves() -> None:
     from service.main import create_app
     from service.settings import Settings
@@ -152,31 +103,30 @@ def test_the_page_reads_the_document_the_service_serves() -> None:
     assert {form for form, _, _ in FORMS} == {"plan-form", "run-form"}
 
 
-def test_every_control_that_names_an_api_field_names_one_of_its_request_body() -> None:
-    controls = api_controls()
-    missing = [c.attrs.get("data-field") or c.id for c, schema in controls if schema is None]
-    assert not missing, f"index.html sends fields its request schema does not have: {missing}"
-    # the page's own units name a unit app.js converts
+def test_each_form_sends_a_json_body_of_an_operation_of_the_document() -> None:
+    doc = openapi_document()
+    for form, operation, _ in FORMS:
+        assert any(c.tag == "form" and c.id == form for c in page().values()), f"index.html has no #{form}"
+        assert "application/json" in doc["paths"][operation]["post"]["requestBody"]["content"]
+
+
+def test_the_page_writes_no_values_of_its_own_into_the_fields_it_sends() -> None:
+    """The forms' selects start empty but for the page's own empty option (its values come from the
+    OpenAPI document, or the catalog): a value list written back into index.html fails here. Whether
+    each control's field is in the document, and its select shows the document's enum, is the
+    page's own walk in a browser (tests/test_web_page.py), not re-done here."""
+    sent = [c for c in page().values() if API_ID.match(c.id) and c.tag in ("select", "fieldset")]
+    offered = {"training.precision", "training.attention", "training.method", "launchers", "run.format"}
+    assert offered <= {c.id for c in sent}  # the parse found the controls the document fills
+    written = {c.id: c.values for c in sent if c.values and c.id not in FREE_VALUES}
+    assert not written, f"index.html writes values the OpenAPI document states: {written}"
+
+
+def test_the_units_the_page_types_in_are_ones_app_js_converts() -> None:
     units = set(re.findall(r'"?([\w/]+)"?\s*:', script_const("UNITS")))
-    for control, _ in controls:
+    for control in page().values():
         unit = control.attrs.get("data-unit")
         assert unit is None or unit in units, f"#{control.id}: app.js's UNITS has no {unit}"
-
-
-def test_no_enum_of_the_document_is_written_in_the_page() -> None:
-    doc = openapi_document()
-    with_enum = {c.id: c for c, schema in api_controls() if schema and enum_of(doc, schema)}
-    # the fields whose values the page offers, all from the document (a sanity check of the parse)
-    assert {
-        "training.precision",
-        "training.attention",
-        "training.method",
-        "constraints.objective",
-        "launchers",
-        "run.format",
-    } <= set(with_enum)
-    written = {name: c.values for name, c in with_enum.items() if c.values}
-    assert not written, f"index.html writes values the OpenAPI document states: {written}"
 
 
 def test_the_parser_sees_options_written_in_the_page() -> None:

@@ -351,6 +351,63 @@ def test_the_forms_read_their_fields_from_the_openapi_document(served: str, brow
     page.close()
 
 
+# What the page's own walk (app.js fieldSchema, as applyApiFields runs it over FORMS) finds in the
+# document the service serves, for every control whose id names an API field: its body path, whether
+# the field is there, the enum it offers (the field's or its items') and the options the select shows.
+PAGE_FIELDS = """async (named) => {
+  const doc = await api("GET", OPENAPI_URL);
+  const out = [];
+  for (const [formId, path, prefix] of FORMS) {
+    const body = doc.paths[path].post.requestBody.content["application/json"].schema;
+    for (const control of document.getElementById(formId).querySelectorAll("[id]")) {
+      if (!new RegExp(named).test(control.id)) continue;
+      const at = control.dataset.field || control.id.slice(prefix.length);
+      const field = fieldSchema(doc, body, at.split("."));
+      const unit = control.dataset.unit || null;
+      out.push({ id: control.id, form: formId, prefix, at, found: field !== null,
+        unit, known_unit: !unit || unit in UNITS,
+        enum: field && (field.enum || field.items?.enum || null), nullable: Boolean(field?.nullable),
+        options: control.tagName === "SELECT" ? [...control.options].map((o) => o.value) : null });
+    }
+  }
+  return out;
+}"""
+# The ids that name an API field: the request body's top-level fields, the run form's "run." ones
+API_ID = r"^(model\.|cluster\.|training\.|constraints\.|run\.|launchers$)"
+
+
+def test_every_control_that_names_an_api_field_is_one_the_page_finds_in_the_document(
+    served: str, browser: Any
+) -> None:
+    """A field renamed in the API leaves a control the page cannot fill (applyApiFields skips it
+    silently): the page's own walk must find each one, and each enum's select shows exactly the
+    document's values (index.html writes none: tests/test_web_metadata.py)."""
+    page = browser.new_page()
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    controls = page.evaluate(PAGE_FIELDS, API_ID)
+    page.close()
+    assert len(controls) >= 20  # the walk saw the forms
+    for c in controls:
+        assert c["id"].startswith(c["prefix"]), (
+            f"#{c['id']} is in #{c['form']}, whose ids start {c['prefix']!r}"
+        )
+    missing = [c["at"] for c in controls if not c["found"]]
+    assert not missing, f"index.html sends fields its request schema does not have: {missing}"
+    assert all(c["known_unit"] for c in controls), [c["unit"] for c in controls if not c["known_unit"]]
+    with_enum = {c["id"]: c for c in controls if c["enum"]}
+    assert {
+        "training.precision",
+        "training.attention",
+        "training.method",
+        "constraints.objective",
+        "launchers",
+        "run.format",
+    } <= set(with_enum)
+    for c in with_enum.values():
+        assert c["options"] == [""] * c["nullable"] + c["enum"], c
+
+
 def test_without_the_openapi_document_the_page_still_plans(served: str, browser: Any) -> None:
     """The document unreadable: the enums' selects offer only the service's defaults, which send
     nothing, and a plan goes through with no error shown."""

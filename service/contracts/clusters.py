@@ -40,8 +40,10 @@ class ClusterShape(Strict):
     cpu_memory_bytes_per_node: int = Field(default=0, ge=0, le=MAX_MEMORY_BYTES)
     nvme_bytes_per_node: int = Field(default=0, ge=0, le=2**50)
 
-    def to_domain(self) -> ClusterSpec:
-        gpu = resolve_gpu(self.gpu)
+    def to_domain(self, at: str = "") -> ClusterSpec:
+        """The domain's cluster; ``at``: where it sits in the request body ("cluster." inline in an
+        estimate or plan), which the GPU's errors name."""
+        gpu = resolve_gpu(self.gpu, field=f"{at}gpu")
         intra = self.intra_node_bandwidth_bytes_per_s or gpu.intra_node_bandwidth_bytes_per_s
         inter = self.inter_node_bandwidth_bytes_per_s
         if inter is None:

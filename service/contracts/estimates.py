@@ -110,7 +110,9 @@ class LayoutIn(Strict):
         description="MoE models, token drop: each routed expert takes at most this multiple of its mean "
         "load per micro-batch, padded to it (megatron --moe-expert-capacity-factor with "
         "--moe-pad-expert-input-to-capacity, Megatron-Bridge's token-drop recipes use 1.0; deepspeed "
-        "MoE capacity_factor with drop_tokens); default: dropless for megatron and fsdp, 1.0 for deepspeed",
+        "MoE capacity_factor with drop_tokens, ep > 1); default: 1.0 for deepspeed with ep > 1 (DeepSpeed "
+        "MoE layers), dropless otherwise (megatron; fsdp and deepspeed at ep = 1 train the model's own "
+        "MoE block)",
     )
     overlap_grad_reduce: bool | None = Field(default=None, description="default: the framework's")
     grad_reduce_in_fp32: bool | None = Field(

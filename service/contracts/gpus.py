@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.gpus import gpu as catalog_gpu
@@ -17,6 +17,7 @@ from service.contracts.common import (
     Strict,
 )
 from service.errors import Unprocessable
+from service.estimator.errors import InvalidHardware
 from service.estimator.types import GPUSpec, PeakFlops
 
 MIN_POWER_W, MAX_POWER_W = 1.0, 10_000.0  # a board power outside these is a typo (a B200 is 1,000 W)
@@ -55,8 +56,8 @@ class CustomGPU(Strict):
         default=True,
         description="FlashAttention-2 kernels exist for it (NVIDIA Ampere or newer, AMD CDNA 2/3)",
     )
-    # Sustained clocks (service.estimator.clocks): each limit after the rating it scales from, so that
-    # its validator sees the rating.
+    # Sustained clocks (service.estimator.clocks). That a limit comes with its rating and stays at or
+    # below it is the domain's rule (GPUSpec), reported by to_domain under the field's path.
     rated_power_w: float | None = Field(
         default=None,
         ge=MIN_POWER_W,
@@ -85,22 +86,6 @@ class CustomGPU(Strict):
         "peak scales by sustained_clock_hz / peak_clock_hz (wins over power_limit_w)",
     )
 
-    @field_validator("power_limit_w", "sustained_clock_hz")
-    @classmethod
-    def _at_most_rated(cls, value: float | None, info: ValidationInfo) -> float | None:
-        name = str(info.field_name)
-        rating = {"power_limit_w": "rated_power_w", "sustained_clock_hz": "peak_clock_hz"}[name]
-        reference = info.data.get(rating)
-        if value is None:
-            return value
-        if reference is None:
-            raise ValueError(f"{name} ({value:g}) scales the peaks from {rating}, which is not given")
-        if value > reference:
-            raise ValueError(
-                f"{name} ({value:g}) is above {rating} ({reference:g}), the figure the peaks are quoted at"
-            )
-        return value
-
     @field_validator("chip")
     @classmethod
     def _known_chip(cls, chip: str | None) -> str | None:
@@ -109,7 +94,16 @@ class CustomGPU(Strict):
             raise ValueError(f"unknown chip {chip!r}; known: {', '.join(known)}")
         return chip
 
-    def to_domain(self) -> GPUSpec:
+    def to_domain(self, field: str = "gpu") -> GPUSpec:
+        """The domain's GPU; its errors name the field as the request body does (``field``: where
+        this GPU sits in it)."""
+        try:
+            return self._to_domain()
+        except InvalidHardware as exc:
+            located = field if exc.field is None else f"{field}.{exc.field}"
+            raise InvalidHardware(exc.message, rule=exc.rule, field=located) from exc
+
+    def _to_domain(self) -> GPUSpec:
         return GPUSpec(
             name=self.name,
             memory_bytes=self.memory_bytes,
@@ -131,7 +125,7 @@ class CustomGPU(Strict):
 def resolve_gpu(gpu: str | CustomGPU, field: str = "gpu") -> GPUSpec:
     """A catalog name or a custom spec -> GPUSpec; an unknown name is a 422 naming the field."""
     if isinstance(gpu, CustomGPU):
-        return gpu.to_domain()
+        return gpu.to_domain(field)
     try:
         return catalog_gpu(gpu)
     except UnknownCatalogEntry as exc:

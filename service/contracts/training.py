@@ -83,12 +83,12 @@ class TrainingIn(Strict):
         return TrainingSpec(
             seq_len=self.seq_len,
             global_batch_size=self.global_batch_size,
-            precision=self.precision or Precision.BF16,  # placeholders until for_gpu resolves them
+            precision=self.precision or Precision.BF16,  # a placeholder until for_gpu resolves it
             optimizer=self.optimizer,
             method=self.method,
             lora_rank=16 if self.lora_rank is None else self.lora_rank,
             lora_targets=targets,
-            attention=self.attention or Attention.FLASH,
+            attention=self.attention,  # None: resolved per GPU by for_gpu
             tokens=self.tokens,
             mtp_num_layers=self.mtp_num_layers,
             base_dtype=self.base_dtype,

@@ -183,12 +183,17 @@ def link_for_group(
     """The link of a group of ``group_size`` ranks ``stride`` apart in the global rank order.
 
     Ranks fill nodes in order, so consecutive members share a node while ``stride`` < GPUs per
-    node; the group stays inside one node when ``group_size x stride`` <= GPUs per node.
-    Efficiencies derate the nominal bandwidths to what NCCL achieves (busbw / nominal).
+    node; the group stays inside one node when ``group_size x stride`` <= GPUs per node. A stride
+    that does not divide the node (DeepSpeed's tied-embedding pair, (pp - 1) x tp x cp x dp apart)
+    puts some groups across a node boundary, the slowest of which the step waits for; but no group
+    spans more nodes than the cluster has (on one node, none crosses a network, whatever the
+    cluster's inter-node figure). Efficiencies derate the nominal bandwidths to what NCCL achieves
+    (busbw / nominal).
     """
     gpn = cluster.gpus_per_node
     ranks_per_node = max(1, min(group_size, gpn // stride)) if stride < gpn else 1
-    nodes = math.ceil(group_size / ranks_per_node)
+    nodes = min(math.ceil(group_size / ranks_per_node), cluster.num_nodes)
+    ranks_per_node = math.ceil(group_size / nodes)
     return Link(
         group_size=group_size,
         ranks_per_node=ranks_per_node,

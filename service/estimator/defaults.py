@@ -12,8 +12,11 @@ can run on, so the fields whose best value depends on the part are not fixed con
   which PyTorch ships for sm_50 and newer: it never materialises the s x s scores either).
   Eager attention is never a default: every GPU the catalog or a custom entry describes runs SDPA.
 
-``TrainingSpec.hardware_defaults`` names the fields a request left to the hardware; ``for_gpu``
+``TrainingSpec.hardware_defaults`` names the fields a request left to the hardware (a
+``TrainingSpec`` built without an attention leaves it so too); ``for_gpu`` resolves them, and
 re-resolves them when the same job is placed on another GPU (suggestions, capacity across types).
+An attention named flash with fp32 activations is refused (``validate.attention_precision_violation``),
+never changed.
 """
 
 from __future__ import annotations
@@ -45,11 +48,13 @@ def best_attention(gpu: GPUSpec, precision: Precision) -> Attention:
 def for_gpu(training: TrainingSpec, gpu: GPUSpec) -> TrainingSpec:
     """``training`` with each field it left to the hardware resolved for ``gpu``."""
     defaults = training.hardware_defaults
+    if training.attention is None:  # built without one: left to the hardware, and named so
+        defaults = defaults | {"attention"}
     precision = best_precision(gpu) if "precision" in defaults else training.precision
     attention = best_attention(gpu, precision) if "attention" in defaults else training.attention
     if precision is training.precision and attention is training.attention:
         return training
-    return dataclasses.replace(training, precision=precision, attention=attention)
+    return dataclasses.replace(training, precision=precision, attention=attention, hardware_defaults=defaults)
 
 
 def chosen_defaults(training: TrainingSpec) -> dict[str, str]:

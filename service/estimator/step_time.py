@@ -620,8 +620,9 @@ def dispatcher_syncs_host(layout: Layout) -> bool:
     """Megatron-Core's alltoall token dispatcher copies the routed tokens' counts to the host and
     synchronises once per MoE layer and forward unless it pads to capacity (token_dispatcher.py:
     cuda_sync_point 'before_ep_alltoall', or 'before_finish' at ep = tp = 1; 'no_sync' in drop-and-pad
-    mode). DeepSpeed's MoE pads to capacity by default and reads no count on the host (sharded_moe.py
-    since deepspeed#5578); Hugging Face's expert loop (FSDP) is not modelled."""
+    mode). DeepSpeed's MoE (ep > 1) pads to capacity by default and reads no count on the host
+    (sharded_moe.py since deepspeed#5578); Hugging Face's expert loop (FSDP, DeepSpeed at ep = 1) is not
+    modelled."""
     return layout.framework is Framework.MEGATRON and layout.capacity_factor is None
 
 

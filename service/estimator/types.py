@@ -464,7 +464,9 @@ class TrainingSpec:
     method: Method = Method.FULL
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = ALL_LINEAR
-    attention: Attention = Attention.FLASH
+    # None: left to the GPU, as a request that leaves it out: FlashAttention-2 where its kernels run
+    # and take the precision's activations, else SDPA (``defaults.for_gpu`` resolves it)
+    attention: Attention | None = None
     tokens: int | None = None  # total training tokens, for time to train
     # Multi-token prediction depths trained with the model (DeepSeek-V3 §2.2; Megatron-Core
     # --mtp-num-layers): each adds a decoder layer, its input projection and norms, and another
@@ -472,7 +474,8 @@ class TrainingSpec:
     mtp_num_layers: int = 0
     base_dtype: BaseDtype = BaseDtype.COMPUTE  # LoRA: the frozen base's dtype
     # The fields the request left to the hardware ("precision", "attention"): resolved for the GPU
-    # (``defaults.for_gpu``) wherever the job is placed, and named in the answer.
+    # (``defaults.for_gpu``) wherever the job is placed, and named in the answer. An attention left
+    # None is one too (``for_gpu`` adds it here when it resolves it).
     hardware_defaults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -640,8 +643,10 @@ class Layout:
     # micro-batch, padded to exactly that (Megatron --moe-expert-capacity-factor with
     # --moe-pad-expert-input-to-capacity, Megatron-Bridge's token-drop recipes: 1.0; DeepSpeed MoE's
     # capacity_factor with drop_tokens, which its dense [experts, capacity, h] dispatch pads). None:
-    # the framework's default: dropless for Megatron-Core, 1.0 for DeepSpeed (deepspeed.moe.layer.MoE
-    # capacity_factor=1.0, drop_tokens=True); dropless for FSDP (Hugging Face's expert loop).
+    # the framework's default: dropless for Megatron-Core; 1.0 for DeepSpeed with ep > 1, whose script
+    # builds deepspeed.moe.layer.MoE layers (capacity_factor=1.0, drop_tokens=True); dropless for
+    # DeepSpeed at ep = 1, whose script trains the model's own MoE block (Hugging Face's expert loop,
+    # as FSDP does).
     moe_capacity_factor: float | None = None
     overlap_grad_reduce: bool | None = None  # DP reduce under backward; None: the framework default
     # Megatron, bf16/fp8: the gradient buffer (main grads) and its DP reduce-scatter in fp32 (4 B) or
@@ -747,10 +752,11 @@ class Layout:
     @property
     def capacity_factor(self) -> float | None:
         """The routed experts' padded capacity over their mean load: ``moe_capacity_factor``, else the
-        framework's default (DeepSpeed MoE 1.0; Megatron-Core and FSDP dropless: None)."""
+        default of the MoE layer the launcher runs (DeepSpeed MoE's 1.0 with ep > 1; dropless, None:
+        Megatron-Core, and the model's own block under FSDP and under DeepSpeed at ep = 1)."""
         if self.moe_capacity_factor is not None:
             return self.moe_capacity_factor
-        return 1.0 if self.framework is Framework.DEEPSPEED else None
+        return 1.0 if self.framework is Framework.DEEPSPEED and self.ep > 1 else None
 
     @property
     def model_parallel_size(self) -> int:

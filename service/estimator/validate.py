@@ -405,6 +405,15 @@ def expert_violation(model: ModelSpec, layout: Layout) -> Violation:
             "capacity_moe",
             "moe_capacity_factor",
         )
+    if layout.moe_capacity_factor is not None and layout.framework is Framework.DEEPSPEED and layout.ep == 1:
+        # the DeepSpeed script builds deepspeed.moe.layer.MoE (which has a capacity) for ep > 1 only;
+        # at ep = 1 it trains the model's own MoE block, which drops no tokens
+        return _bad(
+            "moe_capacity_factor: deepspeed at ep = 1 trains the model's own MoE block (Hugging Face's "
+            "expert loop), which drops no tokens; DeepSpeed MoE layers and their capacity come with ep > 1",
+            "capacity_moe",
+            "moe_capacity_factor",
+        )
     ep = layout.ep
     if ep == 1:
         return None
@@ -482,9 +491,28 @@ def sharding_violation(layout: Layout, caps: Capabilities) -> Violation:
     return None
 
 
+def attention_precision_violation(training: TrainingSpec) -> Violation:
+    """FlashAttention named with fp32 activations (fp32, tf32): its kernels take fp16 / bf16 inputs
+    only (flash_attn's interface asserts q.dtype in (torch.float16, torch.bfloat16)). A training that
+    leaves the attention to the GPU gets SDPA there (``defaults.best_attention``)."""
+    if training.attention is Attention.FLASH and training.precision.stores_fp32:
+        return _bad(
+            f"attention flash takes fp16 or bf16 inputs only, and precision {training.precision.value} "
+            "keeps the activations in fp32: use attention sdpa or eager, a 16-bit precision, or leave "
+            "attention out (sdpa is chosen)",
+            "flash_precision",
+            "attention",
+        )
+    return None
+
+
 def hardware_violation(cluster: ClusterSpec, training: TrainingSpec) -> Violation:
     """What the GPU cannot run, whatever the layout: a precision without matrix units for it (tf32 and
-    bf16 before Ampere, fp8 before Hopper / Ada) and FlashAttention where its kernels do not exist."""
+    bf16 before Ampere, fp8 before Hopper / Ada), FlashAttention where its kernels do not exist, and
+    FlashAttention with fp32 activations, which no GPU runs."""
+    unrunnable = attention_precision_violation(training)
+    if unrunnable is not None:
+        return unrunnable
     peaks = cluster.gpu.peak_flops_per_s
     if peaks.of(training.precision) is None:
         has = ", ".join(precision.value for precision in Precision if peaks.of(precision) is not None)

@@ -13,9 +13,10 @@ from service.catalog.tuning import default_tuning
 from service.contracts.capacity import CapacityOptionOut, CapacityOut, CapacityRequest
 from service.contracts.clusters import ClusterRef
 from service.contracts.gpus import resolve_gpu
+from service.estimator.validate import attention_precision_violation
 from service.persistence.repository import ClusterRepository
 from service.planning.clusters import resolve_cluster
-from service.planning.estimates import check_scale
+from service.planning.estimates import check_scale, located
 from service.recommender.budget import NO_DEADLINE, Deadline
 from service.recommender.capacity import CapacityOption, capacity
 from service.recommender.types import Objective
@@ -28,6 +29,9 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
     clusters = ClusterRepository(session)
     model = request.model.to_domain()
     training = request.training.to_domain(None)  # resolved per GPU type by capacity()
+    unrunnable = attention_precision_violation(training)  # on no GPU type, so the request is wrong
+    if unrunnable is not None:
+        raise located(unrunnable)
     check_scale(model, None, training)
     constraints = dataclasses.replace(request.constraints.to_domain(), objective=Objective.FEWEST_GPUS)
     stored = [

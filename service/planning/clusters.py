@@ -151,7 +151,7 @@ def resolve_cluster(
     is a 404 naming `field`, as the cluster's own URL answers: the request is well formed, the
     resource it names is not there."""
     if isinstance(cluster, ClusterIn):
-        return cluster.to_domain()
+        return cluster.to_domain(at="cluster.")
     record = repo.get(cluster.id)
     if record is None:
         raise NotFound(

@@ -66,14 +66,25 @@ def test_a_power_capped_custom_gpu_is_slower_and_says_so(client: TestClient) -> 
     assert client.get("/v1/gpus/h100-sxm-500w-96gb").json()["power_limit_w"] == 500
 
 
-def test_a_limit_without_its_rating_or_above_it_is_a_422_naming_the_field(client: TestClient) -> None:
+@pytest.mark.parametrize(
+    ("limits", "field", "rule"),
+    [
+        ({"power_limit_w": 500}, "rated_power_w", "requires"),  # the rating it scales from is missing
+        ({"rated_power_w": 700, "power_limit_w": 800}, "power_limit_w", "at_most"),
+        ({"peak_clock_hz": 1.83e9, "sustained_clock_hz": 1.98e9}, "sustained_clock_hz", "at_most"),
+    ],
+)
+def test_a_limit_without_its_rating_or_above_it_is_the_domains_422_naming_the_field(
+    client: TestClient, limits: dict[str, float], field: str, rule: str
+) -> None:
+    # one rule, GPUSpec's: the API reports the domain's error at the field's place in each body
+    gpu = H100_LIKE | limits
     node = {"num_nodes": 1, "gpus_per_node": 8}
-    for gpu, field in (
-        (H100_LIKE | {"power_limit_w": 500}, "power_limit_w"),
-        (H100_LIKE | {"peak_clock_hz": 1.83e9, "sustained_clock_hz": 1.98e9}, "sustained_clock_hz"),
-    ):
-        problem = assert_problem(client.post("/v1/estimates", json=body(node | {"gpu": gpu})), 422)
-        assert any(e["field"].endswith(f"gpu.{field}") for e in problem["errors"]), problem
+    problem = assert_problem(client.post("/v1/estimates", json=body(node | {"gpu": gpu})), 422)
+    (error,) = problem["errors"]
+    assert (error["field"], error["rule"]) == (f"cluster.gpu.{field}", rule), problem
+    stored = assert_problem(client.post("/v1/clusters", json=node | {"name": "capped", "gpu": gpu}), 422)
+    assert [(e["field"], e["rule"]) for e in stored["errors"]] == [(f"gpu.{field}", rule)], stored
 
 
 def test_the_catalog_says_at_what_share_of_its_peaks_a_power_capped_part_computes(client: TestClient) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -67,6 +69,28 @@ def test_link_placement() -> None:
     assert not dp2.spans_nodes
     strides = comm.group_strides(Layout(dp=2, tp=2, cp=2, pp=4))
     assert (strides.tp, strides.cp, strides.dp, strides.pp) == (1, 2, 4, 8)
+
+
+def test_a_stride_that_does_not_divide_the_node_crosses_nodes_only_where_there_are_several() -> None:
+    # DeepSpeed's tied-embedding pair at pp 4 x dp 2: ranks r and r + 6 on 8-GPU nodes. Over several
+    # nodes ranks 2..7 pair across a boundary (the step waits for them); on one node, none does
+    pair = comm.link_for_group(CLUSTER, 2, 6)
+    assert (pair.ranks_per_node, pair.nodes, pair.bandwidth_bytes_per_s) == (1, 2, 25e9)
+    one_node = dataclasses.replace(CLUSTER, num_nodes=1)
+    pair = comm.link_for_group(one_node, 2, 6)
+    assert (pair.ranks_per_node, pair.nodes, pair.bandwidth_bytes_per_s) == (2, 1, 300e9)
+    # what a one-node cluster states for a network it does not use changes no link
+    for size, stride in ((2, 6), (2, 5), (3, 3), (8, 1), (2, 4)):
+        links = {
+            comm.link_for_group(
+                dataclasses.replace(one_node, inter_node_bandwidth_bytes_per_s=bw), size, stride
+            )
+            for bw in (1e9, 25e9)
+        }
+        assert {(link.nodes, link.bandwidth_bytes_per_s) for link in links} == {(1, 300e9)}
+    # never more nodes than the cluster has: 4 ranks 6 apart on 3 nodes of 8 (0, 6 | 12 | 18)
+    three = comm.link_for_group(dataclasses.replace(CLUSTER, num_nodes=3), 4, 6)
+    assert (three.ranks_per_node, three.nodes) == (2, 3)
 
 
 def test_hierarchical_all_reduce_by_hand() -> None:

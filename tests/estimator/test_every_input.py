@@ -17,6 +17,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator.errors import EstimatorError
 from service.estimator.estimate import estimate
 from service.estimator.types import (
+    Attention,
     BaseDtype,
     ClusterSpec,
     Compile,
@@ -145,6 +146,13 @@ LAYOUT_CASES = [
     Case(  # fsdp's MoE (Hugging Face, torchtitan) is dropless: no launcher would pad
         "moe_capacity_factor", FSDP, replace(FSDP, moe_capacity_factor=1.25), model=MOE, refused=True
     ),
+    Case(  # deepspeed at ep = 1 trains the model's own (dropless) block, not DeepSpeed MoE layers
+        "moe_capacity_factor",
+        DEEPSPEED,
+        replace(DEEPSPEED, moe_capacity_factor=1.25),
+        model=MOE,
+        refused=True,
+    ),
     Case("micro_batch_size", MEGATRON, replace(MEGATRON, micro_batch_size=2)),
     Case(
         "virtual_pipeline_stages",
@@ -228,7 +236,7 @@ TRAINING_CASES = [
         "attention",
         FSDP,
         FSDP,
-        changed_training=dataclasses.replace(TRAINING, attention=TRAINING.attention.EAGER),
+        changed_training=dataclasses.replace(TRAINING, attention=Attention.EAGER),
     ),
     Case("tokens", FSDP, FSDP, changed_training=dataclasses.replace(TRAINING, tokens=10**12)),
     # fp32 and eager as written; left to the hardware, the H100 resolves them to bf16 and flash
@@ -236,11 +244,11 @@ TRAINING_CASES = [
         "hardware_defaults",
         FSDP,
         FSDP,
-        training=dataclasses.replace(TRAINING, precision=Precision.FP32, attention=TRAINING.attention.EAGER),
+        training=dataclasses.replace(TRAINING, precision=Precision.FP32, attention=Attention.EAGER),
         changed_training=dataclasses.replace(
             TRAINING,
             precision=Precision.FP32,
-            attention=TRAINING.attention.EAGER,
+            attention=Attention.EAGER,
             hardware_defaults=frozenset({"precision", "attention"}),
         ),
     ),

@@ -644,7 +644,7 @@ def shared_layouts(name: str, training: TrainingSpec, which: str) -> tuple[Layou
 
 def shared_job_ids() -> list[str]:
     return [
-        f"{name}-{t.method.value}-{t.precision.value}-{t.attention.value}-{t.global_batch_size}-{which}"
+        f"{name}-{t.method.value}-{t.precision.value}-{t.attention or 'gpu'}-{t.global_batch_size}-{which}"
         for name, t, which in SHARED_JOBS
     ]
 

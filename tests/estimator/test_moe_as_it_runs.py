@@ -14,6 +14,7 @@ import pytest
 from service.catalog.gpus import gpu
 from service.catalog.models import model as preset
 from service.catalog.tuning import default_tuning
+from service.estimator.errors import InvalidLayout
 from service.estimator.job import moe_layers_of
 from service.estimator.step_time import (
     dispatcher_syncs_host,
@@ -30,6 +31,7 @@ from service.estimator.step_time import (
 )
 from service.estimator.tuning import gemm_roofline_bound, matmul_efficiency, weight_streaming_bound
 from service.estimator.types import Framework, Layout, ModelSpec, MoESpec, Precision, Recompute, TrainingSpec
+from service.estimator.validate import validate_layout
 from tests.estimator.helpers import job, time
 from validation.cases import gpu_cluster
 
@@ -100,7 +102,7 @@ def test_expert_load_factor_by_framework_and_capacity() -> None:
     assert dropless == pytest.approx(max_load_factor(8 * 4096 * 8, 8))
     assert 1.0 < dropless < 1.02  # random routing of 262,144 copies is nearly even
     assert expert_load_factor(j, dataclasses.replace(MEGATRON, moe_capacity_factor=1.5)) == 1.5
-    # DeepSpeed's MoE pads to capacity_factor 1.0 by default
+    # DeepSpeed's MoE (the layers its script builds with ep > 1) pads to capacity_factor 1.0 by default
     deepspeed = Layout(framework=Framework.DEEPSPEED, dp=8, ep=8, zero_stage=1)
     assert deepspeed.capacity_factor == 1.0 and expert_load_factor(j, deepspeed) == 1.0
     # the busiest rank's experts set the routed GEMMs' pace and the all-to-all's volume
@@ -181,3 +183,18 @@ def test_a_dense_model_is_untouched(name: str) -> None:
     loud = dataclasses.replace(default_tuning(), moe_host_sync_s=1.0)
     plain = time(spec, ONE_NODE, layout, training).step_s
     assert time(spec, ONE_NODE, layout, training, loud).step_s == plain
+
+
+def test_deepspeed_pads_to_capacity_only_where_its_script_builds_deepspeed_moe_layers() -> None:
+    # ep > 1: deepspeed.moe.layer.MoE(ep_size=ep), capacity_factor 1.0 with drop_tokens by default;
+    # ep = 1: the script trains the model's own MoE block (Hugging Face's expert loop), dropless
+    hf_block = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=1)
+    assert hf_block.capacity_factor is None
+    assert Layout(framework=Framework.DEEPSPEED, dp=8, ep=2, zero_stage=1).capacity_factor == 1.0
+    j = job(FINE, ONE_NODE, TRAINING)
+    assert tokens_per_expert(j, hf_block) == routed_rows_per_rank(j, hf_block) / FINE.moe.num_experts
+    # a capacity for the HF block would be estimated and never run: refused, naming the field
+    with pytest.raises(InvalidLayout) as refused:
+        validate_layout(FINE, ONE_NODE, dataclasses.replace(hf_block, moe_capacity_factor=1.25), TRAINING)
+    assert (refused.value.field, refused.value.rule) == ("moe_capacity_factor", "capacity_moe")
+    assert "ep = 1" in refused.value.message

@@ -76,9 +76,10 @@ def default_precision(spec: GPUSpec) -> Precision:
     return Precision.BF16 if peaks.bf16 is not None else Precision.FP16 if peaks.fp16 else Precision.FP32
 
 
-def default_attention(spec: GPUSpec) -> Attention:
-    """What issue 24 says a request without ``attention`` runs: flash where it exists, else sdpa."""
-    return Attention.FLASH if spec.flash_attention else Attention.SDPA
+def default_attention(spec: GPUSpec, precision: Precision) -> Attention:
+    """What issue 24 says a request without ``attention`` runs: flash where it exists and takes the
+    activations (fp16 / bf16; fp32 and tf32 keep them fp32), else sdpa."""
+    return Attention.FLASH if spec.flash_attention and not precision.stores_fp32 else Attention.SDPA
 
 
 def supported_precisions(spec: GPUSpec) -> tuple[Precision, ...]:
@@ -308,7 +309,7 @@ def cases(
         precision = draw(st.sampled_from(choices))
     attention = draw(
         st.sampled_from(
-            (default_attention(spec), Attention.SDPA, Attention.EAGER)
+            (default_attention(spec, precision), Attention.SDPA, Attention.EAGER)
             if spec.flash_attention
             else (Attention.SDPA, Attention.EAGER)
         )

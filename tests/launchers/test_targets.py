@@ -444,6 +444,20 @@ def test_deepspeed_moe_splits_the_experts_over_tp_as_estimated() -> None:
     assert "MoE(ep_size=8)." in header(ep=8, zero_stage=1, moe_capacity_factor=1.0)
 
 
+@pytest.mark.parametrize(("ep", "factor"), [(1, None), (2, None), (8, None), (8, 1.0), (8, 1.25)])
+def test_deepspeed_builds_deepspeed_moe_exactly_where_the_estimate_pads_to_a_capacity(
+    ep: int, factor: float | None
+) -> None:
+    # ep = 1: no MoE line, so the script trains the model's own (dropless) block: nothing padded
+    lo = plan(
+        model=DEEPSEEK_LIKE, framework=Framework.DEEPSPEED, ep=ep, zero_stage=1, moe_capacity_factor=factor
+    )
+    script = next(a.content for a in deepspeed.render(lo) if a.name.endswith(".sh"))
+    assert ("deepspeed.moe.layer.MoE(" in script) == (lo.layout.capacity_factor is not None)
+    if lo.layout.capacity_factor not in (None, 1.0):  # 1.0 is DeepSpeed MoE's own default
+        assert f"capacity_factor={lo.layout.capacity_factor:g}" in script
+
+
 def test_megatron_renders_the_estimated_recompute_modules() -> None:
     # DeepSeek-V3's H100 recipe (Megatron-Bridge run_script.py): selective mla_up_proj + mlp
     modules = (RecomputeModule.MLA_UP_PROJ, RecomputeModule.MLP, RecomputeModule.MOE_ACT)

@@ -69,7 +69,8 @@ def test_stored_cluster_does_not_grow_past_its_size() -> None:
     assert option.layout.world_size == option.num_gpus
     assert "64" in option.note and "16" in option.note
     (whole,) = capacity(model("llama-2-7b").spec, training, default_tuning(), clusters=[stored])
-    assert whole.note == ""
+    # a TrainingSpec built without an attention leaves it to the GPU, and the option names it
+    assert whole.note == "defaults for this GPU: training.attention flash"
     assert (option.num_gpus, option.tokens_per_s) == (whole.num_gpus, whole.tokens_per_s)
 
 

@@ -11,9 +11,10 @@ from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from service.estimator.tuning import Tuning
-from service.estimator.types import Compile, Framework, Recompute, TrainingSpec
+from service.estimator.types import ClusterSpec, Compile, Framework, Method, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
-from service.recommender import Constraints, Objective, recommend
+from service.recommender import Constraints, Objective, recommend, suggest
+from service.recommender.budget import Budget
 from service.recommender.space import sub_cluster
 from service.recommender.suggest import states_can_fit, suggestions
 from tests.recommender.helpers import cluster
@@ -223,3 +224,35 @@ def test_megatron_moe_plans_overlap_the_all_to_alls_when_it_pays(tuning: Tuning)
         spec, c, dataclasses.replace(chosen.layout, moe_a2a_overlap=False), training, tuning=tuning
     )
     assert plain.time is not None and plain.time.tokens_per_s < chosen.estimate.time.tokens_per_s
+
+
+def test_a_cut_other_gpu_suggestion_states_what_its_layout_estimates_on_the_cluster_it_states(
+    tuning: Tuning,
+) -> None:
+    """The invariant sweep's case: BLOOM-176B QLoRA, infeasible on 8 x 24 GB; its suggestion of 8
+    L40S, searched within 300 evaluations (cut: DeepSpeed pp 4 x dp 2, the tied embedding's gradient
+    all-reduced between ranks r and r + 6), stated 1,098 tokens/s where its layout on that one node
+    estimates 1,095: the search's one-node job kept the default 50 GB/s network, the API's one-node
+    cluster states none, and the pair 6 apart was counted across two nodes of the one there is."""
+    spec = model("bloom-176b").spec
+    training = TrainingSpec(seq_len=2048, global_batch_size=32, method=Method.QLORA)
+    constraints = Constraints(frameworks=(Framework.DEEPSPEED,))
+    ask = suggest._Ask(spec, cluster("l4-24gb"), training, constraints, tuning)
+    (tip,) = ask.other_gpu(gpu("l40s-48gb"), 8, Budget(300))
+    assert tip.layout is not None and tip.tokens_per_s is not None
+    assert (tip.num_gpus, tip.num_nodes, tip.layout.pp, tip.inter_node_bandwidth_bytes_per_s) == (
+        8,
+        1,
+        4,
+        None,
+    )
+    l40s = gpu("l40s-48gb")
+    stated = ClusterSpec(  # as the API builds a one-node cluster: nothing crosses a network
+        gpu=l40s,
+        num_nodes=1,
+        gpus_per_node=8,
+        intra_node_bandwidth_bytes_per_s=l40s.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=l40s.intra_node_bandwidth_bytes_per_s,
+    )
+    again = estimate(spec, stated, tip.layout, training, tuning=tuning).time
+    assert again is not None and again.tokens_per_s == pytest.approx(tip.tokens_per_s, rel=1e-9)
