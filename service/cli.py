@@ -266,19 +266,45 @@ def layout_text(layout: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+# The rows of the memory table: the components, each statistic after the components it adds up
+# (bold), from what PyTorch allocates to what nvidia-smi shows; the fit compares the last one with the card.
+MEMORY_ROWS = (
+    ("parameters", None),
+    ("gradients", None),
+    ("optimizer_states", None),
+    ("activations", None),
+    ("buffers", None),
+    ("peak_allocated_bytes", "peak allocated"),
+    ("fragmentation", None),
+    ("peak_reserved_bytes", "peak reserved"),
+    ("cuda_context", None),
+    ("nccl_buffers", None),
+    ("device_used_bytes", "device used (fit)"),
+)
+# what a plan stored before the statistics were named holds
+OLD_MEMORY_ROWS = (
+    *((name, None) for name in ("parameters", "gradients", "optimizer_states", "activations", "buffers")),
+    ("overhead", None),
+    ("total", "total"),
+)
+
+
 def memory_table(estimate: dict[str, Any]) -> Table:
-    """Per-GPU memory by component, with a bar each against the card's capacity."""
+    """Per-GPU memory by component and the three statistics they add up to (peak allocated, peak
+    reserved, device used as nvidia-smi shows it), with a bar each against the card's capacity."""
     memory = estimate["memory"]
     capacity = memory["capacity_bytes"]
+    per_gpu = memory["per_gpu"]
     table = Table(title=f"memory per GPU (most-loaded rank) of {gib(capacity)}", title_justify="left")
     table.add_column("component")
     table.add_column("GiB", justify="right")
     table.add_column("share of the card")
-    for name, value in memory["per_gpu"].items():
+    named = per_gpu.get("peak_allocated_bytes") is not None
+    for key, statistic in MEMORY_ROWS if named else OLD_MEMORY_ROWS:
+        value = per_gpu[key]
         width = 0 if capacity <= 0 else min(_BAR_CHARS, math.ceil(_BAR_CHARS * value / capacity))
-        style = "bold" if name == "total" else ""
         bar = "#" * width + "." * (_BAR_CHARS - width)
-        table.add_row(name, f"{value / GIB:,.2f}", bar, style=style)
+        table.add_row(statistic or key, f"{value / GIB:,.2f}", bar, style="bold" if statistic else "")
     return table
 
 

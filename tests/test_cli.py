@@ -194,6 +194,14 @@ def test_estimate_of_one_layout(database: str) -> None:
     assert body["fits"] and body["layout"]["dp"] == 8
     table = run("estimate", *args, "--framework", "fsdp", "--dp", "8", "--zero", "3")
     assert "fits" in table.output and "step time" in table.output
+    # the memory table names the three statistics, each after the components it adds, and the fit's
+    rows = [line.split("│")[1].strip() for line in table.output.splitlines() if line.count("│") == 4]
+    assert rows[:11] == [
+        "parameters", "gradients", "optimizer_states", "activations", "buffers", "peak allocated",
+        "fragmentation", "peak reserved", "cuda_context", "nccl_buffers", "device used (fit)",
+    ]  # fmt: skip
+    device_used = next(line for line in table.output.splitlines() if "device used (fit)" in line)
+    assert f"{body['memory']['per_gpu']['device_used_bytes'] / 2**30:,.2f}" in device_used
     # plain DDP of 8B on 80 GB cards: 16 bytes per parameter do not fit
     assert run("estimate", *args, "--dp", "8", "--micro", "8").exit_code == 2
     # what the request left out is named, as the API resolved it

@@ -19,8 +19,14 @@ MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
     # hardware_defaults: which fields the request left out, derived from the wire's None values
     (TrainingSpec, TrainingIn, {"hardware_defaults"}, set()),
     (TimeBreakdown, TimeBreakdownOut, set(), set()),
-    # total: the sum of the components, a property of the domain type
-    (MemoryBreakdown, MemoryPerGPUOut, set(), {"total"}),
+    # overhead, the three statistics and total (= device used): sums of the components, properties of
+    # the domain type
+    (
+        MemoryBreakdown,
+        MemoryPerGPUOut,
+        set(),
+        {"overhead", "peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "total"},
+    ),
     # step_s: the sum of the breakdown, a property of the domain type
     (TimeEstimate, TimeOut, set(), {"step_s"}),
 ]

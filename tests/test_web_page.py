@@ -101,8 +101,12 @@ def test_a_plan_in_the_browser(served: str, browser: Any, tmp_path: Path) -> Non
     rows = cells(page, "#result table.memory-table")
     assert len(rows) == len(totals) >= 1
     headers = page.locator("#result table.memory-table").first.locator("th").all_inner_texts()
-    assert headers[:2] == ["layout", "parameters"] and "total" in headers
-    assert [row[headers.index("total")] for row in rows] == totals
+    assert headers[:2] == ["layout", "parameters"]
+    # the three statistics after the components, the fit's last: the figure each bar is labelled with
+    statistics = ["peak allocated", "peak reserved", "device used (fit)"]
+    assert headers[-4:-1] == statistics and headers.index("nccl buffers") < headers.index("peak allocated")
+    assert [row[headers.index("device used (fit)")] for row in rows] == totals
+    assert "device used (as nvidia-smi shows it" in page.inner_text("#result p.memory-statistics")
     assert rows[0][0].startswith("★ ")
     assert page.locator("#result svg.time-chart rect.segment").count() >= 1
     assert page.locator("#result ul.rationale li").count() >= 3
@@ -256,7 +260,8 @@ def test_host_ram_per_node_makes_an_offload_plan(served: str, browser: Any) -> N
     header = page.locator("#result table.memory-table").first.locator("th").all_inner_texts()
     first = cells(page, "#result table.memory-table")[0]
     per_gpu = plan["recommended"]["estimate"]["memory"]["per_gpu"]
-    assert first[header.index("total")] == f"{per_gpu['total'] / 2**30:.1f} GiB"
+    assert first[header.index("device used (fit)")] == f"{per_gpu['total'] / 2**30:.1f} GiB"
+    assert first[header.index("peak reserved")] == f"{per_gpu['peak_reserved_bytes'] / 2**30:.1f} GiB"
     assert first[header.index("optimizer states")] == f"{per_gpu['optimizer_states'] / 2**30:.1f} GiB"
     page.close()
 

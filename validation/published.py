@@ -14,9 +14,12 @@ Choices:
 * GPU: the catalog part named by ``cluster.gpu``. torchtitan's 96 GB / 500 W Grand Teton H100 (and
   its docs' 94 GB lower-TDP part) is the catalog's ``h100-sxm-500w-96gb``, whose power limit scales
   its compute peaks (``service.estimator.clocks``); a row's ``gpu_variant`` stays a caveat.
-* Memory: the published number is PyTorch's ``reserved_bytes.all.peak`` (allocator reserve, max
-  over ranks), stored in bytes (GiB x 2**30). It is compared with the estimate's
-  ``memory.per_gpu.total``, which includes the CUDA context and the fragmentation reserve.
+* Memory: each memory row names the statistic its figure is (``memory_statistic``, read from its
+  ``memory_measure``): ``reserved`` (PyTorch's ``reserved_bytes.all.peak``, torchtitan's
+  max_reserved), ``allocated`` (``max_memory_allocated``) or ``device_used`` (nvidia-smi, NVML),
+  stored in bytes (GiB x 2**30). It is compared with the estimate's figure of the same name
+  (``MemoryBreakdown.statistic``): reserved holds the fragmentation reserve, device used also the
+  CUDA context and NCCL's buffers.
 * Recompute, as each framework names its policies (``service.estimator.types.Recompute``):
   Megatron selective (core attention) -> SELECTIVE; torchtitan per-op selective -> SELECTIVE_OP;
   torchtitan selective *layer* (every N-th block) and Megatron selective of other modules have
@@ -48,11 +51,14 @@ from service.estimator.estimate import estimate
 from service.estimator.hf_config import model_from_hf_config
 from service.estimator.pipeline import stage_layers
 from service.estimator.types import (
+    ALL_LINEAR,
     Attention,
     ClusterSpec,
     Compile,
     Framework,
     Layout,
+    MemoryStatistic,
+    Method,
     MlpKind,
     ModelSpec,
     NormKind,
@@ -237,6 +243,7 @@ def build_cluster(row: Row, caveats: list[str]) -> ClusterSpec:
 
 _PRECISIONS = {"bf16": Precision.BF16, "fp8": Precision.FP8, "fp16": Precision.FP16}
 _ATTENTION = {"flash": Attention.FLASH, "sdpa": Attention.SDPA, "eager": Attention.EAGER}
+_METHODS = {"full": Method.FULL, "lora": Method.LORA, "qlora": Method.QLORA}
 
 
 def build_training(row: Row) -> TrainingSpec:
@@ -245,12 +252,22 @@ def build_training(row: Row) -> TrainingSpec:
         raise Unexpressible(f"precision {t.get('precision')!r} has no service counterpart")
     if t.get("attention") not in _ATTENTION:
         raise Unexpressible(f"attention {t.get('attention')!r} has no service counterpart")
+    method = t.get("method", "full")
+    if method not in _METHODS:
+        raise Unexpressible(f"method {method!r} has no service counterpart")
+    adapters = {}
+    if _METHODS[method] is not Method.FULL:
+        if t.get("lora_targets") != "all-linear":
+            raise Unexpressible(f"lora_targets {t.get('lora_targets')!r}: only 'all-linear' is read")
+        adapters = {"lora_rank": int(t["lora_rank"]), "lora_targets": ALL_LINEAR}
     return TrainingSpec(
         seq_len=int(t["seq_len"]),
         global_batch_size=int(t["global_batch_size"]),
         precision=_PRECISIONS[t["precision"]],
         attention=_ATTENTION[t["attention"]],
+        method=_METHODS[method],
         mtp_num_layers=int(row["layout"].get("mtp_num_layers") or 0),  # the rows file it with the layout
+        **adapters,
     )
 
 
@@ -618,10 +635,16 @@ def inputs(row: Row) -> RowInputs:
 
 
 def published_value(row: Row) -> float:
-    """Seconds per step (throughput) or peak reserved bytes per GPU (memory)."""
+    """Seconds per step (throughput) or peak bytes per GPU of the row's statistic (memory)."""
     if row["kind"] == "throughput":
         return float(row["step_s"])
     return float(row["peak_memory_bytes_per_gpu"])
+
+
+def memory_statistic(row: Row) -> MemoryStatistic:
+    """Which statistic a memory row's figure is (its ``memory_statistic``, read from its
+    ``memory_measure``): the estimate's figure of that name is compared with it."""
+    return MemoryStatistic(row["memory_statistic"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -635,6 +658,7 @@ class Result:
     ours: float | None  # None when unexpressible
     caveats: tuple[str, ...] = ()
     reason: str | None = None  # why it is unexpressible
+    statistic: str | None = None  # memory rows: the MemoryStatistic compared
 
     @property
     def expressible(self) -> bool:
@@ -664,6 +688,7 @@ def evaluate(row: Row) -> Result:
         "gpu": row["cluster"]["gpu"],
         "framework": row["layout"]["framework"],
         "published": published_value(row),
+        "statistic": memory_statistic(row).value if row["kind"] == "memory" else None,
     }
     try:
         built = inputs(row)
@@ -676,7 +701,7 @@ def evaluate(row: Row) -> Result:
         assert est.time is not None
         ours = est.time.step_s
     else:
-        ours = float(est.memory.per_gpu.total)
+        ours = float(est.memory.per_gpu.statistic(memory_statistic(row)))
     return Result(**base, ours=ours, caveats=built.caveats)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from validation import cases, clock_classes, moe_classes, network_classes, published
+from validation import cases, clock_classes, memory_statistics, moe_classes, network_classes, published
 from validation.cases import Expect, Row
 
 REPORT_PATH = cases.ROOT / "validation" / "REPORT.md"
@@ -227,6 +227,7 @@ def render(rows: Sequence[Row]) -> str:
     lines += clock_classes.sections(percent, table)
     lines += network_classes.sections(percent, table)
     lines += moe_classes.sections(percent, table)
+    lines += memory_statistics.sections(percent, table)
     return "\n".join(lines) + "\n"
 
 
@@ -286,9 +287,10 @@ def published_section() -> list[str]:
         "## Published runs (fit and held-out halves)",
         "",
         f"`validation/data/published_runs.json`: {len(rows)} published training runs (step time, and "
-        "peak memory reserved per GPU as PyTorch's allocator reports it, max over ranks), described with "
-        "their split rule in `validation/data/published_runs.md`; read by `validation/published.py`. Each "
-        "row was assigned to the fit or the held-out half before any number was compared: "
+        "peak memory per GPU, max over ranks, each memory row compared with the estimate's figure of the "
+        "statistic it reports: PyTorch's peak reserved, or device used as nvidia-smi shows it), described "
+        "with their split rule in `validation/data/published_runs.md`; read by `validation/published.py`. "
+        "Each row was assigned to the fit or the held-out half before any number was compared: "
         f"{cell(document['split_rule'])} The halves are reported separately, never pooled. Error = "
         "(ours − published) / published; a row matches within 15% (step time) or 10% (memory). "
         "Ours: `estimate` with the catalog GPU and tuning; a row's caveats name what it sets that the "
@@ -353,7 +355,9 @@ def published_section() -> list[str]:
                 _display(r, r.ours),
                 published.UNIT[r.kind],
                 percent(r.error),
-                "; ".join(r.caveats) if r.expressible else f"not expressible: {r.reason}",
+                "; ".join(([f"statistic: {r.statistic}"] if r.statistic else []) + list(r.caveats))
+                if r.expressible
+                else f"not expressible: {r.reason}",
             ]
             for r in ordered
         ],

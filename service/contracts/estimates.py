@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic import BaseModel, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, model_validator
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
@@ -17,7 +17,16 @@ from service.contracts.models import ModelRef
 from service.contracts.training import TrainingIn
 from service.estimator.calibration import OLDER_ESTIMATOR_WEIGHT, OTHER_FAMILY_WEIGHT, RECENCY_HALF_LIFE_DAYS
 from service.estimator.errors import InvalidLayout
-from service.estimator.types import Compile, Framework, Layout, Offload, Recompute, RecomputeModule
+from service.estimator.types import (
+    Compile,
+    Framework,
+    Layout,
+    MemoryBreakdown,
+    MemoryStatistic,
+    Offload,
+    Recompute,
+    RecomputeModule,
+)
 from service.frameworks import sequence_parallel_default, tp_comm_overlap_default
 
 
@@ -182,14 +191,67 @@ class EstimateRequest(Strict):
     gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e6, description="price of one GPU-hour")
 
 
+# Plans stored before the memory statistics were named read back without them: null, except device
+# used, which was the total then as now.
+_NOT_STORED = "; null on plans stored before it was reported"
+
+
 class MemoryPerGPUOut(BaseModel):
     parameters: int
     gradients: int
     optimizer_states: int
     activations: int
-    buffers: int
-    overhead: int
-    total: int
+    buffers: int = Field(description="communication buckets, gathered ZeRO-3 / FSDP parameters, temporaries")
+    overhead: int = Field(description="fragmentation + cuda_context + nccl_buffers")
+    fragmentation: int | None = Field(
+        default=None,
+        description="the caching allocator's cached free blocks at the peak (peak reserved - peak allocated)"
+        + _NOT_STORED,
+    )
+    cuda_context: int | None = Field(
+        default=None,
+        description="the CUDA context with its kernel images and library handles, outside PyTorch's allocator"
+        + _NOT_STORED,
+    )
+    nccl_buffers: int | None = Field(
+        default=None,
+        description="NCCL's channel buffers of every process group, outside PyTorch's allocator"
+        + _NOT_STORED,
+    )
+    peak_allocated_bytes: int | None = Field(
+        default=None,
+        description="peak allocated (torch.cuda.max_memory_allocated): parameters + gradients + "
+        "optimizer_states + activations + buffers" + _NOT_STORED,
+    )
+    peak_reserved_bytes: int | None = Field(
+        default=None,
+        description="peak reserved by PyTorch's caching allocator (torch.cuda.max_memory_reserved): peak "
+        "allocated + fragmentation" + _NOT_STORED,
+    )
+    device_used_bytes: int = Field(
+        description="device memory used as nvidia-smi shows it: peak reserved + cuda_context + nccl_buffers; "
+        "the statistic the fit compares with the card's capacity"
+    )
+    total: int = Field(description="= device_used_bytes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _device_used_of_stored_plans(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "device_used_bytes" not in data and "total" in data:
+            return {**data, "device_used_bytes": data["total"]}
+        return data
+
+    @classmethod
+    def of(cls, memory: MemoryBreakdown) -> MemoryPerGPUOut:
+        """The wire form of ``memory``, its three statistics named."""
+        return cls(
+            **dataclasses.asdict(memory),
+            overhead=memory.overhead,
+            peak_allocated_bytes=memory.peak_allocated_bytes,
+            peak_reserved_bytes=memory.peak_reserved_bytes,
+            device_used_bytes=memory.device_used_bytes,
+            total=memory.total,
+        )
 
 
 class StageMemoryOut(MemoryPerGPUOut):
@@ -205,7 +267,12 @@ class MemoryOut(BaseModel):
         "a pipeline",
     )
     capacity_bytes: int
-    headroom_bytes: int
+    headroom_bytes: int = Field(description="capacity_bytes - the fit statistic of the most-loaded rank")
+    fit_statistic: MemoryStatistic = Field(
+        default=MemoryStatistic.DEVICE_USED,
+        description="the per-GPU statistic the fit compares with capacity_bytes: device_used (an "
+        "out-of-memory error comes when the device runs out, whoever holds the memory)",
+    )
     cpu_per_node_bytes: int
     nvme_per_node_bytes: int
 

@@ -40,8 +40,10 @@ from service.estimator.types import (
 )
 from service.estimator.validate import valid_micro_batch_sizes
 
-# (parameters, gradients, optimizer states, activations, buffers, overhead) of one GPU, in bytes
-MemoryParts = tuple[int, int, int, int, int, int]
+# (parameters, gradients, optimizer states, activations, buffers, fragmentation, CUDA context, NCCL
+# buffers) of one GPU, in bytes: the first five are what PyTorch allocates, + fragmentation what its
+# caching allocator reserves, + the last two what nvidia-smi shows (``MemoryBreakdown``)
+MemoryParts = tuple[int, int, int, int, int, int, int, int]
 
 # ---------------------------------------------------------------- memory
 
@@ -50,21 +52,35 @@ def rank_memory_parts(
     job: Job, states: RankStates, acts: RankActivations, dynamic_factor: float, autocast_bytes: float = 0.0
 ) -> MemoryParts:
     """One pipeline rank's bytes by component; ``dynamic_factor`` (learned from runs) scales the
-    dynamic ones: activations, buffers and overhead. ``autocast_bytes``: the 16-bit copies of a frozen
-    fp32 base the rank holds (``memory.autocast_weight_bytes``), a buffer."""
+    dynamic ones: activations, buffers and the overhead (fragmentation, CUDA context, NCCL).
+    ``autocast_bytes``: the 16-bit copies of a frozen fp32 base the rank holds
+    (``memory.autocast_weight_bytes``), a buffer."""
     buffers = states.buffers + acts.buffers + autocast_bytes
-    overhead = acts.fixed_overhead + fragmentation_bytes(
-        acts.on_gpu + buffers, job.assume.fragmentation_fraction
-    )
+    fragmentation = fragmentation_bytes(acts.on_gpu + buffers, job.assume.fragmentation_fraction)
+    context, nccl = math.ceil(acts.cuda_context), math.ceil(acts.nccl_buffers)  # whole bytes already
+    overhead = math.ceil(context + nccl + fragmentation)
     if dynamic_factor == 1.0:
-        dynamic = (acts.on_gpu_bytes, math.ceil(buffers), math.ceil(overhead))
+        dynamic = (acts.on_gpu_bytes, math.ceil(buffers), overhead)
     else:
         dynamic = (
             calibrated_bytes(acts.on_gpu_bytes, dynamic_factor),
             calibrated_bytes(math.ceil(buffers), dynamic_factor),
-            calibrated_bytes(math.ceil(overhead), dynamic_factor),
+            calibrated_bytes(overhead, dynamic_factor),
         )
-    return (states.parameters, states.gradients, states.optimizer_states, *dynamic)
+        context, nccl = calibrated_bytes(context, dynamic_factor), calibrated_bytes(nccl, dynamic_factor)
+    # the overhead split so that its parts add up to it exactly: the fit's total is the one it was
+    context = min(context, dynamic[2])
+    nccl = min(nccl, dynamic[2] - context)
+    return (
+        states.parameters,
+        states.gradients,
+        states.optimizer_states,
+        dynamic[0],
+        dynamic[1],
+        dynamic[2] - context - nccl,
+        context,
+        nccl,
+    )
 
 
 def rank_autocast_bytes(job: Job, layout: Layout) -> list[float]:
@@ -138,14 +154,16 @@ def memory_estimate(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> Me
 
 
 def memory_breakdown(parts: MemoryParts) -> MemoryBreakdown:
-    parameters, gradients, optimizer_states, activations, buffers, overhead = parts
+    parameters, gradients, optimizer_states, activations, buffers, fragmentation, context, nccl = parts
     return MemoryBreakdown(
         parameters=parameters,
         gradients=gradients,
         optimizer_states=optimizer_states,
         activations=activations,
         buffers=buffers,
-        overhead=overhead,
+        fragmentation=fragmentation,
+        cuda_context=context,
+        nccl_buffers=nccl,
     )
 
 

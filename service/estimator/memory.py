@@ -5,8 +5,10 @@ For the first and the last pipeline stage (``pipeline_ranks``): the model states
 buffers they size (gradient buckets, gathered ZeRO-3 / FSDP parameters), memoised by the sharding
 (``stage_states``); the activations (``service.estimator.activations``: Megatron's Korthikanti
 formulas or what Hugging Face models save) with the buffers they size (pipeline receive buffers,
-QLoRA dequantisation, the loss workspace) and the CUDA/NCCL overhead, memoised without the sharding
-(``stage_activations``). ``service.estimator.evaluate`` adds them up and reports the larger stage.
+QLoRA dequantisation, the loss workspace) and what the process holds outside PyTorch's allocator (the
+CUDA context, NCCL's buffers), memoised without the sharding (``stage_activations``).
+``service.estimator.evaluate`` adds them up, with the allocator's fragmentation, into three statistics
+(peak allocated, peak reserved, device used: ``types.MemoryStatistic``) and reports the larger stage.
 Every allowance lives in ``MemoryAssumptions``, loaded from the catalog with its source.
 """
 
@@ -208,13 +210,26 @@ def communicator_count(layout: Layout) -> int:
     return groups + (layout.ep > 1)
 
 
-def fixed_overhead_bytes(layout: Layout, assume: MemoryAssumptions) -> float:
-    """CUDA context + NCCL buffers of every process group with more than one rank."""
-    return assume.cuda_context_bytes + assume.nccl_bytes_per_group * communicator_count(layout)
+def cuda_context_bytes(assume: MemoryAssumptions) -> float:
+    """The CUDA context of the training process: driver state, the kernel images loaded (PyTorch's,
+    cuBLAS/cuDNN's, lazily since CUDA 11.7) and the library handles. The driver allocates it outside
+    PyTorch's caching allocator, so nvidia-smi counts it and ``memory_reserved`` does not (PyTorch
+    "CUDA memory management" notes; pytorch/pytorch#107667, #28113)."""
+    return float(assume.cuda_context_bytes)
+
+
+def nccl_buffer_bytes(layout: Layout, assume: MemoryAssumptions) -> float:
+    """NCCL's buffers: each communicator allocates, per channel and per peer it connects to, a FIFO
+    per protocol (Simple NCCL_BUFFSIZE = 4 MiB, LL128, LL), with cudaMalloc / cuMem outside PyTorch's
+    allocator; communicators do not share them (NVIDIA/nccl#864, #986). One allowance per process
+    group with more than one rank (``communicator_count``)."""
+    return float(assume.nccl_bytes_per_group * communicator_count(layout))
 
 
 def fragmentation_bytes(dynamic_bytes: float, fragmentation_fraction: float) -> float:
-    """The caching allocator's fragmentation reserve on activations and buffers."""
+    """The caching allocator's fragmentation reserve on activations and buffers: blocks freed by one
+    phase (the forward's transients, a layer's recompute) stay cached in their segments, so the
+    reserved peak (``reserved_bytes.all.peak``) exceeds the allocated one."""
     return fragmentation_fraction * dynamic_bytes
 
 
@@ -328,7 +343,8 @@ class RankActivations:
     on_gpu_bytes: int  # rounded up, as reported
     on_host: float  # activation offload
     buffers: float  # pipeline receive buffers, QLoRA dequantisation, the loss workspace (last rank)
-    fixed_overhead: float  # fixed_overhead_bytes
+    cuda_context: float  # cuda_context_bytes
+    nccl_buffers: float  # nccl_buffer_bytes
 
 
 def activation_split(
@@ -383,10 +399,10 @@ MEMORY_FIELDS = tuple(dict.fromkeys((*STATE_FIELDS, *ACTIVATION_FIELDS)))
 
 @layout_memo(*ACTIVATION_FIELDS, memory=True)
 def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
-    """Activations, their buffers and the fixed overhead of each of ``pipeline_ranks``."""
+    """Activations, their buffers, the CUDA context and NCCL's buffers of each of ``pipeline_ranks``."""
     layer = activations.layer_activations(job, layout)
     every_rank, last_rank = activation_buffer_bytes(job, layout)
-    fixed = fixed_overhead_bytes(layout, job.assume)
+    context, nccl = cuda_context_bytes(job.assume), nccl_buffer_bytes(layout, job.assume)
     micro_batches = activations.micro_batches_per_step(layout, job.training)
     out = []
     kinds = rank_kind_counts(job, layout)
@@ -407,7 +423,8 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
                 on_gpu_bytes=math.ceil(on_gpu),
                 on_host=on_host,
                 buffers=(last_rank if rank == layout.pp - 1 else every_rank) + received,
-                fixed_overhead=fixed,
+                cuda_context=context,
+                nccl_buffers=nccl,
             )
         )
     return tuple(out)
@@ -525,9 +542,11 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     assume = job.assume
     notes = [
         _state_bytes_note(job, layout),
-        f"CUDA context {assume.cuda_context_bytes // MiB} MiB + NCCL {assume.nccl_bytes_per_group // MiB} "
-        f"MiB per process group; fragmentation reserve {assume.fragmentation_fraction:.0%} of activations "
-        "+ buffers",
+        f"memory statistics: peak allocated = model states + activations + buffers; peak reserved = "
+        f"allocated + the caching allocator's fragmentation reserve, {assume.fragmentation_fraction:.0%} of "
+        f"activations + buffers; device used (nvidia-smi) = reserved + CUDA context "
+        f"{assume.cuda_context_bytes // MiB} MiB + NCCL {assume.nccl_bytes_per_group // MiB} MiB per process "
+        "group; the fit compares device used with the card's capacity",
         "activations: "
         + (
             "Megatron-LM (Korthikanti et al. 2022, 16-bit, 1-byte dropout masks)"

@@ -796,27 +796,66 @@ class ParameterCounts:
         return self.total - self.embedding - self.output - self.final_norm
 
 
+class MemoryStatistic(StrEnum):
+    """Which per-GPU memory figure a number is: what PyTorch and the driver report, from the least
+    inclusive to the most (at one moment allocated <= reserved <= device used)."""
+
+    # torch.cuda.max_memory_allocated / memory_stats()["allocated_bytes.all.peak"]: live tensors
+    ALLOCATED = "allocated"
+    # torch.cuda.max_memory_reserved / memory_stats()["reserved_bytes.all.peak"]: the caching
+    # allocator's segments (cudaMalloc'd), tensors + the free blocks it keeps cached
+    RESERVED = "reserved"
+    # nvidia-smi's "Memory-Usage" of the process, torch.cuda.mem_get_info's total - free: the reserved
+    # segments + the CUDA context + what NCCL allocates outside PyTorch's allocator
+    DEVICE_USED = "device_used"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryBreakdown:
-    """Bytes on one GPU (the most-loaded rank)."""
+    """Bytes on one GPU (the most-loaded rank), by component; ``peak_allocated_bytes``,
+    ``peak_reserved_bytes`` and ``device_used_bytes`` sum them as PyTorch and nvidia-smi count."""
 
     parameters: int
     gradients: int
     optimizer_states: int
     activations: int
     buffers: int  # communication buckets, gathered ZeRO-3 params, temporaries
-    overhead: int  # CUDA context + allocator fragmentation reserve
+    fragmentation: int  # the caching allocator's cached free blocks at the peak: reserved - allocated
+    cuda_context: int  # CUDA context with its kernel images and library handles, outside the allocator
+    nccl_buffers: int  # NCCL's channel buffers of every communicator, outside the allocator
+
+    @property
+    def overhead(self) -> int:
+        """Everything but tensors: fragmentation + CUDA context + NCCL buffers."""
+        return self.fragmentation + self.cuda_context + self.nccl_buffers
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        """Tensors alive at the peak: model states, activations, buffers."""
+        return self.parameters + self.gradients + self.optimizer_states + self.activations + self.buffers
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        """The caching allocator's segments at the peak: tensors + fragmentation."""
+        return self.peak_allocated_bytes + self.fragmentation
+
+    @property
+    def device_used_bytes(self) -> int:
+        """What nvidia-smi shows for the process: reserved + CUDA context + NCCL buffers."""
+        return self.peak_reserved_bytes + self.cuda_context + self.nccl_buffers
 
     @property
     def total(self) -> int:
-        return (
-            self.parameters
-            + self.gradients
-            + self.optimizer_states
-            + self.activations
-            + self.buffers
-            + self.overhead
-        )
+        """``device_used_bytes``: the figure the fit compares with the card's capacity."""
+        return self.device_used_bytes
+
+    def statistic(self, which: MemoryStatistic) -> int:
+        """The figure named ``which``."""
+        if which is MemoryStatistic.ALLOCATED:
+            return self.peak_allocated_bytes
+        if which is MemoryStatistic.RESERVED:
+            return self.peak_reserved_bytes
+        return self.device_used_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -835,10 +874,13 @@ class MemoryEstimate:
     cpu_per_node_bytes: int
     nvme_per_node_bytes: int
     per_stage: tuple[StageMemory, ...] = ()
+    # the statistic the fit compares with ``capacity_bytes``: an out-of-memory error comes when the
+    # device runs out, whoever holds the memory (the allocator, the context or NCCL)
+    fit_statistic: MemoryStatistic = MemoryStatistic.DEVICE_USED
 
     @property
     def headroom_bytes(self) -> int:
-        return self.capacity_bytes - self.per_gpu.total
+        return self.capacity_bytes - self.per_gpu.statistic(self.fit_statistic)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

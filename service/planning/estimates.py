@@ -114,13 +114,14 @@ def estimate_out(
     return EstimateOut(
         fits=result.fits,
         memory=MemoryOut(
-            per_gpu=MemoryPerGPUOut(**dataclasses.asdict(per_gpu), total=per_gpu.total),
+            per_gpu=MemoryPerGPUOut.of(per_gpu),
             per_stage=[
-                StageMemoryOut(rank=stage.rank, **dataclasses.asdict(stage.memory), total=stage.memory.total)
+                StageMemoryOut(rank=stage.rank, **MemoryPerGPUOut.of(stage.memory).model_dump())
                 for stage in memory.per_stage
             ],
             capacity_bytes=memory.capacity_bytes,
             headroom_bytes=memory.headroom_bytes,
+            fit_statistic=memory.fit_statistic,
             cpu_per_node_bytes=memory.cpu_per_node_bytes,
             nvme_per_node_bytes=memory.nvme_per_node_bytes,
         ),

@@ -3,7 +3,17 @@
 "use strict";
 
 const GIB = 2 ** 30;
-const COMPONENTS = ["parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead"];
+// The per-GPU components, from what PyTorch allocates (the first five) to what nvidia-smi shows: the
+// allocator's fragmentation makes the peak reserved, the CUDA context and NCCL's buffers the device used.
+const COMPONENTS = ["parameters", "gradients", "optimizer_states", "activations", "buffers",
+  "fragmentation", "cuda_context", "nccl_buffers"];
+// A plan stored before the statistics were named has one overhead in place of the last three.
+const OLD_COMPONENTS = ["parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead"];
+// The three statistics the answer names; the fit compares the last with the card's capacity.
+const STATISTICS = [["peak_allocated_bytes", "peak allocated"], ["peak_reserved_bytes", "peak reserved"],
+  ["device_used_bytes", "device used (fit)"]];
+const componentsOf = (perGpu) => (perGpu.fragmentation === undefined || perGpu.fragmentation === null
+  ? OLD_COMPONENTS : COMPONENTS);
 // Okabe-Ito colours: distinguishable with colour-vision deficiencies, readable against white
 const COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000",
   "#999999", "#882255"];
@@ -134,7 +144,7 @@ function memoryChart(candidates) {
     label.textContent = candidate.label || `${index === 0 ? "★ " : ""}${layoutText(candidate.layout)}`;
     chart.append(label);
     let x = left;
-    COMPONENTS.forEach((name, k) => {
+    componentsOf(candidate.estimate.memory.per_gpu).forEach((name, k) => {
       const bytes = candidate.estimate.memory.per_gpu[name];
       if (!bytes) return;
       const w = scale(bytes);
@@ -154,7 +164,7 @@ function memoryChart(candidates) {
   const capLabel = svg("text", { x: cx, y: top + row * candidates.length + 14, "text-anchor": "middle", class: "value" });
   capLabel.textContent = `card: ${fmt.gib(capacity)}`;
   chart.append(capLabel);
-  COMPONENTS.forEach((name, k) => {
+  componentsOf(candidates[0].estimate.memory.per_gpu).forEach((name, k) => {
     const lx = left + (k % 3) * 170, ly = top + row * candidates.length + 24 + Math.floor(k / 3) * 14;
     chart.append(svg("rect", { x: lx, y: ly, width: 10, height: 10, fill: COLOURS[k] }));
     const text = svg("text", { x: lx + 14, y: ly + 9, class: "legend" });
@@ -168,12 +178,16 @@ function memoryChart(candidates) {
 // The chart's numbers as a table: for screen readers (the SVG is one image to them) and narrow screens.
 function memoryTable(candidates, caption) {
   const capacity = candidates[0].estimate.memory.capacity_bytes;
+  const components = componentsOf(candidates[0].estimate.memory.per_gpu);
   const rows = candidates.map((candidate, index) => {
     const m = candidate.estimate.memory.per_gpu;
+    const statistics = STATISTICS.map(([key]) => (m[key] === undefined || m[key] === null ? "-" : fmt.gib(m[key])));
     return [candidate.label || `${index === 0 ? "★ " : ""}${layoutText(candidate.layout)}`,
-      ...COMPONENTS.map((name) => fmt.gib(m[name] || 0)), fmt.gib(m.total), fmt.gib(capacity - m.total)];
+      ...components.map((name) => fmt.gib(m[name] || 0)), ...statistics, fmt.gib(capacity - m.total)];
   });
-  const t = table(["layout", ...COMPONENTS.map((n) => n.replace("_", " ")), "total", "left on the card"], rows, caption);
+  const headers = ["layout", ...components.map((n) => n.replace("_", " ")), ...STATISTICS.map(([, name]) => name),
+    "left on the card"];
+  const t = table(headers, rows, caption);
   t.classList.add("memory-table", "numbers");
   return el("div", { class: "scroll" }, t);
 }
@@ -418,6 +432,12 @@ function renderPlan(plan, container) {
     }
     container.append(calibrationBlock(est, plan.id));
     container.append(el("h4", { text: "Memory per GPU (most-loaded rank)" }));
+    container.append(el("p", { class: "note memory-statistics", text:
+      `The fit compares ${est.memory.fit_statistic === "device_used" || !est.memory.fit_statistic
+        ? "device used (as nvidia-smi shows it: the caching allocator's reserve, the CUDA context and NCCL's buffers)"
+        : est.memory.fit_statistic} with the card's ${fmt.gib(est.memory.capacity_bytes)}. Peak allocated is ` +
+      "PyTorch's max_memory_allocated, peak reserved its max_memory_reserved: compare a run's figure with the " +
+      "statistic it reports." }));
     container.append(memoryFigure([rec, ...plan.alternatives], `Memory per GPU in GiB, card ${fmt.gib(est.memory.capacity_bytes)}`));
     const stages = est.memory.per_stage || [];
     if (stages.length > 1) {

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from service.contracts.estimates import MemoryPerGPUOut
 from tests.api.helpers import assert_problem
 
 H100_NODE = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
@@ -434,3 +435,49 @@ def test_a_plans_megatron_layout_estimates_the_same_with_its_switches_left_out(c
     )
     assert estimate["time"]["step_s"] == pytest.approx(recommended["estimate"]["time"]["step_s"], rel=1e-12)
     assert estimate["memory"]["per_gpu"] == recommended["estimate"]["memory"]["per_gpu"]
+
+
+def test_memory_names_its_three_statistics_and_the_one_the_fit_uses(client: TestClient) -> None:
+    memory = post(client, body(framework="megatron", tp=2, dp=4, zero_stage=1))["memory"]
+    per_gpu = memory["per_gpu"]
+    states = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
+    assert per_gpu["peak_allocated_bytes"] == sum(per_gpu[k] for k in states)
+    assert per_gpu["peak_reserved_bytes"] == per_gpu["peak_allocated_bytes"] + per_gpu["fragmentation"]
+    assert per_gpu["device_used_bytes"] == (
+        per_gpu["peak_reserved_bytes"] + per_gpu["cuda_context"] + per_gpu["nccl_buffers"]
+    )
+    assert per_gpu["total"] == per_gpu["device_used_bytes"]
+    assert per_gpu["overhead"] == per_gpu["fragmentation"] + per_gpu["cuda_context"] + per_gpu["nccl_buffers"]
+    # the catalog's allowances: a 768 MiB context, 256 MiB of NCCL buffers for each of the dp and tp groups
+    assert (per_gpu["cuda_context"], per_gpu["nccl_buffers"]) == (768 * 2**20, 2 * 256 * 2**20)
+    assert memory["fit_statistic"] == "device_used"
+    assert memory["headroom_bytes"] == memory["capacity_bytes"] - per_gpu["device_used_bytes"]
+    for stage in memory["per_stage"]:
+        assert stage["peak_allocated_bytes"] <= stage["peak_reserved_bytes"] <= stage["device_used_bytes"]
+
+
+def test_plans_name_the_statistics_and_plans_stored_before_them_read_back(client: TestClient) -> None:
+    plan = client.post(
+        "/v1/plans",
+        json={
+            "model": {"preset": "gpt2"},
+            "cluster": H100_NODE,
+            "training": {"seq_len": 1024, "global_batch_size": 64},
+            "constraints": {"top_k": 1, "frameworks": ["deepspeed"]},
+            "launchers": [],
+        },
+    )
+    assert plan.status_code == 201, plan.text
+    memory = plan.json()["recommended"]["estimate"]["memory"]
+    assert memory["fit_statistic"] == "device_used"
+    assert memory["per_gpu"]["device_used_bytes"] == memory["per_gpu"]["total"]
+    # a plan stored before the statistics were named: device used was its total; the rest unknown
+    read = MemoryPerGPUOut.model_validate({k: memory["per_gpu"][k] for k in OLD})
+    assert read.device_used_bytes == read.total == memory["per_gpu"]["total"]
+    assert (
+        read.peak_allocated_bytes is None and read.peak_reserved_bytes is None and read.fragmentation is None
+    )
+
+
+# what MemoryPerGPUOut held before the statistics were named
+OLD = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead", "total")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from service.estimator.types import (
     Framework,
     GPUSpec,
     Layout,
+    MemoryStatistic,
     Method,
     MlpKind,
     ModelSpec,
@@ -399,6 +401,70 @@ def test_estimate_components_and_headroom() -> None:
     assert est.headroom_bytes == est.capacity_bytes - b.total
 
 
+# The memory model's allowances set to round numbers, so the three statistics can be checked by hand.
+ROUND_TUNING = dataclasses.replace(
+    default_tuning(),
+    memory=dataclasses.replace(
+        ASSUME, cuda_context_bytes=1000, nccl_bytes_per_group=100, fragmentation_fraction=0.25
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("layout", "groups"),
+    [
+        # DeepSpeed ZeRO-0 over dp 4: one process group of more than one rank (data)
+        (Layout(dp=4), 1),
+        # Megatron dp 2 x tp 2 x pp 2: data, tensor and pipeline groups
+        (Layout(framework=Framework.MEGATRON, dp=2, tp=2, pp=2), 3),
+    ],
+)
+def test_three_statistics_differ_by_their_named_components(layout: Layout, groups: int) -> None:
+    b = memory(TINY, cluster(8), layout, TRAIN, ROUND_TUNING).per_gpu
+    # allocated: the tensors, states + activations + buffers
+    assert (
+        b.peak_allocated_bytes == b.parameters + b.gradients + b.optimizer_states + b.activations + b.buffers
+    )
+    # reserved - allocated = the fragmentation reserve, 0.25 x (activations + buffers), rounded up
+    # (DeepSpeed dp 4: 0.25 x (14144 + 7760) = 5476)
+    assert b.fragmentation == math.ceil(0.25 * (b.activations + b.buffers)) > 0
+    assert b.peak_reserved_bytes - b.peak_allocated_bytes == b.fragmentation
+    # device used - reserved = the CUDA context (1000) + NCCL (100 per group of more than one rank)
+    assert (b.cuda_context, b.nccl_buffers) == (1000, 100 * groups)
+    assert b.device_used_bytes - b.peak_reserved_bytes == 1000 + 100 * groups
+    assert b.peak_allocated_bytes <= b.peak_reserved_bytes <= b.device_used_bytes == b.total
+    assert b.overhead == b.fragmentation + b.cuda_context + b.nccl_buffers
+    assert [b.statistic(s) for s in MemoryStatistic] == [
+        b.peak_allocated_bytes,
+        b.peak_reserved_bytes,
+        b.device_used_bytes,
+    ]
+
+
+def test_the_fit_compares_device_used_with_the_capacity() -> None:
+    layout = Layout(dp=4)
+    b = memory(TINY, cluster(8), layout, TRAIN, ROUND_TUNING).per_gpu
+    the_job = job(TINY, cluster(8), TRAIN, ROUND_TUNING)
+    # a card holding the reserved peak but not the CUDA context and NCCL's buffers runs out of memory
+    assert not evaluate.fits(the_job, layout, limit_bytes=b.device_used_bytes - 1)
+    assert evaluate.fits(the_job, layout, limit_bytes=b.device_used_bytes)
+    est = memory(TINY, cluster(8, memory_bytes=b.device_used_bytes), layout, TRAIN, ROUND_TUNING)
+    assert est.fit_statistic is MemoryStatistic.DEVICE_USED and est.headroom_bytes == 0
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 1.37, 3.0])
+def test_calibration_scales_the_overhead_and_its_parts_add_up(factor: float) -> None:
+    the_job = job(TINY, cluster(8), TRAIN, ROUND_TUNING)
+    layout = Layout(framework=Framework.MEGATRON, dp=2, tp=2, pp=2)
+    b = evaluate.memory_estimate(the_job, layout, factor).per_gpu
+    base = evaluate.memory_estimate(the_job, layout).per_gpu
+    # the overhead is scaled as one number (as before the split), and its parts sum to it exactly
+    assert b.overhead == math.ceil(base.overhead * factor)
+    assert b.total == evaluate.memory_numbers(the_job, layout, factor)[0]
+    assert b.cuda_context == math.ceil(1000 * factor) and b.nccl_buffers == math.ceil(300 * factor)
+    assert b.fragmentation >= 0
+
+
 def test_max_micro_batch_and_seq_len_are_the_largest_that_fit() -> None:
     model = ModelSpec(
         name="l", family="llama", num_layers=4, hidden_size=1024, num_attention_heads=8, num_kv_heads=8,
@@ -423,6 +489,7 @@ def test_assumptions_name_the_numbers() -> None:
     )
     text = " ".join(notes)
     assert "768 MiB" in text and "reduce_bucket_size" in text and "optimizer offload" in text
+    assert "device used (nvidia-smi)" in text and "the fit compares device used" in text
 
 
 # ---------------------------------------------------------------- properties

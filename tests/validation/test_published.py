@@ -7,7 +7,18 @@ import math
 
 import pytest
 
-from service.estimator.types import Compile, Framework, Precision, Recompute, RecomputeModule
+from service.catalog.tuning import default_tuning
+from service.estimator.estimate import estimate
+from service.estimator.types import (
+    ALL_LINEAR,
+    Compile,
+    Framework,
+    MemoryStatistic,
+    Method,
+    Precision,
+    Recompute,
+    RecomputeModule,
+)
 from validation import published
 
 ROWS = published.load_rows()
@@ -15,10 +26,10 @@ IDS = [row["id"] for row in ROWS]
 
 
 def test_file_shape() -> None:
-    assert len(ROWS) == 164
+    assert len(ROWS) == 165
     assert len(set(IDS)) == len(IDS)
     assert sum(row["kind"] == "throughput" for row in ROWS) == 144
-    assert sum(row["kind"] == "memory" for row in ROWS) == 20
+    assert sum(row["kind"] == "memory" for row in ROWS) == 21
     assert {row["split"] for row in ROWS} == set(published.SPLITS)
 
 
@@ -43,15 +54,46 @@ def test_split_follows_the_written_rule() -> None:
     for row in ROWS:
         groups.setdefault(row["group"], set()).add(row["split"])
     assert all(len(splits) == 1 for splits in groups.values())
-    assert len(groups) == 133
+    assert len(groups) == 134
 
 
-def test_memory_rows_are_gib_in_bytes() -> None:
+# what a row's memory_measure says, for each statistic its memory_statistic may name
+MEASURE_WORDS = {
+    MemoryStatistic.RESERVED: ("reserved_bytes.all.peak", "max_reserved", "max_memory_reserved"),
+    MemoryStatistic.ALLOCATED: ("allocated_bytes.all.peak", "max_allocated", "max_memory_allocated"),
+    MemoryStatistic.DEVICE_USED: ("nvidia-smi", "NVML", "mem_get_info"),
+}
+
+
+def test_memory_rows_are_gib_in_bytes_and_name_the_statistic_their_measure_states() -> None:
     for row in ROWS:
         if row["kind"] == "memory":
             gib = row["published"]["memory_gib"]
             assert row["peak_memory_bytes_per_gpu"] == round(gib * 2**30), row["id"]
-            assert "reserved" in row["memory_measure"]
+            statistic = published.memory_statistic(row)
+            assert any(word in row["memory_measure"] for word in MEASURE_WORDS[statistic]), row["id"]
+            others = [w for s, words in MEASURE_WORDS.items() if s is not statistic for w in words]
+            assert not any(word in row["memory_measure"] for word in others), row["id"]
+
+
+def test_a_memory_row_is_compared_with_the_figure_of_its_statistic() -> None:
+    for row_id in ("tt2412-l31-8b-h100x8-fsdp-eager-mem", "peftdoc-l2-70b-h100x8-ds-zero3-lora-mem"):
+        row = published.row_by_id(row_id)
+        result = published.evaluate(row)
+        model, cluster, training, layout, _ = published.inputs(row)
+        est = estimate(model, cluster, layout, training, tuning=default_tuning(), with_limits=False)
+        statistic = published.memory_statistic(row)
+        assert result.statistic == statistic.value
+        assert result.ours == est.memory.per_gpu.statistic(statistic)
+    # torchtitan's max_reserved: without the CUDA context and NCCL's buffers
+    assert published.memory_statistic(published.row_by_id("tt2412-l31-8b-h100x8-fsdp-eager-mem")) is (
+        MemoryStatistic.RESERVED
+    )
+
+
+def test_a_lora_row_builds_its_adapters() -> None:
+    training = published.inputs(published.row_by_id("peftdoc-l2-70b-h100x8-ds-zero3-lora-mem")).training
+    assert (training.method, training.lora_rank, training.lora_targets) == (Method.LORA, 8, ALL_LINEAR)
 
 
 def test_megatron_row_by_hand() -> None:

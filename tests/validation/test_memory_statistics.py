@@ -1,0 +1,34 @@
+"""validation/memory_statistics.py: issue 27's memory-statistics class. Naming the statistics moved no
+fit verdict: device used is, to the byte, the total every memory row was compared with before."""
+
+from __future__ import annotations
+
+from service.catalog.tuning import default_tuning
+from service.estimator.estimate import estimate
+from validation import memory_statistics, published
+
+
+def test_device_used_is_the_former_total_and_no_verdict_moved() -> None:
+    before = memory_statistics.before_document()["memory"]
+    assert isinstance(before, dict)
+    for row in published.load_rows():
+        if row["kind"] != "memory":
+            continue
+        model, cluster, training, layout, _ = published.inputs(row)
+        est = estimate(model, cluster, layout, training, tuning=default_tuning(), with_limits=False)
+        assert est.memory.per_gpu.device_used_bytes == before[row["id"]]["bytes"], row["id"]
+        assert est.fits is before[row["id"]]["fits"] is True, row["id"]  # every row ran
+
+
+def test_rows_compare_their_statistic_and_the_acceptance_counts_held_out_rows() -> None:
+    rows = memory_statistics.class_rows()
+    assert {r.statistic for r in rows} == {"reserved", "device_used"}
+    for r in rows:
+        assert r.after_bytes is not None and r.before_bytes is not None
+        if r.statistic == "reserved":  # peak reserved holds neither the CUDA context nor NCCL's buffers
+            assert r.after_bytes < r.before_bytes
+        else:
+            assert r.after_bytes == r.before_bytes
+    inside, scored, met = memory_statistics.acceptance(rows)
+    assert scored == sum(r.split == "held_out" for r in rows)
+    assert met == (inside / scored >= 0.85)
