@@ -176,6 +176,14 @@ AUTOCAST_FIELDS = (
 )
 
 
+def autocast_casts_weights(job: Job, layout: Layout) -> bool:
+    """Whether 16-bit autocast casts a frozen fp32 LoRA base's weights at each use: the base is kept
+    in fp32 (``TrainingSpec.base_autocast``) and nothing shards it (DDP, or FSDP on one rank)."""
+    if not job.training.base_autocast or layout.framework is not Framework.FSDP:
+        return False
+    return layout.zero_stage == 0 or shard_degrees(layout, job.cluster)[0] == 1
+
+
 @layout_memo(*AUTOCAST_FIELDS, memory=True)
 def autocast_weight_bytes(job: Job, layout: Layout, rank: int) -> float:
     """16-bit copies of a frozen fp32 LoRA base held at the peak of pipeline rank ``rank``, where
@@ -190,9 +198,7 @@ def autocast_weight_bytes(job: Job, layout: Layout, rank: int) -> float:
     casts and saves likewise on the last rank. One micro-batch in flight (no PEFT launcher pipelines).
     FSDP's sharded stages cast each fp32 shard before the all-gather (MixedPrecision param_dtype): the
     gathered 16-bit unit is the copy, counted with the gathered parameters."""
-    if not job.training.base_autocast or layout.framework is not Framework.FSDP:
-        return 0.0
-    if layout.zero_stage > 0 and shard_degrees(layout, job.cluster)[0] > 1:
+    if not autocast_casts_weights(job, layout):
         return 0.0
     rp = rank_parameters_of(job, layout, rank)
     recomputed = 0.0  # selective policies recompute no matmul's weight use (per-op AC: counted as kept)

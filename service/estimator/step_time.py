@@ -49,12 +49,13 @@ from service.estimator.job import (
     sum_by_kind,
 )
 from service.estimator.memory import (
+    autocast_casts_weights,
     layout_state_bytes,
     offloaded_activation_bytes,
     rank_parameters_of,
     state_bytes_of,
 )
-from service.estimator.model_states import megatron_grads_in_fp32, optimizer_step_bytes, shard_degrees
+from service.estimator.model_states import megatron_grads_in_fp32, optimizer_step_bytes
 from service.estimator.params import stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import (
@@ -1021,10 +1022,7 @@ def weight_cast_s(job: Job, layout: Layout, parts: StepParts) -> float:
     likewise. The backward uses the saved copies. FSDP's sharded stages cast only their shard before
     each all-gather (1/dp of it): not counted. Part of compute; sharding-dependent, so outside the
     floors the search prunes by."""
-    training = job.training
-    if not training.base_autocast or layout.framework is not Framework.FSDP:
-        return 0.0
-    if layout.zero_stage > 0 and shard_degrees(layout, job.cluster)[0] > 1:
+    if not autocast_casts_weights(job, layout):
         return 0.0
     stage = step_base(job, layout).stage
     weights = rank_parameters_of(job, layout, stage).linear
