@@ -103,13 +103,14 @@ def _case_of(request: dict[str, Any], layout: dict[str, Any]) -> Any:
 
     training = request["training"]
     domain = layout_from_api(layout)
+    precision = precision_of(request)
     return Case(
         preset=request["model"]["preset"],
         gpu=request["cluster"]["gpu"],
         seq_len=training["seq_len"],
         global_batch_size=training["global_batch_size"],
-        precision=precision_of(request),
-        attention=default_attention(gpu(request["cluster"]["gpu"])),
+        precision=precision,
+        attention=default_attention(gpu(request["cluster"]["gpu"]), precision),
         method=Method(training.get("method", "full")),
         layout=domain,
     )
