@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.contracts.estimates import EstimateOut
+from service.contracts.estimates import EstimateOut, MemoryPerGPUOut
 from service.contracts.results import RESULT_VERSION, RunDiagnosis, StoredLayout
 
 GiB = 2**30
@@ -31,6 +31,20 @@ class ObservedRun:
     tokens_per_s: float | None
     gpu_utilization: float | None
     out_of_memory: bool
+    # which figure the peak is (a log's: device_used, max_reserved, reserved, max_allocated, allocated;
+    # service.runlogs); None: a typed figure, taken as device memory used (nvidia-smi, an OOM message)
+    memory_statistic: str | None = None
+
+
+def estimated_peak_bytes(per_gpu: MemoryPerGPUOut, statistic: str | None) -> int:
+    """The estimate's figure of the statistic a run's peak is: peak allocated for PyTorch's allocated
+    bytes, peak reserved for its reserved ones, else device used (what the fit compares). A plan
+    stored before the statistics were named has only device used."""
+    if statistic in ("allocated", "max_allocated") and per_gpu.peak_allocated_bytes is not None:
+        return per_gpu.peak_allocated_bytes
+    if statistic in ("reserved", "max_reserved") and per_gpu.peak_reserved_bytes is not None:
+        return per_gpu.peak_reserved_bytes
+    return per_gpu.device_used_bytes
 
 
 def measured_step_s(run: ObservedRun, tokens_per_step: int) -> float | None:
@@ -126,7 +140,8 @@ def diagnose(
     """Estimate errors (measured vs estimated, relative) and advice for one observed run.
     ``implausible``: why the run cannot be what the plan measured (estimator.calibration's
     ``implausibility``); such a run gets that as its advice and moves no calibration factor."""
-    total = estimate.memory.per_gpu.total
+    # the measured peak against the estimate's figure of the same statistic
+    total = estimated_peak_bytes(estimate.memory.per_gpu, run.memory_statistic)
     memory_error = None
     if run.peak_memory_bytes_per_gpu is not None and not run.out_of_memory:
         memory_error = _relative(run.peak_memory_bytes_per_gpu, total)
@@ -151,6 +166,7 @@ def diagnose(
         memory_error=memory_error,
         step_time_error=step_error,
         estimated_peak_memory_bytes_per_gpu=total,
+        memory_statistic=run.memory_statistic,
         estimated_step_s=time.step_s if time else None,
         measured_step_s=step,
         advice=advice,

@@ -183,6 +183,8 @@ class RunDiagnosis(Stored):
     memory_error: float | None = None
     step_time_error: float | None = None
     estimated_peak_memory_bytes_per_gpu: int | None = None
+    # the statistic both peaks are (a log's; None: a typed figure, compared as device used)
+    memory_statistic: str | None = None
     estimated_step_s: float | None = None
     measured_step_s: float | None = None
     advice: list[str] = Field(default_factory=list)

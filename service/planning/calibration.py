@@ -35,7 +35,7 @@ from service.estimator.calibration import (
     shared_calibration,
 )
 from service.estimator.types import ClusterSpec, Estimate, Layout
-from service.feedback import ObservedRun, measured_step_s
+from service.feedback import ObservedRun, estimated_peak_bytes, measured_step_s
 from service.persistence.db import utcnow
 from service.persistence.models import PlanRecord, RunRecord
 from service.persistence.repository import PlanRepository
@@ -56,6 +56,7 @@ def observed(run: RunRecord) -> ObservedRun:
         tokens_per_s=run.tokens_per_s,
         gpu_utilization=run.gpu_utilization,
         out_of_memory=run.out_of_memory,
+        memory_statistic=(run.source or {}).get("memory_statistic"),
     )
 
 
@@ -77,6 +78,14 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
         dynamic = stored.uncalibrated.memory_per_gpu_bytes - states
         estimated_step_s = stored.uncalibrated.step_s
     tokens_per_step = StoredRequest.read(plan.request).training.tokens_per_step
+    run_observed = observed(run)
+    measured_peak = run.peak_memory_bytes_per_gpu
+    if measured_peak is not None:
+        # a peak of another statistic than device used (a torchtitan log's max reserved) is compared
+        # as device used: plus what the estimate says it leaves out (CUDA context and NCCL's buffers;
+        # and fragmentation for allocated bytes), uncalibrated as the dynamic parts are
+        left_out = per_gpu.device_used_bytes - estimated_peak_bytes(per_gpu, run_observed.memory_statistic)
+        measured_peak += round(left_out / factors.memory_dynamic)
     # step x HFU is the step's hardware FLOPs per GPU over the dense peak: the step at HFU 1, the same
     # before and after a step-time factor (which divides HFU as it multiplies the step)
     peak_step_s = time.step_s * time.hfu if time and time.hfu else None
@@ -84,10 +93,10 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
         model_state_bytes=states,
         dynamic_bytes=round(dynamic),
         capacity_bytes=estimate.memory.capacity_bytes,
-        measured_peak_bytes=run.peak_memory_bytes_per_gpu,
+        measured_peak_bytes=measured_peak,
         out_of_memory=run.out_of_memory,
         estimated_step_s=estimated_step_s,
-        measured_step_s=measured_step_s(observed(run), tokens_per_step),
+        measured_step_s=measured_step_s(run_observed, tokens_per_step),
         peak_step_s=peak_step_s,
         run_id=run.id,
     )
