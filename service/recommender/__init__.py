@@ -25,7 +25,7 @@ from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError, InvalidTraining
 from service.estimator.estimate import estimate_valid
 from service.estimator.job import Job, make_job, shared_memory_memos
-from service.estimator.memory import stage_states
+from service.estimator.memory import stage_activations, stage_states
 from service.estimator.pipeline import stage_layers
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
@@ -38,6 +38,7 @@ from service.estimator.types import (
     MemoryEstimate,
     Method,
     ModelSpec,
+    Offload,
     Plan,
     Recompute,
     TimeEstimate,
@@ -614,7 +615,8 @@ def _lean_fit(
         sizes = micro_batch_sizes(search.training, s, 1, sp)
         if not options or not sizes:
             continue
-        for sh in reversed(options):  # the most sharded and offloaded first: the likeliest to fit
+        ordered = options[::-1]  # the most sharded and offloaded first: the likeliest to fit
+        for i, sh in enumerate(ordered):
             lean = make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0])
             if _violation(job, lean) is not None:
                 return True, None
@@ -622,7 +624,33 @@ def _lean_fit(
             if evaluate.numbers_fit(job.cluster, memory, limit):
                 return True, lean
             _log_memory(result, lean, memory, limit, 1)
+            if i == 0 and _leanest_states_exceed(job, lean, ordered, limit):
+                break  # no other sharding of the framework holds fewer model states
     return False, None
+
+
+def _leanest_states_exceed(job: Job, lean: Layout, ordered: list[Sharding], limit: int) -> bool:
+    """Whether every sharding in ``ordered`` needs more than ``limit`` for this lean layout, from
+    the first one's evaluation: where it shards (ZeRO stage) and offloads at least as much as every
+    other, its model states per rank are the fewest any of them holds (each stage shards more, each
+    offload moves more off the GPU), and the activations, their buffers, the CUDA context and NCCL's
+    buffers are the same for all (``memory.ACTIVATION_FIELDS`` hold no sharding). That sum on the
+    most-loaded rank, less every buffer and the fragmentation the states add, bounds all of them."""
+    first = ordered[0]
+    if any(
+        other.zero_stage > first.zero_stage
+        or (other.offload_params is not Offload.NONE and first.offload_params is Offload.NONE)
+        or (other.offload_optimizer is not Offload.NONE and first.offload_optimizer is Offload.NONE)
+        for other in ordered[1:]
+    ):
+        return False
+    ranks = zip(stage_states(job, lean), stage_activations(job, lean), strict=True)
+    least = max(
+        states.parameters + states.gradients + states.optimizer_states
+        + acts.on_gpu_bytes + acts.buffers + acts.cuda_context + acts.nccl_buffers
+        for states, acts in ranks
+    )  # fmt: skip
+    return least > limit
 
 
 MAX_FALLBACKS_TIMED = 3

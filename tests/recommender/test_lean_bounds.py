@@ -1,0 +1,114 @@
+"""The bounds a fewest-GPU search prunes structures with are lower bounds (issue 26's speed work):
+a structure whose leanest layouts fit nothing is never searched, and after the most sharded and
+offloaded sharding's lean layout misses, the framework's other shardings are skipped when the
+model states it holds plus the sharding-free parts exceed the limit. Both are exact only if model
+states never grow with more sharding or offload, and the activations' parts are the same for every
+sharding: checked here over presets, methods, GPU counts and every structure, rank by rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.catalog.models import model
+from service.catalog.tuning import default_tuning
+from service.estimator import evaluate
+from service.estimator.errors import EstimatorError
+from service.estimator.job import make_job
+from service.estimator.memory import stage_activations, stage_states
+from service.estimator.types import Framework, Layout, Method, TrainingSpec
+from service.estimator.validate import FRAMEWORK_CAPABILITIES, training_violation
+from service.recommender import _leanest_states_exceed
+from service.recommender.space import (
+    OffloadDevices,
+    RejectionLog,
+    make_layout,
+    micro_batch_sizes,
+    recompute_order,
+    shardings,
+    structures,
+)
+from tests.recommender.helpers import cluster
+
+ANY_OFFLOAD = OffloadDevices(cpu=True, nvme=True)
+NO_OFFLOAD = OffloadDevices(cpu=False, nvme=False)
+CASES = [
+    ("llama-3-8b", 1, Method.FULL),
+    ("llama-3-70b", 2, Method.FULL),
+    ("llama-3-70b", 1, Method.LORA),
+    ("mixtral-8x7b", 2, Method.FULL),
+    ("mixtral-8x7b", 1, Method.QLORA),
+    ("deepseek-v2-lite", 1, Method.FULL),
+]
+
+
+@pytest.mark.parametrize(("name", "nodes", "method"), CASES)
+@pytest.mark.parametrize("offload", [NO_OFFLOAD, ANY_OFFLOAD], ids=["no-offload", "offload"])
+def test_states_never_grow_with_sharding_and_the_bound_never_exceeds_a_leans_memory(
+    name: str, nodes: int, method: Method, offload: OffloadDevices
+) -> None:
+    spec = model(name).spec
+    c = cluster(nodes=nodes, host_gib=2048 if offload.cpu else 0)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256, method=method)
+    job = make_job(spec, c, training, default_tuning())
+    checked = 0
+    for s in structures(spec, c, training, c.world_size, RejectionLog()):
+        for framework in Framework:
+            caps = FRAMEWORK_CAPABILITIES[framework]
+            if training_violation(spec, c, Layout(framework=framework), training, caps) is not None:
+                continue
+            options, _ = shardings(framework, s, offload)
+            sizes = micro_batch_sizes(training, s, 1, s.tp > 1)
+            if not options or not sizes:
+                continue
+            ordered = options[::-1]
+            leans = [make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0]) for sh in ordered]
+            try:
+                first_states = stage_states(job, leans[0])
+                first_acts = stage_activations(job, leans[0])
+            except EstimatorError:  # an invalid lean is no bound: the search never reaches the check
+                continue
+            memories = []
+            for lean in leans:
+                try:
+                    states, acts = stage_states(job, lean), stage_activations(job, lean)
+                    memories.append(evaluate.memory_numbers(job, lean)[0])
+                except EstimatorError:
+                    continue
+                assert acts == first_acts, (s, framework)
+                for mine, least in zip(states, first_states, strict=True):
+                    held = mine.parameters + mine.gradients + mine.optimizer_states
+                    assert held >= least.parameters + least.gradients + least.optimizer_states, (s, lean)
+            # the bound at the smallest of these memories' limit never says "none fits" wrongly
+            if memories:
+                smallest = min(memories)
+                assert not _leanest_states_exceed(job, leans[0], ordered, smallest), (s, framework)
+                assert _leanest_states_exceed(job, leans[0], ordered, 0)  # and it does bound
+                checked += 1
+    assert checked > 20
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus"),
+    [("llama-3.1-405b", ("a100-sxm-40gb", "l4-24gb")), ("mixtral-8x7b", ("rtx-4090-24gb", "a10-24gb"))],
+)
+def test_capacity_with_the_bound_answers_as_without_it_with_fewer_evaluations(
+    name: str, gpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two methods, one answer: the sweep with the sharding bound, and without it (every sharding's
+    lean layout evaluated), give the same options; the bound only saves evaluations."""
+    import service.recommender as recommender
+    from service.catalog.gpus import gpu
+    from service.recommender.capacity import capacity
+
+    training = TrainingSpec(seq_len=4096, global_batch_size=1024, tokens=10**12)
+    types = [gpu(g) for g in gpus]
+
+    def run() -> list[tuple[object, ...]]:
+        options = capacity(model(name).spec, training, default_tuning(), gpus=types)
+        return [(o.gpu, o.fits, o.min_gpus, o.layout, o.tokens_per_s, o.evaluations) for o in options]
+
+    bounded = run()
+    monkeypatch.setattr(recommender, "_leanest_states_exceed", lambda *args: False)
+    unbounded = run()
+    assert [o[:5] for o in bounded] == [o[:5] for o in unbounded]
+    assert sum(o[5] for o in bounded) < sum(o[5] for o in unbounded)
