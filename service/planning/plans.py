@@ -116,7 +116,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     searched = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
     budget = deadline.budget(constraints.max_evaluations)
     rec = recommend(model, cluster, training, searched, default_tuning(), budget=budget)
-    if budget.reason == "cancelled":
+    if budget.cancelled_now():  # a plan that finished after its client left is not stored either
         raise ClientClosedRequest("the client closed the connection; the plan was not stored")
     if budget.reason == "time" and not (rec.recommended or rec.suggestions or rec.closest):
         raise too_big_to_plan(model, cluster, training, deadline)

@@ -85,6 +85,14 @@ class Budget:
             return "time"
         return "evaluations" if self.left() <= 0 else None
 
+    def cancelled_now(self) -> bool:
+        """Whether the client is gone, asked now rather than at the last poll (up to
+        ``CANCEL_POLL_S`` ago): the check before work that finished is committed."""
+        root = self._lineage()[-1]
+        if root._reason != "cancelled" and root._cancelled is not None and root._cancelled():
+            root._reason = "cancelled"
+        return self.reason == "cancelled"
+
     def _lineage(self) -> list[Budget]:
         chain: list[Budget] = []
         budget: Budget | None = self

@@ -153,8 +153,9 @@ def test_eight_large_plans_at_once_leave_an_estimate_answering(service: str) -> 
 
 
 def test_a_plan_whose_client_hung_up_stops_and_stores_nothing(service: str) -> None:
-    """The client gives up after 0.3 s; without cancellation the plan would run its 1.5 s and be
-    stored. It stops at the next budget check (every 50 ms at most) and commits nothing."""
+    """The client gives up after 0.3 s; without cancellation the plan would run on and be stored.
+    It stops at the next budget check (every 50 ms at most), or, where it finished first (this plan
+    takes about 0.5 s alone), is refused before it is committed: nothing is stored."""
     body = WITHIN_THE_LIMITS["7B at 4M tokens per sequence on 8 H100"]
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{service}/v1/plans", json=body, timeout=httpx.Timeout(5.0, read=0.3))
@@ -182,3 +183,17 @@ def test_a_budget_stops_on_evaluations_time_or_cancellation() -> None:
     gone.set()
     clock[0] += 1.0  # the next poll
     assert cancelled.exhausted() and cancelled.reason == "cancelled"
+
+
+def test_a_client_gone_since_the_last_poll_is_seen_before_committing() -> None:
+    """Between polls (every CANCEL_POLL_S) a finished plan's budget has not seen the hang-up;
+    ``cancelled_now`` asks at once, through a share too, so a plan that finished after its client
+    left is not stored."""
+    clock = [0.0]
+    gone = threading.Event()
+    budget = Budget(100, cancelled=gone.is_set, clock=lambda: clock[0])
+    share = budget.share(max_evaluations=10, parts=2)
+    assert not budget.exhausted() and not budget.cancelled_now()
+    gone.set()  # no time passes: the next poll is not due
+    assert not budget.exhausted() and budget.reason is None
+    assert share.cancelled_now() and budget.reason == "cancelled" and budget.exhausted()
