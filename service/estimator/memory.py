@@ -33,6 +33,7 @@ from service.estimator.model_states import (
     rank_parameters,
     shard_degrees,
     state_bytes,
+    state_bytes_per_parameter,
 )
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import MemoryAssumptions
@@ -462,8 +463,7 @@ def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
     """Model states per GPU with every state sharded over ``gpus`` GPUs and nothing offloaded: no
     layout of ``framework`` on that many GPUs needs less (ZeRO-3 / FULL_SHARD's bound)."""
     sb = state_bytes_of(job, framework, False)  # Megatron's bf16 gradient buffer: the least
-    per_parameter = sb.weights + sb.gradients + sb.master + sb.moments
-    return int(per_parameter * job.counts.total / gpus)
+    return int(state_bytes_per_parameter(sb, framework) * job.counts.total / gpus)
 
 
 def _state_bytes_note(job: Job, layout: Layout) -> str:

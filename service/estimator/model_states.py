@@ -241,6 +241,21 @@ def optimizer_step_bytes(sb: StateBytes, framework: Framework) -> float:
     return 2 * (parameter + sb.moments) + sb.gradients + copy
 
 
+def fsdp_parameter_bytes(sb: StateBytes) -> float:
+    """FSDP's one sharded parameter per trainable parameter: the fp32 master under mixed precision
+    (MixedPrecision casts it to 16 bits at each all-gather), else the weights themselves; no 16-bit
+    copy beside it, as ZeRO and Megatron keep."""
+    return sb.master or sb.weights
+
+
+def state_bytes_per_parameter(sb: StateBytes, framework: Framework) -> float:
+    """Model-state bytes of one trainable parameter, each state once: what ZeRO-3 / FULL_SHARD
+    divides over its group (``_group_states`` at its largest divisors)."""
+    if framework is Framework.FSDP:
+        return fsdp_parameter_bytes(sb) + sb.gradients + sb.moments
+    return sb.weights + sb.gradients + sb.master + sb.moments
+
+
 def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[float, float]:
     """Bytes per frozen base parameter (LoRA/QLoRA): (layer Linear weights, everything else)."""
     # LoRA: the base in the compute dtype (bf16, or fp32 under fp32 and tf32), or in fp32 where it
@@ -410,8 +425,7 @@ def _group_states(
     if layout.framework is Framework.FSDP:
         # The sharded parameter is the fp32 master (mixed) or the weights themselves. The 16-bit
         # copies gathered for compute are buffers (memory.gathered_parameter_bytes), not states.
-        storage = sb.master or sb.weights
-        params = (count * storage + frozen * frozen_bytes_per) / w_div
+        params = (count * fsdp_parameter_bytes(sb) + frozen * frozen_bytes_per) / w_div
         return params, count * sb.gradients / g_div, count * sb.moments / o_div
     return (
         (count * sb.weights + frozen * frozen_bytes_per) / w_div,

@@ -14,8 +14,8 @@ from service.catalog.tuning import default_tuning
 from service.estimator import evaluate
 from service.estimator.errors import EstimatorError
 from service.estimator.job import make_job
-from service.estimator.memory import stage_activations, stage_states
-from service.estimator.types import Framework, Layout, Method, TrainingSpec
+from service.estimator.memory import min_state_bytes_per_gpu, stage_activations, stage_states
+from service.estimator.types import Framework, Layout, Method, Optimizer, Precision, Recompute, TrainingSpec
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, training_violation
 from service.recommender import _leanest_states_exceed
 from service.recommender.space import (
@@ -112,3 +112,26 @@ def test_capacity_with_the_bound_answers_as_without_it_with_fewer_evaluations(
     unbounded = run()
     assert [o[:5] for o in bounded] == [o[:5] for o in unbounded]
     assert sum(o[5] for o in bounded) < sum(o[5] for o in unbounded)
+
+
+@pytest.mark.parametrize("framework", list(Framework))
+@pytest.mark.parametrize("precision", [p for p in Precision if p is not Precision.TF32])
+@pytest.mark.parametrize("optimizer", list(Optimizer))
+def test_the_count_bound_is_the_fully_sharded_states_of_each_framework(
+    framework: Framework, precision: Precision, optimizer: Optimizer
+) -> None:
+    """``min_state_bytes_per_gpu`` (the bound that cuts a GPU count before any search, and names
+    what 'the model states alone' need) is never above what the framework's most sharded layout
+    holds, and equals ZeRO-3 / FULL_SHARD's. FSDP's bound once counted the 16-bit weights beside its
+    fp32 master, which FSDP does not keep: 73.9 GiB for Llama-3-70B on 16 GPUs that hold 65.7."""
+    spec = model("llama-3-70b").spec
+    c = cluster(nodes=2)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, precision=precision, optimizer=optimizer)
+    job = make_job(spec, c, training, default_tuning())
+    stage = 1 if framework is Framework.MEGATRON else 3
+    layout = Layout(framework=framework, dp=16, zero_stage=stage, recompute=Recompute.FULL)
+    held = max(s.parameters + s.gradients + s.optimizer_states for s in stage_states(job, layout))
+    bound = min_state_bytes_per_gpu(job, framework, 16)
+    assert bound <= held
+    if framework is not Framework.MEGATRON and precision is not Precision.FP8:
+        assert held - bound <= 16  # whole bytes of rounding: the same states, fully sharded
