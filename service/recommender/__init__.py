@@ -591,7 +591,11 @@ def _viable_structures(
         is None
     ]  # fmt: skip  (a framework that cannot train the job at all, e.g. LoRA on Megatron, bounds nothing)
     viable: list[Structure] = []
-    for s in found:
+    for i, s in enumerate(found):
+        if search.budget.exhausted(result.evaluations):
+            # cut: the structures not checked stay (unbounded); the search that follows stops at once
+            result.truncated = True
+            return viable + found[i:]
         may_fit, lean = _lean_fit(search, job, result, s, runnable, limit)
         if not may_fit:
             continue
