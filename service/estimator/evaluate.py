@@ -49,7 +49,7 @@ MemoryParts = tuple[int, int, int, int, int, int, int, int]
 
 
 def rank_memory_parts(
-    job: Job, states: RankStates, acts: RankActivations, dynamic_factor: float, autocast_bytes: float = 0.0
+    job: Job, states: RankStates, acts: RankActivations, dynamic_factor: float, autocast_bytes: float
 ) -> MemoryParts:
     """One pipeline rank's bytes by component; ``dynamic_factor`` (learned from runs) scales the
     dynamic ones: activations, buffers and the overhead (fragmentation, CUDA context, NCCL).

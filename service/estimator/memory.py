@@ -177,6 +177,16 @@ AUTOCAST_FIELDS = (
 )
 
 
+# Bytes per weight: autocast's 16-bit copy, and the cast's traffic (read the fp32 weight, write the copy).
+AUTOCAST_COPY_BYTES = 2
+AUTOCAST_CAST_TRAFFIC_BYTES = 4 + AUTOCAST_COPY_BYTES
+
+
+def output_layer_weights(job: Job, layout: Layout, rank: int) -> float:
+    """The output layer's weights (h x V over tp, tied or not) on pipeline rank ``rank``: the last."""
+    return job.model.hidden_size * job.model.vocab_size / layout.tp if rank == layout.pp - 1 else 0.0
+
+
 def autocast_casts_weights(job: Job, layout: Layout) -> bool:
     """Whether 16-bit autocast casts a frozen fp32 LoRA base's weights at each use: the base is kept
     in fp32 (``TrainingSpec.base_autocast``) and nothing shards it (DDP, or FSDP on one rank)."""
@@ -206,9 +216,7 @@ def autocast_weight_bytes(job: Job, layout: Layout, rank: int) -> float:
     if layout.recompute is Recompute.FULL:
         recomputed = rank_recomputed_fractions(job.model.num_layers, layout)[rank]
     held = (1.0 - recomputed) * rp.linear + (rp.layer if recomputed > 0 else 0.0)
-    if rank == layout.pp - 1:
-        held += job.model.hidden_size * job.model.vocab_size / layout.tp
-    return 2.0 * held
+    return AUTOCAST_COPY_BYTES * (held + output_layer_weights(job, layout, rank))
 
 
 def communicator_count(layout: Layout) -> int:

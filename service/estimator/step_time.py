@@ -49,9 +49,11 @@ from service.estimator.job import (
     sum_by_kind,
 )
 from service.estimator.memory import (
+    AUTOCAST_CAST_TRAFFIC_BYTES,
     autocast_casts_weights,
     layout_state_bytes,
     offloaded_activation_bytes,
+    output_layer_weights,
     rank_parameters_of,
     state_bytes_of,
 )
@@ -1025,13 +1027,12 @@ def weight_cast_s(job: Job, layout: Layout, parts: StepParts) -> float:
     if not autocast_casts_weights(job, layout):
         return 0.0
     stage = step_base(job, layout).stage
-    weights = rank_parameters_of(job, layout, stage).linear
-    if stage == layout.pp - 1:
-        weights += job.model.hidden_size * job.model.vocab_size / layout.tp
+    weights = rank_parameters_of(job, layout, stage).linear + output_layer_weights(job, layout, stage)
     passes = 1.0
     if layout.recompute is Recompute.FULL:
         passes += rank_recomputed_fractions(job.model.num_layers, layout)[stage]
-    return parts.micro_batches * passes * 6.0 * weights / job.cluster.gpu.hbm_bandwidth_bytes_per_s
+    moved = parts.micro_batches * passes * AUTOCAST_CAST_TRAFFIC_BYTES * weights
+    return moved / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
 def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
