@@ -213,7 +213,11 @@ def test_a_log_pasted_as_a_run_calibrates_the_next_plan(browser: Any, tmp_path: 
         page.wait_for_function(
             f"location.hash.startsWith('#/plans/') && !location.hash.endsWith('{plan_id}')"
         )
-        page.wait_for_selector("#plan-detail .calibration h4")
+        # the new plan's own block: the page clears the old plan's ("Not calibrated") when it routes
+        page.wait_for_function(
+            "document.getElementById('plan-title').textContent === `Plan ${location.hash.split('/').pop()}`"
+            " && document.querySelector('#plan-detail .calibration h4') !== null"
+        )
         assert "Calibrated by 1 observed run" in page.inner_text("#plan-detail .calibration h4")
         assert "1 gave a step time" in page.inner_text("#plan-detail .calibration-runs")
         factors = {row[0]: row[1] for row in cells(page, "#plan-detail table.factors")}

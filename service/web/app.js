@@ -736,6 +736,9 @@ async function loadPlans(append = false) {
 
 async function showPlan(id) {
   const detail = document.getElementById("plan-detail");
+  // the plan shown before is cleared at once: under a new address the page never shows the old one
+  document.getElementById("plan-title").textContent = `Plan ${id}`;
+  detail.replaceChildren(el("p", { class: "note", text: "Loading the plan..." }));
   try {
     const plan = await api("GET", `/v1/plans/${encodeURIComponent(id)}`);
     document.getElementById("plan-title").textContent = `Plan ${plan.id}`;
