@@ -382,13 +382,38 @@ Sizes = dict[tuple[int, bool], tuple[int, ...]]
 Ceilings = dict[tuple[Framework, int], tuple[float, ...] | None]
 
 
-def _sizes(
-    search: _Search, s: Structure, framework: Framework, virtual: int, sizes_of: Sizes
-) -> tuple[int, ...]:
+def _sizes(job: Job, s: Structure, framework: Framework, virtual: int, sizes_of: Sizes) -> tuple[int, ...]:
     sp = sequence_parallel_default(framework, s.tp)
     if (virtual, sp) not in sizes_of:
-        sizes_of[virtual, sp] = micro_batch_sizes(search.training, s, virtual, sp)
+        sizes_of[virtual, sp] = _micro_batches(job, s, virtual, sp)
     return sizes_of[virtual, sp]
+
+
+def _micro_batches(job: Job, s: Structure, virtual: int, sp: bool) -> tuple[int, ...]:
+    """``micro_batch_sizes`` of the job's training, memoised with the memory parts: they read the
+    training alone (in ``memory_inputs``), and the lean check asks them once per framework of every
+    structure, for every GPU type of a sweep."""
+    memo = job.memory_memos[_micro_batches]
+    key = (s, virtual, sp)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = micro_batch_sizes(job.training, s, virtual, sp)
+    return cast(tuple[int, ...], found)
+
+
+def _structures(job: Job, cluster: ClusterSpec, gpus: int, log: RejectionLog) -> list[Structure]:
+    """``structures`` of ``gpus`` GPUs, its rejections added to ``log``; memoised with the memory
+    parts: the splits read the model, the training and the GPUs per node of ``cluster`` (keyed),
+    the same for every GPU type of a sweep, which climbs through the same counts."""
+    memo = job.memory_memos[_structures]
+    key = (gpus, cluster.gpus_per_node)
+    if key not in memo:
+        own = RejectionLog()
+        memo[key] = (list(structures(job.model, cluster, job.training, gpus, own)), own)
+    found, rejected = memo[key]
+    for reason, group in rejected.groups.items():  # as if each had been added here, in order
+        log.add(reason, group.count, group.example, group.detail)
+    return cast(list[Structure], found)
 
 
 def _structure_ceilings(
@@ -403,7 +428,7 @@ def _structure_ceilings(
         if not options:
             continue
         for virtual in virtual_stages(search.model, framework, s.pp):
-            sizes = _sizes(search, s, framework, virtual, sizes_of)
+            sizes = _sizes(job, s, framework, virtual, sizes_of)
             if sizes:
                 most = search.training.global_batch_size // (s.dp * sizes[0])
                 family = (s, options[0], virtual)
@@ -441,7 +466,7 @@ def _search_structure(
                 _log_memory(result, probe, result.memory_numbers(job, probe), limit, 1)
                 continue
             for virtual in virtuals:
-                sizes = _sizes(search, s, framework, virtual, sizes_of)
+                sizes = _sizes(job, s, framework, virtual, sizes_of)
                 if _dominated(search, job, result, (s, sh, virtual), sizes, ceilings):
                     continue
                 fitted |= _search_memory_family(search, job, result, (s, sh, virtual), sizes, limit)
@@ -578,18 +603,7 @@ def _viable_structures(
     floor is computed for them: worth it where memory is tight (a fewest-GPU search stops at the
     first count where anything fits, and there most structures fit nothing); a search of a count
     where most fit stops at the first, and the step floors prune the rest, which is cheaper."""
-    runnable = [
-        framework
-        for framework in search.constraints.frameworks
-        if training_violation(
-            search.model,
-            job.cluster,
-            Layout(framework=framework),
-            search.training,
-            FRAMEWORK_CAPABILITIES[framework],
-        )
-        is None
-    ]  # fmt: skip  (a framework that cannot train the job at all, e.g. LoRA on Megatron, bounds nothing)
+    runnable = _runnable(search, job)
     viable: list[Structure] = []
     for i, s in enumerate(found):
         if search.budget.exhausted(result.evaluations):
@@ -607,8 +621,70 @@ def _viable_structures(
     return viable
 
 
+def _runnable(search: _Search, job: Job) -> tuple[Framework, ...]:
+    """The frameworks that can train the job at all (LoRA on Megatron cannot): those the lean
+    check bounds."""
+    return tuple(
+        framework
+        for framework in search.constraints.frameworks
+        if training_violation(
+            search.model,
+            job.cluster,
+            Layout(framework=framework),
+            search.training,
+            FRAMEWORK_CAPABILITIES[framework],
+        )
+        is None
+    )  # fmt: skip
+
+
+LeanKey = tuple[object, ...]
+
+
+def _lean_key(search: _Search, job: Job, cluster: ClusterSpec) -> LeanKey | None:
+    """What the lean check of a count reads besides the memory inputs and the limit: the count and
+    the GPUs per node (the splits, the validity rules), the frameworks it bounds, their shardings
+    (offload devices, compile, Megatron-LM's switches) and the host RAM and NVMe the fit compares
+    with. None where the GPU breaks a rule of the training (every layout is invalid: no bound)."""
+    if hardware_violation(job.cluster, job.training) is not None:
+        return None
+    return (
+        job.cluster.world_size,
+        cluster.gpus_per_node,
+        _runnable(search, job),
+        search.offload,
+        search.constraints.torch_compile,
+        search.megatron_lm,
+        job.cluster.cpu_memory_bytes_per_node,
+        job.cluster.nvme_bytes_per_node,
+    )
+
+
+def _narrowed(job: Job, key: LeanKey | None, limit: int, splits: list[Structure]) -> list[Structure]:
+    """``splits`` less those a lean check of the same memory inputs and ``key`` found unable to fit
+    under a limit at least ``limit`` (``_record_viable``): memory does not depend on the GPU
+    (``memory_inputs``), validity is shared where the GPU breaks no rule (``_violation``), and each
+    lean check only compares a need with the limit (``numbers_fit``, ``_leanest_states_exceed``),
+    so under a smaller limit each of its checks fails again. The GPU types of a sweep, largest
+    first, climb the same counts: a smaller card checks only what fitted a larger one."""
+    if key is None:
+        return splits
+    known = [(above, viable) for above, viable in job.memory_memos[_narrowed].get(key, ()) if above >= limit]
+    if not known:
+        return splits
+    _, viable = min(known, key=lambda pair: pair[0])
+    return [s for s in splits if s in viable]
+
+
+def _record_viable(job: Job, key: LeanKey | None, limit: int, viable: list[Structure]) -> None:
+    """Record the structures of a count that a complete lean check under ``limit`` left (every
+    other structure of the count fits nothing under it): ``_narrowed``."""
+    if key is not None:
+        job.memory_memos[_narrowed].setdefault(key, []).append((limit, frozenset(viable)))
+
+
 def _lean_fit(
-    search: _Search, job: Job, result: SearchResult, s: Structure, runnable: list[Framework], limit: int
+    search: _Search, job: Job, result: SearchResult, s: Structure, runnable: tuple[Framework, ...], limit: int
 ) -> tuple[bool, Layout | None]:
     """Whether ``s`` may hold a layout that fits (``_viable_structures``), and the first of its lean
     layouts that fits; (True, None) where a lean layout breaks a rule before any fits (no bound:
@@ -616,7 +692,7 @@ def _lean_fit(
     for framework in runnable:
         options, _ = shardings(framework, s, search.offload, search.compiled(framework), search.megatron_lm)
         sp = sequence_parallel_default(framework, s.tp)
-        sizes = micro_batch_sizes(search.training, s, 1, sp)
+        sizes = _micro_batches(job, s, 1, sp)
         if not options or not sizes:
             continue
         ordered = options[::-1]  # the most sharded and offloaded first: the likeliest to fit
@@ -680,17 +756,24 @@ def search(
     *,
     stop_at_first_fit: bool = False,
     budget: Budget | None = None,
+    rejections: bool = True,
 ) -> SearchResult:
     """Search over the given GPU counts (in order), within ``budget`` (default: a budget of
-    ``constraints.max_evaluations``), which is charged with what the search spent."""
+    ``constraints.max_evaluations``), which is charged with what the search spent.
+
+    ``rejections=False``: the caller reads of the result only what it keeps (``best``, the work,
+    ``truncated``), not its rejection log, so a count known to fit nothing is skipped unlogged
+    (``_narrowed``: a structure is not checked where a larger card of the same memory inputs
+    found it fitting nothing)."""
     training = for_gpu(training, cluster.gpu)  # what the request left to the hardware, for this GPU
     budget = budget or Budget(constraints.max_evaluations)
     result = SearchResult()
     try:
         with shared_memory_memos():  # or the caller's: a sweep over GPU types asks the same layouts
             _search_counts(
-                model, cluster, training, constraints, tuning, counts, stop_at_first_fit, budget, result
-            )
+                model, cluster, training, constraints, tuning, counts, stop_at_first_fit, budget, result,
+                rejections,
+            )  # fmt: skip
     finally:
         budget.charge(result.evaluations)
     return result
@@ -706,6 +789,7 @@ def _search_counts(
     stop_at_first_fit: bool,
     budget: Budget,
     result: SearchResult,
+    rejections: bool,
 ) -> None:
     if constraints.torch_compile and training.method is Method.QLORA:
         raise InvalidTraining(
@@ -732,8 +816,13 @@ def _search_counts(
         before = len(result.best)
         if not _count_can_fit(request, job, gpus, limit, result):
             continue
-        splits = list(structures(model, cluster, training, gpus, result.log))
+        splits = _structures(job, cluster, gpus, result.log)
+        lean = _lean_key(request, job, cluster)
+        if not rejections:  # a structure known to fit nothing would only be logged
+            splits = _narrowed(job, lean, limit, splits)
         found = _viable_structures(request, job, result, splits, limit, every=stop_at_first_fit)
+        if (stop_at_first_fit or not found) and not result.truncated:  # each structure checked
+            _record_viable(job, lean, limit, found)
         if not found:
             continue
         if not _search_count(request, job, result, found, limit):

@@ -115,7 +115,9 @@ def fewest_gpus(
     fewest = dataclasses.replace(constraints, objective=Objective.FEWEST_GPUS, max_gpus=None, top_k=1)
     counts = tuple(counts)
     big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
-    result = search(model, big, training, fewest, tuning, counts, stop_at_first_fit=True, budget=budget)
+    result = search(
+        model, big, training, fewest, tuning, counts, stop_at_first_fit=True, budget=budget, rejections=False
+    )
     ranked = result.ranked()
     found = None
     if ranked:
