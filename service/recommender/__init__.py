@@ -390,11 +390,12 @@ def _sizes(job: Job, s: Structure, framework: Framework, virtual: int, sizes_of:
 
 
 def _micro_batches(job: Job, s: Structure, virtual: int, sp: bool) -> tuple[int, ...]:
-    """``micro_batch_sizes`` of the job's training, memoised with the memory parts: they read the
-    training alone (in ``memory_inputs``), and the lean check asks them once per framework of every
-    structure, for every GPU type of a sweep."""
+    """``micro_batch_sizes`` of the job's training, memoised with the memory parts: they read of
+    the job the training alone (in ``memory_inputs``) and of the structure its dp, tp and pp (the
+    splits of a count that differ in cp or ep share them), and the lean check asks them once per
+    framework of every structure, for every GPU type of a sweep."""
     memo = job.memory_memos[_micro_batches]
-    key = (s, virtual, sp)
+    key = (s.dp, s.tp, s.pp, virtual, sp)
     found = memo.get(key)
     if found is None:
         found = memo[key] = micro_batch_sizes(job.training, s, virtual, sp)
