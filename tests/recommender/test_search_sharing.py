@@ -1,0 +1,197 @@
+"""Work a sweep shares across GPU types and counts (issue 26's speed work) changes no answer.
+
+* A smaller card checks at a count only the structures a larger card of the same memory inputs
+  found viable there (``_narrowed``): sound only if a lean check that fails under a limit fails
+  under every smaller one. Checked directly (viable under the smaller limit is a subset of viable
+  under the larger, per count, over presets and limits), and end to end (a sweep with the narrowing
+  answers as one without it, with fewer evaluations).
+* The splits of a count (``_structures``) and the micro-batches of a (dp, tp, pp) are memoised with
+  the memory parts: a replay adds to the rejection log what the generator adds, and the memo key
+  names every field ``micro_batch_sizes`` reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import service.recommender as recommender
+from service.catalog.gpus import gpu
+from service.catalog.models import model
+from service.catalog.tuning import default_tuning
+from service.estimator.job import make_job, shared_memory_memos
+from service.estimator.types import Framework, Layout, Method, TrainingSpec
+from service.recommender import (
+    SearchResult,
+    _narrowed,
+    _record_viable,
+    _Search,
+    _structures,
+    _viable_structures,
+)
+from service.recommender.budget import Budget
+from service.recommender.capacity import capacity
+from service.recommender.space import (
+    OffloadDevices,
+    RejectionLog,
+    megatron_lm_switches,
+    micro_batch_sizes,
+    structures,
+    sub_cluster,
+    virtual_stages,
+)
+from service.recommender.types import Constraints, Objective
+from tests.recommender.helpers import cluster
+
+GiB = 2**30
+FEWEST = Constraints(objective=Objective.FEWEST_GPUS, allow_offload=False)
+
+
+def _viable(name: str, method: Method, gpus: int, limit: int) -> set[object]:
+    """The structures of ``gpus`` GPUs a complete lean check under ``limit`` leaves (no memo)."""
+    spec = model(name).spec
+    c = cluster(nodes=max(1, gpus // 8))
+    training = TrainingSpec(seq_len=4096, global_batch_size=1024, method=method)
+    job = make_job(spec, sub_cluster(c, gpus), training, default_tuning())
+    request = _Search(
+        spec,
+        job.training,
+        FEWEST,
+        default_tuning(),
+        OffloadDevices(cpu=False, nvme=False),
+        Budget(10**9),
+        megatron_lm_switches(None, job.training.precision),
+    )
+    found = list(structures(spec, c, job.training, gpus, RejectionLog()))
+    result = SearchResult()
+    viable = _viable_structures(request, job, result, found, limit, every=True)
+    assert not result.truncated
+    return set(viable)
+
+
+@pytest.mark.parametrize(
+    ("name", "method", "gpus"),
+    [
+        ("llama-3.1-70b", Method.FULL, 16),
+        ("llama-3.1-70b", Method.LORA, 8),
+        ("mixtral-8x7b", Method.FULL, 16),
+        ("deepseek-v2-lite", Method.FULL, 8),
+        ("llama-3.1-405b", Method.FULL, 64),
+    ],
+)
+def test_a_structure_no_lean_layout_fits_under_a_limit_fits_none_under_a_smaller_one(
+    name: str, method: Method, gpus: int
+) -> None:
+    limits = [int(g * GiB) for g in (192, 141, 96, 80, 64, 48, 40, 32, 24, 16)]
+    viable = [_viable(name, method, gpus, limit) for limit in limits]
+    for larger, smaller in itertools.pairwise(viable):
+        assert smaller <= larger
+    assert viable[0] != viable[-1]  # the limits span where structures stop fitting: the check bites
+
+
+@pytest.mark.parametrize(
+    ("name", "seq"),
+    [("deepseek-v2-lite", 4096), ("llama-3.1-70b", 8192), ("mixtral-8x7b", 4096)],
+)
+def test_a_sweep_narrowed_by_larger_cards_answers_as_one_checking_every_structure(
+    name: str, seq: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cards of several sizes, largest first, some sharing a size: the same options with and
+    without the narrowing; the narrowing only saves evaluations."""
+    names = ("h200-sxm-141gb", "h100-sxm-80gb", "a100-sxm-80gb", "a100-sxm-40gb", "l4-24gb", "a10-24gb")
+    training = TrainingSpec(seq_len=seq, global_batch_size=1024, tokens=10**12)
+
+    def run() -> list[tuple[object, ...]]:
+        options = capacity(
+            model(name).spec, training, default_tuning(), gpus=[gpu(n) for n in names], constraints=FEWEST
+        )
+        return [(o.gpu, o.fits, o.min_gpus, o.layout, o.tokens_per_s, o.note, o.evaluations) for o in options]
+
+    narrowed = run()
+    monkeypatch.setattr(recommender, "_narrowed", lambda job, key, limit, splits: splits)
+    every = run()
+    assert [o[:6] for o in narrowed] == [o[:6] for o in every]
+    assert sum(int(o[6]) for o in narrowed) < sum(int(o[6]) for o in every)  # type: ignore[call-overload]
+
+
+def test_a_plan_reports_the_rejections_of_every_structure() -> None:
+    """The narrowing is for searches whose rejection log nobody reads (capacity, suggestions): a
+    fewest-GPU plan on a card smaller than one searched before in the same memo scope still counts
+    every structure's rejection."""
+    spec = model("llama-3.1-70b").spec
+    training = TrainingSpec(seq_len=4096, global_batch_size=1024)
+    small = cluster("a100-sxm-40gb", nodes=2)
+    alone = recommender.recommend(spec, small, training, FEWEST, default_tuning(), with_suggestions=False)
+    with shared_memory_memos():
+        recommender.search(
+            spec, cluster(nodes=2), training, FEWEST, default_tuning(), (8, 16), stop_at_first_fit=True,
+            rejections=False,
+        )  # fmt: skip
+        after = recommender.recommend(spec, small, training, FEWEST, default_tuning(), with_suggestions=False)
+    assert after.rejected == alone.rejected
+    assert after.search.memory_evaluations == alone.search.memory_evaluations
+
+
+def test_the_splits_memo_logs_what_the_generator_logs() -> None:
+    spec = model("deepseek-v2-lite").spec
+    c = cluster(nodes=4)
+    training = TrainingSpec(seq_len=4096, global_batch_size=96)
+    with shared_memory_memos():
+        job = make_job(spec, sub_cluster(c, 32), training, default_tuning())
+        direct, memoised = RejectionLog(), RejectionLog()
+        for log in (direct, memoised):
+            log.add("invalid: tp_node", 3, Layout(dp=1, tp=16), "logged before")
+        expected = []
+        for gpus in (32, 24, 32):
+            expected += list(structures(spec, c, job.training, gpus, direct))
+        got = []
+        for gpus in (32, 24, 32):  # the second 32 is a replay
+            got += _structures(
+                make_job(spec, sub_cluster(c, gpus), training, default_tuning()), c, gpus, memoised
+            )
+    assert got == expected
+    assert list(memoised.groups) == list(direct.groups)
+    assert memoised.groups == direct.groups
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "llama-3.1-70b"])
+def test_the_micro_batch_memo_key_names_what_the_sizes_read(name: str) -> None:
+    """``_micro_batches`` keys on (dp, tp, pp, interleaving, SP): every structure of the same key
+    has the same sizes (cp and ep are not read)."""
+    spec = model(name).spec
+    c = cluster(nodes=4)
+    training = TrainingSpec(seq_len=4096, global_batch_size=96)
+    seen: dict[tuple[object, ...], tuple[int, ...]] = {}
+    job = make_job(spec, c, training, default_tuning())
+    for s in structures(spec, c, training, 32, RejectionLog()):
+        for framework in Framework:
+            for virtual in virtual_stages(spec, framework, s.pp):
+                for sp in (False, True):
+                    sizes = micro_batch_sizes(training, s, virtual, sp)
+                    key = (s.dp, s.tp, s.pp, virtual, sp)
+                    assert seen.setdefault(key, sizes) == sizes
+                    assert recommender._micro_batches(job, s, virtual, sp) == sizes
+    assert len(seen) > 10
+
+
+def test_a_count_is_narrowed_only_by_a_check_under_a_limit_at_least_its_own() -> None:
+    """What a smaller card found unfit says nothing of a larger one; of the checks under larger
+    limits, the smallest (which left the fewest structures) narrows."""
+    spec = model("deepseek-v2-lite").spec
+    c = cluster(nodes=4)
+    training = TrainingSpec(seq_len=4096, global_batch_size=96)
+    with shared_memory_memos():
+        job = make_job(spec, sub_cluster(c, 32), training, default_tuning())
+        splits = _structures(job, c, 32, RejectionLog())
+        a, b = splits[0], splits[1]
+        key = ("a key",)
+        assert _narrowed(job, key, 80 * GiB, splits) == splits  # nothing known
+        _record_viable(job, key, 40 * GiB, [a])
+        _record_viable(job, key, 80 * GiB, [a, b])
+        assert _narrowed(job, key, 96 * GiB, splits) == splits  # only smaller cards checked it
+        assert _narrowed(job, key, 80 * GiB, splits) == [a, b]
+        assert _narrowed(job, key, 60 * GiB, splits) == [a, b]
+        assert _narrowed(job, key, 40 * GiB, splits) == [a]
+        assert _narrowed(job, key, 24 * GiB, splits) == [a]
+        assert _narrowed(job, None, 24 * GiB, splits) == splits  # the GPU breaks a rule: no bound
