@@ -5,7 +5,7 @@ objective needs, every ``space.Structure`` x framework sharding (``FRAMEWORK_CAP
 interleaving x recompute, and for each the micro-batches that fit (binary search: memory grows with
 the micro-batch). Each GPU count is one estimator ``Job``; the memory and time of each candidate are
 the estimator's own (``estimator.evaluate``: plain numbers to decide fit and rank, result objects
-only for the layouts kept), and what is returned is its ``estimate``. Families that cannot fit at
+only for the layouts returned), and what is returned is its ``estimate``. Families that cannot fit at
 micro-batch 1 are cut before any time is computed; more recompute is only tried when it allows a
 larger micro-batch, offload only when nothing fits without it. The search's budget counts layout
 evaluations, so its answer depends on the request alone. A pure library, like the estimator.
@@ -35,7 +35,6 @@ from service.estimator.types import (
     Framework,
     GPUSpec,
     Layout,
-    MemoryEstimate,
     Method,
     ModelSpec,
     Offload,
@@ -93,10 +92,16 @@ SEARCH_TIME_FRACTION = 0.7  # of a request's time, the most its main search take
 
 @dataclass(frozen=True, slots=True)
 class Scored:
+    """A layout the search keeps (the best of its family so far) and its sort key. Most are
+    replaced or never shown: the step's breakdown is built only when asked (``time``)."""
+
     layout: Layout
-    memory: MemoryEstimate
-    time: TimeEstimate
+    job: Job
     key: tuple[float, ...]
+
+    @property
+    def time(self) -> TimeEstimate:
+        return evaluate.time_estimate(self.job, self.layout)
 
 
 @dataclass(slots=True)
@@ -355,8 +360,7 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
     shown = len(result.best) < top_k or key[:2] <= result.threshold(top_k)
     if shown and not _runs(search, job, result, layout):
         return
-    memory, time = evaluate.memory_estimate(job, layout), evaluate.time_estimate(job, layout)
-    result.keep(family, Scored(layout, memory, time, key))
+    result.keep(family, Scored(layout, job, key))
 
 
 NO_LAUNCHER = "no launcher runs it"
