@@ -40,8 +40,10 @@ from service.estimator.types import (
     Offload,
     Plan,
     Recompute,
+    TimeBreakdown,
     TimeEstimate,
     TrainingSpec,
+    step_total_s,
 )
 from service.estimator.validate import (
     FRAMEWORK_CAPABILITIES,
@@ -160,10 +162,11 @@ class SearchResult:
         self.time_evaluations += 1
         return evaluate.floor_s(job, layout, most_micro_batches)
 
-    def time_estimate(self, job: Job, layout: Layout) -> TimeEstimate:
-        """``evaluate.time_estimate`` (the step with its breakdown), counted against the budget."""
+    def time_parts(self, job: Job, layout: Layout) -> tuple[float, ...]:
+        """``evaluate.time_parts`` (the step's parts, without the estimate built of them), counted
+        against the budget."""
         self.time_evaluations += 1
-        return evaluate.time_estimate(job, layout)
+        return evaluate.time_parts(job, layout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,6 +484,7 @@ def _search_structure(
 
 
 DOMINATED = "dominated: cannot beat the top k at any micro-batch"
+PP_BUBBLE = [f.name for f in dataclasses.fields(TimeBreakdown)].index("pp_bubble_s")  # in time_parts
 # Float slack on the floor below: its sum and ``step_s - pp_bubble_s`` round differently (~1e-15).
 _FLOOR_SLACK = 1e-9
 
@@ -535,9 +539,9 @@ def _dominated(
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if _violation(job, optimistic) is not None:
         return False
-    bound = result.time_estimate(job, optimistic)
+    parts = result.time_parts(job, optimistic)
     least_bubble_s = result.floor_s(job, optimistic, most) - result.floor_s(job, optimistic)
-    step_s = bound.step_s - bound.breakdown.pp_bubble_s + least_bubble_s
+    step_s = step_total_s(*parts) - parts[PP_BUBBLE] + least_bubble_s
     best_tokens_per_s = search.training.tokens_per_step / step_s
     if rank.primary_key(search.constraints.objective, s.gpus, best_tokens_per_s) <= threshold:
         return False
