@@ -1,9 +1,10 @@
 """SearchStats counts each evaluation the search makes once: its memory evaluations are the calls
 of ``evaluate.memory_numbers`` during the search, its time evaluations those of ``step_numbers``,
-``floor_s`` and ``time_estimate`` (a bound's breakdown). A kept layout's result objects
-(``memory_estimate`` with ``time_estimate``) are not counted: its step time was, when it was ranked.
-A 70B search on 32 H100s once reported 749 evaluations for 566 made (the block-recompute bisection
-counted each of its probes twice)."""
+``floor_s`` and ``time_parts`` (a bound's parts; ``step_numbers`` and ``time_estimate`` call it
+too, those calls are theirs). The search builds no result objects (``memory_estimate``,
+``time_estimate``): a kept layout's step time was counted when it was ranked, and its breakdown is
+built only for what is returned. A 70B search on 32 H100s once reported 749 evaluations for 566
+made (the block-recompute bisection counted each of its probes twice)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from service.estimator.types import Framework, TrainingSpec
 from service.recommender import Constraints, Objective, recommend
 from tests.recommender.helpers import cluster
 
-COUNTED = ("memory_numbers", "step_numbers", "floor_s", "time_estimate", "memory_estimate")
+COUNTED = ("memory_numbers", "step_numbers", "floor_s", "time_parts", "time_estimate", "memory_estimate")
 
 
 def counting(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
@@ -81,9 +82,15 @@ def test_every_evaluation_is_counted_once(
     )
     assert rec.recommended is not None and calls["memory_numbers"] > 0
     assert rec.search.memory_evaluations == calls["memory_numbers"]
-    kept = calls["memory_estimate"]  # each kept layout: memory_estimate and time_estimate, once each
-    made = calls["step_numbers"] + calls["floor_s"] + calls["time_estimate"] - kept
-    assert rec.search.time_evaluations == made
+    assert calls["memory_estimate"] == calls["time_estimate"] == 0  # no objects while searching
+    assert rec.search.time_evaluations == _time_evaluations(calls)
+
+
+def _time_evaluations(calls: Counter[str]) -> int:
+    """Step times, floors and bounds: ``time_parts`` less the calls ``step_numbers`` and
+    ``time_estimate`` make of it."""
+    bounds = calls["time_parts"] - calls["step_numbers"] - calls["time_estimate"]
+    return calls["step_numbers"] + calls["floor_s"] + bounds
 
 
 def test_the_work_of_every_gpu_count_searched_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,5 +107,4 @@ def test_the_work_of_every_gpu_count_searched_is_reported(monkeypatch: pytest.Mo
     )
     assert rec.recommended is not None and rec.recommended.layout.world_size < 7
     assert rec.search.memory_evaluations == calls["memory_numbers"]
-    made = calls["step_numbers"] + calls["floor_s"] + calls["time_estimate"] - calls["memory_estimate"]
-    assert rec.search.time_evaluations == made
+    assert rec.search.time_evaluations == _time_evaluations(calls)
