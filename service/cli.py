@@ -17,6 +17,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +27,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from service.estimator.types import Attention, BaseDtype, Framework, Method, Precision, Recompute
 from service.launchers.common import Target
+from service.recommender.types import Objective
 
 FEASIBLE, ERROR, INFEASIBLE, USAGE = 0, 1, 2, 64
 GIB = 2**30
@@ -452,6 +455,12 @@ def emit(data: Any, as_json: bool) -> None:
 
 # ---------------------------------------------------------------- commands
 
+
+def choice(values: type[StrEnum]) -> click.Choice[str]:
+    """The values an option takes, from the enum the API validates it with (one list, in --help)."""
+    return click.Choice([value.value for value in values])
+
+
 url_option = click.option(
     "--url",
     envvar="TRAINPLAN_URL",
@@ -465,11 +474,12 @@ model_options = [
 job_options = [
     click.option("--seq", type=int, required=True, help="sequence length (tokens)"),
     click.option("--batch", type=int, required=True, help="global batch (sequences per optimizer step)"),
-    click.option("--precision", help="bf16, fp16, fp8, fp32, tf32, bf16_pure (default: from the GPU)"),
-    click.option("--attention", help="flash, sdpa, eager (default: from the GPU)"),
-    click.option("--method", default="full", show_default=True, help="full, lora or qlora"),
+    click.option("--precision", type=choice(Precision), help="default: from the GPU"),
+    click.option("--attention", type=choice(Attention), help="default: from the GPU"),
+    click.option("--method", type=choice(Method), default="full", show_default=True),
     click.option(
         "--base-dtype",
+        type=choice(BaseDtype),
         help="lora: compute (the default: the base in the compute dtype) or fp32 (loaded in fp32, trained "
         "under 16-bit autocast)",
     ),
@@ -512,11 +522,17 @@ def main() -> None:
 
 @main.command()
 @options(model_options, cluster_options, job_options)
+@click.option("--objective", type=choice(Objective), default="throughput", show_default=True)
 @click.option(
-    "--objective", default="throughput", show_default=True, help="throughput, fewest_gpus, cost, time"
+    "--framework", "frameworks", type=choice(Framework), multiple=True, help="limit the search (repeatable)"
 )
-@click.option("--framework", "frameworks", multiple=True, help="limit the search (repeatable)")
-@click.option("--launcher", "launchers", multiple=True, help="render for these targets (repeatable)")
+@click.option(
+    "--launcher",
+    "launchers",
+    type=choice(Target),
+    multiple=True,
+    help="render for these targets (repeatable)",
+)
 @click.option("--top-k", type=int, default=3, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), help="write the launcher files here")
 @url_option
@@ -571,14 +587,14 @@ def plan(
 
 @main.command()
 @options(model_options, cluster_options, job_options)
-@click.option("--framework", default="deepspeed", show_default=True)
+@click.option("--framework", type=choice(Framework), default="deepspeed", show_default=True)
 @click.option("--dp", type=int, default=1, show_default=True)
 @click.option("--tp", type=int, default=1, show_default=True)
 @click.option("--pp", type=int, default=1, show_default=True)
 @click.option("--cp", type=int, default=1, show_default=True)
 @click.option("--zero", type=int, default=0, show_default=True, help="ZeRO stage (FSDP: 3 full shard)")
 @click.option("--micro", type=int, default=1, show_default=True, help="micro-batch size")
-@click.option("--recompute", default="none", show_default=True)
+@click.option("--recompute", type=choice(Recompute), default="none", show_default=True)
 @url_option
 @json_option
 def estimate(

@@ -159,6 +159,19 @@ def test_usage_errors_exit_64_never_2_which_means_does_not_fit(database: str, ar
     assert "Error" in result.output or "error" in result.output
 
 
+def test_an_enum_option_lists_what_the_api_takes_and_refuses_the_rest_as_usage(database: str) -> None:
+    """--objective once advertised "time", which the API refuses (its name is time_to_train): the
+    choices come from the enums the API validates with, and a wrong one is the call's fault (64)."""
+    spec = json.loads(run("openapi").output)["components"]["schemas"]
+    objectives = spec["Objective"]["enum"]
+    plan_help = run("plan", "--help").output
+    assert f"[{'|'.join(objectives)}]" in plan_help.replace("\n", "").replace(" ", ""), plan_help
+    base = ["plan", "--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "2048", "--batch", "8"]
+    for option, value in (("--objective", "time"), ("--method", "qlora4"), ("--framework", "nemo")):
+        result = CliRunner().invoke(main, [*base, option, value])
+        assert result.exit_code == 64 and f"Invalid value for '{option}'" in result.output, result.output
+
+
 def test_help_documents_the_exit_codes(database: str) -> None:
     result = run("--help")
     assert result.exit_code == 0
