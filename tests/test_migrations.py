@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import command
@@ -176,7 +177,7 @@ def test_log_runs_get_the_statistic_their_source_names_and_a_downgrade_drops_it(
     }
     engine = create_engine(url)
     with engine.begin() as conn:
-        plan = {"id": "P1", "hardware_key": "hw", "model_name": "m", "status": "feasible"}
+        plan: dict[str, Any] = {"id": "P1", "hardware_key": "hw", "model_name": "m", "status": "feasible"}
         plan |= {"cluster_snapshot": {}, "request": {}, "result": {}, "artifacts": []}
         plan |= {"catalog_version": "c", "estimator_version": "e", "created_at": when}
         conn.execute(plans.insert().values(**plan))
@@ -190,7 +191,9 @@ def test_log_runs_get_the_statistic_their_source_names_and_a_downgrade_drops_it(
     try:
         command.upgrade(config, "head")
         with engine.connect() as conn:
-            backfilled = dict(conn.execute(text("SELECT id, memory_statistic FROM runs")).all())
+            backfilled: dict[str, str | None] = dict(
+                conn.execute(text("SELECT id, memory_statistic FROM runs")).all()
+            )
         assert backfilled == {
             "R1": "reserved",
             "R2": "allocated",
