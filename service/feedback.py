@@ -164,12 +164,14 @@ def diagnose(
     if step_error is not None and step_error > 0.15 and not implausible:
         advice.append(f"steps take {step_error:.0%} longer than estimated; later estimates on this hardware "
                       "and framework are calibrated with the observed ratio")  # fmt: skip
-    if memory_error is not None and run.memory_statistic is None:
+    # a peak compared without its statistic said: the one assumed, and what a PyTorch figure costs
+    assumed = memory_error is not None and run.memory_statistic is None
+    if assumed:
         advice.append(
-            f"the peak was taken as {statistic.value} (it did not say which statistic it is): if it is "
-            "torch.cuda.max_memory_allocated() or max_memory_reserved(), post the run again with "
-            "memory_statistic allocated or reserved, or its memory error and factor are off by the CUDA "
-            "context, NCCL's buffers and the allocator's fragmentation"
+            f"the peak was taken as {statistic.value}, as a typed peak that does not say its statistic is: "
+            "a torch.cuda.max_memory_allocated() or max_memory_reserved() figure sent so reads low by the "
+            "CUDA context and NCCL's buffers (and fragmentation), and lowers the memory factor of later "
+            "plans on this hardware; send such figures with memory_statistic allocated or reserved"
         )
     return RunDiagnosis(
         version=RESULT_VERSION,
@@ -179,7 +181,7 @@ def diagnose(
         step_time_error=step_error,
         estimated_peak_memory_bytes_per_gpu=total,
         memory_statistic=statistic,
-        memory_statistic_assumed=run.memory_statistic is None,
+        memory_statistic_assumed=assumed,
         estimated_step_s=time.step_s if time else None,
         measured_step_s=step,
         advice=advice,

@@ -194,7 +194,7 @@ class RunDiagnosis(Stored):
     step_time_error: float | None = None
     estimated_peak_memory_bytes_per_gpu: int | None = None
     # the statistic both peaks are compared as (the run's memory_statistic; UNSTATED_PEAK_STATISTIC
-    # where it did not say, and then memory_statistic_assumed)
+    # where it did not say); assumed: a peak was compared without its statistic said
     memory_statistic: MemoryStatistic | None = None
     memory_statistic_assumed: bool = False
     estimated_step_s: float | None = None
@@ -216,7 +216,8 @@ class RunDiagnosis(Stored):
             return data
         logged = data.get("memory_statistic")
         statistic = next((v for k, v in LOG_STATISTIC_IS.items() if k == logged), UNSTATED_PEAK_STATISTIC)
-        return {**data, "memory_statistic": statistic, "memory_statistic_assumed": logged is None}
+        assumed = logged is None and data.get("memory_error") is not None  # a typed peak was compared
+        return {**data, "memory_statistic": statistic, "memory_statistic_assumed": assumed}
 
     def stored(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -64,6 +64,10 @@ def test_a_typed_peak_that_does_not_say_is_device_used_and_the_answer_says_so(cl
     assert diagnosis["estimated_peak_memory_bytes_per_gpu"] == memory["device_used_bytes"]
     assert diagnosis["memory_error"] < 0
     assert any("taken as device_used" in advice for advice in diagnosis["advice"])
+    # a run without a peak compared none: nothing assumed, nothing advised about it
+    step_only = post_run(client, plan["id"], {"step_s": 1.0})["diagnosis"]
+    assert step_only["memory_statistic_assumed"] is False
+    assert not any("memory_statistic" in advice for advice in step_only["advice"])
 
 
 def test_the_same_bytes_as_allocated_and_as_device_used_give_different_memory_factors(

@@ -144,9 +144,12 @@ def test_diagnoses_stored_before_version_2_read_in_the_estimates_words() -> None
     device used): read back as the statistic compared, the typed one as assumed."""
     logged = RunDiagnosis.read({"version": 1, "memory_statistic": "max_reserved"})
     assert logged.memory_statistic is MemoryStatistic.RESERVED and logged.memory_statistic_assumed is False
-    typed = RunDiagnosis.read({"version": 1, "memory_statistic": None})
+    typed = RunDiagnosis.read({"version": 1, "memory_statistic": None, "memory_error": -0.2})
     assert typed.memory_statistic is MemoryStatistic.DEVICE_USED and typed.memory_statistic_assumed is True
     before_versions = RunDiagnosis.read({"memory_error": 0.1})
     assert before_versions.memory_statistic is MemoryStatistic.DEVICE_USED
+    assert before_versions.memory_statistic_assumed is True
+    # a run without a peak compared nothing: nothing was assumed
+    assert RunDiagnosis.read({"version": 1, "memory_error": None}).memory_statistic_assumed is False
     # read and stored again, it reads the same
     assert RunDiagnosis.read(typed.stored()) == typed
