@@ -27,7 +27,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from service.estimator.types import Attention, BaseDtype, Framework, Method, Precision, Recompute
+from service.estimator.types import (
+    Attention,
+    BaseDtype,
+    Framework,
+    MemoryStatistic,
+    Method,
+    Precision,
+    Recompute,
+)
 from service.launchers.common import Target
 from service.recommender.types import Objective
 
@@ -827,7 +835,15 @@ def runs() -> None:
 @click.argument("plan_id")
 @click.option("--step-s", type=float, help="measured seconds per optimizer step")
 @click.option("--tokens-per-s", type=float, help="measured tokens per second, all GPUs")
-@click.option("--peak-gib", type=float, help="peak memory reserved per GPU, GiB (max over ranks)")
+@click.option(
+    "--peak-gib", type=float, help="peak memory per GPU, GiB (max over ranks); see --memory-statistic"
+)
+@click.option(
+    "--memory-statistic",
+    type=choice(MemoryStatistic),
+    help="which statistic --peak-gib is: allocated (torch.cuda.max_memory_allocated), reserved "
+    "(max_memory_reserved) or device_used (nvidia-smi); left out, the service takes device_used",
+)
 @click.option("--oom", is_flag=True, help="the run ran out of memory")
 @click.option("--notes", default="")
 @url_option
@@ -837,6 +853,7 @@ def runs_add(
     step_s: float | None,
     tokens_per_s: float | None,
     peak_gib: float | None,
+    memory_statistic: str | None,
     oom: bool,
     notes: str,
     url: str | None,
@@ -849,10 +866,16 @@ def runs_add(
         body["tokens_per_s"] = tokens_per_s
     if peak_gib is not None:
         body["peak_memory_bytes_per_gpu"] = int(peak_gib * GIB)
+    if memory_statistic is not None:
+        body["memory_statistic"] = memory_statistic
     run = Api(url).call("POST", f"/v1/plans/{plan_id}/runs", json=body)
     emit(run, as_json)
     if not as_json:
         console.print(f"stored run {run['id']} of plan {plan_id}")
+        diagnosis = run.get("diagnosis", {})
+        if run.get("peak_memory_bytes_per_gpu") is not None and diagnosis.get("memory_statistic"):
+            assumed = " (--memory-statistic not given)" if diagnosis.get("memory_statistic_assumed") else ""
+            console.print(f"peak compared as {diagnosis['memory_statistic']}{assumed}")
         for key in ("diagnosis", "calibration"):
             if run.get(key):
                 console.print(f"{key}: {escape(json.dumps(run[key]))}")
@@ -923,7 +946,11 @@ def report(plan_id: str, logfile: Any, log_format: str, notes: str, url: str | N
         console.print("set aside (moves no calibration factor):")
         for reason in diagnosis.get("implausible_reasons", []):
             console.print(f"  - {escape(reason)}")
-    for key, label in (("step_time_error", "step time vs estimate"), ("memory_error", "memory vs estimate")):
+    statistic = f" ({diagnosis['memory_statistic']})" if diagnosis.get("memory_statistic") else ""
+    for key, label in (
+        ("step_time_error", "step time vs estimate"),
+        ("memory_error", f"memory vs estimate{statistic}"),
+    ):
         if diagnosis.get(key) is not None:
             console.print(f"{label}: {diagnosis[key]:+.1%}")
     reasons = diagnosis.get("implausible_reasons", [])
