@@ -302,6 +302,50 @@ BASE_FIELDS = (
 )
 
 
+# The layout fields of the slowest stage's shape: the parallel and the pipeline split, and SP.
+SHAPE_FIELDS = (*SPLIT_FIELDS, *PIPELINE_FIELDS[1:], "sequence_parallel")
+
+
+@dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
+class StageShape:
+    """What the step's base reads of the slowest stage that no micro-batch, framework or recompute
+    changes: computed once per split (``SHAPE_FIELDS``), shared by the step bases of its micro-batches."""
+
+    stage: int
+    layers: int
+    counts: tuple[tuple[LayerKind, int], ...]  # the stage's layers by kind
+    routed_flops: int  # routed experts' forward FLOPs per token over the stage's layers
+    links: GroupLinks
+    parameters: float  # gpu_parameters
+    traffic_bytes: float  # stage_traffic_bytes of the stage, per token
+    core_flops: int  # attention's core, forward, per token, over the stage's layers
+    core_work_flops: float  # what its kernels execute of that (flash skips the masked blocks)
+
+
+@layout_memo(*SHAPE_FIELDS)
+def stage_shape(job: Job, layout: Layout) -> StageShape:
+    stage = slowest_stage(job, layout)
+    counts = rank_kind_counts(job, layout)[stage]
+    return StageShape(
+        stage=stage,
+        layers=sum(count for _, count in counts),
+        counts=counts,
+        routed_flops=moe_layers_of(counts) * routed_expert_flops(job.model),
+        links=group_links(job, layout),
+        parameters=gpu_parameters(job, layout),
+        traffic_bytes=stage_traffic_bytes(job, layout)[stage],
+        core_flops=sum_core_flops(job, counts),
+        core_work_flops=sum_by_kind(counts, lambda kind: kind_core_work_flops(job, kind)),
+    )
+
+
+@job_memo
+def gemm_efficiency(job: Job, width: float, tokens: float) -> float:
+    """``tuning.matmul_efficiency`` of GEMMs ``width`` wide on ``tokens`` rows on the job's GPU: the
+    same for every layout of one tensor-parallel degree and micro-batch."""
+    return matmul_efficiency(job.tuning, job.cluster.gpu, width, tokens)
+
+
 @dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
 class StepBase:
     """What every part of a step reads: the slowest stage and its layers, micro-batches, tokens of
@@ -328,31 +372,29 @@ class StepBase:
 
 @layout_memo(*BASE_FIELDS)
 def step_base(job: Job, layout: Layout) -> StepBase:
-    stage = slowest_stage(job, layout)
+    shape = stage_shape(job, layout)
     tokens = micro_batch_tokens_per_rank(layout, job.training)
-    efficiency = matmul_efficiency(job.tuning, job.cluster.gpu, job.model.hidden_size / layout.tp, tokens)
-    counts = rank_kind_counts(job, layout)[stage]
-    links = group_links(job, layout)
+    efficiency = gemm_efficiency(job, job.model.hidden_size / layout.tp, tokens)
     precision = job.training.precision
     core_forward, core_backward = core_rates_flops_per_s(job, layout, efficiency)
     peak = sustained_peak_flops_per_s(job.cluster, precision)
     base = StepBase(
-        stage=stage,
-        layers=sum(count for _, count in counts),
-        counts=counts,
+        stage=shape.stage,
+        layers=shape.layers,
+        counts=shape.counts,
         micro_batches=layout.accumulation_steps(job.training.global_batch_size),
         tokens=tokens,
         flops_per_s=peak * efficiency,
         core_forward_flops_per_s=core_forward,
         core_backward_flops_per_s=core_backward,
         expert_flops_per_s=peak * expert_efficiency(job, layout) / expert_load_factor(job, layout),
-        routed_flops=moe_layers_of(counts) * routed_expert_flops(job.model),
-        links=links,
-        parameters=gpu_parameters(job, layout),
-        traffic_bytes=stage_traffic_bytes(job, layout)[stage],
-        core_flops=sum_core_flops(job, counts),
-        core_work_flops=sum_by_kind(counts, lambda kind: kind_core_work_flops(job, kind)),
-        tp_all_reduce_s=tp_all_reduce_s(job, tokens, links.tp),
+        routed_flops=shape.routed_flops,
+        links=shape.links,
+        parameters=shape.parameters,
+        traffic_bytes=shape.traffic_bytes,
+        core_flops=shape.core_flops,
+        core_work_flops=shape.core_work_flops,
+        tp_all_reduce_s=tp_all_reduce_s(job, tokens, shape.links.tp),
     )
     base.compute_s = compute_s(job, layout, base)
     return base
@@ -369,6 +411,7 @@ class CoreKernel:
     backward_flops_per_forward: float
 
 
+@layout_memo("framework", "cp")
 def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
     """The kernel that runs attention's core with a published rate (tuning.toml [attention_kernel]),
     or None: eager attention, fp32 or tf32 (flash kernels take 16-bit inputs only), or no figure for
@@ -463,7 +506,7 @@ def expert_efficiency(job: Job, layout: Layout) -> float:
     model, tuning, gpu = job.model, job.tuning, job.cluster.gpu
     moe, rows = model.moe, tokens_per_expert(job, layout)
     if moe is None:
-        return matmul_efficiency(tuning, gpu, model.hidden_size / layout.expert_tp, rows)
+        return gemm_efficiency(job, model.hidden_size / layout.expert_tp, rows)
     h, f = model.hidden_size, moe.expert_ffn_hidden_size / layout.expert_tp
     up = (2 if model.mlp.gated else 1) * f
     width = min(h, moe.expert_ffn_hidden_size) / layout.expert_tp
