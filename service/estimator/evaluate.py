@@ -110,7 +110,7 @@ def rank_total_bytes(job: Job, states: RankStates, acts: RankActivations, autoca
 def rank_autocast_bytes(job: Job, layout: Layout) -> list[float]:
     """``memory.autocast_weight_bytes`` of each of ``pipeline_ranks``."""
     ranks = pipeline_ranks(job, layout)
-    if not job.training.base_autocast:
+    if not job.base_autocast:
         return [0.0] * len(ranks)
     return [autocast_weight_bytes(job, layout, rank) for rank in ranks]
 
@@ -163,7 +163,7 @@ def _memory_numbers(job: Job, layout: Layout, dynamic_factor: float) -> tuple[in
         return sum(parts), math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)
     # most_loaded's total, host and NVMe bytes, without building each rank's parts
     all_states, all_acts = stage_states(job, layout), stage_activations(job, layout)
-    casts = rank_autocast_bytes(job, layout) if job.training.base_autocast else itertools.repeat(0.0)
+    casts = rank_autocast_bytes(job, layout) if job.base_autocast else itertools.repeat(0.0)
     total = max(map(functools.partial(rank_total_bytes, job), all_states, all_acts, casts))
     host, nvme = host_and_nvme_bytes(all_states, all_acts)
     return total, math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)

@@ -190,7 +190,7 @@ def output_layer_weights(job: Job, layout: Layout, rank: int) -> float:
 def autocast_casts_weights(job: Job, layout: Layout) -> bool:
     """Whether 16-bit autocast casts a frozen fp32 LoRA base's weights at each use: the base is kept
     in fp32 (``TrainingSpec.base_autocast``) and nothing shards it (DDP, or FSDP on one rank)."""
-    if not job.training.base_autocast or layout.framework is not Framework.FSDP:
+    if not job.base_autocast or layout.framework is not Framework.FSDP:
         return False
     return layout.zero_stage == 0 or shard_degrees(layout, job.cluster)[0] == 1
 
