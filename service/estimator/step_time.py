@@ -369,31 +369,58 @@ class StepBase:
     compute_s: float = 0.0  # compute_s, set once the rest is known
 
 
-@layout_memo(*BASE_FIELDS)
-def step_base(job: Job, layout: Layout) -> StepBase:
-    shape = stage_shape(job, layout)
+# The layout fields of one micro-batch's rates: its tokens on one rank (micro-batch, cp), the GEMM
+# widths (tp, etp), the attention kernel (framework, cp) and the routed experts' load (ep, capacity).
+RATE_FIELDS = ("tp", "cp", "ep", "etp", "framework", "micro_batch_size", "moe_capacity_factor")
+
+
+@dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
+class MicroBatchRates:
+    """The rates one micro-batch's kernels run at, the same whatever the data-parallel and pipeline
+    split (``RATE_FIELDS``): shared by the step bases of every dp, pp and accumulation."""
+
+    tokens: int  # of one micro-batch on one CP rank
+    flops_per_s: float  # the weight GEMMs' achieved rate
+    core_forward_flops_per_s: float
+    core_backward_flops_per_s: float
+    expert_flops_per_s: float
+
+
+@layout_memo(*RATE_FIELDS)
+def micro_batch_rates(job: Job, layout: Layout) -> MicroBatchRates:
     tokens = micro_batch_tokens_per_rank(layout, job.training)
     efficiency = gemm_efficiency(job, job.model.hidden_size / layout.tp, tokens)
-    precision = job.training.precision
     core_forward, core_backward = core_rates_flops_per_s(job, layout, efficiency)
-    peak = sustained_peak_flops_per_s(job.cluster, precision)
-    base = StepBase(
-        stage=shape.stage,
-        layers=shape.layers,
-        counts=shape.counts,
-        micro_batches=layout.accumulation_steps(job.training.global_batch_size),
+    peak = sustained_peak_flops_per_s(job.cluster, job.training.precision)
+    return MicroBatchRates(
         tokens=tokens,
         flops_per_s=peak * efficiency,
         core_forward_flops_per_s=core_forward,
         core_backward_flops_per_s=core_backward,
         expert_flops_per_s=peak * expert_efficiency(job, layout) / expert_load_factor(job, layout),
+    )
+
+
+@layout_memo(*BASE_FIELDS)
+def step_base(job: Job, layout: Layout) -> StepBase:
+    shape, rates = stage_shape(job, layout), micro_batch_rates(job, layout)
+    base = StepBase(
+        stage=shape.stage,
+        layers=shape.layers,
+        counts=shape.counts,
+        micro_batches=layout.accumulation_steps(job.training.global_batch_size),
+        tokens=rates.tokens,
+        flops_per_s=rates.flops_per_s,
+        core_forward_flops_per_s=rates.core_forward_flops_per_s,
+        core_backward_flops_per_s=rates.core_backward_flops_per_s,
+        expert_flops_per_s=rates.expert_flops_per_s,
         routed_flops=shape.routed_flops,
         links=shape.links,
         parameters=shape.parameters,
         traffic_bytes=shape.traffic_bytes,
         core_flops=shape.core_flops,
         core_work_flops=shape.core_work_flops,
-        tp_all_reduce_s=tp_all_reduce_s(job, tokens, shape.links.tp),
+        tp_all_reduce_s=tp_all_reduce_s(job, rates.tokens, shape.links.tp),
     )
     base.compute_s = compute_s(job, layout, base)
     return base
