@@ -51,6 +51,7 @@ from service.estimator.step_time import (
     grad_bytes,
     group_links,
     kind_core_work_flops,
+    kind_recompute_flops,
     recomputed_share,
     step_base,
     tuned_link,
@@ -331,17 +332,25 @@ def sharded_passes(layout: Layout, micro_batches: int) -> ShardedPasses:
     return ShardedPasses(forward_gathers=m, backward_gathers=m, reductions=m)
 
 
+@job_memo
+def kind_flops(job: Job, kind: LayerKind) -> tuple[int, float, int, int]:
+    """Per token, of a layer of ``kind``: attention's core FLOPs (forward), what its kernels execute
+    of them (``kind_core_work_flops``), the forward weight GEMMs' (the adapters' included) and the
+    layer's training FLOPs (``flops.layer_training_flops``): what ``kind_windows_s`` splits into its
+    windows, the same for every layout of the job."""
+    model, training = job.model, job.training
+    core = flops.layer_core_flops(model, kind, training.seq_len)
+    forward = flops.layer_matmul_flops(model, kind.moe) + flops.lora_adapter_flops(model, kind.moe, training)
+    return core, kind_core_work_flops(job, kind), forward, flops.layer_training_flops(model, kind, training)
+
+
 def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) -> tuple[float, float]:
     """(forward, backward) compute time of one layer of ``kind`` for one micro-batch: what its
     collectives hide under (the backward includes the layer's recomputed forward). The weight GEMMs
     run at the GEMM rate, attention's core as its kernels do (``step_time.core_s_per_token``)."""
-    model, training = job.model, job.training
-    core = flops.layer_core_flops(model, kind, training.seq_len)
-    work = kind_core_work_flops(job, kind)
-    forward = flops.layer_matmul_flops(model, kind.moe) + flops.lora_adapter_flops(model, kind.moe, training)
-    backward = float(flops.layer_training_flops(model, kind, training) - forward - 3 * core)
-    modules = layout.selective_modules
-    recomputed = flops.layer_recompute_flops(model, kind, training, layout.recompute, modules)
+    core, work, forward, training_flops = kind_flops(job, kind)
+    backward = float(training_flops - forward - 3 * core)
+    recomputed = kind_recompute_flops(job, kind, layout.recompute, layout.selective_modules)
     redone = 1.0 if layout.recomputes_core else 0.0  # full and selective core_attn redo the core
     share = recomputed_share(job, layout)
     backward += share * (recomputed - redone * core)
