@@ -17,6 +17,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +27,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from service.estimator.types import (
+    Attention,
+    BaseDtype,
+    Framework,
+    MemoryStatistic,
+    Method,
+    Precision,
+    Recompute,
+)
 from service.launchers.common import Target
+from service.recommender.types import Objective
 
 FEASIBLE, ERROR, INFEASIBLE, USAGE = 0, 1, 2, 64
 GIB = 2**30
@@ -452,6 +463,12 @@ def emit(data: Any, as_json: bool) -> None:
 
 # ---------------------------------------------------------------- commands
 
+
+def choice(values: type[StrEnum]) -> click.Choice[str]:
+    """The values an option takes, from the enum the API validates it with (one list, in --help)."""
+    return click.Choice([value.value for value in values])
+
+
 url_option = click.option(
     "--url",
     envvar="TRAINPLAN_URL",
@@ -465,11 +482,12 @@ model_options = [
 job_options = [
     click.option("--seq", type=int, required=True, help="sequence length (tokens)"),
     click.option("--batch", type=int, required=True, help="global batch (sequences per optimizer step)"),
-    click.option("--precision", help="bf16, fp16, fp8, fp32, tf32, bf16_pure (default: from the GPU)"),
-    click.option("--attention", help="flash, sdpa, eager (default: from the GPU)"),
-    click.option("--method", default="full", show_default=True, help="full, lora or qlora"),
+    click.option("--precision", type=choice(Precision), help="default: from the GPU"),
+    click.option("--attention", type=choice(Attention), help="default: from the GPU"),
+    click.option("--method", type=choice(Method), default="full", show_default=True),
     click.option(
         "--base-dtype",
+        type=choice(BaseDtype),
         help="lora: compute (the default: the base in the compute dtype) or fp32 (loaded in fp32, trained "
         "under 16-bit autocast)",
     ),
@@ -512,11 +530,17 @@ def main() -> None:
 
 @main.command()
 @options(model_options, cluster_options, job_options)
+@click.option("--objective", type=choice(Objective), default="throughput", show_default=True)
 @click.option(
-    "--objective", default="throughput", show_default=True, help="throughput, fewest_gpus, cost, time"
+    "--framework", "frameworks", type=choice(Framework), multiple=True, help="limit the search (repeatable)"
 )
-@click.option("--framework", "frameworks", multiple=True, help="limit the search (repeatable)")
-@click.option("--launcher", "launchers", multiple=True, help="render for these targets (repeatable)")
+@click.option(
+    "--launcher",
+    "launchers",
+    type=choice(Target),
+    multiple=True,
+    help="render for these targets (repeatable)",
+)
 @click.option("--top-k", type=int, default=3, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), help="write the launcher files here")
 @url_option
@@ -571,14 +595,14 @@ def plan(
 
 @main.command()
 @options(model_options, cluster_options, job_options)
-@click.option("--framework", default="deepspeed", show_default=True)
+@click.option("--framework", type=choice(Framework), default="deepspeed", show_default=True)
 @click.option("--dp", type=int, default=1, show_default=True)
 @click.option("--tp", type=int, default=1, show_default=True)
 @click.option("--pp", type=int, default=1, show_default=True)
 @click.option("--cp", type=int, default=1, show_default=True)
 @click.option("--zero", type=int, default=0, show_default=True, help="ZeRO stage (FSDP: 3 full shard)")
 @click.option("--micro", type=int, default=1, show_default=True, help="micro-batch size")
-@click.option("--recompute", default="none", show_default=True)
+@click.option("--recompute", type=choice(Recompute), default="none", show_default=True)
 @url_option
 @json_option
 def estimate(
@@ -811,7 +835,15 @@ def runs() -> None:
 @click.argument("plan_id")
 @click.option("--step-s", type=float, help="measured seconds per optimizer step")
 @click.option("--tokens-per-s", type=float, help="measured tokens per second, all GPUs")
-@click.option("--peak-gib", type=float, help="peak memory reserved per GPU, GiB (max over ranks)")
+@click.option(
+    "--peak-gib", type=float, help="peak memory per GPU, GiB (max over ranks); see --memory-statistic"
+)
+@click.option(
+    "--memory-statistic",
+    type=choice(MemoryStatistic),
+    help="which statistic --peak-gib is: allocated (torch.cuda.max_memory_allocated), reserved "
+    "(max_memory_reserved) or device_used (nvidia-smi); left out, the service takes device_used",
+)
 @click.option("--oom", is_flag=True, help="the run ran out of memory")
 @click.option("--notes", default="")
 @url_option
@@ -821,6 +853,7 @@ def runs_add(
     step_s: float | None,
     tokens_per_s: float | None,
     peak_gib: float | None,
+    memory_statistic: str | None,
     oom: bool,
     notes: str,
     url: str | None,
@@ -833,10 +866,16 @@ def runs_add(
         body["tokens_per_s"] = tokens_per_s
     if peak_gib is not None:
         body["peak_memory_bytes_per_gpu"] = int(peak_gib * GIB)
+    if memory_statistic is not None:
+        body["memory_statistic"] = memory_statistic
     run = Api(url).call("POST", f"/v1/plans/{plan_id}/runs", json=body)
     emit(run, as_json)
     if not as_json:
         console.print(f"stored run {run['id']} of plan {plan_id}")
+        diagnosis = run.get("diagnosis", {})
+        if run.get("peak_memory_bytes_per_gpu") is not None and diagnosis.get("memory_statistic"):
+            assumed = " (--memory-statistic not given)" if diagnosis.get("memory_statistic_assumed") else ""
+            console.print(f"peak compared as {diagnosis['memory_statistic']}{assumed}")
         for key in ("diagnosis", "calibration"):
             if run.get(key):
                 console.print(f"{key}: {escape(json.dumps(run[key]))}")
@@ -907,7 +946,11 @@ def report(plan_id: str, logfile: Any, log_format: str, notes: str, url: str | N
         console.print("set aside (moves no calibration factor):")
         for reason in diagnosis.get("implausible_reasons", []):
             console.print(f"  - {escape(reason)}")
-    for key, label in (("step_time_error", "step time vs estimate"), ("memory_error", "memory vs estimate")):
+    statistic = f" ({diagnosis['memory_statistic']})" if diagnosis.get("memory_statistic") else ""
+    for key, label in (
+        ("step_time_error", "step time vs estimate"),
+        ("memory_error", f"memory vs estimate{statistic}"),
+    ):
         if diagnosis.get(key) is not None:
             console.print(f"{label}: {diagnosis[key]:+.1%}")
     reasons = diagnosis.get("implausible_reasons", [])

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.contracts.estimates import EstimateOut, MemoryPerGPUOut
+from service.contracts.plans import UNSTATED_PEAK_STATISTIC
 from service.contracts.results import RESULT_VERSION, RunDiagnosis, StoredLayout
+from service.estimator.types import MemoryStatistic
 
 GiB = 2**30
 # Below this share of GPU memory at peak, the plan left speed on the table.
@@ -31,20 +33,23 @@ class ObservedRun:
     tokens_per_s: float | None
     gpu_utilization: float | None
     out_of_memory: bool
-    # which figure the peak is (a log's: device_used, max_reserved, reserved, max_allocated, allocated;
-    # service.runlogs); None: a typed figure, taken as device memory used (nvidia-smi, an OOM message)
-    memory_statistic: str | None = None
+    # which statistic the peak is (RunRecord.memory_statistic); None: a typed peak that did not say,
+    # taken as UNSTATED_PEAK_STATISTIC
+    memory_statistic: MemoryStatistic | None = None
 
 
-def estimated_peak_bytes(per_gpu: MemoryPerGPUOut, statistic: str | None) -> int:
-    """The estimate's figure of the statistic a run's peak is: peak allocated for PyTorch's allocated
-    bytes, peak reserved for its reserved ones, else device used (what the fit compares). A plan
-    stored before the statistics were named has only device used."""
-    if statistic in ("allocated", "max_allocated") and per_gpu.peak_allocated_bytes is not None:
-        return per_gpu.peak_allocated_bytes
-    if statistic in ("reserved", "max_reserved") and per_gpu.peak_reserved_bytes is not None:
-        return per_gpu.peak_reserved_bytes
-    return per_gpu.device_used_bytes
+def estimated_peak(
+    per_gpu: MemoryPerGPUOut, statistic: MemoryStatistic | None
+) -> tuple[MemoryStatistic, int]:
+    """The statistic a run's peak is compared as, and the estimate's figure of it: the run's own
+    (UNSTATED_PEAK_STATISTIC where it did not say), but device used for a plan stored before the
+    statistics were named (it has only that)."""
+    statistic = statistic or UNSTATED_PEAK_STATISTIC
+    if statistic is MemoryStatistic.ALLOCATED and per_gpu.peak_allocated_bytes is not None:
+        return statistic, per_gpu.peak_allocated_bytes
+    if statistic is MemoryStatistic.RESERVED and per_gpu.peak_reserved_bytes is not None:
+        return statistic, per_gpu.peak_reserved_bytes
+    return MemoryStatistic.DEVICE_USED, per_gpu.device_used_bytes
 
 
 def measured_step_s(run: ObservedRun, tokens_per_step: int) -> float | None:
@@ -141,7 +146,7 @@ def diagnose(
     ``implausible``: why the run cannot be what the plan measured (estimator.calibration's
     ``implausibility``); such a run gets that as its advice and moves no calibration factor."""
     # the measured peak against the estimate's figure of the same statistic
-    total = estimated_peak_bytes(estimate.memory.per_gpu, run.memory_statistic)
+    statistic, total = estimated_peak(estimate.memory.per_gpu, run.memory_statistic)
     memory_error = None
     if run.peak_memory_bytes_per_gpu is not None and not run.out_of_memory:
         memory_error = _relative(run.peak_memory_bytes_per_gpu, total)
@@ -159,6 +164,15 @@ def diagnose(
     if step_error is not None and step_error > 0.15 and not implausible:
         advice.append(f"steps take {step_error:.0%} longer than estimated; later estimates on this hardware "
                       "and framework are calibrated with the observed ratio")  # fmt: skip
+    # a peak compared without its statistic said: the one assumed, and what a PyTorch figure costs
+    assumed = memory_error is not None and run.memory_statistic is None
+    if assumed:
+        advice.append(
+            f"the peak was taken as {statistic.value}, as a typed peak that does not say its statistic is: "
+            "a torch.cuda.max_memory_allocated() or max_memory_reserved() figure sent so reads low by the "
+            "CUDA context and NCCL's buffers (and fragmentation), and lowers the memory factor of later "
+            "plans on this hardware; send such figures with memory_statistic allocated or reserved"
+        )
     return RunDiagnosis(
         version=RESULT_VERSION,
         implausible=bool(implausible),
@@ -166,7 +180,8 @@ def diagnose(
         memory_error=memory_error,
         step_time_error=step_error,
         estimated_peak_memory_bytes_per_gpu=total,
-        memory_statistic=run.memory_statistic,
+        memory_statistic=statistic,
+        memory_statistic_assumed=assumed,
         estimated_step_s=time.step_s if time else None,
         measured_step_s=step,
         advice=advice,

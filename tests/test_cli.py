@@ -159,6 +159,19 @@ def test_usage_errors_exit_64_never_2_which_means_does_not_fit(database: str, ar
     assert "Error" in result.output or "error" in result.output
 
 
+def test_an_enum_option_lists_what_the_api_takes_and_refuses_the_rest_as_usage(database: str) -> None:
+    """--objective once advertised "time", which the API refuses (its name is time_to_train): the
+    choices come from the enums the API validates with, and a wrong one is the call's fault (64)."""
+    spec = json.loads(run("openapi").output)["components"]["schemas"]
+    objectives = spec["Objective"]["enum"]
+    plan_help = run("plan", "--help").output
+    assert f"[{'|'.join(objectives)}]" in plan_help.replace("\n", "").replace(" ", ""), plan_help
+    base = ["plan", "--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "2048", "--batch", "8"]
+    for option, value in (("--objective", "time"), ("--method", "qlora4"), ("--framework", "nemo")):
+        result = CliRunner().invoke(main, [*base, option, value])
+        assert result.exit_code == 64 and f"Invalid value for '{option}'" in result.output, result.output
+
+
 def test_help_documents_the_exit_codes(database: str) -> None:
     result = run("--help")
     assert result.exit_code == 0
@@ -375,3 +388,32 @@ def test_a_lora_base_kept_in_fp32_is_an_input(database: str) -> None:
     fp32 = run("estimate", *args, *layout, "--base-dtype", "fp32", "--json")
     assert fp32.exit_code == 2, fp32.output
     assert json.loads(fp32.output)["fits"] is False
+
+
+def test_runs_add_says_which_statistic_its_peak_is(database: str) -> None:
+    planned = run(
+        "plan", "--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "64", "--json"
+    )
+    plan = json.loads(planned.output)
+    allocated_gib = plan["recommended"]["estimate"]["memory"]["per_gpu"]["peak_allocated_bytes"] / 2**30
+    peak = ("--peak-gib", f"{allocated_gib:.3f}")
+    said = run("runs", "add", plan["id"], *peak, "--memory-statistic", "allocated", "--json")
+    stored = json.loads(said.output)
+    assert (
+        stored["memory_statistic"] == "allocated" and stored["diagnosis"]["memory_statistic"] == "allocated"
+    )
+    assert abs(stored["diagnosis"]["memory_error"]) < 1e-3
+    assert "peak compared as allocated" in words(
+        run("runs", "add", plan["id"], *peak, "--memory-statistic", "allocated").output
+    )
+    unsaid = words(run("runs", "add", plan["id"], *peak).output)
+    assert "peak compared as device_used (--memory-statistic not given)" in unsaid
+    # without a peak the service refuses it, naming the field; an unknown statistic is a usage error
+    refused = CliRunner().invoke(
+        main, ["runs", "add", plan["id"], "--step-s", "1", "--memory-statistic", "reserved"]
+    )
+    assert refused.exit_code == 1 and "memory_statistic" in refused.output
+    unknown = CliRunner().invoke(
+        main, ["runs", "add", plan["id"], *peak, "--memory-statistic", "max_allocated"]
+    )
+    assert unknown.exit_code == 64 and "device_used" in unknown.output  # EX_USAGE, as every usage error

@@ -3,13 +3,18 @@ models and the migrations agree, and the migrations go down and up again cleanly
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, create_engine, inspect, text
 
 from service.persistence.db import Base
-from tests.conftest import alembic_config
+from tests.conftest import alembic_config, reset_postgres_schema, sibling_postgres_database
 
 
 def test_upgrade_head_creates_every_table(db_engine: Engine) -> None:
@@ -121,3 +126,88 @@ def test_keys_stored_before_their_origin_was_recorded_are_revoked(tmp_path: obje
     with TestClient(create_app(Settings(database_url=url, require_auth=True))) as client:
         refused = client.get("/v1/api-keys", headers={"Authorization": f"Bearer {minted}"})
         assert refused.status_code == 401
+
+
+def scratch_url(migrated_url: str, tmp_path: Path, name: str) -> str:
+    """An empty database of the tests' backend: SQLite, or in CI a sibling PostgreSQL database."""
+    if migrated_url.startswith("postgresql"):
+        url = sibling_postgres_database(migrated_url, name)
+        reset_postgres_schema(url)
+        return url
+    return f"sqlite:///{tmp_path / f'{name}.db'}"
+
+
+def test_log_runs_get_the_statistic_their_source_names_and_a_downgrade_drops_it(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    """The runs' memory_statistic column is backfilled from a log run's source in the estimate's
+    words (max_reserved -> reserved, max_allocated -> allocated); a run without a peak (out of
+    memory) and a typed run stored before get none. Down again, the column goes and the sources stay."""
+    url = scratch_url(migrated_url, tmp_path, "memory_statistic")
+    config = alembic_config(url)
+    command.upgrade(config, "3c1f0e7a9b52")  # the last revision without runs.memory_statistic
+    plans = sa.table(
+        "plans",
+        *(sa.column(name, sa.String()) for name in ("id", "hardware_key", "model_name", "status")),
+        *(sa.column(name, sa.JSON()) for name in ("cluster_snapshot", "request", "result", "artifacts")),
+        *(sa.column(name, sa.String()) for name in ("catalog_version", "estimator_version")),
+        sa.column("created_at", sa.DateTime()),
+    )
+    runs = sa.table(
+        "runs",
+        sa.column("id", sa.String()),
+        sa.column("plan_id", sa.String()),
+        sa.column("peak_memory_bytes_per_gpu", sa.BigInteger()),
+        sa.column("out_of_memory", sa.Boolean()),
+        sa.column("framework_version", sa.String()),
+        sa.column("notes", sa.String()),
+        sa.column("diagnosis", sa.JSON()),
+        sa.column("source", sa.JSON()),
+        sa.column("created_at", sa.DateTime()),
+    )
+    when = datetime(2026, 12, 1, tzinfo=UTC)
+    stored = {
+        "R1": (2**34, {"format": "torchtitan", "memory_statistic": "max_reserved"}),
+        "R2": (2**34, {"format": "deepspeed", "memory_statistic": "max_allocated"}),
+        "R3": (2**34, {"format": "megatron", "memory_statistic": "device_used"}),
+        "R4": (2**34, {"format": "hf_trainer", "memory_statistic": "allocated"}),
+        "R5": (None, {"format": "megatron", "memory_statistic": "max_reserved"}),  # out of memory
+        "R6": (2**34, None),  # typed
+        "R7": (None, {"format": "unknown", "memory_statistic": None}),
+    }
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        plan: dict[str, Any] = {"id": "P1", "hardware_key": "hw", "model_name": "m", "status": "feasible"}
+        plan |= {"cluster_snapshot": {}, "request": {}, "result": {}, "artifacts": []}
+        plan |= {"catalog_version": "c", "estimator_version": "e", "created_at": when}
+        conn.execute(plans.insert().values(**plan))
+        for run_id, (peak, source) in stored.items():
+            conn.execute(
+                runs.insert().values(
+                    id=run_id, plan_id="P1", peak_memory_bytes_per_gpu=peak, out_of_memory=peak is None,
+                    framework_version="", notes="", diagnosis={}, source=source, created_at=when,
+                )
+            )  # fmt: skip
+    try:
+        command.upgrade(config, "head")
+        with engine.connect() as conn:
+            backfilled: dict[str, str | None] = dict(
+                conn.execute(text("SELECT id, memory_statistic FROM runs")).all()
+            )
+        assert backfilled == {
+            "R1": "reserved",
+            "R2": "allocated",
+            "R3": "device_used",
+            "R4": "allocated",
+            "R5": None,
+            "R6": None,
+            "R7": None,
+        }
+        command.downgrade(config, "3c1f0e7a9b52")
+        assert "memory_statistic" not in {c["name"] for c in inspect(engine).get_columns("runs")}
+        with engine.connect() as conn:
+            sources = dict(conn.execute(sa.select(runs.c.id, runs.c.source)).all())
+        assert sources == {run_id: source for run_id, (_, source) in stored.items()}
+        command.upgrade(config, "head")
+    finally:
+        engine.dispose()

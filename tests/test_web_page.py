@@ -139,9 +139,20 @@ def test_a_plan_in_the_browser(served: str, browser: Any, tmp_path: Path) -> Non
     page.click("#plans-table tbody tr a")
     page.wait_for_selector("#plan-detail .status")
     page.check("input[name=run-source][value=typed]")
-    page.fill("#run\\.step_s", "15.2")
+    # a statistic without a peak: the service's error next to the select
+    page.select_option("#run\\.memory_statistic", "allocated")
     page.click("#run-form button[type=submit]")
-    page.wait_for_selector("#runs table")
+    page.wait_for_selector("#run\\.memory_statistic + .field-error")
+    assert "give that peak" in page.inner_text("#run\\.memory_statistic + .field-error")
+    # the select offers the document's statistics after the page's own empty option
+    offered = page.eval_on_selector_all("#run\\.memory_statistic option", "os => os.map((o) => o.value)")
+    assert offered == ["", "allocated", "reserved", "device_used"]
+    page.fill("#run\\.step_s", "15.2")
+    page.fill("#run\\.peak_memory_gib", "60")
+    page.click("#run-form button[type=submit]")
+    page.wait_for_selector("#run-result table.diagnosis")
+    assert "peak memory per GPU (allocated)" in page.inner_text("#run-result table.diagnosis")
+    assert "(allocated)" in page.inner_text("#runs table")
     page.close()
 
 

@@ -5,17 +5,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from service.contracts.clusters import ClusterChoice
 from service.contracts.common import MAX_MEMORY_BYTES, MIN_MEMORY_BYTES, Strict
 from service.contracts.estimates import EstimateOut
 from service.contracts.models import ModelRef
 from service.contracts.training import TrainingIn
-from service.estimator.types import Framework
+from service.estimator.types import Framework, MemoryStatistic
 from service.launchers import Target
 from service.recommender import headroom
 from service.recommender.types import Constraints, Objective
+from service.runlogs.common import MemoryStatistic as LogStatistic
 
 
 class ConstraintsIn(Strict):
@@ -119,6 +120,24 @@ class PlanOut(BaseModel):
 # A log's text: the service's body limit (PLANNER_MAX_BODY_BYTES, 1 MiB by default) bounds it too
 MAX_LOG_CHARS = 1_000_000
 MEASUREMENTS = ("peak_memory_bytes_per_gpu", "step_s", "tokens_per_s", "gpu_utilization", "out_of_memory")
+# What a typed peak that does not say its statistic is taken as: the figure runs were compared as
+# before memory_statistic existed, and the one an out-of-memory message or nvidia-smi gives
+UNSTATED_PEAK_STATISTIC = MemoryStatistic.DEVICE_USED
+STATISTIC_SOURCES = {
+    MemoryStatistic.ALLOCATED: "torch.cuda.max_memory_allocated()",
+    MemoryStatistic.RESERVED: "torch.cuda.max_memory_reserved()",
+    MemoryStatistic.DEVICE_USED: "nvidia-smi's memory used by the process, reserved + CUDA context + NCCL",
+}
+STATISTIC_HELP = "; ".join(f"{statistic.value}: {source}" for statistic, source in STATISTIC_SOURCES.items())
+# The estimate's statistic each reading a log prints is of: the peak and the at-print reading alike
+# (a log's peak is the largest reading of the steady steps)
+LOG_STATISTIC_IS: dict[LogStatistic, MemoryStatistic] = {
+    "max_allocated": MemoryStatistic.ALLOCATED,
+    "allocated": MemoryStatistic.ALLOCATED,
+    "max_reserved": MemoryStatistic.RESERVED,
+    "reserved": MemoryStatistic.RESERVED,
+    "device_used": MemoryStatistic.DEVICE_USED,
+}
 
 
 class RunIn(Strict):
@@ -136,12 +155,33 @@ class RunIn(Strict):
         default="auto", description="the framework whose lines `log` holds; auto tries each"
     )
     peak_memory_bytes_per_gpu: int | None = Field(default=None, ge=MIN_MEMORY_BYTES, le=MAX_MEMORY_BYTES)
+    memory_statistic: MemoryStatistic | None = Field(
+        default=None,
+        description="which statistic peak_memory_bytes_per_gpu is, so it is compared with the estimate's "
+        f"figure of the same one ({STATISTIC_HELP}); only with peak_memory_bytes_per_gpu (a log says "
+        f"its own); left out: {UNSTATED_PEAK_STATISTIC.value}, and the diagnosis says it was assumed",
+    )
     step_s: float | None = Field(default=None, ge=1e-3, le=1e7)  # no training step takes under 1 ms
     tokens_per_s: float | None = Field(default=None, ge=1.0, le=1e12)
     gpu_utilization: float | None = Field(default=None, ge=0, le=1)
     out_of_memory: bool = False
     framework_version: str = Field(default="", max_length=100)
     notes: str = Field(default="", max_length=4000)
+
+    @field_validator("memory_statistic")
+    @classmethod
+    def _statistic_of_a_typed_peak(
+        cls, statistic: MemoryStatistic | None, info: ValidationInfo
+    ) -> MemoryStatistic | None:
+        # a field validator, so the problem names memory_statistic (the fields above it are validated)
+        if statistic is None:
+            return statistic
+        if info.data.get("log") is not None:
+            raise ValueError("a log says which statistic its peak is: drop memory_statistic or log")
+        # (a peak refused by its own limits is absent here: its own error names it)
+        if "peak_memory_bytes_per_gpu" in info.data and info.data["peak_memory_bytes_per_gpu"] is None:
+            raise ValueError("says which statistic peak_memory_bytes_per_gpu is: give that peak with it")
+        return statistic
 
     @model_validator(mode="after")
     def _something_measured(self) -> RunIn:
@@ -165,6 +205,13 @@ class RunOut(BaseModel):
     plan_id: str
     created_at: datetime
     peak_memory_bytes_per_gpu: int | None
+    memory_statistic: MemoryStatistic | None = Field(
+        default=None,
+        description="which statistic peak_memory_bytes_per_gpu is, as posted or as the log printed it "
+        "(max_allocated and allocated: allocated; max_reserved and reserved: reserved); null: no peak, "
+        f"or a typed one that did not say (compared as {UNSTATED_PEAK_STATISTIC.value}: "
+        "diagnosis.memory_statistic names the statistic compared)",
+    )
     step_s: float | None
     tokens_per_s: float | None
     gpu_utilization: float | None

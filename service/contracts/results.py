@@ -16,13 +16,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.contracts.estimates import CalibrationOut
-from service.contracts.plans import ArtifactOut, CandidateOut, ClosestOut
+from service.contracts.plans import (
+    LOG_STATISTIC_IS,
+    UNSTATED_PEAK_STATISTIC,
+    ArtifactOut,
+    CandidateOut,
+    ClosestOut,
+)
+from service.estimator.types import MemoryStatistic
 
 # 1: the first typed result (the keys of every earlier one, all of them present).
-RESULT_VERSION = 1
+# 2: a run's diagnosis names the statistic its peak was compared as in the estimate's words
+# (allocated, reserved, device_used) and whether that was assumed; 1 named a log's reading
+# (max_reserved, ...) and None for a typed peak, compared as device used (RunDiagnosis reads both).
+RESULT_VERSION = 2
 
 
 class Stored(BaseModel):
@@ -183,8 +193,10 @@ class RunDiagnosis(Stored):
     memory_error: float | None = None
     step_time_error: float | None = None
     estimated_peak_memory_bytes_per_gpu: int | None = None
-    # the statistic both peaks are (a log's; None: a typed figure, compared as device used)
-    memory_statistic: str | None = None
+    # the statistic both peaks are compared as (the run's memory_statistic; UNSTATED_PEAK_STATISTIC
+    # where it did not say); assumed: a peak was compared without its statistic said
+    memory_statistic: MemoryStatistic | None = None
+    memory_statistic_assumed: bool = False
     estimated_step_s: float | None = None
     measured_step_s: float | None = None
     advice: list[str] = Field(default_factory=list)
@@ -192,6 +204,20 @@ class RunDiagnosis(Stored):
     @classmethod
     def read(cls, stored: Mapping[str, Any]) -> RunDiagnosis:
         return cls.model_validate(stored)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _statistic_before_version_2(cls, data: Any) -> Any:
+        """Versions 0 and 1 named a log's reading, or nothing for a typed peak (compared as device
+        used): in the estimate's words, as version 2 names them. (A log's allocated or reserved peak
+        on a plan stored before the statistics were named was compared as device used: such a
+        diagnosis reads as allocated or reserved, its estimated peak as stored.)"""
+        if not isinstance(data, dict) or data.get("version", 0) >= 2 or "memory_statistic_assumed" in data:
+            return data
+        logged = data.get("memory_statistic")
+        statistic = next((v for k, v in LOG_STATISTIC_IS.items() if k == logged), UNSTATED_PEAK_STATISTIC)
+        assumed = logged is None and data.get("memory_error") is not None  # a typed peak was compared
+        return {**data, "memory_statistic": statistic, "memory_statistic_assumed": assumed}
 
     def stored(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

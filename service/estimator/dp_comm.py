@@ -9,20 +9,22 @@ backward and the gather under the next step's first forward, at most
 ``dp_overlap_max_hidden_fraction``.
 
 Sharded parameters (DeepSpeed ZeRO-3, FSDP FULL_SHARD and SHARD_GRAD_OP): every wrapped unit is
-all-gathered before its forward, again before its backward when it was resharded after forward,
-and its gradients are reduce-scattered after its backward. The unit is a decoder layer (FSDP:
-torchtitan and accelerate wrap each block) or each of its modules with parameters (DeepSpeed gathers
-submodule by submodule, coalescing up to ``stage3_prefetch_bucket_size`` when prefetching, and
-reduce-scatters in ``reduce_bucket_size`` buckets). A unit's gather hides under the forward of the
-unit before it (one-unit prefetch: FSDP BACKWARD_PRE, FSDP2's implicit prefetch, DeepSpeed's
-prefetch bucket), its backward collectives under its own backward; the first gather and the last
-reduce-scatter of a pass are exposed. ``zero3_prefetch_hidden_fraction`` caps what any window hides
-(NCCL's kernels share the SMs with the GEMMs they overlap). How often: DeepSpeed every micro-batch
-(``no_sync`` is refused at stage 2/3); FSDP without pipelining every micro-batch (torchtitan does not
-skip the reduce-scatter while accumulating); FSDP under torch.distributed.pipelining gathers once
-per step (torchtitan's ``reshard_after_forward`` is False with PP) and reduce-scatters only after the
-last micro-batch (``PipelineStage.backward_maybe_with_nosync``). HYBRID_SHARD shards inside a node:
-gathers and reduce-scatters there, then all-reduces the gradient shard across the replicas.
+all-gathered before its forward, again before its backward when it was resharded after forward, and
+its gradients are reduce-scattered after its backward. The unit is a decoder layer (FSDP: torchtitan
+and accelerate wrap each block) or each of its modules with parameters (DeepSpeed gathers submodule
+by submodule, coalescing up to ``stage3_prefetch_bucket_size`` when prefetching, and reduce-scatters
+in ``reduce_bucket_size`` buckets). Under DeepSpeed's full recompute a module the reuse distance
+releases after its recomputed forward is gathered a third time for its backward
+(``regathered_share``). A unit's gather hides under the forward of the unit before it (one-unit
+prefetch: FSDP BACKWARD_PRE, FSDP2's implicit prefetch, DeepSpeed's prefetch bucket), its backward
+collectives under its own backward; the first gather and the last reduce-scatter of a pass are
+exposed. ``zero3_prefetch_hidden_fraction`` caps what any window hides (NCCL's kernels share the SMs
+with the GEMMs they overlap). How often: DeepSpeed every micro-batch (``no_sync`` is refused at
+stage 2/3); FSDP without pipelining every micro-batch (torchtitan does not skip the reduce-scatter
+while accumulating); FSDP under torch.distributed.pipelining gathers once per step (torchtitan's
+``reshard_after_forward`` is False with PP) and reduce-scatters only after the last micro-batch
+(``PipelineStage.backward_maybe_with_nosync``). HYBRID_SHARD shards inside a node: gathers and
+reduce-scatters there, then all-reduces the gradient shard across the replicas.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from service.estimator.step_time import (
     grad_bytes,
     group_links,
     kind_core_work_flops,
+    kind_recompute_flops,
     recomputed_share,
     step_base,
     tuned_link,
@@ -329,17 +332,25 @@ def sharded_passes(layout: Layout, micro_batches: int) -> ShardedPasses:
     return ShardedPasses(forward_gathers=m, backward_gathers=m, reductions=m)
 
 
+@job_memo
+def kind_flops(job: Job, kind: LayerKind) -> tuple[int, float, int, int]:
+    """Per token, of a layer of ``kind``: attention's core FLOPs (forward), what its kernels execute
+    of them (``kind_core_work_flops``), the forward weight GEMMs' (the adapters' included) and the
+    layer's training FLOPs (``flops.layer_training_flops``): what ``kind_windows_s`` splits into its
+    windows, the same for every layout of the job."""
+    model, training = job.model, job.training
+    core = flops.layer_core_flops(model, kind, training.seq_len)
+    forward = flops.layer_matmul_flops(model, kind.moe) + flops.lora_adapter_flops(model, kind.moe, training)
+    return core, kind_core_work_flops(job, kind), forward, flops.layer_training_flops(model, kind, training)
+
+
 def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) -> tuple[float, float]:
     """(forward, backward) compute time of one layer of ``kind`` for one micro-batch: what its
     collectives hide under (the backward includes the layer's recomputed forward). The weight GEMMs
     run at the GEMM rate, attention's core as its kernels do (``step_time.core_s_per_token``)."""
-    model, training = job.model, job.training
-    core = flops.layer_core_flops(model, kind, training.seq_len)
-    work = kind_core_work_flops(job, kind)
-    forward = flops.layer_matmul_flops(model, kind.moe) + flops.lora_adapter_flops(model, kind.moe, training)
-    backward = float(flops.layer_training_flops(model, kind, training) - forward - 3 * core)
-    modules = layout.selective_modules
-    recomputed = flops.layer_recompute_flops(model, kind, training, layout.recompute, modules)
+    core, work, forward, training_flops = kind_flops(job, kind)
+    backward = float(training_flops - forward - 3 * core)
+    recomputed = kind_recompute_flops(job, kind, layout.recompute, layout.selective_modules)
     redone = 1.0 if layout.recomputes_core else 0.0  # full and selective core_attn redo the core
     share = recomputed_share(job, layout)
     backward += share * (recomputed - redone * core)
@@ -354,8 +365,9 @@ def backward_prefetch_blocked(job: Job, layout: Layout, kind: LayerKind) -> bool
     """Whether DeepSpeed ZeRO-3 gathers a layer's parameters for backward without prefetching them.
 
     Under full recompute a layer's parameters, gathered again for its recompute forward, stay live
-    until its backward reuses them (``stage3_max_reuse_distance``, 1e9 elements by default, spans
-    the layer: partitioned_param_coordinator ``__params_to_release``). The coordinator prefetches at
+    until its backward reuses them as far as ``stage3_max_reuse_distance`` (1e9 elements by default)
+    reaches (partitioned_param_coordinator ``__params_to_release``; past it, ``regathered_share``:
+    gathered a third time). The coordinator prefetches at
     most ``stage3_max_live_parameters`` minus what is live (``fetch_sub_module``:
     ``max_params_to_prefetch = min(max_live - n_available, prefetch_bucket_size)``), so when one
     layer holds more than ``max_live_parameters`` nothing is prefetched while it is live and each
@@ -365,6 +377,76 @@ def backward_prefetch_blocked(job: Job, layout: Layout, kind: LayerKind) -> bool
         return False
     unit = unit_parameters(job, kind, layout.tp, layout.ep, layout.expert_tp)
     return unit.dense + unit.experts > deepspeed_buckets(job.model, layout).max_live_parameters
+
+
+# DeepSpeed's default stage3_max_reuse_distance, which the launcher renders (zero/config.py
+# max_reuse_distance = 1e9 elements; service/launchers/deepspeed.py)
+DS_MAX_REUSE_DISTANCE = 1_000_000_000
+
+
+def dense_module_parameters(job: Job, tp: int) -> tuple[float, ...]:
+    """A dense decoder layer's modules with parameters on one TP rank, in the order their forward
+    runs: q, k, v, o, then the MLP's projections (gate, up, down or up, down). Attention's
+    parameters are split by the projections' widths (q and o: heads x head_dim, k and v: kv heads x
+    head_dim), the MLP's evenly (each projection is h x ffn); biases go with their projections."""
+    model, c = job.model, job.counts
+    q = model.num_attention_heads
+    kv = model.num_kv_heads
+    attention = c.attention_per_layer / tp
+    widths = (q, kv, kv, q)
+    projections = 3 if model.mlp.gated else 2
+    mlp = c.dense_mlp_per_layer / tp
+    return (
+        *(attention * w / sum(widths) for w in widths),
+        *(mlp / projections for _ in range(projections)),
+    )
+
+
+def reuse_released(modules: tuple[float, ...], index: int, distance: float) -> bool:
+    """Whether DeepSpeed releases module ``index`` after its recomputed forward, so its backward
+    gathers it again.
+
+    After a module's forward the coordinator keeps its parameters only if they are used again
+    within ``stage3_max_reuse_distance`` elements of the trace (partitioned_param_coordinator.py
+    ``__params_to_release``: it walks the modules after the current one, adding their parameters,
+    and stops once the sum reaches the distance). In a checkpointed layer's backward the trace after
+    module i's recomputed forward is the rest of the recomputed forward, then the backward from the
+    last module down to i. (The prefetcher's own look-ahead, which also keeps a parameter, reaches
+    one module ahead: never module i's backward while another module lies between.)
+    """
+    after = (*modules[index + 1 :], *reversed(modules[index + 1 :]))
+    traversed = 0.0
+    for size in after:
+        if traversed >= distance:
+            return True
+        traversed += size
+    return traversed >= distance  # module i's own backward comes next: kept if reached in time
+
+
+@job_memo
+def regathered_share(job: Job, kind: LayerKind, tp: int) -> float:
+    """Share of a checkpointed dense layer's parameters DeepSpeed ZeRO-3 gathers a third time per
+    micro-batch: released after the recomputed forward (``reuse_released``), gathered again for
+    the backward. With the default 1e9-element distance a GPT layer (12 h^2 parameters) keeps every
+    module up to h = 6144 (q's backward is 22 h^2 = 0.83e9 elements on) and releases q, k, v and o,
+    a third of the layer, at h = 8192-10240. MoE layers (experts fused in one module, sharded over
+    another group) are not walked: 0."""
+    if kind.moe:
+        return 0.0
+    modules = dense_module_parameters(job, tp)
+    released = sum(
+        size for i, size in enumerate(modules) if reuse_released(modules, i, DS_MAX_REUSE_DISTANCE)
+    )
+    return released / sum(modules)
+
+
+def backward_gather_factor(job: Job, layout: Layout, kind: LayerKind) -> float:
+    """Gathers of a layer's parameters in one backward pass, in units of the whole layer: one, plus
+    DeepSpeed ZeRO-3's re-gather of what the reuse distance releases between a checkpointed layer's
+    recomputed forward and its backward (``regathered_share``), on the recomputed layers."""
+    if layout.framework is not Framework.DEEPSPEED or layout.recompute is not Recompute.FULL:
+        return 1.0
+    return 1.0 + recomputed_share(job, layout) * regathered_share(job, kind, layout.tp)
 
 
 def sharded_exposed_s(job: Job, layout: Layout) -> float:
@@ -380,16 +462,17 @@ def sharded_exposed_s(job: Job, layout: Layout) -> float:
         forward_window, backward_window = kind_windows_s(job, layout, base, kind)
         first_gather_s = max(first_gather_s, unit.gather_s)
         forward += count * exposed_s(unit.gather_s, forward_window, hidden)
+        gather_s = backward_gather_factor(job, layout, kind) * unit.gather_s  # one backward's gathers
         if overlapped:
             last_reduce_s = max(last_reduce_s, unit.reduce_s)
             reduce_exposed_s = exposed_s(unit.reduce_s, backward_window, hidden)
             if backward_prefetch_blocked(job, layout, kind):  # each module waits for its gather
-                backward_gather += count * (unit.gather_s + reduce_exposed_s)
+                backward_gather += count * (gather_s + reduce_exposed_s)
             else:
-                backward_gather += count * exposed_s(unit.gather_s + unit.reduce_s, backward_window, hidden)
+                backward_gather += count * exposed_s(gather_s + unit.reduce_s, backward_window, hidden)
             backward_reduce += count * reduce_exposed_s
         else:  # each reduce-scatter waits for its layer's backward (DeepSpeed overlap_comm false)
-            backward_gather += count * (exposed_s(unit.gather_s, backward_window, hidden) + unit.reduce_s)
+            backward_gather += count * (exposed_s(gather_s, backward_window, hidden) + unit.reduce_s)
             backward_reduce += count * unit.reduce_s
     forward += first_gather_s  # nothing runs before the first layer's gather
     backward_gather += last_reduce_s  # nor after the last layer's reduce-scatter

@@ -10,6 +10,8 @@ the last pipeline stage) and ``step_time``, memoised on the job by the layout fi
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
 from collections.abc import Callable
 
@@ -48,6 +50,20 @@ MemoryParts = tuple[int, int, int, int, int, int, int, int]
 # ---------------------------------------------------------------- memory
 
 
+def rank_buffer_bytes(states: RankStates, acts: RankActivations, autocast_bytes: float) -> float:
+    """One pipeline rank's buffers: the model states' (buckets, gathered parameters), the
+    activations' (pipeline receive buffers, dequantisation, the loss workspace) and the autocast copies
+    of a frozen fp32 base (``memory.autocast_weight_bytes``)."""
+    return states.buffers + acts.buffers + autocast_bytes
+
+
+def rank_overhead_bytes(job: Job, acts: RankActivations, buffers: float) -> int:
+    """The CUDA context, NCCL's buffers and the allocator's fragmentation on the activations and
+    ``buffers``, in whole bytes (the context and NCCL's are whole bytes each already)."""
+    fragmentation = fragmentation_bytes(acts.on_gpu + buffers, job.assume.fragmentation_fraction)
+    return math.ceil(acts.context_and_nccl + fragmentation)
+
+
 def rank_memory_parts(
     job: Job, states: RankStates, acts: RankActivations, dynamic_factor: float, autocast_bytes: float
 ) -> MemoryParts:
@@ -55,10 +71,9 @@ def rank_memory_parts(
     dynamic ones: activations, buffers and the overhead (fragmentation, CUDA context, NCCL).
     ``autocast_bytes``: the 16-bit copies of a frozen fp32 base the rank holds
     (``memory.autocast_weight_bytes``), a buffer."""
-    buffers = states.buffers + acts.buffers + autocast_bytes
-    fragmentation = fragmentation_bytes(acts.on_gpu + buffers, job.assume.fragmentation_fraction)
+    buffers = rank_buffer_bytes(states, acts, autocast_bytes)
     context, nccl = math.ceil(acts.cuda_context), math.ceil(acts.nccl_buffers)  # whole bytes already
-    overhead = math.ceil(context + nccl + fragmentation)
+    overhead = rank_overhead_bytes(job, acts, buffers)
     if dynamic_factor == 1.0:
         dynamic = (acts.on_gpu_bytes, math.ceil(buffers), overhead)
     else:
@@ -83,10 +98,19 @@ def rank_memory_parts(
     )
 
 
+def rank_total_bytes(job: Job, states: RankStates, acts: RankActivations, autocast_bytes: float) -> int:
+    """``sum(rank_memory_parts(job, states, acts, 1.0, autocast_bytes))`` without the parts: what a
+    search compares with the limit, once per layout it tries (the parts are integers, so any order
+    of adding them gives this sum; the overhead's split adds up to the overhead)."""
+    buffers = rank_buffer_bytes(states, acts, autocast_bytes)
+    overhead = rank_overhead_bytes(job, acts, buffers)
+    return states.model_states_bytes + acts.on_gpu_bytes + math.ceil(buffers) + overhead
+
+
 def rank_autocast_bytes(job: Job, layout: Layout) -> list[float]:
     """``memory.autocast_weight_bytes`` of each of ``pipeline_ranks``."""
     ranks = pipeline_ranks(job, layout)
-    if not job.training.base_autocast:
+    if not job.base_autocast:
         return [0.0] * len(ranks)
     return [autocast_weight_bytes(job, layout, rank) for rank in ranks]
 
@@ -97,14 +121,25 @@ def most_loaded(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[
     all_states, all_acts = stage_states(job, layout), stage_activations(job, layout)
     casts = rank_autocast_bytes(job, layout)
     heaviest = rank_memory_parts(job, all_states[0], all_acts[0], dynamic_factor, casts[0])
-    host, nvme = all_states[0].host_bytes + all_acts[0].on_host, all_states[0].nvme_bytes
+    heaviest_bytes = sum(heaviest)
     for states, acts, cast in zip(all_states[1:], all_acts[1:], casts[1:], strict=True):  # the other ranks
         parts = rank_memory_parts(job, states, acts, dynamic_factor, cast)
-        if sum(parts) > sum(heaviest):
-            heaviest = parts
+        if (total := sum(parts)) > heaviest_bytes:
+            heaviest, heaviest_bytes = parts, total
+    host, nvme = host_and_nvme_bytes(all_states, all_acts)
+    return heaviest, host, nvme
+
+
+def host_and_nvme_bytes(
+    all_states: tuple[RankStates, ...], all_acts: tuple[RankActivations, ...]
+) -> tuple[float, float]:
+    """The largest host bytes (offloaded states and activations) and NVMe bytes per GPU of any of
+    these ranks."""
+    host, nvme = all_states[0].host_bytes + all_acts[0].on_host, all_states[0].nvme_bytes
+    for states, acts in zip(all_states[1:], all_acts[1:], strict=True):
         host = max(host, states.host_bytes + acts.on_host)
         nvme = max(nvme, states.nvme_bytes)
-    return heaviest, host, nvme
+    return host, nvme
 
 
 def memory_numbers(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[int, int, int]:
@@ -122,9 +157,16 @@ def uncalibrated_memory_numbers(job: Job, layout: Layout) -> tuple[int, int, int
 
 
 def _memory_numbers(job: Job, layout: Layout, dynamic_factor: float) -> tuple[int, int, int]:
-    parts, host, nvme = most_loaded(job, layout, dynamic_factor)
     gpus_per_node = job.cluster.gpus_per_node
-    return sum(parts), math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)
+    if dynamic_factor != 1.0:
+        parts, host, nvme = most_loaded(job, layout, dynamic_factor)
+        return sum(parts), math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)
+    # most_loaded's total, host and NVMe bytes, without building each rank's parts
+    all_states, all_acts = stage_states(job, layout), stage_activations(job, layout)
+    casts = rank_autocast_bytes(job, layout) if job.base_autocast else itertools.repeat(0.0)
+    total = max(map(functools.partial(rank_total_bytes, job), all_states, all_acts, casts))
+    host, nvme = host_and_nvme_bytes(all_states, all_acts)
+    return total, math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)
 
 
 def memory_estimate(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> MemoryEstimate:

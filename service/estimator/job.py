@@ -63,6 +63,7 @@ class Job:
     counts: ParameterCounts
     layer_kinds: tuple[LayerKind, ...]  # the kind of every decoder layer, in order
     kinds: tuple[LayerKind, ...]  # the distinct kinds, in order of first appearance
+    base_autocast: bool  # training.base_autocast, asked once or twice per layout
     memos: Memos
     memory_memos: Memos  # the memory parts' (``layout_memo(..., memory=True)``): see the module
 
@@ -104,15 +105,17 @@ def make_job(
     inputs."""
     counts, layer_kinds, kinds = _model_constants(model)
     memos: Memos = defaultdict(dict)
+    training = for_gpu(training, cluster.gpu)  # what the request left to the hardware, for this GPU
     job = Job(
         model=model,
         cluster=cluster,
-        training=for_gpu(training, cluster.gpu),  # what the request left to the hardware, for this GPU
+        training=training,
         tuning=tuning,
         assume=tuning.memory,
         counts=counts,
         layer_kinds=layer_kinds,
         kinds=kinds,
+        base_autocast=training.base_autocast,
         memos=memos,
         memory_memos=memos,
     )

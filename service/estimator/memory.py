@@ -190,7 +190,7 @@ def output_layer_weights(job: Job, layout: Layout, rank: int) -> float:
 def autocast_casts_weights(job: Job, layout: Layout) -> bool:
     """Whether 16-bit autocast casts a frozen fp32 LoRA base's weights at each use: the base is kept
     in fp32 (``TrainingSpec.base_autocast``) and nothing shards it (DDP, or FSDP on one rank)."""
-    if not job.training.base_autocast or layout.framework is not Framework.FSDP:
+    if not job.base_autocast or layout.framework is not Framework.FSDP:
         return False
     return layout.zero_stage == 0 or shard_degrees(layout, job.cluster)[0] == 1
 
@@ -276,6 +276,7 @@ class RankStates:
     parameters: int
     gradients: int
     optimizer_states: int
+    model_states_bytes: int  # the three above: what every layout of this sharding holds
     buffers: float  # gradient buckets + gathered ZeRO-3 / FSDP parameters
     host_bytes: float
     nvme_bytes: float
@@ -312,11 +313,14 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
     buffers += gathered_parameter_bytes(
         model, job.counts, rp, layout, sb, (degrees[0], trainable), assume, full=full
     )
+    parameters, gradients = math.ceil(states.parameters), math.ceil(states.gradients)
+    optimizer_states = math.ceil(states.optimizer_states)
     return RankStates(
         states=states,
-        parameters=math.ceil(states.parameters),
-        gradients=math.ceil(states.gradients),
-        optimizer_states=math.ceil(states.optimizer_states),
+        parameters=parameters,
+        gradients=gradients,
+        optimizer_states=optimizer_states,
+        model_states_bytes=parameters + gradients + optimizer_states,
         buffers=buffers,
         host_bytes=states.host_bytes,
         nvme_bytes=states.nvme_bytes,
@@ -360,6 +364,7 @@ class RankActivations:
     buffers: float  # pipeline receive buffers, QLoRA dequantisation, the loss workspace (last rank)
     cuda_context: float  # cuda_context_bytes
     nccl_buffers: float  # nccl_buffer_bytes
+    context_and_nccl: int  # the two above, each rounded up to whole bytes
 
 
 def activation_split(
@@ -418,6 +423,7 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     layer = activations.layer_activations(job, layout)
     every_rank, last_rank = activation_buffer_bytes(job, layout)
     context, nccl = cuda_context_bytes(job.assume), nccl_buffer_bytes(layout, job.assume)
+    context_and_nccl = math.ceil(context) + math.ceil(nccl)
     micro_batches = activations.micro_batches_per_step(layout, job.training)
     out = []
     kinds = rank_kind_counts(job, layout)
@@ -440,6 +446,7 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
                 buffers=(last_rank if rank == layout.pp - 1 else every_rank) + received,
                 cuda_context=context,
                 nccl_buffers=nccl,
+                context_and_nccl=context_and_nccl,
             )
         )
     return tuple(out)

@@ -15,6 +15,7 @@ exactly in ``validation/published_formulas.py``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from service.estimator.params import MTP_NORMS, LayerKind, mtp_projection_parameters, parameter_counts
@@ -112,12 +113,17 @@ def deepspeed_overlap_comm(layout: Layout) -> bool:
 
 def deepspeed_buckets(model: ModelSpec, layout: Layout) -> DeepSpeedBuckets:
     """ZeRO bucket sizes the DeepSpeed launcher writes to ds_config.json and the memory model counts."""
-    h = model.hidden_size
+    return _deepspeed_buckets(model.hidden_size, layout.zero_stage, deepspeed_overlap_comm(layout))
+
+
+@functools.lru_cache(maxsize=256)
+def _deepspeed_buckets(h: int, zero_stage: int, overlap: bool) -> DeepSpeedBuckets:
+    # a function of three small numbers, asked several times per layout (buffers, DP buckets,
+    # ZeRO-3 gathers): built once per (hidden size, stage, overlap)
     reduce = _ds_bucket(h * h)
-    overlap = deepspeed_overlap_comm(layout)
-    if layout.zero_stage == 0:
+    if zero_stage == 0:
         buffers = 0
-    elif layout.zero_stage < 3:
+    elif zero_stage < 3:
         buffers = 2 if overlap else 1
     else:
         buffers = 1

@@ -51,7 +51,6 @@ from service.estimator.job import (
 from service.estimator.memory import (
     AUTOCAST_CAST_TRAFFIC_BYTES,
     autocast_casts_weights,
-    layout_state_bytes,
     offloaded_activation_bytes,
     output_layer_weights,
     rank_parameters_of,
@@ -302,6 +301,50 @@ BASE_FIELDS = (
 )
 
 
+# The layout fields of the slowest stage's shape: the parallel and the pipeline split, and SP.
+SHAPE_FIELDS = (*SPLIT_FIELDS, *PIPELINE_FIELDS[1:], "sequence_parallel")
+
+
+@dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
+class StageShape:
+    """What the step's base reads of the slowest stage that no micro-batch, framework or recompute
+    changes: computed once per split (``SHAPE_FIELDS``), shared by the step bases of its micro-batches."""
+
+    stage: int
+    layers: int
+    counts: tuple[tuple[LayerKind, int], ...]  # the stage's layers by kind
+    routed_flops: int  # routed experts' forward FLOPs per token over the stage's layers
+    links: GroupLinks
+    parameters: float  # gpu_parameters
+    traffic_bytes: float  # stage_traffic_bytes of the stage, per token
+    core_flops: int  # attention's core, forward, per token, over the stage's layers
+    core_work_flops: float  # what its kernels execute of that (flash skips the masked blocks)
+
+
+@layout_memo(*SHAPE_FIELDS)
+def stage_shape(job: Job, layout: Layout) -> StageShape:
+    stage = slowest_stage(job, layout)
+    counts = rank_kind_counts(job, layout)[stage]
+    return StageShape(
+        stage=stage,
+        layers=sum(count for _, count in counts),
+        counts=counts,
+        routed_flops=moe_layers_of(counts) * routed_expert_flops(job.model),
+        links=group_links(job, layout),
+        parameters=gpu_parameters(job, layout),
+        traffic_bytes=stage_traffic_bytes(job, layout)[stage],
+        core_flops=sum_core_flops(job, counts),
+        core_work_flops=sum_by_kind(counts, lambda kind: kind_core_work_flops(job, kind)),
+    )
+
+
+@job_memo
+def gemm_efficiency(job: Job, width: float, tokens: float) -> float:
+    """``tuning.matmul_efficiency`` of GEMMs ``width`` wide on ``tokens`` rows on the job's GPU: the
+    same for every layout of one tensor-parallel degree and micro-batch."""
+    return matmul_efficiency(job.tuning, job.cluster.gpu, width, tokens)
+
+
 @dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
 class StepBase:
     """What every part of a step reads: the slowest stage and its layers, micro-batches, tokens of
@@ -326,33 +369,58 @@ class StepBase:
     compute_s: float = 0.0  # compute_s, set once the rest is known
 
 
-@layout_memo(*BASE_FIELDS)
-def step_base(job: Job, layout: Layout) -> StepBase:
-    stage = slowest_stage(job, layout)
+# The layout fields of one micro-batch's rates: its tokens on one rank (micro-batch, cp), the GEMM
+# widths (tp, etp), the attention kernel (framework, cp) and the routed experts' load (ep, capacity).
+RATE_FIELDS = ("tp", "cp", "ep", "etp", "framework", "micro_batch_size", "moe_capacity_factor")
+
+
+@dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
+class MicroBatchRates:
+    """The rates one micro-batch's kernels run at, the same whatever the data-parallel and pipeline
+    split (``RATE_FIELDS``): shared by the step bases of every dp, pp and accumulation."""
+
+    tokens: int  # of one micro-batch on one CP rank
+    flops_per_s: float  # the weight GEMMs' achieved rate
+    core_forward_flops_per_s: float
+    core_backward_flops_per_s: float
+    expert_flops_per_s: float
+
+
+@layout_memo(*RATE_FIELDS)
+def micro_batch_rates(job: Job, layout: Layout) -> MicroBatchRates:
     tokens = micro_batch_tokens_per_rank(layout, job.training)
-    efficiency = matmul_efficiency(job.tuning, job.cluster.gpu, job.model.hidden_size / layout.tp, tokens)
-    counts = rank_kind_counts(job, layout)[stage]
-    links = group_links(job, layout)
-    precision = job.training.precision
+    efficiency = gemm_efficiency(job, job.model.hidden_size / layout.tp, tokens)
     core_forward, core_backward = core_rates_flops_per_s(job, layout, efficiency)
-    peak = sustained_peak_flops_per_s(job.cluster, precision)
-    base = StepBase(
-        stage=stage,
-        layers=sum(count for _, count in counts),
-        counts=counts,
-        micro_batches=layout.accumulation_steps(job.training.global_batch_size),
+    peak = sustained_peak_flops_per_s(job.cluster, job.training.precision)
+    return MicroBatchRates(
         tokens=tokens,
         flops_per_s=peak * efficiency,
         core_forward_flops_per_s=core_forward,
         core_backward_flops_per_s=core_backward,
         expert_flops_per_s=peak * expert_efficiency(job, layout) / expert_load_factor(job, layout),
-        routed_flops=moe_layers_of(counts) * routed_expert_flops(job.model),
-        links=links,
-        parameters=gpu_parameters(job, layout),
-        traffic_bytes=stage_traffic_bytes(job, layout)[stage],
-        core_flops=sum_core_flops(job, counts),
-        core_work_flops=sum_by_kind(counts, lambda kind: kind_core_work_flops(job, kind)),
-        tp_all_reduce_s=tp_all_reduce_s(job, tokens, links.tp),
+    )
+
+
+@layout_memo(*BASE_FIELDS)
+def step_base(job: Job, layout: Layout) -> StepBase:
+    shape, rates = stage_shape(job, layout), micro_batch_rates(job, layout)
+    base = StepBase(
+        stage=shape.stage,
+        layers=shape.layers,
+        counts=shape.counts,
+        micro_batches=layout.accumulation_steps(job.training.global_batch_size),
+        tokens=rates.tokens,
+        flops_per_s=rates.flops_per_s,
+        core_forward_flops_per_s=rates.core_forward_flops_per_s,
+        core_backward_flops_per_s=rates.core_backward_flops_per_s,
+        expert_flops_per_s=rates.expert_flops_per_s,
+        routed_flops=shape.routed_flops,
+        links=shape.links,
+        parameters=shape.parameters,
+        traffic_bytes=shape.traffic_bytes,
+        core_flops=shape.core_flops,
+        core_work_flops=shape.core_work_flops,
+        tp_all_reduce_s=tp_all_reduce_s(job, rates.tokens, shape.links.tp),
     )
     base.compute_s = compute_s(job, layout, base)
     return base
@@ -369,6 +437,7 @@ class CoreKernel:
     backward_flops_per_forward: float
 
 
+@layout_memo("framework", "cp")
 def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
     """The kernel that runs attention's core with a published rate (tuning.toml [attention_kernel]),
     or None: eager attention, fp32 or tf32 (flash kernels take 16-bit inputs only), or no figure for
@@ -463,7 +532,7 @@ def expert_efficiency(job: Job, layout: Layout) -> float:
     model, tuning, gpu = job.model, job.tuning, job.cluster.gpu
     moe, rows = model.moe, tokens_per_expert(job, layout)
     if moe is None:
-        return matmul_efficiency(tuning, gpu, model.hidden_size / layout.expert_tp, rows)
+        return gemm_efficiency(job, model.hidden_size / layout.expert_tp, rows)
     h, f = model.hidden_size, moe.expert_ffn_hidden_size / layout.expert_tp
     up = (2 if model.mlp.gated else 1) * f
     width = min(h, moe.expert_ffn_hidden_size) / layout.expert_tp
@@ -1047,8 +1116,15 @@ def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
             rate /= job.tuning.torch_cpu_adam_slowdown
         return shard * job.cluster.gpus_per_node / rate
     # the states model_states counts, by precision, optimizer and framework, read and written once
-    step_bytes = shard * optimizer_step_bytes(layout_state_bytes(job, layout), layout.framework)
+    step_bytes = shard * optimizer_step_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout))
     return step_bytes / job.cluster.gpu.hbm_bandwidth_bytes_per_s
+
+
+@job_memo
+def optimizer_step_bytes_of(job: Job, framework: Framework, grads_in_fp32: bool) -> float:
+    """``optimizer_step_bytes`` of the job's states under ``framework`` (Megatron: gradients in fp32
+    or not, ``layout_state_bytes``): the same for every layout of the framework."""
+    return optimizer_step_bytes(state_bytes_of(job, framework, grads_in_fp32), framework)
 
 
 # ---------------------------------------------------------------- training time and price

@@ -90,6 +90,9 @@ class RunRecord(Base):
     owner: Mapped[str] = mapped_column(String(OWNER_MAX_LENGTH), server_default=LOCAL_OWNER)
     hardware_key: Mapped[str] = mapped_column(String(64), server_default="")
     peak_memory_bytes_per_gpu: Mapped[int | None] = mapped_column(BigInteger)
+    # which statistic that peak is (an estimator.types.MemoryStatistic: allocated, reserved,
+    # device_used), as posted or read from the log; null: no peak, or a typed one that did not say
+    memory_statistic: Mapped[str | None] = mapped_column(String(20))
     step_s: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     gpu_utilization: Mapped[float | None] = mapped_column(Float)

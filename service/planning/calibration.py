@@ -34,8 +34,8 @@ from service.estimator.calibration import (
     layout_family,
     shared_calibration,
 )
-from service.estimator.types import ClusterSpec, Estimate, Layout
-from service.feedback import ObservedRun, estimated_peak_bytes, measured_step_s
+from service.estimator.types import ClusterSpec, Estimate, Layout, MemoryStatistic
+from service.feedback import ObservedRun, estimated_peak, measured_step_s
 from service.persistence.db import utcnow
 from service.persistence.models import PlanRecord, RunRecord
 from service.persistence.repository import PlanRepository
@@ -56,7 +56,7 @@ def observed(run: RunRecord) -> ObservedRun:
         tokens_per_s=run.tokens_per_s,
         gpu_utilization=run.gpu_utilization,
         out_of_memory=run.out_of_memory,
-        memory_statistic=(run.source or {}).get("memory_statistic"),
+        memory_statistic=MemoryStatistic(run.memory_statistic) if run.memory_statistic else None,
     )
 
 
@@ -81,10 +81,12 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
     run_observed = observed(run)
     measured_peak = run.peak_memory_bytes_per_gpu
     if measured_peak is not None:
-        # a peak of another statistic than device used (a torchtitan log's max reserved) is compared
-        # as device used: plus what the estimate says it leaves out (CUDA context and NCCL's buffers;
-        # and fragmentation for allocated bytes), uncalibrated as the dynamic parts are
-        left_out = per_gpu.device_used_bytes - estimated_peak_bytes(per_gpu, run_observed.memory_statistic)
+        # a peak of another statistic than device used (a torchtitan log's max reserved, a typed
+        # max_memory_allocated) is compared as device used: plus what the estimate says it leaves out
+        # (CUDA context and NCCL's buffers; and fragmentation for allocated bytes), uncalibrated as
+        # the dynamic parts are
+        _, estimated = estimated_peak(per_gpu, run_observed.memory_statistic)
+        left_out = per_gpu.device_used_bytes - estimated
         measured_peak += round(left_out / factors.memory_dynamic)
     # step x HFU is the step's hardware FLOPs per GPU over the dense peak: the step at HFU 1, the same
     # before and after a step-time factor (which divides HFU as it multiplies the step)

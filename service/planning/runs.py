@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from service.contracts.estimates import CalibrationOut
-from service.contracts.plans import RunIn, RunOut
+from service.contracts.plans import LOG_STATISTIC_IS, RunIn, RunOut
 from service.contracts.results import PlanResult, RunDiagnosis, StoredLayout, StoredRequest
 from service.errors import Conflict, NotFound, Unprocessable
 from service.estimator.calibration import implausibility
@@ -124,7 +124,8 @@ def gpu_count(layout: dict[str, Any]) -> int:
 def from_log(parsed: ParsedLog, *, seq_len: int, gpus: int) -> tuple[dict[str, Any], list[str]]:
     """The typed run a log states: its steady step time where it prints one, else its throughput as
     tokens/s of the whole job (torchtitan's tps is per GPU, DeepSpeed's samples are sequences of the
-    plan's length); the peak memory and whether it ran out of memory. Says each conversion."""
+    plan's length); the peak memory with the estimate's statistic its reading is of (LOG_STATISTIC_IS),
+    and whether it ran out of memory. Says each conversion."""
     figures: dict[str, Any] = {}
     conversions: list[str] = []
     if parsed.step_s is not None:
@@ -143,9 +144,12 @@ def from_log(parsed: ParsedLog, *, seq_len: int, gpus: int) -> tuple[dict[str, A
         )
     if parsed.peak_memory is not None:
         figures["peak_memory_bytes_per_gpu"] = round(parsed.peak_memory.value)
+        if parsed.peak_memory.statistic is not None:  # memory_figure always names it
+            figures["memory_statistic"] = LOG_STATISTIC_IS[parsed.peak_memory.statistic]
     if parsed.out_of_memory is not None:
         figures["out_of_memory"] = True
         figures.pop("peak_memory_bytes_per_gpu", None)
+        figures.pop("memory_statistic", None)
         conversions.append(
             f"out_of_memory from line {parsed.out_of_memory.line.number}; the peak of a run that ran out "
             "is not a peak, so none is stored (the error's figures are kept under out_of_memory)"
@@ -177,6 +181,7 @@ def run_out(run: RunRecord, calibration: CalibrationOut | None) -> RunOut:
         plan_id=run.plan_id,
         created_at=run.created_at,
         peak_memory_bytes_per_gpu=run.peak_memory_bytes_per_gpu,
+        memory_statistic=run.memory_statistic,
         step_s=run.step_s,
         tokens_per_s=run.tokens_per_s,
         gpu_utilization=run.gpu_utilization,

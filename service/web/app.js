@@ -545,7 +545,9 @@ const FORMS = [["plan-form", "/v1/plans", ""], ["run-form", "/v1/plans/{plan_id}
 const UNITS = { GiB: GIB, "GB/s": 1e9 };
 // The page's words for some of the API's values; the set of values is the document's.
 const LABELS = { fewest_gpus: "fewest GPUs", time_to_train: "time to train", auto: "detect", deepspeed: "DeepSpeed",
-  accelerate: "Accelerate", hf_trainer: "HF Trainer", megatron: "Megatron-LM", slurm: "Slurm", kubernetes: "Kubernetes" };
+  accelerate: "Accelerate", hf_trainer: "HF Trainer", megatron: "Megatron-LM", slurm: "Slurm", kubernetes: "Kubernetes",
+  allocated: "peak allocated (torch.cuda.max_memory_allocated)", reserved: "peak reserved (torch.cuda.max_memory_reserved)",
+  device_used: "device used (nvidia-smi)" };
 
 // A schema with $ref followed and allOf merged (the referring schema's own keys, such as a
 // default or a description, win), anyOf/oneOf without a null branch (nullable says there was one)
@@ -772,7 +774,7 @@ async function showRuns(planId) {
   if (!runs.items.length) { box.append(el("p", { text: "No runs recorded yet." })); return; }
   box.append(table(["recorded", "read from", "step", "peak memory", "diagnosis", "calibration factors"], runs.items.map((r) => [
     new Date(r.created_at).toLocaleString(), r.source ? `${r.source.format} log` : "typed figures", r.step_s ? fmt.s(r.step_s) : "-",
-    r.peak_memory_bytes_per_gpu ? fmt.gib(r.peak_memory_bytes_per_gpu) : (r.out_of_memory ? "out of memory" : "-"),
+    r.peak_memory_bytes_per_gpu ? `${fmt.gib(r.peak_memory_bytes_per_gpu)}${r.memory_statistic ? ` (${r.memory_statistic})` : ""}` : (r.out_of_memory ? "out of memory" : "-"),
     Object.entries(r.diagnosis || {}).filter(([, v]) => v != null && !(Array.isArray(v) && !v.length))
       .map(([k, v]) => `${k}: ${typeof v === "number" ? v.toFixed(3) : Array.isArray(v) ? v.join("; ") : String(v)}`).join("; "),
     r.calibration ? Object.entries(r.calibration.factors || r.calibration).map(([k, v]) => `${k} ${typeof v === "number" ? v.toFixed(3) : JSON.stringify(v)}`).join(", ") : "-",
@@ -794,6 +796,9 @@ async function submitRun(event) {
     if (step !== undefined) body.step_s = step;
     if (tps !== undefined) body.tokens_per_s = tps;
     if (gib !== undefined) body.peak_memory_bytes_per_gpu = Math.round(gib * GIB);
+    // which statistic the peak is (left empty, the service takes device used and says so); sent as
+    // chosen, so a statistic without a peak is the service's error next to this field
+    if (value("run.memory_statistic")) body.memory_statistic = value("run.memory_statistic");
   }
   const button = form.querySelector("button[type=submit]");
   button.disabled = true;
@@ -863,7 +868,9 @@ function renderRun(run, box) {
       d.step_time_error != null ? `${d.step_time_error >= 0 ? "+" : ""}${fmt.pct(d.step_time_error)}` : "-"]);
   }
   if (run.peak_memory_bytes_per_gpu != null || d.estimated_peak_memory_bytes_per_gpu != null) {
-    rows.push(["peak memory per GPU", run.peak_memory_bytes_per_gpu != null ? fmt.gib(run.peak_memory_bytes_per_gpu) : (run.out_of_memory ? "out of memory" : "-"),
+    // the statistic both peaks are compared as, and whether the run said it or it was assumed
+    const statistic = d.memory_statistic ? ` (${d.memory_statistic}${d.memory_statistic_assumed ? ", assumed" : ""})` : "";
+    rows.push([`peak memory per GPU${statistic}`, run.peak_memory_bytes_per_gpu != null ? fmt.gib(run.peak_memory_bytes_per_gpu) : (run.out_of_memory ? "out of memory" : "-"),
       d.estimated_peak_memory_bytes_per_gpu != null ? fmt.gib(d.estimated_peak_memory_bytes_per_gpu) : "-",
       d.memory_error != null ? `${d.memory_error >= 0 ? "+" : ""}${fmt.pct(d.memory_error)}` : "-"]);
   }

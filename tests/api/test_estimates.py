@@ -13,6 +13,9 @@ from tests.api.helpers import assert_problem
 H100_NODE = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
 
 
+QLORA = {"seq_len": 4096, "global_batch_size": 64, "method": "qlora"}
+
+
 def body(**layout: Any) -> dict[str, Any]:
     return {
         "model": {"preset": "llama-2-7b"},
@@ -125,6 +128,15 @@ def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestCl
         ({"zero_stage": 2, "offload_params": "cpu"}, {}, "offload_params", "layout.offload_params"),
         ({"ep": 2}, {}, "ep_moe", "layout.ep"),
         ({"dp": 8, "ep": 3}, {"model": mixtral}, "ep_experts", "layout.ep"),
+        # QLoRA's NF4 base trains data-parallel only
+        *(
+            (degrees, {"model": mixtral, "training": QLORA}, "qlora_model_parallel", f"layout.{degree}")
+            for degree, degrees in (
+                ("tp", {"dp": 4, "tp": 2}),
+                ("pp", {"dp": 4, "pp": 2, "zero_stage": 1}),
+                ("ep", {"dp": 8, "ep": 8}),
+            )
+        ),
     ]
     for layout, extra, rule, field in cases:
         response = client.post("/v1/estimates", json=body(**layout) | extra)

@@ -313,6 +313,23 @@ def test_a_qlora_plan_trains_adapters_on_one_consumer_card(client: TestClient) -
     assert "no PEFT" in plan["unsupported_targets"]["torchtitan"]
 
 
+def test_a_qlora_moe_plan_shards_its_nf4_base_over_data_parallel_ranks(client: TestClient) -> None:
+    """Mixtral-8x7B QLoRA on 8 A100-40GB was planned as DeepSpeed tp 2 x ep 4, files telling the
+    user to load the base with BitsAndBytesConfig and to build DeepSpeed MoE layers at once: no
+    stock tool runs that. QLoRA trains data-parallel (ZeRO-3 / FSDP shard the NF4 base)."""
+    body = plan_body(
+        model={"preset": "mixtral-8x7b"},
+        cluster={"gpu": "a100-sxm-40gb", "num_nodes": 1, "gpus_per_node": 8},
+        training={"seq_len": 4096, "global_batch_size": 32, "method": "qlora"},
+        constraints={"top_k": 3},
+    )
+    plan = create(client, body)
+    assert plan["status"] == "feasible"
+    for candidate in (plan["recommended"], *plan["alternatives"]):
+        layout = candidate["layout"]
+        assert (layout["tp"], layout["pp"], layout["ep"]) == (1, 1, 1), layout
+
+
 @pytest.mark.parametrize(
     ("preset", "nodes", "training"),
     [

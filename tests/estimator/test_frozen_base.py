@@ -75,14 +75,29 @@ def test_mixtral_ep8_zero3_lora_counts_the_same_frozen_base_plus_adapters() -> N
     assert LORA_PARAMETER_BYTES / GiB == pytest.approx(10.930, abs=1e-3)
 
 
-def test_mixtral_ep8_zero3_qlora_stores_the_same_sharding_in_nf4() -> None:
+def test_qlora_with_expert_parallelism_is_refused_naming_the_degree() -> None:
+    """An NF4 base loads through transformers' from_pretrained, which builds no expert-parallel
+    layers (DeepSpeed MoE / Megatron): QLoRA trains data-parallel only."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=8, method=Method.QLORA)
+    with pytest.raises(EstimatorError, match="qlora with ep=8") as refused:
+        validate_layout(preset("mixtral-8x7b").spec, gpu_cluster(H100, 8, 50e9), MIXTRAL_EP8, training)
+    assert refused.value.field == "ep"
+
+
+def test_mixtral_zero3_qlora_shards_the_nf4_base_over_every_rank() -> None:
+    """QLoRA as it runs (ep 1, ZeRO-3 over dp 8): the NF4 Linears (attention and all eight experts)
+    and the bf16 rest, and every adapter, each / 8."""
     nf4 = default_tuning().memory.qlora_bits_per_param / 8
-    # NF4: the attention Linears (dense, / 8) and the local expert (expert-DP 1); bf16: embeddings,
-    # head, norms, routers (dense, / 8)
-    other = DENSE - 32 * ATTENTION
-    frozen = (32 * ATTENTION * nf4 + other * 2) / 8 + EXPERTS_PER_RANK * nf4
-    expected = frozen + 2 * DENSE_ADAPTERS / 8 + 2 * EXPERT_ADAPTERS
-    assert _mixtral_parameters(Method.QLORA) == pytest.approx(expected, abs=1)
+    all_experts = 8 * EXPERTS_PER_RANK
+    other = DENSE - 32 * ATTENTION  # bf16: embeddings, head, norms, routers
+    frozen = (32 * ATTENTION * nf4 + all_experts * nf4 + other * 2) / 8
+    adapters = 2 * (DENSE_ADAPTERS + 8 * EXPERT_ADAPTERS) / 8
+    training = TrainingSpec(seq_len=4096, global_batch_size=8, method=Method.QLORA)
+    layout = dataclasses.replace(MIXTRAL_EP8, ep=1)
+    per_gpu = estimate(
+        preset("mixtral-8x7b").spec, gpu_cluster(H100, 8, 50e9), layout, training, tuning=default_tuning()
+    ).memory.per_gpu
+    assert per_gpu.parameters == pytest.approx(frozen + adapters, abs=1)
 
 
 # ---------------------------------------------------------------- every preset x layout

@@ -655,7 +655,9 @@ def test_memo_hits_equal_fresh_jobs(name: str, training: TrainingSpec, which: st
     # the one asking, so a field wrongly left out of a key shows up as a mismatch.
     spec, c, tuning = spec_of(name), cluster(2, host_limits=True), default_tuning()
     layouts = shared_layouts(name, training, which)
-    assert len(layouts) >= (60 if which == "few micro-batches" else 250)
+    # QLoRA trains data-parallel only (no tp, pp or ep): fewer layouts on its axes
+    least = 60 if which == "few micro-batches" else 100 if training.method is Method.QLORA else 250
+    assert len(layouts) >= least
     shared, memory_asked = make_job(spec, c, training, tuning), set(layouts)
     for layout in layouts:
         fresh = make_job(spec, c, training, tuning)
