@@ -181,6 +181,8 @@ class _Search:
     budget: Budget
     # Megatron-LM's own switches where no requested launcher renders NVIDIA's recipe ones
     megatron_lm: MegatronLmSwitches | None = None
+    # the caller reads the rejection log (``search``'s ``rejections``): every miss is evaluated
+    rejections: bool = True
 
     def compiled(self, framework: Framework) -> Compile:
         """How the search compiles ``framework``'s layouts: model and loss where asked
@@ -709,6 +711,13 @@ def _lean_fit(
             lean = make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0])
             if _violation(job, lean) is not None:
                 return True, None
+            if not search.rejections and not _states_fit(job, lean, limit):
+                # a miss (its model states alone exceed the limit) only the log would hold: what
+                # follows its evaluation below, without the activations (_leanest_states_exceed's
+                # sum holds these states, so it exceeds the limit where the ordering lets it bound)
+                if i == 0 and _shards_most(ordered):
+                    break
+                continue
             memory = result.memory_numbers(job, lean)
             if evaluate.numbers_fit(job.cluster, memory, limit):
                 return True, lean
@@ -718,20 +727,26 @@ def _lean_fit(
     return False, None
 
 
-def _leanest_states_exceed(job: Job, lean: Layout, ordered: list[Sharding], limit: int) -> bool:
-    """Whether every sharding in ``ordered`` needs more than ``limit`` for this lean layout, from
-    the first one's evaluation: where it shards (ZeRO stage) and offloads at least as much as every
-    other, its model states per rank are the fewest any of them holds (each stage shards more, each
-    offload moves more off the GPU), and the activations, their buffers, the CUDA context and NCCL's
-    buffers are the same for all (``memory.ACTIVATION_FIELDS`` hold no sharding). That sum on the
-    most-loaded rank, less every buffer and the fragmentation the states add, bounds all of them."""
+def _shards_most(ordered: list[Sharding]) -> bool:
+    """Whether the first sharding shards (ZeRO stage) and offloads at least as much as every other:
+    then its model states per rank are the fewest any of them holds (each stage shards more, each
+    offload moves more off the GPU)."""
     first = ordered[0]
-    if any(
+    return not any(
         other.zero_stage > first.zero_stage
         or (other.offload_params is not Offload.NONE and first.offload_params is Offload.NONE)
         or (other.offload_optimizer is not Offload.NONE and first.offload_optimizer is Offload.NONE)
         for other in ordered[1:]
-    ):
+    )
+
+
+def _leanest_states_exceed(job: Job, lean: Layout, ordered: list[Sharding], limit: int) -> bool:
+    """Whether every sharding in ``ordered`` needs more than ``limit`` for this lean layout, from
+    the first one's evaluation: where it shards most (``_shards_most``), its model states per rank
+    are the fewest any of them holds, and the activations, their buffers, the CUDA context and
+    NCCL's buffers are the same for all (``memory.ACTIVATION_FIELDS`` hold no sharding). That sum on
+    the most-loaded rank, less every buffer and the fragmentation the states add, bounds all of them."""
+    if not _shards_most(ordered):
         return False
     ranks = zip(stage_states(job, lean), stage_activations(job, lean), strict=True)
     least = max(
@@ -814,6 +829,7 @@ def _search_counts(
         offload_devices(constraints.allow_offload, cluster),
         budget,
         megatron_lm_switches(constraints.launchers, training.precision),
+        rejections,
     )
     for gpus in counts:
         if budget.exhausted(result.evaluations):

@@ -20,7 +20,9 @@ import service.recommender as recommender
 from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
+from service.estimator import evaluate
 from service.estimator.job import make_job, shared_memory_memos
+from service.estimator.memory import stage_states
 from service.estimator.types import Framework, Layout, Method, TrainingSpec
 from service.recommender import (
     SearchResult,
@@ -35,8 +37,11 @@ from service.recommender.capacity import capacity
 from service.recommender.space import (
     OffloadDevices,
     RejectionLog,
+    make_layout,
     megatron_lm_switches,
     micro_batch_sizes,
+    recompute_order,
+    shardings,
     structures,
     sub_cluster,
     virtual_stages,
@@ -195,3 +200,75 @@ def test_a_count_is_narrowed_only_by_a_check_under_a_limit_at_least_its_own() ->
         assert _narrowed(job, key, 40 * GiB, splits) == [a]
         assert _narrowed(job, key, 24 * GiB, splits) == [a]
         assert _narrowed(job, None, 24 * GiB, splits) == splits  # the GPU breaks a rule: no bound
+
+
+@pytest.mark.parametrize(
+    ("name", "card", "seq"),
+    [
+        ("deepseek-v2-lite", "a10-24gb", 4096),
+        ("llama-3.1-70b", "a100-sxm-40gb", 8192),
+        ("mixtral-8x7b", "l40s-48gb", 4096),
+        ("llama-3.1-405b", "h100-sxm-80gb", 4096),
+    ],
+)
+def test_a_search_whose_rejections_nobody_reads_finds_what_a_logged_one_finds(
+    name: str, card: str, seq: int
+) -> None:
+    """``rejections=False`` (capacity, suggestions) skips each lean layout whose model states alone
+    exceed the limit, unevaluated, and narrows by larger cards; the same fewest-GPU answer as a
+    search that evaluates and logs every miss, with fewer evaluations."""
+    spec = model(name).spec
+    training = TrainingSpec(seq_len=seq, global_batch_size=1024)
+    counts = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+    big = cluster(card, nodes=32)
+
+    def run(rejections: bool) -> tuple[tuple[object, ...], int]:
+        with shared_memory_memos():
+            for larger in ("h200-sxm-141gb", "h100-sxm-80gb"):  # what a sweep searches first
+                recommender.search(
+                    spec, cluster(larger, nodes=32), training, FEWEST, default_tuning(), counts,
+                    stop_at_first_fit=True, rejections=rejections,
+                )  # fmt: skip
+            found = recommender.search(
+                spec, big, training, FEWEST, default_tuning(), counts, stop_at_first_fit=True,
+                rejections=rejections,
+            )  # fmt: skip
+        best = [(s.layout, s.key, s.time.tokens_per_s) for s in found.ranked()]
+        return (tuple(best), found.truncated), found.evaluations
+
+    quiet, quiet_evaluations = run(rejections=False)
+    logged, logged_evaluations = run(rejections=True)
+    assert quiet == logged
+    assert quiet_evaluations < logged_evaluations
+
+
+@pytest.mark.parametrize(
+    ("name", "method"), [("deepseek-v2-lite", Method.FULL), ("llama-3.1-70b", Method.LORA)]
+)
+def test_the_model_states_alone_never_exceed_a_layouts_memory(name: str, method: Method) -> None:
+    """The skip's bound (``_states_fit``: each rank's model states alone) is a lower bound on the
+    evaluated need: where it says a layout does not fit under a limit, its evaluation agrees, at
+    the limit just below the need and every lean layout of every sharding."""
+    spec = model(name).spec
+    c = cluster(nodes=2)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256, method=method)
+    job = make_job(spec, c, training, default_tuning())
+    checked = 0
+    for s in structures(spec, c, training, c.world_size, RejectionLog()):
+        for framework in Framework:
+            options, _ = shardings(framework, s, OffloadDevices(cpu=False, nvme=False))
+            sizes = micro_batch_sizes(training, s, 1, s.tp > 1)
+            for sh in options:
+                for recompute in recompute_order(framework):
+                    if not sizes:
+                        continue
+                    layout = make_layout(s, sh, recompute, 1, sizes[0])
+                    if recommender._violation(job, layout) is not None:
+                        continue
+                    need = evaluate.memory_numbers(job, layout)[0]
+                    assert recommender._states_fit(job, layout, need)  # states never exceed the need
+                    states = max(r.states.parameters + r.states.gradients + r.states.optimizer_states
+                                 for r in stage_states(job, layout))  # fmt: skip
+                    assert not recommender._states_fit(job, layout, int(states) - 1)
+                    checked += 1
+    assert checked > 50
