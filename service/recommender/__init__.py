@@ -477,7 +477,8 @@ def _search_structure(
             valid = _violation(job, probe) is None
             if valid and not _states_fit(job, probe, limit):  # an invalid one is logged as such below
                 result.families += 1
-                _log_memory(result, probe, result.memory_numbers(job, probe), limit, 1)
+                if search.rejections:  # evaluated for the log alone
+                    _log_memory(result, probe, result.memory_numbers(job, probe), limit, 1)
                 continue
             for virtual in virtuals:
                 sizes = _sizes(job, s, framework, virtual, sizes_of)
