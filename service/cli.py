@@ -519,8 +519,8 @@ busbw_options = [
     click.option(
         "--intra-busbw-gbps",
         type=float,
-        help="measured: nccl-tests all_reduce_perf busbw at >= 1 GiB on one node's GPUs, GB/s "
-        "(default: the link x the tuning's bus efficiency)",
+        help="measured: nccl-tests all_reduce_perf busbw at >= 1 GiB on one node's GPUs, best with "
+        "NCCL_ALGO=Ring, GB/s (default: the link x the tuning's bus efficiency)",
     ),
     click.option(
         "--inter-busbw-gbps",

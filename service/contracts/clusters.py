@@ -22,12 +22,14 @@ from service.estimator.types import ClusterSpec
 # algbw x 2(n-1)/n for all-reduce, comparable to the per-direction link whatever n is).
 _MEASURED = (
     "Optional: NCCL's achieved bus bandwidth per GPU, bytes/s (the *_gbps twin takes GB/s): nccl-tests "
-    "all_reduce_perf's busbw column at large messages (>= 1 GiB, e.g. -b 1G -e 8G -f 2; the plateau). "
+    "all_reduce_perf's busbw column at large messages (>= 1 GiB, e.g. -b 1G -e 8G -f 2; the plateau), "
+    "best with NCCL_ALGO=Ring, the rings and trees the estimate times. "
 )
 _USED = (
-    " Collectives on this link are then timed at it (capped at the link: in-network reduction, NVLS or "
-    "SHARP, can lift an all-reduce's busbw above the link, up to 2x, but not the sends and rings timed "
-    "here), instead of the nominal bandwidth x the tuning's bus efficiency; latencies stay the tuning's."
+    " Collectives on this link are then timed at it instead of the nominal bandwidth x the tuning's bus "
+    "efficiency; latencies stay the tuning's. In-network reduction (NVLS on NVSwitch, SHARP), NCCL's "
+    "default where present, lifts an all-reduce's busbw above the link: accepted up to 2x the link, "
+    "and used at the link, since the sends, rings and all-to-alls timed here do not reduce in the switch."
 )
 MEASURED_INTRA_DESCRIPTION = (
     _MEASURED + "Measured on one node, across all its GPUs (e.g. all_reduce_perf -g <gpus_per_node>)." + _USED

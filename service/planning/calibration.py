@@ -43,7 +43,6 @@ from service.recommender import headroom
 from service.recommender.types import Constraints
 from service.versions import estimator_version
 
-
 # Fields a cluster may leave out, hashed only when given: a cluster that does not state them keeps the
 # key it had before they existed (and the runs stored under it), one that does is new hardware knowledge.
 OPTIONAL_HARDWARE_FIELDS = (
