@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from service.estimator.types import Framework
+from service.estimator.types import Compile, Framework
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, Capabilities
 
 
@@ -52,7 +52,9 @@ class FrameworkFlags:
     # DeepSpeed overlaps the gradient reduce (overlap_comm) only inside its ZeRO optimizer (stage
     # >= 1), and its PipelineEngine forces overlap_comm off: no switch to turn on there
     overlap_grad_reduce_needs_zero_without_pp: bool
-    tp_comm_overlap: bool  # needs tp > 1 and sequence parallelism
+    # needs tp > 1 and sequence parallelism, and a compiled model where the framework's capability
+    # says so (torchtitan's Async TP)
+    tp_comm_overlap: bool
     sequence_parallel: bool  # the framework shards norm/dropout activations over TP
 
 
@@ -116,11 +118,13 @@ FRAMEWORKS: Mapping[Framework, FrameworkEntry] = MappingProxyType(
             framework=Framework.FSDP,
             capabilities=FRAMEWORK_CAPABILITIES[Framework.FSDP],
             # PyTorch DDP / FSDP already overlap (None: the default); torchtitan's TP plan shards the
-            # norms with SequenceParallel (parallelism.enable_sequence_parallel, default on)
+            # norms with SequenceParallel (parallelism.enable_sequence_parallel, default on); a
+            # compiled layout with TP runs Async TP (--compile.enable_async_tensor_parallel), which
+            # only hides TP communication (torchtitan's own llama3_405b config turns it on)
             flags=FrameworkFlags(
                 overlap_grad_reduce=None,
                 overlap_grad_reduce_needs_zero_without_pp=False,
-                tp_comm_overlap=False,
+                tp_comm_overlap=True,
                 sequence_parallel=True,
             ),
             targets=(Target.TORCHTITAN, Target.ACCELERATE, Target.HF_TRAINER),
@@ -139,11 +143,13 @@ def sequence_parallel_default(framework: Framework, tp: int) -> bool:
     return tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
 
 
-def tp_comm_overlap_default(framework: Framework, sequence_parallel: bool) -> bool:
-    """Whether ``framework``'s recipes overlap the TP collectives with the GEMMs (Megatron-Bridge /
-    NeMo's tp_comm_overlap, which needs sequence parallelism): the search's and an estimate's
-    default."""
-    return sequence_parallel and FRAMEWORKS[framework].flags.tp_comm_overlap
+def tp_comm_overlap_default(framework: Framework, sequence_parallel: bool, torch_compile: Compile) -> bool:
+    """Whether ``framework``'s layouts overlap the TP collectives with the GEMMs (Megatron-Bridge /
+    NeMo's tp_comm_overlap, torchtitan's Async TP; both need sequence parallelism, Async TP also a
+    compiled model): the search's and an estimate's default."""
+    entry = FRAMEWORKS[framework]
+    compiled = torch_compile is not Compile.NONE or not entry.capabilities.tp_comm_overlap_needs_compile
+    return sequence_parallel and entry.flags.tp_comm_overlap and compiled
 
 
 def frameworks_of(target: Target) -> tuple[Framework, ...]:

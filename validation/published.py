@@ -472,17 +472,16 @@ def compile_of(row: Row) -> Compile:
 
 def _switches(ly: Mapping[str, Any], caveats: list[str]) -> dict[str, Any]:
     """sequence_parallel, tp_comm_overlap and overlap_grad_reduce as the service takes them: it
-    refuses a switch that changes nothing, and its tp_comm_overlap is Megatron's (TE userbuffers)."""
-    tp, megatron = int(ly["tp"]), ly.get("framework") == "megatron"
+    refuses a switch that changes nothing. tp_comm_overlap is Megatron's --tp-comm-overlap (TE
+    userbuffers) on megatron rows and torchtitan's Async TP on fsdp rows (which the validator holds
+    to a compiled model)."""
+    tp = int(ly["tp"])
     sp = bool(ly["sequence_parallel"])
     if sp and tp == 1:
         caveats.append("sequence_parallel with tp 1 (a no-op) dropped")
         sp = False
     overlap = bool(ly.get("tp_comm_overlap", False))
-    if overlap and not megatron:
-        caveats.append("Async TP not modelled (the service's tp_comm_overlap is Megatron's): vanilla TP")
-        overlap = False
-    elif overlap and not (tp > 1 and sp):
+    if overlap and not (tp > 1 and sp):
         caveats.append("tp_comm_overlap without tp > 1 and sequence parallelism (a no-op) dropped")
         overlap = False
     grad = ly.get("overlap_grad_reduce")

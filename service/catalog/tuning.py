@@ -94,7 +94,7 @@ class OverlapTable(_Table):
     dp_source: Source
     dp_max_hidden_fraction: HiddenFraction = Field(description="the last bucket is always exposed")
     dp_hidden_source: Source
-    tp_hidden_fraction: HiddenFraction = Field(description="TP traffic hidden by Megatron --tp-comm-overlap")
+    tp_hidden_fraction: HiddenFraction = Field(description="TP traffic hidden by tp_comm_overlap")
     tp_source: Source
     zero3_prefetch_hidden_fraction: HiddenFraction = Field(description="ZeRO-3/FSDP gathers prefetched")
     zero3_source: Source

@@ -102,9 +102,10 @@ class LayoutIn(Strict):
     fsdp_hybrid_shard: bool = False
     tp_comm_overlap: bool | None = Field(
         default=None,
-        description="megatron: --tp-comm-overlap (Transformer Engine userbuffers; needs sequence "
-        "parallelism at tp > 1); default: on where sequence parallelism is, as Megatron-Bridge / NeMo "
-        "recipes and the search set it, off for the other frameworks (named in resolved_defaults)",
+        description="megatron: --tp-comm-overlap (Transformer Engine userbuffers); fsdp: torchtitan's Async "
+        "TP (--compile.enable_async_tensor_parallel, needs torch_compile); both need sequence parallelism "
+        "at tp > 1; default: on where those hold, as Megatron-Bridge / NeMo recipes and the search set it, "
+        "off for deepspeed (named in resolved_defaults)",
     )
     moe_a2a_overlap: bool = Field(
         default=False,
@@ -160,7 +161,9 @@ class LayoutIn(Strict):
             sequence_parallel = sequence_parallel_default(self.framework, self.tp)
             chosen["sequence_parallel"] = sequence_parallel
         if self.tp_comm_overlap is None:
-            chosen["tp_comm_overlap"] = tp_comm_overlap_default(self.framework, sequence_parallel)
+            chosen["tp_comm_overlap"] = tp_comm_overlap_default(
+                self.framework, sequence_parallel, self.torch_compile
+            )
         return chosen
 
     def chosen_defaults(self) -> dict[str, str]:

@@ -909,18 +909,92 @@ def moe_mlp_tp_factor(job: Job, layout: Layout) -> float:
 
 
 def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
-    """Ring attention: K and V chunks go round the CP ring, hidden under attention's core compute."""
-    # forward: (cp-1) sends of K and V; backward: K, V and dK, dV -> 3x the forward traffic
+    """Context parallelism's cost beyond attention's kernels, by the ring the framework runs: PyTorch's
+    (``torch.distributed.tensor.experimental.context_parallel``, what torchtitan and FSDP jobs use) or
+    the peer-to-peer ring of Megatron's Transformer Engine (and the others')."""
     if layout.cp == 1 or base.layers == 0:
         return 0.0
+    if layout.framework is Framework.FSDP:
+        return torch_ring_comm_s(job, layout, base) + torch_ring_merge_s(job, layout, base)
+    return p2p_ring_comm_s(job, layout, base)
+
+
+def p2p_ring_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
+    """Ring attention: K and V chunks go round the CP ring, hidden under attention's core compute."""
+    # forward: (cp-1) sends of K and V; backward: K, V and dK, dV -> 3x the forward traffic
     model, training = job.model, job.training
     kv_width = max(model.kv_size / layout.tp, model.head_dim)
     chunk_bytes = 2 * base.tokens * kv_width * element_bytes(training.precision)
     link = base.links.cp
     ring_s = 3 * (layout.cp - 1) * comm.p2p_s(chunk_bytes, link.bandwidth_bytes_per_s, link.latency_s)
-    core_flops = base.core_work_flops / base.layers * base.tokens / layout.tp  # a layer's forward, on average
+    core_flops = layer_core_work_flops(layout, base)
     per_layer = max(0.0, ring_s - core_s_per_token(base, core_flops, 2 * core_flops))
     return base.micro_batches * base.layers * per_layer
+
+
+def layer_core_work_flops(layout: Layout, base: StepBase) -> float:
+    """Attention's core forward work of one layer and micro-batch on one rank, on average."""
+    return base.core_work_flops / base.layers * base.tokens / layout.tp
+
+
+# PyTorch's ring accumulates in fp32 (torch/distributed/tensor/experimental/_attention.py,
+# _ContextParallelOptions.convert_to_f32 = True): the running output and the gradients of q, k and v.
+_FP32_BYTES = 4
+
+
+def torch_ring_kv_bytes(job: Job, layout: Layout, base: StepBase) -> float:
+    """The K and V one rank holds for one layer and micro-batch, as PyTorch's ring moves them: with
+    every query head's copy, since the model repeats the shared K/V heads before SDPA (torchtitan
+    models/llama/model.py@9dec370 ``repeat_kv``; Hugging Face's sdpa path does the same)."""
+    model = job.model
+    return base.tokens * (model.q_size + model.v_size) / layout.tp * element_bytes(job.training.precision)
+
+
+def torch_ring_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
+    """PyTorch's ring (torch/distributed/tensor/experimental/_attention.py ``_templated_ring_attention``
+    and its backward; read at pytorch/pytorch@0123248a and on the older side of ROCm/pytorch@10b22ea's
+    merge, the same loop in both, which the Dec-2024 torch 1963fc8 of torchtitan's benchmarks lies
+    between) with the rotate method torchtitan set by default then, 'allgather' (torchtitan
+    config_manager.py@9dec370 ``context_parallel_rotate_method``): what of its traffic no kernel
+    hides, per layer and micro-batch.
+
+    Each forward (and the recomputed one, when attention's core is recomputed) all-gathers the whole
+    sequence's K and V once and waits for it before its second block; only the first block's kernel
+    runs meanwhile (pytorch/pytorch#132820: 'overlap the communication with the first sharded kv
+    computation'). The backward all-gathers K and V again the same way, and sends each step's running
+    dK and dV, fp32, to the next rank (an all-to-all ``permute_tensor``): a send overlaps the next
+    step's kernel, and the last one is awaited after the loop with nothing left to overlap. With load
+    balancing (``enable_load_balance``, the default) every step's kernel does 1/cp of the layer's core."""
+    kv_bytes = torch_ring_kv_bytes(job, layout, base)
+    link = base.links.cp
+    gather_s = comm.group_all_gather_s(layout.cp * kv_bytes, link)
+    dkv_bytes = kv_bytes * _FP32_BYTES / element_bytes(job.training.precision)
+    dkv_s = comm.p2p_s(dkv_bytes, link.bandwidth_bytes_per_s, link.latency_s)
+    step_flops = layer_core_work_flops(layout, base) / layout.cp
+    forward_step_s = core_s_per_token(base, step_flops, 0.0)
+    backward_step_s = core_s_per_token(base, 0.0, 2 * step_flops)
+    forward_s = max(0.0, gather_s - forward_step_s)
+    sends_s = (layout.cp - 1) * max(0.0, dkv_s - backward_step_s) + dkv_s  # the last one awaited bare
+    backward_s = max(0.0, gather_s - backward_step_s) + sends_s
+    forwards = 1.0 + (recomputed_share(job, layout) if layout.recomputes_core else 0.0)
+    return base.micro_batches * base.layers * (forwards * forward_s + backward_s)
+
+
+def torch_ring_merge_s(job: Job, layout: Layout, base: StepBase) -> float:
+    """PyTorch's ring merges each of its cp steps into fp32 accumulators, memory-bound passes a single
+    attention kernel does not make: the forward folds each block's 16-bit output into the running fp32
+    output (``_SDPAMerger``: read it, read the block, write it back), the backward adds each step's
+    16-bit dq, dk and dv into fp32 dq, dk, dv the same way. Counted as one read and one write of each
+    accumulator and one read of each block per step (what a fused kernel would move; the eager ops
+    move more), per layer and micro-batch."""
+    model, element = job.model, element_bytes(job.training.precision)
+    per_element = 2 * _FP32_BYTES + element  # read and write the fp32 accumulator, read the block
+    rows = base.tokens / layout.tp
+    forward_bytes = layout.cp * per_element * rows * model.v_size  # the output
+    backward_bytes = layout.cp * per_element * rows * (2 * model.q_size + model.v_size)  # dq, dk, dv
+    forwards = 1.0 + (recomputed_share(job, layout) if layout.recomputes_core else 0.0)
+    moved = base.micro_batches * base.layers * (forwards * forward_bytes + backward_bytes)
+    return moved / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
 def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:

@@ -100,7 +100,7 @@ class Tuning:
     collective_base_latency_s: float  # once per collective
     dp_overlap_by_framework: tuple[tuple[Framework, bool], ...]  # grad reduction during backward?
     dp_overlap_max_hidden_fraction: float  # the last bucket is always exposed
-    tp_overlap_hidden_fraction: float  # with Megatron --tp-comm-overlap (off by default)
+    tp_overlap_hidden_fraction: float  # with tp_comm_overlap (Megatron's userbuffers, torchtitan's Async TP)
     zero3_prefetch_hidden_fraction: float  # ZeRO-3/FSDP gathers prefetched under compute
     activation_offload_hidden_fraction: float  # activation copies to/from the host on a side stream
     memory_traffic_per_stored_byte: float  # HBM bytes moved forward per activation byte stored (fused)

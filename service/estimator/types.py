@@ -683,7 +683,9 @@ class Layout:
     chunked_loss: bool = False
     torch_compile: Compile = Compile.NONE
     fsdp_hybrid_shard: bool = False  # HYBRID_SHARD: shard inside a node, replicate across nodes
-    tp_comm_overlap: bool = False  # Megatron --tp-comm-overlap (Transformer Engine userbuffers)
+    # TP all-gathers / reduce-scatters pipelined with the GEMMs: Megatron --tp-comm-overlap (Transformer
+    # Engine userbuffers); FSDP: torchtitan's Async TP (inductor's micro-pipelined TP, compiled only)
+    tp_comm_overlap: bool = False
     # Megatron --overlap-moe-expert-parallel-comm: the combined 1F1B schedule runs one micro-batch's
     # forward beside another's backward, each one's EP all-to-alls under the other's compute
     moe_a2a_overlap: bool = False

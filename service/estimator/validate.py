@@ -6,10 +6,12 @@ for the first rule broken. What each framework supports is data, in ``FRAMEWORK_
 Choices made here:
 * A switch that changes nothing in the layout is refused, not accepted as a no-op
   (``unused_switch_violation``): ``sequence_parallel`` with tp = 1 (Megatron-LM's ``validate_args``
-  would turn it off), ``tp_comm_overlap`` outside Megatron with tp > 1 and SP, ``overlap_grad_reduce``
+  would turn it off), ``tp_comm_overlap`` without tp > 1 and SP or on DeepSpeed, ``overlap_grad_reduce``
   with no data-parallel reduction, the pipeline-split flags without a pipeline,
   ``fsdp_hybrid_shard`` when the sharding group already fits in a node, ``grad_reduce_in_fp32``
   outside Megatron's bf16/fp8 training and ``fp8_param_gather`` outside Megatron's fp8 training.
+* ``tp_comm_overlap`` on FSDP is torchtitan's Async TP, an inductor pass: it needs ``torch_compile``
+  (``tp_comm_overlap_compile_violation``).
 * The vocabulary needs no rule: Megatron pads it to a multiple of 128 x tp
   (``--make-vocab-size-divisible-by``), DTensor (torchtitan, DeepSpeed AutoTP) shards unevenly.
 * With context parallelism the sequence must split into 2 x cp chunks: Megatron's load-balanced
@@ -59,6 +61,7 @@ class Capabilities:
     hybrid_shard: bool  # fsdp_hybrid_shard: shard inside a node, replicate across nodes (HSDP)
     offload_together: bool  # offload moves params, grads and the optimizer step together
     tp_comm_overlap: bool  # TP communication overlapped with the GEMMs (needs SP)
+    tp_comm_overlap_needs_compile: bool  # the overlap is a torch.compile (inductor) graph pass
     expert_tensor_parallel: bool  # etp: routed experts split over other ranks than tp
     moe_a2a_overlap: bool  # EP all-to-alls under another micro-batch's compute
     multi_token_prediction: bool  # trains the MTP modules (mtp_num_layers)
@@ -92,6 +95,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             hybrid_shard=False,  # ZeRO++ hpZ is a secondary partition, not modelled
             offload_together=False,
             tp_comm_overlap=False,
+            tp_comm_overlap_needs_compile=False,
             expert_tensor_parallel=False,  # deepspeed.moe splits experts over tp (or not at all)
             moe_a2a_overlap=False,
             multi_token_prediction=False,  # transformers' DeepseekV3ForCausalLM drops the MTP modules
@@ -121,6 +125,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             hybrid_shard=False,
             offload_together=False,
             tp_comm_overlap=True,  # --tp-comm-overlap
+            tp_comm_overlap_needs_compile=False,  # Transformer Engine's userbuffers, eager
             expert_tensor_parallel=True,  # --expert-tensor-parallel-size
             moe_a2a_overlap=True,  # --overlap-moe-expert-parallel-comm
             multi_token_prediction=True,  # Megatron-Core --mtp-num-layers
@@ -147,7 +152,14 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             torch_compile=None,  # torchtitan --compile.enable; HF Trainer / accelerate over FSDP
             hybrid_shard=True,  # HYBRID_SHARD; torchtitan data_parallel_replicate_degree
             offload_together=True,  # CPUOffload / CPUOffloadPolicy
-            tp_comm_overlap=False,
+            # torchtitan Async TP (0.3.0 --compile.enable_async_tensor_parallel; up to 0.2
+            # parallelism.enable_async_tensor_parallel): inductor's micro-pipelined
+            # fused_all_gather_matmul / fused_matmul_reduce_scatter over SymmetricMemory, the same
+            # tp-chunked GEMM/communication pipeline as Transformer Engine's userbuffers
+            tp_comm_overlap=True,
+            # CompileConfig.__post_init__: "Async TP requires 'model' in --compile.components and
+            # --compile.enable" (torch._inductor.config._micro_pipeline_tp rewrites the compiled graph)
+            tp_comm_overlap_needs_compile=True,
             expert_tensor_parallel=False,  # torchtitan 0.3's experts are tensor-parallel over tp
             moe_a2a_overlap=False,
             multi_token_prediction=False,  # torchtitan builds no MTP modules
@@ -273,7 +285,8 @@ def unused_switch_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
                     "sequence_parallel")  # fmt: skip
     overlaps_tp = FRAMEWORK_CAPABILITIES[layout.framework].tp_comm_overlap
     if layout.tp_comm_overlap and not (overlaps_tp and layout.tp > 1 and layout.sequence_parallel):
-        return _bad(f"tp_comm_overlap is Megatron's --tp-comm-overlap: it needs framework "
+        return _bad(f"tp_comm_overlap (Megatron's --tp-comm-overlap, torchtitan's Async TP) overlaps the "
+                    f"sequence-parallel all-gathers and reduce-scatters: it needs framework "
                     f"{_having('tp_comm_overlap')}, tp > 1 and sequence_parallel", "unused",
                     "tp_comm_overlap")  # fmt: skip
     if layout.overlap_grad_reduce is not None and layout.dp * layout.cp == 1:
@@ -696,6 +709,18 @@ def compile_violation(layout: Layout, training: TrainingSpec, caps: Capabilities
     return None
 
 
+def tp_comm_overlap_compile_violation(layout: Layout, caps: Capabilities) -> Violation:
+    """torchtitan's Async TP is inductor's micro-pipeline TP pass (torch/_inductor/fx_passes/
+    micro_pipeline_tp.py): without a compiled model there is no graph to rewrite, and torchtitan
+    refuses the config."""
+    if layout.tp_comm_overlap and caps.tp_comm_overlap_needs_compile and layout.torch_compile is Compile.NONE:
+        return _bad(f"tp_comm_overlap with {layout.framework.value} is torchtitan's Async TP "
+                    "(--compile.enable_async_tensor_parallel), an inductor graph pass: it needs "
+                    "torch_compile model or model_and_loss", "tp_comm_overlap",
+                    "tp_comm_overlap")  # fmt: skip
+    return None
+
+
 def activation_offload_violation(layout: Layout, caps: Capabilities) -> Violation:
     if (
         layout.activation_offload
@@ -737,6 +762,7 @@ def layout_violation(
         or recompute_violation(model, layout, caps)
         or moe_a2a_overlap_violation(model, layout)
         or unused_switch_violation(cluster, layout)
+        or tp_comm_overlap_compile_violation(layout, caps)
         or megatron_precision_violation(training, layout)
         or unused_split_flag_violation(layout)
         or activation_offload_violation(layout, caps)

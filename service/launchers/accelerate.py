@@ -112,6 +112,9 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
         )
     if lo.recompute is Recompute.SELECTIVE_OP:
         return "per-op selective AC is torchtitan's; Accelerate checkpoints whole decoder layers"
+    if lo.tp_comm_overlap:
+        # the estimate hides TP communication that Accelerate's TP would leave exposed
+        return "Async TP (tp_comm_overlap) is torchtitan's; Accelerate's TP has no switch for it"
     if lo.fsdp_hybrid_shard and nodes > 1 and lo.dp % nodes:
         return f"hybrid shard: dp ({lo.dp}) is not a multiple of the nodes ({nodes})"
     return None

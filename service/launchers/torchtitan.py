@@ -129,6 +129,11 @@ def refusal(plan: Plan) -> Refusal:
         )
     if lo.offload_params is not Offload.NONE and lo.zero_stage == 0:
         problems.append("CPU offload needs FSDP sharding")
+    if lo.tp_comm_overlap and lo.torch_compile is Compile.NONE:
+        problems.append(
+            "tp_comm_overlap (Async TP) needs torch_compile: CompileConfig 'Async TP requires 'model' in "
+            "--compile.components and --compile.enable'"
+        )
     if plan.training.precision in (Precision.FP16, Precision.FP8):
         problems.append(f"precision {plan.training.precision} needs model converters not emitted here")
     if lo.pp > 1 and (reason := _split_problem(plan)):
@@ -233,6 +238,10 @@ def train_args(plan: Plan) -> list[str]:
         args.append("--compile.enable")  # components: model and loss, its default
         if lo.torch_compile is Compile.MODEL:
             args += ["--compile.components", "model"]
+    if lo.tp_comm_overlap:
+        # Async TP: CompileConfig's field since 0.3.0 (ParallelismConfig's up to 0.2); needs the
+        # compiled model, which the validator and the refusal above require
+        args.append("--compile.enable_async_tensor_parallel")
     if lo.pp > 1 or lo.ep > 1:
         # 0.3.0 raises for PP with CUDA graphs, and for EP's all-to-all dispatcher (it synchronises
         # with the CPU)

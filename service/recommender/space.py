@@ -396,7 +396,7 @@ def make_layout(
     flags = FRAMEWORKS[sharding.framework].flags
     sp = sequence_parallel_default(sharding.framework, structure.tp)
     own = sharding.megatron_lm
-    tp_overlap = tp_comm_overlap_default(sharding.framework, sp)
+    tp_overlap = tp_comm_overlap_default(sharding.framework, sp, sharding.torch_compile)
     overlap = _overlap_grad_reduce(flags, structure, sharding)
     if own is not None:  # Megatron-LM's own: no overlapped reduce or TP communication
         tp_overlap, overlap = False, (False if structure.dp * structure.cp > 1 else None)

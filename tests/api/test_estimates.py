@@ -410,6 +410,24 @@ def test_tp_switches_left_out_follow_the_frameworks_recipes_as_the_search_builds
     assert not any(k.startswith("layout.") for k in plain["resolved_defaults"])
 
 
+def test_async_tp_needs_torch_compile_and_is_the_compiled_fsdp_default(client: TestClient) -> None:
+    """fsdp's tp_comm_overlap is torchtitan's Async TP, an inductor pass: stated without torch_compile
+    it is refused naming the field; left out, a compiled TP layout runs it (the search's default) and
+    an eager one does not."""
+    fsdp = {"framework": "fsdp", "dp": 4, "tp": 2, "zero_stage": 3, "recompute": "full"}
+    eager = client.post("/v1/estimates", json=body() | {"layout": fsdp | {"tp_comm_overlap": True}})
+    problem = assert_problem(eager, 422)
+    error = problem["errors"][0]
+    assert (error["field"], error["rule"]) == ("layout.tp_comm_overlap", "tp_comm_overlap"), problem
+    assert "torch_compile" in error["message"]
+    assert post(client, body() | {"layout": fsdp})["layout"]["tp_comm_overlap"] is False
+    compiled = fsdp | {"torch_compile": "model_and_loss"}
+    omitted = post(client, body() | {"layout": compiled})
+    assert omitted["resolved_defaults"]["layout.tp_comm_overlap"] == "true"
+    vanilla = post(client, body() | {"layout": compiled | {"tp_comm_overlap": False}})
+    assert vanilla["time"]["step_s"] > omitted["time"]["step_s"]
+
+
 FOUR_NODES = {
     "gpu": "h100-sxm-80gb",
     "num_nodes": 4,

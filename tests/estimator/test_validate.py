@@ -10,6 +10,7 @@ from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
     Attention,
     ClusterSpec,
+    Compile,
     Framework,
     GPUSpec,
     Layout,
@@ -77,6 +78,16 @@ def check(
             offload_optimizer=Offload.CPU,
         ),
         Layout(framework=Framework.FSDP, dp=16, zero_stage=2, fsdp_hybrid_shard=True),
+        # torchtitan's Async TP: compiled, TP with sequence parallelism
+        Layout(
+            framework=Framework.FSDP,
+            dp=8,
+            tp=2,
+            zero_stage=3,
+            sequence_parallel=True,
+            tp_comm_overlap=True,
+            torch_compile=Compile.MODEL,
+        ),
     ],
 )
 def test_valid_layouts_pass(layout: Layout) -> None:
@@ -126,6 +137,30 @@ def test_moe_expert_parallel_passes() -> None:
         (Layout(dp=16, sequence_parallel=True), "unused", "sequence_parallel"),
         (Layout(dp=8, tp=2, sequence_parallel=True, tp_comm_overlap=True), "unused", "tp_comm_overlap"),
         (Layout(framework=Framework.MEGATRON, dp=8, tp=2, tp_comm_overlap=True), "unused", "tp_comm_overlap"),
+        (  # torchtitan's Async TP is an inductor pass: refused eager, naming the field
+            Layout(
+                framework=Framework.FSDP,
+                dp=8,
+                tp=2,
+                zero_stage=3,
+                sequence_parallel=True,
+                tp_comm_overlap=True,
+            ),
+            "tp_comm_overlap",
+            "tp_comm_overlap",
+        ),
+        (
+            Layout(
+                framework=Framework.FSDP,
+                dp=8,
+                tp=2,
+                zero_stage=3,
+                tp_comm_overlap=True,
+                torch_compile=Compile.MODEL,
+            ),
+            "unused",
+            "tp_comm_overlap",
+        ),
         (
             Layout(framework=Framework.MEGATRON, tp=8, pp=2, overlap_grad_reduce=True),
             "unused",

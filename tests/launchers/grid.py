@@ -33,11 +33,17 @@ def _overlap(framework: Framework, zero: int, pp: int) -> bool | None:
     return None
 
 
+def _overlaps_tp(framework: Framework, compiled: Compile) -> bool:
+    # Megatron's --tp-comm-overlap; torchtitan's Async TP, an inductor pass
+    return framework is Framework.MEGATRON or (framework is Framework.FSDP and compiled is not Compile.NONE)
+
+
 def grid() -> list[tuple[str, Plan]]:
     plans: list[tuple[str, Plan]] = []
     combos = itertools.product((1, 2, 4), SPLITS, Framework, range(4), OFFLOADS)
     for i, (nodes, (tp, pp, cp), framework, zero, (off_opt, off_par)) in enumerate(combos):
         model = llama3_8b() if framework is Framework.FSDP and i % 2 == 0 else None
+        compiled = tuple(Compile)[i % 5 % 3] if framework is Framework.FSDP else Compile.NONE
         p = plan(
             nodes=nodes,
             model=model,
@@ -47,9 +53,10 @@ def grid() -> list[tuple[str, Plan]]:
             pp=pp,
             cp=cp,
             # as the recommender sets them (space.make_layout): no SP in DeepSpeed AutoTP; Megatron's
-            # overlaps on every other plan; DeepSpeed overlap_comm where its ZeRO optimizer overlaps.
+            # overlaps (and torchtitan's Async TP where compiled) on every other plan; DeepSpeed
+            # overlap_comm where its ZeRO optimizer overlaps.
             sequence_parallel=tp > 1 and framework is not Framework.DEEPSPEED,
-            tp_comm_overlap=framework is Framework.MEGATRON and tp > 1 and i % 2 == 0,
+            tp_comm_overlap=_overlaps_tp(framework, compiled) and tp > 1 and i % 2 == 0,
             overlap_grad_reduce=_overlap(framework, zero, pp) if i % 2 == 0 else None,
             zero_stage=zero,
             offload_optimizer=off_opt,
@@ -60,7 +67,7 @@ def grid() -> list[tuple[str, Plan]]:
             micro_batch_size=1 + (i % 2),
             virtual_pipeline_stages=2 if pp > 1 and i % 3 == 0 else 1,
             fsdp_hybrid_shard=framework is Framework.FSDP and nodes > 1 and i % 4 == 1,
-            torch_compile=tuple(Compile)[i % 5 % 3] if framework is Framework.FSDP else Compile.NONE,
+            torch_compile=compiled,
         )
         name = f"n{nodes}-tp{tp}pp{pp}cp{cp}-{framework}-z{zero}-{off_opt}{off_par}-{i}"
         plans.append((name, p))

@@ -255,6 +255,8 @@ def test_torchtitan_config_manager_and_parallel_dims() -> None:
         assert (config.compile.components if config.compile.enable else None) == compiled[
             plan.layout.torch_compile
         ], name
+        # Async TP where estimated (0.3.0: a CompileConfig field, which requires the compiled model)
+        assert config.compile.enable_async_tensor_parallel is plan.layout.tp_comm_overlap, name
         assert training.global_batch_size % (training.local_batch_size * dp) == 0, name
         assert training.global_batch_size == plan.training.global_batch_size, name
         if par.pipeline_parallel_degree > 1:

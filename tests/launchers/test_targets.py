@@ -11,6 +11,7 @@ import pytest
 from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import (
     AttentionKind,
+    Compile,
     Framework,
     MLASpec,
     ModelSpec,
@@ -245,6 +246,28 @@ def test_megatron_refuses_tp_comm_overlap_without_sequence_parallel() -> None:
         megatron.megatron_args(
             plan(framework=Framework.MEGATRON, sequence_parallel=True, tp_comm_overlap=True)
         )
+
+
+def test_torchtitan_renders_async_tp_and_the_others_refuse_it() -> None:
+    # torchtitan 0.3.0 CompileConfig.enable_async_tensor_parallel, beside --compile.enable
+    asynctp: dict[str, Any] = {
+        "framework": Framework.FSDP,
+        "zero_stage": 3,
+        "tp": 2,
+        "sequence_parallel": True,
+        "tp_comm_overlap": True,
+        "torch_compile": Compile.MODEL_AND_LOSS,
+    }
+    args = torchtitan.train_args(plan(model=llama3_8b(), **asynctp))
+    assert "--compile.enable_async_tensor_parallel" in args and "--compile.enable" in args
+    vanilla = torchtitan.train_args(plan(model=llama3_8b(), **(asynctp | {"tp_comm_overlap": False})))
+    assert "--compile.enable_async_tensor_parallel" not in vanilla
+    with pytest.raises(Unsupported, match="Async TP"):
+        torchtitan.train_args(plan(model=llama3_8b(), **(asynctp | {"torch_compile": Compile.NONE})))
+    with pytest.raises(Unsupported, match="Async TP"):
+        accelerate.accelerate_config(plan(**asynctp))
+    assert accelerate.refusal(plan(**(asynctp | {"tp_comm_overlap": False}))) is None
+    assert hf_trainer.refusal(plan(**asynctp)) is not None  # data parallelism only
 
 
 def test_accelerate_megatron_refuses_overlaps_it_cannot_set() -> None:

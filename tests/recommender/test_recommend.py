@@ -11,8 +11,9 @@ from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from service.estimator.tuning import Tuning
-from service.estimator.types import ClusterSpec, Compile, Framework, Method, Recompute, TrainingSpec
+from service.estimator.types import ClusterSpec, Compile, Framework, Method, Plan, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
+from service.launchers import Target, runnable_targets
 from service.recommender import Constraints, Objective, recommend, suggest
 from service.recommender.budget import Budget
 from service.recommender.space import sub_cluster
@@ -104,6 +105,26 @@ def test_an_fsdp_job_that_fits_only_compiled_is_told_so(tuning: Tuning) -> None:
     # asked already: nothing more to suggest
     again = suggestions(spec, c, training, asked, tuning, catalog=[(gpu("h100-sxm-80gb"), 8)]).made
     assert not any(t.kind == "torch_compile" for t in again)
+
+
+def test_a_compiled_fsdp_search_runs_async_tp_where_torchtitan_runs_the_layout(tuning: Tuning) -> None:
+    """torchtitan's Async TP only hides TP communication, so a compiled FSDP search turns it on; a
+    model torchtitan cannot build (Llama 2) runs on Accelerate, which has no Async TP: the search
+    keeps the layout with its TP collectives exposed rather than losing it."""
+    asked = Constraints(frameworks=(Framework.FSDP,), torch_compile=True, allow_offload=False)
+    c = cluster(nodes=8)
+    for name, training, overlapped, target in (
+        ("llama-3.1-70b", TrainingSpec(seq_len=8192, global_batch_size=256), True, Target.TORCHTITAN),
+        ("llama-2-70b", TrainingSpec(seq_len=4096, global_batch_size=512), False, Target.ACCELERATE),
+    ):
+        spec = model(name).spec
+        best = recommend(spec, c, training, asked, tuning, with_suggestions=False).recommended
+        assert best is not None and best.layout.tp > 1, name
+        assert best.layout.tp_comm_overlap is overlapped, name
+        plan = Plan(
+            model=spec, cluster=sub_cluster(c, best.layout.world_size), training=training, layout=best.layout
+        )
+        assert target in runnable_targets(plan)[0], name
 
 
 JOBS = [

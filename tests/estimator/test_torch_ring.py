@@ -1,0 +1,102 @@
+"""PyTorch's ring attention (``context_parallel``, what FSDP/torchtitan jobs run): the K and V it moves,
+its fp32 merge passes and its exposed traffic, by hand; growth with the CP degree; Megatron's ring
+untouched."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from service.catalog.tuning import default_tuning
+from service.estimator import comm, step_time
+from service.estimator.job import Job, prepare
+from service.estimator.types import Attention, Framework, Layout, Precision, Recompute, TrainingSpec
+from validation.cases import H100, gpt, gpu_cluster
+
+# Llama-3-8B-like: 32 layers, h 4096, 32 query heads sharing 8 K/V heads
+GQA = dataclasses.replace(gpt(32, 4096, 32, 32000), num_kv_heads=8)
+
+
+def _setup(
+    cp: int, tokens_per_rank: int = 8192, inter_node_bytes_per_s: float = 50e9, gpus_per_node: int = 8
+) -> tuple[Job, Layout, step_time.StepBase]:
+    training = TrainingSpec(
+        seq_len=tokens_per_rank * cp,
+        global_batch_size=8 // cp,
+        attention=Attention.SDPA,
+        precision=Precision.BF16,
+    )
+    cluster = gpu_cluster(H100, 8, inter_node_bytes_per_s)
+    if gpus_per_node != 8:
+        cluster = dataclasses.replace(cluster, gpus_per_node=gpus_per_node, num_nodes=8 // gpus_per_node)
+    job = prepare(GQA, cluster, training, default_tuning())
+    layout = Layout(
+        dp=8 // cp,
+        cp=cp,
+        framework=Framework.FSDP,
+        zero_stage=3,
+        micro_batch_size=1,
+        recompute=Recompute.FULL,
+    )
+    return job, layout, step_time.step_base(job, layout)
+
+
+def test_kv_bytes_count_every_query_heads_copy() -> None:
+    # repeat_kv before SDPA: K and V are 32 heads x 128 wide each, not the 8 shared heads; bf16
+    job, layout, base = _setup(cp=2)
+    assert step_time.torch_ring_kv_bytes(job, layout, base) == 8192 * (4096 + 4096) * 2
+
+
+def test_merge_passes_by_hand() -> None:
+    job, layout, base = _setup(cp=4)
+    # per step and element: read + write the fp32 accumulator (8 B) and read the bf16 block (2 B);
+    # forward: the output (4096 wide), twice (full recompute); backward: dq, dk, dv (3 x 4096)
+    per_layer = 4 * 10 * 8192 * (2 * 4096 + 3 * 4096)
+    hbm = job.cluster.gpu.hbm_bandwidth_bytes_per_s
+    assert step_time.torch_ring_merge_s(job, layout, base) == pytest.approx(32 * per_layer / hbm)
+
+
+def test_nvlink_hides_the_gather_and_shows_the_last_gradient_send() -> None:
+    # one node: the all-gather of 2 ranks' K and V (2 x 8192 x 8192 x 2 B) at NVLink speed is shorter than the
+    # first block's kernel, and so is each fp32 dK/dV send (8192 x 8192 x 4 B); only the one awaited after
+    # the backward's loop shows
+    job, layout, base = _setup(cp=2)
+    link = base.links.cp
+    assert not link.spans_nodes
+    dkv_s = comm.p2p_s(8192 * 8192 * 4, link.bandwidth_bytes_per_s, link.latency_s)
+    assert step_time.torch_ring_comm_s(job, layout, base) == pytest.approx(32 * dkv_s)
+
+
+def test_a_slow_link_exposes_the_gather_beyond_the_first_block() -> None:
+    # one GPU per node at 5 GB/s: the gather (each rank receives the other rank's 134 MB) outlasts the
+    # first block's forward and backward kernels; forward and recomputed forward wait, so does the backward
+    job, layout, base = _setup(cp=2, inter_node_bytes_per_s=5e9, gpus_per_node=1)
+    link = base.links.cp
+    kv = 8192 * (4096 + 4096) * 2  # K and V, bf16
+    gather_s = comm.group_all_gather_s(2 * kv, link)
+    dkv_s = comm.p2p_s(2 * kv, link.bandwidth_bytes_per_s, link.latency_s)
+    step = step_time.layer_core_work_flops(layout, base) / 2
+    forward_s = gather_s - step_time.core_s_per_token(base, step, 0.0)
+    backward_s = gather_s - step_time.core_s_per_token(base, 0.0, 2 * step)
+    assert forward_s > 0 and backward_s > 0 and dkv_s > step_time.core_s_per_token(base, 0.0, 2 * step)
+    expected = 32 * (2 * forward_s + backward_s + 2 * dkv_s - step_time.core_s_per_token(base, 0.0, 2 * step))
+    assert step_time.torch_ring_comm_s(job, layout, base) == pytest.approx(expected)
+
+
+def test_cost_grows_with_cp_at_constant_tokens_per_rank() -> None:
+    for link in (50e9, 5e9):
+        costs = []
+        for cp in (1, 2, 4, 8):
+            job, layout, base = _setup(cp=cp, inter_node_bytes_per_s=link, gpus_per_node=1)
+            costs.append(step_time.cp_comm_s(job, layout, base))
+        assert costs[0] == 0.0
+        assert costs == sorted(costs) and costs[-1] > costs[1]
+
+
+def test_megatron_keeps_its_peer_to_peer_ring() -> None:
+    job, layout, _ = _setup(cp=4)
+    megatron = dataclasses.replace(layout, framework=Framework.MEGATRON)
+    megatron_base = step_time.step_base(job, megatron)
+    got = step_time.cp_comm_s(job, megatron, megatron_base)
+    assert got == step_time.p2p_ring_comm_s(job, megatron, megatron_base)
