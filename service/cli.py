@@ -169,9 +169,15 @@ def problem_text(response: httpx.Response) -> str:
 # ---------------------------------------------------------------- request pieces from flags
 
 
-def cluster_from_gpus(spec: str, inter_gbps: float | None) -> dict[str, Any]:
+def cluster_from_gpus(
+    spec: str,
+    inter_gbps: float | None,
+    *,
+    intra_busbw_gbps: float | None = None,
+    inter_busbw_gbps: float | None = None,
+) -> dict[str, Any]:
     """``8xh100-sxm-80gb`` (one node of 8, or N/8 nodes of 8 past 8) or ``4x8xh100-sxm-80gb`` (nodes
-    x GPUs per node) as an inline cluster."""
+    x GPUs per node) as an inline cluster, with the NCCL bus bandwidths measured on it, if given."""
     match = _GPUS.match(spec.strip().lower())
     if match is None:
         raise Usage(f"--gpus {spec!r}: expected COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb")
@@ -190,6 +196,10 @@ def cluster_from_gpus(spec: str, inter_gbps: float | None) -> dict[str, Any]:
         cluster["inter_node_bandwidth_gbps"] = inter_gbps
     elif nodes > 1:
         raise Usage(f"--gpus {spec!r} spans {nodes} nodes: give --inter-gbps (each GPU's network, GB/s)")
+    if intra_busbw_gbps is not None:
+        cluster["measured_intra_node_bus_bandwidth_gbps"] = intra_busbw_gbps
+    if inter_busbw_gbps is not None:
+        cluster["measured_inter_node_bus_bandwidth_gbps"] = inter_busbw_gbps
     return cluster
 
 
@@ -206,12 +216,24 @@ def model_ref(model: str | None, config: Path | None) -> dict[str, Any]:
 
 
 def cluster_choice(
-    api: Api, gpus: str | None, cluster: str | None, inter_gbps: float | None
+    api: Api,
+    gpus: str | None,
+    cluster: str | None,
+    inter_gbps: float | None,
+    intra_busbw_gbps: float | None = None,
+    inter_busbw_gbps: float | None = None,
 ) -> dict[str, Any]:
     if (gpus is None) == (cluster is None):
         raise Failure("give exactly one of --gpus COUNTxGPU or --cluster NAME (a stored cluster)")
     if gpus is not None:
-        return cluster_from_gpus(gpus, inter_gbps)
+        return cluster_from_gpus(
+            gpus, inter_gbps, intra_busbw_gbps=intra_busbw_gbps, inter_busbw_gbps=inter_busbw_gbps
+        )
+    if intra_busbw_gbps is not None or inter_busbw_gbps is not None:
+        raise Usage(
+            f"--cluster {cluster!r}: a stored cluster states its own measured bus bandwidths (PATCH "
+            "/v1/clusters/ID); --intra-busbw-gbps and --inter-busbw-gbps go with --gpus"
+        )
     return {"id": stored_cluster_id(api, str(cluster))}
 
 
@@ -493,10 +515,25 @@ job_options = [
     ),
     click.option("--tokens", type=int, help="total training tokens, for time to train"),
 ]
+busbw_options = [
+    click.option(
+        "--intra-busbw-gbps",
+        type=float,
+        help="measured: nccl-tests all_reduce_perf busbw at >= 1 GiB on one node's GPUs, best with "
+        "NCCL_ALGO=Ring, GB/s (default: the link x the tuning's bus efficiency)",
+    ),
+    click.option(
+        "--inter-busbw-gbps",
+        type=float,
+        help="measured: nccl-tests all_reduce_perf busbw at >= 1 GiB, one GPU per node across the nodes, "
+        "GB/s (default: --inter-gbps x the tuning's bus efficiency)",
+    ),
+]
 cluster_options = [
     click.option("--gpus", help="COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb"),
     click.option("--cluster", help="a stored cluster's name or id"),
     click.option("--inter-gbps", type=float, help="each GPU's network between nodes, GB/s"),
+    *busbw_options,
 ]
 
 
@@ -551,6 +588,8 @@ def plan(
     gpus: str | None,
     cluster: str | None,
     inter_gbps: float | None,
+    intra_busbw_gbps: float | None,
+    inter_busbw_gbps: float | None,
     seq: int,
     batch: int,
     precision: str | None,
@@ -575,7 +614,7 @@ def plan(
     targets = list(launchers) or ([target.value for target in Target] if out is not None else [])
     body = {
         "model": model_ref(model, config),
-        "cluster": cluster_choice(api, gpus, cluster, inter_gbps),
+        "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),
         "training": training(seq, batch, precision, method, tokens, attention, base_dtype),
         "constraints": constraints,
         "launchers": targets,
@@ -611,6 +650,8 @@ def estimate(
     gpus: str | None,
     cluster: str | None,
     inter_gbps: float | None,
+    intra_busbw_gbps: float | None,
+    inter_busbw_gbps: float | None,
     seq: int,
     batch: int,
     precision: str | None,
@@ -635,7 +676,7 @@ def estimate(
               "micro_batch_size": micro, "recompute": recompute}  # fmt: skip
     body = {
         "model": model_ref(model, config),
-        "cluster": cluster_choice(api, gpus, cluster, inter_gbps),
+        "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),
         "training": training(seq, batch, precision, method, tokens, attention, base_dtype),
         "layout": layout,
     }
@@ -792,6 +833,7 @@ def clusters_list(url: str | None, as_json: bool) -> None:
 @click.argument("name")
 @click.option("--gpus", required=True, help="COUNTxGPU or NODESxPER_NODExGPU")
 @click.option("--inter-gbps", type=float, help="each GPU's network between nodes, GB/s")
+@options(busbw_options)
 @click.option("--host-gib", type=float, default=0, help="host RAM per node, GiB (0: not stated)")
 @click.option("--description", default="")
 @url_option
@@ -800,12 +842,17 @@ def clusters_add(
     name: str,
     gpus: str,
     inter_gbps: float | None,
+    intra_busbw_gbps: float | None,
+    inter_busbw_gbps: float | None,
     host_gib: float,
     description: str,
     url: str | None,
     as_json: bool,
 ) -> None:
-    body = {"name": name, "description": description, **cluster_from_gpus(gpus, inter_gbps)}
+    shape = cluster_from_gpus(
+        gpus, inter_gbps, intra_busbw_gbps=intra_busbw_gbps, inter_busbw_gbps=inter_busbw_gbps
+    )
+    body = {"name": name, "description": description, **shape}
     if host_gib:
         body["cpu_memory_bytes_per_node"] = int(host_gib * GIB)
     stored = Api(url).call("POST", "/v1/clusters", json=body)

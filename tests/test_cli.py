@@ -417,3 +417,43 @@ def test_runs_add_says_which_statistic_its_peak_is(database: str) -> None:
         main, ["runs", "add", plan["id"], *peak, "--memory-statistic", "max_allocated"]
     )
     assert unknown.exit_code == 64 and "device_used" in unknown.output  # EX_USAGE, as every usage error
+
+
+def test_measured_bus_bandwidths_are_flags_of_an_inline_cluster(database: str) -> None:
+    assert cluster_from_gpus("2x8xh100-sxm-80gb", 50, intra_busbw_gbps=370, inter_busbw_gbps=44) == {
+        "gpu": "h100-sxm-80gb", "num_nodes": 2, "gpus_per_node": 8, "inter_node_bandwidth_gbps": 50,
+        "measured_intra_node_bus_bandwidth_gbps": 370, "measured_inter_node_bus_bandwidth_gbps": 44,
+    }  # fmt: skip
+    args = [
+        "--model",
+        "llama-3.1-8b",
+        "--seq",
+        "4096",
+        "--batch",
+        "64",
+        "--framework",
+        "megatron",
+        "--tp",
+        "8",
+    ]
+    measured = json.loads(
+        run("estimate", *args, "--gpus", "8xh100-sxm-80gb", "--intra-busbw-gbps", "200", "--json").output
+    )
+    assert (
+        "intra-node bus bandwidth measured: 200 GB/s per GPU (nominal link 450 GB/s)"
+        in measured["assumptions"]
+    )
+    plain = json.loads(run("estimate", *args, "--gpus", "8xh100-sxm-80gb", "--json").output)
+    assert measured["time"]["breakdown"]["tp_comm_s"] > plain["time"]["breakdown"]["tp_comm_s"]
+    added = run("clusters", "add", "pod", "--gpus", "2x8xh100-sxm-80gb", "--inter-gbps", "50",
+                "--inter-busbw-gbps", "44", "--json")  # fmt: skip
+    assert json.loads(added.output)["measured_inter_node_bus_bandwidth_bytes_per_s"] == 44e9
+    # a stored cluster keeps its own measurements; the API's refusals name the field
+    stored = CliRunner().invoke(main, ["estimate", *args, "--cluster", "pod", "--intra-busbw-gbps", "200"])
+    assert stored.exit_code == 64 and "go with --gpus" in words(stored.output)
+    one_node = CliRunner().invoke(
+        main, ["estimate", *args, "--gpus", "8xh100-sxm-80gb", "--inter-busbw-gbps", "44"]
+    )
+    assert (
+        one_node.exit_code == 1 and "cluster.measured_inter_node_bus_bandwidth_bytes_per_s" in one_node.output
+    )

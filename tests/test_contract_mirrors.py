@@ -1,6 +1,7 @@
 """The wire shapes that mirror a domain type name the same fields (issue 26): a field added to
-``Layout``, ``TrainingSpec``, ``TimeBreakdown``, ``MemoryBreakdown`` or ``TimeEstimate`` without its
-wire twin (or the reverse) fails here, instead of being accepted and ignored or silently dropped."""
+``Layout``, ``TrainingSpec``, ``ClusterSpec``, ``TimeBreakdown``, ``MemoryBreakdown`` or
+``TimeEstimate`` without its wire twin (or the reverse) fails here, instead of being accepted and
+ignored or silently dropped."""
 
 from __future__ import annotations
 
@@ -9,15 +10,26 @@ import dataclasses
 import pytest
 from pydantic import BaseModel
 
+from service.contracts.clusters import ClusterPatch, ClusterShape
 from service.contracts.estimates import LayoutIn, MemoryPerGPUOut, TimeBreakdownOut, TimeOut
 from service.contracts.training import TrainingIn
-from service.estimator.types import Layout, MemoryBreakdown, TimeBreakdown, TimeEstimate, TrainingSpec
+from service.estimator.types import (
+    ClusterSpec,
+    Layout,
+    MemoryBreakdown,
+    TimeBreakdown,
+    TimeEstimate,
+    TrainingSpec,
+)
 
 # domain type, wire type, the fields only the domain has (and why), the fields only the wire has (and why)
 MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
     (Layout, LayoutIn, set(), set()),
     # hardware_defaults: which fields the request left out, derived from the wire's None values
     (TrainingSpec, TrainingIn, {"hardware_defaults"}, set()),
+    # the cluster a request states, and the fields a PATCH may change (with the stored one's name)
+    (ClusterSpec, ClusterShape, set(), set()),
+    (ClusterSpec, ClusterPatch, set(), {"name", "description"}),
     (TimeBreakdown, TimeBreakdownOut, set(), set()),
     # overhead, the three statistics and total (= device used): sums of the components, properties of
     # the domain type

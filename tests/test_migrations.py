@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -208,6 +209,54 @@ def test_log_runs_get_the_statistic_their_source_names_and_a_downgrade_drops_it(
         with engine.connect() as conn:
             sources = dict(conn.execute(sa.select(runs.c.id, runs.c.source)).all())
         assert sources == {run_id: source for run_id, (_, source) in stored.items()}
+        command.upgrade(config, "head")
+    finally:
+        engine.dispose()
+
+
+def test_clusters_stored_before_have_no_measurement_and_a_measured_one_refuses_a_downgrade(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    """A cluster stored before the measured bus bandwidths existed has none (the tuning's efficiency
+    applies, as before) and reads back through the API unchanged. Down again, a measurement would be
+    lost and its cluster's estimates move silently: refused until it is set to null."""
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    url = scratch_url(migrated_url, tmp_path, "measured_busbw")
+    config = alembic_config(url)
+    command.upgrade(config, "1481ec12af96")  # the last revision without the measured bus bandwidths
+    engine = create_engine(url)
+    columns = (
+        "measured_intra_node_bus_bandwidth_bytes_per_s",
+        "measured_inter_node_bus_bandwidth_bytes_per_s",
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO clusters (id, name, description, gpu_name, num_nodes, gpus_per_node,"
+                    " inter_node_bandwidth_bytes_per_s, cpu_memory_bytes_per_node, nvme_bytes_per_node,"
+                    " created_at, updated_at) VALUES ('C1', 'pod', '', 'h100-sxm-80gb', 2, 8, 5e10, 0, 0,"
+                    " '2026-12-01 00:00:00', '2026-12-01 00:00:00')"
+                )
+            )
+        command.upgrade(config, "head")
+        with engine.connect() as conn:
+            assert conn.execute(text(f"SELECT {', '.join(columns)} FROM clusters")).all() == [(None, None)]
+        with TestClient(create_app(Settings(database_url=url))) as client:
+            stored = client.get("/v1/clusters/C1").json()
+            assert (stored[columns[0]], stored[columns[1]]) == (None, None)
+            assert client.patch("/v1/clusters/C1", json={columns[1]: 44e9}).status_code == 200
+        with pytest.raises(RuntimeError, match=r"1 cluster\(s\) state a measured bus bandwidth"):
+            command.downgrade(config, "1481ec12af96")
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE clusters SET {columns[1]} = NULL"))
+        command.downgrade(config, "1481ec12af96")
+        names = {c["name"] for c in inspect(engine).get_columns("clusters")}
+        assert not names & set(columns) and "inter_node_bandwidth_bytes_per_s" in names
         command.upgrade(config, "head")
     finally:
         engine.dispose()

@@ -468,6 +468,32 @@ def test_an_api_error_appears_next_to_its_field(served: str, browser: Any) -> No
     page.close()
 
 
+def test_measured_bus_bandwidths_typed_in_gbps_reach_the_plan_and_an_unused_one_is_named(
+    served: str, browser: Any
+) -> None:
+    """The two measured busbw fields, typed in GB/s, are sent as the API's *_gbps twins and stored in
+    bytes/s; an inter-node measurement on one node is refused next to its field."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    job = {
+        "model.preset": "gpt2",
+        "cluster.gpu": "h100-sxm-80gb",
+        "training.seq_len": "1024",
+        "training.global_batch_size": "64",
+    }
+    new_plan(page, served, **job, **{"cluster.measured_intra_node_bus_bandwidth_gbps": "370"})
+    assert "Feasible" in page.inner_text("#result .status")
+    plan = httpx.get(f"{served}/v1/plans/{page.inner_text('#result .status a')}").json()
+    assert plan["request"]["cluster"]["measured_intra_node_bus_bandwidth_bytes_per_s"] == 370e9
+    assert any(
+        "bus bandwidth measured: 370 GB/s" in n for n in plan["recommended"]["estimate"]["assumptions"]
+    )
+    page.fill("#cluster\\.measured_inter_node_bus_bandwidth_gbps", "44")
+    page.click("#submit")
+    page.wait_for_selector("#cluster\\.measured_inter_node_bus_bandwidth_gbps + .field-error")
+    assert page.get_attribute("#cluster\\.measured_inter_node_bus_bandwidth_gbps", "aria-invalid") == "true"
+    page.close()
+
+
 def test_a_service_that_requires_keys_asks_for_one_once(tmp_path: Path, browser: Any) -> None:
     from sqlalchemy.orm import Session
 

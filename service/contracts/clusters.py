@@ -18,6 +18,30 @@ from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
 from service.estimator.types import ClusterSpec
 
+# What to measure, and which link each figure stands for (nccl-tests doc/PERFORMANCE.md: busbw =
+# algbw x 2(n-1)/n for all-reduce, comparable to the per-direction link whatever n is).
+_MEASURED = (
+    "Optional: NCCL's achieved bus bandwidth per GPU, bytes/s (the *_gbps twin takes GB/s): nccl-tests "
+    "all_reduce_perf's busbw column at large messages (>= 1 GiB, e.g. -b 1G -e 8G -f 2; the plateau), "
+    "best with NCCL_ALGO=Ring, the rings and trees the estimate times. "
+)
+_USED = (
+    " Collectives on this link are then timed at it instead of the nominal bandwidth x the tuning's bus "
+    "efficiency; latencies stay the tuning's. In-network reduction (NVLS on NVSwitch, SHARP), NCCL's "
+    "default where present, lifts an all-reduce's busbw above the link: accepted up to 2x the link, "
+    "and used at the link, since the sends, rings and all-to-alls timed here do not reduce in the switch."
+)
+MEASURED_INTRA_DESCRIPTION = (
+    _MEASURED + "Measured on one node, across all its GPUs (e.g. all_reduce_perf -g <gpus_per_node>)." + _USED
+)
+MEASURED_INTER_DESCRIPTION = (
+    _MEASURED
+    + "Measured across nodes with one GPU per node (one rank per node, >= 2 nodes), so it is each GPU's "
+    "share of the network like inter_node_bandwidth_bytes_per_s; not the all-GPU run across nodes, "
+    "whose busbw is about gpus_per_node x that share. Refused on one node (nothing crosses a network)."
+    + _USED
+)
+
 
 class ClusterShape(Strict):
     """The hardware of a cluster; bandwidths per GPU, one direction, bytes/s."""
@@ -39,6 +63,18 @@ class ClusterShape(Strict):
     )
     cpu_memory_bytes_per_node: int = Field(default=0, ge=0, le=MAX_MEMORY_BYTES)
     nvme_bytes_per_node: int = Field(default=0, ge=0, le=2**50)
+    measured_intra_node_bus_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        ge=MIN_BANDWIDTH_BYTES_PER_S,
+        le=MAX_BANDWIDTH_BYTES_PER_S,
+        description=MEASURED_INTRA_DESCRIPTION,
+    )
+    measured_inter_node_bus_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        ge=MIN_BANDWIDTH_BYTES_PER_S,
+        le=MAX_BANDWIDTH_BYTES_PER_S,
+        description=MEASURED_INTER_DESCRIPTION,
+    )
 
     def to_domain(self, at: str = "") -> ClusterSpec:
         """The domain's cluster; ``at``: where it sits in the request body ("cluster." inline in an
@@ -59,6 +95,24 @@ class ClusterShape(Strict):
                     ],
                 )
             inter = intra  # one node: nothing crosses a network
+        measured_intra = self.measured_intra_node_bus_bandwidth_bytes_per_s
+        measured_inter = self.measured_inter_node_bus_bandwidth_bytes_per_s
+        if measured_inter is not None and self.num_nodes == 1:
+            # an input the model does not use is refused: on one node no collective crosses a network
+            message = (
+                "a one-node cluster has no network between nodes for a measured inter-node bus "
+                "bandwidth to describe (leave it out, or send null to remove a stored one)"
+            )
+            raise Unprocessable(
+                message,
+                errors=[
+                    {
+                        "field": f"{at}measured_inter_node_bus_bandwidth_bytes_per_s",
+                        "message": message,
+                        "type": "unused",
+                    }
+                ],
+            )
         try:
             return ClusterSpec(
                 gpu=gpu,
@@ -68,10 +122,13 @@ class ClusterShape(Strict):
                 inter_node_bandwidth_bytes_per_s=inter,
                 cpu_memory_bytes_per_node=self.cpu_memory_bytes_per_node,
                 nvme_bytes_per_node=self.nvme_bytes_per_node,
+                measured_intra_node_bus_bandwidth_bytes_per_s=measured_intra,
+                measured_inter_node_bus_bandwidth_bytes_per_s=measured_inter,
             )
-        except EstimatorError as exc:  # pragma: no cover - Field limits catch these first
+        except EstimatorError as exc:  # a measured busbw above what its link allows (the rest: Field limits)
+            field = f"{at}{exc.field}" if exc.field else f"{at}cluster"
             raise Unprocessable(
-                exc.message, errors=[{"field": exc.field or "cluster", "message": exc.message}]
+                exc.message, errors=[{"field": field, "message": exc.message, "type": exc.rule}]
             ) from exc
 
 
@@ -81,8 +138,9 @@ class ClusterCreate(ClusterShape):
 
 
 class ClusterPatch(Strict):
-    """Fields to change; the merged cluster is validated as a whole. Only the two bandwidths may
-    be null: null puts them back to their defaults. (None below means "not sent".)"""
+    """Fields to change; the merged cluster is validated as a whole. Only the bandwidths may be
+    null: null puts a nominal one back to its default and removes a measured one. (None below means
+    "not sent".)"""
 
     name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
     description: str | None = Field(default=None, max_length=2000)
@@ -97,6 +155,12 @@ class ClusterPatch(Strict):
     )
     cpu_memory_bytes_per_node: int | None = Field(default=None, ge=0, le=MAX_MEMORY_BYTES)
     nvme_bytes_per_node: int | None = Field(default=None, ge=0, le=2**50)
+    measured_intra_node_bus_bandwidth_bytes_per_s: float | None = Field(
+        default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
+    )
+    measured_inter_node_bus_bandwidth_bytes_per_s: float | None = Field(
+        default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
+    )
 
     @field_validator(
         "name", "description", "gpu", "num_nodes", "gpus_per_node", "cpu_memory_bytes_per_node",
@@ -126,6 +190,12 @@ class ClusterOut(BaseModel):
     )
     cpu_memory_bytes_per_node: int
     nvme_bytes_per_node: int
+    measured_intra_node_bus_bandwidth_bytes_per_s: float | None = Field(
+        description="as stored; null: not measured (the tuning's bus efficiency applies)"
+    )
+    measured_inter_node_bus_bandwidth_bytes_per_s: float | None = Field(
+        description="as stored; null: not measured (the tuning's bus efficiency applies)"
+    )
     created_at: datetime
     updated_at: datetime
 

@@ -188,7 +188,7 @@ def link_for_group(
     puts some groups across a node boundary, the slowest of which the step waits for; but no group
     spans more nodes than the cluster has (on one node, none crosses a network, whatever the
     cluster's inter-node figure). Efficiencies derate the nominal bandwidths to what NCCL achieves
-    (busbw / nominal).
+    (busbw / nominal), for the links whose busbw the cluster does not state as measured.
     """
     gpn = cluster.gpus_per_node
     ranks_per_node = max(1, min(group_size, gpn // stride)) if stride < gpn else 1
@@ -198,12 +198,73 @@ def link_for_group(
         group_size=group_size,
         ranks_per_node=ranks_per_node,
         nodes=nodes,
-        intra_bandwidth_bytes_per_s=cluster.intra_node_bandwidth_bytes_per_s * intra_efficiency,
-        inter_bandwidth_bytes_per_s=cluster.inter_node_bandwidth_bytes_per_s * inter_efficiency,
+        intra_bandwidth_bytes_per_s=achieved_bandwidth_bytes_per_s(
+            cluster.intra_node_bandwidth_bytes_per_s,
+            cluster.measured_intra_node_bus_bandwidth_bytes_per_s,
+            intra_efficiency,
+        ),
+        inter_bandwidth_bytes_per_s=achieved_bandwidth_bytes_per_s(
+            cluster.inter_node_bandwidth_bytes_per_s,
+            cluster.measured_inter_node_bus_bandwidth_bytes_per_s,
+            inter_efficiency,
+        ),
         intra_latency_s=intra_latency_s,
         inter_latency_s=inter_latency_s,
         base_latency_s=base_latency_s,
     )
+
+
+def achieved_bandwidth_bytes_per_s(
+    nominal_bytes_per_s: float, measured_bytes_per_s: float | None, efficiency: float
+) -> float:
+    """The bus bandwidth NCCL's collectives get on a link: the cluster's measured all-reduce busbw
+    where it states one (nothing assumed), else the nominal link x the tuning's bus efficiency.
+
+    A measurement above the link (in-network reduction: NVLS, SHARP) is used at the link: the
+    collectives here are rings, trees, all-to-alls and sends, none of which reduces in the switch."""
+    if measured_bytes_per_s is None:
+        return nominal_bytes_per_s * efficiency
+    return min(measured_bytes_per_s, nominal_bytes_per_s)
+
+
+def bus_bandwidth_notes(
+    cluster: ClusterSpec, intra_efficiency: float, inter_efficiency: float
+) -> tuple[str, ...]:
+    """The bus bandwidth the collectives were timed at, and where it came from: measured, or nominal x
+    the tuning's efficiency; inside a node where a node has more than one GPU, between nodes where
+    the cluster has more than one node."""
+    notes = []
+    if cluster.gpus_per_node > 1:
+        intra = cluster.intra_node_bandwidth_bytes_per_s
+        notes.append(
+            _bus_bandwidth_note(
+                "intra-node", intra, cluster.measured_intra_node_bus_bandwidth_bytes_per_s, intra_efficiency
+            )
+        )
+    if cluster.num_nodes > 1:
+        inter = cluster.inter_node_bandwidth_bytes_per_s
+        notes.append(
+            _bus_bandwidth_note(
+                "inter-node", inter, cluster.measured_inter_node_bus_bandwidth_bytes_per_s, inter_efficiency
+            )
+        )
+    return tuple(notes)
+
+
+def _bus_bandwidth_note(where: str, nominal: float, measured: float | None, efficiency: float) -> str:
+    gbps = achieved_bandwidth_bytes_per_s(nominal, measured, efficiency) / 1e9
+    if measured is None:
+        return (
+            f"{where} bus bandwidth: nominal {nominal / 1e9:.4g} GB/s x {efficiency:g} bus efficiency "
+            f"(tuning, not measured) = {gbps:.4g} GB/s per GPU"
+        )
+    text = f"{where} bus bandwidth measured: {measured / 1e9:.4g} GB/s per GPU"
+    if measured > nominal:
+        return (
+            f"{text}, above the {nominal / 1e9:.4g} GB/s link (in-network reduction): used at the link's "
+            f"{gbps:.4g} GB/s, since the rings, all-to-alls and sends timed here do not reduce in the switch"
+        )
+    return f"{text} (nominal link {nominal / 1e9:.4g} GB/s)"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,6 +13,7 @@ from service.estimator.calibration import (
 )
 from service.estimator.caveats import chip_warnings, context_warnings, coverage_warnings, fitted_fractions
 from service.estimator.clocks import clock_note
+from service.estimator.comm import bus_bandwidth_notes
 from service.estimator.defaults import for_gpu
 from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
@@ -98,7 +99,7 @@ def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tup
 
 
 def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
-    """What the step time assumed for this GPU, in words and numbers."""
+    """What the step time assumed for this GPU and its links, in words and numbers."""
     gpu, tuning = job.cluster.gpu, job.tuning
     fraction = peak_fraction(tuning, gpu)
     fitted = any(chip == gpu.chip for chip, _ in tuning.peak_fraction_by_chip)
@@ -112,7 +113,10 @@ def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     else:
         die = f"the {gpu.chip} die has" if gpu.chip else "the GPU's die is not stated and"
         gemm = f"GEMMs at up to {fraction:g} of the dense peak: the default ({die} no fitted fraction)"
-    return (peak_note(job), gemm, attention_core_note(job, layout))
+    links = bus_bandwidth_notes(
+        job.cluster, tuning.intra_node_bus_efficiency, tuning.inter_node_bus_efficiency
+    )
+    return (peak_note(job), gemm, attention_core_note(job, layout), *links)
 
 
 def peak_note(job: Job) -> str:

@@ -363,9 +363,24 @@ def _require_below(value: float | None, name: str, reference: float | None, refe
         )
 
 
+# A measured all-reduce bus bandwidth is at most this many times its link's per-direction bandwidth.
+# nccl-tests (doc/PERFORMANCE.md) reports busbw = algbw x 2(n-1)/n, which a ring or tree (point-to-point
+# sends) keeps at or below the link. In-network reduction (NVLink SHARP on NVSwitch, InfiniBand SHARP)
+# does better, but every rank must still send its S bytes once and receive the S-byte result once, so
+# algbw <= the link and busbw <= 2(n-1)/n x the link < 2 x the link. On 8 H100 (450 GB/s NVLink) NCCL's
+# maintainer quotes ~370 GB/s busbw with NCCL_ALGO=RING (the wire after ~20% protocol overhead) and ~480
+# with NVLS, NCCL's default there, whose busbw "does not correspond to the bandwidth on the wire"
+# (NVIDIA/nccl-tests#212).
+MAX_BUS_BANDWIDTH_PER_LINK = 2.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
-    """Homogeneous nodes of identical GPUs; bandwidths per GPU, one direction."""
+    """Homogeneous nodes of identical GPUs; bandwidths per GPU, one direction.
+
+    The measured bus bandwidths, where the cluster states them, are nccl-tests all_reduce_perf busbw
+    at large messages: intra, all the GPUs of one node; inter, one GPU per node across the nodes.
+    They replace nominal x the tuning's bus efficiency (comm.achieved_bandwidth_bytes_per_s)."""
 
     gpu: GPUSpec
     num_nodes: int
@@ -374,6 +389,8 @@ class ClusterSpec:
     inter_node_bandwidth_bytes_per_s: float
     cpu_memory_bytes_per_node: int = 0
     nvme_bytes_per_node: int = 0
+    measured_intra_node_bus_bandwidth_bytes_per_s: float | None = None
+    measured_inter_node_bus_bandwidth_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -388,10 +405,41 @@ class ClusterSpec:
                 raise InvalidHardware(
                     f"{name} must be >= 0, got {getattr(self, name)}", rule="non_negative", field=name
                 )
+        for measured, nominal, hint in (
+            ("measured_intra_node_bus_bandwidth_bytes_per_s", "intra_node_bandwidth_bytes_per_s", ""),
+            (
+                "measured_inter_node_bus_bandwidth_bytes_per_s",
+                "inter_node_bandwidth_bytes_per_s",
+                " (measure one GPU per node: the busbw of all of a node's GPUs across nodes is about "
+                "gpus_per_node x each GPU's network)",
+            ),
+        ):
+            _require_bus_bandwidth_within_link(
+                measured, getattr(self, measured), nominal, getattr(self, nominal), hint
+            )
 
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+
+def _require_bus_bandwidth_within_link(
+    name: str, value: float | None, link_name: str, link: float, hint: str
+) -> None:
+    """A measured busbw is positive and at most MAX_BUS_BANDWIDTH_PER_LINK x the link it ran on:
+    more is a typo, another unit, or a measurement of something else."""
+    if value is None:
+        return
+    _require_positive(InvalidHardware, name, value)
+    bound = MAX_BUS_BANDWIDTH_PER_LINK * link
+    if value > bound:
+        raise InvalidHardware(
+            f"{name} ({value / 1e9:g} GB/s) is above {MAX_BUS_BANDWIDTH_PER_LINK:g} x {link_name} "
+            f"({link / 1e9:g} GB/s): no all-reduce reaches a busbw over {bound / 1e9:g} GB/s on that link, "
+            f"even with in-network reduction (NVLS, SHARP){hint}",
+            rule="at_most",
+            field=name,
+        )
 
 
 # ---------------------------------------------------------------- training

@@ -32,6 +32,9 @@ class ClusterRecord(Base):
     # As given; None: the default (the GPU's intra-node link; on one node, inter = intra).
     intra_node_bandwidth_bytes_per_s: Mapped[float | None] = mapped_column(Float)
     inter_node_bandwidth_bytes_per_s: Mapped[float | None] = mapped_column(Float)
+    # nccl-tests all_reduce busbw as the owner measured it; None: not measured
+    measured_intra_node_bus_bandwidth_bytes_per_s: Mapped[float | None] = mapped_column(Float)
+    measured_inter_node_bus_bandwidth_bytes_per_s: Mapped[float | None] = mapped_column(Float)
     cpu_memory_bytes_per_node: Mapped[int] = mapped_column(BigInteger)
     nvme_bytes_per_node: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

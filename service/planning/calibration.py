@@ -43,9 +43,20 @@ from service.recommender import headroom
 from service.recommender.types import Constraints
 from service.versions import estimator_version
 
+# Fields a cluster may leave out, hashed only when given: a cluster that does not state them keeps the
+# key it had before they existed (and the runs stored under it), one that does is new hardware knowledge.
+OPTIONAL_HARDWARE_FIELDS = (
+    "measured_intra_node_bus_bandwidth_bytes_per_s",
+    "measured_inter_node_bus_bandwidth_bytes_per_s",
+)
+
 
 def hardware_key(cluster: ClusterSpec) -> str:
-    canonical = json.dumps(dataclasses.asdict(cluster), sort_keys=True, default=str)
+    fields = dataclasses.asdict(cluster)
+    for name in OPTIONAL_HARDWARE_FIELDS:
+        if fields[name] is None:
+            del fields[name]
+    canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -31,6 +31,8 @@ def record_fields(record: ClusterRecord) -> dict[str, Any]:
         "inter_node_bandwidth_bytes_per_s": record.inter_node_bandwidth_bytes_per_s,
         "cpu_memory_bytes_per_node": record.cpu_memory_bytes_per_node,
         "nvme_bytes_per_node": record.nvme_bytes_per_node,
+        "measured_intra_node_bus_bandwidth_bytes_per_s": record.measured_intra_node_bus_bandwidth_bytes_per_s,
+        "measured_inter_node_bus_bandwidth_bytes_per_s": record.measured_inter_node_bus_bandwidth_bytes_per_s,
     }
 
 
@@ -54,6 +56,8 @@ def cluster_out(record: ClusterRecord) -> ClusterOut:
         defaulted=[name for name in DEFAULTED_FIELDS if getattr(record, name) is None],
         cpu_memory_bytes_per_node=record.cpu_memory_bytes_per_node,
         nvme_bytes_per_node=record.nvme_bytes_per_node,
+        measured_intra_node_bus_bandwidth_bytes_per_s=spec.measured_intra_node_bus_bandwidth_bytes_per_s,
+        measured_inter_node_bus_bandwidth_bytes_per_s=spec.measured_inter_node_bus_bandwidth_bytes_per_s,
         created_at=record.created_at,
         updated_at=record.updated_at,
     )
@@ -126,6 +130,8 @@ def _apply(record: ClusterRecord, body: ClusterCreate) -> None:
     record.inter_node_bandwidth_bytes_per_s = body.inter_node_bandwidth_bytes_per_s
     record.cpu_memory_bytes_per_node = spec.cpu_memory_bytes_per_node
     record.nvme_bytes_per_node = spec.nvme_bytes_per_node
+    record.measured_intra_node_bus_bandwidth_bytes_per_s = spec.measured_intra_node_bus_bandwidth_bytes_per_s
+    record.measured_inter_node_bus_bandwidth_bytes_per_s = spec.measured_inter_node_bus_bandwidth_bytes_per_s
 
 
 def _check_name_free(repo: ClusterRepository, name: str, own_id: str | None) -> None:

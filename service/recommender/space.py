@@ -424,14 +424,7 @@ def make_layout(
 
 
 def sub_cluster(cluster: ClusterSpec, gpus: int) -> ClusterSpec:
-    """The part of ``cluster`` a job of ``gpus`` GPUs runs on (whole nodes, or part of one)."""
+    """The part of ``cluster`` a job of ``gpus`` GPUs runs on (whole nodes, or part of one), on the
+    same links (and their measured bus bandwidths)."""
     gpn = cluster.gpus_per_node
-    return ClusterSpec(
-        gpu=cluster.gpu,
-        num_nodes=max(1, gpus // gpn),
-        gpus_per_node=min(gpus, gpn),
-        intra_node_bandwidth_bytes_per_s=cluster.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=cluster.inter_node_bandwidth_bytes_per_s,
-        cpu_memory_bytes_per_node=cluster.cpu_memory_bytes_per_node,
-        nvme_bytes_per_node=cluster.nvme_bytes_per_node,
-    )
+    return dataclasses.replace(cluster, num_nodes=max(1, gpus // gpn), gpus_per_node=min(gpus, gpn))

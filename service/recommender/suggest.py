@@ -73,7 +73,13 @@ def with_gpu(
 ) -> ClusterSpec:
     """The same network with another GPU (its own NVLink/PCIe bandwidth), in nodes of
     ``gpus_per_node`` (default: the cluster's). A one-node cluster has no network of its own (its
-    "inter-node" bandwidth is its NVLink's): more nodes get ``DEFAULT_INTER_NODE_BYTES_PER_S``."""
+    "inter-node" bandwidth is its NVLink's): more nodes get ``DEFAULT_INTER_NODE_BYTES_PER_S``. The
+    cluster's measured busbw stays only on the links it was measured on: not another GPU's NVLink,
+    nor the default network of a one-node cluster (the tuning's efficiency applies there)."""
+    same_link = (
+        gpu == cluster.gpu
+        and gpu.intra_node_bandwidth_bytes_per_s == cluster.intra_node_bandwidth_bytes_per_s
+    )
     return dataclasses.replace(
         cluster,
         gpu=gpu,
@@ -81,6 +87,12 @@ def with_gpu(
         gpus_per_node=gpus_per_node or cluster.gpus_per_node,
         intra_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
         inter_node_bandwidth_bytes_per_s=network_bytes_per_s(cluster),
+        measured_intra_node_bus_bandwidth_bytes_per_s=(
+            cluster.measured_intra_node_bus_bandwidth_bytes_per_s if same_link else None
+        ),
+        measured_inter_node_bus_bandwidth_bytes_per_s=(
+            cluster.measured_inter_node_bus_bandwidth_bytes_per_s if cluster.num_nodes > 1 else None
+        ),
     )
 
 

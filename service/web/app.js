@@ -646,8 +646,11 @@ function planBody() {
     body.cluster = { id: value("cluster.id") };
   } else {
     body.cluster = { gpu: value("cluster.gpu"), num_nodes: number("cluster.num_nodes"), gpus_per_node: number("cluster.gpus_per_node") };
-    const gbps = number("cluster.inter_node_bandwidth_gbps");
-    if (gbps !== undefined) body.cluster.inter_node_bandwidth_gbps = gbps;
+    // the network and the measured bus bandwidths, typed and sent in GB/s (the API's *_gbps twins)
+    for (const field of ["inter_node_bandwidth_gbps", "measured_intra_node_bus_bandwidth_gbps", "measured_inter_node_bus_bandwidth_gbps"]) {
+      const gbps = number(`cluster.${field}`);
+      if (gbps !== undefined) body.cluster[field] = gbps;
+    }
     // host RAM and NVMe per node, typed in GiB, sent in bytes: offload layouts need them
     for (const [input, field] of [["cluster.cpu_memory_gib_per_node", "cpu_memory_bytes_per_node"], ["cluster.nvme_gib_per_node", "nvme_bytes_per_node"]]) {
       const gib = number(input);

@@ -234,3 +234,86 @@ def test_non_ascii_cursor_is_422(client: TestClient) -> None:
     for path in ("/v1/clusters", "/v1/plans"):
         problem = assert_problem(client.get(path, params={"cursor": "é"}), 422)
         assert problem["errors"][0]["field"] == "query.cursor"
+
+
+# ---------------------------------------------------------------- measured bus bandwidths
+
+INTRA = "measured_intra_node_bus_bandwidth_bytes_per_s"
+INTER = "measured_inter_node_bus_bandwidth_bytes_per_s"
+
+
+def test_measured_bus_bandwidths_round_trip_and_null_removes_them(client: TestClient) -> None:
+    created = create(
+        client, measured_intra_node_bus_bandwidth_gbps=370, measured_inter_node_bus_bandwidth_gbps=44
+    )
+    assert (created[INTRA], created[INTER]) == (370e9, 44e9)
+    assert INTRA not in created["defaulted"] and INTER not in created["defaulted"]
+    assert client.get(f"/v1/clusters/{created['id']}").json() == created
+    patched = client.patch(f"/v1/clusters/{created['id']}", json={INTRA: None, INTER: 40e9}).json()
+    assert (patched[INTRA], patched[INTER]) == (None, 40e9)
+    # PUT sends the whole cluster: a measurement left out is gone
+    replaced = client.put(f"/v1/clusters/{created['id']}", json=H100_NODE).json()
+    assert (replaced[INTRA], replaced[INTER]) == (None, None)
+    assert create(client, name="plain")[INTRA] is None
+
+
+def test_a_measurement_over_what_its_link_allows_is_422_naming_the_field_and_both_numbers(
+    client: TestClient,
+) -> None:
+    """Up to 2 x the link: in-network reduction (NVLS, SHARP) lifts an all-reduce's busbw above the
+    link, never to twice it (every rank sends its S bytes and receives the S-byte result once)."""
+    problem = assert_problem(client.post("/v1/clusters", json=H100_NODE | {INTRA: 901e9}), 422)
+    assert problem["errors"][0]["field"] == INTRA
+    assert "(901 GB/s) is above 2 x intra_node_bandwidth_bytes_per_s (450 GB/s)" in problem["detail"]
+    # the usual slip: the all-GPU run across nodes, about gpus_per_node x each GPU's network
+    problem = assert_problem(client.post("/v1/clusters", json=H100_NODE | {INTER: 380e9}), 422)
+    assert problem["errors"][0]["field"] == INTER
+    assert "(380 GB/s) is above 2 x inter_node_bandwidth_bytes_per_s (50 GB/s)" in problem["detail"]
+    assert "measure one GPU per node" in problem["detail"]
+    assert create(client, **{INTRA: 480e9})[INTRA] == 480e9  # NVLS on H100: above the link, allowed
+    # lowering the link under a stored measurement is refused as a whole, and changes nothing
+    stored = create(client, name="measured", **{INTER: 44e9})
+    problem = assert_problem(
+        client.patch(f"/v1/clusters/{stored['id']}", json={"inter_node_bandwidth_bytes_per_s": 20e9}), 422
+    )
+    assert problem["errors"][0]["field"] == INTER
+    assert client.get(f"/v1/clusters/{stored['id']}").json() == stored
+
+
+def test_an_inter_node_measurement_on_one_node_is_refused(client: TestClient) -> None:
+    one_node = H100_NODE | {"num_nodes": 1}
+    problem = assert_problem(client.post("/v1/clusters", json=one_node | {INTER: 44e9}), 422)
+    assert problem["errors"][0]["field"] == INTER and problem["errors"][0]["type"] == "unused"
+    # shrinking a measured cluster to one node needs the measurement removed too
+    stored = create(client, **{INTER: 44e9})
+    assert_problem(client.patch(f"/v1/clusters/{stored['id']}", json={"num_nodes": 1}), 422)
+    shrunk = client.patch(f"/v1/clusters/{stored['id']}", json={"num_nodes": 1, INTER: None})
+    assert shrunk.status_code == 200 and shrunk.json()[INTER] is None
+
+
+def test_estimates_use_and_state_the_measurement_inline_or_stored(client: TestClient) -> None:
+    body: dict[str, Any] = {
+        "model": {"preset": "llama-3.1-8b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+        "layout": {"framework": "megatron", "tp": 8, "dp": 1},
+    }
+    plain = client.post("/v1/estimates", json=body).json()
+    assert any(
+        note.startswith("intra-node bus bandwidth: nominal 450 GB/s x 0.8") for note in plain["assumptions"]
+    )
+    body["cluster"] |= {"measured_intra_node_bus_bandwidth_gbps": 200}
+    slow = client.post("/v1/estimates", json=body)
+    assert slow.status_code == 200, slow.text
+    assert (
+        "intra-node bus bandwidth measured: 200 GB/s per GPU (nominal link 450 GB/s)"
+        in slow.json()["assumptions"]
+    )
+    assert slow.json()["time"]["breakdown"]["tp_comm_s"] > plain["time"]["breakdown"]["tp_comm_s"]
+    stored = create(client, name="measured", num_nodes=1, measured_intra_node_bus_bandwidth_gbps=200)
+    by_id = client.post("/v1/estimates", json=body | {"cluster": {"id": stored["id"]}}).json()
+    assert by_id["time"] == slow.json()["time"]
+    # inline, the error names where the field sits in the request
+    body["cluster"] |= {INTER: 44e9}
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert problem["errors"][0]["field"] == f"cluster.{INTER}"

@@ -1,0 +1,32 @@
+"""The hardware key calibration files runs under: a cluster that states no measured bus bandwidth
+keeps the key it had before the field existed (its stored runs still apply), one that states it is
+new hardware knowledge and gets its own."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from service.contracts.clusters import ClusterIn
+from service.planning.calibration import hardware_key
+
+POD = ClusterIn(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=8, inter_node_bandwidth_bytes_per_s=50e9)
+NODE = ClusterIn(gpu="a100-sxm-80gb", num_nodes=1, gpus_per_node=8)
+
+
+def test_a_cluster_without_a_measurement_keeps_its_key() -> None:
+    # the keys of main at 3396171, before ClusterSpec had measured bus bandwidths
+    assert hardware_key(POD.to_domain()) == "592a3ab20bbe7e65417db4104ab02f8028a2dcd11f489bfffd0a40f50c01801d"
+    assert (
+        hardware_key(NODE.to_domain()) == "88a59cdc52dd86a2a203493fb620dc90232524e6cf7a293b1e0fa7e2ea6ef079"
+    )
+
+
+def test_a_measurement_is_other_hardware() -> None:
+    plain = POD.to_domain()
+    keys = {
+        hardware_key(plain),
+        hardware_key(dataclasses.replace(plain, measured_inter_node_bus_bandwidth_bytes_per_s=44e9)),
+        hardware_key(dataclasses.replace(plain, measured_inter_node_bus_bandwidth_bytes_per_s=40e9)),
+        hardware_key(dataclasses.replace(plain, measured_intra_node_bus_bandwidth_bytes_per_s=44e9)),
+    }
+    assert len(keys) == 4
