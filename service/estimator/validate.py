@@ -545,6 +545,29 @@ def hardware_violation(cluster: ClusterSpec, training: TrainingSpec) -> Violatio
     return None
 
 
+def method_parallel_violation(training: TrainingSpec, layout: Layout) -> Violation:
+    """The degrees a training method cannot run with, whatever the framework: QLoRA loads the base
+    through transformers' BitsAndBytesConfig, each weight a packed NF4 uint8 storage (bitsandbytes
+    Params4bit) with its quant state. Tensor parallelism (DeepSpeed AutoTP, DTensor TP plans) slices
+    nn.Linear weights by rows or columns, which the packed storage does not have (transformers#38122);
+    expert parallelism needs DeepSpeed MoE or Megatron layers, and a pipeline a PipelineModule, neither
+    of which from_pretrained builds. The published QLoRA recipes shard the quantized base over
+    data-parallel ranks instead (PEFT docs: DeepSpeed ZeRO-3 + QLoRA, FSDP + QLoRA with
+    bnb_4bit_quant_storage); context parallelism slices no weight and stays allowed."""
+    if training.method is not Method.QLORA:
+        return None
+    for degree in ("tp", "pp", "ep"):
+        if getattr(layout, degree) > 1:
+            return _bad(
+                f"qlora with {degree}={getattr(layout, degree)}: a bitsandbytes NF4 base is packed per "
+                "tensor, so no weight is sliced over tp, pp or ep (ZeRO-3 / FSDP shard it over data-parallel "
+                f"ranks); use {degree}=1 or method lora",
+                "qlora_model_parallel",
+                degree,
+            )
+    return None
+
+
 def training_violation(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec, caps: Capabilities
 ) -> Violation:
@@ -557,23 +580,9 @@ def training_violation(
             "peft",
             "framework",
         )
-    if training.method is Method.QLORA:
-        # QLoRA loads the base through transformers' BitsAndBytesConfig: each weight a packed NF4
-        # uint8 storage (bitsandbytes Params4bit) with its quant state. Tensor parallelism (DeepSpeed
-        # AutoTP, DTensor TP plans) slices nn.Linear weights by rows or columns, which the packed
-        # storage does not have (transformers#38122); expert parallelism needs DeepSpeed MoE or
-        # Megatron layers, and a pipeline a PipelineModule, neither of which from_pretrained builds.
-        # The published QLoRA recipes shard the quantized base over data-parallel ranks instead
-        # (PEFT docs: DeepSpeed ZeRO-3 + QLoRA, FSDP + QLoRA with bnb_4bit_quant_storage).
-        for degree in ("tp", "pp", "ep"):
-            if getattr(layout, degree) > 1:
-                return _bad(
-                    f"qlora with {degree}={getattr(layout, degree)}: a bitsandbytes NF4 base is packed "
-                    "per tensor and trains data-parallel only (ZeRO-3 / FSDP shard it); use "
-                    f"{degree}=1 or method lora",
-                    "qlora_model_parallel",
-                    degree,
-                )
+    model_parallel = method_parallel_violation(training, layout)
+    if model_parallel is not None:
+        return model_parallel
     if training.mtp_num_layers and not caps.multi_token_prediction:
         # transformers' DeepseekV3ForCausalLM drops the MTP modules; torchtitan and DeepSpeed build none
         return _bad(

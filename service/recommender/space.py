@@ -49,6 +49,7 @@ from service.estimator.validate import (
     context_violation,
     divisors,
     expert_violation,
+    method_parallel_violation,
     pipeline_split_violation,
     sharding_violation,
     tensor_parallel_violation,
@@ -182,7 +183,11 @@ def structures(
                 )
                 log.add("invalid: tp_node", len(cps), example, detail)
                 continue
-            violation = tensor_parallel_violation(model, tp) or pipeline_split_violation(model, example)
+            violation = (
+                tensor_parallel_violation(model, tp)
+                or pipeline_split_violation(model, example)
+                or method_parallel_violation(training, example)
+            )
             if violation is not None:
                 if violation.rule != "pp_layers" or pp <= model.num_layers:
                     log.add(f"invalid: {violation.rule}", len(cps), example, str(violation))
@@ -199,14 +204,17 @@ def structures(
                 if broken is not None:
                     log.add(f"invalid: {broken.rule}", 1, layout, str(broken))
                     continue
-                for ep, etp in _ep_options(model, Layout(dp=layout.dp, tp=tp, cp=cp)):
+                for ep, etp in _ep_options(model, training, Layout(dp=layout.dp, tp=tp, cp=cp)):
                     yield Structure(gpus=gpus, dp=layout.dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
 
 
-def _ep_options(model: ModelSpec, split: Layout) -> tuple[tuple[int, int | None], ...]:
+def _ep_options(
+    model: ModelSpec, training: TrainingSpec, split: Layout
+) -> tuple[tuple[int, int | None], ...]:
     """(ep, etp) pairs the validator accepts for a (tp, dp, cp) split: ep divides the experts, and
-    with tp > 1 also whole experts (etp 1, Megatron's MoE parallel folding: ep may reach tp x dp x cp)."""
-    if model.moe is None:
+    with tp > 1 also whole experts (etp 1, Megatron's MoE parallel folding: ep may reach tp x dp x cp);
+    only ep 1 for a method whose weights cannot be sliced (QLoRA: ``method_parallel_violation``)."""
+    if model.moe is None or method_parallel_violation(training, dataclasses.replace(split, ep=2)):
         return ((1, None),)
     etps: tuple[int | None, ...] = (None, 1) if split.tp > 1 else (None,)
     candidates = (
