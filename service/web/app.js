@@ -739,13 +739,23 @@ async function loadPlans(append = false) {
   document.getElementById("more").hidden = !nextCursor;
 }
 
+// The plan the page shows now: an answer for another one (the reader moved on while it loaded) is dropped.
+let shownPlan = null;
+
 async function showPlan(id) {
   const detail = document.getElementById("plan-detail");
-  // the plan shown before is cleared at once: under a new address the page never shows the old one
+  const form = document.getElementById("run-form");
+  // the plan shown before is cleared at once, runs and run form included: under a new address the
+  // page never shows the old plan, nor posts a run to it
+  shownPlan = id;
   document.getElementById("plan-title").textContent = `Plan ${id}`;
   detail.replaceChildren(el("p", { class: "note", text: "Loading the plan..." }));
+  document.getElementById("runs").replaceChildren();
+  document.getElementById("run-result").replaceChildren();
+  delete form.dataset.plan;
   try {
     const plan = await api("GET", `/v1/plans/${encodeURIComponent(id)}`);
+    if (shownPlan !== id) return;
     document.getElementById("plan-title").textContent = `Plan ${plan.id}`;
     renderPlan(plan, detail);
     // the runs recorded since: the same request planned again picks up their calibration
@@ -762,16 +772,16 @@ async function showPlan(id) {
       }
     });
     detail.append(again);
-    document.getElementById("run-form").dataset.plan = plan.id;
-    document.getElementById("run-result").replaceChildren();
+    form.dataset.plan = plan.id;
     await showRuns(plan.id);
   } catch (error) {
-    detail.replaceChildren(el("p", { class: "field-error", role: "alert", text: error.message }));
+    if (shownPlan === id) detail.replaceChildren(el("p", { class: "field-error", role: "alert", text: error.message }));
   }
 }
 
 async function showRuns(planId) {
   const runs = await api("GET", `/v1/plans/${planId}/runs`);
+  if (shownPlan !== planId) return;  // the page has moved to another plan
   const box = document.getElementById("runs");
   box.replaceChildren();
   if (!runs.items.length) { box.append(el("p", { text: "No runs recorded yet." })); return; }
@@ -803,13 +813,16 @@ async function submitRun(event) {
     // chosen, so a statistic without a peak is the service's error next to this field
     if (value("run.memory_statistic")) body.memory_statistic = value("run.memory_statistic");
   }
+  const planId = form.dataset.plan;  // unset while a plan loads: nothing to record the run on yet
+  if (!planId) return;
   const button = form.querySelector("button[type=submit]");
   button.disabled = true;
   try {
-    const run = await api("POST", `/v1/plans/${form.dataset.plan}/runs`, body);
+    const run = await api("POST", `/v1/plans/${planId}/runs`, body);
+    if (shownPlan !== planId) return;  // recorded; the page has moved to another plan since
     form.reset();
     toggleSources("run-source");
-    await showRuns(form.dataset.plan);
+    await showRuns(planId);
     const result = document.getElementById("run-result");
     renderRun(run, result);
     result.focus();
