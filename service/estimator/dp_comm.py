@@ -36,6 +36,7 @@ from service.estimator import comm, flops
 from service.estimator.job import Job, LayerKind, job_memo, layout_memo
 from service.estimator.memory import rank_parameters_of, state_bytes_of
 from service.estimator.model_states import (
+    DS_MAX_REUSE_DISTANCE,
     deepspeed_buckets,
     deepspeed_overlap_comm,
     megatron_fp8_params,
@@ -379,11 +380,6 @@ def backward_prefetch_blocked(job: Job, layout: Layout, kind: LayerKind) -> bool
     return unit.dense + unit.experts > deepspeed_buckets(job.model, layout).max_live_parameters
 
 
-# DeepSpeed's default stage3_max_reuse_distance, which the launcher renders (zero/config.py
-# max_reuse_distance = 1e9 elements; service/launchers/deepspeed.py)
-DS_MAX_REUSE_DISTANCE = 1_000_000_000
-
-
 def dense_module_parameters(job: Job, tp: int) -> tuple[float, ...]:
     """A dense decoder layer's modules with parameters on one TP rank, in the order their forward
     runs: q, k, v, o, then the MLP's projections (gate, up, down or up, down). Attention's
@@ -414,13 +410,8 @@ def reuse_released(modules: tuple[float, ...], index: int, distance: float) -> b
     last module down to i. (The prefetcher's own look-ahead, which also keeps a parameter, reaches
     one module ahead: never module i's backward while another module lies between.)
     """
-    after = (*modules[index + 1 :], *reversed(modules[index + 1 :]))
-    traversed = 0.0
-    for size in after:
-        if traversed >= distance:
-            return True
-        traversed += size
-    return traversed >= distance  # module i's own backward comes next: kept if reached in time
+    # the modules between its recomputed forward and its own backward: kept if reached in time
+    return 2 * sum(modules[index + 1 :]) >= distance
 
 
 @job_memo

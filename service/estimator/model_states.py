@@ -75,6 +75,7 @@ class RankParameters:
 DS_MAX_BUCKET_ELEMENTS = 500_000_000
 DS_MIN_BUCKET_ELEMENTS = 10_000_000
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # DeepSpeed's default stage3_max_live_parameters
+DS_MAX_REUSE_DISTANCE = 1_000_000_000  # DeepSpeed's default stage3_max_reuse_distance (zero/config.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +87,7 @@ class DeepSpeedBuckets:
     prefetch_bucket_elements: int  # stage3_prefetch_bucket_size
     param_persistence_threshold: int  # stage3_param_persistence_threshold
     max_live_parameters: int  # stage3_max_live_parameters
+    max_reuse_distance: int  # stage3_max_reuse_distance
     overlap_comm: bool  # zero_optimization.overlap_comm, as DeepSpeed will run it
     # 16-bit gradient staging the ZeRO optimizer allocates: stage 1/2 (contiguous_gradients)
     # one reduce_bucket_size buffer, a second one with overlap_comm ("Use double buffers to avoid
@@ -133,6 +135,7 @@ def _deepspeed_buckets(h: int, zero_stage: int, overlap: bool) -> DeepSpeedBucke
         prefetch_bucket_elements=_ds_bucket(9 * h * h // 10),
         param_persistence_threshold=10 * h,
         max_live_parameters=DS_MAX_LIVE_PARAMETERS,
+        max_reuse_distance=DS_MAX_REUSE_DISTANCE,
         overlap_comm=overlap,
         reduce_buffer_elements=buffers * reduce,
     )

@@ -148,7 +148,7 @@ def zero_block(plan: Plan) -> dict[str, Any]:
             "stage3_prefetch_bucket_size": b.prefetch_bucket_elements,
             "stage3_param_persistence_threshold": b.param_persistence_threshold,
             "stage3_max_live_parameters": b.max_live_parameters,
-            "stage3_max_reuse_distance": 1_000_000_000,
+            "stage3_max_reuse_distance": b.max_reuse_distance,
             "sub_group_size": 1_000_000_000,
             "stage3_gather_16bit_weights_on_model_save": True,
         }
