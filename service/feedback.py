@@ -45,11 +45,10 @@ def estimated_peak(
     (UNSTATED_PEAK_STATISTIC where it did not say), but device used for a plan stored before the
     statistics were named (it has only that)."""
     statistic = statistic or UNSTATED_PEAK_STATISTIC
-    if statistic is MemoryStatistic.ALLOCATED and per_gpu.peak_allocated_bytes is not None:
-        return statistic, per_gpu.peak_allocated_bytes
-    if statistic is MemoryStatistic.RESERVED and per_gpu.peak_reserved_bytes is not None:
-        return statistic, per_gpu.peak_reserved_bytes
-    return MemoryStatistic.DEVICE_USED, per_gpu.device_used_bytes
+    figure = per_gpu.statistic(statistic)
+    if figure is None:
+        return MemoryStatistic.DEVICE_USED, per_gpu.device_used_bytes
+    return statistic, figure
 
 
 def measured_step_s(run: ObservedRun, tokens_per_step: int) -> float | None:

@@ -244,6 +244,15 @@ class MemoryPerGPUOut(BaseModel):
             return {**data, "device_used_bytes": data["total"]}
         return data
 
+    def statistic(self, which: MemoryStatistic) -> int | None:
+        """The figure named ``which`` (``MemoryBreakdown.statistic``); None where a plan stored before
+        the statistics were named has only device used."""
+        if which is MemoryStatistic.ALLOCATED:
+            return self.peak_allocated_bytes
+        if which is MemoryStatistic.RESERVED:
+            return self.peak_reserved_bytes
+        return self.device_used_bytes
+
     @classmethod
     def of(cls, memory: MemoryBreakdown) -> MemoryPerGPUOut:
         """The wire form of ``memory``, its three statistics named."""
