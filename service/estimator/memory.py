@@ -179,7 +179,7 @@ AUTOCAST_FIELDS = (
 
 # Bytes per weight: autocast's 16-bit copy, and the cast's traffic (read the fp32 weight, write the copy).
 AUTOCAST_COPY_BYTES = 2
-AUTOCAST_CAST_TRAFFIC_BYTES = 4 + AUTOCAST_COPY_BYTES
+AUTOCAST_CAST_TRAFFIC_BYTES = activations.FP32_BYTES + AUTOCAST_COPY_BYTES
 
 
 def output_layer_weights(job: Job, layout: Layout, rank: int) -> float:

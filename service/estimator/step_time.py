@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 
 from service.estimator import activations, comm, flops
-from service.estimator.activations import element_bytes
+from service.estimator.activations import FP32_BYTES, element_bytes
 from service.estimator.clocks import clock_fraction
 from service.estimator.errors import InvalidTraining
 from service.estimator.job import (
@@ -938,8 +938,8 @@ def layer_core_work_flops(layout: Layout, base: StepBase) -> float:
 
 
 # PyTorch's ring accumulates in fp32 (torch/distributed/tensor/experimental/_attention.py,
-# _ContextParallelOptions.convert_to_f32 = True): the running output and the gradients of q, k and v.
-_FP32_BYTES = 4
+# _ContextParallelOptions.convert_to_f32 = True): the running output and the gradients of q, k and v
+# (FP32_BYTES each).
 
 
 def torch_ring_kv_bytes(job: Job, layout: Layout, base: StepBase) -> float:
@@ -968,7 +968,7 @@ def torch_ring_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     kv_bytes = torch_ring_kv_bytes(job, layout, base)
     link = base.links.cp
     gather_s = comm.group_all_gather_s(layout.cp * kv_bytes, link)
-    dkv_bytes = kv_bytes * _FP32_BYTES / element_bytes(job.training.precision)
+    dkv_bytes = kv_bytes * FP32_BYTES / element_bytes(job.training.precision)
     dkv_s = comm.p2p_s(dkv_bytes, link.bandwidth_bytes_per_s, link.latency_s)
     step_flops = layer_core_work_flops(layout, base) / layout.cp
     forward_step_s = core_s_per_token(base, step_flops, 0.0)
@@ -988,7 +988,7 @@ def torch_ring_merge_s(job: Job, layout: Layout, base: StepBase) -> float:
     accumulator and one read of each block per step (what a fused kernel would move; the eager ops
     move more), per layer and micro-batch."""
     model, element = job.model, element_bytes(job.training.precision)
-    per_element = 2 * _FP32_BYTES + element  # read and write the fp32 accumulator, read the block
+    per_element = 2 * FP32_BYTES + element  # read and write the fp32 accumulator, read the block
     rows = base.tokens / layout.tp
     forward_bytes = layout.cp * per_element * rows * model.v_size  # the output
     backward_bytes = layout.cp * per_element * rows * (2 * model.q_size + model.v_size)  # dq, dk, dv

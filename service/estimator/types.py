@@ -461,6 +461,15 @@ class Precision(StrEnum):
         """Every tensor kept in fp32 (fp32; tf32 changes how matmuls compute, not what is stored)."""
         return self in (Precision.FP32, Precision.TF32)
 
+    @property
+    def weight_dtype(self) -> str:
+        """The torch dtype the model's 16-bit (or fp32) weights are held in, as from_pretrained's
+        torch_dtype names it: float32 where every tensor is fp32, float16 under fp16, else bfloat16
+        (fp8 runs its GEMMs in fp8 on bf16 weights)."""
+        if self.stores_fp32:
+            return "float32"
+        return "float16" if self is Precision.FP16 else "bfloat16"
+
 
 class Optimizer(StrEnum):
     ADAMW = "adamw"

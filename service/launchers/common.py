@@ -357,9 +357,9 @@ def peft_header(plan: Plan) -> str:
             "estimate keeps it in fp32 and counts the 16-bit copies autocast makes)."
         )
     elif not plan.training.precision.stores_fp32:
-        dtype = "float16" if plan.training.precision is Precision.FP16 else "bfloat16"
         text += (
-            f"\nlora: load the base model with from_pretrained(..., torch_dtype=torch.{dtype}) (the "
+            f"\nlora: load the base model with from_pretrained(..., torch_dtype=torch."
+            f"{plan.training.precision.weight_dtype}) (the "
             "estimate keeps the frozen base in the compute dtype; without torch_dtype it loads in fp32)."
         )
     return text

@@ -32,7 +32,6 @@ from service.estimator.types import (
     Layout,
     Method,
     ModelSpec,
-    Precision,
     TrainingSpec,
 )
 from service.estimator.validate import hardware_violation
@@ -353,7 +352,7 @@ class _Ask:
         found = self._best(budget, self.constraints, training=loaded)
         if found is None:
             return []
-        dtype = "float16" if loaded.precision is Precision.FP16 else "bfloat16"
+        dtype = loaded.precision.weight_dtype
         what = (
             f"the LoRA base loaded in {dtype} (training.base_dtype compute: "
             f"from_pretrained(torch_dtype=torch.{dtype}))"
