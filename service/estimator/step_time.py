@@ -80,6 +80,7 @@ from service.estimator.types import (
     RecomputeModule,
     TrainingSpec,
 )
+from service.estimator.validate import FRAMEWORK_CAPABILITIES
 
 # ---------------------------------------------------------------- per-GPU rates and sizes
 
@@ -909,14 +910,38 @@ def moe_mlp_tp_factor(job: Job, layout: Layout) -> float:
 
 
 def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
-    """Context parallelism's cost beyond attention's kernels, by the ring the framework runs: PyTorch's
-    (``torch.distributed.tensor.experimental.context_parallel``, what torchtitan and FSDP jobs use) or
-    the peer-to-peer ring of Megatron's Transformer Engine (and the others')."""
+    """Context parallelism's cost beyond attention's kernels, by what the framework runs: DeepSpeed-
+    Ulysses' all-to-alls over the heads (its capability ``ulysses_context_parallel``), PyTorch's ring
+    (``torch.distributed.tensor.experimental.context_parallel``, what torchtitan and FSDP jobs use;
+    with its fp32 merges, memory-bound work booked here) or the peer-to-peer ring of Megatron's
+    Transformer Engine."""
     if layout.cp == 1 or base.layers == 0:
         return 0.0
+    if FRAMEWORK_CAPABILITIES[layout.framework].ulysses_context_parallel:
+        return ulysses_comm_s(job, layout, base)
     if layout.framework is Framework.FSDP:
         return torch_ring_comm_s(job, layout, base) + torch_ring_merge_s(job, layout, base)
     return p2p_ring_comm_s(job, layout, base)
+
+
+def ulysses_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
+    """DeepSpeed-Ulysses (deepspeed/sequence/layer.py ``DistributedAttention``): q, k and v go from
+    sequence-split to head-split by one all-to-all each before attention, and its output back by a
+    fourth; the backward reverses the four for their gradients and a recomputed forward repeats
+    them. They sit between the projections and the attention kernel, on the critical path."""
+    model = job.model
+    v_width = model.v_size if model.mla is not None else model.kv_size
+    e = element_bytes(job.training.precision)
+    link = base.links.cp
+    one_pass = sum(
+        comm.group_all_to_all_s(base.tokens * width / layout.tp * e, link)
+        for width in (model.q_size, model.kv_size, v_width, model.v_size)
+    )
+    # forward and backward, and a whole layer's recomputed forward (a selective recompute redoes the
+    # local attention inside DistributedAttention, not its all-to-alls)
+    redone = recomputed_share(job, layout) if layout.recompute is Recompute.FULL else 0.0
+    passes = 2 + redone
+    return base.micro_batches * base.layers * passes * one_pass
 
 
 def p2p_ring_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
