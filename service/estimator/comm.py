@@ -192,8 +192,10 @@ def link_for_group(
     """
     gpn = cluster.gpus_per_node
     ranks_per_node = max(1, min(group_size, gpn // stride)) if stride < gpn else 1
-    nodes = min(math.ceil(group_size / ranks_per_node), cluster.num_nodes)
-    ranks_per_node = math.ceil(group_size / nodes)
+    nodes = math.ceil(group_size / ranks_per_node)
+    if nodes > cluster.num_nodes:  # the stride's count overshoots the cluster: its nodes hold the group
+        nodes = cluster.num_nodes
+        ranks_per_node = math.ceil(group_size / nodes)
     return Link(
         group_size=group_size,
         ranks_per_node=ranks_per_node,

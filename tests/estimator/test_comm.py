@@ -91,6 +91,10 @@ def test_a_stride_that_does_not_divide_the_node_crosses_nodes_only_where_there_a
     # never more nodes than the cluster has: 4 ranks 6 apart on 3 nodes of 8 (0, 6 | 12 | 18)
     three = comm.link_for_group(dataclasses.replace(CLUSTER, num_nodes=3), 4, 6)
     assert (three.ranks_per_node, three.nodes) == (2, 3)
+    # a group the cluster's nodes hold is placed as before: 12 contiguous ranks fill a node of 8 and
+    # spill into a second (8 per node, not 6)
+    twelve = comm.link_for_group(CLUSTER, 12, 1)
+    assert (twelve.ranks_per_node, twelve.nodes) == (8, 2)
 
 
 def test_hierarchical_all_reduce_by_hand() -> None:
