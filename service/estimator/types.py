@@ -574,6 +574,19 @@ class TrainingSpec:
                 rule="unused",
                 field="base_dtype",
             )
+        if (
+            self.base_dtype is BaseDtype.FP32
+            and self.precision.stores_fp32
+            and "precision" not in self.hardware_defaults
+        ):
+            # a precision the request states: its compute dtype is fp32 already (a GPU that resolves
+            # the precision to fp32 makes the same base fp32, which changes nothing either way)
+            raise InvalidTraining(
+                f"base_dtype fp32 with precision {self.precision.value}: the base is in fp32, the compute "
+                "dtype, already; leave base_dtype out",
+                rule="unused",
+                field="base_dtype",
+            )
         if self.base_dtype is BaseDtype.FP32 and self.precision in (Precision.FP8, Precision.BF16_PURE):
             raise InvalidTraining(
                 f"base_dtype fp32 with precision {self.precision.value}: an fp32 base runs under 16-bit "

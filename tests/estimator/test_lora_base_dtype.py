@@ -94,10 +94,11 @@ def test_fsdp_sharded_holds_the_fp32_shard_and_its_gathered_units_as_before() ->
 
 
 def test_fp32_training_already_keeps_an_fp32_base() -> None:
+    """A stated fp32 / tf32 precision with base_dtype fp32 asks for nothing new: refused as unused."""
     for precision in (Precision.FP32, Precision.TF32):
-        a = run(DDP, lora(BaseDtype.COMPUTE, precision))
-        b = run(DDP, lora(BaseDtype.FP32, precision))
-        assert a.memory == b.memory and a.time == b.time
+        with pytest.raises(EstimatorError, match="already") as raised:
+            lora(BaseDtype.FP32, precision)
+        assert (raised.value.rule, raised.value.field) == ("unused", "base_dtype")
 
 
 @pytest.mark.parametrize(
