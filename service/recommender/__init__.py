@@ -365,7 +365,7 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
     shown = len(result.best) < top_k or key[:2] <= result.threshold(top_k)
     if shown and not _runs(search, job, result, layout):
         if layout.tp_comm_overlap:
-            # only torchtitan and Megatron-LM's own launcher overlap TP: another launcher (Accelerate)
+            # only the torchtitan and megatron targets overlap TP: another launcher (Accelerate)
             # may run the layout with its TP collectives exposed, at that (slower) time
             _time_candidate(search, job, result, dataclasses.replace(layout, tp_comm_overlap=False))
         return

@@ -110,7 +110,7 @@ class Suggestion:
     layout: Layout | None = None  # the layout it found, to plan or estimate as it states
     method: str | None = None  # the training.method it assumed, where it changes it
     seq_len: int | None = None  # the training.seq_len it assumed, where it changes it
-    base_dtype: str | None = None  # the training.base_dtype it assumed, where it changes it
+    base_dtype: str | None = None  # the training.base_dtype it assumed (None for full training)
     on_the_gpus_given: bool = False  # needs no hardware the request does not state
     truncated: bool = False  # the request's budget cut its search: the best layout found, not sure best
 

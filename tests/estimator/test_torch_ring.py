@@ -95,8 +95,9 @@ def test_cost_grows_with_cp_at_constant_tokens_per_rank() -> None:
 
 
 def test_megatron_keeps_its_peer_to_peer_ring() -> None:
-    job, layout, _ = _setup(cp=4)
+    # 4 CP ranks one per node on a 1 GB/s network: the ring's sends show past attention; the value is
+    # the one the estimator gave before PyTorch's ring was modelled (07d4bb0^1), to the float
+    job, layout, _ = _setup(cp=4, inter_node_bytes_per_s=1e9, gpus_per_node=1)
     megatron = dataclasses.replace(layout, framework=Framework.MEGATRON)
     megatron_base = step_time.step_base(job, megatron)
-    got = step_time.cp_comm_s(job, megatron, megatron_base)
-    assert got == step_time.p2p_ring_comm_s(job, megatron, megatron_base)
+    assert step_time.cp_comm_s(job, megatron, megatron_base) == pytest.approx(10.220542691734908, rel=1e-12)
