@@ -54,11 +54,14 @@ from service.estimator.step_time import (
     kind_core_work_flops,
     kind_recompute_flops,
     recomputed_share,
+    routed_expert_flops,
+    runs_torch_ring,
     step_base,
+    torch_ring_traffic,
     tuned_link,
 )
 from service.estimator.tuning import dp_overlap_default
-from service.estimator.types import Framework, Layout, Method, ModelSpec, Recompute
+from service.estimator.types import Framework, Layout, Method, ModelSpec, Recompute, RecomputeModule
 
 # ---------------------------------------------------------------- the frameworks' bucket sizes
 
@@ -347,19 +350,39 @@ def kind_flops(job: Job, kind: LayerKind) -> tuple[int, float, int, int]:
 
 def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) -> tuple[float, float]:
     """(forward, backward) compute time of one layer of ``kind`` for one micro-batch: what its
-    collectives hide under (the backward includes the layer's recomputed forward). The weight GEMMs
-    run at the GEMM rate, attention's core as its kernels do (``step_time.core_s_per_token``)."""
+    collectives hide under (the backward includes the layer's recomputed forward). Each FLOP runs as
+    the step times it (``step_time.gemm_s``): the weight GEMMs at the GEMM rate, an MoE layer's
+    routed experts at the grouped GEMM's (``expert_flops_per_s``), attention's core as its kernels
+    do (``step_time.core_s_per_token``); so a slower GEMM never widens a window by more than it
+    lengthens the step."""
     core, work, forward, training_flops = kind_flops(job, kind)
     backward = float(training_flops - forward - 3 * core)
     recomputed = kind_recompute_flops(job, kind, layout.recompute, layout.selective_modules)
     redone = 1.0 if layout.recomputes_core else 0.0  # full and selective core_attn redo the core
     share = recomputed_share(job, layout)
     backward += share * (recomputed - redone * core)
-    seconds_per_flop = base.tokens / layout.tp / base.flops_per_s
+    # the routed experts' share of those FLOPs: forward once, backward (frozen_passes - 1) times, and
+    # again where the recompute redoes them (full, or Megatron's moe module), as step_time counts them
+    routed = routed_expert_flops(job.model) if kind.moe else 0
+    redoes_experts = layout.recompute is Recompute.FULL or RecomputeModule.MOE in layout.selective_modules
+    routed_backward = routed * (flops.frozen_passes(job.training) - 1 + (share if redoes_experts else 0.0))
     tokens = base.tokens / layout.tp
-    forward_s = forward * seconds_per_flop + tokens * core_s_per_token(base, work, 0.0)
+    seconds_per_flop = tokens / base.flops_per_s
+    seconds_per_routed_flop = tokens / base.expert_flops_per_s
+    forward_s = (forward - routed) * seconds_per_flop + routed * seconds_per_routed_flop
+    forward_s += tokens * core_s_per_token(base, work, 0.0)
+    backward_s = (backward - routed_backward) * seconds_per_flop + routed_backward * seconds_per_routed_flop
     core_backward_s = tokens * core_s_per_token(base, share * redone * work, 2 * work)
-    return forward_s, backward * seconds_per_flop + core_backward_s
+    backward_s += core_backward_s
+    if runs_torch_ring(layout) and base.layers:
+        # the attention kernels under which PyTorch's ring moves K and V carry that traffic already
+        ring = torch_ring_traffic(job, layout, base)
+        forward_s = max(0.0, forward_s - ring.forward_hidden_s)
+        recomputed_forwards = ring.forwards - 1.0  # in the backward window
+        backward_s = max(
+            0.0, backward_s - ring.backward_hidden_s - recomputed_forwards * ring.forward_hidden_s
+        )
+    return forward_s, backward_s
 
 
 def backward_prefetch_blocked(job: Job, layout: Layout, kind: LayerKind) -> bool:

@@ -919,9 +919,14 @@ def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
         return 0.0
     if FRAMEWORK_CAPABILITIES[layout.framework].ulysses_context_parallel:
         return ulysses_comm_s(job, layout, base)
-    if layout.framework is Framework.FSDP:
+    if runs_torch_ring(layout):
         return torch_ring_comm_s(job, layout, base) + torch_ring_merge_s(job, layout, base)
     return p2p_ring_comm_s(job, layout, base)
+
+
+def runs_torch_ring(layout: Layout) -> bool:
+    """Whether the layout's context parallelism is PyTorch's ring (FSDP / torchtitan jobs)."""
+    return layout.cp > 1 and layout.framework is Framework.FSDP
 
 
 def ulysses_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
@@ -990,6 +995,27 @@ def torch_ring_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     dK and dV, fp32, to the next rank (an all-to-all ``permute_tensor``): a send overlaps the next
     step's kernel, and the last one is awaited after the loop with nothing left to overlap. With load
     balancing (``enable_load_balance``, the default) every step's kernel does 1/cp of the layer's core."""
+    ring = torch_ring_traffic(job, layout, base)
+    forward_s = ring.gather_s - ring.forward_hidden_s
+    backward_s = ring.gather_s + layout.cp * ring.dkv_send_s - ring.backward_hidden_s
+    return base.micro_batches * base.layers * (ring.forwards * forward_s + backward_s)
+
+
+@dataclass(frozen=True, slots=True)
+class RingTraffic:
+    """PyTorch's ring per layer and micro-batch: its K/V all-gather and dK/dV sends, and the attention
+    kernels' time under which they run (``torch_ring_comm_s``), which the ZeRO-3 / FSDP collectives
+    cannot use again (``dp_comm.kind_windows_s``)."""
+
+    gather_s: float  # the whole sequence's K and V, each forward and the backward
+    dkv_send_s: float  # one step's fp32 dK and dV to the next rank
+    forward_hidden_s: float  # of one forward's gather, under its first block
+    backward_hidden_s: float  # of the backward's gather and its cp - 1 first sends, under its steps
+    forwards: float  # forwards per layer: 1, plus the recomputed share where the core is redone
+
+
+def torch_ring_traffic(job: Job, layout: Layout, base: StepBase) -> RingTraffic:
+    """``RingTraffic`` of ``layout`` (cp > 1, PyTorch's ring)."""
     kv_bytes = torch_ring_kv_bytes(job, layout, base)
     link = base.links.cp
     gather_s = comm.group_all_gather_s(layout.cp * kv_bytes, link)
@@ -998,11 +1024,15 @@ def torch_ring_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     step_flops = layer_core_work_flops(layout, base) / layout.cp
     forward_step_s = core_s_per_token(base, step_flops, 0.0)
     backward_step_s = core_s_per_token(base, 0.0, 2 * step_flops)
-    forward_s = max(0.0, gather_s - forward_step_s)
-    sends_s = (layout.cp - 1) * max(0.0, dkv_s - backward_step_s) + dkv_s  # the last one awaited bare
-    backward_s = max(0.0, gather_s - backward_step_s) + sends_s
-    forwards = 1.0 + (recomputed_share(job, layout) if layout.recomputes_core else 0.0)
-    return base.micro_batches * base.layers * (forwards * forward_s + backward_s)
+    # a send overlaps the next step's kernel; the last one is awaited bare
+    backward_hidden_s = min(gather_s, backward_step_s) + (layout.cp - 1) * min(dkv_s, backward_step_s)
+    return RingTraffic(
+        gather_s=gather_s,
+        dkv_send_s=dkv_s,
+        forward_hidden_s=min(gather_s, forward_step_s),
+        backward_hidden_s=backward_hidden_s,
+        forwards=1.0 + (recomputed_share(job, layout) if layout.recomputes_core else 0.0),
+    )
 
 
 def torch_ring_merge_s(job: Job, layout: Layout, base: StepBase) -> float:

@@ -8,10 +8,14 @@ import dataclasses
 
 import pytest
 
+from service.catalog.gpus import gpu
+from service.catalog.models import model as preset_model
 from service.catalog.tuning import default_tuning
 from service.estimator import comm, step_time
+from service.estimator.defaults import for_gpu
+from service.estimator.estimate import estimate
 from service.estimator.job import Job, prepare
-from service.estimator.types import Attention, Framework, Layout, Precision, Recompute, TrainingSpec
+from service.estimator.types import Attention, Framework, Layout, Method, Precision, Recompute, TrainingSpec
 from validation.cases import H100, gpt, gpu_cluster
 
 # Llama-3-8B-like: 32 layers, h 4096, 32 query heads sharing 8 K/V heads
@@ -101,3 +105,24 @@ def test_megatron_keeps_its_peer_to_peer_ring() -> None:
     megatron = dataclasses.replace(layout, framework=Framework.MEGATRON)
     megatron_base = step_time.step_base(job, megatron)
     assert step_time.cp_comm_s(job, megatron, megatron_base) == pytest.approx(10.220542691734908, rel=1e-12)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-235b-a22b", "llama-3-8b"])
+def test_a_slower_gemm_never_shortens_the_step(preset: str) -> None:
+    """The invariant sweep's case: Qwen3-235B QLoRA on 8 L40S, FSDP dp 4 x cp 2. A copy of the card
+    without its die (the lowest fitted GEMM fraction) estimated 1.3% faster: its longer attention hid
+    more of the ring's K/V gather and, counted a second time, more of the FSDP gathers, and its routed
+    experts widened the FSDP windows at the dense GEMM rate. Each kernel second now hides one
+    transfer, timed as the step times it."""
+    model = preset_model(preset).spec
+    l40s = gpu("l40s-48gb")
+    layout = Layout(
+        framework=Framework.FSDP, dp=4, cp=2, zero_stage=3, micro_batch_size=1, recompute=Recompute.FULL
+    )
+    steps = []
+    for card in (l40s, dataclasses.replace(l40s, chip="", name="l40s-without-chip")):
+        training = for_gpu(TrainingSpec(seq_len=8192, global_batch_size=32, method=Method.QLORA), card)
+        found = estimate(model, gpu_cluster(card, 8, 50e9), layout, training, tuning=default_tuning()).time
+        assert found is not None
+        steps.append(found.step_s)
+    assert steps[1] >= steps[0]
