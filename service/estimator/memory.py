@@ -160,8 +160,8 @@ def dequantize_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -
     return 2 * model.hidden_size * max(model.q_size, model.ffn_hidden_size) / layout.tp
 
 
-# The layout fields autocast_weight_bytes reads: the sharding group, the rank's layers and which recompute.
-AUTOCAST_FIELDS = (
+# The layout fields that say how a rank's weights are sharded: the groups, the rank's layers, the stage.
+SHARDING_FIELDS = (
     "framework",
     "dp",
     "cp",
@@ -171,10 +171,9 @@ AUTOCAST_FIELDS = (
     "etp",
     "zero_stage",
     "fsdp_hybrid_shard",
-    "recompute",
-    "recompute_num_layers",
-    "recompute_every_n_layers",
 )
+# The layout fields autocast_weight_bytes reads: the sharding and which recompute.
+AUTOCAST_FIELDS = (*SHARDING_FIELDS, "recompute", "recompute_num_layers", "recompute_every_n_layers")
 
 
 # Bytes per weight: autocast's 16-bit copy, and the cast's traffic (read the fp32 weight, write the copy).
@@ -330,17 +329,9 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
 # The layout fields model states and their buffers read: the sharding (not micro-batch, recompute,
 # interleaving or SP).
 STATE_FIELDS = (
-    "framework",
-    "dp",
-    "cp",
-    "tp",
-    *PIPELINE_FIELDS,
-    "ep",
-    "etp",
-    "zero_stage",
+    *SHARDING_FIELDS,
     "offload_optimizer",
     "offload_params",
-    "fsdp_hybrid_shard",
     "overlap_grad_reduce",  # DeepSpeed overlap_comm doubles the ZeRO-1/2 reduce buckets
     "optimizer_in_backward",  # no gradient outlives its unit
     "grad_reduce_in_fp32",  # Megatron's gradient buffer dtype
