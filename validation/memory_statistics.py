@@ -176,8 +176,9 @@ def sections(percent: Callable[[float | None], str], table: Callable[..., list[s
         "torchtitan's max_reserved), compared with the estimate's `peak_reserved_bytes` (tensors + the "
         "caching allocator's fragmentation reserve); `device_used` is nvidia-smi's (NVML's) figure, "
         "compared with `device_used_bytes` (peak reserved + the CUDA context + NCCL's buffers, the "
-        "statistic the fit compares with the card); `allocated` (`max_memory_allocated`) would be "
-        f"compared with `peak_allocated_bytes` (no published row reports it yet). *Before*: the estimator "
+        "statistic the fit compares with the card); `allocated` (`max_memory_allocated`, litgpt's "
+        "'Memory used') is compared with `peak_allocated_bytes` (those rows were added after the "
+        f"issue's change: no before figure). *Before*: the estimator "
         f"at {commit}, whose one total was compared with every row whatever it measured "
         "(`validation/data/issue27_memory_statistics_before.json`); *after*: this tree. The halves are "
         "the file's, split by its rule before any number was compared.",

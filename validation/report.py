@@ -288,7 +288,8 @@ def published_section() -> list[str]:
         "",
         f"`validation/data/published_runs.json`: {len(rows)} published training runs (step time, and "
         "peak memory per GPU, max over ranks, each memory row compared with the estimate's figure of the "
-        "statistic it reports: PyTorch's peak reserved, or device used as nvidia-smi shows it), described "
+        "statistic it reports: PyTorch's peak reserved, peak allocated, or device used as nvidia-smi shows "
+        "it), described "
         "with their split rule in `validation/data/published_runs.md`; read by `validation/published.py`. "
         "Each row was assigned to the fit or the held-out half before any number was compared: "
         f"{cell(document['split_rule'])} The halves are reported separately, never pooled. Error = "

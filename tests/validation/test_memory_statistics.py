@@ -16,15 +16,23 @@ def test_device_used_is_the_former_total_and_no_verdict_moved() -> None:
             continue
         model, cluster, training, layout, _ = published.inputs(row)
         est = estimate(model, cluster, layout, training, tuning=default_tuning(), with_limits=False)
+        assert est.fits is True, row["id"]  # every row ran
+        if row["memory_statistic"] == "allocated":  # litgpt's rows, added after the change: no before
+            assert row["id"] not in before
+            continue
         assert est.memory.per_gpu.device_used_bytes == before[row["id"]]["bytes"], row["id"]
-        assert est.fits is before[row["id"]]["fits"] is True, row["id"]  # every row ran
+        assert before[row["id"]]["fits"] is True, row["id"]
 
 
 def test_rows_compare_their_statistic_and_the_acceptance_counts_held_out_rows() -> None:
     rows = memory_statistics.class_rows()
-    assert {r.statistic for r in rows} == {"reserved", "device_used"}
+    assert {r.statistic for r in rows} == {"reserved", "device_used", "allocated"}
     for r in rows:
-        assert r.after_bytes is not None and r.before_bytes is not None
+        assert r.after_bytes is not None
+        if r.statistic == "allocated":  # rows added after the change have no before figure
+            assert r.before_bytes is None
+            continue
+        assert r.before_bytes is not None
         if r.statistic == "reserved":  # peak reserved holds neither the CUDA context nor NCCL's buffers
             assert r.after_bytes < r.before_bytes
         else:
