@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.estimator.types import Compile, Method, ModelSpec, Offload, Plan, Precision, Recompute
+from service.estimator.validate import tp_comm_overlap_compile_violation
 from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
     SHELL,
@@ -129,11 +130,10 @@ def refusal(plan: Plan) -> Refusal:
         )
     if lo.offload_params is not Offload.NONE and lo.zero_stage == 0:
         problems.append("CPU offload needs FSDP sharding")
-    if lo.tp_comm_overlap and lo.torch_compile is Compile.NONE:
-        problems.append(
-            "tp_comm_overlap (Async TP) needs torch_compile: CompileConfig 'Async TP requires 'model' in "
-            "--compile.components and --compile.enable'"
-        )
+    # the validator's rule, asked again: the search validates every layout, a plan built by hand
+    # (the render tests') may break it
+    if (async_tp := tp_comm_overlap_compile_violation(lo, FRAMEWORKS[lo.framework].capabilities)) is not None:
+        problems.append(str(async_tp))
     if plan.training.precision in (Precision.FP16, Precision.FP8):
         problems.append(f"precision {plan.training.precision} needs model converters not emitted here")
     if lo.pp > 1 and (reason := _split_problem(plan)):
