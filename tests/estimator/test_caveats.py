@@ -109,19 +109,19 @@ def test_a_small_job_names_each_figure_and_what_is_outside() -> None:
     assert warnings == [
         "step time validated on 8 to 11,616 GPUs, 1.49B to 1.01T parameters, seq 1,024 to 262,144; this "
         "estimate is outside: 1 GPU, 494M parameters",
-        "per-GPU memory validated on 8 to 512 GPUs, 8.03B to 406B parameters, seq 2,048 to 262,144; this "
-        "estimate is outside: 1 GPU, 494M parameters, seq 1,024",
+        "per-GPU memory validated on 1 to 512 GPUs, 2.51B to 406B parameters, seq 512 to 262,144; this "
+        "estimate is outside: 494M parameters",
     ]
 
 
 def test_only_what_is_outside_is_named() -> None:
-    # 16 GPUs and 8.03B are inside both; seq 1,536 only outside the memory rows
+    # 16 GPUs and 8.03B are inside both; seq 768 only outside the step-time rows (memory: from 512)
     warnings = [
         w
         for w in _estimate(
-            "llama-3.1-8b", 1536, 16, Layout(framework=Framework.FSDP, dp=16, zero_stage=3)
+            "llama-3.1-8b", 768, 16, Layout(framework=Framework.FSDP, dp=16, zero_stage=3)
         ).warnings
         if "validated on" in w
     ]
-    assert len(warnings) == 1 and warnings[0].startswith("per-GPU memory")
-    assert warnings[0].endswith("this estimate is outside: seq 1,536")
+    assert len(warnings) == 1 and warnings[0].startswith("step time")
+    assert warnings[0].endswith("this estimate is outside: seq 768")
