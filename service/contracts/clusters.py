@@ -97,22 +97,22 @@ class ClusterShape(Strict):
             inter = intra  # one node: nothing crosses a network
         measured_intra = self.measured_intra_node_bus_bandwidth_bytes_per_s
         measured_inter = self.measured_inter_node_bus_bandwidth_bytes_per_s
-        if measured_inter is not None and self.num_nodes == 1:
-            # an input the model does not use is refused: on one node no collective crosses a network
-            message = (
-                "a one-node cluster has no network between nodes for a measured inter-node bus "
-                "bandwidth to describe (leave it out, or send null to remove a stored one)"
-            )
-            raise Unprocessable(
-                message,
-                errors=[
-                    {
-                        "field": f"{at}measured_inter_node_bus_bandwidth_bytes_per_s",
-                        "message": message,
-                        "type": "unused",
-                    }
-                ],
-            )
+        # an input the model does not use is refused: a one-GPU node has no link inside it, a one-node
+        # cluster no network between nodes, for a measurement to describe
+        for name, measured, unused, what in (
+            ("measured_intra_node_bus_bandwidth_bytes_per_s", measured_intra, self.gpus_per_node == 1,
+             "a node of one GPU has no link between GPUs"),
+            ("measured_inter_node_bus_bandwidth_bytes_per_s", measured_inter, self.num_nodes == 1,
+             "a one-node cluster has no network between nodes"),
+        ):  # fmt: skip
+            if measured is not None and unused:
+                message = (
+                    f"{what} for a measured bus bandwidth to describe (leave it out, or send null to "
+                    "remove a stored one)"
+                )
+                raise Unprocessable(
+                    message, errors=[{"field": f"{at}{name}", "message": message, "type": "unused"}]
+                )
         try:
             return ClusterSpec(
                 gpu=gpu,

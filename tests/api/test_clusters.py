@@ -291,6 +291,14 @@ def test_an_inter_node_measurement_on_one_node_is_refused(client: TestClient) ->
     assert shrunk.status_code == 200 and shrunk.json()[INTER] is None
 
 
+def test_an_intra_node_measurement_on_one_gpu_nodes_is_refused(client: TestClient) -> None:
+    # a node of one GPU has no link between GPUs for the measurement to describe
+    one_gpu = H100_NODE | {"num_nodes": 2, "gpus_per_node": 1, "inter_node_bandwidth_bytes_per_s": 50e9}
+    problem = assert_problem(client.post("/v1/clusters", json=one_gpu | {INTRA: 370e9}), 422)
+    assert problem["errors"][0]["field"] == INTRA and problem["errors"][0]["type"] == "unused"
+    assert client.post("/v1/clusters", json=one_gpu | {"name": "one-gpu-nodes"}).status_code == 201
+
+
 def test_estimates_use_and_state_the_measurement_inline_or_stored(client: TestClient) -> None:
     body: dict[str, Any] = {
         "model": {"preset": "llama-3.1-8b"},
