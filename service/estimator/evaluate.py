@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 from collections.abc import Callable
 
@@ -163,7 +162,7 @@ def _memory_numbers(job: Job, layout: Layout, dynamic_factor: float) -> tuple[in
         return sum(parts), math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)
     # most_loaded's total, host and NVMe bytes, without building each rank's parts
     all_states, all_acts = stage_states(job, layout), stage_activations(job, layout)
-    casts = rank_autocast_bytes(job, layout) if job.base_autocast else itertools.repeat(0.0)
+    casts = rank_autocast_bytes(job, layout)
     total = max(map(functools.partial(rank_total_bytes, job), all_states, all_acts, casts))
     host, nvme = host_and_nvme_bytes(all_states, all_acts)
     return total, math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)
