@@ -14,7 +14,16 @@ from typing import Any
 import yaml
 
 from service.estimator.model_states import megatron_fp8_params, megatron_grads_in_fp32
-from service.estimator.types import Compile, Framework, Offload, Plan, Precision, Recompute, RecomputeModule
+from service.estimator.types import (
+    Compile,
+    Framework,
+    Method,
+    Offload,
+    Plan,
+    Precision,
+    Recompute,
+    RecomputeModule,
+)
 from service.launchers import deepspeed, megatron
 from service.launchers.common import (
     MASTER_PORT,
@@ -117,6 +126,12 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
         return "Async TP (tp_comm_overlap) is torchtitan's; Accelerate's TP has no switch for it"
     if lo.fsdp_hybrid_shard and nodes > 1 and lo.dp % nodes:
         return f"hybrid shard: dp ({lo.dp}) is not a multiple of the nodes ({nodes})"
+    if plan.training.method is Method.QLORA and (lo.cp > 1 or (lo.fsdp_hybrid_shard and nodes > 1)):
+        # QLoRA runs on FSDP1 here (_fsdp_version); the parallelism_config's meshes are FSDP2's
+        return (
+            f"qlora with cp={lo.cp} or hybrid shard across nodes: Accelerate builds those meshes for "
+            "FSDP2 only, which breaks bitsandbytes' NF4 weights (bitsandbytes#1945, accelerate#3874)"
+        )
     return None
 
 
@@ -191,9 +206,7 @@ def _fsdp(plan: Plan) -> dict[str, Any]:
     lo = plan.layout
     if lo.zero_stage == 0:
         return {"distributed_type": "MULTI_GPU"}
-    fsdp: dict[str, Any] = {
-        "fsdp_version": 2,
-        "fsdp_reshard_after_forward": lo.zero_stage == 3,  # False = SHARD_GRAD_OP (ZeRO-2)
+    fsdp: dict[str, Any] = _fsdp_version(plan) | {
         "fsdp_offload_params": lo.offload_params is Offload.CPU,
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
@@ -214,6 +227,25 @@ def _fsdp(plan: Plan) -> dict[str, Any]:
             "parallelism_config_cp_size": lo.cp,
         }
     return config
+
+
+def _fsdp_version(plan: Plan) -> dict[str, Any]:
+    """FSDP2, but FSDP1 for QLoRA: FSDP2 breaks bitsandbytes' NF4 weights (stored in a float dtype,
+    its forward goes wrong: bitsandbytes#1945; stored as uint8, accelerate leaves them unsharded on
+    every GPU since accelerate#3987), while FSDP1 with flat parameters (use_orig_params false) is
+    the FSDP-QLoRA path of PEFT's docs (docs/source/accelerate/fsdp.md), with the packed weights in
+    bnb_config.json's quant_storage. Both reshard as the layout's stage: 3 = FULL_SHARD, 2 =
+    SHARD_GRAD_OP (FSDP2: reshard_after_forward false). FSDP1 takes it as fsdp_sharding_strategy:
+    launch always exports that one (default FULL_SHARD), and the plugin reads it before
+    reshard_after_forward (accelerate 1.15.0 utils/launch.py, utils/dataclasses.py)."""
+    full = plan.layout.zero_stage == 3
+    if plan.training.method is Method.QLORA:
+        return {
+            "fsdp_version": 1,
+            "fsdp_sharding_strategy": "FULL_SHARD" if full else "SHARD_GRAD_OP",
+            "fsdp_use_orig_params": False,
+        }
+    return {"fsdp_version": 2, "fsdp_reshard_after_forward": full}
 
 
 def _dp_split(plan: Plan) -> tuple[int, int]:
@@ -301,6 +333,34 @@ def launch_words(plan: Plan, config_path: str = CONFIG_NAME) -> list[Word]:
     return [*words, TRAIN_SCRIPT]
 
 
+def _script_duties(plan: Plan) -> str:
+    """What train.py must do for the layout's FSDP2 tensor and context parallelism, which the
+    config only sets up (the device mesh): accelerate's examples/torch_native_parallelism/
+    nd_parallel.py does both."""
+    lo, text = plan.layout, ""
+    if lo.framework is not Framework.FSDP:
+        return text
+    if lo.tp > 1:
+        text += (
+            f"\ntp={lo.tp}: {TRAIN_SCRIPT} must load the model with from_pretrained(..., tp_size={lo.tp}, "
+            "tp_plan='auto', device_mesh=accelerator.torch_device_mesh): transformers shards it; without "
+            "them the model is not split and the estimate does not hold."
+        )
+        if plan.training.method is Method.LORA:
+            text += (
+                "\nlora with tp: PEFT >= 0.21.1 with transformers >= 5.17.0 (adapters on transformers' "
+                "tensor-parallel layers, PEFT 0.21.1's release)."
+            )
+    if lo.cp > 1:
+        text += (
+            f"\ncp={lo.cp}: {TRAIN_SCRIPT} must run each forward and backward inside "
+            "accelerator.maybe_context_parallel(buffers=[input_ids, labels, shift_labels, position_ids], "
+            "buffer_seq_dims=[1, 1, 1, 1], no_restore_buffers=set(buffers)) with SDPA attention and "
+            "explicit position_ids and shift_labels: the sequence is split there."
+        )
+    return text
+
+
 def render(plan: Plan) -> list[Artifact]:
     config = accelerate_config(plan)
     text = "\n".join(comment_lines(layout_summary(plan))) + "\n" + yaml.safe_dump(config, sort_keys=False)
@@ -308,7 +368,7 @@ def render(plan: Plan) -> list[Artifact]:
     if plan.cluster.num_nodes > 1:
         body.append(': "${NODE_RANK:?set NODE_RANK to the index of this node, 0 on the first}"')
     body.append(shell_command(launch_words(plan)))
-    header = "Accelerate 1.15.0: run on every node." + peft_header(plan)
+    header = "Accelerate 1.15.0: run on every node." + peft_header(plan) + _script_duties(plan)
     if plan.layout.framework is Framework.DEEPSPEED:
         header += (
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."

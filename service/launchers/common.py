@@ -386,13 +386,17 @@ def peft_artifacts(plan: Plan, target: Target) -> list[Artifact]:
         )
     ]
     if training.method is Method.QLORA:
-        # NF4 with double-quantised constants: the estimate's qlora_bits_per_param (4.127 bits)
+        # NF4 with double-quantised constants: the estimate's qlora_bits_per_param (4.127 bits).
+        # The packed weights are stored in the compute dtype: FSDP and ZeRO-3 shard only floating
+        # storage (bitsandbytes#970's quant_storage; the FSDP / DeepSpeed ZeRO-3 QLoRA path of PEFT's
+        # docs), and the bytes per weight are the same as uint8's elsewhere.
         compute = "float32" if training.precision.stores_fp32 else "bfloat16"
         bnb = {
             "load_in_4bit": True,
             "bnb_4bit_quant_type": "nf4",
             "bnb_4bit_use_double_quant": True,
             "bnb_4bit_compute_dtype": compute,
+            "bnb_4bit_quant_storage": compute,
         }
         content = json.dumps(bnb, indent=2) + "\n"
         files.append(Artifact(name=BNB_CONFIG_NAME, target=target, media_type=JSON, content=content))

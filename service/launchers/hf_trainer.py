@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.estimator.types import Compile, Framework, Offload, Optimizer, Plan, Precision, Recompute
+from service.estimator.types import Compile, Framework, Method, Offload, Optimizer, Plan, Precision, Recompute
 from service.frameworks import FRAMEWORKS
 from service.launchers import deepspeed
 from service.launchers.common import (
@@ -90,9 +90,20 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
 
 def _fsdp_config(plan: Plan) -> dict[str, Any]:
     lo = plan.layout
-    config: dict[str, Any] = {
-        "version": 2,
-        "reshard_after_forward": lo.zero_stage == 3,  # False = SHARD_GRAD_OP (ZeRO-2)
+    if plan.training.method is Method.QLORA:
+        # FSDP1 with flat parameters: FSDP2 breaks bitsandbytes' NF4 weights (the accelerate
+        # target's _fsdp_version says why); the Trainer builds FSDP1 from these keys
+        # (TrainingArguments._fsdp_plugin_args, transformers 5.24.0)
+        shard = "full_shard" if lo.zero_stage == 3 else "shard_grad_op"
+        version: dict[str, Any] = {
+            "version": 1,
+            "reshard_after_forward": shard,
+            "use_orig_params": False,
+            "sync_module_states": True,
+        }
+    else:
+        version = {"version": 2, "reshard_after_forward": lo.zero_stage == 3}  # False = SHARD_GRAD_OP
+    config: dict[str, Any] = version | {
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "state_dict_type": "SHARDED_STATE_DICT",
         "cpu_ram_efficient_loading": True,

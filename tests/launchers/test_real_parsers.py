@@ -373,3 +373,56 @@ def test_fsdp_wraps_a_decoder_layer_class_transformers_defines_for_every_preset_
         assert layer is not None, family
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
         assert hasattr(module, layer), (family, layer, transformers.__version__)
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_qlora_under_fsdp_runs_fsdp1_with_flat_parameters_and_float_nf4_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zero_stage: int
+) -> None:
+    """FSDP2 breaks bitsandbytes' NF4 weights (bitsandbytes#1945; uint8 storage left unsharded since
+    accelerate#3987): QLoRA under FSDP goes to FSDP1 with use_orig_params false, the path of PEFT's
+    FSDP-QLoRA docs, its packed weights stored in the compute dtype. Both targets' files, parsed by
+    accelerate's own plugin and the Trainer's own arguments, ask for exactly that."""
+    pytest.importorskip("accelerate")
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from torch.distributed.fsdp import ShardingStrategy
+
+    strategy = ShardingStrategy.FULL_SHARD if zero_stage == 3 else ShardingStrategy.SHARD_GRAD_OP
+    plan = factories.plan(
+        train=factories.training(method=Method.QLORA), framework=Framework.FSDP, zero_stage=zero_stage
+    )
+    monkeypatch.chdir(tmp_path)
+    artifacts = accelerate.render(plan)
+    for artifact in artifacts:
+        (tmp_path / artifact.name).write_text(artifact.content)
+    load_config_from_file(accelerate.CONFIG_NAME)
+    env = prepare_multi_gpu_env(_accelerate_args(Path(accelerate.CONFIG_NAME), plan))
+    # FSDP1's sync_module_states asks for the current GPU: a CPU box answers GPU 0
+    gpu = (
+        mock.patch("accelerate.utils.dataclasses.is_cuda_available", return_value=True),
+        mock.patch("torch.cuda.current_device", return_value=0),
+    )
+    with mock.patch.dict(os.environ, env), gpu[0], gpu[1]:
+        fsdp = FullyShardedDataParallelPlugin()
+    assert (fsdp.fsdp_version, fsdp.sharding_strategy, fsdp.use_orig_params) == (1, strategy, False)
+    bnb = transformers.BitsAndBytesConfig(**json.loads(by_name(artifacts, "bnb_config.json").content))
+    assert bnb.bnb_4bit_quant_storage == bnb.bnb_4bit_compute_dtype == torch.bfloat16 and bnb.load_in_4bit
+
+    data = json.loads(by_name(hf_trainer.render(plan), hf_trainer.ARGS_NAME).content)
+    (tmp_path / hf_trainer.FSDP_CONFIG_NAME).write_text(
+        by_name(hf_trainer.render(plan), hf_trainer.FSDP_CONFIG_NAME).content
+    )
+    parser = transformers.HfArgumentParser(transformers.TrainingArguments)
+    world = mock.PropertyMock(return_value=plan.cluster.world_size)
+    with mock.patch.object(transformers.TrainingArguments, "world_size", world):
+        (args,) = parser.parse_dict({**data, "use_cpu": True}, allow_extra_keys=False)
+    plugin = args.fsdp_plugin_args  # what the Trainer hands accelerate's FSDP plugin
+    assert (plugin["fsdp_version"], plugin["reshard_after_forward"], plugin["use_orig_params"]) == (
+        1,
+        strategy.name.lower(),
+        False,
+    )

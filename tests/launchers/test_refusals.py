@@ -10,6 +10,7 @@ import dataclasses
 from service.estimator.types import Framework, Method, Plan, Recompute
 from service.frameworks import FRAMEWORKS
 from service.launchers import REFUSALS, RENDERERS, Target, Unsupported, runnable_targets
+from tests.launchers import factories
 from tests.launchers.grid import grid
 
 
@@ -19,6 +20,14 @@ def _plans() -> list[tuple[str, Plan]]:
     more = [
         (f"{name}-lora", dataclasses.replace(p, training=dataclasses.replace(p.training, method=Method.LORA)))
         for name, p in cases[::3]
+    ]
+    more += [  # QLoRA: FSDP1 under Accelerate and the Trainer, which meshes (cp, hybrid) refuse
+        (
+            f"{name}-qlora",
+            dataclasses.replace(p, training=dataclasses.replace(p.training, method=Method.QLORA)),
+        )
+        for name, p in cases
+        if p.layout.framework is Framework.FSDP and p.layout.tp == 1
     ]
     more += [
         (
@@ -51,6 +60,24 @@ def test_every_target_refuses_exactly_what_it_does_not_render() -> None:
             renders += said is None
     assert set(REFUSALS) == set(RENDERERS) == set(Target)
     assert renders > 500  # the grid reaches both answers for the targets
+    qlora = [plan for name, plan in plans if name.endswith("-qlora")]
+    assert any(REFUSALS[Target.ACCELERATE](plan) is None for plan in qlora)
+
+
+def test_accelerate_refuses_qlora_on_the_fsdp2_meshes() -> None:
+    """QLoRA runs on FSDP1 under Accelerate (FSDP2 breaks bitsandbytes' NF4 weights); context
+    parallelism and hybrid shard across nodes are parallelism_config meshes, FSDP2's only."""
+    qlora = factories.training(method=Method.QLORA)
+    for plan in (
+        factories.plan(train=qlora, framework=Framework.FSDP, zero_stage=3, cp=2),
+        factories.plan(train=qlora, framework=Framework.FSDP, zero_stage=3, nodes=2, fsdp_hybrid_shard=True),
+    ):
+        reason = REFUSALS[Target.ACCELERATE](plan)
+        assert reason is not None and "FSDP2 only" in reason, plan.layout
+    assert (
+        REFUSALS[Target.ACCELERATE](factories.plan(train=qlora, framework=Framework.FSDP, zero_stage=3))
+        is None
+    )
 
 
 def test_runnable_targets_are_the_frameworks_targets_that_do_not_refuse() -> None:

@@ -13,10 +13,12 @@ from service.estimator.types import (
     AttentionKind,
     Compile,
     Framework,
+    Method,
     MLASpec,
     ModelSpec,
     MoESpec,
     Offload,
+    Plan,
     Precision,
     QKNorm,
     Recompute,
@@ -528,3 +530,23 @@ def test_megatron_renders_the_ep_all_to_all_overlap() -> None:
         checks.check_artifact(artifact, overlapped)
     with pytest.raises(Unsupported, match="overlap-moe-expert-parallel-comm"):
         accelerate.accelerate_config(overlapped)
+
+
+def test_accelerate_names_what_train_py_must_do_for_tensor_and_context_parallelism() -> None:
+    """The config only builds Accelerate's device mesh: train.py shards the model for TP
+    (transformers' tp_plan) and splits the sequence for CP (maybe_context_parallel), as accelerate's
+    nd_parallel example does; LoRA on TP layers needs PEFT 0.21.1. The launch script says so, and
+    says nothing of it where the layout has neither."""
+
+    def header(p: Plan) -> str:
+        (script,) = [a for a in accelerate.render(p) if a.name == accelerate.LAUNCH_NAME]
+        return script.content
+
+    lora = training(method=Method.LORA)
+    tp = header(plan(train=lora, framework=Framework.FSDP, zero_stage=3, tp=2))
+    assert "tp_size=2, tp_plan='auto', device_mesh=accelerator.torch_device_mesh" in tp
+    assert "PEFT >= 0.21.1" in tp and "maybe_context_parallel" not in tp
+    cp = header(plan(framework=Framework.FSDP, zero_stage=3, cp=2))
+    assert "maybe_context_parallel" in cp and "tp_plan" not in cp and "PEFT" not in cp
+    plain = header(plan(framework=Framework.FSDP, zero_stage=3))
+    assert "tp_plan" not in plain and "maybe_context_parallel" not in plain
