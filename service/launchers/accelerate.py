@@ -370,7 +370,7 @@ def render(plan: Plan) -> list[Artifact]:
     body.append(shell_command(launch_words(plan)))
     header = "Accelerate 1.15.0: run on every node." + peft_header(plan) + _script_duties(plan)
     if plan.layout.framework is Framework.DEEPSPEED:
-        header += (
+        header += deepspeed.model_code_duties(plan) + (
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."
         )
     artifacts = [

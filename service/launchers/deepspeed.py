@@ -282,9 +282,11 @@ def launch_words(plan: Plan) -> list[Word]:
     return words
 
 
-def render(plan: Plan) -> list[Artifact]:
-    config = config_artifact(plan)
-    header = "DeepSpeed 0.19.8 launcher: starts every rank over ssh (pdsh) from this node."
+def model_code_duties(plan: Plan) -> str:
+    """What the training script's model code must build for DeepSpeed to run the layout as estimated
+    (a pipeline module, MoE layers, Transformer Engine layers): ds_config.json cannot ask for them,
+    whichever launcher starts DeepSpeed (this target's, or Accelerate's DeepSpeed plugin)."""
+    header = ""
     if plan.layout.pp > 1:
         header += (
             f"\n{TRAIN_SCRIPT} must build deepspeed.pipe.PipelineModule(num_stages={plan.layout.pp}, "
@@ -298,8 +300,22 @@ def render(plan: Plan) -> list[Artifact]:
         capacity = f", capacity_factor={factor:g}" if factor is not None and factor != 1.0 else ""
         moe = f"deepspeed.moe.layer.MoE(ep_size={plan.layout.ep}{split}{capacity})"
         header += f"\n{TRAIN_SCRIPT} must build MoE layers as {moe}."
+        if plan.layout.zero_stage in (1, 2):
+            # stage_1_and_2.py _configure_moe_settings asserts it; only Muon's groups are split for it
+            header += (
+                f"\n{TRAIN_SCRIPT} must pass deepspeed.initialize(model_parameters=...) through "
+                "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer: ZeRO-"
+                f"{plan.layout.zero_stage} needs the expert parameters in their own 'moe' groups."
+            )
     if plan.training.precision is Precision.FP8:
         header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."
+    return header
+
+
+def render(plan: Plan) -> list[Artifact]:
+    config = config_artifact(plan)
+    header = "DeepSpeed 0.19.8 launcher: starts every rank over ssh (pdsh) from this node."
+    header += model_code_duties(plan)
     if plan.training.precision is Precision.TF32:
         header += (
             f"\ntf32: {TRAIN_SCRIPT} must set torch.backends.cuda.matmul.allow_tf32 = True (ds_config has no "

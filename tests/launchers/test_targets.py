@@ -550,3 +550,20 @@ def test_accelerate_names_what_train_py_must_do_for_tensor_and_context_paralleli
     assert "maybe_context_parallel" in cp and "tp_plan" not in cp and "PEFT" not in cp
     plain = header(plan(framework=Framework.FSDP, zero_stage=3))
     assert "tp_plan" not in plain and "maybe_context_parallel" not in plain
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 2])
+def test_deepspeed_expert_parallelism_names_the_model_code_it_needs_under_both_launchers(
+    zero_stage: int,
+) -> None:
+    """ds_config.json cannot build DeepSpeed's MoE layers nor their optimizer groups: the script of
+    either launcher that starts DeepSpeed (its own, or Accelerate's plugin) names both; ZeRO-1/2
+    assert the experts' 'moe' groups (stage_1_and_2.py _configure_moe_settings), stage 0 does not."""
+    moe = plan(model=DEEPSEEK_LIKE, framework=Framework.DEEPSPEED, zero_stage=zero_stage, ep=4)
+    for target, launch in ((deepspeed, deepspeed.LAUNCH_NAME), (accelerate, accelerate.LAUNCH_NAME)):
+        (script,) = [a.content for a in target.render(moe) if a.name == launch]
+        assert "deepspeed.moe.layer.MoE(ep_size=4)" in script, target
+        assert ("split_params_into_different_moe_groups_for_optimizer" in script) == (zero_stage > 0), target
+    dense = plan(framework=Framework.DEEPSPEED, zero_stage=zero_stage)
+    (script,) = [a.content for a in accelerate.render(dense) if a.name == accelerate.LAUNCH_NAME]
+    assert "deepspeed.moe" not in script
