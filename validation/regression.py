@@ -455,7 +455,7 @@ def fixed_estimates() -> list[Case]:
             "gpt2", cluster_for(v100, 1), t(1024, 16, "fp16", attention="sdpa"), {"micro_batch_size": 4})),
         ("llama3-8b-fsdp-full-shard", estimate_body(
             "llama-3-8b", cluster_for(h100, 8), t(8192, 32),
-            {"framework": "fsdp", "dp": 8, "zero_stage": 3, "recompute": "selective",
+            {"framework": "fsdp", "dp": 8, "zero_stage": 3, "recompute": "selective_op",
              "micro_batch_size": 1})),
         ("llama3-8b-fsdp-cpu-offload", estimate_body(
             "llama-3-8b", cluster_for(rtx, 2, cpu_bytes=256 * GiB), t(2048, 16),
@@ -557,7 +557,7 @@ def fixed_estimates() -> list[Case]:
             {"framework": "megatron", "dp": 2, "tp": 4, "pp": 4, "zero_stage": 1, "recompute": "full"})),
         ("falcon-7b-mqa", estimate_body(
             "falcon-7b", cluster_for(a100_80, 8), t(2048, 128),
-            {"framework": "deepspeed", "dp": 8, "zero_stage": 3, "recompute": "selective"})),
+            {"framework": "deepspeed", "dp": 8, "zero_stage": 3, "recompute": "full"})),
         ("bloom-176b-a100", estimate_body(
             "bloom-176b", cluster_for(a100_80, 448, inter_gbps=25), t(2048, 2048),
             {"framework": "megatron", "dp": 8, "tp": 4, "pp": 14, "zero_stage": 1, "recompute": "full"})),
@@ -570,7 +570,7 @@ def fixed_estimates() -> list[Case]:
              "virtual_pipeline_stages": 2, "sequence_parallel": True}, 1.2)),
         ("custom-gpu-4", estimate_body(
             "llama-3-8b", cluster_for(custom, 4), t(4096, 32, "bf16"),
-            {"framework": "fsdp", "dp": 4, "zero_stage": 3, "recompute": "selective"})),
+            {"framework": "fsdp", "dp": 4, "zero_stage": 3, "recompute": "selective_op"})),
         ("custom-gpu-2nodes-gbps", estimate_body(
             "qwen2.5-7b", cluster_for(custom, 16, gpus_per_node=4, inter_gbps=12.5, use_gbps=True),
             t(4096, 64), {"framework": "deepspeed", "dp": 16, "zero_stage": 2})),
@@ -609,6 +609,11 @@ def fixed_estimates() -> list[Case]:
         ("hf-bloom-7b-alibi", estimate_body(
             "hf-bloom-7b", cluster_for(a100_80, 8), t(2048, 64),
             {"framework": "deepspeed", "dp": 8, "zero_stage": 2, "recompute": "full"})),
+        # Qwen2-MoE's dense MLP layers (mlp_only_layers): answered since hf_config reads them
+        ("hf-qwen-moe-mlp-only", {**estimate_body(
+            "llama-3-8b", cluster_for(h100, 8), t(4096, 64), {"framework": "deepspeed", "dp": 8,
+                                                              "zero_stage": 2, "recompute": "full"}),
+            "model": {"hf_config": {**HF_QWEN2_MOE, "mlp_only_layers": [0, 1]}}}),
     ]  # fmt: skip
     return [
         Case(f"est-fixed-{i:02d}-{name}", "POST", "/v1/estimates", body)
@@ -618,6 +623,13 @@ def fixed_estimates() -> list[Case]:
 
 def _divisors(n: int, among: Sequence[int]) -> list[int]:
     return [d for d in among if n % d == 0]
+
+
+RECOMPUTE_OF = {
+    "deepspeed": ("none", "full", "full"),
+    "fsdp": ("none", "selective_op", "full"),
+    "megatron": ("none", "selective", "full"),
+}
 
 
 def random_estimate(rng: random.Random) -> dict[str, Any]:
@@ -662,7 +674,9 @@ def random_estimate(rng: random.Random) -> dict[str, Any]:
             layout["offload_optimizer"] = "cpu"
         elif framework == "fsdp" and zero == 3:
             layout["offload_optimizer"] = layout["offload_params"] = "cpu"
-    layout["recompute"] = rng.choice(("none", "selective", "full"))
+    # each framework's own policies (service.frameworks' capabilities): Megatron's selective is its
+    # core attention, FSDP's per-op selective is torchtitan's, DeepSpeed checkpoints whole layers
+    layout["recompute"] = rng.choice(RECOMPUTE_OF[framework])
     layout["micro_batch_size"] = mbs
     if rng.random() < 0.5:
         layout["gradient_accumulation_steps"] = gas
@@ -689,7 +703,8 @@ def random_estimate(rng: random.Random) -> dict[str, Any]:
         layout["fsdp_hybrid_shard"] = True
     method = "full"
     if rng.random() < 0.25 and not (framework == "megatron" and (tp > 1 or pp > 1)):
-        method = rng.choice(("lora", "qlora"))
+        # QLoRA trains data-parallel only (an NF4 base is not sliced: qlora_model_parallel)
+        method = rng.choice(("lora", "qlora") if tp == pp == ep == 1 else ("lora", "lora"))
     seq = rng.choice((512, 1024, 2048, 4096, 4096, 8192, 16384, 32768))
     train = training(seq, mbs * dp * gas, precision, optimizer=rng.choice(OPTIMIZERS), attention=attention)
     if method != "full":
@@ -953,8 +968,6 @@ def invalid_cases() -> list[Case]:
         ("two-model-sources", "/v1/estimates", est(model={"preset": "gpt2", "hf_config": HF_TINYLLAMA})),
         ("hf-unsupported-type", "/v1/estimates", est(
             model={"hf_config": {"model_type": "t5", "d_model": 512}})),
-        ("hf-qwen-moe-mlp-only", "/v1/estimates", est(
-            model={"hf_config": {**HF_QWEN2_MOE, "mlp_only_layers": [0, 1]}})),
         ("seq-len-zero", "/v1/estimates", est(training={**ok_train, "seq_len": 0})),
         ("fp8-on-a100", "/v1/estimates", est(
             cluster=cluster_for(GPU_BY_NAME["a100-80"], 8), training={**ok_train, "precision": "fp8"})),
