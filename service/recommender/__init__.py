@@ -14,6 +14,7 @@ evaluations, so its answer depends on the request alone. A pure library, like th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import time
 from collections.abc import Callable, Sequence
@@ -229,11 +230,19 @@ def _family_key(layout: Layout) -> tuple[object, ...]:
 
 
 def _log_memory(
-    result: SearchResult, layout: Layout, memory: tuple[int, int, int], limit: int, count: int
+    result: SearchResult,
+    layout: Layout,
+    memory: tuple[int, int, int],
+    limit: int,
+    count: int,
+    launched: tuple[_Search, Job] | None = None,
 ) -> None:
+    """Log a miss. ``launched``: the search and job whose requested launchers the closest memory
+    miss should prefer (a plan's search, which shows it); None where no example is read."""
     total, cpu, _ = memory  # evaluate.memory_numbers
     if total > limit:
-        result.log.add_memory(MEMORY_REJECTION, count, layout, total, limit)
+        runs = None if launched is None else functools.partial(_launchable, *launched, layout)
+        result.log.add_memory(MEMORY_REJECTION, count, layout, total, limit, runs=runs)
     else:
         detail = f"needs {cpu / 2**30:.0f} GiB host RAM per node"
         result.log.add("does not fit in host memory", count, layout, detail)
@@ -267,7 +276,7 @@ def _search_memory_family(
             continue
         memory = result.memory_numbers(job, first)
         if not evaluate.numbers_fit(job.cluster, memory, limit):
-            _log_memory(result, first, memory, limit, 1)
+            _log_memory(result, first, memory, limit, 1, _shown(search, job))
             continue
         fitted = True
 
@@ -375,6 +384,18 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
 NO_LAUNCHER = "no launcher runs it"
 
 
+def _launchable(search: _Search, job: Job, layout: Layout) -> bool:
+    """Whether a requested launcher runs the layout (``_runs``, without logging why not)."""
+    plan = Plan(model=search.model, cluster=job.cluster, training=search.training, layout=layout)
+    runs, _ = runnable_targets(plan, search.constraints.launchers, first_only=True)
+    return bool(runs)
+
+
+def _shown(search: _Search, job: Job) -> tuple[_Search, Job] | None:
+    """``_log_memory``'s ``launched`` where the caller reads the rejection log's examples."""
+    return (search, job) if search.rejections else None
+
+
 def _runs(search: _Search, job: Job, result: SearchResult, layout: Layout) -> bool:
     """Whether a launcher of the layout's framework (of the requested ones) runs it: a plan is only
     worth proposing if it can be run as written. Asks each target's refusal, a predicate over the
@@ -478,7 +499,7 @@ def _search_structure(
             if valid and not _states_fit(job, probe, limit):  # an invalid one is logged as such below
                 result.families += 1
                 if search.rejections:  # evaluated for the log alone
-                    _log_memory(result, probe, result.memory_numbers(job, probe), limit, 1)
+                    _log_memory(result, probe, result.memory_numbers(job, probe), limit, 1, (search, job))
                 continue
             for virtual in virtuals:
                 sizes = _sizes(job, s, framework, virtual, sizes_of)
@@ -726,7 +747,7 @@ def _lean_fit(
             memory = result.memory_numbers(job, lean)
             if evaluate.numbers_fit(job.cluster, memory, limit):
                 return True, lean
-            _log_memory(result, lean, memory, limit, 1)
+            _log_memory(result, lean, memory, limit, 1, _shown(search, job))
             if i == 0 and _leanest_states_exceed(job, lean, ordered, limit):
                 break  # no other sharding of the framework holds fewer model states
     return False, None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from service.estimator.errors import InvalidLayout
@@ -116,6 +116,8 @@ class RejectionGroup:
     detail: str
     per_gpu_bytes: int | None = None
     capacity_bytes: int | None = None
+    # memory: whether a requested launcher runs the example (None: not asked, as for a bound's)
+    example_runs: bool | None = None
 
 
 @dataclass(slots=True)
@@ -132,19 +134,46 @@ class RejectionLog:
             group.count += count
 
     def add_memory(
-        self, reason: str, count: int, example: Layout, need: int, capacity: int, what: str = "needs"
+        self,
+        reason: str,
+        count: int,
+        example: Layout,
+        need: int,
+        capacity: int,
+        what: str = "needs",
+        runs: Callable[[], bool] | None = None,
     ) -> None:
+        """Count a memory miss; its example is the closest miss, one a requested launcher runs
+        where any does (``runs``, asked only when it decides: the closest a user cannot run tells
+        them nothing to change). Without ``runs`` (a bound, or a search that reads no example),
+        the closest of all."""
         group = self.groups.get(reason)
         over = (need - capacity) / 2**30
         detail = (
             f"{what} {need / 2**30:.1f} GiB per GPU, {capacity / 2**30:.1f} GiB allowed ({over:.1f} GiB over)"
         )
         if group is None:
-            self.groups[reason] = RejectionGroup(count, example, detail, need, capacity)
+            runnable = None if runs is None else runs()
+            self.groups[reason] = RejectionGroup(count, example, detail, need, capacity, runnable)
             return
         group.count += count
-        if group.per_gpu_bytes is not None and need < group.per_gpu_bytes:
-            group.example, group.detail, group.per_gpu_bytes = example, detail, need
+        if group.per_gpu_bytes is None:
+            return
+        closer = need < group.per_gpu_bytes
+        if runs is None:
+            runnable = None
+            if not closer:
+                return
+        elif group.example_runs:  # the held example runs: only a closer one that runs replaces it
+            if not closer or not runs():
+                return
+            runnable = True
+        else:  # the held one cannot run (or was a bound): a closer one, or one that runs, replaces it
+            runnable = runs()
+            if not closer and not runnable:
+                return
+        group.example, group.detail, group.per_gpu_bytes = example, detail, need
+        group.example_runs = runnable
 
 
 # ---------------------------------------------------------------- structures
