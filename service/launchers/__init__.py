@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from service.estimator.types import Plan
+from service.estimator.types import Framework, ModelSpec, Plan
 from service.frameworks import FRAMEWORKS
 from service.launchers import accelerate, deepspeed, hf_trainer, job, kubernetes, megatron, slurm, torchtitan
 from service.launchers.common import Artifact, Refusal, Target, Unsupported
@@ -22,6 +22,7 @@ __all__ = [
     "Artifact",
     "Target",
     "Unsupported",
+    "framework_model_refusal",
     "render",
     "runnable_targets",
 ]
@@ -49,6 +50,16 @@ REFUSALS: dict[Target, Callable[[Plan], Refusal]] = {
     Target.SLURM: job.refusal,
     Target.KUBERNETES: job.refusal,
 }
+
+
+def framework_model_refusal(framework: Framework, model: ModelSpec) -> Refusal:
+    """Why no target runs any layout of ``framework`` for this model, or None: every target that
+    runs Megatron-LM (megatron, Accelerate's plugin, and Slurm / Kubernetes wrapping the megatron
+    entry point) refuses what ``megatron.model_refusal`` names, whatever the layout. The search
+    leaves such a framework out before evaluating any of its layouts."""
+    if framework is Framework.MEGATRON:
+        return megatron.model_refusal(model)
+    return None
 
 
 def runnable_targets(

@@ -137,6 +137,9 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
 
 def _megatron_refusal(plan: Plan) -> Refusal:
     lo = plan.layout
+    if (architecture := megatron.model_refusal(plan.model)) is not None:
+        # the plugin trains Megatron-LM's own GPT model, as the megatron target does
+        return f"Megatron-LM's GPT model: {architecture}"
     if lo.zero_stage > 1 or lo.offload_params is not Offload.NONE or lo.offload_optimizer is not Offload.NONE:
         return "Megatron-LM through Accelerate: ZeRO-1 (distributed optimizer) and no offload only"
     if lo.virtual_pipeline_stages > 1:

@@ -119,6 +119,12 @@ def refusal(plan: Plan) -> Refusal:
     return "; ".join(problems) if problems else None
 
 
+def model_refusal(model: ModelSpec) -> str | None:
+    """Why Megatron-LM's GPT model cannot be this model whatever the layout (``refusal`` lists it
+    for every plan), or None."""
+    return "; ".join(_architecture_problems(model)) or None
+
+
 def _architecture_problems(model: ModelSpec) -> list[str]:
     """What pretrain_gpt.py's GPT model has no flag for (the run would train another model)."""
     problems = []

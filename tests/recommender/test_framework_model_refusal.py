@@ -1,0 +1,70 @@
+"""A framework no target runs for the model, whatever the layout (Megatron-LM's GPT model is not
+Llama 4, Gemma 2/3 or GPT-OSS), is left out of the search before any of its layouts is evaluated:
+the refusal holds for every layout and every target that runs the framework, and the answer is the
+one a search without the framework gives."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from service.catalog.gpus import gpu
+from service.catalog.models import model, models
+from service.catalog.tuning import default_tuning
+from service.estimator.types import ClusterSpec, Framework, Method, TrainingSpec
+from service.frameworks import FRAMEWORKS
+from service.launchers import REFUSALS, framework_model_refusal
+from service.recommender import Constraints, search
+from tests.launchers.grid import grid
+
+REFUSED = [name for name in models() if framework_model_refusal(Framework.MEGATRON, model(name).spec)]
+
+
+def test_every_megatron_target_refuses_every_layout_of_a_refused_model() -> None:
+    assert {"llama-4-scout-17b-16e", "gemma-2-9b", "gpt-oss-120b"} <= set(REFUSED)
+    assert framework_model_refusal(Framework.MEGATRON, model("llama-3.1-8b").spec) is None
+    assert all(
+        framework_model_refusal(f, model(n).spec) is None
+        for n in REFUSED
+        for f in Framework
+        if f is not Framework.MEGATRON
+    )
+    megatron = [plan for _, plan in grid() if plan.layout.framework is Framework.MEGATRON]
+    # with Megatron-LM's own switches too, which Accelerate's plugin runs where NVIDIA's it cannot
+    own = {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False, "fp8_param_gather": False}
+    plans = megatron + [dataclasses.replace(p, layout=dataclasses.replace(p.layout, **own)) for p in megatron]
+    assert len(plans) > 20
+    for name in REFUSED:
+        spec = model(name).spec
+        for plan in plans:
+            for target in FRAMEWORKS[Framework.MEGATRON].targets:
+                assert REFUSALS[target](dataclasses.replace(plan, model=spec)) is not None, (name, target)
+
+
+def test_the_search_leaves_the_framework_out_and_answers_as_without_it() -> None:
+    spec = model("llama-4-scout-17b-16e").spec
+    cluster = ClusterSpec(
+        gpu=gpu("h100-sxm-80gb"),
+        num_nodes=2,
+        gpus_per_node=8,
+        intra_node_bandwidth_bytes_per_s=450e9,
+        inter_node_bandwidth_bytes_per_s=50e9,
+    )
+    training = TrainingSpec(seq_len=4096, global_batch_size=128, method=Method.LORA)
+    every = search(spec, cluster, training, Constraints(), default_tuning(), (16,))
+    without = search(
+        spec,
+        cluster,
+        training,
+        Constraints(frameworks=(Framework.DEEPSPEED, Framework.FSDP)),
+        default_tuning(),
+        (16,),
+    )
+    reason = "no launcher runs megatron for this model"
+    assert every.log.groups[reason].count == 1 and reason not in without.log.groups
+    assert "chunked attention" in every.log.groups[reason].detail
+    assert [(s.layout, s.key) for s in every.ranked()] == [(s.layout, s.key) for s in without.ranked()]
+    assert (every.memory_evaluations, every.time_evaluations) == (
+        without.memory_evaluations,
+        without.time_evaluations,
+    )
+    assert all(s.layout.framework is not Framework.MEGATRON for s in every.ranked())
