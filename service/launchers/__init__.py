@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from service.estimator.types import Framework, ModelSpec, Plan
+from service.estimator.types import Framework, ModelSpec, Plan, TrainingSpec
 from service.frameworks import FRAMEWORKS
 from service.launchers import accelerate, deepspeed, hf_trainer, job, kubernetes, megatron, slurm, torchtitan
 from service.launchers.common import Artifact, Refusal, Target, Unsupported
@@ -22,7 +22,7 @@ __all__ = [
     "Artifact",
     "Target",
     "Unsupported",
-    "framework_model_refusal",
+    "framework_job_refusal",
     "render",
     "runnable_targets",
 ]
@@ -52,13 +52,13 @@ REFUSALS: dict[Target, Callable[[Plan], Refusal]] = {
 }
 
 
-def framework_model_refusal(framework: Framework, model: ModelSpec) -> Refusal:
-    """Why no target runs any layout of ``framework`` for this model, or None: every target that
-    runs Megatron-LM (megatron, Accelerate's plugin, and Slurm / Kubernetes wrapping the megatron
-    entry point) refuses what ``megatron.model_refusal`` names, whatever the layout. The search
-    leaves such a framework out before evaluating any of its layouts."""
+def framework_job_refusal(framework: Framework, model: ModelSpec, training: TrainingSpec) -> Refusal:
+    """Why no target runs any layout of ``framework`` for this model and training, or None: every
+    target that runs Megatron-LM (megatron, Accelerate's plugin, and Slurm / Kubernetes wrapping the
+    megatron entry point) refuses what ``megatron.job_refusal`` names, whatever the layout. The
+    search leaves such a framework out before evaluating any of its layouts."""
     if framework is Framework.MEGATRON:
-        return megatron.model_refusal(model)
+        return megatron.job_refusal(model, training)
     return None
 
 

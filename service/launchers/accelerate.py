@@ -69,8 +69,8 @@ def refusal(plan: Plan) -> Refusal:
     if (world := world_refusal(plan)) is not None:
         return world
     lo = plan.layout
-    if lo.framework is Framework.MEGATRON and plan.training.precision is Precision.TF32:
-        return megatron.TF32_REFUSAL  # before the plugin's own limits: no Megatron-LM runs it
+    if lo.framework is Framework.MEGATRON and (job := megatron.job_refusal(plan.model, plan.training)):
+        return job  # before the plugin's own limits: the plugin trains Megatron-LM's GPT model
     if lo.framework is Framework.DEEPSPEED:
         reason = _deepspeed_refusal(plan)
     elif lo.framework is Framework.FSDP:
@@ -137,9 +137,6 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
 
 def _megatron_refusal(plan: Plan) -> Refusal:
     lo = plan.layout
-    if (architecture := megatron.model_refusal(plan.model)) is not None:
-        # the plugin trains Megatron-LM's own GPT model, as the megatron target does
-        return f"Megatron-LM's GPT model: {architecture}"
     if lo.zero_stage > 1 or lo.offload_params is not Offload.NONE or lo.offload_optimizer is not Offload.NONE:
         return "Megatron-LM through Accelerate: ZeRO-1 (distributed optimizer) and no offload only"
     if lo.virtual_pipeline_stages > 1:

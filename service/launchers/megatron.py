@@ -22,6 +22,7 @@ from service.estimator.types import (
     Precision,
     QKNorm,
     Recompute,
+    TrainingSpec,
 )
 from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
@@ -107,27 +108,24 @@ def refusal(plan: Plan) -> Refusal:
         problems.append(f"num_experts ({model.moe.num_experts}) % ep ({lo.ep}) != 0")
     if model.moe is None and lo.ep > 1:
         problems.append(f"ep={lo.ep} on a dense model")
+    problems += _job_problems(model, plan.training)
+    return "; ".join(problems) if problems else None
+
+
+def job_refusal(model: ModelSpec, training: TrainingSpec) -> str | None:
+    """Why Megatron-LM cannot train this model and training whatever the layout (``refusal`` lists
+    it for every plan), or None."""
+    return "; ".join(_job_problems(model, training)) or None
+
+
+def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
+    """What pretrain_gpt.py's GPT model has no flag for (the run would train another model), and
+    the precisions it is not emitted with: none depends on the layout."""
+    problems = []
     if model.position_embedding is PositionEmbedding.ALIBI:
         problems.append("ALiBi position embeddings are not in Megatron-LM's GPT model")
     if model.mlp is MlpKind.GEGLU:
         problems.append("GeGLU MLPs are not a pretrain_gpt.py flag (only --swiglu)")
-    problems += _architecture_problems(model)
-    if plan.training.precision is Precision.BF16_PURE:
-        problems.append("pure bf16 (bf16 master weights and states) is not emitted for Megatron")
-    if plan.training.precision is Precision.TF32:
-        problems.append(TF32_REFUSAL)
-    return "; ".join(problems) if problems else None
-
-
-def model_refusal(model: ModelSpec) -> str | None:
-    """Why Megatron-LM's GPT model cannot be this model whatever the layout (``refusal`` lists it
-    for every plan), or None."""
-    return "; ".join(_architecture_problems(model)) or None
-
-
-def _architecture_problems(model: ModelSpec) -> list[str]:
-    """What pretrain_gpt.py's GPT model has no flag for (the run would train another model)."""
-    problems = []
     if any(kind is not AttentionKind.FULL for kind in model.layer_types):
         problems.append("sliding-window / chunked attention layers are not emitted for Megatron-LM")
     if model.qk_norm in (QKNorm.FULL_WIDTH, QKNorm.L2):
@@ -138,6 +136,10 @@ def _architecture_problems(model: ModelSpec) -> list[str]:
         problems.append("biased experts (GPT-OSS) are not a Megatron-LM GPT option")
     if model.final_logit_softcapping:
         problems.append("final-logit soft-capping is not a Megatron-LM GPT option")
+    if training.precision is Precision.BF16_PURE:
+        problems.append("pure bf16 (bf16 master weights and states) is not emitted for Megatron")
+    if training.precision is Precision.TF32:
+        problems.append(TF32_REFUSAL)
     return problems
 
 

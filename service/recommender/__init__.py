@@ -56,7 +56,7 @@ from service.estimator.validate import (
     validate_layout,
 )
 from service.frameworks import FRAMEWORKS, sequence_parallel_default
-from service.launchers import framework_model_refusal, runnable_targets
+from service.launchers import framework_job_refusal, runnable_targets
 from service.recommender import headroom, rank
 from service.recommender.budget import Budget
 from service.recommender.space import (
@@ -847,7 +847,7 @@ def _search_counts(
             field="constraints.torch_compile",
             rule="torch_compile",
         )
-    launchable = _launchable_frameworks(model, constraints, result)
+    launchable = _launchable_frameworks(model, training, constraints, result)
     if launchable is None:
         return  # no requested framework runs this model: nothing to search, the log says why
     constraints = launchable
@@ -889,21 +889,21 @@ def _search_counts(
 
 
 def _launchable_frameworks(
-    model: ModelSpec, constraints: Constraints, result: SearchResult
+    model: ModelSpec, training: TrainingSpec, constraints: Constraints, result: SearchResult
 ) -> Constraints | None:
-    """``constraints`` without the frameworks no target runs for this model whatever the layout
-    (``launchers.framework_model_refusal``: Megatron-LM's GPT model is not Llama 4, Gemma 2 or
-    GPT-OSS), each logged once: their layouts would be evaluated, then refused one by one by every
-    launcher (for a large MoE model, most of a search's evaluations). None when none is left."""
+    """``constraints`` without the frameworks no target runs for this model and training whatever
+    the layout (``launchers.framework_job_refusal``: Megatron-LM's GPT model is not Llama 4, Gemma 2
+    or GPT-OSS, nor trained in TF32), each logged once: their layouts would be evaluated, then
+    refused one by one by every launcher (for a large MoE model, most of a search's evaluations).
+    None when none is left."""
     kept = []
     for framework in constraints.frameworks:
-        reason = framework_model_refusal(framework, model)
+        reason = framework_job_refusal(framework, model, training)
         if reason is None:
             kept.append(framework)
         else:
-            result.log.add(
-                f"no launcher runs {framework.value} for this model", 1, Layout(framework=framework), reason
-            )
+            what = f"no launcher runs {framework.value} for this model and training"
+            result.log.add(what, 1, Layout(framework=framework), reason)
     if len(kept) == len(constraints.frameworks):
         return constraints
     return dataclasses.replace(constraints, frameworks=tuple(kept)) if kept else None

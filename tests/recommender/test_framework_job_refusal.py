@@ -10,20 +10,21 @@ import dataclasses
 from service.catalog.gpus import gpu
 from service.catalog.models import model, models
 from service.catalog.tuning import default_tuning
-from service.estimator.types import ClusterSpec, Framework, Method, TrainingSpec
+from service.estimator.types import ClusterSpec, Framework, Method, Precision, TrainingSpec
 from service.frameworks import FRAMEWORKS
-from service.launchers import REFUSALS, framework_model_refusal
+from service.launchers import REFUSALS, framework_job_refusal
 from service.recommender import Constraints, search
 from tests.launchers.grid import grid
 
-REFUSED = [name for name in models() if framework_model_refusal(Framework.MEGATRON, model(name).spec)]
+TRAINING = TrainingSpec(seq_len=4096, global_batch_size=256)
+REFUSED = [name for name in models() if framework_job_refusal(Framework.MEGATRON, model(name).spec, TRAINING)]
 
 
 def test_every_megatron_target_refuses_every_layout_of_a_refused_model() -> None:
     assert {"llama-4-scout-17b-16e", "gemma-2-9b", "gpt-oss-120b"} <= set(REFUSED)
-    assert framework_model_refusal(Framework.MEGATRON, model("llama-3.1-8b").spec) is None
+    assert framework_job_refusal(Framework.MEGATRON, model("llama-3.1-8b").spec, TRAINING) is None
     assert all(
-        framework_model_refusal(f, model(n).spec) is None
+        framework_job_refusal(f, model(n).spec, TRAINING) is None
         for n in REFUSED
         for f in Framework
         if f is not Framework.MEGATRON
@@ -33,9 +34,15 @@ def test_every_megatron_target_refuses_every_layout_of_a_refused_model() -> None
     own = {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False, "fp8_param_gather": False}
     plans = megatron + [dataclasses.replace(p, layout=dataclasses.replace(p.layout, **own)) for p in megatron]
     assert len(plans) > 20
-    for name in REFUSED:
+    tf32 = TrainingSpec(seq_len=4096, global_batch_size=256, precision=Precision.TF32)
+    assert framework_job_refusal(Framework.MEGATRON, model("llama-3.1-8b").spec, tf32) is not None
+    for name in [*REFUSED, "llama-3.1-8b"]:
         spec = model(name).spec
         for plan in plans:
+            if name == "llama-3.1-8b":  # refused for its training alone: TF32
+                plan = dataclasses.replace(
+                    plan, training=dataclasses.replace(plan.training, precision=Precision.TF32)
+                )
             for target in FRAMEWORKS[Framework.MEGATRON].targets:
                 assert REFUSALS[target](dataclasses.replace(plan, model=spec)) is not None, (name, target)
 
@@ -59,7 +66,7 @@ def test_the_search_leaves_the_framework_out_and_answers_as_without_it() -> None
         default_tuning(),
         (16,),
     )
-    reason = "no launcher runs megatron for this model"
+    reason = "no launcher runs megatron for this model and training"
     assert every.log.groups[reason].count == 1 and reason not in without.log.groups
     assert "chunked attention" in every.log.groups[reason].detail
     assert [(s.layout, s.key) for s in every.ranked()] == [(s.layout, s.key) for s in without.ranked()]
