@@ -23,6 +23,7 @@ __all__ = [
     "Target",
     "Unsupported",
     "framework_job_refusal",
+    "framework_structure_refusal",
     "render",
     "runnable_targets",
 ]
@@ -59,6 +60,15 @@ def framework_job_refusal(framework: Framework, model: ModelSpec, training: Trai
     search leaves such a framework out before evaluating any of its layouts."""
     if framework is Framework.MEGATRON:
         return megatron.job_refusal(model, training)
+    return None
+
+
+def framework_structure_refusal(framework: Framework, tp: int, pp: int, cp: int) -> Refusal:
+    """Why no target runs ``framework`` at these parallel degrees, whatever else the layout says, or
+    None: DeepSpeed's refusals that read the degrees alone (``deepspeed.structure_refusal``), which
+    every target running DeepSpeed shares. The search offers no sharding of it there."""
+    if framework is Framework.DEEPSPEED:
+        return deepspeed.structure_refusal(tp, pp, cp)
     return None
 
 

@@ -59,6 +59,26 @@ def partition_method(plan: Plan) -> str:
     return ""
 
 
+def structure_refusal(tp: int, pp: int, cp: int) -> str | None:
+    """The refusals of ``refusal`` that read the parallel degrees alone. Every target that runs
+    DeepSpeed shares them (Accelerate's plugin and the HF Trainer run data parallelism only; Slurm
+    and Kubernetes wrap this target's entry point), so no launcher runs such a split."""
+    if cp > 1:
+        return (
+            "ds_config has no context parallelism (Ulysses sequence parallelism needs "
+            "DistributedAttention in the model code)"
+        )
+    # AutoTP training takes every ZeRO stage since 0.19.4, which dropped the stage <= 2 assertion
+    # (runtime/engine.py, _configure_tensor_parallel_states: "AutoTP + ZeRO stage 3 is supported for
+    # both inference and training"); the pipeline engine it never joins
+    if tp > 1 and pp > 1:
+        return (
+            "DeepSpeed AutoTP training (tensor_parallel.autotp_size) does not combine with the "
+            "pipeline engine"
+        )
+    return None
+
+
 def refusal(plan: Plan) -> Refusal:
     """Why DeepSpeed cannot run the plan as estimated, or None: the rules of its config parser and
     engines, checked without building the config."""
@@ -67,23 +87,12 @@ def refusal(plan: Plan) -> Refusal:
         return world
     if Target.DEEPSPEED not in FRAMEWORKS[lo.framework].targets:
         return f"the layout is for {lo.framework}, not DeepSpeed"
-    if lo.cp > 1:
-        return (
-            f"cp={lo.cp}: ds_config has no context parallelism (Ulysses sequence parallelism "
-            "needs DistributedAttention in the model code)"
-        )
+    if (structural := structure_refusal(lo.tp, lo.pp, lo.cp)) is not None:
+        return f"tp={lo.tp} pp={lo.pp} cp={lo.cp}: {structural}"
     if lo.pp > 1 and lo.zero_stage >= 2:
         return (
             f"ZeRO-{lo.zero_stage} with pp={lo.pp}: DeepSpeed's PipelineEngine asserts that ZeRO-2 "
             "and ZeRO-3 are incompatible with pipeline parallelism"
-        )
-    # AutoTP training takes every ZeRO stage since 0.19.4, which dropped the stage <= 2 assertion
-    # (runtime/engine.py, _configure_tensor_parallel_states: "AutoTP + ZeRO stage 3 is supported for
-    # both inference and training"); the pipeline engine it never joins
-    if lo.tp > 1 and lo.pp > 1:
-        return (
-            f"tp={lo.tp} with pp={lo.pp}: DeepSpeed AutoTP training (tensor_parallel.autotp_size) "
-            "does not combine with the pipeline engine"
         )
     if lo.sequence_parallel and lo.tp > 1:
         return (

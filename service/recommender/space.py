@@ -63,6 +63,7 @@ from service.frameworks import (
     sequence_parallel_default,
     tp_comm_overlap_default,
 )
+from service.launchers import framework_structure_refusal
 
 MAX_CP = 32  # context parallelism beyond 32 ranks only pays off past the catalog's context lengths
 MAX_VIRTUAL_STAGES = 8  # interleaving deeper than 8 chunks costs more p2p than its bubble saves
@@ -350,6 +351,9 @@ def shardings(
     Megatron's with ``megatron_lm``'s switches where given."""
     if structure.etp is not None and not FRAMEWORKS[framework].capabilities.expert_tensor_parallel:
         return [], []  # a framework without Megatron's etp splits the experts over tp: etp = tp
+    refused = framework_structure_refusal(framework, structure.tp, structure.pp, structure.cp)
+    if refused is not None:  # every sharding would be evaluated, then refused by every launcher
+        return [], [f"no launcher runs {framework.value} at this split: {refused}"]
     ok, unsupported = _shardings(
         framework, structure.pp > 1, structure.dp * structure.cp > 1, offload, compiled
     )

@@ -75,3 +75,30 @@ def test_the_search_leaves_the_framework_out_and_answers_as_without_it() -> None
         without.time_evaluations,
     )
     assert all(s.layout.framework is not Framework.MEGATRON for s in every.ranked())
+
+
+def test_every_deepspeed_target_refuses_the_splits_it_cannot_run_whatever_the_layout() -> None:
+    """DeepSpeed's refusals that read the degrees alone (cp > 1; tp > 1 with pp > 1) are every
+    DeepSpeed target's: the search offers no sharding there, and a split they allow is not refused."""
+    from service.launchers import framework_structure_refusal
+
+    deepspeed = [plan for _, plan in grid() if plan.layout.framework is Framework.DEEPSPEED]
+    refused = allowed = 0
+    for plan in deepspeed:
+        for tp, pp, cp in ((1, 1, 2), (2, 2, 1), (1, 2, 1), (2, 1, 1), (1, 1, 1)):
+            world = plan.cluster.world_size
+            if world % (tp * pp * cp):
+                continue
+            dp = world // (tp * pp * cp)  # the plan's GPUs, so no refusal is about the world size
+            layout = dataclasses.replace(plan.layout, dp=dp, tp=tp, pp=pp, cp=cp, sequence_parallel=False)
+            moved = dataclasses.replace(plan, layout=layout)
+            if framework_structure_refusal(Framework.DEEPSPEED, tp, pp, cp) is None:
+                allowed += 1
+                continue
+            refused += 1
+            for target in FRAMEWORKS[Framework.DEEPSPEED].targets:
+                reason = REFUSALS[target](moved)
+                assert reason is not None and "GPUs in the cluster" not in reason, (layout, target, reason)
+    assert refused and allowed
+    assert framework_structure_refusal(Framework.FSDP, 2, 2, 2) is None
+    assert framework_structure_refusal(Framework.MEGATRON, 2, 2, 2) is None

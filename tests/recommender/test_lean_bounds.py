@@ -85,7 +85,8 @@ def test_states_never_grow_with_sharding_and_the_bound_never_exceeds_a_leans_mem
                 assert not _leanest_states_exceed(job, leans[0], ordered, smallest), (s, framework)
                 assert _leanest_states_exceed(job, leans[0], ordered, 0)  # and it does bound
                 checked += 1
-    assert checked > (5 if method is Method.QLORA else 20)  # QLoRA: data-parallel splits only
+    # QLoRA: data-parallel splits only (and no DeepSpeed with cp > 1, which no launcher runs)
+    assert checked > (4 if method is Method.QLORA else 20)
 
 
 @pytest.mark.parametrize(
