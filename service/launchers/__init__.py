@@ -63,12 +63,24 @@ def framework_job_refusal(framework: Framework, model: ModelSpec, training: Trai
     return None
 
 
-def framework_structure_refusal(framework: Framework, tp: int, pp: int, cp: int) -> Refusal:
-    """Why no target runs ``framework`` at these parallel degrees, whatever else the layout says, or
-    None: DeepSpeed's refusals that read the degrees alone (``deepspeed.structure_refusal``), which
-    every target running DeepSpeed shares. The search offers no sharding of it there."""
+def framework_structure_refusal(
+    framework: Framework, model: ModelSpec, training: TrainingSpec, tp: int, pp: int, cp: int, ep: int
+) -> Refusal:
+    """Why no target runs ``framework`` for this job at these parallel degrees, whatever else the
+    layout says, or None. The search offers no sharding of it there.
+
+    * DeepSpeed: its refusals that read the degrees alone (``deepspeed.structure_refusal``), which
+      every target running DeepSpeed shares (Accelerate's plugin and the HF Trainer run data
+      parallelism only; Slurm / Kubernetes wrap the deepspeed entry point).
+    * FSDP with pp or ep > 1: Accelerate's FSDP2 and the HF Trainer have neither (their refusals say
+      so first or refuse earlier), so torchtitan alone runs it, Slurm / Kubernetes through it:
+      refused where torchtitan refuses the job (``torchtitan.job_refusal``) or experts over tp."""
     if framework is Framework.DEEPSPEED:
         return deepspeed.structure_refusal(tp, pp, cp)
+    if framework is Framework.FSDP and (pp > 1 or ep > 1):
+        titan = torchtitan.job_refusal(model, training) or torchtitan.expert_tensor_problem(tp, ep)
+        if titan is not None:
+            return f"pp={pp} ep={ep} with FSDP runs on torchtitan alone: {titan}"
     return None
 
 

@@ -104,8 +104,10 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
     if lo.recompute_every_n_layers is not None:
         return "fsdp_activation_checkpointing wraps every decoder layer, not every N-th"
     if lo.zero_stage == 0:
-        if lo.tp > 1 or lo.pp > 1 or lo.cp > 1:
-            return "tp/pp/cp without sharding: Accelerate's MULTI_GPU is plain DDP"
+        if lo.tp > 1 or lo.pp > 1 or lo.cp > 1 or lo.ep > 1:
+            return "tp/pp/cp/ep without sharding: Accelerate's MULTI_GPU is plain DDP"
+        if lo.recompute is Recompute.SELECTIVE_OP:
+            return "per-op selective AC is torchtitan's; Accelerate checkpoints whole decoder layers"
         return None
     if lo.zero_stage == 1:
         return "FSDP has no optimizer-state-only sharding (ZeRO-1)"

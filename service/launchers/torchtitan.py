@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.estimator.types import Compile, Method, ModelSpec, Offload, Plan, Precision, Recompute
+from service.estimator.types import (
+    Compile,
+    Method,
+    ModelSpec,
+    Offload,
+    Plan,
+    Precision,
+    Recompute,
+    TrainingSpec,
+)
 from service.estimator.validate import tp_comm_overlap_compile_violation
 from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
@@ -91,6 +100,40 @@ def flavor(model: ModelSpec) -> Flavor | None:
     return None
 
 
+def job_refusal(model: ModelSpec, training: TrainingSpec) -> str | None:
+    """Why torchtitan cannot train this model and training whatever the layout (``refusal`` says it
+    for every plan), or None."""
+    unbuilt = _model_problem(model)
+    return unbuilt if unbuilt is not None else ("; ".join(_training_problems(training)) or None)
+
+
+def expert_tensor_problem(tp: int, ep: int) -> str | None:
+    """0.3.0's expert_parallel_degree borrows ranks from dp_shard x cp x tp: with tp > 1 the experts
+    would not be tensor-parallel as estimated (expert tensor parallelism = tp)."""
+    if ep > 1 and tp > 1:
+        return f"ep={ep} with tp={tp}: torchtitan's EP would take the TP ranks from the experts"
+    return None
+
+
+def _model_problem(model: ModelSpec) -> str | None:
+    if flavor(model) is not None:
+        return None
+    names = ", ".join(f"{f.module}/{f.config}" for f in FLAVORS)
+    return (
+        f"torchtitan {VERSION} builds the model from its config registry; {model.name} matches "
+        f"none of {names} (register a config function for it)"
+    )
+
+
+def _training_problems(training: TrainingSpec) -> list[str]:
+    problems = []
+    if training.method is not Method.FULL:
+        problems.append(f"{training.method.value}: torchtitan {VERSION} trains full models only (no PEFT)")
+    if training.precision in (Precision.FP16, Precision.FP8):
+        problems.append(f"precision {training.precision} needs model converters not emitted here")
+    return problems
+
+
 def refusal(plan: Plan) -> Refusal:
     """Why torchtitan cannot run the plan as estimated (every problem, joined), or None."""
     if (world := world_refusal(plan)) is not None:
@@ -98,25 +141,13 @@ def refusal(plan: Plan) -> Refusal:
     lo = plan.layout
     if TARGET not in FRAMEWORKS[lo.framework].targets:
         return f"the layout is for {lo.framework}; torchtitan runs FSDP2 with TP/PP/CP"
-    if flavor(plan.model) is None:
-        names = ", ".join(f"{f.module}/{f.config}" for f in FLAVORS)
-        return (
-            f"torchtitan {VERSION} builds the model from its config registry; {plan.model.name} matches "
-            f"none of {names} (register a config function for it)"
-        )
-    problems: list[str] = []
-    if plan.training.method is not Method.FULL:
-        problems.append(
-            f"{plan.training.method.value}: torchtitan {VERSION} trains full models only (no PEFT)"
-        )
+    if (unbuilt := _model_problem(plan.model)) is not None:
+        return unbuilt
+    problems = _training_problems(plan.training)
     if lo.zero_stage == 1:
         problems.append("FSDP has no optimizer-state-only sharding (ZeRO-1)")
-    if lo.ep > 1 and lo.tp > 1:
-        # 0.3.0's expert_parallel_degree borrows ranks from dp_shard x cp x tp: the experts would not
-        # be tensor-parallel as estimated (expert tensor parallelism = tp)
-        problems.append(
-            f"ep={lo.ep} with tp={lo.tp}: torchtitan's EP would take the TP ranks from the experts"
-        )
+    if (experts := expert_tensor_problem(lo.tp, lo.ep)) is not None:
+        problems.append(experts)
     if lo.recompute_every_n_layers is not None:
         problems.append(
             f"recompute_every_n_layers {lo.recompute_every_n_layers}: torchtitan {VERSION} checkpoints every "
@@ -134,8 +165,6 @@ def refusal(plan: Plan) -> Refusal:
     # (the render tests') may break it
     if (async_tp := tp_comm_overlap_compile_violation(lo, FRAMEWORKS[lo.framework].capabilities)) is not None:
         problems.append(str(async_tp))
-    if plan.training.precision in (Precision.FP16, Precision.FP8):
-        problems.append(f"precision {plan.training.precision} needs model converters not emitted here")
     if lo.pp > 1 and (reason := _split_problem(plan)):
         problems.append(reason)
     if lo.virtual_pipeline_stages > 1 and accumulation(plan) % lo.pp:

@@ -185,6 +185,11 @@ class _Search:
     # the caller reads the rejection log (``search``'s ``rejections``): every miss is evaluated
     rejections: bool = True
 
+    @property
+    def job(self) -> tuple[ModelSpec, TrainingSpec]:
+        """The model and training every layout of the search trains (``space.shardings``' job)."""
+        return self.model, self.training
+
     def compiled(self, framework: Framework) -> Compile:
         """How the search compiles ``framework``'s layouts: model and loss where asked
         (``Constraints.torch_compile``; ``search`` refuses it with QLoRA) and modelled (FSDP)."""
@@ -459,7 +464,9 @@ def _structure_ceilings(
     sizes_of: Sizes = {}
     ceilings: Ceilings = {}
     for framework in search.constraints.frameworks:
-        options, _ = shardings(framework, s, search.offload, search.compiled(framework), search.megatron_lm)
+        options, _ = shardings(
+            framework, s, search.offload, search.compiled(framework), search.megatron_lm, search.job
+        )
         if not options:
             continue
         for virtual in virtual_stages(search.model, framework, s.pp):
@@ -478,7 +485,7 @@ def _search_structure(
     sizes_of, ceilings = known
     for framework in search.constraints.frameworks:
         options, unsupported = shardings(
-            framework, s, search.offload, search.compiled(framework), search.megatron_lm
+            framework, s, search.offload, search.compiled(framework), search.megatron_lm, search.job
         )
         for reason in unsupported:
             if reason in result.log.groups:
@@ -727,7 +734,9 @@ def _lean_fit(
     layouts that fits; (True, None) where a lean layout breaks a rule before any fits (no bound:
     the family's other members may be valid)."""
     for framework in runnable:
-        options, _ = shardings(framework, s, search.offload, search.compiled(framework), search.megatron_lm)
+        options, _ = shardings(
+            framework, s, search.offload, search.compiled(framework), search.megatron_lm, search.job
+        )
         sp = sequence_parallel_default(framework, s.tp)
         sizes = _micro_batches(job, s, 1, sp)
         if not options or not sizes:

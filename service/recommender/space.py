@@ -345,15 +345,20 @@ def shardings(
     offload: OffloadDevices,
     compiled: Compile = Compile.NONE,
     megatron_lm: MegatronLmSwitches | None = None,
+    job: tuple[ModelSpec, TrainingSpec] | None = None,
 ) -> tuple[list[Sharding], list[str]]:
     """What ``framework`` supports for this structure (the validator's sharding rules), and why it
     does not support the stages it does not (for the rejection log); each compiled as ``compiled``,
-    Megatron's with ``megatron_lm``'s switches where given."""
+    Megatron's with ``megatron_lm``'s switches where given. With the ``job`` (model, training) a
+    search plans: none where no launcher runs the framework at this split
+    (``launchers.framework_structure_refusal``)."""
     if structure.etp is not None and not FRAMEWORKS[framework].capabilities.expert_tensor_parallel:
         return [], []  # a framework without Megatron's etp splits the experts over tp: etp = tp
-    refused = framework_structure_refusal(framework, structure.tp, structure.pp, structure.cp)
-    if refused is not None:  # every sharding would be evaluated, then refused by every launcher
-        return [], [f"no launcher runs {framework.value} at this split: {refused}"]
+    if job is not None:
+        s = structure
+        refused = framework_structure_refusal(framework, *job, s.tp, s.pp, s.cp, s.ep)
+        if refused is not None:  # every sharding would be evaluated, then refused by every launcher
+            return [], [f"no launcher runs {framework.value} at this split: {refused}"]
     ok, unsupported = _shardings(
         framework, structure.pp > 1, structure.dp * structure.cp > 1, offload, compiled
     )

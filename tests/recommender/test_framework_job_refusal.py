@@ -92,7 +92,10 @@ def test_every_deepspeed_target_refuses_the_splits_it_cannot_run_whatever_the_la
             dp = world // (tp * pp * cp)  # the plan's GPUs, so no refusal is about the world size
             layout = dataclasses.replace(plan.layout, dp=dp, tp=tp, pp=pp, cp=cp, sequence_parallel=False)
             moved = dataclasses.replace(plan, layout=layout)
-            if framework_structure_refusal(Framework.DEEPSPEED, tp, pp, cp) is None:
+            if (
+                framework_structure_refusal(Framework.DEEPSPEED, plan.model, plan.training, tp, pp, cp, 1)
+                is None
+            ):
                 allowed += 1
                 continue
             refused += 1
@@ -100,5 +103,38 @@ def test_every_deepspeed_target_refuses_the_splits_it_cannot_run_whatever_the_la
                 reason = REFUSALS[target](moved)
                 assert reason is not None and "GPUs in the cluster" not in reason, (layout, target, reason)
     assert refused and allowed
-    assert framework_structure_refusal(Framework.FSDP, 2, 2, 2) is None
-    assert framework_structure_refusal(Framework.MEGATRON, 2, 2, 2) is None
+    spec, plain = model("llama-3.1-8b").spec, TrainingSpec(seq_len=4096, global_batch_size=256)
+    assert framework_structure_refusal(Framework.FSDP, spec, plain, 2, 2, 2, 1) is None  # torchtitan
+    assert framework_structure_refusal(Framework.MEGATRON, spec, plain, 2, 2, 2, 1) is None
+
+
+def test_every_fsdp_target_refuses_pipeline_and_expert_splits_torchtitan_cannot_build() -> None:
+    """FSDP with pp or ep > 1 runs on torchtitan alone (Accelerate's MULTI_GPU is plain DDP and its
+    FSDP2 has neither, the HF Trainer is data parallel): where torchtitan refuses the job (a model
+    outside its registry, LoRA) or experts over tp, every FSDP target refuses every such layout."""
+    from service.launchers import framework_structure_refusal
+
+    fsdp = [plan for _, plan in grid() if plan.layout.framework is Framework.FSDP]
+    mixtral, qwen = model("mixtral-8x7b").spec, model("qwen3-30b-a3b").spec  # not in / in the registry
+    lora = TrainingSpec(seq_len=4096, global_batch_size=256, method=Method.LORA)
+    refused = 0
+    for plan in fsdp:
+        for spec, training in ((mixtral, plan.training), (qwen, lora), (qwen, plan.training)):
+            for tp, pp, ep in ((1, 1, 2), (1, 2, 1), (2, 1, 2), (1, 1, 1)):
+                world = plan.cluster.world_size
+                if world % (tp * pp) or (world // (tp * pp)) % ep:
+                    continue
+                layout = dataclasses.replace(
+                    plan.layout, dp=world // (tp * pp), tp=tp, pp=pp, cp=1, ep=ep, sequence_parallel=False
+                )
+                if framework_structure_refusal(Framework.FSDP, spec, training, tp, pp, 1, ep) is None:
+                    continue
+                refused += 1
+                moved = dataclasses.replace(plan, model=spec, training=training, layout=layout)
+                for target in FRAMEWORKS[Framework.FSDP].targets:
+                    reason = REFUSALS[target](moved)
+                    assert reason is not None and "GPUs in the cluster" not in reason, (layout, target)
+    assert refused > 20
+    plain = TrainingSpec(seq_len=4096, global_batch_size=256)
+    assert framework_structure_refusal(Framework.FSDP, qwen, plain, 1, 1, 1, 8) is None  # torchtitan's EP
+    assert framework_structure_refusal(Framework.FSDP, mixtral, plain, 2, 1, 2, 1) is None  # FSDP2 TP + CP
