@@ -234,21 +234,25 @@ def structures(
                 if broken is not None:
                     log.add(f"invalid: {broken.rule}", 1, layout, str(broken))
                     continue
-                for ep, etp in _ep_options(model, training, Layout(dp=layout.dp, tp=tp, cp=cp)):
+                if model.moe is None or method_parallel_violation(training, Layout(ep=2)):
+                    pairs: tuple[tuple[int, int | None], ...] = ((1, None),)
+                else:
+                    pairs = _ep_options(model, layout.dp, tp, cp)
+                for ep, etp in pairs:
                     yield Structure(gpus=gpus, dp=layout.dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
 
 
-def _ep_options(
-    model: ModelSpec, training: TrainingSpec, split: Layout
-) -> tuple[tuple[int, int | None], ...]:
-    """(ep, etp) pairs the validator accepts for a (tp, dp, cp) split: ep divides the experts, and
-    with tp > 1 also whole experts (etp 1, Megatron's MoE parallel folding: ep may reach tp x dp x cp);
-    only ep 1 for a method whose weights cannot be sliced (QLoRA: ``method_parallel_violation``)."""
-    if model.moe is None or method_parallel_violation(training, dataclasses.replace(split, ep=2)):
-        return ((1, None),)
-    etps: tuple[int | None, ...] = (None, 1) if split.tp > 1 else (None,)
+@functools.lru_cache(maxsize=4096)
+def _ep_options(model: ModelSpec, dp: int, tp: int, cp: int) -> tuple[tuple[int, int | None], ...]:
+    """(ep, etp) pairs the validator accepts for a (dp, tp, cp) split of an MoE model: ep divides
+    the experts, and with tp > 1 also whole experts (etp 1, Megatron's MoE parallel folding: ep may
+    reach tp x dp x cp). (``structures`` gives ep 1 alone to a method whose weights cannot be sliced,
+    QLoRA: ``method_parallel_violation``, which reads the method and the degrees, not the split.)
+    Cached: every count of a search, and every GPU type of a sweep, asks the same splits."""
+    assert model.moe is not None
+    etps: tuple[int | None, ...] = (None, 1) if tp > 1 else (None,)
     candidates = (
-        dataclasses.replace(split, ep=e, etp=etp) for etp in etps for e in divisors(model.moe.num_experts)
+        Layout(dp=dp, tp=tp, cp=cp, ep=e, etp=etp) for etp in etps for e in divisors(model.moe.num_experts)
     )
     return tuple((c.ep, c.etp) for c in candidates if expert_violation(model, c) is None)
 
