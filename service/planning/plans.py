@@ -46,10 +46,11 @@ from service.planning.calibration import (
 from service.planning.clusters import resolve_cluster
 from service.planning.estimates import check_scale, estimate_out, located
 from service.planning.idempotency import Outcome, create_once, request_digest
+from service.planning.runnable import no_framework_runs
 from service.recommender import headroom, recommend
 from service.recommender.budget import NO_DEADLINE, Deadline
 from service.recommender.space import sub_cluster
-from service.recommender.types import Candidate, Recommendation
+from service.recommender.types import Candidate, Constraints, Recommendation
 from service.versions import estimator_version
 
 # Stored with every key; the route it was first written for, kept so stored keys still match.
@@ -103,6 +104,9 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     runners = tuple(t for t in request.launchers if t not in (Target.SLURM, Target.KUBERNETES))
     if runners:
         constraints = dataclasses.replace(constraints, launchers=runners)
+    unrunnable = _no_framework_runs(model, cluster, training, request, constraints)
+    if unrunnable is not None:
+        raise unrunnable
     key = hardware_key(cluster)
     plans = PlanRepository(session)
     runs = runs_on(plans, key)
@@ -139,6 +143,29 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         catalog_version=catalog_version(),
         estimator_version=estimator_version(),
     )
+
+
+def _no_framework_runs(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    request: PlanRequest,
+    constraints: Constraints,
+) -> Unprocessable | None:
+    """The 422 for a job no requested framework runs through the requested launchers, naming what
+    limited it: the launchers when the frameworks would run it through others, else the frameworks
+    when pinned, else the training."""
+    frameworks = constraints.frameworks
+    if (
+        constraints.launchers
+        and no_framework_runs(model, cluster, training, frameworks, None, field="") is None
+    ):
+        field = "launchers"
+    elif request.constraints.frameworks:
+        field = "constraints.frameworks"
+    else:
+        field = "training"
+    return no_framework_runs(model, cluster, training, frameworks, constraints.launchers, field=field)
 
 
 def closest_out(

@@ -1,0 +1,91 @@
+"""Whether any requested framework can run the job at all, asked before a search.
+
+Some refusals do not depend on the layout: Megatron-LM has no PEFT and no TF32 switch, torchtitan
+builds only the models of its registry and emits no fp8 / fp16 converters, the HF Trainer has no fp8
+switch. A plan whose frameworks (and launchers) all refuse the job for such a reason would search
+every layout, reject each for the same reason, then spend the request's budget on suggestions that
+keep the frameworks and so cannot succeed either; it ended as an infeasible plan with nothing in
+``rejected`` or as a "too large to plan" 422 naming a 16-layer model. It is a 422 naming the field
+instead, with each framework's reason and those that would run it.
+
+A framework runs the job when its plainest layout (one GPU, no parallelism, no offload, no
+recompute) passes the layout-independent rules of ``validate.training_violation`` and a launcher
+(``launchers.runnable_targets``) runs it at one of the framework's ZeRO stages (DeepSpeed refuses
+pure bf16 at stage 0 only). Every launcher refusal that a larger layout lifts is about parallel
+degrees, offload or recompute, all off in that layout, so a framework refused here is refused for
+every layout of every cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from service.errors import Unprocessable
+from service.estimator.errors import EstimatorError
+from service.estimator.types import ClusterSpec, Framework, Layout, ModelSpec, Plan, TrainingSpec
+from service.estimator.validate import FRAMEWORK_CAPABILITIES, training_violation
+from service.launchers import Target, runnable_targets
+
+
+def framework_refusal(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    framework: Framework,
+    launchers: Sequence[Target] | None = None,
+) -> str | None:
+    """Why ``framework`` cannot run this model and training with any layout (through one of
+    ``launchers``, None: any), or None when a launcher runs its plainest layout."""
+    caps = FRAMEWORK_CAPABILITIES[framework]
+    one_gpu = dataclasses.replace(cluster, num_nodes=1, gpus_per_node=1)
+    refusals: list[str] = []
+    for zero_stage in sorted(caps.zero_stages):
+        try:
+            layout = Layout(framework=framework, zero_stage=zero_stage)
+        except EstimatorError:  # not a layout of this framework: nothing learned from it
+            continue
+        violation = training_violation(model, one_gpu, layout, training, caps)
+        if violation is not None:  # the rules it checks do not depend on the layout
+            return violation.message
+        plan = Plan(model=model, cluster=one_gpu, training=training, layout=layout)
+        runs, reasons = runnable_targets(plan, launchers)
+        if runs:
+            return None
+        refusals.append(
+            "; ".join(f"{target.value}: {reason}" for target, reason in reasons.items())
+            or f"none of the requested launchers runs {framework.value}"
+        )
+    return refusals[0] if refusals else None
+
+
+def no_framework_runs(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    frameworks: Sequence[Framework],
+    launchers: Sequence[Target] | None,
+    *,
+    field: str,
+) -> Unprocessable | None:
+    """The 422 for a job none of ``frameworks`` runs (through ``launchers``), naming ``field`` and
+    each framework's reason, and the frameworks that would run it without the request's limits; None
+    when one of them runs it."""
+    reasons = {fw: framework_refusal(model, cluster, training, fw, launchers) for fw in frameworks}
+    if any(reason is None for reason in reasons.values()):
+        return None
+    others = [fw.value for fw in Framework if framework_refusal(model, cluster, training, fw) is None]
+    would = (
+        f"; frameworks that run it with any launcher: {', '.join(others)}"
+        if others
+        else "; no framework runs it: change the training (precision, method) or the model"
+    )
+    errors = [
+        {"field": field, "message": f"{fw.value}: {reason}", "type": "no_launcher"}
+        for fw, reason in reasons.items()
+    ]
+    detail = (
+        "no requested framework can run this model and training with any layout, so no plan can "
+        "be made: " + " | ".join(e["message"] for e in errors) + would
+    )
+    return Unprocessable(detail, errors=errors)

@@ -1,0 +1,110 @@
+"""Ordinary requests a user sends, found wrong by probing the API (catalog GPU x method x framework
+pinned x precision x odd shapes, custom GPUs and HF configs, constraints, capacity): each answers
+with a sensible 2xx or a 422 that names the field and why, quickly.
+
+A job that no requested framework runs through any launcher, whatever the layout (Megatron-LM with
+LoRA or with TF32, FSDP with fp8, Megatron-LM with a sliding-window model), used to search every
+layout, reject each, and spend the rest of the request's budget on suggestions that kept the
+framework: an infeasible plan with an empty ``rejected`` and no suggestion, or, within the shipped
+1.5 s budget, a 422 "too large to plan" naming a 16-layer model's num_layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.helpers import assert_problem
+
+H100_X8 = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+SLIDING_MISTRAL = {
+    "model_type": "mistral",
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "sliding_window": 1024,
+}
+
+
+def plan_body(
+    model: dict[str, Any], training: dict[str, Any], constraints: dict[str, Any], **more: Any
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "cluster": H100_X8,
+        "training": {"seq_len": 2048, "global_batch_size": 16, **training},
+        "constraints": constraints,
+        **more,
+    }
+
+
+UNRUNNABLE = {
+    "megatron with lora": (
+        plan_body({"preset": "llama-3.2-1b"}, {"method": "lora"}, {"frameworks": ["megatron"]}),
+        "constraints.frameworks",
+        "PEFT",
+    ),
+    "megatron with qlora": (
+        plan_body({"preset": "mixtral-8x7b"}, {"method": "qlora"}, {"frameworks": ["megatron"]}),
+        "constraints.frameworks",
+        "PEFT",
+    ),
+    "megatron with tf32": (
+        plan_body({"preset": "llama-3.2-1b"}, {"precision": "tf32"}, {"frameworks": ["megatron"]}),
+        "constraints.frameworks",
+        "no TF32 switch",
+    ),
+    "fsdp with fp8": (
+        plan_body({"preset": "llama-3-8b"}, {"precision": "fp8"}, {"frameworks": ["fsdp"]}),
+        "constraints.frameworks",
+        "fp8",
+    ),
+    "megatron with a sliding-window model": (
+        plan_body({"hf_config": SLIDING_MISTRAL}, {}, {"frameworks": ["megatron"]}),
+        "constraints.frameworks",
+        "sliding-window",
+    ),
+    "lora through torchtitan only": (
+        plan_body({"preset": "llama-3-8b"}, {"method": "lora"}, {}, launchers=["torchtitan"]),
+        "launchers",
+        "torchtitan",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(UNRUNNABLE))
+def test_a_job_no_requested_framework_runs_is_a_422_naming_why(client: TestClient, case: str) -> None:
+    body, field, words = UNRUNNABLE[case]
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)
+    assert {e["field"] for e in problem["errors"]} == {field}, problem
+    assert all(e["type"] == "no_launcher" for e in problem["errors"]), problem
+    assert words in problem["detail"], problem["detail"]
+    assert "too large to plan" not in problem["detail"]
+    # and what would run it instead, where something does
+    if field == "constraints.frameworks":
+        assert "frameworks that run it" in problem["detail"] or "no framework runs it" in problem["detail"]
+    assert client.get("/v1/plans").json()["items"] == []  # nothing stored
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        plan_body({"preset": "llama-3.2-1b"}, {"precision": "bf16"}, {"frameworks": ["megatron"]}),
+        plan_body(
+            {"preset": "llama-3.2-1b"}, {"method": "lora", "precision": "tf32"}, {"frameworks": ["fsdp"]}
+        ),
+        plan_body({"preset": "llama-3.2-1b"}, {"precision": "fp8"}, {"frameworks": ["deepspeed"]}),
+        # one framework of two runs it: the search proceeds with that one
+        plan_body({"preset": "llama-3.2-1b"}, {"method": "lora"}, {"frameworks": ["megatron", "fsdp"]}),
+        plan_body({"hf_config": SLIDING_MISTRAL}, {}, {"frameworks": ["megatron", "deepspeed"]}),
+    ],
+    ids=["megatron bf16", "fsdp lora tf32", "deepspeed fp8", "megatron or fsdp, lora", "megatron or ds, swa"],
+)
+def test_a_job_one_requested_framework_runs_is_planned(client: TestClient, body: dict[str, Any]) -> None:
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    assert response.json()["status"] == "feasible"
