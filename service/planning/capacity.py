@@ -9,19 +9,54 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service.catalog.gpus import gpus as catalog_gpus
 from service.catalog.tuning import default_tuning
 from service.contracts.capacity import CapacityOptionOut, CapacityOut, CapacityRequest
 from service.contracts.clusters import ClusterRef
 from service.contracts.gpus import resolve_gpu
-from service.estimator.validate import attention_precision_violation
+from service.errors import Unprocessable
+from service.estimator.defaults import for_gpu
+from service.estimator.errors import EstimatorError
+from service.estimator.types import ClusterSpec, Framework, GPUSpec, ModelSpec, TrainingSpec
+from service.estimator.validate import attention_precision_violation, hardware_violation
 from service.persistence.repository import ClusterRepository
 from service.planning.clusters import resolve_cluster
 from service.planning.estimates import check_scale, located
+from service.planning.runnable import no_framework_runs
 from service.recommender.budget import NO_DEADLINE, Deadline
 from service.recommender.capacity import CapacityOption, capacity
-from service.recommender.types import Objective
+from service.recommender.types import Constraints, Objective
 
 _NOT_ON_THE_WIRE = ("layout", "source")  # the layout goes as a dict; the source as the cluster id
+
+
+def _no_framework_runs(
+    model: ModelSpec, training: TrainingSpec, constraints: Constraints, sources: list[GPUSpec] | None
+) -> Unprocessable | None:
+    """The 422 for a job no requested framework runs with any layout on any of the GPU types
+    (``planning.runnable``; None: the catalog's), rather than a search of every count on each that
+    rejects every layout and reports "no layout fits" or a spent budget. A GPU type that cannot run
+    the precision at all is left to its option, which says so."""
+    refused = None
+    for gpu in sources if sources is not None else list(catalog_gpus().values()):
+        try:
+            on_gpu = for_gpu(training, gpu)
+        except EstimatorError:  # what this GPU type cannot run is its option's to say
+            continue
+        one = ClusterSpec(
+            gpu=gpu,
+            num_nodes=1,
+            gpus_per_node=1,
+            intra_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
+            inter_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
+        )
+        if hardware_violation(one, on_gpu) is not None:
+            continue
+        field = "constraints.frameworks" if constraints.frameworks != tuple(Framework) else "training"
+        refused = no_framework_runs(model, one, on_gpu, constraints.frameworks, None, field=field)
+        if refused is None:
+            return None
+    return refused
 
 
 def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline = NO_DEADLINE) -> CapacityOut:
@@ -43,6 +78,9 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
     per_gpu_price = prices if isinstance(prices, dict) else None
     if isinstance(prices, float | int):
         constraints = dataclasses.replace(constraints, gpu_hour_cost=float(prices))
+    no_framework = _no_framework_runs(model, training, constraints, [c.gpu for c in stored] or gpus or None)
+    if no_framework is not None:
+        raise no_framework
     tuning = default_tuning()
     budget = deadline.budget(constraints.max_evaluations)
 

@@ -108,3 +108,41 @@ def test_a_job_one_requested_framework_runs_is_planned(client: TestClient, body:
     response = client.post("/v1/plans", json=body)
     assert response.status_code == 201, response.text
     assert response.json()["status"] == "feasible"
+
+
+@pytest.mark.parametrize(
+    ("training", "constraints", "words"),
+    [
+        ({"method": "lora"}, {"frameworks": ["megatron"]}, "PEFT"),
+        ({"precision": "tf32"}, {"frameworks": ["megatron"]}, "no TF32 switch"),
+        ({"precision": "fp8"}, {"frameworks": ["fsdp"]}, "fp8"),
+    ],
+)
+def test_capacity_for_a_job_no_requested_framework_runs_is_a_422_naming_why(
+    client: TestClient, training: dict[str, Any], constraints: dict[str, Any], words: str
+) -> None:
+    """It used to search every count of each GPU type, rejecting every layout, and answer "no layout
+    fits up to 512 GPUs" (not memory) or, for mixtral-8x7b, spend the 8 s budget."""
+    body = {
+        "model": {"preset": "llama-3.2-1b"},
+        "training": {"seq_len": 2048, "global_batch_size": 16, **training},
+        "gpus": ["h100-sxm-80gb", "a100-sxm-80gb"],
+        "constraints": constraints,
+    }
+    problem = assert_problem(client.post("/v1/capacity", json=body), 422)
+    assert {e["field"] for e in problem["errors"]} == {"constraints.frameworks"}, problem
+    assert words in problem["detail"], problem["detail"]
+
+
+def test_capacity_leaves_a_gpu_type_without_the_precision_to_its_option(client: TestClient) -> None:
+    """fp8 with deepspeed runs on an H100: the A100 (no fp8) is its own option, not a 422."""
+    body = {
+        "model": {"preset": "llama-3.2-1b"},
+        "training": {"seq_len": 2048, "global_batch_size": 16, "precision": "fp8"},
+        "gpus": ["a100-sxm-80gb", "h100-sxm-80gb"],
+        "constraints": {"frameworks": ["deepspeed"]},
+    }
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    fits = {o["gpu"]: o["fits"] for o in response.json()["options"]}
+    assert fits["h100-sxm-80gb"] is True
