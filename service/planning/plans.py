@@ -122,7 +122,15 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     rec = recommend(model, cluster, training, searched, default_tuning(), budget=budget)
     if budget.cancelled_now():  # a plan that finished after its client left is not stored either
         raise ClientClosedRequest("the client closed the connection; the plan was not stored")
-    if budget.reason == "time" and not (rec.recommended or rec.suggestions or rec.closest):
+    # Nothing computed in time: the inputs that make the job big are named. A search that ran to its
+    # end has its answer (infeasible, and why in rejected) even when the suggestions after it ran out
+    # of time, which suggestions_skipped says: a 422 there named a 70B model's 80 layers as too big
+    # to plan when the states alone needed 263 GiB per GPU of 91 allowed.
+    if (
+        budget.reason == "time"
+        and rec.search.truncated
+        and not (rec.recommended or rec.suggestions or rec.closest)
+    ):
         raise too_big_to_plan(model, cluster, training, deadline)
     result = plan_result(rec, model, cluster, training, request, runs)
     artifacts, unsupported = render_artifacts(rec, model, cluster, training, request)

@@ -13,8 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from service.main import create_app
+from service.settings import Settings
 from tests.api.helpers import assert_problem
 
 H100_X8 = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
@@ -146,3 +149,29 @@ def test_capacity_leaves_a_gpu_type_without_the_precision_to_its_option(client: 
     assert response.status_code == 200, response.text
     fits = {o["gpu"]: o["fits"] for o in response.json()["options"]}
     assert fits["h100-sxm-80gb"] is True
+
+
+LLAMA_70B_128K_ON_4 = {
+    "model": {"preset": "llama-3-70b"},
+    "cluster": {"gpu": "h100-sxm-500w-96gb", "num_nodes": 1, "gpus_per_node": 4},
+    "training": {"seq_len": 131072, "global_batch_size": 1, "precision": "bf16"},
+    "constraints": {"frameworks": ["deepspeed"]},
+}
+
+
+def test_a_search_that_ran_to_its_end_answers_even_when_the_suggestions_ran_out_of_time(
+    app: FastAPI, migrated_url: str
+) -> None:
+    """The search ends at once (the model states alone need 263 GiB per GPU of 91 allowed); the
+    suggestions after it (none fits with DeepSpeed at 128k tokens and a batch of 1) spend the rest of
+    the budget. That was a 422 "too large to plan" naming the 80 layers; it is the infeasible plan,
+    its rejection, and the suggestions skipped for time."""
+    del app  # its teardown empties the tables this app writes to
+    short = create_app(Settings(database_url=migrated_url, max_body_bytes=256 * 1024, request_budget_s=0.2))
+    with TestClient(short, raise_server_exceptions=False) as client:
+        response = client.post("/v1/plans", json=LLAMA_70B_128K_ON_4)
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert plan["status"] == "infeasible" and plan["search"]["truncated"] is False
+    assert any("model states alone" in r["detail"] for r in plan["rejected"]), plan["rejected"]
+    assert all("time budget" in s["reason"] for s in plan["suggestions_skipped"]), plan["suggestions_skipped"]
