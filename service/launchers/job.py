@@ -33,6 +33,13 @@ class Entry:
     env: list[tuple[str, str]]
 
 
+# The targets whose entry points Slurm and Kubernetes wrap (``refusal`` below: DeepSpeed's for its
+# layouts, Megatron-LM's, torchtitan's then the HF Trainer's for FSDP): a plan for a wrapper must run
+# in one of them. Accelerate is not wrapped (its launcher is accelerate launch, not torchrun).
+WRAPPED_TARGETS = (Target.DEEPSPEED, Target.MEGATRON, Target.TORCHTITAN, Target.HF_TRAINER)
+WRAPPERS = (Target.SLURM, Target.KUBERNETES)
+
+
 def refusal(plan: Plan) -> Refusal:
     """Why no entry point runs the plan, or None: the refusal of the framework's target (for FSDP,
     torchtitan's and then the HF Trainer's), prefixed with that target's name."""

@@ -30,6 +30,7 @@ from service.estimator.scale import MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKEN
 from service.estimator.types import ClusterSpec, Layout, ModelSpec, Plan, TrainingSpec
 from service.estimator.validate import hardware_violation
 from service.launchers import Target, render
+from service.launchers.job import WRAPPED_TARGETS, WRAPPERS
 from service.persistence.models import PlanRecord
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibrated import calibrated_candidates
@@ -101,7 +102,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     check_scale(model, cluster, training)
     constraints = request.constraints.to_domain()
     # the recommendation must run in one of the requested launchers (Slurm and Kubernetes wrap one)
-    runners = tuple(t for t in request.launchers if t not in (Target.SLURM, Target.KUBERNETES))
+    runners = runner_targets(request.launchers)
     if runners:
         constraints = dataclasses.replace(constraints, launchers=runners)
     unrunnable = _no_framework_runs(model, cluster, training, request, constraints)
@@ -151,6 +152,19 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         catalog_version=catalog_version(),
         estimator_version=estimator_version(),
     )
+
+
+def runner_targets(launchers: list[Target]) -> tuple[Target, ...]:
+    """The targets the recommendation must run in, one of them, for the requested ``launchers``
+    (empty: any). Slurm and Kubernetes wrap the entry points of ``job.WRAPPED_TARGETS``: asked for
+    alone (or with some of those), the layout must run in one of those, or the wrapper renders
+    nothing. Asked with Accelerate only (which they do not wrap), one of the two is rendered, as
+    before."""
+    runners = tuple(t for t in launchers if t not in WRAPPERS)
+    if not any(t in WRAPPERS for t in launchers):
+        return runners
+    wrapped = tuple(t for t in (runners or WRAPPED_TARGETS) if t in WRAPPED_TARGETS)
+    return wrapped or runners
 
 
 def _no_framework_runs(

@@ -175,3 +175,32 @@ def test_a_search_that_ran_to_its_end_answers_even_when_the_suggestions_ran_out_
     assert plan["status"] == "infeasible" and plan["search"]["truncated"] is False
     assert any("model states alone" in r["detail"] for r in plan["rejected"]), plan["rejected"]
     assert all("time budget" in s["reason"] for s in plan["suggestions_skipped"]), plan["suggestions_skipped"]
+
+
+@pytest.mark.parametrize(
+    ("preset", "gpu", "method", "launcher"),
+    [
+        ("llama-3-70b", "h100-sxm-80gb", "lora", "slurm"),
+        ("qwen3-8b", "a100-sxm-40gb", "qlora", "kubernetes"),
+        ("mixtral-8x7b", "a100-sxm-40gb", "lora", "slurm"),
+        ("gemma-2-9b", "h100-sxm-80gb", "full", "kubernetes"),
+    ],
+)
+def test_a_plan_for_slurm_or_kubernetes_alone_is_one_they_render(
+    client: TestClient, preset: str, gpu: str, method: str, launcher: str
+) -> None:
+    """Slurm and Kubernetes were left out of the search's launcher constraint (they wrap another
+    target), so asked for alone the plan could pick a layout only Accelerate runs (FSDP with TP and
+    LoRA, a model torchtitan does not build): feasible, and the one launcher asked for refused it."""
+    body = {
+        "model": {"preset": preset},
+        "cluster": {"gpu": gpu, "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 64, "method": method},
+        "launchers": [launcher],
+    }
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert plan["status"] == "feasible"
+    assert plan["unsupported_targets"] == {}, plan["unsupported_targets"]
+    assert {a["target"] for a in plan["artifacts"]} == {launcher}
