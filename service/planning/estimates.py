@@ -26,7 +26,8 @@ from service.estimator.errors import EstimatorError
 from service.estimator.params import parameter_counts
 from service.estimator.scale import scale_violation
 from service.estimator.step_time import cost
-from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, TrainingSpec
+from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, Plan, TrainingSpec
+from service.launchers import runnable_targets
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, hardware_key, job_traits
 from service.planning.clusters import resolve_cluster
@@ -63,7 +64,21 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
     out = estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
     out.resolved_defaults |= request.layout.chosen_defaults()
+    unrendered = launcher_warning(Plan(model=model, cluster=cluster, training=training, layout=layout))
+    if unrendered is not None:
+        out.warnings.append(unrendered)
     return out
+
+
+def launcher_warning(plan: Plan) -> str | None:
+    """What an estimate says when no launcher runs its layout as estimated (each target's refusal):
+    the numbers stand, but a plan never proposes the layout, so an estimate that fits next to an
+    infeasible plan says why (DeepSpeed with cp > 1, Megatron-LM with tf32 or LoRA, FSDP with fp8)."""
+    runs, reasons = runnable_targets(plan)
+    if runs:
+        return None
+    why = "; ".join(f"{target.value}: {reason}" for target, reason in reasons.items())
+    return f"no launcher runs this layout as estimated, so a plan never proposes it ({why})"
 
 
 def check_scale(model: ModelSpec, cluster: ClusterSpec | None, training: TrainingSpec) -> None:

@@ -204,3 +204,39 @@ def test_a_plan_for_slurm_or_kubernetes_alone_is_one_they_render(
     assert plan["status"] == "feasible"
     assert plan["unsupported_targets"] == {}, plan["unsupported_targets"]
     assert {a["target"] for a in plan["artifacts"]} == {launcher}
+
+
+@pytest.mark.parametrize(
+    ("training", "layout", "target"),
+    [
+        ({}, {"framework": "deepspeed", "dp": 2, "cp": 4, "zero_stage": 3}, "deepspeed"),
+        ({"precision": "tf32"}, {"framework": "megatron", "dp": 8}, "megatron"),
+        ({"precision": "fp8"}, {"framework": "fsdp", "dp": 8, "zero_stage": 3}, "torchtitan"),
+    ],
+)
+def test_an_estimate_of_a_layout_no_launcher_runs_says_so(
+    client: TestClient, training: dict[str, Any], layout: dict[str, Any], target: str
+) -> None:
+    """The estimate answers (its numbers stand), but one that fits beside an infeasible plan, which
+    never proposes such a layout, used to give no hint why."""
+    body = {
+        "model": {"preset": "llama-3-8b"},
+        "cluster": H100_X8,
+        "training": {"seq_len": 4096, "global_batch_size": 64, **training},
+        "layout": layout,
+    }
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    said = [w for w in response.json()["warnings"] if w.startswith("no launcher runs this layout")]
+    assert len(said) == 1 and f"{target}: " in said[0], response.json()["warnings"]
+
+
+def test_an_estimate_of_a_layout_a_launcher_runs_says_nothing_of_launchers(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "llama-3-8b"},
+        "cluster": H100_X8,
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+        "layout": {"framework": "deepspeed", "dp": 8, "zero_stage": 3},
+    }
+    warnings = client.post("/v1/estimates", json=body).json()["warnings"]
+    assert not any(w.startswith("no launcher") for w in warnings), warnings
