@@ -12,6 +12,7 @@ from service.contracts.estimates import (
     CalibrationOut,
     EstimateOut,
     EstimateRequest,
+    LayoutIn,
     LimitsOut,
     MemoryOut,
     MemoryPerGPUOut,
@@ -34,6 +35,8 @@ from service.planning.clusters import resolve_cluster
 
 TRAINING_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
 LAYOUT_FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
+# LayoutIn's bound on dp: a derived one past it is left to the world-size rule
+DP_LIMIT = next(m.le for m in LayoutIn.model_fields["dp"].metadata if hasattr(m, "le"))
 
 
 def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
@@ -43,7 +46,8 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     cluster = resolve_cluster(request.cluster, ClusterRepository(session))
     training = request.training.to_domain(cluster.gpu)
     check_scale(model, cluster, training)
-    layout = request.layout.to_domain()
+    layout_in, chosen_dp = with_derived_dp(request.layout, cluster.world_size)
+    layout = layout_in.to_domain()
     total = parameter_counts(model).total
     target = job_traits(total, training.seq_len, layout)
     learned = calibration_for(PlanRepository(session), hardware_key(cluster), layout.framework.value, target)
@@ -63,7 +67,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     applied = applied_calibration(learned.calibration, uncalibrated.time if uncalibrated else None)
     calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
     out = estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
-    out.resolved_defaults |= request.layout.chosen_defaults()
+    out.resolved_defaults |= layout_in.chosen_defaults() | chosen_dp
     unrendered = launcher_warning(Plan(model=model, cluster=cluster, training=training, layout=layout))
     if unrendered is not None:
         out.warnings.append(unrendered)
@@ -79,6 +83,21 @@ def launcher_warning(plan: Plan) -> str | None:
         return None
     why = "; ".join(f"{target.value}: {reason}" for target, reason in reasons.items())
     return f"no launcher runs this layout as estimated, so a plan never proposes it ({why})"
+
+
+def with_derived_dp(layout: LayoutIn, world_size: int) -> tuple[LayoutIn, dict[str, str]]:
+    """The layout with ``dp`` filling the cluster when the request left it out (the GPUs over
+    tp x pp x cp, as gradient_accumulation_steps is derived from the batch), and the choice as the
+    answer's resolved_defaults names it. dp = 1 on a node of 8 was a 422 (dp*tp*pp*cp = 1 != world
+    size 8) for {"framework": "fsdp", "zero_stage": 3}. Where tp x pp x cp does not divide the GPUs
+    the request is left as it is, for the world-size rule to name."""
+    if "dp" in layout.model_fields_set:
+        return layout, {}
+    others = layout.tp * layout.pp * layout.cp
+    dp, rest = divmod(world_size, others)
+    if rest or dp <= 1 or dp > DP_LIMIT:
+        return layout, {}
+    return layout.model_copy(update={"dp": dp}), {"layout.dp": str(dp)}
 
 
 def check_scale(model: ModelSpec, cluster: ClusterSpec | None, training: TrainingSpec) -> None:

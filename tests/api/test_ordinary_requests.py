@@ -240,3 +240,42 @@ def test_an_estimate_of_a_layout_a_launcher_runs_says_nothing_of_launchers(clien
     }
     warnings = client.post("/v1/estimates", json=body).json()["warnings"]
     assert not any(w.startswith("no launcher") for w in warnings), warnings
+
+
+@pytest.mark.parametrize(
+    ("layout", "dp"),
+    [
+        ({"framework": "fsdp", "zero_stage": 3}, 8),
+        ({"framework": "megatron", "tp": 2, "zero_stage": 1}, 4),
+        ({"framework": "megatron", "tp": 2, "pp": 2, "cp": 2}, 1),
+    ],
+)
+def test_an_estimate_without_dp_fills_the_cluster_and_says_so(
+    client: TestClient, layout: dict[str, Any], dp: int
+) -> None:
+    """dp defaulted to 1 whatever the cluster, so the natural {"framework": "fsdp", "zero_stage": 3}
+    on a node of 8 was a 422 (dp*tp*pp*cp = 1 != world size 8)."""
+    body = {
+        "model": {"preset": "llama-3-8b"},
+        "cluster": H100_X8,
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+        "layout": layout,
+    }
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["layout"]["dp"] == dp
+    assert result["resolved_defaults"].get("layout.dp") == (str(dp) if dp > 1 else None)
+
+
+def test_an_estimate_whose_degrees_do_not_divide_the_cluster_still_names_the_world_size(
+    client: TestClient,
+) -> None:
+    body = {
+        "model": {"preset": "llama-3-8b"},
+        "cluster": H100_X8,
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+        "layout": {"framework": "megatron", "pp": 3},
+    }
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert problem["errors"][0]["rule"] == "world_size"
