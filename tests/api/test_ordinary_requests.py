@@ -279,3 +279,27 @@ def test_an_estimate_whose_degrees_do_not_divide_the_cluster_still_names_the_wor
     }
     problem = assert_problem(client.post("/v1/estimates", json=body), 422)
     assert problem["errors"][0]["rule"] == "world_size"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="service/recommender/capacity.py: Llama 4 Maverick (128 experts) on H100 spends the request's "
+    "50,000 layout evaluations (3.3 s on the 2-core machine) and is cut (truncated, 'the request's "
+    "evaluation budget cut this search'); over the whole catalog the request takes the full 8 s "
+    "capacity budget and 16 of 19 GPU types come back truncated",
+)
+def test_capacity_for_an_moe_preset_on_one_gpu_type_finishes_within_two_seconds(
+    app: FastAPI, migrated_url: str
+) -> None:
+    del app  # its teardown empties the tables
+    settings = Settings(database_url=migrated_url, max_body_bytes=256 * 1024, capacity_budget_s=1.0)
+    body = {
+        "model": {"preset": "llama-4-maverick-17b-128e"},
+        "training": {"seq_len": 8192, "global_batch_size": 1024, "tokens": 10**12},
+        "gpus": ["h100-sxm-80gb"],
+    }
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    option = response.json()["options"][0]
+    assert option["fits"] and not option["truncated"], option["note"]
