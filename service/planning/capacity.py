@@ -30,6 +30,24 @@ from service.recommender.types import Constraints, Objective
 _NOT_ON_THE_WIRE = ("layout", "source")  # the layout goes as a dict; the source as the cluster id
 
 
+def _check_prices(prices: dict[str, float], sources: list[GPUSpec]) -> None:
+    """A price per GPU name prices the options of that GPU type; a name no option has would be
+    ignored, so it is refused, naming the GPU types the request has (a misspelt "h100" priced
+    nothing and the answer said nothing)."""
+    names = list(dict.fromkeys(gpu.name for gpu in sources))
+    unused = [name for name in prices if name not in names]
+    if unused:
+        errors = [
+            {
+                "field": f"gpu_hour_cost.{name}",
+                "message": f"no GPU type of the request is named {name!r}; its GPU types: {', '.join(names)}",
+                "type": "unused",
+            }
+            for name in unused
+        ]
+        raise Unprocessable("; ".join(e["message"] for e in errors), errors=errors)
+
+
 def _no_framework_runs(
     model: ModelSpec, training: TrainingSpec, constraints: Constraints, sources: list[GPUSpec] | None
 ) -> Unprocessable | None:
@@ -78,6 +96,8 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
     per_gpu_price = prices if isinstance(prices, dict) else None
     if isinstance(prices, float | int):
         constraints = dataclasses.replace(constraints, gpu_hour_cost=float(prices))
+    if per_gpu_price is not None:
+        _check_prices(per_gpu_price, [c.gpu for c in stored] or gpus or list(catalog_gpus().values()))
     no_framework = _no_framework_runs(model, training, constraints, [c.gpu for c in stored] or gpus or None)
     if no_framework is not None:
         raise no_framework

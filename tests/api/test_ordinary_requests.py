@@ -303,3 +303,20 @@ def test_capacity_for_an_moe_preset_on_one_gpu_type_finishes_within_two_seconds(
     assert response.status_code == 200, response.text
     option = response.json()["options"][0]
     assert option["fits"] and not option["truncated"], option["note"]
+
+
+def test_capacity_refuses_a_price_for_a_gpu_type_it_does_not_have(client: TestClient) -> None:
+    """A per-GPU price under a name no option has was ignored: the answer priced nothing and said
+    nothing (an input the model does not use is refused, not ignored)."""
+    body = {
+        "model": {"preset": "llama-3-8b"},
+        "training": {"seq_len": 4096, "global_batch_size": 64, "tokens": 10**10},
+        "gpus": ["h100-sxm-80gb", "a100-sxm-80gb"],
+        "gpu_hour_cost": {"h100-sxm-80gb": 2.0, "h100": 2.0},
+    }
+    problem = assert_problem(client.post("/v1/capacity", json=body), 422)
+    assert [e["field"] for e in problem["errors"]] == ["gpu_hour_cost.h100"], problem
+    assert "h100-sxm-80gb, a100-sxm-80gb" in problem["detail"]
+    body["gpu_hour_cost"] = {"h100-sxm-80gb": 2.0}  # a price for some of them: the others unpriced
+    options = {o["gpu"]: o for o in client.post("/v1/capacity", json=body).json()["options"]}
+    assert options["h100-sxm-80gb"]["cost"] is not None and options["a100-sxm-80gb"]["cost"] is None
