@@ -635,7 +635,9 @@ def plan(
 @main.command()
 @options(model_options, cluster_options, job_options)
 @click.option("--framework", type=choice(Framework), default="deepspeed", show_default=True)
-@click.option("--dp", type=int, default=1, show_default=True)
+@click.option(
+    "--dp", type=int, default=None, help="data-parallel degree [default: the GPUs over tp x pp x cp]"
+)
 @click.option("--tp", type=int, default=1, show_default=True)
 @click.option("--pp", type=int, default=1, show_default=True)
 @click.option("--cp", type=int, default=1, show_default=True)
@@ -660,7 +662,7 @@ def estimate(
     method: str,
     tokens: int | None,
     framework: str,
-    dp: int,
+    dp: int | None,
     tp: int,
     pp: int,
     cp: int,
@@ -672,8 +674,10 @@ def estimate(
 ) -> None:
     """Memory and step time of one layout (POST /v1/estimates)."""
     api = Api(url)
-    layout = {"framework": framework, "dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero_stage": zero,
+    layout = {"framework": framework, "tp": tp, "pp": pp, "cp": cp, "zero_stage": zero,
               "micro_batch_size": micro, "recompute": recompute}  # fmt: skip
+    if dp is not None:  # left out, the service fills the cluster with it (resolved_defaults says so)
+        layout["dp"] = dp
     body = {
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),

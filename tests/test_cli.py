@@ -223,6 +223,17 @@ def test_estimate_of_one_layout(database: str) -> None:
     assert "layout.tp_comm_overlap true" in megatron.output
 
 
+def test_an_estimate_without_dp_fills_the_gpus(database: str) -> None:
+    """--dp defaulted to 1, so `trainplan estimate --gpus 8xh100-sxm-80gb --framework fsdp --zero 3`
+    was the API's 422 (dp*tp*pp*cp = 1 != world size 8); left out, the service fills the GPUs."""
+    args = ["--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "4096", "--batch", "64"]
+    result = run("estimate", *args, "--framework", "fsdp", "--zero", "3", "--json")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert body["layout"]["dp"] == 8 and body["resolved_defaults"]["layout.dp"] == "8"
+    assert "layout.dp 8" in run("estimate", *args, "--framework", "megatron", "--zero", "1").output
+
+
 def test_a_calibrated_estimate_names_its_runs_and_its_figures_without_them(database: str) -> None:
     args = ["--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "64"]
     plan = json.loads(run("plan", *args, "--json").output)
