@@ -35,8 +35,11 @@ from service.planning.clusters import resolve_cluster
 
 TRAINING_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
 LAYOUT_FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
-# LayoutIn's bound on dp: a derived one past it is left to the world-size rule
-DP_LIMIT = next(m.le for m in LayoutIn.model_fields["dp"].metadata if hasattr(m, "le"))
+
+
+def _limit(field: str) -> int:
+    """LayoutIn's upper bound on a field: a derived value past it is left to the rule it breaks."""
+    return int(next(m.le for m in LayoutIn.model_fields[field].metadata if hasattr(m, "le")))
 
 
 def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
@@ -47,6 +50,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     training = request.training.to_domain(cluster.gpu)
     check_scale(model, cluster, training)
     layout_in, chosen_dp = with_derived_dp(request.layout, cluster.world_size)
+    layout_in, chosen_micro = with_derived_micro_batch(layout_in, training.global_batch_size)
     layout = layout_in.to_domain()
     total = parameter_counts(model).total
     target = job_traits(total, training.seq_len, layout)
@@ -67,7 +71,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     applied = applied_calibration(learned.calibration, uncalibrated.time if uncalibrated else None)
     calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
     out = estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
-    out.resolved_defaults |= layout_in.chosen_defaults() | chosen_dp
+    out.resolved_defaults |= layout_in.chosen_defaults() | chosen_dp | chosen_micro
     unrendered = launcher_warning(Plan(model=model, cluster=cluster, training=training, layout=layout))
     if unrendered is not None:
         out.warnings.append(unrendered)
@@ -95,9 +99,23 @@ def with_derived_dp(layout: LayoutIn, world_size: int) -> tuple[LayoutIn, dict[s
         return layout, {}
     others = layout.tp * layout.pp * layout.cp
     dp, rest = divmod(world_size, others)
-    if rest or dp <= 1 or dp > DP_LIMIT:
+    if rest or dp <= 1 or dp > _limit("dp"):
         return layout, {}
     return layout.model_copy(update={"dp": dp}), {"layout.dp": str(dp)}
+
+
+def with_derived_micro_batch(layout: LayoutIn, global_batch_size: int) -> tuple[LayoutIn, dict[str, str]]:
+    """The layout with ``micro_batch_size`` derived when the request gave gradient_accumulation_steps
+    but not it (global = micro x accumulation x dp, the contract's equation, solved the other way):
+    {"dp": 8, "gradient_accumulation_steps": 4} for a batch of 64 was a 422 (1 x 4 x 8 = 32 != 64).
+    Where the batch does not divide, the request is left to the batch rule to name."""
+    steps = layout.gradient_accumulation_steps
+    if steps is None or "micro_batch_size" in layout.model_fields_set:
+        return layout, {}
+    micro, rest = divmod(global_batch_size, steps * layout.dp)
+    if rest or micro <= 1 or micro > _limit("micro_batch_size"):
+        return layout, {}
+    return layout.model_copy(update={"micro_batch_size": micro}), {"layout.micro_batch_size": str(micro)}
 
 
 def check_scale(model: ModelSpec, cluster: ClusterSpec | None, training: TrainingSpec) -> None:

@@ -320,3 +320,23 @@ def test_capacity_refuses_a_price_for_a_gpu_type_it_does_not_have(client: TestCl
     body["gpu_hour_cost"] = {"h100-sxm-80gb": 2.0}  # a price for some of them: the others unpriced
     options = {o["gpu"]: o for o in client.post("/v1/capacity", json=body).json()["options"]}
     assert options["h100-sxm-80gb"]["cost"] is not None and options["a100-sxm-80gb"]["cost"] is None
+
+
+def test_an_estimate_with_accumulation_but_no_micro_batch_derives_the_micro_batch(client: TestClient) -> None:
+    """global = micro x accumulation x dp: with the accumulation given and the micro-batch left out,
+    the micro-batch defaulted to 1 and {"dp": 8, "gradient_accumulation_steps": 4} for a batch of 64
+    was a 422 (1 x 4 x 8 = 32 != 64)."""
+    body = {
+        "model": {"preset": "llama-3.2-1b"},
+        "cluster": H100_X8,
+        "training": {"seq_len": 2048, "global_batch_size": 64},
+        "layout": {"framework": "fsdp", "dp": 8, "zero_stage": 3, "gradient_accumulation_steps": 4},
+    }
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["layout"]["micro_batch_size"] == 2
+    assert result["resolved_defaults"]["layout.micro_batch_size"] == "2"
+    body["layout"]["gradient_accumulation_steps"] = 3  # 64 is no multiple of 3 x 8: the batch rule
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert problem["errors"][0]["field"] == "layout.gradient_accumulation_steps", problem
