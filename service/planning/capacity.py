@@ -21,7 +21,7 @@ from service.estimator.types import ClusterSpec, Framework, GPUSpec, ModelSpec, 
 from service.estimator.validate import attention_precision_violation, hardware_violation
 from service.persistence.repository import ClusterRepository
 from service.planning.clusters import resolve_cluster
-from service.planning.estimates import check_scale, located
+from service.planning.estimates import check_scale, located, unpriced_warning
 from service.planning.runnable import no_framework_runs
 from service.recommender.budget import NO_DEADLINE, Deadline
 from service.recommender.capacity import CapacityOption, capacity
@@ -140,4 +140,8 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
         )
         for o, cid in found
     ]
+    unpriced = unpriced_warning(request.gpu_hour_cost, training)
+    if unpriced is not None:  # each option's note says it, as it says its other defaults
+        for option in out:
+            option.note = f"{option.note}; {unpriced}" if option.note else unpriced
     return CapacityOut(options=out, duration_s=time.perf_counter() - started)

@@ -75,6 +75,9 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     unrendered = launcher_warning(Plan(model=model, cluster=cluster, training=training, layout=layout))
     if unrendered is not None:
         out.warnings.append(unrendered)
+    unpriced = unpriced_warning(request.gpu_hour_cost, training)
+    if unpriced is not None:
+        out.warnings.append(unpriced)
     return out
 
 
@@ -116,6 +119,17 @@ def with_derived_micro_batch(layout: LayoutIn, global_batch_size: int) -> tuple[
     if rest or micro <= 1 or micro > _limit("micro_batch_size"):
         return layout, {}
     return layout.model_copy(update={"micro_batch_size": micro}), {"layout.micro_batch_size": str(micro)}
+
+
+def unpriced_warning(gpu_hour_cost: object, training: TrainingSpec) -> str | None:
+    """What an answer says of a gpu_hour_cost it cannot use: it prices the time to train, which needs
+    training.tokens; without them the cost came back null and nothing said why."""
+    if gpu_hour_cost is None or training.tokens is not None:
+        return None
+    return (
+        "gpu_hour_cost is not used: it prices the time to train, which needs training.tokens (the "
+        "total tokens)"
+    )
 
 
 def check_scale(model: ModelSpec, cluster: ClusterSpec | None, training: TrainingSpec) -> None:

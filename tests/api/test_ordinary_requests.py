@@ -340,3 +340,28 @@ def test_an_estimate_with_accumulation_but_no_micro_batch_derives_the_micro_batc
     body["layout"]["gradient_accumulation_steps"] = 3  # 64 is no multiple of 3 x 8: the batch rule
     problem = assert_problem(client.post("/v1/estimates", json=body), 422)
     assert problem["errors"][0]["field"] == "layout.gradient_accumulation_steps", problem
+
+
+@pytest.mark.parametrize("path", ["/v1/estimates", "/v1/capacity"])
+def test_a_price_without_tokens_to_price_says_it_is_not_used(client: TestClient, path: str) -> None:
+    """gpu_hour_cost prices the time to train; without training.tokens the cost came back null and
+    nothing said why. The answer stands and says it (an estimate's warnings, each capacity option's
+    note)."""
+    training = {"seq_len": 4096, "global_batch_size": 64}
+    body: dict[str, Any] = {"model": {"preset": "llama-3.2-1b"}, "training": training, "gpu_hour_cost": 2.5}
+    if path == "/v1/estimates":
+        body |= {"cluster": H100_X8, "layout": {"framework": "fsdp", "zero_stage": 3}}
+    else:
+        body["gpus"] = ["h100-sxm-80gb"]
+
+    def said(result: dict[str, Any]) -> list[str]:
+        texts = result["warnings"] if path == "/v1/estimates" else [result["options"][0]["note"]]
+        return [t for t in texts if "gpu_hour_cost is not used" in t and "training.tokens" in t]
+
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    assert said(response.json()), response.json()
+    body["training"] = training | {"tokens": 10**10}
+    result = client.post(path, json=body).json()
+    priced = result["cost_to_train"] if path == "/v1/estimates" else result["options"][0]["cost"]
+    assert priced is not None and priced > 0 and not said(result)
