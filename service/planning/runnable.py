@@ -11,21 +11,27 @@ instead, with each framework's reason and those that would run it.
 A framework runs the job when its plainest layout (one GPU, no parallelism, no offload, no
 recompute) passes the layout-independent rules of ``validate.training_violation`` and a launcher
 (``launchers.runnable_targets``) runs it at one of the framework's ZeRO stages (DeepSpeed refuses
-pure bf16 at stage 0 only). Every launcher refusal that a larger layout lifts is about parallel
-degrees, offload or recompute, all off in that layout, so a framework refused here is refused for
-every layout of every cluster.
+pure bf16 at stage 0 only), its switches set as the search sets them for those launchers (the
+recipes', or for Megatron without its own target Megatron-LM's, which Accelerate runs). The other
+refusals a larger layout lifts are about parallel degrees, offload or recompute, all off in that
+layout, so a framework refused here is refused for every layout of every cluster (checked against
+the search over 1-8 GPUs for 8 models x 3 GPUs x 3 frameworks x 6 precisions x 3 methods x 5
+launcher sets: no refusal where it finds a layout).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
+from typing import Any
 
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
 from service.estimator.types import ClusterSpec, Framework, Layout, ModelSpec, Plan, TrainingSpec
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, training_violation
 from service.launchers import Target, runnable_targets
+from service.recommender.space import megatron_lm_switches
 
 
 def framework_refusal(
@@ -40,9 +46,11 @@ def framework_refusal(
     caps = FRAMEWORK_CAPABILITIES[framework]
     one_gpu = dataclasses.replace(cluster, num_nodes=1, gpus_per_node=1)
     refusals: list[str] = []
-    for zero_stage in sorted(caps.zero_stages):
+    for zero_stage, switches in itertools.product(
+        sorted(caps.zero_stages), _switches(framework, training, launchers)
+    ):
         try:
-            layout = Layout(framework=framework, zero_stage=zero_stage)
+            layout = Layout(framework=framework, zero_stage=zero_stage, **switches)
         except EstimatorError:  # not a layout of this framework: nothing learned from it
             continue
         violation = training_violation(model, one_gpu, layout, training, caps)
@@ -57,6 +65,25 @@ def framework_refusal(
             or f"none of the requested launchers runs {framework.value}"
         )
     return refusals[0] if refusals else None
+
+
+def _switches(
+    framework: Framework, training: TrainingSpec, launchers: Sequence[Target] | None
+) -> list[dict[str, Any]]:
+    """The framework switches the search sets: the recipes' (the Layout's defaults), or, for Megatron
+    when the launchers leave its own target out, Megatron-LM's own (fp32 main gradients, no fp8
+    weight gather, no overlapped reduce: ``space.megatron_lm_switches``), which Accelerate's
+    MegatronLMPlugin runs and the recipes' it does not."""
+    own = megatron_lm_switches(launchers, training.precision)
+    if framework is not Framework.MEGATRON or own is None:
+        return [{}]
+    return [
+        {
+            "grad_reduce_in_fp32": own.grad_reduce_in_fp32,
+            "fp8_param_gather": own.fp8_param_gather,
+            "overlap_grad_reduce": None,  # one GPU: no reduce to overlap (the search's choice there)
+        }
+    ]
 
 
 def no_framework_runs(

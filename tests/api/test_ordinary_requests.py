@@ -104,8 +104,22 @@ def test_a_job_no_requested_framework_runs_is_a_422_naming_why(client: TestClien
         # one framework of two runs it: the search proceeds with that one
         plan_body({"preset": "llama-3.2-1b"}, {"method": "lora"}, {"frameworks": ["megatron", "fsdp"]}),
         plan_body({"hf_config": SLIDING_MISTRAL}, {}, {"frameworks": ["megatron", "deepspeed"]}),
+        # Accelerate runs Megatron-LM only with its own switches (fp32 main grads), not the recipes'
+        plan_body(
+            {"preset": "llama-3.2-1b"},
+            {"precision": "bf16"},
+            {"frameworks": ["megatron"]},
+            launchers=["accelerate"],
+        ),
     ],
-    ids=["megatron bf16", "fsdp lora tf32", "deepspeed fp8", "megatron or fsdp, lora", "megatron or ds, swa"],
+    ids=[
+        "megatron bf16",
+        "fsdp lora tf32",
+        "deepspeed fp8",
+        "megatron or fsdp, lora",
+        "megatron or ds, swa",
+        "megatron through accelerate",
+    ],
 )
 def test_a_job_one_requested_framework_runs_is_planned(client: TestClient, body: dict[str, Any]) -> None:
     response = client.post("/v1/plans", json=body)
