@@ -295,18 +295,14 @@ def test_an_estimate_whose_degrees_do_not_divide_the_cluster_still_names_the_wor
     assert problem["errors"][0]["rule"] == "world_size"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="service/recommender/capacity.py: Llama 4 Maverick (128 experts) on H100 spends the request's "
-    "50,000 layout evaluations (3.3 s on the 2-core machine) and is cut (truncated, 'the request's "
-    "evaluation budget cut this search'); over the whole catalog the request takes the full 8 s "
-    "capacity budget and 16 of 19 GPU types come back truncated",
-)
 def test_capacity_for_an_moe_preset_on_one_gpu_type_finishes_within_two_seconds(
     app: FastAPI, migrated_url: str
 ) -> None:
+    """Llama 4 Maverick (128 experts) on H100 spent the request's 50,000 layout evaluations (3.3 s on
+    the 2-core machine) and was cut; main's early framework refusal (launchers.framework_model_refusal)
+    brought it under a second. Held here with a 1.5 s capacity budget: a fit, not cut."""
     del app  # its teardown empties the tables
-    settings = Settings(database_url=migrated_url, max_body_bytes=256 * 1024, capacity_budget_s=1.0)
+    settings = Settings(database_url=migrated_url, max_body_bytes=256 * 1024, capacity_budget_s=1.5)
     body = {
         "model": {"preset": "llama-4-maverick-17b-128e"},
         "training": {"seq_len": 8192, "global_batch_size": 1024, "tokens": 10**12},
@@ -379,3 +375,25 @@ def test_a_price_without_tokens_to_price_says_it_is_not_used(client: TestClient,
     result = client.post(path, json=body).json()
     priced = result["cost_to_train"] if path == "/v1/estimates" else result["options"][0]["cost"]
     assert priced is not None and priced > 0 and not said(result)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="service/recommender/capacity.py: capacity of DeepSeek-V3 (seq 8192, batch 1024) over the "
+    "catalog's 19 GPU types takes 3.1-3.6 s on the 2-core machine (qwen3-235b-a22b 2.3-3.5 s, "
+    "mixtral-8x7b 1.5-2.5 s) with the shipped 8 s budget; within 1.5 s options come back truncated",
+)
+def test_capacity_of_a_large_moe_over_the_catalog_finishes_within_two_seconds(
+    app: FastAPI, migrated_url: str
+) -> None:
+    del app  # its teardown empties the tables
+    settings = Settings(database_url=migrated_url, max_body_bytes=256 * 1024, capacity_budget_s=1.5)
+    body = {
+        "model": {"preset": "deepseek-v3"},
+        "training": {"seq_len": 8192, "global_batch_size": 1024, "tokens": 10**12},
+    }
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    cut = [o["gpu"] for o in response.json()["options"] if o["truncated"]]
+    assert cut == [], cut
