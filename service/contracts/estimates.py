@@ -32,7 +32,13 @@ from service.frameworks import sequence_parallel_default, tp_comm_overlap_defaul
 
 class LayoutIn(Strict):
     framework: Framework = Framework.DEEPSPEED
-    dp: int = Field(default=1, ge=1, le=1_000_000)
+    dp: int = Field(
+        default=1,
+        ge=1,
+        le=1_000_000,
+        description="data-parallel degree; left out of an estimate, the cluster's GPUs over tp x pp x cp "
+        "(named in resolved_defaults)",
+    )
     tp: int = Field(default=1, ge=1, le=1024)
     pp: int = Field(default=1, ge=1, le=1024)
     cp: int = Field(default=1, ge=1, le=1024)
