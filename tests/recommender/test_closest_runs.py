@@ -3,16 +3,16 @@ launcher runs, where any miss is: the closest a user cannot launch tells them no
 
 from __future__ import annotations
 
-from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator import evaluate
 from service.estimator.defaults import for_gpu
 from service.estimator.job import make_job
-from service.estimator.types import ClusterSpec, Framework, Layout, Method, Plan, Recompute, TrainingSpec
+from service.estimator.types import Framework, Layout, Method, Plan, Recompute, TrainingSpec
 from service.launchers import runnable_targets
 from service.recommender import Constraints, recommend
 from service.recommender.space import RejectionLog
+from tests.recommender import helpers
 
 MISS = "does not fit in GPU memory"
 
@@ -43,9 +43,14 @@ def test_a_closer_miss_replaces_the_example_only_as_the_launchers_allow() -> Non
     bound.add_memory(MISS, 1, _layout(2), 25, 20)
     assert bound.groups[MISS].example.dp == 2
     asked: list[int] = []  # the predicate is asked only where it decides
-    bound.add_memory(MISS, 1, _layout(4), 40, 20, runs=lambda: asked.append(4) is None)
+
+    def runs(dp: int) -> bool:
+        asked.append(dp)
+        return True
+
+    bound.add_memory(MISS, 1, _layout(4), 40, 20, runs=lambda: runs(4))
     assert bound.groups[MISS].example.dp == 4 and asked == [4]  # the held bound's example never runs
-    bound.add_memory(MISS, 1, _layout(8), 50, 20, runs=lambda: asked.append(8) is None)
+    bound.add_memory(MISS, 1, _layout(8), 50, 20, runs=lambda: runs(8))
     assert bound.groups[MISS].example.dp == 4 and asked == [4]  # farther than one that runs: not asked
 
 
@@ -54,13 +59,7 @@ def test_the_plans_closest_miss_is_one_a_launcher_runs() -> None:
     (1.3 GiB), but no launcher runs QLoRA with CP (Accelerate's CP is FSDP2's, which breaks NF4
     weights); the example shown is the closest miss that runs (DeepSpeed ZeRO-3, 3.9 GiB over)."""
     spec = model("llama-3.1-70b").spec
-    cluster = ClusterSpec(
-        gpu=gpu("l4-24gb"),
-        num_nodes=1,
-        gpus_per_node=4,
-        intra_node_bandwidth_bytes_per_s=32e9,
-        inter_node_bandwidth_bytes_per_s=12.5e9,
-    )
+    cluster = helpers.cluster("l4-24gb", nodes=1, per_node=4, inter=12.5e9)
     training = TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.QLORA)
     answer = recommend(spec, cluster, training, Constraints(), default_tuning(), with_suggestions=False)
     assert answer.recommended is None

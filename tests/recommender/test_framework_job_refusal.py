@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from service.catalog.gpus import gpu
 from service.catalog.models import model, models
 from service.catalog.tuning import default_tuning
-from service.estimator.types import ClusterSpec, Framework, Method, Precision, TrainingSpec
+from service.estimator.types import Framework, Method, Precision, TrainingSpec
 from service.frameworks import FRAMEWORKS
 from service.launchers import REFUSALS, framework_job_refusal
 from service.recommender import Constraints, search
 from tests.launchers.grid import grid
+from tests.recommender import helpers
 
 TRAINING = TrainingSpec(seq_len=4096, global_batch_size=256)
 REFUSED = [name for name in models() if framework_job_refusal(Framework.MEGATRON, model(name).spec, TRAINING)]
@@ -31,8 +31,15 @@ def test_every_megatron_target_refuses_every_layout_of_a_refused_model() -> None
     )
     megatron = [plan for _, plan in grid() if plan.layout.framework is Framework.MEGATRON]
     # with Megatron-LM's own switches too, which Accelerate's plugin runs where NVIDIA's it cannot
-    own = {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False, "fp8_param_gather": False}
-    plans = megatron + [dataclasses.replace(p, layout=dataclasses.replace(p.layout, **own)) for p in megatron]
+    plans = megatron + [
+        dataclasses.replace(
+            p,
+            layout=dataclasses.replace(
+                p.layout, grad_reduce_in_fp32=True, overlap_grad_reduce=False, fp8_param_gather=False
+            ),
+        )
+        for p in megatron
+    ]
     assert len(plans) > 20
     tf32 = TrainingSpec(seq_len=4096, global_batch_size=256, precision=Precision.TF32)
     assert framework_job_refusal(Framework.MEGATRON, model("llama-3.1-8b").spec, tf32) is not None
@@ -49,13 +56,7 @@ def test_every_megatron_target_refuses_every_layout_of_a_refused_model() -> None
 
 def test_the_search_leaves_the_framework_out_and_answers_as_without_it() -> None:
     spec = model("llama-4-scout-17b-16e").spec
-    cluster = ClusterSpec(
-        gpu=gpu("h100-sxm-80gb"),
-        num_nodes=2,
-        gpus_per_node=8,
-        intra_node_bandwidth_bytes_per_s=450e9,
-        inter_node_bandwidth_bytes_per_s=50e9,
-    )
+    cluster = helpers.cluster("h100-sxm-80gb", nodes=2)
     training = TrainingSpec(seq_len=4096, global_batch_size=128, method=Method.LORA)
     every = search(spec, cluster, training, Constraints(), default_tuning(), (16,))
     without = search(
