@@ -471,9 +471,11 @@ def _on_the_gpus_given(
 ) -> Suggestion:
     """A change that fits on the cluster as given, with its plan's memory and tokens/s."""
     est = found.estimate
+    used, given = found.layout.world_size, cluster.world_size
+    where = f"the {given} GPUs given" if used == given else f"{used} of the {given} GPUs given"
     return Suggestion(
         kind=kind,
-        detail=f"{what} fits on the {cluster.world_size} GPUs given: "
+        detail=f"{what} fits on {where}: "
         f"{est.memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)} with "
         f"{_layout_words(found.layout)}",
         gpu=cluster.gpu.name,

@@ -74,3 +74,20 @@ def test_the_plans_closest_miss_is_one_a_launcher_runs() -> None:
     assert miss.capacity_bytes is not None and miss.per_gpu_bytes is not None
     assert miss.capacity_bytes < need < miss.per_gpu_bytes  # a closer miss exists, and cannot run
     assert not runnable_targets(Plan(model=spec, cluster=cluster, training=job.training, layout=closer))[0]
+
+
+def test_a_suggestion_on_fewer_gpus_than_given_says_how_many_it_uses() -> None:
+    """A suggestion's re-plan may fit on fewer GPUs than the cluster has (the throughput objective
+    falls back to fewer when none of all fits): it said "fits on the 4 GPUs given" with a layout of 2."""
+    from service.recommender.suggest import _on_the_gpus_given
+
+    spec, training = model("llama-3.2-1b").spec, TrainingSpec(seq_len=2048, global_batch_size=16)
+    two = helpers.cluster("h100-sxm-80gb", nodes=1, per_node=2)
+    found = recommend(
+        spec, two, training, Constraints(), default_tuning(), with_suggestions=False
+    ).recommended
+    assert found is not None and found.layout.world_size == 2
+    four = helpers.cluster("h100-sxm-80gb", nodes=1, per_node=4)
+    said = _on_the_gpus_given("lora", "lora (rank 16)", four, found, training)
+    assert "fits on 2 of the 4 GPUs given" in said.detail and said.num_gpus == 2, said.detail
+    assert "fits on the 2 GPUs given" in _on_the_gpus_given("lora", "lora", two, found, training).detail
