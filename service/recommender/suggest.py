@@ -326,7 +326,8 @@ class _Ask:
                 detail=f"offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node "
                 f"({verdict}): {memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)}",
                 gpu=self.cluster.gpu.name,
-                num_gpus=self.cluster.world_size,
+                num_gpus=found.layout.world_size,  # the layout's GPUs, as _on_the_gpus_given says them
+                num_nodes=max(1, found.layout.world_size // self.cluster.gpus_per_node),
                 gpus_per_node=self.cluster.gpus_per_node,
                 per_gpu_bytes=memory.per_gpu.total,
                 cpu_per_node_bytes=memory.cpu_per_node_bytes,

@@ -73,6 +73,9 @@ def test_70b_on_eight_24gb_gpus_is_infeasible_and_says_how_many(tuning: Tuning) 
     offload = next(t for t in tips if t.kind == "offload")
     assert offload.cpu_per_node_bytes is not None and offload.cpu_per_node_bytes > 256 * 2**30
     assert "256 GiB" in offload.detail
+    # its GPUs and nodes are its layout's, as every suggestion on the GPUs given says them
+    assert offload.layout is not None and offload.num_gpus == offload.layout.world_size
+    assert offload.num_nodes == max(1, offload.layout.world_size // c.gpus_per_node)
     assert any(t.kind == "qlora" for t in tips)
 
 
