@@ -17,14 +17,14 @@ from service.contracts.gpus import resolve_gpu
 from service.errors import Unprocessable
 from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError
-from service.estimator.types import ClusterSpec, Framework, GPUSpec, ModelSpec, TrainingSpec
+from service.estimator.types import Framework, GPUSpec, ModelSpec, TrainingSpec
 from service.estimator.validate import attention_precision_violation, hardware_violation
 from service.persistence.repository import ClusterRepository
 from service.planning.clusters import resolve_cluster
 from service.planning.estimates import check_scale, located, unpriced_warning
 from service.planning.runnable import no_framework_runs
 from service.recommender.budget import NO_DEADLINE, Deadline
-from service.recommender.capacity import CapacityOption, capacity
+from service.recommender.capacity import CapacityOption, capacity, default_cluster
 from service.recommender.types import Constraints, Objective
 
 _NOT_ON_THE_WIRE = ("layout", "source")  # the layout goes as a dict; the source as the cluster id
@@ -61,13 +61,7 @@ def _no_framework_runs(
             on_gpu = for_gpu(training, gpu)
         except EstimatorError:  # what this GPU type cannot run is its option's to say
             continue
-        one = ClusterSpec(
-            gpu=gpu,
-            num_nodes=1,
-            gpus_per_node=1,
-            intra_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
-            inter_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
-        )
+        one = default_cluster(gpu, num_nodes=1, gpus_per_node=1)
         if hardware_violation(one, on_gpu) is not None:
             continue
         field = "constraints.frameworks" if constraints.frameworks != tuple(Framework) else "training"

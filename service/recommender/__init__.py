@@ -56,7 +56,7 @@ from service.estimator.validate import (
     validate_layout,
 )
 from service.frameworks import FRAMEWORKS, sequence_parallel_default
-from service.launchers import framework_job_refusal, runnable_targets
+from service.launchers import Target, framework_job_refusal, runnable_targets
 from service.recommender import headroom, rank
 from service.recommender.budget import Budget
 from service.recommender.space import (
@@ -389,11 +389,16 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
 NO_LAUNCHER = "no launcher runs it"
 
 
+def _launchers(search: _Search, job: Job, layout: Layout) -> tuple[list[Target], dict[Target, str]]:
+    """``launchers.runnable_targets`` of the layout among the requested ones, up to the first that
+    runs it."""
+    plan = Plan(model=search.model, cluster=job.cluster, training=search.training, layout=layout)
+    return runnable_targets(plan, search.constraints.launchers, first_only=True)
+
+
 def _launchable(search: _Search, job: Job, layout: Layout) -> bool:
     """Whether a requested launcher runs the layout (``_runs``, without logging why not)."""
-    plan = Plan(model=search.model, cluster=job.cluster, training=search.training, layout=layout)
-    runs, _ = runnable_targets(plan, search.constraints.launchers, first_only=True)
-    return bool(runs)
+    return bool(_launchers(search, job, layout)[0])
 
 
 def _shown(search: _Search, job: Job) -> tuple[_Search, Job] | None:
@@ -405,8 +410,7 @@ def _runs(search: _Search, job: Job, result: SearchResult, layout: Layout) -> bo
     """Whether a launcher of the layout's framework (of the requested ones) runs it: a plan is only
     worth proposing if it can be run as written. Asks each target's refusal, a predicate over the
     plan that renders nothing (tests/launchers/test_refusals.py holds it to what rendering does)."""
-    plan = Plan(model=search.model, cluster=job.cluster, training=search.training, layout=layout)
-    runs, reasons = runnable_targets(plan, search.constraints.launchers, first_only=True)
+    runs, reasons = _launchers(search, job, layout)
     if not runs:
         detail = "; ".join(f"{target.value}: {reason}" for target, reason in reasons.items())
         result.log.add(
