@@ -625,6 +625,8 @@ def _divisors(n: int, among: Sequence[int]) -> list[int]:
     return [d for d in among if n % d == 0]
 
 
+# Each framework's recompute policies, written out rather than read from service.frameworks: the
+# corpus must be the same requests for the two code versions it compares, whatever their registries.
 RECOMPUTE_OF = {
     "deepspeed": ("none", "full", "full"),
     "fsdp": ("none", "selective_op", "full"),
