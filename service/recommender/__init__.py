@@ -190,6 +190,22 @@ class _Search:
         """The model and training every layout of the search trains (``space.shardings``' job)."""
         return self.model, self.training
 
+    def shardings(self, job: Job, framework: Framework, s: Structure) -> tuple[list[Sharding], list[str]]:
+        """``space.shardings`` of ``framework`` at ``s`` as this search asks it (its offload devices,
+        compile, Megatron-LM switches and job), memoised with the job's memory parts: the lean check,
+        the ceilings and the structure search each ask it, for every structure of every count, and
+        the GPU types of a sweep ask the same. Callers read the lists, never change them."""
+        compiled = self.compiled(framework)
+        memo = job.memory_memos[_Search.shardings]  # the model and training are the memory inputs'
+        # what space.shardings reads of the structure: whether etp is set, the degrees the launchers'
+        # refusals read, and whether anything is data parallel
+        split = (s.etp is None, s.tp, s.pp, s.cp, s.ep, s.dp * s.cp > 1)
+        key = (framework, split, self.offload, compiled, self.megatron_lm)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = shardings(framework, s, self.offload, compiled, self.megatron_lm, self.job)
+        return cast(tuple[list[Sharding], list[str]], found)
+
     def compiled(self, framework: Framework) -> Compile:
         """How the search compiles ``framework``'s layouts: model and loss where asked
         (``Constraints.torch_compile``; ``search`` refuses it with QLoRA) and modelled (FSDP)."""
@@ -468,9 +484,7 @@ def _structure_ceilings(
     sizes_of: Sizes = {}
     ceilings: Ceilings = {}
     for framework in search.constraints.frameworks:
-        options, _ = shardings(
-            framework, s, search.offload, search.compiled(framework), search.megatron_lm, search.job
-        )
+        options, _ = search.shardings(job, framework, s)
         if not options:
             continue
         for virtual in virtual_stages(search.model, framework, s.pp):
@@ -488,9 +502,7 @@ def _search_structure(
 ) -> None:
     sizes_of, ceilings = known
     for framework in search.constraints.frameworks:
-        options, unsupported = shardings(
-            framework, s, search.offload, search.compiled(framework), search.megatron_lm, search.job
-        )
+        options, unsupported = search.shardings(job, framework, s)
         for reason in unsupported:
             if reason in result.log.groups:
                 result.log.groups[reason].count += 1  # the example is kept from the first
@@ -743,9 +755,7 @@ def _lean_fit(
     layouts that fits; (True, None) where a lean layout breaks a rule before any fits (no bound:
     the family's other members may be valid)."""
     for framework in runnable:
-        options, _ = shardings(
-            framework, s, search.offload, search.compiled(framework), search.megatron_lm, search.job
-        )
+        options, _ = search.shardings(job, framework, s)
         sp = sequence_parallel_default(framework, s.tp)
         sizes = _micro_batches(job, s, 1, sp)
         if not options or not sizes:
