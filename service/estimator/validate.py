@@ -786,8 +786,7 @@ def validate_layout(model: ModelSpec, cluster: ClusterSpec, layout: Layout, trai
         raise violation
 
 
-@functools.cache
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)  # bounded: n comes from requests (batch sizes, GPU counts)
 def divisors(n: int) -> tuple[int, ...]:
     """Positive divisors of ``n``, ascending."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
