@@ -108,9 +108,13 @@ _FINDINGS = [
     "would turn the sync into that stall, has no published figure we found, and the service does not "
     "fit one on these rows. The token-drop Qwen3 rows on B200 are estimated 31-41% too fast as well: a "
     "B200 MoE cost beyond the dropless one. The 26.04.01 rows (now expressible: their recipe's recompute "
-    "read at v0.4.2) run the hybridep flex dispatcher and CUDA graphs, neither an input: within 15% "
-    "but for Qwen3-235B on B200 (-37%) and Qwen3-30B at EP 16 over two H100 nodes (+70%: its all-to-all "
-    "is timed as NCCL's over the NICs, which hybridep beats).",
+    "read at v0.4.2) run CUDA graphs on B200, not an input, and the Qwen3-30B ones the hybridep flex "
+    "dispatcher, an input since (`Layout.moe_dispatcher` flex: one copy of a token per destination node "
+    "over the NICs and per destination GPU over NVLink, at HybridEP's published bandwidths, tuning.toml "
+    "`[moe_dispatch]`; timed as the alltoall dispatcher's NCCL all-to-all of every routed copy, the EP 16 "
+    "row over two H100 nodes was +70%). Within 15% but for Qwen3-235B on B200 (-37%) and the two "
+    "Qwen3-30B flex rows, now both too fast (-29% at EP 16 over two H100 nodes, -17% on one B200 node), "
+    "as the other dropless Qwen3-30B rows are.",
 ]
 
 

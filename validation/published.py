@@ -61,6 +61,7 @@ from service.estimator.types import (
     Method,
     MlpKind,
     ModelSpec,
+    MoeDispatcher,
     NormKind,
     PositionEmbedding,
     Precision,
@@ -423,12 +424,23 @@ def build_layout(row: Row, model: ModelSpec, caveats: list[str]) -> Layout:
             grad_reduce_in_fp32=ly.get("grad_reduce_in_fp32"),
             fp8_param_gather=ly.get("fp8_param_gather"),
             moe_capacity_factor=moe_capacity_factor_of(ly),
+            moe_dispatcher=moe_dispatcher_of(ly),
             torch_compile=compile_of(row),
         )
         pipeline_fields = _pipeline(row, model, base, caveats)
         return Layout(**{**_layout_fields(base), **pipeline_fields})
     except EstimatorError as error:
         raise Unexpressible(error.message) from None
+
+
+# The dispatchers a row's ``moe_dispatcher`` names as Layout.moe_dispatcher takes them (flex: the HybridEP
+# backend the service times); any other text (DeepEP, say) stays a caveat and the row the alltoall default.
+_DISPATCHERS = {dispatcher.value: dispatcher for dispatcher in MoeDispatcher}
+
+
+def moe_dispatcher_of(ly: Mapping[str, Any]) -> MoeDispatcher:
+    """Layout.moe_dispatcher of a row: the dispatcher it names exactly, else the alltoall default."""
+    return _DISPATCHERS.get(str(ly.get("moe_dispatcher")), MoeDispatcher.ALLTOALL)
 
 
 def moe_capacity_factor_of(ly: Mapping[str, Any]) -> float | None:
@@ -579,6 +591,10 @@ def _layout_caveat(key: str, value: Any, layout: Mapping[str, Any]) -> str | Non
         "megatron_fsdp": lambda: "Megatron-FSDP",
         "nccl_ub": lambda: "NCCL user buffers (not modelled)",
         "vocab_padding": lambda: f"vocabulary padding ({value}) not modelled",
+        # Layout.moe_dispatcher (moe_dispatcher_of) where it names one
+        "moe_dispatcher": lambda: (
+            None if str(value) in _DISPATCHERS else f"moe_dispatcher: {_short(value, 60)} (no service field)"
+        ),
     }
     if key in special:
         return special[key]()

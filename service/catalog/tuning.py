@@ -85,6 +85,26 @@ class LinksTable(_Table):
     latency_source: Source
 
 
+class NodesPoint(_Table):
+    """One point of a curve over the nodes a group spans, piecewise linear in log2(nodes)."""
+
+    nodes: PositiveInt = Field(description="nodes the expert-parallel group spans")
+    efficiency: Fraction = Field(description="achieved / nominal per-GPU NIC bandwidth")
+
+
+class MoeDispatchTable(_Table):
+    """[moe_dispatch]: Megatron's flex token dispatcher (HybridEP backend), its achieved bandwidths."""
+
+    flex_intra_node_efficiency: Fraction = Field(
+        description="achieved / nominal NVLink bandwidth of the received tokens"
+    )
+    flex_intra_node_source: Source
+    flex_inter_node: Annotated[list[NodesPoint], Field(min_length=1)] = Field(
+        description="achieved / nominal NIC bandwidth of the tokens sent to other nodes, by node count"
+    )
+    flex_inter_node_source: Source
+
+
 class OverlapTable(_Table):
     """[overlap]: what hides under compute, by default and at most."""
 
@@ -209,6 +229,7 @@ class TuningFile(_Table):
     width: CurveTable
     tokens: CurveTable
     links: LinksTable
+    moe_dispatch: MoeDispatchTable
     overlap: OverlapTable
     host: HostTable
     memory_bound: MemoryBoundTable
@@ -236,6 +257,7 @@ def _points(points: list[Point]) -> tuple[CurvePoint, ...]:
 def to_tuning(file: TuningFile) -> Tuning:
     """The estimator's ``Tuning`` from a validated file."""
     peak, links, overlap, host = file.peak_fraction, file.links, file.overlap, file.host
+    dispatch = file.moe_dispatch
     bound, kernel, launch, align, memory = (
         file.memory_bound,
         file.attention_kernel,
@@ -253,6 +275,10 @@ def to_tuning(file: TuningFile) -> Tuning:
         intra_node_latency_s=links.intra_node_latency_s,
         inter_node_latency_s=links.inter_node_latency_s,
         collective_base_latency_s=links.collective_base_latency_s,
+        flex_intra_node_efficiency=dispatch.flex_intra_node_efficiency,
+        flex_inter_node_points=tuple(
+            CurvePoint(x=float(p.nodes), factor=p.efficiency) for p in dispatch.flex_inter_node
+        ),
         dp_overlap_by_framework=tuple(overlap.dp_by_framework.items()),
         dp_overlap_max_hidden_fraction=overlap.dp_max_hidden_fraction,
         tp_overlap_hidden_fraction=overlap.tp_hidden_fraction,

@@ -23,6 +23,7 @@ from service.estimator.types import (
     Layout,
     MemoryBreakdown,
     MemoryStatistic,
+    MoeDispatcher,
     Offload,
     Recompute,
     RecomputeModule,
@@ -118,6 +119,14 @@ class LayoutIn(Strict):
         description="megatron, MoE with ep > 1: --overlap-moe-expert-parallel-comm (combined 1F1B: each "
         "micro-batch's EP all-to-alls under another's compute; one more micro-batch in flight; pp > 1 "
         "needs virtual_pipeline_stages > 1, recompute not full)",
+    )
+    moe_dispatcher: MoeDispatcher = Field(
+        default=MoeDispatcher.ALLTOALL,
+        description="megatron, MoE with ep > 1: the token dispatcher (--moe-token-dispatcher-type). "
+        "alltoall: NCCL's all-to-all of every routed copy; flex: Megatron-Core's flex dispatcher with the "
+        "HybridEP backend (--moe-flex-dispatcher-backend hybridep), one fused kernel that sends a token once "
+        "per destination node over RDMA and forwards it over NVLink (Hopper or Blackwell GPUs; expert "
+        "tensor parallelism 1)",
     )
     moe_capacity_factor: float | None = Field(
         default=None,

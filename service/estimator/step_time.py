@@ -63,6 +63,7 @@ from service.estimator.tuning import (
     Tuning,
     attention_kernel_fractions,
     attention_kernel_rate,
+    flex_inter_node_efficiency,
     kernels_per_layer,
     matmul_efficiency,
 )
@@ -74,6 +75,7 @@ from service.estimator.types import (
     Layout,
     Method,
     ModelSpec,
+    MoeDispatcher,
     Offload,
     Precision,
     Recompute,
@@ -299,6 +301,7 @@ BASE_FIELDS = (
     "micro_batch_size",
     "gradient_accumulation_steps",
     "moe_capacity_factor",  # the routed experts' rows, and the dispatcher's host sync
+    "moe_dispatcher",  # the alltoall dispatcher's second permutation
 )
 
 
@@ -656,16 +659,18 @@ def moe_dispatch_bytes_per_row(job: Job, layout: Layout) -> float:
     layer-traffic proxy (``layer_traffic_bytes``: the permute and unpermute, 2 x 2 top_k h) does not
     count: Megatron's second permutation, which sorts the received rows by local expert after the
     all-to-all (token_dispatcher.py sort_chunks_by_idxs, ep > 1 with more than one local expert: read
-    and write 2h bytes each way), and its fp8 casts of the experts' inputs and output gradients,
-    which Transformer Engine's GroupedLinear quantises in a pass of their own (no norm to fuse into):
-    the up projection's input h and output gradient 2f or f, the down projection's input f and
-    output gradient h, each cast and cast transposed (``fp8_cast_bytes_per_element``)."""
+    and write 2h bytes each way; the flex dispatcher has none: HybridEP permutes, sends and permutes
+    for the experts in one step, token_dispatcher.py _HybridEPManager), and its fp8 casts of the
+    experts' inputs and output gradients, which Transformer Engine's GroupedLinear quantises in a
+    pass of their own (no norm to fuse into): the up projection's input h and output gradient 2f or
+    f, the down projection's input f and output gradient h, each cast and cast transposed
+    (``fp8_cast_bytes_per_element``)."""
     moe, model, tuning = job.model.moe, job.model, job.tuning
     if moe is None or layout.framework is not Framework.MEGATRON:
         return 0.0
     h, f = model.hidden_size, moe.expert_ffn_hidden_size / layout.expert_tp
     moved = 0.0
-    if layout.ep > 1 and moe.num_experts > layout.ep:
+    if layout.ep > 1 and moe.num_experts > layout.ep and layout.moe_dispatcher is MoeDispatcher.ALLTOALL:
         moved += 2 * 2 * element_bytes(job.training.precision) * h
     if job.training.precision is Precision.FP8:
         cast = tuning.fp8_cast_bytes_per_element + tuning.fp8_transposed_cast_bytes_per_element
@@ -693,9 +698,11 @@ def dispatcher_syncs_host(layout: Layout) -> bool:
     """Megatron-Core's alltoall token dispatcher copies the routed tokens' counts to the host and
     synchronises once per MoE layer and forward unless it pads to capacity (token_dispatcher.py:
     cuda_sync_point 'before_ep_alltoall', or 'before_finish' at ep = tp = 1; 'no_sync' in drop-and-pad
-    mode). DeepSpeed's MoE (ep > 1) pads to capacity by default and reads no count on the host
-    (sharded_moe.py since deepspeed#5578); Hugging Face's expert loop (FSDP, DeepSpeed at ep = 1) is not
-    modelled."""
+    mode). The flex dispatcher's HybridEP backend syncs as often: dropless, it sizes its output on the
+    host from the received counts (token_dispatcher.py _HybridEPManager: 'HybridEP sizes buffers
+    dynamically (CPU sync in dispatch)'). DeepSpeed's MoE (ep > 1) pads to capacity by default and
+    reads no count on the host (sharded_moe.py since deepspeed#5578); Hugging Face's expert loop (FSDP,
+    DeepSpeed at ep = 1) is not modelled."""
     return layout.framework is Framework.MEGATRON and layout.capacity_factor is None
 
 
@@ -1052,6 +1059,52 @@ def torch_ring_merge_s(job: Job, layout: Layout, base: StepBase) -> float:
     return moved / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
+def distinct_groups_reached(num_experts: int, top_k: int, groups: int) -> float:
+    """Expected distinct groups (nodes, or ranks) holding one token's top_k experts, when the E experts
+    are split evenly over ``groups`` and the token's k distinct experts are drawn uniformly: each
+    group, E/g of the experts, is missed by all k draws with probability C(E - E/g, k) / C(E, k)
+    (hypergeometric: k of E without replacement), so by linearity the token reaches
+    g (1 - C(E - E/g, k) / C(E, k)) groups. Uniform routing is what the force-balanced runs and
+    DeepEP's and HybridEP's benchmarks route; learned routing that favours a node reaches fewer."""
+    if groups <= 1:
+        return float(groups)
+    others = num_experts - num_experts / groups  # the experts outside one group
+    missed = 1.0  # C(E - E/g, k) / C(E, k) = prod_{i<k} (E - E/g - i) / (E - i)
+    for i in range(top_k):
+        missed *= max(0.0, others - i) / (num_experts - i)
+    return groups * (1.0 - missed)
+
+
+def flex_dispatch_s(job: Job, layout: Layout, tokens: float) -> float:
+    """One dispatch (or combine) of Megatron's flex dispatcher with the HybridEP backend, ``tokens``
+    per rank (DeepSeek-V3 report §3.2.2; deepseek-ai/DeepEP hybrid-ep branch): a token crosses the
+    network once per destination node other than its own, to the GPU of its local index there, which
+    forwards it over NVLink to the GPUs holding its experts, one copy per GPU whatever the number of
+    its experts there; the two legs overlap, so the slower one times it. NVLink: a rank receives
+    ``distinct_groups_reached`` over the ep ranks of every rank's tokens, h values each; network:
+    it sends each token to the distinct nodes its experts are on, (n-1)/n of them remote under
+    uniform routing. Each leg at HybridEP's published achieved fraction of the nominal bandwidth
+    (tuning.toml [moe_dispatch], counted in the same bytes); the busiest rank takes
+    ``expert_load_factor`` x the mean. No per-peer latency: one kernel, pipelined in chunks."""
+    moe, cluster, tuning = job.model.moe, job.cluster, job.tuning
+    if moe is None:
+        return 0.0
+    link = expert_link(job, layout)
+    token_bytes = (
+        job.model.hidden_size * element_bytes(job.training.precision) * expert_load_factor(job, layout)
+    )
+    ranks = distinct_groups_reached(moe.num_experts, moe.top_k, link.group_size)
+    received_bytes = tokens * ranks * token_bytes
+    intra_s = received_bytes / (cluster.intra_node_bandwidth_bytes_per_s * tuning.flex_intra_node_efficiency)
+    if not link.spans_nodes:
+        return intra_s
+    nodes = link.nodes
+    reached = distinct_groups_reached(moe.num_experts, moe.top_k, nodes)
+    sent_bytes = tokens * reached * (nodes - 1) / nodes * token_bytes
+    nic_bytes_per_s = cluster.inter_node_bandwidth_bytes_per_s * flex_inter_node_efficiency(tuning, nodes)
+    return max(intra_s, sent_bytes / nic_bytes_per_s)
+
+
 def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Expert parallelism: dispatch + combine all-to-all, forward and backward, per MoE layer."""
     moe = job.model.moe
@@ -1061,10 +1114,13 @@ def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     # each routed copy of a token (top_k of them) carries h values; SP splits tokens over tp; the
     # busiest rank receives expert_load_factor x the mean (padded: capacity x E rows are sent)
     tokens = base.tokens / (layout.tp if layout.sequence_parallel else 1)
-    size_bytes = tokens * moe.top_k * job.model.hidden_size * element_bytes(job.training.precision)
-    size_bytes *= expert_load_factor(job, layout)
     collectives = 4 + (2.0 * recomputed_share(job, layout) if redispatches(layout) else 0.0)
-    one = comm.group_all_to_all_s(size_bytes, expert_link(job, layout))
+    if layout.moe_dispatcher is MoeDispatcher.FLEX:
+        one = flex_dispatch_s(job, layout, tokens)
+    else:
+        size_bytes = tokens * moe.top_k * job.model.hidden_size * element_bytes(job.training.precision)
+        size_bytes *= expert_load_factor(job, layout)
+        one = comm.group_all_to_all_s(size_bytes, expert_link(job, layout))
     if not layout.moe_a2a_overlap:
         return base.micro_batches * moe_layers * collectives * one
     # Combined 1F1B (Megatron-Core pipeline_parallel/combined_1f1b.py): a layer's forward dispatch and

@@ -114,6 +114,10 @@ class Tuning:
     unaligned_attention_core_factor: float  # eager QK^T / AV rate off that alignment, x the GEMM rate
     kernel_launch_s: float = 0.0  # the least a kernel costs, launch included (0: no floor)
     moe_host_sync_s: float = 0.0  # GPU idle per device-to-host sync of an MoE dispatcher (0: none)
+    # Megatron's flex dispatcher (HybridEP): achieved / nominal NVLink bandwidth of its intra-node leg,
+    # and achieved / nominal NIC bandwidth of its inter-node leg by the nodes the EP group spans
+    flex_intra_node_efficiency: float = 1.0
+    flex_inter_node_points: tuple[CurvePoint, ...] = (CurvePoint(x=2.0, factor=1.0),)
     kernels_per_layer_by_framework: tuple[tuple[Framework, int], ...] = ()  # a decoder layer's forward
     compiled_kernels_per_layer: int = 0  # the same under torch.compile (0: no floor)
     # flash-style attention: the kernel each framework runs, and the published rates per die
@@ -136,6 +140,7 @@ class Tuning:
                 )
             fractions += [p.factor for p in (*rate.forward_points, *rate.backward_points)]
         fractions += [self.intra_node_bus_efficiency, self.inter_node_bus_efficiency]
+        fractions += [self.flex_intra_node_efficiency, *(p.factor for p in self.flex_inter_node_points)]
         fractions.append(self.unaligned_attention_core_factor)
         for value in fractions:
             if not 0.0 < value <= 1.0:
@@ -152,7 +157,7 @@ class Tuning:
                 f"attention_alignment_bytes must be >= 1, got {self.attention_alignment_bytes}",
                 rule="positive",
             )
-        if not self.width_points or not self.tokens_points:
+        if not self.width_points or not self.tokens_points or not self.flex_inter_node_points:
             raise InvalidHardware("efficiency curves need at least one point", rule="non_empty")
 
 
@@ -166,6 +171,12 @@ def _interpolate_log2(points: tuple[CurvePoint, ...], x: float) -> float:
             t = (math.log2(x) - math.log2(low.x)) / (math.log2(high.x) - math.log2(low.x))
             return low.factor + t * (high.factor - low.factor)
     return ordered[-1].factor
+
+
+def flex_inter_node_efficiency(tuning: Tuning, nodes: int) -> float:
+    """Achieved / nominal NIC bandwidth of the flex dispatcher's inter-node leg over ``nodes`` nodes:
+    HybridEP's published table by node count, piecewise linear in log2(nodes), flat outside it."""
+    return _interpolate_log2(tuning.flex_inter_node_points, nodes)
 
 
 def conservative_peak_fraction(tuning: Tuning) -> float:

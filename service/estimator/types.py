@@ -665,6 +665,20 @@ class Compile(StrEnum):
     MODEL_AND_LOSS = "model_and_loss"
 
 
+class MoeDispatcher(StrEnum):
+    """How Megatron-Core moves an MoE layer's routed tokens to the expert-parallel ranks and back
+    (--moe-token-dispatcher-type, megatron/core/transformer/transformer_config.py @d98e8a6)."""
+
+    # NCCL all-to-all of every routed copy (top_k per token), permuted before and sorted by local
+    # expert after (token_dispatcher.py MoEAlltoAllTokenDispatcher)
+    ALLTOALL = "alltoall"
+    # flex with the HybridEP backend (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
+    # hybridep, as NVIDIA's Megatron-Bridge recipes run it): one fused permute + dispatch kernel that
+    # sends a token once per destination node over RDMA and forwards it over NVLink to the GPUs there
+    # (deepseek-ai/DeepEP hybrid-ep branch; DeepSeek-V3 report §3.2.2)
+    FLEX = "flex"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
     """How one job is split over the cluster. FSDP FULL_SHARD is zero_stage 3, SHARD_GRAD_OP 2;
@@ -711,6 +725,9 @@ class Layout:
     # Megatron --overlap-moe-expert-parallel-comm: the combined 1F1B schedule runs one micro-batch's
     # forward beside another's backward, each one's EP all-to-alls under the other's compute
     moe_a2a_overlap: bool = False
+    # Megatron's MoE token dispatcher (``MoeDispatcher``): alltoall, or flex (HybridEP's deduplicating
+    # dispatch, Hopper / Blackwell only)
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
     # Token-drop MoE: every routed expert takes at most capacity = factor x its mean load of each
     # micro-batch, padded to exactly that (Megatron --moe-expert-capacity-factor with
     # --moe-pad-expert-input-to-capacity, Megatron-Bridge's token-drop recipes: 1.0; DeepSpeed MoE's

@@ -35,6 +35,7 @@ from service.estimator.types import (
     Layout,
     Method,
     ModelSpec,
+    MoeDispatcher,
     Offload,
     PositionEmbedding,
     Precision,
@@ -64,6 +65,7 @@ class Capabilities:
     tp_comm_overlap_needs_compile: bool  # the overlap is a torch.compile (inductor) graph pass
     expert_tensor_parallel: bool  # etp: routed experts split over other ranks than tp
     moe_a2a_overlap: bool  # EP all-to-alls under another micro-batch's compute
+    flex_dispatcher: bool  # moe_dispatcher flex: Megatron-Core's flex token dispatcher (HybridEP)
     multi_token_prediction: bool  # trains the MTP modules (mtp_num_layers)
     ulysses_context_parallel: bool  # cp splits the heads (DeepSpeed-Ulysses), not ring attention
     fp32_base_under_autocast: bool  # a LoRA base left in fp32 while 16-bit autocast computes
@@ -98,6 +100,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             tp_comm_overlap_needs_compile=False,
             expert_tensor_parallel=False,  # deepspeed.moe splits experts over tp (or not at all)
             moe_a2a_overlap=False,
+            flex_dispatcher=False,  # deepspeed.moe's dispatch is its own all-to-all
             multi_token_prediction=False,  # transformers' DeepseekV3ForCausalLM drops the MTP modules
             ulysses_context_parallel=True,  # DeepSpeed-Ulysses' all-to-all over the heads
             # runtime/engine.py _configure_distributed_model: module.bfloat16() / .half() under its
@@ -128,6 +131,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             tp_comm_overlap_needs_compile=False,  # Transformer Engine's userbuffers, eager
             expert_tensor_parallel=True,  # --expert-tensor-parallel-size
             moe_a2a_overlap=True,  # --overlap-moe-expert-parallel-comm
+            flex_dispatcher=True,  # --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
             multi_token_prediction=True,  # Megatron-Core --mtp-num-layers
             ulysses_context_parallel=False,  # ring attention (--context-parallel-size)
             fp32_base_under_autocast=False,  # no PEFT
@@ -162,6 +166,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             tp_comm_overlap_needs_compile=True,
             expert_tensor_parallel=False,  # torchtitan 0.3's experts are tensor-parallel over tp
             moe_a2a_overlap=False,
+            flex_dispatcher=False,  # torchtitan's MoE and Hugging Face's expert loop have no such dispatcher
             multi_token_prediction=False,  # torchtitan builds no MTP modules
             ulysses_context_parallel=False,  # ring attention (context_parallel_degree)
             # HF Trainer bf16=True / fp16=True: torch.autocast over the model as loaded (DDP), or
@@ -706,6 +711,35 @@ def moe_a2a_overlap_violation(model: ModelSpec, layout: Layout) -> Violation:
     return None
 
 
+# The dies HybridEP is built and published for: Hopper (sm_90) and Blackwell (sm_100); it moves tokens with
+# TMA over NVLink and RDMA (deepseek-ai/DeepEP hybrid-ep docs/README_Hybrid-EP.md: H100, B200, GB200;
+# TORCH_CUDA_ARCH_LIST "9.0 10.0"; Megatron-Core MoE README: HybridEP on "GB200, B200, H100").
+FLEX_DISPATCHER_CHIPS = frozenset({"gh100", "gb100"})
+
+
+def moe_dispatcher_violation(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> Violation:
+    """Megatron's flex token dispatcher: Megatron only, an MoE model with ep > 1 (TransformerConfig:
+    'DeepEP dispatcher requires TPxEP > 1'), whole experts on each rank (with etp > 1 it dispatches
+    over the etp x ep group, each token to top_k x etp shards: not modelled), on Hopper or Blackwell."""
+    field = "moe_dispatcher"
+    if layout.moe_dispatcher is MoeDispatcher.ALLTOALL:
+        return None
+    if not FRAMEWORK_CAPABILITIES[layout.framework].flex_dispatcher:
+        why = f"{field} flex is Megatron-Core's flex token dispatcher; {layout.framework.value} has none"
+        return _bad(why, field, field)
+    if model.moe is None or layout.ep == 1:
+        return _bad(f"{field} flex dispatches routed tokens: needs an MoE model and ep > 1", "unused", field)
+    if layout.expert_tp > 1:
+        why = f"{field} flex with expert tensor parallelism {layout.expert_tp} is not modelled: set etp 1"
+        return _bad(why, field, field)
+    chip = cluster.gpu.chip
+    if chip not in FLEX_DISPATCHER_CHIPS:
+        die = chip or "a GPU of unnamed die"
+        why = f"{field} flex (HybridEP) runs on Hopper or Blackwell GPUs (gh100, gb100), not {die}"
+        return _bad(why, field, field)
+    return None
+
+
 def compile_violation(layout: Layout, training: TrainingSpec, caps: Capabilities) -> Violation:
     if layout.torch_compile is Compile.NONE:
         return None
@@ -770,6 +804,7 @@ def layout_violation(
         or fused_optimizer_batches_violation(layout, layout.accumulation_steps(training.global_batch_size))
         or recompute_violation(model, layout, caps)
         or moe_a2a_overlap_violation(model, layout)
+        or moe_dispatcher_violation(model, cluster, layout)
         or unused_switch_violation(cluster, layout)
         or tp_comm_overlap_compile_violation(layout, caps)
         or megatron_precision_violation(training, layout)

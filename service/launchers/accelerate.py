@@ -18,6 +18,7 @@ from service.estimator.types import (
     Compile,
     Framework,
     Method,
+    MoeDispatcher,
     Offload,
     Plan,
     Precision,
@@ -153,6 +154,11 @@ def _megatron_refusal(plan: Plan) -> Refusal:
         return (
             "Accelerate's megatron_lm_config has no --tp-comm-overlap / --overlap-moe-expert-parallel-comm "
             "setting; use the megatron target"
+        )
+    if lo.moe_dispatcher is not MoeDispatcher.ALLTOALL:
+        return (
+            f"moe_dispatcher {lo.moe_dispatcher.value}: MegatronLMPlugin has no field for "
+            "--moe-token-dispatcher-type / --moe-flex-dispatcher-backend; use the megatron target"
         )
     if lo.recompute_modules is not None and set(lo.recompute_modules) != {RecomputeModule.CORE_ATTN}:
         # MegatronLMPlugin's recompute_activations sets selective granularity with Megatron's default

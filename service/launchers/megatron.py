@@ -15,6 +15,7 @@ from service.estimator.types import (
     Method,
     MlpKind,
     ModelSpec,
+    MoeDispatcher,
     NormKind,
     Offload,
     Plan,
@@ -218,12 +219,16 @@ def _model_args(plan: Plan) -> list[str]:
             "--num-experts", str(moe.num_experts),
             "--moe-router-topk", str(moe.top_k),
             "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size),
-            # the estimate's dispatch is the all-to-all (step_time.ep_comm_s; Megatron's default is
-            # allgather) over one grouped GEMM per rank's experts, as NVIDIA's recipes run them
-            # (moe_act recompute needs it too: TransformerConfig)
-            "--moe-token-dispatcher-type", "alltoall",
+            # the estimate's dispatch is the layout's dispatcher (step_time.ep_comm_s: alltoall or flex;
+            # Megatron's default is allgather) over one grouped GEMM per rank's experts, as NVIDIA's
+            # recipes run them (moe_act recompute needs it too: TransformerConfig)
+            "--moe-token-dispatcher-type", plan.layout.moe_dispatcher.value,
             "--moe-grouped-gemm",
         ]  # fmt: skip
+        if plan.layout.moe_dispatcher is MoeDispatcher.FLEX:
+            # the backend the estimate is timed with (tuning.toml [moe_dispatch]); Megatron's default
+            # is deepep (TransformerConfig.moe_flex_dispatcher_backend)
+            args += ["--moe-flex-dispatcher-backend", "hybridep"]
         if moe.num_shared_experts:
             shared = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
             args += ["--moe-shared-expert-intermediate-size", str(shared)]

@@ -38,6 +38,7 @@ from service.estimator.types import (
     Layout,
     Method,
     ModelSpec,
+    MoeDispatcher,
     Offload,
     Plan,
     Recompute,
@@ -221,7 +222,8 @@ def _violation(job: Job, layout: Layout) -> Violation:
     """``layout_violation`` of the job's model, cluster and training, memoised with the memory parts
     (``Job.memory_memos``): besides the model and training (in ``memory_inputs``), the rules read of
     the cluster only its GPU count and GPUs per node, and the GPU's precision and kernel support
-    (``hardware_violation``), the same for every layout of the job. Where the GPU runs the job, the
+    (``hardware_violation``), the same for every layout of the job, and, for the flex dispatcher only,
+    the GPU's die (``moe_dispatcher_violation``), then part of the key. Where the GPU runs the job, the
     answer is then the same on every GPU type, and a sweep across them validates each layout once."""
     hardware = job.memos[_violation]
     if "gpu" not in hardware:
@@ -229,7 +231,9 @@ def _violation(job: Job, layout: Layout) -> Violation:
     if hardware["gpu"] is not None:  # every layout breaks it, in the rule's order: not shared
         return layout_violation(job.model, job.cluster, layout, job.training)
     memo = job.memory_memos[_violation]
-    key = (layout, job.cluster.world_size)
+    key: tuple[object, ...] = (layout, job.cluster.world_size)
+    if layout.moe_dispatcher is not MoeDispatcher.ALLTOALL:
+        key = (*key, job.cluster.gpu.chip)
     found = memo.get(key, _UNSET)
     if found is _UNSET:
         found = memo[key] = layout_violation(job.model, job.cluster, layout, job.training)

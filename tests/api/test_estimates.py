@@ -363,6 +363,29 @@ def test_moe_a2a_overlap(client: TestClient) -> None:
     assert problem["errors"][0]["field"] == "layout.moe_a2a_overlap", problem
 
 
+def test_moe_dispatcher(client: TestClient) -> None:
+    moe = {"framework": "megatron", "zero_stage": 1, "dp": 8, "ep": 8}
+    payload = body(**moe) | {"model": {"preset": "mixtral-8x7b"}}
+    alltoall = post(client, payload)
+    assert alltoall["layout"]["moe_dispatcher"] == "alltoall"  # the default
+    payload["layout"]["moe_dispatcher"] = "flex"
+    flex = post(client, payload)
+    assert flex["layout"]["moe_dispatcher"] == "flex"
+    assert flex["time"]["breakdown"]["ep_comm_s"] != alltoall["time"]["breakdown"]["ep_comm_s"]
+    # Megatron's dispatcher only, and only where there are routed tokens to dispatch
+    for layout in (
+        {"framework": "fsdp", "zero_stage": 3, "dp": 8, "ep": 8},
+        {"framework": "deepspeed", "zero_stage": 2, "dp": 8, "ep": 8},
+        {"framework": "megatron", "zero_stage": 1, "dp": 8},
+    ):
+        refused = body(**layout, moe_dispatcher="flex") | {"model": {"preset": "mixtral-8x7b"}}
+        problem = assert_problem(client.post("/v1/estimates", json=refused), 422)
+        assert problem["errors"][0]["field"] == "layout.moe_dispatcher", problem
+    unknown = body(**moe, moe_dispatcher="deepep") | {"model": {"preset": "mixtral-8x7b"}}
+    problem = assert_problem(client.post("/v1/estimates", json=unknown), 422)
+    assert problem["errors"][0]["field"] == "layout.moe_dispatcher", problem
+
+
 def test_megatron_gradient_dtype_and_fp8_parameter_gather(client: TestClient) -> None:
     megatron = {"framework": "megatron", "zero_stage": 1, "dp": 8}
     payload = body(**megatron)

@@ -57,6 +57,7 @@ from service.estimator.types import (
     Method,
     MlpKind,
     ModelSpec,
+    MoeDispatcher,
     MoESpec,
     NormKind,
     Offload,
@@ -226,6 +227,12 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
         ),
         # token drop padded to capacity (drawn last: the draws above stay as they were)
         moe_capacity_factor=rng.choice((None, None, 1.0, 1.25)) if spec.moe is not None else None,
+        # Megatron's flex dispatcher (refused with etp > 1; drawn last, as above)
+        moe_dispatcher=(
+            rng.choice(list(MoeDispatcher))
+            if spec.moe is not None and framework is Framework.MEGATRON
+            else MoeDispatcher.ALLTOALL
+        ),
     )
 
 
@@ -310,6 +317,7 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "grad_reduce_in_fp32": {None, False, True},
     "fp8_param_gather": {None, False, True},
     "moe_capacity_factor": {None, 1.0, 1.25},
+    "moe_dispatcher": set(MoeDispatcher),
     "pipeline_account_for_embedding": {False, True},
     "pipeline_account_for_loss": {False, True},
 }

@@ -92,7 +92,7 @@ MEGATRON_VALUED = {
     "--log-interval", "--eval-interval", "--eval-iters",
     "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
     "--v-head-dim", "--hidden-dropout", "--attention-dropout", "--moe-token-dispatcher-type",
-    "--mtp-num-layers",
+    "--moe-flex-dispatcher-backend", "--mtp-num-layers",
 }  # fmt: skip
 # flags that take a list (nargs="*"), kept space-joined, and the values Megatron-Core allows
 MEGATRON_LISTS = {
@@ -293,6 +293,12 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
         chunks = str(f.get("--pipeline-model-parallel-layout") or "").count("|") + 1
         assert pp == 1 or any(flag in f for flag in vpp) or chunks > pp
     assert ("--overlap-moe-expert-parallel-comm" in f) == lo.moe_a2a_overlap
+    # the dispatcher the estimate is timed with; flex with the backend of tuning.toml [moe_dispatch]
+    if "--moe-token-dispatcher-type" in f:
+        assert f["--moe-token-dispatcher-type"] == lo.moe_dispatcher.value
+    assert f.get("--moe-flex-dispatcher-backend") == (
+        "hybridep" if lo.moe_dispatcher.value == "flex" else None
+    )
     # token drop padded to capacity (MoEAlltoAllTokenDispatcher's drop-and-pad mode needs the factor)
     assert ("--moe-pad-expert-input-to-capacity" in f) == (lo.moe_capacity_factor is not None)
     if "--moe-expert-capacity-factor" in f:

@@ -16,6 +16,7 @@ from service.estimator.types import (
     Method,
     MLASpec,
     ModelSpec,
+    MoeDispatcher,
     MoESpec,
     Offload,
     Plan,
@@ -530,6 +531,28 @@ def test_megatron_renders_the_ep_all_to_all_overlap() -> None:
         checks.check_artifact(artifact, overlapped)
     with pytest.raises(Unsupported, match="overlap-moe-expert-parallel-comm"):
         accelerate.accelerate_config(overlapped)
+
+
+def test_megatron_renders_the_flex_dispatcher_with_the_hybridep_backend() -> None:
+    flex = plan(
+        model=DEEPSEEK_LIKE,
+        framework=Framework.MEGATRON,
+        zero_stage=1,
+        ep=4,
+        moe_dispatcher=MoeDispatcher.FLEX,
+    )
+    args = megatron.megatron_args(flex)
+    assert args[args.index("--moe-token-dispatcher-type") + 1] == "flex"
+    assert args[args.index("--moe-flex-dispatcher-backend") + 1] == "hybridep"  # what the estimate times
+    for artifact in megatron.render(flex):
+        checks.check_artifact(artifact, flex)
+    alltoall = megatron.megatron_args(
+        replace(flex, layout=replace(flex.layout, moe_dispatcher=MoeDispatcher.ALLTOALL))
+    )
+    assert "--moe-flex-dispatcher-backend" not in alltoall
+    assert alltoall[alltoall.index("--moe-token-dispatcher-type") + 1] == "alltoall"
+    with pytest.raises(Unsupported, match="moe-flex-dispatcher-backend"):
+        accelerate.accelerate_config(flex)
 
 
 def test_accelerate_names_what_train_py_must_do_for_tensor_and_context_parallelism() -> None:
