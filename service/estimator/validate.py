@@ -732,12 +732,29 @@ def moe_dispatcher_violation(model: ModelSpec, cluster: ClusterSpec, layout: Lay
     if layout.expert_tp > 1:
         why = f"{field} flex with expert tensor parallelism {layout.expert_tp} is not modelled: set etp 1"
         return _bad(why, field, field)
-    chip = cluster.gpu.chip
+    chip, nvlink = flex_dispatcher_hardware(cluster)
     if chip not in FLEX_DISPATCHER_CHIPS:
         die = chip or "a GPU of unnamed die"
         why = f"{field} flex (HybridEP) runs on Hopper or Blackwell GPUs (gh100, gb100), not {die}"
         return _bad(why, field, field)
+    if not nvlink:
+        link = cluster.intra_node_bandwidth_bytes_per_s / 1e9
+        why = (
+            f"{field} flex (HybridEP) moves tokens inside a node over NVLink; this cluster's GPUs are "
+            f"joined at {link:.0f} GB/s, no faster than their PCIe host link"
+        )
+        return _bad(why, field, field)
     return None
+
+
+def flex_dispatcher_hardware(cluster: ClusterSpec) -> tuple[str, bool]:
+    """What ``moe_dispatcher_violation`` reads of the hardware: the GPU's die, and whether the GPUs
+    of a node share NVLink (their link beats the PCIe host link; one GPU per node needs none)."""
+    nvlink = (
+        cluster.gpus_per_node == 1
+        or cluster.intra_node_bandwidth_bytes_per_s > cluster.gpu.pcie_bandwidth_bytes_per_s
+    )
+    return cluster.gpu.chip, nvlink
 
 
 def compile_violation(layout: Layout, training: TrainingSpec, caps: Capabilities) -> Violation:

@@ -50,6 +50,7 @@ from service.estimator.types import (
 from service.estimator.validate import (
     FRAMEWORK_CAPABILITIES,
     Violation,
+    flex_dispatcher_hardware,
     hardware_violation,
     layout_violation,
     moe_a2a_overlap_violation,
@@ -223,7 +224,7 @@ def _violation(job: Job, layout: Layout) -> Violation:
     (``Job.memory_memos``): besides the model and training (in ``memory_inputs``), the rules read of
     the cluster only its GPU count and GPUs per node, and the GPU's precision and kernel support
     (``hardware_violation``), the same for every layout of the job, and, for the flex dispatcher only,
-    the GPU's die (``moe_dispatcher_violation``), then part of the key. Where the GPU runs the job, the
+    the GPU's die and NVLink (``flex_dispatcher_hardware``), then part of the key. Where the GPU runs the job, the
     answer is then the same on every GPU type, and a sweep across them validates each layout once."""
     hardware = job.memos[_violation]
     if "gpu" not in hardware:
@@ -233,7 +234,7 @@ def _violation(job: Job, layout: Layout) -> Violation:
     memo = job.memory_memos[_violation]
     key: tuple[object, ...] = (layout, job.cluster.world_size)
     if layout.moe_dispatcher is not MoeDispatcher.ALLTOALL:
-        key = (*key, job.cluster.gpu.chip)
+        key = (*key, *flex_dispatcher_hardware(job.cluster))
     found = memo.get(key, _UNSET)
     if found is _UNSET:
         found = memo[key] = layout_violation(job.model, job.cluster, layout, job.training)

@@ -159,3 +159,16 @@ def test_flex_is_refused_off_hopper_and_blackwell() -> None:
     with pytest.raises(InvalidLayout) as refused:
         validate_layout(FINE, gpu_cluster(A100, 8, 25e9), layout, TRAINING)
     assert refused.value.field == "moe_dispatcher" and "ga100" in refused.value.message
+
+
+def test_flex_is_refused_where_a_nodes_gpus_share_no_nvlink() -> None:
+    """HybridEP's intra-node leg is NVLink: an H100 PCIe node (its GPUs joined by PCIe alone) is
+    refused, as the same die over NVLink is not; a node of one GPU has no intra-node leg."""
+    layout = Layout(framework=Framework.MEGATRON, dp=8, ep=8, zero_stage=1, moe_dispatcher=FLEX)
+    pcie = gpu("h100-pcie-80gb")
+    assert pcie.chip == "gh100"
+    with pytest.raises(InvalidLayout) as refused:
+        validate_layout(FINE, gpu_cluster(pcie, 8, 50e9), layout, TRAINING)
+    assert refused.value.field == "moe_dispatcher" and "NVLink" in refused.value.message
+    one_per_node = dataclasses.replace(gpu_cluster(pcie, 8, 50e9), num_nodes=8, gpus_per_node=1)
+    validate_layout(FINE, one_per_node, layout, TRAINING)
