@@ -375,3 +375,24 @@ def test_a_price_without_tokens_to_price_says_it_is_not_used(client: TestClient,
     result = client.post(path, json=body).json()
     priced = result["cost_to_train"] if path == "/v1/estimates" else result["options"][0]["cost"]
     assert priced is not None and priced > 0 and not said(result)
+
+
+def test_a_qlora_plan_lists_no_torch_compile_suggestion(client: TestClient) -> None:
+    """torch.compile with QLoRA is refused (bitsandbytes' NF4 matmuls break the compiled graph:
+    a 422 naming constraints.torch_compile when asked), so it can never be what makes a QLoRA job
+    fit. Every infeasible QLoRA plan still listed it under suggestions_skipped, as if it had been
+    tried and could not be computed."""
+    body = {
+        "model": {"preset": "llama-3-70b"},
+        "cluster": {"gpu": "a100-sxm-40gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 4096, "global_batch_size": 64, "method": "qlora"},
+    }
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert plan["status"] == "infeasible" and plan["suggestions"], plan
+    kinds = {s["kind"] for s in plan["suggestions"]} | {s["kind"] for s in plan["suggestions_skipped"]}
+    assert "torch_compile" not in kinds, plan["suggestions_skipped"]
+    asked = body | {"constraints": {"torch_compile": True}}
+    problem = assert_problem(client.post("/v1/plans", json=asked), 422)
+    assert problem["errors"][0]["field"] == "constraints.torch_compile", problem
