@@ -129,7 +129,7 @@ def fewest_gpus(
     result = search(
         model, big, training, fewest, tuning, counts, stop_at_first_fit=True, budget=budget, rejections=False
     )
-    ranked = result.ranked()
+    ranked = result.ranked(Objective.FEWEST_GPUS)
     found = None
     if ranked:
         best = ranked[0]
