@@ -434,3 +434,39 @@ def test_a_material_gain_still_buys_the_pipeline(client: TestClient) -> None:
     }
     plan = client.post("/v1/plans", json=body).json()
     assert plan["recommended"]["layout"]["pp"] > 1, plan["recommended"]["layout"]
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_slurm_asked_with_accelerate_wraps_the_accelerate_launch(client: TestClient, nodes: int) -> None:
+    """launchers ["slurm", "accelerate"] searches layouts Accelerate runs; Slurm wraps torchrun entry
+    points only (DeepSpeed, Megatron-LM, torchtitan, HF Trainer), so a layout only Accelerate runs
+    (Gemma 2 with LoRA and FSDP tensor parallelism: torchtitan does not build Gemma, the HF Trainer
+    is data-parallel only) rendered the Accelerate files alone and unsupported_targets["slurm"].
+    The sbatch script now runs accelerate launch on each node, with that node's rank."""
+    cluster = {"gpu": "a100-sxm-40gb", "num_nodes": nodes, "gpus_per_node": 8}
+    if nodes > 1:
+        cluster["inter_node_bandwidth_bytes_per_s"] = 50e9
+    body = {
+        "model": {"preset": "gemma-2-9b"},
+        "cluster": cluster,
+        "training": {"seq_len": 4096, "global_batch_size": 64, "method": "lora"},
+        "launchers": ["slurm", "accelerate"],
+    }
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    layout = plan["recommended"]["layout"]
+    assert layout["framework"] == "fsdp" and layout["tp"] * layout["cp"] > 1, (
+        layout
+    )  # only Accelerate runs it
+    assert plan["unsupported_targets"] == {}, plan["unsupported_targets"]
+    names = {a["name"] for a in plan["artifacts"]}
+    assert {"trainplan.sbatch", "accelerate_config.yaml", "accelerate_launch.sh"} <= names, names
+    script = client.get(f"/v1/plans/{plan['id']}/artifacts/trainplan.sbatch").text
+    assert "accelerate launch --config_file accelerate_config.yaml" in script, script
+    assert "srun --kill-on-bad-exit=1 torchrun" not in script
+    if nodes > 1:
+        assert 'NODE_RANK="${SLURM_NODEID}"' in script and "--machine_rank" in script, script
+    # Slurm alone still plans a layout its torchrun entry points run
+    alone = client.post("/v1/plans", json=body | {"launchers": ["slurm"]}).json()
+    assert alone["unsupported_targets"] == {} and {a["target"] for a in alone["artifacts"]} == {"slurm"}
