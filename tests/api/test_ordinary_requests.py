@@ -352,29 +352,41 @@ def test_an_estimate_with_accumulation_but_no_micro_batch_derives_the_micro_batc
     assert problem["errors"][0]["field"] == "layout.gradient_accumulation_steps", problem
 
 
-@pytest.mark.parametrize("path", ["/v1/estimates", "/v1/capacity"])
-def test_a_price_without_tokens_to_price_says_it_is_not_used(client: TestClient, path: str) -> None:
-    """gpu_hour_cost prices the time to train; without training.tokens the cost came back null and
-    nothing said why. The answer stands and says it (an estimate's warnings, each capacity option's
-    note)."""
+@pytest.mark.parametrize("path", ["/v1/estimates", "/v1/capacity", "/v1/plans"])
+def test_a_price_without_tokens_to_price_is_refused_naming_what_would_use_it(
+    client: TestClient, path: str
+) -> None:
+    """gpu_hour_cost prices the time to train, which needs training.tokens; without them nothing in
+    the answer uses it (no cost per hour or per step either): it answered with a warning (and,
+    for a plan, said nothing). An input the model does not use is refused, naming the field and
+    what would use it; with the tokens it prices the answer. A plan ranked by cost scales its score
+    by the price, tokens or not, so there it stands."""
     training = {"seq_len": 4096, "global_batch_size": 64}
-    body: dict[str, Any] = {"model": {"preset": "llama-3.2-1b"}, "training": training, "gpu_hour_cost": 2.5}
+    body: dict[str, Any] = {"model": {"preset": "llama-3.2-1b"}, "training": training}
+    field = "constraints.gpu_hour_cost" if path == "/v1/plans" else "gpu_hour_cost"
     if path == "/v1/estimates":
-        body |= {"cluster": H100_X8, "layout": {"framework": "fsdp", "zero_stage": 3}}
+        body |= {"cluster": H100_X8, "layout": {"framework": "fsdp", "zero_stage": 3}, "gpu_hour_cost": 2.5}
+    elif path == "/v1/capacity":
+        body |= {"gpus": ["h100-sxm-80gb"], "gpu_hour_cost": 2.5}
     else:
-        body["gpus"] = ["h100-sxm-80gb"]
-
-    def said(result: dict[str, Any]) -> list[str]:
-        texts = result["warnings"] if path == "/v1/estimates" else [result["options"][0]["note"]]
-        return [t for t in texts if "gpu_hour_cost is not used" in t and "training.tokens" in t]
-
-    response = client.post(path, json=body)
-    assert response.status_code == 200, response.text
-    assert said(response.json()), response.json()
+        body |= {"cluster": H100_X8, "constraints": {"gpu_hour_cost": 2.5}}
+    problem = assert_problem(client.post(path, json=body), 422)
+    assert [(e["field"], e["type"]) for e in problem["errors"]] == [(field, "unused")], problem
+    assert "training.tokens" in problem["detail"], problem["detail"]
     body["training"] = training | {"tokens": 10**10}
-    result = client.post(path, json=body).json()
-    priced = result["cost_to_train"] if path == "/v1/estimates" else result["options"][0]["cost"]
-    assert priced is not None and priced > 0 and not said(result)
+    response = client.post(path, json=body)
+    assert response.status_code in (200, 201), response.text
+    result = response.json()
+    priced = {
+        "/v1/estimates": lambda: result["cost_to_train"],
+        "/v1/capacity": lambda: result["options"][0]["cost"],
+        "/v1/plans": lambda: result["recommended"]["estimate"]["cost_to_train"],
+    }[path]()
+    assert priced is not None and priced > 0
+    if path == "/v1/plans":  # ranked by cost: the price scales the score, tokens or not
+        body["training"] = training
+        body["constraints"] |= {"objective": "cost"}
+        assert client.post(path, json=body).status_code == 201
 
 
 def test_a_qlora_plan_lists_no_torch_compile_suggestion(client: TestClient) -> None:
