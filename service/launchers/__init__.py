@@ -120,6 +120,16 @@ def render(plan: Plan, targets: Iterable[Target] | None = None) -> tuple[list[Ar
         try:
             produced = RENDERERS[target](plan)
         except Unsupported as exc:
+            if (
+                target is Target.KUBERNETES
+                and Target.ACCELERATE in asked
+                and accelerate.refusal(plan) is None
+            ):
+                unsupported[target] = (
+                    f"{exc.reason} (the PyTorchJob runs torchrun entry points, not accelerate launch: "
+                    f"run the accelerate target's {accelerate.LAUNCH_NAME} on each node, NODE_RANK set)"
+                )
+                continue
             if target is not Target.SLURM or Target.ACCELERATE not in asked:
                 unsupported[target] = exc.reason
                 continue

@@ -160,8 +160,9 @@ def runner_targets(launchers: list[Target]) -> tuple[Target, ...]:
     """The targets the recommendation must run in, one of them, for the requested ``launchers``
     (empty: any). Slurm and Kubernetes wrap the entry points of ``job.WRAPPED_TARGETS``: asked for
     alone (or with some of those), the layout must run in one of those, or the wrapper renders
-    nothing. Asked with Accelerate only (which they do not wrap), one of the two is rendered, as
-    before."""
+    nothing. Asked with Accelerate only (which they do not wrap), the layout must run in Accelerate:
+    Slurm then renders its script around accelerate launch where no entry point it wraps runs the
+    layout (``launchers.render``); Kubernetes says why it cannot."""
     runners = tuple(t for t in launchers if t not in WRAPPERS)
     if not any(t in WRAPPERS for t in launchers):
         return runners

@@ -479,6 +479,9 @@ def test_slurm_asked_with_accelerate_wraps_the_accelerate_launch(client: TestCli
     assert "srun --kill-on-bad-exit=1 torchrun" not in script
     if nodes > 1:
         assert 'NODE_RANK="${SLURM_NODEID}"' in script and "--machine_rank" in script, script
+    # Kubernetes has no such wrapper: it says so, and what to run instead
+    wrapped = client.post("/v1/plans", json=body | {"launchers": ["kubernetes", "accelerate"]}).json()
+    assert "not accelerate launch" in wrapped["unsupported_targets"]["kubernetes"], wrapped
     # Slurm alone still plans a layout its torchrun entry points run
     alone = client.post("/v1/plans", json=body | {"launchers": ["slurm"]}).json()
     assert alone["unsupported_targets"] == {} and {a["target"] for a in alone["artifacts"]} == {"slurm"}
