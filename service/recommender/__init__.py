@@ -1112,10 +1112,17 @@ def _recommend(
     searched_within = budget.share(time_fraction=SEARCH_TIME_FRACTION) if with_suggestions else budget
     result = _run_search(model, cluster, training, constraints, tuning, searched_within)
     chosen: list[tuple[Layout, Job, Estimate]] = []
-    for scored in result.ranked(constraints.objective)[: constraints.top_k]:
+    ranked = result.ranked(constraints.objective)
+    for scored in ranked[: constraints.top_k]:
         job = result.jobs[scored.layout.world_size]
         chosen.append((scored.layout, job, _full_estimate(job, scored.layout)))
-    candidates = _candidates(chosen, constraints, training, result, cluster.world_size)
+    # a near tie put a slower layout first and top_k 1 shows nothing after it: its rationale still
+    # names the faster layout it was preferred to, and by how much
+    passed_over = None
+    if constraints.top_k == 1 and len(ranked) > 1 and ranked[1].key < ranked[0].key:
+        faster = ranked[1]
+        passed_over = (faster.layout, _full_estimate(result.jobs[faster.layout.world_size], faster.layout))
+    candidates = _candidates(chosen, constraints, training, result, cluster.world_size, passed_over)
     rejected = tuple(
         Rejection(
             reason=reason,
@@ -1211,12 +1218,13 @@ def _candidates(
     training: TrainingSpec,
     result: SearchResult,
     total: int,
+    passed_over: tuple[Layout, Estimate] | None = None,
 ) -> tuple[Candidate, ...]:
     if not chosen:
         return ()
     best_layout, best_job, best = chosen[0]
     no_pp = any(s.layout.pp == 1 for s in result.best.values())
-    runner_up = (chosen[1][0], chosen[1][2]) if len(chosen) > 1 else None
+    runner_up = (chosen[1][0], chosen[1][2]) if len(chosen) > 1 else passed_over
     cluster = best_job.cluster
     out = [
         Candidate(

@@ -433,6 +433,7 @@ def test_a_near_tie_goes_to_the_layout_without_the_pipeline(client: TestClient) 
     assert "above the recommended" in runner_up["rationale"][0], runner_up["rationale"]
     alone = client.post("/v1/plans", json=body | {"constraints": body["constraints"] | {"top_k": 1}}).json()
     assert alone["recommended"]["layout"] == best["layout"]
+    assert any("faster" in line for line in alone["recommended"]["rationale"]), alone["recommended"]
 
 
 def test_a_material_gain_still_buys_the_pipeline(client: TestClient) -> None:
