@@ -115,12 +115,31 @@ def render(plan: Plan, targets: Iterable[Target] | None = None) -> tuple[list[Ar
     """
     artifacts: dict[str, Artifact] = {}
     unsupported: dict[Target, str] = {}
-    for target in RENDERERS if targets is None else targets:
+    asked = [Target(t) for t in (RENDERERS if targets is None else targets)]
+    for target in asked:
         try:
-            produced = RENDERERS[Target(target)](plan)
+            produced = RENDERERS[target](plan)
         except Unsupported as exc:
-            unsupported[Target(target)] = exc.reason
-            continue
+            if (
+                target is Target.KUBERNETES
+                and Target.ACCELERATE in asked
+                and accelerate.refusal(plan) is None
+            ):
+                unsupported[target] = (
+                    f"{exc.reason} (the PyTorchJob runs torchrun entry points, not accelerate launch: "
+                    f"run the accelerate target's {accelerate.LAUNCH_NAME} on each node, NODE_RANK set)"
+                )
+                continue
+            if target is not Target.SLURM or Target.ACCELERATE not in asked:
+                unsupported[target] = exc.reason
+                continue
+            # Slurm asked with Accelerate: where no torchrun entry point runs the layout, the
+            # sbatch script runs Accelerate's launcher on each node (or says why neither can)
+            try:
+                produced = slurm.accelerate_render(plan)
+            except Unsupported as accelerate_exc:
+                unsupported[target] = f"{exc.reason}; accelerate: {accelerate_exc.reason}"
+                continue
         for artifact in produced:
             seen = artifacts.get(artifact.name)
             if seen is None:

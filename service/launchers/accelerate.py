@@ -369,6 +369,17 @@ def _script_duties(plan: Plan) -> str:
     return text
 
 
+def duties(plan: Plan) -> str:
+    """What the training script must do for the layout, and where the launch runs from: the launch
+    script's header, and the Slurm script's that runs this launch (``slurm.accelerate_render``)."""
+    text = peft_header(plan) + _script_duties(plan)
+    if plan.layout.framework is Framework.DEEPSPEED:
+        text += deepspeed.model_code_duties(plan) + (
+            f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."
+        )
+    return text
+
+
 def render(plan: Plan) -> list[Artifact]:
     config = accelerate_config(plan)
     text = "\n".join(comment_lines(layout_summary(plan))) + "\n" + yaml.safe_dump(config, sort_keys=False)
@@ -376,11 +387,7 @@ def render(plan: Plan) -> list[Artifact]:
     if plan.cluster.num_nodes > 1:
         body.append(': "${NODE_RANK:?set NODE_RANK to the index of this node, 0 on the first}"')
     body.append(shell_command(launch_words(plan)))
-    header = "Accelerate 1.15.0: run on every node." + peft_header(plan) + _script_duties(plan)
-    if plan.layout.framework is Framework.DEEPSPEED:
-        header += deepspeed.model_code_duties(plan) + (
-            f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."
-        )
+    header = "Accelerate 1.15.0: run on every node." + duties(plan)
     artifacts = [
         Artifact(name=CONFIG_NAME, target=TARGET, media_type=YAML, content=text),
         Artifact(

@@ -35,7 +35,9 @@ class Entry:
 
 # The targets whose entry points Slurm and Kubernetes wrap (``refusal`` below: DeepSpeed's for its
 # layouts, Megatron-LM's, torchtitan's then the HF Trainer's for FSDP): a plan for a wrapper must run
-# in one of them. Accelerate is not wrapped (its launcher is accelerate launch, not torchrun).
+# in one of them. Accelerate is not wrapped (its launcher is accelerate launch, not torchrun), except
+# by Slurm asked with it, for a layout none of these runs (``launchers.render``,
+# ``slurm.accelerate_render``).
 WRAPPED_TARGETS = (Target.DEEPSPEED, Target.MEGATRON, Target.TORCHTITAN, Target.HF_TRAINER)
 WRAPPERS = (Target.SLURM, Target.KUBERNETES)
 

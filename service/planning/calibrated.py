@@ -81,6 +81,6 @@ def calibrated_rationale(
     )
     out = [(dataclasses.replace(best, rationale=lines), best_calibration)]
     for candidate, calibration in alternatives:
-        why = rank.alternative_rationale(candidate.layout, candidate.estimate, best.estimate)
+        why = rank.alternative_rationale(candidate.layout, candidate.estimate, best.layout, best.estimate)
         out.append((dataclasses.replace(candidate, rationale=why), calibration))
     return out

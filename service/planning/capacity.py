@@ -21,7 +21,7 @@ from service.estimator.types import Framework, GPUSpec, ModelSpec, TrainingSpec
 from service.estimator.validate import attention_precision_violation, hardware_violation
 from service.persistence.repository import ClusterRepository
 from service.planning.clusters import resolve_cluster
-from service.planning.estimates import check_scale, located, unpriced_warning
+from service.planning.estimates import check_priced, check_scale, located
 from service.planning.runnable import no_framework_runs
 from service.recommender.budget import NO_DEADLINE, Deadline
 from service.recommender.capacity import CapacityOption, capacity, default_cluster
@@ -79,6 +79,7 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
     unrunnable = attention_precision_violation(training)  # on no GPU type, so the request is wrong
     if unrunnable is not None:
         raise located(unrunnable)
+    check_priced(request.gpu_hour_cost, training)
     check_scale(model, None, training)
     constraints = dataclasses.replace(request.constraints.to_domain(), objective=Objective.FEWEST_GPUS)
     stored = [
@@ -134,8 +135,4 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
         )
         for o, cid in found
     ]
-    unpriced = unpriced_warning(request.gpu_hour_cost, training)
-    if unpriced is not None:  # each option's note says it, as it says its other defaults
-        for option in out:
-            option.note = f"{option.note}; {unpriced}" if option.note else unpriced
     return CapacityOut(options=out, duration_s=time.perf_counter() - started)

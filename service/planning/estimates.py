@@ -20,6 +20,7 @@ from service.contracts.estimates import (
     TimeBreakdownOut,
     TimeOut,
 )
+from service.errors import Unprocessable
 from service.estimator import estimate
 from service.estimator.calibration import applied_calibration
 from service.estimator.defaults import chosen_defaults
@@ -48,6 +49,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     model = request.model.to_domain()
     cluster = resolve_cluster(request.cluster, ClusterRepository(session))
     training = request.training.to_domain(cluster.gpu)
+    check_priced(request.gpu_hour_cost, training)
     check_scale(model, cluster, training)
     layout_in, chosen_dp = with_derived_dp(request.layout, cluster.world_size)
     layout_in, chosen_micro = with_derived_micro_batch(layout_in, training.global_batch_size)
@@ -75,9 +77,6 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     unrendered = launcher_warning(Plan(model=model, cluster=cluster, training=training, layout=layout))
     if unrendered is not None:
         out.warnings.append(unrendered)
-    unpriced = unpriced_warning(request.gpu_hour_cost, training)
-    if unpriced is not None:
-        out.warnings.append(unpriced)
     return out
 
 
@@ -121,15 +120,19 @@ def with_derived_micro_batch(layout: LayoutIn, global_batch_size: int) -> tuple[
     return layout.model_copy(update={"micro_batch_size": micro}), {"layout.micro_batch_size": str(micro)}
 
 
-def unpriced_warning(gpu_hour_cost: object, training: TrainingSpec) -> str | None:
-    """What an answer says of a gpu_hour_cost it cannot use: it prices the time to train, which needs
-    training.tokens; without them the cost came back null and nothing said why."""
+def check_priced(gpu_hour_cost: object, training: TrainingSpec, field: str = "gpu_hour_cost") -> None:
+    """A gpu_hour_cost prices the time to train, which needs training.tokens: an estimate's
+    cost_to_train, a capacity option's cost, a plan's candidates' cost_to_train (a plan ranked by
+    cost also scales its score by it, and is not checked here). Without the tokens nothing in the
+    answer uses it, so it is refused, naming what would (it was a warning, then a null cost and
+    nothing said: an input the model does not use is refused)."""
     if gpu_hour_cost is None or training.tokens is not None:
-        return None
-    return (
-        "gpu_hour_cost is not used: it prices the time to train, which needs training.tokens (the "
-        "total tokens)"
+        return
+    message = (
+        f"{field} is not used: it prices the time to train, which needs training.tokens (the total "
+        "tokens to train on); give training.tokens, or leave the price out"
     )
+    raise Unprocessable(message, errors=[{"field": field, "message": message, "type": "unused"}])
 
 
 def check_scale(model: ModelSpec, cluster: ClusterSpec | None, training: TrainingSpec) -> None:

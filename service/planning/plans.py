@@ -45,13 +45,13 @@ from service.planning.calibration import (
     runs_on,
 )
 from service.planning.clusters import resolve_cluster
-from service.planning.estimates import check_scale, estimate_out, located
+from service.planning.estimates import check_priced, check_scale, estimate_out, located
 from service.planning.idempotency import Outcome, create_once, request_digest
 from service.planning.runnable import no_framework_runs
 from service.recommender import headroom, recommend
 from service.recommender.budget import NO_DEADLINE, Deadline
 from service.recommender.space import sub_cluster
-from service.recommender.types import Candidate, Constraints, Recommendation
+from service.recommender.types import Candidate, Constraints, Objective, Recommendation
 from service.versions import estimator_version
 
 # Stored with every key; the route it was first written for, kept so stored keys still match.
@@ -101,6 +101,8 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         raise located(hardware)
     check_scale(model, cluster, training)
     constraints = request.constraints.to_domain()
+    if constraints.objective is not Objective.COST:  # ranked by cost, the price scales the score
+        check_priced(constraints.gpu_hour_cost, training, field="constraints.gpu_hour_cost")
     # the recommendation must run in one of the requested launchers (Slurm and Kubernetes wrap one)
     runners = runner_targets(request.launchers)
     if runners:
@@ -158,8 +160,9 @@ def runner_targets(launchers: list[Target]) -> tuple[Target, ...]:
     """The targets the recommendation must run in, one of them, for the requested ``launchers``
     (empty: any). Slurm and Kubernetes wrap the entry points of ``job.WRAPPED_TARGETS``: asked for
     alone (or with some of those), the layout must run in one of those, or the wrapper renders
-    nothing. Asked with Accelerate only (which they do not wrap), one of the two is rendered, as
-    before."""
+    nothing. Asked with Accelerate only (which they do not wrap), the layout must run in Accelerate:
+    Slurm then renders its script around accelerate launch where no entry point it wraps runs the
+    layout (``launchers.render``); Kubernetes says why it cannot."""
     runners = tuple(t for t in launchers if t not in WRAPPERS)
     if not any(t in WRAPPERS for t in launchers):
         return runners

@@ -103,6 +103,7 @@ class Scored:
     layout: Layout
     job: Job
     key: tuple[float, ...]
+    tokens_per_s: float
 
     @property
     def time(self) -> TimeEstimate:
@@ -129,13 +130,25 @@ class SearchResult:
     fallbacks: list[tuple[Job, Layout]] = field(default_factory=list)
 
     _threshold: tuple[float, ...] | None = None  # the k-th best key's objective part, until best changes
+    # per GPU count, the best layout kept on it (``_admission_key``)
+    leaders: dict[int, Scored] = field(default_factory=dict)
 
-    def ranked(self) -> list[Scored]:
-        return sorted(self.best.values(), key=lambda s: s.key)
+    def ranked(self, objective: Objective | None = None) -> list[Scored]:
+        """Best first by ``rank.sort_key``; with the ``objective``, the first is the layout with the
+        fewest model-parallel degrees of those within ``rank.NEAR_TIE_FRACTION`` of the best on it
+        (``rank.near_tie_winner``), the others in their order. What is recommended ranks with it."""
+        ordered = sorted(self.best.values(), key=lambda s: s.key)
+        if not ordered or objective is None:
+            return ordered
+        first = rank.near_tie_winner(objective, [(s.layout, s.tokens_per_s) for s in ordered])
+        return [ordered[first], *ordered[:first], *ordered[first + 1 :]]
 
     def keep(self, family: tuple[object, ...], scored: Scored) -> None:
         self.best[family] = scored
         self._threshold = None
+        gpus = scored.layout.world_size
+        if gpus not in self.leaders or scored.key < self.leaders[gpus].key:
+            self.leaders[gpus] = scored
 
     def threshold(self, top_k: int) -> tuple[float, ...]:
         """The objective part (first two entries) of the ``top_k``-th best key; needs k held."""
@@ -350,9 +363,8 @@ def _may_enter_top(search: _Search, job: Job, result: SearchResult, bound: Layou
     if len(result.best) < top_k:
         return True
     _, tokens_per_s = result.step_numbers(job, bound)
-    return rank.primary_key(search.constraints.objective, bound.world_size, tokens_per_s) <= result.threshold(
-        top_k
-    )
+    degrees = rank.parallel_degrees(bound)
+    return _admission_key(search, result, degrees, bound.world_size, tokens_per_s) <= result.threshold(top_k)
 
 
 def _fewest_recomputed_layers(
@@ -397,14 +409,31 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
     # a layout that could be shown (the top k) must run as written; one that cannot reach the top k
     # now never will (the k-th key only improves), so its launchers are not asked
     top_k = search.constraints.top_k
-    shown = len(result.best) < top_k or key[:2] <= result.threshold(top_k)
+    admitted = _admission_key(search, result, rank.parallel_degrees(layout), layout.world_size, tokens_per_s)
+    shown = len(result.best) < top_k or admitted <= result.threshold(top_k)
     if shown and not _runs(search, job, result, layout):
         if layout.tp_comm_overlap:
             # only the torchtitan and megatron targets overlap TP: another launcher (Accelerate)
             # may run the layout with its TP collectives exposed, at that (slower) time
             _time_candidate(search, job, result, dataclasses.replace(layout, tp_comm_overlap=False))
         return
-    result.keep(family, Scored(layout, job, key))
+    result.keep(family, Scored(layout, job, key, tokens_per_s))
+
+
+def _admission_key(
+    search: _Search, result: SearchResult, degrees: tuple[int, int, int, int], gpus: int, tokens_per_s: float
+) -> tuple[float, ...]:
+    """The key a layout of these model-parallel degrees (``rank.parallel_degrees``' order) and
+    tokens/s is compared with the k-th best's by: its ``rank.hopeful_key`` where a near tie could
+    recommend it over faster layouts (``rank.near_tie_winner``), else its ``rank.primary_key``. It
+    cannot where a layout kept on as many GPUs is at least as good and has no more degrees: that
+    one, or a faster one as simple, wins any near tie it would be in (kept layouts only improve)."""
+    objective = search.constraints.objective
+    key = rank.primary_key(objective, gpus, tokens_per_s)
+    leader = result.leaders.get(gpus)
+    if leader is not None and key >= leader.key[:2] and degrees >= rank.parallel_degrees(leader.layout):
+        return key
+    return rank.hopeful_key(objective, gpus, tokens_per_s)
 
 
 NO_LAUNCHER = "no launcher runs it"
@@ -599,7 +628,7 @@ def _dominated(
     least_bubble_s = result.floor_s(job, optimistic, most) - result.floor_s(job, optimistic)
     step_s = step_total_s(*parts) - parts[PP_BUBBLE] + least_bubble_s
     best_tokens_per_s = search.training.tokens_per_step / step_s
-    if rank.primary_key(search.constraints.objective, s.gpus, best_tokens_per_s) <= threshold:
+    if _admission_key(search, result, (s.pp, s.cp, s.tp, s.ep), s.gpus, best_tokens_per_s) <= threshold:
         return False
     result.log.add(
         DOMINATED,
@@ -625,7 +654,7 @@ def _ceiling_key(
         return None
     floor = result.floor_s(job, optimistic, most_micro_batches)
     ceiling = search.training.tokens_per_step / (floor * (1 - _FLOOR_SLACK))
-    return rank.primary_key(search.constraints.objective, s.gpus, ceiling)
+    return _admission_key(search, result, (s.pp, s.cp, s.tp, s.ep), s.gpus, ceiling)
 
 
 def _states_fit(job: Job, layout: Layout, limit: int) -> bool:
@@ -976,6 +1005,10 @@ def _counts_for(cluster: ClusterSpec, constraints: Constraints) -> tuple[tuple[i
 
 def _merge(found: SearchResult, more: SearchResult) -> None:
     found.best.update(more.best)
+    found._threshold = None
+    for gpus, leader in more.leaders.items():
+        if gpus not in found.leaders or leader.key < found.leaders[gpus].key:
+            found.leaders[gpus] = leader
     found.jobs.update(more.jobs)
     found.families += more.families
     found.candidates += more.candidates
@@ -1099,10 +1132,17 @@ def _recommend(
     searched_within = budget.share(time_fraction=SEARCH_TIME_FRACTION) if with_suggestions else budget
     result = _run_search(model, cluster, training, constraints, tuning, searched_within)
     chosen: list[tuple[Layout, Job, Estimate]] = []
-    for scored in result.ranked()[: constraints.top_k]:
+    ranked = result.ranked(constraints.objective)
+    for scored in ranked[: constraints.top_k]:
         job = result.jobs[scored.layout.world_size]
         chosen.append((scored.layout, job, _full_estimate(job, scored.layout)))
-    candidates = _candidates(chosen, constraints, training, result, cluster.world_size)
+    # a near tie put a slower layout first and top_k 1 shows nothing after it: its rationale still
+    # names the faster layout it was preferred to, and by how much
+    passed_over = None
+    if constraints.top_k == 1 and len(ranked) > 1 and ranked[1].key < ranked[0].key:
+        faster = ranked[1]
+        passed_over = (faster.layout, _full_estimate(result.jobs[faster.layout.world_size], faster.layout))
+    candidates = _candidates(chosen, constraints, training, result, cluster.world_size, passed_over)
     rejected = tuple(
         Rejection(
             reason=reason,
@@ -1198,12 +1238,13 @@ def _candidates(
     training: TrainingSpec,
     result: SearchResult,
     total: int,
+    passed_over: tuple[Layout, Estimate] | None = None,
 ) -> tuple[Candidate, ...]:
     if not chosen:
         return ()
     best_layout, best_job, best = chosen[0]
     no_pp = any(s.layout.pp == 1 for s in result.best.values())
-    runner_up = (chosen[1][0], chosen[1][2]) if len(chosen) > 1 else None
+    runner_up = (chosen[1][0], chosen[1][2]) if len(chosen) > 1 else passed_over
     cluster = best_job.cluster
     out = [
         Candidate(
@@ -1226,7 +1267,7 @@ def _candidates(
                 layout=layout,
                 estimate=est,
                 score=rank.score(constraints, layout.world_size, _tokens_per_s(est), training.tokens),
-                rationale=rank.alternative_rationale(layout, est, best),
+                rationale=rank.alternative_rationale(layout, est, best_layout, best),
             )
         )
     return tuple(out)

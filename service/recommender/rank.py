@@ -19,6 +19,14 @@ GiB = 2**30
 
 # Differences below this share of the step or of tokens/s are within the model's own noise.
 TIE_FRACTION = 0.005
+# A gain in the objective smaller than this share of tokens/s does not buy a model-parallel degree
+# (pipeline, context, tensor or expert parallelism): the simplest of the layouts within it is
+# recommended (``near_tie_winner``). The efficiencies the step time is built from are stated to two
+# significant figures (tuning.toml: compute 0.65, GEMM factors 0.55-0.97, bus 0.8 and 0.9), so
+# half a unit in their last place is 0.5-0.9% of the time each prices: a gain under 1% is within
+# what the inputs state, and a layout with one more way to fail (a pipeline's schedule, its stage
+# balance) is no better for it.
+NEAR_TIE_FRACTION = 0.01
 
 
 def sort_key(objective: Objective, layout: Layout, tokens_per_s: float) -> tuple[float, ...]:
@@ -34,6 +42,41 @@ def primary_key(objective: Objective, gpus: int, tokens_per_s: float) -> tuple[f
     if objective is Objective.COST:
         return (float(f"{gpus / tokens_per_s:.4g}"), -rounded)
     return (-rounded, gpus)
+
+
+def hopeful_key(objective: Objective, gpus: int, tokens_per_s: float) -> tuple[float, float]:
+    """``primary_key`` of a layout ``NEAR_TIE_FRACTION`` faster: where it is no larger than the
+    k-th best's, the layout may still be recommended (a near tie with fewer model-parallel
+    degrees), so the search must not prune it."""
+    return primary_key(objective, gpus, tokens_per_s * (1 + NEAR_TIE_FRACTION))
+
+
+def parallel_degrees(layout: Layout) -> tuple[int, int, int, int]:
+    """The model-parallel degrees, in ``simplicity``'s order: pipeline, context, tensor, expert."""
+    return (layout.pp, layout.cp, layout.tp, layout.ep)
+
+
+def near_tie(
+    objective: Objective, layout: Layout, tokens_per_s: float, best: Layout, best_tokens_per_s: float
+) -> bool:
+    """Whether ``layout`` is within ``NEAR_TIE_FRACTION`` of ``best`` on the objective, on as many GPUs."""
+    return layout.world_size == best.world_size and hopeful_key(
+        objective, layout.world_size, tokens_per_s
+    ) <= primary_key(objective, best.world_size, best_tokens_per_s)
+
+
+def near_tie_winner(objective: Objective, ranked: list[tuple[Layout, float]]) -> int:
+    """The index in ``ranked`` (best first by ``sort_key``) of the layout to recommend: of those
+    within ``NEAR_TIE_FRACTION`` of the first on the objective (as many GPUs), the one with the
+    fewest model-parallel degrees (``parallel_degrees``), the better ranked among equals. Only the
+    degrees decide: ZeRO stage, recompute and micro-batch stay the objective's. ``ranked`` is not
+    empty."""
+    best, best_tokens_per_s = ranked[0]
+    tied = [
+        i for i, (layout, tokens_per_s) in enumerate(ranked)
+        if near_tie(objective, layout, tokens_per_s, best, best_tokens_per_s)
+    ]  # fmt: skip
+    return min(tied, key=lambda i: (parallel_degrees(ranked[i][0]), i))
 
 
 def recompute_words(layout: Layout) -> str:
@@ -167,7 +210,15 @@ def rationale(
     lines.append(gpu_use)
     if runner_up is not None and runner_up[1].time is not None:
         gain = t.tokens_per_s / runner_up[1].time.tokens_per_s - 1
-        if gain < TIE_FRACTION:
+        if gain < 0 and _simpler_near_tie(layout, runner_up[0]):  # near_tie_winner put it first
+            lines.append(
+                f"the next ({describe(runner_up[0])}) is {-gain:.1%} faster: a gain under "
+                f"{NEAR_TIE_FRACTION:.0%} (what the estimate's two-figure efficiencies resolve) does not buy "
+                f"a model-parallel degree, and this layout has fewer (pp, cp, tp, ep: "
+                f"{', '.join(map(str, parallel_degrees(layout)))} against "
+                f"{', '.join(map(str, parallel_degrees(runner_up[0])))})"
+            )
+        elif gain < TIE_FRACTION:
             lines.append(
                 f"ties with the next ({describe(runner_up[0])}): within {TIE_FRACTION:.1%} of tokens/s, "
                 "below what the model resolves; either is a good choice"
@@ -231,13 +282,29 @@ def rationale(
     return tuple(lines)
 
 
-def alternative_rationale(layout: Layout, estimate: Estimate, best: Estimate) -> tuple[str, ...]:
+def _simpler_near_tie(chosen: Layout, faster: Layout) -> bool:
+    """Whether ``chosen`` can have been put before the faster layout by ``near_tie_winner``: as many
+    GPUs, fewer model-parallel degrees (else the objective ranks it first: fewer GPUs, cost)."""
+    return chosen.world_size == faster.world_size and parallel_degrees(chosen) < parallel_degrees(faster)
+
+
+def alternative_rationale(
+    layout: Layout, estimate: Estimate, best_layout: Layout, best: Estimate
+) -> tuple[str, ...]:
     """How an alternative compares with the recommended layout."""
     assert estimate.time is not None and best.time is not None
     slower = 1 - estimate.time.tokens_per_s / best.time.tokens_per_s
     headroom = estimate.memory.headroom_bytes / GiB
+    if slower >= 0:
+        compared = f"{slower:.1%} below the recommended"
+    elif _simpler_near_tie(best_layout, layout):
+        compared = (
+            f"{-slower:.1%} above the recommended, which has fewer model-parallel degrees: a gain "
+            f"under {NEAR_TIE_FRACTION:.0%} does not buy one"
+        )
+    else:
+        compared = f"{-slower:.1%} above the recommended"
     return (
-        f"{estimate.time.tokens_per_s:,.0f} tokens/s ({slower:.1%} below the recommended), "
-        f"{headroom:.1f} GiB headroom",
+        f"{estimate.time.tokens_per_s:,.0f} tokens/s ({compared}), {headroom:.1f} GiB headroom",
         _biggest_overhead(estimate),
     )

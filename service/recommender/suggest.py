@@ -129,7 +129,7 @@ def fewest_gpus(
     result = search(
         model, big, training, fewest, tuning, counts, stop_at_first_fit=True, budget=budget, rejections=False
     )
-    ranked = result.ranked()
+    ranked = result.ranked(Objective.FEWEST_GPUS)
     found = None
     if ranked:
         best = ranked[0]
@@ -189,9 +189,6 @@ class _Collector:
             reason = f"the request's {budget_words(share)} ran out before a fit was found"
             self.skipped.append(Skipped(kind=kind, reason=reason))
 
-    def skip(self, kind: str, reason: str) -> None:
-        self.skipped.append(Skipped(kind=kind, reason=reason))
-
 
 def budget_words(budget: Budget) -> str:
     """What stopped a share of the work, in words."""
@@ -217,11 +214,12 @@ def suggestions(
     # 1. on the GPUs given
     if not constraints.allow_offload and cluster.cpu_memory_bytes_per_node:
         collect.run("offload", 6, ask.offload_within_the_nodes)
-    if constraints.torch_compile or Framework.FSDP not in constraints.frameworks:
-        pass  # asked already, or no framework it compiles
-    elif training.method is Method.QLORA:
-        collect.skip("torch_compile", "bitsandbytes' NF4 matmuls break torch.compile's graph (not modelled)")
-    else:
+    # Not offered where it cannot apply: asked already, no framework it compiles, or QLoRA, whose
+    # compiled layouts the search and estimates refuse (bitsandbytes' NF4 matmuls break the graph:
+    # validate.py) whatever else changes. Such a suggestion was never tried, so it is not "skipped"
+    # (that lists what could not be computed) either.
+    if not (constraints.torch_compile or Framework.FSDP not in constraints.frameworks
+            or training.method is Method.QLORA):  # fmt: skip
         collect.run("torch_compile", 5, ask.compiled)
     if training.base_autocast:
         collect.run("base_dtype", 4, ask.base_in_compute_dtype)

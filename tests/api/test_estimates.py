@@ -13,7 +13,8 @@ from tests.api.helpers import assert_problem
 H100_NODE = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
 
 
-QLORA = {"seq_len": 4096, "global_batch_size": 64, "method": "qlora"}
+# tokens: body() prices the run (gpu_hour_cost), which needs them
+QLORA = {"seq_len": 4096, "global_batch_size": 64, "tokens": 10**9, "method": "qlora"}
 
 
 def body(**layout: Any) -> dict[str, Any]:

@@ -286,6 +286,9 @@ def check_rationale(request: dict[str, Any], plan: dict[str, Any]) -> list[Viola
             (r"^([\d,]+) tokens/s \(", f"{t['tokens_per_s']:,.0f}", "tokens/s"),
             (r"\((-?[\d.]+%) below the recommended", f"{1 - t['tokens_per_s'] / best['tokens_per_s']:.1%}",
              "share below the recommended"),
+            # faster than the recommended: a near tie its fewer model-parallel degrees won (rank.py)
+            (r"\(([\d.]+%) above the recommended", f"{t['tokens_per_s'] / best['tokens_per_s'] - 1:.1%}",
+             "share above the recommended"),
             (r"(-?[\d.]+) GiB headroom", f"{est['memory']['headroom_bytes'] / GiB:.1f}", "headroom GiB"),
             (r"of the ([\d.e+-]+) s step", f"{t['step_s']:.3g}", "step seconds"),
         ]  # fmt: skip

@@ -14,7 +14,7 @@ from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, Compile, Framework, Method, Plan, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
 from service.launchers import Target, runnable_targets
-from service.recommender import Constraints, Objective, recommend, suggest
+from service.recommender import Constraints, Objective, rank, recommend, suggest
 from service.recommender.budget import Budget
 from service.recommender.space import sub_cluster
 from service.recommender.suggest import states_can_fit, suggestions
@@ -154,7 +154,12 @@ def test_every_candidate_is_valid_and_fits_with_headroom(
         assert again.memory == cand.estimate.memory and again.time == cand.estimate.time
         assert cand.estimate.memory.per_gpu.total <= 0.9 * c.gpu.memory_bytes
     speeds = [cand.estimate.time.tokens_per_s for cand in candidates if cand.estimate.time]
-    assert speeds[0] >= max(speeds) * (1 - 1e-3)  # top-1 first (equal to 4 digits: the simpler wins)
+    # top-1 first (equal to 4 digits: the simpler wins), or within rank.NEAR_TIE_FRACTION of a
+    # faster one that has more model-parallel degrees (a near tie: the fewer degrees win)
+    assert speeds[0] >= max(speeds) * (1 - rank.NEAR_TIE_FRACTION)
+    best = rank.parallel_degrees(candidates[0].layout)
+    for cand, speed in zip(candidates, speeds, strict=True):
+        assert speed <= speeds[0] * (1 + 1e-3) or rank.parallel_degrees(cand.layout) > best, cand.layout
 
 
 def test_more_frameworks_never_worse(tuning: Tuning) -> None:
