@@ -290,14 +290,28 @@ def time_estimate(job: Job, layout: Layout) -> TimeEstimate:
 
 
 def floor_s(job: Job, layout: Layout, most_micro_batches: int | None = None) -> float:
-    """The step less its DP, offload and optimizer time (all >= 0) and less its bubble: a lower bound
-    on the step of every sharding and framework that shares the layout's ``PARTS_FIELDS``.
+    """The step less its DP, offload and optimizer time (all >= 0), less its bubble and less an
+    overlapped EP all-to-all (``rising_ep_comm_s``): a lower bound on the step of every sharding and
+    framework that shares the layout's ``PARTS_FIELDS`` and, at the largest micro-batch, on every
+    smaller micro-batch of it (each part left falls as the micro-batch grows).
     ``most_micro_batches``: the most micro-batches a member of the family runs (its smallest
     micro-batch); the bubble of any member is then at least (p-1)/(v m) of this layout's ideal."""
     p = st.step_parts(job, layout)
     ideal = p.compute_s + p.recompute_s + p.tp_comm_s + p.cp_comm_s + p.ep_comm_s
+    ideal -= rising_ep_comm_s(layout, p.ep_comm_s)
     bubble = 0.0 if most_micro_batches is None else st.bubble_fraction(layout, most_micro_batches) * ideal
     return ideal + p.pp_comm_s + bubble
+
+
+def rising_ep_comm_s(layout: Layout, ep_comm_s: float) -> float:
+    """The part of the layout's exposed EP all-to-all time that a bound over its micro-batches must
+    leave out: all of it where the all-to-alls overlap another micro-batch's compute
+    (``moe_a2a_overlap``). Then only the passes no other micro-batch pairs with expose them in full
+    (``step_time.paired_fraction``), a share that grows as fewer, larger micro-batches run: Qwen3-30B-A3B
+    dp2 tp2 pp2 ep4 v3 on 8 H100 exposes 0.03 s at micro-batch 1 and 1.44 s at 64, so the largest
+    micro-batch's floor was above a smaller one's whole step and the search pruned the fastest layout.
+    Without the overlap the all-to-alls' latency amortises over larger micro-batches: that time falls."""
+    return ep_comm_s if layout.moe_a2a_overlap else 0.0
 
 
 # ---------------------------------------------------------------- the largest micro-batch and sequence

@@ -570,6 +570,7 @@ def _search_structure(
 
 DOMINATED = "dominated: cannot beat the top k at any micro-batch"
 PP_BUBBLE = [f.name for f in dataclasses.fields(TimeBreakdown)].index("pp_bubble_s")  # in time_parts
+EP_COMM = [f.name for f in dataclasses.fields(TimeBreakdown)].index("ep_comm_s")
 # Float slack on the floor below: its sum and ``step_s - pp_bubble_s`` round differently (~1e-15).
 _FLOOR_SLACK = 1e-9
 
@@ -595,9 +596,10 @@ def _dominated(
     """True when even the most favourable micro-batch cannot beat the current top k.
 
     Step time falls with the micro-batch (GEMM efficiency, fewer collectives) except the pipeline
-    bubble, and recompute only adds time: the time of the largest micro-batch without recompute,
-    less its bubble, plus the least bubble any member has ((p-1)/(v m) of that time, m the most
-    micro-batches, at the smallest micro-batch), bounds every member of the family from below.
+    bubble and an overlapped EP all-to-all (``evaluate.rising_ep_comm_s``), and recompute only adds
+    time: the time of the largest micro-batch without recompute, less those two, plus the least
+    bubble any member has ((p-1)/(v m) of that time, m the most micro-batches, at the smallest
+    micro-batch), bounds every member of the family from below (``tests/recommender/test_bounds.py``).
 
     Cheaper first, per (framework, interleaving) of the structure: ``ceilings`` holds the sort key of
     ``evaluate.floor_s``, the part of that bound no sharding changes (DP, offload and optimizer time
@@ -626,7 +628,8 @@ def _dominated(
         return False
     parts = result.time_parts(job, optimistic)
     least_bubble_s = result.floor_s(job, optimistic, most) - result.floor_s(job, optimistic)
-    step_s = step_total_s(*parts) - parts[PP_BUBBLE] + least_bubble_s
+    rising_s = evaluate.rising_ep_comm_s(optimistic, parts[EP_COMM])  # floor_s leaves it out too
+    step_s = step_total_s(*parts) - parts[PP_BUBBLE] - rising_s + least_bubble_s
     best_tokens_per_s = search.training.tokens_per_step / step_s
     if _admission_key(search, result, (s.pp, s.cp, s.tp, s.ep), s.gpus, best_tokens_per_s) <= threshold:
         return False
