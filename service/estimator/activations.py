@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 from service.estimator import flops
 from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
-from service.estimator.params import FUSED_QKV_FAMILIES
+from service.estimator.params import FUSED_QKV_FAMILIES, loss_logits_per_token
 from service.estimator.types import (
     Attention,
     AttentionKind,
     Compile,
     Framework,
+    Head,
     Layout,
     Method,
     ModelSpec,
@@ -615,6 +616,9 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
     # logsumexp per token, and recomputes the softmax in its backward kernel.
     d, t, h = element_bytes(training.precision), local_tokens(layout, training), model.hidden_size
     sp = layout.tp if layout.sequence_parallel else 1
+    logits = loss_logits_per_token(model, training.seq_len)
+    if model.head is not Head.CAUSAL_LM:
+        return encoder_head_bytes(model, layout, training) + FP32_BYTES * t * logits + INDEX_BYTES * t
     if layout.framework is Framework.MEGATRON:
         norm_and_input = 2 * d * t * h / sp
     else:
@@ -623,14 +627,31 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
     if layout.chunked_loss:
         loss = d * t * h
     elif layout.torch_compile is Compile.MODEL_AND_LOSS:
-        loss = d * t * model.vocab_size / layout.tp + FP32_BYTES * t
+        loss = d * t * logits / layout.tp + FP32_BYTES * t
     else:
-        loss = FP32_BYTES * t * model.vocab_size / layout.tp
+        loss = FP32_BYTES * t * logits / layout.tp
     # each multi-token-prediction depth (Megatron only) keeps its enorm input (the shifted tokens'
     # embedding), eh_proj's 2h input, its final norm's and output layer's inputs, its own fp32
     # logits and shifted labels; its decoder layer counts with the stage's layers
     mtp = training.mtp_num_layers * (5 * d * t * h / sp + loss + INDEX_BYTES * t)
     return norm_and_input + loss + INDEX_BYTES * t + mtp
+
+
+def encoder_head_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """What an encoder's head (``types.Head``) saves for backward, one micro-batch, without its fp32
+    logits and labels (HF modeling_bert.py, one rank: encoders run data-parallel only).
+    Masked LM: BertPredictionHeadTransform's dense input, its output (the exact GELU's input), the
+    LayerNorm's input and mean/rstd, the decoder's input: 4 h-wide tensors. Question answering:
+    qa_outputs' input. Sequence classification: on each sequence's first token only, the pooler's
+    input and tanh output, the classifier dropout's mask (classifier_dropout defaults to
+    hidden_dropout_prob) and the classifier's input."""
+    d, t, h = element_bytes(training.precision), local_tokens(layout, training), model.hidden_size
+    if model.head is Head.MASKED_LM:
+        return 3 * d * t * h + _hf_norm(model, training, t)
+    if model.head is Head.QUESTION_ANSWERING:
+        return d * t * h
+    sequences = t / training.seq_len
+    return (3 * d + _hidden_mask(model)) * sequences * h
 
 
 def micro_batches_per_step(layout: Layout, training: TrainingSpec) -> int:
@@ -686,12 +707,13 @@ def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpe
     if layout.chunked_loss:
         return 0
     t = local_tokens(layout, training)
+    logits = loss_logits_per_token(model, training.seq_len)
     if layout.torch_compile is Compile.MODEL_AND_LOSS:
-        return math.ceil(element_bytes(training.precision) * t * model.vocab_size / layout.tp)
+        return math.ceil(element_bytes(training.precision) * t * logits / layout.tp)
     if layout.framework is Framework.MEGATRON:
         copies = 1
     elif layout.framework is Framework.FSDP and layout.tp > 1:
         copies = 3
     else:
         copies = 2
-    return math.ceil(copies * FP32_BYTES * t * model.vocab_size / layout.tp)
+    return math.ceil(copies * FP32_BYTES * t * logits / layout.tp)

@@ -260,6 +260,9 @@ _HF_DECODER_LAYERS = {
     "gpt_neox": "GPTNeoXLayer",
     "falcon": "FalconDecoderLayer",
     "bloom": "BloomBlock",
+    # encoders: modeling_bert.py BertLayer, modeling_roberta.py RobertaLayer (the encoder's repeated block)
+    "bert": "BertLayer",
+    "roberta": "RobertaLayer",
 }
 
 
