@@ -5,6 +5,7 @@ heads' FLOPs and saved tensors, and the refusals of what the encoder builders ca
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -14,8 +15,17 @@ from service.estimator import activations, flops
 from service.estimator.errors import InvalidModel
 from service.estimator.hf_config import model_from_hf_config
 from service.estimator.params import LayerKind, layer_parameters, parameter_counts
-from service.estimator.types import Head, Layout, ModelSpec, Precision, TrainingSpec
+from service.estimator.types import (
+    Attention,
+    Framework,
+    Head,
+    Layout,
+    ModelSpec,
+    Precision,
+    TrainingSpec,
+)
 from service.launchers import megatron, torchtitan
+from validation.cases import DATA_DIR
 
 # A 2-layer BERT: h 8, 2 heads, intermediate 16, vocabulary 10, 6 positions, 2 token types.
 TINY_CONFIG: dict[str, Any] = {
@@ -115,13 +125,13 @@ def test_encoder_heads_saved_tensors() -> None:
     training = TrainingSpec(seq_len=4, global_batch_size=2, precision=Precision.FP16)
     t, h = 8, 8  # tokens of the micro-batch, hidden size
     # masked LM: transform's input and output, LayerNorm input (+ fp32 mean and rstd), decoder input;
-    # then the fp32 logits over V and the int64 labels
+    # then log_softmax's output over V in the model dtype (no fp32 upcast) and the int64 labels
     mlm = activations.last_stage_extra_bytes(TINY, layout, training)
-    assert mlm == 4 * 2 * t * h + 8 * t + 4 * t * 10 + 8 * t
-    # question answering: qa_outputs' input, fp32 start/end logits, labels
+    assert mlm == 4 * 2 * t * h + 8 * t + 2 * t * 10 + 8 * t
+    # question answering: qa_outputs' input, start/end log-probabilities, two positions per sequence
     qa = dataclasses.replace(TINY, head=Head.QUESTION_ANSWERING)
-    assert activations.last_stage_extra_bytes(qa, layout, training) == 2 * t * h + 4 * t * 2 + 8 * t
-    assert activations.loss_workspace_bytes(qa, layout, training) == 2 * 4 * t * 2
+    assert activations.last_stage_extra_bytes(qa, layout, training) == 2 * t * h + 2 * t * 2 + 2 * 8 * 2
+    assert activations.loss_workspace_bytes(qa, layout, training) == 2 * 2 * t * 2
 
 
 @pytest.mark.parametrize(
@@ -156,3 +166,25 @@ def test_gpt_only_launchers_refuse_an_encoder() -> None:
         vocab_size=10,
     )  # fmt: skip
     assert megatron.job_refusal(decoder, training) is None
+
+
+MEASURED = json.loads((DATA_DIR / "encoder_activations.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("case", MEASURED["cases"], ids=lambda c: c["id"])
+def test_encoder_activations_match_what_autograd_saved(case: dict[str, Any]) -> None:
+    # validation/encoder_activations.py: a tiny BertFor* on the CPU, dropout 0, two depths
+    config = MEASURED["config"] | {"num_hidden_layers": 1, "architectures": [case["architecture"]]}
+    spec = model_from_hf_config(config)
+    precision = Precision.BF16 if case["dtype"] == "bfloat16" else Precision.FP32
+    attention = Attention.EAGER if case["attention"] == "eager" else Attention.SDPA
+    training = TrainingSpec(
+        seq_len=case["seq_len"], global_batch_size=case["batch"], precision=precision, attention=attention
+    )
+    layout = Layout(micro_batch_size=case["batch"], framework=Framework.FSDP)
+    per_layer = activations.hf_layer_bytes(spec, layout, training, False)
+    outside = activations.first_stage_extra_bytes(spec, layout, training) + activations.last_stage_extra_bytes(
+        spec, layout, training
+    )
+    assert per_layer == pytest.approx(case["per_layer_bytes"], rel=0.01)
+    assert outside == pytest.approx(case["outside_layers_bytes"], rel=0.05)
