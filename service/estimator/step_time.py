@@ -449,7 +449,7 @@ def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
         return None
     rate = attention_kernel_rate(job.tuning, job.cluster.gpu, layout.framework)
     fractions = attention_kernel_fractions(
-        job.tuning, job.cluster.gpu, layout.framework, training.seq_len / layout.cp
+        job.tuning, job.cluster.gpu, layout.framework, training.seq_len / layout.cp, job.model.bidirectional
     )
     if rate is None or fractions is None:
         return None
