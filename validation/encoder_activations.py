@@ -59,7 +59,10 @@ def saved_bytes(architecture: str, num_layers: int, attention: str, dtype: str) 
     if architecture.endswith("MaskedLM"):
         labels: dict[str, torch.Tensor] = {"labels": ids}
     elif architecture.endswith("QuestionAnswering"):
-        labels = {"start_positions": torch.ones(BATCH, dtype=torch.long), "end_positions": 3 * torch.ones(BATCH, dtype=torch.long)}
+        labels = {
+            "start_positions": torch.ones(BATCH, dtype=torch.long),
+            "end_positions": 3 * torch.ones(BATCH, dtype=torch.long),
+        }
     else:
         labels = {"labels": torch.ones(BATCH, dtype=torch.long)}
     with (
@@ -79,9 +82,10 @@ def measure() -> list[dict[str, Any]]:
             for dtype in ("bfloat16", "float32"):
                 shallow, deep = (saved_bytes(architecture, depth, attention, dtype) for depth in DEPTHS)
                 per_layer = (deep - shallow) // (DEPTHS[1] - DEPTHS[0])
+                head = architecture.removeprefix("BertFor").lower()
                 records.append(
                     {
-                        "id": f"bert-{architecture.removeprefix('BertFor').lower()}-{dtype}-{attention}-b{BATCH}-s{SEQ_LEN}",
+                        "id": f"bert-{head}-{dtype}-{attention}-b{BATCH}-s{SEQ_LEN}",
                         "architecture": architecture,
                         "attention": attention,
                         "dtype": dtype,

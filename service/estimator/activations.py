@@ -626,7 +626,11 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
         # the encoders' losses take the logits as they are (BertForMaskedLM, *ForQuestionAnswering:
         # CrossEntropyLoss on the model-dtype scores, no .float()): log_softmax saves its output in
         # the model dtype
-        return encoder_head_bytes(model, layout, training) + d * t * logits + encoder_label_bytes(model, t, training)
+        return (
+            encoder_head_bytes(model, layout, training)
+            + d * t * logits
+            + encoder_label_bytes(model, t, training)
+        )
     if layout.framework is Framework.MEGATRON:
         norm_and_input = 2 * d * t * h / sp
     else:

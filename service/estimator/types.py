@@ -247,7 +247,11 @@ class ModelSpec:
         if self.bidirectional == (self.head is Head.CAUSAL_LM):
             raise InvalidModel(
                 f"head {self.head.value!r} "
-                + ("needs a causal model" if self.head is Head.CAUSAL_LM else "is an encoder's: it needs bidirectional")
+                + (
+                    "needs a causal model"
+                    if self.head is Head.CAUSAL_LM
+                    else "is an encoder's: it needs bidirectional"
+                )
                 + "; an encoder takes masked_lm, sequence_classification or question_answering",
                 rule="head",
                 field="head",

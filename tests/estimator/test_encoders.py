@@ -27,7 +27,7 @@ from service.estimator.types import (
     Precision,
     TrainingSpec,
 )
-from service.launchers import megatron, torchtitan
+from service.launchers import framework_structure_refusal, megatron, torchtitan
 from validation.cases import DATA_DIR, H100, gpu_cluster
 
 # A 2-layer BERT: h 8, 2 heads, intermediate 16, vocabulary 10, 6 positions, 2 token types.
@@ -186,9 +186,9 @@ def test_encoder_activations_match_what_autograd_saved(case: dict[str, Any]) -> 
     )
     layout = Layout(micro_batch_size=case["batch"], framework=Framework.FSDP)
     per_layer = activations.hf_layer_bytes(spec, layout, training, False)
-    outside = activations.first_stage_extra_bytes(spec, layout, training) + activations.last_stage_extra_bytes(
+    outside = activations.first_stage_extra_bytes(
         spec, layout, training
-    )
+    ) + activations.last_stage_extra_bytes(spec, layout, training)
     assert per_layer == pytest.approx(case["per_layer_bytes"], rel=0.01)
     assert outside == pytest.approx(case["outside_layers_bytes"], rel=0.05)
 
@@ -201,7 +201,10 @@ def test_an_encoders_flash_kernel_runs_at_the_unmasked_rates() -> None:
     fa2 = attention_kernel_fractions(tuning, H100, Framework.FSDP, 512, unmasked=True)
     cudnn = attention_kernel_fractions(tuning, H100, Framework.MEGATRON, 512, unmasked=True)
     assert fa2 is not None and cudnn is not None
-    assert (fa2[0] * peak, fa2[1] * peak) == (pytest.approx(309e12, rel=0.005), pytest.approx(214e12, rel=0.005))
+    assert (fa2[0] * peak, fa2[1] * peak) == (
+        pytest.approx(309e12, rel=0.005),
+        pytest.approx(214e12, rel=0.005),
+    )
     assert (cudnn[0] * peak, cudnn[1] * peak) == (
         pytest.approx(497e12, rel=0.005),
         pytest.approx(305e12, rel=0.005),
@@ -215,9 +218,20 @@ def test_an_encoders_flash_kernel_runs_at_the_unmasked_rates() -> None:
 
 def test_a_bert_step_on_h100_times_its_core_at_the_unmasked_rate() -> None:
     bert = catalog_model("bert-large-uncased").spec
-    training = TrainingSpec(seq_len=512, global_batch_size=8, precision=Precision.BF16, attention=Attention.SDPA)
+    training = TrainingSpec(
+        seq_len=512, global_batch_size=8, precision=Precision.BF16, attention=Attention.SDPA
+    )
     layout = Layout(framework=Framework.FSDP, micro_batch_size=8)
     job = make_job(bert, gpu_cluster(H100, 1, 50e9), training, default_tuning())
     kernel = step_time.core_kernel(job, layout)
     assert kernel is not None
     assert kernel.forward_fraction * 989.4e12 == pytest.approx(309e12, rel=0.005)
+
+
+def test_the_search_offers_an_encoder_data_parallelism_only() -> None:
+    training = TrainingSpec(seq_len=384, global_batch_size=32, precision=Precision.FP16)
+    for framework in (Framework.FSDP, Framework.DEEPSPEED):
+        assert framework_structure_refusal(framework, TINY, training, 1, 1, 1, 1) is None
+        for tp, pp, cp in ((2, 1, 1), (1, 2, 1), (1, 1, 2)):
+            refusal = framework_structure_refusal(framework, TINY, training, tp, pp, cp, 1)
+            assert refusal is not None and "bidirectional encoder" in refusal
