@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from service.estimator.job import make_job
 from service.estimator.params import LayerKind, layer_parameters, parameter_counts
 from service.estimator.tuning import attention_kernel_fractions, conservative_kernel_rate
 from service.estimator.types import (
+    ALL_LINEAR,
     Attention,
     Framework,
     Head,
@@ -28,6 +30,7 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from service.launchers import framework_structure_refusal, megatron, torchtitan
+from service.launchers.common import encoder_lora_fields
 from validation.cases import DATA_DIR, H100, gpu_cluster
 
 # A 2-layer BERT: h 8, 2 heads, intermediate 16, vocabulary 10, 6 positions, 2 token types.
@@ -235,3 +238,20 @@ def test_the_search_offers_an_encoder_data_parallelism_only() -> None:
         for tp, pp, cp in ((2, 1, 1), (1, 2, 1), (1, 1, 2)):
             refusal = framework_structure_refusal(framework, TINY, training, tp, pp, cp, 1)
             assert refusal is not None and "bidirectional encoder" in refusal
+
+
+def test_an_encoders_lora_config_names_its_own_linears() -> None:
+    # peft matches a string target_modules with re.fullmatch against each module name; the names are
+    # transformers' BertForSequenceClassification's (checked with peft 0.21 on a tiny model: 6 per layer)
+    fields = encoder_lora_fields(Head.SEQUENCE_CLASSIFICATION, ALL_LINEAR)
+    assert fields["task_type"] == "SEQ_CLS"
+    pattern = str(fields["target_modules"])
+    layer = "bert.encoder.layer.11."
+    adapted = ["attention.self.query", "attention.self.key", "attention.self.value"]
+    adapted += ["attention.output.dense", "intermediate.dense", "output.dense"]
+    assert all(re.fullmatch(pattern, layer + name) for name in adapted)
+    assert not any(re.fullmatch(pattern, name) for name in ("bert.pooler.dense", "classifier"))
+    only_qv = str(encoder_lora_fields(Head.MASKED_LM, ("q_proj", "v_proj"))["target_modules"])
+    assert re.fullmatch(only_qv, layer + "attention.self.value")
+    assert not re.fullmatch(only_qv, layer + "attention.output.dense")
+    assert encoder_lora_fields(Head.MASKED_LM, ALL_LINEAR)["task_type"] is None
