@@ -3,7 +3,9 @@
 One small builder per ``model_type``, each mirroring the module layout of the matching
 ``transformers`` modeling file (``models/<family>/modeling_<family>.py``, transformers 5.x) and the
 defaults of its configuration class, so that ``parameter_counts`` of the result equals PyTorch's
-count of ``AutoModelForCausalLM.from_config(config)``. ``validation/param_counts.py`` measures that.
+count of ``AutoModelForCausalLM.from_config(config)`` (encoders, ``bert`` and ``roberta``: of the
+BertFor* / RobertaFor* class their ``architectures`` names, *ForMaskedLM when it names none).
+``validation/param_counts.py`` measures that.
 
 Only the core sizes (hidden size, layers, heads, vocabulary and, where the family has one, the MLP
 width) are required; every other missing key takes the transformers configuration-class default.
