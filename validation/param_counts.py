@@ -39,9 +39,14 @@ from service.estimator.params import layer_parameters, parameter_counts
 
 OUT = Path(__file__).parent / "data" / "param_counts.json"
 
-_LAYER = re.compile(r"\.(?:layers|h)\.(\d+)\.")
+_LAYER = re.compile(r"\.(?:layers|h|layer)\.(\d+)\.")
 _FINAL_NORM = re.compile(r"^[a-z_]+\.(?:norm|ln_f|final_layer_norm|final_layernorm)\.")
-_OUTPUT = ("lm_head.", "embed_out.")
+# the output layer, or an encoder's task head (BERT's cls / pooler / classifier / qa_outputs,
+# RoBERTa's lm_head / classifier)
+_OUTPUT = ("lm_head.", "embed_out.", "cls.", "classifier.", "qa_outputs.", "bert.pooler.", "roberta.pooler.")
+# Encoders are built as the head class their config's ``architectures`` names (the checkpoints' own
+# *ForMaskedLM when it names none), not as a causal LM.
+_ENCODER_HEAD_CLASS = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM"}
 # Multimodal model_type -> the model_type of its text_config (the model that is counted).
 _TEXT_MODEL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
 
@@ -624,6 +629,60 @@ SYNTHETIC: dict[str, dict[str, Any]] = {
             "sliding_window": None,
         },
     },
+    # BERT / RoBERTa encoders (issue 27's small models): post-LN layers, token types, each head
+    "bert-tiny-masked-lm": {
+        "model_type": "bert",
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 997,
+        "max_position_embeddings": 48,
+    },
+    "bert-tiny-untied-mlm": {
+        "model_type": "bert",
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 997,
+        "max_position_embeddings": 48,
+        "type_vocab_size": 3,
+        "tie_word_embeddings": False,
+    },
+    "bert-tiny-sequence-classification": {
+        "model_type": "bert",
+        "architectures": ["BertForSequenceClassification"],
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 997,
+        "max_position_embeddings": 48,
+        "num_labels": 5,
+    },
+    "bert-tiny-question-answering": {
+        "model_type": "bert",
+        "architectures": ["BertForQuestionAnswering"],
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 997,
+        "max_position_embeddings": 48,
+    },
+    "roberta-tiny-sequence-classification": {
+        "model_type": "roberta",
+        "architectures": ["RobertaForSequenceClassification"],
+        "hidden_size": 96,
+        "intermediate_size": 192,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 6,
+        "vocab_size": 1001,
+        "max_position_embeddings": 66,
+        "type_vocab_size": 1,
+        "id2label": {"0": "a", "1": "b", "2": "c"},
+    },
     "phi3-gqa-sliding-window": {
         "model_type": "phi3",
         "hidden_size": 320,
@@ -661,7 +720,11 @@ def measure(fields: dict[str, Any]) -> Measured:
     # deep copy: transformers edits nested rope dicts
     config = AutoConfig.for_model(**copy.deepcopy(text_model_fields(fields)))
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+        if config.model_type in _ENCODER_HEAD_CLASS:
+            names = fields.get("architectures") or [_ENCODER_HEAD_CLASS[config.model_type]]
+            model = getattr(transformers, names[0])(config)
+        else:
+            model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     num_layers = config.num_hidden_layers
     layers = [0] * num_layers
     embedding = output = final_norm = 0
@@ -674,7 +737,7 @@ def measure(fields: dict[str, Any]) -> Measured:
         elif _FINAL_NORM.match(name):
             final_norm += n
         else:
-            embedding += n  # token embedding, learned positions, embedding norm
+            embedding += n  # token embedding, learned and token-type positions, embedding norm
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     total = sum(p.numel() for p in model.parameters())
     return Measured(total, embedding, output, final_norm, layers, largest)

@@ -242,7 +242,13 @@ def build_cluster(row: Row, caveats: list[str]) -> ClusterSpec:
     )
 
 
-_PRECISIONS = {"bf16": Precision.BF16, "fp8": Precision.FP8, "fp16": Precision.FP16}
+_PRECISIONS = {
+    "bf16": Precision.BF16,
+    "fp8": Precision.FP8,
+    "fp16": Precision.FP16,
+    "fp32": Precision.FP32,  # fp32 everywhere, CUDA-core matmuls (V100)
+    "tf32": Precision.TF32,  # fp32 tensors, TF32 tensor-core matmuls (A100, PyTorch's default until 1.12)
+}
 _ATTENTION = {"flash": Attention.FLASH, "sdpa": Attention.SDPA, "eager": Attention.EAGER}
 _METHODS = {"full": Method.FULL, "lora": Method.LORA, "qlora": Method.QLORA}
 

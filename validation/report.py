@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from validation import cases, clock_classes, memory_statistics, moe_classes, network_classes, published
+from validation import (
+    cases,
+    clock_classes,
+    memory_statistics,
+    moe_classes,
+    network_classes,
+    published,
+    small_model_classes,
+)
 from validation.cases import Expect, Row
 
 REPORT_PATH = cases.ROOT / "validation" / "REPORT.md"
@@ -227,6 +235,7 @@ def render(rows: Sequence[Row]) -> str:
     lines += clock_classes.sections(percent, table)
     lines += network_classes.sections(percent, table)
     lines += moe_classes.sections(percent, table)
+    lines += small_model_classes.sections(percent, table)
     lines += memory_statistics.sections(percent, table)
     return "\n".join(lines) + "\n"
 

@@ -159,6 +159,8 @@ class AttentionKernelRateEntry(_Table):
     backward_flops_per_forward: Positive = Field(description="FLOPs the backward rate counts per fwd FLOP")
     forward: Curve = Field(description="fractions of the 16-bit dense peak by kernel-call sequence length")
     backward: Curve
+    forward_unmasked: Curve | None = Field(default=None, description="the same without a causal mask")
+    backward_unmasked: Curve | None = None
     source: Source
 
 
@@ -301,6 +303,8 @@ def to_tuning(file: TuningFile) -> Tuning:
                 forward_points=_points(rate.forward),
                 backward_points=_points(rate.backward),
                 backward_flops_per_forward=rate.backward_flops_per_forward,
+                forward_unmasked_points=_points(rate.forward_unmasked) if rate.forward_unmasked else (),
+                backward_unmasked_points=_points(rate.backward_unmasked) if rate.backward_unmasked else (),
             )
             for rate in kernel.rate
         ),

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 from service.estimator import flops
 from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
-from service.estimator.params import FUSED_QKV_FAMILIES
+from service.estimator.params import FUSED_QKV_FAMILIES, loss_logits_per_token
 from service.estimator.types import (
     Attention,
     AttentionKind,
     Compile,
     Framework,
+    Head,
     Layout,
     Method,
     ModelSpec,
@@ -42,8 +43,9 @@ from service.estimator.types import (
 # HF families whose MLP activation is the python tanh-GELU ("gelu_new"): it saves its input,
 # tanh output, 0.5x, 1+tanh and its output (5 tensors of width f) instead of 2.
 PYTHON_GELU_FAMILIES = frozenset({"gpt2", "phi"})
-# Eager softmax in the model dtype (no fp32 upcast and 16-bit copy): GPT-2, Falcon.
-MODEL_DTYPE_SOFTMAX_FAMILIES = frozenset({"gpt2", "falcon"})
+# Eager softmax in the model dtype (no fp32 upcast and 16-bit copy): GPT-2, Falcon, and BERT / RoBERTa
+# (modeling_bert.py eager_attention_forward: nn.functional.softmax(attn_weights, dim=-1)).
+MODEL_DTYPE_SOFTMAX_FAMILIES = frozenset({"gpt2", "falcon", "bert", "roberta"})
 # Falcon's SDPA path repeats k and v to every head and passes a materialised (b, 1, s, s) mask.
 SDPA_EXPANDS_KV_FAMILIES = frozenset({"falcon"})
 # RMSNorms whose weight multiplies the fp32 normalised input (Gemma's (1 + weight) in fp32; OLMo 2's
@@ -600,8 +602,12 @@ def micro_batches_in_flight(layout: Layout, rank: int, micro_batches: int) -> fl
 
 def first_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
     # Token ids (int64) saved by the embedding; Megatron adds the embedding dropout mask (sbh, /t).
+    # An embedding LayerNorm (BLOOM's word_embeddings_layernorm, BERT's embeddings.LayerNorm) saves
+    # its input and fp32 mean and rstd (measured: bloom and bert, validation/data/activations.json).
     t = local_tokens(layout, training)
     extra = INDEX_BYTES * t
+    if model.embedding_norm:
+        extra += _hf_norm(model, training, t)
     if layout.framework is Framework.MEGATRON or model.hidden_dropout > 0:
         extra += _hidden_mask(model) * t * model.hidden_size / layout.tp
     return extra
@@ -615,6 +621,16 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
     # logsumexp per token, and recomputes the softmax in its backward kernel.
     d, t, h = element_bytes(training.precision), local_tokens(layout, training), model.hidden_size
     sp = layout.tp if layout.sequence_parallel else 1
+    logits = loss_logits_per_token(model, training.seq_len)
+    if model.head is not Head.CAUSAL_LM:
+        # the encoders' losses take the logits as they are (BertForMaskedLM, *ForQuestionAnswering:
+        # CrossEntropyLoss on the model-dtype scores, no .float()): log_softmax saves its output in
+        # the model dtype
+        return (
+            encoder_head_bytes(model, layout, training)
+            + d * t * logits
+            + encoder_label_bytes(model, t, training)
+        )
     if layout.framework is Framework.MEGATRON:
         norm_and_input = 2 * d * t * h / sp
     else:
@@ -623,14 +639,43 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
     if layout.chunked_loss:
         loss = d * t * h
     elif layout.torch_compile is Compile.MODEL_AND_LOSS:
-        loss = d * t * model.vocab_size / layout.tp + FP32_BYTES * t
+        loss = d * t * logits / layout.tp + FP32_BYTES * t
     else:
-        loss = FP32_BYTES * t * model.vocab_size / layout.tp
+        loss = FP32_BYTES * t * logits / layout.tp
     # each multi-token-prediction depth (Megatron only) keeps its enorm input (the shifted tokens'
     # embedding), eh_proj's 2h input, its final norm's and output layer's inputs, its own fp32
     # logits and shifted labels; its decoder layer counts with the stage's layers
     mtp = training.mtp_num_layers * (5 * d * t * h / sp + loss + INDEX_BYTES * t)
     return norm_and_input + loss + INDEX_BYTES * t + mtp
+
+
+def encoder_head_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """What an encoder's head (``types.Head``) saves for backward, one micro-batch, without its fp32
+    logits and labels (HF modeling_bert.py, one rank: encoders run data-parallel only).
+    Masked LM: BertPredictionHeadTransform's dense input, its output (the exact GELU's input), the
+    LayerNorm's input and mean/rstd, the decoder's input: 4 h-wide tensors. Question answering:
+    qa_outputs' input. Sequence classification: the pooler's input is the first token's view of the
+    last hidden state, which keeps that whole storage alive (measured); per sequence, the tanh output,
+    the classifier dropout's mask (classifier_dropout defaults to hidden_dropout_prob) and output."""
+    d, t, h = element_bytes(training.precision), local_tokens(layout, training), model.hidden_size
+    if model.head is Head.MASKED_LM:
+        return 3 * d * t * h + _hf_norm(model, training, t)
+    if model.head is Head.QUESTION_ANSWERING:
+        return d * t * h
+    sequences = t / training.seq_len
+    dropout = (_hidden_mask(model) + d) * sequences * h if model.hidden_dropout > 0 else 0.0
+    return d * t * h + d * sequences * h + dropout
+
+
+def encoder_label_bytes(model: ModelSpec, tokens: float, training: TrainingSpec) -> float:
+    """The int64 labels an encoder head's loss keeps: one per token (masked LM), a start and an end
+    position per sequence (question answering), one label per sequence (classification)."""
+    sequences = tokens / training.seq_len
+    if model.head is Head.MASKED_LM:
+        return INDEX_BYTES * tokens
+    if model.head is Head.QUESTION_ANSWERING:
+        return 2 * INDEX_BYTES * sequences
+    return INDEX_BYTES * sequences
 
 
 def micro_batches_per_step(layout: Layout, training: TrainingSpec) -> int:
@@ -686,12 +731,17 @@ def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpe
     if layout.chunked_loss:
         return 0
     t = local_tokens(layout, training)
+    logits = loss_logits_per_token(model, training.seq_len)
     if layout.torch_compile is Compile.MODEL_AND_LOSS:
-        return math.ceil(element_bytes(training.precision) * t * model.vocab_size / layout.tp)
+        return math.ceil(element_bytes(training.precision) * t * logits / layout.tp)
+    if model.head is not Head.CAUSAL_LM:
+        # an encoder's loss runs in the model dtype (``last_stage_extra_bytes``): the gradients of nll
+        # and of log_softmax in backward, 2 x d bytes per logit
+        return math.ceil(2 * element_bytes(training.precision) * t * logits)
     if layout.framework is Framework.MEGATRON:
         copies = 1
     elif layout.framework is Framework.FSDP and layout.tp > 1:
         copies = 3
     else:
         copies = 2
-    return math.ceil(copies * FP32_BYTES * t * model.vocab_size / layout.tp)
+    return math.ceil(copies * FP32_BYTES * t * logits / layout.tp)

@@ -87,9 +87,10 @@ class ValidatedRange:
 VALIDATED_RANGES: tuple[ValidatedRange, ...] = (
     ValidatedRange(
         figure="step time",
-        gpus=(8, 11_616),
-        parameters=(1_485_426_688, 1_008_038_758_400),
-        seq_len=(1_024, 262_144),  # 1,024: DeepSpeed's ZeRO-3 baselines (ZeRO++ blog, 1K tokens per GPU)
+        # 1 GPU, 334M parameters, seq 384: NVIDIA DeepLearningExamples' BERT-large SQuAD fine-tuning rows
+        gpus=(1, 11_616),
+        parameters=(334_100_482, 1_008_038_758_400),
+        seq_len=(384, 262_144),
         source="validation/REPORT.md 'Published throughput' (visible.json step-time cases: Narayanan "
         "Table 1, Korthikanti Tables 4-5, Megatron-Core H100 weak scaling, BigScience) and the expressible "
         "throughput rows of validation/data/published_runs.json, fit and held-out halves",

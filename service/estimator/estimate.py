@@ -138,12 +138,15 @@ def attention_core_note(job: Job, layout: Layout) -> str:
     """How attention's core was timed: which kernel, at what share of the 16-bit peak."""
     attention = job.training.attention
     if attention is Attention.EAGER:
-        return "attention's core (eager): the whole masked s x s square at the GEMM rate"
+        masked = "unmasked" if job.model.bidirectional else "masked"
+        return f"attention's core (eager): the whole {masked} s x s square at the GEMM rate"
+    # a bidirectional encoder's kernel runs every key block (flops.causal_keys_per_query)
+    region = "whole s x s square (bidirectional)" if job.model.bidirectional else "causal triangle"
     kernel = core_kernel(job, layout)
     if kernel is None:
         die = job.cluster.gpu.chip or "unstated"
         return (
-            f"attention's core ({attention}): the causal triangle at the GEMM rate (no published rate of "
+            f"attention's core ({attention}): the {region} at the GEMM rate (no published rate of "
             f"{layout.framework}'s kernel in {job.training.precision} on the {die} die)"
         )
     rate = "the kernel's published rate"
@@ -151,7 +154,7 @@ def attention_core_note(job: Job, layout: Layout) -> str:
         rate = "the kernel's slowest published rate (the die is not stated), at most the GEMM rate"
     return (
         f"attention's core ({attention}, {kernel.name} kernel, calls of {kernel.call_tokens:g} tokens): the "
-        f"causal triangle at {kernel.forward_fraction:.3f} (forward) and {kernel.backward_fraction:.3f} "
+        f"{region} at {kernel.forward_fraction:.3f} (forward) and {kernel.backward_fraction:.3f} "
         f"(backward, 2.5x the forward FLOPs) of the 16-bit peak, {rate}"
     )
 

@@ -18,6 +18,8 @@ Conventions (one multiply-add = 2 FLOPs):
     follow it (tests/estimator/test_flops.py checks Llama-3-8B against validation/data's row);
     FlashAttention's benchmarks count causal FLOPs as half the square
     (benchmarks/benchmark_flash_attention.py: ``// (2 if causal else 1)``);
+  - a bidirectional encoder (BERT) has no causal mask: its "triangle" is the whole square, for
+    the model FLOPs and for what flash kernels execute (``causal_keys_per_query`` = s);
   - what the kernels execute, ``layer_core_work_flops``: the triangle for flash kernels
     (FlashAttention-2 and cuDNN skip the key blocks past the diagonal), the square for eager
     attention. HARDWARE FLOPs (HFU) count this, so the executed FLOP/s is exactly what the time model
@@ -50,6 +52,7 @@ from service.estimator.params import LayerKind, layer_kind, mtp_projection_param
 from service.estimator.types import (
     Attention,
     AttentionKind,
+    Head,
     Method,
     ModelSpec,
     MoESpec,
@@ -99,7 +102,11 @@ def layer_core_flops(model: ModelSpec, kind: LayerKind, seq_len: int) -> int:
 
 def causal_keys_per_query(model: ModelSpec, kind: AttentionKind, seq_len: int) -> float:
     """Keys a query of a ``kind`` layer sees on average under the causal mask: (s + 1) / 2 for the
-    whole sequence, the triangle then the full window for a sliding window, a triangle per chunk."""
+    whole sequence, the triangle then the full window for a sliding window, a triangle per chunk. A
+    bidirectional encoder has no causal mask: every query sees all s keys, the whole square."""
+    if model.bidirectional:
+        # BERT's self-attention (is_causal False): the flash kernels then run every key block too
+        return float(seq_len)
     if kind is AttentionKind.SLIDING and model.sliding_window is not None and model.sliding_window < seq_len:
         w = model.sliding_window
         return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
@@ -215,6 +222,23 @@ def logits_flops(model: ModelSpec) -> int:
     return 2 * model.hidden_size * model.vocab_size
 
 
+def head_flops(model: ModelSpec, seq_len: int) -> float:
+    """The head's matmuls, forward, per token of sequences of ``seq_len`` tokens (``types.Head``)."""
+    h = model.hidden_size
+    match model.head:
+        case Head.MASKED_LM:
+            # transform dense h -> h, then the decoder h -> V, on every token (transformers'
+            # BertForMaskedLM scores every position; the loss ignores the unmasked ones)
+            return 2 * h * h + logits_flops(model)
+        case Head.QUESTION_ANSWERING:
+            return 2 * h * model.num_labels  # qa_outputs h -> L on every token
+        case Head.SEQUENCE_CLASSIFICATION:
+            # pooler h -> h and classifier h -> L on the first token of each sequence only
+            return (2 * h * h + 2 * h * model.num_labels) / seq_len
+        case Head.CAUSAL_LM:
+            return logits_flops(model)
+
+
 # ---------------------------------------------------------------- LoRA adapters
 
 
@@ -293,16 +317,16 @@ def layer_hardware_flops(model: ModelSpec, kind: LayerKind, training: TrainingSp
     return layer_non_core_flops(model, kind, training) + 3 * core
 
 
-def mtp_block_training_flops(model: ModelSpec, training: TrainingSpec) -> int:
+def mtp_block_training_flops(model: ModelSpec, training: TrainingSpec) -> float:
     """One multi-token-prediction depth beyond its decoder layer, forward + backward per token: eh_proj
     (2h -> h) and the output layer on its hidden state (Megatron-Core MultiTokenPredictionLayer)."""
     # 2 FLOPs per weight per token forward, x3 with the backward
     return 3 * 2 * mtp_projection_parameters(model) + logits_training_flops(model, training)
 
 
-def logits_training_flops(model: ModelSpec, training: TrainingSpec) -> int:
-    """Forward + backward of the output layer per token (frozen under LoRA)."""
-    return frozen_passes(training) * logits_flops(model)
+def logits_training_flops(model: ModelSpec, training: TrainingSpec) -> float:
+    """Forward + backward of the output layer (an encoder's head) per token (frozen under LoRA)."""
+    return frozen_passes(training) * head_flops(model, training.seq_len)
 
 
 def layer_recompute_flops(

@@ -3,7 +3,9 @@
 One small builder per ``model_type``, each mirroring the module layout of the matching
 ``transformers`` modeling file (``models/<family>/modeling_<family>.py``, transformers 5.x) and the
 defaults of its configuration class, so that ``parameter_counts`` of the result equals PyTorch's
-count of ``AutoModelForCausalLM.from_config(config)``. ``validation/param_counts.py`` measures that.
+count of ``AutoModelForCausalLM.from_config(config)`` (encoders, ``bert`` and ``roberta``: of the
+BertFor* / RobertaFor* class their ``architectures`` names, *ForMaskedLM when it names none).
+``validation/param_counts.py`` measures that.
 
 Only the core sizes (hidden size, layers, heads, vocabulary and, where the family has one, the MLP
 width) are required; every other missing key takes the transformers configuration-class default.
@@ -26,6 +28,7 @@ from typing import NamedTuple
 from service.estimator.errors import InvalidModel
 from service.estimator.types import (
     AttentionKind,
+    Head,
     MLASpec,
     MlpKind,
     ModelSpec,
@@ -892,6 +895,94 @@ def _bloom(f: _Fields, name: str) -> ModelSpec:
     )
 
 
+# The task heads transformers' BERT and RoBERTa classes put on the encoder, by class name suffix
+# (``architectures`` in config.json); a config without it is counted as its checkpoint's own
+# (bert-base-uncased, roberta-large: *ForMaskedLM).
+_ENCODER_HEADS = {
+    "ForMaskedLM": Head.MASKED_LM,
+    "ForSequenceClassification": Head.SEQUENCE_CLASSIFICATION,
+    "ForQuestionAnswering": Head.QUESTION_ANSWERING,
+}
+
+
+def _encoder_head(f: _Fields, prefix: str) -> Head:
+    architectures = f.raw.get("architectures")
+    if architectures is None:
+        return Head.MASKED_LM
+    known = [prefix + suffix for suffix in _ENCODER_HEADS]
+    if (
+        not isinstance(architectures, list)
+        or len(architectures) != 1
+        or not isinstance(architectures[0], str)
+        or architectures[0] not in known
+    ):
+        raise f._error(
+            "architectures",
+            f"= {architectures!r} is not supported: give one of {known} (the head that is trained)",
+        )
+    return _ENCODER_HEADS[architectures[0].removeprefix(prefix)]
+
+
+def _num_labels(f: _Fields, head: Head) -> int:
+    # PretrainedConfig: num_labels, else len(id2label), else 2; the MLM head has no labels
+    labels = f.raw.get("num_labels")
+    id2label = f.raw.get("id2label")
+    if labels is None and isinstance(id2label, Mapping) and id2label:
+        labels = len(id2label)
+    if labels is None or head is Head.MASKED_LM:
+        return 2
+    value = f._as_int("num_labels", labels)
+    if value < 1:
+        raise f._error("num_labels", f"must be >= 1, got {value}")
+    return value
+
+
+def _encoder(f: _Fields, name: str, *, prefix: str) -> ModelSpec:
+    # BertModel / RobertaModel (transformers modeling_bert.py, modeling_roberta.py): word, learned
+    # absolute position and token-type embeddings, their LayerNorm; BertLayer: q/k/v and output
+    # dense with biases, post-residual LayerNorm, intermediate (GELU) and output dense with biases,
+    # post-residual LayerNorm; no final norm. The head per ``architectures`` (types.Head).
+    f.reject("is_decoder", True, "a causal BERT (BertLMHeadModel) is not an encoder this planner models")
+    f.reject("add_cross_attention", True, "cross-attention is not part of an encoder-only model")
+    f.require("position_embedding_type", "absolute", "relative position types add distance embeddings")
+    heads = f.required_int("num_attention_heads")
+    head = _encoder_head(f, prefix)
+    return ModelSpec(
+        name=name,
+        family=f.model_type,
+        num_layers=f.required_int("num_hidden_layers"),
+        hidden_size=f.required_int("hidden_size"),
+        num_attention_heads=heads,
+        num_kv_heads=heads,
+        ffn_hidden_size=f.required_int("intermediate_size"),
+        vocab_size=f.required_int("vocab_size"),
+        max_position_embeddings=f.positive_int_or("max_position_embeddings", 512),
+        mlp=MlpKind.GELU,
+        norm=NormKind.LAYERNORM,
+        position_embedding=PositionEmbedding.LEARNED,
+        tied_embeddings=f.bool_or("tie_word_embeddings", True),
+        qkv_bias=True,
+        attn_out_bias=True,
+        mlp_bias=True,
+        embedding_norm=True,
+        bidirectional=True,
+        type_vocab_size=f.int_or("type_vocab_size", 2),
+        post_norm=True,
+        head=head,
+        num_labels=_num_labels(f, head),
+    )
+
+
+def _bert(f: _Fields, name: str) -> ModelSpec:
+    return _encoder(f, name, prefix="Bert")
+
+
+def _roberta(f: _Fields, name: str) -> ModelSpec:
+    # RobertaConfig has BertConfig's defaults; RoBERTa's checkpoints set max_position_embeddings 514
+    # (positions start after the padding index) and type_vocab_size 1
+    return _encoder(f, name, prefix="Roberta")
+
+
 _BUILDERS: dict[str, Callable[[_Fields, str], ModelSpec]] = {
     "llama": _llama,
     "granite": _granite,
@@ -918,6 +1009,8 @@ _BUILDERS: dict[str, Callable[[_Fields, str], ModelSpec]] = {
     "deepseek_v2": _deepseek_v2,
     "deepseek_v3": _deepseek_v3,
     "gpt_oss": _gpt_oss,
+    "bert": _bert,
+    "roberta": _roberta,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
@@ -956,9 +1049,13 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
     return spec
 
 
-# GPT-2's config class defaults its dropouts to 0.1 (resid_pdrop, embd_pdrop, attn_pdrop); every
-# other family's to 0.
-_DROPOUT_DEFAULTS = {"gpt2": 0.1}
+# GPT-2's config class defaults its dropouts to 0.1 (resid_pdrop, embd_pdrop, attn_pdrop), as do
+# BertConfig and RobertaConfig (hidden_dropout_prob, attention_probs_dropout_prob); every other
+# family's to 0.
+_DROPOUT_DEFAULTS = {"gpt2": 0.1, "bert": 0.1, "roberta": 0.1}
+# BERT-style configs name them hidden_dropout_prob (embeddings and both residual branches) and
+# attention_probs_dropout_prob (the attention probabilities)
+_ENCODER_FAMILIES = frozenset({"bert", "roberta"})
 
 
 def _dropout(config: Mapping[str, object], model_type: str) -> tuple[float, float]:
@@ -969,12 +1066,14 @@ def _dropout(config: Mapping[str, object], model_type: str) -> tuple[float, floa
     f = _Fields(text if isinstance(text, Mapping) else config, model_type)
     default = _DROPOUT_DEFAULTS.get(model_type, 0.0)
     # an absent key takes the config class's default; GPT-2's class has only the *_pdrop keys
-    hidden_keys = (
-        ("resid_pdrop", "embd_pdrop")
-        if model_type == "gpt2"
-        else ("resid_pdrop", "embd_pdrop", "hidden_dropout")
-    )
-    attention_keys = ("attn_pdrop",) if model_type == "gpt2" else ("attn_pdrop", "attention_dropout")
+    if model_type in _ENCODER_FAMILIES:
+        hidden_keys: tuple[str, ...] = ("hidden_dropout_prob",)
+        attention_keys: tuple[str, ...] = ("attention_probs_dropout_prob",)
+    elif model_type == "gpt2":
+        hidden_keys, attention_keys = ("resid_pdrop", "embd_pdrop"), ("attn_pdrop",)
+    else:
+        hidden_keys = ("resid_pdrop", "embd_pdrop", "hidden_dropout")
+        attention_keys = ("attn_pdrop", "attention_dropout")
     hidden = max(f.float_or(key, default) for key in hidden_keys)
     attention = max(f.float_or(key, default) for key in attention_keys)
     for key, value in (("hidden_dropout", hidden), ("attention_dropout", attention)):

@@ -40,6 +40,7 @@ from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
     Compile,
     Framework,
+    Head,
     Layout,
     Method,
     ModelSpec,
@@ -182,8 +183,20 @@ AUTOCAST_CAST_TRAFFIC_BYTES = activations.FP32_BYTES + AUTOCAST_COPY_BYTES
 
 
 def output_layer_weights(job: Job, layout: Layout, rank: int) -> float:
-    """The output layer's weights (h x V over tp, tied or not) on pipeline rank ``rank``: the last."""
-    return job.model.hidden_size * job.model.vocab_size / layout.tp if rank == layout.pp - 1 else 0.0
+    """The output layer's weights (h x V over tp, tied or not) on pipeline rank ``rank``: the last; an
+    encoder's head: its matmuls' weights (masked LM: dense h x h and decoder h x V; classification:
+    pooler h x h and classifier h x L; question answering: h x L)."""
+    if rank != layout.pp - 1:
+        return 0.0
+    model = job.model
+    h = model.hidden_size
+    if model.head is Head.CAUSAL_LM:
+        return h * model.vocab_size / layout.tp
+    if model.head is Head.MASKED_LM:
+        return float(h * h + h * model.vocab_size)
+    if model.head is Head.SEQUENCE_CLASSIFICATION:
+        return float(h * h + h * model.num_labels)
+    return float(h * model.num_labels)
 
 
 def autocast_casts_weights(job: Job, layout: Layout) -> bool:

@@ -1,4 +1,5 @@
-"""Exact parameter counts of a decoder-only transformer, per component and per pipeline stage.
+"""Exact parameter counts of a decoder-only transformer or a BERT-style encoder, per component and
+per pipeline stage.
 
 Counts equal PyTorch's ``sum(p.numel() for p in model.parameters())`` for the same Hugging Face
 ``transformers`` model (tied tensors counted once); ``validation/param_counts.py`` measures that on
@@ -17,6 +18,7 @@ from typing import NamedTuple
 from service.estimator import pipeline
 from service.estimator.types import (
     AttentionKind,
+    Head,
     Layout,
     ModelSpec,
     MoESpec,
@@ -62,15 +64,24 @@ def token_embedding_parameters(model: ModelSpec) -> int:
 
 
 def embedding_parameters(model: ModelSpec) -> int:
-    """Token embedding, learned position table and embedding norm (BLOOM)."""
-    # V*h + (s*h when positions are learned, as in GPT-2/GPT-3) + one norm when present.
+    """Token embedding, learned position table, token-type table (BERT) and embedding norm (BLOOM,
+    BERT)."""
+    # V*h + (s*h when positions are learned, as in GPT-2/GPT-3/BERT) + (type_vocab_size*h: BERT's
+    # token_type_embeddings) + one norm when present (transformers BertEmbeddings).
     positions = (
         model.max_position_embeddings * model.hidden_size
         if model.position_embedding is PositionEmbedding.LEARNED
         else 0
     )
+    token_types = model.type_vocab_size * model.hidden_size
     embedding_norm = norm_parameters(model) if model.embedding_norm else 0
-    return token_embedding_parameters(model) + positions + embedding_norm
+    return token_embedding_parameters(model) + positions + token_types + embedding_norm
+
+
+def final_norm_parameters(model: ModelSpec) -> int:
+    """The norm after the last layer: none in a post-norm encoder (BertEncoder ends at the last
+    layer's LayerNorm)."""
+    return 0 if model.post_norm else norm_parameters(model)
 
 
 def lm_head_bias(model: ModelSpec) -> bool:
@@ -79,10 +90,38 @@ def lm_head_bias(model: ModelSpec) -> bool:
 
 
 def output_parameters(model: ModelSpec) -> int:
-    """The lm_head's own parameters: 0 when tied to the embedding (plus its bias, if any)."""
+    """The head's own parameters: the lm_head, 0 when tied to the embedding (plus its bias, if any);
+    an encoder's task head (``Head``)."""
+    h, v = model.hidden_size, model.vocab_size
     # h*V weight unless tied; + V when the lm_head has a bias (kept even when the weight is tied).
-    weight = 0 if model.tied_embeddings else model.hidden_size * model.vocab_size
-    return weight + (model.vocab_size if lm_head_bias(model) else 0)
+    decoder = (0 if model.tied_embeddings else h * v) + (v if lm_head_bias(model) else 0)
+    match model.head:
+        case Head.MASKED_LM:
+            # BertPredictionHeadTransform dense h*h + h and LayerNorm, then BertLMPredictionHead's
+            # decoder h -> V and its bias V, both tied (to the word embedding and to the head's own
+            # ``bias``: BertForMaskedLM._tied_weights_keys); untied (tie_word_embeddings false), the
+            # decoder's weight and bias are its own and the head's ``bias`` V stays besides (unused)
+            untied = 0 if model.tied_embeddings else h * v + v
+            return h * h + h + norm_parameters(model) + untied + v
+        case Head.SEQUENCE_CLASSIFICATION:
+            # BertPooler dense h*h + h, classifier h*L + L (RobertaClassificationHead: dense and out_proj)
+            return h * h + h + h * model.num_labels + model.num_labels
+        case Head.QUESTION_ANSWERING:
+            # qa_outputs h*L + L (L = num_labels, 2: start and end)
+            return h * model.num_labels + model.num_labels
+        case Head.CAUSAL_LM:
+            return decoder
+
+
+def loss_logits_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Logits the loss runs over, per token of sequences of ``seq_len`` tokens: V for a language-model
+    head (causal or masked: transformers scores every position), L start/end or label logits per
+    token for question answering, L per sequence for sequence classification."""
+    if model.head is Head.SEQUENCE_CLASSIFICATION:
+        return model.num_labels / seq_len
+    if model.head is Head.QUESTION_ANSWERING:
+        return float(model.num_labels)
+    return float(model.vocab_size)
 
 
 def attention_parameters(model: ModelSpec) -> int:
@@ -210,7 +249,7 @@ def largest_module_parameters(model: ModelSpec) -> int:
     # and MLP projections (fused where the family fuses them) and, in transformers >= 5, the experts
     # module, which holds all experts' gate_up and down tensors as its own parameters.
     h, q, kv, f = model.hidden_size, model.q_size, model.kv_size, model.ffn_hidden_size
-    candidates = [token_embedding_parameters(model), output_parameters(model)]
+    candidates = [token_embedding_parameters(model), head_module_parameters(model)]
     if model.position_embedding is PositionEmbedding.LEARNED:
         candidates.append(model.max_position_embeddings * h)
     bias = 1 if model.qkv_bias else 0
@@ -237,6 +276,20 @@ def largest_module_parameters(model: ModelSpec) -> int:
     return max(candidates)
 
 
+def head_module_parameters(model: ModelSpec) -> int:
+    """The head's largest single module: the lm_head (with its bias), or an encoder head's dense
+    h -> h, untied decoder or classifier."""
+    h = model.hidden_size
+    if model.head is Head.CAUSAL_LM:
+        return output_parameters(model)
+    if model.head is Head.MASKED_LM:
+        # the decoder Linear holds its (tied) weight and bias as its own: (h + 1) V
+        return max(h * h + h, (h + 1) * model.vocab_size)
+    if model.head is Head.SEQUENCE_CLASSIFICATION:
+        return max(h * h + h, (h + 1) * model.num_labels)
+    return (h + 1) * model.num_labels
+
+
 @lru_cache(maxsize=1024)  # ModelSpec is frozen: searches ask for the same counts thousands of times
 def parameter_counts(model: ModelSpec) -> ParameterCounts:
     """Exact parameter counts of ``model``, by component."""
@@ -244,7 +297,7 @@ def parameter_counts(model: ModelSpec) -> ParameterCounts:
     dense_layers = model.num_layers - moe_layers
     embedding = embedding_parameters(model)
     output = output_parameters(model)
-    final_norm = norm_parameters(model)
+    final_norm = final_norm_parameters(model)
     layers = sum(layer_parameters(model, i) for i in range(model.num_layers))
     total = embedding + output + final_norm + layers
     experts = router = shared = inactive = 0
@@ -313,7 +366,7 @@ def stage_parameter_counts(model: ModelSpec, layout: Layout, mtp_layers: int = 0
     per_kind = {kind: layer_parameters(model, kinds.index(kind)) for kind in set(kinds)}
     stages = [sum(per_kind[kinds[i]] for chunk in chunks for i in chunk) for chunks in ranks]
     stages[0] += embedding_parameters(model)
-    stages[-1] += norm_parameters(model) + output_parameters(model)
+    stages[-1] += final_norm_parameters(model) + output_parameters(model)
     if model.tied_embeddings and layout.pp > 1:
         stages[-1] += token_embedding_parameters(model)  # the output layer's copy of the word embedding
     stages[-1] += mtp_stage_parameters(model, layout, mtp_layers)

@@ -57,7 +57,7 @@ from service.estimator.memory import (
     state_bytes_of,
 )
 from service.estimator.model_states import megatron_grads_in_fp32, optimizer_step_bytes
-from service.estimator.params import stage_parameter_counts
+from service.estimator.params import loss_logits_per_token, stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import (
     Tuning,
@@ -128,7 +128,7 @@ def micro_batch_tokens_per_rank(layout: Layout, training: TrainingSpec) -> int:
 
 
 @layout_memo(*PIPELINE_FIELDS)
-def stage_flops_per_token(job: Job, layout: Layout) -> tuple[int, ...]:
+def stage_flops_per_token(job: Job, layout: Layout) -> tuple[float, ...]:
     """Forward + backward FLOPs per token of each pipeline rank (the last adds the output layer)."""
     model, training = job.model, job.training
     per_kind = {kind: flops.layer_training_flops(model, kind, training) for kind in job.kinds}
@@ -205,7 +205,7 @@ def stage_traffic_bytes(job: Job, layout: Layout) -> tuple[float, ...]:
     return tuple(sum_by_kind(counts, per_kind.__getitem__) for counts in rank_kind_counts(job, layout))
 
 
-def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning) -> float:
+def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning, seq_len: int) -> float:
     """HBM bytes per token the cross-entropy moves in one step on the last stage (fp32 logits,
     vocab-parallel over tp, Korthikanti §4.3): ``loss_traffic_bytes_per_logit`` x V / t; compiled,
     inductor's fused kernels on the 16-bit logits (``compiled_loss_traffic_bytes_per_logit``)."""
@@ -214,7 +214,8 @@ def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning) -> floa
         if layout.torch_compile is Compile.MODEL_AND_LOSS
         else tuning.loss_traffic_bytes_per_logit
     )
-    return per_logit * model.vocab_size / layout.tp
+    # an encoder's question-answering or classification head: its few logits (params.loss_logits_per_token)
+    return per_logit * loss_logits_per_token(model, seq_len) / layout.tp
 
 
 @layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")
@@ -451,7 +452,7 @@ def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
         return None
     rate = attention_kernel_rate(job.tuning, job.cluster.gpu, layout.framework)
     fractions = attention_kernel_fractions(
-        job.tuning, job.cluster.gpu, layout.framework, training.seq_len / layout.cp
+        job.tuning, job.cluster.gpu, layout.framework, training.seq_len / layout.cp, job.model.bidirectional
     )
     if rate is None or fractions is None:
         return None
@@ -592,7 +593,7 @@ def loss_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Cross-entropy on the logits, forward and backward, all micro-batches (last stage only)."""
     if base.stage != layout.pp - 1:
         return 0.0
-    traffic = loss_traffic_bytes(job.model, layout, job.tuning)
+    traffic = loss_traffic_bytes(job.model, layout, job.tuning, job.training.seq_len)
     losses = 1 + job.training.mtp_num_layers  # each multi-token-prediction depth has its own loss
     return losses * base.micro_batches * base.tokens * traffic / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 

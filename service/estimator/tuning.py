@@ -83,6 +83,10 @@ class AttentionKernelRate:
     forward_points: tuple[CurvePoint, ...]
     backward_points: tuple[CurvePoint, ...]
     backward_flops_per_forward: float  # the FLOPs the backward rate counts, per forward FLOP
+    # The same kernel without a mask (a bidirectional encoder's attention: every key block of the
+    # square), where published; () falls back to the causal curves above.
+    forward_unmasked_points: tuple[CurvePoint, ...] = ()
+    backward_unmasked_points: tuple[CurvePoint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +143,12 @@ class Tuning:
                     rule="non_empty",
                 )
             fractions += [p.factor for p in (*rate.forward_points, *rate.backward_points)]
+            if bool(rate.forward_unmasked_points) != bool(rate.backward_unmasked_points):
+                raise InvalidHardware(
+                    f"attention kernel {rate.kernel} on {rate.chip}: give both unmasked curves or neither",
+                    rule="non_empty",
+                )
+            fractions += [p.factor for p in (*rate.forward_unmasked_points, *rate.backward_unmasked_points)]
         fractions += [self.intra_node_bus_efficiency, self.inter_node_bus_efficiency]
         fractions += [self.flex_intra_node_efficiency, *(p.factor for p in self.flex_inter_node_points)]
         fractions.append(self.unaligned_attention_core_factor)
@@ -261,12 +271,16 @@ def conservative_kernel_rate(tuning: Tuning, kernel: str | None) -> AttentionKer
     if len(rates) <= 1:
         return dataclasses.replace(rates[0], chip="") if rates else None
     convention = rates[0].backward_flops_per_forward
+    unmasked = all(rate.forward_unmasked_points for rate in rates)
 
-    def lowest(backward: bool) -> tuple[CurvePoint, ...]:
+    def lowest(backward: bool, without_mask: bool = False) -> tuple[CurvePoint, ...]:
+        if without_mask and not unmasked:
+            return ()
         curves = [
-            (rate.backward_points, convention / rate.backward_flops_per_forward)
-            if backward
-            else (rate.forward_points, 1.0)
+            (
+                _kernel_curve(rate, backward, without_mask),
+                convention / rate.backward_flops_per_forward if backward else 1.0,
+            )
             for rate in rates
         ]
         xs = sorted({point.x for points, _ in curves for point in points})
@@ -281,21 +295,32 @@ def conservative_kernel_rate(tuning: Tuning, kernel: str | None) -> AttentionKer
         forward_points=lowest(False),
         backward_points=lowest(True),
         backward_flops_per_forward=convention,
+        forward_unmasked_points=lowest(False, without_mask=True),
+        backward_unmasked_points=lowest(True, without_mask=True),
     )
 
 
+def _kernel_curve(rate: AttentionKernelRate, backward: bool, without_mask: bool) -> tuple[CurvePoint, ...]:
+    """One of the rate's curves: forward or backward, causal or (where published) without a mask."""
+    if without_mask and rate.forward_unmasked_points:
+        return rate.backward_unmasked_points if backward else rate.forward_unmasked_points
+    return rate.backward_points if backward else rate.forward_points
+
+
 def attention_kernel_fractions(
-    tuning: Tuning, gpu: GPUSpec, framework: Framework, kernel_seq_len: float
+    tuning: Tuning, gpu: GPUSpec, framework: Framework, kernel_seq_len: float, unmasked: bool = False
 ) -> tuple[float, float] | None:
     """(forward, backward) fractions of the 16-bit peak that the framework's flash-style attention
     kernel reaches on the GPU's die for calls of ``kernel_seq_len`` tokens; None without a published
-    figure. Backward counts the rate's ``backward_flops_per_forward`` x the forward FLOPs."""
+    figure. Backward counts the rate's ``backward_flops_per_forward`` x the forward FLOPs.
+    ``unmasked``: the kernel runs without a causal mask (a bidirectional encoder), at its unmasked
+    rates where published (FlashAttention-3 Figures 5-6 print both), else the causal ones."""
     rate = attention_kernel_rate(tuning, gpu, framework)
     if rate is None:
         return None
     return (
-        _interpolate_log2(rate.forward_points, kernel_seq_len),
-        _interpolate_log2(rate.backward_points, kernel_seq_len),
+        _interpolate_log2(_kernel_curve(rate, False, unmasked), kernel_seq_len),
+        _interpolate_log2(_kernel_curve(rate, True, unmasked), kernel_seq_len),
     )
 
 

@@ -50,9 +50,25 @@ class PositionEmbedding(StrEnum):
 class AttentionKind(StrEnum):
     """What keys a layer's queries attend to (HF ``layer_types``)."""
 
-    FULL = "full"  # every earlier token (causal)
+    FULL = "full"  # every earlier token (causal), or every token of a bidirectional encoder
     SLIDING = "sliding"  # the last ``sliding_window`` tokens, itself included (Mistral, Gemma 2/3, GPT-OSS)
     CHUNKED = "chunked"  # earlier tokens of the same ``attention_chunk_size`` chunk (Llama 4)
+
+
+class Head(StrEnum):
+    """What the model's last hidden states feed, and so what is trained on top of the layers."""
+
+    CAUSAL_LM = "causal_lm"  # lm_head h -> V on every token (decoders)
+    # BERT / RoBERTa masked LM (transformers BertOnlyMLMHead, RobertaLMHead): dense h -> h + bias,
+    # GELU, LayerNorm, then a decoder h -> V tied to the word embedding (tie_word_embeddings) with
+    # its own V bias, run on every token (transformers' *ForMaskedLM computes every token's logits)
+    MASKED_LM = "masked_lm"
+    # BertForSequenceClassification: pooler dense h -> h + bias and tanh on the first token, then the
+    # classifier h -> num_labels + bias; RobertaClassificationHead: dense h -> h + bias and out_proj
+    # h -> num_labels + bias on the first token (the same parameters)
+    SEQUENCE_CLASSIFICATION = "sequence_classification"
+    # *ForQuestionAnswering (SQuAD): qa_outputs h -> 2 + bias on every token (start and end logits)
+    QUESTION_ANSWERING = "question_answering"
 
 
 class QKNorm(StrEnum):
@@ -120,7 +136,8 @@ class MoESpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
-    """A decoder-only transformer, as exact as a parameter count needs."""
+    """A decoder-only transformer, or a BERT-style encoder (``bidirectional``), as exact as a parameter
+    count needs."""
 
     name: str
     num_layers: int
@@ -162,6 +179,16 @@ class ModelSpec:
     # and on the attention probabilities (attn_pdrop, --attention-dropout). Modern LLMs train with 0.
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
+    # Encoders (BERT, RoBERTa: transformers modeling_bert.py / modeling_roberta.py). bidirectional:
+    # every query attends to every key of the sequence (no causal mask; BertSelfAttention's is_causal
+    # is False), so attention's core works over the whole s x s square.
+    bidirectional: bool = False
+    type_vocab_size: int = 0  # token-type (segment) embedding rows: BERT 2, RoBERTa 1; 0 none
+    # LayerNorm after each residual add (BertSelfOutput, BertOutput: LayerNorm(x + sublayer(x))), so
+    # no final norm after the last layer; the same norms per layer as pre-LN
+    post_norm: bool = False
+    head: Head = Head.CAUSAL_LM
+    num_labels: int = 2  # the sequence classifier's outputs (head sequence_classification only)
 
     def __post_init__(self) -> None:
         for name in (
@@ -205,6 +232,37 @@ class ModelSpec:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise InvalidModel(f"{name} must be in [0, 1), got {getattr(self, name)}", field=name)
         self._check_layer_structure()
+        self._check_encoder()
+
+    def _check_encoder(self) -> None:
+        _require_positive(InvalidModel, "num_labels", self.num_labels)
+        if self.type_vocab_size < 0:
+            raise InvalidModel(
+                f"type_vocab_size must be >= 0, got {self.type_vocab_size}",
+                rule="non_negative",
+                field="type_vocab_size",
+            )
+        # The encoder heads are BERT's and RoBERTa's; a decoder's next-token head needs the causal mask
+        # (a bidirectional model would see the token it predicts).
+        if self.bidirectional == (self.head is Head.CAUSAL_LM):
+            raise InvalidModel(
+                f"head {self.head.value!r} "
+                + (
+                    "needs a causal model"
+                    if self.head is Head.CAUSAL_LM
+                    else "is an encoder's: it needs bidirectional"
+                )
+                + "; an encoder takes masked_lm, sequence_classification or question_answering",
+                rule="head",
+                field="head",
+            )
+        if self.bidirectional and self.layer_types:
+            raise InvalidModel(
+                "layer_types (sliding or chunked causal attention) are a decoder's; a bidirectional "
+                "encoder's layers attend to the whole sequence",
+                rule="layer_types",
+                field="layer_types",
+            )
 
     def _check_layer_structure(self) -> None:
         if self.moe_layers is not None:
@@ -866,8 +924,8 @@ class ParameterCounts:
 
     total: int
     embedding: int  # token embedding (+ learned positions, + embedding norm)
-    output: int  # untied lm_head; 0 when tied
-    final_norm: int
+    output: int  # untied lm_head (0 when tied), or an encoder's task head with its biases
+    final_norm: int  # 0 for a post-norm encoder
     attention_per_layer: int  # q, k, v, o projections and their biases
     norms_per_layer: int  # the layer's norms (replicated under tensor parallelism)
     dense_layers: int  # layers with a dense MLP

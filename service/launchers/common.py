@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from service.catalog.tuning import default_tuning
 from service.estimator import pipeline
 from service.estimator.tuning import dp_overlap_default
-from service.estimator.types import Framework, Layout, Method, Plan, Precision
+from service.estimator.types import Framework, Head, Layout, Method, Plan, Precision
 from service.frameworks import Target as Target  # the registry's; re-exported for the targets
 
 MASTER_PORT = 29500  # torchrun / DeepSpeed launcher default rendezvous port
@@ -260,6 +260,9 @@ _HF_DECODER_LAYERS = {
     "gpt_neox": "GPTNeoXLayer",
     "falcon": "FalconDecoderLayer",
     "bloom": "BloomBlock",
+    # encoders: modeling_bert.py BertLayer, modeling_roberta.py RobertaLayer (the encoder's repeated block)
+    "bert": "BertLayer",
+    "roberta": "RobertaLayer",
 }
 
 
@@ -365,6 +368,35 @@ def peft_header(plan: Plan) -> str:
     return text
 
 
+# The encoder Linear each decoder-style LoRA target names (transformers modeling_bert.py /
+# modeling_roberta.py, under <model>.encoder.layer.<i>.): q/k/v are attention.self.query/key/value,
+# o is attention.output.dense (BertSelfOutput), up is intermediate.dense, down is output.dense
+# (BertOutput). A GELU MLP has no gate.
+_ENCODER_LORA_MODULES = {
+    "q_proj": r"attention\.self\.query",
+    "k_proj": r"attention\.self\.key",
+    "v_proj": r"attention\.self\.value",
+    "o_proj": r"attention\.output\.dense",
+    "up_proj": r"intermediate\.dense",
+    "down_proj": r"output\.dense",
+}
+# peft.TaskType of each encoder head (the masked-LM head has none: a plain PeftModel)
+_ENCODER_TASK_TYPES = {
+    Head.SEQUENCE_CLASSIFICATION: "SEQ_CLS",
+    Head.QUESTION_ANSWERING: "QUESTION_ANS",
+    Head.MASKED_LM: None,
+}
+
+
+def encoder_lora_fields(head: Head, targets: tuple[str, ...]) -> dict[str, object]:
+    """LoraConfig's target_modules and task_type for a BERT-style encoder. A list of names matches
+    module-name suffixes in peft, and "output.dense" would also match attention.output.dense, so the
+    targets are one regular expression, which peft matches against the whole module name."""
+    chosen = [_ENCODER_LORA_MODULES[t] for t in targets if t in _ENCODER_LORA_MODULES]
+    pattern = r".*\.layer\.\d+\.(" + "|".join(chosen) + ")"
+    return {"target_modules": pattern, "task_type": _ENCODER_TASK_TYPES[head]}
+
+
 def peft_artifacts(plan: Plan, target: Target) -> list[Artifact]:
     """peft.LoraConfig (and, for QLoRA, transformers.BitsAndBytesConfig) fields of the estimated
     adapters: rank and target modules as estimated; lora_alpha 2 x rank and dropout 0 (neither changes
@@ -372,7 +404,7 @@ def peft_artifacts(plan: Plan, target: Target) -> list[Artifact]:
     training = plan.training
     if training.method is Method.FULL:
         return []
-    lora = {
+    lora: dict[str, object] = {
         "r": training.lora_rank,
         "lora_alpha": 2 * training.lora_rank,
         "lora_dropout": 0.0,
@@ -380,6 +412,10 @@ def peft_artifacts(plan: Plan, target: Target) -> list[Artifact]:
         "bias": "none",
         "task_type": "CAUSAL_LM",
     }
+    if plan.model.bidirectional:
+        lora |= encoder_lora_fields(plan.model.head, training.lora_targets)
+        if lora["task_type"] is None:
+            del lora["task_type"]
     files = [
         Artifact(
             name=LORA_CONFIG_NAME, target=target, media_type=JSON, content=json.dumps(lora, indent=2) + "\n"

@@ -123,6 +123,13 @@ def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
     """What pretrain_gpt.py's GPT model has no flag for (the run would train another model), and
     the precisions it is not emitted with: none depends on the layout."""
     problems = []
+    if model.bidirectional:
+        # pretrain_gpt.py builds a causal GPTModel; Megatron-LM's BERT (pretrain_bert.py, BertModel
+        # with its own heads) is not emitted here
+        problems.append(
+            f"{model.name} is a bidirectional encoder ({model.head.value} head): pretrain_gpt.py trains "
+            "causal GPT models only (Megatron-LM's pretrain_bert.py is not emitted)"
+        )
     if model.position_embedding is PositionEmbedding.ALIBI:
         problems.append("ALiBi position embeddings are not in Megatron-LM's GPT model")
     if model.mlp is MlpKind.GEGLU:

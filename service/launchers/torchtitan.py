@@ -116,6 +116,9 @@ def expert_tensor_problem(tp: int, ep: int) -> str | None:
 
 
 def _model_problem(model: ModelSpec) -> str | None:
+    if model.bidirectional:
+        # torchtitan's models are causal decoders (its Llama/DeepSeek attention runs is_causal=True)
+        return f"torchtitan {VERSION} trains causal decoders only; {model.name} is a bidirectional encoder"
     if flavor(model) is not None:
         return None
     names = ", ".join(f"{f.module}/{f.config}" for f in FLAVORS)

@@ -105,23 +105,23 @@ def test_an_estimate_inside_both_ranges_has_no_coverage_warning() -> None:
 
 
 def test_a_small_job_names_each_figure_and_what_is_outside() -> None:
-    warnings = [w for w in _estimate("qwen2.5-0.5b", 1024, 1, Layout()).warnings if "validated on" in w]
+    warnings = [w for w in _estimate("gpt2", 256, 1, Layout()).warnings if "validated on" in w]
     assert warnings == [
-        "step time validated on 8 to 11,616 GPUs, 1.49B to 1.01T parameters, seq 1,024 to 262,144; this "
-        "estimate is outside: 1 GPU, 494M parameters",
+        "step time validated on 1 to 11,616 GPUs, 334M to 1.01T parameters, seq 384 to 262,144; this "
+        "estimate is outside: 124M parameters, seq 256",
         "per-GPU memory validated on 1 to 512 GPUs, 2.51B to 406B parameters, seq 512 to 262,144; this "
-        "estimate is outside: 494M parameters",
+        "estimate is outside: 124M parameters, seq 256",
     ]
 
 
 def test_only_what_is_outside_is_named() -> None:
-    # 16 GPUs and 8.03B are inside both; seq 768 only outside the step-time rows (memory: from 512)
+    # 16 GPUs and 8.03B are inside both; seq 448 only outside the memory rows (step time: from 384)
     warnings = [
         w
         for w in _estimate(
-            "llama-3.1-8b", 768, 16, Layout(framework=Framework.FSDP, dp=16, zero_stage=3)
+            "llama-3.1-8b", 448, 16, Layout(framework=Framework.FSDP, dp=16, zero_stage=3)
         ).warnings
         if "validated on" in w
     ]
-    assert len(warnings) == 1 and warnings[0].startswith("step time")
-    assert warnings[0].endswith("this estimate is outside: seq 768")
+    assert len(warnings) == 1 and warnings[0].startswith("per-GPU memory")
+    assert warnings[0].endswith("this estimate is outside: seq 448")

@@ -1,0 +1,77 @@
+"""BERT-class encoders (issue 27, "small models and short steps"): a BERT or RoBERTa request is
+estimated and planned (it was a 422, "model_type 'bert' is not supported"), and the search offers it
+only the frameworks whose launchers load any Hugging Face model: Megatron-LM's and torchtitan's
+targets build causal GPT-style decoders and refuse it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.api.helpers import assert_problem
+
+V100_16GB = {"gpu": "v100-sxm2-16gb", "num_nodes": 1, "gpus_per_node": 1}
+# SQuAD v1.1 fine-tuning as NVIDIA DeepLearningExamples runs BERT-large: seq 384, fp16
+SQUAD = {"seq_len": 384, "global_batch_size": 32, "precision": "fp16", "tokens": 10**8}
+BERT_LARGE_QA = {
+    "model_type": "bert",
+    "architectures": ["BertForQuestionAnswering"],
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "vocab_size": 30522,
+}
+
+
+def estimate_body(model: dict[str, Any], **layout: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "cluster": V100_16GB,
+        "training": SQUAD,
+        "layout": {"framework": "deepspeed", "dp": 1, "zero_stage": 0, "micro_batch_size": 32} | layout,
+    }
+
+
+def test_bert_large_estimate_on_one_v100_is_answered(client: TestClient) -> None:
+    response = client.post("/v1/estimates", json=estimate_body({"preset": "bert-large-uncased"}))
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["parameters_total"] == 335_174_458
+    assert result["time"]["step_s"] > 0
+    assert result["memory"]["per_gpu"]["activations"] > 0
+
+
+def test_a_bert_hf_config_with_its_task_head_is_estimated(client: TestClient) -> None:
+    response = client.post("/v1/estimates", json=estimate_body({"hf_config": BERT_LARGE_QA}))
+    assert response.status_code == 200, response.text
+    assert response.json()["parameters_total"] == 334_094_338  # BertForQuestionAnswering
+
+
+def test_an_unknown_encoder_head_is_a_422_naming_architectures(client: TestClient) -> None:
+    config = BERT_LARGE_QA | {"architectures": ["BertForMultipleChoice"]}
+    problem = assert_problem(client.post("/v1/estimates", json=estimate_body({"hf_config": config})), 422)
+    assert problem["errors"][0]["field"] == "model.hf_config.architectures", problem
+
+
+def test_bert_large_plan_on_one_v100_is_created_without_megatron(client: TestClient) -> None:
+    body = {"model": {"preset": "bert-large-uncased"}, "cluster": V100_16GB, "training": SQUAD}
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert plan["recommended"]["estimate"]["fits"] is True
+    offered = [plan["recommended"], *plan["alternatives"]]
+    assert {c["layout"]["framework"] for c in offered} <= {"deepspeed", "fsdp"}
+
+
+def test_megatron_alone_refuses_an_encoder(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "bert-large-uncased"},
+        "cluster": V100_16GB,
+        "training": SQUAD,
+        "constraints": {"frameworks": ["megatron"]},
+    }
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)
+    assert {e["field"] for e in problem["errors"]} == {"constraints.frameworks"}, problem
+    assert "bidirectional encoder" in problem["detail"]
