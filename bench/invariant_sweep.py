@@ -189,6 +189,7 @@ def run_job(job: Job, cli: bool = False, replan: bool = False) -> dict[str, Any]
         plan_checks: list[Callable[[], list[Any]]] = [
             lambda: checks.check_plan_peaks(request, plan),
             lambda: checks.check_reestimate(_post, request, plan),
+            lambda: checks.check_top_k(_post, request, plan),
             lambda: checks.check_rationale(request, plan),
             lambda: checks.check_suggestions(_post, request, plan, replan=replan),
         ]
@@ -226,6 +227,7 @@ INVARIANTS = [
     "minimal_request_never_422",
     "flops_within_peak_mfu_hfu_le_1",
     "recommended_reestimates_the_same",
+    "recommended_independent_of_top_k",
     "rationale_numbers_equal_the_estimate",
     "suggestion_applied_is_feasible",
     "suggestion_numbers_equal_the_estimate",

@@ -236,9 +236,10 @@ def _violation(job: Job, layout: Layout) -> Violation:
     """``layout_violation`` of the job's model, cluster and training, memoised with the memory parts
     (``Job.memory_memos``): besides the model and training (in ``memory_inputs``), the rules read of
     the cluster only its GPU count and GPUs per node, and the GPU's precision and kernel support
-    (``hardware_violation``), the same for every layout of the job, and, for the flex dispatcher only,
-    the GPU's die and NVLink (``flex_dispatcher_hardware``), then part of the key. Where the GPU runs the job, the
-    answer is then the same on every GPU type, and a sweep across them validates each layout once."""
+    (``hardware_violation``), the same for every layout of the job, and, for the flex dispatcher
+    only, the GPU's die and NVLink (``flex_dispatcher_hardware``), then part of the key. Where the GPU
+    runs the job, the answer is then the same on every GPU type, and a sweep across them validates
+    each layout once."""
     hardware = job.memos[_violation]
     if "gpu" not in hardware:
         hardware["gpu"] = hardware_violation(job.cluster, job.training)
@@ -667,8 +668,8 @@ def _states_fit(job: Job, layout: Layout, limit: int) -> bool:
     about do not fit, and their other ranks are never needed (``rank_states`` is memoised per rank,
     so ``stage_states`` reuses those computed here)."""
     ranks = pipeline_ranks(job, layout)
-    for rank in (ranks[-1], *ranks[:-1]):
-        states = rank_states(job, layout, rank).states
+    for stage in (ranks[-1], *ranks[:-1]):
+        states = rank_states(job, layout, stage).states
         if states.parameters + states.gradients + states.optimizer_states > limit:
             return False
     return True

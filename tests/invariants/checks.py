@@ -27,6 +27,7 @@ RELATIVE = 1e-9
 NO_5XX = "no_5xx"
 MINIMAL_REQUEST_PLANS = "minimal_request_never_422"
 REESTIMATE_SAME = "recommended_reestimates_the_same"
+TOP_K_SAME = "recommended_independent_of_top_k"
 RATIONALE_NUMBERS = "rationale_numbers_equal_the_estimate"
 WITHIN_PEAK = "flops_within_peak_mfu_hfu_le_1"
 SUGGESTION_FEASIBLE = "suggestion_applied_is_feasible"
@@ -209,6 +210,31 @@ def check_reestimate(post: Post, request: dict[str, Any], plan: dict[str, Any]) 
     if not diffs:
         return []
     return [Violation(REESTIMATE_SAME, f"plan vs estimate: {'; '.join(diffs[:6])}", body)]
+
+
+def check_top_k(post: Post, request: dict[str, Any], plan: dict[str, Any]) -> list[Violation]:
+    """The recommended layout does not depend on how many alternatives are asked for: the plan
+    asked again with ``constraints.top_k`` 1 recommends the same layout. A search bound that is not
+    a bound prunes more with a smaller k (the k-th best is better), so it shows here."""
+    rec = plan.get("recommended")
+    if not rec:
+        return []
+    body = copy.deepcopy(request)
+    body.setdefault("constraints", {})["top_k"] = 1
+    status, answer = post("/v1/plans", body)
+    if status != 201:
+        return [Violation(TOP_K_SAME, f"HTTP {status} planning with top_k 1: {_detail(answer)}", body)]
+    one = answer.get("recommended")
+    if one is not None and one["layout"] == rec["layout"]:
+        return []
+    if one is None:
+        what = "nothing"
+    else:
+        layout, tokens_per_s = one["layout"], one["estimate"]["time"]["tokens_per_s"]
+        split = " ".join(f"{k}{layout.get(k)}" for k in ("dp", "tp", "pp", "cp", "ep", "zero_stage"))
+        what = f"{tokens_per_s:,.0f} tokens/s ({layout['framework']} {split})"
+    mine = rec["estimate"]["time"]["tokens_per_s"]
+    return [Violation(TOP_K_SAME, f"top_k 1 recommends {what}; the plan's top 3, {mine:,.0f}", body)]
 
 
 # ---------------------------------------------------------------- the rationale's numbers

@@ -84,6 +84,12 @@ def test_recommended_plan_reestimates_the_same(client: TestClient, case: tuple[A
 
 
 @pytest.mark.parametrize("case", GRID, ids=IDS)
+def test_recommended_plan_does_not_depend_on_top_k(client: TestClient, case: tuple[Any, ...]) -> None:
+    request, plan = feasible_or_infeasible(client, case)
+    assert_none(checks.check_top_k(poster(client), request, plan))
+
+
+@pytest.mark.parametrize("case", GRID, ids=IDS)
 def test_rationale_numbers_equal_the_estimate(client: TestClient, case: tuple[Any, ...]) -> None:
     request, plan = feasible_or_infeasible(client, case)
     assert_none(checks.check_rationale(request, plan))

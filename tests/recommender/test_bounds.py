@@ -44,8 +44,9 @@ def _members(base: Layout) -> list[Layout]:
     """Every micro-batch, recompute and all-to-all overlap of ``base``'s family that validates."""
     out = []
     overlaps = (True, False) if base.ep > 1 else (False,)
+    recomputes = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
     for micro_batch, recompute, overlap in itertools.product(
-        valid_micro_batch_sizes(TRAINING, base), (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL), overlaps
+        valid_micro_batch_sizes(TRAINING, base), recomputes, overlaps
     ):
         out.append(
             dataclasses.replace(
@@ -107,8 +108,7 @@ SEARCHES = [
 def test_the_recommendation_does_not_depend_on_top_k(preset: str, gpu: str, nodes: int) -> None:
     spec, c, tuning = model(preset).spec, cluster(gpu, nodes=nodes), default_tuning()
     answers = {
-        k: recommend(spec, c, TRAINING, Constraints(top_k=k), tuning, with_suggestions=False)
-        for k in (1, 10)
+        k: recommend(spec, c, TRAINING, Constraints(top_k=k), tuning, with_suggestions=False) for k in (1, 10)
     }
     one, ten = answers[1].recommended, answers[10].recommended
     assert one is not None and ten is not None
