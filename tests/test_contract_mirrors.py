@@ -1,5 +1,5 @@
 """The wire shapes that mirror a domain type name the same fields (issue 26): a field added to
-``Layout``, ``TrainingSpec``, ``ClusterSpec``, ``TimeBreakdown``, ``MemoryBreakdown`` or
+``Layout``, ``ModelSpec``, ``TrainingSpec``, ``ClusterSpec``, ``TimeBreakdown``, ``MemoryBreakdown`` or
 ``TimeEstimate`` without its wire twin (or the reverse) fails here, instead of being accepted and
 ignored or silently dropped."""
 
@@ -12,11 +12,13 @@ from pydantic import BaseModel
 
 from service.contracts.clusters import ClusterPatch, ClusterShape
 from service.contracts.estimates import LayoutIn, MemoryPerGPUOut, TimeBreakdownOut, TimeOut
+from service.contracts.models import ArchitectureIn
 from service.contracts.training import TrainingIn
 from service.estimator.types import (
     ClusterSpec,
     Layout,
     MemoryBreakdown,
+    ModelSpec,
     TimeBreakdown,
     TimeEstimate,
     TrainingSpec,
@@ -25,6 +27,9 @@ from service.estimator.types import (
 # domain type, wire type, the fields only the domain has (and why), the fields only the wire has (and why)
 MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
     (Layout, LayoutIn, set(), set()),
+    # a model's explicit fields: its name is the request's model.name, its family the HF model_type
+    # a config.json names (an explicit architecture is "custom")
+    (ModelSpec, ArchitectureIn, {"name", "family"}, set()),
     # hardware_defaults: which fields the request left out, derived from the wire's None values
     (TrainingSpec, TrainingIn, {"hardware_defaults"}, set()),
     # the cluster a request states, and the fields a PATCH may change (with the stored one's name)

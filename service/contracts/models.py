@@ -14,6 +14,7 @@ from service.estimator.errors import EstimatorError
 from service.estimator.hf_config import model_from_hf_config
 from service.estimator.types import (
     AttentionKind,
+    Head,
     MLASpec,
     MlpKind,
     ModelSpec,
@@ -88,6 +89,26 @@ class ArchitectureIn(Strict):
     hidden_dropout: float = Field(default=0.0, ge=0, lt=1, description="embedding and residual dropout")
     attention_dropout: float = Field(
         default=0.0, ge=0, lt=1, description="dropout on the attention probabilities"
+    )
+    bidirectional: bool = Field(
+        default=False,
+        description="an encoder (BERT, RoBERTa): every query attends to every key, no causal mask; "
+        "with head masked_lm, sequence_classification or question_answering",
+    )
+    type_vocab_size: int = Field(
+        default=0, ge=0, le=1_000_000, description="token-type (segment) embedding rows: BERT 2, RoBERTa 1"
+    )
+    post_norm: bool = Field(
+        default=False,
+        description="LayerNorm after each residual add (BERT), so no final norm after the last layer",
+    )
+    head: Head = Field(
+        default=Head.CAUSAL_LM,
+        description="what the last hidden states feed: causal_lm (a decoder's lm_head), or an encoder's "
+        "masked_lm, sequence_classification or question_answering head",
+    )
+    num_labels: int = Field(
+        default=2, ge=1, le=1_000_000, description="the sequence classifier's outputs (its head only)"
     )
 
     def to_domain(self, name: str) -> ModelSpec:

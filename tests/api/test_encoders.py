@@ -75,3 +75,20 @@ def test_megatron_alone_refuses_an_encoder(client: TestClient) -> None:
     problem = assert_problem(client.post("/v1/plans", json=body), 422)
     assert {e["field"] for e in problem["errors"]} == {"constraints.frameworks"}, problem
     assert "bidirectional encoder" in problem["detail"]
+
+
+def test_an_encoder_described_by_explicit_fields_is_the_preset(client: TestClient) -> None:
+    """A catalog preset's architecture, sent back as explicit fields, is estimated as the preset: the
+    encoder's fields (bidirectional, head, token types, post-norm) were not in the explicit form, so
+    BERT described that way was a 422 (unknown fields) or, without them, timed as a causal decoder."""
+    shown = client.get("/v1/models/bert-large-uncased").json()["architecture"]
+    explicit = {k: v for k, v in shown.items() if k not in ("name", "family")}
+    assert explicit["bidirectional"] and explicit["head"] == "masked_lm"
+    by_fields = client.post("/v1/estimates", json=estimate_body({"architecture": explicit}))
+    by_preset = client.post("/v1/estimates", json=estimate_body({"preset": "bert-large-uncased"}))
+    assert by_fields.status_code == by_preset.status_code == 200, by_fields.text
+    ours, theirs = by_fields.json(), by_preset.json()
+    assert ours["memory"] == theirs["memory"] and ours["time"] == theirs["time"]
+    decoder = {**explicit, "bidirectional": False}  # an encoder's head on a causal model
+    problem = assert_problem(client.post("/v1/estimates", json=estimate_body({"architecture": decoder})), 422)
+    assert problem["errors"][0]["field"] == "model.architecture.head"
