@@ -644,6 +644,15 @@ def plan(
 @click.option("--zero", type=int, default=0, show_default=True, help="ZeRO stage (FSDP: 3 full shard)")
 @click.option("--micro", type=int, default=1, show_default=True, help="micro-batch size")
 @click.option("--recompute", type=choice(Recompute), default="none", show_default=True)
+@click.option(
+    "--set",
+    "more",
+    multiple=True,
+    metavar="FIELD=VALUE",
+    callback=lambda _ctx, _param, items: layout_fields(items),
+    help="any other layout field of POST /v1/estimates, repeatable: --set ep=8 --set moe_a2a_overlap=true; "
+    "VALUE read as JSON where it parses, else as text; the service validates it",
+)
 @url_option
 @json_option
 def estimate(
@@ -669,13 +678,14 @@ def estimate(
     zero: int,
     micro: int,
     recompute: str,
+    more: dict[str, Any],
     url: str | None,
     as_json: bool,
 ) -> None:
     """Memory and step time of one layout (POST /v1/estimates)."""
     api = Api(url)
     layout = {"framework": framework, "tp": tp, "pp": pp, "cp": cp, "zero_stage": zero,
-              "micro_batch_size": micro, "recompute": recompute}  # fmt: skip
+              "micro_batch_size": micro, "recompute": recompute, **more}  # fmt: skip
     if dp is not None:  # left out, the service fills the cluster with it (resolved_defaults says so)
         layout["dp"] = dp
     body = {
@@ -692,6 +702,23 @@ def estimate(
             console.print("defaults: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
         print_estimate(result)
     sys.exit(FEASIBLE if result["fits"] else INFEASIBLE)
+
+
+def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
+    """``--set FIELD=VALUE`` items as layout fields: VALUE as JSON where it parses (8, true, null,
+    [\"attention\"]), else as text (flex); a field named twice, or an item without '=', is a usage error."""
+    out: dict[str, Any] = {}
+    for item in items:
+        field, sep, text = item.partition("=")
+        if not sep or not field:
+            raise click.BadParameter(f"{item!r}: give FIELD=VALUE", param_hint="--set")
+        if field in out:
+            raise click.BadParameter(f"{field} given twice", param_hint="--set")
+        try:
+            out[field] = json.loads(text)
+        except ValueError:
+            out[field] = text
+    return out
 
 
 @main.command()

@@ -223,6 +223,22 @@ def test_estimate_of_one_layout(database: str) -> None:
     assert "layout.tp_comm_overlap true" in megatron.output
 
 
+def test_any_layout_field_reaches_the_estimate(database: str) -> None:
+    """--set FIELD=VALUE passes a layout field the CLI has no option for (the estimate command had no
+    way to set ep, so an MoE model's expert parallelism could not be estimated from the CLI)."""
+    args = ["--model", "mixtral-8x7b", "--gpus", "8xh100-sxm-80gb", "--seq", "4096", "--batch", "64"]
+    layout = ["--framework", "megatron", "--dp", "8", "--zero", "1", "--recompute", "full"]
+    ep = ["--set", "ep=8", "--set", "moe_a2a_overlap=false"]
+    result = run("estimate", *args, *layout, *ep, "--json")
+    assert result.exit_code in (0, 2), result.output
+    body = json.loads(result.output)
+    assert body["layout"]["ep"] == 8 and body["layout"]["moe_a2a_overlap"] is False
+    unknown = CliRunner().invoke(main, ["estimate", *args, *layout, "--set", "experts=8"])
+    assert unknown.exit_code != 0 and "layout.experts" in unknown.output, unknown.output
+    malformed = CliRunner().invoke(main, ["estimate", *args, *layout, "--set", "ep"])
+    assert malformed.exit_code == 64 and "FIELD=VALUE" in malformed.output  # a usage error
+
+
 def test_an_estimate_without_dp_fills_the_gpus(database: str) -> None:
     """--dp defaulted to 1, so `trainplan estimate --gpus 8xh100-sxm-80gb --framework fsdp --zero 3`
     was the API's 422 (dp*tp*pp*cp = 1 != world size 8); left out, the service fills the GPUs."""
