@@ -20,6 +20,7 @@ from service.estimator.types import (
     Layout,
     MemoryEstimate,
     ModelSpec,
+    MoESpec,
     PeakFlops,
     TimeEstimate,
     TrainingSpec,
@@ -41,6 +42,18 @@ ONE_GPU = ClusterSpec(
     inter_node_bandwidth_bytes_per_s=1e10,
 )
 SHORT = TrainingSpec(seq_len=16, global_batch_size=1)
+# Qwen3-30B-A3B's MoE block on a small trunk: 128 experts of 768, 8 active, h 2048
+FINE_MOE = ModelSpec(
+    name="fine-moe",
+    num_layers=4,
+    hidden_size=2048,
+    num_attention_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    ffn_hidden_size=6144,
+    vocab_size=32000,
+    moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768),
+)
 
 
 def job(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, tuning: Tuning | None = None) -> Job:

@@ -21,24 +21,13 @@ from service.estimator.step_time import (
     moe_dispatch_bytes_per_row,
     step_parts,
 )
-from service.estimator.types import Framework, Layout, ModelSpec, MoeDispatcher, MoESpec, TrainingSpec
+from service.estimator.types import Framework, Layout, ModelSpec, MoeDispatcher, TrainingSpec
 from service.estimator.validate import validate_layout
+from tests.estimator.helpers import FINE_MOE as FINE
 from tests.estimator.helpers import job
 from validation.cases import gpu_cluster
 
 H100, A100 = gpu("h100-sxm-80gb"), gpu("a100-sxm-80gb")
-# Qwen3-30B-A3B's MoE block (128 experts of 768, 8 active, h 2048) on a small trunk
-FINE = ModelSpec(
-    name="fine-moe",
-    num_layers=4,
-    hidden_size=2048,
-    num_attention_heads=32,
-    num_kv_heads=4,
-    head_dim=128,
-    ffn_hidden_size=6144,
-    vocab_size=32000,
-    moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768),
-)
 TRAINING = TrainingSpec(seq_len=4096, global_batch_size=64)
 FLEX = MoeDispatcher.FLEX
 

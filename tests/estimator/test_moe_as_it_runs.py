@@ -30,25 +30,14 @@ from service.estimator.step_time import (
     tokens_per_expert,
 )
 from service.estimator.tuning import gemm_roofline_bound, matmul_efficiency, weight_streaming_bound
-from service.estimator.types import Framework, Layout, ModelSpec, MoESpec, Precision, Recompute, TrainingSpec
+from service.estimator.types import Framework, Layout, Precision, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
-from tests.estimator.helpers import job, time
+from tests.estimator.helpers import FINE_MOE, job, time
 from validation.cases import gpu_cluster
 
 H100 = gpu("h100-sxm-80gb")
 ONE_NODE = gpu_cluster(H100, 8, 50e9)
-# Qwen3-30B-A3B's MoE block on a small trunk: 128 experts of 768, 8 active, h 2048
-FINE = ModelSpec(
-    name="fine-moe",
-    num_layers=4,
-    hidden_size=2048,
-    num_attention_heads=32,
-    num_kv_heads=4,
-    head_dim=128,
-    ffn_hidden_size=6144,
-    vocab_size=32000,
-    moe=MoESpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768),
-)
+FINE = FINE_MOE
 TRAINING = TrainingSpec(seq_len=4096, global_batch_size=64)
 MEGATRON = Layout(framework=Framework.MEGATRON, dp=8, ep=8, zero_stage=1)
 
