@@ -6,6 +6,7 @@ validate themselves in ``__post_init__`` and raise domain errors that quote the 
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -836,6 +837,13 @@ class Layout:
                 rule="moe_capacity_factor",
                 field="moe_capacity_factor",
             )
+        for name, kind in _LAYOUT_ENUM_FIELDS:
+            # the estimator compares these by identity (``is Framework.MEGATRON``): a plain string
+            # would pass as "not that member" everywhere, e.g. "alltoall" as the flex dispatcher
+            if type(getattr(self, name)) is not kind:
+                raise InvalidLayout(
+                    f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}", rule="type", field=name
+                )
         modules = self.recompute_modules
         if modules is not None and (not modules or len(set(modules)) != len(modules)):
             raise InvalidLayout(
@@ -912,6 +920,14 @@ class Layout:
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+
+# (field, enum) of every Layout field typed by an enum: Layout.__post_init__ checks their types
+_LAYOUT_ENUM_FIELDS: tuple[tuple[str, type[StrEnum]], ...] = tuple(
+    (name, kind)
+    for name, kind in typing.get_type_hints(Layout).items()
+    if isinstance(kind, type) and issubclass(kind, StrEnum)
+)
 
 
 # ---------------------------------------------------------------- outputs

@@ -9,8 +9,10 @@ let ``validate.layout_violation`` reject the rest (``hypothesis.assume``).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
+import typing
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -26,7 +28,6 @@ from service.estimator.estimate import estimate
 from service.estimator.types import (
     Attention,
     ClusterSpec,
-    Compile,
     Estimate,
     Framework,
     GPUSpec,
@@ -36,7 +37,6 @@ from service.estimator.types import (
     ModelSpec,
     Offload,
     Precision,
-    Recompute,
     RecomputeModule,
     TrainingSpec,
 )
@@ -219,13 +219,19 @@ def layout_body(layout: Layout) -> dict[str, Any]:
     return out
 
 
-_ENUMS: dict[str, Any] = {
-    "framework": Framework,
-    "offload_optimizer": Offload,
-    "offload_params": Offload,
-    "recompute": Recompute,
-    "torch_compile": Compile,
-}
+def _enum_fields() -> dict[str, Any]:
+    """The Layout fields whose type is an enum, and that enum: read from the type, so a new enum
+    field is converted too (``moe_dispatcher`` was not, and its value stayed the string "alltoall",
+    which the estimator's ``is`` comparisons took for flex)."""
+    hints = typing.get_type_hints(Layout)
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(Layout)
+        if isinstance(hints[f.name], type) and issubclass(hints[f.name], enum.Enum)
+    }
+
+
+_ENUMS: dict[str, Any] = _enum_fields()
 
 
 def layout_from_api(layout: dict[str, Any]) -> Layout:
