@@ -312,20 +312,6 @@ def layout_state_bytes(job: Job, layout: Layout) -> StateBytes:
     return state_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout))
 
 
-# The layout fields model states and their buffers read: the sharding (not micro-batch, recompute,
-# interleaving or SP).
-STATE_FIELDS = (
-    *SHARDING_FIELDS,
-    "offload_optimizer",
-    "offload_params",
-    "overlap_grad_reduce",  # DeepSpeed overlap_comm doubles the ZeRO-1/2 reduce buckets
-    "optimizer_in_backward",  # no gradient outlives its unit
-    "grad_reduce_in_fp32",  # Megatron's gradient buffer dtype
-    "fp8_param_gather",  # Megatron's fp8 weights: no bf16 copy, no fp8 cache
-)
-
-
-@layout_memo(*STATE_FIELDS, memory=True)
 def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
     """Model states of pipeline rank ``rank`` after sharding and offload, with their buffers."""
     model, training, assume = job.model, job.training, job.assume
@@ -351,6 +337,19 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
         host_bytes=states.host_bytes,
         nvme_bytes=states.nvme_bytes,
     )
+
+
+# The layout fields model states and their buffers read: the sharding (not micro-batch, recompute,
+# interleaving or SP).
+STATE_FIELDS = (
+    *SHARDING_FIELDS,
+    "offload_optimizer",
+    "offload_params",
+    "overlap_grad_reduce",  # DeepSpeed overlap_comm doubles the ZeRO-1/2 reduce buckets
+    "optimizer_in_backward",  # no gradient outlives its unit
+    "grad_reduce_in_fp32",  # Megatron's gradient buffer dtype
+    "fp8_param_gather",  # Megatron's fp8 weights: no bf16 copy, no fp8 cache
+)
 
 
 @layout_memo(*STATE_FIELDS, memory=True)

@@ -6,6 +6,7 @@ validate themselves in ``__post_init__`` and raise domain errors that quote the 
 
 from __future__ import annotations
 
+import operator
 import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -837,13 +838,14 @@ class Layout:
                 rule="moe_capacity_factor",
                 field="moe_capacity_factor",
             )
-        for name, kind in _LAYOUT_ENUM_FIELDS:
-            # the estimator compares these by identity (``is Framework.MEGATRON``): a plain string
-            # would pass as "not that member" everywhere, e.g. "alltoall" as the flex dispatcher
-            if type(getattr(self, name)) is not kind:
-                raise InvalidLayout(
-                    f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}", rule="type", field=name
-                )
+        # the estimator compares enum fields by identity (``is Framework.MEGATRON``): a plain string
+        # would pass as "not that member" everywhere, e.g. "alltoall" as the flex dispatcher. One
+        # C-level pass (a Layout is built for every layout a search considers).
+        if tuple(map(type, _LAYOUT_ENUM_VALUES(self))) != _LAYOUT_ENUM_TYPES:
+            for name, kind in _LAYOUT_ENUM_FIELDS:
+                if type(getattr(self, name)) is not kind:
+                    why = f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}"
+                    raise InvalidLayout(why, rule="type", field=name)
         modules = self.recompute_modules
         if modules is not None and (not modules or len(set(modules)) != len(modules)):
             raise InvalidLayout(
@@ -928,6 +930,8 @@ _LAYOUT_ENUM_FIELDS: tuple[tuple[str, type[StrEnum]], ...] = tuple(
     for name, kind in typing.get_type_hints(Layout).items()
     if isinstance(kind, type) and issubclass(kind, StrEnum)
 )
+_LAYOUT_ENUM_VALUES = operator.attrgetter(*(name for name, _ in _LAYOUT_ENUM_FIELDS))
+_LAYOUT_ENUM_TYPES = tuple(kind for _, kind in _LAYOUT_ENUM_FIELDS)
 
 
 # ---------------------------------------------------------------- outputs

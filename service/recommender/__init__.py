@@ -26,7 +26,7 @@ from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError, InvalidTraining
 from service.estimator.estimate import estimate_valid
 from service.estimator.job import Job, make_job, shared_memory_memos
-from service.estimator.memory import pipeline_ranks, rank_states, stage_activations, stage_states
+from service.estimator.memory import stage_activations, stage_states
 from service.estimator.pipeline import stage_layers
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
@@ -662,14 +662,9 @@ def _ceiling_key(
 
 
 def _states_fit(job: Job, layout: Layout, limit: int) -> bool:
-    """Whether every rank's model states alone (no activations, buffers or overhead: a lower bound
-    on its need) are within ``limit``. Rank by rank, the last (the output layer, MTP) and the first
-    (the embedding) before the others, stopping at the first over: most layouts a lean check asks
-    about do not fit, and their other ranks are never needed (``rank_states`` is memoised per rank,
-    so ``stage_states`` reuses those computed here)."""
-    ranks = pipeline_ranks(job, layout)
-    for stage in (ranks[-1], *ranks[:-1]):
-        states = rank_states(job, layout, stage).states
+    # model states alone (no activations, buffers or overhead): a lower bound on every rank's need
+    for rank_states in stage_states(job, layout):
+        states = rank_states.states
         if states.parameters + states.gradients + states.optimizer_states > limit:
             return False
     return True

@@ -433,3 +433,15 @@ def test_moe_a2a_overlap_follows_megatrons_rules(layout: Layout, model: ModelSpe
     with pytest.raises(InvalidLayout, match=words) as err:
         check(layout, model=model)
     assert err.value.field == "moe_a2a_overlap"
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [("moe_dispatcher", "alltoall"), ("framework", "megatron"), ("recompute", "full")],
+)
+def test_a_layout_refuses_a_plain_string_where_an_enum_goes(field: str, text: str) -> None:
+    """The estimator compares enum fields by identity: the invariant sweep's converter left
+    moe_dispatcher the string "alltoall", which every ``is MoeDispatcher.ALLTOALL`` took for flex."""
+    with pytest.raises(InvalidLayout) as err:
+        Layout(**{field: text})
+    assert err.value.field == field and err.value.rule == "type" and repr(text) in err.value.message
