@@ -704,14 +704,32 @@ def estimate(
     sys.exit(FEASIBLE if result["fits"] else INFEASIBLE)
 
 
+# the layout fields ``estimate`` has its own options for (--set would silently override them)
+OWN_LAYOUT_OPTIONS = {
+    "framework": "--framework",
+    "dp": "--dp",
+    "tp": "--tp",
+    "pp": "--pp",
+    "cp": "--cp",
+    "zero_stage": "--zero",
+    "micro_batch_size": "--micro",
+    "recompute": "--recompute",
+}
+
+
 def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
     """``--set FIELD=VALUE`` items as layout fields: VALUE as JSON where it parses (8, true, null,
-    [\"attention\"]), else as text (flex); a field named twice, or an item without '=', is a usage error."""
+    [\"attention\"]), else as text (flex); a field named twice, one with its own option, or an item
+    without '=' is a usage error."""
     out: dict[str, Any] = {}
     for item in items:
         field, sep, text = item.partition("=")
         if not sep or not field:
             raise click.BadParameter(f"{item!r}: give FIELD=VALUE", param_hint="--set")
+        if field in OWN_LAYOUT_OPTIONS:
+            raise click.BadParameter(
+                f"{field} has its own option: {OWN_LAYOUT_OPTIONS[field]}", param_hint="--set"
+            )
         if field in out:
             raise click.BadParameter(f"{field} given twice", param_hint="--set")
         try:

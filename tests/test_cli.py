@@ -237,6 +237,8 @@ def test_any_layout_field_reaches_the_estimate(database: str) -> None:
     assert unknown.exit_code != 0 and "layout.experts" in unknown.output, unknown.output
     malformed = CliRunner().invoke(main, ["estimate", *args, *layout, "--set", "ep"])
     assert malformed.exit_code == 64 and "FIELD=VALUE" in malformed.output  # a usage error
+    own = CliRunner().invoke(main, ["estimate", *args, *layout, "--set", "tp=4"])
+    assert own.exit_code == 64 and "--tp" in own.output  # not silently over --tp
 
 
 def test_an_estimate_without_dp_fills_the_gpus(database: str) -> None:

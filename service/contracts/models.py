@@ -108,7 +108,11 @@ class ArchitectureIn(Strict):
         "masked_lm, sequence_classification or question_answering head",
     )
     num_labels: int = Field(
-        default=2, ge=1, le=1_000_000, description="the sequence classifier's outputs (its head only)"
+        default=2,
+        ge=1,
+        le=1_000_000,
+        description="the task head's outputs: sequence_classification's labels, question_answering's "
+        "start and end (2)",
     )
 
     def to_domain(self, name: str) -> ModelSpec:

@@ -302,7 +302,7 @@ BASE_FIELDS = (
     "micro_batch_size",
     "gradient_accumulation_steps",
     "moe_capacity_factor",  # the routed experts' rows, and the dispatcher's host sync
-    "moe_dispatcher",  # the alltoall dispatcher's second permutation
+    "moe_dispatcher",  # the alltoall dispatcher's second permutation; flex's own dispatch time
 )
 
 

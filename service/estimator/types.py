@@ -190,7 +190,7 @@ class ModelSpec:
     # no final norm after the last layer; the same norms per layer as pre-LN
     post_norm: bool = False
     head: Head = Head.CAUSAL_LM
-    num_labels: int = 2  # the sequence classifier's outputs (head sequence_classification only)
+    num_labels: int = 2  # the task head's outputs: classifier labels, or question answering's start and end
 
     def __post_init__(self) -> None:
         for name in (
@@ -235,6 +235,11 @@ class ModelSpec:
                 raise InvalidModel(f"{name} must be in [0, 1), got {getattr(self, name)}", field=name)
         self._check_layer_structure()
         self._check_encoder()
+        for name, kind in _MODEL_ENUM_FIELDS:  # compared by identity, as Layout's (its check below)
+            if type(getattr(self, name)) is not kind:
+                raise InvalidModel(
+                    f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}", field=name
+                )
 
     def _check_encoder(self) -> None:
         _require_positive(InvalidModel, "num_labels", self.num_labels)
@@ -265,6 +270,15 @@ class ModelSpec:
                 rule="layer_types",
                 field="layer_types",
             )
+        # BERT and RoBERTa are the encoders modelled: dense MLPs and multi-head attention
+        for name in ("moe", "mla", "moe_layers"):
+            if self.bidirectional and getattr(self, name) is not None:
+                raise InvalidModel(
+                    f"{name} with bidirectional: the encoders modelled (BERT, RoBERTa) have dense MLPs "
+                    "and multi-head attention",
+                    rule="encoder",
+                    field=name,
+                )
 
     def _check_layer_structure(self) -> None:
         if self.moe_layers is not None:
@@ -842,7 +856,7 @@ class Layout:
         # would pass as "not that member" everywhere, e.g. "alltoall" as the flex dispatcher. One
         # C-level pass (a Layout is built for every layout a search considers).
         if tuple(map(type, _LAYOUT_ENUM_VALUES(self))) != _LAYOUT_ENUM_TYPES:
-            for name, kind in _LAYOUT_ENUM_FIELDS:
+            for name, kind in LAYOUT_ENUM_FIELDS:
                 if type(getattr(self, name)) is not kind:
                     why = f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}"
                     raise InvalidLayout(why, rule="type", field=name)
@@ -924,14 +938,20 @@ class Layout:
         return self.dp * self.tp * self.pp * self.cp
 
 
-# (field, enum) of every Layout field typed by an enum: Layout.__post_init__ checks their types
-_LAYOUT_ENUM_FIELDS: tuple[tuple[str, type[StrEnum]], ...] = tuple(
-    (name, kind)
-    for name, kind in typing.get_type_hints(Layout).items()
-    if isinstance(kind, type) and issubclass(kind, StrEnum)
-)
-_LAYOUT_ENUM_VALUES = operator.attrgetter(*(name for name, _ in _LAYOUT_ENUM_FIELDS))
-_LAYOUT_ENUM_TYPES = tuple(kind for _, kind in _LAYOUT_ENUM_FIELDS)
+def enum_fields(cls: type) -> tuple[tuple[str, type[StrEnum]], ...]:
+    """(field, enum) of every field of the dataclass ``cls`` typed by an enum."""
+    return tuple(
+        (name, kind)
+        for name, kind in typing.get_type_hints(cls).items()
+        if isinstance(kind, type) and issubclass(kind, StrEnum)
+    )
+
+
+# Layout.__post_init__ and ModelSpec.__post_init__ check these fields' types
+LAYOUT_ENUM_FIELDS = enum_fields(Layout)
+_LAYOUT_ENUM_VALUES = operator.attrgetter(*(name for name, _ in LAYOUT_ENUM_FIELDS))
+_LAYOUT_ENUM_TYPES = tuple(kind for _, kind in LAYOUT_ENUM_FIELDS)
+_MODEL_ENUM_FIELDS = enum_fields(ModelSpec)
 
 
 # ---------------------------------------------------------------- outputs

@@ -202,6 +202,28 @@ def world_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     return None
 
 
+def encoder_split_problem(model: ModelSpec, tp: int, pp: int, cp: int) -> str | None:
+    """Why an encoder (``ModelSpec.bidirectional``) cannot be split this way, or None: data
+    parallelism only. Every target that trains one loads it with transformers: BertConfig /
+    RobertaConfig declare no base_model_tp_plan (from_pretrained(tp_plan='auto') has nothing to shard
+    by), Accelerate's context parallelism (torch context_parallel over SDPA) takes no attention mask,
+    and none builds a pipeline of an HF model; nor does the estimate split an encoder's head over tp."""
+    if not model.bidirectional or (tp == 1 and pp == 1 and cp == 1):
+        return None
+    return (
+        f"tp={tp} pp={pp} cp={cp}: {model.name} is a bidirectional encoder, trained data-parallel only "
+        "(transformers has no tensor-parallel plan, pipeline or masked context parallelism for it)"
+    )
+
+
+def encoder_violation(model: ModelSpec, layout: Layout) -> Violation:
+    problem = encoder_split_problem(model, layout.tp, layout.pp, layout.cp)
+    if problem is None:
+        return None
+    field = next(name for name in ("tp", "pp", "cp") if getattr(layout, name) > 1)
+    return _bad(problem, "encoder_split", field)
+
+
 def tensor_parallel_violation(model: ModelSpec, tp: int) -> Violation:
     # Megatron: attention heads and query groups (kv heads) are split over tensor-parallel ranks.
     if model.num_attention_heads % tp:
@@ -585,6 +607,20 @@ def training_violation(
             "peft",
             "framework",
         )
+    if (
+        training.method is not Method.FULL
+        and set(training.lora_targets) <= {"gate_proj"}
+        and not model.mlp.gated
+    ):
+        # peft refuses a LoraConfig whose target_modules match no module ("Target modules ... not
+        # found"); a two-matrix MLP (GPT-2, BERT) has no gate projection
+        return _bad(
+            f"lora_targets {list(training.lora_targets)}: {model.name}'s MLP ({model.mlp.value}) has no "
+            "gate projection, so no adapter would train; add q_proj, k_proj, v_proj, o_proj, up_proj "
+            "or down_proj",
+            "lora_targets",
+            "lora_targets",
+        )
     model_parallel = method_parallel_violation(training, layout)
     if model_parallel is not None:
         return model_parallel
@@ -735,13 +771,15 @@ def moe_dispatcher_violation(model: ModelSpec, cluster: ClusterSpec, layout: Lay
     chip, nvlink = flex_dispatcher_hardware(cluster)
     if chip not in FLEX_DISPATCHER_CHIPS:
         die = chip or "a GPU of unnamed die"
-        why = f"{field} flex (HybridEP) runs on Hopper or Blackwell GPUs (gh100, gb100), not {die}"
+        dies = ", ".join(sorted(FLEX_DISPATCHER_CHIPS))
+        why = f"{field} flex (HybridEP) runs on Hopper or Blackwell GPUs ({dies}), not {die}"
         return _bad(why, field, field)
     if not nvlink:
-        link = cluster.intra_node_bandwidth_bytes_per_s / 1e9
+        # no figure of this cluster's link: the search shares this answer across clusters of one die
+        # and NVLink presence (flex_dispatcher_hardware), whatever their PCIe bandwidth
         why = (
             f"{field} flex (HybridEP) moves tokens inside a node over NVLink; this cluster's GPUs are "
-            f"joined at {link:.0f} GB/s, no faster than their PCIe host link"
+            "joined no faster than their PCIe host link"
         )
         return _bad(why, field, field)
     return None
@@ -805,6 +843,7 @@ def layout_violation(
     return (
         batch_split_violation(training, layout)
         or world_violation(cluster, layout)
+        or encoder_violation(model, layout)
         or tensor_parallel_violation(model, layout.tp)
         or sharding_violation(layout, caps)
         or pipeline_split_violation(model, layout)

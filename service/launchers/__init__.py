@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from service.estimator.types import Framework, ModelSpec, Plan, TrainingSpec
+from service.estimator.validate import encoder_split_problem
 from service.frameworks import FRAMEWORKS
 from service.launchers import accelerate, deepspeed, hf_trainer, job, kubernetes, megatron, slurm, torchtitan
 from service.launchers.common import Artifact, Refusal, Target, Unsupported
@@ -69,22 +70,17 @@ def framework_structure_refusal(
     """Why no target runs ``framework`` for this job at these parallel degrees, whatever else the
     layout says, or None. The search offers no sharding of it there.
 
-    * An encoder (bidirectional): data parallelism only, whatever the framework.
+    * An encoder (bidirectional): data parallelism only, whatever the framework
+      (``validate.encoder_split_problem``, which the validator reads too).
     * DeepSpeed: its refusals that read the degrees alone (``deepspeed.structure_refusal``), which
       every target running DeepSpeed shares (Accelerate's plugin and the HF Trainer run data
       parallelism only; Slurm / Kubernetes wrap the deepspeed entry point).
     * FSDP with pp or ep > 1: Accelerate's FSDP2 and the HF Trainer have neither (their refusals say
       so first or refuse earlier), so torchtitan alone runs it, Slurm / Kubernetes through it:
       refused where torchtitan refuses the job (``torchtitan.job_refusal``) or experts over tp."""
-    if model.bidirectional and (tp > 1 or pp > 1 or cp > 1):
-        # The targets left for an encoder load it with transformers: BertConfig / RobertaConfig
-        # declare no base_model_tp_plan (from_pretrained(tp_plan='auto') has nothing to shard by),
-        # Accelerate's context parallelism (torch context_parallel over SDPA) takes no attention
-        # mask, and neither builds a pipeline of an HF model.
-        return (
-            f"tp={tp} pp={pp} cp={cp}: {model.name} is a bidirectional encoder, which the Hugging Face "
-            "targets train data-parallel only (transformers has no tensor-parallel plan for it)"
-        )
+    encoder = encoder_split_problem(model, tp, pp, cp)
+    if encoder is not None:
+        return encoder
     if framework is Framework.DEEPSPEED:
         return deepspeed.structure_refusal(tp, pp, cp)
     if framework is Framework.FSDP and (pp > 1 or ep > 1):

@@ -632,7 +632,7 @@ def _dominated(
     rising_s = evaluate.rising_ep_comm_s(optimistic, parts[EP_COMM])  # floor_s leaves it out too
     step_s = step_total_s(*parts) - parts[PP_BUBBLE] - rising_s + least_bubble_s
     best_tokens_per_s = search.training.tokens_per_step / step_s
-    if _admission_key(search, result, (s.pp, s.cp, s.tp, s.ep), s.gpus, best_tokens_per_s) <= threshold:
+    if _admission_key(search, result, rank.parallel_degrees(s), s.gpus, best_tokens_per_s) <= threshold:
         return False
     result.log.add(
         DOMINATED,
@@ -658,7 +658,7 @@ def _ceiling_key(
         return None
     floor = result.floor_s(job, optimistic, most_micro_batches)
     ceiling = search.training.tokens_per_step / (floor * (1 - _FLOOR_SLACK))
-    return _admission_key(search, result, (s.pp, s.cp, s.tp, s.ep), s.gpus, ceiling)
+    return _admission_key(search, result, rank.parallel_degrees(s), s.gpus, ceiling)
 
 
 def _states_fit(job: Job, layout: Layout, limit: int) -> bool:

@@ -7,6 +7,8 @@ tokens / throughput), fewest GPUs by the count then tokens/s, cost by GPU-hours 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from service.estimator.comm import expert_stride, group_strides, link_for_group
 from service.estimator.model_states import shard_degrees
 from service.estimator.step_time import gpu_hours, time_to_train_s
@@ -51,9 +53,23 @@ def hopeful_key(objective: Objective, gpus: int, tokens_per_s: float) -> tuple[f
     return primary_key(objective, gpus, tokens_per_s * (1 + NEAR_TIE_FRACTION))
 
 
-def parallel_degrees(layout: Layout) -> tuple[int, int, int, int]:
-    """The model-parallel degrees, in ``simplicity``'s order: pipeline, context, tensor, expert."""
-    return (layout.pp, layout.cp, layout.tp, layout.ep)
+class Degrees(Protocol):
+    """A layout or a search structure: what ``parallel_degrees`` reads."""
+
+    @property
+    def pp(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def ep(self) -> int: ...
+
+
+def parallel_degrees(split: Degrees) -> tuple[int, int, int, int]:
+    """The model-parallel degrees of a layout or a search structure, in ``simplicity``'s order:
+    pipeline, context, tensor, expert."""
+    return (split.pp, split.cp, split.tp, split.ep)
 
 
 def near_tie(
@@ -67,8 +83,9 @@ def near_tie(
 
 def near_tie_winner(objective: Objective, ranked: list[tuple[Layout, float]]) -> int:
     """The index in ``ranked`` (best first by ``sort_key``) of the layout to recommend: of those
-    within ``NEAR_TIE_FRACTION`` of the first on the objective (as many GPUs), the one with the
-    fewest model-parallel degrees (``parallel_degrees``), the better ranked among equals. Only the
+    within ``NEAR_TIE_FRACTION`` of the first on the objective (as many GPUs), the one whose
+    model-parallel degrees (``parallel_degrees``: pp, cp, tp, ep) are lexicographically smallest (no
+    pipeline before narrower TP), the better ranked among equals. Only the
     degrees decide: ZeRO stage, recompute and micro-batch stay the objective's. ``ranked`` is not
     empty."""
     best, best_tokens_per_s = ranked[0]

@@ -255,3 +255,46 @@ def test_an_encoders_lora_config_names_its_own_linears() -> None:
     assert re.fullmatch(only_qv, layer + "attention.self.value")
     assert not re.fullmatch(only_qv, layer + "attention.output.dense")
     assert encoder_lora_fields(Head.MASKED_LM, ALL_LINEAR)["task_type"] is None
+
+
+def test_the_validator_refuses_an_encoder_split_beyond_data_parallelism() -> None:
+    """The launchers refused tp/pp/cp > 1 for encoders, the validator did not: an estimate of BERT at
+    tp 2 was answered, its head's weights unsplit while its logits were split over tp."""
+    from service.estimator.errors import InvalidLayout
+    from service.estimator.validate import validate_layout
+
+    bert = catalog_model("bert-large-uncased").spec
+    training = TrainingSpec(seq_len=384, global_batch_size=32)
+    for degrees, field in ((dict(dp=4, tp=2), "tp"), (dict(dp=4, pp=2), "pp"), (dict(dp=4, cp=2), "cp")):
+        layout = Layout(framework=Framework.DEEPSPEED, **degrees)
+        with pytest.raises(InvalidLayout) as refused:
+            validate_layout(bert, gpu_cluster(H100, 8, 50e9), layout, training)
+        assert refused.value.rule == "encoder_split" and refused.value.field == field
+    validate_layout(bert, gpu_cluster(H100, 8, 50e9), Layout(framework=Framework.DEEPSPEED, dp=8), training)
+
+
+@pytest.mark.parametrize("field", ["moe", "mla"])
+def test_an_encoder_with_experts_or_latent_attention_is_refused(field: str) -> None:
+    from service.estimator.types import MLASpec, MoESpec
+
+    extra = {
+        "moe": MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=64),
+        "mla": MLASpec(
+            q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16
+        ),
+    }[field]
+    with pytest.raises(InvalidModel) as refused:
+        dataclasses.replace(TINY, **{field: extra})
+    assert refused.value.field == field and refused.value.rule == "encoder"
+
+
+def test_lora_on_the_gate_alone_of_a_model_without_one_is_refused() -> None:
+    """peft refuses a LoraConfig that matches no module; BERT's and GPT-2's MLPs have no gate."""
+    from service.estimator.errors import InvalidLayout
+    from service.estimator.types import Method
+    from service.estimator.validate import validate_layout
+
+    training = TrainingSpec(seq_len=128, global_batch_size=8, method=Method.LORA, lora_targets=("gate_proj",))
+    with pytest.raises(InvalidLayout) as refused:
+        validate_layout(TINY, gpu_cluster(H100, 1, 50e9), Layout(framework=Framework.DEEPSPEED), training)
+    assert refused.value.field == "lora_targets" and "gate projection" in refused.value.message

@@ -9,10 +9,8 @@ let ``validate.layout_violation`` reject the rest (``hypothesis.assume``).
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import math
-import typing
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -26,6 +24,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator.calibration import Calibration
 from service.estimator.estimate import estimate
 from service.estimator.types import (
+    LAYOUT_ENUM_FIELDS,
     Attention,
     ClusterSpec,
     Estimate,
@@ -219,19 +218,9 @@ def layout_body(layout: Layout) -> dict[str, Any]:
     return out
 
 
-def _enum_fields() -> dict[str, Any]:
-    """The Layout fields whose type is an enum, and that enum: read from the type, so a new enum
-    field is converted too (``moe_dispatcher`` was not, and its value stayed the string "alltoall",
-    which the estimator's ``is`` comparisons took for flex)."""
-    hints = typing.get_type_hints(Layout)
-    return {
-        f.name: hints[f.name]
-        for f in dataclasses.fields(Layout)
-        if isinstance(hints[f.name], type) and issubclass(hints[f.name], enum.Enum)
-    }
-
-
-_ENUMS: dict[str, Any] = _enum_fields()
+# Layout's enum fields and their enums (moe_dispatcher was missing from a list written here: its
+# value stayed the string "alltoall", which the estimator's ``is`` comparisons took for flex)
+_ENUMS: dict[str, Any] = dict(LAYOUT_ENUM_FIELDS)
 
 
 def layout_from_api(layout: dict[str, Any]) -> Layout:

@@ -234,7 +234,8 @@ def check_top_k(post: Post, request: dict[str, Any], plan: dict[str, Any]) -> li
         split = " ".join(f"{k}{layout.get(k)}" for k in ("dp", "tp", "pp", "cp", "ep", "zero_stage"))
         what = f"{tokens_per_s:,.0f} tokens/s ({layout['framework']} {split})"
     mine = rec["estimate"]["time"]["tokens_per_s"]
-    return [Violation(TOP_K_SAME, f"top_k 1 recommends {what}; the plan's top 3, {mine:,.0f}", body)]
+    asked = request.get("constraints", {}).get("top_k", 3)  # the API's default
+    return [Violation(TOP_K_SAME, f"top_k 1 recommends {what}; the plan's top {asked}, {mine:,.0f}", body)]
 
 
 # ---------------------------------------------------------------- the rationale's numbers
