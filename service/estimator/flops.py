@@ -48,7 +48,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from service.estimator.params import LayerKind, layer_kind, mtp_projection_parameters
+from service.estimator.params import (
+    LayerKind,
+    head_matrices,
+    head_tokens_fraction,
+    layer_kind,
+    mtp_projection_parameters,
+)
 from service.estimator.types import (
     Attention,
     AttentionKind,
@@ -223,20 +229,13 @@ def logits_flops(model: ModelSpec) -> int:
 
 
 def head_flops(model: ModelSpec, seq_len: int) -> float:
-    """The head's matmuls, forward, per token of sequences of ``seq_len`` tokens (``types.Head``)."""
-    h = model.hidden_size
-    match model.head:
-        case Head.MASKED_LM:
-            # transform dense h -> h, then the decoder h -> V, on every token (transformers'
-            # BertForMaskedLM scores every position; the loss ignores the unmasked ones)
-            return 2 * h * h + logits_flops(model)
-        case Head.QUESTION_ANSWERING:
-            return 2 * h * model.num_labels  # qa_outputs h -> L on every token
-        case Head.SEQUENCE_CLASSIFICATION:
-            # pooler h -> h and classifier h -> L on the first token of each sequence only
-            return (2 * h * h + 2 * h * model.num_labels) / seq_len
-        case Head.CAUSAL_LM:
-            return logits_flops(model)
+    """The head's matmuls, forward, per token of sequences of ``seq_len`` tokens (``params.head_matrices``
+    on ``params.head_tokens_fraction`` of the tokens). The masked-LM decoder scores every position
+    (transformers' BertForMaskedLM; the loss ignores the unmasked ones)."""
+    if model.head is Head.CAUSAL_LM:
+        return logits_flops(model)
+    matmuls = sum(2 * fan_in * fan_out for fan_in, fan_out in head_matrices(model))
+    return matmuls * head_tokens_fraction(model, seq_len)
 
 
 # ---------------------------------------------------------------- LoRA adapters

@@ -35,6 +35,7 @@ from service.estimator.model_states import (
     state_bytes,
     state_bytes_per_parameter,
 )
+from service.estimator.params import head_matrices
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
@@ -184,19 +185,13 @@ AUTOCAST_CAST_TRAFFIC_BYTES = activations.FP32_BYTES + AUTOCAST_COPY_BYTES
 
 def output_layer_weights(job: Job, layout: Layout, rank: int) -> float:
     """The output layer's weights (h x V over tp, tied or not) on pipeline rank ``rank``: the last; an
-    encoder's head: its matmuls' weights (masked LM: dense h x h and decoder h x V; classification:
-    pooler h x h and classifier h x L; question answering: h x L)."""
+    encoder's head: its matmuls' weights (``params.head_matrices``; encoders run data parallel only)."""
     if rank != layout.pp - 1:
         return 0.0
     model = job.model
-    h = model.hidden_size
     if model.head is Head.CAUSAL_LM:
-        return h * model.vocab_size / layout.tp
-    if model.head is Head.MASKED_LM:
-        return float(h * h + h * model.vocab_size)
-    if model.head is Head.SEQUENCE_CLASSIFICATION:
-        return float(h * h + h * model.num_labels)
-    return float(h * model.num_labels)
+        return model.hidden_size * model.vocab_size / layout.tp
+    return float(sum(fan_in * fan_out for fan_in, fan_out in head_matrices(model)))
 
 
 def autocast_casts_weights(job: Job, layout: Layout) -> bool:

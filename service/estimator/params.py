@@ -276,18 +276,36 @@ def largest_module_parameters(model: ModelSpec) -> int:
     return max(candidates)
 
 
-def head_module_parameters(model: ModelSpec) -> int:
-    """The head's largest single module: the lm_head (with its bias), or an encoder head's dense
-    h -> h, untied decoder or classifier."""
+def head_matrices(model: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """(in, out) of each matmul an encoder's head (``types.Head``) runs, each with a bias
+    (transformers modeling_bert.py): masked LM, BertPredictionHeadTransform's dense h -> h and the
+    decoder h -> V; sequence classification, the pooler's dense h -> h and the classifier h -> L
+    (RobertaClassificationHead: dense and out_proj, the same shapes); question answering, qa_outputs
+    h -> L. A decoder's lm_head: h -> V (its bias per ``lm_head_bias``)."""
     h = model.hidden_size
+    match model.head:
+        case Head.MASKED_LM:
+            return ((h, h), (h, model.vocab_size))
+        case Head.SEQUENCE_CLASSIFICATION:
+            return ((h, h), (h, model.num_labels))
+        case Head.QUESTION_ANSWERING:
+            return ((h, model.num_labels),)
+        case Head.CAUSAL_LM:
+            return ((h, model.vocab_size),)
+
+
+def head_tokens_fraction(model: ModelSpec, seq_len: int) -> float:
+    """The share of a sequence's tokens the head's matmuls run on: the first token alone for sequence
+    classification (the pooler reads hidden_states[:, 0]), every token otherwise."""
+    return 1.0 / seq_len if model.head is Head.SEQUENCE_CLASSIFICATION else 1.0
+
+
+def head_module_parameters(model: ModelSpec) -> int:
+    """The head's largest single module: the lm_head (with its bias), or an encoder head's largest
+    Linear, weight and bias (the masked-LM decoder holds its tied weight and bias as its own)."""
     if model.head is Head.CAUSAL_LM:
         return output_parameters(model)
-    if model.head is Head.MASKED_LM:
-        # the decoder Linear holds its (tied) weight and bias as its own: (h + 1) V
-        return max(h * h + h, (h + 1) * model.vocab_size)
-    if model.head is Head.SEQUENCE_CLASSIFICATION:
-        return max(h * h + h, (h + 1) * model.num_labels)
-    return (h + 1) * model.num_labels
+    return max((fan_in + 1) * fan_out for fan_in, fan_out in head_matrices(model))
 
 
 @lru_cache(maxsize=1024)  # ModelSpec is frozen: searches ask for the same counts thousands of times
