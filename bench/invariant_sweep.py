@@ -203,6 +203,7 @@ def run_job(job: Job, cli: bool = False, replan: bool = False) -> dict[str, Any]
         ]
         if cli:
             violations += _cli(request)
+    violations += checks.check_memo_keys(request)  # last: over everything computed for this job
     return {
         "job": list(job),
         "http_status": status,
@@ -240,6 +241,7 @@ INVARIANTS = [
     "custom_gpu_not_faster",
     "mfu_within_best_published",
     "cli_json_equals_api",
+    "memo_keys_name_every_field_read",
 ]
 
 

@@ -105,3 +105,15 @@ def client(app: FastAPI) -> Iterator[TestClient]:
         yield test_client
     # No test, however bad its input, may meet an internal error.
     assert app.state.metrics.requests_with_status(500) == [], "a request was answered with 500"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _memo_keys_complete() -> Iterator[None]:
+    """Every estimate the suite computes, across all its tests: no memoised part read a layout field
+    its key leaves out (``service.estimator.job.UNKEYED_READS``; the tests that plant a short key
+    patch their own record)."""
+    from service.estimator import job
+
+    job.UNKEYED_READS.clear()
+    yield
+    assert not job.UNKEYED_READS, f"memoised parts read fields their keys do not name: {job.UNKEYED_READS}"

@@ -4,8 +4,11 @@ and not on the layout, and the memos of the layout-level parts.
 A search asks for thousands of layouts of one job, and ``estimate()`` for one. Both go through
 ``prepare`` and the estimator's own part functions; the parts that are worth remembering are
 decorated with ``layout_memo(*fields)``, which keys the memo on exactly the layout fields named next
-to the formula (``tests/estimator/test_job.py`` records which fields every memoised part really
-reads, over a grid of layouts, and fails when one is missing from its key). Per-layer quantities
+to the formula and hands the formula a view of those fields only (``LayoutView``): a read of any
+other field, in the formula or in a memoised part it calls, is caught at run time, answered on the
+whole layout without memoising, and recorded, so no memo returns another layout's number.
+``tests/estimator/test_job.py`` checks over a grid of layouts that every key names exactly what its
+part reads, and the test suite and the invariant sweep that nothing was recorded. Per-layer quantities
 are computed once per layer kind (``layer_kinds``): every per-layer formula of the estimator reads
 the layer only through its kind.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import operator
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -165,18 +169,90 @@ _MISSING = object()  # a memo's "not computed yet" (None is a value some parts r
 MEMOISED_PARTS: list[MemoisedPart] = []
 
 
+class UnkeyedRead(Exception):
+    """A memoised part read a layout field (or a property over one) that its key does not name. Not
+    an AttributeError, so ``getattr(view, name, default)`` cannot swallow it."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(field)
+        self.field = field
+
+
+# Layout's derived attributes (properties and methods), which a view offers over the fields it holds
+_LAYOUT_DERIVED = {
+    name: attr
+    for name, attr in vars(Layout).items()
+    if not name.startswith("_") and (isinstance(attr, property) or inspect.isfunction(attr))
+}
+_LAYOUT_FIELDS = tuple(f.name for f in dataclasses.fields(Layout))
+
+
+class LayoutView:
+    """The layout as a memoised part sees it: the fields of its key, nothing else (a class per key,
+    ``view_class``). Reading any other field of the layout raises ``UnkeyedRead``, so a memo key
+    cannot miss a field its part reads, directly, through a property, or through a memoised part it
+    calls (whose key lookup reads the view): by construction, not by a test's coverage."""
+
+    __slots__ = ()
+
+
+def _unkeyed(name: str) -> property:
+    def read(view: LayoutView) -> Any:
+        raise UnkeyedRead(name)
+
+    return property(read)
+
+
+@functools.cache
+def view_class(fields: tuple[str, ...]) -> Callable[[Any], Any]:
+    """The constructor of the view of a key naming ``fields`` (from the key's value: the field's own
+    value for a one-field key, else the tuple): slots for those fields (a read costs what a Layout's
+    does), Layout's properties and methods over them, and a raising property for every other field
+    (no ``__getattr__``, which would slow every read)."""
+    namespace: dict[str, Any] = {"__slots__": fields, **_LAYOUT_DERIVED}
+    namespace.update({name: _unkeyed(name) for name in _LAYOUT_FIELDS if name not in fields})
+    view = type(f"LayoutView[{','.join(fields)}]", (LayoutView,), namespace)
+    # one generated function per key, as collections.namedtuple makes its __new__: unpacking the key
+    # into the slots is ~4x faster than a loop of setattr
+    targets = ", ".join(f"view.{name}" for name in fields)
+    unpacked = "(key,)" if len(fields) == 1 else "key"
+    source = f"def make(key):\n    view = new(View)\n    {targets}, = {unpacked}\n    return view\n"
+    scope: dict[str, Any] = {"new": object.__new__, "View": view}
+    exec(source, scope)  # the source is built from Layout's own field names
+    make: Callable[[Any], Any] = scope["make"]
+    return make
+
+
+# (part, field) of every unkeyed read a part made: the part's value was then computed on the whole
+# layout and not memoised. Empty unless a key is incomplete (tests/estimator/test_job.py runs the grid
+# and asserts it stays empty); bounded by the number of (part, field) pairs.
+UNKEYED_READS: set[tuple[str, str]] = set()
+
+
+def _unmemoised(
+    part: Callable[..., T], job: Job, layout: Layout, read: UnkeyedRead, args: tuple[Any, ...]
+) -> T:
+    """``part`` on the whole layout after it read ``read.field`` outside its key: recorded, and not to
+    be memoised (its value depends on more than the key)."""
+    UNKEYED_READS.add((part.__qualname__, read.field))
+    return part(job, layout, *args)
+
+
 def layout_memo(
     *fields: str, memory: bool = False
 ) -> Callable[[Callable[Concatenate[Job, Layout, P], T]], Callable[Concatenate[Job, Layout, P], T]]:
     """Memoise ``part(job, layout, *args)`` on the job, keyed by the named layout fields (and the
     hashable positional ``args``).
 
-    The key must name every field the part reads, directly or through the parts it calls; the
-    part's value may depend on the job freely (a job is one model, cluster and training), except
-    with ``memory=True``: then it may read of the job only its ``memory_inputs``, and is memoised in
-    ``Job.memory_memos``."""
+    The part is handed a ``LayoutView`` of its key's fields, not the layout: a read of any other
+    field is an ``UnkeyedRead``, after which the part runs on the whole layout unmemoised (a correct
+    number, and a record in ``UNKEYED_READS``). The part's value may depend on the job freely (a job
+    is one model, cluster and training), except with ``memory=True``: then it may read of the job
+    only its ``memory_inputs``, and is memoised in ``Job.memory_memos``."""
+    fields = tuple(dict.fromkeys(fields))  # a field named twice (by two field groups) is keyed once
     key_of = operator.attrgetter(*fields)
     memos_of = operator.attrgetter("memory_memos" if memory else "memos")
+    view_of = view_class(fields)
 
     def decorate(part: Callable[Concatenate[Job, Layout, P], T]) -> Callable[Concatenate[Job, Layout, P], T]:
         if part.__code__.co_argcount == 2:  # part(job, layout): the common case, without packing args
@@ -186,18 +262,26 @@ def layout_memo(
                 key = key_of(layout)
                 value = memo.get(key, _MISSING)
                 if value is _MISSING:
-                    value = memo[key] = part(job, layout)  # type: ignore[call-arg]
+                    try:
+                        value = memo[key] = part(job, view_of(key))  # type: ignore[call-arg]
+                    except UnkeyedRead as read:
+                        value = _unmemoised(part, job, layout, read, ())
                 return value  # type: ignore[no-any-return]
 
             memoised: Callable[..., T] = memoised_layout
         else:
 
             def memoised_args(job: Job, layout: Layout, /, *args: P.args, **kwargs: P.kwargs) -> T:
+                assert not kwargs, "layout_memo parts take positional arguments only"
                 memo = memos_of(job)[memoised_args]
-                key = (key_of(layout), *args)
+                fields_key = key_of(layout)
+                key = (fields_key, *args)
                 value = memo.get(key, _MISSING)
                 if value is _MISSING:
-                    value = memo[key] = part(job, layout, *args, **kwargs)
+                    try:
+                        value = memo[key] = part(job, view_of(fields_key), *args)  # type: ignore[call-arg]
+                    except UnkeyedRead as read:
+                        value = _unmemoised(part, job, layout, read, args)
                 return value  # type: ignore[no-any-return]
 
             memoised = memoised_args

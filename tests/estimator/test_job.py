@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-import sys
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
@@ -25,7 +24,7 @@ import pytest
 from service.catalog.gpus import gpu
 from service.catalog.models import model, models
 from service.catalog.tuning import default_tuning
-from service.estimator import activations, dp_comm, evaluate, flops, pipeline, step_time
+from service.estimator import activations, evaluate, flops, pipeline, step_time
 from service.estimator import job as job_module
 from service.estimator import memory as memory_parts
 from service.estimator.calibration import Calibration, calibrated_time
@@ -341,30 +340,15 @@ def test_the_grid_reaches_every_field_value() -> None:
 # ---------------------------------------------------------------- recording what a part reads
 
 
-def memo_wrapper_codes() -> frozenset[object]:
-    """The code of the memo wrappers ``layout_memo`` puts around every part: the reads their key
-    lookups make are not reads of the part they wrap."""
-    formulas = {id(entry.formula) for entry in MEMOISED_PARTS}
-    wrappers = [
-        value
-        for module in (activations, job_module, memory_parts, step_time, dp_comm, evaluate)
-        for value in vars(module).values()
-        if id(getattr(value, "__wrapped__", None)) in formulas
-    ]
-    assert {id(w.__wrapped__) for w in wrappers} == formulas, "a memoised part outside the scanned modules"
-    return frozenset(w.__code__ for w in wrappers)
-
-
-MEMO_WRAPPER_CODES = memo_wrapper_codes()
-
-
 class RecordingLayout(Layout):
-    """A layout that notes the name of every field read from it, outside the memo key lookups."""
+    """A layout that notes the name of every field read from it. A formula called on it reads its
+    own fields from it, and the key fields of every memoised part it calls (whose wrapper looks the
+    key up on it, then hands the part a view of that key): what the formula's own key must name."""
 
     def __getattribute__(self, name: str) -> Any:
         if name in LAYOUT_FIELDS:
             reads = object.__getattribute__(self, "__dict__").get("reads")
-            if reads is not None and sys._getframe(1).f_code not in MEMO_WRAPPER_CODES:
+            if reads is not None:
                 reads.add(name)
         return object.__getattribute__(self, name)
 
@@ -492,10 +476,21 @@ def test_the_check_reports_a_part_whose_key_misses_a_field(monkeypatch: pytest.M
         "parameters_per_gpu": split | {"ep", "etp"},
         "gpus": {"pp", "cp"},
     }
-    # the memo really is wrong there: a hit from another pp returns the first one's value
+    # at run time each such part reads a view of its key, so the unkeyed read is caught: the value is
+    # computed on the whole layout, not memoised (a memo hit from another pp would return the first
+    # one's value), and recorded
+    monkeypatch.setattr(job_module, "UNKEYED_READS", set())
     shared = make_job(*inputs)
     assert pipeline_depth(shared, layout) == 2
-    assert pipeline_depth(shared, dataclasses.replace(layout, pp=2, dp=2)) == 2  # should be 4
+    assert pipeline_depth(shared, dataclasses.replace(layout, pp=2, dp=2)) == 4
+    assert gpus(shared, dataclasses.replace(layout, cp=2, dp=2)) == 8
+    assert parameters_per_gpu(shared, layout) == step_time.gpu_parameters(make_job(*inputs), layout)
+    assert {(name.rsplit(".", 1)[1], field) for name, field in job_module.UNKEYED_READS} == {
+        ("pipeline_depth", "pp"),
+        ("gpus", "pp"),  # through the property world_size, which the view has
+        ("parameters_per_gpu", "pp"),  # the first field of the inner part's key the view lacks
+    }
+    assert not shared.memos[pipeline_depth] and not shared.memos[gpus]
     # and a registered part under a key short of one field it reads is reported
     (stored,) = [entry for entry in MEMOISED_PARTS if entry.name == "stage_traffic_bytes"]
     short = MemoisedPart(
@@ -690,22 +685,30 @@ def test_memo_hits_equal_fresh_jobs(name: str, training: TrainingSpec, which: st
     assert 0 < len(shared.memos[step_time.step_parts]) <= len(layouts)
 
 
-def test_the_shared_job_check_catches_a_short_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_short_key_gives_no_stale_number_and_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     # Mutation: stage_traffic_bytes memoised without sequence_parallel (which it reads). The random
-    # layouts vary SP at a fixed (tp, pp), so a shared job returns another layout's stored bytes.
+    # layouts vary SP at a fixed (tp, pp): a memo keyed so would return another layout's stored bytes,
+    # but the part reads a view of its key, so the read is caught: every number equals a fresh job's,
+    # nothing is memoised under the short key, and the read is recorded.
     monkeypatch.setattr(job_module, "MEMOISED_PARTS", list(MEMOISED_PARTS))
+    monkeypatch.setattr(job_module, "UNKEYED_READS", set())
     (stored,) = [entry for entry in MEMOISED_PARTS if entry.name == "stage_traffic_bytes"]
     short_key = layout_memo("tp", *pipeline.PIPELINE_FIELDS)  # sequence_parallel left out
-    monkeypatch.setattr(step_time, "stage_traffic_bytes", short_key(stored.formula))
+    mutant = short_key(stored.formula)
+    monkeypatch.setattr(step_time, "stage_traffic_bytes", mutant)
     spec, c, tuning = spec_of("llama-3-8b"), cluster(2, host_limits=True), default_tuning()
     shared = make_job(spec, c, BASE, tuning)
+    layouts = shared_layouts("llama-3-8b", BASE, "random")
+    assert sum(layout.tp > 1 and layout.sequence_parallel for layout in layouts) > 10
     wrong = [
         layout
-        for layout in shared_layouts("llama-3-8b", BASE, "random")
+        for layout in layouts
         if evaluate.time_estimate(shared, layout)
         != evaluate.time_estimate(make_job(spec, c, BASE, tuning), layout)
     ]
-    assert wrong and all(layout.tp > 1 for layout in wrong)
+    assert wrong == []
+    assert job_module.UNKEYED_READS == {(stored.formula.__qualname__, "sequence_parallel")}
+    assert not shared.memos[mutant]
 
 
 @pytest.mark.parametrize(("name", "training", "which"), SHARED_JOBS, ids=shared_job_ids())

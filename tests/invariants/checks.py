@@ -39,6 +39,7 @@ SEQ_MONOTONE = "memory_non_decreasing_in_seq_len"
 ZERO_MONOTONE = "model_states_non_increasing_in_zero_stage"
 DP_MONOTONE = "memory_non_increasing_in_zero3_dp"
 CLI_AGREES = "cli_json_equals_api"
+MEMO_KEYS = "memo_keys_name_every_field_read"
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +211,19 @@ def check_reestimate(post: Post, request: dict[str, Any], plan: dict[str, Any]) 
     if not diffs:
         return []
     return [Violation(REESTIMATE_SAME, f"plan vs estimate: {'; '.join(diffs[:6])}", body)]
+
+
+def check_memo_keys(request: dict[str, Any]) -> list[Violation]:
+    """No memoised estimator part read a layout field its key leaves out while this request (and its
+    checks) ran in this process: such a read is caught on the part's view of its key and answered
+    correctly, unmemoised, and recorded in ``service.estimator.job.UNKEYED_READS`` (cleared here)."""
+    from service.estimator import job
+
+    if not job.UNKEYED_READS:
+        return []
+    found = sorted(job.UNKEYED_READS)
+    job.UNKEYED_READS.clear()
+    return [Violation(MEMO_KEYS, f"memoised parts read fields their keys do not name: {found}", request)]
 
 
 def check_top_k(post: Post, request: dict[str, Any], plan: dict[str, Any]) -> list[Violation]:
