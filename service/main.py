@@ -23,6 +23,7 @@ from service.middleware import (
     RequestIdMiddleware,
 )
 from service.persistence.db import ConnectionGate, make_engine, serialize_sqlite_writes, sqlite_file_identity
+from service.recommender.collector import freeze_startup_objects
 from service.settings import Settings, get_settings
 from service.versions import estimator_version
 
@@ -57,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Digest the estimator's source once, before the first plan: concurrent first requests
         # would each parse every file (functools.cache does not hold them back).
         estimator_version()
+        freeze_startup_objects()  # what startup made lives as long as the process
         try:
             yield
         finally:

@@ -61,6 +61,7 @@ from service.frameworks import FRAMEWORKS, sequence_parallel_default
 from service.launchers import Target, framework_job_refusal, runnable_targets
 from service.recommender import headroom, rank
 from service.recommender.budget import Budget
+from service.recommender.collector import fewer_collections
 from service.recommender.space import (
     MegatronLmSwitches,
     OffloadDevices,
@@ -1106,7 +1107,8 @@ def recommend(
     catalog, with the node size each part ships in)."""
     if tuning is None:
         raise TypeError("recommend needs the tuning numbers: pass catalog.tuning.default_tuning()")
-    with shared_memory_memos():  # the search and the suggestions (other GPUs, the same layouts)
+    # the search and the suggestions (other GPUs, the same layouts) share the memory memos
+    with shared_memory_memos(), fewer_collections():
         return _recommend(model, cluster, training, constraints, tuning, with_suggestions, budget, catalog)
 
 

@@ -20,6 +20,7 @@ from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
 from service.estimator.validate import hardware_violation
 from service.recommender.budget import Budget
+from service.recommender.collector import fewer_collections
 from service.recommender.suggest import (
     DEFAULT_INTER_NODE_BYTES_PER_S,
     SUGGESTION_EVALUATIONS,
@@ -162,7 +163,7 @@ def capacity(
     is left (what one leaves unused goes to the ones after it), and an option whose share ran out
     says so."""
     # every GPU type searches the same layouts of the model: their memory is computed once
-    with shared_memory_memos():
+    with shared_memory_memos(), fewer_collections():
         return _capacity(
             model, training, tuning, gpus, clusters, constraints, gpus_per_node, max_nodes, at_gpus,
             gpu_hour_cost, budget,
