@@ -6,7 +6,9 @@ the distributed optimizer then all-gather the updated 16-bit parameters in the s
 ZeRO-2 reduces after every micro-batch, the others once per step. Overlapped (the layout's
 ``overlap_grad_reduce``, else the framework's default), a reduction hides under its micro-batch's
 backward and the gather under the next step's first forward, at most
-``dp_overlap_max_hidden_fraction``.
+``dp_overlap_max_hidden_fraction``. PyTorch DDP (fsdp at ZeRO-0) also copies every gradient into its
+bucket and back on the compute stream unless its buckets alias the gradients: HBM traffic no overlap
+hides (``ddp_bucket_copy_s``).
 
 Sharded parameters (DeepSpeed ZeRO-3, FSDP FULL_SHARD and SHARD_GRAD_OP): every wrapped unit is
 all-gathered before its forward, again before its backward when it was resharded after forward, and
@@ -182,18 +184,53 @@ def replicated_collectives_s(job: Job, layout: Layout) -> tuple[float, float]:
     return dp_grad_reduce_s(job, layout, parameters, link), dp_param_gather_s(job, layout, parameters, link)
 
 
+def ddp_copies_gradients(job: Job, layout: Layout) -> bool:
+    """Whether PyTorch DDP (framework fsdp at ZeRO-0 with more than one replica) copies the gradients
+    into its buckets and back: unless ``gradient_as_bucket_view`` (the catalog's
+    ``ddp_gradient_as_bucket_view``; False is DDP's default, and ``memory.bucket_bytes`` counts the
+    copy it makes)."""
+    return (
+        layout.framework is Framework.FSDP
+        and layout.zero_stage == 0
+        and layout.dp * layout.cp > 1
+        and job.training.method is Method.FULL
+        and not job.assume.ddp_gradient_as_bucket_view
+    )
+
+
+def ddp_bucket_copy_s(job: Job, layout: Layout, parameters: float) -> float:
+    """HBM time of one reduction's copies between ``parameters`` gradients and DDP's buckets: each
+    gradient read and written into its bucket as backward produces it, and the reduced bucket read
+    and written back into the gradient after the last all-reduce, on the compute stream, so nothing
+    hides them (4 bytes moved per gradient byte; the bucket holds what the all-reduce reduces)."""
+    # torch/csrc/distributed/c10d/reducer.cpp: mark_variable_ready_dense copies each ready gradient
+    # into its bucket view (at::mul_out(bucket_view, grad, 1 / div_factor): 'divides while copying');
+    # finalize_bucket_dense, at the end of backward, copy_bucket_to_grad (grad.copy_(bucket_view))
+    # unless gradient_as_bucket_view, which 'avoids the overhead of copying between gradients and
+    # allreduce communication buckets' (DistributedDataParallel docs). apex's DDP (NVIDIA/apex@47da14a
+    # apex/parallel/distributed.py allreduce_bucket) flattens, averages and unflattens: 6 bytes.
+    if not ddp_copies_gradients(job, layout):
+        return 0.0
+    copied = parameters * grad_bytes(job.training.precision, layout)
+    return 2 * 2 * copied / job.cluster.gpu.hbm_bandwidth_bytes_per_s
+
+
 def replicated_exposed_s(job: Job, layout: Layout, parts: StepParts) -> float:
-    """Replicated-parameter DP traffic left on the critical path after the framework's overlap."""
+    """Replicated-parameter DP traffic left on the critical path after the framework's overlap, and
+    DDP's copies to and from its buckets (``ddp_bucket_copy_s``), which no overlap hides."""
     reduce_s, gather_s = replicated_collectives_s(job, layout)
     reductions = gradient_reductions(layout, parts.micro_batches)
+    copies_s = reductions * ddp_bucket_copy_s(job, layout, parts.parameters)
     if not dp_overlapped(job, layout):
-        return reductions * reduce_s + gather_s
+        return reductions * reduce_s + gather_s + copies_s
     # each reduction hides under its micro-batch's backward (2/3 of it, + its recompute); the parameter
     # all-gather under the next step's first forward (Megatron --overlap-param-gather) (1/3)
     per_micro_batch = (parts.compute_s + parts.recompute_s) / parts.micro_batches
     hidden = job.tuning.dp_overlap_max_hidden_fraction
-    return reductions * exposed_s(reduce_s, 2 / 3 * per_micro_batch, hidden) + exposed_s(
-        gather_s, per_micro_batch / 3, hidden
+    return (
+        reductions * exposed_s(reduce_s, 2 / 3 * per_micro_batch, hidden)
+        + exposed_s(gather_s, per_micro_batch / 3, hidden)
+        + copies_s
     )
 
 

@@ -13,14 +13,17 @@ from hypothesis import strategies as st
 
 from service.catalog.gpus import gpu
 from service.catalog.models import model as preset
+from service.catalog.tuning import default_tuning
 from service.estimator import comm, dp_comm
 from service.estimator.params import LayerKind
 from service.estimator.step_time import step_base, step_parts
+from service.estimator.tuning import Tuning
 from service.estimator.types import (
     ClusterSpec,
     Framework,
     Layout,
     Method,
+    Precision,
     Recompute,
     TrainingSpec,
 )
@@ -235,3 +238,66 @@ def test_frozen_base_under_zero3_gathers_but_reduces_and_holds_no_gradients() ->
         full_buffers = memory(PROPERTY_MODEL, cl, layout, full).per_gpu.buffers
         lora_buffers = memory(PROPERTY_MODEL, cl, layout, lora).per_gpu.buffers
         assert lora_buffers < full_buffers
+
+
+# ---------------------------------------------------------------- PyTorch DDP's bucket copies
+
+
+def _as_bucket_view(view: bool) -> Tuning:
+    tuning = default_tuning()
+    return dataclasses.replace(
+        tuning, memory=dataclasses.replace(tuning.memory, ddp_gradient_as_bucket_view=view)
+    )
+
+
+DDP = Layout(framework=Framework.FSDP, dp=8, zero_stage=0, micro_batch_size=1)
+
+
+def test_ddp_copies_every_gradient_into_its_bucket_and_back_by_hand() -> None:
+    # reducer.cpp: mul_out(bucket_view, grad) as each gradient is ready, grad.copy_(bucket_view) after
+    # the last all-reduce: each a read and a write of the gradient, 4 bytes moved per gradient byte,
+    # on the compute stream, so the step grows by all of it
+    cl = gpu_cluster(A100, 8, 25e9)
+    training = TrainingSpec(seq_len=2048, global_batch_size=8, precision=Precision.BF16)
+    copied = time(PROPERTY_MODEL, cl, DDP, training, tuning=_as_bucket_view(False))
+    aliased = time(PROPERTY_MODEL, cl, DDP, training, tuning=_as_bucket_view(True))
+    parameters = step_parts(job(PROPERTY_MODEL, cl, training), DDP).parameters
+    by_hand = 2 * 2 * parameters * 2 / A100.hbm_bandwidth_bytes_per_s  # bf16 gradients, 2 B
+    assert by_hand > 1e-3  # a 0.7B model on A100: ~3.6 ms
+    assert copied.breakdown.step_s - aliased.breakdown.step_s == pytest.approx(by_hand)
+    assert copied.breakdown.dp_comm_exposed_s - aliased.breakdown.dp_comm_exposed_s == pytest.approx(by_hand)
+
+
+def test_ddp_bucket_copies_only_where_ddp_makes_them() -> None:
+    cl = gpu_cluster(A100, 8, 25e9)
+    training = TrainingSpec(seq_len=2048, global_batch_size=8, precision=Precision.BF16)
+    j = job(PROPERTY_MODEL, cl, training)
+    assert dp_comm.ddp_bucket_copy_s(j, DDP, 1e9) > 0.0
+    # one replica: no DDP reduction; sharded FSDP and Megatron reduce without DDP's buckets
+    for layout in (
+        dataclasses.replace(DDP, dp=1),
+        dataclasses.replace(DDP, zero_stage=3),
+        dataclasses.replace(DDP, framework=Framework.MEGATRON, zero_stage=1),
+        dataclasses.replace(DDP, framework=Framework.DEEPSPEED),
+    ):
+        assert dp_comm.ddp_bucket_copy_s(j, layout, 1e9) == 0.0, layout
+    # adapters: only their gradients are reduced (dp_grad_reduce_s): no copy counted either
+    lora = job(PROPERTY_MODEL, cl, dataclasses.replace(training, method=Method.LORA))
+    assert dp_comm.ddp_bucket_copy_s(lora, DDP, 1e9) == 0.0
+    # gradient_as_bucket_view: the gradients are the buckets
+    aliased = job(PROPERTY_MODEL, cl, training, tuning=_as_bucket_view(True))
+    assert dp_comm.ddp_bucket_copy_s(aliased, DDP, 1e9) == 0.0
+
+
+@given(parameters=st.floats(min_value=1e6, max_value=1e11))
+@settings(max_examples=25, deadline=None)
+def test_ddp_bucket_copy_is_linear_in_parameters_and_in_gradient_bytes(parameters: float) -> None:
+    cl = gpu_cluster(A100, 8, 25e9)
+
+    def copy_s(precision: Precision, n: float) -> float:
+        training = TrainingSpec(seq_len=2048, global_batch_size=8, precision=precision)
+        return dp_comm.ddp_bucket_copy_s(job(PROPERTY_MODEL, cl, training), DDP, n)
+
+    assert copy_s(Precision.BF16, 2 * parameters) == pytest.approx(2 * copy_s(Precision.BF16, parameters))
+    # fp32 training reduces (and so copies) 4-byte gradients: twice bf16's 2
+    assert copy_s(Precision.FP32, parameters) == pytest.approx(2 * copy_s(Precision.BF16, parameters))
