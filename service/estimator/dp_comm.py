@@ -41,6 +41,7 @@ from service.estimator.model_states import (
     DS_MAX_REUSE_DISTANCE,
     deepspeed_buckets,
     deepspeed_overlap_comm,
+    grad_reduce_bytes,
     megatron_fp8_params,
     shard_degrees,
 )
@@ -51,7 +52,6 @@ from service.estimator.step_time import (
     core_s_per_token,
     exposed_s,
     gpu_parameters,
-    grad_bytes,
     group_links,
     kind_core_work_flops,
     kind_recompute_flops,
@@ -88,7 +88,7 @@ def replicated_bucket_elements(job: Job, layout: Layout) -> float:
             return math.inf
         return max(MEGATRON_MIN_BUCKET_ELEMENTS, MEGATRON_BUCKET_ELEMENTS_PER_DP_RANK * layout.dp * layout.cp)
     if framework is Framework.FSDP:
-        return DDP_BUCKET_BYTES / grad_bytes(job.training.precision, layout)
+        return DDP_BUCKET_BYTES / grad_reduce_bytes(job.training.precision, layout)
     if layout.zero_stage == 0:
         return job.assume.ds_stage0_allreduce_elements
     return deepspeed_buckets(job.model, layout).reduce_bucket_elements
@@ -119,7 +119,7 @@ def dp_grad_reduce_s(job: Job, layout: Layout, parameters: float, link: comm.Lin
     all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, dist-opt)."""
     if job.training.method is not Method.FULL:
         return 0.0  # LoRA: only the adapters' gradients are reduced; negligible next to the base
-    grad_size = parameters * grad_bytes(job.training.precision, layout)
+    grad_size = parameters * grad_reduce_bytes(job.training.precision, layout)
     calls = math.ceil(parameters / replicated_bucket_elements(job, layout))
     return bucketed_s(grad_reduce_collective(layout), grad_size, link, calls)
 
@@ -211,7 +211,7 @@ def ddp_bucket_copy_s(job: Job, layout: Layout, parameters: float) -> float:
     # apex/parallel/distributed.py allreduce_bucket) flattens, averages and unflattens: 6 bytes.
     if not ddp_copies_gradients(job, layout):
         return 0.0
-    copied = parameters * grad_bytes(job.training.precision, layout)
+    copied = parameters * grad_reduce_bytes(job.training.precision, layout)
     return 2 * 2 * copied / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
@@ -337,7 +337,7 @@ def unit_collectives(job: Job, layout: Layout, kind: LayerKind) -> UnitCollectiv
         gather_s += comm.group_all_gather_s(unit.experts * weight_bytes, links.experts)
     if job.training.method is not Method.FULL:
         return UnitCollectives(gather_s=gather_s, reduce_s=0.0)  # frozen base: no gradients to reduce
-    g = grad_bytes(job.training.precision, layout)
+    g = grad_reduce_bytes(job.training.precision, layout)
     reduces = unit_reduce_calls(job, layout, elements)
     reduce_s = bucketed_s(comm.group_reduce_scatter_s, unit.dense * g, links.dense, reduces)
     if unit.experts:

@@ -26,6 +26,7 @@ from service.estimator.model_states import (
     StateBytes,
     deepspeed_assumption,
     deepspeed_buckets,
+    grad_reduce_bytes,
     lora_parameters,
     megatron_fp8_params,
     megatron_grads_in_fp32,
@@ -57,20 +58,27 @@ from service.estimator.types import (
 
 
 def bucket_bytes(
-    model: ModelSpec, trainable: float, sb: StateBytes, layout: Layout, assume: MemoryAssumptions
+    model: ModelSpec,
+    trainable: float,
+    sb: StateBytes,
+    layout: Layout,
+    assume: MemoryAssumptions,
+    reduce_bytes: int,
 ) -> float:
-    """Gradient communication buckets (flat copies made for the reduction)."""
+    """Gradient communication buckets (flat copies made for the reduction); ``reduce_bytes``: a
+    gradient element as reduced (``model_states.grad_reduce_bytes``)."""
     # DeepSpeed 0: gradients flattened in MEMORY_OPT_ALLREDUCE_SIZE chunks for the all-reduce;
-    # 1-3: one reduce_bucket_size buffer in the 16-bit dtype (stage_1_and_2.py / stage3.py).
+    # 1-3: reduce_bucket_size buffers in the communication dtype (stage_1_and_2.py / stage3.py
+    # allocate the IPG buffer per communication dtype: 16-bit, fp32 under Ulysses).
     # PyTorch DDP (FSDP stage 0 here): buckets copy every gradient unless gradient_as_bucket_view.
     # FSDP 2/3: one unit's unsharded gradients before reduce-scatter. Megatron reduces in place.
     replicas = layout.dp * layout.cp
     if layout.framework is Framework.DEEPSPEED:
         if layout.zero_stage == 0:
             return min(trainable, assume.ds_stage0_allreduce_elements) * sb.gradients if replicas > 1 else 0.0
-        return deepspeed_buckets(model, layout).reduce_buffer_elements * sb.weights
+        return deepspeed_buckets(model, layout).reduce_buffer_elements * reduce_bytes
     if layout.framework is Framework.FSDP and layout.zero_stage == 0:
-        return trainable * sb.gradients if replicas > 1 and not assume.ddp_gradient_as_bucket_view else 0.0
+        return trainable * reduce_bytes if replicas > 1 and not assume.ddp_gradient_as_bucket_view else 0.0
     return 0.0
 
 
@@ -316,7 +324,8 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
     states = rank_model_states(model, layout, training, rp, sb, degrees, assume)
     full = training.method is Method.FULL
     trainable = rp.dense + rp.expert if full else lora_parameters(model, training, layout, rp)
-    buffers = bucket_bytes(model, trainable, sb, layout, assume)
+    reduce_bytes = grad_reduce_bytes(training.precision, layout)
+    buffers = bucket_bytes(model, trainable, sb, layout, assume, reduce_bytes)
     buffers += gathered_parameter_bytes(
         model, job.counts, rp, layout, sb, (degrees[0], trainable), assume, full=full
     )

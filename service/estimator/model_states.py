@@ -197,6 +197,46 @@ def megatron_grads_in_fp32(layout: Layout) -> bool:
     return False if layout.grad_reduce_in_fp32 is None else layout.grad_reduce_in_fp32
 
 
+# The torch dtype PyTorch FSDP reduces gradients in, whatever the training precision: torchtitan's
+# MixedPrecisionPolicy(param_dtype, reduce_dtype=float32) (--training.mixed_precision_reduce, whose
+# only accepted value from 0.2.0 through 0.3.0 is "float32": config TrainingConfig, models/*/
+# parallelize.py apply_fsdp), as Composer's DEFAULT policy (mosaic_parallelism.get_mixed_precision:
+# reduce_dtype torch.float32). Accelerate and the HF Trainer would reduce in the mixed dtype
+# (accelerate 1.15.0 utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision:
+# param_dtype = reduce_dtype), so their launchers set this policy (launchers.common.fsdp_reduce_duty).
+FSDP_REDUCE_DTYPE = "float32"
+TORCH_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def grad_reduce_bytes(precision: Precision, layout: Layout) -> int:
+    """Bytes per gradient element in the data-parallel reduction (all-reduce or reduce-scatter) and
+    in the buffers it reduces from, as each framework runs ``precision``."""
+    if precision.stores_fp32:
+        return 4
+    framework = layout.framework
+    if framework is Framework.MEGATRON:
+        # the grad buffer's dtype: fp32 unless grad_reduce_in_fp32 is False (bf16 / fp8); fp16 keeps
+        # fp16 grads (core/distributed/param_and_grad_buffer.py)
+        mixed_bf16 = precision in (Precision.BF16, Precision.FP8)
+        return 4 if mixed_bf16 and megatron_grads_in_fp32(layout) else 2
+    if framework is Framework.FSDP:
+        if layout.zero_stage == 0:
+            # PyTorch DDP all-reduces param.grad (reducer.cpp buckets take the gradient's dtype):
+            # fp32 under autocast, which keeps fp32 parameters (torchtitan 0.3.0 apply_ddp +
+            # maybe_enable_amp; accelerate / HF Trainer MULTI_GPU); bf16 where the model is bf16
+            return 2 if precision is Precision.BF16_PURE else 4
+        # FSDP/HSDP reduce-scatter (and HSDP all-reduce) in the policy's reduce_dtype
+        # (_fsdp_collectives.foreach_reduce copies the grads into a reduce_dtype buffer)
+        return TORCH_DTYPE_BYTES[FSDP_REDUCE_DTYPE]
+    # DeepSpeed: communication_data_type, unset in the rendered ds_config, defaults to the fp16/bf16
+    # training dtype (0.19.8 runtime/engine.py communication_data_type), which ZeRO 1-3 reduce in
+    # (stage_1_and_2.py average_tensor / allreduce_bucket, stage3.py __avg_scatter_grads) and stage
+    # 0 all-reduces in (engine.allreduce_bucket); ds_config sets no grad_accum_dtype, so the grads
+    # themselves are 16-bit. Under Ulysses (cp > 1) the engine switches to
+    # seq_parallel_communication_data_type, fp32 by default (runtime/constants.py).
+    return 4 if layout.cp > 1 else 2
+
+
 def megatron_fp8_params(layout: Layout, precision: Precision) -> bool:
     """Whether Megatron keeps its GEMM weights as fp8 and gathers them in fp8 (--fp8-param-gather):
     the layout's ``fp8_param_gather``, else what NVIDIA's fp8 recipes run: on for fp8 with the

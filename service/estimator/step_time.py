@@ -106,19 +106,6 @@ def sustained_peak_flops_per_s(cluster: ClusterSpec, precision: Precision) -> fl
     return peak_flops_per_s(cluster, precision) * clock_fraction(cluster.gpu)
 
 
-def grad_bytes(precision: Precision, layout: Layout) -> int:
-    """Bytes per gradient element in the DP reduction."""
-    # Megatron reduces its bf16/fp8 main grads in the grad buffer's dtype: fp32 unless
-    # grad_reduce_in_fp32 is False (model_states.megatron_grads_in_fp32); DeepSpeed and FSDP reduce
-    # in the training dtype.
-    if precision.stores_fp32:
-        return 4
-    mixed_bf16 = precision in (Precision.BF16, Precision.FP8)
-    if layout.framework is Framework.MEGATRON and mixed_bf16 and megatron_grads_in_fp32(layout):
-        return 4
-    return 2
-
-
 def micro_batch_tokens_per_rank(layout: Layout, training: TrainingSpec) -> int:
     """Tokens of one micro-batch that one CP rank holds."""
     return layout.micro_batch_size * training.seq_len // layout.cp

@@ -38,6 +38,7 @@ from service.launchers.common import (
     Word,
     accumulation,
     comment_lines,
+    fsdp_reduce_duty,
     hf_decoder_layer,
     layout_summary,
     megatron_overlaps_grad_reduce,
@@ -372,7 +373,7 @@ def _script_duties(plan: Plan) -> str:
 def duties(plan: Plan) -> str:
     """What the training script must do for the layout, and where the launch runs from: the launch
     script's header, and the Slurm script's that runs this launch (``slurm.accelerate_render``)."""
-    text = peft_header(plan) + _script_duties(plan)
+    text = peft_header(plan) + _script_duties(plan) + fsdp_reduce_duty(plan, "accelerator")
     if plan.layout.framework is Framework.DEEPSPEED:
         text += deepspeed.model_code_duties(plan) + (
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from service.catalog.tuning import default_tuning
 from service.estimator import pipeline
+from service.estimator.model_states import FSDP_REDUCE_DTYPE
 from service.estimator.tuning import dp_overlap_default
 from service.estimator.types import Framework, Head, Layout, Method, Plan, Precision
 from service.frameworks import Target as Target  # the registry's; re-exported for the targets
@@ -366,6 +367,33 @@ def peft_header(plan: Plan) -> str:
             "estimate keeps the frozen base in the compute dtype; without torch_dtype it loads in fp32)."
         )
     return text
+
+
+def fsdp_reduce_duty(plan: Plan, accelerator: str) -> str:
+    """What the training script must do so that Accelerate's FSDP2 (its own target, or the HF
+    Trainer's) reduces the gradients in ``FSDP_REDUCE_DTYPE``, as the estimate times it
+    (``model_states.grad_reduce_bytes``), '' where nothing is to do. ``accelerator``: the script's
+    expression for its Accelerator.
+
+    Accelerate's plugin takes its policy from the mixed precision alone, reducing in the 16-bit dtype
+    (accelerate 1.15.0 FullyShardedDataParallelPlugin.set_mixed_precision: param_dtype = reduce_dtype;
+    neither its config file nor the Trainer's fsdp_config has a key for it); fully_shard reads the
+    plugin's policy when the model is prepared (utils/fsdp_utils.py fsdp2_prepare_model). Only full
+    training reduces gradients the estimate times (the adapters' are not); fp32 and tf32 have no
+    mixed precision to set."""
+    lo, precision = plan.layout, plan.training.precision
+    if lo.framework is not Framework.FSDP or lo.zero_stage == 0 or precision.stores_fp32:
+        return ""
+    if plan.training.method is not Method.FULL:
+        return ""
+    dtype = f"torch.{precision.weight_dtype}"
+    return (
+        f"\nfsdp gradient reduce: before the model is prepared (accelerator.prepare; the Trainer's train() "
+        f"prepares it), set {accelerator}.state.fsdp_plugin."
+        f"mixed_precision_policy = torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype={dtype}, "
+        f"reduce_dtype=torch.{FSDP_REDUCE_DTYPE}, output_dtype={dtype}): the estimate reduce-scatters "
+        f"gradients in {FSDP_REDUCE_DTYPE}, the plugin's own policy in {precision.weight_dtype}."
+    )
 
 
 # The encoder Linear each decoder-style LoRA target names (transformers modeling_bert.py /

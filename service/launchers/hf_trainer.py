@@ -24,6 +24,7 @@ from service.launchers.common import (
     Target,
     Word,
     accumulation,
+    fsdp_reduce_duty,
     hf_decoder_layer,
     peft_artifacts,
     peft_header,
@@ -211,7 +212,8 @@ def render(plan: Plan) -> list[Artifact]:
     header = (
         f"HF Trainer (transformers 5.24.0): {TRAIN_SCRIPT} parses TrainingArguments with HfArgumentParser,\n"
         f"from these flags or from {ARGS_NAME} (parse_json_file)."
-    ) + peft_header(plan)
+    )
+    header += peft_header(plan) + fsdp_reduce_duty(plan, "trainer.accelerator")
     return [
         Artifact(name=ARGS_NAME, target=TARGET, media_type=JSON, content=json.dumps(args, indent=2) + "\n"),
         *files,

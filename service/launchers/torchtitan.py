@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.estimator.model_states import FSDP_REDUCE_DTYPE
 from service.estimator.types import (
     Compile,
     Method,
@@ -264,6 +265,10 @@ def train_args(plan: Plan) -> list[str]:
     else:
         param = "float32" if training.precision.stores_fp32 else "bfloat16"  # tf32: the env's switch
         args += ["--training.mixed_precision_param", param]
+    # the gradient reduce dtype the estimate times (model_states.grad_reduce_bytes); "float32" is the
+    # only value 0.3.0's TrainingConfig.mixed_precision_reduce accepts (its default), so said
+    # explicitly it fails at parse if the estimate's ever differs
+    args += ["--training.mixed_precision_reduce", FSDP_REDUCE_DTYPE]
     if lo.offload_params is Offload.CPU:
         args.append("--training.enable_cpu_offload")
     if lo.torch_compile is not Compile.NONE:

@@ -87,9 +87,9 @@ def test_each_framework_buckets_its_reduction() -> None:
     assert dp_comm.replicated_bucket_elements(j, ds) == max(10_000_000, h * h)
     ds0 = dataclasses.replace(ds, zero_stage=0)
     assert dp_comm.replicated_bucket_elements(j, ds0) == 500_000_000
-    # DDP: bucket_cap_mb 25 MiB of 16-bit gradients
+    # DDP: bucket_cap_mb 25 MiB of the fp32 gradients of autocast's fp32 parameters
     ddp = Layout(framework=Framework.FSDP, dp=64, zero_stage=0)
-    assert dp_comm.replicated_bucket_elements(j, ddp) == 25 * 2**20 / 2
+    assert dp_comm.replicated_bucket_elements(j, ddp) == 25 * 2**20 / 4
     # ... and the reduction pays one latency per bucket; DeepSpeed all-reduces each bucket and keeps
     # its slice (stage_1_and_2 allreduce_and_scatter), where Megatron reduce-scatters
     base = step_base(j, ds)
@@ -218,9 +218,10 @@ def test_hybrid_shard_trades_gathers_across_nodes_for_an_all_reduce() -> None:
     full_unit = dp_comm.unit_collectives(j, full, DENSE)
     hybrid_unit = dp_comm.unit_collectives(j, hybrid, DENSE)
     assert hybrid_unit.gather_s < full_unit.gather_s  # inside the node
-    # the reduce-scatter inside the node + the 1/8 shard all-reduced across 64 nodes
-    shard_bytes = 218_112_000 * 2 / 8
-    inside = comm.group_reduce_scatter_s(218_112_000 * 2, links.dense)
+    # the reduce-scatter inside the node + the 1/8 shard all-reduced across 64 nodes, both in fp32
+    # (MixedPrecisionPolicy reduce_dtype float32)
+    shard_bytes = 218_112_000 * 4 / 8
+    inside = comm.group_reduce_scatter_s(218_112_000 * 4, links.dense)
     across = comm.group_all_reduce_s(shard_bytes, links.replicas)
     assert hybrid_unit.reduce_s == pytest.approx(inside + across, rel=1e-3)
     assert time(LLAMA_8B, cl, hybrid, training).step_s < time(LLAMA_8B, cl, full, training).step_s
@@ -262,8 +263,9 @@ def test_ddp_copies_every_gradient_into_its_bucket_and_back_by_hand() -> None:
     copied = time(PROPERTY_MODEL, cl, DDP, training, tuning=_as_bucket_view(False))
     aliased = time(PROPERTY_MODEL, cl, DDP, training, tuning=_as_bucket_view(True))
     parameters = step_parts(job(PROPERTY_MODEL, cl, training), DDP).parameters
-    by_hand = 2 * 2 * parameters * 2 / A100.hbm_bandwidth_bytes_per_s  # bf16 gradients, 2 B
-    assert by_hand > 1e-3  # a 0.7B model on A100: ~3.6 ms
+    # autocast keeps fp32 parameters, so DDP's gradients and buckets are fp32, 4 B
+    by_hand = 2 * 2 * parameters * 4 / A100.hbm_bandwidth_bytes_per_s
+    assert by_hand > 1e-3  # a 0.7B model on A100: ~7.2 ms
     assert copied.breakdown.step_s - aliased.breakdown.step_s == pytest.approx(by_hand)
     assert copied.breakdown.dp_comm_exposed_s - aliased.breakdown.dp_comm_exposed_s == pytest.approx(by_hand)
 
@@ -299,5 +301,7 @@ def test_ddp_bucket_copy_is_linear_in_parameters_and_in_gradient_bytes(parameter
         return dp_comm.ddp_bucket_copy_s(job(PROPERTY_MODEL, cl, training), DDP, n)
 
     assert copy_s(Precision.BF16, 2 * parameters) == pytest.approx(2 * copy_s(Precision.BF16, parameters))
-    # fp32 training reduces (and so copies) 4-byte gradients: twice bf16's 2
-    assert copy_s(Precision.FP32, parameters) == pytest.approx(2 * copy_s(Precision.BF16, parameters))
+    # fp32 training and bf16 autocast (fp32 parameters) reduce (and so copy) 4-byte gradients: twice
+    # the 2 of a bf16 model
+    assert copy_s(Precision.FP32, parameters) == pytest.approx(copy_s(Precision.BF16, parameters))
+    assert copy_s(Precision.FP32, parameters) == pytest.approx(2 * copy_s(Precision.BF16_PURE, parameters))

@@ -14,9 +14,10 @@ import dataclasses
 
 import pytest
 
-from service.estimator import activations, dp_comm, step_time
+from service.estimator import activations, dp_comm
 from service.estimator.errors import InvalidLayout
 from service.estimator.memory import assumptions
+from service.estimator.model_states import grad_reduce_bytes
 from service.estimator.types import Framework, Layout, Precision, RecomputeModule, TrainingSpec
 from service.estimator.validate import validate_layout
 from tests.estimator.helpers import job, states
@@ -57,11 +58,11 @@ def test_fp8_param_gather_drops_the_bf16_copy_and_the_fp8_cache() -> None:
 
 
 def test_the_reduce_scatter_moves_the_buffers_dtype() -> None:
-    fp32 = step_time.grad_bytes(Precision.BF16, dataclasses.replace(DIST, grad_reduce_in_fp32=True))
-    bf16 = step_time.grad_bytes(Precision.BF16, DIST)
+    fp32 = grad_reduce_bytes(Precision.BF16, dataclasses.replace(DIST, grad_reduce_in_fp32=True))
+    bf16 = grad_reduce_bytes(Precision.BF16, DIST)
     assert (fp32, bf16) == (4, 2)
-    assert step_time.grad_bytes(Precision.FP8, dataclasses.replace(DIST, grad_reduce_in_fp32=True)) == 4
-    assert step_time.grad_bytes(Precision.BF16, Layout(framework=Framework.FSDP, dp=4, zero_stage=3)) == 2
+    assert grad_reduce_bytes(Precision.FP8, dataclasses.replace(DIST, grad_reduce_in_fp32=True)) == 4
+    assert grad_reduce_bytes(Precision.FP16, dataclasses.replace(DIST, grad_reduce_in_fp32=True)) == 2
 
 
 def test_fp8_parameter_gather_bytes_by_the_share_of_gemm_weights() -> None:
