@@ -573,7 +573,7 @@ def _layout_caveat(key: str, value: Any, layout: Mapping[str, Any]) -> str | Non
         "cuda_graphs": lambda: "CUDA graphs (not modelled)",
         "fsdp_float8_all_gather": lambda: "fp8 FSDP all-gather (modelled as bf16)" if value is True else None,
         "fsdp_mixed_precision": lambda: (
-            "Composer PURE FSDP mixed precision (bf16 gradient reduce), modelled as bf16 mixed"
+            "Composer PURE FSDP mixed precision (bf16 gradient reduce), modelled as bf16 mixed (fp32 reduce)"
             if str(value).startswith("PURE")
             else None
         ),
