@@ -98,6 +98,22 @@ def test_inline_cluster_errors_name_the_field_without_union_noise(client: TestCl
     assert [e["field"] for e in problem["errors"]] == ["cluster.num_nodes"]
 
 
+def test_an_inline_cluster_past_one_node_without_a_network_names_the_field_where_it_goes(
+    client: TestClient,
+) -> None:
+    """Found by bench/fuzz_probe.py: the missing inter-node bandwidth of an inline cluster was named
+    as a top-level field of the estimate or plan (``inter_node_bandwidth_bytes_per_s``), which the
+    request has no such field at; its place is ``cluster.inter_node_bandwidth_bytes_per_s``."""
+    two_nodes = H100_NODE | {"num_nodes": 2}
+    for path, payload in (
+        ("/v1/estimates", body() | {"cluster": two_nodes}),
+        ("/v1/plans", {"model": body()["model"], "cluster": two_nodes, "training": body()["training"]}),
+    ):
+        problem = assert_problem(client.post(path, json=payload), 422)
+        assert [e["field"] for e in problem["errors"]] == ["cluster.inter_node_bandwidth_bytes_per_s"], path
+
+
+
 def test_enum_and_limit_errors(client: TestClient) -> None:
     problem = assert_problem(client.post("/v1/estimates", json=body(zero_stage=4)), 422)
     assert problem["errors"][0]["field"] == "layout.zero_stage"
