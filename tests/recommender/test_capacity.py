@@ -132,3 +132,39 @@ def test_the_request_shares_one_evaluation_budget_and_says_where_it_ran_out() ->
     )
     assert tight[1].truncated and tight[2].truncated
     assert all("evaluation budget" in o.note for o in tight[1:])
+
+
+def test_the_node_ladder_is_the_counts_it_names_up_to_its_caps() -> None:
+    """The ladder is generated (each count to 16, then 2^a 3^b) rather than scanned for: a
+    100,000-node cluster's more_gpus ladder scanned 6.4M node counts (a second of CPU, before any
+    budget could stop it) to keep none of them past MAX_SUGGESTED_GPUS."""
+    from service.recommender.suggest import MAX_SUGGESTED_GPUS, node_ladder
+
+    def smooth(k: int) -> bool:
+        while k % 2 == 0:
+            k //= 2
+        while k % 3 == 0:
+            k //= 3
+        return k == 1
+
+    for nodes, per_node, start in ((1, 8, 1), (3, 4, 4), (5, 1, 6), (40, 8, 41)):
+        cluster = _h100s(nodes, per_node)
+        top = max(start, nodes) * 64
+        wanted = [k * per_node for k in range(start, top + 1) if k <= 16 or smooth(k)]
+        assert list(node_ladder(cluster, start)) == wanted
+        capped = [n for n in wanted if n <= MAX_SUGGESTED_GPUS // 64]
+        assert list(node_ladder(cluster, start, max_gpus=MAX_SUGGESTED_GPUS // 64)) == capped
+    huge = _h100s(100_000, 1)
+    assert node_ladder(huge, 100_001, max_gpus=MAX_SUGGESTED_GPUS) == ()
+    # an explicit top is itself a count (a stored cluster's size, a capacity request's max_nodes)
+    assert node_ladder(huge, 1, top_nodes=100)[-2:] == (96, 100)
+
+
+def _h100s(nodes: int, per_node: int) -> ClusterSpec:
+    return ClusterSpec(
+        gpu=gpu("h100-sxm-80gb"),
+        num_nodes=nodes,
+        gpus_per_node=per_node,
+        intra_node_bandwidth_bytes_per_s=450e9,
+        inter_node_bandwidth_bytes_per_s=50e9,
+    )
