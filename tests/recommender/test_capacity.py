@@ -10,7 +10,7 @@ from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.step_time import time_to_train_s
-from service.estimator.types import ClusterSpec, TrainingSpec
+from service.estimator.types import ClusterSpec, Precision, TrainingSpec
 from service.recommender.capacity import capacity
 from service.recommender.types import Constraints, Objective, SearchStats
 
@@ -132,6 +132,40 @@ def test_the_request_shares_one_evaluation_budget_and_says_where_it_ran_out() ->
     )
     assert tight[1].truncated and tight[2].truncated
     assert all("evaluation budget" in o.note for o in tight[1:])
+
+
+def test_a_gpu_type_is_searched_up_to_max_nodes() -> None:
+    """Found by bench/fuzz_probe.py: the GPU-count ladder stopped at 64 nodes whatever max_nodes
+    said, so Llama 3.1 405B on 16 GB V100s, which a 1,024-GPU plan fits, was answered "no layout fits
+    up to 512 GPUs" under the API's default of 1,024 nodes."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=2048, precision=Precision.FP16)
+    (option,) = capacity(
+        model("llama-3.1-405b").spec, training, default_tuning(), gpus=[gpu("v100-sxm2-16gb")], max_nodes=1024
+    )
+    assert option.fits, option.note
+    assert option.min_gpus is not None and 512 < option.min_gpus <= 8 * 1024
+    # and max_nodes is still the top: the same job on at most 64 nodes does not fit
+    (capped,) = capacity(
+        model("llama-3.1-405b").spec, training, default_tuning(), gpus=[gpu("v100-sxm2-16gb")], max_nodes=64
+    )
+    assert not capped.fits and "512 GPUs" in capped.note
+
+
+def test_a_stored_cluster_is_searched_up_to_its_size() -> None:
+    """The same ladder capped a stored cluster at 64 nodes: a 100-node V100 cluster that holds the
+    job whole was said not to fit it (and its own size, not 3-smooth, was never tried)."""
+    stored = ClusterSpec(
+        gpu=gpu("v100-sxm2-16gb"),
+        num_nodes=128,
+        gpus_per_node=8,
+        intra_node_bandwidth_bytes_per_s=150e9,
+        inter_node_bandwidth_bytes_per_s=25e9,
+    )
+    training = TrainingSpec(seq_len=4096, global_batch_size=2048, precision=Precision.FP16)
+    (option,) = capacity(model("llama-3.1-405b").spec, training, default_tuning(), clusters=[stored])
+    assert option.fits, option.note
+    assert option.min_gpus is not None and 512 < option.min_gpus <= 1024
+    assert option.num_gpus == 1024
 
 
 def test_the_node_ladder_is_the_counts_it_names_up_to_its_caps() -> None:
