@@ -37,7 +37,7 @@ from service.estimator.types import (
 from service.estimator.validate import hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.headroom import allowed_bytes
-from service.recommender.space import least_state_bytes, offload_devices
+from service.recommender.space import largest_world, least_state_bytes, offload_devices
 from service.recommender.types import Candidate, Constraints, Objective, Skipped, Suggestion
 
 GiB = 2**30
@@ -140,7 +140,13 @@ def fewest_gpus(
     from service.recommender import search
 
     fewest = dataclasses.replace(constraints, objective=Objective.FEWEST_GPUS, max_gpus=None, top_k=1)
-    counts = tuple(counts)
+    # the cheap bound before search: a count no split of the job uses (QLoRA at global batch 1 uses
+    # at most 32 GPUs) is skipped, not searched to log its rejections, up to a capacity request's
+    # max_nodes of 100,000
+    largest = largest_world(model, cluster, training)
+    counts = tuple(n for n in counts if n <= largest)
+    if not counts:
+        return FewestGpus(found=None, evaluations=0, truncated=False)
     big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
     result = search(
         model, big, training, fewest, tuning, counts, stop_at_first_fit=True, budget=budget, rejections=False

@@ -10,7 +10,7 @@ from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.step_time import time_to_train_s
-from service.estimator.types import ClusterSpec, Precision, TrainingSpec
+from service.estimator.types import ClusterSpec, Method, Precision, TrainingSpec
 from service.recommender.capacity import capacity
 from service.recommender.types import Constraints, Objective, SearchStats
 
@@ -202,3 +202,48 @@ def _h100s(nodes: int, per_node: int) -> ClusterSpec:
         intra_node_bandwidth_bytes_per_s=450e9,
         inter_node_bandwidth_bytes_per_s=50e9,
     )
+
+
+def test_counts_no_split_of_the_job_uses_are_not_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by bench/fuzz_probe.py: capacity for QLoRA of Llama 3.1 405B at global batch 1 with
+    max_nodes 100,000 searched each of ~2,000 GPU counts per GPU type (1.1 s of CPU) to reject every
+    split of each: QLoRA splits no weight over tp or pp and batch 1 leaves dp 1, so no split uses more
+    than cp's 32 GPUs. fewest_gpus skips the counts past space.largest_world before the search."""
+    import service.recommender as recommender
+
+    searched: list[int] = []
+    real = recommender.search
+
+    def recording(*args: object, **kwargs: object) -> object:
+        searched.extend(args[5])  # type: ignore[arg-type]  # the counts
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(recommender, "search", recording)
+    training = TrainingSpec(seq_len=4096, global_batch_size=1, method=Method.QLORA)
+    (option,) = capacity(
+        model("llama-3.1-405b").spec,
+        training,
+        default_tuning(),
+        gpus=[gpu("h100-sxm-80gb")],
+        max_nodes=100_000,
+    )
+    assert not option.fits
+    assert searched and max(searched) <= 32, max(searched)
+
+
+@pytest.mark.parametrize("method", [Method.FULL, Method.QLORA])
+@pytest.mark.parametrize(("seq_len", "batch"), [(8, 2), (1, 3), (64, 1)])
+def test_no_split_uses_more_gpus_than_the_largest_world(method: Method, seq_len: int, batch: int) -> None:
+    """largest_world is a bound: every split ``structures`` yields fits under it."""
+    from service.recommender.space import RejectionLog, largest_world, structures
+
+    spec = model("gpt2").spec
+    training = TrainingSpec(seq_len=seq_len, global_batch_size=batch, method=method)
+    node = _h100s(1, 2)
+    largest = largest_world(spec, node, training)
+    used = [
+        n
+        for n in range(1, 4 * largest + 64)
+        if next(structures(spec, node, training, n, RejectionLog()), None)
+    ]
+    assert used and max(used) <= largest
