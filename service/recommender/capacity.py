@@ -116,6 +116,11 @@ def _option(
         truncated |= best.search.truncated
         if best.recommended is not None and best.recommended.estimate.time is not None:
             layout, tokens_per_s = best.recommended.layout, best.recommended.estimate.time.tokens_per_s
+            if layout.world_size < run_gpus:  # the num_gpus answered is not the count asked: say why
+                said.append(
+                    f"asked for {run_gpus:,} GPUs; the fastest layout on them uses {layout.world_size:,}, "
+                    "timed on those"
+                )
         else:
             # keep GPU count and throughput from the same layout: the one found on min_gpus
             said.append(f"no layout found on {run_gpus} GPUs; time is for the {layout.world_size}-GPU layout")

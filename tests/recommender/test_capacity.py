@@ -247,3 +247,17 @@ def test_no_split_uses_more_gpus_than_the_largest_world(method: Method, seq_len:
         if next(structures(spec, node, training, n, RejectionLog()), None)
     ]
     assert used and max(used) <= largest
+
+
+def test_at_gpus_past_what_the_job_uses_says_so() -> None:
+    """Found by bench/fuzz_probe.py: at_gpus 1,000,000 for Llama 3 8B at global batch 64 was
+    answered num_gpus 524,288 (the fastest layout on the million uses no more) with nothing to say
+    why the count differs from the one asked; the stored cluster's clamp says so, and this does too."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, tokens=10**11)
+    (option,) = capacity(
+        model("llama-3-8b").spec, training, default_tuning(), gpus=[gpu("h100-sxm-80gb")], at_gpus=10**6
+    )
+    assert option.fits and option.num_gpus is not None and option.layout is not None
+    assert option.num_gpus == option.layout.world_size < 10**6
+    assert "1,000,000" in option.note and f"{option.num_gpus:,}" in option.note
+    assert option.gpu_hours == option.time_to_train_s * option.num_gpus / 3600  # type: ignore[operator]
