@@ -85,9 +85,22 @@ def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts) or "body"
 
 
+def _branch_noise(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A GPU is a catalog name or a custom spec (``str | CustomGPU``): an object that fails the spec's
+    checks also fails the name branch ("Input should be a valid string"), which says nothing about
+    what was sent; that error is dropped where the object's own are there. A value that is neither
+    keeps both branches' errors: either shape would do."""
+    objects = {tuple(e["loc"][: e["loc"].index("CustomGPU")]) for e in errors if "CustomGPU" in e["loc"]}
+    return [
+        e
+        for e in errors
+        if not (e["loc"][-1:] == ("str",) and isinstance(e.get("input"), dict) and e["loc"][:-1] in objects)
+    ]
+
+
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     out = []
-    for err in exc.errors():
+    for err in _branch_noise([{**e, "loc": tuple(e.get("loc", ()))} for e in exc.errors()]):
         entry: dict[str, Any] = {"field": _field_path(err.get("loc", ())), "message": err.get("msg", "")}
         entry["type"] = err.get("type", "invalid")
         ctx = err.get("ctx") or {}

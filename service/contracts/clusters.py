@@ -88,7 +88,7 @@ class ClusterShape(Strict):
                     "inter_node_bandwidth_bytes_per_s is required when num_nodes > 1",
                     errors=[
                         {
-                            "field": "inter_node_bandwidth_bytes_per_s",
+                            "field": f"{at}inter_node_bandwidth_bytes_per_s",
                             "message": f"required when num_nodes ({self.num_nodes}) > 1",
                             "type": "missing",
                         }

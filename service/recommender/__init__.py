@@ -63,12 +63,14 @@ from service.recommender import headroom, rank
 from service.recommender.budget import Budget
 from service.recommender.collector import fewer_collections
 from service.recommender.space import (
+    MAX_CP,
     MegatronLmSwitches,
     OffloadDevices,
     RejectionLog,
     Sharding,
     Structure,
     gpu_counts,
+    largest_world,
     least_state_bytes,
     make_layout,
     megatron_lm_switches,
@@ -923,10 +925,19 @@ def _search_counts(
         megatron_lm_switches(constraints.launchers, training.precision),
         rejections,
     )
+    largest = largest_world(model, cluster, training)
     for gpus in counts:
         if budget.exhausted(result.evaluations):
             result.truncated = True
             break
+        if gpus > largest:  # the cheap bound: no split uses this many GPUs, so none is built
+            detail = (
+                f"{gpus} GPUs: no split of this job uses more than {largest:,} (dp <= global batch "
+                f"{training.global_batch_size}, tp <= a node, pp <= layers + 2, cp <= {MAX_CP} and "
+                f"seq_len / 2{'; qlora: tp = pp = 1' if training.method is Method.QLORA else ''})"
+            )
+            result.log.add("invalid: past_every_split", 1, Layout(dp=gpus), detail)
+            continue
         job = make_job(model, sub_cluster(cluster, gpus), training, tuning)
         result.jobs[gpus] = job
         limit = headroom.allowed_bytes(job.cluster.gpu.memory_bytes, constraints.min_headroom_fraction)

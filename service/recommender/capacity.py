@@ -117,6 +117,11 @@ def _option(
         truncated |= best.search.truncated
         if best.recommended is not None and best.recommended.estimate.time is not None:
             layout, tokens_per_s = best.recommended.layout, best.recommended.estimate.time.tokens_per_s
+            if layout.world_size < run_gpus:  # the num_gpus answered is not the count asked: say why
+                said.append(
+                    f"asked for {run_gpus:,} GPUs; the fastest layout on them uses {layout.world_size:,}, "
+                    "timed on those"
+                )
         else:
             # keep GPU count and throughput from the same layout: the one found on min_gpus
             said.append(f"no layout found on {run_gpus} GPUs; time is for the {layout.world_size}-GPU layout")
@@ -200,7 +205,7 @@ def _capacity(
 
     for index, cluster in enumerate(cluster_list):
         first = dataclasses.replace(cluster, num_nodes=1)
-        counts = tuple(n for n in node_ladder(first, 1) if n <= cluster.world_size)
+        counts = node_ladder(first, 1, top_nodes=cluster.num_nodes)
         if cluster.gpus_per_node > 1:
             counts = tuple(d for d in (1, 2, 4) if d < cluster.gpus_per_node) + counts
         price = prices.get(cluster.gpu.name, constraints.gpu_hour_cost)
@@ -220,9 +225,11 @@ def _capacity(
     # (an option that says its budget ran out) falls on the cards that would need the most of them
     for index, gpu in sorted(enumerate(specs), key=lambda pair: -pair[1].memory_bytes):
         cluster = default_cluster(gpu, max_nodes, gpus_per_node)
-        ladder = node_ladder(with_gpu(cluster, gpu, 1), 1)
+        # up to max_nodes, as asked (the ladder's default stops at 64 nodes: "no layout fits up to
+        # 512 GPUs" for a job that fits on 1,024 of a 1,024-node default)
+        ladder = node_ladder(with_gpu(cluster, gpu, 1), 1, top_nodes=max_nodes)
         within = tuple(d for d in (1, 2, 4) if d < gpus_per_node)
-        counts = within + tuple(n for n in ladder if n <= max_nodes * gpus_per_node)
+        counts = within + ladder
         price = prices.get(gpu.name, constraints.gpu_hour_cost)
         found = _option(model, cluster, training, constraints, tuning, counts, price, at_gpus, share())
         options.append(dataclasses.replace(found, source=index))

@@ -191,6 +191,19 @@ class Structure:
     etp: int | None = None  # Megatron's experts over 1 rank instead of tp (``Layout.etp``)
 
 
+def largest_world(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> int:
+    """At least the GPUs any split ``structures`` yields uses, from its own rules: dp at most the global
+    batch (global = micro x accumulation x dp), tp at most a node, pp at most num_layers + 2, cp at
+    most ``MAX_CP`` and half the sequence (load-balanced ring attention: seq_len % 2cp == 0), and QLoRA
+    splits no weight over tp or pp (``method_parallel_violation``). Past it a count has no split: a
+    search of it only logs rejections."""
+    qlora = training.method is Method.QLORA
+    tp = 1 if qlora else cluster.gpus_per_node
+    pp = 1 if qlora else model.num_layers + 2
+    cp = min(MAX_CP, max(1, training.seq_len // 2))
+    return training.global_batch_size * tp * pp * cp
+
+
 def structures(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, gpus: int, log: RejectionLog
 ) -> Iterator[Structure]:

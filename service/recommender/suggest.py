@@ -37,7 +37,7 @@ from service.estimator.types import (
 from service.estimator.validate import hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.headroom import allowed_bytes
-from service.recommender.space import least_state_bytes, offload_devices
+from service.recommender.space import largest_world, least_state_bytes, offload_devices
 from service.recommender.types import Candidate, Constraints, Objective, Skipped, Suggestion
 
 GiB = 2**30
@@ -51,20 +51,36 @@ UNLIMITED = 2**62  # bytes of host RAM and NVMe "as much as needed", to ask what
 DEFAULT_INTER_NODE_BYTES_PER_S = 50e9
 
 
-def node_ladder(cluster: ClusterSpec, start_nodes: int) -> tuple[int, ...]:
-    """GPU counts from ``start_nodes`` nodes up: each node count to 16, then 3-smooth counts."""
+def node_ladder(
+    cluster: ClusterSpec, start_nodes: int, top_nodes: int | None = None, max_gpus: int | None = None
+) -> tuple[int, ...]:
+    """GPU counts from ``start_nodes`` nodes up to ``top_nodes`` (default: ``MAX_NODE_FACTOR`` x the
+    nodes given) and at most ``max_gpus``: each node count to 16, then 3-smooth counts (2^a 3^b), and
+    ``top_nodes`` itself when given (a stored cluster's size, a capacity request's max_nodes)."""
     gpn = cluster.gpus_per_node
-    top = max(start_nodes, cluster.num_nodes) * MAX_NODE_FACTOR
-    counts = [k for k in range(start_nodes, top + 1) if k <= 16 or _smooth(k)]
+    top = max(start_nodes, cluster.num_nodes) * MAX_NODE_FACTOR if top_nodes is None else top_nodes
+    if max_gpus is not None:
+        top = min(top, max_gpus // gpn)
+    counts = _node_counts(start_nodes, top)
+    if top_nodes is not None and top == top_nodes and top >= start_nodes and counts[-1:] != [top]:
+        counts.append(top)
     return tuple(k * gpn for k in counts)
 
 
-def _smooth(k: int) -> bool:
-    while k % 2 == 0:
-        k //= 2
-    while k % 3 == 0:
-        k //= 3
-    return k == 1
+def _node_counts(start: int, top: int) -> list[int]:
+    """Every count from ``start`` to 16, then the 3-smooth ones up to ``top``; generated, not
+    scanned for: a 100,000-node cluster's ladder (up to 6.4M nodes) took a second of CPU to scan,
+    before any budget could stop it."""
+    counts = set(range(start, min(16, top) + 1))
+    two = 1
+    while two <= top:
+        k = two
+        while k <= top:
+            if k >= start:
+                counts.add(k)
+            k *= 3
+        two *= 2
+    return sorted(counts)
 
 
 def with_gpu(
@@ -124,7 +140,13 @@ def fewest_gpus(
     from service.recommender import search
 
     fewest = dataclasses.replace(constraints, objective=Objective.FEWEST_GPUS, max_gpus=None, top_k=1)
-    counts = tuple(counts)
+    # the cheap bound before search: a count no split of the job uses (QLoRA at global batch 1 uses
+    # at most 32 GPUs) is skipped, not searched to log its rejections, up to a capacity request's
+    # max_nodes of 100,000
+    largest = largest_world(model, cluster, training)
+    counts = tuple(n for n in counts if n <= largest)
+    if not counts:
+        return FewestGpus(found=None, evaluations=0, truncated=False)
     big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
     result = search(
         model, big, training, fewest, tuning, counts, stop_at_first_fit=True, budget=budget, rejections=False
@@ -389,8 +411,7 @@ class _Ask:
         return []
 
     def more_gpus(self, budget: Budget) -> list[Suggestion]:
-        counts = node_ladder(self.cluster, self.cluster.num_nodes + 1)
-        counts = tuple(n for n in counts if n <= MAX_SUGGESTED_GPUS)
+        counts = node_ladder(self.cluster, self.cluster.num_nodes + 1, max_gpus=MAX_SUGGESTED_GPUS)
         return self._fewest("more_gpus", with_gpu(self.cluster, self.cluster.gpu), counts, budget)
 
     def other_gpu(self, gpu: GPUSpec, per_node: int | None, budget: Budget) -> list[Suggestion]:
@@ -398,7 +419,7 @@ class _Ask:
         training = for_gpu(self.training, gpu)
         if hardware_violation(other, training) is not None:
             return []  # the request asked for what this part cannot run (fp8 on an A100, ...)
-        counts = tuple(n for n in node_ladder(other, 1) if n <= MAX_SUGGESTED_GPUS)
+        counts = node_ladder(other, 1, max_gpus=MAX_SUGGESTED_GPUS)
         return self._fewest("other_gpu", other, counts, budget, training)
 
     def _fewest(

@@ -98,6 +98,39 @@ def test_inline_cluster_errors_name_the_field_without_union_noise(client: TestCl
     assert [e["field"] for e in problem["errors"]] == ["cluster.num_nodes"]
 
 
+def test_an_inline_cluster_past_one_node_without_a_network_names_the_field_where_it_goes(
+    client: TestClient,
+) -> None:
+    """Found by bench/fuzz_probe.py: the missing inter-node bandwidth of an inline cluster was named
+    as a top-level field of the estimate or plan (``inter_node_bandwidth_bytes_per_s``), which the
+    request has no such field at; its place is ``cluster.inter_node_bandwidth_bytes_per_s``."""
+    two_nodes = H100_NODE | {"num_nodes": 2}
+    for path, payload in (
+        ("/v1/estimates", body() | {"cluster": two_nodes}),
+        ("/v1/plans", {"model": body()["model"], "cluster": two_nodes, "training": body()["training"]}),
+    ):
+        problem = assert_problem(client.post(path, json=payload), 422)
+        assert [e["field"] for e in problem["errors"]] == ["cluster.inter_node_bandwidth_bytes_per_s"], path
+
+
+def test_a_custom_gpu_that_fails_its_checks_is_not_also_told_to_be_a_string(client: TestClient) -> None:
+    """Found by bench/fuzz_probe.py: a custom GPU (a JSON object) missing a field was answered with
+    the catalog-name branch's "cluster.gpu: Input should be a valid string" first, which tells the
+    client to send something it did not mean; the object's own errors are what it needs."""
+    gpu = custom_gpu("a800-like", "a100-sxm-80gb", None)
+    del gpu["intra_node_bandwidth_bytes_per_s"]
+    payload = body() | {"cluster": {"gpu": gpu, "num_nodes": 1, "gpus_per_node": 8}}
+    problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
+    assert [e["field"] for e in problem["errors"]] == ["cluster.gpu.intra_node_bandwidth_bytes_per_s"]
+    assert "string" not in problem["detail"]
+    # neither a name nor an object: both shapes it may take are still named
+    problem = assert_problem(
+        client.post("/v1/estimates", json=body() | {"cluster": H100_NODE | {"gpu": 5}}), 422
+    )
+    assert {e["field"] for e in problem["errors"]} == {"cluster.gpu"}
+    assert len(problem["errors"]) == 2
+
+
 def test_enum_and_limit_errors(client: TestClient) -> None:
     problem = assert_problem(client.post("/v1/estimates", json=body(zero_stage=4)), 422)
     assert problem["errors"][0]["field"] == "layout.zero_stage"

@@ -10,7 +10,7 @@ from service.catalog.gpus import gpu
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.step_time import time_to_train_s
-from service.estimator.types import ClusterSpec, TrainingSpec
+from service.estimator.types import ClusterSpec, Method, Precision, TrainingSpec
 from service.recommender.capacity import capacity
 from service.recommender.types import Constraints, Objective, SearchStats
 
@@ -132,3 +132,132 @@ def test_the_request_shares_one_evaluation_budget_and_says_where_it_ran_out() ->
     )
     assert tight[1].truncated and tight[2].truncated
     assert all("evaluation budget" in o.note for o in tight[1:])
+
+
+def test_a_gpu_type_is_searched_up_to_max_nodes() -> None:
+    """Found by bench/fuzz_probe.py: the GPU-count ladder stopped at 64 nodes whatever max_nodes
+    said, so Llama 3.1 405B on 16 GB V100s, which a 1,024-GPU plan fits, was answered "no layout fits
+    up to 512 GPUs" under the API's default of 1,024 nodes."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=2048, precision=Precision.FP16)
+    (option,) = capacity(
+        model("llama-3.1-405b").spec, training, default_tuning(), gpus=[gpu("v100-sxm2-16gb")], max_nodes=1024
+    )
+    assert option.fits, option.note
+    assert option.min_gpus is not None and 512 < option.min_gpus <= 8 * 1024
+    # and max_nodes is still the top: the same job on at most 64 nodes does not fit
+    (capped,) = capacity(
+        model("llama-3.1-405b").spec, training, default_tuning(), gpus=[gpu("v100-sxm2-16gb")], max_nodes=64
+    )
+    assert not capped.fits and "512 GPUs" in capped.note
+
+
+def test_a_stored_cluster_is_searched_up_to_its_size() -> None:
+    """The same ladder capped a stored cluster at 64 nodes: a 100-node V100 cluster that holds the
+    job whole was said not to fit it (and its own size, not 3-smooth, was never tried)."""
+    stored = ClusterSpec(
+        gpu=gpu("v100-sxm2-16gb"),
+        num_nodes=128,
+        gpus_per_node=8,
+        intra_node_bandwidth_bytes_per_s=150e9,
+        inter_node_bandwidth_bytes_per_s=25e9,
+    )
+    training = TrainingSpec(seq_len=4096, global_batch_size=2048, precision=Precision.FP16)
+    (option,) = capacity(model("llama-3.1-405b").spec, training, default_tuning(), clusters=[stored])
+    assert option.fits, option.note
+    assert option.min_gpus is not None and 512 < option.min_gpus <= 1024
+    assert option.num_gpus == 1024
+
+
+def test_the_node_ladder_is_the_counts_it_names_up_to_its_caps() -> None:
+    """The ladder is generated (each count to 16, then 2^a 3^b) rather than scanned for: a
+    100,000-node cluster's more_gpus ladder scanned 6.4M node counts (a second of CPU, before any
+    budget could stop it) to keep none of them past MAX_SUGGESTED_GPUS."""
+    from service.recommender.suggest import MAX_SUGGESTED_GPUS, node_ladder
+
+    def smooth(k: int) -> bool:
+        while k % 2 == 0:
+            k //= 2
+        while k % 3 == 0:
+            k //= 3
+        return k == 1
+
+    for nodes, per_node, start in ((1, 8, 1), (3, 4, 4), (5, 1, 6), (40, 8, 41)):
+        cluster = _h100s(nodes, per_node)
+        top = max(start, nodes) * 64
+        wanted = [k * per_node for k in range(start, top + 1) if k <= 16 or smooth(k)]
+        assert list(node_ladder(cluster, start)) == wanted
+        capped = [n for n in wanted if n <= MAX_SUGGESTED_GPUS // 64]
+        assert list(node_ladder(cluster, start, max_gpus=MAX_SUGGESTED_GPUS // 64)) == capped
+    huge = _h100s(100_000, 1)
+    assert node_ladder(huge, 100_001, max_gpus=MAX_SUGGESTED_GPUS) == ()
+    # an explicit top is itself a count (a stored cluster's size, a capacity request's max_nodes)
+    assert node_ladder(huge, 1, top_nodes=100)[-2:] == (96, 100)
+
+
+def _h100s(nodes: int, per_node: int) -> ClusterSpec:
+    return ClusterSpec(
+        gpu=gpu("h100-sxm-80gb"),
+        num_nodes=nodes,
+        gpus_per_node=per_node,
+        intra_node_bandwidth_bytes_per_s=450e9,
+        inter_node_bandwidth_bytes_per_s=50e9,
+    )
+
+
+def test_counts_no_split_of_the_job_uses_are_not_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by bench/fuzz_probe.py: capacity for QLoRA of Llama 3.1 405B at global batch 1 with
+    max_nodes 100,000 searched each of ~2,000 GPU counts per GPU type (1.1 s of CPU) to reject every
+    split of each: QLoRA splits no weight over tp or pp and batch 1 leaves dp 1, so no split uses more
+    than cp's 32 GPUs. fewest_gpus skips the counts past space.largest_world before the search."""
+    import service.recommender as recommender
+
+    searched: list[int] = []
+    real = recommender.search
+
+    def recording(*args: object, **kwargs: object) -> object:
+        searched.extend(args[5])  # type: ignore[arg-type]  # the counts
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(recommender, "search", recording)
+    training = TrainingSpec(seq_len=4096, global_batch_size=1, method=Method.QLORA)
+    (option,) = capacity(
+        model("llama-3.1-405b").spec,
+        training,
+        default_tuning(),
+        gpus=[gpu("h100-sxm-80gb")],
+        max_nodes=100_000,
+    )
+    assert not option.fits
+    assert searched and max(searched) <= 32, max(searched)
+
+
+@pytest.mark.parametrize("method", [Method.FULL, Method.QLORA])
+@pytest.mark.parametrize(("seq_len", "batch"), [(8, 2), (1, 3), (64, 1)])
+def test_no_split_uses_more_gpus_than_the_largest_world(method: Method, seq_len: int, batch: int) -> None:
+    """largest_world is a bound: every split ``structures`` yields fits under it."""
+    from service.recommender.space import RejectionLog, largest_world, structures
+
+    spec = model("gpt2").spec
+    training = TrainingSpec(seq_len=seq_len, global_batch_size=batch, method=method)
+    node = _h100s(1, 2)
+    largest = largest_world(spec, node, training)
+    used = [
+        n
+        for n in range(1, 4 * largest + 64)
+        if next(structures(spec, node, training, n, RejectionLog()), None)
+    ]
+    assert used and max(used) <= largest
+
+
+def test_at_gpus_past_what_the_job_uses_says_so() -> None:
+    """Found by bench/fuzz_probe.py: at_gpus 1,000,000 for Llama 3 8B at global batch 64 was
+    answered num_gpus 524,288 (the fastest layout on the million uses no more) with nothing to say
+    why the count differs from the one asked; the stored cluster's clamp says so, and this does too."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, tokens=10**11)
+    (option,) = capacity(
+        model("llama-3-8b").spec, training, default_tuning(), gpus=[gpu("h100-sxm-80gb")], at_gpus=10**6
+    )
+    assert option.fits and option.num_gpus is not None and option.layout is not None
+    assert option.num_gpus == option.layout.world_size < 10**6
+    assert "1,000,000" in option.note and f"{option.num_gpus:,}" in option.note
+    assert option.gpu_hours == option.time_to_train_s * option.num_gpus / 3600  # type: ignore[operator]

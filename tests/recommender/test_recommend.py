@@ -282,3 +282,32 @@ def test_a_cut_other_gpu_suggestion_states_what_its_layout_estimates_on_the_clus
     )
     again = estimate(spec, stated, tip.layout, training, tuning=tuning).time
     assert again is not None and again.tokens_per_s == pytest.approx(tip.tokens_per_s, rel=1e-9)
+
+
+def test_counts_past_every_split_are_logged_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by bench/fuzz_probe.py: QLoRA of Llama 3.1 405B at global batch 8 on 12,500 nodes of 8
+    H100 built every split of each of the search's ~80 GPU counts only to reject them (0.39 s a
+    search); the shorter-sequence suggestion searches again per halving, so the request's 1.5 s ran
+    out and the infeasible plan came back with no suggestion. No split uses more than global batch 8
+    x cp 32 = 256 GPUs (QLoRA: tp = pp = 1): a count past that is one rejection, and the search of
+    the whole cluster builds splits of those counts only."""
+    import service.recommender as recommender
+    from service.recommender.space import largest_world
+
+    built: list[int] = []
+    real = recommender.structures
+
+    def recording(*args: object, **kwargs: object) -> object:
+        built.append(args[3])  # type: ignore[arg-type]  # gpus
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(recommender, "structures", recording)
+    spec, big = model("llama-3.1-405b").spec, cluster(nodes=12_500, per_node=8)
+    training = TrainingSpec(seq_len=524_288, global_batch_size=8, method=Method.QLORA)
+    found = recommend(spec, big, training, Constraints(top_k=1), default_tuning(), with_suggestions=False)
+    assert found.recommended is None
+    largest = largest_world(spec, big, training)
+    assert largest == 8 * 32
+    assert built and max(built) <= largest
+    past = [r for r in found.rejected if r.reason == "invalid: past_every_split"]
+    assert past and past[0].count > 0 and "256" in past[0].detail
