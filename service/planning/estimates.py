@@ -24,7 +24,7 @@ from service.errors import Unprocessable
 from service.estimator import estimate
 from service.estimator.calibration import applied_calibration
 from service.estimator.defaults import chosen_defaults
-from service.estimator.errors import EstimatorError
+from service.estimator.errors import EstimatorError, InvalidLayout
 from service.estimator.params import parameter_counts
 from service.estimator.scale import scale_violation
 from service.estimator.step_time import cost
@@ -95,13 +95,26 @@ def with_derived_dp(layout: LayoutIn, world_size: int) -> tuple[LayoutIn, dict[s
     """The layout with ``dp`` filling the cluster when the request left it out (the GPUs over
     tp x pp x cp, as gradient_accumulation_steps is derived from the batch), and the choice as the
     answer's resolved_defaults names it. dp = 1 on a node of 8 was a 422 (dp*tp*pp*cp = 1 != world
-    size 8) for {"framework": "fsdp", "zero_stage": 3}. Where tp x pp x cp does not divide the GPUs
-    the request is left as it is, for the world-size rule to name."""
+    size 8) for {"framework": "fsdp", "zero_stage": 3}. Where tp x pp x cp does not divide the GPUs,
+    no dp fills them: refused naming the model-parallel degree the request states (the world-size
+    rule would name dp, which the request left out)."""
     if "dp" in layout.model_fields_set:
         return layout, {}
     others = layout.tp * layout.pp * layout.cp
     dp, rest = divmod(world_size, others)
-    if rest or dp <= 1 or dp > _limit("dp"):
+    if rest:
+        stated = [name for name in ("tp", "pp", "cp") if getattr(layout, name) > 1]
+        field = max(stated, key=lambda name: getattr(layout, name))  # others > 1: one is stated
+        raise located(
+            InvalidLayout(
+                f"tp*pp*cp = {layout.tp}*{layout.pp}*{layout.cp} = {others} does not divide the cluster's "
+                f"{world_size} GPUs, so no data-parallel degree fills them: give {field} (or dp) so that "
+                f"dp*tp*pp*cp = {world_size}",
+                rule="world_size",
+                field=field,
+            )
+        )
+    if dp <= 1 or dp > _limit("dp"):
         return layout, {}
     return layout.model_copy(update={"dp": dp}), {"layout.dp": str(dp)}
 

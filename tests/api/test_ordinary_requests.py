@@ -282,7 +282,7 @@ def test_an_estimate_without_dp_fills_the_cluster_and_says_so(
     assert result["resolved_defaults"].get("layout.dp") == (str(dp) if dp > 1 else None)
 
 
-def test_an_estimate_whose_degrees_do_not_divide_the_cluster_still_names_the_world_size(
+def test_an_estimate_whose_degrees_do_not_divide_the_cluster_names_the_degree_it_states(
     client: TestClient,
 ) -> None:
     body = {
@@ -293,6 +293,15 @@ def test_an_estimate_whose_degrees_do_not_divide_the_cluster_still_names_the_wor
     }
     problem = assert_problem(client.post("/v1/estimates", json=body), 422)
     assert problem["errors"][0]["rule"] == "world_size"
+    # the degree the request states, not the dp it left out (which was named before)
+    assert problem["errors"][0]["field"] == "layout.pp"
+    assert "tp*pp*cp = 1*3*1 = 3 does not divide the cluster's 8 GPUs" in problem["detail"]
+    body["layout"] = {"framework": "megatron", "tp": 2, "cp": 3}
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert problem["errors"][0]["field"] == "layout.cp"
+    body["layout"] = {"framework": "megatron", "tp": 2, "cp": 3, "dp": 1}  # dp stated: the world rule
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert problem["errors"][0]["field"] == "layout.dp"
 
 
 def test_capacity_for_an_moe_preset_on_one_gpu_type_finishes_within_two_seconds(
