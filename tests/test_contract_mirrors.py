@@ -27,9 +27,8 @@ from service.estimator.types import (
 # domain type, wire type, the fields only the domain has (and why), the fields only the wire has (and why)
 MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
     (Layout, LayoutIn, set(), set()),
-    # a model's explicit fields: its name is the request's model.name, its family the HF model_type
-    # a config.json names (an explicit architecture is "custom")
-    (ModelSpec, ArchitectureIn, {"name", "family"}, set()),
+    # a model's explicit fields: its name is the request's model.name
+    (ModelSpec, ArchitectureIn, {"name"}, set()),
     # hardware_defaults: which fields the request left out, derived from the wire's None values
     (TrainingSpec, TrainingIn, {"hardware_defaults"}, set()),
     # the cluster a request states, and the fields a PATCH may change (with the stored one's name)

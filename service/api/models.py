@@ -38,7 +38,11 @@ router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROBLEM_RESPO
 
 
 def architecture_dict(spec: ModelSpec) -> dict[str, Any]:
-    return dataclasses.asdict(spec)
+    """The model as the explicit form takes it (``ArchitectureIn``: every field but the name, which
+    the answer gives beside it), so an architecture shown can be sent back as ``model.architecture``."""
+    fields = dataclasses.asdict(spec)
+    del fields["name"]
+    return fields
 
 
 def parameters_out(spec: ModelSpec, pp: int = 1) -> ParametersOut:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.models import model as catalog_model
 from service.contracts.common import Strict
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
-from service.estimator.hf_config import model_from_hf_config
+from service.estimator.hf_config import SUPPORTED_MODEL_TYPES, model_from_hf_config
 from service.estimator.types import (
     AttentionKind,
     Head,
@@ -50,6 +50,13 @@ class MLAIn(Strict):
 class ArchitectureIn(Strict):
     """Explicit architecture fields; what a config.json would say, in our names."""
 
+    family: str = Field(
+        default="custom",
+        max_length=64,
+        description="the Hugging Face model_type whose modules the architecture follows (one that "
+        "hf_config reads, or custom): where families differ, the estimator and the launchers read it "
+        "(fused QKV or gate-up projections, fp32 norms, the decoder layer FSDP wraps)",
+    )
     num_layers: int = Field(ge=1, le=10_000)
     hidden_size: int = Field(ge=1, le=1_000_000)
     num_attention_heads: int = Field(ge=1, le=10_000)
@@ -114,6 +121,14 @@ class ArchitectureIn(Strict):
         description="the task head's outputs: sequence_classification's labels, question_answering's "
         "start and end (2)",
     )
+
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, family: str) -> str:
+        if family != "custom" and family not in SUPPORTED_MODEL_TYPES:
+            known = ", ".join(("custom", *SUPPORTED_MODEL_TYPES))
+            raise ValueError(f"family {family!r} is not a model_type we know; known: {known}")
+        return family
 
     def to_domain(self, name: str) -> ModelSpec:
         fields = self.model_dump(

@@ -158,3 +158,42 @@ def test_the_new_architecture_fields_resolve_to_the_count(client: TestClient) ->
     assert got["total"] == 1000 * 256 * 2 + 256 + layers
     bad = client.post("/v1/models/resolve", json={"model": {"architecture": body | {"sliding_window": None}}})
     assert assert_problem(bad, 422)["errors"][0]["field"] == "model.architecture.sliding_window"
+
+
+def test_every_presets_architecture_sent_back_is_the_preset(client: TestClient) -> None:
+    """What GET /v1/models/{name} and /v1/models/resolve show as the architecture is the explicit form
+    itself: sent back as model.architecture it resolves to the same model, counts and all. It carried
+    name and family, which the explicit form refused (422: extra fields), and without family a model
+    of a fused-QKV family (GPT-2, Falcon, BLOOM) was counted as a custom one."""
+    names = [item["name"] for item in client.get("/v1/models", params={"limit": 500}).json()["items"]]
+    assert len(names) >= 50
+    for name in names:
+        shown = client.get(f"/v1/models/{name}").json()
+        assert "name" not in shown["architecture"], name
+        assert shown["architecture"]["family"] == shown["family"]
+        again = resolve(client, {"model": {"architecture": shown["architecture"], "name": name}})
+        preset = resolve(client, {"model": {"preset": name}})
+        assert again == preset, name
+        assert resolve(client, {"model": {"architecture": again["architecture"], "name": name}}) == preset
+
+
+def test_an_explicit_family_is_used_and_an_unknown_one_refused(client: TestClient) -> None:
+    shown = client.get("/v1/models/gpt2").json()["architecture"]
+    estimate = {
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 1024, "global_batch_size": 8},
+        "layout": {"framework": "fsdp"},
+    }
+    by_fields = client.post("/v1/estimates", json={**estimate, "model": {"architecture": shown}})
+    by_preset = client.post("/v1/estimates", json={**estimate, "model": {"preset": "gpt2"}})
+    assert by_fields.status_code == by_preset.status_code == 200, by_fields.text
+    assert by_fields.json()["memory"] == by_preset.json()["memory"]
+    custom = client.post(
+        "/v1/estimates", json={**estimate, "model": {"architecture": {**shown, "family": "custom"}}}
+    )
+    assert custom.json()["memory"] != by_preset.json()["memory"]  # GPT-2's fused c_attn is its family's
+    problem = assert_problem(
+        client.post("/v1/models/resolve", json={"model": {"architecture": {**shown, "family": "gtp2"}}}), 422
+    )
+    assert problem["errors"][0]["field"] == "model.architecture.family"
+    assert "'gtp2' is not a model_type we know" in problem["errors"][0]["message"]
