@@ -742,7 +742,20 @@ def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
 @main.command()
 @options(model_options, job_options)
 @click.option("--gpu", "gpu_names", multiple=True, help="catalog GPUs to compare (default: all)")
+@click.option("--cluster-id", "cluster_ids", multiple=True, help="stored clusters to compare instead of GPUs")
+@click.option(
+    "--gpus-per-node", type=click.IntRange(1), default=8, show_default=True, help="node size of a card"
+)
 @click.option("--max-nodes", type=int, default=1024, show_default=True)
+@click.option(
+    "--at-gpus", type=click.IntRange(1), help="time to train on this many GPUs (default: the fewest)"
+)
+@click.option(
+    "--gpu-hour-cost",
+    "costs",
+    multiple=True,
+    help="price of a GPU-hour: one number for every card, or GPU=PRICE (repeatable); needs --tokens",
+)
 @url_option
 @json_option
 def capacity(
@@ -756,7 +769,11 @@ def capacity(
     method: str,
     tokens: int | None,
     gpu_names: tuple[str, ...],
+    cluster_ids: tuple[str, ...],
+    gpus_per_node: int,
     max_nodes: int,
+    at_gpus: int | None,
+    costs: tuple[str, ...],
     url: str | None,
     as_json: bool,
 ) -> None:
@@ -765,23 +782,32 @@ def capacity(
     body: dict[str, Any] = {
         "model": model_ref(model, config),
         "training": training(seq, batch, precision, method, tokens, attention, base_dtype),
+        "gpus_per_node": gpus_per_node,
         "max_nodes": max_nodes,
     }
     if gpu_names:
         body["gpus"] = list(gpu_names)
+    if cluster_ids:
+        body["cluster_ids"] = list(cluster_ids)
+    if at_gpus is not None:
+        body["at_gpus"] = at_gpus
+    if costs:
+        body["gpu_hour_cost"] = gpu_hour_costs(costs)
     with console.status("sizing...") if not as_json else contextlib.nullcontext():
         result = api.call("POST", "/v1/capacity", json=body)
     if as_json:
         emit(result, True)
     else:
         table = Table(title="capacity", title_justify="left")
+        priced = any(option.get("cost") is not None for option in result["options"])
+        numeric = ("min GPUs", "tokens/s", "GPU-hours", "cost")
         for column in ("GPU", "fits", "min GPUs", "layout", "tokens/s", "time to train", "GPU-hours"):
-            table.add_column(
-                column, justify="right" if column in ("min GPUs", "tokens/s", "GPU-hours") else "left"
-            )
+            table.add_column(column, justify="right" if column in numeric else "left")
+        if priced:
+            table.add_column("cost", justify="right")
         for option in result["options"]:
-            hours = option.get("gpu_hours")
-            table.add_row(
+            hours, cost = option.get("gpu_hours"), option.get("cost")
+            row = [
                 option["gpu"],
                 "yes" if option["fits"] else "no",
                 str(option.get("min_gpus") or "-"),
@@ -789,9 +815,32 @@ def capacity(
                 f"{option['tokens_per_s']:,.0f}" if option.get("tokens_per_s") else "-",
                 seconds(option.get("time_to_train_s")),
                 f"{hours:,.0f}" if hours is not None else "-",
-            )
+            ]
+            table.add_row(*row, *([f"{cost:,.0f}" if cost is not None else "-"] if priced else []))
         console.print(table)
     sys.exit(FEASIBLE if any(o["fits"] for o in result["options"]) else INFEASIBLE)
+
+
+def gpu_hour_costs(items: tuple[str, ...]) -> float | dict[str, float]:
+    """--gpu-hour-cost as the API takes it: one price for every card, or GPU=PRICE for each named."""
+    if len(items) == 1 and "=" not in items[0]:
+        return _price(items[0])
+    prices: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(
+                f"{item!r}: give one price, or GPU=PRICE for each", param_hint="--gpu-hour-cost"
+            )
+        prices[name] = _price(value)
+    return prices
+
+
+def _price(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a number", param_hint="--gpu-hour-cost") from None
 
 
 @main.command()

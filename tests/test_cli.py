@@ -486,3 +486,24 @@ def test_measured_bus_bandwidths_are_flags_of_an_inline_cluster(database: str) -
     assert (
         one_node.exit_code == 1 and "cluster.measured_inter_node_bus_bandwidth_bytes_per_s" in one_node.output
     )
+
+
+def test_capacity_takes_every_option_the_api_does(database: str) -> None:
+    """The CLI's capacity had no node size, at_gpus or price: the API's answer for them was out of reach."""
+    args = ["capacity", "--model", "llama-3.1-8b", "--seq", "4096", "--batch", "64", "--tokens", "1000000000"]
+    args += ["--gpu", "h100-sxm-80gb", "--gpu", "a100-sxm-80gb", "--gpus-per-node", "4", "--at-gpus", "16"]
+    priced = run(*args, "--gpu-hour-cost", "h100-sxm-80gb=3", "--gpu-hour-cost", "a100-sxm-80gb=2", "--json")
+    assert priced.exit_code == 0, priced.output
+    options = {o["gpu"]: o for o in json.loads(priced.output)["options"]}
+    assert {o["num_gpus"] for o in options.values()} == {16}
+    for gpu, price in (("h100-sxm-80gb", 3), ("a100-sxm-80gb", 2)):
+        assert options[gpu]["cost"] == pytest.approx(options[gpu]["gpu_hours"] * price)
+    # nodes of 4: a 70B full fine-tune needs more than one node of them
+    seventy = ["--model", "llama-3.1-70b", "--seq", "4096", "--batch", "64", "--gpu", "h100-sxm-80gb"]
+    big = run("capacity", *seventy, "--gpus-per-node", "4", "--json")
+    (option,) = json.loads(big.output)["options"]
+    assert option["min_gpus"] > 4 and option["min_nodes"] == -(-option["min_gpus"] // 4), option
+    table = run(*args, "--gpu-hour-cost", "2.5")
+    assert table.exit_code == 0 and "cost" in table.output, table.output
+    bad = CliRunner().invoke(main, [*args, "--gpu-hour-cost", "h100=cheap"])
+    assert bad.exit_code == 64 and "--gpu-hour-cost" in bad.output
