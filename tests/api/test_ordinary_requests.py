@@ -495,3 +495,26 @@ def test_slurm_asked_with_accelerate_wraps_the_accelerate_launch(client: TestCli
     # Slurm alone still plans a layout its torchrun entry points run
     alone = client.post("/v1/plans", json=body | {"launchers": ["slurm"]}).json()
     assert alone["unsupported_targets"] == {} and {a["target"] for a in alone["artifacts"]} == {"slurm"}
+
+
+def test_a_t4_job_resolves_what_turing_runs_and_plans(client: TestClient) -> None:
+    """The T4 (AWS g4dn, Colab) was not in the catalog: a 422 unknown GPU. Turing has fp16 tensor
+    cores and no bf16 or FlashAttention-2, so a request naming neither precision nor attention resolves
+    fp16 and SDPA, and says so; a 1B LoRA fine-tune fits its 16 GB where the full one does not."""
+    cluster = {"gpu": "t4-16gb", "num_nodes": 1, "gpus_per_node": 1}
+    answers = {}
+    for method in ("full", "lora"):
+        body = {
+            "model": {"preset": "llama-3.2-1b"},
+            "cluster": cluster,
+            "training": {"seq_len": 2048, "global_batch_size": 16, "method": method},
+        }
+        response = client.post("/v1/plans", json=body)
+        assert response.status_code == 201, response.text
+        answers[method] = response.json()
+        assert answers[method]["resolved_defaults"] == {
+            "training.precision": "fp16",
+            "training.attention": "sdpa",
+        }
+    assert answers["full"]["status"] == "infeasible" and answers["full"]["suggestions"]
+    assert answers["lora"]["status"] == "feasible"
