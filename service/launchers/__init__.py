@@ -18,11 +18,13 @@ from service.launchers import accelerate, deepspeed, hf_trainer, job, kubernetes
 from service.launchers.common import Artifact, Refusal, Target, Unsupported
 
 __all__ = [
+    "DATA_PARALLEL_TARGETS",
     "REFUSALS",
     "RENDERERS",
     "Artifact",
     "Target",
     "Unsupported",
+    "data_parallel_only",
     "framework_job_refusal",
     "framework_structure_refusal",
     "render",
@@ -88,6 +90,26 @@ def framework_structure_refusal(
         if titan is not None:
             return f"pp={pp} ep={ep} with FSDP runs on torchtitan alone: {titan}"
     return None
+
+
+# Targets whose refusal refuses tp, pp, cp and ep > 1 for every framework they run: the HF Trainer
+# (``hf_trainer.refusal``: "runs data parallelism only"). tests/launchers/test_data_parallel_only.py
+# holds each to its refusal.
+DATA_PARALLEL_TARGETS = frozenset({Target.HF_TRAINER})
+
+
+def data_parallel_only(framework: Framework, model: ModelSpec, targets: Iterable[Target] | None) -> bool:
+    """Whether every layout of ``framework`` that a target of ``targets`` (None: any) runs for
+    ``model`` is data parallel alone (tp = pp = cp = ep = 1): a dense encoder on any target
+    (``encoder_split_problem``, which ``framework_structure_refusal`` reads), or a framework whose
+    requested targets (those of ``runnable_targets``) all run data parallelism only. False where no
+    requested target runs it (then nothing of it runs: the caller decides)."""
+    if model.bidirectional and model.moe is None:
+        return True
+    if targets is None:
+        return False
+    wanted = set(FRAMEWORKS[framework].targets) & set(targets)
+    return bool(wanted) and wanted <= DATA_PARALLEL_TARGETS
 
 
 def runnable_targets(

@@ -58,7 +58,7 @@ from service.estimator.validate import (
     validate_layout,
 )
 from service.frameworks import FRAMEWORKS, sequence_parallel_default
-from service.launchers import Target, framework_job_refusal, runnable_targets
+from service.launchers import Target, data_parallel_only, framework_job_refusal, runnable_targets
 from service.recommender import headroom, rank
 from service.recommender.budget import Budget
 from service.recommender.collector import fewer_collections
@@ -69,14 +69,17 @@ from service.recommender.space import (
     RejectionLog,
     Sharding,
     Structure,
+    data_parallel_split,
     gpu_counts,
     largest_world,
+    least_bytes_per_gpu,
     least_state_bytes,
     make_layout,
     megatron_lm_switches,
     micro_batch_sizes,
     offload_devices,
     recompute_order,
+    search_compile,
     shardings,
     structures,
     sub_cluster,
@@ -213,6 +216,14 @@ class _Search:
         compile, Megatron-LM switches and job), memoised with the job's memory parts: the lean check,
         the ceilings and the structure search each ask it, for every structure of every count, and
         the GPU types of a sweep ask the same. Callers read the lists, never change them."""
+        if (
+            not self.rejections
+            and not data_parallel_split(s.tp, s.pp, s.cp, s.ep)
+            and self.data_parallel_only(framework)
+        ):
+            # a climb (whose log nobody reads) builds none of the layouts every requested launcher
+            # would refuse (``launchers.data_parallel_only``): a plan's search evaluates and logs them
+            return [], []
         compiled = self.compiled(framework)
         memo = job.memory_memos[_Search.shardings]  # the model and training are the memory inputs'
         # what space.shardings reads of the structure: whether etp is set, the degrees the launchers'
@@ -224,12 +235,14 @@ class _Search:
             found = memo[key] = shardings(framework, s, self.offload, compiled, self.megatron_lm, self.job)
         return cast(tuple[list[Sharding], list[str]], found)
 
+    def data_parallel_only(self, framework: Framework) -> bool:
+        """``launchers.data_parallel_only`` of ``framework`` for this search's model and launchers."""
+        return data_parallel_only(framework, self.model, self.constraints.launchers)
+
     def compiled(self, framework: Framework) -> Compile:
         """How the search compiles ``framework``'s layouts: model and loss where asked
         (``Constraints.torch_compile``; ``search`` refuses it with QLoRA) and modelled (FSDP)."""
-        if self.constraints.torch_compile and FRAMEWORK_CAPABILITIES[framework].torch_compile is None:
-            return Compile.MODEL_AND_LOSS
-        return Compile.NONE
+        return search_compile(self.constraints.torch_compile, framework)
 
 
 _UNSET = object()
@@ -691,6 +704,28 @@ def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: Sea
     return False
 
 
+def _climb_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: SearchResult) -> bool:
+    """False when ``space.least_bytes_per_gpu`` (the model states sharded over all ``gpus`` GPUs,
+    plus, for a framework the requested launchers run data parallel only, the activations and
+    buffers no GPU count shrinks) exceeds the limit: no layout a requested launcher runs on this
+    many GPUs fits. Asked by a climb alone (a search whose log nobody reads: ``rejections``)."""
+    if search.rejections:
+        return True
+    bound = least_bytes_per_gpu(
+        job,
+        search.constraints.frameworks,
+        search.offload,
+        gpus,
+        search.constraints.launchers,
+        search.constraints.torch_compile,
+    )
+    if bound is None or bound.need <= limit:
+        return True
+    what = "the model states sharded over all GPUs, and what no data parallelism shrinks, need"
+    result.log.add_memory(MEMORY_REJECTION, 1, bound.example, bound.need, limit, what)
+    return False
+
+
 def _viable_structures(
     search: _Search, job: Job, result: SearchResult, found: list[Structure], limit: int, every: bool
 ) -> list[Structure]:
@@ -749,10 +784,14 @@ def _lean_key(search: _Search, job: Job, cluster: ClusterSpec) -> LeanKey | None
     with. None where the GPU breaks a rule of the training (every layout is invalid: no bound)."""
     if hardware_violation(job.cluster, job.training) is not None:
         return None
+    runnable = _runnable(search, job)
     return (
         job.cluster.world_size,
         cluster.gpus_per_node,
-        _runnable(search, job),
+        runnable,
+        # a climb builds no split of these but data parallel ones (``_Search.shardings``; a plan's
+        # search builds them all, a record a climb may share: it narrows less)
+        tuple(search.data_parallel_only(f) for f in runnable),
         search.offload,
         search.constraints.torch_compile,
         search.megatron_lm,
@@ -943,6 +982,8 @@ def _search_counts(
         limit = headroom.allowed_bytes(job.cluster.gpu.memory_bytes, constraints.min_headroom_fraction)
         before = len(result.best)
         if not _count_can_fit(request, job, gpus, limit, result):
+            continue
+        if not _climb_can_fit(request, job, gpus, limit, result):
             continue
         splits = _structures(job, cluster, gpus, result.log)
         lean = _lean_key(request, job, cluster)

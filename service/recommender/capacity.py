@@ -102,7 +102,7 @@ def _option(
             f"the request's {budget_words(budget)} ran out ({spent:,} layouts evaluated for this GPU) "
             "before a fit"
             if truncated
-            else f"no layout fits up to {max(counts)} GPUs"
+            else fewest.unfit or f"no layout fits up to {max(counts)} GPUs"
         )
         return CapacityOption(gpu=name, fits=False, note=why, evaluations=spent, truncated=truncated)
     gpus, tokens_per_s, layout = fewest.found

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from service.estimator.errors import InvalidLayout
 from service.estimator.job import Job
-from service.estimator.memory import min_state_bytes_per_gpu
+from service.estimator.memory import min_state_bytes_per_gpu, stage_activations
 from service.estimator.types import (
     ClusterSpec,
     Compile,
@@ -45,6 +46,7 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from service.estimator.validate import (
+    FRAMEWORK_CAPABILITIES,
     batch_split_violation,
     context_violation,
     divisors,
@@ -63,7 +65,7 @@ from service.frameworks import (
     sequence_parallel_default,
     tp_comm_overlap_default,
 )
-from service.launchers import framework_structure_refusal
+from service.launchers import data_parallel_only, framework_job_refusal, framework_structure_refusal
 
 MAX_CP = 32  # context parallelism beyond 32 ranks only pays off past the catalog's context lengths
 MAX_VIRTUAL_STAGES = 8  # interleaving deeper than 8 chunks costs more p2p than its bubble saves
@@ -204,6 +206,33 @@ def largest_world(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     return training.global_batch_size * tp * pp * cp
 
 
+def largest_runnable_world(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    frameworks: tuple[Framework, ...],
+    launchers: Sequence[Target] | None,
+) -> int:
+    """``largest_world``, or the global batch where every framework a requested launcher runs for
+    the job runs data parallel alone (``launchers.data_parallel_only``: tp = pp = cp = ep = 1, so
+    the GPUs are dp, which divides the global batch): past it no layout a requested launcher runs
+    exists. (None of ``frameworks`` runnable: ``largest_world``, the search says why.)"""
+    runnable = [
+        f
+        for f in frameworks
+        if (launchers is None or set(FRAMEWORKS[f].targets) & set(launchers))
+        and framework_job_refusal(f, model, training) is None
+    ]
+    if runnable and all(data_parallel_only(f, model, launchers) for f in runnable):
+        return min(training.global_batch_size, largest_world(model, cluster, training))
+    return largest_world(model, cluster, training)
+
+
+def data_parallel_split(tp: int, pp: int, cp: int, ep: int) -> bool:
+    """Whether a split is data parallel alone."""
+    return tp == pp == cp == ep == 1
+
+
 def structures(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, gpus: int, log: RejectionLog
 ) -> Iterator[Structure]:
@@ -330,6 +359,107 @@ def least_state_bytes(
     if offload.cpu or offload.nvme or job.training.method is not Method.FULL:
         return None
     return min((min_state_bytes_per_gpu(job, framework, gpus), framework) for framework in frameworks)
+
+
+def search_compile(torch_compile: bool, framework: Framework) -> Compile:
+    """How a search compiles ``framework``'s layouts: model and loss where asked
+    (``Constraints.torch_compile``) and modelled (FSDP), else not at all."""
+    if torch_compile and FRAMEWORK_CAPABILITIES[framework].torch_compile is None:
+        return Compile.MODEL_AND_LOSS
+    return Compile.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class LeastBytes:
+    """A lower bound on the per-GPU memory of every layout on ``gpus`` GPUs or fewer that a requested
+    launcher runs (``least_bytes_per_gpu``), with the framework that needs least."""
+
+    need: int  # dynamic_bytes + state_bytes
+    framework: Framework
+    example: Layout  # the leanest layout of the framework on ``gpus`` GPUs, data parallel alone
+    dynamic_bytes: int  # what no data parallelism shrinks (0: the framework may split otherwise)
+    state_bytes: int  # model states sharded over all ``gpus`` (0: offload or a frozen base)
+    gpus: int
+
+    def words(self, limit: int) -> str:
+        """The bound and its numbers, for a rejection or a skipped suggestion."""
+        recompute = self.example.recompute.value
+        parts = []
+        if self.dynamic_bytes:
+            parts.append(
+                f"at micro-batch 1 with {recompute} recompute one GPU needs {self.dynamic_bytes / 2**30:.1f} "
+                f"GiB for activations, their buffers and the CUDA context alone, whatever the GPU count "
+                f"({self.framework.value}, data parallel only)"
+            )
+        if self.state_bytes:
+            parts.append(
+                f"{self.state_bytes / 2**30:.1f} GiB of model states sharded over all {self.gpus:,} GPUs"
+            )
+        return f"{' + '.join(parts)}; {limit / 2**30:.1f} GiB allowed"
+
+
+def dynamic_floor(
+    job: Job, framework: Framework, compiled: Compile, megatron_lm: MegatronLmSwitches | None
+) -> tuple[int, Layout]:
+    """The least per-GPU bytes besides the model states of any data-parallel layout (tp = pp = cp =
+    ep = 1) of ``framework`` the search builds, on any GPU count, and the layout that needs it: its
+    activations at micro-batch 1 (they grow with the micro-batch) under the leanest recompute of the
+    framework, their buffers (the loss workspace, QLoRA's dequantisation), the CUDA context and the
+    allocator's fragmentation on them (``evaluate.rank_total_bytes`` without the model states, their
+    buffers, autocast copies or NCCL's: each >= 0). At pp = 1 one micro-batch is in flight whatever
+    dp (``activations.micro_batches_in_flight``), and one GPU (dp 1) has no communicator, so dp 1's
+    sum is the least of every count."""
+    sharding = Sharding(framework, 0, torch_compile=compiled, megatron_lm=megatron_lm)
+    one = Structure(gpus=1, dp=1, tp=1, pp=1, cp=1, ep=1)
+    fragmentation = job.assume.fragmentation_fraction
+    least: tuple[int, Layout] | None = None
+    for recompute in recompute_order(framework):
+        layout = make_layout(one, sharding, recompute, 1, 1)
+        acts = stage_activations(job, layout)[0]  # pp 1: one rank
+        need = acts.on_gpu_bytes + math.ceil(acts.buffers)
+        need += math.ceil(acts.context_and_nccl + fragmentation * (acts.on_gpu + acts.buffers))
+        if least is None or need < least[0]:
+            least = (need, layout)
+    assert least is not None  # every framework has at least one recompute mode
+    return least
+
+
+def least_bytes_per_gpu(
+    job: Job,
+    frameworks: tuple[Framework, ...],
+    offload: OffloadDevices,
+    gpus: int,
+    launchers: Sequence[Target] | None,
+    torch_compile: bool = False,
+) -> LeastBytes | None:
+    """A lower bound on the per-GPU memory of every layout on ``gpus`` GPUs or fewer that a requested
+    launcher runs: per framework (of ``frameworks`` that a requested launcher runs for the job), the
+    model states sharded over all ``gpus`` (``least_state_bytes``' rule, 0 where it bounds nothing),
+    plus, where every requested launcher runs the framework data parallel only
+    (``launchers.data_parallel_only``: the HF Trainer, an encoder), the ``dynamic_floor`` no GPU
+    count shrinks; the least over the frameworks. Cheap: a few activation sums per framework, no
+    search. None where it bounds nothing (no such framework, or nothing of either part)."""
+    model, training = job.model, job.training
+    # least_state_bytes' rule: offloaded states, or a frozen (or NF4) base, are not bounded (0)
+    states = not (offload.cpu or offload.nvme) and training.method is Method.FULL
+    switches = megatron_lm_switches(launchers, training.precision)
+    found: LeastBytes | None = None
+    for framework in frameworks:
+        wanted = FRAMEWORKS[framework].targets
+        if launchers is not None and not set(wanted) & set(launchers):
+            continue  # no requested launcher runs any of its layouts
+        if framework_job_refusal(framework, model, training) is not None:
+            continue  # no launcher runs it for this job: the search leaves it out
+        state_bytes = min_state_bytes_per_gpu(job, framework, gpus) if states else 0
+        dynamic, example = 0, Layout(framework=framework, dp=gpus)
+        if data_parallel_only(framework, model, launchers):
+            own = switches if framework is Framework.MEGATRON else None
+            dynamic, lean = dynamic_floor(job, framework, search_compile(torch_compile, framework), own)
+            example = dataclasses.replace(lean, dp=gpus)
+        bound = LeastBytes(dynamic + state_bytes, framework, example, dynamic, state_bytes, gpus)
+        if found is None or bound.need < found.need:
+            found = bound
+    return found if found is not None and found.need > 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,11 @@
    in (8 per HGX/OAM board), the fewest that fit, the layout found there named.
 
 Every suggestion is searched within a share of the request's ``Budget``, after a cheap lower bound
-(model states alone) says it can fit. One that cannot be computed (an error of the estimator, the
-budget spent) is left out with its reason in ``Suggestions.skipped``; it never fails the plan.
+(model states alone; on more or other GPUs, ``space.least_bytes_per_gpu``: the model states
+sharded over the most GPUs tried, plus, where the requested launchers run data parallelism only,
+the activations and buffers no GPU count shrinks) says it can fit. One that cannot be computed (an
+error of the estimator, the budget spent), or whose GPU type the second bound rules out (``NoFit``,
+with the numbers), is left out with its reason in ``Suggestions.skipped``; it never fails the plan.
 """
 
 from __future__ import annotations
@@ -37,7 +40,13 @@ from service.estimator.types import (
 from service.estimator.validate import hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.headroom import allowed_bytes
-from service.recommender.space import largest_world, least_state_bytes, offload_devices
+from service.recommender.space import (
+    largest_runnable_world,
+    largest_world,
+    least_bytes_per_gpu,
+    least_state_bytes,
+    offload_devices,
+)
 from service.recommender.types import Candidate, Constraints, Objective, Skipped, Suggestion
 
 GiB = 2**30
@@ -124,6 +133,54 @@ class FewestGpus:
     found: tuple[int, float, Layout] | None  # GPUs, tokens/s, the best layout on them
     evaluations: int  # layout evaluations the search spent
     truncated: bool  # its budget ran out before it found a fit or finished the counts
+    # why no count can fit, where a cheap bound said so before any search (``climb_bound``)
+    unfit: str | None = None
+
+
+class NoFit(Exception):
+    """A suggestion a cheap bound showed cannot fit, and why (``Suggestions.skipped`` says it)."""
+
+
+def climb_bound(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    tuning: Tuning,
+    counts: tuple[int, ...],
+) -> tuple[tuple[int, ...], str | None]:
+    """The GPU counts of a climb worth searching, and why none is where none is, before any
+    search: none past ``space.largest_runnable_world`` (no split a requested launcher runs uses
+    more GPUs: the global batch where they run data parallel only), and none at all where
+    ``space.least_bytes_per_gpu`` on the most of them (which bounds every fewer count: the model
+    states shrink with the GPUs, the rest is the same on any count) exceeds what a GPU allows."""
+    largest = largest_world(model, cluster, training)
+    runnable = largest_runnable_world(model, cluster, training, constraints.frameworks, constraints.launchers)
+    within = tuple(n for n in counts if n <= runnable)
+    if not within:
+        if runnable < largest and counts and min(counts) <= largest:
+            return (), (
+                f"the requested launchers run data parallelism only: at most the global batch "
+                f"({training.global_batch_size}) GPUs, fewer than the {min(counts)} tried first"
+            )
+        return (), None
+    top = max(within)
+    trained = for_gpu(training, cluster.gpu)
+    job = make_job(model, with_gpu(cluster, cluster.gpu, 1, top), trained, tuning)
+    offload = offload_devices(constraints.allow_offload, cluster)
+    bound = least_bytes_per_gpu(
+        job, constraints.frameworks, offload, top, constraints.launchers, constraints.torch_compile
+    )
+    limit = allowed_bytes(cluster.gpu.memory_bytes, constraints.min_headroom_fraction)
+    if bound is None or bound.need <= limit:
+        return within, None
+    cut = ""
+    if len(within) < len(counts) and runnable < largest:
+        cut = (
+            f"the requested launchers run data parallelism only, on at most the global batch "
+            f"({training.global_batch_size}) GPUs; "
+        )
+    return (), f"{cut}no layout of {top:,} GPUs or fewer fits: {bound.words(limit)}"
 
 
 def fewest_gpus(
@@ -140,13 +197,13 @@ def fewest_gpus(
     from service.recommender import search
 
     fewest = dataclasses.replace(constraints, objective=Objective.FEWEST_GPUS, max_gpus=None, top_k=1)
-    # the cheap bound before search: a count no split of the job uses (QLoRA at global batch 1 uses
+    # the cheap bounds before search: a count no split of the job uses (QLoRA at global batch 1 uses
     # at most 32 GPUs) is skipped, not searched to log its rejections, up to a capacity request's
-    # max_nodes of 100,000
-    largest = largest_world(model, cluster, training)
-    counts = tuple(n for n in counts if n <= largest)
+    # max_nodes of 100,000; and no count is searched where the least memory any of them needs is
+    # more than a GPU allows
+    counts, unfit = climb_bound(model, cluster, training, constraints, tuning, tuple(counts))
     if not counts:
-        return FewestGpus(found=None, evaluations=0, truncated=False)
+        return FewestGpus(found=None, evaluations=0, truncated=False, unfit=unfit)
     big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
     result = search(
         model, big, training, fewest, tuning, counts, stop_at_first_fit=True, budget=budget, rejections=False
@@ -200,6 +257,9 @@ class _Collector:
         share = self.budget.share(SUGGESTION_EVALUATIONS, parts)
         try:
             found = make(share)
+        except NoFit as exc:  # a bound showed it cannot fit: why, with its numbers
+            self.skipped.append(Skipped(kind=kind, reason=str(exc)))
+            return
         except (ValueError, ArithmeticError) as exc:  # the estimator's domain errors are ValueErrors
             self.skipped.append(Skipped(kind=kind, reason=str(exc)))
             return
@@ -435,9 +495,10 @@ class _Ask:
             self.model, cluster, training, self.tuning, self.constraints, counts[-1]
         ):
             return []  # the cheap bound: not even the model states fit on the most GPUs tried
-        found = fewest_gpus(
-            self.model, cluster, training, self.constraints, self.tuning, counts, budget
-        ).found
+        fewest = fewest_gpus(self.model, cluster, training, self.constraints, self.tuning, counts, budget)
+        found = fewest.found
+        if found is None and fewest.unfit is not None:
+            raise NoFit(f"{cluster.gpu.name}: {fewest.unfit}")
         if found is None:
             return []
         gpus, tokens_per_s, layout = found

@@ -117,7 +117,8 @@ class Suggestion:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Skipped:
-    """A suggestion that could not be computed, and why (it never fails the plan)."""
+    """A suggestion that could not be computed, or that a cheap bound showed cannot fit on a GPU
+    type, and why (it never fails the plan)."""
 
     kind: str
     reason: str

@@ -199,10 +199,15 @@ def _lean_checks(
     c = variant.cluster("h100-sxm-80gb")
     job = make_job(SPEC, sub_cluster(c, gpus), variant.training, default_tuning())
     request = _Search(
-        SPEC, job.training, variant.constraints, default_tuning(),
-        offload_devices(variant.constraints.allow_offload, c), Budget(10**9),
+        SPEC,
+        job.training,
+        variant.constraints,
+        default_tuning(),
+        offload_devices(variant.constraints.allow_offload, c),
+        Budget(10**9),
         megatron_lm_switches(variant.constraints.launchers, job.training.precision),
-    )  # fmt: skip
+        rejections=False,
+    )  # fmt: skip  (a climb's: _narrowed shares its records)
     key = _lean_key(request, job, c)
     assert key is not None  # the GPU breaks no rule of the training
     splits = _structures(job, c, gpus, RejectionLog())
@@ -230,6 +235,13 @@ LEAN_VARIANTS = (
             objective=Objective.FEWEST_GPUS, frameworks=(Framework.FSDP,), torch_compile=True
         ),
     ),
+    Variant(  # data parallel only: a climb builds no other split
+        "hf trainer", constraints=dataclasses.replace(FEWEST, launchers=(Target.HF_TRAINER,))
+    ),
+    Variant(
+        "hf trainer and deepspeed",
+        constraints=dataclasses.replace(FEWEST, launchers=(Target.HF_TRAINER, Target.DEEPSPEED)),
+    ),
     Variant(
         "megatron via accelerate",
         constraints=Constraints(
@@ -249,10 +261,10 @@ def test_the_lean_key_names_what_the_lean_check_reads() -> None:
     for variant in LEAN_VARIANTS:
         for gpus in (*COUNTS, 16, 32):  # past a node: counts that differ in no memory input
             for inputs, key, limit, viable in _lean_checks(variant, gpus):
-                where = (*key, inputs, limit)  # the key's 8 parts first
+                where = (*key, inputs, limit)  # the key's 9 parts first
                 assert answers.setdefault(where, viable) == viable, (variant.name, gpus)
     # the GPUs per node (key[1]) is in the memory inputs too: no two keys of one memo differ in it
-    assert _separates(answers, 8) == [0, 2, 3, 4, 5, 6, 7]
+    assert _separates(answers, 9) == [0, 2, 3, 4, 5, 6, 7, 8]
 
 
 def test_a_sweep_answers_for_each_gpu_type_what_it_answers_alone() -> None:
