@@ -99,7 +99,9 @@ class PlanOut(BaseModel):
         "each with the layout, node shape, method and sequence it assumed"
     )
     suggestions_skipped: list[dict[str, str]] = Field(
-        default_factory=list, description="suggestions that could not be computed: kind and reason"
+        default_factory=list,
+        description="suggestions not made: kind and reason (its share of the budget ran out, or a bound "
+        "shows no layout of it can fit)",
     )
     closest: ClosestOut | None = Field(
         default=None,
