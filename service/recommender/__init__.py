@@ -216,14 +216,13 @@ class _Search:
         compile, Megatron-LM switches and job), memoised with the job's memory parts: the lean check,
         the ceilings and the structure search each ask it, for every structure of every count, and
         the GPU types of a sweep ask the same. Callers read the lists, never change them."""
-        if (
-            not self.rejections
-            and not data_parallel_split(s.tp, s.pp, s.cp, s.ep)
-            and self.data_parallel_only(framework)
-        ):
-            # a climb (whose log nobody reads) builds none of the layouts every requested launcher
-            # would refuse (``launchers.data_parallel_only``): a plan's search evaluates and logs them
-            return [], []
+        if not data_parallel_split(s.tp, s.pp, s.cp, s.ep) and self.data_parallel_only(framework):
+            # no layout of the split runs on a requested launcher (``launchers.data_parallel_only``):
+            # none is built; a plan's search logs the split once, a climb (whose log nobody reads) not
+            if not self.rejections:
+                return [], []
+            if not self.model.bidirectional:  # an encoder's split: space.shardings says why, below
+                return [], [self.data_parallel_reason(framework)]
         compiled = self.compiled(framework)
         memo = job.memory_memos[_Search.shardings]  # the model and training are the memory inputs'
         # what space.shardings reads of the structure: whether etp is set, the degrees the launchers'
@@ -238,6 +237,15 @@ class _Search:
     def data_parallel_only(self, framework: Framework) -> bool:
         """``launchers.data_parallel_only`` of ``framework`` for this search's model and launchers."""
         return data_parallel_only(framework, self.model, self.constraints.launchers)
+
+    def data_parallel_reason(self, framework: Framework) -> str:
+        """Why a split with model parallelism is not searched for ``framework``: every requested
+        launcher that runs it runs data parallelism only."""
+        names = [t.value for t in self.constraints.launchers or ()]
+        run = "runs" if len(names) == 1 else "run"
+        launchers = ", ".join(names)
+        what = f"{launchers} {run} data parallelism only"
+        return f"no requested launcher runs {framework.value} at this split: {what}"
 
     def compiled(self, framework: Framework) -> Compile:
         """How the search compiles ``framework``'s layouts: model and loss where asked
@@ -1005,15 +1013,23 @@ def _search_counts(
 def _launchable_frameworks(
     model: ModelSpec, training: TrainingSpec, constraints: Constraints, result: SearchResult
 ) -> Constraints | None:
-    """``constraints`` without the frameworks no target runs for this model and training whatever
-    the layout (``launchers.framework_job_refusal``: Megatron-LM's GPT model is not Llama 4, Gemma 2
-    or GPT-OSS, nor trained in TF32), each logged once: their layouts would be evaluated, then
-    refused one by one by every launcher (for a large MoE model, most of a search's evaluations).
-    None when none is left."""
+    """``constraints`` without the frameworks no requested target runs, or no target runs for this
+    model and training whatever the layout (``launchers.framework_job_refusal``: Megatron-LM's GPT
+    model is not Llama 4, Gemma 2 or GPT-OSS, nor trained in TF32), each logged once: their layouts
+    would be evaluated, then refused one by one by every launcher (for a large MoE model, most of a
+    search's evaluations). None when none is left."""
     kept = []
+    requested = constraints.launchers
     for framework in constraints.frameworks:
+        targets = FRAMEWORKS[framework].targets
         reason = framework_job_refusal(framework, model, training)
-        if reason is None:
+        if requested is not None and not set(targets) & set(requested):
+            # none of the requested launchers runs the framework at all: its layouts were built,
+            # evaluated and refused one by one ("none of the requested launchers runs this framework")
+            what = f"no requested launcher runs {framework.value}"
+            runs = ", ".join(t.value for t in targets)
+            result.log.add(what, 1, Layout(framework=framework), f"{framework.value} runs on {runs}")
+        elif reason is None:
             kept.append(framework)
         else:
             what = f"no launcher runs {framework.value} for this model and training"

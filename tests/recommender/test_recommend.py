@@ -14,7 +14,7 @@ from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, Compile, Framework, Method, Plan, Recompute, TrainingSpec
 from service.estimator.validate import validate_layout
 from service.launchers import Target, runnable_targets
-from service.recommender import Constraints, Objective, rank, recommend, suggest
+from service.recommender import NO_LAUNCHER, Constraints, Objective, rank, recommend, suggest
 from service.recommender.budget import Budget
 from service.recommender.space import sub_cluster
 from service.recommender.suggest import states_can_fit, suggestions
@@ -311,3 +311,31 @@ def test_counts_past_every_split_are_logged_not_built(monkeypatch: pytest.Monkey
     assert built and max(built) <= largest
     past = [r for r in found.rejected if r.reason == "invalid: past_every_split"]
     assert past and past[0].count > 0 and "256" in past[0].detail
+
+
+def test_a_plan_through_a_data_parallel_launcher_builds_no_split_it_refuses() -> None:
+    """Through the HF Trainer (data parallelism only, DeepSpeed or FSDP) a plan's search evaluated
+    every tp/pp/cp/ep layout and every Megatron one, then refused each by asking the launchers (70B on
+    32 H100: 2,317 memory evaluations, now 17); each split and the framework are logged once, with
+    why, and the answer is the same."""
+    h100 = gpu("h100-sxm-80gb")
+    cluster = ClusterSpec(
+        gpu=h100,
+        num_nodes=4,
+        gpus_per_node=8,
+        intra_node_bandwidth_bytes_per_s=h100.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=50e9,
+    )
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    hf_trainer = Constraints(launchers=(Target.HF_TRAINER,))
+    rec = recommend(model("llama-3-70b").spec, cluster, training, hf_trainer, default_tuning())
+    assert rec.recommended is not None
+    layout = rec.recommended.layout
+    assert (layout.tp, layout.pp, layout.cp, layout.ep) == (1, 1, 1, 1)
+    reasons = {r.reason: r for r in rec.rejected}
+    split = "no requested launcher runs deepspeed at this split: hf_trainer runs data parallelism only"
+    example = reasons[split].example
+    assert (example.tp, example.pp, example.cp, example.ep) != (1, 1, 1, 1)
+    assert NO_LAUNCHER not in reasons  # no layout was built, evaluated, then refused by the launcher
+    assert "no requested launcher runs megatron" in reasons
+    assert rec.search.memory_evaluations < 200
