@@ -103,8 +103,10 @@ def with_derived_dp(layout: LayoutIn, world_size: int) -> tuple[LayoutIn, dict[s
     others = layout.tp * layout.pp * layout.cp
     dp, rest = divmod(world_size, others)
     if rest:
-        stated = [name for name in ("tp", "pp", "cp") if getattr(layout, name) > 1]
-        field = max(stated, key=lambda name: getattr(layout, name))  # others > 1: one is stated
+        stated = [name for name in ("tp", "pp", "cp") if getattr(layout, name) > 1]  # others > 1: one is
+        # the degree to change: one that does not divide the GPUs by itself (pp 3 of tp 4 x pp 3 on 8
+        # GPUs), else the largest (tp 4 x pp 4 on 8)
+        field = max(stated, key=lambda name: (world_size % getattr(layout, name) != 0, getattr(layout, name)))
         raise located(
             InvalidLayout(
                 f"tp*pp*cp = {layout.tp}*{layout.pp}*{layout.cp} = {others} does not divide the cluster's "

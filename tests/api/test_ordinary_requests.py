@@ -518,3 +518,21 @@ def test_a_t4_job_resolves_what_turing_runs_and_plans(client: TestClient) -> Non
         }
     assert answers["full"]["status"] == "infeasible" and answers["full"]["suggestions"]
     assert answers["lora"]["status"] == "feasible"
+
+
+def test_a_degree_that_divides_the_cluster_is_not_named_for_one_that_does_not(client: TestClient) -> None:
+    """tp 4 x pp 3 on 8 GPUs: tp 4 divides them, pp 3 does not; the request is told to change pp (it
+    named tp, the larger degree, which could stay as it is)."""
+    body = {
+        "model": {"preset": "llama-3-8b"},
+        "cluster": H100_X8,
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+        "layout": {"framework": "megatron", "tp": 4, "pp": 3},
+    }
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert problem["errors"][0]["field"] == "layout.pp"
+    assert "give pp (or dp)" in problem["detail"]
+    # every stated degree divides the GPUs, their product does not: the largest is named
+    body["layout"] = {"framework": "megatron", "tp": 4, "pp": 4}
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert problem["errors"][0]["field"] == "layout.tp"
