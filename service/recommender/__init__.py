@@ -240,8 +240,9 @@ class _Search:
 
     def data_parallel_reason(self, framework: Framework) -> str:
         """Why a split with model parallelism is not searched for ``framework``: every requested
-        launcher that runs it runs data parallelism only."""
-        names = [t.value for t in self.constraints.launchers or ()]
+        launcher that runs it runs data parallelism only (those it names; the others do not run it)."""
+        runs = FRAMEWORKS[framework].targets
+        names = [t.value for t in self.constraints.launchers or () if t in runs]
         run = "runs" if len(names) == 1 else "run"
         launchers = ", ".join(names)
         what = f"{launchers} {run} data parallelism only"

@@ -339,3 +339,23 @@ def test_a_plan_through_a_data_parallel_launcher_builds_no_split_it_refuses() ->
     assert NO_LAUNCHER not in reasons  # no layout was built, evaluated, then refused by the launcher
     assert "no requested launcher runs megatron" in reasons
     assert rec.search.memory_evaluations < 200
+
+
+def test_a_data_parallel_split_names_only_the_launchers_that_run_the_framework() -> None:
+    """DeepSpeed through the HF Trainer or Megatron-LM: the HF Trainer alone of them runs DeepSpeed, so
+    the split's reason names it, not Megatron-LM (which runs model parallelism, and not DeepSpeed)."""
+    h100 = gpu("h100-sxm-80gb")
+    node = ClusterSpec(
+        gpu=h100,
+        num_nodes=1,
+        gpus_per_node=8,
+        intra_node_bandwidth_bytes_per_s=h100.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=h100.intra_node_bandwidth_bytes_per_s,
+    )
+    both = Constraints(frameworks=(Framework.DEEPSPEED,), launchers=(Target.HF_TRAINER, Target.MEGATRON))
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    rec = recommend(model("llama-3-8b").spec, node, training, both, default_tuning())
+    reasons = {r.reason for r in rec.rejected if "data parallelism only" in r.reason}
+    assert reasons == {
+        "no requested launcher runs deepspeed at this split: hf_trainer runs data parallelism only"
+    }
