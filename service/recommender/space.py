@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from service.estimator.errors import InvalidLayout
+from service.estimator.evaluate import rank_overhead_bytes
 from service.estimator.job import Job
 from service.estimator.memory import min_state_bytes_per_gpu, stage_activations
 from service.estimator.types import (
@@ -411,13 +412,12 @@ def dynamic_floor(
     sum is the least of every count."""
     sharding = Sharding(framework, 0, torch_compile=compiled, megatron_lm=megatron_lm)
     one = Structure(gpus=1, dp=1, tp=1, pp=1, cp=1, ep=1)
-    fragmentation = job.assume.fragmentation_fraction
     least: tuple[int, Layout] | None = None
     for recompute in recompute_order(framework):
         layout = make_layout(one, sharding, recompute, 1, 1)
         acts = stage_activations(job, layout)[0]  # pp 1: one rank
-        need = acts.on_gpu_bytes + math.ceil(acts.buffers)
-        need += math.ceil(acts.context_and_nccl + fragmentation * (acts.on_gpu + acts.buffers))
+        # rank_total_bytes' own terms, with the model states' buffers and autocast copies left out
+        need = acts.on_gpu_bytes + math.ceil(acts.buffers) + rank_overhead_bytes(job, acts, acts.buffers)
         if least is None or need < least[0]:
             least = (need, layout)
     assert least is not None  # every framework has at least one recompute mode
