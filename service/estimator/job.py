@@ -223,7 +223,7 @@ def view_class(fields: tuple[str, ...]) -> Callable[[Any], Any]:
     return make
 
 
-# (part, field) of every unkeyed read a part made: the part's value was then computed on the whole
+# (module.part, field) of every unkeyed read a part made: the part's value was then computed on the whole
 # layout and not memoised. Empty unless a key is incomplete (tests/estimator/test_job.py runs the grid
 # and asserts it stays empty); bounded by the number of (part, field) pairs.
 UNKEYED_READS: set[tuple[str, str]] = set()
@@ -234,7 +234,7 @@ def _unmemoised(
 ) -> T:
     """``part`` on the whole layout after it read ``read.field`` outside its key: recorded, and not to
     be memoised (its value depends on more than the key)."""
-    UNKEYED_READS.add((part.__qualname__, read.field))
+    UNKEYED_READS.add((f"{part.__module__}.{part.__qualname__}", read.field))
     return part(job, layout, *args)
 
 

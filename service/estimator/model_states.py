@@ -205,7 +205,7 @@ def megatron_grads_in_fp32(layout: Layout) -> bool:
 # (accelerate 1.15.0 utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision:
 # param_dtype = reduce_dtype), so their launchers set this policy (launchers.common.fsdp_reduce_duty).
 FSDP_REDUCE_DTYPE = "float32"
-TORCH_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FSDP_REDUCE_BYTES = 4  # an element of FSDP_REDUCE_DTYPE
 
 
 def grad_reduce_bytes(precision: Precision, layout: Layout) -> int:
@@ -227,7 +227,7 @@ def grad_reduce_bytes(precision: Precision, layout: Layout) -> int:
             return 2 if precision is Precision.BF16_PURE else 4
         # FSDP/HSDP reduce-scatter (and HSDP all-reduce) in the policy's reduce_dtype
         # (_fsdp_collectives.foreach_reduce copies the grads into a reduce_dtype buffer)
-        return TORCH_DTYPE_BYTES[FSDP_REDUCE_DTYPE]
+        return FSDP_REDUCE_BYTES
     # DeepSpeed: communication_data_type, unset in the rendered ds_config, defaults to the fp16/bf16
     # training dtype (0.19.8 runtime/engine.py communication_data_type), which ZeRO 1-3 reduce in
     # (stage_1_and_2.py average_tensor / allreduce_bucket, stage3.py __avg_scatter_grads) and stage

@@ -728,10 +728,10 @@ def _climb_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: Sea
         search.constraints.launchers,
         search.constraints.torch_compile,
     )
-    if bound is None or bound.need <= limit:
+    if bound is None or bound.need_bytes <= limit:
         return True
     what = "the model states sharded over all GPUs, and what no data parallelism shrinks, need"
-    result.log.add_memory(MEMORY_REJECTION, 1, bound.example, bound.need, limit, what)
+    result.log.add_memory(MEMORY_REJECTION, 1, bound.example, bound.need_bytes, limit, what)
     return False
 
 

@@ -207,6 +207,17 @@ def largest_world(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     return training.global_batch_size * tp * pp * cp
 
 
+def requested_runnable(
+    framework: Framework, model: ModelSpec, training: TrainingSpec, launchers: Sequence[Target] | None
+) -> bool:
+    """Whether a requested launcher (None: any) runs some layout of ``framework`` for this job: one
+    of them runs the framework, and no target refuses the job whatever the layout
+    (``launchers.framework_job_refusal``)."""
+    if launchers is not None and not set(FRAMEWORKS[framework].targets) & set(launchers):
+        return False
+    return framework_job_refusal(framework, model, training) is None
+
+
 def largest_runnable_world(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -218,12 +229,7 @@ def largest_runnable_world(
     the job runs data parallel alone (``launchers.data_parallel_only``: tp = pp = cp = ep = 1, so
     the GPUs are dp, which divides the global batch): past it no layout a requested launcher runs
     exists. (None of ``frameworks`` runnable: ``largest_world``, the search says why.)"""
-    runnable = [
-        f
-        for f in frameworks
-        if (launchers is None or set(FRAMEWORKS[f].targets) & set(launchers))
-        and framework_job_refusal(f, model, training) is None
-    ]
+    runnable = [f for f in frameworks if requested_runnable(f, model, training, launchers)]
     if runnable and all(data_parallel_only(f, model, launchers) for f in runnable):
         return min(training.global_batch_size, largest_world(model, cluster, training))
     return largest_world(model, cluster, training)
@@ -375,7 +381,7 @@ class LeastBytes:
     """A lower bound on the per-GPU memory of every layout on ``gpus`` GPUs or fewer that a requested
     launcher runs (``least_bytes_per_gpu``), with the framework that needs least."""
 
-    need: int  # dynamic_bytes + state_bytes
+    need_bytes: int  # dynamic_bytes + state_bytes
     framework: Framework
     example: Layout  # the leanest layout of the framework on ``gpus`` GPUs, data parallel alone
     dynamic_bytes: int  # what no data parallelism shrinks (0: the framework may split otherwise)
@@ -445,11 +451,8 @@ def least_bytes_per_gpu(
     switches = megatron_lm_switches(launchers, training.precision)
     found: LeastBytes | None = None
     for framework in frameworks:
-        wanted = FRAMEWORKS[framework].targets
-        if launchers is not None and not set(wanted) & set(launchers):
-            continue  # no requested launcher runs any of its layouts
-        if framework_job_refusal(framework, model, training) is not None:
-            continue  # no launcher runs it for this job: the search leaves it out
+        if not requested_runnable(framework, model, training, launchers):
+            continue  # the search leaves it out
         state_bytes = min_state_bytes_per_gpu(job, framework, gpus) if states else 0
         dynamic, example = 0, Layout(framework=framework, dp=gpus)
         if data_parallel_only(framework, model, launchers):
@@ -457,9 +460,9 @@ def least_bytes_per_gpu(
             dynamic, lean = dynamic_floor(job, framework, search_compile(torch_compile, framework), own)
             example = dataclasses.replace(lean, dp=gpus)
         bound = LeastBytes(dynamic + state_bytes, framework, example, dynamic, state_bytes, gpus)
-        if found is None or bound.need < found.need:
+        if found is None or bound.need_bytes < found.need_bytes:
             found = bound
-    return found if found is not None and found.need > 0 else None
+    return found if found is not None and found.need_bytes > 0 else None
 
 
 @dataclass(frozen=True, slots=True)

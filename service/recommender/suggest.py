@@ -172,7 +172,7 @@ def climb_bound(
         job, constraints.frameworks, offload, top, constraints.launchers, constraints.torch_compile
     )
     limit = allowed_bytes(cluster.gpu.memory_bytes, constraints.min_headroom_fraction)
-    if bound is None or bound.need <= limit:
+    if bound is None or bound.need_bytes <= limit:
         return within, None
     cut = ""
     if len(within) < len(counts) and runnable < largest:

@@ -707,7 +707,8 @@ def test_a_short_key_gives_no_stale_number_and_is_recorded(monkeypatch: pytest.M
         != evaluate.time_estimate(make_job(spec, c, BASE, tuning), layout)
     ]
     assert wrong == []
-    assert job_module.UNKEYED_READS == {(stored.formula.__qualname__, "sequence_parallel")}
+    part = f"{stored.formula.__module__}.{stored.formula.__qualname__}"
+    assert job_module.UNKEYED_READS == {(part, "sequence_parallel")}
     assert not shared.memos[mutant]
 
 

@@ -90,7 +90,14 @@ def test_the_bound_is_below_every_data_parallel_layout(card: str) -> None:
                         compiled = search_compile(compile_it, framework)
                         for layout in _data_parallel_layouts(job, framework, offload, gpus, compiled):
                             need = evaluate.memory_numbers(job, layout)[0]
-                            assert bound.need <= need, (name, card, training.method, framework, layout, bound)
+                            assert bound.need_bytes <= need, (
+                                name,
+                                card,
+                                training.method,
+                                framework,
+                                layout,
+                                bound,
+                            )
                             checked += 1
     assert bounded > 500 and checked > 10_000
 
@@ -142,7 +149,7 @@ def test_the_bound_is_below_every_runnable_layout_a_search_evaluates(
             continue
         runnable += 1
         bound = least_bytes_per_gpu(job, constraints.frameworks, offload, layout.world_size, HF)
-        assert bound is not None and bound.need <= need, (layout, bound, need)
+        assert bound is not None and bound.need_bytes <= need, (layout, bound, need)
     assert runnable > 0
 
 
