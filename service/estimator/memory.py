@@ -67,15 +67,19 @@ def bucket_bytes(
 ) -> float:
     """Gradient communication buckets (flat copies made for the reduction); ``reduce_bytes``: a
     gradient element as reduced (``model_states.grad_reduce_bytes``)."""
-    # DeepSpeed 0: gradients flattened in MEMORY_OPT_ALLREDUCE_SIZE chunks for the all-reduce;
-    # 1-3: reduce_bucket_size buffers in the communication dtype (stage_1_and_2.py / stage3.py
-    # allocate the IPG buffer per communication dtype: 16-bit, fp32 under Ulysses).
+    # DeepSpeed 0: gradients flattened in MEMORY_OPT_ALLREDUCE_SIZE chunks for the all-reduce, and the
+    # chunk cast to the communication dtype where it differs (engine.py allreduce_bucket:
+    # tensor.to(communication_data_type); fp32 under Ulysses); 1-3: reduce_bucket_size buffers in the
+    # communication dtype (stage_1_and_2.py / stage3.py allocate the IPG buffer per communication
+    # dtype: 16-bit, fp32 under Ulysses).
     # PyTorch DDP (FSDP stage 0 here): buckets copy every gradient unless gradient_as_bucket_view.
     # FSDP 2/3: one unit's unsharded gradients before reduce-scatter. Megatron reduces in place.
     replicas = layout.dp * layout.cp
     if layout.framework is Framework.DEEPSPEED:
         if layout.zero_stage == 0:
-            return min(trainable, assume.ds_stage0_allreduce_elements) * sb.gradients if replicas > 1 else 0.0
+            chunk = min(trainable, assume.ds_stage0_allreduce_elements)
+            cast = reduce_bytes if reduce_bytes != sb.gradients else 0
+            return chunk * (sb.gradients + cast) if replicas > 1 else 0.0
         return deepspeed_buckets(model, layout).reduce_buffer_elements * reduce_bytes
     if layout.framework is Framework.FSDP and layout.zero_stage == 0:
         return trainable * reduce_bytes if replicas > 1 and not assume.ddp_gradient_as_bucket_view else 0.0

@@ -101,6 +101,18 @@ def test_ulysses_reduce_buckets_are_fp32() -> None:
         assert rank.buffers == 10_000_000 * element_bytes
 
 
+def test_ulysses_stage0_chunk_is_cast_to_fp32_beside_itself() -> None:
+    # ZeRO-0: the flattened chunk (min(trainable, MEMORY_OPT_ALLREDUCE_SIZE) elements, 16-bit), and
+    # under Ulysses its fp32 cast for the all-reduce as well (engine.py allreduce_bucket)
+    zero0 = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=0)
+    ulysses = dataclasses.replace(zero0, dp=4, cp=2)
+    j = job(TINY, cluster(8), TRAIN)
+    chunk = min(j.counts.total, j.assume.ds_stage0_allreduce_elements)
+    for layout, element_bytes in ((zero0, 2), (ulysses, 2 + 4)):
+        (rank,) = stage_states(job(TINY, cluster(8), TRAIN), layout)
+        assert rank.buffers == pytest.approx(chunk * element_bytes)
+
+
 # ---------------------------------------------------------------- the launchers run it
 
 
