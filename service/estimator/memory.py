@@ -566,6 +566,11 @@ def _pipeline_note(job: Job, layout: Layout) -> str:
 
 def fp8_note(layout: Layout) -> str:
     """What fp8 training keeps, as this layout runs it."""
+    if layout.framework is Framework.FSDP:
+        return (
+            "fp8: torchao Float8Linear: bf16 weights cast to fp8 in each forward, no cached fp8 copy; "
+            "bf16 activations"
+        )
     if layout.framework is not Framework.MEGATRON:
         return "fp8: bf16 weights + cached fp8 weight and transpose per GEMM weight (2 B), bf16 activations"
     chosen = "as set" if layout.fp8_param_gather is not None else "NVIDIA's fp8 recipes' default"
