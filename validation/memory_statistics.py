@@ -149,6 +149,11 @@ _FINDINGS = [
     "expandable segments, where the caching allocator's fragmentation was never measured here (the "
     "0.16 was fitted on torchtitan runs with them). Those are the mechanisms left to model for this "
     "statistic; they are not fitted on this one row.",
+    "",
+    "Since then the sharded FSDP rows grew (the after column): FSDP holds the gradients it reduces in "
+    "the reduce dtype, fp32 (a layer's reduce-scatter input; under torch.distributed.pipelining the "
+    "stage's gradients, accumulated in fp32 until the last micro-batch), where they were counted at "
+    "2 bytes. Every run is still estimated to fit.",
 ]
 
 

@@ -96,9 +96,11 @@ def gathered_parameter_bytes(
     assume: MemoryAssumptions,
     *,
     full: bool,
+    reduce_bytes: int,
 ) -> float:
     """Unsharded compute copies of the parameters (and gradients) alive at the peak (ZeRO-3 / FSDP).
-    ``full``: every weight trains (else the frozen base has no gradients to hold)."""
+    ``full``: every weight trains (else the frozen base has no gradients to hold). ``reduce_bytes``:
+    a gradient element as FSDP holds it for its reduce-scatter (``model_states.grad_reduce_bytes``)."""
     dense_shard, trainable = shards
     stage = layout.zero_stage if dense_shard > 1 else 0  # FSDP falls back to NO_SHARD on one rank
     grads = 1.0 if full else 0.0
@@ -107,16 +109,19 @@ def gathered_parameter_bytes(
             # Under torch.distributed.pipelining every micro-batch but the last runs backward with
             # reshard_after_backward and gradient sync off (PipelineStage.backward_maybe_with_nosync):
             # the stage's parameters stay unsharded from one backward to the next forward, and its
-            # unsharded gradients accumulate until the last micro-batch's reduce-scatter.
-            return (1.0 + grads) * (rp.dense + rp.expert) * sb.weights
+            # unsharded gradients accumulate until the last micro-batch's reduce-scatter, in the
+            # reduce dtype (FSDPParam.to_accumulated_grad_if_needed upcasts them after each backward).
+            return (sb.weights + grads * reduce_bytes) * (rp.dense + rp.expert)
         if stage == 3:
             # This layer, the prefetched one, the output unit kept through the loss, and this
-            # layer's unsharded gradients before their reduce-scatter.
+            # layer's unsharded gradients before their reduce-scatter, copied into its input in the
+            # reduce dtype (_fsdp_collectives.foreach_reduce: reduce_scatter_input).
             units = (1 + assume.fsdp_prefetch_layers) * rp.layer + rp.last_unit
-            return (units + grads * rp.layer) * sb.weights
+            return units * sb.weights + grads * rp.layer * reduce_bytes
         if stage == 2:
-            # SHARD_GRAD_OP keeps every unsharded parameter from forward to backward, + one unit's grads.
-            return (rp.dense + rp.expert + grads * rp.layer) * sb.weights
+            # SHARD_GRAD_OP keeps every unsharded parameter from forward to backward, + one unit's grads
+            # (as reduce-scattered).
+            return (rp.dense + rp.expert) * sb.weights + grads * rp.layer * reduce_bytes
         # NO_SHARD / DDP under autocast: 16-bit casts of the fp32 weights, saved for backward.
         return trainable * sb.weights if sb.master else 0.0
     if layout.zero_stage != 3 or layout.framework is Framework.MEGATRON:
@@ -331,7 +336,15 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
     reduce_bytes = grad_reduce_bytes(training.precision, layout)
     buffers = bucket_bytes(model, trainable, sb, layout, assume, reduce_bytes)
     buffers += gathered_parameter_bytes(
-        model, job.counts, rp, layout, sb, (degrees[0], trainable), assume, full=full
+        model,
+        job.counts,
+        rp,
+        layout,
+        sb,
+        (degrees[0], trainable),
+        assume,
+        full=full,
+        reduce_bytes=reduce_bytes,
     )
     parameters, gradients = math.ceil(states.parameters), math.ceil(states.gradients)
     optimizer_states = math.ceil(states.optimizer_states)
@@ -557,6 +570,11 @@ def _pipeline_note(job: Job, layout: Layout) -> str:
 
 def fp8_note(layout: Layout) -> str:
     """What fp8 training keeps, as this layout runs it."""
+    if layout.framework is Framework.FSDP:
+        return (
+            "fp8: torchao Float8Linear: bf16 weights cast to fp8 in each forward, no cached fp8 copy; "
+            "bf16 activations"
+        )
     if layout.framework is not Framework.MEGATRON:
         return "fp8: bf16 weights + cached fp8 weight and transpose per GEMM weight (2 B), bf16 activations"
     chosen = "as set" if layout.fp8_param_gather is not None else "NVIDIA's fp8 recipes' default"

@@ -574,13 +574,17 @@ def rank_model_states(
     if (
         training.precision is Precision.FP8
         and layout.zero_stage < 3
+        and layout.framework is not Framework.FSDP
         and not megatron_fp8_params(layout, training.precision)
     ):
         # Transformer Engine caches an fp8 copy of each GEMM weight and of its transpose (1 + 1
         # bytes) across micro-batches; under ZeRO-3/FULL_SHARD they are per-layer temporaries. With
         # Megatron's --fp8-param-gather the GEMM weights are fp8 tensors themselves (TE
         # fp8_model_init: 1 B of data + 1 B of transpose on Hopper), counted as the 2-byte weights
-        # above: no bf16 copy, no cache.
+        # above: no bf16 copy, no cache. FSDP's fp8 is torchao's Float8Linear (torchtitan's float8
+        # converter), which keeps no cache: it casts the weight in every forward
+        # (torchao/float8/float8_linear.py Float8Linear.forward, dynamic scaling) and saves the cast
+        # for that micro-batch's backward only, a per-layer temporary under activation checkpointing.
         parameters += 2 * rp.linear
     return ModelStates(
         parameters=parameters,

@@ -113,6 +113,23 @@ def test_ulysses_stage0_chunk_is_cast_to_fp32_beside_itself() -> None:
         assert rank.buffers == pytest.approx(chunk * element_bytes)
 
 
+def test_fsdp_holds_a_layers_gradients_for_its_reduce_scatter_in_fp32() -> None:
+    # FULL_SHARD on TINY (fsdp_prefetch_layers 1): this layer, the prefetched one and the output unit
+    # (final norm 8 + lm_head 256) in bf16, and this layer's gradients copied into the reduce-scatter
+    # input in float32 (foreach_reduce): (2 x 656 + 264) x 2 + 656 x 4 = 5776
+    (rank,) = stage_states(job(TINY, cluster(8), TRAIN), FSDP3)
+    assert rank.buffers == (2 * TINY_LAYER + 264) * 2 + TINY_LAYER * 4 == 5776
+
+
+def test_fsdp_under_a_pipeline_accumulates_the_stages_gradients_in_fp32() -> None:
+    # no reduce-scatter until the last micro-batch: the stage's bf16 parameters and its gradients,
+    # upcast to the reduce dtype after each backward (FSDPParam.to_accumulated_grad_if_needed):
+    # stage 0 holds the embedding 256 + one layer 656 = 912 parameters, stage 1 656 + 264 = 920
+    pipelined = Layout(framework=Framework.FSDP, dp=4, pp=2, zero_stage=2)
+    ranks = stage_states(job(TINY, cluster(8), TRAIN), pipelined)
+    assert [rank.buffers for rank in ranks] == [912 * (2 + 4), 920 * (2 + 4)]
+
+
 # ---------------------------------------------------------------- the launchers run it
 
 

@@ -229,6 +229,14 @@ def test_fp8_adds_weight_caches() -> None:
     assert state_bytes(fp8, Framework.DEEPSPEED, TINY, ASSUME, grads_in_fp32=False).master == 4
 
 
+def test_fsdp_fp8_keeps_no_weight_cache() -> None:
+    # torchao Float8Linear (FSDP's fp8) casts the weight in each forward and keeps no fp8 copy across
+    # micro-batches: SHARD_GRAD_OP holds its fp32 sharded parameters only, as under bf16.
+    fp8 = dataclasses.replace(TRAIN, precision=Precision.FP8)
+    lay = Layout(framework=Framework.FSDP, dp=4, zero_stage=2)
+    assert states(TINY, cluster(4), lay, fp8).parameters == states(TINY, cluster(4), lay, TRAIN).parameters
+
+
 # ---------------------------------------------------------------- activations, hand-computed
 
 

@@ -5,7 +5,21 @@ from __future__ import annotations
 
 from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
+from service.estimator.types import Framework, Method
 from validation import memory_statistics, published
+
+
+def holds_fp32_gradients_since(row_id: str) -> bool:
+    """Rows the estimate has grown on since issue 27's figures were recorded: sharded FSDP under mixed
+    precision now holds the gradients it reduce-scatters in the reduce dtype, fp32 (the unit's
+    reduce-scatter input; under a pipeline the stage's accumulated gradients), where they were 2 B."""
+    _, _, training, layout, _ = published.inputs(published.row_by_id(row_id))
+    return (
+        layout.framework is Framework.FSDP
+        and layout.zero_stage in (2, 3)
+        and training.method is Method.FULL
+        and not training.precision.stores_fp32
+    )
 
 
 def test_device_used_is_the_former_total_and_no_verdict_moved() -> None:
@@ -20,7 +34,10 @@ def test_device_used_is_the_former_total_and_no_verdict_moved() -> None:
         if row["memory_statistic"] == "allocated":  # litgpt's rows, added after the change: no before
             assert row["id"] not in before
             continue
-        assert est.memory.per_gpu.device_used_bytes == before[row["id"]]["bytes"], row["id"]
+        if holds_fp32_gradients_since(row["id"]):
+            assert est.memory.per_gpu.device_used_bytes > before[row["id"]]["bytes"], row["id"]
+        else:
+            assert est.memory.per_gpu.device_used_bytes == before[row["id"]]["bytes"], row["id"]
         assert before[row["id"]]["fits"] is True, row["id"]
 
 
@@ -33,6 +50,8 @@ def test_rows_compare_their_statistic_and_the_acceptance_counts_held_out_rows() 
             assert r.before_bytes is None
             continue
         assert r.before_bytes is not None
+        if holds_fp32_gradients_since(r.id):
+            continue  # grown since, by what the first test checks
         if r.statistic == "reserved":  # peak reserved holds neither the CUDA context nor NCCL's buffers
             assert r.after_bytes < r.before_bytes
         else:
