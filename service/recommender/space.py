@@ -383,7 +383,9 @@ class LeastBytes:
 
     need_bytes: int  # dynamic_bytes + state_bytes
     framework: Framework
-    example: Layout  # the leanest layout of the framework on ``gpus`` GPUs, data parallel alone
+    # the data-parallel layout on ``gpus`` GPUs the bound was taken at: the leanest one where the
+    # framework runs data parallel only, else the framework's plain dp layout (states alone)
+    example: Layout
     dynamic_bytes: int  # what no data parallelism shrinks (0: the framework may split otherwise)
     state_bytes: int  # model states sharded over all ``gpus`` (0: offload or a frozen base)
     gpus: int

@@ -152,8 +152,8 @@ def test_a_gpu_type_is_searched_up_to_max_nodes() -> None:
 
 
 def test_a_stored_cluster_is_searched_up_to_its_size() -> None:
-    """The same ladder capped a stored cluster at 64 nodes: a 100-node V100 cluster that holds the
-    job whole was said not to fit it (and its own size, not 3-smooth, was never tried)."""
+    """The same ladder capped a stored cluster at 64 nodes: a 128-node V100 cluster that holds the
+    job whole was said not to fit it."""
     stored = ClusterSpec(
         gpu=gpu("v100-sxm2-16gb"),
         num_nodes=128,

@@ -322,17 +322,9 @@ def test_a_plan_through_a_data_parallel_launcher_builds_no_split_it_refuses() ->
     every tp/pp/cp/ep layout and every Megatron one, then refused each by asking the launchers (70B on
     32 H100: 2,317 memory evaluations, now 17); each split and the framework are logged once, with
     why, and the answer is the same."""
-    h100 = gpu("h100-sxm-80gb")
-    cluster = ClusterSpec(
-        gpu=h100,
-        num_nodes=4,
-        gpus_per_node=8,
-        intra_node_bandwidth_bytes_per_s=h100.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=50e9,
-    )
     training = TrainingSpec(seq_len=4096, global_batch_size=256)
     hf_trainer = Constraints(launchers=(Target.HF_TRAINER,))
-    rec = recommend(model("llama-3-70b").spec, cluster, training, hf_trainer, default_tuning())
+    rec = recommend(model("llama-3-70b").spec, cluster(nodes=4), training, hf_trainer, default_tuning())
     assert rec.recommended is not None
     layout = rec.recommended.layout
     assert (layout.tp, layout.pp, layout.cp, layout.ep) == (1, 1, 1, 1)
@@ -348,14 +340,7 @@ def test_a_plan_through_a_data_parallel_launcher_builds_no_split_it_refuses() ->
 def test_a_data_parallel_split_names_only_the_launchers_that_run_the_framework() -> None:
     """DeepSpeed through the HF Trainer or Megatron-LM: the HF Trainer alone of them runs DeepSpeed, so
     the split's reason names it, not Megatron-LM (which runs model parallelism, and not DeepSpeed)."""
-    h100 = gpu("h100-sxm-80gb")
-    node = ClusterSpec(
-        gpu=h100,
-        num_nodes=1,
-        gpus_per_node=8,
-        intra_node_bandwidth_bytes_per_s=h100.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=h100.intra_node_bandwidth_bytes_per_s,
-    )
+    node = cluster()
     both = Constraints(frameworks=(Framework.DEEPSPEED,), launchers=(Target.HF_TRAINER, Target.MEGATRON))
     training = TrainingSpec(seq_len=4096, global_batch_size=64)
     rec = recommend(model("llama-3-8b").spec, node, training, both, default_tuning())
