@@ -519,21 +519,41 @@ def with_optimizer_offload(case: MemoryCase) -> MemoryCase:
 
 # ---------------------------------------------------------------- measured HF activations
 
-# On the CPU, Falcon-7B's multi-query SDPA with an explicit mask takes PyTorch's math fallback,
-# which upcasts to fp32 and stores the s x s probabilities; CUDA runs the memory-efficient kernel,
-# which we model. Not comparable.
-CPU_ONLY_PATHS = {"falcon-7b-style-bfloat16-sdpa-b2-s64"}
-CPU_ONLY_REASON = (
-    "excluded: on the CPU, Falcon-7B's multi-query SDPA with an explicit mask takes PyTorch's math "
-    "fallback (fp32 upcast, s x s probabilities saved); CUDA runs the memory-efficient kernel we model"
-)
+# Cases whose CPU kernel is not the one CUDA runs, so not comparable with the estimator (which
+# models CUDA's). On the CPU, Falcon-7B's multi-query SDPA with an explicit mask takes PyTorch's math
+# fallback, which upcasts to fp32 and stores the s x s probabilities; CUDA runs the memory-efficient
+# kernel. The other way round, a grouped-query model's unmasked fp32 SDPA (transformers' enable_gqa)
+# runs the CPU's flash kernel, while CUDA's flash kernel takes 16 bits only and its memory-efficient
+# one no grouped heads, so CUDA runs the math kernel (flops.materialises_scores; measured on an H200,
+# validation/data/device_runs.json).
+_FALCON_MASKED = "falcon-7b-style-bfloat16-sdpa-b2-s64"
+
+
+def cpu_only_reason(case: dict[str, Any]) -> str | None:
+    """Why a case of activations.json ran another kernel on the CPU than CUDA runs, or None."""
+    if case["id"] == _FALCON_MASKED:
+        return (
+            "excluded: on the CPU, Falcon-7B's multi-query SDPA with an explicit mask takes PyTorch's math "
+            "fallback (fp32 upcast, s x s probabilities saved); CUDA runs the memory-efficient kernel we "
+            "model"
+        )
+    config = case["config"]
+    heads = config.get("num_attention_heads")
+    grouped = heads is not None and config.get("num_key_value_heads", heads) < heads
+    if case["dtype"] == "float32" and case["attn_implementation"] == "sdpa" and grouped:
+        return (
+            "excluded: on the CPU, grouped-query fp32 SDPA (enable_gqa) runs the flash kernel, saving no "
+            "s x s probabilities; CUDA has no fp32 flash or grouped memory-efficient kernel and runs the "
+            "math one, which the estimate models (validation/data/device_runs.json)"
+        )
+    return None
 
 
 def measured_cases() -> list[dict[str, Any]]:
     """Records of activations.json that are comparable with the estimator (CUDA code paths)."""
     if not ACTIVATIONS_PATH.exists():
         return []
-    return [c for c in activation_document()["cases"] if c["id"] not in CPU_ONLY_PATHS]
+    return [c for c in activation_document()["cases"] if cpu_only_reason(c) is None]
 
 
 def hf_model(case: dict[str, Any], layers: int) -> ModelSpec:
@@ -892,8 +912,9 @@ def activation_rows() -> Iterator[Row]:
     """Every case of activations.json: totals at both depths and per layer, within 10%; a case
     with layers of several kinds also one layer of each kind."""
     for case in activation_document()["cases"]:
-        excluded = case["id"] in CPU_ONLY_PATHS
-        note = CPU_ONLY_REASON if excluded else _activation_case_note(case)
+        reason = cpu_only_reason(case)
+        excluded = reason is not None
+        note = reason or _activation_case_note(case)
         totals, per_layer = activation_estimates(case)
         pairs: list[tuple[str, float, float]] = [
             (f"total bytes, {layers} layers", measured, totals[layers])

@@ -24,6 +24,7 @@ from typing import Any
 from validation import (
     cases,
     clock_classes,
+    device_memory,
     memory_statistics,
     moe_classes,
     network_classes,
@@ -237,6 +238,7 @@ def render(rows: Sequence[Row]) -> str:
     lines += moe_classes.sections(percent, table)
     lines += small_model_classes.sections(percent, table)
     lines += memory_statistics.sections(percent, table)
+    lines += device_memory.sections(percent, table)
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ from service.estimator.types import (
     GPUSpec,
     Method,
     Optimizer,
+    OptimizerImplementation,
     Precision,
     TrainingSpec,
 )
@@ -30,6 +31,15 @@ class TrainingIn(Strict):
         "never fp8) and named in the answer's resolved_defaults",
     )
     optimizer: Optimizer = Optimizer.ADAMW
+    optimizer_implementation: OptimizerImplementation = Field(
+        default=OptimizerImplementation.FUSED,
+        description="adamw under fsdp (PyTorch's own optimizer): fused (torch AdamW(fused=True); HF Trainer's"
+        " default optim adamw_torch_fused, torchtitan's default) allocates nothing parameter-sized; foreach "
+        "(torch.optim's default on CUDA: a plain torch.optim.AdamW, HF Trainer optim adamw_torch) makes a "
+        "temporary of the trainable parameters' size in their dtype during the step (4 B per fp32 "
+        "parameter, sharded as they are). deepspeed and megatron run their own fused optimizers and refuse "
+        "foreach",
+    )
     method: Method = Method.FULL
     lora_rank: int | None = Field(default=None, ge=1, le=65_536, description="LoRA/QLoRA only; default 16")
     lora_targets: list[str] | Literal["all-linear"] | None = Field(
@@ -85,6 +95,7 @@ class TrainingIn(Strict):
             global_batch_size=self.global_batch_size,
             precision=self.precision or Precision.BF16,  # a placeholder until for_gpu resolves it
             optimizer=self.optimizer,
+            optimizer_implementation=self.optimizer_implementation,
             method=self.method,
             lora_rank=16 if self.lora_rank is None else self.lora_rank,
             lora_targets=targets,

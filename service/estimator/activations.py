@@ -46,8 +46,6 @@ PYTHON_GELU_FAMILIES = frozenset({"gpt2", "phi"})
 # Eager softmax in the model dtype (no fp32 upcast and 16-bit copy): GPT-2, Falcon, and BERT / RoBERTa
 # (modeling_bert.py eager_attention_forward: nn.functional.softmax(attn_weights, dim=-1)).
 MODEL_DTYPE_SOFTMAX_FAMILIES = frozenset({"gpt2", "falcon", "bert", "roberta"})
-# Falcon's SDPA path repeats k and v to every head and passes a materialised (b, 1, s, s) mask.
-SDPA_EXPANDS_KV_FAMILIES = frozenset({"falcon"})
 # RMSNorms whose weight multiplies the fp32 normalised input (Gemma's (1 + weight) in fp32; OLMo 2's
 # weight * x before the cast; GPT-OSS keeps its norm weights in fp32), so that saved product is fp32.
 FP32_NORM_FAMILIES = frozenset({"gemma", "gemma2", "gemma3", "olmo2", "gpt_oss"})
@@ -273,7 +271,7 @@ def _hf_sdpa(model: ModelSpec, training: TrainingSpec, tokens: float, masked: bo
     # family with a window (Phi-3), Llama 4's chunked layers.
     d, q, kv = element_bytes(training.precision), model.q_size, model.kv_size
     rotary = model.position_embedding is PositionEmbedding.ROPE
-    if model.family in SDPA_EXPANDS_KV_FAMILIES:
+    if model.family in flops.SDPA_EXPANDS_KV_FAMILIES:
         return d * tokens * 3 * q + d * tokens * training.seq_len  # mask: b x s_local x s
     if model.family in FUSED_QKV_FAMILIES:
         return d * tokens * ((q + 2 * kv) + ((q + kv) if rotary else 0))
@@ -297,7 +295,8 @@ def _hf_attention(
     d, t = element_bytes(training.precision), local_tokens(layout, training)
     h, q, kv, a = model.hidden_size, model.q_size, model.kv_size, model.num_attention_heads
     sharded = d * t * model.v_size  # the attention output, o_proj's input
-    if training.attention is Attention.EAGER:
+    masked = _sdpa_window_mask(model, training, attention)
+    if flops.materialises_scores(model, training) and not masked:  # eager, or SDPA's math kernel
         kv_saved = q if model.num_kv_heads < a else kv
         sharded += d * t * (q + 2 * kv_saved)
         if core and model.attention_sinks:
@@ -313,7 +312,6 @@ def _hf_attention(
     elif model.mla is not None:
         sharded += _hf_mla(model, training, t) + (FP32_BYTES * a * t if core else 0.0)
     else:
-        masked = _sdpa_window_mask(model, training, attention)
         sharded += _hf_sdpa(model, training, t, masked) + (FP32_BYTES * a * t if core else 0.0)
     # the residual dropout after o_proj keeps its mask
     replicated = d * t * h + _hf_mla_latents(model, training, t) + _hidden_mask(model) * t * h

@@ -3,7 +3,7 @@ all under the calibration learned from observed runs when there is one."""
 
 from __future__ import annotations
 
-from service.estimator import evaluate
+from service.estimator import evaluate, flops
 from service.estimator.activations import element_bytes
 from service.estimator.calibration import (
     Calibration,
@@ -137,9 +137,16 @@ def peak_note(job: Job) -> str:
 def attention_core_note(job: Job, layout: Layout) -> str:
     """How attention's core was timed: which kernel, at what share of the 16-bit peak."""
     attention = job.training.attention
-    if attention is Attention.EAGER:
+    if flops.materialises_scores(job.model, job.training):
         masked = "unmasked" if job.model.bidirectional else "masked"
-        return f"attention's core (eager): the whole {masked} s x s square at the GEMM rate"
+        named = (
+            "eager"
+            if attention is Attention.EAGER
+            else (
+                "sdpa: PyTorch's math kernel, for grouped-query heads in fp32 under transformers' enable_gqa"
+            )
+        )
+        return f"attention's core ({named}): the whole {masked} s x s square at the GEMM rate"
     # a bidirectional encoder's kernel runs every key block (flops.causal_keys_per_query)
     region = "whole s x s square (bidirectional)" if job.model.bidirectional else "causal triangle"
     kernel = core_kernel(job, layout)

@@ -24,6 +24,7 @@ from service.estimator.memory import (
     RankStates,
     autocast_weight_bytes,
     fragmentation_bytes,
+    gradients_follow_activations,
     pipeline_ranks,
     stage_activations,
     stage_states,
@@ -56,29 +57,68 @@ def rank_buffer_bytes(states: RankStates, acts: RankActivations, autocast_bytes:
     return states.buffers + acts.buffers + autocast_bytes
 
 
-def rank_overhead_bytes(job: Job, acts: RankActivations, buffers: float) -> int:
-    """The CUDA context, NCCL's buffers and the allocator's fragmentation on the activations and
-    ``buffers``, in whole bytes (the context and NCCL's are whole bytes each already)."""
-    fragmentation = fragmentation_bytes(acts.on_gpu + buffers, job.assume.fragmentation_fraction)
-    return math.ceil(acts.context_and_nccl + fragmentation)
+def rank_peak_parts(
+    job: Job, states: RankStates, acts: RankActivations, autocast_bytes: float
+) -> tuple[int, int, int, int]:
+    """(gradients, activations, buffers, overhead) of one pipeline rank at its peak, in whole bytes:
+    the parameters and optimizer states are alive throughout; what else is depends on the moment,
+    and the peak is the moment that allocates the most:
+
+    * the backward's start: every activation and buffer, with every gradient where they meet
+      (gradient accumulation, a pipeline, Megatron's and DeepSpeed's gradient buffers) and else only
+      the output layer's (``RankStates.head_gradients``; ``memory.gradients_follow_activations``);
+    * the backward's end, where gradients follow activations: every gradient, the first layer's
+      working set (``RankActivations.backward_end``), the buffers held through the backward and a tied
+      embedding's second gradient;
+    * the optimizer step: every gradient, the held buffers and what the step allocates
+      (``RankStates.optimizer_temporary``).
+
+    The overhead: the CUDA context, NCCL's buffers and the allocator's fragmentation, a fraction of
+    what each moment allocates and frees; the reserved peak is the largest moment's reservation, the
+    start's with the gradients made later where they come from another stream's pool
+    (``RankStates.gradients_apart``)."""
+    buffers = rank_buffer_bytes(states, acts, autocast_bytes)
+    fraction = job.assume.fragmentation_fraction
+    follow = acts.backward_end is not None
+    start_gradients = states.head_gradients if follow else float(states.gradients)
+    start = start_gradients + acts.on_gpu + buffers
+    made = states.gradients - start_gradients  # gradients allocated after the start
+    # gradients made on another stream's blocks cannot reuse the activations' (gradients_in_own_pool)
+    apart = made if states.gradients_apart else 0.0
+    reserved = start + fragmentation_bytes(acts.on_gpu + buffers, fraction) + apart
+    moment = (math.ceil(start_gradients), acts.on_gpu_bytes, math.ceil(buffers))
+    peak = start
+    if follow:
+        assert acts.backward_end is not None
+        end_buffers = states.held_buffers + states.tied_embedding_transient
+        end = states.gradients + acts.backward_end + end_buffers
+        reserved = max(reserved, end + fragmentation_bytes(made + acts.backward_end + end_buffers, fraction))
+        if end > peak:
+            moment, peak = (states.gradients, math.ceil(acts.backward_end), math.ceil(end_buffers)), end
+    if states.optimizer_temporary:
+        step_buffers = states.held_buffers + states.optimizer_temporary
+        step = states.gradients + step_buffers
+        reserved = max(reserved, step + fragmentation_bytes(made + states.optimizer_temporary, fraction))
+        if step > peak:
+            moment, peak = (states.gradients, 0, math.ceil(step_buffers)), step
+    return (*moment, math.ceil(acts.context_and_nccl + reserved - peak))
 
 
 def rank_memory_parts(
     job: Job, states: RankStates, acts: RankActivations, dynamic_factor: float, autocast_bytes: float
 ) -> MemoryParts:
-    """One pipeline rank's bytes by component; ``dynamic_factor`` (learned from runs) scales the
-    dynamic ones: activations, buffers and the overhead (fragmentation, CUDA context, NCCL).
-    ``autocast_bytes``: the 16-bit copies of a frozen fp32 base the rank holds
-    (``memory.autocast_weight_bytes``), a buffer."""
-    buffers = rank_buffer_bytes(states, acts, autocast_bytes)
+    """One pipeline rank's bytes by component at its peak (``rank_peak_parts``); ``dynamic_factor``
+    (learned from runs) scales the dynamic ones: activations, buffers and the overhead
+    (fragmentation, CUDA context, NCCL). ``autocast_bytes``: the 16-bit copies of a frozen fp32 base
+    the rank holds (``memory.autocast_weight_bytes``), a buffer."""
+    gradients, activations, buffers, overhead = rank_peak_parts(job, states, acts, autocast_bytes)
     context, nccl = math.ceil(acts.cuda_context), math.ceil(acts.nccl_buffers)  # whole bytes already
-    overhead = rank_overhead_bytes(job, acts, buffers)
     if dynamic_factor == 1.0:
-        dynamic = (acts.on_gpu_bytes, math.ceil(buffers), overhead)
+        dynamic = (activations, buffers, overhead)
     else:
         dynamic = (
-            calibrated_bytes(acts.on_gpu_bytes, dynamic_factor),
-            calibrated_bytes(math.ceil(buffers), dynamic_factor),
+            calibrated_bytes(activations, dynamic_factor),
+            calibrated_bytes(buffers, dynamic_factor),
             calibrated_bytes(overhead, dynamic_factor),
         )
         context, nccl = calibrated_bytes(context, dynamic_factor), calibrated_bytes(nccl, dynamic_factor)
@@ -87,7 +127,7 @@ def rank_memory_parts(
     nccl = min(nccl, dynamic[2] - context)
     return (
         states.parameters,
-        states.gradients,
+        gradients,
         states.optimizer_states,
         dynamic[0],
         dynamic[1],
@@ -101,9 +141,9 @@ def rank_total_bytes(job: Job, states: RankStates, acts: RankActivations, autoca
     """``sum(rank_memory_parts(job, states, acts, 1.0, autocast_bytes))`` without the parts: what a
     search compares with the limit, once per layout it tries (the parts are integers, so any order
     of adding them gives this sum; the overhead's split adds up to the overhead)."""
-    buffers = rank_buffer_bytes(states, acts, autocast_bytes)
-    overhead = rank_overhead_bytes(job, acts, buffers)
-    return states.model_states_bytes + acts.on_gpu_bytes + math.ceil(buffers) + overhead
+    return (
+        states.parameters + states.optimizer_states + sum(rank_peak_parts(job, states, acts, autocast_bytes))
+    )
 
 
 def rank_autocast_bytes(job: Job, layout: Layout) -> list[float]:
@@ -373,11 +413,23 @@ def largest_fitting(
     dynamic_factor: float = 1.0,
     *,
     known_fit: int = -1,
+    peek: Callable[[int], Layout] | None = None,
 ) -> int:
     """The index of the largest of ``count`` layouts ``layouts(0..count-1)`` (micro-batches in
-    ascending order: memory grows with the micro-batch) that fits, by binary search; -1 if none.
-    ``known_fit``: an index already known to fit, so the search starts above it."""
-    return bisect_largest(known_fit, count - 1, lambda i: fits(job, layouts(i), limit_bytes, dynamic_factor))
+    ascending order) that fits; -1 if none. ``known_fit``: an index already known to fit, so the
+    search starts above it. ``peek``: builds a layout only to look at it (``layouts`` where None;
+    a search counts the layouts it evaluates through ``layouts``).
+
+    Memory grows with the micro-batch, by binary search, except at the last one when it is the
+    step's only micro-batch and its gradients follow its activations
+    (``memory.gradients_follow_activations``): then they never meet, and it may need less than the
+    one before it. That one is tried first."""
+    last = count - 1
+    if last > known_fit and gradients_follow_activations(job, (peek or layouts)(last)):
+        if fits(job, layouts(last), limit_bytes, dynamic_factor):
+            return last
+        last -= 1
+    return bisect_largest(known_fit, last, lambda i: fits(job, layouts(i), limit_bytes, dynamic_factor))
 
 
 def max_micro_batch_size(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> int:

@@ -131,11 +131,38 @@ def layer_core_causal_flops(model: ModelSpec, kind: LayerKind, seq_len: int) -> 
     return 2 * causal_keys_per_query(model, kind.attention, seq_len) * (model.q_size + model.v_size)
 
 
-def runs_causal_kernel(training: TrainingSpec) -> bool:
+# Families whose transformers attention repeats k and v to every head itself before SDPA (so SDPA
+# never sees grouped heads): Falcon's, which also passes a materialised (b, 1, s, s) mask; measured in
+# validation/data/activations.json.
+SDPA_EXPANDS_KV_FAMILIES = frozenset({"falcon"})
+
+
+def materialises_scores(model: ModelSpec, training: TrainingSpec) -> bool:
+    """Whether attention's core materialises the s x s scores: eager attention, or PyTorch SDPA's math
+    kernel, which transformers' SDPA call reaches for a grouped-query model in fp32 or tf32. Without
+    a mask transformers passes ``enable_gqa=True`` rather than repeating k and v
+    (integrations/sdpa_attention.py ``use_gqa_in_sdpa``); the flash and cuDNN kernels take 16-bit
+    inputs only and the memory-efficient kernel refuses grouped heads (torch 2.11 sdp_utils.cpp:
+    ``check_batch_size_and_num_heads_dense<false>`` in its constraints), so dispatch falls back to
+    the math kernel, which computes and saves what eager attention does. Measured on an H200
+    (validation/data/device_runs.json): Qwen2.5-0.5B (14 heads over 2 kv heads) in fp32 and tf32
+    took 19% more than the memory-efficient kernel's estimate, within 1.5% of eager attention's."""
+    if training.attention is Attention.EAGER:
+        return True
+    return (
+        training.attention is Attention.SDPA
+        and training.precision.stores_fp32
+        and model.num_kv_heads < model.num_attention_heads
+        and model.mla is None
+        and model.family not in SDPA_EXPANDS_KV_FAMILIES
+    )
+
+
+def runs_causal_kernel(model: ModelSpec, training: TrainingSpec) -> bool:
     """Whether attention's core runs a kernel that skips the causally masked blocks: flash and
     PyTorch SDPA (its FlashAttention-2, memory-efficient and cuDNN backends all do); eager
-    attention materialises the whole s x s score matrix."""
-    return training.attention is not Attention.EAGER
+    attention and SDPA's math kernel (``materialises_scores``) compute the whole s x s square."""
+    return not materialises_scores(model, training)
 
 
 def layer_core_work_flops(model: ModelSpec, kind: LayerKind, seq_len: int, flash: bool) -> float:
@@ -312,7 +339,7 @@ def layer_model_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec)
 def layer_hardware_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> float:
     """Forward + backward of one layer per token, no recompute, attention's core as its kernel
     executes it (``layer_core_work_flops``): the HFU numerator's share of the layer."""
-    core = layer_core_work_flops(model, kind, training.seq_len, runs_causal_kernel(training))
+    core = layer_core_work_flops(model, kind, training.seq_len, runs_causal_kernel(model, training))
     return layer_non_core_flops(model, kind, training) + 3 * core
 
 
@@ -370,7 +397,7 @@ def layer_recompute_hardware_flops(
     if not recomputes_core(recompute, modules):
         return float(extra)
     square = layer_core_flops(model, kind, training.seq_len)
-    work = layer_core_work_flops(model, kind, training.seq_len, runs_causal_kernel(training))
+    work = layer_core_work_flops(model, kind, training.seq_len, runs_causal_kernel(model, training))
     return extra - square + work
 
 

@@ -48,6 +48,7 @@ from service.estimator.types import (
     ModelSpec,
     Offload,
     Optimizer,
+    OptimizerImplementation,
     ParameterCounts,
     Precision,
     Recompute,
@@ -97,8 +98,10 @@ def gathered_parameter_bytes(
     *,
     full: bool,
     reduce_bytes: int,
-) -> float:
-    """Unsharded compute copies of the parameters (and gradients) alive at the peak (ZeRO-3 / FSDP).
+) -> tuple[float, float]:
+    """Unsharded compute copies of the parameters (and gradients) alive at the peak (ZeRO-3 / FSDP),
+    as (held through the backward, released by it): the second is what the backward frees unit by
+    unit, so none of it is left when the last gradient is made (``memory.gradients_follow_activations``).
     ``full``: every weight trains (else the frozen base has no gradients to hold). ``reduce_bytes``:
     a gradient element as FSDP holds it for its reduce-scatter (``model_states.grad_reduce_bytes``)."""
     dense_shard, trainable = shards
@@ -111,21 +114,22 @@ def gathered_parameter_bytes(
             # the stage's parameters stay unsharded from one backward to the next forward, and its
             # unsharded gradients accumulate until the last micro-batch's reduce-scatter, in the
             # reduce dtype (FSDPParam.to_accumulated_grad_if_needed upcasts them after each backward).
-            return (sb.weights + grads * reduce_bytes) * (rp.dense + rp.expert)
+            return (sb.weights + grads * reduce_bytes) * (rp.dense + rp.expert), 0.0
         if stage == 3:
             # This layer, the prefetched one, the output unit kept through the loss, and this
             # layer's unsharded gradients before their reduce-scatter, copied into its input in the
             # reduce dtype (_fsdp_collectives.foreach_reduce: reduce_scatter_input).
             units = (1 + assume.fsdp_prefetch_layers) * rp.layer + rp.last_unit
-            return units * sb.weights + grads * rp.layer * reduce_bytes
+            return units * sb.weights + grads * rp.layer * reduce_bytes, 0.0
         if stage == 2:
-            # SHARD_GRAD_OP keeps every unsharded parameter from forward to backward, + one unit's grads
-            # (as reduce-scattered).
-            return (rp.dense + rp.expert) * sb.weights + grads * rp.layer * reduce_bytes
-        # NO_SHARD / DDP under autocast: 16-bit casts of the fp32 weights, saved for backward.
-        return trainable * sb.weights if sb.master else 0.0
+            # SHARD_GRAD_OP keeps every unsharded parameter from forward to backward (each unit
+            # reshards after its backward), + one unit's grads (as reduce-scattered).
+            return grads * rp.layer * reduce_bytes, (rp.dense + rp.expert) * sb.weights
+        # NO_SHARD / DDP under autocast: 16-bit casts of the fp32 weights, saved for backward (each
+        # layer's freed by its backward).
+        return 0.0, trainable * sb.weights if sb.master else 0.0
     if layout.zero_stage != 3 or layout.framework is Framework.MEGATRON:
-        return 0.0
+        return 0.0, 0.0
     # DeepSpeed gathers module by module plus a prefetch bucket, capped by max_live_parameters,
     # and reduces one module's 16-bit gradients at a time (DeepSpeed's 4 x largest layer); norms
     # (under the persistence threshold) are never partitioned.
@@ -135,7 +139,7 @@ def gathered_parameter_bytes(
     persistent = counts.norms_per_layer * rp.layers + counts.final_norm
     if model.hidden_size >= ds.param_persistence_threshold:
         persistent = 0
-    return (live + persistent + grads * largest) * sb.weights
+    return (live + persistent + grads * largest) * sb.weights, 0.0
 
 
 def stage_boundary_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
@@ -302,8 +306,13 @@ class RankStates:
     optimizer_states: int
     model_states_bytes: int  # the three above: what every layout of this sharding holds
     buffers: float  # gradient buckets + gathered ZeRO-3 / FSDP parameters
+    held_buffers: float  # of which held through the backward (gathered_parameter_bytes' first)
     host_bytes: float
     nvme_bytes: float
+    head_gradients: float  # head_gradient_bytes: the gradients alive when the backward starts
+    optimizer_temporary: float  # optimizer_temporary_bytes: allocated by the step, beside every gradient
+    tied_embedding_transient: float  # tied_embedding_transient_bytes
+    gradients_apart: bool  # gradients_in_own_pool
 
 
 @layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")
@@ -334,8 +343,7 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
     full = training.method is Method.FULL
     trainable = rp.dense + rp.expert if full else lora_parameters(model, training, layout, rp)
     reduce_bytes = grad_reduce_bytes(training.precision, layout)
-    buffers = bucket_bytes(model, trainable, sb, layout, assume, reduce_bytes)
-    buffers += gathered_parameter_bytes(
+    held, released = gathered_parameter_bytes(
         model,
         job.counts,
         rp,
@@ -346,18 +354,72 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
         full=full,
         reduce_bytes=reduce_bytes,
     )
+    held += bucket_bytes(model, trainable, sb, layout, assume, reduce_bytes)
     parameters, gradients = math.ceil(states.parameters), math.ceil(states.gradients)
     optimizer_states = math.ceil(states.optimizer_states)
+    head = head_gradient_bytes(job, layout, rank, states.gradients, trainable) if full else 0.0
     return RankStates(
         states=states,
         parameters=parameters,
         gradients=gradients,
         optimizer_states=optimizer_states,
         model_states_bytes=parameters + gradients + optimizer_states,
-        buffers=buffers,
+        buffers=held + released,
+        held_buffers=held,
         host_bytes=states.host_bytes,
         nvme_bytes=states.nvme_bytes,
+        head_gradients=head,
+        optimizer_temporary=optimizer_temporary_bytes(training, sb, states.optimizer_states),
+        tied_embedding_transient=head if job.model.tied_embeddings and layout.pp == 1 else 0.0,
+        gradients_apart=gradients_in_own_pool(layout, degrees[0]),
     )
+
+
+def gradients_in_own_pool(layout: Layout, dense_shard: int) -> bool:
+    """Whether the rank's gradients are allocated on another CUDA stream than its activations, so
+    that the caching allocator cannot put them in the blocks the activations free: PyTorch's caching
+    allocator reuses a freed block only for an allocation on the stream it was made on
+    (c10/cuda/CUDACachingAllocator.cpp: a free block is looked up in the pool of the allocating
+    stream), and FSDP2 allocates the reduce-scatter output that the sharded gradients view in its
+    reduce-scatter stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce:
+    ``with device_handle.stream(reduce_scatter_stream): reduce_output = ...allocate``). Their bytes
+    then add to the reservation of the backward's start though they are not allocated then
+    (torchtitan's published Llama 3.1 8B runs on 8 H100s: peak reserved within 2% with them, 4-6%
+    under without; validation/REPORT.md, published memory)."""
+    if layout.framework is not Framework.FSDP:
+        return False
+    return layout.zero_stage in (2, 3) and dense_shard > 1
+
+
+def optimizer_temporary_bytes(training: TrainingSpec, sb: StateBytes, optimizer_states: float) -> float:
+    """What the optimizer step allocates on the GPU beside the states, alive with every gradient:
+    torch.optim.AdamW's multi-tensor step (``OptimizerImplementation.FOREACH``; torch/optim/adam.py
+    ``_multi_tensor_adam``: ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``) makes a
+    new tensor per parameter of a (device, dtype) group at once: the rank's trainable parameters in
+    the dtype it updates (``sb.master or sb.weights``), one moment's worth of its
+    ``optimizer_states`` (none on the GPU when the step is offloaded). Fused steps allocate nothing
+    of that size. Measured on an H200 (validation/data/device_runs.json): llama-3.2-1b's step peak is
+    its states and gradients + 4.60 GiB (1.236e9 fp32 parameters) with foreach, + 0 fused; + 2.30
+    GiB in bf16."""
+    if training.optimizer_implementation is not OptimizerImplementation.FOREACH or not sb.moments:
+        return 0.0
+    return optimizer_states * (sb.master or sb.weights) / sb.moments
+
+
+def head_gradient_bytes(job: Job, layout: Layout, rank: int, gradients: float, trainable: float) -> float:
+    """The output layer's weight gradient on pipeline rank ``rank`` of a full fine-tune: the first
+    gradient the backward makes (the loss's backward, then the head's matmul), so the one alive at the
+    start of the backward, when every activation still is. ``gradients`` bytes over ``trainable``
+    parameters per element (the rank's gradient dtype and sharding).
+
+    A tied embedding gets it again at the end of the backward: ``embedding_dense_backward`` makes a
+    V x h gradient that AccumulateGrad adds into the head's (torch/csrc/autograd/functions/
+    accumulate_grad.h: a second gradient is added, not stolen), a transient of the same size
+    (``RankStates.tied_embedding_transient``; measured on an H200, validation/data/device_runs.json:
+    llama-3.2-1b's optimizer-free backward peak is its gradients + 0.98 GiB, V h x 4 bytes)."""
+    if trainable <= 0.0:
+        return 0.0
+    return output_layer_weights(job, layout, rank) * gradients / trainable
 
 
 # The layout fields model states and their buffers read: the sharding (not micro-batch, recompute,
@@ -390,6 +452,9 @@ class RankActivations:
     cuda_context: float  # cuda_context_bytes
     nccl_buffers: float  # nccl_buffer_bytes
     context_and_nccl: int  # the two above, each rounded up to whole bytes
+    # backward_end_activation_bytes: what the end of the backward holds beside every gradient, or None
+    # where gradients and activations peak together (gradients_follow_activations is false)
+    backward_end: float | None
 
 
 def activation_split(
@@ -442,10 +507,35 @@ ACTIVATION_FIELDS = (
 MEMORY_FIELDS = tuple(dict.fromkeys((*STATE_FIELDS, *ACTIVATION_FIELDS)))
 
 
+def gradients_follow_activations(job: Job, layout: Layout) -> bool:
+    """Whether a step's gradients are made while its activations are freed, so that the two never
+    peak together: one micro-batch per step (a later micro-batch's activations would meet the earlier
+    ones' gradients) without a pipeline (whose ranks hold micro-batches in flight while earlier ones'
+    gradients accumulate), under PyTorch's own gradients (FSDP / DDP / one GPU: AccumulateGrad or
+    FSDP's reduce-scatter output allocates each gradient as the backward reaches its parameter).
+    Megatron's and DeepSpeed's gradient buffers are allocated at the start and live through the step.
+
+    Measured on an H200 (validation/data/device_runs.json): a 1B to 8B full fine-tune's peak is the
+    larger of the backward's start (every activation, the output layer's gradient) and its end (every
+    gradient, the first layer's working set), not their sum."""
+    if layout.framework is not Framework.FSDP or layout.pp > 1:
+        return False
+    return activations.micro_batches_per_step(layout, job.training) == 1
+
+
+def backward_end_activation_bytes(job: Job, layout: Layout) -> float:
+    """What the end of the backward holds beside every gradient: the first layer's activations while
+    its backward runs (the largest layer kind's, kept whole: a checkpointed layer is recomputed)."""
+    return max(activations.kind_layer_bytes(job, layout, Recompute.NONE).values())
+
+
 @layout_memo(*ACTIVATION_FIELDS, memory=True)
 def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     """Activations, their buffers, the CUDA context and NCCL's buffers of each of ``pipeline_ranks``."""
     layer = activations.layer_activations(job, layout)
+    backward_end = (
+        backward_end_activation_bytes(job, layout) if gradients_follow_activations(job, layout) else None
+    )
     every_rank, last_rank = activation_buffer_bytes(job, layout)
     context, nccl = cuda_context_bytes(job.assume), nccl_buffer_bytes(layout, job.assume)
     context_and_nccl = math.ceil(context) + math.ceil(nccl)
@@ -472,6 +562,7 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
                 cuda_context=context,
                 nccl_buffers=nccl,
                 context_and_nccl=context_and_nccl,
+                backward_end=backward_end,
             )
         )
     return tuple(out)
@@ -504,6 +595,12 @@ def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
     layout of ``framework`` on that many GPUs needs less (ZeRO-3 / FULL_SHARD's bound)."""
     sb = state_bytes_of(job, framework, False)  # Megatron's bf16 gradient buffer: the least
     return int(state_bytes_per_parameter(sb, framework) * job.counts.total / gpus)
+
+
+def min_gradient_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
+    """The gradients among ``min_state_bytes_per_gpu`` (rounded down: a lower bound's part)."""
+    sb = state_bytes_of(job, framework, False)
+    return int(sb.gradients * job.counts.total / gpus)
 
 
 def _state_bytes_note(job: Job, layout: Layout) -> str:

@@ -176,7 +176,7 @@ def layer_traffic_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     probabilities = 5 if model.attention_dropout > 0 else 2
     scores = (
         probabilities * model.num_attention_heads * training.seq_len
-        if training.attention is Attention.EAGER
+        if flops.materialises_scores(model, training)
         else 0
     )
     scale = element_bytes(training.precision) / 2  # the table assumes 16-bit activations
@@ -549,7 +549,7 @@ def sum_core_flops(job: Job, counts: tuple[tuple[LayerKind, int], ...]) -> int:
 @job_memo
 def kind_core_work_flops(job: Job, kind: LayerKind) -> float:
     """``flops.layer_core_work_flops`` of a layer of ``kind`` with the job's attention."""
-    flash = flops.runs_causal_kernel(job.training)
+    flash = flops.runs_causal_kernel(job.model, job.training)
     return flops.layer_core_work_flops(job.model, kind, job.training.seq_len, flash)
 
 

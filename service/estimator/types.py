@@ -553,6 +553,22 @@ class Optimizer(StrEnum):
     LION = "lion"
 
 
+class OptimizerImplementation(StrEnum):
+    """How torch.optim runs the step under PyTorch's own frameworks (FSDP / DDP / one GPU). DeepSpeed
+    and Megatron-LM build their own fused optimizers (DeepSpeed FusedAdam / DeepSpeedCPUAdam,
+    Transformer Engine / apex FusedAdam) whatever this says."""
+
+    # one kernel over chunks of the parameters, nothing the size of the parameters allocated: torch
+    # AdamW(fused=True), HF Trainer's default optim adamw_torch_fused, torchtitan's
+    # optimizer.implementation default "fused", bitsandbytes' 8-bit AdamW
+    FUSED = "fused"
+    # torch.optim's multi-tensor path, its default on CUDA (foreach=None): AdamW's
+    # _multi_tensor_adam makes exp_avg_sq.sqrt() as new tensors over every parameter of a (device,
+    # dtype) group at once, a temporary of the trainable parameters' size in their dtype (HF Trainer
+    # optim adamw_torch, torchtitan implementation foreach, a plain torch.optim.AdamW)
+    FOREACH = "foreach"
+
+
 class Method(StrEnum):
     FULL = "full"
     LORA = "lora"
@@ -592,6 +608,7 @@ class TrainingSpec:
     global_batch_size: int  # sequences per optimizer step
     precision: Precision = Precision.BF16
     optimizer: Optimizer = Optimizer.ADAMW
+    optimizer_implementation: OptimizerImplementation = OptimizerImplementation.FUSED
     method: Method = Method.FULL
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = ALL_LINEAR
@@ -639,6 +656,19 @@ class TrainingSpec:
                 )
         if self.tokens is not None:
             _require_positive(InvalidTraining, "tokens", self.tokens)
+        if (
+            self.optimizer_implementation is OptimizerImplementation.FOREACH
+            and self.optimizer is not Optimizer.ADAMW
+        ):
+            # torch.optim has no Lion or Adafactor of its own (HF's Adafactor loops per parameter),
+            # bitsandbytes' 8-bit AdamW is its own kernel, and SGD's foreach step makes no temporary
+            raise InvalidTraining(
+                f"optimizer_implementation foreach with optimizer {self.optimizer.value}: only torch.optim's "
+                "AdamW (optimizer adamw) has a multi-tensor step that allocates a parameter-sized temporary; "
+                "leave optimizer_implementation out",
+                rule="unused",
+                field="optimizer_implementation",
+            )
         if self.base_dtype is not BaseDtype.COMPUTE and self.method is not Method.LORA:
             qlora = self.method is Method.QLORA
             kept = "NF4 Linear weights (qlora)" if qlora else "the weights precision sets"

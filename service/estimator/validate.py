@@ -37,6 +37,7 @@ from service.estimator.types import (
     ModelSpec,
     MoeDispatcher,
     Offload,
+    OptimizerImplementation,
     PositionEmbedding,
     Precision,
     Recompute,
@@ -69,6 +70,7 @@ class Capabilities:
     multi_token_prediction: bool  # trains the MTP modules (mtp_num_layers)
     ulysses_context_parallel: bool  # cp splits the heads (DeepSpeed-Ulysses), not ring attention
     fp32_base_under_autocast: bool  # a LoRA base left in fp32 while 16-bit autocast computes
+    torch_optimizer: bool  # the step is torch.optim's (optimizer_implementation picks its path)
     source: str
 
 
@@ -106,6 +108,9 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # runtime/engine.py _configure_distributed_model: module.bfloat16() / .half() under its
             # bf16 / fp16 config, whatever dtype the model was loaded in
             fp32_base_under_autocast=False,
+            # the rendered ds_config's optimizer block: DeepSpeed builds FusedAdam (DeepSpeedCPUAdam
+            # under offload) itself (runtime/engine.py _configure_basic_optimizer)
+            torch_optimizer=False,
             source="deepspeedai/DeepSpeed runtime/zero/config.py, runtime/pipe/engine.py",
         ),
         Framework.MEGATRON: Capabilities(
@@ -135,6 +140,8 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             multi_token_prediction=True,  # Megatron-Core --mtp-num-layers
             ulysses_context_parallel=False,  # ring attention (--context-parallel-size)
             fp32_base_under_autocast=False,  # no PEFT
+            # megatron/core/optimizer: Transformer Engine's FusedAdam (apex's without TE)
+            torch_optimizer=False,
             source="NVIDIA/Megatron-LM megatron/training/arguments.py validate_args",
         ),
         Framework.FSDP: Capabilities(
@@ -172,6 +179,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # HF Trainer bf16=True / fp16=True: torch.autocast over the model as loaded (DDP), or
             # FSDP's MixedPrecision casting its fp32 shards to param_dtype before each all-gather
             fp32_base_under_autocast=True,
+            torch_optimizer=True,  # torch.optim over the (sharded) parameters
             source="pytorch FSDP docs (ShardingStrategy, CPUOffload), torchtitan parallel_dims, torchtune",
         ),
     }
@@ -643,6 +651,14 @@ def training_violation(
             "with its bf16 / fp16 config), so the base cannot stay fp32",
             "base_dtype",
             "base_dtype",
+        )
+    if training.optimizer_implementation is OptimizerImplementation.FOREACH and not caps.torch_optimizer:
+        return _bad(
+            f"optimizer_implementation foreach with {layout.framework.value}: its optimizer is its own fused "
+            "one (DeepSpeed FusedAdam, Megatron's Transformer Engine FusedAdam), not torch.optim's; leave "
+            "optimizer_implementation out or use framework fsdp",
+            "optimizer_implementation",
+            "optimizer_implementation",
         )
     if layout.optimizer_in_backward and not caps.optimizer_in_backward:
         return _bad(

@@ -20,6 +20,7 @@ from service.estimator.types import (
     Method,
     MoeDispatcher,
     Offload,
+    Optimizer,
     Plan,
     Precision,
     Recompute,
@@ -349,6 +350,14 @@ def _script_duties(plan: Plan) -> str:
     lo, text = plan.layout, ""
     if lo.framework is not Framework.FSDP:
         return text
+    if plan.training.optimizer is Optimizer.ADAMW:
+        # the script builds the optimizer; the estimate's step allocates as this implementation does
+        flag = plan.training.optimizer_implementation.value
+        text += (
+            f"\noptimizer: {TRAIN_SCRIPT} must build torch.optim.AdamW(..., {flag}=True), as estimated "
+            "(training.optimizer_implementation); torch.optim's default on CUDA is foreach, which makes a "
+            "temporary of the trainable parameters' size during the step."
+        )
     if lo.tp > 1:
         text += (
             f"\ntp={lo.tp}: {TRAIN_SCRIPT} must load the model with from_pretrained(..., tp_size={lo.tp}, "

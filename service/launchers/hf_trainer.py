@@ -11,7 +11,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.estimator.types import Compile, Framework, Method, Offload, Optimizer, Plan, Precision, Recompute
+from service.estimator.types import (
+    Compile,
+    Framework,
+    Method,
+    Offload,
+    Optimizer,
+    OptimizerImplementation,
+    Plan,
+    Precision,
+    Recompute,
+    TrainingSpec,
+)
 from service.frameworks import FRAMEWORKS
 from service.launchers import deepspeed
 from service.launchers.common import (
@@ -50,6 +61,17 @@ _OPTIM = {
     Optimizer.ADAFACTOR: "adafactor",
     Optimizer.LION: "lion_32bit",
 }
+
+
+def optim_name(training: TrainingSpec) -> str:
+    """TrainingArguments.optim for the training's optimizer: AdamW's torch implementation as estimated
+    (``OptimizerImplementation``: adamw_torch_fused, or adamw_torch, torch.optim's foreach default)."""
+    if (
+        training.optimizer is Optimizer.ADAMW
+        and training.optimizer_implementation is OptimizerImplementation.FOREACH
+    ):
+        return "adamw_torch"
+    return _OPTIM[training.optimizer]
 
 
 def refusal(plan: Plan) -> Refusal:
@@ -151,7 +173,7 @@ def training_arguments(plan: Plan, config_dir: str = "") -> tuple[dict[str, Any]
         "max_steps": train_steps(plan),
         "per_device_train_batch_size": lo.micro_batch_size,
         "gradient_accumulation_steps": accumulation(plan),
-        "optim": _OPTIM[plan.training.optimizer],
+        "optim": optim_name(plan.training),
         # The same optimizer settings as ds_config's block, which HF Trainer checks against these.
         "learning_rate": HYPERPARAMETERS.lr,
         "adam_beta1": HYPERPARAMETERS.beta1,

@@ -17,6 +17,7 @@ from service.estimator.types import (
     Method,
     ModelSpec,
     Offload,
+    Optimizer,
     Plan,
     Precision,
     Recompute,
@@ -260,6 +261,9 @@ def train_args(plan: Plan) -> list[str]:
         "--training.steps", str(train_steps(plan)),
         "--training.max_norm", "1.0",
     ]  # fmt: skip
+    if training.optimizer is Optimizer.ADAMW:
+        # the step the estimate assumes (OptimizerImplementation; "fused" is torchtitan's default)
+        args += ["--optimizer.implementation", training.optimizer_implementation.value]
     if training.precision is Precision.BF16_PURE:
         args += ["--training.dtype", "bfloat16"]
     else:

@@ -26,7 +26,7 @@ from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError, InvalidTraining
 from service.estimator.estimate import estimate_valid
 from service.estimator.job import Job, make_job, shared_memory_memos
-from service.estimator.memory import stage_activations, stage_states
+from service.estimator.memory import gradients_follow_activations, stage_activations, stage_states
 from service.estimator.pipeline import stage_layers
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
@@ -339,16 +339,21 @@ def _search_memory_family(
         if violation is not None:
             result.log.add(f"invalid: {violation.rule}", 1, first, str(violation))
             continue
-        memory = result.memory_numbers(job, first)
-        if not evaluate.numbers_fit(job.cluster, memory, limit):
-            _log_memory(result, first, memory, limit, 1, _shown(search, job))
-            continue
-        fitted = True
 
         def sized(i: int, recompute: Recompute = recompute) -> Layout:
             return make_layout(s, sh, recompute, virtual, sizes[i])
 
-        top = _largest_fitting(result, job, sized, len(sizes), limit)  # sizes[0] fits
+        memory = result.memory_numbers(job, first)
+        if evaluate.numbers_fit(job.cluster, memory, limit):
+            top = _largest_fitting(result, job, sized, len(sizes), limit)  # sizes[0] fits
+        else:
+            # the one micro-batch of a step whose gradients follow its activations may fit where
+            # the smallest, accumulating, does not (evaluate.largest_fitting)
+            top = _only_micro_batch_fitting(result, job, sized(len(sizes) - 1), len(sizes) - 1, limit)
+            if top < 0:
+                _log_memory(result, first, memory, limit, 1, _shown(search, job))
+                continue
+        fitted = True
         if top <= best_index:
             continue  # more recompute without a larger micro-batch only costs time
         best_index = top
@@ -421,7 +426,15 @@ def _largest_fitting(
         result.memory_evaluations += 1
         return sized(i)
 
-    return evaluate.largest_fitting(job, counted, count, limit, known_fit=0)
+    return evaluate.largest_fitting(job, counted, count, limit, known_fit=0, peek=sized)
+
+
+def _only_micro_batch_fitting(result: SearchResult, job: Job, layout: Layout, index: int, limit: int) -> int:
+    """``index`` when ``layout`` (the family's largest micro-batch) is its step's only one, its
+    gradients follow its activations and it fits; else -1."""
+    if index == 0 or not gradients_follow_activations(job, layout):
+        return -1
+    return index if evaluate.numbers_fit(job.cluster, result.memory_numbers(job, layout), limit) else -1
 
 
 def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Layout) -> None:

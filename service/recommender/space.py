@@ -31,9 +31,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from service.estimator.errors import InvalidLayout
-from service.estimator.evaluate import rank_overhead_bytes
 from service.estimator.job import Job
-from service.estimator.memory import min_state_bytes_per_gpu, stage_activations
+from service.estimator.memory import (
+    fragmentation_bytes,
+    min_gradient_bytes_per_gpu,
+    min_state_bytes_per_gpu,
+    stage_activations,
+)
 from service.estimator.types import (
     ClusterSpec,
     Compile,
@@ -381,7 +385,8 @@ class LeastBytes:
     """A lower bound on the per-GPU memory of every layout on ``gpus`` GPUs or fewer that a requested
     launcher runs (``least_bytes_per_gpu``), with the framework that needs least."""
 
-    need_bytes: int  # dynamic_bytes + state_bytes
+    # dynamic_bytes + state_bytes, less overlap_bytes
+    need_bytes: int
     framework: Framework
     # the data-parallel layout on ``gpus`` GPUs the bound was taken at: the leanest one where the
     # framework runs data parallel only, else the framework's plain dp layout (states alone)
@@ -389,6 +394,9 @@ class LeastBytes:
     dynamic_bytes: int  # what no data parallelism shrinks (0: the framework may split otherwise)
     state_bytes: int  # model states sharded over all ``gpus`` (0: offload or a frozen base)
     gpus: int
+    # where gradients follow activations (memory.gradients_follow_activations: FSDP at micro-batch 1),
+    # the two do not meet: the gradients among state_bytes count only above dynamic_bytes
+    overlap_bytes: int = 0
 
     def words(self, limit: int) -> str:
         """The bound and its numbers, for a rejection or a skipped suggestion."""
@@ -404,7 +412,13 @@ class LeastBytes:
             parts.append(
                 f"{self.state_bytes / 2**30:.1f} GiB of model states sharded over all {self.gpus:,} GPUs"
             )
-        return f"{' + '.join(parts)}; {limit / 2**30:.1f} GiB allowed"
+        less = ""
+        if self.overlap_bytes:
+            less = (
+                f" - {self.overlap_bytes / 2**30:.1f} GiB of gradients made as the activations are freed "
+                "(the two never peak together)"
+            )
+        return f"{' + '.join(parts)}{less}; {limit / 2**30:.1f} GiB allowed"
 
 
 def dynamic_floor(
@@ -424,8 +438,11 @@ def dynamic_floor(
     for recompute in recompute_order(framework):
         layout = make_layout(one, sharding, recompute, 1, 1)
         acts = stage_activations(job, layout)[0]  # pp 1: one rank
-        # rank_total_bytes' own terms, with the model states' buffers and autocast copies left out
-        need = acts.on_gpu_bytes + math.ceil(acts.buffers) + rank_overhead_bytes(job, acts, acts.buffers)
+        # rank_peak_parts' start of the backward, with the gradients, the model states' buffers and
+        # autocast copies left out (rank_total_bytes is the states + the largest moment's reservation)
+        dynamic = acts.on_gpu + acts.buffers
+        fragmentation = fragmentation_bytes(dynamic, job.assume.fragmentation_fraction)
+        need = math.ceil(dynamic + fragmentation) + acts.context_and_nccl
         if least is None or need < least[0]:
             least = (need, layout)
     assert least is not None  # every framework has at least one recompute mode
@@ -461,7 +478,14 @@ def least_bytes_per_gpu(
             own = switches if framework is Framework.MEGATRON else None
             dynamic, lean = dynamic_floor(job, framework, search_compile(torch_compile, framework), own)
             example = dataclasses.replace(lean, dp=gpus)
-        bound = LeastBytes(dynamic + state_bytes, framework, example, dynamic, state_bytes, gpus)
+        # at micro-batch 1 without a pipeline, FSDP's gradients follow the activations: the bound counts
+        # the larger of the two (gradients_follow_activations; dp 1's one micro-batch per step is the
+        # case a larger batch never undercuts, since every moment's bytes grow with it)
+        overlap = 0
+        if framework is Framework.FSDP and dynamic and state_bytes:
+            overlap = min(dynamic, min_gradient_bytes_per_gpu(job, framework, gpus))
+        need = dynamic + state_bytes - overlap
+        bound = LeastBytes(need, framework, example, dynamic, state_bytes, gpus, overlap)
         if found is None or bound.need_bytes < found.need_bytes:
             found = bound
     return found if found is not None and found.need_bytes > 0 else None

@@ -30,6 +30,7 @@ from service.estimator.types import (
     MoESpec,
     Offload,
     Optimizer,
+    OptimizerImplementation,
     Precision,
     Recompute,
     RecomputeModule,
@@ -43,6 +44,7 @@ MOE = dataclasses.replace(
     LLAMA, name="llama-moe", moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=4096)
 )
 TRAINING = TrainingSpec(seq_len=4096, global_batch_size=64)
+SHORT = TrainingSpec(seq_len=256, global_batch_size=8)
 ONE_NODE, TWO_NODES = gpu_cluster(H100, 8, 50e9), gpu_cluster(H100, 16, 50e9)
 
 
@@ -297,6 +299,22 @@ TRAINING_CASES = [
         FSDP,
         training=LORA,
         changed_training=dataclasses.replace(LORA, base_dtype=BaseDtype.FP32),
+    ),
+    Case(  # torch.optim's foreach AdamW: a parameter-sized temporary in the step, the peak at seq 256
+        "optimizer_implementation",
+        FSDP,
+        FSDP,
+        training=SHORT,
+        changed_training=dataclasses.replace(SHORT, optimizer_implementation=OptimizerImplementation.FOREACH),
+    ),
+    Case(  # DeepSpeed builds its own FusedAdam
+        "optimizer_implementation",
+        DEEPSPEED,
+        DEEPSPEED,
+        changed_training=dataclasses.replace(
+            TRAINING, optimizer_implementation=OptimizerImplementation.FOREACH
+        ),
+        refused=True,
     ),
     Case(  # DeepSpeed's engine casts the whole model to the 16-bit dtype
         "base_dtype",

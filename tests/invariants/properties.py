@@ -13,6 +13,8 @@ import dataclasses
 from service.catalog.tuning import default_tuning
 from service.estimator.calibration import Calibration
 from service.estimator.estimate import estimate
+from service.estimator.job import make_job
+from service.estimator.memory import gradients_follow_activations
 from service.estimator.types import Framework, GPUSpec, Method, Precision
 from service.estimator.validate import FRAMEWORK_CAPABILITIES
 from tests.invariants.cases import PEFT_FRAMEWORKS, Case, model_states, peak_of
@@ -109,8 +111,14 @@ def model_states_qlora_le_lora_le_full(case: Case) -> str | None:
 
 
 def memory_non_decreasing_in_micro_batch(case: Case) -> str | None:
-    """Twice the micro-batch (half the accumulation, same global batch) never needs less memory."""
+    """Twice the micro-batch (half the accumulation, same global batch) never needs less memory,
+    unless it is the one micro-batch of the step and its gradients then never meet its activations
+    (``memory.gradients_follow_activations``): the one exception ``evaluate.largest_fitting`` and
+    the search try first."""
     bigger = _valid(case.replace(micro_batch_size=2 * case.layout.micro_batch_size))
+    job = make_job(bigger.model, bigger.cluster, bigger.training, default_tuning())
+    if gradients_follow_activations(job, bigger.layout):
+        raise NotApplicable("the larger is the step's one micro-batch: its gradients follow its activations")
     small = case.estimate().memory.per_gpu.total
     large = bigger.estimate().memory.per_gpu.total
     if large >= small:
