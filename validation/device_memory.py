@@ -197,10 +197,18 @@ _FINDINGS = [
     "they are within 2%. The same fallback awaits a grouped-query model in 16 bits on a GPU without "
     "flash kernels (V100, T4): the estimate does not know the GPU's kernels there yet (left).",
     "",
-    "Left: the step time of these short steps (0.02-0.8 s) is too fast by up to 89%: Hugging Face's "
-    "eager modules launch a few thousand kernels per step, and below about 0.2 s of GPU work the host's "
-    "launch rate, not the GPU, sets the step (the launch overhead of the issue's small-step class, not "
-    "modelled yet; the step times here are a measured set for it).",
+    "Left: the step time of short steps is too fast by up to 89%, and of the LoRA rows by 1.4-1.7x. "
+    "Hugging Face's eager modules dispatch every op from Python. Counted with a dispatch counter on the "
+    "CPU (forward + backward under autocast, per decoder layer): Llama / Mistral 48 + 87 ops, Qwen2 "
+    "51 + 93, Qwen3 64 + 117 (its q/k norms), Gemma 3 86 + 151, and about 50 more each way per layer "
+    "with LoRA on every Linear; tuning.toml's launch floor counts 36 x 3 at 4 us. The most host-bound "
+    "rows imply 27-44 us per op on this machine (a VM's CPU). What fits every row is a per-kernel "
+    "max(GPU time, host time): an 8B layer's elementwise kernels at 4096 tokens take 30-100 us, longer "
+    "than their dispatch, so that row is GPU-bound (within 12%), while a LoRA adapter's rank-16 matmuls "
+    "and scale-and-add take a few us each and cost their dispatch (about 100 more per layer x 32 "
+    "layers x 40 us = 0.13 s of the 8B row's 0.28 s gap, its recompute another 0.07 s). Not modelled "
+    "yet: it needs each kernel's GPU time, where the estimate has a layer's; these step times are a "
+    "measured set for it, their halves fixed.",
 ]
 
 
