@@ -29,8 +29,9 @@ MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
     (Layout, LayoutIn, set(), set()),
     # a model's explicit fields: its name is the request's model.name
     (ModelSpec, ArchitectureIn, {"name"}, set()),
-    # hardware_defaults: which fields the request left out, derived from the wire's None values
-    (TrainingSpec, TrainingIn, {"hardware_defaults"}, set()),
+    # hardware_defaults: which fields the request left out, derived from the wire's None values;
+    # gpu_flash_kernels: read off the GPU the job is placed on (defaults.for_gpu), never sent
+    (TrainingSpec, TrainingIn, {"hardware_defaults", "gpu_flash_kernels"}, set()),
     # the cluster a request states, and the fields a PATCH may change (with the stored one's name)
     (ClusterSpec, ClusterShape, set(), set()),
     (ClusterSpec, ClusterPatch, set(), {"name", "description"}),

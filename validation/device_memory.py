@@ -194,8 +194,9 @@ _FINDINGS = [
     "transformers calls SDPA with enable_gqa, which neither the flash kernels (16-bit only) nor the "
     "memory-efficient one (no grouped heads in torch 2.11) take, so PyTorch runs its math kernel and "
     "saves the s x s probabilities as eager attention does (`flops.materialises_scores`); counted so, "
-    "they are within 2%. The same fallback awaits a grouped-query model in 16 bits on a GPU without "
-    "flash kernels (V100, T4): the estimate does not know the GPU's kernels there yet (left).",
+    "they are within 2%. The same fallback meets a grouped-query model in 16 bits on a GPU without "
+    "flash kernels (V100, T4: `TrainingSpec.gpu_flash_kernels`, read off the GPU), where the s x s "
+    "probabilities now count (not measured here: no such GPU was lent).",
     "",
     "Left: the step time of short steps is too fast by up to 89%, and of the LoRA rows by 1.4-1.7x. "
     "Hugging Face's eager modules dispatch every op from Python. Counted with a dispatch counter on the "

@@ -8,9 +8,12 @@ can run on, so the fields whose best value depends on the part are not fixed con
   Turing), fp32 otherwise. fp8 is never a default: it changes numerics and needs a recipe; nor is
   tf32, which rounds every matmul's inputs to a 10-bit mantissa (a request opts in).
 - attention: FlashAttention-2 where its kernels exist (``GPUSpec.flash_attention``: Ampere and
-  newer, CDNA 2/3), otherwise PyTorch SDPA's memory-efficient kernel (xFormers' cutlass kernel,
-  which PyTorch ships for sm_50 and newer: it never materialises the s x s scores either).
-  Eager attention is never a default: every GPU the catalog or a custom entry describes runs SDPA.
+  newer, CDNA 2/3), otherwise PyTorch SDPA: its memory-efficient kernel (xFormers' cutlass kernel,
+  which PyTorch ships for sm_50 and newer) never materialises the s x s scores either, except that
+  it refuses transformers' grouped-query call, which then runs the math kernel
+  (``flops.materialises_scores``; ``TrainingSpec.gpu_flash_kernels``, set here from the GPU, tells
+  it where). Eager attention is never a default: every GPU the catalog or a custom entry describes
+  runs SDPA.
 
 ``TrainingSpec.hardware_defaults`` names the fields a request left to the hardware (a
 ``TrainingSpec`` built without an attention leaves it so too); ``for_gpu`` resolves them, and
@@ -52,9 +55,20 @@ def for_gpu(training: TrainingSpec, gpu: GPUSpec) -> TrainingSpec:
         defaults = defaults | {"attention"}
     precision = best_precision(gpu) if "precision" in defaults else training.precision
     attention = best_attention(gpu, precision) if "attention" in defaults else training.attention
-    if precision is training.precision and attention is training.attention:
+    flash = gpu.flash_attention  # what SDPA dispatches to follows it, whatever the request said
+    if (
+        precision is training.precision
+        and attention is training.attention
+        and flash is training.gpu_flash_kernels
+    ):
         return training
-    return dataclasses.replace(training, precision=precision, attention=attention, hardware_defaults=defaults)
+    return dataclasses.replace(
+        training,
+        precision=precision,
+        attention=attention,
+        hardware_defaults=defaults,
+        gpu_flash_kernels=flash,
+    )
 
 
 def chosen_defaults(training: TrainingSpec) -> dict[str, str]:

@@ -139,13 +139,8 @@ def attention_core_note(job: Job, layout: Layout) -> str:
     attention = job.training.attention
     if flops.materialises_scores(job.model, job.training):
         masked = "unmasked" if job.model.bidirectional else "masked"
-        named = (
-            "eager"
-            if attention is Attention.EAGER
-            else (
-                "sdpa: PyTorch's math kernel, for grouped-query heads in fp32 under transformers' enable_gqa"
-            )
-        )
+        math = "sdpa: PyTorch's math kernel, transformers' grouped-query call where no flash kernel runs"
+        named = "eager" if attention is Attention.EAGER else math
         return f"attention's core ({named}): the whole {masked} s x s square at the GEMM rate"
     # a bidirectional encoder's kernel runs every key block (flops.causal_keys_per_query)
     region = "whole s x s square (bidirectional)" if job.model.bidirectional else "causal triangle"

@@ -137,23 +137,32 @@ def layer_core_causal_flops(model: ModelSpec, kind: LayerKind, seq_len: int) -> 
 SDPA_EXPANDS_KV_FAMILIES = frozenset({"falcon"})
 
 
+# transformers passes SDPA enable_gqa=True, rather than repeating k and v, for an unmasked call whose
+# k and v head dims are equal and at most this (integrations/sdpa_attention.py use_gqa_in_sdpa)
+SDPA_GQA_HEAD_DIM_MAX = 256
+
+
 def materialises_scores(model: ModelSpec, training: TrainingSpec) -> bool:
     """Whether attention's core materialises the s x s scores: eager attention, or PyTorch SDPA's math
-    kernel, which transformers' SDPA call reaches for a grouped-query model in fp32 or tf32. Without
-    a mask transformers passes ``enable_gqa=True`` rather than repeating k and v
-    (integrations/sdpa_attention.py ``use_gqa_in_sdpa``); the flash and cuDNN kernels take 16-bit
-    inputs only and the memory-efficient kernel refuses grouped heads (torch 2.11 sdp_utils.cpp:
-    ``check_batch_size_and_num_heads_dense<false>`` in its constraints), so dispatch falls back to
-    the math kernel, which computes and saves what eager attention does. Measured on an H200
-    (validation/data/device_runs.json): Qwen2.5-0.5B (14 heads over 2 kv heads) in fp32 and tf32
-    took 19% more than the memory-efficient kernel's estimate, within 1.5% of eager attention's."""
+    kernel, which transformers' SDPA call reaches for a grouped-query model where PyTorch's flash
+    kernel cannot run: fp32 or tf32 activations (it takes 16 bits only), or a GPU without flash
+    kernels (``TrainingSpec.gpu_flash_kernels``, resolved from ``GPUSpec.flash_attention``: NVIDIA
+    Ampere and newer; a V100 or T4 has none).
+    Unmasked, transformers passes ``enable_gqa=True`` rather than repeating k and v
+    (integrations/sdpa_attention.py ``use_gqa_in_sdpa``), and the memory-efficient kernel refuses
+    grouped heads (torch 2.11 sdp_utils.cpp: ``check_batch_size_and_num_heads_dense<false>`` in its
+    constraints), so dispatch falls back to the math kernel, which computes and saves what eager
+    attention does. Measured on an H200 (validation/data/device_runs.json): Qwen2.5-0.5B (14 heads
+    over 2 kv heads) in fp32 and tf32 took 19% more than the memory-efficient kernel's estimate,
+    within 1.5% of eager attention's."""
     if training.attention is Attention.EAGER:
         return True
     return (
         training.attention is Attention.SDPA
-        and training.precision.stores_fp32
+        and (training.precision.stores_fp32 or not training.gpu_flash_kernels)
         and model.num_kv_heads < model.num_attention_heads
         and model.mla is None
+        and model.head_dim <= SDPA_GQA_HEAD_DIM_MAX
         and model.family not in SDPA_EXPANDS_KV_FAMILIES
     )
 

@@ -685,16 +685,35 @@ def fp8_note(layout: Layout) -> str:
     return f"fp8: {weights}; Transformer Engine keeps each GEMM's input for backward in fp8 (1 B)"
 
 
+def _moment_note(job: Job, layout: Layout) -> str:
+    """Which moments of the step the peak is the largest of (``evaluate.rank_peak_parts``)."""
+    step = ""
+    if job.training.optimizer_implementation is OptimizerImplementation.FOREACH:
+        step = "; the optimizer step: every gradient + foreach AdamW's temporary (sqrt of exp_avg_sq)"
+    if gradients_follow_activations(job, layout):
+        return (
+            "peak moment: the larger of the backward's start (every activation, the output layer's "
+            "gradient) and its end (every gradient, the first layer's working set): one micro-batch per "
+            f"step, PyTorch allocating each gradient as the backward reaches it{step}"
+        )
+    return (
+        "peak moment: every gradient with every activation (gradient accumulation, a pipeline, or the "
+        f"framework's gradient buffer){step}"
+    )
+
+
 def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     """What the memory estimate assumed for this input, in words and numbers."""
     assume = job.assume
     notes = [
         _state_bytes_note(job, layout),
-        f"memory statistics: peak allocated = model states + activations + buffers; peak reserved = "
-        f"allocated + the caching allocator's fragmentation reserve, {assume.fragmentation_fraction:.0%} of "
-        f"activations + buffers; device used (nvidia-smi) = reserved + CUDA context "
-        f"{assume.cuda_context_bytes // MiB} MiB + NCCL {assume.nccl_bytes_per_group // MiB} MiB per process "
-        "group; the fit compares device used with the card's capacity",
+        f"memory statistics: peak allocated = what is alive at the step's largest moment (the breakdown's "
+        f"parts: model states, activations, buffers); peak reserved = allocated + the caching allocator's "
+        f"fragmentation reserve, {assume.fragmentation_fraction:.0%} of what each moment allocates and "
+        f"frees; device used (nvidia-smi) = reserved + CUDA context {assume.cuda_context_bytes // MiB} MiB "
+        f"+ NCCL {assume.nccl_bytes_per_group // MiB} MiB per process group; the fit compares device used "
+        "with the card's capacity",
+        _moment_note(job, layout),
         "activations: "
         + (
             "Megatron-LM (Korthikanti et al. 2022, 16-bit, 1-byte dropout masks)"

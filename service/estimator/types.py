@@ -621,6 +621,10 @@ class TrainingSpec:
     # output-layer loss on the last pipeline stage.
     mtp_num_layers: int = 0
     base_dtype: BaseDtype = BaseDtype.COMPUTE  # LoRA: the frozen base's dtype
+    # Whether the GPU the job is placed on runs flash attention kernels (GPUSpec.flash_attention):
+    # not a request's field, but what ``defaults.for_gpu`` reads off the GPU wherever the job is
+    # placed; SDPA's kernel for grouped-query heads follows it (flops.materialises_scores)
+    gpu_flash_kernels: bool = True
     # The fields the request left to the hardware ("precision", "attention"): resolved for the GPU
     # (``defaults.for_gpu``) wherever the job is placed, and named in the answer. An attention left
     # None is one too (``for_gpu`` adds it here when it resolves it).

@@ -198,3 +198,27 @@ def test_grouped_query_sdpa_in_fp32_saves_what_eager_saves() -> None:
     bf16 = TrainingSpec(seq_len=1024, global_batch_size=2, attention=Attention.SDPA)
     assert not flops.materialises_scores(qwen, bf16)
     assert layer(qwen, Precision.BF16, Attention.SDPA) != layer(qwen, Precision.BF16, Attention.EAGER)
+
+
+def test_a_gpu_without_flash_kernels_runs_grouped_query_sdpa_as_math() -> None:
+    """On a V100 (no flash kernels) transformers' grouped-query SDPA in fp16 runs the math kernel: its
+    layer saves what eager attention saves, and its core computes the whole square; on an A100 the
+    flash kernel runs. The GPU decides through defaults.for_gpu (TrainingSpec.gpu_flash_kernels), so
+    jobs on the two never share memory memos."""
+    llama = preset("llama-3.1-8b").spec
+    layout = Layout(framework=Framework.FSDP, dp=1, micro_batch_size=1)
+    sdpa = TrainingSpec(seq_len=2048, global_batch_size=1, precision=Precision.FP16, attention=Attention.SDPA)
+    eager = dataclasses.replace(sdpa, attention=Attention.EAGER)
+    v100, a100 = gpu_cluster(gpu("v100-sxm2-32gb"), 1, 25e9), gpu_cluster(gpu("a100-sxm-80gb"), 1, 25e9)
+
+    def layer(cluster, training):  # type: ignore[no-untyped-def]
+        job = make_job(llama, cluster, training)
+        return job, activations.kind_layer_bytes(job, layout, Recompute.NONE)
+
+    on_v100, on_a100 = layer(v100, sdpa), layer(a100, sdpa)
+    assert not on_v100[0].training.gpu_flash_kernels and on_a100[0].training.gpu_flash_kernels
+    assert on_v100[1] == layer(v100, eager)[1]
+    assert on_a100[1] != layer(a100, eager)[1]
+    assert flops.materialises_scores(llama, on_v100[0].training)
+    assert not flops.materialises_scores(llama, on_a100[0].training)
+    assert not flops.materialises_scores(preset("gpt2").spec, on_v100[0].training)  # no grouped heads
