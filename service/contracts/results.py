@@ -87,6 +87,9 @@ class SuggestionOut(Stored):
     method: str | None = None
     seq_len: int | None = None
     base_dtype: str | None = None
+    optimizer_implementation: str | None = Field(
+        default=None, description="the training.optimizer_implementation it assumed, where it changes it"
+    )
     on_the_gpus_given: bool = False
     truncated: bool = False
 

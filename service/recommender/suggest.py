@@ -35,6 +35,7 @@ from service.estimator.types import (
     Layout,
     Method,
     ModelSpec,
+    OptimizerImplementation,
     TrainingSpec,
 )
 from service.estimator.validate import hardware_violation
@@ -305,6 +306,8 @@ def suggestions(
         collect.run("torch_compile", 5, ask.compiled)
     if training.base_autocast:
         collect.run("base_dtype", 4, ask.base_in_compute_dtype)
+    if training.optimizer_implementation is OptimizerImplementation.FOREACH:
+        collect.run("optimizer_implementation", 4, ask.fused_optimizer)
     for method in (Method.LORA, Method.QLORA):
         if _order(method) > _order(training.method):
             collect.run(method.value, 4, functools.partial(ask.peft, method))
@@ -329,8 +332,8 @@ def _bigger(gpu: GPUSpec, than: GPUSpec) -> bool:
     return gpu.name != than.name and gpu.memory_bytes > than.memory_bytes
 
 
-_GROUP = {"torch_compile": 0, "base_dtype": 0, "lora": 0, "qlora": 0, "shorter_sequence": 0,
-          "offload": 1, "more_gpus": 2, "other_gpu": 3}  # fmt: skip
+_GROUP = {"torch_compile": 0, "base_dtype": 0, "optimizer_implementation": 0, "lora": 0, "qlora": 0,
+          "shorter_sequence": 0, "offload": 1, "more_gpus": 2, "other_gpu": 3}  # fmt: skip
 
 
 def _in_order(made: list[Suggestion]) -> tuple[Suggestion, ...]:
@@ -439,6 +442,20 @@ class _Ask:
             f"from_pretrained(torch_dtype=torch.{dtype}))"
         )
         return [_on_the_gpus_given("base_dtype", what, self.cluster, found, loaded)]
+
+    def fused_optimizer(self, budget: Budget) -> list[Suggestion]:
+        """AdamW's fused step instead of torch.optim's foreach one: no temporary of the trainable
+        parameters' size (memory.optimizer_temporary_bytes)."""
+        fused = dataclasses.replace(self.training, optimizer_implementation=OptimizerImplementation.FUSED)
+        found = self._best(budget, self.constraints, training=fused)
+        if found is None:
+            return []
+        what = (
+            "AdamW's fused step (training.optimizer_implementation fused: torch.optim.AdamW(fused=True), "
+            "HF Trainer optim adamw_torch_fused)"
+        )
+        made = _on_the_gpus_given("optimizer_implementation", what, self.cluster, found, fused)
+        return [dataclasses.replace(made, optimizer_implementation=fused.optimizer_implementation.value)]
 
     def peft(self, method: Method, budget: Budget) -> list[Suggestion]:
         # QLoRA quantises the base: whatever dtype LoRA's base was loaded in

@@ -390,7 +390,14 @@ def applied_suggestion(request: dict[str, Any], suggestion: dict[str, Any]) -> d
         training["method"] = kind
     for key, value in (suggestion.get("training") or {}).items():
         training[key] = value
-    for key in ("seq_len", "global_batch_size", "method", "precision", "base_dtype"):
+    for key in (
+        "seq_len",
+        "global_batch_size",
+        "method",
+        "precision",
+        "base_dtype",
+        "optimizer_implementation",
+    ):
         if suggestion.get(key) is not None:
             training[key] = suggestion[key]
     return out
