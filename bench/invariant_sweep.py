@@ -1,4 +1,5 @@
-"""Issue 24's invariant sweep: every model preset x every catalog GPU x full/LoRA/QLoRA, each a
+"""Issue 24's invariant sweep: every model preset x every catalog GPU x full/LoRA/QLoRA (and full
+training with torch.optim's foreach AdamW, whose infeasible plans suggest the fused step), each a
 plan request naming only model, cluster and training, planned in-process through the API
 (TestClient on a SQLite database per worker) and checked with the invariant suite's own checks
 (tests/invariants/checks.py for the API's answers, tests/invariants/properties.py for the
@@ -29,7 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "invariant_sweep.json"
-METHODS = ("full", "lora", "qlora")
+METHODS = ("full", "lora", "qlora", "full+foreach")  # the last: full training, foreach AdamW
 SHAPES = ((1, 1), (1, 2), (1, 4), (1, 8), (2, 8))  # (nodes, GPUs per node)
 SEQ_LENS = (2048, 4096, 8192)
 BATCH = 32

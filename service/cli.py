@@ -33,6 +33,8 @@ from service.estimator.types import (
     Framework,
     MemoryStatistic,
     Method,
+    Optimizer,
+    OptimizerImplementation,
     Precision,
     Recompute,
 )
@@ -252,6 +254,8 @@ def training(
     tokens: int | None,
     attention: str | None = None,
     base_dtype: str | None = None,
+    optimizer: str | None = None,
+    optimizer_implementation: str | None = None,
 ) -> dict[str, Any]:
     """The request's training; precision and attention left out resolve from the GPU (the answer's
     resolved_defaults names what they became)."""
@@ -261,6 +265,8 @@ def training(
         ("attention", attention),
         ("tokens", tokens),
         ("base_dtype", base_dtype),
+        ("optimizer", optimizer),
+        ("optimizer_implementation", optimizer_implementation),
     ):
         if value is not None:
             body[name] = value
@@ -514,6 +520,13 @@ job_options = [
         "under 16-bit autocast)",
     ),
     click.option("--tokens", type=int, help="total training tokens, for time to train"),
+    click.option("--optimizer", type=choice(Optimizer), help="default: adamw"),
+    click.option(
+        "--optimizer-implementation",
+        type=choice(OptimizerImplementation),
+        help="adamw under fsdp: fused (the default: no parameter-sized temporary) or foreach (torch.optim's "
+        "default on CUDA: a temporary of the trainable parameters' size in the step)",
+    ),
 ]
 busbw_options = [
     click.option(
@@ -597,6 +610,8 @@ def plan(
     base_dtype: str | None,
     method: str,
     tokens: int | None,
+    optimizer: str | None,
+    optimizer_implementation: str | None,
     objective: str,
     frameworks: tuple[str, ...],
     launchers: tuple[str, ...],
@@ -615,7 +630,9 @@ def plan(
     body = {
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),
-        "training": training(seq, batch, precision, method, tokens, attention, base_dtype),
+        "training": training(
+            seq, batch, precision, method, tokens, attention, base_dtype, optimizer, optimizer_implementation
+        ),
         "constraints": constraints,
         "launchers": targets,
     }
@@ -670,6 +687,8 @@ def estimate(
     base_dtype: str | None,
     method: str,
     tokens: int | None,
+    optimizer: str | None,
+    optimizer_implementation: str | None,
     framework: str,
     dp: int | None,
     tp: int,
@@ -691,7 +710,9 @@ def estimate(
     body = {
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),
-        "training": training(seq, batch, precision, method, tokens, attention, base_dtype),
+        "training": training(
+            seq, batch, precision, method, tokens, attention, base_dtype, optimizer, optimizer_implementation
+        ),
         "layout": layout,
     }
     result = api.call("POST", "/v1/estimates", json=body)
@@ -768,6 +789,8 @@ def capacity(
     base_dtype: str | None,
     method: str,
     tokens: int | None,
+    optimizer: str | None,
+    optimizer_implementation: str | None,
     gpu_names: tuple[str, ...],
     cluster_ids: tuple[str, ...],
     gpus_per_node: int,
@@ -781,7 +804,9 @@ def capacity(
     api = Api(url)
     body: dict[str, Any] = {
         "model": model_ref(model, config),
-        "training": training(seq, batch, precision, method, tokens, attention, base_dtype),
+        "training": training(
+            seq, batch, precision, method, tokens, attention, base_dtype, optimizer, optimizer_implementation
+        ),
         "gpus_per_node": gpus_per_node,
         "max_nodes": max_nodes,
     }

@@ -64,13 +64,17 @@ def _compact(body: dict[str, Any]) -> str:
 def minimal_plan_request(
     preset: str, gpu: str, nodes: int, per_node: int, seq_len: int, batch: int, method: str
 ) -> dict[str, Any]:
-    """A plan request naming only model, cluster and training (no precision, no attention)."""
+    """A plan request naming only model, cluster and training (no precision, no attention);
+    ``method`` "full+foreach": full training with torch.optim's foreach AdamW."""
     cluster: dict[str, Any] = {"gpu": gpu, "num_nodes": nodes, "gpus_per_node": per_node}
     if nodes > 1:
         cluster["inter_node_bandwidth_bytes_per_s"] = 50e9
     training: dict[str, Any] = {"seq_len": seq_len, "global_batch_size": batch}
+    method, _, implementation = method.partition("+")
     if method != "full":
         training["method"] = method
+    if implementation:
+        training["optimizer_implementation"] = implementation
     return {"model": {"preset": preset}, "cluster": cluster, "training": training}
 
 
@@ -488,4 +492,6 @@ def cli_args(request: dict[str, Any]) -> list[str]:
     args += ["--seq", str(training["seq_len"]), "--batch", str(training["global_batch_size"])]
     if training.get("method", "full") != "full":
         args += ["--method", training["method"]]
+    if "optimizer_implementation" in training:
+        args += ["--optimizer-implementation", training["optimizer_implementation"]]
     return [*args, "--json"]

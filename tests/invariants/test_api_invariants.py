@@ -26,6 +26,7 @@ GRID: list[tuple[str, str, int, int, int, int, str]] = [
     ("llama-3.1-70b", "a100-sxm-80gb", 1, 8, 8192, 64, "full"),  # too big: suggestions
     ("gemma-2-9b", "v100-sxm2-16gb", 1, 8, 2048, 32, "lora"),  # pre-Ampere, LoRA
     ("qwen3-30b-a3b", "l40s-48gb", 2, 4, 4096, 32, "full"),  # two nodes of PCIe cards
+    ("llama-3.2-1b", "rtx-4090-24gb", 1, 1, 256, 1, "full+foreach"),  # foreach AdamW: suggests fused
 ]
 IDS = [f"{p}-{n * g}x{gpu}-{m}" for p, gpu, n, g, _, _, m in GRID]
 

@@ -17,12 +17,13 @@ from tests.invariants import checks
 from tests.invariants.checks import minimal_plan_request
 from tests.invariants.test_api_invariants import assert_none
 
-# a feasible job, the V100 job that must plan without naming precision or attention, and an
-# infeasible one whose suggestions both faces must list alike
+# a feasible job, the V100 job that must plan without naming precision or attention, an infeasible
+# one whose suggestions both faces must list alike, and a foreach one (the CLI's own flag)
 JOBS: list[tuple[str, str, int, int, int, int, str]] = [
     ("llama-3.1-8b", "h100-sxm-80gb", 1, 8, 4096, 64, "full"),
     ("llama-2-13b", "v100-sxm2-32gb", 1, 4, 4096, 32, "full"),
     ("llama-3.1-70b", "rtx-4090-24gb", 1, 2, 4096, 16, "qlora"),
+    ("llama-3.2-1b", "rtx-4090-24gb", 1, 1, 256, 1, "full+foreach"),  # --optimizer-implementation
 ]
 
 
