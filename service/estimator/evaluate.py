@@ -79,8 +79,8 @@ def rank_peak_parts(
     (``RankStates.gradients_apart``)."""
     buffers = rank_buffer_bytes(states, acts, autocast_bytes)
     fraction = job.assume.fragmentation_fraction
-    follow = acts.backward_end is not None
-    start_gradients = states.head_gradients if follow else float(states.gradients)
+    working = acts.backward_end  # None: gradients meet activations (no backward-end moment)
+    start_gradients = float(states.gradients) if working is None else states.head_gradients
     start = start_gradients + acts.on_gpu + buffers
     made = states.gradients - start_gradients  # gradients allocated after the start
     # gradients made on another stream's blocks cannot reuse the activations' (gradients_in_own_pool)
@@ -88,13 +88,12 @@ def rank_peak_parts(
     reserved = start + fragmentation_bytes(acts.on_gpu + buffers, fraction) + apart
     moment = (math.ceil(start_gradients), acts.on_gpu_bytes, math.ceil(buffers))
     peak = start
-    if follow:
-        assert acts.backward_end is not None
+    if working is not None:
         end_buffers = states.held_buffers + states.tied_embedding_transient
-        end = states.gradients + acts.backward_end + end_buffers
-        reserved = max(reserved, end + fragmentation_bytes(made + acts.backward_end + end_buffers, fraction))
+        end = states.gradients + working + end_buffers
+        reserved = max(reserved, end + fragmentation_bytes(made + working + end_buffers, fraction))
         if end > peak:
-            moment, peak = (states.gradients, math.ceil(acts.backward_end), math.ceil(end_buffers)), end
+            moment, peak = (states.gradients, math.ceil(working), math.ceil(end_buffers)), end
     if states.optimizer_temporary:
         step_buffers = states.held_buffers + states.optimizer_temporary
         step = states.gradients + step_buffers

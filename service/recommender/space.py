@@ -478,9 +478,9 @@ def least_bytes_per_gpu(
             own = switches if framework is Framework.MEGATRON else None
             dynamic, lean = dynamic_floor(job, framework, search_compile(torch_compile, framework), own)
             example = dataclasses.replace(lean, dp=gpus)
-        # at micro-batch 1 without a pipeline, FSDP's gradients follow the activations: the bound counts
-        # the larger of the two (gradients_follow_activations; dp 1's one micro-batch per step is the
-        # case a larger batch never undercuts, since every moment's bytes grow with it)
+        # where FSDP's gradients follow the activations (memory.gradients_follow_activations) a layout
+        # holds its states and the larger of its gradients and its activations, never less than the
+        # larger of these least ones: the bound counts max(gradients, dynamic), not their sum
         overlap = 0
         if framework is Framework.FSDP and dynamic and state_bytes:
             overlap = min(dynamic, min_gradient_bytes_per_gpu(job, framework, gpus))
