@@ -422,16 +422,19 @@ def head_gradient_bytes(job: Job, layout: Layout, rank: int, gradients: float, t
     return output_layer_weights(job, layout, rank) * gradients / trainable
 
 
-# The layout fields model states and their buffers read: the sharding (not micro-batch, recompute,
-# interleaving or SP).
-STATE_FIELDS = (
+# The layout fields model states read: the sharding (not micro-batch, recompute, interleaving or SP).
+MODEL_STATE_FIELDS = (
     *SHARDING_FIELDS,
     "offload_optimizer",
     "offload_params",
-    "overlap_grad_reduce",  # DeepSpeed overlap_comm doubles the ZeRO-1/2 reduce buckets
     "optimizer_in_backward",  # no gradient outlives its unit
     "grad_reduce_in_fp32",  # Megatron's gradient buffer dtype
     "fp8_param_gather",  # Megatron's fp8 weights: no bf16 copy, no fp8 cache
+)
+# ... and with the buffers they size
+STATE_FIELDS = (
+    *MODEL_STATE_FIELDS,
+    "overlap_grad_reduce",  # DeepSpeed overlap_comm doubles the ZeRO-1/2 reduce buckets
 )
 
 
@@ -439,6 +442,23 @@ STATE_FIELDS = (
 def stage_states(job: Job, layout: Layout) -> tuple[RankStates, ...]:
     """``rank_states`` of each of ``pipeline_ranks``."""
     return tuple(rank_states(job, layout, rank) for rank in pipeline_ranks(job, layout))
+
+
+@layout_memo(*MODEL_STATE_FIELDS, memory=True)
+def most_model_states_bytes(job: Job, layout: Layout) -> float:
+    """The most weights, gradients and optimizer states that any of ``pipeline_ranks`` holds on its
+    GPU (``rank_model_states``; ``RankStates.states`` of ``stage_states``), without the buffers,
+    head gradients and transients ``rank_states`` adds: a lower bound on every layout of this
+    sharding, for a check that rejects most of what it is asked (the search's lean check) at a
+    third of ``stage_states``' cost."""
+    sb = layout_state_bytes(job, layout)
+    degrees = shard_degrees(layout, job.cluster)
+    most = 0.0
+    for rank in pipeline_ranks(job, layout):
+        rp = rank_parameters_of(job, layout, rank)
+        states = rank_model_states(job.model, layout, job.training, rp, sb, degrees, job.assume)
+        most = max(most, states.parameters + states.gradients + states.optimizer_states)
+    return most
 
 
 @dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)

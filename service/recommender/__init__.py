@@ -26,7 +26,12 @@ from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError, InvalidTraining
 from service.estimator.estimate import estimate_valid
 from service.estimator.job import Job, make_job, shared_memory_memos
-from service.estimator.memory import gradients_follow_activations, stage_activations, stage_states
+from service.estimator.memory import (
+    gradients_follow_activations,
+    most_model_states_bytes,
+    stage_activations,
+    stage_states,
+)
 from service.estimator.pipeline import stage_layers
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
@@ -701,11 +706,7 @@ def _ceiling_key(
 
 def _states_fit(job: Job, layout: Layout, limit: int) -> bool:
     # model states alone (no activations, buffers or overhead): a lower bound on every rank's need
-    for rank_states in stage_states(job, layout):
-        states = rank_states.states
-        if states.parameters + states.gradients + states.optimizer_states > limit:
-            return False
-    return True
+    return most_model_states_bytes(job, layout) <= limit
 
 
 def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: SearchResult) -> bool:

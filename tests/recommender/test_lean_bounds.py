@@ -14,7 +14,12 @@ from service.catalog.tuning import default_tuning
 from service.estimator import evaluate
 from service.estimator.errors import EstimatorError
 from service.estimator.job import make_job
-from service.estimator.memory import min_state_bytes_per_gpu, stage_activations, stage_states
+from service.estimator.memory import (
+    min_state_bytes_per_gpu,
+    most_model_states_bytes,
+    stage_activations,
+    stage_states,
+)
 from service.estimator.types import Framework, Layout, Method, Optimizer, Precision, Recompute, TrainingSpec
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, training_violation
 from service.frameworks import sequence_parallel_default
@@ -76,6 +81,11 @@ def test_states_never_grow_with_sharding_and_the_bound_never_exceeds_a_leans_mem
                 except EstimatorError:
                     continue
                 assert acts == first_acts, (s, framework)
+                # the lean check's states-only bound is the most-loaded rank's states, computed alone
+                most = max(
+                    r.states.parameters + r.states.gradients + r.states.optimizer_states for r in states
+                )
+                assert most_model_states_bytes(job, lean) == pytest.approx(most, rel=1e-12), (s, lean)
                 for mine, least in zip(states, first_states, strict=True):
                     held = mine.parameters + mine.gradients + mine.optimizer_states
                     assert held >= least.parameters + least.gradients + least.optimizer_states, (s, lean)
