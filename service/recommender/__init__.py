@@ -709,6 +709,15 @@ def _states_fit(job: Job, layout: Layout, limit: int) -> bool:
     return most_model_states_bytes(job, layout) <= limit
 
 
+def _states_exceed(job: Job, layout: Layout, limit: int) -> bool:
+    """Whether the model states alone of ``layout``'s sharding exceed ``limit``, asked before its
+    rules: False where they cannot be computed (a split the rules refuse; the caller asks them)."""
+    try:
+        return not _states_fit(job, layout, limit)
+    except EstimatorError:
+        return False
+
+
 def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: SearchResult) -> bool:
     """False when the model states alone, fully sharded over every GPU, exceed the limit (no offload)."""
     bound = least_state_bytes(job, search.constraints.frameworks, search.offload, gpus)
@@ -861,15 +870,17 @@ def _lean_fit(
         ordered = options[::-1]  # the most sharded and offloaded first: the likeliest to fit
         for i, sh in enumerate(ordered):
             lean = make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0])
-            if _violation(job, lean) is not None:
-                return True, None
-            if not search.rejections and not _states_fit(job, lean, limit):
-                # a miss (its model states alone exceed the limit) only the log would hold: what
-                # follows its evaluation below, without the activations (_leanest_states_exceed's
-                # sum holds these states, so it exceeds the limit where the ordering lets it bound)
+            if not search.rejections and _states_exceed(job, lean, limit):
+                # a miss only the log would hold: its model states alone exceed the limit, and so
+                # do those of every member of its sharding, valid or not (states read the sharding
+                # alone: memory.MODEL_STATE_FIELDS), so no rule need be asked first; what follows
+                # its evaluation below, without the activations (_leanest_states_exceed's sum holds
+                # these states, so it exceeds the limit where the ordering lets it bound)
                 if i == 0 and _shards_most(ordered):
                     break
                 continue
+            if _violation(job, lean) is not None:
+                return True, None
             memory = result.memory_numbers(job, lean)
             if evaluate.numbers_fit(job.cluster, memory, limit):
                 return True, lean

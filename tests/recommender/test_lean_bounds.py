@@ -147,3 +147,43 @@ def test_the_count_bound_is_the_fully_sharded_states_of_each_framework(
     assert bound <= held
     if framework is not Framework.MEGATRON and precision is not Precision.FP8:
         assert held - bound <= 16  # whole bytes of rounding: the same states, fully sharded
+
+
+@pytest.mark.parametrize(
+    ("name", "method", "gpus"),
+    [
+        ("mixtral-8x7b", Method.FULL, ("rtx-4090-24gb", "a100-sxm-40gb")),
+        ("deepseek-v2-lite", Method.LORA, ("l4-24gb", "h100-sxm-80gb")),
+    ],
+)
+def test_capacity_asking_states_before_rules_answers_as_rules_first(
+    name: str, method: Method, gpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lean check asks a sharding's model states before its rules (``_states_exceed``: states
+    read the sharding alone, so a miss holds for every member, valid or not). Two methods, one
+    answer: with that check off, every lean layout is validated and then evaluated in full, and the
+    options agree."""
+    import service.recommender as recommender
+    from service.catalog.gpus import gpu
+    from service.recommender.capacity import capacity
+
+    training = TrainingSpec(seq_len=4096, global_batch_size=256, method=method, tokens=10**11)
+    types = [gpu(g) for g in gpus]
+
+    def run() -> list[tuple[object, ...]]:
+        options = capacity(model(name).spec, training, default_tuning(), gpus=types)
+        return [(o.gpu, o.fits, o.min_gpus, o.layout, o.tokens_per_s, o.evaluations) for o in options]
+
+    asked: list[bool] = []
+    states_exceed = recommender._states_exceed
+
+    def counted(*args: object) -> bool:
+        asked.append(states_exceed(*args))  # type: ignore[arg-type]
+        return asked[-1]
+
+    monkeypatch.setattr(recommender, "_states_exceed", counted)
+    states_first = run()
+    assert any(asked)  # the check cut something
+    monkeypatch.setattr(recommender, "_states_exceed", lambda *args: False)
+    rules_first = run()
+    assert [o[:5] for o in states_first] == [o[:5] for o in rules_first]
