@@ -322,8 +322,13 @@ def moe_layers_of(counts: tuple[tuple[LayerKind, int], ...]) -> int:
 
 
 def sum_by_kind(counts: tuple[tuple[LayerKind, int], ...], value: Callable[[LayerKind], float]) -> float:
-    """Sum of ``value(kind)`` over the layers ``counts`` describes."""
-    return sum(count * value(kind) for kind, count in counts)
+    """Sum of ``value(kind)`` over the layers ``counts`` describes (a loop: the search asks it for
+    every rank of every layout it evaluates, and a generator's frame costs more than its one or two
+    kinds; added in the same order, so the same float)."""
+    total: float = 0
+    for kind, count in counts:
+        total += count * value(kind)
+    return total
 
 
 @layout_memo(*pipeline.PIPELINE_FIELDS)

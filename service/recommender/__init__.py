@@ -705,15 +705,22 @@ def _ceiling_key(
 
 
 def _states_fit(job: Job, layout: Layout, limit: int) -> bool:
-    # model states alone (no activations, buffers or overhead): a lower bound on every rank's need
-    return most_model_states_bytes(job, layout) <= limit
+    # model states alone (no activations, buffers or overhead): a lower bound on every rank's need,
+    # read off stage_states, which the family's members then share
+    for rank_states in stage_states(job, layout):
+        states = rank_states.states
+        if states.parameters + states.gradients + states.optimizer_states > limit:
+            return False
+    return True
 
 
 def _states_exceed(job: Job, layout: Layout, limit: int) -> bool:
-    """Whether the model states alone of ``layout``'s sharding exceed ``limit``, asked before its
-    rules: False where they cannot be computed (a split the rules refuse; the caller asks them)."""
+    """Whether the model states alone of ``layout``'s sharding exceed ``limit`` (``_states_fit``),
+    computed without the buffers (``most_model_states_bytes``): the lean check asks it first, and
+    most lean layouts of a fewest-GPU search miss on it, so ``stage_states`` is never built for
+    them. False where they cannot be computed (a split the rules refuse; the caller asks them)."""
     try:
-        return not _states_fit(job, layout, limit)
+        return most_model_states_bytes(job, layout) > limit
     except EstimatorError:
         return False
 
