@@ -148,12 +148,20 @@ class ArchitectureIn(Strict):
 
 
 class ModelRef(Strict):
-    """Exactly one of: a catalog preset, a Hugging Face config.json, or explicit fields."""
+    """Exactly one of: a catalog preset, a Hugging Face config.json, or explicit fields. A preset's
+    name alone, as a string, stands for ``{"preset": name}`` (as a catalog GPU's name does for the
+    cluster's ``gpu``)."""
 
     preset: str | None = Field(default=None, min_length=1, max_length=200)
     hf_config: dict[str, Any] | None = None
     architecture: ArchitectureIn | None = None
     name: str | None = Field(default=None, max_length=200, description="label for hf_config/architecture")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_name(cls, value: Any) -> Any:
+        # "model": "llama-3.1-8b", what a curl user writes first; anything else as given
+        return {"preset": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelRef:
