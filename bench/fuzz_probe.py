@@ -391,8 +391,7 @@ def absurd(rng: random.Random) -> Iterator[Req]:
         ("constraints.objective", "fastest"),
         ("constraints.frameworks", []),
         ("constraints.frameworks", ["jax"]),
-        ("launchers", ["pbs"]),
-        ("launchers", []),
+        ("launchers", ["pbs"]),  # ([] is the field's default: render nothing)
         ("cluster.gpu", {**CUSTOM_GPU, "memory_bytes": 0}),
         ("cluster.gpu", {**CUSTOM_GPU, "memory_bytes": 10**20}),
         ("cluster.gpu", {**CUSTOM_GPU, "peak_flops_per_s": {}}),
