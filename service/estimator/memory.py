@@ -32,6 +32,7 @@ from service.estimator.model_states import (
     megatron_grads_in_fp32,
     rank_model_states,
     rank_parameters,
+    rank_state_totals,
     shard_degrees,
     state_bytes,
     state_bytes_per_parameter,
@@ -456,8 +457,10 @@ def most_model_states_bytes(job: Job, layout: Layout) -> float:
     most = 0.0
     for rank in pipeline_ranks(job, layout):
         rp = rank_parameters_of(job, layout, rank)
-        states = rank_model_states(job.model, layout, job.training, rp, sb, degrees, job.assume)
-        most = max(most, states.parameters + states.gradients + states.optimizer_states)
+        parameters, gradients, optimizer_states, _, _ = rank_state_totals(
+            job.model, layout, job.training, rp, sb, degrees, job.assume
+        )
+        most = max(most, parameters + gradients + optimizer_states)
     return most
 
 

@@ -554,6 +554,29 @@ def rank_model_states(
     """Weights, gradients and optimizer states of one pipeline rank after sharding and offload, from
     its parameters, the bytes per parameter and the shard degrees (``rank_parameters``,
     ``state_bytes``, ``shard_degrees``)."""
+    parameters, gradients, optimizer_states, host, nvme = rank_state_totals(
+        model, layout, training, rp, sb, shards, assume
+    )
+    return ModelStates(
+        parameters=parameters,
+        gradients=gradients,
+        optimizer_states=optimizer_states,
+        host_bytes=host,
+        nvme_bytes=nvme,
+    )
+
+
+def rank_state_totals(
+    model: ModelSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    rp: RankParameters,
+    sb: StateBytes,
+    shards: tuple[int, int],
+    assume: MemoryAssumptions,
+) -> _OffloadedStates:
+    """``rank_model_states`` as (parameters, gradients, optimizer states, host, NVMe) bytes, without
+    building its record: the search's lean check asks it of every sharding it bounds."""
     parameters = gradients = optimizer_states = host = nvme = 0.0
     for count, frozen_count, per_frozen, shard in _state_groups(model, layout, training, rp, shards, assume):
         group = _group_states(count, frozen_count, per_frozen, sb, layout, shard)
@@ -586,10 +609,4 @@ def rank_model_states(
         # (torchao/float8/float8_linear.py Float8Linear.forward, dynamic scaling) and saves the cast
         # for that micro-batch's backward only, a per-layer temporary under activation checkpointing.
         parameters += 2 * rp.linear
-    return ModelStates(
-        parameters=parameters,
-        gradients=gradients,
-        optimizer_states=optimizer_states,
-        host_bytes=host,
-        nvme_bytes=nvme,
-    )
+    return parameters, gradients, optimizer_states, host, nvme
