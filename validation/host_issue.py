@@ -67,3 +67,34 @@ def fitted() -> dict[str, float]:
 def kernel_gpu_s(case: dict[str, Any]) -> float:
     """The GPU time of all a case's kernels."""
     return sum(count * gpu_s for count, gpu_s in kernels(case))
+
+
+def profiled_case_estimate_s(case: dict[str, Any]) -> float:
+    """The estimator's step for a profiled case: the preset cut to the profiled layers, one H200, the
+    device runs' inputs (``validation.device_memory``: bf16 autocast, FlashAttention, fused AdamW; a
+    LoRA case's base in bf16, as the profile built it)."""
+    import dataclasses
+
+    from service.catalog.models import model as catalog_model
+    from service.catalog.tuning import default_tuning
+    from service.estimator.estimate import estimate
+    from validation.device_memory import cluster, layout_of, training_of
+
+    profiled = case["case"]
+    spec = catalog_model(profiled["preset"]).spec
+    layers = int(profiled["layers"])
+    spec = dataclasses.replace(spec, num_layers=layers, layer_types=spec.layer_types[:layers])
+    inputs = {
+        "precision": "bf16",
+        "method": "lora" if profiled["lora"] else "full",
+        "base_dtype": "bf16",
+        "mbs": profiled["mbs"],
+        "seq": profiled["seq"],
+        "gc": False,
+        "optim": "fused",
+    }
+    est = estimate(
+        spec, cluster(), layout_of(inputs), training_of(inputs), tuning=default_tuning(), with_limits=False
+    )
+    assert est.time is not None
+    return est.time.step_s

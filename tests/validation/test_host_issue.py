@@ -32,3 +32,12 @@ def test_the_bound_is_the_sum_of_each_kernels_max_by_hand() -> None:
         {"key": "aten::mm", "count": 3, "self_cpu_us": 9.0, "self_device_us": 120.0},
     ]}  # fmt: skip
     assert host_issue.host_s_per_kernel(case) == pytest.approx(20e-6)
+
+
+def test_the_profiled_steps_host_bound_moves_gpu_bound_stay() -> None:
+    """The estimate of each profiled step (presets cut to the profiled layers): the host-bound 512-token
+    step comes within 20% (the ops outside the layers are not bounded), the GPU-bound ones stay within 5%."""
+    for case in host_issue.profile():
+        error = host_issue.profiled_case_estimate_s(case) / case["step_s"] - 1
+        host_bound = case["case"]["id"] == "llama1b-l4-full-bf16-mbs1-s512"
+        assert abs(error) <= (0.20 if host_bound else 0.05), (case["case"]["id"], error)
