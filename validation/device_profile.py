@@ -13,7 +13,8 @@ unprofiled (median of three, synchronised), and per profiler key (an aten op or 
 count, self CPU time and self device time (microseconds). Imports nothing from ``service``.
 
 Measured once on the H200 of validation/data/device_runs.json (2026-12-04), written to
-``validation/data/device_profile.jsonl``: no model reads it yet. What it shows: the aten ops' own
+``validation/data/device_profile.jsonl``, which ``validation/host_issue.py`` reads for the host time per
+op of ``tuning.toml [host_issue]``. What it shows: the aten ops' own
 host time is ~5 us each and a kernel launch ~6 us (the profiler's self CPU, Python's module overhead
 excluded); most kernels of a small step run under 30 us (628 of 682 at llama-3.2-1b's 4 layers, 512
 tokens; 368 of 585 with LoRA at 8B, 2 x 2048 tokens).

@@ -19,7 +19,14 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from service.catalog.errors import InvalidCatalogEntry
-from service.estimator.tuning import AttentionKernelRate, CurvePoint, MemoryAssumptions, Tuning
+from service.estimator.tuning import (
+    AttentionKernelRate,
+    CurvePoint,
+    HostIssue,
+    MemoryAssumptions,
+    PassOps,
+    Tuning,
+)
 from service.estimator.types import Framework
 
 TUNING_TOML = Path(__file__).with_name("tuning.toml")
@@ -190,6 +197,29 @@ class KernelLaunchTable(_Table):
     moe_host_sync_source: Source
 
 
+class Ops(_Table):
+    """Ops a module issues from the host in one forward and in its backward."""
+
+    forward: NonNegativeInt
+    backward: NonNegativeInt
+
+
+class HostIssueTable(_Table):
+    """[host_issue]: PyTorch eager issues each op from the host; a layer's ops, module by module."""
+
+    s_per_op: NonNegative = Field(description="host time to issue one op, seconds (0: never bounds)")
+    source: Source
+    rest_of_layer: Ops = Field(description="a Llama decoder layer's ops other than those below")
+    matmul: Ops = Field(description="one Linear's matmuls (forward; input and weight gradients)")
+    attention: Ops = Field(description="the attention kernel")
+    rmsnorm: Ops = Field(description="one RMSNorm module")
+    layernorm: Ops = Field(description="one nn.LayerNorm")
+    linear_bias: Ops = Field(description="one Linear's bias")
+    autocast_casts: Ops = Field(description="a decoder layer's autocast casts of fp32 weights and inputs")
+    lora_linear: Ops = Field(description="one LoRA-adapted Linear's adapter")
+    ops_source: Source
+
+
 class AttentionAlignmentTable(_Table):
     """[attention_alignment]: eager attention's batched GEMMs off the tensor cores' alignment."""
 
@@ -237,6 +267,7 @@ class TuningFile(_Table):
     memory_bound: MemoryBoundTable
     attention_kernel: AttentionKernelTable
     kernel_launch: KernelLaunchTable
+    host_issue: HostIssueTable
     attention_alignment: AttentionAlignmentTable
     memory: MemoryTable
 
@@ -254,6 +285,25 @@ class TuningFile(_Table):
 
 def _points(points: list[Point]) -> tuple[CurvePoint, ...]:
     return tuple(CurvePoint(x=p.x, factor=p.factor) for p in points)
+
+
+def _ops(ops: Ops) -> PassOps:
+    return PassOps(forward=ops.forward, backward=ops.backward)
+
+
+def host_issue(table: HostIssueTable) -> HostIssue:
+    """The estimator's ``HostIssue`` from the [host_issue] table."""
+    return HostIssue(
+        s_per_op=table.s_per_op,
+        rest_of_layer=_ops(table.rest_of_layer),
+        matmul=_ops(table.matmul),
+        attention=_ops(table.attention),
+        rmsnorm=_ops(table.rmsnorm),
+        layernorm=_ops(table.layernorm),
+        linear_bias=_ops(table.linear_bias),
+        autocast_casts=_ops(table.autocast_casts),
+        lora_linear=_ops(table.lora_linear),
+    )
 
 
 def to_tuning(file: TuningFile) -> Tuning:
@@ -312,6 +362,7 @@ def to_tuning(file: TuningFile) -> Tuning:
         moe_host_sync_s=launch.moe_host_sync_s,
         kernels_per_layer_by_framework=tuple(launch.kernels_per_layer.items()),
         compiled_kernels_per_layer=launch.compiled_kernels_per_layer,
+        host_issue=host_issue(file.host_issue),
         cpu_adam_params_per_s_per_node=host.cpu_adam_params_per_s_per_node,
         torch_cpu_adam_slowdown=host.torch_cpu_adam_slowdown,
         nvme_bandwidth_bytes_per_s_per_node=host.nvme_bandwidth_bytes_per_s_per_node,

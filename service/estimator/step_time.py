@@ -7,6 +7,13 @@ kernel (FlashAttention-2 for PyTorch SDPA and flash-attn, cuDNN for Transformer 
 backward doing 2.5x the forward FLOPs; eager attention computes the whole masked square at the
 GEMM rate. MFU still counts the whole square, as Megatron's and the papers' formulas do.
 
+PyTorch eager (FSDP, DeepSpeed: Hugging Face modules run op by op, not compiled) issues each op from
+the host, and a kernel cannot start before it is issued: each decoder layer's GEMM-class kernels and
+its other kernels take at least their ops x the host's time per op, forward and backward
+(``host_wait``; tuning.toml [host_issue]). Small layers and short micro-batches wait on the host;
+large layers' kernels outlast their issue. Megatron-Core and torch.compile keep the kernel-launch
+floor (``launch_floor_s``).
+
 We model the slowest rank: the most loaded pipeline stage (the last one holds the output layer;
 Megatron keeps the embedding on the first), one micro-batch at a time, ``m`` micro-batches per
 step. Ranks are ordered tp, cp, (ep inside) dp, pp from innermost to outermost (``comm``).
@@ -76,8 +83,10 @@ from service.estimator.types import (
     Method,
     ModelSpec,
     MoeDispatcher,
+    NormKind,
     Offload,
     Precision,
+    QKNorm,
     Recompute,
     RecomputeModule,
     TrainingSpec,
@@ -119,14 +128,21 @@ def stage_flops_per_token(job: Job, layout: Layout) -> tuple[float, ...]:
     """Forward + backward FLOPs per token of each pipeline rank (the last adds the output layer)."""
     model, training = job.model, job.training
     per_kind = {kind: flops.layer_training_flops(model, kind, training) for kind in job.kinds}
-    # the output layer, and each multi-token-prediction depth's (its layer is among the counts)
-    logits = flops.logits_training_flops(model, training) + training.mtp_num_layers * (
-        flops.mtp_block_training_flops(model, training)
-    )
+    logits = output_flops_per_token(job)
     last = layout.pp - 1
     return tuple(
         sum(count * per_kind[kind] for kind, count in counts) + (logits if rank == last else 0)
         for rank, counts in enumerate(rank_kind_counts(job, layout))
+    )
+
+
+@job_memo
+def output_flops_per_token(job: Job) -> float:
+    """Forward + backward FLOPs per token of the output layer, and of each multi-token-prediction
+    depth's (its layer is among the stage's layers): what the last pipeline rank adds."""
+    model, training = job.model, job.training
+    return flops.logits_training_flops(model, training) + training.mtp_num_layers * (
+        flops.mtp_block_training_flops(model, training)
     )
 
 
@@ -629,9 +645,9 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     memory_s += fp8_cast_s(job, layout, base) + moe_dispatch_s(job, layout, base)
     memory_s += moe_host_sync_s(job, layout, base, 1.0)
     work_s = gemm_s(layout, base, per_token - 3 * core - routed, work, 2 * work, routed)
-    return max(
-        work_s + unaligned_s + memory_s + loss_s(job, layout, base), launch_floor_s(job, layout, base, 3)
-    )
+    wait = host_wait(job, layout, base)
+    gpu_s = work_s + unaligned_s + memory_s + loss_s(job, layout, base)
+    return max(gpu_s + wait.forward_s + wait.backward_s, launch_floor_s(job, layout, base, 3))
 
 
 def router_bytes_per_token(num_experts: int) -> float:
@@ -715,6 +731,134 @@ def launch_floor_s(job: Job, layout: Layout, base: StepBase, passes: float) -> f
     layer's kernels cost at least their launch (tuning.toml [kernel_launch]), however short their rows."""
     kernels = kernels_per_layer(job.tuning, layout.framework, layout.torch_compile is not Compile.NONE)
     return base.micro_batches * base.layers * passes * kernels * job.tuning.kernel_launch_s
+
+
+# ---------------------------------------------------------------- host issue (PyTorch eager)
+
+
+def issues_from_host(layout: Layout) -> bool:
+    """PyTorch eager issues every op from Python: FSDP (DDP, one GPU) and DeepSpeed running Hugging Face
+    modules. Megatron-Core's fused modules (CUDA graphs in NVIDIA's recipes) and torch.compile's
+    kernels keep the launch floor (``launch_floor_s``) instead."""
+    return layout.framework is not Framework.MEGATRON and layout.torch_compile is Compile.NONE
+
+
+def casts_under_autocast(job: Job, layout: Layout) -> bool:
+    """Whether autocast casts the layers' fp32 weights (and fp32 inputs) to 16 bits at each forward:
+    mixed precision on fp32 weights on one data-parallel rank under FSDP (plain PyTorch, nothing to
+    shard) - full training, or a LoRA base kept in fp32. DeepSpeed and sharded FSDP hand the layers
+    16-bit weights (its bf16 engine, FSDP's MixedPrecision), and a 16-bit LoRA base needs no cast. DDP
+    over several ranks (ZeRO 0) casts too but is counted without: the step's base is shared by the
+    ZeRO stages (``BASE_FIELDS``), and the casts are 24 of a layer's 135 ops."""
+    if (
+        job.training.precision not in (Precision.BF16, Precision.FP16)
+        or layout.framework is not Framework.FSDP
+    ):
+        return False
+    return layout.dp * layout.cp == 1 and (job.training.method is Method.FULL or job.base_autocast)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerOps:
+    """Ops one decoder layer issues from the host, forward and backward, split into its GEMM-class ops
+    (the Linears' matmuls and attention's kernel) and the rest (norms, RoPE, casts, adds, adapters)."""
+
+    forward_gemm: int
+    forward_other: int
+    backward_gemm: int
+    backward_other: int
+
+
+def linears_per_layer(model: ModelSpec) -> tuple[int, int]:
+    """(Linears, of which biased) of a dense decoder layer: q, k, v, o and the MLP's (gate,) up, down."""
+    mlp = 3 if model.mlp.gated else 2
+    biased = (3 if model.qkv_bias else 0) + (1 if model.attn_out_bias else 0) + (mlp if model.mlp_bias else 0)
+    return 4 + mlp, biased
+
+
+@job_memo
+def layer_ops(job: Job, casts: bool) -> LayerOps:
+    """A decoder layer's ops as the sum of its modules' (tuning.toml [host_issue]), under the job's
+    method (a frozen Linear issues no weight gradient; LoRA adds its adapters) and ``casts`` (autocast
+    casting fp32 weights: ``casts_under_autocast``)."""
+    issue, model, training = job.tuning.host_issue, job.model, job.training
+    assert issue is not None  # host_wait asks only with a host_issue table
+    linears, biased = linears_per_layer(model)
+    frozen = 0 if training.method is Method.FULL else linears  # weight gradients not issued
+    norms = model.norms_per_layer + (2 if model.qk_norm is not QKNorm.NONE else 0)
+    norm = issue.rmsnorm if model.norm is NormKind.RMSNORM else issue.layernorm
+    adapted = 0  # the adapted Linears the model has (a plain MLP has no gate_proj)
+    if training.method is not Method.FULL:
+        adapted = sum(1 for t in training.lora_targets if t != "gate_proj" or model.mlp.gated)
+    cast_forward = issue.autocast_casts.forward if casts else 0
+    cast_backward = issue.autocast_casts.backward - frozen if casts else 0  # a frozen weight's grad: none
+    return LayerOps(
+        forward_gemm=linears * issue.matmul.forward + issue.attention.forward,
+        forward_other=issue.rest_of_layer.forward
+        + norms * norm.forward
+        + biased * issue.linear_bias.forward
+        + cast_forward
+        + adapted * issue.lora_linear.forward,
+        backward_gemm=linears * issue.matmul.backward - frozen + issue.attention.backward,
+        backward_other=issue.rest_of_layer.backward
+        + norms * norm.backward
+        + biased * issue.linear_bias.backward
+        + cast_backward
+        + adapted * issue.lora_linear.backward,
+    )
+
+
+def layer_gemm_s(job: Job, layout: Layout, base: StepBase) -> tuple[float, float]:
+    """(forward, backward) seconds of the slowest stage's layers' GEMM-class kernels, all micro-batches:
+    weight matmuls (routed experts' included) and attention's core; the output layer left out."""
+    per_token = stage_flops_per_token(job, layout)[base.stage]
+    if base.stage == layout.pp - 1:
+        per_token -= output_flops_per_token(job)
+    core, work = base.core_flops, base.core_work_flops
+    passes = flops.frozen_passes(job.training)  # the forward is 1 of them
+    routed = passes * base.routed_flops
+    linear = per_token - 3 * core - routed
+    forward = gemm_s(layout, base, linear / passes, work, 0.0, routed / passes)
+    backward = gemm_s(layout, base, linear - linear / passes, 0.0, 2 * work, routed - routed / passes)
+    return forward, backward
+
+
+@dataclass(frozen=True, slots=True)
+class HostWait:
+    """GPU idle while the host issues the stage's layers' ops: in their forward and in their backward."""
+
+    forward_s: float
+    backward_s: float
+
+
+NO_HOST_WAIT = HostWait(0.0, 0.0)
+
+
+def host_wait(job: Job, layout: Layout, base: StepBase) -> HostWait:
+    """A kernel cannot start before the host has issued it, so each group of a layer's kernels takes at
+    least its ops x ``host_issue.s_per_op``: the GEMM-class kernels and the rest, bounded apart in
+    forward and in backward (the backward's memory-bound work is twice the forward's,
+    ``memory_bound_s``), all layers and micro-batches of the slowest stage. What the groups take beyond
+    their GPU time is the wait. Large GEMMs and long elementwise kernels outlast their issue (none);
+    a small layer's, or a short micro-batch's, do not."""
+    issue = job.tuning.host_issue
+    if issue is None or issue.s_per_op == 0.0 or base.layers == 0 or not issues_from_host(layout):
+        return NO_HOST_WAIT
+    ops = layer_ops(job, casts_under_autocast(job, layout))
+    forward_gemm_s, backward_gemm_s = layer_gemm_s(job, layout, base)
+    forward_memory_s = memory_bound_s(job, layout, base, 1.0, base.traffic_bytes)
+    per_op_s = base.micro_batches * base.layers * issue.s_per_op
+    forward = idle_s(forward_gemm_s, ops.forward_gemm * per_op_s)
+    forward += idle_s(forward_memory_s, ops.forward_other * per_op_s)
+    backward = idle_s(backward_gemm_s, ops.backward_gemm * per_op_s)
+    backward += idle_s(2 * forward_memory_s, ops.backward_other * per_op_s)
+    return HostWait(forward, backward)
+
+
+def idle_s(gpu_s: float, issue_s: float) -> float:
+    """What issuing kernels for ``issue_s`` adds to their ``gpu_s`` of work: the GPU waits when the host
+    is slower."""
+    return max(0.0, issue_s - gpu_s)
 
 
 def gemm_s(
@@ -855,6 +999,8 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     work_s += unaligned_core_s(job, layout, base, redone)
     share = recomputed_share(job, layout)
     relaunched = share if recompute is Recompute.FULL else 0.0  # the others re-run a few of the kernels
+    # a fully recomputed forward issues the forward's ops again, and waits on the host as it does
+    work_s += host_wait(job, layout, base).forward_s if recompute is Recompute.FULL else 0.0
     synced_s = moe_host_sync_s(job, layout, base, share) if redispatches(layout) else 0.0
     return max(share * (work_s + memory_s), launch_floor_s(job, layout, base, relaunched)) + synced_s
 

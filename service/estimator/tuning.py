@@ -90,6 +90,43 @@ class AttentionKernelRate:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PassOps:
+    """Ops a module issues from the host in one forward and in its backward (PyTorch eager: each op
+    a trip through Python and the dispatcher, most of them one kernel launch)."""
+
+    forward: int
+    backward: int
+
+    def __post_init__(self) -> None:
+        if self.forward < 0 or self.backward < 0:
+            raise InvalidHardware(
+                f"op counts must be >= 0, got {self.forward} and {self.backward}", rule="non_negative"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostIssue:
+    """PyTorch eager issues a decoder layer's kernels one op at a time from the host: the host time per
+    op, and the ops of a layer counted module by module (tuning.toml [host_issue] gives the sources)."""
+
+    s_per_op: float  # host time to issue one op (0: the host never bounds the step)
+    rest_of_layer: PassOps  # a Llama decoder layer's ops other than those below (RoPE, SiLU, adds)
+    matmul: PassOps  # one Linear's matmuls: forward; input and weight gradients
+    attention: PassOps  # the attention kernel (SDPA / flash), forward and backward
+    rmsnorm: PassOps  # one RMSNorm module (the layer's two, a q/k norm's)
+    layernorm: PassOps  # one nn.LayerNorm (F.layer_norm)
+    linear_bias: PassOps  # a Linear's bias, where the model has one
+    autocast_casts: PassOps  # a layer's fp32 weights and inputs cast to 16 bits by autocast
+    lora_linear: PassOps  # one LoRA-adapted Linear's adapter (PEFT lora.Linear)
+
+    def __post_init__(self) -> None:
+        if self.s_per_op < 0:
+            raise InvalidHardware(
+                f"host_issue.s_per_op must be >= 0, got {self.s_per_op}", rule="non_negative"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Tuning:
     """Achievable fractions of the data sheet, the host-side rates and the overlap defaults."""
 
@@ -124,6 +161,7 @@ class Tuning:
     flex_inter_node_points: tuple[CurvePoint, ...] = (CurvePoint(x=2.0, factor=1.0),)
     kernels_per_layer_by_framework: tuple[tuple[Framework, int], ...] = ()  # a decoder layer's forward
     compiled_kernels_per_layer: int = 0  # the same under torch.compile (0: no floor)
+    host_issue: HostIssue | None = None  # PyTorch eager's host issue per op (None: not modelled)
     # flash-style attention: the kernel each framework runs, and the published rates per die
     attention_kernel_by_framework: tuple[tuple[Framework, str], ...] = ()
     attention_kernel_rates: tuple[AttentionKernelRate, ...] = ()

@@ -464,14 +464,16 @@ def test_slurm_asked_with_accelerate_wraps_the_accelerate_launch(client: TestCli
     points only (DeepSpeed, Megatron-LM, torchtitan, HF Trainer), so a layout only Accelerate runs
     (Gemma 2 with LoRA and FSDP tensor parallelism: torchtitan does not build Gemma, the HF Trainer
     is data-parallel only) rendered the Accelerate files alone and unsupported_targets["slurm"].
-    The sbatch script now runs accelerate launch on each node, with that node's rank."""
+    The sbatch script now runs accelerate launch on each node, with that node's rank. 16384 tokens: at
+    4096 on one node the data-parallel layout wins since the host-issue bound (each TP or CP rank issues
+    all of a layer's ops for a fraction of its GEMMs)."""
     cluster = {"gpu": "a100-sxm-40gb", "num_nodes": nodes, "gpus_per_node": 8}
     if nodes > 1:
         cluster["inter_node_bandwidth_bytes_per_s"] = 50e9
     body = {
         "model": {"preset": "gemma-2-9b"},
         "cluster": cluster,
-        "training": {"seq_len": 4096, "global_batch_size": 64, "method": "lora"},
+        "training": {"seq_len": 16384, "global_batch_size": 64, "method": "lora"},
         "launchers": ["slurm", "accelerate"],
     }
     response = client.post("/v1/plans", json=body)

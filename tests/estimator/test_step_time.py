@@ -522,10 +522,106 @@ def test_a_layer_costs_at_least_its_kernel_launches_by_hand() -> None:
     # no kernel count for the framework: no floor
     megatron = time(TINY, ONE_GPU, Layout(framework=Framework.MEGATRON), TINY_TRAINING, tuning=floor)
     assert megatron.breakdown.compute_s == pytest.approx(1.44e-8)
-    # the catalog's floor (36 eager kernels at 4 us) binds for the tiny model
+    # the catalog's floor (12 Megatron kernels at 4 us) binds for the tiny model under Megatron; eager
+    # DeepSpeed waits on the host instead (test_the_host_bounds_each_group_of_a_layers_kernels_by_hand)
     tuning = default_tuning()
-    tiny = time(TINY, ONE_GPU, Layout(), TINY_TRAINING, tuning=tuning)
-    assert tiny.breakdown.compute_s == pytest.approx(2 * 3 * 36 * 4e-6)
+    tiny = time(TINY, ONE_GPU, Layout(framework=Framework.MEGATRON), TINY_TRAINING, tuning=tuning)
+    assert tiny.breakdown.compute_s == pytest.approx(2 * 3 * 12 * 4e-6)
+
+
+# ---------------------------------------------------------------- host issue (PyTorch eager)
+
+
+H100_ONE = cluster(H100, 1, 50e9)
+
+
+def host_issue_tuning(s_per_op: float) -> Tuning:
+    """flat_curve(0.5, 0.0) with the catalog's op counts and ``s_per_op``."""
+    issue = default_tuning().host_issue
+    assert issue is not None
+    return dataclasses.replace(flat_curve(0.5, 0.0), host_issue=dataclasses.replace(issue, s_per_op=s_per_op))
+
+
+def test_the_host_bounds_each_group_of_a_layers_kernels_by_hand() -> None:
+    # TINY (1 layer: SwiGLU, 2 RMSNorms, no bias), bf16 under DeepSpeed (no autocast casts), 2 micro-batches.
+    # Ops (tuning.toml [host_issue]): forward 7 matmuls + attention = 8 GEMM-class, the rest 12 + 2 x 8
+    # = 28; backward 7 x 2 + 1 = 15 GEMM-class, the rest 30 + 2 x 15 = 60: 111 per micro-batch.
+    # At 1 ms an op the host takes 2 x 111 ms = 0.222 s for kernels of 1.44e-8 s (no memory-bound term):
+    # the GPU waits all but their GPU time
+    est = time(TINY, ONE_GPU, Layout(), TINY_TRAINING, tuning=host_issue_tuning(1e-3))
+    assert est.breakdown.compute_s == pytest.approx(0.222)
+    # full recompute issues the forward again: 2 x 36 ms
+    full = time(
+        TINY, ONE_GPU, Layout(recompute=Recompute.FULL), TINY_TRAINING, tuning=host_issue_tuning(1e-3)
+    )
+    assert full.breakdown.recompute_s == pytest.approx(0.072, rel=1e-6)
+    # under autocast on fp32 weights (one GPU, full training, bf16 mixed) each layer also casts its 7
+    # weights and 5 fp32 inputs forward and their gradients back: 2 x (111 + 24) ms
+    fsdp = Layout(framework=Framework.FSDP)
+    cast = time(TINY, ONE_GPU, fsdp, TINY_TRAINING, tuning=host_issue_tuning(1e-3))
+    assert cast.breakdown.compute_s == pytest.approx(0.270)
+    # LoRA on the 7 Linears: 7 x 7 adapter ops each way, and no weight-gradient matmul (7 fewer backward,
+    # and under autocast 7 fewer casts back): 2 x (111 + 98 - 7) ms; on a 16-bit base no casts at all
+    lora = dataclasses.replace(TINY_TRAINING, method=Method.LORA)
+    adapted = time(TINY, ONE_GPU, fsdp, lora, tuning=host_issue_tuning(1e-3))
+    assert adapted.breakdown.compute_s == pytest.approx(2 * (111 + 98 - 7) * 1e-3)
+    # Megatron and torch.compile do not issue op by op: the GEMM time alone
+    for layout in (Layout(framework=Framework.MEGATRON), Layout(torch_compile=Compile.MODEL)):
+        fast = time(TINY, ONE_GPU, layout, TINY_TRAINING, tuning=host_issue_tuning(1e-3))
+        assert fast.breakdown.compute_s < 1e-6, layout
+
+
+def test_the_layer_ops_reproduce_the_counted_hugging_face_layers() -> None:
+    """The module sums (tuning.toml [host_issue]) against the dispatch counter's per-layer counts under
+    autocast on fp32 weights: Llama 48 + 87, Qwen2 51 + 93 (q/k/v biases), Qwen3 64 + 117 (q/k norms)
+    exactly; Gemma 3's 86 + 151 within 7% (its norms' 1 + weight is not counted)."""
+    from service.estimator.step_time import layer_ops
+
+    full = TrainingSpec(seq_len=512, global_batch_size=1)
+    counted = {"llama-3.2-1b": (48, 87), "qwen2.5-0.5b": (51, 93), "qwen3-0.6b": (64, 117)}
+    for name, (forward, backward) in counted.items():
+        ops = layer_ops(job(preset(name).spec, H100_ONE, full), True)
+        assert (ops.forward_gemm + ops.forward_other, ops.backward_gemm + ops.backward_other) == (
+            forward,
+            backward,
+        ), name
+    gemma = layer_ops(job(preset("gemma-3-1b").spec, H100_ONE, full), True)
+    assert gemma.forward_gemm + gemma.forward_other == pytest.approx(86, rel=0.07)
+    assert gemma.backward_gemm + gemma.backward_other == pytest.approx(151, rel=0.07)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(min_value=0.0, max_value=1e-4), st.floats(min_value=1.0, max_value=4.0))
+def test_a_slower_host_never_shortens_a_step(s_per_op: float, slower: float) -> None:
+    model = preset("llama-3.2-1b").spec
+    training = TrainingSpec(seq_len=1024, global_batch_size=2)
+    layout = Layout(framework=Framework.FSDP, micro_batch_size=1, gradient_accumulation_steps=2)
+    tuning = default_tuning()
+    catalog = tuning.host_issue
+    assert catalog is not None
+
+    def step(per_op: float) -> float:
+        issue = dataclasses.replace(catalog, s_per_op=per_op)
+        return time(
+            model, H100_ONE, layout, training, tuning=dataclasses.replace(tuning, host_issue=issue)
+        ).step_s
+
+    assert step(s_per_op * slower) >= step(s_per_op)
+
+
+def test_large_layers_outlast_their_issue() -> None:
+    """An 8B layer at 4096 tokens: every group's kernels outlast their ops x 14 us, so the step is what it
+    was without a host bound; a 1B model at 512 tokens is not."""
+    tuning = default_tuning()
+    no_issue = dataclasses.replace(tuning, host_issue=None)
+    layout = Layout(framework=Framework.FSDP, micro_batch_size=1)
+    for name, seq_len, moves in (("llama-3.1-8b", 4096, False), ("llama-3.2-1b", 512, True)):
+        training = TrainingSpec(seq_len=seq_len, global_batch_size=1)
+        model = preset(name).spec
+        with_issue = time(model, H100_ONE, layout, training, tuning=tuning).step_s
+        without = time(model, H100_ONE, layout, training, tuning=no_issue).step_s
+        assert (with_issue > without * 1.01) is moves, name
+        assert with_issue >= without
 
 
 # ---------------------------------------------------------------- fp8 casts and torch.compile
