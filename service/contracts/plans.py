@@ -108,7 +108,9 @@ class PlanOut(BaseModel):
         description="infeasible: the layout that came closest to fitting, its estimate and how far over",
     )
     resolved_defaults: dict[str, str] = Field(
-        default_factory=dict, description="training fields the request left out, as resolved for the GPU"
+        default_factory=dict,
+        description="training fields the request left out, as resolved for the GPU, and the link "
+        "bandwidths a custom GPU left out, in bytes/s (cluster.gpu.intra_node_bandwidth_bytes_per_s)",
     )
     search: dict[str, Any]
     artifacts: list[ArtifactOut]

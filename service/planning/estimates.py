@@ -23,7 +23,7 @@ from service.contracts.estimates import (
 from service.errors import Unprocessable
 from service.estimator import estimate
 from service.estimator.calibration import applied_calibration
-from service.estimator.defaults import chosen_defaults
+from service.estimator.defaults import chosen_defaults, chosen_link_defaults
 from service.estimator.errors import EstimatorError, InvalidLayout
 from service.estimator.params import parameter_counts
 from service.estimator.scale import scale_violation
@@ -74,6 +74,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
     out = estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
     out.resolved_defaults |= layout_in.chosen_defaults() | chosen_dp | chosen_micro
+    out.resolved_defaults |= chosen_link_defaults(cluster)  # a custom GPU's links it left out
     unrendered = launcher_warning(Plan(model=model, cluster=cluster, training=training, layout=layout))
     if unrendered is not None:
         out.warnings.append(unrendered)
