@@ -100,8 +100,9 @@ class PlanOut(BaseModel):
     )
     suggestions_skipped: list[dict[str, str]] = Field(
         default_factory=list,
-        description="suggestions not made: kind and reason (its share of the budget ran out, or a bound "
-        "shows no layout of it can fit)",
+        description="suggestions considered and not made: kind and reason (its share of the budget ran "
+        "out, a bound shows no layout of it can fit, its search found none that fits, or the GPU type "
+        "cannot run the job as asked)",
     )
     closest: ClosestOut | None = Field(
         default=None,

@@ -28,7 +28,7 @@ from service.recommender.suggest import (
     budget_words,
     fewest_gpus,
     node_ladder,
-    states_can_fit,
+    states_unfit,
     with_gpu,
 )
 from service.recommender.types import Constraints, Objective
@@ -93,10 +93,9 @@ def _option(
     if chosen:
         notes = (*notes, "defaults for this GPU: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
     notes = (*notes, *link_default_notes(cluster))  # a custom GPU's links it left out, as assumed
-    if not states_can_fit(model, cluster, training, tuning, constraints, max(counts)):
-        return CapacityOption(
-            gpu=name, fits=False, note=f"the model states alone do not fit {max(counts)} GPUs"
-        )
+    unfit = states_unfit(model, cluster, training, tuning, constraints, max(counts))
+    if unfit is not None:
+        return CapacityOption(gpu=name, fits=False, note=unfit)
     fewest = fewest_gpus(model, cluster, training, constraints, tuning, counts, budget)
     spent, truncated = fewest.evaluations, fewest.truncated
     if fewest.found is None:
