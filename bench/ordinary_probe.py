@@ -127,6 +127,11 @@ EXPECTED_422 = (
     "no framework runs",
     "frameworks that run it",
     "does not support",  # the GPU lacks the precision (fp8 on an A100, bf16 on a V100)
+    "support (no",  # the same refusal as worded now: "a100-sxm-80gb has no fp8 support (no fp8 peak ..."
+    "needs PEFT adapters",  # an estimate drawn with Megatron-LM and LoRA/QLoRA
+    "does not divide the cluster's",  # an estimate drawn with tp 2 on a node of one GPU
+    "% tp (",  # tp 2 drawn for a model of 7 heads
+    "trained data-parallel only",  # tp 2 drawn for BERT
     "too large to plan",
     "world size",
     "global_batch_size",
