@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GPUS = [
     "h100-sxm-80gb", "h100-pcie-80gb", "h200-sxm-141gb", "b200-sxm-180gb", "a100-sxm-40gb",
     "a100-sxm-80gb", "l40s-48gb", "rtx-4090-24gb", "mi300x-192gb", "v100-sxm2-32gb", "l4-24gb",
-    "a10g-24gb",
+    "a10g-24gb", "l40-48gb",
 ]  # fmt: skip
 METHODS = ["full", "lora", "qlora"]
 FRAMEWORKS = [None, ["fsdp"], ["deepspeed"], ["megatron"], ["fsdp", "deepspeed"]]

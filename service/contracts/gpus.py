@@ -41,10 +41,10 @@ class CustomGPU(Strict):
         default=None,
         max_length=32,
         description="the GPU die, one of the catalog's chips: gh100 for an H800, H20 or GH200, ga100 for an "
-        "A800 or A30, ad102 for an L20 or L40, gb100 for a B100 or GB200 (gpus.toml lists more); picks the "
-        "efficiency fitted on that silicon. Absent: the most conservative fitted efficiency (the lowest "
-        "GEMM peak fraction of any die, attention at its kernel's slowest published rate), with a "
-        "warning, so the part is never estimated faster than a catalog part with the same peaks.",
+        "A800 or A30, ad102 for an L20 or RTX 6000 Ada, gb100 for a B100 or GB200 (gpus.toml lists more); "
+        "picks the efficiency fitted on that silicon. Absent: the most conservative fitted efficiency "
+        "(the lowest GEMM peak fraction of any die, attention at its kernel's slowest published rate), "
+        "with a warning, so the part is never estimated faster than a catalog part with the same peaks.",
     )
     memory_bytes: int = Field(ge=MIN_MEMORY_BYTES, le=MAX_MEMORY_BYTES)
     peak_flops_per_s: PeakFlopsIn

@@ -26,6 +26,7 @@ REQUIRED_SLUGS = (
     "a10g-24gb",
     "l4-24gb",
     "l40s-48gb",
+    "l40-48gb",
     "v100-sxm2-16gb",
     "v100-sxm2-32gb",
     "rtx-3090-24gb",
@@ -194,6 +195,28 @@ def test_a10g_is_never_faster_than_the_a10() -> None:
     for field in ("fp32", "tf32", "bf16", "fp16"):
         assert getattr(a10g.peak_flops_per_s, field) <= getattr(a10.peak_flops_per_s, field)
     assert gpu_entry("a10g-24gb").gpus_per_node is None  # a PCIe card: the request's node size
+
+
+def test_l40_datasheet_beside_the_l40s() -> None:
+    """NVIDIA's L40 datasheet prints the L40 next to the L40S: the same AD102, memory and PCIe Gen4
+    link, dense tensor peaks half the L40S's (the sparse figures halved), no NVLink."""
+    l40, l40s = gpu("l40-48gb"), gpu("l40s-48gb")
+    peaks = l40.peak_flops_per_s
+    assert (peaks.fp32, peaks.tf32, peaks.bf16, peaks.fp16, peaks.fp8) == (
+        90.5e12,
+        90.5e12,
+        181.05e12,
+        181.05e12,
+        362e12,
+    )
+    assert peaks.bf16 is not None and l40s.peak_flops_per_s.bf16 is not None
+    assert math.isclose(peaks.bf16, l40s.peak_flops_per_s.bf16 / 2, rel_tol=1e-3)  # 181.05 vs 362.05
+    assert (l40.chip, l40.memory_bytes, l40.hbm_bandwidth_bytes_per_s) == (
+        l40s.chip,
+        l40s.memory_bytes,
+        l40s.hbm_bandwidth_bytes_per_s,
+    )
+    assert l40.intra_node_bandwidth_bytes_per_s == l40.pcie_bandwidth_bytes_per_s == 32e9
 
 
 def test_gpu_entry_carries_listing_fields() -> None:
