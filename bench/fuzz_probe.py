@@ -390,8 +390,7 @@ def absurd(rng: random.Random) -> Iterator[Req]:
         ("constraints.objective", "fastest"),
         ("constraints.frameworks", []),
         ("constraints.frameworks", ["jax"]),
-        ("launchers", ["pbs"]),
-        ("launchers", []),
+        ("launchers", ["pbs"]),  # ([] is the default, no launch files: answered, not absurd)
         ("cluster.gpu", {**CUSTOM_GPU, "memory_bytes": 0}),
         ("cluster.gpu", {**CUSTOM_GPU, "memory_bytes": 10**20}),
         ("cluster.gpu", {**CUSTOM_GPU, "peak_flops_per_s": {}}),
@@ -706,8 +705,9 @@ def check_plan(body: dict[str, Any], plan: dict[str, Any], post: Any) -> list[st
         out.append(f"plan status {plan.get('status')}")
     rec = plan.get("recommended")
     if plan.get("status") == "infeasible":
-        if not plan.get("suggestions"):
-            out.append("infeasible with no suggestion")
+        if not plan.get("suggestions") and not plan.get("suggestions_skipped"):
+            # none made is an answer where each suggestion considered says why it was not made
+            out.append("infeasible with no suggestion, and none said why it was not made")
         if rec is not None and rec.get("estimate", {}).get("fits"):
             out.append("infeasible yet its recommended layout fits")
     for i, alt in enumerate(plan.get("alternatives") or []):
