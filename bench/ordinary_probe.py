@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GPUS = [
     "h100-sxm-80gb", "h100-pcie-80gb", "h200-sxm-141gb", "b200-sxm-180gb", "a100-sxm-40gb",
     "a100-sxm-80gb", "l40s-48gb", "rtx-4090-24gb", "mi300x-192gb", "v100-sxm2-32gb", "l4-24gb",
+    "a10g-24gb", "l40-48gb",
 ]  # fmt: skip
 METHODS = ["full", "lora", "qlora"]
 FRAMEWORKS = [None, ["fsdp"], ["deepspeed"], ["megatron"], ["fsdp", "deepspeed"]]
@@ -126,6 +127,11 @@ EXPECTED_422 = (
     "no framework runs",
     "frameworks that run it",
     "does not support",  # the GPU lacks the precision (fp8 on an A100, bf16 on a V100)
+    "support (no",  # the same refusal as worded now: "a100-sxm-80gb has no fp8 support (no fp8 peak ..."
+    "needs PEFT adapters",  # an estimate drawn with Megatron-LM and LoRA/QLoRA
+    "does not divide the cluster's",  # an estimate drawn with tp 2 on a node of one GPU
+    "% tp (",  # tp 2 drawn for a model of 7 heads
+    "trained data-parallel only",  # tp 2 drawn for BERT
     "too large to plan",
     "world size",
     "global_batch_size",

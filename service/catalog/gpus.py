@@ -79,6 +79,20 @@ def known_chips() -> tuple[str, ...]:
     return tuple(sorted({entry.spec.chip for entry in _catalog().values()}))
 
 
+# The host link of a x16 slot, one direction, by the figure the catalog uses (gpus.toml's conventions:
+# the vendor's bidirectional "32/64/128 GB/s" halved).
+PCIE_X16 = MappingProxyType({16e9: "PCIe Gen3 x16", 32e9: "PCIe Gen4 x16", 64e9: "PCIe Gen5 x16"})
+
+
+def slowest_host_link(chip: str | None) -> tuple[float, tuple[str, ...]]:
+    """The slowest PCIe host link among the catalog's parts of the die ``chip`` (of every part where
+    None), and the parts that have it: what a custom GPU that does not state its own is assumed to
+    have. The host interface is on the die (every catalog part of a die shares one generation)."""
+    specs = [spec for spec in gpus().values() if chip is None or spec.chip == chip]
+    slowest = min(spec.pcie_bandwidth_bytes_per_s for spec in specs)
+    return slowest, tuple(spec.name for spec in specs if spec.pcie_bandwidth_bytes_per_s == slowest)
+
+
 def gpu_entries() -> tuple[GPUEntry, ...]:
     """Every catalog entry, in file order."""
     return tuple(_catalog().values())
@@ -135,7 +149,10 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
             chip=_slug(name, table, "chip"),
             flash_attention=_flag(name, table, "flash_attention", True),
             source=source,
-            **clocks,
+            rated_power_w=clocks.get("rated_power_w"),
+            power_limit_w=clocks.get("power_limit_w"),
+            peak_clock_hz=clocks.get("peak_clock_hz"),
+            sustained_clock_hz=clocks.get("sustained_clock_hz"),
         )
     except EstimatorError as error:
         key = _toml_key(error.field)

@@ -186,7 +186,8 @@ class ClusterOut(BaseModel):
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
     defaulted: list[str] = Field(
-        description="fields taken from defaults (they follow the GPU and node count)"
+        description="fields taken from defaults (they follow the GPU and node count); gpu.<field> for a "
+        "custom GPU's link bandwidths it left out (they follow its chip and PCIe link)"
     )
     cpu_memory_bytes_per_node: int
     nvme_bytes_per_node: int

@@ -455,7 +455,9 @@ class EstimateOut(BaseModel):
         default_factory=dict,  # plans stored before defaults followed the GPU read back without it
         description='training fields the request left out, as resolved for the GPU: {"training.attention": '
         '"sdpa", "training.precision": "fp16"} on a V100; and layout switches left out, as the '
-        'framework\'s recipes set them: {"layout.sequence_parallel": "true"} for megatron at tp > 1',
+        'framework\'s recipes set them: {"layout.sequence_parallel": "true"} for megatron at tp > 1; and '
+        'the link bandwidths a custom GPU left out, in bytes/s: {"cluster.gpu.pcie_bandwidth_bytes_per_s": '
+        '"16000000000"}',
     )
     calibration: CalibrationOut | None = Field(
         default=None, description="factors learned from runs on this hardware and framework, when any"

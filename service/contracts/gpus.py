@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, field_validator
 
 from service.catalog.errors import UnknownCatalogEntry
+from service.catalog.gpus import PCIE_X16, known_chips, slowest_host_link
 from service.catalog.gpus import gpu as catalog_gpu
-from service.catalog.gpus import known_chips
 from service.contracts.common import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_FLOPS_PER_S,
@@ -33,25 +33,39 @@ class PeakFlopsIn(Strict):
 
 
 class CustomGPU(Strict):
-    """A GPU that is not in the catalog: every field but ``chip`` is required (peaks dense, not sparse)."""
+    """A GPU that is not in the catalog (peaks dense, not sparse). Its link bandwidths may be left out:
+    they then resolve from the hardware, never faster than a catalog part of the same die."""
 
     name: str = Field(min_length=1, max_length=100)
     chip: str | None = Field(
         default=None,
         max_length=32,
         description="the GPU die, one of the catalog's chips: gh100 for an H800, H20 or GH200, ga100 for an "
-        "A800 or A30, ad102 for an L20 or L40, gb100 for a B100 or GB200 (gpus.toml lists more); picks the "
-        "efficiency fitted on that silicon. Absent: the most conservative fitted efficiency (the lowest "
-        "GEMM peak fraction of any die, attention at its kernel's slowest published rate), with a "
-        "warning, so the part is never estimated faster than a catalog part with the same peaks.",
+        "A800 or A30, ad102 for an L20 or RTX 6000 Ada, gb100 for a B100 or GB200 (gpus.toml lists more); "
+        "picks the efficiency fitted on that silicon. Absent: the most conservative fitted efficiency "
+        "(the lowest GEMM peak fraction of any die, attention at its kernel's slowest published rate), "
+        "with a warning, so the part is never estimated faster than a catalog part with the same peaks.",
     )
     memory_bytes: int = Field(ge=MIN_MEMORY_BYTES, le=MAX_MEMORY_BYTES)
     peak_flops_per_s: PeakFlopsIn
     hbm_bandwidth_bytes_per_s: float = Field(ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S)
-    intra_node_bandwidth_bytes_per_s: float = Field(
-        ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
+    intra_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        ge=MIN_BANDWIDTH_BYTES_PER_S,
+        le=MAX_BANDWIDTH_BYTES_PER_S,
+        description="per GPU, one direction, to its peers in the node (NVLink 4: 450e9). Absent: the "
+        "PCIe host link (pcie_bandwidth_bytes_per_s), as a GPU without NVLink reaches its peers; never the "
+        "NVLink figure of a catalog part of its die, since one die ships both ways (gh100: H100 SXM 450e9, "
+        "H100 PCIe 64e9). Not used on a node of one GPU; the answer's assumptions state the figure used",
     )
-    pcie_bandwidth_bytes_per_s: float = Field(ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S)
+    pcie_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        ge=MIN_BANDWIDTH_BYTES_PER_S,
+        le=MAX_BANDWIDTH_BYTES_PER_S,
+        description="the host link, one direction (PCIe Gen4 x16: 32e9, Gen5 x16: 64e9); offload crosses "
+        "it. Absent: the slowest host link of the catalog's parts of its chip (gh100: 64e9), or of any "
+        "catalog part where chip is absent (PCIe Gen3 x16, 16e9); the answer's assumptions state it",
+    )
     flash_attention: bool = Field(
         default=True,
         description="FlashAttention-2 kernels exist for it (NVIDIA Ampere or newer, AMD CDNA 2/3)",
@@ -104,13 +118,15 @@ class CustomGPU(Strict):
             raise InvalidHardware(exc.message, rule=exc.rule, field=located) from exc
 
     def _to_domain(self) -> GPUSpec:
+        pcie, intra, defaulted = self._links()
         return GPUSpec(
             name=self.name,
             memory_bytes=self.memory_bytes,
             peak_flops_per_s=PeakFlops(**self.peak_flops_per_s.model_dump()),
             hbm_bandwidth_bytes_per_s=self.hbm_bandwidth_bytes_per_s,
-            intra_node_bandwidth_bytes_per_s=self.intra_node_bandwidth_bytes_per_s,
-            pcie_bandwidth_bytes_per_s=self.pcie_bandwidth_bytes_per_s,
+            intra_node_bandwidth_bytes_per_s=intra,
+            pcie_bandwidth_bytes_per_s=pcie,
+            defaulted=defaulted,
             vendor="custom",
             chip=self.chip or "",
             flash_attention=self.flash_attention,
@@ -120,6 +136,33 @@ class CustomGPU(Strict):
             peak_clock_hz=self.peak_clock_hz,
             sustained_clock_hz=self.sustained_clock_hz,
         )
+
+    def _links(self) -> tuple[float, float, tuple[tuple[str, str], ...]]:
+        """(PCIe, intra-node, what was left out and the rule that chose it). Each default is the
+        conservative one: the estimate is never faster than the part could be. The PCIe host link is
+        the slowest of the catalog's parts of the die (the host interface is on the die); the link
+        between GPUs is that host link, the path every GPU has to its peers (the catalog's PCIe cards
+        are entered so), since NVLink is a property of the board, not of the die."""
+        defaulted: list[tuple[str, str]] = []
+        pcie = self.pcie_bandwidth_bytes_per_s
+        if pcie is None:
+            pcie, parts = slowest_host_link(self.chip)
+            link = PCIE_X16.get(pcie, "PCIe")
+            of = f"the catalog's {self.chip} parts" if self.chip else "any catalog part (chip not stated)"
+            defaulted.append(
+                ("pcie_bandwidth_bytes_per_s", f"the slowest host link of {of}: {link} ({', '.join(parts)})")
+            )
+        intra = self.intra_node_bandwidth_bytes_per_s
+        if intra is None:
+            intra = pcie
+            defaulted.append(
+                (
+                    "intra_node_bandwidth_bytes_per_s",
+                    "the GPU's PCIe host link, as a GPU without NVLink reaches its peers "
+                    "(state it for NVLink)",
+                )
+            )
+        return pcie, intra, tuple(defaulted)
 
 
 def resolve_gpu(gpu: str | CustomGPU, field: str = "gpu") -> GPUSpec:

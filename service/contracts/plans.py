@@ -100,15 +100,18 @@ class PlanOut(BaseModel):
     )
     suggestions_skipped: list[dict[str, str]] = Field(
         default_factory=list,
-        description="suggestions not made: kind and reason (its share of the budget ran out, or a bound "
-        "shows no layout of it can fit)",
+        description="suggestions considered and not made: kind and reason (its share of the budget ran "
+        "out, a bound shows no layout of it can fit, its search found none that fits, or the GPU type "
+        "cannot run the job as asked)",
     )
     closest: ClosestOut | None = Field(
         default=None,
         description="infeasible: the layout that came closest to fitting, its estimate and how far over",
     )
     resolved_defaults: dict[str, str] = Field(
-        default_factory=dict, description="training fields the request left out, as resolved for the GPU"
+        default_factory=dict,
+        description="training fields the request left out, as resolved for the GPU, and the link "
+        "bandwidths a custom GPU left out, in bytes/s (cluster.gpu.intra_node_bandwidth_bytes_per_s)",
     )
     search: dict[str, Any]
     artifacts: list[ArtifactOut]

@@ -11,9 +11,11 @@ from service.estimator.tuning import Tuning, conservative_peak_fraction
 from service.estimator.types import ModelSpec, PositionEmbedding, TrainingSpec
 
 # Parts users describe as a custom GPU and the catalog die each is built on (the vendors' architecture
-# whitepapers and datasheets: H800, H20 and GH200's GPU are GH100 dies; A800 and A30 GA100; L20, L40 and
+# whitepapers and datasheets: H800, H20 and GH200's GPU are GH100 dies; A800 and A30 GA100; L20 and
 # RTX 6000 Ada AD102; GB200's GPUs GB100), quoted by the warning.
-CHIP_EXAMPLES = "gh100 for H800, H20 or GH200, ga100 for A800 or A30, ad102 for L20 or L40, gb100 for GB200"
+CHIP_EXAMPLES = (
+    "gh100 for H800, H20 or GH200, ga100 for A800 or A30, ad102 for L20 or RTX 6000 Ada, gb100 for GB200"
+)
 
 
 def fitted_fractions(tuning: Tuning) -> str:

@@ -253,6 +253,31 @@ def bus_bandwidth_notes(
     return tuple(notes)
 
 
+def used_link_defaults(cluster: ClusterSpec) -> tuple[tuple[str, str], ...]:
+    """The link figures the GPU's source left out (``GPUSpec.defaulted``) that this cluster uses:
+    the host link always (offload crosses it); the link between GPUs where a node has more than one
+    and the cluster took the GPU's figure rather than stating its own."""
+    gpu = cluster.gpu
+    return tuple(
+        (name, why)
+        for name, why in gpu.defaulted
+        if name != "intra_node_bandwidth_bytes_per_s"
+        or (
+            cluster.gpus_per_node > 1
+            and cluster.intra_node_bandwidth_bytes_per_s == gpu.intra_node_bandwidth_bytes_per_s
+        )
+    )
+
+
+def link_default_notes(cluster: ClusterSpec) -> tuple[str, ...]:
+    """``used_link_defaults`` in words, with the figure assumed."""
+    gpu = cluster.gpu
+    return tuple(
+        f"{name} not stated for {gpu.name}: {getattr(gpu, name) / 1e9:g} GB/s assumed, {why}"
+        for name, why in used_link_defaults(cluster)
+    )
+
+
 def _bus_bandwidth_note(where: str, nominal: float, measured: float | None, efficiency: float) -> str:
     gbps = achieved_bandwidth_bytes_per_s(nominal, measured, efficiency) / 1e9
     if measured is None:

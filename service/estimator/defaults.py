@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from service.estimator.types import Attention, GPUSpec, Precision, TrainingSpec
+from service.estimator.comm import used_link_defaults
+from service.estimator.types import Attention, ClusterSpec, GPUSpec, Precision, TrainingSpec
 
 # The fields whose default depends on the GPU, in the order the answer lists them.
 HARDWARE_DEFAULT_FIELDS: tuple[str, ...] = ("precision", "attention")
@@ -77,4 +78,12 @@ def chosen_defaults(training: TrainingSpec) -> dict[str, str]:
         f"training.{name}": str(getattr(training, name).value)
         for name in HARDWARE_DEFAULT_FIELDS
         if name in training.hardware_defaults
+    }
+
+
+def chosen_link_defaults(cluster: ClusterSpec) -> dict[str, str]:
+    """``{"cluster.gpu.pcie_bandwidth_bytes_per_s": "16000000000"}``: each link figure a custom GPU
+    left out that the cluster uses (``comm.used_link_defaults``), as resolved, in bytes/s."""
+    return {
+        f"cluster.gpu.{name}": f"{getattr(cluster.gpu, name):.0f}" for name, _ in used_link_defaults(cluster)
     }

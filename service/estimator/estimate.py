@@ -13,7 +13,7 @@ from service.estimator.calibration import (
 )
 from service.estimator.caveats import chip_warnings, context_warnings, coverage_warnings, fitted_fractions
 from service.estimator.clocks import clock_note
-from service.estimator.comm import bus_bandwidth_notes
+from service.estimator.comm import bus_bandwidth_notes, link_default_notes
 from service.estimator.defaults import for_gpu
 from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
@@ -116,7 +116,7 @@ def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     links = bus_bandwidth_notes(
         job.cluster, tuning.intra_node_bus_efficiency, tuning.inter_node_bus_efficiency
     )
-    return (peak_note(job), gemm, attention_core_note(job, layout), *links)
+    return (peak_note(job), gemm, attention_core_note(job, layout), *links, *link_default_notes(job.cluster))
 
 
 def peak_note(job: Job) -> str:

@@ -401,6 +401,10 @@ class GPUSpec:
     power_limit_w: float | None = None
     peak_clock_hz: float | None = None
     sustained_clock_hz: float | None = None
+    # Link figures the GPU's source left out and the rule that chose each, (field, why): a custom GPU
+    # without its intra-node or PCIe bandwidth. The answer's assumptions repeat them (comm.
+    # link_default_notes). How a figure was chosen, not hardware: calibration keys leave it out.
+    defaulted: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for name in (

@@ -56,6 +56,9 @@ def hardware_key(cluster: ClusterSpec) -> str:
     for name in OPTIONAL_HARDWARE_FIELDS:
         if fields[name] is None:
             del fields[name]
+    # how a custom GPU's links were chosen is not hardware: a figure left out and the same figure
+    # stated are one GPU (and keep the key clusters had before links could be left out)
+    del fields["gpu"]["defaulted"]
     canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -53,7 +53,8 @@ def cluster_out(record: ClusterRecord) -> ClusterOut:
         gpu_memory_bytes=spec.gpu.memory_bytes,
         intra_node_bandwidth_bytes_per_s=spec.intra_node_bandwidth_bytes_per_s,
         inter_node_bandwidth_bytes_per_s=spec.inter_node_bandwidth_bytes_per_s,
-        defaulted=[name for name in DEFAULTED_FIELDS if getattr(record, name) is None],
+        defaulted=[name for name in DEFAULTED_FIELDS if getattr(record, name) is None]
+        + [f"gpu.{name}" for name, _ in spec.gpu.defaulted],  # a custom GPU's links it left out
         cpu_memory_bytes_per_node=record.cpu_memory_bytes_per_node,
         nvme_bytes_per_node=record.nvme_bytes_per_node,
         measured_intra_node_bus_bandwidth_bytes_per_s=spec.measured_intra_node_bus_bandwidth_bytes_per_s,

@@ -23,7 +23,7 @@ from service.contracts.estimates import (
 from service.errors import Unprocessable
 from service.estimator import estimate
 from service.estimator.calibration import applied_calibration
-from service.estimator.defaults import chosen_defaults
+from service.estimator.defaults import chosen_defaults, chosen_link_defaults
 from service.estimator.errors import EstimatorError, InvalidLayout
 from service.estimator.params import parameter_counts
 from service.estimator.scale import scale_violation
@@ -53,6 +53,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     check_scale(model, cluster, training)
     layout_in, chosen_dp = with_derived_dp(request.layout, cluster.world_size)
     layout_in, chosen_micro = with_derived_micro_batch(layout_in, training.global_batch_size)
+    layout_in, unsplit = with_fitting_sequence_parallel(layout_in, training.seq_len)
     layout = layout_in.to_domain()
     total = parameter_counts(model).total
     target = job_traits(total, training.seq_len, layout)
@@ -74,6 +75,10 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
     out = estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
     out.resolved_defaults |= layout_in.chosen_defaults() | chosen_dp | chosen_micro
+    if unsplit is not None:
+        out.resolved_defaults["layout.sequence_parallel"] = "false"
+        out.assumptions.append(unsplit)
+    out.resolved_defaults |= chosen_link_defaults(cluster)  # a custom GPU's links it left out
     unrendered = launcher_warning(Plan(model=model, cluster=cluster, training=training, layout=layout))
     if unrendered is not None:
         out.warnings.append(unrendered)
@@ -133,6 +138,27 @@ def with_derived_micro_batch(layout: LayoutIn, global_batch_size: int) -> tuple[
     if rest or micro <= 1 or micro > _limit("micro_batch_size"):
         return layout, {}
     return layout.model_copy(update={"micro_batch_size": micro}), {"layout.micro_batch_size": str(micro)}
+
+
+def with_fitting_sequence_parallel(layout: LayoutIn, seq_len: int) -> tuple[LayoutIn, str | None]:
+    """The layout with sequence parallelism left off where the request left it out and the tokens of
+    a micro-batch do not split over the TP ranks (Megatron-LM asserts seq_len x micro-batch % tp == 0
+    under --sequence-parallel): the framework's default (on with tp > 1) made {"framework":
+    "megatron", "tp": 2} at seq_len 7 a 422 naming tp, for a switch the request never set. The
+    answer says why it is off; a request that sets it on is still refused."""
+    if "sequence_parallel" in layout.model_fields_set or layout.tp == 1:
+        return layout, None
+    if not layout.framework_defaults().get("sequence_parallel"):
+        return layout, None
+    tokens = seq_len * layout.micro_batch_size
+    if tokens % layout.tp == 0:
+        return layout, None
+    why = (
+        f"sequence_parallel off: the micro-batch's {tokens} tokens (seq_len x micro_batch_size) do not "
+        f"split over tp {layout.tp}; {layout.framework.value}'s recipes turn it on with tensor parallelism "
+        "where they do"
+    )
+    return layout.model_copy(update={"sequence_parallel": False}), why
 
 
 def check_priced(gpu_hour_cost: object, training: TrainingSpec, field: str = "gpu_hour_cost") -> None:

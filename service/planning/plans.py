@@ -24,7 +24,7 @@ from service.contracts.results import (
     SuggestionOut,
 )
 from service.errors import ClientClosedRequest, NotFound, Unprocessable
-from service.estimator.defaults import chosen_defaults
+from service.estimator.defaults import chosen_defaults, chosen_link_defaults
 from service.estimator.params import parameter_counts
 from service.estimator.scale import MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS_PER_STEP
 from service.estimator.types import ClusterSpec, Layout, ModelSpec, Plan, TrainingSpec
@@ -140,7 +140,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     result.unsupported_targets = unsupported
     result.suggestions_skipped = [SkippedOut(kind=s.kind, reason=s.reason) for s in rec.suggestions_skipped]
     result.closest = closest_out(rec.closest, model, training, searched.min_headroom_fraction)
-    result.resolved_defaults = chosen_defaults(training)
+    result.resolved_defaults = chosen_defaults(training) | chosen_link_defaults(cluster)
     return PlanRecord(
         cluster_id=request.cluster.id if isinstance(request.cluster, ClusterRef) else None,
         cluster_snapshot=_jsonable(dataclasses.asdict(cluster)),

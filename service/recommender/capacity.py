@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from service.estimator.comm import link_default_notes
 from service.estimator.defaults import chosen_defaults, for_gpu
 from service.estimator.job import shared_memory_memos
 from service.estimator.step_time import gpu_hours, time_to_train_s
@@ -27,7 +28,7 @@ from service.recommender.suggest import (
     budget_words,
     fewest_gpus,
     node_ladder,
-    states_can_fit,
+    states_unfit,
     with_gpu,
 )
 from service.recommender.types import Constraints, Objective
@@ -91,10 +92,10 @@ def _option(
     chosen = chosen_defaults(training)
     if chosen:
         notes = (*notes, "defaults for this GPU: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
-    if not states_can_fit(model, cluster, training, tuning, constraints, max(counts)):
-        return CapacityOption(
-            gpu=name, fits=False, note=f"the model states alone do not fit {max(counts)} GPUs"
-        )
+    notes = (*notes, *link_default_notes(cluster))  # a custom GPU's links it left out, as assumed
+    unfit = states_unfit(model, cluster, training, tuning, constraints, max(counts))
+    if unfit is not None:
+        return CapacityOption(gpu=name, fits=False, note=unfit)
     fewest = fewest_gpus(model, cluster, training, constraints, tuning, counts, budget)
     spent, truncated = fewest.evaluations, fewest.truncated
     if fewest.found is None:

@@ -12,8 +12,10 @@ Every suggestion is searched within a share of the request's ``Budget``, after a
 (model states alone; on more or other GPUs, ``space.least_bytes_per_gpu``: the model states
 sharded over the most GPUs tried, plus, where the requested launchers run data parallelism only,
 the activations and buffers no GPU count shrinks) says it can fit. One that cannot be computed (an
-error of the estimator, the budget spent), or whose GPU type the second bound rules out (``NoFit``,
-with the numbers), is left out with its reason in ``Suggestions.skipped``; it never fails the plan.
+error of the estimator, the budget spent), that a bound rules out, whose search finds no layout that
+fits, or whose GPU type cannot run the job as asked (``NoFit``, with the numbers), is left out with
+its reason in ``Suggestions.skipped``: a suggestion considered never vanishes without a word, and
+none fails the plan.
 """
 
 from __future__ import annotations
@@ -139,7 +141,9 @@ class FewestGpus:
 
 
 class NoFit(Exception):
-    """A suggestion a cheap bound showed cannot fit, and why (``Suggestions.skipped`` says it)."""
+    """A suggestion considered and not made, and why (``Suggestions.skipped`` says it): a cheap
+    bound showed it cannot fit, its search found no layout that fits, or the part cannot run the
+    job. A suggestion considered never vanishes without a word."""
 
 
 def climb_bound(
@@ -217,21 +221,27 @@ def fewest_gpus(
     return FewestGpus(found=found, evaluations=result.evaluations, truncated=result.truncated)
 
 
-def states_can_fit(
+def states_unfit(
     model: ModelSpec,
     cluster: ClusterSpec,
     training: TrainingSpec,
     tuning: Tuning,
     constraints: Constraints,
     gpus: int,
-) -> bool:
-    """Whether the model states alone can fit ``gpus`` GPUs of the cluster for a framework allowed
-    (``space.least_state_bytes``, the bound the search applies per count, with its offload rule)."""
+) -> str | None:
+    """Why the model states alone cannot fit ``gpus`` GPUs of the cluster for any framework allowed,
+    with the numbers (``space.least_state_bytes``, the bound the search applies per count, with its
+    offload rule); None where they can."""
     job = make_job(model, with_gpu(cluster, cluster.gpu, 1, gpus), training, tuning)
     offload = offload_devices(constraints.allow_offload, cluster)
     bound = least_state_bytes(job, constraints.frameworks, offload, gpus)
-    return bound is None or bound[0] <= allowed_bytes(
-        cluster.gpu.memory_bytes, constraints.min_headroom_fraction
+    limit = allowed_bytes(cluster.gpu.memory_bytes, constraints.min_headroom_fraction)
+    if bound is None or bound[0] <= limit:
+        return None
+    need, framework = bound
+    return (
+        f"the model states alone need {need / GiB:.1f} GiB per GPU sharded over all {gpus:,} GPUs "
+        f"({framework.value}, nothing offloaded); {limit / GiB:.1f} GiB allowed"
     )
 
 
@@ -258,8 +268,12 @@ class _Collector:
         share = self.budget.share(SUGGESTION_EVALUATIONS, parts)
         try:
             found = make(share)
-        except NoFit as exc:  # a bound showed it cannot fit: why, with its numbers
-            self.skipped.append(Skipped(kind=kind, reason=str(exc)))
+        except NoFit as exc:  # a bound or its search showed it cannot fit: why, with its numbers
+            # unless the search was cut: then what it did not search may fit
+            reason = str(exc)
+            if share.reason is not None:
+                reason = f"the request's {budget_words(share)} ran out before a fit was found"
+            self.skipped.append(Skipped(kind=kind, reason=reason))
             return
         except (ValueError, ArithmeticError) as exc:  # the estimator's domain errors are ValueErrors
             self.skipped.append(Skipped(kind=kind, reason=str(exc)))
@@ -299,8 +313,8 @@ def suggestions(
         collect.run("offload", 6, ask.offload_within_the_nodes)
     # Not offered where it cannot apply: asked already, no framework it compiles, or QLoRA, whose
     # compiled layouts the search and estimates refuse (bitsandbytes' NF4 matmuls break the graph:
-    # validate.py) whatever else changes. Such a suggestion was never tried, so it is not "skipped"
-    # (that lists what could not be computed) either.
+    # validate.py) whatever else changes. Such a suggestion was never considered, so it is not
+    # "skipped" (that lists what was considered and not made) either.
     if not (constraints.torch_compile or Framework.FSDP not in constraints.frameworks
             or training.method is Method.QLORA):  # fmt: skip
         collect.run("torch_compile", 5, ask.compiled)
@@ -380,7 +394,8 @@ class _Ask:
     def offload_within_the_nodes(self, budget: Budget) -> list[Suggestion]:
         found = self._best(budget, dataclasses.replace(self.constraints, allow_offload=True))
         if found is None:
-            return []
+            host = self.cluster.cpu_memory_bytes_per_node / GiB
+            raise NoFit(f"no layout fits offloading to the nodes' {host:.0f} GiB of host RAM per node")
         host = found.estimate.memory.cpu_per_node_bytes
         what = (
             f"allow offload (constraints.allow_offload): {host / GiB:.0f} GiB of the nodes' host RAM per node"
@@ -397,7 +412,9 @@ class _Ask:
             budget, dataclasses.replace(self.constraints, allow_offload=True), cluster=unlimited
         )
         if found is None:
-            return []
+            raise NoFit(
+                "no layout fits on these GPUs even offloading to as much host RAM and NVMe as it needs"
+            )
         memory = found.estimate.memory
         have = self.cluster.cpu_memory_bytes_per_node
         if have and memory.cpu_per_node_bytes <= have and self.constraints.allow_offload:
@@ -424,7 +441,9 @@ class _Ask:
         """FSDP compiled with torch.compile, model and loss (no fp32 logits, fused norms)."""
         compiled = dataclasses.replace(self.constraints, torch_compile=True, frameworks=(Framework.FSDP,))
         found = self._best(budget, compiled)
-        if found is None or found.layout.torch_compile is Compile.NONE:
+        if found is None:
+            raise NoFit("no FSDP layout compiled with torch.compile fits on the GPUs given")
+        if found.layout.torch_compile is Compile.NONE:
             return []
         what = "torch.compile of the FSDP model and loss (constraints.torch_compile)"
         return [_on_the_gpus_given("torch_compile", what, self.cluster, found, self.training)]
@@ -435,7 +454,9 @@ class _Ask:
         loaded = dataclasses.replace(self.training, base_dtype=BaseDtype.COMPUTE)
         found = self._best(budget, self.constraints, training=loaded)
         if found is None:
-            return []
+            raise NoFit(
+                f"no layout fits on the GPUs given with the LoRA base in {loaded.precision.weight_dtype}"
+            )
         dtype = loaded.precision.weight_dtype
         what = (
             f"the LoRA base loaded in {dtype} (training.base_dtype compute: "
@@ -449,7 +470,7 @@ class _Ask:
         fused = dataclasses.replace(self.training, optimizer_implementation=OptimizerImplementation.FUSED)
         found = self._best(budget, self.constraints, training=fused)
         if found is None:
-            return []
+            raise NoFit("no layout fits on the GPUs given with AdamW's fused step")
         what = (
             "AdamW's fused step (training.optimizer_implementation fused: torch.optim.AdamW(fused=True), "
             "HF Trainer optim adamw_torch_fused)"
@@ -466,17 +487,18 @@ class _Ask:
             budget, dataclasses.replace(self.constraints, torch_compile=compile_it), training=peft
         )
         if found is None:
-            return []
+            raise NoFit(f"no layout fits on the GPUs given with {method.value} (rank {peft.lora_rank})")
         what = f"{method.value} (rank {peft.lora_rank}, training.method {method.value})"
         return [_on_the_gpus_given(method.value, what, self.cluster, found, peft)]
 
     def shorter_sequence(self, budget: Budget) -> list[Suggestion]:
         """The longest of seq_len / 2, / 4, ... (down to 512) that fits on the GPUs given; only where
         the model states alone fit (a shorter sequence frees activations, nothing else)."""
-        if not states_can_fit(
+        unfit = states_unfit(
             self.model, self.cluster, self.training, self.tuning, self.constraints, self.cluster.world_size
-        ):
-            return []
+        )
+        if unfit is not None:
+            raise NoFit(f"{unfit}, whatever the sequence (a shorter one frees activations only)")
         seq = self.training.seq_len // 2
         while seq >= SHORTEST_SUGGESTED_SEQ and not budget.exhausted():
             shorter = dataclasses.replace(self.training, seq_len=seq)
@@ -485,7 +507,10 @@ class _Ask:
                 what = f"training.seq_len {seq} (from {self.training.seq_len})"
                 return [_on_the_gpus_given("shorter_sequence", what, self.cluster, found, shorter)]
             seq //= 2
-        return []
+        if budget.exhausted():
+            return []  # the collector says the budget ran out
+        longest = self.training.seq_len // 2
+        raise NoFit(f"no sequence from {longest} down to {SHORTEST_SUGGESTED_SEQ} fits on the GPUs given")
 
     def more_gpus(self, budget: Budget) -> list[Suggestion]:
         counts = node_ladder(self.cluster, self.cluster.num_nodes + 1, max_gpus=MAX_SUGGESTED_GPUS)
@@ -494,8 +519,9 @@ class _Ask:
     def other_gpu(self, gpu: GPUSpec, per_node: int | None, budget: Budget) -> list[Suggestion]:
         other = with_gpu(self.cluster, gpu, 1, per_node)
         training = for_gpu(self.training, gpu)
-        if hardware_violation(other, training) is not None:
-            return []  # the request asked for what this part cannot run (fp8 on an A100, ...)
+        violation = hardware_violation(other, training)
+        if violation is not None:  # the request asked for what this part cannot run (fp8 on an MI250X)
+            raise NoFit(f"{gpu.name}: {violation.message.removeprefix(gpu.name).lstrip()}")
         counts = node_ladder(other, 1, max_gpus=MAX_SUGGESTED_GPUS)
         return self._fewest("other_gpu", other, counts, budget, training)
 
@@ -508,16 +534,20 @@ class _Ask:
         training: TrainingSpec | None = None,
     ) -> list[Suggestion]:
         training = training or self.training
-        if not counts or not states_can_fit(
-            self.model, cluster, training, self.tuning, self.constraints, counts[-1]
-        ):
-            return []  # the cheap bound: not even the model states fit on the most GPUs tried
+        if not counts:
+            raise NoFit(
+                f"{cluster.gpu.name}: more GPUs than the {MAX_SUGGESTED_GPUS:,} a suggestion proposes"
+            )
+        # the cheap bound: not even the model states fit on the most GPUs tried
+        unfit = states_unfit(self.model, cluster, training, self.tuning, self.constraints, counts[-1])
+        if unfit is not None:
+            raise NoFit(f"{cluster.gpu.name}: {unfit}")
         fewest = fewest_gpus(self.model, cluster, training, self.constraints, self.tuning, counts, budget)
         found = fewest.found
         if found is None and fewest.unfit is not None:
             raise NoFit(f"{cluster.gpu.name}: {fewest.unfit}")
         if found is None:
-            return []
+            raise NoFit(f"{cluster.gpu.name}: no layout fits on up to {counts[-1]:,} GPUs")
         gpus, tokens_per_s, layout = found
         per_node = cluster.gpus_per_node
         nodes = max(1, gpus // per_node)

@@ -120,8 +120,8 @@ class Suggestion:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Skipped:
-    """A suggestion that could not be computed, or that a cheap bound showed cannot fit on a GPU
-    type, and why (it never fails the plan)."""
+    """A suggestion considered and not made, and why: it could not be computed, a cheap bound or its
+    search showed it cannot fit, or its GPU type cannot run the job (it never fails the plan)."""
 
     kind: str
     reason: str

@@ -118,10 +118,10 @@ def test_a_custom_gpu_that_fails_its_checks_is_not_also_told_to_be_a_string(clie
     the catalog-name branch's "cluster.gpu: Input should be a valid string" first, which tells the
     client to send something it did not mean; the object's own errors are what it needs."""
     gpu = custom_gpu("a800-like", "a100-sxm-80gb", None)
-    del gpu["intra_node_bandwidth_bytes_per_s"]
+    del gpu["hbm_bandwidth_bytes_per_s"]  # required (the link bandwidths default: test_custom_gpu_links)
     payload = body() | {"cluster": {"gpu": gpu, "num_nodes": 1, "gpus_per_node": 8}}
     problem = assert_problem(client.post("/v1/estimates", json=payload), 422)
-    assert [e["field"] for e in problem["errors"]] == ["cluster.gpu.intra_node_bandwidth_bytes_per_s"]
+    assert [e["field"] for e in problem["errors"]] == ["cluster.gpu.hbm_bandwidth_bytes_per_s"]
     assert "string" not in problem["detail"]
     # neither a name nor an object: both shapes it may take are still named
     problem = assert_problem(

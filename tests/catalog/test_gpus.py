@@ -23,8 +23,10 @@ REQUIRED_SLUGS = (
     "a100-sxm-40gb",
     "a100-sxm-80gb",
     "a10-24gb",
+    "a10g-24gb",
     "l4-24gb",
     "l40s-48gb",
+    "l40-48gb",
     "v100-sxm2-16gb",
     "v100-sxm2-32gb",
     "rtx-3090-24gb",
@@ -175,6 +177,46 @@ def test_big_parts_datasheets() -> None:
     assert mi300x.peak_flops_per_s.bf16 == pytest.approx(1307.4e12)  # AMD data sheet, dense
     assert mi300x.hbm_bandwidth_bytes_per_s == pytest.approx(5.3e12)
     assert mi300x.memory_bytes == 192 * GiB
+
+
+def test_a10g_is_never_faster_than_the_a10() -> None:
+    """AWS's A10G (G5 instances) has no NVIDIA datasheet: the same die, memory and links as the A10
+    (GA102, 24 GiB GDDR6 at 600 GB/s, PCIe Gen4, no NVLink), and the tensor peaks at GA102's
+    FP32-accumulate half rate, never above the A10's (gpus.toml says why)."""
+    a10g, a10 = gpu("a10g-24gb"), gpu("a10-24gb")
+    assert (a10g.chip, a10g.memory_bytes, a10g.hbm_bandwidth_bytes_per_s) == ("ga102", 24 * GiB, 600e9)
+    assert a10g.intra_node_bandwidth_bytes_per_s == a10g.pcie_bandwidth_bytes_per_s == 32e9  # PCIe only
+    assert (a10g.peak_flops_per_s.bf16, a10g.peak_flops_per_s.fp16, a10g.peak_flops_per_s.tf32) == (
+        70e12,
+        70e12,
+        35e12,
+    )
+    assert a10g.peak_flops_per_s.fp8 is None  # Ampere
+    for field in ("fp32", "tf32", "bf16", "fp16"):
+        assert getattr(a10g.peak_flops_per_s, field) <= getattr(a10.peak_flops_per_s, field)
+    assert gpu_entry("a10g-24gb").gpus_per_node is None  # a PCIe card: the request's node size
+
+
+def test_l40_datasheet_beside_the_l40s() -> None:
+    """NVIDIA's L40 datasheet prints the L40 next to the L40S: the same AD102, memory and PCIe Gen4
+    link, dense tensor peaks half the L40S's (the sparse figures halved), no NVLink."""
+    l40, l40s = gpu("l40-48gb"), gpu("l40s-48gb")
+    peaks = l40.peak_flops_per_s
+    assert (peaks.fp32, peaks.tf32, peaks.bf16, peaks.fp16, peaks.fp8) == (
+        90.5e12,
+        90.5e12,
+        181.05e12,
+        181.05e12,
+        362e12,
+    )
+    assert peaks.bf16 is not None and l40s.peak_flops_per_s.bf16 is not None
+    assert math.isclose(peaks.bf16, l40s.peak_flops_per_s.bf16 / 2, rel_tol=1e-3)  # 181.05 vs 362.05
+    assert (l40.chip, l40.memory_bytes, l40.hbm_bandwidth_bytes_per_s) == (
+        l40s.chip,
+        l40s.memory_bytes,
+        l40s.hbm_bandwidth_bytes_per_s,
+    )
+    assert l40.intra_node_bandwidth_bytes_per_s == l40.pcie_bandwidth_bytes_per_s == 32e9
 
 
 def test_gpu_entry_carries_listing_fields() -> None:

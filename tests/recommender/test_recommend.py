@@ -17,7 +17,7 @@ from service.launchers import Target, runnable_targets
 from service.recommender import NO_LAUNCHER, Constraints, Objective, rank, recommend, suggest
 from service.recommender.budget import Budget
 from service.recommender.space import sub_cluster
-from service.recommender.suggest import states_can_fit, suggestions
+from service.recommender.suggest import states_unfit, suggestions
 from tests.recommender.helpers import cluster
 
 
@@ -85,9 +85,10 @@ def test_the_suggestions_states_bound_is_the_searchs_and_lets_stated_host_ram_of
     the bound bounds nothing (ZeRO-Offload holds the states on the host), as in the search itself."""
     spec, training = model("llama-2-13b").spec, TrainingSpec(seq_len=1024, global_batch_size=8)
     alone, with_ram = cluster("rtx-4090-24gb", per_node=1), cluster("rtx-4090-24gb", per_node=1, host_gib=512)
-    assert not states_can_fit(spec, alone, training, tuning, Constraints(), 1)
-    assert not states_can_fit(spec, with_ram, training, tuning, Constraints(allow_offload=False), 1)
-    assert states_can_fit(spec, with_ram, training, tuning, Constraints(), 1)
+    unfit = states_unfit(spec, alone, training, tuning, Constraints(), 1)
+    assert unfit is not None and "GiB allowed" in unfit  # why, with the numbers
+    assert states_unfit(spec, with_ram, training, tuning, Constraints(allow_offload=False), 1) is not None
+    assert states_unfit(spec, with_ram, training, tuning, Constraints(), 1) is None
     assert recommend(spec, with_ram, training, Constraints(), tuning, with_suggestions=False).recommended
 
 

@@ -1,0 +1,155 @@
+"""A custom GPU may leave out its link bandwidths: they resolve from the hardware, conservatively, and
+the answer says what it assumed. The intra-node link was required even on nodes of one GPU, where
+nothing uses it, and from users who do not know it.
+
+The rules (contracts/gpus.py, CustomGPU._links): the PCIe host link is the slowest of the catalog's
+parts of the die (of any catalog part without a chip: PCIe Gen3 x16, 16e9); the link between GPUs is
+that host link, never the NVLink figure of a catalog part of the die (gh100 ships as the H100 SXM at
+450e9 and as the H100 PCIe at 64e9)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from service.catalog.gpus import gpu as catalog_gpu
+from service.contracts.gpus import CustomGPU
+from service.estimator.types import ClusterSpec
+from service.planning.calibration import hardware_key
+
+# no link bandwidth at all, and no chip
+BARE_GPU: dict[str, Any] = {
+    "name": "lab-card-48gb",
+    "memory_bytes": 48 * 2**30,
+    "peak_flops_per_s": {"fp32": 40e12, "bf16": 180e12},
+    "hbm_bandwidth_bytes_per_s": 1.0e12,
+}
+TRAINING = {"seq_len": 2048, "global_batch_size": 16}
+INTRA, PCIE = "cluster.gpu.intra_node_bandwidth_bytes_per_s", "cluster.gpu.pcie_bandwidth_bytes_per_s"
+
+
+def estimate(client: TestClient, gpu: dict[str, Any], per_node: int, **cluster: Any) -> dict[str, Any]:
+    body = {
+        "model": {"preset": "llama-3.2-1b"},
+        "cluster": {"gpu": gpu, "num_nodes": 1, "gpus_per_node": per_node} | cluster,
+        "training": TRAINING,
+        "layout": {"framework": "fsdp", "zero_stage": 3},
+    }
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def notes_on(result: dict[str, Any], field: str) -> list[str]:
+    return [note for note in result["assumptions"] if note.startswith(f"{field} not stated")]
+
+
+def test_a_one_gpu_node_needs_no_link_between_gpus(client: TestClient) -> None:
+    result = estimate(client, BARE_GPU, per_node=1)
+    # the host link is assumed and said (offload crosses it); the link between GPUs is not used: not said
+    assert result["resolved_defaults"][PCIE] == "16000000000"
+    assert INTRA not in result["resolved_defaults"]
+    (pcie,) = notes_on(result, "pcie_bandwidth_bytes_per_s")
+    assert "16 GB/s assumed" in pcie and "PCIe Gen3 x16" in pcie and "chip not stated" in pcie
+    assert not notes_on(result, "intra_node_bandwidth_bytes_per_s")
+
+
+def test_a_multi_gpu_node_talks_over_the_host_link_and_says_so(client: TestClient) -> None:
+    stated = BARE_GPU | {"pcie_bandwidth_bytes_per_s": 32e9, "chip": "ga100"}
+    result = estimate(client, stated, per_node=8)
+    assert result["resolved_defaults"][INTRA] == "32000000000"
+    assert PCIE not in result["resolved_defaults"]  # stated
+    (intra,) = notes_on(result, "intra_node_bandwidth_bytes_per_s")
+    assert "32 GB/s assumed" in intra and "PCIe host link" in intra
+    # the same numbers as the GPU that states its PCIe link as its link between GPUs
+    explicit = estimate(client, stated | {"intra_node_bandwidth_bytes_per_s": 32e9}, per_node=8)
+    assert explicit["time"] == result["time"] and explicit["memory"] == result["memory"]
+    assert not notes_on(explicit, "intra_node_bandwidth_bytes_per_s")
+    # never faster than with NVLink stated: the default is the slow link
+    nvlink = estimate(client, stated | {"intra_node_bandwidth_bytes_per_s": 300e9}, per_node=8)
+    assert nvlink["time"]["step_s"] <= result["time"]["step_s"]
+
+
+def test_the_host_link_follows_the_die(client: TestClient) -> None:
+    result = estimate(client, BARE_GPU | {"chip": "gh100"}, per_node=8)
+    h100 = catalog_gpu("h100-pcie-80gb")
+    # every catalog gh100 part is PCIe Gen5 x16; the link between GPUs is that, not the SXM's NVLink
+    assert result["resolved_defaults"][PCIE] == f"{h100.pcie_bandwidth_bytes_per_s:.0f}" == "64000000000"
+    assert result["resolved_defaults"][INTRA] == "64000000000"
+    (pcie,) = notes_on(result, "pcie_bandwidth_bytes_per_s")
+    assert "the catalog's gh100 parts" in pcie and "PCIe Gen5 x16" in pcie
+
+
+def test_a_cluster_that_states_its_link_is_not_told_of_the_gpu_default(client: TestClient) -> None:
+    result = estimate(client, BARE_GPU, per_node=8, intra_node_bandwidth_bytes_per_s=100e9)
+    assert INTRA not in result["resolved_defaults"]
+    assert not notes_on(result, "intra_node_bandwidth_bytes_per_s")
+    assert result["resolved_defaults"][PCIE] == "16000000000"
+
+
+def test_a_plan_on_several_nodes_of_a_bare_custom_gpu(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "llama-3.2-1b"},
+        "cluster": {
+            "gpu": BARE_GPU | {"chip": "ad102"},
+            "num_nodes": 2,
+            "gpus_per_node": 4,
+            "inter_node_bandwidth_bytes_per_s": 25e9,
+        },
+        "training": TRAINING,
+    }
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert plan["status"] == "feasible"
+    assert plan["resolved_defaults"][PCIE] == plan["resolved_defaults"][INTRA] == "32000000000"
+    notes = plan["recommended"]["estimate"]["assumptions"]
+    said = "intra_node_bandwidth_bytes_per_s not stated for lab-card-48gb: 32 GB/s assumed"
+    assert any(n.startswith(said) for n in notes)
+    assert any("the catalog's ad102 parts: PCIe Gen4 x16" in n for n in notes)
+
+
+def test_capacity_of_a_stored_cluster_of_bare_custom_gpus(client: TestClient) -> None:
+    created = client.post(
+        "/v1/clusters", json={"name": "lab", "gpu": BARE_GPU, "num_nodes": 1, "gpus_per_node": 8}
+    )
+    assert created.status_code == 201, created.text
+    cluster = created.json()
+    # stored as given (the fields left out stay left out), resolved and named as defaults
+    assert cluster["gpu"]["intra_node_bandwidth_bytes_per_s"] is None
+    assert cluster["intra_node_bandwidth_bytes_per_s"] == 16e9
+    left_out = {"gpu.intra_node_bandwidth_bytes_per_s", "gpu.pcie_bandwidth_bytes_per_s"}
+    assert left_out <= set(cluster["defaulted"])
+    body = {
+        "model": {"preset": "llama-3.2-1b"},
+        "training": TRAINING | {"tokens": 10**9},
+        "cluster_ids": [cluster["id"]],
+    }
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    (option,) = response.json()["options"]
+    assert option["fits"], option
+    assert "pcie_bandwidth_bytes_per_s not stated for lab-card-48gb: 16 GB/s assumed" in option["note"]
+
+
+def test_a_link_left_out_and_the_same_link_stated_are_one_hardware() -> None:
+    """Runs stored on a cluster calibrate later estimates by a fingerprint of its hardware: how a
+    figure was chosen is not part of it."""
+
+    def key(gpu: dict[str, Any]) -> str:
+        spec = CustomGPU.model_validate(gpu).to_domain()
+        return hardware_key(
+            ClusterSpec(
+                gpu=spec,
+                num_nodes=1,
+                gpus_per_node=8,
+                intra_node_bandwidth_bytes_per_s=spec.intra_node_bandwidth_bytes_per_s,
+                inter_node_bandwidth_bytes_per_s=spec.intra_node_bandwidth_bytes_per_s,
+            )
+        )
+
+    stated = BARE_GPU | {"intra_node_bandwidth_bytes_per_s": 16e9, "pcie_bandwidth_bytes_per_s": 16e9}
+    assert key(BARE_GPU) == key(stated)
+    assert key(BARE_GPU) != key(stated | {"intra_node_bandwidth_bytes_per_s": 32e9})

@@ -1,0 +1,85 @@
+"""An infeasible plan says why each suggestion it considered was not made (``suggestions_skipped``).
+
+A suggestion a cheap bound ruled out (the model states alone exceed the GPU on every count tried:
+``suggest.states_unfit``), whose search found no layout that fits, or whose GPU type cannot run the
+job as asked, used to vanish from the answer without a word: a 13B model's full training on one
+24 GB card listed no shorter sequence and no LoRA, and nothing said they had been tried."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+
+def plan(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    result: dict[str, Any] = response.json()
+    assert result["status"] == "infeasible"
+    return result
+
+
+def skipped(result: dict[str, Any]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for entry in result["suggestions_skipped"]:
+        out.setdefault(entry["kind"], []).append(entry["reason"])
+    return out
+
+
+def test_a_shorter_sequence_the_states_rule_out_is_said_with_the_numbers(client: TestClient) -> None:
+    # 13B x 16 bytes of model states (194 GiB) on one 24 GiB card, no host RAM stated to offload to
+    result = plan(
+        client,
+        {
+            "model": {"preset": "llama-2-13b"},
+            "cluster": {"gpu": "rtx-4090-24gb", "num_nodes": 1, "gpus_per_node": 1},
+            "training": {"seq_len": 2048, "global_batch_size": 8},
+        },
+    )
+    made = {s["kind"] for s in result["suggestions"]}
+    why = skipped(result)
+    assert "shorter_sequence" not in made
+    (sequence,) = why["shorter_sequence"]
+    assert "the model states alone need 194.0 GiB per GPU" in sequence, sequence
+    assert "GiB allowed" in sequence and "whatever the sequence" in sequence
+    # LoRA keeps a 16-bit 13B base (26 GB): searched, nothing fits, and said so; QLoRA fits
+    assert "qlora" in made and "lora" not in made
+    assert why["lora"] == ["no layout fits on the GPUs given with lora (rank 16)"]
+    # every kind considered is either made or skipped with a reason
+    considered = {"lora", "qlora", "shorter_sequence", "more_gpus", "offload", "other_gpu"}
+    assert considered <= made | set(why), (made, why)
+    assert all(reasons and all(reasons) for reasons in why.values())
+
+
+def test_another_gpu_that_cannot_run_the_precision_is_said(client: TestClient) -> None:
+    # fp8 on an H100: the MI250X (128 GiB, more memory) has no fp8 units, so it is not suggested, with why
+    result = plan(
+        client,
+        {
+            "model": {"preset": "llama-3.1-70b"},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+            "training": {"seq_len": 4096, "global_batch_size": 8, "precision": "fp8"},
+        },
+    )
+    others = {s["gpu"] for s in result["suggestions"] if s["kind"] == "other_gpu"}
+    assert "mi250x-128gb" not in others and "b200-sxm-180gb" in others
+    (mi250x,) = [r for r in skipped(result)["other_gpu"] if r.startswith("mi250x-128gb:")]
+    assert mi250x.startswith("mi250x-128gb: has no fp8 support"), mi250x
+
+
+def test_capacity_says_the_states_bound_with_its_numbers(client: TestClient) -> None:
+    # a 70B model's states (1.1 TB) on at most one node of one 24 GiB card: said with the numbers
+    body = {
+        "model": {"preset": "llama-3.1-70b"},
+        "training": {"seq_len": 2048, "global_batch_size": 8},
+        "gpus": ["l4-24gb"],
+        "gpus_per_node": 1,
+        "max_nodes": 1,
+    }
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    (option,) = response.json()["options"]
+    assert not option["fits"]
+    assert option["note"].startswith("the model states alone need "), option["note"]
+    assert "sharded over all 1 GPUs" in option["note"] and "GiB allowed" in option["note"]
