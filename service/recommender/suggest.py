@@ -25,6 +25,7 @@ import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from service.estimator import evaluate
 from service.estimator.defaults import for_gpu
 from service.estimator.job import make_job
 from service.estimator.tuning import Tuning
@@ -330,6 +331,10 @@ def suggestions(
     # 2. more of the same
     collect.run("more_gpus", 2, ask.more_gpus)
     collect.run("offload", 2, ask.offload_needs)
+    # 2'. where no change alone fits on this GPU type: a shorter sequence with offload, or on more of it
+    if not collect.made and training.seq_len // 2 >= SHORTEST_SUGGESTED_SEQ:
+        collect.run("offload", 2, functools.partial(ask.shorter_with, "offload"))
+        collect.run("more_gpus", 2, functools.partial(ask.shorter_with, "more_gpus"))
     # 3. other GPUs
     others = [(gpu, per_node) for gpu, per_node in catalog if _bigger(gpu, cluster.gpu)]
     for i, (gpu, per_node) in enumerate(others):
@@ -405,12 +410,7 @@ class _Ask:
     def offload_needs(self, budget: Budget) -> list[Suggestion]:
         """Offload with as much host RAM and NVMe as it takes: what it would need per node, where
         the nodes do not state that much (else the search, allowed to offload, found it)."""
-        unlimited = dataclasses.replace(
-            self.cluster, cpu_memory_bytes_per_node=UNLIMITED, nvme_bytes_per_node=UNLIMITED
-        )
-        found = self._best(
-            budget, dataclasses.replace(self.constraints, allow_offload=True), cluster=unlimited
-        )
+        found = self._offloaded(budget)
         if found is None:
             raise NoFit(
                 "no layout fits on these GPUs even offloading to as much host RAM and NVMe as it needs"
@@ -419,23 +419,81 @@ class _Ask:
         have = self.cluster.cpu_memory_bytes_per_node
         if have and memory.cpu_per_node_bytes <= have and self.constraints.allow_offload:
             return []  # the plan's own search could offload within it: its answer stands
+        return [self._offload_suggestion(found)]
+
+    def _offloaded(self, budget: Budget) -> Candidate | None:
+        """The best layout on these GPUs allowed to offload to as much host RAM and NVMe as it needs."""
+        unlimited = dataclasses.replace(
+            self.cluster, cpu_memory_bytes_per_node=UNLIMITED, nvme_bytes_per_node=UNLIMITED
+        )
+        allowed = dataclasses.replace(self.constraints, allow_offload=True)
+        return self._best(budget, allowed, cluster=unlimited)
+
+    def _offload_suggestion(self, found: Candidate) -> Suggestion:
+        memory = found.estimate.memory
+        have = self.cluster.cpu_memory_bytes_per_node
         verdict = "host RAM not stated" if not have else f"the nodes state {have / GiB:.0f} GiB"
-        return [
-            Suggestion(
-                kind="offload",
-                detail=f"offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node "
-                f"({verdict}): {memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)}",
-                gpu=self.cluster.gpu.name,
-                num_gpus=found.layout.world_size,  # the layout's GPUs, as _on_the_gpus_given says them
-                num_nodes=max(1, found.layout.world_size // self.cluster.gpus_per_node),
-                gpus_per_node=self.cluster.gpus_per_node,
-                per_gpu_bytes=memory.per_gpu.total,
-                cpu_per_node_bytes=memory.cpu_per_node_bytes,
-                tokens_per_s=_tokens_per_s(found),
-                layout=found.layout,
-                on_the_gpus_given=bool(have and memory.cpu_per_node_bytes <= have),
-            )
+        return Suggestion(
+            kind="offload",
+            detail=f"offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node "
+            f"({verdict}): {memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)}",
+            gpu=self.cluster.gpu.name,
+            num_gpus=found.layout.world_size,  # the layout's GPUs, as _on_the_gpus_given says them
+            num_nodes=max(1, found.layout.world_size // self.cluster.gpus_per_node),
+            gpus_per_node=self.cluster.gpus_per_node,
+            per_gpu_bytes=memory.per_gpu.total,
+            cpu_per_node_bytes=memory.cpu_per_node_bytes,
+            tokens_per_s=_tokens_per_s(found),
+            layout=found.layout,
+            on_the_gpus_given=bool(have and memory.cpu_per_node_bytes <= have),
+        )
+
+    def shorter_with(self, kind: str, budget: Budget) -> list[Suggestion]:
+        """Where neither a shorter sequence on the GPUs given nor ``kind`` alone (offload with the
+        host RAM and NVMe it needs; or more of the same GPU) fits: both together, at the longest of
+        seq_len / 2, / 4, ... down to 512 that fits. A shorter sequence only frees activations, so
+        what fits at one length fits at every shorter one: the halvings are bisected, the shortest
+        asked first (none fits: said, with the shortest tried)."""
+        halvings = [
+            self.training.seq_len >> k
+            for k in range(1, self.training.seq_len.bit_length())
+            if self.training.seq_len >> k >= SHORTEST_SUGGESTED_SEQ
         ]
+        tried: dict[int, Suggestion | None] = {}
+
+        def at(index: int) -> Suggestion | None:
+            seq = halvings[index]
+            if seq not in tried:
+                tried[seq] = self._with_sequence(kind, seq, budget)
+            return tried[seq]
+
+        last = len(halvings) - 1
+        if at(last) is None:
+            if budget.exhausted():
+                return []  # the collector says the budget ran out
+            what = "offloading as much as it needs" if kind == "offload" else "on more GPUs"
+            raise NoFit(
+                f"not even training.seq_len {halvings[last]} fits {what} (a shorter sequence with it, "
+                "where neither fits alone)"
+            )
+        found = at(evaluate.bisect_smallest(0, last, lambda i: at(i) is not None))
+        assert found is not None and found.seq_len is not None
+        what = f"training.seq_len {found.seq_len} (from {self.training.seq_len}), and "
+        return [dataclasses.replace(found, detail=what + found.detail)]
+
+    def _with_sequence(self, kind: str, seq: int, budget: Budget) -> Suggestion | None:
+        """``kind`` (offload as needed, or more of this GPU) at sequence length ``seq``: the
+        suggestion, stating the ``seq_len`` it assumed, or None where nothing fits so."""
+        shorter = dataclasses.replace(self, training=dataclasses.replace(self.training, seq_len=seq))
+        if kind == "offload":
+            found = shorter._offloaded(budget)
+            made = None if found is None else shorter._offload_suggestion(found)
+        else:
+            try:
+                (made,) = shorter.more_gpus(budget)
+            except NoFit:
+                made = None
+        return None if made is None else dataclasses.replace(made, seq_len=seq)
 
     def compiled(self, budget: Budget) -> list[Suggestion]:
         """FSDP compiled with torch.compile, model and loss (no fp32 logits, fused norms)."""
