@@ -305,7 +305,8 @@ def flat_model_states(
     assume = default_tuning().memory
     rp = rank_parameters(model, counts, layout, 0, ((DENSE, model.num_layers),))
     sb = state_bytes(training, layout.framework, model, assume, megatron_grads_in_fp32(layout))
-    return rank_model_states(model, layout, training, rp, sb, shard_degrees(layout, cluster), assume)
+    degrees = shard_degrees(layout, cluster)
+    return ModelStates.of(rank_model_states(model, layout, training, rp, sb, degrees, assume))
 
 
 def zero_states_gb(psi: int, dp: int, stage: int) -> float:

@@ -32,7 +32,6 @@ from service.estimator.model_states import (
     megatron_grads_in_fp32,
     rank_model_states,
     rank_parameters,
-    rank_state_totals,
     shard_degrees,
     state_bytes,
     state_bytes_per_parameter,
@@ -340,7 +339,7 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
     rp = rank_parameters_of(job, layout, rank)
     sb = layout_state_bytes(job, layout)
     degrees = shard_degrees(layout, job.cluster)
-    states = rank_model_states(model, layout, training, rp, sb, degrees, assume)
+    states = ModelStates.of(rank_model_states(model, layout, training, rp, sb, degrees, assume))
     full = training.method is Method.FULL
     trainable = rp.dense + rp.expert if full else lora_parameters(model, training, layout, rp)
     reduce_bytes = grad_reduce_bytes(training.precision, layout)
@@ -448,7 +447,7 @@ def stage_states(job: Job, layout: Layout) -> tuple[RankStates, ...]:
 @layout_memo(*MODEL_STATE_FIELDS, memory=True)
 def most_model_states_bytes(job: Job, layout: Layout) -> float:
     """The most weights, gradients and optimizer states that any of ``pipeline_ranks`` holds on its
-    GPU (``rank_model_states``; ``RankStates.states`` of ``stage_states``), without the buffers,
+    GPU (``rank_model_states``, ``RankStates.states`` of ``stage_states``), without the buffers,
     head gradients and transients ``rank_states`` adds: a lower bound on every layout of this
     sharding, for a check that rejects most of what it is asked (the search's lean check) at a
     third of ``stage_states``' cost."""
@@ -457,7 +456,7 @@ def most_model_states_bytes(job: Job, layout: Layout) -> float:
     most = 0.0
     for rank in pipeline_ranks(job, layout):
         rp = rank_parameters_of(job, layout, rank)
-        parameters, gradients, optimizer_states, _, _ = rank_state_totals(
+        parameters, gradients, optimizer_states, _, _ = rank_model_states(
             job.model, layout, job.training, rp, sb, degrees, job.assume
         )
         most = max(most, parameters + gradients + optimizer_states)

@@ -448,6 +448,18 @@ class ModelStates:
     host_bytes: float = 0.0
     nvme_bytes: float = 0.0
 
+    @classmethod
+    def of(cls, totals: tuple[float, float, float, float, float]) -> ModelStates:
+        """From ``rank_model_states``' (parameters, gradients, optimizer states, host, NVMe) bytes."""
+        parameters, gradients, optimizer_states, host, nvme = totals
+        return cls(
+            parameters=parameters,
+            gradients=gradients,
+            optimizer_states=optimizer_states,
+            host_bytes=host,
+            nvme_bytes=nvme,
+        )
+
 
 def _divisors(layout: Layout, shard: int) -> tuple[int, int, int]:
     # (weights, gradients, optimizer) divisors. ZeRO-1 shards the optimizer, ZeRO-2 also the
@@ -550,33 +562,11 @@ def rank_model_states(
     sb: StateBytes,
     shards: tuple[int, int],
     assume: MemoryAssumptions,
-) -> ModelStates:
-    """Weights, gradients and optimizer states of one pipeline rank after sharding and offload, from
-    its parameters, the bytes per parameter and the shard degrees (``rank_parameters``,
-    ``state_bytes``, ``shard_degrees``)."""
-    parameters, gradients, optimizer_states, host, nvme = rank_state_totals(
-        model, layout, training, rp, sb, shards, assume
-    )
-    return ModelStates(
-        parameters=parameters,
-        gradients=gradients,
-        optimizer_states=optimizer_states,
-        host_bytes=host,
-        nvme_bytes=nvme,
-    )
-
-
-def rank_state_totals(
-    model: ModelSpec,
-    layout: Layout,
-    training: TrainingSpec,
-    rp: RankParameters,
-    sb: StateBytes,
-    shards: tuple[int, int],
-    assume: MemoryAssumptions,
 ) -> _OffloadedStates:
-    """``rank_model_states`` as (parameters, gradients, optimizer states, host, NVMe) bytes, without
-    building its record: the search's lean check asks it of every sharding it bounds."""
+    """Weights, gradients and optimizer states of one pipeline rank after sharding and offload, and
+    what went to host memory or NVMe, from its parameters, the bytes per parameter and the shard
+    degrees (``rank_parameters``, ``state_bytes``, ``shard_degrees``); ``ModelStates.of`` makes the
+    record (the search's lean check sums them for every sharding it bounds, without one)."""
     parameters = gradients = optimizer_states = host = nvme = 0.0
     for count, frozen_count, per_frozen, shard in _state_groups(model, layout, training, rp, shards, assume):
         group = _group_states(count, frozen_count, per_frozen, sb, layout, shard)
