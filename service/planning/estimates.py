@@ -24,7 +24,7 @@ from service.errors import Unprocessable
 from service.estimator import estimate
 from service.estimator.calibration import applied_calibration
 from service.estimator.defaults import chosen_defaults, chosen_link_defaults
-from service.estimator.errors import EstimatorError, InvalidLayout
+from service.estimator.errors import EstimatorError, InvalidLayout, InvalidTraining
 from service.estimator.params import parameter_counts
 from service.estimator.scale import scale_violation
 from service.estimator.step_time import cost
@@ -51,7 +51,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     training = request.training.to_domain(cluster.gpu)
     check_priced(request.gpu_hour_cost, training)
     check_scale(model, cluster, training)
-    layout_in, chosen_dp = with_derived_dp(request.layout, cluster.world_size)
+    layout_in, chosen_dp = with_derived_dp(request.layout, cluster.world_size, training.global_batch_size)
     layout_in, chosen_micro = with_derived_micro_batch(layout_in, training.global_batch_size)
     layout_in, unsplit = with_fitting_sequence_parallel(layout_in, training.seq_len)
     layout = layout_in.to_domain()
@@ -96,13 +96,17 @@ def launcher_warning(plan: Plan) -> str | None:
     return f"no launcher runs this layout as estimated, so a plan never proposes it ({why})"
 
 
-def with_derived_dp(layout: LayoutIn, world_size: int) -> tuple[LayoutIn, dict[str, str]]:
+def with_derived_dp(
+    layout: LayoutIn, world_size: int, global_batch_size: int
+) -> tuple[LayoutIn, dict[str, str]]:
     """The layout with ``dp`` filling the cluster when the request left it out (the GPUs over
     tp x pp x cp, as gradient_accumulation_steps is derived from the batch), and the choice as the
     answer's resolved_defaults names it. dp = 1 on a node of 8 was a 422 (dp*tp*pp*cp = 1 != world
     size 8) for {"framework": "fsdp", "zero_stage": 3}. Where tp x pp x cp does not divide the GPUs,
     no dp fills them: refused naming the model-parallel degree the request states (the world-size
-    rule would name dp, which the request left out)."""
+    rule would name dp, which the request left out). Where the dp that fills them does not divide
+    the global batch (a batch of 1 on 1,024 GPUs), refused saying so, naming the batch (the batch
+    rule would name micro_batch_size, which the request did not set either)."""
     if "dp" in layout.model_fields_set:
         return layout, {}
     others = layout.tp * layout.pp * layout.cp
@@ -123,6 +127,17 @@ def with_derived_dp(layout: LayoutIn, world_size: int) -> tuple[LayoutIn, dict[s
         )
     if dp <= 1 or dp > _limit("dp"):
         return layout, {}
+    if global_batch_size % dp:
+        raise located(
+            InvalidTraining(
+                f"global_batch_size ({global_batch_size}) does not split over dp {dp}, the data-parallel "
+                f"degree the layout left out (the cluster's {world_size} GPUs over tp*pp*cp = {others}): "
+                "each data-parallel rank trains whole sequences; give a global_batch_size that dp "
+                "divides, fewer GPUs, or tp, pp or cp so that fewer ranks are data parallel",
+                rule="global_batch",
+                field="global_batch_size",
+            )
+        )
     return layout.model_copy(update={"dp": dp}), {"layout.dp": str(dp)}
 
 

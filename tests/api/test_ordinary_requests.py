@@ -307,6 +307,29 @@ def test_an_estimate_whose_degrees_do_not_divide_the_cluster_names_the_degree_it
     assert problem["errors"][0]["field"] == "layout.dp"
 
 
+def test_an_estimate_whose_derived_dp_does_not_split_the_batch_says_dp_was_derived(
+    client: TestClient,
+) -> None:
+    """A batch of 2 on 8 GPUs with dp left out: dp fills them (8), and the batch rule named
+    layout.micro_batch_size (1 x 8 does not divide 2), neither of which the request set. It names the
+    batch now and says where dp came from; a batch dp divides is answered."""
+    body = {
+        "model": {"preset": "llama-3-8b"},
+        "cluster": H100_X8,
+        "training": {"seq_len": 4096, "global_batch_size": 2},
+        "layout": {"framework": "fsdp", "zero_stage": 3},
+    }
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    (error,) = problem["errors"]
+    assert error["field"] == "training.global_batch_size" and error["rule"] == "global_batch"
+    assert "does not split over dp 8, the data-parallel degree the layout left out" in error["message"]
+    assert "the cluster's 8 GPUs over tp*pp*cp = 1" in error["message"]
+    body["layout"] = {"framework": "fsdp", "zero_stage": 3, "tp": 4}  # dp 2 divides the batch
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["resolved_defaults"]["layout.dp"] == "2"
+
+
 def test_capacity_for_an_moe_preset_on_one_gpu_type_finishes_within_two_seconds(
     app: FastAPI, migrated_url: str
 ) -> None:
