@@ -449,8 +449,8 @@ def most_model_states_bytes(job: Job, layout: Layout) -> float:
     """The most weights, gradients and optimizer states that any of ``pipeline_ranks`` holds on its
     GPU (``rank_model_states``, ``RankStates.states`` of ``stage_states``), without the buffers,
     head gradients and transients ``rank_states`` adds: a lower bound on every layout of this
-    sharding, for a check that rejects most of what it is asked (the search's lean check) at a
-    third of ``stage_states``' cost."""
+    sharding, for a check that rejects most of what it is asked (the search's lean check) without
+    sizing the buffers (DeepSeek-V3's catalog capacity: about a fifth less CPU, bench/README.md)."""
     sb = layout_state_bytes(job, layout)
     degrees = shard_degrees(layout, job.cluster)
     most = 0.0
