@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from service.estimator.params import MTP_NORMS, LayerKind, mtp_projection_parameters, parameter_counts
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
+    ALL_LINEAR,
     ClusterSpec,
     Framework,
     Layout,
@@ -405,11 +406,20 @@ def lora_expert_parameters(
     return rp.moe_layers * per_layer * training.lora_rank / layout.tp
 
 
+def layer_linears(model: ModelSpec) -> tuple[str, ...]:
+    """The decoder layer's Linear modules by their Hugging Face names: q, k, v, o and the MLP's
+    (gate,) up and down (a plain MLP has no gate_proj)."""
+    return tuple(name for name in ALL_LINEAR if name != "gate_proj" or model.mlp.gated)
+
+
+def adapted_linears(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
+    """Of ``training.lora_targets``, the Linears the model's layers have (``layer_linears``)."""
+    present = layer_linears(model)
+    return tuple(name for name in training.lora_targets if name in present)
+
+
 def _lora_mlp_targets(model: ModelSpec, training: TrainingSpec) -> list[str]:
-    targets = [n for n in training.lora_targets if n in ("gate_proj", "up_proj", "down_proj")]
-    if not model.mlp.gated and "gate_proj" in targets:
-        targets.remove("gate_proj")
-    return targets
+    return [n for n in adapted_linears(model, training) if n in ("gate_proj", "up_proj", "down_proj")]
 
 
 def _lora_expert_parameters(model: ModelSpec, moe: MoESpec, training: TrainingSpec, layout: Layout) -> float:

@@ -63,7 +63,12 @@ from service.estimator.memory import (
     rank_parameters_of,
     state_bytes_of,
 )
-from service.estimator.model_states import megatron_grads_in_fp32, optimizer_step_bytes
+from service.estimator.model_states import (
+    adapted_linears,
+    layer_linears,
+    megatron_grads_in_fp32,
+    optimizer_step_bytes,
+)
 from service.estimator.params import loss_logits_per_token, stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import (
@@ -769,11 +774,10 @@ class LayerOps:
     backward_other: int
 
 
-def linears_per_layer(model: ModelSpec) -> tuple[int, int]:
-    """(Linears, of which biased) of a dense decoder layer: q, k, v, o and the MLP's (gate,) up, down."""
-    mlp = 3 if model.mlp.gated else 2
-    biased = (3 if model.qkv_bias else 0) + (1 if model.attn_out_bias else 0) + (mlp if model.mlp_bias else 0)
-    return 4 + mlp, biased
+def biased_linears(model: ModelSpec) -> int:
+    """How many of a dense decoder layer's Linears (``layer_linears``) carry a bias."""
+    mlp = len(layer_linears(model)) - 4  # the MLP's (gate,) up, down after q, k, v, o
+    return (3 if model.qkv_bias else 0) + (1 if model.attn_out_bias else 0) + (mlp if model.mlp_bias else 0)
 
 
 @job_memo
@@ -783,13 +787,11 @@ def layer_ops(job: Job, casts: bool) -> LayerOps:
     casting fp32 weights: ``casts_under_autocast``)."""
     issue, model, training = job.tuning.host_issue, job.model, job.training
     assert issue is not None  # host_wait asks only with a host_issue table
-    linears, biased = linears_per_layer(model)
+    linears, biased = len(layer_linears(model)), biased_linears(model)
     frozen = 0 if training.method is Method.FULL else linears  # weight gradients not issued
     norms = model.norms_per_layer + (2 if model.qk_norm is not QKNorm.NONE else 0)
     norm = issue.rmsnorm if model.norm is NormKind.RMSNORM else issue.layernorm
-    adapted = 0  # the adapted Linears the model has (a plain MLP has no gate_proj)
-    if training.method is not Method.FULL:
-        adapted = sum(1 for t in training.lora_targets if t != "gate_proj" or model.mlp.gated)
+    adapted = 0 if training.method is Method.FULL else len(adapted_linears(model, training))
     cast_forward = issue.autocast_casts.forward if casts else 0
     cast_backward = issue.autocast_casts.backward - frozen if casts else 0  # a frozen weight's grad: none
     return LayerOps(
