@@ -9,13 +9,32 @@ CatalogKind = Literal["gpu", "model", "tuning"]
 
 
 class UnknownCatalogEntry(LookupError):
-    """A name that no catalog entry carries; `known` lists the names that exist, sorted."""
+    """A name that no catalog entry carries (``names.resolve``); `known` lists the names that exist,
+    sorted; `candidates` the entries it may mean: those carrying its words where `ambiguous` (it names
+    several), else the closest names."""
 
-    def __init__(self, kind: CatalogKind, name: str, known: Iterable[str]) -> None:
+    def __init__(
+        self,
+        kind: CatalogKind,
+        name: str,
+        known: Iterable[str],
+        *,
+        candidates: Iterable[str] = (),
+        ambiguous: bool = False,
+    ) -> None:
         self.kind: CatalogKind = kind
         self.name = name
         self.known: tuple[str, ...] = tuple(sorted(known))
-        self.message = f"unknown {kind} {name!r} (known: {', '.join(self.known)})"
+        self.candidates: tuple[str, ...] = tuple(candidates)
+        self.ambiguous = ambiguous
+        listed = ", ".join(self.candidates)
+        if ambiguous:
+            hint = f"; it matches {len(self.candidates)} entries: {listed}; name one"
+        elif self.candidates:
+            hint = f"; did you mean {listed}?"
+        else:
+            hint = ""
+        self.message = f"unknown {kind} {name!r}{hint} (known: {', '.join(self.known)})"
         super().__init__(self.message)
 
 

@@ -18,7 +18,8 @@ from functools import cache
 from importlib import resources
 from types import MappingProxyType
 
-from service.catalog.errors import InvalidCatalogEntry, UnknownCatalogEntry
+from service.catalog.errors import InvalidCatalogEntry
+from service.catalog.names import resolve
 from service.estimator.errors import EstimatorError
 from service.estimator.types import GPUSpec, PeakFlops
 
@@ -50,7 +51,7 @@ _ALLOWED_KEYS = (
     _REQUIRED_KEYS
     | frozenset(_PEAK_KEYS)
     | frozenset(_CLOCK_KEYS)
-    | {"notes", "flash_attention", "gpus_per_node"}
+    | {"notes", "flash_attention", "gpus_per_node", "node_network_bytes_per_s"}
 )
 
 
@@ -99,11 +100,16 @@ def gpu_entries() -> tuple[GPUEntry, ...]:
 
 
 def gpu_entry(name: str) -> GPUEntry:
+    """The entry ``name`` names: its slug, or its published name or words only it carries
+    (``names.resolve``: "H100 SXM5 80GB", "4090"); UnknownCatalogEntry otherwise."""
     catalog = _catalog()
-    try:
-        return catalog[name]
-    except KeyError:
-        raise UnknownCatalogEntry("gpu", name, catalog) from None
+    found = catalog.get(name)
+    return found if found is not None else catalog[resolve("gpu", name, _aliases())]
+
+
+@cache
+def _aliases() -> dict[str, tuple[str, ...]]:
+    return {slug: (entry.display_name,) for slug, entry in _catalog().items()}
 
 
 def gpu(name: str) -> GPUSpec:
@@ -153,6 +159,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
             power_limit_w=clocks.get("power_limit_w"),
             peak_clock_hz=clocks.get("peak_clock_hz"),
             sustained_clock_hz=clocks.get("sustained_clock_hz"),
+            node_network_bytes_per_s=_node_network(name, table),
         )
     except EstimatorError as error:
         key = _toml_key(error.field)
@@ -168,6 +175,15 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
         notes=_text(name, table, "notes") if "notes" in table else None,
         gpus_per_node=_integer(name, table, "gpus_per_node") if "gpus_per_node" in table else None,
     )
+
+
+def _node_network(name: str, table: dict[str, object]) -> float | None:
+    if "node_network_bytes_per_s" not in table:
+        return None
+    if "gpus_per_node" not in table:
+        why = "node_network_bytes_per_s describes the part's node: give gpus_per_node"
+        raise _invalid(name, "node_network_bytes_per_s", why)
+    return _number(name, table, "node_network_bytes_per_s")
 
 
 def _slug(name: str, table: dict[str, object], key: str) -> str:

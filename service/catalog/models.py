@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
-from service.catalog.errors import InvalidCatalogEntry, UnknownCatalogEntry
+from service.catalog.errors import InvalidCatalogEntry
+from service.catalog.names import resolve
 from service.estimator.errors import EstimatorError
 from service.estimator.hf_config import model_from_hf_config
 from service.estimator.types import ModelSpec
@@ -112,9 +114,27 @@ def models() -> dict[str, ModelPreset]:
 
 
 def model(name: str) -> ModelPreset:
-    """The preset named ``name``; UnknownCatalogEntry lists the known names otherwise."""
+    """The preset ``name`` names: its slug, its published name, its Hugging Face repo id or words only
+    it carries (``names.resolve``: "Llama 3.1 8B", "meta-llama/Llama-3.1-8B"); UnknownCatalogEntry,
+    listing the known names, otherwise."""
     presets = models()
-    try:
-        return presets[name]
-    except KeyError:
-        raise UnknownCatalogEntry(kind="model", name=name, known=presets) from None
+    found = presets.get(name)
+    return found if found is not None else presets[resolve("model", name, _aliases(), SIZE_WORD)]
+
+
+# A word of a preset's slug that states its size (7b, 8x7b, 124m, a3b: active parameters, 128e:
+# experts), which a name must state too before words alone select the preset.
+SIZE_WORD = re.compile(r"^[a-z]*\d+(\.\d+)?(x\d+)?[bme]$")
+_HF_REPO = re.compile(r"https://huggingface\.co/([^/]+/[^/]+)/")
+
+
+@cache
+def _aliases() -> dict[str, tuple[str, ...]]:
+    """A preset's other names: its display name, and the repo id (and the repo's name) of the
+    Hugging Face config.json it comes from."""
+    out = {}
+    for slug, preset in models().items():
+        repo = _HF_REPO.match(preset.source)
+        names = (repo.group(1), repo.group(1).split("/")[1]) if repo else ()
+        out[slug] = (preset.display_name, *names)
+    return out

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from service.contracts.common import Strict
+from service.contracts.common import Strict, catalog_slug
+from service.contracts.gpus import gpu_slug
 from service.contracts.models import ModelRef
 from service.contracts.plans import ConstraintsIn
 from service.contracts.training import TrainingIn
@@ -37,6 +38,25 @@ class CapacityRequest(Strict):
     # Capacity counts the GPUs that hold the job: offload is opt-in here (with unstated host RAM
     # and NVMe it would make any model "fit" on two cards at offload speed).
     constraints: ConstraintsIn = Field(default_factory=lambda: ConstraintsIn(allow_offload=False))
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _catalog_gpus(cls, value: Any) -> Any:
+        # each as the catalog's slug ("H100 SXM5 80GB" -> "h100-sxm-80gb"): the options name them so
+        return [catalog_slug(name, gpu_slug) for name in value] if isinstance(value, list) else value
+
+    @field_validator("gpu_hour_cost", mode="before")
+    @classmethod
+    def _catalog_prices(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        prices: dict[Any, Any] = {}
+        for name, price in value.items():
+            slug = catalog_slug(name, gpu_slug)
+            if slug in prices:
+                raise ValueError(f"gpu_hour_cost names {slug} twice (as {name!r} and another name)")
+            prices[slug] = price
+        return prices
 
     @model_validator(mode="after")
     def _one_source(self) -> CapacityRequest:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
 from service.contracts.common import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_MEMORY_BYTES,
     MIN_BANDWIDTH_BYTES_PER_S,
     Strict,
+    catalog_slug,
 )
-from service.contracts.gpus import CustomGPU, resolve_gpu
+from service.contracts.gpus import CustomGPU, gpu_slug, reference_node, resolve_gpu
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
 from service.estimator.types import ClusterSpec
@@ -46,9 +48,17 @@ MEASURED_INTER_DESCRIPTION = (
 class ClusterShape(Strict):
     """The hardware of a cluster; bandwidths per GPU, one direction, bytes/s."""
 
-    gpu: str | CustomGPU = Field(description="a catalog GPU name (GET /v1/gpus) or a custom spec")
-    num_nodes: int = Field(ge=1, le=100_000)
-    gpus_per_node: int = Field(ge=1, le=64)
+    gpu: str | CustomGPU = Field(
+        description="a catalog GPU name (GET /v1/gpus; its published name or words only it carries are "
+        "read as it, and the answer names it) or a custom spec"
+    )
+    num_nodes: int = Field(default=1, ge=1, le=100_000)
+    gpus_per_node: int = Field(
+        ge=1,
+        le=64,
+        description="may be left out for a catalog part that ships in a node: that node's (8 on an HGX "
+        "baseboard; GET /v1/gpus gpus_per_node); a PCIe card or custom GPU states it",
+    )
     intra_node_bandwidth_bytes_per_s: float | None = Field(
         default=None,
         ge=MIN_BANDWIDTH_BYTES_PER_S,
@@ -76,22 +86,66 @@ class ClusterShape(Strict):
         description=MEASURED_INTER_DESCRIPTION,
     )
 
+    # what the catalog filled in: the GPU's slug where the request named it otherwise, and the
+    # node fields the request left out
+    _read: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _from_catalog(cls, value: Any, handler: Callable[[Any], ClusterShape]) -> ClusterShape:
+        # a catalog GPU as its slug ("H100 SXM5 80GB" -> "h100-sxm-80gb": stored and echoed so), and
+        # a cluster that leaves out its node as one node of the part's own (one HGX baseboard of 8)
+        read: dict[str, str] = {}
+        if isinstance(value, dict):
+            given = value.get("gpu")
+            value = dict(value)
+            if isinstance(given, str):
+                value["gpu"] = catalog_slug(given, gpu_slug)
+                if value["gpu"] != given:
+                    read["gpu"] = value["gpu"]
+            node = reference_node(value["gpu"]) if isinstance(value.get("gpu"), str) else None
+            if "gpus_per_node" not in value and node is not None:
+                value["gpus_per_node"] = node.gpus_per_node
+                read["gpus_per_node"] = str(node.gpus_per_node)
+            if "num_nodes" not in value:
+                read["num_nodes"] = "1"
+        shape = handler(value)
+        shape._read = read
+        return shape
+
+    def network_default(self) -> float | None:
+        """Each GPU's share of the network between nodes where the cluster spans nodes and leaves
+        it out: its catalog part's reference node's (``node_network_bytes_per_s``); None otherwise."""
+        if self.inter_node_bandwidth_bytes_per_s is not None or self.num_nodes == 1:
+            return None
+        node = reference_node(self.gpu) if isinstance(self.gpu, str) else None
+        return None if node is None else node.spec.node_network_bytes_per_s
+
+    def read_from_catalog(self, at: str = "cluster.") -> dict[str, str]:
+        """What the catalog filled in, by field: ``{"cluster.gpu": "h100-sxm-80gb",
+        "cluster.gpus_per_node": "8", "cluster.inter_node_bandwidth_bytes_per_s": "50000000000"}``."""
+        read = {f"{at}{name}": value for name, value in self._read.items()}
+        network = self.network_default()
+        if network is not None:
+            read[f"{at}inter_node_bandwidth_bytes_per_s"] = f"{network:.0f}"
+        return read
+
     def to_domain(self, at: str = "") -> ClusterSpec:
         """The domain's cluster; ``at``: where it sits in the request body ("cluster." inline in an
         estimate or plan), which the GPU's errors name."""
         gpu = resolve_gpu(self.gpu, field=f"{at}gpu")
         intra = self.intra_node_bandwidth_bytes_per_s or gpu.intra_node_bandwidth_bytes_per_s
-        inter = self.inter_node_bandwidth_bytes_per_s
+        inter = self.inter_node_bandwidth_bytes_per_s or self.network_default()
         if inter is None:
             if self.num_nodes > 1:
+                why = (
+                    f"required when num_nodes ({self.num_nodes}) > 1 and the GPU has no reference node "
+                    "in the catalog to take it from"
+                )
                 raise Unprocessable(
-                    "inter_node_bandwidth_bytes_per_s is required when num_nodes > 1",
+                    f"inter_node_bandwidth_bytes_per_s is {why}",
                     errors=[
-                        {
-                            "field": f"{at}inter_node_bandwidth_bytes_per_s",
-                            "message": f"required when num_nodes ({self.num_nodes}) > 1",
-                            "type": "missing",
-                        }
+                        {"field": f"{at}inter_node_bandwidth_bytes_per_s", "message": why, "type": "missing"}
                     ],
                 )
             inter = intra  # one node: nothing crosses a network
@@ -172,6 +226,11 @@ class ClusterPatch(Strict):
         if value is None:
             raise ValueError("may not be null (leave the field out to keep it)")
         return value
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _catalog_gpu(cls, value: Any) -> Any:
+        return catalog_slug(value, gpu_slug)  # stored as the catalog's slug, as a created cluster's
 
 
 class ClusterOut(BaseModel):

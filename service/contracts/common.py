@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import enum
 import types
 import typing
+from collections.abc import Callable
 from typing import Annotated, Any, Generic, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+
+from service.catalog.errors import UnknownCatalogEntry
 
 GB_PER_S = 1e9  # the *_gbps inputs are GB/s (1e9 bytes/s), converted once here
 # Physical bounds: no link, memory or chip outside them exists, and values outside them (a denormal
@@ -30,6 +34,57 @@ def _scalar_kinds(annotation: Any) -> set[type]:
     if origin in (Union, types.UnionType, list, tuple):
         return set().union(*(_scalar_kinds(arg) for arg in typing.get_args(annotation)))
     return {annotation} & {int, float, bool, str}
+
+
+def _enum_types(annotation: Any) -> tuple[type[enum.Enum], ...]:
+    """The enums a field's annotation admits, through Optional, unions, Annotated and list[...]."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _enum_types(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType, list, tuple):
+        return tuple(kind for arg in typing.get_args(annotation) for kind in _enum_types(arg))
+    return (annotation,) if isinstance(annotation, type) and issubclass(annotation, enum.Enum) else ()
+
+
+# What the frameworks' own configs call our enum values: torch's dtypes (HF's torch_dtype), HF's
+# attn_implementation, the projects' names. Read as the value they mean where the field has it.
+ENUM_SPELLINGS: dict[str, str] = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "tensorfloat32": "tf32",
+    "float8": "fp8",
+    "flash_attention_2": "flash",
+    "flash_attention_3": "flash",
+    "flash_attn": "flash",
+    "flash_attention": "flash",
+    "megatron_lm": "megatron",
+    "megatron_core": "megatron",
+    "mcore": "megatron",
+    "fsdp2": "fsdp",
+    "k8s": "kubernetes",
+}
+
+
+def _enum_spelling(value: Any, kinds: tuple[type[enum.Enum], ...]) -> Any:
+    """``value`` as the enum value it spells ("BF16", "bfloat16", "Megatron-LM", "hf-trainer"): in
+    any case, with hyphens or underscores, or as ``ENUM_SPELLINGS`` has it; else as given (pydantic
+    then lists the values)."""
+    if isinstance(value, list):
+        return [_enum_spelling(item, kinds) for item in value]
+    if not isinstance(value, str):
+        return value
+    members = {member.value for kind in kinds for member in kind}
+    if value in members:
+        return value
+    plain = value.strip().lower()
+    for spelled in (plain, plain.replace("-", "_"), plain.replace("_", "-")):
+        spelled = ENUM_SPELLINGS.get(spelled, spelled)
+        if spelled in members:
+            return spelled
+    return value
 
 
 def _strict_value(value: Any, kinds: set[type]) -> None:
@@ -81,6 +136,9 @@ class Strict(BaseModel):
         field = cls.model_fields.get(info.field_name or "")
         if field is not None and value is not None:
             _strict_value(value, _scalar_kinds(field.annotation))
+            kinds = _enum_types(field.annotation)
+            if kinds:
+                return _enum_spelling(value, kinds)
         return value
 
     @model_validator(mode="before")
@@ -102,6 +160,18 @@ class Strict(BaseModel):
                 raise ValueError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
             out[target] = value * GB_PER_S
         return out
+
+
+def catalog_slug(value: Any, lookup: Callable[[str], str]) -> Any:
+    """A catalog name as its entry's slug (``service.catalog.names.resolve``: "H100 SXM5 80GB" ->
+    "h100-sxm-80gb"), so that what is stored and echoed is the catalog's name; anything else (an
+    unknown or ambiguous name, which the lookup later refuses naming the field; a custom spec) as given."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return lookup(value)
+    except UnknownCatalogEntry:
+        return value
 
 
 class Page(BaseModel, Generic[T]):

@@ -457,7 +457,8 @@ class EstimateOut(BaseModel):
         '"sdpa", "training.precision": "fp16"} on a V100; and layout switches left out, as the '
         'framework\'s recipes set them: {"layout.sequence_parallel": "true"} for megatron at tp > 1; and '
         'the link bandwidths a custom GPU left out, in bytes/s: {"cluster.gpu.pcie_bandwidth_bytes_per_s": '
-        '"16000000000"}',
+        '"16000000000"}; and the catalog slugs of names given otherwise: {"cluster.gpu": '
+        '"h100-sxm-80gb"} for "H100 SXM5 80GB"',
     )
     calibration: CalibrationOut | None = Field(
         default=None, description="factors learned from runs on this hardware and framework, when any"

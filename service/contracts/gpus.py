@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field, field_validator
 
 from service.catalog.errors import UnknownCatalogEntry
-from service.catalog.gpus import PCIE_X16, known_chips, slowest_host_link
+from service.catalog.gpus import PCIE_X16, GPUEntry, known_chips, slowest_host_link
 from service.catalog.gpus import gpu as catalog_gpu
+from service.catalog.gpus import gpu_entry as catalog_gpu_entry
 from service.contracts.common import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_FLOPS_PER_S,
@@ -172,10 +175,35 @@ def resolve_gpu(gpu: str | CustomGPU, field: str = "gpu") -> GPUSpec:
     try:
         return catalog_gpu(gpu)
     except UnknownCatalogEntry as exc:
-        raise Unprocessable(
-            str(exc),
-            errors=[{"field": field, "message": str(exc), "type": "unknown_gpu", "known": list(exc.known)}],
-        ) from exc
+        raise Unprocessable(str(exc), errors=[unknown_entry_error(exc, field)]) from exc
+
+
+def unknown_entry_error(exc: UnknownCatalogEntry, field: str) -> dict[str, Any]:
+    """A problem's error entry for a catalog name that names no entry (or several: ``ambiguous``),
+    with the entries it may mean (``candidates``) and every name there is (``known``)."""
+    return {
+        "field": field,
+        "message": str(exc),
+        "type": f"unknown_{exc.kind}",
+        "candidates": list(exc.candidates),
+        "ambiguous": exc.ambiguous,
+        "known": list(exc.known),
+    }
+
+
+def reference_node(name: str) -> GPUEntry | None:
+    """The catalog entry of GPU ``name`` where it ships in a node (``gpus_per_node``); None for a
+    PCIe card or a name the catalog does not know (refused where the GPU is resolved)."""
+    try:
+        entry = catalog_gpu_entry(name)
+    except UnknownCatalogEntry:
+        return None
+    return entry if entry.gpus_per_node is not None else None
+
+
+def gpu_slug(name: str) -> str:
+    """The catalog slug ``name`` names (``catalog.gpus.gpu_entry``); UnknownCatalogEntry otherwise."""
+    return catalog_gpu(name).name
 
 
 class PeakFlopsOut(BaseModel):
@@ -208,6 +236,17 @@ class GPUOut(BaseModel):
         default=1.0,
         description="the share of peak_flops_per_s the estimate computes at: sustained / peak clock, else "
         "(power_limit_w / rated_power_w)^(1/3); 1 without either",
+    )
+    gpus_per_node: int | None = Field(
+        default=None,
+        description="GPUs of the node the part ships in (8 on an HGX baseboard): a cluster of it that leaves "
+        "out gpus_per_node has it; null for a PCIe card, whose server holds what its buyer chose",
+    )
+    node_network_bytes_per_s: float | None = Field(
+        default=None,
+        description="each GPU's share of that node's network to other nodes, one direction (its reference "
+        "system's NICs): a cluster of it across nodes that leaves out inter_node_bandwidth_bytes_per_s "
+        "has it",
     )
     source: str
     notes: str = ""

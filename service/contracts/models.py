@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.models import model as catalog_model
-from service.contracts.common import Strict
+from service.contracts.common import Strict, catalog_slug
+from service.contracts.gpus import unknown_entry_error
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
 from service.estimator.hf_config import SUPPORTED_MODEL_TYPES, model_from_hf_config
@@ -157,11 +159,27 @@ class ModelRef(Strict):
     architecture: ArchitectureIn | None = None
     name: str | None = Field(default=None, max_length=200, description="label for hf_config/architecture")
 
-    @model_validator(mode="before")
+    # the preset's name as the request gave it, where the catalog read it as another slug
+    _given_preset: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _preset_name(cls, value: Any) -> Any:
-        # "model": "llama-3.1-8b", what a curl user writes first; anything else as given
-        return {"preset": value} if isinstance(value, str) else value
+    def _preset_name(cls, value: Any, handler: Callable[[Any], ModelRef]) -> ModelRef:
+        # "model": "llama-3.1-8b", what a curl user writes first; the preset as the catalog's slug
+        # ("meta-llama/Llama-3.1-8B" -> "llama-3.1-8b": stored and echoed so), the name given kept
+        if isinstance(value, str):
+            value = {"preset": value}
+        given = value.get("preset") if isinstance(value, dict) else None
+        if isinstance(given, str):
+            value = {**value, "preset": catalog_slug(given, lambda name: catalog_model(name).name)}
+        ref = handler(value)
+        if isinstance(given, str) and ref.preset != given:
+            ref._given_preset = given
+        return ref
+
+    def names_read(self, field: str = "model") -> dict[str, str]:
+        """``{"model.preset": slug}`` where the request named the preset otherwise."""
+        return {} if self._given_preset is None else {f"{field}.preset": str(self.preset)}
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelRef:
@@ -180,17 +198,7 @@ class ModelRef(Strict):
             assert self.architecture is not None
             return self.architecture.to_domain(self.name or "custom")
         except UnknownCatalogEntry as exc:
-            raise Unprocessable(
-                str(exc),
-                errors=[
-                    {
-                        "field": f"{field}.preset",
-                        "message": str(exc),
-                        "type": "unknown_model",
-                        "known": list(exc.known),
-                    }
-                ],
-            ) from exc
+            raise Unprocessable(str(exc), errors=[unknown_entry_error(exc, f"{field}.preset")]) from exc
         except EstimatorError as exc:
             prefix = "hf_config" if self.hf_config is not None else "architecture"
             where = exc.field or prefix

@@ -110,8 +110,10 @@ class PlanOut(BaseModel):
     )
     resolved_defaults: dict[str, str] = Field(
         default_factory=dict,
-        description="training fields the request left out, as resolved for the GPU, and the link "
-        "bandwidths a custom GPU left out, in bytes/s (cluster.gpu.intra_node_bandwidth_bytes_per_s)",
+        description="training fields the request left out, as resolved for the GPU, the link "
+        "bandwidths a custom GPU left out, in bytes/s (cluster.gpu.intra_node_bandwidth_bytes_per_s), "
+        'and the catalog slugs of names given otherwise ({"model.preset": "llama-3.1-8b"} for '
+        '"meta-llama/Llama-3.1-8B", {"cluster.gpu": "h100-sxm-80gb"} for "H100 SXM5 80GB")',
     )
     search: dict[str, Any]
     artifacts: list[ArtifactOut]

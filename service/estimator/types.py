@@ -401,6 +401,11 @@ class GPUSpec:
     power_limit_w: float | None = None
     peak_clock_hz: float | None = None
     sustained_clock_hz: float | None = None
+    # Each GPU's share of the network of the node the part ships in (its reference system's NICs,
+    # one direction): what a cluster of it that spans nodes without stating its network, or a job
+    # placed on more nodes than asked, is assumed to have. None: not known (a PCIe card, a custom
+    # GPU). Not this cluster's hardware (``ClusterSpec.inter_node_bandwidth_bytes_per_s`` is).
+    node_network_bytes_per_s: float | None = None
     # Link figures the GPU's source left out and the rule that chose each, (field, why): a custom GPU
     # without its intra-node or PCIe bandwidth. The answer's assumptions repeat them (comm.
     # link_default_notes). How a figure was chosen, not hardware: calibration keys leave it out.
@@ -414,7 +419,13 @@ class GPUSpec:
             "pcie_bandwidth_bytes_per_s",
         ):
             _require_positive(InvalidHardware, name, getattr(self, name))
-        for name in ("rated_power_w", "power_limit_w", "peak_clock_hz", "sustained_clock_hz"):
+        for name in (
+            "rated_power_w",
+            "power_limit_w",
+            "peak_clock_hz",
+            "sustained_clock_hz",
+            "node_network_bytes_per_s",
+        ):
             if getattr(self, name) is not None:
                 _require_positive(InvalidHardware, name, getattr(self, name))
         _require_below(self.power_limit_w, "power_limit_w", self.rated_power_w, "rated_power_w")

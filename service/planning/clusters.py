@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from service.contracts.clusters import ClusterCreate, ClusterIn, ClusterOut, ClusterPatch, ClusterRef
 from service.contracts.gpus import CustomGPU
+from service.contracts.models import ModelRef
 from service.errors import Conflict, NotFound, Unprocessable
 from service.estimator.types import ClusterSpec
 from service.persistence.models import ClusterRecord
@@ -62,6 +63,16 @@ def cluster_out(record: ClusterRecord) -> ClusterOut:
         created_at=record.created_at,
         updated_at=record.updated_at,
     )
+
+
+def read_from_catalog(model: ModelRef, cluster: ClusterRef | ClusterIn) -> dict[str, str]:
+    """What the catalog filled in of a request (for the answer's ``resolved_defaults``): the slugs of
+    names given otherwise (``{"model.preset": "llama-3.1-8b", "cluster.gpu": "h100-sxm-80gb"}`` for
+    "meta-llama/Llama-3.1-8B" on "H100 SXM5 80GB"), and an inline cluster's node and network left out."""
+    read = model.names_read()
+    if isinstance(cluster, ClusterIn):
+        read |= cluster.read_from_catalog()
+    return read
 
 
 def stored_cluster(repo: ClusterRepository, cluster_id: str) -> ClusterRecord:

@@ -32,7 +32,7 @@ from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, Pl
 from service.launchers import runnable_targets
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, hardware_key, job_traits
-from service.planning.clusters import resolve_cluster
+from service.planning.clusters import read_from_catalog, resolve_cluster
 
 TRAINING_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
 LAYOUT_FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
@@ -79,6 +79,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
         out.resolved_defaults["layout.sequence_parallel"] = "false"
         out.assumptions.append(unsplit)
     out.resolved_defaults |= chosen_link_defaults(cluster)  # a custom GPU's links it left out
+    out.resolved_defaults |= read_from_catalog(request.model, request.cluster)
     unrendered = launcher_warning(Plan(model=model, cluster=cluster, training=training, layout=layout))
     if unrendered is not None:
         out.warnings.append(unrendered)

@@ -44,7 +44,7 @@ from service.planning.calibration import (
     job_traits,
     runs_on,
 )
-from service.planning.clusters import resolve_cluster
+from service.planning.clusters import read_from_catalog, resolve_cluster
 from service.planning.estimates import check_priced, check_scale, estimate_out, located
 from service.planning.idempotency import Outcome, create_once, request_digest
 from service.planning.runnable import no_framework_runs
@@ -140,7 +140,11 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     result.unsupported_targets = unsupported
     result.suggestions_skipped = [SkippedOut(kind=s.kind, reason=s.reason) for s in rec.suggestions_skipped]
     result.closest = closest_out(rec.closest, model, training, searched.min_headroom_fraction)
-    result.resolved_defaults = chosen_defaults(training) | chosen_link_defaults(cluster)
+    result.resolved_defaults = (
+        chosen_defaults(training)
+        | chosen_link_defaults(cluster)
+        | read_from_catalog(request.model, request.cluster)
+    )
     return PlanRecord(
         cluster_id=request.cluster.id if isinstance(request.cluster, ClusterRef) else None,
         cluster_snapshot=_jsonable(dataclasses.asdict(cluster)),

@@ -23,11 +23,11 @@ from service.estimator.validate import hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.collector import fewer_collections
 from service.recommender.suggest import (
-    DEFAULT_INTER_NODE_BYTES_PER_S,
     SUGGESTION_EVALUATIONS,
     budget_words,
     fewest_gpus,
     node_ladder,
+    reference_network_bytes_per_s,
     states_unfit,
     with_gpu,
 )
@@ -57,13 +57,14 @@ class CapacityOption:
 def default_cluster(
     gpu: GPUSpec, num_nodes: int = 1, gpus_per_node: int = DEFAULT_GPUS_PER_NODE
 ) -> ClusterSpec:
-    """A node of ``gpus_per_node`` GPUs on its own NVLink/PCIe, 50 GB/s per GPU between nodes."""
+    """A node of ``gpus_per_node`` GPUs on its own NVLink/PCIe, on the GPU's reference network
+    between nodes (``suggest.reference_network_bytes_per_s``)."""
     return ClusterSpec(
         gpu=gpu,
         num_nodes=num_nodes,
         gpus_per_node=gpus_per_node,
         intra_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=DEFAULT_INTER_NODE_BYTES_PER_S,
+        inter_node_bandwidth_bytes_per_s=reference_network_bytes_per_s(gpu),
     )
 
 

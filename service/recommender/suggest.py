@@ -59,8 +59,9 @@ MAX_NODE_FACTOR = 64  # look for up to 64x the nodes given before giving up
 SUGGESTION_EVALUATIONS = 50_000
 SHORTEST_SUGGESTED_SEQ = 512  # a shorter sequence is tried by halving, down to this
 UNLIMITED = 2**62  # bytes of host RAM and NVMe "as much as needed", to ask what offload would need
-# The network a job placed on more nodes than the request's one node assumes: 8 x 400 Gb/s NICs
-# shared by 8 GPUs (an HGX H100 node's eight ConnectX-7), 50 GB/s per GPU one way.
+# The network a job placed on more nodes than the request's one node assumes where its GPU's catalog
+# entry states none (a PCIe card, a custom GPU): 8 x 400 Gb/s NICs shared by 8 GPUs (an HGX H100
+# node's eight ConnectX-7), 50 GB/s per GPU one way.
 DEFAULT_INTER_NODE_BYTES_PER_S = 50e9
 
 
@@ -101,7 +102,8 @@ def with_gpu(
 ) -> ClusterSpec:
     """The same network with another GPU (its own NVLink/PCIe bandwidth), in nodes of
     ``gpus_per_node`` (default: the cluster's). A one-node cluster has no network of its own (its
-    "inter-node" bandwidth is its NVLink's): more nodes get ``DEFAULT_INTER_NODE_BYTES_PER_S``. The
+    "inter-node" bandwidth is its NVLink's): more nodes get ``gpu``'s reference network (a job
+    moved to A100s runs on DGX A100 nodes: ``reference_network_bytes_per_s``). The
     cluster's measured busbw stays only on the links it was measured on: not another GPU's NVLink,
     nor the default network of a one-node cluster (the tuning's efficiency applies there)."""
     same_link = (
@@ -114,7 +116,11 @@ def with_gpu(
         num_nodes=num_nodes or cluster.num_nodes,
         gpus_per_node=gpus_per_node or cluster.gpus_per_node,
         intra_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
-        inter_node_bandwidth_bytes_per_s=network_bytes_per_s(cluster),
+        inter_node_bandwidth_bytes_per_s=(
+            cluster.inter_node_bandwidth_bytes_per_s
+            if cluster.num_nodes > 1
+            else reference_network_bytes_per_s(gpu)
+        ),
         measured_intra_node_bus_bandwidth_bytes_per_s=(
             cluster.measured_intra_node_bus_bandwidth_bytes_per_s if same_link else None
         ),
@@ -124,12 +130,12 @@ def with_gpu(
     )
 
 
-def network_bytes_per_s(cluster: ClusterSpec) -> float:
-    """Each GPU's share of the network between nodes, as the cluster states it, or the default
-    where the cluster is one node."""
-    return (
-        cluster.inter_node_bandwidth_bytes_per_s if cluster.num_nodes > 1 else DEFAULT_INTER_NODE_BYTES_PER_S
-    )
+def reference_network_bytes_per_s(gpu: GPUSpec) -> float:
+    """The network a job of ``gpu`` placed on more nodes than asked is assumed to have: its catalog
+    part's reference node's (gpus.toml ``node_network_bytes_per_s``: DGX A100 25e9, DGX-1 V100
+    6.25e9), else ``DEFAULT_INTER_NODE_BYTES_PER_S`` (an HGX H100 node's)."""
+    reference = gpu.node_network_bytes_per_s
+    return DEFAULT_INTER_NODE_BYTES_PER_S if reference is None else reference
 
 
 @dataclass(frozen=True, slots=True)

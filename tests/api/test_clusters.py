@@ -99,10 +99,15 @@ def test_zero_nodes_and_negative_bandwidth_name_field_and_limit(client: TestClie
     assert problem["errors"][0]["limit"] == {"ge": 1e6}
 
 
-def test_multi_node_requires_inter_node_bandwidth(client: TestClient) -> None:
+def test_multi_node_requires_inter_node_bandwidth_where_no_reference_node_has_one(client: TestClient) -> None:
     body = {k: v for k, v in H100_NODE.items() if k != "inter_node_bandwidth_bytes_per_s"}
-    problem = assert_problem(client.post("/v1/clusters", json=body), 422)
-    assert problem["errors"][0]["field"] == "inter_node_bandwidth_bytes_per_s"
+    pcie = assert_problem(client.post("/v1/clusters", json=body | {"gpu": "h100-pcie-80gb"}), 422)
+    assert pcie["errors"][0]["field"] == "inter_node_bandwidth_bytes_per_s"
+    # an SXM part ships in a DGX H100 node: 8 x 400 Gb/s for 8 GPUs, 50 GB/s each (gpus.toml)
+    sxm = client.post("/v1/clusters", json=body)
+    assert sxm.status_code == 201, sxm.text
+    assert sxm.json()["inter_node_bandwidth_bytes_per_s"] == 50e9
+    assert "inter_node_bandwidth_bytes_per_s" in sxm.json()["defaulted"]
 
 
 def test_unknown_field_is_rejected_by_name(client: TestClient) -> None:
@@ -204,12 +209,18 @@ def test_bad_cursor_and_limit_are_422(client: TestClient) -> None:
     assert problem["errors"][0]["limit"] == {"le": 500}
 
 
-def test_defaults_follow_the_cluster_and_growing_past_one_node_needs_a_network(client: TestClient) -> None:
+def test_defaults_follow_the_cluster_and_growing_past_one_node_takes_the_reference_network(
+    client: TestClient,
+) -> None:
     one = create(client, name="one", num_nodes=1, inter_node_bandwidth_bytes_per_s=None)
     assert set(one["defaulted"]) == {"intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s"}
-    # One node: the network figure is the NVLink one by default; it must not survive growing.
-    problem = assert_problem(client.patch(f"/v1/clusters/{one['id']}", json={"num_nodes": 4}), 422)
-    assert problem["errors"][0]["field"] == "inter_node_bandwidth_bytes_per_s"
+    assert one["inter_node_bandwidth_bytes_per_s"] == one["intra_node_bandwidth_bytes_per_s"]
+    # One node: the network figure is the NVLink one by default; it must not survive growing. Grown
+    # without a network, the cluster has its part's reference node's (DGX H100: 50 GB/s per GPU).
+    reference = client.patch(f"/v1/clusters/{one['id']}", json={"num_nodes": 4})
+    assert reference.status_code == 200, reference.text
+    assert reference.json()["inter_node_bandwidth_bytes_per_s"] == 50e9
+    assert "inter_node_bandwidth_bytes_per_s" in reference.json()["defaulted"]
     grown = client.patch(f"/v1/clusters/{one['id']}", json={"num_nodes": 4, "inter_node_bandwidth_gbps": 25})
     assert grown.status_code == 200, grown.text
     assert grown.json()["inter_node_bandwidth_bytes_per_s"] == 25e9
@@ -219,7 +230,10 @@ def test_defaults_follow_the_cluster_and_growing_past_one_node_needs_a_network(c
     a100 = client.get("/v1/gpus/a100-sxm-80gb").json()
     assert swapped["intra_node_bandwidth_bytes_per_s"] == a100["intra_node_bandwidth_bytes_per_s"]
     back = client.patch(f"/v1/clusters/{one['id']}", json={"inter_node_bandwidth_bytes_per_s": None})
-    assert_problem(back, 422)  # four nodes still need a network figure
+    assert back.status_code == 200, back.text  # four DGX A100 nodes: 8 x 200 Gb/s for 8 GPUs
+    assert back.json()["inter_node_bandwidth_bytes_per_s"] == 25e9
+    pcie = client.patch(f"/v1/clusters/{one['id']}", json={"gpu": "a100-pcie-80gb"})
+    assert_problem(pcie, 422)  # a PCIe card ships in no reference node: four nodes need a network figure
 
 
 def test_explicit_null_is_refused_by_field(client: TestClient) -> None:

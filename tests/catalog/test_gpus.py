@@ -229,13 +229,22 @@ def test_gpu_entry_carries_listing_fields() -> None:
 
 def test_unknown_gpu_lists_known_names() -> None:
     with pytest.raises(UnknownCatalogEntry) as caught:
-        gpu("h100")
+        gpu("nope")
     error = caught.value
     assert isinstance(error, LookupError)
-    assert (error.kind, error.name) == ("gpu", "h100")
+    assert (error.kind, error.name) == ("gpu", "nope")
     assert error.known == tuple(sorted(gpus()))
-    assert str(error).startswith("unknown gpu 'h100' (known: a10-24gb, a100-pcie-40gb, ")
+    assert str(error).startswith("unknown gpu 'nope' (known: a10-24gb, a100-pcie-40gb, ")
     assert "h100-sxm-80gb" in str(error)
+
+
+def test_a_name_several_gpus_carry_lists_them() -> None:
+    with pytest.raises(UnknownCatalogEntry) as caught:
+        gpu("h100")
+    error = caught.value
+    assert error.ambiguous
+    assert error.candidates == ("h100-nvl-94gb", "h100-pcie-80gb", "h100-sxm-500w-96gb", "h100-sxm-80gb")
+    assert str(error).startswith("unknown gpu 'h100'; it matches 4 entries: h100-nvl-94gb, ")
 
 
 def test_unknown_gpu_entry_raises_too() -> None:
@@ -318,3 +327,19 @@ def test_catalog_imports_no_web_or_db_stack() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_reference_node_networks_are_their_nics_over_their_gpus() -> None:
+    # each GPU's share, one direction: NICs x Gb/s / 8 bits / GPUs of the node
+    shares = {
+        "h100-sxm-80gb": 8 * 400e9 / 8 / 8,  # DGX H100: 8 x ConnectX-7 400 Gb/s
+        "h200-sxm-141gb": 8 * 400e9 / 8 / 8,
+        "b200-sxm-180gb": 8 * 400e9 / 8 / 8,
+        "a100-sxm-80gb": 8 * 200e9 / 8 / 8,  # DGX A100: 8 x ConnectX-6 200 Gb/s
+        "v100-sxm2-32gb": 4 * 100e9 / 8 / 8,  # DGX-1: 4 x EDR 100 Gb/s
+        "mi250x-128gb": 4 * 200e9 / 8 / 4,  # Frontier: 4 x Slingshot 200 Gb/s for 4 packages
+    }
+    for name, share in shares.items():
+        assert gpu(name).node_network_bytes_per_s == share, name
+    for entry in gpu_entries():  # a network describes a node: only parts that ship in one have it
+        assert entry.spec.node_network_bytes_per_s is None or entry.gpus_per_node is not None

@@ -1,0 +1,100 @@
+"""Catalog names as users write them, end to end: "H100 SXM5 80GB", "4090", "meta-llama/Llama-3.1-8B"
+are read as the catalog's slugs, which are what the answer echoes and stores, and ``resolved_defaults``
+names what each was read as. A name several entries carry ("H100", "A100 80GB") is a 422 naming the
+field and those entries; the catalog does not pick a form factor or memory size for the user."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+TRAINING = {"seq_len": 2048, "global_batch_size": 32}
+LAYOUT = {"framework": "fsdp", "dp": 8, "zero_stage": 3, "micro_batch_size": 1}
+
+
+def _cluster(gpu: str) -> dict[str, Any]:
+    return {"gpu": gpu, "num_nodes": 1, "gpus_per_node": 8}
+
+
+def test_a_plan_reads_published_names_and_says_so(client: TestClient) -> None:
+    cluster = _cluster("NVIDIA H100 SXM5 80GB")
+    body = {"model": "meta-llama/Llama-3.2-1B", "cluster": cluster, "training": TRAINING}
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert plan["request"]["model"]["preset"] == "llama-3.2-1b"
+    assert plan["request"]["cluster"]["gpu"] == "h100-sxm-80gb"
+    assert plan["resolved_defaults"]["model.preset"] == "llama-3.2-1b"
+    assert plan["resolved_defaults"]["cluster.gpu"] == "h100-sxm-80gb"
+    # the same plan as with the slugs, but for what the names were read as
+    by_slug = {"model": "llama-3.2-1b", "cluster": _cluster("h100-sxm-80gb"), "training": TRAINING}
+    slugs = client.post("/v1/plans", json=by_slug).json()
+    assert not {"model.preset", "cluster.gpu"} & set(slugs["resolved_defaults"])
+    assert slugs["recommended"] == plan["recommended"]
+    # the stored plan is found by the preset's slug
+    listed = client.get("/v1/plans", params={"model": "llama-3.2-1b"}).json()["items"]
+    assert plan["id"] in {p["id"] for p in listed}
+
+
+def test_an_estimate_says_what_the_names_were_read_as(client: TestClient) -> None:
+    model, cluster = {"preset": "Llama 3.2 1B"}, _cluster("4090")
+    body = {"model": model, "cluster": cluster, "training": TRAINING, "layout": LAYOUT}
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    chosen = response.json()["resolved_defaults"]
+    assert chosen["model.preset"] == "llama-3.2-1b" and chosen["cluster.gpu"] == "rtx-4090-24gb"
+
+
+def test_a_name_several_gpus_carry_is_a_422_listing_them(client: TestClient) -> None:
+    body = {"model": "llama-3.2-1b", "cluster": _cluster("A100 80GB"), "training": TRAINING}
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 422
+    problem = response.json()
+    (error,) = problem["errors"]
+    assert error["field"] == "cluster.gpu"
+    assert error["ambiguous"] is True
+    assert error["candidates"] == ["a100-pcie-80gb", "a100-sxm-80gb"]
+    assert "it matches 2 entries: a100-pcie-80gb, a100-sxm-80gb; name one" in problem["detail"]
+
+
+def test_an_unknown_model_suggests_the_closest_presets(client: TestClient) -> None:
+    body = {"model": "llama3-8b", "cluster": _cluster("h100-sxm-80gb"), "training": TRAINING}
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 422
+    (error,) = response.json()["errors"]
+    assert error["field"] == "model.preset"
+    assert error["ambiguous"] is False
+    assert error["candidates"][0] == "llama-3-8b"
+
+
+def test_a_stored_cluster_keeps_the_slug(client: TestClient) -> None:
+    created = client.post("/v1/clusters", json={"name": "lab", **_cluster("H100-SXM-80GB")})
+    assert created.status_code == 201, created.text
+    assert created.json()["gpu"] == "h100-sxm-80gb"
+    patched = client.patch(f"/v1/clusters/{created.json()['id']}", json={"gpu": "MI300X"})
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["gpu"] == "mi300x-192gb"
+
+
+def test_capacity_reads_gpu_names_and_their_prices(client: TestClient) -> None:
+    body = {
+        "model": "llama-3.2-1b",
+        "training": {**TRAINING, "tokens": 10**9},
+        "gpus": ["H100 SXM5 80GB", "4090"],
+        "gpu_hour_cost": {"NVIDIA H100 SXM5 80GB": 2.0, "rtx-4090-24gb": 0.5},
+    }
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    options = {o["gpu"]: o for o in response.json()["options"]}
+    assert set(options) == {"h100-sxm-80gb", "rtx-4090-24gb"}
+    assert all(o["cost"] is not None for o in options.values())
+
+
+def test_gpu_lookup_by_published_name(client: TestClient) -> None:
+    response = client.get("/v1/gpus/H100-SXM-80GB")
+    assert response.status_code == 200
+    assert response.json()["name"] == "h100-sxm-80gb"
+    ambiguous = client.get("/v1/gpus/h100")
+    assert ambiguous.status_code == 404
+    assert "h100-sxm-80gb" in ambiguous.json()["detail"]

@@ -1,0 +1,85 @@
+"""A cluster that leaves out its node or network takes them from its catalog part, and the answer says
+so (``resolved_defaults``): ``{"gpu": "h100-sxm-80gb"}`` is one HGX node of 8, and four DGX A100 nodes
+that state no network have the DGX A100's (8 x 200 Gb/s ConnectX-6 for 8 GPUs: 25 GB/s per GPU). A PCIe
+card or a custom GPU ships in no reference node: it states them, and a 422 names the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+TRAINING = {"seq_len": 2048, "global_batch_size": 64}
+LAYOUT = {"framework": "fsdp", "zero_stage": 3, "micro_batch_size": 1}
+MODEL = "llama-3.2-1b"
+
+
+def _estimate(client: TestClient, cluster: dict[str, Any]) -> Any:
+    body = {"model": MODEL, "cluster": cluster, "training": TRAINING, "layout": LAYOUT}
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_gpu_alone_is_one_node_of_its_baseboard(client: TestClient) -> None:
+    response = client.post(
+        "/v1/plans", json={"model": MODEL, "cluster": {"gpu": "h100-sxm-80gb"}, "training": TRAINING}
+    )
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert plan["resolved_defaults"]["cluster.num_nodes"] == "1"
+    assert plan["resolved_defaults"]["cluster.gpus_per_node"] == "8"
+    stated = client.post(
+        "/v1/plans",
+        json={
+            "model": MODEL,
+            "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+            "training": TRAINING,
+        },
+    ).json()
+    assert stated["recommended"] == plan["recommended"]
+    assert "cluster.gpus_per_node" not in stated["resolved_defaults"]
+
+
+def test_nodes_without_a_network_have_the_reference_nodes(client: TestClient) -> None:
+    defaulted = _estimate(client, {"gpu": "a100-sxm-80gb", "num_nodes": 4})
+    assert defaulted["resolved_defaults"]["cluster.inter_node_bandwidth_bytes_per_s"] == "25000000000"
+    stated = _estimate(
+        client, {"gpu": "a100-sxm-80gb", "num_nodes": 4, "inter_node_bandwidth_bytes_per_s": 25e9}
+    )
+    assert stated["time"] == defaulted["time"] and stated["memory"] == defaulted["memory"]
+    assert "cluster.inter_node_bandwidth_bytes_per_s" not in stated["resolved_defaults"]
+    slower = _estimate(client, {"gpu": "v100-sxm2-32gb", "num_nodes": 4})  # DGX-1: 4 x 100 Gb/s for 8
+    assert slower["resolved_defaults"]["cluster.inter_node_bandwidth_bytes_per_s"] == "6250000000"
+
+
+def test_a_pcie_card_states_its_node_and_network(client: TestClient) -> None:
+    response = client.post(
+        "/v1/plans", json={"model": MODEL, "cluster": {"gpu": "l40s-48gb"}, "training": TRAINING}
+    )
+    assert response.status_code == 422
+    assert [e["field"] for e in response.json()["errors"]] == ["cluster.gpus_per_node"]
+    cluster = {"gpu": "l40s-48gb", "gpus_per_node": 4, "num_nodes": 2}
+    response = client.post("/v1/plans", json={"model": MODEL, "cluster": cluster, "training": TRAINING})
+    assert response.status_code == 422
+    (error,) = response.json()["errors"]
+    assert error["field"] == "cluster.inter_node_bandwidth_bytes_per_s"
+    assert "no reference node" in error["message"]
+
+
+def test_a_stored_cluster_keeps_what_the_catalog_filled_in(client: TestClient) -> None:
+    created = client.post("/v1/clusters", json={"name": "b200s", "gpu": "B200", "num_nodes": 4})
+    assert created.status_code == 201, created.text
+    cluster = created.json()
+    assert (cluster["gpu"], cluster["gpus_per_node"], cluster["world_size"]) == ("b200-sxm-180gb", 8, 32)
+    assert cluster["inter_node_bandwidth_bytes_per_s"] == 50e9
+    assert "inter_node_bandwidth_bytes_per_s" in cluster["defaulted"]
+
+
+def test_the_catalog_shows_each_parts_node(client: TestClient) -> None:
+    gpus = {g["name"]: g for g in client.get("/v1/gpus").json()["items"]}
+    assert (gpus["a100-sxm-80gb"]["gpus_per_node"], gpus["a100-sxm-80gb"]["node_network_bytes_per_s"]) == (
+        8,
+        25e9,
+    )
+    assert (gpus["l40s-48gb"]["gpus_per_node"], gpus["l40s-48gb"]["node_network_bytes_per_s"]) == (None, None)

@@ -1,0 +1,73 @@
+"""Enum values as the frameworks' own configs spell them: torch's dtypes ("bfloat16", HF's
+torch_dtype), HF's attn_implementation ("flash_attention_2"), the projects' names ("Megatron-LM",
+"FSDP2", "k8s"), any case, hyphens or underscores. They are read as the value they mean, which the
+stored request echoes; anything else is still the enum 422 listing the values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.contracts.common import ENUM_SPELLINGS
+from service.contracts.plans import ConstraintsIn
+from service.contracts.training import TrainingIn
+from service.estimator.types import Attention, Framework, Precision
+from service.launchers import Target
+
+CLUSTER = {"gpu": "a100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+TRAINING = {"seq_len": 2048, "global_batch_size": 32}
+
+
+@pytest.mark.parametrize(
+    ("given", "field", "value"),
+    [
+        ({"precision": "bfloat16"}, "precision", Precision.BF16),
+        ({"precision": "BF16"}, "precision", Precision.BF16),
+        ({"precision": "float16"}, "precision", Precision.FP16),
+        ({"precision": "float32"}, "precision", Precision.FP32),
+        ({"precision": "BF16-Pure"}, "precision", Precision.BF16_PURE),
+        ({"attention": "flash_attention_2"}, "attention", Attention.FLASH),
+        ({"method": "LoRA"}, "method", "lora"),
+    ],
+)
+def test_training_spellings(given: dict[str, Any], field: str, value: object) -> None:
+    assert getattr(TrainingIn(**TRAINING, **given), field) == value
+
+
+def test_lists_of_enums_are_read_item_by_item() -> None:
+    constraints = ConstraintsIn(frameworks=["FSDP2", "Megatron-LM", "DeepSpeed"])
+    assert constraints.frameworks == [Framework.FSDP, Framework.MEGATRON, Framework.DEEPSPEED]
+
+
+def test_every_spelling_names_a_value_of_some_enum() -> None:
+    values = {m.value for kind in (Precision, Attention, Framework, Target) for m in kind}
+    assert set(ENUM_SPELLINGS.values()) <= values
+
+
+def test_a_plan_stores_the_value_read(client: TestClient) -> None:
+    body = {
+        "model": "llama-3.2-1b",
+        "cluster": CLUSTER,
+        "training": {**TRAINING, "precision": "bfloat16"},
+        "constraints": {"frameworks": ["FSDP2"]},
+        "launchers": ["Slurm", "k8s"],
+    }
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    request = response.json()["request"]
+    assert request["training"]["precision"] == "bf16"
+    assert request["constraints"]["frameworks"] == ["fsdp"]
+    assert request["launchers"] == ["slurm", "kubernetes"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("precision", "bfloat8"), ("method", "sft"), ("attention", "xformers")]
+)
+def test_other_words_are_the_enum_problem(client: TestClient, field: str, value: str) -> None:
+    body = {"model": "llama-3.2-1b", "cluster": CLUSTER, "training": {**TRAINING, field: value}}
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 422
+    (error,) = response.json()["errors"]
+    assert error["field"] == f"training.{field}" and error["type"] == "enum"

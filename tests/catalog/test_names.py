@@ -1,0 +1,123 @@
+"""Catalog entries by the names users write (``service.catalog.names``): the slug, the published name
+in any case and spacing, a Hugging Face repo id, or words only one entry carries. Names that several
+entries carry are refused with those entries; a model's words must state its size."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from service.catalog.errors import UnknownCatalogEntry
+from service.catalog.gpus import gpu_entries, gpu_entry
+from service.catalog.models import model, models
+from service.catalog.names import normalised, resolve, words
+
+ALIASES = {
+    "h100-sxm-80gb": ("NVIDIA H100 SXM5 80GB",),
+    "h100-pcie-80gb": ("NVIDIA H100 PCIe 80GB",),
+    "rtx-4090-24gb": ("NVIDIA GeForce RTX 4090",),
+    "l40-48gb": ("NVIDIA L40",),
+    "l40s-48gb": ("NVIDIA L40S",),
+}
+
+
+def test_normalised_and_words() -> None:
+    assert normalised("  H100 SXM5_80GB ") == "h100-sxm5-80gb"
+    read = words("NVIDIA H100 SXM5 96GB, 500 W (Grand Teton)")
+    assert read == {"h100", "sxm5", "96gb", "500", "w", "grand", "teton"}
+    assert words("meta-llama/Llama-3.1-8B") == {"meta", "llama", "3.1", "8b"}
+
+
+@pytest.mark.parametrize(
+    ("name", "slug"),
+    [
+        ("h100-sxm-80gb", "h100-sxm-80gb"),  # the slug
+        ("H100-SXM-80GB", "h100-sxm-80gb"),  # case
+        ("nvidia h100 sxm5 80gb", "h100-sxm-80gb"),  # the published name
+        ("4090", "rtx-4090-24gb"),  # a word only it carries
+        ("l40", "l40-48gb"),  # a whole word: not l40s
+        ("L40S", "l40s-48gb"),
+    ],
+)
+def test_names_resolve_to_one_slug(name: str, slug: str) -> None:
+    assert resolve("gpu", name, ALIASES) == slug
+
+
+def test_words_several_carry_are_ambiguous() -> None:
+    with pytest.raises(UnknownCatalogEntry) as caught:
+        resolve("gpu", "H100 80GB", ALIASES)
+    assert caught.value.ambiguous
+    assert caught.value.candidates == ("h100-pcie-80gb", "h100-sxm-80gb")
+    assert "it matches 2 entries: h100-pcie-80gb, h100-sxm-80gb; name one" in str(caught.value)
+
+
+def test_no_match_suggests_the_closest_slugs() -> None:
+    with pytest.raises(UnknownCatalogEntry) as caught:
+        resolve("gpu", "rtx4090", ALIASES)
+    assert not caught.value.ambiguous
+    assert caught.value.candidates[0] == "rtx-4090-24gb"
+    assert "did you mean rtx-4090-24gb" in str(caught.value)
+
+
+def test_a_size_word_must_be_named() -> None:
+    size = re.compile(r"^\d+b$")
+    aliases = {"mixtral-8x7b": (), "llama-2-7b": ()}
+    assert resolve("model", "llama 7b", aliases, size) == "llama-2-7b"
+    with pytest.raises(UnknownCatalogEntry) as caught:
+        resolve("model", "llama-2", aliases, size)  # one preset carries it, but not its size
+    assert caught.value.candidates == ("llama-2-7b",) and not caught.value.ambiguous
+
+
+# ------------------------------------------------------------- over the whole catalogs
+
+
+def test_every_gpu_slug_and_published_name_reads_as_itself() -> None:
+    for entry in gpu_entries():
+        for name in (entry.name, entry.name.upper(), entry.display_name, entry.display_name.lower()):
+            assert gpu_entry(name).name == entry.name, name
+
+
+def test_every_preset_slug_published_name_and_repo_reads_as_itself() -> None:
+    repos: dict[str, list[str]] = {}
+    for preset in models().values():
+        found = re.match(r"https://huggingface\.co/([^/]+/[^/]+)/", preset.source)
+        if found:
+            repos.setdefault(found.group(1).lower(), []).append(preset.name)
+    for preset in models().values():
+        assert model(preset.name).name == preset.name
+        assert model(preset.name.upper()).name == preset.name
+        assert model(preset.display_name).name == preset.name, preset.display_name
+    for repo, slugs in repos.items():
+        if len(slugs) == 1:  # a repo two presets share (a paper's shape on one config) names neither
+            assert model(repo).name == slugs[0], repo
+
+
+@pytest.mark.parametrize(
+    ("name", "slug"),
+    [
+        ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+        ("meta-llama/Meta-Llama-3.1-8B", "llama-3.1-8b"),  # the repo's former name: its words
+        ("Llama 3.1 8B", "llama-3.1-8b"),
+        ("mistralai/Mistral-7B-v0.1", "mistral-7b"),
+        ("Qwen3-30B-A3B", "qwen3-30b-a3b"),
+    ],
+)
+def test_model_names_users_write(name: str, slug: str) -> None:
+    assert model(name).name == slug
+
+
+@pytest.mark.parametrize(
+    ("name", "candidates", "ambiguous"),
+    [
+        ("llama-70b", ("llama-2-70b", "llama-3-70b", "llama-3.1-70b", "llama-3.3-70b"), True),
+        ("mixtral", ("mixtral-8x7b",), False),  # one Mixtral, but the name states no size
+        ("gpt-3", ("gpt-3-175b",), False),
+    ],
+)
+def test_model_names_that_do_not_select_one_preset(
+    name: str, candidates: tuple[str, ...], ambiguous: bool
+) -> None:
+    with pytest.raises(UnknownCatalogEntry) as caught:
+        model(name)
+    assert (caught.value.candidates, caught.value.ambiguous) == (candidates, ambiguous)
