@@ -205,7 +205,10 @@ class EstimateRequest(Strict):
     model: ModelRef
     cluster: ClusterChoice = Field(description='{"id": ...} of a stored cluster, or an inline one')
     training: TrainingIn
-    layout: LayoutIn
+    layout: LayoutIn = Field(
+        default_factory=LayoutIn,
+        description="left out: {}, each field its default (dp fills the cluster; resolved_defaults names it)",
+    )
     gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e6, description="price of one GPU-hour")
 
 

@@ -568,3 +568,14 @@ def test_plans_name_the_statistics_and_plans_stored_before_them_read_back(client
 
 # what MemoryPerGPUOut held before the statistics were named
 OLD = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead", "total")
+
+
+def test_a_layout_left_out_is_the_empty_layout(client: TestClient) -> None:
+    """An estimate without ``layout`` was a 422 "Field required" while ``"layout": {}`` answered: it
+    is that layout, every field its default, dp filling the cluster (named in resolved_defaults)."""
+    without = {k: v for k, v in body().items() if k != "layout"}
+    left_out = client.post("/v1/estimates", json=without)
+    empty = client.post("/v1/estimates", json=without | {"layout": {}})
+    assert left_out.status_code == empty.status_code == 200, left_out.text
+    assert left_out.json() == empty.json()
+    assert left_out.json()["resolved_defaults"]["layout.dp"] == "8"
