@@ -27,11 +27,15 @@ GPUS = [
     "a100-sxm-80gb", "l40s-48gb", "rtx-4090-24gb", "mi300x-192gb", "v100-sxm2-32gb", "l4-24gb",
     "a10g-24gb", "l40-48gb",
 ]  # fmt: skip
+# the same GPUs as users write them: published names, nvidia-smi's, words only one part carries
+GPU_SPELLINGS = ["H100 SXM5 80GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "4090", "MI300X",
+                 "Tesla T4", "NVIDIA L40S"]  # fmt: skip
+PRESET_SPELLINGS = ["meta-llama/Llama-3.1-8B", "Llama 3.2 1B", "Qwen/Qwen2.5-7B", "mistralai/Mistral-7B-v0.1"]
 METHODS = ["full", "lora", "qlora"]
 FRAMEWORKS = [None, ["fsdp"], ["deepspeed"], ["megatron"], ["fsdp", "deepspeed"]]
 LAUNCHERS = [None, ["slurm"], ["kubernetes"], ["accelerate"], ["slurm", "accelerate"], ["torchtitan"],
              ["deepspeed", "hf_trainer"]]  # fmt: skip
-PRECISIONS = [None, None, "bf16", "fp16", "fp8", "tf32"]
+PRECISIONS = [None, None, "bf16", "fp16", "fp8", "tf32", "bfloat16", "float16"]
 SEQS = [1, 7, 128, 512, 2048, 4096, 8192, 32768]
 BATCHES = [1, 3, 8, 64, 256, 1000]
 OBJECTIVES = [None, "throughput", "fewest_gpus", "cost", "time_to_train"]
@@ -75,18 +79,22 @@ def training(rng: random.Random, priced: bool) -> dict[str, Any]:
 def cluster(rng: random.Random) -> dict[str, Any]:
     nodes = rng.choice([1, 1, 1, 2, 4])
     c: dict[str, Any] = {
-        "gpu": rng.choice(GPUS),
+        "gpu": rng.choice(GPUS) if rng.random() < 0.8 else rng.choice(GPU_SPELLINGS),
         "num_nodes": nodes,
         "gpus_per_node": rng.choice([1, 2, 4, 8]),
     }
     if nodes > 1:
         c["inter_node_bandwidth_bytes_per_s"] = rng.choice([12.5e9, 25e9, 50e9])
+    if rng.random() < 0.15:  # the node and network left to the catalog (an SXM part has them)
+        c = {"gpu": rng.choice(["h100-sxm-80gb", "a100-sxm-80gb", "b200", "NVIDIA H200"])}
+        if rng.random() < 0.5:
+            c["num_nodes"] = rng.choice([2, 4])
     return c
 
 
 def request(rng: random.Random, presets: list[str]) -> tuple[str, dict[str, Any]]:
     kind = rng.choice(["plan", "plan", "estimate", "capacity"])
-    model: dict[str, Any] = {"preset": rng.choice(presets)}
+    model: dict[str, Any] = {"preset": rng.choice(presets if rng.random() < 0.85 else PRESET_SPELLINGS)}
     if rng.random() < 0.15:
         model = {"hf_config": rng.choice(HF_CONFIGS)}
     price = rng.random() < 0.3

@@ -51,7 +51,7 @@ _ALLOWED_KEYS = (
     _REQUIRED_KEYS
     | frozenset(_PEAK_KEYS)
     | frozenset(_CLOCK_KEYS)
-    | {"notes", "flash_attention", "gpus_per_node", "node_network_bytes_per_s"}
+    | {"notes", "flash_attention", "gpus_per_node", "node_network_bytes_per_s", "aliases"}
 )
 
 
@@ -68,6 +68,7 @@ class GPUEntry:
     # The node the part ships in (8 on an HGX baseboard or an OAM platform); None: a PCIe card,
     # whose server holds what its buyer chose. Suggestions place the job in whole nodes of it.
     gpus_per_node: int | None = None
+    aliases: tuple[str, ...] = ()  # other names it goes by (nvidia-smi's), besides display_name
 
 
 def gpus() -> dict[str, GPUSpec]:
@@ -109,7 +110,7 @@ def gpu_entry(name: str) -> GPUEntry:
 
 @cache
 def _aliases() -> dict[str, tuple[str, ...]]:
-    return {slug: (entry.display_name,) for slug, entry in _catalog().items()}
+    return {slug: (entry.display_name, *entry.aliases) for slug, entry in _catalog().items()}
 
 
 def gpu(name: str) -> GPUSpec:
@@ -174,7 +175,15 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
         source=source,
         notes=_text(name, table, "notes") if "notes" in table else None,
         gpus_per_node=_integer(name, table, "gpus_per_node") if "gpus_per_node" in table else None,
+        aliases=_names(name, table, "aliases"),
     )
+
+
+def _names(name: str, table: dict[str, object], key: str) -> tuple[str, ...]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise _invalid(name, key, f"{key} must be a list of non-empty strings, got {value!r}")
+    return tuple(value)
 
 
 def _node_network(name: str, table: dict[str, object]) -> float | None:

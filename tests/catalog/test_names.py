@@ -72,10 +72,41 @@ def test_a_size_word_must_be_named() -> None:
 # ------------------------------------------------------------- over the whole catalogs
 
 
-def test_every_gpu_slug_and_published_name_reads_as_itself() -> None:
+def test_every_gpu_slug_published_name_and_alias_reads_as_itself() -> None:
     for entry in gpu_entries():
-        for name in (entry.name, entry.name.upper(), entry.display_name, entry.display_name.lower()):
+        for name in (
+            entry.name,
+            entry.name.upper(),
+            entry.display_name,
+            entry.display_name.lower(),
+            *entry.aliases,
+        ):
             assert gpu_entry(name).name == entry.name, name
+
+
+@pytest.mark.parametrize(
+    ("name", "slug"),
+    [  # as nvidia-smi (NVML) and rocm-smi report them: what a user copies from the node
+        ("NVIDIA H100 80GB HBM3", "h100-sxm-80gb"),
+        ("NVIDIA H100 PCIe", "h100-pcie-80gb"),
+        ("NVIDIA H100 NVL", "h100-nvl-94gb"),
+        ("NVIDIA H200", "h200-sxm-141gb"),
+        ("NVIDIA B200", "b200-sxm-180gb"),
+        ("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb"),
+        ("NVIDIA A100-SXM4-40GB", "a100-sxm-40gb"),
+        ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
+        ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
+        ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"),
+        ("Tesla T4", "t4-16gb"),
+        ("NVIDIA A10G", "a10g-24gb"),
+        ("NVIDIA L4", "l4-24gb"),
+        ("NVIDIA L40S", "l40s-48gb"),
+        ("NVIDIA GeForce RTX 4090", "rtx-4090-24gb"),
+        ("AMD Instinct MI300X", "mi300x-192gb"),
+    ],
+)
+def test_gpu_names_as_the_driver_reports_them(name: str, slug: str) -> None:
+    assert gpu_entry(name).name == slug
 
 
 def test_every_preset_slug_published_name_and_repo_reads_as_itself() -> None:
