@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from service.contracts.common import enum_spelling
 from service.estimator.types import (
     Attention,
     BaseDtype,
@@ -492,9 +493,21 @@ def emit(data: Any, as_json: bool) -> None:
 # ---------------------------------------------------------------- commands
 
 
+class EnumChoice(click.Choice[str]):
+    """The values an option takes, from the enum the API validates it with (one list, in --help), in
+    the spellings the API reads (``contracts.common.enum_spelling``: "BF16", "bfloat16", "FSDP2")."""
+
+    def __init__(self, values: type[StrEnum]) -> None:
+        super().__init__([value.value for value in values])
+        self.enum = values
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        return super().convert(enum_spelling(value, (self.enum,)), param, ctx)
+
+
 def choice(values: type[StrEnum]) -> click.Choice[str]:
-    """The values an option takes, from the enum the API validates it with (one list, in --help)."""
-    return click.Choice([value.value for value in values])
+    """``EnumChoice`` of ``values``."""
+    return EnumChoice(values)
 
 
 url_option = click.option(

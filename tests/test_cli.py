@@ -507,3 +507,17 @@ def test_capacity_takes_every_option_the_api_does(database: str) -> None:
     assert table.exit_code == 0 and "cost" in table.output, table.output
     bad = CliRunner().invoke(main, [*args, "--gpu-hour-cost", "h100=cheap"])
     assert bad.exit_code == 64 and "--gpu-hour-cost" in bad.output
+
+
+def test_the_cli_reads_names_and_values_as_the_api_does(database: str) -> None:
+    """Spellings the API reads (a GPU by its published name, "bfloat16", "FSDP2") are the CLI's too: the
+    same plan as with the canonical names, not a usage error the API would not have raised."""
+    spelled = run("plan", "--model", "Llama 3.1 8B", "--gpus", "8xH100-SXM-80GB", "--seq", "2048",
+                  "--batch", "64", "--precision", "bfloat16", "--framework", "FSDP2", "--json")  # fmt: skip
+    canonical = run("plan", "--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "2048",
+                    "--batch", "64", "--precision", "bf16", "--framework", "fsdp", "--json")  # fmt: skip
+    assert spelled.exit_code == canonical.exit_code == 0, spelled.output
+    first, second = json.loads(spelled.output), json.loads(canonical.output)
+    assert first["recommended"] == second["recommended"]
+    assert first["request"]["training"]["precision"] == "bf16"
+    assert first["resolved_defaults"]["model.preset"] == "llama-3.1-8b"

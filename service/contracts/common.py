@@ -68,12 +68,12 @@ ENUM_SPELLINGS: dict[str, str] = {
 }
 
 
-def _enum_spelling(value: Any, kinds: tuple[type[enum.Enum], ...]) -> Any:
+def enum_spelling(value: Any, kinds: tuple[type[enum.Enum], ...]) -> Any:
     """``value`` as the enum value it spells ("BF16", "bfloat16", "Megatron-LM", "hf-trainer"): in
     any case, with hyphens or underscores, or as ``ENUM_SPELLINGS`` has it; else as given (pydantic
     then lists the values)."""
     if isinstance(value, list):
-        return [_enum_spelling(item, kinds) for item in value]
+        return [enum_spelling(item, kinds) for item in value]
     if not isinstance(value, str):
         return value
     members = {member.value for kind in kinds for member in kind}
@@ -138,7 +138,7 @@ class Strict(BaseModel):
             _strict_value(value, _scalar_kinds(field.annotation))
             kinds = _enum_types(field.annotation)
             if kinds:
-                return _enum_spelling(value, kinds)
+                return enum_spelling(value, kinds)
         return value
 
     @model_validator(mode="before")
