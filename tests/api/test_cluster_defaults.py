@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+
+from service.catalog.gpus import GPUEntry, gpu_entries
 
 TRAINING = {"seq_len": 2048, "global_batch_size": 64}
 LAYOUT = {"framework": "fsdp", "zero_stage": 3, "micro_batch_size": 1}
@@ -83,3 +86,34 @@ def test_the_catalog_shows_each_parts_node(client: TestClient) -> None:
         25e9,
     )
     assert (gpus["l40s-48gb"]["gpus_per_node"], gpus["l40s-48gb"]["node_network_bytes_per_s"]) == (None, None)
+
+
+@pytest.mark.parametrize("entry", gpu_entries(), ids=lambda entry: entry.name)
+def test_every_catalog_gpu_left_to_the_catalog_answers_as_stated(client: TestClient, entry: GPUEntry) -> None:
+    """Over the whole catalog: two nodes of a part named by its display name, node and network left out,
+    answer exactly as the slug with the node and network stated (the values resolved_defaults names);
+    a part without a reference node is the 422 naming gpus_per_node."""
+    training = {"seq_len": 1024, "global_batch_size": 64, "precision": "fp16"}
+    body = {"model": MODEL, "training": training, "layout": {"framework": "deepspeed", "zero_stage": 1}}
+    response = client.post(
+        "/v1/estimates", json=body | {"cluster": {"gpu": entry.display_name, "num_nodes": 2}}
+    )
+    if entry.gpus_per_node is None or entry.spec.node_network_bytes_per_s is None:
+        assert response.status_code == 422
+        fields = {e["field"] for e in response.json()["errors"]}
+        assert fields & {"cluster.gpus_per_node", "cluster.inter_node_bandwidth_bytes_per_s"}, fields
+        return
+    assert response.status_code == 200, response.text
+    chosen = response.json()["resolved_defaults"]
+    assert chosen["cluster.gpu"] == entry.name
+    assert chosen["cluster.gpus_per_node"] == str(entry.gpus_per_node)
+    network = entry.spec.node_network_bytes_per_s
+    assert chosen["cluster.inter_node_bandwidth_bytes_per_s"] == f"{network:.0f}"
+    stated = {"gpu": entry.name, "num_nodes": 2, "gpus_per_node": entry.gpus_per_node}
+    same = client.post(
+        "/v1/estimates", json=body | {"cluster": stated | {"inter_node_bandwidth_bytes_per_s": network}}
+    )
+    assert same.status_code == 200, same.text
+    assert {k: v for k, v in same.json().items() if k != "resolved_defaults"} == {
+        k: v for k, v in response.json().items() if k != "resolved_defaults"
+    }
