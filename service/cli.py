@@ -27,6 +27,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from service.catalog.errors import UnknownCatalogEntry
+from service.catalog.gpus import gpu as catalog_gpu
 from service.contracts.common import enum_spelling
 from service.estimator.types import (
     Attention,
@@ -197,13 +199,24 @@ def cluster_from_gpus(
     cluster: dict[str, Any] = {"gpu": gpu, "num_nodes": nodes, "gpus_per_node": per_node}
     if inter_gbps is not None:
         cluster["inter_node_bandwidth_gbps"] = inter_gbps
-    elif nodes > 1:
+    elif nodes > 1 and _reference_network(gpu) is None:
+        # a part that ships in a reference node has that node's network (the API's default, which
+        # the answer's defaults line names); a PCIe card or an unknown name does not
         raise Usage(f"--gpus {spec!r} spans {nodes} nodes: give --inter-gbps (each GPU's network, GB/s)")
     if intra_busbw_gbps is not None:
         cluster["measured_intra_node_bus_bandwidth_gbps"] = intra_busbw_gbps
     if inter_busbw_gbps is not None:
         cluster["measured_inter_node_bus_bandwidth_gbps"] = inter_busbw_gbps
     return cluster
+
+
+def _reference_network(gpu: str) -> float | None:
+    """The network per GPU of the reference node of catalog GPU ``gpu`` (gpus.toml); None for a
+    PCIe card or a name the catalog does not know."""
+    try:
+        return catalog_gpu(gpu).node_network_bytes_per_s
+    except UnknownCatalogEntry:
+        return None
 
 
 def model_ref(model: str | None, config: Path | None) -> dict[str, Any]:
@@ -558,7 +571,12 @@ busbw_options = [
 cluster_options = [
     click.option("--gpus", help="COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb"),
     click.option("--cluster", help="a stored cluster's name or id"),
-    click.option("--inter-gbps", type=float, help="each GPU's network between nodes, GB/s"),
+    click.option(
+        "--inter-gbps",
+        type=float,
+        help="each GPU's network between nodes, GB/s (default for an SXM/OAM part: its reference node's, "
+        "GET /v1/gpus node_network_bytes_per_s; a PCIe card needs it)",
+    ),
     *busbw_options,
 ]
 

@@ -112,7 +112,7 @@ def test_json_output_is_the_apis_plan_and_exit_codes_say_feasible_or_not(databas
     ("args", "words", "code"),
     [
         (["--model", "llama-3.1-8b", "--gpus", "9xh100-sxm-80gb"], "not whole nodes of 8", 64),
-        (["--model", "llama-3.1-8b", "--gpus", "2x8xh100-sxm-80gb"], "give --inter-gbps", 64),
+        (["--model", "llama-3.1-8b", "--gpus", "2x8xh100-pcie-80gb"], "give --inter-gbps", 64),
         (["--gpus", "8xh100-sxm-80gb"], "--model NAME", 64),
         (["--model", "nope", "--gpus", "8xh100-sxm-80gb"], "model.preset", 1),
         (["--model", "llama-3.1-8b", "--gpus", "8xh100"], "unknown gpu 'h100'", 1),
@@ -521,3 +521,15 @@ def test_the_cli_reads_names_and_values_as_the_api_does(database: str) -> None:
     assert first["recommended"] == second["recommended"]
     assert first["request"]["training"]["precision"] == "bf16"
     assert first["resolved_defaults"]["model.preset"] == "llama-3.1-8b"
+
+
+def test_nodes_of_a_part_with_a_reference_node_need_no_network_flag(database: str) -> None:
+    """2 x 8 H100 SXM without --inter-gbps: the API's default, a DGX H100's 50 GB/s per GPU, named
+    in the answer, as the API answers the same cluster; a PCIe card still needs the flag."""
+    result = run("plan", "--model", "llama-3.1-8b", "--gpus", "2x8xh100-sxm-80gb", "--seq", "2048",
+                 "--batch", "64", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (
+        json.loads(result.output)["resolved_defaults"]["cluster.inter_node_bandwidth_bytes_per_s"]
+        == "50000000000"
+    )

@@ -78,6 +78,7 @@ MAX_VIRTUAL_STAGES = 8  # interleaving deeper than 8 chunks costs more p2p than 
 RECOMPUTE_COST_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.SELECTIVE_OP, Recompute.FULL)
 
 
+@functools.cache
 def recompute_order(framework: Framework) -> tuple[Recompute, ...]:
     """The framework's recompute policies, fastest first."""
     modes = FRAMEWORKS[framework].capabilities.recompute_modes
