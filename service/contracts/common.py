@@ -87,6 +87,19 @@ def enum_spelling(value: Any, kinds: tuple[type[enum.Enum], ...]) -> Any:
     return value
 
 
+def is_amount(field: str) -> bool:
+    """Whether an integer field is an amount (a token budget, a size in bytes) that people write in
+    scientific notation, which JSON carries as a float (Python's json.dumps(15e12) is
+    "15000000000000.0"): an integral one is taken. A dimension (seq_len, a batch, a degree, a count
+    of layers) is not: 4096.0 there is refused, as a client's bug to hear about."""
+    return field == "tokens" or "_bytes" in field
+
+
+def _integral_float(value: Any) -> bool:
+    """A float that is an integer a double holds exactly (|x| <= 2^53)."""
+    return isinstance(value, float) and value.is_integer() and abs(value) <= 2**53
+
+
 def _strict_value(value: Any, kinds: set[type]) -> None:
     """JSON's types as the field declares them: no "64" or true for a number, no 64.0 for an
     integer, no 1 for a boolean."""
@@ -135,7 +148,10 @@ class Strict(BaseModel):
         _refuse_nul(value)
         field = cls.model_fields.get(info.field_name or "")
         if field is not None and value is not None:
-            _strict_value(value, _scalar_kinds(field.annotation))
+            kinds_of_scalar = _scalar_kinds(field.annotation)
+            if is_amount(info.field_name or "") and kinds_of_scalar & {int} and _integral_float(value):
+                return int(value)  # 1e12 tokens, 2e12 bytes: an amount written as JSON's float
+            _strict_value(value, kinds_of_scalar)
             kinds = _enum_types(field.annotation)
             if kinds:
                 return enum_spelling(value, kinds)

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from service.contracts.common import Strict
+from service.contracts.common import Strict, is_amount
 from tests.api.helpers import assert_problem
 
 CLUSTER = {"name": "ok", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
@@ -94,10 +94,16 @@ def _integer_fields(model: type[Strict]) -> dict[str, Any]:
 
 
 def test_every_integer_field_of_every_request_body_refuses_a_float() -> None:
-    """Not only the ones above: each Strict model, each integer field, as JSON's 2.0."""
+    """Not only the ones above: each Strict model, each integer field, as JSON's 2.0; but for amounts
+    (tokens, bytes: ``is_amount``), which take an integral float (1e12) and refuse a fractional one."""
     checked = 0
     for model in _strict_models():
         for name, value in _integer_fields(model).items():
+            if is_amount(name):
+                fractional = [2.5] if isinstance(value, list) else 2.5
+                with pytest.raises(ValidationError):
+                    model.model_validate({name: fractional})
+                continue
             with pytest.raises(ValidationError) as refused:
                 model.model_validate({name: value})
             mine = [e for e in refused.value.errors() if e["loc"][:1] == (name,)]
@@ -207,3 +213,25 @@ def test_method_not_allowed_names_every_method_and_health_answers_head(client: T
     assert response.headers["allow"] == "GET, POST"
     assert client.head("/healthz").status_code == 200
     assert client.head("/readyz").status_code == 200
+
+
+def test_amounts_take_json_floats_that_are_integers(client: TestClient) -> None:
+    """A Python scheduler's json.dumps(15e12) sends "15000000000000.0": a token budget or a size in
+    bytes written so is that integer, echoed as one; 4096.0 for seq_len is still refused above."""
+    body = {
+        "model": {"preset": "llama-3.2-1b"},
+        "cluster": {
+            "gpu": "h100-sxm-80gb",
+            "num_nodes": 1,
+            "gpus_per_node": 8,
+            "cpu_memory_bytes_per_node": 2e12,
+        },
+        "training": {"seq_len": 2048, "global_batch_size": 64, "tokens": 15e12},
+    }
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    request = response.json()["request"]
+    assert request["training"]["tokens"] == 15 * 10**12 and isinstance(request["training"]["tokens"], int)
+    assert request["cluster"]["cpu_memory_bytes_per_node"] == 2 * 10**12
+    refused = client.post("/v1/plans", json=body | {"training": {**body["training"], "tokens": 1.5}})
+    assert refused.status_code == 422
