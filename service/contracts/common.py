@@ -65,6 +65,16 @@ ENUM_SPELLINGS: dict[str, str] = {
     "mcore": "megatron",
     "fsdp2": "fsdp",
     "k8s": "kubernetes",
+    # a run's memory statistic by the name of the call or tool that reports it (MemoryStatistic)
+    "max_memory_allocated": "allocated",
+    "max_allocated": "allocated",
+    "memory_allocated": "allocated",
+    "max_memory_reserved": "reserved",
+    "max_reserved": "reserved",
+    "memory_reserved": "reserved",
+    "nvidia_smi": "device_used",
+    "nvml": "device_used",
+    "mem_get_info": "device_used",
 }
 
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from service.contracts.common import ENUM_SPELLINGS
 from service.contracts.plans import ConstraintsIn
 from service.contracts.training import TrainingIn
-from service.estimator.types import Attention, Framework, Precision
+from service.estimator.types import Attention, Framework, MemoryStatistic, Precision
 from service.launchers import Target
 
 CLUSTER = {"gpu": "a100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
@@ -42,7 +42,7 @@ def test_lists_of_enums_are_read_item_by_item() -> None:
 
 
 def test_every_spelling_names_a_value_of_some_enum() -> None:
-    values = {m.value for kind in (Precision, Attention, Framework, Target) for m in kind}
+    values = {m.value for kind in (Precision, Attention, Framework, Target, MemoryStatistic) for m in kind}
     assert set(ENUM_SPELLINGS.values()) <= values
 
 
@@ -71,3 +71,18 @@ def test_other_words_are_the_enum_problem(client: TestClient, field: str, value:
     assert response.status_code == 422
     (error,) = response.json()["errors"]
     assert error["field"] == f"training.{field}" and error["type"] == "enum"
+
+
+@pytest.mark.parametrize(
+    ("given", "statistic"),
+    [("nvidia-smi", "device_used"), ("max_memory_reserved", "reserved"), ("max_allocated", "allocated")],
+)
+def test_a_runs_memory_statistic_by_the_tool_that_reports_it(
+    client: TestClient, given: str, statistic: str
+) -> None:
+    plan = client.post("/v1/plans", json={"model": "llama-3.2-1b", "cluster": CLUSTER, "training": TRAINING})
+    assert plan.status_code == 201, plan.text
+    run = {"step_s": 2.0, "peak_memory_bytes_per_gpu": 30 * 2**30, "memory_statistic": given}
+    response = client.post(f"/v1/plans/{plan.json()['id']}/runs", json=run)
+    assert response.status_code == 201, response.text
+    assert response.json()["memory_statistic"] == statistic
