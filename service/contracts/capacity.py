@@ -6,7 +6,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from service.contracts.common import Strict, catalog_slug
+from service.catalog.errors import UnknownCatalogEntry
+from service.contracts.common import Strict
 from service.contracts.gpus import gpu_slug
 from service.contracts.models import ModelRef
 from service.contracts.plans import ConstraintsIn
@@ -19,7 +20,10 @@ class CapacityRequest(Strict):
     model: ModelRef
     training: TrainingIn
     gpus: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
-        default=None, min_length=1, max_length=64, description="catalog GPU names"
+        default=None,
+        min_length=1,
+        max_length=64,
+        description='catalog GPU names; one that names several parts ("h100") stands for each of them',
     )
     cluster_ids: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
         default=None,
@@ -42,21 +46,37 @@ class CapacityRequest(Strict):
     @field_validator("gpus", mode="before")
     @classmethod
     def _catalog_gpus(cls, value: Any) -> Any:
-        # each as the catalog's slug ("H100 SXM5 80GB" -> "h100-sxm-80gb"): the options name them so
-        return [catalog_slug(name, gpu_slug) for name in value] if isinstance(value, list) else value
+        # each as the catalog's slugs ("H100 SXM5 80GB" -> "h100-sxm-80gb"), a family every part of it
+        # ("h100": the four H100s, compared side by side, as capacity compares the whole catalog)
+        if not isinstance(value, list):
+            return value
+        return list(dict.fromkeys(slug for name in value for slug in _family(name)))
 
     @field_validator("gpu_hour_cost", mode="before")
     @classmethod
     def _catalog_prices(cls, value: Any) -> Any:
+        # a price per GPU by the same names; a family's price is each of its parts'
         if not isinstance(value, dict):
             return value
         prices: dict[Any, Any] = {}
         for name, price in value.items():
-            slug = catalog_slug(name, gpu_slug)
-            if slug in prices:
-                raise ValueError(f"gpu_hour_cost names {slug} twice (as {name!r} and another name)")
-            prices[slug] = price
+            for slug in _family(name):
+                if slug in prices:
+                    raise ValueError(f"gpu_hour_cost prices {slug} twice ({name!r} names it too)")
+                prices[slug] = price
         return prices
+
+
+def _family(name: Any) -> list[Any]:
+    """The catalog slugs a capacity request's GPU name stands for: its one part (``catalog_slug``),
+    every part it names where it names several ("h100", "a100 80gb"), or the name as given (unknown:
+    refused later, naming the field)."""
+    if not isinstance(name, str):
+        return [name]
+    try:
+        return [gpu_slug(name)]
+    except UnknownCatalogEntry as exc:
+        return list(exc.candidates) if exc.ambiguous else [name]
 
     @model_validator(mode="after")
     def _one_source(self) -> CapacityRequest:

@@ -98,3 +98,23 @@ def test_gpu_lookup_by_published_name(client: TestClient) -> None:
     ambiguous = client.get("/v1/gpus/h100")
     assert ambiguous.status_code == 404
     assert "h100-sxm-80gb" in ambiguous.json()["detail"]
+
+
+def test_capacity_compares_every_part_a_family_name_names(client: TestClient) -> None:
+    """Capacity compares GPU types: "h100" names four parts, and it compares the four (priced alike),
+    where a plan on "h100" must be told which one it runs on."""
+    body = {
+        "model": "llama-3.2-1b",
+        "training": {**TRAINING, "tokens": 10**9},
+        "gpus": ["h100", "a100 80gb"],
+        "gpu_hour_cost": {"h100": 2.0, "A100 80GB": 1.0},
+    }
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    options = {o["gpu"]: o for o in response.json()["options"]}
+    h100s = {"h100-nvl-94gb", "h100-pcie-80gb", "h100-sxm-500w-96gb", "h100-sxm-80gb"}
+    assert set(options) == h100s | {"a100-pcie-80gb", "a100-sxm-80gb"}
+    assert all(options[name]["cost"] is not None for name in options)
+    twice = client.post("/v1/capacity", json=body | {"gpu_hour_cost": {"h100": 2.0, "h100-sxm-80gb": 3.0}})
+    assert twice.status_code == 422
+    assert "h100-sxm-80gb twice" in twice.json()["detail"]
