@@ -19,7 +19,8 @@ from pydantic import BeforeValidator
 from service import planning
 from service.api.deps import PlanningDeadline, PlanRepoDep, SessionDep
 from service.api.problems import PROBLEM_RESPONSES
-from service.contracts.common import Page
+from service.catalog.models import model as catalog_model
+from service.contracts.common import Page, catalog_slug
 from service.contracts.plans import ArtifactOut, PlanOut, PlanRequest, RunIn, RunOut
 from service.contracts.results import SearchStatsOut
 from service.errors import NotFound, Unprocessable
@@ -103,13 +104,22 @@ def list_plans(
         raise Unprocessable(str(exc), errors=[{"field": "query.cursor", "message": str(exc)}]) from exc
     filters = PlanFilters(
         cluster_id=cluster_id,
-        model=model,
+        models=_model_names(model),
         status=status_,
         created_after=as_utc(created_after),
         created_before=as_utc(created_before),
     )
     rows, next_cursor = plans.list_page(limit=limit, before_id=before, filters=filters)
     return Page[PlanOut](items=[planning.plan_out(r) for r in rows], next_cursor=next_cursor)
+
+
+def _model_names(model: str | None) -> tuple[str, ...]:
+    """The stored model names a ``model`` filter matches: as given (a custom model's label), and the
+    slug of the preset it names, if it names one ("Llama 3.1 8B" finds the plans of llama-3.1-8b, which
+    is what a plan stores for it)."""
+    if model is None:
+        return ()
+    return tuple(dict.fromkeys((model, catalog_slug(model, lambda name: catalog_model(name).name))))
 
 
 @router.get("/{plan_id}", response_model=PlanOut)

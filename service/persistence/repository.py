@@ -117,8 +117,8 @@ class PlanRepository:
             query = query.where(PlanRecord.id < before_id)
         if filters.cluster_id is not None:
             query = query.where(PlanRecord.cluster_id == filters.cluster_id)
-        if filters.model is not None:
-            query = query.where(PlanRecord.model_name == filters.model)
+        if filters.models:
+            query = query.where(PlanRecord.model_name.in_(filters.models))
         if filters.status is not None:
             query = query.where(PlanRecord.status == filters.status)
         if filters.created_after is not None:
@@ -177,7 +177,7 @@ class PlanRepository:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanFilters:
     cluster_id: str | None = None
-    model: str | None = None
+    models: tuple[str, ...] = ()  # a plan of any of these model names (none: every model)
     status: str | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None

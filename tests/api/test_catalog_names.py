@@ -35,6 +35,10 @@ def test_a_plan_reads_published_names_and_says_so(client: TestClient) -> None:
     # the stored plan is found by the preset's slug
     listed = client.get("/v1/plans", params={"model": "llama-3.2-1b"}).json()["items"]
     assert plan["id"] in {p["id"] for p in listed}
+    # and by any name of the preset, as the request may have named it
+    for name in ("Llama 3.2 1B", "meta-llama/Llama-3.2-1B"):
+        found = client.get("/v1/plans", params={"model": name}).json()["items"]
+        assert plan["id"] in {p["id"] for p in found}, name
 
 
 def test_an_estimate_says_what_the_names_were_read_as(client: TestClient) -> None:
