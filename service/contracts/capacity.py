@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.contracts.common import Strict
@@ -48,35 +48,30 @@ class CapacityRequest(Strict):
     def _catalog_gpus(cls, value: Any) -> Any:
         # each as the catalog's slugs ("H100 SXM5 80GB" -> "h100-sxm-80gb"), a family every part of it
         # ("h100": the four H100s, compared side by side, as capacity compares the whole catalog)
-        if not isinstance(value, list):
-            return value
+        if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+            return value  # pydantic names what is not a string
         return list(dict.fromkeys(slug for name in value for slug in _family(name)))
 
     @field_validator("gpu_hour_cost", mode="before")
     @classmethod
-    def _catalog_prices(cls, value: Any) -> Any:
-        # a price per GPU by the same names; a family's price is each of its parts'
+    def _catalog_prices(cls, value: Any, info: ValidationInfo) -> Any:
+        # a price per GPU by the same names; a family's price is each of its parts the request compares
+        # (a key that names none of them is kept, and refused naming it: it would price nothing)
         if not isinstance(value, dict):
             return value
+        compared = info.data.get("gpus")
         prices: dict[Any, Any] = {}
         for name, price in value.items():
-            for slug in _family(name):
-                if slug in prices:
-                    raise ValueError(f"gpu_hour_cost prices {slug} twice ({name!r} names it too)")
+            parts = _family(name)
+            if len(parts) > 1 and compared is not None:
+                parts = [part for part in parts if part in compared] or [name]
+            for slug in parts:
+                if prices.get(slug, price) != price:
+                    raise ValueError(
+                        f"gpu_hour_cost prices {slug} twice, differently ({name!r} names it too)"
+                    )
                 prices[slug] = price
         return prices
-
-
-def _family(name: Any) -> list[Any]:
-    """The catalog slugs a capacity request's GPU name stands for: its one part (``catalog_slug``),
-    every part it names where it names several ("h100", "a100 80gb"), or the name as given (unknown:
-    refused later, naming the field)."""
-    if not isinstance(name, str):
-        return [name]
-    try:
-        return [gpu_slug(name)]
-    except UnknownCatalogEntry as exc:
-        return list(exc.candidates) if exc.ambiguous else [name]
 
     @model_validator(mode="after")
     def _one_source(self) -> CapacityRequest:
@@ -87,6 +82,16 @@ def _family(name: Any) -> list[Any]:
         if any(v < 0 for v in values):
             raise ValueError("gpu_hour_cost must be >= 0")
         return self
+
+
+def _family(name: str) -> list[str]:
+    """The catalog slugs a capacity request's GPU name stands for: its one part (``gpu_slug``), every
+    part it names where it names several ("h100", "a100 80gb"), or the name as given (unknown: refused
+    later, naming the field)."""
+    try:
+        return [gpu_slug(name)]
+    except UnknownCatalogEntry as exc:
+        return list(exc.candidates) if exc.ambiguous else [name]
 
 
 class CapacityOptionOut(BaseModel):

@@ -55,7 +55,7 @@ def test_stored_clusters_keep_their_ids(client: TestClient) -> None:
 
 def test_bad_capacity_requests(client: TestClient) -> None:
     base = {"model": {"preset": "gpt2"}, "training": TRAINING}
-    problem = assert_problem(client.post("/v1/capacity", json=base | {"gpus": ["h100"]}), 422)
+    problem = assert_problem(client.post("/v1/capacity", json=base | {"gpus": ["h900"]}), 422)
     assert problem["errors"][0]["field"] == "gpus.0"
     problem = assert_problem(client.post("/v1/capacity", json=base | {"cluster_ids": ["missing"]}), 404)
     assert problem["errors"][0]["field"] == "cluster_ids.0"

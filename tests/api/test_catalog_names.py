@@ -121,4 +121,12 @@ def test_capacity_compares_every_part_a_family_name_names(client: TestClient) ->
     assert all(options[name]["cost"] is not None for name in options)
     twice = client.post("/v1/capacity", json=body | {"gpu_hour_cost": {"h100": 2.0, "h100-sxm-80gb": 3.0}})
     assert twice.status_code == 422
-    assert "h100-sxm-80gb twice" in twice.json()["detail"]
+    assert "h100-sxm-80gb twice, differently" in twice.json()["detail"]
+    # a family's price goes to its parts the request compares; one that names none of them prices nothing
+    only_sxm = body | {"gpus": ["h100-sxm-80gb"], "gpu_hour_cost": {"h100": 2.0}}
+    priced = client.post("/v1/capacity", json=only_sxm)
+    assert priced.status_code == 200, priced.text
+    assert priced.json()["options"][0]["cost"] is not None
+    unused = client.post("/v1/capacity", json=only_sxm | {"gpu_hour_cost": {"a100": 1.0}})
+    assert unused.status_code == 422
+    assert [e["field"] for e in unused.json()["errors"]] == ["gpu_hour_cost.a100"]

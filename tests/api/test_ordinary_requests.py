@@ -357,10 +357,10 @@ def test_capacity_refuses_a_price_for_a_gpu_type_it_does_not_have(client: TestCl
         "model": {"preset": "llama-3-8b"},
         "training": {"seq_len": 4096, "global_batch_size": 64, "tokens": 10**10},
         "gpus": ["h100-sxm-80gb", "a100-sxm-80gb"],
-        "gpu_hour_cost": {"h100-sxm-80gb": 2.0, "h100": 2.0},
+        "gpu_hour_cost": {"h100-sxm-80gb": 2.0, "l4-24gb": 2.0},
     }
     problem = assert_problem(client.post("/v1/capacity", json=body), 422)
-    assert [e["field"] for e in problem["errors"]] == ["gpu_hour_cost.h100"], problem
+    assert [e["field"] for e in problem["errors"]] == ["gpu_hour_cost.l4-24gb"], problem
     assert "h100-sxm-80gb, a100-sxm-80gb" in problem["detail"]
     body["gpu_hour_cost"] = {"h100-sxm-80gb": 2.0}  # a price for some of them: the others unpriced
     options = {o["gpu"]: o for o in client.post("/v1/capacity", json=body).json()["options"]}

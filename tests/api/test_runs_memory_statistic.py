@@ -103,7 +103,7 @@ def test_a_log_runs_statistic_is_the_estimates_word_for_its_reading(client: Test
         ({"memory_statistic": "allocated", "step_s": 1.0}, "give that peak"),
         ({"memory_statistic": "reserved", "out_of_memory": True}, "give that peak"),
         ({"memory_statistic": "reserved", "log": "x"}, "a log says"),
-        ({"memory_statistic": "max_allocated", "peak_memory_bytes_per_gpu": 2**34}, "allocated"),
+        ({"memory_statistic": "peak", "peak_memory_bytes_per_gpu": 2**34}, "allocated"),
         ({"memory_statistic": 1, "peak_memory_bytes_per_gpu": 2**34}, ""),
     ],
 )
