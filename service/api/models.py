@@ -22,9 +22,10 @@ from service.estimator.validate import pipeline_split_violation
 
 class PresetName(Convertor[str]):
     """A preset's name in a path: any segment but "resolve", which is POST /v1/models/resolve's, so a
-    GET or OPTIONS there is a 405 naming POST, not the lookup of a preset called "resolve"."""
+    GET or OPTIONS there is a 405 naming POST, not the lookup of a preset called "resolve"; or two,
+    a Hugging Face repo id (GET /v1/models/meta-llama/Llama-3.1-8B, as a request may name it)."""
 
-    regex = "(?!resolve$)[^/]+"
+    regex = "(?!resolve$)[^/]+(?:/[^/]+)?"
 
     def convert(self, value: str) -> str:
         return value

@@ -130,3 +130,14 @@ def test_capacity_compares_every_part_a_family_name_names(client: TestClient) ->
     unused = client.post("/v1/capacity", json=only_sxm | {"gpu_hour_cost": {"a100": 1.0}})
     assert unused.status_code == 422
     assert [e["field"] for e in unused.json()["errors"]] == ["gpu_hour_cost.a100"]
+
+
+def test_preset_lookup_by_published_name_and_repo_id(client: TestClient) -> None:
+    for path in ("/v1/models/Llama-3.1-8B", "/v1/models/meta-llama/Llama-3.1-8B"):
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.text)
+        assert response.json()["name"] == "llama-3.1-8b"
+    several = client.get("/v1/models/llama-70b")
+    assert several.status_code == 404
+    assert "it matches 4 entries" in several.json()["detail"]
+    assert client.get("/v1/models/resolve").status_code == 405  # POST's route, not a preset
