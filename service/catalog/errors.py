@@ -34,7 +34,14 @@ class UnknownCatalogEntry(LookupError):
             hint = f"; did you mean {listed}?"
         else:
             hint = ""
-        self.message = f"unknown {kind} {name!r}{hint} (known: {', '.join(self.known)})"
+        # a model outside the catalog is still plannable from its config.json (the service fetches
+        # nothing: it runs where Hugging Face may not be reachable)
+        other = (
+            "; a model outside the catalog: send its config.json as model.hf_config"
+            if kind == "model"
+            else ""
+        )
+        self.message = f"unknown {kind} {name!r}{hint}{other} (known: {', '.join(self.known)})"
         super().__init__(self.message)
 
 

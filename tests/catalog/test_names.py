@@ -152,3 +152,9 @@ def test_model_names_that_do_not_select_one_preset(
     with pytest.raises(UnknownCatalogEntry) as caught:
         model(name)
     assert (caught.value.candidates, caught.value.ambiguous) == (candidates, ambiguous)
+
+
+def test_an_unknown_model_says_how_to_plan_it_anyway() -> None:
+    with pytest.raises(UnknownCatalogEntry) as caught:
+        model("Qwen/Qwen2.5-14B")  # not a preset: the service fetches no config.json
+    assert "send its config.json as model.hf_config" in str(caught.value)
