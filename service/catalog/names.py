@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping
 
 from service.catalog.errors import CatalogKind, UnknownCatalogEntry
 
-# Words a vendor's product names carry that tell no part of one vendor's catalog apart.
+# Words that tell no entry apart: vendors' names in their product names, and the "-hf" of the
+# Hugging Face repos that hold a converted checkpoint (meta-llama/Llama-2-7b-hf).
 VENDOR_WORDS = frozenset({"nvidia", "amd", "instinct", "geforce", "tesla", "hf"})
 
 

@@ -460,8 +460,9 @@ class EstimateOut(BaseModel):
         '"sdpa", "training.precision": "fp16"} on a V100; and layout switches left out, as the '
         'framework\'s recipes set them: {"layout.sequence_parallel": "true"} for megatron at tp > 1; and '
         'the link bandwidths a custom GPU left out, in bytes/s: {"cluster.gpu.pcie_bandwidth_bytes_per_s": '
-        '"16000000000"}; and the catalog slugs of names given otherwise: {"cluster.gpu": '
-        '"h100-sxm-80gb"} for "H100 SXM5 80GB"',
+        '"16000000000"}; the catalog slugs of names given otherwise: {"cluster.gpu": '
+        '"h100-sxm-80gb"} for "H100 SXM5 80GB"; and an inline cluster\'s node and network left out, as '
+        'its part\'s reference node has them: {"cluster.gpus_per_node": "8"}',
     )
     calibration: CalibrationOut | None = Field(
         default=None, description="factors learned from runs on this hardware and framework, when any"

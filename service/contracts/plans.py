@@ -112,8 +112,10 @@ class PlanOut(BaseModel):
         default_factory=dict,
         description="training fields the request left out, as resolved for the GPU, the link "
         "bandwidths a custom GPU left out, in bytes/s (cluster.gpu.intra_node_bandwidth_bytes_per_s), "
-        'and the catalog slugs of names given otherwise ({"model.preset": "llama-3.1-8b"} for '
-        '"meta-llama/Llama-3.1-8B", {"cluster.gpu": "h100-sxm-80gb"} for "H100 SXM5 80GB")',
+        'the catalog slugs of names given otherwise ({"model.preset": "llama-3.1-8b"} for '
+        '"meta-llama/Llama-3.1-8B", {"cluster.gpu": "h100-sxm-80gb"} for "H100 SXM5 80GB"), and an inline '
+        "cluster's node and network left out, as its part's reference node has them "
+        '({"cluster.gpus_per_node": "8", "cluster.inter_node_bandwidth_bytes_per_s": "50000000000"})',
     )
     search: dict[str, Any]
     artifacts: list[ArtifactOut]
