@@ -29,6 +29,7 @@ from rich.table import Table
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.gpus import gpu as catalog_gpu
+from service.catalog.gpus import gpu_entry
 from service.contracts.common import enum_spelling
 from service.estimator.types import (
     Attention,
@@ -181,21 +182,23 @@ def cluster_from_gpus(
     intra_busbw_gbps: float | None = None,
     inter_busbw_gbps: float | None = None,
 ) -> dict[str, Any]:
-    """``8xh100-sxm-80gb`` (one node of 8, or N/8 nodes of 8 past 8) or ``4x8xh100-sxm-80gb`` (nodes
-    x GPUs per node) as an inline cluster, with the NCCL bus bandwidths measured on it, if given."""
+    """``8xh100-sxm-80gb`` (one node of up to the part's node size, 8 where the catalog gives none, or
+    whole nodes of it past that) or ``4x8xh100-sxm-80gb`` (nodes x GPUs per node) as an inline
+    cluster, with the NCCL bus bandwidths measured on it, if given."""
     match = _GPUS.match(spec.strip().lower())
     if match is None:
         raise Usage(f"--gpus {spec!r}: expected COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb")
     nodes_text, count_text, gpu = match.groups()
     count = int(count_text)
+    node = _node_size(gpu)
     if nodes_text is not None:
         nodes, per_node = int(nodes_text), count
-    elif count <= 8:
+    elif count <= node:
         nodes, per_node = 1, count
-    elif count % 8 == 0:
-        nodes, per_node = count // 8, 8
+    elif count % node == 0:
+        nodes, per_node = count // node, node
     else:
-        raise Usage(f"--gpus {spec!r}: {count} GPUs is not whole nodes of 8; write NODESxPER_NODExGPU")
+        raise Usage(f"--gpus {spec!r}: {count} GPUs is not whole nodes of {node}; write NODESxPER_NODExGPU")
     cluster: dict[str, Any] = {"gpu": gpu, "num_nodes": nodes, "gpus_per_node": per_node}
     if inter_gbps is not None:
         cluster["inter_node_bandwidth_gbps"] = inter_gbps
@@ -208,6 +211,15 @@ def cluster_from_gpus(
     if inter_busbw_gbps is not None:
         cluster["measured_inter_node_bus_bandwidth_gbps"] = inter_busbw_gbps
     return cluster
+
+
+def _node_size(gpu: str) -> int:
+    """GPUs per node of COUNTxGPU: the catalog part's node (gpus_per_node: 8 on an HGX baseboard, 4
+    MI250X on a Frontier node), else 8."""
+    try:
+        return gpu_entry(gpu).gpus_per_node or 8
+    except UnknownCatalogEntry:
+        return 8
 
 
 def _reference_network(gpu: str) -> float | None:
@@ -569,7 +581,11 @@ busbw_options = [
     ),
 ]
 cluster_options = [
-    click.option("--gpus", help="COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb"),
+    click.option(
+        "--gpus",
+        help="COUNTxGPU (whole nodes of the part's own size: 8 on HGX, 4 MI250X) or NODESxPER_NODExGPU, "
+        "e.g. 8xh100-sxm-80gb",
+    ),
     click.option("--cluster", help="a stored cluster's name or id"),
     click.option(
         "--inter-gbps",
