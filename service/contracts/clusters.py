@@ -53,6 +53,14 @@ class ClusterShape(Strict):
         "read as it, and the answer names it) or a custom spec"
     )
     num_nodes: int = Field(default=1, ge=1, le=100_000)
+    num_gpus: int | None = Field(
+        default=None,
+        ge=1,
+        le=6_400_000,
+        description="all the GPUs, instead of num_nodes: whole nodes of gpus_per_node (the part's node when "
+        "left out; fewer GPUs than a node are one node of them); num_nodes x gpus_per_node when both "
+        "are given",
+    )
     gpus_per_node: int = Field(
         ge=1,
         le=64,
@@ -104,14 +112,39 @@ class ClusterShape(Strict):
                 if value["gpu"] != given:
                     read["gpu"] = value["gpu"]
             node = reference_node(value["gpu"]) if isinstance(value.get("gpu"), str) else None
-            if "gpus_per_node" not in value and node is not None:
-                value["gpus_per_node"] = node.gpus_per_node
-                read["gpus_per_node"] = str(node.gpus_per_node)
+            count = value.get("num_gpus")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                count = None  # absent, or refused by the field's own rules
+            if "gpus_per_node" not in value:
+                nodes_given = value.get("num_nodes")
+                per_node = node.gpus_per_node if node is not None else None
+                if count is not None and isinstance(nodes_given, int) and nodes_given >= 1:
+                    per_node = count // nodes_given or per_node  # the GPUs over the nodes given (checked)
+                elif count is not None and per_node is not None:
+                    per_node = min(count, per_node)  # fewer GPUs than a node: one node of them
+                if per_node is not None:
+                    value["gpus_per_node"] = per_node
+                    read["gpus_per_node"] = str(per_node)
             if "num_nodes" not in value:
-                read["num_nodes"] = "1"
+                per_node = value.get("gpus_per_node")
+                nodes = (
+                    count // per_node if count is not None and isinstance(per_node, int) and per_node else 1
+                )
+                value["num_nodes"] = max(1, nodes)
+                read["num_nodes"] = str(value["num_nodes"])
         shape = handler(value)
         shape._read = read
         return shape
+
+    @model_validator(mode="after")
+    def _num_gpus_agrees(self) -> ClusterShape:
+        if self.num_gpus is not None and self.num_gpus != self.num_nodes * self.gpus_per_node:
+            raise ValueError(
+                f"num_gpus ({self.num_gpus}) is not num_nodes x gpus_per_node ({self.num_nodes} x "
+                f"{self.gpus_per_node} = {self.num_nodes * self.gpus_per_node}): give whole nodes, or "
+                "gpus_per_node"
+            )
+        return self
 
     def network_default(self) -> float | None:
         """Each GPU's share of the network between nodes where the cluster spans nodes and leaves

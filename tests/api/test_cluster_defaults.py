@@ -117,3 +117,44 @@ def test_every_catalog_gpu_left_to_the_catalog_answers_as_stated(client: TestCli
     assert {k: v for k, v in same.json().items() if k != "resolved_defaults"} == {
         k: v for k, v in response.json().items() if k != "resolved_defaults"
     }
+
+
+@pytest.mark.parametrize(
+    ("cluster", "nodes", "per_node"),
+    [
+        ({"gpu": "h100-sxm-80gb", "num_gpus": 16}, 2, 8),  # whole HGX nodes
+        ({"gpu": "h100-sxm-80gb", "num_gpus": 4}, 1, 4),  # fewer than a node: one node of them
+        ({"gpu": "mi250x-128gb", "num_gpus": 8}, 2, 4),  # a Frontier node holds 4
+        ({"gpu": "h100-sxm-80gb", "num_gpus": 16, "num_nodes": 4}, 4, 4),  # the GPUs over the nodes given
+        ({"gpu": "l40s-48gb", "num_gpus": 8, "gpus_per_node": 4, "inter_node_bandwidth_gbps": 25}, 2, 4),
+    ],
+)
+def test_a_cluster_by_its_gpu_count(
+    client: TestClient, cluster: dict[str, Any], nodes: int, per_node: int
+) -> None:
+    """ "16 H100s" as a scheduler says it (the CLI's 16xh100-sxm-80gb): the nodes follow, and the answer
+    says what it made of them."""
+    response = client.post("/v1/plans", json={"model": MODEL, "cluster": cluster, "training": TRAINING})
+    assert response.status_code == 201, response.text
+    stored = response.json()["request"]["cluster"]
+    assert (stored["num_nodes"], stored["gpus_per_node"], stored["num_gpus"]) == (
+        nodes,
+        per_node,
+        nodes * per_node,
+    )
+
+
+@pytest.mark.parametrize(
+    ("cluster", "field"),
+    [
+        ({"gpu": "h100-sxm-80gb", "num_gpus": 12}, "cluster"),  # not whole nodes of 8
+        ({"gpu": "h100-sxm-80gb", "num_gpus": 16, "num_nodes": 2, "gpus_per_node": 4}, "cluster"),
+        ({"gpu": "l40s-48gb", "num_gpus": 8}, "cluster.gpus_per_node"),  # a PCIe card's node is not known
+    ],
+)
+def test_a_gpu_count_that_does_not_fill_its_nodes_is_a_422(
+    client: TestClient, cluster: dict[str, Any], field: str
+) -> None:
+    response = client.post("/v1/plans", json={"model": MODEL, "cluster": cluster, "training": TRAINING})
+    assert response.status_code == 422
+    assert field in [e["field"] for e in response.json()["errors"]]
