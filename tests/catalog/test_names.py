@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.gpus import gpu_entries, gpu_entry
@@ -158,3 +160,36 @@ def test_an_unknown_model_says_how_to_plan_it_anyway() -> None:
     with pytest.raises(UnknownCatalogEntry) as caught:
         model("Qwen/Qwen2.5-14B")  # not a preset: the service fetches no config.json
     assert "send its config.json as model.hf_config" in str(caught.value)
+
+
+# ------------------------------------------------------------- spellings, generated (hypothesis shrinks)
+
+_ENTRIES = [(entry.name, entry.display_name) for entry in gpu_entries()] + [
+    (preset.name, preset.display_name) for preset in models().values()
+]
+
+
+@st.composite
+def _respelled(draw: st.DrawFn) -> tuple[str, str]:
+    """A catalog entry's slug or published name as someone might type it: any case per letter, its
+    separators as hyphens, spaces or underscores, spaces around it."""
+    slug, display = draw(st.sampled_from(_ENTRIES))
+    name = draw(st.sampled_from([slug, display]))
+    out = []
+    for char in name:
+        if char in "- _":
+            out.append(draw(st.sampled_from(["-", " ", "_"])))
+        elif char.isalpha():
+            out.append(char.upper() if draw(st.booleans()) else char.lower())
+        else:
+            out.append(char)
+    pad = draw(st.sampled_from(["", " ", "  "]))
+    return slug, pad + "".join(out) + pad
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_respelled())
+def test_any_casing_and_separators_of_a_name_read_as_its_entry(case: tuple[str, str]) -> None:
+    slug, typed = case
+    found = gpu_entry(typed).name if slug in {e.name for e in gpu_entries()} else model(typed).name
+    assert found == slug, typed
