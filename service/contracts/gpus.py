@@ -44,7 +44,8 @@ class CustomGPU(Strict):
         default=None,
         max_length=32,
         description="the GPU die, one of the catalog's chips: gh100 for an H800, H20 or GH200, ga100 for an "
-        "A800 or A30, ad102 for an L20 or RTX 6000 Ada, gb100 for a B100 or GB200 (gpus.toml lists more); "
+        "A800 or A30, ad102 for an L20 or RTX 6000 Ada, gb100 for a B100 or GB200 (gpus.toml lists more), "
+        "in any case, or a catalog GPU's name, read as its parts' die (\"H100\": gh100); "
         "picks the efficiency fitted on that silicon. Absent: the most conservative fitted efficiency "
         "(the lowest GEMM peak fraction of any die, attention at its kernel's slowest published rate), "
         "with a warning, so the part is never estimated faster than a catalog part with the same peaks.",
@@ -106,10 +107,18 @@ class CustomGPU(Strict):
     @field_validator("chip")
     @classmethod
     def _known_chip(cls, chip: str | None) -> str | None:
+        # the die in any case, or a catalog GPU whose parts share one ("H100": gh100, "MI300X": cdna3),
+        # as the request names it as what the card is like; stored and echoed as the die
         known = known_chips()
-        if chip is not None and chip not in known:
-            raise ValueError(f"unknown chip {chip!r}; known: {', '.join(known)}")
-        return chip
+        if chip is None or chip in known:
+            return chip
+        if chip.strip().lower() in known:
+            return chip.strip().lower()
+        dies = _dies_of(chip)
+        if len(dies) == 1:
+            return dies.pop()
+        like = f" (its parts are on {', '.join(sorted(dies))}: name the die)" if dies else ""
+        raise ValueError(f"unknown chip {chip!r}{like}; known: {', '.join(known)}, or a catalog GPU's name")
 
     def to_domain(self, field: str = "gpu") -> GPUSpec:
         """The domain's GPU; its errors name the field as the request body does (``field``: where
@@ -189,6 +198,14 @@ def unknown_entry_error(exc: UnknownCatalogEntry, field: str) -> dict[str, Any]:
         "ambiguous": exc.ambiguous,
         "known": list(exc.known),
     }
+
+
+def _dies_of(name: str) -> set[str]:
+    """The dies of the catalog parts ``name`` names: one part's, or all those a family name names."""
+    try:
+        return {catalog_gpu(name).chip}
+    except UnknownCatalogEntry as exc:
+        return {catalog_gpu(slug).chip for slug in exc.candidates} if exc.ambiguous else set()
 
 
 def reference_node(name: str) -> GPUEntry | None:

@@ -139,3 +139,32 @@ def test_preset_lookup_by_published_name_and_repo_id(client: TestClient) -> None
     assert several.status_code == 404
     assert "it matches 4 entries" in several.json()["detail"]
     assert client.get("/v1/models/resolve").status_code == 405  # POST's route, not a preset
+
+
+def test_a_custom_gpus_chip_by_the_catalog_gpu_it_is_like(client: TestClient) -> None:
+    """A custom GPU's chip picks the efficiencies fitted on that die: "H100" or "MI300X" (what the
+    card is like) is read as its parts' die, stored and echoed as the die; a name whose parts sit on
+    several dies, or none, is the 422 listing the dies."""
+    gpu = {
+        "name": "my-h100",
+        "memory_bytes": 80 * 2**30,
+        "peak_flops_per_s": {"fp32": 6.7e13, "bf16": 9.89e14, "fp16": 9.89e14},
+        "hbm_bandwidth_bytes_per_s": 3.35e12,
+    }
+    for chip, die in (("H100", "gh100"), ("GH100", "gh100"), ("MI300X", "cdna3"), ("a100-sxm-80gb", "ga100")):
+        body = {
+            "model": "llama-3.2-1b",
+            "cluster": {"gpu": gpu | {"chip": chip}, "gpus_per_node": 8},
+            "training": TRAINING,
+        }
+        response = client.post("/v1/plans", json=body)
+        assert response.status_code == 201, response.text
+        assert response.json()["request"]["cluster"]["gpu"]["chip"] == die
+    body = {
+        "model": "llama-3.2-1b",
+        "cluster": {"gpu": gpu | {"chip": "hopper"}, "gpus_per_node": 8},
+        "training": TRAINING,
+    }
+    refused = client.post("/v1/plans", json=body)
+    assert refused.status_code == 422
+    assert [e["field"] for e in refused.json()["errors"]] == ["cluster.gpu.chip"]
