@@ -10,9 +10,10 @@ from typing import Annotated
 
 import anyio.from_thread
 from fastapi import Depends, Request
+from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.errors import Forbidden, ServiceUnavailable, Unauthorized
+from service.errors import Forbidden, ServiceUnavailable, Unauthorized, Unprocessable
 from service.persistence.db import ConnectionGate, sqlite_file_identity
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning import api_keys
@@ -139,8 +140,45 @@ def client_gone(request: Request) -> Callable[[], bool]:
     return gone
 
 
+def known_query(request: Request) -> None:
+    """Refuse a query parameter the route does not take, naming it and those it takes: GET
+    /v1/gpus?vendor=amd and /v1/models?familly=llama were answered with every entry, as if filtered
+    (an input the service does not use is refused, not ignored)."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    taken = _query_names(route)
+    unknown = [name for name in dict.fromkeys(request.query_params) if name not in taken]
+    if not unknown:
+        return
+    takes = ", ".join(sorted(taken)) or "no query parameters"
+    what = f"{request.method} {route.path} takes {takes}"
+    errors = [
+        {
+            "field": f"query.{name}",
+            "message": f"not a query parameter of this route: {what}",
+            "type": "extra_forbidden",
+        }
+        for name in unknown
+    ]
+    raise Unprocessable(f"unknown query parameter {', '.join(map(repr, unknown))}: {what}", errors=errors)
+
+
+def _query_names(route: APIRoute) -> frozenset[str]:
+    """The query parameters a route declares, its own and its dependencies' (by their aliases; a walk
+    of a few nodes per request: routes are not hashable, so not cached)."""
+    names: set[str] = set()
+    pending = [route.dependant]
+    while pending:
+        dependant = pending.pop()
+        names.update(param.alias for param in dependant.query_params)
+        pending.extend(dependant.dependencies)
+    return frozenset(names)
+
+
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 Authenticated = Depends(get_principal)  # for routers: every route authenticates, sessions or not
+KnownQuery = Depends(known_query)  # for routers: every query parameter is one the route takes
 PlanningSlot = Depends(planning_slot)
 # The route's slot and its deadline: ``deadline: PlanningDeadline`` in the handler's parameters.
 PlanningDeadline = Annotated[Deadline, Depends(planning_slot)]

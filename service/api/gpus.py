@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 
 from service.api.problems import PROBLEM_RESPONSES
 from service.catalog.gpus import GPUEntry, gpu_entry, gpus
 from service.contracts.common import Page
 from service.contracts.gpus import GPUOut, PeakFlopsOut
+from service.errors import Unprocessable
 from service.estimator.clocks import clock_fraction
 
 router = APIRouter(prefix="/v1/gpus", tags=["catalog"], responses=PROBLEM_RESPONSES)
@@ -42,9 +45,20 @@ def to_out(entry: GPUEntry) -> GPUOut:
 
 
 @router.get("", response_model=Page[GPUOut])
-def list_gpus() -> Page[GPUOut]:
-    """The whole catalog in one page (it is small); `next_cursor` is always null."""
-    return Page[GPUOut](items=[to_out(gpu_entry(name)) for name in gpus()])
+def list_gpus(
+    vendor: Annotated[str | None, Query(max_length=32, description="nvidia or amd")] = None,
+) -> Page[GPUOut]:
+    """The whole catalog (of one vendor) in one page (it is small); `next_cursor` is always null."""
+    entries = [gpu_entry(name) for name in gpus()]
+    if vendor is not None:
+        known = sorted({entry.vendor for entry in entries})
+        entries = [entry for entry in entries if entry.vendor == vendor.strip().lower()]
+        if not entries:
+            message = f"no GPU of vendor {vendor!r}; vendors: {known}"
+            raise Unprocessable(
+                message, errors=[{"field": "query.vendor", "message": message, "type": "vendor"}]
+            )
+    return Page[GPUOut](items=[to_out(entry) for entry in entries])
 
 
 @router.get("/{name}", response_model=GPUOut)

@@ -1,0 +1,46 @@
+"""A query parameter a route does not take is refused, naming it and those the route takes: GET
+/v1/gpus?vendor=amd and /v1/models?familly=llama were answered with every entry, as if filtered, and
+/v1/plans?modle=... with every plan (an input the service does not use is refused, not ignored)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+
+@pytest.mark.parametrize(
+    ("path", "unknown", "takes"),
+    [
+        ("/v1/plans?modle=llama-3.1-8b", "modle", "model"),
+        ("/v1/models?familly=llama", "familly", "family"),
+        ("/v1/clusters?name=lab", "name", "cursor, limit"),
+        ("/v1/gpus?memory=80", "memory", "vendor"),
+        ("/v1/gpus/h100-sxm-80gb?verbose=1", "verbose", "no query parameters"),
+    ],
+)
+def test_an_unknown_query_parameter_is_a_422_naming_it(
+    client: TestClient, path: str, unknown: str, takes: str
+) -> None:
+    response = client.get(path)
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert [e["field"] for e in problem["errors"]] == [f"query.{unknown}"]
+    assert takes in problem["detail"]
+
+
+def test_declared_parameters_still_filter(client: TestClient) -> None:
+    assert client.get("/v1/plans?limit=5").status_code == 200
+    assert client.get("/v1/models?family=llama").status_code == 200
+    amd = client.get("/v1/gpus?vendor=AMD")
+    assert amd.status_code == 200
+    assert {g["vendor"] for g in amd.json()["items"]} == {"amd"}
+    assert {g["name"] for g in amd.json()["items"]} >= {"mi250x-128gb", "mi300x-192gb"}
+    unknown = client.get("/v1/gpus?vendor=intel")
+    assert unknown.status_code == 422
+    assert [e["field"] for e in unknown.json()["errors"]] == ["query.vendor"]
+
+
+def test_the_page_and_probes_take_any_query(client: TestClient) -> None:
+    """Only the /v1 API refuses them: the page's links may carry tracking parameters."""
+    assert client.get("/?utm_source=mail").status_code == 200
+    assert client.get("/healthz?probe=1").status_code == 200
