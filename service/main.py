@@ -18,6 +18,7 @@ from service.metrics import Metrics
 from service.middleware import (
     ArrivalTimeMiddleware,
     BodyLimitMiddleware,
+    JsonBodyMiddleware,
     MetricsMiddleware,
     NulRefusalMiddleware,
     RequestIdMiddleware,
@@ -81,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     document_problem_schema(app)
     app.include_router(api_router)
     # Outermost last: request id wraps everything so even a 413 or a 500 carries it.
+    app.add_middleware(JsonBodyMiddleware)  # inside the body limit: it reads a body to check it
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(NulRefusalMiddleware)

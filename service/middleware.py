@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -114,6 +115,75 @@ class NulRefusalMiddleware:
             errors=[{"field": where, "message": "must not contain NUL (U+0000)"}],
         )
         await response(scope, receive, send)
+
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_FORM = "application/x-www-form-urlencoded"
+
+
+class JsonBodyMiddleware:
+    """An API request's body is JSON, whatever curl said it was. ``curl -d '{...}'`` without ``-H
+    'content-type: application/json'`` labels it application/x-www-form-urlencoded, and it was a 422
+    "Input should be a valid dictionary" for the object it sent: such a body that parses as JSON is
+    read as JSON (a browser's form cannot send one: it percent-encodes the braces). Any other body under
+    that type, under no content type or another one (text/plain: what a cross-site page may send
+    without asking) is a 415 that says how to send it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS or not _is_api(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        if declared == "application/json" or declared.endswith("+json"):
+            await self.app(scope, receive, send)
+            return
+        body, more, messages = b"", True, []
+        while more:  # the body, within the limit BodyLimitMiddleware (outside this one) enforces
+            message = await receive()
+            messages.append(message)
+            body += message.get("body", b"")
+            more = message.get("more_body", False) and message["type"] == "http.request"
+        replay = iter(messages)
+
+        async def replayed() -> Message:
+            return next(replay, None) or await receive()
+
+        if not body.strip():
+            await self.app(scope, replayed, send)
+            return
+        if declared == _FORM and _is_json(body):
+            scope = dict(scope)
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [
+                (b"content-type", b"application/json")
+            ]
+            await self.app(scope, replayed, send)
+            return
+        said = f"content-type {declared}" if declared else "no content-type"
+        response = problem_response(
+            415,
+            f"the body was sent with {said}; send it as JSON with content-type: application/json "
+            "(curl: --json '{...}', or -H 'content-type: application/json')",
+            slug="unsupported-media-type",
+            errors=[{"field": "header content-type", "message": "must be application/json"}],
+        )
+        await response(scope, replayed, send)
+
+
+def _is_api(path: str) -> bool:
+    """The JSON API's paths: /v1/..., and the design's unversioned /plans aliases."""
+    return path.startswith("/v1/") or path == "/plans" or path.startswith("/plans/")
+
+
+def _is_json(body: bytes) -> bool:
+    try:
+        json.loads(body)
+    except ValueError:
+        return False
+    return True
 
 
 class _BodyTooLarge(Exception):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import anyio.from_thread
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,6 +20,8 @@ from service.planning import api_keys
 from service.planning.api_keys import Principal
 from service.recommender.budget import Deadline
 from service.settings import Settings
+
+T = TypeVar("T")
 
 
 def get_app_settings(request: Request) -> Settings:
@@ -174,6 +176,27 @@ def _query_names(route: APIRoute) -> frozenset[str]:
         names.update(param.alias for param in dependant.query_params)
         pending.extend(dependant.dependencies)
     return frozenset(names)
+
+
+def catalog_page(
+    limit: Annotated[int, Query(ge=1, le=500, description="at most this many items")] = 500,
+    cursor: Annotated[
+        str | None, Query(max_length=12, pattern=r"^\d+$", description="next_cursor of the page before")
+    ] = None,
+) -> slice:
+    """A catalog listing's page, as every list of the API takes one (``limit``, ``cursor``): the
+    catalogs are small, so one page holds them unless a client asks for less."""
+    start = int(cursor) if cursor is not None else 0
+    return slice(start, start + limit)
+
+
+CatalogPage = Annotated[slice, Depends(catalog_page)]
+
+
+def paged(items: list[T], page: slice) -> tuple[list[T], str | None]:
+    """``items[page]`` and the cursor of the page after it (None: the last)."""
+    stop = page.stop if page.stop is not None else len(items)
+    return items[page], (str(stop) if stop < len(items) else None)
 
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from service.api.deps import CatalogPage, paged
 from service.api.problems import PROBLEM_RESPONSES
 from service.catalog.gpus import GPUEntry, gpu_entry, gpus
 from service.contracts.common import Page
@@ -46,9 +47,10 @@ def to_out(entry: GPUEntry) -> GPUOut:
 
 @router.get("", response_model=Page[GPUOut])
 def list_gpus(
+    page: CatalogPage,
     vendor: Annotated[str | None, Query(max_length=32, description="nvidia or amd")] = None,
 ) -> Page[GPUOut]:
-    """The whole catalog (of one vendor) in one page (it is small); `next_cursor` is always null."""
+    """The catalog (of one vendor), in one page unless `limit` asks for less (it is small)."""
     entries = [gpu_entry(name) for name in gpus()]
     if vendor is not None:
         known = sorted({entry.vendor for entry in entries})
@@ -58,7 +60,8 @@ def list_gpus(
             raise Unprocessable(
                 message, errors=[{"field": "query.vendor", "message": message, "type": "vendor"}]
             )
-    return Page[GPUOut](items=[to_out(entry) for entry in entries])
+    shown, next_cursor = paged(entries, page)
+    return Page[GPUOut](items=[to_out(entry) for entry in shown], next_cursor=next_cursor)
 
 
 @router.get("/{name}", response_model=GPUOut)

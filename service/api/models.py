@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Query
 from starlette.convertors import Convertor, register_url_convertor
 
+from service.api.deps import CatalogPage, paged
 from service.api.problems import PROBLEM_RESPONSES
 from service.catalog.models import ModelPreset, models
 from service.catalog.models import model as catalog_model
@@ -74,11 +75,12 @@ def preset_out(preset: ModelPreset) -> ModelPresetOut:
 
 @router.get("", response_model=Page[ModelPresetOut])
 def list_models(
+    page: CatalogPage,
     family: str | None = Query(
         default=None, max_length=64, description="only this model_type, e.g. qwen3_moe"
     ),
 ) -> Page[ModelPresetOut]:
-    """Every preset (of one family) in one page (the catalog is small); `next_cursor` is always null."""
+    """Every preset (of one family), in one page unless `limit` asks for less (the catalog is small)."""
     presets = list(models().values())
     if family is not None:
         known = sorted({p.spec.family for p in presets})
@@ -87,7 +89,8 @@ def list_models(
             raise InvalidModel(
                 f"no preset of family {family!r}; families: {known}", rule="family", field="family"
             )
-    return Page[ModelPresetOut](items=[preset_out(p) for p in presets])
+    shown, next_cursor = paged(presets, page)
+    return Page[ModelPresetOut](items=[preset_out(p) for p in shown], next_cursor=next_cursor)
 
 
 @router.get("/{name:preset_name}", response_model=ModelPresetOut)

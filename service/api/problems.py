@@ -44,6 +44,10 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"description": "Not found", "content": _PROBLEM_CONTENT},
     409: {"description": "Conflict with stored state", "content": _PROBLEM_CONTENT},
     413: {"description": "Request body too large", "content": _PROBLEM_CONTENT},
+    415: {
+        "description": "A body sent as neither JSON nor curl's default form type holding JSON",
+        "content": _PROBLEM_CONTENT,
+    },
     422: {
         "description": "Validation error; `errors` names each field and limit",
         "content": _PROBLEM_CONTENT,

@@ -44,3 +44,21 @@ def test_the_page_and_probes_take_any_query(client: TestClient) -> None:
     """Only the /v1 API refuses them: the page's links may carry tracking parameters."""
     assert client.get("/?utm_source=mail").status_code == 200
     assert client.get("/healthz?probe=1").status_code == 200
+
+
+def test_catalog_lists_page_as_every_list_does(client: TestClient) -> None:
+    """The CLI and the page ask every list for ?limit=200 and follow next_cursor: the catalogs take them
+    too (they were silently ignored; refused now that unknown parameters are)."""
+    whole = client.get("/v1/gpus").json()
+    assert whole["next_cursor"] is None
+    names, cursor = [], None
+    while True:
+        page = client.get("/v1/gpus", params={"limit": 5, **({"cursor": cursor} if cursor else {})}).json()
+        names += [g["name"] for g in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert names == [g["name"] for g in whole["items"]]
+    models = client.get("/v1/models", params={"limit": 200}).json()
+    assert len(models["items"]) >= 50 and models["next_cursor"] is None
+    assert client.get("/v1/models", params={"cursor": "x"}).status_code == 422
