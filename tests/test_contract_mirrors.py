@@ -32,8 +32,9 @@ MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
     # hardware_defaults: which fields the request left out, derived from the wire's None values;
     # gpu_flash_kernels: read off the GPU the job is placed on (defaults.for_gpu), never sent
     (TrainingSpec, TrainingIn, {"hardware_defaults", "gpu_flash_kernels"}, set()),
-    # the cluster a request states, and the fields a PATCH may change (with the stored one's name)
-    (ClusterSpec, ClusterShape, set(), set()),
+    # the cluster a request states (num_gpus: another way to state num_nodes, resolved into it), and
+    # the fields a PATCH may change (with the stored one's name)
+    (ClusterSpec, ClusterShape, set(), {"num_gpus"}),
     (ClusterSpec, ClusterPatch, set(), {"name", "description"}),
     (TimeBreakdown, TimeBreakdownOut, set(), set()),
     # overhead, the three statistics and total (= device used): sums of the components, properties of
