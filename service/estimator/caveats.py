@@ -1,6 +1,7 @@
 """Warnings about how far an estimate can be trusted for this input: a GPU whose die is not stated
-(timed at the most conservative fitted efficiency), a sequence past the positions the model was
-trained to, and figures computed outside the ranges their validation covers."""
+(timed at the most conservative fitted efficiency), a network faster than any NIC (likely Gb/s typed
+as GB/s), a sequence past the positions the model was trained to, and figures computed outside the
+ranges their validation covers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 
 from service.estimator.job import Job
 from service.estimator.tuning import Tuning, conservative_peak_fraction
-from service.estimator.types import ModelSpec, PositionEmbedding, TrainingSpec
+from service.estimator.types import ClusterSpec, ModelSpec, PositionEmbedding, TrainingSpec
 
 # Parts users describe as a custom GPU and the catalog die each is built on (the vendors' architecture
 # whitepapers and datasheets: H800, H20 and GH200's GPU are GH100 dies; A800 and A30 GA100; L20 and
@@ -35,6 +36,29 @@ def chip_warnings(job: Job) -> tuple[str, ...]:
         f"{fraction:g} of the dense peak, the lowest of {fitted_fractions(tuning)}; "
         "attention's core at its kernel's slowest published rate, at most the GEMM rate) is used; set chip "
         f"to the GPU's die for the efficiency fitted on it ({CHIP_EXAMPLES})",
+    )
+
+
+# ---------------------------------------------------------------- the network between nodes
+
+# The fastest network port a GPU has today: one 800 Gb/s ConnectX-8 SuperNIC per GPU (NVIDIA's
+# ConnectX-8 datasheet), 100 GB/s one way. More per GPU across nodes is an NVLink domain spanning
+# them (GB200 NVL72: 900 GB/s per GPU over 18 trays), or a NIC's Gb/s typed where GB/s is meant.
+FASTEST_NIC_BYTES_PER_S = 100e9
+
+
+def network_warnings(cluster: ClusterSpec) -> tuple[str, ...]:
+    """A network between nodes faster per GPU than any NIC: timed as stated (an NVLink domain across
+    nodes is that fast), with the likelier reading said, since ``*_gbps`` inputs are GB/s and a NIC's
+    rate is quoted in Gb/s (400 typed for 400 Gb/s NICs is 400 GB/s here, eight times the network)."""
+    rate = cluster.inter_node_bandwidth_bytes_per_s
+    if cluster.num_nodes == 1 or rate <= FASTEST_NIC_BYTES_PER_S:
+        return ()
+    return (
+        f"inter-node bandwidth {rate / 1e9:,.0f} GB/s per GPU is faster than any NIC (one 800 Gb/s port "
+        f"per GPU is {FASTEST_NIC_BYTES_PER_S / 1e9:.0f} GB/s): timed as stated, as an NVLink domain across "
+        f"nodes (GB200 NVL72) is; if it was NICs of {rate / 1e9:,.0f} Gb/s, that is {rate / 8e9:,.4g} GB/s "
+        "(inter_node_bandwidth_gbps is in GB/s, bytes)",
     )
 
 

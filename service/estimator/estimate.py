@@ -11,7 +11,13 @@ from service.estimator.calibration import (
     calibration_note,
     capped_step_time_factor,
 )
-from service.estimator.caveats import chip_warnings, context_warnings, coverage_warnings, fitted_fractions
+from service.estimator.caveats import (
+    chip_warnings,
+    context_warnings,
+    coverage_warnings,
+    fitted_fractions,
+    network_warnings,
+)
 from service.estimator.clocks import clock_note
 from service.estimator.comm import bus_bandwidth_notes, link_default_notes
 from service.estimator.defaults import for_gpu
@@ -207,6 +213,7 @@ def estimate_valid(
             *warnings_for(memory, job.cluster, layout),
             *attention_warnings(job, layout, step_time_factor),
             *chip_warnings(job),
+            *network_warnings(job.cluster),
             *context_warnings(job.model, training),
             *coverage_warnings(layout.world_size, job.counts.total, training),
         ),
