@@ -125,9 +125,10 @@ class JsonBodyMiddleware:
     """An API request's body is JSON, whatever curl said it was. ``curl -d '{...}'`` without ``-H
     'content-type: application/json'`` labels it application/x-www-form-urlencoded, and it was a 422
     "Input should be a valid dictionary" for the object it sent: such a body that parses as JSON is
-    read as JSON (a browser's form cannot send one: it percent-encodes the braces). Any other body under
-    that type, under no content type or another one (text/plain: what a cross-site page may send
-    without asking) is a 415 that says how to send it."""
+    read as JSON, when no browser sent it (a page's fetch() may send JSON labelled as a form without a
+    preflight; browsers send Origin or Sec-Fetch-Site, curl neither). Any other body under that type,
+    under no content type or another one (text/plain: what a cross-site page may send without asking)
+    is a 415 that says how to send it."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -155,7 +156,11 @@ class JsonBodyMiddleware:
         if not body.strip():
             await self.app(scope, replayed, send)
             return
-        if declared == _FORM and _is_json(body):
+        # a browser says where a request comes from (Origin, Sec-Fetch-Site); curl says neither. A
+        # page's fetch() may label a JSON body as a form without a preflight, so only a request no
+        # browser sent is read so (a cross-site page then changes nothing, as before)
+        from_browser = b"origin" in headers or b"sec-fetch-site" in headers
+        if declared == _FORM and not from_browser and _is_json(body):
             scope = dict(scope)
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [
                 (b"content-type", b"application/json")

@@ -1,8 +1,8 @@
 """An API body is JSON, whatever curl said it was: ``curl -d '{...}'`` without a content-type header
 sends application/x-www-form-urlencoded, and the object it sent was a 422 "Input should be a valid
-dictionary". Such a body that parses as JSON is read as JSON (a browser's form cannot send one: it
-percent-encodes the braces); a body under no content type or text/plain (what a cross-site page may
-send unasked), or a real form, is a 415 that says how to send it."""
+dictionary". Such a body that parses as JSON is read as JSON when no browser sent it (a page's fetch()
+may label JSON as a form without a preflight); a body under no content type or text/plain (what a
+cross-site page may send unasked), or a real form, is a 415 that says how to send it."""
 
 from __future__ import annotations
 
@@ -35,6 +35,16 @@ def test_a_body_of_another_type_is_a_415_saying_how(client: TestClient, content_
     assert response.status_code == 415
     assert "content-type: application/json" in response.json()["detail"]
     assert client.get("/v1/plans").json()["items"] == []  # nothing stored
+
+
+def test_a_browsers_request_is_never_read_so(client: TestClient) -> None:
+    """A page's fetch() may send JSON labelled as a form without a preflight: from a browser (Origin,
+    Sec-Fetch-Site) such a body changes nothing, as before."""
+    for header in ({"origin": "https://elsewhere.example"}, {"sec-fetch-site": "cross-site"}):
+        headers = {"content-type": "application/x-www-form-urlencoded", **header}
+        response = client.post("/v1/plans", content=json.dumps(BODY).encode(), headers=headers)
+        assert response.status_code == 415, header
+    assert client.get("/v1/plans").json()["items"] == []
 
 
 def test_a_real_form_is_the_415_too(client: TestClient) -> None:
