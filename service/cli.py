@@ -27,10 +27,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from service.catalog.errors import UnknownCatalogEntry
-from service.catalog.gpus import gpu as catalog_gpu
-from service.catalog.gpus import gpu_entry
 from service.contracts.common import enum_spelling
+from service.contracts.gpus import reference_node
 from service.estimator.types import (
     Attention,
     BaseDtype,
@@ -214,21 +212,17 @@ def cluster_from_gpus(
 
 
 def _node_size(gpu: str) -> int:
-    """GPUs per node of COUNTxGPU: the catalog part's node (gpus_per_node: 8 on an HGX baseboard, 4
-    MI250X on a Frontier node), else 8."""
-    try:
-        return gpu_entry(gpu).gpus_per_node or 8
-    except UnknownCatalogEntry:
-        return 8
+    """GPUs per node of COUNTxGPU: the catalog part's node (``contracts.gpus.reference_node``: 8 on an
+    HGX baseboard, 4 MI250X on a Frontier node), else 8."""
+    node = reference_node(gpu)
+    return node.gpus_per_node if node is not None and node.gpus_per_node else 8
 
 
 def _reference_network(gpu: str) -> float | None:
-    """The network per GPU of the reference node of catalog GPU ``gpu`` (gpus.toml); None for a
-    PCIe card or a name the catalog does not know."""
-    try:
-        return catalog_gpu(gpu).node_network_bytes_per_s
-    except UnknownCatalogEntry:
-        return None
+    """The network per GPU of the reference node of catalog GPU ``gpu`` (the API's default for a
+    cluster across nodes); None for a PCIe card or a name the catalog does not know."""
+    node = reference_node(gpu)
+    return None if node is None else node.spec.node_network_bytes_per_s
 
 
 def model_ref(model: str | None, config: Path | None) -> dict[str, Any]:

@@ -45,6 +45,12 @@ MEASURED_INTER_DESCRIPTION = (
 )
 
 
+# Typos' bounds: the largest published run had 2,048 nodes of 8 (Llama 3, arXiv:2407.21783); the
+# catalog's nodes hold 4 or 8.
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 64
+
+
 class ClusterShape(Strict):
     """The hardware of a cluster; bandwidths per GPU, one direction, bytes/s."""
 
@@ -52,18 +58,18 @@ class ClusterShape(Strict):
         description="a catalog GPU name (GET /v1/gpus; its published name or words only it carries are "
         "read as it, and the answer names it) or a custom spec"
     )
-    num_nodes: int = Field(default=1, ge=1, le=100_000)
+    num_nodes: int = Field(default=1, ge=1, le=MAX_NODES)
     num_gpus: int | None = Field(
         default=None,
         ge=1,
-        le=6_400_000,
+        le=MAX_NODES * MAX_GPUS_PER_NODE,
         description="all the GPUs, instead of num_nodes: whole nodes of gpus_per_node (the part's node when "
         "left out; fewer GPUs than a node are one node of them); num_nodes x gpus_per_node when both "
         "are given",
     )
     gpus_per_node: int = Field(
         ge=1,
-        le=64,
+        le=MAX_GPUS_PER_NODE,
         description="may be left out for a catalog part that ships in a node: that node's (8 on an HGX "
         "baseboard; GET /v1/gpus gpus_per_node); a PCIe card or custom GPU states it",
     )
@@ -232,8 +238,8 @@ class ClusterPatch(Strict):
     name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
     description: str | None = Field(default=None, max_length=2000)
     gpu: str | CustomGPU | None = None
-    num_nodes: int | None = Field(default=None, ge=1, le=100_000)
-    gpus_per_node: int | None = Field(default=None, ge=1, le=64)
+    num_nodes: int | None = Field(default=None, ge=1, le=MAX_NODES)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_NODE)
     intra_node_bandwidth_bytes_per_s: float | None = Field(
         default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
     )

@@ -158,3 +158,27 @@ def test_a_gpu_count_that_does_not_fill_its_nodes_is_a_422(
     response = client.post("/v1/plans", json={"model": MODEL, "cluster": cluster, "training": TRAINING})
     assert response.status_code == 422
     assert field in [e["field"] for e in response.json()["errors"]]
+
+
+def test_a_run_on_a_defaulted_cluster_calibrates_the_same_cluster_stated(client: TestClient) -> None:
+    """After a run is posted: a plan on two DGX A100 nodes left to the catalog and an estimate on them
+    stated (25 GB/s) are one hardware, so the run's factors reach the estimate."""
+    plan = client.post(
+        "/v1/plans",
+        json={"model": MODEL, "cluster": {"gpu": "a100-sxm-80gb", "num_nodes": 2}, "training": TRAINING},
+    )
+    assert plan.status_code == 201, plan.text
+    estimated = plan.json()["recommended"]["estimate"]["time"]["step_s"]
+    run = client.post(f"/v1/plans/{plan.json()['id']}/runs", json={"step_s": estimated * 1.2})
+    assert run.status_code == 201, run.text
+    stated = {
+        "gpu": "a100-sxm-80gb",
+        "num_nodes": 2,
+        "gpus_per_node": 8,
+        "inter_node_bandwidth_bytes_per_s": 25e9,
+    }
+    layout = plan.json()["recommended"]["layout"]
+    body = {"model": MODEL, "cluster": stated, "training": TRAINING, "layout": layout}
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["calibration"] is not None

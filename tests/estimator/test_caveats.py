@@ -11,7 +11,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator.caveats import VALIDATED_RANGES, context_warnings, coverage_warnings, network_warnings
 from service.estimator.estimate import estimate
 from service.estimator.params import parameter_counts
-from service.estimator.types import ClusterSpec, Estimate, Framework, Layout, ModelSpec, TrainingSpec
+from service.estimator.types import Estimate, Framework, Layout, ModelSpec, TrainingSpec
 from validation import cases, published
 from validation.cases import gpu_cluster
 
@@ -132,17 +132,7 @@ def test_a_network_faster_than_any_nic_is_timed_as_stated_and_said() -> None:
     the network: the estimate times what was stated (an NVL72 domain is that fast) and says the reading
     in bytes; at a NIC's share (50 GB/s) nothing is said."""
     h100 = gpu("h100-sxm-80gb")
-
-    def cluster(rate: float, nodes: int = 2) -> ClusterSpec:
-        return ClusterSpec(
-            gpu=h100,
-            num_nodes=nodes,
-            gpus_per_node=8,
-            intra_node_bandwidth_bytes_per_s=h100.intra_node_bandwidth_bytes_per_s,
-            inter_node_bandwidth_bytes_per_s=rate,
-        )
-
-    assert network_warnings(cluster(50e9)) == ()
-    assert network_warnings(cluster(400e9, nodes=1)) == ()  # one node: no network between nodes
-    (said,) = network_warnings(cluster(400e9))
+    assert network_warnings(gpu_cluster(h100, 16, 50e9)) == ()
+    assert network_warnings(gpu_cluster(h100, 8, 400e9)) == ()  # one node: no network between nodes
+    (said,) = network_warnings(gpu_cluster(h100, 16, 400e9))
     assert "400 GB/s per GPU is faster than any NIC" in said and "that is 50 GB/s" in said
