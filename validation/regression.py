@@ -727,6 +727,8 @@ def random_estimate(rng: random.Random) -> dict[str, Any]:
         use_gbps=rng.random() < 0.3,
     )
     cost = rng.choice((None, None, 0.0, 1.1, 2.5, 4.0))
+    if "tokens" not in train:
+        cost = None  # a price without tokens is refused (it prices the time to train): drawn, unused
     return estimate_body(m, cluster, train, layout, cost)
 
 
@@ -960,8 +962,9 @@ def invalid_cases() -> list[Case]:
         ("unknown-preset", "/v1/estimates", est(model={"preset": "llama-9-1b"})),
         ("unknown-gpu", "/v1/estimates", est(
             cluster={"gpu": "h900-sxm-1tb", "num_nodes": 1, "gpus_per_node": 8})),
+        # a PCIe part has no reference node whose network could stand in (an SXM part's does)
         ("missing-inter-node", "/v1/estimates", est(
-            cluster={"gpu": "h100-sxm-80gb", "num_nodes": 2, "gpus_per_node": 4})),
+            cluster={"gpu": "h100-pcie-80gb", "num_nodes": 2, "gpus_per_node": 4})),
         ("tp-not-dividing-heads", "/v1/estimates", estimate_body(
             "falcon-7b", ok_cluster, ok_train, {"framework": "megatron", "dp": 4, "tp": 2})),
         ("world-size-mismatch", "/v1/estimates", est(layout={"framework": "fsdp", "dp": 4, "zero_stage": 3})),
