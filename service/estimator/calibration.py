@@ -64,8 +64,9 @@ class Observation:
 
     model_state_bytes: int  # estimated parameters + gradients + optimizer states per GPU
     dynamic_bytes: int  # estimated activations + buffers + overhead per GPU
-    capacity_bytes: int
-    measured_peak_bytes: int | None
+    capacity_bytes: int  # the card's memory
+    measured_peak_bytes: int | None  # as device used (the estimate's left-out parts added)
+    reported_peak_bytes: int | None = None  # the peak as the run reported it, of its own statistic
     out_of_memory: bool
     estimated_step_s: float | None
     measured_step_s: float | None
@@ -205,6 +206,13 @@ def implausibility(obs: Observation) -> tuple[str, ...]:
                 f"step {measured:.4g} s is {ratio:.3g}x the estimated {estimated:.4g} s, more than "
                 f"{IMPLAUSIBLE_RATIO:g}x off: another job than the plan's, or a broken measurement"
             )
+    reported = obs.reported_peak_bytes
+    if reported is not None and not obs.out_of_memory and reported > obs.capacity_bytes:
+        # device used (nvidia-smi), reserved and allocated are all parts of the card's memory
+        reasons.append(
+            f"peak {reported / GB:.4g} GB is above the card's {obs.capacity_bytes / GB:.4g} GB, and the "
+            "run did not run out of memory: no memory statistic of a GPU exceeds its memory"
+        )
     peak = obs.measured_peak_bytes
     if peak is not None and not obs.out_of_memory:
         # parameters, gradients and optimizer states sit on the GPU for the whole step

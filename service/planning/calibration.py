@@ -112,6 +112,7 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
         dynamic_bytes=round(dynamic),
         capacity_bytes=estimate.memory.capacity_bytes,
         measured_peak_bytes=measured_peak,
+        reported_peak_bytes=run.peak_memory_bytes_per_gpu,
         out_of_memory=run.out_of_memory,
         estimated_step_s=estimated_step_s,
         measured_step_s=measured_step_s(run_observed, tokens_per_step),

@@ -106,6 +106,38 @@ def test_a_peak_below_the_model_states_is_stored_flagged_and_moves_no_factor(cli
     assert_moves_nothing(client, plan, stored)
 
 
+@pytest.mark.parametrize("statistic", ["device_used", "reserved", "allocated"])
+def test_a_peak_above_the_card_without_an_oom_is_stored_flagged_and_moves_no_factor(
+    client: TestClient, statistic: str
+) -> None:
+    """gpt2's plan needs a few GB of an 80 GiB card: a run reporting 100 GiB (1.25x the card, well
+    within the 4x the other check allows) of any statistic, and no out-of-memory error, measured
+    another card or nothing; it used to move the memory factor to its bound."""
+    plan = create(client, BODY)
+    card = plan["recommended"]["estimate"]["memory"]["capacity_bytes"]
+    assert card == 80 * GiB
+    peak = 100 * GiB
+    stored = post_run(client, plan["id"], {"peak_memory_bytes_per_gpu": peak, "memory_statistic": statistic})
+    diagnosis = stored["diagnosis"]
+    assert diagnosis["implausible"] is True
+    assert diagnosis["implausible_reasons"][0] == (
+        f"peak {peak / 1e9:.4g} GB is above the card's {card / 1e9:.4g} GB, and the run did not run out "
+        "of memory: no memory statistic of a GPU exceeds its memory"
+    )
+    assert_moves_nothing(client, plan, stored)
+
+
+def test_a_peak_at_the_card_is_plausible(client: TestClient) -> None:
+    """The card's whole memory reported (nvidia-smi at the limit) is not above it: the bound is the
+    card, not the estimate's headroom."""
+    plan = create(client, LONG)
+    card = plan["recommended"]["estimate"]["memory"]["capacity_bytes"]
+    stored = post_run(
+        client, plan["id"], {"peak_memory_bytes_per_gpu": card, "memory_statistic": "device_used"}
+    )
+    assert not any("above the card" in reason for reason in stored["diagnosis"]["implausible_reasons"])
+
+
 def test_a_plausible_run_is_flagged_as_such_and_calibrates(client: TestClient) -> None:
     plan = create(client, BODY)
     step_s = plan["recommended"]["estimate"]["time"]["step_s"]

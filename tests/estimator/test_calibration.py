@@ -141,6 +141,19 @@ def test_a_peak_below_the_model_states_is_implausible() -> None:
     assert "4.03x the estimated 30 GB" in huge
 
 
+def test_a_peak_above_the_card_without_an_oom_is_implausible() -> None:
+    # 90 GB reported on an 80 GB card: within 4x of the 30 GB estimate, above the card
+    above = dataclasses.replace(measured(peak=90 * GB), reported_peak_bytes=90 * GB)
+    reasons = implausibility(above)
+    assert reasons == ("peak 90 GB is above the card's 80 GB, and the run did not run out of memory: no "
+                       "memory statistic of a GPU exceeds its memory",)  # fmt: skip
+    # the card's whole memory is a possible peak; an OOM's reported figure is not a peak
+    assert implausibility(dataclasses.replace(above, reported_peak_bytes=80 * GB)) == ()
+    assert not any(
+        "above the card" in r for r in implausibility(dataclasses.replace(above, out_of_memory=True))
+    )
+
+
 def test_an_out_of_memory_run_far_above_the_estimate_is_implausible() -> None:
     assert implausibility(measured(oom=True)) == ()  # 80 GB < 4 x 30 GB
     small = dataclasses.replace(measured(oom=True), model_state_bytes=GB, dynamic_bytes=GB)
