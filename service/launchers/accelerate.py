@@ -282,8 +282,10 @@ def _megatron(plan: Plan) -> dict[str, Any]:
         # MegatronLMPlugin defaults expert_tensor_parallel_size to 1 (utils/dataclasses.py), not to tp
         # as Megatron-LM does: always say which the estimate is of
         mlm["megatron_lm_expert_tensor_parallel_size"] = lo.expert_tp
-    if lo.pp > 1:
-        mlm["megatron_lm_num_micro_batches"] = accumulation(plan)
+    # the micro-batches of a step, pipelined or not: MegatronLMPlugin sizes each data-parallel rank's
+    # batch as micro x num_micro_batches (its default 1) and Megatron's schedule accumulates over
+    # them (utils/dataclasses.py set_training_args, utils/megatron_lm.py get_batch_data_iterator)
+    mlm["megatron_lm_num_micro_batches"] = accumulation(plan)
     if lo.recompute is Recompute.FULL:
         # every layer keeps its input (uniform, chunks of one), or the first N of each stage (block)
         partial = lo.recompute_num_layers is not None

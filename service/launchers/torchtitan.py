@@ -153,6 +153,14 @@ def refusal(plan: Plan) -> Refusal:
         problems.append("FSDP has no optimizer-state-only sharding (ZeRO-1)")
     if (experts := expert_tensor_problem(lo.tp, lo.ep)) is not None:
         problems.append(experts)
+    _, shard = _data_parallel(plan)
+    if lo.ep > 1 and (shard * lo.cp * lo.tp) % lo.ep:
+        # ParallelDims.build_mesh: the experts' mesh is (pp, dp_replicate, efsdp, ep) with efsdp =
+        # dp_shard x cp x tp // ep, which does not fill the world unless ep divides that product
+        problems.append(
+            f"ep={lo.ep} must divide dp_shard x cp x tp = {shard} x {lo.cp} x {lo.tp}: torchtitan's experts "
+            "take their ranks from the sharded data-parallel, context and tensor groups"
+        )
     if lo.recompute_every_n_layers is not None:
         problems.append(
             f"recompute_every_n_layers {lo.recompute_every_n_layers}: torchtitan {VERSION} checkpoints every "

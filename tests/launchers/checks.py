@@ -153,6 +153,14 @@ def check_accelerate(config: dict[str, Any], plan: Plan) -> None:
         assert isinstance(fsdp["fsdp_reshard_after_forward"], bool)
         assert fsdp["fsdp_state_dict_type"] != "LOCAL_STATE_DICT"
         assert not fsdp["fsdp_cpu_ram_efficient_loading"] or fsdp["fsdp_sync_module_states"]
+    if config["distributed_type"] == "MEGATRON_LM":
+        # MegatronLMPlugin.set_training_args: global batch = dp x micro x num_micro_batches (default
+        # 1), pipelined or not; the micro-batch itself comes from the training script's loader
+        mlm = config["megatron_lm_config"]
+        lo = plan.layout
+        assert lo.dp * lo.micro_batch_size * mlm["megatron_lm_num_micro_batches"] == (
+            plan.training.global_batch_size
+        )
     if "parallelism_config" in config:
         assert fsdp.get("fsdp_version") == 2
         pc = config["parallelism_config"]

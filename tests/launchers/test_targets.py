@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from service.catalog.models import model
 from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import (
     AttentionKind,
@@ -179,6 +180,20 @@ def test_torchtitan_pipeline_batch_accounting() -> None:
     assert "--training.disable_cuda_graphs" in args and args[-1] == "activation_checkpoint:none"
 
 
+def test_torchtitan_refuses_expert_parallelism_its_mesh_cannot_hold() -> None:
+    """torchtitan 0.3.0 builds the experts' mesh (pp, dp_replicate, efsdp, ep) with efsdp = dp_shard
+    x cp x tp // ep (ParallelDims.build_mesh): unless ep divides that product the mesh does not
+    fill the world and the job fails at start. DDP (zero 0) shards over 1 rank."""
+    qwen = model("qwen3-30b-a3b").spec
+    replicated = plan(model=qwen, framework=Framework.FSDP, zero_stage=0, ep=8)
+    assert "ep=8 must divide dp_shard x cp x tp = 1 x 1 x 1" in (torchtitan.refusal(replicated) or "")
+    with_cp = plan(nodes=2, model=qwen, framework=Framework.FSDP, zero_stage=0, cp=2, ep=8)
+    assert "ep=8 must divide dp_shard x cp x tp = 1 x 2 x 1" in (torchtitan.refusal(with_cp) or "")
+    sharded = plan(model=qwen, framework=Framework.FSDP, zero_stage=3, ep=8)
+    assert torchtitan.refusal(sharded) is None
+    assert "--parallelism.expert_parallel_degree" in torchtitan.train_args(sharded)
+
+
 # ---------------------------------------------------------------- the estimate's job is the shipped job
 
 
@@ -271,6 +286,18 @@ def test_torchtitan_renders_async_tp_and_the_others_refuse_it() -> None:
         accelerate.accelerate_config(plan(**asynctp))
     assert accelerate.refusal(plan(**(asynctp | {"tp_comm_overlap": False}))) is None
     assert hf_trainer.refusal(plan(**asynctp)) is not None  # data parallelism only
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_accelerate_megatron_accumulates_the_estimated_micro_batches(pp: int) -> None:
+    """MegatronLMPlugin's global batch is dp x micro x num_micro_batches (default 1) with or
+    without a pipeline: a layout accumulating 16 micro-batches on dp 4 without one trained a
+    global batch of 4 instead of 64."""
+    lo = {"framework": Framework.MEGATRON, "cp": 2, "pp": pp, "micro_batch_size": 1}
+    chosen = plan(train=training(global_batch_size=64), **lo, **MEGATRON_LM_OWN)
+    config = accelerate.accelerate_config(chosen)
+    assert config["megatron_lm_config"]["megatron_lm_num_micro_batches"] == 64 // chosen.layout.dp
+    checks.check_accelerate(config, chosen)
 
 
 def test_accelerate_megatron_refuses_overlaps_it_cannot_set() -> None:
