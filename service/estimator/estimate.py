@@ -31,7 +31,7 @@ from service.estimator.step_time import (
     unaligned_core_slowdown,
     unaligned_core_step_s,
 )
-from service.estimator.tuning import Tuning, peak_fraction
+from service.estimator.tuning import Tuning, fitted_die, peak_fraction
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -108,17 +108,16 @@ def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     """What the step time assumed for this GPU and its links, in words and numbers."""
     gpu, tuning = job.cluster.gpu, job.tuning
     fraction = peak_fraction(tuning, gpu)
-    fitted = any(chip == gpu.chip for chip, _ in tuning.peak_fraction_by_chip)
-    if fitted:
+    if fitted_die(tuning, gpu):
         gemm = f"GEMMs at up to {fraction:g} of the dense peak, the fraction fitted on the {gpu.chip} die"
-    elif not gpu.chip and tuning.peak_fraction_by_chip:
+    elif tuning.peak_fraction_by_chip:
+        die = f"the {gpu.chip} die has no fitted fraction" if gpu.chip else "the GPU's die is not stated"
         gemm = (
-            f"GEMMs at up to {fraction:g} of the dense peak: the GPU's die is not stated, so the lowest "
-            f"fraction fitted on a die ({fitted_fractions(tuning)})"
+            f"GEMMs at up to {fraction:g} of the dense peak: {die}, so the lowest fraction fitted on a "
+            f"die ({fitted_fractions(tuning)})"
         )
     else:
-        die = f"the {gpu.chip} die has" if gpu.chip else "the GPU's die is not stated and"
-        gemm = f"GEMMs at up to {fraction:g} of the dense peak: the default ({die} no fitted fraction)"
+        gemm = f"GEMMs at up to {fraction:g} of the dense peak: the default (no die has a fitted fraction)"
     links = bus_bandwidth_notes(
         job.cluster, tuning.intra_node_bus_efficiency, tuning.inter_node_bus_efficiency
     )

@@ -75,6 +75,7 @@ from service.estimator.tuning import (
     Tuning,
     attention_kernel_fractions,
     attention_kernel_rate,
+    fitted_die,
     flex_inter_node_efficiency,
     kernels_per_layer,
     matmul_efficiency,
@@ -481,8 +482,8 @@ def core_rates_flops_per_s(job: Job, layout: Layout, gemm_efficiency: float) -> 
     # the step counts the core's backward as 2x its forward; the kernel's rate counts its own ratio
     forward = peak * kernel.forward_fraction
     backward = peak * kernel.backward_fraction * 2.0 / kernel.backward_flops_per_forward
-    if not job.cluster.gpu.chip:
-        # die not stated: the slowest fitted die's core, which for a die without a published kernel
+    if not fitted_die(job.tuning, job.cluster.gpu):
+        # no fitted die: the slowest fitted die's core, which for a die without a published kernel
         # rate is its GEMM rate (the conservative fraction's die among them: tuning.peak_fraction)
         return min(forward, peak * gemm_efficiency), min(backward, peak * gemm_efficiency)
     return forward, backward

@@ -229,23 +229,27 @@ def flex_inter_node_efficiency(tuning: Tuning, nodes: int) -> float:
 
 def conservative_peak_fraction(tuning: Tuning) -> float:
     """The smallest peak fraction fitted on any die (the default when none is fitted): what a GPU
-    whose die is not stated gets, so that it is never timed faster than a fitted part of its peaks."""
+    whose die has none gets, so that it is never timed faster than a fitted part of its peaks."""
     return min(
         (fraction for _, fraction in tuning.peak_fraction_by_chip), default=tuning.default_peak_fraction
     )
 
 
+def fitted_die(tuning: Tuning, gpu: GPUSpec) -> bool:
+    """Whether a GEMM peak fraction is fitted on the GPU's die (``GPUSpec.chip``). Where none is (a
+    custom part without a chip, or a die no published run measured: AMD's, Volta's, Turing's,
+    Ada's), the GPU is timed at the most conservative fitted efficiency, never faster than a measured
+    die is for its peaks: the default (0.65) is above every fitted die but GA100, so an H100 described
+    without its chip came out 38% faster than the catalog's (issue 24), and an MI300X 1.6x an H100."""
+    return any(chip == gpu.chip for chip, _ in tuning.peak_fraction_by_chip)
+
+
 def peak_fraction(tuning: Tuning, gpu: GPUSpec) -> float:
-    """The fraction fitted on the GPU's die (``GPUSpec.chip``), else the default; a GPU without a
-    chip (a custom part) gets ``conservative_peak_fraction``: the default (0.65 in the catalog) is
-    above every fitted die but GA100, so an H100 described without its chip came out 38% faster
-    than the catalog's (issue 24)."""
-    if not gpu.chip:
-        return conservative_peak_fraction(tuning)
+    """The fraction fitted on the GPU's die, else ``conservative_peak_fraction`` (``fitted_die``)."""
     for chip, fraction in tuning.peak_fraction_by_chip:
         if chip == gpu.chip:
             return fraction
-    return tuning.default_peak_fraction
+    return conservative_peak_fraction(tuning)
 
 
 def matmul_efficiency(
@@ -289,14 +293,15 @@ def weight_streaming_bound(gpu: GPUSpec, rows: float) -> float:
 
 def attention_kernel_rate(tuning: Tuning, gpu: GPUSpec, framework: Framework) -> AttentionKernelRate | None:
     """The published rates of the framework's flash-style attention kernel on the GPU's die, or None
-    (the core then runs at the GEMM rate). A GPU without a chip gets the kernel's slowest rate over
-    the dies it is published for (``conservative_kernel_rate``)."""
+    (the core then runs at the GEMM rate). A GPU whose die has no fitted GEMM fraction
+    (``fitted_die``) gets the kernel's slowest rate over the dies it is published for
+    (``conservative_kernel_rate``), as it gets the slowest GEMM fraction."""
     kernel = dict(tuning.attention_kernel_by_framework).get(framework)
-    if not gpu.chip:
-        return conservative_kernel_rate(tuning, kernel)
     for rate in tuning.attention_kernel_rates:
-        if rate.kernel == kernel and rate.chip == gpu.chip:
+        if gpu.chip and rate.kernel == kernel and rate.chip == gpu.chip:
             return rate
+    if not fitted_die(tuning, gpu):
+        return conservative_kernel_rate(tuning, kernel)
     return None
 
 

@@ -169,7 +169,7 @@ def test_every_source_of_the_file_is_required() -> None:
 
     every = paths(_data(), ())
     # the tables' own (the estimate's assumptions), each chip's, each kernel rate's
-    assert len(every) == len(default_tuning().sources) + 3 + 2 == 44
+    assert len(every) == len(default_tuning().sources) + 4 + 2 == 45
     for path in every:
         data = copy.deepcopy(_data())
         table: Any = data
