@@ -10,6 +10,7 @@ from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.gpus import PCIE_X16, GPUEntry, known_chips, slowest_host_link
 from service.catalog.gpus import gpu as catalog_gpu
 from service.catalog.gpus import gpu_entry as catalog_gpu_entry
+from service.catalog.gpus import gpus as catalog_gpus
 from service.contracts.common import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_FLOPS_PER_S,
@@ -70,9 +71,12 @@ class CustomGPU(Strict):
         "it. Absent: the slowest host link of the catalog's parts of its chip (gh100: 64e9), or of any "
         "catalog part where chip is absent (PCIe Gen3 x16, 16e9); the answer's assumptions state it",
     )
-    flash_attention: bool = Field(
-        default=True,
-        description="FlashAttention-2 kernels exist for it (NVIDIA Ampere or newer, AMD CDNA 2/3)",
+    flash_attention: bool | None = Field(
+        default=None,
+        description="FlashAttention-2 kernels exist for it (NVIDIA Ampere or newer, AMD CDNA 2/3). Absent: "
+        "as the catalog's parts of its chip have them (gv100 and tu104 do not), or, without a chip, "
+        "whether it has a bf16 peak (every part with those kernels has one); the attention default "
+        "follows (training.attention in resolved_defaults)",
     )
     # Sustained clocks (service.estimator.clocks). That a limit comes with its rating and stays at or
     # below it is the domain's rule (GPUSpec), reported by to_domain under the field's path.
@@ -141,13 +145,25 @@ class CustomGPU(Strict):
             defaulted=defaulted,
             vendor="custom",
             chip=self.chip or "",
-            flash_attention=self.flash_attention,
+            flash_attention=self._flash_attention(),
             source="supplied by the client",
             rated_power_w=self.rated_power_w,
             power_limit_w=self.power_limit_w,
             peak_clock_hz=self.peak_clock_hz,
             sustained_clock_hz=self.sustained_clock_hz,
         )
+
+    def _flash_attention(self) -> bool:
+        """Stated, else the catalog's parts of the die (a die either has the kernels or not: they
+        need its tensor-core generation), else whether the part has a bf16 peak: FlashAttention-2
+        needs NVIDIA Ampere or newer or AMD CDNA 2/3, all of which have bf16, and the parts without
+        bf16 (Volta, Turing) have no such kernels. A pre-Ampere die defaulted to flash, which the
+        catalog's V100 refuses."""
+        if self.flash_attention is not None:
+            return self.flash_attention
+        if self.chip:
+            return all(spec.flash_attention for spec in catalog_gpus().values() if spec.chip == self.chip)
+        return self.peak_flops_per_s.bf16 is not None
 
     def _links(self) -> tuple[float, float, tuple[tuple[str, str], ...]]:
         """(PCIe, intra-node, what was left out and the rule that chose it). Each default is the

@@ -61,8 +61,8 @@ def test_gbps_inputs_are_converted_to_bytes_per_s(client: TestClient) -> None:
 def test_custom_gpu_round_trips(client: TestClient) -> None:
     created = create(client, name="lab", gpu=CUSTOM_GPU, num_nodes=1, inter_node_bandwidth_bytes_per_s=None)
     assert created["gpu"] == CUSTOM_GPU | {
-        "chip": None,  # not stated: the default peak fraction
-        "flash_attention": True,  # not stated: assumed, as for the catalog's Ampere and newer
+        "chip": None,  # not stated: the lowest peak fraction fitted on a die
+        "flash_attention": None,  # not stated: its bf16 peak says it has the kernels (CustomGPU)
         "peak_flops_per_s": {"fp32": 40e12, "bf16": 180e12, "tf32": None, "fp16": None, "fp8": None},
         # not stated: the part runs as its peaks are quoted (no power limit, no sustained clock)
         "rated_power_w": None,

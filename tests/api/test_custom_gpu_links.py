@@ -153,3 +153,57 @@ def test_a_link_left_out_and_the_same_link_stated_are_one_hardware() -> None:
     stated = BARE_GPU | {"intra_node_bandwidth_bytes_per_s": 16e9, "pcie_bandwidth_bytes_per_s": 16e9}
     assert key(BARE_GPU) == key(stated)
     assert key(BARE_GPU) != key(stated | {"intra_node_bandwidth_bytes_per_s": 32e9})
+
+
+# ---------------------------------------------------------------- FlashAttention, as the die has it
+
+# a V100 described by its numbers: fp16 tensor cores, no bf16 peak
+VOLTA_LIKE: dict[str, Any] = {
+    "name": "old-card",
+    "memory_bytes": 32 * 2**30,
+    "peak_flops_per_s": {"fp32": 15.7e12, "fp16": 125e12},
+    "hbm_bandwidth_bytes_per_s": 0.9e12,
+}
+VOLTA_TRAINING = {"seq_len": 2048, "global_batch_size": 16, "precision": "fp16"}
+
+
+def estimate_volta(client: TestClient, gpu: dict[str, Any], **training: Any) -> Any:
+    body = {
+        "model": {"preset": "llama-3.2-1b"},
+        "cluster": {"gpu": gpu, "num_nodes": 1, "gpus_per_node": 8},
+        "training": VOLTA_TRAINING | training,
+        "layout": {"framework": "deepspeed", "zero_stage": 1},
+    }
+    return client.post("/v1/estimates", json=body)
+
+
+def test_a_pre_ampere_custom_gpu_has_no_flash_attention_as_the_catalogs_has_none(client: TestClient) -> None:
+    """A custom GPU on gv100 (or with no bf16 peak and no chip) defaulted to flash attention, which
+    the catalog's V100 refuses: the kernels need Ampere or newer. Left out, flash_attention follows
+    the catalog's parts of the die, else the bf16 peak; the attention default follows it."""
+    catalog = client.post(
+        "/v1/estimates",
+        json={
+            "model": {"preset": "llama-3.2-1b"},
+            "cluster": {"gpu": "v100-sxm2-32gb", "num_nodes": 1, "gpus_per_node": 8},
+            "training": VOLTA_TRAINING,
+            "layout": {"framework": "deepspeed", "zero_stage": 1},
+        },
+    )
+    assert catalog.status_code == 200, catalog.text
+    for gpu in (VOLTA_LIKE | {"chip": "gv100"}, VOLTA_LIKE | {"chip": "T4"}, VOLTA_LIKE):
+        result = estimate_volta(client, gpu)
+        assert result.status_code == 200, result.text
+        assert result.json()["resolved_defaults"]["training.attention"] == "sdpa"
+        asked = estimate_volta(client, gpu, attention="flash")
+        assert asked.status_code == 422, asked.text
+        assert asked.json()["errors"][0]["field"] == "training.attention"
+    assert catalog.json()["resolved_defaults"]["training.attention"] == "sdpa"
+    # stated, it holds; an Ampere die, or a bf16 peak without a chip, has the kernels
+    stated = estimate_volta(client, VOLTA_LIKE | {"flash_attention": True}, attention="flash")
+    assert stated.status_code == 200, stated.text
+    for gpu in (BARE_GPU, BARE_GPU | {"chip": "ga100"}):
+        assert (
+            estimate(client, gpu, per_node=1)["resolved_defaults"].get("training.attention", "flash")
+            == "flash"
+        )
