@@ -699,7 +699,13 @@ def plan(
 @click.option("--tp", type=int, default=1, show_default=True)
 @click.option("--pp", type=int, default=1, show_default=True)
 @click.option("--cp", type=int, default=1, show_default=True)
-@click.option("--zero", type=int, default=0, show_default=True, help="ZeRO stage (FSDP: 3 full shard)")
+@click.option(
+    "--zero",
+    type=click.IntRange(0, 3),
+    default=None,
+    help="ZeRO stage (FSDP: 3 full shard, 2 grad-op, 0 no shard); default: the framework's (fsdp 3, "
+    "deepspeed and megatron 0)",
+)
 @click.option("--micro", type=int, default=1, show_default=True, help="micro-batch size")
 @click.option("--recompute", type=choice(Recompute), default="none", show_default=True)
 @click.option(
@@ -735,7 +741,7 @@ def estimate(
     tp: int,
     pp: int,
     cp: int,
-    zero: int,
+    zero: int | None,
     micro: int,
     recompute: str,
     more: dict[str, Any],
@@ -744,8 +750,10 @@ def estimate(
 ) -> None:
     """Memory and step time of one layout (POST /v1/estimates)."""
     api = Api(url)
-    layout = {"framework": framework, "tp": tp, "pp": pp, "cp": cp, "zero_stage": zero,
+    layout = {"framework": framework, "tp": tp, "pp": pp, "cp": cp,
               "micro_batch_size": micro, "recompute": recompute, **more}  # fmt: skip
+    if zero is not None:  # left out, the framework's own (resolved_defaults says which)
+        layout["zero_stage"] = zero
     if dp is not None:  # left out, the service fills the cluster with it (resolved_defaults says so)
         layout["dp"] = dp
     body = {

@@ -68,6 +68,8 @@ class FrameworkEntry:
     targets: tuple[Target, ...]
     tuning_keys: tuple[str, ...]  # the dotted keys of tuning.toml that hold its numbers
     source: str
+    # what the framework shards when a layout does not say (an estimate's zero_stage left out)
+    default_zero_stage: int
 
 
 # tuning.toml's tables with one value per framework (catalog/tuning.py reads them into the Tuning)
@@ -98,6 +100,7 @@ FRAMEWORKS: Mapping[Framework, FrameworkEntry] = MappingProxyType(
             targets=(Target.DEEPSPEED, Target.HF_TRAINER, Target.ACCELERATE),
             tuning_keys=_tuning(Framework.DEEPSPEED),
             source="deepspeed 0.19.8 runtime/zero/config.py (overlap_comm), runtime/pipe/engine.py",
+            default_zero_stage=0,  # zero_optimization.stage defaults to 0 (runtime/zero/config.py)
         ),
         Framework.MEGATRON: FrameworkEntry(
             framework=Framework.MEGATRON,
@@ -113,6 +116,7 @@ FRAMEWORKS: Mapping[Framework, FrameworkEntry] = MappingProxyType(
             targets=(Target.MEGATRON, Target.ACCELERATE),
             tuning_keys=_tuning(Framework.MEGATRON),
             source="Megatron-LM megatron/training/arguments.py",
+            default_zero_stage=0,  # --use-distributed-optimizer is off by default (arguments.py)
         ),
         Framework.FSDP: FrameworkEntry(
             framework=Framework.FSDP,
@@ -130,6 +134,9 @@ FRAMEWORKS: Mapping[Framework, FrameworkEntry] = MappingProxyType(
             targets=(Target.TORCHTITAN, Target.ACCELERATE, Target.HF_TRAINER),
             tuning_keys=_tuning(Framework.FSDP, "memory.fsdp_prefetch_layers"),
             source="torchtitan 0.3.0 config/configs.py (ParallelismConfig), PyTorch FSDP2",
+            # FULL_SHARD: FSDP's default ShardingStrategy, FSDP2 fully_shard's reshard_after_forward
+            # default True, torchtitan's data_parallel_shard_degree -1 (every leftover rank)
+            default_zero_stage=3,
         ),
     }
 )

@@ -28,7 +28,7 @@ from service.estimator.types import (
     Recompute,
     RecomputeModule,
 )
-from service.frameworks import sequence_parallel_default, tp_comm_overlap_default
+from service.frameworks import FRAMEWORKS, sequence_parallel_default, tp_comm_overlap_default
 
 
 class LayoutIn(Strict):
@@ -59,7 +59,12 @@ class LayoutIn(Strict):
         "framework's recipes and the search set it: on with tp > 1 for megatron and fsdp, off for "
         "deepspeed (named in resolved_defaults)",
     )
-    zero_stage: Literal[0, 1, 2, 3] = 0
+    zero_stage: Literal[0, 1, 2, 3] | None = Field(
+        default=None,
+        description="what the framework shards (ZeRO stage; fsdp: 3 FULL_SHARD, 2 SHARD_GRAD_OP, 0 "
+        "NO_SHARD; megatron: 1 the distributed optimizer); default: the framework's own: fsdp 3, "
+        "deepspeed 0, megatron 0 (named in resolved_defaults)",
+    )
     offload_optimizer: Offload = Offload.NONE
     offload_params: Offload = Offload.NONE
     recompute: Recompute = Field(
@@ -168,9 +173,12 @@ class LayoutIn(Strict):
         default=False, description="the output layer and loss count as a layer in the derived split"
     )
 
-    def framework_defaults(self) -> dict[str, bool]:
-        """The switches the request left out, as the framework's recipes (and the search) set them."""
-        chosen: dict[str, bool] = {}
+    def framework_defaults(self) -> dict[str, bool | int]:
+        """The switches the request left out, as the framework's recipes (and the search) set them,
+        and the ZeRO stage, as the framework shards when not told (``FrameworkEntry``)."""
+        chosen: dict[str, bool | int] = {}
+        if self.zero_stage is None:
+            chosen["zero_stage"] = FRAMEWORKS[self.framework].default_zero_stage
         sequence_parallel = self.sequence_parallel
         if sequence_parallel is None:
             sequence_parallel = sequence_parallel_default(self.framework, self.tp)
@@ -182,11 +190,20 @@ class LayoutIn(Strict):
         return chosen
 
     def chosen_defaults(self) -> dict[str, str]:
-        """``{"layout.sequence_parallel": "true", ...}``: what each switch left out resolved to, where
-        the layout has a TP group for it to act on."""
-        if self.tp == 1:
-            return {}
-        return {f"layout.{name}": str(value).lower() for name, value in self.framework_defaults().items()}
+        """``{"layout.framework": "deepspeed", "layout.zero_stage": "0", ...}``: what each field the
+        request left out resolved to, of those that change the answer: the framework, its ZeRO stage,
+        the recompute policy, the micro-batch (where not derived: ``with_derived_micro_batch`` names
+        it), and the TP switches where the layout has a TP group for them to act on."""
+        chosen = {
+            f"layout.{name}": str(value).lower()
+            for name, value in self.framework_defaults().items()
+            if self.tp > 1 or name == "zero_stage"
+        }
+        for name in ("framework", "recompute", "micro_batch_size"):
+            if name not in self.model_fields_set:
+                value = getattr(self, name)
+                chosen[f"layout.{name}"] = str(getattr(value, "value", value))
+        return chosen
 
     def to_domain(self) -> Layout:
         fields = self.model_dump() | self.framework_defaults()

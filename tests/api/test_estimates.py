@@ -454,7 +454,8 @@ def test_tp_switches_left_out_follow_the_frameworks_recipes_as_the_search_builds
     switches = {"sequence_parallel": True, "tp_comm_overlap": True}
     stated = post(client, body() | {"layout": megatron | switches})
     assert stated["time"] == omitted["time"] and stated["memory"]["per_gpu"] == omitted["memory"]["per_gpu"]
-    assert not any(k.startswith("layout.") for k in stated["resolved_defaults"])
+    tp_switches = ("layout.sequence_parallel", "layout.tp_comm_overlap")
+    assert not any(k in tp_switches for k in stated["resolved_defaults"])
     own = post(client, body() | {"layout": megatron | {"sequence_parallel": False, "tp_comm_overlap": False}})
     assert own["layout"]["sequence_parallel"] is False
     # without SP every TP rank keeps the norms' and dropout's activations whole: more memory, slower
@@ -464,7 +465,7 @@ def test_tp_switches_left_out_follow_the_frameworks_recipes_as_the_search_builds
     assert autotp["layout"]["sequence_parallel"] is False and autotp["layout"]["tp_comm_overlap"] is False
     assert autotp["resolved_defaults"]["layout.sequence_parallel"] == "false"
     plain = post(client, body())
-    assert not any(k.startswith("layout.") for k in plain["resolved_defaults"])
+    assert not any(k in tp_switches for k in plain["resolved_defaults"])
 
 
 def test_async_tp_needs_torch_compile_and_is_the_compiled_fsdp_default(client: TestClient) -> None:
@@ -579,3 +580,32 @@ def test_a_layout_left_out_is_the_empty_layout(client: TestClient) -> None:
     assert left_out.status_code == empty.status_code == 200, left_out.text
     assert left_out.json() == empty.json()
     assert left_out.json()["resolved_defaults"]["layout.dp"] == "8"
+
+
+def test_a_layout_left_out_names_every_default_that_changes_the_answer(client: TestClient) -> None:
+    """{"framework": "fsdp"} was estimated as NO_SHARD (zero_stage 0: 1.66 TB per GPU for Llama-3-70B
+    on 16 H100, against 224 GB at FULL_SHARD), FSDP's default being FULL_SHARD, and the answer named
+    only dp. Left out, zero_stage is the framework's own (fsdp 3, deepspeed and megatron 0), and the
+    answer names it with the framework, recompute and micro-batch it assumed."""
+    cluster = {"gpu": "h100-sxm-80gb", "num_nodes": 2, "gpus_per_node": 8}
+    training = {"seq_len": 4096, "global_batch_size": 64}
+    base = {"model": {"preset": "llama-3-70b"}, "cluster": cluster, "training": training}
+    fsdp = post(client, base | {"layout": {"framework": "fsdp"}})
+    assert fsdp["layout"]["zero_stage"] == 3
+    full_shard = post(client, base | {"layout": {"framework": "fsdp", "zero_stage": 3}})
+    assert fsdp["memory"] == full_shard["memory"] and fsdp["time"] == full_shard["time"]
+    assert {k: fsdp["resolved_defaults"][k] for k in ("layout.zero_stage", "layout.recompute")} == {
+        "layout.zero_stage": "3",
+        "layout.recompute": "none",
+    }
+    assert fsdp["resolved_defaults"]["layout.micro_batch_size"] == "1"
+    assert "layout.framework" not in fsdp["resolved_defaults"]
+    assert "layout.zero_stage" not in full_shard["resolved_defaults"]
+    nothing = post(client, base)
+    assert nothing["layout"]["framework"] == "deepspeed" and nothing["layout"]["zero_stage"] == 0
+    assert nothing["resolved_defaults"]["layout.framework"] == "deepspeed"
+    assert nothing["resolved_defaults"]["layout.zero_stage"] == "0"
+    assert nothing["resolved_defaults"]["layout.dp"] == "16"
+    megatron = post(client, base | {"layout": {"framework": "megatron", "tp": 8, "micro_batch_size": 1}})
+    assert megatron["layout"]["zero_stage"] == 0 and megatron["resolved_defaults"]["layout.zero_stage"] == "0"
+    assert "layout.micro_batch_size" not in megatron["resolved_defaults"]
