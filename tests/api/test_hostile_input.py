@@ -235,3 +235,8 @@ def test_amounts_take_json_floats_that_are_integers(client: TestClient) -> None:
     assert request["cluster"]["cpu_memory_bytes_per_node"] == 2 * 10**12
     refused = client.post("/v1/plans", json=body | {"training": {**body["training"], "tokens": 1.5}})
     assert refused.status_code == 422
+    # past the bound, the bound is what the answer names: 1e30 tokens was "expected an integer"
+    huge = client.post("/v1/plans", json=body | {"training": {**body["training"], "tokens": 1e30}})
+    assert huge.status_code == 422
+    (error,) = huge.json()["errors"]
+    assert error["field"] == "training.tokens" and "10000000000000000" in error["message"], error
