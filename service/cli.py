@@ -491,16 +491,23 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
 
 
 def write_artifacts(api: Api, plan: dict[str, Any], out: Path) -> list[Path]:
-    """The plan's files (the API's artifacts, byte for byte) under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
+    """The plan's files (the API's artifacts, byte for byte) under ``out``; a directory that cannot
+    be written is one line naming the plan, which is stored (its files stay at its artifacts URL)."""
     written = []
-    for artifact in plan["artifacts"]:
-        content = api.call("GET", f"/v1/plans/{plan['id']}/artifacts/{artifact['name']}")
-        path = out / artifact["name"]
-        path.write_bytes(
-            content if isinstance(content, bytes) else json.dumps(content, indent=2).encode() + b"\n"
-        )
-        written.append(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for artifact in plan["artifacts"]:
+            content = api.call("GET", f"/v1/plans/{plan['id']}/artifacts/{artifact['name']}")
+            path = out / artifact["name"]
+            path.write_bytes(
+                content if isinstance(content, bytes) else json.dumps(content, indent=2).encode() + b"\n"
+            )
+            written.append(path)
+    except OSError as exc:
+        raise Failure(
+            f"--out {out}: {exc.strerror or exc} ({exc.filename or out}); the plan is stored: "
+            f"its files are at /v1/plans/{plan['id']}/artifacts"
+        ) from None
     return written
 
 
@@ -527,6 +534,25 @@ class EnumChoice(click.Choice[str]):
 def choice(values: type[StrEnum]) -> click.Choice[str]:
     """``EnumChoice`` of ``values``."""
     return EnumChoice(values)
+
+
+class FiniteFloat(click.ParamType[float]):
+    """A number, finite: Click's float takes "nan" and "inf", which no figure of a cluster, a price
+    or a run is, and which JSON cannot carry (a traceback, not a usage error)."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+NUMBER = FiniteFloat()
 
 
 url_option = click.option(
@@ -563,13 +589,13 @@ job_options = [
 busbw_options = [
     click.option(
         "--intra-busbw-gbps",
-        type=float,
+        type=NUMBER,
         help="measured: nccl-tests all_reduce_perf busbw at >= 1 GiB on one node's GPUs, best with "
         "NCCL_ALGO=Ring, GB/s (default: the link x the tuning's bus efficiency)",
     ),
     click.option(
         "--inter-busbw-gbps",
-        type=float,
+        type=NUMBER,
         help="measured: nccl-tests all_reduce_perf busbw at >= 1 GiB, one GPU per node across the nodes, "
         "GB/s (default: --inter-gbps x the tuning's bus efficiency)",
     ),
@@ -583,7 +609,7 @@ cluster_options = [
     click.option("--cluster", help="a stored cluster's name or id"),
     click.option(
         "--inter-gbps",
-        type=float,
+        type=NUMBER,
         help="each GPU's network between nodes, GB/s (default for an SXM/OAM part: its reference node's, "
         "GET /v1/gpus node_network_bytes_per_s; a PCIe card needs it)",
     ),
@@ -633,7 +659,11 @@ def main() -> None:
     help="render for these targets (repeatable)",
 )
 @click.option("--top-k", type=int, default=3, show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), help="write the launcher files here")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="write the launcher files here (a directory)",
+)
 @url_option
 @json_option
 def plan(
@@ -912,9 +942,9 @@ def gpu_hour_costs(items: tuple[str, ...]) -> float | dict[str, float]:
 
 def _price(text: str) -> float:
     try:
-        return float(text)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a number", param_hint="--gpu-hour-cost") from None
+        return NUMBER.convert(text, None, None)
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint="--gpu-hour-cost") from None
 
 
 @main.command()
@@ -1004,9 +1034,9 @@ def clusters_list(url: str | None, as_json: bool) -> None:
 @clusters.command(name="add")
 @click.argument("name")
 @click.option("--gpus", required=True, help="COUNTxGPU or NODESxPER_NODExGPU")
-@click.option("--inter-gbps", type=float, help="each GPU's network between nodes, GB/s")
+@click.option("--inter-gbps", type=NUMBER, help="each GPU's network between nodes, GB/s")
 @options(busbw_options)
-@click.option("--host-gib", type=float, default=0, help="host RAM per node, GiB (0: not stated)")
+@click.option("--host-gib", type=NUMBER, default=0, help="host RAM per node, GiB (0: not stated)")
 @click.option("--description", default="")
 @url_option
 @json_option
@@ -1052,10 +1082,10 @@ def runs() -> None:
 
 @runs.command(name="add")
 @click.argument("plan_id")
-@click.option("--step-s", type=float, help="measured seconds per optimizer step")
-@click.option("--tokens-per-s", type=float, help="measured tokens per second, all GPUs")
+@click.option("--step-s", type=NUMBER, help="measured seconds per optimizer step")
+@click.option("--tokens-per-s", type=NUMBER, help="measured tokens per second, all GPUs")
 @click.option(
-    "--peak-gib", type=float, help="peak memory per GPU, GiB (max over ranks); see --memory-statistic"
+    "--peak-gib", type=NUMBER, help="peak memory per GPU, GiB (max over ranks); see --memory-statistic"
 )
 @click.option(
     "--memory-statistic",

@@ -172,6 +172,43 @@ def test_an_enum_option_lists_what_the_api_takes_and_refuses_the_rest_as_usage(d
         assert result.exit_code == 64 and f"Invalid value for '{option}'" in result.output, result.output
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["estimate", "--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "8",
+         "--intra-busbw-gbps", "nan"],
+        ["plan", "--model", "gpt2", "--gpus", "2x8xh100-sxm-80gb", "--seq", "1024", "--batch", "8",
+         "--inter-gbps", "inf"],
+        ["capacity", "--model", "gpt2", "--seq", "1024", "--batch", "8", "--tokens", "1000000",
+         "--gpu-hour-cost", "nan"],
+        ["clusters", "add", "lab", "--gpus", "8xh100-sxm-80gb", "--host-gib", "inf"],
+        ["runs", "add", "some-plan", "--step-s", "nan"],
+    ],
+)  # fmt: skip
+def test_a_number_option_that_is_not_finite_is_a_usage_error(database: str, args: list[str]) -> None:
+    """Click's float takes "nan" and "inf", which JSON cannot carry: a traceback (exit 1) where every
+    other malformed value is one line and exit 64."""
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 64, (result.output, result.exception)
+    assert "finite number" in words(result.output) and "Traceback" not in result.output
+
+
+def test_plan_out_that_cannot_be_a_directory_is_refused_before_planning(
+    database: str, tmp_path: Path
+) -> None:
+    """--out naming a file was a traceback after the plan was stored: refused as a usage error, and a
+    directory that cannot be made is one line naming where the stored plan's files are."""
+    existing = tmp_path / "a-file"
+    existing.write_text("x")
+    result = CliRunner().invoke(main, ["plan", *PLAN_8B, "--out", str(existing)])
+    assert result.exit_code == 64 and "is a file" in words(result.output), result.output
+    blocked = existing / "sub"  # under a file: mkdir fails
+    failed = CliRunner().invoke(main, ["plan", *PLAN_8B, "--out", str(blocked)])
+    assert failed.exit_code == 1, (failed.output, failed.exception)
+    assert "the plan is stored" in words(failed.output) and "/artifacts" in failed.output
+    assert "Traceback" not in failed.output
+
+
 def test_help_documents_the_exit_codes(database: str) -> None:
     result = run("--help")
     assert result.exit_code == 0
