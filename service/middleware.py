@@ -210,6 +210,27 @@ class BodyLimitMiddleware:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await self._refuse(scope, receive, send)
             return
+        if length is None:
+            # chunked: read it here, up to the limit, and hand the app what was read. Raised inside
+            # the app's body reader, the limit became FastAPI's 400 "error parsing the body".
+            buffered: list[Message] = []
+            total = 0
+            while True:
+                message = await receive()
+                buffered.append(message)
+                if message["type"] != "http.request":
+                    break
+                total += len(message.get("body", b""))
+                if total > self.max_bytes:
+                    await self._refuse(scope, receive, send)
+                    return
+                if not message.get("more_body", False):
+                    break
+
+            async def replay() -> Message:
+                return buffered.pop(0) if buffered else await receive()
+
+            receive = replay
         seen = 0
         started = False
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -128,6 +130,26 @@ def test_huge_body_is_413_and_nothing_is_stored(client: TestClient) -> None:
     problem = assert_problem(client.post("/v1/clusters", json=big), 413)
     assert problem["errors"][0]["limit"]["max_bytes"] == 256 * 1024
     assert client.get("/v1/clusters").json()["items"] == []
+
+
+def test_a_huge_chunked_body_is_413_too(client: TestClient) -> None:
+    """Without a Content-Length (curl -T -, a streamed upload) the limit was found inside FastAPI's
+    body reader, which answered 400 "There was an error parsing the body"."""
+    body = json.dumps(H100_NODE | {"description": "x" * 300_000}).encode()
+
+    def chunks() -> Iterator[bytes]:
+        for start in range(0, len(body), 65536):
+            yield body[start : start + 65536]
+
+    response = client.post("/v1/clusters", content=chunks(), headers={"content-type": "application/json"})
+    problem = assert_problem(response, 413)
+    assert problem["errors"][0]["limit"]["max_bytes"] == 256 * 1024
+    assert client.get("/v1/clusters").json()["items"] == []
+    small = json.dumps(H100_NODE).encode()
+    stored = client.post(
+        "/v1/clusters", content=iter([small[:10], small[10:]]), headers={"content-type": "application/json"}
+    )
+    assert stored.status_code == 201, stored.text
 
 
 def test_duplicate_name_is_409(client: TestClient) -> None:
