@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from pydantic import BeforeValidator
 
 from service import planning
-from service.api.deps import PlanningDeadline, PlanRepoDep, SessionDep
+from service.api.deps import CatalogPage, PlanningDeadline, PlanRepoDep, SessionDep, paged
 from service.api.problems import PROBLEM_RESPONSES
 from service.catalog.models import model as catalog_model
 from service.contracts.common import Page, catalog_slug
@@ -134,8 +134,11 @@ def delete_plan(plan_id: str, plans: PlanRepoDep) -> Response:
 
 
 @router.get("/{plan_id}/artifacts", response_model=Page[ArtifactOut])
-def list_artifacts(plan_id: str, plans: PlanRepoDep) -> Page[ArtifactOut]:
-    return Page[ArtifactOut](items=planning.plan_out(planning.stored_plan(plans, plan_id)).artifacts)
+def list_artifacts(plan_id: str, plans: PlanRepoDep, page: CatalogPage) -> Page[ArtifactOut]:
+    """The plan's files (a few: one page unless `limit` asks for less)."""
+    artifacts = planning.plan_out(planning.stored_plan(plans, plan_id)).artifacts
+    shown, next_cursor = paged(artifacts, page)
+    return Page[ArtifactOut](items=shown, next_cursor=next_cursor)
 
 
 @router.get(
@@ -200,9 +203,22 @@ def get_run(plan_id: str, run_id: str, plans: PlanRepoDep) -> RunOut:
 
 
 @router.get("/{plan_id}/runs", response_model=Page[RunOut])
-def list_runs(plan_id: str, plans: PlanRepoDep) -> Page[RunOut]:
+def list_runs(
+    plan_id: str,
+    plans: PlanRepoDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="next_cursor of the previous page")
+    ] = None,
+) -> Page[RunOut]:
+    """Oldest first; pass `next_cursor` back as `cursor` for the next page."""
     planning.stored_plan(plans, plan_id)
-    return Page[RunOut](items=[planning.run_out(r, None) for r in plans.runs(plan_id)])
+    try:
+        after = decode_cursor(cursor) if cursor else None
+    except InvalidCursor as exc:
+        raise Unprocessable(str(exc), errors=[{"field": "query.cursor", "message": str(exc)}]) from exc
+    rows, next_cursor = plans.runs_page(plan_id, limit=limit, after_id=after)
+    return Page[RunOut](items=[planning.run_out(r, None) for r in rows], next_cursor=next_cursor)
 
 
 # The design's unversioned paths (`POST /plans` for schedulers): the same handlers, dependencies and

@@ -148,13 +148,21 @@ class PlanRepository:
         record = self.session.get(RunRecord, run_id)
         return record if record is not None and record.owner == self.owner else None
 
-    def runs(self, plan_id: str) -> Sequence[RunRecord]:
+    def runs_page(
+        self, plan_id: str, *, limit: int, after_id: str | None
+    ) -> tuple[Sequence[RunRecord], str | None]:
+        """The plan's runs, oldest first; the cursor is the last id of the page."""
         query = (
             select(RunRecord)
             .where(RunRecord.owner == self.owner, RunRecord.plan_id == plan_id)
             .order_by(RunRecord.id)
+            .limit(limit + 1)
         )
-        return self.session.scalars(query).all()
+        if after_id is not None:
+            query = query.where(RunRecord.id > after_id)
+        rows = self.session.scalars(query).all()
+        next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
+        return rows[:limit], next_cursor
 
     def runs_on_hardware(
         self, hardware_key: str, framework: str | None = None

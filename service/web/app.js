@@ -780,12 +780,12 @@ async function showPlan(id) {
 }
 
 async function showRuns(planId) {
-  const runs = await api("GET", `/v1/plans/${planId}/runs`);
+  const runs = await allPages(`/v1/plans/${planId}/runs`);  // paged as every list (50 a page)
   if (shownPlan !== planId) return;  // the page has moved to another plan
   const box = document.getElementById("runs");
   box.replaceChildren();
-  if (!runs.items.length) { box.append(el("p", { text: "No runs recorded yet." })); return; }
-  box.append(table(["recorded", "read from", "step", "peak memory", "diagnosis", "calibration factors"], runs.items.map((r) => [
+  if (!runs.length) { box.append(el("p", { text: "No runs recorded yet." })); return; }
+  box.append(table(["recorded", "read from", "step", "peak memory", "diagnosis", "calibration factors"], runs.map((r) => [
     new Date(r.created_at).toLocaleString(), r.source ? `${r.source.format} log` : "typed figures", r.step_s ? fmt.s(r.step_s) : "-",
     r.peak_memory_bytes_per_gpu ? `${fmt.gib(r.peak_memory_bytes_per_gpu)}${r.memory_statistic ? ` (${r.memory_statistic})` : ""}` : (r.out_of_memory ? "out of memory" : "-"),
     Object.entries(r.diagnosis || {}).filter(([, v]) => v != null && !(Array.isArray(v) && !v.length))

@@ -176,6 +176,30 @@ def test_infeasible_job_is_stored_with_suggestions(client: TestClient) -> None:
     assert_problem(client.post(f"/v1/plans/{plan['id']}/runs", json={"out_of_memory": True}), 409)
 
 
+def test_runs_and_artifacts_lists_page_as_every_list_does(client: TestClient) -> None:
+    """api.md: lists take `limit` and `cursor` and answer `next_cursor`; a plan's runs and artifacts
+    refused both (422 unknown query parameter) and returned every run in one page."""
+    plan = create(client, plan_body(launchers=["deepspeed", "slurm", "kubernetes"]))
+    url = f"/v1/plans/{plan['id']}"
+    posted = [client.post(f"{url}/runs", json={"step_s": 1.0 + i}).json()["id"] for i in range(5)]
+    seen, cursor = [], None
+    while True:
+        page = client.get(f"{url}/runs", params={"limit": 2} | ({"cursor": cursor} if cursor else {})).json()
+        assert len(page["items"]) <= 2
+        seen += [r["id"] for r in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == posted  # oldest first, each once
+    assert client.get(f"{url}/runs").json()["next_cursor"] is None  # 5 of a default 50
+    assert_problem(client.get(f"{url}/runs", params={"cursor": "nope"}), 422)
+    artifacts = [a["name"] for a in client.get(f"{url}/artifacts").json()["items"]]
+    assert len(artifacts) >= 3
+    first = client.get(f"{url}/artifacts", params={"limit": 1}).json()
+    rest = client.get(f"{url}/artifacts", params={"cursor": first["next_cursor"]}).json()
+    assert [a["name"] for a in first["items"] + rest["items"]] == artifacts and rest["next_cursor"] is None
+
+
 def test_listing_filters_and_pages_newest_first(client: TestClient) -> None:
     ids = [create(client, plan_body(launchers=[]))["id"] for _ in range(3)]
     ids.append(create(client, plan_body(model={"preset": "qwen2.5-0.5b"}, launchers=[]))["id"])
