@@ -227,8 +227,10 @@ class BodyLimitMiddleware:
                 if not message.get("more_body", False):
                     break
 
+            upstream = receive
+
             async def replay() -> Message:
-                return buffered.pop(0) if buffered else await receive()
+                return buffered.pop(0) if buffered else await upstream()
 
             receive = replay
         seen = 0

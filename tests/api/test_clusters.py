@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi.testclient import TestClient
 
 from tests.api.helpers import assert_problem
+from tests.loopback import served
 
 H100_NODE: dict[str, Any] = {
     "name": "h100-pod",
@@ -361,3 +364,19 @@ def test_estimates_use_and_state_the_measurement_inline_or_stored(client: TestCl
     body["cluster"] |= {INTER: 44e9}
     problem = assert_problem(client.post("/v1/estimates", json=body), 422)
     assert problem["errors"][0]["field"] == f"cluster.{INTER}"
+
+
+def test_chunked_bodies_over_a_real_server(tmp_path: Path) -> None:
+    """The same over uvicorn, whose receive() a response calls again to hear a disconnect: the
+    buffered body is handed on once, then the server's own receive (the page and its assets, a
+    chunked cluster, a chunked body over the limit)."""
+    with served(f"sqlite:///{tmp_path / 'served.db'}") as base:
+        assert httpx.get(f"{base}/").status_code == 200
+        small = json.dumps(H100_NODE).encode()
+        headers = {"content-type": "application/json"}
+        stored = httpx.post(f"{base}/v1/clusters", content=iter([small[:10], small[10:]]), headers=headers)
+        assert stored.status_code == 201, stored.text
+        big = json.dumps(H100_NODE | {"name": "big", "description": "x" * 3_000_000}).encode()
+        chunks = iter([big[i : i + 65536] for i in range(0, len(big), 65536)])
+        refused = httpx.post(f"{base}/v1/clusters", content=chunks, headers=headers)
+        assert refused.status_code == 413, refused.text
