@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from service.catalog.errors import UnknownCatalogEntry
-from service.contracts.common import Problem
+from service.contracts.common import FieldError, Problem
 from service.errors import ServiceError
 from service.estimator.errors import EstimatorError
 from service.persistence.db import ConnectionWaitTimeout, WriterBusy
@@ -105,7 +105,11 @@ def _branch_noise(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     out = []
     for err in _branch_noise([{**e, "loc": tuple(e.get("loc", ()))} for e in exc.errors()]):
-        entry: dict[str, Any] = {"field": _field_path(err.get("loc", ())), "message": err.get("msg", "")}
+        loc = err.get("loc", ())
+        refused = (err.get("ctx") or {}).get("error")
+        if isinstance(refused, FieldError):  # a model validator's: it names the field it refuses
+            loc = (*loc, *refused.field.split("."))
+        entry: dict[str, Any] = {"field": _field_path(loc), "message": err.get("msg", "")}
         entry["type"] = err.get("type", "invalid")
         ctx = err.get("ctx") or {}
         limits = {k: v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le", "max_length", "min_length")}

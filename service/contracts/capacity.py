@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
-from service.contracts.common import Strict
+from service.contracts.common import FieldError, Strict
 from service.contracts.gpus import gpu_slug
 from service.contracts.models import ModelRef
 from service.contracts.plans import ConstraintsIn
@@ -76,11 +76,11 @@ class CapacityRequest(Strict):
     @model_validator(mode="after")
     def _one_source(self) -> CapacityRequest:
         if self.gpus is not None and self.cluster_ids is not None:
-            raise ValueError("give gpus or cluster_ids, not both")
+            raise FieldError("give gpus or cluster_ids, not both", "cluster_ids")
         prices = self.gpu_hour_cost
         values = prices.values() if isinstance(prices, dict) else [prices] if prices is not None else []
         if any(v < 0 for v in values):
-            raise ValueError("gpu_hour_cost must be >= 0")
+            raise FieldError("gpu_hour_cost must be >= 0", "gpu_hour_cost")
         return self
 
 

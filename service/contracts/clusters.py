@@ -12,6 +12,7 @@ from service.contracts.common import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_MEMORY_BYTES,
     MIN_BANDWIDTH_BYTES_PER_S,
+    FieldError,
     Strict,
     catalog_slug,
 )
@@ -145,10 +146,11 @@ class ClusterShape(Strict):
     @model_validator(mode="after")
     def _num_gpus_agrees(self) -> ClusterShape:
         if self.num_gpus is not None and self.num_gpus != self.num_nodes * self.gpus_per_node:
-            raise ValueError(
+            raise FieldError(
                 f"num_gpus ({self.num_gpus}) is not num_nodes x gpus_per_node ({self.num_nodes} x "
                 f"{self.gpus_per_node} = {self.num_nodes * self.gpus_per_node}): give whole nodes, or "
-                "gpus_per_node"
+                "gpus_per_node",
+                "num_gpus",
             )
         return self
 

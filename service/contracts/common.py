@@ -133,6 +133,16 @@ def _strict_value(value: Any, kinds: set[type]) -> None:
         raise ValueError(f"expected true or false, got {value!r}")
 
 
+class FieldError(ValueError):
+    """A model validator's refusal of one field (two fields that contradict, a field another needs):
+    raised in a model validator it would otherwise locate at the model itself ("body"); the problem's
+    ``errors`` name ``field`` under the model (``api.problems``)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def _refuse_nul(value: Any, where: str = "") -> None:
     """PostgreSQL text cannot hold NUL (0x00), and no name or label needs one: refused everywhere."""
     if isinstance(value, str):
@@ -182,10 +192,10 @@ class Strict(BaseModel):
             if target not in cls.model_fields:
                 continue  # left in place: `extra="forbid"` names it
             if target in data:
-                raise ValueError(f"give either {key} or {target}, not both")
+                raise FieldError(f"give either {key} or {target}, not both", key)
             value = out.pop(key)
             if not isinstance(value, int | float) or isinstance(value, bool):
-                raise ValueError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
+                raise FieldError(f"{key}: expected a number, got {type(value).__name__} {value!r}", key)
             out[target] = value * GB_PER_S
         return out
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from service.contracts.clusters import ClusterChoice
-from service.contracts.common import MAX_MEMORY_BYTES, MIN_MEMORY_BYTES, Strict
+from service.contracts.common import MAX_MEMORY_BYTES, MIN_MEMORY_BYTES, FieldError, Strict
 from service.contracts.estimates import EstimateOut
 from service.contracts.models import ModelRef
 from service.contracts.training import TrainingIn
@@ -197,12 +197,13 @@ class RunIn(Strict):
         if self.log is not None:
             typed = [name for name in MEASUREMENTS if name in self.model_fields_set]
             if typed:
-                raise ValueError(f"give a log or typed figures, not both: drop {', '.join(typed)} or log")
+                dropped = ", ".join(typed)
+                raise FieldError(f"give a log or typed figures, not both: drop {dropped} or log", "log")
             return self
         if "format" in self.model_fields_set:
-            raise ValueError("format says how to read a log: give log with it")
+            raise FieldError("format says how to read a log: give log with it", "format")
         if self.step_s is not None and self.tokens_per_s is not None:
-            raise ValueError("give step_s or tokens_per_s, not both")
+            raise FieldError("give step_s or tokens_per_s, not both", "tokens_per_s")
         measured = (self.peak_memory_bytes_per_gpu, self.step_s, self.tokens_per_s)
         if not self.out_of_memory and all(m is None for m in measured):
             raise ValueError("report peak_memory_bytes_per_gpu, step_s or tokens_per_s, or out_of_memory")

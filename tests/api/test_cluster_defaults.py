@@ -147,8 +147,8 @@ def test_a_cluster_by_its_gpu_count(
 @pytest.mark.parametrize(
     ("cluster", "field"),
     [
-        ({"gpu": "h100-sxm-80gb", "num_gpus": 12}, "cluster"),  # not whole nodes of 8
-        ({"gpu": "h100-sxm-80gb", "num_gpus": 16, "num_nodes": 2, "gpus_per_node": 4}, "cluster"),
+        ({"gpu": "h100-sxm-80gb", "num_gpus": 12}, "cluster.num_gpus"),  # not whole nodes of 8
+        ({"gpu": "h100-sxm-80gb", "num_gpus": 16, "num_nodes": 2, "gpus_per_node": 4}, "cluster.num_gpus"),
         ({"gpu": "l40s-48gb", "num_gpus": 8}, "cluster.gpus_per_node"),  # a PCIe card's node is not known
     ],
 )

@@ -48,7 +48,7 @@ def estimate_body(**parts: dict[str, Any]) -> dict[str, Any]:
         ),
         (
             {"cluster": {"intra_node_bandwidth_gbps": "400"}},
-            "cluster",
+            "cluster.intra_node_bandwidth_gbps",
             "intra_node_bandwidth_gbps: expected a number",
         ),
     ],
@@ -240,3 +240,30 @@ def test_amounts_take_json_floats_that_are_integers(client: TestClient) -> None:
     assert huge.status_code == 422
     (error,) = huge.json()["errors"]
     assert error["field"] == "training.tokens" and "10000000000000000" in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/clusters", {"name": "x", "gpu": "h100-sxm-80gb", "num_gpus": 12}, "num_gpus"),
+        (
+            "/v1/estimates",
+            {"model": {"preset": "gpt2"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 12},
+             "training": {"seq_len": 1024, "global_batch_size": 8}},
+            "cluster.num_gpus",
+        ),
+        (
+            "/v1/capacity",
+            {"model": {"preset": "gpt2"}, "training": {"seq_len": 1024, "global_batch_size": 8},
+             "gpus": ["l4-24gb"], "cluster_ids": ["x"]},
+            "cluster_ids",
+        ),
+    ],
+)  # fmt: skip
+def test_two_fields_that_contradict_name_one_of_them_not_the_body(
+    client: TestClient, path: str, body: dict[str, Any], field: str
+) -> None:
+    """api.md: the errors name each offending field; a model validator's refusal named "body"."""
+    response = client.post(path, json=body)
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == [field]
