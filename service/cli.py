@@ -259,11 +259,11 @@ def cluster_choice(
     return {"id": stored_cluster_id(api, str(cluster))}
 
 
-def stored_cluster_id(api: Api, name_or_id: str) -> str:
+def stored_cluster_id(api: Api, name_or_id: str, option: str = "--cluster") -> str:
     for item in all_pages(api, "/v1/clusters"):
         if name_or_id in (item["id"], item["name"]):
             return str(item["id"])
-    raise Failure(f"--cluster {name_or_id!r}: no stored cluster has that name or id")
+    raise Failure(f"{option} {name_or_id!r}: no stored cluster has that name or id")
 
 
 def training(
@@ -842,11 +842,18 @@ def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
 @main.command()
 @options(model_options, job_options)
 @click.option("--gpu", "gpu_names", multiple=True, help="catalog GPUs to compare (default: all)")
-@click.option("--cluster-id", "cluster_ids", multiple=True, help="stored clusters to compare instead of GPUs")
 @click.option(
-    "--gpus-per-node", type=click.IntRange(1), default=8, show_default=True, help="node size of a card"
+    "--cluster-id",
+    "cluster_ids",
+    multiple=True,
+    help="stored clusters to compare instead of GPUs (an id or a name, as --cluster takes)",
 )
-@click.option("--max-nodes", type=int, default=1024, show_default=True)
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(1),
+    help="node size of a catalog card (default 8; not with --cluster-id)",
+)
+@click.option("--max-nodes", type=click.IntRange(1), help="largest node count searched (default 1024)")
 @click.option(
     "--at-gpus", type=click.IntRange(1), help="time to train on this many GPUs (default: the fewest)"
 )
@@ -872,8 +879,8 @@ def capacity(
     optimizer_implementation: str | None,
     gpu_names: tuple[str, ...],
     cluster_ids: tuple[str, ...],
-    gpus_per_node: int,
-    max_nodes: int,
+    gpus_per_node: int | None,
+    max_nodes: int | None,
     at_gpus: int | None,
     costs: tuple[str, ...],
     url: str | None,
@@ -886,13 +893,15 @@ def capacity(
         "training": training(
             seq, batch, precision, method, tokens, attention, base_dtype, optimizer, optimizer_implementation
         ),
-        "gpus_per_node": gpus_per_node,
-        "max_nodes": max_nodes,
     }
+    if gpus_per_node is not None:
+        body["gpus_per_node"] = gpus_per_node
+    if max_nodes is not None:
+        body["max_nodes"] = max_nodes
     if gpu_names:
         body["gpus"] = list(gpu_names)
     if cluster_ids:
-        body["cluster_ids"] = list(cluster_ids)
+        body["cluster_ids"] = [stored_cluster_id(api, name, "--cluster-id") for name in cluster_ids]
     if at_gpus is not None:
         body["at_gpus"] = at_gpus
     if costs:

@@ -576,3 +576,18 @@ def test_nodes_of_a_part_with_a_reference_node_need_no_network_flag(database: st
         json.loads(result.output)["resolved_defaults"]["cluster.inter_node_bandwidth_bytes_per_s"]
         == "50000000000"
     )
+
+
+def test_capacity_of_stored_clusters_by_name(database: str) -> None:
+    """--cluster-id takes a name as --cluster does ("lab box" was a 404 naming cluster_ids.0), and
+    sends no catalog node size or node bound, which the API refuses beside stored clusters."""
+    assert run("clusters", "add", "lab box", "--gpus", "8xa100-sxm-80gb").exit_code == 0
+    args = ["capacity", "--model", "gpt2", "--seq", "1024", "--batch", "64", "--cluster-id", "lab box"]
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.output
+    (option,) = json.loads(result.output)["options"]
+    assert option["gpu"] == "a100-sxm-80gb" and option["fits"]
+    unknown = CliRunner().invoke(main, [*args[:-1], "nope", "--json"])
+    assert unknown.exit_code == 1 and "--cluster-id 'nope'" in words(unknown.output)
+    both = CliRunner().invoke(main, [*args, "--max-nodes", "2", "--json"])
+    assert both.exit_code == 1 and "max_nodes" in words(both.output)

@@ -77,6 +77,15 @@ class CapacityRequest(Strict):
     def _one_source(self) -> CapacityRequest:
         if self.gpus is not None and self.cluster_ids is not None:
             raise FieldError("give gpus or cluster_ids, not both", "cluster_ids")
+        if self.cluster_ids is not None:
+            for field in ("gpus_per_node", "max_nodes"):
+                if field in self.model_fields_set:  # an input the answer would not use is refused
+                    raise FieldError(
+                        f"{field} sizes the catalog's GPUs; a stored cluster is searched on its own nodes, "
+                        "up to its own GPUs: leave it out with cluster_ids",
+                        field,
+                    )
+            self.cluster_ids = list(dict.fromkeys(self.cluster_ids))  # one option each, as gpus
         prices = self.gpu_hour_cost
         values = prices.values() if isinstance(prices, dict) else [prices] if prices is not None else []
         if any(v < 0 for v in values):

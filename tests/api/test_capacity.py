@@ -51,6 +51,13 @@ def test_stored_clusters_keep_their_ids(client: TestClient) -> None:
     options = response.json()["options"]
     assert {o["cluster_id"] for o in options} == set(ids)
     assert all(o["fits"] and o["gpu"] == "a100-sxm-80gb" for o in options)
+    # a cluster named twice is one option, as a GPU named twice is
+    twice = client.post("/v1/capacity", json=body | {"cluster_ids": [ids[0], ids[0], ids[1]]}).json()
+    assert [o["cluster_id"] for o in twice["options"]] == [o["cluster_id"] for o in options]
+    # the catalog's node size and node bound do not apply to stored clusters: refused, not ignored
+    for field, value in (("max_nodes", 1), ("gpus_per_node", 4)):
+        problem = assert_problem(client.post("/v1/capacity", json=body | {field: value}), 422)
+        assert problem["errors"][0]["field"] == field and "stored cluster" in problem["errors"][0]["message"]
 
 
 def test_bad_capacity_requests(client: TestClient) -> None:
