@@ -74,6 +74,7 @@ from service.recommender.space import (
     RejectionLog,
     Sharding,
     Structure,
+    Unsupported,
     data_parallel_split,
     gpu_counts,
     largest_world,
@@ -585,7 +586,8 @@ def _search_structure(
             if reason in result.log.groups:
                 result.log.groups[reason].count += 1  # the example is kept from the first
             else:
-                example = make_layout(s, Sharding(framework, 0), Recompute.NONE, 1, 1)
+                stage = reason.zero_stage if isinstance(reason, Unsupported) else 0
+                example = make_layout(s, Sharding(framework, stage), Recompute.NONE, 1, 1)
                 result.log.add(reason, 1, example, reason)
         fitted = False
         virtuals = virtual_stages(search.model, framework, s.pp)

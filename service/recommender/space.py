@@ -575,10 +575,23 @@ def _shardings(
     return tuple(ok), tuple(unsupported)
 
 
-def _unsupported_reason(framework: Framework, stage: int, violation: InvalidLayout) -> str:
+class Unsupported(str):
+    """Why a framework does not run a ZeRO stage at a split (the rejection log's reason), with the
+    stage, which the log's example layout shows (it showed stage 0 beside "does not support
+    zero_stage 2")."""
+
+    zero_stage: int
+
+    def __new__(cls, reason: str, zero_stage: int = 0) -> Unsupported:
+        made = super().__new__(cls, reason)
+        made.zero_stage = zero_stage
+        return made
+
+
+def _unsupported_reason(framework: Framework, stage: int, violation: InvalidLayout) -> Unsupported:
     if violation.rule == "zero_pp":
-        return f"{framework.value} does not support zero_stage {stage} with pp > 1"
-    return f"{framework.value} does not support zero_stage {stage}"
+        return Unsupported(f"{framework.value} does not support zero_stage {stage} with pp > 1", stage)
+    return Unsupported(f"{framework.value} does not support zero_stage {stage}", stage)
 
 
 def virtual_stages(model: ModelSpec, framework: Framework, pp: int) -> tuple[int, ...]:

@@ -56,6 +56,24 @@ def test_7b_on_eight_80gb_gpus_is_sensible(tuning: Tuning) -> None:
     assert len(result.alternatives) == 2
 
 
+def test_a_rejected_zero_stage_is_shown_with_that_stage(tuning: Tuning) -> None:
+    """The rejection log's example of "megatron does not support zero_stage 2" had zero_stage 0: the
+    example is the rejected sharding's own."""
+    result = recommend(
+        model("llama-2-7b").spec,
+        cluster("h100-sxm-80gb"),
+        TrainingSpec(seq_len=4096, global_batch_size=256),
+        Constraints(),
+        tuning,
+    )
+    stages = {
+        r.reason: r.example.zero_stage for r in result.rejected if "does not support zero_stage" in r.reason
+    }
+    assert {"megatron does not support zero_stage 2", "fsdp does not support zero_stage 1"} <= set(stages)
+    for reason, stage in stages.items():
+        assert f"zero_stage {stage}" in reason, (reason, stage)
+
+
 def test_70b_on_eight_24gb_gpus_is_infeasible_and_says_how_many(tuning: Tuning) -> None:
     spec, c = model("llama-2-70b").spec, cluster("rtx-4090-24gb", host_gib=256)
     training = TrainingSpec(seq_len=4096, global_batch_size=64)
