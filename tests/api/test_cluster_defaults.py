@@ -182,3 +182,13 @@ def test_a_run_on_a_defaulted_cluster_calibrates_the_same_cluster_stated(client:
     response = client.post("/v1/estimates", json=body)
     assert response.status_code == 200, response.text
     assert response.json()["calibration"] is not None
+
+
+def test_an_mi300x_cluster_of_several_nodes_takes_its_reference_nodes_network(client: TestClient) -> None:
+    """MI300X ships 8 to a baseboard, like the HGX parts, but had no reference network: two nodes
+    of it were a 422 asking for inter_node_bandwidth_bytes_per_s."""
+    body = {"model": {"preset": "qwen2.5-0.5b"}, "cluster": {"gpu": "mi300x-192gb", "num_nodes": 2},
+            "training": {"seq_len": 2048, "global_batch_size": 32}}  # fmt: skip
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    assert response.json()["resolved_defaults"]["cluster.inter_node_bandwidth_bytes_per_s"] == "50000000000"

@@ -338,6 +338,7 @@ def test_reference_node_networks_are_their_nics_over_their_gpus() -> None:
         "a100-sxm-80gb": 8 * 200e9 / 8 / 8,  # DGX A100: 8 x ConnectX-6 200 Gb/s
         "v100-sxm2-32gb": 4 * 100e9 / 8 / 8,  # DGX-1: 4 x EDR 100 Gb/s
         "mi250x-128gb": 4 * 200e9 / 8 / 4,  # Frontier: 4 x Slingshot 200 Gb/s for 4 packages
+        "mi300x-192gb": 8 * 400e9 / 8 / 8,  # Azure ND MI300X v5: 8 x NDR 400 Gb/s for 8 GPUs
     }
     for name, share in shares.items():
         assert gpu(name).node_network_bytes_per_s == share, name
