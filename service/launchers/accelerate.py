@@ -74,6 +74,8 @@ def refusal(plan: Plan) -> Refusal:
     lo = plan.layout
     if lo.framework is Framework.MEGATRON and (job := megatron.job_refusal(plan.model, plan.training)):
         return job  # before the plugin's own limits: the plugin trains Megatron-LM's GPT model
+    if lo.framework is Framework.MEGATRON and (hardware := megatron.hardware_refusal(plan.cluster.gpu)):
+        return hardware  # the plugin builds Megatron-LM's model with its default Transformer Engine layers
     if lo.framework is Framework.DEEPSPEED:
         reason = _deepspeed_refusal(plan)
     elif lo.framework is Framework.FSDP:

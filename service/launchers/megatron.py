@@ -12,6 +12,7 @@ from service.estimator.model_states import megatron_fp8_params, megatron_grads_i
 from service.estimator.params import is_moe_layer
 from service.estimator.types import (
     AttentionKind,
+    GPUSpec,
     Method,
     MlpKind,
     ModelSpec,
@@ -75,6 +76,8 @@ def refusal(plan: Plan) -> Refusal:
     lo, model, seq = plan.layout, plan.model, plan.training.seq_len
     if TARGET not in FRAMEWORKS[lo.framework].targets:
         return f"the layout is for {lo.framework}, not Megatron-LM"
+    if (hardware := hardware_refusal(plan.cluster.gpu)) is not None:
+        return hardware
     problems: list[str] = []
     if plan.training.method is not Method.FULL:
         problems.append(
@@ -111,6 +114,20 @@ def refusal(plan: Plan) -> Refusal:
         problems.append(f"ep={lo.ep} on a dense model")
     problems += _job_problems(model, plan.training)
     return "; ".join(problems) if problems else None
+
+
+def hardware_refusal(gpu: GPUSpec) -> str | None:
+    """Why Megatron-LM as rendered here (Transformer Engine layers, --transformer-impl's default, which
+    the estimate's kernels, fusions and attention rates are of) cannot run on the GPU, or None.
+    Transformer Engine's support matrix starts at compute capability 8.0 (Ampere), the generations
+    FlashAttention-2 needs too (its ROCm port: CDNA 2/3): a GPU without FlashAttention kernels (V100,
+    T4) has none, and Megatron's context parallelism and TP overlap exist only in it."""
+    if gpu.flash_attention:
+        return None
+    return (
+        f"{gpu.name}: Megatron-LM's Transformer Engine layers need NVIDIA Ampere or newer (or AMD CDNA 2/3); "
+        "its local implementation (--transformer-impl local), with other kernels, is not what is estimated"
+    )
 
 
 def job_refusal(model: ModelSpec, training: TrainingSpec) -> str | None:

@@ -617,3 +617,18 @@ def test_deepspeed_expert_parallelism_names_the_model_code_it_needs_under_both_l
     dense = plan(framework=Framework.DEEPSPEED, zero_stage=zero_stage)
     (script,) = [a.content for a in accelerate.render(dense) if a.name == accelerate.LAUNCH_NAME]
     assert "deepspeed.moe" not in script
+
+
+def test_megatron_refuses_a_gpu_transformer_engine_does_not_run_on() -> None:
+    """V100 plans recommended Megatron with context parallelism and --tp-comm-overlap, both of which
+    exist only in Transformer Engine, whose support starts at Ampere: the Megatron-LM target and
+    Accelerate's Megatron plugin refuse such a GPU; an Ampere part is rendered as before."""
+    from service.catalog.gpus import gpu
+
+    base = plan(framework=Framework.MEGATRON, zero_stage=1, tp=4, cp=2, sequence_parallel=True)
+    for name in ("v100-sxm2-32gb", "t4-16gb"):
+        old = replace(base, cluster=replace(base.cluster, gpu=gpu(name)))
+        for refuse in (megatron.refusal, accelerate.refusal):
+            assert "Transformer Engine layers need NVIDIA Ampere or newer" in (refuse(old) or ""), name
+    ampere = replace(base, cluster=replace(base.cluster, gpu=gpu("a100-sxm-80gb")))
+    assert megatron.refusal(ampere) is None
