@@ -45,6 +45,13 @@ class Conflict(ServiceError):
     slug = "conflict"
 
 
+class PreconditionFailed(ServiceError):
+    """An If-Match the stored resource no longer matches (RFC 9110 13.1.1): nothing changed."""
+
+    status_code = 412
+    slug = "precondition-failed"
+
+
 class Unprocessable(ServiceError):
     status_code = 422
     slug = "validation-error"

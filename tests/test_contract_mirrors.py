@@ -33,9 +33,9 @@ MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
     # gpu_flash_kernels: read off the GPU the job is placed on (defaults.for_gpu), never sent
     (TrainingSpec, TrainingIn, {"hardware_defaults", "gpu_flash_kernels"}, set()),
     # the cluster a request states (num_gpus: another way to state num_nodes, resolved into it), and
-    # the fields a PATCH may change (with the stored one's name)
+    # the fields a PATCH may change (with the stored one's name; version: the one it was made from)
     (ClusterSpec, ClusterShape, set(), {"num_gpus"}),
-    (ClusterSpec, ClusterPatch, set(), {"name", "description"}),
+    (ClusterSpec, ClusterPatch, set(), {"name", "description", "version"}),
     (TimeBreakdown, TimeBreakdownOut, set(), set()),
     # overhead, the three statistics and total (= device used): sums of the components, properties of
     # the domain type

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Header, Query, Response, status
 
 from service.api.deps import ClusterRepoDep
-from service.api.problems import PROBLEM_RESPONSES
-from service.contracts.clusters import ClusterCreate, ClusterOut, ClusterPatch
+from service.api.problems import PRECONDITION_RESPONSES, PROBLEM_RESPONSES
+from service.contracts.clusters import ClusterCreate, ClusterOut, ClusterPatch, ClusterReplace
 from service.contracts.common import Page
 from service.errors import Unprocessable
 from service.persistence.repository import InvalidCursor, decode_cursor
@@ -23,11 +23,26 @@ LimitQuery = Annotated[int, Query(ge=1, le=500, description="page size")]
 CursorQuery = Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page")]
 
 
+IfMatch = Annotated[
+    str | None,
+    Header(
+        max_length=200,
+        description='the ETag a GET answered ("3"): a write to a cluster changed since is a 412 and changes '
+        "nothing",
+    ),
+]
+
+
+def _tagged(response: Response, out: ClusterOut) -> ClusterOut:
+    response.headers["ETag"] = f'"{out.version}"'
+    return out
+
+
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ClusterOut)
 def create_cluster(body: ClusterCreate, repo: ClusterRepoDep, response: Response) -> ClusterOut:
     record = clusters.create_cluster(repo, body)
     response.headers["Location"] = f"/v1/clusters/{record.id}"
-    return clusters.cluster_out(record)
+    return _tagged(response, clusters.cluster_out(record))
 
 
 @router.get("", response_model=Page[ClusterOut])
@@ -43,21 +58,27 @@ def list_clusters(
 
 
 @router.get("/{cluster_id}", response_model=ClusterOut)
-def get_cluster(cluster_id: str, repo: ClusterRepoDep) -> ClusterOut:
-    return clusters.cluster_out(clusters.stored_cluster(repo, cluster_id))
+def get_cluster(cluster_id: str, repo: ClusterRepoDep, response: Response) -> ClusterOut:
+    return _tagged(response, clusters.cluster_out(clusters.stored_cluster(repo, cluster_id)))
 
 
-@router.put("/{cluster_id}", response_model=ClusterOut)
-def replace_cluster(cluster_id: str, body: ClusterCreate, repo: ClusterRepoDep) -> ClusterOut:
-    return clusters.cluster_out(clusters.replace_cluster(repo, cluster_id, body))
+@router.put("/{cluster_id}", response_model=ClusterOut, responses=PRECONDITION_RESPONSES)
+def replace_cluster(
+    cluster_id: str, body: ClusterReplace, repo: ClusterRepoDep, response: Response, if_match: IfMatch = None
+) -> ClusterOut:
+    record = clusters.replace_cluster(repo, cluster_id, body, if_match)
+    return _tagged(response, clusters.cluster_out(record))
 
 
-@router.patch("/{cluster_id}", response_model=ClusterOut)
-def update_cluster(cluster_id: str, body: ClusterPatch, repo: ClusterRepoDep) -> ClusterOut:
-    return clusters.cluster_out(clusters.update_cluster(repo, cluster_id, body))
+@router.patch("/{cluster_id}", response_model=ClusterOut, responses=PRECONDITION_RESPONSES)
+def update_cluster(
+    cluster_id: str, body: ClusterPatch, repo: ClusterRepoDep, response: Response, if_match: IfMatch = None
+) -> ClusterOut:
+    record = clusters.update_cluster(repo, cluster_id, body, if_match)
+    return _tagged(response, clusters.cluster_out(record))
 
 
-@router.delete("/{cluster_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_cluster(cluster_id: str, repo: ClusterRepoDep) -> Response:
-    clusters.delete_cluster(repo, cluster_id)
+@router.delete("/{cluster_id}", status_code=status.HTTP_204_NO_CONTENT, responses=PRECONDITION_RESPONSES)
+def delete_cluster(cluster_id: str, repo: ClusterRepoDep, if_match: IfMatch = None) -> Response:
+    clusters.delete_cluster(repo, cluster_id, if_match)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

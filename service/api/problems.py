@@ -53,6 +53,10 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": _PROBLEM_CONTENT,
     },
 }
+# A write with If-Match (clusters): its own routes document it.
+PRECONDITION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    412: {"description": "If-Match names an older version: nothing changed", "content": _PROBLEM_CONTENT}
+}
 
 
 def problem_response(

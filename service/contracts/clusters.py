@@ -232,11 +232,24 @@ class ClusterCreate(ClusterShape):
     description: str = Field(default="", max_length=2000)
 
 
+VERSION_DESCRIPTION = (
+    "the cluster's version this write was made from (a GET's `version`): a write made from an older one "
+    "is a 409 and changes nothing (If-Match with the ETag does the same, answered 412); absent: not checked"
+)
+
+
+class ClusterReplace(ClusterCreate):
+    """A PUT's body: the whole cluster, and the version it replaces."""
+
+    version: int | None = Field(default=None, ge=1, description=VERSION_DESCRIPTION)
+
+
 class ClusterPatch(Strict):
     """Fields to change; the merged cluster is validated as a whole. Only the bandwidths may be
     null: null puts a nominal one back to its default and removes a measured one. (None below means
     "not sent".)"""
 
+    version: int | None = Field(default=None, ge=1, description=VERSION_DESCRIPTION)
     name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
     description: str | None = Field(default=None, max_length=2000)
     gpu: str | CustomGPU | None = None
@@ -299,6 +312,10 @@ class ClusterOut(BaseModel):
     )
     created_at: datetime
     updated_at: datetime
+    version: int = Field(
+        description="counts the cluster's changes (1 when created; also its ETag): send it back with a PUT "
+        "or PATCH (or as If-Match) and a change made since is not overwritten"
+    )
 
 
 class ClusterRef(Strict):

@@ -8,10 +8,17 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
-from service.contracts.clusters import ClusterCreate, ClusterIn, ClusterOut, ClusterPatch, ClusterRef
+from service.contracts.clusters import (
+    ClusterCreate,
+    ClusterIn,
+    ClusterOut,
+    ClusterPatch,
+    ClusterRef,
+    ClusterReplace,
+)
 from service.contracts.gpus import CustomGPU
 from service.contracts.models import ModelRef
-from service.errors import Conflict, NotFound, Unprocessable
+from service.errors import Conflict, NotFound, PreconditionFailed, Unprocessable
 from service.estimator.types import ClusterSpec
 from service.persistence.models import ClusterRecord
 from service.persistence.repository import ClusterRepository
@@ -62,7 +69,32 @@ def cluster_out(record: ClusterRecord) -> ClusterOut:
         measured_inter_node_bus_bandwidth_bytes_per_s=spec.measured_inter_node_bus_bandwidth_bytes_per_s,
         created_at=record.created_at,
         updated_at=record.updated_at,
+        version=record.version,
     )
+
+
+def check_version(record: ClusterRecord, version: int | None, if_match: str | None) -> None:
+    """Refuse a write made from an older version of the cluster: the body's ``version`` (409, as the
+    contract says) or the If-Match header (412, as HTTP says); either absent: not checked. Two writers
+    who read the same version then each change a field no longer lose one change to the other."""
+    if if_match is not None and not _matches(if_match, record.version):
+        raise PreconditionFailed(
+            f"If-Match {if_match} does not match cluster {record.id!r}, now at version {record.version} "
+            f'(ETag "{record.version}"): read it again and write from that',
+            errors=[{"field": "header.If-Match", "message": "stale", "current_version": record.version}],
+        )
+    if version is not None and version != record.version:
+        raise Conflict(
+            f"version {version} is not the stored cluster's: {record.id!r} is at version {record.version} "
+            "(changed since it was read): read it again and write from that",
+            errors=[{"field": "version", "message": "stale", "current_version": record.version}],
+        )
+
+
+def _matches(if_match: str, version: int) -> bool:
+    """Whether an If-Match header names this version: "*", or a list of entity tags, weak or strong."""
+    tags = [tag.strip() for tag in if_match.split(",")]
+    return "*" in tags or any(tag.removeprefix("W/").strip('"') == str(version) for tag in tags)
 
 
 def read_from_catalog(model: ModelRef, cluster: ClusterRef | ClusterIn) -> dict[str, str]:
@@ -90,17 +122,23 @@ def create_cluster(repo: ClusterRepository, body: ClusterCreate) -> ClusterRecor
     return _save(repo, record)
 
 
-def replace_cluster(repo: ClusterRepository, cluster_id: str, body: ClusterCreate) -> ClusterRecord:
+def replace_cluster(
+    repo: ClusterRepository, cluster_id: str, body: ClusterReplace, if_match: str | None = None
+) -> ClusterRecord:
     record = stored_cluster(repo, cluster_id)
+    check_version(record, body.version, if_match)
     _check_name_free(repo, body.name, record.id)
     _apply(record, body)
     return _save(repo, record)
 
 
-def update_cluster(repo: ClusterRepository, cluster_id: str, patch: ClusterPatch) -> ClusterRecord:
+def update_cluster(
+    repo: ClusterRepository, cluster_id: str, patch: ClusterPatch, if_match: str | None = None
+) -> ClusterRecord:
     """The stored cluster with the fields sent changed, validated as a whole."""
     record = stored_cluster(repo, cluster_id)
-    merged = record_fields(record) | patch.model_dump(exclude_unset=True)
+    check_version(record, patch.version, if_match)
+    merged = record_fields(record) | patch.model_dump(exclude_unset=True, exclude={"version"})
     try:
         replacement = ClusterCreate.model_validate(merged)
     except ValidationError as exc:  # e.g. a stored custom GPU that no longer validates
@@ -114,9 +152,10 @@ def update_cluster(repo: ClusterRepository, cluster_id: str, patch: ClusterPatch
     return _save(repo, record)
 
 
-def delete_cluster(repo: ClusterRepository, cluster_id: str) -> None:
-    """Delete a cluster no stored plan refers to."""
+def delete_cluster(repo: ClusterRepository, cluster_id: str, if_match: str | None = None) -> None:
+    """Delete a cluster no stored plan refers to (and, with If-Match, that has not changed since)."""
     record = stored_cluster(repo, cluster_id)
+    check_version(record, None, if_match)
     plans = repo.plan_count(cluster_id)
     if plans:
         raise Conflict(

@@ -380,3 +380,33 @@ def test_chunked_bodies_over_a_real_server(tmp_path: Path) -> None:
         chunks = iter([big[i : i + 65536] for i in range(0, len(big), 65536)])
         refused = httpx.post(f"{base}/v1/clusters", content=chunks, headers=headers)
         assert refused.status_code == 413, refused.text
+
+
+def test_a_write_made_from_an_older_version_changes_nothing(client: TestClient) -> None:
+    """api.md: clusters carry a version (409 on a stale write). Two clients read version 1; A's PATCH
+    makes it 2; B's PUT of its stale copy put num_nodes back without a word. Sent back, the version
+    (in the body: 409; as If-Match: 412) refuses such a write; left out, nothing is checked."""
+    created = create(client)
+    assert created["version"] == 1
+    got = client.get(f"/v1/clusters/{created['id']}")
+    assert got.headers["etag"] == '"1"' and got.json()["version"] == 1
+    stale = {k: created[k] for k in ("name", "gpu", "num_nodes", "gpus_per_node")}
+    a = client.patch(f"/v1/clusters/{created['id']}", json={"description": "A", "version": 1})
+    assert a.status_code == 200, a.text
+    assert a.json()["version"] == 2 and a.headers["etag"] == '"2"'
+    b = client.put(f"/v1/clusters/{created['id']}", json=stale | {"description": "B", "version": 1})
+    problem = assert_problem(b, 409)
+    assert problem["errors"][0] == {"field": "version", "message": "stale", "current_version": 2}
+    header = client.put(
+        f"/v1/clusters/{created['id']}", json=stale | {"description": "B"}, headers={"If-Match": '"1"'}
+    )
+    assert assert_problem(header, 412)["errors"][0]["current_version"] == 2
+    assert client.get(f"/v1/clusters/{created['id']}").json()["description"] == "A"  # A's change stands
+    assert_problem(client.delete(f"/v1/clusters/{created['id']}", headers={"If-Match": '"1"'}), 412)
+    # written from the current version (or "*", or without one), the change goes through
+    fresh = client.put(
+        f"/v1/clusters/{created['id']}", json=stale | {"description": "B"}, headers={"If-Match": 'W/"2"'}
+    )
+    assert fresh.status_code == 200 and fresh.json()["version"] == 3
+    assert client.patch(f"/v1/clusters/{created['id']}", json={"description": "C"}).json()["version"] == 4
+    assert client.delete(f"/v1/clusters/{created['id']}", headers={"If-Match": "*"}).status_code == 204

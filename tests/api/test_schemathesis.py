@@ -42,18 +42,20 @@ EVERY_CHECK = CHECKS.get_all()
 # A schema cannot state every rule a request must meet: a preset, GPU or chip must be in the catalog,
 # dp x tp x pp must divide the GPUs, a cursor must be one the service issued, step_s and tokens_per_s
 # exclude each other. A schema-valid request that breaks one is a documented 422 naming the field
-# (refusals_name_the_field holds that), so positive-data acceptance takes 422 besides its defaults.
+# (refusals_name_the_field holds that), so positive-data acceptance takes 422 besides its defaults,
+# and 412: a schema-valid If-Match that names another version than the stored cluster's.
 # A generated body over the service's limit (PLANNER_MAX_BODY_BYTES: a run's `log` may be megabytes)
 # is refused unread with a 413 problem+json, which negative-data rejection takes besides its defaults.
 CONFIG = SchemathesisConfig.from_dict(
     {
         "checks": {
             "positive_data_acceptance": {
-                "expected-statuses": ["2XX", "3XX", "401", "403", "404", "409", "422", "429", "5XX"]
+                "expected-statuses": ["2XX", "3XX", "401", "403", "404", "409", "412", "422", "429", "5XX"]
             },
             "negative_data_rejection": {
                 "expected-statuses": [
-                    *("400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429"),
+                    *("400", "401", "403", "404", "405", "406", "409", "412", "413", "415", "422", "428"),
+                    "429",
                     "5XX",
                 ]
             },
