@@ -200,10 +200,19 @@ def _bad(message: str, rule: str, field: str) -> InvalidLayout:
 
 def world_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     if layout.world_size != cluster.world_size:
+        part, used, per_node = "", layout.world_size, cluster.gpus_per_node
+        if used < cluster.world_size and (used <= per_node or used % per_node == 0):
+            # a plan that fits on fewer GPUs (fewest_gpus, cost) recommends a layout on part of the
+            # cluster, whole nodes or part of one: its numbers are those of a cluster of that many
+            nodes, per_node = (1, used) if used <= per_node else (used // per_node, per_node)
+            part = (
+                f"; a layout for {used} of its GPUs (as a plan on part of the cluster recommends) is "
+                f"estimated on a cluster of them: num_nodes {nodes}, gpus_per_node {per_node}"
+            )
         return _bad(
             f"dp*tp*pp*cp = {layout.dp}*{layout.tp}*{layout.pp}*{layout.cp} = {layout.world_size} "
             f"!= world size ({cluster.num_nodes} nodes x {cluster.gpus_per_node} GPUs "
-            f"= {cluster.world_size})",
+            f"= {cluster.world_size}){part}",
             "world_size",
             "dp",
         )

@@ -239,6 +239,17 @@ def test_world_size_message_quotes_numbers() -> None:
         check(Layout(dp=8))
 
 
+def test_a_layout_on_part_of_the_cluster_says_which_cluster_estimates_it() -> None:
+    """A fewest-GPU plan on 8 GPUs recommends a layout on 1 of them; sent to /v1/estimates on the same
+    cluster it was a bare world-size 422: the message says which cluster its numbers are of."""
+    with pytest.raises(InvalidLayout, match=r"estimated on a cluster of them: num_nodes 1, gpus_per_node 1$"):
+        check(Layout(dp=1))
+    with pytest.raises(InvalidLayout, match=r"num_nodes 1, gpus_per_node 8$"):
+        check(Layout(dp=8))
+    with pytest.raises(InvalidLayout, match=r"= 12 != world size \(2 nodes x 8 GPUs = 16\)$"):
+        check(Layout(dp=4, tp=3))  # not whole nodes, nor part of one: no cluster to name
+
+
 def test_heads_and_kv_heads_divide_tp() -> None:
     c32 = dataclasses.replace(CLUSTER, num_nodes=4)
     with pytest.raises(InvalidLayout) as err:
