@@ -11,11 +11,14 @@ import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session, defer
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 
 from service.persistence.models import LOCAL_OWNER, ClusterRecord, IdempotencyKeyRecord, PlanRecord, RunRecord
+
+Row = TypeVar("Row")
 
 
 class InvalidCursor(ValueError):
@@ -34,6 +37,24 @@ def decode_cursor(cursor: str) -> str:
     if len(raw) != 26 or not raw.isalnum():
         raise InvalidCursor(f"cursor {cursor!r} is not one this service issued")
     return raw
+
+
+def ascending_page(
+    session: Session,
+    query: Select[Row],
+    column: InstrumentedAttribute[str],
+    *,
+    limit: int,
+    after_id: str | None,
+) -> tuple[Sequence[Row], str | None]:
+    """``limit`` rows of ``query`` in ``column`` (an id) order after ``after_id``, and the cursor of the
+    page after them (the last id of this one; None: the last page)."""
+    query = query.order_by(column).limit(limit + 1)
+    if after_id is not None:
+        query = query.where(column > after_id)
+    rows = session.scalars(query).all()
+    next_cursor = encode_cursor(getattr(rows[limit - 1], column.key)) if len(rows) > limit else None
+    return rows[:limit], next_cursor
 
 
 def session_owner(session: Session) -> str:
@@ -56,17 +77,8 @@ class ClusterRepository:
         return self.session.scalars(query).first()
 
     def list_page(self, *, limit: int, after_id: str | None) -> tuple[Sequence[ClusterRecord], str | None]:
-        query = (
-            select(ClusterRecord)
-            .where(ClusterRecord.owner == self.owner)
-            .order_by(ClusterRecord.id)
-            .limit(limit + 1)
-        )
-        if after_id is not None:
-            query = query.where(ClusterRecord.id > after_id)
-        rows = self.session.scalars(query).all()
-        next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
-        return rows[:limit], next_cursor
+        query = select(ClusterRecord).where(ClusterRecord.owner == self.owner)
+        return ascending_page(self.session, query, ClusterRecord.id, limit=limit, after_id=after_id)
 
     def add(self, record: ClusterRecord) -> ClusterRecord:
         record.owner = self.owner
@@ -151,18 +163,9 @@ class PlanRepository:
     def runs_page(
         self, plan_id: str, *, limit: int, after_id: str | None
     ) -> tuple[Sequence[RunRecord], str | None]:
-        """The plan's runs, oldest first; the cursor is the last id of the page."""
-        query = (
-            select(RunRecord)
-            .where(RunRecord.owner == self.owner, RunRecord.plan_id == plan_id)
-            .order_by(RunRecord.id)
-            .limit(limit + 1)
-        )
-        if after_id is not None:
-            query = query.where(RunRecord.id > after_id)
-        rows = self.session.scalars(query).all()
-        next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
-        return rows[:limit], next_cursor
+        """The plan's runs, oldest first."""
+        query = select(RunRecord).where(RunRecord.owner == self.owner, RunRecord.plan_id == plan_id)
+        return ascending_page(self.session, query, RunRecord.id, limit=limit, after_id=after_id)
 
     def runs_on_hardware(
         self, hardware_key: str, framework: str | None = None
