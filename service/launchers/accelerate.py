@@ -40,6 +40,7 @@ from service.launchers.common import (
     accumulation,
     comment_lines,
     fsdp_reduce_duty,
+    gradient_checkpointing_duty,
     hf_decoder_layer,
     layout_summary,
     megatron_overlaps_grad_reduce,
@@ -354,6 +355,8 @@ def _script_duties(plan: Plan) -> str:
     lo, text = plan.layout, ""
     if lo.framework is not Framework.FSDP:
         return text
+    if lo.zero_stage == 0:  # plain DDP (MULTI_GPU): no fsdp_activation_checkpointing to set
+        text += gradient_checkpointing_duty(plan)
     if plan.training.optimizer is Optimizer.ADAMW:
         # the script builds the optimizer; the estimate's step allocates as this implementation does
         flag = plan.training.optimizer_implementation.value

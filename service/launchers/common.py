@@ -17,7 +17,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator import pipeline
 from service.estimator.model_states import FSDP_REDUCE_DTYPE
 from service.estimator.tuning import dp_overlap_default
-from service.estimator.types import Framework, Head, Layout, Method, Plan, Precision
+from service.estimator.types import Framework, Head, Layout, Method, Plan, Precision, Recompute
 from service.frameworks import Target as Target  # the registry's; re-exported for the targets
 
 MASTER_PORT = 29500  # torchrun / DeepSpeed launcher default rendezvous port
@@ -341,6 +341,20 @@ LORA_CONFIG_NAME = "lora_config.json"
 BNB_CONFIG_NAME = "bnb_config.json"
 
 
+def gradient_checkpointing_duty(plan: Plan) -> str:
+    """The line that tells the training script to checkpoint every decoder layer where the layout
+    recomputes them all and nothing the launcher writes turns it on (ds_config's
+    activation_checkpointing configures deepspeed.checkpointing, which Hugging Face models do not
+    call; Accelerate's plain DDP has no such key): without it the step keeps every activation, more
+    than estimated."""
+    if plan.layout.recompute is not Recompute.FULL:
+        return ""
+    return (
+        f"\nrecompute full: {TRAIN_SCRIPT} must call model.gradient_checkpointing_enable() (every decoder "
+        "layer keeps only its input, as estimated) before handing the model to the launcher."
+    )
+
+
 def peft_header(plan: Plan) -> str:
     """What the training script does with the adapter files ('' for full training)."""
     method = plan.training.method
@@ -454,7 +468,7 @@ def peft_artifacts(plan: Plan, target: Target) -> list[Artifact]:
         # The packed weights are stored in the compute dtype: FSDP and ZeRO-3 shard only floating
         # storage (bitsandbytes#970's quant_storage; the FSDP / DeepSpeed ZeRO-3 QLoRA path of PEFT's
         # docs), and the bytes per weight are the same as uint8's elsewhere.
-        compute = "float32" if training.precision.stores_fp32 else "bfloat16"
+        compute = training.precision.weight_dtype  # fp16 training (V100) computes in float16, not bf16
         bnb = {
             "load_in_4bit": True,
             "bnb_4bit_quant_type": "nf4",

@@ -29,6 +29,7 @@ from service.launchers.common import (
     Unsupported,
     Word,
     accumulation,
+    gradient_checkpointing_duty,
     peft_artifacts,
     peft_header,
     pipeline_split,
@@ -318,6 +319,7 @@ def model_code_duties(plan: Plan) -> str:
             )
     if plan.training.precision is Precision.FP8:
         header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."
+    header += gradient_checkpointing_duty(plan)
     return header
 
 

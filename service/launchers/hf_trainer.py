@@ -89,6 +89,8 @@ def refusal(plan: Plan) -> Refusal:
         return "gradient checkpointing wraps every decoder layer, not every N-th"
     if lo.torch_compile is Compile.MODEL:
         return "torch_compile compiles the model's forward, the loss of HF models with it: model_and_loss"
+    if lo.recompute is Recompute.SELECTIVE_OP:  # whatever shards: plain DDP rendered no checkpointing at all
+        return "per-op selective AC is torchtitan's; the Trainer checkpoints whole decoder layers"
     if lo.framework is Framework.DEEPSPEED:
         return deepspeed.refusal(plan)  # the deepspeed target's ds_config.json
     if lo.zero_stage == 0:
@@ -106,8 +108,6 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
         return "FSDP offloads to CPU memory only, not NVMe"
     if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):
         return "FSDP2's cpu_offload moves parameters, gradients and optimizer states together"
-    if lo.recompute is Recompute.SELECTIVE_OP:
-        return "per-op selective AC is torchtitan's; the Trainer checkpoints whole decoder layers"
     return None
 
 

@@ -632,3 +632,48 @@ def test_megatron_refuses_a_gpu_transformer_engine_does_not_run_on() -> None:
             assert "Transformer Engine layers need NVIDIA Ampere or newer" in (refuse(old) or ""), name
     ampere = replace(base, cluster=replace(base.cluster, gpu=gpu("a100-sxm-80gb")))
     assert megatron.refusal(ampere) is None
+
+
+def test_whole_layer_recompute_is_turned_on_where_no_file_can() -> None:
+    """ds_config's activation_checkpointing configures deepspeed.checkpointing, which Hugging Face
+    models do not call, and Accelerate's plain DDP has no key for it: a full-recompute layout's launch
+    said nothing, and the run kept every activation (36.6 GB where 21.9 GB was estimated for an 8B
+    LoRA on a 4090). The launch header tells the script to checkpoint; where a key does it (FSDP's
+    fsdp_activation_checkpointing, the Trainer's argument), nothing more is said."""
+    duty = "must call model.gradient_checkpointing_enable()"
+    full = {"recompute": Recompute.FULL}
+    for chosen in (
+        plan(framework=Framework.DEEPSPEED, zero_stage=2, **full),
+        plan(framework=Framework.FSDP, zero_stage=0, **full),
+    ):
+        texts = [a.content for a in accelerate.render(chosen)]
+        if chosen.layout.framework is Framework.DEEPSPEED:
+            texts += [a.content for a in deepspeed.render(chosen)]
+        assert all(duty in " ".join(text.split()) for text in texts if text.startswith("#!")), chosen.layout
+    sharded = plan(framework=Framework.FSDP, zero_stage=3, **full)
+    assert not any(duty in a.content for a in accelerate.render(sharded))
+    assert not any(
+        duty in a.content for a in deepspeed.render(plan(framework=Framework.DEEPSPEED, zero_stage=2))
+    )
+
+
+def test_the_trainer_refuses_per_op_recompute_whatever_it_shards() -> None:
+    """Plain DDP returned before the per-op AC check: a QLoRA plan on one card was recommended with
+    selective_op and the Trainer's files ran it without any checkpointing (26 GB on a 25.8 GB card)."""
+    for zero in (0, 3):
+        chosen = plan(framework=Framework.FSDP, zero_stage=zero, recompute=Recompute.SELECTIVE_OP)
+        assert "per-op selective AC" in (hf_trainer.refusal(chosen) or ""), zero
+
+
+def test_qlora_computes_in_the_trainings_16_bit_dtype() -> None:
+    """bnb_4bit_compute_dtype was bfloat16 whatever the precision: fp16 training (a V100's) computes
+    its dequantised weights in float16."""
+    import json
+
+    for precision, dtype in ((Precision.FP16, "float16"), (Precision.BF16, "bfloat16")):
+        chosen = plan(
+            framework=Framework.FSDP, zero_stage=0, train=training(method=Method.QLORA, precision=precision)
+        )
+        (bnb,) = [a for a in hf_trainer.render(chosen) if a.name == "bnb_config.json"]
+        config = json.loads(bnb.content)
+        assert (config["bnb_4bit_compute_dtype"], config["bnb_4bit_quant_storage"]) == (dtype, dtype)
