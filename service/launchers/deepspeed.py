@@ -308,7 +308,11 @@ def model_code_duties(plan: Plan) -> str:
         # the capacity the estimate pads each expert to, where it is not DeepSpeed's default (1.0)
         factor = plan.layout.moe_capacity_factor
         capacity = f", capacity_factor={factor:g}" if factor is not None and factor != 1.0 else ""
-        moe = f"deepspeed.moe.layer.MoE(ep_size={plan.layout.ep}{split}{capacity})"
+        # the routing the estimate is of: MoE's own defaults are num_experts=1 and k=1 (top-1)
+        experts = plan.model.moe
+        routing = "" if experts is None else f"num_experts={experts.num_experts}, k={experts.top_k}, "
+        size = f"hidden_size={plan.model.hidden_size}, {routing}ep_size={plan.layout.ep}"
+        moe = f"deepspeed.moe.layer.MoE({size}{split}{capacity})"
         header += f"\n{TRAIN_SCRIPT} must build MoE layers as {moe}."
         if plan.layout.zero_stage in (1, 2):
             # stage_1_and_2.py _configure_moe_settings asserts it; only Muon's groups are split for it

@@ -485,16 +485,24 @@ def test_megatron_trains_with_the_dropout_the_estimate_counted() -> None:
 
 def test_deepspeed_moe_splits_the_experts_over_tp_as_estimated() -> None:
     # DeepSpeed's MoE layer replicates the experts over the tensor-parallel group unless told to split
-    # them (enable_expert_tensor_parallelism=False by default); the estimate splits them over tp
+    # them (enable_expert_tensor_parallelism=False by default); the estimate splits them over tp. Its
+    # routing defaults to num_experts=1, k=1: the line names the model's (top-4 of 16 here)
     def header(**layout: Any) -> str:
         artifacts = deepspeed.render(plan(model=DEEPSEEK_LIKE, framework=Framework.DEEPSPEED, **layout))
         return next(a.content for a in artifacts if a.name.endswith(".sh"))
 
-    assert "MoE(ep_size=4, enable_expert_tensor_parallelism=True)" in header(tp=2, ep=4, zero_stage=1)
-    assert "MoE(ep_size=8)." in header(ep=8, zero_stage=1)
+    assert (
+        "MoE(hidden_size=1024, num_experts=16, k=4, ep_size=4, enable_expert_tensor_parallelism=True)"
+        in header(tp=2, ep=4, zero_stage=1)
+    )
+    assert "MoE(hidden_size=1024, num_experts=16, k=4, ep_size=8)." in header(ep=8, zero_stage=1)
     # a capacity the estimate pads to, other than DeepSpeed's default 1.0, is the script's too
-    assert "MoE(ep_size=8, capacity_factor=1.25)." in header(ep=8, zero_stage=1, moe_capacity_factor=1.25)
-    assert "MoE(ep_size=8)." in header(ep=8, zero_stage=1, moe_capacity_factor=1.0)
+    assert "MoE(hidden_size=1024, num_experts=16, k=4, ep_size=8, capacity_factor=1.25)." in header(
+        ep=8, zero_stage=1, moe_capacity_factor=1.25
+    )
+    assert "MoE(hidden_size=1024, num_experts=16, k=4, ep_size=8)." in header(
+        ep=8, zero_stage=1, moe_capacity_factor=1.0
+    )
 
 
 @pytest.mark.parametrize(("ep", "factor"), [(1, None), (2, None), (8, None), (8, 1.0), (8, 1.25)])
@@ -612,7 +620,7 @@ def test_deepspeed_expert_parallelism_names_the_model_code_it_needs_under_both_l
     moe = plan(model=DEEPSEEK_LIKE, framework=Framework.DEEPSPEED, zero_stage=zero_stage, ep=4)
     for target, launch in ((deepspeed, deepspeed.LAUNCH_NAME), (accelerate, accelerate.LAUNCH_NAME)):
         (script,) = [a.content for a in target.render(moe) if a.name == launch]
-        assert "deepspeed.moe.layer.MoE(ep_size=4)" in script, target
+        assert "deepspeed.moe.layer.MoE(hidden_size=1024, num_experts=16, k=4, ep_size=4)" in script, target
         assert ("split_params_into_different_moe_groups_for_optimizer" in script) == (zero_stage > 0), target
     dense = plan(framework=Framework.DEEPSPEED, zero_stage=zero_stage)
     (script,) = [a.content for a in accelerate.render(dense) if a.name == accelerate.LAUNCH_NAME]
