@@ -363,7 +363,10 @@ def _search_memory_family(
         if top <= best_index:
             continue  # more recompute without a larger micro-batch only costs time
         best_index = top
-        timed = [top] if s.pp == 1 else list(range(max(0, top - MAX_MICRO_BATCHES_TIMED + 1), top + 1))
+        # time falls with the micro-batch but for the pipeline's bubble and an overlapped EP all-to-all
+        # (evaluate.rising_ep_comm_s): there the largest that fits may not be the fastest
+        single = s.pp == 1 and s.ep == 1
+        timed = [top] if single else list(range(max(0, top - MAX_MICRO_BATCHES_TIMED + 1), top + 1))
         partial = recompute is Recompute.FULL and FRAMEWORK_CAPABILITIES[sh.framework].partial_recompute
         for i in timed:
             layout = sized(i)
