@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from service.contracts.common import Strict
 from service.estimator.defaults import HARDWARE_DEFAULT_FIELDS, for_gpu
@@ -68,6 +68,18 @@ class TrainingIn(Strict):
         "of its weights until its backward (recompute full: one layer's), each forward casting them again. "
         "deepspeed refuses it (its engine casts the model to bf16 / fp16)",
     )
+
+    @field_validator("lora_targets")
+    @classmethod
+    def _targets_named_once(cls, targets: list[str] | str | None) -> list[str] | str | None:
+        # [] was taken as all-linear, and a module named twice counted its adapters twice
+        if isinstance(targets, list):
+            if not targets:
+                raise ValueError('name at least one module, or "all-linear" (every decoder Linear)')
+            twice = sorted({name for name in targets if targets.count(name) > 1})
+            if twice:
+                raise ValueError(f"{', '.join(twice)} named more than once: each module takes one adapter")
+        return targets
 
     def to_domain(self, gpu: GPUSpec | None) -> TrainingSpec:
         """The domain's training spec for ``gpu`` (the fields left out resolved from it; None: left

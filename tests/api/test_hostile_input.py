@@ -267,3 +267,21 @@ def test_two_fields_that_contradict_name_one_of_them_not_the_body(
     response = client.post(path, json=body)
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == [field]
+
+
+@pytest.mark.parametrize(
+    ("targets", "says"),
+    [([], "name at least one module"), (["q_proj", "v_proj", "q_proj"], "q_proj named more than once")],
+)
+def test_lora_targets_name_each_module_once(client: TestClient, targets: list[str], says: str) -> None:
+    """[] was taken as all-linear (21M adapters on an 8B) and ["q_proj", "q_proj"] counted q_proj's
+    adapters twice: both are a 422 naming training.lora_targets."""
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 1024, "global_batch_size": 8, "method": "lora", "lora_targets": targets},
+        "layout": {"framework": "fsdp", "zero_stage": 0},
+    }
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    (error,) = problem["errors"]
+    assert error["field"] == "training.lora_targets" and says in error["message"], error
