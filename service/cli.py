@@ -215,7 +215,7 @@ def _node_size(gpu: str) -> int:
     """GPUs per node of COUNTxGPU: the catalog part's node (``contracts.gpus.reference_node``: 8 on an
     HGX baseboard, 4 MI250X on a Frontier node), else 8."""
     node = reference_node(gpu)
-    return node.gpus_per_node if node is not None and node.gpus_per_node else 8
+    return node.spec.node_gpus if node is not None and node.spec.node_gpus else 8
 
 
 def _reference_network(gpu: str) -> float | None:

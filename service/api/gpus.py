@@ -38,7 +38,7 @@ def to_out(entry: GPUEntry) -> GPUOut:
         peak_clock_hz=spec.peak_clock_hz,
         sustained_clock_hz=spec.sustained_clock_hz,
         clock_fraction=clock_fraction(spec),
-        gpus_per_node=entry.gpus_per_node,
+        gpus_per_node=entry.spec.node_gpus,
         node_network_bytes_per_s=spec.node_network_bytes_per_s,
         source=entry.source,
         notes=entry.notes or "",

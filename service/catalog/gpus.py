@@ -65,9 +65,6 @@ class GPUEntry:
     spec: GPUSpec
     source: str
     notes: str | None = None
-    # The node the part ships in (8 on an HGX baseboard or an OAM platform); None: a PCIe card,
-    # whose server holds what its buyer chose. Suggestions place the job in whole nodes of it.
-    gpus_per_node: int | None = None
     aliases: tuple[str, ...] = ()  # other names it goes by (nvidia-smi's), besides display_name
 
 
@@ -161,6 +158,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
             peak_clock_hz=clocks.get("peak_clock_hz"),
             sustained_clock_hz=clocks.get("sustained_clock_hz"),
             node_network_bytes_per_s=_node_network(name, table),
+            node_gpus=_integer(name, table, "gpus_per_node") if "gpus_per_node" in table else None,
         )
     except EstimatorError as error:
         key = _toml_key(error.field)
@@ -174,7 +172,6 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
         spec=spec,
         source=source,
         notes=_text(name, table, "notes") if "notes" in table else None,
-        gpus_per_node=_integer(name, table, "gpus_per_node") if "gpus_per_node" in table else None,
         aliases=_names(name, table, "aliases"),
     )
 

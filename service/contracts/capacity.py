@@ -31,7 +31,13 @@ class CapacityRequest(Strict):
         max_length=64,
         description="stored clusters (ids as ClusterRef takes them)",
     )
-    gpus_per_node: int = Field(default=8, ge=1, le=64, description="node size for catalog GPUs")
+    gpus_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="node size for catalog GPUs (default: each part's reference node, GET /v1/gpus "
+        "gpus_per_node, else 8)",
+    )
     max_nodes: int = Field(default=1024, ge=1, le=100_000, description="largest count searched")
     at_gpus: int | None = Field(
         default=None, ge=1, le=10_000_000, description="time the run on this many GPUs"
@@ -109,6 +115,13 @@ class CapacityOptionOut(BaseModel):
     fits: bool
     min_gpus: int | None
     min_nodes: int | None
+    gpus_per_node: int | None = Field(default=None, description="GPUs per node it was placed in")
+    inter_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        description="network per GPU between its nodes where it spans several: the stored cluster's, or "
+        "the part's reference node's (GET /v1/gpus node_network_bytes_per_s; PCIe cards: a 100 Gb/s "
+        "port per 8 GPUs)",
+    )
     layout: dict[str, Any] | None
     num_gpus: int | None = Field(description="GPUs the time below was computed on")
     tokens_per_s: float | None

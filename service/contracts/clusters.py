@@ -124,7 +124,7 @@ class ClusterShape(Strict):
                 count = None  # absent, or refused by the field's own rules
             if "gpus_per_node" not in value:
                 nodes_given = value.get("num_nodes")
-                per_node = node.gpus_per_node if node is not None else None
+                per_node = node.spec.node_gpus if node is not None else None
                 if count is not None and isinstance(nodes_given, int) and nodes_given >= 1:
                     per_node = count // nodes_given or per_node  # the GPUs over the nodes given (checked)
                 elif count is not None and per_node is not None:

@@ -231,7 +231,7 @@ def reference_node(name: str) -> GPUEntry | None:
         entry = catalog_gpu_entry(name)
     except UnknownCatalogEntry:
         return None
-    return entry if entry.gpus_per_node is not None else None
+    return entry if entry.spec.node_gpus is not None else None
 
 
 def gpu_slug(name: str) -> str:

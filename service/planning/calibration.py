@@ -59,8 +59,10 @@ def hardware_key(cluster: ClusterSpec) -> str:
     # how a custom GPU's links were chosen is not hardware: a figure left out and the same figure
     # stated are one GPU (and keep the key clusters had before links could be left out)
     del fields["gpu"]["defaulted"]
-    # nor is the network of the node the part ships in: the cluster's own is inter_node_bandwidth
+    # nor is the node the part ships in (its network and size): the cluster's own are
+    # inter_node_bandwidth and gpus_per_node
     del fields["gpu"]["node_network_bytes_per_s"]
+    del fields["gpu"]["node_gpus"]
     canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 

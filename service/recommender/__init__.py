@@ -1204,13 +1204,13 @@ def recommend(
     *,
     with_suggestions: bool = True,
     budget: Budget | None = None,
-    catalog: Sequence[tuple[GPUSpec, int | None]] | None = None,
+    catalog: Sequence[GPUSpec] | None = None,
 ) -> Recommendation:
     """The best ``top_k`` layouts by the objective, the rejected families, and what would fit.
 
     The search and the suggestions share ``budget`` (default: ``constraints.max_evaluations``
     evaluations, no deadline); suggestions name other GPUs of ``catalog`` (default: the GPU
-    catalog, with the node size each part ships in)."""
+    catalog)."""
     if tuning is None:
         raise TypeError("recommend needs the tuning numbers: pass catalog.tuning.default_tuning()")
     # the search and the suggestions (other GPUs, the same layouts) share the memory memos
@@ -1226,7 +1226,7 @@ def _recommend(
     tuning: Tuning,
     with_suggestions: bool,
     budget: Budget | None,
-    catalog: Sequence[tuple[GPUSpec, int | None]] | None,
+    catalog: Sequence[GPUSpec] | None,
 ) -> Recommendation:
     from service.recommender.suggest import suggestions
 
@@ -1291,12 +1291,12 @@ def _recommend(
     )
 
 
-def _catalog(given: Sequence[tuple[GPUSpec, int | None]] | None) -> Sequence[tuple[GPUSpec, int | None]]:
+def _catalog(given: Sequence[GPUSpec] | None) -> Sequence[GPUSpec]:
     if given is not None:
         return given
     from service.catalog.gpus import gpu_entries
 
-    return [(entry.spec, entry.gpus_per_node) for entry in gpu_entries()]
+    return [entry.spec for entry in gpu_entries()]
 
 
 def _closest(model: ModelSpec, result: SearchResult, training: TrainingSpec) -> Candidate | None:

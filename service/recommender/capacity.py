@@ -28,12 +28,11 @@ from service.recommender.suggest import (
     fewest_gpus,
     node_ladder,
     reference_network_bytes_per_s,
+    reference_node_gpus,
     states_unfit,
     with_gpu,
 )
 from service.recommender.types import Constraints, Objective
-
-DEFAULT_GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +41,9 @@ class CapacityOption:
     fits: bool
     min_gpus: int | None = None
     min_nodes: int | None = None
+    gpus_per_node: int | None = None  # the nodes it was placed in
+    # the network between them, where its GPUs span nodes (the cluster's, or the part's reference)
+    inter_node_bandwidth_bytes_per_s: float | None = None
     layout: Layout | None = None  # the fastest layout on min_gpus (or on the cluster given)
     num_gpus: int | None = None  # where the time below was computed
     tokens_per_s: float | None = None
@@ -54,15 +56,14 @@ class CapacityOption:
     source: int = 0  # the index of its cluster (or GPU type) among those given
 
 
-def default_cluster(
-    gpu: GPUSpec, num_nodes: int = 1, gpus_per_node: int = DEFAULT_GPUS_PER_NODE
-) -> ClusterSpec:
-    """A node of ``gpus_per_node`` GPUs on its own NVLink/PCIe, on the GPU's reference network
-    between nodes (``suggest.reference_network_bytes_per_s``)."""
+def default_cluster(gpu: GPUSpec, num_nodes: int = 1, gpus_per_node: int | None = None) -> ClusterSpec:
+    """Nodes of ``gpus_per_node`` GPUs (default: the part's reference node, ``suggest.
+    reference_node_gpus``) on its own NVLink/PCIe, on the GPU's reference network between nodes
+    (``suggest.reference_network_bytes_per_s``)."""
     return ClusterSpec(
         gpu=gpu,
         num_nodes=num_nodes,
-        gpus_per_node=gpus_per_node,
+        gpus_per_node=gpus_per_node or reference_node_gpus(gpu),
         intra_node_bandwidth_bytes_per_s=gpu.intra_node_bandwidth_bytes_per_s,
         inter_node_bandwidth_bytes_per_s=reference_network_bytes_per_s(gpu),
     )
@@ -132,11 +133,14 @@ def _option(
         said.append(f"the request's {budget_words(budget)} cut this search: its layout is the best it found")
     seconds = time_to_train_s(training.tokens, tokens_per_s) if training.tokens else None
     hours = gpu_hours(seconds, run_gpus) if seconds is not None else None
+    spans = max(gpus, run_gpus) > cluster.gpus_per_node
     return CapacityOption(
         gpu=name,
         fits=True,
         min_gpus=gpus,
         min_nodes=nodes,
+        gpus_per_node=cluster.gpus_per_node,
+        inter_node_bandwidth_bytes_per_s=cluster.inter_node_bandwidth_bytes_per_s if spans else None,
         layout=layout,
         num_gpus=run_gpus,
         tokens_per_s=tokens_per_s,
@@ -157,7 +161,7 @@ def capacity(
     gpus: Iterable[GPUSpec] = (),
     clusters: Iterable[ClusterSpec] = (),
     constraints: Constraints | None = None,
-    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    gpus_per_node: int | None = None,
     max_nodes: int = 4096,
     at_gpus: int | None = None,
     gpu_hour_cost: Mapping[str, float] | None = None,
@@ -184,7 +188,7 @@ def _capacity(
     gpus: Iterable[GPUSpec],
     clusters: Iterable[ClusterSpec],
     constraints: Constraints | None,
-    gpus_per_node: int,
+    gpus_per_node: int | None,
     max_nodes: int,
     at_gpus: int | None,
     gpu_hour_cost: Mapping[str, float] | None,
@@ -230,7 +234,7 @@ def _capacity(
         # up to max_nodes, as asked (the ladder's default stops at 64 nodes: "no layout fits up to
         # 512 GPUs" for a job that fits on 1,024 of a 1,024-node default)
         ladder = node_ladder(with_gpu(cluster, gpu, 1), 1, top_nodes=max_nodes)
-        within = tuple(d for d in (1, 2, 4) if d < gpus_per_node)
+        within = tuple(d for d in (1, 2, 4) if d < cluster.gpus_per_node)
         counts = within + ladder
         price = prices.get(gpu.name, constraints.gpu_hour_cost)
         found = _option(model, cluster, training, constraints, tuning, counts, price, at_gpus, share())

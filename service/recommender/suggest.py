@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -41,7 +42,7 @@ from service.estimator.types import (
     OptimizerImplementation,
     TrainingSpec,
 )
-from service.estimator.validate import hardware_violation
+from service.estimator.validate import divisors, hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.headroom import allowed_bytes
 from service.recommender.space import (
@@ -53,16 +54,21 @@ from service.recommender.space import (
 )
 from service.recommender.types import Candidate, Constraints, Objective, Skipped, Suggestion
 
+_log = logging.getLogger(__name__)
 GiB = 2**30
 MAX_NODE_FACTOR = 64  # look for up to 64x the nodes given before giving up
 # Layout evaluations one suggestion may spend at most (about a second of work), of the request's budget.
 SUGGESTION_EVALUATIONS = 50_000
 SHORTEST_SUGGESTED_SEQ = 512  # a shorter sequence is tried by halving, down to this
 UNLIMITED = 2**62  # bytes of host RAM and NVMe "as much as needed", to ask what offload would need
-# The network a job placed on more nodes than the request's one node assumes where its GPU's catalog
-# entry states none (a PCIe card, a custom GPU): 8 x 400 Gb/s NICs shared by 8 GPUs (an HGX H100
-# node's eight ConnectX-7), 50 GB/s per GPU one way.
-DEFAULT_INTER_NODE_BYTES_PER_S = 50e9
+# The node and network a job placed on more GPUs than the request's one node assumes where its GPU's
+# catalog entry states none (a PCIe card, a custom GPU). A part with NVLink-class links: an HGX H100
+# node, 8 GPUs sharing 8 x 400 Gb/s NICs (its eight ConnectX-7), 50 GB/s per GPU one way. A PCIe-only
+# part: a server of 8 PCIe cards on one 100 Gb/s network port (AWS g5.48xlarge: 8 A10G, g6.48xlarge:
+# 8 L4, g4dn.metal: 8 T4, each "100 Gigabit" in EC2's instance specifications), 12.5e9 / 8 per GPU.
+REFERENCE_NODE_GPUS = 8
+NVLINK_NODE_BYTES_PER_S = 50e9
+PCIE_NODE_BYTES_PER_S = 100e9 / 8 / REFERENCE_NODE_GPUS
 
 
 def node_ladder(
@@ -133,9 +139,19 @@ def with_gpu(
 def reference_network_bytes_per_s(gpu: GPUSpec) -> float:
     """The network a job of ``gpu`` placed on more nodes than asked is assumed to have: its catalog
     part's reference node's (gpus.toml ``node_network_bytes_per_s``: DGX A100 25e9, DGX-1 V100
-    6.25e9), else ``DEFAULT_INTER_NODE_BYTES_PER_S`` (an HGX H100 node's)."""
+    6.25e9), else an HGX node's for a part with NVLink-class links and a PCIe server's for a
+    PCIe-only one (a GeForce card is not given a datacenter's 50 GB/s per GPU)."""
     reference = gpu.node_network_bytes_per_s
-    return DEFAULT_INTER_NODE_BYTES_PER_S if reference is None else reference
+    if reference is not None:
+        return reference
+    pcie_only = gpu.intra_node_bandwidth_bytes_per_s <= gpu.pcie_bandwidth_bytes_per_s
+    return PCIE_NODE_BYTES_PER_S if pcie_only else NVLINK_NODE_BYTES_PER_S
+
+
+def reference_node_gpus(gpu: GPUSpec) -> int:
+    """GPUs in the node a job of ``gpu`` grows into: its catalog part's reference node's (4 MI250X
+    packages on a Frontier node), else ``REFERENCE_NODE_GPUS``."""
+    return gpu.node_gpus or REFERENCE_NODE_GPUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +301,11 @@ class _Collector:
         except (ValueError, ArithmeticError) as exc:  # the estimator's domain errors are ValueErrors
             self.skipped.append(Skipped(kind=kind, reason=str(exc)))
             return
+        except Exception:  # a fault in one suggestion: logged with its traceback, never the answer's 500
+            _log.exception("suggestion %s failed", kind)
+            reason = "could not be computed: an internal error (logged)"
+            self.skipped.append(Skipped(kind=kind, reason=reason))
+            return
         if found and share.reason is not None:  # found, but the search was cut: say so
             cut = f" (its search was cut by the request's {budget_words(share)}: a faster layout may exist)"
             found = [dataclasses.replace(s, detail=s.detail + cut, truncated=True) for s in found]
@@ -307,11 +328,11 @@ def suggestions(
     training: TrainingSpec,
     constraints: Constraints,
     tuning: Tuning,
-    catalog: Iterable[tuple[GPUSpec, int | None]] = (),
+    catalog: Iterable[GPUSpec] = (),
     budget: Budget | None = None,
 ) -> Suggestions:
     """Every change that makes the job fit, each with the numbers that show it, no-new-hardware
-    first; ``catalog`` holds the other GPUs with the node size each ships in (None: the cluster's)."""
+    first; ``catalog`` holds the other GPUs."""
     budget = budget or Budget(constraints.max_evaluations)
     collect = _Collector(budget)
     ask = _Ask(model, cluster, training, constraints, tuning)
@@ -342,9 +363,9 @@ def suggestions(
         collect.run("offload", 2, functools.partial(ask.shorter_with, "offload"))
         collect.run("more_gpus", 2, functools.partial(ask.shorter_with, "more_gpus"))
     # 3. other GPUs
-    others = [(gpu, per_node) for gpu, per_node in catalog if _bigger(gpu, cluster.gpu)]
-    for i, (gpu, per_node) in enumerate(others):
-        collect.run("other_gpu", len(others) - i, functools.partial(ask.other_gpu, gpu, per_node))
+    others = [gpu for gpu in catalog if _bigger(gpu, cluster.gpu)]
+    for i, gpu in enumerate(others):
+        collect.run("other_gpu", len(others) - i, functools.partial(ask.other_gpu, gpu))
     made = _in_order(collect.made)
     return Suggestions(made=made, skipped=tuple(collect.skipped))
 
@@ -460,34 +481,45 @@ class _Ask:
         seq_len / 2, / 4, ... down to 512 that fits. A shorter sequence only frees activations, so
         what fits at one length fits at every shorter one: the halvings are bisected, the shortest
         asked first (none fits: said, with the shortest tried)."""
-        halvings = [
-            self.training.seq_len >> k
-            for k in range(1, self.training.seq_len.bit_length())
-            if self.training.seq_len >> k >= SHORTEST_SUGGESTED_SEQ
-        ]
+        found = self._longest(functools.partial(self._with_sequence, kind, budget=budget))
+        if found is None:
+            if budget.exhausted():
+                return []  # the collector says the budget ran out
+            what = "offloading as much as it needs" if kind == "offload" else "on more GPUs"
+            raise NoFit(
+                f"not even training.seq_len {self._halvings()[-1]} fits {what} (a shorter sequence with "
+                "it, where neither fits alone)"
+            )
+        assert found.seq_len is not None
+        what = f"training.seq_len {found.seq_len} (from {self.training.seq_len}), and "
+        return [dataclasses.replace(found, detail=what + found.detail)]
+
+    def _halvings(self) -> list[int]:
+        """seq_len / 2, / 4, ... down to ``SHORTEST_SUGGESTED_SEQ``, longest first."""
+        seq = self.training.seq_len
+        return [seq >> k for k in range(1, seq.bit_length()) if seq >> k >= SHORTEST_SUGGESTED_SEQ]
+
+    def _longest(self, made_at: Callable[[int], Suggestion | None]) -> Suggestion | None:
+        """``made_at(seq)`` at the longest halving of the sequence where it makes a suggestion, None
+        where not even the shortest does. A shorter sequence only frees activations, so what fits at
+        one length fits at every shorter one: the halvings are bisected, the shortest asked first."""
+        halvings = self._halvings()
+        if not halvings:
+            return None
         tried: dict[int, Suggestion | None] = {}
 
         def at(index: int) -> Suggestion | None:
             seq = halvings[index]
             if seq not in tried:
-                tried[seq] = self._with_sequence(kind, seq, budget)
+                tried[seq] = made_at(seq)
             return tried[seq]
 
         last = len(halvings) - 1
         if at(last) is None:
-            if budget.exhausted():
-                return []  # the collector says the budget ran out
-            what = "offloading as much as it needs" if kind == "offload" else "on more GPUs"
-            raise NoFit(
-                f"not even training.seq_len {halvings[last]} fits {what} (a shorter sequence with it, "
-                "where neither fits alone)"
-            )
-        found = at(evaluate.bisect_smallest(0, last, lambda i: at(i) is not None))
-        assert found is not None and found.seq_len is not None
-        what = f"training.seq_len {found.seq_len} (from {self.training.seq_len}), and "
-        return [dataclasses.replace(found, detail=what + found.detail)]
+            return None
+        return at(evaluate.bisect_smallest(0, last, lambda i: at(i) is not None))
 
-    def _with_sequence(self, kind: str, seq: int, budget: Budget) -> Suggestion | None:
+    def _with_sequence(self, kind: str, seq: int, *, budget: Budget) -> Suggestion | None:
         """``kind`` (offload as needed, or more of this GPU) at sequence length ``seq``: the
         suggestion, stating the ``seq_len`` it assumed, or None where nothing fits so."""
         shorter = dataclasses.replace(self, training=dataclasses.replace(self.training, seq_len=seq))
@@ -547,13 +579,34 @@ class _Ask:
         base = BaseDtype.COMPUTE if method is Method.QLORA else self.training.base_dtype
         peft = dataclasses.replace(self.training, method=method, base_dtype=base)
         compile_it = self.constraints.torch_compile and method is not Method.QLORA
-        found = self._best(
-            budget, dataclasses.replace(self.constraints, torch_compile=compile_it), training=peft
-        )
-        if found is None:
-            raise NoFit(f"no layout fits on the GPUs given with {method.value} (rank {peft.lora_rank})")
+        constraints = dataclasses.replace(self.constraints, torch_compile=compile_it)
         what = f"{method.value} (rank {peft.lora_rank}, training.method {method.value})"
-        return [_on_the_gpus_given(method.value, what, self.cluster, found, peft)]
+        found = self._best(budget, constraints, training=peft)
+        if found is not None:
+            return [_on_the_gpus_given(method.value, what, self.cluster, found, peft)]
+        # not at this length: at the longest shorter one where it does (QLoRA at 4K may serve better
+        # than the full method at 1K), where the model states fit at all
+        gpus = self.cluster.world_size
+        unfit = states_unfit(self.model, self.cluster, peft, self.tuning, constraints, gpus)
+
+        def at(seq: int) -> Suggestion | None:
+            shorter = dataclasses.replace(peft, seq_len=seq)
+            fits = self._best(budget, constraints, training=shorter)
+            if fits is None:
+                return None
+            also = f"{what} with training.seq_len {seq} (from {self.training.seq_len})"
+            return _on_the_gpus_given(method.value, also, self.cluster, fits, shorter)
+
+        shorter = None if unfit is not None or budget.exhausted() else self._longest(at)
+        if shorter is None:
+            if budget.exhausted():
+                return []  # the collector says the budget ran out
+            halvings = self._halvings()
+            why = f", whatever the sequence: {unfit}" if unfit else ""
+            if not unfit and halvings:
+                why = f", nor at training.seq_len {halvings[-1]}"
+            raise NoFit(f"no layout fits on the GPUs given with {method.value} (rank {peft.lora_rank}){why}")
+        return [shorter]
 
     def shorter_sequence(self, budget: Budget) -> list[Suggestion]:
         """The longest of seq_len / 2, / 4, ... (down to 512) that fits on the GPUs given; only where
@@ -577,16 +630,31 @@ class _Ask:
         raise NoFit(f"no sequence from {longest} down to {SHORTEST_SUGGESTED_SEQ} fits on the GPUs given")
 
     def more_gpus(self, budget: Budget) -> list[Suggestion]:
-        counts = node_ladder(self.cluster, self.cluster.num_nodes + 1, max_gpus=MAX_SUGGESTED_GPUS)
-        return self._fewest("more_gpus", with_gpu(self.cluster, self.cluster.gpu), counts, budget)
+        cluster = self.cluster
+        node = reference_node_gpus(cluster.gpu)
+        if cluster.num_nodes == 1 and cluster.gpus_per_node < node:
+            # one node short of its part's reference node grows into that node first (a second card
+            # in the workstation, before a second workstation on a network it does not have), then
+            # into more of them on the part's reference network
+            grown = with_gpu(cluster, cluster.gpu, 1, node)
+            within = tuple(d for d in divisors(node) if cluster.gpus_per_node < d < node)
+            counts = within + node_ladder(grown, 1, max_gpus=MAX_SUGGESTED_GPUS)
+            return self._fewest("more_gpus", grown, counts, budget)
+        counts = node_ladder(cluster, cluster.num_nodes + 1, max_gpus=MAX_SUGGESTED_GPUS)
+        return self._fewest("more_gpus", with_gpu(cluster, cluster.gpu), counts, budget)
 
-    def other_gpu(self, gpu: GPUSpec, per_node: int | None, budget: Budget) -> list[Suggestion]:
-        other = with_gpu(self.cluster, gpu, 1, per_node)
+    def other_gpu(self, gpu: GPUSpec, budget: Budget) -> list[Suggestion]:
+        # in nodes of the part's reference node; on the cluster's own nodes and network where it
+        # spans several and the part ships in no node of its own (the same servers, other cards)
+        per_node = gpu.node_gpus or (self.cluster.gpus_per_node if self.cluster.num_nodes > 1 else None)
+        other = with_gpu(self.cluster, gpu, 1, per_node or reference_node_gpus(gpu))
         training = for_gpu(self.training, gpu)
         violation = hardware_violation(other, training)
         if violation is not None:  # the request asked for what this part cannot run (fp8 on an MI250X)
             raise NoFit(f"{gpu.name}: {violation.message.removeprefix(gpu.name).lstrip()}")
-        counts = node_ladder(other, 1, max_gpus=MAX_SUGGESTED_GPUS)
+        # from one card up: part of a node where that holds the job (one H100 for what needed four L4s)
+        within = tuple(d for d in divisors(other.gpus_per_node) if d < other.gpus_per_node)
+        counts = within + node_ladder(other, 1, max_gpus=MAX_SUGGESTED_GPUS)
         return self._fewest("other_gpu", other, counts, budget, training)
 
     def _fewest(

@@ -98,7 +98,7 @@ def test_every_catalog_gpu_left_to_the_catalog_answers_as_stated(client: TestCli
     response = client.post(
         "/v1/estimates", json=body | {"cluster": {"gpu": entry.display_name, "num_nodes": 2}}
     )
-    if entry.gpus_per_node is None or entry.spec.node_network_bytes_per_s is None:
+    if entry.spec.node_gpus is None or entry.spec.node_network_bytes_per_s is None:
         assert response.status_code == 422
         fields = {e["field"] for e in response.json()["errors"]}
         assert fields & {"cluster.gpus_per_node", "cluster.inter_node_bandwidth_bytes_per_s"}, fields
@@ -106,10 +106,10 @@ def test_every_catalog_gpu_left_to_the_catalog_answers_as_stated(client: TestCli
     assert response.status_code == 200, response.text
     chosen = response.json()["resolved_defaults"]
     assert chosen["cluster.gpu"] == entry.name
-    assert chosen["cluster.gpus_per_node"] == str(entry.gpus_per_node)
+    assert chosen["cluster.gpus_per_node"] == str(entry.spec.node_gpus)
     network = entry.spec.node_network_bytes_per_s
     assert chosen["cluster.inter_node_bandwidth_bytes_per_s"] == f"{network:.0f}"
-    stated = {"gpu": entry.name, "num_nodes": 2, "gpus_per_node": entry.gpus_per_node}
+    stated = {"gpu": entry.name, "num_nodes": 2, "gpus_per_node": entry.spec.node_gpus}
     same = client.post(
         "/v1/estimates", json=body | {"cluster": stated | {"inter_node_bandwidth_bytes_per_s": network}}
     )

@@ -69,3 +69,27 @@ def test_not_offered_where_a_change_alone_fits(client: TestClient) -> None:
     assert plan["status"] == "infeasible"
     assert plan["suggestions"]
     assert all(s["seq_len"] in (None, 4096) for s in plan["suggestions"])
+
+
+GEMMA_LORA = {
+    "model": {"preset": "gemma-2-9b"},
+    "cluster": {"gpu": "l4-24gb", "num_nodes": 1, "gpus_per_node": 1},
+    "training": {"seq_len": 8192, "global_batch_size": 16, "method": "lora"},
+}
+
+
+def test_a_peft_method_that_fits_only_shorter_says_the_sequence(client: TestClient) -> None:
+    """Gemma 2 9B LoRA at 8K on one L4: QLoRA alone does not fit at 8K, a shorter sequence alone fits
+    at 1K; QLoRA at 4K fits too and was not said (a reviewer's finding), so a user cut to 1K."""
+    plan = client.post("/v1/plans", json=GEMMA_LORA).json()
+    assert plan["status"] == "infeasible"
+    (qlora,) = [s for s in plan["suggestions"] if s["kind"] == "qlora"]
+    seq = qlora["seq_len"]
+    assert qlora["method"] == "qlora" and seq is not None and seq < 8192, qlora
+    assert f"with training.seq_len {seq} (from 8192)" in qlora["detail"], qlora["detail"]
+    (shorter,) = [s for s in plan["suggestions"] if s["kind"] == "shorter_sequence"]
+    assert seq > shorter["seq_len"]  # QLoRA keeps a longer sequence than LoRA cut short
+    assert check_suggestions(_post(client), GEMMA_LORA, plan) == []
+    # the longest halving: QLoRA at twice that sequence does not fit on the GPUs given
+    longer = client.post("/v1/plans", json=_with(GEMMA_LORA, method="qlora", seq_len=2 * seq)).json()
+    assert longer["status"] == "infeasible"

@@ -194,7 +194,7 @@ def test_a10g_is_never_faster_than_the_a10() -> None:
     assert a10g.peak_flops_per_s.fp8 is None  # Ampere
     for field in ("fp32", "tf32", "bf16", "fp16"):
         assert getattr(a10g.peak_flops_per_s, field) <= getattr(a10.peak_flops_per_s, field)
-    assert gpu_entry("a10g-24gb").gpus_per_node is None  # a PCIe card: the request's node size
+    assert gpu_entry("a10g-24gb").spec.node_gpus is None  # a PCIe card: the request's node size
 
 
 def test_l40_datasheet_beside_the_l40s() -> None:
@@ -343,4 +343,4 @@ def test_reference_node_networks_are_their_nics_over_their_gpus() -> None:
     for name, share in shares.items():
         assert gpu(name).node_network_bytes_per_s == share, name
     for entry in gpu_entries():  # a network describes a node: only parts that ship in one have it
-        assert entry.spec.node_network_bytes_per_s is None or entry.gpus_per_node is not None
+        assert entry.spec.node_network_bytes_per_s is None or entry.spec.node_gpus is not None

@@ -13,7 +13,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator.step_time import time_to_train_s
 from service.estimator.types import ClusterSpec, Method, Precision, TrainingSpec
 from service.recommender.capacity import capacity, default_cluster
-from service.recommender.suggest import DEFAULT_INTER_NODE_BYTES_PER_S, with_gpu
+from service.recommender.suggest import NVLINK_NODE_BYTES_PER_S, PCIE_NODE_BYTES_PER_S, with_gpu
 from service.recommender.types import Constraints, Objective, SearchStats
 
 
@@ -268,16 +268,13 @@ def test_at_gpus_past_what_the_job_uses_says_so() -> None:
 def test_more_nodes_have_the_reference_network_of_the_gpu_they_run() -> None:
     """A job placed on more nodes than asked (capacity's nodes, a suggestion's) runs on its GPU's
     reference node's network (gpus.toml node_network_bytes_per_s: DGX A100 25 GB/s per GPU, DGX-1
-    V100 6.25), not an H100 node's for every GPU; a GPU without one (a PCIe card, a custom GPU) has
-    the HGX H100 default."""
+    V100 6.25), not an H100 node's for every GPU; a GPU without one has a PCIe server's (a PCIe card)
+    or the HGX H100 node's (a custom GPU with NVLink-class links)."""
     assert default_cluster(gpu("a100-sxm-80gb"), 4).inter_node_bandwidth_bytes_per_s == 25e9
     assert default_cluster(gpu("v100-sxm2-32gb"), 4).inter_node_bandwidth_bytes_per_s == 6.25e9
-    assert (
-        default_cluster(gpu("l40s-48gb"), 4).inter_node_bandwidth_bytes_per_s
-        == DEFAULT_INTER_NODE_BYTES_PER_S
-    )
+    assert default_cluster(gpu("l40s-48gb"), 4).inter_node_bandwidth_bytes_per_s == PCIE_NODE_BYTES_PER_S
     custom = dataclasses.replace(gpu("a100-sxm-80gb"), name="lab-a100", node_network_bytes_per_s=None)
-    assert default_cluster(custom, 4).inter_node_bandwidth_bytes_per_s == DEFAULT_INTER_NODE_BYTES_PER_S
+    assert default_cluster(custom, 4).inter_node_bandwidth_bytes_per_s == NVLINK_NODE_BYTES_PER_S
     one_h100_node = default_cluster(gpu("h100-sxm-80gb"), 1)
     moved = with_gpu(one_h100_node, gpu("a100-sxm-80gb"), num_nodes=4)
     assert moved.inter_node_bandwidth_bytes_per_s == 25e9  # DGX A100 nodes, not the H100's network

@@ -157,18 +157,18 @@ def test_an_hf_trainer_job_no_other_gpu_fits_stops_before_searching() -> None:
     """The users' case: gpt-oss-20b at 32K tokens through the HF Trainer on two L40S. No count of
     most other cards can fit (data parallel only: activations of one 32K sequence alone exceed
     them, and at most global batch 8 GPUs): each says so with its numbers, unsearched; B200 and
-    MI300X still fit on one node. The whole answer costs a few hundred evaluations (it spent
-    about 290,000, 17 s of CPU, before the bound)."""
+    MI300X still fit on one node (4 MI300X, from one card up). The whole answer costs a few hundred
+    evaluations (it spent about 290,000, 17 s of CPU, before the bound)."""
     budget = Budget(10**9)
     found = recommend(
         model("gpt-oss-20b").spec, cluster("l40s-48gb", per_node=2),
         TrainingSpec(seq_len=32768, global_batch_size=8), Constraints(launchers=HF), default_tuning(),
-        budget=budget, catalog=[(entry.spec, entry.gpus_per_node) for entry in gpu_entries()],
+        budget=budget, catalog=[entry.spec for entry in gpu_entries()],
     )  # fmt: skip
     assert found.status == "infeasible"
     assert {(s.gpu, s.num_gpus) for s in found.suggestions if s.kind == "other_gpu"} == {
         ("b200-sxm-180gb", 8),
-        ("mi300x-192gb", 8),
+        ("mi300x-192gb", 4),
     }
     skipped = {s.reason.split(":")[0]: s.reason for s in found.suggestions_skipped if s.kind == "other_gpu"}
     assert "h100-sxm-80gb" in skipped and "a100-sxm-80gb" in skipped

@@ -83,7 +83,7 @@ def test_70b_on_eight_24gb_gpus_is_infeasible_and_says_how_many(tuning: Tuning) 
     memory = next(r for r in result.rejected if r.reason == "does not fit in GPU memory")
     assert memory.count > 0 and memory.per_gpu_bytes is not None and memory.capacity_bytes is not None
     assert memory.per_gpu_bytes > memory.capacity_bytes
-    tips = suggestions(spec, c, training, constraints, tuning, catalog=[(gpu("h100-sxm-80gb"), 8)]).made
+    tips = suggestions(spec, c, training, constraints, tuning, catalog=[gpu("h100-sxm-80gb")]).made
     more = next(t for t in tips if t.kind == "more_gpus")
     # 70B x 16 bytes = 1.1 TB of states over 22.8 GiB usable per GPU: at least 48 GPUs
     assert more.num_gpus is not None and more.num_gpus >= 48 and more.num_gpus % 8 == 0
@@ -117,7 +117,7 @@ def test_an_fsdp_job_that_fits_only_compiled_is_told_so(tuning: Tuning) -> None:
     training = TrainingSpec(seq_len=16384, global_batch_size=8)
     constraints = Constraints(frameworks=(Framework.FSDP,), allow_offload=False)
     assert recommend(spec, c, training, constraints, tuning, with_suggestions=False).recommended is None
-    tips = suggestions(spec, c, training, constraints, tuning, catalog=[(gpu("h100-sxm-80gb"), 8)]).made
+    tips = suggestions(spec, c, training, constraints, tuning, catalog=[gpu("h100-sxm-80gb")]).made
     compiled = next(t for t in tips if t.kind == "torch_compile")
     assert compiled.layout is not None and compiled.layout.torch_compile is Compile.MODEL_AND_LOSS
     assert compiled.per_gpu_bytes is not None and compiled.per_gpu_bytes < 0.95 * c.gpu.memory_bytes
@@ -125,7 +125,7 @@ def test_an_fsdp_job_that_fits_only_compiled_is_told_so(tuning: Tuning) -> None:
     plan = recommend(spec, c, training, asked, tuning, with_suggestions=False).recommended
     assert plan is not None and plan.layout == compiled.layout
     # asked already: nothing more to suggest
-    again = suggestions(spec, c, training, asked, tuning, catalog=[(gpu("h100-sxm-80gb"), 8)]).made
+    again = suggestions(spec, c, training, asked, tuning, catalog=[gpu("h100-sxm-80gb")]).made
     assert not any(t.kind == "torch_compile" for t in again)
 
 
@@ -281,7 +281,7 @@ def test_megatron_moe_plans_overlap_the_all_to_alls_when_it_pays(tuning: Tuning)
 def test_a_cut_other_gpu_suggestion_states_what_its_layout_estimates_on_the_cluster_it_states(
     tuning: Tuning,
 ) -> None:
-    """The invariant sweep's case: BLOOM-176B QLoRA, infeasible on 8 x 24 GB; its suggestion of 8
+    """The invariant sweep's case: BLOOM-176B QLoRA, infeasible on 8 x 24 GB; its suggestion of
     L40S, searched within 300 evaluations and cut, states the tokens/s its layout estimates on the
     one node it states. It once kept DeepSpeed pp 4 x dp 2, whose tied-embedding all-reduce pair
     (ranks 6 apart) was counted across two nodes of the one there is (tests/estimator/test_comm.py
@@ -291,15 +291,16 @@ def test_a_cut_other_gpu_suggestion_states_what_its_layout_estimates_on_the_clus
     training = TrainingSpec(seq_len=2048, global_batch_size=32, method=Method.QLORA)
     constraints = Constraints(frameworks=(Framework.DEEPSPEED,))
     ask = suggest._Ask(spec, cluster("l4-24gb"), training, constraints, tuning)
-    (tip,) = ask.other_gpu(gpu("l40s-48gb"), 8, Budget(300))
+    (tip,) = ask.other_gpu(gpu("l40s-48gb"), Budget(300))
     assert tip.layout is not None and tip.tokens_per_s is not None
-    assert (tip.num_gpus, tip.num_nodes, tip.inter_node_bandwidth_bytes_per_s) == (8, 1, None)
+    # 4 of a node's 8 hold it (the cards a node holds, from one up)
+    assert (tip.num_gpus, tip.num_nodes, tip.inter_node_bandwidth_bytes_per_s) == (4, 1, None)
     assert (tip.layout.tp, tip.layout.pp, tip.layout.ep) == (1, 1, 1)  # QLoRA: data-parallel only
     l40s = gpu("l40s-48gb")
     stated = ClusterSpec(  # as the API builds a one-node cluster: nothing crosses a network
         gpu=l40s,
         num_nodes=1,
-        gpus_per_node=8,
+        gpus_per_node=tip.gpus_per_node,
         intra_node_bandwidth_bytes_per_s=l40s.intra_node_bandwidth_bytes_per_s,
         inter_node_bandwidth_bytes_per_s=l40s.intra_node_bandwidth_bytes_per_s,
     )
