@@ -20,10 +20,14 @@ from service.estimator.types import (
     MLASpec,
     MlpKind,
     ModelSpec,
+    MoERouter,
     MoESpec,
     NormKind,
     PositionEmbedding,
     QKNorm,
+    RopeScaling,
+    RopeScalingKind,
+    RouterScore,
 )
 
 
@@ -47,6 +51,40 @@ class MLAIn(Strict):
     qk_nope_head_dim: int = Field(ge=1, le=100_000)
     qk_rope_head_dim: int = Field(ge=1, le=100_000)
     v_head_dim: int = Field(ge=1, le=100_000)
+
+
+class RopeScalingIn(Strict):
+    """config.json rope_scaling (transformers' rope_type and the kind's own keys)."""
+
+    kind: RopeScalingKind
+    factor: float = Field(gt=0, le=1_000_000, description="context extension ratio")
+    original_max_position_embeddings: int | None = Field(default=None, ge=1, le=100_000_000)
+    low_freq_factor: float | None = Field(default=None, gt=0, le=1_000_000, description="llama3")
+    high_freq_factor: float | None = Field(default=None, gt=0, le=1_000_000, description="llama3")
+    beta_fast: float | None = Field(default=None, gt=0, le=1_000_000, description="yarn")
+    beta_slow: float | None = Field(default=None, gt=0, le=1_000_000, description="yarn")
+    mscale: float | None = Field(default=None, ge=0, le=1_000_000, description="yarn (DeepSeek)")
+    mscale_all_dim: float | None = Field(default=None, ge=0, le=1_000_000, description="yarn (DeepSeek)")
+    attention_factor: float | None = Field(default=None, gt=0, le=1_000_000, description="yarn, longrope")
+    truncate: bool = Field(default=True, description="yarn: correction range rounded to whole dimensions")
+
+
+class MoERouterIn(Strict):
+    """How the MoE layers pick and weight their top-k experts."""
+
+    score: RouterScore = RouterScore.SOFTMAX
+    normalize_top_k: bool = Field(default=True, description="the k weights renormalised (norm_topk_prob)")
+    score_correction_bias: bool = Field(
+        default=False, description="DeepSeek-V3's aux-loss-free bias on the scores that choose the experts"
+    )
+    num_groups: int | None = Field(default=None, ge=1, le=4096, description="group-limited routing: groups")
+    group_top_k: int | None = Field(default=None, ge=1, le=4096, description="groups kept per token")
+    group_score_top_n: int | None = Field(
+        default=None, ge=1, le=4096, description="a group's score: the sum of its n best expert scores"
+    )
+    top_k_scaling_factor: float = Field(
+        default=1.0, gt=0, le=1_000_000, description="routed weights times this (routed_scaling_factor)"
+    )
 
 
 class ArchitectureIn(Strict):
@@ -123,6 +161,18 @@ class ArchitectureIn(Strict):
         description="the task head's outputs: sequence_classification's labels, question_answering's "
         "start and end (2)",
     )
+    # no parameters, no memory or time: the launchers emit them so the run trains this model
+    rope_theta: float | None = Field(
+        default=None, gt=0, le=1e15, description="RoPE base (config rope_theta); default: the tool's own"
+    )
+    rope_local_theta: float | None = Field(
+        default=None, gt=0, le=1e15, description="Gemma 3: the sliding-window layers' RoPE base"
+    )
+    rope_scaling: RopeScalingIn | None = None
+    norm_eps: float | None = Field(
+        default=None, gt=0, le=1, description="every norm's epsilon; default: the tool's own"
+    )
+    moe_router: MoERouterIn | None = Field(default=None, description="needs moe; default: the tool's own")
 
     @field_validator("family")
     @classmethod
@@ -134,7 +184,16 @@ class ArchitectureIn(Strict):
 
     def to_domain(self, name: str) -> ModelSpec:
         fields = self.model_dump(
-            exclude={"moe", "num_kv_heads", "head_dim", "mla", "moe_layers", "layer_types"}
+            exclude={
+                "moe",
+                "num_kv_heads",
+                "head_dim",
+                "mla",
+                "moe_layers",
+                "layer_types",
+                "rope_scaling",
+                "moe_router",
+            }
         )
         moe = MoESpec(**self.moe.model_dump()) if self.moe else None
         return ModelSpec(
@@ -145,6 +204,8 @@ class ArchitectureIn(Strict):
             mla=MLASpec(**self.mla.model_dump()) if self.mla else None,
             moe_layers=None if self.moe_layers is None else tuple(self.moe_layers),
             layer_types=tuple(self.layer_types or ()),
+            rope_scaling=RopeScaling(**self.rope_scaling.model_dump()) if self.rope_scaling else None,
+            moe_router=MoERouter(**self.moe_router.model_dump()) if self.moe_router else None,
             **fields,
         )
 

@@ -11,8 +11,13 @@ Only the core sizes (hidden size, layers, heads, vocabulary and, where the famil
 width) are required; every other missing key takes the transformers configuration-class default.
 A key that the family's configuration class declares (or its modeling file reads) and that changes
 the architecture in a way ModelSpec cannot express is refused with InvalidModel naming that key
-(rule ``hf_config``); keys transformers ignores, and harmless ones (token ids, dropout, eps, rope
-settings, router loss coefficients, scalar multipliers, ...), are accepted.
+(rule ``hf_config``); keys transformers ignores, and harmless ones (token ids, dropout, router loss
+coefficients, scalar multipliers, ...), are accepted.
+
+The hyperparameters without parameters that make the launchers train this very model (RoPE base and
+rope_scaling, the norm epsilon, the MoE router's scoring, grouping and scaling) are read into
+ModelSpec too, each a missing key at its configuration class's default and an invalid value refused;
+no memory or time figure reads them.
 
 Multimodal wrappers (``gemma3``, ``llama4``, ``mistral3``) resolve their ``text_config``: the
 language model is counted, the vision tower and projector are not.
@@ -32,10 +37,14 @@ from service.estimator.types import (
     MLASpec,
     MlpKind,
     ModelSpec,
+    MoERouter,
     MoESpec,
     NormKind,
     PositionEmbedding,
     QKNorm,
+    RopeScaling,
+    RopeScalingKind,
+    RouterScore,
 )
 
 _MISSING = object()
@@ -141,6 +150,19 @@ class _Fields:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise self._error(key, f"must be a finite number, got {value!r}")
         return float(value)
+
+    def positive_float(self, *keys: str, default: float) -> float:
+        """The first present key of ``keys`` (aliases), a finite number > 0; absent or null: default."""
+        key, value = self._lookup(keys)
+        if value is _MISSING or value is None:
+            return default
+        number = self.float_or(key, default)
+        if not number > 0:
+            raise self._error(key, f"must be > 0, got {value!r}")
+        return number
+
+    def optional_positive_float(self, key: str) -> float | None:
+        return None if self.raw.get(key) is None else self.positive_float(key, default=0.0)
 
     def int_list(self, key: str) -> list[int]:
         value = self.raw.get(key)
@@ -1044,9 +1066,12 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
     resolved = name or (default_name if isinstance(default_name, str) and default_name else model_type)
     spec = builder(_Fields(config, model_type), resolved)
     hidden, attention = _dropout(config, model_type)
-    if hidden or attention:
-        spec = dataclasses.replace(spec, hidden_dropout=hidden, attention_dropout=attention)
-    return spec
+    return dataclasses.replace(
+        spec,
+        hidden_dropout=hidden,
+        attention_dropout=attention,
+        **_hyperparameters(_text_fields(config, model_type), spec)._asdict(),
+    )
 
 
 # GPT-2's config class defaults its dropouts to 0.1 (resid_pdrop, embd_pdrop, attn_pdrop), as do
@@ -1080,3 +1105,283 @@ def _dropout(config: Mapping[str, object], model_type: str) -> tuple[float, floa
         if not 0.0 <= value < 1.0:
             raise f._error(key, f"= {value} is not a dropout probability in [0, 1)")
     return hidden, attention
+
+
+# ---------------------------------------------------------------- hyperparameters without parameters
+# RoPE base and scaling, norm epsilon and MoE routing: no parameter, memory or time figure reads them;
+# the launchers do, so that a launch file trains the checkpoint's model (ModelSpec.rope_theta, ...).
+
+
+class _Hparams(NamedTuple):
+    """A family's spelling of its norm epsilon and RoPE base, and its configuration class's defaults
+    (transformers v4.56.2 models/<family>/configuration_<family>.py, the __init__ defaults)."""
+
+    eps_key: str
+    eps: float
+    theta_keys: tuple[str, ...] = ("rope_theta",)  # aliases, first present wins; () without RoPE
+    theta: float = 10000.0
+    local_theta: float | None = None  # Gemma 3: rope_local_base_freq's default
+    rope_scaling: Mapping[str, object] | None = None  # the class's default rope_scaling
+
+
+_RMS, _LN_EPS, _LN_EPSILON = "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"
+_HPARAMS: dict[str, _Hparams] = {
+    "llama": _Hparams(_RMS, 1e-6),  # LlamaConfig rms_norm_eps=1e-6, rope_theta=10000.0
+    "granite": _Hparams(_RMS, 1e-6),
+    "mistral": _Hparams(_RMS, 1e-6),  # also mistral3's text_config (a MistralConfig)
+    "qwen2": _Hparams(_RMS, 1e-6),
+    "qwen3": _Hparams(_RMS, 1e-6),
+    "qwen2_moe": _Hparams(_RMS, 1e-6),
+    "qwen3_moe": _Hparams(_RMS, 1e-6),
+    "gemma": _Hparams(_RMS, 1e-6),
+    "gemma2": _Hparams(_RMS, 1e-6),
+    # Gemma3TextConfig: rope_theta=1_000_000.0 (global layers), rope_local_base_freq=10_000.0
+    "gemma3_text": _Hparams(_RMS, 1e-6, theta=1e6, local_theta=1e4),
+    "llama4_text": _Hparams(_RMS, 1e-5, theta=500000.0),  # Llama4TextConfig
+    "olmo2": _Hparams(_RMS, 1e-5),
+    "phi3": _Hparams(_RMS, 1e-5),
+    "phi": _Hparams(_LN_EPS, 1e-5),
+    "mixtral": _Hparams(_RMS, 1e-5, theta=1e6),
+    "deepseek_v2": _Hparams(_RMS, 1e-6),
+    "deepseek_v3": _Hparams(_RMS, 1e-6),
+    # GptOssConfig: rope_theta=150000.0 and a YaRN rope_scaling by default
+    "gpt_oss": _Hparams(
+        _RMS,
+        1e-5,
+        theta=150000.0,
+        rope_scaling={
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+    ),
+    # GPTNeoXConfig takes rotary_emb_base (rope_theta = rotary_emb_base); FalconConfig rope_theta (ALiBi
+    # models have no RoPE); GPT-2, BLOOM, BERT and RoBERTa have none
+    "gpt_neox": _Hparams(_LN_EPS, 1e-5, theta_keys=("rotary_emb_base", "rope_theta")),
+    "falcon": _Hparams(_LN_EPSILON, 1e-5),
+    "gpt2": _Hparams(_LN_EPSILON, 1e-5, theta_keys=()),
+    "bloom": _Hparams(_LN_EPSILON, 1e-5, theta_keys=()),
+    "bert": _Hparams(_LN_EPS, 1e-12, theta_keys=()),  # BertConfig layer_norm_eps=1e-12
+    "roberta": _Hparams(_LN_EPS, 1e-12, theta_keys=()),  # RobertaConfig: BertConfig's defaults
+}
+
+# the multimodal wrappers keep their language model's keys in text_config
+_TEXT_CONFIGS = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
+
+
+def _text_fields(config: Mapping[str, object], model_type: str) -> _Fields:
+    inner = _TEXT_CONFIGS.get(model_type)
+    f = _Fields(config, model_type)
+    return f if inner is None else f.nested("text_config", inner)
+
+
+class _Rope(NamedTuple):
+    rope_theta: float | None = None
+    rope_local_theta: float | None = None
+    rope_scaling: RopeScaling | None = None
+
+
+class _ModelHparams(NamedTuple):
+    """ModelSpec's fields of that name."""
+
+    norm_eps: float
+    rope_theta: float | None
+    rope_local_theta: float | None
+    rope_scaling: RopeScaling | None
+    moe_router: MoERouter | None
+
+
+def _hyperparameters(f: _Fields, spec: ModelSpec) -> _ModelHparams:
+    """The model's norm epsilon, RoPE and routing per its config: its keys, else the configuration
+    class's defaults."""
+    family = _HPARAMS[f.model_type]
+    rope = _Rope()
+    if spec.position_embedding is PositionEmbedding.ROPE and family.theta_keys:
+        rope = _rope(f, family, spec.max_position_embeddings)
+    router = _ROUTERS.get(f.model_type)
+    return _ModelHparams(
+        norm_eps=f.positive_float(family.eps_key, default=family.eps),
+        moe_router=None if router is None or spec.moe is None else router(f, spec.moe),
+        **rope._asdict(),
+    )
+
+
+def _rope(f: _Fields, family: _Hparams, max_positions: int) -> _Rope:
+    # transformers 5 moves rope_theta and the scaling into rope_parameters (Gemma 3: one per layer
+    # type, full_attention and sliding_attention); earlier releases keep rope_theta and rope_scaling
+    # at the top level, which win where both are given.
+    params = f.raw.get("rope_parameters")
+    full = local = None
+    if isinstance(params, Mapping):
+        nested = isinstance(params.get("full_attention"), Mapping)
+        full = _Fields(
+            params["full_attention"] if nested else params, f.model_type, f"{f.prefix}rope_parameters."
+        )
+        if nested and isinstance(params.get("sliding_attention"), Mapping):
+            local = _Fields(params["sliding_attention"], f.model_type, f"{f.prefix}rope_parameters.")
+    if any(f.raw.get(key) is not None for key in family.theta_keys) or full is None:
+        theta = f.positive_float(*family.theta_keys, default=family.theta)
+    else:
+        theta = full.positive_float("rope_theta", default=family.theta)
+    local_theta = None
+    if family.local_theta is not None:
+        default = (
+            family.local_theta
+            if local is None
+            else local.positive_float("rope_theta", default=family.local_theta)
+        )
+        local_theta = f.positive_float("rope_local_base_freq", default=default)
+    if "rope_scaling" in f.raw:
+        scaling, at = f.raw["rope_scaling"], "rope_scaling"
+    elif full is not None:
+        scaling, at = full.raw, "rope_parameters"
+    else:
+        scaling, at = family.rope_scaling, "rope_scaling"
+    return _Rope(theta, local_theta, _rope_scaling(f, scaling, at, max_positions))
+
+
+_ROPE_KINDS = {kind.value: kind for kind in RopeScalingKind}
+
+
+def _rope_scaling(f: _Fields, raw: object, key: str, max_positions: int) -> RopeScaling | None:
+    """config.json rope_scaling as transformers modeling_rope_utils reads it (rope_type, or the legacy
+    ``type`` of DeepSeek's configs); None or rope_type default: unscaled."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise f._error(key, f"must be an object with a rope_type, got {raw!r}")
+    g = _Fields(raw, f.model_type, prefix=f"{f.prefix}{key}.")
+    name = raw.get("rope_type", raw.get("type", "default"))
+    if f.model_type == "phi3" and "rope_type" not in raw and name in ("su", "yarn"):
+        name = "longrope"  # Phi3Config._rope_scaling_adjustment: the names of earlier releases
+    if name == "default":
+        return None
+    kind = _ROPE_KINDS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise g._error("rope_type", f"= {name!r} is not one of transformers' {['default', *_ROPE_KINDS]}")
+    original = g.optional_int("original_max_position_embeddings")
+    if kind is RopeScalingKind.LONGROPE:
+        # _compute_longrope_parameters: the factor is the context ratio where the config gives none
+        base = f.optional_int("original_max_position_embeddings") or original
+        factor = g.positive_float("factor", default=max_positions / base if base else 1.0)
+        return RopeScaling(kind=kind, factor=factor, original_max_position_embeddings=base)
+    if raw.get("factor") is None:
+        raise g._error("factor", f"is required for rope_type {name!r}")
+    factor = g.positive_float("factor", default=1.0)
+    if kind is RopeScalingKind.LLAMA3:
+        for needed in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            if raw.get(needed) is None:
+                raise g._error(needed, "is required for rope_type 'llama3'")
+        return RopeScaling(
+            kind=kind,
+            factor=factor,
+            original_max_position_embeddings=original,
+            low_freq_factor=g.positive_float("low_freq_factor", default=1.0),
+            high_freq_factor=g.positive_float("high_freq_factor", default=4.0),
+        )
+    if kind is RopeScalingKind.YARN:
+        # _compute_yarn_parameters: original_max_position_embeddings or the config's; beta_fast or 32,
+        # beta_slow or 1; mscale / mscale_all_dim / attention_factor optional; truncate default true
+        mscales = {name: _non_negative(g, name) for name in ("mscale", "mscale_all_dim")}
+        return RopeScaling(
+            kind=kind,
+            factor=factor,
+            original_max_position_embeddings=original or max_positions,
+            beta_fast=g.positive_float("beta_fast", default=32.0),
+            beta_slow=g.positive_float("beta_slow", default=1.0),
+            mscale=mscales["mscale"],
+            mscale_all_dim=mscales["mscale_all_dim"],
+            attention_factor=g.optional_positive_float("attention_factor"),
+            truncate=g.bool_or("truncate", True),
+        )
+    return RopeScaling(kind=kind, factor=factor, original_max_position_embeddings=original)
+
+
+def _non_negative(f: _Fields, key: str) -> float | None:
+    if f.raw.get(key) is None:
+        return None
+    value = f.float_or(key, 0.0)
+    if value < 0:
+        raise f._error(key, f"must be >= 0, got {value}")
+    return value
+
+
+def _grouped(
+    router: MoERouter, f: _Fields, moe: MoESpec, groups: int | None, kept: int | None, score_top_n: int
+) -> MoERouter:
+    # DeepSeek group-limited routing: n_group groups of experts, topk_group kept per token; every
+    # group kept routes as plain top-k
+    if groups is None or kept is None:
+        raise f._error("n_group" if groups is None else "topk_group", "is required for group-limited routing")
+    if groups < 1 or moe.num_experts % groups:
+        raise f._error("n_group", f"= {groups} must divide the {moe.num_experts} routed experts")
+    if not 1 <= kept <= groups:
+        raise f._error("topk_group", f"= {kept} must be in [1, n_group {groups}]")
+    if kept == groups:
+        return router
+    return dataclasses.replace(router, num_groups=groups, group_top_k=kept, group_score_top_n=score_top_n)
+
+
+def _deepseek_v2_router(f: _Fields, moe: MoESpec) -> MoERouter:
+    # DeepseekV2MoEGate (transformers modeling_deepseek_v2.py; DeepSeek's modeling_deepseek.py): softmax
+    # over the experts; topk_method greedy (plain top-k) or group_limited_greedy (groups scored by their
+    # best expert); norm_topk_prob renormalises the k weights (DeepSeek's code, with k > 1); then
+    # times routed_scaling_factor. DeepseekV2Config: greedy, n_group/topk_group None, 1.0, False.
+    f.require("scoring_func", "softmax", "DeepSeek-V2's gate scores by softmax")
+    method = f.raw.get("topk_method", "greedy")
+    if method not in ("greedy", "group_limited_greedy"):
+        raise f._error("topk_method", f"= {method!r} is not DeepSeek-V2's greedy or group_limited_greedy")
+    router = MoERouter(
+        score=RouterScore.SOFTMAX,
+        normalize_top_k=f.bool_or("norm_topk_prob", False) and moe.top_k > 1,
+        top_k_scaling_factor=f.positive_float("routed_scaling_factor", default=1.0),
+    )
+    if method == "greedy":
+        return router
+    return _grouped(router, f, moe, f.optional_int("n_group"), f.optional_int("topk_group"), 1)
+
+
+def _deepseek_v3_router(f: _Fields, moe: MoESpec) -> MoERouter:
+    # DeepseekV3TopkRouter: sigmoid scores plus the e_score_correction_bias buffer choose the experts
+    # (noaux_tc) among the topk_group groups best by the sum of their two best scores; the weights are
+    # the plain sigmoid scores, renormalised when norm_topk_prob, times routed_scaling_factor.
+    # DeepseekV3Config: n_group 8, topk_group 4, norm_topk_prob True, routed_scaling_factor 2.5.
+    f.require("scoring_func", "sigmoid", "DeepseekV3TopkRouter scores by sigmoid")
+    f.require("topk_method", "noaux_tc", "DeepseekV3TopkRouter routes by noaux_tc")
+    router = MoERouter(
+        score=RouterScore.SIGMOID,
+        normalize_top_k=f.bool_or("norm_topk_prob", True),
+        score_correction_bias=True,
+        top_k_scaling_factor=f.positive_float("routed_scaling_factor", default=2.5),
+    )
+    return _grouped(router, f, moe, f.int_or("n_group", 8), f.int_or("topk_group", 4), 2)
+
+
+def _softmax_router(normalize: bool | None) -> Callable[[_Fields, MoESpec], MoERouter]:
+    # Softmax over the experts, top-k, the k weights renormalised: always (MixtralSparseMoeBlock;
+    # GptOssTopKRouter's softmax over the k selected logits is the same), or when norm_topk_prob
+    # (Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock; their configs default it to False).
+    def router(f: _Fields, moe: MoESpec) -> MoERouter:
+        norm = f.bool_or("norm_topk_prob", False) if normalize is None else normalize
+        return MoERouter(score=RouterScore.SOFTMAX, normalize_top_k=norm)
+
+    return router
+
+
+def _llama4_router(f: _Fields, moe: MoESpec) -> MoERouter:
+    # Llama4Router: top-k of the logits, the sigmoid of each chosen one, no renormalisation
+    return MoERouter(score=RouterScore.SIGMOID, normalize_top_k=False)
+
+
+_ROUTERS: dict[str, Callable[[_Fields, MoESpec], MoERouter]] = {
+    "mixtral": _softmax_router(True),
+    "gpt_oss": _softmax_router(True),
+    "qwen2_moe": _softmax_router(None),
+    "qwen3_moe": _softmax_router(None),
+    "deepseek_v2": _deepseek_v2_router,
+    "deepseek_v3": _deepseek_v3_router,
+    "llama4_text": _llama4_router,
+}

@@ -136,6 +136,132 @@ class MoESpec:
             )
 
 
+class RopeScalingKind(StrEnum):
+    """A RoPE context extension: transformers' ``rope_type`` (modeling_rope_utils.ROPE_INIT_FUNCTIONS)."""
+
+    LINEAR = "linear"  # position interpolation: every frequency / factor
+    DYNAMIC = "dynamic"  # NTK-aware: the base grows with the sequence length past the original context
+    YARN = "yarn"  # NTK-by-parts ramp plus an attention temperature (DeepSeek-V2/V3, gpt-oss)
+    LONGROPE = "longrope"  # per-dimension short/long factors (Phi-3 128k)
+    LLAMA3 = "llama3"  # Llama 3.1+: low frequencies / factor, high ones kept, a smooth ramp between
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RopeScaling:
+    """config.json ``rope_scaling``: how the rotary frequencies are stretched past the pre-training
+    context. No parameters: it changes no memory or time figure, only which model is trained. Each
+    kind reads its own fields (transformers modeling_rope_utils); the others stay None."""
+
+    kind: RopeScalingKind
+    factor: float  # context extension ratio
+    original_max_position_embeddings: int | None = None  # the pre-training context (llama3, yarn)
+    low_freq_factor: float | None = None  # llama3: wavelengths over original / low are divided by factor
+    high_freq_factor: float | None = None  # llama3: wavelengths under original / high are kept
+    beta_fast: float | None = None  # yarn: rotations where the interpolation ramp starts (transformers: 32)
+    beta_slow: float | None = None  # yarn: rotations where it ends (transformers: 1)
+    # yarn (DeepSeek): cos/sin scaled by get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim);
+    # MLA also multiplies the softmax scale by get_mscale(factor, mscale_all_dim)^2. None: not given
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None  # yarn / longrope: an explicit cos/sin scale
+    truncate: bool = True  # yarn: correction range rounded to whole dimensions (gpt-oss: false)
+
+    def __post_init__(self) -> None:
+        if type(self.kind) is not RopeScalingKind:
+            raise InvalidModel(
+                f"rope_scaling.kind must be a RopeScalingKind, got {self.kind!r}", field="rope_scaling.kind"
+            )
+        _require_positive(InvalidModel, "rope_scaling.factor", self.factor)
+        for name in (
+            "original_max_position_embeddings",
+            "low_freq_factor",
+            "high_freq_factor",
+            "beta_fast",
+            "beta_slow",
+            "attention_factor",
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                _require_positive(InvalidModel, f"rope_scaling.{name}", value)
+        for name in ("mscale", "mscale_all_dim"):  # 0 turns the term off (get_mscale(s, 0) = 1)
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise InvalidModel(
+                    f"rope_scaling.{name} must be >= 0, got {value}",
+                    rule="non_negative",
+                    field=f"rope_scaling.{name}",
+                )
+        if self.kind is RopeScalingKind.LLAMA3:
+            low, high = self.low_freq_factor, self.high_freq_factor
+            if low is None or high is None or self.original_max_position_embeddings is None:
+                raise InvalidModel(
+                    "rope_scaling llama3 needs low_freq_factor, high_freq_factor and "
+                    "original_max_position_embeddings",
+                    field="rope_scaling",
+                )
+            if not high > low:  # transformers' _validate_llama3_parameters
+                raise InvalidModel(
+                    f"rope_scaling.high_freq_factor ({high}) must exceed low_freq_factor ({low})",
+                    field="rope_scaling.high_freq_factor",
+                )
+
+
+class RouterScore(StrEnum):
+    """What a MoE router turns each expert's logit into."""
+
+    SOFTMAX = "softmax"  # over all experts (Mixtral, Qwen MoE, DeepSeek-V2, gpt-oss)
+    SIGMOID = "sigmoid"  # per expert (DeepSeek-V3, Llama 4)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoERouter:
+    """How a MoE layer's router picks its top_k experts and weights their outputs. No parameters
+    beyond the h x E router MoESpec counts (DeepSeek-V3's correction bias is a buffer), so no memory
+    or time figure reads it; it decides which model is trained."""
+
+    score: RouterScore = RouterScore.SOFTMAX
+    # The k selected weights divided by their sum (config norm_topk_prob; for softmax the same as a
+    # softmax over the k selected logits: Mixtral, Qwen3-MoE, gpt-oss); False: the raw scores.
+    normalize_top_k: bool = True
+    # DeepSeek-V3 noaux_tc: a per-expert bias, updated from the experts' load rather than by gradients,
+    # added to the scores to choose the experts but not to weight them (aux-loss-free balancing).
+    score_correction_bias: bool = False
+    # Group-limited routing (DeepSeek topk_method group_limited_greedy / noaux_tc): the experts split
+    # into num_groups equal groups, each scored by the sum of its group_score_top_n best scores (V2:
+    # 1, the maximum; V3: 2); the experts are chosen among the group_top_k best groups. None: off.
+    num_groups: int | None = None
+    group_top_k: int | None = None
+    group_score_top_n: int | None = None
+    top_k_scaling_factor: float = 1.0  # the routed weights times this (DeepSeek routed_scaling_factor)
+
+    def __post_init__(self) -> None:
+        if type(self.score) is not RouterScore:
+            raise InvalidModel(
+                f"moe_router.score must be a RouterScore, got {self.score!r}", field="moe_router.score"
+            )
+        _require_positive(InvalidModel, "moe_router.top_k_scaling_factor", self.top_k_scaling_factor)
+        groups = (self.num_groups, self.group_top_k, self.group_score_top_n)
+        if any(value is None for value in groups) and any(value is not None for value in groups):
+            raise InvalidModel(
+                "moe_router: num_groups, group_top_k and group_score_top_n go together, got "
+                f"{self.num_groups}, {self.group_top_k}, {self.group_score_top_n}",
+                field="moe_router.num_groups",
+            )
+        for name in ("num_groups", "group_top_k", "group_score_top_n"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_positive(InvalidModel, f"moe_router.{name}", value)
+        if (
+            self.num_groups is not None
+            and self.group_top_k is not None
+            and self.group_top_k > self.num_groups
+        ):
+            raise InvalidModel(
+                f"moe_router.group_top_k ({self.group_top_k}) exceeds num_groups ({self.num_groups})",
+                field="moe_router.group_top_k",
+            )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer, or a BERT-style encoder (``bidirectional``), as exact as a parameter
@@ -191,6 +317,16 @@ class ModelSpec:
     post_norm: bool = False
     head: Head = Head.CAUSAL_LM
     num_labels: int = 2  # the task head's outputs: classifier labels, or question answering's start and end
+    # Hyperparameters without parameters, which no memory or time figure reads: they make a launch file
+    # train the checkpoint's model rather than another one. None: not stated (the launcher's tool
+    # keeps its own default). hf_config fills them from config.json or the config class's default.
+    rope_theta: float | None = None  # RoPE base: pair i of a head rotates at rope_theta^(-2i/d) rad/token
+    rope_local_theta: float | None = (
+        None  # Gemma 3: the base of its sliding-window layers (rope_local_base_freq)
+    )
+    rope_scaling: RopeScaling | None = None  # config rope_scaling; None: the frequencies unscaled
+    norm_eps: float | None = None  # epsilon added to the variance in every LayerNorm / RMSNorm
+    moe_router: MoERouter | None = None  # how the MoE layers route (needs moe)
 
     def __post_init__(self) -> None:
         for name in (
@@ -240,6 +376,7 @@ class ModelSpec:
                 raise InvalidModel(
                     f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}", field=name
                 )
+        self._check_hyperparameters()
 
     def _check_encoder(self) -> None:
         _require_positive(InvalidModel, "num_labels", self.num_labels)
@@ -279,6 +416,33 @@ class ModelSpec:
                     rule="encoder",
                     field=name,
                 )
+
+    def _check_hyperparameters(self) -> None:
+        for name in ("rope_theta", "rope_local_theta", "norm_eps"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_positive(InvalidModel, name, value)
+        rope = self.position_embedding is PositionEmbedding.ROPE
+        for name in ("rope_theta", "rope_local_theta", "rope_scaling"):
+            if not rope and getattr(self, name) is not None:
+                raise InvalidModel(
+                    f"{name} needs rotary position embeddings, got position_embedding "
+                    f"{self.position_embedding.value!r}",
+                    rule="rope",
+                    field=name,
+                )
+        router = self.moe_router
+        if router is None:
+            return
+        if self.moe is None:
+            raise InvalidModel("moe_router needs moe", rule="moe_router", field="moe_router")
+        if router.num_groups is not None and self.moe.num_experts % router.num_groups:
+            raise InvalidModel(
+                f"moe.num_experts ({self.moe.num_experts}) is not a multiple of moe_router.num_groups "
+                f"({router.num_groups})",
+                rule="moe_router",
+                field="moe_router.num_groups",
+            )
 
     def _check_layer_structure(self) -> None:
         if self.moe_layers is not None:

@@ -8,6 +8,8 @@ Megatron would reject is reported as unsupported instead of emitted.
 
 from __future__ import annotations
 
+import math
+
 from service.estimator.model_states import megatron_fp8_params, megatron_grads_in_fp32
 from service.estimator.params import is_moe_layer
 from service.estimator.types import (
@@ -24,6 +26,8 @@ from service.estimator.types import (
     Precision,
     QKNorm,
     Recompute,
+    RopeScalingKind,
+    RouterScore,
     TrainingSpec,
 )
 from service.frameworks import FRAMEWORKS
@@ -161,6 +165,10 @@ def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
         problems.append("biased experts (GPT-OSS) are not a Megatron-LM GPT option")
     if model.final_logit_softcapping:
         problems.append("final-logit soft-capping is not a Megatron-LM GPT option")
+    problems += _rope_problems(model) + _router_problems(model)
+    if training.mtp_num_layers and position_embedding_type(model) == "yarn":
+        # validate_args: "Multi-Token Prediction (MTP) is not supported with yarn position embedding"
+        problems.append("multi-token prediction with YaRN: validate_args allows MTP with rope or none only")
     if training.precision is Precision.BF16_PURE:
         problems.append("pure bf16 (bf16 master weights and states) is not emitted for Megatron")
     if training.precision is Precision.TF32:
@@ -207,6 +215,221 @@ def _attention_args(model: ModelSpec) -> list[str]:
     return args
 
 
+# ---------------------------------------------------------------- hyperparameters without parameters
+# The model's RoPE base and scaling, norm epsilon and router, so that the run trains the checkpoint's
+# model. Each is emitted whenever the ModelSpec states it, even where it equals Megatron's default
+# (--rotary-base 10000, --norm-epsilon 1e-5, softmax routing): the file then says which model it
+# trains, and a change of Megatron's defaults cannot change the model. Not stated (None, an explicit
+# architecture): Megatron's default. Names and types from megatron/training/arguments.py @d98e8a6
+# (_add_network_size_args: --position-embedding-type, --rotary-base type=int, --use-rope-scaling,
+# --rope-scaling-factor, --rotary-seq-len-interpolation-factor type=int, --yarn-*; _add_mla_args:
+# --rotary-scaling-factor, --mscale, --mscale-all-dim; --rope-type) and from the TransformerConfig
+# fields ArgumentGroupFactory turns into flags (megatron/core/transformer/transformer_config.py:
+# layernorm_epsilon as --norm-epsilon, moe_router_* as --moe-router-*).
+
+# RotaryEmbedding._apply_scaling (megatron/core/models/common/embeddings/rotary_pos_embedding.py)
+# fixes low_freq_factor 1, high_freq_factor 4 and original_max_position_embeddings 8192; and the
+# GPT model pretrain_gpt.py builds takes GPTModelConfig.rope_scaling_factor's default, 8.0:
+# gpt_config_from_args (megatron/training/argument_utils.py) passes --use-rope-scaling but not
+# --rope-scaling-factor, which only pretrain_vlm.py reads.
+LLAMA3_FIXED = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}  # fmt: skip
+# MLATransformerConfig's YaRN fields no argument sets (transformer_config.py); the MLA's
+# YarnRotaryEmbedding is built without correction_range_round_to_int, whose default is True
+MLA_YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+                  "truncate": True}  # fmt: skip
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    # transformers' and Megatron's get_mscale (yarn_rotary_pos_embedding._yarn_get_mscale)
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_mscales(model: ModelSpec) -> tuple[float, float]:
+    """(--mscale, --mscale-all-dim) for the model's YaRN: transformers scales cos/sin by
+    get_mscale(f, mscale) / get_mscale(f, mscale_all_dim) when both are given, else by get_mscale(f)
+    (_compute_yarn_parameters), Megatron always by the ratio of its two flags
+    (_yarn_get_concentration_factor); MLA also scales the softmax by get_mscale(f, mscale_all_dim)^2,
+    in both (DeepseekV3Attention, MLASelfAttention)."""
+    scaling = model.rope_scaling
+    assert scaling is not None
+    if scaling.mscale and scaling.mscale_all_dim:
+        return scaling.mscale, scaling.mscale_all_dim
+    return 1.0, ((scaling.mscale_all_dim or 0.0) if model.mla is not None else 0.0)
+
+
+def _rope_problems(model: ModelSpec) -> list[str]:
+    """What Megatron's RoPE cannot express of the model's (the run would train another model)."""
+    if model.position_embedding is not PositionEmbedding.ROPE:
+        return []
+    problems = []
+    theta, local, scaling = model.rope_theta, model.rope_local_theta, model.rope_scaling
+    if theta is not None and theta != int(theta):
+        problems.append(f"rope_theta {theta}: --rotary-base takes an integer")
+    if local is not None and (local != theta or scaling is not None):
+        problems.append(
+            f"RoPE base {local} unscaled on the sliding-window layers and {theta} on the others: "
+            "Megatron's GPT model has one --rotary-base for every layer"
+        )
+    if scaling is None:
+        return problems
+    kind, mla = scaling.kind, model.mla is not None
+    if kind in (RopeScalingKind.DYNAMIC, RopeScalingKind.LONGROPE):
+        problems.append(f"{kind.value} RoPE scaling is not a Megatron-LM option")
+    elif mla and kind is not RopeScalingKind.YARN:
+        problems.append(f"{kind.value} RoPE scaling: Megatron's MLA takes --rope-type rope or yarn only")
+    elif kind is RopeScalingKind.LLAMA3:
+        differ = [f"{k} {getattr(scaling, k)}" for k, v in LLAMA3_FIXED.items() if getattr(scaling, k) != v]
+        if differ:
+            problems.append(
+                f"llama3 RoPE scaling with {', '.join(differ)}: pretrain_gpt.py @d98e8a6 applies factor 8, "
+                "low_freq_factor 1, high_freq_factor 4, original 8192 whatever --rope-scaling-factor says "
+                "(gpt_config_from_args does not pass it to the model)"
+            )
+    elif kind is RopeScalingKind.LINEAR and scaling.factor != int(scaling.factor):
+        problems.append(
+            f"linear RoPE scaling factor {scaling.factor}: --rotary-seq-len-interpolation-factor takes "
+            "an integer"
+        )
+    elif kind is RopeScalingKind.YARN:
+        problems += _yarn_problems(model)
+    return problems
+
+
+def _yarn_problems(model: ModelSpec) -> list[str]:
+    scaling = model.rope_scaling
+    assert scaling is not None
+    problems = []
+    if model.mla is not None:
+        differ = [f"{k} {getattr(scaling, k)}" for k, v in MLA_YARN_FIXED.items() if getattr(scaling, k) != v]
+        if differ:
+            problems.append(
+                f"YaRN with {', '.join(differ)}: Megatron's MLA fixes original_max_position_embeddings 4096, "
+                "beta_fast 32, beta_slow 1 and truncates the correction range"
+            )
+    elif model.rotary_fraction < 1.0:  # YarnRotaryEmbedding's frequencies span all of kv_channels
+        problems.append(f"YaRN on a partial rotary ({model.rotary_fraction}) is not a Megatron-LM option")
+    factor = scaling.factor
+    mscale, mscale_all_dim = yarn_mscales(model)
+    megatron = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    wanted = scaling.attention_factor
+    if wanted is None:
+        both = scaling.mscale and scaling.mscale_all_dim
+        wanted = megatron if both else _yarn_mscale(factor, 1.0)
+    if not math.isclose(megatron, wanted, rel_tol=1e-9):
+        problems.append(
+            f"YaRN attention factor {wanted:.6g}: Megatron's --mscale / --mscale-all-dim give {megatron:.6g}"
+        )
+    return problems
+
+
+def position_embedding_type(model: ModelSpec) -> str:
+    """--position-embedding-type: YaRN is a type of its own (GPTModel's YarnRotaryEmbedding), except
+    under MLA, which applies its own RoPE (--rope-type) where the GPT model applies none."""
+    if model.position_embedding is not PositionEmbedding.ROPE:
+        return "learned_absolute"
+    scaling = model.rope_scaling
+    yarn = scaling is not None and scaling.kind is RopeScalingKind.YARN
+    return "yarn" if yarn and model.mla is None else "rope"
+
+
+def _position_args(model: ModelSpec) -> list[str]:
+    args = ["--position-embedding-type", position_embedding_type(model)]
+    if model.position_embedding is not PositionEmbedding.ROPE:
+        return args
+    scaling = model.rope_scaling
+    kind = None if scaling is None else scaling.kind
+    mla = model.mla is not None
+    yarn = kind is RopeScalingKind.YARN
+    if model.rotary_fraction < 1.0:
+        args += ["--rotary-percent", str(model.rotary_fraction)]
+    if model.rope_theta is not None:
+        args += ["--rotary-base", str(int(model.rope_theta))]
+    if mla:
+        args += ["--rope-type", "yarn" if yarn else "rope"]
+    if scaling is None:
+        return args
+    if kind is RopeScalingKind.LLAMA3:  # the factor is not read (LLAMA3_FIXED), stated for the reader
+        return [*args, "--use-rope-scaling", "--rope-scaling-factor", str(scaling.factor)]
+    if kind is RopeScalingKind.LINEAR:  # positions / factor, as transformers' inv_freq / factor
+        return [*args, "--rotary-seq-len-interpolation-factor", str(int(scaling.factor))]
+    if yarn:
+        mscale, mscale_all_dim = yarn_mscales(model)
+        args += ["--rotary-scaling-factor", str(scaling.factor)]
+        args += ["--mscale", str(mscale), "--mscale-all-dim", str(mscale_all_dim)]
+        if not mla:  # the MLA's are fixed (MLA_YARN_FIXED)
+            args += [
+                "--yarn-original-max-position-embeddings", str(scaling.original_max_position_embeddings),
+                "--yarn-beta-fast", str(scaling.beta_fast),
+                "--yarn-beta-slow", str(scaling.beta_slow),
+            ]  # fmt: skip
+            if not scaling.truncate:
+                args.append("--no-yarn-correction-range-round-to-int")
+    return args
+
+
+def _router_problems(model: ModelSpec) -> list[str]:
+    """What Megatron's router (topk_routing_with_score_function and group_limited_topk,
+    megatron/core/transformer/moe/moe_utils.py) cannot express of the model's."""
+    router, moe = model.moe_router, model.moe
+    if router is None or moe is None:
+        return []
+    problems = []
+    softmax, k = router.score is RouterScore.SOFTMAX, moe.top_k
+    if softmax and router.normalize_top_k and k == 1:
+        # TransformerConfig: "Please use --moe-router-pre-softmax when topk is 1"
+        problems.append(
+            "a softmax router that renormalises its one expert's weight to 1: Megatron needs "
+            "--moe-router-pre-softmax at top-1, which keeps the softmax probability"
+        )
+    if not softmax and router.normalize_top_k != (k > 1):  # Megatron renormalises exactly when k > 1
+        problems.append(
+            f"a sigmoid router {'with' if router.normalize_top_k else 'without'} renormalised weights at "
+            f"top-{k}: Megatron renormalises sigmoid weights exactly when top-k > 1"
+        )
+    if router.score_correction_bias and softmax:  # TransformerConfig: sigmoid or sqrtsoftplus only
+        problems.append("an expert score-correction bias on a softmax router is not a Megatron-LM option")
+    if router.num_groups is not None and router.group_top_k is not None:
+        # groups scored by the sum of their top (topk // group_topk) scores: the softmax
+        # probabilities with --moe-router-pre-softmax, else the logits
+        n = k // router.group_top_k
+        if router.group_score_top_n != n:
+            problems.append(
+                f"groups scored by their best {router.group_score_top_n} expert score(s): Megatron's "
+                f"group-limited routing sums the best top-k // group-topk = {n}"
+            )
+        elif softmax and router.normalize_top_k and n > 1:
+            problems.append(
+                "group-limited routing with renormalised softmax weights: Megatron then scores the groups "
+                "on the logits, not on the probabilities"
+            )
+    return problems
+
+
+def _router_args(model: ModelSpec) -> list[str]:
+    router, moe = model.moe_router, model.moe
+    if router is None or moe is None:
+        return []
+    args = ["--moe-router-score-function", router.score.value]
+    # softmax: by default over the k selected logits (= renormalised probabilities: Mixtral, Qwen3-MoE
+    # norm_topk_prob); --moe-router-pre-softmax: over every expert, the k probabilities kept as they
+    # are (DeepSeek-V2, Qwen MoE without norm_topk_prob)
+    if router.score is RouterScore.SOFTMAX and not router.normalize_top_k:
+        args.append("--moe-router-pre-softmax")
+    if router.score_correction_bias:  # DeepSeek-V3's aux-loss-free balancing bias
+        args.append("--moe-router-enable-expert-bias")
+    if router.num_groups is not None and router.group_top_k is not None:
+        args += ["--moe-router-num-groups", str(router.num_groups)]
+        args += ["--moe-router-group-topk", str(router.group_top_k)]
+    if router.top_k_scaling_factor != 1.0:
+        args += ["--moe-router-topk-scaling-factor", str(router.top_k_scaling_factor)]
+    # Not emitted: the load-balancing loss (--moe-router-load-balancing-type, --moe-aux-loss-coeff) is
+    # a training objective the ModelSpec does not carry; Megatron's default (aux_loss, coefficient 0)
+    # trains without one. DeepSeek-V3's bias balances the load itself (--moe-router-bias-update-rate's
+    # default 1e-3 is DeepSeek-V3's, TransformerConfig).
+    return args
+
+
 def _model_args(plan: Plan) -> list[str]:
     model, seq = plan.model, plan.training.seq_len
     args = [
@@ -222,15 +445,12 @@ def _model_args(plan: Plan) -> list[str]:
         "--max-position-embeddings",
         str(max(seq, model.max_position_embeddings)),
     ]
-    if model.position_embedding is PositionEmbedding.ROPE:
-        args += ["--position-embedding-type", "rope"]
-        if model.rotary_fraction < 1.0:
-            args += ["--rotary-percent", str(model.rotary_fraction)]
-    else:
-        args += ["--position-embedding-type", "learned_absolute"]
+    args += _position_args(model)
     if model.mlp is MlpKind.SWIGLU:
         args.append("--swiglu")
     args += ["--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"]
+    if model.norm_eps is not None:  # every norm's epsilon (TransformerConfig.layernorm_epsilon)
+        args += ["--norm-epsilon", str(model.norm_eps)]
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not (model.mlp_bias or model.attn_out_bias):
@@ -242,6 +462,7 @@ def _model_args(plan: Plan) -> list[str]:
         args += [
             "--num-experts", str(moe.num_experts),
             "--moe-router-topk", str(moe.top_k),
+            *_router_args(model),
             "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size),
             # the estimate's dispatch is the layout's dispatcher (step_time.ep_comm_s: alltoall or flex;
             # Megatron's default is allgather) over one grouped GEMM per rank's experts, as NVIDIA's

@@ -75,6 +75,8 @@ MEGATRON_SWITCHES = {
     "--disable-bias-linear", "--add-qkv-bias", "--mock-data",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--multi-latent-attention", "--qk-layernorm", "--grad-reduce-in-bf16", "--fp8-param-gather",
+    "--use-rope-scaling", "--no-yarn-correction-range-round-to-int", "--moe-router-pre-softmax",
+    "--moe-router-enable-expert-bias",
 }  # fmt: skip
 MEGATRON_VALUED = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
@@ -93,6 +95,12 @@ MEGATRON_VALUED = {
     "--moe-layer-freq", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
     "--v-head-dim", "--hidden-dropout", "--attention-dropout", "--moe-token-dispatcher-type",
     "--moe-flex-dispatcher-backend", "--mtp-num-layers",
+    # the model's hyperparameters: arguments.py (_add_network_size_args, _add_mla_args, --rope-type) and
+    # TransformerConfig's fields (layernorm_epsilon's --norm-epsilon, moe_router_*)
+    "--rotary-base", "--rope-scaling-factor", "--rotary-seq-len-interpolation-factor", "--rope-type",
+    "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--yarn-original-max-position-embeddings",
+    "--yarn-beta-fast", "--yarn-beta-slow", "--norm-epsilon", "--moe-router-score-function",
+    "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-topk-scaling-factor",
 }  # fmt: skip
 # flags that take a list (nargs="*"), kept space-joined, and the values Megatron-Core allows
 MEGATRON_LISTS = {
@@ -327,10 +335,56 @@ def check_megatron(words: list[str], plan: Plan, env: dict[str, str]) -> None:
     assert not ("--fp16" in f and "--bf16" in f)
     if "--expert-model-parallel-size" in f:
         assert num("--num-experts", 0) % num("--expert-model-parallel-size") == 0
+    check_megatron_model_hparams(f)
     # parallel_state: the expert grid etp x ep x expert-dp covers a stage's tp x cp x dp ranks
     etp, ep = num("--expert-tensor-parallel-size", tp), num("--expert-model-parallel-size")
     assert (tp * cp * dp) % (etp * ep) == 0
     assert (etp, ep) == (lo.expert_tp, lo.ep)
+
+
+# the hyperparameter flags arguments.py parses with type=int and type=float
+MEGATRON_INTS = (
+    "--rotary-base",
+    "--rotary-seq-len-interpolation-factor",
+    "--yarn-original-max-position-embeddings",
+    "--moe-router-num-groups",
+    "--moe-router-group-topk",
+)
+MEGATRON_FLOATS = (
+    "--norm-epsilon",
+    "--rope-scaling-factor",
+    "--rotary-scaling-factor",
+    "--mscale",
+    "--mscale-all-dim",
+    "--yarn-beta-fast",
+    "--yarn-beta-slow",
+    "--moe-router-topk-scaling-factor",
+)
+
+
+def check_megatron_model_hparams(f: dict[str, str | None]) -> None:
+    """The types arguments.py parses the model's hyperparameters with, and the rules
+    core_transformer_config_from_args and TransformerConfig.__post_init__ enforce on them."""
+    for flag in MEGATRON_INTS:
+        if flag in f:
+            int(str(f[flag]))
+    for flag in MEGATRON_FLOATS:
+        if flag in f:
+            float(str(f[flag]))
+    assert f.get("--position-embedding-type", "learned_absolute") in ("learned_absolute", "rope", "yarn")
+    if "--rope-type" in f:  # "Common attention only support rope_type='rope'"
+        assert f["--rope-type"] in ("rope", "yarn")
+        assert "--multi-latent-attention" in f or f["--rope-type"] == "rope"
+    score = f.get("--moe-router-score-function", "softmax")
+    assert score in ("softmax", "sigmoid", "sqrtsoftplus")
+    if "--moe-router-enable-expert-bias" in f:
+        assert score in ("sigmoid", "sqrtsoftplus")
+    if f.get("--moe-router-topk") == "1" and score == "softmax":
+        assert "--moe-router-pre-softmax" in f, "Please use --moe-router-pre-softmax when topk is 1."
+    if "--moe-router-group-topk" in f:
+        groups = int(str(f["--moe-router-num-groups"]))
+        assert int(str(f["--num-experts"])) % groups == 0
+        assert int(str(f["--moe-router-group-topk"])) <= groups
 
 
 def check_hostfile(text: str, plan: Plan) -> None:

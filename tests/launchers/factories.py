@@ -11,6 +11,8 @@ from service.estimator.types import (
     ModelSpec,
     PeakFlops,
     Plan,
+    RopeScaling,
+    RopeScalingKind,
     TrainingSpec,
 )
 
@@ -50,6 +52,8 @@ def small_llama() -> ModelSpec:
         ffn_hidden_size=2816,
         vocab_size=32000,
         max_position_embeddings=4096,
+        rope_theta=10000.0,  # Llama 2's
+        norm_eps=1e-5,
     )
 
 
@@ -65,6 +69,15 @@ def llama3_8b() -> ModelSpec:
         ffn_hidden_size=14336,
         vocab_size=128256,
         max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling(
+            kind=RopeScalingKind.LLAMA3,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+        norm_eps=1e-5,
     )
 
 
