@@ -145,6 +145,10 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
 
 def _megatron_refusal(plan: Plan) -> Refusal:
     lo = plan.layout
+    if plan.training.optimizer is not Optimizer.ADAMW:
+        # the plugin passes Megatron-LM its own arguments, --optimizer left at its default adam
+        asked = plan.training.optimizer.value
+        return f"optimizer {asked}: MegatronLMPlugin trains Megatron-LM's default Adam"
     if lo.zero_stage > 1 or lo.offload_params is not Offload.NONE or lo.offload_optimizer is not Offload.NONE:
         return "Megatron-LM through Accelerate: ZeRO-1 (distributed optimizer) and no offload only"
     if lo.virtual_pipeline_stages > 1:
