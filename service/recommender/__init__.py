@@ -483,8 +483,25 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
             # only the torchtitan and megatron targets overlap TP: another launcher (Accelerate)
             # may run the layout with its TP collectives exposed, at that (slower) time
             _time_candidate(search, job, result, dataclasses.replace(layout, tp_comm_overlap=False))
+        elif (plain := _without_sequence_parallel(search, job, result, layout)) is not None:
+            _time_candidate(search, job, result, plain)
         return
     result.keep(family, Scored(layout, job, key, tokens_per_s))
+
+
+def _without_sequence_parallel(
+    search: _Search, job: Job, result: SearchResult, layout: Layout
+) -> Layout | None:
+    """An FSDP layout with TP, as a launcher without sequence parallelism runs it (Accelerate's TP is
+    transformers' tp_plan: column- and row-wise projections, the norms' and dropouts' activations
+    whole on every TP rank), where it still fits and has valid micro-batches; None elsewhere."""
+    if layout.framework is not Framework.FSDP or layout.tp == 1 or not layout.sequence_parallel:
+        return None
+    plain = dataclasses.replace(layout, sequence_parallel=False, tp_comm_overlap=False)
+    if _violation(job, plain) is not None:
+        return None
+    limit = headroom.allowed_bytes(job.cluster.gpu.memory_bytes, search.constraints.min_headroom_fraction)
+    return plain if result.fits(job, plain, limit) else None
 
 
 def _admission_key(

@@ -50,3 +50,40 @@ def test_slurm_with_accelerate_and_torchtitan_runs_what_either_runs(client: Test
 )
 def test_runner_targets(asked: list[str], runners: list[str]) -> None:
     assert sorted(runner_targets([Target(t) for t in asked])) == sorted(Target(t) for t in runners)
+
+
+def test_accelerate_tp_is_planned_and_estimated_without_sequence_parallelism(client: TestClient) -> None:
+    """transformers' tp_plan splits the projections only: Accelerate runs FSDP + TP without sequence
+    parallelism, so its layouts are estimated so (Llama 3 8B on 8 RTX 4090: 22.6 GiB estimated with
+    SP, 25.2 GiB as it runs, over the card)."""
+    response = client.post(
+        "/v1/plans",
+        json={
+            "model": {"preset": "llama-3-8b"},
+            "cluster": {"gpu": "rtx-4090-24gb", "num_nodes": 1, "gpus_per_node": 8},
+            "training": {"seq_len": 2048, "global_batch_size": 32},
+            "constraints": {"frameworks": ["fsdp"], "top_k": 5},
+            "launchers": ["accelerate"],
+        },
+    )
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["status"] == "feasible"
+    shown = [body["recommended"], *body.get("alternatives", [])]
+    assert any(c["layout"]["tp"] > 1 for c in shown)  # TP layouts remain, as Accelerate runs them
+    for candidate in shown:
+        layout = candidate["layout"]
+        assert layout["tp"] == 1 or not layout["sequence_parallel"], layout
+    estimate = client.post(
+        "/v1/estimates",
+        json={
+            "model": {"preset": "llama-3-8b"},
+            "cluster": {"gpu": "rtx-4090-24gb", "num_nodes": 1, "gpus_per_node": 8},
+            "training": {"seq_len": 2048, "global_batch_size": 32},
+            "layout": body["recommended"]["layout"],
+        },
+    ).json()
+    assert (
+        estimate["memory"]["per_gpu"]["total"]
+        == body["recommended"]["estimate"]["memory"]["per_gpu"]["total"]
+    )
