@@ -696,8 +696,11 @@ def plan(
     constraints: dict[str, Any] = {"objective": objective, "top_k": top_k}
     if frameworks:
         constraints["frameworks"] = list(frameworks)
-    # --out without --launcher: every target, so the files of whichever runs the recommendation
-    targets = list(launchers) or ([target.value for target in Target] if out is not None else [])
+    # --out without --launcher: the files of every target that runs the recommendation, which these
+    # do not constrain (each runs it, or Slurm wraps it): a Kubernetes file would (its PyTorchJob
+    # wraps torchrun entry points only), so it is written where --launcher kubernetes asks for it
+    everything = [target.value for target in Target if target is not Target.KUBERNETES]
+    targets = list(launchers) or (everything if out is not None else [])
     body = {
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),

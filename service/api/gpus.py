@@ -27,6 +27,7 @@ def to_out(entry: GPUEntry) -> GPUOut:
         chip=spec.chip,
         flash_attention=spec.flash_attention,
         memory_bytes=spec.memory_bytes,
+        nominal_memory_bytes=entry.nominal_memory_bytes,
         peak_flops_per_s=PeakFlopsOut(
             fp32=peak.fp32, tf32=peak.tf32, bf16=peak.bf16, fp16=peak.fp16, fp8=peak.fp8
         ),

@@ -52,6 +52,7 @@ _ALLOWED_KEYS = (
     | frozenset(_PEAK_KEYS)
     | frozenset(_CLOCK_KEYS)
     | {"notes", "flash_attention", "gpus_per_node", "node_network_bytes_per_s", "aliases"}
+    | {"ecc_reserved_fraction"}
 )
 
 
@@ -65,6 +66,9 @@ class GPUEntry:
     spec: GPUSpec
     source: str
     notes: str | None = None
+    # the memory the part is sold with (its slug's "24gb"); spec.memory_bytes is what a process sees
+    # of it (less ECC's share on GDDR6 parts)
+    nominal_memory_bytes: int = 0
     aliases: tuple[str, ...] = ()  # other names it goes by (nvidia-smi's), besides display_name
 
 
@@ -144,7 +148,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
     try:
         spec = GPUSpec(
             name=name,
-            memory_bytes=_integer(name, table, "memory_bytes"),
+            memory_bytes=_usable_memory(name, table),
             peak_flops_per_s=PeakFlops(**peaks),
             hbm_bandwidth_bytes_per_s=_number(name, table, "hbm_bandwidth_bytes_per_s"),
             intra_node_bandwidth_bytes_per_s=_number(name, table, "intra_node_bandwidth_bytes_per_s"),
@@ -172,6 +176,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
         spec=spec,
         source=source,
         notes=_text(name, table, "notes") if "notes" in table else None,
+        nominal_memory_bytes=_integer(name, table, "memory_bytes"),
         aliases=_names(name, table, "aliases"),
     )
 
@@ -181,6 +186,19 @@ def _names(name: str, table: dict[str, object], key: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
         raise _invalid(name, key, f"{key} must be a list of non-empty strings, got {value!r}")
     return tuple(value)
+
+
+def _usable_memory(name: str, table: dict[str, object]) -> int:
+    """The memory a process sees: ``memory_bytes`` less what ECC reserves where the part keeps its
+    check bits in the same GDDR6 (``ecc_reserved_fraction``, on by default on data-center GDDR6
+    cards: 1/16, nvidia-smi's total 23034 MiB of an L4's 24 GiB). HBM's ECC is on extra dies."""
+    memory = _integer(name, table, "memory_bytes")
+    if "ecc_reserved_fraction" not in table:
+        return memory
+    fraction = _number(name, table, "ecc_reserved_fraction")
+    if not 0.0 < fraction < 0.5:
+        raise _invalid(name, "ecc_reserved_fraction", f"must be in (0, 0.5), got {fraction}")
+    return round(memory * (1.0 - fraction))
 
 
 def _node_network(name: str, table: dict[str, object]) -> float | None:

@@ -253,7 +253,11 @@ class GPUOut(BaseModel):
     vendor: str
     chip: str
     flash_attention: bool
-    memory_bytes: int
+    memory_bytes: int = Field(
+        description="what a process sees, and the fit is checked against: the memory sold, less the 1/16 "
+        "GDDR6's ECC (on by default on data-center cards) keeps its check bits in"
+    )
+    nominal_memory_bytes: int = Field(description="the memory the part is sold with (its name's GB: GiB)")
     peak_flops_per_s: PeakFlopsOut
     hbm_bandwidth_bytes_per_s: float
     intra_node_bandwidth_bytes_per_s: float

@@ -18,6 +18,7 @@ splits the dp group from its innermost end (``ep`` ranks are consecutive dp rank
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -191,11 +192,14 @@ def link_for_group(
     (busbw / nominal), for the links whose busbw the cluster does not state as measured.
     """
     gpn = cluster.gpus_per_node
-    ranks_per_node = max(1, min(group_size, gpn // stride)) if stride < gpn else 1
-    nodes = math.ceil(group_size / ranks_per_node)
-    if nodes > cluster.num_nodes:  # the stride's count overshoots the cluster: its nodes hold the group
-        nodes = cluster.num_nodes
-        ranks_per_node = math.ceil(group_size / nodes)
+    if cluster.num_nodes > 1 and not _tiles_nodes(gpn, group_size, stride):
+        ranks_per_node, nodes = uneven_placement(gpn, cluster.world_size, group_size, stride)
+    else:
+        ranks_per_node = max(1, min(group_size, gpn // stride)) if stride < gpn else 1
+        nodes = math.ceil(group_size / ranks_per_node)
+        if nodes > cluster.num_nodes:  # the stride's count overshoots the cluster: its nodes hold it
+            nodes = cluster.num_nodes
+            ranks_per_node = math.ceil(group_size / nodes)
     return Link(
         group_size=group_size,
         ranks_per_node=ranks_per_node,
@@ -214,6 +218,45 @@ def link_for_group(
         inter_latency_s=inter_latency_s,
         base_latency_s=base_latency_s,
     )
+
+
+def _tiles_nodes(gpn: int, group_size: int, stride: int) -> bool:
+    """Every group of ``group_size`` ranks ``stride`` apart has the same members on each node it
+    spans: each member on a node of its own (stride a node or more), or the stride divides the node
+    and the groups' span (size x stride) is a divisor or a multiple of it."""
+    span = group_size * stride
+    return group_size <= 1 or stride >= gpn or (gpn % stride == 0 and (gpn % span == 0 or span % gpn == 0))
+
+
+@functools.lru_cache(maxsize=4096)
+def uneven_placement(gpn: int, world_size: int, group_size: int, stride: int) -> tuple[int, int]:
+    """(ranks_per_node, nodes) of the slowest group where groups do not tile the nodes (3 or 6 GPUs
+    per node, tp 2 or 4; dp 3 on nodes of 2): some group has r members on one node and the rest
+    elsewhere. Its n = group_size ranks' reduce-scatter leaves node-by-node (NCCL's rings run over
+    every GPU's NIC): the node of r members sends its peers' (n - r) shards of S / n over its r NICs,
+    (n - r) / (r n) S per GPU, the most for the least r. As a ``Link`` of r ranks per node that is
+    (N - 1) / N x S / r with N = n / r "nodes" (rounded up): the aligned formula when r = n / N.
+
+    Groups start at j + b x size x stride (j < stride) in Megatron's rank order (tp, cp, dp, pp
+    innermost first); only each start's offset within its node matters, at most ``gpn`` of them."""
+    span = group_size * stride
+    starts = min(max(1, world_size // span), gpn)
+    offsets = {(b * span) % gpn for b in range(starts)}
+    phases = {(j + o) % gpn for j in range(min(stride, gpn)) for o in offsets}
+    least = group_size
+    for phase in phases:
+        last = (phase + (group_size - 1) * stride) // gpn
+        if last == 0:
+            continue  # the group stays on its first node
+        first_count = (gpn - 1 - phase) // stride + 1
+        before_last = (last * gpn - phase + stride - 1) // stride  # members on nodes before the last
+        counts = [first_count, group_size - before_last]
+        if last > 1:
+            counts.append(gpn // stride)  # an interior node holds gpn // stride or one more
+        least = min(least, *counts)
+    if least >= group_size:
+        return group_size, 1
+    return least, math.ceil(group_size / least)
 
 
 def achieved_bandwidth_bytes_per_s(

@@ -1024,9 +1024,11 @@ def recomputed_collectives(job: Job, layout: Layout) -> tuple[float, float, floa
 # ---------------------------------------------------------------- model-parallel communication
 
 
-def tp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
+def tp_comm_s(job: Job, layout: Layout, base: StepBase, window_s: float) -> float:
     """Megatron TP: 2 all-reduces forward + 2 backward per layer (+2 when recomputed), half of them
-    attention's and half the MLP's; an MoE layer's MLP half as ``moe_mlp_tp_factor`` says."""
+    attention's and half the MLP's; an MoE layer's MLP half as ``moe_mlp_tp_factor`` says. Overlapped
+    (``tp_comm_overlap``), at most the tuning's fraction is hidden, and no more than the ``window_s``
+    of GEMMs it runs under (a PCIe card's TP traffic can outlast its compute)."""
     # SP swaps each all-reduce for a reduce-scatter + all-gather of the same total time
     # (Korthikanti §4.2.2); Narayanan §3.3: volume 8 b s h (t-1)/t per layer.
     if layout.tp == 1:
@@ -1037,7 +1039,9 @@ def tp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     collectives = (2 + attention) * base.layers + (2 + dense) * (base.layers - moe_layers)
     collectives += (2 + moe) * moe_halves
     total = base.micro_batches * collectives * base.tp_all_reduce_s
-    return total * (1.0 - job.tuning.tp_overlap_hidden_fraction) if layout.tp_comm_overlap else total
+    if not layout.tp_comm_overlap:
+        return total
+    return exposed_s(total, window_s, job.tuning.tp_overlap_hidden_fraction)
 
 
 def moe_mlp_tp_factor(job: Job, layout: Layout) -> float:
@@ -1348,7 +1352,8 @@ class StepParts:
 def step_parts(job: Job, layout: Layout) -> StepParts:
     base = step_base(job, layout)
     compute, recompute = base.compute_s, recompute_s(job, layout, base)
-    tp, cp, ep = tp_comm_s(job, layout, base), cp_comm_s(job, layout, base), ep_comm_s(job, layout, base)
+    tp = tp_comm_s(job, layout, base, compute + recompute)
+    cp, ep = cp_comm_s(job, layout, base), ep_comm_s(job, layout, base)
     ideal = compute + recompute + tp + cp + ep  # what the bubble scales
     return StepParts(
         compute_s=compute,

@@ -132,6 +132,13 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
     if lo.tp_comm_overlap:
         # the estimate hides TP communication that Accelerate's TP would leave exposed
         return "Async TP (tp_comm_overlap) is torchtitan's; Accelerate's TP has no switch for it"
+    if lo.tp > 1 and lo.sequence_parallel:
+        # transformers' tp_plan (LlamaConfig.base_model_tp_plan, "colwise"/"rowwise" only) splits the
+        # projections; the norms' and dropouts' activations stay whole on every TP rank
+        return (
+            "sequence parallelism: Accelerate's TP is transformers' tp_plan, which splits the projections "
+            "only (estimate with sequence_parallel false)"
+        )
     if lo.fsdp_hybrid_shard and nodes > 1 and lo.dp % nodes:
         return f"hybrid shard: dp ({lo.dp}) is not a multiple of the nodes ({nodes})"
     if plan.training.method is Method.QLORA and (lo.cp > 1 or (lo.fsdp_hybrid_shard and nodes > 1)):
@@ -145,6 +152,10 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
 
 def _megatron_refusal(plan: Plan) -> Refusal:
     lo = plan.layout
+    if plan.training.optimizer is not Optimizer.ADAMW:
+        # the plugin passes Megatron-LM its own arguments, --optimizer left at its default adam
+        asked = plan.training.optimizer.value
+        return f"optimizer {asked}: MegatronLMPlugin trains Megatron-LM's default Adam"
     if lo.zero_stage > 1 or lo.offload_params is not Offload.NONE or lo.offload_optimizer is not Offload.NONE:
         return "Megatron-LM through Accelerate: ZeRO-1 (distributed optimizer) and no offload only"
     if lo.virtual_pipeline_stages > 1:

@@ -191,6 +191,15 @@ def _precision(plan: Plan) -> dict[str, Any]:
     return {"bf16": bf16}  # fp8 GEMMs come from the model code (Transformer Engine), not ds_config
 
 
+# The optimizers ds_config does not name, as the training script builds them (the estimate's states:
+# model_states.moment_bytes).
+SCRIPT_OPTIMIZERS = {
+    Optimizer.SGD: "torch.optim.SGD(momentum=0.9)",
+    Optimizer.ADAMW_8BIT: "bitsandbytes.optim.AdamW8bit",
+    Optimizer.ADAFACTOR: "transformers.optimization.Adafactor",
+}
+
+
 def _optimizer(plan: Plan) -> dict[str, Any]:
     # DeepSpeed builds these itself (DeepSpeedCPUAdam under offload); other optimizers come
     # from the training script.
@@ -324,6 +333,13 @@ def model_code_duties(plan: Plan) -> str:
     if plan.training.precision is Precision.FP8:
         header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."
     header += gradient_checkpointing_duty(plan)
+    if (built := SCRIPT_OPTIMIZERS.get(plan.training.optimizer)) is not None:
+        # ds_config has an optimizer block for AdamW and Lion only (_optimizer): without one DeepSpeed
+        # steps the client optimizer it is given (deepspeed.initialize(optimizer=...))
+        header += (
+            f"\noptimizer {plan.training.optimizer.value}: {TRAIN_SCRIPT} must build {built} and pass it as "
+            "deepspeed.initialize(optimizer=...), as estimated (ds_config names no optimizer)."
+        )
     return header
 
 

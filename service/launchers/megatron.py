@@ -21,6 +21,7 @@ from service.estimator.types import (
     MoeDispatcher,
     NormKind,
     Offload,
+    Optimizer,
     Plan,
     PositionEmbedding,
     Precision,
@@ -73,6 +74,23 @@ TF32_REFUSAL = (
 )
 
 
+# --optimizer (megatron/training/arguments.py, NVIDIA/Megatron-LM@d98e8a6: choices adam, sgd, muon,
+# dist_muon, lion, soap, adaptive_muon; default adam, TE's FusedAdam in AdamW mode). The estimate's
+# optimizers it has; 8-bit AdamW and Adafactor it has not: the file would train Adam's 12 bytes of
+# states per parameter where the plan fitted the estimate's few.
+OPTIMIZER_ARGS = {Optimizer.ADAMW: "adam", Optimizer.SGD: "sgd", Optimizer.LION: "lion"}
+
+
+def optimizer_problems(training: TrainingSpec) -> list[str]:
+    """Why Megatron-LM's --optimizer cannot be the training's optimizer (an empty list where it can)."""
+    if training.optimizer in OPTIMIZER_ARGS:
+        return []
+    return [
+        f"optimizer {training.optimizer.value}: Megatron-LM's --optimizer has adam, sgd and lion (and "
+        "muon, soap), not this one; its default Adam keeps 12 bytes of states per parameter"
+    ]
+
+
 def refusal(plan: Plan) -> Refusal:
     """Why Megatron-LM cannot run the plan as estimated (every problem, joined), or None."""
     if (world := world_refusal(plan)) is not None:
@@ -117,6 +135,7 @@ def refusal(plan: Plan) -> Refusal:
     if model.moe is None and lo.ep > 1:
         problems.append(f"ep={lo.ep} on a dense model")
     problems += _job_problems(model, plan.training)
+    problems += optimizer_problems(plan.training)
     return "; ".join(problems) if problems else None
 
 
@@ -137,7 +156,7 @@ def hardware_refusal(gpu: GPUSpec) -> str | None:
 def job_refusal(model: ModelSpec, training: TrainingSpec) -> str | None:
     """Why Megatron-LM cannot train this model and training whatever the layout (``refusal`` lists
     it for every plan), or None."""
-    return "; ".join(_job_problems(model, training)) or None
+    return "; ".join(_job_problems(model, training) + optimizer_problems(training)) or None
 
 
 def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
@@ -630,6 +649,7 @@ def megatron_args(plan: Plan) -> list[str]:
         *_recompute_args(plan),
         *_precision_args(plan),
         *_model_args(plan),
+        "--optimizer", OPTIMIZER_ARGS[plan.training.optimizer],
         "--lr", str(hp.lr), "--min-lr", str(hp.min_lr), "--lr-decay-style", "cosine",
         "--clip-grad", str(hp.clip_grad_norm), "--weight-decay", str(hp.weight_decay),
         "--adam-beta1", str(hp.beta1), "--adam-beta2", str(hp.beta2), "--adam-eps", str(hp.eps),

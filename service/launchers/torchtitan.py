@@ -136,6 +136,12 @@ def _training_problems(training: TrainingSpec) -> list[str]:
         problems.append(f"{training.method.value}: torchtitan {VERSION} trains full models only (no PEFT)")
     if training.precision in (Precision.FP16, Precision.FP8):
         problems.append(f"precision {training.precision} needs model converters not emitted here")
+    if training.optimizer is not Optimizer.ADAMW:
+        # components/optimizer/optimizer.py _resolve_optimizer_factory: "Adam" and "AdamW" only
+        problems.append(
+            f"optimizer {training.optimizer.value}: torchtitan {VERSION} builds Adam or AdamW only "
+            "(OptimizersContainer)"
+        )
     return problems
 
 

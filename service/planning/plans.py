@@ -108,6 +108,11 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     if runners:
         constraints = dataclasses.replace(constraints, launchers=runners)
     unrunnable = _no_framework_runs(model, cluster, training, request, constraints)
+    every = tuple(t for t in request.launchers if t not in WRAPPERS)
+    if unrunnable is not None and every and set(every) != set(runners):
+        # Kubernetes asked with targets none of whose wrapped ones runs the job: any asked runs it
+        constraints = dataclasses.replace(constraints, launchers=every)
+        unrunnable = _no_framework_runs(model, cluster, training, request, constraints)
     if unrunnable is not None:
         raise unrunnable
     key = hardware_key(cluster)
@@ -163,14 +168,20 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
 def runner_targets(launchers: list[Target]) -> tuple[Target, ...]:
     """The targets the recommendation must run in, one of them, for the requested ``launchers``
     (empty: any). Slurm and Kubernetes wrap the entry points of ``job.WRAPPED_TARGETS``: asked for
-    alone (or with some of those), the layout must run in one of those, or the wrapper renders
-    nothing. Asked with Accelerate only (which they do not wrap), the layout must run in Accelerate:
-    Slurm then renders its script around accelerate launch where no entry point it wraps runs the
-    layout (``launchers.render``); Kubernetes says why it cannot."""
+    alone, the layout must run in one of those, or the wrapper renders nothing. Slurm also wraps
+    Accelerate's launcher where Accelerate is asked (``launchers.render``), so with Slurm every
+    requested target runs it; a Kubernetes PyTorchJob runs torchrun entry points only, so with it
+    the layout must run in a wrapped target asked for (Accelerate alone where none is: the
+    PyTorchJob then says why it cannot). ``create_plan`` relaxes the Kubernetes rule where no
+    wrapped target asked can run the job at all: asking for one more file never makes a 422."""
     runners = tuple(t for t in launchers if t not in WRAPPERS)
     if not any(t in WRAPPERS for t in launchers):
         return runners
-    wrapped = tuple(t for t in (runners or WRAPPED_TARGETS) if t in WRAPPED_TARGETS)
+    if not runners:
+        return WRAPPED_TARGETS
+    if Target.KUBERNETES not in launchers:
+        return runners
+    wrapped = tuple(t for t in runners if t in WRAPPED_TARGETS)
     return wrapped or runners
 
 

@@ -366,7 +366,7 @@ def _search_memory_family(
         # time falls with the micro-batch but for the pipeline's bubble and an overlapped EP all-to-all
         # (evaluate.rising_ep_comm_s): there the largest that fits may not be the fastest
         single = s.pp == 1 and s.ep == 1
-        timed = [top] if single else list(range(max(0, top - MAX_MICRO_BATCHES_TIMED + 1), top + 1))
+        timed = [top] if single else _micro_batches_timed(result, job, sized, top)
         partial = recompute is Recompute.FULL and FRAMEWORK_CAPABILITIES[sh.framework].partial_recompute
         for i in timed:
             layout = sized(i)
@@ -383,6 +383,25 @@ def _search_memory_family(
         if top == len(sizes) - 1:
             break
     return fitted
+
+
+def _micro_batches_timed(
+    result: SearchResult, job: Job, sized: Callable[[int], Layout], top: int
+) -> list[int]:
+    """The micro-batch sizes (indices) a pipelined or expert-parallel family is timed at: its
+    ``MAX_MICRO_BATCHES_TIMED`` largest that fit, and, below them, the fastest reached climbing from
+    the smallest while the step gets faster (a deep pipeline's bubble can favour micro-batch 1 over
+    every larger size: on H200 the largest four that fit, 3 to 8, were all slower than 1)."""
+    window = list(range(max(0, top - MAX_MICRO_BATCHES_TIMED + 1), top + 1))
+    if window[0] == 0:
+        return window
+    best, best_tokens_per_s = 0, result.step_numbers(job, sized(0))[1]
+    while best + 1 < window[0]:
+        tokens_per_s = result.step_numbers(job, sized(best + 1))[1]
+        if tokens_per_s <= best_tokens_per_s:
+            break
+        best, best_tokens_per_s = best + 1, tokens_per_s
+    return [best, *window]
 
 
 def _overlapped(search: _Search, layout: Layout) -> Layout | None:
@@ -464,8 +483,25 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
             # only the torchtitan and megatron targets overlap TP: another launcher (Accelerate)
             # may run the layout with its TP collectives exposed, at that (slower) time
             _time_candidate(search, job, result, dataclasses.replace(layout, tp_comm_overlap=False))
+        elif (plain := _without_sequence_parallel(search, job, result, layout)) is not None:
+            _time_candidate(search, job, result, plain)
         return
     result.keep(family, Scored(layout, job, key, tokens_per_s))
+
+
+def _without_sequence_parallel(
+    search: _Search, job: Job, result: SearchResult, layout: Layout
+) -> Layout | None:
+    """An FSDP layout with TP, as a launcher without sequence parallelism runs it (Accelerate's TP is
+    transformers' tp_plan: column- and row-wise projections, the norms' and dropouts' activations
+    whole on every TP rank), where it still fits and has valid micro-batches; None elsewhere."""
+    if layout.framework is not Framework.FSDP or layout.tp == 1 or not layout.sequence_parallel:
+        return None
+    plain = dataclasses.replace(layout, sequence_parallel=False, tp_comm_overlap=False)
+    if _violation(job, plain) is not None:
+        return None
+    limit = headroom.allowed_bytes(job.cluster.gpu.memory_bytes, search.constraints.min_headroom_fraction)
+    return plain if result.fits(job, plain, limit) else None
 
 
 def _admission_key(

@@ -59,7 +59,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\^\[\[[0-9;]*m")
 # torchrun's --tee / --local-ranks-filter prefix ("[rank3]:", older "[default3]:"), srun --label ("3: ")
 _RANK_PREFIX = re.compile(r"^\s*(?:\[(?:rank|default)(\d+)\]:|(\d{1,5}): )\s?")
 _RANK_INSIDE = re.compile(r"\[Rank (\d+)\]")
-NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+# A number starts where no digit or point is before it: a pattern that begins with one is then tried
+# at the first digit of a run only, not at each of them (a line of 8,000 digits took 16 s to scan,
+# every start re-reading the run to its end: quadratic, with the GIL held).
+NUMBER = r"(?<![\d.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+# Lines are read up to this many characters: every figure a framework prints sits in its first few
+# hundred; a longer line (a tensor dump, a pasted blob) is cut, keeping a posted log's scan linear.
+MAX_LINE_CHARS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +81,7 @@ def split_lines(log: str) -> list[Line]:
     lines = []
     for number, raw in enumerate(log.split("\n"), start=1):
         for part in raw.split("\r"):
-            text = _ANSI.sub("", part)
+            text = _ANSI.sub("", part[: 2 * MAX_LINE_CHARS])[:MAX_LINE_CHARS]
             rank = None
             prefix = _RANK_PREFIX.match(text)
             if prefix:

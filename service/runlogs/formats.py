@@ -172,7 +172,7 @@ def deepspeed(lines: Sequence[Line]) -> Readings:
 
 # ---------------------------------------------------------------- HF Trainer and accelerate
 
-_TQDM = re.compile(rf"(\d+)/(\d+) \[[\d:]+<[\d:?]+,\s+({NUMBER})(s/it|it/s)")
+_TQDM = re.compile(rf"(?<!\d)(\d+)/(\d+) \[[\d:]+<[\d:?]+,\s+({NUMBER})(s/it|it/s)")
 _DICT_ENTRY = re.compile(rf"'(\w+)':\s*(?:np\.float\d+\(|np\.int\d+\()?({NUMBER})\)?(?=\s*[,}}])")
 _METRICS_ENTRY = re.compile(r"^\s*(\w+)\s*=\s*(\S+)\s*$")
 _RUNTIME = re.compile(r"^(\d+):(\d{2}):(\d{2}(?:\.\d+)?)$")

@@ -88,13 +88,41 @@ def test_a_stride_that_does_not_divide_the_node_crosses_nodes_only_where_there_a
             for bw in (1e9, 25e9)
         }
         assert {(link.nodes, link.bandwidth_bytes_per_s) for link in links} == {(1, 300e9)}
-    # never more nodes than the cluster has: 4 ranks 6 apart on 3 nodes of 8 (0, 6 | 12 | 18)
+    # 4 ranks 6 apart on 3 nodes of 8 (0, 6 | 12 | 18): the nodes holding one member each send the
+    # other 3 members' shards over one NIC, 3/4 S: a link of 1 rank per node over n / 1 = 4 "nodes"
     three = comm.link_for_group(dataclasses.replace(CLUSTER, num_nodes=3), 4, 6)
-    assert (three.ranks_per_node, three.nodes) == (2, 3)
-    # a group the cluster's nodes hold is placed as before: 12 contiguous ranks fill a node of 8 and
-    # spill into a second (8 per node, not 6)
+    assert (three.ranks_per_node, three.nodes) == (1, 4)
+    # 12 contiguous ranks fill a node of 8 and spill 4 into a second: those 4 send the other 8's
+    # shards, (12 - 4) / (4 x 12) S = S / 6 per GPU, as a link of 4 per node over 3
     twelve = comm.link_for_group(CLUSTER, 12, 1)
-    assert (twelve.ranks_per_node, twelve.nodes) == (8, 2)
+    assert (twelve.ranks_per_node, twelve.nodes) == (4, 3)
+    assert comm.group_reduce_scatter_s(12e9, twelve) == pytest.approx(
+        comm.ring_latency_s(twelve)
+        + 3 / 4 * 12e9 / twelve.intra_bandwidth_bytes_per_s
+        + 12e9 / 6 / twelve.inter_bandwidth_bytes_per_s
+    )
+
+
+def test_groups_that_do_not_tile_the_nodes_are_timed_at_their_fewest_members_on_a_node() -> None:
+    """The reviewer's cases (physics review, stop 39): tp 2 on nodes of 3 put ranks 2 and 3 on two
+    nodes, timed as if on NVLink (6.1 s of TP traffic estimated 0.03 s, and the rationale said "TP=2
+    inside the node"); dp 3 on nodes of 2 leaves one rank alone on a node, sending 2/3 of the
+    gradients over its NIC (estimated as a quarter)."""
+    three_per_node = dataclasses.replace(CLUSTER, num_nodes=2, gpus_per_node=3)
+    tp = comm.link_for_group(three_per_node, 2, 1)
+    assert tp.spans_nodes and (tp.ranks_per_node, tp.nodes) == (1, 2)
+    two_per_node = dataclasses.replace(CLUSTER, num_nodes=3, gpus_per_node=2)
+    dp = comm.link_for_group(two_per_node, 3, 1)
+    assert (dp.ranks_per_node, dp.nodes) == (1, 3)
+    size = 8e9
+    inter = dp.inter_bandwidth_bytes_per_s
+    assert comm.group_reduce_scatter_s(size, dp) == pytest.approx(
+        comm.ring_latency_s(dp) + 2 / 3 * size / inter
+    )
+    # groups that tile the nodes keep the aligned placement: tp 2 on nodes of 4, dp 3 on nodes of 3
+    assert comm.link_for_group(dataclasses.replace(three_per_node, gpus_per_node=4), 2, 1).nodes == 1
+    aligned = comm.link_for_group(dataclasses.replace(two_per_node, gpus_per_node=3), 6, 1)
+    assert (aligned.ranks_per_node, aligned.nodes) == (3, 2)
 
 
 def test_hierarchical_all_reduce_by_hand() -> None:

@@ -813,7 +813,8 @@ def test_async_tp_hides_the_tp_collectives_as_tp_comm_overlap_does() -> None:
     # TINY with 2 kv heads (tp 2 splits them), 2 sequences of 3 tokens on 2 GPUs of 1e9 B/s links:
     # one all-reduce of the micro-batch's 6 tokens x h 4 x 2 B = 48 B over 2 ranks (ring, bus efficiency 0.8,
     # 5 us a step): 2 x 5e-6 + 2 x 1/2 x 48 / 8e8 = 1.006e-5 s; forward 2 + backward 2 of them per layer:
-    # 4.024e-5 s exposed without the overlap, 0.3 x that with it: 2.8168e-5 s faster
+    # 4.024e-5 s exposed without the overlap; with it 0.3 x that, but never less than what outlasts the
+    # GEMMs it hides under (this tiny model's compute is far shorter: only the compute is hidden)
     model = dataclasses.replace(TINY, num_kv_heads=2)
     two_gpus = dataclasses.replace(ONE_GPU, gpus_per_node=2)
     vanilla = Layout(framework=Framework.FSDP, tp=2, sequence_parallel=True, micro_batch_size=2,
@@ -823,5 +824,7 @@ def test_async_tp_hides_the_tp_collectives_as_tp_comm_overlap_does() -> None:
     off = time(model, two_gpus, vanilla, TINY_TRAINING, tuning=flat_curve(0.5, 0.0))
     on = time(model, two_gpus, overlapped, TINY_TRAINING, tuning=flat_curve(0.5, 0.0))
     assert off.breakdown.tp_comm_s == pytest.approx(4.024e-5)
-    assert on.breakdown.tp_comm_s == pytest.approx(0.3 * 4.024e-5)
-    assert off.step_s - on.step_s == pytest.approx(2.8168e-5)
+    window = on.breakdown.compute_s + on.breakdown.recompute_s
+    assert window < 0.7 * 4.024e-5
+    assert on.breakdown.tp_comm_s == pytest.approx(max(0.3 * 4.024e-5, 4.024e-5 - window))
+    assert off.step_s - on.step_s == pytest.approx(min(0.7 * 4.024e-5, window))

@@ -284,7 +284,10 @@ def test_torchtitan_renders_async_tp_and_the_others_refuse_it() -> None:
         torchtitan.train_args(plan(model=llama3_8b(), **(asynctp | {"torch_compile": Compile.NONE})))
     with pytest.raises(Unsupported, match="Async TP"):
         accelerate.accelerate_config(plan(**asynctp))
-    assert accelerate.refusal(plan(**(asynctp | {"tp_comm_overlap": False}))) is None
+    # Accelerate runs the TP layout without Async TP and without SP (transformers' tp_plan has none)
+    assert "sequence parallelism" in str(accelerate.refusal(plan(**(asynctp | {"tp_comm_overlap": False}))))
+    plain = asynctp | {"tp_comm_overlap": False, "sequence_parallel": False}
+    assert accelerate.refusal(plan(**plain)) is None
     assert hf_trainer.refusal(plan(**asynctp)) is not None  # data parallelism only
 
 

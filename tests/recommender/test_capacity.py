@@ -139,13 +139,14 @@ def test_the_request_shares_one_evaluation_budget_and_says_where_it_ran_out() ->
 def test_a_gpu_type_is_searched_up_to_max_nodes() -> None:
     """Found by bench/fuzz_probe.py: the GPU-count ladder stopped at 64 nodes whatever max_nodes
     said, so Llama 3.1 405B on 16 GB V100s, which a 1,024-GPU plan fits, was answered "no layout fits
-    up to 512 GPUs" under the API's default of 1,024 nodes."""
+    up to 512 GPUs" under the API's default of 1,024 nodes. (It no longer fits at all: the layouts that
+    fitted were FSDP with TP and sequence parallelism, which at fp16 only Accelerate runs, and
+    Accelerate's TP has no SP; the ladder still climbs to max_nodes before it says so.)"""
     training = TrainingSpec(seq_len=4096, global_batch_size=2048, precision=Precision.FP16)
     (option,) = capacity(
         model("llama-3.1-405b").spec, training, default_tuning(), gpus=[gpu("v100-sxm2-16gb")], max_nodes=1024
     )
-    assert option.fits, option.note
-    assert option.min_gpus is not None and 512 < option.min_gpus <= 8 * 1024
+    assert not option.fits and "8192 GPUs" in option.note, option.note
     # and max_nodes is still the top: the same job on at most 64 nodes does not fit
     (capped,) = capacity(
         model("llama-3.1-405b").spec, training, default_tuning(), gpus=[gpu("v100-sxm2-16gb")], max_nodes=64
@@ -155,7 +156,7 @@ def test_a_gpu_type_is_searched_up_to_max_nodes() -> None:
 
 def test_a_stored_cluster_is_searched_up_to_its_size() -> None:
     """The same ladder capped a stored cluster at 64 nodes: a 128-node V100 cluster that holds the
-    job whole was said not to fit it."""
+    job whole was said not to fit it (it does not now, for the reason above: searched to its 1,024)."""
     stored = ClusterSpec(
         gpu=gpu("v100-sxm2-16gb"),
         num_nodes=128,
@@ -165,9 +166,7 @@ def test_a_stored_cluster_is_searched_up_to_its_size() -> None:
     )
     training = TrainingSpec(seq_len=4096, global_batch_size=2048, precision=Precision.FP16)
     (option,) = capacity(model("llama-3.1-405b").spec, training, default_tuning(), clusters=[stored])
-    assert option.fits, option.note
-    assert option.min_gpus is not None and 512 < option.min_gpus <= 1024
-    assert option.num_gpus == 1024
+    assert not option.fits and "1024 GPUs" in option.note, option.note
 
 
 def test_the_node_ladder_is_the_counts_it_names_up_to_its_caps() -> None:

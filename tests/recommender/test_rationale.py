@@ -31,9 +31,12 @@ JOBS = [
 ]  # fmt: skip
 
 
-def _spans(size: int, stride: int, per_node: int) -> bool:
-    # ranks fill nodes in order: the group's last member, (size - 1) x stride, is on another node
-    return size > 1 and (size - 1) * stride >= per_node
+def _spans(size: int, stride: int, per_node: int, world: int) -> bool:
+    # ranks fill nodes in order: some group of ranks start + k x stride has members on two nodes
+    # (groups start at j + b x size x stride, j < stride, within the world)
+    span = size * stride
+    starts = (j + b * span for b in range(max(1, world // span)) for j in range(stride))
+    return size > 1 and any(s // per_node != (s + (size - 1) * stride) // per_node for s in starts)
 
 
 def check_claims(candidate: Candidate, c: ClusterSpec) -> None:
@@ -50,19 +53,19 @@ def check_claims(candidate: Candidate, c: ClusterSpec) -> None:
     tp_line = next(line for line in lines if line.startswith("TP="))
     assert tp_line.startswith(f"TP={lo.tp}")
     if lo.tp > 1:
-        assert ("ACROSS nodes" in tp_line) == _spans(lo.tp, 1, c.gpus_per_node)
+        assert ("ACROSS nodes" in tp_line) == _spans(lo.tp, 1, c.gpus_per_node, c.world_size)
         assert tp_line.endswith("sequence parallel on" if lo.sequence_parallel else "sequence parallel off")
     pp_line = next(line for line in lines if line.startswith("PP="))
     assert pp_line.startswith(f"PP={lo.pp}")
     if lo.pp > 1:
         stride = lo.tp * lo.cp * lo.dp
-        assert ("across nodes" in pp_line) == _spans(lo.pp, stride, c.gpus_per_node)
+        assert ("across nodes" in pp_line) == _spans(lo.pp, stride, c.gpus_per_node, c.world_size)
         assert f"v={lo.virtual_pipeline_stages}" in pp_line
     assert any(line.startswith(f"CP={lo.cp} ") for line in lines) == (lo.cp > 1)
     assert any(line.startswith(f"EP={lo.ep} ") for line in lines) == (lo.ep > 1)
     if lo.ep > 1:
         ep_line = next(line for line in lines if line.startswith("EP="))
-        assert ("across nodes" in ep_line) == _spans(lo.ep, lo.expert_tp, c.gpus_per_node)
+        assert ("across nodes" in ep_line) == _spans(lo.ep, lo.expert_tp, c.gpus_per_node, c.world_size)
         assert ("each expert whole (etp=1" in ep_line) == (lo.etp == 1)
         assert ("--overlap-moe-expert-parallel-comm" in ep_line) == lo.moe_a2a_overlap
     for what, device in (("optimizer", lo.offload_optimizer), ("parameters", lo.offload_params)):

@@ -1,0 +1,65 @@
+"""Every launch file trains the optimizer the plan was estimated with (consistency review, stop 39).
+
+Megatron-LM's files wrote no --optimizer (its default is Adam) and torchtitan builds Adam/AdamW only,
+so a plan fitted with Adafactor's or 8-bit AdamW's few bytes of states (70 GiB on an 80 GiB H100) ran
+Adam's 12 (100 GiB): an OOM from a file the plan said fits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+TRAINING = {"seq_len": 4096, "global_batch_size": 64, "precision": "bf16"}
+CLUSTER = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 2}
+
+
+def plan(client: TestClient, optimizer: str, framework: str, launcher: str) -> tuple[int, Any]:
+    response = client.post(
+        "/v1/plans",
+        json={
+            "model": {"preset": "llama-3-8b"},
+            "cluster": CLUSTER,
+            "training": {**TRAINING, "optimizer": optimizer},
+            "constraints": {"frameworks": [framework]},
+            "launchers": [launcher],
+        },
+    )
+    return response.status_code, response.json()
+
+
+def launch_file(client: TestClient, result: dict[str, Any], name: str) -> str:
+    response = client.get(f"/v1/plans/{result['id']}/artifacts/{name}")
+    assert response.status_code == 200, response.text
+    return response.text
+
+
+@pytest.mark.parametrize("optimizer", ["adafactor", "adamw_8bit"])
+def test_megatron_and_torchtitan_refuse_an_optimizer_they_do_not_have(
+    client: TestClient, optimizer: str
+) -> None:
+    for framework, launcher, says in (
+        ("megatron", "megatron", "Megatron-LM's --optimizer has adam, sgd and lion"),
+        ("fsdp", "torchtitan", "torchtitan 0.3.0 builds Adam or AdamW only"),
+    ):
+        status, body = plan(client, optimizer, framework, launcher)
+        assert status == 422, (framework, body)
+        assert says in str(body), body
+
+
+@pytest.mark.parametrize("optimizer,flag", [("adamw", "adam"), ("sgd", "sgd"), ("lion", "lion")])
+def test_megatron_writes_the_optimizer_it_was_estimated_with(
+    client: TestClient, optimizer: str, flag: str
+) -> None:
+    status, body = plan(client, optimizer, "megatron", "megatron")
+    assert status == 201 and body["status"] == "feasible", body
+    assert f"--optimizer {flag} " in launch_file(client, body, "megatron_launch.sh")
+
+
+def test_deepspeed_tells_the_script_which_optimizer_to_build(client: TestClient) -> None:
+    status, body = plan(client, "adafactor", "deepspeed", "deepspeed")
+    assert status == 201 and body["status"] == "feasible", body
+    text = launch_file(client, body, "deepspeed_launch.sh")
+    assert "transformers.optimization.Adafactor" in text and "deepspeed.initialize(optimizer=...)" in text
+    assert '"optimizer"' not in launch_file(client, body, "ds_config.json")

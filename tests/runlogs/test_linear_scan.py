@@ -1,0 +1,35 @@
+"""A posted log is scanned in linear time whatever its lines hold (bounded-work review, stop 39):
+an 8 KB line of digits after "CUDA out of memory" took 16 s, 16 KB 65 s, with the GIL held, so
+every other request of the process waited."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from service.runlogs import parse_log
+from service.runlogs.common import MAX_LINE_CHARS, split_lines
+
+
+def test_a_long_line_of_digits_is_read_in_linear_time() -> None:
+    # quadratic, 64 KB of digits is about 17 minutes of regex backtracking; linear, milliseconds
+    for line in (
+        "CUDA out of memory " + "1" * 65_536,
+        "1" * 65_536 + "/" + "2" * 65_536 + " [00:01<00:02, 1.5s/it]",
+    ):
+        started = time.process_time()
+        with contextlib.suppress(ValueError):  # not a log it understands: refused, if quickly
+            parse_log(line)
+        assert time.process_time() - started < 5.0
+
+
+def test_a_line_is_read_up_to_its_limit_and_figures_are_still_found() -> None:
+    (line,) = split_lines("x" * (3 * MAX_LINE_CHARS))
+    assert len(line.text) == MAX_LINE_CHARS
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+        "capacity of 79.11 GiB of which 1.23 GiB is free."
+    )
+    parsed = parse_log(oom)
+    assert parsed.out_of_memory is not None
+    assert parsed.out_of_memory.quoted["capacity_bytes"] == round(79.11 * 2**30)
