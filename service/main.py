@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from sqlalchemy.orm import sessionmaker
@@ -59,6 +59,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Digest the estimator's source once, before the first plan: concurrent first requests
         # would each parse every file (functools.cache does not hold them back).
         estimator_version()
+        # the slots are the event loop's (their waiters hold no worker thread): made in it
+        app.state.planning_slots = anyio.Semaphore(settings.max_concurrent_planning)
+        app.state.estimate_slots = anyio.Semaphore(settings.max_concurrent_planning)
         freeze_startup_objects()  # what startup made lives as long as the process
         try:
             yield
@@ -74,7 +77,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.planning_slots = threading.BoundedSemaphore(settings.max_concurrent_planning)
     app.state.connection_gate = ConnectionGate()
     app.state.metrics = Metrics()
     configure_logging(settings.log_level, settings.log_format)

@@ -4,10 +4,10 @@ request's session (the one place that commits, opened for that owner), and repos
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated, TypeVar
 
+import anyio
 import anyio.from_thread
 from fastapi import Depends, Query, Request
 from fastapi.routing import APIRoute
@@ -111,22 +111,37 @@ def get_session(request: Request, principal: PrincipalDep) -> Iterator[Session]:
             raise
 
 
-def planning_slot(request: Request) -> Iterator[Deadline]:
-    """One of the bounded slots for CPU-heavy planning (estimates, plans, capacity): waits up to
-    ``planning_queue_wait_s`` for one, else 503 with Retry-After. Health checks and reads never
-    queue behind a burst of searches. Yields the request's deadline: ``request_budget_s`` of work
-    from now, and whether the client has gone."""
+async def _slot(request: Request, slots: anyio.Semaphore, what: str) -> AsyncIterator[Deadline]:
+    """One of ``slots``: waits up to ``planning_queue_wait_s`` for one, else 503 with Retry-After.
+    It waits in the event loop, holding no worker thread: a burst of waiting plans once held the 40
+    threads the reads run in (a GET /v1/gpus took 6 s behind 60 plans). Yields the request's
+    deadline: ``request_budget_s`` of work, and whether the client has gone."""
     settings: Settings = request.app.state.settings
-    slots: threading.BoundedSemaphore = request.app.state.planning_slots
-    if not slots.acquire(timeout=settings.planning_queue_wait_s):
+    try:
+        with anyio.fail_after(settings.planning_queue_wait_s):
+            await slots.acquire()
+    except TimeoutError:
         raise ServiceUnavailable(
-            f"all {settings.max_concurrent_planning} planning slots are busy "
+            f"all {settings.max_concurrent_planning} {what} slots are busy "
             f"(waited {settings.planning_queue_wait_s:g} s for one)"
-        )
+        ) from None
     try:
         yield Deadline(seconds=settings.request_budget_s, cancelled=client_gone(request))
     finally:
         slots.release()
+
+
+async def planning_slot(request: Request) -> AsyncIterator[Deadline]:
+    """A slot for a search (plans, capacity): CPU-heavy, each its seconds of work."""
+    async for deadline in _slot(request, request.app.state.planning_slots, "planning"):
+        yield deadline
+
+
+async def estimate_slot(request: Request) -> AsyncIterator[Deadline]:
+    """A slot for an estimate (milliseconds of work): its own, so that estimates do not queue behind
+    a burst of searches."""
+    async for deadline in _slot(request, request.app.state.estimate_slots, "estimate"):
+        yield deadline
 
 
 def client_gone(request: Request) -> Callable[[], bool]:
@@ -202,7 +217,7 @@ def paged(items: list[T], page: slice) -> tuple[list[T], str | None]:
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 Authenticated = Depends(get_principal)  # for routers: every route authenticates, sessions or not
 KnownQuery = Depends(known_query)  # for routers: every query parameter is one the route takes
-PlanningSlot = Depends(planning_slot)
+EstimateSlot = Depends(estimate_slot)
 # The route's slot and its deadline: ``deadline: PlanningDeadline`` in the handler's parameters.
 PlanningDeadline = Annotated[Deadline, Depends(planning_slot)]
 # scope="function": commit before the response is sent, so a failed commit is never a 2xx.

@@ -14,7 +14,7 @@ from service.catalog.tuning import default_tuning
 from service.contracts.capacity import CapacityOptionOut, CapacityOut, CapacityRequest
 from service.contracts.clusters import ClusterRef
 from service.contracts.gpus import resolve_gpu
-from service.errors import Unprocessable
+from service.errors import ServiceUnavailable, Unprocessable
 from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError
 from service.estimator.types import Framework, GPUSpec, ModelSpec, TrainingSpec
@@ -23,7 +23,7 @@ from service.persistence.repository import ClusterRepository
 from service.planning.clusters import resolve_cluster
 from service.planning.estimates import check_priced, check_scale, located
 from service.planning.runnable import no_framework_runs
-from service.recommender.budget import NO_DEADLINE, Deadline
+from service.recommender.budget import NO_DEADLINE, Deadline, busy_words
 from service.recommender.capacity import CapacityOption, capacity, default_cluster
 from service.recommender.types import Constraints, Objective
 
@@ -120,6 +120,8 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
         found = [(o, ids[o.source]) for o in options(clusters=stored)]
     else:
         found = [(o, None) for o in options(gpus=gpus)]
+    if budget.reason == "busy":  # options cut for want of CPU others took: retried, not answered
+        raise ServiceUnavailable(busy_words(deadline))
     found.sort(
         key=lambda pair: (not pair[0].fits, pair[0].time_to_train_s or float("inf"), pair[0].min_gpus or 0)
     )

@@ -23,7 +23,7 @@ from service.contracts.results import (
     StoredArtifact,
     SuggestionOut,
 )
-from service.errors import ClientClosedRequest, NotFound, Unprocessable
+from service.errors import ClientClosedRequest, NotFound, ServiceUnavailable, Unprocessable
 from service.estimator.defaults import chosen_defaults, chosen_link_defaults
 from service.estimator.params import parameter_counts
 from service.estimator.scale import MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS_PER_STEP
@@ -49,7 +49,7 @@ from service.planning.estimates import check_priced, check_scale, estimate_out, 
 from service.planning.idempotency import Outcome, create_once, request_digest
 from service.planning.runnable import no_framework_runs
 from service.recommender import headroom, recommend
-from service.recommender.budget import NO_DEADLINE, Deadline
+from service.recommender.budget import NO_DEADLINE, Deadline, busy_words
 from service.recommender.space import sub_cluster
 from service.recommender.types import Candidate, Constraints, Objective, Recommendation
 from service.versions import estimator_version
@@ -130,6 +130,8 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     rec = recommend(model, cluster, training, searched, default_tuning(), budget=budget)
     if budget.cancelled_now():  # a plan that finished after its client left is not stored either
         raise ClientClosedRequest("the client closed the connection; the plan was not stored")
+    if budget.reason == "busy":  # cut for want of CPU others took: not stored as this job's answer
+        raise ServiceUnavailable(busy_words(deadline))
     # Nothing computed in time: the inputs that make the job big are named. A search that ran to its
     # end has its answer (infeasible, and why in rejected) even when the suggestions after it ran out
     # of time, which suggestions_skipped says: a 422 there named a 70B model's 80 layers as too big

@@ -1,8 +1,11 @@
 """One request's work, end to end: the search, every suggestion, capacity across GPU types.
 
 A budget counts layout evaluations (memory or step time: deterministic, so a request that stays
-within it gets the same answer on any machine) and, when the caller sets one, wall time and a
-cancellation test (the client went away). Work checks ``exhausted`` between steps and stops; what
+within it gets the same answer on any machine) and, when the caller sets one, time (a request's is
+the CPU time of the thread that computes it: several requests sharing the cores and the GIL each
+get their own seconds of work, so a burst does not cut every answer short), a wall-clock ceiling
+(past it the machine is too busy to answer well: "busy") and a cancellation test (the client went
+away). Work checks ``exhausted`` between steps and stops; what
 it cut says so (``reason``). A part of the work (one suggestion, one GPU type) takes a ``share``:
 its own cap on evaluations and a fair part of the time left, charged to the whole as well.
 """
@@ -15,6 +18,10 @@ from dataclasses import dataclass, field
 
 # The cancellation test may cross threads (the web shell asks its event loop): ask it at most this often.
 CANCEL_POLL_S = 0.05
+# A request's wall-clock ceiling, in units of its seconds of CPU: past it the answer would be a cut
+# one for want of the CPU others took (8 requests at once on 2 cores get a quarter each), so the work
+# stops as "busy" and the request is answered 503, to be retried, rather than a degraded plan stored.
+BUSY_WALL_FACTOR = 6.0
 
 
 class Budget:
@@ -27,6 +34,7 @@ class Budget:
         max_seconds: float | None = None,
         cancelled: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_deadline: float | None = None,
         _parent: Budget | None = None,
     ) -> None:
         if max_evaluations < 1:
@@ -36,6 +44,7 @@ class Budget:
         self._parent = _parent
         self._clock = clock
         self._deadline = None if max_seconds is None else clock() + max_seconds
+        self._wall_deadline = wall_deadline  # time.monotonic() past which the whole is "busy"
         self._cancelled = cancelled if _parent is None else None
         self._polled_at = float("-inf")
         self._reason: str | None = None  # "time" or "cancelled", once seen
@@ -76,11 +85,12 @@ class Budget:
 
     @property
     def reason(self) -> str | None:
-        """What stopped the work: "cancelled" (the client went away), "time" (this share's or the
-        whole's), "evaluations" (this share's cap or the whole's); None while it may go on."""
-        for budget in self._lineage():
-            if budget._reason == "cancelled":
-                return "cancelled"
+        """What stopped the work: "cancelled" (the client went away), "busy" (the wall-clock ceiling:
+        other work took the CPU), "time" (this share's or the whole's), "evaluations" (this share's
+        cap or the whole's); None while it may go on."""
+        for reason in ("cancelled", "busy"):
+            if any(budget._reason == reason for budget in self._lineage()):
+                return reason
         if any(budget._reason == "time" for budget in self._lineage()):
             return "time"
         return "evaluations" if self.left() <= 0 else None
@@ -109,6 +119,8 @@ class Budget:
         now = self._clock()
         if self._deadline is not None and now >= self._deadline:
             self._reason = "time"
+        elif self._wall_deadline is not None and time.monotonic() >= self._wall_deadline:
+            self._reason = "busy"
         elif self._cancelled is not None and now - self._polled_at >= CANCEL_POLL_S:
             self._polled_at = now
             if self._cancelled():
@@ -118,16 +130,36 @@ class Budget:
 
 @dataclass(frozen=True, slots=True)
 class Deadline:
-    """A request's wall time and cancellation test, from when its work began; ``budget`` adds the
-    evaluation cap the request itself sets (``Constraints.max_evaluations``)."""
+    """A request's seconds of work and cancellation test, from when its work began; ``budget`` adds
+    the evaluation cap the request itself sets (``Constraints.max_evaluations``). The seconds are
+    the CPU time of the thread that computes (``time.thread_time``, asked in that thread), within a
+    wall-clock ceiling of ``BUSY_WALL_FACTOR`` times as many from ``started``."""
 
     seconds: float | None = None
     cancelled: Callable[[], bool] | None = None
     started: float = field(default_factory=time.monotonic)
 
     def budget(self, max_evaluations: int) -> Budget:
-        left = None if self.seconds is None else max(0.0, self.started + self.seconds - time.monotonic())
-        return Budget(max_evaluations, max_seconds=left, cancelled=self.cancelled)
+        if self.seconds is None:
+            return Budget(max_evaluations, cancelled=self.cancelled)
+        wall = self.started + BUSY_WALL_FACTOR * self.seconds
+        return Budget(
+            max_evaluations,
+            max_seconds=self.seconds,
+            cancelled=self.cancelled,
+            clock=time.thread_time,
+            wall_deadline=wall,
+        )
 
 
 NO_DEADLINE = Deadline()
+
+
+def busy_words(deadline: Deadline) -> str:
+    """Why a request that reached its wall-clock ceiling is answered 503 (``Budget.reason`` "busy")."""
+    seconds = deadline.seconds or 0.0
+    return (
+        f"the service is busy: this request's {seconds:g} s of computing did not get the CPU within "
+        f"{BUSY_WALL_FACTOR * seconds:g} s (other requests are computing); retry, and its answer is the "
+        "one it gets when the machine is free (nothing was stored)"
+    )

@@ -3,7 +3,6 @@ next waits briefly, then gets a 503 with Retry-After, while health checks and re
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -28,10 +27,13 @@ def test_full_planning_slots_are_a_503_and_health_still_answers(tmp_path: Path) 
     command.upgrade(alembic_config(url), "head")
     settings = Settings(database_url=url, max_concurrent_planning=2, planning_queue_wait_s=0.2)
     with TestClient(create_app(settings)) as client:
-        slots: threading.BoundedSemaphore = client.app.state.planning_slots  # type: ignore[attr-defined]
+        state = client.app.state  # type: ignore[attr-defined]
+        portal = client.portal
+        assert portal is not None
         assert client.post("/v1/estimates", json=ESTIMATE).status_code == 200
-        for _ in range(2):  # two long searches hold both slots
-            assert slots.acquire(blocking=False)
+        for slots in (state.planning_slots, state.estimate_slots):
+            for _ in range(2):  # two long searches (estimates) hold both slots of each pool
+                portal.call(slots.acquire_nowait)
         try:
             started = time.perf_counter()
             for path, body in (("/v1/estimates", ESTIMATE), ("/v1/capacity", {"model": {"preset": "gpt2"},
@@ -39,11 +41,12 @@ def test_full_planning_slots_are_a_503_and_health_still_answers(tmp_path: Path) 
                 response = client.post(path, json=body)
                 problem = assert_problem(response, 503)
                 assert response.headers["retry-after"] == "2"
-                assert "planning slots are busy" in problem["detail"]
+                assert "slots are busy" in problem["detail"]
             assert time.perf_counter() - started < 2  # waited 0.2 s each, not for the searches
             assert client.get("/healthz").status_code == 200
             assert client.get("/v1/clusters").status_code == 200  # reads take no slot
         finally:
-            slots.release()
-            slots.release()
+            for slots in (state.planning_slots, state.estimate_slots):
+                for _ in range(2):
+                    portal.call(slots.release)
         assert client.post("/v1/estimates", json=ESTIMATE).status_code == 200

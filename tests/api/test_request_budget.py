@@ -204,3 +204,44 @@ def test_a_client_gone_since_the_last_poll_is_seen_before_committing() -> None:
     gone.set()  # no time passes: the next poll is not due
     assert not budget.exhausted() and budget.reason is None
     assert share.cancelled_now() and budget.reason == "cancelled" and budget.exhausted()
+
+
+def test_a_requests_seconds_are_its_own_cpu_time_within_a_wall_ceiling() -> None:
+    """Eight plans at once on two cores each got an eighth of the CPU in their 1.5 s of wall time:
+    a DeepSeek-V3 plan answered 15.4M tokens/s alone and 0.13M beside two others (one evaluation
+    in), stored as feasible (bounded-work review, stop 39). A request's seconds are now the CPU time
+    of its thread: waiting (here sleeping, as for the GIL) spends none of them. Past BUSY_WALL_FACTOR
+    times its seconds of wall time it stops as "busy", which the API answers 503."""
+    from service.recommender.budget import BUSY_WALL_FACTOR, Deadline
+
+    budget = Deadline(seconds=0.05).budget(100)
+    time.sleep(0.1)  # twice its seconds of wall time, no CPU
+    assert not budget.exhausted() and budget.reason is None
+    time.sleep(BUSY_WALL_FACTOR * 0.05)
+    assert budget.exhausted() and budget.reason == "busy"
+    assert budget.share(10).reason == "busy"  # the whole's reason, in every share
+    spun = Deadline(seconds=0.05).budget(100)
+    started = time.thread_time()
+    while time.thread_time() - started < 0.06:
+        pass  # its own CPU: that is what runs out
+    assert spun.exhausted() and spun.reason == "time"
+
+
+def test_a_plan_cut_for_want_of_cpu_is_a_503_and_stores_nothing(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.recommender import budget
+
+    monkeypatch.setattr(budget, "BUSY_WALL_FACTOR", 0.0)  # the ceiling is reached at once
+    response = client.post(
+        "/v1/plans",
+        json={
+            "model": {"preset": "llama-3-8b"},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 4, "gpus_per_node": 8},
+            "training": {"seq_len": 4096, "global_batch_size": 256},
+        },
+    )
+    problem = assert_problem(response, 503)
+    assert response.headers["retry-after"] == "2"
+    assert "the service is busy" in problem["detail"], problem
+    assert client.get("/v1/plans").json()["items"] == []
