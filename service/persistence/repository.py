@@ -168,21 +168,24 @@ class PlanRepository:
         return ascending_page(self.session, query, RunRecord.id, limit=limit, after_id=after_id)
 
     def runs_on_hardware(
-        self, hardware_key: str, framework: str | None = None
+        self, hardware_key: str, framework: str | None = None, *, limit: int | None = None
     ) -> Sequence[tuple[RunRecord, PlanRecord]]:
-        """Every run this owner stored of a plan made for this hardware (and this framework, if given):
-        one owner's runs never calibrate another's estimates."""
+        """The runs this owner stored of plans made for this hardware (and this framework, if
+        given), oldest first: every one, or the ``limit`` most recent. One owner's runs never
+        calibrate another's estimates."""
         query = (
             select(RunRecord, PlanRecord)
             .join(PlanRecord, RunRecord.plan_id == PlanRecord.id)
             # filtered on the run's own columns: the index leads, each plan is one key lookup
             .where(RunRecord.owner == self.owner, RunRecord.hardware_key == hardware_key)
             .options(defer(PlanRecord.artifacts))
-            .order_by(RunRecord.id)
+            .order_by(RunRecord.id.desc())  # ULIDs: newest first
         )
         if framework is not None:
             query = query.where(PlanRecord.framework == framework)
-        return [(run, plan) for run, plan in self.session.execute(query).all()]
+        if limit is not None:
+            query = query.limit(limit)
+        return [(run, plan) for run, plan in reversed(self.session.execute(query).all())]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
