@@ -14,7 +14,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.routing import APIRoute
-from pydantic import BeforeValidator
+from pydantic import AfterValidator, BeforeValidator
 
 from service import planning
 from service.api.deps import CatalogPage, PlanningDeadline, PlanRepoDep, SessionDep, paged
@@ -54,14 +54,19 @@ def date_time_only(value: object) -> object:
     return value
 
 
-QueryTime = Annotated[datetime, BeforeValidator(date_time_only)]
+def in_utc(moment: datetime) -> datetime:
+    """The moment in UTC; one without an offset is UTC, as every timestamp this service writes. A
+    moment UTC cannot hold (9999-12-31T23:59:59-05:00 is in the year 10000) is refused, naming the
+    parameter, rather than a 500 from the database layer's conversion."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{moment.isoformat()} is outside the years 1 to 9999 in UTC") from None
 
 
-def as_utc(moment: datetime | None) -> datetime | None:
-    """Query timestamps without an offset are UTC, as every timestamp this service writes."""
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=UTC)
+QueryTime = Annotated[datetime, BeforeValidator(date_time_only), AfterValidator(in_utc)]
 
 
 @router.post(
@@ -106,8 +111,8 @@ def list_plans(
         cluster_id=cluster_id,
         models=_model_names(model),
         status=status_,
-        created_after=as_utc(created_after),
-        created_before=as_utc(created_before),
+        created_after=created_after,
+        created_before=created_before,
     )
     rows, next_cursor = plans.list_page(limit=limit, before_id=before, filters=filters)
     return Page[PlanOut](items=[planning.plan_out(r) for r in rows], next_cursor=next_cursor)

@@ -19,6 +19,7 @@ from service.contracts.common import (
 from service.contracts.gpus import CustomGPU, gpu_slug, reference_node, resolve_gpu
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
+from service.estimator.scale import MAX_GPUS
 from service.estimator.types import ClusterSpec
 
 # What to measure, and which link each figure stands for (nccl-tests doc/PERFORMANCE.md: busbw =
@@ -142,6 +143,19 @@ class ClusterShape(Strict):
         shape = handler(value)
         shape._read = read
         return shape
+
+    @model_validator(mode="after")
+    def _plannable(self) -> ClusterShape:
+        # what no estimate, plan or capacity can use (service.estimator.scale) is not stored either:
+        # a 100,000 x 64 cluster was stored, then every request on it was a 422
+        if self.num_nodes * self.gpus_per_node > MAX_GPUS.limit:
+            raise FieldError(
+                f"num_nodes x gpus_per_node = {self.num_nodes * self.gpus_per_node:,} GPUs is past the "
+                f"{MAX_GPUS.limit:,} the planner handles (16x the largest published run: "
+                f"{MAX_GPUS.reference})",
+                "num_nodes",
+            )
+        return self
 
     @model_validator(mode="after")
     def _num_gpus_agrees(self) -> ClusterShape:

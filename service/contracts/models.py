@@ -210,6 +210,24 @@ class ArchitectureIn(Strict):
         )
 
 
+MAX_CONFIG_DEPTH = 32  # levels of objects and arrays in a pasted config.json
+
+
+def _depth(value: Any) -> int:
+    """Levels of objects and arrays in a JSON value, counted without recursion (a deep one is what
+    this guards against)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level <= MAX_CONFIG_DEPTH:  # past the limit: refused already, no need to walk further
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
 class ModelRef(Strict):
     """Exactly one of: a catalog preset, a Hugging Face config.json, or explicit fields. A preset's
     name alone, as a string, stands for ``{"preset": name}`` (as a catalog GPU's name does for the
@@ -219,6 +237,15 @@ class ModelRef(Strict):
     hf_config: dict[str, Any] | None = None
     architecture: ArchitectureIn | None = None
     name: str | None = Field(default=None, max_length=200, description="label for hf_config/architecture")
+
+    @field_validator("hf_config")
+    @classmethod
+    def _shallow(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # a config.json nests a few levels (text_config.rope_scaling); 260 levels of a key the reader
+        # ignores made a plan's idempotency digest a 500 (pydantic's serializer stops at 255)
+        if value is not None and _depth(value) > MAX_CONFIG_DEPTH:
+            raise ValueError(f"nests more than {MAX_CONFIG_DEPTH} levels of objects or arrays")
+        return value
 
     # the preset's name as the request gave it, where the catalog read it as another slug
     _given_preset: str | None = PrivateAttr(default=None)

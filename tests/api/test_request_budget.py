@@ -48,9 +48,10 @@ PAST_THE_LIMITS = {
          "training": {"seq_len": 10_000_000, "global_batch_size": 100_000_000}},
         "training.seq_len",
     ),
-    "10,000 layers x 4,096 experts on 100,000 x 64": (
+    # (4,096 x 64 GPUs: the most a cluster may have; 100,000 x 64 is refused as the cluster's own)
+    "10,000 layers x 4,096 experts on 4,096 x 64": (
         {"model": {"architecture": BIG_MOE | {"num_layers": 10_000}, "name": "moe"},
-         "cluster": H100 | {"num_nodes": 100_000, "gpus_per_node": 64},
+         "cluster": H100 | {"num_nodes": 4_096, "gpus_per_node": 64},
          "training": {"seq_len": 4096, "global_batch_size": 1024}},
         "model.num_layers",
     ),

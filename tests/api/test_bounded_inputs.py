@@ -1,0 +1,62 @@
+"""Inputs past what the planner can use are refused with a 422 naming the field and the limit, not
+a 500 or a resource stored and never usable (bounded-work review, stop 39)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.api.helpers import assert_problem
+
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+}
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_config_nested_past_its_limit_is_a_422_naming_hf_config(client: TestClient) -> None:
+    body = {
+        "model": {"hf_config": {**LLAMA, "x": _nested(260)}},
+        "cluster": {"gpu": "l40s-48gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+    }
+    for path in ("/v1/plans", "/v1/estimates"):
+        problem = assert_problem(
+            client.post(path, json=body | ({"layout": {}} if "estimates" in path else {})), 422
+        )
+        assert any("hf_config" in e["field"] and "32 levels" in e["message"] for e in problem["errors"]), (
+            problem
+        )
+    shallow = {**body, "model": {"hf_config": {**LLAMA, "x": _nested(5)}}}
+    assert client.post("/v1/plans", json=shallow).status_code == 201
+
+
+def test_a_cluster_no_request_could_use_is_not_stored(client: TestClient) -> None:
+    response = client.post(
+        "/v1/clusters",
+        json={"name": "huge", "gpu": "h100-sxm-80gb", "num_nodes": 100_000, "gpus_per_node": 64},
+    )
+    problem = assert_problem(response, 422)
+    assert problem["errors"][0]["field"].endswith("num_nodes"), problem
+    assert "262,144" in problem["errors"][0]["message"]
+    assert client.get("/v1/clusters").json()["items"] == []
+
+
+def test_a_timestamp_utc_cannot_hold_is_a_422(client: TestClient) -> None:
+    for query in ("created_after=9999-12-31T23:59:59-05:00", "created_before=0001-01-01T00:00:00%2B01:00"):
+        problem = assert_problem(client.get(f"/v1/plans?{query}"), 422)
+        assert "outside the years 1 to 9999" in str(problem), problem
+    assert client.get("/v1/plans?created_after=2026-01-01T00:00:00-05:00").status_code == 200
