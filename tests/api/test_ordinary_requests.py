@@ -96,7 +96,8 @@ def test_a_job_no_requested_framework_runs_is_a_422_naming_why(client: TestClien
 @pytest.mark.parametrize(
     "body",
     [
-        plan_body({"preset": "llama-3.2-1b"}, {"precision": "bf16"}, {"frameworks": ["megatron"]}),
+        # (Llama 3.2's RoPE scaling factor 32 is not one pretrain_gpt.py applies: Qwen2.5 for Megatron)
+        plan_body({"preset": "qwen2.5-0.5b"}, {"precision": "bf16"}, {"frameworks": ["megatron"]}),
         plan_body(
             {"preset": "llama-3.2-1b"}, {"method": "lora", "precision": "tf32"}, {"frameworks": ["fsdp"]}
         ),
@@ -106,7 +107,7 @@ def test_a_job_no_requested_framework_runs_is_a_422_naming_why(client: TestClien
         plan_body({"hf_config": SLIDING_MISTRAL}, {}, {"frameworks": ["megatron", "deepspeed"]}),
         # Accelerate runs Megatron-LM only with its own switches (fp32 main grads), not the recipes'
         plan_body(
-            {"preset": "llama-3.2-1b"},
+            {"preset": "qwen2.5-0.5b"},
             {"precision": "bf16"},
             {"frameworks": ["megatron"]},
             launchers=["accelerate"],
