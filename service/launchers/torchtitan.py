@@ -21,6 +21,7 @@ from service.estimator.types import (
     Plan,
     Precision,
     Recompute,
+    RopeScalingKind,
     TrainingSpec,
 )
 from service.estimator.validate import tp_comm_overlap_compile_violation
@@ -117,12 +118,41 @@ def expert_tensor_problem(tp: int, ep: int) -> str | None:
     return None
 
 
+# models/llama3/__init__.py: every llama3 flavor is ComplexRoPE(theta=500000, scaling="llama"),
+# models/common/rope.py's scaling_factor 8 with Llama 3.1's low/high frequency factors 1 and 4 over
+# the original 8192 positions: Llama 3.1's RoPE, which Llama 3 (no rope_scaling) does not have.
+LLAMA3_ROPE = (500000.0, 8.0, 1.0, 4.0, 8192)
+
+
+def _rope_problem(found: Flavor, model: ModelSpec) -> str | None:
+    """Why the flavor's RoPE is not the model's (the run would train another model), or None."""
+    if found.module != "llama3":
+        return None
+    scaling = model.rope_scaling
+    ours = (
+        model.rope_theta if model.rope_theta is not None else LLAMA3_ROPE[0],
+        *(
+            (scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor,
+             scaling.original_max_position_embeddings)
+            if scaling is not None and scaling.kind is RopeScalingKind.LLAMA3
+            else (None, None, None, None)
+        ),
+    )  # fmt: skip
+    if ours == LLAMA3_ROPE:
+        return None
+    has = "no RoPE scaling" if scaling is None else f"{scaling.kind.value} scaling factor {scaling.factor:g}"
+    return (
+        f"torchtitan {VERSION}'s {found.config} applies Llama 3.1's RoPE (base 500000, llama3 scaling "
+        f"factor 8); {model.name} has base {ours[0]:g} and {has}"
+    )
+
+
 def _model_problem(model: ModelSpec) -> str | None:
     if model.bidirectional:
         # torchtitan's models are causal decoders (its Llama/DeepSeek attention runs is_causal=True)
         return f"torchtitan {VERSION} trains causal decoders only; {model.name} is a bidirectional encoder"
-    if flavor(model) is not None:
-        return None
+    if (found := flavor(model)) is not None:
+        return _rope_problem(found, model)
     names = ", ".join(f"{f.module}/{f.config}" for f in FLAVORS)
     return (
         f"torchtitan {VERSION} builds the model from its config registry; {model.name} matches "

@@ -1,8 +1,8 @@
 """Every launch file trains the optimizer the plan was estimated with (consistency review, stop 39).
 
 Megatron-LM's files wrote no --optimizer (its default is Adam) and torchtitan builds Adam/AdamW only,
-so a plan fitted with Adafactor's or 8-bit AdamW's few bytes of states (70 GiB on an 80 GiB H100) ran
-Adam's 12 (100 GiB): an OOM from a file the plan said fits."""
+so a plan (Llama 3 8B, 2 H100) fitted with Adafactor's or 8-bit AdamW's few bytes of states (70 GiB
+on an 80 GiB H100) ran Adam's 12 (100 GiB): an OOM from a file the plan said fits."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def plan(client: TestClient, optimizer: str, framework: str, launcher: str) -> t
     response = client.post(
         "/v1/plans",
         json={
-            "model": {"preset": "llama-3-8b"},
+            "model": {"preset": "llama-3.1-8b"},
             "cluster": CLUSTER,
             "training": {**TRAINING, "optimizer": optimizer},
             "constraints": {"frameworks": [framework]},
@@ -63,3 +63,21 @@ def test_deepspeed_tells_the_script_which_optimizer_to_build(client: TestClient)
     text = launch_file(client, body, "deepspeed_launch.sh")
     assert "transformers.optimization.Adafactor" in text and "deepspeed.initialize(optimizer=...)" in text
     assert '"optimizer"' not in launch_file(client, body, "ds_config.json")
+
+
+def test_torchtitan_trains_llama_3_only_with_llama_3_1s_rope(client: TestClient) -> None:
+    """torchtitan's llama3 flavors apply Llama 3.1's RoPE scaling (ComplexRoPE scaling="llama",
+    factor 8): Llama 3 8B, which has none, matched llama3_8b by shape and trained another model."""
+    status, body = plan(client, "adamw", "fsdp", "torchtitan")
+    assert status == 201 and body["status"] == "feasible", body  # Llama 3.1 8B: its own RoPE
+    response = client.post(
+        "/v1/plans",
+        json={
+            "model": {"preset": "llama-3-8b"},
+            "cluster": CLUSTER,
+            "training": TRAINING,
+            "constraints": {"frameworks": ["fsdp"]},
+            "launchers": ["torchtitan"],
+        },
+    )
+    assert response.status_code == 422 and "Llama 3.1's RoPE" in response.text, response.text
