@@ -184,6 +184,12 @@ def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
         problems.append("biased experts (GPT-OSS) are not a Megatron-LM GPT option")
     if model.final_logit_softcapping:
         problems.append("final-logit soft-capping is not a Megatron-LM GPT option")
+    if model.parallel_attn_mlp:
+        # TransformerLayer runs attention, then the MLP on its output: no flag reads both off one input
+        problems.append(
+            "parallel attention and MLP blocks (GPT-J/NeoX/Falcon) are not a Megatron-LM GPT option: "
+            "pretrain_gpt.py's layers run the MLP after attention"
+        )
     problems += _rope_problems(model) + _router_problems(model)
     if training.mtp_num_layers and position_embedding_type(model) == "yarn":
         # validate_args: "Multi-Token Prediction (MTP) is not supported with yarn position embedding"

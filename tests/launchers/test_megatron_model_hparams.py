@@ -104,8 +104,12 @@ def test_qwen3_moe_norm_topk_prob_is_megatrons_default_softmax() -> None:
 
 
 def test_partial_rotary_keeps_its_base() -> None:
-    # GPT-NeoX-20B: rotary_pct 0.25, rotary_emb_base 10000, layer_norm_eps 1e-05
-    f = args_of(model("gpt-neox-20b").spec)
+    # GPT-NeoX-20B: rotary_pct 0.25, rotary_emb_base 10000, layer_norm_eps 1e-05. Its parallel
+    # attention + MLP blocks are refused (Megatron's layers are sequential): the flags of a
+    # sequential twin
+    neox = model("gpt-neox-20b").spec
+    assert "parallel attention and MLP" in str(megatron.job_refusal(neox, training()))
+    f = args_of(dataclasses.replace(neox, parallel_attn_mlp=False))
     assert (f["--rotary-percent"], f["--rotary-base"], f["--norm-epsilon"]) == ("0.25", "10000", "1e-05")
 
 
