@@ -159,6 +159,11 @@ def attention_core_note(job: Job, layout: Layout) -> str:
     rate = "the kernel's published rate"
     if not job.cluster.gpu.chip:
         rate = "the kernel's slowest published rate (the die is not stated), at most the GEMM rate"
+    elif not fitted_die(job.tuning, job.cluster.gpu):  # step_time.core_rates_flops_per_s
+        rate = (
+            f"the slowest fitted die's rates, at most the GEMM rate: no {kernel.name} rate is published "
+            f"for the {job.cluster.gpu.chip} die (nor is its GEMM efficiency fitted)"
+        )
     return (
         f"attention's core ({attention}, {kernel.name} kernel, calls of {kernel.call_tokens:g} tokens): the "
         f"{region} at {kernel.forward_fraction:.3f} (forward) and {kernel.backward_fraction:.3f} "
