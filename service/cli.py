@@ -213,7 +213,7 @@ def cluster_from_gpus(
 
 def _node_size(gpu: str) -> int:
     """GPUs per node of COUNTxGPU: the catalog part's node (``contracts.gpus.reference_node``: 8 on an
-    HGX baseboard, 4 MI250X on a Frontier node), else 8."""
+    HGX baseboard, 8 MI250X GCDs on a Frontier node), else 8."""
     node = reference_node(gpu)
     return node.spec.node_gpus if node is not None and node.spec.node_gpus else 8
 
@@ -603,7 +603,7 @@ busbw_options = [
 cluster_options = [
     click.option(
         "--gpus",
-        help="COUNTxGPU (whole nodes of the part's own size: 8 on HGX, 4 MI250X) or NODESxPER_NODExGPU, "
+        help="COUNTxGPU (whole nodes of the part's own size: 8 on HGX, 8 MI250X GCDs) or NODESxPER_NODExGPU, "
         "e.g. 8xh100-sxm-80gb",
     ),
     click.option("--cluster", help="a stored cluster's name or id"),

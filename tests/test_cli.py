@@ -338,12 +338,12 @@ def test_gpus_shorthand() -> None:
     assert cluster_from_gpus("2x4xh100-sxm-80gb", 50) == {
         "gpu": "h100-sxm-80gb", "num_nodes": 2, "gpus_per_node": 4, "inter_node_bandwidth_gbps": 50
     }  # fmt: skip
-    # the part's node: a Frontier node holds 4 MI250X, so 8 of them are 2 nodes (its network is the
-    # catalog's: no --inter-gbps needed), as the API's own default node is
-    assert cluster_from_gpus("8xmi250x-128gb", None) == {
-        "gpu": "mi250x-128gb",
+    # the part's node: a Frontier node holds 8 MI250X GCDs (4 packages), so 16 of them are 2 nodes
+    # (its network is the catalog's: no --inter-gbps needed), as the API's own default node is
+    assert cluster_from_gpus("16xmi250x-gcd-64gb", None) == {
+        "gpu": "mi250x-gcd-64gb",
         "num_nodes": 2,
-        "gpus_per_node": 4,
+        "gpus_per_node": 8,
     }
     assert cluster_from_gpus("16xl40s-48gb", 25)["num_nodes"] == 2  # no node in the catalog: 8
 

@@ -570,7 +570,7 @@ class GPUSpec:
     # placed on more nodes than asked, is assumed to have. None: not known (a PCIe card, a custom
     # GPU). Not this cluster's hardware (``ClusterSpec.inter_node_bandwidth_bytes_per_s`` is).
     node_network_bytes_per_s: float | None = None
-    # GPUs in that node (8 on an HGX baseboard or an OAM platform, 4 MI250X packages on a Frontier
+    # GPUs in that node (8 on an HGX baseboard or an OAM platform, 8 MI250X GCDs on a Frontier
     # node); None: a PCIe card, whose server holds what its buyer chose. Not this cluster's node.
     node_gpus: int | None = None
     # Link figures the GPU's source left out and the rule that chose each, (field, why): a custom GPU

@@ -149,8 +149,8 @@ def reference_network_bytes_per_s(gpu: GPUSpec) -> float:
 
 
 def reference_node_gpus(gpu: GPUSpec) -> int:
-    """GPUs in the node a job of ``gpu`` grows into: its catalog part's reference node's (4 MI250X
-    packages on a Frontier node), else ``REFERENCE_NODE_GPUS``."""
+    """GPUs in the node a job of ``gpu`` grows into: its catalog part's reference node's (8 MI250X
+    GCDs on a Frontier node), else ``REFERENCE_NODE_GPUS``."""
     return gpu.node_gpus or REFERENCE_NODE_GPUS
 
 

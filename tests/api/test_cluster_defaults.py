@@ -124,7 +124,8 @@ def test_every_catalog_gpu_left_to_the_catalog_answers_as_stated(client: TestCli
     [
         ({"gpu": "h100-sxm-80gb", "num_gpus": 16}, 2, 8),  # whole HGX nodes
         ({"gpu": "h100-sxm-80gb", "num_gpus": 4}, 1, 4),  # fewer than a node: one node of them
-        ({"gpu": "mi250x-128gb", "num_gpus": 8}, 2, 4),  # a Frontier node holds 4
+        ({"gpu": "mi250x-gcd-64gb", "num_gpus": 16}, 2, 8),  # a Frontier node holds 8 GCDs
+        ({"gpu": "mi250x-128gb", "num_gpus": 16}, 2, 8),  # the package's name: read as its GCDs
         ({"gpu": "h100-sxm-80gb", "num_gpus": 16, "num_nodes": 4}, 4, 4),  # the GPUs over the nodes given
         ({"gpu": "l40s-48gb", "num_gpus": 8, "gpus_per_node": 4, "inter_node_bandwidth_gbps": 25}, 2, 4),
     ],

@@ -87,7 +87,7 @@ def test_the_reference_network_of_every_catalog_part() -> None:
             assert network == PCIE_NODE_BYTES_PER_S, name
         # no GPU's share of its node's network exceeds its own host link, over which the NIC is reached
         assert network <= spec.pcie_bandwidth_bytes_per_s, name
-    assert reference_node_gpus(gpu("mi250x-128gb")) == 4  # a Frontier node's 4 packages
+    assert reference_node_gpus(gpu("mi250x-gcd-64gb")) == 8  # a Frontier node's 8 GCDs
     assert reference_node_gpus(gpu("l4-24gb")) == 8
 
 
@@ -117,13 +117,13 @@ def test_capacity_places_each_part_in_its_own_node_and_says_the_network(client: 
         json={
             "model": {"preset": "llama-3.1-70b"},
             "training": {"seq_len": 4096, "global_batch_size": 256},
-            "gpus": ["mi250x-128gb", "l40s-48gb", "h100-sxm-80gb"],
+            "gpus": ["mi250x-gcd-64gb", "l40s-48gb", "b200-sxm-180gb"],
         },
     )
     assert response.status_code == 200, response.text
     options = {o["gpu"]: o for o in response.json()["options"]}
-    assert options["mi250x-128gb"]["gpus_per_node"] == 4  # a Frontier node, not 8 packages
-    assert options["h100-sxm-80gb"]["gpus_per_node"] == 8
+    assert options["mi250x-gcd-64gb"]["gpus_per_node"] == 8  # a Frontier node's GCDs
+    assert options["b200-sxm-180gb"]["gpus_per_node"] == 8
     for option in options.values():
         assert option["fits"], option
         spans = option["num_gpus"] > option["gpus_per_node"]

@@ -55,19 +55,19 @@ def test_a_shorter_sequence_the_states_rule_out_is_said_with_the_numbers(client:
 
 
 def test_another_gpu_that_cannot_run_the_precision_is_said(client: TestClient) -> None:
-    # fp8 on an H100: the MI250X (128 GiB, more memory) has no fp8 units, so it is not suggested, with why
+    # fp8 on an L40S: an MI250X GCD (64 GiB, more memory) has no fp8 units, so it is not suggested, with why
     result = plan(
         client,
         {
             "model": {"preset": "llama-3.1-70b"},
-            "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+            "cluster": {"gpu": "l40s-48gb", "num_nodes": 1, "gpus_per_node": 1},
             "training": {"seq_len": 4096, "global_batch_size": 8, "precision": "fp8"},
         },
     )
     others = {s["gpu"] for s in result["suggestions"] if s["kind"] == "other_gpu"}
-    assert "mi250x-128gb" not in others and "b200-sxm-180gb" in others
-    (mi250x,) = [r for r in skipped(result)["other_gpu"] if r.startswith("mi250x-128gb:")]
-    assert mi250x.startswith("mi250x-128gb: has no fp8 support"), mi250x
+    assert "mi250x-gcd-64gb" not in others and "b200-sxm-180gb" in others
+    (mi250x,) = [r for r in skipped(result)["other_gpu"] if r.startswith("mi250x-gcd-64gb:")]
+    assert mi250x.startswith("mi250x-gcd-64gb: has no fp8 support"), mi250x
 
 
 def test_capacity_says_the_states_bound_with_its_numbers(client: TestClient) -> None:

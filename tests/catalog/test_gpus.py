@@ -31,11 +31,12 @@ REQUIRED_SLUGS = (
     "v100-sxm2-32gb",
     "rtx-3090-24gb",
     "rtx-4090-24gb",
-    "mi250x-128gb",
+    "mi250x-gcd-64gb",
     "mi300x-192gb",
 )
 
-# Parts whose intra-node figure is NVLink / Infinity Fabric rather than PCIe.
+# Parts whose intra-node figure is NVLink / Infinity Fabric rather than PCIe, at least 4x the host
+# link. (An MI250X GCD's weakest peer link, 50 GB/s, is not: its host link is Infinity Fabric too.)
 FABRIC_LINKED = (
     "h100-sxm-80gb",
     "h200-sxm-141gb",
@@ -44,7 +45,6 @@ FABRIC_LINKED = (
     "a100-sxm-80gb",
     "v100-sxm2-16gb",
     "v100-sxm2-32gb",
-    "mi250x-128gb",
     "mi300x-192gb",
 )
 
@@ -134,7 +134,7 @@ def test_precisions_a_chip_lacks_are_absent() -> None:
     v100 = gpu("v100-sxm2-32gb").peak_flops_per_s
     assert (v100.tf32, v100.bf16, v100.fp8) == (None, None, None)
     assert gpu("a100-sxm-80gb").peak_flops_per_s.fp8 is None
-    mi250x = gpu("mi250x-128gb").peak_flops_per_s
+    mi250x = gpu("mi250x-gcd-64gb").peak_flops_per_s
     assert (mi250x.tf32, mi250x.fp8) == (None, None)
 
 
@@ -345,7 +345,7 @@ def test_reference_node_networks_are_their_nics_over_their_gpus() -> None:
         "b200-sxm-180gb": 8 * 400e9 / 8 / 8,
         "a100-sxm-80gb": 8 * 200e9 / 8 / 8,  # DGX A100: 8 x ConnectX-6 200 Gb/s
         "v100-sxm2-32gb": 4 * 100e9 / 8 / 8,  # DGX-1: 4 x EDR 100 Gb/s
-        "mi250x-128gb": 4 * 200e9 / 8 / 4,  # Frontier: 4 x Slingshot 200 Gb/s for 4 packages
+        "mi250x-gcd-64gb": 4 * 200e9 / 8 / 8,  # Frontier: 4 x Slingshot 200 Gb/s for 8 GCDs
         "mi300x-192gb": 8 * 400e9 / 8 / 8,  # Azure ND MI300X v5: 8 x NDR 400 Gb/s for 8 GPUs
     }
     for name, share in shares.items():
