@@ -75,6 +75,9 @@ class Observation:
     peak_step_s: float | None = None
     run_id: str = ""
     weight: float = 1.0  # evidence_weight of the run for the job being estimated
+    # what the run's own log states that the plan's job is not (another global batch, another card):
+    # it measured another job, whatever its numbers
+    another_job: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,7 +191,7 @@ GB = 1e9
 def implausibility(obs: Observation) -> tuple[str, ...]:
     """Why the run cannot be what the plan's layout measured on its hardware, with the numbers;
     empty when it can. Such a run is stored and diagnosed but moves no factor."""
-    reasons = []
+    reasons = list(obs.another_job)
     measured, estimated = obs.measured_step_s, obs.estimated_step_s
     if measured and estimated and not obs.out_of_memory:
         # HFU = hardware FLOPs / (step x dense peak) <= 1: no step beats its FLOPs at the peak. The
@@ -285,6 +288,16 @@ def _weighted_time_median(timed: Sequence[Observation]) -> float:
     return weighted_median([time_ratio(o) or 0.0 for o in timed], [o.weight for o in timed])
 
 
+def trusted(factor: float, observations: Sequence[Observation]) -> float:
+    """``factor`` (a weighted median of runs' ratios) trusted as far as the runs' evidence reaches: a
+    run of the job itself, today, weighs 1 and moves it all the way; runs weighing less in all move
+    it that fraction of the way (geometrically). A median alone follows one run whatever it weighs:
+    a 0.12B model's smoke test (weight 0.03 for a 70B job) multiplied every estimate on its hardware
+    by its 2.48 (runs review, stop 39)."""
+    evidence = min(1.0, math.fsum(o.weight for o in observations))
+    return float(factor**evidence)
+
+
 def shared_calibration(hardware: Sequence[Observation], framework: Sequence[Observation]) -> Calibration:
     """The calibration of one framework on one hardware: memory from the framework's own runs (its
     allocator and buffers), step time from every run on the hardware (what they say about its links,
@@ -296,7 +309,7 @@ def shared_calibration(hardware: Sequence[Observation], framework: Sequence[Obse
     shared = _timed(usable)
     if not shared:
         return own
-    hardware_factor = _clamp(_weighted_time_median(shared), TIME_FACTOR_BOUNDS)
+    hardware_factor = _clamp(trusted(_weighted_time_median(shared), shared), TIME_FACTOR_BOUNDS)
     mine = _timed(plausible(framework))
     extra = 1.0
     if mine:
@@ -324,12 +337,14 @@ def learn_calibration(stored: Sequence[Observation]) -> Calibration:
     sized = [o for o in observations if memory_ratio(o) is not None]
     ooms = [o for o in observations if oom_floor(o) is not None]
     memory = (
-        weighted_median([memory_ratio(o) or 0.0 for o in sized], [o.weight for o in sized]) if sized else 1.0
+        trusted(weighted_median([memory_ratio(o) or 0.0 for o in sized], [o.weight for o in sized]), sized)
+        if sized
+        else 1.0
     )
     if ooms:
         memory = max(memory, *(oom_floor(o) or 0.0 for o in ooms))
     timed = _timed(observations)
-    time = _clamp(_weighted_time_median(timed), TIME_FACTOR_BOUNDS) if timed else 1.0
+    time = _clamp(trusted(_weighted_time_median(timed), timed), TIME_FACTOR_BOUNDS) if timed else 1.0
     return Calibration(
         memory_dynamic_factor=_clamp(memory, MEMORY_FACTOR_BOUNDS) if sized or ooms else 1.0,
         step_time_factor=time,
