@@ -120,7 +120,35 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
         measured_step_s=measured_step_s(run_observed, tokens_per_step),
         peak_step_s=peak_step_s,
         run_id=run.id,
+        another_job=another_job(run, plan, estimate.memory.capacity_bytes),
     )
+
+
+# A log's card may report a little less than the catalog's (the driver's reserve: 79.1 GiB of an H100's
+# 80); more apart than this, it ran on another card.
+CAPACITY_TOLERANCE = 0.1
+
+
+def another_job(run: RunRecord, plan: PlanRecord, capacity_bytes: int) -> tuple[str, ...]:
+    """What the run's log states that makes it another job than its plan's (runs review, stop 39: a
+    log at global batch 96 posted to a batch-128 plan, or an OOM on a 79 GiB card posted to a 40 GiB
+    plan, calibrated the hardware as if they had measured it)."""
+    source = run.source or {}
+    if source.get("kind") != "log":
+        return ()
+    reasons = []
+    planned = StoredRequest.read(plan.request).training.global_batch_size
+    batch = source.get("global_batch_size")
+    if isinstance(batch, int) and batch != planned:
+        reasons.append(f"its log trains global batch {batch}, the plan {planned}: another job's step")
+    oom = source.get("out_of_memory") or {}
+    card = oom.get("capacity_bytes")
+    if isinstance(card, int) and abs(card - capacity_bytes) > CAPACITY_TOLERANCE * capacity_bytes:
+        reasons.append(
+            f"its log's GPU has {card / 2**30:.4g} GiB, the plan's card {capacity_bytes / 2**30:.4g} GiB: "
+            "another card"
+        )
+    return tuple(reasons)
 
 
 # layout_family's answers

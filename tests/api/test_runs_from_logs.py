@@ -216,3 +216,33 @@ def test_the_aliases_are_deprecated_in_the_openapi_document(client: TestClient) 
         for method, operation in paths[path].items():
             assert operation["deprecated"] is True, (method, path)
             assert set(paths["/v1" + path][method]["responses"]) == set(operation["responses"])
+
+
+def test_a_log_of_another_job_calibrates_nothing(client: TestClient) -> None:
+    """What a log states about its job is compared with the plan's (runs review, stop 39): a Megatron
+    log at global batch 96 posted to a batch-128 plan moved the hardware's step factor to 0.83; an OOM
+    on a 79 GiB card posted to a 40 GiB plan raised its memory factor to 1.3."""
+    body = plan_body()
+    body["launchers"] = []
+    body["training"] = {**body["training"], "global_batch_size": 128}
+    plan = create(client, body)
+    step = plan["recommended"]["estimate"]["time"]["step_s"] * 1000
+    lines = [
+        f"[2025-03-14 10:0{i}:00] iteration {i:8d}/     500 | consumed samples: {96 * i:12d} | "
+        f"elapsed time per iteration (ms): {step:.1f} | learning rate: 1.5E-04 | global batch size:    96 | "
+        "lm loss: 3.2 |"
+        for i in range(1, 9)
+    ]
+    run = post_log(client, plan["id"], "\n".join(lines))
+    reasons = run["diagnosis"]["implausible_reasons"]
+    assert run["diagnosis"]["implausible"] is True and any("global batch 96" in r for r in reasons), reasons
+    assert run["calibration"]["time_runs"] == 0
+
+    small = plan_body()
+    small["launchers"] = []
+    small["cluster"] = {**small["cluster"], "gpu": "a100-sxm-40gb"}
+    on_40 = create(client, small)
+    oom = post_log(client, on_40["id"], log("oom"))  # "GPU 1 has a total capacity of 79.11 GiB"
+    reasons = oom["diagnosis"]["implausible_reasons"]
+    assert any("79.11 GiB, the plan's card 40 GiB" in r for r in reasons), reasons
+    assert oom["calibration"]["memory_runs"] == 0 and oom["calibration"]["out_of_memory_runs"] == 0
