@@ -184,9 +184,19 @@ _HF_MEMORY_KEYS = (
 )
 
 
+# transformers' Trainer._inner_training_loop logs "  Total optimization steps = 100" before the bar
+_TOTAL_STEPS = re.compile(r"Total optimization steps = ([\d,]+)")
+
+
 def _tqdm(lines: Sequence[Line], found: Readings) -> None:
-    """The training bar's rate (tqdm's smoothed recent rate, s/it or it/s): the bar with the most
-    steps, so that an evaluation bar's batches are not read as training steps."""
+    """The training bar's rate (tqdm's smoothed recent rate, s/it or it/s): the bar of the Trainer's
+    "Total optimization steps" where it says them, else the bar with the most steps, so that an
+    evaluation bar's batches are not read as training steps (an eval bar of 250 batches beside a
+    100-step training bar once was)."""
+    stated = None
+    for line in lines:
+        if (match := _TOTAL_STEPS.search(line.text)) is not None:
+            stated = int(match.group(1).replace(",", ""))
     bars: list[tuple[int, int, float, Line]] = []
     for line in lines:
         for match in _TQDM.finditer(line.text):
@@ -197,7 +207,8 @@ def _tqdm(lines: Sequence[Line], found: Readings) -> None:
             bars.append((int(match.group(1)), int(match.group(2)), seconds, line))
     if not bars:
         return
-    total = max(b[1] for b in bars)
+    totals = {b[1] for b in bars}
+    total = stated if stated in totals else max(totals)
     last_step = -1
     for step, bar_total, seconds, line in bars:
         if bar_total == total and step != last_step:  # a redraw of the same step says nothing new
