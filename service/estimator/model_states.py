@@ -18,7 +18,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from service.estimator.params import MTP_NORMS, LayerKind, mtp_projection_parameters, parameter_counts
+from service.estimator.params import (
+    MTP_NORMS,
+    LayerKind,
+    lora_modules,
+    mtp_projection_parameters,
+    parameter_counts,
+)
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
     ALL_LINEAR,
@@ -372,17 +378,18 @@ def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout, rp
     """Trainable LoRA parameters on one GPU of a rank: r x (d_in + d_out) per targeted Linear of each
     of its layers (``rp.layers``, ``rp.moe_layers`` of them MoE), split over tp."""
     h, q, kv, f = model.hidden_size, model.q_size, model.kv_size, model.ffn_hidden_size
-    shapes = {
-        "q_proj": h + q,
-        "k_proj": h + kv,
-        "v_proj": h + kv,
-        "o_proj": q + h,
-        "up_proj": h + f,
-        "down_proj": f + h,
-    }
+    # (in, out) of each target's matrix; a fused module (params.lora_modules) is one adapter of its
+    # targets' shared input and summed outputs: Phi-3's qkv_proj r x (h + q + 2 kv)
+    inputs = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": q, "up_proj": h, "down_proj": f}
+    outputs = {"q_proj": q, "k_proj": kv, "v_proj": kv, "o_proj": h, "up_proj": f, "down_proj": h}
     if model.mlp.gated:
-        shapes["gate_proj"] = h + f
-    per_layer: float = sum(shapes.get(name, 0) for name in training.lora_targets) * training.lora_rank
+        inputs["gate_proj"], outputs["gate_proj"] = h, f
+    per_layer: float = 0.0
+    for held, _ in lora_modules(model, training.lora_targets):
+        present = [name for name in held if name in inputs]
+        if present:
+            per_layer += inputs[present[0]] + sum(outputs[name] for name in present)
+    per_layer *= training.lora_rank
     total = rp.layers * per_layer
     if model.moe is not None:
         total += rp.moe_layers * _lora_expert_parameters(model, model.moe, training, layout)

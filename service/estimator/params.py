@@ -51,6 +51,55 @@ FUSED_QKV_FAMILIES = frozenset({"gpt2", "gpt_neox", "falcon", "bloom", "phi3"})
 # Families whose gated MLP fuses gate and up into one Linear (Phi-3's gate_up_proj).
 _FUSED_GATE_UP_FAMILIES = frozenset({"phi3"})
 
+# The Hugging Face modules LoRA adapts, by family: each (lora_targets names, the module that holds
+# them). A fused module (Phi-3's qkv_proj, GPT-2's c_attn) is one adapter over all of its targets,
+# so it is targeted whole or not at all; its module name is what peft matches (a suffix of the
+# module's path: "attn.c_proj" is GPT-2's attention output, "mlp.c_proj" its MLP's down). Families
+# not listed name their modules as Llama does, one per target. (modeling_phi3.py Phi3Attention /
+# Phi3MLP; modeling_gpt2.py GPT2Attention / GPT2MLP; modeling_gpt_neox.py, modeling_falcon.py,
+# modeling_bloom.py: query_key_value, dense, dense_h_to_4h, dense_4h_to_h.)
+_NEOX_STYLE: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("q_proj", "k_proj", "v_proj"), "query_key_value"),
+    (("o_proj",), "dense"),
+    (("up_proj",), "dense_h_to_4h"),
+    (("down_proj",), "dense_4h_to_h"),
+)
+LORA_MODULES: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
+    "phi3": (
+        (("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+        (("o_proj",), "o_proj"),
+        (("gate_proj", "up_proj"), "gate_up_proj"),
+        (("down_proj",), "down_proj"),
+    ),
+    "gpt2": (
+        (("q_proj", "k_proj", "v_proj"), "attn.c_attn"),
+        (("o_proj",), "attn.c_proj"),
+        (("up_proj",), "mlp.c_fc"),
+        (("down_proj",), "mlp.c_proj"),
+    ),
+    "gpt_neox": _NEOX_STYLE,
+    "falcon": _NEOX_STYLE,
+    "bloom": _NEOX_STYLE,
+}
+
+
+def lora_modules(model: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[tuple[str, ...], str], ...]:
+    """The modules ``targets`` adapt in ``model``'s Hugging Face implementation: (the targets each
+    holds, its name), a fused module once."""
+    groups = LORA_MODULES.get(model.family)
+    if groups is None:
+        return tuple(((t,), t) for t in targets)
+    return tuple((held, name) for held, name in groups if set(held) & set(targets))
+
+
+def split_fused_targets(model: ModelSpec, targets: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The fused module's targets ``targets`` names only some of (LoRA adapts a module whole: q_proj
+    alone on Phi-3's qkv_proj cannot be), or None."""
+    for held, _ in LORA_MODULES.get(model.family, ()):
+        if len(held) > 1 and 0 < len(set(held) & set(targets)) < len(held):
+            return held
+    return None
+
 
 def norm_parameters(model: ModelSpec) -> int:
     """Parameters of one norm over the hidden size."""

@@ -638,6 +638,15 @@ def training_violation(
             "lora_targets",
             "lora_targets",
         )
+    if training.method is not Method.FULL and (
+        held := params.split_fused_targets(model, training.lora_targets)
+    ):
+        return _bad(
+            f"lora_targets {list(training.lora_targets)}: {model.name} fuses {', '.join(held)} into one "
+            "module, which LoRA adapts whole: target all of them or none",
+            "lora_targets",
+            "lora_targets",
+        )
     model_parallel = method_parallel_violation(training, layout)
     if model_parallel is not None:
         return model_parallel

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from service.catalog.tuning import default_tuning
 from service.estimator import pipeline
 from service.estimator.model_states import FSDP_REDUCE_DTYPE
+from service.estimator.params import lora_modules
 from service.estimator.tuning import dp_overlap_default
 from service.estimator.types import Framework, Head, Layout, Method, Plan, Precision, Recompute
 from service.frameworks import Target as Target  # the registry's; re-exported for the targets
@@ -450,7 +451,8 @@ def peft_artifacts(plan: Plan, target: Target) -> list[Artifact]:
         "r": training.lora_rank,
         "lora_alpha": 2 * training.lora_rank,
         "lora_dropout": 0.0,
-        "target_modules": list(training.lora_targets),
+        # the model's own module names (params.lora_modules: Phi-3's qkv_proj, GPT-2's c_attn)
+        "target_modules": [name for _, name in lora_modules(plan.model, training.lora_targets)],
         "bias": "none",
         "task_type": "CAUSAL_LM",
     }

@@ -1,0 +1,66 @@
+"""LoRA adapts the model's own modules: Phi-3 fuses q, k, v into qkv_proj and gate, up into
+gate_up_proj; GPT-2, GPT-NeoX, Falcon and BLOOM name theirs otherwise (c_attn, query_key_value, ...).
+The LoraConfig said q_proj ... down_proj for all of them (fine-tuning review, stop 39): on Phi-3 peft
+adapted o_proj and down_proj only, silently; on the others it found no module and raised."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.catalog.models import model
+from service.catalog.tuning import default_tuning
+from service.estimator.errors import EstimatorError
+from service.estimator.job import make_job
+from service.estimator.memory import rank_parameters_of
+from service.estimator.model_states import lora_parameters
+from service.estimator.types import ALL_LINEAR, Layout, Method, TrainingSpec
+from service.estimator.validate import validate_layout
+from tests.recommender.helpers import cluster
+
+
+@pytest.mark.parametrize(
+    "preset,modules",
+    [
+        ("phi-3-mini", ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+        ("gpt2", ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]),
+        ("falcon-7b", ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]),
+        ("llama-3.1-8b", list(ALL_LINEAR)),
+    ],
+)
+def test_the_lora_config_names_the_models_modules(
+    client: TestClient, preset: str, modules: list[str]
+) -> None:
+    response = client.post(
+        "/v1/plans",
+        json={
+            "model": {"preset": preset},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+            "training": {"seq_len": 1024, "global_batch_size": 8, "method": "lora"},
+            "launchers": ["hf_trainer"],
+        },
+    )
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    config = client.get(f"/v1/plans/{plan['id']}/artifacts/lora_config.json")
+    assert config.status_code == 200, config.text
+    assert sorted(json.loads(config.text)["target_modules"]) == sorted(modules)
+
+
+def test_a_fused_module_is_one_adapter_and_is_targeted_whole() -> None:
+    phi3 = model("phi-3-mini").spec
+    h, q, kv, f = phi3.hidden_size, phi3.q_size, phi3.kv_size, phi3.ffn_hidden_size
+    training = TrainingSpec(seq_len=1024, global_batch_size=8, method=Method.LORA, lora_rank=8)
+    layout = Layout()
+    rp = rank_parameters_of(
+        make_job(phi3, cluster("h100-sxm-80gb", per_node=1), training, default_tuning()), layout, 0
+    )
+    # qkv_proj h -> q + 2 kv, o_proj q -> h, gate_up_proj h -> 2 f, down_proj f -> h: one adapter each
+    per_layer = (h + q + 2 * kv) + (q + h) + (h + 2 * f) + (f + h)
+    assert lora_parameters(phi3, training, layout, rp) == pytest.approx(8 * per_layer * phi3.num_layers)
+    only_q = TrainingSpec(seq_len=1024, global_batch_size=8, method=Method.LORA, lora_targets=("q_proj",))
+    with pytest.raises(EstimatorError, match="fuses q_proj, k_proj, v_proj into one module") as refused:
+        validate_layout(phi3, cluster("h100-sxm-80gb", per_node=1), layout, only_q)
+    assert refused.value.field == "lora_targets"
