@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from service.estimator import evaluate
 from service.estimator.defaults import for_gpu
+from service.estimator.estimate import estimate
 from service.estimator.job import make_job
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
@@ -39,6 +40,7 @@ from service.estimator.types import (
     Layout,
     Method,
     ModelSpec,
+    Offload,
     OptimizerImplementation,
     TrainingSpec,
 )
@@ -444,8 +446,10 @@ class _Ask:
             )
         memory = found.estimate.memory
         have = self.cluster.cpu_memory_bytes_per_node
-        if have and memory.cpu_per_node_bytes <= have and self.constraints.allow_offload:
-            return []  # the plan's own search could offload within it: its answer stands
+        if have and memory.cpu_per_node_bytes <= have:
+            # within the nodes' host RAM: the plan's own search offloaded so, or, not allowed to,
+            # offload_within_the_nodes says it (the same layout, suggested once)
+            return []
         return [self._offload_suggestion(found)]
 
     def _offloaded(self, budget: Budget) -> Candidate | None:
@@ -685,17 +689,24 @@ class _Ask:
         nodes = max(1, gpus // per_node)
         network = cluster.inter_node_bandwidth_bytes_per_s if nodes > 1 else None
         across = f", {network / 1e9:g} GB/s per GPU between nodes" if network else ""
+        host = None
+        if _offloads(layout):  # the host RAM it takes, said and stated: the suggestion needs it
+            placed = with_gpu(cluster, cluster.gpu, nodes, min(per_node, gpus))
+            memory = estimate(self.model, placed, layout, training, tuning=self.tuning).memory
+            host = memory.cpu_per_node_bytes
+        offloading = f", offloading to {host / GiB:.0f} GiB of host RAM per node" if host else ""
         return [
             Suggestion(
                 kind=kind,
                 detail=f"{gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.0f} GiB; {nodes} node"
                 f"{'s' if nodes > 1 else ''} of {min(per_node, gpus)}{across}) fit: "
-                f"{tokens_per_s:,.0f} tokens/s with {_layout_words(layout)}",
+                f"{tokens_per_s:,.0f} tokens/s with {_layout_words(layout)}{offloading}",
                 gpu=cluster.gpu.name,
                 num_gpus=gpus,
                 num_nodes=nodes,
                 gpus_per_node=min(per_node, gpus),
                 inter_node_bandwidth_bytes_per_s=network,
+                cpu_per_node_bytes=host or None,
                 tokens_per_s=tokens_per_s,
                 layout=layout,
             )
@@ -705,6 +716,14 @@ class _Ask:
 # The most GPUs a suggestion proposes: beyond the largest published training runs' scale
 # (Llama 3 405B: 16,384 H100, arXiv:2407.21783 Table 4) a "fit" is not advice.
 MAX_SUGGESTED_GPUS = 32_768
+
+
+def _offloads(layout: Layout) -> bool:
+    return (
+        layout.offload_optimizer is not Offload.NONE
+        or layout.offload_params is not Offload.NONE
+        or layout.activation_offload
+    )
 
 
 def _layout_words(layout: Layout) -> str:
@@ -733,11 +752,18 @@ def _on_the_gpus_given(
     est = found.estimate
     used, given = found.layout.world_size, cluster.world_size
     where = f"the {given} GPUs given" if used == given else f"{used} of the {given} GPUs given"
+    host = est.memory.cpu_per_node_bytes
+    # an offloading layout's host RAM, said where the change named is not the offload itself
+    offloading = (
+        f", offloading to {host / GiB:.0f} GiB of host RAM per node"
+        if host and kind != "offload" and _offloads(found.layout)
+        else ""
+    )
     return Suggestion(
         kind=kind,
         detail=f"{what} fits on {where}: "
         f"{est.memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)} with "
-        f"{_layout_words(found.layout)}",
+        f"{_layout_words(found.layout)}{offloading}",
         gpu=cluster.gpu.name,
         num_gpus=found.layout.world_size,
         num_nodes=max(1, found.layout.world_size // cluster.gpus_per_node),

@@ -145,3 +145,53 @@ def test_another_gpu_is_suggested_from_one_card_up(client: TestClient) -> None:
     others = {s["gpu"]: s for s in result["suggestions"] if s["kind"] == "other_gpu"}
     assert others["h100-sxm-80gb"]["num_gpus"] == 1, others["h100-sxm-80gb"]
     assert all(s["num_nodes"] == 1 for s in others.values())
+
+
+def test_a_suggestion_that_offloads_says_the_host_ram_it_takes(client: TestClient) -> None:
+    """70B full training on 8 A100-40GB with 1 TiB of host RAM per node: "16 x A100 ... megatron
+    tp8 pp2" offloaded its optimizer states, 526 GiB per node, and neither its text nor its
+    cpu_per_node_bytes said so (fine-tuning review, stop 39)."""
+    result = plan(
+        client,
+        {
+            "model": {"preset": "llama-3.1-70b"},
+            "cluster": {
+                "gpu": "a100-sxm-40gb",
+                "num_nodes": 1,
+                "gpus_per_node": 8,
+                "cpu_memory_bytes_per_node": 2**40,
+            },
+            "training": {"seq_len": 8192, "global_batch_size": 64},
+        },
+    )
+    offloading = [
+        s
+        for s in result["suggestions"]
+        if s["layout"]
+        and (s["layout"]["offload_optimizer"] != "none" or s["layout"]["offload_params"] != "none")
+    ]
+    assert offloading, result["suggestions"]
+    for s in offloading:
+        assert s["cpu_per_node_bytes"], s
+        if s["kind"] != "offload":
+            assert (
+                f"offloading to {s['cpu_per_node_bytes'] / 2**30:.0f} GiB of host RAM per node" in s["detail"]
+            )
+
+
+def test_offload_within_the_nodes_is_suggested_once(client: TestClient) -> None:
+    result = plan(
+        client,
+        {
+            "model": {"preset": "llama-3.1-8b"},
+            "cluster": {
+                "gpu": "l4-24gb",
+                "num_nodes": 1,
+                "gpus_per_node": 1,
+                "cpu_memory_bytes_per_node": 2**39,
+            },
+            "training": {"seq_len": 8192, "global_batch_size": 64},
+            "constraints": {"allow_offload": False},
+        },
+    )
+    assert [s["kind"] for s in result["suggestions"]].count("offload") == 1, result["suggestions"]
