@@ -7,8 +7,6 @@ between nodes": eight workstations, each on a network faster than the card's own
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from fastapi.testclient import TestClient
 
@@ -20,14 +18,7 @@ from service.recommender.suggest import (
     reference_network_bytes_per_s,
     reference_node_gpus,
 )
-
-
-def plan(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
-    response = client.post("/v1/plans", json=body)
-    assert response.status_code == 201, response.text
-    result: dict[str, Any] = response.json()
-    assert result["status"] == "infeasible"
-    return result
+from tests.api.test_suggestions_skipped import plan  # an infeasible plan's answer
 
 
 def test_one_workstation_card_grows_into_one_node_first(client: TestClient) -> None:
