@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from service.contracts.estimates import (
     CalibrationFactors,
@@ -124,6 +125,14 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
     )
 
 
+def gpu_count(layout: dict[str, Any]) -> int:
+    """GPUs a stored layout runs on (expert parallelism folds into the others)."""
+    count = 1
+    for axis in ("dp", "tp", "pp", "cp"):
+        count *= int(layout.get(axis) or 1)
+    return count
+
+
 # A log's card may report a little less than the catalog's (the driver's reserve: 79.1 GiB of an H100's
 # 80); more apart than this, it ran on another card.
 CAPACITY_TOLERANCE = 0.1
@@ -141,6 +150,12 @@ def another_job(run: RunRecord, plan: PlanRecord, capacity_bytes: int) -> tuple[
     batch = source.get("global_batch_size")
     if isinstance(batch, int) and batch != planned:
         reasons.append(f"its log trains global batch {batch}, the plan {planned}: another job's step")
+    recommended = PlanResult.read(plan.result).recommended
+    world = source.get("world_size")
+    if recommended is not None and isinstance(world, int):
+        gpus = gpu_count(recommended.layout)
+        if world != gpus:
+            reasons.append(f"its log ran on {world} GPUs, the plan's layout on {gpus}: another job's")
     oom = source.get("out_of_memory") or {}
     card = oom.get("capacity_bytes")
     if isinstance(card, int) and abs(card - capacity_bytes) > CAPACITY_TOLERANCE * capacity_bytes:

@@ -19,6 +19,7 @@ from service.persistence.repository import PlanRepository
 from service.planning.calibration import (
     calibration_for,
     calibration_out,
+    gpu_count,
     observation,
     observed,
     stored_traits,
@@ -111,14 +112,6 @@ def measurements(
         message = f"the figures read from the log are not a run this service stores ({problems})"
         raise Unprocessable(message, errors=[{"field": "log", "message": message}]) from exc
     return typed.model_dump(exclude={"log", "format"}), source
-
-
-def gpu_count(layout: dict[str, Any]) -> int:
-    """GPUs the plan's layout runs on (expert parallelism folds into the others)."""
-    count = 1
-    for axis in ("dp", "tp", "pp", "cp"):
-        count *= int(layout.get(axis) or 1)
-    return count
 
 
 def from_log(parsed: ParsedLog, *, seq_len: int, gpus: int) -> tuple[dict[str, Any], list[str]]:

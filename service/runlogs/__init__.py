@@ -57,6 +57,7 @@ class ParsedLog:
     mfu: Figure | None = None
     peak_memory: Figure | None = None
     global_batch_size: int | None = None
+    world_size: int | None = None  # GPUs the log says the run used (Megatron's "using world size")
     out_of_memory: OutOfMemory | None = None
     summary: dict[str, float] = field(default_factory=dict)
     warmup_readings_skipped: int = 0
@@ -85,6 +86,7 @@ class ParsedLog:
             "figures": [f.stored() for f in self.figures()],
             "memory_statistic": self.memory_statistic,
             "global_batch_size": self.global_batch_size,
+            "world_size": self.world_size,
             "summary": self.summary,
             "out_of_memory": self.out_of_memory.stored() if self.out_of_memory else None,
             "cut_lines": self.cut_lines,
@@ -121,8 +123,34 @@ def parse_log(text: str, log_format: str = "auto") -> ParsedLog:
     return parsed
 
 
+def _at_the_final_batch(readings: Readings) -> None:
+    """Only the steps at the run's final global batch: with Megatron's --rampup-batch-size the first
+    iterations train smaller batches (32, 64, 96 before 128), whose shorter steps were read as the
+    run's (runs review, stop 39: 11.8 s where the steady steps took 15.6)."""
+    batches = {r.step: r.value for r in readings.global_batch_size if r.step is not None}
+    if not batches:
+        return
+    final = readings.global_batch_size[-1].value
+    for series in (
+        readings.step_s,
+        readings.tokens_per_s_per_gpu,
+        readings.samples_per_s,
+        readings.tflops_per_gpu,
+    ):
+        other = [r for r in series if r.step is not None and batches.get(r.step, final) != final]
+        if other:
+            dropped = {id(r) for r in other}
+            series[:] = [r for r in series if id(r) not in dropped]
+            if series is readings.step_s:
+                readings.notes.append(
+                    f"{len(other)} step readings at another global batch than the final {final:g} "
+                    "(a batch ramp-up) skipped"
+                )
+
+
 def summarise(parsed: ParsedLog, readings: Readings) -> None:
     """Figures from the readings: medians of the steady steps, the peak of the most-loaded rank."""
+    _at_the_final_batch(readings)
     parsed.step_s = median_figure("step_s", "s", readings.step_s, "step-time")
     parsed.tokens_per_s_per_gpu = median_figure(
         "tokens_per_s_per_gpu", "tokens/s", readings.tokens_per_s_per_gpu, "tokens/s per GPU"
@@ -157,6 +185,8 @@ def summarise(parsed: ParsedLog, readings: Readings) -> None:
             )
     if readings.global_batch_size:
         parsed.global_batch_size = round(readings.global_batch_size[-1].value)
+    if readings.world_size:
+        parsed.world_size = round(readings.world_size[-1].value)
     series = (readings.step_s, readings.tokens_per_s_per_gpu, readings.samples_per_s)
     main = next((s for s in series if s), [])
     parsed.warmup_readings_skipped = len(steady(main)[1])

@@ -127,6 +127,7 @@ class Readings:
     mfu: list[Reading] = field(default_factory=list)
     memory: dict[MemoryStatistic, list[Reading]] = field(default_factory=dict)
     global_batch_size: list[Reading] = field(default_factory=list)
+    world_size: list[Reading] = field(default_factory=list)  # GPUs the run says it used
     # figures a framework states once for the whole run (HF Trainer's train metrics): used when
     # the log has no per-step reading of the same figure
     summary: dict[str, Reading] = field(default_factory=dict)

@@ -42,6 +42,8 @@ _MEG_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
 _MEG_ELAPSED = re.compile(rf"elapsed time per iteration \(ms\):\s*({NUMBER})\s*\|")
 _MEG_TFLOPS = re.compile(rf"throughput per GPU \(TFLOP/s/GPU\):\s*({NUMBER})\s*\|")
 _MEG_BATCH = re.compile(r"global batch size:\s*(\d+)\s*\|")
+# arguments.py validate_args: "using world size: 16, data-parallel size: 16, ..."
+_MEG_WORLD = re.compile(r"using world size: (\d+)")
 _MEG_MEMORY = re.compile(r"\(after (\d+) iterations\) memory \(MB\)")
 # the last field ends the line: a number cut there keeps its decimals only if it was not cut
 _MEG_FIELDS = {
@@ -73,6 +75,9 @@ def megatron(lines: Sequence[Line]) -> Readings:
             batch = _MEG_BATCH.search(text)
             if batch:
                 found.global_batch_size.append(Reading(float(batch.group(1)), line, step))
+            continue
+        if (world := _MEG_WORLD.search(text)) is not None:
+            found.world_size.append(Reading(float(world.group(1)), line))
             continue
         memory = _MEG_MEMORY.search(text)
         if memory:
@@ -184,8 +189,12 @@ _HF_MEMORY_KEYS = (
 )
 
 
-# transformers' Trainer._inner_training_loop logs "  Total optimization steps = 100" before the bar
+# transformers' Trainer._inner_training_loop logs "  Total optimization steps = 100" before the bar,
+# and "  Total train batch size (w. parallel, distributed & accumulation) = 128": the global batch
 _TOTAL_STEPS = re.compile(r"Total optimization steps = ([\d,]+)")
+_HF_TOTAL_BATCH = re.compile(
+    r"Total train batch size \(w\. parallel, distributed & accumulation\) = ([\d,]+)"
+)
 
 
 def _tqdm(lines: Sequence[Line], found: Readings) -> None:
@@ -233,6 +242,9 @@ def hf_trainer(lines: Sequence[Line]) -> Readings:
     in_metrics_block = False
     for line in lines:
         text = line.text
+        if (total := _HF_TOTAL_BATCH.search(text)) is not None:
+            found.global_batch_size.append(Reading(float(total.group(1).replace(",", "")), line))
+            continue
         if "***** train metrics *****" in text:
             in_metrics_block = True
             continue

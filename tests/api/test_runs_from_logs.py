@@ -246,3 +246,43 @@ def test_a_log_of_another_job_calibrates_nothing(client: TestClient) -> None:
     reasons = oom["diagnosis"]["implausible_reasons"]
     assert any("79.11 GiB, the plan's card 40 GiB" in r for r in reasons), reasons
     assert oom["calibration"]["memory_runs"] == 0 and oom["calibration"]["out_of_memory_runs"] == 0
+
+
+def test_a_ramp_up_is_skipped_and_a_world_or_batch_of_another_job_is_set_aside(client: TestClient) -> None:
+    """Megatron's --rampup-batch-size: steps at batch 32-96 before 128 were read as the run's (11.8 s
+    where it ran 15.6); "using world size: 16" on an 8-GPU plan, and the HF Trainer's "Total train
+    batch size ... = 128" on a batch-64 plan, calibrated as if they measured the plan (runs review)."""
+    body = plan_body()
+    body["launchers"] = []
+    body["training"] = {**body["training"], "global_batch_size": 128}
+    plan = create(client, body)
+    gpus_of_plan = gpus(plan)
+    step = plan["recommended"]["estimate"]["time"]["step_s"] * 1000
+
+    def iteration(i: int, batch: int, ms: float) -> str:
+        return (
+            f"[2025-03-14 10:00:{i:02d}] iteration {i:8d}/     500 | consumed samples: {batch * i:12d} | "
+            f"elapsed time per iteration (ms): {ms:.1f} | global batch size: {batch:5d} |"
+        )
+
+    ramp = [iteration(i, b, step * b / 128) for i, b in enumerate((32, 32, 64, 96, 128, 128, 128, 128), 1)]
+    run = post_log(client, plan["id"], "\n".join(ramp))
+    assert run["step_s"] == pytest.approx(step / 1000, rel=1e-3)
+    assert any("ramp-up" in n for n in run["source"]["notes"]), run["source"]["notes"]
+    world = f"using world size: {2 * gpus_of_plan}, data-parallel size: {2 * gpus_of_plan}"
+    moved = post_log(client, plan["id"], "\n".join([world, *ramp[4:]] * 1))
+    reasons = moved["diagnosis"]["implausible_reasons"]
+    assert any(f"ran on {2 * gpus_of_plan} GPUs" in r for r in reasons), reasons
+
+    hf = create(client, plan_body() | {"launchers": []})  # global batch 64
+    text = "\n".join(
+        [
+            "  Total train batch size (w. parallel, distributed & accumulation) = 128",
+            "  Total optimization steps = 100",
+            *(f" {i}%|##   | {i}/100 [01:00<03:00,  1.50s/it]" for i in range(5, 12)),
+        ]
+    )
+    stored = post_log(client, hf["id"], text, format="hf_trainer")
+    assert any("global batch 128" in r for r in stored["diagnosis"]["implausible_reasons"]), stored[
+        "diagnosis"
+    ]
