@@ -1087,6 +1087,19 @@ def clusters_delete(name_or_id: str, url: str | None) -> None:
     console.print(f"deleted cluster {cluster_id}")
 
 
+# A scheduler that retries a report would store the run twice, and calibration would count it twice:
+# the API's Idempotency-Key makes a retry replay the first.
+idempotency_option = click.option(
+    "--idempotency-key",
+    default=None,
+    help="the API's Idempotency-Key: a retry with the same key stores the run once",
+)
+
+
+def _keyed(key: str | None) -> dict[str, str]:
+    return {"Idempotency-Key": key} if key else {}
+
+
 @main.group()
 def runs() -> None:
     """Observed runs of a plan: they calibrate later estimates on the same hardware."""
@@ -1107,6 +1120,7 @@ def runs() -> None:
 )
 @click.option("--oom", is_flag=True, help="the run ran out of memory")
 @click.option("--notes", default="")
+@idempotency_option
 @url_option
 @json_option
 def runs_add(
@@ -1117,9 +1131,15 @@ def runs_add(
     memory_statistic: str | None,
     oom: bool,
     notes: str,
+    idempotency_key: str | None,
     url: str | None,
     as_json: bool,
 ) -> None:
+    # what the API would refuse as contradicting is a usage error here (exit 64), as for other flags
+    if step_s is not None and tokens_per_s is not None:
+        raise Usage("give --step-s or --tokens-per-s, not both (one is the other over the step's tokens)")
+    if memory_statistic is not None and peak_gib is None:
+        raise Usage("--memory-statistic says which statistic --peak-gib is: give --peak-gib")
     body: dict[str, Any] = {"out_of_memory": oom, "notes": notes}
     if step_s is not None:
         body["step_s"] = step_s
@@ -1129,7 +1149,7 @@ def runs_add(
         body["peak_memory_bytes_per_gpu"] = int(peak_gib * GIB)
     if memory_statistic is not None:
         body["memory_statistic"] = memory_statistic
-    run = Api(url).call("POST", f"/v1/plans/{plan_id}/runs", json=body)
+    run = Api(url).call("POST", f"/v1/plans/{plan_id}/runs", json=body, headers=_keyed(idempotency_key))
     emit(run, as_json)
     if not as_json:
         console.print(f"stored run {run['id']} of plan {plan_id}")
@@ -1175,16 +1195,25 @@ def log_excerpt(text: str) -> tuple[str, bool]:
     help="the framework that printed the log",
 )
 @click.option("--notes", default="", help="kept with the run")
+@idempotency_option
 @url_option
 @json_option
-def report(plan_id: str, logfile: Any, log_format: str, notes: str, url: str | None, as_json: bool) -> None:
+def report(
+    plan_id: str,
+    logfile: Any,
+    log_format: str,
+    notes: str,
+    idempotency_key: str | None,
+    url: str | None,
+    as_json: bool,
+) -> None:
     """Post a training log (LOGFILE, or - for stdin) as a run of PLAN_ID: prints what was read
     from which lines, and the diagnosis."""
     text, cut = log_excerpt(logfile.read())
     if not text.strip():
         raise Usage(f"{logfile.name}: the log is empty")
     body: dict[str, Any] = {"log": text, "format": log_format, "notes": notes}
-    run = Api(url).call("POST", f"/v1/plans/{plan_id}/runs", json=body)
+    run = Api(url).call("POST", f"/v1/plans/{plan_id}/runs", json=body, headers=_keyed(idempotency_key))
     emit(run, as_json)
     if as_json:
         return

@@ -486,7 +486,7 @@ def test_runs_add_says_which_statistic_its_peak_is(database: str) -> None:
     refused = CliRunner().invoke(
         main, ["runs", "add", plan["id"], "--step-s", "1", "--memory-statistic", "reserved"]
     )
-    assert refused.exit_code == 1 and "memory_statistic" in refused.output
+    assert refused.exit_code == 64 and "--memory-statistic" in refused.output  # flags that contradict
     unknown = CliRunner().invoke(main, ["runs", "add", plan["id"], *peak, "--memory-statistic", "peak"])
     assert unknown.exit_code == 64 and "device_used" in unknown.output  # EX_USAGE, as every usage error
 
@@ -591,3 +591,20 @@ def test_capacity_of_stored_clusters_by_name(database: str) -> None:
     assert unknown.exit_code == 1 and "--cluster-id 'nope'" in words(unknown.output)
     both = CliRunner().invoke(main, [*args, "--max-nodes", "2", "--json"])
     assert both.exit_code == 1 and "max_nodes" in words(both.output)
+
+
+def test_a_retried_report_is_stored_once_and_contradicting_run_flags_are_usage_errors(database: str) -> None:
+    """A scheduler retrying `trainplan report` stored the run twice and calibration counted it twice;
+    --step-s with --tokens-per-s, or --memory-statistic without --peak-gib, exited 1 with the API's
+    422 where the README promises 64 for flags that contradict (runs review, stop 39)."""
+    planned = run(
+        "plan", "--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "64", "--json"
+    )
+    plan_id = json.loads(planned.output)["id"]
+    log = str(RUN_LOGS / "megatron.log")
+    first = json.loads(run("report", plan_id, log, "--idempotency-key", "job-7", "--json").output)
+    again = json.loads(run("report", plan_id, log, "--idempotency-key", "job-7", "--json").output)
+    assert again["id"] == first["id"]  # the retry replays the stored run (Idempotency-Key)
+    for flags in (["--step-s", "5", "--tokens-per-s", "1000"], ["--memory-statistic", "allocated"]):
+        refused = CliRunner().invoke(main, ["runs", "add", plan_id, *flags])
+        assert refused.exit_code == 64, refused.output
