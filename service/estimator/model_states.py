@@ -396,12 +396,30 @@ def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout, rp
     return total / layout.tp
 
 
+# Families whose routed experts bitsandbytes quantizes though they are fused parameters
+# (transformers quantizers/base.py MODULES_TO_PATCH_FOR_QUANTIZATION: Llama 4's experts only).
+_QUANTIZED_FUSED_EXPERTS = frozenset({"llama4"})
+
+
+def fused_experts(model: ModelSpec, layout: Layout) -> bool:
+    """Whether the routed experts are the fused parameters Hugging Face's model holds: transformers 5
+    (the pinned 5.24) keeps each MoE layer's experts as 3-D nn.Parameters (MixtralExperts.gate_up_proj,
+    down_proj; the Qwen MoE, DeepSeek and GPT-OSS experts likewise), where from_pretrained builds the
+    model, as every PEFT plan but DeepSpeed's expert-parallel one does (ep 1: its MoE layers are
+    deepspeed.moe.layer.MoE over expert modules the script builds). peft's target_modules match
+    modules, so no adapter reaches them; bitsandbytes replaces nn.Linear only, so they stay in the
+    compute dtype under QLoRA (fine-tuning review, stop 39: a DeepSeek-V2-Lite QLoRA plan counted
+    14.4B NF4 expert parameters that load at 26.8 GiB of bf16)."""
+    return model.moe is not None and layout.ep == 1
+
+
 def lora_expert_parameters(
     model: ModelSpec, training: TrainingSpec, layout: Layout, rp: RankParameters
 ) -> float:
     """Of ``lora_parameters``, the adapters of the local routed experts (E/ep per MoE layer): they
-    live in the expert modules, so ZeRO/FSDP shard them with the experts, over expert-DP."""
-    if model.moe is None:
+    live in the expert modules, so ZeRO/FSDP shard them with the experts, over expert-DP. None where
+    the experts are fused parameters (``fused_experts``)."""
+    if model.moe is None or fused_experts(model, layout):
         return 0.0
     targets = _lora_mlp_targets(model, training)
     per_layer = (
@@ -431,10 +449,14 @@ def _lora_mlp_targets(model: ModelSpec, training: TrainingSpec) -> list[str]:
 
 def _lora_expert_parameters(model: ModelSpec, moe: MoESpec, training: TrainingSpec, layout: Layout) -> float:
     # MLP targets on an MoE layer adapt every local routed expert (E/ep of them, width f_e) instead
-    # of the dense MLP (width f): the difference per MoE layer.
+    # of the dense MLP (width f): the difference per MoE layer. Fused experts (``fused_experts``) take
+    # none: the layer's MLP adapters are its shared experts' (nn.Linear modules) alone.
     mlp_targets = _lora_mlp_targets(model, training)
     h = model.hidden_size
     dense = len(mlp_targets) * (h + model.ffn_hidden_size) * training.lora_rank
+    if fused_experts(model, layout):
+        shared = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
+        return (len(mlp_targets) * (h + shared) * training.lora_rank if shared else 0.0) - dense
     experts = (
         moe.num_experts / layout.ep * len(mlp_targets) * (h + moe.expert_ffn_hidden_size) * training.lora_rank
     )
@@ -567,7 +589,11 @@ def _state_groups(
         (adapters - expert_adapters, rp.dense, dense_frozen / rp.dense if rp.dense else 0.0, dense_shard)
     ]
     if rp.expert:
-        groups.append((expert_adapters, rp.expert, linear_bytes, expert_shard))
+        # fused experts stay in the compute dtype under QLoRA (``fused_experts``): bitsandbytes
+        # quantizes nn.Linear modules, and only Llama 4's fused experts are patched to be
+        fused = fused_experts(model, layout) and model.family not in _QUANTIZED_FUSED_EXPERTS
+        expert_bytes = other_bytes if training.method is Method.QLORA and fused else linear_bytes
+        groups.append((expert_adapters, rp.expert, expert_bytes, expert_shard))
     return groups
 
 
