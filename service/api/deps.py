@@ -111,6 +111,7 @@ def get_session(request: Request, principal: PrincipalDep) -> Iterator[Session]:
             raise
 
 
+@contextlib.asynccontextmanager
 async def _slot(request: Request, slots: anyio.Semaphore, what: str) -> AsyncIterator[Deadline]:
     """One of ``slots``: waits up to ``planning_queue_wait_s`` for one, else 503 with Retry-After.
     It waits in the event loop, holding no worker thread: a burst of waiting plans once held the 40
@@ -133,14 +134,14 @@ async def _slot(request: Request, slots: anyio.Semaphore, what: str) -> AsyncIte
 
 async def planning_slot(request: Request) -> AsyncIterator[Deadline]:
     """A slot for a search (plans, capacity): CPU-heavy, each its seconds of work."""
-    async for deadline in _slot(request, request.app.state.planning_slots, "planning"):
+    async with _slot(request, request.app.state.planning_slots, "planning") as deadline:
         yield deadline
 
 
 async def estimate_slot(request: Request) -> AsyncIterator[Deadline]:
     """A slot for an estimate (milliseconds of work): its own, so that estimates do not queue behind
     a burst of searches."""
-    async for deadline in _slot(request, request.app.state.estimate_slots, "estimate"):
+    async with _slot(request, request.app.state.estimate_slots, "estimate") as deadline:
         yield deadline
 
 

@@ -50,3 +50,16 @@ def test_full_planning_slots_are_a_503_and_health_still_answers(tmp_path: Path) 
                 for _ in range(2):
                     portal.call(slots.release)
         assert client.post("/v1/estimates", json=ESTIMATE).status_code == 200
+
+
+def test_a_slot_is_free_again_as_soon_as_its_request_answers(tmp_path: Path) -> None:
+    """One slot of each kind and almost no wait: back-to-back requests each find it free (the slot is
+    released when the answer is sent, not when a generator is collected)."""
+    url = f"sqlite:///{tmp_path / 'slots.db'}"
+    command.upgrade(alembic_config(url), "head")
+    settings = Settings(database_url=url, max_concurrent_planning=1, planning_queue_wait_s=0.05)
+    plan = {"model": {"preset": "gpt2"}, "cluster": ESTIMATE["cluster"], "training": ESTIMATE["training"]}
+    with TestClient(create_app(settings)) as client:
+        for _ in range(10):
+            assert client.post("/v1/estimates", json=ESTIMATE).status_code == 200
+            assert client.post("/v1/plans", json=plan).status_code == 201
