@@ -40,6 +40,7 @@ from service.launchers.common import (
     accumulation,
     comment_lines,
     fsdp_reduce_duty,
+    full_logits_refusal,
     gradient_checkpointing_duty,
     hf_decoder_layer,
     layout_summary,
@@ -72,6 +73,8 @@ def refusal(plan: Plan) -> Refusal:
     """Why Accelerate cannot run the plan as estimated, or None."""
     if (world := world_refusal(plan)) is not None:
         return world
+    if (logits := full_logits_refusal(plan)) is not None:
+        return logits
     lo = plan.layout
     if lo.framework is Framework.MEGATRON and (job := megatron.job_refusal(plan.model, plan.training)):
         return job  # before the plugin's own limits: the plugin trains Megatron-LM's GPT model

@@ -179,6 +179,14 @@ def world_refusal(plan: Plan) -> Refusal:
     return None
 
 
+def full_logits_refusal(plan: Plan) -> Refusal:
+    """A target that computes the whole vocabulary's logits (the model's own loss: Hugging Face's,
+    Megatron-LM's) cannot run a layout estimated with a chunked loss, which keeps none of them."""
+    if plan.layout.chunked_loss:
+        return "chunked_loss: the loss computes the full logits here (no chunked loss is emitted)"
+    return None
+
+
 def layout_summary(plan: Plan) -> str:
     """One line naming every layout choice, for a comment or annotation in the artifact."""
     lo, cl = plan.layout, plan.cluster

@@ -29,6 +29,7 @@ from service.launchers.common import (
     Unsupported,
     Word,
     accumulation,
+    full_logits_refusal,
     gradient_checkpointing_duty,
     peft_artifacts,
     peft_header,
@@ -88,6 +89,8 @@ def refusal(plan: Plan) -> Refusal:
         return world
     if Target.DEEPSPEED not in FRAMEWORKS[lo.framework].targets:
         return f"the layout is for {lo.framework}, not DeepSpeed"
+    if (logits := full_logits_refusal(plan)) is not None:
+        return logits
     if (structural := structure_refusal(lo.tp, lo.pp, lo.cp)) is not None:
         return f"tp={lo.tp} pp={lo.pp} cp={lo.cp}: {structural}"
     if lo.pp > 1 and lo.zero_stage >= 2:

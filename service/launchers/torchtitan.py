@@ -118,6 +118,13 @@ def expert_tensor_problem(tp: int, ep: int) -> str | None:
     return None
 
 
+# Every config rendered here trains with ChunkedLossWrapper (config_registry.py; components/loss.py:
+# lm_head and the loss per num_chunks-th of the sequence, default 8). A chunked loss as estimated is
+# its 8 chunks; the estimate's full logits are one chunk (--loss.num_chunks 1: lm_head and the loss
+# over the whole sequence at once), not the 8 the config would otherwise train with.
+CHUNKS = 8
+
+
 # models/llama3/__init__.py: every llama3 flavor is ComplexRoPE(theta=500000, scaling="llama"),
 # models/common/rope.py's scaling_factor 8 with Llama 3.1's low/high frequency factors 1 and 4 over
 # the original 8192 positions: Llama 3.1's RoPE, which Llama 3 (no rope_scaling) does not have.
@@ -185,6 +192,10 @@ def refusal(plan: Plan) -> Refusal:
     if (unbuilt := _model_problem(plan.model)) is not None:
         return unbuilt
     problems = _training_problems(plan.training)
+    if lo.chunked_loss and plan.training.seq_len % CHUNKS:
+        problems.append(
+            f"seq_len {plan.training.seq_len}: ChunkedLossWrapper splits it into {CHUNKS} equal chunks"
+        )
     if lo.zero_stage == 1:
         problems.append("FSDP has no optimizer-state-only sharding (ZeRO-1)")
     if (experts := expert_tensor_problem(lo.tp, lo.ep)) is not None:
@@ -304,6 +315,8 @@ def train_args(plan: Plan) -> list[str]:
         "--training.seq_len", str(training.seq_len),
         "--training.steps", str(train_steps(plan)),
         "--training.max_norm", "1.0",
+        # the loss as estimated: CHUNKS chunks where it is chunked, else one (the full logits)
+        "--loss.num_chunks", str(CHUNKS if lo.chunked_loss else 1),
     ]  # fmt: skip
     if training.optimizer is Optimizer.ADAMW:
         # the step the estimate assumes (OptimizerImplementation; "fused" is torchtitan's default)

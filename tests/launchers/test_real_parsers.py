@@ -235,6 +235,8 @@ def test_torchtitan_config_manager_and_parallel_dims() -> None:
     for name, plan, _ in rendered(Target.TORCHTITAN):
         config = ConfigManager().parse_args(torchtitan.train_args(plan))
         par, training = config.parallelism, config.training
+        # the loss as estimated: ChunkedLossWrapper's chunks, one where the estimate has full logits
+        assert config.loss.num_chunks == (torchtitan.CHUNKS if plan.layout.chunked_loss else 1), name
         dims = ParallelDims(
             dp_replicate=par.data_parallel_replicate_degree,
             dp_shard=par.data_parallel_shard_degree,

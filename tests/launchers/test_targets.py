@@ -688,3 +688,20 @@ def test_qlora_computes_in_the_trainings_16_bit_dtype() -> None:
         (bnb,) = [a for a in hf_trainer.render(chosen) if a.name == "bnb_config.json"]
         config = json.loads(bnb.content)
         assert (config["bnb_4bit_compute_dtype"], config["bnb_4bit_quant_storage"]) == (dtype, dtype)
+
+
+def test_the_loss_runs_as_estimated_chunked_or_whole() -> None:
+    """torchtitan 0.3.0's configs train with ChunkedLossWrapper (8 chunks: no full logits) while plans
+    were estimated with the full logits, about 7 GiB more on Llama 3 8B (consistency review, stop 39):
+    the file says the chunks the estimate has, one for the full logits; the other targets compute the
+    full logits and refuse a chunked estimate."""
+    whole = plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3)
+    args = torchtitan.train_args(whole)
+    assert args[args.index("--loss.num_chunks") + 1] == "1"
+    chunked = plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3, chunked_loss=True)
+    args = torchtitan.train_args(chunked)
+    assert args[args.index("--loss.num_chunks") + 1] == "8"
+    for refusal in (accelerate.refusal, hf_trainer.refusal):
+        assert "chunked_loss" in str(refusal(chunked))
+    assert "chunked_loss" in str(deepspeed.refusal(plan(framework=Framework.DEEPSPEED, chunked_loss=True)))
+    assert "chunked_loss" in str(megatron.refusal(plan(framework=Framework.MEGATRON, chunked_loss=True)))
