@@ -99,11 +99,6 @@ def measurements(
     figures, conversions = from_log(parsed, seq_len=training.seq_len, gpus=gpus)
     source = parsed.stored()
     source["conversions"] = conversions
-    if parsed.global_batch_size is not None and parsed.global_batch_size != training.global_batch_size:
-        source["notes"].append(
-            f"the log's global batch size is {parsed.global_batch_size}, the plan's "
-            f"{training.global_batch_size}: its step time is another job's"
-        )
     keep = {"framework_version": run.framework_version, "notes": run.notes}
     try:
         typed = RunIn.model_validate({**figures, **keep})

@@ -243,3 +243,20 @@ def test_megatron_refuses_peft_so_no_frozen_base_to_compare(layout: Layout) -> N
     mixtral = preset("mixtral-8x7b").spec
     lora = TrainingSpec(seq_len=2048, global_batch_size=layout.dp, method=Method.LORA)
     assert not _valid(mixtral, gpu_cluster(H100, 8, 50e9), layout, lora)
+
+
+def test_moe_lora_adapts_the_shared_experts_and_not_the_fused_routed_ones() -> None:
+    """transformers 5 keeps a MoE layer's routed experts as fused parameters, which target_modules do
+    not reach (model_states.fused_experts): DeepSeek-V2-Lite's MLP adapters are its first, dense
+    layer's and each MoE layer's shared expert's (one of width 2816), not its 64 routed experts'."""
+    spec = preset("deepseek-v2-lite").spec
+    h, f, shared = spec.hidden_size, spec.ffn_hidden_size, spec.moe.shared_expert_ffn_hidden_size  # type: ignore[union-attr]
+    training = TrainingSpec(
+        seq_len=4096, global_batch_size=8, method=Method.LORA, lora_rank=8,
+        lora_targets=("gate_proj", "up_proj", "down_proj"),
+    )  # fmt: skip
+    layout = Layout(framework=Framework.DEEPSPEED, zero_stage=0)
+    rp = rank_parameters_of(make_job(spec, gpu_cluster(H100, 1, 50e9), training), layout, 0)
+    # gate and up h -> f, down f -> h: h + f each; 1 dense layer, 26 MoE layers with the shared expert
+    expected = 8 * (1 * 3 * (h + f) + 26 * 3 * (h + shared))
+    assert lora_parameters(spec, training, layout, rp) == pytest.approx(expected)
