@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from service.estimator.types import Framework, ModelSpec, Plan, TrainingSpec
+from service.estimator.types import Framework, GPUSpec, ModelSpec, Plan, TrainingSpec
 from service.estimator.validate import encoder_split_problem
 from service.frameworks import FRAMEWORKS
 from service.launchers import accelerate, deepspeed, hf_trainer, job, kubernetes, megatron, slurm, torchtitan
@@ -56,13 +56,17 @@ REFUSALS: dict[Target, Callable[[Plan], Refusal]] = {
 }
 
 
-def framework_job_refusal(framework: Framework, model: ModelSpec, training: TrainingSpec) -> Refusal:
-    """Why no target runs any layout of ``framework`` for this model and training, or None: every
-    target that runs Megatron-LM (megatron, Accelerate's plugin, and Slurm / Kubernetes wrapping the
-    megatron entry point) refuses what ``megatron.job_refusal`` names, whatever the layout. The
-    search leaves such a framework out before evaluating any of its layouts."""
+def framework_job_refusal(
+    framework: Framework, model: ModelSpec, training: TrainingSpec, gpu: GPUSpec
+) -> Refusal:
+    """Why no target runs any layout of ``framework`` for this model and training on this GPU, or
+    None: every target that runs Megatron-LM (megatron, Accelerate's plugin, and Slurm / Kubernetes
+    wrapping the megatron entry point) refuses what ``megatron.job_refusal`` and
+    ``megatron.hardware_refusal`` name, whatever the layout. The search leaves such a framework out
+    before evaluating any of its layouts (on a V100 it timed thousands of Megatron layouts, each
+    then refused by every launcher)."""
     if framework is Framework.MEGATRON:
-        return megatron.job_refusal(model, training)
+        return megatron.hardware_refusal(gpu) or megatron.job_refusal(model, training)
     return None
 
 

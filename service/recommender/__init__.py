@@ -1032,7 +1032,7 @@ def _search_counts(
             field="constraints.torch_compile",
             rule="torch_compile",
         )
-    launchable = _launchable_frameworks(model, training, constraints, result)
+    launchable = _launchable_frameworks(model, cluster.gpu, training, constraints, result)
     if launchable is None:
         return  # no requested framework runs this model: nothing to search, the log says why
     constraints = launchable
@@ -1085,18 +1085,18 @@ def _search_counts(
 
 
 def _launchable_frameworks(
-    model: ModelSpec, training: TrainingSpec, constraints: Constraints, result: SearchResult
+    model: ModelSpec, gpu: GPUSpec, training: TrainingSpec, constraints: Constraints, result: SearchResult
 ) -> Constraints | None:
     """``constraints`` without the frameworks no requested target runs, or no target runs for this
     model and training whatever the layout (``launchers.framework_job_refusal``: Megatron-LM's GPT
-    model is not Llama 4, Gemma 2 or GPT-OSS, nor trained in TF32), each logged once: their layouts
+    model is not Llama 4, Gemma 2 or GPT-OSS, nor trained in TF32, nor on a GPU before Ampere), each logged once: their layouts
     would be evaluated, then refused one by one by every launcher (for a large MoE model, most of a
     search's evaluations). None when none is left."""
     kept = []
     requested = constraints.launchers
     for framework in constraints.frameworks:
         targets = FRAMEWORKS[framework].targets
-        reason = framework_job_refusal(framework, model, training)
+        reason = framework_job_refusal(framework, model, training, gpu)
         if requested is not None and not set(targets) & set(requested):
             # none of the requested launchers runs the framework at all: its layouts were built,
             # evaluated and refused one by one ("none of the requested launchers runs this framework")
@@ -1106,7 +1106,7 @@ def _launchable_frameworks(
         elif reason is None:
             kept.append(framework)
         else:
-            what = f"no launcher runs {framework.value} for this model and training"
+            what = f"no launcher runs {framework.value} for this model, training and GPU"
             result.log.add(what, 1, Layout(framework=framework), reason)
     if len(kept) == len(constraints.frameworks):
         return constraints

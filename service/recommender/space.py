@@ -40,6 +40,7 @@ from service.estimator.memory import (
 )
 from service.estimator.types import (
     ClusterSpec,
+    GPUSpec,
     Compile,
     Framework,
     Layout,
@@ -213,14 +214,18 @@ def largest_world(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
 
 
 def requested_runnable(
-    framework: Framework, model: ModelSpec, training: TrainingSpec, launchers: Sequence[Target] | None
+    framework: Framework,
+    model: ModelSpec,
+    training: TrainingSpec,
+    launchers: Sequence[Target] | None,
+    gpu: GPUSpec,
 ) -> bool:
-    """Whether a requested launcher (None: any) runs some layout of ``framework`` for this job: one
-    of them runs the framework, and no target refuses the job whatever the layout
+    """Whether a requested launcher (None: any) runs some layout of ``framework`` for this job on
+    ``gpu``: one of them runs the framework, and no target refuses the job whatever the layout
     (``launchers.framework_job_refusal``)."""
     if launchers is not None and not set(FRAMEWORKS[framework].targets) & set(launchers):
         return False
-    return framework_job_refusal(framework, model, training) is None
+    return framework_job_refusal(framework, model, training, gpu) is None
 
 
 def largest_runnable_world(
@@ -234,7 +239,7 @@ def largest_runnable_world(
     the job runs data parallel alone (``launchers.data_parallel_only``: tp = pp = cp = ep = 1, so
     the GPUs are dp, which divides the global batch): past it no layout a requested launcher runs
     exists. (None of ``frameworks`` runnable: ``largest_world``, the search says why.)"""
-    runnable = [f for f in frameworks if requested_runnable(f, model, training, launchers)]
+    runnable = [f for f in frameworks if requested_runnable(f, model, training, launchers, cluster.gpu)]
     if runnable and all(data_parallel_only(f, model, launchers) for f in runnable):
         return min(training.global_batch_size, largest_world(model, cluster, training))
     return largest_world(model, cluster, training)
@@ -471,7 +476,7 @@ def least_bytes_per_gpu(
     switches = megatron_lm_switches(launchers, training.precision)
     found: LeastBytes | None = None
     for framework in frameworks:
-        if not requested_runnable(framework, model, training, launchers):
+        if not requested_runnable(framework, model, training, launchers, job.cluster.gpu):
             continue  # the search leaves it out
         state_bytes = min_state_bytes_per_gpu(job, framework, gpus) if states else 0
         dynamic, example = 0, Layout(framework=framework, dp=gpus)

@@ -17,14 +17,17 @@ from tests.launchers.grid import grid
 from tests.recommender import helpers
 
 TRAINING = TrainingSpec(seq_len=4096, global_batch_size=256)
-REFUSED = [name for name in models() if framework_job_refusal(Framework.MEGATRON, model(name).spec, TRAINING)]
+H100 = helpers.cluster("h100-sxm-80gb").gpu
+REFUSED = [
+    name for name in models() if framework_job_refusal(Framework.MEGATRON, model(name).spec, TRAINING, H100)
+]
 
 
 def test_every_megatron_target_refuses_every_layout_of_a_refused_model() -> None:
     assert {"llama-4-scout-17b-16e", "gemma-2-9b", "gpt-oss-120b"} <= set(REFUSED)
-    assert framework_job_refusal(Framework.MEGATRON, model("llama-3.1-8b").spec, TRAINING) is None
+    assert framework_job_refusal(Framework.MEGATRON, model("llama-3.1-8b").spec, TRAINING, H100) is None
     assert all(
-        framework_job_refusal(f, model(n).spec, TRAINING) is None
+        framework_job_refusal(f, model(n).spec, TRAINING, H100) is None
         for n in REFUSED
         for f in Framework
         if f is not Framework.MEGATRON
@@ -42,7 +45,7 @@ def test_every_megatron_target_refuses_every_layout_of_a_refused_model() -> None
     ]
     assert len(plans) > 20
     tf32 = TrainingSpec(seq_len=4096, global_batch_size=256, precision=Precision.TF32)
-    assert framework_job_refusal(Framework.MEGATRON, model("llama-3.1-8b").spec, tf32) is not None
+    assert framework_job_refusal(Framework.MEGATRON, model("llama-3.1-8b").spec, tf32, H100) is not None
     for name in [*REFUSED, "llama-3.1-8b"]:
         spec = model(name).spec
         for plan in plans:
@@ -67,7 +70,7 @@ def test_the_search_leaves_the_framework_out_and_answers_as_without_it() -> None
         default_tuning(),
         (16,),
     )
-    reason = "no launcher runs megatron for this model and training"
+    reason = "no launcher runs megatron for this model, training and GPU"
     assert every.log.groups[reason].count == 1 and reason not in without.log.groups
     assert "chunked attention" in every.log.groups[reason].detail
     assert [(s.layout, s.key) for s in every.ranked()] == [(s.layout, s.key) for s in without.ranked()]
@@ -139,3 +142,40 @@ def test_every_fsdp_target_refuses_pipeline_and_expert_splits_torchtitan_cannot_
     plain = TrainingSpec(seq_len=4096, global_batch_size=256)
     assert framework_structure_refusal(Framework.FSDP, qwen, plain, 1, 1, 1, 8) is None  # torchtitan's EP
     assert framework_structure_refusal(Framework.FSDP, mixtral, plain, 2, 1, 2, 1) is None  # FSDP2 TP + CP
+
+
+def test_megatron_is_left_out_on_a_gpu_before_ampere_and_every_target_refuses_it_there() -> None:
+    """Transformer Engine needs Ampere (``megatron.hardware_refusal``): on a V100 every Megatron
+    target refuses every layout, so the search leaves the framework out before timing any (a
+    DeepSeek-V3 capacity request timed thousands of Megatron layouts on V100, each then refused)."""
+    v100 = helpers.cluster("v100-sxm2-16gb", nodes=2)
+    spec = model("llama-3.1-8b").spec
+    assert framework_job_refusal(Framework.MEGATRON, spec, TRAINING, v100.gpu) is not None
+    assert all(
+        framework_job_refusal(f, spec, TRAINING, v100.gpu) is None
+        for f in Framework
+        if f is not Framework.MEGATRON
+    )
+    megatron = [plan for _, plan in grid() if plan.layout.framework is Framework.MEGATRON]
+    for plan in megatron:
+        on_v100 = dataclasses.replace(
+            plan, model=spec, cluster=dataclasses.replace(plan.cluster, gpu=v100.gpu)
+        )
+        for target in FRAMEWORKS[Framework.MEGATRON].targets:
+            assert REFUSALS[target](on_v100) is not None, target
+    training = TrainingSpec(seq_len=2048, global_batch_size=64, precision=Precision.FP16)
+    every = search(spec, v100, training, Constraints(), default_tuning(), (16,))
+    without = search(
+        spec,
+        v100,
+        training,
+        Constraints(frameworks=(Framework.DEEPSPEED, Framework.FSDP)),
+        default_tuning(),
+        (16,),
+    )
+    reason = "no launcher runs megatron for this model, training and GPU"
+    assert every.log.groups[reason].count == 1 and "Ampere" in every.log.groups[reason].detail
+    counts = {what: g.count for what, g in every.log.groups.items() if what != reason}
+    assert counts == {what: g.count for what, g in without.log.groups.items()}
+    assert [(s.layout, s.key) for s in every.ranked()] == [(s.layout, s.key) for s in without.ranked()]
+    assert every.memory_evaluations == without.memory_evaluations
