@@ -576,6 +576,26 @@ def layer_activations(job: Job, layout: Layout) -> LayerActivations:
     )
 
 
+def torch_ring_buffer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """The transient bytes PyTorch's ring attention holds during one layer's backward, beyond the
+    layer's activations: FSDP with cp > 1 runs torch's context_parallel (torchtitan; Accelerate's
+    parallelism_config), whose 'allgather' rotate method (both tools' default) all-gathers the whole
+    sequence's K and V into one buffer kept for the attention call (torch/distributed/tensor/
+    experimental/_attention.py ``_AllGatherRotater``: ``all_gather_tensor`` of the concatenated K, V),
+    again in the backward, with K and V repeated to every query head before SDPA (torchtitan's and
+    Hugging Face's ``repeat_kv``); the backward adds fp32 accumulators of dq, dk and dv and the fp32
+    dk, dv in flight to the next rank (``_templated_ring_attention_backward``, ``convert_to_f32``).
+    The gathered K and V do not shrink with cp: cp x the local ones. 0 for every other layout."""
+    if layout.framework is not Framework.FSDP or layout.cp == 1:
+        return 0.0
+    tokens = local_tokens(layout, training) / layout.tp
+    element = element_bytes(training.precision)
+    kv_local = tokens * (model.q_size + model.v_size) * element
+    gathered = layout.cp * kv_local
+    accumulators = FP32_BYTES * tokens * model.q_size + 2 * kv_local * FP32_BYTES / element
+    return gathered + accumulators
+
+
 def micro_batches_in_flight(layout: Layout, rank: int, micro_batches: int) -> float:
     """Micro-batches whose activations pipeline rank ``rank`` holds at its peak.
 

@@ -495,10 +495,14 @@ def activation_split(
 @layout_memo("framework", "pp", "tp", "sequence_parallel", "cp", "micro_batch_size", "chunked_loss",
              "torch_compile")  # fmt: skip
 def activation_buffer_bytes(job: Job, layout: Layout) -> tuple[float, float]:
-    """The activation-sized buffers of (every rank, the last rank): pipeline receive buffers and
-    QLoRA dequantisation, and those + the loss workspace."""
+    """The activation-sized buffers of (every rank, the last rank): pipeline receive buffers, QLoRA
+    dequantisation and PyTorch's ring attention buffers, and those + the loss workspace."""
     model, training = job.model, job.training
-    buffers = pipeline_buffer_bytes(model, layout, training) + dequantize_bytes(model, layout, training)
+    buffers = (
+        pipeline_buffer_bytes(model, layout, training)
+        + dequantize_bytes(model, layout, training)
+        + activations.torch_ring_buffer_bytes(model, layout, training)
+    )
     return buffers, buffers + activations.loss_workspace_bytes(model, layout, training)
 
 

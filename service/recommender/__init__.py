@@ -1088,10 +1088,10 @@ def _launchable_frameworks(
     model: ModelSpec, gpu: GPUSpec, training: TrainingSpec, constraints: Constraints, result: SearchResult
 ) -> Constraints | None:
     """``constraints`` without the frameworks no requested target runs, or no target runs for this
-    model and training whatever the layout (``launchers.framework_job_refusal``: Megatron-LM's GPT
-    model is not Llama 4, Gemma 2 or GPT-OSS, nor trained in TF32, nor on a GPU before Ampere), each logged once: their layouts
-    would be evaluated, then refused one by one by every launcher (for a large MoE model, most of a
-    search's evaluations). None when none is left."""
+    model and training on this GPU whatever the layout (``launchers.framework_job_refusal``:
+    Megatron-LM's GPT model is not Llama 4, Gemma 2 or GPT-OSS, nor trained in TF32, nor on a GPU
+    before Ampere), each logged once: their layouts would be evaluated, then refused one by one by
+    every launcher (for a large MoE model, most of a search's evaluations). None when none is left."""
     kept = []
     requested = constraints.launchers
     for framework in constraints.frameworks:

@@ -40,9 +40,9 @@ from service.estimator.memory import (
 )
 from service.estimator.types import (
     ClusterSpec,
-    GPUSpec,
     Compile,
     Framework,
+    GPUSpec,
     Layout,
     Method,
     ModelSpec,

@@ -14,6 +14,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator import comm, step_time
 from service.estimator.defaults import for_gpu
 from service.estimator.estimate import estimate
+from service.estimator.evaluate import memory_fits
 from service.estimator.job import Job, prepare
 from service.estimator.types import Attention, Framework, Layout, Method, Precision, Recompute, TrainingSpec
 from validation.cases import H100, gpt, gpu_cluster
@@ -126,3 +127,48 @@ def test_a_slower_gemm_never_shortens_the_step(preset: str) -> None:
         assert found is not None
         steps.append(found.step_s)
     assert steps[1] >= steps[0]
+
+
+def test_the_gathered_kv_and_fp32_gradients_are_in_the_buffers_by_hand() -> None:
+    """The 'allgather' rotate method keeps the whole sequence's K and V (every query head's copy)
+    for the attention call, and the backward adds fp32 dq, dk, dv and the dk, dv in flight: at 1M
+    tokens over cp 32 the gathered K and V alone are 16 GiB on every rank, whatever cp is."""
+    from service.estimator import activations
+
+    training = TrainingSpec(seq_len=1_048_576, global_batch_size=1, precision=Precision.BF16)
+    layout = Layout(dp=1, cp=32, framework=Framework.FSDP, zero_stage=3, recompute=Recompute.FULL)
+    local = 32_768 * (4096 + 4096) * 2  # one rank's K and V, bf16
+    gathered = 32 * local
+    assert gathered == 16 * 2**30
+    fp32 = 4 * 32_768 * 4096 + 2 * local * 2  # dq, then dk, dv and the pair in flight, fp32
+    assert activations.torch_ring_buffer_bytes(GQA, layout, training) == gathered + fp32
+    # at the same tokens per rank the gather grows with cp; Megatron's and DeepSpeed's rings hold none
+    half = dataclasses.replace(training, seq_len=524_288)
+    assert (
+        activations.torch_ring_buffer_bytes(GQA, dataclasses.replace(layout, cp=16), half)
+        == 16 * local + fp32
+    )
+    for framework in (Framework.MEGATRON, Framework.DEEPSPEED):
+        other = dataclasses.replace(layout, framework=framework, zero_stage=1)
+        assert activations.torch_ring_buffer_bytes(GQA, other, training) == 0.0
+    assert activations.torch_ring_buffer_bytes(GQA, dataclasses.replace(layout, cp=1), training) == 0.0
+
+
+def test_llama_8b_at_1m_tokens_over_cp_32_no_longer_fits_an_h100() -> None:
+    # a review's case: estimated to fit with 7 GiB to spare before the gathered K and V (16 GiB) were
+    # counted; the buffers now hold them to the byte
+    spec = preset_model("llama-3.1-8b").spec
+    cluster = dataclasses.replace(gpu_cluster(H100, 32, 50e9), num_nodes=4)
+    training = TrainingSpec(seq_len=1_048_576, global_batch_size=1, precision=Precision.BF16)
+    layout = Layout(dp=1, cp=32, framework=Framework.FSDP, zero_stage=3, recompute=Recompute.FULL)
+    from service.estimator import activations
+
+    ring = activations.torch_ring_buffer_bytes(spec, layout, training)
+    with_ring = estimate(spec, cluster, layout, training, tuning=default_tuning())
+    assert not memory_fits(with_ring.memory, cluster)
+    assert ring > 16 * 2**30
+    # without them (the buffers less the ring's) it fitted
+    assert (
+        with_ring.memory.per_gpu.total - ring * (1 + default_tuning().memory.fragmentation_fraction)
+        < H100.memory_bytes
+    )
