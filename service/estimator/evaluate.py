@@ -40,7 +40,7 @@ from service.estimator.types import (
     TimeEstimate,
     step_total_s,
 )
-from service.estimator.validate import valid_micro_batch_sizes
+from service.estimator.validate import sequence_divisor, valid_micro_batch_sizes
 
 # (parameters, gradients, optimizer states, activations, buffers, fragmentation, CUDA context, NCCL
 # buffers) of one GPU, in bytes: the first five are what PyTorch allocates, + fragmentation what its
@@ -446,8 +446,9 @@ MAX_SEQ_LEN_SEARCHED = 2**22  # 4M tokens: beyond any context length in the cata
 
 
 def max_seq_len(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> int:
-    """Largest sequence length (a multiple of 2cp, and of tp under SP) that fits; 0 if none does."""
-    step = math.lcm(2 * layout.cp if layout.cp > 1 else 1, layout.tp if layout.sequence_parallel else 1)
+    """Largest sequence length that fits, a multiple of what the layout splits it by
+    (``validate.sequence_divisor``); 0 if none does."""
+    step = sequence_divisor(layout)
 
     def total_bytes(seq_len: int) -> int:
         training = dataclasses.replace(job.training, seq_len=seq_len)

@@ -29,6 +29,7 @@ from service.estimator import params, pipeline
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
     Attention,
+    AttentionKind,
     ClusterSpec,
     Compile,
     Framework,
@@ -313,13 +314,47 @@ def interleaved_batches_violation(layout: Layout, micro_batches: int) -> Violati
     return None
 
 
-def sequence_parallel_violation(training: TrainingSpec, layout: Layout, micro_batch_size: int) -> Violation:
-    # sequence parallelism splits the micro-batch's tokens over the tensor-parallel ranks
-    if layout.sequence_parallel and layout.tp > 1 and training.seq_len * micro_batch_size % layout.tp:
-        return _bad(
-            f"seq_len x micro_batch ({training.seq_len * micro_batch_size}) % tp != 0", "sp_seq", "tp"
+def sequence_parallel_violation(training: TrainingSpec, layout: Layout) -> Violation:
+    """Sequence parallelism splits each rank's sequence (seq_len / cp tokens) over the tensor-parallel
+    ranks along the sequence dimension, whatever the micro-batch: Megatron-Core asserts dim_size %
+    tp == 0 on [s/cp, b, h] (tensor_parallel/mappings.py ``_split_along_first_dim``); torchtitan
+    0.3.0 refuses a seq_len not divisible by tp x (2 cp when cp > 1) (trainer.py, 'validate dense
+    activation sequence length evenness')."""
+    if not (layout.sequence_parallel and layout.tp > 1):
+        return None
+    divisor = sequence_parallel_divisor(layout)
+    if training.seq_len % divisor:
+        how = (
+            "tp x 2cp (torchtitan's trainer)"
+            if layout.framework is Framework.FSDP and layout.cp > 1
+            else "tp (torchtitan's trainer)"
+            if layout.framework is Framework.FSDP
+            else "cp x tp: each rank's seq_len / cp tokens split over tp"
         )
+        return _bad(f"seq_len ({training.seq_len}) % {how} ({divisor}) != 0 under sequence parallelism",
+                    "sp_seq", "tp")  # fmt: skip
     return None
+
+
+def sequence_parallel_divisor(layout: Layout) -> int:
+    """What seq_len must be a multiple of under sequence parallelism (``sequence_parallel_violation``)."""
+    return sequence_parallel_divisor_of(layout.framework, layout.tp, layout.cp)
+
+
+def sequence_parallel_divisor_of(framework: Framework, tp: int, cp: int) -> int:
+    """``sequence_parallel_divisor`` of a layout of ``framework`` at these degrees."""
+    if framework is Framework.FSDP:
+        return tp * (2 * cp if cp > 1 else 1)
+    return cp * tp
+
+
+def sequence_divisor(layout: Layout) -> int:
+    """What seq_len must be a multiple of for the layout to split it (``context_violation``'s ring or
+    Ulysses split, ``sequence_parallel_violation``'s)."""
+    ulysses = FRAMEWORK_CAPABILITIES[layout.framework].ulysses_context_parallel
+    split = (layout.cp if ulysses else 2 * layout.cp) if layout.cp > 1 else 1
+    sp = sequence_parallel_divisor(layout) if layout.sequence_parallel and layout.tp > 1 else 1
+    return math.lcm(split, sp)
 
 
 def unused_switch_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
@@ -398,7 +433,7 @@ def micro_batch_violation(training: TrainingSpec, layout: Layout, micro_batch_si
     micro_batches = training.global_batch_size // per_step
     return (
         interleaved_batches_violation(layout, micro_batches)
-        or sequence_parallel_violation(training, layout, micro_batch_size)
+        or sequence_parallel_violation(training, layout)
         or fused_optimizer_batches_violation(layout, micro_batches)
     )
 
@@ -424,16 +459,45 @@ def zero_with_pipeline_violation(layout: Layout, caps: Capabilities) -> Violatio
     return None
 
 
-def context_violation(layout: Layout, training: TrainingSpec) -> Violation:
+def context_violation(
+    model: ModelSpec, layout: Layout, training: TrainingSpec, *, ulysses: bool | None = None
+) -> Violation:
+    """The sequence splits context parallelism needs, by how the framework splits it (``ulysses``,
+    default: the layout's framework's): a load-balanced ring (Megatron's, PyTorch's) cuts the sequence
+    into 2 cp chunks; DeepSpeed-Ulysses gives each rank seq / cp contiguous tokens
+    (deepspeed/sequence/layer.py ``DistributedAttention``: an all-to-all over the heads)."""
     cp = layout.cp
-    if cp > 1 and training.seq_len % (2 * cp):
+    if cp == 1:
+        return None
+    if ulysses is None:
+        ulysses = FRAMEWORK_CAPABILITIES[layout.framework].ulysses_context_parallel
+    if ulysses and training.seq_len % cp:
+        return _bad(
+            f"seq_len ({training.seq_len}) % cp ({cp}) != 0 (Ulysses gives each rank seq_len / cp tokens)",
+            "cp_seq",
+            "cp",
+        )
+    if not ulysses and training.seq_len % (2 * cp):
         return _bad(
             f"seq_len ({training.seq_len}) % (2*cp = {2 * cp}) != 0 (load-balanced ring attention)",
             "cp_seq",
             "cp",
         )
-    if cp > 1 and training.attention is Attention.EAGER:
+    if training.attention is Attention.EAGER:
         return _bad("context parallelism needs flash or sdpa attention, not eager", "cp_attention", "cp")
+    windowed = sorted({kind.value for kind in model.layer_types if kind is not AttentionKind.FULL})
+    if layout.framework is Framework.FSDP and windowed:
+        # torch's ring attention takes is_causal alone (_attention.py ``_is_causal_behavior``), and
+        # Accelerate's context-parallel hook drops the attention mask and sets is_causal=True
+        # (transformers: "Context parallelism only supports causal attention masks"): every layer
+        # would attend the whole causal prefix, another model at another cost
+        return _bad(
+            f"context parallelism under fsdp with {'/'.join(windowed)} attention layers: PyTorch's ring "
+            "attention (torchtitan, Accelerate) masks causally only, so the layers' windows would be "
+            "dropped; use cp = 1, or megatron / deepspeed",
+            "cp_window",
+            "cp",
+        )
     return None
 
 
@@ -885,9 +949,9 @@ def layout_violation(
         # accumulation_steps is valid once batch_split_violation passed
         or interleaved_batches_violation(layout, layout.accumulation_steps(training.global_batch_size))
         or zero_with_pipeline_violation(layout, caps)
-        or context_violation(layout, training)
+        or context_violation(model, layout, training)
         or ulysses_violation(model, layout)
-        or sequence_parallel_violation(training, layout, layout.micro_batch_size)
+        or sequence_parallel_violation(training, layout)
         or expert_tensor_violation(model, layout)
         or expert_violation(model, layout)
         or training_violation(model, cluster, layout, training, caps)

@@ -29,6 +29,7 @@ from service.estimator.params import parameter_counts
 from service.estimator.scale import scale_violation
 from service.estimator.step_time import cost
 from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, Plan, TrainingSpec
+from service.estimator.validate import sequence_parallel_divisor_of
 from service.launchers import runnable_targets
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, hardware_key, job_traits
@@ -157,22 +158,23 @@ def with_derived_micro_batch(layout: LayoutIn, global_batch_size: int) -> tuple[
 
 
 def with_fitting_sequence_parallel(layout: LayoutIn, seq_len: int) -> tuple[LayoutIn, str | None]:
-    """The layout with sequence parallelism left off where the request left it out and the tokens of
-    a micro-batch do not split over the TP ranks (Megatron-LM asserts seq_len x micro-batch % tp == 0
-    under --sequence-parallel): the framework's default (on with tp > 1) made {"framework":
-    "megatron", "tp": 2} at seq_len 7 a 422 naming tp, for a switch the request never set. The
-    answer says why it is off; a request that sets it on is still refused."""
+    """The layout with sequence parallelism left off where the request left it out and the sequence
+    does not split over the TP ranks (``validate.sequence_parallel_divisor``: Megatron-LM asserts
+    seq_len / cp % tp == 0 under --sequence-parallel, torchtitan seq_len % tp x 2cp): the
+    framework's default (on with tp > 1) made {"framework": "megatron", "tp": 2} at seq_len 7 a 422
+    naming tp, for a switch the request never set. The answer says why it is off; a request that
+    sets it on is still refused."""
     if "sequence_parallel" in layout.model_fields_set or layout.tp == 1:
         return layout, None
     if not layout.framework_defaults().get("sequence_parallel"):
         return layout, None
-    tokens = seq_len * layout.micro_batch_size
-    if tokens % layout.tp == 0:
+    divisor = sequence_parallel_divisor_of(layout.framework, layout.tp, layout.cp)
+    if seq_len % divisor == 0:
         return layout, None
     why = (
-        f"sequence_parallel off: the micro-batch's {tokens} tokens (seq_len x micro_batch_size) do not "
-        f"split over tp {layout.tp}; {layout.framework.value}'s recipes turn it on with tensor parallelism "
-        "where they do"
+        f"sequence_parallel off: seq_len {seq_len} is not a multiple of {divisor}, what "
+        f"{layout.framework.value} needs to split each sequence over tp {layout.tp}; its recipes turn it on "
+        "with tensor parallelism where it splits"
     )
     return layout.model_copy(update={"sequence_parallel": False}), why
 

@@ -289,7 +289,10 @@ def structures(
                 if cp > MAX_CP:
                     break
                 layout = Layout(dp=rest // cp, tp=tp, pp=pp, cp=cp)
-                broken = context_violation(layout, training) or batch_split_violation(training, layout)
+                # the search's context parallelism is a ring (no launcher renders DeepSpeed-Ulysses)
+                broken = context_violation(model, layout, training, ulysses=False) or batch_split_violation(
+                    training, layout
+                )
                 if broken is not None:
                     log.add(f"invalid: {broken.rule}", 1, layout, str(broken))
                     continue

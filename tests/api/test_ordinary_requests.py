@@ -585,7 +585,7 @@ def test_megatron_tp_at_a_sequence_the_tp_ranks_cannot_split_leaves_sequence_par
     result = response.json()
     assert result["layout"]["sequence_parallel"] is False
     assert result["resolved_defaults"]["layout.sequence_parallel"] == "false"
-    why = "sequence_parallel off: the micro-batch's 7 tokens"
+    why = "sequence_parallel off: seq_len 7 is not a multiple of 2"
     assert any(note.startswith(why) for note in result["assumptions"])
     # where they split, the recipes' default stands
     even = payload | {"training": payload["training"] | {"seq_len": 8}}

@@ -810,19 +810,21 @@ def test_optimizer_step_moves_the_states_it_updates(
 def test_async_tp_hides_the_tp_collectives_as_tp_comm_overlap_does() -> None:
     # torchtitan's Async TP (fsdp, compiled) is timed as Megatron's --tp-comm-overlap: the same tp-chunked
     # GEMM/communication pipeline, tp_overlap_hidden_fraction (0.7) of the TP collectives hidden.
-    # TINY with 2 kv heads (tp 2 splits them), 2 sequences of 3 tokens on 2 GPUs of 1e9 B/s links:
-    # one all-reduce of the micro-batch's 6 tokens x h 4 x 2 B = 48 B over 2 ranks (ring, bus efficiency 0.8,
-    # 5 us a step): 2 x 5e-6 + 2 x 1/2 x 48 / 8e8 = 1.006e-5 s; forward 2 + backward 2 of them per layer:
+    # TINY with 2 kv heads (tp 2 splits them), one sequence of 6 tokens (torchtitan splits each sequence
+    # over tp: seq_len % tp == 0) on 2 GPUs of 1e9 B/s links: one all-reduce of the micro-batch's
+    # 6 tokens x h 4 x 2 B = 48 B over 2 ranks (ring, bus efficiency 0.8, 5 us a step):
+    # 2 x 5e-6 + 2 x 1/2 x 48 / 8e8 = 1.006e-5 s; forward 2 + backward 2 of them per layer:
     # 4.024e-5 s exposed without the overlap; with it 0.3 x that, but never less than what outlasts the
     # GEMMs it hides under (this tiny model's compute is far shorter: only the compute is hidden)
     model = dataclasses.replace(TINY, num_kv_heads=2)
     two_gpus = dataclasses.replace(ONE_GPU, gpus_per_node=2)
-    vanilla = Layout(framework=Framework.FSDP, tp=2, sequence_parallel=True, micro_batch_size=2,
+    six_tokens = TrainingSpec(seq_len=6, global_batch_size=1)
+    vanilla = Layout(framework=Framework.FSDP, tp=2, sequence_parallel=True, micro_batch_size=1,
                      torch_compile=Compile.MODEL)  # fmt: skip
     overlapped = dataclasses.replace(vanilla, tp_comm_overlap=True)
-    validate_layout(model, two_gpus, overlapped, TINY_TRAINING)
-    off = time(model, two_gpus, vanilla, TINY_TRAINING, tuning=flat_curve(0.5, 0.0))
-    on = time(model, two_gpus, overlapped, TINY_TRAINING, tuning=flat_curve(0.5, 0.0))
+    validate_layout(model, two_gpus, overlapped, six_tokens)
+    off = time(model, two_gpus, vanilla, six_tokens, tuning=flat_curve(0.5, 0.0))
+    on = time(model, two_gpus, overlapped, six_tokens, tuning=flat_curve(0.5, 0.0))
     assert off.breakdown.tp_comm_s == pytest.approx(4.024e-5)
     window = on.breakdown.compute_s + on.breakdown.recompute_s
     assert window < 0.7 * 4.024e-5

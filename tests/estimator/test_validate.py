@@ -9,6 +9,7 @@ import pytest
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
     Attention,
+    AttentionKind,
     ClusterSpec,
     Compile,
     Framework,
@@ -310,6 +311,61 @@ def test_sequence_rules() -> None:
     with pytest.raises(InvalidLayout) as err:  # Ulysses: 24 heads % cp 16
         check(Layout(dp=1, cp=16), model=dataclasses.replace(MODEL, num_attention_heads=24, num_kv_heads=8))
     assert err.value.rule == "cp_heads"
+
+
+def test_each_framework_splits_the_sequence_its_own_way() -> None:
+    """A review's cases. DeepSpeed-Ulysses gives each rank seq / cp contiguous tokens (no ring, so no
+    2cp chunks); sequence parallelism splits each rank's seq / cp tokens over tp (Megatron-Core's
+    _split_along_first_dim on [s/cp, b, h]), whatever the micro-batch; torchtitan asks seq_len %
+    (tp x 2cp) (its trainer's evenness check); PyTorch's ring masks causally only, so FSDP's context
+    parallelism refuses sliding-window layers."""
+    ulysses = dataclasses.replace(TRAIN, seq_len=98_312)  # 98312 = 8 x 12289: % 8 yes, % 16 no
+    check(Layout(framework=Framework.DEEPSPEED, dp=2, cp=8, zero_stage=3), training=ulysses)
+    with pytest.raises(InvalidLayout) as err:
+        check(Layout(framework=Framework.MEGATRON, dp=2, cp=8, zero_stage=1), training=ulysses)
+    assert err.value.rule == "cp_seq"
+    # Megatron tp 4, cp 2, SP: 16388 % 4 (2cp) == 0 but 16388 / 2 = 8194, % 4 != 0
+    megatron = Layout(framework=Framework.MEGATRON, dp=2, tp=4, cp=2, sequence_parallel=True, zero_stage=1)
+    with pytest.raises(InvalidLayout) as err:
+        check(megatron, training=dataclasses.replace(TRAIN, seq_len=16_388, global_batch_size=2))
+    assert err.value.rule == "sp_seq" and "(8)" in str(err.value)
+    # a micro-batch of 2 does not make it split (the micro-batch is not the split dimension)
+    with pytest.raises(InvalidLayout):
+        check(dataclasses.replace(megatron, micro_batch_size=2),
+              training=dataclasses.replace(TRAIN, seq_len=16_388, global_batch_size=4))  # fmt: skip
+    check(megatron, training=dataclasses.replace(TRAIN, seq_len=16_392, global_batch_size=2))
+    # torchtitan: tp 4 x 2cp 4 = 16; 16392 % 16 = 8
+    fsdp = dataclasses.replace(megatron, framework=Framework.FSDP, zero_stage=3)
+    with pytest.raises(InvalidLayout) as err:
+        check(fsdp, training=dataclasses.replace(TRAIN, seq_len=16_392, global_batch_size=2))
+    assert err.value.rule == "sp_seq" and "(16)" in str(err.value)
+    check(fsdp, training=dataclasses.replace(TRAIN, seq_len=16_384, global_batch_size=2))
+    # sliding-window layers: FSDP's ring would drop the window; DeepSpeed-Ulysses keeps it
+    windowed = dataclasses.replace(
+        MODEL, sliding_window=4096, layer_types=(AttentionKind.SLIDING, AttentionKind.FULL) * 16
+    )
+    with pytest.raises(InvalidLayout) as err:
+        check(Layout(framework=Framework.FSDP, dp=8, cp=2, zero_stage=3), model=windowed)
+    assert err.value.rule == "cp_window"
+    check(Layout(framework=Framework.FSDP, dp=16, zero_stage=3), model=windowed)
+    check(Layout(framework=Framework.DEEPSPEED, dp=8, cp=2, zero_stage=3), model=windowed)
+
+
+def test_max_seq_len_is_a_length_the_layout_splits() -> None:
+    from service.catalog.tuning import default_tuning
+    from service.estimator.evaluate import max_seq_len
+    from service.estimator.job import make_job
+    from service.estimator.validate import sequence_divisor
+
+    megatron = Layout(framework=Framework.MEGATRON, dp=2, tp=4, cp=2, sequence_parallel=True, zero_stage=1)
+    fsdp = dataclasses.replace(megatron, framework=Framework.FSDP, zero_stage=3)
+    ulysses = Layout(framework=Framework.DEEPSPEED, dp=2, cp=8, zero_stage=3)
+    assert [sequence_divisor(lo) for lo in (megatron, fsdp, ulysses)] == [8, 16, 8]
+    training = dataclasses.replace(TRAIN, global_batch_size=2)
+    for layout in (megatron, fsdp, ulysses):
+        found = max_seq_len(make_job(MODEL, CLUSTER, training, default_tuning()), layout)
+        assert found > 0 and found % sequence_divisor(layout) == 0
+        check(layout, training=dataclasses.replace(training, seq_len=found))
 
 
 def test_expert_rules() -> None:
