@@ -1099,14 +1099,18 @@ def ulysses_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
 
 def p2p_ring_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Ring attention: K and V chunks go round the CP ring, hidden under attention's core compute."""
-    # forward: (cp-1) sends of K and V; backward: K, V and dK, dV -> 3x the forward traffic
+    # forward: (cp-1) sends of K and V; backward: K, V and dK, dV -> 2x the forward traffic; a
+    # recomputed core (full recompute, or selective with core_attn) runs Transformer Engine's
+    # AttnFuncWithCPAndKVP2P.forward again, its ring with it, under its own kernels
     model, training = job.model, job.training
     kv_width = max(model.kv_size / layout.tp, model.head_dim)
     chunk_bytes = 2 * base.tokens * kv_width * element_bytes(training.precision)
     link = base.links.cp
-    ring_s = 3 * (layout.cp - 1) * comm.p2p_s(chunk_bytes, link.bandwidth_bytes_per_s, link.latency_s)
+    forwards = 1.0 + (recomputed_share(job, layout) if layout.recomputes_core else 0.0)
+    sends = (forwards + 2) * (layout.cp - 1)
+    ring_s = sends * comm.p2p_s(chunk_bytes, link.bandwidth_bytes_per_s, link.latency_s)
     core_flops = layer_core_work_flops(layout, base)
-    per_layer = max(0.0, ring_s - core_s_per_token(base, core_flops, 2 * core_flops))
+    per_layer = max(0.0, ring_s - core_s_per_token(base, forwards * core_flops, 2 * core_flops))
     return base.micro_batches * base.layers * per_layer
 
 

@@ -102,10 +102,32 @@ def test_cost_grows_with_cp_at_constant_tokens_per_rank() -> None:
 def test_megatron_keeps_its_peer_to_peer_ring() -> None:
     # 4 CP ranks one per node on a 1 GB/s network: the ring's sends show past attention; the value is
     # the one the estimator gave before PyTorch's ring was modelled (07d4bb0^1), to the float
+    # (without recompute: the old value counted no recomputed forward's ring)
     job, layout, _ = _setup(cp=4, inter_node_bytes_per_s=1e9, gpus_per_node=1)
-    megatron = dataclasses.replace(layout, framework=Framework.MEGATRON)
+    megatron = dataclasses.replace(layout, framework=Framework.MEGATRON, recompute=Recompute.NONE)
     megatron_base = step_time.step_base(job, megatron)
     assert step_time.cp_comm_s(job, megatron, megatron_base) == pytest.approx(10.220542691734908, rel=1e-12)
+
+
+def test_megatron_recomputed_core_runs_its_ring_again() -> None:
+    """A review's case: Megatron's cp_comm_s was the same under no, selective and full recompute,
+    though a recomputed core runs Transformer Engine's CP forward again, its (cp - 1) sends of K and V
+    with it, under its own kernels. By hand from the parts: per layer and micro-batch, forwards x
+    (cp - 1) forward sends + 2 (cp - 1) in the backward, less the core compute of those passes."""
+    job, layout, _ = _setup(cp=4, inter_node_bytes_per_s=1e9, gpus_per_node=1)
+    none = dataclasses.replace(layout, framework=Framework.MEGATRON, recompute=Recompute.NONE)
+    full = dataclasses.replace(none, recompute=Recompute.FULL)
+    base = step_time.step_base(job, full)
+    chunk = 2 * base.tokens * 1024 * 2  # K and V of 8 shared heads x 128, bf16
+    link = base.links.cp
+    send = comm.p2p_s(chunk, link.bandwidth_bytes_per_s, link.latency_s)
+    core = step_time.layer_core_work_flops(full, base)
+    per_layer = 4 * 3 * send - step_time.core_s_per_token(base, 2 * core, 2 * core)
+    expected = base.micro_batches * base.layers * per_layer
+    assert step_time.cp_comm_s(job, full, base) == pytest.approx(expected, rel=1e-12)
+    assert step_time.cp_comm_s(job, full, base) > step_time.cp_comm_s(
+        job, none, step_time.step_base(job, none)
+    )
 
 
 @pytest.mark.parametrize("preset", ["qwen3-235b-a22b", "llama-3-8b"])
