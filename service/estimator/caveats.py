@@ -68,8 +68,23 @@ def network_warnings(cluster: ClusterSpec) -> tuple[str, ...]:
 def context_warnings(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
     """A sequence longer than the positions the model was trained to (``max_position_embeddings``):
     the estimate counts the memory and time of that sequence; whether the model is any good there is
-    another matter. Learned positions have no table row past the limit at all."""
+    another matter. Learned positions have no table row past the limit at all. A config's
+    ``rope_scaling`` stretches the positions to factor x its original context (transformers
+    modeling_rope_utils: original_max_position_embeddings, else max_position_embeddings; Qwen2.5's
+    YaRN factor 4 from 32,768 is its documented 131,072-token setup)."""
     limit, seq = model.max_position_embeddings, training.seq_len
+    scaling = model.rope_scaling
+    if scaling is not None and model.position_embedding is PositionEmbedding.ROPE:
+        original = scaling.original_max_position_embeddings or model.max_position_embeddings
+        scaled = int(scaling.factor * original)
+        if seq <= max(limit, scaled):
+            return ()
+        return (
+            f"seq_len {seq:,} > {max(limit, scaled):,} positions: {model.name} was trained to {limit:,} "
+            f"and its rope_scaling ({scaling.kind.value}, factor {scaling.factor:g} of {original:,}) reaches "
+            f"{scaled:,}; past that it needs continued pretraining; the estimate counts {seq:,}-token "
+            "sequences as asked",
+        )
     if seq <= limit:
         return ()
     if model.position_embedding is PositionEmbedding.LEARNED:

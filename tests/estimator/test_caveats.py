@@ -136,3 +136,24 @@ def test_a_network_faster_than_any_nic_is_timed_as_stated_and_said() -> None:
     assert network_warnings(gpu_cluster(h100, 8, 400e9)) == ()  # one node: no network between nodes
     (said,) = network_warnings(gpu_cluster(h100, 16, 400e9))
     assert "400 GB/s per GPU is faster than any NIC" in said and "that is 50 GB/s" in said
+
+
+def test_rope_scaling_stretches_the_trained_context() -> None:
+    """A review's case: Qwen2.5 with its documented YaRN (factor 4 of 32,768) at 131,072 tokens was
+    warned it "needs RoPE scaling (rope_scaling in its config)", which the config has. The limit is
+    factor x the original context; past it the warning names both."""
+    import dataclasses
+
+    from service.estimator.types import RopeScaling, RopeScalingKind
+
+    base = preset("llama-3-8b").spec  # 8,192 positions, no scaling
+    yarn = RopeScaling(kind=RopeScalingKind.YARN, factor=4.0, original_max_position_embeddings=8192)
+    scaled = dataclasses.replace(base, rope_scaling=yarn)
+    assert not context_warnings(scaled, TrainingSpec(seq_len=32768, global_batch_size=1))
+    (warning,) = context_warnings(scaled, TrainingSpec(seq_len=65536, global_batch_size=1))
+    assert "rope_scaling (yarn, factor 4 of 8,192) reaches 32,768" in warning
+    assert "needs RoPE scaling" not in warning
+    # Llama 3.1's llama3 scaling (8 x 8,192 = 65,536) never lowers its 131,072 positions
+    assert not context_warnings(
+        preset("llama-3.1-8b").spec, TrainingSpec(seq_len=131072, global_batch_size=1)
+    )
