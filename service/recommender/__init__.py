@@ -1198,6 +1198,19 @@ def _run_search(
             if skipped:  # the largest count's reason, and how many more counts failed
                 more = f"; nor {len(skipped) - 1} smaller counts" if len(skipped) > 1 else ""
                 result.idle_reason = skipped[0] + more
+            if result.best and not result.truncated:
+                shaped = _better_shaped(counts, gpus, cluster, training)
+                if shaped:
+                    every = result.ranked()[0].tokens_per_s
+                    _search_more(model, cluster, training, constraints, tuning, shaped, budget, result)
+                    best = result.ranked()[0]
+                    if best.layout.world_size < gpus:  # gpu_use says why not all of them
+                        result.idle_reason = (
+                            f"{best.layout.world_size} GPUs train faster ({best.tokens_per_s:,.0f} tokens/s) "
+                            f"than all {gpus} ({every:,.0f}): {gpus // cluster.gpus_per_node} nodes do not "
+                            f"divide the global batch ({training.global_batch_size}), so data parallelism "
+                            "cannot span them all"
+                        )
             return _with_work(result, work)
         common = max(result.log.groups.items(), key=lambda kv: kv[1].count, default=None)
         why = f"{common[0]}: {common[1].detail}" if common else "no structure"
@@ -1211,6 +1224,46 @@ def _run_search(
     # nothing fits on any count: the rejections and the closest miss of all the GPUs allowed, with
     # the work of every count searched
     return _with_work(first, work)
+
+
+def _better_shaped(
+    counts: tuple[int, ...], gpus: int, cluster: ClusterSpec, training: TrainingSpec
+) -> tuple[int, ...]:
+    """Fewer GPUs than ``gpus`` that may train faster than all of them, where the number of nodes
+    does not divide the global batch: a factor of it the batch does not share is left to pp, cp or
+    tp (136 H100s, 17 nodes, put Llama 3 8B at batch 256 on pp 17 at half the throughput of 128).
+    The largest whole-node count below with a power-of-two number of nodes, and the largest whose
+    number of nodes divides the global batch; the search of them starts from the top k found, so
+    most of their families are cut by their ceilings."""
+    gpn = cluster.gpus_per_node
+    if gpus <= gpn or training.global_batch_size % (gpus // gpn) == 0:
+        return ()  # within a node, or data parallelism can span every node
+    smaller = [c for c in counts if c < gpus and c % gpn == 0]
+    two = [c for c in smaller if (c // gpn) & (c // gpn - 1) == 0]
+    batch = [c for c in smaller if training.global_batch_size % (c // gpn) == 0]
+    return tuple(sorted({max(group) for group in (two, batch) if group}, reverse=True))
+
+
+def _search_more(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    tuning: Tuning,
+    counts: tuple[int, ...],
+    budget: Budget,
+    result: SearchResult,
+) -> None:
+    """``search`` of more counts into ``result``, whose top k bounds them (charged to ``budget``)."""
+    training = for_gpu(training, cluster.gpu)
+    before = result.evaluations
+    try:
+        with shared_memory_memos():
+            _search_counts(
+                model, cluster, training, constraints, tuning, counts, False, budget, result, True
+            )  # fmt: skip
+    finally:
+        budget.charge(result.evaluations - before)
 
 
 def _with_work(result: SearchResult, work: SearchResult) -> SearchResult:

@@ -19,9 +19,10 @@ from service.estimator.job import shared_memory_memos
 from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
-from service.estimator.validate import hardware_violation
+from service.estimator.validate import divisors, hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.collector import fewer_collections
+from service.recommender.space import sub_cluster
 from service.recommender.suggest import (
     SUGGESTION_EVALUATIONS,
     budget_words,
@@ -69,6 +70,13 @@ def default_cluster(gpu: GPUSpec, num_nodes: int = 1, gpus_per_node: int | None 
     )
 
 
+def _within_node(gpus_per_node: int) -> tuple[int, ...]:
+    """The counts below one node a capacity climb tries: every divisor of the node, as a plan's
+    search does (``space.gpu_counts``; 1, 2 and 4 alone reported 12 for a job that fits on 6 of a
+    12-GPU node)."""
+    return tuple(d for d in divisors(gpus_per_node) if d < gpus_per_node)
+
+
 def _option(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -109,11 +117,23 @@ def _option(
         )
         return CapacityOption(gpu=name, fits=False, note=why, evaluations=spent, truncated=truncated)
     gpus, tokens_per_s, layout = fewest.found
-    nodes = max(1, gpus // cluster.gpus_per_node)
+    gpn = cluster.gpus_per_node
+    nodes = max(1, gpus // gpn)
     said = list(notes)
-    run_gpus = at_gpus if at_gpus and at_gpus >= gpus else gpus
+    run_gpus = gpus
+    if at_gpus is not None and at_gpus < gpus:
+        said.append(f"asked for {at_gpus:,} GPUs; no layout fits fewer than {gpus:,}: timed on {gpus:,}")
+    elif at_gpus is not None and at_gpus > gpn and at_gpus % gpn:
+        # the option's GPUs are whole nodes of gpus_per_node (a part of one node below it)
+        run_gpus = max(gpus, at_gpus // gpn * gpn)
+        said.append(
+            f"asked for {at_gpus:,} GPUs; this option places whole nodes of {gpn}: timed on {run_gpus:,}"
+        )
+    elif at_gpus is not None:
+        run_gpus = at_gpus
     if run_gpus != gpus:
-        target = dataclasses.replace(cluster, num_nodes=max(1, run_gpus // cluster.gpus_per_node))
+        # a part of one node where fewer GPUs than a node are asked (sub_cluster), else whole nodes
+        target = sub_cluster(cluster, run_gpus)
         fastest = dataclasses.replace(constraints, top_k=1, objective=Objective.THROUGHPUT)
         best = recommend(model, target, training, fastest, tuning, with_suggestions=False, budget=budget)
         spent += best.search.memory_evaluations + best.search.time_evaluations
@@ -121,9 +141,9 @@ def _option(
         if best.recommended is not None and best.recommended.estimate.time is not None:
             layout, tokens_per_s = best.recommended.layout, best.recommended.estimate.time.tokens_per_s
             if layout.world_size < run_gpus:  # the num_gpus answered is not the count asked: say why
+                found_on = layout.world_size
                 said.append(
-                    f"asked for {run_gpus:,} GPUs; the fastest layout on them uses {layout.world_size:,}, "
-                    "timed on those"
+                    f"on {run_gpus:,} GPUs the fastest layout found uses {found_on:,}, timed on those"
                 )
         else:
             # keep GPU count and throughput from the same layout: the one found on min_gpus
@@ -212,8 +232,7 @@ def _capacity(
     for index, cluster in enumerate(cluster_list):
         first = dataclasses.replace(cluster, num_nodes=1)
         counts = node_ladder(first, 1, top_nodes=cluster.num_nodes)
-        if cluster.gpus_per_node > 1:
-            counts = tuple(d for d in (1, 2, 4) if d < cluster.gpus_per_node) + counts
+        counts = _within_node(cluster.gpus_per_node) + counts
         price = prices.get(cluster.gpu.name, constraints.gpu_hour_cost)
         # a stored cluster cannot grow: at most its own GPUs
         asked = at_gpus or cluster.world_size
@@ -234,11 +253,29 @@ def _capacity(
         # up to max_nodes, as asked (the ladder's default stops at 64 nodes: "no layout fits up to
         # 512 GPUs" for a job that fits on 1,024 of a 1,024-node default)
         ladder = node_ladder(with_gpu(cluster, gpu, 1), 1, top_nodes=max_nodes)
-        within = tuple(d for d in (1, 2, 4) if d < cluster.gpus_per_node)
-        counts = within + ladder
+        counts = _within_node(cluster.gpus_per_node) + ladder
         price = prices.get(gpu.name, constraints.gpu_hour_cost)
-        found = _option(model, cluster, training, constraints, tuning, counts, price, at_gpus, share())
+        timed_at: int | None = at_gpus
+        capped: tuple[str, ...] = ()
+        if at_gpus is not None and at_gpus > cluster.world_size:  # max_nodes bounds the option
+            timed_at = cluster.world_size
+            capped = (
+                f"asked for {at_gpus:,} GPUs; max_nodes {max_nodes:,} of {cluster.gpus_per_node} GPUs holds "
+                f"{timed_at:,}: timed on those",
+            )
+        found = _option(
+            model, cluster, training, constraints, tuning, counts, price, timed_at, share(), capped
+        )
         options.append(dataclasses.replace(found, source=index))
+    # fitting first, fastest to train first; without tokens to train (no time), the highest throughput
     return tuple(
-        sorted(options, key=lambda o: (not o.fits, o.time_to_train_s or float("inf"), o.min_gpus or 0))
+        sorted(
+            options,
+            key=lambda o: (
+                not o.fits,
+                o.time_to_train_s or float("inf"),
+                -(o.tokens_per_s or 0.0),
+                o.min_gpus or 0,
+            ),
+        )
     )

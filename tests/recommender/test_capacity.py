@@ -283,3 +283,47 @@ def test_more_nodes_have_the_reference_network_of_the_gpu_they_run() -> None:
     assert (
         with_gpu(stated, gpu("a100-sxm-80gb")).inter_node_bandwidth_bytes_per_s == 12.5e9
     )  # the cluster's own
+
+
+T8 = TrainingSpec(seq_len=4096, global_batch_size=256, tokens=10**11)
+
+
+def test_at_gpus_below_a_node_is_timed_on_those_gpus() -> None:
+    """A review's case: at_gpus 4 of 8-GPU H100 nodes was timed on a whole node (79k tokens/s where
+    four GPUs give 38k), with nothing said; a part of a node is what was asked."""
+    spec, h100 = model("llama-3-8b").spec, gpu("h100-sxm-80gb")
+    (four,) = capacity(spec, T8, default_tuning(), gpus=[h100], at_gpus=4)
+    (node,) = capacity(spec, T8, default_tuning(), gpus=[h100], at_gpus=8)
+    assert four.num_gpus == 4 and four.layout is not None and four.layout.world_size == 4
+    assert node.num_gpus == 8 and four.tokens_per_s is not None and node.tokens_per_s is not None
+    assert four.tokens_per_s < 0.6 * node.tokens_per_s
+
+
+def test_at_gpus_between_nodes_and_past_max_nodes_say_what_was_timed() -> None:
+    spec, h100 = model("llama-3-8b").spec, gpu("h100-sxm-80gb")
+    (odd,) = capacity(spec, T8, default_tuning(), gpus=[h100], gpus_per_node=16, at_gpus=24)
+    assert odd.num_gpus == 16 and "asked for 24 GPUs; this option places whole nodes of 16" in odd.note
+    (past,) = capacity(spec, T8, default_tuning(), gpus=[h100], max_nodes=2, at_gpus=64)
+    assert past.num_gpus is not None and past.num_gpus <= 16
+    assert "asked for 64 GPUs; max_nodes 2 of 8 GPUs holds 16" in past.note
+
+
+def test_the_capacity_climb_tries_every_divisor_of_a_node() -> None:
+    """A review's case: on 12-GPU nodes the climb tried 1, 2, 4 and 12, and reported 12 for a job a
+    plan fits on 6."""
+    spec = model("mistral-small-24b").spec
+    (twelve,) = capacity(spec, T8, default_tuning(), gpus=[gpu("h100-sxm-80gb")], gpus_per_node=12)
+    (six,) = capacity(spec, T8, default_tuning(), gpus=[gpu("h100-sxm-80gb")], gpus_per_node=6)
+    assert twelve.fits and six.fits and six.min_gpus is not None
+    assert twelve.min_gpus == six.min_gpus < 12
+
+
+def test_without_tokens_the_fastest_option_comes_first() -> None:
+    training = dataclasses.replace(T8, tokens=None)
+    parts = [gpu(n) for n in ("h100-sxm-500w-96gb", "h100-nvl-94gb", "h100-pcie-80gb", "h100-sxm-80gb")]
+    options = capacity(model("llama-3-8b").spec, training, default_tuning(), gpus=parts)
+    fitting = [o for o in options if o.fits]
+    speeds = [(o.min_gpus, -(o.tokens_per_s or 0.0)) for o in fitting]
+    assert len(fitting) == 4 and [o.tokens_per_s for o in fitting] == sorted(
+        (o.tokens_per_s or 0.0 for o in fitting), reverse=True
+    ), speeds

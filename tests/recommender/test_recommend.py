@@ -368,3 +368,29 @@ def test_a_data_parallel_split_names_only_the_launchers_that_run_the_framework()
     assert reasons == {
         "no requested launcher runs deepspeed at this split: hf_trainer runs data parallelism only"
     }
+
+
+def test_fewer_gpus_are_chosen_where_the_nodes_do_not_divide_the_batch() -> None:
+    """A review's case: 136 H100s (17 nodes) put Llama 3 8B at batch 256 on dp 2 tp 2 pp 17 cp 2 at
+    610k tokens/s where 128 of them train at 1.24M; the plan said "uses all 136 GPUs". More GPUs never
+    train slower than fewer of them: the plan uses 128 and says why."""
+    from service.catalog.gpus import gpu as catalog_gpu
+    from service.catalog.models import model as preset_model
+    from service.catalog.tuning import default_tuning
+    from service.recommender import Constraints, recommend
+    from service.recommender.capacity import default_cluster
+
+    spec = preset_model("llama-3-8b").spec
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    cluster = default_cluster(catalog_gpu("h100-sxm-80gb"), num_nodes=17)
+    fewer = default_cluster(catalog_gpu("h100-sxm-80gb"), num_nodes=16)
+    plan = recommend(spec, cluster, training, Constraints(), default_tuning())
+    alone = recommend(spec, fewer, training, Constraints(), default_tuning())
+    assert plan.recommended is not None and alone.recommended is not None
+    assert plan.recommended.layout.world_size == 128
+    assert plan.recommended.layout == alone.recommended.layout
+    assert any(
+        r.startswith("uses 128 of 136 GPUs: 128 GPUs train faster") for r in plan.recommended.rationale
+    )
+    # where the nodes divide the batch, all of them, as before
+    assert alone.recommended.layout.world_size == 128
