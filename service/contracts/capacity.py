@@ -10,7 +10,7 @@ from service.catalog.errors import UnknownCatalogEntry
 from service.contracts.common import FieldError, Strict
 from service.contracts.gpus import gpu_slug
 from service.contracts.models import ModelRef
-from service.contracts.plans import ConstraintsIn
+from service.contracts.plans import MAX_GPU_HOUR_COST, ConstraintsIn
 from service.contracts.training import TrainingIn
 
 
@@ -65,19 +65,7 @@ class CapacityRequest(Strict):
         # (a key that names none of them is kept, and refused naming it: it would price nothing)
         if not isinstance(value, dict):
             return value
-        compared = info.data.get("gpus")
-        prices: dict[Any, Any] = {}
-        for name, price in value.items():
-            parts = _family(name)
-            if len(parts) > 1 and compared is not None:
-                parts = [part for part in parts if part in compared] or [name]
-            for slug in parts:
-                if prices.get(slug, price) != price:
-                    raise ValueError(
-                        f"gpu_hour_cost prices {slug} twice, differently ({name!r} names it too)"
-                    )
-                prices[slug] = price
-        return prices
+        return family_prices(value, info.data.get("gpus"), clustered=info.data.get("cluster_ids") is not None)
 
     @model_validator(mode="after")
     def _one_source(self) -> CapacityRequest:
@@ -96,7 +84,35 @@ class CapacityRequest(Strict):
         values = prices.values() if isinstance(prices, dict) else [prices] if prices is not None else []
         if any(v < 0 for v in values):
             raise FieldError("gpu_hour_cost must be >= 0", "gpu_hour_cost")
+        if any(v > MAX_GPU_HOUR_COST for v in values):  # as a plan's constraints.gpu_hour_cost
+            raise FieldError(
+                f"gpu_hour_cost must be <= {MAX_GPU_HOUR_COST:,.0f} per GPU-hour", "gpu_hour_cost"
+            )
         return self
+
+
+def family_prices(
+    value: dict[Any, Any], compared: list[str] | None, *, clustered: bool = False
+) -> dict[Any, Any]:
+    """A price per GPU by the request's names: a family's price is each of its parts the request
+    compares (``compared``: the GPU types; None: the catalog), a key that names none of them kept,
+    and refused naming it (it would price nothing). ``clustered``: the parts are the stored clusters',
+    read later: a family name is kept for ``family_prices`` again with their GPU names (a family
+    priced against clusters was refused naming parts the request never wrote)."""
+    prices: dict[Any, Any] = {}
+    for name, price in value.items():
+        parts = _family(name)
+        if len(parts) > 1 and clustered:
+            parts = [name]
+        elif len(parts) > 1 and compared is not None:
+            parts = [part for part in parts if part in compared] or [name]
+        for slug in parts:
+            if prices.get(slug, price) != price:
+                raise FieldError(
+                    f"gpu_hour_cost prices {slug} twice, differently ({name!r} names it too)", "gpu_hour_cost"
+                )
+            prices[slug] = price
+    return prices
 
 
 def _family(name: str) -> list[str]:

@@ -18,6 +18,9 @@ from service.recommender import headroom
 from service.recommender.types import Constraints, Objective
 from service.runlogs.common import MemoryStatistic as LogStatistic
 
+# the most a GPU-hour is priced at (a plan's constraints.gpu_hour_cost, a capacity request's prices)
+MAX_GPU_HOUR_COST = 1e6
+
 
 class ConstraintsIn(Strict):
     objective: Objective = Objective.THROUGHPUT
@@ -28,7 +31,7 @@ class ConstraintsIn(Strict):
         default=headroom.DEFAULT_FRACTION, ge=0, le=headroom.MAX_REQUESTED_FRACTION
     )
     top_k: int = Field(default=3, ge=1, le=20)
-    gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e6)
+    gpu_hour_cost: float | None = Field(default=None, ge=0, le=MAX_GPU_HOUR_COST)
     torch_compile: bool = Field(
         default=False,
         description="compile fsdp layouts with torch.compile, model and loss (torchtitan --compile.enable, "

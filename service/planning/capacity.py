@@ -11,8 +11,9 @@ from sqlalchemy.orm import Session
 
 from service.catalog.gpus import gpus as catalog_gpus
 from service.catalog.tuning import default_tuning
-from service.contracts.capacity import CapacityOptionOut, CapacityOut, CapacityRequest
+from service.contracts.capacity import CapacityOptionOut, CapacityOut, CapacityRequest, family_prices
 from service.contracts.clusters import ClusterRef
+from service.contracts.common import FieldError
 from service.contracts.gpus import resolve_gpu
 from service.errors import ServiceUnavailable, Unprocessable
 from service.estimator.defaults import for_gpu
@@ -24,7 +25,7 @@ from service.planning.clusters import resolve_cluster
 from service.planning.estimates import check_priced, check_scale, located
 from service.planning.runnable import no_framework_runs
 from service.recommender.budget import NO_DEADLINE, Deadline, busy_words
-from service.recommender.capacity import CapacityOption, capacity, default_cluster
+from service.recommender.capacity import CapacityOption, capacity, default_cluster, option_order
 from service.recommender.types import Constraints, Objective
 
 _NOT_ON_THE_WIRE = ("layout", "source")  # the layout goes as a dict; the source as the cluster id
@@ -91,6 +92,11 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
     per_gpu_price = prices if isinstance(prices, dict) else None
     if isinstance(prices, float | int):
         constraints = dataclasses.replace(constraints, gpu_hour_cost=float(prices))
+    if per_gpu_price is not None and stored:  # a family name prices the clusters' parts of it
+        try:
+            per_gpu_price = family_prices(per_gpu_price, [c.gpu.name for c in stored])
+        except FieldError as exc:
+            raise Unprocessable(str(exc), errors=[{"field": exc.field, "message": str(exc)}]) from exc
     if per_gpu_price is not None:
         _check_prices(per_gpu_price, [c.gpu for c in stored] or gpus or list(catalog_gpus().values()))
     no_framework = _no_framework_runs(model, training, constraints, [c.gpu for c in stored] or gpus or None)
@@ -122,9 +128,7 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
         found = [(o, None) for o in options(gpus=gpus)]
     if budget.reason == "busy":  # options cut for want of CPU others took: retried, not answered
         raise ServiceUnavailable(busy_words(deadline))
-    found.sort(
-        key=lambda pair: (not pair[0].fits, pair[0].time_to_train_s or float("inf"), pair[0].min_gpus or 0)
-    )
+    found.sort(key=lambda pair: option_order(pair[0]))
     out = [
         CapacityOptionOut(
             **{

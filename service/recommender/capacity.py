@@ -267,15 +267,15 @@ def _capacity(
             model, cluster, training, constraints, tuning, counts, price, timed_at, share(), capped
         )
         options.append(dataclasses.replace(found, source=index))
-    # fitting first, fastest to train first; without tokens to train (no time), the highest throughput
-    return tuple(
-        sorted(
-            options,
-            key=lambda o: (
-                not o.fits,
-                o.time_to_train_s or float("inf"),
-                -(o.tokens_per_s or 0.0),
-                o.min_gpus or 0,
-            ),
-        )
+    return tuple(sorted(options, key=option_order))
+
+
+def option_order(option: CapacityOption) -> tuple[bool, float, float, int]:
+    """Fitting first, fastest to train first; without tokens to train (no time), the highest
+    throughput first; then the fewest GPUs."""
+    return (
+        not option.fits,
+        option.time_to_train_s or float("inf"),
+        -(option.tokens_per_s or 0.0),
+        option.min_gpus or 0,
     )

@@ -112,3 +112,35 @@ def test_non_finite_numbers_are_refused(client: TestClient) -> None:
         "/v1/models/resolve", content=resolve, headers={"content-type": "application/json"}
     )
     assert "partial_rotary_factor" in assert_problem(response, 422)["errors"][0]["field"]
+
+
+def test_a_family_price_prices_the_stored_clusters_parts_of_it(client: TestClient) -> None:
+    """A review's case: with cluster_ids, {"h100": 2} was a 422 naming three H100 parts the request
+    never wrote (the family was expanded to the catalog's parts, not the clusters')."""
+    cid = client.post(
+        "/v1/clusters", json={"name": "pod", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+    ).json()["id"]
+    body = {
+        "model": {"preset": "gpt2"},
+        "training": TRAINING,
+        "cluster_ids": [cid],
+        "gpu_hour_cost": {"h100": 2},
+    }
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    (option,) = response.json()["options"]
+    assert option["cost"] == option["gpu_hours"] * 2
+    # a family none of the clusters' GPUs belongs to prices nothing: refused, naming the key
+    problem = assert_problem(client.post("/v1/capacity", json=body | {"gpu_hour_cost": {"a100": 2}}), 422)
+    assert problem["errors"][0]["field"] == "gpu_hour_cost.a100"
+
+
+def test_a_capacity_price_has_the_plans_upper_bound(client: TestClient) -> None:
+    """A review's case: 1e300 was answered as is and 1.7e308 overflowed to a null cost; a plan refuses
+    over 1e6 per GPU-hour, and so does capacity, as a scalar and per GPU."""
+    base = {"model": {"preset": "gpt2"}, "training": TRAINING, "gpus": ["h100-sxm-80gb"]}
+    for price in (1e300, {"h100-sxm-80gb": 1.7e308}, 1_000_001):
+        problem = assert_problem(client.post("/v1/capacity", json=base | {"gpu_hour_cost": price}), 422)
+        assert problem["errors"][0]["field"] == "gpu_hour_cost"
+        assert "1,000,000" in problem["errors"][0]["message"]
+    assert client.post("/v1/capacity", json=base | {"gpu_hour_cost": 1e6}).status_code == 200
