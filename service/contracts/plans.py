@@ -91,6 +91,11 @@ class PlanOut(BaseModel):
     status: Literal["feasible", "infeasible"]
     model: str
     cluster_id: str | None
+    cluster: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the cluster the plan was made for, as it was then (its GPU's spec, nodes, links, host "
+        "RAM and NVMe): a stored cluster edited since does not change it",
+    )
     request: dict[str, Any]
     recommended: CandidateOut | None
     alternatives: list[CandidateOut]

@@ -371,6 +371,7 @@ def plan_out(record: PlanRecord) -> PlanOut:
         status=result.status,
         model=record.model_name,
         cluster_id=record.cluster_id,
+        cluster=record.cluster_snapshot,
         request=record.request,
         recommended=result.recommended,
         alternatives=result.alternatives,

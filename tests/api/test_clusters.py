@@ -410,3 +410,28 @@ def test_a_write_made_from_an_older_version_changes_nothing(client: TestClient) 
     assert fresh.status_code == 200 and fresh.json()["version"] == 3
     assert client.patch(f"/v1/clusters/{created['id']}", json={"description": "C"}).json()["version"] == 4
     assert client.delete(f"/v1/clusters/{created['id']}", headers={"If-Match": "*"}).status_code == 204
+
+
+def test_a_plan_shows_the_cluster_it_was_made_for_after_the_cluster_is_edited(client: TestClient) -> None:
+    """A review's case: a plan made on a stored cluster of 2 x 8 H100 with 2 TiB of host RAM showed,
+    after the cluster became 8 A100 nodes without host RAM, only {"id": ...}: a CPU-offload plan on a
+    cluster with no host RAM. The snapshot it keeps is returned."""
+    created = client.post(
+        "/v1/clusters",
+        json={"name": "pod-a", "gpu": "h100-sxm-80gb", "num_nodes": 2, "gpus_per_node": 8,
+              "cpu_memory_bytes_per_node": 2 * 2**40},
+    ).json()  # fmt: skip
+    body = {
+        "model": {"preset": "llama-3-8b"},
+        "cluster": {"id": created["id"]},
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+    }
+    plan = client.post("/v1/plans", json=body)
+    assert plan.status_code == 201, plan.text
+    made = plan.json()["cluster"]
+    assert made["gpu"]["name"] == "h100-sxm-80gb" and made["num_nodes"] == 2
+    assert made["cpu_memory_bytes_per_node"] == 2 * 2**40
+    edited = client.patch(f"/v1/clusters/{created['id']}", json={"num_nodes": 8, "gpu": "a100-sxm-80gb"})
+    assert edited.status_code == 200, edited.text
+    again = client.get(f"/v1/plans/{plan.json()['id']}").json()
+    assert again["cluster"] == made
