@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # the slots are the event loop's (their waiters hold no worker thread): made in it
         app.state.planning_slots = anyio.Semaphore(settings.max_concurrent_planning)
         app.state.estimate_slots = anyio.Semaphore(settings.max_concurrent_planning)
+        app.state.capacity_slots = anyio.Semaphore(settings.max_concurrent_capacity)
         freeze_startup_objects()  # what startup made lives as long as the process
         try:
             yield

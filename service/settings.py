@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     # CPU-heavy requests (estimates, plans, capacity) run at most this many at once; the next waits
     # up to planning_queue_wait_s for a slot, then gets 503 with Retry-After.
     max_concurrent_planning: int = Field(default=8, ge=1, le=256)
+    # Capacity requests (capacity_budget_s of CPU each, every GPU type searched) have their own,
+    # fewer slots: a process's threads share one interpreter lock, so n of them at once take n x
+    # capacity_budget_s of wall time, and past BUSY_WALL_FACTOR (6) x their budget each stops as
+    # "busy" with its work thrown away (ten at once: all ten 503 after 48 s). Two finish within 2 x 8 s
+    # beside a full set of plans; the next waits planning_queue_wait_s for one, then 503 at once.
+    max_concurrent_capacity: int = Field(default=2, ge=1, le=64)
     planning_queue_wait_s: float = Field(default=5.0, ge=0, le=60)
     # Wall time one planning request may compute (its search, every suggestion, capacity across GPU
     # types), from when it gets its slot; what the budget cut says so (search.truncated_by). 1.5 s

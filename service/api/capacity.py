@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from fastapi import APIRouter
 
 from service import planning
-from service.api.deps import PlanningDeadline, SessionDep, SettingsDep
+from service.api.deps import CapacityDeadline, SessionDep
 from service.api.problems import PROBLEM_RESPONSES
 from service.contracts.capacity import CapacityOut, CapacityRequest
 
@@ -15,9 +13,5 @@ router = APIRouter(prefix="/v1/capacity", tags=["capacity"], responses=PROBLEM_R
 
 
 @router.post("", response_model=CapacityOut)
-def plan_capacity(
-    body: CapacityRequest, deadline: PlanningDeadline, settings: SettingsDep, session: SessionDep
-) -> CapacityOut:
-    return planning.capacity_for(
-        session, body, dataclasses.replace(deadline, seconds=settings.capacity_budget_s)
-    )
+def plan_capacity(body: CapacityRequest, deadline: CapacityDeadline, session: SessionDep) -> CapacityOut:
+    return planning.capacity_for(session, body, deadline)

@@ -112,36 +112,50 @@ def get_session(request: Request, principal: PrincipalDep) -> Iterator[Session]:
 
 
 @contextlib.asynccontextmanager
-async def _slot(request: Request, slots: anyio.Semaphore, what: str) -> AsyncIterator[Deadline]:
+async def _slot(
+    request: Request, slots: anyio.Semaphore, what: str, count: int, seconds: float
+) -> AsyncIterator[Deadline]:
     """One of ``slots``: waits up to ``planning_queue_wait_s`` for one, else 503 with Retry-After.
     It waits in the event loop, holding no worker thread: a burst of waiting plans once held the 40
     threads the reads run in (a GET /v1/gpus took 6 s behind 60 plans). Yields the request's
-    deadline: ``request_budget_s`` of work, and whether the client has gone."""
+    deadline: ``seconds`` of work, and whether the client has gone."""
     settings: Settings = request.app.state.settings
     try:
         with anyio.fail_after(settings.planning_queue_wait_s):
             await slots.acquire()
     except TimeoutError:
         raise ServiceUnavailable(
-            f"all {settings.max_concurrent_planning} {what} slots are busy "
-            f"(waited {settings.planning_queue_wait_s:g} s for one)"
+            f"all {count} {what} slots are busy (waited {settings.planning_queue_wait_s:g} s for one)"
         ) from None
     try:
-        yield Deadline(seconds=settings.request_budget_s, cancelled=client_gone(request))
+        yield Deadline(seconds=seconds, cancelled=client_gone(request))
     finally:
         slots.release()
 
 
 async def planning_slot(request: Request) -> AsyncIterator[Deadline]:
-    """A slot for a search (plans, capacity): CPU-heavy, each its seconds of work."""
-    async with _slot(request, request.app.state.planning_slots, "planning") as deadline:
+    """A slot for a plan's search: CPU-heavy, request_budget_s of work."""
+    settings: Settings = request.app.state.settings
+    slots, count = request.app.state.planning_slots, settings.max_concurrent_planning
+    async with _slot(request, slots, "planning", count, settings.request_budget_s) as deadline:
+        yield deadline
+
+
+async def capacity_slot(request: Request) -> AsyncIterator[Deadline]:
+    """A slot for a capacity request: capacity_budget_s of work, from a pool of its own
+    (``Settings.max_concurrent_capacity``: fewer, so that those admitted finish)."""
+    settings: Settings = request.app.state.settings
+    slots, count = request.app.state.capacity_slots, settings.max_concurrent_capacity
+    async with _slot(request, slots, "capacity", count, settings.capacity_budget_s) as deadline:
         yield deadline
 
 
 async def estimate_slot(request: Request) -> AsyncIterator[Deadline]:
     """A slot for an estimate (milliseconds of work): its own, so that estimates do not queue behind
     a burst of searches."""
-    async with _slot(request, request.app.state.estimate_slots, "estimate") as deadline:
+    settings: Settings = request.app.state.settings
+    slots, count = request.app.state.estimate_slots, settings.max_concurrent_planning
+    async with _slot(request, slots, "estimate", count, settings.request_budget_s) as deadline:
         yield deadline
 
 
@@ -221,6 +235,7 @@ KnownQuery = Depends(known_query)  # for routers: every query parameter is one t
 EstimateSlot = Depends(estimate_slot)
 # The route's slot and its deadline: ``deadline: PlanningDeadline`` in the handler's parameters.
 PlanningDeadline = Annotated[Deadline, Depends(planning_slot)]
+CapacityDeadline = Annotated[Deadline, Depends(capacity_slot)]
 # scope="function": commit before the response is sent, so a failed commit is never a 2xx.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 

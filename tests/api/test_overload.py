@@ -25,13 +25,15 @@ ESTIMATE = {
 def test_full_planning_slots_are_a_503_and_health_still_answers(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'overload.db'}"
     command.upgrade(alembic_config(url), "head")
-    settings = Settings(database_url=url, max_concurrent_planning=2, planning_queue_wait_s=0.2)
+    settings = Settings(
+        database_url=url, max_concurrent_planning=2, max_concurrent_capacity=2, planning_queue_wait_s=0.2
+    )
     with TestClient(create_app(settings)) as client:
         state = client.app.state  # type: ignore[attr-defined]
         portal = client.portal
         assert portal is not None
         assert client.post("/v1/estimates", json=ESTIMATE).status_code == 200
-        for slots in (state.planning_slots, state.estimate_slots):
+        for slots in (state.planning_slots, state.estimate_slots, state.capacity_slots):
             for _ in range(2):  # two long searches (estimates) hold both slots of each pool
                 portal.call(slots.acquire_nowait)
         try:
@@ -46,7 +48,7 @@ def test_full_planning_slots_are_a_503_and_health_still_answers(tmp_path: Path) 
             assert client.get("/healthz").status_code == 200
             assert client.get("/v1/clusters").status_code == 200  # reads take no slot
         finally:
-            for slots in (state.planning_slots, state.estimate_slots):
+            for slots in (state.planning_slots, state.estimate_slots, state.capacity_slots):
                 for _ in range(2):
                     portal.call(slots.release)
         assert client.post("/v1/estimates", json=ESTIMATE).status_code == 200
@@ -63,3 +65,29 @@ def test_a_slot_is_free_again_as_soon_as_its_request_answers(tmp_path: Path) -> 
         for _ in range(10):
             assert client.post("/v1/estimates", json=ESTIMATE).status_code == 200
             assert client.post("/v1/plans", json=plan).status_code == 201
+
+
+def test_capacity_requests_have_fewer_slots_of_their_own(tmp_path: Path) -> None:
+    """A review's case: ten whole-catalog capacity requests at once on a 2-core machine took eight
+    planning slots, shared one interpreter lock, and all ten were 503s (8 after 48 s of computing
+    thrown away). Capacity has its own, fewer slots: the next one is told at once, and a plan still
+    finds a planning slot while they are held."""
+    url = f"sqlite:///{tmp_path / 'capacity.db'}"
+    command.upgrade(alembic_config(url), "head")
+    settings = Settings(database_url=url, max_concurrent_capacity=1, planning_queue_wait_s=0.1)
+    plan = {"model": {"preset": "gpt2"}, "cluster": ESTIMATE["cluster"], "training": ESTIMATE["training"]}
+    capacity = {"model": {"preset": "gpt2"}, "training": {"seq_len": 128, "global_batch_size": 1}}
+    with TestClient(create_app(settings)) as client:
+        state = client.app.state  # type: ignore[attr-defined]
+        portal = client.portal
+        assert portal is not None
+        portal.call(state.capacity_slots.acquire_nowait)  # one capacity request computing
+        try:
+            started = time.perf_counter()
+            problem = assert_problem(client.post("/v1/capacity", json=capacity), 503)
+            assert "all 1 capacity slots are busy" in problem["detail"]
+            assert time.perf_counter() - started < 2
+            assert client.post("/v1/plans", json=plan).status_code == 201
+        finally:
+            portal.call(state.capacity_slots.release)
+        assert client.post("/v1/capacity", json=capacity).status_code == 200
