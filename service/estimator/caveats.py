@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from service.estimator.job import Job
 from service.estimator.tuning import Tuning, conservative_peak_fraction
-from service.estimator.types import ClusterSpec, ModelSpec, PositionEmbedding, TrainingSpec
+from service.estimator.types import ClusterSpec, GPUSpec, ModelSpec, PositionEmbedding, TrainingSpec
 
 # Parts users describe as a custom GPU and the catalog die each is built on (the vendors' architecture
 # whitepapers and datasheets: H800, H20 and GH200's GPU are GH100 dies; A800 and A30 GA100; L20 and
@@ -27,8 +27,12 @@ def fitted_fractions(tuning: Tuning) -> str:
 def chip_warnings(job: Job) -> tuple[str, ...]:
     """A GPU without ``chip`` (a custom part) is timed at the most conservative fitted efficiency
     (``tuning.peak_fraction``, ``tuning.attention_kernel_rate``): say so, and what to set."""
-    tuning = job.tuning
-    if job.cluster.gpu.chip or not tuning.peak_fraction_by_chip:
+    return gpu_chip_warnings(job.cluster.gpu, job.tuning)
+
+
+def gpu_chip_warnings(gpu: GPUSpec, tuning: Tuning) -> tuple[str, ...]:
+    """``chip_warnings`` of a GPU under ``tuning`` (a capacity option's, which has no job)."""
+    if gpu.chip or not tuning.peak_fraction_by_chip:
         return ()
     fraction = conservative_peak_fraction(tuning)
     return (

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from service.estimator.caveats import gpu_chip_warnings
 from service.estimator.comm import link_default_notes
 from service.estimator.defaults import chosen_defaults, for_gpu
 from service.estimator.job import shared_memory_memos
@@ -24,6 +25,7 @@ from service.recommender.budget import Budget
 from service.recommender.collector import fewer_collections
 from service.recommender.space import sub_cluster
 from service.recommender.suggest import (
+    PCIE_NODE_BYTES_PER_S,
     SUGGESTION_EVALUATIONS,
     budget_words,
     fewest_gpus,
@@ -103,6 +105,7 @@ def _option(
     if chosen:
         notes = (*notes, "defaults for this GPU: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
     notes = (*notes, *link_default_notes(cluster))  # a custom GPU's links it left out, as assumed
+    notes = (*notes, *gpu_chip_warnings(cluster.gpu, tuning))  # a custom GPU's efficiency, as a plan says
     unfit = states_unfit(model, cluster, training, tuning, constraints, max(counts))
     if unfit is not None:
         return CapacityOption(gpu=name, fits=False, note=unfit)
@@ -256,10 +259,10 @@ def _capacity(
         counts = _within_node(cluster.gpus_per_node) + ladder
         price = prices.get(gpu.name, constraints.gpu_hour_cost)
         timed_at: int | None = at_gpus
-        capped: tuple[str, ...] = ()
+        capped: tuple[str, ...] = _placement_notes(gpu, gpus_per_node)
         if at_gpus is not None and at_gpus > cluster.world_size:  # max_nodes bounds the option
             timed_at = cluster.world_size
-            capped = (
+            capped += (
                 f"asked for {at_gpus:,} GPUs; max_nodes {max_nodes:,} of {cluster.gpus_per_node} GPUs holds "
                 f"{timed_at:,}: timed on those",
             )
@@ -268,6 +271,27 @@ def _capacity(
         )
         options.append(dataclasses.replace(found, source=index))
     return tuple(sorted(options, key=option_order))
+
+
+def _placement_notes(gpu: GPUSpec, gpus_per_node: int | None) -> tuple[str, ...]:
+    """What a catalog part without a reference node (or network) in its entry was placed in, which
+    GET /v1/gpus leaves null: said, as an inline cluster's defaults are (a PCIe card's capacity row
+    stated its 8-GPU nodes and 100 Gb/s port in fields alone)."""
+    said = []
+    if gpus_per_node is None and gpu.node_gpus is None:
+        said.append(
+            f"nodes of {reference_node_gpus(gpu)} {gpu.name} (its catalog entry has no reference node; "
+            "gpus_per_node sets another)"
+        )
+    if gpu.node_network_bytes_per_s is None:
+        network = reference_network_bytes_per_s(gpu)
+        kind = (
+            "a PCIe server's 100 Gb/s port per 8 GPUs (EC2 g5/g6/g4dn)"
+            if network == PCIE_NODE_BYTES_PER_S
+            else "an HGX node's 400 Gb/s NIC per GPU"
+        )
+        said.append(f"between nodes {network / 1e9:g} GB/s per GPU: {kind}, as no network is in its entry")
+    return tuple(said)
 
 
 def option_order(option: CapacityOption) -> tuple[bool, float, float, int]:

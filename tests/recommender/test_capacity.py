@@ -327,3 +327,30 @@ def test_without_tokens_the_fastest_option_comes_first() -> None:
     assert len(fitting) == 4 and [o.tokens_per_s for o in fitting] == sorted(
         (o.tokens_per_s or 0.0 for o in fitting), reverse=True
     ), speeds
+
+
+def test_a_part_without_a_reference_node_says_what_it_was_placed_in() -> None:
+    """A review's case: a PCIe card's option was placed in 8-GPU nodes on a 100 Gb/s port per node
+    (the fields said so; GET /v1/gpus has null for both); the note says it, as an inline cluster's
+    defaults are said. A part with a reference node (in GET /v1/gpus) says nothing of it."""
+    spec = model("llama-3.1-70b").spec
+    training = TrainingSpec(seq_len=4096, global_batch_size=512, tokens=10**11)
+    pcie, sxm = capacity(
+        spec, training, default_tuning(), gpus=[gpu("h100-pcie-80gb"), gpu("h100-sxm-80gb")]
+    )[::-1]
+    by_gpu = {o.gpu: o for o in (pcie, sxm)}
+    pcie, sxm = by_gpu["h100-pcie-80gb"], by_gpu["h100-sxm-80gb"]
+    assert "nodes of 8 h100-pcie-80gb (its catalog entry has no reference node" in pcie.note
+    assert "between nodes 1.5625 GB/s per GPU: a PCIe server's 100 Gb/s port per 8 GPUs" in pcie.note
+    assert "nodes of" not in sxm.note and "between nodes" not in sxm.note
+    (asked,) = capacity(spec, training, default_tuning(), gpus=[gpu("h100-pcie-80gb")], gpus_per_node=4)
+    assert "nodes of" not in asked.note and "between nodes 1.5625" in asked.note
+
+
+def test_a_custom_gpu_without_chip_says_its_efficiency_as_a_plan_does() -> None:
+    spec = model("llama-3-8b").spec
+    custom = dataclasses.replace(gpu("h100-sxm-80gb"), name="lab-h100", chip=None)
+    (option,) = capacity(spec, T8, default_tuning(), gpus=[custom])
+    assert option.fits and "custom GPU without chip: the most conservative fitted efficiency" in option.note
+    (catalog,) = capacity(spec, T8, default_tuning(), gpus=[gpu("h100-sxm-80gb")])
+    assert "without chip" not in catalog.note
