@@ -362,24 +362,27 @@ def _search_memory_family(
         fitted = True
         if top <= best_index:
             continue  # more recompute without a larger micro-batch only costs time
-        best_index = top
         # time falls with the micro-batch but for the pipeline's bubble and an overlapped EP all-to-all
         # (evaluate.rising_ep_comm_s): there the largest that fits may not be the fastest
         single = s.pp == 1 and s.ep == 1
         timed = [top] if single else _micro_batches_timed(result, job, sized, top)
         partial = recompute is Recompute.FULL and FRAMEWORK_CAPABILITIES[sh.framework].partial_recompute
+        refused = True  # every layout of this recompute timed here runs on no requested launcher
         for i in timed:
             layout = sized(i)
             if partial and _may_enter_top(
                 search, job, result, dataclasses.replace(layout, recompute=Recompute.NONE)
             ):
                 layout = _fewest_recomputed_layers(search, job, result, layout, limit)
-            _time_candidate(search, job, result, layout)
+            refused &= _time_candidate(search, job, result, layout)
             overlapped = _overlapped(search, layout)
             if overlapped is not None and evaluate.numbers_fit(
                 job.cluster, result.memory_numbers(job, overlapped), limit
             ):
-                _time_candidate(search, job, result, overlapped)  # one more micro-batch in flight
+                refused &= _time_candidate(search, job, result, overlapped)  # one more micro-batch in flight
+        if refused:
+            continue  # it bounds nothing: the heavier recompute that follows may run at this size
+        best_index = top
         if top == len(sizes) - 1:
             break
     return fitted
@@ -465,14 +468,19 @@ def _only_micro_batch_fitting(result: SearchResult, job: Job, layout: Layout, in
     return index if evaluate.numbers_fit(job.cluster, result.memory_numbers(job, layout), limit) else -1
 
 
-def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Layout) -> None:
+def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Layout) -> bool:
+    """Time ``layout`` and keep it where it enters its family's best; True when no requested
+    launcher runs it (nor its fallback), so that it bounds nothing: a family's heavier recompute
+    at the same micro-batch may still run (Accelerate's FSDP has no per-op checkpointing, which
+    only torchtitan runs: a selective_op layout refused there hid the full-recompute one 20%
+    faster than what was kept)."""
     result.candidates += 1
     _, tokens_per_s = result.step_numbers(job, layout)
     key = rank.sort_key(search.constraints.objective, layout, tokens_per_s)
     family = _family_key(layout)
     held = result.best.get(family)
     if held is not None and key >= held.key:
-        return
+        return False
     # a layout that could be shown (the top k) must run as written; one that cannot reach the top k
     # now never will (the k-th key only improves), so its launchers are not asked
     top_k = search.constraints.top_k
@@ -482,11 +490,12 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
         if layout.tp_comm_overlap:
             # only the torchtitan and megatron targets overlap TP: another launcher (Accelerate)
             # may run the layout with its TP collectives exposed, at that (slower) time
-            _time_candidate(search, job, result, dataclasses.replace(layout, tp_comm_overlap=False))
-        elif (plain := _without_sequence_parallel(search, job, result, layout)) is not None:
-            _time_candidate(search, job, result, plain)
-        return
+            return _time_candidate(search, job, result, dataclasses.replace(layout, tp_comm_overlap=False))
+        if (plain := _without_sequence_parallel(search, job, result, layout)) is not None:
+            return _time_candidate(search, job, result, plain)
+        return True
     result.keep(family, Scored(layout, job, key, tokens_per_s))
+    return False
 
 
 def _without_sequence_parallel(

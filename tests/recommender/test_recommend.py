@@ -394,3 +394,37 @@ def test_fewer_gpus_are_chosen_where_the_nodes_do_not_divide_the_batch() -> None
     )
     # where the nodes divide the batch, all of them, as before
     assert alone.recommended.layout.world_size == 128
+
+
+def test_a_recompute_no_launcher_runs_does_not_hide_a_heavier_one_that_does() -> None:
+    """Found comparing the regression corpus: a family's lighter recompute that fits at micro-batch
+    m bounded its heavier recompute at m (never faster), even where no requested launcher ran the
+    lighter one (per-op checkpointing is torchtitan's alone, and torchtitan does not build Gemma).
+    Gemma 2B fp32 on one MI250X GCD: full recompute fits and runs, but the search stopped at the
+    refused selective_op and answered that one GPU holds nothing (capacity: 2 GPUs)."""
+    from service.catalog.gpus import gpu as catalog_gpu
+    from service.catalog.models import model as preset_model
+    from service.catalog.tuning import default_tuning
+    from service.estimator.types import Attention, Layout, Precision
+    from service.launchers import runnable_targets
+    from service.recommender import Constraints, search
+    from service.recommender.capacity import default_cluster
+    from service.recommender.types import Objective
+
+    spec = preset_model("gemma-2b").spec
+    training = TrainingSpec(
+        seq_len=2048, global_batch_size=128, precision=Precision.FP32, attention=Attention.SDPA
+    )
+    cluster = default_cluster(catalog_gpu("mi250x-gcd-64gb"), 1)
+    constraints = Constraints(frameworks=(Framework.FSDP,), top_k=1, objective=Objective.FEWEST_GPUS)
+    found = search(spec, cluster, training, constraints, default_tuning(), (1,))
+    (best,) = found.ranked()
+    assert best.layout.world_size == 1 and best.layout.recompute is Recompute.FULL
+    one_gpu = dataclasses.replace(cluster, gpus_per_node=1)
+    plan = Plan(model=spec, cluster=one_gpu, training=training, layout=best.layout)
+    assert runnable_targets(plan, None)[0]
+    lighter = Layout(
+        framework=Framework.FSDP, zero_stage=best.layout.zero_stage, recompute=Recompute.SELECTIVE_OP,
+        micro_batch_size=best.layout.micro_batch_size,
+    )  # fmt: skip
+    assert not runnable_targets(dataclasses.replace(plan, layout=lighter), None)[0]
