@@ -61,10 +61,26 @@ def framework_refusal(
         if runs:
             return None
         refusals.append(
-            "; ".join(f"{target.value}: {reason}" for target, reason in reasons.items())
-            or f"none of the requested launchers runs {framework.value}"
+            _launcher_reasons(reasons) or f"none of the requested launchers runs {framework.value}"
         )
     return refusals[0] if refusals else None
+
+
+def _launcher_reasons(reasons: dict[Target, str]) -> str:
+    """Each launcher's refusal, those refusing for the same reason named together ("megatron: the
+    megatron and accelerate launchers refuse it: ..." where it read "megatron: megatron: ...")."""
+    by_reason: dict[str, list[str]] = {}
+    for target, reason in reasons.items():
+        by_reason.setdefault(reason, []).append(target.value)
+    said = []
+    for reason, names in by_reason.items():
+        who = (
+            f"the {names[0]} launcher refuses"
+            if len(names) == 1
+            else f"the {' and '.join(names)} launchers refuse"
+        )
+        said.append(f"{who} it: {reason}")
+    return "; ".join(said)
 
 
 def _switches(

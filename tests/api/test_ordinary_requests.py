@@ -596,3 +596,13 @@ def test_megatron_tp_at_a_sequence_the_tp_ranks_cannot_split_leaves_sequence_par
     asked = payload | {"layout": payload["layout"] | {"sequence_parallel": True}}
     problem = assert_problem(client.post("/v1/estimates", json=asked), 422)
     assert problem["errors"][0]["rule"] == "sp_seq"
+
+
+def test_launchers_refusing_for_one_reason_are_named_together(client: TestClient) -> None:
+    """Found by bench/ordinary_probe.py (seed 41): the 422 read "megatron: megatron: GeGLU MLPs ...;
+    accelerate: GeGLU MLPs ..." (the framework, then each launcher, the same reason twice)."""
+    body = plan_body({"preset": "gemma-2-9b"}, {}, {"frameworks": ["megatron"]})
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)
+    detail = problem["detail"]
+    assert "megatron: the megatron and accelerate launchers refuse it: GeGLU MLPs" in detail, detail
+    assert "megatron: megatron:" not in detail and detail.count("GeGLU") == 1
