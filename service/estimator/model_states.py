@@ -550,13 +550,25 @@ def _offloaded(
         else:
             host += optim
         optim = 0.0
-        if layout.framework is not Framework.MEGATRON:
+        if not _gradients_stay_on_gpu(layout):
             grads = 0.0
     if layout.offload_params is Offload.CPU:
         host, params = host + params, 0.0
     elif layout.offload_params is Offload.NVME:
         nvme, params = nvme + params, 0.0
     return params, grads, optim, host, nvme
+
+
+def _gradients_stay_on_gpu(layout: Layout) -> bool:
+    """Whether the 16-bit gradients stay on the GPU under optimizer offload: Megatron's CPU optimizer
+    keeps its main-grad buffer there; DeepSpeed's ZeRO-1 reduces (and hands the CPU optimizer) its
+    gradients only at the accumulation boundary, keeping them in param.grad until then
+    (stage_1_and_2.py ``reduce_ready_partitions_and_remove_grads``: ``partition_gradients or
+    is_gradient_accumulation_boundary()``), as its time is modelled (one reduction a step). ZeRO-2/3
+    and FSDP stream each gradient out as it is reduced."""
+    if layout.framework is Framework.MEGATRON:
+        return True
+    return layout.framework is Framework.DEEPSPEED and layout.zero_stage == 1
 
 
 # (trainable parameters, frozen parameters, bytes per frozen parameter, shard degree) of one group

@@ -221,6 +221,21 @@ def test_cpu_offload_moves_optimizer_and_gradients_to_host() -> None:
     assert est.cpu_per_node_bytes == 4 * 7328
 
 
+def test_zero_1_cpu_offload_keeps_the_16_bit_gradients_on_the_gpu() -> None:
+    """A review's case: Qwen2.5-7B on 2 x RTX 4090 'fitted' at 19.8 GiB with ZeRO-1 + optimizer
+    offload and 16 accumulation steps, its gradients counted 0; DeepSpeed's ZeRO-1 reduces (and hands
+    the CPU optimizer) its gradients only at the accumulation boundary and keeps them in param.grad
+    until then (stage_1_and_2.py reduce_ready_partitions_and_remove_grads), 15 GB more. The host side
+    is ZeRO-2's."""
+    zero1 = Layout(dp=4, zero_stage=1, offload_optimizer=Offload.CPU)
+    s = states(TINY, cluster(4), zero1, TRAIN)
+    # GPU: 2P bf16 weights and 2P bf16 gradients, unsharded (P = 1832); host: (12 + 4) x P/4
+    assert (s.parameters, s.gradients, s.optimizer_states) == (3664, 3664, 0)
+    assert s.host_bytes == 7328
+    zero2 = states(TINY, cluster(4), dataclasses.replace(zero1, zero_stage=2), TRAIN)
+    assert zero2.gradients == 0 and zero2.host_bytes == s.host_bytes
+
+
 def test_fp8_adds_weight_caches() -> None:
     fp8 = dataclasses.replace(TRAIN, precision=Precision.FP8)
     s = states(TINY, cluster(1), Layout(), fp8)
