@@ -200,6 +200,11 @@ class _Fields:
             kinds.append(kind)
         return kinds
 
+    def with_defaults(self, defaults: Mapping[str, object]) -> _Fields:
+        """These fields with a config class's defaults for the keys they leave out (as transformers'
+        AutoConfig reads a config.json)."""
+        return _Fields({**defaults, **self.raw}, self.model_type, prefix=self.prefix)
+
     def nested(self, key: str, model_type: str) -> _Fields:
         """The sub-config a multimodal wrapper keeps its language model in (``text_config``)."""
         value = self.raw.get(key)
@@ -500,9 +505,22 @@ def _gemma2(f: _Fields, name: str) -> ModelSpec:
     )
 
 
+# Gemma3TextConfig's class defaults (transformers 5.24): google/gemma-3-4b-it's config.json leaves
+# the heads, kv heads and vocabulary to them ("'text_config.num_attention_heads' is required" was the
+# answer to the published config). The sliding window and head_dim defaults are read below.
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+}
+
+
 def _gemma3_text(f: _Fields, name: str) -> ModelSpec:
     # Gemma3TextConfig: Gemma 2's layer plus q_norm and k_norm RMSNorm(head_dim); layer i sliding
     # unless (i + 1) % sliding_window_pattern == 0 (5 local : 1 global); no soft-capping by default.
+    f = f.with_defaults(GEMMA3_TEXT_DEFAULTS)
     f.reject("use_bidirectional_attention", True, "the estimator models causal decoders")
     layers = f.required_int("num_hidden_layers")
     pattern = f.positive_int_or("sliding_window_pattern", 6)

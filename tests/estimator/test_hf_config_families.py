@@ -358,3 +358,36 @@ def test_dropout_comes_from_the_config_with_its_class_defaults() -> None:
     assert model_from_hf_config(llama | {"attention_dropout": 0.1}).attention_dropout == 0.1
     with pytest.raises(InvalidModel, match="attention_dropout"):
         model_from_hf_config(llama | {"attention_dropout": 1.5})
+
+
+# google/gemma-3-4b-it's config.json as published: its text_config leaves the heads, kv heads, head_dim
+# and vocabulary to Gemma3TextConfig's defaults
+GEMMA3_4B = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "text_config": {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+    "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model", "num_hidden_layers": 27},
+}
+
+
+def test_gemma3_published_config_takes_the_text_config_class_defaults() -> None:
+    """A review's case: the published Gemma 3 4B config.json was a 422 "'text_config.num_attention_heads'
+    is required"; transformers fills what it leaves out from Gemma3TextConfig (8 heads, 4 kv heads,
+    head_dim 256, vocabulary 262,208). 3,880,263,168 parameters: transformers 5.24's count of
+    Gemma3ForCausalLM from that text_config on the meta device."""
+    spec = model_from_hf_config(GEMMA3_4B)
+    assert (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim, spec.vocab_size) == (
+        8,
+        4,
+        256,
+        262208,
+    )
+    assert spec.num_layers == 34 and spec.sliding_window == 1024
+    assert parameter_counts(spec).total == 3_880_263_168
