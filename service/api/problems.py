@@ -111,9 +111,11 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     for err in _branch_noise([{**e, "loc": tuple(e.get("loc", ()))} for e in exc.errors()]):
         loc = err.get("loc", ())
         refused = (err.get("ctx") or {}).get("error")
+        message = err.get("msg", "")
         if isinstance(refused, FieldError):  # a model validator's: it names the field it refuses
             loc = (*loc, *refused.field.split("."))
-        entry: dict[str, Any] = {"field": _field_path(loc), "message": err.get("msg", "")}
+            message = str(refused)  # its words, without pydantic's "Value error, "
+        entry: dict[str, Any] = {"field": _field_path(loc), "message": message}
         entry["type"] = err.get("type", "invalid")
         ctx = err.get("ctx") or {}
         limits = {k: v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le", "max_length", "min_length")}

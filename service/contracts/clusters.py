@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
+from service.catalog.errors import UnknownCatalogEntry
 from service.contracts.common import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_MEMORY_BYTES,
@@ -120,6 +121,8 @@ class ClusterShape(Strict):
                 if value["gpu"] != given:
                     read["gpu"] = value["gpu"]
             node = reference_node(value["gpu"]) if isinstance(value.get("gpu"), str) else None
+            if isinstance(given, str) and node is None and "gpus_per_node" not in value:
+                _known_gpu(given)  # an unknown name is the error, not the node size it left out
             count = value.get("num_gpus")
             if not isinstance(count, int) or isinstance(count, bool) or count < 1:
                 count = None  # absent, or refused by the field's own rules
@@ -354,3 +357,13 @@ ClusterChoice = Annotated[
     Annotated[ClusterRef, Tag("by_id")] | Annotated[ClusterIn, Tag("inline")],
     Discriminator(_cluster_kind),
 ]
+
+
+def _known_gpu(name: str) -> None:
+    """Refuse a GPU name the catalog does not know (or that names several parts), naming the field and
+    the candidates: left to the lookup that follows validation, a cluster without gpus_per_node was
+    refused for that field alone ("cluster.gpus_per_node: Field required" for {"gpu": "H100"})."""
+    try:
+        gpu_slug(name)
+    except UnknownCatalogEntry as exc:
+        raise FieldError(str(exc), "gpu") from None

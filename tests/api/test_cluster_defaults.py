@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.catalog.gpus import GPUEntry, gpu_entries
+from tests.api.helpers import assert_problem
 
 TRAINING = {"seq_len": 2048, "global_batch_size": 64}
 LAYOUT = {"framework": "fsdp", "zero_stage": 3, "micro_batch_size": 1}
@@ -193,3 +194,32 @@ def test_an_mi300x_cluster_of_several_nodes_takes_its_reference_nodes_network(cl
     response = client.post("/v1/plans", json=body)
     assert response.status_code == 201, response.text
     assert response.json()["resolved_defaults"]["cluster.inter_node_bandwidth_bytes_per_s"] == "50000000000"
+
+
+@pytest.mark.parametrize(
+    ("name", "words"), [("H100", "it matches 4 entries"), ("nope", "unknown gpu 'nope'")]
+)
+def test_an_unknown_gpu_name_is_the_error_not_the_node_it_left_out(
+    client: TestClient, name: str, words: str
+) -> None:
+    """A review's case: {"gpu": "H100"} (four parts) or an unknown name without gpus_per_node was a 422
+    "cluster.gpus_per_node: Field required", never naming the GPU or its candidates."""
+    body = {
+        "model": {"preset": "llama-3-8b"},
+        "cluster": {"gpu": name, "num_nodes": 1},
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+    }
+    for path in ("/v1/plans", "/v1/estimates"):
+        problem = assert_problem(
+            client.post(path, json=body | ({"layout": {}} if "estimates" in path else {})), 422
+        )
+        assert [e["field"] for e in problem["errors"]] == ["cluster.gpu"], problem
+        assert words in problem["errors"][0]["message"] and not problem["errors"][0]["message"].startswith(
+            "Value"
+        )
+    stored = assert_problem(client.post("/v1/clusters", json={"name": "x", "gpu": name, "num_nodes": 1}), 422)
+    assert [e["field"] for e in stored["errors"]] == ["gpu"]
+    # a PCIe card the catalog knows still needs its node size: that field is the one named
+    body["cluster"] = {"gpu": "h100-pcie-80gb", "num_nodes": 1}
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)
+    assert [e["field"] for e in problem["errors"]] == ["cluster.gpus_per_node"]
