@@ -95,7 +95,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_origins=settings.cors_origins,
             allow_methods=["*"],
             allow_headers=["*"],
-            expose_headers=["X-Request-ID", "Location"],
+            # every header an answer carries that a page reads: the If-Match flow needs ETag, a 503
+            # says when to retry, a replayed plan says so (a browser shows a script none of these
+            # unless listed: the Fetch standard's CORS-safelisted response headers)
+            expose_headers=["X-Request-ID", "Location", "ETag", "Retry-After", "Idempotent-Replayed"],
         )
     app.add_middleware(ArrivalTimeMiddleware)
     app.add_middleware(RequestIdMiddleware)

@@ -260,7 +260,17 @@ def _concurrent_change(request: Request, why: str) -> JSONResponse:
 
 async def _stale_row(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, sqlalchemy.orm.exc.StaleDataError)
-    return _concurrent_change(request, "the row changed or was deleted while this request ran")
+    why = "the row changed or was deleted while this request ran"
+    if "if-match" in request.headers:
+        # its precondition failed, as the earlier check would have said had the other write landed
+        # first (RFC 9110 13.1.1: 412): racing writers with one If-Match got 409 or 412 by timing
+        return problem_response(
+            412,
+            f"If-Match {request.headers['if-match']}: {why}; nothing was stored: read it again",
+            slug="precondition-failed",
+            instance=request.url.path,
+        )
+    return _concurrent_change(request, why)
 
 
 def document_problem_schema(app: FastAPI) -> None:

@@ -92,9 +92,10 @@ def check_version(record: ClusterRecord, version: int | None, if_match: str | No
 
 
 def _matches(if_match: str, version: int) -> bool:
-    """Whether an If-Match header names this version: "*", or a list of entity tags, weak or strong."""
+    """Whether an If-Match header names this version: "*", or a list of entity tags compared strongly
+    (RFC 9110 13.1.1: a weak tag, W/"3", never matches for If-Match)."""
     tags = [tag.strip() for tag in if_match.split(",")]
-    return "*" in tags or any(tag.removeprefix("W/").strip('"') == str(version) for tag in tags)
+    return "*" in tags or any(not tag.startswith("W/") and tag.strip('"') == str(version) for tag in tags)
 
 
 def read_from_catalog(model: ModelRef, cluster: ClusterRef | ClusterIn) -> dict[str, str]:

@@ -404,8 +404,13 @@ def test_a_write_made_from_an_older_version_changes_nothing(client: TestClient) 
     assert client.get(f"/v1/clusters/{created['id']}").json()["description"] == "A"  # A's change stands
     assert_problem(client.delete(f"/v1/clusters/{created['id']}", headers={"If-Match": '"1"'}), 412)
     # written from the current version (or "*", or without one), the change goes through
-    fresh = client.put(
+    # a weak tag never matches an If-Match (RFC 9110 13.1.1: strong comparison), the strong one does
+    weak = client.put(
         f"/v1/clusters/{created['id']}", json=stale | {"description": "B"}, headers={"If-Match": 'W/"2"'}
+    )
+    assert_problem(weak, 412)
+    fresh = client.put(
+        f"/v1/clusters/{created['id']}", json=stale | {"description": "B"}, headers={"If-Match": '"2"'}
     )
     assert fresh.status_code == 200 and fresh.json()["version"] == 3
     assert client.patch(f"/v1/clusters/{created['id']}", json={"description": "C"}).json()["version"] == 4

@@ -75,6 +75,26 @@ def test_two_patches_cannot_combine_into_an_invalid_cluster(
     assert stored.json()["num_nodes"] == 1
 
 
+def test_a_write_with_if_match_that_loses_a_race_is_a_412(
+    client: TestClient, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's case: ten PATCHes with one If-Match at once; the losers got 409 or 412 by timing.
+    One that passed the If-Match check and then lost the row to another writer failed its precondition
+    too: 412, as the check answers once the other write has landed."""
+    cluster = client.post("/v1/clusters", json=ONE_NODE).json()
+    other = other_writer(
+        db_engine,
+        "UPDATE clusters SET description = 'other', version = version + 1 WHERE id = :id",
+        id=cluster["id"],
+    )
+    interleave(monkeypatch, clusters_planning, "_save", other)
+    response = client.patch(
+        f"/v1/clusters/{cluster['id']}", json={"description": "mine"}, headers={"If-Match": '"1"'}
+    )
+    assert_problem(response, 412)
+    assert client.get(f"/v1/clusters/{cluster['id']}").json()["description"] == "other"
+
+
 def test_a_plan_on_a_cluster_deleted_meanwhile_is_a_409(
     client: TestClient, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -55,6 +55,9 @@ def test_cors_allows_only_configured_origins(migrated_url: str) -> None:
         assert ok.headers["access-control-allow-origin"] == "https://ui.example"
         other = client.get("/healthz", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in other.headers
+        # a page reads the ETag its If-Match sends back, a 503's Retry-After and a replay's marker
+        exposed = {h.strip().lower() for h in ok.headers["access-control-expose-headers"].split(",")}
+        assert {"etag", "retry-after", "idempotent-replayed", "location", "x-request-id"} <= exposed
 
 
 def test_an_unexpected_error_is_a_problem_500_with_the_request_id(migrated_url: str) -> None:
