@@ -194,6 +194,9 @@ class Strict(BaseModel):
             if target in data:
                 raise FieldError(f"give either {key} or {target}, not both", key)
             value = out.pop(key)
+            if value is None:  # null, as its bytes_per_s twin takes it (a PATCH removing the figure)
+                out[target] = None
+                continue
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise FieldError(f"{key}: expected a number, got {type(value).__name__} {value!r}", key)
             out[target] = value * GB_PER_S

@@ -290,6 +290,12 @@ def test_measured_bus_bandwidths_round_trip_and_null_removes_them(client: TestCl
     assert client.get(f"/v1/clusters/{created['id']}").json() == created
     patched = client.patch(f"/v1/clusters/{created['id']}", json={INTRA: None, INTER: 40e9}).json()
     assert (patched[INTRA], patched[INTER]) == (None, 40e9)
+    # the GB/s spelling takes null too (a review's case: it was a 422 "expected a number")
+    gbps = client.patch(
+        f"/v1/clusters/{created['id']}", json={"measured_inter_node_bus_bandwidth_gbps": None}
+    )
+    assert gbps.status_code == 200, gbps.text
+    assert gbps.json()[INTER] is None
     # PUT sends the whole cluster: a measurement left out is gone
     replaced = client.put(f"/v1/clusters/{created['id']}", json=H100_NODE).json()
     assert (replaced[INTRA], replaced[INTER]) == (None, None)
