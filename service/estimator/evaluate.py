@@ -431,14 +431,18 @@ def largest_fitting(
     return bisect_largest(known_fit, last, lambda i: fits(job, layouts(i), limit_bytes, dynamic_factor))
 
 
-def max_micro_batch_size(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> int:
-    """Largest valid micro-batch that fits this layout within the GPU's capacity; 0 if none does."""
+def max_micro_batch_size(
+    job: Job, layout: Layout, dynamic_factor: float = 1.0, limit_bytes: int | None = None
+) -> int:
+    """Largest valid micro-batch that fits this layout within ``limit_bytes`` per GPU (default: the
+    GPU's capacity); 0 if none does."""
     sizes = valid_micro_batch_sizes(job.training, layout)
 
     def with_size(i: int) -> Layout:
         return dataclasses.replace(layout, micro_batch_size=sizes[i], gradient_accumulation_steps=None)
 
-    found = largest_fitting(job, with_size, len(sizes), job.cluster.gpu.memory_bytes, dynamic_factor)
+    limit = job.cluster.gpu.memory_bytes if limit_bytes is None else limit_bytes
+    found = largest_fitting(job, with_size, len(sizes), limit, dynamic_factor)
     return sizes[found] if found >= 0 else 0
 
 

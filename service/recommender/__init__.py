@@ -1425,7 +1425,7 @@ def gpu_use(layout: Layout, constraints: Constraints, result: SearchResult, tota
     """How many of the cluster's GPUs the layout uses, and why not the others."""
     used, limit = layout.world_size, constraints.max_gpus
     if used == total_gpus:
-        return f"uses all {total_gpus} GPUs"
+        return "uses its one GPU" if total_gpus == 1 else f"uses all {total_gpus} GPUs"
     capped = limit is not None and limit < total_gpus
     if capped and used == limit:
         return f"uses {used} of {total_gpus} GPUs: max_gpus {limit}"
@@ -1463,6 +1463,15 @@ def _candidates(
                 runner_up,
                 no_pp,
                 gpu_use(best_layout, constraints, result, total),
+                # within the headroom the plan keeps, as the search chose it (the estimate's limit is
+                # against the whole card: "largest that fits: 4" where 4 was over the plan's 95%)
+                evaluate.max_micro_batch_size(
+                    best_job,
+                    best_layout,
+                    limit_bytes=headroom.allowed_bytes(
+                        cluster.gpu.memory_bytes, constraints.min_headroom_fraction
+                    ),
+                ),
             ),
         )
     ]

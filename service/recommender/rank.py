@@ -216,9 +216,12 @@ def rationale(
     runner_up: tuple[Layout, Estimate] | None,
     fits_without_pp: bool,
     gpu_use: str,
+    largest_micro_batch: int | None = None,
 ) -> tuple[str, ...]:
     """Why this layout wins and what limits it, each line with its numbers; every claim about the
-    layout is read from its fields and the cluster (tests/recommender/test_rationale.py checks them)."""
+    layout is read from its fields and the cluster (tests/recommender/test_rationale.py checks them).
+    ``largest_micro_batch``: the largest that fits within the plan's headroom (default: the
+    estimate's limit, against the whole card)."""
     assert estimate.time is not None
     t = estimate.time
     strides = group_strides(layout)
@@ -280,7 +283,8 @@ def rationale(
         lines.append("PP=1: no pipeline bubble")
     lines.append(_sharding_words(layout, cluster))
     lines.append(
-        f"micro-batch {layout.micro_batch_size} (largest that fits: {estimate.max_micro_batch_size}), "
+        f"micro-batch {layout.micro_batch_size} (largest that fits: "
+        f"{estimate.max_micro_batch_size if largest_micro_batch is None else largest_micro_batch}), "
         f"recompute {recompute_words(layout)}"
         + ("" if layout.recompute is Recompute.NONE else " to fit activations")
     )
