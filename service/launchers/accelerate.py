@@ -400,10 +400,42 @@ def _script_duties(plan: Plan) -> str:
     return text
 
 
+# The Accelerator's gradient accumulation when the script passes none (accelerator.py:
+# parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", ...), every distributed type;
+# `accelerate launch --gradient_accumulation_steps` sets it for DeepSpeed alone)
+ACCUMULATION_ENV = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
+
+
+def environment(plan: Plan) -> list[tuple[str, str]]:
+    """What the launch exports: TF32 where asked, and for FSDP / DDP the gradient accumulation the
+    Accelerator reads (DeepSpeed's is in ds_config.json, Megatron's in the plugin's config)."""
+    env = tf32_environment(plan)
+    if plan.layout.framework is Framework.FSDP:
+        env.append((ACCUMULATION_ENV, str(accumulation(plan))))
+    return env
+
+
+def _batch_duty(plan: Plan) -> str:
+    """The micro-batch and accumulation an FSDP / DDP script must train with: no Accelerate config
+    key carries them (the DeepSpeed and Megatron paths write theirs), so a script's own DataLoader
+    and a missing accelerator.accumulate() trained another global batch than the one estimated."""
+    lo, training = plan.layout, plan.training
+    steps = accumulation(plan)
+    return (
+        f"\nbatch: {TRAIN_SCRIPT}'s DataLoader must give each process micro-batches of {lo.micro_batch_size} "
+        f"sequences of {training.seq_len} tokens, and each step must run inside "
+        f"accelerator.accumulate(model): with {ACCUMULATION_ENV}={steps} (exported below) the Accelerator "
+        f"steps the optimizer every {steps} micro-batches, a global batch of {lo.micro_batch_size} x "
+        f"dp {lo.dp} x {steps} = {training.global_batch_size} sequences, as estimated."
+    )
+
+
 def duties(plan: Plan) -> str:
     """What the training script must do for the layout, and where the launch runs from: the launch
     script's header, and the Slurm script's that runs this launch (``slurm.accelerate_render``)."""
     text = peft_header(plan) + _script_duties(plan) + fsdp_reduce_duty(plan, "accelerator")
+    if plan.layout.framework is Framework.FSDP:
+        text += _batch_duty(plan)
     if plan.layout.framework is Framework.DEEPSPEED:
         text += deepspeed.model_code_duties(plan) + (
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."
@@ -425,7 +457,7 @@ def render(plan: Plan) -> list[Artifact]:
             name=LAUNCH_NAME,
             target=TARGET,
             media_type=SHELL,
-            content=script(plan, body, env=tf32_environment(plan), header=header),
+            content=script(plan, body, env=environment(plan), header=header),
         ),
     ]
     if plan.layout.framework is Framework.DEEPSPEED:

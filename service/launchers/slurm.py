@@ -23,7 +23,6 @@ from service.launchers.common import (
     layout_summary,
     shell_command,
     shell_words,
-    tf32_environment,
     torchrun_words,
 )
 from service.launchers.job import entry
@@ -80,7 +79,7 @@ def accelerate_render(plan: Plan) -> list[Artifact]:
         f"Runs accelerate launch ({accelerate.CONFIG_NAME}), one srun task per node: no torchrun "
         "entry point runs this layout, Accelerate does." + accelerate.duties(plan)
     )
-    lines = _preamble(plan, runs, tf32_environment(plan))
+    lines = _preamble(plan, runs, accelerate.environment(plan))
     launch = accelerate.launch_words(plan)
     if plan.cluster.num_nodes == 1:
         lines.append(shell_command(["srun", "--kill-on-bad-exit=1", *launch]))

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,7 +135,7 @@ def _accelerate_args(path: Path, plan: Plan) -> Any:
 def test_accelerate_config_loader_launch_and_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("accelerate")
     from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin, parse_choice_from_env
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
     # As a user runs accelerate_launch.sh: from the directory holding the rendered files, whose
@@ -178,6 +179,16 @@ def test_accelerate_config_loader_launch_and_plugins(tmp_path: Path, monkeypatch
             )
         else:
             prepare_multi_gpu_env(args)
+        if framework is Framework.FSDP:
+            # the accumulation the Accelerator reads where the script passes none (a review's case: a
+            # default train.py trained 1/16 of the estimated global batch)
+            launch = by_name(artifacts, accelerate.LAUNCH_NAME).content
+            exported = re.search(rf"^export {accelerate.ACCUMULATION_ENV}=(\d+)$", launch, re.M)
+            assert exported is not None, name
+            with mock.patch.dict(os.environ, {accelerate.ACCUMULATION_ENV: exported.group(1)}):
+                steps = int(parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", 1))
+            lo = plan.layout
+            assert steps * lo.dp * lo.micro_batch_size == plan.training.global_batch_size, name
         count += 1
     assert count > 20
 
