@@ -276,10 +276,15 @@ def training(
     base_dtype: str | None = None,
     optimizer: str | None = None,
     optimizer_implementation: str | None = None,
+    lora_rank: int | None = None,
+    lora_targets: str | None = None,
 ) -> dict[str, Any]:
-    """The request's training; precision and attention left out resolve from the GPU (the answer's
-    resolved_defaults names what they became)."""
+    """The request's training; precision and attention left out resolve from the GPU, a LoRA's rank
+    and targets to 16 and all-linear (the answer's resolved_defaults names what they became)."""
     body: dict[str, Any] = {"seq_len": seq, "global_batch_size": batch, "method": method}
+    targets: str | list[str] | None = lora_targets
+    if lora_targets is not None and lora_targets != "all-linear":
+        targets = [name.strip() for name in lora_targets.split(",") if name.strip()]
     for name, value in (
         ("precision", precision),
         ("attention", attention),
@@ -287,6 +292,8 @@ def training(
         ("base_dtype", base_dtype),
         ("optimizer", optimizer),
         ("optimizer_implementation", optimizer_implementation),
+        ("lora_rank", lora_rank),
+        ("lora_targets", targets),
     ):
         if value is not None:
             body[name] = value
@@ -579,6 +586,12 @@ job_options = [
     ),
     click.option("--tokens", type=int, help="total training tokens, for time to train"),
     click.option("--optimizer", type=choice(Optimizer), help="default: adamw"),
+    click.option("--lora-rank", type=int, help="lora / qlora: the adapters' rank (default: 16)"),
+    click.option(
+        "--lora-targets",
+        help="lora / qlora: all-linear (the default: every linear module of the model's family) or "
+        "comma-separated module names, e.g. q_proj,v_proj",
+    ),
     click.option(
         "--optimizer-implementation",
         type=choice(OptimizerImplementation),
@@ -683,6 +696,8 @@ def plan(
     tokens: int | None,
     optimizer: str | None,
     optimizer_implementation: str | None,
+    lora_rank: int | None,
+    lora_targets: str | None,
     objective: str,
     frameworks: tuple[str, ...],
     launchers: tuple[str, ...],
@@ -705,7 +720,17 @@ def plan(
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),
         "training": training(
-            seq, batch, precision, method, tokens, attention, base_dtype, optimizer, optimizer_implementation
+            seq,
+            batch,
+            precision,
+            method,
+            tokens,
+            attention,
+            base_dtype,
+            optimizer,
+            optimizer_implementation,
+            lora_rank,
+            lora_targets,
         ),
         "constraints": constraints,
         "launchers": targets,
@@ -769,6 +794,8 @@ def estimate(
     tokens: int | None,
     optimizer: str | None,
     optimizer_implementation: str | None,
+    lora_rank: int | None,
+    lora_targets: str | None,
     framework: str,
     dp: int | None,
     tp: int,
@@ -793,7 +820,17 @@ def estimate(
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),
         "training": training(
-            seq, batch, precision, method, tokens, attention, base_dtype, optimizer, optimizer_implementation
+            seq,
+            batch,
+            precision,
+            method,
+            tokens,
+            attention,
+            base_dtype,
+            optimizer,
+            optimizer_implementation,
+            lora_rank,
+            lora_targets,
         ),
         "layout": layout,
     }
@@ -880,6 +917,8 @@ def capacity(
     tokens: int | None,
     optimizer: str | None,
     optimizer_implementation: str | None,
+    lora_rank: int | None,
+    lora_targets: str | None,
     gpu_names: tuple[str, ...],
     cluster_ids: tuple[str, ...],
     gpus_per_node: int | None,
@@ -894,7 +933,17 @@ def capacity(
     body: dict[str, Any] = {
         "model": model_ref(model, config),
         "training": training(
-            seq, batch, precision, method, tokens, attention, base_dtype, optimizer, optimizer_implementation
+            seq,
+            batch,
+            precision,
+            method,
+            tokens,
+            attention,
+            base_dtype,
+            optimizer,
+            optimizer_implementation,
+            lora_rank,
+            lora_targets,
         ),
     }
     if gpus_per_node is not None:

@@ -608,3 +608,22 @@ def test_a_retried_report_is_stored_once_and_contradicting_run_flags_are_usage_e
     for flags in (["--step-s", "5", "--tokens-per-s", "1000"], ["--memory-statistic", "allocated"]):
         refused = CliRunner().invoke(main, ["runs", "add", plan_id, *flags])
         assert refused.exit_code == 64, refused.output
+
+
+def test_lora_rank_and_targets_are_options_and_their_defaults_are_said(database: str) -> None:
+    """A review's case: the CLI had no --lora-rank or --lora-targets (every CLI LoRA number was rank
+    16 on every linear module, and --set lora_rank=64 is a layout field: a 422), and resolved_defaults
+    never named the rank or targets a LoRA request left out."""
+    base = ["estimate", "--model", "llama-3.1-8b", "--gpus", "1x1xrtx-4090-24gb", "--seq", "2048", "--batch",
+            "8", "--method", "lora", "--framework", "fsdp", "--json"]  # fmt: skip
+    left_out = json.loads(run(*base).output)
+    assert left_out["resolved_defaults"]["training.lora_rank"] == "16"
+    assert left_out["resolved_defaults"]["training.lora_targets"] == "all-linear"
+    given = json.loads(run(*base, "--lora-rank", "64", "--lora-targets", "q_proj,v_proj").output)
+    assert "training.lora_rank" not in given["resolved_defaults"]
+    # rank 64 on q and v: 32 layers x 64 x ((4096 + 4096) + (4096 + 1024)) adapters; the frozen base
+    # the same: the difference is the adapters', 4 bytes each (FSDP shards trainable parameters in fp32)
+    adapters = 32 * 64 * ((4096 + 4096) + (4096 + 1024))
+    everything = 32 * 16 * ((4096 + 4096) * 2 + (4096 + 1024) * 2 + (4096 + 14336) * 3)
+    difference = left_out["memory"]["per_gpu"]["parameters"] - given["memory"]["per_gpu"]["parameters"]
+    assert everything == 41_943_040 and difference == 4 * (everything - adapters)

@@ -81,6 +81,18 @@ class TrainingIn(Strict):
                 raise ValueError(f"{', '.join(twice)} named more than once: each module takes one adapter")
         return targets
 
+    def adapter_defaults(self) -> dict[str, str]:
+        """The adapters' settings a LoRA / QLoRA request left out, as resolved (rank 16, every linear
+        module of the model's family: ``params.lora_modules``), for the answer's resolved_defaults."""
+        if self.method is Method.FULL:
+            return {}
+        chosen = {}
+        if self.lora_rank is None:
+            chosen["training.lora_rank"] = "16"
+        if self.lora_targets is None:
+            chosen["training.lora_targets"] = "all-linear"
+        return chosen
+
     def to_domain(self, gpu: GPUSpec | None) -> TrainingSpec:
         """The domain's training spec for ``gpu`` (the fields left out resolved from it; None: left
         for whoever places the job on a GPU, as capacity does per GPU type); its errors name the

@@ -76,6 +76,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
     out = estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
     out.resolved_defaults |= layout_in.chosen_defaults() | chosen_dp | chosen_micro
+    out.resolved_defaults |= request.training.adapter_defaults()
     if unsplit is not None:
         out.resolved_defaults["layout.sequence_parallel"] = "false"
         out.assumptions.append(unsplit)

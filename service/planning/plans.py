@@ -149,6 +149,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     result.closest = closest_out(rec.closest, model, training, searched.min_headroom_fraction)
     result.resolved_defaults = (
         chosen_defaults(training)
+        | request.training.adapter_defaults()
         | chosen_link_defaults(cluster)
         | read_from_catalog(request.model, request.cluster)
     )
