@@ -9,12 +9,14 @@ from pydantic import Field, field_validator
 from service.contracts.common import Strict
 from service.estimator.defaults import HARDWARE_DEFAULT_FIELDS, for_gpu
 from service.estimator.errors import InvalidTraining
+from service.estimator.params import canonical_lora_targets
 from service.estimator.types import (
     ALL_LINEAR,
     Attention,
     BaseDtype,
     GPUSpec,
     Method,
+    ModelSpec,
     Optimizer,
     OptimizerImplementation,
     Precision,
@@ -93,18 +95,19 @@ class TrainingIn(Strict):
             chosen["training.lora_targets"] = "all-linear"
         return chosen
 
-    def to_domain(self, gpu: GPUSpec | None) -> TrainingSpec:
+    def to_domain(self, gpu: GPUSpec | None, model: ModelSpec | None = None) -> TrainingSpec:
         """The domain's training spec for ``gpu`` (the fields left out resolved from it; None: left
-        for whoever places the job on a GPU, as capacity does per GPU type); its errors name the
-        field as the request body does."""
+        for whoever places the job on a GPU, as capacity does per GPU type), with ``model``'s own
+        LoRA module names read as the targets they hold (``params.canonical_lora_targets``); its
+        errors name the field as the request body does."""
         try:
-            training = self._to_domain()
+            training = self._to_domain(model)
             return training if gpu is None else for_gpu(training, gpu)
         except InvalidTraining as exc:
             field = None if exc.field is None else f"training.{exc.field}"
             raise InvalidTraining(exc.message, rule=exc.rule, field=field) from exc
 
-    def _to_domain(self) -> TrainingSpec:
+    def _to_domain(self, model: ModelSpec | None) -> TrainingSpec:
         if self.method is Method.FULL:
             # adapters' settings with no adapters would be accepted and ignored
             for name in ("lora_rank", "lora_targets"):
@@ -114,6 +117,8 @@ class TrainingIn(Strict):
                     )
         wanted = self.lora_targets or "all-linear"
         targets = ALL_LINEAR if wanted == "all-linear" else tuple(wanted)
+        if model is not None and wanted != "all-linear":
+            targets = canonical_lora_targets(model, targets)
         return TrainingSpec(
             seq_len=self.seq_len,
             global_batch_size=self.global_batch_size,

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from service.estimator import pipeline
 from service.estimator.types import (
+    ALL_LINEAR,
     AttentionKind,
     Head,
     Layout,
@@ -81,6 +82,39 @@ LORA_MODULES: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
     "falcon": _NEOX_STYLE,
     "bloom": _NEOX_STYLE,
 }
+
+
+# A BERT-style encoder's Linear names as peft matches them (a suffix of the module path: "dense" is
+# attention.output.dense, intermediate.dense and output.dense), as the decoder-style targets they are
+# (launchers.common._ENCODER_LORA_MODULES, the other way round); PEFT's own default for BERT and
+# RoBERTa is ["query", "value"]
+_ENCODER_MODULE_TARGETS = {
+    "query": ("q_proj",),
+    "key": ("k_proj",),
+    "value": ("v_proj",),
+    "dense": ("o_proj", "up_proj", "down_proj"),
+}
+
+
+def canonical_lora_targets(model: ModelSpec, names: tuple[str, ...]) -> tuple[str, ...]:
+    """``lora_targets`` as the estimate names them (Llama's q_proj ... down_proj) from the names a user
+    gives peft for this model: its own modules (Phi-3's qkv_proj, GPT-2's c_attn, NeoX's
+    query_key_value, BERT's query), each the targets its module holds (``LORA_MODULES``; a name peft
+    matches as a suffix of several modules, GPT-2's c_proj, stands for each). A name none of them is
+    stays as given, for TrainingSpec to refuse."""
+    found: list[str] = []
+    for name in names:
+        found.extend(_module_targets(model, name) or (name,))
+    return tuple(dict.fromkeys(found))
+
+
+def _module_targets(model: ModelSpec, name: str) -> tuple[str, ...]:
+    if name in ALL_LINEAR:
+        return (name,)
+    if model.bidirectional:
+        return _ENCODER_MODULE_TARGETS.get(name, ())
+    groups = LORA_MODULES.get(model.family, ())
+    return tuple(t for held, module in groups if module == name or module.endswith("." + name) for t in held)
 
 
 def lora_modules(model: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[tuple[str, ...], str], ...]:

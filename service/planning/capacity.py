@@ -76,7 +76,7 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
     started = time.perf_counter()
     clusters = ClusterRepository(session)
     model = request.model.to_domain()
-    training = request.training.to_domain(None)  # resolved per GPU type by capacity()
+    training = request.training.to_domain(None, model)  # resolved per GPU type by capacity()
     unrunnable = attention_precision_violation(training)  # on no GPU type, so the request is wrong
     if unrunnable is not None:
         raise located(unrunnable)

@@ -49,7 +49,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     framework applied; nothing is stored."""
     model = request.model.to_domain()
     cluster = resolve_cluster(request.cluster, ClusterRepository(session))
-    training = request.training.to_domain(cluster.gpu)
+    training = request.training.to_domain(cluster.gpu, model)
     check_priced(request.gpu_hour_cost, training)
     check_scale(model, cluster, training)
     layout_in, chosen_dp = with_derived_dp(request.layout, cluster.world_size, training.global_batch_size)

@@ -95,7 +95,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     within the request's budget (``deadline`` and ``constraints.max_evaluations``)."""
     model = request.model.to_domain()
     cluster = resolve_cluster(request.cluster, ClusterRepository(session))
-    training = request.training.to_domain(cluster.gpu)
+    training = request.training.to_domain(cluster.gpu, model)
     hardware = hardware_violation(cluster, training)  # no layout changes what the GPU can run
     if hardware is not None:
         raise located(hardware)

@@ -609,3 +609,27 @@ def test_a_layout_left_out_names_every_default_that_changes_the_answer(client: T
     megatron = post(client, base | {"layout": {"framework": "megatron", "tp": 8, "micro_batch_size": 1}})
     assert megatron["layout"]["zero_stage"] == 0 and megatron["resolved_defaults"]["layout.zero_stage"] == "0"
     assert "layout.micro_batch_size" not in megatron["resolved_defaults"]
+
+
+def test_lora_targets_in_the_models_own_module_names(client: TestClient) -> None:
+    """A review's case: Phi-3's real module names were a 422; they are the same adapters as the
+    canonical names, to the byte."""
+    body: dict[str, Any] = {
+        "model": {"preset": "phi-3-mini"},
+        "cluster": {"gpu": "a10-24gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 2048, "global_batch_size": 8, "method": "lora"},
+        "layout": {},
+    }
+    own = body | {
+        "training": body["training"] | {"lora_targets": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]}
+    }
+    canonical = body | {"training": body["training"] | {"lora_targets": "all-linear"}}
+    first, second = client.post("/v1/estimates", json=own), client.post("/v1/estimates", json=canonical)
+    assert first.status_code == 200, first.text
+    assert first.json()["memory"] == second.json()["memory"]
+    bert = body | {
+        "model": {"preset": "bert-base-uncased"},
+        "training": {"seq_len": 512, "global_batch_size": 8, "method": "lora", "lora_rank": 8,
+                     "lora_targets": ["query", "value"]},
+    }  # fmt: skip
+    assert client.post("/v1/estimates", json=bert).status_code == 200

@@ -351,3 +351,31 @@ def test_multi_token_prediction_adds_its_layer_block_and_embedding_copy_to_the_l
     assert stage_parameter_counts(m, Layout(), mtp_layers=2)[0] - stage_parameter_counts(m, Layout())[0] == (
         2 * (layer_parameters(m, 1) + 2 * 8 * 8 + 3 * 8)
     )
+
+
+def test_a_models_own_lora_module_names_read_as_the_targets_they_hold() -> None:
+    """A review's case: Phi-3's qkv_proj / gate_up_proj and BERT's query / value (PEFT's own default
+    for BERT) were 422 "unknown lora_targets"; only Llama's spellings were read. peft matches a
+    target as a suffix of the module path, so GPT-2's c_proj is both its attention output and MLP down."""
+    from service.estimator.params import canonical_lora_targets
+
+    phi3 = model("phi-3-mini").spec
+    assert canonical_lora_targets(phi3, ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")) == (
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    )  # fmt: skip
+    gpt2 = model("gpt2").spec
+    assert canonical_lora_targets(gpt2, ("c_attn",)) == ("q_proj", "k_proj", "v_proj")
+    assert canonical_lora_targets(gpt2, ("c_proj",)) == ("o_proj", "down_proj")
+    neox = model("gpt-neox-20b").spec
+    assert canonical_lora_targets(neox, ("query_key_value", "dense")) == (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+    )
+    bert = model("bert-base-uncased").spec
+    assert canonical_lora_targets(bert, ("query", "value")) == ("q_proj", "v_proj")
+    assert canonical_lora_targets(bert, ("dense",)) == ("o_proj", "up_proj", "down_proj")
+    llama = model("llama-3-8b").spec
+    assert canonical_lora_targets(llama, ("q_proj", "v_proj")) == ("q_proj", "v_proj")
+    assert canonical_lora_targets(llama, ("qkv_proj",)) == ("qkv_proj",)  # not Llama's: refused later
