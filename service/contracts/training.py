@@ -45,7 +45,11 @@ class TrainingIn(Strict):
     method: Method = Method.FULL
     lora_rank: int | None = Field(default=None, ge=1, le=65_536, description="LoRA/QLoRA only; default 16")
     lora_targets: list[str] | Literal["all-linear"] | None = Field(
-        default=None, max_length=64, description='LoRA/QLoRA only; default "all-linear"'
+        default=None,
+        max_length=64,
+        description='LoRA/QLoRA only; default "all-linear". Llama\'s names (q_proj, k_proj, v_proj, o_proj, '
+        "gate_proj, up_proj, down_proj) or the model's own modules as peft takes them (Phi-3's qkv_proj, "
+        "GPT-2's c_attn, BERT's query): a fused module is adapted whole",
     )
     attention: Attention | None = Field(
         default=None,
