@@ -90,6 +90,9 @@ class SuggestionOut(Stored):
     optimizer_implementation: str | None = Field(
         default=None, description="the training.optimizer_implementation it assumed, where it changes it"
     )
+    optimizer: str | None = Field(
+        default=None, description="the training.optimizer it assumed, where it changes it"
+    )
     on_the_gpus_given: bool = False
     truncated: bool = False
 

@@ -41,6 +41,7 @@ from service.estimator.types import (
     Method,
     ModelSpec,
     Offload,
+    Optimizer,
     OptimizerImplementation,
     TrainingSpec,
 )
@@ -352,6 +353,8 @@ def suggestions(
         collect.run("base_dtype", 4, ask.base_in_compute_dtype)
     if training.optimizer_implementation is OptimizerImplementation.FOREACH:
         collect.run("optimizer_implementation", 4, ask.fused_optimizer)
+    if training.optimizer is Optimizer.ADAMW and training.method is Method.FULL:
+        collect.run("optimizer", 4, ask.eight_bit_optimizer)
     for method in (Method.LORA, Method.QLORA):
         if _order(method) > _order(training.method):
             collect.run(method.value, 4, functools.partial(ask.peft, method))
@@ -578,6 +581,22 @@ class _Ask:
         made = _on_the_gpus_given("optimizer_implementation", what, self.cluster, found, fused)
         return [dataclasses.replace(made, optimizer_implementation=fused.optimizer_implementation.value)]
 
+    def eight_bit_optimizer(self, budget: Budget) -> list[Suggestion]:
+        """bitsandbytes' 8-bit AdamW instead of AdamW: 1 byte per moment and an fp32 scale per block
+        where AdamW keeps 4 (model_states.moment_bytes), 6 bytes less per trainable parameter, same
+        method and sequence: before LoRA, which trains another model. Megatron-LM and torchtitan build
+        no 8-bit optimizer (their launchers refuse it), so it is searched where one is built."""
+        eight_bit = dataclasses.replace(self.training, optimizer=Optimizer.ADAMW_8BIT)
+        found = self._best(budget, self.constraints, training=eight_bit)
+        if found is None:
+            raise NoFit("no layout fits on the GPUs given with 8-bit AdamW (a launcher that builds it)")
+        what = (
+            "8-bit AdamW (training.optimizer adamw_8bit: bitsandbytes' AdamW8bit, HF Trainer optim "
+            "adamw_bnb_8bit)"
+        )
+        made = _on_the_gpus_given("optimizer", what, self.cluster, found, eight_bit)
+        return [dataclasses.replace(made, optimizer=eight_bit.optimizer.value)]
+
     def peft(self, method: Method, budget: Budget) -> list[Suggestion]:
         # QLoRA quantises the base: whatever dtype LoRA's base was loaded in
         base = BaseDtype.COMPUTE if method is Method.QLORA else self.training.base_dtype
@@ -751,7 +770,11 @@ def _on_the_gpus_given(
     """A change that fits on the cluster as given, with its plan's memory and tokens/s."""
     est = found.estimate
     used, given = found.layout.world_size, cluster.world_size
-    where = f"the {given} GPUs given" if used == given else f"{used} of the {given} GPUs given"
+    where = (
+        ("the GPU given" if given == 1 else f"the {given} GPUs given")
+        if used == given
+        else f"{used} of the {given} GPUs given"
+    )
     host = est.memory.cpu_per_node_bytes
     # an offloading layout's host RAM, said where the change named is not the offload itself
     offloading = (

@@ -96,8 +96,8 @@ class Rejection:
 class Suggestion:
     """One change that would make an infeasible job fit, with its numbers."""
 
-    # offload | torch_compile | base_dtype | optimizer_implementation | lora | qlora | shorter_sequence |
-    # more_gpus | other_gpu
+    # offload | torch_compile | base_dtype | optimizer_implementation | optimizer | lora | qlora |
+    # shorter_sequence | more_gpus | other_gpu
     kind: str
     detail: str
     gpu: str | None = None
@@ -114,6 +114,7 @@ class Suggestion:
     base_dtype: str | None = None  # the training.base_dtype it assumed (None for full training)
     # the training.optimizer_implementation it assumed, where it changes it (None: as requested)
     optimizer_implementation: str | None = None
+    optimizer: str | None = None  # the training.optimizer it assumed, where it changes it
     on_the_gpus_given: bool = False  # needs no hardware the request does not state
     truncated: bool = False  # the request's budget cut its search: the best layout found, not sure best
 
