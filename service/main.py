@@ -18,6 +18,7 @@ from service.metrics import Metrics
 from service.middleware import (
     ArrivalTimeMiddleware,
     BodyLimitMiddleware,
+    HeadMiddleware,
     JsonBodyMiddleware,
     MetricsMiddleware,
     NulRefusalMiddleware,
@@ -100,6 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # unless listed: the Fetch standard's CORS-safelisted response headers)
             expose_headers=["X-Request-ID", "Location", "ETag", "Retry-After", "Idempotent-Replayed"],
         )
+    app.add_middleware(HeadMiddleware)
     app.add_middleware(ArrivalTimeMiddleware)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -1,4 +1,4 @@
-"""ASGI middleware: request ids, arrival times, body-size limit, NUL refusal and request metrics."""
+"""ASGI middleware: request ids, arrival times, HEAD, body-size limit, NUL refusal and request metrics."""
 
 from __future__ import annotations
 
@@ -81,6 +81,28 @@ class ArrivalTimeMiddleware:
         if scope["type"] == "http":
             scope.setdefault("state", {})["arrived_at_s"] = time.monotonic()
         await self.app(scope, receive, send)
+
+
+class HeadMiddleware:
+    """HEAD as GET without the body (RFC 9110 9.3.2: the same header fields, Content-Length included):
+    FastAPI routes a GET alone, so every HEAD was a 405, though "all general-purpose servers MUST
+    support the methods GET and HEAD" (9.1). The server (uvicorn) keeps the request's own method, HEAD,
+    and sends no body for it; this drops what the GET wrote."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def without_body(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, without_body)
 
 
 class NulRefusalMiddleware:

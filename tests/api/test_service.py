@@ -116,3 +116,16 @@ def test_logs_are_json_lines_carrying_the_request_id(migrated_url: str) -> None:
     assert in_thread["request_id"] == "trace-9" and in_thread["cause"] == "test"
     error = next(line for line in lines if line["logger"] == "service.errors")
     assert error["request_id"] == "trace-9" and "RuntimeError: bug" in error["exception"]
+
+
+def test_head_answers_as_get_without_a_body(client: TestClient) -> None:
+    """A review's case: HEAD was a 405 on every /v1 route, /metrics and the page (RFC 9110 9.1: a
+    general-purpose server MUST support GET and HEAD): the same status and headers, no body."""
+    for path in ("/v1/gpus", "/v1/models", "/v1/clusters", "/v1/gpus/h100-sxm-80gb", "/metrics", "/"):
+        get, head = client.get(path), client.head(path)
+        assert head.status_code == get.status_code == 200, (path, head.status_code)
+        assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"], path
+    assert client.head("/v1/gpus/no-such-gpu").status_code == 404
+    assert client.head("/v1/plans/nope").status_code == 404
+    # a route without GET is still a 405
+    assert client.head("/v1/estimates").status_code == 405
