@@ -1051,11 +1051,13 @@ def gpus_command(url: str | None, as_json: bool) -> None:
     console.print(table)
 
 
-def all_pages(api: Api, path: str) -> list[dict[str, Any]]:
+def all_pages(api: Api, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     cursor = None
     while True:
-        page = api.call("GET", path, params={"limit": 200, **({"cursor": cursor} if cursor else {})})
+        page = api.call(
+            "GET", path, params={**(params or {}), "limit": 200, **({"cursor": cursor} if cursor else {})}
+        )
         if isinstance(page, list):
             return page
         items += page["items"]
@@ -1384,12 +1386,17 @@ def keys_create(owner: str, name: str, scopes: tuple[str, ...], url: str | None,
 @json_option
 def keys_list(owner: str | None, url: str | None, as_json: bool) -> None:
     if url:
-        items = Api(url).call("GET", "/v1/api-keys", params={"owner": owner} if owner else {})["items"]
+        items = all_pages(Api(url), "/v1/api-keys", {"owner": owner} if owner else {})
     else:
         from service.planning import api_keys
 
+        items, cursor = [], None
         with _local_session() as session:
-            items = [_key_row(r) for r in api_keys.list_keys(session, owner)]
+            while True:
+                rows, cursor = api_keys.list_keys(session, owner, limit=200, cursor=cursor)
+                items += [_key_row(r) for r in rows]
+                if cursor is None:
+                    break
     if as_json:
         emit(items, True)
         return

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response, status
 
-from service.api.deps import SessionDep, SettingsDep
+from service.api.deps import CursorQuery, LimitQuery, SessionDep, SettingsDep
 from service.api.problems import PROBLEM_RESPONSES
 from service.contracts.api_keys import ApiKeyCreate, ApiKeyCreated, ApiKeyOut
 from service.contracts.common import Page
@@ -60,10 +60,15 @@ def create_api_key(body: ApiKeyCreate, session: SessionDep, response: Response) 
 
 @router.get("", response_model=Page[ApiKeyOut])
 def list_api_keys(
-    session: SessionDep, owner: Annotated[str | None, Query(max_length=OWNER_MAX_LENGTH)] = None
+    session: SessionDep,
+    owner: Annotated[str | None, Query(max_length=OWNER_MAX_LENGTH)] = None,
+    limit: LimitQuery = 50,
+    cursor: CursorQuery = None,
 ) -> Page[ApiKeyOut]:
-    """Every key (revoked ones too, with when), optionally of one owner; never a secret."""
-    return Page[ApiKeyOut](items=[to_out(r) for r in api_keys.list_keys(session, owner)])
+    """The keys (revoked ones too, with when), optionally of one owner, a page at a time; never a
+    secret."""
+    rows, next_cursor = api_keys.list_keys(session, owner, limit=limit, cursor=cursor)
+    return Page[ApiKeyOut](items=[to_out(r) for r in rows], next_cursor=next_cursor)
 
 
 @router.delete("/{key_id}", status_code=status.HTTP_204_NO_CONTENT)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Response, status
 
-from service.api.deps import ClusterRepoDep
+from service.api.deps import ClusterRepoDep, CursorQuery, LimitQuery
 from service.api.problems import PRECONDITION_RESPONSES, PROBLEM_RESPONSES
 from service.contracts.clusters import ClusterCreate, ClusterOut, ClusterPatch, ClusterReplace
 from service.contracts.common import Page
@@ -18,9 +18,6 @@ from service.persistence.repository import InvalidCursor, decode_cursor
 from service.planning import clusters
 
 router = APIRouter(prefix="/v1/clusters", tags=["clusters"], responses=PROBLEM_RESPONSES)
-
-LimitQuery = Annotated[int, Query(ge=1, le=500, description="page size")]
-CursorQuery = Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page")]
 
 
 IfMatch = Annotated[

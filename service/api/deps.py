@@ -229,6 +229,9 @@ def paged(items: list[T], page: slice) -> tuple[list[T], str | None]:
     return items[page], (str(stop) if stop < len(items) else None)
 
 
+# every /v1 list's page: at most limit items after cursor (a previous page's next_cursor)
+LimitQuery = Annotated[int, Query(ge=1, le=500, description="page size")]
+CursorQuery = Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page")]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 Authenticated = Depends(get_principal)  # for routers: every route authenticates, sessions or not
 KnownQuery = Depends(known_query)  # for routers: every query parameter is one the route takes

@@ -20,9 +20,10 @@ from typing import Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.errors import NotFound
+from service.errors import NotFound, Unprocessable
 from service.persistence.db import utcnow
 from service.persistence.models import LOCAL_OWNER, ApiKeyRecord
+from service.persistence.repository import InvalidCursor, ascending_page, decode_cursor
 
 # read: GET everything the owner has, and computations that store nothing (estimates, capacity,
 # model resolution);
@@ -64,11 +65,19 @@ def create_key(
     return record, secret
 
 
-def list_keys(session: Session, owner: str | None = None) -> Sequence[ApiKeyRecord]:
-    query = select(ApiKeyRecord).order_by(ApiKeyRecord.id)
+def list_keys(
+    session: Session, owner: str | None = None, *, limit: int = 50, cursor: str | None = None
+) -> tuple[Sequence[ApiKeyRecord], str | None]:
+    """A page of keys in id order after ``cursor`` (a previous page's next_cursor), and the next
+    page's cursor (None: the last page), as every list pages."""
+    try:
+        after = decode_cursor(cursor) if cursor else None
+    except InvalidCursor as exc:
+        raise Unprocessable(str(exc), errors=[{"field": "query.cursor", "message": str(exc)}]) from exc
+    query = select(ApiKeyRecord)
     if owner is not None:
         query = query.where(ApiKeyRecord.owner == owner)
-    return session.scalars(query).all()
+    return ascending_page(session, query, ApiKeyRecord.id, limit=limit, after_id=after)
 
 
 def revoke_key(session: Session, key_id: str) -> ApiKeyRecord:

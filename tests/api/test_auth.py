@@ -142,6 +142,15 @@ def test_keys_are_created_once_listed_without_secrets_and_revoked_everywhere(
     assert_problem(client.delete("/v1/api-keys/01JAAAAAAAAAAAAAAAAAAAAAAA", headers=admin), 404)
     bad = client.post("/v1/api-keys", json={"owner": "carol", "scopes": ["root"]}, headers=admin)
     assert_problem(bad, 422)
+    # a page at a time, as every list (a review's case: ?limit=1 was a 422)
+    client.post("/v1/api-keys", json={"owner": "carol", "name": "second"}, headers=admin)
+    first = client.get("/v1/api-keys", params={"owner": "carol", "limit": 1}, headers=admin).json()
+    assert len(first["items"]) == 1 and first["next_cursor"]
+    rest = client.get(
+        "/v1/api-keys", params={"owner": "carol", "limit": 1, "cursor": first["next_cursor"]}, headers=admin
+    ).json()
+    assert len(rest["items"]) == 1 and rest["items"][0]["id"] > first["items"][0]["id"]
+    assert_problem(client.get("/v1/api-keys", params={"cursor": "nope"}, headers=admin), 422)
 
 
 def test_owners_see_only_their_own_clusters_plans_and_runs(api: tuple[TestClient, Any]) -> None:
@@ -227,7 +236,7 @@ def test_without_require_auth_no_key_can_be_made_listed_or_revoked(
     assert "PLANNER_REQUIRE_AUTH=true" in problem["detail"]
     assert "trainplan keys create OWNER --scope admin" in problem["detail"]
     with Session(db_engine) as session:
-        assert api_keys.list_keys(session) == []
+        assert api_keys.list_keys(session) == ([], None)
 
 
 def test_without_require_auth_every_request_is_the_local_owner(client: TestClient) -> None:
