@@ -541,9 +541,13 @@ def test_a_t4_job_resolves_what_turing_runs_and_plans(client: TestClient) -> Non
         response = client.post("/v1/plans", json=body)
         assert response.status_code == 201, response.text
         answers[method] = response.json()
+        adapters = (
+            {"training.lora_rank": "16", "training.lora_targets": "all-linear"} if method == "lora" else {}
+        )
         assert answers[method]["resolved_defaults"] == {
             "training.precision": "fp16",
             "training.attention": "sdpa",
+            **adapters,
         }
     assert answers["full"]["status"] == "infeasible" and answers["full"]["suggestions"]
     assert answers["lora"]["status"] == "feasible"

@@ -401,6 +401,7 @@ def applied_suggestion(request: dict[str, Any], suggestion: dict[str, Any]) -> d
         "precision",
         "base_dtype",
         "optimizer_implementation",
+        "optimizer",
     ):
         if suggestion.get(key) is not None:
             training[key] = suggestion[key]
