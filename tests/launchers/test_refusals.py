@@ -97,3 +97,27 @@ def test_each_target_runs_the_frameworks_the_registry_gives_it() -> None:
         for target in (Target.DEEPSPEED, Target.HF_TRAINER, Target.MEGATRON, Target.TORCHTITAN):
             if target not in FRAMEWORKS[framework].targets:
                 assert REFUSALS[target](plan) is not None, (name, target)
+
+
+def test_deepspeed_refuses_its_native_moe_layers_under_zero_3() -> None:
+    """A pretraining review's case: Qwen3-235B on DeepSpeed was planned at dp 256 ep 4 ZeRO-3, which
+    DeepSpeed's engine refuses at deepspeed.initialize (runtime/engine.py
+    _validate_zero3_moe_compatibility: 'Native DeepSpeed MoE is not supported with ZeRO Stage 3');
+    ZeRO-1/2 with the same experts, and ZeRO-3 without expert parallelism (the model's own MoE block),
+    run. The refusal reaches every target that runs DeepSpeed (Slurm and Kubernetes wrap it)."""
+    from service.estimator.types import MoESpec
+
+    base = factories.small_llama()
+    moe = dataclasses.replace(
+        base, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=base.ffn_hidden_size)
+    )
+    zero3 = factories.plan(model=moe, framework=Framework.DEEPSPEED, zero_stage=3, ep=4)
+    for target in FRAMEWORKS[Framework.DEEPSPEED].targets:
+        if target in (Target.DEEPSPEED, Target.SLURM, Target.KUBERNETES):
+            reason = REFUSALS[target](zero3)
+            assert reason is not None and "Native DeepSpeed MoE is not supported with ZeRO Stage 3" in reason
+    for allowed in (
+        factories.plan(model=moe, framework=Framework.DEEPSPEED, zero_stage=2, ep=4),
+        factories.plan(model=moe, framework=Framework.DEEPSPEED, zero_stage=3, ep=1),
+    ):
+        assert REFUSALS[Target.DEEPSPEED](allowed) is None, allowed.layout
