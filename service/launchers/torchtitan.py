@@ -61,6 +61,9 @@ class Flavor:
     vocab_size: int
     ffn_hidden_size: int | None = None  # dense models: the MLP width
     num_experts: int = 0
+    # the model converters the config function applies when it builds the model spec (no flag
+    # undoes them: model_registry converts the config tree before any override is read)
+    converters: str | None = None
 
 
 # torchtitan 0.3.0: torchtitan/models/<module>/__init__.py (the flavors' shapes) and
@@ -69,7 +72,17 @@ class Flavor:
 FLAVORS = (
     Flavor("llama3", "llama3_8b", 32, 4096, 32, 8, 128256, ffn_hidden_size=14336),
     Flavor("llama3", "llama3_70b", 80, 8192, 64, 8, 128256, ffn_hidden_size=28672),
-    Flavor("llama3", "llama3_405b", 126, 16384, 128, 8, 128256, ffn_hidden_size=53248),
+    Flavor(
+        "llama3",
+        "llama3_405b",
+        126,
+        16384,
+        128,
+        8,
+        128256,
+        ffn_hidden_size=53248,
+        converters="Float8LinearConverter (torchao Float8 Linears but lm_head)",
+    ),
     Flavor("qwen3", "qwen3_0_6b", 28, 1024, 16, 8, 151936, ffn_hidden_size=3072),
     Flavor("qwen3", "qwen3_1_7b", 28, 2048, 16, 8, 151936, ffn_hidden_size=6144),
     Flavor("qwen3", "qwen3_14b", 40, 5120, 40, 8, 151936, ffn_hidden_size=17408),
@@ -158,7 +171,14 @@ def _model_problem(model: ModelSpec) -> str | None:
     if model.bidirectional:
         # torchtitan's models are causal decoders (its Llama/DeepSeek attention runs is_causal=True)
         return f"torchtitan {VERSION} trains causal decoders only; {model.name} is a bidirectional encoder"
-    if (found := flavor(model)) is not None:
+    if (found := flavor(model)) is not None and found.converters is not None:
+        # config_registry.py llama3_405b: model_registry("405B", converters=[Float8LinearConverter...])
+        return (
+            f"torchtitan {VERSION}'s {found.config} builds the model with {found.converters}, which no flag "
+            "undoes: it trains fp8 Linears (compiled, with async TP), and model converters are not "
+            "emitted here, so no plan's estimate is what it runs"
+        )
+    if found is not None:
         return _rope_problem(found, model)
     names = ", ".join(f"{f.module}/{f.config}" for f in FLAVORS)
     return (
@@ -332,14 +352,20 @@ def train_args(plan: Plan) -> list[str]:
     args += ["--training.mixed_precision_reduce", FSDP_REDUCE_DTYPE]
     if lo.offload_params is Offload.CPU:
         args.append("--training.enable_cpu_offload")
+    # said either way: a config function may turn them on (deepseek_v3_671b compiles, llama3_405b
+    # also runs async TP), and its defaults are not what is estimated
     if lo.torch_compile is not Compile.NONE:
-        args.append("--compile.enable")  # components: model and loss, its default
-        if lo.torch_compile is Compile.MODEL:
-            args += ["--compile.components", "model"]
+        args.append("--compile.enable")
+        # tyro reads a list as one comma-separated value ("model,loss"); a second flag replaces the first
+        args += ["--compile.components", "model" if lo.torch_compile is Compile.MODEL else "model,loss"]
+    else:
+        args.append("--compile.no-enable")
     if lo.tp_comm_overlap:
         # Async TP: CompileConfig's field since 0.3.0 (ParallelismConfig's up to 0.2); needs the
         # compiled model, which the validator and the refusal above require
         args.append("--compile.enable_async_tensor_parallel")
+    else:
+        args.append("--compile.no-enable-async-tensor-parallel")
     if lo.pp > 1 or lo.ep > 1:
         # 0.3.0 raises for PP with CUDA graphs, and for EP's all-to-all dispatcher (it synchronises
         # with the CPU)

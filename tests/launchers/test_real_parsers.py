@@ -439,3 +439,38 @@ def test_qlora_under_fsdp_runs_fsdp1_with_flat_parameters_and_float_nf4_storage(
         strategy.name.lower(),
         False,
     )
+
+
+def test_torchtitan_compile_is_said_either_way_over_a_config_that_turns_it_on() -> None:
+    """A pretraining review's case: torchtitan 0.3.0's deepseek_v3_671b and llama3_405b config
+    functions compile (the 405B with async TP and Float8 converters too), and an uncompiled plan's
+    file said nothing, so they ran compiled. The flags the launcher writes turn them off, as
+    ConfigManager reads them; the 405B's converters no flag undoes, so its config is refused."""
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("tyro")
+    from torchtitan.config.manager import ConfigManager
+
+    from service.catalog.models import model as preset
+
+    words = ["--compile.no-enable", "--compile.no-enable-async-tensor-parallel"]
+    # (llama3_405b's config function needs torchao to build its Float8 converter: not installed here)
+    for module, config_name in (("deepseek_v3", "deepseek_v3_671b"), ("deepseek_v3", "deepseek_v3_16b")):
+        default = ConfigManager().parse_args(["--module", module, "--config", config_name])
+        assert default.compile.enable, config_name  # what the file left unsaid ran
+        off = ConfigManager().parse_args(["--module", module, "--config", config_name, *words])
+        assert not off.compile.enable and not off.compile.enable_async_tensor_parallel, config_name
+    both = ConfigManager().parse_args(
+        [
+            "--module",
+            "llama3",
+            "--config",
+            "llama3_8b",
+            "--compile.enable",
+            "--compile.components",
+            "model,loss",
+        ]
+    )
+    assert both.compile.components == ["model", "loss"]
+    plan = factories.plan(model=preset("llama-3.1-405b").spec, framework=Framework.FSDP, zero_stage=3, tp=8)
+    reason = torchtitan.refusal(plan)
+    assert reason is not None and "Float8LinearConverter" in reason

@@ -14,4 +14,5 @@ torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "${MA
     --parallelism.context_parallel_degree 1 --parallelism.fsdp_reshard_after_forward always \
     --training.local_batch_size 1 --training.global_batch_size 512 --training.seq_len 8192 \
     --training.steps 2385 --training.max_norm 1.0 --loss.num_chunks 1 --optimizer.implementation fused \
-    --training.mixed_precision_param bfloat16 --training.mixed_precision_reduce float32 activation_checkpoint:full
+    --training.mixed_precision_param bfloat16 --training.mixed_precision_reduce float32 \
+    --compile.no-enable --compile.no-enable-async-tensor-parallel activation_checkpoint:full
