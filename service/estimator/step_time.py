@@ -381,6 +381,7 @@ class StepBase:
     core_work_flops: float  # what its kernels execute of that (flash skips the masked blocks)
     tp_all_reduce_s: float  # one all-reduce of a micro-batch's activations over the TP group
     compute_s: float = 0.0  # compute_s, set once the rest is known
+    busy_s: float = 0.0  # the GPU's work in compute_s, without the host's waits and the launch floor
 
 
 # The layout fields of one micro-batch's rates: its tokens on one rank (micro-batch, cp), the GEMM
@@ -436,7 +437,8 @@ def step_base(job: Job, layout: Layout) -> StepBase:
         core_work_flops=shape.core_work_flops,
         tp_all_reduce_s=tp_all_reduce_s(job, rates.tokens, shape.links.tp),
     )
-    base.compute_s = compute_s(job, layout, base)
+    base.busy_s = compute_busy_s(job, layout, base)
+    base.compute_s = compute_s(job, layout, base, base.busy_s)
     return base
 
 
@@ -639,10 +641,16 @@ def unaligned_core_step_s(job: Job, layout: Layout) -> float:
     return unaligned_core_s(job, layout, base, 3) + unaligned_core_s(job, layout, base, recomputed)
 
 
-def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
-    """Forward + backward of all micro-batches on the slowest stage's GPU: GEMMs (with eager
-    attention's core slowed when its head_dim is unaligned), the memory-bound ops between them and
-    the loss."""
+def compute_s(job: Job, layout: Layout, base: StepBase, busy_s: float) -> float:
+    """Forward + backward of all micro-batches on the slowest stage's GPU: its work (``busy_s``,
+    ``compute_busy_s``), the host's waits around it and the kernels' launch floor."""
+    wait = host_wait(job, layout, base)
+    return max(busy_s + wait.forward_s + wait.backward_s, launch_floor_s(job, layout, base, 3))
+
+
+def compute_busy_s(job: Job, layout: Layout, base: StepBase) -> float:
+    """The GPU's work in ``compute_s``: GEMMs (with eager attention's core slowed when its head_dim is
+    unaligned), the memory-bound ops between them and the loss."""
     per_token = stage_flops_per_token(job, layout)[base.stage]
     core, work = base.core_flops, base.core_work_flops  # forward; backward twice that
     routed = flops.frozen_passes(job.training) * base.routed_flops
@@ -651,9 +659,7 @@ def compute_s(job: Job, layout: Layout, base: StepBase) -> float:
     memory_s += fp8_cast_s(job, layout, base) + moe_dispatch_s(job, layout, base)
     memory_s += moe_host_sync_s(job, layout, base, 1.0)
     work_s = gemm_s(layout, base, per_token - 3 * core - routed, work, 2 * work, routed)
-    wait = host_wait(job, layout, base)
-    gpu_s = work_s + unaligned_s + memory_s + loss_s(job, layout, base)
-    return max(gpu_s + wait.forward_s + wait.backward_s, launch_floor_s(job, layout, base, 3))
+    return work_s + unaligned_s + memory_s + loss_s(job, layout, base)
 
 
 def router_bytes_per_token(num_experts: int) -> float:

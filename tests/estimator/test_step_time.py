@@ -830,3 +830,35 @@ def test_async_tp_hides_the_tp_collectives_as_tp_comm_overlap_does() -> None:
     assert window < 0.7 * 4.024e-5
     assert on.breakdown.tp_comm_s == pytest.approx(max(0.3 * 4.024e-5, 4.024e-5 - window))
     assert off.step_s - on.step_s == pytest.approx(min(0.7 * 4.024e-5, window))
+
+
+def test_a_host_bound_step_never_shortens_with_more_work() -> None:
+    """A differential review's case: Qwen2.5-0.5B QLoRA on 8 B200s (ZeRO-3, host-bound: the GPU waits
+    for the host's op issue most of the step) took 0.41847 s at seq 512 and 0.41722 s at 1024: the
+    collectives' windows grew with the FLOPs while the compute, host-bound, barely grew. The windows
+    last what the compute lasts on the wall clock (the host's waits included), so more work never
+    shortens the step; a GPU-bound step's windows are unchanged (its compute is its GPU's work)."""
+    from service.catalog.gpus import gpu
+    from service.estimator import step_time as st
+    from service.estimator.types import ClusterSpec, Precision, Recompute
+
+    b200 = gpu("b200-sxm-180gb")
+    cluster = ClusterSpec(gpu=b200, num_nodes=1, gpus_per_node=8, intra_node_bandwidth_bytes_per_s=1.8e12 / 2,
+                          inter_node_bandwidth_bytes_per_s=1.8e12 / 2)  # fmt: skip
+    layout = Layout(
+        framework=Framework.DEEPSPEED, dp=8, zero_stage=3, micro_batch_size=1, recompute=Recompute.FULL
+    )
+    steps = []
+    for seq in (256, 512, 1024, 2048):
+        training = TrainingSpec(
+            seq_len=seq, global_batch_size=32, precision=Precision.BF16_PURE, method=Method.QLORA
+        )
+        result = estimate(preset("qwen2.5-0.5b").spec, cluster, layout, training, tuning=default_tuning(),
+                          with_limits=False)  # fmt: skip
+        assert result.time is not None
+        steps.append(result.time.step_s)
+        base = st.step_base(
+            make_job(preset("qwen2.5-0.5b").spec, cluster, training, default_tuning()), layout
+        )
+        assert base.busy_s <= base.compute_s
+    assert steps == sorted(steps), steps
