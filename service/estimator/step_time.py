@@ -480,7 +480,7 @@ def core_rates_flops_per_s(job: Job, layout: Layout, gemm_efficiency: float) -> 
     peak = sustained_peak_flops_per_s(job.cluster, gemm)
     kernel = core_kernel(job, layout)
     if kernel is None:
-        return peak * gemm_efficiency, peak * gemm_efficiency
+        return eager_core_rates_flops_per_s(job, layout, peak, peak * gemm_efficiency)
     # the step counts the core's backward as 2x its forward; the kernel's rate counts its own ratio
     forward = peak * kernel.forward_fraction
     backward = peak * kernel.backward_fraction * 2.0 / kernel.backward_flops_per_forward
@@ -489,6 +489,28 @@ def core_rates_flops_per_s(job: Job, layout: Layout, gemm_efficiency: float) -> 
         # rate is its GEMM rate (the conservative fraction's die among them: tuning.peak_fraction)
         return min(forward, peak * gemm_efficiency), min(backward, peak * gemm_efficiency)
     return forward, backward
+
+
+def eager_core_rates_flops_per_s(job: Job, layout: Layout, peak: float, gemm: float) -> tuple[float, float]:
+    """Eager attention's core (batched QK^T and AV over the whole square, 16-bit): the GEMM rate, but
+    never faster than the FlashAttention kernel of this die doing the same unmasked product: its
+    short batched GEMMs (K = head_dim) run no faster, and it writes and reads the scores besides
+    (Dao, FlashAttention-2, arXiv:2307.08691, Figs. 4-5: standard PyTorch attention below FA2 at every
+    length from 512 to 16k). Without a published kernel rate for the die, or in fp32/tf32, the GEMM
+    rate. (An eager estimate on an H100 at 512 tokens came out faster than flash: a differential
+    review's case.)"""
+    training = job.training
+    if training.attention is not Attention.EAGER or training.precision.stores_fp32:
+        return gemm, gemm
+    rate = attention_kernel_rate(job.tuning, job.cluster.gpu, layout.framework)
+    fractions = attention_kernel_fractions(
+        job.tuning, job.cluster.gpu, layout.framework, training.seq_len / layout.cp, unmasked=True
+    )
+    if rate is None or fractions is None:
+        return gemm, gemm
+    forward = peak * fractions[0]
+    backward = peak * fractions[1] * 2.0 / rate.backward_flops_per_forward
+    return min(gemm, forward), min(gemm, backward)
 
 
 def core_s_per_token(base: StepBase, forward_flops: float, backward_flops: float) -> float:
