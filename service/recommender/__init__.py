@@ -1001,6 +1001,7 @@ def search(
     stop_at_first_fit: bool = False,
     budget: Budget | None = None,
     rejections: bool = True,
+    into: SearchResult | None = None,
 ) -> SearchResult:
     """Search over the given GPU counts (in order), within ``budget`` (default: a budget of
     ``constraints.max_evaluations``), which is charged with what the search spent.
@@ -1008,10 +1009,11 @@ def search(
     ``rejections=False``: the caller reads of the result only what it keeps (``best``, the work,
     ``truncated``), not its rejection log, so a count known to fit nothing is skipped unlogged
     (``_narrowed``: a structure is not checked where a larger card of the same memory inputs
-    found it fitting nothing)."""
+    found it fitting nothing). ``into``: a result to search on into, whose top k bounds these counts."""
     training = for_gpu(training, cluster.gpu)  # what the request left to the hardware, for this GPU
     budget = budget or Budget(constraints.max_evaluations)
-    result = SearchResult()
+    result = into if into is not None else SearchResult()
+    before = result.evaluations
     try:
         with shared_memory_memos():  # or the caller's: a sweep over GPU types asks the same layouts
             _search_counts(
@@ -1019,7 +1021,7 @@ def search(
                 rejections,
             )  # fmt: skip
     finally:
-        budget.charge(result.evaluations)
+        budget.charge(result.evaluations - before)
     return result
 
 
@@ -1211,7 +1213,7 @@ def _run_search(
                 shaped = _better_shaped(counts, gpus, cluster, training)
                 if shaped:
                     every = result.ranked()[0].tokens_per_s
-                    _search_more(model, cluster, training, constraints, tuning, shaped, budget, result)
+                    search(model, cluster, training, constraints, tuning, shaped, budget=budget, into=result)
                     best = result.ranked()[0]
                     if best.layout.world_size < gpus:  # gpu_use says why not all of them
                         result.idle_reason = (
@@ -1251,28 +1253,6 @@ def _better_shaped(
     two = [c for c in smaller if (c // gpn) & (c // gpn - 1) == 0]
     batch = [c for c in smaller if training.global_batch_size % (c // gpn) == 0]
     return tuple(sorted({max(group) for group in (two, batch) if group}, reverse=True))
-
-
-def _search_more(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    constraints: Constraints,
-    tuning: Tuning,
-    counts: tuple[int, ...],
-    budget: Budget,
-    result: SearchResult,
-) -> None:
-    """``search`` of more counts into ``result``, whose top k bounds them (charged to ``budget``)."""
-    training = for_gpu(training, cluster.gpu)
-    before = result.evaluations
-    try:
-        with shared_memory_memos():
-            _search_counts(
-                model, cluster, training, constraints, tuning, counts, False, budget, result, True
-            )  # fmt: skip
-    finally:
-        budget.charge(result.evaluations - before)
 
 
 def _with_work(result: SearchResult, work: SearchResult) -> SearchResult:

@@ -570,32 +570,36 @@ class _Ask:
     def fused_optimizer(self, budget: Budget) -> list[Suggestion]:
         """AdamW's fused step instead of torch.optim's foreach one: no temporary of the trainable
         parameters' size (memory.optimizer_temporary_bytes)."""
-        fused = dataclasses.replace(self.training, optimizer_implementation=OptimizerImplementation.FUSED)
-        found = self._best(budget, self.constraints, training=fused)
-        if found is None:
-            raise NoFit("no layout fits on the GPUs given with AdamW's fused step")
         what = (
             "AdamW's fused step (training.optimizer_implementation fused: torch.optim.AdamW(fused=True), "
             "HF Trainer optim adamw_torch_fused)"
         )
-        made = _on_the_gpus_given("optimizer_implementation", what, self.cluster, found, fused)
-        return [dataclasses.replace(made, optimizer_implementation=fused.optimizer_implementation.value)]
+        return self._optimizer_change(
+            budget, "optimizer_implementation", what, optimizer_implementation=OptimizerImplementation.FUSED
+        )
 
     def eight_bit_optimizer(self, budget: Budget) -> list[Suggestion]:
         """bitsandbytes' 8-bit AdamW instead of AdamW: 1 byte per moment and an fp32 scale per block
         where AdamW keeps 4 (model_states.moment_bytes), 6 bytes less per trainable parameter, same
         method and sequence: before LoRA, which trains another model. Megatron-LM and torchtitan build
         no 8-bit optimizer (their launchers refuse it), so it is searched where one is built."""
-        eight_bit = dataclasses.replace(self.training, optimizer=Optimizer.ADAMW_8BIT)
-        found = self._best(budget, self.constraints, training=eight_bit)
-        if found is None:
-            raise NoFit("no layout fits on the GPUs given with 8-bit AdamW (a launcher that builds it)")
         what = (
             "8-bit AdamW (training.optimizer adamw_8bit: bitsandbytes' AdamW8bit, HF Trainer optim "
             "adamw_bnb_8bit)"
         )
-        made = _on_the_gpus_given("optimizer", what, self.cluster, found, eight_bit)
-        return [dataclasses.replace(made, optimizer=eight_bit.optimizer.value)]
+        return self._optimizer_change(budget, "optimizer", what, optimizer=Optimizer.ADAMW_8BIT)
+
+    def _optimizer_change(
+        self, budget: Budget, kind: str, what: str, **change: Optimizer | OptimizerImplementation
+    ) -> list[Suggestion]:
+        """The training with ``change`` (its one optimizer field) on the GPUs given, the suggestion
+        naming the field's new value."""
+        changed = dataclasses.replace(self.training, **change)  # type: ignore[arg-type]
+        found = self._best(budget, self.constraints, training=changed)
+        if found is None:
+            raise NoFit(f"no layout fits on the GPUs given with {what.split(' (')[0]}")
+        made = _on_the_gpus_given(kind, what, self.cluster, found, changed)
+        return [dataclasses.replace(made, **{name: value.value for name, value in change.items()})]  # type: ignore[arg-type]
 
     def peft(self, method: Method, budget: Budget) -> list[Suggestion]:
         # QLoRA quantises the base: whatever dtype LoRA's base was loaded in
