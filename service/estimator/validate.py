@@ -14,8 +14,10 @@ Choices made here:
   (``tp_comm_overlap_compile_violation``).
 * The vocabulary needs no rule: Megatron pads it to a multiple of 128 x tp
   (``--make-vocab-size-divisible-by``), DTensor (torchtitan, DeepSpeed AutoTP) shards unevenly.
-* With context parallelism the sequence must split into 2 x cp chunks: Megatron's load-balanced
-  causal ring attention gives each rank one early and one late chunk.
+* With context parallelism the sequence must split into 2 x cp chunks where it is a ring (Megatron's
+  and PyTorch's load-balanced causal ring give each rank one early and one late chunk), into cp
+  where it is DeepSpeed-Ulysses; under sequence parallelism each rank's seq_len / cp tokens split
+  over tp (``sequence_divisor``).
 """
 
 from __future__ import annotations
