@@ -411,13 +411,14 @@ def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) ->
     backward_s = (backward - routed_backward) * seconds_per_flop + routed_backward * seconds_per_routed_flop
     core_backward_s = tokens * core_s_per_token(base, share * redone * work, 2 * work)
     backward_s += core_backward_s
-    # the layer's compute lasts on the wall clock as long as the step times it: where the host issues
-    # its ops slower than the GPU runs them, or the launch floor binds, the GPU's work is spread over
-    # more time, all of which the collectives' stream has (a window grown with the FLOPs alone grew
-    # faster than the compute it stands for: a longer sequence made a shorter step)
-    stretch = base.compute_s / base.busy_s if base.busy_s > 0 else 1.0
-    forward_s *= stretch
-    backward_s *= stretch
+    # and the time the GPU idles in the layer's compute (the host's op issue, the launch floor), which
+    # the collectives' stream has to itself: a window of FLOPs alone grew with the work while a
+    # host-bound compute did not (a longer sequence made a shorter step); with the idle time added,
+    # more work (or a slower GEMM) widens the window by at most what it lengthens the compute
+    per_layer = base.micro_batches * base.layers
+    if per_layer:
+        forward_s += base.idle_forward_s / per_layer
+        backward_s += base.idle_backward_s / per_layer
     if runs_torch_ring(layout) and base.layers:
         # the attention kernels under which PyTorch's ring moves K and V carry that traffic already
         ring = torch_ring_traffic(job, layout, base)

@@ -381,7 +381,10 @@ class StepBase:
     core_work_flops: float  # what its kernels execute of that (flash skips the masked blocks)
     tp_all_reduce_s: float  # one all-reduce of a micro-batch's activations over the TP group
     compute_s: float = 0.0  # compute_s, set once the rest is known
-    busy_s: float = 0.0  # the GPU's work in compute_s, without the host's waits and the launch floor
+    # compute_s's time the GPU does not work, forward and backward, all layers and micro-batches: the
+    # host's waits and what the launch floor adds (``compute_idle_s``)
+    idle_forward_s: float = 0.0
+    idle_backward_s: float = 0.0
 
 
 # The layout fields of one micro-batch's rates: its tokens on one rank (micro-batch, cp), the GEMM
@@ -437,8 +440,9 @@ def step_base(job: Job, layout: Layout) -> StepBase:
         core_work_flops=shape.core_work_flops,
         tp_all_reduce_s=tp_all_reduce_s(job, rates.tokens, shape.links.tp),
     )
-    base.busy_s = compute_busy_s(job, layout, base)
-    base.compute_s = compute_s(job, layout, base, base.busy_s)
+    busy_s = compute_busy_s(job, layout, base)
+    base.compute_s = compute_s(job, layout, base, busy_s)
+    base.idle_forward_s, base.idle_backward_s = compute_idle_s(job, layout, base, busy_s)
     return base
 
 
@@ -668,6 +672,15 @@ def compute_s(job: Job, layout: Layout, base: StepBase, busy_s: float) -> float:
     ``compute_busy_s``), the host's waits around it and the kernels' launch floor."""
     wait = host_wait(job, layout, base)
     return max(busy_s + wait.forward_s + wait.backward_s, launch_floor_s(job, layout, base, 3))
+
+
+def compute_idle_s(job: Job, layout: Layout, base: StepBase, busy_s: float) -> tuple[float, float]:
+    """(forward, backward) time of ``compute_s`` in which the GPU does no work: the host's waits, and
+    what the launch floor adds beyond work and waits (a third forward, two thirds backward, as the
+    floor counts its passes). The collectives' stream has it to itself (``dp_comm.kind_windows_s``)."""
+    wait = host_wait(job, layout, base)
+    extra = max(0.0, base.compute_s - busy_s - wait.forward_s - wait.backward_s)
+    return wait.forward_s + extra / 3, wait.backward_s + 2 * extra / 3
 
 
 def compute_busy_s(job: Job, layout: Layout, base: StepBase) -> float:

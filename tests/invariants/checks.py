@@ -289,7 +289,6 @@ def rationale_expectations(candidate: dict[str, Any]) -> list[tuple[str, str, st
         (r"GiB headroom \((-?\d+%)\)", f"{m['headroom_bytes'] / m['capacity_bytes']:.0%}", "headroom share"),
         (r"offload needs (\d+) GiB host RAM", f"{m['cpu_per_node_bytes'] / GiB:.0f}", "host RAM GiB"),
         (r"^micro-batch (\d+) ", str(layout["micro_batch_size"]), "micro-batch"),
-        (r"largest that fits: (\d+)\)", str(est["limits"]["max_micro_batch_size"]), "largest micro-batch"),
         (r"^TP=(\d+)", str(layout["tp"]), "tp"),
         (r"^CP=(\d+)", str(layout["cp"]), "cp"),
         (r"^EP=(\d+)", str(layout["ep"]), "ep"),
@@ -311,6 +310,20 @@ def check_rationale(request: dict[str, Any], plan: dict[str, Any]) -> list[Viola
     if rec:
         expectations = rationale_expectations(rec)
         for line in rec["rationale"]:
+            # the largest micro-batch within the plan's headroom: at least the chosen one, at most
+            # what fits the whole card (the estimate's limit)
+            largest = re.search(r"largest that fits: (\d+)\)", line)
+            card = rec["estimate"]["limits"]["max_micro_batch_size"]
+            chosen = rec["layout"]["micro_batch_size"]
+            if largest and not chosen <= int(largest.group(1)) <= card:
+                out.append(
+                    Violation(
+                        RATIONALE_NUMBERS,
+                        f"recommended rationale {line!r}: largest micro-batch {largest.group(1)} outside "
+                        f"[{chosen}, {card}] (the chosen one, the card's limit)",
+                        request,
+                    )
+                )
             for pattern, expected, name in expectations:
                 match = re.search(pattern, line)
                 if match and match.group(1) != expected:
