@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
@@ -56,6 +56,9 @@ MAX_GPUS_PER_NODE = 64
 
 class ClusterShape(Strict):
     """The hardware of a cluster; bandwidths per GPU, one direction, bytes/s."""
+
+    # left out, filled from the catalog part's node before validation (``_from_catalog``)
+    catalog_filled: ClassVar[tuple[str, ...]] = ("gpus_per_node",)
 
     gpu: str | CustomGPU = Field(
         description="a catalog GPU name (GET /v1/gpus; its published name or words only it carries are "

@@ -158,11 +158,31 @@ def _refuse_nul(value: Any, where: str = "") -> None:
             _refuse_nul(item, f"{where}[{index}]")
 
 
+def _document_inputs(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """What the OpenAPI schema of a Strict model must say of the inputs its validators accept: the
+    `X_gbps` twin of every `X_bytes_per_s` field (with extra="forbid" a schema-validating client or
+    gateway refused the README's own examples), and the fields a model fills in before validation
+    (``catalog_filled``: a cluster's gpus_per_node, from its catalog part's node) as not required."""
+    properties = schema.get("properties", {})
+    for name in list(properties):
+        if name.endswith("_bytes_per_s"):
+            twin = name.removesuffix("_bytes_per_s") + "_gbps"
+            properties[twin] = {
+                "anyOf": [{"type": "number"}, {"type": "null"}],
+                "title": twin,
+                "description": f"{name} in GB/s (1e9 bytes/s), instead of it (not both)",
+            }
+    filled = set(getattr(model, "catalog_filled", ()))
+    if filled and "required" in schema:
+        schema["required"] = [name for name in schema["required"] if name not in filled]
+
+
 class Strict(BaseModel):
     """Unknown fields are errors; numbers and booleans must be JSON numbers and booleans; no string
     holds NUL; `X_gbps` is accepted wherever `X_bytes_per_s` is a field."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # finite numbers only
+    # finite numbers only; the schema documents the inputs the validators below accept
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_document_inputs)
 
     @field_validator("*", mode="before")
     @classmethod
