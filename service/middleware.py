@@ -64,6 +64,7 @@ class RequestIdMiddleware:
                 500,
                 f"internal server error; request id {request_id} identifies it in the logs",
                 slug="internal",
+                instance=scope["path"],
             )
             await response(scope, receive, send_with_id)
         finally:
@@ -135,6 +136,7 @@ class NulRefusalMiddleware:
             f"the request's {where} contains the NUL character (%00), which no field accepts",
             slug="validation-error",
             errors=[{"field": where, "message": "must not contain NUL (U+0000)"}],
+            instance=scope["path"],
         )
         await response(scope, receive, send)
 
@@ -196,6 +198,7 @@ class JsonBodyMiddleware:
             "(curl: --json '{...}', or -H 'content-type: application/json')",
             slug="unsupported-media-type",
             errors=[{"field": "header content-type", "message": "must be application/json"}],
+            instance=scope["path"],
         )
         await response(scope, replayed, send)
 
@@ -286,6 +289,7 @@ class BodyLimitMiddleware:
             f"request body exceeds the limit of {self.max_bytes} bytes",
             slug="payload-too-large",
             errors=[{"field": "body", "message": "too large", "limit": {"max_bytes": self.max_bytes}}],
+            instance=scope["path"],
         )
         await response(scope, receive, send)
 

@@ -132,6 +132,7 @@ def test_huge_body_is_413_and_nothing_is_stored(client: TestClient) -> None:
     big = H100_NODE | {"description": "x" * 300_000}
     problem = assert_problem(client.post("/v1/clusters", json=big), 413)
     assert problem["errors"][0]["limit"]["max_bytes"] == 256 * 1024
+    assert problem["instance"] == "/v1/clusters"  # as every other problem (a review: 413 and 415 had none)
     assert client.get("/v1/clusters").json()["items"] == []
 
 

@@ -34,6 +34,7 @@ def test_a_body_of_another_type_is_a_415_saying_how(client: TestClient, content_
     response = _post(client, content_type)
     assert response.status_code == 415
     assert "content-type: application/json" in response.json()["detail"]
+    assert response.json()["instance"].startswith("/v1/")
     assert client.get("/v1/plans").json()["items"] == []  # nothing stored
 
 
