@@ -136,7 +136,7 @@ class CustomGPU(Strict):
     def _to_domain(self) -> GPUSpec:
         pcie, intra, defaulted = self._links()
         return GPUSpec(
-            name=self.name,
+            name=self._own_name(),
             memory_bytes=self.memory_bytes,
             peak_flops_per_s=PeakFlops(**self.peak_flops_per_s.model_dump()),
             hbm_bandwidth_bytes_per_s=self.hbm_bandwidth_bytes_per_s,
@@ -152,6 +152,14 @@ class CustomGPU(Strict):
             peak_clock_hz=self.peak_clock_hz,
             sustained_clock_hz=self.sustained_clock_hz,
         )
+
+    def _own_name(self) -> str:
+        """The name, marked custom where it is a catalog part's: a 24 GiB spec named h100-sxm-80gb was
+        answered as "h100-sxm-80gb" with nothing saying it is not the catalog's part (its prices, its
+        runs' calibration and the reader all took it for that part)."""
+        if self.name.lower() in catalog_gpus():
+            return f"{self.name} (custom)"
+        return self.name
 
     def _flash_attention(self) -> bool:
         """Stated, else the catalog's parts of the die (a die either has the kernels or not: they

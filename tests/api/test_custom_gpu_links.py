@@ -207,3 +207,28 @@ def test_a_pre_ampere_custom_gpu_has_no_flash_attention_as_the_catalogs_has_none
             estimate(client, gpu, per_node=1)["resolved_defaults"].get("training.attention", "flash")
             == "flash"
         )
+
+
+def test_a_custom_gpu_named_as_a_catalog_part_is_marked_custom(client: TestClient) -> None:
+    """A capacity review's case: a custom 24 GiB spec named h100-sxm-80gb was answered as
+    "h100-sxm-80gb", with nothing saying it was not the catalog's 80 GiB part."""
+    spec = {
+        "name": "h100-sxm-80gb",
+        "memory_bytes": 24 * 2**30,
+        "peak_flops_per_s": {"bf16": 9.894e14, "fp16": 9.894e14, "fp32": 6.69e13},
+        "hbm_bandwidth_bytes_per_s": 3.35e12,
+        "chip": "gh100",
+    }
+    body = {
+        "model": {"preset": "qwen2.5-0.5b"},
+        "cluster": {"gpu": spec, "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 1024, "global_batch_size": 8},
+    }
+    plan = client.post("/v1/plans", json=body)
+    assert plan.status_code == 201, plan.text
+    made = plan.json()["cluster"]["gpu"]
+    assert made["name"] == "h100-sxm-80gb (custom)" and made["memory_bytes"] == 24 * 2**30
+    own = client.post(
+        "/v1/plans", json=body | {"cluster": body["cluster"] | {"gpu": spec | {"name": "lab-h100"}}}
+    )
+    assert own.json()["cluster"]["gpu"]["name"] == "lab-h100"
