@@ -64,3 +64,15 @@ def test_the_schema_accepts_the_inputs_the_server_accepts() -> None:
     ):
         assert not list(cluster.iter_errors(body)), body
     assert list(cluster.iter_errors({"gpu": "h100-sxm-80gb", "flux_capacitor": 1}))  # still strict
+
+
+def test_every_v1_operation_documents_its_503_and_retry_after() -> None:
+    """An integrator's review: no /v1 operation documented the 503 (a busy database, full slots, a
+    request that did not get the CPU) that every one of them can answer, nor its Retry-After."""
+    paths = json.loads(render())["paths"]
+    for path, methods in paths.items():
+        if not path.startswith("/v1/"):
+            continue
+        for method, operation in methods.items():
+            busy = operation["responses"].get("503")
+            assert busy is not None and "Retry-After" in busy["headers"], (method, path)

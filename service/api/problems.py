@@ -52,6 +52,13 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "Validation error; `errors` names each field and limit",
         "content": _PROBLEM_CONTENT,
     },
+    503: {
+        "description": "Busy, try again after Retry-After seconds: the database did not answer in time, "
+        "every planning (or capacity, or estimate) slot stayed taken, or the request's work did not get "
+        "the CPU it needs; nothing was stored",
+        "content": _PROBLEM_CONTENT,
+        "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+    },
 }
 # A write with If-Match (clusters): its own routes document it.
 PRECONDITION_RESPONSES: dict[int | str, dict[str, Any]] = {
