@@ -16,7 +16,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -266,37 +266,22 @@ def stored_cluster_id(api: Api, name_or_id: str, option: str = "--cluster") -> s
     raise Failure(f"{option} {name_or_id!r}: no stored cluster has that name or id")
 
 
-def training(
-    seq: int,
-    batch: int,
-    precision: str | None,
-    method: str,
-    tokens: int | None,
-    attention: str | None = None,
-    base_dtype: str | None = None,
-    optimizer: str | None = None,
-    optimizer_implementation: str | None = None,
-    lora_rank: int | None = None,
-    lora_targets: str | None = None,
-) -> dict[str, Any]:
-    """The request's training; precision and attention left out resolve from the GPU, a LoRA's rank
-    and targets to 16 and all-linear (the answer's resolved_defaults names what they became)."""
-    body: dict[str, Any] = {"seq_len": seq, "global_batch_size": batch, "method": method}
-    targets: str | list[str] | None = lora_targets
-    if lora_targets is not None and lora_targets != "all-linear":
-        targets = [name.strip() for name in lora_targets.split(",") if name.strip()]
-    for name, value in (
-        ("precision", precision),
-        ("attention", attention),
-        ("tokens", tokens),
-        ("base_dtype", base_dtype),
-        ("optimizer", optimizer),
-        ("optimizer_implementation", optimizer_implementation),
-        ("lora_rank", lora_rank),
-        ("lora_targets", targets),
-    ):
-        if value is not None:
-            body[name] = value
+def training(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's training from a command's job options (``job_options``: the click context's
+    params); precision and attention left out resolve from the GPU, a LoRA's rank and targets to 16
+    and all-linear (the answer's resolved_defaults names what they became)."""
+    body: dict[str, Any] = {
+        "seq_len": options["seq"], "global_batch_size": options["batch"], "method": options["method"]
+    }  # fmt: skip
+    targets: str | list[str] | None = options["lora_targets"]
+    if isinstance(targets, str) and targets != "all-linear":
+        targets = [name.strip() for name in targets.split(",") if name.strip()]
+    for name in ("precision", "attention", "tokens", "base_dtype", "optimizer", "optimizer_implementation",
+                 "lora_rank"):  # fmt: skip
+        if options[name] is not None:
+            body[name] = options[name]
+    if targets is not None:
+        body["lora_targets"] = targets
     return body
 
 
@@ -719,19 +704,7 @@ def plan(
     body = {
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),
-        "training": training(
-            seq,
-            batch,
-            precision,
-            method,
-            tokens,
-            attention,
-            base_dtype,
-            optimizer,
-            optimizer_implementation,
-            lora_rank,
-            lora_targets,
-        ),
+        "training": training(click.get_current_context().params),
         "constraints": constraints,
         "launchers": targets,
     }
@@ -819,19 +792,7 @@ def estimate(
     body = {
         "model": model_ref(model, config),
         "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),
-        "training": training(
-            seq,
-            batch,
-            precision,
-            method,
-            tokens,
-            attention,
-            base_dtype,
-            optimizer,
-            optimizer_implementation,
-            lora_rank,
-            lora_targets,
-        ),
+        "training": training(click.get_current_context().params),
         "layout": layout,
     }
     result = api.call("POST", "/v1/estimates", json=body)
@@ -932,19 +893,7 @@ def capacity(
     api = Api(url)
     body: dict[str, Any] = {
         "model": model_ref(model, config),
-        "training": training(
-            seq,
-            batch,
-            precision,
-            method,
-            tokens,
-            attention,
-            base_dtype,
-            optimizer,
-            optimizer_implementation,
-            lora_rank,
-            lora_targets,
-        ),
+        "training": training(click.get_current_context().params),
     }
     if gpus_per_node is not None:
         body["gpus_per_node"] = gpus_per_node
