@@ -431,6 +431,11 @@ def calibration_lines(calibration: dict[str, Any] | None) -> list[str]:
 
 def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
     console.print(f"plan {plan['id']} for {plan['model']}: [bold]{plan['status']}[/]")
+    search = plan.get("search") or {}
+    if search.get("truncated"):  # a layout the search did not reach may be better
+        evaluations = search.get("memory_evaluations", 0) + search.get("time_evaluations", 0)
+        by = search.get("truncated_by") or "its budget"
+        console.print(f"[yellow]the search stopped early ({escape(by)}) after {evaluations:,} evaluations[/]")
     chosen = plan.get("resolved_defaults") or {}
     if chosen:
         console.print("defaults for this GPU: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
@@ -459,11 +464,14 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
         table.add_column("reason")
         table.add_column("layouts", justify="right")
         table.add_column("example")
+        table.add_column("detail")
         for group in plan["rejected"]:
+            example, detail = group.get("example"), str(group.get("detail") or "")
             table.add_row(
                 escape(str(group.get("reason"))),
                 str(group.get("count")),
-                escape(str(group.get("detail", ""))),
+                layout_text(example) if example else "",
+                escape(detail if detail != group.get("reason") else ""),
             )
         console.print(table)
     closest = plan.get("closest")

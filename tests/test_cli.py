@@ -627,3 +627,31 @@ def test_lora_rank_and_targets_are_options_and_their_defaults_are_said(database:
     everything = 32 * 16 * ((4096 + 4096) * 2 + (4096 + 1024) * 2 + (4096 + 14336) * 3)
     difference = left_out["memory"]["per_gpu"]["parameters"] - given["memory"]["per_gpu"]["parameters"]
     assert everything == 41_943_040 and difference == 4 * (everything - adapters)
+
+
+def test_a_plan_s_rejections_show_their_example_layout_and_a_cut_search_is_said(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rejected table names each group's example layout (not its detail twice), and a search the
+    budget cut says so, as the page does."""
+    from rich.console import Console
+
+    from service import cli
+    from service.cli import print_plan
+
+    monkeypatch.setattr(cli, "console", Console(width=200))  # no cell wrapped
+
+    example = {"framework": "megatron", "dp": 2, "tp": 4, "zero_stage": 1, "micro_batch_size": 1}
+    plan = {
+        "id": "01PLAN", "model": "m", "status": "feasible", "alternatives": [], "suggestions": [],
+        "unsupported_targets": {},
+        "rejected": [{"reason": "megatron does not support zero_stage 2", "count": 3, "example": example,
+                      "detail": "megatron does not support zero_stage 2"}],
+        "search": {"truncated": True, "truncated_by": "request budget", "memory_evaluations": 90,
+                   "time_evaluations": 10},
+    }  # fmt: skip
+    print_plan(plan, set())
+    out = capsys.readouterr().out
+    assert "stopped early (request budget) after 100 evaluations" in out
+    assert "megatron dp=2 tp=4 zero=1 micro=1" in out
+    assert out.count("megatron does not support zero_stage 2") == 1

@@ -520,3 +520,87 @@ def test_a_service_that_requires_keys_asks_for_one_once(tmp_path: Path, browser:
         assert len(asked) == 1 and "API key" in asked[0]
         assert page.locator("#model\\.preset option").count() > 10  # the catalog came with the key
         page.close()
+
+
+def test_a_list_that_fails_at_load_is_said_and_the_form_still_plans(served: str, browser: Any) -> None:
+    """The stored clusters' list answering 503 (a busy SQLite): the page says which list failed,
+    still offers the presets and GPUs, and plans an inline cluster (not a reload with the form in
+    the address)."""
+    page = browser.new_page()
+    page.route(
+        "**/v1/clusters*",
+        lambda route: route.fulfill(
+            status=503, content_type="application/problem+json", body='{"detail": "database busy"}'
+        ),
+    )
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    assert "stored clusters: database busy" in page.inner_text("#load-errors")
+    assert page.input_value("#model\\.preset") == "llama-3.1-8b"
+    page.click("#submit")
+    page.wait_for_selector("#result .status", timeout=60_000)
+    assert "Feasible" in page.inner_text("#result .status") and "?" not in page.url
+    page.close()
+
+
+def test_an_answer_that_is_not_json_keeps_its_status(served: str, browser: Any) -> None:
+    """A proxy's HTML 502 in place of the plan: the page shows the HTTP status and the body's start,
+    not a JSON parser's message."""
+    page = browser.new_page()
+    page.route(
+        "**/v1/plans",
+        lambda route: route.fulfill(status=502, content_type="text/html", body="<html>Bad Gateway</html>"),
+    )
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    page.click("#submit")
+    page.wait_for_selector("#form-errors:not([hidden])")
+    shown = page.inner_text("#form-errors")
+    assert "HTTP 502" in shown and "Bad Gateway" in shown and "JSON" not in shown
+    page.close()
+
+
+def test_plan_history_says_when_it_cannot_list_and_when_nothing_matches(served: str, browser: Any) -> None:
+    page = browser.new_page()
+    page.goto(f"{served}/#/plans")
+    page.wait_for_selector("body[data-ready=true]")
+    page.fill("#filter-model", "no-such-model")
+    page.click("#filters button[type=submit]")
+    page.wait_for_function("document.querySelector('#plans-table tbody').innerText.includes('No plan matches')")
+    page.route("**/v1/plans?*", lambda route: route.fulfill(status=500, body=""))
+    page.click("#filters button[type=submit]")
+    page.wait_for_selector("#plans-errors:not([hidden])")
+    assert "could not be listed" in page.inner_text("#plans-errors") and "HTTP 500" in page.inner_text(
+        "#plans-errors"
+    )
+    page.close()
+
+
+def test_a_plan_shows_its_warnings_and_its_rejections_examples(served: str, browser: Any) -> None:
+    """GPT-2 (124M parameters, outside the memory model's validated range): the page shows the
+    warning the API and the CLI give; each rejected group shows its example layout."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    new_plan(page, served, **{"model.preset": "gpt2", "training.seq_len": "1024"})
+    plan = httpx.get(f"{served}/v1/plans/{page.inner_text('#result .status a')}").json()
+    warnings = plan["recommended"]["estimate"]["warnings"]
+    assert warnings and page.locator("#result ul.warnings li").all_inner_texts() == warnings
+    rejected = [row[2] for row in cells(page, "#result table:has(caption:text('Rejected layouts'))")]
+    assert len(rejected) == len(plan["rejected"]) and all(text.split(" ")[0] in (
+        "deepspeed", "fsdp", "megatron") for text in rejected)  # fmt: skip
+    page.close()
+
+
+def test_the_base_dtype_control_is_lora_s_and_a_missing_plan_has_no_run_form(
+    served: str, browser: Any
+) -> None:
+    page = browser.new_page()
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    page.select_option("#training\\.method", "lora")
+    assert page.is_visible("#training\\.base_dtype")
+    page.select_option("#training\\.method", "qlora")
+    assert page.is_visible("#training\\.lora_rank") and not page.is_visible("#training\\.base_dtype")
+    page.goto(f"{served}/#/plans/01M94J6N152GYSQ24RWTSSB1RX")
+    page.wait_for_selector("#plan-detail .field-error")
+    assert not page.is_visible("#run-form")
+    page.close()

@@ -59,7 +59,7 @@ async function api(method, path, body, retried = false) {
   }
   const response = await fetch(path, options);
   const text = await response.text();
-  const data = text ? JSON.parse(text) : null;
+  const data = parseBody(response, text);
   if (response.status === 401 && !retried) {
     // Several calls may meet the 401 at once: only the first asks, the others reuse its answer.
     let current = sessionStorage.getItem(KEY_STORE);
@@ -74,6 +74,19 @@ async function api(method, path, body, retried = false) {
   }
   if (!response.ok) throw new ApiError(response.status, data || {});
   return data;
+}
+
+// The answer's JSON; a body that is not JSON (a proxy's 502 page, a bare 500) becomes a problem that
+// keeps the HTTP status and the start of the text, so the reader sees what answered, not a parser's message.
+function parseBody(response, text) {
+  if (!text) return null;
+  try {
+    return JSON.parse(text);
+  } catch {
+    const detail = `HTTP ${response.status}${response.statusText ? ` ${response.statusText}` : ""}: ${text.slice(0, 200)}`;
+    if (response.ok) throw new ApiError(response.status, { title: "Not JSON", detail });
+    return { title: `HTTP ${response.status}`, detail };
+  }
 }
 
 // A file's text (an artifact's preview), sent with the API key like every other call.
@@ -410,12 +423,24 @@ async function previewArtifact(artifact, button, preview, files) {
 
 // ---------------------------------------------------------------- a plan
 
+// What the estimate warns of (outside the validated range, head_dim alignment, ...), as the CLI prints it.
+function warningsBlock(estimate, container) {
+  const warnings = estimate?.warnings || [];
+  if (warnings.length) container.append(el("h4", { text: "Warnings" }), list(warnings, "warnings"));
+}
+
 function renderPlan(plan, container) {
   container.replaceChildren();
   container.append(el("p", { class: `status ${plan.status}` },
     el("strong", { text: plan.status === "feasible" ? "Feasible" : "Infeasible" }),
     ` — ${plan.model}, plan `, el("a", { href: `#/plans/${plan.id}`, text: plan.id }),
     ` · ${calibrationSummary((plan.recommended || plan.closest || {}).estimate?.calibration)}`));
+  if (plan.search?.truncated) {
+    // the search stopped before it saw every layout: a better one may exist
+    container.append(el("p", { class: "note truncated", role: "note", text:
+      `The search stopped early (${plan.search.truncated_by || "its budget"}) after ${fmt.int(plan.search.memory_evaluations + plan.search.time_evaluations)} ` +
+      "evaluations: a layout it did not reach may be better." }));
+  }
   const chosen = Object.entries(plan.resolved_defaults || {});
   if (chosen.length) {
     container.append(el("p", { class: "note defaults", text: `Defaults for this GPU: ${chosen.map(([k, v]) => `${k} ${v}`).join(", ")}` }));
@@ -431,6 +456,7 @@ function renderPlan(plan, container) {
         (est.time_to_train_s ? ` · time to train ${fmt.s(est.time_to_train_s)}` : "") }));
     }
     container.append(calibrationBlock(est, plan.id));
+    warningsBlock(est, container);
     container.append(el("h4", { text: "Memory per GPU (most-loaded rank)" }));
     container.append(el("p", { class: "note memory-statistics", text:
       `The fit compares ${est.memory.fit_statistic === "device_used" || !est.memory.fit_statistic
@@ -461,14 +487,16 @@ function renderPlan(plan, container) {
     }
   }
   if (plan.rejected.length) {
-    container.append(table(["reason", "layouts", "example"],
-      plan.rejected.map((g) => [g.reason, g.count, g.detail || ""]), "Rejected layouts"));
+    container.append(table(["reason", "layouts", "example", "detail"],
+      plan.rejected.map((g) => [g.reason, g.count, g.example ? layoutText(g.example) : "", g.detail && g.detail !== g.reason ? g.detail : ""]),
+      "Rejected layouts"));
   }
   if (plan.closest) {
     // infeasible: how far the layout that came closest is from fitting, component by component
     container.append(el("h4", { text: `Closest layout: ${layoutText(plan.closest.layout)}, ${fmt.gib(plan.closest.over_bytes)} over` }));
     container.append(memoryFigure([{ ...plan.closest, label: layoutText(plan.closest.layout) }], "Memory of the closest layout in GiB"));
     container.append(calibrationBlock(plan.closest.estimate, plan.id));
+    warningsBlock(plan.closest.estimate, container);
   }
   if (plan.suggestions.length) {
     container.append(el("h4", { text: "What would make it fit" }), list(plan.suggestions.map((s) => s.detail || s.kind), "suggestions"));
@@ -683,6 +711,8 @@ function fullTraining() { return ["", "full"].includes(value("training.method"))
 
 function toggleLora() {
   document.getElementById("lora-fields").hidden = fullTraining();
+  // the frozen base's dtype is LoRA's: QLoRA quantises it (planBody sends it for lora alone)
+  document.getElementById("training.base_dtype").closest(".field").hidden = value("training.method") !== "lora";
 }
 
 function toggleSources(name) {
@@ -723,9 +753,21 @@ async function loadPlans(append = false) {
   if (model) query.set("model", model);
   if (status) query.set("status", status);
   if (append && nextCursor) query.set("cursor", nextCursor);
-  const page = await api("GET", `/v1/plans?${query}`);
+  const box = document.getElementById("plans-errors");
+  box.hidden = true;
+  let page;
+  try {
+    page = await api("GET", `/v1/plans?${query}`);
+  } catch (error) {
+    box.replaceChildren(el("p", { text: `The plans could not be listed: ${error.message}` }));
+    box.hidden = false;
+    return;
+  }
   const body = document.querySelector("#plans-table tbody");
   if (!append) body.replaceChildren();
+  if (!append && !page.items.length) {
+    body.append(el("tr", {}, el("td", { colspan: "5", text: model || status ? "No plan matches these filters." : "No plans stored yet." })));
+  }
   for (const plan of page.items) {
     const rec = plan.recommended;
     const tr = el("tr");
@@ -753,6 +795,7 @@ async function showPlan(id) {
   document.getElementById("runs").replaceChildren();
   document.getElementById("run-result").replaceChildren();
   delete form.dataset.plan;
+  form.hidden = true;  // shown once the plan has loaded: no run is recorded on a plan that is not there
   try {
     const plan = await api("GET", `/v1/plans/${encodeURIComponent(id)}`);
     if (shownPlan !== id) return;
@@ -773,6 +816,7 @@ async function showPlan(id) {
     });
     detail.append(again);
     form.dataset.plan = plan.id;
+    form.hidden = false;
     await showRuns(plan.id);
   } catch (error) {
     if (shownPlan === id) detail.replaceChildren(el("p", { class: "field-error", role: "alert", text: error.message }));
@@ -785,12 +829,11 @@ async function showRuns(planId) {
   const box = document.getElementById("runs");
   box.replaceChildren();
   if (!runs.length) { box.append(el("p", { text: "No runs recorded yet." })); return; }
-  box.append(table(["recorded", "read from", "step", "peak memory", "diagnosis", "calibration factors"], runs.map((r) => [
+  box.append(table(["recorded", "read from", "step", "peak memory", "diagnosis"], runs.map((r) => [
     new Date(r.created_at).toLocaleString(), r.source ? `${r.source.format} log` : "typed figures", r.step_s ? fmt.s(r.step_s) : "-",
     r.peak_memory_bytes_per_gpu ? `${fmt.gib(r.peak_memory_bytes_per_gpu)}${r.memory_statistic ? ` (${r.memory_statistic})` : ""}` : (r.out_of_memory ? "out of memory" : "-"),
     Object.entries(r.diagnosis || {}).filter(([, v]) => v != null && !(Array.isArray(v) && !v.length))
-      .map(([k, v]) => `${k}: ${typeof v === "number" ? v.toFixed(3) : Array.isArray(v) ? v.join("; ") : String(v)}`).join("; "),
-    r.calibration ? Object.entries(r.calibration.factors || r.calibration).map(([k, v]) => `${k} ${typeof v === "number" ? v.toFixed(3) : JSON.stringify(v)}`).join(", ") : "-",
+      .map(([k, v]) => `${k}: ${diagnosisText(k, v)}`).join("; "),
   ]), "Runs of this plan"));
 }
 
@@ -831,6 +874,17 @@ async function submitRun(event) {
   } finally {
     button.disabled = false;
   }
+}
+
+// A diagnosis entry in its unit, by the API's naming: bytes in GiB, seconds as times, errors in percent.
+function diagnosisText(key, v) {
+  if (typeof v === "number") {
+    if (key.endsWith("_bytes") || key.endsWith("_bytes_per_gpu")) return fmt.gib(v);
+    if (key.endsWith("_s")) return fmt.s(v);
+    if (key.endsWith("_error")) return `${v >= 0 ? "+" : ""}${fmt.pct(v)}`;
+    return numberText(v);
+  }
+  return Array.isArray(v) ? v.join("; ") : String(v);
 }
 
 function numberText(v) { return typeof v === "number" ? (Number.isInteger(v) ? fmt.int(v) : v.toFixed(3)) : JSON.stringify(v); }
@@ -917,26 +971,35 @@ function route() {
 }
 
 async function start() {
-  const [models, gpus, clusters] = await Promise.all([allPages("/v1/models"), allPages("/v1/gpus"), allPages("/v1/clusters"),
-    applyApiFields()]);
-  const presets = document.getElementById("model.preset");
-  models.forEach((m) => presets.append(el("option", { value: m.name, text: `${m.name} (${(m.parameters_total / 1e9).toFixed(1)} B)` })));
-  presets.value = models.some((m) => m.name === "llama-3.1-8b") ? "llama-3.1-8b" : models[0]?.name;
-  const gpuSelect = document.getElementById("cluster.gpu");
-  gpus.forEach((g) => gpuSelect.append(el("option", { value: g.name, text: `${g.name} (${(g.memory_bytes / GIB).toFixed(0)} GiB)` })));
-  gpuSelect.value = gpus.some((g) => g.name === "h100-sxm-80gb") ? "h100-sxm-80gb" : gpus[0]?.name;
-  const stored = document.getElementById("cluster.id");
-  clusters.forEach((c) => stored.append(el("option", { value: c.id, text: `${c.name} (${c.world_size} GPUs)` })));
+  // the controls work before (and whatever) the lists load: a list that fails is said, not fatal
   document.querySelectorAll("input[name=model-source]").forEach((r) => r.addEventListener("change", () => toggleSources("model-source")));
   document.querySelectorAll("input[name=cluster-source]").forEach((r) => r.addEventListener("change", () => toggleSources("cluster-source")));
   document.querySelectorAll("input[name=run-source]").forEach((r) => r.addEventListener("change", () => toggleSources("run-source")));
   document.getElementById("training.method").addEventListener("change", toggleLora);
-  toggleLora();
   document.getElementById("plan-form").addEventListener("submit", submitPlan);
   document.getElementById("filters").addEventListener("submit", (e) => { e.preventDefault(); loadPlans(); });
   document.getElementById("more").addEventListener("click", () => loadPlans(true));
   document.getElementById("run-form").addEventListener("submit", submitRun);
   window.addEventListener("hashchange", route);
+  const failed = [];
+  const load = (what, path) => allPages(path).catch((error) => { failed.push(`${what}: ${error.message}`); return []; });
+  const [models, gpus, clusters] = await Promise.all([load("model presets", "/v1/models"), load("GPU types", "/v1/gpus"),
+    load("stored clusters", "/v1/clusters"), applyApiFields()]);
+  const presets = document.getElementById("model.preset");
+  models.forEach((m) => presets.append(el("option", { value: m.name, text: `${m.name} (${(m.parameters_total / 1e9).toFixed(1)} B)` })));
+  presets.value = models.some((m) => m.name === "llama-3.1-8b") ? "llama-3.1-8b" : models[0]?.name;
+  const gpuSelect = document.getElementById("cluster.gpu");
+  gpus.forEach((g) => gpuSelect.append(el("option", { value: g.name, text: `${g.name} (${fmt.gib(g.memory_bytes)})` })));
+  gpuSelect.value = gpus.some((g) => g.name === "h100-sxm-80gb") ? "h100-sxm-80gb" : gpus[0]?.name;
+  const stored = document.getElementById("cluster.id");
+  clusters.forEach((c) => stored.append(el("option", { value: c.id, text: `${c.name} (${c.world_size} GPUs)` })));
+  if (failed.length) {
+    const box = document.getElementById("load-errors");
+    box.replaceChildren(el("p", { text: "Some lists could not be loaded (reload the page to try again); the form still plans what it can:" }),
+      list(failed, "load-failures"));
+    box.hidden = false;
+  }
+  toggleLora();
   route();
   document.body.dataset.ready = "true";
 }
