@@ -566,7 +566,9 @@ def test_plan_history_says_when_it_cannot_list_and_when_nothing_matches(served: 
     page.wait_for_selector("body[data-ready=true]")
     page.fill("#filter-model", "no-such-model")
     page.click("#filters button[type=submit]")
-    page.wait_for_function("document.querySelector('#plans-table tbody').innerText.includes('No plan matches')")
+    page.wait_for_function(
+        "document.querySelector('#plans-table tbody').innerText.includes('No plan matches')"
+    )
     page.route("**/v1/plans?*", lambda route: route.fulfill(status=500, body=""))
     page.click("#filters button[type=submit]")
     page.wait_for_selector("#plans-errors:not([hidden])")
