@@ -260,3 +260,66 @@ def test_clusters_stored_before_have_no_measurement_and_a_measured_one_refuses_a
         command.upgrade(config, "head")
     finally:
         engine.dispose()
+
+
+def _sqlite_with_a_plan_on_a_stored_cluster(tmp_path: object, name: str) -> tuple[str, object]:
+    """A SQLite database at the second revision holding a cluster and a plan that refers to it."""
+    from pathlib import Path
+
+    from sqlalchemy import create_engine, text
+
+    url = f"sqlite:///{Path(str(tmp_path)) / name}"
+    command.upgrade(alembic_config(url), "a5a8163d31bd")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO clusters VALUES ('C1', 'c', '', 'h100-sxm-80gb', NULL, 1, 8, 4.5e11, 4.5e11, 0,"
+                " 0, '2026-11-30 00:00:00', '2026-11-30 00:00:00')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO plans VALUES ('P1', 'C1', '{}', 'gpt2', 'feasible', '{}', '{}', '[]', 'x', 'y',"
+                " '2026-11-30 00:00:00', 'hk', 'fsdp')"
+            )
+        )
+    return url, engine
+
+
+def test_sqlite_migrations_rebuild_a_table_other_rows_refer_to(tmp_path: object) -> None:
+    """Alembic's batch mode rebuilds a SQLite table (copy, drop, rename): with the service's foreign
+    keys on, dropping `clusters` that a plan refers to failed half-way and left `_alembic_tmp_clusters`,
+    so every retry failed too. Migrations run with the keys off, checked before they commit, in one
+    transaction: up to head and down to the first revision, the plan still on its cluster."""
+    from sqlalchemy import inspect, text
+
+    url, engine = _sqlite_with_a_plan_on_a_stored_cluster(tmp_path, "rebuild.db")
+    config = alembic_config(url)
+    command.upgrade(config, "head")
+    with engine.connect() as conn:  # type: ignore[attr-defined]
+        assert conn.execute(text("SELECT id, cluster_id FROM plans")).all() == [("P1", "C1")]
+    command.downgrade(config, "a08becbb1da6")
+    with engine.connect() as conn:  # type: ignore[attr-defined]
+        assert conn.execute(text("SELECT id, cluster_id FROM plans")).all() == [("P1", "C1")]
+        assert not [t for t in inspect(conn).get_table_names() if t.startswith("_alembic_tmp")]
+    engine.dispose()  # type: ignore[attr-defined]
+
+
+def test_a_sqlite_migration_that_would_leave_a_dangling_reference_changes_nothing(tmp_path: object) -> None:
+    """A plan that refers to no cluster (stored with the keys off): the upgrade's foreign-key check
+    fails it, and the whole upgrade is rolled back (no table left half-built, the version unchanged),
+    so it can be mended and run again."""
+    import sqlalchemy
+    from sqlalchemy import inspect, text
+
+    url, engine = _sqlite_with_a_plan_on_a_stored_cluster(tmp_path, "dangling.db")
+    with engine.begin() as conn:  # type: ignore[attr-defined]
+        conn.execute(text("DELETE FROM clusters"))  # SQLAlchemy's own engine: foreign keys off
+    config = alembic_config(url)
+    with pytest.raises(sqlalchemy.exc.IntegrityError, match="plans"):
+        command.upgrade(config, "head")
+    with engine.connect() as conn:  # type: ignore[attr-defined]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "a5a8163d31bd"
+        assert not [t for t in inspect(conn).get_table_names() if t.startswith("_alembic_tmp")]
+    engine.dispose()  # type: ignore[attr-defined]
