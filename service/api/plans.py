@@ -164,7 +164,7 @@ def get_plan(plan_id: str, plans: PlanRepoDep) -> PlanOut:
 
 @router.delete("/{plan_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_plan(plan_id: str, plans: PlanRepoDep) -> Response:
-    plans.delete(planning.stored_plan(plans, plan_id))
+    planning.delete_plan(plans, plan_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, delete, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 
 from service.persistence.models import LOCAL_OWNER, ClusterRecord, IdempotencyKeyRecord, PlanRecord, RunRecord
@@ -110,10 +110,14 @@ class PlanRepository:
         self.session.flush()
         return record
 
-    def delete(self, record: PlanRecord) -> None:
-        """The plan and its runs; idempotency keys stay, so a late retry learns it was deleted."""
-        self.session.delete(record)
-        self.session.flush()
+    def delete(self, record: PlanRecord) -> bool:
+        """The plan and its runs (the database's ON DELETE CASCADE); idempotency keys stay, so a late
+        retry learns it was deleted. False where nothing was deleted: a concurrent request deleted it
+        between this one's read and its delete (the ORM's delete only warned, and both answered 204)."""
+        statement = delete(PlanRecord).where(PlanRecord.id == record.id, PlanRecord.owner == self.owner)
+        deleted = self.session.execute(statement.execution_options(synchronize_session=False)).rowcount
+        self.session.expunge(record)
+        return bool(deleted)
 
     def list_page(
         self, *, limit: int, before_id: str | None, filters: PlanFilters

@@ -12,7 +12,7 @@ the contract of `service.contracts` (wire schemas and stored results); errors ar
 from service.planning.capacity import capacity_for
 from service.planning.estimates import estimate_for
 from service.planning.idempotency import Outcome
-from service.planning.plans import create_plan, plan_out, stored_artifacts, stored_plan
+from service.planning.plans import create_plan, delete_plan, plan_out, stored_artifacts, stored_plan
 from service.planning.runs import add_run, run_out
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "add_run",
     "capacity_for",
     "create_plan",
+    "delete_plan",
     "estimate_for",
     "plan_out",
     "run_out",

@@ -260,6 +260,13 @@ def stored_plan(plans: PlanRepository, plan_id: str) -> PlanRecord:
     return record
 
 
+def delete_plan(plans: PlanRepository, plan_id: str) -> None:
+    """Delete the plan and its runs; NotFound where it is not there, or where a concurrent delete
+    removed it first (one of two racing deletes is the 204)."""
+    if not plans.delete(stored_plan(plans, plan_id)):
+        raise NotFound(f"plan {plan_id!r} does not exist")
+
+
 def candidate_out(
     candidate: Candidate,
     training: TrainingSpec,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.contracts.estimates import CalibrationOut
@@ -58,7 +59,12 @@ def add_run(
             StoredRequest.read(plan.request).training.tokens_per_step,
             implausible_reasons(record, plan),
         ).stored()
-        plans.add_run(record, plan)
+        try:
+            plans.add_run(record, plan)
+        except IntegrityError as exc:
+            # the run's one reference is its plan (its id is new): a concurrent request deleted the
+            # plan after this one read it. The request rolls back; a retry would be told the same
+            raise NotFound(f"plan {plan_id!r} does not exist (deleted while this run was stored)") from exc
         # what the runs on this hardware now say for the plan's own job
         target = stored_traits(plan)
         calibration = (

@@ -13,6 +13,7 @@ from sqlalchemy import Engine, text
 
 import service.planning.clusters as clusters_planning
 import service.planning.plans as plans_planning
+from service.persistence.repository import PlanRepository
 from tests.api.helpers import assert_problem
 
 ONE_NODE = {"name": "race", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
@@ -106,3 +107,36 @@ def test_a_plan_on_a_cluster_deleted_meanwhile_is_a_409(
     problem = assert_problem(client.post("/v1/plans", json=body), 409)
     assert "concurrent change" in problem["detail"]
     assert client.get("/v1/plans").json()["items"] == []
+
+
+SMALL_PLAN = {
+    "model": {"preset": "gpt2"},
+    "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+    "training": {"seq_len": 128, "global_batch_size": 8},
+}
+
+
+def test_of_two_racing_deletes_of_a_plan_one_is_the_204_the_other_a_404(
+    client: TestClient, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other delete commits after this one read the plan: this one deleted nothing, and says so
+    (both answered 204: the ORM's delete of a row already gone only warned)."""
+    plan = client.post("/v1/plans", json=SMALL_PLAN).json()
+    delete = other_writer(db_engine, "DELETE FROM plans WHERE id = :id", id=plan["id"])
+    interleave(monkeypatch, PlanRepository, "delete", delete)  # after the plan was read
+    assert_problem(client.delete(f"/v1/plans/{plan['id']}"), 404)
+    assert client.delete(f"/v1/plans/{plan['id']}").status_code == 404
+
+
+def test_a_run_posted_while_its_plan_is_deleted_is_a_404(
+    client: TestClient, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan is deleted after the run's request read it: the run is not stored, and the answer is
+    the 404 a retry gets (it was a 409, "a concurrent change", whose retry is then a 404)."""
+    plan = client.post("/v1/plans", json=SMALL_PLAN).json()
+    delete = other_writer(db_engine, "DELETE FROM plans WHERE id = :id", id=plan["id"])
+    interleave(monkeypatch, PlanRepository, "add_run", delete)
+    problem = assert_problem(client.post(f"/v1/plans/{plan['id']}/runs", json={"step_s": 1.0}), 404)
+    assert "deleted while this run was stored" in problem["detail"]
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 0
