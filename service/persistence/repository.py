@@ -11,9 +11,9 @@ import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import Select, delete, func, select
+from sqlalchemy import CursorResult, Select, delete, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 
 from service.persistence.models import LOCAL_OWNER, ClusterRecord, IdempotencyKeyRecord, PlanRecord, RunRecord
@@ -115,7 +115,8 @@ class PlanRepository:
         retry learns it was deleted. False where nothing was deleted: a concurrent request deleted it
         between this one's read and its delete (the ORM's delete only warned, and both answered 204)."""
         statement = delete(PlanRecord).where(PlanRecord.id == record.id, PlanRecord.owner == self.owner)
-        deleted = self.session.execute(statement.execution_options(synchronize_session=False)).rowcount
+        result = self.session.execute(statement.execution_options(synchronize_session=False))
+        deleted = cast(CursorResult[Any], result).rowcount  # a DELETE's result is a cursor's
         self.session.expunge(record)
         return bool(deleted)
 
