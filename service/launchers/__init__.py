@@ -78,7 +78,8 @@ def framework_structure_refusal(
 
     * An encoder (bidirectional): data parallelism only, whatever the framework
       (``validate.encoder_split_problem``, which the validator reads too).
-    * DeepSpeed: its refusals that read the degrees alone (``deepspeed.structure_refusal``), which
+    * DeepSpeed: its refusals that read the degrees alone, and the MoE routing its layers at ep > 1
+      cannot compute (``deepspeed.structure_refusal``), which
       every target running DeepSpeed shares (Accelerate's plugin and the HF Trainer run data
       parallelism only; Slurm / Kubernetes wrap the deepspeed entry point).
     * FSDP with pp or ep > 1: Accelerate's FSDP2 and the HF Trainer have neither (their refusals say
@@ -88,7 +89,7 @@ def framework_structure_refusal(
     if encoder is not None:
         return encoder
     if framework is Framework.DEEPSPEED:
-        return deepspeed.structure_refusal(tp, pp, cp)
+        return deepspeed.structure_refusal(model, tp, pp, cp, ep)
     if framework is Framework.FSDP and (pp > 1 or ep > 1):
         titan = torchtitan.job_refusal(model, training) or torchtitan.expert_tensor_problem(tp, ep)
         if titan is not None:

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from service.estimator.model_states import deepspeed_buckets
-from service.estimator.types import Offload, Optimizer, Plan, Precision, Recompute
+from service.estimator.types import ModelSpec, Offload, Optimizer, Plan, Precision, Recompute, RouterScore
 from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
     HYPERPARAMETERS,
@@ -61,10 +61,52 @@ def partition_method(plan: Plan) -> str:
     return ""
 
 
-def structure_refusal(tp: int, pp: int, cp: int) -> str | None:
-    """The refusals of ``refusal`` that read the parallel degrees alone. Every target that runs
-    DeepSpeed shares them (Accelerate's plugin and the HF Trainer run data parallelism only; Slurm
-    and Kubernetes wrap this target's entry point), so no launcher runs such a split."""
+def moe_routing_problem(model: ModelSpec) -> str | None:
+    """Why the MoE layers the script builds at ep > 1 (``deepspeed.moe.layer.MoE``: TopKGate and
+    MOELayer in deepspeed/moe/sharded_moe.py) cannot compute this model's MoE block, or None. Its gate
+    is a bias-free h x E linear, a softmax over every expert, the top k chosen and, for k >= 2, their
+    weights divided by their sum (top2gating, topkgating); top-1 weights by the raw probability
+    (top1gating). It has no plain shared expert (``use_residual`` is PR-MoE's learned mix of an MLP,
+    not DeepSeek's or Qwen2-MoE's sum), no per-expert score bias, group-limited choice or scaling
+    factor. Where the model routes otherwise, the layout would train another model than the one
+    named. A router the model leaves unstated is the layer's own."""
+    moe = model.moe
+    if moe is None:
+        return None
+    differs = []
+    if moe.num_shared_experts:
+        differs.append(f"{moe.num_shared_experts} shared expert(s)")
+    if moe.router_bias:
+        differs.append("a router bias")
+    router = model.moe_router
+    if router is not None:
+        if router.score is not RouterScore.SOFTMAX:
+            differs.append(f"{router.score.value} scores")
+        if router.score_correction_bias:
+            differs.append("a per-expert score correction bias")
+        if router.num_groups is not None:
+            differs.append(f"group-limited routing ({router.group_top_k} of {router.num_groups} groups)")
+        if router.top_k_scaling_factor != 1.0:
+            differs.append(f"routed weights scaled by {router.top_k_scaling_factor:g}")
+        if moe.top_k > 1 and not router.normalize_top_k:
+            differs.append(f"its top-{moe.top_k} weights not renormalised")
+        if moe.top_k == 1 and router.normalize_top_k:
+            differs.append("its top-1 weight renormalised to 1")
+    if not differs:
+        return None
+    return (
+        f"ep > 1 builds deepspeed.moe.layer.MoE, whose gate (a softmax over the experts, the top-k "
+        f"weights renormalised for k >= 2) cannot route as this model does: {', '.join(differs)}"
+    )
+
+
+def structure_refusal(model: ModelSpec, tp: int, pp: int, cp: int, ep: int) -> str | None:
+    """The refusals of ``refusal`` that read the parallel degrees (and, for ep > 1, the model's MoE
+    block) alone. Every target that runs DeepSpeed shares them (Accelerate's plugin and the HF
+    Trainer run data parallelism only; Slurm and Kubernetes wrap this target's entry point), so no
+    launcher runs such a split."""
+    if ep > 1 and (routing := moe_routing_problem(model)) is not None:
+        return routing
     if cp > 1:
         return (
             "ds_config has no context parallelism (Ulysses sequence parallelism needs "
@@ -91,8 +133,8 @@ def refusal(plan: Plan) -> Refusal:
         return f"the layout is for {lo.framework}, not DeepSpeed"
     if (logits := full_logits_refusal(plan)) is not None:
         return logits
-    if (structural := structure_refusal(lo.tp, lo.pp, lo.cp)) is not None:
-        return f"tp={lo.tp} pp={lo.pp} cp={lo.cp}: {structural}"
+    if (structural := structure_refusal(plan.model, lo.tp, lo.pp, lo.cp, lo.ep)) is not None:
+        return f"tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}: {structural}"
     if lo.pp > 1 and lo.zero_stage >= 2:
         return (
             f"ZeRO-{lo.zero_stage} with pp={lo.pp}: DeepSpeed's PipelineEngine asserts that ZeRO-2 "
@@ -332,7 +374,10 @@ def model_code_duties(plan: Plan) -> str:
         experts = plan.model.moe
         routing = "" if experts is None else f"num_experts={experts.num_experts}, k={experts.top_k}, "
         size = f"hidden_size={plan.model.hidden_size}, {routing}ep_size={plan.layout.ep}"
-        moe = f"deepspeed.moe.layer.MoE({size}{split}{capacity})"
+        # top-2's second expert as the model chooses it: by score, not GShard's sampling (Gumbel noise
+        # on the logits: the layer's default top2_2nd_expert_sampling=True)
+        second = ", top2_2nd_expert_sampling=False" if experts is not None and experts.top_k == 2 else ""
+        moe = f"deepspeed.moe.layer.MoE({size}{split}{capacity}{second})"
         header += f"\n{TRAIN_SCRIPT} must build MoE layers as {moe}."
         if plan.layout.zero_stage in (1, 2):
             # stage_1_and_2.py _configure_moe_settings asserts it; only Muon's groups are split for it

@@ -430,6 +430,14 @@ DEEPSEEK_LIKE = ModelSpec(
 )
 
 
+# The same, routing only over its routed experts (no shared expert): DeepSpeed's MoE layer computes it
+ROUTED_ONLY = replace(
+    DEEPSEEK_LIKE,
+    name="routed-mini",
+    moe=MoESpec(num_experts=16, top_k=4, expert_ffn_hidden_size=512),
+)
+
+
 def test_megatron_renders_latent_attention_and_the_moe_layer_pattern() -> None:
     args = megatron.megatron_args(plan(model=DEEPSEEK_LIKE, framework=Framework.MEGATRON, zero_stage=1, ep=4))
     f = _flag_values(args)
@@ -491,7 +499,7 @@ def test_deepspeed_moe_splits_the_experts_over_tp_as_estimated() -> None:
     # them (enable_expert_tensor_parallelism=False by default); the estimate splits them over tp. Its
     # routing defaults to num_experts=1, k=1: the line names the model's (top-4 of 16 here)
     def header(**layout: Any) -> str:
-        artifacts = deepspeed.render(plan(model=DEEPSEEK_LIKE, framework=Framework.DEEPSPEED, **layout))
+        artifacts = deepspeed.render(plan(model=ROUTED_ONLY, framework=Framework.DEEPSPEED, **layout))
         return next(a.content for a in artifacts if a.name.endswith(".sh"))
 
     assert (
@@ -514,7 +522,7 @@ def test_deepspeed_builds_deepspeed_moe_exactly_where_the_estimate_pads_to_a_cap
 ) -> None:
     # ep = 1: no MoE line, so the script trains the model's own (dropless) block: nothing padded
     lo = plan(
-        model=DEEPSEEK_LIKE, framework=Framework.DEEPSPEED, ep=ep, zero_stage=1, moe_capacity_factor=factor
+        model=ROUTED_ONLY, framework=Framework.DEEPSPEED, ep=ep, zero_stage=1, moe_capacity_factor=factor
     )
     script = next(a.content for a in deepspeed.render(lo) if a.name.endswith(".sh"))
     assert ("deepspeed.moe.layer.MoE(" in script) == (lo.layout.capacity_factor is not None)
@@ -620,7 +628,7 @@ def test_deepspeed_expert_parallelism_names_the_model_code_it_needs_under_both_l
     """ds_config.json cannot build DeepSpeed's MoE layers nor their optimizer groups: the script of
     either launcher that starts DeepSpeed (its own, or Accelerate's plugin) names both; ZeRO-1/2
     assert the experts' 'moe' groups (stage_1_and_2.py _configure_moe_settings), stage 0 does not."""
-    moe = plan(model=DEEPSEEK_LIKE, framework=Framework.DEEPSPEED, zero_stage=zero_stage, ep=4)
+    moe = plan(model=ROUTED_ONLY, framework=Framework.DEEPSPEED, zero_stage=zero_stage, ep=4)
     for target, launch in ((deepspeed, deepspeed.LAUNCH_NAME), (accelerate, accelerate.LAUNCH_NAME)):
         (script,) = [a.content for a in target.render(moe) if a.name == launch]
         assert "deepspeed.moe.layer.MoE(hidden_size=1024, num_experts=16, k=4, ep_size=4)" in script, target
@@ -705,3 +713,39 @@ def test_the_loss_runs_as_estimated_chunked_or_whole() -> None:
         assert "chunked_loss" in str(refusal(chunked))
     assert "chunked_loss" in str(deepspeed.refusal(plan(framework=Framework.DEEPSPEED, chunked_loss=True)))
     assert "chunked_loss" in str(megatron.refusal(plan(framework=Framework.MEGATRON, chunked_loss=True)))
+
+
+def test_deepspeed_refuses_expert_parallelism_where_its_moe_layer_routes_otherwise() -> None:
+    """At ep > 1 the script builds deepspeed.moe.layer.MoE, whose TopKGate is a bias-free softmax gate
+    renormalising its top-k (k >= 2) and which has no plain shared expert (deepspeed/moe/
+    sharded_moe.py): a model with shared experts, a router bias, sigmoid or group-limited routing or
+    un-renormalised weights would be another model; every target running DeepSpeed refuses it, and
+    the search leaves the split out (framework_structure_refusal). At ep = 1 the model's own block
+    trains: no refusal. Mixtral-like routing (softmax, top-2 renormalised) runs, its second expert
+    chosen by score (the layer samples it by default)."""
+    from service.estimator.types import MoERouter, RouterScore
+    from service.launchers import framework_structure_refusal
+
+    training = plan().training
+    cases = {
+        "shared expert": DEEPSEEK_LIKE,
+        "router bias": replace(ROUTED_ONLY, moe=replace(ROUTED_ONLY.moe, router_bias=True)),
+        "sigmoid scores": replace(ROUTED_ONLY, moe_router=MoERouter(score=RouterScore.SIGMOID)),
+        "not renormalised": replace(ROUTED_ONLY, moe_router=MoERouter(normalize_top_k=False)),
+        "group-limited": replace(
+            ROUTED_ONLY, moe_router=MoERouter(num_groups=4, group_top_k=2, group_score_top_n=1)
+        ),
+        "scaled by 2.5": replace(ROUTED_ONLY, moe_router=MoERouter(top_k_scaling_factor=2.5)),
+    }
+    for what, spec in cases.items():
+        refused = framework_structure_refusal(Framework.DEEPSPEED, spec, training, 1, 1, 1, 4)
+        assert refused is not None and "deepspeed.moe.layer.MoE" in refused, what
+        with pytest.raises(Unsupported, match="cannot route as this model does"):
+            deepspeed.render(plan(model=spec, framework=Framework.DEEPSPEED, zero_stage=1, ep=4))
+        assert framework_structure_refusal(Framework.DEEPSPEED, spec, training, 1, 1, 1, 1) is None
+    for spec in (ROUTED_ONLY, replace(ROUTED_ONLY, moe_router=MoERouter())):
+        assert framework_structure_refusal(Framework.DEEPSPEED, spec, training, 1, 1, 1, 4) is None
+    top2 = replace(ROUTED_ONLY, moe=replace(ROUTED_ONLY.moe, top_k=2))
+    (script,) = [a.content for a in deepspeed.render(plan(model=top2, framework=Framework.DEEPSPEED,
+                 zero_stage=1, ep=4)) if a.name == deepspeed.LAUNCH_NAME]  # fmt: skip
+    assert "k=2, ep_size=4, top2_2nd_expert_sampling=False)" in script
