@@ -26,10 +26,13 @@ from service.estimator.model_states import (
     StateBytes,
     deepspeed_assumption,
     deepspeed_buckets,
+    gathered_weight_bytes,
     grad_reduce_bytes,
+    layer_quantized_weights,
     lora_parameters,
     megatron_fp8_params,
     megatron_grads_in_fp32,
+    quantized_weights,
     rank_model_states,
     rank_parameters,
     shard_degrees,
@@ -98,15 +101,19 @@ def gathered_parameter_bytes(
     *,
     full: bool,
     reduce_bytes: int,
+    quantized: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[float, float]:
     """Unsharded compute copies of the parameters (and gradients) alive at the peak (ZeRO-3 / FSDP),
     as (held through the backward, released by it): the second is what the backward frees unit by
     unit, so none of it is left when the last gradient is made (``memory.gradients_follow_activations``).
     ``full``: every weight trains (else the frozen base has no gradients to hold). ``reduce_bytes``:
-    a gradient element as FSDP holds it for its reduce-scatter (``model_states.grad_reduce_bytes``)."""
+    a gradient element as FSDP holds it for its reduce-scatter (``model_states.grad_reduce_bytes``).
+    ``quantized``: QLoRA's NF4 weights of the rank and of its largest layer, which FSDP gathers as
+    their packed storage (``model_states.gathered_weight_bytes``)."""
     dense_shard, trainable = shards
     stage = layout.zero_stage if dense_shard > 1 else 0  # FSDP falls back to NO_SHARD on one rank
     grads = 1.0 if full else 0.0
+    rank_quantized, layer_quantized = quantized
     if layout.framework is Framework.FSDP:
         if stage in (2, 3) and layout.pp > 1:
             # Under torch.distributed.pipelining every micro-batch but the last runs backward with
@@ -114,16 +121,29 @@ def gathered_parameter_bytes(
             # the stage's parameters stay unsharded from one backward to the next forward, and its
             # unsharded gradients accumulate until the last micro-batch's reduce-scatter, in the
             # reduce dtype (FSDPParam.to_accumulated_grad_if_needed upcasts them after each backward).
+            if rank_quantized:
+                held = rp.dense + rp.expert
+                return gathered_weight_bytes(sb, held, rank_quantized) + grads * reduce_bytes * held, 0.0
             return (sb.weights + grads * reduce_bytes) * (rp.dense + rp.expert), 0.0
         if stage == 3:
             # This layer, the prefetched one, the output unit kept through the loss, and this
             # layer's unsharded gradients before their reduce-scatter, copied into its input in the
             # reduce dtype (_fsdp_collectives.foreach_reduce: reduce_scatter_input).
-            units = (1 + assume.fsdp_prefetch_layers) * rp.layer + rp.last_unit
+            layers = 1 + assume.fsdp_prefetch_layers
+            if layer_quantized:
+                gathered = (
+                    layers * gathered_weight_bytes(sb, rp.layer, layer_quantized) + rp.last_unit * sb.weights
+                )
+                return gathered + grads * rp.layer * reduce_bytes, 0.0
+            units = layers * rp.layer + rp.last_unit
             return units * sb.weights + grads * rp.layer * reduce_bytes, 0.0
         if stage == 2:
             # SHARD_GRAD_OP keeps every unsharded parameter from forward to backward (each unit
             # reshards after its backward), + one unit's grads (as reduce-scattered).
+            if rank_quantized:
+                return grads * rp.layer * reduce_bytes, gathered_weight_bytes(
+                    sb, rp.dense + rp.expert, rank_quantized
+                )
             return grads * rp.layer * reduce_bytes, (rp.dense + rp.expert) * sb.weights
         # NO_SHARD / DDP under autocast: 16-bit casts of the fp32 weights, saved for backward (each
         # layer's freed by its backward).
@@ -353,6 +373,10 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
         assume,
         full=full,
         reduce_bytes=reduce_bytes,
+        quantized=(
+            quantized_weights(model, layout, training, rp),
+            layer_quantized_weights(model, layout, training, rp),
+        ),
     )
     held += bucket_bytes(model, trainable, sb, layout, assume, reduce_bytes)
     parameters, gradients = math.ceil(states.parameters), math.ceil(states.gradients)

@@ -66,6 +66,8 @@ class RankParameters:
     expert: float  # routed experts, sharded over the expert-data-parallel group
     linear: float  # the decoder layers' Linear weights among them (QLoRA quantises these)
     layer: float  # the largest decoder layer (FSDP's gathering unit)
+    layer_linear: float  # its Linear weights (QLoRA's NF4 ones, routed experts included)
+    layer_experts: float  # its routed experts
     last_unit: float  # final norm + output layer, gathered at the loss (FSDP)
 
 
@@ -312,15 +314,56 @@ def state_bytes_per_parameter(sb: StateBytes, framework: Framework) -> float:
     return sb.weights + sb.gradients + sb.master + sb.moments
 
 
-def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[float, float]:
-    """Bytes per frozen base parameter (LoRA/QLoRA): (layer Linear weights, everything else)."""
+# NF4 is a 4-bit data type: bitsandbytes packs two weights a byte into the parameter's storage
+# (Params4bit; its quant_storage dtype, bf16 for FSDP and ZeRO-3, only views the same bytes).
+NF4_BITS = 4
+
+
+def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[float, float, float]:
+    """Bytes per frozen base parameter (LoRA/QLoRA): (a layer Linear weight's storage, every other
+    parameter, a layer Linear weight's quantization constants)."""
     # LoRA: the base in the compute dtype (bf16, or fp32 under fp32 and tf32), or in fp32 where it
     # was loaded so (base_dtype fp32: the 16-bit copies autocast makes are activations and buffers,
-    # memory.autocast_weight_bytes). QLoRA: NF4 Linears, embeddings, lm_head and norms in bf16.
+    # memory.autocast_weight_bytes). QLoRA: NF4 Linears, embeddings, lm_head and norms in bf16. The
+    # NF4 weights' double-quantized absmax constants (the rest of qlora_bits_per_param) are not in
+    # the parameter's storage but in its quant_state (bitsandbytes Params4bit.quant_state, a Python
+    # object): FSDP and ZeRO-3 shard and gather the packed storage, and every rank keeps every
+    # constant (``_group_states``).
     other = 4.0 if training.precision.stores_fp32 or training.base_autocast else 2.0
     if training.method is Method.QLORA:
-        return assume.qlora_bits_per_param / 8, other
-    return other, other
+        return NF4_BITS / 8, other, (assume.qlora_bits_per_param - NF4_BITS) / 8
+    return other, other, 0.0
+
+
+def _experts_stay_16_bit(model: ModelSpec, layout: Layout) -> bool:
+    """Whether QLoRA leaves the routed experts in the compute dtype: fused expert parameters, which
+    bitsandbytes does not quantize (it quantizes nn.Linear modules; only Llama 4's fused experts are
+    patched to be: ``fused_experts``, _QUANTIZED_FUSED_EXPERTS)."""
+    return fused_experts(model, layout) and model.family not in _QUANTIZED_FUSED_EXPERTS
+
+
+def quantized_weights(model: ModelSpec, layout: Layout, training: TrainingSpec, rp: RankParameters) -> float:
+    """The rank's Linear weights QLoRA keeps in NF4: every decoder-layer Linear but routed experts
+    that stay 16-bit (``_experts_stay_16_bit``); 0 but under QLoRA."""
+    if training.method is not Method.QLORA:
+        return 0.0
+    return rp.linear - rp.expert if _experts_stay_16_bit(model, layout) else rp.linear
+
+
+def layer_quantized_weights(
+    model: ModelSpec, layout: Layout, training: TrainingSpec, rp: RankParameters
+) -> float:
+    """``quantized_weights`` of the largest decoder layer (``RankParameters.layer``)."""
+    if training.method is not Method.QLORA:
+        return 0.0
+    return rp.layer_linear - rp.layer_experts if _experts_stay_16_bit(model, layout) else rp.layer_linear
+
+
+def gathered_weight_bytes(sb: StateBytes, params: float, quantized: float) -> float:
+    """Bytes of ``params`` parameters as FSDP or ZeRO-3 gathers them for compute: 16-bit copies
+    (``sb.weights``), but the ``quantized`` NF4 weights among them (QLoRA), whose packed storage is
+    what is sharded and gathered, their constants staying where they are (``frozen_bytes``)."""
+    return (params - quantized) * sb.weights + quantized * NF4_BITS / 8
 
 
 # ---------------------------------------------------------------- parameters on a rank
@@ -356,12 +399,15 @@ def rank_parameters(
         dense += mtp_layers * (mtp_projection_parameters(model) / t + MTP_NORMS * counts.final_norm)
         if p > 1 and counts.output:
             dense += counts.embedding / t
-    moe_layer = counts.router_per_moe_layer + counts.shared_experts_per_moe_layer / t
-    moe_layer += counts.experts_per_moe_layer / (et * e)
-    layer = counts.attention_per_layer / t + counts.norms_per_layer
-    layer += max(
-        counts.dense_mlp_per_layer / t if counts.dense_layers else 0, moe_layer if counts.moe_layers else 0
-    )
+    # the largest layer: its Linear weights (attention, MLP or shared and routed experts), then the
+    # norms and the router (kept in the compute dtype under QLoRA, as in ``linear``)
+    moe_linear = counts.shared_experts_per_moe_layer / t + counts.experts_per_moe_layer / (et * e)
+    moe_layer = moe_linear + counts.router_per_moe_layer
+    dense_mlp = counts.dense_mlp_per_layer / t if counts.dense_layers else 0
+    largest_moe = counts.moe_layers and moe_layer > dense_mlp
+    mlp_linear, mlp_all = (moe_linear, moe_layer) if largest_moe else (dense_mlp, dense_mlp)
+    layer_linear = counts.attention_per_layer / t + mlp_linear
+    layer = counts.attention_per_layer / t + counts.norms_per_layer + mlp_all
     last_unit = counts.final_norm + (counts.output or model.vocab_size * model.hidden_size) / t
     return RankParameters(
         layers=held,
@@ -370,6 +416,8 @@ def rank_parameters(
         expert=expert,
         linear=(attention + mlp) / t + expert,
         layer=layer,
+        layer_linear=layer_linear,
+        layer_experts=counts.experts_per_moe_layer / (et * e) if largest_moe else 0.0,
         last_unit=last_unit,
     )
 
@@ -518,17 +566,24 @@ _OffloadedStates = tuple[float, float, float, float, float]
 
 
 def _group_states(
-    count: float, frozen: float, frozen_bytes_per: float, sb: StateBytes, layout: Layout, shard: int
+    count: float,
+    frozen: float,
+    frozen_bytes_per: float,
+    sb: StateBytes,
+    layout: Layout,
+    shard: int,
+    whole_bytes: float = 0.0,
 ) -> _States:
-    """Model states of ``count`` trainable and ``frozen`` frozen parameters sharded over ``shard`` ranks."""
+    """Model states of ``count`` trainable and ``frozen`` frozen parameters sharded over ``shard``
+    ranks, and ``whole_bytes`` no sharding splits (QLoRA's constants: ``frozen_bytes``)."""
     w_div, g_div, o_div = _divisors(layout, shard)
     if layout.framework is Framework.FSDP:
         # The sharded parameter is the fp32 master (mixed) or the weights themselves. The 16-bit
         # copies gathered for compute are buffers (memory.gathered_parameter_bytes), not states.
-        params = (count * fsdp_parameter_bytes(sb) + frozen * frozen_bytes_per) / w_div
+        params = (count * fsdp_parameter_bytes(sb) + frozen * frozen_bytes_per) / w_div + whole_bytes
         return params, count * sb.gradients / g_div, count * sb.moments / o_div
     return (
-        (count * sb.weights + frozen * frozen_bytes_per) / w_div,
+        (count * sb.weights + frozen * frozen_bytes_per) / w_div + whole_bytes,
         count * sb.gradients / g_div,
         count * (sb.master + sb.moments) / o_div,
     )
@@ -571,8 +626,9 @@ def _gradients_stay_on_gpu(layout: Layout) -> bool:
     return layout.framework is Framework.DEEPSPEED and layout.zero_stage == 1
 
 
-# (trainable parameters, frozen parameters, bytes per frozen parameter, shard degree) of one group
-_Group = tuple[float, float, float, int]
+# (trainable parameters, frozen parameters, bytes per frozen parameter, shard degree, frozen bytes every
+# rank keeps whole) of one group
+_Group = tuple[float, float, float, int, float]
 
 
 def _state_groups(
@@ -591,21 +647,20 @@ def _state_groups(
     # were divided by the dense group again).
     dense_shard, expert_shard = shards
     if training.method is Method.FULL:
-        return [(rp.dense, 0.0, 0.0, dense_shard), (rp.expert, 0.0, 0.0, expert_shard)]
-    linear_bytes, other_bytes = frozen_bytes(training, assume)
+        return [(rp.dense, 0.0, 0.0, dense_shard, 0.0), (rp.expert, 0.0, 0.0, expert_shard, 0.0)]
+    linear_bytes, other_bytes, constant_bytes = frozen_bytes(training, assume)
     dense_linear = rp.linear - rp.expert  # routed experts are Linear weights only
     dense_frozen = dense_linear * linear_bytes + (rp.dense - dense_linear) * other_bytes
     adapters = lora_parameters(model, training, layout, rp)
     expert_adapters = lora_expert_parameters(model, training, layout, rp)
-    groups = [
-        (adapters - expert_adapters, rp.dense, dense_frozen / rp.dense if rp.dense else 0.0, dense_shard)
-    ]
+    per_dense = dense_frozen / rp.dense if rp.dense else 0.0
+    groups = [(adapters - expert_adapters, rp.dense, per_dense, dense_shard, dense_linear * constant_bytes)]
     if rp.expert:
         # fused experts stay in the compute dtype under QLoRA (``fused_experts``): bitsandbytes
         # quantizes nn.Linear modules, and only Llama 4's fused experts are patched to be
-        fused = fused_experts(model, layout) and model.family not in _QUANTIZED_FUSED_EXPERTS
-        expert_bytes = other_bytes if training.method is Method.QLORA and fused else linear_bytes
-        groups.append((expert_adapters, rp.expert, expert_bytes, expert_shard))
+        quantized = 0.0 if _experts_stay_16_bit(model, layout) else rp.expert
+        expert_bytes = linear_bytes if quantized else other_bytes
+        groups.append((expert_adapters, rp.expert, expert_bytes, expert_shard, quantized * constant_bytes))
     return groups
 
 
@@ -623,8 +678,10 @@ def rank_model_states(
     degrees (``rank_parameters``, ``state_bytes``, ``shard_degrees``); ``ModelStates.of`` makes the
     record (the search's lean check sums them for every sharding it bounds, without one)."""
     parameters = gradients = optimizer_states = host = nvme = 0.0
-    for count, frozen_count, per_frozen, shard in _state_groups(model, layout, training, rp, shards, assume):
-        group = _group_states(count, frozen_count, per_frozen, sb, layout, shard)
+    for count, frozen_count, per_frozen, shard, whole in _state_groups(
+        model, layout, training, rp, shards, assume
+    ):
+        group = _group_states(count, frozen_count, per_frozen, sb, layout, shard, whole)
         group_params, group_grads, group_optim, group_host, group_nvme = _offloaded(
             group, count, layout, shard, assume
         )

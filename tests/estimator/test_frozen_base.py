@@ -30,6 +30,7 @@ from service.estimator.types import (
     ModelSpec,
     Offload,
     Precision,
+    Recompute,
     TrainingSpec,
 )
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, validate_layout
@@ -85,14 +86,17 @@ def test_qlora_with_expert_parallelism_is_refused_naming_the_degree() -> None:
 
 
 def test_mixtral_zero3_qlora_shards_the_nf4_base_over_every_rank() -> None:
-    """QLoRA as it runs (ep 1, ZeRO-3 over dp 8): the NF4 attention Linears and the bf16 rest, each
-    / 8. The experts are transformers 5's fused MixtralExperts parameters (model_states.
-    fused_experts): bitsandbytes leaves them bf16, and peft's target_modules reach no adapter into
-    them, so the adapters are attention's only (fine-tuning review, stop 39)."""
-    nf4 = default_tuning().memory.qlora_bits_per_param / 8
+    """QLoRA as it runs (ep 1, ZeRO-3 over dp 8): the NF4 attention Linears' packed storage (4 bits)
+    and the bf16 rest, each / 8; the NF4 constants (the other 0.127 bits: bitsandbytes' quant_state,
+    a Python object beside the parameter, which ZeRO-3 and FSDP neither shard nor gather) whole on
+    every rank (PEFT review, stop 41: they were / 8 too). The experts are transformers 5's fused
+    MixtralExperts parameters (model_states.fused_experts): bitsandbytes leaves them bf16, and peft's
+    target_modules reach no adapter into them, so the adapters are attention's only (fine-tuning
+    review, stop 39)."""
+    constants = (default_tuning().memory.qlora_bits_per_param - 4) / 8
     all_experts = 8 * EXPERTS_PER_RANK
     other = DENSE - 32 * ATTENTION  # bf16: embeddings, head, norms, routers
-    frozen = (32 * ATTENTION * nf4 + all_experts * 2 + other * 2) / 8
+    frozen = (32 * ATTENTION * 0.5 + all_experts * 2 + other * 2) / 8 + 32 * ATTENTION * constants
     adapters = 2 * DENSE_ADAPTERS / 8
     training = TrainingSpec(seq_len=4096, global_batch_size=8, method=Method.QLORA)
     layout = dataclasses.replace(MIXTRAL_EP8, ep=1)
@@ -100,6 +104,50 @@ def test_mixtral_zero3_qlora_shards_the_nf4_base_over_every_rank() -> None:
         preset("mixtral-8x7b").spec, gpu_cluster(H100, 8, 50e9), layout, training, tuning=default_tuning()
     ).memory.per_gpu
     assert per_gpu.parameters == pytest.approx(frozen + adapters, abs=1)
+
+
+def test_fsdp_gathers_qlora_s_packed_nf4_storage_not_16_bit_weights() -> None:
+    """FULL_SHARD gathers each unit's flat parameter as it is stored: under QLoRA (quant_storage
+    bf16, as the launcher writes it) the NF4 Linears' packed 4 bits, not 16-bit weights (PEFT
+    review, stop 41: Llama 3.1 70B over 4 A100s counted 2.4 GiB too much). Against LoRA, the same
+    two gathered layers (this and the prefetched one) differ by their Linear weights x (2 - 0.5) B;
+    the output unit and the NF4 dequantization buffer are the same."""
+    model = preset("llama-3.1-70b").spec
+    layout = Layout(framework=Framework.FSDP, dp=4, zero_stage=3, recompute=Recompute.FULL)
+    cluster = gpu_cluster(gpu("a100-sxm-80gb"), 4, 50e9)
+
+    def buffers(method: Method) -> float:
+        j = make_job(
+            model, cluster, TrainingSpec(seq_len=2048, global_batch_size=16, method=method, lora_rank=16)
+        )
+        return rank_states(j, layout, 0).buffers
+
+    h, layers = 8192, 80
+    attention = 2 * h * h + 2 * h * 1024  # q, o and k, v of 8 KV heads of 128
+    mlp = 3 * h * 28672
+    assert (attention + mlp) * 80 == pytest.approx(68.45e9, rel=1e-3)  # the Linears of 70.6B
+    gathered_layers = 1 + default_tuning().memory.fsdp_prefetch_layers
+    assert buffers(Method.LORA) - buffers(Method.QLORA) == pytest.approx(
+        gathered_layers * (attention + mlp) * 1.5, rel=1e-9
+    )
+    assert layers == model.num_layers
+
+
+def test_qlora_constants_are_whole_on_every_rank_whatever_the_sharding() -> None:
+    """Parameters per GPU under FULL_SHARD at dp 2 and dp 8: the sharded part falls 4x, the NF4
+    constants (quantized Linears x 0.127 bits / 8) stay: 8 p(8) - 2 p(2) = 6 x the constants."""
+    model = preset("llama-3.1-70b").spec
+    training = TrainingSpec(seq_len=2048, global_batch_size=16, method=Method.QLORA, lora_rank=16)
+
+    def parameters(dp: int) -> float:
+        j = make_job(model, gpu_cluster(gpu("a100-sxm-80gb"), dp, 50e9), training)
+        layout = Layout(framework=Framework.FSDP, dp=dp, zero_stage=3, recompute=Recompute.FULL)
+        return rank_states(j, layout, 0).states.parameters
+
+    linears = 80 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672)
+    constants = linears * (default_tuning().memory.qlora_bits_per_param - 4) / 8
+    assert (8 * parameters(8) - 2 * parameters(2)) / 6 == pytest.approx(constants, rel=1e-9)
+    assert constants / GiB == pytest.approx(1.01, abs=0.01)
 
 
 # ---------------------------------------------------------------- every preset x layout
