@@ -26,6 +26,7 @@ from service.estimator.model_states import (
     StateBytes,
     deepspeed_assumption,
     deepspeed_buckets,
+    fsdp_parameter_bytes,
     gathered_weight_bytes,
     grad_reduce_bytes,
     layer_quantized_weights,
@@ -655,9 +656,16 @@ def min_gradient_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int
 
 def _state_bytes_note(job: Job, layout: Layout) -> str:
     sb = layout_state_bytes(job, layout)
+    if layout.framework is Framework.FSDP:
+        # FSDP keeps one sharded parameter per trainable parameter (fsdp_parameter_bytes): the fp32
+        # master under mixed precision, no 16-bit copy beside it
+        kept = "master" if sb.master else "weights"
+        weights = f"parameter {fsdp_parameter_bytes(sb):g} B (FSDP's sharded {kept})"
+    else:
+        weights = f"weights {sb.weights:g} B, master {sb.master:g} B"
     note = (
-        f"model states per trainable parameter: weights {sb.weights:g} B, gradients {sb.gradients:g} B, "
-        f"master {sb.master:g} B, optimizer moments {sb.moments:.4g} B ({job.training.optimizer.value})"
+        f"model states per trainable parameter: {weights}, gradients {sb.gradients:g} B, "
+        f"optimizer moments {sb.moments:.4g} B ({job.training.optimizer.value})"
     )
     if layout.framework is Framework.MEGATRON and job.training.precision in (Precision.BF16, Precision.FP8):
         chosen = (
@@ -690,8 +698,11 @@ def _state_notes(job: Job, layout: Layout) -> list[str]:
     if training.optimizer is Optimizer.ADAFACTOR:
         notes.append("Adafactor: factored second moment (rows + columns per matrix), no first moment")
     if training.method is Method.QLORA:
+        # the rest of the base in the compute dtype (bnb_4bit_compute_dtype: fp16 where the GPU has no bf16)
+        rest = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[training.precision.weight_dtype]
         notes.append(
-            f"QLoRA: NF4 Linear weights at {assume.qlora_bits_per_param} bits; embeddings, head, norms bf16"
+            f"QLoRA: NF4 Linear weights at {assume.qlora_bits_per_param} bits (4 bits sharded, their "
+            f"constants on every rank); embeddings, head, norms {rest}"
         )
     return notes
 

@@ -308,3 +308,18 @@ def test_moe_lora_adapts_the_shared_experts_and_not_the_fused_routed_ones() -> N
     # gate and up h -> f, down f -> h: h + f each; 1 dense layer, 26 MoE layers with the shared expert
     expected = 8 * (1 * 3 * (h + f) + 26 * 3 * (h + shared))
     assert lora_parameters(spec, training, layout, rp) == pytest.approx(expected)
+
+
+def test_the_notes_say_the_bytes_the_estimate_counts() -> None:
+    """QLoRA on a V100 keeps the rest of the base in fp16 (no bf16 there), and FSDP keeps one sharded
+    fp32 parameter per trainable one, no 16-bit copy: the notes said bf16 and a 2 B weight + 4 B
+    master (PEFT review, stop 41)."""
+    training = TrainingSpec(seq_len=1024, global_batch_size=1, method=Method.QLORA, precision=Precision.FP16)
+    layout = Layout(framework=Framework.FSDP, dp=1, recompute=Recompute.FULL)
+    notes = estimate(
+        preset("llama-3.2-1b").spec, gpu_cluster(gpu("v100-sxm2-32gb"), 1, 50e9), layout, training,
+        tuning=default_tuning(),
+    ).assumptions  # fmt: skip
+    text = " ".join(notes)
+    assert "norms fp16" in text and "bf16" not in text
+    assert "parameter 4 B (FSDP's sharded master)" in text and "master 4 B" not in text
