@@ -5,6 +5,7 @@ every other request of the process waited."""
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 
 from service.runlogs import parse_log
@@ -49,3 +50,31 @@ def test_the_hf_training_bar_is_the_one_of_its_stated_steps() -> None:
     )
     parsed = parse_log(log, "hf_trainer")
     assert parsed.step_s is not None and parsed.step_s.value == 4.71
+
+
+def _runlog_patterns() -> list[re.Pattern[str]]:
+    from service.runlogs import common, formats
+
+    return [p for module in (common, formats) for p in vars(module).values() if isinstance(p, re.Pattern)]
+
+
+def test_no_pattern_backtracks_through_a_run_of_digits_after_its_own_keyword() -> None:
+    """Each pattern's own keywords ("tflops:", "elapsed time per iteration (ms):", ...) followed by a
+    line-long run of digits that no figure ends: torchtitan's tflops pattern split the run every way
+    at every digit (0.4 s of CPU a 4 KB line, 98 s for a 960 KB log, the GIL held: bounded-work
+    review, stop 41). Every keyword of every pattern, each shape of run, 25 times (quadratic: 0.4 s
+    a line of the run, 10 s for each format), read in every format within seconds."""
+    literal = [re.sub(r"\\(.)", r"\1", re.sub(r"\\[sdwbSDWB]", " ", p.pattern)) for p in _runlog_patterns()]
+    keywords = sorted({k.strip() for text in literal for k in KEYWORD.findall(text)})
+    assert {"tflops:", "tps:", "elapsed time per iteration (ms):"} <= set(keywords) and len(keywords) >= 10
+    runs = ("1" * 4000 + "x", "1," * 2000 + "x", "1." * 2000 + "x", "." + "1" * 4000 + "x")
+    lines = [f"step: 1  loss: 1.0  {keyword} {run}" for keyword in keywords for run in runs] * 25
+    started = time.process_time()
+    for fmt in ("auto", "torchtitan", "megatron", "deepspeed", "hf_trainer", "accelerate"):
+        with contextlib.suppress(ValueError):
+            parse_log("\n".join(lines), fmt)
+    assert time.process_time() - started < 10.0, len(lines)
+
+
+# a pattern's literal keyword: letters (and spaces, brackets, slashes) up to a colon
+KEYWORD = re.compile(r"[A-Za-z][A-Za-z _()/]*:")
