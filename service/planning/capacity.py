@@ -18,6 +18,7 @@ from service.contracts.gpus import resolve_gpu
 from service.errors import ServiceUnavailable, Unprocessable
 from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError
+from service.estimator.scale import MAX_GPUS
 from service.estimator.types import Framework, GPUSpec, ModelSpec, TrainingSpec
 from service.estimator.validate import attention_precision_violation, hardware_violation
 from service.persistence.repository import ClusterRepository
@@ -72,6 +73,28 @@ def _no_framework_runs(
     return refused
 
 
+def _check_searched_scale(request: CapacityRequest, gpus: list[GPUSpec]) -> None:
+    """The GPU counts a catalog sweep would search and time, bounded as a plan's cluster is
+    (``scale.MAX_GPUS``) before any search: ``at_gpus``, and ``max_nodes`` nodes of the largest node
+    size compared (a sweep over 800,000 GPUs spent its whole budget where a plan is refused at once:
+    bounded-work review, stop 41)."""
+    limit = MAX_GPUS.limit
+    if request.at_gpus is not None and request.at_gpus > limit:
+        message = (
+            f"at_gpus: {request.at_gpus:,} is past the {limit:,} GPUs this service plans for (the largest "
+            f"published: {MAX_GPUS.reference})"
+        )
+        raise Unprocessable(message, errors=[{"field": "at_gpus", "message": message}])
+    largest = max(default_cluster(gpu, request.max_nodes, request.gpus_per_node).world_size for gpu in gpus)
+    if largest > limit:
+        message = (
+            f"max_nodes: {request.max_nodes:,} nodes of up to {largest // request.max_nodes} GPUs are "
+            f"{largest:,} GPUs, past the {limit:,} this service plans for (the largest published: "
+            f"{MAX_GPUS.reference}); at most {limit // (largest // request.max_nodes):,} nodes"
+        )
+        raise Unprocessable(message, errors=[{"field": "max_nodes", "message": message}])
+
+
 def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline = NO_DEADLINE) -> CapacityOut:
     started = time.perf_counter()
     clusters = ClusterRepository(session)
@@ -88,6 +111,8 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
         for i, cid in enumerate(request.cluster_ids or [])
     ]
     gpus = [resolve_gpu(name, field=f"gpus.{i}") for i, name in enumerate(request.gpus or [])]
+    if not stored:
+        _check_searched_scale(request, gpus or list(catalog_gpus().values()))
     prices = request.gpu_hour_cost
     per_gpu_price = prices if isinstance(prices, dict) else None
     if isinstance(prices, float | int):

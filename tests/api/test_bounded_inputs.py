@@ -92,3 +92,22 @@ def test_a_list_page_ends_where_its_bytes_do_and_its_cursor_goes_on(
             break
     assert [p["id"] for p in seen] == ids[::-1] and pages == 3
     assert next(p for p in seen if p["id"] == ids[0]) == one  # as GET /v1/plans/{id} shows it
+
+
+def test_a_capacity_sweep_past_the_gpus_a_plan_may_have_is_refused_before_any_search(
+    client: TestClient,
+) -> None:
+    """A plan's cluster is bounded at 262,144 GPUs (scale.MAX_GPUS); a capacity sweep searched up to
+    max_nodes x 8 = 800,000 and timed on at_gpus up to ten million, spending its whole budget (8 s)
+    on counts no plan may have (bounded-work review, stop 41). Each is a 422 naming its field and
+    the largest count it may reach; within the bound the sweep answers."""
+    body: dict[str, Any] = {
+        "model": {"preset": "gpt2"},
+        "training": {"seq_len": 1024, "global_batch_size": 8},
+        "gpus": ["h100-sxm-80gb"],
+    }
+    problem = assert_problem(client.post("/v1/capacity", json=body | {"max_nodes": 100_000}), 422)
+    assert problem["errors"][0]["field"] == "max_nodes" and "at most 32,768 nodes" in problem["detail"]
+    problem = assert_problem(client.post("/v1/capacity", json=body | {"at_gpus": 300_000}), 422)
+    assert problem["errors"][0]["field"] == "at_gpus" and "262,144" in problem["detail"]
+    assert client.post("/v1/capacity", json=body | {"max_nodes": 32_768}).status_code == 200
