@@ -30,6 +30,7 @@ from service.estimator import evaluate
 from service.estimator.defaults import for_gpu
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
+from service.estimator.memory import cuda_context_bytes
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
     BaseDtype,
@@ -339,8 +340,40 @@ def suggestions(
     budget = budget or Budget(constraints.max_evaluations)
     collect = _Collector(budget)
     ask = _Ask(model, cluster, training, constraints, tuning)
+    unfit = _gpu_type_unfit(cluster, constraints, tuning)
+    if unfit is not None:
+        # no change on this GPU type fits: each would search to learn it, and leave the other GPUs,
+        # the one answer here, no budget (a 1 MiB custom GPU: bounded-work review, stop 41)
+        for kind in ("offload", "lora", "qlora", "shorter_sequence", "more_gpus"):
+            collect.skipped.append(Skipped(kind=kind, reason=unfit))
+    else:
+        _same_gpu_type(collect, ask, training, constraints)
+    # 3. other GPUs
+    others = [gpu for gpu in catalog if _bigger(gpu, cluster.gpu)]
+    for i, gpu in enumerate(others):
+        collect.run("other_gpu", len(others) - i, functools.partial(ask.other_gpu, gpu))
+    made = _in_order(collect.made)
+    return Suggestions(made=made, skipped=tuple(collect.skipped))
+
+
+def _gpu_type_unfit(cluster: ClusterSpec, constraints: Constraints, tuning: Tuning) -> str | None:
+    """Why nothing fits on this GPU type whatever the layout, sequence, method or GPU count, or None:
+    the CUDA context every process holds (``memory.cuda_context_bytes``), which nothing offloads,
+    exceeds what the plan allows of one GPU."""
+    floor = cuda_context_bytes(tuning.memory)
+    limit = allowed_bytes(cluster.gpu.memory_bytes, constraints.min_headroom_fraction)
+    if floor <= limit:
+        return None
+    return (
+        f"the CUDA context alone ({floor / GiB:.2f} GiB) exceeds the {limit / GiB:.4g} GiB allowed of one "
+        f"{cluster.gpu.name}: nothing fits on this GPU type"
+    )
+
+
+def _same_gpu_type(collect: _Collector, ask: _Ask, training: TrainingSpec, constraints: Constraints) -> None:
+    """The suggestions on this GPU type: on the GPUs given, then more of them."""
     # 1. on the GPUs given
-    if not constraints.allow_offload and cluster.cpu_memory_bytes_per_node:
+    if not constraints.allow_offload and ask.cluster.cpu_memory_bytes_per_node:
         collect.run("offload", 6, ask.offload_within_the_nodes)
     # Not offered where it cannot apply: asked already, no framework it compiles, or QLoRA, whose
     # compiled layouts the search and estimates refuse (bitsandbytes' NF4 matmuls break the graph:
@@ -367,12 +400,6 @@ def suggestions(
     if not collect.made and training.seq_len // 2 >= SHORTEST_SUGGESTED_SEQ:
         collect.run("offload", 2, functools.partial(ask.shorter_with, "offload"))
         collect.run("more_gpus", 2, functools.partial(ask.shorter_with, "more_gpus"))
-    # 3. other GPUs
-    others = [gpu for gpu in catalog if _bigger(gpu, cluster.gpu)]
-    for i, gpu in enumerate(others):
-        collect.run("other_gpu", len(others) - i, functools.partial(ask.other_gpu, gpu))
-    made = _in_order(collect.made)
-    return Suggestions(made=made, skipped=tuple(collect.skipped))
 
 
 def _order(method: Method) -> int:

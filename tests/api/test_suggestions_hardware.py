@@ -186,3 +186,24 @@ def test_offload_within_the_nodes_is_suggested_once(client: TestClient) -> None:
         },
     )
     assert [s["kind"] for s in result["suggestions"]].count("offload") == 1, result["suggestions"]
+
+
+def test_a_gpu_smaller_than_the_cuda_context_gets_other_gpus_not_changes_on_itself(
+    client: TestClient,
+) -> None:
+    """A 1 MiB custom GPU: the CUDA context (0.75 GiB) alone exceeds it, so no change on this GPU
+    type fits. Offloading searched the whole budget to learn it, and the other GPUs, the one useful
+    answer, were skipped for time (bounded-work review, stop 41). Now the changes on this type are
+    skipped at once, saying why, and the other GPUs are suggested."""
+    tiny = {"name": "tiny", "memory_bytes": 2**20, "peak_flops_per_s": {"fp32": 1e12},
+            "hbm_bandwidth_bytes_per_s": 1e9, "intra_node_bandwidth_bytes_per_s": 1e9,
+            "pcie_bandwidth_bytes_per_s": 1e9}  # fmt: skip
+    cluster = {"gpu": tiny, "num_nodes": 64, "gpus_per_node": 8, "inter_node_bandwidth_bytes_per_s": 1e9}
+    body = {"model": {"preset": "llama-3.1-8b"}, "cluster": cluster,
+            "training": {"seq_len": 4096, "global_batch_size": 512}}  # fmt: skip
+    answer = client.post("/v1/plans", json=body).json()
+    assert answer["status"] == "infeasible"
+    skipped = {s["kind"]: s["reason"] for s in answer["suggestions_skipped"]}
+    assert "CUDA context alone" in skipped["offload"] and "CUDA context alone" in skipped["more_gpus"]
+    assert not [s for s in answer["suggestions_skipped"] if "ran out" in s["reason"]]
+    assert {s["kind"] for s in answer["suggestions"]} == {"other_gpu"} and len(answer["suggestions"]) >= 5
