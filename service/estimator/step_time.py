@@ -1119,17 +1119,23 @@ def runs_torch_ring(layout: Layout) -> bool:
 
 
 def ulysses_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
-    """DeepSpeed-Ulysses (deepspeed/sequence/layer.py ``DistributedAttention``): q, k and v go from
-    sequence-split to head-split by one all-to-all each before attention, and its output back by a
-    fourth; the backward reverses the four for their gradients and a recomputed forward repeats
-    them. They sit between the projections and the attention kernel, on the critical path."""
+    """DeepSpeed-Ulysses (deepspeed/sequence/layer.py ``DistributedAttention``; ALST's
+    UlyssesSPAttentionHF in runtime/sequence_parallel/ulysses_sp.py, which Accelerate runs): q, k
+    and v go from sequence-split to head-split by one all-to-all each before attention, and its
+    output back by a fourth; the backward reverses the four for their gradients and a recomputed
+    forward repeats them. They sit between the projections and the attention kernel, on the critical path."""
     model = job.model
-    v_width = model.v_size if model.mla is not None else model.kv_size
+    kv_width = model.kv_size
+    if model.mla is None and layout.cp > model.num_kv_heads:
+        # fewer KV heads than ranks: each is replicated to one per rank before the all-to-all
+        # (ulysses_sp.py kv_replication_factor = world // kv_head_count), so cp heads travel
+        kv_width = model.kv_size * layout.cp // model.num_kv_heads
+    v_width = model.v_size if model.mla is not None else kv_width
     e = element_bytes(job.training.precision)
     link = base.links.cp
     one_pass = sum(
         comm.group_all_to_all_s(base.tokens * width / layout.tp * e, link)
-        for width in (model.q_size, model.kv_size, v_width, model.v_size)
+        for width in (model.q_size, kv_width, v_width, model.v_size)
     )
     # forward and backward, and a whole layer's recomputed forward (a selective recompute redoes the
     # local attention inside DistributedAttention, not its all-to-alls)

@@ -511,6 +511,14 @@ def ulysses_violation(model: ModelSpec, layout: Layout) -> Violation:
         return _bad(
             f"num_attention_heads ({model.num_attention_heads}) % cp ({cp}) != 0 (Ulysses)", "cp_heads", "cp"
         )
+    kv = model.num_kv_heads
+    if cp > 1 and ulysses and model.mla is None and kv % cp and cp % kv:
+        # the KV heads split over the group, or are replicated to one per rank (deepspeed/runtime/
+        # sequence_parallel/ulysses_sp.py UlyssesSPAttentionHF: "KV attention head count ... is not
+        # divisible by SP size ... or vice versa")
+        return _bad(
+            f"num_kv_heads ({kv}) and cp ({cp}): neither divides the other (Ulysses)", "cp_heads", "cp"
+        )
     return None
 
 

@@ -13,8 +13,10 @@ from typing import Any
 
 import yaml
 
+from service.estimator.defaults import for_gpu
 from service.estimator.model_states import megatron_fp8_params, megatron_grads_in_fp32
 from service.estimator.types import (
+    Attention,
     Compile,
     Framework,
     Method,
@@ -98,14 +100,47 @@ def refusal(plan: Plan) -> Refusal:
     return None
 
 
+# ParallelismConfig's sp_attn_implementation for the estimate's attention (utils/dataclasses.py
+# DeepSpeedSequenceParallelConfig: flash_attention_2/3 or sdpa; eager and flex_attention refused,
+# since ALST passes position_ids, not an attention mask)
+SP_ATTENTION = {Attention.FLASH: "flash_attention_2", Attention.SDPA: "sdpa"}
+
+
+def _sp_attention(plan: Plan) -> str | None:
+    """The plan's attention as ParallelismConfig names it (the GPU's, where the request left it)."""
+    attention = for_gpu(plan.training, plan.cluster.gpu).attention
+    return None if attention is None else SP_ATTENTION.get(attention)
+
+
 def _deepspeed_refusal(plan: Plan) -> Refusal:
     lo = plan.layout
-    if lo.tp > 1 or lo.pp > 1 or lo.cp > 1:
+    if lo.tp > 1 or lo.pp > 1:
         return (
-            f"tp={lo.tp} pp={lo.pp} cp={lo.cp}: Accelerate's DeepSpeed plugin drives data parallelism "
-            "(ZeRO) only; use the deepspeed target"
+            f"tp={lo.tp} pp={lo.pp}: Accelerate's DeepSpeed plugin drives data parallelism (ZeRO) and "
+            "Ulysses only; use the deepspeed target"
         )
-    return deepspeed.refusal(plan)  # the deepspeed target's ds_config.json
+    if lo.cp > 1 and (ulysses := _ulysses_refusal(plan)) is not None:
+        return ulysses
+    return deepspeed.engine_refusal(plan)  # the deepspeed target's ds_config.json
+
+
+def _ulysses_refusal(plan: Plan) -> Refusal:
+    """Why Accelerate's ALST integration (ParallelismConfig sp_backend deepspeed: DeepSpeed's
+    UlyssesSPAttentionHF registered with transformers, accelerator.py prepare) cannot run cp > 1."""
+    lo, training = plan.layout, plan.training
+    if lo.ep > 1:
+        return (
+            f"cp={lo.cp} with ep={lo.ep}: Accelerate's ALST splits the sequence over data-parallel ranks only"
+        )
+    if _sp_attention(plan) is None:
+        return (
+            f"cp={lo.cp} with attention {for_gpu(training, plan.cluster.gpu).attention}: ALST's Ulysses "
+            "runs flash_attention_2/3 or sdpa (eager and flex_attention are refused: it passes "
+            "position_ids, not a mask)"
+        )
+    if training.method is Method.QLORA:
+        return f"cp={lo.cp} with qlora: ALST registers with a transformers model, not a bitsandbytes NF4 one"
+    return None
 
 
 def _fsdp_refusal(plan: Plan) -> Refusal:
@@ -221,7 +256,20 @@ def _deepspeed(plan: Plan) -> dict[str, Any]:
         ds["zero3_init_flag"] = True
     if plan.cluster.num_nodes > 1:
         ds["deepspeed_multinode_launcher"] = "standard"  # torchrun on every node, no ssh
-    return {"distributed_type": "DEEPSPEED", "deepspeed_config": ds}
+    config: dict[str, Any] = {"distributed_type": "DEEPSPEED", "deepspeed_config": ds}
+    if lo.cp > 1:
+        # DeepSpeed's Ulysses as Accelerate runs it (ALST, accelerate >= 1.12; DeepSpeed >= 0.18.2):
+        # sp ranks overlay the data-parallel ones, dp_replicate x dp_shard x sp = processes
+        # (parallelism_config.py); the sequence length varies by batch (each must divide by sp)
+        config["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": 1,
+            "parallelism_config_dp_shard_size": lo.dp,
+            "parallelism_config_sp_size": lo.cp,
+            "parallelism_config_sp_backend": "deepspeed",
+            "parallelism_config_sp_seq_length_is_variable": True,
+            "parallelism_config_sp_attn_implementation": _sp_attention(plan),
+        }
+    return config
 
 
 def _ds_config_artifact(plan: Plan) -> Artifact:
@@ -430,6 +478,22 @@ def _batch_duty(plan: Plan) -> str:
     )
 
 
+def _ulysses_duty(plan: Plan) -> str:
+    """What train.py must do for DeepSpeed's Ulysses as Accelerate runs it (ALST): accelerate's
+    examples/alst_ulysses_sequence_parallelism/sp-alst.py."""
+    cp = plan.layout.cp
+    if cp == 1:
+        return ""
+    return (
+        f"\ncp={cp}: DeepSpeed's Ulysses (ALST): {TRAIN_SCRIPT} must build the model with transformers "
+        "(from_pretrained, attn_implementation as the config's sp_attn_implementation), pass its "
+        "DataLoader to accelerator.prepare (which shards each batch's sequence over the sp group), give "
+        "batches position_ids and labels, and average the loss over the sp group weighted by each "
+        "shard's labelled tokens (torch.distributed.nn.functional.all_gather over "
+        "accelerator.torch_device_mesh['sp'].get_group())."
+    )
+
+
 def duties(plan: Plan) -> str:
     """What the training script must do for the layout, and where the launch runs from: the launch
     script's header, and the Slurm script's that runs this launch (``slurm.accelerate_render``)."""
@@ -437,9 +501,10 @@ def duties(plan: Plan) -> str:
     if plan.layout.framework is Framework.FSDP:
         text += _batch_duty(plan)
     if plan.layout.framework is Framework.DEEPSPEED:
-        text += deepspeed.model_code_duties(plan) + (
+        where = (
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."
         )
+        text += _ulysses_duty(plan) + deepspeed.model_code_duties(plan) + where
     return text
 
 

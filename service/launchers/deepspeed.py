@@ -101,16 +101,17 @@ def moe_routing_problem(model: ModelSpec) -> str | None:
 
 
 def structure_refusal(model: ModelSpec, tp: int, pp: int, cp: int, ep: int) -> str | None:
-    """The refusals of ``refusal`` that read the parallel degrees (and, for ep > 1, the model's MoE
-    block) alone. Every target that runs DeepSpeed shares them (Accelerate's plugin and the HF
-    Trainer run data parallelism only; Slurm and Kubernetes wrap this target's entry point), so no
-    launcher runs such a split."""
+    """The refusals of ``engine_refusal`` that read the parallel degrees (and, for ep > 1, the
+    model's MoE block) alone, and where no target runs DeepSpeed's Ulysses (cp > 1). Every target
+    that runs DeepSpeed shares them (Accelerate's plugin and the HF Trainer run data parallelism, and
+    Accelerate DeepSpeed's ALST Ulysses, alone; Slurm and Kubernetes wrap this target's entry point),
+    so no launcher runs such a split."""
     if ep > 1 and (routing := moe_routing_problem(model)) is not None:
         return routing
-    if cp > 1:
+    if cp > 1 and (tp > 1 or pp > 1 or ep > 1):
         return (
-            "ds_config has no context parallelism (Ulysses sequence parallelism needs "
-            "DistributedAttention in the model code)"
+            "DeepSpeed's Ulysses (cp) runs through Accelerate's ALST integration alone, which splits "
+            "nothing else: tp = pp = ep = 1 (the ds_config has no sequence parallelism)"
         )
     # AutoTP training takes every ZeRO stage since 0.19.4, which dropped the stage <= 2 assertion
     # (runtime/engine.py, _configure_tensor_parallel_states: "AutoTP + ZeRO stage 3 is supported for
@@ -124,8 +125,21 @@ def structure_refusal(model: ModelSpec, tp: int, pp: int, cp: int, ep: int) -> s
 
 
 def refusal(plan: Plan) -> Refusal:
+    """Why this target (the deepspeed launcher and its ds_config.json) cannot run the plan as
+    estimated, or None: DeepSpeed's rules (``engine_refusal``), and Ulysses, which it cannot ask for:
+    its sequence parallelism lives in the model code (ALST's UlyssesSPAttentionHF, registered by
+    Accelerate's ParallelismConfig: the accelerate target renders it)."""
+    if plan.layout.cp > 1 and Target.DEEPSPEED in FRAMEWORKS[plan.layout.framework].targets:
+        return (
+            f"cp={plan.layout.cp}: the deepspeed launcher has no Ulysses sequence parallelism (ds_config "
+            "cannot ask for it); the accelerate target runs it (ALST, sp_backend deepspeed)"
+        )
+    return engine_refusal(plan)
+
+
+def engine_refusal(plan: Plan) -> Refusal:
     """Why DeepSpeed cannot run the plan as estimated, or None: the rules of its config parser and
-    engines, checked without building the config."""
+    engines, checked without building the config, whichever target launches it."""
     lo = plan.layout
     if (world := world_refusal(plan)) is not None:
         return world
@@ -274,7 +288,9 @@ def batch_ranks(plan: Plan) -> int:
     Without one, AutoTP (config-driven, or HF Trainer's tp_model_init) passes no mpu, so the count is
     dist.get_world_size(): every rank, tensor-parallel peers included, although those peers read the
     same samples. train_batch_size is then tp times the samples per optimizer step, which stays
-    micro * accumulation * dp; HF Trainer's check (world_size * micro * accumulation) agrees.
+    micro * accumulation * dp; HF Trainer's check (world_size * micro * accumulation) agrees. Under
+    Ulysses (cp > 1, tp = 1: Accelerate's ALST) the mpu is ALST's, without get_data_parallel_world_size,
+    and the count is world / sequence-parallel size: dp again.
     """
     lo = plan.layout
     return lo.dp if lo.pp > 1 else lo.dp * lo.tp
@@ -282,7 +298,7 @@ def batch_ranks(plan: Plan) -> int:
 
 def ds_config(plan: Plan) -> dict[str, Any]:
     """The ds_config.json dict; raises Unsupported where DeepSpeed cannot run the layout."""
-    refuse(Target.DEEPSPEED, refusal(plan))
+    refuse(Target.DEEPSPEED, engine_refusal(plan))
     lo = plan.layout
     micro, accum = lo.micro_batch_size, accumulation(plan)
     config: dict[str, Any] = {
@@ -400,6 +416,7 @@ def model_code_duties(plan: Plan) -> str:
 
 
 def render(plan: Plan) -> list[Artifact]:
+    refuse(Target.DEEPSPEED, refusal(plan))  # Ulysses too, which the shared ds_config leaves to Accelerate
     config = config_artifact(plan)
     header = "DeepSpeed 0.19.8 launcher: starts every rank over ssh (pdsh) from this node."
     header += model_code_duties(plan)

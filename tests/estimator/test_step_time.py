@@ -862,3 +862,27 @@ def test_a_host_bound_step_never_shortens_with_more_work() -> None:
         )
         assert 0 < base.idle_forward_s + base.idle_backward_s < base.compute_s  # host-bound
     assert steps == sorted(steps), steps
+
+
+def test_ulysses_replicates_kv_heads_fewer_than_its_ranks() -> None:
+    """ALST's Ulysses replicates each KV head to one per rank where the group is larger than the KV
+    heads (ulysses_sp.py kv_replication_factor), so 8 ranks move 8 heads' K and V whether the model
+    has 4 KV heads or 8: the same all-to-all bytes, the same CP time. With 16 KV heads over 8 ranks
+    nothing is replicated and twice the K and V move."""
+    from service.catalog.gpus import gpu
+    from service.estimator import step_time
+    from service.estimator.types import Framework, Layout, TrainingSpec
+    from validation.cases import gpu_cluster
+
+    base = preset("llama-3.1-8b").spec  # 32 heads of 128, 8 KV heads
+    training = TrainingSpec(seq_len=32768, global_batch_size=8)
+    layout = Layout(framework=Framework.DEEPSPEED, dp=1, cp=8, zero_stage=1)
+    cluster = gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9)
+
+    def cp_comm_s(kv_heads: int) -> float:
+        model = dataclasses.replace(base, num_kv_heads=kv_heads)
+        j = make_job(model, cluster, training, default_tuning())
+        return step_time.step_parts(j, layout).cp_comm_s
+
+    assert cp_comm_s(4) == pytest.approx(cp_comm_s(8), rel=1e-12)
+    assert cp_comm_s(16) > cp_comm_s(8)

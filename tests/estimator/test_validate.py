@@ -311,6 +311,12 @@ def test_sequence_rules() -> None:
     with pytest.raises(InvalidLayout) as err:  # Ulysses: 24 heads % cp 16
         check(Layout(dp=1, cp=16), model=dataclasses.replace(MODEL, num_attention_heads=24, num_kv_heads=8))
     assert err.value.rule == "cp_heads"
+    # ALST's Ulysses: the KV heads split over the group, or are replicated to one per rank; 6 KV heads
+    # over 4 ranks is neither (ulysses_sp.py UlyssesSPAttentionHF)
+    with pytest.raises(InvalidLayout, match=r"num_kv_heads \(6\) and cp \(4\)"):
+        check(Layout(dp=4, cp=4), model=dataclasses.replace(MODEL, num_attention_heads=24, num_kv_heads=6))
+    for kv in (2, 8):  # replicated (4 % 2), split (8 % 4)
+        check(Layout(dp=4, cp=4), model=dataclasses.replace(MODEL, num_attention_heads=24, num_kv_heads=kv))
 
 
 def test_each_framework_splits_the_sequence_its_own_way() -> None:

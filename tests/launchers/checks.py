@@ -54,6 +54,9 @@ ACCELERATE_NESTED = {
     "parallelism_config": {
         "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
         "parallelism_config_tp_size", "parallelism_config_cp_size",
+        # DeepSpeed's Ulysses (ALST): accelerate/commands/launch.py's sp arguments
+        "parallelism_config_sp_size", "parallelism_config_sp_backend",
+        "parallelism_config_sp_seq_length_is_variable", "parallelism_config_sp_attn_implementation",
     },
     "megatron_lm_config": {
         "megatron_lm_tp_degree", "megatron_lm_pp_degree", "megatron_lm_context_parallel_size",
@@ -170,7 +173,15 @@ def check_accelerate(config: dict[str, Any], plan: Plan) -> None:
         assert lo.dp * lo.micro_batch_size * mlm["megatron_lm_num_micro_batches"] == (
             plan.training.global_batch_size
         )
-    if "parallelism_config" in config:
+    if "parallelism_config" in config and config["distributed_type"] == "DEEPSPEED":
+        # ALST: dp_replicate x dp_shard x sp = processes (parallelism_config.py), sp the layout's cp
+        pc = config["parallelism_config"]
+        assert pc["parallelism_config_sp_backend"] == "deepspeed" and pc["parallelism_config_sp_size"] > 1
+        assert pc["parallelism_config_sp_size"] == plan.layout.cp
+        product = pc["parallelism_config_dp_replicate_size"] * pc["parallelism_config_dp_shard_size"]
+        assert product * pc["parallelism_config_sp_size"] == plan.cluster.world_size
+        assert pc["parallelism_config_sp_attn_implementation"] in ("flash_attention_2", "sdpa")
+    elif "parallelism_config" in config:
         assert fsdp.get("fsdp_version") == 2
         pc = config["parallelism_config"]
         product = 1
@@ -463,7 +474,9 @@ def check_artifact(artifact: Artifact, plan: Plan) -> None:
         data = json.loads(text)
         if name == "ds_config.json":
             lo = plan.layout
-            check_ds_config(data, lo.dp if lo.pp > 1 else plan.cluster.world_size)
+            # DeepSpeed's batch world: the pipeline grid's dp; under Ulysses (ALST's mpu) world / sp;
+            # else every rank
+            check_ds_config(data, lo.dp if lo.pp > 1 else plan.cluster.world_size // lo.cp)
         if name == "training_args.json":
             assert not ("fsdp" in data and "deepspeed" in data)
             assert data.get("dataloader_num_workers", 0) > 0 or "dataloader_prefetch_factor" not in data

@@ -117,6 +117,33 @@ def test_deepspeed_config_and_launcher(tmp_path: Path) -> None:
     assert count > 20 and autotp >= 3, (count, autotp)
 
 
+def test_the_ds_config_accelerate_ships_for_ulysses_passes_deepspeeds_batch_check_under_alsts_mpu() -> None:
+    """Accelerate's ALST registers DeepSpeed's Ulysses and hands deepspeed.initialize its mpu
+    (runtime/sequence_parallel/parallel_state_sp.py, without get_data_parallel_world_size): DeepSpeed's
+    batch world is then world / sp (runtime/config.py), which the shipped train_batch_size counts."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime import config as ds_runtime_config
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    count = 0
+    for name, plan, artifacts in rendered(Target.ACCELERATE):
+        lo = plan.layout
+        if lo.framework is not Framework.DEEPSPEED or lo.cp == 1:
+            continue
+        config = json.loads(by_name(artifacts, deepspeed.CONFIG_NAME).content)
+        with fake_world(plan.cluster.world_size):
+            parallel_state_sp.initialize_sequence_parallel(lo.cp)
+            try:
+                parsed = ds_runtime_config.DeepSpeedConfig(config, parallel_state_sp)
+            finally:
+                parallel_state_sp._SEQUENCE_PARALLEL_GROUP = None
+                parallel_state_sp._SEQUENCE_DATA_PARALLEL_GROUP = None
+        assert parsed.world_size == lo.dp, name
+        assert parsed.train_batch_size == plan.training.global_batch_size, name
+        count += 1
+    assert count >= 2
+
+
 def _accelerate_args(path: Path, plan: Plan) -> Any:
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
@@ -135,13 +162,15 @@ def _accelerate_args(path: Path, plan: Plan) -> Any:
 def test_accelerate_config_loader_launch_and_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("accelerate")
     from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin, parse_choice_from_env
+    from accelerate.utils.dataclasses import DeepSpeedSequenceParallelConfig
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
     # As a user runs accelerate_launch.sh: from the directory holding the rendered files, whose
     # relative paths (--config_file, deepspeed_config_file) resolve there.
     monkeypatch.chdir(tmp_path)
-    count = 0
+    count = ulysses = 0
     for name, plan, artifacts in rendered(Target.ACCELERATE):
         for old in tmp_path.iterdir():
             old.unlink()
@@ -170,6 +199,18 @@ def test_accelerate_config_loader_launch_and_plugins(tmp_path: Path, monkeypatch
             for key, value in shipped["zero_optimization"].items():
                 assert zero[key] == value, (name, key)
             assert plugin.zero3_init_flag == (plan.layout.zero_stage == 3), name
+            if plan.layout.cp > 1:
+                # DeepSpeed's Ulysses as Accelerate runs it (ALST): the config file's parallelism_config
+                # reaches the Accelerator through these variables, which ParallelismConfig reads
+                assert env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true", name
+                with mock.patch.dict(os.environ, env):
+                    parallel = ParallelismConfig()
+                    handler = DeepSpeedSequenceParallelConfig()
+                assert (parallel.sp_backend, parallel.sp_size) == ("deepspeed", plan.layout.cp), name
+                assert parallel.total_size == plan.cluster.world_size, name
+                assert handler.sp_seq_length_is_variable, name
+                assert handler.sp_attn_implementation in ("flash_attention_2", "sdpa"), name
+                ulysses += 1
         elif framework is Framework.FSDP and plan.layout.zero_stage >= 2:
             env = prepare_multi_gpu_env(args)
             with mock.patch.dict(os.environ, env):
@@ -190,7 +231,7 @@ def test_accelerate_config_loader_launch_and_plugins(tmp_path: Path, monkeypatch
             lo = plan.layout
             assert steps * lo.dp * lo.micro_batch_size == plan.training.global_batch_size, name
         count += 1
-    assert count > 20
+    assert count > 20 and ulysses >= 2, (count, ulysses)
 
 
 def test_hf_training_arguments_json_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

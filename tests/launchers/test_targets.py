@@ -71,7 +71,7 @@ def test_deepspeed_autotp_runs_with_zero3_and_not_with_the_pipeline() -> None:
         ({"zero_stage": 3, "pp": 2}, "incompatible with pipeline"),
         ({"zero_stage": 2, "offload_params": Offload.CPU, "offload_optimizer": Offload.CPU}, "stage 3"),
         ({"zero_stage": 2, "offload_optimizer": Offload.NVME}, "NVMe"),
-        ({"zero_stage": 1, "cp": 2}, "context parallelism"),
+        ({"zero_stage": 1, "cp": 2}, "no Ulysses sequence parallelism"),
     ],
 )
 def test_deepspeed_refuses_what_it_would_ignore_or_reject(layout: dict[str, object], words: str) -> None:
@@ -749,3 +749,47 @@ def test_deepspeed_refuses_expert_parallelism_where_its_moe_layer_routes_otherwi
     (script,) = [a.content for a in deepspeed.render(plan(model=top2, framework=Framework.DEEPSPEED,
                  zero_stage=1, ep=4)) if a.name == deepspeed.LAUNCH_NAME]  # fmt: skip
     assert "k=2, ep_size=4, top2_2nd_expert_sampling=False)" in script
+
+
+def test_deepspeed_ulysses_runs_through_accelerates_alst_and_nowhere_else() -> None:
+    """DeepSpeed's Ulysses lives in the model code (ALST's UlyssesSPAttentionHF, which Accelerate's
+    ParallelismConfig with sp_backend deepspeed registers; accelerate >= 1.12): the accelerate target
+    writes sp_size = cp over the data-parallel ranks (dp_shard x sp = processes), the attention it
+    runs (flash_attention_2 or sdpa) and the script's duties, and ships the same ds_config.json
+    (train_batch_size counts world / sp, as DeepSpeed's batch check does under ALST's mpu). The
+    deepspeed launcher, the HF Trainer and the wrappers of the deepspeed entry point refuse it; so
+    does Accelerate with eager attention, experts or QLoRA (it was refused everywhere: DeepSpeed
+    long-context plans were infeasible though their estimate fitted)."""
+    import yaml
+
+    from service.estimator.types import Attention, Method
+    from service.launchers import framework_structure_refusal
+
+    ulysses = plan(framework=Framework.DEEPSPEED, zero_stage=1, cp=4)  # dp 2 x sp 4 on 8 GPUs
+    files = {a.name: a.content for a in accelerate.render(ulysses)}
+    config = yaml.safe_load(files[accelerate.CONFIG_NAME])
+    assert config["distributed_type"] == "DEEPSPEED"
+    assert config["parallelism_config"] == {
+        "parallelism_config_dp_replicate_size": 1,
+        "parallelism_config_dp_shard_size": 2,
+        "parallelism_config_sp_size": 4,
+        "parallelism_config_sp_backend": "deepspeed",
+        "parallelism_config_sp_seq_length_is_variable": True,
+        "parallelism_config_sp_attn_implementation": "flash_attention_2",
+    }
+    assert json.loads(files[deepspeed.CONFIG_NAME])["train_batch_size"] == 256  # micro x accumulation x dp
+    assert "DeepSpeed's Ulysses (ALST)" in files[accelerate.LAUNCH_NAME]
+    for target in (deepspeed, hf_trainer):
+        with pytest.raises(Unsupported):
+            target.render(ulysses)
+    sdpa = plan(framework=Framework.DEEPSPEED, zero_stage=1, cp=4, train=training(attention=Attention.SDPA))
+    assert "parallelism_config_sp_attn_implementation: sdpa" in accelerate.render(sdpa)[0].content
+    for train, words in (
+        (training(attention=Attention.EAGER), "eager and flex_attention are refused"),
+        (training(method=Method.QLORA), "qlora"),
+    ):
+        with pytest.raises(Unsupported, match=words):
+            accelerate.render(plan(framework=Framework.DEEPSPEED, zero_stage=1, cp=4, train=train))
+    job = (small_llama(), training())
+    assert framework_structure_refusal(Framework.DEEPSPEED, *job, 1, 1, 4, 1) is None
+    assert "tp = pp = ep = 1" in str(framework_structure_refusal(Framework.DEEPSPEED, *job, 2, 1, 2, 1))
