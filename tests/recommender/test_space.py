@@ -141,12 +141,15 @@ def test_shardings_follow_the_capability_table() -> None:
     deepspeed, missing = shardings(Framework.DEEPSPEED, piped, NO_OFFLOAD)
     assert {sh.zero_stage for sh in deepspeed} == {0, 1}  # ZeRO-2/3 are incompatible with PP
     assert "deepspeed does not support zero_stage 2 with pp > 1" in missing
-    # AutoTP does not join the pipeline engine, and DeepSpeed has no CP a launcher emits
+    # AutoTP does not join the pipeline engine, and DeepSpeed's Ulysses runs (through Accelerate's
+    # ALST) with nothing else split
     job = (model("llama-2-7b").spec, TrainingSpec(seq_len=4096, global_batch_size=64))
-    for split in (s, Structure(gpus=16, dp=8, tp=1, pp=1, cp=2, ep=1)):
+    for split in (s, Structure(gpus=16, dp=4, tp=2, pp=1, cp=2, ep=1)):
         assert shardings(Framework.DEEPSPEED, split, NO_OFFLOAD)[0]  # the validator's rules alone
         deepspeed, missing = shardings(Framework.DEEPSPEED, split, NO_OFFLOAD, job=job)
         assert deepspeed == [] and len(missing) == 1 and "no launcher runs deepspeed" in missing[0]
+    ulysses = Structure(gpus=16, dp=8, tp=1, pp=1, cp=2, ep=1)
+    assert shardings(Framework.DEEPSPEED, ulysses, NO_OFFLOAD, job=job)[0]
     fsdp, _ = shardings(Framework.FSDP, Structure(gpus=8, dp=8, tp=1, pp=1, cp=1, ep=1), ANY_OFFLOAD)
     # FSDP offloads parameters and optimizer together, FULL_SHARD only
     assert all(sh.offload_params is sh.offload_optimizer for sh in fsdp)
