@@ -3,9 +3,10 @@
 Every command sends the request the HTTP API takes: to a running service with ``--url``, or, by
 default, to the service in-process over the local database (``PLANNER_DATABASE_URL``, migrated first),
 so the numbers are the API's either way. Human output is aligned tables with units; ``--json`` prints
-the API's JSON. Exit codes: 0 feasible (or done), 2 does not fit, 64 usage error (the command line
-itself: an unknown option, a missing or malformed value, a --config file that is not there; BSD's
-EX_USAGE), 1 any other error (the API refused the request, the service cannot be reached).
+the API's JSON (a listing: the API's page, with every item). Exit codes: 0 feasible (or done), 2 does
+not fit, 64 usage error (the command line itself: an unknown option, a missing or malformed value, a
+--config file that is not there, flags missing or contradicting; BSD's EX_USAGE), 1 any other error
+(the API refused the request: one line naming the field and its flag; the service cannot be reached).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
+from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,8 +29,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from service.catalog.errors import UnknownCatalogEntry
 from service.contracts.common import enum_spelling
-from service.contracts.gpus import reference_node
+from service.contracts.gpus import gpu_slug, reference_node
 from service.estimator.types import (
     Attention,
     BaseDtype,
@@ -96,8 +99,9 @@ class Api:
     One client per command: the local service is migrated and started once, then serves every call
     (a plan and each of its files), and is closed when the command ends."""
 
-    def __init__(self, url: str | None) -> None:
+    def __init__(self, url: str | None, flags: Mapping[str, str] | None = None) -> None:
         self.url = url
+        self.flags = flags or {}  # the request's fields by the flag that sets each (``flag_of``)
         self._stack = contextlib.ExitStack()
         self._client: httpx.Client | None = None
         context = click.get_current_context(silent=True)
@@ -136,7 +140,7 @@ class Api:
         except httpx.HTTPError as exc:
             raise Failure(f"cannot reach {self.url}: {exc}") from exc
         if response.status_code >= 400:
-            raise Failure(problem_text(response))
+            raise Failure(problem_text(response, self.flags))
         if response.status_code == 204 or not response.content:
             return None
         if response.headers.get("content-type", "").startswith("application/json"):
@@ -155,8 +159,9 @@ def migrate(database_url: str) -> None:
     command.upgrade(config, "head")
 
 
-def problem_text(response: httpx.Response) -> str:
-    """An RFC 9457 problem as one line: status, detail, and each field the API named."""
+def problem_text(response: httpx.Response, flags: Mapping[str, str] | None = None) -> str:
+    """An RFC 9457 problem as one line: status, detail, and each field the API named, with the flag
+    of the command that set it (``flags``: the command's fields by flag, ``flag_of``)."""
     try:
         body = response.json()
     except ValueError:
@@ -165,9 +170,24 @@ def problem_text(response: httpx.Response) -> str:
     named = []
     for error in body.get("errors", []):
         if isinstance(error, dict) and error.get("field"):
-            message = str(error.get("message", ""))
-            named.append(str(error["field"]) if message in detail else f"{error['field']}: {message}")
+            field, message = str(error["field"]), str(error.get("message", ""))
+            flag = flag_of(field, flags or {})
+            field += f" ({flag})" if flag else ""
+            named.append(field if message in detail else f"{field}: {message}")
     return f"HTTP {response.status_code}: {detail}" + (f" [field {'; '.join(named)}]" if named else "")
+
+
+def flag_of(field: str, flags: Mapping[str, str]) -> str | None:
+    """The flag that set the request field ``field`` (``constraints.frameworks.1``: an item of a list
+    is its list's flag): that of its longest dotted prefix in ``flags`` (``layout.*``: any field under
+    layout, not layout itself); None where no flag sets it."""
+    parts = field.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        flag = flags.get(prefix) or (flags.get(f"{prefix}.*") if end < len(parts) else None)
+        if flag is not None:
+            return flag
+    return None
 
 
 # ---------------------------------------------------------------- request pieces from flags
@@ -179,10 +199,12 @@ def cluster_from_gpus(
     *,
     intra_busbw_gbps: float | None = None,
     inter_busbw_gbps: float | None = None,
+    host_gib: float | None = None,
+    nvme_gib: float | None = None,
 ) -> dict[str, Any]:
     """``8xh100-sxm-80gb`` (one node of up to the part's node size, 8 where the catalog gives none, or
     whole nodes of it past that) or ``4x8xh100-sxm-80gb`` (nodes x GPUs per node) as an inline
-    cluster, with the NCCL bus bandwidths measured on it, if given."""
+    cluster, with the NCCL bus bandwidths measured on it and its nodes' host RAM and NVMe, if given."""
     match = _GPUS.match(spec.strip().lower())
     if match is None:
         raise Usage(f"--gpus {spec!r}: expected COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb")
@@ -193,22 +215,41 @@ def cluster_from_gpus(
         nodes, per_node = int(nodes_text), count
     elif count <= node:
         nodes, per_node = 1, count
-    elif count % node == 0:
-        nodes, per_node = count // node, node
     else:
-        raise Usage(f"--gpus {spec!r}: {count} GPUs is not whole nodes of {node}; write NODESxPER_NODExGPU")
+        _known(spec, gpu)  # a mistyped name is refused as one, not as "not whole nodes of 8"
+        if count % node:
+            raise Usage(
+                f"--gpus {spec!r}: {count} GPUs is not whole nodes of {node}; write NODESxPER_NODExGPU"
+            )
+        nodes, per_node = count // node, node
     cluster: dict[str, Any] = {"gpu": gpu, "num_nodes": nodes, "gpus_per_node": per_node}
     if inter_gbps is not None:
         cluster["inter_node_bandwidth_gbps"] = inter_gbps
-    elif nodes > 1 and _reference_network(gpu) is None:
-        # a part that ships in a reference node has that node's network (the API's default, which
-        # the answer's defaults line names); a PCIe card or an unknown name does not
-        raise Usage(f"--gpus {spec!r} spans {nodes} nodes: give --inter-gbps (each GPU's network, GB/s)")
+    elif nodes > 1:
+        _known(spec, gpu)  # a mistyped name is refused as one, not asked for its network
+        if _reference_network(gpu) is None:
+            # a part that ships in a reference node has that node's network (the API's default, which
+            # the answer's defaults line names); a PCIe card does not
+            raise Usage(f"--gpus {spec!r} spans {nodes} nodes: give --inter-gbps (each GPU's network, GB/s)")
     if intra_busbw_gbps is not None:
         cluster["measured_intra_node_bus_bandwidth_gbps"] = intra_busbw_gbps
     if inter_busbw_gbps is not None:
         cluster["measured_inter_node_bus_bandwidth_gbps"] = inter_busbw_gbps
+    if host_gib is not None:  # left out: 0, not stated (the API's default: no offload to host RAM)
+        cluster["cpu_memory_bytes_per_node"] = int(host_gib * GIB)
+    if nvme_gib is not None:
+        cluster["nvme_bytes_per_node"] = int(nvme_gib * GIB)
     return cluster
+
+
+def _known(spec: str, gpu: str) -> None:
+    """Refuse a GPU name the catalog does not know, as the API refuses it (exit 1, its "did you mean"),
+    where the CLI would otherwise answer from the catalog's entry (its node size, its network);
+    elsewhere the name goes to the API as written, which refuses it the same way."""
+    try:
+        gpu_slug(gpu)
+    except UnknownCatalogEntry as exc:
+        raise Failure(f"--gpus {spec!r}: {exc.message}") from None
 
 
 def _node_size(gpu: str) -> int:
@@ -237,24 +278,23 @@ def model_ref(model: str | None, config: Path | None) -> dict[str, Any]:
         raise Usage(f"--config {config}: {exc}") from exc
 
 
-def cluster_choice(
-    api: Api,
-    gpus: str | None,
-    cluster: str | None,
-    inter_gbps: float | None,
-    intra_busbw_gbps: float | None = None,
-    inter_busbw_gbps: float | None = None,
-) -> dict[str, Any]:
-    if (gpus is None) == (cluster is None):
-        raise Failure("give exactly one of --gpus COUNTxGPU or --cluster NAME (a stored cluster)")
+# the flags that describe an inline cluster (--gpus); a stored one states its own (PATCH /v1/clusters/ID)
+INLINE_CLUSTER_OPTIONS = ("inter_gbps", "intra_busbw_gbps", "inter_busbw_gbps", "host_gib", "nvme_gib")
+
+
+def cluster_choice(api: Api, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's cluster from a command's cluster options (``cluster_options``: the click context's
+    params): inline from --gpus and the flags describing it, or a stored one by --cluster."""
+    gpus, cluster = options["gpus"], options["cluster"]
+    if (gpus is None) == (cluster is None):  # flags missing or contradicting: the call's fault
+        raise Usage("give exactly one of --gpus COUNTxGPU or --cluster NAME (a stored cluster)")
     if gpus is not None:
-        return cluster_from_gpus(
-            gpus, inter_gbps, intra_busbw_gbps=intra_busbw_gbps, inter_busbw_gbps=inter_busbw_gbps
-        )
-    if intra_busbw_gbps is not None or inter_busbw_gbps is not None:
+        return cluster_from_gpus(gpus, **{name: options[name] for name in INLINE_CLUSTER_OPTIONS})
+    given = [f"--{name.replace('_', '-')}" for name in INLINE_CLUSTER_OPTIONS if options[name] is not None]
+    if given:
         raise Usage(
-            f"--cluster {cluster!r}: a stored cluster states its own measured bus bandwidths (PATCH "
-            "/v1/clusters/ID); --intra-busbw-gbps and --inter-busbw-gbps go with --gpus"
+            f"--cluster {cluster!r}: a stored cluster states its own network, measured bus bandwidths, "
+            f"host RAM and NVMe (PATCH /v1/clusters/ID); {', '.join(given)} go with --gpus"
         )
     return {"id": stored_cluster_id(api, str(cluster))}
 
@@ -382,7 +422,9 @@ def summary_lines(estimate: dict[str, Any]) -> list[str]:
             f"GPU, MFU {time['mfu']:.1%}, step {seconds(time['step_s'])}"
         )
     if estimate.get("time_to_train_s") is not None:
-        lines.append(f"time to train {seconds(estimate['time_to_train_s'])}")
+        cost = estimate.get("cost_to_train")
+        priced = f", cost {cost:,.0f} at the GPU-hour price given" if cost is not None else ""
+        lines.append(f"time to train {seconds(estimate['time_to_train_s'])}{priced}")
     return lines
 
 
@@ -502,6 +544,8 @@ def write_artifacts(api: Api, plan: dict[str, Any], out: Path) -> list[Path]:
             path.write_bytes(
                 content if isinstance(content, bytes) else json.dumps(content, indent=2).encode() + b"\n"
             )
+            if path.suffix == ".sh":  # runnable as written, as the API's artifacts.zip stores them (0755)
+                path.chmod(0o755)
             written.append(path)
     except OSError as exc:
         raise Failure(
@@ -555,6 +599,29 @@ class FiniteFloat(click.ParamType[float]):
 NUMBER = FiniteFloat()
 
 
+class Amount(click.ParamType[int]):
+    """A whole number, written as digits or in exponent notation (``15e12`` tokens, as the README
+    and the API's JSON write amounts); a fraction or a non-finite value is a usage error."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:  # Decimal, not float: 1e12 + 1 written out stays exact
+            number = Decimal(str(value).strip().replace("_", ""))
+        except InvalidOperation:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not number.is_finite() or number != number.to_integral_value():
+            self.fail(f"{value!r} is not a whole number", param, ctx)
+        if number.adjusted() > 100:  # 1e999999999 would be a billion digits before the API refused it
+            self.fail(f"{value!r} is too large", param, ctx)
+        return int(number)
+
+
+AMOUNT = Amount()
+
+
 url_option = click.option(
     "--url",
     envvar="TRAINPLAN_URL",
@@ -577,7 +644,9 @@ job_options = [
         help="lora: compute (the default: the base in the compute dtype) or fp32 (loaded in fp32, trained "
         "under 16-bit autocast)",
     ),
-    click.option("--tokens", type=int, help="total training tokens, for time to train"),
+    click.option(
+        "--tokens", type=AMOUNT, help="total training tokens, for time to train (15e12 or 15000000000000)"
+    ),
     click.option("--optimizer", type=choice(Optimizer), help="default: adamw"),
     click.option("--lora-rank", type=int, help="lora / qlora: the adapters' rank (default: 16)"),
     click.option(
@@ -620,7 +689,81 @@ cluster_options = [
         "GET /v1/gpus node_network_bytes_per_s; a PCIe card needs it)",
     ),
     *busbw_options,
+    # a plan offloads only to memory the cluster states (recommender.space.offload_devices)
+    click.option(
+        "--host-gib",
+        type=NUMBER,
+        help="host RAM per node, GiB (default: not stated: plans offload none there)",
+    ),
+    click.option(
+        "--nvme-gib", type=NUMBER, help="NVMe per node, GiB (default: not stated: plans offload none there)"
+    ),
 ]
+
+
+# The flag that sets each request field, so that a 422 naming the field names the flag too (``flag_of``:
+# a field under one of these, an item of a list, is its flag's)
+MODEL_FLAGS = {"model.preset": "--model", "model.hf_config": "--config"}
+TRAINING_FLAGS = {"training.seq_len": "--seq", "training.global_batch_size": "--batch"} | {
+    f"training.{name}": f"--{name.replace('_', '-')}"
+    for name in ("method", "precision", "attention", "base_dtype", "tokens", "optimizer",
+                 "optimizer_implementation", "lora_rank", "lora_targets")
+}  # fmt: skip
+SHAPE_FLAGS = {  # an inline cluster's fields, as --gpus and the flags describing it send them
+    "gpu": "--gpus",
+    "num_nodes": "--gpus",
+    "gpus_per_node": "--gpus",
+    "inter_node_bandwidth_gbps": "--inter-gbps",
+    "inter_node_bandwidth_bytes_per_s": "--inter-gbps",  # the API names the field it converted to
+    "measured_intra_node_bus_bandwidth_gbps": "--intra-busbw-gbps",
+    "measured_intra_node_bus_bandwidth_bytes_per_s": "--intra-busbw-gbps",
+    "measured_inter_node_bus_bandwidth_gbps": "--inter-busbw-gbps",
+    "measured_inter_node_bus_bandwidth_bytes_per_s": "--inter-busbw-gbps",
+    "cpu_memory_bytes_per_node": "--host-gib",
+    "nvme_bytes_per_node": "--nvme-gib",
+}
+JOB_FLAGS = MODEL_FLAGS | TRAINING_FLAGS | {f"cluster.{field}": flag for field, flag in SHAPE_FLAGS.items()}
+JOB_FLAGS["cluster.id"] = "--cluster"
+PLAN_FLAGS = JOB_FLAGS | {
+    "constraints.objective": "--objective",
+    "constraints.frameworks": "--framework",
+    "constraints.top_k": "--top-k",
+    "constraints.gpu_hour_cost": "--gpu-hour-cost",
+    "constraints.max_gpus": "--max-gpus",
+    "constraints.allow_offload": "--allow-offload",
+    "constraints.min_headroom_fraction": "--min-headroom-fraction",
+    "constraints.torch_compile": "--torch-compile",
+    "launchers": "--launcher",
+}
+CAPACITY_FLAGS = (
+    MODEL_FLAGS
+    | TRAINING_FLAGS
+    | {
+        "gpus": "--gpu",
+        "cluster_ids": "--cluster-id",
+        "gpus_per_node": "--gpus-per-node",
+        "max_nodes": "--max-nodes",
+        "at_gpus": "--at-gpus",
+        "gpu_hour_cost": "--gpu-hour-cost",
+    }
+)
+CLUSTER_FLAGS = SHAPE_FLAGS | {"name": "NAME", "description": "--description"}
+RUN_FLAGS = {
+    "step_s": "--step-s",
+    "tokens_per_s": "--tokens-per-s",
+    "peak_memory_bytes_per_gpu": "--peak-gib",
+    "memory_statistic": "--memory-statistic",
+    "gpu_utilization": "--gpu-utilization",
+    "out_of_memory": "--oom",
+    "framework_version": "--framework-version",
+    "notes": "--notes",
+}
+REPORT_FLAGS = {
+    "log": "LOGFILE",
+    "format": "--format",
+    "notes": "--notes",
+    "framework_version": "--framework-version",
+}
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -646,7 +789,7 @@ def main() -> None:
     Exit codes:
       0   fits (or the command did what it says)
       2   does not fit (plan infeasible, estimate over the card)
-      64  usage error: an unknown option, a missing or malformed value, flags that contradict
+      64  usage error: an unknown option, a missing or malformed value, flags missing or contradicting
       1   any other error: the API refused the request, the service cannot be reached
     """
 
@@ -665,6 +808,29 @@ def main() -> None:
     help="render for these targets (repeatable)",
 )
 @click.option("--top-k", type=int, default=3, show_default=True)
+# the rest of the API's constraints: left out, nothing is sent and the API's defaults apply
+@click.option(
+    "--gpu-hour-cost",
+    type=NUMBER,
+    help="price of a GPU-hour: each candidate's cost to train (needs --tokens); --objective cost ranks by it",
+)
+@click.option("--max-gpus", type=int, help="use at most this many of the cluster's GPUs (default: any count)")
+@click.option(
+    "--allow-offload/--no-allow-offload",
+    default=None,
+    help="offload to the host RAM or NVMe the cluster states (default: allowed)",
+)
+@click.option(
+    "--min-headroom-fraction",
+    type=NUMBER,
+    help="the share of each card a layout must leave free, 0 to the API's limit (default: the API's)",
+)
+@click.option(
+    "--torch-compile",
+    is_flag=True,
+    default=None,
+    help="compile fsdp layouts with torch.compile (not qlora; megatron and deepspeed stay eager)",
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -680,6 +846,8 @@ def plan(
     inter_gbps: float | None,
     intra_busbw_gbps: float | None,
     inter_busbw_gbps: float | None,
+    host_gib: float | None,
+    nvme_gib: float | None,
     seq: int,
     batch: int,
     precision: str | None,
@@ -695,24 +863,38 @@ def plan(
     frameworks: tuple[str, ...],
     launchers: tuple[str, ...],
     top_k: int,
+    gpu_hour_cost: float | None,
+    max_gpus: int | None,
+    allow_offload: bool | None,
+    min_headroom_fraction: float | None,
+    torch_compile: bool | None,
     out: Path | None,
     url: str | None,
     as_json: bool,
 ) -> None:
     """Search every layout and recommend one (POST /v1/plans); --out writes its files."""
-    api = Api(url)
+    api = Api(url, PLAN_FLAGS)
     constraints: dict[str, Any] = {"objective": objective, "top_k": top_k}
     if frameworks:
         constraints["frameworks"] = list(frameworks)
+    given = {
+        "gpu_hour_cost": gpu_hour_cost,
+        "max_gpus": max_gpus,
+        "allow_offload": allow_offload,
+        "min_headroom_fraction": min_headroom_fraction,
+        "torch_compile": torch_compile,
+    }
+    constraints |= {field: value for field, value in given.items() if value is not None}
     # --out without --launcher: the files of every target that runs the recommendation, which these
     # do not constrain (each runs it, or Slurm wraps it): a Kubernetes file would (its PyTorchJob
     # wraps torchrun entry points only), so it is written where --launcher kubernetes asks for it
     everything = [target.value for target in Target if target is not Target.KUBERNETES]
     targets = list(launchers) or (everything if out is not None else [])
+    params = click.get_current_context().params
     body = {
         "model": model_ref(model, config),
-        "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),
-        "training": training(click.get_current_context().params),
+        "cluster": cluster_choice(api, params),
+        "training": training(params),
         "constraints": constraints,
         "launchers": targets,
     }
@@ -756,6 +938,7 @@ def plan(
     help="any other layout field of POST /v1/estimates, repeatable: --set ep=8 --set moe_a2a_overlap=true; "
     "VALUE read as JSON where it parses, else as text; the service validates it",
 )
+@click.option("--gpu-hour-cost", type=NUMBER, help="price of a GPU-hour: the cost to train (needs --tokens)")
 @url_option
 @json_option
 def estimate(
@@ -766,6 +949,8 @@ def estimate(
     inter_gbps: float | None,
     intra_busbw_gbps: float | None,
     inter_busbw_gbps: float | None,
+    host_gib: float | None,
+    nvme_gib: float | None,
     seq: int,
     batch: int,
     precision: str | None,
@@ -786,23 +971,27 @@ def estimate(
     micro: int,
     recompute: str,
     more: dict[str, Any],
+    gpu_hour_cost: float | None,
     url: str | None,
     as_json: bool,
 ) -> None:
     """Memory and step time of one layout (POST /v1/estimates)."""
-    api = Api(url)
+    api = Api(url, ESTIMATE_FLAGS)
     layout = {"framework": framework, "tp": tp, "pp": pp, "cp": cp,
               "micro_batch_size": micro, "recompute": recompute, **more}  # fmt: skip
     if zero is not None:  # left out, the framework's own (resolved_defaults says which)
         layout["zero_stage"] = zero
     if dp is not None:  # left out, the service fills the cluster with it (resolved_defaults says so)
         layout["dp"] = dp
-    body = {
+    params = click.get_current_context().params
+    body: dict[str, Any] = {
         "model": model_ref(model, config),
-        "cluster": cluster_choice(api, gpus, cluster, inter_gbps, intra_busbw_gbps, inter_busbw_gbps),
-        "training": training(click.get_current_context().params),
+        "cluster": cluster_choice(api, params),
+        "training": training(params),
         "layout": layout,
     }
+    if gpu_hour_cost is not None:
+        body["gpu_hour_cost"] = gpu_hour_cost
     result = api.call("POST", "/v1/estimates", json=body)
     emit(result, as_json)
     if not as_json:
@@ -824,6 +1013,9 @@ OWN_LAYOUT_OPTIONS = {
     "micro_batch_size": "--micro",
     "recompute": "--recompute",
 }
+# any other layout field is --set's
+ESTIMATE_FLAGS = JOB_FLAGS | {"layout.*": "--set", "gpu_hour_cost": "--gpu-hour-cost"}
+ESTIMATE_FLAGS |= {f"layout.{field}": flag for field, flag in OWN_LAYOUT_OPTIONS.items()}
 
 
 def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
@@ -898,7 +1090,7 @@ def capacity(
     as_json: bool,
 ) -> None:
     """GPUs each card type needs, and time to train on them (POST /v1/capacity)."""
-    api = Api(url)
+    api = Api(url, CAPACITY_FLAGS)
     body: dict[str, Any] = {
         "model": model_ref(model, config),
         "training": training(click.get_current_context().params),
@@ -920,27 +1112,42 @@ def capacity(
     if as_json:
         emit(result, True)
     else:
-        table = Table(title="capacity", title_justify="left")
-        priced = any(option.get("cost") is not None for option in result["options"])
-        numeric = ("min GPUs", "tokens/s", "GPU-hours", "cost")
-        for column in ("GPU", "fits", "min GPUs", "layout", "tokens/s", "time to train", "GPU-hours"):
-            table.add_column(column, justify="right" if column in numeric else "left")
-        if priced:
-            table.add_column("cost", justify="right")
-        for option in result["options"]:
-            hours, cost = option.get("gpu_hours"), option.get("cost")
-            row = [
-                option["gpu"],
-                "yes" if option["fits"] else "no",
-                str(option.get("min_gpus") or "-"),
-                layout_text(option["layout"]) if option.get("layout") else escape(option.get("note", "")),
-                f"{option['tokens_per_s']:,.0f}" if option.get("tokens_per_s") else "-",
-                seconds(option.get("time_to_train_s")),
-                f"{hours:,.0f}" if hours is not None else "-",
-            ]
-            table.add_row(*row, *([f"{cost:,.0f}" if cost is not None else "-"] if priced else []))
-        console.print(table)
+        print_capacity(result["options"], timed_on=at_gpus is not None)
     sys.exit(FEASIBLE if any(o["fits"] for o in result["options"]) else INFEASIBLE)
+
+
+def print_capacity(options: list[dict[str, Any]], timed_on: bool) -> None:
+    """The options as a table, then each one's notes (the defaults chosen for its GPU, the network
+    assumed, why it does not fit, a count asked for that it could not be timed on); ``timed_on``: a
+    column of the GPUs each row is timed on (--at-gpus: not always its fewest)."""
+    table = Table(title="capacity", title_justify="left")
+    priced = any(option.get("cost") is not None for option in options)
+    columns = ["GPU", "fits", "min GPUs", *(["timed on"] if timed_on else []), "layout", "tokens/s",
+               "time to train", "GPU-hours", *(["cost"] if priced else [])]  # fmt: skip
+    for column in columns:
+        numeric = column in ("min GPUs", "timed on", "tokens/s", "GPU-hours", "cost")
+        table.add_column(column, justify="right" if numeric else "left")
+    for option in options:
+        hours, cost = option.get("gpu_hours"), option.get("cost")
+        # a search its share of the budget cut: a fit may exist that it did not reach, or a faster layout
+        fits = ("yes" if option["fits"] else "no") + (" (search cut)" if option.get("truncated") else "")
+        row = [
+            escape(option["gpu"]),
+            fits,
+            str(option.get("min_gpus") or "-"),
+            *([str(option.get("num_gpus") or "-")] if timed_on else []),
+            layout_text(option["layout"]) if option.get("layout") else "-",
+            f"{option['tokens_per_s']:,.0f}" if option.get("tokens_per_s") else "-",
+            seconds(option.get("time_to_train_s")),
+            f"{hours:,.0f}" if hours is not None else "-",
+            *([f"{cost:,.0f}" if cost is not None else "-"] if priced else []),
+        ]
+        table.add_row(*row)
+    console.print(table)
+    for option in options:
+        if option.get("note"):
+            where = f" (cluster {option['cluster_id']})" if option.get("cluster_id") else ""
+            console.print(f"{escape(option['gpu'])}{where}: {escape(option['note'])}")
 
 
 def gpu_hour_costs(items: tuple[str, ...]) -> float | dict[str, float]:
@@ -972,7 +1179,7 @@ def models(url: str | None, as_json: bool) -> None:
     """The catalog's model presets (GET /v1/models)."""
     items = all_pages(Api(url), "/v1/models")
     if as_json:
-        emit(items, True)
+        emit(page(items), True)
         return
     table = Table(title="models", title_justify="left")
     for column in ("name", "family", "parameters"):
@@ -989,7 +1196,7 @@ def gpus_command(url: str | None, as_json: bool) -> None:
     """The catalog's GPUs (GET /v1/gpus)."""
     items = all_pages(Api(url), "/v1/gpus")
     if as_json:
-        emit(items, True)
+        emit(page(items), True)
         return
     table = Table(title="GPUs", title_justify="left")
     for column in ("name", "memory", "bf16 TFLOP/s", "HBM TB/s", "intra-node GB/s"):
@@ -1000,12 +1207,17 @@ def gpus_command(url: str | None, as_json: bool) -> None:
         sustained = f" ({bf16 * clock / 1e12:,.0f} at its clock)" if bf16 and clock != 1.0 else ""
         table.add_row(
             item["name"],
-            f"{item['memory_bytes'] / 1e9:,.0f} GB",
+            gib(item["memory_bytes"]),
             f"{bf16 / 1e12:,.0f}{sustained}" if bf16 else "-",
             f"{item['hbm_bandwidth_bytes_per_s'] / 1e12:,.2f}",
             f"{item['intra_node_bandwidth_bytes_per_s'] / 1e9:,.0f}",
         )
     console.print(table)
+
+
+def page(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A listing's --json: the API's page shape, with every item (the CLI reads every page)."""
+    return {"items": items, "next_cursor": None}
 
 
 def all_pages(api: Api, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -1034,7 +1246,7 @@ def clusters() -> None:
 def clusters_list(url: str | None, as_json: bool) -> None:
     items = all_pages(Api(url), "/v1/clusters")
     if as_json:
-        emit(items, True)
+        emit(page(items), True)
         return
     table = Table(title="clusters", title_justify="left")
     for column in ("name", "id", "GPU", "nodes", "GPUs per node"):
@@ -1056,7 +1268,8 @@ def clusters_list(url: str | None, as_json: bool) -> None:
 @click.option("--gpus", required=True, help="COUNTxGPU or NODESxPER_NODExGPU")
 @click.option("--inter-gbps", type=NUMBER, help="each GPU's network between nodes, GB/s")
 @options(busbw_options)
-@click.option("--host-gib", type=NUMBER, default=0, help="host RAM per node, GiB (0: not stated)")
+@click.option("--host-gib", type=NUMBER, help="host RAM per node, GiB (default: not stated)")
+@click.option("--nvme-gib", type=NUMBER, help="NVMe per node, GiB (default: not stated)")
 @click.option("--description", default="")
 @url_option
 @json_option
@@ -1066,18 +1279,22 @@ def clusters_add(
     inter_gbps: float | None,
     intra_busbw_gbps: float | None,
     inter_busbw_gbps: float | None,
-    host_gib: float,
+    host_gib: float | None,
+    nvme_gib: float | None,
     description: str,
     url: str | None,
     as_json: bool,
 ) -> None:
     shape = cluster_from_gpus(
-        gpus, inter_gbps, intra_busbw_gbps=intra_busbw_gbps, inter_busbw_gbps=inter_busbw_gbps
+        gpus,
+        inter_gbps,
+        intra_busbw_gbps=intra_busbw_gbps,
+        inter_busbw_gbps=inter_busbw_gbps,
+        host_gib=host_gib,
+        nvme_gib=nvme_gib,
     )
     body = {"name": name, "description": description, **shape}
-    if host_gib:
-        body["cpu_memory_bytes_per_node"] = int(host_gib * GIB)
-    stored = Api(url).call("POST", "/v1/clusters", json=body)
+    stored = Api(url, CLUSTER_FLAGS).call("POST", "/v1/clusters", json=body)
     emit(stored, as_json)
     if not as_json:
         console.print(
@@ -1127,6 +1344,8 @@ def runs() -> None:
     "(max_memory_reserved) or device_used (nvidia-smi); left out, the service takes device_used",
 )
 @click.option("--oom", is_flag=True, help="the run ran out of memory")
+@click.option("--gpu-utilization", type=NUMBER, help="measured GPU utilization, a fraction (0.85)")
+@click.option("--framework-version", help="the framework's version, e.g. megatron-core 0.9.0")
 @click.option("--notes", default="")
 @idempotency_option
 @url_option
@@ -1138,6 +1357,8 @@ def runs_add(
     peak_gib: float | None,
     memory_statistic: str | None,
     oom: bool,
+    gpu_utilization: float | None,
+    framework_version: str | None,
     notes: str,
     idempotency_key: str | None,
     url: str | None,
@@ -1149,6 +1370,10 @@ def runs_add(
     if memory_statistic is not None and peak_gib is None:
         raise Usage("--memory-statistic says which statistic --peak-gib is: give --peak-gib")
     body: dict[str, Any] = {"out_of_memory": oom, "notes": notes}
+    if gpu_utilization is not None:
+        body["gpu_utilization"] = gpu_utilization
+    if framework_version is not None:
+        body["framework_version"] = framework_version
     if step_s is not None:
         body["step_s"] = step_s
     if tokens_per_s is not None:
@@ -1157,7 +1382,8 @@ def runs_add(
         body["peak_memory_bytes_per_gpu"] = int(peak_gib * GIB)
     if memory_statistic is not None:
         body["memory_statistic"] = memory_statistic
-    run = Api(url).call("POST", f"/v1/plans/{plan_id}/runs", json=body, headers=_keyed(idempotency_key))
+    api = Api(url, RUN_FLAGS)
+    run = api.call("POST", f"/v1/plans/{plan_id}/runs", json=body, headers=_keyed(idempotency_key))
     emit(run, as_json)
     if not as_json:
         console.print(f"stored run {run['id']} of plan {plan_id}")
@@ -1203,6 +1429,7 @@ def log_excerpt(text: str) -> tuple[str, bool]:
     help="the framework that printed the log",
 )
 @click.option("--notes", default="", help="kept with the run")
+@click.option("--framework-version", help="the framework's version, e.g. megatron-core 0.9.0")
 @idempotency_option
 @url_option
 @json_option
@@ -1211,6 +1438,7 @@ def report(
     logfile: Any,
     log_format: str,
     notes: str,
+    framework_version: str | None,
     idempotency_key: str | None,
     url: str | None,
     as_json: bool,
@@ -1221,7 +1449,11 @@ def report(
     if not text.strip():
         raise Usage(f"{logfile.name}: the log is empty")
     body: dict[str, Any] = {"log": text, "format": log_format, "notes": notes}
-    run = Api(url).call("POST", f"/v1/plans/{plan_id}/runs", json=body, headers=_keyed(idempotency_key))
+    if framework_version is not None:
+        body["framework_version"] = framework_version
+    run = Api(url, REPORT_FLAGS).call(
+        "POST", f"/v1/plans/{plan_id}/runs", json=body, headers=_keyed(idempotency_key)
+    )
     emit(run, as_json)
     if as_json:
         return
@@ -1270,7 +1502,17 @@ def _figure_text(figure: dict[str, Any]) -> str:
 def keys() -> None:
     """API keys (PLANNER_REQUIRE_AUTH=true). Without --url: straight on the local database
     (PLANNER_DATABASE_URL), which is how the first admin key is made; with --url: through
-    /v1/api-keys, with an admin key in TRAINPLAN_API_KEY."""
+    /v1/api-keys, with an admin key in TRAINPLAN_API_KEY. These commands do not read TRAINPLAN_URL."""
+
+
+# Not TRAINPLAN_URL: with it exported for the other commands, `keys create` went over HTTP, where a
+# service without keys yet answers 403 (the first admin key is made on the database): only a --url
+# given on the command line means the service.
+keys_url_option = click.option(
+    "--url",
+    help="a running service, through /v1/api-keys with an admin key in TRAINPLAN_API_KEY (default: the "
+    "local database; TRAINPLAN_URL is not read)",
+)
 
 
 def _key_row(record: Any) -> dict[str, Any]:
@@ -1307,7 +1549,7 @@ def _local_session() -> Any:
     type=click.Choice(["read", "write", "admin"]),
     help="repeat for several (default: read and write)",
 )
-@url_option
+@keys_url_option
 @json_option
 def keys_create(owner: str, name: str, scopes: tuple[str, ...], url: str | None, as_json: bool) -> None:
     """Create a key for OWNER; its secret is printed once and never stored."""
@@ -1339,7 +1581,7 @@ def keys_create(owner: str, name: str, scopes: tuple[str, ...], url: str | None,
 
 @keys.command(name="list")
 @click.option("--owner", help="only this owner's keys")
-@url_option
+@keys_url_option
 @json_option
 def keys_list(owner: str | None, url: str | None, as_json: bool) -> None:
     if url:
@@ -1355,7 +1597,7 @@ def keys_list(owner: str | None, url: str | None, as_json: bool) -> None:
                 if cursor is None:
                     break
     if as_json:
-        emit(items, True)
+        emit(page(items), True)
         return
     table = Table(title="API keys", title_justify="left")
     for column in ("id", "owner", "name", "scopes", "created", "revoked"):
@@ -1374,7 +1616,7 @@ def keys_list(owner: str | None, url: str | None, as_json: bool) -> None:
 
 @keys.command(name="revoke")
 @click.argument("key_id")
-@url_option
+@keys_url_option
 def keys_revoke(key_id: str, url: str | None) -> None:
     """Revoke a key: refused from the next request on."""
     if url:

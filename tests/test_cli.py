@@ -151,8 +151,17 @@ def test_bad_input_is_one_error_line_and_its_exit_code(
         ],
         ["estimate", "--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "x", "--batch", "8"],
         ["no-such-command"],
+        # neither --gpus nor --cluster, or both: flags missing or contradicting (it exited 1)
+        ["estimate", "--model", "llama-2-7b", "--seq", "4096", "--batch", "64"],
+        ["plan", "--model", "llama-2-7b", "--gpus", "8xh100-sxm-80gb", "--cluster", "lab", "--seq", "4096",
+         "--batch", "64"],
+        # --tokens is a whole number, in exponent notation or not
+        ["estimate", "--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "8",
+         "--tokens", "1.5"],
+        ["estimate", "--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "8",
+         "--tokens", "inf"],
     ],
-)
+)  # fmt: skip
 def test_usage_errors_exit_64_never_2_which_means_does_not_fit(database: str, args: list[str]) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 64, result.output
@@ -323,8 +332,32 @@ def test_clusters_plans_on_them_and_runs(database: str) -> None:
 def test_catalog_listings(database: str) -> None:
     assert "llama-3.1-8b" in run("models").output
     assert "h100-sxm-80gb" in run("gpus").output
-    assert any(m["name"] == "llama-3.1-8b" for m in json.loads(run("models", "--json").output))
+    models = json.loads(run("models", "--json").output)
+    assert any(m["name"] == "llama-3.1-8b" for m in models["items"])
     assert json.loads(run("openapi").output)["openapi"].startswith("3.")
+
+
+def test_list_json_is_the_apis_page_with_every_item(database: str) -> None:
+    """--json printed a bare [...] where the API (and so "the API's JSON") answers {"items", "next_cursor"};
+    the CLI reads every page, so the page it prints holds every item and no cursor."""
+    assert run("clusters", "add", "lab", "--gpus", "8xh100-sxm-80gb").exit_code == 0
+    assert run("keys", "create", "ops").exit_code == 0
+    for command in (["models"], ["gpus"], ["clusters", "list"], ["keys", "list"]):
+        listed = json.loads(run(*command, "--json").output)
+        assert set(listed) == {"items", "next_cursor"} and listed["next_cursor"] is None, command
+        assert listed["items"], command
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(Settings(database_url=database))) as client:
+        total = len(client.get("/v1/models", params={"limit": 500}).json()["items"])
+    assert len(json.loads(run("models", "--json").output)["items"]) == total
+
+
+def test_gpus_shows_memory_in_gib_as_the_rest_of_the_cli(database: str) -> None:
+    """`trainplan gpus` showed memory_bytes / 1e9 "GB" (86 GB for an 80 GiB H100), where every other
+    table, and the card's own name, is GiB."""
+    row = next(line for line in run("gpus").output.splitlines() if "h100-sxm-80gb" in line)
+    assert "80.0 GiB" in row and " GB " not in row, row
 
 
 def test_gpus_shorthand() -> None:
@@ -388,7 +421,7 @@ def test_keys_made_on_the_database_open_a_service_that_requires_them(
         assert run("keys", "revoke", team["id"], "--url", url).exit_code == 0
         monkeypatch.setenv("TRAINPLAN_API_KEY", team["secret"])
         assert run("clusters", "list", "--url", url).exit_code == 1  # revoked: 401
-    listed = json.loads(run("keys", "list", "--owner", "team", "--json").output)
+    listed = json.loads(run("keys", "list", "--owner", "team", "--json").output)["items"]
     assert [(k["id"], k["revoked_at"] is not None) for k in listed] == [(team["id"], True)]
     assert run("keys", "revoke", "01JAAAAAAAAAAAAAAAAAAAAAAA").exit_code == 1
     assert run("keys", "create", "bad owner!").exit_code == 1
@@ -655,3 +688,201 @@ def test_a_plan_s_rejections_show_their_example_layout_and_a_cut_search_is_said(
     assert "stopped early (request budget) after 100 evaluations" in out
     assert "megatron dp=2 tp=4 zero=1 micro=1" in out
     assert out.count("megatron does not support zero_stage 2") == 1
+
+
+def sent_bodies(monkeypatch: pytest.MonkeyPatch, answer: dict[str, Any]) -> list[Any]:
+    """The JSON bodies the CLI sends, each answered with ``answer`` instead of the API's."""
+    from service import cli
+
+    sent: list[Any] = []
+
+    def call(self: cli.Api, method: str, path: str, **kwargs: Any) -> Any:
+        sent.append(kwargs.get("json"))
+        return answer
+
+    monkeypatch.setattr(cli.Api, "call", call)
+    return sent
+
+
+def test_plan_and_estimate_send_the_constraints_and_price_flags_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plan` sent only objective, top_k and frameworks of the API's constraints, and neither command had
+    a GPU-hour price: each is a flag named as its field, and a flag left out sends nothing (the API's
+    default applies)."""
+    sent = sent_bodies(monkeypatch, {"status": "feasible", "fits": True})
+    constraints = ["--gpu-hour-cost", "2.5", "--max-gpus", "4", "--no-allow-offload",
+                   "--min-headroom-fraction", "0.1", "--torch-compile"]  # fmt: skip
+    assert run("plan", *PLAN_8B, "--tokens", "1e12", *constraints, "--json").exit_code == 0
+    assert sent[-1]["constraints"] == {
+        "objective": "throughput", "top_k": 3, "gpu_hour_cost": 2.5, "max_gpus": 4, "allow_offload": False,
+        "min_headroom_fraction": 0.1, "torch_compile": True,
+    }  # fmt: skip
+    assert sent[-1]["training"]["tokens"] == 10**12  # exponent notation, sent as the whole number
+    assert run("plan", *PLAN_8B, "--allow-offload", "--json").exit_code == 0
+    assert sent[-1]["constraints"] == {"objective": "throughput", "top_k": 3, "allow_offload": True}
+    assert run("plan", *PLAN_8B, "--json").exit_code == 0
+    assert sent[-1]["constraints"] == {"objective": "throughput", "top_k": 3}
+    assert run("estimate", *PLAN_8B, "--tokens", "15e12", "--gpu-hour-cost", "3", "--json").exit_code == 0
+    assert sent[-1]["gpu_hour_cost"] == 3 and sent[-1]["training"]["tokens"] == 15 * 10**12
+    assert run("estimate", *PLAN_8B, "--json").exit_code == 0
+    assert "gpu_hour_cost" not in sent[-1] and "tokens" not in sent[-1]["training"]
+
+
+def test_a_priced_plan_within_a_gpu_cap_says_its_cost(database: str) -> None:
+    """The constraint flags reach the API's search: at most 4 GPUs, priced, the cost to train said."""
+    args = [
+        "--model",
+        "gpt2",
+        "--gpus",
+        "8xh100-sxm-80gb",
+        "--seq",
+        "1024",
+        "--batch",
+        "64",
+        "--tokens",
+        "1e9",
+    ]
+    plan = json.loads(run("plan", *args, "--max-gpus", "4", "--gpu-hour-cost", "2", "--json").output)
+    estimate = plan["recommended"]["estimate"]
+    layout = plan["recommended"]["layout"]
+    world = layout["dp"] * layout["tp"] * layout["pp"] * layout["cp"]
+    assert world <= 4 and estimate["cost_to_train"] == pytest.approx(
+        estimate["time_to_train_s"] / 3600 * world * 2
+    )
+    assert "cost " in words(run("plan", *args, "--gpu-hour-cost", "2").output)
+
+
+def test_a_refused_field_is_named_with_the_flag_that_set_it(database: str) -> None:
+    """A 422 named the request's field (constraints.gpu_hour_cost) where the user wrote a flag: the
+    line names both, and an API refusal stays exit 1 (README: 1 the API refused the request)."""
+    unpriced = CliRunner().invoke(main, ["plan", *PLAN_8B, "--gpu-hour-cost", "2"])
+    assert unpriced.exit_code == 1, unpriced.output
+    assert "[field constraints.gpu_hour_cost (--gpu-hour-cost)]" in words(unpriced.output)
+    capped = CliRunner().invoke(main, ["plan", *PLAN_8B, "--max-gpus", "0"])
+    assert capped.exit_code == 1 and "constraints.max_gpus (--max-gpus)" in words(capped.output)
+    layout = ["estimate", *PLAN_8B, "--framework", "megatron", "--dp", "8"]
+    unknown = CliRunner().invoke(main, [*layout, "--set", "experts=8"])
+    assert unknown.exit_code == 1 and "layout.experts (--set)" in words(unknown.output), unknown.output
+    host = CliRunner().invoke(main, [*layout, "--host-gib", "-1"])
+    assert host.exit_code == 1 and "cluster.cpu_memory_bytes_per_node (--host-gib)" in words(host.output)
+    from service.cli import ESTIMATE_FLAGS, PLAN_FLAGS, flag_of
+
+    assert flag_of("constraints.frameworks.0", PLAN_FLAGS) == "--framework"  # an item: its list's flag
+    assert flag_of("layout.tp", ESTIMATE_FLAGS) == "--tp" and flag_of("layout.ep", ESTIMATE_FLAGS) == "--set"
+    assert flag_of("layout", ESTIMATE_FLAGS) is None  # the layout as a whole is no one flag's
+
+
+def test_an_inline_cluster_states_its_host_ram_and_nvme(database: str) -> None:
+    """--gpus clusters always had 0 host RAM and NVMe (offload unplannable from the CLI) and `clusters
+    add` had no --nvme-gib: GiB on the command line, bytes to the API, as --host-gib was."""
+    assert cluster_from_gpus("8xh100-sxm-80gb", None, host_gib=1024, nvme_gib=3576) == {
+        "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8,
+        "cpu_memory_bytes_per_node": 1024 * 2**30, "nvme_bytes_per_node": 3576 * 2**30,
+    }  # fmt: skip
+    args = ["--model", "gpt2", "--seq", "1024", "--batch", "64"]
+    stated = ["--host-gib", "1024", "--nvme-gib", "3576"]
+    plan = json.loads(run("plan", *args, "--gpus", "8xh100-sxm-80gb", *stated, "--json").output)
+    assert plan["cluster"]["cpu_memory_bytes_per_node"] == 1024 * 2**30
+    assert plan["cluster"]["nvme_bytes_per_node"] == 3576 * 2**30
+    added = json.loads(run("clusters", "add", "lab", "--gpus", "8xh100-sxm-80gb", *stated, "--json").output)
+    assert (added["cpu_memory_bytes_per_node"], added["nvme_bytes_per_node"]) == (1024 * 2**30, 3576 * 2**30)
+    stored = CliRunner().invoke(main, ["plan", *args, "--cluster", "lab", "--nvme-gib", "100"])
+    assert stored.exit_code == 64 and "--nvme-gib go with --gpus" in words(stored.output), stored.output
+
+
+@pytest.mark.parametrize("spec", ["16xh100-sxm-80b", "12xh100-sxm-80b", "2x8xh100-sxm-80b"])
+def test_a_mistyped_gpu_across_nodes_is_named_before_any_network_question(database: str, spec: str) -> None:
+    """`--gpus 16xh100-sxm-80b` said "spans 2 nodes: give --inter-gbps" (and 12x "not whole nodes of
+    8"): a question about a part that does not exist. The catalog's refusal comes first, as the API's."""
+    result = CliRunner().invoke(
+        main, ["plan", "--model", "gpt2", "--gpus", spec, "--seq", "1024", "--batch", "8"]
+    )
+    said = words(result.output)
+    assert result.exit_code == 1, result.output
+    assert "unknown gpu 'h100-sxm-80b'; did you mean h100-sxm-80gb" in said, said
+    assert "--inter-gbps" not in said and "whole nodes" not in said
+
+
+def test_plan_out_writes_launch_scripts_executable(database: str, tmp_path: Path) -> None:
+    """The files --out wrote were all 0644 where the API's artifacts.zip stores *.sh as 0755."""
+    out = tmp_path / "plan"
+    args = ["--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "64"]
+    assert run("plan", *args, "--out", str(out)).exit_code == 0
+    modes = {path.name: path.stat().st_mode & 0o777 for path in out.iterdir()}
+    scripts = [name for name in modes if name.endswith(".sh")]
+    assert scripts, modes
+    for name, mode in modes.items():
+        assert bool(mode & 0o111) == name.endswith(".sh"), (name, oct(mode))
+        if name.endswith(".sh"):
+            assert mode == 0o755, (name, oct(mode))
+
+
+def test_capacity_shows_each_options_notes_cut_search_and_gpus_timed_on(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table showed an option's note only where it had no layout (the defaults chosen for the GPU,
+    the network assumed, "timed on 16" were dropped), never its truncated flag, and not the GPUs a row
+    is timed on with --at-gpus."""
+    from rich.console import Console
+
+    from service import cli
+
+    monkeypatch.setattr(cli, "console", Console(width=250))
+    layout = {"framework": "megatron", "tp": 8, "pp": 2, "zero_stage": 0, "micro_batch_size": 1}
+    options = [
+        {"gpu": "h100-sxm-80gb", "fits": True, "min_gpus": 16, "num_gpus": 24, "layout": layout,
+         "tokens_per_s": 12_000.0, "time_to_train_s": 86_400.0, "gpu_hours": 576.0, "cost": None,
+         "note": "defaults for this GPU: training.precision bf16", "truncated": True},
+        {"gpu": "t4-16gb", "fits": False, "min_gpus": None, "num_gpus": None, "layout": None,
+         "tokens_per_s": None, "time_to_train_s": None, "gpu_hours": None, "cost": None,
+         "note": "no layout fits up to 8192 GPUs", "truncated": False},
+    ]  # fmt: skip
+    cli.print_capacity(options, timed_on=True)
+    out = capsys.readouterr().out
+    assert "timed on" in out and "yes (search cut)" in out
+    row = next(line for line in out.splitlines() if line.startswith("│ h100"))
+    assert [cell.strip() for cell in row.split("│")[2:5]] == ["yes (search cut)", "16", "24"]
+    assert "h100-sxm-80gb: defaults for this GPU: training.precision bf16" in out
+    assert "t4-16gb: no layout fits up to 8192 GPUs" in out
+    cli.print_capacity(options, timed_on=False)
+    assert "timed on" not in capsys.readouterr().out
+
+
+def test_capacity_at_gpus_shows_the_count_each_row_is_timed_on(database: str) -> None:
+    args = ["capacity", "--model", "gpt2", "--seq", "1024", "--batch", "64", "--tokens", "1e9"]
+    result = run(*args, "--gpu", "h100-sxm-80gb", "--at-gpus", "20")
+    said = words(result.output)
+    assert result.exit_code == 0 and "timed on" in said, result.output
+    assert "asked for 20 GPUs; this option places whole nodes of 8: timed on 16" in said
+
+
+def test_keys_without_url_act_on_the_database_even_with_trainplan_url_exported(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With TRAINPLAN_URL exported (as the README's CLI section does), `keys create` went over HTTP and
+    failed (a service without keys answers 403): only an explicit --url takes the keys commands there."""
+    monkeypatch.setenv("TRAINPLAN_URL", "http://127.0.0.1:9")  # nothing listens: HTTP would fail
+    created = run("keys", "create", "ops", "--scope", "admin", "--json")
+    assert created.exit_code == 0, created.output
+    assert json.loads(created.output)["created_via"] == "operator"
+    assert [k["owner"] for k in json.loads(run("keys", "list", "--json").output)["items"]] == ["ops"]
+    key_id = json.loads(created.output)["id"]
+    assert run("keys", "revoke", key_id).exit_code == 0
+    assert "TRAINPLAN_URL is not read" in words(run("keys", "create", "--help").output)
+    remote = CliRunner().invoke(main, ["keys", "list", "--url", "http://127.0.0.1:9"])
+    assert remote.exit_code == 1 and "cannot reach" in remote.output  # an explicit --url still goes there
+
+
+def test_runs_add_and_report_take_the_runs_other_fields(database: str) -> None:
+    """RunIn has gpu_utilization and framework_version; `runs add` took neither, `report` no version."""
+    plan_id = json.loads(
+        run("plan", "--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "64",
+            "--json").output
+    )["id"]  # fmt: skip
+    typed = run("runs", "add", plan_id, "--step-s", "1", "--gpu-utilization", "0.85",
+                "--framework-version", "megatron-core 0.9.0", "--json")  # fmt: skip
+    stored = json.loads(typed.output)
+    assert (stored["gpu_utilization"], stored["framework_version"]) == (0.85, "megatron-core 0.9.0")
+    logged = run("report", plan_id, str(RUN_LOGS / "megatron.log"), "--framework-version", "0.9.0", "--json")
+    assert json.loads(logged.output)["framework_version"] == "0.9.0"
+    refused = CliRunner().invoke(main, ["runs", "add", plan_id, "--step-s", "1", "--gpu-utilization", "85"])
+    assert refused.exit_code == 1 and "gpu_utilization (--gpu-utilization)" in words(refused.output)
