@@ -41,10 +41,12 @@ MEASURED_INTRA_DESCRIPTION = (
 )
 MEASURED_INTER_DESCRIPTION = (
     _MEASURED
-    + "Measured across nodes with one GPU per node (one rank per node, >= 2 nodes), so it is each GPU's "
-    "share of the network like inter_node_bandwidth_bytes_per_s; not the all-GPU run across nodes, "
-    "whose busbw is about gpus_per_node x that share. Refused on one node (nothing crosses a network)."
-    + _USED
+    + "Each GPU's share of the network, like inter_node_bandwidth_bytes_per_s: run across >= 2 nodes with "
+    "every GPU of each node and give its busbw / gpus_per_node (NCCL's rings cross the nodes on every "
+    "NIC at once, so that busbw is about the node's network). A run with one GPU per node measures the "
+    "NIC that one GPU reaches: each GPU's share only where every GPU has its own NIC (rail-optimised "
+    "nodes); where several share one (a 25 GbE port for 8 GPUs), divide it by the GPUs per NIC. "
+    "Refused on one node (nothing crosses a network)." + _USED
 )
 
 
