@@ -1210,17 +1210,15 @@ def _run_search(
                 more = f"; nor {len(skipped) - 1} smaller counts" if len(skipped) > 1 else ""
                 result.idle_reason = skipped[0] + more
             if result.best and not result.truncated:
-                shaped = _better_shaped(counts, gpus, cluster, training)
+                leader = result.ranked()[0]
+                shaped, why = _better_shaped(counts, gpus, cluster, training, leader)
                 if shaped:
-                    every = result.ranked()[0].tokens_per_s
                     search(model, cluster, training, constraints, tuning, shaped, budget=budget, into=result)
                     best = result.ranked()[0]
                     if best.layout.world_size < gpus:  # gpu_use says why not all of them
                         result.idle_reason = (
                             f"{best.layout.world_size} GPUs train faster ({best.tokens_per_s:,.0f} tokens/s) "
-                            f"than all {gpus} ({every:,.0f}): {gpus // cluster.gpus_per_node} nodes do not "
-                            f"divide the global batch ({training.global_batch_size}), so data parallelism "
-                            "cannot span them all"
+                            f"than all {gpus} ({leader.tokens_per_s:,.0f}): {why}"
                         )
             return _with_work(result, work)
         common = max(result.log.groups.items(), key=lambda kv: kv[1].count, default=None)
@@ -1238,21 +1236,54 @@ def _run_search(
 
 
 def _better_shaped(
-    counts: tuple[int, ...], gpus: int, cluster: ClusterSpec, training: TrainingSpec
-) -> tuple[int, ...]:
-    """Fewer GPUs than ``gpus`` that may train faster than all of them, where the number of nodes
-    does not divide the global batch: a factor of it the batch does not share is left to pp, cp or
-    tp (136 H100s, 17 nodes, put Llama 3 8B at batch 256 on pp 17 at half the throughput of 128).
-    The largest whole-node count below with a power-of-two number of nodes, and the largest whose
-    number of nodes divides the global batch; the search of them starts from the top k found, so
-    most of their families are cut by their ceilings."""
+    counts: tuple[int, ...], gpus: int, cluster: ClusterSpec, training: TrainingSpec, leader: Scored
+) -> tuple[tuple[int, ...], str]:
+    """Fewer GPUs than ``gpus`` that may train faster than all of them, and why, given the fastest
+    layout of all of them (``leader``); the search of them starts from the top k found, so most of
+    their families are cut by their ceilings.
+
+    * The number of nodes does not divide the global batch: a factor of it the batch does not share
+      is left to pp, cp or tp (136 H100s, 17 nodes, put Llama 3 8B at batch 256 on pp 17 at half the
+      throughput of 128). The largest whole-node count below with a power-of-two number of nodes, and
+      the largest whose number of nodes divides the global batch.
+    * Every data-parallel rank already trains one sequence a step and the leader splits the model
+      besides: the GPUs the batch cannot fill went to a split memory may not need (GPT-2 at batch 64 on
+      128 GPUs: dp 64 tp 2, slower than dp 64 on 64: consistency review, stop 41).
+    * The leader's exposed data-parallel communication is half its step or more: on a slow network
+      fewer replicas may step faster (gpt-oss-120b on 64 V100 nodes at 6.25 GB/s: slower than on 32).
+    The last two search half the GPUs (the largest count up to it)."""
     gpn = cluster.gpus_per_node
-    if gpus <= gpn or training.global_batch_size % (gpus // gpn) == 0:
-        return ()  # within a node, or data parallelism can span every node
-    smaller = [c for c in counts if c < gpus and c % gpn == 0]
-    two = [c for c in smaller if (c // gpn) & (c // gpn - 1) == 0]
-    batch = [c for c in smaller if training.global_batch_size % (c // gpn) == 0]
-    return tuple(sorted({max(group) for group in (two, batch) if group}, reverse=True))
+    if gpus <= 1:
+        return (), ""
+    smaller = [c for c in counts if c < gpus and (c % gpn == 0 or c < gpn)]
+    found: set[int] = set()
+    why = []
+    if gpus > gpn and training.global_batch_size % (gpus // gpn):
+        whole = [c for c in smaller if c % gpn == 0]
+        two = [c for c in whole if (c // gpn) & (c // gpn - 1) == 0]
+        batch = [c for c in whole if training.global_batch_size % (c // gpn) == 0]
+        found |= {max(group) for group in (two, batch) if group}
+        why.append(
+            f"{gpus // gpn} nodes do not divide the global batch ({training.global_batch_size}), so data "
+            "parallelism cannot span them all"
+        )
+    lo = leader.layout
+    half = [c for c in smaller if c <= gpus // 2]
+    if half and lo.dp >= training.global_batch_size and lo.model_parallel_size > 1:
+        found.add(max(half))
+        why.append(
+            f"the global batch ({training.global_batch_size}) gives each of the {lo.dp} data-parallel ranks "
+            "one sequence, so the GPUs it cannot fill split the model instead"
+        )
+    elif half:
+        parts = leader.time.breakdown
+        if parts.dp_comm_exposed_s >= 0.5 * parts.step_s:
+            found.add(max(half))
+            why.append(
+                f"the data-parallel communication left exposed ({parts.dp_comm_exposed_s:.3g} s) is half the "
+                f"step or more ({parts.step_s:.3g} s), so fewer replicas step faster"
+            )
+    return tuple(sorted(found, reverse=True)), "; ".join(why)
 
 
 def _with_work(result: SearchResult, work: SearchResult) -> SearchResult:

@@ -11,13 +11,23 @@ from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from service.estimator.tuning import Tuning
-from service.estimator.types import ClusterSpec, Compile, Framework, Method, Plan, Recompute, TrainingSpec
+from service.estimator.types import (
+    ClusterSpec,
+    Compile,
+    Framework,
+    Method,
+    Plan,
+    Precision,
+    Recompute,
+    TrainingSpec,
+)
 from service.estimator.validate import validate_layout
 from service.launchers import Target, runnable_targets
 from service.recommender import NO_LAUNCHER, Constraints, Objective, rank, recommend, suggest
 from service.recommender.budget import Budget
 from service.recommender.space import sub_cluster
 from service.recommender.suggest import states_unfit, suggestions
+from service.recommender.types import Recommendation
 from tests.recommender.helpers import cluster
 
 
@@ -394,6 +404,41 @@ def test_fewer_gpus_are_chosen_where_the_nodes_do_not_divide_the_batch() -> None
     )
     # where the nodes divide the batch, all of them, as before
     assert alone.recommended.layout.world_size == 128
+
+
+@pytest.mark.parametrize(
+    ("preset", "gpu_name", "nodes", "network", "training", "words"),
+    [
+        # the batch fills 64 GPUs: on 128 the other 64 went to tp 2, 0.3% slower
+        ("gpt2", "a100-pcie-80gb", 8, 25e9,
+         TrainingSpec(seq_len=2048, global_batch_size=64, method=Method.LORA), "one sequence"),
+        # the data-parallel all-reduce over 6.25 GB/s is most of the step: 64 nodes 2% slower than 32
+        ("gpt-oss-120b", "v100-sxm2-16gb", 32, 6.25e9,
+         TrainingSpec(seq_len=1024, global_batch_size=128, precision=Precision.FP16),
+         "communication left exposed"),
+    ],
+)  # fmt: skip
+def test_twice_the_gpus_never_train_slower(
+    preset: str, gpu_name: str, nodes: int, network: float, training: TrainingSpec, words: str
+) -> None:
+    """Consistency review (stop 41): the same throughput plan on twice the nodes answered slower
+    (the search of fewer GPUs ran only where the nodes did not divide the batch). Where the batch gives
+    every data-parallel rank one sequence and the leader splits the model besides, or its exposed
+    data-parallel communication is half its step, half the GPUs are searched too."""
+    spec = model(preset).spec
+    base = gpu(gpu_name)
+
+    def plan(count: int) -> Recommendation:
+        intra = base.intra_node_bandwidth_bytes_per_s
+        c = ClusterSpec(gpu=base, num_nodes=count, gpus_per_node=8, intra_node_bandwidth_bytes_per_s=intra,
+                        inter_node_bandwidth_bytes_per_s=network)  # fmt: skip
+        return recommend(spec, c, training, Constraints(), default_tuning(), with_suggestions=False)
+
+    fewer, more = plan(nodes), plan(2 * nodes)
+    assert fewer.recommended is not None and more.recommended is not None
+    assert fewer.recommended.estimate.time is not None and more.recommended.estimate.time is not None
+    assert more.recommended.estimate.time.tokens_per_s >= fewer.recommended.estimate.time.tokens_per_s
+    assert any(words in r for r in more.recommended.rationale), more.recommended.rationale
 
 
 def test_a_recompute_no_launcher_runs_does_not_hide_a_heavier_one_that_does() -> None:
