@@ -665,6 +665,7 @@ def _search_structure(
 DOMINATED = "dominated: cannot beat the top k at any micro-batch"
 PP_BUBBLE = [f.name for f in dataclasses.fields(TimeBreakdown)].index("pp_bubble_s")  # in time_parts
 EP_COMM = [f.name for f in dataclasses.fields(TimeBreakdown)].index("ep_comm_s")
+DP_COMM = [f.name for f in dataclasses.fields(TimeBreakdown)].index("dp_comm_exposed_s")
 # Float slack on the floor below: its sum and ``step_s - pp_bubble_s`` round differently (~1e-15).
 _FLOOR_SLACK = 1e-9
 
@@ -1202,16 +1203,13 @@ def _run_search(
     for gpus in counts:
         result = search(model, cluster, training, constraints, tuning, (gpus,), budget=budget)
         first = first or result
-        work.memory_evaluations += result.memory_evaluations
-        work.time_evaluations += result.time_evaluations
-        work.families += result.families
         if result.best or result.truncated:
             if skipped:  # the largest count's reason, and how many more counts failed
                 more = f"; nor {len(skipped) - 1} smaller counts" if len(skipped) > 1 else ""
                 result.idle_reason = skipped[0] + more
             if result.best and not result.truncated:
                 leader = result.ranked()[0]
-                shaped, why = _better_shaped(counts, gpus, cluster, training, leader)
+                shaped, why = _better_shaped(counts, gpus, cluster, training, leader, result)
                 if shaped:
                     search(model, cluster, training, constraints, tuning, shaped, budget=budget, into=result)
                     best = result.ranked()[0]
@@ -1220,7 +1218,9 @@ def _run_search(
                             f"{best.layout.world_size} GPUs train faster ({best.tokens_per_s:,.0f} tokens/s) "
                             f"than all {gpus} ({leader.tokens_per_s:,.0f}): {why}"
                         )
+            _add_work(work, result)  # with the fewer GPUs searched into it
             return _with_work(result, work)
+        _add_work(work, result)
         common = max(result.log.groups.items(), key=lambda kv: kv[1].count, default=None)
         why = f"{common[0]}: {common[1].detail}" if common else "no structure"
         what = "valid split" if not result.valid_structures else "layout that fits and runs"
@@ -1236,7 +1236,12 @@ def _run_search(
 
 
 def _better_shaped(
-    counts: tuple[int, ...], gpus: int, cluster: ClusterSpec, training: TrainingSpec, leader: Scored
+    counts: tuple[int, ...],
+    gpus: int,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    leader: Scored,
+    result: SearchResult,
 ) -> tuple[tuple[int, ...], str]:
     """Fewer GPUs than ``gpus`` that may train faster than all of them, and why, given the fastest
     layout of all of them (``leader``); the search of them starts from the top k found, so most of
@@ -1251,7 +1256,8 @@ def _better_shaped(
       128 GPUs: dp 64 tp 2, slower than dp 64 on 64: consistency review, stop 41).
     * The leader's exposed data-parallel communication is half its step or more: on a slow network
       fewer replicas may step faster (gpt-oss-120b on 64 V100 nodes at 6.25 GB/s: slower than on 32).
-    The last two search half the GPUs (the largest count up to it)."""
+    The last two search half the GPUs (the largest count up to it). ``result``: the search of all of
+    them, which counts the leader's step parts it reads."""
     gpn = cluster.gpus_per_node
     if gpus <= 1:
         return (), ""
@@ -1276,14 +1282,22 @@ def _better_shaped(
             "one sequence, so the GPUs it cannot fill split the model instead"
         )
     elif half:
-        parts = leader.time.breakdown
-        if parts.dp_comm_exposed_s >= 0.5 * parts.step_s:
+        parts = result.time_parts(leader.job, lo)  # counted: the search's own evaluation
+        step_s, dp_s = step_total_s(*parts), parts[DP_COMM]
+        if dp_s >= 0.5 * step_s:
             found.add(max(half))
             why.append(
-                f"the data-parallel communication left exposed ({parts.dp_comm_exposed_s:.3g} s) is half the "
-                f"step or more ({parts.step_s:.3g} s), so fewer replicas step faster"
+                f"the data-parallel communication left exposed ({dp_s:.3g} s) is half the step or more "
+                f"({step_s:.3g} s), so fewer replicas step faster"
             )
     return tuple(sorted(found, reverse=True)), "; ".join(why)
+
+
+def _add_work(work: SearchResult, result: SearchResult) -> None:
+    """Add the evaluations and families of ``result`` to ``work``."""
+    work.memory_evaluations += result.memory_evaluations
+    work.time_evaluations += result.time_evaluations
+    work.families += result.families
 
 
 def _with_work(result: SearchResult, work: SearchResult) -> SearchResult:
