@@ -159,12 +159,23 @@ def group_all_gather_s(size_bytes: float, link: Link) -> float:
 
 
 def group_all_to_all_s(size_bytes: float, link: Link) -> float:
-    """All-to-all over a group: the (n-1)/n of the data leaving each rank crosses the slowest link."""
-    if link.group_size <= 1:
+    """All-to-all over a group: each rank keeps 1/n of the ``size_bytes`` it holds and sends 1/n to
+    every other member at once. Inside a node that is (n-1)/n over NVLink. Across nodes the 1/n for
+    each of the g-1 members on its node stays on NVLink and the (n-g)/n for the others leaves by its
+    NIC, concurrently (NCCL posts every peer's send together): the slower of the two bounds it, with a
+    step of the inter-node latency per peer (all of it crossed the NIC before: 2x too long at ep 16 on
+    two nodes of 8, network review, stop 41)."""
+    n = link.group_size
+    if n <= 1:
         return 0.0
-    return link.base_latency_s + all_to_all_s(
-        size_bytes, link.group_size, link.bandwidth_bytes_per_s, link.latency_s
-    )
+    if not link.spans_nodes:
+        return link.base_latency_s + all_to_all_s(
+            size_bytes, n, link.intra_bandwidth_bytes_per_s, link.intra_latency_s
+        )
+    g = link.ranks_per_node
+    inter = (n - g) / n * size_bytes / link.inter_bandwidth_bytes_per_s
+    intra = (g - 1) / n * size_bytes / link.intra_bandwidth_bytes_per_s
+    return link.base_latency_s + (n - 1) * link.inter_latency_s + max(inter, intra)
 
 
 # ---------------------------------------------------------------- placement

@@ -149,3 +149,21 @@ def test_more_bandwidth_is_never_slower(size: float, group: int, stride: int, fa
     # the full link has `faster` x the derated one's inter-node bandwidth: never slower
     for collective in (comm.group_all_reduce_s, comm.group_reduce_scatter_s, comm.group_all_to_all_s):
         assert collective(size, full) <= collective(size, derated) * (1 + 1e-12)
+
+
+def test_an_all_to_all_across_nodes_sends_only_other_nodes_shares_over_the_nic() -> None:
+    """16 ranks on 2 nodes of 8 (network review, stop 41: ep 16 was charged 15/16 of its data at the
+    NIC). Each rank holds S = 134 MB and sends S/16 to each peer at once: 7/16 S to its node's 7 over
+    NVLink (300 GB/s) and 8/16 S to the other node's 8 over its NIC (45 GB/s here): the NIC's part
+    bounds it, 1.49 ms, with 15 steps of the inter-node latency. Inside one node: 15/16 S over NVLink."""
+    speeds = {"intra_bandwidth_bytes_per_s": 300e9, "inter_bandwidth_bytes_per_s": 45e9}
+    latencies = {"intra_latency_s": 5e-6, "inter_latency_s": 1e-5}
+    link = comm.Link(group_size=16, ranks_per_node=8, nodes=2, **speeds, **latencies)
+    size = 134e6
+    assert comm.group_all_to_all_s(size, link) == pytest.approx(15 * 1e-5 + 8 / 16 * size / 45e9)
+    assert 8 / 16 * size / 45e9 == pytest.approx(1.49e-3, rel=1e-3)
+    one_node = comm.Link(group_size=8, ranks_per_node=8, nodes=1, **speeds, **latencies)
+    assert comm.group_all_to_all_s(size, one_node) == pytest.approx(7 * 5e-6 + 7 / 8 * size / 300e9)
+    # a slow node-local link can bound it instead: its 7/16 S at 10 GB/s outlasts 8/16 S at 45 GB/s
+    slow = dataclasses.replace(link, intra_bandwidth_bytes_per_s=10e9)
+    assert comm.group_all_to_all_s(size, slow) == pytest.approx(15 * 1e-5 + 7 / 16 * size / 10e9)
