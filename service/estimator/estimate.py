@@ -80,6 +80,12 @@ def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -
             f"NVMe: {memory.nvme_per_node_bytes / 2**30:.1f} GiB needed per node, "
             f"{cluster.nvme_bytes_per_node / 2**30:.1f} GiB available"
         )
+    if layout.tp > cluster.gpus_per_node:
+        # timed as it would run (its all-reduces over the network), but no plan recommends it
+        out.append(
+            f"tp ({layout.tp}) > GPUs per node ({cluster.gpus_per_node}): every layer's tensor-parallel "
+            "collectives cross the network (the search never splits tp across nodes)"
+        )
     return tuple(out)
 
 

@@ -3,6 +3,8 @@ context, and figures computed outside the ranges their validation covers."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from service.catalog.gpus import gpu
@@ -157,3 +159,16 @@ def test_rope_scaling_stretches_the_trained_context() -> None:
     assert not context_warnings(
         preset("llama-3.1-8b").spec, TrainingSpec(seq_len=131072, global_batch_size=1)
     )
+
+
+def test_tensor_parallelism_across_nodes_is_estimated_with_a_warning() -> None:
+    """Network review (stop 41): an estimate of tp 8 over nodes of 4 was timed (30 s of TP
+    communication) with no word; the search refuses the split (tp_node), the estimate says why."""
+    from service.estimator.types import Recompute
+
+    cluster = dataclasses.replace(gpu_cluster(gpu("h100-sxm-80gb"), 16, 6.25e9), num_nodes=4, gpus_per_node=4)
+    layout = Layout(framework=Framework.MEGATRON, dp=2, tp=8, zero_stage=1, recompute=Recompute.FULL,
+                    sequence_parallel=True)  # fmt: skip
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    result = estimate(preset("llama-3-70b").spec, cluster, layout, training, tuning=default_tuning())
+    assert any("tp (8) > GPUs per node (4)" in w for w in result.warnings), result.warnings
