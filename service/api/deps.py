@@ -209,13 +209,13 @@ def _query_names(route: APIRoute) -> frozenset[str]:
 
 
 def catalog_page(
-    limit: Annotated[int, Query(ge=1, le=500, description="at most this many items")] = 500,
+    limit: Annotated[int, Query(ge=1, le=500, description="at most this many items")] = 50,
     cursor: Annotated[
         str | None, Query(max_length=12, pattern=r"^\d+$", description="next_cursor of the page before")
     ] = None,
 ) -> slice:
-    """A catalog listing's page, as every list of the API takes one (``limit``, ``cursor``): the
-    catalogs are small, so one page holds them unless a client asks for less."""
+    """A catalog listing's page, as every list of the API takes one (``limit``, default 50 as
+    api.md states for every list, at most 500; ``cursor``): the whole catalog is one page of 500."""
     start = int(cursor) if cursor is not None else 0
     return slice(start, start + limit)
 

@@ -227,7 +227,8 @@ def test_a_plan_for_slurm_or_kubernetes_alone_is_one_they_render(
 @pytest.mark.parametrize(
     ("training", "layout", "target"),
     [
-        ({}, {"framework": "deepspeed", "dp": 2, "cp": 4, "zero_stage": 3}, "deepspeed"),
+        # Ulysses with tensor parallelism: ALST (Accelerate) splits nothing else, ds_config no sequence
+        ({}, {"framework": "deepspeed", "dp": 2, "tp": 2, "cp": 2, "zero_stage": 1}, "deepspeed"),
         ({"precision": "tf32"}, {"framework": "megatron", "dp": 8}, "megatron"),
         ({"precision": "fp8"}, {"framework": "fsdp", "dp": 8, "zero_stage": 3}, "torchtitan"),
     ],
@@ -490,7 +491,8 @@ def test_slurm_asked_with_accelerate_wraps_the_accelerate_launch(client: TestCli
     """launchers ["slurm", "accelerate"] searches layouts Accelerate runs; Slurm wraps torchrun entry
     points only (DeepSpeed, Megatron-LM, torchtitan, HF Trainer), so a layout only Accelerate runs
     (Gemma 2 with LoRA and FSDP tensor parallelism: torchtitan does not build Gemma, the HF Trainer
-    is data-parallel only) rendered the Accelerate files alone and unsupported_targets["slurm"].
+    is data-parallel only; now DeepSpeed's Ulysses over 8 ranks, which Accelerate's ALST runs)
+    rendered the Accelerate files alone and unsupported_targets["slurm"].
     The sbatch script now runs accelerate launch on each node, with that node's rank. 16384 tokens: at
     4096 on one node the data-parallel layout wins since the host-issue bound (each TP or CP rank issues
     all of a layer's ops for a fraction of its GEMMs)."""
@@ -507,9 +509,9 @@ def test_slurm_asked_with_accelerate_wraps_the_accelerate_launch(client: TestCli
     assert response.status_code == 201, response.text
     plan = response.json()
     layout = plan["recommended"]["layout"]
-    assert layout["framework"] == "fsdp" and layout["tp"] * layout["cp"] > 1, (
-        layout
-    )  # only Accelerate runs it
+    # only Accelerate runs it: FSDP's tensor or context parallelism, or DeepSpeed's Ulysses (ALST)
+    split = layout["tp"] * layout["cp"] > 1 if layout["framework"] == "fsdp" else layout["cp"] > 1
+    assert layout["framework"] in ("fsdp", "deepspeed") and split, layout
     assert plan["unsupported_targets"] == {}, plan["unsupported_targets"]
     names = {a["name"] for a in plan["artifacts"]}
     assert {"trainplan.sbatch", "accelerate_config.yaml", "accelerate_launch.sh"} <= names, names

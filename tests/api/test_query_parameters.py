@@ -62,3 +62,14 @@ def test_catalog_lists_page_as_every_list_does(client: TestClient) -> None:
     models = client.get("/v1/models", params={"limit": 200}).json()
     assert len(models["items"]) >= 50 and models["next_cursor"] is None
     assert client.get("/v1/models", params={"cursor": "x"}).status_code == 422
+
+
+def test_a_catalog_list_pages_by_50_unless_asked_as_every_list_does(client: TestClient) -> None:
+    """api.md: lists are paginated with limit (default 50, max 500); the catalogs answered 500 by
+    default, one contract for plans and another for models. 53 presets: a page of 50 and its cursor."""
+    first = client.get("/v1/models").json()
+    assert len(first["items"]) == 50 and first["next_cursor"] is not None
+    rest = client.get("/v1/models", params={"cursor": first["next_cursor"]}).json()
+    whole = client.get("/v1/models", params={"limit": 500}).json()
+    assert [m["name"] for m in first["items"] + rest["items"]] == [m["name"] for m in whole["items"]]
+    assert whole["next_cursor"] is None
