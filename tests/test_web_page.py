@@ -606,3 +606,30 @@ def test_the_base_dtype_control_is_lora_s_and_a_missing_plan_has_no_run_form(
     page.wait_for_selector("#plan-detail .field-error")
     assert not page.is_visible("#run-form")
     page.close()
+
+
+def test_gpu_types_are_compared_from_the_plan_form(served: str, browser: Any) -> None:
+    """The page had no capacity view (page review, stop 41): "Compare GPU types" sends the form's model
+    and training to POST /v1/capacity and shows each GPU type's fewest GPUs, speed and time to train,
+    as the API answers them."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    page.select_option("#model\\.preset", "llama-3.2-1b")
+    page.fill("#training\\.seq_len", "2048")
+    page.fill("#training\\.global_batch_size", "64")
+    page.fill("#training\\.tokens", "1000000000")
+    page.click("#compare")
+    page.wait_for_selector("#result table.capacity", timeout=60_000)
+    rows = cells(page, "#result table.capacity")
+    answer = httpx.post(
+        f"{served}/v1/capacity",
+        json={"model": {"preset": "llama-3.2-1b"},
+              "training": {"seq_len": 2048, "global_batch_size": 64, "tokens": 1_000_000_000}},
+        timeout=60,
+    ).json()  # fmt: skip
+    assert [row[0] for row in rows] == [o["gpu"] for o in answer["options"]]
+    first = answer["options"][0]
+    assert rows[0][1] == "yes" and rows[0][4] == f"{round(first['tokens_per_s']):,}"
+    assert "GPU types fit" in page.inner_text("#busy")
+    page.close()

@@ -743,6 +743,54 @@ async function submitPlan(event) {
   }
 }
 
+// ---------------------------------------------------------------- capacity across GPU types
+
+// The capacity request of the form's model and training: each catalog GPU in its own reference node
+// (the form's cluster, constraints and launchers are a plan's; capacity asks for the fewest GPUs).
+function capacityBody() {
+  const plan = planBody();
+  return { model: plan.model, training: plan.training };
+}
+
+function renderCapacity(answer, container) {
+  container.replaceChildren(el("h3", { text: "GPU types compared" }));
+  const rows = answer.options.map((o) => [
+    o.gpu, o.fits ? "yes" : "no",
+    o.min_gpus ? `${fmt.int(o.min_gpus)} (${fmt.int(o.min_nodes)} × ${o.gpus_per_node})` : "-",
+    o.layout ? layoutText(o.layout) : "-",
+    o.tokens_per_s ? fmt.int(o.tokens_per_s) : "-",
+    o.num_gpus && o.num_gpus !== o.min_gpus ? fmt.int(o.num_gpus) : (o.min_gpus ? fmt.int(o.min_gpus) : "-"),
+    o.time_to_train_s ? fmt.s(o.time_to_train_s) : "-",
+    o.gpu_hours ? fmt.int(o.gpu_hours) : "-",
+    `${o.note}${o.truncated ? " (search cut by the budget)" : ""}`,
+  ]);
+  const t = table(["GPU", "fits", "fewest GPUs", "layout", "tokens/s", "timed on", "time to train", "GPU-hours", "notes"],
+    rows, "Capacity by GPU type");
+  t.classList.add("capacity");
+  container.append(t);
+}
+
+async function submitCapacity() {
+  const form = document.getElementById("plan-form"), summary = document.getElementById("form-errors");
+  const result = document.getElementById("result"), busy = document.getElementById("busy");
+  const button = document.getElementById("compare");
+  clearErrors(form, summary);
+  result.replaceChildren();
+  button.disabled = true;
+  busy.textContent = "Comparing GPU types…";
+  try {
+    const answer = await api("POST", "/v1/capacity", capacityBody());
+    renderCapacity(answer, result);
+    busy.textContent = `${answer.options.filter((o) => o.fits).length} of ${answer.options.length} GPU types fit`;
+    result.focus();
+  } catch (error) {
+    busy.textContent = "";
+    showErrors(form, summary, error);
+  } finally {
+    button.disabled = false;
+  }
+}
+
 // ---------------------------------------------------------------- history and one plan
 
 let nextCursor = null;
@@ -977,6 +1025,7 @@ async function start() {
   document.querySelectorAll("input[name=run-source]").forEach((r) => r.addEventListener("change", () => toggleSources("run-source")));
   document.getElementById("training.method").addEventListener("change", toggleLora);
   document.getElementById("plan-form").addEventListener("submit", submitPlan);
+  document.getElementById("compare").addEventListener("click", submitCapacity);
   document.getElementById("filters").addEventListener("submit", (e) => { e.preventDefault(); loadPlans(); });
   document.getElementById("more").addEventListener("click", () => loadPlans(true));
   document.getElementById("run-form").addEventListener("submit", submitRun);
