@@ -316,7 +316,11 @@ def train_args(plan: Plan) -> list[str]:
         args.append("--parallelism.no-enable-sequence-parallel")
     if lo.ep > 1:
         args += ["--parallelism.expert_parallel_degree", str(lo.ep)]
-    if shard > 1:
+    if shard * lo.cp > 1:
+        # FSDP shards over dp_shard x cp (parallel_dims.py: the "dp_shard_cp" mesh), so with dp_shard 1
+        # and cp > 1 it still shards, and its "default" policy (reshard after forward without a
+        # pipeline: distributed/fsdp.py get_fsdp_reshard_after_forward_policy) would run ZeRO-3 where
+        # stage 2 was estimated (launch review, stop 41)
         args += ["--parallelism.fsdp_reshard_after_forward", "always" if lo.zero_stage == 3 else "never"]
     if lo.pp > 1:
         # Megatron-style accounting: the accumulation micro-batches are the pipeline microbatches.

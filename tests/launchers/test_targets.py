@@ -793,3 +793,15 @@ def test_deepspeed_ulysses_runs_through_accelerates_alst_and_nowhere_else() -> N
     job = (small_llama(), training())
     assert framework_structure_refusal(Framework.DEEPSPEED, *job, 1, 1, 4, 1) is None
     assert "tp = pp = ep = 1" in str(framework_structure_refusal(Framework.DEEPSPEED, *job, 2, 1, 2, 1))
+
+
+def test_torchtitan_reshards_as_estimated_when_context_parallelism_alone_shards() -> None:
+    """torchtitan's FSDP shards over dp_shard x cp: at dp 1 and cp 8 it shards over 8 ranks, and left
+    to its "default" policy reshards after the forward (ZeRO-3) where stage 2 was estimated; the flag
+    was written only for dp_shard > 1 (launch review, stop 41)."""
+    for stage, policy in ((2, "never"), (3, "always")):
+        args = torchtitan.train_args(
+            plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=stage, cp=8)
+        )
+        assert args[args.index("--parallelism.fsdp_reshard_after_forward") + 1] == policy
+        assert args[args.index("--parallelism.data_parallel_shard_degree") + 1] == "1"
