@@ -58,7 +58,7 @@ _FUSED_GATE_UP_FAMILIES = frozenset({"phi3"})
 # module's path: "attn.c_proj" is GPT-2's attention output, "mlp.c_proj" its MLP's down). Families
 # not listed name their modules as Llama does, one per target. (modeling_phi3.py Phi3Attention /
 # Phi3MLP; modeling_gpt2.py GPT2Attention / GPT2MLP; modeling_gpt_neox.py, modeling_falcon.py,
-# modeling_bloom.py: query_key_value, dense, dense_h_to_4h, dense_4h_to_h.)
+# modeling_bloom.py: query_key_value, dense, dense_h_to_4h, dense_4h_to_h; modeling_phi.py.)
 _NEOX_STYLE: tuple[tuple[tuple[str, ...], str], ...] = (
     (("q_proj", "k_proj", "v_proj"), "query_key_value"),
     (("o_proj",), "dense"),
@@ -81,6 +81,17 @@ LORA_MODULES: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
     "gpt_neox": _NEOX_STYLE,
     "falcon": _NEOX_STYLE,
     "bloom": _NEOX_STYLE,
+    # Phi-1/1.5/2 (modeling_phi.py PhiAttention: q_proj, k_proj, v_proj, dense; PhiMLP: fc1, fc2):
+    # unfused, but the output and MLP Linears have their own names (a review's Phi-2 plan wrote
+    # o_proj/up_proj/down_proj, which peft matched nowhere, and adapted q and v alone)
+    "phi": (
+        (("q_proj",), "q_proj"),
+        (("k_proj",), "k_proj"),
+        (("v_proj",), "v_proj"),
+        (("o_proj",), "dense"),
+        (("up_proj",), "fc1"),
+        (("down_proj",), "fc2"),
+    ),
 }
 
 

@@ -64,3 +64,33 @@ def test_a_fused_module_is_one_adapter_and_is_targeted_whole() -> None:
     with pytest.raises(EstimatorError, match="fuses q_proj, k_proj, v_proj into one module") as refused:
         validate_layout(phi3, cluster("h100-sxm-80gb", per_node=1), layout, only_q)
     assert refused.value.field == "lora_targets"
+
+
+PHI_2 = {
+    "architectures": ["PhiForCausalLM"], "model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 51200,
+    "max_position_embeddings": 2048, "partial_rotary_factor": 0.4, "tie_word_embeddings": False,
+    "hidden_act": "gelu_new", "layer_norm_eps": 1e-5,
+}  # fmt: skip
+
+
+def test_phi_2_adapts_dense_fc1_and_fc2_by_their_names(client: TestClient) -> None:
+    """Phi-1/1.5/2 (modeling_phi.py) name the attention output dense and the MLP fc1, fc2: its own names
+    were refused (422 "unknown lora_targets ['dense']"), and the Llama names it accepted rendered a
+    LoraConfig peft matched on q and v alone while the estimate counted five adapters (small-model
+    review, stop 41)."""
+    body = {
+        "model": {"hf_config": PHI_2},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 1024, "global_batch_size": 8, "method": "lora",
+                     "lora_targets": ["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"]},
+        "launchers": ["hf_trainer"],
+    }  # fmt: skip
+    plan = client.post("/v1/plans", json=body)
+    assert plan.status_code == 201, plan.text
+    config = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/lora_config.json").json()
+    assert sorted(config["target_modules"]) == ["dense", "fc1", "fc2", "k_proj", "q_proj", "v_proj"]
+    llama_names = body | {"training": body["training"] | {"lora_targets": "all-linear"}}
+    same = client.post("/v1/plans", json=llama_names).json()
+    again = client.get(f"/v1/plans/{same['id']}/artifacts/lora_config.json").json()
+    assert sorted(again["target_modules"]) == sorted(config["target_modules"])
