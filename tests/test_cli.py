@@ -127,7 +127,7 @@ def test_bad_input_is_one_error_line_and_its_exit_code(
     database: str, args: list[str], words: str, code: int
 ) -> None:
     """Flags that contradict are the call's fault (64); what the API refuses is an error (1)."""
-    result = CliRunner().invoke(main, ["plan", *args, "--seq", "2048", "--batch", "8"])
+    result = CliRunner().invoke(main, ["plan", *args, "--seq", "1024", "--batch", "8"])
     assert result.exit_code == code, result.output
     assert "error:" in result.output and words in result.output, result.output
 

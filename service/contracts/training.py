@@ -22,6 +22,7 @@ from service.estimator.types import (
     Precision,
     TrainingSpec,
 )
+from service.estimator.validate import position_table_violation
 
 
 class TrainingIn(Strict):
@@ -106,6 +107,8 @@ class TrainingIn(Strict):
         errors name the field as the request body does."""
         try:
             training = self._to_domain(model)
+            if model is not None and (table := position_table_violation(model, training)) is not None:
+                raise table
             return training if gpu is None else for_gpu(training, gpu)
         except InvalidTraining as exc:
             field = None if exc.field is None else f"training.{exc.field}"

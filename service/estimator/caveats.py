@@ -72,7 +72,7 @@ def network_warnings(cluster: ClusterSpec) -> tuple[str, ...]:
 def context_warnings(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
     """A sequence longer than the positions the model was trained to (``max_position_embeddings``):
     the estimate counts the memory and time of that sequence; whether the model is any good there is
-    another matter. Learned positions have no table row past the limit at all. A config's
+    another matter (learned positions have no row past the table at all: refused before). A config's
     ``rope_scaling`` stretches the positions to factor x its original context (transformers
     modeling_rope_utils: original_max_position_embeddings, else max_position_embeddings; Qwen2.5's
     YaRN factor 4 from 32,768 is its documented 131,072-token setup)."""
@@ -89,14 +89,8 @@ def context_warnings(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...
             f"{scaled:,}; past that it needs continued pretraining; the estimate counts {seq:,}-token "
             "sequences as asked",
         )
-    if seq <= limit:
-        return ()
-    if model.position_embedding is PositionEmbedding.LEARNED:
-        return (
-            f"seq_len {seq:,} > max_position_embeddings {limit:,}: {model.name}'s learned position table has "
-            f"{limit:,} rows and none past them, so the run fails unless the table is extended (new rows, "
-            "not counted here) or the sequence is shortened",
-        )
+    if seq <= limit or model.position_embedding is PositionEmbedding.LEARNED:
+        return ()  # past a learned table's rows the request is refused (validate.position_table_violation)
     how = (
         "RoPE scaling (rope_scaling in its config) or continued pretraining at this length"
         if model.position_embedding is PositionEmbedding.ROPE

@@ -40,7 +40,7 @@ from service.estimator.types import (
     TimeEstimate,
     step_total_s,
 )
-from service.estimator.validate import sequence_divisor, valid_micro_batch_sizes
+from service.estimator.validate import learned_positions, sequence_divisor, valid_micro_batch_sizes
 
 # (parameters, gradients, optimizer states, activations, buffers, fragmentation, CUDA context, NCCL
 # buffers) of one GPU, in bytes: the first five are what PyTorch allocates, + fragmentation what its
@@ -464,8 +464,11 @@ def max_seq_len(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> int:
         other = make_job(job.model, job.cluster, training, job.tuning)  # not shared: one-off
         return fits(other, layout, dynamic_factor=dynamic_factor)
 
+    # a learned position table has rows for so many positions: no longer sequence runs, whatever fits
+    table = learned_positions(job.model)
+    top = MAX_SEQ_LEN_SEARCHED if table is None else min(table, MAX_SEQ_LEN_SEARCHED)
     guess = _secant_root(total_bytes, job.cluster.gpu.memory_bytes, job.training.seq_len, step)
-    return largest_satisfying(step, MAX_SEQ_LEN_SEARCHED, step, ok, guess)
+    return largest_satisfying(step, top, step, ok, None if guess is None else min(guess, top))
 
 
 def _secant_root(f: Callable[[int], int], target: int, start: int, step: int, rounds: int = 3) -> int | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from service.estimator import params, pipeline
-from service.estimator.errors import InvalidLayout
+from service.estimator.errors import InvalidLayout, InvalidTraining
 from service.estimator.types import (
     Attention,
     AttentionKind,
@@ -686,12 +686,43 @@ def method_parallel_violation(training: TrainingSpec, layout: Layout) -> Violati
     return None
 
 
+# Families whose learned position ids start past padding_idx (modeling_roberta.py
+# create_position_ids_from_input_ids: padding_idx + 1 = 2 onward), so two table rows are never a position
+_POSITION_OFFSETS = {"roberta": 2}
+
+
+def learned_positions(model: ModelSpec) -> int | None:
+    """The longest sequence a learned position table has rows for (``max_position_embeddings``, less
+    the rows RoBERTa's ids skip); None where positions are computed (RoPE, ALiBi) and any length runs."""
+    if model.position_embedding is not PositionEmbedding.LEARNED:
+        return None
+    return model.max_position_embeddings - _POSITION_OFFSETS.get(model.family, 0)
+
+
+def position_table_violation(model: ModelSpec, training: TrainingSpec) -> InvalidTraining | None:
+    """A sequence longer than a learned position table: the embedding lookup of position n past its
+    rows raises (index out of range) on the first step, so no layout runs it (it was estimated, the
+    plan said feasible with a warning: small-model review, stop 41)."""
+    rows = learned_positions(model)
+    if rows is None or training.seq_len <= rows:
+        return None
+    return InvalidTraining(
+        f"seq_len ({training.seq_len:,}) > the {rows:,} positions {model.name}'s learned position table "
+        "has rows for: the run fails at its first step; shorten the sequence or extend the table (new "
+        "rows, not modelled)",
+        rule="position_table",
+        field="seq_len",
+    )
+
+
 def training_violation(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec, caps: Capabilities
 ) -> Violation:
     hardware = hardware_violation(cluster, training)
     if hardware is not None:
         return hardware
+    if (table := position_table_violation(model, training)) is not None:
+        return _bad(table.message, table.rule, "seq_len")
     if training.method is not Method.FULL and not caps.peft:
         return _bad(
             f"{training.method.value} needs PEFT adapters, which {layout.framework.value} does not have",

@@ -92,3 +92,25 @@ def test_an_encoder_described_by_explicit_fields_is_the_preset(client: TestClien
     decoder = {**explicit, "bidirectional": False}  # an encoder's head on a causal model
     problem = assert_problem(client.post("/v1/estimates", json=estimate_body({"architecture": decoder})), 422)
     assert problem["errors"][0]["field"] == "model.architecture.head"
+
+
+def test_a_sequence_past_a_learned_position_table_is_refused_on_every_path(client: TestClient) -> None:
+    """BERT has 512 learned positions, RoBERTa 512 usable of its 514 rows: a plan at 2,048 said
+    feasible (small-model review, stop 41). Plans, estimates and capacity refuse it, naming the field."""
+    training = {"seq_len": 2048, "global_batch_size": 32}
+    cluster = {"gpu": "a10g-24gb", "num_nodes": 1, "gpus_per_node": 2}
+    for path, extra in (
+        ("/v1/plans", {"cluster": cluster}),
+        ("/v1/estimates", {"cluster": cluster, "layout": {"framework": "fsdp", "dp": 2}}),
+        ("/v1/capacity", {"gpus": ["a10g-24gb"]}),
+    ):
+        problem = assert_problem(
+            client.post(path, json={"model": {"preset": "bert-base-uncased"}, "training": training} | extra),
+            422,
+        )
+        assert problem["errors"][0]["field"] == "training.seq_len" and "512 positions" in problem["detail"], (
+            path
+        )
+    roberta = {"model": {"preset": "roberta-base"}, "cluster": cluster,
+               "training": {"seq_len": 513, "global_batch_size": 32}}  # fmt: skip
+    assert "512 positions" in assert_problem(client.post("/v1/plans", json=roberta), 422)["detail"]

@@ -140,15 +140,23 @@ def test_enum_and_limit_errors(client: TestClient) -> None:
     assert problem["errors"][0]["field"] == "training.precision"
 
 
+GPT2 = {"seq_len": 1024, "global_batch_size": 64, "tokens": 10**9}  # within its 1,024 learned positions
+
+
 def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestClient) -> None:
     mixtral = {"preset": "mixtral-8x7b"}
     cases: list[tuple[dict[str, Any], dict[str, Any], str, str]] = [
         # (layout change, other body changes, rule, field)
         ({"dp": 4}, {}, "world_size", "layout.dp"),
-        ({"dp": 1, "tp": 8}, {"model": {"preset": "gpt2"}}, "heads_tp", "layout.tp"),
+        (
+            {"dp": 1, "tp": 8},
+            {"model": {"preset": "gpt2"}, "training": GPT2},
+            "heads_tp",
+            "layout.tp",
+        ),
         (
             {"dp": 1, "pp": 8, "zero_stage": 1, "virtual_pipeline_stages": 2},
-            {"model": {"preset": "gpt2"}},
+            {"model": {"preset": "gpt2"}, "training": GPT2},
             "pp_layers",
             "layout.pp",
         ),

@@ -48,10 +48,29 @@ def test_no_warning_within_the_trained_context(name: str, seq_len: int) -> None:
 
 
 def test_learned_positions_have_no_row_past_the_table() -> None:
-    # estimated (as before) with a warning that the run fails as configured: not an error, since
-    # a user may extend the table, and a 422 would hide every other number of the answer
-    (warning,) = context_warnings(preset("gpt2").spec, TrainingSpec(seq_len=2048, global_batch_size=1))
-    assert "learned position table has 1,024 rows and none past them, so the run fails" in warning
+    """Past a learned table's rows the embedding lookup fails at the first step, so no layout runs it:
+    refused (it was estimated as fitting, and a plan said feasible, with a warning: small-model review,
+    stop 41). RoBERTa's ids start at padding_idx + 1 = 2, so 2 of its 514 rows are never a position;
+    the largest sequence that fits stops at the table."""
+    from service.estimator.errors import EstimatorError
+    from service.estimator.validate import learned_positions, position_table_violation
+
+    gpt2, roberta = preset("gpt2").spec, preset("roberta-base").spec
+    assert (learned_positions(gpt2), learned_positions(roberta)) == (1024, 512)
+    assert position_table_violation(gpt2, TrainingSpec(seq_len=1024, global_batch_size=1)) is None
+    refused = position_table_violation(gpt2, TrainingSpec(seq_len=1025, global_batch_size=1))
+    assert refused is not None and refused.field == "seq_len" and "1,024 positions" in refused.message
+    assert position_table_violation(roberta, TrainingSpec(seq_len=513, global_batch_size=1)) is not None
+    assert context_warnings(gpt2, TrainingSpec(seq_len=2048, global_batch_size=1)) == ()  # refused before
+    a100 = gpu_cluster(gpu("a100-sxm-80gb"), 1, 50e9)
+    with pytest.raises(EstimatorError, match="learned position table"):
+        estimate(
+            gpt2, a100, Layout(), TrainingSpec(seq_len=2048, global_batch_size=1), tuning=default_tuning()
+        )
+    fits = estimate(
+        gpt2, a100, Layout(), TrainingSpec(seq_len=512, global_batch_size=1), tuning=default_tuning()
+    )
+    assert fits.max_seq_len == 1024
 
 
 def test_alibi_runs_past_its_length_but_is_not_trained_there() -> None:

@@ -294,7 +294,8 @@ def test_lora_on_the_gate_alone_of_a_model_without_one_is_refused() -> None:
     from service.estimator.types import Method
     from service.estimator.validate import validate_layout
 
-    training = TrainingSpec(seq_len=128, global_batch_size=8, method=Method.LORA, lora_targets=("gate_proj",))
+    # 4 tokens: within TINY's 6 learned positions
+    training = TrainingSpec(seq_len=4, global_batch_size=8, method=Method.LORA, lora_targets=("gate_proj",))
     with pytest.raises(InvalidLayout) as refused:
         validate_layout(TINY, gpu_cluster(H100, 1, 50e9), Layout(framework=Framework.DEEPSPEED), training)
     assert refused.value.field == "lora_targets" and "gate projection" in refused.value.message
