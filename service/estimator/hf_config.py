@@ -1082,6 +1082,8 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
             field="hf_config._name_or_path",
         )
     resolved = name or (default_name if isinstance(default_name, str) and default_name else model_type)
+    if model_type not in _ENCODER_FAMILIES:
+        _check_decoder_head(config)
     spec = builder(_Fields(config, model_type), resolved)
     hidden, attention = _dropout(config, model_type)
     return dataclasses.replace(
@@ -1089,6 +1091,32 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         hidden_dropout=hidden,
         attention_dropout=attention,
         **_hyperparameters(_text_fields(config, model_type), spec)._asdict(),
+    )
+
+
+# A decoder's ``architectures`` the estimate models: the language-model head on every token (the
+# *ForCausalLM classes, GPT-2's LMHeadModel; a multimodal checkpoint's *ForConditionalGeneration,
+# whose language model is what is trained here). Another head (*ForSequenceClassification: a
+# hidden -> num_labels score on the last token; *ForTokenClassification, *ForQuestionAnswering) has
+# no vocabulary logits, which the estimate would count: refused, naming it (small-model review, stop
+# 41: Qwen2ForSequenceClassification on an L4 "did not fit" by 11 GB of logits it never makes).
+_DECODER_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def _check_decoder_head(config: Mapping[str, object]) -> None:
+    architectures = config.get("architectures")
+    if architectures is None:
+        return  # the checkpoint's own: a causal LM
+    if isinstance(architectures, list) and all(
+        isinstance(a, str) and a.endswith(_DECODER_HEADS) for a in architectures
+    ):
+        return
+    raise InvalidModel(
+        f"hf_config architectures = {architectures!r}: only a decoder's language-model head is modelled "
+        f"(a class ending in {', '.join(_DECODER_HEADS)}); another head's outputs (a classifier's "
+        "num_labels scores) are not its vocabulary logits",
+        rule="hf_config",
+        field="hf_config.architectures",
     )
 
 

@@ -391,3 +391,25 @@ def test_gemma3_published_config_takes_the_text_config_class_defaults() -> None:
     )
     assert spec.num_layers == 34 and spec.sliding_window == 1024
     assert parameter_counts(spec).total == 3_880_263_168
+
+
+QWEN2_SMALL = {
+    "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
+    "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+}  # fmt: skip
+
+
+def test_a_decoder_with_another_head_than_the_language_model_is_refused() -> None:
+    """Qwen2ForSequenceClassification scores num_labels on the last token; counted as a causal LM it
+    "did not fit" an L4 by its 11 GB of vocabulary logits (small-model review, stop 41). Only the
+    language-model head is modelled for decoders: the others are refused naming architectures; the
+    causal LM, GPT-2's LMHeadModel and a multimodal checkpoint's ForConditionalGeneration load."""
+
+    for head in ("Qwen2ForSequenceClassification", "Qwen2ForTokenClassification", "Qwen2Model"):
+        with pytest.raises(InvalidModel) as refused:
+            model_from_hf_config(QWEN2_SMALL | {"architectures": [head]})
+        assert refused.value.field == "hf_config.architectures" and head in refused.value.message
+    for head in ("Qwen2ForCausalLM", "Qwen2LMHeadModel", "Qwen2VLForConditionalGeneration"):
+        assert model_from_hf_config(QWEN2_SMALL | {"architectures": [head]}).vocab_size == 151936
+    assert model_from_hf_config(QWEN2_SMALL).vocab_size == 151936  # no architectures: the checkpoint's own
