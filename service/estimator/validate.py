@@ -35,6 +35,7 @@ from service.estimator.types import (
     ClusterSpec,
     Compile,
     Framework,
+    Head,
     Layout,
     Method,
     ModelSpec,
@@ -723,6 +724,10 @@ def training_violation(
         return hardware
     if (table := position_table_violation(model, training)) is not None:
         return _bad(table.message, table.rule, "seq_len")
+    if layout.chunked_loss and model.head not in (Head.CAUSAL_LM, Head.MASKED_LM):
+        # the estimate would not change: a classifier's few logits are no vocabulary to chunk
+        return _bad(f"chunked_loss splits the loss over a vocabulary's logits; {model.name}'s "
+                    f"{model.head.value} head has none", "unused", "chunked_loss")  # fmt: skip
     if training.method is not Method.FULL and not caps.peft:
         return _bad(
             f"{training.method.value} needs PEFT adapters, which {layout.framework.value} does not have",

@@ -299,3 +299,18 @@ def test_lora_on_the_gate_alone_of_a_model_without_one_is_refused() -> None:
     with pytest.raises(InvalidLayout) as refused:
         validate_layout(TINY, gpu_cluster(H100, 1, 50e9), Layout(framework=Framework.DEEPSPEED), training)
     assert refused.value.field == "lora_targets" and "gate projection" in refused.value.message
+
+
+def test_chunked_loss_is_refused_where_there_is_no_vocabulary_to_chunk() -> None:
+    """A classifier's num_labels logits: chunked_loss changed nothing of its estimate and was accepted
+    (small-model review, stop 41); a masked LM's vocabulary it does chunk."""
+    from service.estimator.errors import InvalidLayout
+    from service.estimator.validate import validate_layout
+
+    classifier = dataclasses.replace(TINY, head=Head.SEQUENCE_CLASSIFICATION, num_labels=3)
+    training = TrainingSpec(seq_len=4, global_batch_size=8)
+    chunked = Layout(framework=Framework.FSDP, chunked_loss=True)
+    with pytest.raises(InvalidLayout, match="chunked_loss") as refused:
+        validate_layout(classifier, gpu_cluster(H100, 1, 50e9), chunked, training)
+    assert refused.value.field == "chunked_loss"
+    validate_layout(TINY, gpu_cluster(H100, 1, 50e9), chunked, training)  # masked LM: its vocabulary
