@@ -364,19 +364,21 @@ def gradient_checkpointing_duty(plan: Plan) -> str:
     )
 
 
-def peft_header(plan: Plan) -> str:
-    """What the training script does with the adapter files ('' for full training)."""
+def peft_header(plan: Plan, config_dir: str = "") -> str:
+    """What the training script does with the adapter files ('' for full training); ``config_dir``:
+    where a wrapper mounts them (a Kubernetes ConfigMap's directory)."""
     method = plan.training.method
     if method is Method.FULL:
         return ""
     text = (
         f"\n{method.value}: {TRAIN_SCRIPT} must wrap the model with peft.get_peft_model(model, "
-        f"LoraConfig(**json.load(open({LORA_CONFIG_NAME!r})))): only the adapters train."
+        f"LoraConfig(**json.load(open({config_dir + LORA_CONFIG_NAME!r})))): only the adapters train."
     )
     if method is Method.QLORA:
         text += (
             f"\nqlora: load the base model with from_pretrained(..., quantization_config="
-            f"BitsAndBytesConfig(**json.load(open({BNB_CONFIG_NAME!r})))) (NF4, double quantisation)."
+            f"BitsAndBytesConfig(**json.load(open({config_dir + BNB_CONFIG_NAME!r})))) (NF4, double "
+            "quantisation)."
         )
     elif plan.training.base_autocast:
         text += (

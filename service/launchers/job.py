@@ -19,6 +19,9 @@ from service.launchers.common import (
     Refusal,
     Target,
     Word,
+    fsdp_reduce_duty,
+    peft_artifacts,
+    peft_header,
     refuse,
     tf32_environment,
     world_refusal,
@@ -29,8 +32,11 @@ from service.launchers.common import (
 class Entry:
     via: Target  # the target whose command this is
     words: list[Word]  # after torchrun's own options
-    files: list[Artifact]  # config files the command reads
+    files: list[Artifact]  # config files the command and the training script read
     env: list[tuple[str, str]]
+    # what the training script must do for the layout, as the wrapped target's own launch script says
+    # (DeepSpeed's MoE layers and checkpointing, the adapters): a wrapper that dropped it ran another job
+    duties: str = ""
 
 
 # The targets whose entry points Slurm and Kubernetes wrap (``refusal`` below: DeepSpeed's for its
@@ -79,10 +85,14 @@ def entry(plan: Plan, wrapper: Target, config_dir: str = "") -> Entry:
             "--deepspeed_config",
             config_dir + deepspeed.CONFIG_NAME,
         ]
-        return Entry(Target.DEEPSPEED, words, [file], tf32_environment(plan))
+        duties = deepspeed.model_code_duties(plan) + peft_header(plan, config_dir)
+        files = [file, *peft_artifacts(plan, wrapper)]
+        return Entry(Target.DEEPSPEED, words, files, tf32_environment(plan), duties)
     if framework is Framework.MEGATRON:
         return Entry(Target.MEGATRON, megatron.entry_words(plan), [], megatron.environment(plan))
     if torchtitan.refusal(plan) is None:
         return Entry(Target.TORCHTITAN, torchtitan.entry_words(plan), [], torchtitan.environment(plan))
     words, files = hf_trainer.entry_words(plan, config_dir)
-    return Entry(Target.HF_TRAINER, words, [replace(f, target=wrapper) for f in files], [])
+    files = [replace(f, target=wrapper) for f in files] + peft_artifacts(plan, wrapper)
+    duties = peft_header(plan, config_dir) + fsdp_reduce_duty(plan, "trainer.accelerator")
+    return Entry(Target.HF_TRAINER, words, files, [], duties)

@@ -118,6 +118,7 @@ _Dumper.add_representer(str, _str)
 
 
 def render(plan: Plan) -> list[Artifact]:
-    header = "\n".join(comment_lines(layout_summary(plan))) + "\n"
+    duties = entry(plan, TARGET, CONFIG_DIR).duties  # what the training script must do, as the target says
+    header = "\n".join(comment_lines(layout_summary(plan) + duties)) + "\n"
     text = header + yaml.dump_all(manifests(plan), Dumper=_Dumper, sort_keys=False, width=120)
     return [Artifact(name=MANIFEST_NAME, target=TARGET, media_type=YAML, content=text)]

@@ -56,7 +56,7 @@ def _preamble(plan: Plan, runs: str, env: list[tuple[str, str]]) -> list[str]:
 
 def sbatch_script(plan: Plan) -> tuple[str, list[Artifact]]:
     job = entry(plan, TARGET)
-    lines = _preamble(plan, f"Runs {job.via} under torchrun, one srun task per node.", job.env)
+    lines = _preamble(plan, f"Runs {job.via} under torchrun, one srun task per node.{job.duties}", job.env)
     words: list[Word] = ["srun", "--kill-on-bad-exit=1", *torchrun_words(plan, rendezvous="c10d"), *job.words]
     lines.append(shell_command(words))
     return "\n".join(lines) + "\n", job.files

@@ -805,3 +805,26 @@ def test_torchtitan_reshards_as_estimated_when_context_parallelism_alone_shards(
         )
         assert args[args.index("--parallelism.fsdp_reshard_after_forward") + 1] == policy
         assert args[args.index("--parallelism.data_parallel_shard_degree") + 1] == "1"
+
+
+def test_slurm_and_kubernetes_carry_the_scripts_duties_and_the_adapter_files() -> None:
+    """The wrappers ran the same entry point but dropped what its own launch script tells train.py to
+    do, and Kubernetes mounted no adapter files (launch review, stop 41): a QLoRA job under a
+    PyTorchJob had no lora_config.json or bnb_config.json and no word of PEFT, a DeepSpeed MoE job's
+    sbatch no word of its MoE layers. Both now say what the wrapped target says, and ship its files."""
+    import yaml
+
+    from service.estimator.types import Method
+    from service.launchers import kubernetes, slurm
+
+    qlora = plan(framework=Framework.FSDP, zero_stage=3, train=training(method=Method.QLORA))
+    documents = list(yaml.safe_load_all(kubernetes.render(qlora)[0].content))
+    config_map = next(d for d in documents if d["kind"] == "ConfigMap")
+    assert {"lora_config.json", "bnb_config.json"} <= set(config_map["data"])
+    manifest = kubernetes.render(qlora)[0].content
+    assert "/etc/trainplan/lora_config.json" in manifest and "BitsAndBytesConfig" in manifest
+    names = {a.name for a in slurm.render(qlora)}
+    assert {"lora_config.json", "bnb_config.json"} <= names
+    moe = plan(model=ROUTED_ONLY, framework=Framework.DEEPSPEED, zero_stage=1, ep=4)
+    (sbatch,) = [a.content for a in slurm.render(moe) if a.name == slurm.SCRIPT_NAME]
+    assert "deepspeed.moe.layer.MoE(" in sbatch and "split_params_into_different_moe_groups" in sbatch
