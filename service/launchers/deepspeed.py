@@ -420,6 +420,13 @@ def render(plan: Plan) -> list[Artifact]:
     config = config_artifact(plan)
     header = "DeepSpeed 0.19.8 launcher: starts every rank over ssh (pdsh) from this node."
     header += model_code_duties(plan)
+    if plan.layout.tp > 1 and plan.layout.pp == 1:
+        header += (
+            f"\ntrain_batch_size counts AutoTP's {plan.layout.tp} tensor-parallel peers, which read the same "
+            "samples (DeepSpeed's batch check counts every rank: batch_ranks): its sample counts and "
+            f"throughput logs read {plan.layout.tp}x the {plan.training.global_batch_size} sequences a step "
+            "trains."
+        )
     if plan.training.precision is Precision.TF32:
         header += (
             f"\ntf32: {TRAIN_SCRIPT} must set torch.backends.cuda.matmul.allow_tf32 = True (ds_config has no "

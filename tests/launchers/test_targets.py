@@ -828,3 +828,12 @@ def test_slurm_and_kubernetes_carry_the_scripts_duties_and_the_adapter_files() -
     moe = plan(model=ROUTED_ONLY, framework=Framework.DEEPSPEED, zero_stage=1, ep=4)
     (sbatch,) = [a.content for a in slurm.render(moe) if a.name == slurm.SCRIPT_NAME]
     assert "deepspeed.moe.layer.MoE(" in sbatch and "split_params_into_different_moe_groups" in sbatch
+
+
+def test_the_deepspeed_launch_says_its_batch_counts_autotp_peers() -> None:
+    """train_batch_size is tp x the sequences a step trains under AutoTP (DeepSpeed's batch check
+    counts every rank), so its logs read tp x as many samples: the launch script says so (launch
+    review, stop 41)."""
+    (launch,) = [a.content for a in deepspeed.render(plan(framework=Framework.DEEPSPEED, zero_stage=1, tp=2))
+                 if a.name == deepspeed.LAUNCH_NAME]  # fmt: skip
+    assert "train_batch_size counts AutoTP's 2 tensor-parallel peers" in launch
