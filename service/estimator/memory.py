@@ -660,12 +660,14 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
         # FSDP keeps one sharded parameter per trainable parameter (fsdp_parameter_bytes): the fp32
         # master under mixed precision, no 16-bit copy beside it
         kept = "master" if sb.master else "weights"
-        weights = f"parameter {fsdp_parameter_bytes(sb):g} B (FSDP's sharded {kept})"
+        states = (
+            f"parameter {fsdp_parameter_bytes(sb):g} B (FSDP's sharded {kept}), gradients {sb.gradients:g} B"
+        )
     else:
-        weights = f"weights {sb.weights:g} B, master {sb.master:g} B"
+        states = f"weights {sb.weights:g} B, gradients {sb.gradients:g} B, master {sb.master:g} B"
     note = (
-        f"model states per trainable parameter: {weights}, gradients {sb.gradients:g} B, "
-        f"optimizer moments {sb.moments:.4g} B ({job.training.optimizer.value})"
+        f"model states per trainable parameter: {states}, optimizer moments {sb.moments:.4g} B "
+        f"({job.training.optimizer.value})"
     )
     if layout.framework is Framework.MEGATRON and job.training.precision in (Precision.BF16, Precision.FP8):
         chosen = (
