@@ -106,6 +106,7 @@ def infeasible(rng: random.Random) -> Iterator[Req]:
         ("llama-3.1-70b", "mi250x-128gb", 1, "full"),
     ]
     for preset, gpu, gpus, method in cases:
+        seq = 2048 if preset == "gpt-3-175b" else 4096  # GPT-3's learned positions: 2,048 rows
         for extra in (
             {},
             {"constraints": {"frameworks": ["megatron"]}},
@@ -116,7 +117,7 @@ def infeasible(rng: random.Random) -> Iterator[Req]:
             body: dict[str, Any] = {
                 "model": {"preset": preset},
                 "cluster": _cluster(gpu, gpus),
-                "training": {"seq_len": 4096, "global_batch_size": 64, "method": method},
+                "training": {"seq_len": seq, "global_batch_size": 64, "method": method},
             }
             extra = copy.deepcopy(extra)
             body["training"].update(extra.pop("training_more", {}))
@@ -127,7 +128,7 @@ def infeasible(rng: random.Random) -> Iterator[Req]:
             "/v1/capacity",
             {
                 "model": {"preset": preset},
-                "training": {"seq_len": 4096, "global_batch_size": 64, "method": method},
+                "training": {"seq_len": seq, "global_batch_size": 64, "method": method},
             },
             "ok",
         )
