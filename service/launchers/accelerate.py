@@ -489,8 +489,9 @@ def _ulysses_duty(plan: Plan) -> str:
         "(from_pretrained, attn_implementation as the config's sp_attn_implementation), pass its "
         "DataLoader to accelerator.prepare (which shards each batch's sequence over the sp group), give "
         "batches position_ids and labels, and average the loss over the sp group weighted by each "
-        "shard's labelled tokens (torch.distributed.nn.functional.all_gather over "
-        "accelerator.torch_device_mesh['sp'].get_group())."
+        "shard's labelled tokens (torch.distributed.nn.functional.all_gather over DeepSpeed's group, "
+        "deepspeed.runtime.sequence_parallel.parallel_state_sp.get_sequence_parallel_group(): accelerate "
+        "1.15 builds no device mesh for DeepSpeed's sp, so accelerator.torch_device_mesh is None)."
     )
 
 

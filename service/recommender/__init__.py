@@ -60,6 +60,7 @@ from service.estimator.validate import (
     layout_violation,
     moe_a2a_overlap_violation,
     training_violation,
+    valid_micro_batch_sizes,
     validate_layout,
 )
 from service.frameworks import FRAMEWORKS, sequence_parallel_default
@@ -1253,10 +1254,11 @@ def _better_shaped(
       the largest whose number of nodes divides the global batch.
     * Every data-parallel rank already trains one sequence a step and the leader splits the model
       besides: the GPUs the batch cannot fill went to a split memory may not need (GPT-2 at batch 64 on
-      128 GPUs: dp 64 tp 2, slower than dp 64 on 64: consistency review, stop 41).
+      128 GPUs: dp 64 tp 2, slower than dp 64 on 64: consistency review, stop 41). The largest count
+      up to the batch's sequences is searched.
     * The leader's exposed data-parallel communication is half its step or more: on a slow network
       fewer replicas may step faster (gpt-oss-120b on 64 V100 nodes at 6.25 GB/s: slower than on 32).
-    The last two search half the GPUs (the largest count up to it). ``result``: the search of all of
+    The last searches half the GPUs (the largest count up to it). ``result``: the search of all of
     them, which counts the leader's step parts it reads."""
     gpn = cluster.gpus_per_node
     if gpus <= 1:
@@ -1275,8 +1277,11 @@ def _better_shaped(
         )
     lo = leader.layout
     half = [c for c in smaller if c <= gpus // 2]
-    if half and lo.dp >= training.global_batch_size and lo.model_parallel_size > 1:
-        found.add(max(half))
+    filled = [c for c in smaller if c <= training.global_batch_size]
+    if filled and lo.dp >= training.global_batch_size and lo.model_parallel_size > 1:
+        # the most GPUs data parallelism alone fills: as many as the batch has sequences (half the GPUs
+        # may still be padded with a split: GPT-2 at batch 16 on 64 GPUs, review of stop 41's first fix)
+        found.add(max(filled))
         why.append(
             f"the global batch ({training.global_batch_size}) gives each of the {lo.dp} data-parallel ranks "
             "one sequence, so the GPUs it cannot fill split the model instead"
@@ -1497,6 +1502,7 @@ def _candidates(
                         cluster.gpu.memory_bytes, constraints.min_headroom_fraction
                     ),
                 ),
+                max(valid_micro_batch_sizes(best_job.training, best_layout), default=None),
             ),
         )
     ]

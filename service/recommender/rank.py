@@ -13,6 +13,7 @@ from service.estimator.comm import expert_stride, group_strides, link_for_group
 from service.estimator.model_states import shard_degrees
 from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.types import ClusterSpec, Compile, Estimate, Framework, Layout, Offload, Recompute
+from service.estimator.validate import FRAMEWORK_CAPABILITIES
 from service.recommender.space import RECOMPUTE_COST_ORDER
 from service.recommender.types import Constraints, Objective
 
@@ -217,11 +218,13 @@ def rationale(
     fits_without_pp: bool,
     gpu_use: str,
     largest_micro_batch: int | None = None,
+    batch_cap: int | None = None,
 ) -> tuple[str, ...]:
     """Why this layout wins and what limits it, each line with its numbers; every claim about the
     layout is read from its fields and the cluster (tests/recommender/test_rationale.py checks them).
     ``largest_micro_batch``: the largest that fits within the plan's headroom (default: the
-    estimate's limit, against the whole card)."""
+    estimate's limit, against the whole card); ``batch_cap``: the largest micro-batch the global
+    batch allows the layout at all, which, when that one fits, is what bounds it, not memory."""
     assert estimate.time is not None
     t = estimate.time
     strides = group_strides(layout)
@@ -253,9 +256,12 @@ def rationale(
         lines.append("TP=1: the model fits without tensor parallelism")
     if layout.cp > 1:
         where = "across nodes" if _spans_nodes(cluster, layout.cp, strides.cp) else "inside the node"
-        lines.append(
-            f"CP={layout.cp} {where}: each rank holds 1/{layout.cp} of the sequence (ring attention)"
+        how = (
+            "Ulysses: all-to-alls regroup it by heads for attention"
+            if FRAMEWORK_CAPABILITIES[layout.framework].ulysses_context_parallel
+            else "ring attention"
         )
+        lines.append(f"CP={layout.cp} {where}: each rank holds 1/{layout.cp} of the sequence ({how})")
     if layout.ep > 1:
         where = (
             "across nodes" if _spans_nodes(cluster, layout.ep, expert_stride(layout)) else "inside the node"
@@ -282,10 +288,14 @@ def rationale(
     else:
         lines.append("PP=1: no pipeline bubble")
     lines.append(_sharding_words(layout, cluster))
+    largest = estimate.max_micro_batch_size if largest_micro_batch is None else largest_micro_batch
+    bound = (
+        f"the largest the global batch allows, {largest}, fits"
+        if largest is not None and largest == batch_cap
+        else f"largest that fits: {largest}"
+    )  # "largest that fits: 16" read as memory's limit where 16 sequences were each rank's whole batch
     lines.append(
-        f"micro-batch {layout.micro_batch_size} (largest that fits: "
-        f"{estimate.max_micro_batch_size if largest_micro_batch is None else largest_micro_batch}), "
-        f"recompute {recompute_words(layout)}"
+        f"micro-batch {layout.micro_batch_size} ({bound}), recompute {recompute_words(layout)}"
         + ("" if layout.recompute is Recompute.NONE else " to fit activations")
     )
     memory = estimate.memory

@@ -54,7 +54,8 @@ def check_claims(candidate: Candidate, c: ClusterSpec) -> None:
         else:
             assert int(used.group(2)) == lo.world_size < c.world_size and int(used.group(4)) == c.world_size
     # the largest micro-batch it names is one the plan's headroom allows: at least the chosen one
-    largest = re.search(r"largest that fits: (\d+)", text)
+    # ("the largest the global batch allows, N, fits": the batch, not memory, bounds it)
+    largest = re.search(r"(?:largest that fits: |the largest the global batch allows, )(\d+)", text)
     assert largest is not None and int(largest.group(1)) >= lo.micro_batch_size, text
     tp_line = next(line for line in lines if line.startswith("TP="))
     assert tp_line.startswith(f"TP={lo.tp}")

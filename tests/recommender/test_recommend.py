@@ -473,3 +473,22 @@ def test_a_recompute_no_launcher_runs_does_not_hide_a_heavier_one_that_does() ->
         micro_batch_size=best.layout.micro_batch_size,
     )  # fmt: skip
     assert not runnable_targets(dataclasses.replace(plan, layout=lighter), None)[0]
+
+
+def test_gpus_the_batch_cannot_fill_are_left_idle_however_many() -> None:
+    """GPT-2 LoRA at batch 16: 16 A100s train it data-parallel; on 64 the first fix searched half of
+    them (32, themselves padded with tp 2) and answered dp 16 tp 4, slower (new-code review, stop 41):
+    the count searched is the largest the batch's sequences fill."""
+    spec, a100 = model("gpt2").spec, gpu("a100-sxm-80gb")
+    training = TrainingSpec(seq_len=1024, global_batch_size=16, method=Method.LORA)
+
+    def best(nodes: int) -> tuple[int, float]:
+        intra = a100.intra_node_bandwidth_bytes_per_s
+        c = ClusterSpec(gpu=a100, num_nodes=nodes, gpus_per_node=8, intra_node_bandwidth_bytes_per_s=intra,
+                        inter_node_bandwidth_bytes_per_s=25e9)  # fmt: skip
+        rec = recommend(spec, c, training, Constraints(), default_tuning(), with_suggestions=False)
+        assert rec.recommended is not None and rec.recommended.estimate.time is not None
+        return rec.recommended.layout.world_size, rec.recommended.estimate.time.tokens_per_s
+
+    two, eight = best(2), best(8)
+    assert eight[0] == two[0] == 16 and eight[1] == pytest.approx(two[1])
