@@ -127,7 +127,18 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     ]
     searched = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
     budget = deadline.budget(constraints.max_evaluations)
-    rec = recommend(model, cluster, training, searched, default_tuning(), budget=budget)
+    if every and set(every) != set(constraints.launchers or every):
+        # Kubernetes asked: a layout its PyTorchJob wraps first; where none fits, any asked target's
+        # (Kubernetes then says why it cannot: asking for one more file never makes a feasible job
+        # infeasible: DeepSpeed's Ulysses runs through Accelerate alone, new-code review, stop 41)
+        rec = recommend(
+            model, cluster, training, searched, default_tuning(), budget=budget, with_suggestions=False
+        )
+        if rec.recommended is None:
+            searched = dataclasses.replace(searched, launchers=every)
+            rec = recommend(model, cluster, training, searched, default_tuning(), budget=budget)
+    else:
+        rec = recommend(model, cluster, training, searched, default_tuning(), budget=budget)
     if budget.cancelled_now():  # a plan that finished after its client left is not stored either
         raise ClientClosedRequest("the client closed the connection; the plan was not stored")
     if budget.reason == "busy":  # cut for want of CPU others took: not stored as this job's answer

@@ -612,3 +612,24 @@ def test_launchers_refusing_for_one_reason_are_named_together(client: TestClient
     detail = problem["detail"]
     assert "megatron: the megatron and accelerate launchers refuse it: GeGLU MLPs" in detail, detail
     assert "megatron: megatron:" not in detail and detail.count("GeGLU") == 1
+
+
+def test_asking_kubernetes_too_never_makes_a_feasible_job_infeasible(client: TestClient) -> None:
+    """A PyTorchJob wraps torchrun entry points, so with Kubernetes asked the search first wants a
+    layout one of those runs; DeepSpeed's Ulysses runs through Accelerate alone, and Llama 3.1 8B at
+    128K on 8 H100s with DeepSpeed was feasible with ["accelerate", "deepspeed"] and infeasible with
+    Kubernetes added (new-code review, stop 41). Now the same plan, Kubernetes saying why it cannot."""
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "cluster": H100_X8,
+        "training": {"seq_len": 131072, "global_batch_size": 8},
+        "constraints": {"frameworks": ["deepspeed"]},
+        "launchers": ["accelerate", "deepspeed"],
+    }
+    plain = client.post("/v1/plans", json=body).json()
+    more = client.post(
+        "/v1/plans", json=body | {"launchers": ["accelerate", "deepspeed", "kubernetes"]}
+    ).json()
+    assert plain["status"] == more["status"] == "feasible"
+    assert more["recommended"]["layout"] == plain["recommended"]["layout"]
+    assert "kubernetes" in more["unsupported_targets"]
