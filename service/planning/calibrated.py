@@ -12,6 +12,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator.calibration import Calibration, applied_calibration
 from service.estimator.estimate import estimate as estimate_layout
 from service.estimator.types import ClusterSpec, Layout, ModelSpec, TrainingSpec
+from service.estimator.validate import valid_micro_batch_sizes
 from service.recommender import rank
 from service.recommender.space import sub_cluster
 from service.recommender.types import Candidate, Constraints, Recommendation
@@ -60,15 +61,19 @@ def calibrated_candidates(
         out.append((dataclasses.replace(candidate, estimate=estimate, score=score), calibration))
     if all(calibration.is_identity for _, calibration in out):
         return out  # the search's rationale already reads these numbers
-    return calibrated_rationale(rec.recommended, out, cluster)
+    return calibrated_rationale(rec.recommended, out, cluster, training)
 
 
 def calibrated_rationale(
-    searched: Candidate, chosen: list[tuple[Candidate, Calibration]], cluster: ClusterSpec
+    searched: Candidate,
+    chosen: list[tuple[Candidate, Calibration]],
+    cluster: ClusterSpec,
+    training: TrainingSpec,
 ) -> list[tuple[Candidate, Calibration]]:
     """``chosen`` (recommended first) with every rationale written again from its estimate, as the
     recommender writes it (rank.rationale, rank.alternative_rationale); ``searched``: the search's
-    recommended candidate, for what only the search knew."""
+    recommended candidate, for what only the search knew; ``training``: what bounds the micro-batch
+    besides memory (the global batch)."""
     (best, best_calibration), *alternatives = chosen
     runner_up = (alternatives[0][0].layout, alternatives[0][0].estimate) if alternatives else None
     lines = rank.rationale(
@@ -78,6 +83,7 @@ def calibrated_rationale(
         runner_up,
         any(FITS_WITHOUT_PP in line for line in searched.rationale),
         searched.rationale[GPU_USE_LINE],
+        batch_cap=max(valid_micro_batch_sizes(training, best.layout), default=None),
     )
     out = [(dataclasses.replace(best, rationale=lines), best_calibration)]
     for candidate, calibration in alternatives:

@@ -46,7 +46,7 @@ def test_written_again_from_the_searchs_estimates_the_rationale_is_the_searchs(
     rec = recommend(spec, c, training, constraints, default_tuning())
     assert rec.recommended is not None
     chosen = [(candidate, Calibration()) for candidate in (rec.recommended, *rec.alternatives)]
-    again = calibrated_rationale(rec.recommended, chosen, c)
+    again = calibrated_rationale(rec.recommended, chosen, c, training)
     assert [candidate.rationale for candidate, _ in again] == [candidate.rationale for candidate, _ in chosen]
     # without runs, the plan keeps the search's candidates' words and scores
     uncalibrated = calibrated_candidates(rec, spec, c, training, constraints, lambda _: Calibration())
