@@ -171,14 +171,18 @@ def _moe_mlp(
     tokens: float,
     modules: frozenset[RecomputeModule] = frozenset(),
 ) -> Split:
-    # Balanced routing: each rank's experts see top_k x tokens (EP moves tokens, not their number).
+    # Balanced routing: each rank's experts see top_k x tokens (EP moves tokens, not their number);
+    # padded to a capacity (Megatron --moe-pad-expert-input-to-capacity, DeepSpeed MoE's dispatch:
+    # ``Layout.capacity_factor``) every expert holds exactly capacity = factor x its mean load, so the
+    # rank's routed rows are the factor's multiple (they were the mean's whatever the factor: a
+    # factor of 4 "fitted" with 56 GiB of padded rows uncounted, MoE review, stop 41).
     # Kept: the router's input and fp32 probabilities (T x E), routing indices, dispatched and
     # combined tokens (2 x top_k x T x h), each expert's MLP on its tokens, shared experts on all.
     # Megatron's selective modules: moe keeps the block's input only, moe_act drops the experts'
     # activation output (f of each routed token), shared_experts the shared MLP's.
     assert model.moe is not None
     moe, d, h = model.moe, element_bytes(training.precision), model.hidden_size
-    routed = moe.top_k * tokens
+    routed = moe.top_k * tokens * (layout.capacity_factor or 1.0)
     block_input = mlp(model, layout, training, 0, tokens).replicated
     if RecomputeModule.MOE in modules:
         return Split(block_input, 0.0)
@@ -521,9 +525,11 @@ def layer_bytes(
 
 
 LAYER_FIELDS = ("framework", "torch_compile", "tp", "sequence_parallel", "cp", "micro_batch_size")
+# ... and what an MoE layer's routed rows read: their padded capacity (Layout.capacity_factor)
+MOE_FIELDS = ("ep", "moe_capacity_factor")
 
 
-@layout_memo(*LAYER_FIELDS, "recompute_modules")
+@layout_memo(*LAYER_FIELDS, *MOE_FIELDS, "recompute_modules")
 def kind_layer_bytes(job: Job, layout: Layout, recompute: Recompute) -> dict[LayerKind, float]:
     """``layer_bytes`` of each layer kind of the job under ``recompute``."""
     model, training = job.model, job.training
@@ -558,7 +564,7 @@ class LayerActivations:
     loss_workspace: float  # loss_workspace_bytes (counted with the buffers)
 
 
-@layout_memo(*LAYER_FIELDS, "recompute", "recompute_num_layers", "recompute_every_n_layers",
+@layout_memo(*LAYER_FIELDS, *MOE_FIELDS, "recompute", "recompute_num_layers", "recompute_every_n_layers",
              "recompute_modules", "chunked_loss")  # fmt: skip
 def layer_activations(job: Job, layout: Layout) -> LayerActivations:
     per_kind = kind_layer_bytes(job, layout, layout.recompute)

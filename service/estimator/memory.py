@@ -551,6 +551,7 @@ ACTIVATION_FIELDS = (
     "chunked_loss",
     "torch_compile",
     "moe_a2a_overlap",
+    "moe_capacity_factor",  # the routed experts' padded capacity (activations._moe_mlp)
 )
 
 
@@ -619,8 +620,8 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     return tuple(out)
 
 
-@layout_memo(*activations.LAYER_FIELDS, *PIPELINE_FIELDS, "recompute", "recompute_num_layers",
-             "recompute_every_n_layers", "recompute_modules", "chunked_loss",
+@layout_memo(*activations.LAYER_FIELDS, *activations.MOE_FIELDS, *PIPELINE_FIELDS, "recompute",
+             "recompute_num_layers", "recompute_every_n_layers", "recompute_modules", "chunked_loss",
              "activation_offload")  # fmt: skip
 def offloaded_activation_bytes(job: Job, layout: Layout) -> float:
     """Activation bytes one micro-batch sends to the host (and back) under activation offload, on the

@@ -712,3 +712,30 @@ def test_per_stage_memory_names_each_evaluated_rank_and_the_heaviest_is_per_gpu(
     single = estimate(spec, nodes, Layout(dp=384, zero_stage=3), training, tuning=default_tuning())
     assert [s.rank for s in single.memory.per_stage] == [0]
     assert single.memory.per_stage[0].memory == single.memory.per_gpu
+
+
+def test_a_capacity_factor_pads_every_expert_and_its_rows_are_held() -> None:
+    """Megatron with --moe-pad-expert-input-to-capacity: every expert computes exactly its capacity
+    (the factor x its mean load), so the rank's routed rows, and the activations they keep, are the
+    factor's multiple; memory was the mean's whatever the factor (MoE review, stop 41: a factor of 4
+    "fitted" an H100 at 76.5 GiB with about 56 GiB of padded rows uncounted)."""
+    from service.catalog.gpus import gpu
+    from service.catalog.models import model as preset
+    from service.estimator.estimate import estimate
+    from service.estimator.types import Framework, Layout, Recompute, TrainingSpec
+    from validation.cases import gpu_cluster
+
+    qwen = preset("qwen3-30b-a3b").spec
+    cluster = gpu_cluster(gpu("h100-sxm-80gb"), 16, 50e9)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+
+    def held(factor: float | None) -> float:
+        layout = Layout(framework=Framework.MEGATRON, dp=16, ep=8, zero_stage=1,
+                        recompute=Recompute.SELECTIVE, moe_capacity_factor=factor)  # fmt: skip
+        return estimate(qwen, cluster, layout, training, tuning=default_tuning()).memory.per_gpu.activations
+
+    dropless, one, four = held(None), held(1.0), held(4.0)
+    assert one == pytest.approx(dropless)  # padded to the mean: the balanced rows
+    # each extra factor of the mean adds the same routed rows again
+    assert four - one == pytest.approx(3 * (held(2.0) - one), rel=1e-9)
+    assert (four - one) / 2**30 > 40
