@@ -505,6 +505,11 @@ def _model_args(plan: Plan) -> list[str]:
         if moe.num_shared_experts:
             shared = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
             args += ["--moe-shared-expert-intermediate-size", str(shared)]
+            if moe.shared_expert_gate:
+                # Qwen2-MoE's sigmoid gate (h -> 1) on the shared expert, estimated with it:
+                # SharedExpertMLP's gate_weight (TransformerConfig.moe_shared_expert_gate); without it
+                # Megatron trains another model (MoE review, stop 41)
+                args.append("--moe-shared-expert-gate")
         args += ["--moe-layer-freq", moe_layer_pattern(model)]
         capacity = plan.layout.moe_capacity_factor
         if capacity is not None:  # token drop, padded to capacity as estimated

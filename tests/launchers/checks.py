@@ -74,6 +74,7 @@ MEGATRON_SWITCHES = {
     "--sequence-parallel", "--tp-comm-overlap", "--use-distributed-optimizer",
     "--overlap-grad-reduce", "--overlap-param-gather", "--optimizer-cpu-offload",
     "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--overlap-moe-expert-parallel-comm",
+    "--moe-shared-expert-gate",
     "--bf16", "--fp16", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--mock-data",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",

@@ -837,3 +837,21 @@ def test_the_deepspeed_launch_says_its_batch_counts_autotp_peers() -> None:
     (launch,) = [a.content for a in deepspeed.render(plan(framework=Framework.DEEPSPEED, zero_stage=1, tp=2))
                  if a.name == deepspeed.LAUNCH_NAME]  # fmt: skip
     assert "train_batch_size counts AutoTP's 2 tensor-parallel peers" in launch
+
+
+def test_megatron_gates_the_shared_expert_where_the_model_does() -> None:
+    """Qwen2-MoE's shared expert is scaled by a sigmoid gate (estimated with it): Megatron has it as
+    --moe-shared-expert-gate (TransformerConfig.moe_shared_expert_gate); it was left out, so the run
+    trained another model than the one named (MoE review, stop 41)."""
+    gated = replace(
+        DEEPSEEK_LIKE,
+        moe=replace(DEEPSEEK_LIKE.moe, shared_expert_gate=True),
+        mla=None,
+        family="qwen2_moe",
+    )
+    assert "--moe-shared-expert-gate" in megatron.megatron_args(
+        plan(model=gated, framework=Framework.MEGATRON, zero_stage=1, ep=4)
+    )
+    assert "--moe-shared-expert-gate" not in megatron.megatron_args(
+        plan(model=DEEPSEEK_LIKE, framework=Framework.MEGATRON, zero_stage=1, ep=4)
+    )
