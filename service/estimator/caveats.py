@@ -83,11 +83,18 @@ def context_warnings(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...
         scaled = int(scaling.factor * original)
         if seq <= max(limit, scaled):
             return ()
+        # the config's own context where it is the longer (Llama 3.1: 131,072 with its llama3 scaling
+        # factor 8 of 8,192), else what the scaling stretches its original context to
+        kind = f"{scaling.kind.value}, factor {scaling.factor:g}"
+        reach = (
+            f"its rope_scaling ({kind} of {original:,}) reaches {scaled:,}"
+            if scaled > limit
+            else f"its config's context with its rope_scaling ({kind})"
+        )
         return (
-            f"seq_len {seq:,} > {max(limit, scaled):,} positions: {model.name} was trained to {limit:,} "
-            f"and its rope_scaling ({scaling.kind.value}, factor {scaling.factor:g} of {original:,}) reaches "
-            f"{scaled:,}; past that it needs continued pretraining; the estimate counts {seq:,}-token "
-            "sequences as asked",
+            f"seq_len {seq:,} > {max(limit, scaled):,} positions: {model.name} was trained to "
+            f"{max(limit, scaled):,} ({reach}); past that it needs continued pretraining; the estimate "
+            f"counts {seq:,}-token sequences as asked",
         )
     if seq <= limit or model.position_embedding is PositionEmbedding.LEARNED:
         return ()  # past a learned table's rows the request is refused (validate.position_table_violation)

@@ -191,3 +191,13 @@ def test_tensor_parallelism_across_nodes_is_estimated_with_a_warning() -> None:
     training = TrainingSpec(seq_len=4096, global_batch_size=64)
     result = estimate(preset("llama-3-70b").spec, cluster, layout, training, tuning=default_tuning())
     assert any("tp (8) > GPUs per node (4)" in w for w in result.warnings), result.warnings
+
+
+def test_a_config_context_longer_than_its_scaling_reach_is_named_as_such() -> None:
+    """Llama 3.1: max_position_embeddings 131,072 with llama3 scaling, factor 8 of 8,192 (65,536): the
+    warning said it "reaches 65,536" beside the 131,072 it applied (long-context review, stop 41)."""
+    (warning,) = context_warnings(
+        preset("llama-3.1-8b").spec, TrainingSpec(seq_len=262144, global_batch_size=1)
+    )
+    assert "trained to 131,072 (its config's context with its rope_scaling (llama3, factor 8))" in warning
+    assert "65,536" not in warning
