@@ -35,8 +35,11 @@ from service.runlogs.formats import LOOKED_FOR, READERS
 
 LogFormat = Literal["auto", "megatron", "torchtitan", "deepspeed", "hf_trainer", "accelerate"]
 LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
-# auto: the format whose lines give the most kinds of figure, the more specific first on a tie
-# (accelerate prints HF-style tqdm bars too)
+# auto: a format whose lines time the steps before one that reads memory alone, then the most kinds
+# of figure, the more specific first on a tie (accelerate prints HF-style tqdm bars too). An HF
+# Trainer run under DeepSpeed prints DeepSpeed's see_memory_usage lines as its engine starts, before
+# any step: as many kinds of figure as the Trainer's own, and none of them the training peak (runs
+# review, stop 41: its step time was dropped and a start-up reading stored as the peak)
 AUTO_ORDER = ("megatron", "torchtitan", "deepspeed", "hf_trainer", "accelerate")
 
 
@@ -102,11 +105,13 @@ def parse_log(text: str, log_format: str = "auto") -> ParsedLog:
     lines = split_lines(text)
     oom = out_of_memory(lines)
     candidates = AUTO_ORDER if log_format == "auto" else (log_format,)
-    chosen, readings, best = None, Readings(), 0
+    chosen, readings, best = None, Readings(), (False, 0)
+    read: dict[str, Readings] = {}
     for name in candidates:
-        found = READERS[name](lines)
-        if found.kinds() > best:  # the most kinds of figure; a tie goes to the more specific format
-            chosen, readings, best = name, found, found.kinds()
+        found = read[name] = READERS[name](lines)
+        score = (found.timed(), found.kinds())
+        if found.kinds() and score > best:  # a tie goes to the more specific format
+            chosen, readings, best = name, found, score
     if chosen is None and oom is None:
         looked = "; ".join(LOOKED_FOR[name] for name in candidates)
         cut = sum(len(READERS[name](lines).cut_lines) for name in candidates)
@@ -118,9 +123,24 @@ def parse_log(text: str, log_format: str = "auto") -> ParsedLog:
     total_lines = text.count("\n") + (0 if text.endswith("\n") else 1)
     parsed = ParsedLog(format=chosen or "unknown", lines=total_lines, out_of_memory=oom)
     summarise(parsed, readings)
+    if chosen is not None and not readings.memory:
+        _untimed_memory_note(parsed, read)
     if oom is not None:
         parsed.excerpts.append(excerpt(oom.line))
     return parsed
+
+
+def _untimed_memory_note(parsed: ParsedLog, read: dict[str, Readings]) -> None:
+    """Says which memory lines of another format were left unread beside the chosen format's steps."""
+    for name, found in read.items():
+        lines = sorted({r.line.number for series in found.memory.values() for r in series})
+        if name != parsed.format and lines and not found.timed():
+            where = ", ".join(str(n) for n in lines[:5]) + (", ..." if len(lines) > 5 else "")
+            parsed.notes.append(
+                f"{name}'s memory lines (lines {where}) are not read as the peak: the log is read as "
+                f"{parsed.format}'s, which times the steps, and memory printed beside no step (DeepSpeed's "
+                "see_memory_usage as its engine starts) need not be the training peak"
+            )
 
 
 def _at_the_final_batch(readings: Readings) -> None:

@@ -137,10 +137,19 @@ class Readings:
     def add_memory(self, statistic: MemoryStatistic, reading: Reading) -> None:
         self.memory.setdefault(statistic, []).append(reading)
 
+    def timed(self) -> bool:
+        """Whether a step time or a throughput was read (the summary's included)."""
+        series = (self.step_s, self.tokens_per_s_per_gpu, self.samples_per_s)
+        return any(series) or any(key in self.summary for key in TIMED_SUMMARY_KEYS)
+
     def kinds(self) -> int:
         """How many kinds of figure were read (0: none of this format's lines)."""
         series = (self.step_s, self.tokens_per_s_per_gpu, self.samples_per_s, self.tflops_per_gpu, self.mfu)
         return sum(1 for s in series if s) + sum(1 for m in self.memory.values() if m) + len(self.summary)
+
+
+# summary entries that give a step time or a throughput (HF Trainer's speed_metrics)
+TIMED_SUMMARY_KEYS = ("train_steps_per_second", "train_samples_per_second")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,13 @@ Sources (the format strings these patterns follow):
   ``--log-device-memory-used``, ``| total device memory used: ..``; MB are MiB).
 - torchtitan: torchtitan/components/metrics.py ``MetricsProcessor.log`` (``step: N  loss: ..
   grad_norm: ..  memory: X GiB(P%)  tps: T  tflops: F  mfu: M%``; memory is the interval's
-  max reserved; tps is tokens per second per GPU) with ANSI colours unless disabled.
+  max reserved; tps is tokens per second per GPU, printed as wps before the tflops field came) with
+  ANSI colours unless disabled.
 - DeepSpeed: deepspeed/utils/timer.py ``ThroughputTimer.stop`` (``epoch=E/micro_step=M/
   global_step=G, RunningAvgSamplesPerSec=.., CurrSamplesPerSec=.., MemAllocated=..GB,
-  MaxMemAllocated=..GB``; samples of the global batch, GB are GiB) and deepspeed/runtime/utils.py
+  MaxMemAllocated=..GB``; samples of the global batch, GB are GiB), deepspeed/runtime/pipe/engine.py
+  ``PipelineEngine.train_batch`` (``steps: G loss: .. iter time (s): T samples/sec: S``) and
+  deepspeed/runtime/utils.py
   ``see_memory_usage`` (``MA .. GB  Max_MA .. GB  CA .. GB  Max_CA .. GB``; CA is the allocator's
   reserved memory, Max_CA rounded to a whole GiB).
 - HF Trainer: transformers trainer.py ``self.log`` (the printed dicts, ``{'loss': .., ...}`` and at
@@ -104,6 +107,9 @@ def megatron(lines: Sequence[Line]) -> Readings:
 _TT_STEP = re.compile(r"(?<!validate )\bstep:\s*(\d+)\s+loss:")
 _TT_MEMORY = re.compile(rf"memory:\s*({NUMBER})\s*GiB\(\s*({NUMBER})%\)")
 _TT_TPS = re.compile(r"tps:\s*([\d,]+)(?=\s{2}|\s*tflops)")
+# torchtitan before its tflops field printed the same tokens/s per GPU as "wps" (train.py:
+# ntokens_since_last_log / (time_delta * model_parallel_size)), then "mfu"
+_TT_WPS = re.compile(r"wps:\s*([\d,]+)(?=\s{2}|\s*mfu)")
 # one way to read each digit (a run of digits and commas, then a fraction), so a failed lookahead
 # backtracks through the run once: "[\d,]*\.?\d+" could split a run of n digits n ways, each tried
 # again at every digit, 0.4 s of CPU for one 4 KB line (bounded-work review, stop 41)
@@ -121,7 +127,7 @@ def torchtitan(lines: Sequence[Line]) -> Readings:
         memory = _TT_MEMORY.search(line.text)
         if memory and (gib := to_float(memory.group(1))) is not None:
             found.add_memory("max_reserved", Reading(gib * GIB, line, step))
-        tps = _TT_TPS.search(line.text)
+        tps = _TT_TPS.search(line.text) or _TT_WPS.search(line.text)
         if tps and (value := to_float(tps.group(1))) is not None:
             found.tokens_per_s_per_gpu.append(Reading(value, line, step))
         else:
@@ -150,10 +156,34 @@ _DS_SEE_MEMORY = {
 }
 
 
+# deepspeed/runtime/pipe/engine.py ``PipelineEngine.train_batch`` on rank 0 every steps_per_print
+# steps: "steps: G loss: L iter time (s): T samples/sec: S" (newer: "step: G / N loss: ..." and an
+# eta after); T the interval's mean step, S = train_batch_size / T, both with :0.3f (three decimals:
+# fewer means the line was cut there)
+_DS_PIPE = re.compile(
+    r"\bsteps?:\s*(\d+)(?:\s*/\s*\d+)?\s+loss:\s*\S+\s+iter time \(s\):\s*(\S*)(?:\s+samples/sec:\s*(\S*))?"
+)
+_THREE_DECIMALS = re.compile(r"\d+\.\d{3}")
+
+
+def _deepspeed_pipe(match: re.Match[str], line: Line, found: Readings) -> None:
+    step = int(match.group(1))
+    iter_s, samples = match.group(2), (match.group(3) or "").rstrip(",")
+    if not _THREE_DECIMALS.fullmatch(iter_s) or float(iter_s) <= 0:
+        found.cut_lines.append(line)
+        return
+    found.step_s.append(Reading(float(iter_s), line, step))
+    if _THREE_DECIMALS.fullmatch(samples) and float(samples) > 0:
+        found.samples_per_s.append(Reading(float(samples), line, step))
+
+
 def deepspeed(lines: Sequence[Line]) -> Readings:
     found = Readings()
     for line in lines:
         text = line.text
+        if "iter time (s):" in text and (pipe := _DS_PIPE.search(text)) is not None:
+            _deepspeed_pipe(pipe, line, found)
+            continue
         timer = _DS_THROUGHPUT.search(text)
         if timer:
             step = int(timer.group(1))
@@ -326,10 +356,14 @@ LOOKED_FOR: dict[str, str] = {
         "Megatron-LM's 'iteration N/ M | ... elapsed time per iteration (ms): X |' lines and its "
         "'[Rank R] (after N iterations) memory (MB) | allocated: ... | max reserved: ...' report"
     ),
-    "torchtitan": "torchtitan's 'step: N  loss: ...  memory: X GiB(P%)  tps: T  tflops: F  mfu: M%' lines",
+    "torchtitan": (
+        "torchtitan's 'step: N  loss: ...  memory: X GiB(P%)  tps: T  tflops: F  mfu: M%' lines (earlier "
+        "releases: 'wps: T  mfu: M%')"
+    ),
     "deepspeed": (
         "DeepSpeed's 'epoch=E/micro_step=M/global_step=G, RunningAvgSamplesPerSec=..., "
-        "CurrSamplesPerSec=..., MemAllocated=...GB, MaxMemAllocated=...GB' and 'MA ... GB Max_MA ... GB "
+        "CurrSamplesPerSec=..., MemAllocated=...GB, MaxMemAllocated=...GB', its pipeline engine's "
+        "'steps: G loss: ... iter time (s): T samples/sec: S' and 'MA ... GB Max_MA ... GB "
         "CA ... GB Max_CA ... GB' lines"
     ),
     "hf_trainer": (

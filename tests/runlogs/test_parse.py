@@ -60,6 +60,59 @@ def test_deepspeed_throughput_timer_and_see_memory_usage() -> None:
     assert parsed.cut_lines == 1
 
 
+def test_deepspeed_pipeline_engine_lines() -> None:
+    # PipelineEngine.train_batch: the interval's mean step and train_batch_size / it, both :0.3f
+    # (older "steps: G", newer "step: G / N ... eta"); a value cut short of its three decimals is cut
+    log = "".join(
+        f"[2025-03-01 10:00:{step:02d},000] [INFO] [engine.py:2000:train_batch] "
+        f"steps: {step} loss: 2.1345 iter time (s): {19.7 + step / 1000:.3f} samples/sec: 12.972\n"
+        for step in (10, 20, 30, 40)
+    )
+    log += "step:    50 /   100 loss: 2.0000 iter time (s): 19.800 samples/sec: 12.929 eta: 0:16:30\n"
+    log += "steps: 60 loss: 2.0000 iter time (s): 19.8\n"
+    parsed = parse_log(log)
+    assert parsed.format == "deepspeed"
+    assert parsed.step_s is not None and parsed.step_s.value == pytest.approx(19.735)  # 20..50, not 10
+    assert parsed.step_s.lines == (2, 3, 4, 5)
+    assert parsed.samples_per_s is not None and parsed.samples_per_s.value == pytest.approx(12.972)
+    assert parsed.cut_lines == 1 and parsed.warmup_readings_skipped == 1
+
+
+def test_hf_trainer_under_deepspeed_is_read_as_the_trainers() -> None:
+    # Trainer(deepspeed=...) prints DeepSpeed's see_memory_usage as the engine starts, then the
+    # Trainer's bar and metrics: the step time is the Trainer's, the start-up memory is not the peak
+    start = "".join(
+        f"[2025-02-20 16:40:1{i},306] [INFO] [utils.py:782:see_memory_usage] MA {ma} GB         "
+        f"Max_MA {ma + 0.5} GB         CA {ma + 1} GB         Max_CA {round(ma + 1)} GB\n"
+        for i, ma in enumerate((2.1, 5.3, 8.6))
+    )
+    bars = "".join(f"{step}/100 [00:59<01:00, 14.{step % 10}s/it]\n" for step in range(1, 60))
+    log = (
+        start
+        + "  Total optimization steps = 100\n"
+        + bars
+        + "{'train_runtime': 1500.1, 'train_samples_per_second': 17.06, 'train_steps_per_second': 0.067}\n"
+    )
+    parsed = parse_log(log)
+    assert parsed.format == "hf_trainer"
+    assert parsed.step_s is not None and 14.0 <= parsed.step_s.value <= 14.9
+    assert parsed.peak_memory is None
+    assert any("deepspeed's memory lines (lines 1, 2, 3)" in note for note in parsed.notes)
+
+
+def test_torchtitan_before_tflops_printed_wps() -> None:
+    # torchtitan's train.py before the tflops field: "wps" (tokens/s per GPU, as tps later), then mfu
+    log = "".join(
+        f"[rank0]:2024-06-01 10:00:{step:02d},000 - root - INFO - \x1b[36mstep: {step:2}  \x1b[32mloss: "
+        f" 8.5000  \x1b[33mmemory: 61.23GiB(77.40%)  \x1b[34mwps: 6,605  \x1b[35mmfu: 38.50%\x1b[39m\n"
+        for step in range(1, 31)
+    )
+    parsed = parse_log(log)
+    assert parsed.format == "torchtitan" and parsed.cut_lines == 0
+    assert parsed.tokens_per_s_per_gpu is not None and parsed.tokens_per_s_per_gpu.value == 6605
+    assert parsed.mfu is not None and parsed.mfu.value == pytest.approx(0.385)
+
+
 def test_hf_trainer_progress_bar_and_train_metrics() -> None:
     parsed = parse_log(read("hf_trainer"))
     assert parsed.format == "hf_trainer"
