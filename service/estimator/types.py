@@ -199,9 +199,13 @@ class RopeScaling:
                     "original_max_position_embeddings",
                     field="rope_scaling",
                 )
-            if not high > low:  # transformers' _validate_llama3_parameters
+            # transformers' _validate_llama3_parameters warns unless high > low, and the model runs
+            # with them equal (no band between the kept and the divided wavelengths): Llama 4 Scout's
+            # config.json has low_freq_factor = high_freq_factor = 1 (it was refused: config review,
+            # stop 41). High below low inverts the bands: no published config has it.
+            if high < low:
                 raise InvalidModel(
-                    f"rope_scaling.high_freq_factor ({high}) must exceed low_freq_factor ({low})",
+                    f"rope_scaling.high_freq_factor ({high}) must be at least low_freq_factor ({low})",
                     field="rope_scaling.high_freq_factor",
                 )
 

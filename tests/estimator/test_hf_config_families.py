@@ -257,6 +257,13 @@ def test_llama4_by_hand() -> None:
     assert build({**LLAMA4, "use_qk_norm": False}).qk_norm is QKNorm.NONE
     assert build({**LLAMA4, "moe_layers": [0]}).moe_layers == (0,)
     assert build({"model_type": "llama4", "text_config": LLAMA4}) == spec
+    # Llama 4 Scout's config.json: llama3 scaling with both frequency factors 1 (transformers
+    # warns, the model runs); it was refused
+    scout = {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+             "original_max_position_embeddings": 8192, "rope_type": "llama3"}  # fmt: skip
+    scaled = build({"model_type": "llama4", "text_config": {**LLAMA4, "rope_scaling": scout}})
+    assert scaled.rope_scaling is not None and scaled.rope_scaling.high_freq_factor == 1.0
+    assert parameter_counts(scaled).total == 148_928
 
 
 def test_llama4_refusals() -> None:

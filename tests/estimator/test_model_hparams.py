@@ -271,14 +271,22 @@ def test_model_spec_validates_them() -> None:
             dataclasses.replace(base, **fields)
     with pytest.raises(InvalidModel, match=r"rope_scaling\.factor must be > 0, got 0"):
         RopeScaling(kind=RopeScalingKind.LINEAR, factor=0)
-    with pytest.raises(InvalidModel, match=r"high_freq_factor \(1.0\) must exceed low_freq_factor \(1.0\)"):
+    with pytest.raises(InvalidModel, match=r"high_freq_factor \(1.0\) must be at least low_freq_factor"):
         RopeScaling(
             kind=RopeScalingKind.LLAMA3,
             factor=8,
-            low_freq_factor=1.0,
+            low_freq_factor=2.0,
             high_freq_factor=1.0,
             original_max_position_embeddings=8192,
         )
+    # Llama 4 Scout's config.json: the two factors equal (transformers warns, the model runs)
+    RopeScaling(
+        kind=RopeScalingKind.LLAMA3,
+        factor=16,
+        low_freq_factor=1.0,
+        high_freq_factor=1.0,
+        original_max_position_embeddings=8192,
+    )
     with pytest.raises(InvalidModel, match="go together"):
         MoERouter(num_groups=4)
     with pytest.raises(InvalidModel, match=r"group_top_k \(5\) exceeds num_groups \(4\)"):
