@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from service.estimator import flops
 from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
-from service.estimator.params import FUSED_QKV_FAMILIES, loss_logits_per_token
+from service.estimator.params import FUSED_QKV_FAMILIES, lora_adapter_shapes, loss_logits_per_token
 from service.estimator.types import (
     Attention,
     AttentionKind,
@@ -395,11 +395,13 @@ def _hf_moe_router(model: ModelSpec, training: TrainingSpec, tokens: float) -> S
 
 def _lora_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
     # Each adapter keeps lora_A's r-wide output for lora_B's weight gradient; its input is the base
-    # Linear's input, already counted (lora_dropout 0, peft's default).
+    # Linear's input, already counted (lora_dropout 0, peft's default). One adapter per module
+    # (params.lora_adapter_shapes: Phi-3's fused qkv_proj one, DeepSeek-V3's q_a/q_b and kv_a/kv_b two).
     if training.method is Method.FULL:
         return 0.0
     d, t = element_bytes(training.precision), local_tokens(layout, training)
-    return d * t * training.lora_rank * len(training.lora_targets)
+    adapters = len(lora_adapter_shapes(model, training.lora_targets, model.ffn_hidden_size))
+    return d * t * training.lora_rank * adapters
 
 
 def hf_layer_bytes(

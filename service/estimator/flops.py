@@ -53,6 +53,7 @@ from service.estimator.params import (
     head_matrices,
     head_tokens_fraction,
     layer_kind,
+    lora_adapter_shapes,
     mtp_projection_parameters,
 )
 from service.estimator.types import (
@@ -277,23 +278,16 @@ def head_flops(model: ModelSpec, seq_len: int) -> float:
 # ---------------------------------------------------------------- LoRA adapters
 
 
-def _lora_module_shapes(model: ModelSpec, ffn: int) -> dict[str, tuple[int, int]]:
-    # (in, out) of each adaptable module; a plain GELU MLP has no gate_proj
-    h, q, kv = model.hidden_size, model.q_size, model.kv_size
-    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
-    shapes |= {"up_proj": (h, ffn), "down_proj": (ffn, h)}
-    if model.mlp.gated:
-        shapes["gate_proj"] = (h, ffn)
-    return shapes
+_MLP_TARGETS = frozenset({"gate_proj", "up_proj", "down_proj"})
 
 
 def _lora_flops_for(model: ModelSpec, targets: tuple[str, ...], rank: int, ffn: int, mlp_copies: int) -> int:
-    # adapter x -> A (in x r) -> B (r x out): 2 r (in + out) per token; MLP targets once per active expert
+    # adapter x -> A (in x r) -> B (r x out): 2 r (in + out) per token, one per module
+    # (params.lora_adapter_shapes: a fused module's one, MLA's own); MLP adapters once per active expert
     total = 0
-    for name, (fan_in, fan_out) in _lora_module_shapes(model, ffn).items():
-        if name in targets:
-            copies = mlp_copies if name.endswith(("up_proj", "down_proj", "gate_proj")) else 1
-            total += copies * 2 * rank * (fan_in + fan_out)
+    for held, fan_in, fan_out in lora_adapter_shapes(model, targets, ffn):
+        copies = mlp_copies if _MLP_TARGETS.issuperset(held) else 1
+        total += copies * 2 * rank * (fan_in + fan_out)
     return total
 
 

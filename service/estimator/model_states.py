@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from service.estimator.params import (
     MTP_NORMS,
     LayerKind,
-    lora_modules,
+    lora_adapter_shapes,
     mtp_projection_parameters,
     parameter_counts,
 )
@@ -425,18 +425,9 @@ def rank_parameters(
 def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout, rp: RankParameters) -> float:
     """Trainable LoRA parameters on one GPU of a rank: r x (d_in + d_out) per targeted Linear of each
     of its layers (``rp.layers``, ``rp.moe_layers`` of them MoE), split over tp."""
-    h, q, kv, f = model.hidden_size, model.q_size, model.kv_size, model.ffn_hidden_size
-    # (in, out) of each target's matrix; a fused module (params.lora_modules) is one adapter of its
-    # targets' shared input and summed outputs: Phi-3's qkv_proj r x (h + q + 2 kv)
-    inputs = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": q, "up_proj": h, "down_proj": f}
-    outputs = {"q_proj": q, "k_proj": kv, "v_proj": kv, "o_proj": h, "up_proj": f, "down_proj": h}
-    if model.mlp.gated:
-        inputs["gate_proj"], outputs["gate_proj"] = h, f
-    per_layer: float = 0.0
-    for held, _ in lora_modules(model, training.lora_targets):
-        present = [name for name in held if name in inputs]
-        if present:
-            per_layer += inputs[present[0]] + sum(outputs[name] for name in present)
+    # (in, out) of each adapter (params.lora_adapter_shapes: a fused module's one, MLA's own modules)
+    shapes = lora_adapter_shapes(model, training.lora_targets, model.ffn_hidden_size)
+    per_layer: float = sum(fan_in + fan_out for _, fan_in, fan_out in shapes)
     per_layer *= training.lora_rank
     total = rp.layers * per_layer
     if model.moe is not None:

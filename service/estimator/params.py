@@ -21,6 +21,7 @@ from service.estimator.types import (
     AttentionKind,
     Head,
     Layout,
+    MLASpec,
     ModelSpec,
     MoESpec,
     NormKind,
@@ -107,6 +108,33 @@ _ENCODER_MODULE_TARGETS = {
 }
 
 
+LoraGroups = tuple[tuple[tuple[str, ...], str], ...]
+
+
+def _mla_lora_modules(mla: MLASpec) -> LoraGroups:
+    """DeepSeek's multi-head latent attention (transformers DeepseekV2/V3Attention) as peft meets it:
+    the queries through q_proj, or q_a_proj and q_b_proj with a q_lora_rank; keys and values together
+    through kv_a_proj_with_mqa and kv_b_proj (one latent for both: targeted whole or not at all);
+    o_proj. No k_proj or v_proj exists: a LoraConfig naming them adapted nothing there, while the
+    estimate counted Llama-shaped adapters (config review, stop 41)."""
+    queries: LoraGroups = (
+        ((("q_proj",), "q_proj"),)
+        if mla.q_lora_rank is None
+        else ((("q_proj",), "q_a_proj"), (("q_proj",), "q_b_proj"))
+    )
+    keys_values = (("k_proj", "v_proj"), "kv_a_proj_with_mqa"), (("k_proj", "v_proj"), "kv_b_proj")
+    mlp = tuple(((name,), name) for name in ("gate_proj", "up_proj", "down_proj"))
+    return (*queries, *keys_values, (("o_proj",), "o_proj"), *mlp)
+
+
+def _lora_groups(model: ModelSpec) -> LoraGroups | None:
+    """The model's adaptable modules and the targets each holds; None where each target is a module
+    of its own name (Llama's)."""
+    if model.mla is not None:
+        return _mla_lora_modules(model.mla)
+    return LORA_MODULES.get(model.family)
+
+
 def canonical_lora_targets(model: ModelSpec, names: tuple[str, ...]) -> tuple[str, ...]:
     """``lora_targets`` as the estimate names them (Llama's q_proj ... down_proj) from the names a user
     gives peft for this model: its own modules (Phi-3's qkv_proj, GPT-2's c_attn, NeoX's
@@ -124,23 +152,59 @@ def _module_targets(model: ModelSpec, name: str) -> tuple[str, ...]:
         return (name,)
     if model.bidirectional:
         return _ENCODER_MODULE_TARGETS.get(name, ())
-    groups = LORA_MODULES.get(model.family, ())
-    return tuple(t for held, module in groups if module == name or module.endswith("." + name) for t in held)
+    groups = _lora_groups(model) or ()
+    named = (held for held, module in groups if module == name or module.endswith("." + name))
+    return tuple(dict.fromkeys(t for held in named for t in held))
 
 
 def lora_modules(model: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[tuple[str, ...], str], ...]:
     """The modules ``targets`` adapt in ``model``'s Hugging Face implementation: (the targets each
     holds, its name), a fused module once."""
-    groups = LORA_MODULES.get(model.family)
+    groups = _lora_groups(model)
     if groups is None:
         return tuple(((t,), t) for t in targets)
     return tuple((held, name) for held, name in groups if set(held) & set(targets))
 
 
+@lru_cache(maxsize=1024)
+def lora_adapter_shapes(
+    model: ModelSpec, targets: tuple[str, ...], ffn: int
+) -> tuple[tuple[tuple[str, ...], int, int], ...]:
+    """(targets held, fan_in, fan_out) of each LoRA adapter ``targets`` put on one layer whose MLP is
+    ``ffn`` wide, an adapter per module (``lora_modules``): a fused module's is one adapter of its
+    targets' shared input and summed outputs (Phi-3's qkv_proj: h -> q + 2 kv); MLA's modules have
+    their own shapes (``mla_parameters``)."""
+    h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    shapes |= {"up_proj": (h, ffn), "down_proj": (ffn, h)}
+    if model.mlp.gated:
+        shapes["gate_proj"] = (h, ffn)
+    if model.mla is not None:
+        mla, n = model.mla, model.num_attention_heads
+        r_q, r = mla.q_lora_rank or 0, mla.kv_lora_rank
+        shapes |= {
+            "q_proj": (h, n * mla.qk_head_dim),
+            "q_a_proj": (h, r_q),
+            "q_b_proj": (r_q, n * mla.qk_head_dim),
+            "kv_a_proj_with_mqa": (h, r + mla.qk_rope_head_dim),
+            "kv_b_proj": (r, n * (mla.qk_nope_head_dim + mla.v_head_dim)),
+            "o_proj": (n * mla.v_head_dim, h),
+        }
+    out = []
+    for held, module in lora_modules(model, targets):
+        if module in shapes and model.mla is not None:
+            out.append((held, *shapes[module]))
+            continue
+        present = [name for name in held if name in shapes]
+        if present:
+            out.append((held, shapes[present[0]][0], sum(shapes[name][1] for name in present)))
+    return tuple(out)
+
+
 def split_fused_targets(model: ModelSpec, targets: tuple[str, ...]) -> tuple[str, ...] | None:
     """The fused module's targets ``targets`` names only some of (LoRA adapts a module whole: q_proj
     alone on Phi-3's qkv_proj cannot be), or None."""
-    for held, _ in LORA_MODULES.get(model.family, ()):
+    for held, _ in _lora_groups(model) or ():
         if len(held) > 1 and 0 < len(set(held) & set(targets)) < len(held):
             return held
     return None

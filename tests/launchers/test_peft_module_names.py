@@ -94,3 +94,53 @@ def test_phi_2_adapts_dense_fc1_and_fc2_by_their_names(client: TestClient) -> No
     same = client.post("/v1/plans", json=llama_names).json()
     again = client.get(f"/v1/plans/{same['id']}/artifacts/lora_config.json").json()
     assert sorted(again["target_modules"]) == sorted(config["target_modules"])
+
+
+def test_latent_attention_adapts_its_own_modules(client: TestClient) -> None:
+    """DeepSeek's multi-head latent attention has no k_proj or v_proj: keys and values share the
+    kv_a_proj_with_mqa -> kv_b_proj latent, queries pass q_a_proj -> q_b_proj where q_lora_rank is set.
+    The LoraConfig named k_proj and v_proj (peft adapts nothing there, silently) and the estimate
+    counted Llama-shaped adapters; the module names a DeepSeek recipe gives were refused (config
+    review, stop 41)."""
+    v3 = model("deepseek-v3").spec
+    mla, h, n = v3.mla, v3.hidden_size, v3.num_attention_heads
+    assert mla is not None and mla.q_lora_rank is not None
+    training = TrainingSpec(seq_len=1024, global_batch_size=8, method=Method.LORA, lora_rank=8)
+    layout = Layout()
+    rp = rank_parameters_of(
+        make_job(v3, cluster("h100-sxm-80gb", per_node=8), training, default_tuning()), layout, 0
+    )
+    qk, r = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.kv_lora_rank
+    attention = (
+        (h + mla.q_lora_rank) + (mla.q_lora_rank + n * qk)  # q_a_proj, q_b_proj
+        + (h + r + mla.qk_rope_head_dim) + (r + n * (mla.qk_nope_head_dim + mla.v_head_dim))  # kv_a, kv_b
+        + (n * mla.v_head_dim + h)  # o_proj
+    )  # fmt: skip
+    mlp = 3 * (h + v3.ffn_hidden_size)
+    # the MoE layers' MLP adapters are their shared experts' (transformers 5 fuses the routed ones)
+    assert v3.moe is not None
+    shared = 3 * (h + v3.moe.shared_expert_ffn_hidden_size * v3.moe.num_shared_experts)
+    dense_layers = rp.layers - rp.moe_layers
+    expected = 8 * (rp.layers * attention + dense_layers * mlp + rp.moe_layers * shared)
+    assert lora_parameters(v3, training, layout, rp) == pytest.approx(expected)
+
+    body = {
+        "model": {"preset": "deepseek-v2-lite"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 1024, "global_batch_size": 8, "method": "lora",
+                     "lora_targets": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]},
+        "launchers": ["hf_trainer"],
+    }  # fmt: skip
+    plan = client.post("/v1/plans", json=body)
+    assert plan.status_code == 201, plan.text
+    config = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/lora_config.json").json()
+    assert sorted(config["target_modules"]) == ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_proj"]
+    llama_names = body | {
+        "training": body["training"] | {"lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    }
+    same = client.post("/v1/plans", json=llama_names).json()
+    again = client.get(f"/v1/plans/{same['id']}/artifacts/lora_config.json").json()
+    assert again["target_modules"] == config["target_modules"]
+    half = body | {"training": body["training"] | {"lora_targets": ["q_proj", "kv_b_proj"]}}
+    # kv_b_proj holds keys and values, as kv_a_proj_with_mqa does: both or neither
+    assert client.post("/v1/plans", json=half).status_code == 201
