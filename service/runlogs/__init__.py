@@ -114,7 +114,7 @@ def parse_log(text: str, log_format: str = "auto") -> ParsedLog:
             chosen, readings, best = name, found, score
     if chosen is None and oom is None:
         looked = "; ".join(LOOKED_FOR[name] for name in candidates)
-        cut = sum(len(READERS[name](lines).cut_lines) for name in candidates)
+        cut = sum(len(read[name].cut_lines) for name in candidates)
         also = f" ({cut} lines of the format were cut before their figures)" if cut else ""
         raise LogNotUnderstood(
             f"no line of the log states a step time, a throughput or a memory figure{also}, and it has no "
