@@ -1294,7 +1294,18 @@ _ROPE_KINDS = {kind.value: kind for kind in RopeScalingKind}
 
 def _rope_scaling(f: _Fields, raw: object, key: str, max_positions: int) -> RopeScaling | None:
     """config.json rope_scaling as transformers modeling_rope_utils reads it (rope_type, or the legacy
-    ``type`` of DeepSeek's configs); None or rope_type default: unscaled."""
+    ``type`` of DeepSeek's configs); None or rope_type default: unscaled. RopeScaling's own checks name
+    the key where the config has it (a multimodal wrapper's text_config.rope_scaling)."""
+    try:
+        return _read_rope_scaling(f, raw, key, max_positions)
+    except InvalidModel as exc:
+        if exc.field is None or not exc.field.startswith("rope_scaling."):
+            raise
+        path = f"{f.prefix}{key}.{exc.field.removeprefix('rope_scaling.')}"
+        raise InvalidModel(exc.message, rule="hf_config", field=f"hf_config.{path}") from exc
+
+
+def _read_rope_scaling(f: _Fields, raw: object, key: str, max_positions: int) -> RopeScaling | None:
     if raw is None:
         return None
     if not isinstance(raw, Mapping):

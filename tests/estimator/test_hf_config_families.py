@@ -264,6 +264,15 @@ def test_llama4_by_hand() -> None:
     scaled = build({"model_type": "llama4", "text_config": {**LLAMA4, "rope_scaling": scout}})
     assert scaled.rope_scaling is not None and scaled.rope_scaling.high_freq_factor == 1.0
     assert parameter_counts(scaled).total == 148_928
+    # a wrong one inside the wrapper is named where the config has it
+    inverted = {
+        "model_type": "llama4",
+        "text_config": {**LLAMA4, "rope_scaling": scout | {"low_freq_factor": 2.0}},
+    }
+    assert refused(inverted) == "hf_config.text_config.rope_scaling.high_freq_factor"
+    assert refused({**LLAMA4, "rope_scaling": scout | {"low_freq_factor": 2.0}}) == (
+        "hf_config.rope_scaling.high_freq_factor"
+    )
 
 
 def test_llama4_refusals() -> None:
