@@ -72,6 +72,16 @@ def _cluster(gpu: Any, gpus: int, per_node: int = 8) -> dict[str, Any]:
     return c
 
 
+def _within_positions(preset: str, seq: int) -> int:
+    """``seq``, or the rows of the preset's learned position table where it has fewer (GPT-2, BERT,
+    GPT-3: past them the request is refused, as it should be)."""
+    from service.catalog.models import model
+    from service.estimator.validate import learned_positions
+
+    rows = learned_positions(model(preset).spec)
+    return seq if rows is None else min(seq, rows)
+
+
 def grid(rng: random.Random) -> Iterator[Req]:
     for i, preset in enumerate(presets()):
         for j, gpu in enumerate(GPUS_SPREAD):
@@ -83,7 +93,11 @@ def grid(rng: random.Random) -> Iterator[Req]:
             body: dict[str, Any] = {
                 "model": {"preset": preset},
                 "cluster": _cluster(gpu, gpus),
-                "training": {"seq_len": (1024, 2048, 4096)[j % 3], "global_batch_size": 16, "method": method},
+                "training": {
+                    "seq_len": _within_positions(preset, (1024, 2048, 4096)[j % 3]),
+                    "global_batch_size": 16,
+                    "method": method,
+                },
             }
             if framework is not None:
                 body["constraints"] = {"frameworks": [framework]}
