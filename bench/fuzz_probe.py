@@ -508,7 +508,11 @@ def cli_requests(rng: random.Random) -> Iterator[Req]:
             {
                 "model": {"preset": preset},
                 "cluster": _cluster(gpu, gpus),
-                "training": {"seq_len": 2048, "global_batch_size": 32, "method": method},
+                "training": {
+                    "seq_len": _within_positions(preset, 2048),
+                    "global_batch_size": 32,
+                    "method": method,
+                },
             },
             "cli",
         )
@@ -518,7 +522,11 @@ def cli_requests(rng: random.Random) -> Iterator[Req]:
             {
                 "model": {"preset": preset},
                 "cluster": _cluster(gpu, gpus),
-                "training": {"seq_len": 2048, "global_batch_size": 32, "method": method},
+                "training": {
+                    "seq_len": _within_positions(preset, 2048),
+                    "global_batch_size": 32,
+                    "method": method,
+                },
                 "layout": {"framework": "deepspeed", "zero_stage": 3},
             },
             "cli",

@@ -927,8 +927,13 @@ def plan(
     help="ZeRO stage (FSDP: 3 full shard, 2 grad-op, 0 no shard); default: the framework's (fsdp 3, "
     "deepspeed and megatron 0)",
 )
-@click.option("--micro", type=int, default=1, show_default=True, help="micro-batch size")
-@click.option("--recompute", type=choice(Recompute), default="none", show_default=True)
+@click.option("--micro", type=int, default=None, help="micro-batch size; default: the service's (1)")
+@click.option(
+    "--recompute",
+    type=choice(Recompute),
+    default=None,
+    help="activation recomputation; default: the service's (none)",
+)
 @click.option(
     "--set",
     "more",
@@ -968,8 +973,8 @@ def estimate(
     pp: int,
     cp: int,
     zero: int | None,
-    micro: int,
-    recompute: str,
+    micro: int | None,
+    recompute: str | None,
     more: dict[str, Any],
     gpu_hour_cost: float | None,
     url: str | None,
@@ -977,8 +982,13 @@ def estimate(
 ) -> None:
     """Memory and step time of one layout (POST /v1/estimates)."""
     api = Api(url, ESTIMATE_FLAGS)
-    layout = {"framework": framework, "tp": tp, "pp": pp, "cp": cp,
-              "micro_batch_size": micro, "recompute": recompute, **more}  # fmt: skip
+    layout: dict[str, Any] = {"framework": framework, "tp": tp, "pp": pp, "cp": cp, **more}
+    # left out, the service's defaults, which its answer's resolved_defaults names as chosen (sent, the
+    # answer said the user chose them, where the API's own answer to the same request did not)
+    if micro is not None:
+        layout["micro_batch_size"] = micro
+    if recompute is not None:
+        layout["recompute"] = recompute
     if zero is not None:  # left out, the framework's own (resolved_defaults says which)
         layout["zero_stage"] = zero
     if dp is not None:  # left out, the service fills the cluster with it (resolved_defaults says so)

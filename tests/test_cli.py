@@ -298,6 +298,18 @@ def test_an_estimate_without_dp_fills_the_gpus(database: str) -> None:
     assert "layout.dp 8" in run("estimate", *args, "--framework", "megatron", "--zero", "1").output
 
 
+def test_an_estimate_leaves_the_micro_batch_and_recompute_to_the_service(database: str) -> None:
+    """--micro 1 and --recompute none were always sent, so the CLI's answer said the user chose what
+    the API's answer to the same request names as the service's defaults (fuzz probe, stop 41)."""
+    args = ["--model", "llama-3.1-8b", "--gpus", "8xh100-sxm-80gb", "--seq", "4096", "--batch", "64"]
+    chosen = json.loads(run("estimate", *args, "--framework", "fsdp", "--json").output)["resolved_defaults"]
+    assert chosen["layout.micro_batch_size"] == "1" and chosen["layout.recompute"] == "none"
+    given = run("estimate", *args, "--framework", "fsdp", "--micro", "2", "--recompute", "full", "--json")
+    body = json.loads(given.output)
+    assert (body["layout"]["micro_batch_size"], body["layout"]["recompute"]) == (2, "full")
+    assert "layout.micro_batch_size" not in body["resolved_defaults"]
+
+
 def test_a_calibrated_estimate_names_its_runs_and_its_figures_without_them(database: str) -> None:
     args = ["--model", "gpt2", "--gpus", "8xh100-sxm-80gb", "--seq", "1024", "--batch", "64"]
     plan = json.loads(run("plan", *args, "--json").output)
