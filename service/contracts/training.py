@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from service.contracts.common import Strict
 from service.estimator.defaults import HARDWARE_DEFAULT_FIELDS, for_gpu
 from service.estimator.errors import InvalidTraining
-from service.estimator.params import canonical_lora_targets
+from service.estimator.params import canonical_lora_targets, lora_module_names
 from service.estimator.types import (
     ALL_LINEAR,
     Attention,
@@ -126,6 +126,14 @@ class TrainingIn(Strict):
         targets = ALL_LINEAR if wanted == "all-linear" else tuple(wanted)
         if model is not None and wanted != "all-linear":
             targets = canonical_lora_targets(model, targets)
+            if unknown := [t for t in targets if t not in ALL_LINEAR]:
+                # named with the model's own modules (TrainingSpec knows Llama's names alone)
+                raise InvalidTraining(
+                    f"unknown lora_targets {unknown} for {model.name}: its adaptable modules are "
+                    f"{list(lora_module_names(model))}",
+                    rule="lora_target",
+                    field="lora_targets",
+                )
         return TrainingSpec(
             seq_len=self.seq_len,
             global_batch_size=self.global_batch_size,

@@ -147,6 +147,14 @@ def canonical_lora_targets(model: ModelSpec, names: tuple[str, ...]) -> tuple[st
     return tuple(dict.fromkeys(found))
 
 
+def lora_module_names(model: ModelSpec) -> tuple[str, ...]:
+    """The names ``lora_targets`` takes for ``model``: its own modules' (``lora_modules``; an encoder's
+    query ... dense) and Llama's, read as the modules that hold them."""
+    own = _ENCODER_MODULE_TARGETS if model.bidirectional else [m for _, m in _lora_groups(model) or ()]
+    llama = [name for name in ALL_LINEAR if name != "gate_proj" or model.mlp.gated]
+    return tuple(dict.fromkeys([*own, *llama]))
+
+
 def _module_targets(model: ModelSpec, name: str) -> tuple[str, ...]:
     if name in ALL_LINEAR:
         return (name,)

@@ -144,3 +144,30 @@ def test_latent_attention_adapts_its_own_modules(client: TestClient) -> None:
     half = body | {"training": body["training"] | {"lora_targets": ["q_proj", "kv_b_proj"]}}
     # kv_b_proj holds keys and values, as kv_a_proj_with_mqa does: both or neither
     assert client.post("/v1/plans", json=half).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "preset,modules",
+    [
+        ("mixtral-8x7b", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+        ("phi-3-mini", ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+        ("bert-base-uncased", ["query", "key", "value", "dense"]),
+    ],
+)
+def test_an_unknown_target_is_told_the_models_own_modules(
+    client: TestClient, preset: str, modules: list[str]
+) -> None:
+    """Mixtral's transformers-4 expert names were answered with Llama's seven names alone; the model's
+    own (Phi-3's qkv_proj, BERT's query) were accepted yet not listed (config review, stop 41)."""
+    body = {
+        "model": {"preset": preset},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 512, "global_batch_size": 8, "method": "lora", "lora_targets": ["w1", "w2"]},
+        "layout": {"framework": "fsdp"},
+    }
+    answer = client.post("/v1/estimates", json=body)
+    assert answer.status_code == 422, answer.text
+    (error,) = answer.json()["errors"]
+    assert error["field"] == "training.lora_targets"
+    assert all(repr(name) in error["message"] for name in modules), error["message"]
+    assert "gate_proj" not in error["message"] or preset != "bert-base-uncased"
