@@ -57,6 +57,7 @@ from service.estimator.params import (
     mtp_projection_parameters,
 )
 from service.estimator.types import (
+    MLP_LINEAR,
     Attention,
     AttentionKind,
     Head,
@@ -278,15 +279,12 @@ def head_flops(model: ModelSpec, seq_len: int) -> float:
 # ---------------------------------------------------------------- LoRA adapters
 
 
-_MLP_TARGETS = frozenset({"gate_proj", "up_proj", "down_proj"})
-
-
 def _lora_flops_for(model: ModelSpec, targets: tuple[str, ...], rank: int, ffn: int, mlp_copies: int) -> int:
     # adapter x -> A (in x r) -> B (r x out): 2 r (in + out) per token, one per module
     # (params.lora_adapter_shapes: a fused module's one, MLA's own); MLP adapters once per active expert
     total = 0
     for held, fan_in, fan_out in lora_adapter_shapes(model, targets, ffn):
-        copies = mlp_copies if _MLP_TARGETS.issuperset(held) else 1
+        copies = mlp_copies if MLP_LINEAR.issuperset(held) else 1
         total += copies * 2 * rank * (fan_in + fan_out)
     return total
 
@@ -302,7 +300,7 @@ def lora_adapter_flops(model: ModelSpec, moe_layer: bool, training: TrainingSpec
     # attention adapters once, MLP adapters on each of the top_k routed experts a token visits ...
     total = _lora_flops_for(model, targets, rank, moe.expert_ffn_hidden_size, moe.top_k)
     # ... and on the shared experts
-    mlp_targets = tuple(t for t in targets if t not in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    mlp_targets = tuple(t for t in targets if t in MLP_LINEAR)
     shared_ffn = moe.shared_expert_ffn_hidden_size
     total += _lora_flops_for(model, mlp_targets, rank, shared_ffn, moe.num_shared_experts)
     return total

@@ -28,6 +28,7 @@ from service.estimator.params import (
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
     ALL_LINEAR,
+    MLP_LINEAR,
     ClusterSpec,
     Framework,
     Layout,
@@ -483,7 +484,7 @@ def adapted_linears(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]
 
 
 def _lora_mlp_targets(model: ModelSpec, training: TrainingSpec) -> list[str]:
-    return [n for n in adapted_linears(model, training) if n in ("gate_proj", "up_proj", "down_proj")]
+    return [n for n in adapted_linears(model, training) if n in MLP_LINEAR]
 
 
 def _lora_expert_parameters(model: ModelSpec, moe: MoESpec, training: TrainingSpec, layout: Layout) -> float:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from service.estimator import pipeline
 from service.estimator.types import (
     ALL_LINEAR,
+    MLP_LINEAR,
     AttentionKind,
     Head,
     Layout,
@@ -60,13 +61,15 @@ _FUSED_GATE_UP_FAMILIES = frozenset({"phi3"})
 # not listed name their modules as Llama does, one per target. (modeling_phi3.py Phi3Attention /
 # Phi3MLP; modeling_gpt2.py GPT2Attention / GPT2MLP; modeling_gpt_neox.py, modeling_falcon.py,
 # modeling_bloom.py: query_key_value, dense, dense_h_to_4h, dense_4h_to_h; modeling_phi.py.)
-_NEOX_STYLE: tuple[tuple[tuple[str, ...], str], ...] = (
+# (lora_targets names, the module that holds them) of each adaptable module of a layer
+LoraGroups = tuple[tuple[tuple[str, ...], str], ...]
+_NEOX_STYLE: LoraGroups = (
     (("q_proj", "k_proj", "v_proj"), "query_key_value"),
     (("o_proj",), "dense"),
     (("up_proj",), "dense_h_to_4h"),
     (("down_proj",), "dense_4h_to_h"),
 )
-LORA_MODULES: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
+LORA_MODULES: dict[str, LoraGroups] = {
     "phi3": (
         (("q_proj", "k_proj", "v_proj"), "qkv_proj"),
         (("o_proj",), "o_proj"),
@@ -108,9 +111,6 @@ _ENCODER_MODULE_TARGETS = {
 }
 
 
-LoraGroups = tuple[tuple[tuple[str, ...], str], ...]
-
-
 def _mla_lora_modules(mla: MLASpec) -> LoraGroups:
     """DeepSeek's multi-head latent attention (transformers DeepseekV2/V3Attention) as peft meets it:
     the queries through q_proj, or q_a_proj and q_b_proj with a q_lora_rank; keys and values together
@@ -123,7 +123,7 @@ def _mla_lora_modules(mla: MLASpec) -> LoraGroups:
         else ((("q_proj",), "q_a_proj"), (("q_proj",), "q_b_proj"))
     )
     keys_values = (("k_proj", "v_proj"), "kv_a_proj_with_mqa"), (("k_proj", "v_proj"), "kv_b_proj")
-    mlp = tuple(((name,), name) for name in ("gate_proj", "up_proj", "down_proj"))
+    mlp = tuple(((name,), name) for name in ALL_LINEAR if name in MLP_LINEAR)
     return (*queries, *keys_values, (("o_proj",), "o_proj"), *mlp)
 
 
@@ -165,7 +165,7 @@ def _module_targets(model: ModelSpec, name: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(t for held in named for t in held))
 
 
-def lora_modules(model: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[tuple[str, ...], str], ...]:
+def lora_modules(model: ModelSpec, targets: tuple[str, ...]) -> LoraGroups:
     """The modules ``targets`` adapt in ``model``'s Hugging Face implementation: (the targets each
     holds, its name), a fused module once."""
     groups = _lora_groups(model)

@@ -787,6 +787,8 @@ ALL_LINEAR: tuple[str, ...] = (
     "up_proj",
     "down_proj",
 )
+# of ALL_LINEAR, the MLP's (each routed expert has its own under expert parallelism)
+MLP_LINEAR: frozenset[str] = frozenset({"gate_proj", "up_proj", "down_proj"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
