@@ -528,6 +528,18 @@ def expert_violation(model: ModelSpec, layout: Layout) -> Violation:
         return _bad(
             "moe_capacity_factor needs a mixture-of-experts model", "capacity_moe", "moe_capacity_factor"
         )
+    if layout.moe_capacity_factor is not None and layout.moe_capacity_factor < 1.0:
+        # below 1 every expert drops tokens even at a perfectly even load: the step trains a part of the
+        # routed copies, so its model FLOPs (top_k per token) exceed what runs, and MFU and HFU would
+        # pass 1 (Mixtral at 0.25: 1.08; properties review). Recipes that drop tokens use 1.0 or more
+        # (Megatron-Bridge's token-drop recipes 1.0; GShard and Switch Transformer train at 1.0-2.0).
+        return _bad(
+            f"moe_capacity_factor {layout.moe_capacity_factor:g} < 1 drops routed tokens even at an even "
+            "load: the model then trains on part of its routed tokens, not modelled (token-drop recipes "
+            "use 1.0 or more)",
+            "capacity_below_one",
+            "moe_capacity_factor",
+        )
     if layout.moe_capacity_factor is not None and layout.framework is Framework.FSDP:
         # Hugging Face's expert loop and torchtitan's token-choice MoE have no capacity: no launcher
         # of fsdp could run the padded experts the estimate would time
@@ -733,6 +745,17 @@ def training_violation(
             f"{training.method.value} needs PEFT adapters, which {layout.framework.value} does not have",
             "peft",
             "framework",
+        )
+    if training.method is not Method.FULL and layout.framework is Framework.FSDP and layout.ep > 1:
+        # fsdp's PEFT runs under Accelerate / HF Trainer, whose FSDP has no expert parallelism; fsdp's
+        # ep is torchtitan's, which has no PEFT: no launcher runs it (properties review: the estimate
+        # counted adapters on expert modules only DeepSpeed's expert-parallel plan builds)
+        return _bad(
+            f"{training.method.value} with fsdp and ep = {layout.ep}: Hugging Face PEFT runs under "
+            "Accelerate / HF Trainer, whose FSDP has no expert parallelism, and torchtitan (fsdp's ep) "
+            "has no PEFT; use ep = 1, or deepspeed's expert parallelism",
+            "peft_ep",
+            "ep",
         )
     if (
         training.method is not Method.FULL

@@ -146,6 +146,13 @@ LAYOUT_CASES = [
         model=MOE,
     ),
     Case("moe_capacity_factor", MEGATRON, replace(MEGATRON, moe_capacity_factor=1.0), refused=True),  # dense
+    Case(  # below 1 every expert drops routed tokens at an even load: MFU and HFU would pass 1
+        "moe_capacity_factor",
+        replace(MEGATRON, dp=4, ep=4),
+        replace(MEGATRON, dp=4, ep=4, moe_capacity_factor=0.5),
+        model=MOE,
+        refused=True,
+    ),
     Case(  # fsdp's MoE (Hugging Face, torchtitan) is dropless: no launcher would pad
         "moe_capacity_factor", FSDP, replace(FSDP, moe_capacity_factor=1.25), model=MOE, refused=True
     ),
