@@ -54,6 +54,9 @@ MEASURED_INTER_DESCRIPTION = (
 # catalog's nodes hold 4 or 8.
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 64
+# Up to this many PCIe cards or custom GPUs given as num_gpus alone are one node of them: the cards one
+# server's PCIe slots take (the 8-GPU servers capacity sweeps assume, suggest.reference_node_gpus)
+ONE_NODE_OF_CARDS = 8
 
 
 class ClusterShape(Strict):
@@ -72,14 +75,16 @@ class ClusterShape(Strict):
         ge=1,
         le=MAX_NODES * MAX_GPUS_PER_NODE,
         description="all the GPUs, instead of num_nodes: whole nodes of gpus_per_node (the part's node when "
-        "left out; fewer GPUs than a node are one node of them); num_nodes x gpus_per_node when both "
-        "are given",
+        "left out; fewer GPUs than a node are one node of them; up to "
+        f"{ONE_NODE_OF_CARDS} PCIe cards or custom GPUs one node of them); num_nodes x gpus_per_node "
+        "when both are given",
     )
     gpus_per_node: int = Field(
         ge=1,
         le=MAX_GPUS_PER_NODE,
         description="may be left out for a catalog part that ships in a node: that node's (8 on an HGX "
-        "baseboard; GET /v1/gpus gpus_per_node); a PCIe card or custom GPU states it",
+        f"baseboard; GET /v1/gpus gpus_per_node), and with num_gpus up to {ONE_NODE_OF_CARDS} (one node "
+        "of them); else a PCIe card or custom GPU states it",
     )
     intra_node_bandwidth_bytes_per_s: float | None = Field(
         default=None,
@@ -138,6 +143,10 @@ class ClusterShape(Strict):
                     per_node = count // nodes_given or per_node  # the GPUs over the nodes given (checked)
                 elif count is not None and per_node is not None:
                     per_node = min(count, per_node)  # fewer GPUs than a node: one node of them
+                elif count is not None and count <= ONE_NODE_OF_CARDS:
+                    # a PCIe card or custom GPU has no node of its own: a few of them are one machine's
+                    # (a 422 "gpus_per_node: Field required" met {"gpu": "rtx-4090-24gb", "num_gpus": 1})
+                    per_node = count
                 if per_node is not None:
                     value["gpus_per_node"] = per_node
                     read["gpus_per_node"] = str(per_node)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.gpus import PCIE_X16, GPUEntry, known_chips, slowest_host_link
@@ -18,6 +20,7 @@ from service.contracts.common import (
     MIN_BANDWIDTH_BYTES_PER_S,
     MIN_FLOPS_PER_S,
     MIN_MEMORY_BYTES,
+    FieldError,
     Strict,
 )
 from service.errors import Unprocessable
@@ -118,11 +121,38 @@ class CustomGPU(Strict):
             return chip
         if chip.strip().lower() in known:
             return chip.strip().lower()
+        product = re.sub(r"[^a-z0-9]", "", chip.lower())
+        if product in DIE_OF_PRODUCT:
+            return DIE_OF_PRODUCT[product]
         dies = _dies_of(chip)
         if len(dies) == 1:
             return dies.pop()
         like = f" (its parts are on {', '.join(sorted(dies))}: name the die)" if dies else ""
         raise ValueError(f"unknown chip {chip!r}{like}; known: {', '.join(known)}, or a catalog GPU's name")
+
+    @field_validator("peak_flops_per_s")
+    @classmethod
+    def _peaks_the_die_has(cls, peaks: PeakFlopsIn, info: ValidationInfo) -> PeakFlopsIn:
+        # a die either has a precision's matrix units or not (gpus.toml omits the peaks its parts lack:
+        # V100 no bf16, A100 no fp8): a peak stated beyond them would be planned on (a "gv100" part
+        # given a bf16 peak defaulted to bf16 training; a "ga100" one ran fp8; hardware review). A
+        # field validator (chip, declared before, is validated), so the union's tag stays CustomGPU.
+        chip = info.data.get("chip")
+        if not chip:
+            return peaks
+        parts = [spec for spec in catalog_gpus().values() if spec.chip == chip]
+        for precision in ("tf32", "bf16", "fp8"):
+            if getattr(peaks, precision) is not None and all(
+                getattr(spec.peak_flops_per_s, precision) is None for spec in parts
+            ):
+                names = ", ".join(spec.name for spec in parts)
+                raise FieldError(
+                    f"the {chip} die has no {precision} matrix units (the catalog's parts of it, {names}, "
+                    f"have no {precision} peak): leave peak_flops_per_s.{precision} out, or name the die "
+                    "the part is built on",
+                    precision,
+                )
+        return peaks
 
     def to_domain(self, field: str = "gpu") -> GPUSpec:
         """The domain's GPU; its errors name the field as the request body does (``field``: where
@@ -222,6 +252,18 @@ def unknown_entry_error(exc: UnknownCatalogEntry, field: str) -> dict[str, Any]:
         "ambiguous": exc.ambiguous,
         "known": list(exc.known),
     }
+
+
+# Parts the catalog does not list, by their die (the description's examples; NVIDIA's datasheets):
+# GH200's GPU, H800 and H20 are GH100; A800 and A30 GA100; L20 and RTX 6000 Ada AD102; B100 and
+# GB200's GPUs GB100 (the catalog's B200 die). Keys: the name's letters and digits, lower case
+# (a custom GPU with chip "GH200" was a 422 "unknown chip").
+DIE_OF_PRODUCT = {
+    "gh200": "gh100", "h800": "gh100", "h20": "gh100",
+    "a800": "ga100", "a30": "ga100",
+    "l20": "ad102", "rtx6000ada": "ad102",
+    "b100": "gb100", "gb200": "gb100",
+}  # fmt: skip
 
 
 def _dies_of(name: str) -> set[str]:

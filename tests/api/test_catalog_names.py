@@ -168,3 +168,49 @@ def test_a_custom_gpus_chip_by_the_catalog_gpu_it_is_like(client: TestClient) ->
     refused = client.post("/v1/plans", json=body)
     assert refused.status_code == 422
     assert [e["field"] for e in refused.json()["errors"]] == ["cluster.gpu.chip"]
+
+
+def test_the_h100_sxm5_is_the_80gb_part(client: TestClient) -> None:
+    """"H100 SXM5" (the product's name without its memory) is the 80 GB HGX part: it was a 422
+    "matches 2 entries" beside Grand Teton's 500 W 96 GB variant, which its own name still selects."""
+    for name, slug in (("H100 SXM5", "h100-sxm-80gb"), ("H100 SXM", "h100-sxm-80gb"),
+                       ("H100 SXM5 96GB", "h100-sxm-500w-96gb")):  # fmt: skip
+        body = {"model": "llama-3.2-1b", "cluster": _cluster(name), "training": TRAINING, "layout": LAYOUT}
+        response = client.post("/v1/estimates", json=body)
+        assert response.status_code == 200, response.text
+        assert response.json()["resolved_defaults"]["cluster.gpu"] == slug
+
+
+def test_a_custom_gpus_chip_by_a_product_on_a_catalog_die(client: TestClient) -> None:
+    """GH200, H800, A800, L20, GB200: parts the catalog does not list, named by what the card is, are
+    read as their die (the chip field's own examples; "GH200" was a 422 "unknown chip")."""
+    gpu = {
+        "name": "my-part",
+        "memory_bytes": 96 * 2**30,
+        "peak_flops_per_s": {"fp32": 6.7e13, "bf16": 9.89e14, "fp16": 9.89e14},
+        "hbm_bandwidth_bytes_per_s": 4e12,
+    }
+    for chip, die in (("GH200", "gh100"), ("H800", "gh100"), ("A800", "ga100"), ("RTX 6000 Ada", "ad102"),
+                      ("GB200", "gb100")):  # fmt: skip
+        body = {"model": "llama-3.2-1b", "cluster": {"gpu": gpu | {"chip": chip}, "num_gpus": 1},
+                "training": TRAINING}  # fmt: skip
+        response = client.post("/v1/plans", json=body)
+        assert response.status_code == 201, response.text
+        assert response.json()["request"]["cluster"]["gpu"]["chip"] == die
+
+
+def test_a_custom_gpu_has_only_the_peaks_its_die_has(client: TestClient) -> None:
+    """A die has a precision's matrix units or not: a gv100 part given a bf16 peak planned bf16 training
+    (which the catalog's V100 refuses), a ga100 one fp8; each is a 422 naming the peak."""
+    v100 = {"name": "my-v100", "chip": "gv100", "memory_bytes": 32 * 2**30, "hbm_bandwidth_bytes_per_s": 9e11,
+            "peak_flops_per_s": {"fp32": 1.57e13, "fp16": 1.25e14, "bf16": 1.25e14}}  # fmt: skip
+    a800 = {"name": "a800", "chip": "ga100", "memory_bytes": 80 * 2**30, "hbm_bandwidth_bytes_per_s": 2e12,
+            "peak_flops_per_s": {"fp32": 1.95e13, "bf16": 3.12e14, "fp16": 3.12e14, "fp8": 6.24e14}}  # fmt: skip
+    for gpu, field in ((v100, "bf16"), (a800, "fp8")):
+        body = {"model": "llama-3.2-1b", "cluster": {"gpu": gpu, "num_gpus": 1}, "training": TRAINING}
+        refused = client.post("/v1/plans", json=body)
+        assert refused.status_code == 422
+        assert [e["field"] for e in refused.json()["errors"]] == [f"cluster.gpu.peak_flops_per_s.{field}"]
+        assert "no " + field + " matrix units" in refused.json()["detail"]
+        del gpu["peak_flops_per_s"][field]
+        assert client.post("/v1/plans", json=body).status_code == 201

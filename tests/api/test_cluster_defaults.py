@@ -129,6 +129,9 @@ def test_every_catalog_gpu_left_to_the_catalog_answers_as_stated(client: TestCli
         ({"gpu": "mi250x-128gb", "num_gpus": 16}, 2, 8),  # the package's name: read as its GCDs
         ({"gpu": "h100-sxm-80gb", "num_gpus": 16, "num_nodes": 4}, 4, 4),  # the GPUs over the nodes given
         ({"gpu": "l40s-48gb", "num_gpus": 8, "gpus_per_node": 4, "inter_node_bandwidth_gbps": 25}, 2, 4),
+        # up to 8 PCIe cards: one server of them (a 422 "gpus_per_node: Field required" met num_gpus 1)
+        ({"gpu": "l40s-48gb", "num_gpus": 8}, 1, 8),
+        ({"gpu": "rtx-4090-24gb", "num_gpus": 1}, 1, 1),
     ],
 )
 def test_a_cluster_by_its_gpu_count(
@@ -151,7 +154,8 @@ def test_a_cluster_by_its_gpu_count(
     [
         ({"gpu": "h100-sxm-80gb", "num_gpus": 12}, "cluster.num_gpus"),  # not whole nodes of 8
         ({"gpu": "h100-sxm-80gb", "num_gpus": 16, "num_nodes": 2, "gpus_per_node": 4}, "cluster.num_gpus"),
-        ({"gpu": "l40s-48gb", "num_gpus": 8}, "cluster.gpus_per_node"),  # a PCIe card's node is not known
+        # past one server of PCIe cards, its node size is not known
+        ({"gpu": "l40s-48gb", "num_gpus": 16}, "cluster.gpus_per_node"),
     ],
 )
 def test_a_gpu_count_that_does_not_fill_its_nodes_is_a_422(
