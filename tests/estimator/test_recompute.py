@@ -231,3 +231,22 @@ def test_more_recompute_modules_cost_time_and_save_memory() -> None:
     assert memory(mixtral, cluster, moe, training).per_gpu.activations < (
         memory(mixtral, cluster, moe_base, training).per_gpu.activations
     )
+
+
+def test_megatron_selective_recompute_rebuilds_one_layers_eager_scores_in_backward() -> None:
+    """Selective recompute (core attention) keeps no s x s scores, but rebuilds one layer's in its
+    backward: under eager attention at 32K that working set is the layer's 32 heads x 32768^2 x 2 B
+    = 64 GiB of scores, which the first stage holds at its peak (the last one's loss peak comes apart
+    from it; properties review: the first stage of pp 4 was counted at 25 GiB, ~40 GiB under what full
+    recompute, rebuilding the same layer, counted)."""
+    from service.estimator.types import Attention
+
+    llama_1b = preset("llama-3.2-1b").spec
+    eager = TrainingSpec(seq_len=32768, global_batch_size=2, attention=Attention.EAGER)
+    cluster = gpu_cluster(H100, 4, 50e9)
+    scores = llama_1b.num_attention_heads * eager.seq_len**2 * 2
+    for recompute in (Recompute.SELECTIVE, Recompute.FULL):
+        layout = Layout(framework=Framework.MEGATRON, pp=4, recompute=recompute)
+        first = memory(llama_1b, cluster, layout, eager).per_stage[0]
+        assert first.rank == 0
+        assert first.memory.activations >= scores, recompute
