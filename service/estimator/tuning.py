@@ -291,12 +291,28 @@ def weight_streaming_bound(gpu: GPUSpec, rows: float) -> float:
     return rows * gpu.hbm_bandwidth_bytes_per_s / (peak_16bit * clock_fraction(gpu))
 
 
+# Transformer Engine's DotProductAttention picks cuDNN FusedAttention on Hopper and newer (TE docs,
+# 'Attention backends': sm90+), its FlashAttention-2 backend before them; on AMD, TE for ROCm runs CK /
+# AOTriton flash kernels: no cuDNN (hardware review: MI300X and L40S were timed at cuDNN's H100 rates,
+# Megatron 24% faster than DeepSpeed from attention alone).
+CUDNN_ATTENTION_CHIPS = frozenset({"gh100", "gb100"})
+
+
+def framework_attention_kernel(tuning: Tuning, gpu: GPUSpec, framework: Framework) -> str | None:
+    """The flash-style kernel the framework runs attention's core with on this GPU (tuning.toml
+    [attention_kernel] framework), cuDNN only on the dies that have it (``CUDNN_ATTENTION_CHIPS``)."""
+    kernel = dict(tuning.attention_kernel_by_framework).get(framework)
+    if kernel == "cudnn" and gpu.chip not in CUDNN_ATTENTION_CHIPS:
+        return "fa2"
+    return kernel
+
+
 def attention_kernel_rate(tuning: Tuning, gpu: GPUSpec, framework: Framework) -> AttentionKernelRate | None:
     """The published rates of the framework's flash-style attention kernel on the GPU's die, or None
     (the core then runs at the GEMM rate). A GPU whose die has no fitted GEMM fraction
     (``fitted_die``) gets the kernel's slowest rate over the dies it is published for
     (``conservative_kernel_rate``), as it gets the slowest GEMM fraction."""
-    kernel = dict(tuning.attention_kernel_by_framework).get(framework)
+    kernel = framework_attention_kernel(tuning, gpu, framework)
     for rate in tuning.attention_kernel_rates:
         if gpu.chip and rate.kernel == kernel and rate.chip == gpu.chip:
             return rate
