@@ -237,7 +237,7 @@ def rationale(
             lines.append(
                 f"the next ({describe(runner_up[0])}) is {-gain:.1%} faster: a gain under "
                 f"{NEAR_TIE_FRACTION:.0%} (what the estimate's two-figure efficiencies resolve) does not buy "
-                f"a model-parallel degree, and this layout has fewer (pp, cp, tp, ep: "
+                f"a model-parallel degree, and this layout's are lower, compared in order (pp, cp, tp, ep: "
                 f"{', '.join(map(str, parallel_degrees(layout)))} against "
                 f"{', '.join(map(str, parallel_degrees(runner_up[0])))})"
             )
@@ -289,10 +289,13 @@ def rationale(
         lines.append("PP=1: no pipeline bubble")
     lines.append(_sharding_words(layout, cluster))
     largest = estimate.max_micro_batch_size if largest_micro_batch is None else largest_micro_batch
+    # within the plan's headroom where the search chose it so: beside limits.max_micro_batch_size (the
+    # whole card's) "largest that fits: 2" read as a contradiction of its 4 (consistency review)
+    within = "" if largest_micro_batch is None else " within the plan's headroom"
     bound = (
-        f"the largest the global batch allows, {largest}, fits"
+        f"the largest the global batch allows, {largest}, fits{within}"
         if largest is not None and largest == batch_cap
-        else f"largest that fits: {largest}"
+        else f"largest that fits{within}: {largest}"
     )  # "largest that fits: 16" read as memory's limit where 16 sequences were each rank's whole batch
     lines.append(
         f"micro-batch {layout.micro_batch_size} ({bound}), recompute {recompute_words(layout)}"

@@ -312,7 +312,7 @@ def check_rationale(request: dict[str, Any], plan: dict[str, Any]) -> list[Viola
         for line in rec["rationale"]:
             # the largest micro-batch within the plan's headroom: at least the chosen one, at most
             # what fits the whole card (the estimate's limit)
-            largest = re.search(r"largest that fits: (\d+)\)", line)
+            largest = re.search(r"largest that fits(?: within the plan's headroom)?: (\d+)\)", line)
             card = rec["estimate"]["limits"]["max_micro_batch_size"]
             chosen = rec["layout"]["micro_batch_size"]
             if largest and not chosen <= int(largest.group(1)) <= card:
