@@ -26,7 +26,9 @@ from service.estimator.model_states import (
     StateBytes,
     deepspeed_assumption,
     deepspeed_buckets,
+    experts_stay_16_bit,
     fsdp_parameter_bytes,
+    fused_experts,
     gathered_weight_bytes,
     grad_reduce_bytes,
     layer_quantized_weights,
@@ -700,12 +702,25 @@ def _state_notes(job: Job, layout: Layout) -> list[str]:
         )
     if training.optimizer is Optimizer.ADAFACTOR:
         notes.append("Adafactor: factored second moment (rows + columns per matrix), no first moment")
+    # the rest of a QLoRA base in the compute dtype (bnb_4bit_compute_dtype: fp16 where the GPU has no bf16)
+    rest = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[training.precision.weight_dtype]
     if training.method is Method.QLORA:
-        # the rest of the base in the compute dtype (bnb_4bit_compute_dtype: fp16 where the GPU has no bf16)
-        rest = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[training.precision.weight_dtype]
         notes.append(
             f"QLoRA: NF4 Linear weights at {assume.qlora_bits_per_param} bits (4 bits sharded, their "
             f"constants on every rank); embeddings, head, norms {rest}"
+        )
+    if training.method is not Method.FULL and fused_experts(model, layout):
+        # transformers 5's fused expert parameters: peft's target_modules match modules, bitsandbytes
+        # replaces nn.Linear (model_states.fused_experts); said, since it decides the MoE's memory
+        # (Mixtral QLoRA: 85 GiB of parameters that "NF4 Linear weights" did not explain; hardware review)
+        kept = (
+            f"; bitsandbytes leaves them {rest} (it quantizes nn.Linear modules)"
+            if training.method is Method.QLORA and experts_stay_16_bit(model, layout)
+            else ""
+        )
+        notes.append(
+            "routed experts: Hugging Face's fused expert parameters (transformers 5), which LoRA's "
+            f"target_modules do not reach: no adapters on them, frozen{kept}"
         )
     return notes
 

@@ -336,7 +336,7 @@ def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[flo
     return other, other, 0.0
 
 
-def _experts_stay_16_bit(model: ModelSpec, layout: Layout) -> bool:
+def experts_stay_16_bit(model: ModelSpec, layout: Layout) -> bool:
     """Whether QLoRA leaves the routed experts in the compute dtype: fused expert parameters, which
     bitsandbytes does not quantize (it quantizes nn.Linear modules; only Llama 4's fused experts are
     patched to be: ``fused_experts``, _QUANTIZED_FUSED_EXPERTS)."""
@@ -345,10 +345,10 @@ def _experts_stay_16_bit(model: ModelSpec, layout: Layout) -> bool:
 
 def quantized_weights(model: ModelSpec, layout: Layout, training: TrainingSpec, rp: RankParameters) -> float:
     """The rank's Linear weights QLoRA keeps in NF4: every decoder-layer Linear but routed experts
-    that stay 16-bit (``_experts_stay_16_bit``); 0 but under QLoRA."""
+    that stay 16-bit (``experts_stay_16_bit``); 0 but under QLoRA."""
     if training.method is not Method.QLORA:
         return 0.0
-    return rp.linear - rp.expert if _experts_stay_16_bit(model, layout) else rp.linear
+    return rp.linear - rp.expert if experts_stay_16_bit(model, layout) else rp.linear
 
 
 def layer_quantized_weights(
@@ -357,7 +357,7 @@ def layer_quantized_weights(
     """``quantized_weights`` of the largest decoder layer (``RankParameters.layer``)."""
     if training.method is not Method.QLORA:
         return 0.0
-    return rp.layer_linear - rp.layer_experts if _experts_stay_16_bit(model, layout) else rp.layer_linear
+    return rp.layer_linear - rp.layer_experts if experts_stay_16_bit(model, layout) else rp.layer_linear
 
 
 def gathered_weight_bytes(sb: StateBytes, params: float, quantized: float) -> float:
@@ -651,7 +651,7 @@ def _state_groups(
     if rp.expert:
         # fused experts stay in the compute dtype under QLoRA (``fused_experts``): bitsandbytes
         # quantizes nn.Linear modules, and only Llama 4's fused experts are patched to be
-        quantized = 0.0 if _experts_stay_16_bit(model, layout) else rp.expert
+        quantized = 0.0 if experts_stay_16_bit(model, layout) else rp.expert
         expert_bytes = linear_bytes if quantized else other_bytes
         groups.append((expert_adapters, rp.expert, expert_bytes, expert_shard, quantized * constant_bytes))
     return groups
