@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator

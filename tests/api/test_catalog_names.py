@@ -171,7 +171,7 @@ def test_a_custom_gpus_chip_by_the_catalog_gpu_it_is_like(client: TestClient) ->
 
 
 def test_the_h100_sxm5_is_the_80gb_part(client: TestClient) -> None:
-    """"H100 SXM5" (the product's name without its memory) is the 80 GB HGX part: it was a 422
+    """ "H100 SXM5" (the product's name without its memory) is the 80 GB HGX part: it was a 422
     "matches 2 entries" beside Grand Teton's 500 W 96 GB variant, which its own name still selects."""
     for name, slug in (("H100 SXM5", "h100-sxm-80gb"), ("H100 SXM", "h100-sxm-80gb"),
                        ("H100 SXM5 96GB", "h100-sxm-500w-96gb")):  # fmt: skip
@@ -205,7 +205,8 @@ def test_a_custom_gpu_has_only_the_peaks_its_die_has(client: TestClient) -> None
     v100 = {"name": "my-v100", "chip": "gv100", "memory_bytes": 32 * 2**30, "hbm_bandwidth_bytes_per_s": 9e11,
             "peak_flops_per_s": {"fp32": 1.57e13, "fp16": 1.25e14, "bf16": 1.25e14}}  # fmt: skip
     a800 = {"name": "a800", "chip": "ga100", "memory_bytes": 80 * 2**30, "hbm_bandwidth_bytes_per_s": 2e12,
-            "peak_flops_per_s": {"fp32": 1.95e13, "bf16": 3.12e14, "fp16": 3.12e14, "fp8": 6.24e14}}  # fmt: skip
+            "peak_flops_per_s": {"fp32": 1.95e13, "bf16": 3.12e14, "fp16": 3.12e14,
+                                 "fp8": 6.24e14}}  # fmt: skip
     for gpu, field in ((v100, "bf16"), (a800, "fp8")):
         body = {"model": "llama-3.2-1b", "cluster": {"gpu": gpu, "num_gpus": 1}, "training": TRAINING}
         refused = client.post("/v1/plans", json=body)

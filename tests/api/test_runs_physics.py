@@ -224,8 +224,11 @@ def rationale_numbers(candidate: dict[str, Any]) -> None:
         f"({headroom / capacity:.0%})"
     ) in lines
     largest = estimate["limits"]["max_micro_batch_size"]
-    named = (f"largest that fits: {largest})", f"largest that fits within the plan's headroom: {largest})",
-             f"allows, {largest}, fits")
+    named = (
+        f"largest that fits: {largest})",
+        f"largest that fits within the plan's headroom: {largest})",
+        f"allows, {largest}, fits",
+    )
     assert any(any(words in line for words in named) for line in lines)
     assert f"of the {t['step_s']:.3g} s step" in lines[-1]
     assert candidate["score"] == pytest.approx(t["tokens_per_s"])

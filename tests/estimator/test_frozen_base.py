@@ -330,7 +330,9 @@ def test_the_notes_say_the_bytes_the_estimate_counts() -> None:
 
 
 @pytest.mark.parametrize(("method", "kept"), [(Method.QLORA, True), (Method.LORA, False)])
-def test_the_answer_says_the_fused_routed_experts_stay_16_bit_and_unadapted(method: Method, kept: bool) -> None:
+def test_the_answer_says_the_fused_routed_experts_stay_16_bit_and_unadapted(
+    method: Method, kept: bool
+) -> None:
     """Mixtral QLoRA on one H100: 85 GiB of parameters, the experts in bf16, while the only QLoRA
     assumption read "NF4 Linear weights" (hardware review): the answer says why."""
     mixtral = preset("mixtral-8x7b").spec
@@ -340,6 +342,7 @@ def test_the_answer_says_the_fused_routed_experts_stay_16_bit_and_unadapted(meth
     said = [a for a in answer.assumptions if a.startswith("routed experts:")]
     assert len(said) == 1 and "no adapters on them" in said[0]
     assert ("bitsandbytes leaves them bf16" in said[0]) is kept
-    dense = estimate(preset("llama-3.1-8b").spec, gpu_cluster(H100, 1, 50e9), Layout(framework=Framework.FSDP),
-                     training, tuning=default_tuning(), with_limits=False)  # fmt: skip
+    one_h100 = gpu_cluster(H100, 1, 50e9)
+    dense = estimate(preset("llama-3.1-8b").spec, one_h100, Layout(framework=Framework.FSDP), training,
+                     tuning=default_tuning(), with_limits=False)  # fmt: skip
     assert not any(a.startswith("routed experts:") for a in dense.assumptions)

@@ -56,7 +56,8 @@ def check_claims(candidate: Candidate, c: ClusterSpec) -> None:
     # the largest micro-batch it names is one the plan's headroom allows: at least the chosen one
     # ("the largest the global batch allows, N, fits": the batch, not memory, bounds it)
     largest = re.search(
-        r"(?:largest that fits(?: within the plan's headroom)?: |the largest the global batch allows, )(\d+)", text
+        r"(?:largest that fits(?: within the plan's headroom)?: |the largest the global batch allows, )(\d+)",
+        text,
     )
     assert largest is not None and int(largest.group(1)) >= lo.micro_batch_size, text
     tp_line = next(line for line in lines if line.startswith("TP="))
@@ -131,5 +132,7 @@ def test_the_largest_micro_batch_named_is_within_the_plans_headroom() -> None:
     assert plan.recommended is not None
     best = plan.recommended
     assert best.estimate.max_micro_batch_size == 4 and best.layout.micro_batch_size == 2
-    assert any("(largest that fits within the plan's headroom: 2)" in line for line in best.rationale), best.rationale
+    assert any("(largest that fits within the plan's headroom: 2)" in line for line in best.rationale), (
+        best.rationale
+    )
     assert "uses its one GPU" in best.rationale
