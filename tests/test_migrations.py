@@ -323,3 +323,64 @@ def test_a_sqlite_migration_that_would_leave_a_dangling_reference_changes_nothin
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "a5a8163d31bd"
         assert not [t for t in inspect(conn).get_table_names() if t.startswith("_alembic_tmp")]
     engine.dispose()  # type: ignore[attr-defined]
+
+
+def test_plans_and_runs_stored_with_host_storage_are_rekeyed(tmp_path: object) -> None:
+    """The hardware key hashed host RAM and NVMe, so the same GPUs calibrated an estimate that stated
+    host RAM and not one that left it out (consistency review). The keys of plans whose cluster stated
+    either move to what hardware_key computes now, their runs' with them; a key the old hashing did not
+    make is left alone; the downgrade restores the old keys."""
+    import dataclasses
+    import json
+
+    from service.contracts.clusters import ClusterIn
+    from service.planning.calibration import hardware_key
+
+    url = f"sqlite:///{Path(str(tmp_path)) / 'rekey.db'}"
+    config = alembic_config(url)
+    command.upgrade(config, "7b2d9e4c1a30")  # the last revision before
+    shape = ClusterIn(
+        gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=8, inter_node_bandwidth_bytes_per_s=50e9,
+        cpu_memory_bytes_per_node=2**41,
+    )  # fmt: skip
+    cluster = shape.to_domain()
+    snapshot = json.dumps(json.loads(json.dumps(dataclasses.asdict(cluster), default=str)))
+    # the key main stored for it before this revision (service.planning.calibration at 0f0b174)
+    old = "5c21f141c582c3e09525a595150f6514e437fd1cc1728ad04f6a044ef1006943"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        for plan_id, key, stored in (
+            ("P1", old, snapshot),
+            ("P2", "hw-elsewhere", snapshot),
+            ("P3", "hw", "{}"),
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO plans (id, cluster_snapshot, hardware_key, model_name, status, request,"
+                    " result, artifacts, catalog_version, estimator_version, created_at) VALUES (:id,"
+                    " :snapshot, :key, 'm', 'feasible', '{}', '{}', '[]', 'c', 'e', '2026-12-01 00:00:00')"
+                ),
+                {"id": plan_id, "snapshot": stored, "key": key},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO runs (id, plan_id, hardware_key, out_of_memory, framework_version,"
+                    " notes, diagnosis, created_at) VALUES (:id, :plan, :key, 0, '', '', '{}',"
+                    " '2026-12-01 00:00:00')"
+                ),
+                {"id": f"R{plan_id}", "plan": plan_id, "key": key},
+            )
+
+    def keys() -> dict[str, tuple[str, str]]:
+        with engine.connect() as conn:
+            plans = dict(conn.execute(text("SELECT id, hardware_key FROM plans")).all())
+            runs = dict(conn.execute(text("SELECT plan_id, hardware_key FROM runs")).all())
+        return {plan_id: (plans[plan_id], runs[plan_id]) for plan_id in plans}
+
+    command.upgrade(config, "head")
+    new = hardware_key(cluster)
+    assert new != old and new == hardware_key(dataclasses.replace(cluster, cpu_memory_bytes_per_node=0))
+    assert keys() == {"P1": (new, new), "P2": ("hw-elsewhere", "hw-elsewhere"), "P3": ("hw", "hw")}
+    command.downgrade(config, "7b2d9e4c1a30")
+    assert keys() == {"P1": (old, old), "P2": ("hw-elsewhere", "hw-elsewhere"), "P3": ("hw", "hw")}
+    engine.dispose()

@@ -52,8 +52,18 @@ OPTIONAL_HARDWARE_FIELDS = (
 )
 
 
+# What a node stores, not what computes or links: a run's speed and memory on the GPUs do not depend on
+# it, so a cluster that states its host RAM or NVMe is the same hardware as one that does not (the same
+# 16 H100s were calibrated by a run with 2 TiB of host RAM stated and not without it; consistency
+# review). Hashed at their "not stated" value, 0, so the keys of clusters that never stated them stay
+# (migration 2026-12-06 rekeys the plans and runs stored with them).
+HOST_STORAGE_FIELDS = ("cpu_memory_bytes_per_node", "nvme_bytes_per_node")
+
+
 def hardware_key(cluster: ClusterSpec) -> str:
     fields = dataclasses.asdict(cluster)
+    for name in HOST_STORAGE_FIELDS:
+        fields[name] = 0
     for name in OPTIONAL_HARDWARE_FIELDS:
         if fields[name] is None:
             del fields[name]

@@ -291,7 +291,11 @@ def rationale(
     largest = estimate.max_micro_batch_size if largest_micro_batch is None else largest_micro_batch
     # within the plan's headroom where the search chose it so: beside limits.max_micro_batch_size (the
     # whole card's) "largest that fits: 2" read as a contradiction of its 4 (consistency review)
-    within = "" if largest_micro_batch is None else " within the plan's headroom"
+    within = (
+        " within the plan's headroom"
+        if largest_micro_batch is not None and largest_micro_batch != estimate.max_micro_batch_size
+        else ""
+    )
     bound = (
         f"the largest the global batch allows, {largest}, fits{within}"
         if largest is not None and largest == batch_cap

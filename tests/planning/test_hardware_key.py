@@ -30,3 +30,12 @@ def test_a_measurement_is_other_hardware() -> None:
         hardware_key(dataclasses.replace(plain, measured_intra_node_bus_bandwidth_bytes_per_s=44e9)),
     }
     assert len(keys) == 4
+
+
+def test_host_ram_and_nvme_are_not_the_gpus_hardware() -> None:
+    """The same 16 H100s were calibrated by a run when the request stated 2 TiB of host RAM and not
+    when it left it out (consistency review): host storage is not part of the key."""
+    plain = POD.to_domain()
+    stated = dataclasses.replace(plain, cpu_memory_bytes_per_node=2**41, nvme_bytes_per_node=2**43)
+    assert hardware_key(stated) == hardware_key(plain)
+    assert hardware_key(dataclasses.replace(plain, num_nodes=4)) != hardware_key(plain)
