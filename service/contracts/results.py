@@ -32,7 +32,9 @@ from service.estimator.types import MemoryStatistic
 # 2: a run's diagnosis names the statistic its peak was compared as in the estimate's words
 # (allocated, reserved, device_used) and whether that was assumed; 1 named a log's reading
 # (max_reserved, ...) and None for a typed peak, compared as device used (RunDiagnosis reads both).
-RESULT_VERSION = 2
+# 3: a rejected memory miss's capacity_bytes is the card's, allowed_bytes the limit it was compared with
+# (the card less the plan's headroom), which 2 stored as capacity_bytes (PlanResult reads both).
+RESULT_VERSION = 3
 
 
 class Stored(BaseModel):
@@ -66,8 +68,15 @@ class RejectionOut(Stored):
     count: int
     example: dict[str, Any]
     detail: str
-    per_gpu_bytes: int | None = None
-    capacity_bytes: int | None = None
+    per_gpu_bytes: int | None = Field(default=None, description="a memory miss: the example's need per GPU")
+    allowed_bytes: int | None = Field(
+        default=None,
+        description="a memory miss: what the need was compared with, the card less the plan's headroom "
+        "(constraints.min_headroom_fraction, widened where runs on this hardware measured more memory)",
+    )
+    capacity_bytes: int | None = Field(
+        default=None, description="a memory miss: the card's memory (estimate.memory.capacity_bytes)"
+    )
 
 
 class SuggestionOut(Stored):
@@ -125,6 +134,21 @@ class PlanResult(Stored):
     @classmethod
     def read(cls, stored: Mapping[str, Any]) -> PlanResult:
         return cls.model_validate(stored)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _allowed_before_version_3(cls, data: Any) -> Any:
+        """Versions 0-2 stored a memory miss's limit (the card less the headroom) as capacity_bytes,
+        beside estimates whose capacity_bytes is the card: read as allowed_bytes, the card unknown."""
+        if not isinstance(data, dict) or data.get("version", 0) >= 3 or not data.get("rejected"):
+            return data
+        rejected = [
+            {**r, "allowed_bytes": r.get("capacity_bytes"), "capacity_bytes": None}
+            if isinstance(r, dict) and "allowed_bytes" not in r and r.get("capacity_bytes") is not None
+            else r
+            for r in data["rejected"]
+        ]
+        return {**data, "rejected": rejected}
 
     def stored(self) -> dict[str, Any]:
         """The JSON to store."""

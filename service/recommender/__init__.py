@@ -1385,7 +1385,8 @@ def _recommend(
             example=group.example,
             detail=group.detail,
             per_gpu_bytes=group.per_gpu_bytes,
-            capacity_bytes=group.capacity_bytes,
+            allowed_bytes=group.allowed_bytes,
+            capacity_bytes=None if group.allowed_bytes is None else cluster.gpu.memory_bytes,
         )
         for reason, group in sorted(result.log.groups.items(), key=lambda kv: -kv[1].count)
     )

@@ -125,7 +125,7 @@ class RejectionGroup:
     example: Layout
     detail: str
     per_gpu_bytes: int | None = None
-    capacity_bytes: int | None = None
+    allowed_bytes: int | None = None  # what the example was compared with: the card less the headroom
     # memory: whether a requested launcher runs the example (None: not asked, as for a bound's)
     example_runs: bool | None = None
 

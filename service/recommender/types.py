@@ -89,6 +89,9 @@ class Rejection:
     example: Layout
     detail: str  # the example's numbers or the rule's message
     per_gpu_bytes: int | None = None  # the example's need, for "does not fit"
+    allowed_bytes: int | None = None  # what the need was compared with: the card less the plan's headroom
+    # the card's memory beside it (estimates' capacity_bytes: a miss "needs 38.3 GiB, 38.0 allowed" showed
+    # 38.0 as its capacity beside an estimate of the same layout fitting the 40 GiB card; consistency review)
     capacity_bytes: int | None = None
 
 

@@ -113,3 +113,34 @@ def test_the_stored_shapes_name_every_field_of_the_recommenders_results() -> Non
     )
     for domain, stored in pairs:
         assert {f.name for f in dataclasses.fields(domain)} == set(stored.model_fields), domain.__name__
+
+
+MEMORY_MISS_BODY: dict[str, Any] = {
+    "model": {"preset": "llama-3.1-70b"},
+    "cluster": {"gpu": "a100-sxm-40gb", "num_nodes": 1, "gpus_per_node": 8},
+    "training": {"seq_len": 2048, "global_batch_size": 16},
+    "constraints": {"frameworks": ["deepspeed"]},
+    "launchers": ["deepspeed"],
+}
+
+
+def test_a_memory_miss_names_the_card_and_the_limit_it_was_compared_with(session: Session) -> None:
+    """A plan's memory miss said "needs 38.3 GiB, 38.0 allowed" with capacity_bytes 38.0 GiB, where the
+    estimate of the same layout (capacity_bytes: the 40 GiB card) fit (consistency review): the limit is
+    allowed_bytes, capacity_bytes the card; results stored before read theirs as the limit."""
+    plan = planning.create_plan(session, PlanRequest.model_validate(MEMORY_MISS_BODY)).value
+    misses = [r for r in plan.rejected if r["per_gpu_bytes"] is not None]
+    assert misses
+    card = 40 * 2**30
+    for miss in misses:
+        assert miss["capacity_bytes"] == card and miss["allowed_bytes"] == int(card * 0.95)
+    stored = PlanRepository(session).get(plan.id)
+    assert stored is not None
+    before = copy.deepcopy(stored.result) | {"version": 2}
+    for rejection in before["rejected"]:
+        if rejection.get("allowed_bytes") is not None:
+            rejection["capacity_bytes"] = rejection.pop("allowed_bytes")  # as version 2 stored it
+    read = PlanResult.read(before)
+    for old, new in zip(read.rejected, PlanResult.read(stored.result).rejected, strict=True):
+        assert old.allowed_bytes == new.allowed_bytes
+        assert old.capacity_bytes is None if new.allowed_bytes is not None else old == new

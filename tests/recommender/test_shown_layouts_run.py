@@ -71,8 +71,8 @@ def test_the_plans_closest_miss_is_one_a_launcher_runs() -> None:
     closer = Layout(framework=Framework.FSDP, dp=2, cp=2, zero_stage=3, recompute=Recompute.FULL)
     job = make_job(spec, cluster, trained, default_tuning())
     need, _, _ = evaluate.memory_numbers(job, closer)
-    assert miss.capacity_bytes is not None and miss.per_gpu_bytes is not None
-    assert miss.capacity_bytes < need < miss.per_gpu_bytes  # a closer miss exists, and cannot run
+    assert miss.allowed_bytes is not None and miss.per_gpu_bytes is not None
+    assert miss.allowed_bytes < need < miss.per_gpu_bytes  # a closer miss exists, and cannot run
     assert not runnable_targets(Plan(model=spec, cluster=cluster, training=job.training, layout=closer))[0]
 
 
