@@ -1066,7 +1066,9 @@ def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
 )
 @click.option("--max-nodes", type=click.IntRange(1), help="largest node count searched (default 1024)")
 @click.option(
-    "--at-gpus", type=click.IntRange(1), help="time to train on this many GPUs (default: the fewest)"
+    "--at-gpus",
+    type=click.IntRange(1),
+    help="time to train on this many GPUs (default: the fewest; a stored cluster's: all of it)",
 )
 @click.option(
     "--gpu-hour-cost",
@@ -1132,6 +1134,11 @@ def print_capacity(options: list[dict[str, Any]], timed_on: bool) -> None:
     column of the GPUs each row is timed on (--at-gpus: not always its fewest)."""
     table = Table(title="capacity", title_justify="left")
     priced = any(option.get("cost") is not None for option in options)
+    # a stored cluster is timed on all of it: "min GPUs 2" beside its 16 GPUs' tokens/s read as 2's
+    # (consistency review), so the column shows wherever a row was timed on more than its fewest
+    timed_on = timed_on or any(
+        option.get("num_gpus") not in (None, option.get("min_gpus")) for option in options
+    )
     columns = ["GPU", "fits", "min GPUs", *(["timed on"] if timed_on else []), "layout", "tokens/s",
                "time to train", "GPU-hours", *(["cost"] if priced else [])]  # fmt: skip
     for column in columns:

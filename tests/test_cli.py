@@ -636,6 +636,11 @@ def test_capacity_of_stored_clusters_by_name(database: str) -> None:
     assert unknown.exit_code == 1 and "--cluster-id 'nope'" in words(unknown.output)
     both = CliRunner().invoke(main, [*args, "--max-nodes", "2", "--json"])
     assert both.exit_code == 1 and "max_nodes" in words(both.output)
+    # timed on the whole cluster: the table says so beside the fewest GPUs ("min GPUs 1" read as the
+    # throughput of 1; consistency review)
+    assert option["num_gpus"] == 8 and option["min_gpus"] < 8
+    table = run(*args)
+    assert table.exit_code == 0 and "timed" in words(table.output), table.output
 
 
 def test_a_retried_report_is_stored_once_and_contradicting_run_flags_are_usage_errors(database: str) -> None:
