@@ -52,7 +52,7 @@ _ALLOWED_KEYS = (
     | frozenset(_PEAK_KEYS)
     | frozenset(_CLOCK_KEYS)
     | {"notes", "flash_attention", "gpus_per_node", "node_network_bytes_per_s", "aliases"}
-    | {"ecc_reserved_fraction"}
+    | {"ecc_reserved_fraction", "visible_memory_mib"}
 )
 
 
@@ -193,6 +193,14 @@ def _usable_memory(name: str, table: dict[str, object]) -> int:
     check bits in the same GDDR6 (``ecc_reserved_fraction``, on by default on data-center GDDR6
     cards: 1/16, nvidia-smi's total 23034 MiB of an L4's 24 GiB). HBM's ECC is on extra dies."""
     memory = _integer(name, table, "memory_bytes")
+    if "visible_memory_mib" in table:
+        # what the driver leaves a process of the HBM (nvidia-smi's total): the fit compares device used
+        # (nvidia-smi's used) with it; the nominal GiB fit 81,919 MiB on an H100 whose total is 81,559
+        visible = _integer(name, table, "visible_memory_mib") * 2**20
+        if not memory // 2 < visible <= memory:
+            raise _invalid(name, "visible_memory_mib", f"must be at most memory_bytes and above half of it, got "
+                           f"{visible} bytes of {memory}")  # fmt: skip
+        return visible
     if "ecc_reserved_fraction" not in table:
         return memory
     fraction = _number(name, table, "ecc_reserved_fraction")
