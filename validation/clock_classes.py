@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from service.catalog.gpus import gpu as catalog_gpu
-from service.catalog.tuning import default_tuning
 from service.estimator.clocks import clock_fraction
 from service.estimator.estimate import estimate
 from validation import published
@@ -60,7 +59,12 @@ def clock_rows() -> tuple[ClockRow, ...]:
         uncapped = dataclasses.replace(built.cluster.gpu, power_limit_w=None, sustained_clock_hz=None)
         cluster = dataclasses.replace(built.cluster, gpu=uncapped)
         time = estimate(
-            built.model, cluster, built.layout, built.training, tuning=default_tuning(), with_limits=False
+            built.model,
+            cluster,
+            built.layout,
+            built.training,
+            tuning=published.row_tuning(row),
+            with_limits=False,
         ).time
         assert time is not None
         chosen.append(ClockRow(row["id"], row["split"], result.published, time.step_s, result.ours))

@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from validation import published
 from validation.cases import DATA_DIR
@@ -70,7 +69,8 @@ def class_rows() -> tuple[StatisticRow, ...]:
         fits = None
         if result.expressible:
             model, cluster, training, layout, _ = published.inputs(row)
-            fits = estimate(model, cluster, layout, training, tuning=default_tuning(), with_limits=False).fits
+            tuning = published.row_tuning(row)
+            fits = estimate(model, cluster, layout, training, tuning=tuning, with_limits=False).fits
         out.append(
             StatisticRow(
                 id=row["id"],

@@ -50,6 +50,7 @@ from service.estimator.errors import EstimatorError
 from service.estimator.estimate import estimate
 from service.estimator.hf_config import model_from_hf_config
 from service.estimator.pipeline import stage_layers
+from service.estimator.tuning import Tuning
 from service.estimator.types import (
     ALL_LINEAR,
     Attention,
@@ -635,6 +636,20 @@ class RowInputs(NamedTuple):
         return self.model, self.cluster, self.training, self.layout
 
 
+# Runs whose torchtitan repeated K and V to every query head before SDPA (before v0.2.2; the Dec-2024
+# benchmarks ran torchtitan 9dec370): their ring attention moved K and V at the query heads' width.
+REPEATS_KV_SOURCES = frozenset({"torchtitan-bench-2412"})
+
+
+def row_tuning(row: Row) -> Tuning:
+    """The tuning a row is estimated with: the catalog's, with what the row's framework version did
+    where it differs from the version the launchers render (``REPEATS_KV_SOURCES``)."""
+    tuning = default_tuning()
+    if row.get("source_key") in REPEATS_KV_SOURCES:
+        return dataclasses.replace(tuning, ring_attention_repeats_kv=True)
+    return tuning
+
+
 def inputs(row: Row) -> RowInputs:
     """The estimator inputs of ``row`` and its caveats; ``Unexpressible`` when the service cannot
     express it (the model family, a policy it lacks, a field not published, or a layout
@@ -716,7 +731,7 @@ def evaluate(row: Row) -> Result:
     except Unexpressible as error:
         return Result(**base, ours=None, reason=error.reason)
     est = estimate(
-        built.model, built.cluster, built.layout, built.training, tuning=default_tuning(), with_limits=False
+        built.model, built.cluster, built.layout, built.training, tuning=row_tuning(row), with_limits=False
     )
     if row["kind"] == "throughput":
         assert est.time is not None
@@ -869,7 +884,7 @@ def recipe_result(row: Row) -> RecipeResult:
     except Unexpressible as error:
         return RecipeResult(**base, fits=None, memory_bytes=None, step_s=None, reason=error.reason)
     est = estimate(
-        built.model, built.cluster, built.layout, built.training, tuning=default_tuning(), with_limits=False
+        built.model, built.cluster, built.layout, built.training, tuning=row_tuning(row), with_limits=False
     )
     assert est.time is not None
     return RecipeResult(

@@ -14,7 +14,6 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from validation import published
 
@@ -53,7 +52,7 @@ def encoder_rows() -> tuple[EncoderRow, ...]:
             built.cluster,
             built.layout,
             built.training,
-            tuning=default_tuning(),
+            tuning=published.row_tuning(row),
             with_limits=False,
         )
         assert est.time is not None

@@ -198,8 +198,8 @@ def _usable_memory(name: str, table: dict[str, object]) -> int:
         # (nvidia-smi's used) with it; the nominal GiB fit 81,919 MiB on an H100 whose total is 81,559
         visible = _integer(name, table, "visible_memory_mib") * 2**20
         if not memory // 2 < visible <= memory:
-            raise _invalid(name, "visible_memory_mib", f"must be at most memory_bytes and above half of it, got "
-                           f"{visible} bytes of {memory}")  # fmt: skip
+            why = f"must be at most memory_bytes and above half of it, got {visible} bytes of {memory}"
+            raise _invalid(name, "visible_memory_mib", why)
         return visible
     if "ecc_reserved_fraction" not in table:
         return memory

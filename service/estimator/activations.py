@@ -170,6 +170,7 @@ def _moe_mlp(
     mlp: MlpFn,
     tokens: float,
     modules: frozenset[RecomputeModule] = frozenset(),
+    megatron: bool = False,
 ) -> Split:
     # Balanced routing: each rank's experts see top_k x tokens (EP moves tokens, not their number);
     # padded to a capacity (Megatron --moe-pad-expert-input-to-capacity, DeepSpeed MoE's dispatch:
@@ -177,7 +178,14 @@ def _moe_mlp(
     # rank's routed rows are the factor's multiple (they were the mean's whatever the factor: a
     # factor of 4 "fitted" with 56 GiB of padded rows uncounted, MoE review, stop 41).
     # Kept: the router's input and fp32 probabilities (T x E), routing indices, dispatched and
-    # combined tokens (2 x top_k x T x h), each expert's MLP on its tokens, shared experts on all.
+    # combined tokens (2 x top_k x T x h: Hugging Face's expert loop keeps each expert's gathered input
+    # and its output times the routing weight), each expert's MLP on its tokens, shared experts on all.
+    # Megatron-Core keeps one h-wide copy per routed row, fc1's input: the routing weights multiply
+    # inside the activation (experts.py, moe_apply_probs_on_input / the weighted bias-swiglu) and
+    # unpermute saves indices only (moe_utils.unpermute); the alltoall dispatcher all-gathers the rows
+    # over the expert-TP group (token_dispatcher.py), so a rank holds etp/tp of them before the split
+    # over tp below (MoE review: Qwen3-30B-A3B ep 8 counted 6.4 GB of routed copies twice, and the
+    # same bytes whatever etp).
     # Megatron's selective modules: moe keeps the block's input only, moe_act drops the experts'
     # activation output (f of each routed token), shared_experts the shared MLP's.
     assert model.moe is not None
@@ -190,7 +198,8 @@ def _moe_mlp(
     sharded = mlp(model, layout, training, moe.expert_ffn_hidden_size, routed).sharded
     if RecomputeModule.MOE_ACT in modules:
         sharded -= d * routed * moe.expert_ffn_hidden_size
-    sharded += 2 * d * routed * h + 4 * INDEX_BYTES * routed
+    dispatched = d * routed * h * layout.expert_tp if megatron else 2 * d * routed * h
+    sharded += dispatched + 4 * INDEX_BYTES * routed
     if moe.num_shared_experts and RecomputeModule.SHARED_EXPERTS not in modules:
         shared_ffn = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
         sharded += mlp(model, layout, training, shared_ffn, tokens).sharded
@@ -225,7 +234,7 @@ def megatron_layer_bytes(
     if RecomputeModule.LAYERNORM in modules and model.mla is not None:
         attention += Split(-norm_output, 0.0)
     if moe_layer:
-        mlp = _moe_mlp(model, layout, training, _megatron_mlp, t, modules)
+        mlp = _moe_mlp(model, layout, training, _megatron_mlp, t, modules, megatron=True)
         if RecomputeModule.LAYERNORM in modules:
             mlp += Split(-norm_output, 0.0)  # the pre-MLP norm's output (the block's input)
     elif RecomputeModule.MLP in modules:
@@ -528,7 +537,7 @@ def layer_bytes(
 
 LAYER_FIELDS = ("framework", "torch_compile", "tp", "sequence_parallel", "cp", "micro_batch_size")
 # ... and what an MoE layer's routed rows read: their padded capacity (Layout.capacity_factor)
-MOE_FIELDS = ("ep", "moe_capacity_factor")
+MOE_FIELDS = ("ep", "etp", "moe_capacity_factor")
 
 
 @layout_memo(*LAYER_FIELDS, *MOE_FIELDS, "recompute_modules")
@@ -591,21 +600,35 @@ def layer_activations(job: Job, layout: Layout) -> LayerActivations:
     )
 
 
-def torch_ring_buffer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+def ring_kv_width(model: ModelSpec, repeats_kv: bool = False) -> int:
+    """The width of the K and V PyTorch's ring moves per token: the KV heads' own. torchtitan passes
+    SDPA its shared K/V heads with ``enable_gqa`` since v0.2.2 (models/llama3/model/model.py; up to
+    v0.2.0 it called ``repeat_kv`` first: ``repeats_kv``, Tuning.ring_attention_repeats_kv), and
+    transformers' sdpa path does too (``use_gqa_in_sdpa``, torch >= 2.5, no mask: context
+    parallelism passes none). MLA's decompressed K and V are per head already (MoE review: Llama 3.1
+    8B at 1M tokens counted 4x the K/V, 13.7 GB, and 4x the gather)."""
+    if model.mla is not None or repeats_kv:
+        return model.q_size + model.v_size
+    return 2 * model.kv_size
+
+
+def torch_ring_buffer_bytes(
+    model: ModelSpec, layout: Layout, training: TrainingSpec, repeats_kv: bool = False
+) -> float:
     """The transient bytes PyTorch's ring attention holds during one layer's backward, beyond the
     layer's activations: FSDP with cp > 1 runs torch's context_parallel (torchtitan; Accelerate's
     parallelism_config), whose 'allgather' rotate method (both tools' default) all-gathers the whole
     sequence's K and V into one buffer kept for the attention call (torch/distributed/tensor/
     experimental/_attention.py ``_AllGatherRotater``: ``all_gather_tensor`` of the concatenated K, V),
-    again in the backward, with K and V repeated to every query head before SDPA (torchtitan's and
-    Hugging Face's ``repeat_kv``); the backward adds fp32 accumulators of dq, dk and dv and the fp32
-    dk, dv in flight to the next rank (``_templated_ring_attention_backward``, ``convert_to_f32``).
-    The gathered K and V do not shrink with cp: cp x the local ones. 0 for every other layout."""
+    again in the backward, at their own (KV-head) width: ``ring_kv_width``; the backward adds fp32
+    accumulators of dq, dk and dv and the fp32 dk, dv in flight to the next rank
+    (``_templated_ring_attention_backward``, ``convert_to_f32``). The gathered K and V do not shrink
+    with cp: cp x the local ones. 0 for every other layout."""
     if layout.framework is not Framework.FSDP or layout.cp == 1:
         return 0.0
     tokens = local_tokens(layout, training) / layout.tp
     element = element_bytes(training.precision)
-    kv_local = tokens * (model.q_size + model.v_size) * element
+    kv_local = tokens * ring_kv_width(model, repeats_kv) * element
     gathered = layout.cp * kv_local
     accumulators = FP32_BYTES * tokens * model.q_size + 2 * kv_local * FP32_BYTES / element
     return gathered + accumulators

@@ -528,7 +528,7 @@ def activation_buffer_bytes(job: Job, layout: Layout) -> tuple[float, float]:
     buffers = (
         pipeline_buffer_bytes(model, layout, training)
         + dequantize_bytes(model, layout, training)
-        + activations.torch_ring_buffer_bytes(model, layout, training)
+        + activations.torch_ring_buffer_bytes(model, layout, training, job.tuning.ring_attention_repeats_kv)
     )
     return buffers, buffers + activations.loss_workspace_bytes(model, layout, training)
 
@@ -542,6 +542,7 @@ ACTIVATION_FIELDS = (
     "tp",
     *PIPELINE_FIELDS,
     "ep",
+    "etp",
     "sequence_parallel",
     "micro_batch_size",
     "gradient_accumulation_steps",

@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass
 
 from service.estimator import activations, comm, flops
-from service.estimator.activations import FP32_BYTES, element_bytes
+from service.estimator.activations import FP32_BYTES, element_bytes, ring_kv_width
 from service.estimator.clocks import clock_fraction
 from service.estimator.errors import InvalidTraining
 from service.estimator.job import (
@@ -1172,11 +1172,10 @@ def layer_core_work_flops(layout: Layout, base: StepBase) -> float:
 
 
 def torch_ring_kv_bytes(job: Job, layout: Layout, base: StepBase) -> float:
-    """The K and V one rank holds for one layer and micro-batch, as PyTorch's ring moves them: with
-    every query head's copy, since the model repeats the shared K/V heads before SDPA (torchtitan
-    models/llama/model.py@9dec370 ``repeat_kv``; Hugging Face's sdpa path does the same)."""
-    model = job.model
-    return base.tokens * (model.q_size + model.v_size) / layout.tp * element_bytes(job.training.precision)
+    """The K and V one rank holds for one layer and micro-batch, as PyTorch's ring moves them: at the
+    KV heads' own width (``activations.ring_kv_width``)."""
+    width = ring_kv_width(job.model, job.tuning.ring_attention_repeats_kv)
+    return base.tokens * width / layout.tp * element_bytes(job.training.precision)
 
 
 def torch_ring_comm_s(job: Job, layout: Layout, base: StepBase) -> float:

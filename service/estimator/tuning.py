@@ -165,6 +165,10 @@ class Tuning:
     # flash-style attention: the kernel each framework runs, and the published rates per die
     attention_kernel_by_framework: tuple[tuple[Framework, str], ...] = ()
     attention_kernel_rates: tuple[AttentionKernelRate, ...] = ()
+    # PyTorch's ring attention moves K and V at every query head's width: what torchtitan did before
+    # v0.2.2 (repeat_kv before SDPA), which runs measured then (validation's Dec-2024 benchmarks) set;
+    # False: the KV heads' own width, as the torchtitan the launchers render passes them (enable_gqa)
+    ring_attention_repeats_kv: bool = False
     cpu_adam_params_per_s_per_node: float  # DeepSpeed CPU-Adam, whole host
     torch_cpu_adam_slowdown: float  # PyTorch's AdamW on CPU tensors (FSDP CPU offload) vs DeepSpeed's
     nvme_bandwidth_bytes_per_s_per_node: float  # when the cluster gives none

@@ -738,4 +738,4 @@ def test_a_capacity_factor_pads_every_expert_and_its_rows_are_held() -> None:
     assert one == pytest.approx(dropless)  # padded to the mean: the balanced rows
     # each extra factor of the mean adds the same routed rows again
     assert four - one == pytest.approx(3 * (held(2.0) - one), rel=1e-9)
-    assert (four - one) / 2**30 > 40
+    assert (four - one) / 2**30 > 35  # one h-wide copy of each routed row (Megatron-Core), fc1 and fc2

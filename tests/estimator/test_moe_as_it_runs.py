@@ -187,3 +187,25 @@ def test_deepspeed_pads_to_capacity_only_where_its_script_builds_deepspeed_moe_l
         validate_layout(FINE, ONE_NODE, dataclasses.replace(hf_block, moe_capacity_factor=1.25), TRAINING)
     assert (refused.value.field, refused.value.rule) == ("moe_capacity_factor", "capacity_moe")
     assert "ep = 1" in refused.value.message
+
+
+def test_megatron_keeps_one_copy_of_each_routed_row_gathered_over_etp() -> None:
+    """Megatron-Core keeps one h-wide copy per routed row (fc1's input: the routing weights multiply
+    inside the activation, unpermute saves indices), all-gathered over the expert-TP group by the
+    alltoall dispatcher: a rank holds etp/tp of the rows. Hugging Face's expert loop (DeepSpeed, FSDP)
+    keeps two (the gathered input, the weighted output). By hand on Qwen3-30B-A3B (48 MoE layers, h
+    2048, top 8) at 4K tokens, tp 4 with SP: etp 4 holds 48 x 2 B x 8 x 4096 x 2048 x 3/4 more than
+    etp 1 (MoE review: the same bytes whatever etp, and twice the copies)."""
+    from service.estimator.estimate import estimate
+
+    qwen = preset("qwen3-30b-a3b").spec
+    h100s = gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+
+    def activations(etp: int) -> int:
+        layout = Layout(framework=Framework.MEGATRON, dp=2, tp=4, ep=2, etp=etp, zero_stage=1,
+                        sequence_parallel=True)  # fmt: skip
+        answer = estimate(qwen, h100s, layout, training, tuning=default_tuning(), with_limits=False)
+        return answer.memory.per_gpu.activations
+
+    assert activations(4) - activations(1) == 48 * 2 * 8 * 4096 * 2048 * 3 // 4

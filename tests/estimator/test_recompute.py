@@ -176,9 +176,10 @@ def test_recompute_modules_free_their_activations_by_hand() -> None:
     # mlp (dense): fc1's input 2 x 4 x 8 and its gate/up outputs and product 2 x 4 x (3 x 16)
     assert _freed(TINY, False, M.MLP) == 64 + 384
     # an MoE block of 4 tokens, top 2 of 4 experts (f 8) + 1 shared expert (f 8):
-    # router input 64 + fp32 probabilities 4 x 4 x 4, routed experts 2 x 8 x 24, dispatched and
-    # combined tokens 2 x 2 x 8 x 8, routing indices 4 x 8 x 8, shared expert 2 x 4 x 24
-    block = 64 + 64 + 384 + 256 + 256 + 192
+    # router input 64 + fp32 probabilities 4 x 4 x 4, routed experts 2 x 8 x 24, dispatched tokens
+    # (fc1's input; Megatron keeps no combined copy) 2 x 8 x 8, routing indices 4 x 8 x 8, shared
+    # expert 2 x 4 x 24
+    block = 64 + 64 + 384 + 128 + 256 + 192
     assert _freed(TINY_MOE, True, M.MOE) == block - 64  # the block keeps its input only
     assert _freed(TINY_MOE, True, M.MOE_ACT) == 2 * 8 * 8  # the routed experts' activation output
     assert _freed(TINY_MOE, True, M.SHARED_EXPERTS) == 192

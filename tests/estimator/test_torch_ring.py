@@ -24,7 +24,11 @@ GQA = dataclasses.replace(gpt(32, 4096, 32, 32000), num_kv_heads=8)
 
 
 def _setup(
-    cp: int, tokens_per_rank: int = 8192, inter_node_bytes_per_s: float = 50e9, gpus_per_node: int = 8
+    cp: int,
+    tokens_per_rank: int = 8192,
+    inter_node_bytes_per_s: float = 50e9,
+    gpus_per_node: int = 8,
+    repeats_kv: bool = False,
 ) -> tuple[Job, Layout, step_time.StepBase]:
     training = TrainingSpec(
         seq_len=tokens_per_rank * cp,
@@ -35,7 +39,8 @@ def _setup(
     cluster = gpu_cluster(H100, 8, inter_node_bytes_per_s)
     if gpus_per_node != 8:
         cluster = dataclasses.replace(cluster, gpus_per_node=gpus_per_node, num_nodes=8 // gpus_per_node)
-    job = prepare(GQA, cluster, training, default_tuning())
+    tuning = dataclasses.replace(default_tuning(), ring_attention_repeats_kv=repeats_kv)
+    job = prepare(GQA, cluster, training, tuning)
     layout = Layout(
         dp=8 // cp,
         cp=cp,
@@ -47,9 +52,12 @@ def _setup(
     return job, layout, step_time.step_base(job, layout)
 
 
-def test_kv_bytes_count_every_query_heads_copy() -> None:
-    # repeat_kv before SDPA: K and V are 32 heads x 128 wide each, not the 8 shared heads; bf16
+def test_kv_bytes_are_the_shared_kv_heads() -> None:
+    # torchtitan since v0.2.2 passes SDPA the 8 shared K/V heads (enable_gqa): 8 x 128 wide each, bf16;
+    # before it, repeat_kv gave every one of the 32 query heads its copy (the Dec-2024 benchmarks' runs)
     job, layout, base = _setup(cp=2)
+    assert step_time.torch_ring_kv_bytes(job, layout, base) == 8192 * (1024 + 1024) * 2
+    job, layout, base = _setup(cp=2, repeats_kv=True)
     assert step_time.torch_ring_kv_bytes(job, layout, base) == 8192 * (4096 + 4096) * 2
 
 
@@ -63,20 +71,21 @@ def test_merge_passes_by_hand() -> None:
 
 
 def test_nvlink_hides_the_gather_and_shows_the_last_gradient_send() -> None:
-    # one node: the all-gather of 2 ranks' K and V (2 x 8192 x 8192 x 2 B) at NVLink speed is shorter than the
-    # first block's kernel, and so is each fp32 dK/dV send (8192 x 8192 x 4 B); only the one awaited after
+    # one node: the all-gather of 2 ranks' K and V (2 x 8192 x 2048 x 2 B) at NVLink speed is shorter than the
+    # first block's kernel, and so is each fp32 dK/dV send (8192 x 2048 x 4 B); only the one awaited after
     # the backward's loop shows
     job, layout, base = _setup(cp=2)
     link = base.links.cp
     assert not link.spans_nodes
-    dkv_s = comm.p2p_s(8192 * 8192 * 4, link.bandwidth_bytes_per_s, link.latency_s)
+    dkv_s = comm.p2p_s(8192 * 2048 * 4, link.bandwidth_bytes_per_s, link.latency_s)
     assert step_time.torch_ring_comm_s(job, layout, base) == pytest.approx(32 * dkv_s)
 
 
 def test_a_slow_link_exposes_the_gather_beyond_the_first_block() -> None:
-    # one GPU per node at 5 GB/s: the gather (each rank receives the other rank's 134 MB) outlasts the
-    # first block's forward and backward kernels; forward and recomputed forward wait, so does the backward
-    job, layout, base = _setup(cp=2, inter_node_bytes_per_s=5e9, gpus_per_node=1)
+    # one GPU per node at 5 GB/s: the gather (each rank receives the other rank's 134 MB of every query
+    # head's K and V, as torchtitan before v0.2.2 moved them) outlasts the first block's forward and
+    # backward kernels; forward and recomputed forward wait, so does the backward
+    job, layout, base = _setup(cp=2, inter_node_bytes_per_s=5e9, gpus_per_node=1, repeats_kv=True)
     link = base.links.cp
     kv = 8192 * (4096 + 4096) * 2  # K and V, bf16
     gather_s = comm.group_all_gather_s(2 * kv, link)
@@ -152,18 +161,22 @@ def test_a_slower_gemm_never_shortens_the_step(preset: str) -> None:
 
 
 def test_the_gathered_kv_and_fp32_gradients_are_in_the_buffers_by_hand() -> None:
-    """The 'allgather' rotate method keeps the whole sequence's K and V (every query head's copy)
-    for the attention call, and the backward adds fp32 dq, dk, dv and the dk, dv in flight: at 1M
-    tokens over cp 32 the gathered K and V alone are 16 GiB on every rank, whatever cp is."""
+    """The 'allgather' rotate method keeps the whole sequence's K and V (the 8 shared heads: torchtitan
+    passes them with enable_gqa) for the attention call, and the backward adds fp32 dq, dk, dv and the
+    dk, dv in flight: at 1M tokens over cp 32 the gathered K and V alone are 4 GiB on every rank,
+    whatever cp is; 16 GiB where every query head had its copy (torchtitan before v0.2.2)."""
     from service.estimator import activations
 
     training = TrainingSpec(seq_len=1_048_576, global_batch_size=1, precision=Precision.BF16)
     layout = Layout(dp=1, cp=32, framework=Framework.FSDP, zero_stage=3, recompute=Recompute.FULL)
-    local = 32_768 * (4096 + 4096) * 2  # one rank's K and V, bf16
-    gathered = 32 * local
-    assert gathered == 16 * 2**30
-    fp32 = 4 * 32_768 * 4096 + 2 * local * 2  # dq, then dk, dv and the pair in flight, fp32
-    assert activations.torch_ring_buffer_bytes(GQA, layout, training) == gathered + fp32
+    for width, repeats in ((1024 + 1024, False), (4096 + 4096, True)):
+        local = 32_768 * width * 2  # one rank's K and V, bf16
+        gathered = 32 * local
+        assert gathered == (16 if repeats else 4) * 2**30
+        fp32 = 4 * 32_768 * 4096 + 2 * local * 2  # dq, then dk, dv and the pair in flight, fp32
+        assert activations.torch_ring_buffer_bytes(GQA, layout, training, repeats) == gathered + fp32
+    local = 32_768 * (1024 + 1024) * 2
+    fp32 = 4 * 32_768 * 4096 + 2 * local * 2
     # at the same tokens per rank the gather grows with cp; Megatron's and DeepSpeed's rings hold none
     half = dataclasses.replace(training, seq_len=524_288)
     assert (
@@ -177,8 +190,8 @@ def test_the_gathered_kv_and_fp32_gradients_are_in_the_buffers_by_hand() -> None
 
 
 def test_llama_8b_at_1m_tokens_over_cp_32_no_longer_fits_an_h100() -> None:
-    # a review's case: estimated to fit with 7 GiB to spare before the gathered K and V (16 GiB) were
-    # counted; the buffers now hold them to the byte
+    # a review's case: estimated to fit with 7 GiB to spare before the gathered K and V (4 GiB of the 8
+    # shared heads) were counted; the buffers now hold them to the byte
     spec = preset_model("llama-3.1-8b").spec
     cluster = dataclasses.replace(gpu_cluster(H100, 32, 50e9), num_nodes=4)
     training = TrainingSpec(seq_len=1_048_576, global_batch_size=1, precision=Precision.BF16)
@@ -188,7 +201,7 @@ def test_llama_8b_at_1m_tokens_over_cp_32_no_longer_fits_an_h100() -> None:
     ring = activations.torch_ring_buffer_bytes(spec, layout, training)
     with_ring = estimate(spec, cluster, layout, training, tuning=default_tuning())
     assert not memory_fits(with_ring.memory, cluster)
-    assert ring > 16 * 2**30
+    assert ring > 4 * 2**30
     # without them (the buffers less the ring's) it fitted
     assert (
         with_ring.memory.per_gpu.total - ring * (1 + default_tuning().memory.fragmentation_fraction)
