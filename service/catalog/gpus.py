@@ -70,6 +70,9 @@ class GPUEntry:
     # of it (less ECC's share on GDDR6 parts)
     nominal_memory_bytes: int = 0
     aliases: tuple[str, ...] = ()  # other names it goes by (nvidia-smi's), besides display_name
+    # the memory the part was stated with before the driver's reserve was taken off it (visible_memory_mib):
+    # what calibration's hardware key hashes, so runs stored before keep applying; else spec.memory_bytes
+    keyed_memory_bytes: int = 0
 
 
 def gpus() -> dict[str, GPUSpec]:
@@ -178,6 +181,9 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
         notes=_text(name, table, "notes") if "notes" in table else None,
         nominal_memory_bytes=_integer(name, table, "memory_bytes"),
         aliases=_names(name, table, "aliases"),
+        keyed_memory_bytes=_integer(name, table, "memory_bytes")
+        if "visible_memory_mib" in table
+        else spec.memory_bytes,
     )
 
 
