@@ -12,6 +12,7 @@ from service.catalog.errors import UnknownCatalogEntry
 from service.contracts.common import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_MEMORY_BYTES,
+    MAX_NVME_BYTES,
     MIN_BANDWIDTH_BYTES_PER_S,
     FieldError,
     Strict,
@@ -99,7 +100,7 @@ class ClusterShape(Strict):
         description="each GPU's share of the node's network; required when num_nodes > 1",
     )
     cpu_memory_bytes_per_node: int = Field(default=0, ge=0, le=MAX_MEMORY_BYTES)
-    nvme_bytes_per_node: int = Field(default=0, ge=0, le=2**50)
+    nvme_bytes_per_node: int = Field(default=0, ge=0, le=MAX_NVME_BYTES)
     measured_intra_node_bus_bandwidth_bytes_per_s: float | None = Field(
         default=None,
         ge=MIN_BANDWIDTH_BYTES_PER_S,
@@ -293,7 +294,7 @@ class ClusterPatch(Strict):
         default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
     )
     cpu_memory_bytes_per_node: int | None = Field(default=None, ge=0, le=MAX_MEMORY_BYTES)
-    nvme_bytes_per_node: int | None = Field(default=None, ge=0, le=2**50)
+    nvme_bytes_per_node: int | None = Field(default=None, ge=0, le=MAX_NVME_BYTES)
     measured_intra_node_bus_bandwidth_bytes_per_s: float | None = Field(
         default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
     )

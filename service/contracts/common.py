@@ -11,6 +11,9 @@ from typing import Annotated, Any, Generic, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
+from service.estimator.scale import MAX_MEMORY_BYTES, MAX_NVME_BYTES
+
+__all__ = ["MAX_MEMORY_BYTES", "MAX_NVME_BYTES"]  # the bounds every memory field shares (16 TiB; 1 PiB)
 
 GB_PER_S = 1e9  # the *_gbps inputs are GB/s (1e9 bytes/s), converted once here
 # Physical bounds: no link, memory or chip outside them exists, and values outside them (a denormal
@@ -18,7 +21,6 @@ GB_PER_S = 1e9  # the *_gbps inputs are GB/s (1e9 bytes/s), converted once here
 MIN_BANDWIDTH_BYTES_PER_S = 1e6  # 1 MB/s: slower than any PCIe, NVLink or NIC by orders of magnitude
 MAX_BANDWIDTH_BYTES_PER_S = 1e14  # 100 TB/s per GPU: far above any link that exists
 MIN_MEMORY_BYTES = 2**20  # 1 MiB
-MAX_MEMORY_BYTES = 2**44  # 16 TiB: any larger "GPU" or host is a typo
 MIN_FLOPS_PER_S = 1e9  # 1 GFLOP/s: below any accelerator's
 MAX_FLOPS_PER_S = 1e18
 

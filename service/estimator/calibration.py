@@ -233,6 +233,15 @@ def implausibility(obs: Observation) -> tuple[str, ...]:
                 f"{estimated_bytes / GB:.4g} GB, more than {IMPLAUSIBLE_RATIO:g}x off: another job than "
                 "the plan's, or a broken measurement"
             )
+    if obs.out_of_memory and peak is not None and peak < obs.model_state_bytes:
+        # the model states are resident before the first step: a peak below them is not one the run
+        # reached before it ran out (an OOM "at 1 GB" on an 80 GB card set a memory factor of 1.6 for
+        # every later plan; bounded-work review)
+        reasons.append(
+            f"ran out of memory at a reported peak of {peak / GB:.4g} GB, below the "
+            f"{obs.model_state_bytes / GB:.4g} GB of model states the most loaded GPU holds throughout: "
+            "not the peak the run reached"
+        )
     if obs.out_of_memory:
         estimated_bytes = obs.model_state_bytes + obs.dynamic_bytes
         if 0 < estimated_bytes * IMPLAUSIBLE_RATIO < obs.capacity_bytes:

@@ -41,6 +41,12 @@ MAX_GPUS = ScaleLimit("cluster.num_nodes", 262_144, "Llama 3 405B: 16,384 GPUs (
 
 SCALE_LIMITS = (MAX_LAYERS, MAX_EXPERTS, MAX_SEQ_LEN, MAX_TOKENS_PER_STEP, MAX_GPUS)
 
+# The most memory a request may state: a GPU's or a node's host RAM (16 TiB; more is a typo: the largest
+# servers hold 12-16 TiB), a node's NVMe (1 PiB). What offload is suggested with stays within them,
+# so the suggestion can be sent back (a 50.7 TiB one was a 422; bounded-work review).
+MAX_MEMORY_BYTES = 2**44
+MAX_NVME_BYTES = 2**50
+
 
 def scale_violation(
     model: ModelSpec, cluster: ClusterSpec | None, training: TrainingSpec

@@ -99,6 +99,7 @@ from service.recommender.types import (
     Recommendation,
     Rejection,
     SearchStats,
+    Skipped,
 )
 
 __all__ = ["Constraints", "Objective", "Recommendation", "recommend", "search"]
@@ -1420,13 +1421,17 @@ def _recommend(
             search=searched,
         )
     tips = suggestions(model, cluster, training, constraints, tuning, _catalog(catalog), budget)
+    closest, unestimated = _closest(model, result, training)
+    skipped = (
+        tips.skipped if unestimated is None else (*tips.skipped, Skipped(kind="closest", reason=unestimated))
+    )
     return Recommendation(
         status="infeasible",
         recommended=None,
         rejected=rejected,
         suggestions=tips.made,
-        suggestions_skipped=tips.skipped,
-        closest=_closest(model, result, training),
+        suggestions_skipped=skipped,
+        closest=closest,
         search=searched,
     )
 
@@ -1439,23 +1444,37 @@ def _catalog(given: Sequence[GPUSpec] | None) -> Sequence[GPUSpec]:
     return [entry.spec for entry in gpu_entries()]
 
 
-def _closest(model: ModelSpec, result: SearchResult, training: TrainingSpec) -> Candidate | None:
+def _closest(
+    model: ModelSpec, result: SearchResult, training: TrainingSpec
+) -> tuple[Candidate | None, str | None]:
     """The layout that came closest to fitting (the least memory the search saw over the limit),
-    fully estimated: how far the best layout is from fitting, and its memory breakdown. Optional:
-    a layout the estimator refuses (a bound's example) leaves it out."""
+    fully estimated: how far the best layout is from fitting, and its memory breakdown; and, where
+    there is a miss but no layout to show, why (a suggestion skipped: it was silently null for a
+    bound's example the global batch does not split over; bounded-work review). A bound's example
+    (the model states alone) is shown with its whole estimate beside the bound's words, which
+    counted the states only."""
     group = result.log.groups.get(MEMORY_REJECTION)
     if group is None:
-        return None
+        return None, None
     layout = group.example
     job = result.jobs.get(layout.world_size)
     if job is None:
-        return None
+        return None, None
     try:
         validate_layout(model, job.cluster, layout, training)
         estimate = estimate_valid(job, layout, with_limits=False)
-    except EstimatorError:
-        return None
-    return Candidate(layout=layout, estimate=estimate, score=0.0, rationale=(group.detail,))
+    except EstimatorError as error:
+        return (
+            None,
+            f"the closest miss ({group.detail}) is a bound, not a layout to estimate: {error.message}",
+        )
+    detail = group.detail
+    if group.per_gpu_bytes is not None and estimate.memory.per_gpu.total != group.per_gpu_bytes:
+        # a bound's words (the states alone) beside the whole estimate over_bytes is read from
+        whole = estimate.memory.per_gpu.total / 2**30
+        over = (estimate.memory.per_gpu.total - (group.allowed_bytes or 0)) / 2**30
+        detail += f"; the whole layout estimated: {whole:.1f} GiB per GPU ({over:.1f} GiB over)"
+    return Candidate(layout=layout, estimate=estimate, score=0.0, rationale=(detail,)), None
 
 
 def _tokens_per_s(est: Estimate) -> float:

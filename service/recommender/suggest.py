@@ -31,6 +31,7 @@ from service.estimator.defaults import for_gpu
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
 from service.estimator.memory import cuda_context_bytes
+from service.estimator.scale import MAX_MEMORY_BYTES, MAX_NVME_BYTES
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
     BaseDtype,
@@ -64,7 +65,9 @@ MAX_NODE_FACTOR = 64  # look for up to 64x the nodes given before giving up
 # Layout evaluations one suggestion may spend at most (about a second of work), of the request's budget.
 SUGGESTION_EVALUATIONS = 50_000
 SHORTEST_SUGGESTED_SEQ = 512  # a shorter sequence is tried by halving, down to this
-UNLIMITED = 2**62  # bytes of host RAM and NVMe "as much as needed", to ask what offload would need
+# "as much host RAM and NVMe as needed", to ask what offload would need: as much as a node may state, so
+# the suggestion can be sent back (2**62 suggested 50.7 TiB per node, a 422; bounded-work review)
+UNLIMITED_HOST_BYTES, UNLIMITED_NVME_BYTES = MAX_MEMORY_BYTES, MAX_NVME_BYTES
 # The node and network a job placed on more GPUs than the request's one node assumes where its GPU's
 # catalog entry states none (a PCIe card, a custom GPU). A part with NVLink-class links: an HGX H100
 # node, 8 GPUs sharing 8 x 400 Gb/s NICs (its eight ConnectX-7), 50 GB/s per GPU one way. A PCIe-only
@@ -472,7 +475,8 @@ class _Ask:
         found = self._offloaded(budget)
         if found is None:
             raise NoFit(
-                "no layout fits on these GPUs even offloading to as much host RAM and NVMe as it needs"
+                "no layout fits on these GPUs even offloading to as much host RAM and NVMe as a node may "
+                f"state ({UNLIMITED_HOST_BYTES / 2**40:.0f} TiB and {UNLIMITED_NVME_BYTES / 2**50:.0f} PiB)"
             )
         memory = found.estimate.memory
         have = self.cluster.cpu_memory_bytes_per_node
@@ -485,7 +489,9 @@ class _Ask:
     def _offloaded(self, budget: Budget) -> Candidate | None:
         """The best layout on these GPUs allowed to offload to as much host RAM and NVMe as it needs."""
         unlimited = dataclasses.replace(
-            self.cluster, cpu_memory_bytes_per_node=UNLIMITED, nvme_bytes_per_node=UNLIMITED
+            self.cluster,
+            cpu_memory_bytes_per_node=UNLIMITED_HOST_BYTES,
+            nvme_bytes_per_node=UNLIMITED_NVME_BYTES,
         )
         allowed = dataclasses.replace(self.constraints, allow_offload=True)
         return self._best(budget, allowed, cluster=unlimited)
@@ -494,14 +500,19 @@ class _Ask:
         memory = found.estimate.memory
         have = self.cluster.cpu_memory_bytes_per_node
         verdict = "host RAM not stated" if not have else f"the nodes state {have / GiB:.0f} GiB"
+        # offload the request did not allow: said, as offload_within_the_nodes says it (applied as its
+        # fields say, the plan stayed infeasible; bounded-work review)
+        allow = "" if self.constraints.allow_offload else "allow offload (constraints.allow_offload) and "
         return Suggestion(
             kind="offload",
-            detail=f"offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node "
+            detail=f"{allow}offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node "
             f"({verdict}): {memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)}",
             gpu=self.cluster.gpu.name,
             num_gpus=found.layout.world_size,  # the layout's GPUs, as _on_the_gpus_given says them
             num_nodes=max(1, found.layout.world_size // self.cluster.gpus_per_node),
-            gpus_per_node=self.cluster.gpus_per_node,
+            # num_nodes x gpus_per_node = num_gpus: part of a node is a node of that many (1 x 8 beside
+            # num_gpus 4 was a 422 once applied; bounded-work review)
+            gpus_per_node=min(self.cluster.gpus_per_node, found.layout.world_size),
             per_gpu_bytes=memory.per_gpu.total,
             cpu_per_node_bytes=memory.cpu_per_node_bytes,
             tokens_per_s=_tokens_per_s(found),
@@ -745,12 +756,15 @@ class _Ask:
             memory = estimate(self.model, placed, layout, training, tuning=self.tuning).memory
             host = memory.cpu_per_node_bytes
         offloading = f", offloading to {host / GiB:.0f} GiB of host RAM per node" if host else ""
+        # more GPUs than the request allows: said, not silently past it (bounded-work review)
+        cap = self.constraints.max_gpus
+        past = f", past constraints.max_gpus {cap}: raise it" if cap is not None and gpus > cap else ""
         return [
             Suggestion(
                 kind=kind,
                 detail=f"{gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.0f} GiB; {nodes} node"
                 f"{'s' if nodes > 1 else ''} of {min(per_node, gpus)}{across}) fit: "
-                f"{tokens_per_s:,.0f} tokens/s with {_layout_words(layout)}{offloading}",
+                f"{tokens_per_s:,.0f} tokens/s with {_layout_words(layout)}{offloading}{past}",
                 gpu=cluster.gpu.name,
                 num_gpus=gpus,
                 num_nodes=nodes,
@@ -821,7 +835,7 @@ def _on_the_gpus_given(
         gpu=cluster.gpu.name,
         num_gpus=found.layout.world_size,
         num_nodes=max(1, found.layout.world_size // cluster.gpus_per_node),
-        gpus_per_node=cluster.gpus_per_node,
+        gpus_per_node=min(cluster.gpus_per_node, found.layout.world_size),
         per_gpu_bytes=est.memory.per_gpu.total,
         cpu_per_node_bytes=est.memory.cpu_per_node_bytes or None,
         tokens_per_s=_tokens_per_s(found),

@@ -356,3 +356,11 @@ def test_a_run_set_aside_is_named_with_its_reasons() -> None:
     calibration = shared_calibration([absurd], [absurd])
     assert [run_id for run_id, _ in calibration.set_aside] == ["absurd"]
     assert "more than 4x off" in calibration.set_aside[0][1][0]
+
+
+def test_an_out_of_memory_run_below_its_model_states_is_implausible() -> None:
+    """An OOM "at 1 GB" on an 80 GB card with 20 GB of resident model states: not the peak the run
+    reached (it set a memory factor of 1.6 for every later plan; bounded-work review)."""
+    (below,) = implausibility(dataclasses.replace(measured(peak=GB), out_of_memory=True))
+    assert below.startswith("ran out of memory at a reported peak of 1 GB, below the 20 GB of model states")
+    assert implausibility(dataclasses.replace(measured(peak=70 * GB), out_of_memory=True)) == ()

@@ -1,0 +1,98 @@
+"""An infeasible plan's suggestions say everything a request needs to change, within what the API
+accepts, and its closest miss is shown or said why not (bounded-work review: an offload suggestion of
+50.7 TiB per node, a 422 once sent; offload suggested where the request did not allow it, and GPUs
+past its max_gpus, without a word; 4 GPUs as one node of 8; closest silently null)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from service.contracts.common import MAX_MEMORY_BYTES
+
+GiB = 2**30
+A100_40 = {"gpu": "a100-sxm-40gb", "num_nodes": 1, "gpus_per_node": 8}
+
+
+def _plan(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert plan["status"] == "infeasible"
+    return plan
+
+
+def test_offload_the_request_did_not_allow_says_so(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "llama-3.1-70b"},
+        "cluster": A100_40,
+        "training": {"seq_len": 4096, "global_batch_size": 32},
+        "constraints": {"frameworks": ["deepspeed"], "allow_offload": False, "min_headroom_fraction": 0.5},
+    }
+    offload = [s for s in _plan(client, body)["suggestions"] if s["kind"] == "offload"]
+    assert offload and offload[0]["detail"].startswith(
+        "allow offload (constraints.allow_offload) and offload"
+    )
+
+
+def test_every_suggestion_is_whole_nodes_of_its_gpus(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "llama-3.1-70b"},
+        "cluster": A100_40,
+        "training": {"seq_len": 8192, "global_batch_size": 64},
+        "constraints": {
+            "frameworks": ["deepspeed", "fsdp"],
+            "allow_offload": False,
+            "min_headroom_fraction": 0.5,
+        },
+    }
+    for suggestion in _plan(client, body)["suggestions"]:
+        if suggestion.get("num_gpus") is not None and suggestion.get("gpus_per_node") is not None:
+            assert suggestion["num_nodes"] * suggestion["gpus_per_node"] == suggestion["num_gpus"], suggestion
+
+
+def test_more_gpus_past_max_gpus_say_so(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "llama-3.1-405b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 8192, "global_batch_size": 64},
+        "constraints": {"frameworks": ["megatron"], "max_gpus": 16},
+    }
+    grown = [s for s in _plan(client, body)["suggestions"] if s["kind"] in ("more_gpus", "other_gpu")]
+    assert grown
+    for suggestion in grown:
+        if suggestion["num_gpus"] > 16:
+            assert "past constraints.max_gpus 16: raise it" in suggestion["detail"], suggestion
+
+
+def test_offload_suggested_within_what_a_node_may_state(client: TestClient) -> None:
+    huge = {
+        "model_type": "llama", "num_hidden_layers": 200, "hidden_size": 32768, "num_attention_heads": 256,
+        "num_key_value_heads": 16, "intermediate_size": 131072, "vocab_size": 1000000,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "hidden_act": "silu",
+    }  # fmt: skip
+    body = {
+        "model": {"hf_config": huge},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 8192, "global_batch_size": 1024},
+    }
+    plan = _plan(client, body)
+    for suggestion in plan["suggestions"]:
+        assert (suggestion.get("cpu_per_node_bytes") or 0) <= MAX_MEMORY_BYTES, suggestion
+    said = {s["kind"] for s in plan["suggestions"]} | {s["kind"] for s in plan["suggestions_skipped"]}
+    assert "offload" in said
+
+
+def test_a_closest_miss_not_shown_says_why(client: TestClient) -> None:
+    # 1,001 sequences split over no dp of the bound's example (all 8 GPUs): no layout to estimate
+    body = {
+        "model": {"preset": "llama-3.1-405b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 8192, "global_batch_size": 1001},
+    }
+    plan = _plan(client, body)
+    assert plan["closest"] is None
+    (why,) = [s["reason"] for s in plan["suggestions_skipped"] if s["kind"] == "closest"]
+    assert "is a bound, not a layout to estimate" in why and "global" in why
