@@ -52,7 +52,7 @@ _ALLOWED_KEYS = (
     | frozenset(_PEAK_KEYS)
     | frozenset(_CLOCK_KEYS)
     | {"notes", "flash_attention", "gpus_per_node", "node_network_bytes_per_s", "aliases"}
-    | {"ecc_reserved_fraction", "visible_memory_mib"}
+    | {"ecc_reserved_fraction"}
 )
 
 
@@ -70,9 +70,6 @@ class GPUEntry:
     # of it (less ECC's share on GDDR6 parts)
     nominal_memory_bytes: int = 0
     aliases: tuple[str, ...] = ()  # other names it goes by (nvidia-smi's), besides display_name
-    # the memory the part was stated with before the driver's reserve was taken off it (visible_memory_mib):
-    # what calibration's hardware key hashes, so runs stored before keep applying; else spec.memory_bytes
-    keyed_memory_bytes: int = 0
 
 
 def gpus() -> dict[str, GPUSpec]:
@@ -181,9 +178,6 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
         notes=_text(name, table, "notes") if "notes" in table else None,
         nominal_memory_bytes=_integer(name, table, "memory_bytes"),
         aliases=_names(name, table, "aliases"),
-        keyed_memory_bytes=_integer(name, table, "memory_bytes")
-        if "visible_memory_mib" in table
-        else spec.memory_bytes,
     )
 
 
@@ -199,14 +193,6 @@ def _usable_memory(name: str, table: dict[str, object]) -> int:
     check bits in the same GDDR6 (``ecc_reserved_fraction``, on by default on data-center GDDR6
     cards: 1/16, nvidia-smi's total 23034 MiB of an L4's 24 GiB). HBM's ECC is on extra dies."""
     memory = _integer(name, table, "memory_bytes")
-    if "visible_memory_mib" in table:
-        # what the driver leaves a process of the HBM (nvidia-smi's total): the fit compares device used
-        # (nvidia-smi's used) with it; the nominal GiB fit 81,919 MiB on an H100 whose total is 81,559
-        visible = _integer(name, table, "visible_memory_mib") * 2**20
-        if not memory // 2 < visible <= memory:
-            why = f"must be at most memory_bytes and above half of it, got {visible} bytes of {memory}"
-            raise _invalid(name, "visible_memory_mib", why)
-        return visible
     if "ecc_reserved_fraction" not in table:
         return memory
     fraction = _number(name, table, "ecc_reserved_fraction")

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from service.catalog.gpus import gpu_entries as catalog_gpu_entries
 from service.contracts.estimates import (
     CalibrationFactors,
     CalibrationOut,
@@ -65,11 +64,6 @@ def hardware_key(cluster: ClusterSpec) -> str:
     fields = dataclasses.asdict(cluster)
     for name in HOST_STORAGE_FIELDS:
         fields[name] = 0
-    # a catalog part whose driver reserve the catalog now takes off its memory is the same hardware:
-    # its memory is hashed as stated before (GPUEntry.keyed_memory_bytes), so its runs keep applying
-    entry = next((e for e in catalog_gpu_entries() if e.name == cluster.gpu.name), None)
-    if entry is not None and entry.spec == cluster.gpu:
-        fields["gpu"]["memory_bytes"] = entry.keyed_memory_bytes
     for name in OPTIONAL_HARDWARE_FIELDS:
         if fields[name] is None:
             del fields[name]
