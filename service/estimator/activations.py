@@ -104,10 +104,14 @@ def local_tokens(layout: Layout, training: TrainingSpec) -> float:
 def _megatron_attention(model: ModelSpec, layout: Layout, training: TrainingSpec, core: bool) -> Split:
     # Korthikanti §4.1: QKV input 2sbh, Q and K 4sbh, V 2sbh, projection input 2sbh, dropout mask sbh
     # (11sbh) + softmax 2as^2b, its dropout mask as^2b and output 2as^2b (5as^2b); GQA shrinks K, V.
+    # MLA: V and the projection's input are v_head_dim wide per head, not q/k's qk_head_dim
+    # (megatron/core/transformer/multi_latent_attention.py: value split at v_head_dim, linear_proj's
+    # input v_head_dim x heads; MoE review: DeepSeek-V3 counted 134 MB per layer more)
     d, t = element_bytes(training.precision), local_tokens(layout, training)
-    h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    h, q, k = model.hidden_size, model.q_size, model.kv_size
+    v = model.v_size if model.mla is not None else model.kv_size
     replicated = d * t * h + _hidden_mask(model) * t * h
-    sharded = d * t * (2 * q + 2 * kv)
+    sharded = d * t * (q + k + v + model.v_size)
     if core and training.attention is Attention.EAGER:
         sharded += _probability_bytes(model, d) * model.num_attention_heads * t * training.seq_len
     elif core:
@@ -229,7 +233,7 @@ def megatron_layer_bytes(
         attention += _te_fp8_attention_change(model, layout, training, core)
     if RecomputeModule.MLA_UP_PROJ in modules:
         # the decompressed q, k and v are discarded after the core and rebuilt from the latents
-        attention += Split(0.0, -d * t * (model.q_size + 2 * model.kv_size))
+        attention += Split(0.0, -d * t * (model.q_size + model.kv_size + model.v_size))
     norm_output = d * t * h  # what an unfused norm hands the next Linear (counted as its input)
     if RecomputeModule.LAYERNORM in modules and model.mla is not None:
         attention += Split(-norm_output, 0.0)

@@ -1090,12 +1090,15 @@ def moe_mlp_tp_factor(job: Job, layout: Layout) -> float:
     dispatcher all-gathers the routed tokens over the expert-tensor-parallel group after the
     all-to-all and reduce-scatters them before the combine (core/transformer/moe/token_dispatcher.py:
     "num_global_tokens = num_local_tokens x TP x EP"): top_k copies of each token, top_k times the
-    dense volume; none with etp 1, whose experts are whole. Timed on the tp link (an etp between 1
-    and tp is rare). Other frameworks gather the tokens before routing, as a dense MLP does."""
+    dense volume; none with etp 1, whose experts are whole. Shared experts are a dense MLP's own
+    (moe/shared_experts.py SharedExpertMLP: its sequence-parallel all-gather and reduce-scatter), etp
+    or not (MoE review: DeepSeek-V3 at etp 1 counted attention's alone). Timed on the tp link (an etp
+    between 1 and tp is rare). Other frameworks gather the tokens before routing, as a dense MLP does."""
     moe = job.model.moe
     if moe is None or layout.framework is not Framework.MEGATRON:
         return 1.0
-    return 0.0 if layout.expert_tp == 1 else float(moe.top_k)
+    shared = 1.0 if moe.num_shared_experts else 0.0
+    return shared + (0.0 if layout.expert_tp == 1 else float(moe.top_k))
 
 
 def cp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:

@@ -54,6 +54,7 @@ from service.estimator.types import (
 class Capabilities:
     zero_stages: frozenset[int]
     max_zero_stage_with_pp: int  # highest zero_stage allowed together with pp > 1
+    max_zero_stage_with_ep: int  # highest zero_stage allowed together with ep > 1
     offload_devices: frozenset[Offload]  # where optimizer/params may be offloaded (NONE always ok)
     param_offload: bool
     interleaved_pipeline: bool
@@ -85,6 +86,11 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # deepspeed/runtime/pipe/engine.py: assert zero_optimization_stage() < ZeroStageEnum.gradients,
             # "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
             max_zero_stage_with_pp=1,
+            # expert parallelism builds DeepSpeed's native MoE layers (deepspeed.moe.layer.MoE), which its
+            # engine refuses under stage 3 (runtime/engine.py _validate_zero3_moe_compatibility: "Native
+            # DeepSpeed MoE is not supported with ZeRO Stage 3"); an estimate of it timed a job that
+            # cannot start (MoE review)
+            max_zero_stage_with_ep=2,
             # ZeRO-Offload (CPU) and ZeRO-Infinity (NVMe); zero/config.py: offload_param "Valid only
             # with stage 3", offload_optimizer "Valid for ZeRO stage 1, 2, 3".
             offload_devices=frozenset({Offload.CPU, Offload.NVME}),
@@ -121,6 +127,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # Megatron-LM: DDP (0) or --use-distributed-optimizer (1); no gradient/param sharding.
             zero_stages=frozenset({0, 1}),
             max_zero_stage_with_pp=1,
+            max_zero_stage_with_ep=1,
             # --optimizer-cpu-offload (with the distributed optimizer); no parameter offload.
             offload_devices=frozenset({Offload.CPU}),
             param_offload=False,
@@ -152,6 +159,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # NO_SHARD (0), SHARD_GRAD_OP (2), FULL_SHARD (3); no optimizer-only stage.
             zero_stages=frozenset({0, 2, 3}),
             max_zero_stage_with_pp=3,  # torchtitan composes FSDP with PP and TP (2D/3D)
+            max_zero_stage_with_ep=3,  # torchtitan shards the experts with FSDP over expert-DP
             # CPUOffload(offload_params=True) moves params, grads and the optimizer step together.
             offload_devices=frozenset({Offload.CPU}),
             param_offload=True,
@@ -462,6 +470,23 @@ def zero_with_pipeline_violation(layout: Layout, caps: Capabilities) -> Violatio
     return None
 
 
+def zero_with_expert_parallel_violation(layout: Layout, caps: Capabilities) -> Violation:
+    if layout.ep > 1 and layout.zero_stage > caps.max_zero_stage_with_ep:
+        native = (
+            " (DeepSpeed's engine refuses its native MoE layers under stage 3: 'Native DeepSpeed MoE is not "
+            "supported with ZeRO Stage 3')"
+            if layout.framework is Framework.DEEPSPEED
+            else ""
+        )
+        return _bad(
+            f"zero_stage {layout.zero_stage} with ep = {layout.ep}: {layout.framework.value} allows at most "
+            f"{caps.max_zero_stage_with_ep}{native}",
+            "zero_ep",
+            "zero_stage",
+        )
+    return None
+
+
 def context_violation(
     model: ModelSpec, layout: Layout, training: TrainingSpec, *, ulysses: bool | None = None
 ) -> Violation:
@@ -563,6 +588,10 @@ def expert_violation(model: ModelSpec, layout: Layout) -> Violation:
         return None
     if model.moe is None:
         return _bad(f"ep = {ep} > 1 needs a mixture-of-experts model", "ep_moe", "ep")
+    if (
+        zero_ep := zero_with_expert_parallel_violation(layout, FRAMEWORK_CAPABILITIES[layout.framework])
+    ) is not None:
+        return zero_ep
     if model.moe.num_experts % ep:
         return _bad(f"num_experts ({model.moe.num_experts}) % ep ({ep}) != 0", "ep_experts", "ep")
     etp = layout.expert_tp

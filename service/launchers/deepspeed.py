@@ -154,14 +154,6 @@ def engine_refusal(plan: Plan) -> Refusal:
             f"ZeRO-{lo.zero_stage} with pp={lo.pp}: DeepSpeed's PipelineEngine asserts that ZeRO-2 "
             "and ZeRO-3 are incompatible with pipeline parallelism"
         )
-    if lo.ep > 1 and lo.zero_stage == 3:
-        # the layers ep > 1 has the script build (model_code_duties) are DeepSpeed's native MoE
-        return (
-            f"ZeRO-3 with ep={lo.ep}: DeepSpeed's engine refuses its native MoE layers "
-            "(deepspeed.moe.layer.MoE, which expert parallelism builds here) under stage 3 "
-            "(runtime/engine.py _validate_zero3_moe_compatibility: 'Native DeepSpeed MoE is not "
-            "supported with ZeRO Stage 3. Use AutoEP or choose ZeRO stage 1/2.')"
-        )
     if lo.sequence_parallel and lo.tp > 1:
         return (
             f"sequence_parallel with tp={lo.tp}: DeepSpeed AutoTP has no Megatron-style sequence "

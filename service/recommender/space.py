@@ -62,6 +62,7 @@ from service.estimator.validate import (
     sharding_violation,
     tensor_parallel_violation,
     valid_micro_batch_sizes,
+    zero_with_expert_parallel_violation,
     zero_with_pipeline_violation,
 )
 from service.frameworks import (
@@ -545,7 +546,7 @@ def shardings(
         if refused is not None:  # every sharding would be evaluated, then refused by every launcher
             return [], [f"no launcher runs {framework.value} at this split: {refused}"]
     ok, unsupported = _shardings(
-        framework, structure.pp > 1, structure.dp * structure.cp > 1, offload, compiled
+        framework, structure.pp > 1, structure.dp * structure.cp > 1, offload, compiled, structure.ep > 1
     )
     if megatron_lm is not None and framework is Framework.MEGATRON:
         return [dataclasses.replace(sh, megatron_lm=megatron_lm) for sh in ok], list(unsupported)
@@ -554,9 +555,14 @@ def shardings(
 
 @functools.cache
 def _shardings(
-    framework: Framework, pipelined: bool, data_parallel: bool, offload: OffloadDevices, compiled: Compile
+    framework: Framework,
+    pipelined: bool,
+    data_parallel: bool,
+    offload: OffloadDevices,
+    compiled: Compile,
+    expert_parallel: bool = False,
 ) -> tuple[tuple[Sharding, ...], tuple[str, ...]]:
-    # the sharding rules read the framework, the stage, the offload devices and whether pp > 1
+    # the sharding rules read the framework, the stage, the offload devices and whether pp > 1 and ep > 1
     caps = FRAMEWORKS[framework].capabilities
     ok: list[Sharding] = []
     unsupported: list[str] = []
@@ -568,11 +574,16 @@ def _shardings(
             layout = Layout(
                 framework=framework,
                 pp=2 if pipelined else 1,
+                ep=2 if expert_parallel else 1,
                 zero_stage=stage,
                 offload_optimizer=optimizer_device,
                 offload_params=params_device,
             )
-            violation = sharding_violation(layout, caps) or zero_with_pipeline_violation(layout, caps)
+            violation = (
+                sharding_violation(layout, caps)
+                or zero_with_pipeline_violation(layout, caps)
+                or zero_with_expert_parallel_violation(layout, caps)
+            )
             if violation is not None and not sharding.offloads:
                 unsupported.append(_unsupported_reason(framework, stage, violation))
                 break  # the stage itself is unsupported: its offload variants go unsaid
@@ -599,6 +610,8 @@ class Unsupported(str):
 def _unsupported_reason(framework: Framework, stage: int, violation: InvalidLayout) -> Unsupported:
     if violation.rule == "zero_pp":
         return Unsupported(f"{framework.value} does not support zero_stage {stage} with pp > 1", stage)
+    if violation.rule == "zero_ep":
+        return Unsupported(f"{framework.value} does not support zero_stage {stage} with ep > 1", stage)
     return Unsupported(f"{framework.value} does not support zero_stage {stage}", stage)
 
 

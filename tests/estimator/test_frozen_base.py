@@ -51,29 +51,33 @@ EXPERTS_PER_RANK = 32 * 8 * 3 * 4096 * 14336 // 8  # ep 8: one expert per layer,
 # LoRA r = 16 on every Linear: r x (d_in + d_out) each; the local expert's three MLP adapters.
 DENSE_ADAPTERS = 32 * 16 * ((4096 + 4096) * 2 + (4096 + 1024) * 2)  # 13,631,488
 EXPERT_ADAPTERS = 32 * 16 * 3 * (4096 + 14336)  # 28,311,552
-# ZeRO-3 over dp 8: dense parameters / 8; the experts' expert-DP group is dp x tp / ep = 1.
-FULL_PARAMETER_BYTES = 2 * DENSE // 8 + 2 * EXPERTS_PER_RANK  # 11,675,698,176 = 10.87 GiB
-LORA_PARAMETER_BYTES = FULL_PARAMETER_BYTES + 2 * DENSE_ADAPTERS // 8 + 2 * EXPERT_ADAPTERS  # 10.93 GiB
-MIXTRAL_EP8 = Layout(framework=Framework.DEEPSPEED, dp=8, ep=8, zero_stage=3)
+# ZeRO-3 over dp 8 (torchtitan's FSDP with ep, fp32 shards: 4 B each): dense parameters / 8; the
+# experts' expert-DP group is dp x tp / ep = 1.
+FULL_PARAMETER_BYTES = 4 * DENSE // 8 + 4 * EXPERTS_PER_RANK  # 23,351,396,352 = 21.75 GiB
+# ZeRO-2 (DeepSpeed's expert parallelism: its native MoE layers refuse ZeRO-3): parameters whole, the
+# local expert's and the dense adapters beside them
+LORA_PARAMETER_BYTES = 2 * DENSE + 2 * EXPERTS_PER_RANK + 2 * DENSE_ADAPTERS + 2 * EXPERT_ADAPTERS
+MIXTRAL_EP8 = Layout(framework=Framework.DEEPSPEED, dp=8, ep=8, zero_stage=2)
+MIXTRAL_EP8_FSDP = Layout(framework=Framework.FSDP, dp=8, ep=8, zero_stage=3)
 
 
-def _mixtral_parameters(method: Method) -> int:
+def _mixtral_parameters(method: Method, layout: Layout) -> int:
     training = TrainingSpec(seq_len=4096, global_batch_size=8, method=method)
     mixtral = preset("mixtral-8x7b").spec
     return estimate(
-        mixtral, gpu_cluster(H100, 8, 50e9), MIXTRAL_EP8, training, tuning=default_tuning()
+        mixtral, gpu_cluster(H100, 8, 50e9), layout, training, tuning=default_tuning()
     ).memory.per_gpu.parameters
 
 
 def test_mixtral_ep8_zero3_full_counts_dense_over_dp_and_experts_over_expert_dp() -> None:
-    assert _mixtral_parameters(Method.FULL) == pytest.approx(FULL_PARAMETER_BYTES, abs=1)
-    assert FULL_PARAMETER_BYTES / GiB == pytest.approx(10.874, abs=1e-3)
+    assert _mixtral_parameters(Method.FULL, MIXTRAL_EP8_FSDP) == pytest.approx(FULL_PARAMETER_BYTES, abs=1)
+    assert FULL_PARAMETER_BYTES / GiB == pytest.approx(21.748, abs=1e-3)
 
 
-def test_mixtral_ep8_zero3_lora_counts_the_same_frozen_base_plus_adapters() -> None:
-    # was 1.70 GiB: the base / 8 again
-    assert _mixtral_parameters(Method.LORA) == pytest.approx(LORA_PARAMETER_BYTES, abs=1)
-    assert LORA_PARAMETER_BYTES / GiB == pytest.approx(10.930, abs=1e-3)
+def test_mixtral_ep8_lora_counts_the_whole_frozen_base_plus_adapters() -> None:
+    # DeepSpeed's expert parallelism at ZeRO-2: the dense base whole, the local expert, their adapters
+    assert _mixtral_parameters(Method.LORA, MIXTRAL_EP8) == pytest.approx(LORA_PARAMETER_BYTES, abs=1)
+    assert _mixtral_parameters(Method.FULL, MIXTRAL_EP8) == 2 * DENSE + 2 * EXPERTS_PER_RANK
 
 
 def test_qlora_with_expert_parallelism_is_refused_naming_the_degree() -> None:
@@ -99,7 +103,7 @@ def test_mixtral_zero3_qlora_shards_the_nf4_base_over_every_rank() -> None:
     frozen = (32 * ATTENTION * 0.5 + all_experts * 2 + other * 2) / 8 + 32 * ATTENTION * constants
     adapters = 2 * DENSE_ADAPTERS / 8
     training = TrainingSpec(seq_len=4096, global_batch_size=8, method=Method.QLORA)
-    layout = dataclasses.replace(MIXTRAL_EP8, ep=1)
+    layout = dataclasses.replace(MIXTRAL_EP8, ep=1, zero_stage=3)
     per_gpu = estimate(
         preset("mixtral-8x7b").spec, gpu_cluster(H100, 8, 50e9), layout, training, tuning=default_tuning()
     ).memory.per_gpu

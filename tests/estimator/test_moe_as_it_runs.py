@@ -209,3 +209,36 @@ def test_megatron_keeps_one_copy_of_each_routed_row_gathered_over_etp() -> None:
         return answer.memory.per_gpu.activations
 
     assert activations(4) - activations(1) == 48 * 2 * 8 * 4096 * 2048 * 3 // 4
+
+
+def test_megatron_mla_keeps_v_and_the_projection_input_at_v_head_dim() -> None:
+    """Megatron's MLA splits value at v_head_dim and feeds linear_proj v_head_dim x heads (its
+    multi_latent_attention.py), not q/k's qk_head_dim: DeepSeek-V3 (128 heads, 192 against 128) holds
+    2 x 2 B x 4096 x 128 x 64 = 134,217,728 bytes per layer less than with V as wide as Q (MoE review)."""
+    from service.estimator.activations import megatron_layer_bytes
+
+    dsv3 = preset("deepseek-v3").spec
+    assert dsv3.mla is not None
+    as_wide = dataclasses.replace(dsv3, mla=dataclasses.replace(dsv3.mla, v_head_dim=dsv3.mla.qk_head_dim))
+    training = TrainingSpec(seq_len=4096, global_batch_size=8)
+    layout = Layout(framework=Framework.MEGATRON)
+    wider = megatron_layer_bytes(as_wide, layout, training, True) - megatron_layer_bytes(
+        dsv3, layout, training, True
+    )
+    assert wider == 2 * 2 * 4096 * 128 * (192 - 128) == 134_217_728
+
+
+def test_megatron_shared_experts_run_a_dense_mlps_tp_collectives() -> None:
+    """Megatron's SharedExpertMLP all-gathers and reduce-scatters its sequence-parallel tokens as a dense
+    MLP does, etp 1 or not (the routed experts' own collectives are top_k dense ones where etp > 1, none
+    at etp 1): DeepSeek-V3 at etp 1 counted attention's collectives alone (MoE review)."""
+    from service.estimator.step_time import moe_mlp_tp_factor
+
+    dsv3, mixtral = preset("deepseek-v3").spec, preset("mixtral-8x7b").spec
+    h100s = gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9)
+    training = TrainingSpec(seq_len=4096, global_batch_size=8)
+    for etp, routed in ((1, 0.0), (None, 8.0)):
+        layout = Layout(framework=Framework.MEGATRON, tp=8, etp=etp, sequence_parallel=True, zero_stage=1)
+        assert moe_mlp_tp_factor(job(dsv3, h100s, training), layout) == 1.0 + routed
+    mixtral_layout = Layout(framework=Framework.MEGATRON, tp=8, etp=1, sequence_parallel=True, zero_stage=1)
+    assert moe_mlp_tp_factor(job(mixtral, h100s, training), mixtral_layout) == 0.0  # no shared expert

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from service.estimator.types import Framework, Method, Plan, Recompute
 from service.frameworks import FRAMEWORKS
 from service.launchers import REFUSALS, RENDERERS, Target, Unsupported, runnable_targets
@@ -104,20 +106,24 @@ def test_deepspeed_refuses_its_native_moe_layers_under_zero_3() -> None:
     DeepSpeed's engine refuses at deepspeed.initialize (runtime/engine.py
     _validate_zero3_moe_compatibility: 'Native DeepSpeed MoE is not supported with ZeRO Stage 3');
     ZeRO-1/2 with the same experts, and ZeRO-3 without expert parallelism (the model's own MoE block),
-    run. The refusal reaches every target that runs DeepSpeed (Slurm and Kubernetes wrap it)."""
+    run. The layout rules refuse it (an estimate of it timed a job that cannot start; MoE review), so
+    no search proposes it and no launcher is asked."""
+    from service.estimator.errors import InvalidLayout
     from service.estimator.types import MoESpec
+    from service.estimator.validate import validate_layout
 
     base = factories.small_llama()
     moe = dataclasses.replace(
         base, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=base.ffn_hidden_size)
     )
     zero3 = factories.plan(model=moe, framework=Framework.DEEPSPEED, zero_stage=3, ep=4)
-    for target in FRAMEWORKS[Framework.DEEPSPEED].targets:
-        if target in (Target.DEEPSPEED, Target.SLURM, Target.KUBERNETES):
-            reason = REFUSALS[target](zero3)
-            assert reason is not None and "Native DeepSpeed MoE is not supported with ZeRO Stage 3" in reason
+    with pytest.raises(InvalidLayout) as refused:
+        validate_layout(zero3.model, zero3.cluster, zero3.layout, zero3.training)
+    assert "Native DeepSpeed MoE is not supported with ZeRO Stage 3" in refused.value.message
+    assert (refused.value.rule, refused.value.field) == ("zero_ep", "zero_stage")
     for allowed in (
         factories.plan(model=moe, framework=Framework.DEEPSPEED, zero_stage=2, ep=4),
         factories.plan(model=moe, framework=Framework.DEEPSPEED, zero_stage=3, ep=1),
     ):
+        validate_layout(allowed.model, allowed.cluster, allowed.layout, allowed.training)
         assert REFUSALS[Target.DEEPSPEED](allowed) is None, allowed.layout
