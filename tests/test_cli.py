@@ -860,7 +860,11 @@ def test_capacity_shows_each_options_notes_cut_search_and_gpus_timed_on(
     assert [cell.strip() for cell in row.split("│")[2:5]] == ["yes (search cut)", "16", "24"]
     assert "h100-sxm-80gb: defaults for this GPU: training.precision bf16" in out
     assert "t4-16gb: no layout fits up to 8192 GPUs" in out
+    # without --at-gpus the column shows where a row was timed on more than its fewest (a stored
+    # cluster's whole), not where every row is timed on its fewest
     cli.print_capacity(options, timed_on=False)
+    assert "timed on" in capsys.readouterr().out
+    cli.print_capacity([options[0] | {"num_gpus": 16}, options[1]], timed_on=False)
     assert "timed on" not in capsys.readouterr().out
 
 
