@@ -1394,7 +1394,7 @@ def _recommend(
         Rejection(
             reason=reason,
             count=group.count,
-            example=group.example,
+            example=_requested_framework(group.example, constraints),
             detail=group.detail,
             per_gpu_bytes=group.per_gpu_bytes,
             allowed_bytes=group.allowed_bytes,
@@ -1442,6 +1442,14 @@ def _catalog(given: Sequence[GPUSpec] | None) -> Sequence[GPUSpec]:
     from service.catalog.gpus import gpu_entries
 
     return [entry.spec for entry in gpu_entries()]
+
+
+def _requested_framework(example: Layout, constraints: Constraints) -> Layout:
+    """A rejection's example in a requested framework: a split's rule holds for every framework, and
+    its example was built in the default one (DeepSpeed beside frameworks ["megatron"]; MoE review)."""
+    if example.framework in constraints.frameworks or not constraints.frameworks:
+        return example
+    return dataclasses.replace(example, framework=constraints.frameworks[0])
 
 
 def _closest(

@@ -285,7 +285,8 @@ def structures(
             beyond = [cp for cp in cps if cp > MAX_CP]
             if beyond:
                 wide = Layout(dp=rest // beyond[0], tp=tp, pp=pp, cp=beyond[0])
-                log.add("invalid: cp_seq", len(beyond), wide, f"cp ({beyond[0]}) > {MAX_CP}")
+                detail = f"cp ({beyond[0]}) > {MAX_CP}, the largest context-parallel degree the search tries"
+                log.add("invalid: cp_seq", len(beyond), wide, detail)
             for cp in cps:
                 if cp > MAX_CP:
                     break

@@ -289,10 +289,15 @@ class _Collector:
     made: list[Suggestion] = dataclasses.field(default_factory=list)
     skipped: list[Skipped] = dataclasses.field(default_factory=list)
 
-    def run(self, kind: str, parts: int, make: Callable[[Budget], list[Suggestion]]) -> None:
+    def run(
+        self, kind: str, parts: int, make: Callable[[Budget], list[Suggestion]], subject: str | None = None
+    ) -> None:
+        """``subject``: what the suggestion is about (another GPU's name), said where it is skipped for
+        want of budget (two "other_gpu: the request's time budget ran out first" named no GPU)."""
         if self.budget.exhausted():
+            about = f"{subject}: " if subject else ""
             self.skipped.append(
-                Skipped(kind=kind, reason=f"the request's {budget_words(self.budget)} ran out first")
+                Skipped(kind=kind, reason=f"{about}the request's {budget_words(self.budget)} ran out first")
             )
             return
         share = self.budget.share(SUGGESTION_EVALUATIONS, parts)
@@ -302,7 +307,8 @@ class _Collector:
             # unless the search was cut: then what it did not search may fit
             reason = str(exc)
             if share.reason is not None:
-                reason = f"the request's {budget_words(share)} ran out before a fit was found"
+                about = f"{subject}: " if subject else ""
+                reason = f"{about}the request's {budget_words(share)} ran out before a fit was found"
             self.skipped.append(Skipped(kind=kind, reason=reason))
             return
         except (ValueError, ArithmeticError) as exc:  # the estimator's domain errors are ValueErrors
@@ -318,7 +324,8 @@ class _Collector:
             found = [dataclasses.replace(s, detail=s.detail + cut, truncated=True) for s in found]
         self.made += found
         if not found and share.reason is not None:
-            reason = f"the request's {budget_words(share)} ran out before a fit was found"
+            about = f"{subject}: " if subject else ""
+            reason = f"{about}the request's {budget_words(share)} ran out before a fit was found"
             self.skipped.append(Skipped(kind=kind, reason=reason))
 
 
@@ -354,7 +361,7 @@ def suggestions(
     # 3. other GPUs
     others = [gpu for gpu in catalog if _bigger(gpu, cluster.gpu)]
     for i, gpu in enumerate(others):
-        collect.run("other_gpu", len(others) - i, functools.partial(ask.other_gpu, gpu))
+        collect.run("other_gpu", len(others) - i, functools.partial(ask.other_gpu, gpu), gpu.name)
     made = _in_order(collect.made)
     return Suggestions(made=made, skipped=tuple(collect.skipped))
 

@@ -66,3 +66,19 @@ def test_a_search_leaves_no_reference_cycle_for_the_collector(thresholds: tuple[
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_an_other_gpu_skipped_for_want_of_budget_names_its_gpu() -> None:
+    """Two "other_gpu: the request's time budget ran out first" named no GPU, so the largest cards'
+    absence read as unexplained (bounded-work review)."""
+    from service.recommender.budget import Budget
+    from service.recommender.suggest import _Collector
+
+    spent = Budget(10, max_seconds=0.0)
+    collect = _Collector(spent)
+    collect.run("other_gpu", 1, lambda budget: [], "b200-sxm-180gb")
+    collect.run("more_gpus", 1, lambda budget: [])
+    assert [s.reason for s in collect.skipped] == [
+        "b200-sxm-180gb: the request's time budget ran out first",
+        "the request's time budget ran out first",
+    ]

@@ -65,3 +65,18 @@ def test_a_cut_search_says_its_answer_is_the_best_it_reached() -> None:
                     with_suggestions=False)  # fmt: skip
     assert cut.search.truncated and cut.recommended is not None
     assert any("the search stopped at its budget after" in line for line in cut.recommended.rationale)
+
+
+def test_a_splits_rejection_shows_its_example_in_a_requested_framework() -> None:
+    """A split's rule (tp past the node, cp past the search's largest) holds for every framework; its
+    example was built in the default one, DeepSpeed, beside frameworks ["megatron"] (MoE review)."""
+    from service.estimator.types import Framework
+
+    training = TrainingSpec(seq_len=1_048_576, global_batch_size=8)
+    only = Constraints(frameworks=(Framework.MEGATRON,))
+    found = recommend(model("llama-3.1-8b").spec, cluster(nodes=8), training, only, default_tuning(),
+                      with_suggestions=False)  # fmt: skip
+    reasons = {r.reason: r for r in found.rejected}
+    assert {"invalid: tp_node", "invalid: cp_seq"} <= set(reasons)
+    assert {r.example.framework for r in found.rejected} == {Framework.MEGATRON}
+    assert "the largest context-parallel degree the search tries" in reasons["invalid: cp_seq"].detail
