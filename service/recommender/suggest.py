@@ -198,6 +198,15 @@ def climb_bound(
                 f"the requested launchers run data parallelism only: at most the global batch "
                 f"({training.global_batch_size}) GPUs, fewer than the {min(counts)} tried first"
             )
+        if counts:
+            # no split of the job uses that many GPUs: said with what bounds it, not "no layout fits on
+            # up to 32,768 GPUs" (QLoRA at global batch 16 uses at most 16; bounded-work review)
+            qlora = "; qlora: tp = pp = 1" if training.method is Method.QLORA else ""
+            return (), (
+                f"no split of this job uses more than {largest:,} GPUs (dp <= global batch "
+                f"{training.global_batch_size}{qlora}), fewer than the {min(counts):,} tried first: a larger "
+                "training.global_batch_size lets more GPUs in"
+            )
         return (), None
     top = max(within)
     trained = for_gpu(training, cluster.gpu)

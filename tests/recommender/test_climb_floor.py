@@ -179,3 +179,23 @@ def test_an_hf_trainer_job_no_other_gpu_fits_stops_before_searching() -> None:
     assert not any("ran out" in s.reason for s in found.suggestions_skipped)
     assert budget.spent < 2_000
     assert gpu("h100-sxm-80gb")  # the catalog names it
+
+
+def test_a_climb_past_every_split_says_what_bounds_the_job() -> None:
+    """QLoRA splits no weight over tp or pp, so at global batch 16 no split uses more than 16 x cp 32
+    GPUs: the more-GPU suggestion said "no layout fits on up to 32,768 GPUs" where a larger global batch
+    was the change to make (bounded-work review)."""
+    from service.catalog.models import model as preset
+    from service.catalog.tuning import default_tuning
+    from service.estimator.types import Method, TrainingSpec
+    from service.recommender import Constraints
+    from service.recommender.suggest import climb_bound
+    from tests.recommender.helpers import cluster
+
+    qlora = TrainingSpec(seq_len=4096, global_batch_size=16, method=Method.QLORA)
+    counts, why = climb_bound(
+        preset("deepseek-v3").spec, cluster(nodes=64), qlora, Constraints(), default_tuning(), (520, 528)
+    )
+    assert counts == ()
+    assert why is not None and why.startswith("no split of this job uses more than 512 GPUs")
+    assert "qlora: tp = pp = 1" in why and "a larger training.global_batch_size" in why
