@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.helpers import assert_problem
@@ -144,3 +145,39 @@ def test_a_capacity_price_has_the_plans_upper_bound(client: TestClient) -> None:
         assert problem["errors"][0]["field"] == "gpu_hour_cost"
         assert "1,000,000" in problem["errors"][0]["message"]
     assert client.post("/v1/capacity", json=base | {"gpu_hour_cost": 1e6}).status_code == 200
+
+
+def test_a_stored_clusters_option_is_calibrated_as_its_plans_and_estimates_are(client: TestClient) -> None:
+    """After a run 15% slower than estimated on a stored cluster, its plans and estimates said 126,724
+    tokens/s and capacity on the same cluster 145,733 (consistency review): capacity applies the same
+    calibration and says so."""
+    created = client.post(
+        "/v1/clusters",
+        json={"name": "calibrated pod", "gpu": "h100-sxm-80gb", "num_nodes": 2, "gpus_per_node": 8,
+              "inter_node_bandwidth_bytes_per_s": 50e9},
+    )  # fmt: skip
+    assert created.status_code == 201, created.text
+    cluster_id = created.json()["id"]
+    training = {"seq_len": 8192, "global_batch_size": 128, "tokens": 1e11}
+    body = {"model": {"preset": "llama-3.1-8b"}, "cluster": {"id": cluster_id}, "training": training,
+            "constraints": {"frameworks": ["megatron"]}}  # fmt: skip
+    plan = client.post("/v1/plans", json=body).json()
+    step_s = plan["recommended"]["estimate"]["time"]["step_s"]
+    ran = client.post(f"/v1/plans/{plan['id']}/runs", json={"step_s": 1.15 * step_s, "out_of_memory": False})
+    assert ran.status_code == 201, ran.text
+    sized = client.post(
+        "/v1/capacity",
+        json={"model": {"preset": "llama-3.1-8b"}, "training": training, "cluster_ids": [cluster_id],
+              "constraints": {"frameworks": ["megatron"]}},
+    )  # fmt: skip
+    assert sized.status_code == 200, sized.text
+    (option,) = sized.json()["options"]
+    assert "calibrated by 1 run(s) on this cluster" in option["note"]
+    estimated = client.post(
+        "/v1/estimates",
+        json={"model": {"preset": "llama-3.1-8b"}, "cluster": {"id": cluster_id}, "training": training,
+              "layout": option["layout"]},
+    ).json()  # fmt: skip
+    assert estimated["calibration"]["runs"] == 1
+    assert option["tokens_per_s"] == pytest.approx(estimated["time"]["tokens_per_s"], rel=1e-9)
+    assert option["time_to_train_s"] == pytest.approx(estimated["time_to_train_s"], rel=1e-9)
