@@ -51,7 +51,7 @@ from service.planning.runnable import no_framework_runs
 from service.recommender import headroom, recommend
 from service.recommender.budget import NO_DEADLINE, Deadline, busy_words
 from service.recommender.space import sub_cluster
-from service.recommender.types import Candidate, Constraints, Objective, Recommendation
+from service.recommender.types import Candidate, Constraints, Objective, Recommendation, Rejection
 from service.versions import estimator_version
 
 # Stored with every key; the route it was first written for, kept so stored keys still match.
@@ -299,6 +299,22 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+# What a calibrated plan's rejected figures are: the search's, before the runs' factors, which only the
+# candidates shown carry ("at most 139,861 tokens/s" read as beating the recommended 126,724, calibrated
+# 15% slower; consistency review)
+UNCALIBRATED_FIGURES = (
+    " (the search's figures, before the calibration from this hardware's runs, which the layouts shown "
+    "carry; its memory limit keeps room for their memory factor)"
+)
+
+
+def _rejection_out(rejection: Rejection, calibrated: bool) -> RejectionOut:
+    out = RejectionOut.model_validate(_jsonable(dataclasses.asdict(rejection)))
+    if calibrated and (out.per_gpu_bytes is not None or "tokens/s" in out.detail):
+        out.detail += UNCALIBRATED_FIGURES
+    return out
+
+
 def plan_result(
     rec: Recommendation,
     model: ModelSpec,
@@ -340,12 +356,13 @@ def plan_result(
         for (candidate, applied), original in zip(chosen, searched, strict=True)
     ]
     recommended = rec.recommended
+    calibrated = any(not applied.is_identity for _, applied in chosen)
     return PlanResult(
         version=RESULT_VERSION,
         status="feasible" if rec.status == "feasible" else "infeasible",
         recommended=outs[0] if outs else None,
         alternatives=outs[1:],
-        rejected=[RejectionOut.model_validate(_jsonable(dataclasses.asdict(r))) for r in rec.rejected],
+        rejected=[_rejection_out(r, calibrated) for r in rec.rejected],
         suggestions=[SuggestionOut.model_validate(_jsonable(dataclasses.asdict(s))) for s in rec.suggestions],
         search=SearchStatsOut.model_validate(_jsonable(dataclasses.asdict(rec.search))),
         calibration=calibration_out(learned_for(recommended.layout)) if recommended else None,

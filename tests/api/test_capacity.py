@@ -181,3 +181,9 @@ def test_a_stored_clusters_option_is_calibrated_as_its_plans_and_estimates_are(c
     assert estimated["calibration"]["runs"] == 1
     assert option["tokens_per_s"] == pytest.approx(estimated["time"]["tokens_per_s"], rel=1e-9)
     assert option["time_to_train_s"] == pytest.approx(estimated["time_to_train_s"], rel=1e-9)
+    # the plan made again is calibrated; its rejected figures say they are the search's, before it
+    again = client.post("/v1/plans", json=body).json()
+    assert again["recommended"]["estimate"]["calibration"]["runs"] == 1
+    figured = [r for r in again["rejected"] if r["per_gpu_bytes"] is not None or "tokens/s" in r["detail"]]
+    assert figured and all("before the calibration from this hardware's runs" in r["detail"] for r in figured)
+    assert not any("before the calibration" in r["detail"] for r in plan["rejected"])
