@@ -981,16 +981,23 @@ def recompute_passes(tuning: Tuning, recompute: Recompute) -> float:
 
 def recompute_traffic_bytes(job: Job, layout: Layout, base: StepBase) -> float:
     """``layer_traffic_bytes`` per token of the slowest stage that the recomputed forward writes again."""
-    recompute, training = layout.recompute, job.training
+    recompute = layout.recompute
     if recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
         return base.traffic_bytes
-    if RecomputeModule.CORE_ATTN in layout.selective_modules and training.attention is Attention.EAGER:
-        # the s x s softmax chain of every layer: 5 a s bytes per token (16-bit; 2 a s without attention
-        # dropout), split over tp
-        heads = job.model.num_attention_heads / layout.tp
-        probabilities = 5 if job.model.attention_dropout > 0 else 2
-        return base.layers * probabilities * heads * training.seq_len * element_bytes(training.precision) / 2
+    if RecomputeModule.CORE_ATTN in layout.selective_modules:
+        return eager_chain_bytes(job, layout, base)
     return 0.0
+
+
+def eager_chain_bytes(job: Job, layout: Layout, base: StepBase) -> float:
+    """The s x s softmax chain eager attention stores, per token of the slowest stage: 5 a s bytes
+    (16-bit; 2 a s without attention dropout), split over tp; 0 under a flash kernel."""
+    training = job.training
+    if training.attention is not Attention.EAGER:
+        return 0.0
+    heads = job.model.num_attention_heads / layout.tp
+    probabilities = 5 if job.model.attention_dropout > 0 else 2
+    return base.layers * probabilities * heads * training.seq_len * element_bytes(training.precision) / 2
 
 
 def selective_modules_stored_bytes(job: Job, layout: Layout, base: StepBase) -> float:
@@ -1035,6 +1042,12 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     passes = recompute_passes(job.tuning, recompute)
     memory_s = memory_bound_s(job, layout, base, passes, recompute_traffic_bytes(job, layout, base))
     memory_s += memory_bound_s(job, layout, base, 1.0, selective_modules_stored_bytes(job, layout, base))
+    if recompute is Recompute.FULL:
+        # the whole forward again runs attention's core too: its s x s chain moves the multiple of what
+        # it stores that selective recompute costs it, beyond the one pass the layer's bytes count
+        # (properties review: selective was timed slower than full under eager attention)
+        extra = job.tuning.selective_recompute_passes - 1.0
+        memory_s += memory_bound_s(job, layout, base, extra, eager_chain_bytes(job, layout, base))
     if recompute is Recompute.FULL:
         memory_s += dequantize_s(job, layout, base, 1)  # the recomputed forward dequantises again
     # the recomputed forward's experts (full, or Megatron's moe module)
