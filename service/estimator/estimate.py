@@ -80,6 +80,15 @@ def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -
             f"NVMe: {memory.nvme_per_node_bytes / 2**30:.1f} GiB needed per node, "
             f"{cluster.nvme_bytes_per_node / 2**30:.1f} GiB available"
         )
+    node = cluster.gpu.node_gpus
+    if node is not None and cluster.gpus_per_node > node:
+        # timed as stated, one NVLink domain of them all (hardware review: 16 H100 SXM per node were
+        # planned as one 450 GB/s domain without a word)
+        out.append(
+            f"{cluster.gpus_per_node} GPUs per node: {cluster.gpu.name} ships {node} per node (its "
+            "baseboard's NVLink domain); the estimate links all of them at its NVLink bandwidth: state "
+            f"nodes of {node} and the network between them where that is how they are built"
+        )
     if layout.tp > cluster.gpus_per_node:
         # timed as it would run (its all-reduces over the network), but no plan recommends it
         out.append(

@@ -215,3 +215,17 @@ def test_a_custom_gpu_has_only_the_peaks_its_die_has(client: TestClient) -> None
         assert "no " + field + " matrix units" in refused.json()["detail"]
         del gpu["peak_flops_per_s"][field]
         assert client.post("/v1/plans", json=body).status_code == 201
+
+
+def test_more_gpus_per_node_than_the_part_ships_in_is_said(client: TestClient) -> None:
+    """16 H100 SXM per node were timed as one 450 GB/s NVLink domain without a word (hardware review):
+    the estimate says the part ships 8 per node."""
+    body = {"model": "llama-3.2-1b", "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 16},
+            "training": TRAINING, "layout": {"framework": "fsdp", "dp": 16, "zero_stage": 3}}  # fmt: skip
+    answer = client.post("/v1/estimates", json=body).json()
+    assert any(w.startswith("16 GPUs per node: h100-sxm-80gb ships 8 per node") for w in answer["warnings"])
+    eight = body | {"cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 2, "gpus_per_node": 8,
+                                "inter_node_bandwidth_bytes_per_s": 50e9}}  # fmt: skip
+    assert not any(
+        "ships 8 per node" in w for w in client.post("/v1/estimates", json=eight).json()["warnings"]
+    )
