@@ -26,7 +26,6 @@ from service.estimator.types import (
     Plan,
     Precision,
     Recompute,
-    RecomputeModule,
 )
 from service.launchers import deepspeed, megatron
 from service.launchers.common import (
@@ -188,8 +187,39 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
     return None
 
 
+# The model types whose Megatron network MegatronLMPlugin builds as the Hugging Face model is: GPT-2
+# (learned positions, GELU, LayerNorm: Megatron's GPT defaults). Its llama parser passes layers, hidden
+# size, heads, vocabulary and positions only (accelerate utils/dataclasses.py parse_llama_config: no
+# num_query_groups, ffn_hidden_size, swiglu, RMSNorm or rope), so Megatron builds another network;
+# qwen2, mistral, gemma, phi3 and mixtral raise "Accelerate Megatron-LM integration not supports"
+# (set_network_size_args). Launch review.
+PLUGIN_FAITHFUL_FAMILIES = frozenset({"gpt2"})
+
+
 def _megatron_refusal(plan: Plan) -> Refusal:
     lo = plan.layout
+    if plan.model.family not in PLUGIN_FAITHFUL_FAMILIES:
+        return (
+            f"{plan.model.family}: Accelerate's MegatronLMPlugin builds Megatron's GPT from the config's "
+            "layers, hidden size, heads and vocabulary only (no grouped-query attention, FFN width, SwiGLU, "
+            "RMSNorm or RoPE), or refuses the model type: it would train another network; use the megatron "
+            "target"
+        )
+    if lo.cp > 1:
+        # accelerator.py: dp_degree = num_processes // (tp_degree * pp_degree), then global_batch_size =
+        # dp_degree x micro x num_micro_batches: cp x the plan's batch (launch review)
+        return (
+            f"cp={lo.cp}: Accelerate counts data parallelism as processes / (tp x pp), ignoring cp, so "
+            "its Megatron run would train cp times the plan's global batch; use the megatron target"
+        )
+    if lo.recompute is not Recompute.FULL:
+        # MegatronLMPlugin.__post_init__: recompute_granularity defaults to "full", method "uniform",
+        # num_layers 1 (MEGATRON_LM_RECOMPUTE_*), whatever recompute_activations says (launch review)
+        return (
+            f"recompute {lo.recompute.value}: MegatronLMPlugin sets recompute_granularity full (method "
+            "uniform, one layer per chunk) unless told otherwise, and has no setting for none; use the "
+            "megatron target"
+        )
     if plan.training.optimizer is not Optimizer.ADAMW:
         # the plugin passes Megatron-LM its own arguments, --optimizer left at its default adam
         asked = plan.training.optimizer.value
@@ -214,11 +244,6 @@ def _megatron_refusal(plan: Plan) -> Refusal:
             f"moe_dispatcher {lo.moe_dispatcher.value}: MegatronLMPlugin has no field for "
             "--moe-token-dispatcher-type / --moe-flex-dispatcher-backend; use the megatron target"
         )
-    if lo.recompute_modules is not None and set(lo.recompute_modules) != {RecomputeModule.CORE_ATTN}:
-        # MegatronLMPlugin's recompute_activations sets selective granularity with Megatron's default
-        # modules (core_attn); the plugin has no field for --recompute-modules
-        modules = [module.value for module in lo.recompute_modules]
-        return f"recompute_modules {modules}: MegatronLMPlugin recomputes core_attn only"
     if plan.training.mtp_num_layers:
         return "MegatronLMPlugin has no field for --mtp-num-layers; use the megatron target"
     # NVIDIA's recipes' switches, which the estimate takes unless the layout says otherwise: the
@@ -341,7 +366,7 @@ def _megatron(plan: Plan) -> dict[str, Any]:
         "megatron_lm_sequence_parallelism": lo.sequence_parallel and lo.tp > 1,
         "megatron_lm_use_distributed_optimizer": lo.zero_stage == 1,
         "megatron_lm_gradient_clipping": 1.0,
-        "megatron_lm_recompute_activations": lo.recompute is Recompute.SELECTIVE,
+        "megatron_lm_recompute_activations": False,  # full recompute only (_megatron_refusal)
     }
     if plan.model.moe is not None:
         # MegatronLMPlugin defaults expert_tensor_parallel_size to 1 (utils/dataclasses.py), not to tp
@@ -351,14 +376,13 @@ def _megatron(plan: Plan) -> dict[str, Any]:
     # batch as micro x num_micro_batches (its default 1) and Megatron's schedule accumulates over
     # them (utils/dataclasses.py set_training_args, utils/megatron_lm.py get_batch_data_iterator)
     mlm["megatron_lm_num_micro_batches"] = accumulation(plan)
-    if lo.recompute is Recompute.FULL:
-        # every layer keeps its input (uniform, chunks of one), or the first N of each stage (block)
-        partial = lo.recompute_num_layers is not None
-        mlm |= {
-            "megatron_lm_recompute_granularity": "full",
-            "megatron_lm_recompute_method": "block" if partial else "uniform",
-            "megatron_lm_recompute_num_layers": lo.recompute_num_layers if partial else 1,
-        }
+    # every layer keeps its input (uniform, chunks of one), or the first N of each stage (block)
+    partial = lo.recompute_num_layers is not None
+    mlm |= {
+        "megatron_lm_recompute_granularity": "full",
+        "megatron_lm_recompute_method": "block" if partial else "uniform",
+        "megatron_lm_recompute_num_layers": lo.recompute_num_layers if partial else 1,
+    }
     return {"distributed_type": "MEGATRON_LM", "megatron_lm_config": mlm}
 
 
@@ -460,6 +484,10 @@ def environment(plan: Plan) -> list[tuple[str, str]]:
     env = tf32_environment(plan)
     if plan.layout.framework is Framework.FSDP:
         env.append((ACCUMULATION_ENV, str(accumulation(plan))))
+    if plan.layout.framework is Framework.MEGATRON:
+        # the plugin calls Megatron's validate_args, which asserts it with tp > 1 (launch review: the
+        # megatron target exported it, this launch did not)
+        env += megatron.environment(plan)
     return env
 
 

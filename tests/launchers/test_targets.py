@@ -39,6 +39,10 @@ from service.launchers import (
 from tests.launchers import checks
 from tests.launchers.factories import llama3_8b, plan, small_llama, training
 
+# the one model MegatronLMPlugin builds as Hugging Face's is (accelerate.PLUGIN_FAITHFUL_FAMILIES)
+GPT2 = model("gpt2").spec
+GPT2_TRAINING = training(seq_len=1024)
+
 # What Accelerate's MegatronLMPlugin runs (Megatron-LM's own defaults); the estimate's defaults are NVIDIA's
 # recipes (bf16 gradient buffer, overlapped gradient reduce), which only the megatron target renders
 MEGATRON_LM_OWN: dict[str, Any] = {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False}
@@ -115,8 +119,10 @@ def test_megatron_block_recompute_renders_the_estimated_layers() -> None:
     at = args.index("--recompute-granularity")
     assert args[at : at + 6] == ["--recompute-granularity", "full", "--recompute-method", "block",
                                  "--recompute-num-layers", "3"]  # fmt: skip
-    # Accelerate's plugin runs Megatron-LM's own defaults: it renders layouts that say so
-    mlm = accelerate.accelerate_config(plan(**lo, **MEGATRON_LM_OWN))["megatron_lm_config"]
+    # Accelerate's plugin runs Megatron-LM's own defaults: it renders layouts that say so (of GPT-2, the
+    # one model its plugin builds as Hugging Face's is)
+    gpt2 = plan(model=GPT2, train=GPT2_TRAINING, **lo, **MEGATRON_LM_OWN)
+    mlm = accelerate.accelerate_config(gpt2)["megatron_lm_config"]
     assert (mlm["megatron_lm_recompute_method"], mlm["megatron_lm_recompute_num_layers"]) == ("block", 3)
 
 
@@ -253,7 +259,8 @@ def test_megatron_renders_the_gradient_dtype_and_fp8_parameter_gather() -> None:
     assert "--grad-reduce-in-bf16" not in own and "--fp8-param-gather" not in own
     with pytest.raises(Unsupported, match="megatron target"):
         accelerate.render(plan(framework=Framework.MEGATRON, zero_stage=1))  # bf16: the bf16 buffer
-    megatron_lm_bf16 = plan(framework=Framework.MEGATRON, zero_stage=1, **MEGATRON_LM_OWN)
+    megatron_lm_bf16 = plan(model=GPT2, train=GPT2_TRAINING, framework=Framework.MEGATRON, zero_stage=1,
+                            recompute=Recompute.FULL, **MEGATRON_LM_OWN)  # fmt: skip
     assert accelerate.accelerate_config(megatron_lm_bf16)["distributed_type"] == "MEGATRON_LM"
 
 
@@ -296,8 +303,14 @@ def test_accelerate_megatron_accumulates_the_estimated_micro_batches(pp: int) ->
     """MegatronLMPlugin's global batch is dp x micro x num_micro_batches (default 1) with or
     without a pipeline: a layout accumulating 16 micro-batches on dp 4 without one trained a
     global batch of 4 instead of 64."""
-    lo = {"framework": Framework.MEGATRON, "cp": 2, "pp": pp, "micro_batch_size": 1}
-    chosen = plan(train=training(global_batch_size=64), **lo, **MEGATRON_LM_OWN)
+    lo = {
+        "framework": Framework.MEGATRON,
+        "tp": 2,
+        "pp": pp,
+        "micro_batch_size": 1,
+        "recompute": Recompute.FULL,
+    }
+    chosen = plan(model=GPT2, train=replace(GPT2_TRAINING, global_batch_size=64), **lo, **MEGATRON_LM_OWN)
     config = accelerate.accelerate_config(chosen)
     assert config["megatron_lm_config"]["megatron_lm_num_micro_batches"] == 64 // chosen.layout.dp
     checks.check_accelerate(config, chosen)
@@ -461,14 +474,15 @@ def test_megatron_renders_expert_tensor_parallelism_folded_into_the_stage() -> N
     default = plan(model=DEEPSEEK_LIKE, framework=Framework.MEGATRON, zero_stage=1, tp=2,
                    sequence_parallel=True, ep=4)  # fmt: skip
     assert "--expert-tensor-parallel-size" not in megatron.megatron_args(default)  # Megatron's default: tp
-    # Accelerate's MegatronLMPlugin defaults it to 1, not tp: its config always names the estimated one
-    for layout, etp in ((folded, 1), (default, 2)):
+    # Accelerate's MegatronLMPlugin builds no MoE model as Hugging Face's is: refused
+    for layout in (folded, default):
         own = replace(layout, layout=replace(layout.layout, **MEGATRON_LM_OWN))
-        mlm = accelerate.accelerate_config(own)["megatron_lm_config"]
-        assert mlm["megatron_lm_expert_tensor_parallel_size"] == etp
+        with pytest.raises(Unsupported, match="Accelerate's MegatronLMPlugin builds"):
+            accelerate.accelerate_config(own)
     dense = accelerate.accelerate_config(
-        plan(framework=Framework.MEGATRON, zero_stage=1, tp=2, **MEGATRON_LM_OWN)
-    )
+        plan(model=GPT2, train=GPT2_TRAINING, framework=Framework.MEGATRON, zero_stage=1, tp=2,
+             recompute=Recompute.FULL, **MEGATRON_LM_OWN)
+    )  # fmt: skip
     assert "megatron_lm_expert_tensor_parallel_size" not in dense["megatron_lm_config"]
 
 
@@ -545,9 +559,15 @@ def test_megatron_renders_the_estimated_recompute_modules() -> None:
     # Megatron's default (core_attn) is left to Megatron
     default = plan(framework=Framework.MEGATRON, zero_stage=1, recompute=Recompute.SELECTIVE)
     assert "--recompute-modules" not in megatron.megatron_args(default)
-    # MegatronLMPlugin has recompute_activations (core_attn) only
-    with pytest.raises(Unsupported, match="recompute_modules"):
+    # MegatronLMPlugin builds no MoE model as Hugging Face's is, and recomputes full layers only
+    with pytest.raises(Unsupported, match="Accelerate's MegatronLMPlugin builds"):
         accelerate.accelerate_config(chosen)
+    selective = plan(model=GPT2, train=GPT2_TRAINING, framework=Framework.MEGATRON, zero_stage=1,
+                     recompute=Recompute.SELECTIVE, **MEGATRON_LM_OWN)  # fmt: skip
+    with pytest.raises(
+        Unsupported, match="recompute selective: MegatronLMPlugin sets recompute_granularity full"
+    ):
+        accelerate.accelerate_config(selective)
 
 
 def test_megatron_renders_multi_token_prediction_on_the_last_stage() -> None:
@@ -561,9 +581,10 @@ def test_megatron_renders_multi_token_prediction_on_the_last_stage() -> None:
     for artifact in megatron.render(chosen):
         checks.check_artifact(artifact, chosen)
     assert "--mtp-num-layers" not in megatron.megatron_args(replace(chosen, training=training()))
-    even = replace(chosen, layout=replace(chosen.layout, pp=2, dp=4, pipeline_layers=None))
+    even = replace(chosen, model=GPT2, layout=replace(chosen.layout, pp=2, dp=4, pipeline_layers=None,
+                   recompute=Recompute.FULL, **MEGATRON_LM_OWN))  # fmt: skip
     with pytest.raises(Unsupported, match="mtp-num-layers"):
-        accelerate.accelerate_config(even)
+        accelerate.accelerate_config(replace(even, training=replace(mtp, seq_len=1024)))
 
 
 def test_megatron_renders_the_ep_all_to_all_overlap() -> None:
@@ -575,8 +596,8 @@ def test_megatron_renders_the_ep_all_to_all_overlap() -> None:
     assert args[args.index("--moe-token-dispatcher-type") + 1] == "alltoall"  # what the overlap needs
     for artifact in megatron.render(overlapped):
         checks.check_artifact(artifact, overlapped)
-    with pytest.raises(Unsupported, match="overlap-moe-expert-parallel-comm"):
-        accelerate.accelerate_config(overlapped)
+    with pytest.raises(Unsupported, match="Accelerate's MegatronLMPlugin builds"):
+        accelerate.accelerate_config(overlapped)  # no MoE model as Hugging Face's is
 
 
 def test_megatron_renders_the_flex_dispatcher_with_the_hybridep_backend() -> None:
@@ -597,7 +618,7 @@ def test_megatron_renders_the_flex_dispatcher_with_the_hybridep_backend() -> Non
     )
     assert "--moe-flex-dispatcher-backend" not in alltoall
     assert alltoall[alltoall.index("--moe-token-dispatcher-type") + 1] == "alltoall"
-    with pytest.raises(Unsupported, match="moe-flex-dispatcher-backend"):
+    with pytest.raises(Unsupported, match="Accelerate's MegatronLMPlugin builds"):
         accelerate.accelerate_config(flex)
 
 
@@ -855,3 +876,22 @@ def test_megatron_gates_the_shared_expert_where_the_model_does() -> None:
     assert "--moe-shared-expert-gate" not in megatron.megatron_args(
         plan(model=DEEPSEEK_LIKE, framework=Framework.MEGATRON, zero_stage=1, ep=4)
     )
+
+
+def test_accelerate_megatron_renders_only_what_its_plugin_runs_as_estimated() -> None:
+    """MegatronLMPlugin builds Megatron's GPT from a few config fields (Llama without GQA, FFN width,
+    SwiGLU, RMSNorm or RoPE; Qwen and the rest refused), counts dp as processes / (tp x pp) (cp x the
+    batch) and recomputes every layer unless told otherwise; and Megatron's validate_args needs
+    CUDA_DEVICE_MAX_CONNECTIONS=1 with tp > 1, which the launch did not export (launch review)."""
+    for other in (small_llama(), llama3_8b()):
+        with pytest.raises(Unsupported, match="it would train another network"):
+            accelerate.render(plan(model=other, framework=Framework.MEGATRON, tp=2, recompute=Recompute.FULL,
+                                   **MEGATRON_LM_OWN))  # fmt: skip
+    gpt2 = {"model": GPT2, "train": GPT2_TRAINING, "framework": Framework.MEGATRON, **MEGATRON_LM_OWN}
+    with pytest.raises(Unsupported, match="ignoring cp"):
+        accelerate.render(plan(cp=2, recompute=Recompute.FULL, **gpt2))
+    with pytest.raises(Unsupported, match="recompute none"):
+        accelerate.render(plan(tp=2, **gpt2))
+    files = accelerate.render(plan(tp=2, recompute=Recompute.FULL, **gpt2))
+    (launch,) = [a for a in files if a.name == accelerate.LAUNCH_NAME]
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in launch.content.splitlines()

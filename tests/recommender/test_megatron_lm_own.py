@@ -13,15 +13,17 @@ from service.launchers import Target
 from service.recommender import Constraints, recommend
 from tests.recommender.helpers import cluster
 
-TRAINING = TrainingSpec(seq_len=4096, global_batch_size=64)
+TRAINING = TrainingSpec(seq_len=1024, global_batch_size=64)
 
 
 def test_accelerate_only_gets_megatron_lms_own_switches() -> None:
-    spec, c = model("llama-3-8b").spec, cluster("h100-sxm-80gb", 1, per_node=2)
+    # GPT-2: the one model MegatronLMPlugin builds as Hugging Face's is; full recompute, its only mode
+    spec, c = model("gpt2").spec, cluster("h100-sxm-80gb", 1, per_node=2)
     megatron_only = Constraints(frameworks=(Framework.MEGATRON,), launchers=(Target.ACCELERATE,))
     plan = recommend(spec, c, TRAINING, megatron_only, default_tuning())
     assert plan.recommended is not None, [r.reason for r in plan.rejected]
     layout = plan.recommended.layout
+    assert layout.recompute.value == "full"
     assert layout.grad_reduce_in_fp32 is True and layout.overlap_grad_reduce in (False, None)
     # the numbers are those of that layout, not of the recipes' one
     again = estimate(spec, c, layout, TRAINING, tuning=default_tuning())
