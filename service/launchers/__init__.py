@@ -149,9 +149,21 @@ def render(plan: Plan, targets: Iterable[Target] | None = None) -> tuple[list[Ar
     artifacts: dict[str, Artifact] = {}
     unsupported: dict[Target, str] = {}
     asked = [Target(t) for t in (RENDERERS if targets is None else targets)]
+    # a DeepSpeed layout asked of the HF Trainer and not of DeepSpeed's own script: the wrappers run the
+    # HF Trainer's entry point, as its files beside them say (launch review)
+    via = (
+        Target.HF_TRAINER
+        if plan.layout.framework is Framework.DEEPSPEED
+        and Target.HF_TRAINER in asked
+        and Target.DEEPSPEED not in asked
+        else None
+    )
     for target in asked:
         try:
-            produced = RENDERERS[target](plan)
+            if target in (Target.KUBERNETES, Target.SLURM) and via is not None:
+                produced = (kubernetes.render if target is Target.KUBERNETES else slurm.render)(plan, via)
+            else:
+                produced = RENDERERS[target](plan)
         except Unsupported as exc:
             if (
                 target is Target.KUBERNETES

@@ -67,10 +67,16 @@ def refusal(plan: Plan) -> Refusal:
     return None if hf is None else f"torchtitan: {titan}; hf_trainer: {hf}"
 
 
-def entry(plan: Plan, wrapper: Target, config_dir: str = "") -> Entry:
-    """The per-node command after `torchrun <topology>`; raises Unsupported(wrapper, ...)."""
+def entry(plan: Plan, wrapper: Target, config_dir: str = "", via: Target | None = None) -> Entry:
+    """The per-node command after `torchrun <topology>`; raises Unsupported(wrapper, ...). ``via``:
+    the target whose entry point a DeepSpeed layout runs through, where the request asked for the HF
+    Trainer and not DeepSpeed's own script (its PyTorchJob ran `train.py --deepspeed --deepspeed_config`
+    beside the HF Trainer's files, whose train.py parses TrainingArguments: exit 2; launch review)."""
     refuse(wrapper, refusal(plan))
     framework = plan.layout.framework
+    if framework is Framework.DEEPSPEED and via is Target.HF_TRAINER:
+        refuse(wrapper, None if (hf := hf_trainer.refusal(plan)) is None else f"hf_trainer: {hf}")
+        return _hf_trainer_entry(plan, wrapper, config_dir)
     if framework is Framework.DEEPSPEED:
         config = deepspeed.ds_config(plan)
         file = Artifact(
@@ -92,6 +98,10 @@ def entry(plan: Plan, wrapper: Target, config_dir: str = "") -> Entry:
         return Entry(Target.MEGATRON, megatron.entry_words(plan), [], megatron.environment(plan))
     if torchtitan.refusal(plan) is None:
         return Entry(Target.TORCHTITAN, torchtitan.entry_words(plan), [], torchtitan.environment(plan))
+    return _hf_trainer_entry(plan, wrapper, config_dir)
+
+
+def _hf_trainer_entry(plan: Plan, wrapper: Target, config_dir: str) -> Entry:
     words, files = hf_trainer.entry_words(plan, config_dir)
     files = [replace(f, target=wrapper) for f in files] + peft_artifacts(plan, wrapper)
     duties = peft_header(plan, config_dir) + fsdp_reduce_duty(plan, "trainer.accelerator")

@@ -65,9 +65,10 @@ def _replica(
     }
 
 
-def manifests(plan: Plan) -> list[dict[str, Any]]:
-    """The ConfigMap (when the command reads config files) and the PyTorchJob, as plain dicts."""
-    job = entry(plan, TARGET, CONFIG_DIR)
+def manifests(plan: Plan, via: Target | None = None) -> list[dict[str, Any]]:
+    """The ConfigMap (when the command reads config files) and the PyTorchJob, as plain dicts
+    (``via``: ``job.entry``'s)."""
+    job = entry(plan, TARGET, CONFIG_DIR, via)
     words = [*torchrun_words(plan, rendezvous="env"), *job.words]
     command = [w for w in words if not isinstance(w, Raw)]
     assert len(command) == len(words), "a Kubernetes command takes no shell expansions"
@@ -117,8 +118,10 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _Dumper.add_representer(str, _str)
 
 
-def render(plan: Plan) -> list[Artifact]:
-    duties = entry(plan, TARGET, CONFIG_DIR).duties  # what the training script must do, as the target says
+def render(plan: Plan, via: Target | None = None) -> list[Artifact]:
+    duties = entry(
+        plan, TARGET, CONFIG_DIR, via
+    ).duties  # what the training script must do, as the target says
     header = "\n".join(comment_lines(layout_summary(plan) + duties)) + "\n"
-    text = header + yaml.dump_all(manifests(plan), Dumper=_Dumper, sort_keys=False, width=120)
+    text = header + yaml.dump_all(manifests(plan, via), Dumper=_Dumper, sort_keys=False, width=120)
     return [Artifact(name=MANIFEST_NAME, target=TARGET, media_type=YAML, content=text)]

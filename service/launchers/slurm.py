@@ -54,16 +54,16 @@ def _preamble(plan: Plan, runs: str, env: list[tuple[str, str]]) -> list[str]:
     ]
 
 
-def sbatch_script(plan: Plan) -> tuple[str, list[Artifact]]:
-    job = entry(plan, TARGET)
+def sbatch_script(plan: Plan, via: Target | None = None) -> tuple[str, list[Artifact]]:
+    job = entry(plan, TARGET, via=via)
     lines = _preamble(plan, f"Runs {job.via} under torchrun, one srun task per node.{job.duties}", job.env)
     words: list[Word] = ["srun", "--kill-on-bad-exit=1", *torchrun_words(plan, rendezvous="c10d"), *job.words]
     lines.append(shell_command(words))
     return "\n".join(lines) + "\n", job.files
 
 
-def render(plan: Plan) -> list[Artifact]:
-    text, files = sbatch_script(plan)
+def render(plan: Plan, via: Target | None = None) -> list[Artifact]:
+    text, files = sbatch_script(plan, via)
     return [*files, Artifact(name=SCRIPT_NAME, target=TARGET, media_type=SHELL, content=text)]
 
 

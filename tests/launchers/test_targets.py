@@ -895,3 +895,19 @@ def test_accelerate_megatron_renders_only_what_its_plugin_runs_as_estimated() ->
     files = accelerate.render(plan(tp=2, recompute=Recompute.FULL, **gpt2))
     (launch,) = [a for a in files if a.name == accelerate.LAUNCH_NAME]
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in launch.content.splitlines()
+
+
+def test_wrappers_of_a_deepspeed_layout_asked_of_the_hf_trainer_run_its_entry_point() -> None:
+    """Kubernetes with the HF Trainer (not DeepSpeed's own script) ran `train.py --deepspeed
+    --deepspeed_config ...` beside the HF Trainer's files, whose train.py parses TrainingArguments:
+    `argument --deepspeed: expected one argument` (launch review). The wrappers run the asked entry."""
+    from service.launchers import render as render_all
+
+    chosen = plan(framework=Framework.DEEPSPEED, zero_stage=2)
+    for wrapper, name in ((Target.KUBERNETES, "pytorchjob.yaml"), (Target.SLURM, "trainplan.sbatch")):
+        files, unsupported = render_all(chosen, [wrapper, Target.HF_TRAINER])
+        assert not unsupported
+        text = next(a.content for a in files if a.name == name)
+        assert "--deepspeed_config" not in text and "--per_device_train_batch_size" in text, name
+        raw, _ = render_all(chosen, [wrapper, Target.DEEPSPEED])
+        assert "--deepspeed_config" in next(a.content for a in raw if a.name == name)
