@@ -677,6 +677,13 @@ def entry_words(plan: Plan) -> list[Word]:
 
 def render(plan: Plan) -> list[Artifact]:
     words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), *entry_words(plan)]
-    header = f"Megatron-LM (main @d98e8a6): run from the Megatron-LM checkout, where {ENTRY} lives."
+    header = (
+        f"Megatron-LM (main @d98e8a6): run from the Megatron-LM checkout, where {ENTRY} lives.\n"
+        # what the file cannot know: said in the file, not only in our code (a fine-tune of Llama ran
+        # from random weights on mock data; launch review)
+        "It trains from random weights on mock data (--mock-data, a NullTokenizer of the model's\n"
+        "vocabulary): to fine-tune, add --load/--pretrained-checkpoint with a Megatron checkpoint of the\n"
+        "model and --finetune, and --data-path with --tokenizer-type/--tokenizer-model for real data."
+    )
     content = script(plan, [shell_command(words)], env=environment(plan), header=header)
     return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

@@ -395,6 +395,12 @@ def environment(plan: Plan) -> list[tuple[str, str]]:
 
 def render(plan: Plan) -> list[Artifact]:
     words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), *entry_words(plan)]
-    header = f"torchtitan {VERSION}: config module plus --section.field overrides (no TOML since 0.3.0)."
+    header = (
+        f"torchtitan {VERSION}: config module plus --section.field overrides (no TOML since 0.3.0).\n"
+        # said in the file (a fine-tune ran from a fresh init on the recipe's dataset; launch review)
+        "It trains from a fresh initialisation on the config module's dataset and learning-rate\n"
+        "schedule: to fine-tune, set --checkpoint.initial_load_path to the model's DCP checkpoint, and\n"
+        "the dataset, --lr_scheduler.warmup_steps and --optimizer.lr for this run's steps."
+    )
     content = script(plan, [shell_command(words)], env=environment(plan), header=header)
     return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]
