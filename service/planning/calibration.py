@@ -37,6 +37,7 @@ from service.estimator.calibration import (
 )
 from service.estimator.types import ClusterSpec, Estimate, Layout, MemoryStatistic
 from service.feedback import ObservedRun, estimated_peak, measured_step_s
+from service.frameworks import Target, frameworks_of
 from service.persistence.db import utcnow
 from service.persistence.models import PlanRecord, RunRecord
 from service.persistence.repository import PlanRepository
@@ -156,6 +157,16 @@ def another_job(run: RunRecord, plan: PlanRecord, capacity_bytes: int) -> tuple[
     if source.get("kind") != "log":
         return ()
     reasons = []
+    # a log printed by a launcher that runs none of the plan's framework: another framework's step
+    # (a torchtitan log posted to a Megatron plan set its memory factor; runs review)
+    printed = source.get("format")
+    if printed in {t.value for t in Target} and plan.framework:
+        runs = [f.value for f in frameworks_of(Target(printed))]
+        if runs and plan.framework not in runs:
+            reasons.append(
+                f"its log is {printed}'s, which runs {' or '.join(runs)}; the plan's framework is "
+                f"{plan.framework}: another framework's step"
+            )
     planned = StoredRequest.read(plan.request).training.global_batch_size
     batch = source.get("global_batch_size")
     if isinstance(batch, int) and batch != planned:

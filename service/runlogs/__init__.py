@@ -168,8 +168,39 @@ def _at_the_final_batch(readings: Readings) -> None:
                 )
 
 
+def _the_last_run(readings: Readings) -> None:
+    """Only the last run of a log that holds several (a restart numbers its steps from 1 again): the
+    readings before its first line, of every series, are another run's (a 16-GPU batch-256 run and
+    the plan's 8-GPU batch-128 one pooled into one median that matched neither; runs review)."""
+    start = None
+    last: dict[int | None, tuple[float, int]] = {}  # each rank's last step number, and its line
+    for reading in readings.step_s:
+        if reading.step is None:
+            continue
+        rank = reading.line.rank
+        if rank in last and reading.step < last[rank][0]:
+            start = last[rank][1] + 1  # what the next run printed before its steps is its own
+        last[rank] = (reading.step, reading.line.number)
+    if start is None:
+        return
+    series = [
+        readings.step_s, readings.tokens_per_s_per_gpu, readings.samples_per_s, readings.tflops_per_gpu,
+        readings.mfu, readings.global_batch_size, readings.world_size, *readings.memory.values(),
+    ]  # fmt: skip
+    dropped = 0
+    for found in series:
+        kept = [r for r in found if r.line.number >= start]
+        dropped += len(found) - len(kept)
+        found[:] = kept
+    readings.notes.append(
+        f"the log holds more than one run (its step numbers start again after line {start - 1}): only the "
+        f"last one is read ({dropped} readings of the earlier ones skipped)"
+    )
+
+
 def summarise(parsed: ParsedLog, readings: Readings) -> None:
     """Figures from the readings: medians of the steady steps, the peak of the most-loaded rank."""
+    _the_last_run(readings)
     _at_the_final_batch(readings)
     parsed.step_s = median_figure("step_s", "s", readings.step_s, "step-time")
     parsed.tokens_per_s_per_gpu = median_figure(

@@ -104,7 +104,10 @@ def test_out_of_memory_log(client: TestClient, plan: dict[str, Any]) -> None:
     assert "ran out of" in run["diagnosis"]["implausible_reasons"][0]
 
 
-def test_a_log_run_moves_the_factors_like_a_typed_run(client: TestClient, plan: dict[str, Any]) -> None:
+def test_a_log_run_moves_the_factors_like_a_typed_run(client: TestClient) -> None:
+    # a Megatron log, of a Megatron plan (another framework's log is set aside)
+    plan = create(client, plan_body() | {"launchers": [], "constraints": {"frameworks": ["megatron"]}})
+    assert plan["recommended"]["layout"]["framework"] == "megatron"
     estimate = plan["recommended"]["estimate"]
     step_ms = estimate["time"]["step_s"] * 1.25 * 1000
     total_mib = estimate["memory"]["per_gpu"]["total"] / MIB
@@ -286,3 +289,15 @@ def test_a_ramp_up_is_skipped_and_a_world_or_batch_of_another_job_is_set_aside(c
     assert any("global batch 128" in r for r in stored["diagnosis"]["implausible_reasons"]), stored[
         "diagnosis"
     ]
+
+
+def test_another_frameworks_log_is_set_aside(client: TestClient, plan: dict[str, Any]) -> None:
+    """A torchtitan log posted to a DeepSpeed plan (or a Megatron log) was read and calibrated the plan's
+    framework, its memory factor included (runs review): set aside, saying whose log it is."""
+    assert plan["recommended"]["layout"]["framework"] == "deepspeed"
+    for name, printed in (("torchtitan", "torchtitan's, which runs fsdp"), ("megatron", "megatron's")):
+        run = post_log(client, plan["id"], log(name))
+        assert run["diagnosis"]["implausible"] is True
+        assert any(
+            printed in r and "another framework's step" in r for r in run["diagnosis"]["implausible_reasons"]
+        )

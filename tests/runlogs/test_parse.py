@@ -208,3 +208,30 @@ def test_the_reader_imports_no_web_framework_nor_database() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == ""
+
+
+def _megatron_run(world: int, batch: int, step_ms: float, steps: int) -> list[str]:
+    lines = [f"using world size: {world}, data-parallel size: {world}, context-parallel size: 1, "
+             "tensor-model-parallel size: 1, pipeline-model-parallel size: 1"]  # fmt: skip
+    for step in range(1, steps + 1):
+        lines.append(
+            f" [2025-03-14 10:02:31.118274] iteration {step:8d}/     500 | consumed samples: "
+            f"{step * batch:12d} | elapsed time per iteration (ms): {step_ms:.1f} | global batch size: "
+            f"{batch:5d} | lm loss: 7.0E+00 |"
+        )
+    return lines
+
+
+def test_a_log_of_two_runs_is_read_as_its_last() -> None:
+    """A restart numbers its steps from 1 again: a 16-GPU batch-256 run at 9.5 s and the plan's 8-GPU
+    batch-128 run at 16.5 s pooled into one median (13.0 s) that matched neither, taking the last run's
+    batch and GPUs, so nothing was set aside (runs review)."""
+    from service.runlogs import parse_log
+
+    text = "\n".join(_megatron_run(16, 256, 9500.0, 30) + _megatron_run(8, 128, 16500.0, 30))
+    parsed = parse_log(text, "megatron")
+    assert parsed.step_s is not None and parsed.step_s.value == pytest.approx(16.5)
+    assert (parsed.global_batch_size, parsed.world_size) == (128, 8)
+    assert any("more than one run" in note for note in parsed.notes)
+    single = parse_log("\n".join(_megatron_run(8, 128, 16500.0, 30)), "megatron")
+    assert not any("more than one run" in note for note in single.notes)
