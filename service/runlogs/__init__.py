@@ -213,6 +213,18 @@ def summarise(parsed: ParsedLog, readings: Readings) -> None:
     parsed.mfu = median_figure("mfu", "fraction", readings.mfu, "MFU")
     parsed.peak_memory = memory_figure(readings.memory)
     parsed.summary = {key: reading.value for key, reading in readings.summary.items()}
+    runtime, total = readings.summary.get("train_runtime"), readings.summary.get("total_optimization_steps")
+    if parsed.step_s is None and runtime is not None and total is not None and total.value > 0:
+        # transformers' speed_metrics rounds train_steps_per_second to 3 places: 0.005 for a 190 s step
+        # read 200 s (runs review); the runtime over the steps the Trainer states is exact
+        parsed.step_s = Figure(
+            "step_s",
+            runtime.value / total.value,
+            "s",
+            "train_runtime / Total optimization steps: HF Trainer's average over the whole run, warm-up "
+            "included (the log has no progress-bar reading of the steady steps)",
+            (runtime.line.number, total.line.number),
+        )
     if parsed.step_s is None and "train_steps_per_second" in readings.summary:
         steps = readings.summary["train_steps_per_second"]
         if steps.value > 0:

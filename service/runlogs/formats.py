@@ -117,9 +117,24 @@ _TT_TFLOPS = re.compile(r"tflops:\s*(\d[\d,]*(?:\.\d+)?|\.\d+)(?=\s{2}|\s*mfu)")
 _TT_MFU = re.compile(rf"mfu:\s*({NUMBER})%")
 
 
+# torchtitan/distributed/parallel_dims.py: "Building device mesh with parallelism: pp=1, dp_replicate=1,
+# dp_shard=8, cp=1, tp=2, ep=1": the run's GPUs are pp x dp_replicate x dp_shard x cp x tp (ep folds into
+# dp_shard x cp); a 16-GPU log calibrated an 8-GPU plan without it (runs review)
+_TT_MESH = re.compile(r"Building device mesh with parallelism: (.{1,200})")
+_TT_DEGREE = re.compile(r"\b(pp|dp_replicate|dp_shard|cp|tp)=(\d{1,7})\b")
+
+
 def torchtitan(lines: Sequence[Line]) -> Readings:
     found = Readings()
     for line in lines:
+        if (mesh := _TT_MESH.search(line.text)) is not None:
+            degrees = dict(_TT_DEGREE.findall(mesh.group(1)))
+            if len(degrees) == 5:
+                world = 1
+                for value in degrees.values():
+                    world *= int(value)
+                found.world_size.append(Reading(float(world), line))
+            continue
         step_match = _TT_STEP.search(line.text)
         if step_match is None:
             continue
@@ -177,10 +192,22 @@ def _deepspeed_pipe(match: re.Match[str], line: Line, found: Readings) -> None:
         found.samples_per_s.append(Reading(float(samples), line, step))
 
 
+# DeepSpeedConfig.print (runtime/config.py): "  train_batch_size ............. 64" and the world size it
+# divides it by; a batch-64 log calibrated a batch-128 plan without them (runs review)
+_DS_TRAIN_BATCH = re.compile(r"(?<![\w.])train_batch_size \.{3,} (\d{1,9})\s*$")
+_DS_WORLD = re.compile(r"(?<![\w.])world_size \.{3,} (\d{1,9})\s*$")
+
+
 def deepspeed(lines: Sequence[Line]) -> Readings:
     found = Readings()
     for line in lines:
         text = line.text
+        if (batch := _DS_TRAIN_BATCH.search(text)) is not None:
+            found.global_batch_size.append(Reading(float(batch.group(1)), line))
+            continue
+        if (world := _DS_WORLD.search(text)) is not None:
+            found.world_size.append(Reading(float(world.group(1)), line))
+            continue
         if "iter time (s):" in text and (pipe := _DS_PIPE.search(text)) is not None:
             _deepspeed_pipe(pipe, line, found)
             continue
@@ -299,6 +326,9 @@ def hf_trainer(lines: Sequence[Line]) -> Readings:
     for key in ("train_runtime", "train_samples_per_second", "train_steps_per_second"):
         if key in metrics:
             found.summary[key] = metrics[key]
+    for line in lines:  # the steps train_runtime divides into (train_steps_per_second is rounded to 3 places)
+        if (steps := _TOTAL_STEPS.search(line.text)) is not None:
+            found.summary["total_optimization_steps"] = Reading(float(steps.group(1).replace(",", "")), line)
     if all(key in metrics for key in _HF_MEMORY_KEYS):
         peak = sum(metrics[key].value for key in _HF_MEMORY_KEYS)
         found.add_memory("max_allocated", Reading(peak, metrics["train_mem_gpu_peaked_delta"].line))

@@ -235,3 +235,26 @@ def test_a_log_of_two_runs_is_read_as_its_last() -> None:
     assert any("more than one run" in note for note in parsed.notes)
     single = parse_log("\n".join(_megatron_run(8, 128, 16500.0, 30)), "megatron")
     assert not any("more than one run" in note for note in single.notes)
+
+
+def test_what_torchtitan_deepspeed_and_hf_trainer_logs_state_of_the_job_is_read() -> None:
+    """torchtitan's device-mesh line (its GPUs), DeepSpeed's config dump (train_batch_size, world_size)
+    and the HF Trainer's runtime over its stated steps (train_steps_per_second is rounded to 3 places:
+    0.005 read a 190 s step as 200 s) (runs review)."""
+    from service.runlogs import parse_log
+
+    mesh = ("[rank0]:[titan] 2025-05-02 08:14:09,733 - root - INFO - Building device mesh with parallelism: "
+            "pp=1, dp_replicate=1, dp_shard=8, cp=1, tp=2, ep=1")  # fmt: skip
+    titan = parse_log(mesh + "\n" + read("torchtitan"), "torchtitan")
+    assert titan.world_size == 16
+    assert parse_log(read("torchtitan"), "torchtitan").world_size is None
+    ds = parse_log(read("deepspeed") + "\n[2025-02-20 16:40:09,872] [INFO] [config.py:1001:print]   "
+                   "world_size ................... 8", "deepspeed")  # fmt: skip
+    assert (ds.global_batch_size, ds.world_size) == (64, 8)
+    hf = parse_log(
+        "  Total optimization steps = 30\n"
+        "{'train_runtime': 5700.0, 'train_samples_per_second': 5.389, 'train_steps_per_second': 0.005, "
+        "'train_loss': 1.4, 'epoch': 1.0}",
+        "hf_trainer",
+    )
+    assert hf.step_s is not None and hf.step_s.value == pytest.approx(190.0)
