@@ -132,11 +132,14 @@ def _calibrated(
     if not found.fits:
         need, card = found.memory.per_gpu.total / 2**30, found.memory.capacity_bytes / 2**30
         said.append(
-            f"under their memory factor the layout needs {need:.1f} GiB of the card's {card:.1f}: plan it "
-            "(POST /v1/plans) to search with that room"
+            f"under their memory factor the layout needs {need:.1f} GiB of the card's {card:.1f}, so it does "
+            "not fit: plan it (POST /v1/plans), which searches with that room"
         )
     return dataclasses.replace(
         option,
+        # past the card under the runs' memory factor: not a fit (it said fits beside "needs 81.9 GiB of
+        # the card's 80.0" after an out-of-memory run; runs review)
+        fits=option.fits and found.fits,
         tokens_per_s=found.time.tokens_per_s,
         time_to_train_s=option.time_to_train_s * slower if option.time_to_train_s is not None else None,
         gpu_hours=option.gpu_hours * slower if option.gpu_hours is not None else None,

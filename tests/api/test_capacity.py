@@ -187,3 +187,30 @@ def test_a_stored_clusters_option_is_calibrated_as_its_plans_and_estimates_are(c
     figured = [r for r in again["rejected"] if r["per_gpu_bytes"] is not None or "tokens/s" in r["detail"]]
     assert figured and all("before the calibration from this hardware's runs" in r["detail"] for r in figured)
     assert not any("before the calibration" in r["detail"] for r in plan["rejected"])
+
+
+def test_a_stored_clusters_option_past_the_card_under_its_runs_memory_factor_does_not_fit(
+    client: TestClient,
+) -> None:
+    """After an out-of-memory run, capacity on the cluster said fits: true for the layout that ran out,
+    beside a note that it needs more than the card (runs review)."""
+    created = client.post(
+        "/v1/clusters", json={"name": "oom pod", "gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+    )
+    cluster_id = created.json()["id"]
+    training = {"seq_len": 8192, "global_batch_size": 128}
+    body = {"model": {"preset": "llama-3.1-8b"}, "cluster": {"id": cluster_id}, "training": training,
+            "constraints": {"frameworks": ["megatron"]}}  # fmt: skip
+    plan = client.post("/v1/plans", json=body).json()
+    ran = client.post(f"/v1/plans/{plan['id']}/runs", json={"out_of_memory": True})
+    assert ran.status_code == 201, ran.text
+    sized = client.post(
+        "/v1/capacity",
+        json={"model": {"preset": "llama-3.1-8b"}, "training": training, "cluster_ids": [cluster_id],
+              "constraints": {"frameworks": ["megatron"]}},
+    ).json()  # fmt: skip
+    (option,) = sized["options"]
+    derived = ("gradient_accumulation_steps",)  # stored derived with the plan
+    same = {k: v for k, v in option["layout"].items() if k not in derived}
+    assert same == {k: v for k, v in plan["recommended"]["layout"].items() if k not in derived}
+    assert option["fits"] is False and "so it does not fit" in option["note"]
