@@ -25,6 +25,7 @@ from service.contracts.estimates import (
     SetAsideRunOut,
     UncalibratedOut,
 )
+from service.contracts.plans import CandidateOut
 from service.contracts.results import PlanResult, StoredLayout, StoredRequest
 from service.estimator.calibration import (
     Calibration,
@@ -149,6 +150,33 @@ def gpu_count(layout: dict[str, Any]) -> int:
 CAPACITY_TOLERANCE = 0.1
 
 
+# How far a log's own FLOPs per step (its printed TFLOP/s per GPU x GPUs x step) may be from the plan's
+# model FLOPs before it is another job's: the frameworks' FLOP formulas differ from ours by up to ~20%
+# (causal attention counted whole or halved, the logits layer); a 16-GPU log (0.5x) and a 13B one on an
+# 8B plan (1.65x) calibrated it (runs review).
+STATED_FLOPS_RATIO = 1.4
+
+
+def _stated_flops_ratio(
+    run: RunRecord, source: dict[str, Any], recommended: CandidateOut | None
+) -> float | None:
+    """The log's FLOPs per step (its TFLOP/s per GPU x its GPUs, else the plan's, x the measured step)
+    over the plan's model FLOPs per step; None where either is not known."""
+    if recommended is None or recommended.estimate.time is None or not run.step_s:
+        return None
+    tflops = next(
+        (f.get("value") for f in source.get("figures") or [] if f.get("name") == "tflops_per_gpu"), None
+    )
+    if not isinstance(tflops, int | float) or tflops <= 0:
+        return None
+    time = recommended.estimate.time
+    gpus = gpu_count(recommended.layout)
+    world = source.get("world_size")
+    logged_gpus = world if isinstance(world, int) and world > 0 else gpus
+    planned = time.tflops_per_gpu * gpus * time.step_s
+    return tflops * logged_gpus * run.step_s / planned if planned > 0 else None
+
+
 def another_job(run: RunRecord, plan: PlanRecord, capacity_bytes: int) -> tuple[str, ...]:
     """What the run's log states that makes it another job than its plan's (runs review, stop 39: a
     log at global batch 96 posted to a batch-128 plan, or an OOM on a 79 GiB card posted to a 40 GiB
@@ -177,6 +205,12 @@ def another_job(run: RunRecord, plan: PlanRecord, capacity_bytes: int) -> tuple[
         gpus = gpu_count(recommended.layout)
         if world != gpus:
             reasons.append(f"its log ran on {world} GPUs, the plan's layout on {gpus}: another job's")
+    stated = _stated_flops_ratio(run, source, recommended)
+    if stated is not None and not 1 / STATED_FLOPS_RATIO <= stated <= STATED_FLOPS_RATIO:
+        reasons.append(
+            f"its log's own TFLOP/s per GPU x GPUs x step make {stated:.3g}x the plan's model FLOPs per "
+            "step: another model, batch or GPU count"
+        )
     oom = source.get("out_of_memory") or {}
     card = oom.get("capacity_bytes")
     if isinstance(card, int) and abs(card - capacity_bytes) > CAPACITY_TOLERANCE * capacity_bytes:

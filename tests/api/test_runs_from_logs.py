@@ -301,3 +301,26 @@ def test_another_frameworks_log_is_set_aside(client: TestClient, plan: dict[str,
         assert any(
             printed in r and "another framework's step" in r for r in run["diagnosis"]["implausible_reasons"]
         )
+
+
+def test_a_log_whose_own_flops_are_another_jobs_is_set_aside(client: TestClient) -> None:
+    """Megatron prints its TFLOP/s per GPU: x GPUs x the step, the FLOPs the run computed. A 16-GPU log
+    (0.5x the plan's) and a 13B log on an 8B plan (1.65x) calibrated it (runs review)."""
+    plan = create(client, plan_body() | {"launchers": [], "constraints": {"frameworks": ["megatron"]}})
+    time = plan["recommended"]["estimate"]["time"]
+    step_ms = time["step_s"] * 1000
+
+    def posted(ratio: float) -> dict[str, Any]:
+        tflops = time["tflops_per_gpu"] * ratio
+        lines = [
+            f" [2025-03-14 10:0{i // 10}:00.000000] iteration {i:8d}/     500 | consumed samples: "
+            f"{i * 64:12d} | elapsed time per iteration (ms): {step_ms:.3f} | throughput per GPU "
+            f"(TFLOP/s/GPU): {tflops:.1f} | global batch size:    64 |"
+            for i in (1, 10, 20, 30, 40)
+        ]
+        return post_log(client, plan["id"], "\n".join(lines))
+
+    for ratio in (0.5, 1.65):
+        reasons = posted(ratio)["diagnosis"]["implausible_reasons"]
+        assert any("the plan's model FLOPs per step" in r for r in reasons), (ratio, reasons)
+    assert posted(1.1)["diagnosis"]["implausible"] is False  # within the formulas' differences
