@@ -8,12 +8,13 @@ keep the frameworks and so cannot succeed either; it ended as an infeasible plan
 ``rejected`` or as a "too large to plan" 422 naming a 16-layer model. It is a 422 naming the field
 instead, with each framework's reason and those that would run it.
 
-A framework runs the job when its plainest layout (one GPU, no parallelism, no offload, no
-recompute) passes the layout-independent rules of ``validate.training_violation`` and a launcher
+A framework runs the job when its plainest layout (one GPU, no parallelism, no offload; no recompute
+or full recompute: Accelerate's MegatronLMPlugin runs full recompute only) passes the
+layout-independent rules of ``validate.training_violation`` and a launcher
 (``launchers.runnable_targets``) runs it at one of the framework's ZeRO stages (DeepSpeed refuses
 pure bf16 at stage 0 only), its switches set as the search sets them for those launchers (the
 recipes', or for Megatron without its own target Megatron-LM's, which Accelerate runs). The other
-refusals a larger layout lifts are about parallel degrees, offload or recompute, all off in that
+refusals a larger layout lifts are about parallel degrees or offload, all off in that
 layout, so a framework refused here is refused for every layout of every cluster (checked against
 the search over 1-8 GPUs for 8 models x 3 GPUs x 3 frameworks x 6 precisions x 3 methods x 5
 launcher sets: no refusal where it finds a layout).
@@ -28,7 +29,7 @@ from typing import Any
 
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
-from service.estimator.types import ClusterSpec, Framework, Layout, ModelSpec, Plan, TrainingSpec
+from service.estimator.types import ClusterSpec, Framework, Layout, ModelSpec, Plan, Recompute, TrainingSpec
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, training_violation
 from service.launchers import Target, runnable_targets
 from service.recommender.space import megatron_lm_switches
@@ -46,11 +47,12 @@ def framework_refusal(
     caps = FRAMEWORK_CAPABILITIES[framework]
     one_gpu = dataclasses.replace(cluster, num_nodes=1, gpus_per_node=1)
     refusals: list[str] = []
-    for zero_stage, switches in itertools.product(
-        sorted(caps.zero_stages), _switches(framework, training, launchers)
+    recomputes = [r for r in (Recompute.NONE, Recompute.FULL) if r in caps.recompute_modes]
+    for zero_stage, switches, recompute in itertools.product(
+        sorted(caps.zero_stages), _switches(framework, training, launchers), recomputes
     ):
         try:
-            layout = Layout(framework=framework, zero_stage=zero_stage, **switches)
+            layout = Layout(framework=framework, zero_stage=zero_stage, recompute=recompute, **switches)
         except EstimatorError:  # not a layout of this framework: nothing learned from it
             continue
         violation = training_violation(model, one_gpu, layout, training, caps)

@@ -105,10 +105,11 @@ def test_a_job_no_requested_framework_runs_is_a_422_naming_why(client: TestClien
         # one framework of two runs it: the search proceeds with that one
         plan_body({"preset": "llama-3.2-1b"}, {"method": "lora"}, {"frameworks": ["megatron", "fsdp"]}),
         plan_body({"hf_config": SLIDING_MISTRAL}, {}, {"frameworks": ["megatron", "deepspeed"]}),
-        # Accelerate runs Megatron-LM only with its own switches (fp32 main grads), not the recipes'
+        # Accelerate runs Megatron-LM only with its own switches (fp32 main grads), not the recipes', and
+        # only GPT-2 (the one model its plugin builds as Hugging Face's is) with full recompute
         plan_body(
-            {"preset": "qwen2.5-0.5b"},
-            {"precision": "bf16"},
+            {"preset": "gpt2"},
+            {"precision": "bf16", "seq_len": 1024},
             {"frameworks": ["megatron"]},
             launchers=["accelerate"],
         ),
