@@ -178,6 +178,10 @@ class AttentionKernelTable(_Table):
     framework: dict[FrameworkKey, Annotated[str, Field(pattern=r"\S")]] = Field(
         description="kernel name per framework (file order kept)"
     )
+    only_on: dict[str, list[Annotated[str, Field(pattern=r"\S")]]] = Field(
+        default_factory=dict, description="kernel name -> the dies it runs on (any die where not named)"
+    )
+    elsewhere: str | None = Field(default=None, description="the kernel run on other dies than only_on's")
     rate: list[AttentionKernelRateEntry] = Field(default_factory=list)
 
 
@@ -346,6 +350,8 @@ def to_tuning(file: TuningFile) -> Tuning:
         attention_alignment_bytes=align.alignment_bytes,
         unaligned_attention_core_factor=align.unaligned_core_factor,
         attention_kernel_by_framework=tuple(kernel.framework.items()),
+        attention_kernel_dies=tuple((name, tuple(dies)) for name, dies in kernel.only_on.items()),
+        attention_kernel_elsewhere=kernel.elsewhere,
         attention_kernel_rates=tuple(
             AttentionKernelRate(
                 kernel=rate.kernel,

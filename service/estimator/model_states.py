@@ -445,13 +445,13 @@ def fused_experts(model: ModelSpec, layout: Layout) -> bool:
     """Whether the routed experts are the fused parameters Hugging Face's model holds: transformers 5
     (the pinned 5.24) keeps each MoE layer's experts as 3-D nn.Parameters (MixtralExperts.gate_up_proj,
     down_proj; the Qwen MoE, DeepSeek and GPT-OSS experts likewise), where from_pretrained builds the
-    model, as every PEFT plan but DeepSpeed's expert-parallel one does (ep > 1: its MoE layers are
-    deepspeed.moe.layer.MoE over expert modules the script builds; megatron has no PEFT, and fsdp's PEFT
-    runs at ep 1, validate.training_violation). peft's target_modules match
-    modules, so no adapter reaches them; bitsandbytes replaces nn.Linear only, so they stay in the
+    model, as every PEFT plan at ep 1 does (PEFT with ep > 1 runs only where the framework's expert-
+    parallel plan builds expert modules, DeepSpeed's deepspeed.moe.layer.MoE: validate's
+    Capabilities.peft_expert_parallel refuses the rest). peft's target_modules match modules, so no
+    adapter reaches them; bitsandbytes replaces nn.Linear only, so they stay in the
     compute dtype under QLoRA (fine-tuning review, stop 39: a DeepSeek-V2-Lite QLoRA plan counted
     14.4B NF4 expert parameters that load at 26.8 GiB of bf16)."""
-    return model.moe is not None and not (layout.framework is Framework.DEEPSPEED and layout.ep > 1)
+    return model.moe is not None and layout.ep == 1
 
 
 def lora_expert_parameters(

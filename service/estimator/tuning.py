@@ -164,6 +164,10 @@ class Tuning:
     host_issue: HostIssue | None = None  # PyTorch eager's host issue per op (None: not modelled)
     # flash-style attention: the kernel each framework runs, and the published rates per die
     attention_kernel_by_framework: tuple[tuple[Framework, str], ...] = ()
+    # a kernel that runs on some dies only (cuDNN's fused attention: Hopper and newer), and the kernel
+    # run on the others
+    attention_kernel_dies: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    attention_kernel_elsewhere: str | None = None
     attention_kernel_rates: tuple[AttentionKernelRate, ...] = ()
     # PyTorch's ring attention moves K and V at every query head's width: what torchtitan did before
     # v0.2.2 (repeat_kv before SDPA), which runs measured then (validation's Dec-2024 benchmarks) set;
@@ -295,19 +299,14 @@ def weight_streaming_bound(gpu: GPUSpec, rows: float) -> float:
     return rows * gpu.hbm_bandwidth_bytes_per_s / (peak_16bit * clock_fraction(gpu))
 
 
-# Transformer Engine's DotProductAttention picks cuDNN FusedAttention on Hopper and newer (TE docs,
-# 'Attention backends': sm90+), its FlashAttention-2 backend before them; on AMD, TE for ROCm runs CK /
-# AOTriton flash kernels: no cuDNN (hardware review: MI300X and L40S were timed at cuDNN's H100 rates,
-# Megatron 24% faster than DeepSpeed from attention alone).
-CUDNN_ATTENTION_CHIPS = frozenset({"gh100", "gb100"})
-
-
 def framework_attention_kernel(tuning: Tuning, gpu: GPUSpec, framework: Framework) -> str | None:
     """The flash-style kernel the framework runs attention's core with on this GPU (tuning.toml
-    [attention_kernel] framework), cuDNN only on the dies that have it (``CUDNN_ATTENTION_CHIPS``)."""
+    [attention_kernel] framework), a kernel of some dies only (only_on: cuDNN's fused attention on
+    Hopper and newer) replaced by ``elsewhere``'s on the others and on an unstated die."""
     kernel = dict(tuning.attention_kernel_by_framework).get(framework)
-    if kernel == "cudnn" and gpu.chip not in CUDNN_ATTENTION_CHIPS:
-        return "fa2"
+    dies = dict(tuning.attention_kernel_dies).get(kernel or "")
+    if dies is not None and gpu.chip not in dies:
+        return tuning.attention_kernel_elsewhere
     return kernel
 
 

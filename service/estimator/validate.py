@@ -59,6 +59,10 @@ class Capabilities:
     param_offload: bool
     interleaved_pipeline: bool
     peft: bool  # LoRA / QLoRA adapters at all
+    # LoRA / QLoRA with ep > 1: a launcher runs the framework's PEFT with expert parallelism (DeepSpeed's
+    # EP plan builds expert modules, whose Linears take adapters); fsdp's PEFT runs under Accelerate /
+    # the HF Trainer, which have no EP, and its EP is torchtitan's, which has no PEFT
+    peft_expert_parallel: bool
     optimizer_in_backward: bool
     activation_offload_needs_full_recompute: bool
     recompute_modes: frozenset[Recompute]  # the recompute policies the framework has
@@ -97,6 +101,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             param_offload=True,
             interleaved_pipeline=False,  # PipelineEngine runs plain 1F1B (TrainSchedule)
             peft=True,  # Hugging Face PEFT under DeepSpeed (Trainer, accelerate)
+            peft_expert_parallel=True,  # its EP plan's deepspeed.moe.layer.MoE over expert modules
             optimizer_in_backward=False,
             # activation_checkpointing.cpu_checkpointing offloads the checkpoints themselves.
             activation_offload_needs_full_recompute=True,
@@ -133,6 +138,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             param_offload=False,
             interleaved_pipeline=True,  # --num-layers-per-virtual-pipeline-stage
             peft=False,  # no PEFT in Megatron-LM itself (NeMo / Megatron-Bridge add it)
+            peft_expert_parallel=False,
             optimizer_in_backward=False,
             activation_offload_needs_full_recompute=False,
             # --recompute-granularity selective|full, --recompute-method block --recompute-num-layers
@@ -165,6 +171,7 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             param_offload=True,
             interleaved_pipeline=True,  # torchtitan Interleaved1F1B
             peft=True,  # Hugging Face PEFT under FSDP (Trainer, accelerate); torchtitan has none
+            peft_expert_parallel=False,  # Accelerate's and the Trainer's FSDP have no EP
             optimizer_in_backward=True,  # torchtune optimizer_in_bwd
             activation_offload_needs_full_recompute=False,
             # torchtitan activation_checkpoint full | selective (per op); accelerate/HF: whole layers
@@ -775,14 +782,13 @@ def training_violation(
             "peft",
             "framework",
         )
-    if training.method is not Method.FULL and layout.framework is Framework.FSDP and layout.ep > 1:
-        # fsdp's PEFT runs under Accelerate / HF Trainer, whose FSDP has no expert parallelism; fsdp's
-        # ep is torchtitan's, which has no PEFT: no launcher runs it (properties review: the estimate
-        # counted adapters on expert modules only DeepSpeed's expert-parallel plan builds)
+    if training.method is not Method.FULL and layout.ep > 1 and not caps.peft_expert_parallel:
+        # no launcher runs it (properties review: fsdp's estimate counted adapters on expert modules
+        # only DeepSpeed's expert-parallel plan builds)
         return _bad(
-            f"{training.method.value} with fsdp and ep = {layout.ep}: Hugging Face PEFT runs under "
-            "Accelerate / HF Trainer, whose FSDP has no expert parallelism, and torchtitan (fsdp's ep) "
-            "has no PEFT; use ep = 1, or deepspeed's expert parallelism",
+            f"{training.method.value} with {layout.framework.value} and ep = {layout.ep}: no launcher runs "
+            f"its PEFT with expert parallelism (Accelerate's and the HF Trainer's FSDP have no ep, "
+            f"torchtitan no PEFT); use ep = 1, or {_having('peft_expert_parallel')}'s expert parallelism",
             "peft_ep",
             "ep",
         )
