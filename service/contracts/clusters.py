@@ -23,6 +23,7 @@ from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
 from service.estimator.scale import MAX_GPUS
 from service.estimator.types import ClusterSpec
+from service.recommender.suggest import REFERENCE_NODE_GPUS
 
 # What to measure, and which link each figure stands for (nccl-tests doc/PERFORMANCE.md: busbw =
 # algbw x 2(n-1)/n for all-reduce, comparable to the per-direction link whatever n is).
@@ -55,9 +56,9 @@ MEASURED_INTER_DESCRIPTION = (
 # catalog's nodes hold 4 or 8.
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 64
-# Up to this many PCIe cards or custom GPUs given as num_gpus alone are one node of them: the cards one
-# server's PCIe slots take (the 8-GPU servers capacity sweeps assume, suggest.reference_node_gpus)
-ONE_NODE_OF_CARDS = 8
+# Up to this many PCIe cards or custom GPUs given as num_gpus alone are one node of them: the server of
+# PCIe cards capacity sweeps and suggestions assume (suggest.REFERENCE_NODE_GPUS, with its sources)
+ONE_NODE_OF_CARDS = REFERENCE_NODE_GPUS
 
 
 class ClusterShape(Strict):
