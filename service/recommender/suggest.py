@@ -65,9 +65,6 @@ MAX_NODE_FACTOR = 64  # look for up to 64x the nodes given before giving up
 # Layout evaluations one suggestion may spend at most (about a second of work), of the request's budget.
 SUGGESTION_EVALUATIONS = 50_000
 SHORTEST_SUGGESTED_SEQ = 512  # a shorter sequence is tried by halving, down to this
-# "as much host RAM and NVMe as needed", to ask what offload would need: as much as a node may state, so
-# the suggestion can be sent back (2**62 suggested 50.7 TiB per node, a 422; bounded-work review)
-UNLIMITED_HOST_BYTES, UNLIMITED_NVME_BYTES = MAX_MEMORY_BYTES, MAX_NVME_BYTES
 # The node and network a job placed on more GPUs than the request's one node assumes where its GPU's
 # catalog entry states none (a PCIe card, a custom GPU). A part with NVLink-class links: an HGX H100
 # node, 8 GPUs sharing 8 x 400 Gb/s NICs (its eight ConnectX-7), 50 GB/s per GPU one way. A PCIe-only
@@ -303,8 +300,8 @@ class _Collector:
     ) -> None:
         """``subject``: what the suggestion is about (another GPU's name), said where it is skipped for
         want of budget (two "other_gpu: the request's time budget ran out first" named no GPU)."""
+        about = f"{subject}: " if subject else ""
         if self.budget.exhausted():
-            about = f"{subject}: " if subject else ""
             self.skipped.append(
                 Skipped(kind=kind, reason=f"{about}the request's {budget_words(self.budget)} ran out first")
             )
@@ -316,7 +313,6 @@ class _Collector:
             # unless the search was cut: then what it did not search may fit
             reason = str(exc)
             if share.reason is not None:
-                about = f"{subject}: " if subject else ""
                 reason = f"{about}the request's {budget_words(share)} ran out before a fit was found"
             self.skipped.append(Skipped(kind=kind, reason=reason))
             return
@@ -333,7 +329,6 @@ class _Collector:
             found = [dataclasses.replace(s, detail=s.detail + cut, truncated=True) for s in found]
         self.made += found
         if not found and share.reason is not None:
-            about = f"{subject}: " if subject else ""
             reason = f"{about}the request's {budget_words(share)} ran out before a fit was found"
             self.skipped.append(Skipped(kind=kind, reason=reason))
 
@@ -492,7 +487,7 @@ class _Ask:
         if found is None:
             raise NoFit(
                 "no layout fits on these GPUs even offloading to as much host RAM and NVMe as a node may "
-                f"state ({UNLIMITED_HOST_BYTES / 2**40:.0f} TiB and {UNLIMITED_NVME_BYTES / 2**50:.0f} PiB)"
+                f"state ({MAX_MEMORY_BYTES / 2**40:.0f} TiB and {MAX_NVME_BYTES / 2**50:.0f} PiB)"
             )
         memory = found.estimate.memory
         have = self.cluster.cpu_memory_bytes_per_node
@@ -503,11 +498,13 @@ class _Ask:
         return [self._offload_suggestion(found)]
 
     def _offloaded(self, budget: Budget) -> Candidate | None:
-        """The best layout on these GPUs allowed to offload to as much host RAM and NVMe as it needs."""
+        """The best layout on these GPUs allowed to offload to as much host RAM and NVMe as a node may
+        state (so the suggestion can be sent back: 2**62 bytes suggested 50.7 TiB per node, a 422;
+        bounded-work review)."""
         unlimited = dataclasses.replace(
             self.cluster,
-            cpu_memory_bytes_per_node=UNLIMITED_HOST_BYTES,
-            nvme_bytes_per_node=UNLIMITED_NVME_BYTES,
+            cpu_memory_bytes_per_node=MAX_MEMORY_BYTES,
+            nvme_bytes_per_node=MAX_NVME_BYTES,
         )
         allowed = dataclasses.replace(self.constraints, allow_offload=True)
         return self._best(budget, allowed, cluster=unlimited)
