@@ -39,9 +39,11 @@ from service.estimator.job import Job, LayerKind, job_memo, layout_memo
 from service.estimator.memory import rank_parameters_of, state_bytes_of
 from service.estimator.model_states import (
     DS_MAX_REUSE_DISTANCE,
+    SHARD_GROUP_FIELDS,
     deepspeed_buckets,
     deepspeed_overlap_comm,
     grad_reduce_bytes,
+    hsdp_replicas,
     megatron_fp8_params,
     shard_degrees,
 )
@@ -283,14 +285,12 @@ class ShardLinks:
     replicas: comm.Link | None  # HYBRID_SHARD: the replicas of each shard, across nodes
 
 
-@layout_memo("dp", "tp", "cp", "ep", "etp", "framework", "fsdp_hybrid_shard")
+@layout_memo(*SHARD_GROUP_FIELDS)
 def shard_links(job: Job, layout: Layout) -> ShardLinks:
     """The links of the sharding groups (ranks ordered tp, cp, ep|dp, pp: ``comm``)."""
     dense_shard, expert_shard = shard_degrees(layout, job.cluster)
-    group = layout.dp * layout.cp
-    replicas = (
-        None if dense_shard == group else tuned_link(job, group // dense_shard, layout.tp * dense_shard)
-    )
+    copies = hsdp_replicas(layout, job.cluster)
+    replicas = None if copies == 1 else tuned_link(job, copies, layout.tp * dense_shard)
     return ShardLinks(
         dense=tuned_link(job, dense_shard, layout.tp),
         experts=tuned_link(job, expert_shard, layout.expert_tp * layout.ep),
@@ -324,8 +324,7 @@ def unit_reduce_calls(job: Job, layout: Layout, elements: float) -> float:
 
 
 # + the buckets DeepSpeed's launcher renders (deepspeed_buckets reads the stage, the overlap and pp)
-@layout_memo(*SPLIT_FIELDS, "framework", "fsdp_hybrid_shard", "zero_stage", "overlap_grad_reduce",
-             "grad_reduce_in_fp32")  # fmt: skip
+@layout_memo(*SPLIT_FIELDS, *SHARD_GROUP_FIELDS, "zero_stage", "overlap_grad_reduce", "grad_reduce_in_fp32")
 def unit_collectives(job: Job, layout: Layout, kind: LayerKind) -> UnitCollectives:
     links = shard_links(job, layout)
     unit = unit_parameters(job, kind, layout.tp, layout.ep, layout.expert_tp)

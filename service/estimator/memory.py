@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from service.estimator import activations, pipeline
 from service.estimator.job import Job, job_memo, layout_memo, rank_kind_counts
 from service.estimator.model_states import (
+    SHARD_GROUP_FIELDS,
     MiB,
     ModelStates,
     RankParameters,
@@ -207,17 +208,7 @@ def dequantize_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -
 
 
 # The layout fields that say how a rank's weights are sharded: the groups, the rank's layers, the stage.
-SHARDING_FIELDS = (
-    "framework",
-    "dp",
-    "cp",
-    "tp",
-    *PIPELINE_FIELDS,
-    "ep",
-    "etp",
-    "zero_stage",
-    "fsdp_hybrid_shard",
-)
+SHARDING_FIELDS = (*SHARD_GROUP_FIELDS, *PIPELINE_FIELDS, "zero_stage")
 # The layout fields autocast_weight_bytes reads: the sharding and which recompute.
 AUTOCAST_FIELDS = (*SHARDING_FIELDS, "recompute", "recompute_num_layers", "recompute_every_n_layers")
 

@@ -504,14 +504,28 @@ def _lora_expert_parameters(model: ModelSpec, moe: MoESpec, training: TrainingSp
     return experts - dense
 
 
+# The layout fields the sharding groups are of (``hsdp_replicas``, ``shard_degrees``): every memoised
+# part that reads those groups is keyed on all of them, here, once.
+SHARD_GROUP_FIELDS = ("framework", "dp", "cp", "tp", "ep", "etp", "fsdp_hybrid_shard")
+
+
+def hsdp_replicas(layout: Layout, cluster: ClusterSpec) -> int:
+    """HSDP's replicas of each shard group: FSDP HYBRID_SHARD shards the dp x cp ranks of a pipeline
+    stage inside a node (the GPUs left after tp there) and replicates the shards across the nodes
+    (torchtitan --parallelism.data_parallel_replicate_degree, Accelerate's dp_replicate_size; FSDP
+    shards over dp_shard x cp: parallel_dims.py's "dp_shard_cp" mesh); 1 without it. Whole by
+    ``validate.hybrid_shard_violation``."""
+    if not (layout.fsdp_hybrid_shard and layout.framework is Framework.FSDP):
+        return 1
+    return max(1, layout.dp * layout.cp // max(1, cluster.gpus_per_node // layout.tp))
+
+
 def shard_degrees(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:
     """ZeRO/FSDP sharding group sizes: (dense parameters, routed experts)."""
-    # ZeRO and Megatron's distributed optimizer shard over dp x cp; FSDP HYBRID_SHARD only inside a
-    # node (the GPUs left after tp there). Experts shard over expert-DP = tp x dp x cp / (etp x ep)
-    # (Megatron's expert grid; dp x cp / ep with etp = tp).
-    dense = layout.dp * layout.cp
-    if layout.framework is Framework.FSDP and layout.fsdp_hybrid_shard:
-        dense = min(dense, max(1, cluster.gpus_per_node // layout.tp))
+    # ZeRO and Megatron's distributed optimizer shard over dp x cp, HSDP over one replica of them.
+    # Experts shard over expert-DP = tp x dp x cp / (etp x ep) (Megatron's expert grid; dp x cp / ep
+    # with etp = tp).
+    dense = layout.dp * layout.cp // hsdp_replicas(layout, cluster)
     return dense, max(1, dense * layout.tp // (layout.expert_tp * layout.ep))
 
 

@@ -64,10 +64,12 @@ from service.estimator.memory import (
     state_bytes_of,
 )
 from service.estimator.model_states import (
+    SHARD_GROUP_FIELDS,
     adapted_linears,
     layer_linears,
     megatron_grads_in_fp32,
     optimizer_step_bytes,
+    shard_degrees,
 )
 from service.estimator.params import loss_logits_per_token, stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
@@ -230,15 +232,21 @@ def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning, seq_len
 @layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")
 def gpu_parameters(job: Job, layout: Layout) -> float:
     """Parameters on one GPU of the most loaded stage before ZeRO sharding (experts split by ep)."""
+    return max(dense + experts for dense, experts in stage_gpu_parameter_groups(job, layout))
+
+
+def stage_gpu_parameter_groups(job: Job, layout: Layout) -> list[tuple[float, float]]:
+    """(dense, routed experts) parameters on one GPU of each stage before ZeRO sharding."""
     # Each stage's routed experts are those of the MoE layers it holds (every layer_frequency-th
     # layer), so with ep > 1 or uneven MoE layers the most loaded GPU is found per stage.
     experts_per_layer = job.counts.experts_per_moe_layer
     counts = stage_parameter_counts(job.model, layout, job.training.mtp_num_layers)
     stages = zip(counts, rank_kind_counts(job, layout), strict=True)
-    return max(
-        stage_gpu_parameters(params, experts_per_layer * moe_layers_of(counts), layout)
-        for params, counts in stages
-    )
+    groups = []
+    for params, kinds in stages:
+        experts = experts_per_layer * moe_layers_of(kinds)
+        groups.append(((params - experts) / layout.tp, experts / (layout.ep * layout.expert_tp)))
+    return groups
 
 
 def stage_gpu_parameters(stage_params: int, experts: int, layout: Layout) -> float:
@@ -1440,10 +1448,21 @@ def step_parts(job: Job, layout: Layout) -> StepParts:
 _NO_OFFLOAD, _FULL_TRAINING = Offload.NONE, Method.FULL
 
 
-def sharded_parameters(layout: Layout, parts: StepParts) -> float:
-    """Parameters whose optimizer state this GPU owns (ZeRO >= 1 shards over dp x cp)."""
-    params = parts.parameters
-    return params / (layout.dp * layout.cp) if layout.zero_stage >= 1 else params
+def sharded_parameters(job: Job, layout: Layout, parts: StepParts) -> float:
+    """Parameters whose optimizer state this GPU owns: all of them, or under ZeRO >= 1 its shard of
+    them as the model states hold it (``model_states.shard_degrees``: the dense ones over dp x cp, or
+    one HSDP replica of them; the routed experts over expert-DP)."""
+    return parts.parameters if layout.zero_stage == 0 else zero_gpu_parameters(job, layout)
+
+
+@layout_memo(*PIPELINE_FIELDS, *SHARD_GROUP_FIELDS)
+def zero_gpu_parameters(job: Job, layout: Layout) -> float:
+    """``gpu_parameters`` after ZeRO's sharding: the most any stage's GPU owns."""
+    dense_shard, expert_shard = shard_degrees(layout, job.cluster)
+    return max(
+        dense / dense_shard + experts / expert_shard
+        for dense, experts in stage_gpu_parameter_groups(job, layout)
+    )
 
 
 def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
@@ -1456,7 +1475,7 @@ def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
         return 0.0
     cluster, tuning = job.cluster, job.tuning
     pcie = cluster.gpu.pcie_bandwidth_bytes_per_s
-    shard = sharded_parameters(layout, parts)
+    shard = sharded_parameters(job, layout, parts)
     element = element_bytes(job.training.precision)  # 16-bit, or fp32 training's 4 bytes
     seconds = 0.0
     if layout.offload_optimizer is not _NO_OFFLOAD:
@@ -1501,7 +1520,7 @@ def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
     """The optimizer step: memory-bound on the GPU, or DeepSpeed CPU-Adam on the host."""
     if job.training.method is not _FULL_TRAINING:
         return 0.0  # adapters only: negligible
-    shard = sharded_parameters(layout, parts)
+    shard = sharded_parameters(job, layout, parts)
     if layout.offload_optimizer is not _NO_OFFLOAD:
         # the host's CPU-Adam rate is shared by all GPUs of the node; FSDP steps PyTorch's AdamW there
         rate = job.tuning.cpu_adam_params_per_s_per_node

@@ -396,6 +396,24 @@ def unused_switch_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     return None
 
 
+def hybrid_shard_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
+    """HSDP's groups whole (``model_states.hsdp_replicas``): each replica shards over dp_shard x cp
+    ranks (torchtitan's "dp_shard_cp" mesh, Accelerate's dp_shard_size x cp_size), so a node's ranks
+    after tp must hold whole cp groups, and the dp x cp ranks whole nodes of them."""
+    if not layout.fsdp_hybrid_shard:
+        return None
+    in_node = max(1, cluster.gpus_per_node // layout.tp)
+    ranks = layout.dp * layout.cp
+    if in_node % layout.cp or ranks % in_node:
+        return _bad(
+            f"fsdp_hybrid_shard shards inside a node: its {in_node} ranks after tp must hold whole cp "
+            f"groups (cp = {layout.cp}) and the dp x cp = {ranks} ranks whole nodes of them",
+            "hybrid_shard",
+            "fsdp_hybrid_shard",
+        )
+    return None
+
+
 def megatron_precision_violation(training: TrainingSpec, layout: Layout) -> Violation:
     """Megatron's gradient-buffer dtype and fp8 parameter gather: only where they change something."""
     megatron = layout.framework is Framework.MEGATRON
@@ -1064,6 +1082,7 @@ def layout_violation(
         or moe_a2a_overlap_violation(model, layout)
         or moe_dispatcher_violation(model, cluster, layout)
         or unused_switch_violation(cluster, layout)
+        or hybrid_shard_violation(cluster, layout)
         or tp_comm_overlap_compile_violation(layout, caps)
         or megatron_precision_violation(training, layout)
         or unused_split_flag_violation(layout)

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from service.estimator.defaults import for_gpu
-from service.estimator.model_states import megatron_fp8_params, megatron_grads_in_fp32
+from service.estimator.model_states import hsdp_replicas, megatron_fp8_params, megatron_grads_in_fp32
 from service.estimator.types import (
     Attention,
     Compile,
@@ -143,7 +143,7 @@ def _ulysses_refusal(plan: Plan) -> Refusal:
 
 
 def _fsdp_refusal(plan: Plan) -> Refusal:
-    lo, nodes = plan.layout, plan.cluster.num_nodes
+    lo = plan.layout
     if lo.recompute_every_n_layers is not None:
         return "fsdp_activation_checkpointing wraps every decoder layer, not every N-th"
     if lo.zero_stage == 0:
@@ -176,9 +176,7 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
             "sequence parallelism: Accelerate's TP is transformers' tp_plan, which splits the projections "
             "only (estimate with sequence_parallel false)"
         )
-    if lo.fsdp_hybrid_shard and nodes > 1 and lo.dp % nodes:
-        return f"hybrid shard: dp ({lo.dp}) is not a multiple of the nodes ({nodes})"
-    if plan.training.method is Method.QLORA and (lo.cp > 1 or (lo.fsdp_hybrid_shard and nodes > 1)):
+    if plan.training.method is Method.QLORA and (lo.cp > 1 or hsdp_replicas(lo, plan.cluster) > 1):
         # QLoRA runs on FSDP1 here (_fsdp_version); the parallelism_config's meshes are FSDP2's
         return (
             f"qlora with cp={lo.cp} or hybrid shard across nodes: Accelerate builds those meshes for "
@@ -349,11 +347,10 @@ def _fsdp_version(plan: Plan) -> dict[str, Any]:
 
 
 def _dp_split(plan: Plan) -> tuple[int, int]:
-    """(replicate, shard) data-parallel degrees: HYBRID_SHARD replicates across nodes."""
-    lo, nodes = plan.layout, plan.cluster.num_nodes
-    if not lo.fsdp_hybrid_shard or nodes == 1:
-        return 1, lo.dp
-    return nodes, lo.dp // nodes  # dp % nodes == 0 (refusal)
+    """(replicate, shard) data-parallel degrees: HSDP replicates its shard groups
+    (``model_states.hsdp_replicas``, whole by the validator)."""
+    replicate = hsdp_replicas(plan.layout, plan.cluster)
+    return replicate, plan.layout.dp // replicate
 
 
 def _megatron(plan: Plan) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from service.catalog.tuning import default_tuning
 from service.estimator import pipeline
-from service.estimator.model_states import FSDP_REDUCE_DTYPE
+from service.estimator.model_states import FSDP_REDUCE_DTYPE, hsdp_replicas
 from service.estimator.params import lora_modules
 from service.estimator.tuning import dp_overlap_default
 from service.estimator.types import Framework, Head, Layout, Method, Plan, Precision, Recompute
@@ -204,7 +204,7 @@ def layout_summary(plan: Plan) -> str:
     if lo.virtual_pipeline_stages > 1:
         parts.append(f"virtual_pipeline_stages={lo.virtual_pipeline_stages}")
     if lo.fsdp_hybrid_shard:
-        parts.append("fsdp_hybrid_shard=true")
+        parts.append(f"fsdp_hybrid_shard=true ({hsdp_replicas(lo, cl)} replicas)")
     parts.append(f"world={lo.world_size} ({cl.num_nodes} node(s) x {cl.gpus_per_node} {cl.gpu.name})")
     return f"trainplan layout for {plan.model.name}: " + ", ".join(parts)
 

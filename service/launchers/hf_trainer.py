@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from service.estimator.model_states import hsdp_replicas
 from service.estimator.types import (
     Compile,
     Framework,
@@ -105,7 +106,7 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
     lo = plan.layout
     if lo.zero_stage == 1:
         return "FSDP has no optimizer-state-only sharding (ZeRO-1)"
-    if lo.fsdp_hybrid_shard and plan.cluster.num_nodes > 1:
+    if hsdp_replicas(lo, plan.cluster) > 1:
         return "HYBRID_SHARD is FSDP1-only in the Trainer; FSDP2 needs a 2-D device mesh"
     if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
         return "FSDP offloads to CPU memory only, not NVMe"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.estimator.model_states import FSDP_REDUCE_DTYPE
+from service.estimator.model_states import FSDP_REDUCE_DTYPE, hsdp_replicas
 from service.estimator.types import (
     Compile,
     Method,
@@ -285,15 +285,13 @@ def _split_problem(plan: Plan) -> str:
 
 
 def _data_parallel(plan: Plan) -> tuple[int, int]:
-    """(replicate, shard): DDP replicates, FSDP shards, HSDP shards inside a node."""
-    lo, nodes = plan.layout, plan.cluster.num_nodes
+    """(replicate, shard): DDP replicates, FSDP shards, HSDP replicates its shard groups
+    (``model_states.hsdp_replicas``, whole by the validator)."""
+    lo = plan.layout
     if lo.zero_stage == 0:
         return lo.dp, 1
-    if lo.fsdp_hybrid_shard and nodes > 1:
-        replicate = nodes // lo.pp if nodes % lo.pp == 0 else 1
-        if replicate > 1 and lo.dp % replicate == 0:
-            return replicate, lo.dp // replicate
-    return 1, lo.dp
+    replicate = hsdp_replicas(lo, plan.cluster)
+    return replicate, lo.dp // replicate
 
 
 def train_args(plan: Plan) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from service.estimator.comm import expert_stride, group_strides, link_for_group
-from service.estimator.model_states import shard_degrees
+from service.estimator.model_states import hsdp_replicas, shard_degrees
 from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.types import ClusterSpec, Compile, Estimate, Framework, Layout, Offload, Recompute
 from service.estimator.validate import FRAMEWORK_CAPABILITIES
@@ -176,9 +176,10 @@ def _sharding_words(layout: Layout, cluster: ClusterSpec) -> str:
         return f"distributed optimizer shards optimizer states over dp x cp = {shards}" + tail
     if layout.framework is Framework.FSDP:
         mode = "FULL_SHARD" if layout.zero_stage == 3 else "SHARD_GRAD_OP"
-        if layout.fsdp_hybrid_shard:
+        replicas = hsdp_replicas(layout, cluster)
+        if replicas > 1:
             inside = shard_degrees(layout, cluster)[0]
-            return f"FSDP {mode} (hybrid) over {inside} ranks inside a node, replicated across nodes" + tail
+            return f"FSDP {mode} (HSDP) over {inside} ranks, {replicas} replicas of them" + tail
         return f"FSDP {mode} over {shards} ranks" + tail
     return f"ZeRO-{layout.zero_stage} over {shards} ranks" + tail
 

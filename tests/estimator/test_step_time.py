@@ -28,6 +28,7 @@ from service.estimator.step_time import (
     time_to_train_s,
     tokens_per_expert,
     training_time_s,
+    zero_gpu_parameters,
 )
 from service.estimator.tuning import CurvePoint, Tuning, matmul_efficiency
 from service.estimator.types import (
@@ -48,7 +49,7 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from service.estimator.validate import validate_layout
-from tests.estimator.helpers import job, time
+from tests.estimator.helpers import FINE_MOE, job, states, time
 from tests.estimator.test_flops import TINY, TINY_TRAINING, gpt
 from validation.cases import A100, H100, HeadDimPair, ThroughputCase, head_dim_pairs, throughput_cases
 from validation.cases import gpu_cluster as cluster
@@ -805,6 +806,34 @@ def test_optimizer_step_moves_the_states_it_updates(
     one_gpu = dataclasses.replace(ONE_GPU, gpu=gpu)
     est = time(TINY, one_gpu, Layout(framework=framework), training, tuning=flat_curve(0.5, 0.0))
     assert est.breakdown.optimizer_s == pytest.approx(236 * expected / 2e12)
+
+
+def test_optimizer_step_updates_the_shard_the_model_states_hold() -> None:
+    """The step reads and writes the optimizer states this GPU holds, sharded as ``model_states``
+    shards them: with ep > 1 the routed experts over expert-DP (here dp 16 / ep 8 = 2), not over dp
+    (which made Megatron's MoE optimizer step ep times too short); under HSDP over one replica's
+    ranks, not all of dp."""
+    cl = cluster(H100, 16, 25e9)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    moe = Layout(framework=Framework.MEGATRON, dp=16, ep=8, zero_stage=1)
+    j = job(FINE_MOE, cl, training)
+    counts = parameter_counts(FINE_MOE)
+    experts = counts.experts_per_moe_layer * FINE_MOE.num_layers
+    owned = (stage_parameter_counts(FINE_MOE, moe)[0] - experts) / 16 + experts / 8 / 2
+    assert zero_gpu_parameters(j, moe) == pytest.approx(owned)
+    # the same count as the memory's optimizer states (Megatron's master + moments, 12 B each)
+    assert states(FINE_MOE, cl, moe, training).optimizer_states == pytest.approx(12 * owned)
+    sb = state_bytes(training, Framework.MEGATRON, FINE_MOE, default_tuning().memory, False)
+    step_bytes = owned * optimizer_step_bytes(sb, Framework.MEGATRON)
+    assert time(FINE_MOE, cl, moe, training).breakdown.optimizer_s == pytest.approx(
+        step_bytes / H100.hbm_bandwidth_bytes_per_s
+    )
+    # HSDP on 2 nodes of 8: each GPU steps 1/8 of the parameters, not 1/16
+    full = Layout(framework=Framework.FSDP, dp=16, zero_stage=3)
+    hybrid = dataclasses.replace(full, fsdp_hybrid_shard=True)
+    llama = preset("llama-2-7b").spec
+    sharded = time(llama, cl, full, training).breakdown.optimizer_s
+    assert time(llama, cl, hybrid, training).breakdown.optimizer_s == pytest.approx(2 * sharded)
 
 
 def test_async_tp_hides_the_tp_collectives_as_tp_comm_overlap_does() -> None:

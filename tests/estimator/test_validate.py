@@ -128,6 +128,11 @@ def test_moe_expert_parallel_passes() -> None:
             "offload_params",
         ),
         (Layout(dp=16, zero_stage=2, fsdp_hybrid_shard=True), "hybrid_shard", "fsdp_hybrid_shard"),
+        (  # FSDP shards over dp_shard x cp: a cp group of 16 cannot fit a node's 8 ranks
+            Layout(framework=Framework.FSDP, cp=16, zero_stage=3, fsdp_hybrid_shard=True),
+            "hybrid_shard",
+            "fsdp_hybrid_shard",
+        ),
         (Layout(dp=16, virtual_pipeline_stages=2), "virtual_pp", "virtual_pipeline_stages"),
         (Layout(dp=8, pp=2, virtual_pipeline_stages=2), "virtual_pp", "virtual_pipeline_stages"),  # deepspeed
         (Layout(dp=16, micro_batch_size=3), "global_batch", "micro_batch_size"),  # 64 % 48
