@@ -112,6 +112,15 @@ class LayoutIn(Strict):
         "compiled engine is not modelled",
     )
     fsdp_hybrid_shard: bool = False
+    dp_replicate: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="fsdp with fsdp_hybrid_shard (HSDP): the replicas of each shard group; dp splits into "
+        "dp_replicate groups of dp / dp_replicate ranks, each sharding the model states over those x cp "
+        "(torchtitan --parallelism.data_parallel_replicate_degree, Accelerate's dp_replicate_size); "
+        "default: one shard group per node",
+    )
     tp_comm_overlap: bool | None = Field(
         default=None,
         description="megatron: --tp-comm-overlap (Transformer Engine userbuffers); fsdp: torchtitan's Async "

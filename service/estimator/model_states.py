@@ -506,17 +506,20 @@ def _lora_expert_parameters(model: ModelSpec, moe: MoESpec, training: TrainingSp
 
 # The layout fields the sharding groups are of (``hsdp_replicas``, ``shard_degrees``): every memoised
 # part that reads those groups is keyed on all of them, here, once.
-SHARD_GROUP_FIELDS = ("framework", "dp", "cp", "tp", "ep", "etp", "fsdp_hybrid_shard")
+SHARD_GROUP_FIELDS = ("framework", "dp", "cp", "tp", "ep", "etp", "fsdp_hybrid_shard", "dp_replicate")
 
 
 def hsdp_replicas(layout: Layout, cluster: ClusterSpec) -> int:
     """HSDP's replicas of each shard group: FSDP HYBRID_SHARD shards the dp x cp ranks of a pipeline
-    stage inside a node (the GPUs left after tp there) and replicates the shards across the nodes
-    (torchtitan --parallelism.data_parallel_replicate_degree, Accelerate's dp_replicate_size; FSDP
-    shards over dp_shard x cp: parallel_dims.py's "dp_shard_cp" mesh); 1 without it. Whole by
+    stage inside a node (the GPUs left after tp there), or in ``dp_replicate`` groups where the layout
+    says, and replicates the shards across them (torchtitan
+    --parallelism.data_parallel_replicate_degree, Accelerate's dp_replicate_size; FSDP shards over
+    dp_shard x cp: parallel_dims.py's "dp_shard_cp" mesh); 1 without it. Whole by
     ``validate.hybrid_shard_violation``."""
     if not (layout.fsdp_hybrid_shard and layout.framework is Framework.FSDP):
         return 1
+    if layout.dp_replicate is not None:
+        return layout.dp_replicate
     return max(1, layout.dp * layout.cp // max(1, cluster.gpus_per_node // layout.tp))
 
 

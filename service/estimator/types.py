@@ -1016,6 +1016,11 @@ class Layout:
     chunked_loss: bool = False
     torch_compile: Compile = Compile.NONE
     fsdp_hybrid_shard: bool = False  # HYBRID_SHARD: shard inside a node, replicate across nodes
+    # HSDP's replicas (with fsdp_hybrid_shard): dp splits into dp_replicate groups of dp / dp_replicate
+    # ranks, each sharding the states over those x cp (torchtitan's
+    # --parallelism.data_parallel_replicate_degree, Accelerate's dp_replicate_size); None: one shard
+    # group per node (the GPUs left after tp there)
+    dp_replicate: int | None = None
     # TP all-gathers / reduce-scatters pipelined with the GEMMs: Megatron --tp-comm-overlap (Transformer
     # Engine userbuffers); FSDP: torchtitan's Async TP (inductor's micro-pipelined TP, compiled only)
     tp_comm_overlap: bool = False
@@ -1069,6 +1074,8 @@ class Layout:
             _require_positive(InvalidLayout, "recompute_every_n_layers", self.recompute_every_n_layers)
         if self.etp is not None:
             _require_positive(InvalidLayout, "etp", self.etp)
+        if self.dp_replicate is not None:
+            _require_positive(InvalidLayout, "dp_replicate", self.dp_replicate)
         if self.moe_capacity_factor is not None and not self.moe_capacity_factor > 0.0:
             raise InvalidLayout(
                 f"moe_capacity_factor must be > 0, got {self.moe_capacity_factor}",

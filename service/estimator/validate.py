@@ -390,7 +390,7 @@ def unused_switch_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
         return _bad("overlap_grad_reduce: dp x cp = 1 has no gradient reduction to overlap", "unused",
                     "overlap_grad_reduce")  # fmt: skip
     in_node = max(1, cluster.gpus_per_node // layout.tp)
-    if layout.fsdp_hybrid_shard and layout.dp * layout.cp <= in_node:
+    if layout.fsdp_hybrid_shard and layout.dp_replicate is None and layout.dp * layout.cp <= in_node:
         return _bad(f"fsdp_hybrid_shard: the dp x cp = {layout.dp * layout.cp} ranks already shard inside "
                     f"one node ({in_node} per node after tp)", "unused", "fsdp_hybrid_shard")  # fmt: skip
     return None
@@ -399,7 +399,17 @@ def unused_switch_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
 def hybrid_shard_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     """HSDP's groups whole (``model_states.hsdp_replicas``): each replica shards over dp_shard x cp
     ranks (torchtitan's "dp_shard_cp" mesh, Accelerate's dp_shard_size x cp_size), so a node's ranks
-    after tp must hold whole cp groups, and the dp x cp ranks whole nodes of them."""
+    after tp must hold whole cp groups, and the dp x cp ranks whole nodes of them; or ``dp_replicate``
+    split dp into at least two groups."""
+    if layout.dp_replicate is not None:
+        if not layout.fsdp_hybrid_shard:
+            return _bad(f"dp_replicate ({layout.dp_replicate}) is HSDP's replica count: it needs "
+                        "fsdp_hybrid_shard", "hybrid_shard", "dp_replicate")  # fmt: skip
+        if layout.dp_replicate == 1 or layout.dp % layout.dp_replicate:
+            return _bad(f"dp_replicate ({layout.dp_replicate}) must split dp ({layout.dp}) into 2 or more "
+                        "equal groups (1 shards over every rank: fsdp_hybrid_shard false)", "hybrid_shard",
+                        "dp_replicate")  # fmt: skip
+        return None
     if not layout.fsdp_hybrid_shard:
         return None
     in_node = max(1, cluster.gpus_per_node // layout.tp)

@@ -169,6 +169,13 @@ def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestCl
         ({"dp": 4, "pp": 2, "zero_stage": 3}, {}, "zero_pp", "layout.zero_stage"),
         ({"zero_stage": 2, "offload_params": "cpu"}, {}, "offload_params", "layout.offload_params"),
         ({"ep": 2}, {}, "ep_moe", "layout.ep"),
+        ({"dp": 8, "zero_stage": 3, "dp_replicate": 2}, {}, "hybrid_shard", "layout.dp_replicate"),
+        (
+            {"framework": "fsdp", "zero_stage": 3, "fsdp_hybrid_shard": True, "dp_replicate": 3},
+            {},
+            "hybrid_shard",
+            "layout.dp_replicate",
+        ),
         ({"dp": 8, "ep": 3}, {"model": mixtral}, "ep_experts", "layout.ep"),
         # QLoRA's NF4 base trains data-parallel only
         *(
@@ -186,6 +193,15 @@ def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestCl
         assert problem["errors"][0]["rule"] == rule, (layout, problem)
         assert problem["errors"][0]["field"] == field, (layout, problem)
         assert any(ch.isdigit() for ch in problem["detail"]), problem["detail"]
+
+
+def test_an_hsdp_replica_degree_shards_inside_each_replica(client: TestClient) -> None:
+    # HSDP inside one node: 2 replicas of 4 ranks hold twice FULL_SHARD's 1/8 of the states
+    full = post(client, body(framework="fsdp", zero_stage=3))
+    hsdp = post(client, body(framework="fsdp", zero_stage=3, fsdp_hybrid_shard=True, dp_replicate=2))
+    assert hsdp["layout"]["dp_replicate"] == 2
+    for part in ("parameters", "gradients", "optimizer_states"):
+        assert hsdp["memory"]["per_gpu"][part] == pytest.approx(2 * full["memory"]["per_gpu"][part], rel=1e-9)
 
 
 def test_the_advertised_micro_batch_is_one_the_service_accepts(client: TestClient) -> None:

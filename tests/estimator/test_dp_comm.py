@@ -23,11 +23,13 @@ from service.estimator.types import (
     Framework,
     Layout,
     Method,
+    Plan,
     Precision,
     Recompute,
     TrainingSpec,
 )
-from tests.estimator.helpers import job, memory, time
+from service.launchers import accelerate, torchtitan
+from tests.estimator.helpers import job, memory, states, time
 from tests.estimator.test_step_time import PROPERTY_MODEL
 from validation.cases import A100, gpu_cluster
 
@@ -225,6 +227,36 @@ def test_hybrid_shard_trades_gathers_across_nodes_for_an_all_reduce() -> None:
     across = comm.group_all_reduce_s(shard_bytes, links.replicas)
     assert hybrid_unit.reduce_s == pytest.approx(inside + across, rel=1e-3)
     assert time(LLAMA_8B, cl, hybrid, training).step_s < time(LLAMA_8B, cl, full, training).step_s
+
+
+def test_an_hsdp_replica_degree_sets_the_shard_group() -> None:
+    """dp_replicate (torchtitan's data_parallel_replicate_degree): 32 replicas of 16-rank shard groups
+    on 64 nodes of 8 gather across two nodes and hold half the default hybrid's shard (8 ranks, one
+    node); 64 replicas said explicitly is the default hybrid shard, to the number."""
+    cl = h100s(512)
+    training = TrainingSpec(seq_len=8192, global_batch_size=1024)
+    hybrid = Layout(
+        framework=Framework.FSDP, dp=512, zero_stage=3, micro_batch_size=2, fsdp_hybrid_shard=True
+    )
+    two_nodes = dataclasses.replace(hybrid, dp_replicate=32)
+    j = job(LLAMA_8B, cl, training)
+    links = dp_comm.shard_links(j, two_nodes)
+    assert links.dense.group_size == 16 and links.dense.spans_nodes
+    assert links.replicas is not None and links.replicas.group_size == 32
+    assert states(LLAMA_8B, cl, two_nodes, training).parameters == pytest.approx(
+        states(LLAMA_8B, cl, hybrid, training).parameters / 2
+    )
+    explicit = dataclasses.replace(hybrid, dp_replicate=64)
+    assert time(LLAMA_8B, cl, explicit, training) == time(LLAMA_8B, cl, hybrid, training)
+    assert memory(LLAMA_8B, cl, explicit, training) == memory(LLAMA_8B, cl, hybrid, training)
+    # the launchers render the same groups
+    plan = Plan(model=LLAMA_8B, cluster=cl, training=training, layout=two_nodes)
+    args = torchtitan.train_args(plan)
+    assert args[args.index("--parallelism.data_parallel_replicate_degree") + 1] == "32"
+    assert args[args.index("--parallelism.data_parallel_shard_degree") + 1] == "16"
+    parallelism = accelerate.accelerate_config(plan)["parallelism_config"]
+    assert parallelism["parallelism_config_dp_replicate_size"] == 32
+    assert parallelism["parallelism_config_dp_shard_size"] == 16
 
 
 def test_frozen_base_under_zero3_gathers_but_reduces_and_holds_no_gradients() -> None:

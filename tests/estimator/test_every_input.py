@@ -223,6 +223,13 @@ LAYOUT_CASES = [
         replace(FSDP, dp=16, fsdp_hybrid_shard=True),
         cluster=TWO_NODES,
     ),
+    Case(  # two replicas by default (one per node); four replicas of 4-rank shard groups
+        "dp_replicate",
+        replace(FSDP, dp=16, fsdp_hybrid_shard=True),
+        replace(FSDP, dp=16, fsdp_hybrid_shard=True, dp_replicate=4),
+        cluster=TWO_NODES,
+    ),
+    Case("dp_replicate", FSDP, replace(FSDP, dp_replicate=2), refused=True),  # HSDP's: needs hybrid shard
     Case("tp_comm_overlap", MEGATRON, replace(MEGATRON, tp_comm_overlap=True)),
     Case("overlap_grad_reduce", MEGATRON, replace(MEGATRON, overlap_grad_reduce=False)),  # recipes: on
     Case("grad_reduce_in_fp32", MEGATRON, replace(MEGATRON, grad_reduce_in_fp32=True)),

@@ -183,7 +183,7 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
     modules = None  # Megatron's selective modules (refused where the model lacks them)
     if recompute is Recompute.SELECTIVE and rng.random() < 0.6:
         modules = rng.choice(RECOMPUTE_MODULE_SETS)
-    return Layout(
+    layout = Layout(
         framework=framework,
         dp=dp,
         tp=tp,
@@ -233,6 +233,10 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
             else MoeDispatcher.ALLTOALL
         ),
     )
+    # HSDP's replica count (drawn last, as above): where the layout shards hybrid over an even dp
+    if layout.fsdp_hybrid_shard and layout.dp % 2 == 0 and rng.random() < 0.5:
+        layout = dataclasses.replace(layout, dp_replicate=2)
+    return layout
 
 
 def valid_layouts(
@@ -310,6 +314,7 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "chunked_loss": {False, True},
     "torch_compile": set(Compile),
     "fsdp_hybrid_shard": {False, True},
+    "dp_replicate": {None, 2},
     "tp_comm_overlap": {False, True},
     "moe_a2a_overlap": {False, True},
     "overlap_grad_reduce": {None, False, True},
