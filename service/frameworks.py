@@ -150,13 +150,16 @@ def sequence_parallel_default(framework: Framework, tp: int) -> bool:
     return tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
 
 
-def tp_comm_overlap_default(framework: Framework, sequence_parallel: bool, torch_compile: Compile) -> bool:
+def tp_comm_overlap_default(
+    framework: Framework, sequence_parallel: bool, torch_compile: Compile, peer_to_peer: bool
+) -> bool:
     """Whether ``framework``'s layouts overlap the TP collectives with the GEMMs (Megatron-Bridge /
     NeMo's tp_comm_overlap, torchtitan's Async TP; both need sequence parallelism, Async TP also a
-    compiled model): the search's and an estimate's default."""
+    compiled model, and both map the peers' memory: GPUs with peer access, ``GPUSpec.peer_to_peer``):
+    the search's and an estimate's default."""
     entry = FRAMEWORKS[framework]
     compiled = torch_compile is not Compile.NONE or not entry.capabilities.tp_comm_overlap_needs_compile
-    return sequence_parallel and entry.flags.tp_comm_overlap and compiled
+    return sequence_parallel and entry.flags.tp_comm_overlap and compiled and peer_to_peer
 
 
 def frameworks_of(target: Target) -> tuple[Framework, ...]:

@@ -80,7 +80,9 @@ def check_files(out: Path, plan: dict[str, Any]) -> None:
     from tests.recommender.helpers import cluster
 
     fields = LayoutIn.model_fields
-    layout = LayoutIn(**{k: v for k, v in plan["recommended"]["layout"].items() if k in fields}).to_domain()
+    layout = LayoutIn(**{k: v for k, v in plan["recommended"]["layout"].items() if k in fields}).to_domain(
+        peer_to_peer=True
+    )
     spec, training = model("llama-3.1-8b").spec, TrainingSpec(seq_len=8192, global_batch_size=128)
     on = sub_cluster(cluster(), layout.world_size)
     est = estimate(spec, on, layout, training, tuning=default_tuning())

@@ -51,7 +51,7 @@ _ALLOWED_KEYS = (
     _REQUIRED_KEYS
     | frozenset(_PEAK_KEYS)
     | frozenset(_CLOCK_KEYS)
-    | {"notes", "flash_attention", "gpus_per_node", "node_network_bytes_per_s", "aliases"}
+    | {"notes", "flash_attention", "peer_to_peer", "gpus_per_node", "node_network_bytes_per_s", "aliases"}
     | {"ecc_reserved_fraction"}
 )
 
@@ -156,6 +156,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
             vendor=vendor,
             chip=_slug(name, table, "chip"),
             flash_attention=_flag(name, table, "flash_attention", True),
+            peer_to_peer=_flag(name, table, "peer_to_peer", True),
             source=source,
             rated_power_w=clocks.get("rated_power_w"),
             power_limit_w=clocks.get("power_limit_w"),

@@ -125,8 +125,9 @@ class LayoutIn(Strict):
         default=None,
         description="megatron: --tp-comm-overlap (Transformer Engine userbuffers); fsdp: torchtitan's Async "
         "TP (--compile.enable_async_tensor_parallel, needs torch_compile); both need sequence parallelism "
-        "at tp > 1; default: on where those hold, as Megatron-Bridge / NeMo recipes and the search set it, "
-        "off for deepspeed (named in resolved_defaults)",
+        "at tp > 1 and GPUs with peer access (the GPU's peer_to_peer: not GeForce RTX 4090); default: on "
+        "where those hold, as Megatron-Bridge / NeMo recipes and the search set it, off for deepspeed "
+        "(named in resolved_defaults)",
     )
     moe_a2a_overlap: bool = Field(
         default=False,
@@ -182,9 +183,10 @@ class LayoutIn(Strict):
         default=False, description="the output layer and loss count as a layer in the derived split"
     )
 
-    def framework_defaults(self) -> dict[str, bool | int]:
-        """The switches the request left out, as the framework's recipes (and the search) set them,
-        and the ZeRO stage, as the framework shards when not told (``FrameworkEntry``)."""
+    def framework_defaults(self, *, peer_to_peer: bool) -> dict[str, bool | int]:
+        """The switches the request left out, as the framework's recipes (and the search) set them on
+        GPUs with (or without) ``peer_to_peer`` access, and the ZeRO stage, as the framework shards
+        when not told (``FrameworkEntry``)."""
         chosen: dict[str, bool | int] = {}
         if self.zero_stage is None:
             chosen["zero_stage"] = FRAMEWORKS[self.framework].default_zero_stage
@@ -194,18 +196,18 @@ class LayoutIn(Strict):
             chosen["sequence_parallel"] = sequence_parallel
         if self.tp_comm_overlap is None:
             chosen["tp_comm_overlap"] = tp_comm_overlap_default(
-                self.framework, sequence_parallel, self.torch_compile
+                self.framework, sequence_parallel, self.torch_compile, peer_to_peer
             )
         return chosen
 
-    def chosen_defaults(self) -> dict[str, str]:
+    def chosen_defaults(self, *, peer_to_peer: bool) -> dict[str, str]:
         """``{"layout.framework": "deepspeed", "layout.zero_stage": "0", ...}``: what each field the
         request left out resolved to, of those that change the answer: the framework, its ZeRO stage,
         the recompute policy, the micro-batch (where not derived: ``with_derived_micro_batch`` names
         it), and the TP switches where the layout has a TP group for them to act on."""
         chosen = {
             f"layout.{name}": str(value).lower()
-            for name, value in self.framework_defaults().items()
+            for name, value in self.framework_defaults(peer_to_peer=peer_to_peer).items()
             if self.tp > 1 or name == "zero_stage"
         }
         for name in ("framework", "recompute", "micro_batch_size"):
@@ -214,8 +216,8 @@ class LayoutIn(Strict):
                 chosen[f"layout.{name}"] = str(getattr(value, "value", value))
         return chosen
 
-    def to_domain(self) -> Layout:
-        fields = self.model_dump() | self.framework_defaults()
+    def to_domain(self, *, peer_to_peer: bool) -> Layout:
+        fields = self.model_dump() | self.framework_defaults(peer_to_peer=peer_to_peer)
         if self.pipeline_layers is not None:
             fields["pipeline_layers"] = tuple(self.pipeline_layers)
         if self.recompute_modules is not None:

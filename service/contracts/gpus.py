@@ -80,6 +80,12 @@ class CustomGPU(Strict):
         "whether it has a bf16 peak (every part with those kernels has one); the attention default "
         "follows (training.attention in resolved_defaults)",
     )
+    peer_to_peer: bool = Field(
+        default=True,
+        description="CUDA peer access between the GPUs of a node (NVLink, or PCIe peer-to-peer): false where "
+        "the driver turns it off (GeForce RTX 4090), which rules out TP communication overlap "
+        "(layout.tp_comm_overlap: Transformer Engine's userbuffers, torchtitan's Async TP)",
+    )
     # Sustained clocks (service.estimator.clocks). That a limit comes with its rating and stays at or
     # below it is the domain's rule (GPUSpec), reported by to_domain under the field's path.
     rated_power_w: float | None = Field(
@@ -175,6 +181,7 @@ class CustomGPU(Strict):
             vendor="custom",
             chip=self.chip or "",
             flash_attention=self._flash_attention(),
+            peer_to_peer=self.peer_to_peer,
             source="supplied by the client",
             rated_power_w=self.rated_power_w,
             power_limit_w=self.power_limit_w,
@@ -302,6 +309,10 @@ class GPUOut(BaseModel):
     vendor: str
     chip: str
     flash_attention: bool
+    peer_to_peer: bool = Field(
+        description="CUDA peer access between a node's GPUs (NVLink or PCIe P2P); without it (GeForce RTX "
+        "4090) no TP communication overlap (layout.tp_comm_overlap) runs"
+    )
     memory_bytes: int = Field(
         description="what a process sees, and the fit is checked against: the memory sold, less the 1/16 "
         "GDDR6's ECC (on by default on data-center cards) keeps its check bits in"

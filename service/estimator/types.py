@@ -560,6 +560,10 @@ class GPUSpec:
     chip: str = ""  # the die (gh100, ga100, ad102, ...): what the tuning's peak fractions are fitted per
     # FlashAttention-2 kernels exist for it (NVIDIA Ampere sm_80 and newer, AMD CDNA 2/3 via ROCm)
     flash_attention: bool = True
+    # CUDA peer access between the GPUs of a node (NVLink, or PCIe peer-to-peer): GeForce drivers turn
+    # it off, so GPU-to-GPU traffic is staged through host memory and what maps a peer's memory
+    # (Transformer Engine's userbuffers, PyTorch's SymmetricMemory) cannot run
+    peer_to_peer: bool = True
     source: str = ""
     # Sustained clocks (service.estimator.clocks): the compute peaks above are quoted at the board
     # power ``rated_power_w`` and the SM clock ``peak_clock_hz``; a part run at a lower

@@ -396,6 +396,21 @@ def unused_switch_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     return None
 
 
+def peer_access_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
+    """TP communication overlap maps the TP peers' memory (Transformer Engine's userbuffers through
+    CUDA IPC or multicast handles, NVIDIA/TransformerEngine #966 and #1071; torchtitan's Async TP
+    through PyTorch's SymmetricMemory): GPUs without peer access (``GPUSpec.peer_to_peer``) cannot
+    run it."""
+    if layout.tp_comm_overlap and not cluster.gpu.peer_to_peer:
+        return _bad(
+            f"tp_comm_overlap maps the tp {layout.tp} peers' memory (Transformer Engine's userbuffers, "
+            f"PyTorch's SymmetricMemory): {cluster.gpu.name} has no peer access between its GPUs",
+            "peer_access",
+            "tp_comm_overlap",
+        )
+    return None
+
+
 def hybrid_shard_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     """HSDP's groups whole (``model_states.hsdp_replicas``): each replica shards over dp_shard x cp
     ranks (torchtitan's "dp_shard_cp" mesh, Accelerate's dp_shard_size x cp_size), so a node's ranks
@@ -1093,6 +1108,7 @@ def layout_violation(
         or moe_dispatcher_violation(model, cluster, layout)
         or unused_switch_violation(cluster, layout)
         or hybrid_shard_violation(cluster, layout)
+        or peer_access_violation(cluster, layout)
         or tp_comm_overlap_compile_violation(layout, caps)
         or megatron_precision_violation(training, layout)
         or unused_split_flag_violation(layout)

@@ -76,6 +76,8 @@ def hardware_key(cluster: ClusterSpec) -> str:
     # inter_node_bandwidth and gpus_per_node
     del fields["gpu"]["node_network_bytes_per_s"]
     del fields["gpu"]["node_gpus"]
+    # nor a driver's peer access, which the part's name already says (and keeps the keys of before)
+    del fields["gpu"]["peer_to_peer"]
     canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 

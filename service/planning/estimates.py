@@ -30,6 +30,7 @@ from service.estimator.scale import scale_violation
 from service.estimator.step_time import cost
 from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, Plan, TrainingSpec
 from service.estimator.validate import sequence_parallel_divisor_of
+from service.frameworks import sequence_parallel_default
 from service.launchers import runnable_targets
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, hardware_key, job_traits
@@ -55,7 +56,8 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     layout_in, chosen_dp = with_derived_dp(request.layout, cluster.world_size, training.global_batch_size)
     layout_in, chosen_micro = with_derived_micro_batch(layout_in, training.global_batch_size)
     layout_in, unsplit = with_fitting_sequence_parallel(layout_in, training.seq_len)
-    layout = layout_in.to_domain()
+    peer_to_peer = cluster.gpu.peer_to_peer
+    layout = layout_in.to_domain(peer_to_peer=peer_to_peer)
     total = parameter_counts(model).total
     target = job_traits(total, training.seq_len, layout)
     learned = calibration_for(PlanRepository(session), hardware_key(cluster), layout.framework.value, target)
@@ -75,7 +77,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     applied = applied_calibration(learned.calibration, uncalibrated.time if uncalibrated else None)
     calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
     out = estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
-    out.resolved_defaults |= layout_in.chosen_defaults() | chosen_dp | chosen_micro
+    out.resolved_defaults |= layout_in.chosen_defaults(peer_to_peer=peer_to_peer) | chosen_dp | chosen_micro
     out.resolved_defaults |= request.training.adapter_defaults()
     if unsplit is not None:
         out.resolved_defaults["layout.sequence_parallel"] = "false"
@@ -167,7 +169,7 @@ def with_fitting_sequence_parallel(layout: LayoutIn, seq_len: int) -> tuple[Layo
     sets it on is still refused."""
     if "sequence_parallel" in layout.model_fields_set or layout.tp == 1:
         return layout, None
-    if not layout.framework_defaults().get("sequence_parallel"):
+    if not sequence_parallel_default(layout.framework, layout.tp):
         return layout, None
     divisor = sequence_parallel_divisor_of(layout.framework, layout.tp, layout.cp)
     if seq_len % divisor == 0:

@@ -335,21 +335,21 @@ def _search_memory_family(
         result.log.add(
             "invalid: virtual_pp",
             1,
-            make_layout(s, sh, Recompute.NONE, virtual, 1),
+            make_layout(s, sh, Recompute.NONE, virtual, 1, job.cluster.gpu.peer_to_peer),
             "no micro-batch gives a multiple of pp micro-batches",
         )
         return False
     best_index, fitted = -1, False
     for recompute in recompute_order(sh.framework):
         result.families += 1
-        first = make_layout(s, sh, recompute, virtual, sizes[0])
+        first = make_layout(s, sh, recompute, virtual, sizes[0], job.cluster.gpu.peer_to_peer)
         violation = _violation(job, first)
         if violation is not None:
             result.log.add(f"invalid: {violation.rule}", 1, first, str(violation))
             continue
 
         def sized(i: int, recompute: Recompute = recompute) -> Layout:
-            return make_layout(s, sh, recompute, virtual, sizes[i])
+            return make_layout(s, sh, recompute, virtual, sizes[i], job.cluster.gpu.peer_to_peer)
 
         memory = result.memory_numbers(job, first)
         if evaluate.numbers_fit(job.cluster, memory, limit):
@@ -644,7 +644,9 @@ def _search_structure(
                 result.log.groups[reason].count += 1  # the example is kept from the first
             else:
                 stage = reason.zero_stage if isinstance(reason, Unsupported) else 0
-                example = make_layout(s, Sharding(framework, stage), Recompute.NONE, 1, 1)
+                example = make_layout(
+                    s, Sharding(framework, stage), Recompute.NONE, 1, 1, job.cluster.gpu.peer_to_peer
+                )
                 result.log.add(reason, 1, example, reason)
         fitted = False
         virtuals = virtual_stages(search.model, framework, s.pp)
@@ -654,7 +656,7 @@ def _search_structure(
             if _ceilings_lose(search, result, [ceilings.get((framework, v)) for v in virtuals]):
                 result.log.groups[DOMINATED].count += len(virtuals)  # no sharding changes a ceiling
                 continue
-            probe = make_layout(s, sh, Recompute.FULL, 1, 1)
+            probe = make_layout(s, sh, Recompute.FULL, 1, 1, job.cluster.gpu.peer_to_peer)
             valid = _violation(job, probe) is None
             if valid and not _states_fit(job, probe, limit):  # an invalid one is logged as such below
                 result.families += 1
@@ -726,7 +728,7 @@ def _dominated(
     if ceiling > threshold and DOMINATED in result.log.groups:
         result.log.groups[DOMINATED].count += 1
         return True
-    optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1])
+    optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1], job.cluster.gpu.peer_to_peer)
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if _violation(job, optimistic) is not None:
         return False
@@ -755,7 +757,7 @@ def _ceiling_key(
     most_micro_batches: int,
 ) -> tuple[float, ...] | None:
     s, sh, virtual = family
-    optimistic = make_layout(s, sh, Recompute.NONE, virtual, micro_batch)
+    optimistic = make_layout(s, sh, Recompute.NONE, virtual, micro_batch, job.cluster.gpu.peer_to_peer)
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if _violation(job, optimistic) is not None:
         return None
@@ -936,7 +938,9 @@ def _lean_fit(
             continue
         ordered = options[::-1]  # the most sharded and offloaded first: the likeliest to fit
         for i, sh in enumerate(ordered):
-            lean = make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0])
+            lean = make_layout(
+                s, sh, recompute_order(framework)[-1], 1, sizes[0], job.cluster.gpu.peer_to_peer
+            )
             if not search.rejections and _states_exceed(job, lean, limit):
                 # a miss only the log would hold: its model states alone exceed the limit, and so
                 # do those of every member of its sharding, valid or not (states read the sharding

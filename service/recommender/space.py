@@ -447,7 +447,7 @@ def dynamic_floor(
     one = Structure(gpus=1, dp=1, tp=1, pp=1, cp=1, ep=1)
     least: tuple[int, Layout] | None = None
     for recompute in recompute_order(framework):
-        layout = make_layout(one, sharding, recompute, 1, 1)
+        layout = make_layout(one, sharding, recompute, 1, 1, job.cluster.gpu.peer_to_peer)
         acts = stage_activations(job, layout)[0]  # pp 1: one rank
         # rank_peak_parts' start of the backward, with the gradients, the model states' buffers and
         # autocast copies left out (rank_total_bytes is the states + the largest moment's reservation)
@@ -647,14 +647,20 @@ def micro_batch_sizes(
 
 @functools.lru_cache(maxsize=16384)
 def make_layout(
-    structure: Structure, sharding: Sharding, recompute: Recompute, virtual: int, micro_batch: int
+    structure: Structure,
+    sharding: Sharding,
+    recompute: Recompute,
+    virtual: int,
+    micro_batch: int,
+    peer_to_peer: bool,
 ) -> Layout:
-    """The layout of these choices (shared: the search builds the same one at several steps, and a
-    capacity sweep for every GPU type searching the same count; a ``Layout`` is frozen)."""
+    """The layout of these choices on GPUs with (or without) ``peer_to_peer`` access (shared: the
+    search builds the same one at several steps, and a capacity sweep for every GPU type searching
+    the same count; a ``Layout`` is frozen)."""
     flags = FRAMEWORKS[sharding.framework].flags
     sp = sequence_parallel_default(sharding.framework, structure.tp)
     own = sharding.megatron_lm
-    tp_overlap = tp_comm_overlap_default(sharding.framework, sp, sharding.torch_compile)
+    tp_overlap = tp_comm_overlap_default(sharding.framework, sp, sharding.torch_compile, peer_to_peer)
     overlap = _overlap_grad_reduce(flags, structure, sharding)
     if own is not None:  # Megatron-LM's own: no overlapped reduce or TP communication
         tp_overlap, overlap = False, (False if structure.dp * structure.cp > 1 else None)

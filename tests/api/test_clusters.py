@@ -68,6 +68,7 @@ def test_custom_gpu_round_trips(client: TestClient) -> None:
     assert created["gpu"] == CUSTOM_GPU | {
         "chip": None,  # not stated: the lowest peak fraction fitted on a die
         "flash_attention": None,  # not stated: its bf16 peak says it has the kernels (CustomGPU)
+        "peer_to_peer": True,  # not stated: its GPUs reach each other's memory
         "peak_flops_per_s": {"fp32": 40e12, "bf16": 180e12, "tf32": None, "fp16": None, "fp8": None},
         # not stated: the part runs as its peaks are quoted (no power limit, no sustained clock)
         "rated_power_w": None,

@@ -67,7 +67,10 @@ def test_states_never_grow_with_sharding_and_the_bound_never_exceeds_a_leans_mem
             if not options or not sizes:
                 continue
             ordered = options[::-1]
-            leans = [make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0]) for sh in ordered]
+            leans = [
+                make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0], job.cluster.gpu.peer_to_peer)
+                for sh in ordered
+            ]
             try:
                 first_states = stage_states(job, leans[0])
                 first_acts = stage_activations(job, leans[0])

@@ -208,7 +208,10 @@ def test_the_sharding_does_not_change_a_familys_validity(
                 for sh in options:
                     try:
                         validate_layout(
-                            spec, c, make_layout(s, sh, Recompute.NONE, virtual, sizes[-1]), training
+                            spec,
+                            c,
+                            make_layout(s, sh, Recompute.NONE, virtual, sizes[-1], c.gpu.peer_to_peer),
+                            training,
                         )
                         verdicts.add("valid")
                     except InvalidLayout as error:
