@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import DateTime, Engine, MetaData, create_engine, event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.orm import DeclarativeBase, Session, SessionTransaction, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, ORMExecuteState, Session, SessionTransaction, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
 NAMING_CONVENTION = {
@@ -164,6 +164,11 @@ def sqlite_file_identity(engine: Engine) -> tuple[str, int, int] | None:
     return (database, stat.st_dev, stat.st_ino)
 
 
+# A read a write follows (``ClusterRepository.get_for_write``) carries this execution option: on SQLite,
+# whose SELECT ... FOR UPDATE is a plain SELECT, it takes the writer before the read.
+WRITER_OPTION = "trainplan_take_writer"
+
+
 class WriterBusy(SQLAlchemyError):
     """The process's SQLite writer slot stayed taken for the whole busy timeout (a 503, as SQLite's
     own "database is locked" is)."""
@@ -203,6 +208,11 @@ def serialize_sqlite_writes(
             lock.release()
             raise WriterBusy("another service process held its one writer for the whole busy timeout")
         session.info[held] = True
+
+    @event.listens_for(factory, "do_orm_execute")
+    def _take_before_reading_for_write(state: ORMExecuteState) -> None:
+        if state.execution_options.get(WRITER_OPTION):
+            _take(state.session, None, None)
 
     @event.listens_for(factory, "after_transaction_end")
     def _give_back(session: Session, transaction: SessionTransaction) -> None:

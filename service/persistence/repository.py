@@ -16,6 +16,7 @@ from typing import Any, TypeVar, cast
 from sqlalchemy import CursorResult, Select, delete, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 
+from service.persistence.db import WRITER_OPTION
 from service.persistence.models import LOCAL_OWNER, ClusterRecord, IdempotencyKeyRecord, PlanRecord, RunRecord
 
 Row = TypeVar("Row")
@@ -71,6 +72,19 @@ class ClusterRepository:
     def get(self, cluster_id: str) -> ClusterRecord | None:
         record = self.session.get(ClusterRecord, cluster_id)
         return record if record is not None and record.owner == self.owner else None
+
+    def get_for_write(self, cluster_id: str) -> ClusterRecord | None:
+        """The cluster as it is once this transaction holds the right to write it: the row locked
+        (PostgreSQL's SELECT ... FOR UPDATE; on SQLite the writer taken first: ``WRITER_OPTION``),
+        read afresh. A write that names no version then replaces the latest row; two such writes to
+        one cluster queue instead of one failing on the version the other moved."""
+        query = (
+            select(ClusterRecord)
+            .where(ClusterRecord.id == cluster_id, ClusterRecord.owner == self.owner)
+            .with_for_update()
+            .execution_options(populate_existing=True, **{WRITER_OPTION: True})
+        )
+        return self.session.scalars(query).first()
 
     def get_by_name(self, name: str) -> ClusterRecord | None:
         query = select(ClusterRecord).where(ClusterRecord.owner == self.owner, ClusterRecord.name == name)

@@ -108,8 +108,8 @@ def read_from_catalog(model: ModelRef, cluster: ClusterRef | ClusterIn) -> dict[
     return read
 
 
-def stored_cluster(repo: ClusterRepository, cluster_id: str) -> ClusterRecord:
-    record = repo.get(cluster_id)
+def stored_cluster(repo: ClusterRepository, cluster_id: str, *, for_write: bool = False) -> ClusterRecord:
+    record = repo.get_for_write(cluster_id) if for_write else repo.get(cluster_id)
     if record is None:
         raise NotFound(f"cluster {cluster_id!r} does not exist")
     return record
@@ -126,7 +126,7 @@ def create_cluster(repo: ClusterRepository, body: ClusterCreate) -> ClusterRecor
 def replace_cluster(
     repo: ClusterRepository, cluster_id: str, body: ClusterReplace, if_match: str | None = None
 ) -> ClusterRecord:
-    record = stored_cluster(repo, cluster_id)
+    record = stored_cluster(repo, cluster_id, for_write=True)
     check_version(record, body.version, if_match)
     _check_name_free(repo, body.name, record.id)
     _apply(record, body)
@@ -137,7 +137,7 @@ def update_cluster(
     repo: ClusterRepository, cluster_id: str, patch: ClusterPatch, if_match: str | None = None
 ) -> ClusterRecord:
     """The stored cluster with the fields sent changed, validated as a whole."""
-    record = stored_cluster(repo, cluster_id)
+    record = stored_cluster(repo, cluster_id, for_write=True)
     check_version(record, patch.version, if_match)
     merged = record_fields(record) | patch.model_dump(exclude_unset=True, exclude={"version"})
     try:
@@ -155,7 +155,7 @@ def update_cluster(
 
 def delete_cluster(repo: ClusterRepository, cluster_id: str, if_match: str | None = None) -> None:
     """Delete a cluster no stored plan refers to (and, with If-Match, that has not changed since)."""
-    record = stored_cluster(repo, cluster_id)
+    record = stored_cluster(repo, cluster_id, for_write=True)
     check_version(record, None, if_match)
     plans = repo.plan_count(cluster_id)
     if plans:
