@@ -59,6 +59,9 @@ class Flavor:
     num_attention_heads: int
     num_kv_heads: int | None  # None: DeepSeek's MLA (no kv heads)
     vocab_size: int
+    # the RoPE cache's length: Decoder.Config.update_from_config (models/common/decoder.py) raises
+    # "Training sequence length ... exceeds attention RoPE maximum supported sequence length" past it
+    max_seq_len: int
     ffn_hidden_size: int | None = None  # dense models: the MLP width
     num_experts: int = 0
     # the model converters the config function applies when it builds the model spec (no flag
@@ -66,12 +69,16 @@ class Flavor:
     converters: str | None = None
 
 
+# torchtitan 0.3.0's RoPE caches (models/<module>/__init__.py, each flavor's rope max_seq_len): llama3
+# 131072; qwen3 40960; deepseek_v3 4096 * 4; gpt_oss 131072
+LLAMA3_POSITIONS, QWEN3_POSITIONS, DEEPSEEK_V3_POSITIONS, GPT_OSS_POSITIONS = 131072, 40960, 16384, 131072
+
 # torchtitan 0.3.0: torchtitan/models/<module>/__init__.py (the flavors' shapes) and
 # config_registry.py (the --config functions; a flavor without one, e.g. qwen3 8B or 235B-A22B,
 # cannot be named on the command line).
 FLAVORS = (
-    Flavor("llama3", "llama3_8b", 32, 4096, 32, 8, 128256, ffn_hidden_size=14336),
-    Flavor("llama3", "llama3_70b", 80, 8192, 64, 8, 128256, ffn_hidden_size=28672),
+    Flavor("llama3", "llama3_8b", 32, 4096, 32, 8, 128256, LLAMA3_POSITIONS, ffn_hidden_size=14336),
+    Flavor("llama3", "llama3_70b", 80, 8192, 64, 8, 128256, LLAMA3_POSITIONS, ffn_hidden_size=28672),
     Flavor(
         "llama3",
         "llama3_405b",
@@ -80,18 +87,23 @@ FLAVORS = (
         128,
         8,
         128256,
+        LLAMA3_POSITIONS,
         ffn_hidden_size=53248,
         converters="Float8LinearConverter (torchao Float8 Linears but lm_head)",
     ),
-    Flavor("qwen3", "qwen3_0_6b", 28, 1024, 16, 8, 151936, ffn_hidden_size=3072),
-    Flavor("qwen3", "qwen3_1_7b", 28, 2048, 16, 8, 151936, ffn_hidden_size=6144),
-    Flavor("qwen3", "qwen3_14b", 40, 5120, 40, 8, 151936, ffn_hidden_size=17408),
-    Flavor("qwen3", "qwen3_32b", 64, 5120, 64, 8, 151936, ffn_hidden_size=25600),
-    Flavor("qwen3", "qwen3_30b_a3b", 48, 2048, 32, 4, 151936, num_experts=128),
-    Flavor("deepseek_v3", "deepseek_v3_16b", 27, 2048, 16, None, 102400, num_experts=64),
-    Flavor("deepseek_v3", "deepseek_v3_671b", 61, 7168, 128, None, 129280, num_experts=256),
-    Flavor("gpt_oss", "gpt_oss_20b", 24, 2880, 64, 8, 201088, num_experts=32),
-    Flavor("gpt_oss", "gpt_oss_120b", 36, 2880, 64, 8, 201088, num_experts=128),
+    Flavor("qwen3", "qwen3_0_6b", 28, 1024, 16, 8, 151936, QWEN3_POSITIONS, ffn_hidden_size=3072),
+    Flavor("qwen3", "qwen3_1_7b", 28, 2048, 16, 8, 151936, QWEN3_POSITIONS, ffn_hidden_size=6144),
+    Flavor("qwen3", "qwen3_14b", 40, 5120, 40, 8, 151936, QWEN3_POSITIONS, ffn_hidden_size=17408),
+    Flavor("qwen3", "qwen3_32b", 64, 5120, 64, 8, 151936, QWEN3_POSITIONS, ffn_hidden_size=25600),
+    Flavor("qwen3", "qwen3_30b_a3b", 48, 2048, 32, 4, 151936, QWEN3_POSITIONS, num_experts=128),
+    Flavor(
+        "deepseek_v3", "deepseek_v3_16b", 27, 2048, 16, None, 102400, DEEPSEEK_V3_POSITIONS, num_experts=64
+    ),
+    Flavor(
+        "deepseek_v3", "deepseek_v3_671b", 61, 7168, 128, None, 129280, DEEPSEEK_V3_POSITIONS, num_experts=256
+    ),
+    Flavor("gpt_oss", "gpt_oss_20b", 24, 2880, 64, 8, 201088, GPT_OSS_POSITIONS, num_experts=32),
+    Flavor("gpt_oss", "gpt_oss_120b", 36, 2880, 64, 8, 201088, GPT_OSS_POSITIONS, num_experts=128),
 )
 
 
@@ -120,7 +132,21 @@ def job_refusal(model: ModelSpec, training: TrainingSpec) -> str | None:
     """Why torchtitan cannot train this model and training whatever the layout (``refusal`` says it
     for every plan), or None."""
     unbuilt = _model_problem(model)
-    return unbuilt if unbuilt is not None else ("; ".join(_training_problems(training)) or None)
+    return unbuilt if unbuilt is not None else ("; ".join(_job_problems(model, training)) or None)
+
+
+def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
+    """The training's problems (``_training_problems``), and a sequence past the flavor's RoPE cache
+    (a model ``_model_problem`` passed has a flavor)."""
+    problems = _training_problems(training)
+    found = flavor(model)
+    if found is not None and training.seq_len > found.max_seq_len:
+        problems.append(
+            f"seq_len {training.seq_len:,}: torchtitan {VERSION}'s {found.config} caches RoPE for "
+            f"{found.max_seq_len:,} positions and refuses a longer training sequence "
+            "(Decoder.Config.update_from_config)"
+        )
+    return problems
 
 
 def expert_tensor_problem(tp: int, ep: int) -> str | None:
@@ -211,7 +237,7 @@ def refusal(plan: Plan) -> Refusal:
         return f"the layout is for {lo.framework}; torchtitan runs FSDP2 with TP/PP/CP"
     if (unbuilt := _model_problem(plan.model)) is not None:
         return unbuilt
-    problems = _training_problems(plan.training)
+    problems = _job_problems(plan.model, plan.training)
     if lo.chunked_loss and plan.training.seq_len % CHUNKS:
         problems.append(
             f"seq_len {plan.training.seq_len}: ChunkedLossWrapper splits it into {CHUNKS} equal chunks"
