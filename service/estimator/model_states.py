@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from service.estimator.params import (
     MTP_NORMS,
     LayerKind,
+    largest_module_parameters,
     lora_adapter_shapes,
     mtp_projection_parameters,
     parameter_counts,
@@ -521,6 +522,21 @@ def hsdp_replicas(layout: Layout, cluster: ClusterSpec) -> int:
     if layout.dp_replicate is not None:
         return layout.dp_replicate
     return max(1, layout.dp * layout.cp // max(1, cluster.gpus_per_node // layout.tp))
+
+
+# DeepSpeed ZeRO-Infinity's parameter swap buffers (runtime/zero/offload_config.py
+# DeepSpeedZeroOffloadParamConfig: buffer_size 1e8 elements, buffer_count 5): a parameter's shard
+# swaps in through one, and AsyncPartitionedParameterSwapper.get_buffer asserts it fits ("More
+# elements ... than buffer size").
+DS_PARAM_SWAP_BUFFER_ELEMENTS = 100_000_000
+
+
+def deepspeed_param_swap_buffer_elements(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> int:
+    """offload_param.buffer_size for NVMe parameter offload: DeepSpeed's default, or the largest
+    module's ZeRO-3 shard (``largest_module_parameters`` over the dense shard group, rounded up) where
+    that is larger: Llama 3.1 405B's embedding over 16 ranks is 131,334,144 elements."""
+    shard = shard_degrees(layout, cluster)[0]
+    return max(DS_PARAM_SWAP_BUFFER_ELEMENTS, -(-largest_module_parameters(model) // shard))
 
 
 def shard_degrees(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.estimator.model_states import deepspeed_buckets
+from service.estimator.model_states import deepspeed_buckets, deepspeed_param_swap_buffer_elements
 from service.estimator.types import ModelSpec, Offload, Optimizer, Plan, Precision, Recompute, RouterScore
 from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
@@ -225,6 +225,10 @@ def zero_block(plan: Plan) -> dict[str, Any]:
         zero["offload_optimizer"] = _offload(lo.offload_optimizer)
     if lo.offload_params is not Offload.NONE:
         zero["offload_param"] = _offload(lo.offload_params)
+        if lo.offload_params is Offload.NVME:
+            # a shard past the default buffer trips the swapper's assertion at init
+            buffer = deepspeed_param_swap_buffer_elements(plan.model, lo, plan.cluster)
+            zero["offload_param"]["buffer_size"] = buffer
     return zero
 
 

@@ -94,6 +94,19 @@ def test_deepspeed_offload_param_only_at_stage_3() -> None:
         )
     )
     assert zero["offload_param"]["nvme_path"] and zero["offload_optimizer"]["device"] == "nvme"
+    assert zero["offload_param"]["buffer_size"] == 100_000_000  # DeepSpeed's default holds every shard
+
+
+def test_deepspeed_nvme_parameter_buffers_hold_the_largest_shard() -> None:
+    """A review's case: Llama 3.1 405B with parameters on NVMe over 16 ranks; its embedding's shard
+    (128256 x 16384 / 16 = 131,334,144 elements) is past offload_param's default 1e8-element buffer,
+    and DeepSpeed's swapper asserts at init (partitioned_param_swapper.py get_buffer: "More elements
+    ... than buffer size")."""
+    big = model("llama-3.1-405b").spec
+    layout = {"framework": Framework.DEEPSPEED, "zero_stage": 3, "offload_params": Offload.NVME,
+              "offload_optimizer": Offload.NVME}  # fmt: skip
+    zero = deepspeed.zero_block(plan(nodes=2, model=big, **layout))
+    assert zero["offload_param"]["buffer_size"] == 128256 * 16384 // 16
 
 
 def test_accelerate_fsdp2_reshard_flag_is_the_zero_stage() -> None:
@@ -911,3 +924,19 @@ def test_wrappers_of_a_deepspeed_layout_asked_of_the_hf_trainer_run_its_entry_po
         assert "--deepspeed_config" not in text and "--per_device_train_batch_size" in text, name
         raw, _ = render_all(chosen, [wrapper, Target.DEEPSPEED])
         assert "--deepspeed_config" in next(a.content for a in raw if a.name == name)
+
+
+def test_torchtitan_refuses_a_sequence_past_its_flavors_rope_cache() -> None:
+    """A review's case: --training.seq_len 65536 for qwen3_30b_a3b (RoPE cached for 40,960 positions)
+    and 262144 for llama3_8b (131,072) were rendered; torchtitan 0.3.0 raises at model build
+    (Decoder.Config.update_from_config). DeepSeek-V3's flavors cache 4096 x 4."""
+    qwen = model("qwen3-30b-a3b").spec
+    long_qwen = plan(model=qwen, framework=Framework.FSDP, zero_stage=3, ep=8, train=training(seq_len=65536,
+                     global_batch_size=16))  # fmt: skip
+    assert "caches RoPE for 40,960 positions" in (torchtitan.refusal(long_qwen) or "")
+    at_limit = plan(model=qwen, framework=Framework.FSDP, zero_stage=3, ep=8, train=training(seq_len=40960,
+                    global_batch_size=16))  # fmt: skip
+    assert torchtitan.refusal(at_limit) is None
+    long_llama = plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3, cp=8,
+                      train=training(seq_len=262144, global_batch_size=8))  # fmt: skip
+    assert "131,072 positions" in (torchtitan.refusal(long_llama) or "")
