@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from service.contracts.common import Strict
 from service.estimator.defaults import HARDWARE_DEFAULT_FIELDS, for_gpu
@@ -23,6 +23,22 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from service.estimator.validate import position_table_violation
+
+# Hugging Face Trainer's optim names (transformers' OptimizerNames), as the optimizer they run and, where
+# the name says it, torch's implementation: adamw_torch is torch.optim.AdamW at its CUDA default
+# (foreach), adamw_torch_fused AdamW(fused=True); bitsandbytes' paged optimizers keep the same states
+# in memory that pages to the host only under pressure, stepped one tensor at a time (nothing
+# parameter-sized allocated, as fused). torch.optim.Adam keeps AdamW's states and steps as it does.
+HF_OPTIM_NAMES: dict[str, tuple[Optimizer, OptimizerImplementation | None]] = {
+    "adamw_torch": (Optimizer.ADAMW, OptimizerImplementation.FOREACH),
+    "adamw_torch_fused": (Optimizer.ADAMW, OptimizerImplementation.FUSED),
+    "adam": (Optimizer.ADAMW, None),
+    "adamw_bnb_8bit": (Optimizer.ADAMW_8BIT, None),
+    "paged_adamw_8bit": (Optimizer.ADAMW_8BIT, None),
+    "paged_adamw_32bit": (Optimizer.ADAMW, OptimizerImplementation.FUSED),
+    "lion_32bit": (Optimizer.LION, None),
+    "paged_lion_32bit": (Optimizer.LION, None),
+}
 
 
 class TrainingIn(Strict):
@@ -75,6 +91,22 @@ class TrainingIn(Strict):
         "of its weights until its backward (recompute full: one layer's), each forward casting them again. "
         "deepspeed refuses it (its engine casts the model to bf16 / fp16)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hf_optim_names(cls, data: Any) -> Any:
+        """An optimizer named as HF Trainer's optim names it (``HF_OPTIM_NAMES``): the optimizer, and
+        the implementation the name says unless the request states one."""
+        if not isinstance(data, dict) or not isinstance(data.get("optimizer"), str):
+            return data
+        named = HF_OPTIM_NAMES.get(data["optimizer"].strip().lower().replace("-", "_"))
+        if named is None:
+            return data
+        optimizer, implementation = named
+        data = {**data, "optimizer": optimizer.value}
+        if implementation is not None and data.get("optimizer_implementation") is None:
+            data["optimizer_implementation"] = implementation.value
+        return data
 
     @field_validator("lora_targets")
     @classmethod

@@ -36,6 +36,28 @@ def test_training_spellings(given: dict[str, Any], field: str, value: object) ->
     assert getattr(TrainingIn(**TRAINING, **given), field) == value
 
 
+@pytest.mark.parametrize(
+    ("optim", "optimizer", "implementation"),
+    [
+        # a review's 422s: HF Trainer's optim names, as a QLoRA script sets them
+        ("paged_adamw_8bit", "adamw_8bit", "fused"),
+        ("adamw_bnb_8bit", "adamw_8bit", "fused"),
+        ("adamw_torch", "adamw", "foreach"),  # torch.optim.AdamW at its CUDA default
+        ("adamw_torch_fused", "adamw", "fused"),
+        ("adam", "adamw", "fused"),  # Adam keeps AdamW's states
+    ],
+)
+def test_hf_trainer_optim_names(client: TestClient, optim: str, optimizer: str, implementation: str) -> None:
+    training = TrainingIn(**TRAINING, optimizer=optim)
+    assert (training.optimizer.value, training.optimizer_implementation.value) == (optimizer, implementation)
+    body = {"model": {"preset": "llama-3.2-1b"}, "cluster": CLUSTER, "training": TRAINING | {"optimizer": optim},
+            "layout": {"framework": "fsdp", "dp": 8, "zero_stage": 3}}  # fmt: skip
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    stated = TrainingIn(**TRAINING, optimizer=optim, optimizer_implementation="fused")
+    assert stated.optimizer_implementation.value == "fused"  # a stated implementation wins
+
+
 def test_lists_of_enums_are_read_item_by_item() -> None:
     constraints = ConstraintsIn(frameworks=["FSDP2", "Megatron-LM", "DeepSpeed"])
     assert constraints.frameworks == [Framework.FSDP, Framework.MEGATRON, Framework.DEEPSPEED]
