@@ -111,6 +111,13 @@ def test_gpu_lookup_by_published_name(client: TestClient) -> None:
     ambiguous = client.get("/v1/gpus/h100")
     assert ambiguous.status_code == 404
     assert "h100-sxm-80gb" in ambiguous.json()["detail"]
+    # what nvidia-smi prints for a common lab card (a review's 422: there was no V100 PCIe entry)
+    v100 = client.get("/v1/gpus/Tesla V100-PCIE-32GB").json()
+    assert (v100["name"], v100["peak_flops_per_s"]["fp16"], v100["peak_flops_per_s"]["bf16"]) == (
+        "v100-pcie-32gb",
+        112e12,
+        None,
+    )
 
 
 def test_capacity_compares_every_part_a_family_name_names(client: TestClient) -> None:
