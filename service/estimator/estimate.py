@@ -165,8 +165,18 @@ def attention_core_note(job: Job, layout: Layout) -> str:
     # a bidirectional encoder's kernel runs every key block (flops.causal_keys_per_query)
     region = "whole s x s square (bidirectional)" if job.model.bidirectional else "causal triangle"
     kernel = core_kernel(job, layout)
+    die = job.cluster.gpu.chip or "unstated"
+    if not job.training.gpu_flash_kernels:
+        # SDPA dispatches to its memory-efficient kernel where no flash kernel runs (pre-Ampere NVIDIA)
+        named = f"{attention}: PyTorch's memory-efficient kernel, no FlashAttention-2 on the {die} die"
+        if kernel is None:
+            return f"attention's core ({named}): the {region} at the GEMM rate (no published rate of it)"
+        return (
+            f"attention's core ({named}): the {region} at no more than the slowest fitted die's "
+            f"{kernel.name} rates ({kernel.forward_fraction:.3f} forward, {kernel.backward_fraction:.3f} "
+            "backward of the 16-bit peak) nor the GEMM rate: no rate of it is published"
+        )
     if kernel is None:
-        die = job.cluster.gpu.chip or "unstated"
         return (
             f"attention's core ({attention}): the {region} at the GEMM rate (no published rate of "
             f"{layout.framework}'s kernel in {job.training.precision} on the {die} die)"

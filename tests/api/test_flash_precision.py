@@ -54,3 +54,20 @@ def test_left_out_it_resolves_to_sdpa_and_says_so(client: TestClient, face: str)
             k: v for k, v in answer["resolved_defaults"].items() if k.startswith("training.")
         }
         assert training_defaults == {"training.attention": "sdpa"}
+
+
+@pytest.mark.parametrize(("gpu", "timed"), [("t4-16gb", "slowest fitted die's fa2 rates"), ("v100-sxm2-32gb",
+                         "at the GEMM rate")])  # fmt: skip
+def test_the_attention_note_names_the_kernel_sdpa_runs_without_flash(client: TestClient, gpu: str,
+                                                                      timed: str) -> None:  # fmt: skip
+    """A review's case: on a T4 the note said "sdpa, fa2 kernel" (FlashAttention-2 does not run on
+    sm_75; SDPA dispatches to its memory-efficient kernel) and on a V100 "no published rate of
+    deepspeed's kernel". Both now name PyTorch's memory-efficient kernel and how it was timed."""
+    body = {"model": {"preset": "llama-2-7b"}, "cluster": {"gpu": gpu, "num_gpus": 1},
+            "training": {"seq_len": 2048, "global_batch_size": 16, "method": "qlora"},
+            "layout": {"dp": 1, "micro_batch_size": 1, "recompute": "full"}}  # fmt: skip
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    (note,) = [line for line in response.json()["assumptions"] if line.startswith("attention's core")]
+    assert "PyTorch's memory-efficient kernel, no FlashAttention-2" in note and timed in note
+    assert "fa2 kernel" not in note and "deepspeed's kernel" not in note
