@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -237,6 +238,18 @@ class ModelRef(Strict):
     hf_config: dict[str, Any] | None = None
     architecture: ArchitectureIn | None = None
     name: str | None = Field(default=None, max_length=200, description="label for hf_config/architecture")
+    head: Head | None = Field(
+        default=None,
+        description="preset only: the task head to train instead of the preset's own; an encoder preset "
+        "(bert-*, roberta-*) takes masked_lm, sequence_classification or question_answering (fine-tuning "
+        "it for classification: transformers' *ForSequenceClassification); default: the preset's",
+    )
+    num_labels: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="preset with head sequence_classification: the classifier's labels (default 2)",
+    )
 
     @field_validator("hf_config")
     @classmethod
@@ -274,13 +287,19 @@ class ModelRef(Strict):
         given = [k for k in ("preset", "hf_config", "architecture") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of preset, hf_config, architecture (got {given or 'none'})")
+        if self.preset is None and (self.head is not None or self.num_labels is not None):
+            raise ValueError(
+                "head and num_labels change a preset; hf_config and architecture state their own"
+            )
+        if self.num_labels is not None and self.head is not Head.SEQUENCE_CLASSIFICATION:
+            raise ValueError("num_labels is the classifier's: it needs head sequence_classification")
         return self
 
     def to_domain(self, field: str = "model") -> ModelSpec:
         """Resolve to a ModelSpec; problems name the field under `field`."""
         try:
             if self.preset is not None:
-                return catalog_model(self.preset).spec
+                return self._with_head(catalog_model(self.preset).spec)
             if self.hf_config is not None:
                 return model_from_hf_config(self.hf_config, name=self.name)
             assert self.architecture is not None
@@ -289,12 +308,22 @@ class ModelRef(Strict):
             raise Unprocessable(str(exc), errors=[unknown_entry_error(exc, f"{field}.preset")]) from exc
         except EstimatorError as exc:
             prefix = "hf_config" if self.hf_config is not None else "architecture"
+            if self.preset is not None:  # the head asked of a preset (_with_head)
+                prefix = "head"
             where = exc.field or prefix
             if not where.startswith(prefix):
                 where = f"{prefix}.{where}"
             raise Unprocessable(
                 exc.message, errors=[{"field": f"{field}.{where}", "rule": exc.rule, "message": exc.message}]
             ) from exc
+
+    def _with_head(self, spec: ModelSpec) -> ModelSpec:
+        """The preset with the head the request asks for (ModelSpec refuses an encoder's head on a
+        decoder, and a decoder's on an encoder)."""
+        if self.head is None:
+            return spec
+        labels = self.num_labels if self.num_labels is not None else 2
+        return dataclasses.replace(spec, head=self.head, num_labels=labels)
 
 
 class ResolveRequest(Strict):

@@ -114,3 +114,22 @@ def test_a_sequence_past_a_learned_position_table_is_refused_on_every_path(clien
     roberta = {"model": {"preset": "roberta-base"}, "cluster": cluster,
                "training": {"seq_len": 513, "global_batch_size": 32}}  # fmt: skip
     assert "512 positions" in assert_problem(client.post("/v1/plans", json=roberta), 422)["detail"]
+
+
+def test_an_encoder_preset_trains_the_task_head_asked_for(client: TestClient) -> None:
+    """A review's case: {"preset": "roberta-base", "head": "sequence_classification"} was a 422, so a
+    classification fine-tune needed a whole config.json. RobertaForSequenceClassification with 3
+    labels: the encoder without a pooler (124,055,040) + its head's dense h x h + bias and out_proj
+    h x 3 + bias = 124,647,939."""
+    body = {"model": {"preset": "roberta-base", "head": "sequence_classification", "num_labels": 3},
+            "cluster": {"gpu": "t4-16gb", "num_gpus": 1},
+            "training": {"seq_len": 512, "global_batch_size": 32}, "layout": {"dp": 1}}  # fmt: skip
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["parameters_total"] == 124_055_040 + 768 * 768 + 768 + 768 * 3 + 3
+    decoder = body | {"model": {"preset": "llama-3.2-1b", "head": "sequence_classification"}}
+    assert (
+        assert_problem(client.post("/v1/estimates", json=decoder), 422)["errors"][0]["field"] == "model.head"
+    )
+    labels_alone = body | {"model": {"preset": "roberta-base", "num_labels": 3}}
+    assert_problem(client.post("/v1/estimates", json=labels_alone), 422)
