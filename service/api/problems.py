@@ -123,6 +123,12 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
             loc = (*loc, *refused.field.split("."))
             message = str(refused)  # its words, without pydantic's "Value error, "
         entry: dict[str, Any] = {"field": _field_path(loc), "message": message}
+        if err.get("type") == "json_invalid":
+            # its loc is ("body", character position): the field is the body, the position said
+            at = loc[-1] if loc and isinstance(loc[-1], int) else None
+            why = (err.get("ctx") or {}).get("error")  # json's own words ("Expecting ',' delimiter")
+            message = f"{message}: {why}" if isinstance(why, str) else message
+            entry = {"field": "body", "message": message + ("" if at is None else f" (at character {at})")}
         entry["type"] = err.get("type", "invalid")
         ctx = err.get("ctx") or {}
         limits = {k: v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le", "max_length", "min_length")}
@@ -226,9 +232,36 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(422, detail, slug="validation-error", errors=errors, instance=request.url.path)
 
 
+# FastAPI's answer to a body json.loads raised on with anything but a JSONDecodeError (fastapi/routing.py)
+_UNPARSED_BODY = "There was an error parsing the body"
+
+
+def _unparsed_body_reason(cause: BaseException | None) -> str:
+    """Why json.loads could not read the body, in the client's terms."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"it is not UTF-8 (byte 0x{cause.object[cause.start]:02x} at byte {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "its arrays or objects nest too deep"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "an integer in it has more digits than Python reads (4,300)"
+    return "it is not JSON"
+
+
 async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
+    if status == 400 and exc.detail == _UNPARSED_BODY:
+        # a review's bodies (invalid UTF-8 in a string, a 5,000-digit integer, 5,000 levels of nesting)
+        # got a bare "http-error" without the field, where any other malformed body is malformed-json
+        reason = _unparsed_body_reason(exc.__cause__)
+        errors = [{"field": "body", "message": f"the body cannot be read: {reason}", "type": "json_invalid"}]
+        return problem_response(
+            400,
+            f"Malformed JSON body: {reason}",
+            slug="malformed-json",
+            errors=errors,
+            instance=request.url.path,
+        )
     detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(status).phrase
     if status == 404 and detail == "Not Found":
         detail = f"No route matches {request.method} {request.url.path}"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.helpers import assert_problem
@@ -126,7 +127,27 @@ def test_malformed_json_is_400(client: TestClient) -> None:
     response = client.post(
         "/v1/clusters", content=b'{"name": "x", "num_nodes": ', headers={"content-type": "application/json"}
     )
-    assert_problem(response, 400)
+    problem = assert_problem(response, 400)
+    assert problem["errors"][0]["field"] == "body" and "at character 27" in problem["errors"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b'{"name": "\xff\xfe", "gpu": "h100-sxm-80gb"}', "not UTF-8 (byte 0xff at byte 10)"),
+        (b'{"num_nodes": ' + b"9" * 5000 + b"}", "more digits than Python reads"),
+        (b"[" * 5000 + b"]" * 5000, "nest too deep"),
+    ],
+)
+def test_a_body_json_cannot_read_is_malformed_json_naming_why(
+    client: TestClient, content: bytes, reason: str
+) -> None:
+    """A review's bodies got a bare 400 "http-error" ("There was an error parsing the body") without
+    the errors list any other malformed body carries."""
+    response = client.post("/v1/clusters", content=content, headers={"content-type": "application/json"})
+    problem = assert_problem(response, 400)
+    assert problem["type"].endswith("/malformed-json") and reason in problem["detail"]
+    assert problem["errors"][0]["field"] == "body"
 
 
 def test_huge_body_is_413_and_nothing_is_stored(client: TestClient) -> None:
