@@ -119,9 +119,11 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
         loc = err.get("loc", ())
         refused = (err.get("ctx") or {}).get("error")
         message = err.get("msg", "")
+        limit: int | None = None
         if isinstance(refused, FieldError):  # a model validator's: it names the field it refuses
             loc = (*loc, *refused.field.split("."))
             message = str(refused)  # its words, without pydantic's "Value error, "
+            limit = refused.limit
         entry: dict[str, Any] = {"field": _field_path(loc), "message": message}
         if err.get("type") == "json_invalid":
             # its loc is ("body", character position): the field is the body, the position said
@@ -136,6 +138,8 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
             entry["limit"] = {
                 k: (v if isinstance(v, int | float | str) else str(v)) for k, v in limits.items()
             }
+        elif limit is not None:
+            entry["limit"] = {"le": limit}
         out.append(entry)
     return out
 
@@ -210,7 +214,10 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _estimator_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, EstimatorError)
-    errors = [{"field": exc.field or "body", "rule": exc.rule, "message": exc.message}]
+    error: dict[str, Any] = {"field": exc.field or "body", "rule": exc.rule, "message": exc.message}
+    if exc.limit is not None:
+        error["limit"] = {"le": exc.limit}  # as pydantic's bounds say theirs
+    errors = [error]
     return problem_response(422, exc.message, slug=exc.rule, errors=errors, instance=request.url.path)
 
 

@@ -173,6 +173,7 @@ class ClusterShape(Strict):
                 f"{MAX_GPUS.limit:,} the planner handles (16x the largest published run: "
                 f"{MAX_GPUS.reference})",
                 "num_nodes",
+                MAX_GPUS.limit,
             )
         return self
 

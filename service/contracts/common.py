@@ -140,9 +140,10 @@ class FieldError(ValueError):
     raised in a model validator it would otherwise locate at the model itself ("body"); the problem's
     ``errors`` name ``field`` under the model (``api.problems``)."""
 
-    def __init__(self, message: str, field: str) -> None:
+    def __init__(self, message: str, field: str, limit: int | None = None) -> None:
         super().__init__(message)
         self.field = field
+        self.limit = limit  # the most the field's quantity may be, where the rule is an upper bound
 
 
 def _refuse_nul(value: Any, where: str = "") -> None:

@@ -226,7 +226,7 @@ class LayoutIn(Strict):
             return Layout(**fields)
         except InvalidLayout as exc:  # named as the request body names it
             field = None if exc.field is None else f"layout.{exc.field}"
-            raise InvalidLayout(exc.message, rule=exc.rule, field=field) from exc
+            raise exc.at(field) from exc
 
 
 class EstimateRequest(Strict):

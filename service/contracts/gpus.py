@@ -166,7 +166,7 @@ class CustomGPU(Strict):
             return self._to_domain()
         except InvalidHardware as exc:
             located = field if exc.field is None else f"{field}.{exc.field}"
-            raise InvalidHardware(exc.message, rule=exc.rule, field=located) from exc
+            raise exc.at(located) from exc
 
     def _to_domain(self) -> GPUSpec:
         pcie, intra, defaulted = self._links()

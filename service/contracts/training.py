@@ -144,7 +144,7 @@ class TrainingIn(Strict):
             return training if gpu is None else for_gpu(training, gpu)
         except InvalidTraining as exc:
             field = None if exc.field is None else f"training.{exc.field}"
-            raise InvalidTraining(exc.message, rule=exc.rule, field=field) from exc
+            raise exc.at(field) from exc
 
     def _to_domain(self, model: ModelSpec | None) -> TrainingSpec:
         if self.method is Method.FULL:

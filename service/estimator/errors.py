@@ -1,18 +1,28 @@
 """Domain errors of the estimator; each message quotes the numbers that broke the rule."""
 
+from __future__ import annotations
+
 
 class EstimatorError(ValueError):
     """Base of every error the estimator raises on bad input.
 
     `rule` is a short stable slug naming the violated rule (e.g. ``world_size``) and `field`
-    the input it concerns, so the web shell can turn it into a problem+json ``errors`` entry.
+    the input it concerns, so the web shell can turn it into a problem+json ``errors`` entry;
+    `limit` the most the input may be, where the rule is an upper bound.
     """
 
-    def __init__(self, message: str, *, rule: str = "invalid", field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, rule: str = "invalid", field: str | None = None, limit: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.rule = rule
         self.field = field
+        self.limit = limit
+
+    def at(self, field: str | None) -> EstimatorError:
+        """The same error about ``field`` (as the request body names the input)."""
+        return type(self)(self.message, rule=self.rule, field=field, limit=self.limit)
 
 
 class InvalidModel(EstimatorError):

@@ -19,6 +19,7 @@ class ScaleLimit:
     field: str  # as the request body names it
     limit: int
     reference: str  # the largest published figure the limit is a multiple of
+    quantity: str = ""  # what is bounded where the field is one factor of it
 
 
 # 8 x the deepest published dense LLMs: Megatron-Turing NLG 530B has 105 layers (arXiv:2201.11990),
@@ -34,10 +35,13 @@ MAX_SEQ_LEN = ScaleLimit("training.seq_len", 4_194_304, "Large World Model: 1,04
 MAX_TOKENS_PER_STEP = ScaleLimit(
     "training.global_batch_size",
     1_073_741_824,
-    "DeepSeek-V3: 63M tokens per step (seq_len x global_batch_size)",
+    "DeepSeek-V3: 63M tokens per step",
+    "tokens per step (seq_len x global_batch_size)",
 )
 # 16 x the largest published training run: Llama 3 405B on 16,384 H100 (arXiv:2407.21783 Table 4).
-MAX_GPUS = ScaleLimit("cluster.num_nodes", 262_144, "Llama 3 405B: 16,384 GPUs (num_nodes x gpus_per_node)")
+MAX_GPUS = ScaleLimit(
+    "cluster.num_nodes", 262_144, "Llama 3 405B: 16,384 GPUs", "GPUs (num_nodes x gpus_per_node)"
+)
 
 SCALE_LIMITS = (MAX_LAYERS, MAX_EXPERTS, MAX_SEQ_LEN, MAX_TOKENS_PER_STEP, MAX_GPUS)
 
@@ -63,10 +67,12 @@ def scale_violation(
         checks.append((MAX_GPUS, cluster.world_size, InvalidHardware))
     for bound, value, error in checks:
         if value > bound.limit:
+            what = f" {bound.quantity}" if bound.quantity else ""
             return error(
-                f"{bound.field}: {value:,} is past the {bound.limit:,} this service plans for "
+                f"{bound.field}: {value:,}{what} is past the {bound.limit:,} this service plans for "
                 f"(the largest published: {bound.reference})",
                 rule="scale",
                 field=bound.field,
+                limit=bound.limit,
             )
     return None

@@ -88,15 +88,21 @@ def _check_searched_scale(request: CapacityRequest, gpus: list[GPUSpec]) -> None
             f"at_gpus: {request.at_gpus:,} is past the {limit:,} GPUs this service plans for (the largest "
             f"published: {MAX_GPUS.reference})"
         )
-        raise Unprocessable(message, errors=[{"field": "at_gpus", "message": message}])
+        raise Unprocessable(
+            message, errors=[{"field": "at_gpus", "message": message, "limit": {"le": limit}}]
+        )
     largest = max(default_cluster(gpu, request.max_nodes, request.gpus_per_node).world_size for gpu in gpus)
     if largest > limit:
+        most = limit // (largest // request.max_nodes)
         message = (
             f"max_nodes: {request.max_nodes:,} nodes of up to {largest // request.max_nodes} GPUs are "
             f"{largest:,} GPUs, past the {limit:,} this service plans for (the largest published: "
-            f"{MAX_GPUS.reference}); at most {limit // (largest // request.max_nodes):,} nodes"
+            f"{MAX_GPUS.reference}); at most {most:,} nodes"
         )
-        raise Unprocessable(message, errors=[{"field": "max_nodes", "message": message}])
+        most = limit // (largest // request.max_nodes)
+        raise Unprocessable(
+            message, errors=[{"field": "max_nodes", "message": message, "limit": {"le": most}}]
+        )
 
 
 def _calibrated(

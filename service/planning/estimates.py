@@ -211,7 +211,7 @@ def located(exc: EstimatorError) -> EstimatorError:
         field = f"layout.{field}"
     elif field in TRAINING_FIELDS:
         field = f"training.{field}"
-    return type(exc)(exc.message, rule=exc.rule, field=field or None)
+    return exc.at(field or None)
 
 
 def estimate_out(

@@ -253,7 +253,11 @@ def too_big_to_plan(
     }
     ranked = sorted(values.items(), key=lambda kv: -kv[1][0] / kv[1][1].limit)
     errors = [
-        {"field": name, "message": f"{value:,} ({bound.reference})", "type": "too_big_to_plan"}
+        {
+            "field": name,
+            "message": f"{value:,}{f' {bound.quantity}' if bound.quantity else ''} ({bound.reference})",
+            "type": "too_big_to_plan",
+        }
         for name, (value, bound) in ranked[:2]
     ]
     return Unprocessable(

@@ -54,7 +54,20 @@ def test_a_cluster_no_request_could_use_is_not_stored(client: TestClient) -> Non
     problem = assert_problem(response, 422)
     assert problem["errors"][0]["field"].endswith("num_nodes"), problem
     assert "262,144" in problem["errors"][0]["message"]
+    assert problem["errors"][0]["limit"] == {"le": 262_144}  # machine-readable, as pydantic's bounds
     assert client.get("/v1/clusters").json()["items"] == []
+
+
+def test_a_job_past_the_scale_limits_names_the_quantity_and_its_limit(client: TestClient) -> None:
+    """A review's case: seq_len 131072 x global_batch_size 16384 said "training.global_batch_size:
+    2,147,483,648 is past ...": that is tokens per step, not the batch. It says which it is, and the
+    limit comes machine-readable."""
+    body = {"model": {"preset": "llama-3.1-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 2,
+            "gpus_per_node": 8}, "training": {"seq_len": 131_072, "global_batch_size": 16_384}}  # fmt: skip
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)
+    assert "2,147,483,648 tokens per step (seq_len x global_batch_size)" in problem["detail"]
+    assert problem["errors"][0]["field"] == "training.global_batch_size"
+    assert problem["errors"][0]["limit"] == {"le": 1_073_741_824}
 
 
 def test_a_timestamp_utc_cannot_hold_is_a_422(client: TestClient) -> None:
@@ -108,6 +121,7 @@ def test_a_capacity_sweep_past_the_gpus_a_plan_may_have_is_refused_before_any_se
     }
     problem = assert_problem(client.post("/v1/capacity", json=body | {"max_nodes": 100_000}), 422)
     assert problem["errors"][0]["field"] == "max_nodes" and "at most 32,768 nodes" in problem["detail"]
+    assert problem["errors"][0]["limit"] == {"le": 32_768}
     problem = assert_problem(client.post("/v1/capacity", json=body | {"at_gpus": 300_000}), 422)
     assert problem["errors"][0]["field"] == "at_gpus" and "262,144" in problem["detail"]
     assert client.post("/v1/capacity", json=body | {"max_nodes": 32_768}).status_code == 200

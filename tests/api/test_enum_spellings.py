@@ -50,7 +50,8 @@ def test_training_spellings(given: dict[str, Any], field: str, value: object) ->
 def test_hf_trainer_optim_names(client: TestClient, optim: str, optimizer: str, implementation: str) -> None:
     training = TrainingIn(**TRAINING, optimizer=optim)
     assert (training.optimizer.value, training.optimizer_implementation.value) == (optimizer, implementation)
-    body = {"model": {"preset": "llama-3.2-1b"}, "cluster": CLUSTER, "training": TRAINING | {"optimizer": optim},
+    body = {"model": {"preset": "llama-3.2-1b"}, "cluster": CLUSTER,
+            "training": TRAINING | {"optimizer": optim},
             "layout": {"framework": "fsdp", "dp": 8, "zero_stage": 3}}  # fmt: skip
     response = client.post("/v1/estimates", json=body)
     assert response.status_code == 200, response.text
