@@ -106,7 +106,10 @@ class _Fields:
         key, value = self._lookup(keys)
         if value is _MISSING or value is None:
             raise self._error(key, "is required")
-        return self._as_int(key, value)
+        number = self._as_int(key, value)
+        if number < 1:  # named as the config names it (ModelSpec's own check names its field: num_layers)
+            raise self._error(key, f"must be >= 1, got {number}")
+        return number
 
     def int_or(self, key: str, default: int) -> int:
         value = self.raw.get(key)

@@ -112,6 +112,11 @@ def test_bad_architecture_names_the_field(client: TestClient) -> None:
         client.post("/v1/models/resolve", json={"model": {"hf_config": unsupported}}), 422
     )
     assert problem["errors"][0]["field"] == "model.hf_config.model_type"
+    # a review's case: a zero config key was named by ModelSpec's field (hf_config.num_layers)
+    zero = {"model_type": "llama", "num_hidden_layers": 0, "hidden_size": 512, "num_attention_heads": 8,
+            "intermediate_size": 1024, "vocab_size": 1000}  # fmt: skip
+    problem = assert_problem(client.post("/v1/models/resolve", json={"model": {"hf_config": zero}}), 422)
+    assert problem["errors"][0]["field"] == "model.hf_config.num_hidden_layers"
 
 
 def test_pp_that_does_not_divide_layers_splits_unevenly(client: TestClient) -> None:
