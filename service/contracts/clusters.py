@@ -98,7 +98,10 @@ class ClusterShape(Strict):
         default=None,
         ge=MIN_BANDWIDTH_BYTES_PER_S,
         le=MAX_BANDWIDTH_BYTES_PER_S,
-        description="each GPU's share of the node's network; required when num_nodes > 1",
+        description="each GPU's share of the node's network, one direction (4 x 400 Gb/s NICs for 8 GPUs: "
+        "25e9). Left out on more than one node: the network of the node the GPU ships in (the catalog's "
+        "reference system: H100 SXM's DGX H100, 50e9), said in the answer's defaulted list; required for a "
+        "GPU without one (a PCIe card, a custom GPU)",
     )
     cpu_memory_bytes_per_node: int = Field(default=0, ge=0, le=MAX_MEMORY_BYTES)
     nvme_bytes_per_node: int = Field(default=0, ge=0, le=MAX_NVME_BYTES)
