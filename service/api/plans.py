@@ -1,7 +1,7 @@
 """Plans for schedulers: create (retry-safe), list, fetch, delete; artifacts; observed runs.
 
 The workflow is `service.planning`; this router translates HTTP: the Idempotency-Key header,
-201 with Location, or 200 with Idempotent-Replayed on a retry.
+201 with Location, and Idempotent-Replayed on a retry (the stored answer, its status included).
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ IdempotencyKey = Annotated[
 
 
 def created(response: Response, location: str, replayed: bool) -> None:
-    """201 with Location (the route's status), or 200 and Idempotent-Replayed for a retry."""
+    """201 with Location (the route's status), and Idempotent-Replayed for a retry: a retry gets the
+    answer the first request got, status included (draft-ietf-httpapi-idempotency-key-header: the
+    resource's 201 and Location; api.md: POST /v1/plans -> 201 + Location), so a client that checks
+    for 201 is not told a retried create failed (a review's case: replays answered 200)."""
     response.headers["Location"] = location
     if replayed:
-        response.status_code = status.HTTP_200_OK
         response.headers["Idempotent-Replayed"] = "true"
 
 
@@ -73,7 +75,6 @@ QueryTime = Annotated[datetime, BeforeValidator(date_time_only), AfterValidator(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=PlanOut,
-    responses={200: {"description": "a retry with the same Idempotency-Key and body: the stored plan"}},
 )
 def create_plan(
     body: PlanRequest,

@@ -151,7 +151,7 @@ def test_an_out_of_memory_run_makes_the_next_plan_more_conservative(client: Test
 def test_idempotency_key_replays_and_refuses_another_body(client: TestClient) -> None:
     first = create(client, plan_body(), key="job-42")
     replay = client.post("/v1/plans", json=plan_body(), headers={"Idempotency-Key": "job-42"})
-    assert replay.status_code == 200
+    assert replay.status_code == 201 and replay.headers["location"] == f"/v1/plans/{first['id']}"
     assert replay.headers["idempotent-replayed"] == "true"
     assert replay.json() == first
     other = plan_body(training={"seq_len": 512, "global_batch_size": 64})
@@ -260,7 +260,7 @@ def test_run_retries_with_one_key_are_stored_once(client: TestClient) -> None:
     first = client.post(f"/v1/plans/{plan['id']}/runs", json=run, headers=headers)
     assert first.status_code == 201
     again = client.post(f"/v1/plans/{plan['id']}/runs", json=run, headers=headers)
-    assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
+    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
     assert again.json()["id"] == first.json()["id"]
     assert again.headers["location"] == first.headers["location"]
     assert client.get(first.headers["location"]).json()["id"] == first.json()["id"]

@@ -75,7 +75,8 @@ def test_an_idempotency_key_holds_across_replicas(replicas: tuple[httpx.Client, 
     headers = {"Idempotency-Key": "replicas-1"}
     with ThreadPoolExecutor(4) as pool:  # the same retried request lands on both replicas at once
         responses = list(pool.map(lambda c: c.post("/v1/plans", json=BODY, headers=headers), [a, b, a, b]))
-    assert sorted(r.status_code for r in responses) == [200, 200, 200, 201], [r.text for r in responses]
+    assert [r.status_code for r in responses] == [201] * 4, [r.text for r in responses]
+    assert sorted(r.headers.get("idempotent-replayed", "") for r in responses) == ["", "true", "true", "true"]
     assert len({r.json()["id"] for r in responses}) == 1
     plan_id = responses[0].json()["id"]
     for client in (a, b):
