@@ -116,13 +116,19 @@ def dp_overlapped(job: Job, layout: Layout) -> bool:
     return dp_overlap_default(job.tuning, layout.framework)
 
 
+def replicated_bucket_calls(job: Job, layout: Layout, parameters: float) -> int:
+    """Collectives of one reduction (or gather) of ``parameters`` in the framework's buckets: at least
+    one (Megatron without overlap reduces everything in one bucket, whose size is unbounded)."""
+    return max(1, math.ceil(parameters / replicated_bucket_elements(job, layout)))
+
+
 def dp_grad_reduce_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
     """One reduction of ``parameters`` gradients over the DP ``link`` in the framework's buckets:
     all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, dist-opt)."""
     if job.training.method is not Method.FULL:
         return 0.0  # LoRA: only the adapters' gradients are reduced; negligible next to the base
     grad_size = parameters * grad_reduce_bytes(job.training.precision, layout)
-    calls = math.ceil(parameters / replicated_bucket_elements(job, layout))
+    calls = replicated_bucket_calls(job, layout, parameters)
     return bucketed_s(grad_reduce_collective(layout), grad_size, link, calls)
 
 
@@ -143,7 +149,7 @@ def dp_param_gather_s(job: Job, layout: Layout, parameters: float, link: comm.Li
     if job.training.method is not Method.FULL or layout.zero_stage not in (1, 2):
         return 0.0
     size = parameters * gathered_bytes_per_parameter(job, layout)
-    calls = math.ceil(parameters / replicated_bucket_elements(job, layout))
+    calls = replicated_bucket_calls(job, layout, parameters)
     return bucketed_s(comm.group_all_gather_s, size, link, calls)
 
 

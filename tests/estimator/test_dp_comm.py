@@ -337,3 +337,20 @@ def test_ddp_bucket_copy_is_linear_in_parameters_and_in_gradient_bytes(parameter
     # the 2 of a bf16 model
     assert copy_s(Precision.FP32, parameters) == pytest.approx(copy_s(Precision.BF16, parameters))
     assert copy_s(Precision.FP32, parameters) == pytest.approx(2 * copy_s(Precision.BF16_PURE, parameters))
+
+
+def test_one_unbounded_bucket_is_one_collective() -> None:
+    """Megatron without overlap reduces every gradient in one bucket (its size unbounded): one
+    collective, its latency once. ceil(P / inf) made it zero calls, and bucketed_s then took one
+    latency off the collective (a network review: 89 us short on two nodes)."""
+    cl = h100s(16)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    layout = Layout(framework=Framework.MEGATRON, dp=16, zero_stage=1, overlap_grad_reduce=False)
+    j = job(LLAMA_8B, cl, training)
+    link = dp_comm.group_links(j, layout).dp
+    parameters = 8e9
+    size = parameters * 2  # the recipes' bf16 gradient buffer
+    assert dp_comm.replicated_bucket_calls(j, layout, parameters) == 1
+    assert dp_comm.dp_grad_reduce_s(j, layout, parameters, link) == pytest.approx(
+        comm.group_reduce_scatter_s(size, link)
+    )
