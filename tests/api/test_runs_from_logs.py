@@ -171,7 +171,11 @@ def test_a_retried_log_is_stored_once(client: TestClient, plan: dict[str, Any]) 
     body = {"log": log("deepspeed")}
     first = client.post(url, json=body, headers={"Idempotency-Key": "log-1"})
     again = client.post(url, json=body, headers={"Idempotency-Key": "log-1"})
-    assert first.status_code == 201 and again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert (
+        first.status_code == 201
+        and again.status_code == 201
+        and again.headers["idempotent-replayed"] == "true"
+    )
     assert again.json()["id"] == first.json()["id"] and again.json()["source"] == first.json()["source"]
     assert len(client.get(url).json()["items"]) == 1
 
