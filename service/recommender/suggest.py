@@ -718,7 +718,16 @@ class _Ask:
             within = tuple(d for d in divisors(node) if cluster.gpus_per_node < d < node)
             counts = within + node_ladder(grown, 1, max_gpus=MAX_SUGGESTED_GPUS)
             return self._fewest("more_gpus", grown, counts, budget)
-        counts = node_ladder(cluster, cluster.num_nodes + 1, max_gpus=MAX_SUGGESTED_GPUS)
+        cap = self.constraints.max_gpus
+        if cap is not None and cap < cluster.world_size:
+            # the search stopped at constraints.max_gpus, not at the cluster: the fewest past it, the
+            # cluster's own GPUs first (a review's 70B on 64 H100s capped at 4 was told 72, where 16
+            # of its 64 fit)
+            within = tuple(d for d in divisors(cluster.gpus_per_node) if cap < d < cluster.gpus_per_node)
+            ladder = node_ladder(cluster, 1, max_gpus=MAX_SUGGESTED_GPUS)
+            counts = within + tuple(c for c in ladder if c > cap)
+        else:
+            counts = node_ladder(cluster, cluster.num_nodes + 1, max_gpus=MAX_SUGGESTED_GPUS)
         return self._fewest("more_gpus", with_gpu(cluster, cluster.gpu), counts, budget)
 
     def other_gpu(self, gpu: GPUSpec, budget: Budget) -> list[Suggestion]:

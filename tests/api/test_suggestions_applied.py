@@ -66,6 +66,22 @@ def test_more_gpus_past_max_gpus_say_so(client: TestClient) -> None:
             assert "past constraints.max_gpus 16: raise it" in suggestion["detail"], suggestion
 
 
+def test_more_gpus_under_a_cap_below_the_cluster_climb_from_the_cap(client: TestClient) -> None:
+    """A recommendation review: 70B on 64 H100s with max_gpus 4 was told "72 x h100-sxm-80gb ... past
+    constraints.max_gpus 4" (more than the cluster has): the climb began past the cluster, not past
+    the cap the search stopped at. 16 of its 64 fit (a plan with max_gpus 16 is feasible)."""
+    body = {
+        "model": {"preset": "llama-3.1-70b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+        "training": {"seq_len": 4096, "global_batch_size": 256},
+        "constraints": {"max_gpus": 4},
+    }
+    (more,) = [s for s in _plan(client, body)["suggestions"] if s["kind"] == "more_gpus"]
+    assert more["num_gpus"] == 16 and "past constraints.max_gpus 4: raise it" in more["detail"], more
+    raised = client.post("/v1/plans", json=body | {"constraints": {"max_gpus": 16}})
+    assert raised.status_code == 201 and raised.json()["status"] == "feasible"
+
+
 def test_offload_suggested_within_what_a_node_may_state(client: TestClient) -> None:
     huge = {
         "model_type": "llama", "num_hidden_layers": 200, "hidden_size": 32768, "num_attention_heads": 256,
