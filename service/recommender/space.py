@@ -75,6 +75,11 @@ from service.frameworks import (
 from service.launchers import data_parallel_only, framework_job_refusal, framework_structure_refusal
 
 MAX_CP = 32  # context parallelism beyond 32 ranks only pays off past the catalog's context lengths
+# Splits the search leaves out by its own choice, not a rule: an estimate of one answers. (They were
+# logged "invalid: tp_node" and "invalid: cp_seq", the latter the name of the validator's sequence
+# rule, though the estimate accepted both: a recommendation review.)
+TP_ACROSS_NODES = "not searched: tp across nodes"
+CP_PAST_MAX = "not searched: cp past the largest tried"
 MAX_VIRTUAL_STAGES = 8  # interleaving deeper than 8 chunks costs more p2p than its bubble saves
 # fastest first: core attention only, then the matmuls per-op AC does not save, then whole layers
 RECOMPUTE_COST_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.SELECTIVE_OP, Recompute.FULL)
@@ -269,9 +274,10 @@ def structures(
             example = Layout(dp=rest, tp=tp, pp=pp)
             if tp > cluster.gpus_per_node:
                 detail = (
-                    f"tp ({tp}) > GPUs per node ({cluster.gpus_per_node}): TP all-reduces would cross nodes"
+                    f"tp ({tp}) > GPUs per node ({cluster.gpus_per_node}): the search proposes no TP whose "
+                    "all-reduces cross nodes (an estimate of one answers, with a warning)"
                 )
-                log.add("invalid: tp_node", len(cps), example, detail)
+                log.add(TP_ACROSS_NODES, len(cps), example, detail)
                 continue
             violation = (
                 tensor_parallel_violation(model, tp)
@@ -285,8 +291,11 @@ def structures(
             beyond = [cp for cp in cps if cp > MAX_CP]
             if beyond:
                 wide = Layout(dp=rest // beyond[0], tp=tp, pp=pp, cp=beyond[0])
-                detail = f"cp ({beyond[0]}) > {MAX_CP}, the largest context-parallel degree the search tries"
-                log.add("invalid: cp_seq", len(beyond), wide, detail)
+                detail = (
+                    f"cp ({beyond[0]}) > {MAX_CP}, the largest context-parallel degree the search tries (an "
+                    "estimate of one answers)"
+                )
+                log.add(CP_PAST_MAX, len(beyond), wide, detail)
             for cp in cps:
                 if cp > MAX_CP:
                     break

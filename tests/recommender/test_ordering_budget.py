@@ -11,7 +11,7 @@ import service.recommender as recommender
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.types import TrainingSpec
-from service.recommender import Constraints, recommend
+from service.recommender import Constraints, recommend, space
 from service.recommender.budget import Budget
 from tests.recommender.helpers import cluster
 
@@ -77,6 +77,6 @@ def test_a_splits_rejection_shows_its_example_in_a_requested_framework() -> None
     found = recommend(model("llama-3.1-8b").spec, cluster(nodes=8), training, only, default_tuning(),
                       with_suggestions=False)  # fmt: skip
     reasons = {r.reason: r for r in found.rejected}
-    assert {"invalid: tp_node", "invalid: cp_seq"} <= set(reasons)
+    assert {space.TP_ACROSS_NODES, space.CP_PAST_MAX} <= set(reasons)
     assert {r.example.framework for r in found.rejected} == {Framework.MEGATRON}
-    assert "the largest context-parallel degree the search tries" in reasons["invalid: cp_seq"].detail
+    assert "the largest context-parallel degree the search tries" in reasons[space.CP_PAST_MAX].detail

@@ -31,6 +31,7 @@ from service.recommender import (
     _Search,
     _structures,
     _viable_structures,
+    space,
 )
 from service.recommender.budget import Budget
 from service.recommender.capacity import capacity
@@ -146,7 +147,7 @@ def test_the_splits_memo_logs_what_the_generator_logs() -> None:
         job = make_job(spec, sub_cluster(c, 32), training, default_tuning())
         direct, memoised = RejectionLog(), RejectionLog()
         for log in (direct, memoised):
-            log.add("invalid: tp_node", 3, Layout(dp=1, tp=16), "logged before")
+            log.add(space.TP_ACROSS_NODES, 3, Layout(dp=1, tp=16), "logged before")
         expected = []
         for gpus in (32, 24, 32):
             expected += list(structures(spec, c, job.training, gpus, direct))

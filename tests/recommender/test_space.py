@@ -18,6 +18,7 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from service.estimator.validate import divisors, validate_layout
+from service.recommender import space
 from service.recommender.space import (
     OffloadDevices,
     RejectionLog,
@@ -58,7 +59,7 @@ def test_structures_respect_the_rules() -> None:
     # every pp: 126 = 2 x 63 divides by 1 and 2 only, the others split unevenly (Llama 3's 7, 8 x 14,
     # 7 on 16 stages); on 128 stages the first holds only the embedding and the last only the loss
     assert {s.pp for s in found} == {1, 2, 4, 8, 16, 32, 64, 128}
-    assert log.groups["invalid: tp_node"].count > 0
+    assert log.groups[space.TP_ACROSS_NODES].count > 0
     small = list(structures(dataclasses.replace(spec, num_layers=60), cluster(nodes=16), training, 128, log))
     assert max(s.pp for s in small) == 32  # 62 units do not cover 64 stages (pp > layers: not logged)
 
