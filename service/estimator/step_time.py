@@ -1373,8 +1373,15 @@ def pp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     # b s h / t bytes: Megatron's scatter/gather (or SP) splits the boundary tensor over tp
     size_bytes = base.tokens * job.model.hidden_size * element_bytes(job.training.precision) / layout.tp
     link = base.links.pp
-    one = comm.p2p_s(size_bytes, link.bandwidth_bytes_per_s, link.latency_s)
-    sends_s = 2 * layout.virtual_pipeline_stages * base.micro_batches * one
+    across = comm.p2p_s(size_bytes, link.bandwidth_bytes_per_s, link.latency_s)
+    # a stage sends its activations forward and its gradients back each micro-batch (and chunk). With
+    # several stages to a node (ranks ordered tp, cp, dp, pp) only the node's edge stages send across
+    # it, one of their two sends: the busiest stage pays one send over the network and one inside
+    # its node (a network review: 2 nodes of tp 4 x pp 2 were charged every send at network speed)
+    inside = across
+    if link.spans_nodes and link.ranks_per_node > 1:
+        inside = comm.p2p_s(size_bytes, link.intra_bandwidth_bytes_per_s, link.intra_latency_s)
+    sends_s = layout.virtual_pipeline_stages * base.micro_batches * (across + inside)
     return sends_s + tied_embedding_reduce_s(job, layout)
 
 

@@ -354,3 +354,21 @@ def test_one_unbounded_bucket_is_one_collective() -> None:
     assert dp_comm.dp_grad_reduce_s(j, layout, parameters, link) == pytest.approx(
         comm.group_reduce_scatter_s(size, link)
     )
+
+
+def test_pipeline_sends_cross_the_network_only_at_a_nodes_edge() -> None:
+    """tp 4 x pp 4 on 2 nodes of 8: stages 0-1 on one node, 2-3 on the other. The busiest stage sends
+    one boundary over the network and the other over NVLink each micro-batch (a network review: every
+    send was charged at network speed); one stage per node sends both across."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=16)
+    packed = Layout(framework=Framework.MEGATRON, tp=4, pp=4, zero_stage=1, sequence_parallel=True)
+    j = job(LLAMA_8B, h100s(16), training)
+    base = step_base(j, packed)
+    link = base.links.pp
+    assert link.spans_nodes and link.ranks_per_node == 2
+    size = base.tokens * LLAMA_8B.hidden_size * 2 / 4
+    across = comm.p2p_s(size, link.bandwidth_bytes_per_s, link.latency_s)
+    inside = comm.p2p_s(size, link.intra_bandwidth_bytes_per_s, link.intra_latency_s)
+    parts = step_parts(j, packed)
+    assert parts.pp_comm_s == pytest.approx(base.micro_batches * (across + inside))
+    assert inside < across
