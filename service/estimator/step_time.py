@@ -235,8 +235,10 @@ def gpu_parameters(job: Job, layout: Layout) -> float:
     return max(dense + experts for dense, experts in stage_gpu_parameter_groups(job, layout))
 
 
-def stage_gpu_parameter_groups(job: Job, layout: Layout) -> list[tuple[float, float]]:
-    """(dense, routed experts) parameters on one GPU of each stage before ZeRO sharding."""
+@layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")
+def stage_gpu_parameter_groups(job: Job, layout: Layout) -> tuple[tuple[float, float], ...]:
+    """(dense, routed experts) parameters on one GPU of each stage before ZeRO sharding (memoised:
+    ``gpu_parameters`` and every sharding's ``zero_gpu_parameters`` read it)."""
     # Each stage's routed experts are those of the MoE layers it holds (every layer_frequency-th
     # layer), so with ep > 1 or uneven MoE layers the most loaded GPU is found per stage.
     experts_per_layer = job.counts.experts_per_moe_layer
@@ -246,7 +248,7 @@ def stage_gpu_parameter_groups(job: Job, layout: Layout) -> list[tuple[float, fl
     for params, kinds in stages:
         experts = experts_per_layer * moe_layers_of(kinds)
         groups.append(((params - experts) / layout.tp, experts / (layout.ep * layout.expert_tp)))
-    return groups
+    return tuple(groups)
 
 
 def stage_gpu_parameters(stage_params: int, experts: int, layout: Layout) -> float:
@@ -1459,7 +1461,11 @@ def sharded_parameters(job: Job, layout: Layout, parts: StepParts) -> float:
     """Parameters whose optimizer state this GPU owns: all of them, or under ZeRO >= 1 its shard of
     them as the model states hold it (``model_states.shard_degrees``: the dense ones over dp x cp, or
     one HSDP replica of them; the routed experts over expert-DP)."""
-    return parts.parameters if layout.zero_stage == 0 else zero_gpu_parameters(job, layout)
+    if layout.zero_stage == 0:
+        return parts.parameters
+    if job.model.moe is None:  # no routed experts: every stage shards over the one dense group
+        return parts.parameters / shard_degrees(layout, job.cluster)[0]
+    return zero_gpu_parameters(job, layout)
 
 
 @layout_memo(*PIPELINE_FIELDS, *SHARD_GROUP_FIELDS)
