@@ -67,7 +67,12 @@ def _mixed_precision(plan: Plan) -> str:
         return "no"  # tf32: fp32, with the launch script's TF32 switch (common.tf32_environment)
     if precision is Precision.FP16:
         return "fp16"
-    return "bf16"  # bf16_pure: the script loads the model in bf16 (fp8 is refused)
+    if precision is Precision.BF16_PURE:
+        # accelerate's FSDP2 upcasts every parameter to fp32 under any mixed precision
+        # (utils/fsdp_utils.py: param.data = param.data.to(torch.float32) where mixed_precision != "no"):
+        # pure bf16 trains with none, the model loaded in bf16 (a launch review)
+        return "no"
+    return "bf16"  # fp8 is refused
 
 
 def refusal(plan: Plan) -> Refusal:
@@ -166,15 +171,18 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
         )
     if lo.recompute is Recompute.SELECTIVE_OP:
         return "per-op selective AC is torchtitan's; Accelerate checkpoints whole decoder layers"
-    if lo.tp_comm_overlap:
-        # the estimate hides TP communication that Accelerate's TP would leave exposed
-        return "Async TP (tp_comm_overlap) is torchtitan's; Accelerate's TP has no switch for it"
-    if lo.tp > 1 and lo.sequence_parallel:
-        # transformers' tp_plan (LlamaConfig.base_model_tp_plan, "colwise"/"rowwise" only) splits the
-        # projections; the norms' and dropouts' activations stay whole on every TP rank
+    if lo.tp > 1:
+        # Accelerate's parallelism_config TP needs the model split by transformers on its device mesh
+        # (accelerate's examples/torch_native_parallelism/nd_parallel.py: from_pretrained(...,
+        # tp_size, tp_plan="auto", device_mesh=accelerator.torch_device_mesh)). transformers 5.24 turns
+        # tp_size / tp_plan into DistributedConfig(tp_plan, tp_size) and loads on its own (pp, fsdp, tp)
+        # mesh, fsdp_size 1, in place of the mesh given (modeling_utils.py from_pretrained:
+        # mesh_manager.get_mesh(("pp", "fsdp", "tp"))), refusing a world larger than tp
+        # (distributed/utils.py: "The parallel mesh requires ... processes"); and FSDP2 over tp ranks
+        # alone has no dimension to shard (parallelism_config.py). A launch review reproduced it.
         return (
-            "sequence parallelism: Accelerate's TP is transformers' tp_plan, which splits the projections "
-            "only (estimate with sequence_parallel false)"
+            f"tp={lo.tp} with FSDP: transformers 5.24 loads a tensor-parallel model on its own mesh of "
+            "the tp ranks, not on Accelerate's parallelism_config mesh, so its FSDP with TP does not start"
         )
     if plan.training.method is Method.QLORA and (lo.cp > 1 or hsdp_replicas(lo, plan.cluster) > 1):
         # QLoRA runs on FSDP1 here (_fsdp_version); the parallelism_config's meshes are FSDP2's
@@ -448,17 +456,6 @@ def _script_duties(plan: Plan) -> str:
             "(training.optimizer_implementation); torch.optim's default on CUDA is foreach, which makes a "
             "temporary of the trainable parameters' size during the step."
         )
-    if lo.tp > 1:
-        text += (
-            f"\ntp={lo.tp}: {TRAIN_SCRIPT} must load the model with from_pretrained(..., tp_size={lo.tp}, "
-            "tp_plan='auto', device_mesh=accelerator.torch_device_mesh): transformers shards it; without "
-            "them the model is not split and the estimate does not hold."
-        )
-        if plan.training.method is Method.LORA:
-            text += (
-                "\nlora with tp: PEFT >= 0.21.1 with transformers >= 5.17.0 (adapters on transformers' "
-                "tensor-parallel layers, PEFT 0.21.1's release)."
-            )
     if lo.cp > 1:
         text += (
             f"\ncp={lo.cp}: {TRAIN_SCRIPT} must run each forward and backward inside "
@@ -494,13 +491,26 @@ def _batch_duty(plan: Plan) -> str:
     and a missing accelerator.accumulate() trained another global batch than the one estimated."""
     lo, training = plan.layout, plan.training
     steps = accumulation(plan)
-    return (
+    text = (
         f"\nbatch: {TRAIN_SCRIPT}'s DataLoader must give each process micro-batches of {lo.micro_batch_size} "
         f"sequences of {training.seq_len} tokens, and each step must run inside "
         f"accelerator.accumulate(model): with {ACCUMULATION_ENV}={steps} (exported below) the Accelerator "
         f"steps the optimizer every {steps} micro-batches, a global batch of {lo.micro_batch_size} x "
         f"dp {lo.dp} x {steps} = {training.global_batch_size} sequences, as estimated."
     )
+    if lo.zero_stage >= 2 and steps > 1:
+        # accelerate 1.15 accumulate(): no_sync (set_requires_gradient_sync(False)) on every micro-batch
+        # but the last unless the plugin's sync_each_batch; FSDP2 then keeps each unit's unsharded
+        # gradient (_fsdp_param_group.py: to_accumulated_grad_if_needed) - the whole model's on every
+        # rank, which the estimate (one reduce-scatter a micro-batch, sharded gradients) does not hold
+        # (a launch review: 70B on 32 H100 would keep 263 GiB of fp32 gradients per GPU)
+        text += (
+            f" FSDP shards the gradients only if every micro-batch reduces them: build "
+            f"Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps={steps}, "
+            "sync_each_batch=True)); without sync_each_batch, accumulate() skips the reduce-scatter and "
+            "every rank keeps the whole model's unsharded gradients."
+        )
+    return text
 
 
 def _ulysses_duty(plan: Plan) -> str:
@@ -526,6 +536,12 @@ def duties(plan: Plan) -> str:
     text = peft_header(plan) + _script_duties(plan) + fsdp_reduce_duty(plan, "accelerator")
     if plan.layout.framework is Framework.FSDP:
         text += _batch_duty(plan)
+        if plan.training.precision is Precision.BF16_PURE:
+            text += (
+                f"\nbf16_pure: {TRAIN_SCRIPT} must load the model with from_pretrained(..., "
+                "torch_dtype=torch.bfloat16): mixed_precision is no because Accelerate's FSDP2 upcasts every "
+                "parameter to fp32 under any mixed precision, and the estimate keeps bf16 weights and states."
+            )
     if plan.layout.framework is Framework.DEEPSPEED:
         where = (
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."

@@ -210,6 +210,11 @@ def training_arguments(plan: Plan, config_dir: str = "") -> tuple[dict[str, Any]
         "report_to": "none",
     }
     args |= parallel
+    if "fsdp" in parallel and args["gradient_accumulation_steps"] > 1:
+        # the Trainer skips the gradient sync of every accumulated micro-batch but the last unless
+        # sync_each_batch (trainer.py _inner_training_loop: accelerator.no_sync), and FSDP2 then keeps each
+        # unit's whole unsharded gradient; the estimate reduce-scatters every micro-batch (a launch review)
+        args["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
     return args, files
 
 
@@ -221,6 +226,8 @@ def cli_flags(args: dict[str, Any]) -> list[str]:
             flags.append("--fsdp")  # nargs="?", const=True
         elif isinstance(value, bool):
             flags += [f"--{key}", str(value).lower()]
+        elif isinstance(value, dict):  # a dict field as JSON (TrainingArguments._VALID_DICT_FIELDS)
+            flags += [f"--{key}", json.dumps(value, separators=(",", ":"))]
         else:
             flags += [f"--{key}", str(value)]
     return flags

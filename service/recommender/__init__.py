@@ -497,40 +497,12 @@ def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Lay
     shown = len(result.best) < top_k or admitted <= result.threshold(top_k)
     if shown and not _runs(search, job, result, layout):
         if layout.tp_comm_overlap:
-            # only the torchtitan and megatron targets overlap TP: another launcher (Accelerate)
-            # may run the layout with its TP collectives exposed, at that (slower) time
+            # only the torchtitan and megatron targets overlap TP: another launcher may run the layout
+            # with its TP collectives exposed, at that (slower) time
             return _time_candidate(search, job, result, dataclasses.replace(layout, tp_comm_overlap=False))
-        if (plain := _without_sequence_parallel(search, job, result, layout)) is not None:
-            return _time_candidate(search, job, result, plain)
         return True
     result.keep(family, Scored(layout, job, key, tokens_per_s))
     return False
-
-
-def _without_sequence_parallel(
-    search: _Search, job: Job, result: SearchResult, layout: Layout
-) -> Layout | None:
-    """An FSDP layout with TP, as a launcher without sequence parallelism runs it (Accelerate's TP is
-    transformers' tp_plan: column- and row-wise projections, the norms' and dropouts' activations
-    whole on every TP rank), at the largest of its micro-batch and the smaller valid ones that fits
-    that way; None where none does. (Only at its own micro-batch, a family whose largest fitting
-    micro-batch with SP no longer fit without it was dropped whole: Llama 3.1 405B on 128 A100s,
-    FSDP only, recommended 368 tokens/s without recompute where recompute full at a smaller
-    micro-batch ran at 2,687; a recommendation review.)"""
-    if layout.framework is not Framework.FSDP or layout.tp == 1 or not layout.sequence_parallel:
-        return None
-    plain = dataclasses.replace(layout, sequence_parallel=False, tp_comm_overlap=False)
-    if _violation(job, plain) is not None:
-        return None
-    limit = headroom.allowed_bytes(job.cluster.gpu.memory_bytes, search.constraints.min_headroom_fraction)
-    if result.fits(job, plain, limit):
-        return plain
-    smaller = [m for m in valid_micro_batch_sizes(search.training, plain) if m < plain.micro_batch_size]
-    for micro_batch in reversed(smaller):  # activations grow with the micro-batch: the first that fits
-        candidate = dataclasses.replace(plain, micro_batch_size=micro_batch)
-        if _violation(job, candidate) is None and result.fits(job, candidate, limit):
-            return candidate
-    return None
 
 
 def _admission_key(

@@ -36,6 +36,7 @@ from service.launchers import (
     render,
     torchtitan,
 )
+from service.launchers.common import accumulation
 from tests.launchers import checks
 from tests.launchers.factories import llama3_8b, plan, small_llama, training
 
@@ -302,13 +303,12 @@ def test_torchtitan_renders_async_tp_and_the_others_refuse_it() -> None:
     assert "--compile.enable_async_tensor_parallel" not in vanilla
     with pytest.raises(Unsupported, match="Async TP"):
         torchtitan.train_args(plan(model=llama3_8b(), **(asynctp | {"torch_compile": Compile.NONE})))
-    with pytest.raises(Unsupported, match="Async TP"):
-        accelerate.accelerate_config(plan(**asynctp))
-    # Accelerate runs the TP layout without Async TP and without SP (transformers' tp_plan has none)
-    assert "sequence parallelism" in str(accelerate.refusal(plan(**(asynctp | {"tp_comm_overlap": False}))))
+    # Accelerate runs no FSDP with TP (transformers 5.24 loads a TP model on its own mesh, a launch
+    # review reproduced it), with or without Async TP or SP; the HF Trainer runs data parallelism only
     plain = asynctp | {"tp_comm_overlap": False, "sequence_parallel": False}
-    assert accelerate.refusal(plan(**plain)) is None
-    assert hf_trainer.refusal(plan(**asynctp)) is not None  # data parallelism only
+    for layout in (asynctp, plain):
+        assert "transformers 5.24 loads a tensor-parallel model" in str(accelerate.refusal(plan(**layout)))
+        assert hf_trainer.refusal(plan(**layout)) is not None
 
 
 @pytest.mark.parametrize("pp", [1, 2])
@@ -635,24 +635,23 @@ def test_megatron_renders_the_flex_dispatcher_with_the_hybridep_backend() -> Non
         accelerate.accelerate_config(flex)
 
 
-def test_accelerate_names_what_train_py_must_do_for_tensor_and_context_parallelism() -> None:
-    """The config only builds Accelerate's device mesh: train.py shards the model for TP
-    (transformers' tp_plan) and splits the sequence for CP (maybe_context_parallel), as accelerate's
-    nd_parallel example does; LoRA on TP layers needs PEFT 0.21.1. The launch script says so, and
-    says nothing of it where the layout has neither."""
+def test_accelerate_names_what_train_py_must_do_for_context_parallelism() -> None:
+    """The config only builds Accelerate's device mesh: train.py splits the sequence for CP
+    (maybe_context_parallel), as accelerate's nd_parallel example does. The launch script says so,
+    and says nothing of it where the layout has none; TP it refuses (transformers 5.24 loads a TP
+    model on its own mesh, not Accelerate's)."""
 
     def header(p: Plan) -> str:
         (script,) = [a for a in accelerate.render(p) if a.name == accelerate.LAUNCH_NAME]
         return script.content
 
-    lora = training(method=Method.LORA)
-    tp = header(plan(train=lora, framework=Framework.FSDP, zero_stage=3, tp=2))
-    assert "tp_size=2, tp_plan='auto', device_mesh=accelerator.torch_device_mesh" in tp
-    assert "PEFT >= 0.21.1" in tp and "maybe_context_parallel" not in tp
     cp = header(plan(framework=Framework.FSDP, zero_stage=3, cp=2))
-    assert "maybe_context_parallel" in cp and "tp_plan" not in cp and "PEFT" not in cp
+    assert "maybe_context_parallel" in cp and "tp_plan" not in cp
     plain = header(plan(framework=Framework.FSDP, zero_stage=3))
     assert "tp_plan" not in plain and "maybe_context_parallel" not in plain
+    lora = training(method=Method.LORA)
+    tp = plan(train=lora, framework=Framework.FSDP, zero_stage=3, tp=2)
+    assert "transformers 5.24" in str(accelerate.refusal(tp))
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1, 2])
@@ -940,3 +939,34 @@ def test_torchtitan_refuses_a_sequence_past_its_flavors_rope_cache() -> None:
     long_llama = plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3, cp=8,
                       train=training(seq_len=262144, global_batch_size=8))  # fmt: skip
     assert "131,072 positions" in (torchtitan.refusal(long_llama) or "")
+
+
+def test_accelerate_fsdp_accumulation_reduces_every_micro_batch_and_pure_bf16_is_no_mixed_precision() -> None:
+    """A launch review (accelerate 1.15): accumulate() runs every micro-batch but the last under
+    no_sync unless the GradientAccumulationPlugin says sync_each_batch, and FSDP2 then keeps each
+    unit's whole unsharded gradient; and under any mixed precision Accelerate's FSDP2 upcasts the
+    parameters to fp32 (fsdp_utils.py), so bf16_pure rendered as 'bf16' trained fp32 weights."""
+
+    def header(p: Plan) -> str:
+        (script,) = [a for a in accelerate.render(p) if a.name == accelerate.LAUNCH_NAME]
+        return script.content
+
+    sharded = plan(framework=Framework.FSDP, zero_stage=3)
+    steps = accumulation(sharded)
+    assert steps > 1
+    assert f"GradientAccumulationPlugin(num_steps={steps}, sync_each_batch=True)" in header(sharded)
+    ddp = plan(framework=Framework.FSDP, zero_stage=0)
+    assert "sync_each_batch" not in header(ddp)  # DDP accumulates whole gradients, as estimated
+    # the HF Trainer: TrainingArguments.accelerator_config, as a JSON flag (_VALID_DICT_FIELDS)
+    args, _ = hf_trainer.training_arguments(sharded)
+    assert args["accelerator_config"] == {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
+    flags = hf_trainer.cli_flags(args)
+    assert (
+        flags[flags.index("--accelerator_config") + 1]
+        == '{"gradient_accumulation_kwargs":{"sync_each_batch":true}}'
+    )
+    assert "accelerator_config" not in hf_trainer.training_arguments(ddp)[0]
+    pure = plan(framework=Framework.FSDP, zero_stage=3, train=training(precision=Precision.BF16_PURE))
+    assert accelerate.accelerate_config(pure)["mixed_precision"] == "no"
+    assert "torch_dtype=torch.bfloat16" in header(pure)
+    assert accelerate.accelerate_config(sharded)["mixed_precision"] == "bf16"

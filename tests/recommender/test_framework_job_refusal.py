@@ -181,18 +181,14 @@ def test_megatron_is_left_out_on_a_gpu_before_ampere_and_every_target_refuses_it
     assert every.memory_evaluations == without.memory_evaluations
 
 
-def test_an_fsdp_family_without_sequence_parallel_keeps_a_smaller_micro_batch_that_fits() -> None:
-    """A recommendation review: Llama 3.1 405B on 128 A100s, FSDP only. torchtitan refuses the model
-    (its 405B config trains fp8), so FSDP with TP runs on Accelerate, without sequence parallelism.
-    The fallback without SP was tried at the family's largest micro-batch that fit with SP only; not
-    fitting there, the family was dropped, and the plan recommended 368 tokens/s without recompute
-    where recompute full at micro-batch 1 and tp 8 runs at 3,563 (72.5 of the 76 GiB allowed)."""
+def test_fsdp_with_tp_runs_only_where_torchtitan_builds_the_model() -> None:
+    """Llama 3.1 405B on 128 A100s, FSDP only: torchtitan refuses the model (its 405B config trains
+    fp8) and Accelerate runs no FSDP with TP (transformers 5.24 loads a TP model on its own mesh: a
+    launch review), so no layout with TP is proposed; a recommendation review had found the search
+    proposing Accelerate TP layouts that then could not start."""
     spec = model("llama-3.1-405b").spec
     cluster = helpers.cluster("a100-sxm-80gb", nodes=16, inter=25e9)
     training = TrainingSpec(seq_len=4096, global_batch_size=256)
-    found = search(
-        spec, cluster, training, Constraints(frameworks=(Framework.FSDP,)), default_tuning(), (128,)
-    )
-    best = found.ranked()[0]
-    assert not best.layout.sequence_parallel and best.layout.tp > 1
-    assert best.tokens_per_s > 3_000, (best.layout, best.tokens_per_s)
+    fsdp = Constraints(frameworks=(Framework.FSDP,))
+    found = search(spec, cluster, training, fsdp, default_tuning(), (128,))
+    assert all(scored.layout.tp == 1 for scored in found.ranked())

@@ -9,4 +9,4 @@ torchrun --standalone --nnodes 1 --nproc-per-node 8 train.py --output_dir output
     --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 \
     --max_grad_norm 1.0 --fp16 true --dataloader_num_workers 4 --dataloader_prefetch_factor 2 \
     --dataloader_pin_memory true --dataloader_persistent_workers true --logging_steps 10 --save_steps 500 \
-    --report_to none --fsdp --fsdp_config fsdp_config.json
+    --report_to none --fsdp --fsdp_config fsdp_config.json --accelerator_config '{"gradient_accumulation_kwargs":{"sync_each_batch":true}}'
