@@ -49,6 +49,7 @@ from service.launchers.common import (
     peft_artifacts,
     peft_header,
     pipeline_split,
+    pure_bf16_duty,
     refuse,
     script,
     shell_command,
@@ -536,12 +537,7 @@ def duties(plan: Plan) -> str:
     text = peft_header(plan) + _script_duties(plan) + fsdp_reduce_duty(plan, "accelerator")
     if plan.layout.framework is Framework.FSDP:
         text += _batch_duty(plan)
-        if plan.training.precision is Precision.BF16_PURE:
-            text += (
-                f"\nbf16_pure: {TRAIN_SCRIPT} must load the model with from_pretrained(..., "
-                "torch_dtype=torch.bfloat16): mixed_precision is no because Accelerate's FSDP2 upcasts every "
-                "parameter to fp32 under any mixed precision, and the estimate keeps bf16 weights and states."
-            )
+        text += pure_bf16_duty(plan)
     if plan.layout.framework is Framework.DEEPSPEED:
         where = (
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."

@@ -394,6 +394,24 @@ def peft_header(plan: Plan, config_dir: str = "") -> str:
     return text
 
 
+def pure_bf16_duty(plan: Plan) -> str:
+    """What the script must do for pure bf16 under Accelerate's sharded FSDP2 (its own target, or the HF
+    Trainer's), '' elsewhere: the launch sets no mixed precision, since FSDP2 there upcasts every
+    parameter to fp32 under any (accelerate 1.15.0 utils/fsdp_utils.py fsdp2_prepare_model:
+    param.data.to(torch.float32) where mixed_precision != "no"; a launch review), so the model must be
+    loaded in bf16 itself."""
+    lo = plan.layout
+    if plan.training.precision is not Precision.BF16_PURE or lo.framework is not Framework.FSDP:
+        return ""
+    if lo.zero_stage < 2:
+        return ""
+    return (
+        f"\nbf16_pure: {TRAIN_SCRIPT} must load the model with from_pretrained(..., "
+        "torch_dtype=torch.bfloat16): no mixed precision is set because Accelerate's FSDP2 upcasts every "
+        "parameter to fp32 under any, and the estimate keeps bf16 weights and states."
+    )
+
+
 def fsdp_reduce_duty(plan: Plan, accelerator: str) -> str:
     """What the training script must do so that Accelerate's FSDP2 (its own target, or the HF
     Trainer's) reduces the gradients in ``FSDP_REDUCE_DTYPE``, as the estimate times it

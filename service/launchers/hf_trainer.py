@@ -41,6 +41,7 @@ from service.launchers.common import (
     hf_decoder_layer,
     peft_artifacts,
     peft_header,
+    pure_bf16_duty,
     refuse,
     script,
     shell_command,
@@ -187,8 +188,11 @@ def training_arguments(plan: Plan, config_dir: str = "") -> tuple[dict[str, Any]
         "max_grad_norm": HYPERPARAMETERS.clip_grad_norm,
     }
     precision = plan.training.precision
-    if precision in (Precision.BF16, Precision.BF16_PURE):
+    sharded = lo.framework is Framework.FSDP and lo.zero_stage >= 2
+    if precision is Precision.BF16 or (precision is Precision.BF16_PURE and not sharded):
         args["bf16"] = True
+    # bf16_pure under FSDP: no mixed precision, the model loaded in bf16 (Accelerate's FSDP2 upcasts
+    # every parameter to fp32 under any: utils/fsdp_utils.py; a launch review)
     elif precision is Precision.FP16:
         args["fp16"] = True
     elif precision is Precision.TF32:
@@ -246,7 +250,7 @@ def render(plan: Plan) -> list[Artifact]:
         f"HF Trainer (transformers 5.24.0): {TRAIN_SCRIPT} parses TrainingArguments with HfArgumentParser,\n"
         f"from these flags or from {ARGS_NAME} (parse_json_file)."
     )
-    header += peft_header(plan) + fsdp_reduce_duty(plan, "trainer.accelerator")
+    header += peft_header(plan) + fsdp_reduce_duty(plan, "trainer.accelerator") + pure_bf16_duty(plan)
     return [
         Artifact(name=ARGS_NAME, target=TARGET, media_type=JSON, content=json.dumps(args, indent=2) + "\n"),
         *files,

@@ -970,3 +970,7 @@ def test_accelerate_fsdp_accumulation_reduces_every_micro_batch_and_pure_bf16_is
     assert accelerate.accelerate_config(pure)["mixed_precision"] == "no"
     assert "torch_dtype=torch.bfloat16" in header(pure)
     assert accelerate.accelerate_config(sharded)["mixed_precision"] == "bf16"
+    # the HF Trainer likewise: no bf16 flag under sharded FSDP, the model loaded in bf16
+    assert "bf16" not in hf_trainer.training_arguments(pure)[0]
+    (launch,) = [a.content for a in hf_trainer.render(pure) if a.name == hf_trainer.LAUNCH_NAME]
+    assert "torch_dtype=torch.bfloat16" in launch
