@@ -251,12 +251,6 @@ def stage_gpu_parameter_groups(job: Job, layout: Layout) -> tuple[tuple[float, f
     return tuple(groups)
 
 
-def stage_gpu_parameters(stage_params: int, experts: int, layout: Layout) -> float:
-    """One GPU's share of a stage's ``stage_params``, of which ``experts`` are routed experts (split
-    over ep x etp)."""
-    return (stage_params - experts) / layout.tp + experts / (layout.ep * layout.expert_tp)
-
-
 # ---------------------------------------------------------------- links
 
 

@@ -824,11 +824,12 @@ def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
             for _, layers in _stage_layers(spec, staged)
         ]
         assert step_time.stage_traffic_bytes(job, staged) == pytest.approx(tuple(stored), rel=1e-12)
+
+        # each stage's dense parameters over tp, its routed experts (of its MoE layers) over ep x etp
+        routed = [experts * sum(kinds[i].moe for i in layers) for _, layers in _stage_layers(spec, staged)]
         on_gpu = [
-            step_time.stage_gpu_parameters(params, experts * sum(kinds[i].moe for i in layers), staged)
-            for params, (_, layers) in zip(
-                stage_parameter_counts(spec, staged), _stage_layers(spec, staged), strict=True
-            )
+            (params - r) / staged.tp + r / (staged.ep * staged.expert_tp)
+            for params, r in zip(stage_parameter_counts(spec, staged), routed, strict=True)
         ]
         assert step_time.gpu_parameters(job, staged) == max(on_gpu)
     for recompute in Recompute:
