@@ -68,12 +68,13 @@ def _mixed_precision(plan: Plan) -> str:
         return "no"  # tf32: fp32, with the launch script's TF32 switch (common.tf32_environment)
     if precision is Precision.FP16:
         return "fp16"
-    if precision is Precision.BF16_PURE:
+    lo = plan.layout
+    if precision is Precision.BF16_PURE and lo.framework is Framework.FSDP and lo.zero_stage >= 2:
         # accelerate's FSDP2 upcasts every parameter to fp32 under any mixed precision
         # (utils/fsdp_utils.py: param.data = param.data.to(torch.float32) where mixed_precision != "no"):
-        # pure bf16 trains with none, the model loaded in bf16 (a launch review)
+        # pure bf16 trains with none, the model loaded in bf16 (common.pure_bf16_duty; a launch review)
         return "no"
-    return "bf16"  # fp8 is refused
+    return "bf16"  # bf16_pure elsewhere: autocast over a model loaded in bf16; fp8 is refused
 
 
 def refusal(plan: Plan) -> Refusal:
