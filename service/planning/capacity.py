@@ -99,7 +99,6 @@ def _check_searched_scale(request: CapacityRequest, gpus: list[GPUSpec]) -> None
             f"{largest:,} GPUs, past the {limit:,} this service plans for (the largest published: "
             f"{MAX_GPUS.reference}); at most {most:,} nodes"
         )
-        most = limit // (largest // request.max_nodes)
         raise Unprocessable(
             message, errors=[{"field": "max_nodes", "message": message, "limit": {"le": most}}]
         )
