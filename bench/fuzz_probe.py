@@ -380,7 +380,7 @@ def absurd(rng: random.Random) -> Iterator[Req]:
         ("training.method", "dora"),
         ("training.precision", "int4"),
         ("training.attention", "ring"),
-        ("training.optimizer", "adam"),
+        ("training.optimizer", "rmsprop"),  # "adam" is AdamW's states (HF_OPTIM_NAMES)
         ("cluster.num_nodes", 0),
         ("cluster.num_nodes", 10**9),
         ("cluster.gpus_per_node", 0),

@@ -32,6 +32,7 @@ from rich.table import Table
 from service.catalog.errors import UnknownCatalogEntry
 from service.contracts.common import enum_spelling
 from service.contracts.gpus import gpu_slug, reference_node
+from service.contracts.training import HF_OPTIM_NAMES
 from service.estimator.types import (
     Attention,
     BaseDtype,
@@ -575,6 +576,19 @@ class EnumChoice(click.Choice[str]):
         return super().convert(enum_spelling(value, (self.enum,)), param, ctx)
 
 
+class OptimizerChoice(EnumChoice):
+    """The optimizers, and HF Trainer's optim names the training contract reads as them
+    (``contracts.training.HF_OPTIM_NAMES``: paged_adamw_8bit, adamw_torch, ...), passed on as given."""
+
+    def __init__(self) -> None:
+        super().__init__(Optimizer)
+        self.choices = (*self.choices, *HF_OPTIM_NAMES)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        named = str(value).strip().lower().replace("-", "_")
+        return named if named in HF_OPTIM_NAMES else super().convert(value, param, ctx)
+
+
 def choice(values: type[StrEnum]) -> click.Choice[str]:
     """``EnumChoice`` of ``values``."""
     return EnumChoice(values)
@@ -647,7 +661,7 @@ job_options = [
     click.option(
         "--tokens", type=AMOUNT, help="total training tokens, for time to train (15e12 or 15000000000000)"
     ),
-    click.option("--optimizer", type=choice(Optimizer), help="default: adamw"),
+    click.option("--optimizer", type=OptimizerChoice(), help="default: adamw"),
     click.option("--lora-rank", type=int, help="lora / qlora: the adapters' rank (default: 16)"),
     click.option(
         "--lora-targets",

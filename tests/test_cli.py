@@ -289,6 +289,20 @@ def test_any_layout_field_reaches_the_estimate(database: str) -> None:
     assert own.exit_code == 64 and "--tp" in own.output  # not silently over --tp
 
 
+def test_hf_trainer_optim_names_reach_the_estimate(database: str) -> None:
+    """A review: the API read paged_adamw_8bit as adamw_8bit, and the CLI refused it as not a choice."""
+    args = ["--model", "llama-3.2-1b", "--gpus", "8xh100-sxm-80gb", "--seq", "2048", "--batch", "32"]
+    paged = run(
+        "estimate", *args, "--framework", "fsdp", "--zero", "3", "--optimizer", "paged_adamw_8bit", "--json"
+    )
+    assert paged.exit_code == 0, paged.output
+    plain = run(
+        "estimate", *args, "--framework", "fsdp", "--zero", "3", "--optimizer", "adamw_8bit", "--json"
+    )
+    paged_states = json.loads(paged.output)["memory"]["per_gpu"]["optimizer_states"]
+    assert paged_states == json.loads(plain.output)["memory"]["per_gpu"]["optimizer_states"]
+
+
 def test_an_estimate_without_dp_fills_the_gpus(database: str) -> None:
     """--dp defaulted to 1, so `trainplan estimate --gpus 8xh100-sxm-80gb --framework fsdp --zero 3`
     was the API's 422 (dp*tp*pp*cp = 1 != world size 8); left out, the service fills the GPUs."""

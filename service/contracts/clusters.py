@@ -176,7 +176,7 @@ class ClusterShape(Strict):
                 f"{MAX_GPUS.limit:,} the planner handles (16x the largest published run: "
                 f"{MAX_GPUS.reference})",
                 "num_nodes",
-                MAX_GPUS.limit,
+                MAX_GPUS.limit // self.gpus_per_node,  # the nodes of this size the bound allows
             )
         return self
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_valid
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.models import model as catalog_model
-from service.contracts.common import Strict, catalog_slug
+from service.contracts.common import FieldError, Strict, catalog_slug
 from service.contracts.gpus import unknown_entry_error
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
@@ -288,11 +288,14 @@ class ModelRef(Strict):
         if len(given) != 1:
             raise ValueError(f"give exactly one of preset, hf_config, architecture (got {given or 'none'})")
         if self.preset is None and (self.head is not None or self.num_labels is not None):
-            raise ValueError(
-                "head and num_labels change a preset; hf_config and architecture state their own"
+            raise FieldError(
+                "head and num_labels change a preset; hf_config and architecture state their own",
+                "head" if self.head is not None else "num_labels",
             )
         if self.num_labels is not None and self.head is not Head.SEQUENCE_CLASSIFICATION:
-            raise ValueError("num_labels is the classifier's: it needs head sequence_classification")
+            raise FieldError(
+                "num_labels is the classifier's: it needs head sequence_classification", "num_labels"
+            )
         return self
 
     def to_domain(self, field: str = "model") -> ModelSpec:

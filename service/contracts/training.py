@@ -49,7 +49,12 @@ class TrainingIn(Strict):
         description="default: resolved from the GPU (bf16 where it has bf16 units, else fp16, else fp32; "
         "never fp8) and named in the answer's resolved_defaults",
     )
-    optimizer: Optimizer = Optimizer.ADAMW
+    optimizer: Optimizer = Field(
+        default=Optimizer.ADAMW,
+        description="also read: HF Trainer's optim names, as the optimizer they run ("
+        + ", ".join(f"{name} as {optimizer.value}" for name, (optimizer, _) in HF_OPTIM_NAMES.items())
+        + "; adamw_torch with optimizer_implementation foreach, torch's CUDA default)",
+    )
     optimizer_implementation: OptimizerImplementation = Field(
         default=OptimizerImplementation.FUSED,
         description="adamw under fsdp (PyTorch's own optimizer): fused (torch AdamW(fused=True); HF Trainer's"

@@ -57,22 +57,26 @@ def scale_violation(
 ) -> EstimatorError | None:
     """The first input past its limit, as a domain error naming the field, the value and the
     reference; None when the job is within every limit. ``cluster`` None: not placed yet."""
-    checks: list[tuple[ScaleLimit, int, type[EstimatorError]]] = [
-        (MAX_LAYERS, model.num_layers, InvalidModel),
-        (MAX_EXPERTS, model.moe.num_experts if model.moe else 0, InvalidModel),
-        (MAX_SEQ_LEN, training.seq_len, InvalidTraining),
-        (MAX_TOKENS_PER_STEP, training.tokens_per_step, InvalidTraining),
+    # (bound, the bounded quantity, the factor the named field multiplies, the error): the field's own
+    # limit is the bound over the other factors (a batch's at this seq_len, nodes at these per node)
+    checks: list[tuple[ScaleLimit, int, int, type[EstimatorError]]] = [
+        (MAX_LAYERS, model.num_layers, 1, InvalidModel),
+        (MAX_EXPERTS, model.moe.num_experts if model.moe else 0, 1, InvalidModel),
+        (MAX_SEQ_LEN, training.seq_len, 1, InvalidTraining),
+        (MAX_TOKENS_PER_STEP, training.tokens_per_step, training.seq_len, InvalidTraining),
     ]
     if cluster is not None:
-        checks.append((MAX_GPUS, cluster.world_size, InvalidHardware))
-    for bound, value, error in checks:
+        checks.append((MAX_GPUS, cluster.world_size, cluster.gpus_per_node, InvalidHardware))
+    for bound, value, other, error in checks:
         if value > bound.limit:
             what = f" {bound.quantity}" if bound.quantity else ""
+            field_limit = bound.limit // other
+            most = f"; {bound.field} at most {field_limit:,} here" if other > 1 else ""
             return error(
                 f"{bound.field}: {value:,}{what} is past the {bound.limit:,} this service plans for "
-                f"(the largest published: {bound.reference})",
+                f"(the largest published: {bound.reference}){most}",
                 rule="scale",
                 field=bound.field,
-                limit=bound.limit,
+                limit=field_limit,
             )
     return None

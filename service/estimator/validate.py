@@ -424,6 +424,9 @@ def hybrid_shard_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
             return _bad(f"dp_replicate ({layout.dp_replicate}) must split dp ({layout.dp}) into 2 or more "
                         "equal groups (1 shards over every rank: fsdp_hybrid_shard false)", "hybrid_shard",
                         "dp_replicate")  # fmt: skip
+        if layout.dp_replicate == layout.dp and layout.cp == 1:
+            return _bad(f"dp_replicate = dp ({layout.dp}) leaves shard groups of one rank: nothing is "
+                        "sharded, which is DDP (zero_stage 0)", "unused", "dp_replicate")  # fmt: skip
         return None
     if not layout.fsdp_hybrid_shard:
         return None

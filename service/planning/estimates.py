@@ -25,6 +25,7 @@ from service.estimator import estimate
 from service.estimator.calibration import applied_calibration
 from service.estimator.defaults import chosen_defaults, chosen_link_defaults
 from service.estimator.errors import EstimatorError, InvalidLayout, InvalidTraining
+from service.estimator.model_states import hsdp_replicas
 from service.estimator.params import parameter_counts
 from service.estimator.scale import scale_violation
 from service.estimator.step_time import cost
@@ -78,6 +79,8 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
     out = estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
     out.resolved_defaults |= layout_in.chosen_defaults(peer_to_peer=peer_to_peer) | chosen_dp | chosen_micro
+    if layout.dp_replicate is None and (replicas := hsdp_replicas(layout, cluster)) > 1:
+        out.resolved_defaults["layout.dp_replicate"] = str(replicas)  # HSDP's: one shard group per node
     out.resolved_defaults |= request.training.adapter_defaults()
     if unsplit is not None:
         out.resolved_defaults["layout.sequence_parallel"] = "false"

@@ -54,7 +54,7 @@ def test_a_cluster_no_request_could_use_is_not_stored(client: TestClient) -> Non
     problem = assert_problem(response, 422)
     assert problem["errors"][0]["field"].endswith("num_nodes"), problem
     assert "262,144" in problem["errors"][0]["message"]
-    assert problem["errors"][0]["limit"] == {"le": 262_144}  # machine-readable, as pydantic's bounds
+    assert problem["errors"][0]["limit"] == {"le": 262_144 // 64}  # nodes of 64, as pydantic's bounds
     assert client.get("/v1/clusters").json()["items"] == []
 
 
@@ -67,7 +67,8 @@ def test_a_job_past_the_scale_limits_names_the_quantity_and_its_limit(client: Te
     problem = assert_problem(client.post("/v1/plans", json=body), 422)
     assert "2,147,483,648 tokens per step (seq_len x global_batch_size)" in problem["detail"]
     assert problem["errors"][0]["field"] == "training.global_batch_size"
-    assert problem["errors"][0]["limit"] == {"le": 1_073_741_824}
+    assert problem["errors"][0]["limit"] == {"le": 1_073_741_824 // 131_072}  # the batch at this seq_len
+    assert "training.global_batch_size at most 8,192 here" in problem["detail"]
 
 
 def test_a_timestamp_utc_cannot_hold_is_a_422(client: TestClient) -> None:

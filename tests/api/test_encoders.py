@@ -132,4 +132,6 @@ def test_an_encoder_preset_trains_the_task_head_asked_for(client: TestClient) ->
         assert_problem(client.post("/v1/estimates", json=decoder), 422)["errors"][0]["field"] == "model.head"
     )
     labels_alone = body | {"model": {"preset": "roberta-base", "num_labels": 3}}
-    assert_problem(client.post("/v1/estimates", json=labels_alone), 422)
+    problem = assert_problem(client.post("/v1/estimates", json=labels_alone), 422)
+    assert problem["errors"][0]["field"] == "model.num_labels"
+    assert not problem["errors"][0]["message"].startswith("Value error")

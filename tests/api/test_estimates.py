@@ -200,6 +200,15 @@ def test_an_hsdp_replica_degree_shards_inside_each_replica(client: TestClient) -
     full = post(client, body(framework="fsdp", zero_stage=3))
     hsdp = post(client, body(framework="fsdp", zero_stage=3, fsdp_hybrid_shard=True, dp_replicate=2))
     assert hsdp["layout"]["dp_replicate"] == 2
+    # left out on two nodes: the replicas the hybrid shard chose are said (one shard group per node)
+    two_nodes = {"gpu": "h100-sxm-80gb", "num_nodes": 2, "gpus_per_node": 8}
+    hybrid = {"framework": "fsdp", "dp": 16, "zero_stage": 3, "fsdp_hybrid_shard": True, "recompute": "full"}
+    default = post(client, body() | {"cluster": two_nodes, "layout": hybrid})
+    assert default["resolved_defaults"]["layout.dp_replicate"] == "2"
+    # a replica per rank shards nothing (DDP): refused
+    ddp = client.post("/v1/estimates", json=body(framework="fsdp", zero_stage=3, fsdp_hybrid_shard=True,
+                                                  dp_replicate=8))  # fmt: skip
+    assert assert_problem(ddp, 422)["errors"][0]["field"] == "layout.dp_replicate"
     for part in ("parameters", "gradients", "optimizer_states"):
         assert hsdp["memory"]["per_gpu"][part] == pytest.approx(2 * full["memory"]["per_gpu"][part], rel=1e-9)
 
