@@ -125,9 +125,9 @@ class LayoutIn(Strict):
         default=None,
         description="megatron: --tp-comm-overlap (Transformer Engine userbuffers); fsdp: torchtitan's Async "
         "TP (--compile.enable_async_tensor_parallel, needs torch_compile); both need sequence parallelism "
-        "at tp > 1 and GPUs with peer access (the GPU's peer_to_peer: not GeForce RTX 4090); default: on "
-        "where those hold, as Megatron-Bridge / NeMo recipes and the search set it, off for deepspeed "
-        "(named in resolved_defaults)",
+        "at tp > 1 and GPUs with peer access (the GPU's peer_to_peer: not GeForce RTX 4090 or 3090); "
+        "default: on where those hold, as Megatron-Bridge / NeMo recipes and the search set it, off for "
+        "deepspeed (named in resolved_defaults)",
     )
     moe_a2a_overlap: bool = Field(
         default=False,

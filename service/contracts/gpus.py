@@ -83,8 +83,9 @@ class CustomGPU(Strict):
     peer_to_peer: bool = Field(
         default=True,
         description="CUDA peer access between the GPUs of a node (NVLink, or PCIe peer-to-peer): false where "
-        "the driver turns it off (GeForce RTX 4090), which rules out TP communication overlap "
-        "(layout.tp_comm_overlap: Transformer Engine's userbuffers, torchtitan's Async TP)",
+        "the driver turns it off (GeForce RTX 4090; RTX 3090 without its NVLink bridge), which rules out TP "
+        "communication overlap (layout.tp_comm_overlap: Transformer Engine's userbuffers, torchtitan's "
+        "Async TP)",
     )
     # Sustained clocks (service.estimator.clocks). That a limit comes with its rating and stays at or
     # below it is the domain's rule (GPUSpec), reported by to_domain under the field's path.
@@ -311,7 +312,7 @@ class GPUOut(BaseModel):
     flash_attention: bool
     peer_to_peer: bool = Field(
         description="CUDA peer access between a node's GPUs (NVLink or PCIe P2P); without it (GeForce RTX "
-        "4090) no TP communication overlap (layout.tp_comm_overlap) runs"
+        "3090 and 4090) no TP communication overlap (layout.tp_comm_overlap) runs"
     )
     memory_bytes: int = Field(
         description="what a process sees, and the fit is checked against: the memory sold, less the 1/16 "

@@ -34,6 +34,7 @@ def estimate_body(**layout: Any) -> dict[str, Any]:
 
 def test_the_catalog_says_which_gpus_have_peer_access(client: TestClient) -> None:
     assert client.get("/v1/gpus/rtx-4090-24gb").json()["peer_to_peer"] is False
+    assert client.get("/v1/gpus/rtx-3090-24gb").json()["peer_to_peer"] is False  # over PCIe
     assert client.get("/v1/gpus/h100-sxm-80gb").json()["peer_to_peer"] is True
 
 
