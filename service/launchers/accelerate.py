@@ -46,8 +46,8 @@ from service.launchers.common import (
     hf_decoder_layer,
     layout_summary,
     megatron_overlaps_grad_reduce,
+    model_duties,
     peft_artifacts,
-    peft_header,
     pipeline_split,
     pure_bf16_duty,
     refuse,
@@ -535,7 +535,7 @@ def _ulysses_duty(plan: Plan) -> str:
 def duties(plan: Plan) -> str:
     """What the training script must do for the layout, and where the launch runs from: the launch
     script's header, and the Slurm script's that runs this launch (``slurm.accelerate_render``)."""
-    text = peft_header(plan) + _script_duties(plan) + fsdp_reduce_duty(plan, "accelerator")
+    text = model_duties(plan) + _script_duties(plan) + fsdp_reduce_duty(plan, "accelerator")
     if plan.layout.framework is Framework.FSDP:
         text += _batch_duty(plan)
         text += pure_bf16_duty(plan)

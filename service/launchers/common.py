@@ -364,6 +364,29 @@ def gradient_checkpointing_duty(plan: Plan) -> str:
     )
 
 
+# transformers' class of each encoder task head (AutoModelFor...), whose head the estimate counts
+_HEAD_CLASSES = {
+    Head.MASKED_LM: "AutoModelForMaskedLM",
+    Head.SEQUENCE_CLASSIFICATION: "AutoModelForSequenceClassification",
+    Head.QUESTION_ANSWERING: "AutoModelForQuestionAnswering",
+}
+
+
+def model_duties(plan: Plan, config_dir: str = "") -> str:
+    """What the training script must build: an encoder's task head as estimated, then the adapters
+    (``peft_header``). Every launch that runs the user's train.py says it (a review: a RoBERTa
+    classification plan named no class, so the run could load a model other than the one estimated)."""
+    model = plan.model
+    head = ""
+    if model.head in _HEAD_CLASSES:
+        labels = f", num_labels={model.num_labels}" if model.head is Head.SEQUENCE_CLASSIFICATION else ""
+        head = (
+            f"\nmodel: {TRAIN_SCRIPT} must build {_HEAD_CLASSES[model.head]}.from_pretrained(...{labels}): "
+            f"the estimate counts the {model.head.value} head."
+        )
+    return head + peft_header(plan, config_dir)
+
+
 def peft_header(plan: Plan, config_dir: str = "") -> str:
     """What the training script does with the adapter files ('' for full training); ``config_dir``:
     where a wrapper mounts them (a Kubernetes ConfigMap's directory)."""

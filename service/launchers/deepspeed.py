@@ -31,8 +31,8 @@ from service.launchers.common import (
     accumulation,
     full_logits_refusal,
     gradient_checkpointing_duty,
+    model_duties,
     peft_artifacts,
-    peft_header,
     pipeline_split,
     refuse,
     script,
@@ -428,7 +428,7 @@ def render(plan: Plan) -> list[Artifact]:
             f"\ntf32: {TRAIN_SCRIPT} must set torch.backends.cuda.matmul.allow_tf32 = True (ds_config has no "
             "TF32 switch; without fp16/bf16 blocks it trains fp32)."
         )
-    header += peft_header(plan)
+    header += model_duties(plan)
     artifacts = [
         config,
         *peft_artifacts(plan, Target.DEEPSPEED),

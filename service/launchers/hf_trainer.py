@@ -39,8 +39,8 @@ from service.launchers.common import (
     fsdp_reduce_duty,
     full_logits_refusal,
     hf_decoder_layer,
+    model_duties,
     peft_artifacts,
-    peft_header,
     pure_bf16_duty,
     refuse,
     script,
@@ -243,6 +243,14 @@ def entry_words(plan: Plan, config_dir: str = "") -> tuple[list[Word], list[Arti
     return [TRAIN_SCRIPT, *cli_flags(args)], files
 
 
+def duties(plan: Plan, config_dir: str = "") -> str:
+    """What train.py must do under the HF Trainer: for its own launch script, and for the Slurm /
+    Kubernetes wrapper that runs it (``job``; config_dir: where that wrapper mounts the files)."""
+    return (
+        model_duties(plan, config_dir) + fsdp_reduce_duty(plan, "trainer.accelerator") + pure_bf16_duty(plan)
+    )
+
+
 def render(plan: Plan) -> list[Artifact]:
     args, files = training_arguments(plan)
     words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), TRAIN_SCRIPT, *cli_flags(args)]
@@ -250,7 +258,7 @@ def render(plan: Plan) -> list[Artifact]:
         f"HF Trainer (transformers 5.24.0): {TRAIN_SCRIPT} parses TrainingArguments with HfArgumentParser,\n"
         f"from these flags or from {ARGS_NAME} (parse_json_file)."
     )
-    header += peft_header(plan) + fsdp_reduce_duty(plan, "trainer.accelerator") + pure_bf16_duty(plan)
+    header += duties(plan)
     return [
         Artifact(name=ARGS_NAME, target=TARGET, media_type=JSON, content=json.dumps(args, indent=2) + "\n"),
         *files,

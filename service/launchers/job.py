@@ -19,9 +19,8 @@ from service.launchers.common import (
     Refusal,
     Target,
     Word,
-    fsdp_reduce_duty,
+    model_duties,
     peft_artifacts,
-    peft_header,
     refuse,
     tf32_environment,
     world_refusal,
@@ -91,7 +90,7 @@ def entry(plan: Plan, wrapper: Target, config_dir: str = "", via: Target | None 
             "--deepspeed_config",
             config_dir + deepspeed.CONFIG_NAME,
         ]
-        duties = deepspeed.model_code_duties(plan) + peft_header(plan, config_dir)
+        duties = deepspeed.model_code_duties(plan) + model_duties(plan, config_dir)
         files = [file, *peft_artifacts(plan, wrapper)]
         return Entry(Target.DEEPSPEED, words, files, tf32_environment(plan), duties)
     if framework is Framework.MEGATRON:
@@ -104,5 +103,4 @@ def entry(plan: Plan, wrapper: Target, config_dir: str = "", via: Target | None 
 def _hf_trainer_entry(plan: Plan, wrapper: Target, config_dir: str) -> Entry:
     words, files = hf_trainer.entry_words(plan, config_dir)
     files = [replace(f, target=wrapper) for f in files] + peft_artifacts(plan, wrapper)
-    duties = peft_header(plan, config_dir) + fsdp_reduce_duty(plan, "trainer.accelerator")
-    return Entry(Target.HF_TRAINER, words, files, [], duties)
+    return Entry(Target.HF_TRAINER, words, files, [], hf_trainer.duties(plan, config_dir))

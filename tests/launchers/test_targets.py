@@ -974,3 +974,22 @@ def test_accelerate_fsdp_accumulation_reduces_every_micro_batch_and_pure_bf16_is
     assert "bf16" not in hf_trainer.training_arguments(pure)[0]
     (launch,) = [a.content for a in hf_trainer.render(pure) if a.name == hf_trainer.LAUNCH_NAME]
     assert "torch_dtype=torch.bfloat16" in launch
+
+
+def test_every_train_py_launch_names_the_encoder_task_head_it_must_build() -> None:
+    """A review: a RoBERTa classification plan's files named no model class, so train.py could load
+    the masked-LM model (or another label count) rather than the one estimated. The HF Trainer's own
+    launch and the Slurm job that runs it both say which class and how many labels."""
+    from dataclasses import replace as with_fields
+
+    from service.estimator.types import Head
+    from service.launchers import slurm
+
+    spec = with_fields(model("roberta-base").spec, head=Head.SEQUENCE_CLASSIFICATION, num_labels=3)
+    classify = plan(model=spec, train=training(seq_len=512), framework=Framework.FSDP, zero_stage=0)
+    wanted = "AutoModelForSequenceClassification.from_pretrained(..., num_labels=3)"
+    (launch,) = [a.content for a in hf_trainer.render(classify) if a.name == hf_trainer.LAUNCH_NAME]
+    assert wanted in launch
+    assert any(wanted in a.content for a in slurm.render(classify))
+    causal = plan(framework=Framework.FSDP, zero_stage=0)
+    assert "AutoModelFor" not in "".join(a.content for a in hf_trainer.render(causal))
