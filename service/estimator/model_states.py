@@ -25,6 +25,7 @@ from service.estimator.params import (
     lora_adapter_shapes,
     mtp_projection_parameters,
     parameter_counts,
+    peft_saved_head_parameters,
 )
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
@@ -426,7 +427,8 @@ def rank_parameters(
 
 def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout, rp: RankParameters) -> float:
     """Trainable LoRA parameters on one GPU of a rank: r x (d_in + d_out) per targeted Linear of each
-    of its layers (``rp.layers``, ``rp.moe_layers`` of them MoE), split over tp."""
+    of its layers (``rp.layers``, ``rp.moe_layers`` of them MoE), and an encoder task head's copy PEFT
+    trains (``params.peft_saved_head_parameters``), split over tp."""
     # (in, out) of each adapter (params.lora_adapter_shapes: a fused module's one, MLA's own modules)
     shapes = lora_adapter_shapes(model, training.lora_targets, model.ffn_hidden_size)
     per_layer: float = sum(fan_in + fan_out for _, fan_in, fan_out in shapes)
@@ -434,6 +436,8 @@ def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout, rp
     total = rp.layers * per_layer
     if model.moe is not None:
         total += rp.moe_layers * _lora_expert_parameters(model, model.moe, training, layout)
+    # and an encoder's task head, which PEFT trains in full (encoders run data parallel only: one rank)
+    total += peft_saved_head_parameters(model)
     return total / layout.tp
 
 

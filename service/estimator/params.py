@@ -460,6 +460,21 @@ def head_matrices(model: ModelSpec) -> tuple[tuple[int, int], ...]:
             return ((h, model.vocab_size),)
 
 
+def peft_saved_head_parameters(model: ModelSpec) -> int:
+    """The task head PEFT trains in full beside the adapters, as a copy of it (its modules_to_save;
+    the original stays, frozen): PeftModelForSequenceClassification's "classifier" (BERT's h -> L
+    Linear; RoBERTa's RobertaClassificationHead, its dense h -> h and out_proj h -> L), and
+    PeftModelForQuestionAnswering's "qa_outputs"; none for a masked LM (a plain PeftModel) or a
+    decoder. Each Linear with its bias."""
+    h = model.hidden_size
+    if model.head is Head.SEQUENCE_CLASSIFICATION:
+        classifier = (h + 1) * model.num_labels
+        return classifier + (h + 1) * h if model.family == "roberta" else classifier
+    if model.head is Head.QUESTION_ANSWERING:
+        return (h + 1) * model.num_labels
+    return 0
+
+
 def head_tokens_fraction(model: ModelSpec, seq_len: int) -> float:
     """The share of a sequence's tokens the head's matmuls run on: the first token alone for sequence
     classification (the pooler reads hidden_states[:, 0]), every token otherwise."""

@@ -135,3 +135,24 @@ def test_an_encoder_preset_trains_the_task_head_asked_for(client: TestClient) ->
     problem = assert_problem(client.post("/v1/estimates", json=labels_alone), 422)
     assert problem["errors"][0]["field"] == "model.num_labels"
     assert not problem["errors"][0]["message"].startswith("Value error")
+
+
+def test_lora_on_an_encoder_task_head_trains_the_head_peft_saves(client: TestClient) -> None:
+    """A review: LoRA on RoBERTa classification counted the adapters alone, but PEFT's
+    PeftModelForSequenceClassification also trains a copy of the "classifier" module
+    (modules_to_save: RobertaClassificationHead's dense 768 x 768 + bias and out_proj 768 x 3 + bias =
+    592,899 parameters, twice the adapters here). Adapters: rank 8 on q_proj and v_proj of 12 layers,
+    8 x (768 + 768) x 2 x 12 = 294,912. Each trainable parameter holds 12 B of fp32 Adam states."""
+    body = {"model": {"preset": "roberta-base", "head": "sequence_classification", "num_labels": 3},
+            "cluster": {"gpu": "t4-16gb", "num_gpus": 1},
+            "training": {"seq_len": 512, "global_batch_size": 32, "method": "lora", "lora_rank": 8,
+                         "lora_targets": ["q_proj", "v_proj"]},
+            "layout": {"dp": 1}}  # fmt: skip
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text
+    head = 769 * 768 + 769 * 3
+    assert response.json()["memory"]["per_gpu"]["optimizer_states"] == 12 * (294_912 + head)
+    masked = body | {"model": {"preset": "roberta-base"}}  # a plain PeftModel: no head saved
+    assert client.post("/v1/estimates", json=masked).json()["memory"]["per_gpu"]["optimizer_states"] == (
+        12 * 294_912
+    )
