@@ -122,6 +122,12 @@ def group_all_reduce_s(size_bytes: float, link: Link) -> float:
         return 0.0
     if link.spans_nodes and link.ranks_per_node > 1:
         return link.base_latency_s + hierarchical_all_reduce_s(size_bytes, link)
+    if not link.spans_nodes:
+        # inside a node NCCL's tree is a chain (src/graph/tuning.cc: its intra-node steps are the
+        # ring's), never faster than the ring: the double binary tree's log2 steps are between nodes
+        return link.base_latency_s + ring_all_reduce_s(
+            size_bytes, link.group_size, link.bandwidth_bytes_per_s, link.latency_s
+        )
     return link.base_latency_s + all_reduce_s(
         size_bytes, link.group_size, link.bandwidth_bytes_per_s, link.latency_s
     )

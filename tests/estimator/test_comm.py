@@ -167,3 +167,26 @@ def test_an_all_to_all_across_nodes_sends_only_other_nodes_shares_over_the_nic()
     # a slow node-local link can bound it instead: its 7/16 S at 10 GB/s outlasts 8/16 S at 45 GB/s
     slow = dataclasses.replace(link, intra_bandwidth_bytes_per_s=10e9)
     assert comm.group_all_to_all_s(size, slow) == pytest.approx(15 * 1e-5 + 7 / 16 * size / 10e9)
+
+
+def test_inside_a_node_an_all_reduce_runs_the_ring() -> None:
+    """A network review: a TP all-reduce of a small message inside a node was timed as a binary tree
+    (2 x ceil(log2 8) = 6 steps of latency) where NCCL's tree is a chain inside a node
+    (src/graph/tuning.cc), never faster than the ring's 2 x (8 - 1) = 14 steps: 11.5% low for a TP
+    term that is a quarter of a short step. Between nodes the double binary tree's log2 steps stay."""
+    inside = comm.Link(
+        group_size=8,
+        ranks_per_node=8,
+        nodes=1,
+        intra_bandwidth_bytes_per_s=360e9,
+        inter_bandwidth_bytes_per_s=45e9,
+        intra_latency_s=1.9e-6,
+        inter_latency_s=8e-6,
+    )
+    size = 8.39e6
+    assert comm.group_all_reduce_s(size, inside) == pytest.approx(
+        comm.ring_all_reduce_s(size, 8, 360e9, 1.9e-6)
+    )
+    assert comm.group_all_reduce_s(size, inside) > comm.tree_all_reduce_s(size, 8, 360e9, 1.9e-6)
+    across = dataclasses.replace(inside, ranks_per_node=1, nodes=8)  # one rank per node: the tree may win
+    assert comm.group_all_reduce_s(1e3, across) == pytest.approx(comm.all_reduce_s(1e3, 8, 45e9, 8e-6))
