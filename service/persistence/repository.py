@@ -187,16 +187,17 @@ class PlanRepository:
         return ascending_page(self.session, query, RunRecord.id, limit=limit, after_id=after_id)
 
     def runs_on_hardware(
-        self, hardware_key: str, framework: str | None = None, *, limit: int | None = None
+        self, hardware_keys: Sequence[str], framework: str | None = None, *, limit: int | None = None
     ) -> Sequence[tuple[RunRecord, PlanRecord]]:
-        """The runs this owner stored of plans made for this hardware (and this framework, if
-        given), oldest first: every one, or the ``limit`` most recent. One owner's runs never
+        """The runs this owner stored of plans made for this hardware (under any of its keys: the
+        current one and earlier releases', ``planning.calibration.hardware_keys``) and this framework,
+        if given, oldest first: every one, or the ``limit`` most recent. One owner's runs never
         calibrate another's estimates."""
         query = (
             select(RunRecord, PlanRecord)
             .join(PlanRecord, RunRecord.plan_id == PlanRecord.id)
             # filtered on the run's own columns: the index leads, each plan is one key lookup
-            .where(RunRecord.owner == self.owner, RunRecord.hardware_key == hardware_key)
+            .where(RunRecord.owner == self.owner, RunRecord.hardware_key.in_(hardware_keys))
             .options(defer(PlanRecord.artifacts))
             .order_by(RunRecord.id.desc())  # ULIDs: newest first
         )

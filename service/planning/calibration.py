@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -63,6 +63,41 @@ HOST_STORAGE_FIELDS = ("cpu_memory_bytes_per_node", "nvme_bytes_per_node")
 
 
 def hardware_key(cluster: ClusterSpec) -> str:
+    """The key a plan and its runs are stored under: a hash of the hardware (``_hardware_fields``)."""
+    return _digest(_hardware_fields(cluster))
+
+
+# GPUSpec fields added after releases had stored runs under keys that hashed no such field, newest
+# first: the sustained clocks (9db0d3c, left at None unless stated), and the die with its flash
+# kernels (80792dc, ea0052f). An upgrade review: runs stored by a Dec 2 release stopped calibrating
+# the same hardware, their keys hashing none of these.
+_LATER_GPU_FIELDS = (
+    ("rated_power_w", "power_limit_w", "peak_clock_hz", "sustained_clock_hz"),
+    ("chip", "flash_attention"),
+)
+
+
+def hardware_keys(cluster: ClusterSpec) -> tuple[str, ...]:
+    """``hardware_key``, then the keys earlier releases computed for the same hardware, where they
+    could have known it (no clock stated): calibration looks runs up under all of them."""
+    fields = _hardware_fields(cluster)
+    keys = [_digest(fields)]
+    gpu = fields["gpu"]
+    if any(gpu[name] is not None for name in _LATER_GPU_FIELDS[0]):
+        return tuple(keys)  # a stated clock: hardware no earlier release could describe
+    for added in _LATER_GPU_FIELDS:
+        for name in added:
+            del gpu[name]
+        keys.append(_digest(fields))
+    return tuple(keys)
+
+
+def _digest(fields: dict[str, Any]) -> str:
+    canonical = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _hardware_fields(cluster: ClusterSpec) -> dict[str, Any]:
     fields = dataclasses.asdict(cluster)
     for name in HOST_STORAGE_FIELDS:
         fields[name] = 0
@@ -78,8 +113,7 @@ def hardware_key(cluster: ClusterSpec) -> str:
     del fields["gpu"]["node_gpus"]
     # nor a driver's peer access, which the part's name already says (and keeps the keys of before)
     del fields["gpu"]["peer_to_peer"]
-    canonical = json.dumps(fields, sort_keys=True, default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return fields
 
 
 def observed(run: RunRecord) -> ObservedRun:
@@ -287,14 +321,14 @@ class HardwareRuns:
 MAX_EVIDENCE_RUNS = 256
 
 
-def runs_on(repo: PlanRepository, key: str, now: datetime | None = None) -> HardwareRuns:
+def runs_on(repo: PlanRepository, keys: Sequence[str], now: datetime | None = None) -> HardwareRuns:
     """The most recent ``MAX_EVIDENCE_RUNS`` runs on this hardware with what makes each evidence:
     its age, the estimator version its plan's estimate came from, the job it ran."""
     now = now or utcnow()
     current = estimator_version()
     out = []
     traits_of: dict[str, JobTraits | None] = {}  # a plan's stored traits, parsed once for its runs
-    for run, plan in repo.runs_on_hardware(key, limit=MAX_EVIDENCE_RUNS):
+    for run, plan in repo.runs_on_hardware(keys, limit=MAX_EVIDENCE_RUNS):
         if plan.id not in traits_of:
             traits_of[plan.id] = stored_traits(plan)
         obs, traits = observation(run, plan), traits_of[plan.id]
@@ -308,10 +342,11 @@ def runs_on(repo: PlanRepository, key: str, now: datetime | None = None) -> Hard
     return HardwareRuns(tuple(out))
 
 
-def calibration_for(repo: PlanRepository, key: str, framework: str, target: JobTraits) -> Learned:
-    """The framework's calibration on this hardware for ``target``: step time from every framework's
-    runs on it, memory and the framework's own deviation from its own (``shared_calibration``)."""
-    return runs_on(repo, key).learned(framework, target)
+def calibration_for(repo: PlanRepository, keys: Sequence[str], framework: str, target: JobTraits) -> Learned:
+    """The framework's calibration on this hardware (its ``hardware_keys``) for ``target``: step time
+    from every framework's runs on it, memory and the framework's own deviation from its own
+    (``shared_calibration``)."""
+    return runs_on(repo, keys).learned(framework, target)
 
 
 def calibration_out(learned: Learned, uncalibrated: Estimate | None = None) -> CalibrationOut | None:

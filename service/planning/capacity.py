@@ -24,7 +24,7 @@ from service.estimator.scale import MAX_GPUS
 from service.estimator.types import ClusterSpec, Framework, GPUSpec, ModelSpec, TrainingSpec
 from service.estimator.validate import attention_precision_violation, hardware_violation
 from service.persistence.repository import ClusterRepository, PlanRepository
-from service.planning.calibration import calibration_for, hardware_key, job_traits
+from service.planning.calibration import calibration_for, hardware_keys, job_traits
 from service.planning.clusters import resolve_cluster
 from service.planning.estimates import check_priced, check_scale, located
 from service.planning.runnable import no_framework_runs
@@ -119,7 +119,7 @@ def _calibrated(
     if layout is None or option.num_gpus is None or not option.tokens_per_s:
         return option
     target = job_traits(parameter_counts(model).total, training.seq_len, layout)
-    learned = calibration_for(runs, hardware_key(cluster), layout.framework.value, target)
+    learned = calibration_for(runs, hardware_keys(cluster), layout.framework.value, target)
     calibration = learned.calibration
     if calibration.is_identity:
         return option

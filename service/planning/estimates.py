@@ -34,7 +34,7 @@ from service.estimator.validate import sequence_parallel_divisor_of
 from service.frameworks import sequence_parallel_default
 from service.launchers import runnable_targets
 from service.persistence.repository import ClusterRepository, PlanRepository
-from service.planning.calibration import calibration_for, calibration_out, hardware_key, job_traits
+from service.planning.calibration import calibration_for, calibration_out, hardware_keys, job_traits
 from service.planning.clusters import read_from_catalog, resolve_cluster
 
 TRAINING_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
@@ -61,7 +61,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     layout = layout_in.to_domain(peer_to_peer=peer_to_peer)
     total = parameter_counts(model).total
     target = job_traits(total, training.seq_len, layout)
-    learned = calibration_for(PlanRepository(session), hardware_key(cluster), layout.framework.value, target)
+    learned = calibration_for(PlanRepository(session), hardware_keys(cluster), layout.framework.value, target)
     try:
         result = estimate(
             model, cluster, layout, training, tuning=default_tuning(), calibration=learned.calibration

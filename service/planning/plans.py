@@ -40,6 +40,7 @@ from service.planning.calibration import (
     Learned,
     calibration_out,
     hardware_key,
+    hardware_keys,
     headroom_for,
     job_traits,
     runs_on,
@@ -117,7 +118,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         raise unrunnable
     key = hardware_key(cluster)
     plans = PlanRepository(session)
-    runs = runs_on(plans, key)
+    runs = runs_on(plans, hardware_keys(cluster))
     # no layout chosen yet: room for the largest memory factor any framework and family would apply
     before = job_traits(parameter_counts(model).total, training.seq_len)
     calibrations = [

@@ -68,7 +68,7 @@ def add_run(
         # what the runs on this hardware now say for the plan's own job
         target = stored_traits(plan)
         calibration = (
-            calibration_for(plans, plan.hardware_key, str(plan.framework), target) if target else None
+            calibration_for(plans, (plan.hardware_key,), str(plan.framework), target) if target else None
         )
         return record.id, run_out(record, calibration_out(calibration) if calibration else None)
 

@@ -290,7 +290,7 @@ def test_calibration_reads_runs_by_their_index_not_every_plan_on_the_hardware(db
     event.listen(db_engine, "before_cursor_execute", capture)
     try:
         with Session(db_engine) as session:
-            PlanRepository(session).runs_on_hardware("hw")
+            PlanRepository(session).runs_on_hardware(("hw",))
     finally:
         event.remove(db_engine, "before_cursor_execute", capture)
     (statement, parameters), *_ = sent

@@ -1,0 +1,69 @@
+"""Runs stored by an earlier release keep calibrating the same hardware after an upgrade.
+
+The hardware key hashes every GPUSpec field; GPUSpec has gained fields since runs were stored (the
+sustained clocks, the die and its flash kernels), so the same GPUs hashed to another key and their
+runs stopped applying (an upgrade review: a database written on Dec 2 lost every calibration).
+Calibration looks runs up under the current key and the keys those releases computed."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from service.contracts.clusters import ClusterIn
+from service.planning.calibration import hardware_key, hardware_keys
+from tests.api.test_plans import create, plan_body
+
+
+def _key_without(cluster_fields: dict[str, object], names: tuple[str, ...]) -> str:
+    """The key a release whose GPUSpec had none of ``names`` computed (its snapshot had none of them)."""
+    fields = json.loads(json.dumps(cluster_fields))
+    for name in ("cpu_memory_bytes_per_node", "nvme_bytes_per_node"):
+        fields[name] = 0
+    for name in (
+        "measured_intra_node_bus_bandwidth_bytes_per_s",
+        "measured_inter_node_bus_bandwidth_bytes_per_s",
+    ):
+        if fields[name] is None:
+            del fields[name]
+    gpu = fields["gpu"]
+    for name in ("defaulted", "node_network_bytes_per_s", "node_gpus", "peer_to_peer", *names):
+        del gpu[name]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def test_runs_stored_under_an_earlier_releases_key_still_calibrate(
+    client: TestClient, db_engine: Engine
+) -> None:
+    plan = create(client, plan_body())
+    cluster = ClusterIn.model_validate(plan_body()["cluster"]).to_domain()
+    snapshot = dataclasses.asdict(cluster)
+    clocks = ("rated_power_w", "power_limit_w", "peak_clock_hz", "sustained_clock_hz")
+    before_clocks = _key_without(snapshot, clocks)
+    before_chip = _key_without(snapshot, (*clocks, "chip", "flash_attention"))
+    assert hardware_keys(cluster) == (hardware_key(cluster), before_clocks, before_chip)
+    estimate_request = {
+        "model": plan_body()["model"],
+        "cluster": plan_body()["cluster"],
+        "training": plan_body()["training"],
+        "layout": plan["recommended"]["layout"],
+    }
+    step_s = plan["recommended"]["estimate"]["time"]["step_s"]
+    run = client.post(f"/v1/plans/{plan['id']}/runs", json={"step_s": step_s * 1.25})
+    assert run.status_code == 201, run.text
+    for old_key in (before_clocks, before_chip):  # as a Dec 2 release, then an older one, stored them
+        with db_engine.begin() as conn:
+            conn.execute(
+                text("UPDATE plans SET hardware_key = :k WHERE id = :id"), {"k": old_key, "id": plan["id"]}
+            )
+            conn.execute(
+                text("UPDATE runs SET hardware_key = :k WHERE plan_id = :id"),
+                {"k": old_key, "id": plan["id"]},
+            )
+        after = client.post("/v1/estimates", json=estimate_request).json()
+        assert after["calibration"] is not None and after["calibration"]["runs"] == 1, old_key
+        assert abs(after["calibration"]["factors"]["step_time"] - 1.25) < 1e-9
