@@ -34,18 +34,28 @@ class Outcome(Generic[T]):
     replayed: bool
 
 
-def request_digest(body: BaseModel) -> str:
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+def request_digests(body: BaseModel) -> tuple[str, str]:
+    """(the digest stored with a new key, the digest a release before 2026-12-06 stored): the body's
+    fields as the client sent them (its defaults left out, so a field a later release adds, or a
+    default it changes, is not another body to a retry across the upgrade); and every field, defaults
+    included, as the digest was computed before (an upgrade review: every retry of a key stored by an
+    earlier release was refused as 'another request body')."""
+    sent = body.model_dump(mode="json", exclude_unset=True)
+    return _digest(sent), _digest(body.model_dump(mode="json"))
+
+
+def _digest(fields: object) -> str:
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _stored_resource(repo: PlanRepository, key: str, scope: str, digest: str) -> str | None:
+def _stored_resource(repo: PlanRepository, key: str, scope: str, digests: tuple[str, ...]) -> str | None:
     """The id a previous request with this key created, if any; the same key with another body
     is refused."""
     found = repo.idempotency_key(key, scope)
     if found is None:
         return None
-    if found.request_sha256 != digest:
+    if found.request_sha256 not in digests:
         raise Unprocessable(
             f"Idempotency-Key {key!r} was used with another request body (it created {found.resource_id})",
             errors=[
@@ -64,7 +74,7 @@ def create_once(
     *,
     scope: str,
     key: str | None,
-    digest: str,
+    digests: tuple[str, ...],
     create: Callable[[], tuple[str, T]],
     replay: Callable[[str], T],
 ) -> Outcome[T]:
@@ -75,18 +85,18 @@ def create_once(
     if key is None:
         return Outcome(create()[1], replayed=False)
     repo = PlanRepository(session)
-    earlier = _stored_resource(repo, key, scope, digest)
+    earlier = _stored_resource(repo, key, scope, digests)
     if earlier is not None:
         return Outcome(replay(earlier), replayed=True)
     try:
         resource_id, value = create()
         repo.add_idempotency_key(
-            IdempotencyKeyRecord(key=key, scope=scope, request_sha256=digest, resource_id=resource_id)
+            IdempotencyKeyRecord(key=key, scope=scope, request_sha256=digests[0], resource_id=resource_id)
         )
     except IntegrityError:
         # A concurrent request with the same key committed first: it owns the resource.
         session.rollback()
-        earlier = _stored_resource(repo, key, scope, digest)
+        earlier = _stored_resource(repo, key, scope, digests)
         if earlier is None:
             raise
         return Outcome(replay(earlier), replayed=True)

@@ -47,7 +47,7 @@ from service.planning.calibration import (
 )
 from service.planning.clusters import read_from_catalog, resolve_cluster
 from service.planning.estimates import check_priced, check_scale, estimate_out, located
-from service.planning.idempotency import Outcome, create_once, request_digest
+from service.planning.idempotency import Outcome, create_once, request_digests
 from service.planning.runnable import no_framework_runs
 from service.recommender import headroom, recommend
 from service.recommender.budget import NO_DEADLINE, Deadline, busy_words
@@ -85,7 +85,7 @@ def create_plan(
         session,
         scope=PLAN_SCOPE,
         key=idempotency_key,
-        digest=request_digest(request),
+        digests=request_digests(request),
         create=create,
         replay=replay,
     )

@@ -25,7 +25,7 @@ from service.planning.calibration import (
     observed,
     stored_traits,
 )
-from service.planning.idempotency import Outcome, create_once, request_digest
+from service.planning.idempotency import Outcome, create_once, request_digests
 from service.planning.plans import stored_plan
 from service.runlogs import LogNotUnderstood, ParsedLog, parse_log
 
@@ -82,7 +82,7 @@ def add_run(
         session,
         scope=run_scope(plan_id),
         key=idempotency_key,
-        digest=request_digest(run),
+        digests=request_digests(run),
         create=create,
         replay=replay,
     )

@@ -1,4 +1,4 @@
-"""Runs stored by an earlier release keep calibrating the same hardware after an upgrade.
+"""What an earlier release stored keeps working after an upgrade: its runs calibrate, its keys replay.
 
 The hardware key hashes every GPUSpec field; GPUSpec has gained fields since runs were stored (the
 sustained clocks, the die and its flash kernels), so the same GPUs hashed to another key and their
@@ -67,3 +67,27 @@ def test_runs_stored_under_an_earlier_releases_key_still_calibrate(
         after = client.post("/v1/estimates", json=estimate_request).json()
         assert after["calibration"] is not None and after["calibration"]["runs"] == 1, old_key
         assert abs(after["calibration"]["factors"]["step_time"] - 1.25) < 1e-9
+
+
+def test_a_retry_of_a_key_an_earlier_release_stored_replays(client: TestClient, db_engine: Engine) -> None:
+    """An upgrade review: every retry of an Idempotency-Key stored before the upgrade was refused as
+    'used with another request body': the digest hashed every field with its default, and fields had
+    been added since. A key is now stored with the body as sent; one stored the earlier way (every
+    field) still replays."""
+    from service.contracts.plans import PlanRequest
+    from service.planning.idempotency import request_digests
+
+    body = plan_body()
+    first = create(client, body, key="retry-across-upgrade")
+    _, every_field = request_digests(PlanRequest.model_validate(body))
+    with db_engine.begin() as conn:  # as the earlier release stored it
+        conn.execute(
+            text("UPDATE idempotency_keys SET request_sha256 = :d WHERE key = :k"),
+            {"d": every_field, "k": "retry-across-upgrade"},
+        )
+    retry = client.post("/v1/plans", json=body, headers={"Idempotency-Key": "retry-across-upgrade"})
+    assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "true"
+    assert retry.json()["id"] == first["id"]
+    other = client.post("/v1/plans", json=plan_body(training={"seq_len": 512, "global_batch_size": 64}),
+                        headers={"Idempotency-Key": "retry-across-upgrade"})  # fmt: skip
+    assert other.status_code == 422
