@@ -172,7 +172,7 @@ def _apply(record: ClusterRecord, body: ClusterCreate) -> None:
     record.name = body.name
     record.description = body.description
     if isinstance(body.gpu, CustomGPU):
-        record.gpu_name, record.gpu_spec = None, body.gpu.model_dump()
+        record.gpu_name, record.gpu_spec = None, stored_custom_gpu(body.gpu)
     else:
         record.gpu_name, record.gpu_spec = body.gpu, None
     record.num_nodes = spec.num_nodes
@@ -184,6 +184,23 @@ def _apply(record: ClusterRecord, body: ClusterCreate) -> None:
     record.nvme_bytes_per_node = spec.nvme_bytes_per_node
     record.measured_intra_node_bus_bandwidth_bytes_per_s = spec.measured_intra_node_bus_bandwidth_bytes_per_s
     record.measured_inter_node_bus_bandwidth_bytes_per_s = spec.measured_inter_node_bus_bandwidth_bytes_per_s
+
+
+# Custom-GPU fields added after 2026-12-05, stored only where the client stated other than their
+# default: a row a release before them reads back (a rollback, alembic downgrade, is documented) holds
+# no key its strict CustomGPU refuses (an upgrade review: a description-only PATCH wrote peer_to_peer
+# into every custom GPU, and the rolled-back release answered 500 on GET /v1/clusters).
+_LATER_CUSTOM_GPU_DEFAULTS = {"peer_to_peer": True}
+
+
+def stored_custom_gpu(gpu: CustomGPU) -> dict[str, Any]:
+    """A custom GPU as its row stores it: every field, but those of ``_LATER_CUSTOM_GPU_DEFAULTS`` at
+    their default."""
+    fields = gpu.model_dump()
+    for name, default in _LATER_CUSTOM_GPU_DEFAULTS.items():
+        if fields.get(name) == default:
+            del fields[name]
+    return fields
 
 
 def _check_name_free(repo: ClusterRepository, name: str, own_id: str | None) -> None:

@@ -469,3 +469,22 @@ def test_a_plan_shows_the_cluster_it_was_made_for_after_the_cluster_is_edited(cl
     assert edited.status_code == 200, edited.text
     again = client.get(f"/v1/plans/{plan.json()['id']}").json()
     assert again["cluster"] == made
+
+
+def test_a_custom_gpu_row_holds_no_later_field_at_its_default(client: TestClient, db_engine: Any) -> None:
+    """An upgrade review rolled back (alembic downgrade, then the earlier release) after a
+    description-only PATCH: the new code had written peer_to_peer into the custom GPU's row, which the
+    earlier release's strict CustomGPU refused (500 on GET /v1/clusters). Left at its default it is not
+    stored; stated false it is, and reads back."""
+    from sqlalchemy import text
+
+    default = create(client, name="lab", gpu=CUSTOM_GPU, num_nodes=1)
+    client.patch(f"/v1/clusters/{default['id']}", json={"description": "renamed shelf"})
+    unbridged = create(client, name="geforce", gpu=CUSTOM_GPU | {"peer_to_peer": False}, num_nodes=1)
+    with db_engine.connect() as conn:
+        rows = dict(conn.execute(text("SELECT id, gpu_spec FROM clusters")).all())
+    stored = {key: json.loads(value) if isinstance(value, str) else value for key, value in rows.items()}
+    assert "peer_to_peer" not in stored[default["id"]]
+    assert stored[unbridged["id"]]["peer_to_peer"] is False
+    assert client.get(f"/v1/clusters/{unbridged['id']}").json()["gpu"]["peer_to_peer"] is False
+    assert client.get(f"/v1/clusters/{default['id']}").json()["gpu"]["peer_to_peer"] is True
