@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -402,6 +403,17 @@ def stored_artifacts(record: PlanRecord) -> list[StoredArtifact]:
     return StoredArtifact.read_all(record.artifacts)
 
 
+def _with_card(rejected: dict[str, Any], snapshot: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A memory miss stored before the card's capacity was (result version < 3: ``PlanResult`` reads
+    its figure as allowed_bytes) with the card's from the plan's cluster snapshot, as a plan stored
+    now says it (an upgrade review: capacity_bytes read back null)."""
+    if rejected.get("capacity_bytes") is not None or rejected.get("allowed_bytes") is None:
+        return rejected
+    gpu = (snapshot or {}).get("gpu")
+    memory = gpu.get("memory_bytes") if isinstance(gpu, Mapping) else None
+    return rejected | {"capacity_bytes": memory} if isinstance(memory, int) else rejected
+
+
 def plan_out(record: PlanRecord) -> PlanOut:
     """A stored plan in its wire shape (a result stored by an earlier version with the keys it
     lacks at their defaults: PlanResult)."""
@@ -416,7 +428,7 @@ def plan_out(record: PlanRecord) -> PlanOut:
         request=record.request,
         recommended=result.recommended,
         alternatives=result.alternatives,
-        rejected=[r.model_dump(mode="json") for r in result.rejected],
+        rejected=[_with_card(r.model_dump(mode="json"), record.cluster_snapshot) for r in result.rejected],
         suggestions=[s.model_dump(mode="json") for s in result.suggestions],
         suggestions_skipped=[s.model_dump(mode="json") for s in result.suggestions_skipped],
         closest=result.closest,

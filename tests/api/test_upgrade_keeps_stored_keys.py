@@ -91,3 +91,29 @@ def test_a_retry_of_a_key_an_earlier_release_stored_replays(client: TestClient, 
     other = client.post("/v1/plans", json=plan_body(training={"seq_len": 512, "global_batch_size": 64}),
                         headers={"Idempotency-Key": "retry-across-upgrade"})  # fmt: skip
     assert other.status_code == 422
+
+
+def test_a_memory_miss_stored_before_version_3_reads_back_the_card(
+    client: TestClient, db_engine: Engine
+) -> None:
+    """An upgrade review: a rejected memory miss stored by an earlier release (result version < 3,
+    its limit stored as capacity_bytes) read back with capacity_bytes null: the card's capacity is the
+    plan's cluster snapshot's, as a plan stored now says it."""
+    body = plan_body(model={"preset": "llama-2-13b"})
+    plan = create(client, body)
+    misses = [r for r in plan["rejected"] if r.get("allowed_bytes") is not None]
+    assert misses
+    with db_engine.begin() as conn:
+        (result,) = conn.execute(text("SELECT result FROM plans WHERE id = :id"), {"id": plan["id"]}).one()
+        result = json.loads(result) if isinstance(result, str) else result
+        result["version"] = 2
+        for rejected in result["rejected"]:  # as versions 0-2 stored a memory miss
+            if rejected.get("allowed_bytes") is not None:
+                rejected["capacity_bytes"] = rejected.pop("allowed_bytes")
+        conn.execute(
+            text("UPDATE plans SET result = :r WHERE id = :id"), {"r": json.dumps(result), "id": plan["id"]}
+        )
+    stored = client.get(f"/v1/plans/{plan['id']}").json()
+    read = [r for r in stored["rejected"] if r.get("allowed_bytes") is not None]
+    assert [r["allowed_bytes"] for r in read] == [r["allowed_bytes"] for r in misses]
+    assert {r["capacity_bytes"] for r in read} == {plan["cluster"]["gpu"]["memory_bytes"]}
