@@ -678,6 +678,18 @@ def expert_tensor_violation(model: ModelSpec, layout: Layout) -> Violation:
     return None
 
 
+def megatron_moe_sequence_parallel_violation(model: ModelSpec, layout: Layout) -> Violation:
+    """Megatron trains an MoE layer with tensor parallelism only under sequence parallelism
+    (megatron/core/transformer/moe/moe_layer.py forward: "During training, performance may degrade if
+    MoE and tensor parallelism are enabled without also enabling sequence parallelism" is a
+    ValueError when training; an MoE review found an estimate that accepted it)."""
+    megatron = layout.framework is Framework.MEGATRON
+    if megatron and model.moe is not None and layout.tp > 1 and not layout.sequence_parallel:
+        return _bad(f"megatron trains MoE layers with tp ({layout.tp}) > 1 only with sequence_parallel "
+                    "(moe_layer.py raises otherwise)", "moe_sp", "sequence_parallel")  # fmt: skip
+    return None
+
+
 def sharding_violation(layout: Layout, caps: Capabilities) -> Violation:
     """The framework's ZeRO / FSDP stage and offload choices (not their interplay with pp)."""
     name = layout.framework.value
@@ -1104,6 +1116,7 @@ def layout_violation(
         or sequence_parallel_violation(training, layout)
         or expert_tensor_violation(model, layout)
         or expert_violation(model, layout)
+        or megatron_moe_sequence_parallel_violation(model, layout)
         or training_violation(model, cluster, layout, training, caps)
         or fused_optimizer_batches_violation(layout, layout.accumulation_steps(training.global_batch_size))
         or recompute_violation(model, layout, caps)

@@ -96,7 +96,7 @@ def test_valid_layouts_pass(layout: Layout) -> None:
 
 
 def test_moe_expert_parallel_passes() -> None:
-    check(Layout(framework=Framework.MEGATRON, dp=8, tp=2, ep=8, zero_stage=1), model=MOE)
+    check(Layout(framework=Framework.MEGATRON, dp=8, tp=2, ep=8, zero_stage=1, sequence_parallel=True), model=MOE)
 
 
 @pytest.mark.parametrize(
@@ -523,3 +523,15 @@ def test_a_layout_refuses_a_plain_string_where_an_enum_goes(field: str, text: st
     with pytest.raises(InvalidLayout) as err:
         Layout(**{field: text})
     assert err.value.field == field and err.value.rule == "type" and repr(text) in err.value.message
+
+
+def test_megatron_moe_with_tp_needs_sequence_parallelism() -> None:
+    """An MoE review: megatron/core/transformer/moe/moe_layer.py raises when training an MoE layer with
+    tp > 1 and sequence parallelism off; the estimate accepted it."""
+    with pytest.raises(InvalidLayout) as err:
+        check(Layout(framework=Framework.MEGATRON, dp=8, tp=2, ep=8, zero_stage=1), model=MOE)
+    assert (err.value.rule, err.value.field) == ("moe_sp", "sequence_parallel")
+    check(
+        Layout(framework=Framework.MEGATRON, dp=8, tp=2, ep=8, zero_stage=1, sequence_parallel=True),
+        model=MOE,
+    )
