@@ -329,7 +329,9 @@ class RankStates:
     gradients_apart: bool  # gradients_in_own_pool
 
 
-@layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")
+@layout_memo(
+    *PIPELINE_FIELDS, "tp", "ep", "etp", "framework"
+)  # framework: Megatron's whole MLA down-projections
 def rank_parameters_of(job: Job, layout: Layout, rank: int) -> RankParameters:
     """``rank_parameters`` of the job's model on pipeline rank ``rank``."""
     layers = rank_kind_counts(job, layout)[rank]

@@ -23,6 +23,7 @@ from service.estimator.params import (
     LayerKind,
     largest_module_parameters,
     lora_adapter_shapes,
+    mla_down_parameters,
     mtp_projection_parameters,
     parameter_counts,
     peft_saved_head_parameters,
@@ -372,6 +373,15 @@ def gathered_weight_bytes(sb: StateBytes, params: float, quantized: float) -> fl
 # ---------------------------------------------------------------- parameters on a rank
 
 
+def tp_duplicated_per_layer(model: ModelSpec, layout: Layout) -> float:
+    """Attention parameters per layer a TP rank holds beyond its 1/tp share: Megatron keeps MLA's
+    down-projections whole on every TP rank (``params.mla_down_parameters``; an MoE review: DeepSeek-V3
+    at tp 4 was 2.6 GiB light); elsewhere attention splits whole."""
+    if layout.tp == 1 or layout.framework is not Framework.MEGATRON:
+        return 0.0
+    return mla_down_parameters(model) * (1 - 1 / layout.tp)
+
+
 def rank_parameters(
     model: ModelSpec,
     counts: ParameterCounts,
@@ -390,7 +400,9 @@ def rank_parameters(
     mlp = counts.dense_mlp_per_layer * (held - moe_layers) + counts.shared_experts_per_moe_layer * moe_layers
     replicated = counts.norms_per_layer * held + counts.router_per_moe_layer * moe_layers
     expert = counts.experts_per_moe_layer * moe_layers / (et * e)
-    dense = (attention + mlp) / t + replicated
+    # what each TP rank holds whole of the attention it would otherwise split (Megatron's MLA)
+    duplicated = tp_duplicated_per_layer(model, layout)
+    dense = (attention + mlp) / t + replicated + held * duplicated
     # With pp > 1 and tied embeddings the last stage keeps its own copy of the word embedding.
     head = counts.output or (model.vocab_size * model.hidden_size if p > 1 else 0)
     if rank == 0:
@@ -409,15 +421,15 @@ def rank_parameters(
     dense_mlp = counts.dense_mlp_per_layer / t if counts.dense_layers else 0
     largest_moe = counts.moe_layers and moe_layer > dense_mlp
     mlp_linear, mlp_all = (moe_linear, moe_layer) if largest_moe else (dense_mlp, dense_mlp)
-    layer_linear = counts.attention_per_layer / t + mlp_linear
-    layer = counts.attention_per_layer / t + counts.norms_per_layer + mlp_all
+    layer_linear = counts.attention_per_layer / t + duplicated + mlp_linear
+    layer = counts.attention_per_layer / t + duplicated + counts.norms_per_layer + mlp_all
     last_unit = counts.final_norm + (counts.output or model.vocab_size * model.hidden_size) / t
     return RankParameters(
         layers=held,
         moe_layers=moe_layers,
         dense=dense,
         expert=expert,
-        linear=(attention + mlp) / t + expert,
+        linear=(attention + mlp) / t + held * duplicated + expert,
         layer=layer,
         layer_linear=layer_linear,
         layer_experts=counts.experts_per_moe_layer / (et * e) if largest_moe else 0.0,

@@ -302,6 +302,21 @@ def attention_parameters(model: ModelSpec) -> int:
     return weights + qkv_bias + out_bias + qk_norm_parameters(model) + sink_parameters(model)
 
 
+def mla_down_parameters(model: ModelSpec) -> int:
+    """MLA's down-projections and their norms, per layer: q_a_proj (h -> r_q) with q_a_layernorm and
+    kv_a_proj_with_mqa (h -> r + rope) with kv_a_layernorm, biased with attention_bias; 0 without MLA.
+    Megatron builds them as plain linears every TP rank holds whole (gpt_layer_specs.py
+    linear_q_down_proj / linear_kv_down_proj = backend.linear(); multi_latent_attention.py sets their
+    parallel_mode 'duplicated'), the norms likewise."""
+    mla = model.mla
+    if mla is None:
+        return 0
+    h, b = model.hidden_size, 1 if model.mla_bias else 0
+    r_q, r = mla.q_lora_rank, mla.kv_lora_rank
+    q = 0 if r_q is None else (h + b) * r_q + r_q
+    return q + (h + b) * (r + mla.qk_rope_head_dim) + r
+
+
 def mla_parameters(model: ModelSpec) -> int:
     """DeepSeek multi-head latent attention (transformers DeepseekV2/V3Attention), n heads:
     q_a_proj (h -> r_q, bias with attention_bias) + q_a_layernorm (r_q) + q_b_proj (r_q -> n qk), or a

@@ -739,3 +739,25 @@ def test_a_capacity_factor_pads_every_expert_and_its_rows_are_held() -> None:
     # each extra factor of the mean adds the same routed rows again
     assert four - one == pytest.approx(3 * (held(2.0) - one), rel=1e-9)
     assert (four - one) / 2**30 > 35  # one h-wide copy of each routed row (Megatron-Core), fc1 and fc2
+
+
+def test_megatron_keeps_mla_down_projections_whole_on_every_tp_rank() -> None:
+    """An MoE review: Megatron builds MLA's q and kv down-projections as duplicated linears
+    (multi_latent_attention.py: parallel_mode 'duplicated'), so each TP rank holds them whole; the
+    count divided them by tp (DeepSeek-V3 at tp 4: 2.6 GiB of bf16 weights and gradients light).
+    DeepSeek-V3, per layer: q_a 7168 x 1536 + its norm 1536, kv_a 7168 x 576 + its norm 512."""
+    from service.catalog.models import model as preset
+    from service.estimator.model_states import rank_parameters
+    from service.estimator.params import LayerKind, mla_down_parameters, parameter_counts
+
+    spec = preset("deepseek-v3").spec
+    assert mla_down_parameters(spec) == 7168 * 1536 + 1536 + 7168 * 576 + 512
+    counts = parameter_counts(spec)
+    layers = ((LayerKind(moe=True), 4),)
+    megatron = Layout(framework=Framework.MEGATRON, tp=4, ep=8, zero_stage=1, sequence_parallel=True)
+    split = dataclasses.replace(megatron, framework=Framework.DEEPSPEED, sequence_parallel=False)
+    whole = (
+        rank_parameters(spec, counts, megatron, 1, layers).dense
+        - rank_parameters(spec, counts, split, 1, layers).dense
+    )
+    assert whole == pytest.approx(4 * mla_down_parameters(spec) * (1 - 1 / 4))

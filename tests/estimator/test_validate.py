@@ -96,7 +96,10 @@ def test_valid_layouts_pass(layout: Layout) -> None:
 
 
 def test_moe_expert_parallel_passes() -> None:
-    check(Layout(framework=Framework.MEGATRON, dp=8, tp=2, ep=8, zero_stage=1, sequence_parallel=True), model=MOE)
+    check(
+        Layout(framework=Framework.MEGATRON, dp=8, tp=2, ep=8, zero_stage=1, sequence_parallel=True),
+        model=MOE,
+    )
 
 
 @pytest.mark.parametrize(
