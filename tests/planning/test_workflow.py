@@ -69,7 +69,7 @@ def test_the_loser_of_a_race_for_a_key_replays_the_winner(db_engine: Engine, ses
         return "loser", "created by the loser"
 
     outcome = create_once(
-        session, scope="race", key="k", digest=digest, create=create, replay=lambda rid: f"replayed {rid}"
+        session, scope="race", key="k", digests=(digest,), create=create, replay=lambda rid: f"replayed {rid}"
     )
     assert outcome == planning.Outcome("replayed winner", replayed=True)
 
