@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Response, status
 
-from service.api.deps import ClusterRepoDep, CursorQuery, LimitQuery
+from service.api.deps import ClusterRepoDep, CursorQuery, IdempotencyKey, LimitQuery, created
 from service.api.problems import PRECONDITION_RESPONSES, PROBLEM_RESPONSES
 from service.contracts.clusters import ClusterCreate, ClusterOut, ClusterPatch, ClusterReplace
 from service.contracts.common import Page
@@ -36,10 +36,12 @@ def _tagged(response: Response, out: ClusterOut) -> ClusterOut:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ClusterOut)
-def create_cluster(body: ClusterCreate, repo: ClusterRepoDep, response: Response) -> ClusterOut:
-    record = clusters.create_cluster(repo, body)
-    response.headers["Location"] = f"/v1/clusters/{record.id}"
-    return _tagged(response, clusters.cluster_out(record))
+def create_cluster(
+    body: ClusterCreate, repo: ClusterRepoDep, response: Response, idempotency_key: IdempotencyKey = None
+) -> ClusterOut:
+    outcome = clusters.create_cluster_once(repo, body, idempotency_key)
+    created(response, f"/v1/clusters/{outcome.value.id}", outcome.replayed)
+    return _tagged(response, clusters.cluster_out(outcome.value))
 
 
 @router.get("", response_model=Page[ClusterOut])

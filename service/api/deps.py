@@ -9,7 +9,7 @@ from typing import Annotated, TypeVar
 
 import anyio
 import anyio.from_thread
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Header, Query, Request, Response
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -255,3 +255,19 @@ def get_plan_repository(session: SessionDep) -> PlanRepository:
 
 
 PlanRepoDep = Annotated[PlanRepository, Depends(get_plan_repository)]
+
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=255, description="retry-safe key"),
+]
+
+
+def created(response: Response, location: str, replayed: bool) -> None:
+    """201 with Location (the route's status), and Idempotent-Replayed for a retry: a retry gets the
+    answer the first request got, status included (draft-ietf-httpapi-idempotency-key-header: the
+    resource's 201 and Location; api.md: POST /v1/plans -> 201 + Location), so a client that checks
+    for 201 is not told a retried create failed (a review's case: replays answered 200)."""
+    response.headers["Location"] = location
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"

@@ -12,12 +12,20 @@ import zipfile
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.routing import APIRoute
 from pydantic import AfterValidator, BeforeValidator
 
 from service import planning
-from service.api.deps import CatalogPage, PlanningDeadline, PlanRepoDep, SessionDep, paged
+from service.api.deps import (
+    CatalogPage,
+    IdempotencyKey,
+    PlanningDeadline,
+    PlanRepoDep,
+    SessionDep,
+    created,
+    paged,
+)
 from service.api.problems import PROBLEM_RESPONSES
 from service.catalog.models import model as catalog_model
 from service.contracts.common import Page, catalog_slug
@@ -28,22 +36,6 @@ from service.launchers.common import MEDIA_TYPES
 from service.persistence.repository import InvalidCursor, PlanFilters, decode_cursor, encode_cursor
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=PROBLEM_RESPONSES)
-
-IdempotencyKey = Annotated[
-    str | None,
-    Header(alias="Idempotency-Key", min_length=1, max_length=255, description="retry-safe key"),
-]
-
-
-def created(response: Response, location: str, replayed: bool) -> None:
-    """201 with Location (the route's status), and Idempotent-Replayed for a retry: a retry gets the
-    answer the first request got, status included (draft-ietf-httpapi-idempotency-key-header: the
-    resource's 201 and Location; api.md: POST /v1/plans -> 201 + Location), so a client that checks
-    for 201 is not told a retried create failed (a review's case: replays answered 200)."""
-    response.headers["Location"] = location
-    if replayed:
-        response.headers["Idempotent-Replayed"] = "true"
-
 
 _DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
 

@@ -22,6 +22,7 @@ from service.errors import Conflict, NotFound, PreconditionFailed, Unprocessable
 from service.estimator.types import ClusterSpec
 from service.persistence.models import ClusterRecord
 from service.persistence.repository import ClusterRepository
+from service.planning.idempotency import Outcome, create_once, request_digests
 
 # Stored as given, None following the default (the GPU's link; intra-node on one node).
 DEFAULTED_FIELDS = ("intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s")
@@ -121,6 +122,39 @@ def create_cluster(repo: ClusterRepository, body: ClusterCreate) -> ClusterRecor
     record = ClusterRecord()
     _apply(record, body)
     return _save(repo, record)
+
+
+# Stored with every cluster-create key (the route, as runs' and plans' keys store theirs)
+CLUSTER_SCOPE = "POST /v1/clusters"
+
+
+def create_cluster_once(
+    repo: ClusterRepository, body: ClusterCreate, idempotency_key: str | None = None
+) -> Outcome[ClusterRecord]:
+    """``create_cluster``, retry-safe: the same key and body replays the cluster it created (api.md:
+    writes a scheduler may retry accept an Idempotency-Key; a retry was a 409 'name taken')."""
+
+    def create() -> tuple[str, ClusterRecord]:
+        record = create_cluster(repo, body)
+        return record.id, record
+
+    def replay(cluster_id: str) -> ClusterRecord:
+        record = repo.get(cluster_id)
+        if record is None:
+            raise NotFound(
+                f"cluster {cluster_id} created with Idempotency-Key {idempotency_key!r} has since been "
+                "deleted"
+            )
+        return record
+
+    return create_once(
+        repo.session,
+        scope=CLUSTER_SCOPE,
+        key=idempotency_key,
+        digests=request_digests(body),
+        create=create,
+        replay=replay,
+    )
 
 
 def replace_cluster(

@@ -488,3 +488,19 @@ def test_a_custom_gpu_row_holds_no_later_field_at_its_default(client: TestClient
     assert stored[unbridged["id"]]["peer_to_peer"] is False
     assert client.get(f"/v1/clusters/{unbridged['id']}").json()["gpu"]["peer_to_peer"] is False
     assert client.get(f"/v1/clusters/{default['id']}").json()["gpu"]["peer_to_peer"] is True
+
+
+def test_a_cluster_create_retried_with_its_key_replays(client: TestClient) -> None:
+    """Two reviews: POST /v1/clusters ignored Idempotency-Key (api.md: writes a scheduler may retry
+    accept one), so a retry was a 409 'name taken'. The same key and body replay the cluster, 201 with
+    Idempotent-Replayed; another body under the key is a 422; without a key the name is still taken."""
+    headers = {"Idempotency-Key": "rack-7"}
+    first = client.post("/v1/clusters", json=H100_NODE | {"name": "rack-7"}, headers=headers)
+    assert first.status_code == 201
+    again = client.post("/v1/clusters", json=H100_NODE | {"name": "rack-7"}, headers=headers)
+    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"] and again.headers["location"] == first.headers["location"]
+    other = client.post("/v1/clusters", json=H100_NODE | {"name": "rack-8"}, headers=headers)
+    assert assert_problem(other, 422)["errors"][0]["field"] == "header.Idempotency-Key"
+    assert_problem(client.post("/v1/clusters", json=H100_NODE | {"name": "rack-7"}), 409)
+    assert len(client.get("/v1/clusters").json()["items"]) == 1
