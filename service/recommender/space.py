@@ -654,6 +654,13 @@ def micro_batch_sizes(
     return valid_micro_batch_sizes(training, layout)
 
 
+# Distinct layouts a search may build: DeepSeek-V3's catalog capacity (seq 4096, batch 1024) builds
+# 16,446 (at 16,384 the least recently used were evicted before their reuse and every one was rebuilt:
+# 13% of that sweep's CPU). A layout and its key take about 0.5 KB: at most ~32 MB.
+LAYOUT_CACHE_SIZE = 65536
+
+
+@functools.lru_cache(maxsize=LAYOUT_CACHE_SIZE)
 def make_layout(
     structure: Structure,
     sharding: Sharding,
@@ -662,31 +669,9 @@ def make_layout(
     micro_batch: int,
     peer_to_peer: bool,
 ) -> Layout:
-    """The layout of these choices on GPUs with (or without) ``peer_to_peer`` access. Without TP the
-    access changes nothing, and is not part of the shared layout's key (a capacity sweep keeps one
-    layout per choice for every GPU type: a key per GPU kind overflowed the cache and rebuilt them)."""
-    return _make_layout(
-        structure, sharding, recompute, virtual, micro_batch, peer_to_peer or structure.tp == 1
-    )
-
-
-# Distinct layouts a search may build: DeepSeek-V3's catalog capacity (seq 4096, batch 1024) builds
-# 16,446 (at 16,384 the least recently used were evicted before their reuse and every one was rebuilt:
-# 13% of that sweep's CPU). A layout and its key take about 0.5 KB: at most ~32 MB.
-LAYOUT_CACHE_SIZE = 65536
-
-
-@functools.lru_cache(maxsize=LAYOUT_CACHE_SIZE)
-def _make_layout(
-    structure: Structure,
-    sharding: Sharding,
-    recompute: Recompute,
-    virtual: int,
-    micro_batch: int,
-    peer_to_peer: bool,
-) -> Layout:
-    """``make_layout``, shared: the search builds the same one at several steps, and a capacity sweep
-    for every GPU type searching the same count; a ``Layout`` is frozen."""
+    """The layout of these choices on GPUs with (or without) ``peer_to_peer`` access (shared: the
+    search builds the same one at several steps, and a capacity sweep for every GPU type searching the
+    same count; a ``Layout`` is frozen)."""
     flags = FRAMEWORKS[sharding.framework].flags
     sp = sequence_parallel_default(sharding.framework, structure.tp)
     own = sharding.megatron_lm
