@@ -128,6 +128,7 @@ class ClusterShape(Strict):
         # a catalog GPU as its slug ("H100 SXM5 80GB" -> "h100-sxm-80gb": stored and echoed so), and
         # a cluster that leaves out its node as one node of the part's own (one HGX baseboard of 8)
         read: dict[str, str] = {}
+        value = cls.without_nulls(value)  # null node fields are left out, then filled in below
         if isinstance(value, dict):
             given = value.get("gpu")
             value = dict(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import types
 import typing
 from collections.abc import Callable
@@ -161,6 +162,33 @@ def _refuse_nul(value: Any, where: str = "") -> None:
             _refuse_nul(item, f"{where}[{index}]")
 
 
+def _accepts_none(annotation: Any) -> bool:
+    """Whether a field's annotation admits None (``X | None``, Optional, Any), through Annotated."""
+    if annotation is Any or annotation is None or annotation is type(None):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _accepts_none(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return any(_accepts_none(arg) for arg in typing.get_args(annotation))
+    return False
+
+
+@functools.cache
+def null_means_default(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``model`` where a JSON null is read as the field left out: those with a default
+    (or filled in from the catalog, ``catalog_filled``) whose type has no null of its own. Clients
+    that serialise an unset optional field as null (Go, Java and TypeScript encoders do) then get the
+    default the answer names, not a 422; a field whose null means something (a PATCH removing a
+    figure, a default resolved from the hardware) keeps its null."""
+    filled = set(getattr(model, "catalog_filled", ()))
+    return frozenset(
+        name
+        for name, field in model.model_fields.items()
+        if (not field.is_required() or name in filled) and not _accepts_none(field.annotation)
+    )
+
+
 def _document_inputs(schema: dict[str, Any], model: type[BaseModel]) -> None:
     """What the OpenAPI schema of a Strict model must say of the inputs its validators accept: the
     `X_gbps` twin of every `X_bytes_per_s` field (with extra="forbid" a schema-validating client or
@@ -178,11 +206,27 @@ def _document_inputs(schema: dict[str, Any], model: type[BaseModel]) -> None:
     filled = set(getattr(model, "catalog_filled", ()))
     if filled and "required" in schema:
         schema["required"] = [name for name in schema["required"] if name not in filled]
+    # null is read as left out (StrictFields._strict_types, Strict._null_is_left_out)
+    for name in null_means_default(model):
+        if name in properties:
+            properties[name] = _nullable(properties[name])
 
 
-class Strict(BaseModel):
+def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
+    """A property's schema that also admits null: its type or reference joined with null, its
+    title, description and default kept beside them."""
+    outer = {key: value for key, value in prop.items() if key in ("title", "description", "default")}
+    inner = {key: value for key, value in prop.items() if key not in outer}
+    variants = inner["anyOf"] if list(inner) == ["anyOf"] else [inner]
+    return {"anyOf": [*variants, {"type": "null"}], **outer}
+
+
+class StrictFields(BaseModel):
     """Unknown fields are errors; numbers and booleans must be JSON numbers and booleans; no string
-    holds NUL; `X_gbps` is accepted wherever `X_bytes_per_s` is a field."""
+    holds NUL; `X_gbps` is accepted wherever `X_bytes_per_s` is a field; null for a field with a
+    default is its default (``null_means_default``). Without a model validator of its own, so that
+    a model of it in a union (``str | CustomGPU``) keeps its name as the union's tag in error
+    locations: ``Strict`` is the base of every other input."""
 
     # finite numbers only; the schema documents the inputs the validators below accept
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_document_inputs)
@@ -192,6 +236,8 @@ class Strict(BaseModel):
     def _strict_types(cls, value: Any, info: ValidationInfo) -> Any:
         _refuse_nul(value)
         field = cls.model_fields.get(info.field_name or "")
+        if field is not None and value is None and info.field_name in null_means_default(cls):
+            return field.get_default(call_default_factory=True)
         if field is not None and value is not None:
             kinds_of_scalar = _scalar_kinds(field.annotation)
             if is_amount(info.field_name or "") and kinds_of_scalar & {int} and _integral_float(value):
@@ -224,6 +270,28 @@ class Strict(BaseModel):
                 raise FieldError(f"{key}: expected a number, got {type(value).__name__} {value!r}", key)
             out[target] = value * GB_PER_S
         return out
+
+
+class Strict(StrictFields):
+    """``StrictFields``, and a null read as the field left out before any validator of the model
+    runs: the field is then not among those sent (``model_fields_set``: "dp left out fills the
+    cluster"), and the model's own validators see it absent."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _null_is_left_out(cls, data: Any, handler: Callable[[Any], Any]) -> Any:
+        # a wrap validator of the base runs before every subclass's own "before" validators; a
+        # subclass's own wrap validator runs first and calls ``without_nulls`` itself (a cluster's
+        # gpus_per_node, filled in from its catalog part where left out)
+        return handler(cls.without_nulls(data))
+
+    @classmethod
+    def without_nulls(cls, data: Any) -> Any:
+        """``data`` less the nulls ``null_means_default`` reads as left out."""
+        if isinstance(data, dict) and None in data.values():
+            left_out = null_means_default(cls)
+            return {key: value for key, value in data.items() if not (value is None and key in left_out)}
+        return data
 
 
 def catalog_slug(value: Any, lookup: Callable[[str], str]) -> Any:

@@ -21,6 +21,7 @@ from service.contracts.common import (
     MIN_MEMORY_BYTES,
     FieldError,
     Strict,
+    StrictFields,
 )
 from service.errors import Unprocessable
 from service.estimator.errors import InvalidHardware
@@ -38,7 +39,7 @@ class PeakFlopsIn(Strict):
     fp8: float | None = Field(default=None, ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
 
 
-class CustomGPU(Strict):
+class CustomGPU(StrictFields):  # in a union with str: no model validator (StrictFields)
     """A GPU that is not in the catalog (peaks dense, not sparse). Its link bandwidths may be left out:
     they then resolve from the hardware, never faster than a catalog part of the same die."""
 
