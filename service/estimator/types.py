@@ -888,6 +888,17 @@ class TrainingSpec:
                 rule="unused",
                 field="base_dtype",
             )
+        if self.method is Method.QLORA and self.precision is Precision.FP8:
+            # bitsandbytes' Linear4bit dequantizes its NF4 weight and multiplies in its compute dtype
+            # (bnb_4bit_compute_dtype: fp32, fp16 or bf16); Transformer Engine's and torchao's fp8
+            # replace nn.Linear with their own modules, and no tool stacks both on one layer (PEFT-review:
+            # the estimate priced fp8 weight caches of the 4-bit base and the plan timed it at fp8 rates)
+            raise InvalidTraining(
+                "method qlora with precision fp8: bitsandbytes' NF4 layers compute in bf16, fp16 or fp32 "
+                "(bnb_4bit_compute_dtype), never fp8; use precision bf16, or method lora with fp8",
+                rule="qlora_precision",
+                field="precision",
+            )
         if self.base_dtype is BaseDtype.FP32 and self.precision in (Precision.FP8, Precision.BF16_PURE):
             raise InvalidTraining(
                 f"base_dtype fp32 with precision {self.precision.value}: an fp32 base runs under 16-bit "

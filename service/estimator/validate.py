@@ -41,6 +41,7 @@ from service.estimator.types import (
     ModelSpec,
     MoeDispatcher,
     Offload,
+    Optimizer,
     OptimizerImplementation,
     PositionEmbedding,
     Precision,
@@ -80,6 +81,9 @@ class Capabilities:
     ulysses_context_parallel: bool  # cp splits the heads (DeepSpeed-Ulysses), not ring attention
     fp32_base_under_autocast: bool  # a LoRA base left in fp32 while 16-bit autocast computes
     torch_optimizer: bool  # the step is torch.optim's (optimizer_implementation picks its path)
+    optimizers: frozenset[Optimizer]  # the optimizers it trains with
+    offloaded_optimizers: frozenset[Optimizer]  # those whose step it runs on the host (offload_optimizer)
+    nvme_optimizer_needs_stage_3: bool  # optimizer states swap to NVMe under ZeRO-3 only
     source: str
 
 
@@ -126,6 +130,15 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # the rendered ds_config's optimizer block: DeepSpeed builds FusedAdam (DeepSpeedCPUAdam
             # under offload) itself (runtime/engine.py _configure_basic_optimizer)
             torch_optimizer=False,
+            # any optimizer the script hands deepspeed.initialize; under ZeRO-Offload only those with
+            # a host kernel (runtime/engine.py _configure_optimizer: a client optimizer other than
+            # DeepSpeedCPUAdam / DeepSpeedCPULion raises ZeRORuntimeException while
+            # zero_force_ds_cpu_optimizer, default true, holds)
+            optimizers=frozenset(Optimizer),
+            offloaded_optimizers=frozenset({Optimizer.ADAMW, Optimizer.LION}),
+            # docs config-json "Optimizer offloading": "NVMe offloading is available only with ZeRO
+            # stage 3"; stage_1_and_2.py treats any offload device as cpu_offload
+            nvme_optimizer_needs_stage_3=True,
             source="deepspeedai/DeepSpeed runtime/zero/config.py, runtime/pipe/engine.py",
         ),
         Framework.MEGATRON: Capabilities(
@@ -159,6 +172,12 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             fp32_base_under_autocast=False,  # no PEFT
             # megatron/core/optimizer: Transformer Engine's FusedAdam (apex's without TE)
             torch_optimizer=False,
+            # --optimizer choices adam, sgd, muon, lion, soap, ...: no 8-bit AdamW or Adafactor;
+            # --optimizer-cpu-offload builds HybridDeviceOptimizer with CPUAdam for adam, else CPUSGD
+            # (megatron/core/optimizer/__init__.py): Lion offloaded would train as SGD
+            optimizers=frozenset({Optimizer.ADAMW, Optimizer.SGD, Optimizer.LION}),
+            offloaded_optimizers=frozenset({Optimizer.ADAMW, Optimizer.SGD}),
+            nvme_optimizer_needs_stage_3=False,  # no NVMe offload at all (offload_devices)
             source="NVIDIA/Megatron-LM megatron/training/arguments.py validate_args",
         ),
         Framework.FSDP: Capabilities(
@@ -199,6 +218,11 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # FSDP's MixedPrecision casting its fp32 shards to param_dtype before each all-gather
             fp32_base_under_autocast=True,
             torch_optimizer=True,  # torch.optim over the (sharded) parameters
+            # whatever optimizer the script builds over the (sharded) parameters; CPUOffload steps it on
+            # the host copies
+            optimizers=frozenset(Optimizer),
+            offloaded_optimizers=frozenset(Optimizer),
+            nvme_optimizer_needs_stage_3=False,  # no NVMe offload at all (offload_devices)
             source="pytorch FSDP docs (ShardingStrategy, CPUOffload), torchtitan parallel_dims, torchtune",
         ),
     }
@@ -719,6 +743,15 @@ def sharding_violation(layout: Layout, caps: Capabilities) -> Violation:
         )
     if layout.offload_optimizer is not Offload.NONE and layout.zero_stage < 1:
         return _bad("offload_optimizer needs zero_stage >= 1", "offload_optimizer", "offload_optimizer")
+    nvme = layout.offload_optimizer is Offload.NVME
+    if nvme and caps.nvme_optimizer_needs_stage_3 and layout.zero_stage != 3:
+        # below stage 3 the "nvme" device runs as cpu: the states would fill the host RAM instead
+        return _bad(
+            f"offload_optimizer nvme needs zero_stage 3 in {name} (got {layout.zero_stage}; below it the "
+            "states stay in host memory): use offload_optimizer cpu, or zero_stage 3",
+            "offload_optimizer",
+            "offload_optimizer",
+        )
     if caps.offload_together and layout.offload_optimizer is not layout.offload_params:
         # FSDP CPUOffload offloads parameters, gradients and the optimizer step together.
         return _bad(
@@ -903,6 +936,19 @@ def training_violation(
             "optimizer_implementation out or use framework fsdp",
             "optimizer_implementation",
             "optimizer_implementation",
+        )
+    if training.optimizer not in caps.optimizers:
+        runs = ", ".join(sorted(o.value for o in caps.optimizers))
+        return _bad(f"optimizer {training.optimizer.value}: {layout.framework.value} trains with {runs}",
+                    "optimizer", "optimizer")  # fmt: skip
+    if layout.offload_optimizer is not Offload.NONE and training.optimizer not in caps.offloaded_optimizers:
+        runs = ", ".join(sorted(o.value for o in caps.offloaded_optimizers))
+        return _bad(
+            f"offload_optimizer {layout.offload_optimizer.value} with optimizer {training.optimizer.value}: "
+            f"{layout.framework.value} steps only {runs} on the host; keep the optimizer on the GPU "
+            "(offload_optimizer none) or use one of those",
+            "offload_optimizer",
+            "offload_optimizer",
         )
     if layout.optimizer_in_backward and not caps.optimizer_in_backward:
         return _bad(

@@ -317,7 +317,7 @@ def _log_memory(
         runs = None if launched is None else functools.partial(_launchable, *launched, layout)
         result.log.add_memory(MEMORY_REJECTION, count, layout, total, limit, runs=runs)
     else:
-        detail = f"needs {cpu / 2**30:.0f} GiB host RAM per node"
+        detail = f"needs {rank.gib_needed(cpu)} GiB host RAM per node"
         result.log.add("does not fit in host memory", count, layout, detail)
 
 

@@ -20,6 +20,12 @@ from service.recommender.types import Constraints, Objective
 GiB = 2**30
 
 
+def gib_needed(n_bytes: float) -> int:
+    """A need in whole GiB, rounded up: a node given the figure said holds it (a suggestion of "40 GiB
+    host RAM per node" for 40.3 did not fit once applied; PEFT review)."""
+    return -(-int(n_bytes) // GiB)
+
+
 # Differences below this share of the step or of tokens/s are within the model's own noise.
 TIE_FRACTION = 0.005
 # A gain in the objective smaller than this share of tokens/s does not buy a model-parallel degree
@@ -313,7 +319,7 @@ def rationale(
         f"({memory.headroom_bytes / memory.capacity_bytes:.0%})"
     )
     if memory.cpu_per_node_bytes:
-        lines.append(f"offload needs {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node")
+        lines.append(f"offload needs {gib_needed(memory.cpu_per_node_bytes)} GiB host RAM per node")
     if layout.torch_compile is not Compile.NONE:
         loss = " and the loss (no fp32 logits)" if layout.torch_compile is Compile.MODEL_AND_LOSS else ""
         lines.append(f"torch.compile: inductor fuses the pointwise ops between the GEMMs{loss}")

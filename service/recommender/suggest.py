@@ -50,6 +50,7 @@ from service.estimator.types import (
 from service.estimator.validate import divisors, hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.headroom import allowed_bytes
+from service.recommender.rank import gib_needed
 from service.recommender.space import (
     largest_runnable_world,
     largest_world,
@@ -518,7 +519,7 @@ class _Ask:
         allow = "" if self.constraints.allow_offload else "allow offload (constraints.allow_offload) and "
         return Suggestion(
             kind="offload",
-            detail=f"{allow}offload with {memory.cpu_per_node_bytes / GiB:.0f} GiB host RAM per node "
+            detail=f"{allow}offload with {gib_needed(memory.cpu_per_node_bytes)} GiB host RAM per node "
             f"({verdict}): {memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)}",
             gpu=self.cluster.gpu.name,
             num_gpus=found.layout.world_size,  # the layout's GPUs, as _on_the_gpus_given says them
@@ -777,7 +778,7 @@ class _Ask:
             placed = with_gpu(cluster, cluster.gpu, nodes, min(per_node, gpus))
             memory = estimate(self.model, placed, layout, training, tuning=self.tuning).memory
             host = memory.cpu_per_node_bytes
-        offloading = f", offloading to {host / GiB:.0f} GiB of host RAM per node" if host else ""
+        offloading = f", offloading to {gib_needed(host)} GiB of host RAM per node" if host else ""
         # more GPUs than the request allows: said, not silently past it (bounded-work review)
         cap = self.constraints.max_gpus
         past = f", past constraints.max_gpus {cap}: raise it" if cap is not None and gpus > cap else ""
@@ -845,7 +846,7 @@ def _on_the_gpus_given(
     host = est.memory.cpu_per_node_bytes
     # an offloading layout's host RAM, said where the change named is not the offload itself
     offloading = (
-        f", offloading to {host / GiB:.0f} GiB of host RAM per node"
+        f", offloading to {gib_needed(host)} GiB of host RAM per node"
         if host and kind != "offload" and _offloads(found.layout)
         else ""
     )

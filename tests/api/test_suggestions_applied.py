@@ -5,6 +5,7 @@ past its max_gpus, without a word; 4 GPUs as one node of 8; closest silently nul
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -112,3 +113,24 @@ def test_a_closest_miss_not_shown_says_why(client: TestClient) -> None:
     assert plan["closest"] is None
     (why,) = [s["reason"] for s in plan["suggestions_skipped"] if s["kind"] == "closest"]
     assert "is a bound, not a layout to estimate" in why and "global" in why
+
+
+def test_an_offload_suggestions_host_ram_is_rounded_up_and_fits_once_applied(client: TestClient) -> None:
+    # PEFT review: "offload with 40 GiB host RAM per node" where the layout needs 40.3 GiB; a cluster
+    # given 40 GiB was infeasible again ("40.3 GiB needed")
+    body = {
+        "model": {"preset": "llama-3.1-70b"},
+        "cluster": {"gpu": "t4-16gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 2048, "global_batch_size": 16, "method": "qlora"},
+    }
+    offload = [s for s in _plan(client, body)["suggestions"] if s["kind"] == "offload"]
+    assert offload, "a 70B QLoRA job on one T4 fits only offloading"
+    said = re.search(r"offload with (\d+) GiB host RAM per node", offload[0]["detail"])
+    assert said is not None, offload[0]["detail"]
+    host_gib = int(said.group(1))
+    assert (host_gib - 1) * GiB < offload[0]["cpu_per_node_bytes"] <= host_gib * GiB
+    applied = dict(body, cluster=dict(body["cluster"], cpu_memory_bytes_per_node=host_gib * GiB))
+    applied["constraints"] = {"allow_offload": True}
+    response = client.post("/v1/plans", json=applied)
+    assert response.status_code == 201, response.text
+    assert response.json()["status"] == "feasible"

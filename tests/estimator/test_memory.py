@@ -544,11 +544,20 @@ SMALL = st.builds(
     vocab=st.integers(32, 50000),
     tied=st.booleans(),
 )
-TRAININGS = st.builds(
-    lambda p, o, m: TrainingSpec(seq_len=512, global_batch_size=64, precision=p, optimizer=o, method=m),
-    p=st.sampled_from(list(Precision)),
-    o=st.sampled_from(list(Optimizer)),
-    m=st.sampled_from(list(Method)),
+TRAININGS = (
+    st.tuples(
+        st.sampled_from(list(Precision)), st.sampled_from(list(Optimizer)), st.sampled_from(list(Method))
+    )
+    .filter(
+        lambda pom: (
+            not (pom[2] is Method.QLORA and pom[0] is Precision.FP8)
+        )  # refused: NF4 computes in 16 bits
+    )
+    .map(
+        lambda pom: TrainingSpec(
+            seq_len=512, global_batch_size=64, precision=pom[0], optimizer=pom[1], method=pom[2]
+        )
+    )
 )
 STAGES = {Framework.DEEPSPEED: [0, 1, 2, 3], Framework.FSDP: [0, 2, 3], Framework.MEGATRON: [0, 1]}
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from service.estimator.errors import InvalidLayout
+from service.estimator.errors import InvalidLayout, InvalidTraining
 from service.estimator.types import (
     Attention,
     AttentionKind,
@@ -19,6 +19,7 @@ from service.estimator.types import (
     ModelSpec,
     MoESpec,
     Offload,
+    Optimizer,
     PeakFlops,
     PositionEmbedding,
     Precision,
@@ -538,3 +539,71 @@ def test_megatron_moe_with_tp_needs_sequence_parallelism() -> None:
         Layout(framework=Framework.MEGATRON, dp=8, tp=2, ep=8, zero_stage=1, sequence_parallel=True),
         model=MOE,
     )
+
+
+# ---- optimizers and optimizer offload the frameworks run (PEFT/precision review, stop 44)
+
+
+def test_deepspeed_nvme_optimizer_offload_needs_zero_3() -> None:
+    # docs config-json "Optimizer offloading": "NVMe offloading is available only with ZeRO stage 3";
+    # below it stage_1_and_2.py runs any offload device as cpu_offload: the states fill host RAM
+    for stage in (1, 2):
+        nvme = Offload.NVME
+        layout = Layout(framework=Framework.DEEPSPEED, dp=16, zero_stage=stage, offload_optimizer=nvme)
+        with pytest.raises(InvalidLayout) as refused:
+            check(layout)
+        assert refused.value.field == "offload_optimizer"
+        assert f"got {stage}" in refused.value.message
+    check(Layout(framework=Framework.DEEPSPEED, dp=16, zero_stage=3, offload_optimizer=Offload.NVME))
+    check(Layout(framework=Framework.DEEPSPEED, dp=16, zero_stage=2, offload_optimizer=Offload.CPU))
+
+
+@pytest.mark.parametrize(
+    ("framework", "stage", "optimizer", "runs"),
+    [
+        # runtime/engine.py _configure_optimizer: a client optimizer under ZeRO-Offload other than
+        # DeepSpeedCPUAdam / DeepSpeedCPULion raises ZeRORuntimeException
+        (Framework.DEEPSPEED, 2, Optimizer.ADAMW_8BIT, False),
+        (Framework.DEEPSPEED, 2, Optimizer.ADAFACTOR, False),
+        (Framework.DEEPSPEED, 2, Optimizer.SGD, False),
+        (Framework.DEEPSPEED, 2, Optimizer.ADAMW, True),
+        (Framework.DEEPSPEED, 2, Optimizer.LION, True),
+        # megatron/core/optimizer: HybridDeviceOptimizer with CPUAdam for adam, else CPUSGD
+        (Framework.MEGATRON, 1, Optimizer.LION, False),
+        (Framework.MEGATRON, 1, Optimizer.SGD, True),
+        (Framework.MEGATRON, 1, Optimizer.ADAMW, True),
+    ],
+)
+def test_an_offloaded_optimizer_is_one_the_framework_steps_on_the_host(
+    framework: Framework, stage: int, optimizer: Optimizer, runs: bool
+) -> None:
+    layout = Layout(framework=framework, dp=16, zero_stage=stage, offload_optimizer=Offload.CPU)
+    training = dataclasses.replace(TRAIN, optimizer=optimizer)
+    if runs:
+        check(layout, training=training)
+        return
+    with pytest.raises(InvalidLayout) as refused:
+        check(layout, training=training)
+    assert refused.value.field == "offload_optimizer"
+    assert optimizer.value in refused.value.message
+    check(dataclasses.replace(layout, offload_optimizer=Offload.NONE), training=training)
+
+
+@pytest.mark.parametrize("optimizer", [Optimizer.ADAMW_8BIT, Optimizer.ADAFACTOR])
+def test_megatron_has_no_8bit_adamw_or_adafactor(optimizer: Optimizer) -> None:
+    # megatron/training/arguments.py --optimizer choices: adam, sgd, muon, dist_muon, lion, soap, ...
+    training = dataclasses.replace(TRAIN, optimizer=optimizer)
+    with pytest.raises(InvalidLayout) as refused:
+        check(Layout(framework=Framework.MEGATRON, dp=16), training=training)
+    assert refused.value.field == "optimizer"
+    for framework in (Framework.DEEPSPEED, Framework.FSDP):  # a script's optimizer: any
+        check(Layout(framework=framework, dp=16), training=training)
+
+
+def test_qlora_never_computes_in_fp8() -> None:
+    # bitsandbytes' Linear4bit multiplies in bnb_4bit_compute_dtype (fp32, fp16, bf16)
+    with pytest.raises(InvalidTraining) as refused:
+        TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.QLORA, precision=Precision.FP8)
+    assert refused.value.field == "precision"
+    TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.LORA, precision=Precision.FP8)
+    TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.QLORA, precision=Precision.BF16)

@@ -22,6 +22,7 @@ from service.catalog.gpus import gpus
 from service.catalog.models import models
 from service.catalog.tuning import default_tuning
 from service.estimator.calibration import Calibration
+from service.estimator.errors import InvalidTraining
 from service.estimator.estimate import estimate
 from service.estimator.types import (
     LAYOUT_ENUM_FIELDS,
@@ -149,7 +150,11 @@ class Case:
         return dataclasses.replace(self, layout=layout, **changes)
 
     def violation(self) -> str | None:
-        found = layout_violation(self.model, self.cluster, self.layout, self.training)
+        try:
+            training = self.training  # a training no tool runs (qlora in fp8) is refused whole
+        except InvalidTraining as refused:
+            return refused.message
+        found = layout_violation(self.model, self.cluster, self.layout, training)
         return None if found is None else found.message
 
     def estimate(self, calibration: Calibration | None = None) -> Estimate:

@@ -40,7 +40,7 @@ def test_megatron_and_torchtitan_refuse_an_optimizer_they_do_not_have(
     client: TestClient, optimizer: str
 ) -> None:
     for framework, launcher, says in (
-        ("megatron", "megatron", "Megatron-LM's --optimizer has adam, sgd and lion"),
+        ("megatron", "megatron", "megatron trains with adamw, lion, sgd"),
         ("fsdp", "torchtitan", "torchtitan 0.3.0 builds Adam or AdamW only"),
     ):
         status, body = plan(client, optimizer, framework, launcher)
