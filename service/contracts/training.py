@@ -137,16 +137,16 @@ class TrainingIn(Strict):
             chosen["training.lora_targets"] = "all-linear"
         return chosen
 
-    def to_domain(self, gpu: GPUSpec | None, model: ModelSpec | None = None) -> TrainingSpec:
+    def to_domain(self, gpu: GPUSpec | None, model: ModelSpec) -> TrainingSpec:
         """The domain's training spec for ``gpu`` (the fields left out resolved from it; None: left
         for whoever places the job on a GPU, as capacity does per GPU type), with ``model``'s own
         LoRA module names read as the targets they hold (``params.canonical_lora_targets``); its
         errors name the field as the request body does."""
         try:
             training = self._to_domain(model)
-            if model is not None and (table := position_table_violation(model, training)) is not None:
+            if (table := position_table_violation(model, training)) is not None:
                 raise table
-            return training if gpu is None else for_gpu(training, gpu)
+            return training if gpu is None else for_gpu(training, gpu, model)
         except InvalidTraining as exc:
             field = None if exc.field is None else f"training.{exc.field}"
             raise exc.at(field) from exc

@@ -12,8 +12,10 @@ can run on, so the fields whose best value depends on the part are not fixed con
   which PyTorch ships for sm_50 and newer) never materialises the s x s scores either, except that
   it refuses transformers' grouped-query call, which then runs the math kernel
   (``flops.materialises_scores``; ``TrainingSpec.gpu_flash_kernels``, set here from the GPU, tells
-  it where). Eager attention is never a default: every GPU the catalog or a custom entry describes
-  runs SDPA.
+  it where). Eager attention is a default only where the model's transformers implementation has
+  neither (BLOOM): every GPU the catalog or a custom entry describes runs SDPA; a family without
+  one of them resolves to the best it has (``params.transformers_attention``: Gemma 2 flash, or
+  eager where the GPU has no flash kernels; Llama 4 SDPA).
 
 ``TrainingSpec.hardware_defaults`` names the fields a request left to the hardware (a
 ``TrainingSpec`` built without an attention leaves it so too); ``for_gpu`` resolves them, and
@@ -27,7 +29,8 @@ from __future__ import annotations
 import dataclasses
 
 from service.estimator.comm import used_link_defaults
-from service.estimator.types import Attention, ClusterSpec, GPUSpec, Precision, TrainingSpec
+from service.estimator.params import transformers_attention
+from service.estimator.types import Attention, ClusterSpec, GPUSpec, ModelSpec, Precision, TrainingSpec
 
 # The fields whose default depends on the GPU, in the order the answer lists them.
 HARDWARE_DEFAULT_FIELDS: tuple[str, ...] = ("precision", "attention")
@@ -43,19 +46,24 @@ def best_precision(gpu: GPUSpec) -> Precision:
     return Precision.FP32
 
 
-def best_attention(gpu: GPUSpec, precision: Precision) -> Attention:
+def best_attention(gpu: GPUSpec, precision: Precision, model: ModelSpec) -> Attention:
     """FlashAttention-2 where its kernels exist and take the training's activations (fp16 / bf16
-    only: flash_attn's interface asserts the dtype), else SDPA, which runs fp32 too."""
-    return Attention.FLASH if gpu.flash_attention and not precision.stores_fp32 else Attention.SDPA
+    only: flash_attn's interface asserts the dtype), else SDPA, which runs fp32 too; of those the
+    model's transformers implementation has (``params.transformers_attention``), else eager."""
+    has = transformers_attention(model)
+    if gpu.flash_attention and not precision.stores_fp32 and Attention.FLASH in has:
+        return Attention.FLASH
+    return Attention.SDPA if Attention.SDPA in has else Attention.EAGER
 
 
-def for_gpu(training: TrainingSpec, gpu: GPUSpec) -> TrainingSpec:
-    """``training`` with each field it left to the hardware resolved for ``gpu``."""
+def for_gpu(training: TrainingSpec, gpu: GPUSpec, model: ModelSpec) -> TrainingSpec:
+    """``training`` with each field it left to the hardware (and the model's kernels) resolved for
+    ``gpu``."""
     defaults = training.hardware_defaults
     if training.attention is None:  # built without one: left to the hardware, and named so
         defaults = defaults | {"attention"}
     precision = best_precision(gpu) if "precision" in defaults else training.precision
-    attention = best_attention(gpu, precision) if "attention" in defaults else training.attention
+    attention = best_attention(gpu, precision, model) if "attention" in defaults else training.attention
     flash = gpu.flash_attention  # what SDPA dispatches to follows it, whatever the request said
     if (
         precision is training.precision

@@ -210,7 +210,7 @@ def estimate(
 
     With a calibration, memory, fit, warnings and limits all use the calibrated dynamic memory,
     and the step time its factor, so the numbers never contradict each other."""
-    training = for_gpu(training, cluster.gpu)  # what the request left to the hardware, for this GPU
+    training = for_gpu(training, cluster.gpu, model)  # what the request left to the hardware, for this GPU
     validate_layout(model, cluster, layout, training)
     job = prepare(model, cluster, training, tuning)
     return estimate_valid(job, layout, with_limits=with_limits, calibration=calibration)

@@ -109,7 +109,7 @@ def make_job(
     inputs."""
     counts, layer_kinds, kinds = _model_constants(model)
     memos: Memos = defaultdict(dict)
-    training = for_gpu(training, cluster.gpu)  # what the request left to the hardware, for this GPU
+    training = for_gpu(training, cluster.gpu, model)  # what the request left to the hardware, for this GPU
     job = Job(
         model=model,
         cluster=cluster,

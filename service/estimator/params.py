@@ -19,6 +19,7 @@ from service.estimator import pipeline
 from service.estimator.types import (
     ALL_LINEAR,
     MLP_LINEAR,
+    Attention,
     AttentionKind,
     Head,
     Layout,
@@ -40,6 +41,31 @@ class LayerKind(NamedTuple):
 
     moe: bool
     attention: AttentionKind = AttentionKind.FULL
+
+
+# The attention kernels transformers implements for a family, where it lacks some (its modeling file's
+# _supports_sdpa / _supports_flash_attn, transformers 5.24; eager always exists): BLOOM declares neither
+# (BloomAttention adds its ALiBi bias with baddbmm and materialises the scores); Gemma 2 and GPT-OSS
+# have no SDPA ("sdpa does not support softcapping"; the attention sinks); Llama 4 no FlashAttention
+# (Llama4PreTrainedModel). Every other family has all three. (Gemma 3's multimodal wrapper, which
+# AutoModelForCausalLM builds for model_type gemma3, has no FlashAttention either, unlike the text-only
+# Gemma3ForCausalLM of gemma3_text; ModelSpec's family does not tell the two apart: not refused.)
+# (config review: a BLOOM plan recommended flash at 71 GiB where eager, what runs, needs 238.)
+_FAMILY_ATTENTION: dict[str, frozenset[Attention]] = {
+    "bloom": frozenset({Attention.EAGER}),
+    "gemma2": frozenset({Attention.FLASH, Attention.EAGER}),
+    "gpt_oss": frozenset({Attention.FLASH, Attention.EAGER}),
+    "llama4": frozenset({Attention.SDPA, Attention.EAGER}),
+}
+
+
+def transformers_attention(model: ModelSpec) -> frozenset[Attention]:
+    """The attention kernels the model's transformers implementation runs (``_FAMILY_ATTENTION``);
+    Falcon with ALiBi has no FlashAttention (FalconAttention raises: flash takes no bias)."""
+    kernels = _FAMILY_ATTENTION.get(model.family, frozenset(Attention))
+    if model.family == "falcon" and model.position_embedding is PositionEmbedding.ALIBI:
+        kernels = kernels - {Attention.FLASH}
+    return kernels
 
 
 def layer_kind(model: ModelSpec, index: int) -> LayerKind:

@@ -863,6 +863,23 @@ def training_violation(
         return hardware
     if (table := position_table_violation(model, training)) is not None:
         return _bad(table.message, table.rule, "seq_len")
+    kernels = params.transformers_attention(model)
+    if (
+        training.attention is not None
+        and layout.framework is not Framework.MEGATRON
+        and training.attention not in kernels
+    ):
+        # DeepSpeed and FSDP (Accelerate, the HF Trainer; torchtitan's models run SDPA) build the model
+        # with transformers, whose implementation of the family lacks the kernel: it refuses or, for
+        # BLOOM, runs eager whatever was asked
+        has = ", ".join(sorted(kernel.value for kernel in kernels))
+        return _bad(
+            f"attention {training.attention.value}: transformers' {model.family} implementation runs {has} "
+            f"only (its _supports_sdpa / _supports_flash_attn), which {layout.framework.value} trains; leave "
+            "attention out to get the best of those",
+            "family_attention",
+            "attention",
+        )
     if layout.chunked_loss and model.head not in (Head.CAUSAL_LM, Head.MASKED_LM):
         # the estimate would not change: a classifier's few logits are no vocabulary to chunk
         return _bad(f"chunked_loss splits the loss over a vocabulary's logits; {model.name}'s "

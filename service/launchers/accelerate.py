@@ -114,7 +114,7 @@ SP_ATTENTION = {Attention.FLASH: "flash_attention_2", Attention.SDPA: "sdpa"}
 
 def _sp_attention(plan: Plan) -> str | None:
     """The plan's attention as ParallelismConfig names it (the GPU's, where the request left it)."""
-    attention = for_gpu(plan.training, plan.cluster.gpu).attention
+    attention = for_gpu(plan.training, plan.cluster.gpu, plan.model).attention
     return None if attention is None else SP_ATTENTION.get(attention)
 
 
@@ -139,8 +139,9 @@ def _ulysses_refusal(plan: Plan) -> Refusal:
             f"cp={lo.cp} with ep={lo.ep}: Accelerate's ALST splits the sequence over data-parallel ranks only"
         )
     if _sp_attention(plan) is None:
+        attention = for_gpu(training, plan.cluster.gpu, plan.model).attention
         return (
-            f"cp={lo.cp} with attention {for_gpu(training, plan.cluster.gpu).attention}: ALST's Ulysses "
+            f"cp={lo.cp} with attention {attention}: ALST's Ulysses "
             "runs flash_attention_2/3 or sdpa (eager and flex_attention are refused: it passes "
             "position_ids, not a mask)"
         )

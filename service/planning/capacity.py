@@ -64,7 +64,7 @@ def _no_framework_runs(
     refused = None
     for gpu in sources if sources is not None else list(catalog_gpus().values()):
         try:
-            on_gpu = for_gpu(training, gpu)
+            on_gpu = for_gpu(training, gpu, model)
         except EstimatorError:  # what this GPU type cannot run is its option's to say
             continue
         one = default_cluster(gpu, num_nodes=1, gpus_per_node=1)
@@ -124,7 +124,7 @@ def _calibrated(
     if calibration.is_identity:
         return option
     placed = sub_cluster(cluster, option.num_gpus)
-    on_gpu = for_gpu(training, cluster.gpu)
+    on_gpu = for_gpu(training, cluster.gpu, model)
     found = estimate(
         model, placed, layout, on_gpu, tuning=default_tuning(), calibration=calibration, with_limits=False
     )

@@ -1007,7 +1007,7 @@ def search(
     ``truncated``), not its rejection log, so a count known to fit nothing is skipped unlogged
     (``_narrowed``: a structure is not checked where a larger card of the same memory inputs
     found it fitting nothing). ``into``: a result to search on into, whose top k bounds these counts."""
-    training = for_gpu(training, cluster.gpu)  # what the request left to the hardware, for this GPU
+    training = for_gpu(training, cluster.gpu, model)  # what the request left to the hardware, for this GPU
     budget = budget or Budget(constraints.max_evaluations)
     result = into if into is not None else SearchResult()
     before = result.evaluations
@@ -1367,7 +1367,7 @@ def _recommend(
     constraints = constraints or Constraints()
     budget = budget or Budget(constraints.max_evaluations)
     started = time.perf_counter()
-    training = for_gpu(training, cluster.gpu)
+    training = for_gpu(training, cluster.gpu, model)
     # with suggestions to make if nothing fits, the search leaves them a part of the time: a search
     # the budget cuts keeps the leanest layout that fits, so its answer is still a plan
     searched_within = budget.share(time_fraction=SEARCH_TIME_FRACTION) if with_suggestions else budget

@@ -207,7 +207,7 @@ def climb_bound(
             )
         return (), None
     top = max(within)
-    trained = for_gpu(training, cluster.gpu)
+    trained = for_gpu(training, cluster.gpu, model)
     job = make_job(model, with_gpu(cluster, cluster.gpu, 1, top), trained, tuning)
     offload = offload_devices(constraints.allow_offload, cluster)
     bound = least_bytes_per_gpu(
@@ -736,7 +736,7 @@ class _Ask:
         # spans several and the part ships in no node of its own (the same servers, other cards)
         per_node = gpu.node_gpus or (self.cluster.gpus_per_node if self.cluster.num_nodes > 1 else None)
         other = with_gpu(self.cluster, gpu, 1, per_node or reference_node_gpus(gpu))
-        training = for_gpu(self.training, gpu)
+        training = for_gpu(self.training, gpu, self.model)
         violation = hardware_violation(other, training)
         if violation is not None:  # the request asked for what this part cannot run (fp8 on an MI250X)
             raise NoFit(f"{gpu.name}: {violation.message.removeprefix(gpu.name).lstrip()}")

@@ -165,9 +165,8 @@ def test_a_suggestion_that_offloads_says_the_host_ram_it_takes(client: TestClien
     for s in offloading:
         assert s["cpu_per_node_bytes"], s
         if s["kind"] != "offload":
-            assert (
-                f"offloading to {s['cpu_per_node_bytes'] / 2**30:.0f} GiB of host RAM per node" in s["detail"]
-            )
+            host_gib = -(-s["cpu_per_node_bytes"] // 2**30)  # a need, rounded up
+            assert f"offloading to {host_gib} GiB of host RAM per node" in s["detail"]
 
 
 def test_offload_within_the_nodes_is_suggested_once(client: TestClient) -> None:

@@ -19,6 +19,7 @@ from validation.cases import gpu_cluster
 
 A100 = gpu("a100-sxm-80gb")
 V100 = gpu("v100-sxm2-32gb")
+LLAMA = preset("llama-3.2-1b").spec
 
 
 @pytest.mark.parametrize(
@@ -32,21 +33,24 @@ def test_the_default_attention_takes_the_precisions_activations(
     left = TrainingSpec(
         seq_len=512, global_batch_size=8, precision=precision, hardware_defaults=frozenset({"attention"})
     )
-    assert for_gpu(left, A100).attention is attention
+    assert for_gpu(left, A100, LLAMA).attention is attention
 
 
 def test_a_training_built_without_attention_leaves_it_to_the_gpu() -> None:
     # the domain's default is the request's: unset, resolved for the GPU and the precision
     fp32 = TrainingSpec(seq_len=512, global_batch_size=8, precision=Precision.FP32)
     assert fp32.attention is None
-    resolved = for_gpu(fp32, A100)
+    resolved = for_gpu(fp32, A100, LLAMA)
     assert resolved.attention is Attention.SDPA
     assert chosen_defaults(resolved) == {"training.attention": "sdpa"}
-    assert for_gpu(TrainingSpec(seq_len=512, global_batch_size=8), A100).attention is Attention.FLASH
-    assert for_gpu(TrainingSpec(seq_len=512, global_batch_size=8), V100).attention is Attention.SDPA
+    assert for_gpu(TrainingSpec(seq_len=512, global_batch_size=8), A100, LLAMA).attention is Attention.FLASH
+    assert for_gpu(TrainingSpec(seq_len=512, global_batch_size=8), V100, LLAMA).attention is Attention.SDPA
     # an attention set later is the caller's, not re-resolved
     eager = dataclasses.replace(fp32, attention=Attention.EAGER)
-    assert for_gpu(eager, A100).attention is Attention.EAGER and chosen_defaults(for_gpu(eager, A100)) == {}
+    assert (
+        for_gpu(eager, A100, LLAMA).attention is Attention.EAGER
+        and chosen_defaults(for_gpu(eager, A100, LLAMA)) == {}
+    )
 
 
 @pytest.mark.parametrize("precision", [Precision.FP32, Precision.TF32])
@@ -64,3 +68,44 @@ def test_flash_named_with_fp32_activations_is_refused(precision: Precision) -> N
     assert estimate(model, cluster, Layout(), left, tuning=tuning) == estimate(
         model, cluster, Layout(), sdpa, tuning=tuning
     )
+
+
+# ---- the kernels a family's transformers implementation has (hf_config review, stop 44)
+
+
+@pytest.mark.parametrize(
+    ("name", "gpu_name", "default"),
+    [
+        ("bloom-176b", "h100-sxm-80gb", Attention.EAGER),  # BloomAttention: no SDPA, no flash
+        ("gemma-2-9b", "h100-sxm-80gb", Attention.FLASH),  # no SDPA (softcapping): flash where it runs
+        ("gemma-2-9b", "v100-sxm2-32gb", Attention.EAGER),  # ... else eager
+        ("gpt-oss-20b", "a100-sxm-80gb", Attention.FLASH),
+        ("llama-4-scout-17b-16e", "h100-sxm-80gb", Attention.SDPA),  # no FlashAttention
+        ("llama-3.2-1b", "h100-sxm-80gb", Attention.FLASH),
+    ],
+)
+def test_the_default_attention_is_one_the_family_runs(name: str, gpu_name: str, default: Attention) -> None:
+    model = preset(name).spec
+    resolved = for_gpu(TrainingSpec(seq_len=512, global_batch_size=8), gpu(gpu_name), model)
+    assert resolved.attention is default
+    assert chosen_defaults(resolved)["training.attention"] == default.value
+
+
+def test_an_attention_the_family_lacks_is_refused_where_transformers_builds_the_model() -> None:
+    model = preset("bloom-176b").spec
+    training = TrainingSpec(seq_len=2048, global_batch_size=8, attention=Attention.FLASH)
+    with pytest.raises(InvalidLayout) as refused:
+        estimate(
+            model, gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9), Layout(dp=8), training, tuning=default_tuning()
+        )
+    assert refused.value.field == "attention"
+    assert "eager" in refused.value.message
+    eager = dataclasses.replace(training, attention=Attention.EAGER)
+    flash_like = dataclasses.replace(training, attention=None)  # left out: eager resolved
+    a = estimate(
+        model, gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9), Layout(dp=8), eager, tuning=default_tuning()
+    )
+    b = estimate(
+        model, gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9), Layout(dp=8), flash_like, tuning=default_tuning()
+    )
+    assert a.memory.per_gpu.total == b.memory.per_gpu.total

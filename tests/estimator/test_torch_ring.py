@@ -153,7 +153,8 @@ def test_a_slower_gemm_never_shortens_the_step(preset: str) -> None:
     )
     steps = []
     for card in (l40s, dataclasses.replace(l40s, chip="", name="l40s-without-chip")):
-        training = for_gpu(TrainingSpec(seq_len=8192, global_batch_size=32, method=Method.QLORA), card)
+        qlora = TrainingSpec(seq_len=8192, global_batch_size=32, method=Method.QLORA)
+        training = for_gpu(qlora, card, model)
         found = estimate(model, gpu_cluster(card, 8, 50e9), layout, training, tuning=default_tuning()).time
         assert found is not None
         steps.append(found.step_s)

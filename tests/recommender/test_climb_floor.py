@@ -81,6 +81,7 @@ def test_the_bound_is_below_every_data_parallel_layout(card: str) -> None:
                             training, seq_len=min(training.seq_len, spec.max_position_embeddings)
                         ),
                         c.gpu,
+                        spec,
                     )
                     job = make_job(spec, sub_cluster(c, gpus), trained, default_tuning())
                     for framework in (Framework.DEEPSPEED, Framework.FSDP):

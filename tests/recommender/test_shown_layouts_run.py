@@ -65,7 +65,7 @@ def test_the_plans_closest_miss_is_one_a_launcher_runs() -> None:
     assert answer.recommended is None
     (miss,) = [r for r in answer.rejected if r.reason == MISS]
     shown = miss.example
-    trained = for_gpu(training, cluster.gpu)  # the training the search ran: the GPU's defaults resolved
+    trained = for_gpu(training, cluster.gpu, spec)  # the training the search ran: the GPU's defaults resolved
     plan = Plan(model=spec, cluster=cluster, training=trained, layout=shown)
     assert runnable_targets(plan, first_only=True)[0], shown
     closer = Layout(framework=Framework.FSDP, dp=2, cp=2, zero_stage=3, recompute=Recompute.FULL)
