@@ -12,6 +12,7 @@ from service.contracts.gpus import gpu_slug
 from service.contracts.models import ModelRef
 from service.contracts.plans import MAX_GPU_HOUR_COST, ConstraintsIn
 from service.contracts.training import TrainingIn
+from service.recommender.types import Objective
 
 
 class CapacityRequest(Strict):
@@ -80,6 +81,31 @@ class CapacityRequest(Strict):
                         field,
                     )
             self.cluster_ids = list(dict.fromkeys(self.cluster_ids))  # one option each, as gpus
+        sent = self.constraints.model_fields_set
+        # inputs a capacity answer would not use are refused, not dropped (capacity-planner review:
+        # objective cost and max_gpus 1 answered 16 GPUs, "fits", without a word)
+        if "objective" in sent and self.constraints.objective is not Objective.FEWEST_GPUS:
+            raise FieldError(
+                f"constraints.objective {self.constraints.objective.value}: capacity finds the fewest GPUs "
+                "of each type that hold the job (and times it on at_gpus where given); ranking by "
+                "objective is a plan's (POST /v1/plans): leave it out",
+                "constraints.objective",
+            )
+        if "top_k" in sent:
+            raise FieldError(
+                "constraints.top_k: capacity answers one option per GPU type or cluster; leave it out",
+                "constraints.top_k",
+            )
+        if self.gpu_hour_cost is not None and self.constraints.gpu_hour_cost is not None:
+            raise FieldError(
+                "give the price once: gpu_hour_cost (one, or one per GPU) or constraints.gpu_hour_cost",
+                "constraints.gpu_hour_cost",
+            )
+        cap = self.constraints.max_gpus
+        if cap is not None and self.at_gpus is not None and self.at_gpus > cap:
+            raise FieldError(
+                f"at_gpus {self.at_gpus:,} is past constraints.max_gpus {cap:,}", "at_gpus", limit=cap
+            )
         prices = self.gpu_hour_cost
         values = prices.values() if isinstance(prices, dict) else [prices] if prices is not None else []
         if any(v < 0 for v in values):

@@ -95,7 +95,17 @@ def _option(
     from service.recommender import recommend
 
     name = cluster.gpu.name
-    training = for_gpu(training, cluster.gpu)
+    cap = constraints.max_gpus
+    if cap is not None:  # the counts within the request's cap, and an option past it says so
+        within = tuple(count for count in counts if count <= cap)
+        if not within:
+            return CapacityOption(
+                gpu=name,
+                fits=False,
+                note=f"constraints.max_gpus {cap:,} is fewer than the {min(counts):,} GPUs searched first",
+            )
+        counts = within
+    training = for_gpu(training, cluster.gpu, model)
     unrunnable = hardware_violation(cluster, training)
     if unrunnable is not None:  # say why, rather than "nothing fits"
         return CapacityOption(
@@ -108,7 +118,8 @@ def _option(
     notes = (*notes, *gpu_chip_warnings(cluster.gpu, tuning))  # a custom GPU's efficiency, as a plan says
     unfit = states_unfit(model, cluster, training, tuning, constraints, max(counts))
     if unfit is not None:
-        return CapacityOption(gpu=name, fits=False, note=unfit)
+        capped = f" (constraints.max_gpus {cap:,})" if cap is not None else ""
+        return CapacityOption(gpu=name, fits=False, note=unfit + capped)
     fewest = fewest_gpus(model, cluster, training, constraints, tuning, counts, budget)
     spent, truncated = fewest.evaluations, fewest.truncated
     if fewest.found is None:
@@ -116,7 +127,9 @@ def _option(
             f"the request's {budget_words(budget)} ran out ({spent:,} layouts evaluated for this GPU) "
             "before a fit"
             if truncated
-            else fewest.unfit or f"no layout fits up to {max(counts)} GPUs"
+            else fewest.unfit
+            or f"no layout fits up to {max(counts)} GPUs"
+            + (f" (constraints.max_gpus {cap:,})" if cap is not None else "")
         )
         return CapacityOption(gpu=name, fits=False, note=why, evaluations=spent, truncated=truncated)
     gpus, tokens_per_s, layout = fewest.found

@@ -214,3 +214,54 @@ def test_a_stored_clusters_option_past_the_card_under_its_runs_memory_factor_doe
     same = {k: v for k, v in option["layout"].items() if k not in derived}
     assert same == {k: v for k, v in plan["recommended"]["layout"].items() if k not in derived}
     assert option["fits"] is False and "so it does not fit" in option["note"]
+
+
+# ---- inputs capacity would not use are refused; max_gpus bounds it (capacity-planner review, stop 44)
+
+CAPPED = {"model": {"preset": "llama-3.1-70b"}, "training": {"seq_len": 4096, "global_batch_size": 256}}
+
+
+@pytest.mark.parametrize(
+    ("constraints", "field"),
+    [
+        ({"objective": "cost"}, "constraints.objective"),
+        ({"objective": "throughput"}, "constraints.objective"),
+        ({"top_k": 5}, "constraints.top_k"),
+        ({"gpu_hour_cost": 3.0}, "constraints.gpu_hour_cost"),  # beside the request's gpu_hour_cost
+    ],
+)
+def test_a_constraint_capacity_does_not_apply_is_refused(
+    client: TestClient, constraints: dict[str, Any], field: str
+) -> None:
+    body = CAPPED | {"gpus": ["h100-sxm-80gb"], "gpu_hour_cost": 2.0, "constraints": constraints}
+    response = client.post("/v1/capacity", json=body)
+    assert_problem(response, 422)
+    assert [e["field"] for e in response.json()["errors"]] == [field]
+
+
+def test_fewest_gpus_is_the_objective_capacity_has(client: TestClient) -> None:
+    body = CAPPED | {"gpus": ["h100-sxm-80gb"], "constraints": {"objective": "fewest_gpus"}}
+    assert client.post("/v1/capacity", json=body).status_code == 200
+
+
+def test_max_gpus_bounds_each_option(client: TestClient) -> None:
+    # 70B with its 16 B/param of states needs more than one 80 GiB card: capped at 1 it does not fit,
+    # and says the cap; uncapped it fits on more
+    free = client.post("/v1/capacity", json=CAPPED | {"gpus": ["h100-sxm-80gb"]}).json()["options"][0]
+    assert free["fits"] and free["min_gpus"] > 8
+    capped_at = free["min_gpus"] // 2
+    body = CAPPED | {"gpus": ["h100-sxm-80gb"], "constraints": {"max_gpus": capped_at}}
+    (option,) = client.post("/v1/capacity", json=body).json()["options"]
+    assert not option["fits"]
+    assert "constraints.max_gpus" in option["note"]
+    enough = CAPPED | {"gpus": ["h100-sxm-80gb"], "constraints": {"max_gpus": free["min_gpus"]}}
+    (fits,) = client.post("/v1/capacity", json=enough).json()["options"]
+    assert fits["fits"] and fits["min_gpus"] == free["min_gpus"]
+
+
+def test_at_gpus_past_max_gpus_is_refused(client: TestClient) -> None:
+    body = CAPPED | {"gpus": ["h100-sxm-80gb"], "at_gpus": 64, "constraints": {"max_gpus": 32}}
+    response = client.post("/v1/capacity", json=body)
+    assert_problem(response, 422)
+    (error,) = response.json()["errors"]
+    assert error["field"] == "at_gpus" and error["limit"] == {"le": 32}
