@@ -1178,6 +1178,48 @@ def _merge(found: SearchResult, more: SearchResult) -> None:
     found.truncated |= more.truncated
 
 
+MAX_FIRST_FIT_PROBES = 5  # whole-node counts bisected between two ladder steps (up to 32 nodes apart)
+
+
+def first_fit_between(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    tuning: Tuning,
+    counts: tuple[int, ...],
+    found: SearchResult,
+    budget: Budget,
+    rejections: bool = True,
+) -> None:
+    """The fewest GPUs a first-fit search found, among every whole-node count below it: past 16 nodes
+    the ladder climbs 3-smooth node counts (16, 18, 24, 27, 32, ...), so the first that fits may be a
+    quarter above the fewest (capacity-planner review: DeepSeek-V3 answered 24 nodes where 21 fit,
+    faster and cheaper). The whole-node counts between the last step that fit nothing and the first
+    that fits are bisected (a fit is taken to hold for more nodes, as the climb takes it), each
+    searched into ``found``, within the budget."""
+    ranked = found.ranked(Objective.FEWEST_GPUS)
+    if not ranked or found.truncated:
+        return
+    gpn, fit = cluster.gpus_per_node, ranked[0].layout.world_size
+    below = [count for count in counts if count < fit]
+    if not below or fit % gpn or below[-1] % gpn:
+        return
+    lo, hi = below[-1] // gpn, fit // gpn  # nodes: lo fits nothing, hi fits
+    for _ in range(MAX_FIRST_FIT_PROBES):
+        if hi - lo <= 1 or budget.exhausted(found.evaluations):
+            return
+        mid = (lo + hi) // 2
+        search(
+            model, cluster, training, constraints, tuning, (mid * gpn,), stop_at_first_fit=True,
+            budget=budget, rejections=rejections, into=found,
+        )  # fmt: skip
+        if any(scored.layout.world_size == mid * gpn for scored in found.best.values()):
+            hi = mid
+        else:
+            lo = mid
+
+
 def _run_search(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -1199,9 +1241,11 @@ def _run_search(
         _merge(found, search(model, cluster, training, constraints, tuning, picks, budget=budget))
         return found
     if first_fit:
-        return search(
+        found = search(
             model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True, budget=budget
         )
+        first_fit_between(model, cluster, training, constraints, tuning, counts, found, budget)
+        return found
     # throughput / time to train: all the GPUs allowed; fewer only if no layout of them fits and runs
     skipped: list[str] = []
     searched = 0  # counts with valid splits that were searched in full (invalid ones cost little)
@@ -1215,16 +1259,7 @@ def _run_search(
                 more = f"; nor {len(skipped) - 1} smaller counts" if len(skipped) > 1 else ""
                 result.idle_reason = skipped[0] + more
             if result.best and not result.truncated:
-                leader = result.ranked()[0]
-                shaped, why = _better_shaped(counts, gpus, cluster, training, leader, result)
-                if shaped:
-                    search(model, cluster, training, constraints, tuning, shaped, budget=budget, into=result)
-                    best = result.ranked()[0]
-                    if best.layout.world_size < gpus:  # gpu_use says why not all of them
-                        result.idle_reason = (
-                            f"{best.layout.world_size} GPUs train faster ({best.tokens_per_s:,.0f} tokens/s) "
-                            f"than all {gpus} ({leader.tokens_per_s:,.0f}): {why}"
-                        )
+                _fewer_if_faster(model, cluster, training, constraints, tuning, counts, gpus, result, budget)
             _add_work(work, result)  # with the fewer GPUs searched into it
             return _with_work(result, work)
         _add_work(work, result)
@@ -1240,6 +1275,45 @@ def _run_search(
     # nothing fits on any count: the rejections and the closest miss of all the GPUs allowed, with
     # the work of every count searched
     return _with_work(first, work)
+
+
+MAX_RESHAPES = 6  # fewer-GPU steps tried after one that trained faster (each at most half the GPUs)
+
+
+def _fewer_if_faster(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    tuning: Tuning,
+    counts: tuple[int, ...],
+    gpus: int,
+    result: SearchResult,
+    budget: Budget,
+) -> None:
+    """Search the fewer GPUs ``_better_shaped`` names into ``result``, and again below each count that
+    trains faster, while one does (capacity-planner review: Llama 3.1 70B LoRA on 1,024 H100 NVLs
+    stopped at 512 GPUs, 18,030 tokens/s, where 32 train at 20,412; at most ``MAX_RESHAPES`` steps);
+    ``idle_reason`` says why fewer than all of them."""
+    first = leader = result.ranked()[0]
+    at, tried, reasons = gpus, {gpus}, []
+    for _ in range(MAX_RESHAPES):
+        shaped, why = _better_shaped(counts, at, cluster, training, leader, result)
+        shaped = tuple(count for count in shaped if count not in tried)
+        if not shaped or budget.exhausted(result.evaluations):
+            break
+        tried.update(shaped)
+        search(model, cluster, training, constraints, tuning, shaped, budget=budget, into=result)
+        best = result.ranked()[0]
+        if best.layout.world_size >= at:
+            break
+        reasons.append(why)
+        leader, at = best, best.layout.world_size
+    if at < gpus:  # gpu_use says why not all of them
+        result.idle_reason = (
+            f"{at} GPUs train faster ({leader.tokens_per_s:,.0f} tokens/s) than all {gpus} "
+            f"({first.tokens_per_s:,.0f}): {reasons[0]}"
+        )
 
 
 def _better_shaped(
@@ -1286,8 +1360,12 @@ def _better_shaped(
     filled = [c for c in smaller if c <= training.global_batch_size]
     if filled and lo.dp >= training.global_batch_size and lo.model_parallel_size > 1:
         # the most GPUs data parallelism alone fills: as many as the batch has sequences (half the GPUs
-        # may still be padded with a split: GPT-2 at batch 16 on 64 GPUs, review of stop 41's first fix)
+        # may still be padded with a split: GPT-2 at batch 16 on 64 GPUs, review of stop 41's first fix),
+        # and half the GPUs, a split half as wide (Qwen3-30B-A3B at batch 512 on 2,048 V100s: dp 512 x
+        # tp 4 x ep 2 steps slower than dp 512 x tp 2 x ep 4 on 1,024; capacity-planner review)
         found.add(max(filled))
+        if half:
+            found.add(max(half))
         why.append(
             f"the global batch ({training.global_batch_size}) gives each of the {lo.dp} data-parallel ranks "
             "one sequence, so the GPUs it cannot fill split the model instead"

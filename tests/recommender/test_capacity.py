@@ -356,3 +356,37 @@ def test_a_custom_gpu_without_chip_says_its_efficiency_as_a_plan_does() -> None:
     assert option.fits and "custom GPU without chip: the most conservative fitted efficiency" in option.note
     (catalog,) = capacity(spec, T8, default_tuning(), gpus=[gpu("h100-sxm-80gb")])
     assert "without chip" not in catalog.note
+
+
+# ---- the fewest GPUs between the ladder's steps, and fewer GPUs while they train faster (stop 44)
+
+
+def test_the_fewest_gpus_are_found_between_the_ladders_node_counts() -> None:
+    """Past 16 nodes the climb steps through 3-smooth node counts (16, 18, 24, ...): DeepSeek-V3 at
+    batch 2048 answered 24 nodes where 21 fit, faster and cheaper (capacity-planner review). The
+    whole-node counts between the last step that fits nothing and the first that fits are bisected."""
+    training = TrainingSpec(seq_len=1024, global_batch_size=2048, tokens=10**10)
+    constraints = Constraints(objective=Objective.FEWEST_GPUS, allow_offload=False)
+    (option,) = capacity(
+        model("deepseek-v3").spec,
+        training,
+        default_tuning(),
+        gpus=[gpu("h100-sxm-80gb")],
+        constraints=constraints,
+    )
+    assert option.fits and option.min_gpus is not None
+    assert option.min_gpus % 8 == 0 and option.min_gpus < 192
+    assert option.min_gpus // 8 not in (16, 18, 24)  # between two steps of the ladder
+
+
+def test_more_gpus_asked_never_time_slower_than_fewer_found_faster() -> None:
+    """Qwen3-30B-A3B at batch 512 on 2,048 V100s was timed on dp 512 x tp 4 x ep 2, slower than the
+    1,024-GPU answer's dp 512 x tp 2 x ep 4 (capacity-planner review): half the GPUs are searched
+    where data parallelism is filled, and fewer again while each step trains faster."""
+    training = TrainingSpec(
+        seq_len=4096, global_batch_size=512, tokens=10**12, hardware_defaults=frozenset({"precision"})
+    )
+    spec, v100 = model("qwen3-30b-a3b").spec, gpu("v100-sxm2-32gb")
+    at = {n: capacity(spec, training, default_tuning(), gpus=[v100], at_gpus=n)[0] for n in (1024, 2048)}
+    assert at[1024].fits and at[2048].fits
+    assert (at[2048].tokens_per_s or 0) >= (at[1024].tokens_per_s or 0) * 0.999
