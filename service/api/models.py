@@ -39,11 +39,18 @@ register_url_convertor("preset_name", PresetName())
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROBLEM_RESPONSES)
 
 
+# ModelSpec's fields a config.json states beside the architecture (its notes, a 4-bit checkpoint),
+# which the explicit form has no field for: the answer gives the notes beside the architecture
+CONFIG_ONLY_FIELDS = ("name", "config_notes", "bnb_4bit_checkpoint")
+
+
 def architecture_dict(spec: ModelSpec) -> dict[str, Any]:
     """The model as the explicit form takes it (``ArchitectureIn``: every field but the name, which
-    the answer gives beside it), so an architecture shown can be sent back as ``model.architecture``."""
+    the answer gives beside it, and what only a config.json states), so an architecture shown can be
+    sent back as ``model.architecture``."""
     fields = dataclasses.asdict(spec)
-    del fields["name"]
+    for name in CONFIG_ONLY_FIELDS:
+        del fields[name]
     return fields
 
 
@@ -70,6 +77,7 @@ def preset_out(preset: ModelPreset) -> ModelPresetOut:
         config=preset.config,
         architecture=architecture_dict(preset.spec),
         parameters_total=parameter_counts(preset.spec).total,
+        notes=list(preset.spec.config_notes),
     )
 
 
@@ -103,5 +111,8 @@ def resolve_model(body: ResolveRequest) -> ResolvedModel:
     """A preset, a Hugging Face config.json or explicit fields -> architecture and exact counts."""
     spec = body.model.to_domain()
     return ResolvedModel(
-        name=spec.name, architecture=architecture_dict(spec), parameters=parameters_out(spec, body.pp)
+        name=spec.name,
+        architecture=architecture_dict(spec),
+        parameters=parameters_out(spec, body.pp),
+        notes=list(spec.config_notes),
     )

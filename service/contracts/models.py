@@ -360,10 +360,17 @@ class ParametersOut(BaseModel):
     stage_layers: list[int] = Field(description="decoder layers of each pipeline stage")
 
 
+NOTES_DESCRIPTION = (
+    "what the config states that no figure reads: a multimodal wrapper's vision tower (not counted), a "
+    "checkpoint stored quantized (planned dequantized); every estimate of the model says them too"
+)
+
+
 class ResolvedModel(BaseModel):
     name: str
     architecture: dict[str, Any]
     parameters: ParametersOut
+    notes: list[str] = Field(default_factory=list, description=NOTES_DESCRIPTION)
 
 
 class ModelPresetOut(BaseModel):
@@ -374,3 +381,4 @@ class ModelPresetOut(BaseModel):
     config: dict[str, Any]
     architecture: dict[str, Any]
     parameters_total: int
+    notes: list[str] = Field(default_factory=list, description=NOTES_DESCRIPTION)

@@ -22,7 +22,7 @@ from service.estimator.types import (
     Precision,
     TrainingSpec,
 )
-from service.estimator.validate import position_table_violation
+from service.estimator.validate import checkpoint_violation, position_table_violation
 
 # Hugging Face Trainer's optim names (transformers' OptimizerNames), as the optimizer they run and, where
 # the name says it, torch's implementation: adamw_torch is torch.optim.AdamW at its CUDA default
@@ -146,6 +146,8 @@ class TrainingIn(Strict):
             training = self._to_domain(model)
             if (table := position_table_violation(model, training)) is not None:
                 raise table
+            if (stored := checkpoint_violation(model, training)) is not None:
+                raise stored
             return training if gpu is None else for_gpu(training, gpu, model)
         except InvalidTraining as exc:
             field = None if exc.field is None else f"training.{exc.field}"

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.estimator import flops
+from service.estimator import flops, model_states
 from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
 from service.estimator.params import FUSED_QKV_FAMILIES, lora_adapter_shapes, loss_logits_per_token
 from service.estimator.types import (
@@ -265,18 +265,6 @@ def _hf_norm(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
     return FP32_BYTES * tokens * h + FP32_BYTES * tokens + normed * tokens * h + one_plus_weight
 
 
-def _sdpa_window_mask(model: ModelSpec, training: TrainingSpec, attention: AttentionKind) -> bool:
-    # transformers passes SDPA a sliding layer's mask (instead of is_causal) once the sequence
-    # reaches the window (masking_utils._ignore_causal_mask_sdpa); flash-attention-2 takes a window.
-    window = model.sliding_window
-    return (
-        training.attention is Attention.SDPA
-        and attention is AttentionKind.SLIDING
-        and window is not None
-        and training.seq_len >= window
-    )
-
-
 def _hf_sdpa(model: ModelSpec, training: TrainingSpec, tokens: float, masked: bool = False) -> float:
     # SDPA/flash save q, k, v. Rotary makes new q and k; a fused qkv Linear's output stays alive
     # whole through the saved view of v (measured: gpt_neox, phi3, gpt2). Falcon repeats k and v
@@ -312,7 +300,7 @@ def _hf_attention(
     d, t = element_bytes(training.precision), local_tokens(layout, training)
     h, q, kv, a = model.hidden_size, model.q_size, model.kv_size, model.num_attention_heads
     sharded = d * t * model.v_size  # the attention output, o_proj's input
-    masked = _sdpa_window_mask(model, training, attention)
+    masked = flops.sdpa_window_mask(model, training, attention)
     if flops.materialises_scores(model, training) and not masked:  # eager, or SDPA's math kernel
         kv_saved = q if model.num_kv_heads < a else kv
         sharded += d * t * (q + 2 * kv_saved)
@@ -409,12 +397,27 @@ def _hf_moe_router(model: ModelSpec, training: TrainingSpec, tokens: float) -> S
 def _lora_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
     # Each adapter keeps lora_A's r-wide output for lora_B's weight gradient; its input is the base
     # Linear's input, already counted (lora_dropout 0, peft's default). One adapter per module
-    # (params.lora_adapter_shapes: Phi-3's fused qkv_proj one, DeepSeek-V3's q_a/q_b and kv_a/kv_b two).
+    # (params.lora_adapter_shapes: Phi-3's fused qkv_proj one, DeepSeek-V3's q_a/q_b and kv_a/kv_b two);
+    # the MLP targets peft moves onto fused experts are no modules (``_fused_expert_lora_bytes``).
     if training.method is Method.FULL:
         return 0.0
     d, t = element_bytes(training.precision), local_tokens(layout, training)
-    adapters = len(lora_adapter_shapes(model, training.lora_targets, model.ffn_hidden_size))
+    targets = model_states.module_lora_targets(model, training, layout)
+    adapters = len(lora_adapter_shapes(model, targets, model.ffn_hidden_size))
     return d * t * training.lora_rank * adapters
+
+
+def _fused_expert_lora_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """An MoE layer's fused experts under peft's ParamWrapper adapters (``model_states.
+    peft_adapts_fused_experts``): its forward folds each adapter into its parameter, W + s x BA by one
+    baddbmm in the parameter's dtype (peft/tuners/lora/layer.py _LoraFactorsProxy, under
+    nn.utils.parametrize.cached()), and the expert matmuls keep that whole adapted weight for the
+    input gradient: every adapted expert parameter of the layer, once per micro-batch, whatever its
+    tokens (0 elsewhere)."""
+    if training.method is Method.FULL or not model_states.peft_adapts_fused_experts(model, layout):
+        return 0.0
+    adapted, _ = model_states.fused_expert_adapted_weights(model, training)
+    return adapted * model_states.frozen_dtype_bytes(training)
 
 
 def hf_layer_bytes(
@@ -444,6 +447,7 @@ def hf_layer_bytes(
         + _hf_attention(model, layout, training, core, attention)
         + mlp
         + Split(0.0, _lora_bytes(model, layout, training))
+        + Split(0.0, _fused_expert_lora_bytes(model, layout, training) if moe_layer else 0.0)
     )
     if layout.torch_compile is not Compile.NONE:
         split = split + _compiled_difference(model, layout, training, moe_layer)

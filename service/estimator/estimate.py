@@ -244,6 +244,7 @@ def estimate_valid(
             *chip_warnings(job),
             *network_warnings(job.cluster),
             *context_warnings(job.model, training),
+            *job.model.config_notes,  # what the config states that no figure reads (hf_config)
             *coverage_warnings(layout.world_size, job.counts.total, training),
         ),
         assumptions=(

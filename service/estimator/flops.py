@@ -169,6 +169,20 @@ def materialises_scores(model: ModelSpec, training: TrainingSpec) -> bool:
     )
 
 
+def sdpa_window_mask(model: ModelSpec, training: TrainingSpec, attention: AttentionKind) -> bool:
+    """Whether transformers hands SDPA a sliding layer's mask instead of is_causal: once the sequence
+    reaches the window (masking_utils._ignore_causal_mask_sdpa); FlashAttention-2 takes the window
+    itself. With a mask SDPA's kernels run every key block (none skipped, ``layer_core_work_flops``)
+    and the mask is kept for backward (``activations``)."""
+    window = model.sliding_window
+    return (
+        training.attention is Attention.SDPA
+        and attention is AttentionKind.SLIDING
+        and window is not None
+        and training.seq_len >= window
+    )
+
+
 def runs_causal_kernel(model: ModelSpec, training: TrainingSpec) -> bool:
     """Whether attention's core runs a kernel that skips the causally masked blocks: flash and
     PyTorch SDPA (its FlashAttention-2, memory-efficient and cuDNN backends all do); eager
@@ -176,12 +190,17 @@ def runs_causal_kernel(model: ModelSpec, training: TrainingSpec) -> bool:
     return not materialises_scores(model, training)
 
 
-def layer_core_work_flops(model: ModelSpec, kind: LayerKind, seq_len: int, flash: bool) -> float:
+def layer_core_work_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> float:
     """The core FLOPs a layer's attention kernel executes, forward, per token. Flash kernels skip
     the key blocks the causal mask hides (FlashAttention-2 and cuDNN iterate only to the diagonal),
-    so they do ``causal_keys_per_query`` keys' work; eager attention computes the whole masked
-    square, ``layer_core_flops``."""
-    if not flash:
+    so they do ``causal_keys_per_query`` keys' work; eager attention, SDPA's math kernel, and SDPA
+    handed a sliding layer's mask (``sdpa_window_mask``: its kernels skip no masked block) compute
+    the whole square, ``layer_core_flops`` (config review, stop 44: Gemma 3's sliding layers under
+    SDPA were timed at their window, faster than full attention)."""
+    seq_len = training.seq_len
+    if sdpa_window_mask(model, training, kind.attention):  # the whole s x s, not the window's band
+        return float(layer_core_flops(model, kind._replace(attention=AttentionKind.FULL), seq_len))
+    if not runs_causal_kernel(model, training):
         return float(layer_core_flops(model, kind, seq_len))
     return layer_core_causal_flops(model, kind, seq_len)
 
@@ -340,7 +359,7 @@ def layer_model_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec)
 def layer_hardware_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> float:
     """Forward + backward of one layer per token, no recompute, attention's core as its kernel
     executes it (``layer_core_work_flops``): the HFU numerator's share of the layer."""
-    core = layer_core_work_flops(model, kind, training.seq_len, runs_causal_kernel(model, training))
+    core = layer_core_work_flops(model, kind, training)
     return layer_non_core_flops(model, kind, training) + 3 * core
 
 
@@ -398,7 +417,7 @@ def layer_recompute_hardware_flops(
     if not recomputes_core(recompute, modules):
         return float(extra)
     square = layer_core_flops(model, kind, training.seq_len)
-    work = layer_core_work_flops(model, kind, training.seq_len, runs_causal_kernel(model, training))
+    work = layer_core_work_flops(model, kind, training)
     return extra - square + work
 
 

@@ -1089,11 +1089,62 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         _check_decoder_head(config)
     spec = builder(_Fields(config, model_type), resolved)
     hidden, attention = _dropout(config, model_type)
+    bnb_4bit, quantized = _checkpoint_quantization(config, model_type)
+    notes = (*quantized, *((_MULTIMODAL_NOTE,) if model_type in _TEXT_CONFIGS else ()))
     return dataclasses.replace(
         spec,
         hidden_dropout=hidden,
         attention_dropout=attention,
+        config_notes=notes,
+        bnb_4bit_checkpoint=bnb_4bit,
         **_hyperparameters(_text_fields(config, model_type), spec)._asdict(),
+    )
+
+
+_MULTIMODAL_NOTE = (
+    "multimodal config: the language model (text_config) is counted and planned; the vision tower and "
+    "projector (vision_config) are not (a text-only fine-tune; one that trains the tower adds its "
+    "parameters and activations)"
+)
+# Checkpoints stored in these formats load dequantizable, and training plans their weights in the
+# training precision: transformers' FP8 and MXFP4 quantizers dequantize on load where asked
+# (FineGrainedFP8Config / Mxfp4Config(dequantize=True), the documented fine-tuning path for
+# DeepSeek-V3's and GPT-OSS's official checkpoints), and Megatron's and torchtitan's conversions read
+# them into 16-bit weights.
+_DEQUANTIZED_FORMATS = frozenset({"fp8", "fbgemm_fp8", "mxfp4", "compressed-tensors"})
+
+
+def _checkpoint_quantization(config: Mapping[str, object], model_type: str) -> tuple[bool, tuple[str, ...]]:
+    """(whether the checkpoint's Linears are bitsandbytes 4-bit, the note a dequantized format
+    needs) from ``quantization_config``: a 4-bit bitsandbytes base loads as QLoRA's NF4 (only QLoRA
+    trains it: TrainingSpec's check in the contract), an 8-bit one or another format (GPTQ, AWQ, ...),
+    whose base the estimate does not model, is refused naming the key (config review: a NF4 Llama 3
+    checkpoint was planned as a 16-bit LoRA base, and as full training, which the Trainer refuses)."""
+    raw = config.get("quantization_config")
+    if raw is None:
+        return False, ()
+    f = _Fields(config, model_type)
+    if not isinstance(raw, Mapping):
+        raise f._error("quantization_config", "must be an object")
+    method = raw.get("quant_method")
+    if method == "bitsandbytes" or (method is None and ("load_in_4bit" in raw or "load_in_8bit" in raw)):
+        if raw.get("load_in_4bit") is True:
+            return True, ()
+        raise f._error(
+            "quantization_config.load_in_8bit",
+            "(a bitsandbytes 8-bit checkpoint): its LLM.int8 base is not modelled; give the config "
+            "without quantization_config to plan the 16-bit model",
+        )
+    if method in _DEQUANTIZED_FORMATS:
+        return False, (
+            f"quantization_config {method}: the checkpoint's weights are planned dequantized to the training "
+            "precision, as training loads them (Mxfp4Config / FineGrainedFP8Config dequantize=True, or a "
+            "Megatron / torchtitan conversion), not in their stored format",
+        )
+    raise f._error(
+        "quantization_config.quant_method",
+        f"= {method!r}: a base stored so (GPTQ, AWQ, ...) is not modelled; give the config without "
+        "quantization_config to plan the 16-bit model, or a bitsandbytes 4-bit one for QLoRA",
     )
 
 

@@ -28,7 +28,9 @@ from service.estimator.model_states import (
     deepspeed_assumption,
     deepspeed_buckets,
     experts_stay_16_bit,
+    frozen_dtype_bytes,
     fsdp_parameter_bytes,
+    fused_expert_adapted_weights,
     fused_experts,
     gathered_weight_bytes,
     grad_reduce_bytes,
@@ -36,6 +38,7 @@ from service.estimator.model_states import (
     lora_parameters,
     megatron_fp8_params,
     megatron_grads_in_fp32,
+    peft_adapts_fused_experts,
     quantized_weights,
     rank_model_states,
     rank_parameters,
@@ -512,15 +515,28 @@ def activation_split(
     return total - layers + kept, layers - kept
 
 
-@layout_memo("framework", "pp", "tp", "sequence_parallel", "cp", "micro_batch_size", "chunked_loss",
+def fused_expert_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """peft's ParamWrapper on fused experts (``model_states.peft_adapts_fused_experts``): the backward
+    of the expert matmuls computes the gradient of the whole adapted weight (W + s x BA requires
+    grad through the adapter), a tensor of the parameter's size, before baddbmm's backward reduces it
+    to the adapter's: the largest adapted parameter of a layer, one at a time."""
+    if training.method is Method.FULL or not peft_adapts_fused_experts(model, layout):
+        return 0.0
+    _, largest = fused_expert_adapted_weights(model, training)
+    return largest * frozen_dtype_bytes(training) / layout.tp
+
+
+@layout_memo("framework", "pp", "tp", "sequence_parallel", "cp", "ep", "micro_batch_size", "chunked_loss",
              "torch_compile")  # fmt: skip
 def activation_buffer_bytes(job: Job, layout: Layout) -> tuple[float, float]:
     """The activation-sized buffers of (every rank, the last rank): pipeline receive buffers, QLoRA
-    dequantisation and PyTorch's ring attention buffers, and those + the loss workspace."""
+    dequantisation, the adapted fused experts' weight gradient and PyTorch's ring attention buffers,
+    and those + the loss workspace."""
     model, training = job.model, job.training
     buffers = (
         pipeline_buffer_bytes(model, layout, training)
         + dequantize_bytes(model, layout, training)
+        + fused_expert_gradient_bytes(model, layout, training)
         + activations.torch_ring_buffer_bytes(model, layout, training, job.tuning.ring_attention_repeats_kv)
     )
     return buffers, buffers + activations.loss_workspace_bytes(model, layout, training)
@@ -712,10 +728,19 @@ def _state_notes(job: Job, layout: Layout) -> list[str]:
             if training.method is Method.QLORA and experts_stay_16_bit(model, layout)
             else ""
         )
-        notes.append(
-            "routed experts: Hugging Face's fused expert parameters (transformers 5), which LoRA's "
-            f"target_modules do not reach: no adapters on them, frozen{kept}"
-        )
+        if peft_adapts_fused_experts(model, layout):
+            notes.append(
+                "routed experts: Hugging Face's fused expert parameters (transformers 5), onto which peft "
+                "0.21 moves LoRA's MLP targets (gate_up_proj at rank 2r, down_proj at r, a ParamWrapper "
+                "per parameter; no dense MLP or shared expert keeps one): each MoE layer's forward keeps "
+                "its adapted expert weights, W + BA, for backward, and the backward makes their whole "
+                f"gradient{kept}"
+            )
+        else:
+            notes.append(
+                "routed experts: Hugging Face's fused expert parameters (transformers 5), which LoRA's "
+                f"target_modules do not reach: no adapters on them, frozen{kept}"
+            )
     return notes
 
 

@@ -323,6 +323,12 @@ def state_bytes_per_parameter(sb: StateBytes, framework: Framework) -> float:
 NF4_BITS = 4
 
 
+def frozen_dtype_bytes(training: TrainingSpec) -> float:
+    """Bytes per frozen base parameter kept unquantized: the compute dtype's (2), or fp32's (4) under
+    fp32 and tf32 or where LoRA's base was loaded in fp32 (``frozen_bytes``)."""
+    return 4.0 if training.precision.stores_fp32 or training.base_autocast else 2.0
+
+
 def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[float, float, float]:
     """Bytes per frozen base parameter (LoRA/QLoRA): (a layer Linear weight's storage, every other
     parameter, a layer Linear weight's quantization constants)."""
@@ -333,7 +339,7 @@ def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[flo
     # the parameter's storage but in its quant_state (bitsandbytes Params4bit.quant_state, a Python
     # object): FSDP and ZeRO-3 shard and gather the packed storage, and every rank keeps every
     # constant (``_group_states``).
-    other = 4.0 if training.precision.stores_fp32 or training.base_autocast else 2.0
+    other = frozen_dtype_bytes(training)
     if training.method is Method.QLORA:
         return NF4_BITS / 8, other, (assume.qlora_bits_per_param - NF4_BITS) / 8
     return other, other, 0.0
@@ -442,11 +448,14 @@ def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout, rp
     of its layers (``rp.layers``, ``rp.moe_layers`` of them MoE), and an encoder task head's copy PEFT
     trains (``params.peft_saved_head_parameters``), split over tp."""
     # (in, out) of each adapter (params.lora_adapter_shapes: a fused module's one, MLA's own modules)
-    shapes = lora_adapter_shapes(model, training.lora_targets, model.ffn_hidden_size)
+    converted = peft_adapts_fused_experts(model, layout)
+    shapes = lora_adapter_shapes(model, module_lora_targets(model, training, layout), model.ffn_hidden_size)
     per_layer: float = sum(fan_in + fan_out for _, fan_in, fan_out in shapes)
     per_layer *= training.lora_rank
     total = rp.layers * per_layer
-    if model.moe is not None:
+    if converted:
+        total += rp.moe_layers * fused_expert_adapter_parameters(model, training)
+    elif model.moe is not None:
         total += rp.moe_layers * _lora_expert_parameters(model, model.moe, training, layout)
     # and an encoder's task head, which PEFT trains in full (encoders run data parallel only: one rank)
     total += peft_saved_head_parameters(model)
@@ -471,12 +480,65 @@ def fused_experts(model: ModelSpec, layout: Layout) -> bool:
     return model.moe is not None and layout.ep == 1
 
 
+# peft 0.21 under transformers 5 (peft/utils/transformers_weight_conversion.py, _convert_peft_config_moe,
+# called by get_peft_model): for the model types whose checkpoint conversion is transformers' "mixtral"
+# or "qwen2_moe" pattern (conversion_mapping._MODEL_TO_CONVERSION_PATTERN: qwen3_moe, deepseek_v2/v3,
+# ...; peft adds mixtral itself; qwen2_moe itself is not in it), LoRA's MLP target names are moved
+# onto the fused expert parameters (target_parameters): gate_proj and up_proj (Mixtral's w1 and w3)
+# onto gate_up_proj as one adapter of rank 2r, down_proj (w2) onto down_proj, each a ParamWrapper of
+# r x E rows (peft/tuners/lora/layer.py); a target naming one of gate and up alone is refused
+# ("Cannot convert PEFT target(s) ..."). The names leave target_modules, so no dense MLP or shared
+# expert keeps an adapter. Measured on the meta device with peft 0.21.2 and transformers 5.25
+# (config review, stop 44: Qwen3-30B-A3B's LoRA r16 trains 996.5M parameters, 981.5M on experts).
+_PEFT_FUSED_EXPERT_FAMILIES = frozenset({"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
+
+
+def peft_adapts_fused_experts(model: ModelSpec, layout: Layout) -> bool:
+    """Whether peft moves LoRA's MLP targets onto the fused routed experts (``_PEFT_FUSED_EXPERT_FAMILIES``),
+    as it does where the experts are fused parameters (``fused_experts``)."""
+    return fused_experts(model, layout) and model.family in _PEFT_FUSED_EXPERT_FAMILIES
+
+
+def module_lora_targets(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[str, ...]:
+    """The targets peft adapts as modules (nn.Linear): ``training.lora_targets`` less the MLP's where
+    it moves them onto the fused experts (``peft_adapts_fused_experts``)."""
+    if not peft_adapts_fused_experts(model, layout):
+        return training.lora_targets
+    return tuple(t for t in training.lora_targets if t not in MLP_LINEAR)
+
+
+def fused_expert_adapted_weights(model: ModelSpec, training: TrainingSpec) -> tuple[float, float]:
+    """(weights of one MoE layer's fused experts that carry an adapter, the largest such parameter's):
+    gate_up_proj (E x h x 2f_e) where gate and up are targeted, down_proj (E x f_e x h) where down is."""
+    assert model.moe is not None
+    e, h, f = model.moe.num_experts, model.hidden_size, model.moe.expert_ffn_hidden_size
+    targets = set(training.lora_targets)
+    gate_up = e * h * 2 * f if {"gate_proj", "up_proj"} <= targets else 0
+    down = e * f * h if "down_proj" in targets else 0
+    return float(gate_up + down), float(max(gate_up, down))
+
+
+def fused_expert_adapter_parameters(model: ModelSpec, training: TrainingSpec) -> float:
+    """LoRA parameters on one MoE layer's fused experts (``peft_adapts_fused_experts``): lora_A
+    (in x rE) and lora_B (rE x out) per adapted parameter, the rank doubled on gate_up_proj."""
+    assert model.moe is not None
+    moe, h, r = model.moe, model.hidden_size, training.lora_rank
+    f, e = moe.expert_ffn_hidden_size, moe.num_experts
+    targets = set(training.lora_targets)
+    gate_up = 2 * r * e * (h + 2 * f) if {"gate_proj", "up_proj"} <= targets else 0
+    down = r * e * (f + h) if "down_proj" in targets else 0
+    return float(gate_up + down)
+
+
 def lora_expert_parameters(
     model: ModelSpec, training: TrainingSpec, layout: Layout, rp: RankParameters
 ) -> float:
     """Of ``lora_parameters``, the adapters of the local routed experts (E/ep per MoE layer): they
-    live in the expert modules, so ZeRO/FSDP shard them with the experts, over expert-DP. None where
-    the experts are fused parameters (``fused_experts``)."""
+    live in the expert modules, so ZeRO/FSDP shard them with the experts, over expert-DP. Fused
+    experts carry peft's ParamWrapper adapters where it moves the MLP targets onto them
+    (``peft_adapts_fused_experts``), else none."""
+    if peft_adapts_fused_experts(model, layout):
+        return rp.moe_layers * fused_expert_adapter_parameters(model, training) / layout.tp
     if model.moe is None or fused_experts(model, layout):
         return 0.0
     targets = _lora_mlp_targets(model, training)

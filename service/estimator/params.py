@@ -111,6 +111,18 @@ LORA_MODULES: dict[str, LoraGroups] = {
     "gpt_neox": _NEOX_STYLE,
     "falcon": _NEOX_STYLE,
     "bloom": _NEOX_STYLE,
+    # Mixtral's experts were w1 (gate), w3 (up) and w2 (down) (transformers 4's MixtralBlockSparseTop2MLP);
+    # transformers 5 fuses them into parameters, and peft maps these names, not Llama's, onto them
+    # (model_states.peft_adapts_fused_experts): a LoraConfig naming gate_proj adapted nothing
+    "mixtral": (
+        (("q_proj",), "q_proj"),
+        (("k_proj",), "k_proj"),
+        (("v_proj",), "v_proj"),
+        (("o_proj",), "o_proj"),
+        (("gate_proj",), "w1"),
+        (("up_proj",), "w3"),
+        (("down_proj",), "w2"),
+    ),
     # Phi-1/1.5/2 (modeling_phi.py PhiAttention: q_proj, k_proj, v_proj, dense; PhiMLP: fc1, fc2):
     # unfused, but the output and MLP Linears have their own names (a review's Phi-2 plan wrote
     # o_proj/up_proj/down_proj, which peft matched nowhere, and adapted q and v alone)

@@ -66,9 +66,12 @@ from service.estimator.memory import (
 from service.estimator.model_states import (
     SHARD_GROUP_FIELDS,
     adapted_linears,
+    frozen_dtype_bytes,
+    fused_expert_adapted_weights,
     layer_linears,
     megatron_grads_in_fp32,
     optimizer_step_bytes,
+    peft_adapts_fused_experts,
     shard_degrees,
 )
 from service.estimator.params import loss_logits_per_token, stage_parameter_counts
@@ -603,8 +606,7 @@ def sum_core_flops(job: Job, counts: tuple[tuple[LayerKind, int], ...]) -> int:
 @job_memo
 def kind_core_work_flops(job: Job, kind: LayerKind) -> float:
     """``flops.layer_core_work_flops`` of a layer of ``kind`` with the job's attention."""
-    flash = flops.runs_causal_kernel(job.model, job.training)
-    return flops.layer_core_work_flops(job.model, kind, job.training.seq_len, flash)
+    return flops.layer_core_work_flops(job.model, kind, job.training)
 
 
 def tp_all_reduce_s(job: Job, tokens: int, link: comm.Link) -> float:
@@ -692,12 +694,14 @@ def compute_busy_s(job: Job, layout: Layout, base: StepBase) -> float:
     unaligned), the memory-bound ops between them and the loss."""
     per_token = stage_flops_per_token(job, layout)[base.stage]
     core, work = base.core_flops, base.core_work_flops  # forward; backward twice that
-    routed = flops.frozen_passes(job.training) * base.routed_flops
+    frozen_routed = flops.frozen_passes(job.training) * base.routed_flops
+    routed = frozen_routed + adapted_experts_weight_gradient_flops(job, layout, base)
     unaligned_s = unaligned_core_s(job, layout, base, 3)
     memory_s = memory_bound_s(job, layout, base, 3, base.traffic_bytes) + dequantize_s(job, layout, base, 2)
+    memory_s += adapted_experts_s(job, layout, base, ADAPTED_EXPERT_STEP_PASSES)
     memory_s += fp8_cast_s(job, layout, base) + moe_dispatch_s(job, layout, base)
     memory_s += moe_host_sync_s(job, layout, base, 1.0)
-    work_s = gemm_s(layout, base, per_token - 3 * core - routed, work, 2 * work, routed)
+    work_s = gemm_s(layout, base, per_token - 3 * core - frozen_routed, work, 2 * work, routed)
     return work_s + unaligned_s + memory_s + loss_s(job, layout, base)
 
 
@@ -973,6 +977,40 @@ def dequantize_s(job: Job, layout: Layout, base: StepBase, passes: float) -> flo
     return base.micro_batches * passes * linear * bytes_per_weight / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
+# Passes over an adapted fused-expert weight's bytes per micro-batch (``adapted_experts_s``): the
+# forward reads W and writes W + s x BA (2); the backward writes the adapted weight's gradient, zeroed
+# then accumulated, and baddbmm's backward reads it twice, for lora_A's and lora_B's gradients (4).
+ADAPTED_EXPERT_STEP_PASSES = 6.0
+ADAPTED_EXPERT_FORWARD_PASSES = 2.0
+
+
+def adapted_experts_s(job: Job, layout: Layout, base: StepBase, passes: float) -> float:
+    """peft's ParamWrapper on fused experts (``model_states.peft_adapts_fused_experts``): each MoE
+    layer's forward materialises its adapted expert weights and the backward their whole gradient,
+    memory-bound passes over the stage's adapted expert parameters, every micro-batch (0 elsewhere)."""
+    model, training = job.model, job.training
+    if training.method is Method.FULL or not peft_adapts_fused_experts(model, layout):
+        return 0.0
+    adapted, _ = fused_expert_adapted_weights(model, training)
+    moe_layers = rank_parameters_of(job, layout, base.stage).moe_layers
+    weight_bytes = moe_layers * adapted * frozen_dtype_bytes(training) / layout.tp
+    return base.micro_batches * passes * weight_bytes / job.cluster.gpu.hbm_bandwidth_bytes_per_s
+
+
+def adapted_experts_weight_gradient_flops(job: Job, layout: Layout, base: StepBase) -> float:
+    """The weight-gradient half of the adapted fused experts' backward, per token: their adapted
+    weight requires grad (through the adapter), so the expert matmuls compute it as full training
+    does (``flops.frozen_passes`` counts the frozen base's two passes; 0 elsewhere). The adapted share
+    of the routed FLOPs (gate_up_proj's 2 of 3 matrices, down_proj's 1)."""
+    model, training = job.model, job.training
+    if training.method is Method.FULL or not peft_adapts_fused_experts(model, layout):
+        return 0.0
+    assert model.moe is not None
+    adapted, _ = fused_expert_adapted_weights(model, training)
+    every = 3.0 * model.moe.num_experts * model.hidden_size * model.moe.expert_ffn_hidden_size
+    return base.routed_flops * adapted / every
+
+
 def recompute_passes(tuning: Tuning, recompute: Recompute) -> float:
     """Forward-equivalents of memory-bound work a recompute costs over the bytes it writes again."""
     # Full recompute re-runs each layer's forward once, and so does per-op AC for every op but the
@@ -1054,6 +1092,8 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
         memory_s += memory_bound_s(job, layout, base, extra, eager_chain_bytes(job, layout, base))
     if recompute is Recompute.FULL:
         memory_s += dequantize_s(job, layout, base, 1)  # the recomputed forward dequantises again
+        # ... and folds the experts' adapters into their weights again
+        memory_s += adapted_experts_s(job, layout, base, ADAPTED_EXPERT_FORWARD_PASSES)
     # the recomputed forward's experts (full, or Megatron's moe module)
     routed = base.routed_flops if recompute is Recompute.FULL or RecomputeModule.MOE in modules else 0
     work_s = gemm_s(layout, base, per_token - core - routed, redone * base.core_work_flops, 0.0, routed)

@@ -331,6 +331,13 @@ class ModelSpec:
     rope_scaling: RopeScaling | None = None  # config rope_scaling; None: the frequencies unscaled
     norm_eps: float | None = None  # epsilon added to the variance in every LayerNorm / RMSNorm
     moe_router: MoERouter | None = None  # how the MoE layers route (needs moe)
+    # What a config.json states that no figure reads, said in every answer's warnings (hf_config
+    # fills it): a multimodal wrapper's vision tower, a checkpoint stored quantized and planned as its
+    # weights dequantized to the training precision.
+    config_notes: tuple[str, ...] = ()
+    # The checkpoint's Linear weights are stored in bitsandbytes 4-bit (quantization_config
+    # load_in_4bit): from_pretrained loads them so, and only QLoRA trains such a base.
+    bnb_4bit_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         for name in (

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from service.estimator import params, pipeline
+from service.estimator import model_states, params, pipeline
 from service.estimator.errors import InvalidLayout, InvalidTraining
 from service.estimator.types import (
     Attention,
@@ -855,6 +855,22 @@ def position_table_violation(model: ModelSpec, training: TrainingSpec) -> Invali
     )
 
 
+def checkpoint_violation(model: ModelSpec, training: TrainingSpec) -> InvalidTraining | None:
+    """A checkpoint stored in bitsandbytes 4-bit (``ModelSpec.bnb_4bit_checkpoint``) loads as QLoRA's
+    NF4 base whatever the method: full training of it is refused by the Trainer ("You cannot perform
+    fine-tuning on purely quantized models"), and LoRA on it is QLoRA (config review, stop 44: LoRA was
+    planned on a 16-bit base of 52 GiB where the NF4 one, what loads, is 43)."""
+    if not model.bnb_4bit_checkpoint or training.method is Method.QLORA:
+        return None
+    return InvalidTraining(
+        f"method {training.method.value}: {model.name}'s checkpoint is stored in bitsandbytes 4-bit "
+        "(hf_config quantization_config load_in_4bit), which loads as QLoRA's NF4 base: use method qlora, "
+        "or the config of its 16-bit weights",
+        rule="checkpoint_quantization",
+        field="method",
+    )
+
+
 def training_violation(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, training: TrainingSpec, caps: Capabilities
 ) -> Violation:
@@ -863,6 +879,8 @@ def training_violation(
         return hardware
     if (table := position_table_violation(model, training)) is not None:
         return _bad(table.message, table.rule, "seq_len")
+    if (stored := checkpoint_violation(model, training)) is not None:
+        return _bad(stored.message, stored.rule, "method")
     kernels = params.transformers_attention(model)
     if (
         training.attention is not None
@@ -923,6 +941,18 @@ def training_violation(
             "lora_targets",
             "lora_targets",
         )
+    if training.method is not Method.FULL and model_states.peft_adapts_fused_experts(model, layout):
+        gated = {"gate_proj", "up_proj"} & set(training.lora_targets)
+        if len(gated) == 1:
+            # _convert_peft_config_moe: "Cannot convert PEFT target(s) gate_proj without also targeting
+            # up_proj because they are fused into gate_up_proj"
+            return _bad(
+                f"lora_targets {list(training.lora_targets)}: peft moves {model.name}'s MLP targets onto its "
+                "fused experts, whose gate and up projections are one parameter (gate_up_proj); target "
+                "both or neither",
+                "lora_targets",
+                "lora_targets",
+            )
     model_parallel = method_parallel_violation(training, layout)
     if model_parallel is not None:
         return model_parallel

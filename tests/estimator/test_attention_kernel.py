@@ -49,8 +49,10 @@ def test_causal_keys_per_query_by_hand() -> None:
 def test_flash_executes_the_triangle_eager_the_square() -> None:
     kind = LayerKind(moe=False)
     # TINY, s = 3: the square is 4 s q_size = 48 FLOPs per token; the triangle 2 x 2 keys x (q + v = 8)
-    assert flops.layer_core_work_flops(TINY, kind, 3, flash=False) == 48
-    assert flops.layer_core_work_flops(TINY, kind, 3, flash=True) == 32
+    eager = TrainingSpec(seq_len=3, global_batch_size=1, attention=Attention.EAGER)
+    flash = TrainingSpec(seq_len=3, global_batch_size=1, attention=Attention.FLASH)
+    assert flops.layer_core_work_flops(TINY, kind, eager) == 48
+    assert flops.layer_core_work_flops(TINY, kind, flash) == 32
 
 
 def test_catalog_reproduces_the_flashattention3_figures() -> None:

@@ -103,7 +103,8 @@ def test_bidirectional_attention_computes_the_whole_square() -> None:
     # no causal mask: every query sees all s keys, for the model count and the flash kernels' work
     assert flops.causal_keys_per_query(TINY, LAYER.attention, s) == 4
     assert flops.layer_core_causal_flops(TINY, LAYER, s) == 128
-    assert flops.layer_core_work_flops(TINY, LAYER, s, flash=True) == 128
+    flash = TrainingSpec(seq_len=s, global_batch_size=1, attention=Attention.FLASH)
+    assert flops.layer_core_work_flops(TINY, LAYER, flash) == 128
     # the same layers causal: (s + 1) / 2 = 2.5 keys per query, 80; twice the causal half-square (64)
     assert flops.layer_core_causal_flops(causal, LAYER, s) == 80
     assert flops.layer_core_causal_flops(TINY, LAYER, s) == 2 * (128 / 2)

@@ -94,14 +94,16 @@ def test_mixtral_zero3_qlora_shards_the_nf4_base_over_every_rank() -> None:
     and the bf16 rest, each / 8; the NF4 constants (the other 0.127 bits: bitsandbytes' quant_state,
     a Python object beside the parameter, which ZeRO-3 and FSDP neither shard nor gather) whole on
     every rank (PEFT review, stop 41: they were / 8 too). The experts are transformers 5's fused
-    MixtralExperts parameters (model_states.fused_experts): bitsandbytes leaves them bf16, and peft's
-    target_modules reach no adapter into them, so the adapters are attention's only (fine-tuning
-    review, stop 39)."""
+    MixtralExperts parameters (model_states.fused_experts): bitsandbytes leaves them bf16 (fine-tuning
+    review, stop 39), and peft 0.21 moves the MLP targets (w1, w3, w2) onto them: gate_up_proj's
+    adapter of rank 2r and down_proj's of r, each r x E rows (config review, stop 44)."""
     constants = (default_tuning().memory.qlora_bits_per_param - 4) / 8
     all_experts = 8 * EXPERTS_PER_RANK
     other = DENSE - 32 * ATTENTION  # bf16: embeddings, head, norms, routers
     frozen = (32 * ATTENTION * 0.5 + all_experts * 2 + other * 2) / 8 + 32 * ATTENTION * constants
-    adapters = 2 * DENSE_ADAPTERS / 8
+    r, e, h, f = 16, 8, 4096, 14336
+    fused_expert_adapters = 32 * (2 * r * e * (h + 2 * f) + r * e * (f + h))  # 109,051,904
+    adapters = 2 * (DENSE_ADAPTERS + fused_expert_adapters) / 8
     training = TrainingSpec(seq_len=4096, global_batch_size=8, method=Method.QLORA)
     layout = dataclasses.replace(MIXTRAL_EP8, ep=1, zero_stage=3)
     per_gpu = estimate(
@@ -301,21 +303,40 @@ def test_megatron_and_fsdp_ep_refuse_peft_so_no_frozen_base_to_compare(layout: L
     assert not _valid(mixtral, gpu_cluster(H100, 8, 50e9), layout, lora)
 
 
-def test_moe_lora_adapts_the_shared_experts_and_not_the_fused_routed_ones() -> None:
-    """transformers 5 keeps a MoE layer's routed experts as fused parameters, which target_modules do
-    not reach (model_states.fused_experts): DeepSeek-V2-Lite's MLP adapters are its first, dense
-    layer's and each MoE layer's shared expert's (one of width 2816), not its 64 routed experts'."""
+def test_moe_lora_adapts_the_fused_routed_experts_as_peft_moves_the_mlp_targets() -> None:
+    """transformers 5 keeps a MoE layer's routed experts as fused parameters; peft 0.21 moves LoRA's
+    MLP targets onto them (model_states.peft_adapts_fused_experts: DeepSeek-V2's model type converts
+    as qwen2_moe): gate_up_proj's adapter at rank 2r and down_proj's at r, r x E rows each, and the
+    names leave target_modules, so the first, dense layer and the shared experts keep none (measured
+    with peft 0.21.2 on the meta device: config review, stop 44)."""
     spec = preset("deepseek-v2-lite").spec
-    h, f, shared = spec.hidden_size, spec.ffn_hidden_size, spec.moe.shared_expert_ffn_hidden_size  # type: ignore[union-attr]
+    assert spec.moe is not None
+    h, f, e = spec.hidden_size, spec.moe.expert_ffn_hidden_size, spec.moe.num_experts
     training = TrainingSpec(
         seq_len=4096, global_batch_size=8, method=Method.LORA, lora_rank=8,
         lora_targets=("gate_proj", "up_proj", "down_proj"),
     )  # fmt: skip
     layout = Layout(framework=Framework.DEEPSPEED, zero_stage=0)
     rp = rank_parameters_of(make_job(spec, gpu_cluster(H100, 1, 50e9), training), layout, 0)
-    # gate and up h -> f, down f -> h: h + f each; 1 dense layer, 26 MoE layers with the shared expert
-    expected = 8 * (1 * 3 * (h + f) + 26 * 3 * (h + shared))
+    r = 8
+    expected = 26 * (2 * r * e * (h + 2 * f) + r * e * (f + h))  # 26 MoE layers; the dense one has none
     assert lora_parameters(spec, training, layout, rp) == pytest.approx(expected)
+    down_only = dataclasses.replace(training, lora_targets=("down_proj",))
+    assert lora_parameters(spec, down_only, layout, rp) == pytest.approx(26 * r * e * (f + h))
+
+
+def test_moe_lora_without_peft_s_conversion_leaves_the_fused_experts_unadapted() -> None:
+    """GPT-OSS's model type is not among peft's converted ones: its fused experts take no adapter, and
+    it has no dense MLP or shared expert, so MLP targets adapt nothing."""
+    spec = preset("gpt-oss-20b").spec
+    training = TrainingSpec(
+        seq_len=4096, global_batch_size=8, method=Method.LORA, lora_rank=8,
+        lora_targets=("q_proj", "gate_proj", "up_proj", "down_proj"),
+    )  # fmt: skip
+    attention_only = dataclasses.replace(training, lora_targets=("q_proj",))
+    layout = Layout(framework=Framework.DEEPSPEED, zero_stage=0)
+    rp = rank_parameters_of(make_job(spec, gpu_cluster(H100, 1, 50e9), training), layout, 0)
+    assert lora_parameters(spec, training, layout, rp) == lora_parameters(spec, attention_only, layout, rp)
 
 
 def test_the_notes_say_the_bytes_the_estimate_counts() -> None:
@@ -334,19 +355,52 @@ def test_the_notes_say_the_bytes_the_estimate_counts() -> None:
 
 
 @pytest.mark.parametrize(("method", "kept"), [(Method.QLORA, True), (Method.LORA, False)])
-def test_the_answer_says_the_fused_routed_experts_stay_16_bit_and_unadapted(
+def test_the_answer_says_the_fused_routed_experts_stay_16_bit_and_how_they_are_adapted(
     method: Method, kept: bool
 ) -> None:
     """Mixtral QLoRA on one H100: 85 GiB of parameters, the experts in bf16, while the only QLoRA
-    assumption read "NF4 Linear weights" (hardware review): the answer says why."""
-    mixtral = preset("mixtral-8x7b").spec
+    assumption read "NF4 Linear weights" (hardware review): the answer says why, and that peft adapts
+    them (Mixtral converts); GPT-OSS's experts take no adapter (it does not)."""
     training = TrainingSpec(seq_len=2048, global_batch_size=16, method=method)
-    answer = estimate(mixtral, gpu_cluster(H100, 1, 50e9), Layout(framework=Framework.FSDP), training,
-                      tuning=default_tuning(), with_limits=False)  # fmt: skip
-    said = [a for a in answer.assumptions if a.startswith("routed experts:")]
-    assert len(said) == 1 and "no adapters on them" in said[0]
-    assert ("bitsandbytes leaves them bf16" in said[0]) is kept
     one_h100 = gpu_cluster(H100, 1, 50e9)
+    for name, adapted in (("mixtral-8x7b", True), ("gpt-oss-20b", False)):
+        answer = estimate(preset(name).spec, one_h100, Layout(framework=Framework.FSDP), training,
+                          tuning=default_tuning(), with_limits=False)  # fmt: skip
+        said = [a for a in answer.assumptions if a.startswith("routed experts:")]
+        assert len(said) == 1
+        assert ("onto which peft 0.21 moves LoRA's MLP targets" in said[0]) is adapted
+        assert ("no adapters on them" in said[0]) is not adapted
+        assert ("bitsandbytes leaves them bf16" in said[0]) is kept
     dense = estimate(preset("llama-3.1-8b").spec, one_h100, Layout(framework=Framework.FSDP), training,
                      tuning=default_tuning(), with_limits=False)  # fmt: skip
     assert not any(a.startswith("routed experts:") for a in dense.assumptions)
+
+
+def test_peft_s_adapted_fused_experts_keep_their_whole_weight_for_backward() -> None:
+    """peft's ParamWrapper folds each adapter into its fused expert parameter for the forward (W + s x
+    BA, one baddbmm in the parameter's dtype: _LoraFactorsProxy) and the expert matmuls keep that
+    weight for the input gradient: every MoE layer holds its adapted experts' bytes until its
+    backward; the backward makes the adapted weight's whole gradient (a buffer of the largest one)
+    and computes the experts' weight-gradient GEMMs (config review, stop 44: Qwen3-30B-A3B's LoRA)."""
+    spec = preset("qwen3-30b-a3b").spec
+    assert spec.moe is not None
+    e, h, f = spec.moe.num_experts, spec.hidden_size, spec.moe.expert_ffn_hidden_size
+    layout = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=3, micro_batch_size=1)
+    cluster = gpu_cluster(H100, 8, 50e9)
+    experts = TrainingSpec(seq_len=2048, global_batch_size=8, method=Method.LORA)
+    attention = dataclasses.replace(experts, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    with_experts = estimate(spec, cluster, layout, experts, tuning=default_tuning(), with_limits=False)
+    without = estimate(spec, cluster, layout, attention, tuning=default_tuning(), with_limits=False)
+    adapted = e * (h * 2 * f + f * h) * 2  # bf16: gate_up_proj and down_proj of every expert
+    assert with_experts.memory.per_gpu.activations - without.memory.per_gpu.activations == pytest.approx(
+        48 * adapted, rel=1e-6
+    )
+    assert with_experts.memory.per_gpu.buffers - without.memory.per_gpu.buffers == pytest.approx(
+        e * h * 2 * f * 2, rel=1e-6
+    )
+    assert with_experts.time is not None and without.time is not None
+    assert with_experts.time.step_s > without.time.step_s
+    # under full recompute only the layer being recomputed holds its adapted weights
+    full = dataclasses.replace(layout, recompute=Recompute.FULL)
+    recomputed = estimate(spec, cluster, full, experts, tuning=default_tuning(), with_limits=False)
+    assert recomputed.memory.per_gpu.activations < with_experts.memory.per_gpu.activations - 40 * adapted

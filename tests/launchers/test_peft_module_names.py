@@ -116,12 +116,13 @@ def test_latent_attention_adapts_its_own_modules(client: TestClient) -> None:
         + (h + r + mla.qk_rope_head_dim) + (r + n * (mla.qk_nope_head_dim + mla.v_head_dim))  # kv_a, kv_b
         + (n * mla.v_head_dim + h)  # o_proj
     )  # fmt: skip
-    mlp = 3 * (h + v3.ffn_hidden_size)
-    # the MoE layers' MLP adapters are their shared experts' (transformers 5 fuses the routed ones)
+    # the MLP targets peft 0.21 moves onto the fused routed experts (model_states.
+    # peft_adapts_fused_experts): gate_up_proj at rank 2r, down_proj at r, r x E rows each; the dense
+    # layers' MLPs and the shared experts keep none
     assert v3.moe is not None
-    shared = 3 * (h + v3.moe.shared_expert_ffn_hidden_size * v3.moe.num_shared_experts)
-    dense_layers = rp.layers - rp.moe_layers
-    expected = 8 * (rp.layers * attention + dense_layers * mlp + rp.moe_layers * shared)
+    e, f = v3.moe.num_experts, v3.moe.expert_ffn_hidden_size
+    experts = 2 * e * (h + 2 * f) + e * (f + h)
+    expected = 8 * (rp.layers * attention + rp.moe_layers * experts)
     assert lora_parameters(v3, training, layout, rp) == pytest.approx(expected)
 
     body = {
@@ -149,7 +150,10 @@ def test_latent_attention_adapts_its_own_modules(client: TestClient) -> None:
 @pytest.mark.parametrize(
     "preset,modules",
     [
-        ("mixtral-8x7b", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+        (
+            "mixtral-8x7b",
+            ["q_proj", "k_proj", "v_proj", "o_proj", "w1", "w3", "w2", "gate_proj", "down_proj"],
+        ),
         ("phi-3-mini", ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
         ("bert-base-uncased", ["query", "key", "value", "dense"]),
     ],
@@ -162,7 +166,7 @@ def test_an_unknown_target_is_told_the_models_own_modules(
     body = {
         "model": {"preset": preset},
         "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
-        "training": {"seq_len": 512, "global_batch_size": 8, "method": "lora", "lora_targets": ["w1", "w2"]},
+        "training": {"seq_len": 512, "global_batch_size": 8, "method": "lora", "lora_targets": ["fc9", "w9"]},
         "layout": {"framework": "fsdp"},
     }
     answer = client.post("/v1/estimates", json=body)
@@ -171,3 +175,31 @@ def test_an_unknown_target_is_told_the_models_own_modules(
     assert error["field"] == "training.lora_targets"
     assert all(repr(name) in error["message"] for name in modules), error["message"]
     assert "gate_proj" not in error["message"] or preset != "bert-base-uncased"
+
+
+def test_mixtral_s_expert_names_are_what_peft_maps_onto_its_fused_experts(client: TestClient) -> None:
+    """peft 0.21 maps Mixtral's transformers-4 expert names, w1 (gate), w3 (up) and w2 (down), onto the
+    fused experts (transformers_weight_conversion._MOE_TARGET_MODULE_MAPPING), not Llama's: the launch
+    file names them, and naming w1 without w3 is refused as peft refuses it ("Cannot convert PEFT
+    target(s) w1 without also targeting w3"; config review, stop 44)."""
+    body = {
+        "model": {"preset": "mixtral-8x7b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 512, "global_batch_size": 8, "method": "lora", "lora_targets": ["w1", "w2"]},
+        "layout": {"framework": "deepspeed", "zero_stage": 3, "dp": 8},
+    }
+    refused = client.post("/v1/estimates", json=body)
+    assert refused.status_code == 422, refused.text
+    assert "gate_up_proj" in refused.json()["errors"][0]["message"]
+    plan = client.post(
+        "/v1/plans",
+        json={k: v for k, v in body.items() if k != "layout"}
+        | {
+            "training": body["training"] | {"lora_targets": ["q_proj", "w1", "w3", "w2"]},
+            "launchers": ["hf_trainer"],
+        },
+    )
+    assert plan.status_code == 201, plan.text
+    assert plan.json()["status"] == "feasible", plan.json()
+    config = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/lora_config.json").json()
+    assert sorted(config["target_modules"]) == ["q_proj", "w1", "w2", "w3"]

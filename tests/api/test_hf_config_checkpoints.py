@@ -1,0 +1,96 @@
+"""A config.json's quantization_config and a multimodal wrapper's vision tower (config review, stop 44):
+a bitsandbytes 4-bit checkpoint was planned as a 16-bit base (LoRA: 52 GiB where the NF4 base that
+loads is 43) and as full training (which the Trainer refuses on a quantized model); DeepSeek-V3's
+official fp8 config and GPT-OSS's mxfp4 one were read without a word; Gemma 3's 4B resolved to the
+language model's 3.88B with no note that SigLIP's 420M were left out."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+LLAMA: dict[str, Any] = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+}
+BNB_4BIT = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+
+
+def _estimate(client: TestClient, config: dict[str, Any], method: str) -> Any:
+    body = {
+        "model": {"hf_config": config},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 2048, "global_batch_size": 8, "method": method},
+        "layout": {"framework": "deepspeed", "zero_stage": 0, "dp": 8},
+    }
+    return client.post("/v1/estimates", json=body)
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_a_4bit_checkpoint_is_trained_by_qlora_only(client: TestClient, method: str) -> None:
+    config = LLAMA | {"quantization_config": BNB_4BIT}
+    refused = _estimate(client, config, method)
+    assert refused.status_code == 422, refused.text
+    (error,) = refused.json()["errors"]
+    assert error["field"] == "training.method" and "qlora" in error["message"]
+    qlora = _estimate(client, config, "qlora")
+    assert qlora.status_code == 200, qlora.text
+    assert qlora.json() == _estimate(client, LLAMA, "qlora").json()  # the same NF4 base either way
+
+
+@pytest.mark.parametrize(
+    ("quantization", "field"),
+    [
+        (
+            {"quant_method": "bitsandbytes", "load_in_8bit": True},
+            "model.hf_config.quantization_config.load_in_8bit",
+        ),
+        ({"quant_method": "gptq", "bits": 4}, "model.hf_config.quantization_config.quant_method"),
+        ({"quant_method": "awq", "bits": 4}, "model.hf_config.quantization_config.quant_method"),
+    ],
+)
+def test_a_base_stored_in_a_format_not_modelled_is_refused_naming_the_key(
+    client: TestClient, quantization: dict[str, Any], field: str
+) -> None:
+    refused = _estimate(client, LLAMA | {"quantization_config": quantization}, "lora")
+    assert refused.status_code == 422, refused.text
+    assert [e["field"] for e in refused.json()["errors"]] == [field]
+
+
+@pytest.mark.parametrize("method", ["fp8", "mxfp4", "fbgemm_fp8"])
+def test_a_checkpoint_stored_in_fp8_or_mxfp4_is_planned_dequantized_and_says_so(
+    client: TestClient, method: str
+) -> None:
+    config = LLAMA | {"quantization_config": {"quant_method": method}}
+    answer = _estimate(client, config, "full")
+    assert answer.status_code == 200, answer.text
+    plain = _estimate(client, LLAMA, "full").json()
+    assert answer.json()["memory"] == plain["memory"]
+    said = [w for w in answer.json()["warnings"] if w.startswith(f"quantization_config {method}")]
+    assert len(said) == 1 and "dequantized" in said[0]
+
+
+def test_a_multimodal_config_says_its_vision_tower_is_not_counted(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "gemma-3-12b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 2048, "global_batch_size": 8},
+        "layout": {"framework": "fsdp", "zero_stage": 3, "dp": 8},
+    }
+    answer = client.post("/v1/estimates", json=body)
+    assert answer.status_code == 200, answer.text
+    assert any("vision tower" in w for w in answer.json()["warnings"])
+    text_only = copy.deepcopy(body)
+    text_only["model"] = {"preset": "gemma-3-1b"}  # model_type gemma3_text: no tower to leave out
+    assert not any(
+        "vision tower" in w for w in client.post("/v1/estimates", json=text_only).json()["warnings"]
+    )
