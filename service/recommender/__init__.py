@@ -999,9 +999,13 @@ def search(
     budget: Budget | None = None,
     rejections: bool = True,
     into: SearchResult | None = None,
+    probe: bool = False,
 ) -> SearchResult:
     """Search over the given GPU counts (in order), within ``budget`` (default: a budget of
     ``constraints.max_evaluations``), which is charged with what the search spent.
+
+    ``probe``: only whether a count may hold a layout that fits: its structures' lean checks, up to
+    the first that fits (kept in ``fallbacks``), and no structure searched (``first_fit_between``).
 
     ``rejections=False``: the caller reads of the result only what it keeps (``best``, the work,
     ``truncated``), not its rejection log, so a count known to fit nothing is skipped unlogged
@@ -1015,7 +1019,7 @@ def search(
         with shared_memory_memos():  # or the caller's: a sweep over GPU types asks the same layouts
             _search_counts(
                 model, cluster, training, constraints, tuning, counts, stop_at_first_fit, budget, result,
-                rejections,
+                rejections, probe,
             )  # fmt: skip
     finally:
         budget.charge(result.evaluations - before)
@@ -1033,6 +1037,7 @@ def _search_counts(
     budget: Budget,
     result: SearchResult,
     rejections: bool,
+    probe: bool = False,
 ) -> None:
     if constraints.torch_compile and training.method is Method.QLORA:
         raise InvalidTraining(
@@ -1079,10 +1084,10 @@ def _search_counts(
         lean = _lean_key(request, job, cluster)
         if not rejections:  # a structure known to fit nothing would only be logged
             splits = _narrowed(job, lean, limit, splits)
-        found = _viable_structures(request, job, result, splits, limit, every=stop_at_first_fit)
-        if (stop_at_first_fit or not found) and not result.truncated:  # each structure checked
+        found = _viable_structures(request, job, result, splits, limit, every=stop_at_first_fit and not probe)
+        if ((stop_at_first_fit and not probe) or not found) and not result.truncated:  # each checked
             _record_viable(job, lean, limit, found)
-        if not found:
+        if not found or probe:
             continue
         if not _search_count(request, job, result, found, limit):
             break
@@ -1207,17 +1212,26 @@ def first_fit_between(
         return
     lo, hi = below[-1] // gpn, fit // gpn  # nodes: lo fits nothing, hi fits
     for _ in range(MAX_FIRST_FIT_PROBES):
-        if hi - lo <= 1 or budget.exhausted(found.evaluations):
-            return
+        if hi - lo <= 1 or budget.exhausted():
+            break
         mid = (lo + hi) // 2
-        search(
-            model, cluster, training, constraints, tuning, (mid * gpn,), stop_at_first_fit=True,
-            budget=budget, rejections=rejections, into=found,
+        # whether anything may fit on mid nodes: the lean checks alone (search(probe=True)), the
+        # whole search only of the count found
+        probed = search(
+            model, cluster, training, constraints, tuning, (mid * gpn,), budget=budget, rejections=False,
+            probe=True,
         )  # fmt: skip
-        if any(scored.layout.world_size == mid * gpn for scored in found.best.values()):
+        found.memory_evaluations += probed.memory_evaluations
+        found.time_evaluations += probed.time_evaluations
+        if any(job.cluster.world_size == mid * gpn for job, _ in probed.fallbacks):
             hi = mid
         else:
             lo = mid
+    if hi < fit // gpn and not budget.exhausted():
+        search(
+            model, cluster, training, constraints, tuning, (hi * gpn,), stop_at_first_fit=True,
+            budget=budget, rejections=rejections, into=found,
+        )  # fmt: skip
 
 
 def _run_search(
