@@ -1201,8 +1201,8 @@ def first_fit_between(
     the ladder climbs 3-smooth node counts (16, 18, 24, 27, 32, ...), so the first that fits may be a
     quarter above the fewest (capacity-planner review: DeepSeek-V3 answered 24 nodes where 21 fit,
     faster and cheaper). The whole-node counts between the last step that fit nothing and the first
-    that fits are bisected (a fit is taken to hold for more nodes, as the climb takes it), each
-    searched into ``found``, within the budget."""
+    that fits are bisected by lean checks alone (a fit is taken to hold for more nodes, as the climb
+    takes it), and the fewest found is searched into ``found``, within the budget."""
     ranked = found.ranked(Objective.FEWEST_GPUS)
     if not ranked or found.truncated:
         return
