@@ -493,10 +493,17 @@ def fused_experts(model: ModelSpec, layout: Layout) -> bool:
 _PEFT_FUSED_EXPERT_FAMILIES = frozenset({"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
 
 
+def peft_moves_mlp_targets(model: ModelSpec) -> bool:
+    """Whether peft moves LoRA's MLP target names off the modules, by the model type alone
+    (``_PEFT_FUSED_EXPERT_FAMILIES``): onto the fused experts where they are fused parameters, and
+    onto nothing where a framework built other expert modules (DeepSpeed's MoE layers at ep > 1)."""
+    return model.family in _PEFT_FUSED_EXPERT_FAMILIES
+
+
 def peft_adapts_fused_experts(model: ModelSpec, layout: Layout) -> bool:
     """Whether peft moves LoRA's MLP targets onto the fused routed experts (``_PEFT_FUSED_EXPERT_FAMILIES``),
     as it does where the experts are fused parameters (``fused_experts``)."""
-    return fused_experts(model, layout) and model.family in _PEFT_FUSED_EXPERT_FAMILIES
+    return fused_experts(model, layout) and peft_moves_mlp_targets(model)
 
 
 def module_lora_targets(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[str, ...]:

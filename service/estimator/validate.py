@@ -30,6 +30,7 @@ from types import MappingProxyType
 from service.estimator import model_states, params, pipeline
 from service.estimator.errors import InvalidLayout, InvalidTraining
 from service.estimator.types import (
+    MLP_LINEAR,
     Attention,
     AttentionKind,
     ClusterSpec,
@@ -956,6 +957,23 @@ def training_violation(
     model_parallel = method_parallel_violation(training, layout)
     if model_parallel is not None:
         return model_parallel
+    mlp_targets = set(training.lora_targets) & set(MLP_LINEAR)
+    if (
+        training.method is not Method.FULL
+        and layout.ep > 1
+        and mlp_targets
+        and model_states.peft_moves_mlp_targets(model)
+    ):
+        # _convert_peft_config_moe rewrites the targets by model type: under DeepSpeed's MoE layers the
+        # MLP names adapt nothing (measured with per-expert Linears in a qwen3_moe model: attention
+        # adapters only), while the estimate counted an adapter per expert (stop 44 review)
+        return _bad(
+            f"lora_targets {sorted(mlp_targets)} with ep = {layout.ep}: peft moves {model.name}'s MLP "
+            "targets onto its fused experts by model type, and under an expert-parallel MoE layer they adapt "
+            "nothing; use ep = 1 (the fused experts take the adapters), or attention targets only",
+            "peft_ep",
+            "ep",
+        )
     if training.mtp_num_layers and not caps.multi_token_prediction:
         # transformers' DeepseekV3ForCausalLM drops the MTP modules; torchtitan and DeepSpeed build none
         return _bad(

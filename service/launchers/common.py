@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 from service.catalog.tuning import default_tuning
 from service.estimator import pipeline
+from service.estimator.defaults import for_gpu
 from service.estimator.model_states import FSDP_REDUCE_DTYPE, hsdp_replicas
 from service.estimator.params import lora_modules
 from service.estimator.tuning import dp_overlap_default
-from service.estimator.types import Framework, Head, Layout, Method, Plan, Precision, Recompute
+from service.estimator.types import Attention, Framework, Head, Layout, Method, Plan, Precision, Recompute
 from service.frameworks import Target as Target  # the registry's; re-exported for the targets
 
 MASTER_PORT = 29500  # torchrun / DeepSpeed launcher default rendezvous port
@@ -384,7 +385,28 @@ def model_duties(plan: Plan, config_dir: str = "") -> str:
             f"\nmodel: {TRAIN_SCRIPT} must build {_HEAD_CLASSES[model.head]}.from_pretrained(...{labels}): "
             f"the estimate counts the {model.head.value} head."
         )
-    return head + peft_header(plan, config_dir)
+    return head + attention_duty(plan) + peft_header(plan, config_dir)
+
+
+# transformers' attn_implementation of each attention the estimate times
+ATTN_IMPLEMENTATIONS = {
+    Attention.FLASH: "flash_attention_2",
+    Attention.SDPA: "sdpa",
+    Attention.EAGER: "eager",
+}
+
+
+def attention_duty(plan: Plan) -> str:
+    """The attention kernel the script must load the model with: the estimate's. Left out,
+    from_pretrained tries SDPA and else eager (transformers 5), so a Gemma 2 or GPT-OSS plan sized for
+    FlashAttention ran eager, its s x s scores twice the memory (a review of stop 44's plans)."""
+    attention = for_gpu(plan.training, plan.cluster.gpu, plan.model).attention
+    if attention is None:
+        return ""
+    return (
+        f"\nattention: {TRAIN_SCRIPT} must load the model with from_pretrained(..., attn_implementation="
+        f'"{ATTN_IMPLEMENTATIONS[attention]}"): the estimate times {attention.value} attention.'
+    )
 
 
 def peft_header(plan: Plan, config_dir: str = "") -> str:
