@@ -15,6 +15,17 @@ from service.contracts.training import TrainingIn
 from service.recommender.types import Objective
 
 
+class CapacityConstraintsIn(ConstraintsIn):
+    """A plan's constraints as capacity reads them: the fewest GPUs of each type (its one objective),
+    and offload opt-in (with unstated host RAM and NVMe it would make any model "fit" on two cards at
+    offload speed). The defaults say so, so that a generated client sending every default is read as
+    the request it is (it sent throughput, top_k 3 and allow_offload true, a plan's defaults: 422s,
+    or offload on; client-integration and stop-44 reviews)."""
+
+    objective: Objective = Objective.FEWEST_GPUS
+    allow_offload: bool = False
+
+
 class CapacityRequest(Strict):
     """GPUs needed and time to train, across GPU types (default: the catalog) or stored clusters."""
 
@@ -46,9 +57,7 @@ class CapacityRequest(Strict):
     gpu_hour_cost: float | dict[str, float] | None = Field(
         default=None, description="one price per GPU-hour, or one per GPU name"
     )
-    # Capacity counts the GPUs that hold the job: offload is opt-in here (with unstated host RAM
-    # and NVMe it would make any model "fit" on two cards at offload speed).
-    constraints: ConstraintsIn = Field(default_factory=lambda: ConstraintsIn(allow_offload=False))
+    constraints: CapacityConstraintsIn = Field(default_factory=CapacityConstraintsIn)
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -81,17 +90,16 @@ class CapacityRequest(Strict):
                         field,
                     )
             self.cluster_ids = list(dict.fromkeys(self.cluster_ids))  # one option each, as gpus
-        sent = self.constraints.model_fields_set
         # inputs a capacity answer would not use are refused, not dropped (capacity-planner review:
         # objective cost and max_gpus 1 answered 16 GPUs, "fits", without a word)
-        if "objective" in sent and self.constraints.objective is not Objective.FEWEST_GPUS:
+        if self.constraints.objective is not Objective.FEWEST_GPUS:
             raise FieldError(
                 f"constraints.objective {self.constraints.objective.value}: capacity finds the fewest GPUs "
                 "of each type that hold the job (and times it on at_gpus where given); ranking by "
                 "objective is a plan's (POST /v1/plans): leave it out",
                 "constraints.objective",
             )
-        if "top_k" in sent:
+        if self.constraints.top_k != CapacityConstraintsIn.model_fields["top_k"].default:
             raise FieldError(
                 "constraints.top_k: capacity answers one option per GPU type or cluster; leave it out",
                 "constraints.top_k",

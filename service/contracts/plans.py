@@ -202,13 +202,18 @@ class RunIn(Strict):
 
     @model_validator(mode="after")
     def _something_measured(self) -> RunIn:
+        # a field sent with its default value (a generated client sends every default: out_of_memory
+        # false, format auto) says nothing: only what differs from the default counts as given
+        given = {
+            name for name in self.model_fields_set if getattr(self, name) != RunIn.model_fields[name].default
+        }
         if self.log is not None:
-            typed = [name for name in MEASUREMENTS if name in self.model_fields_set]
+            typed = [name for name in MEASUREMENTS if name in given]
             if typed:
                 dropped = ", ".join(typed)
                 raise FieldError(f"give a log or typed figures, not both: drop {dropped} or log", "log")
             return self
-        if "format" in self.model_fields_set:
+        if "format" in given:
             raise FieldError("format says how to read a log: give log with it", "format")
         if self.step_s is not None and self.tokens_per_s is not None:
             raise FieldError("give step_s or tokens_per_s, not both", "tokens_per_s")

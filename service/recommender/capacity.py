@@ -98,6 +98,12 @@ def _option(
     cap = constraints.max_gpus
     if cap is not None:  # the counts within the request's cap, and an option past it says so
         within = tuple(count for count in counts if count <= cap)
+        # the cap's own whole nodes, where the ladder steps past it (a cap of 21 nodes between the
+        # steps 18 and 24 answered "no fit up to 18 nodes" where 21 fit; stop 44 review), so that the
+        # fewest GPUs are bisected up to it
+        top = cap // cluster.gpus_per_node * cluster.gpus_per_node
+        if within and within[-1] < top <= counts[-1] and top >= cluster.gpus_per_node:
+            within = (*within, top)  # (never past the counts the option may use: its cluster, max_nodes)
         if not within:
             return CapacityOption(
                 gpu=name,

@@ -265,3 +265,37 @@ def test_at_gpus_past_max_gpus_is_refused(client: TestClient) -> None:
     assert_problem(response, 422)
     (error,) = response.json()["errors"]
     assert error["field"] == "at_gpus" and error["limit"] == {"le": 32}
+
+
+def test_a_cap_between_the_ladders_steps_is_searched_up_to_itself(client: TestClient) -> None:
+    """DeepSeek-V3 with max_gpus 168 answered "no layout fits up to 144 GPUs" where 160 fit (the climb
+    steps 18 -> 24 nodes past 16): the cap's own whole nodes are a count of the climb."""
+    body = {
+        "model": {"preset": "deepseek-v3"},
+        "training": {"seq_len": 4096, "global_batch_size": 1024, "tokens": 10**12},
+        "gpus": ["h100-sxm-80gb"],
+    }
+    (free,) = client.post("/v1/capacity", json=body).json()["options"]
+    assert free["fits"] and 144 < free["min_gpus"] < 192
+    capped = body | {"constraints": {"max_gpus": free["min_gpus"] + 4}}
+    (option,) = client.post("/v1/capacity", json=capped).json()["options"]
+    assert option["fits"] and option["min_gpus"] == free["min_gpus"]
+
+
+def test_a_cap_past_a_stored_clusters_gpus_adds_none(client: TestClient) -> None:
+    cluster = client.post("/v1/clusters", json={"name": "two-nodes", "gpu": "h100-sxm-80gb", "num_nodes": 2})
+    assert cluster.status_code == 201, cluster.text
+    body = {
+        "model": {"preset": "llama-3.1-405b"},
+        "training": {"seq_len": 4096, "global_batch_size": 256},
+        "cluster_ids": [cluster.json()["id"]],
+        "constraints": {"max_gpus": 96},
+    }
+    (option,) = client.post("/v1/capacity", json=body).json()["options"]
+    assert not option["fits"] and "16 GPUs" in option["note"]
+    catalog = {k: v for k, v in body.items() if k != "cluster_ids"} | {
+        "gpus": ["h100-sxm-80gb"],
+        "max_nodes": 2,
+    }
+    (option,) = client.post("/v1/capacity", json=catalog).json()["options"]
+    assert not option["fits"]

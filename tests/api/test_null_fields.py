@@ -88,3 +88,71 @@ def test_the_openapi_document_says_which_fields_take_null(client: TestClient) ->
             assert {"type": "null"} in prop.get("anyOf", []), (name, field, prop)
     layout = schemas["LayoutIn"]["properties"]["cp"]
     assert {"type": "null"} in layout["anyOf"] and layout["default"] == 1
+
+
+# ---- what generated clients send (client-integration review, stop 44)
+
+
+def test_every_integer_of_the_document_is_64_bit(client: TestClient) -> None:
+    """Go's and Java's generated clients read an integer without a format as 32 bits: an H100's
+    memory_bytes (85,899,345,920) failed to decode."""
+    found: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "integer":
+                found.append(node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(client.get("/openapi.json").json())
+    assert len(found) > 50 and all(node["format"] == "int64" for node in found)
+
+
+def test_a_null_gbps_twin_beside_its_field_is_left_out(client: TestClient) -> None:
+    cluster = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+    for twins in (
+        {"intra_node_bandwidth_bytes_per_s": None, "intra_node_bandwidth_gbps": None},
+        {"intra_node_bandwidth_bytes_per_s": 4e11, "intra_node_bandwidth_gbps": None},
+        {"intra_node_bandwidth_bytes_per_s": None, "intra_node_bandwidth_gbps": 400},
+    ):
+        body = copy.deepcopy(ESTIMATE) | {"cluster": cluster | twins}
+        assert client.post("/v1/estimates", json=body).status_code == 200, twins
+    both = copy.deepcopy(ESTIMATE) | {
+        "cluster": cluster | {"intra_node_bandwidth_bytes_per_s": 4e11, "intra_node_bandwidth_gbps": 400}
+    }
+    assert client.post("/v1/estimates", json=both).status_code == 422
+
+
+def test_capacity_constraints_sent_whole_with_their_defaults(client: TestClient) -> None:
+    """A generated client sends every default of the constraints it builds: capacity's are its own
+    (fewest_gpus, no offload), so sending them whole, or only max_gpus, changes nothing (offload had
+    turned on once constraints were sent)."""
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["CapacityConstraintsIn"][
+        "properties"
+    ]
+    defaults = {name: prop["default"] for name, prop in schema.items() if "default" in prop}
+    assert defaults["objective"] == "fewest_gpus" and defaults["allow_offload"] is False
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+        "gpus": ["h100-sxm-80gb"],
+    }
+    plain = client.post("/v1/capacity", json=body).json()["options"]
+    whole = client.post("/v1/capacity", json=body | {"constraints": defaults}).json()["options"]
+    assert [o["min_gpus"] for o in whole] == [o["min_gpus"] for o in plain]
+
+
+def test_a_run_sent_with_every_default_is_read(client: TestClient) -> None:
+    plan = client.post("/v1/plans", json={k: v for k, v in ESTIMATE.items() if k != "layout"}).json()
+    runs = f"/v1/plans/{plan['id']}/runs"
+    typed = {"step_s": 10.0, "format": "auto", "out_of_memory": False, "log": None}
+    assert client.post(runs, json=typed).status_code == 201, client.post(runs, json=typed).text
+    logged = {"log": "step: 10 loss: 2.0 tps: 1000", "out_of_memory": False, "step_s": None, "format": "auto"}
+    response = client.post(runs, json=logged)
+    assert response.status_code in (201, 422), response.text
+    if response.status_code == 422:  # a log it cannot read: said as such, not as "not both"
+        assert "not both" not in response.text
