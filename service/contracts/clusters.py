@@ -308,10 +308,13 @@ class ClusterPatch(Strict):
         default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
     )
 
-    @field_validator(
+    # the fields a PATCH may leave out but not null (their None is "not sent"): the schema says so
+    null_refused: ClassVar[tuple[str, ...]] = (
         "name", "description", "gpu", "num_nodes", "gpus_per_node", "cpu_memory_bytes_per_node",
-        "nvme_bytes_per_node", mode="before",
+        "nvme_bytes_per_node",
     )  # fmt: skip
+
+    @field_validator(*null_refused, mode="before")
     @classmethod
     def _not_null(cls, value: Any) -> Any:
         # runs only for values the client sent: an explicit null is refused, naming the field

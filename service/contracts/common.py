@@ -206,6 +206,19 @@ def _document_inputs(schema: dict[str, Any], model: type[BaseModel]) -> None:
     filled = set(getattr(model, "catalog_filled", ()))
     if filled and "required" in schema:
         schema["required"] = [name for name in schema["required"] if name not in filled]
+    # a field whose None means "not sent" and whose null is refused (ClusterPatch): no null branch
+    # (a generated client sent the null the schema allowed and got a 422; client-integration review)
+    for name in getattr(model, "null_refused", ()):
+        prop = properties.get(name)
+        if prop is not None and "anyOf" in prop:
+            kept = [branch for branch in prop["anyOf"] if branch.get("type") != "null"]
+            if len(kept) == 1:
+                prop.pop("anyOf")
+                prop.update(kept[0])
+            else:
+                prop["anyOf"] = kept
+            if "default" in prop and prop["default"] is None:
+                del prop["default"]  # left out, the field keeps its stored value
     # null is read as left out (StrictFields._strict_types, Strict._null_is_left_out)
     for name in null_means_default(model):
         if name in properties:

@@ -156,3 +156,14 @@ def test_a_run_sent_with_every_default_is_read(client: TestClient) -> None:
     assert response.status_code in (201, 422), response.text
     if response.status_code == 422:  # a log it cannot read: said as such, not as "not both"
         assert "not both" not in response.text
+
+
+def test_a_patch_field_whose_null_is_refused_is_not_nullable_in_the_document(client: TestClient) -> None:
+    from service.contracts.clusters import ClusterPatch
+
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["ClusterPatch"]["properties"]
+    for name in ClusterPatch.null_refused:
+        assert {"type": "null"} not in schema[name].get("anyOf", []), name
+        assert schema[name].get("type") != "null", name
+    # a measured bandwidth's null removes it: nullable
+    assert {"type": "null"} in schema["measured_inter_node_bus_bandwidth_bytes_per_s"]["anyOf"]
