@@ -12,6 +12,7 @@ from service.contracts.gpus import gpu_slug
 from service.contracts.models import ModelRef
 from service.contracts.plans import MAX_GPU_HOUR_COST, ConstraintsIn
 from service.contracts.training import TrainingIn
+from service.estimator.scale import MAX_GPUS
 from service.recommender.types import Objective
 
 
@@ -52,7 +53,11 @@ class CapacityRequest(Strict):
     )
     max_nodes: int = Field(default=1024, ge=1, le=100_000, description="largest count searched")
     at_gpus: int | None = Field(
-        default=None, ge=1, le=10_000_000, description="time the run on this many GPUs"
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="time the run on this many GPUs",
+        json_schema_extra={"maximum": MAX_GPUS.limit},  # scale.py's bound, refused past with its reason
     )
     gpu_hour_cost: float | dict[str, float] | None = Field(
         default=None, description="one price per GPU-hour, or one per GPU name"

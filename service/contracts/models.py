@@ -15,6 +15,7 @@ from service.contracts.gpus import unknown_entry_error
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
 from service.estimator.hf_config import SUPPORTED_MODEL_TYPES, model_from_hf_config
+from service.estimator.scale import MAX_LAYERS
 from service.estimator.types import (
     AttentionKind,
     Head,
@@ -98,7 +99,7 @@ class ArchitectureIn(Strict):
         "hf_config reads, or custom): where families differ, the estimator and the launchers read it "
         "(fused QKV or gate-up projections, fp32 norms, the decoder layer FSDP wraps)",
     )
-    num_layers: int = Field(ge=1, le=10_000)
+    num_layers: int = Field(ge=1, le=10_000, json_schema_extra={"maximum": MAX_LAYERS.limit})  # scale.py's
     hidden_size: int = Field(ge=1, le=1_000_000)
     num_attention_heads: int = Field(ge=1, le=10_000)
     num_kv_heads: int | None = Field(default=None, ge=1, le=10_000, description="default: MHA")
