@@ -357,10 +357,13 @@ def test_the_forms_read_their_fields_from_the_openapi_document(served: str, brow
     assert [o[0] for o in launchers] == schemas["Target"]["enum"] and all(o[2] for o in launchers)
     assert options(page, "#run\\.format")[0] == ("auto", "detect", True)
     top_k = schemas["ConstraintsIn"]["properties"]["top_k"]
+    # its null is the default (contracts.common.null_means_default): the number's branch holds the bound
+    top_k = next(branch for branch in top_k.get("anyOf", [top_k]) if branch.get("type") != "null")
     assert page.get_attribute("#constraints\\.top_k", "max") == str(int(top_k["maximum"]))
     assert page.get_attribute("#constraints\\.top_k", "min") == str(int(top_k["minimum"]))
     # typed in GiB: the API's byte limit in the page's unit
     cpu_memory = schemas["ClusterIn"]["properties"]["cpu_memory_bytes_per_node"]
+    cpu_memory = next(b for b in cpu_memory.get("anyOf", [cpu_memory]) if b.get("type") != "null")
     assert (
         float(page.get_attribute("#cluster\\.cpu_memory_gib_per_node", "max"))
         == cpu_memory["maximum"] / 2**30
@@ -386,7 +389,8 @@ PAGE_FIELDS = """async (named) => {
       const unit = control.dataset.unit || null;
       out.push({ id: control.id, form: formId, prefix, at, found: field !== null,
         unit, known_unit: !unit || unit in UNITS,
-        enum: field && (field.enum || field.items?.enum || null), nullable: Boolean(field?.nullable),
+        enum: field && (field.enum || field.items?.enum || null),
+        nullable: Boolean(field?.nullable) && field.type !== "array" && field.default == null,
         options: control.tagName === "SELECT" ? [...control.options].map((o) => o.value) : null });
     }
   }

@@ -219,16 +219,27 @@ def _document_inputs(schema: dict[str, Any], model: type[BaseModel]) -> None:
                 prop["anyOf"] = kept
             if "default" in prop and prop["default"] is None:
                 del prop["default"]  # left out, the field keeps its stored value
+    # null is read as left out (StrictFields._strict_types, Strict._null_is_left_out)
+    for name in null_means_default(model):
+        if name in properties:
+            properties[name] = _nullable(properties[name])
+
+
+def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
+    """A property's schema that also admits null: its type or reference joined with null, its
+    title, description and default kept beside them."""
+    outer = {key: value for key, value in prop.items() if key in ("title", "description", "default")}
+    inner = {key: value for key, value in prop.items() if key not in outer}
+    variants = inner["anyOf"] if list(inner) == ["anyOf"] else [inner]
+    return {"anyOf": [*variants, {"type": "null"}], **outer}
 
 
 class StrictFields(BaseModel):
     """Unknown fields are errors; numbers and booleans must be JSON numbers and booleans; no string
     holds NUL; `X_gbps` is accepted wherever `X_bytes_per_s` is a field; null for a field with a
-    default is its default (``null_means_default``: accepted beyond what the document states, which
-    keeps such a field's plain type: the page reads a nullable field as one with an empty choice).
-    Without a model validator of its own, so that a model of it in a union (``str | CustomGPU``)
-    keeps its name as the union's tag in error locations: ``Strict`` is the base of every other
-    input."""
+    default is its default (``null_means_default``). Without a model validator of its own, so that
+    a model of it in a union (``str | CustomGPU``) keeps its name as the union's tag in error
+    locations: ``Strict`` is the base of every other input."""
 
     # finite numbers only; the schema documents the inputs the validators below accept
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_document_inputs)

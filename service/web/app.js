@@ -609,12 +609,17 @@ function fieldSchema(doc, body, path) {
 
 // One control from its field's schema: a select's options from the enum (of the field, or of its
 // items for a list), after the page's own empty option ("from the GPU") where the field may be
-// left out with that meaning (nullable); a number's min, max and step in the control's unit;
-// required; the description as its help.
+// left out with that meaning (nullable, not a list, without a default of its own: a null the API
+// reads as the default, training.method's, is no choice of its own); a number's min, max and step in the
+// control's unit; required; the description as its help.
+function leftToTheApi(field) {
+  return Boolean(field.nullable) && field.type !== "array" && field.default == null;
+}
+
 function applyField(control, field) {
   const values = field.enum || field.items?.enum;
   if (values && control.tagName === "SELECT") {
-    const own = field.nullable ? [...control.options].filter((o) => o.value === "") : [];
+    const own = leftToTheApi(field) ? [...control.options].filter((o) => o.value === "") : [];
     // a list (the launcher targets) starts with every value chosen; otherwise the API's default
     const chosen = (v) => control.multiple || (!own.length && v === field.default);
     control.replaceChildren(...own, ...values.map((v) => el("option", { value: v, text: LABELS[v] || v, selected: chosen(v) ? "" : null })));
