@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
-from service.contracts.common import FieldError, Strict
+from service.contracts.common import FieldError, Strict, no_documented_default
 from service.contracts.gpus import gpu_slug
 from service.contracts.models import ModelRef
 from service.contracts.plans import MAX_GPU_HOUR_COST, ConstraintsIn
@@ -51,7 +51,14 @@ class CapacityRequest(Strict):
         description="node size for catalog GPUs (default: each part's reference node, GET /v1/gpus "
         "gpus_per_node, else 8)",
     )
-    max_nodes: int = Field(default=1024, ge=1, le=100_000, description="largest count searched")
+    max_nodes: int = Field(
+        default=1024,
+        ge=1,
+        le=100_000,
+        description="largest count of nodes searched for catalog GPUs; left out: 1,024 (cluster_ids: "
+        "each cluster's own nodes, and max_nodes is refused)",
+        json_schema_extra=no_documented_default,  # sent at 1,024 by a generated client beside cluster_ids
+    )
     at_gpus: int | None = Field(
         default=None,
         ge=1,

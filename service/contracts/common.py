@@ -234,6 +234,13 @@ def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [*variants, {"type": "null"}], **outer}
 
 
+def no_documented_default(schema: dict[str, Any]) -> None:
+    """A field's schema without its ``default`` (``json_schema_extra``), for a field whose value left
+    out depends on the rest of the request: a generated client sends every documented default, and
+    the server would then read the value as given."""
+    schema.pop("default", None)
+
+
 class StrictFields(BaseModel):
     """Unknown fields are errors; numbers and booleans must be JSON numbers and booleans; no string
     holds NUL; `X_gbps` is accepted wherever `X_bytes_per_s` is a field; null for a field with a

@@ -12,7 +12,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
 from service.contracts.clusters import ClusterChoice
-from service.contracts.common import Strict
+from service.contracts.common import Strict, no_documented_default
 from service.contracts.models import ModelRef
 from service.contracts.training import TrainingIn
 from service.estimator.calibration import OLDER_ESTIMATOR_WEIGHT, OTHER_FAMILY_WEIGHT, RECENCY_HALF_LIFE_DAYS
@@ -37,8 +37,11 @@ class LayoutIn(Strict):
         default=1,
         ge=1,
         le=1_000_000,
-        description="data-parallel degree; left out of an estimate, the cluster's GPUs over tp x pp x cp "
+        description="data-parallel degree; left out (or null), the cluster's GPUs over tp x pp x cp "
         "(named in resolved_defaults)",
+        # no documented default: a generated client sends a field's documented default, and dp = 1 on
+        # a cluster of 8 is a world-size 422 where dp left out fills the cluster
+        json_schema_extra=no_documented_default,
     )
     tp: int = Field(default=1, ge=1, le=1024)
     pp: int = Field(default=1, ge=1, le=1024)
