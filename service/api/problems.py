@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from service.catalog.errors import UnknownCatalogEntry
-from service.contracts.common import FieldError, Problem
+from service.contracts.common import GB_PER_S, FieldError, Problem
 from service.errors import ServiceError
 from service.estimator.errors import EstimatorError
 from service.persistence.db import ConnectionWaitTimeout, WriterBusy
@@ -113,9 +113,46 @@ def _branch_noise(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def _as_sent(err: dict[str, Any], body: Any) -> dict[str, Any]:
+    """An error at `X_bytes_per_s` where the request sent its twin `X_gbps` (``common.GB_PER_S``),
+    located at the twin, its bounds and input in GB/s: "inter_node_bandwidth_bytes_per_s: >= 1000000"
+    answered a request that never named that field."""
+    loc = err["loc"]
+    path = [p for p in loc if p not in _UNION_TAGS]
+    if len(path) < 2 or path[0] != "body" or not str(path[-1]).endswith("_bytes_per_s"):
+        return err
+    parent = body
+    for part in path[1:-1]:
+        inside = isinstance(parent, list) and isinstance(part, int) and 0 <= part < len(parent)
+        if not (inside or (isinstance(parent, dict) and part in parent)):
+            return err
+        parent = parent[part]
+    twin = str(path[-1]).removesuffix("_bytes_per_s") + "_gbps"
+    if not isinstance(parent, dict) or path[-1] in parent or twin not in parent:
+        return err
+    ctx = dict(err.get("ctx") or {})
+    for bound in ("gt", "ge", "lt", "le"):
+        if isinstance(ctx.get(bound), int | float):
+            ctx[bound] = ctx[bound] / GB_PER_S
+    message = err.get("msg", "")
+    for bound, words in _BOUND_WORDS.items():
+        if bound in ctx:
+            message = f"Input should be {words} {ctx[bound]:g} (GB/s)"
+    return {**err, "loc": (*loc[:-1], twin), "ctx": ctx, "msg": message, "input": parent[twin]}
+
+
+_BOUND_WORDS = {
+    "gt": "greater than",
+    "ge": "greater than or equal to",
+    "lt": "less than",
+    "le": "less than or equal to",
+}
+
+
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     out = []
-    for err in _branch_noise([{**e, "loc": tuple(e.get("loc", ()))} for e in exc.errors()]):
+    errors = [_as_sent({**e, "loc": tuple(e.get("loc", ()))}, exc.body) for e in exc.errors()]
+    for err in _branch_noise(errors):
         loc = err.get("loc", ())
         refused = (err.get("ctx") or {}).get("error")
         message = err.get("msg", "")

@@ -61,6 +61,21 @@ MAX_GPUS_PER_NODE = 64
 ONE_NODE_OF_CARDS = REFERENCE_NODE_GPUS
 
 
+def _num_gpus_plannable(count: int, per_node: int) -> None:
+    """num_gpus given instead of num_nodes, past what the planner or a cluster's node count allows:
+    refused naming num_gpus, where the bounds of the nodes it derives would name num_nodes, a field
+    the request did not send, with a limit in nodes."""
+    most = min(MAX_GPUS.limit, MAX_NODES * per_node)
+    if count > most:
+        why = (
+            f"the {MAX_GPUS.limit:,} GPUs the planner handles (16x the largest published run: "
+            f"{MAX_GPUS.reference})"
+            if most == MAX_GPUS.limit
+            else f"{MAX_NODES:,} nodes of {per_node} GPUs"
+        )
+        raise FieldError(f"num_gpus ({count:,}) is past {why}", "num_gpus", most)
+
+
 class ClusterShape(Strict):
     """The hardware of a cluster; bandwidths per GPU, one direction, bytes/s."""
 
@@ -158,6 +173,8 @@ class ClusterShape(Strict):
                     read["gpus_per_node"] = str(per_node)
             if "num_nodes" not in value:
                 per_node = value.get("gpus_per_node")
+                if count is not None and isinstance(per_node, int) and per_node >= 1:
+                    _num_gpus_plannable(count, per_node)  # named as sent, not as the nodes it makes
                 nodes = (
                     count // per_node if count is not None and isinstance(per_node, int) and per_node else 1
                 )

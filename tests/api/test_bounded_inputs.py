@@ -126,3 +126,58 @@ def test_a_capacity_sweep_past_the_gpus_a_plan_may_have_is_refused_before_any_se
     problem = assert_problem(client.post("/v1/capacity", json=body | {"at_gpus": 300_000}), 422)
     assert problem["errors"][0]["field"] == "at_gpus" and "262,144" in problem["detail"]
     assert client.post("/v1/capacity", json=body | {"max_nodes": 32_768}).status_code == 200
+
+
+ESTIMATE = {
+    "model": {"preset": "llama-3.2-1b"},
+    "training": {"seq_len": 2048, "global_batch_size": 32},
+}
+
+
+@pytest.mark.parametrize("count", [300_000, 6_000_000, 10**9])
+def test_num_gpus_past_the_bound_is_named_as_sent(client: TestClient, count: int) -> None:
+    """num_gpus stands for num_nodes x gpus_per_node: past the planner's bound it was refused naming
+    num_nodes (a field not sent) with a limit in nodes, twice for 10^9 (the derived nodes' own bound)."""
+    for path, body in (
+        ("/v1/estimates", ESTIMATE | {"cluster": {"gpu": "h100-sxm-80gb", "num_gpus": count}}),
+        ("/v1/clusters", {"name": "big", "gpu": "h100-sxm-80gb", "num_gpus": count}),
+    ):
+        problem = assert_problem(client.post(path, json=body), 422)
+        fields = [e["field"] for e in problem["errors"]]
+        assert fields in (["cluster.num_gpus"], ["num_gpus"]), problem
+        assert problem["errors"][0]["limit"] == {"le": 262_144}
+
+
+def test_a_one_gpu_node_past_the_node_bound_names_num_gpus(client: TestClient) -> None:
+    body = ESTIMATE | {"cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 150_000, "gpus_per_node": 1}}
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert [(e["field"], e["limit"]) for e in problem["errors"]] == [("cluster.num_gpus", {"le": 100_000})]
+
+
+@pytest.mark.parametrize(
+    ("where", "field", "value", "limit"),
+    [
+        ("cluster", "inter_node_bandwidth_gbps", -5, {"ge": 0.001}),
+        ("cluster", "inter_node_bandwidth_gbps", 1e9, {"le": 100_000}),
+        ("gpu", "hbm_bandwidth_gbps", 0, {"ge": 0.001}),
+    ],
+)
+def test_a_bandwidth_sent_in_gbps_is_refused_in_gbps(
+    client: TestClient, where: str, field: str, value: float, limit: dict[str, float]
+) -> None:
+    """A bound broken by an `X_gbps` input was reported at `X_bytes_per_s`, with the limit in bytes/s."""
+    gpu: Any = "h100-sxm-80gb"
+    if where == "gpu":
+        gpu = {
+            "name": "mine",
+            "memory_bytes": 80 * 2**30,
+            "peak_flops_per_s": {"bf16": 1e15},
+            field: value,
+        }
+    cluster: dict[str, Any] = {"gpu": gpu, "num_nodes": 2, "gpus_per_node": 8}
+    if where == "cluster":
+        cluster[field] = value
+    problem = assert_problem(client.post("/v1/estimates", json=ESTIMATE | {"cluster": cluster}), 422)
+    named = [e for e in problem["errors"] if e["field"].endswith(field)]
+    assert named and named[0]["limit"] == limit, problem
+    assert not any(e["field"].endswith("_bytes_per_s") for e in problem["errors"]), problem
