@@ -142,6 +142,9 @@ class SearchResult:
     # per count searched, the leanest layout that fits (``_viable_structures``): kept if the budget
     # cuts the search before it keeps any other
     fallbacks: list[tuple[Job, Layout]] = field(default_factory=list)
+    # of ``evaluations``, those already charged to a budget (by an earlier search into this result,
+    # or a probe's whose work was added): a search's budget checks count only the rest
+    charged: int = 0
 
     _threshold: tuple[float, ...] | None = None  # the k-th best key's objective part, until best changes
     # per GPU count, the best layout kept on it (``_admission_key``)
@@ -173,6 +176,19 @@ class SearchResult:
     @property
     def evaluations(self) -> int:
         return self.memory_evaluations + self.time_evaluations
+
+    @property
+    def uncharged(self) -> int:
+        """The evaluations no budget has been charged with yet: those of the search under way (a
+        search into a result that held earlier work checked its budget against all of it, charged
+        already, and stopped early: ``_fewer_if_faster``, a first fit's fewer GPUs)."""
+        return self.evaluations - self.charged
+
+    def add_charged(self, other: SearchResult) -> None:
+        """Count ``other``'s work (a probe's, charged to the budget by its own search) in this result."""
+        self.memory_evaluations += other.memory_evaluations
+        self.time_evaluations += other.time_evaluations
+        self.charged += other.evaluations
 
     def memory_numbers(self, job: Job, layout: Layout) -> tuple[int, int, int]:
         """``evaluate.memory_numbers``, counted against the budget."""
@@ -651,7 +667,7 @@ def _search_structure(
                 if _dominated(search, job, result, (s, sh, virtual), sizes, ceilings):
                     continue
                 fitted |= _search_memory_family(search, job, result, (s, sh, virtual), sizes, limit)
-                if search.budget.exhausted(result.evaluations):
+                if search.budget.exhausted(result.uncharged):
                     result.truncated = True
                     return
 
@@ -826,7 +842,7 @@ def _viable_structures(
     runnable = _runnable(search, job)
     viable: list[Structure] = []
     for i, s in enumerate(found):
-        if search.budget.exhausted(result.evaluations):
+        if search.budget.exhausted(result.uncharged):
             # cut: the structures not checked stay (unbounded); the search that follows stops at once
             result.truncated = True
             return viable + found[i:]
@@ -1000,12 +1016,17 @@ def search(
     rejections: bool = True,
     into: SearchResult | None = None,
     probe: bool = False,
+    lean_first: bool = False,
 ) -> SearchResult:
     """Search over the given GPU counts (in order), within ``budget`` (default: a budget of
     ``constraints.max_evaluations``), which is charged with what the search spent.
 
     ``probe``: only whether a count may hold a layout that fits: its structures' lean checks, up to
     the first that fits (kept in ``fallbacks``), and no structure searched (``first_fit_between``).
+    ``lean_first`` (with ``stop_at_first_fit``): the climb stops, unsearched, at the first count where
+    a lean layout fits (its job's entry in ``fallbacks``), which the caller bisects below before any
+    count is searched in full (``fewest_count``); a count whose structures may fit though no lean
+    layout of them does (one broke a rule) is searched as without it.
 
     ``rejections=False``: the caller reads of the result only what it keeps (``best``, the work,
     ``truncated``), not its rejection log, so a count known to fit nothing is skipped unlogged
@@ -1014,15 +1035,15 @@ def search(
     training = for_gpu(training, cluster.gpu, model)  # what the request left to the hardware, for this GPU
     budget = budget or Budget(constraints.max_evaluations)
     result = into if into is not None else SearchResult()
-    before = result.evaluations
     try:
         with shared_memory_memos():  # or the caller's: a sweep over GPU types asks the same layouts
             _search_counts(
                 model, cluster, training, constraints, tuning, counts, stop_at_first_fit, budget, result,
-                rejections, probe,
+                rejections, probe, lean_first,
             )  # fmt: skip
     finally:
-        budget.charge(result.evaluations - before)
+        budget.charge(result.uncharged)
+        result.charged = result.evaluations
     return result
 
 
@@ -1038,6 +1059,7 @@ def _search_counts(
     result: SearchResult,
     rejections: bool,
     probe: bool = False,
+    lean_first: bool = False,
 ) -> None:
     if constraints.torch_compile and training.method is Method.QLORA:
         raise InvalidTraining(
@@ -1061,7 +1083,7 @@ def _search_counts(
     )
     largest = largest_world(model, cluster, training)
     for gpus in counts:
-        if budget.exhausted(result.evaluations):
+        if budget.exhausted(result.uncharged):
             result.truncated = True
             break
         if gpus > largest:  # the cheap bound: no split uses this many GPUs, so none is built
@@ -1089,6 +1111,8 @@ def _search_counts(
             _record_viable(job, lean, limit, found)
         if not found or probe:
             continue
+        if lean_first and any(j is job for j, _ in result.fallbacks):
+            return  # a lean layout fits: the caller bisects below this count first
         if not _search_count(request, job, result, found, limit):
             break
         if stop_at_first_fit and len(result.best) > before:
@@ -1142,7 +1166,7 @@ def _search_count(
     ordering = search.budget.share(time_fraction=CEILINGS_TIME_FRACTION)
     bounded: list[tuple[tuple[tuple[float, ...] | None, Sizes, Ceilings], int, Structure]] = []
     for i, s in enumerate(found):
-        if search.budget.exhausted(result.evaluations):
+        if search.budget.exhausted(result.uncharged):
             result.truncated = True
             return False
         if ordering.exhausted():
@@ -1178,8 +1202,7 @@ def _merge(found: SearchResult, more: SearchResult) -> None:
     found.jobs.update(more.jobs)
     found.families += more.families
     found.candidates += more.candidates
-    found.memory_evaluations += more.memory_evaluations
-    found.time_evaluations += more.time_evaluations
+    found.add_charged(more)
     found.truncated |= more.truncated
 
 
@@ -1201,37 +1224,99 @@ def first_fit_between(
     the ladder climbs 3-smooth node counts (16, 18, 24, 27, 32, ...), so the first that fits may be a
     quarter above the fewest (capacity-planner review: DeepSeek-V3 answered 24 nodes where 21 fit,
     faster and cheaper). The whole-node counts between the last step that fit nothing and the first
-    that fits are bisected by lean checks alone (a fit is taken to hold for more nodes, as the climb
-    takes it), and the fewest found is searched into ``found``, within the budget."""
+    that fits are bisected by lean checks alone (``fewest_between``), and the fewest found is
+    searched into ``found``, within the budget."""
     ranked = found.ranked(Objective.FEWEST_GPUS)
     if not ranked or found.truncated:
         return
-    gpn, fit = cluster.gpus_per_node, ranked[0].layout.world_size
+    fit = ranked[0].layout.world_size
+    fewest = fewest_between(model, cluster, training, constraints, tuning, counts, fit, found, budget)
+    if fewest < fit and not budget.exhausted():
+        search(
+            model, cluster, training, constraints, tuning, (fewest,), stop_at_first_fit=True,
+            budget=budget, rejections=rejections, into=found,
+        )  # fmt: skip
+
+
+def fewest_count(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    tuning: Tuning,
+    counts: tuple[int, ...],
+    budget: Budget,
+) -> SearchResult:
+    """The fastest layout on the fewest of ``counts`` (and the whole-node counts between them) where
+    one fits, for a caller that reads no rejection log (a capacity option). The climb checks each
+    count's lean layouts and stops at the first where one fits, unsearched; the whole-node counts
+    below it are bisected by lean checks (``fewest_between``), and only the count found is searched
+    in full: a first-fit search followed by ``first_fit_between`` searched the ladder's count in full
+    too, then the fewer GPUs it found (10 of DeepSeek-V3's 19 catalog options). The answer is the
+    same: where the count found holds no layout that fits and runs after all (a lean layout fits but
+    none is runnable), the climb goes on in full from the lean one, as a first-fit search does."""
+    result = search(
+        model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True, budget=budget,
+        rejections=False, lean_first=True,
+    )  # fmt: skip
+    if result.best or result.truncated or not result.fallbacks:
+        first_fit_between(model, cluster, training, constraints, tuning, counts, result, budget, False)
+        return result
+    lean = result.fallbacks[-1][0].cluster.world_size  # the first count where a lean layout fits
+    fewest = fewest_between(model, cluster, training, constraints, tuning, counts, lean, result, budget)
+    if budget.exhausted():
+        result.truncated = True
+        return result
+    search(
+        model, cluster, training, constraints, tuning, (fewest,), stop_at_first_fit=True, budget=budget,
+        rejections=False, into=result,
+    )  # fmt: skip
+    if result.best or result.truncated:
+        return result
+    # the lean count and those above it, searched in full as the first-fit climb would have
+    rest = tuple(count for count in counts if count >= lean and count != fewest)
+    search(
+        model, cluster, training, constraints, tuning, rest, stop_at_first_fit=True, budget=budget,
+        rejections=False, into=result,
+    )  # fmt: skip
+    first_fit_between(model, cluster, training, constraints, tuning, counts, result, budget, False)
+    return result
+
+
+def fewest_between(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    tuning: Tuning,
+    counts: tuple[int, ...],
+    fit: int,
+    found: SearchResult,
+    budget: Budget,
+) -> int:
+    """The fewest whole-node GPUs, between the last of ``counts`` below ``fit`` and ``fit``, where a
+    lean layout fits (``fit`` itself where none below does, or the counts are not whole nodes): a
+    bisection of lean checks alone (search(probe=True)), a fit taken to hold for more nodes, as the
+    climb takes it; their work is added to ``found``."""
+    gpn = cluster.gpus_per_node
     below = [count for count in counts if count < fit]
     if not below or fit % gpn or below[-1] % gpn:
-        return
+        return fit
     lo, hi = below[-1] // gpn, fit // gpn  # nodes: lo fits nothing, hi fits
     for _ in range(MAX_FIRST_FIT_PROBES):
         if hi - lo <= 1 or budget.exhausted():
             break
         mid = (lo + hi) // 2
-        # whether anything may fit on mid nodes: the lean checks alone (search(probe=True)), the
-        # whole search only of the count found
         probed = search(
             model, cluster, training, constraints, tuning, (mid * gpn,), budget=budget, rejections=False,
             probe=True,
         )  # fmt: skip
-        found.memory_evaluations += probed.memory_evaluations
-        found.time_evaluations += probed.time_evaluations
+        found.add_charged(probed)
         if any(job.cluster.world_size == mid * gpn for job, _ in probed.fallbacks):
             hi = mid
         else:
             lo = mid
-    if hi < fit // gpn and not budget.exhausted():
-        search(
-            model, cluster, training, constraints, tuning, (hi * gpn,), stop_at_first_fit=True,
-            budget=budget, rejections=rejections, into=found,
-        )  # fmt: skip
+    return hi * gpn
 
 
 def _run_search(
@@ -1314,7 +1399,7 @@ def _fewer_if_faster(
     for _ in range(MAX_RESHAPES):
         shaped, why = _better_shaped(counts, at, cluster, training, leader, result)
         shaped = tuple(count for count in shaped if count not in tried)
-        if not shaped or budget.exhausted(result.evaluations):
+        if not shaped or budget.exhausted(result.uncharged):
             break
         tried.update(shaped)
         search(model, cluster, training, constraints, tuning, shaped, budget=budget, into=result)
@@ -1398,8 +1483,7 @@ def _better_shaped(
 
 def _add_work(work: SearchResult, result: SearchResult) -> None:
     """Add the evaluations and families of ``result`` to ``work``."""
-    work.memory_evaluations += result.memory_evaluations
-    work.time_evaluations += result.time_evaluations
+    work.add_charged(result)
     work.families += result.families
 
 
@@ -1407,6 +1491,7 @@ def _with_work(result: SearchResult, work: SearchResult) -> SearchResult:
     """``result`` reporting the evaluations and families of ``work`` (every count searched)."""
     result.memory_evaluations = work.memory_evaluations
     result.time_evaluations = work.time_evaluations
+    result.charged = work.charged
     result.families = work.families
     return result
 

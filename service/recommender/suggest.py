@@ -236,7 +236,7 @@ def fewest_gpus(
 ) -> FewestGpus:
     """(GPUs, tokens/s, best layout) at the first count in ``counts`` where a layout fits: the
     fastest layout on that many GPUs (at a fixed count every objective ranks by tokens/s)."""
-    from service.recommender import first_fit_between, search
+    from service.recommender import fewest_count
 
     fewest = dataclasses.replace(constraints, objective=Objective.FEWEST_GPUS, max_gpus=None, top_k=1)
     # the cheap bounds before search: a count no split of the job uses (QLoRA at global batch 1 uses
@@ -247,10 +247,7 @@ def fewest_gpus(
     if not counts:
         return FewestGpus(found=None, evaluations=0, truncated=False, unfit=unfit)
     big = dataclasses.replace(cluster, num_nodes=max(cluster.num_nodes, max(counts) // cluster.gpus_per_node))
-    result = search(
-        model, big, training, fewest, tuning, counts, stop_at_first_fit=True, budget=budget, rejections=False
-    )
-    first_fit_between(model, big, training, fewest, tuning, counts, result, budget, rejections=False)
+    result = fewest_count(model, big, training, fewest, tuning, counts, budget)
     ranked = result.ranked(Objective.FEWEST_GPUS)
     found = None
     if ranked:

@@ -108,3 +108,24 @@ def test_the_work_of_every_gpu_count_searched_is_reported(monkeypatch: pytest.Mo
     assert rec.recommended is not None and rec.recommended.layout.world_size < 7
     assert rec.search.memory_evaluations == calls["memory_numbers"]
     assert rec.search.time_evaluations == _time_evaluations(calls)
+
+
+def test_a_search_into_earlier_work_checks_its_budget_against_its_own_evaluations() -> None:
+    """A search into a result that holds earlier work (``_fewer_if_faster``'s fewer GPUs, a first
+    fit's bisected count) checked its budget against every evaluation the result held, which the
+    earlier searches had charged already: it stopped (truncated) with most of its share unspent, and
+    each budget was charged once while checked twice."""
+    from service.recommender import Budget, search
+
+    spec, tuning = model("llama-3-8b").spec, default_tuning()
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    constraints = Constraints(objective=Objective.FEWEST_GPUS)
+    alone = search(spec, cluster(nodes=1), training, constraints, tuning, (8,), budget=Budget(10**6))
+    assert alone.best and not alone.truncated
+    earlier = search(spec, cluster(nodes=1), training, constraints, tuning, (4,), budget=Budget(10**6))
+    assert earlier.evaluations > alone.evaluations // 2
+    budget = Budget(alone.evaluations + alone.evaluations // 4)  # enough for the 8-GPU search alone
+    search(spec, cluster(nodes=1), training, constraints, tuning, (8,), budget=budget, into=earlier)
+    assert not earlier.truncated
+    assert earlier.uncharged == 0  # what it spent is charged, once
+    assert 0 < budget.spent <= budget.max_evaluations
