@@ -827,7 +827,13 @@ def _climb_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: Sea
 
 
 def _viable_structures(
-    search: _Search, job: Job, result: SearchResult, found: list[Structure], limit: int, every: bool
+    search: _Search,
+    job: Job,
+    result: SearchResult,
+    found: list[Structure],
+    limit: int,
+    every: bool,
+    until_fit: bool = False,
 ) -> list[Structure]:
     """The structures of this GPU count that may hold a layout that fits. Each sharding's leanest
     member (the most recompute, no interleaving, the smallest micro-batch) is checked for memory
@@ -838,7 +844,12 @@ def _viable_structures(
     ``every``: check each structure, and leave out (logged) those where none fits, so that no step
     floor is computed for them: worth it where memory is tight (a fewest-GPU search stops at the
     first count where anything fits, and there most structures fit nothing); a search of a count
-    where most fit stops at the first, and the step floors prune the rest, which is cheaper."""
+    where most fit stops at the first, and the step floors prune the rest, which is cheaper.
+
+    ``until_fit``: stop at the first structure whose lean layout fits (its job's entry in
+    ``result.fallbacks``), returning the viable ones found and those not checked (still a superset of
+    the viable structures, which ``_record_viable`` may keep); past a structure that may fit without
+    a lean layout that fits (one broke a rule), go on: whether a layout fits is the question."""
     runnable = _runnable(search, job)
     viable: list[Structure] = []
     for i, s in enumerate(found):
@@ -851,9 +862,11 @@ def _viable_structures(
             continue
         if lean is not None and not any(j is job for j, _ in result.fallbacks):
             result.fallbacks.append((job, lean))
-        if not every:
-            return found
         viable.append(s)
+        if until_fit and lean is not None:
+            return viable + found[i + 1 :]
+        if not every and not until_fit:
+            return found
     return viable
 
 
@@ -1106,13 +1119,18 @@ def _search_counts(
         lean = _lean_key(request, job, cluster)
         if not rejections:  # a structure known to fit nothing would only be logged
             splits = _narrowed(job, lean, limit, splits)
-        found = _viable_structures(request, job, result, splits, limit, every=stop_at_first_fit and not probe)
-        if ((stop_at_first_fit and not probe) or not found) and not result.truncated:  # each checked
+        until_fit = probe or lean_first  # whether a lean layout fits: the first that does answers
+        found = _viable_structures(
+            request, job, result, splits, limit, every=stop_at_first_fit and not probe, until_fit=until_fit
+        )
+        lean_fits = until_fit and any(j is job for j, _ in result.fallbacks)
+        if (stop_at_first_fit or until_fit or not found) and not result.truncated:
+            # each structure checked, or (until_fit) those not checked kept with the viable ones
             _record_viable(job, lean, limit, found)
         if not found or probe:
             continue
-        if lean_first and any(j is job for j, _ in result.fallbacks):
-            return  # a lean layout fits: the caller bisects below this count first
+        if lean_fits:
+            return  # a lean layout fits: the caller bisects below this count before searching one
         if not _search_count(request, job, result, found, limit):
             break
         if stop_at_first_fit and len(result.best) > before:
@@ -1254,7 +1272,22 @@ def fewest_count(
     in full: a first-fit search followed by ``first_fit_between`` searched the ladder's count in full
     too, then the fewer GPUs it found (10 of DeepSeek-V3's 19 catalog options). The answer is the
     same: where the count found holds no layout that fits and runs after all (a lean layout fits but
-    none is runnable), the climb goes on in full from the lean one, as a first-fit search does."""
+    none is runnable), the climb goes on in full from the lean one, as a first-fit search does.
+    Its searches share their memory memos, so each reads what the lean checks before it recorded
+    (``_narrowed``)."""
+    with shared_memory_memos():
+        return _fewest_count(model, cluster, training, constraints, tuning, counts, budget)
+
+
+def _fewest_count(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    constraints: Constraints,
+    tuning: Tuning,
+    counts: tuple[int, ...],
+    budget: Budget,
+) -> SearchResult:
     result = search(
         model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True, budget=budget,
         rejections=False, lean_first=True,

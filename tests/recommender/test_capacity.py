@@ -390,3 +390,41 @@ def test_more_gpus_asked_never_time_slower_than_fewer_found_faster() -> None:
     at = {n: capacity(spec, training, default_tuning(), gpus=[v100], at_gpus=n)[0] for n in (1024, 2048)}
     assert at[1024].fits and at[2048].fits
     assert (at[2048].tokens_per_s or 0) >= (at[1024].tokens_per_s or 0) * 0.999
+
+
+@pytest.mark.parametrize(
+    ("preset", "gpu_name", "seq", "batch"),
+    [
+        ("deepseek-v2-lite", "a10-24gb", 4096, 256),
+        ("llama-3.1-70b", "a100-sxm-40gb", 8192, 512),
+        ("mixtral-8x7b", "h100-sxm-80gb", 4096, 1024),
+        ("llama-3-8b", "rtx-4090-24gb", 4096, 64),
+        ("llama-3.1-405b", "a100-sxm-40gb", 4096, 1024),  # 208 GPUs: bisected between 192 and 256
+    ],
+)
+def test_the_lean_first_climb_finds_what_a_first_fit_search_and_its_bisection_find(
+    preset: str, gpu_name: str, seq: int, batch: int
+) -> None:
+    """Two methods, one answer: ``fewest_count`` stops its climb at the first count a lean layout
+    fits, bisects below it and searches only the count found; a first-fit search of the ladder
+    followed by ``first_fit_between`` searched the ladder's count in full first. Same layout, same
+    tokens/s."""
+    from service.recommender import Budget, fewest_count, first_fit_between, search
+    from service.recommender.suggest import node_ladder
+
+    spec, tuning = model(preset).spec, default_tuning()
+    training = TrainingSpec(seq_len=seq, global_batch_size=batch)
+    constraints = Constraints(objective=Objective.FEWEST_GPUS, allow_offload=False, top_k=1)
+    cluster = default_cluster(gpu(gpu_name), 64)
+    counts = (1, 2, 4, *node_ladder(with_gpu(cluster, cluster.gpu, 1), 1, top_nodes=64))
+    lean = fewest_count(spec, cluster, training, constraints, tuning, counts, Budget(10**6))
+    full = search(
+        spec, cluster, training, constraints, tuning, counts, stop_at_first_fit=True, budget=Budget(10**6),
+        rejections=False,
+    )  # fmt: skip
+    first_fit_between(spec, cluster, training, constraints, tuning, counts, full, Budget(10**6), False)
+    ours, theirs = lean.ranked(Objective.FEWEST_GPUS), full.ranked(Objective.FEWEST_GPUS)
+    assert ours and theirs
+    assert (ours[0].layout, ours[0].tokens_per_s) == (theirs[0].layout, theirs[0].tokens_per_s)
+    # never more work: at most the lean layout that fits, checked again by the search of its count
+    assert lean.evaluations <= full.evaluations + 1
