@@ -29,7 +29,12 @@ MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
     (Layout, LayoutIn, set(), set()),
     # a model's explicit fields: its name is the request's model.name; what a config.json states
     # beside the architecture (its notes, a 4-bit checkpoint) is read off an hf_config only
-    (ModelSpec, ArchitectureIn, {"name", "config_notes", "bnb_4bit_checkpoint"}, set()),
+    (
+        ModelSpec,
+        ArchitectureIn,
+        {"name", "config_notes", "bnb_4bit_checkpoint", "dequantized_checkpoint"},
+        set(),
+    ),
     # hardware_defaults: which fields the request left out, derived from the wire's None values;
     # gpu_flash_kernels: read off the GPU the job is placed on (defaults.for_gpu), never sent
     (TrainingSpec, TrainingIn, {"hardware_defaults", "gpu_flash_kernels"}, set()),

@@ -41,7 +41,7 @@ router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROBLEM_RESPO
 
 # ModelSpec's fields a config.json states beside the architecture (its notes, a 4-bit checkpoint),
 # which the explicit form has no field for: the answer gives the notes beside the architecture
-CONFIG_ONLY_FIELDS = ("name", "config_notes", "bnb_4bit_checkpoint")
+CONFIG_ONLY_FIELDS = ("name", "config_notes", "bnb_4bit_checkpoint", "dequantized_checkpoint")
 
 
 def architecture_dict(spec: ModelSpec) -> dict[str, Any]:

@@ -1089,7 +1089,8 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         _check_decoder_head(config)
     spec = builder(_Fields(config, model_type), resolved)
     hidden, attention = _dropout(config, model_type)
-    bnb_4bit, quantized = _checkpoint_quantization(config, model_type)
+    bnb_4bit, stored = _checkpoint_quantization(config, model_type)
+    quantized = (_dequantized_note(stored),) if stored is not None else ()
     notes = (*quantized, *((_MULTIMODAL_NOTE,) if model_type in _TEXT_CONFIGS else ()))
     return dataclasses.replace(
         spec,
@@ -1097,6 +1098,7 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         attention_dropout=attention,
         config_notes=notes,
         bnb_4bit_checkpoint=bnb_4bit,
+        dequantized_checkpoint=stored,
         **_hyperparameters(_text_fields(config, model_type), spec)._asdict(),
     )
 
@@ -1114,33 +1116,38 @@ _MULTIMODAL_NOTE = (
 _DEQUANTIZED_FORMATS = frozenset({"fp8", "fbgemm_fp8", "mxfp4", "compressed-tensors"})
 
 
-def _checkpoint_quantization(config: Mapping[str, object], model_type: str) -> tuple[bool, tuple[str, ...]]:
-    """(whether the checkpoint's Linears are bitsandbytes 4-bit, the note a dequantized format
-    needs) from ``quantization_config``: a 4-bit bitsandbytes base loads as QLoRA's NF4 (only QLoRA
-    trains it: TrainingSpec's check in the contract), an 8-bit one or another format (GPTQ, AWQ, ...),
-    whose base the estimate does not model, is refused naming the key (config review: a NF4 Llama 3
-    checkpoint was planned as a 16-bit LoRA base, and as full training, which the Trainer refuses)."""
+def _dequantized_note(method: str) -> str:
+    return (
+        f"quantization_config {method}: the checkpoint's weights are planned dequantized to the training "
+        "precision, as training loads them (Mxfp4Config / FineGrainedFP8Config dequantize=True, or a "
+        "Megatron / torchtitan conversion), not in their stored format; the launch files say how"
+    )
+
+
+def _checkpoint_quantization(config: Mapping[str, object], model_type: str) -> tuple[bool, str | None]:
+    """(whether the checkpoint's Linears are bitsandbytes 4-bit, the format of a checkpoint training
+    loads dequantized) from ``quantization_config``: a 4-bit bitsandbytes base loads as QLoRA's NF4
+    (only QLoRA trains it: TrainingSpec's check in the contract), an 8-bit one or another format
+    (GPTQ, AWQ, ...), whose base the estimate does not model, is refused naming the key (config
+    review: a NF4 Llama 3 checkpoint was planned as a 16-bit LoRA base, and as full training, which
+    the Trainer refuses)."""
     raw = config.get("quantization_config")
     if raw is None:
-        return False, ()
+        return False, None
     f = _Fields(config, model_type)
     if not isinstance(raw, Mapping):
         raise f._error("quantization_config", "must be an object")
     method = raw.get("quant_method")
     if method == "bitsandbytes" or (method is None and ("load_in_4bit" in raw or "load_in_8bit" in raw)):
         if raw.get("load_in_4bit") is True:
-            return True, ()
+            return True, None
         raise f._error(
             "quantization_config.load_in_8bit",
             "(a bitsandbytes 8-bit checkpoint): its LLM.int8 base is not modelled; give the config "
             "without quantization_config to plan the 16-bit model",
         )
-    if method in _DEQUANTIZED_FORMATS:
-        return False, (
-            f"quantization_config {method}: the checkpoint's weights are planned dequantized to the training "
-            "precision, as training loads them (Mxfp4Config / FineGrainedFP8Config dequantize=True, or a "
-            "Megatron / torchtitan conversion), not in their stored format",
-        )
+    if isinstance(method, str) and method in _DEQUANTIZED_FORMATS:
+        return False, method
     raise f._error(
         "quantization_config.quant_method",
         f"= {method!r}: a base stored so (GPTQ, AWQ, ...) is not modelled; give the config without "

@@ -338,6 +338,10 @@ class ModelSpec:
     # The checkpoint's Linear weights are stored in bitsandbytes 4-bit (quantization_config
     # load_in_4bit): from_pretrained loads them so, and only QLoRA trains such a base.
     bnb_4bit_checkpoint: bool = False
+    # The format a checkpoint's weights are stored in where training loads them dequantized to the
+    # training precision (quantization_config quant_method: "fp8", "mxfp4", "fbgemm_fp8",
+    # "compressed-tensors"): the launch files say how the script loads it. None: stored unquantized.
+    dequantized_checkpoint: str | None = None
 
     def __post_init__(self) -> None:
         for name in (

@@ -385,7 +385,41 @@ def model_duties(plan: Plan, config_dir: str = "") -> str:
             f"\nmodel: {TRAIN_SCRIPT} must build {_HEAD_CLASSES[model.head]}.from_pretrained(...{labels}): "
             f"the estimate counts the {model.head.value} head."
         )
-    return head + attention_duty(plan) + peft_header(plan, config_dir)
+    return head + checkpoint_duty(plan) + attention_duty(plan) + peft_header(plan, config_dir)
+
+
+# How transformers loads a checkpoint stored quantized with its weights dequantized for training
+# (``ModelSpec.dequantized_checkpoint``): Mxfp4Config and FineGrainedFP8Config take dequantize=True
+# (transformers 5 utils/quantization_config.py), compressed-tensors decompresses with
+# run_compressed=False; FBGEMM's fp8 layers neither train nor dequantize (quantizer_fbgemm_fp8.py:
+# is_trainable False), so such a checkpoint is converted first.
+_DEQUANTIZING_CONFIGS = {
+    "mxfp4": "Mxfp4Config(dequantize=True)",
+    "fp8": "FineGrainedFP8Config(dequantize=True)",
+    "compressed-tensors": "CompressedTensorsConfig(run_compressed=False)",
+}
+
+
+def checkpoint_duty(plan: Plan) -> str:
+    """How the script loads a checkpoint stored quantized (fp8, mxfp4, ...) that the estimate plans
+    dequantized to the training precision; '' for an unquantized one. Without it from_pretrained keeps
+    the stored format (GPT-OSS's MXFP4 experts, DeepSeek-V3's fp8 blocks), whose layers do not train
+    (a review of stop 44's config.json plans)."""
+    stored = plan.model.dequantized_checkpoint
+    if stored is None:
+        return ""
+    config = _DEQUANTIZING_CONFIGS.get(stored)
+    if config is None or plan.training.method is Method.QLORA:
+        # QLoRA quantizes a 16-bit base to NF4: from_pretrained takes one quantization_config
+        why = "its layers do not train" if config is None else "QLoRA's NF4 quantizes a 16-bit base"
+        return (
+            f"\ncheckpoint: its weights are stored {stored} ({why}): convert it to 16-bit weights first "
+            f"and point {TRAIN_SCRIPT} at the converted copy, as the estimate plans it."
+        )
+    return (
+        f"\ncheckpoint: its weights are stored {stored}: {TRAIN_SCRIPT} must load them dequantized, "
+        f"from_pretrained(..., quantization_config={config}), as the estimate plans them."
+    )
 
 
 # transformers' attn_implementation of each attention the estimate times

@@ -94,3 +94,35 @@ def test_a_multimodal_config_says_its_vision_tower_is_not_counted(client: TestCl
     assert not any(
         "vision tower" in w for w in client.post("/v1/estimates", json=text_only).json()["warnings"]
     )
+
+
+@pytest.mark.parametrize(
+    ("quant_method", "method", "said"),
+    [
+        ("mxfp4", "lora", "quantization_config=Mxfp4Config(dequantize=True)"),
+        ("fp8", "full", "quantization_config=FineGrainedFP8Config(dequantize=True)"),
+        ("compressed-tensors", "lora", "quantization_config=CompressedTensorsConfig(run_compressed=False)"),
+        ("fbgemm_fp8", "lora", "convert it to 16-bit weights first"),  # FBGEMM's layers neither train nor
+        ("mxfp4", "qlora", "convert it to 16-bit weights first"),  # dequantize; NF4 needs a 16-bit base
+    ],
+)
+def test_the_launch_files_say_how_to_load_a_checkpoint_stored_quantized(
+    client: TestClient, quant_method: str, method: str, said: str
+) -> None:
+    """The estimate plans fp8 / mxfp4 checkpoints dequantized; the launch files did not say so, and
+    from_pretrained keeps the stored format unless asked (GPT-OSS's MXFP4 experts do not train)."""
+    body = {
+        "model": {"hf_config": LLAMA | {"quantization_config": {"quant_method": quant_method}}},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 2048, "global_batch_size": 8, "method": method},
+        "launchers": ["accelerate", "hf_trainer", "deepspeed"],
+    }
+    plan = client.post("/v1/plans", json=body)
+    assert plan.status_code == 201, plan.text
+    scripts = [a for a in plan.json()["artifacts"] if a["name"].endswith((".sh", ".py", ".yaml"))]
+    texts = {a["name"]: client.get(a["url"]).text for a in scripts}
+    stating = [name for name, text in texts.items() if "checkpoint: its weights are stored" in text]
+    assert stating and all(said in texts[name] for name in stating), texts.keys()
+    plain = dict(body, model={"hf_config": LLAMA})
+    again = client.post("/v1/plans", json=plain).json()
+    assert not any("checkpoint: its weights" in client.get(a["url"]).text for a in again["artifacts"])
