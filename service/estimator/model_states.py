@@ -701,12 +701,14 @@ def _group_states(
 
 
 def _offloaded(
-    states: _States, count: float, layout: Layout, shard: int, assume: MemoryAssumptions
+    states: _States, count: float, layout: Layout, shard: int, assume: MemoryAssumptions, whole_bytes: float
 ) -> _OffloadedStates:
     # ZeRO-Offload/Infinity and FSDP CPUOffload: the optimizer (fp32 master + moments; FSDP's
     # master is its offloaded parameter) steps on the host from an fp32 gradient copy; DeepSpeed
     # and FSDP stream gradients out as they are reduced, while Megatron's CPU optimizer keeps its
-    # main-grad buffer on the GPU. Offloaded parameters (ZeRO-3 / FULL_SHARD only) leave whole.
+    # main-grad buffer on the GPU. Offloaded parameters (ZeRO-3 / FULL_SHARD only) leave whole, but
+    # for ``whole_bytes``: QLoRA's quantization constants are a bitsandbytes quant_state beside each
+    # NF4 parameter, not a parameter ZeRO-3 or FSDP partitions or moves, so they stay on the GPU.
     host = nvme = 0.0
     params, grads, optim = states
     if layout.offload_optimizer is not Offload.NONE:
@@ -719,9 +721,9 @@ def _offloaded(
         if not _gradients_stay_on_gpu(layout):
             grads = 0.0
     if layout.offload_params is Offload.CPU:
-        host, params = host + params, 0.0
+        host, params = host + params - whole_bytes, whole_bytes
     elif layout.offload_params is Offload.NVME:
-        nvme, params = nvme + params, 0.0
+        nvme, params = nvme + params - whole_bytes, whole_bytes
     return params, grads, optim, host, nvme
 
 
@@ -794,7 +796,7 @@ def rank_model_states(
     ):
         group = _group_states(count, frozen_count, per_frozen, sb, layout, shard, whole)
         group_params, group_grads, group_optim, group_host, group_nvme = _offloaded(
-            group, count, layout, shard, assume
+            group, count, layout, shard, assume, whole
         )
         parameters += group_params
         gradients += group_grads

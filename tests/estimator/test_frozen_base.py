@@ -172,6 +172,24 @@ def test_qlora_constants_are_whole_on_every_rank_whatever_the_sharding() -> None
     assert constants / GiB == pytest.approx(1.01, abs=0.01)
 
 
+@pytest.mark.parametrize("offload", [Offload.CPU, Offload.NVME])
+def test_qlora_constants_stay_on_the_gpu_when_the_parameters_are_offloaded(offload: Offload) -> None:
+    """The NF4 constants are a bitsandbytes quant_state, not a parameter ZeRO-3 or FSDP offloads: under
+    parameter offload they stay on every GPU (about 1 GiB on Llama 3.1 70B) and the packed storage
+    moves; the estimate had moved them too. The total is the same, only its place changes."""
+    model = preset("llama-3.1-70b").spec
+    training = TrainingSpec(seq_len=2048, global_batch_size=16, method=Method.QLORA, lora_rank=16)
+    j = make_job(model, gpu_cluster(gpu("a100-sxm-80gb"), 8, 50e9), training)
+    on_gpu = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=3, recompute=Recompute.FULL)
+    moved = dataclasses.replace(on_gpu, offload_params=offload)
+    kept, offloaded = rank_states(j, on_gpu, 0).states, rank_states(j, moved, 0).states
+    linears = 80 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672)
+    constants = linears * (default_tuning().memory.qlora_bits_per_param - 4) / 8
+    assert offloaded.parameters == pytest.approx(constants, rel=1e-9)
+    assert offloaded.host_bytes + offloaded.nvme_bytes == pytest.approx(kept.parameters - constants, rel=1e-9)
+    assert _total(offloaded) == pytest.approx(_total(kept), rel=1e-12)  # moved, never dropped
+
+
 # ---------------------------------------------------------------- every preset x layout
 
 PRESETS = sorted(models())
