@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.errors import Unprocessable
+from service.errors import Conflict, Unprocessable
 from service.persistence.models import IdempotencyKeyRecord
 from service.persistence.repository import PlanRepository
 
@@ -93,8 +93,10 @@ def create_once(
         repo.add_idempotency_key(
             IdempotencyKeyRecord(key=key, scope=scope, request_sha256=digests[0], resource_id=resource_id)
         )
-    except IntegrityError:
-        # A concurrent request with the same key committed first: it owns the resource.
+    except (IntegrityError, Conflict):
+        # A concurrent request with the same key committed first: it owns the resource (its insert of
+        # the key, or of what the resource must have alone: a cluster's name, which a create refuses
+        # as a Conflict; two concurrent creates of one cluster with one key answered one 201, one 409)
         session.rollback()
         earlier = _stored_resource(repo, key, scope, digests)
         if earlier is None:

@@ -65,3 +65,23 @@ def test_50_distinct_keys_create_50_plans_and_20_retries_create_one(server: str)
     with httpx.Client(base_url=server) as http:
         listed = http.get("/v1/plans", params={"limit": 500}).json()["items"]
     assert len(listed) == 51
+
+
+def test_concurrent_retries_of_one_cluster_create_answer_the_one_cluster(server: str) -> None:
+    """A scheduler retrying POST /v1/clusters while its first request is in flight: the retry saw the
+    name taken (the first had committed the cluster and its key) and answered 409 "a cluster named ...
+    already exists", where a retry with the same Idempotency-Key replays what the first created."""
+    body = {"name": "racing", "gpu": "h100-sxm-80gb", "num_nodes": 2, "gpus_per_node": 8}
+
+    def create(_: int) -> httpx.Response:
+        with httpx.Client(base_url=server, timeout=60) as http:
+            return http.post("/v1/clusters", json=body, headers={"Idempotency-Key": "cluster-job"})
+
+    for _ in range(3):
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            answers = list(pool.map(create, range(8)))
+        assert [r.status_code for r in answers] == [201] * 8, [r.text for r in answers if r.status_code != 201]
+        assert len({r.json()["id"] for r in answers}) == 1
+    with httpx.Client(base_url=server, timeout=60) as http:
+        other = http.post("/v1/clusters", json=body, headers={"Idempotency-Key": "another-job"})
+    assert other.status_code == 409  # the name is taken, and that key created nothing
