@@ -157,10 +157,12 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
         refused = (err.get("ctx") or {}).get("error")
         message = err.get("msg", "")
         limit: int | None = None
+        details: dict[str, Any] = {}
         if isinstance(refused, FieldError):  # a model validator's: it names the field it refuses
             loc = (*loc, *refused.field.split("."))
             message = str(refused)  # its words, without pydantic's "Value error, "
             limit = refused.limit
+            details = refused.details
         entry: dict[str, Any] = {"field": _field_path(loc), "message": message}
         if err.get("type") == "json_invalid":
             # its loc is ("body", character position): the field is the body, the position said
@@ -169,6 +171,7 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
             message = f"{message}: {why}" if isinstance(why, str) else message
             entry = {"field": "body", "message": message + ("" if at is None else f" (at character {at})")}
         entry["type"] = err.get("type", "invalid")
+        entry.update(details)
         ctx = err.get("ctx") or {}
         limits = {k: v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le", "max_length", "min_length")}
         if limits:

@@ -18,7 +18,7 @@ from service.contracts.common import (
     Strict,
     catalog_slug,
 )
-from service.contracts.gpus import CustomGPU, gpu_slug, reference_node, resolve_gpu
+from service.contracts.gpus import CustomGPU, gpu_slug, reference_node, resolve_gpu, unknown_entry_error
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
 from service.estimator.scale import MAX_GPUS
@@ -407,4 +407,6 @@ def _known_gpu(name: str) -> None:
     try:
         gpu_slug(name)
     except UnknownCatalogEntry as exc:
-        raise FieldError(str(exc), "gpu") from None
+        entry = unknown_entry_error(exc, "gpu")  # with the names it may mean, as README promises
+        details = {key: value for key, value in entry.items() if key not in ("field", "message")}
+        raise FieldError(str(exc), "gpu", details=details) from None

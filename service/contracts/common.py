@@ -141,10 +141,15 @@ class FieldError(ValueError):
     raised in a model validator it would otherwise locate at the model itself ("body"); the problem's
     ``errors`` name ``field`` under the model (``api.problems``)."""
 
-    def __init__(self, message: str, field: str, limit: int | None = None) -> None:
+    def __init__(
+        self, message: str, field: str, limit: int | None = None, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.field = field
         self.limit = limit  # the most the field's quantity may be, where the rule is an upper bound
+        # more of the error entry, as a route's own error would give it (an unknown catalog name's
+        # type, candidates, ambiguous and known: ``gpus.unknown_entry_error``)
+        self.details = details or {}
 
 
 def _refuse_nul(value: Any, where: str = "") -> None:

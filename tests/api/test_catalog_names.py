@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 TRAINING = {"seq_len": 2048, "global_batch_size": 32}
@@ -236,3 +237,31 @@ def test_more_gpus_per_node_than_the_part_ships_in_is_said(client: TestClient) -
     assert not any(
         "ships 8 per node" in w for w in client.post("/v1/estimates", json=eight).json()["warnings"]
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (
+            "/v1/plans",
+            {
+                "model": {"preset": "llama-3.1-8b"},
+                "cluster": {"gpu": "H100", "num_nodes": 1},
+                "training": {"seq_len": 4096, "global_batch_size": 64},
+            },
+            "cluster.gpu",
+        ),
+        ("/v1/clusters", {"name": "x", "gpu": "A100 80GB", "num_nodes": 1}, "gpu"),
+    ],
+)
+def test_a_name_several_parts_carry_lists_them_where_the_node_size_is_left_out(
+    client: TestClient, path: str, body: dict[str, Any], field: str
+) -> None:
+    """The README promises `candidates` and `ambiguous` for such a name; a cluster that left out its
+    node size was refused before the lookup that builds them, naming the field with the text alone
+    (scheduler-integration review)."""
+    response = client.post(path, json=body)
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["errors"]
+    assert error["field"] == field and error["type"] == "unknown_gpu" and error["ambiguous"] is True
+    assert len(error["candidates"]) >= 2 and error["known"]
