@@ -171,6 +171,15 @@ class ClusterShape(Strict):
                 if per_node is not None:
                     value["gpus_per_node"] = per_node
                     read["gpus_per_node"] = str(per_node)
+                elif isinstance(value.get("gpu"), str | dict):
+                    # a bare "Field required" left the client to guess why (scheduler review)
+                    what = value["gpu"] if isinstance(value["gpu"], str) else "a custom GPU"
+                    raise FieldError(
+                        f"{what} ships in no node of its own (a PCIe card, a custom GPU), so the node size "
+                        "is the cluster's to state: give gpus_per_node (the GPUs one node holds), or "
+                        f"num_gpus up to {ONE_NODE_OF_CARDS} for one machine of them",
+                        "gpus_per_node",
+                    )
             if "num_nodes" not in value:
                 per_node = value.get("gpus_per_node")
                 if count is not None and isinstance(per_node, int) and per_node >= 1:

@@ -227,3 +227,32 @@ def test_an_unknown_gpu_name_is_the_error_not_the_node_it_left_out(
     body["cluster"] = {"gpu": "h100-pcie-80gb", "num_nodes": 1}
     problem = assert_problem(client.post("/v1/plans", json=body), 422)
     assert [e["field"] for e in problem["errors"]] == ["cluster.gpus_per_node"]
+
+
+@pytest.mark.parametrize(
+    "gpu",
+    [
+        "h100-pcie-80gb",
+        {
+            "name": "mine",
+            "memory_bytes": 2**34,
+            "peak_flops_per_s": {"bf16": 1e14},
+            "hbm_bandwidth_bytes_per_s": 1e12,
+        },
+    ],
+)
+def test_a_card_without_a_node_of_its_own_says_why_the_node_size_is_needed(
+    client: TestClient, gpu: Any
+) -> None:
+    """A PCIe card or custom GPU on two nodes without gpus_per_node was a bare "Field required"
+    (scheduler review: 36 of 48 sweep requests); the error says why and what to send."""
+    body = {
+        "model": {"preset": "qwen2.5-0.5b"},
+        "cluster": {"gpu": gpu, "num_nodes": 2, "inter_node_bandwidth_bytes_per_s": 25e9},
+        "training": {"seq_len": 4096, "global_batch_size": 256},
+    }
+    refused = client.post("/v1/plans", json=body)
+    assert refused.status_code == 422, refused.text
+    (error,) = refused.json()["errors"]
+    assert error["field"] == "cluster.gpus_per_node"
+    assert "no node of its own" in error["message"] and "num_gpus up to 8" in error["message"]
