@@ -922,10 +922,12 @@ def _narrowed(job: Job, key: LeanKey | None, limit: int, splits: list[Structure]
     first, climb the same counts: a smaller card checks only what fitted a larger one."""
     if key is None:
         return splits
-    known = [(above, viable) for above, viable in job.memory_memos[_narrowed].get(key, ()) if above >= limit]
+    known = [viable for above, viable in job.memory_memos[_narrowed].get(key, ()) if above >= limit]
     if not known:
         return splits
-    _, viable = min(known, key=lambda pair: pair[0])
+    # each record holds every structure that may fit under its limit (a complete check's viable ones,
+    # or an early stop's with those it did not check): a structure must be in all of them
+    viable = frozenset.intersection(*known)
     return [s for s in splits if s in viable]
 
 
@@ -1297,9 +1299,8 @@ def _fewest_count(
         return result
     lean = result.fallbacks[-1][0].cluster.world_size  # the first count where a lean layout fits
     fewest = fewest_between(model, cluster, training, constraints, tuning, counts, lean, result, budget)
-    if budget.exhausted():
-        result.truncated = True
-        return result
+    # searched even where the probes spent the budget: cut at once, that search times the lean layout
+    # that fits (``_fall_back``), a truncated fit where returning here answered none (review)
     search(
         model, cluster, training, constraints, tuning, (fewest,), stop_at_first_fit=True, budget=budget,
         rejections=False, into=result,

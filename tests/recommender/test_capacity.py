@@ -428,3 +428,23 @@ def test_the_lean_first_climb_finds_what_a_first_fit_search_and_its_bisection_fi
     assert (ours[0].layout, ours[0].tokens_per_s) == (theirs[0].layout, theirs[0].tokens_per_s)
     # never more work: at most the lean layout that fits, checked again by the search of its count
     assert lean.evaluations <= full.evaluations + 1
+
+
+@pytest.mark.parametrize("evaluations", [6, 10])
+def test_a_budget_the_bisection_spends_still_answers_the_lean_layout_that_fits(evaluations: int) -> None:
+    """The lean-first climb had found a layout that fits when the bisection's probes spent the budget:
+    the option answered "the budget ran out before a fit" where the former first-fit search, cut,
+    timed that layout (a review of fewest_count). It is answered, marked truncated."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=1024, tokens=10**10)
+    (option,) = capacity(
+        model("llama-3.1-405b").spec,
+        training,
+        default_tuning(),
+        gpus=[gpu("a100-sxm-40gb")],
+        max_nodes=64,
+        constraints=Constraints(
+            objective=Objective.FEWEST_GPUS, allow_offload=False, max_evaluations=evaluations
+        ),
+    )
+    assert option.fits and option.truncated and option.min_gpus is not None
+    assert "cut this search" in option.note
