@@ -17,6 +17,7 @@ from service.contracts.common import (
     FieldError,
     Strict,
     catalog_slug,
+    no_documented_default,
 )
 from service.contracts.gpus import CustomGPU, gpu_slug, reference_node, resolve_gpu, unknown_entry_error
 from service.errors import Unprocessable
@@ -86,7 +87,13 @@ class ClusterShape(Strict):
         description="a catalog GPU name (GET /v1/gpus; its published name or words only it carries are "
         "read as it, and the answer names it) or a custom spec"
     )
-    num_nodes: int = Field(default=1, ge=1, le=MAX_NODES)
+    num_nodes: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_NODES,
+        description="nodes of gpus_per_node GPUs; left out (or null): num_gpus over gpus_per_node, else 1",
+        json_schema_extra=no_documented_default,  # sent at 1 beside num_gpus 16: one node of 16, or a 422
+    )
     num_gpus: int | None = Field(
         default=None,
         ge=1,

@@ -101,7 +101,14 @@ class LayoutIn(Strict):
         "Engine leaves unfused: MLA's input norm, MoE's pre-MLP norm), mla_up_proj; each must act on the "
         "model; default: core_attn",
     )
-    micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
+    micro_batch_size: int = Field(
+        default=1,
+        ge=1,
+        le=1_000_000,
+        description="sequences per GPU per forward; left out (or null): 1, or with "
+        "gradient_accumulation_steps the global batch over it and dp (named in resolved_defaults)",
+        json_schema_extra=no_documented_default,  # sent at 1 beside gradient_accumulation_steps: a 422
+    )
     virtual_pipeline_stages: int = Field(default=1, ge=1, le=1024)
     gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=1_000_000)
     activation_offload: bool = False

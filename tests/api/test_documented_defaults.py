@@ -50,6 +50,11 @@ def _same(path: str, answer: dict[str, Any], expected: dict[str, Any]) -> None:
     if path == "/v1/estimates":
         assert answer["layout"] == expected["layout"]
         assert (answer["memory"], answer["time"]) == (expected["memory"], expected["time"])
+    elif path == "/v1/clusters":
+        assert (answer["num_nodes"], answer["gpus_per_node"]) == (
+            expected["num_nodes"],
+            expected["gpus_per_node"],
+        )
     elif path == "/v1/plans":
         chosen = [answer["recommended"]["layout"]] + [c["layout"] for c in answer["alternatives"]]
         assert chosen == [expected["recommended"]["layout"]] + [c["layout"] for c in expected["alternatives"]]
@@ -70,6 +75,16 @@ BODIES: dict[str, tuple[str, dict[str, Any]]] = {
             "layout": {"framework": "fsdp"},
         },
     ),
+    "estimate, num_gpus and accumulation steps": (
+        "/v1/estimates",
+        {
+            "model": {"preset": "llama-3.2-1b"},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"seq_len": 2048, "global_batch_size": 64},
+            "layout": {"framework": "fsdp", "gradient_accumulation_steps": 2},
+        },
+    ),
+    "cluster from num_gpus": ("/v1/clusters", {"name": "sixteen", "gpu": "h100-sxm-80gb", "num_gpus": 16}),
     "plan": (
         "/v1/plans",
         {
@@ -100,8 +115,10 @@ def test_every_documented_default_sent_is_the_answer_left_out(client: TestClient
         minimal["cluster_ids"] = [made.json()["id"]]
     spec = client.get("/openapi.json").json()
     filled = copy.deepcopy(minimal)
-    assert with_documented_defaults(spec, _request_schema(spec, path), filled) > 3
+    assert with_documented_defaults(spec, _request_schema(spec, path), filled) >= 2
     expected = client.post(path, json=minimal)
+    if path == "/v1/clusters":  # the same cluster again, under another name
+        filled["name"] = "again"
     answer = client.post(path, json=filled)
     assert expected.status_code < 300, expected.text
     assert answer.status_code < 300, (filled, answer.text)
