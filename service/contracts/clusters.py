@@ -143,6 +143,9 @@ class ClusterShape(Strict):
     # what the catalog filled in: the GPU's slug where the request named it otherwise, and the
     # node fields the request left out
     _read: dict[str, str] = PrivateAttr(default_factory=dict)
+    # the `X_gbps` twins the request sent for `X_bytes_per_s` fields: what the errors of ``to_domain``
+    # name (a request that sent inter_node_bandwidth_gbps was told of inter_node_bandwidth_bytes_per_s)
+    _sent_as: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -198,7 +201,19 @@ class ClusterShape(Strict):
                 read["num_nodes"] = str(value["num_nodes"])
         shape = handler(value)
         shape._read = read
+        if isinstance(value, dict):
+            shape._sent_as = {
+                key.removesuffix("_gbps") + "_bytes_per_s": key
+                for key in value
+                if isinstance(key, str) and key.endswith("_gbps")
+            }
         return shape
+
+    def _as_sent(self, text: str) -> str:
+        """``text`` with each `X_bytes_per_s` field the request sent as `X_gbps` named so."""
+        for name, twin in self._sent_as.items():
+            text = text.replace(name, twin)
+        return text
 
     @model_validator(mode="after")
     def _plannable(self) -> ClusterShape:
@@ -276,9 +291,8 @@ class ClusterShape(Strict):
                     f"{what} for a measured bus bandwidth to describe (leave it out, or send null to "
                     "remove a stored one)"
                 )
-                raise Unprocessable(
-                    message, errors=[{"field": f"{at}{name}", "message": message, "type": "unused"}]
-                )
+                field = at + self._as_sent(name)
+                raise Unprocessable(message, errors=[{"field": field, "message": message, "type": "unused"}])
         try:
             return ClusterSpec(
                 gpu=gpu,
@@ -292,9 +306,10 @@ class ClusterShape(Strict):
                 measured_inter_node_bus_bandwidth_bytes_per_s=measured_inter,
             )
         except EstimatorError as exc:  # a measured busbw above what its link allows (the rest: Field limits)
-            field = f"{at}{exc.field}" if exc.field else f"{at}cluster"
+            field = at + self._as_sent(exc.field) if exc.field else f"{at}cluster"
+            message = self._as_sent(exc.message)
             raise Unprocessable(
-                exc.message, errors=[{"field": field, "message": exc.message, "type": exc.rule}]
+                message, errors=[{"field": field, "message": message, "type": exc.rule}]
             ) from exc
 
 

@@ -296,7 +296,12 @@ class StrictFields(BaseModel):
                 continue
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise FieldError(f"{key}: expected a number, got {type(value).__name__} {value!r}", key)
-            out[target] = value * GB_PER_S
+            try:
+                out[target] = float(value) * GB_PER_S
+            except OverflowError:  # an integer past any float: the field's own rules refuse it (was a 500)
+                raise FieldError(
+                    f"{key}: a {len(str(value))}-digit number is past any bandwidth", key
+                ) from None
         return out
 
 

@@ -181,3 +181,33 @@ def test_a_bandwidth_sent_in_gbps_is_refused_in_gbps(
     named = [e for e in problem["errors"] if e["field"].endswith(field)]
     assert named and named[0]["limit"] == limit, problem
     assert not any(e["field"].endswith("_bytes_per_s") for e in problem["errors"]), problem
+
+
+def test_a_bandwidth_in_gbps_past_any_float_is_a_422_not_a_500(client: TestClient) -> None:
+    cluster = {"gpu": "h100-sxm-80gb", "num_nodes": 2, "inter_node_bandwidth_gbps": 10**400}
+    problem = assert_problem(client.post("/v1/estimates", json=ESTIMATE | {"cluster": cluster}), 422)
+    assert [e["field"] for e in problem["errors"]] == ["cluster.inter_node_bandwidth_gbps"]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "named"),
+    [
+        (
+            {"num_nodes": 2, "inter_node_bandwidth_gbps": 50, "measured_inter_node_bus_bandwidth_gbps": 500},
+            "measured_inter_node_bus_bandwidth_gbps",
+        ),
+        (
+            {"num_nodes": 1, "measured_inter_node_bus_bandwidth_gbps": 40},
+            "measured_inter_node_bus_bandwidth_gbps",
+        ),
+    ],
+)
+def test_a_cluster_rule_broken_by_a_gbps_input_names_it(
+    client: TestClient, cluster: dict[str, Any], named: str
+) -> None:
+    """The rules a cluster checks as a whole (a measured busbw above its link, one with no link to
+    describe) named the `_bytes_per_s` field a request that sent `_gbps` never named (review)."""
+    body = ESTIMATE | {"cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, **cluster}}
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert [e["field"] for e in problem["errors"]] == [f"cluster.{named}"]
+    assert "_bytes_per_s" not in problem["detail"]
