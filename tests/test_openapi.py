@@ -76,3 +76,25 @@ def test_every_v1_operation_documents_its_503_and_retry_after() -> None:
         for method, operation in methods.items():
             busy = operation["responses"].get("503")
             assert busy is not None and "Retry-After" in busy["headers"], (method, path)
+
+
+def test_no_documented_maximum_contradicts_its_own_branch() -> None:
+    """A nullable field documented with the planner's bound beside an integer branch that kept the
+    field's looser ``le`` (at_gpus: 262,144 outside, 10,000,000 inside): a generated client reading
+    the branch accepted what the server refuses (integrator review)."""
+    found: list[tuple[str, object, list[object]]] = []
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            if "maximum" in node and "anyOf" in node:
+                inner = [branch["maximum"] for branch in node["anyOf"] if "maximum" in branch]
+                if any(value != node["maximum"] for value in inner):
+                    found.append((path, node["maximum"], inner))
+            for key, value in node.items():
+                walk(value, f"{path}/{key}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{path}[{index}]")
+
+    walk(json.loads(render()), "")
+    assert not found

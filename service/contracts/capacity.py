@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
-from service.contracts.common import FieldError, Strict, no_documented_default
+from service.contracts.common import FieldError, Strict, documented_maximum, no_documented_default
 from service.contracts.gpus import gpu_slug
 from service.contracts.models import ModelRef
 from service.contracts.plans import MAX_GPU_HOUR_COST, ConstraintsIn
@@ -64,7 +64,7 @@ class CapacityRequest(Strict):
         ge=1,
         le=10_000_000,
         description="time the run on this many GPUs",
-        json_schema_extra={"maximum": MAX_GPUS.limit},  # scale.py's bound, refused past with its reason
+        json_schema_extra=documented_maximum(MAX_GPUS.limit),  # scale.py's bound, refused with its reason
     )
     gpu_hour_cost: float | dict[str, float] | None = Field(
         default=None, description="one price per GPU-hour, or one per GPU name"

@@ -17,6 +17,7 @@ from service.contracts.common import (
     FieldError,
     Strict,
     catalog_slug,
+    documented_maximum,
     no_documented_default,
 )
 from service.contracts.gpus import CustomGPU, gpu_slug, reference_node, resolve_gpu, unknown_entry_error
@@ -98,6 +99,7 @@ class ClusterShape(Strict):
         default=None,
         ge=1,
         le=MAX_NODES * MAX_GPUS_PER_NODE,
+        json_schema_extra=documented_maximum(MAX_GPUS.limit),  # refused past it naming the planner's bound
         description="all the GPUs, instead of num_nodes: whole nodes of gpus_per_node (the part's node when "
         "left out; fewer GPUs than a node are one node of them; up to "
         f"{ONE_NODE_OF_CARDS} PCIe cards or custom GPUs one node of them); num_nodes x gpus_per_node "

@@ -239,6 +239,21 @@ def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [*variants, {"type": "null"}], **outer}
 
 
+def documented_maximum(limit: int) -> Callable[[dict[str, Any]], None]:
+    """``json_schema_extra`` documenting ``limit`` as a field's maximum, on the field and on each
+    numeric branch of a nullable one: the server refuses past it with its reason (``scale.py``), while
+    the field's own ``le`` is a looser first check; a maximum beside an anyOf whose integer branch
+    said another let generated clients accept what the server refuses (integrator review)."""
+
+    def document(schema: dict[str, Any]) -> None:
+        schema["maximum"] = limit
+        for branch in schema.get("anyOf", ()):
+            if branch.get("type") in ("integer", "number"):
+                branch["maximum"] = limit
+
+    return document
+
+
 def no_documented_default(schema: dict[str, Any]) -> None:
     """A field's schema without its ``default`` (``json_schema_extra``), for a field whose value left
     out depends on the rest of the request: a generated client sends every documented default, and

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_valid
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.models import model as catalog_model
-from service.contracts.common import FieldError, Strict, catalog_slug
+from service.contracts.common import FieldError, Strict, catalog_slug, documented_maximum
 from service.contracts.gpus import unknown_entry_error
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
@@ -99,7 +99,8 @@ class ArchitectureIn(Strict):
         "hf_config reads, or custom): where families differ, the estimator and the launchers read it "
         "(fused QKV or gate-up projections, fp32 norms, the decoder layer FSDP wraps)",
     )
-    num_layers: int = Field(ge=1, le=10_000, json_schema_extra={"maximum": MAX_LAYERS.limit})  # scale.py's
+    # scale.py's bound, refused past with its reason
+    num_layers: int = Field(ge=1, le=10_000, json_schema_extra=documented_maximum(MAX_LAYERS.limit))
     hidden_size: int = Field(ge=1, le=1_000_000)
     num_attention_heads: int = Field(ge=1, le=10_000)
     num_kv_heads: int | None = Field(default=None, ge=1, le=10_000, description="default: MHA")
