@@ -8,6 +8,7 @@ their OpenAPI documentation, shared by every router.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
@@ -49,7 +50,10 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": _PROBLEM_CONTENT,
     },
     422: {
-        "description": "Validation error; `errors` names each field and limit",
+        "description": (
+            "Validation error; `errors` names each field and its limit (`limit`: a bound; `allowed`: "
+            "the values an enum takes)"
+        ),
         "content": _PROBLEM_CONTENT,
     },
     503: {
@@ -172,6 +176,8 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
             entry = {"field": "body", "message": message + ("" if at is None else f" (at character {at})")}
         entry["type"] = err.get("type", "invalid")
         entry.update(details)
+        if err.get("type") == "enum":  # the values it takes, as a bound's limit is given (integrator review)
+            entry["allowed"] = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
         ctx = err.get("ctx") or {}
         limits = {k: v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le", "max_length", "min_length")}
         if limits:

@@ -109,3 +109,17 @@ def test_a_runs_memory_statistic_by_the_tool_that_reports_it(
     response = client.post(f"/v1/plans/{plan.json()['id']}/runs", json=run)
     assert response.status_code == 201, response.text
     assert response.json()["memory_statistic"] == statistic
+
+
+def test_a_value_no_enum_member_spells_is_refused_with_the_values_it_takes(client: TestClient) -> None:
+    """The values were in the message's words alone, where a bound gives its limit as data."""
+    body = {
+        "model": {"preset": "llama-3.2-1b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 2048, "global_batch_size": 32, "precision": "bf17"},
+    }
+    refused = client.post("/v1/estimates", json=body)
+    assert refused.status_code == 422
+    (error,) = refused.json()["errors"]
+    assert error["field"] == "training.precision" and error["type"] == "enum"
+    assert error["allowed"] == [p.value for p in Precision]
