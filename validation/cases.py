@@ -870,7 +870,7 @@ def korthikanti_layer_time_s(sp: bool, recompute: Recompute) -> float:
     lay = dataclasses.replace(base.layout, sequence_parallel=sp, recompute=recompute)
     b = time_estimate(base.model, base.cluster, lay, base.training).breakdown
     layers = base.model.num_layers
-    layer = flops.layer_training_flops(base.model, DENSE, base.training)
+    layer = flops.layer_training_flops(base.model, DENSE, base.training, fused_experts=True)
     share = layer / (layers * layer + flops.logits_training_flops(base.model, base.training))
     return (b.compute_s + b.tp_comm_s) * share + b.recompute_s / layers
 

@@ -42,6 +42,7 @@ from service.estimator.model_states import (
     SHARD_GROUP_FIELDS,
     deepspeed_buckets,
     deepspeed_overlap_comm,
+    fused_experts,
     grad_reduce_bytes,
     hsdp_replicas,
     megatron_fp8_params,
@@ -379,15 +380,17 @@ def sharded_passes(layout: Layout, micro_batches: int) -> ShardedPasses:
 
 
 @job_memo
-def kind_flops(job: Job, kind: LayerKind) -> tuple[int, float, int, int]:
+def kind_flops(job: Job, kind: LayerKind, fused: bool) -> tuple[int, float, int, int]:
     """Per token, of a layer of ``kind``: attention's core FLOPs (forward), what its kernels execute
     of them (``kind_core_work_flops``), the forward weight GEMMs' (the adapters' included) and the
     layer's training FLOPs (``flops.layer_training_flops``): what ``kind_windows_s`` splits into its
-    windows, the same for every layout of the job."""
+    windows, the same for every layout of the job with the same ``fused`` (``model_states.fused_experts``)."""
     model, training = job.model, job.training
     core = flops.layer_core_flops(model, kind, training.seq_len)
-    forward = flops.layer_matmul_flops(model, kind.moe) + flops.lora_adapter_flops(model, kind.moe, training)
-    return core, kind_core_work_flops(job, kind), forward, flops.layer_training_flops(model, kind, training)
+    adapters = flops.lora_adapter_flops(model, kind.moe, training, fused_experts=fused)
+    forward = flops.layer_matmul_flops(model, kind.moe) + adapters
+    trained = flops.layer_training_flops(model, kind, training, fused_experts=fused)
+    return core, kind_core_work_flops(job, kind), forward, trained
 
 
 def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) -> tuple[float, float]:
@@ -397,9 +400,10 @@ def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) ->
     routed experts at the grouped GEMM's (``expert_flops_per_s``), attention's core as its kernels
     do (``step_time.core_s_per_token``); so a slower GEMM never widens a window by more than it
     lengthens the step."""
-    core, work, forward, training_flops = kind_flops(job, kind)
+    fused = fused_experts(job.model, layout)
+    core, work, forward, training_flops = kind_flops(job, kind, fused)
     backward = float(training_flops - forward - 3 * core)
-    recomputed = kind_recompute_flops(job, kind, layout.recompute, layout.selective_modules)
+    recomputed = kind_recompute_flops(job, kind, layout.recompute, layout.selective_modules, fused)
     redone = 1.0 if layout.recomputes_core else 0.0  # full and selective core_attn redo the core
     share = recomputed_share(job, layout)
     backward += share * (recomputed - redone * core)

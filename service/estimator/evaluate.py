@@ -29,6 +29,7 @@ from service.estimator.memory import (
     stage_activations,
     stage_states,
 )
+from service.estimator.model_states import fused_experts
 from service.estimator.pipeline import recomputed_fraction
 from service.estimator.types import (
     ClusterSpec,
@@ -313,10 +314,11 @@ def time_estimate(job: Job, layout: Layout) -> TimeEstimate:
     step_s, gpus = breakdown.step_s, layout.world_size
     model, training = job.model, job.training
     peak = st.peak_flops_per_s(job.cluster, training.precision)
-    model_flops = flops.model_flops_per_step(model, training)
+    fused = fused_experts(model, layout)
+    model_flops = flops.model_flops_per_step(model, training, fused_experts=fused)
     recomputed = recomputed_fraction(model.num_layers, layout)
     hardware_flops = flops.hardware_flops_per_step(
-        model, training, layout.recompute, recomputed, layout.selective_modules
+        model, training, layout.recompute, recomputed, layout.selective_modules, fused_experts=fused
     )
     return TimeEstimate(
         breakdown=breakdown,

@@ -44,6 +44,7 @@ Korthikanti Eq. 7, 72 B L s h^2 (1 + s/(6h) + V/(12 h L)), and with full recompu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -55,6 +56,7 @@ from service.estimator.params import (
     layer_kind,
     lora_adapter_shapes,
     mtp_projection_parameters,
+    peft_moves_mlp_targets,
 )
 from service.estimator.types import (
     MLP_LINEAR,
@@ -308,16 +310,28 @@ def _lora_flops_for(model: ModelSpec, targets: tuple[str, ...], rank: int, ffn: 
     return total
 
 
-def lora_adapter_flops(model: ModelSpec, moe_layer: bool, training: TrainingSpec) -> int:
-    """LoRA adapters of one layer, forward, per token (0 for full fine-tuning)."""
+def lora_adapter_flops(
+    model: ModelSpec, moe_layer: bool, training: TrainingSpec, *, fused_experts: bool
+) -> int:
+    """LoRA adapters of one layer, forward, per token (0 for full fine-tuning). ``fused_experts``: the
+    routed experts are the fused parameters Hugging Face's model holds (``model_states.fused_experts``:
+    ep 1), which no adapter module reaches per token: peft folds the adapters it moves onto them into
+    the weight once per micro-batch (``step_time.adapted_experts_s``), or adapts none."""
     if training.method is Method.FULL:
         return 0
     targets, rank = training.lora_targets, training.lora_rank
+    if peft_moves_mlp_targets(model):
+        # peft moves the MLP targets off the modules (onto the fused experts, or onto nothing where a
+        # framework's MoE layers hold them: refused), so no dense MLP or shared expert keeps one
+        targets = tuple(t for t in targets if t not in MLP_LINEAR)
     if model.moe is None or not moe_layer:
         return _lora_flops_for(model, targets, rank, model.ffn_hidden_size, 1)
     moe = model.moe
-    # attention adapters once, MLP adapters on each of the top_k routed experts a token visits ...
-    total = _lora_flops_for(model, targets, rank, moe.expert_ffn_hidden_size, moe.top_k)
+    # attention adapters once, MLP adapters on each of the top_k routed experts a token visits where
+    # the experts are modules (a framework's MoE layers) ...
+    total = _lora_flops_for(
+        model, targets, rank, moe.expert_ffn_hidden_size, 0 if fused_experts else moe.top_k
+    )
     # ... and on the shared experts
     mlp_targets = tuple(t for t in targets if t in MLP_LINEAR)
     shared_ffn = moe.shared_expert_ffn_hidden_size
@@ -333,34 +347,43 @@ def frozen_passes(training: TrainingSpec) -> int:
     return 3 if training.method is Method.FULL else 2
 
 
-def layer_training_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> int:
+def layer_training_flops(
+    model: ModelSpec, kind: LayerKind, training: TrainingSpec, *, fused_experts: bool
+) -> int:
     """Forward + backward of one layer per token, no recompute, attention's core over the full
     square (``layer_core_flops``): the time model's count, which replaces 3 x that core by what its
     kernels execute (step_time.compute_s). Model FLOPs: ``layer_model_flops``; hardware FLOPs:
     ``layer_hardware_flops``."""
     # weight matmuls x (3 or 2) + attention core x 3 (no weights: both backward halves needed)
     # + adapters x 3
-    return layer_non_core_flops(model, kind, training) + 3 * layer_core_flops(model, kind, training.seq_len)
+    core = layer_core_flops(model, kind, training.seq_len)
+    return layer_non_core_flops(model, kind, training, fused_experts=fused_experts) + 3 * core
 
 
-def layer_non_core_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> int:
+def layer_non_core_flops(
+    model: ModelSpec, kind: LayerKind, training: TrainingSpec, *, fused_experts: bool
+) -> int:
     """Forward + backward of one layer's weight matmuls and adapters per token: all but the core."""
     weights = frozen_passes(training) * layer_matmul_flops(model, kind.moe)
-    return weights + 3 * lora_adapter_flops(model, kind.moe, training)
+    return weights + 3 * lora_adapter_flops(model, kind.moe, training, fused_experts=fused_experts)
 
 
-def layer_model_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> float:
+def layer_model_flops(
+    model: ModelSpec, kind: LayerKind, training: TrainingSpec, *, fused_experts: bool
+) -> float:
     """Forward + backward of one layer per token, no recompute, attention's core over the causal
     triangle (``layer_core_causal_flops``): the MFU numerator's share of the layer."""
     core = layer_core_causal_flops(model, kind, training.seq_len)
-    return layer_non_core_flops(model, kind, training) + 3 * core
+    return layer_non_core_flops(model, kind, training, fused_experts=fused_experts) + 3 * core
 
 
-def layer_hardware_flops(model: ModelSpec, kind: LayerKind, training: TrainingSpec) -> float:
+def layer_hardware_flops(
+    model: ModelSpec, kind: LayerKind, training: TrainingSpec, *, fused_experts: bool
+) -> float:
     """Forward + backward of one layer per token, no recompute, attention's core as its kernel
     executes it (``layer_core_work_flops``): the HFU numerator's share of the layer."""
     core = layer_core_work_flops(model, kind, training)
-    return layer_non_core_flops(model, kind, training) + 3 * core
+    return layer_non_core_flops(model, kind, training, fused_experts=fused_experts) + 3 * core
 
 
 def mtp_block_training_flops(model: ModelSpec, training: TrainingSpec) -> float:
@@ -381,15 +404,19 @@ def layer_recompute_flops(
     training: TrainingSpec,
     recompute: Recompute,
     modules: frozenset[RecomputeModule] = frozenset({RecomputeModule.CORE_ATTN}),
+    *,
+    fused_experts: bool,
 ) -> int:
     """Extra forward FLOPs per token of one layer that recomputation adds; ``modules``: what
-    Megatron's selective recompute checkpoints (its default, core_attn)."""
+    Megatron's selective recompute checkpoints (its default, core_attn); ``fused_experts``: as
+    ``lora_adapter_flops`` takes it."""
     # full: the whole layer forward again (Narayanan Eq. 3's 4th pass);
     # selective: the modules' forward (Korthikanti §5 "core attention": QK^T and AV);
     # selective_op: the matmuls per-op AC does not save (attention's output is saved)
     core = layer_core_flops(model, kind, training.seq_len)
     if recompute is Recompute.FULL:
-        return layer_matmul_flops(model, kind.moe) + core + lora_adapter_flops(model, kind.moe, training)
+        adapters = lora_adapter_flops(model, kind.moe, training, fused_experts=fused_experts)
+        return layer_matmul_flops(model, kind.moe) + core + adapters
     if recompute is Recompute.SELECTIVE:
         return sum(_module_forward_flops(model, kind, module, core) for module in modules)
     if recompute is Recompute.SELECTIVE_OP:
@@ -410,10 +437,12 @@ def layer_recompute_hardware_flops(
     training: TrainingSpec,
     recompute: Recompute,
     modules: frozenset[RecomputeModule] = frozenset({RecomputeModule.CORE_ATTN}),
+    *,
+    fused_experts: bool,
 ) -> float:
     """``layer_recompute_flops`` with a recomputed core counted as its kernel executes it
     (``layer_core_work_flops``), as step_time.recompute_s times it."""
-    extra = layer_recompute_flops(model, kind, training, recompute, modules)
+    extra = layer_recompute_flops(model, kind, training, recompute, modules, fused_experts=fused_experts)
     if not recomputes_core(recompute, modules):
         return float(extra)
     square = layer_core_flops(model, kind, training.seq_len)
@@ -443,17 +472,22 @@ def _module_forward_flops(model: ModelSpec, kind: LayerKind, module: RecomputeMo
 
 
 @lru_cache(maxsize=1024)  # O(layers); a search asks again for every layout of one job
-def model_flops_per_token(model: ModelSpec, training: TrainingSpec) -> float:
+def model_flops_per_token(model: ModelSpec, training: TrainingSpec, fused_experts: bool) -> float:
     """Training FLOPs per token without recomputation, attention's core over the causal triangle:
-    the MFU numerator (PaLM / Korthikanti model FLOPs, with Megatron-LM's causal attention term)."""
-    return _flops_per_token(model, training, layer_model_flops)
+    the MFU numerator (PaLM / Korthikanti model FLOPs, with Megatron-LM's causal attention term);
+    ``fused_experts`` as ``lora_adapter_flops`` takes it."""
+    return _flops_per_token(
+        model, training, functools.partial(layer_model_flops, fused_experts=fused_experts)
+    )
 
 
 @lru_cache(maxsize=1024)
-def executed_flops_per_token(model: ModelSpec, training: TrainingSpec) -> float:
+def executed_flops_per_token(model: ModelSpec, training: TrainingSpec, fused_experts: bool) -> float:
     """Training FLOPs per token without recomputation, attention's core as its kernels execute it
     (``layer_core_work_flops``): ``model_flops_per_token`` for flash kernels, more for eager."""
-    return _flops_per_token(model, training, layer_hardware_flops)
+    return _flops_per_token(
+        model, training, functools.partial(layer_hardware_flops, fused_experts=fused_experts)
+    )
 
 
 def _flops_per_token(
@@ -468,18 +502,24 @@ def _flops_per_token(
 
 @lru_cache(maxsize=1024)
 def recompute_flops_per_token(
-    model: ModelSpec, training: TrainingSpec, recompute: Recompute, modules: frozenset[RecomputeModule]
+    model: ModelSpec,
+    training: TrainingSpec,
+    recompute: Recompute,
+    modules: frozenset[RecomputeModule],
+    fused_experts: bool,
 ) -> float:
     """Forward FLOPs per token that recomputing every layer adds, as the kernels execute them."""
     return sum(
-        layer_recompute_hardware_flops(model, layer_kind(model, i), training, recompute, modules)
+        layer_recompute_hardware_flops(
+            model, layer_kind(model, i), training, recompute, modules, fused_experts=fused_experts
+        )
         for i in range(model.num_layers)
     )
 
 
-def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> float:
+def model_flops_per_step(model: ModelSpec, training: TrainingSpec, *, fused_experts: bool) -> float:
     """Model FLOPs of one optimizer step (global batch x seq_len tokens)."""
-    return training.tokens_per_step * model_flops_per_token(model, training)
+    return training.tokens_per_step * model_flops_per_token(model, training, fused_experts)
 
 
 def hardware_flops_per_step(
@@ -488,9 +528,12 @@ def hardware_flops_per_step(
     recompute: Recompute,
     recomputed_fraction: float = 1.0,
     modules: frozenset[RecomputeModule] = frozenset({RecomputeModule.CORE_ATTN}),
+    *,
+    fused_experts: bool,
 ) -> float:
     """What the GPUs execute of one step (HFU numerator): the training FLOPs with attention's core
     as its kernels run it, plus the recomputed forward work; ``recomputed_fraction`` of the layers
     recompute (``pipeline.recomputed_fraction``); ``modules``: Megatron's selective ones."""
-    recomputed = recomputed_fraction * recompute_flops_per_token(model, training, recompute, modules)
-    return training.tokens_per_step * (executed_flops_per_token(model, training) + recomputed)
+    per_token = recompute_flops_per_token(model, training, recompute, modules, fused_experts)
+    executed = executed_flops_per_token(model, training, fused_experts)
+    return training.tokens_per_step * (executed + recomputed_fraction * per_token)

@@ -26,6 +26,7 @@ from service.estimator.params import (
     mla_down_parameters,
     mtp_projection_parameters,
     parameter_counts,
+    peft_moves_mlp_targets,
     peft_saved_head_parameters,
 )
 from service.estimator.tuning import MemoryAssumptions
@@ -478,26 +479,6 @@ def fused_experts(model: ModelSpec, layout: Layout) -> bool:
     compute dtype under QLoRA (fine-tuning review, stop 39: a DeepSeek-V2-Lite QLoRA plan counted
     14.4B NF4 expert parameters that load at 26.8 GiB of bf16)."""
     return model.moe is not None and layout.ep == 1
-
-
-# peft 0.21 under transformers 5 (peft/utils/transformers_weight_conversion.py, _convert_peft_config_moe,
-# called by get_peft_model): for the model types whose checkpoint conversion is transformers' "mixtral"
-# or "qwen2_moe" pattern (conversion_mapping._MODEL_TO_CONVERSION_PATTERN: qwen3_moe, deepseek_v2/v3,
-# ...; peft adds mixtral itself; qwen2_moe itself is not in it), LoRA's MLP target names are moved
-# onto the fused expert parameters (target_parameters): gate_proj and up_proj (Mixtral's w1 and w3)
-# onto gate_up_proj as one adapter of rank 2r, down_proj (w2) onto down_proj, each a ParamWrapper of
-# r x E rows (peft/tuners/lora/layer.py); a target naming one of gate and up alone is refused
-# ("Cannot convert PEFT target(s) ..."). The names leave target_modules, so no dense MLP or shared
-# expert keeps an adapter. Measured on the meta device with peft 0.21.2 and transformers 5.25
-# (config review, stop 44: Qwen3-30B-A3B's LoRA r16 trains 996.5M parameters, 981.5M on experts).
-_PEFT_FUSED_EXPERT_FAMILIES = frozenset({"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
-
-
-def peft_moves_mlp_targets(model: ModelSpec) -> bool:
-    """Whether peft moves LoRA's MLP target names off the modules, by the model type alone
-    (``_PEFT_FUSED_EXPERT_FAMILIES``): onto the fused experts where they are fused parameters, and
-    onto nothing where a framework built other expert modules (DeepSpeed's MoE layers at ep > 1)."""
-    return model.family in _PEFT_FUSED_EXPERT_FAMILIES
 
 
 def peft_adapts_fused_experts(model: ModelSpec, layout: Layout) -> bool:

@@ -623,3 +623,23 @@ def stage_parameter_counts(model: ModelSpec, layout: Layout, mtp_layers: int = 0
         stages[-1] += token_embedding_parameters(model)  # the output layer's copy of the word embedding
     stages[-1] += mtp_stage_parameters(model, layout, mtp_layers)
     return tuple(stages)
+
+
+# peft 0.21 under transformers 5 (peft/utils/transformers_weight_conversion.py, _convert_peft_config_moe,
+# called by get_peft_model): for the model types whose checkpoint conversion is transformers' "mixtral"
+# or "qwen2_moe" pattern (conversion_mapping._MODEL_TO_CONVERSION_PATTERN: qwen3_moe, deepseek_v2/v3,
+# ...; peft adds mixtral itself; qwen2_moe itself is not in it), LoRA's MLP target names are moved
+# onto the fused expert parameters (target_parameters): gate_proj and up_proj (Mixtral's w1 and w3)
+# onto gate_up_proj as one adapter of rank 2r, down_proj (w2) onto down_proj, each a ParamWrapper of
+# r x E rows (peft/tuners/lora/layer.py); a target naming one of gate and up alone is refused
+# ("Cannot convert PEFT target(s) ..."). The names leave target_modules, so no dense MLP or shared
+# expert keeps an adapter. Measured on the meta device with peft 0.21.2 and transformers 5.25
+# (config review, stop 44: Qwen3-30B-A3B's LoRA r16 trains 996.5M parameters, 981.5M on experts).
+_PEFT_FUSED_EXPERT_FAMILIES = frozenset({"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
+
+
+def peft_moves_mlp_targets(model: ModelSpec) -> bool:
+    """Whether peft moves LoRA's MLP target names off the modules, by the model type alone
+    (``_PEFT_FUSED_EXPERT_FAMILIES``): onto the fused experts where they are fused parameters, and
+    onto nothing where a framework built other expert modules (DeepSpeed's MoE layers at ep > 1)."""
+    return model.family in _PEFT_FUSED_EXPERT_FAMILIES

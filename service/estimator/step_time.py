@@ -68,6 +68,7 @@ from service.estimator.model_states import (
     adapted_linears,
     frozen_dtype_bytes,
     fused_expert_adapted_weights,
+    fused_experts,
     layer_linears,
     megatron_grads_in_fp32,
     optimizer_step_bytes,
@@ -134,11 +135,15 @@ def micro_batch_tokens_per_rank(layout: Layout, training: TrainingSpec) -> int:
 # ---------------------------------------------------------------- the pipeline split
 
 
-@layout_memo(*PIPELINE_FIELDS)
+@layout_memo(*PIPELINE_FIELDS, "ep")
 def stage_flops_per_token(job: Job, layout: Layout) -> tuple[float, ...]:
-    """Forward + backward FLOPs per token of each pipeline rank (the last adds the output layer)."""
+    """Forward + backward FLOPs per token of each pipeline rank (the last adds the output layer);
+    ep: whether LoRA adapts the routed experts per token (``flops.lora_adapter_flops``)."""
     model, training = job.model, job.training
-    per_kind = {kind: flops.layer_training_flops(model, kind, training) for kind in job.kinds}
+    fused = fused_experts(model, layout)
+    per_kind = {
+        kind: flops.layer_training_flops(model, kind, training, fused_experts=fused) for kind in job.kinds
+    }
     logits = output_flops_per_token(job)
     last = layout.pp - 1
     return tuple(
@@ -157,9 +162,10 @@ def output_flops_per_token(job: Job) -> float:
     )
 
 
-@layout_memo(*PIPELINE_FIELDS)
+@layout_memo(*PIPELINE_FIELDS, "ep")
 def slowest_stage(job: Job, layout: Layout) -> int:
-    """The pipeline rank with the most FLOPs per token (the first of equals)."""
+    """The pipeline rank with the most FLOPs per token (the first of equals; ep reads as in
+    ``stage_flops_per_token``)."""
     work = stage_flops_per_token(job, layout)
     return work.index(max(work))
 
@@ -1058,13 +1064,13 @@ def selective_modules_stored_bytes(job: Job, layout: Layout, base: StepBase) -> 
 
 @job_memo
 def kind_recompute_flops(
-    job: Job, kind: LayerKind, recompute: Recompute, modules: frozenset[RecomputeModule]
+    job: Job, kind: LayerKind, recompute: Recompute, modules: frozenset[RecomputeModule], fused: bool
 ) -> int:
-    """``flops.layer_recompute_flops`` of a layer of ``kind``."""
-    return flops.layer_recompute_flops(job.model, kind, job.training, recompute, modules)
+    """``flops.layer_recompute_flops`` of a layer of ``kind``; ``fused``: ``model_states.fused_experts``."""
+    return flops.layer_recompute_flops(job.model, kind, job.training, recompute, modules, fused_experts=fused)
 
 
-@layout_memo(*PIPELINE_FIELDS, "recompute_num_layers", "recompute_every_n_layers")
+@layout_memo(*PIPELINE_FIELDS, "ep", "recompute_num_layers", "recompute_every_n_layers")
 def recomputed_share(job: Job, layout: Layout) -> float:
     """The share of the slowest stage's layers that recompute (``recompute_num_layers``,
     ``recompute_every_n_layers``)."""
@@ -1078,7 +1084,10 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     if recompute is Recompute.NONE:
         return 0.0
     modules = layout.selective_modules
-    per_token = sum_by_kind(base.counts, lambda kind: kind_recompute_flops(job, kind, recompute, modules))
+    fused = fused_experts(job.model, layout)
+    per_token = sum_by_kind(
+        base.counts, lambda kind: kind_recompute_flops(job, kind, recompute, modules, fused)
+    )
     redone = 1.0 if layout.recomputes_core else 0.0
     core = redone * base.core_flops
     passes = recompute_passes(job.tuning, recompute)

@@ -962,7 +962,7 @@ def training_violation(
         training.method is not Method.FULL
         and layout.ep > 1
         and mlp_targets
-        and model_states.peft_moves_mlp_targets(model)
+        and params.peft_moves_mlp_targets(model)
     ):
         # _convert_peft_config_moe rewrites the targets by model type: under DeepSpeed's MoE layers the
         # MLP names adapt nothing (measured with per-expert Linears in a qwen3_moe model: attention

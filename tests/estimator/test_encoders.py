@@ -114,7 +114,7 @@ def test_tiny_bert_training_flops_by_hand() -> None:
     training = TrainingSpec(seq_len=4, global_batch_size=1)
     # per layer and token: 3 x (q,k,v,o 2*4*64 + MLP 2*2*8*16) + 3 x core 128 = 3072 + 384
     # masked-LM head: 3 x (transform 2*64 + decoder 2*8*10) = 864
-    assert flops.model_flops_per_token(TINY, training) == 2 * (3072 + 384) + 864
+    assert flops.model_flops_per_token(TINY, training, True) == 2 * (3072 + 384) + 864
 
 
 def test_task_heads_flops_per_token() -> None:

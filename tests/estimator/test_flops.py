@@ -43,18 +43,23 @@ def test_tiny_model_by_hand() -> None:
     # the causal triangle: queries see 1, 2, 3 keys, 2 on average: 2 x 2 x (q + v = 8) = 32
     assert flops.layer_core_causal_flops(TINY, LayerKind(moe=False), 3) == 32
     # forward per token 96+32+192+80 = 400; training 3x = 1200; x 6 tokens = 7200
-    assert flops.model_flops_per_step(TINY, TINY_TRAINING) == 7200
+    assert flops.model_flops_per_step(TINY, TINY_TRAINING, fused_experts=True) == 7200
     # full recompute: one more forward of the layer, 96+32+192 = 320 per token -> +1920
-    assert flops.hardware_flops_per_step(TINY, TINY_TRAINING, Recompute.FULL) == 7200 + 1920
+    assert (
+        flops.hardware_flops_per_step(TINY, TINY_TRAINING, Recompute.FULL, fused_experts=True) == 7200 + 1920
+    )
     # selective: attention core only, 32 per token -> +192
-    assert flops.hardware_flops_per_step(TINY, TINY_TRAINING, Recompute.SELECTIVE) == 7200 + 192
-    assert flops.hardware_flops_per_step(TINY, TINY_TRAINING, Recompute.NONE) == 7200
+    assert (
+        flops.hardware_flops_per_step(TINY, TINY_TRAINING, Recompute.SELECTIVE, fused_experts=True)
+        == 7200 + 192
+    )
+    assert flops.hardware_flops_per_step(TINY, TINY_TRAINING, Recompute.NONE, fused_experts=True) == 7200
     # eager attention executes the whole square, 48 per token: 3 passes x 16 more x 6 tokens = +288,
     # and its recompute redoes the square (+288 rather than +192); model FLOPs stay the triangle's
     eager = dataclasses.replace(TINY_TRAINING, attention=Attention.EAGER)
-    assert flops.model_flops_per_step(TINY, eager) == 7200
-    assert flops.hardware_flops_per_step(TINY, eager, Recompute.NONE) == 7488
-    assert flops.hardware_flops_per_step(TINY, eager, Recompute.SELECTIVE) == 7488 + 288
+    assert flops.model_flops_per_step(TINY, eager, fused_experts=True) == 7200
+    assert flops.hardware_flops_per_step(TINY, eager, Recompute.NONE, fused_experts=True) == 7488
+    assert flops.hardware_flops_per_step(TINY, eager, Recompute.SELECTIVE, fused_experts=True) == 7488 + 288
 
 
 def test_causal_core_one_layer_s4_exactly() -> None:
@@ -66,9 +71,9 @@ def test_causal_core_one_layer_s4_exactly() -> None:
     assert flops.layer_core_flops(TINY, kind, 4) == 64
     # the step: weights 3 x (96 + 192) + core 3 x 40 + logits 3 x 80 = 864 + 120 + 240 = 1224 per token,
     # x 4 tokens = 4896 (the square would count 3 x 64 = 192 for the core: 5184)
-    assert flops.model_flops_per_token(TINY, training) == 1224
-    assert flops.model_flops_per_step(TINY, training) == 4896
-    assert flops.hardware_flops_per_step(TINY, training, Recompute.NONE) == 4896
+    assert flops.model_flops_per_token(TINY, training, True) == 1224
+    assert flops.model_flops_per_step(TINY, training, fused_experts=True) == 4896
+    assert flops.hardware_flops_per_step(TINY, training, Recompute.NONE, fused_experts=True) == 4896
     # a sliding window of 2: queries see 1, 2, 2, 2 keys = 7 pairs -> 2 x 7 x 8 / 4 = 28 per token
     sliding = dataclasses.replace(TINY, sliding_window=2)
     assert (
@@ -86,10 +91,10 @@ def test_tiny_lora_by_hand() -> None:
         seq_len=3, global_batch_size=2, method=Method.LORA, lora_rank=2, lora_targets=("q_proj", "down_proj")
     )
     # adapters: q_proj 2*r*(4+4) = 32, down_proj 2*r*(8+4) = 48 -> 80 forward per token
-    assert flops.lora_adapter_flops(TINY, is_moe_layer(TINY, 0), training) == 80
+    assert flops.lora_adapter_flops(TINY, is_moe_layer(TINY, 0), training, fused_experts=True) == 80
     # frozen weights 2x (96+192+80 = 368 -> 736), causal core 3x32 = 96, adapters 3x80 = 240 -> 1072 per token
-    assert flops.model_flops_per_token(TINY, training) == 1072
-    assert flops.model_flops_per_step(TINY, training) == 6 * 1072
+    assert flops.model_flops_per_token(TINY, training, True) == 1072
+    assert flops.model_flops_per_step(TINY, training, fused_experts=True) == 6 * 1072
 
 
 def test_tiny_moe_by_hand() -> None:
@@ -132,21 +137,30 @@ def test_korthikanti_eq7_and_narayanan_eq3_exactly(layers: int, hidden: int, hea
     b, L, h = batch, layers, hidden
     # Korthikanti Eq. 7: 72 B L s h^2 (1 + s/(6h) + v/(12 h L)), expanded to integers
     eq7 = 72 * b * L * s * h**2 + 12 * b * L * s**2 * h + 6 * b * s * h * v
-    assert flops.hardware_flops_per_step(model, eager, Recompute.NONE) == eq7
+    assert flops.hardware_flops_per_step(model, eager, Recompute.NONE, fused_experts=True) == eq7
     masked = 6 * b * L * h * s * (s - 1)
     assert (
-        flops.model_flops_per_step(model, eager) == flops.model_flops_per_step(model, flash) == eq7 - masked
+        flops.model_flops_per_step(model, eager, fused_experts=True)
+        == flops.model_flops_per_step(model, flash, fused_experts=True)
+        == eq7 - masked
     )
-    assert flops.hardware_flops_per_step(model, flash, Recompute.NONE) == eq7 - masked
+    assert flops.hardware_flops_per_step(model, flash, Recompute.NONE, fused_experts=True) == eq7 - masked
     # Narayanan Eq. 3 (counts the full-recompute forward): 96 B s l h^2 (1 + s/(6h) + V/(16 l h));
     # a flash kernel runs 4 of the 3 + 1 passes' square as the triangle
     eq3 = 96 * b * L * s * h**2 + 16 * b * L * s**2 * h + 6 * b * s * h * v
-    assert flops.hardware_flops_per_step(model, eager, Recompute.FULL) == eq3
-    assert flops.hardware_flops_per_step(model, flash, Recompute.FULL) == eq3 - masked * 4 // 3
+    assert flops.hardware_flops_per_step(model, eager, Recompute.FULL, fused_experts=True) == eq3
+    assert (
+        flops.hardware_flops_per_step(model, flash, Recompute.FULL, fused_experts=True)
+        == eq3 - masked * 4 // 3
+    )
     # Korthikanti Eq. 8 (selective) = 72 B L s h^2 (1 + s/(3h) + ...) adds 12 B L s^2 h over Eq. 7;
     # recomputing QK^T and AV once costs 4 B L s^2 h, so our HFU count is 8 B L s^2 h below Eq. 8
     eq8 = 72 * b * L * s * h**2 + 24 * b * L * s**2 * h + 6 * b * s * h * v
-    assert flops.hardware_flops_per_step(model, eager, Recompute.SELECTIVE) + 8 * b * L * s**2 * h == eq8
+    assert (
+        flops.hardware_flops_per_step(model, eager, Recompute.SELECTIVE, fused_experts=True)
+        + 8 * b * L * s**2 * h
+        == eq8
+    )
 
 
 def test_megatron_num_floating_point_operations_causal_term() -> None:
@@ -158,8 +172,8 @@ def test_megatron_num_floating_point_operations_causal_term() -> None:
     s, v, L, h, heads = 4096, 32000, 32, 4096, 32
     model = gpt(L, h, heads, v, s)
     training = TrainingSpec(seq_len=s, global_batch_size=1)
-    ours = flops.model_flops_per_token(model, training)
-    square = flops.model_flops_per_token(model, training) + 3 * L * (
+    ours = flops.model_flops_per_token(model, training, True)
+    square = flops.model_flops_per_token(model, training, True) + 3 * L * (
         flops.layer_core_flops(model, LayerKind(moe=False), s)
         - flops.layer_core_causal_flops(model, LayerKind(moe=False), s)
     )
@@ -178,7 +192,7 @@ def test_llama_3_8b_against_megatron_bridges_published_model_flops() -> None:
     spec = catalog_model("llama-3-8b").spec
     training = TrainingSpec(seq_len=8192, global_batch_size=1)
     published = 725e12 / 14079
-    ours = flops.model_flops_per_token(spec, training)
+    ours = flops.model_flops_per_token(spec, training, True)
     assert ours == pytest.approx(published, rel=3e-3)
     square = ours + 3 * spec.num_layers * (
         flops.layer_core_flops(spec, LayerKind(moe=False), 8192)
@@ -205,9 +219,9 @@ def test_llama_against_6n_plus_12lhqt() -> None:
     # PaLM (App. B) counts attention's full square, 12 L H Q T; we count the causal triangle,
     # 6 L H Q (T + 1): eager attention executes the square, and its hardware count is PaLM's
     eager = TrainingSpec(seq_len=s, global_batch_size=1, attention=Attention.EAGER)
-    ours = flops.model_flops_per_token(llama, eager)
+    ours = flops.model_flops_per_token(llama, eager, True)
     assert ours == pytest.approx(palm - 6 * llama.num_layers * llama.q_size * (s - 1), rel=1e-4)
-    executed = flops.hardware_flops_per_step(llama, eager, Recompute.NONE) / s
+    executed = flops.hardware_flops_per_step(llama, eager, Recompute.NONE, fused_experts=True) / s
     # the only difference is the norms' weights, which 6N counts and we do not
     assert executed == pytest.approx(palm, rel=1e-4)
     assert executed < palm
@@ -215,11 +229,13 @@ def test_llama_against_6n_plus_12lhqt() -> None:
 
 def test_lora_is_about_two_thirds_of_full() -> None:
     model = gpt(24, 2048, 16)
-    full = flops.model_flops_per_step(model, TrainingSpec(seq_len=2048, global_batch_size=8))
+    full = flops.model_flops_per_step(
+        model, TrainingSpec(seq_len=2048, global_batch_size=8), fused_experts=True
+    )
     lora = TrainingSpec(
         seq_len=2048, global_batch_size=8, method=Method.LORA, lora_targets=("q_proj", "v_proj")
     )
-    ratio = flops.model_flops_per_step(model, lora) / full
+    ratio = flops.model_flops_per_step(model, lora, fused_experts=True) / full
     # 4/6 for the frozen matmuls, a little more for attention's core (3x) and the adapters
     assert 4 / 6 < ratio < 0.72
 
@@ -236,10 +252,10 @@ def test_recompute_never_reduces_hardware_flops(
 ) -> None:
     model = gpt(layers, heads * head_dim, heads, vocab=1000, seq_len=seq_len)
     training = TrainingSpec(seq_len=seq_len, global_batch_size=batch)
-    none = flops.hardware_flops_per_step(model, training, Recompute.NONE)
-    selective = flops.hardware_flops_per_step(model, training, Recompute.SELECTIVE)
-    full = flops.hardware_flops_per_step(model, training, Recompute.FULL)
-    assert none == pytest.approx(flops.model_flops_per_step(model, training), rel=1e-12)
+    none = flops.hardware_flops_per_step(model, training, Recompute.NONE, fused_experts=True)
+    selective = flops.hardware_flops_per_step(model, training, Recompute.SELECTIVE, fused_experts=True)
+    full = flops.hardware_flops_per_step(model, training, Recompute.FULL, fused_experts=True)
+    assert none == pytest.approx(flops.model_flops_per_step(model, training, fused_experts=True), rel=1e-12)
     assert none < selective < full
 
 
@@ -264,8 +280,8 @@ def test_model_flops_never_exceed_executed_flops(
         causal = flops.layer_core_causal_flops(model, kind, seq_len)
         square = flops.layer_core_flops(model, kind, seq_len)
         assert square / 2 < causal <= square
-    assert flops.model_flops_per_step(model, training) <= flops.hardware_flops_per_step(
-        model, training, Recompute.NONE
+    assert flops.model_flops_per_step(model, training, fused_experts=True) <= flops.hardware_flops_per_step(
+        model, training, Recompute.NONE, fused_experts=True
     ) * (1 + 1e-12)
 
 
@@ -275,6 +291,37 @@ def test_multi_token_prediction_flops_by_hand() -> None:
     training = TrainingSpec(seq_len=TINY_TRAINING.seq_len, global_batch_size=1)
     mtp = dataclasses.replace(training, mtp_num_layers=1)
     h, v = TINY.hidden_size, TINY.vocab_size
-    layer = flops.layer_model_flops(TINY, LayerKind(moe=False), training)
-    extra = flops.model_flops_per_token(TINY, mtp) - flops.model_flops_per_token(TINY, training)
+    layer = flops.layer_model_flops(TINY, LayerKind(moe=False), training, fused_experts=True)
+    extra = flops.model_flops_per_token(TINY, mtp, True) - flops.model_flops_per_token(TINY, training, True)
     assert extra == layer + 3 * 2 * 2 * h * h + 3 * 2 * h * v
+
+
+def _lora(targets: tuple[str, ...]) -> TrainingSpec:
+    return TrainingSpec(
+        seq_len=2048, global_batch_size=8, method=Method.LORA, lora_rank=16, lora_targets=targets
+    )
+
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_lora_on_fused_experts_runs_no_adapter_per_token_on_them() -> None:
+    """Per token, forward: 2 r (in + out) per adapter module. Qwen3-30B-A3B (h 2048, 32 heads and 4 KV
+    heads of 128): q 2048->4096, k and v 2048->512, o 4096->2048; peft moves its MLP targets onto the
+    fused experts (qwen3_moe), folded into the weight once per micro-batch, so no token runs an MLP
+    adapter. GPT-OSS-20B (gpt_oss: not moved) keeps fused experts no target_modules reaches at ep 1;
+    under a framework's expert modules (ep > 1) each of its top_k = 4 experts runs three adapters
+    (h 2880 -> f 2880). The estimate counted top_k MLP adapters per token in both (review, stop 44)."""
+    qwen = catalog_model("qwen3-30b-a3b").spec
+    attention = 2 * 16 * ((2048 + 4096) + 2 * (2048 + 512) + (4096 + 2048))
+    moe = LayerKind(moe=True)
+    assert flops.lora_adapter_flops(qwen, True, _lora(ALL), fused_experts=True) == attention
+    assert flops.lora_adapter_flops(qwen, True, _lora(ALL[:4]), fused_experts=True) == attention
+    assert flops.layer_training_flops(
+        qwen, moe, _lora(ALL), fused_experts=True
+    ) == flops.layer_training_flops(qwen, moe, _lora(ALL[:4]), fused_experts=True)
+    oss = catalog_model("gpt-oss-20b").spec
+    only_attention = flops.lora_adapter_flops(oss, True, _lora(ALL[:4]), fused_experts=True)
+    assert flops.lora_adapter_flops(oss, True, _lora(ALL), fused_experts=True) == only_attention
+    experts = 4 * 3 * 2 * 16 * (2880 + 2880)
+    assert flops.lora_adapter_flops(oss, True, _lora(ALL), fused_experts=False) == only_attention + experts

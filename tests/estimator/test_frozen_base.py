@@ -21,7 +21,8 @@ from service.catalog.tuning import default_tuning
 from service.estimator.errors import EstimatorError, InvalidLayout
 from service.estimator.estimate import estimate
 from service.estimator.memory import rank_parameters_of, rank_states, state_bytes_of
-from service.estimator.model_states import ModelStates, lora_parameters, peft_moves_mlp_targets
+from service.estimator.model_states import ModelStates, lora_parameters
+from service.estimator.params import peft_moves_mlp_targets
 from service.estimator.types import (
     ClusterSpec,
     Framework,

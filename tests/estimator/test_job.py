@@ -807,7 +807,7 @@ def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
         staged = dataclasses.replace(layout, pp=pp)
         logits = flops.logits_training_flops(spec, training)
         by_layer = [
-            sum(flops.layer_training_flops(spec, kinds[i], training) for i in layers)
+            sum(flops.layer_training_flops(spec, kinds[i], training, fused_experts=True) for i in layers)
             + (logits if s == pp - 1 else 0)
             for s, layers in _stage_layers(spec, staged)
         ]
@@ -815,10 +815,11 @@ def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
         counts = rank_kind_counts(job, staged)
         for recompute, (s, layers) in itertools.product(Recompute, _stage_layers(spec, staged)):
             assert sum(
-                count * step_time.kind_recompute_flops(job, kind, recompute, MODULES)
+                count * step_time.kind_recompute_flops(job, kind, recompute, MODULES, True)
                 for kind, count in counts[s]
             ) == sum(
-                flops.layer_recompute_flops(spec, kinds[i], training, recompute, MODULES) for i in layers
+                flops.layer_recompute_flops(spec, kinds[i], training, recompute, MODULES, fused_experts=True)
+                for i in layers
             )
         stored = [
             sum(step_time.layer_traffic_bytes(spec, staged, training, kinds[i]) for i in layers)

@@ -193,7 +193,9 @@ def test_recompute_modules_run_their_forward_again_by_hand() -> None:
     moe, dense = LayerKind(moe=True), DENSE
 
     def extra(model: ModelSpec, kind: LayerKind, *modules: RecomputeModule) -> int:
-        return flops.layer_recompute_flops(model, kind, training, Recompute.SELECTIVE, frozenset(modules))
+        return flops.layer_recompute_flops(
+            model, kind, training, Recompute.SELECTIVE, frozenset(modules), fused_experts=True
+        )
 
     core = flops.layer_core_flops(TINY, dense, 4)
     assert extra(TINY, dense, M.CORE_ATTN) == core

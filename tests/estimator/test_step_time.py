@@ -251,13 +251,18 @@ def test_korthikanti_table5_mfu_hfu(
     training = TrainingSpec(seq_len=2048, global_batch_size=batch, attention=Attention.EAGER)
     peak = 312e12 * gpus
     s, b, h, L = 2048, batch, hidden, layers
-    eq7 = flops.hardware_flops_per_step(model, training, Recompute.NONE)
-    assert flops.model_flops_per_step(model, training) == eq7 - 6 * b * L * h * s * (s - 1)
+    eq7 = flops.hardware_flops_per_step(model, training, Recompute.NONE, fused_experts=True)
+    assert flops.model_flops_per_step(model, training, fused_experts=True) == eq7 - 6 * b * L * h * s * (
+        s - 1
+    )
     # published times carry 2 decimals: the published MFU lies within their rounding interval
     low, high = eq7 / ((iteration_s + 0.005) * peak), eq7 / ((iteration_s - 0.005) * peak)
     assert low - 0.0005 <= mfu <= high + 0.0005
     # Eq. 8 counts the selective recompute as 12 B L s^2 h (our count: 4, one forward of QK^T and AV)
-    eq8 = flops.hardware_flops_per_step(model, training, Recompute.SELECTIVE) + 8 * b * L * s**2 * h
+    eq8 = (
+        flops.hardware_flops_per_step(model, training, Recompute.SELECTIVE, fused_experts=True)
+        + 8 * b * L * s**2 * h
+    )
     assert (
         eq8 / ((iteration_s + 0.005) * peak) - 0.0005 <= hfu <= eq8 / ((iteration_s - 0.005) * peak) + 0.0005
     )
@@ -270,7 +275,10 @@ def test_narayanan_eq4_gpt3_training_days() -> None:
     # our full-recompute count adds attention's s^2 and the logits: a few percent longer
     gpt3 = gpt(96, 12288, 96)
     training = TrainingSpec(seq_len=2048, global_batch_size=1536)
-    per_token = flops.hardware_flops_per_step(gpt3, training, Recompute.FULL) / training.tokens_per_step
+    per_token = (
+        flops.hardware_flops_per_step(gpt3, training, Recompute.FULL, fused_experts=True)
+        / training.tokens_per_step
+    )
     days = training_time_s(per_token * tokens, 1024, 140e12) / DAY_S
     assert 33.9 < days < 33.9 * 1.04
     assert time_to_train_s(300e9, 1e6) == pytest.approx(3e5)
@@ -711,7 +719,7 @@ def test_multi_token_prediction_loads_the_last_pipeline_stage() -> None:
     )
     assert with_mtp[:3] == plain[:3]
     assert with_mtp[3] - plain[3] == (
-        flops.layer_training_flops(spec, LayerKind(moe=False), training)
+        flops.layer_training_flops(spec, LayerKind(moe=False), training, fused_experts=True)
         + flops.mtp_block_training_flops(spec, training)
     )
     before, after = time(spec, c, layout, training), time(spec, c, layout, mtp)
