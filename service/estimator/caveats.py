@@ -8,8 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.estimator.job import Job
+from service.estimator.model_states import fused_expert_adapted_weights, peft_adapts_fused_experts
 from service.estimator.tuning import Tuning, conservative_peak_fraction
-from service.estimator.types import ClusterSpec, GPUSpec, ModelSpec, PositionEmbedding, TrainingSpec
+from service.estimator.types import (
+    ClusterSpec,
+    Framework,
+    GPUSpec,
+    Layout,
+    Method,
+    ModelSpec,
+    PositionEmbedding,
+    TrainingSpec,
+)
 
 # Parts users describe as a custom GPU and the catalog die each is built on (the vendors' architecture
 # whitepapers and datasheets: H800, H20 and GH200's GPU are GH100 dies; A800 and A30 GA100; L20 and
@@ -40,6 +50,35 @@ def gpu_chip_warnings(gpu: GPUSpec, tuning: Tuning) -> tuple[str, ...]:
         f"{fraction:g} of the dense peak, the lowest of {fitted_fractions(tuning)}; "
         "attention's core at its kernel's slowest published rate, at most the GEMM rate) is used; set chip "
         f"to the GPU's die for the efficiency fitted on it ({CHIP_EXAMPLES})",
+    )
+
+
+# ---------------------------------------------------------------- peft on fused experts
+
+
+def peft_sharding_warnings(model: ModelSpec, layout: Layout, training: TrainingSpec) -> tuple[str, ...]:
+    """peft's adapters on fused experts (``model_states.peft_adapts_fused_experts``: a ParamWrapper per
+    expert parameter) build the adapted weight from their lora_A / lora_B weights outside those
+    modules' own forward (peft/tuners/lora/layer.py ParamWrapper.get_delta_weight). Where those
+    weights are sharded there, the step fails: FSDP1, which QLoRA runs with peft's wrap policy giving
+    each adapter a unit of its own (huggingface/peft#3080, open; its fix #3102 was closed unmerged),
+    and DeepSpeed ZeRO-3, which gathers a module's parameters only for its own forward. FSDP2 gathers
+    the whole decoder layer, adapters included, before its forward. Said, not refused: no run of it
+    was measured here (fine-tuning review, stop 45)."""
+    if training.method is Method.FULL or not peft_adapts_fused_experts(model, layout):
+        return ()
+    if not fused_expert_adapted_weights(model, training)[0]:
+        return ()  # no MLP target: no adapter on the experts
+    if layout.framework is Framework.DEEPSPEED and layout.zero_stage == 3:
+        where = "DeepSpeed ZeRO-3 gathers a module's parameters only for its own forward"
+    elif layout.framework is Framework.FSDP and training.method is Method.QLORA and layout.zero_stage >= 2:
+        where = "FSDP1 (QLoRA's) wraps each adapter in a unit of its own (huggingface/peft#3080, open)"
+    else:
+        return ()
+    return (
+        "peft's adapters on the fused experts read their lora_A / lora_B weights outside those modules' "
+        f"forward (ParamWrapper.get_delta_weight), and {where}: the step is likely to fail there; "
+        "ZeRO-2, LoRA on FSDP2, or lora_targets without the MLP avoid it",
     )
 
 

@@ -17,6 +17,7 @@ from service.estimator.caveats import (
     coverage_warnings,
     fitted_fractions,
     network_warnings,
+    peft_sharding_warnings,
 )
 from service.estimator.clocks import clock_note
 from service.estimator.comm import bus_bandwidth_notes, link_default_notes
@@ -244,6 +245,7 @@ def estimate_valid(
             *chip_warnings(job),
             *network_warnings(job.cluster),
             *context_warnings(job.model, training),
+            *peft_sharding_warnings(job.model, layout, training),
             *job.model.config_notes,  # what the config states that no figure reads (hf_config)
             *coverage_warnings(layout.world_size, job.counts.total, training),
         ),

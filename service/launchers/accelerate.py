@@ -451,6 +451,17 @@ def _script_duties(plan: Plan) -> str:
         return text
     if lo.zero_stage == 0:  # plain DDP (MULTI_GPU): no fsdp_activation_checkpointing to set
         text += gradient_checkpointing_duty(plan)
+    if plan.training.method is Method.QLORA and lo.zero_stage > 0:
+        # FSDP1 with flat parameters (``_fsdp_version``) refuses a unit mixing frozen and trainable
+        # tensors (torch/distributed/fsdp/_flat_param.py: "Must flatten tensors with uniform
+        # requires_grad when use_orig_params=False"); peft's policy wraps the adapters apart, which
+        # the HF Trainer applies itself (_fsdp_qlora_plugin_updates) and Accelerate does not
+        text += (
+            f"\nqlora on FSDP1: {TRAIN_SCRIPT} must set accelerator.state.fsdp_plugin.auto_wrap_policy = "
+            "peft.utils.other.fsdp_auto_wrap_policy(model) before accelerator.prepare(model): with flat "
+            "parameters each FSDP unit holds only frozen or only trainable tensors, and "
+            "TRANSFORMER_BASED_WRAP alone puts a layer's NF4 base and its adapters in one."
+        )
     if plan.training.optimizer is Optimizer.ADAMW:
         # the script builds the optimizer; the estimate's step allocates as this implementation does
         flag = plan.training.optimizer_implementation.value

@@ -441,3 +441,34 @@ def test_peft_s_adapted_fused_experts_keep_their_whole_weight_for_backward() -> 
     full = dataclasses.replace(layout, recompute=Recompute.FULL)
     recomputed = estimate(spec, cluster, full, experts, tuning=default_tuning(), with_limits=False)
     assert recomputed.memory.per_gpu.activations < with_experts.memory.per_gpu.activations - 40 * adapted
+
+
+@pytest.mark.parametrize(
+    ("method", "framework", "stage", "said"),
+    [
+        (Method.LORA, Framework.DEEPSPEED, 3, True),  # gathers a module's parameters for its own forward
+        (Method.QLORA, Framework.FSDP, 3, True),  # FSDP1 with peft's wrap policy: huggingface/peft#3080
+        (Method.LORA, Framework.FSDP, 3, False),  # FSDP2 gathers the whole decoder layer first
+        (Method.LORA, Framework.DEEPSPEED, 2, False),  # the adapters whole on every GPU
+    ],
+)
+def test_fused_expert_adapters_under_sharding_that_breaks_them_are_said(
+    method: Method, framework: Framework, stage: int, said: bool
+) -> None:
+    """peft's ParamWrapper reads lora_A / lora_B outside their forward; sharded there, the step fails
+    (fine-tuning review): the estimate says so for the layouts where that happens."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, method=method, lora_rank=16)
+    layout = Layout(framework=framework, dp=8, zero_stage=stage, recompute=Recompute.FULL)
+    answer = estimate(
+        preset("qwen3-30b-a3b").spec, gpu_cluster(H100, 8, 50e9), layout, training, tuning=default_tuning()
+    )
+    assert any("ParamWrapper" in w for w in answer.warnings) == said
+    attention_only = dataclasses.replace(training, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    plain = estimate(
+        preset("qwen3-30b-a3b").spec,
+        gpu_cluster(H100, 8, 50e9),
+        layout,
+        attention_only,
+        tuning=default_tuning(),
+    )
+    assert not any("ParamWrapper" in w for w in plain.warnings)  # no adapter on the experts

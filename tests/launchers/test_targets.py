@@ -993,3 +993,18 @@ def test_every_train_py_launch_names_the_encoder_task_head_it_must_build() -> No
     assert any(wanted in a.content for a in slurm.render(classify))
     causal = plan(framework=Framework.FSDP, zero_stage=0)
     assert "AutoModelFor" not in "".join(a.content for a in hf_trainer.render(causal))
+
+
+def test_accelerate_qlora_on_fsdp1_says_to_wrap_the_adapters_apart() -> None:
+    """QLoRA runs on FSDP1 with flat parameters (use_orig_params false), which refuses a unit mixing
+    frozen and trainable tensors ("Must flatten tensors with uniform requires_grad"); the HF Trainer
+    applies peft's wrap policy itself, Accelerate leaves it to the script (fine-tuning review)."""
+    from service.estimator.types import Method
+
+    qlora = plan(framework=Framework.FSDP, zero_stage=3, train=training(method=Method.QLORA))
+    launch = next(a.content for a in accelerate.render(qlora) if a.name.endswith(".sh"))
+    assert "fsdp_plugin.auto_wrap_policy = peft.utils.other.fsdp_auto_wrap_policy(model)" in launch
+    lora = plan(framework=Framework.FSDP, zero_stage=3, train=training(method=Method.LORA))  # FSDP2
+    assert "auto_wrap_policy" not in next(
+        a.content for a in accelerate.render(lora) if a.name.endswith(".sh")
+    )
