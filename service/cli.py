@@ -52,6 +52,16 @@ GIB = 2**30
 _GPUS = re.compile(r"^(?:(\d+)x)?(\d+)x([a-z0-9][a-z0-9.\-]*)$")
 _BAR_CHARS = 40  # the memory bar's width at the card's capacity
 
+
+class Listing(Table):
+    """A table whose cells fold rather than end in an ellipsis: piped (80 columns, no terminal), a
+    capacity row read "h100-sxm-..." (which of four parts?) and hid "recompute=full" (CLI review)."""
+
+    def add_column(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("overflow", "fold")
+        super().add_column(*args, **kwargs)
+
+
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
 
@@ -237,9 +247,9 @@ def cluster_from_gpus(
     if inter_busbw_gbps is not None:
         cluster["measured_inter_node_bus_bandwidth_gbps"] = inter_busbw_gbps
     if host_gib is not None:  # left out: 0, not stated (the API's default: no offload to host RAM)
-        cluster["cpu_memory_bytes_per_node"] = int(host_gib * GIB)
+        cluster["cpu_memory_bytes_per_node"] = gib_bytes(host_gib, "--host-gib")
     if nvme_gib is not None:
-        cluster["nvme_bytes_per_node"] = int(nvme_gib * GIB)
+        cluster["nvme_bytes_per_node"] = gib_bytes(nvme_gib, "--nvme-gib")
     return cluster
 
 
@@ -274,9 +284,24 @@ def model_ref(model: str | None, config: Path | None) -> dict[str, Any]:
         return {"preset": model}
     assert config is not None
     try:
-        return {"hf_config": json.loads(config.read_text())}
+        return {"hf_config": json.loads(config.read_text(), parse_constant=_no_constant)}
     except (OSError, ValueError) as exc:
         raise Usage(f"--config {config}: {exc}") from exc
+
+
+def _no_constant(name: str) -> Any:
+    """``json.loads``' parse_constant: NaN and Infinity, which Python's json reads and no figure is
+    (nor can the body sent on carry: a traceback, not a usage error; CLI review)."""
+    raise ValueError(f"{name} is not a finite number")
+
+
+def gib_bytes(gib: float, flag: str) -> int:
+    """``gib`` GiB as whole bytes; a figure past any float once in bytes (1e300 GiB) is a usage error,
+    not an OverflowError's traceback (CLI review)."""
+    amount = gib * GIB
+    if not math.isfinite(amount):
+        raise Usage(f"{flag} {gib:g}: past any memory")
+    return int(amount)
 
 
 # the flags that describe an inline cluster (--gpus); a stored one states its own (PATCH /v1/clusters/ID)
@@ -387,7 +412,7 @@ def memory_table(estimate: dict[str, Any]) -> Table:
     memory = estimate["memory"]
     capacity = memory["capacity_bytes"]
     per_gpu = memory["per_gpu"]
-    table = Table(title=f"memory per GPU (most-loaded rank) of {gib(capacity)}", title_justify="left")
+    table = Listing(title=f"memory per GPU (most-loaded rank) of {gib(capacity)}", title_justify="left")
     table.add_column("component")
     table.add_column("GiB", justify="right")
     table.add_column("share of the card")
@@ -404,7 +429,7 @@ def time_table(estimate: dict[str, Any]) -> Table | None:
     time = estimate.get("time")
     if time is None:
         return None
-    table = Table(title="step time", title_justify="left")
+    table = Listing(title="step time", title_justify="left")
     table.add_column("part")
     table.add_column("s", justify="right")
     for name, value in time["breakdown"].items():
@@ -489,7 +514,7 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
         for reason in rec["rationale"]:
             console.print(f"  - {escape(reason)}")
     if plan["alternatives"]:
-        table = Table(title="alternatives", title_justify="left")
+        table = Listing(title="alternatives", title_justify="left")
         for column in ("layout", "memory", "tokens/s", "MFU"):
             table.add_column(column, justify="left" if column == "layout" else "right")
         for alt in plan["alternatives"]:
@@ -503,7 +528,7 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
             )
         console.print(table)
     if plan["rejected"]:
-        table = Table(title="rejected", title_justify="left")
+        table = Listing(title="rejected", title_justify="left")
         table.add_column("reason")
         table.add_column("layouts", justify="right")
         table.add_column("example")
@@ -759,6 +784,11 @@ CAPACITY_FLAGS = (
         "max_nodes": "--max-nodes",
         "at_gpus": "--at-gpus",
         "gpu_hour_cost": "--gpu-hour-cost",
+        "constraints.frameworks": "--framework",
+        "constraints.max_gpus": "--max-gpus",
+        "constraints.allow_offload": "--allow-offload",
+        "constraints.min_headroom_fraction": "--min-headroom-fraction",
+        "constraints.torch_compile": "--torch-compile",
     }
 )
 CLUSTER_FLAGS = SHAPE_FLAGS | {"name": "NAME", "description": "--description"}
@@ -889,16 +919,11 @@ def plan(
     """Search every layout and recommend one (POST /v1/plans); --out writes its files."""
     api = Api(url, PLAN_FLAGS)
     constraints: dict[str, Any] = {"objective": objective, "top_k": top_k}
-    if frameworks:
-        constraints["frameworks"] = list(frameworks)
-    given = {
-        "gpu_hour_cost": gpu_hour_cost,
-        "max_gpus": max_gpus,
-        "allow_offload": allow_offload,
-        "min_headroom_fraction": min_headroom_fraction,
-        "torch_compile": torch_compile,
-    }
-    constraints |= {field: value for field, value in given.items() if value is not None}
+    if gpu_hour_cost is not None:
+        constraints["gpu_hour_cost"] = gpu_hour_cost
+    constraints |= search_constraints(
+        frameworks, max_gpus, allow_offload, min_headroom_fraction, torch_compile
+    )
     # --out without --launcher: the files of every target that runs the recommendation, which these
     # do not constrain (each runs it, or Slurm wraps it): a Kubernetes file would (its PyTorchJob
     # wraps torchrun entry points only), so it is written where --launcher kubernetes asks for it
@@ -1042,6 +1067,25 @@ ESTIMATE_FLAGS = JOB_FLAGS | {"layout.*": "--set", "gpu_hour_cost": "--gpu-hour-
 ESTIMATE_FLAGS |= {f"layout.{field}": flag for field, flag in OWN_LAYOUT_OPTIONS.items()}
 
 
+def search_constraints(
+    frameworks: tuple[str, ...],
+    max_gpus: int | None,
+    allow_offload: bool | None,
+    min_headroom_fraction: float | None,
+    torch_compile: bool | None,
+) -> dict[str, Any]:
+    """The search constraints plan and capacity both take, as the API's fields: only those given
+    (left out, the API's own defaults apply, which differ: capacity does not offload)."""
+    given = {
+        "frameworks": list(frameworks) or None,
+        "max_gpus": max_gpus,
+        "allow_offload": allow_offload,
+        "min_headroom_fraction": min_headroom_fraction,
+        "torch_compile": torch_compile,
+    }
+    return {field: value for field, value in given.items() if value is not None}
+
+
 def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
     """``--set FIELD=VALUE`` items as layout fields: VALUE as JSON where it parses (8, true, null,
     [\"attention\"]), else as text (flex); a field named twice, one with its own option, or an item
@@ -1058,9 +1102,13 @@ def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
         if field in out:
             raise click.BadParameter(f"{field} given twice", param_hint="--set")
         try:
-            out[field] = json.loads(text)
+            out[field] = json.loads(text, parse_constant=_no_constant)
         except ValueError:
+            if text.strip().lower().lstrip("+-") in ("nan", "infinity", "inf"):
+                raise click.BadParameter(f"{item!r}: not a finite number", param_hint="--set") from None
             out[field] = text
+        if isinstance(out[field], float) and not math.isfinite(out[field]):  # 1e400 reads as inf
+            raise click.BadParameter(f"{item!r}: not a finite number", param_hint="--set")
     return out
 
 
@@ -1090,6 +1138,26 @@ def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
     multiple=True,
     help="price of a GPU-hour: one number for every card, or GPU=PRICE (repeatable); needs --tokens",
 )
+@click.option(
+    "--framework", "frameworks", type=choice(Framework), multiple=True, help="limit the search (repeatable)"
+)
+@click.option("--max-gpus", type=int, help="at most this many GPUs of each type (default: any count)")
+@click.option(
+    "--allow-offload/--no-allow-offload",
+    default=None,
+    help="offload to host RAM or NVMe (default: not: the fewest GPUs that hold the job themselves)",
+)
+@click.option(
+    "--min-headroom-fraction",
+    type=NUMBER,
+    help="the share of each card a layout must leave free, 0 to the API's limit (default: the API's)",
+)
+@click.option(
+    "--torch-compile",
+    is_flag=True,
+    default=None,
+    help="compile fsdp layouts with torch.compile (not qlora; megatron and deepspeed stay eager)",
+)
 @url_option
 @json_option
 def capacity(
@@ -1112,10 +1180,20 @@ def capacity(
     max_nodes: int | None,
     at_gpus: int | None,
     costs: tuple[str, ...],
+    frameworks: tuple[str, ...],
+    max_gpus: int | None,
+    allow_offload: bool | None,
+    min_headroom_fraction: float | None,
+    torch_compile: bool | None,
     url: str | None,
     as_json: bool,
 ) -> None:
     """GPUs each card type needs, and time to train on them (POST /v1/capacity)."""
+    if cluster_ids and (gpu_names or gpus_per_node is not None or max_nodes is not None):
+        # the command's own rule (a stored cluster is searched on its own nodes): a usage error, as
+        # estimate's --gpus with --cluster is, not the API's 422 and exit 1 (CLI review)
+        flag = "--gpu" if gpu_names else "--gpus-per-node" if gpus_per_node is not None else "--max-nodes"
+        raise Usage(f"{flag} sizes catalog cards; --cluster-id searches stored clusters on their own nodes")
     api = Api(url, CAPACITY_FLAGS)
     body: dict[str, Any] = {
         "model": model_ref(model, config),
@@ -1133,6 +1211,11 @@ def capacity(
         body["at_gpus"] = at_gpus
     if costs:
         body["gpu_hour_cost"] = gpu_hour_costs(costs)
+    constraints = search_constraints(
+        frameworks, max_gpus, allow_offload, min_headroom_fraction, torch_compile
+    )
+    if constraints:
+        body["constraints"] = constraints
     with console.status("sizing...") if not as_json else contextlib.nullcontext():
         result = api.call("POST", "/v1/capacity", json=body)
     if as_json:
@@ -1146,7 +1229,7 @@ def print_capacity(options: list[dict[str, Any]], timed_on: bool) -> None:
     """The options as a table, then each one's notes (the defaults chosen for its GPU, the network
     assumed, why it does not fit, a count asked for that it could not be timed on); ``timed_on``: a
     column of the GPUs each row is timed on (--at-gpus: not always its fewest)."""
-    table = Table(title="capacity", title_justify="left")
+    table = Listing(title="capacity", title_justify="left")
     priced = any(option.get("cost") is not None for option in options)
     # a stored cluster is timed on all of it: "min GPUs 2" beside its 16 GPUs' tokens/s read as 2's
     # (consistency review), so the column shows wherever a row was timed on more than its fewest
@@ -1212,7 +1295,7 @@ def models(url: str | None, as_json: bool) -> None:
     if as_json:
         emit(page(items), True)
         return
-    table = Table(title="models", title_justify="left")
+    table = Listing(title="models", title_justify="left")
     for column in ("name", "family", "parameters"):
         table.add_column(column, justify="right" if column == "parameters" else "left")
     for item in items:
@@ -1229,7 +1312,7 @@ def gpus_command(url: str | None, as_json: bool) -> None:
     if as_json:
         emit(page(items), True)
         return
-    table = Table(title="GPUs", title_justify="left")
+    table = Listing(title="GPUs", title_justify="left")
     for column in ("name", "memory", "bf16 TFLOP/s", "HBM TB/s", "intra-node GB/s"):
         table.add_column(column, justify="left" if column == "name" else "right")
     for item in items:
@@ -1279,7 +1362,7 @@ def clusters_list(url: str | None, as_json: bool) -> None:
     if as_json:
         emit(page(items), True)
         return
-    table = Table(title="clusters", title_justify="left")
+    table = Listing(title="clusters", title_justify="left")
     for column in ("name", "id", "GPU", "nodes", "GPUs per node"):
         table.add_column(column)
     for item in items:
@@ -1410,7 +1493,7 @@ def runs_add(
     if tokens_per_s is not None:
         body["tokens_per_s"] = tokens_per_s
     if peak_gib is not None:
-        body["peak_memory_bytes_per_gpu"] = int(peak_gib * GIB)
+        body["peak_memory_bytes_per_gpu"] = gib_bytes(peak_gib, "--peak-gib")
     if memory_statistic is not None:
         body["memory_statistic"] = memory_statistic
     api = Api(url, RUN_FLAGS)
@@ -1630,7 +1713,7 @@ def keys_list(owner: str | None, url: str | None, as_json: bool) -> None:
     if as_json:
         emit(page(items), True)
         return
-    table = Table(title="API keys", title_justify="left")
+    table = Listing(title="API keys", title_justify="left")
     for column in ("id", "owner", "name", "scopes", "created", "revoked"):
         table.add_column(column)
     for item in items:

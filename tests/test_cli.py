@@ -204,6 +204,39 @@ def test_a_number_option_that_is_not_finite_is_a_usage_error(database: str, args
     assert "finite number" in words(result.output) and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["estimate", "--model", "gpt2", "--gpus", "1xa100-sxm-80gb", "--seq", "1024", "--batch", "8",
+          "--set", "ep=NaN"], "finite number"),
+        (["estimate", "--model", "gpt2", "--gpus", "1xa100-sxm-80gb", "--seq", "1024", "--batch", "8",
+          "--set", "ep=1e400"], "finite number"),
+        (["estimate", "--model", "gpt2", "--gpus", "1xa100-sxm-80gb", "--seq", "1024", "--batch", "8",
+          "--host-gib", "1e300"], "past any memory"),
+        (["clusters", "add", "big", "--gpus", "8xh100-sxm-80gb", "--nvme-gib", "1e300"], "past any memory"),
+        (["runs", "add", "some-plan", "--step-s", "1", "--peak-gib", "1e300"], "past any memory"),
+    ],
+)  # fmt: skip
+def test_a_value_that_overflows_once_converted_is_a_usage_error(
+    database: str, args: list[str], said: str
+) -> None:
+    """Finite as typed, not once read (NaN in --set's JSON, 1e400) or converted to bytes (1e300 GiB):
+    a traceback and exit 1 (CLI review)."""
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 64, (result.output, result.exception)
+    assert said in words(result.output) and "Traceback" not in result.output
+
+
+def test_a_config_file_holding_nan_is_a_usage_error(database: str, tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "llama", "rope_theta": NaN}')
+    result = CliRunner().invoke(
+        main,
+        ["estimate", "--config", str(config), "--gpus", "1xa100-sxm-80gb", "--seq", "1024", "--batch", "8"],
+    )
+    assert result.exit_code == 64 and "NaN is not a finite number" in words(result.output), result.output
+
+
 def test_plan_out_that_cannot_be_a_directory_is_refused_before_planning(
     database: str, tmp_path: Path
 ) -> None:
@@ -587,9 +620,9 @@ def test_measured_bus_bandwidths_are_flags_of_an_inline_cluster(database: str) -
     one_node = CliRunner().invoke(
         main, ["estimate", *args, "--gpus", "8xh100-sxm-80gb", "--inter-busbw-gbps", "44"]
     )
-    assert (
-        one_node.exit_code == 1 and "cluster.measured_inter_node_bus_bandwidth_bytes_per_s" in one_node.output
-    )
+    # named as the CLI sent it, with the flag that set it
+    assert one_node.exit_code == 1
+    assert "cluster.measured_inter_node_bus_bandwidth_gbps (--inter-busbw-gbps)" in words(one_node.output)
 
 
 def test_capacity_takes_every_option_the_api_does(database: str) -> None:
@@ -611,6 +644,20 @@ def test_capacity_takes_every_option_the_api_does(database: str) -> None:
     assert table.exit_code == 0 and "cost" in table.output, table.output
     bad = CliRunner().invoke(main, [*args, "--gpu-hour-cost", "h100=cheap"])
     assert bad.exit_code == 64 and "--gpu-hour-cost" in bad.output
+
+
+def test_capacity_takes_the_search_constraints_the_api_does(database: str) -> None:
+    """Capacity's constraints (frameworks, max_gpus, offload, headroom, compile) had no flags: the
+    API's answer for them was out of reach from the terminal (CLI review)."""
+    args = ["capacity", "--model", "llama-3.1-8b", "--seq", "4096", "--batch", "64", "--gpu", "h100-sxm-80gb"]
+    fsdp = run(*args, "--framework", "fsdp", "--json")
+    assert fsdp.exit_code == 0, fsdp.output
+    (option,) = json.loads(fsdp.output)["options"]
+    assert option["layout"]["framework"] == "fsdp"
+    capped = CliRunner().invoke(main, [*args, "--model", "llama-3.1-70b", "--max-gpus", "1", "--json"])
+    assert capped.exit_code == 2 and "constraints.max_gpus" in words(capped.output), capped.output
+    offload = CliRunner().invoke(main, [*args, "--allow-offload"])  # a catalog card states no host RAM
+    assert offload.exit_code == 1 and "--allow-offload" in words(offload.output), offload.output
 
 
 def test_the_cli_reads_names_and_values_as_the_api_does(database: str) -> None:
@@ -650,8 +697,8 @@ def test_capacity_of_stored_clusters_by_name(database: str) -> None:
     assert option["gpu"] == "a100-sxm-80gb" and option["fits"]
     unknown = CliRunner().invoke(main, [*args[:-1], "nope", "--json"])
     assert unknown.exit_code == 1 and "--cluster-id 'nope'" in words(unknown.output)
-    both = CliRunner().invoke(main, [*args, "--max-nodes", "2", "--json"])
-    assert both.exit_code == 1 and "max_nodes" in words(both.output)
+    both = CliRunner().invoke(main, [*args, "--max-nodes", "2", "--json"])  # flags that contradict: 64
+    assert both.exit_code == 64 and "--max-nodes" in words(both.output)
     # timed on the whole cluster: the table says so beside the fewest GPUs ("min GPUs 1" read as the
     # throughput of 1; consistency review)
     assert option["num_gpus"] == 8 and option["min_gpus"] < 8

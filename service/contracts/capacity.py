@@ -121,6 +121,15 @@ class CapacityRequest(Strict):
                 "give the price once: gpu_hour_cost (one, or one per GPU) or constraints.gpu_hour_cost",
                 "constraints.gpu_hour_cost",
             )
+        if self.constraints.allow_offload and self.cluster_ids is None:
+            # an input the answer would not use: a catalog card's nodes state no host RAM or NVMe, so
+            # nothing is offloaded and "allowed" answered as if refused (CLI review)
+            raise FieldError(
+                "constraints.allow_offload: the catalog's cards come with no host RAM or NVMe stated, so "
+                "nothing can be offloaded there; store a cluster that states cpu_memory_bytes_per_node "
+                "(or nvme_bytes_per_node) and give its id in cluster_ids, or leave it out",
+                "constraints.allow_offload",
+            )
         cap = self.constraints.max_gpus
         if cap is not None and self.at_gpus is not None and self.at_gpus > cap:
             raise FieldError(

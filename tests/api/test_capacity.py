@@ -299,3 +299,15 @@ def test_a_cap_past_a_stored_clusters_gpus_adds_none(client: TestClient) -> None
     }
     (option,) = client.post("/v1/capacity", json=catalog).json()["options"]
     assert not option["fits"]
+
+
+def test_offload_over_catalog_cards_is_refused_as_an_input_the_answer_cannot_use(client: TestClient) -> None:
+    """A catalog card's nodes state no host RAM or NVMe: allow_offload true answered as if false."""
+    body = {"model": {"preset": "gpt2"}, "training": TRAINING, "gpus": ["a100-sxm-80gb"]}
+    problem = assert_problem(
+        client.post("/v1/capacity", json=body | {"constraints": {"allow_offload": True}}), 422
+    )
+    assert [e["field"] for e in problem["errors"]] == ["constraints.allow_offload"]
+    assert (
+        client.post("/v1/capacity", json=body | {"constraints": {"allow_offload": False}}).status_code == 200
+    )
