@@ -343,7 +343,7 @@ def training(options: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(targets, str) and targets != "all-linear":
         targets = [name.strip() for name in targets.split(",") if name.strip()]
     for name in ("precision", "attention", "tokens", "base_dtype", "optimizer", "optimizer_implementation",
-                 "lora_rank"):  # fmt: skip
+                 "lora_rank", "mtp_num_layers"):  # fmt: skip
         if options[name] is not None:
             body[name] = options[name]
     if targets is not None:
@@ -689,6 +689,11 @@ job_options = [
     click.option("--optimizer", type=OptimizerChoice(), help="default: adamw"),
     click.option("--lora-rank", type=int, help="lora / qlora: the adapters' rank (default: 16)"),
     click.option(
+        "--mtp-num-layers",
+        type=click.IntRange(0),
+        help="multi-token prediction depths trained with the model (megatron --mtp-num-layers; default 0)",
+    ),
+    click.option(
         "--lora-targets",
         help="lora / qlora: all-linear (the default: every linear module of the model's family) or "
         "comma-separated module names, e.g. q_proj,v_proj",
@@ -746,7 +751,7 @@ MODEL_FLAGS = {"model.preset": "--model", "model.hf_config": "--config"}
 TRAINING_FLAGS = {"training.seq_len": "--seq", "training.global_batch_size": "--batch"} | {
     f"training.{name}": f"--{name.replace('_', '-')}"
     for name in ("method", "precision", "attention", "base_dtype", "tokens", "optimizer",
-                 "optimizer_implementation", "lora_rank", "lora_targets")
+                 "optimizer_implementation", "lora_rank", "lora_targets", "mtp_num_layers")
 }  # fmt: skip
 SHAPE_FLAGS = {  # an inline cluster's fields, as --gpus and the flags describing it send them
     "gpu": "--gpus",
@@ -903,6 +908,7 @@ def plan(
     optimizer_implementation: str | None,
     lora_rank: int | None,
     lora_targets: str | None,
+    mtp_num_layers: int | None,
     objective: str,
     frameworks: tuple[str, ...],
     launchers: tuple[str, ...],
@@ -1006,6 +1012,7 @@ def estimate(
     optimizer_implementation: str | None,
     lora_rank: int | None,
     lora_targets: str | None,
+    mtp_num_layers: int | None,
     framework: str,
     dp: int | None,
     tp: int,
@@ -1174,6 +1181,7 @@ def capacity(
     optimizer_implementation: str | None,
     lora_rank: int | None,
     lora_targets: str | None,
+    mtp_num_layers: int | None,
     gpu_names: tuple[str, ...],
     cluster_ids: tuple[str, ...],
     gpus_per_node: int | None,

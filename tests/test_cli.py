@@ -970,3 +970,22 @@ def test_runs_add_and_report_take_the_runs_other_fields(database: str) -> None:
     assert json.loads(logged.output)["framework_version"] == "0.9.0"
     refused = CliRunner().invoke(main, ["runs", "add", plan_id, "--step-s", "1", "--gpu-utilization", "85"])
     assert refused.exit_code == 1 and "gpu_utilization (--gpu-utilization)" in words(refused.output)
+
+
+def test_multi_token_prediction_depths_are_a_flag(database: str) -> None:
+    """training.mtp_num_layers had no flag, and --set sent it into the layout (a 422; CLI review)."""
+    args = [
+        "estimate",
+        "--model",
+        "deepseek-v2-lite",
+        "--gpus",
+        "8xh100-sxm-80gb",
+        "--seq",
+        "4096",
+        "--batch",
+        "64",
+    ]
+    args += ["--framework", "megatron", "--set", "ep=8", "--json"]
+    plain, mtp = run(*args), run(*args, "--mtp-num-layers", "1")
+    assert plain.exit_code == mtp.exit_code == 0, mtp.output
+    assert json.loads(mtp.output)["time"]["step_s"] > json.loads(plain.output)["time"]["step_s"]
