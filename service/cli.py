@@ -354,6 +354,18 @@ def training(options: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- human output
 
 
+def defaults_text(chosen: Mapping[str, str]) -> str:
+    """The answer's resolved_defaults in words; a bandwidth in GB/s under its flag's unit
+    (``cluster.inter_node_bandwidth_gbps 50``, not 50000000000 bytes/s: CLI review)."""
+    parts = []
+    for key, value in chosen.items():
+        if key.endswith("_bytes_per_s"):
+            with contextlib.suppress(ValueError):
+                key, value = key.removesuffix("_bytes_per_s") + "_gbps", f"{float(value) / 1e9:g}"
+        parts.append(f"{key} {value}")
+    return ", ".join(parts)
+
+
 def gib(value: float) -> str:
     return f"{value / GIB:,.1f} GiB"
 
@@ -506,7 +518,7 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
         console.print(f"[yellow]the search stopped early ({escape(by)}) after {evaluations:,} evaluations[/]")
     chosen = plan.get("resolved_defaults") or {}
     if chosen:
-        console.print("defaults for this GPU: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
+        console.print("defaults for this GPU: " + defaults_text(chosen))
     rec = plan.get("recommended")
     if rec is not None:
         console.print(f"[bold]recommended[/] {layout_text(rec['layout'])}")
@@ -1053,7 +1065,7 @@ def estimate(
     if not as_json:
         chosen = result.get("resolved_defaults") or {}
         if chosen:  # left out: training fields resolved for the GPU, layout switches as recipes set them
-            console.print("defaults: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
+            console.print("defaults: " + defaults_text(chosen))
         print_estimate(result)
     sys.exit(FEASIBLE if result["fits"] else INFEASIBLE)
 

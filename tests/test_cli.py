@@ -989,3 +989,14 @@ def test_multi_token_prediction_depths_are_a_flag(database: str) -> None:
     plain, mtp = run(*args), run(*args, "--mtp-num-layers", "1")
     assert plain.exit_code == mtp.exit_code == 0, mtp.output
     assert json.loads(mtp.output)["time"]["step_s"] > json.loads(plain.output)["time"]["step_s"]
+
+
+def test_the_defaults_line_gives_a_bandwidth_in_the_flags_unit(database: str) -> None:
+    """`cluster.inter_node_bandwidth_bytes_per_s 50000000000` named neither the flag's field nor its
+    unit (--inter-gbps takes GB/s; CLI review)."""
+    result = run(
+        "estimate", "--model", "gpt2", "--gpus", "2x8xh100-sxm-80gb", "--seq", "1024", "--batch", "16"
+    )
+    assert result.exit_code == 0, result.output
+    assert "cluster.inter_node_bandwidth_gbps 50" in words(result.output)
+    assert "50000000000" not in result.output
