@@ -389,9 +389,10 @@ def document_problem_schema(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = generate()
-            document.setdefault("components", {}).setdefault("schemas", {})["Problem"] = (
-                Problem.model_json_schema(ref_template="#/components/schemas/{model}")
-            )
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            problem = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(problem.pop("$defs", {}))  # ProblemError, which its errors' items refer to
+            schemas["Problem"] = problem
             _integers_as_int64(document)
         return app.openapi_schema or generate()
 

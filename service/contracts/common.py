@@ -9,7 +9,7 @@ import typing
 from collections.abc import Callable
 from typing import Annotated, Any, Generic, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.estimator.scale import MAX_MEMORY_BYTES, MAX_NVME_BYTES
@@ -359,6 +359,27 @@ class Page(BaseModel, Generic[T]):
     next_cursor: str | None = None
 
 
+class ProblemError(BaseModel):
+    """One refused field of a problem: where (``field``, as the request named it: ``training.seq_len``,
+    ``query.limit``, ``header.Idempotency-Key``, ``body``) and why, with the rule's own facts where it
+    has them; a rule may add others (a name conflict's ``existing_id``). Typed for generated clients,
+    which read an untyped item as a bare map (integrator review)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    field: str
+    message: str
+    type: str | None = Field(default=None, description="the rule broken (pydantic's error type, or ours)")
+    rule: str | None = None
+    limit: dict[str, float | str] | None = Field(
+        default=None, description="the bound broken: ge, gt, le, lt, min_length or max_length"
+    )
+    allowed: list[str] | None = Field(default=None, description="the values an enum takes")
+    candidates: list[str] | None = Field(default=None, description="catalog entries an unknown name may mean")
+    ambiguous: bool | None = Field(default=None, description="the name names several entries")
+    known: list[str] | None = Field(default=None, description="every name the catalog has")
+
+
 class Problem(BaseModel):
     """RFC 9457 problem details, as every error is rendered."""
 
@@ -367,4 +388,4 @@ class Problem(BaseModel):
     status: int
     detail: str
     instance: str | None = None
-    errors: list[dict[str, Any]] | None = None
+    errors: list[ProblemError] | None = None

@@ -123,3 +123,33 @@ def test_every_documented_default_sent_is_the_answer_left_out(client: TestClient
     assert expected.status_code < 300, expected.text
     assert answer.status_code < 300, (filled, answer.text)
     _same(path, answer.json(), expected.json())
+
+
+def test_every_problem_s_errors_are_what_the_document_types_them(client: TestClient) -> None:
+    """Problem.errors' items are typed (ProblemError: field and message, the rule's facts beside);
+    a sample of every kind of refusal fits that type."""
+    from service.contracts.common import ProblemError
+
+    estimate = BODIES["estimate"][1]
+    refusals = [
+        client.post("/v1/estimates", json=estimate | {"training": {"seq_len": 0, "global_batch_size": 8}}),
+        client.post("/v1/estimates", json=estimate | {"training": {"seq_len": 2048, "global_batch_size": 8,
+                                                                      "precision": "bf17"}}),
+        client.post("/v1/estimates", json=estimate | {"cluster": {"gpu": "H100", "num_nodes": 1}}),
+        client.post("/v1/estimates", json=estimate | {"layout": {"framework": "fsdp", "tp": 3}}),
+        client.post("/v1/plans", json={**BODIES["plan"][1], "constraints": {"frameworks": ["megatron"]},
+                                       "training": {"seq_len": 2048, "global_batch_size": 32,
+                                                    "method": "lora"}}),
+        client.get("/v1/plans", params={"limit": 0}),
+        client.get("/v1/plans", params={"nope": 1}),
+    ]  # fmt: skip
+    client.post("/v1/clusters", json={"name": "taken", "gpu": "h100-sxm-80gb", "num_nodes": 1})
+    refusals.append(
+        client.post("/v1/clusters", json={"name": "taken", "gpu": "h100-sxm-80gb", "num_nodes": 1})
+    )
+    for refused in refusals:
+        assert 400 <= refused.status_code < 500, refused.text
+        errors = refused.json().get("errors")
+        assert errors, refused.text
+        for error in errors:
+            ProblemError.model_validate(error)
