@@ -284,15 +284,27 @@ def model_ref(model: str | None, config: Path | None) -> dict[str, Any]:
         return {"preset": model}
     assert config is not None
     try:
-        return {"hf_config": json.loads(config.read_text(), parse_constant=_no_constant)}
+        return {"hf_config": read_json(config.read_text())}
     except (OSError, ValueError) as exc:
         raise Usage(f"--config {config}: {exc}") from exc
 
 
+def read_json(text: str) -> Any:
+    """``json.loads`` of what the command line was given, refusing what no figure is and the body
+    sent on cannot carry (a traceback, not a usage error; CLI reviews): NaN and Infinity, and a number
+    past any float (1e400, read as inf), at any depth."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+
+
 def _no_constant(name: str) -> Any:
-    """``json.loads``' parse_constant: NaN and Infinity, which Python's json reads and no figure is
-    (nor can the body sent on carry: a traceback, not a usage error; CLI review)."""
     raise ValueError(f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is not a finite number")
+    return number
 
 
 def gib_bytes(gib: float, flag: str) -> int:
@@ -1121,13 +1133,11 @@ def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
         if field in out:
             raise click.BadParameter(f"{field} given twice", param_hint="--set")
         try:
-            out[field] = json.loads(text, parse_constant=_no_constant)
-        except ValueError:
-            if text.strip().lower().lstrip("+-") in ("nan", "infinity", "inf"):
+            out[field] = read_json(text)
+        except ValueError as exc:
+            if "finite number" in str(exc) or text.strip().lower().lstrip("+-") in ("nan", "infinity", "inf"):
                 raise click.BadParameter(f"{item!r}: not a finite number", param_hint="--set") from None
             out[field] = text
-        if isinstance(out[field], float) and not math.isfinite(out[field]):  # 1e400 reads as inf
-            raise click.BadParameter(f"{item!r}: not a finite number", param_hint="--set")
     return out
 
 
@@ -1209,6 +1219,8 @@ def capacity(
     as_json: bool,
 ) -> None:
     """GPUs each card type needs, and time to train on them (POST /v1/capacity)."""
+    if allow_offload and not cluster_ids:
+        raise Usage("--allow-offload needs --cluster-id: the catalog's cards state no host RAM or NVMe")
     if cluster_ids and (gpu_names or gpus_per_node is not None or max_nodes is not None):
         # the command's own rule (a stored cluster is searched on its own nodes): a usage error, as
         # estimate's --gpus with --cluster is, not the API's 422 and exit 1 (CLI review)

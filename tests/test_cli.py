@@ -212,6 +212,8 @@ def test_a_number_option_that_is_not_finite_is_a_usage_error(database: str, args
         (["estimate", "--model", "gpt2", "--gpus", "1xa100-sxm-80gb", "--seq", "1024", "--batch", "8",
           "--set", "ep=1e400"], "finite number"),
         (["estimate", "--model", "gpt2", "--gpus", "1xa100-sxm-80gb", "--seq", "1024", "--batch", "8",
+          "--set", "recompute_modules=[1e400]"], "finite number"),
+        (["estimate", "--model", "gpt2", "--gpus", "1xa100-sxm-80gb", "--seq", "1024", "--batch", "8",
           "--host-gib", "1e300"], "past any memory"),
         (["clusters", "add", "big", "--gpus", "8xh100-sxm-80gb", "--nvme-gib", "1e300"], "past any memory"),
         (["runs", "add", "some-plan", "--step-s", "1", "--peak-gib", "1e300"], "past any memory"),
@@ -235,6 +237,12 @@ def test_a_config_file_holding_nan_is_a_usage_error(database: str, tmp_path: Pat
         ["estimate", "--config", str(config), "--gpus", "1xa100-sxm-80gb", "--seq", "1024", "--batch", "8"],
     )
     assert result.exit_code == 64 and "NaN is not a finite number" in words(result.output), result.output
+    config.write_text('{"model_type": "llama", "rope_theta": 1e400}')  # read as inf
+    result = CliRunner().invoke(
+        main,
+        ["estimate", "--config", str(config), "--gpus", "1xa100-sxm-80gb", "--seq", "1024", "--batch", "8"],
+    )
+    assert result.exit_code == 64 and "1e400 is not a finite number" in words(result.output), result.output
 
 
 def test_plan_out_that_cannot_be_a_directory_is_refused_before_planning(
@@ -657,7 +665,7 @@ def test_capacity_takes_the_search_constraints_the_api_does(database: str) -> No
     capped = CliRunner().invoke(main, [*args, "--model", "llama-3.1-70b", "--max-gpus", "1", "--json"])
     assert capped.exit_code == 2 and "constraints.max_gpus" in words(capped.output), capped.output
     offload = CliRunner().invoke(main, [*args, "--allow-offload"])  # a catalog card states no host RAM
-    assert offload.exit_code == 1 and "--allow-offload" in words(offload.output), offload.output
+    assert offload.exit_code == 64 and "--allow-offload needs --cluster-id" in words(offload.output)
 
 
 def test_the_cli_reads_names_and_values_as_the_api_does(database: str) -> None:

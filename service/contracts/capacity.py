@@ -125,8 +125,8 @@ class CapacityRequest(Strict):
             # an input the answer would not use: a catalog card's nodes state no host RAM or NVMe, so
             # nothing is offloaded and "allowed" answered as if refused (CLI review)
             raise FieldError(
-                "constraints.allow_offload: the catalog's cards come with no host RAM or NVMe stated, so "
-                "nothing can be offloaded there; store a cluster that states cpu_memory_bytes_per_node "
+                "the catalog's cards come with no host RAM or NVMe stated, so nothing can be offloaded "
+                "there; store a cluster that states cpu_memory_bytes_per_node "
                 "(or nvme_bytes_per_node) and give its id in cluster_ids, or leave it out",
                 "constraints.allow_offload",
             )

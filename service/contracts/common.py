@@ -372,7 +372,8 @@ class ProblemError(BaseModel):
     type: str | None = Field(default=None, description="the rule broken (pydantic's error type, or ours)")
     rule: str | None = None
     limit: dict[str, float | str] | None = Field(
-        default=None, description="the bound broken: ge, gt, le, lt, min_length or max_length"
+        default=None,
+        description="the bound broken: ge, gt, le, lt, min_length, max_length (a body's: max_bytes)",
     )
     allowed: list[str] | None = Field(default=None, description="the values an enum takes")
     candidates: list[str] | None = Field(default=None, description="catalog entries an unknown name may mean")
