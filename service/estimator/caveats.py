@@ -59,26 +59,23 @@ def gpu_chip_warnings(gpu: GPUSpec, tuning: Tuning) -> tuple[str, ...]:
 def peft_sharding_warnings(model: ModelSpec, layout: Layout, training: TrainingSpec) -> tuple[str, ...]:
     """peft's adapters on fused experts (``model_states.peft_adapts_fused_experts``: a ParamWrapper per
     expert parameter) build the adapted weight from their lora_A / lora_B weights outside those
-    modules' own forward (peft/tuners/lora/layer.py ParamWrapper.get_delta_weight). Where those
-    weights are sharded there, the step fails: FSDP1, which QLoRA runs with peft's wrap policy giving
-    each adapter a unit of its own (huggingface/peft#3080, open; its fix #3102 was closed unmerged),
-    and DeepSpeed ZeRO-3, which gathers a module's parameters only for its own forward. FSDP2 gathers
-    the whole decoder layer, adapters included, before its forward. Said, not refused: no run of it
-    was measured here (fine-tuning review, stop 45)."""
+    modules' own forward (peft/tuners/lora/layer.py ParamWrapper.get_delta_weight). DeepSpeed ZeRO-3
+    gathers a module's own parameters for its forward, so they are partitioned there unless the MoE
+    block is a ZeRO-3 leaf module (deepspeed.utils.set_z3_leaf_modules: its whole parameters gathered
+    before its forward), which the launch files ask for (``launchers.common.z3_leaf_duty``); said, as
+    no run of it was measured here. QLoRA's FSDP1, where the same fails (huggingface/peft#3080), is
+    refused (validate, ``peft_fused_experts_fsdp1``); FSDP2 gathers the whole decoder layer."""
     if training.method is Method.FULL or not peft_adapts_fused_experts(model, layout):
         return ()
     if not fused_expert_adapted_weights(model, training)[0]:
         return ()  # no MLP target: no adapter on the experts
-    if layout.framework is Framework.DEEPSPEED and layout.zero_stage == 3:
-        where = "DeepSpeed ZeRO-3 gathers a module's parameters only for its own forward"
-    elif layout.framework is Framework.FSDP and training.method is Method.QLORA and layout.zero_stage >= 2:
-        where = "FSDP1 (QLoRA's) wraps each adapter in a unit of its own (huggingface/peft#3080, open)"
-    else:
+    if layout.framework is not Framework.DEEPSPEED or layout.zero_stage != 3:
         return ()
     return (
         "peft's adapters on the fused experts read their lora_A / lora_B weights outside those modules' "
-        f"forward (ParamWrapper.get_delta_weight), and {where}: the step is likely to fail there; "
-        "ZeRO-2, LoRA on FSDP2, or lora_targets without the MLP avoid it",
+        "forward (ParamWrapper.get_delta_weight), where ZeRO-3 leaves them partitioned: the MoE block must "
+        "be a ZeRO-3 leaf module (deepspeed.utils.set_z3_leaf_modules, as the launch files say), or the "
+        "step fails; ZeRO-2 or attention targets only avoid it",
     )
 
 

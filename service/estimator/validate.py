@@ -974,6 +974,24 @@ def training_violation(
             "peft_ep",
             "ep",
         )
+    if (
+        training.method is Method.QLORA
+        and layout.framework is Framework.FSDP
+        and layout.zero_stage >= 2
+        and model_states.peft_adapts_fused_experts(model, layout)
+        and model_states.fused_expert_adapted_weights(model, training)[0]
+    ):
+        # QLoRA shards on FSDP1 with peft's wrap policy, each adapter a unit of its own, and peft's
+        # ParamWrapper builds the adapted expert weight from lora_A / lora_B outside their forward:
+        # sharded there, the step fails (huggingface/peft#3080, open; fine-tuning review, stop 45)
+        return _bad(
+            f"qlora with lora_targets {sorted(mlp_targets)} on fsdp: peft adapts {model.name}'s fused "
+            "experts through lora_A / lora_B weights it reads outside their own forward, which QLoRA's "
+            "FSDP1 units leave sharded there, and the step fails (huggingface/peft#3080); use deepspeed, "
+            "LoRA (FSDP2 gathers the whole decoder layer), or attention targets only",
+            "peft_fused_experts_fsdp1",
+            "framework",
+        )
     if training.mtp_num_layers and not caps.multi_token_prediction:
         # transformers' DeepseekV3ForCausalLM drops the MTP modules; torchtitan and DeepSpeed build none
         return _bad(

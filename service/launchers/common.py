@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.catalog.tuning import default_tuning
-from service.estimator import pipeline
+from service.estimator import caveats, pipeline
 from service.estimator.defaults import for_gpu
 from service.estimator.model_states import FSDP_REDUCE_DTYPE, hsdp_replicas
 from service.estimator.params import lora_modules
@@ -386,6 +386,19 @@ def model_duties(plan: Plan, config_dir: str = "") -> str:
             f"the estimate counts the {model.head.value} head."
         )
     return head + checkpoint_duty(plan) + attention_duty(plan) + peft_header(plan, config_dir)
+
+
+def z3_leaf_duty(plan: Plan) -> str:
+    """DeepSpeed ZeRO-3 with peft's adapters on fused experts (``caveats.peft_sharding_warnings``): the
+    MoE block must be a ZeRO-3 leaf module, so that its adapters are gathered with it; '' elsewhere."""
+    if not caveats.peft_sharding_warnings(plan.model, plan.layout, plan.training):
+        return ""
+    return (
+        f"\nzero-3 and peft's fused-expert adapters: {TRAIN_SCRIPT} must call "
+        "deepspeed.utils.set_z3_leaf_modules(model, [<the model's sparse MoE block class>]) before "
+        "deepspeed.initialize: ZeRO-3 gathers a module's own parameters for its forward, and peft's "
+        "ParamWrapper reads the experts' lora_A / lora_B outside theirs (a leaf module gathers them all)."
+    )
 
 
 # How transformers loads a checkpoint stored quantized with its weights dequantized for training

@@ -38,6 +38,7 @@ from service.launchers.common import (
     script,
     shell_command,
     world_refusal,
+    z3_leaf_duty,
 )
 
 CONFIG_NAME = "ds_config.json"
@@ -398,6 +399,7 @@ def model_code_duties(plan: Plan) -> str:
                 "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer: ZeRO-"
                 f"{plan.layout.zero_stage} needs the expert parameters in their own 'moe' groups."
             )
+    header += z3_leaf_duty(plan)
     if plan.training.precision is Precision.FP8:
         header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."
     header += gradient_checkpointing_duty(plan)

@@ -48,6 +48,7 @@ from service.launchers.common import (
     torchrun_words,
     train_steps,
     world_refusal,
+    z3_leaf_duty,
 )
 
 ARGS_NAME = "training_args.json"
@@ -247,7 +248,10 @@ def duties(plan: Plan, config_dir: str = "") -> str:
     """What train.py must do under the HF Trainer: for its own launch script, and for the Slurm /
     Kubernetes wrapper that runs it (``job``; config_dir: where that wrapper mounts the files)."""
     return (
-        model_duties(plan, config_dir) + fsdp_reduce_duty(plan, "trainer.accelerator") + pure_bf16_duty(plan)
+        model_duties(plan, config_dir)
+        + z3_leaf_duty(plan)
+        + fsdp_reduce_duty(plan, "trainer.accelerator")
+        + pure_bf16_duty(plan)
     )
 
 

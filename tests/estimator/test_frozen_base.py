@@ -447,7 +447,7 @@ def test_peft_s_adapted_fused_experts_keep_their_whole_weight_for_backward() -> 
     ("method", "framework", "stage", "said"),
     [
         (Method.LORA, Framework.DEEPSPEED, 3, True),  # gathers a module's parameters for its own forward
-        (Method.QLORA, Framework.FSDP, 3, True),  # FSDP1 with peft's wrap policy: huggingface/peft#3080
+        (Method.QLORA, Framework.DEEPSPEED, 3, True),
         (Method.LORA, Framework.FSDP, 3, False),  # FSDP2 gathers the whole decoder layer first
         (Method.LORA, Framework.DEEPSPEED, 2, False),  # the adapters whole on every GPU
     ],
@@ -472,3 +472,17 @@ def test_fused_expert_adapters_under_sharding_that_breaks_them_are_said(
         tuning=default_tuning(),
     )
     assert not any("ParamWrapper" in w for w in plain.warnings)  # no adapter on the experts
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_qlora_on_fsdp_with_adapters_on_fused_experts_is_refused(stage: int) -> None:
+    """QLoRA's FSDP1 gives each adapter a unit of its own, and peft's ParamWrapper reads lora_A /
+    lora_B outside their forward, sharded: the step fails (huggingface/peft#3080, open)."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.QLORA, lora_rank=16)
+    layout = Layout(framework=Framework.FSDP, dp=8, zero_stage=stage, recompute=Recompute.FULL)
+    cluster = gpu_cluster(H100, 8, 50e9)
+    with pytest.raises(InvalidLayout, match="huggingface/peft#3080"):
+        validate_layout(preset("qwen3-30b-a3b").spec, cluster, layout, training)
+    attention_only = dataclasses.replace(training, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    validate_layout(preset("qwen3-30b-a3b").spec, cluster, layout, attention_only)  # no expert adapter
+    validate_layout(preset("gpt-oss-20b").spec, cluster, layout, training)  # peft moves nothing there

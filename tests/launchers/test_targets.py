@@ -1008,3 +1008,18 @@ def test_accelerate_qlora_on_fsdp1_says_to_wrap_the_adapters_apart() -> None:
     assert "auto_wrap_policy" not in next(
         a.content for a in accelerate.render(lora) if a.name.endswith(".sh")
     )
+
+
+def test_zero3_launches_of_fused_expert_adapters_ask_for_a_leaf_moe_block() -> None:
+    """ZeRO-3 gathers a module's own parameters for its forward, and peft's ParamWrapper reads the
+    experts' lora_A / lora_B outside theirs: every DeepSpeed launch of such a plan asks for the MoE
+    block as a ZeRO-3 leaf module (review of stop 45's warning, which told of a failure and no cure)."""
+    from service.estimator.types import Method
+    from service.launchers import hf_trainer
+
+    qwen = model("qwen3-30b-a3b").spec
+    zero3 = plan(model=qwen, framework=Framework.DEEPSPEED, zero_stage=3, train=training(method=Method.LORA))
+    texts = [a.content for target in (deepspeed, accelerate, hf_trainer) for a in target.render(zero3)]
+    assert sum("set_z3_leaf_modules" in text for text in texts) >= 3
+    zero2 = plan(model=qwen, framework=Framework.DEEPSPEED, zero_stage=2, train=training(method=Method.LORA))
+    assert not any("set_z3_leaf_modules" in a.content for a in deepspeed.render(zero2))
