@@ -319,7 +319,7 @@ def time_estimate(job: Job, layout: Layout) -> TimeEstimate:
     recomputed = recomputed_fraction(model.num_layers, layout)
     hardware_flops = flops.hardware_flops_per_step(
         model, training, layout.recompute, recomputed, layout.selective_modules, fused_experts=fused
-    )
+    ) + training.tokens_per_step * st.adapted_experts_hardware_flops_per_token(job, layout)
     return TimeEstimate(
         breakdown=breakdown,
         tokens_per_s=training.tokens_per_step / step_s,

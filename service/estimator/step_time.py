@@ -50,6 +50,7 @@ from service.estimator.job import (
     Job,
     LayerKind,
     job_memo,
+    kind_counts,
     layout_memo,
     moe_layers_of,
     rank_kind_counts,
@@ -1004,17 +1005,29 @@ def adapted_experts_s(job: Job, layout: Layout, base: StepBase, passes: float) -
 
 
 def adapted_experts_weight_gradient_flops(job: Job, layout: Layout, base: StepBase) -> float:
-    """The weight-gradient half of the adapted fused experts' backward, per token: their adapted
-    weight requires grad (through the adapter), so the expert matmuls compute it as full training
-    does (``flops.frozen_passes`` counts the frozen base's two passes; 0 elsewhere). The adapted share
-    of the routed FLOPs (gate_up_proj's 2 of 3 matrices, down_proj's 1)."""
+    """The weight-gradient half of the adapted fused experts' backward, per token of the stage: their
+    adapted weight requires grad (through the adapter), so the expert matmuls compute it as full
+    training does (``flops.frozen_passes`` counts the frozen base's two passes; 0 elsewhere)."""
+    return base.routed_flops * adapted_expert_share(job, layout)
+
+
+def adapted_expert_share(job: Job, layout: Layout) -> float:
+    """The share of the routed experts' FLOPs whose weights peft's fused-expert adapters make require
+    grad (gate_up_proj's 2 of 3 matrices, down_proj's 1; ``peft_adapts_fused_experts``); 0 elsewhere."""
     model, training = job.model, job.training
     if training.method is Method.FULL or not peft_adapts_fused_experts(model, layout):
         return 0.0
     assert model.moe is not None
     adapted, _ = fused_expert_adapted_weights(model, training)
-    every = 3.0 * model.moe.num_experts * model.hidden_size * model.moe.expert_ffn_hidden_size
-    return base.routed_flops * adapted / every
+    return adapted / (3.0 * model.moe.num_experts * model.hidden_size * model.moe.expert_ffn_hidden_size)
+
+
+def adapted_experts_hardware_flops_per_token(job: Job, layout: Layout) -> float:
+    """``adapted_experts_weight_gradient_flops`` over the whole model, per token: work the step runs
+    that the HFU numerator (``flops.hardware_flops_per_step``) must hold as well (review: HFU was
+    ~13% short on Qwen3-30B-A3B LoRA, loosening the HFU <= 1 cap on calibration)."""
+    moe_layers = moe_layers_of(kind_counts(job, 0, job.model.num_layers))
+    return moe_layers * routed_expert_flops(job.model) * adapted_expert_share(job, layout)
 
 
 def recompute_passes(tuning: Tuning, recompute: Recompute) -> float:
