@@ -148,6 +148,7 @@ EXPECTED_422 = (
     "no launcher",
     "learned position table",  # a sequence past GPT-2's, BERT's, GPT-3's rows: the run fails at once
     "never fp8",  # qlora drawn with fp8: bitsandbytes' NF4 layers compute in 16 or 32 bits
+    "huggingface/peft#3080",  # qlora on fsdp with adapters on fused experts: the step fails there
 )
 
 
