@@ -867,12 +867,27 @@ def main() -> None:
     """
 
 
+# the search constraints plan and capacity both take (``search_constraints``)
+frameworks_option = click.option(
+    "--framework", "frameworks", type=choice(Framework), multiple=True, help="limit the search (repeatable)"
+)
+headroom_option = click.option(
+    "--min-headroom-fraction",
+    type=NUMBER,
+    help="the share of each card a layout must leave free, 0 to the API's limit (default: the API's)",
+)
+compile_option = click.option(
+    "--torch-compile",
+    is_flag=True,
+    default=None,
+    help="compile fsdp layouts with torch.compile (not qlora; megatron and deepspeed stay eager)",
+)
+
+
 @main.command()
 @options(model_options, cluster_options, job_options)
 @click.option("--objective", type=choice(Objective), default="throughput", show_default=True)
-@click.option(
-    "--framework", "frameworks", type=choice(Framework), multiple=True, help="limit the search (repeatable)"
-)
+@frameworks_option
 @click.option(
     "--launcher",
     "launchers",
@@ -893,17 +908,8 @@ def main() -> None:
     default=None,
     help="offload to the host RAM or NVMe the cluster states (default: allowed)",
 )
-@click.option(
-    "--min-headroom-fraction",
-    type=NUMBER,
-    help="the share of each card a layout must leave free, 0 to the API's limit (default: the API's)",
-)
-@click.option(
-    "--torch-compile",
-    is_flag=True,
-    default=None,
-    help="compile fsdp layouts with torch.compile (not qlora; megatron and deepspeed stay eager)",
-)
+@headroom_option
+@compile_option
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -1167,26 +1173,15 @@ def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
     multiple=True,
     help="price of a GPU-hour: one number for every card, or GPU=PRICE (repeatable); needs --tokens",
 )
-@click.option(
-    "--framework", "frameworks", type=choice(Framework), multiple=True, help="limit the search (repeatable)"
-)
+@frameworks_option
 @click.option("--max-gpus", type=int, help="at most this many GPUs of each type (default: any count)")
 @click.option(
     "--allow-offload/--no-allow-offload",
     default=None,
     help="offload to host RAM or NVMe (default: not: the fewest GPUs that hold the job themselves)",
 )
-@click.option(
-    "--min-headroom-fraction",
-    type=NUMBER,
-    help="the share of each card a layout must leave free, 0 to the API's limit (default: the API's)",
-)
-@click.option(
-    "--torch-compile",
-    is_flag=True,
-    default=None,
-    help="compile fsdp layouts with torch.compile (not qlora; megatron and deepspeed stay eager)",
-)
+@headroom_option
+@compile_option
 @url_option
 @json_option
 def capacity(
