@@ -1532,9 +1532,15 @@ def runs_add(
         if run.get("peak_memory_bytes_per_gpu") is not None and diagnosis.get("memory_statistic"):
             assumed = " (--memory-statistic not given)" if diagnosis.get("memory_statistic_assumed") else ""
             console.print(f"peak compared as {diagnosis['memory_statistic']}{assumed}")
-        for key in ("diagnosis", "calibration"):
-            if run.get(key):
-                console.print(f"{key}: {escape(json.dumps(run[key]))}")
+        print_diagnosis(run.get("diagnosis") or {})  # in words, as `report` prints it (CLI review)
+        calibration = run.get("calibration") or {}
+        factors = calibration.get("factors") or {}
+        if factors:
+            step, memory = factors.get("step_time", 1.0), factors.get("memory_dynamic", 1.0)
+            console.print(
+                f"later estimates on this hardware and framework: step time x{step:.3g}, activation "
+                f"memory x{memory:.3g} (from {calibration.get('runs', 0)} run(s))"
+            )
 
 
 LOG_FORMATS = ("auto", "megatron", "torchtitan", "deepspeed", "hf_trainer", "accelerate")
@@ -1612,7 +1618,12 @@ def report(
         console.print(f"  out of memory at line {oom['line']} (GPU {oom.get('gpu')}): {quoted}")
     for note in [*source.get("conversions", []), *source.get("notes", [])]:
         console.print(f"  - {escape(note)}")
-    diagnosis = run.get("diagnosis", {})
+    print_diagnosis(run.get("diagnosis", {}))
+
+
+def print_diagnosis(diagnosis: Mapping[str, Any]) -> None:
+    """A stored run's diagnosis in words (``report`` and ``runs add``): whether it was set aside and
+    why, its step time and memory against the estimate, and the advice."""
     if diagnosis.get("implausible"):
         console.print("set aside (moves no calibration factor):")
         for reason in diagnosis.get("implausible_reasons", []):

@@ -584,6 +584,9 @@ def test_runs_add_says_which_statistic_its_peak_is(database: str) -> None:
     )
     unsaid = words(run("runs", "add", plan["id"], *peak).output)
     assert "peak compared as device_used (--memory-statistic not given)" in unsaid
+    # the diagnosis and calibration in words, as `report` prints them, not as raw JSON (CLI review)
+    assert "memory vs estimate (device_used):" in unsaid and "later estimates on this hardware" in unsaid
+    assert '{"' not in unsaid
     # without a peak the service refuses it, naming the field; an unknown statistic is a usage error
     refused = CliRunner().invoke(
         main, ["runs", "add", plan["id"], "--step-s", "1", "--memory-statistic", "reserved"]
