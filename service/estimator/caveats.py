@@ -56,6 +56,19 @@ def gpu_chip_warnings(gpu: GPUSpec, tuning: Tuning) -> tuple[str, ...]:
 # ---------------------------------------------------------------- peft on fused experts
 
 
+def zero3_partitions_fused_expert_adapters(model: ModelSpec, layout: Layout, training: TrainingSpec) -> bool:
+    """Whether peft's adapters on fused experts (an MLP target on ``peft_adapts_fused_experts``' models)
+    run under DeepSpeed ZeRO-3, which partitions them outside their own forward
+    (``peft_sharding_warnings``; the launch files' ``z3_leaf_duty``)."""
+    return (
+        training.method is not Method.FULL
+        and layout.framework is Framework.DEEPSPEED
+        and layout.zero_stage == 3
+        and peft_adapts_fused_experts(model, layout)
+        and bool(fused_expert_adapted_weights(model, training)[0])  # no MLP target: no expert adapter
+    )
+
+
 def peft_sharding_warnings(model: ModelSpec, layout: Layout, training: TrainingSpec) -> tuple[str, ...]:
     """peft's adapters on fused experts (``model_states.peft_adapts_fused_experts``: a ParamWrapper per
     expert parameter) build the adapted weight from their lora_A / lora_B weights outside those
@@ -65,11 +78,7 @@ def peft_sharding_warnings(model: ModelSpec, layout: Layout, training: TrainingS
     before its forward), which the launch files ask for (``launchers.common.z3_leaf_duty``); said, as
     no run of it was measured here. QLoRA's FSDP1, where the same fails (huggingface/peft#3080), is
     refused (validate, ``peft_fused_experts_fsdp1``); FSDP2 gathers the whole decoder layer."""
-    if training.method is Method.FULL or not peft_adapts_fused_experts(model, layout):
-        return ()
-    if not fused_expert_adapted_weights(model, training)[0]:
-        return ()  # no MLP target: no adapter on the experts
-    if layout.framework is not Framework.DEEPSPEED or layout.zero_stage != 3:
+    if not zero3_partitions_fused_expert_adapters(model, layout, training):
         return ()
     return (
         "peft's adapters on the fused experts read their lora_A / lora_B weights outside those modules' "

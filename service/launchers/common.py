@@ -389,9 +389,10 @@ def model_duties(plan: Plan, config_dir: str = "") -> str:
 
 
 def z3_leaf_duty(plan: Plan) -> str:
-    """DeepSpeed ZeRO-3 with peft's adapters on fused experts (``caveats.peft_sharding_warnings``): the
-    MoE block must be a ZeRO-3 leaf module, so that its adapters are gathered with it; '' elsewhere."""
-    if not caveats.peft_sharding_warnings(plan.model, plan.layout, plan.training):
+    """DeepSpeed ZeRO-3 with peft's adapters on fused experts (``caveats.
+    zero3_partitions_fused_expert_adapters``, which the estimate warns of): the MoE block must be a
+    ZeRO-3 leaf module, so that its adapters are gathered with it; '' elsewhere."""
+    if not caveats.zero3_partitions_fused_expert_adapters(plan.model, plan.layout, plan.training):
         return ""
     return (
         f"\nzero-3 and peft's fused-expert adapters: {TRAIN_SCRIPT} must call "
