@@ -208,6 +208,7 @@ def cluster_from_gpus(
     spec: str,
     inter_gbps: float | None,
     *,
+    intra_gbps: float | None = None,
     intra_busbw_gbps: float | None = None,
     inter_busbw_gbps: float | None = None,
     host_gib: float | None = None,
@@ -242,6 +243,8 @@ def cluster_from_gpus(
             # a part that ships in a reference node has that node's network (the API's default, which
             # the answer's defaults line names); a PCIe card does not
             raise Usage(f"--gpus {spec!r} spans {nodes} nodes: give --inter-gbps (each GPU's network, GB/s)")
+    if intra_gbps is not None:
+        cluster["intra_node_bandwidth_gbps"] = intra_gbps
     if intra_busbw_gbps is not None:
         cluster["measured_intra_node_bus_bandwidth_gbps"] = intra_busbw_gbps
     if inter_busbw_gbps is not None:
@@ -317,7 +320,9 @@ def gib_bytes(gib: float, flag: str) -> int:
 
 
 # the flags that describe an inline cluster (--gpus); a stored one states its own (PATCH /v1/clusters/ID)
-INLINE_CLUSTER_OPTIONS = ("inter_gbps", "intra_busbw_gbps", "inter_busbw_gbps", "host_gib", "nvme_gib")
+INLINE_CLUSTER_OPTIONS = (
+    "inter_gbps", "intra_gbps", "intra_busbw_gbps", "inter_busbw_gbps", "host_gib", "nvme_gib"
+)  # fmt: skip
 
 
 def cluster_choice(api: Api, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -731,6 +736,12 @@ job_options = [
 ]
 busbw_options = [
     click.option(
+        "--intra-gbps",
+        type=NUMBER,
+        help="each GPU's link to the node's others, one direction, GB/s (default: the GPU's NVLink or "
+        "PCIe figure, GET /v1/gpus; a node wired otherwise states its own)",
+    ),
+    click.option(
         "--intra-busbw-gbps",
         type=NUMBER,
         help="measured: nccl-tests all_reduce_perf busbw at >= 1 GiB on one node's GPUs, best with "
@@ -783,6 +794,8 @@ SHAPE_FLAGS = {  # an inline cluster's fields, as --gpus and the flags describin
     "gpus_per_node": "--gpus",
     "inter_node_bandwidth_gbps": "--inter-gbps",
     "inter_node_bandwidth_bytes_per_s": "--inter-gbps",  # the API names the field it converted to
+    "intra_node_bandwidth_gbps": "--intra-gbps",
+    "intra_node_bandwidth_bytes_per_s": "--intra-gbps",
     "measured_intra_node_bus_bandwidth_gbps": "--intra-busbw-gbps",
     "measured_intra_node_bus_bandwidth_bytes_per_s": "--intra-busbw-gbps",
     "measured_inter_node_bus_bandwidth_gbps": "--inter-busbw-gbps",
@@ -923,6 +936,7 @@ def plan(
     gpus: str | None,
     cluster: str | None,
     inter_gbps: float | None,
+    intra_gbps: float | None,
     intra_busbw_gbps: float | None,
     inter_busbw_gbps: float | None,
     host_gib: float | None,
@@ -1027,6 +1041,7 @@ def estimate(
     gpus: str | None,
     cluster: str | None,
     inter_gbps: float | None,
+    intra_gbps: float | None,
     intra_busbw_gbps: float | None,
     inter_busbw_gbps: float | None,
     host_gib: float | None,
@@ -1418,6 +1433,7 @@ def clusters_add(
     name: str,
     gpus: str,
     inter_gbps: float | None,
+    intra_gbps: float | None,
     intra_busbw_gbps: float | None,
     inter_busbw_gbps: float | None,
     host_gib: float | None,
@@ -1429,6 +1445,7 @@ def clusters_add(
     shape = cluster_from_gpus(
         gpus,
         inter_gbps,
+        intra_gbps=intra_gbps,
         intra_busbw_gbps=intra_busbw_gbps,
         inter_busbw_gbps=inter_busbw_gbps,
         host_gib=host_gib,

@@ -1011,3 +1011,17 @@ def test_the_defaults_line_gives_a_bandwidth_in_the_flags_unit(database: str) ->
     assert result.exit_code == 0, result.output
     assert "cluster.inter_node_bandwidth_gbps 50" in words(result.output)
     assert "50000000000" not in result.output
+
+
+def test_a_node_s_own_link_is_a_flag_of_an_inline_and_a_stored_cluster(database: str) -> None:
+    """intra_node_bandwidth_bytes_per_s had no flag (CLI review): a node wired otherwise than the
+    GPU's figure could not be stated from the terminal."""
+    args = ["estimate", "--model", "llama-3.1-8b", "--seq", "4096", "--batch", "64", "--tp", "8", "--json"]
+    plain = json.loads(run(*args, "--gpus", "8xh100-sxm-80gb").output)
+    slow = run(*args, "--gpus", "8xh100-sxm-80gb", "--intra-gbps", "32")
+    assert slow.exit_code == 0, slow.output
+    assert json.loads(slow.output)["time"]["step_s"] > plain["time"]["step_s"]  # TP over a PCIe-class link
+    added = run("clusters", "add", "pcie-wired", "--gpus", "8xh100-sxm-80gb", "--intra-gbps", "32", "--json")
+    assert json.loads(added.output)["intra_node_bandwidth_bytes_per_s"] == 32e9
+    refused = CliRunner().invoke(main, [*args, "--gpus", "8xh100-sxm-80gb", "--intra-gbps", "1e9"])
+    assert refused.exit_code == 1 and "(--intra-gbps)" in words(refused.output), refused.output
