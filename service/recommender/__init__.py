@@ -1278,43 +1278,31 @@ def fewest_count(
     Its searches share their memory memos, so each reads what the lean checks before it recorded
     (``_narrowed``)."""
     with shared_memory_memos():
-        return _fewest_count(model, cluster, training, constraints, tuning, counts, budget)
-
-
-def _fewest_count(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    constraints: Constraints,
-    tuning: Tuning,
-    counts: tuple[int, ...],
-    budget: Budget,
-) -> SearchResult:
-    result = search(
-        model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True, budget=budget,
-        rejections=False, lean_first=True,
-    )  # fmt: skip
-    if result.best or result.truncated or not result.fallbacks:
+        result = search(
+            model, cluster, training, constraints, tuning, counts, stop_at_first_fit=True, budget=budget,
+            rejections=False, lean_first=True,
+        )  # fmt: skip
+        if result.best or result.truncated or not result.fallbacks:
+            first_fit_between(model, cluster, training, constraints, tuning, counts, result, budget, False)
+            return result
+        lean = result.fallbacks[-1][0].cluster.world_size  # the first count where a lean layout fits
+        fewest = fewest_between(model, cluster, training, constraints, tuning, counts, lean, result, budget)
+        # searched even where the probes spent the budget: cut at once, that search times the lean layout
+        # that fits (``_fall_back``), a truncated fit where returning here answered none (review)
+        search(
+            model, cluster, training, constraints, tuning, (fewest,), stop_at_first_fit=True, budget=budget,
+            rejections=False, into=result,
+        )  # fmt: skip
+        if result.best or result.truncated:
+            return result
+        # the lean count and those above it, searched in full as the first-fit climb would have
+        rest = tuple(count for count in counts if count >= lean and count != fewest)
+        search(
+            model, cluster, training, constraints, tuning, rest, stop_at_first_fit=True, budget=budget,
+            rejections=False, into=result,
+        )  # fmt: skip
         first_fit_between(model, cluster, training, constraints, tuning, counts, result, budget, False)
         return result
-    lean = result.fallbacks[-1][0].cluster.world_size  # the first count where a lean layout fits
-    fewest = fewest_between(model, cluster, training, constraints, tuning, counts, lean, result, budget)
-    # searched even where the probes spent the budget: cut at once, that search times the lean layout
-    # that fits (``_fall_back``), a truncated fit where returning here answered none (review)
-    search(
-        model, cluster, training, constraints, tuning, (fewest,), stop_at_first_fit=True, budget=budget,
-        rejections=False, into=result,
-    )  # fmt: skip
-    if result.best or result.truncated:
-        return result
-    # the lean count and those above it, searched in full as the first-fit climb would have
-    rest = tuple(count for count in counts if count >= lean and count != fewest)
-    search(
-        model, cluster, training, constraints, tuning, rest, stop_at_first_fit=True, budget=budget,
-        rejections=False, into=result,
-    )  # fmt: skip
-    first_fit_between(model, cluster, training, constraints, tuning, counts, result, budget, False)
-    return result
 
 
 def fewest_between(
