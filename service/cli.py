@@ -191,11 +191,12 @@ def problem_text(response: httpx.Response, flags: Mapping[str, str] | None = Non
 def flag_of(field: str, flags: Mapping[str, str]) -> str | None:
     """The flag that set the request field ``field`` (``constraints.frameworks.1``: an item of a list
     is its list's flag): that of its longest dotted prefix in ``flags`` (``layout.*``: any field under
-    layout, not layout itself); None where no flag sets it."""
+    layout, not layout itself, and before layout's own: ``cluster.gpu.*`` is a custom GPU's file,
+    ``cluster.gpu`` the --gpus that names it); None where no flag sets it."""
     parts = field.split(".")
     for end in range(len(parts), 0, -1):
         prefix = ".".join(parts[:end])
-        flag = flags.get(prefix) or (flags.get(f"{prefix}.*") if end < len(parts) else None)
+        flag = (flags.get(f"{prefix}.*") if end < len(parts) else None) or flags.get(prefix)
         if flag is not None:
             return flag
     return None
@@ -213,31 +214,38 @@ def cluster_from_gpus(
     inter_busbw_gbps: float | None = None,
     host_gib: float | None = None,
     nvme_gib: float | None = None,
+    gpu_spec: Path | None = None,
 ) -> dict[str, Any]:
     """``8xh100-sxm-80gb`` (one node of up to the part's node size, 8 where the catalog gives none, or
     whole nodes of it past that) or ``4x8xh100-sxm-80gb`` (nodes x GPUs per node) as an inline
-    cluster, with the NCCL bus bandwidths measured on it and its nodes' host RAM and NVMe, if given."""
+    cluster, with the NCCL bus bandwidths measured on it and its nodes' host RAM and NVMe, if given.
+    ``gpu_spec``: a JSON file of a GPU the catalog does not know (the API's custom GPU), which
+    ``spec`` names; nodes of it hold 8 unless ``spec`` says otherwise, as a PCIe card's do."""
     match = _GPUS.match(spec.strip().lower())
     if match is None:
         raise Usage(f"--gpus {spec!r}: expected COUNTxGPU or NODESxPER_NODExGPU, e.g. 8xh100-sxm-80gb")
     nodes_text, count_text, gpu = match.groups()
+    custom = None if gpu_spec is None else custom_gpu(gpu_spec, spec, gpu)
     count = int(count_text)
-    node = _node_size(gpu)
+    node = 8 if custom is not None else _node_size(gpu)
     if nodes_text is not None:
         nodes, per_node = int(nodes_text), count
     elif count <= node:
         nodes, per_node = 1, count
     else:
-        _known(spec, gpu)  # a mistyped name is refused as one, not as "not whole nodes of 8"
+        if custom is None:
+            _known(spec, gpu)  # a mistyped name is refused as one, not as "not whole nodes of 8"
         if count % node:
             raise Usage(
                 f"--gpus {spec!r}: {count} GPUs is not whole nodes of {node}; write NODESxPER_NODExGPU"
             )
         nodes, per_node = count // node, node
-    cluster: dict[str, Any] = {"gpu": gpu, "num_nodes": nodes, "gpus_per_node": per_node}
+    cluster: dict[str, Any] = {"gpu": custom or gpu, "num_nodes": nodes, "gpus_per_node": per_node}
     if inter_gbps is not None:
         cluster["inter_node_bandwidth_gbps"] = inter_gbps
     elif nodes > 1:
+        if custom is not None:
+            raise Usage(f"--gpus {spec!r} spans {nodes} nodes: give --inter-gbps (each GPU's network, GB/s)")
         _known(spec, gpu)  # a mistyped name is refused as one, not asked for its network
         if _reference_network(gpu) is None:
             # a part that ships in a reference node has that node's network (the API's default, which
@@ -254,6 +262,21 @@ def cluster_from_gpus(
     if nvme_gib is not None:
         cluster["nvme_bytes_per_node"] = gib_bytes(nvme_gib, "--nvme-gib")
     return cluster
+
+
+def custom_gpu(path: Path, spec: str, gpu: str) -> dict[str, Any]:
+    """The custom GPU in the JSON file ``path`` (the object POST /v1/clusters and the job endpoints take
+    as ``cluster.gpu``), which ``--gpus`` must name: its fields are the API's to check."""
+    try:
+        loaded = read_json(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise Usage(f"--gpu-spec {path}: {exc}") from exc
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("name"), str):
+        raise Usage(f"--gpu-spec {path}: expected a JSON object with the GPU's name (POST /v1/clusters' gpu)")
+    named = re.sub(r"[^a-z0-9.]+", "-", loaded["name"].lower()).strip("-")  # as --gpus can write it
+    if named != gpu:
+        raise Usage(f"--gpus {spec!r} names {gpu}, --gpu-spec {path} describes {named}: name it in --gpus")
+    return loaded
 
 
 def _known(spec: str, gpu: str) -> None:
@@ -321,7 +344,7 @@ def gib_bytes(gib: float, flag: str) -> int:
 
 # the flags that describe an inline cluster (--gpus); a stored one states its own (PATCH /v1/clusters/ID)
 INLINE_CLUSTER_OPTIONS = (
-    "inter_gbps", "intra_gbps", "intra_busbw_gbps", "inter_busbw_gbps", "host_gib", "nvme_gib"
+    "inter_gbps", "intra_gbps", "intra_busbw_gbps", "inter_busbw_gbps", "host_gib", "nvme_gib", "gpu_spec"
 )  # fmt: skip
 
 
@@ -335,9 +358,10 @@ def cluster_choice(api: Api, options: Mapping[str, Any]) -> dict[str, Any]:
         return cluster_from_gpus(gpus, **{name: options[name] for name in INLINE_CLUSTER_OPTIONS})
     given = [f"--{name.replace('_', '-')}" for name in INLINE_CLUSTER_OPTIONS if options[name] is not None]
     if given:
+        verb = "goes" if len(given) == 1 else "go"
         raise Usage(
-            f"--cluster {cluster!r}: a stored cluster states its own network, measured bus bandwidths, "
-            f"host RAM and NVMe (PATCH /v1/clusters/ID); {', '.join(given)} go with --gpus"
+            f"--cluster {cluster!r}: a stored cluster states its own GPU, network, measured bus bandwidths, "
+            f"host RAM and NVMe (PATCH /v1/clusters/ID); {', '.join(given)} {verb} with --gpus"
         )
     return {"id": stored_cluster_id(api, str(cluster))}
 
@@ -762,6 +786,13 @@ cluster_options = [
     ),
     click.option("--cluster", help="a stored cluster's name or id"),
     click.option(
+        "--gpu-spec",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="a GPU the catalog does not know: a JSON file of POST /v1/clusters' custom gpu (name, "
+        "memory_bytes, peak_flops_per_s, hbm_bandwidth_bytes_per_s; chip and links optional), which "
+        "--gpus names (its name in lower case, other characters as -): COUNTxNAME, nodes of 8",
+    ),
+    click.option(
         "--inter-gbps",
         type=NUMBER,
         help="each GPU's network between nodes, GB/s (default for an SXM/OAM part: its reference node's, "
@@ -790,6 +821,7 @@ TRAINING_FLAGS = {"training.seq_len": "--seq", "training.global_batch_size": "--
 }  # fmt: skip
 SHAPE_FLAGS = {  # an inline cluster's fields, as --gpus and the flags describing it send them
     "gpu": "--gpus",
+    "gpu.*": "--gpu-spec",  # a custom GPU's fields
     "num_nodes": "--gpus",
     "gpus_per_node": "--gpus",
     "inter_node_bandwidth_gbps": "--inter-gbps",
@@ -935,6 +967,7 @@ def plan(
     config: Path | None,
     gpus: str | None,
     cluster: str | None,
+    gpu_spec: Path | None,
     inter_gbps: float | None,
     intra_gbps: float | None,
     intra_busbw_gbps: float | None,
@@ -1040,6 +1073,7 @@ def estimate(
     config: Path | None,
     gpus: str | None,
     cluster: str | None,
+    gpu_spec: Path | None,
     inter_gbps: float | None,
     intra_gbps: float | None,
     intra_busbw_gbps: float | None,
@@ -1422,6 +1456,11 @@ def clusters_list(url: str | None, as_json: bool) -> None:
 @clusters.command(name="add")
 @click.argument("name")
 @click.option("--gpus", required=True, help="COUNTxGPU or NODESxPER_NODExGPU")
+@click.option(
+    "--gpu-spec",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="a GPU the catalog does not know: a JSON file of its spec (the body's gpu), which --gpus names",
+)
 @click.option("--inter-gbps", type=NUMBER, help="each GPU's network between nodes, GB/s")
 @options(busbw_options)
 @click.option("--host-gib", type=NUMBER, help="host RAM per node, GiB (default: not stated)")
@@ -1432,6 +1471,7 @@ def clusters_list(url: str | None, as_json: bool) -> None:
 def clusters_add(
     name: str,
     gpus: str,
+    gpu_spec: Path | None,
     inter_gbps: float | None,
     intra_gbps: float | None,
     intra_busbw_gbps: float | None,
@@ -1450,6 +1490,7 @@ def clusters_add(
         inter_busbw_gbps=inter_busbw_gbps,
         host_gib=host_gib,
         nvme_gib=nvme_gib,
+        gpu_spec=gpu_spec,
     )
     body = {"name": name, "description": description, **shape}
     stored = Api(url, CLUSTER_FLAGS).call("POST", "/v1/clusters", json=body)

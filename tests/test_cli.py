@@ -627,7 +627,7 @@ def test_measured_bus_bandwidths_are_flags_of_an_inline_cluster(database: str) -
     assert json.loads(added.output)["measured_inter_node_bus_bandwidth_bytes_per_s"] == 44e9
     # a stored cluster keeps its own measurements; the API's refusals name the field
     stored = CliRunner().invoke(main, ["estimate", *args, "--cluster", "pod", "--intra-busbw-gbps", "200"])
-    assert stored.exit_code == 64 and "go with --gpus" in words(stored.output)
+    assert stored.exit_code == 64 and "goes with --gpus" in words(stored.output)
     one_node = CliRunner().invoke(
         main, ["estimate", *args, "--gpus", "8xh100-sxm-80gb", "--inter-busbw-gbps", "44"]
     )
@@ -877,7 +877,7 @@ def test_an_inline_cluster_states_its_host_ram_and_nvme(database: str) -> None:
     added = json.loads(run("clusters", "add", "lab", "--gpus", "8xh100-sxm-80gb", *stated, "--json").output)
     assert (added["cpu_memory_bytes_per_node"], added["nvme_bytes_per_node"]) == (1024 * 2**30, 3576 * 2**30)
     stored = CliRunner().invoke(main, ["plan", *args, "--cluster", "lab", "--nvme-gib", "100"])
-    assert stored.exit_code == 64 and "--nvme-gib go with --gpus" in words(stored.output), stored.output
+    assert stored.exit_code == 64 and "--nvme-gib goes with --gpus" in words(stored.output), stored.output
 
 
 @pytest.mark.parametrize("spec", ["16xh100-sxm-80b", "12xh100-sxm-80b", "2x8xh100-sxm-80b"])
@@ -1025,3 +1025,57 @@ def test_a_node_s_own_link_is_a_flag_of_an_inline_and_a_stored_cluster(database:
     assert json.loads(added.output)["intra_node_bandwidth_bytes_per_s"] == 32e9
     refused = CliRunner().invoke(main, [*args, "--gpus", "8xh100-sxm-80gb", "--intra-gbps", "1e9"])
     assert refused.exit_code == 1 and "(--intra-gbps)" in words(refused.output), refused.output
+
+
+LAB_CARD = {
+    "name": "Lab Card 48GB",
+    "memory_bytes": 48 * 2**30,
+    "peak_flops_per_s": {"fp32": 4e13, "bf16": 1.8e14},
+    "hbm_bandwidth_bytes_per_s": 1e12,
+    "pcie_bandwidth_bytes_per_s": 3.2e10,
+}
+
+
+def test_a_gpu_the_catalog_does_not_know_from_a_spec_file(database: str, tmp_path: Path) -> None:
+    """A custom GPU was reachable from the CLI only through a cluster stored over HTTP (--gpus takes
+    catalog names): --gpu-spec reads the API's custom GPU object from a file, which --gpus names."""
+    spec = tmp_path / "lab.json"
+    spec.write_text(json.dumps(LAB_CARD))
+    assert cluster_from_gpus("4xlab-card-48gb", None, gpu_spec=spec) == {
+        "gpu": LAB_CARD, "num_nodes": 1, "gpus_per_node": 4
+    }  # fmt: skip
+    # no node of its own: nodes of 8, as a PCIe card's; across nodes its network is the caller's
+    assert cluster_from_gpus("16xlab-card-48gb", 12.5, gpu_spec=spec)["num_nodes"] == 2
+    job = ["--model", "llama-3.1-8b", "--seq", "4096", "--batch", "64"]
+    spans = run("estimate", *job, "--gpus", "16xlab-card-48gb", "--gpu-spec", str(spec))
+    assert spans.exit_code == 64 and "--inter-gbps" in spans.output
+    other = run("estimate", *job, "--gpus", "4xlab-card", "--gpu-spec", str(spec))
+    assert other.exit_code == 64 and "lab-card-48gb" in other.output
+    # the same numbers as the API's, given the same GPU inline
+    result = run("plan", *job, "--gpus", "4xlab-card-48gb", "--gpu-spec", str(spec), "--json")
+    assert result.exit_code == 0, result.output
+    from fastapi.testclient import TestClient
+
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "cluster": {"gpu": LAB_CARD, "num_nodes": 1, "gpus_per_node": 4},
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+        "launchers": [],
+    }
+    with TestClient(create_app(Settings(database_url=database))) as client:
+        posted = client.post("/v1/plans", json=body).json()
+    assert json.loads(result.output)["recommended"] == posted["recommended"]
+    # a field the API refuses is the file's, and named so
+    spec.write_text(json.dumps({**LAB_CARD, "memory_bytes": 5}))
+    bad = run("estimate", *job, "--gpus", "4xlab-card-48gb", "--gpu-spec", str(spec))
+    assert bad.exit_code == 1 and "cluster.gpu.memory_bytes (--gpu-spec)" in " ".join(bad.output.split())
+    spec.write_text(json.dumps(LAB_CARD))
+    stored = run("clusters", "add", "lab", "--gpus", "2x4xlab-card-48gb", "--inter-gbps", "25",
+                 "--gpu-spec", str(spec), "--json")  # fmt: skip
+    assert stored.exit_code == 0, stored.output
+    assert json.loads(stored.output)["gpu"]["name"] == LAB_CARD["name"]
+    both = run("estimate", *job, "--cluster", "lab", "--gpu-spec", str(spec))
+    assert both.exit_code == 64 and "--gpu-spec goes with --gpus" in " ".join(both.output.split())
+    assert run("estimate", *job, "--cluster", "lab", "--zero", "3", "--recompute", "full").exit_code == 0
+    spec.write_text("{not json")
+    assert run("estimate", *job, "--gpus", "4xlab-card-48gb", "--gpu-spec", str(spec)).exit_code == 64
