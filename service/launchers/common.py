@@ -451,6 +451,16 @@ def attention_duty(plan: Plan) -> str:
     attention = for_gpu(plan.training, plan.cluster.gpu, plan.model).attention
     if attention is None:
         return ""
+    if attention is Attention.FLASH and plan.layout.framework is Framework.FSDP and plan.layout.cp > 1:
+        # torch's context parallelism (accelerator.maybe_context_parallel) splits the sequence inside
+        # F.scaled_dot_product_attention alone, and transformers' Trainer refuses another implementation
+        # (_prepare_context_parallel_inputs); flash_attention_2 would attend within each rank's shard
+        return (
+            f"\nattention: {TRAIN_SCRIPT} must load the model with from_pretrained(..., attn_implementation="
+            '"sdpa"): context parallelism splits the sequence inside SDPA only, whose FlashAttention '
+            "backend runs the kernel the estimate times (flash attention); flash_attention_2 would attend "
+            "within each rank's shard of the sequence."
+        )
     return (
         f"\nattention: {TRAIN_SCRIPT} must load the model with from_pretrained(..., attn_implementation="
         f'"{ATTN_IMPLEMENTATIONS[attention]}"): the estimate times {attention.value} attention.'

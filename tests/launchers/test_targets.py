@@ -647,8 +647,12 @@ def test_accelerate_names_what_train_py_must_do_for_context_parallelism() -> Non
 
     cp = header(plan(framework=Framework.FSDP, zero_stage=3, cp=2))
     assert "maybe_context_parallel" in cp and "tp_plan" not in cp
+    # torch's context parallelism splits the sequence inside SDPA alone: a model loaded with
+    # flash_attention_2 attends within each shard (long-context review), so the duty says sdpa
+    assert 'attn_implementation="sdpa"' in cp and '"flash_attention_2")' not in cp
     plain = header(plan(framework=Framework.FSDP, zero_stage=3))
     assert "tp_plan" not in plain and "maybe_context_parallel" not in plain
+    assert 'attn_implementation="flash_attention_2"' in plain
     lora = training(method=Method.LORA)
     tp = plan(train=lora, framework=Framework.FSDP, zero_stage=3, tp=2)
     assert "transformers 5.24" in str(accelerate.refusal(tp))
