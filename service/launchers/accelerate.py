@@ -39,6 +39,7 @@ from service.launchers.common import (
     Target,
     Word,
     accumulation,
+    activation_offload_refusal,
     comment_lines,
     fsdp_reduce_duty,
     full_logits_refusal,
@@ -81,7 +82,7 @@ def refusal(plan: Plan) -> Refusal:
     """Why Accelerate cannot run the plan as estimated, or None."""
     if (world := world_refusal(plan)) is not None:
         return world
-    if (logits := full_logits_refusal(plan)) is not None:
+    if (logits := full_logits_refusal(plan) or activation_offload_refusal(plan)) is not None:
         return logits
     lo = plan.layout
     if lo.framework is Framework.MEGATRON and (job := megatron.job_refusal(plan.model, plan.training)):

@@ -188,6 +188,18 @@ def full_logits_refusal(plan: Plan) -> Refusal:
     return None
 
 
+def activation_offload_refusal(plan: Plan) -> Refusal:
+    """No target offloads activations, so a layout estimated with ``activation_offload`` runs without
+    it: Megatron-LM's --cpu-offloading is not rendered (Megatron-Core refuses it with activation
+    recomputation or pipeline parallelism: transformer_config.py), the Hugging Face models the other
+    targets train checkpoint through torch.utils.checkpoint, which DeepSpeed's cpu_checkpointing
+    (deepspeed.checkpointing alone) does not move, and torchtitan has no such switch (long-context
+    review: an estimate of it answered 200 with no warning)."""
+    if plan.layout.activation_offload:
+        return "activation_offload: no launch file here moves activations to the host"
+    return None
+
+
 def layout_summary(plan: Plan) -> str:
     """One line naming every layout choice, for a comment or annotation in the artifact."""
     lo, cl = plan.layout, plan.cluster

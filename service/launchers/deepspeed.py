@@ -29,6 +29,7 @@ from service.launchers.common import (
     Unsupported,
     Word,
     accumulation,
+    activation_offload_refusal,
     full_logits_refusal,
     gradient_checkpointing_duty,
     model_duties,
@@ -146,7 +147,7 @@ def engine_refusal(plan: Plan) -> Refusal:
         return world
     if Target.DEEPSPEED not in FRAMEWORKS[lo.framework].targets:
         return f"the layout is for {lo.framework}, not DeepSpeed"
-    if (logits := full_logits_refusal(plan)) is not None:
+    if (logits := full_logits_refusal(plan) or activation_offload_refusal(plan)) is not None:
         return logits
     if (structural := structure_refusal(plan.model, lo.tp, lo.pp, lo.cp, lo.ep)) is not None:
         return f"tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}: {structural}"
@@ -314,7 +315,7 @@ def ds_config(plan: Plan) -> dict[str, Any]:
         # turn on gradient checkpointing in the script instead.
         config["activation_checkpointing"] = {
             "partition_activations": lo.tp > 1,
-            "cpu_checkpointing": lo.activation_offload,
+            "cpu_checkpointing": False,  # activation_offload is refused (common.activation_offload_refusal)
             "contiguous_memory_optimization": False,
             "synchronize_checkpoint_boundary": False,
             "profile": False,

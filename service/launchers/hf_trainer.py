@@ -36,6 +36,7 @@ from service.launchers.common import (
     Target,
     Word,
     accumulation,
+    activation_offload_refusal,
     fsdp_reduce_duty,
     full_logits_refusal,
     hf_decoder_layer,
@@ -85,7 +86,7 @@ def refusal(plan: Plan) -> Refusal:
         return world
     if TARGET not in FRAMEWORKS[lo.framework].targets:
         return "the layout is for Megatron-LM; the HF Trainer runs DeepSpeed or FSDP"
-    if (logits := full_logits_refusal(plan)) is not None:
+    if (logits := full_logits_refusal(plan) or activation_offload_refusal(plan)) is not None:
         return logits
     if lo.tp > 1 or lo.pp > 1 or lo.cp > 1 or lo.ep > 1:
         return f"tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}: the HF Trainer runs data parallelism only"

@@ -40,6 +40,7 @@ from service.launchers.common import (
     Target,
     Word,
     accumulation,
+    activation_offload_refusal,
     full_logits_refusal,
     megatron_overlaps_grad_reduce,
     pipeline_split,
@@ -99,7 +100,7 @@ def refusal(plan: Plan) -> Refusal:
     lo, model, seq = plan.layout, plan.model, plan.training.seq_len
     if TARGET not in FRAMEWORKS[lo.framework].targets:
         return f"the layout is for {lo.framework}, not Megatron-LM"
-    if (logits := full_logits_refusal(plan)) is not None:
+    if (logits := full_logits_refusal(plan) or activation_offload_refusal(plan)) is not None:
         return logits
     if (hardware := hardware_refusal(plan.cluster.gpu)) is not None:
         return hardware

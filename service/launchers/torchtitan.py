@@ -33,6 +33,7 @@ from service.launchers.common import (
     Target,
     Word,
     accumulation,
+    activation_offload_refusal,
     pipeline_split,
     refuse,
     script,
@@ -238,6 +239,8 @@ def refusal(plan: Plan) -> Refusal:
     if (unbuilt := _model_problem(plan.model)) is not None:
         return unbuilt
     problems = _job_problems(plan.model, plan.training)
+    if (offload := activation_offload_refusal(plan)) is not None:
+        problems.append(offload)
     if lo.chunked_loss and plan.training.seq_len % CHUNKS:
         problems.append(
             f"seq_len {plan.training.seq_len}: ChunkedLossWrapper splits it into {CHUNKS} equal chunks"

@@ -26,7 +26,9 @@ from service.estimator.types import (
     Recompute,
     RecomputeModule,
 )
+from service.frameworks import FRAMEWORKS
 from service.launchers import (
+    REFUSALS,
     Target,
     Unsupported,
     accelerate,
@@ -1027,3 +1029,23 @@ def test_zero3_launches_of_fused_expert_adapters_ask_for_a_leaf_moe_block() -> N
     assert sum("set_z3_leaf_modules" in text for text in texts) >= 3
     zero2 = plan(model=qwen, framework=Framework.DEEPSPEED, zero_stage=2, train=training(method=Method.LORA))
     assert not any("set_z3_leaf_modules" in a.content for a in deepspeed.render(zero2))
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"framework": Framework.DEEPSPEED, "zero_stage": 3, "recompute": Recompute.FULL},
+        {"framework": Framework.MEGATRON, "zero_stage": 1, "recompute": Recompute.NONE},
+        {"framework": Framework.FSDP, "zero_stage": 3, "recompute": Recompute.FULL},
+    ],
+)
+def test_no_target_runs_a_layout_estimated_with_activation_offload(layout: dict[str, Any]) -> None:
+    """No launch file moves activations to the host (Megatron-LM's --cpu-offloading is not written;
+    DeepSpeed's cpu_checkpointing does not reach Hugging Face models' torch.utils.checkpoint), so every
+    target refuses such a layout and its estimate says a plan never proposes it (long-context review:
+    a Megatron estimate of it answered 200 with no warning)."""
+    runs = {*FRAMEWORKS[layout["framework"]].targets, Target.SLURM, Target.KUBERNETES}
+    for target in runs:
+        refuse = REFUSALS[target]
+        assert "activation_offload" in str(refuse(plan(model=llama3_8b(), activation_offload=True, **layout)))
+        assert "activation_offload" not in str(refuse(plan(model=llama3_8b(), **layout))), target
