@@ -638,15 +638,7 @@ def _search_structure(
     sizes_of, ceilings = known
     for framework in search.constraints.frameworks:
         options, unsupported = search.shardings(job, framework, s)
-        for reason in unsupported:
-            if reason in result.log.groups:
-                result.log.groups[reason].count += 1  # the example is kept from the first
-            else:
-                stage = reason.zero_stage if isinstance(reason, Unsupported) else 0
-                example = make_layout(
-                    s, Sharding(framework, stage), Recompute.NONE, 1, 1, job.cluster.gpu.peer_to_peer
-                )
-                result.log.add(reason, 1, example, reason)
+        _log_unsupported(job, result, s, framework, unsupported)
         fitted = False
         virtuals = virtual_stages(search.model, framework, s.pp)
         for sh in options:
@@ -670,6 +662,21 @@ def _search_structure(
                 if search.budget.exhausted(result.uncharged):
                     result.truncated = True
                     return
+
+
+def _log_unsupported(
+    job: Job, result: SearchResult, s: Structure, framework: Framework, unsupported: list[str]
+) -> None:
+    """Log why ``framework`` builds none of some shardings of ``s`` (``_Search.shardings``)."""
+    for reason in unsupported:
+        if reason in result.log.groups:
+            result.log.groups[reason].count += 1  # the example is kept from the first
+        else:
+            stage = reason.zero_stage if isinstance(reason, Unsupported) else 0
+            example = make_layout(
+                s, Sharding(framework, stage), Recompute.NONE, 1, 1, job.cluster.gpu.peer_to_peer
+            )
+            result.log.add(reason, 1, example, reason)
 
 
 DOMINATED = "dominated: cannot beat the top k at any micro-batch"
@@ -943,9 +950,15 @@ def _lean_fit(
 ) -> tuple[bool, Layout | None]:
     """Whether ``s`` may hold a layout that fits (``_viable_structures``), and the first of its lean
     layouts that fits; (True, None) where a lean layout breaks a rule before any fits (no bound:
-    the family's other members may be valid)."""
+    the family's other members may be valid). A structure that may not fit logs why a framework
+    builds no sharding of it (a plan's search: ``_search_structure`` logs it for the others), so
+    that an infeasible plan says which launcher kept a split from the search (the HF Trainer's data
+    parallelism alone hid context parallelism at 128k tokens; long-context review)."""
+    unbuilt: list[tuple[Framework, list[str]]] = []
     for framework in runnable:
-        options, _ = search.shardings(job, framework, s)
+        options, unsupported = search.shardings(job, framework, s)
+        if unsupported and search.rejections:
+            unbuilt.append((framework, unsupported))
         sp = sequence_parallel_default(framework, s.tp)
         sizes = _micro_batches(job, s, 1, sp)
         if not options or not sizes:
@@ -972,6 +985,8 @@ def _lean_fit(
             _log_memory(result, lean, memory, limit, 1, _shown(search, job))
             if i == 0 and _leanest_states_exceed(job, lean, ordered, limit):
                 break  # no other sharding of the framework holds fewer model states
+    for framework, unsupported in unbuilt:
+        _log_unsupported(job, result, s, framework, unsupported)
     return False, None
 
 

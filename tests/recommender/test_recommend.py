@@ -367,6 +367,22 @@ def test_a_plan_through_a_data_parallel_launcher_builds_no_split_it_refuses() ->
     assert rec.search.memory_evaluations < 200
 
 
+def test_an_infeasible_plan_says_which_launcher_kept_a_split_from_the_search() -> None:
+    """Llama 3.1 8B at 128k tokens on one node fits only with context parallelism, which the HF
+    Trainer does not run: the infeasible plan said only "does not fit in GPU memory" (the splits were
+    left out before any was logged; long-context review). It names the launcher's limit too."""
+    training = TrainingSpec(seq_len=131_072, global_batch_size=8)
+    hf_trainer = Constraints(frameworks=(Framework.FSDP, Framework.DEEPSPEED), launchers=(Target.HF_TRAINER,))
+    rec = recommend(
+        model("llama-3.1-8b").spec, cluster(), training, hf_trainer, default_tuning(), with_suggestions=False
+    )
+    assert rec.recommended is None
+    reasons = {r.reason: r for r in rec.rejected}
+    for framework in ("fsdp", "deepspeed"):
+        split = f"no requested launcher runs {framework} at this split: hf_trainer runs data parallelism only"
+        assert split in reasons and reasons[split].example.cp > 1
+
+
 def test_a_data_parallel_split_names_only_the_launchers_that_run_the_framework() -> None:
     """DeepSpeed through the HF Trainer or Megatron-LM: the HF Trainer alone of them runs DeepSpeed, so
     the split's reason names it, not Megatron-LM (which runs model parallelism, and not DeepSpeed)."""
