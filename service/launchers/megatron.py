@@ -528,6 +528,12 @@ def _model_args(plan: Plan) -> list[str]:
     # Mock data and a null tokenizer of the model's vocabulary size: replace with
     # --data-path/--tokenizer-type/--tokenizer-model for real data.
     args += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab_size)]
+    # The dataloader's dense causal mask, which Transformer Engine's causal attention never reads (it
+    # reads a mask only for padding or arbitrary types): by default (create_attention_mask_in_dataloader)
+    # GPTDataset builds a (s, s) mask on the host and get_batch_on_this_tp_rank puts a (micro-batch, 1,
+    # s, s) bool tensor on every GPU, 16 GiB at 128k tokens, which the estimate does not count
+    # (long-context review; NVIDIA's llama3 example scripts pass this flag, NeMo create_attention_mask=False)
+    args.append("--no-create-attention-mask-in-dataloader")
     return args
 
 

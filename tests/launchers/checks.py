@@ -76,7 +76,7 @@ MEGATRON_SWITCHES = {
     "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--overlap-moe-expert-parallel-comm",
     "--moe-shared-expert-gate",
     "--bf16", "--fp16", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
-    "--disable-bias-linear", "--add-qkv-bias", "--mock-data",
+    "--disable-bias-linear", "--add-qkv-bias", "--mock-data", "--no-create-attention-mask-in-dataloader",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--multi-latent-attention", "--qk-layernorm", "--grad-reduce-in-bf16", "--fp8-param-gather",
     "--use-rope-scaling", "--no-yarn-correction-range-round-to-int", "--moe-router-pre-softmax",

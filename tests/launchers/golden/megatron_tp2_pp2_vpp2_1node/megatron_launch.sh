@@ -15,6 +15,6 @@ torchrun --standalone --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --tensor-mod
     --seq-length 4096 --max-position-embeddings 4096 --position-embedding-type rope --rotary-base 10000 \
     --swiglu --normalization RMSNorm --norm-epsilon 1e-05 --untie-embeddings-and-output-weights \
     --disable-bias-linear --hidden-dropout 0.0 --attention-dropout 0.0 --mock-data --tokenizer-type NullTokenizer \
-    --vocab-size 32000 --optimizer adam --lr 0.0003 --min-lr 3e-05 --lr-decay-style cosine --clip-grad 1.0 \
-    --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-08 --log-interval 10 \
-    --eval-interval 1000 --eval-iters 10
+    --vocab-size 32000 --no-create-attention-mask-in-dataloader --optimizer adam --lr 0.0003 --min-lr 3e-05 \
+    --lr-decay-style cosine --clip-grad 1.0 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 \
+    --adam-eps 1e-08 --log-interval 10 --eval-interval 1000 --eval-iters 10
