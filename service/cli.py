@@ -449,8 +449,11 @@ MEMORY_ROWS = (
     ("peak_reserved_bytes", "peak reserved"),
     ("cuda_context", None),
     ("nccl_buffers", None),
+    ("tp_comm_buffers", None),
     ("device_used_bytes", "device used (fit)"),
 )
+# components most layouts hold none of, shown where one does
+ZERO_ROWS_LEFT_OUT = frozenset({"tp_comm_buffers"})
 # what a plan stored before the statistics were named holds
 OLD_MEMORY_ROWS = (
     *((name, None) for name in ("parameters", "gradients", "optimizer_states", "activations", "buffers")),
@@ -471,7 +474,9 @@ def memory_table(estimate: dict[str, Any]) -> Table:
     table.add_column("share of the card")
     named = per_gpu.get("peak_allocated_bytes") is not None
     for key, statistic in MEMORY_ROWS if named else OLD_MEMORY_ROWS:
-        value = per_gpu[key]
+        value = per_gpu.get(key)
+        if value is None or (key in ZERO_ROWS_LEFT_OUT and not value):
+            continue  # a component the layout does not hold, or a plan stored before it was reported
         width = 0 if capacity <= 0 else min(_BAR_CHARS, math.ceil(_BAR_CHARS * value / capacity))
         bar = "#" * width + "." * (_BAR_CHARS - width)
         table.add_row(statistic or key, f"{value / GIB:,.2f}", bar, style="bold" if statistic else "")

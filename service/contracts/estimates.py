@@ -261,7 +261,7 @@ class MemoryPerGPUOut(BaseModel):
     optimizer_states: int
     activations: int
     buffers: int = Field(description="communication buckets, gathered ZeRO-3 / FSDP parameters, temporaries")
-    overhead: int = Field(description="fragmentation + cuda_context + nccl_buffers")
+    overhead: int = Field(description="fragmentation + cuda_context + nccl_buffers + tp_comm_buffers")
     fragmentation: int | None = Field(
         default=None,
         description="the caching allocator's cached free blocks at the peak (peak reserved - peak allocated)"
@@ -277,6 +277,12 @@ class MemoryPerGPUOut(BaseModel):
         description="NCCL's channel buffers of every process group, outside PyTorch's allocator"
         + _NOT_STORED,
     )
+    tp_comm_buffers: int | None = Field(
+        default=None,
+        description="Transformer Engine's userbuffers under Megatron's --tp-comm-overlap "
+        "(layout.tp_comm_overlap): 12 buffers of seq_len x micro_batch_size / cp x hidden_size, outside "
+        "PyTorch's allocator; 0 otherwise" + _NOT_STORED,
+    )
     peak_allocated_bytes: int | None = Field(
         default=None,
         description="peak allocated (torch.cuda.max_memory_allocated): parameters + gradients + "
@@ -288,7 +294,8 @@ class MemoryPerGPUOut(BaseModel):
         "allocated + fragmentation" + _NOT_STORED,
     )
     device_used_bytes: int = Field(
-        description="device memory used as nvidia-smi shows it: peak reserved + cuda_context + nccl_buffers; "
+        description="device memory used as nvidia-smi shows it: peak reserved + cuda_context + nccl_buffers "
+        "+ tp_comm_buffers; "
         "the statistic the fit compares with the card's capacity"
     )
     total: int = Field(description="= device_used_bytes")

@@ -44,9 +44,10 @@ from service.estimator.types import (
 from service.estimator.validate import learned_positions, sequence_divisor, valid_micro_batch_sizes
 
 # (parameters, gradients, optimizer states, activations, buffers, fragmentation, CUDA context, NCCL
-# buffers) of one GPU, in bytes: the first five are what PyTorch allocates, + fragmentation what its
-# caching allocator reserves, + the last two what nvidia-smi shows (``MemoryBreakdown``)
-MemoryParts = tuple[int, int, int, int, int, int, int, int]
+# buffers, TP userbuffers) of one GPU, in bytes: the first five are what PyTorch allocates, +
+# fragmentation what its caching allocator reserves, + the last three what nvidia-smi shows
+# (``MemoryBreakdown``)
+MemoryParts = tuple[int, int, int, int, int, int, int, int, int]
 
 # ---------------------------------------------------------------- memory
 
@@ -74,7 +75,8 @@ def rank_peak_parts(
     * the optimizer step: every gradient, the held buffers and what the step allocates
       (``RankStates.optimizer_temporary``).
 
-    The overhead: the CUDA context, NCCL's buffers and the allocator's fragmentation, a fraction of
+    The overhead: the CUDA context, NCCL's buffers, Transformer Engine's userbuffers and the
+    allocator's fragmentation, a fraction of
     what each moment allocates and frees; the reserved peak is the largest moment's reservation, the
     start's with the gradients made later where they come from another stream's pool
     (``RankStates.gradients_apart``)."""
@@ -101,7 +103,7 @@ def rank_peak_parts(
         reserved = max(reserved, step + fragmentation_bytes(made + states.optimizer_temporary, fraction))
         if step > peak:
             moment, peak = (states.gradients, 0, math.ceil(step_buffers)), step
-    return (*moment, math.ceil(acts.context_and_nccl + reserved - peak))
+    return (*moment, math.ceil(acts.outside_allocator + reserved - peak))
 
 
 def rank_memory_parts(
@@ -109,10 +111,12 @@ def rank_memory_parts(
 ) -> MemoryParts:
     """One pipeline rank's bytes by component at its peak (``rank_peak_parts``); ``dynamic_factor``
     (learned from runs) scales the dynamic ones: activations, buffers and the overhead
-    (fragmentation, CUDA context, NCCL). ``autocast_bytes``: the 16-bit copies of a frozen fp32 base
-    the rank holds (``memory.autocast_weight_bytes``), a buffer."""
+    (fragmentation, CUDA context, NCCL, userbuffers). ``autocast_bytes``: the 16-bit copies of a frozen
+    fp32 base the rank holds (``memory.autocast_weight_bytes``), a buffer."""
     gradients, activations, buffers, overhead = rank_peak_parts(job, states, acts, autocast_bytes)
-    context, nccl = math.ceil(acts.cuda_context), math.ceil(acts.nccl_buffers)  # whole bytes already
+    # whole bytes already
+    context, nccl = math.ceil(acts.cuda_context), math.ceil(acts.nccl_buffers)
+    userbuffers = math.ceil(acts.tp_comm_buffers)
     if dynamic_factor == 1.0:
         dynamic = (activations, buffers, overhead)
     else:
@@ -122,18 +126,21 @@ def rank_memory_parts(
             calibrated_bytes(overhead, dynamic_factor),
         )
         context, nccl = calibrated_bytes(context, dynamic_factor), calibrated_bytes(nccl, dynamic_factor)
+        userbuffers = calibrated_bytes(userbuffers, dynamic_factor)
     # the overhead split so that its parts add up to it exactly: the fit's total is the one it was
     context = min(context, dynamic[2])
     nccl = min(nccl, dynamic[2] - context)
+    userbuffers = min(userbuffers, dynamic[2] - context - nccl)
     return (
         states.parameters,
         gradients,
         states.optimizer_states,
         dynamic[0],
         dynamic[1],
-        dynamic[2] - context - nccl,
+        dynamic[2] - context - nccl - userbuffers,
         context,
         nccl,
+        userbuffers,
     )
 
 
@@ -235,7 +242,7 @@ def memory_estimate(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> Me
 
 
 def memory_breakdown(parts: MemoryParts) -> MemoryBreakdown:
-    parameters, gradients, optimizer_states, activations, buffers, fragmentation, context, nccl = parts
+    parameters, gradients, optimizer_states, activations, buffers, fragmentation, context, nccl, ub = parts
     return MemoryBreakdown(
         parameters=parameters,
         gradients=gradients,
@@ -245,6 +252,7 @@ def memory_breakdown(parts: MemoryParts) -> MemoryBreakdown:
         fragmentation=fragmentation,
         cuda_context=context,
         nccl_buffers=nccl,
+        tp_comm_buffers=ub,
     )
 
 

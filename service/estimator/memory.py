@@ -286,6 +286,34 @@ def nccl_buffer_bytes(layout: Layout, assume: MemoryAssumptions) -> float:
     return float(assume.nccl_bytes_per_group * communicator_count(layout))
 
 
+# Transformer Engine's userbuffers for Megatron-LM's --tp-comm-overlap (TE >= 2.7 with Megatron-LM main
+# @d98e8a6): megatron/training/initialize.py _initialize_tp_communicators hands te initialize_ub the shape
+# [seq_length x micro_batch_size / context_parallel_size, hidden_size], and initialize_ub
+# (transformer_engine/pytorch/module/base.py) builds 12 communicators whatever is enabled (ring exchange:
+# qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; pipeline: proj_fprop, fc2_fprop; bulk: qkv_dgrad,
+# qkv_wgrad, fc1_dgrad, fc1_wgrad; external: proj_wgrad, fc2_wgrad), each with one buffer of that whole
+# shape (ring exchange: tp chunks of 1/tp of it; comm_gemm_overlap.cpp), in bf16, or 1 byte for the 8
+# all-gather ones under fp8 (fp8_buf), allocated with cuMemCreate / cudaMalloc outside PyTorch's
+# allocator; and a cuBLAS workspace per userbuffer stream (3 x (32 MiB + 1 KiB) on sm90+, 4 MiB each
+# before: taken at the larger). Torchtitan's Async TP is a torch.compile pass, not these.
+TE_UB_COMMUNICATORS = 12
+TE_UB_FP8_GATHERS = 8  # of them, the all-gathers' buffers, 1-byte under fp8
+TE_UB_WORKSPACE_BYTES = 3 * (32 * 2**20 + 2**10)
+
+
+def tp_comm_buffer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """Transformer Engine's userbuffers under Megatron's --tp-comm-overlap (``TE_UB_COMMUNICATORS``):
+    8B at 8k tokens 0.84 GiB, at 128k over cp 2 6.1 GiB (long-context review); none otherwise."""
+    if not (layout.tp_comm_overlap and layout.framework is Framework.MEGATRON):
+        return 0.0
+    elements = training.seq_len * layout.micro_batch_size // layout.cp * model.hidden_size
+    if training.precision is Precision.FP8:
+        per_element = TE_UB_FP8_GATHERS * 1 + (TE_UB_COMMUNICATORS - TE_UB_FP8_GATHERS) * 2
+    else:
+        per_element = TE_UB_COMMUNICATORS * 2
+    return float(elements * per_element + TE_UB_WORKSPACE_BYTES)
+
+
 def fragmentation_bytes(dynamic_bytes: float, fragmentation_fraction: float) -> float:
     """The caching allocator's fragmentation reserve on activations and buffers: blocks freed by one
     phase (the forward's transients, a layer's recompute) stay cached in their segments, so the
@@ -496,7 +524,8 @@ class RankActivations:
     buffers: float  # pipeline receive buffers, QLoRA dequantisation, the loss workspace (last rank)
     cuda_context: float  # cuda_context_bytes
     nccl_buffers: float  # nccl_buffer_bytes
-    context_and_nccl: int  # the two above, each rounded up to whole bytes
+    tp_comm_buffers: float  # tp_comm_buffer_bytes
+    outside_allocator: int  # the three above, each rounded up to whole bytes
     # backward_end_activation_bytes: what the end of the backward holds beside every gradient, or None
     # where gradients and activations peak together (gradients_follow_activations is false)
     backward_end: float | None
@@ -564,6 +593,7 @@ ACTIVATION_FIELDS = (
     "torch_compile",
     "moe_a2a_overlap",
     "moe_capacity_factor",  # the routed experts' padded capacity (activations._moe_mlp)
+    "tp_comm_overlap",  # Transformer Engine's userbuffers (tp_comm_buffer_bytes)
 )
 
 
@@ -595,14 +625,16 @@ def backward_end_activation_bytes(job: Job, layout: Layout) -> float:
 
 @layout_memo(*ACTIVATION_FIELDS, memory=True)
 def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
-    """Activations, their buffers, the CUDA context and NCCL's buffers of each of ``pipeline_ranks``."""
+    """Activations, their buffers, the CUDA context, NCCL's buffers and Transformer Engine's userbuffers
+    of each of ``pipeline_ranks``."""
     layer = activations.layer_activations(job, layout)
     backward_end = (
         backward_end_activation_bytes(job, layout) if gradients_follow_activations(job, layout) else None
     )
     every_rank, last_rank = activation_buffer_bytes(job, layout)
     context, nccl = cuda_context_bytes(job.assume), nccl_buffer_bytes(layout, job.assume)
-    context_and_nccl = math.ceil(context) + math.ceil(nccl)
+    userbuffers = tp_comm_buffer_bytes(job.model, layout, job.training)
+    outside_allocator = math.ceil(context) + math.ceil(nccl) + math.ceil(userbuffers)
     micro_batches = activations.micro_batches_per_step(layout, job.training)
     out = []
     kinds = rank_kind_counts(job, layout)
@@ -625,7 +657,8 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
                 buffers=(last_rank if rank == layout.pp - 1 else every_rank) + received,
                 cuda_context=context,
                 nccl_buffers=nccl,
-                context_and_nccl=context_and_nccl,
+                tp_comm_buffers=userbuffers,
+                outside_allocator=outside_allocator,
                 backward_end=backward_end,
             )
         )

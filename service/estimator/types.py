@@ -1266,11 +1266,18 @@ class MemoryBreakdown:
     fragmentation: int  # the caching allocator's cached free blocks at the peak: reserved - allocated
     cuda_context: int  # CUDA context with its kernel images and library handles, outside the allocator
     nccl_buffers: int  # NCCL's channel buffers of every communicator, outside the allocator
+    # Transformer Engine's userbuffers under Megatron's --tp-comm-overlap, outside the allocator
+    tp_comm_buffers: int = 0
+
+    @property
+    def outside_allocator(self) -> int:
+        """What the process holds outside PyTorch's allocator: CUDA context, NCCL and TE userbuffers."""
+        return self.cuda_context + self.nccl_buffers + self.tp_comm_buffers
 
     @property
     def overhead(self) -> int:
-        """Everything but tensors: fragmentation + CUDA context + NCCL buffers."""
-        return self.fragmentation + self.cuda_context + self.nccl_buffers
+        """Everything but tensors: fragmentation + what is outside the allocator."""
+        return self.fragmentation + self.outside_allocator
 
     @property
     def peak_allocated_bytes(self) -> int:
@@ -1284,8 +1291,8 @@ class MemoryBreakdown:
 
     @property
     def device_used_bytes(self) -> int:
-        """What nvidia-smi shows for the process: reserved + CUDA context + NCCL buffers."""
-        return self.peak_reserved_bytes + self.cuda_context + self.nccl_buffers
+        """What nvidia-smi shows for the process: reserved + CUDA context + NCCL buffers + userbuffers."""
+        return self.peak_reserved_bytes + self.outside_allocator
 
     @property
     def total(self) -> int:

@@ -1006,15 +1006,16 @@ def _shards_most(ordered: list[Sharding]) -> bool:
 def _leanest_states_exceed(job: Job, lean: Layout, ordered: list[Sharding], limit: int) -> bool:
     """Whether every sharding in ``ordered`` needs more than ``limit`` for this lean layout, from
     the first one's evaluation: where it shards most (``_shards_most``), its model states per rank
-    are the fewest any of them holds, and the activations, their buffers, the CUDA context and
-    NCCL's buffers are the same for all (``memory.ACTIVATION_FIELDS`` hold no sharding). That sum on
-    the most-loaded rank, less every buffer and the fragmentation the states add, bounds all of them."""
+    are the fewest any of them holds, and the activations, their buffers and what lies outside the
+    allocator (CUDA context, NCCL, userbuffers) are the same for all (``memory.ACTIVATION_FIELDS``
+    hold no sharding). That sum on the most-loaded rank, less every buffer and the fragmentation the
+    states add, bounds all of them."""
     if not _shards_most(ordered):
         return False
     ranks = zip(stage_states(job, lean), stage_activations(job, lean), strict=True)
     least = max(
         states.parameters + states.gradients + states.optimizer_states
-        + acts.on_gpu_bytes + acts.buffers + acts.cuda_context + acts.nccl_buffers
+        + acts.on_gpu_bytes + acts.buffers + acts.outside_allocator
         for states, acts in ranks
     )  # fmt: skip
     return least > limit

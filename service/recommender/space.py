@@ -462,7 +462,7 @@ def dynamic_floor(
         # autocast copies left out (rank_total_bytes is the states + the largest moment's reservation)
         dynamic = acts.on_gpu + acts.buffers
         fragmentation = fragmentation_bytes(dynamic, job.assume.fragmentation_fraction)
-        need = math.ceil(dynamic + fragmentation) + acts.context_and_nccl
+        need = math.ceil(dynamic + fragmentation) + acts.outside_allocator
         if least is None or need < least[0]:
             least = (need, layout)
     assert least is not None  # every framework has at least one recompute mode

@@ -4,9 +4,10 @@
 
 const GIB = 2 ** 30;
 // The per-GPU components, from what PyTorch allocates (the first five) to what nvidia-smi shows: the
-// allocator's fragmentation makes the peak reserved, the CUDA context and NCCL's buffers the device used.
+// allocator's fragmentation makes the peak reserved, the CUDA context, NCCL's buffers and Transformer
+// Engine's userbuffers (Megatron's TP overlap) the device used.
 const COMPONENTS = ["parameters", "gradients", "optimizer_states", "activations", "buffers",
-  "fragmentation", "cuda_context", "nccl_buffers"];
+  "fragmentation", "cuda_context", "nccl_buffers", "tp_comm_buffers"];
 // A plan stored before the statistics were named has one overhead in place of the last three.
 const OLD_COMPONENTS = ["parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead"];
 // The three statistics the answer names; the fit compares the last with the card's capacity.
@@ -178,6 +179,8 @@ function memoryChart(candidates) {
   capLabel.textContent = `card: ${fmt.gib(capacity)}`;
   chart.append(capLabel);
   componentsOf(candidates[0].estimate.memory.per_gpu).forEach((name, k) => {
+    // a component no candidate holds (TP userbuffers outside Megatron's TP overlap) gets no legend
+    if (!candidates.some((c) => c.estimate.memory.per_gpu[name])) return;
     const lx = left + (k % 3) * 170, ly = top + row * candidates.length + 24 + Math.floor(k / 3) * 14;
     chart.append(svg("rect", { x: lx, y: ly, width: 10, height: 10, fill: COLOURS[k] }));
     const text = svg("text", { x: lx + 14, y: ly + 9, class: "legend" });

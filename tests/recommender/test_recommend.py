@@ -526,6 +526,8 @@ def test_recomputing_some_layers_a_smaller_micro_batch_is_timed_at_its_fewest() 
                       Constraints(frameworks=(Framework.MEGATRON,), top_k=5), default_tuning(),
                       with_suggestions=False)  # fmt: skip
     assert found.recommended is not None and found.recommended.estimate.time is not None
-    assert found.recommended.estimate.time.step_s < 310
+    # < 310 s recomputing 14 layers before TE's userbuffers were counted (tp_comm_overlap: 6 GiB per
+    # GPU at 1M tokens over cp 16); their memory recomputes 17: 311.5 s
+    assert found.recommended.estimate.time.step_s < 312
     shown = [found.recommended, *found.alternatives]
-    assert any(c.layout.zero_stage == 1 and (c.layout.recompute_num_layers or 32) <= 14 for c in shown)
+    assert any(c.layout.zero_stage == 1 and (c.layout.recompute_num_layers or 32) <= 17 for c in shown)
