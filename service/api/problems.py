@@ -70,6 +70,18 @@ PRECONDITION_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+# statuses outside the IANA registry that the service answers (nginx's, for a client that hung up)
+_UNREGISTERED_PHRASES = {499: "Client Closed Request"}
+
+
+def status_phrase(status: int) -> str:
+    """The status's reason phrase: HTTPStatus knows no 499, whose lookup raised ValueError, so a plan
+    whose client hung up was logged as an unhandled error and counted as a 500 (operations review)."""
+    if status in _UNREGISTERED_PHRASES:
+        return _UNREGISTERED_PHRASES[status]
+    return HTTPStatus(status).phrase
+
+
 def problem_response(
     status: int,
     detail: str,
@@ -81,7 +93,7 @@ def problem_response(
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_BASE + slug,
-        "title": HTTPStatus(status).phrase,
+        "title": status_phrase(status),
         "status": status,
         "detail": detail,
     }

@@ -171,6 +171,17 @@ def test_a_plan_whose_client_hung_up_stops_and_stores_nothing(service: str) -> N
     assert httpx.get(f"{service}/v1/plans", timeout=10).json()["items"] == []
     # the service is free again: an ordinary estimate answers at once
     assert httpx.post(f"{service}/v1/estimates", json=ESTIMATE, timeout=10).status_code == 200
+    # counted as the client's hang-up (nginx's 499), not a 500: HTTPStatus has no 499, and the
+    # problem's title lookup raised, an unhandled error to the logs and the 5xx rate (operations review)
+    metrics = httpx.get(f"{service}/metrics", timeout=10).text
+    plans = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("trainplan_http_requests_total") and '"/v1/plans"' in line
+    ]
+    assert any('status="499"' in line for line in plans) and not any(
+        'status="500"' in line for line in plans
+    ), plans
 
 
 def test_a_budget_stops_on_evaluations_time_or_cancellation() -> None:
