@@ -25,6 +25,7 @@ from service.middleware import (
     RequestIdMiddleware,
 )
 from service.persistence.db import ConnectionGate, make_engine, serialize_sqlite_writes, sqlite_file_identity
+from service.persistence.schema import known_revisions
 from service.recommender.collector import freeze_startup_objects
 from service.settings import Settings, get_settings
 from service.versions import estimator_version
@@ -60,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Digest the estimator's source once, before the first plan: concurrent first requests
         # would each parse every file (functools.cache does not hold them back).
         estimator_version()
+        known_revisions()  # the migrations' head, which /readyz compares with the database's
         # the slots are the event loop's (their waiters hold no worker thread): made in it
         app.state.planning_slots = anyio.Semaphore(settings.max_concurrent_planning)
         app.state.estimate_slots = anyio.Semaphore(settings.max_concurrent_planning)

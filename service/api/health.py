@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -10,9 +11,15 @@ from fastapi.responses import PlainTextResponse
 from sqlalchemy import Engine, text
 
 from service.api.deps import check_database_file, database_slot
+from service.api.problems import driver_message
 from service.errors import ServiceUnavailable
+from service.persistence.schema import database_revision, schema_problem
 
 router = APIRouter(tags=["health"])
+log = logging.getLogger(__name__)
+# readiness failures, counted with the requests' database 503s (fixed sentences: metric labels)
+READINESS_UNREACHABLE = "readiness: the database is not reachable"
+READINESS_SCHEMA = "readiness: the database's schema is not this service's"
 
 
 # async: answered on the event loop, never queued behind the worker threads a burst of plans holds
@@ -39,8 +46,19 @@ def readyz(request: Request) -> dict[str, str]:
     try:
         with database_slot(request), engine.connect() as conn:
             conn.execute(text("SELECT 1"))
+            revision = database_revision(conn)
     except Exception as exc:
+        # the driver's words go to the log, not to whoever can reach the probe (hosts, database names)
+        log.warning(
+            "not ready: the database is not reachable (%s: %s)", type(exc).__name__, driver_message(exc)
+        )
+        request.app.state.metrics.observe_database_unavailable(READINESS_UNREACHABLE)
         raise ServiceUnavailable(f"database not reachable: {type(exc).__name__}") from exc
+    problem = schema_problem(revision)
+    if problem is not None:
+        log.warning("not ready: %s", problem)
+        request.app.state.metrics.observe_database_unavailable(READINESS_SCHEMA)
+        raise ServiceUnavailable(problem)
     check_database_file(request)
     unwritable = _unwritable_sqlite_files(engine)
     if unwritable:

@@ -220,6 +220,31 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+SCHEMA_MISMATCH = "the database's schema is not this service's (run `alembic upgrade head`)"
+# PostgreSQL's undefined_table and undefined_column; SQLite says it in words
+_UNDEFINED_SQLSTATES = frozenset({"42P01", "42703"})
+_SQLITE_MISSING = ("no such table", "no such column", "has no column named")
+
+
+def _missing_schema(exc: BaseException) -> bool:
+    """Whether a statement failed on a table or column the database lacks: a database not (or not yet)
+    migrated to this code, which a migration fixes (not a bug of the request: a 503, not a 500)."""
+    if not isinstance(exc, sqlalchemy.exc.ProgrammingError | sqlalchemy.exc.OperationalError):
+        return False
+    if getattr(exc.orig, "sqlstate", None) in _UNDEFINED_SQLSTATES:
+        return True
+    message = str(exc.orig).lower() if exc.orig is not None else ""
+    return any(words in message for words in _SQLITE_MISSING)
+
+
+def driver_message(exc: BaseException) -> str:
+    """The first line of the database driver's own message (connection refused, no such database,
+    authentication failed, too many clients), for the log: the answer names only the error's class."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return lines[0][:300] if lines else type(orig).__name__
+
+
 def database_unavailable_detail(exc: BaseException) -> str | None:
     """Why the database cannot serve the request now, when that is the error (busy, locked,
     unreachable, timed out, read-only): the request may succeed later, so it is a 503, not a 500.
@@ -232,6 +257,8 @@ def database_unavailable_detail(exc: BaseException) -> str | None:
         return "the database connection pool is exhausted"
     if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
         return "the database connection was lost"
+    if _missing_schema(exc):
+        return SCHEMA_MISMATCH
     if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
         message = str(exc.orig).lower() if exc.orig is not None else ""
         for words, why in (
@@ -259,7 +286,14 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     why = database_unavailable_detail(exc)
     if why is None:
         raise exc
-    log.warning("503 on %s %s: %s (%s)", request.method, request.url.path, why, type(exc).__name__)
+    log.warning(
+        "503 on %s %s: %s (%s: %s)",
+        request.method,
+        request.url.path,
+        why,
+        type(exc).__name__,
+        driver_message(exc),
+    )
     request.app.state.metrics.observe_database_unavailable(why)
     return problem_response(
         503,

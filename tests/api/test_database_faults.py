@@ -247,3 +247,50 @@ def test_service_processes_on_one_sqlite_file_take_turns_on_a_file_lock(sqlite_f
         assert client.post("/v1/clusters", json=CLUSTER).status_code == 201
         names = sorted(item["name"] for item in client.get("/v1/clusters").json()["items"])
         assert names == ["c", "held"]
+
+
+def _fresh_database(tmp_path: Path, name: str) -> str:
+    """An empty database on the tests' server: a sibling PostgreSQL database where
+    PLANNER_TEST_DATABASE_URL names one, else a new SQLite file."""
+    import os
+
+    from tests.conftest import reset_postgres_schema, sibling_postgres_database
+
+    url = os.environ.get("PLANNER_TEST_DATABASE_URL")
+    if url and url.startswith("postgresql"):
+        fresh = sibling_postgres_database(url, name)
+        reset_postgres_schema(fresh)
+        return fresh
+    return f"sqlite:///{tmp_path / (name + '.db')}"
+
+
+def test_readyz_is_ready_only_on_a_database_migrated_to_this_code(tmp_path: Path) -> None:
+    """Readiness said ready on a database never migrated, and every request then failed (PostgreSQL:
+    a 500 on the missing table; SQLite: a 503 saying the database cannot be reached); a replica started
+    before its migration would take traffic (operations review). Not ready until the schema is this
+    code's head; a revision this code does not know is a later release's (a rolling deploy migrates
+    first) and serves it."""
+    from sqlalchemy import text as sql
+
+    from service.persistence.db import make_engine
+    from service.persistence.schema import known_revisions
+
+    url = _fresh_database(tmp_path, "schema_ready")
+    with TestClient(create_app(Settings(database_url=url))) as client:
+        assert_unavailable(client.get("/readyz"), "never migrated", "alembic upgrade head")
+        assert_unavailable(client.get("/v1/clusters"), "schema is not this service's")
+        assert_unavailable(client.post("/v1/clusters", json=CLUSTER), "schema is not this service's")
+        command.upgrade(alembic_config(url), "head")
+        command.downgrade(alembic_config(url), "-1")
+        assert_unavailable(client.get("/readyz"), "before this service's")
+        command.upgrade(alembic_config(url), "head")
+        assert client.get("/readyz").status_code == 200
+        known = known_revisions()
+        assert known is not None and known[0] in known[1]
+        engine = make_engine(url)
+        with engine.begin() as conn:
+            conn.execute(sql("UPDATE alembic_version SET version_num = 'a_later_release'"))
+        engine.dispose()
+        assert client.get("/readyz").status_code == 200
+        metrics = client.get("/metrics").text
+        assert "readiness: the database's schema is not this service's" in metrics
