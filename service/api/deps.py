@@ -121,9 +121,12 @@ async def _slot(
     deadline: ``seconds`` of work, and whether the client has gone."""
     settings: Settings = request.app.state.settings
     try:
-        with anyio.fail_after(settings.planning_queue_wait_s):
-            await slots.acquire()
-    except TimeoutError:
+        if settings.planning_queue_wait_s > 0:
+            with anyio.fail_after(settings.planning_queue_wait_s):
+                await slots.acquire()
+        else:  # 0: never queue. fail_after(0) cancels at acquire's checkpoint even with a slot free,
+            slots.acquire_nowait()  # so every request was a 503 on an idle server (operations review)
+    except (TimeoutError, anyio.WouldBlock):
         raise ServiceUnavailable(
             f"all {count} {what} slots are busy (waited {settings.planning_queue_wait_s:g} s for one)"
         ) from None

@@ -67,6 +67,27 @@ def test_a_slot_is_free_again_as_soon_as_its_request_answers(tmp_path: Path) -> 
             assert client.post("/v1/plans", json=plan).status_code == 201
 
 
+def test_no_queueing_serves_a_free_slot_and_refuses_only_a_busy_one(tmp_path: Path) -> None:
+    """PLANNER_PLANNING_QUEUE_WAIT_S=0 (documented as allowed) made every plan and estimate a 503 on an
+    idle server: anyio's fail_after(0) cancels at the acquire's checkpoint even with a slot free
+    (operations review). 0 means: a free slot at once, else 503 at once."""
+    url = f"sqlite:///{tmp_path / 'nowait.db'}"
+    command.upgrade(alembic_config(url), "head")
+    settings = Settings(database_url=url, max_concurrent_planning=1, planning_queue_wait_s=0)
+    plan = {"model": {"preset": "gpt2"}, "cluster": ESTIMATE["cluster"], "training": ESTIMATE["training"]}
+    with TestClient(create_app(settings)) as client:
+        assert client.post("/v1/estimates", json=ESTIMATE).status_code == 200
+        assert client.post("/v1/plans", json=plan).status_code == 201
+        state, portal = client.app.state, client.portal  # type: ignore[attr-defined]
+        assert portal is not None
+        portal.call(state.planning_slots.acquire_nowait)  # the one planning slot taken
+        try:
+            problem = assert_problem(client.post("/v1/plans", json=plan), 503)
+            assert "all 1 planning slots are busy (waited 0 s" in problem["detail"]
+        finally:
+            portal.call(state.planning_slots.release)
+
+
 def test_capacity_requests_have_fewer_slots_of_their_own(tmp_path: Path) -> None:
     """A review's case: ten whole-catalog capacity requests at once on a 2-core machine took eight
     planning slots, shared one interpreter lock, and all ten were 503s (8 after 48 s of computing
