@@ -89,7 +89,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api_router)
     # Outermost last: request id wraps everything so even a 413 or a 500 carries it.
     app.add_middleware(JsonBodyMiddleware)  # inside the body limit: it reads a body to check it
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(NulRefusalMiddleware)
     if settings.cors_origins:
@@ -104,6 +103,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             expose_headers=["X-Request-ID", "Location", "ETag", "Retry-After", "Idempotent-Replayed"],
         )
     app.add_middleware(HeadMiddleware)
+    # every answer counted and logged, with its request id (inside): the middlewares above answer too
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(ArrivalTimeMiddleware)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -129,3 +129,36 @@ def test_head_answers_as_get_without_a_body(client: TestClient) -> None:
     assert client.head("/v1/plans/nope").status_code == 404
     # a route without GET is still a 405
     assert client.head("/v1/estimates").status_code == 405
+
+
+def test_metrics_count_every_answer_with_a_bounded_method_label(migrated_url: str) -> None:
+    """An invented method made its own label set (15 series per token, without a key); HEAD was counted
+    as GET; a 413, a NUL refusal and a CORS preflight, answered by middlewares outside the metrics, had
+    no count and no access line; a deeply nested JSON body sent as a form was a 500 (operations review)."""
+    settings = Settings(database_url=migrated_url, max_body_bytes=1000, cors_origins=["https://ui.example"])
+    with TestClient(create_app(settings)) as client:
+        for token in ("FOO6009", "M12345"):
+            assert client.request(token, "/v1/clusters").status_code == 405
+        assert client.head("/readyz").status_code == 200
+        assert client.post("/v1/estimates", content=b"{" + b" " * 2000 + b"}").status_code == 413
+        assert client.get("/v1/clusters?x=%00").status_code == 422
+        preflight = {"origin": "https://ui.example", "access-control-request-method": "POST"}
+        assert client.options("/v1/plans", headers=preflight).status_code == 200
+        text = client.get("/metrics").text
+    assert 'method="other",route="/v1/clusters",status="405"} 2' in text
+    assert "FOO6009" not in text and "M12345" not in text
+    assert 'trainplan_http_requests_total{method="HEAD",route="/readyz",status="200"} 1' in text
+    assert 'trainplan_http_requests_total{method="POST",route="unmatched",status="413"} 1' in text
+    assert 'trainplan_http_requests_total{method="GET",route="unmatched",status="422"} 1' in text
+    assert 'trainplan_http_requests_total{method="OPTIONS",route="unmatched",status="200"} 1' in text
+    assert 'status="500"' not in text
+
+
+def test_a_deeply_nested_json_body_without_its_content_type_is_a_400(client: TestClient) -> None:
+    """curl's default form content-type on JSON nested past the parser's depth: the check that reads a
+    form as JSON raised RecursionError, a 500; answered as the same body sent as JSON is."""
+    nested = b'{"a":' * 40_000 + b"1" + b"}" * 40_000  # 240 KB: within the 256 KiB limit
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    as_form = client.post("/v1/estimates", content=nested, headers=form)
+    as_json = client.post("/v1/estimates", content=nested, headers={"content-type": "application/json"})
+    assert as_form.status_code == as_json.status_code == 400, as_form.text
