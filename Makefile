@@ -21,6 +21,7 @@ install: $(VENV)/.installed
 ## WORKERS=N serves with N processes: set PROMETHEUS_MULTIPROC_DIR too (README), whose counts of
 ## an earlier run are removed here.
 serve: install
+	$(PY) -m service.settings
 	$(VENV)/bin/alembic upgrade head
 	@if [ -n "$$PROMETHEUS_MULTIPROC_DIR" ]; then mkdir -p "$$PROMETHEUS_MULTIPROC_DIR" && rm -f "$$PROMETHEUS_MULTIPROC_DIR"/*.db; fi
 	$(VENV)/bin/uvicorn service.main:create_app --factory --no-access-log --host $(HOST) --port $(PORT) --workers $(WORKERS)

@@ -12,6 +12,7 @@ from service.settings import get_settings
 
 config = context.config
 target_metadata = Base.metadata
+MIGRATION_LOCK_KEY = 0x74706D67  # "tpmg": PostgreSQL's advisory lock key for migrations
 
 
 def _url() -> str:
@@ -45,6 +46,11 @@ def run_migrations_online() -> None:
             transactional_ddl=sqlite or None,
         )
         with context.begin_transaction():
+            if engine.dialect.name == "postgresql":
+                # one migration at a time: containers started together each run `alembic upgrade head`
+                # (the image's command), and the second failed on a UniqueViolation; it now waits for
+                # the first's commit, then finds the schema at head (operations review)
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
             context.run_migrations()
             if sqlite:
                 _check_foreign_keys(conn)
@@ -67,7 +73,9 @@ def _one_sqlite_transaction(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN")
+        # IMMEDIATE: the write lock first, so a second `alembic upgrade` started meanwhile waits (the
+        # busy timeout) and then reads the version this one commits, rather than creating its tables again
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _check_foreign_keys(conn: Connection) -> None:

@@ -46,6 +46,7 @@ from service.estimator.types import (
 )
 from service.launchers.common import Target
 from service.recommender.types import Objective
+from service.settings import SettingsError
 
 FEASIBLE, ERROR, INFEASIBLE, USAGE = 0, 1, 2, 64
 GIB = 2**30
@@ -97,6 +98,9 @@ class TrainplanGroup(click.Group):
             sys.exit(exc.exit_code)
         except click.Abort:
             errors.print("aborted")
+            sys.exit(ERROR)
+        except SettingsError as exc:  # the PLANNER_ variables of an in-process service or `serve`
+            errors.print(f"error: {escape(str(exc))}")
             sys.exit(ERROR)
         sys.exit(code if isinstance(code, int) else FEASIBLE)
 
@@ -1738,13 +1742,17 @@ def _key_row(record: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _local_session() -> Any:
+    from sqlalchemy.exc import OperationalError
     from sqlalchemy.orm import Session
 
-    from service.persistence.db import make_engine
+    from service.persistence.db import driver_message, make_engine
     from service.settings import get_settings
 
     url = get_settings().database_url
-    migrate(url)
+    try:
+        migrate(url)
+    except OperationalError as exc:  # a page of traceback for a database that does not answer
+        raise Failure(f"cannot reach the database of PLANNER_DATABASE_URL: {driver_message(exc)}") from None
     engine = make_engine(url)
     try:
         with Session(engine) as session:

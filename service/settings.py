@@ -1,15 +1,29 @@
-"""Service settings, read from the environment with the PLANNER_ prefix."""
+"""Service settings, read from the environment with the PLANNER_ prefix.
 
+``python -m service.settings`` checks them and exits 2 naming each bad variable: ``make serve`` and the
+image run it before uvicorn, whose worker processes would otherwise each fail on them and be started
+again and again, the port closed (operations review)."""
+
+import difflib
 import json
+import os
+import re
+import sys
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+PREFIX = "PLANNER_"
+# PLANNER_ variables that are not the service's settings: the test suite's PostgreSQL database
+# (tests/conftest.py, .ci/run)
+NOT_SETTINGS = frozenset({"PLANNER_TEST_DATABASE_URL"})
+_ORIGIN = re.compile(r"^https?://[^/\s?#]+$")  # scheme://host[:port], as a browser's Origin header
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PLANNER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore")
 
     # SQLite file in the working directory by default; postgresql+psycopg://... for PostgreSQL.
     database_url: str = "sqlite:///./trainplan.db"
@@ -27,7 +41,7 @@ class Settings(BaseSettings):
     # Retry-After. A database that never answers: every request's 503 within pool + connect.
     database_connect_timeout_s: int = Field(default=5, ge=2)
     database_statement_timeout_ms: int = Field(default=30_000, ge=100)
-    database_pool_timeout_s: float = Field(default=10.0, gt=0)
+    database_pool_timeout_s: float = Field(default=10.0, gt=0, le=3600)  # inf overflowed a deadline
     # CPU-heavy requests (estimates, plans, capacity) run at most this many at once; the next waits
     # up to planning_queue_wait_s for a slot, then gets 503 with Retry-After.
     max_concurrent_planning: int = Field(default=8, ge=1, le=256)
@@ -38,7 +52,7 @@ class Settings(BaseSettings):
     # beside a full set of plans; the next waits planning_queue_wait_s for one, then 503 at once.
     max_concurrent_capacity: int = Field(default=2, ge=1, le=64)
     planning_queue_wait_s: float = Field(default=5.0, ge=0, le=60)
-    # Wall time one planning request may compute (its search, every suggestion, capacity across GPU
+    # CPU time one planning request may compute (its search, every suggestion, capacity across GPU
     # types), from when it gets its slot; what the budget cut says so (search.truncated_by). 1.5 s
     # of work keeps a plan's answer, stored and rendered, within 2 s on a 2-core machine.
     request_budget_s: float = Field(default=1.5, gt=0, le=600)
@@ -70,7 +84,56 @@ class Settings(BaseSettings):
                 raise ValueError(f"PLANNER_CORS_ORIGINS is not a valid JSON list: {exc}") from None
         return [origin.strip() for origin in text.split(",") if origin.strip()]
 
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins_match_headers(cls, origins: list[str]) -> list[str]:
+        # a browser's Origin is scheme://host[:port]: "https://ui.example/" (a trailing slash, a path)
+        # never equals one, so the page would be refused while the setting looked right
+        bad = [origin for origin in origins if origin != "*" and not _ORIGIN.match(origin)]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: an origin is scheme://host[:port], without a path or slash")
+        return origins
+
+
+class SettingsError(Exception):
+    """The environment's PLANNER_ variables do not make settings: each problem names its variable."""
+
+
+def load_settings() -> Settings:
+    """The settings of the environment; ``SettingsError`` naming every bad or unknown PLANNER_
+    variable (a misspelt PLANNER_REQUIRE_AUTHENTICATION=true was ignored, and the service served
+    without keys; operations review)."""
+    known = {PREFIX + name.upper() for name in Settings.model_fields}
+    problems = []
+    for name in sorted(os.environ):
+        if name.upper().startswith(PREFIX) and name.upper() not in known and name not in NOT_SETTINGS:
+            close = difflib.get_close_matches(name.upper(), sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            problems.append(f"{name}: not a setting of this service{hint}")
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        for error in exc.errors():
+            field = PREFIX + str(error["loc"][0]).upper() if error["loc"] else "settings"
+            problems.append(f"{field}: {error['msg']}")
+    if problems:
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems))
+    return settings
+
 
 @lru_cache
 def get_settings() -> Settings:
-    return Settings()
+    return load_settings()
+
+
+def main() -> None:
+    """Check the environment's settings: exit 0, or 2 with each bad variable on stderr."""
+    try:
+        load_settings()
+    except SettingsError as exc:
+        print(f"trainplan: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

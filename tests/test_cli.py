@@ -1079,3 +1079,30 @@ def test_a_gpu_the_catalog_does_not_know_from_a_spec_file(database: str, tmp_pat
     assert run("estimate", *job, "--cluster", "lab", "--zero", "3", "--recompute", "full").exit_code == 0
     spec.write_text("{not json")
     assert run("estimate", *job, "--gpus", "4xlab-card-48gb", "--gpu-spec", str(spec)).exit_code == 64
+
+
+def test_a_database_or_setting_that_does_not_work_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`trainplan keys list` on a database that does not answer printed 151 lines of traceback; a bad
+    PLANNER_ variable, pydantic's traceback (operations review)."""
+    import socket
+
+    from service.settings import get_settings
+
+    with socket.socket() as probe:  # a local port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("PLANNER_DATABASE_URL", f"postgresql+psycopg://postgres@127.0.0.1:{port}/none")
+    monkeypatch.setenv("PLANNER_DATABASE_CONNECT_TIMEOUT_S", "2")
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(main, ["keys", "list"])
+        assert result.exit_code == 1 and "cannot reach the database" in result.output, result.output
+        assert "Traceback" not in result.output and len(result.output.splitlines()) <= 3
+        monkeypatch.setenv("PLANNER_LOG_LEVEL", "verbose")
+        get_settings.cache_clear()
+        bad = CliRunner().invoke(main, ["models"])
+        assert bad.exit_code == 1 and "PLANNER_LOG_LEVEL" in bad.output and "Traceback" not in bad.output
+    finally:
+        get_settings.cache_clear()

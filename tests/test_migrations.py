@@ -386,3 +386,33 @@ def test_plans_and_runs_stored_with_host_storage_are_rekeyed(tmp_path: object) -
     command.downgrade(config, "7b2d9e4c1a30")
     assert keys() == {"P1": (old, old), "P2": ("hw-elsewhere", "hw-elsewhere"), "P3": ("hw", "hw")}
     engine.dispose()
+
+
+def test_migrations_started_together_run_one_after_the_other(migrated_url: str, tmp_path: Path) -> None:
+    """The image's command migrates in every container: two started together on a fresh PostgreSQL
+    database, one exited 1 on a UniqueViolation (operations review). The first holds an advisory lock
+    (SQLite: the write lock, BEGIN IMMEDIATE) until it commits; the second then finds the schema at head."""
+    import os
+    import subprocess
+    import sys
+
+    url = scratch_url(migrated_url, tmp_path, "together")
+    root = Path(__file__).resolve().parents[1]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")} | {
+        "PLANNER_DATABASE_URL": url
+    }
+    upgrade = [sys.executable, "-m", "alembic", "upgrade", "head"]
+    started = [
+        subprocess.Popen(upgrade, cwd=root, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for _ in range(3)
+    ]
+    outputs = [process.communicate(timeout=120)[0].decode() for process in started]
+    assert [process.returncode for process in started] == [0, 0, 0], outputs
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        versions = conn.execute(text("SELECT version_num FROM alembic_version")).all()
+    engine.dispose()
+    from service.persistence.schema import known_revisions
+
+    known = known_revisions()
+    assert known is not None and versions == [(known[0],)]

@@ -11,8 +11,8 @@ from fastapi.responses import PlainTextResponse
 from sqlalchemy import Engine, text
 
 from service.api.deps import check_database_file, database_slot
-from service.api.problems import driver_message
 from service.errors import ServiceUnavailable
+from service.persistence.db import driver_message
 from service.persistence.schema import database_revision, schema_problem
 
 router = APIRouter(tags=["health"])

@@ -25,7 +25,7 @@ from service.catalog.errors import UnknownCatalogEntry
 from service.contracts.common import GB_PER_S, FieldError, Problem
 from service.errors import ServiceError
 from service.estimator.errors import EstimatorError
-from service.persistence.db import ConnectionWaitTimeout, WriterBusy
+from service.persistence.db import ConnectionWaitTimeout, WriterBusy, driver_message
 
 log = logging.getLogger("service.errors")
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -235,14 +235,6 @@ def _missing_schema(exc: BaseException) -> bool:
         return True
     message = str(exc.orig).lower() if exc.orig is not None else ""
     return any(words in message for words in _SQLITE_MISSING)
-
-
-def driver_message(exc: BaseException) -> str:
-    """The first line of the database driver's own message (connection refused, no such database,
-    authentication failed, too many clients), for the log: the answer names only the error's class."""
-    orig = getattr(exc, "orig", None) or exc
-    lines = str(orig).strip().splitlines()
-    return lines[0][:300] if lines else type(orig).__name__
 
 
 def database_unavailable_detail(exc: BaseException) -> str | None:

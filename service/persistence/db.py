@@ -307,3 +307,11 @@ def _open_lock_file(path: str) -> int | None:
         return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         return None
+
+
+def driver_message(exc: BaseException) -> str:
+    """The first line of the database driver's own message (connection refused, no such database,
+    authentication failed, too many clients), for the log: an answer names only the error's class."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return lines[0][:300] if lines else type(orig).__name__
