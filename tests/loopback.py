@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -24,12 +25,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(database_url: str, *, require_auth: bool = False) -> Iterator[str]:
-    """``http://127.0.0.1:PORT`` of the service while the block runs."""
+def served(database_url: str, *, require_auth: bool = False, **settings: Any) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of the service while the block runs (``settings``: more of them)."""
     migrate(database_url)
     port = free_port()
     config = uvicorn.Config(
-        create_app(Settings(database_url=database_url, require_auth=require_auth)),
+        create_app(Settings(database_url=database_url, require_auth=require_auth, **settings)),
         host="127.0.0.1",
         port=port,
         log_level="warning",

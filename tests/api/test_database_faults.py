@@ -294,3 +294,29 @@ def test_readyz_is_ready_only_on_a_database_migrated_to_this_code(tmp_path: Path
         assert client.get("/readyz").status_code == 200
         metrics = client.get("/metrics").text
         assert "readiness: the database's schema is not this service's" in metrics
+
+
+def test_a_slow_upload_does_not_count_against_the_database_wait(sqlite_file: str) -> None:
+    """The database wait counted from the headers: a client that took 11 s to send 40 bytes got a 503
+    "no database connection came free" on an idle database, counted as a database outage (operations
+    review). It counts from the body's last byte."""
+    import json
+
+    from tests.loopback import served
+
+    body = json.dumps(CLUSTER).encode()
+    with served(f"sqlite:///{sqlite_file}", database_pool_timeout_s=1.0) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            head = (
+                f"POST /v1/clusters HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            conn.sendall(head.encode() + body[:5])
+            time.sleep(2.0)  # past the pool timeout, sending
+            conn.sendall(body[5:])
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+    status_line = answer.split(b"\r\n", 1)[0].decode()
+    assert " 201 " in status_line, answer[:400]
