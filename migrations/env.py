@@ -1,5 +1,6 @@
 """Alembic environment: the URL comes from the caller (tests) or from PLANNER_DATABASE_URL."""
 
+import logging
 from typing import Any
 
 from alembic import context
@@ -12,6 +13,12 @@ from service.settings import get_settings
 
 config = context.config
 target_metadata = Base.metadata
+if config.cmd_opts is not None and not logging.getLogger().handlers:
+    # `alembic upgrade` from a shell (no alembic.ini, so no [loggers]): say which revisions ran, as a
+    # deploy log should show (it printed nothing; operations review). Called from code (the tests,
+    # trainplan's in-process service), the caller's logging is left as it is.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s [%(name)s] %(message)s")
+    logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
 MIGRATION_LOCK_KEY = 0x74706D67  # "tpmg": PostgreSQL's advisory lock key for migrations
 
 

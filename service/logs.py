@@ -51,14 +51,19 @@ _HANDLER_NAME = "trainplan"
 
 
 def configure_logging(level: str, log_format: str) -> None:
-    """One handler on the `service` logger (replaced, not stacked, when an app is created again)."""
+    """One handler on the `service` logger (replaced, not stacked, when an app is created again), and
+    the same on uvicorn's server logger in place of its own, so that its lines after the app is made
+    (startup, shutdown, "Invalid HTTP request received") are in the format too: they were plain text
+    among the JSON lines (operations review). uvicorn's access log stays off (the service writes one)."""
     logger = logging.getLogger("service")
     logger.setLevel(level.upper())
-    for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
-        logger.removeHandler(old)
     handler = logging.StreamHandler(sys.stderr)
     handler.set_name(_HANDLER_NAME)
     handler.addFilter(RequestIdFilter())
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
-    logger.addHandler(handler)
-    logger.propagate = False
+    for target in (logger, logging.getLogger("uvicorn")):  # uvicorn.error propagates to uvicorn
+        for old in list(target.handlers):
+            if target is not logger or old.get_name() == _HANDLER_NAME:
+                target.removeHandler(old)
+        target.addHandler(handler)
+        target.propagate = False

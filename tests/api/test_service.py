@@ -116,6 +116,10 @@ def test_logs_are_json_lines_carrying_the_request_id(migrated_url: str) -> None:
     assert in_thread["request_id"] == "trace-9" and in_thread["cause"] == "test"
     error = next(line for line in lines if line["logger"] == "service.errors")
     assert error["request_id"] == "trace-9" and "RuntimeError: bug" in error["exception"]
+    # uvicorn's own server lines too, once the app is made (they were plain text among these)
+    logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.")
+    server = json.loads(stream.getvalue().splitlines()[-1])
+    assert server["logger"] == "uvicorn.error" and server["message"] == "Invalid HTTP request received."
 
 
 def test_head_answers_as_get_without_a_body(client: TestClient) -> None:
