@@ -1319,14 +1319,18 @@ def torch_ring_merge_s(job: Job, layout: Layout, base: StepBase) -> float:
     """PyTorch's ring merges each of its cp steps into fp32 accumulators, memory-bound passes a single
     attention kernel does not make: the forward folds each block's 16-bit output into the running fp32
     output (``_SDPAMerger``: read it, read the block, write it back), the backward adds each step's
-    16-bit dq, dk and dv into fp32 dq, dk, dv the same way. Counted as one read and one write of each
+    16-bit dq, dk and dv into fp32 dq, dk, dv the same way (dk and dv as wide as the K and V it
+    moves, ``activations.ring_kv_width``). Counted as one read and one write of each
     accumulator and one read of each block per step (what a fused kernel would move; the eager ops
     move more), per layer and micro-batch."""
     model, element = job.model, element_bytes(job.training.precision)
     per_element = 2 * FP32_BYTES + element  # read and write the fp32 accumulator, read the block
     rows = base.tokens / layout.tp
     forward_bytes = layout.cp * per_element * rows * model.v_size  # the output
-    backward_bytes = layout.cp * per_element * rows * (2 * model.q_size + model.v_size)  # dq, dk, dv
+    # dq at the query width, dk and dv at the width the ring moves K and V (the KV heads' own under
+    # enable_gqa: torch's accumulators are zeros_like(key / value); long-context review)
+    kv_width = ring_kv_width(model, job.tuning.ring_attention_repeats_kv)
+    backward_bytes = layout.cp * per_element * rows * (model.q_size + kv_width)
     forwards = 1.0 + (recomputed_share(job, layout) if layout.recomputes_core else 0.0)
     moved = base.micro_batches * base.layers * (forwards * forward_bytes + backward_bytes)
     return moved / job.cluster.gpu.hbm_bandwidth_bytes_per_s

@@ -64,9 +64,15 @@ def test_kv_bytes_are_the_shared_kv_heads() -> None:
 def test_merge_passes_by_hand() -> None:
     job, layout, base = _setup(cp=4)
     # per step and element: read + write the fp32 accumulator (8 B) and read the bf16 block (2 B);
-    # forward: the output (4096 wide), twice (full recompute); backward: dq, dk, dv (3 x 4096)
-    per_layer = 4 * 10 * 8192 * (2 * 4096 + 3 * 4096)
+    # forward: the output (4096 wide), twice (full recompute); backward: dq (4096 wide) and dk, dv at the
+    # 8 shared K/V heads' width (2 x 1024: torch's accumulators are zeros_like(key / value) under
+    # enable_gqa; counted 3 x 4096 wide, twice too much, before the long-context review)
+    per_layer = 4 * 10 * 8192 * (2 * 4096 + 4096 + 2 * 1024)
     hbm = job.cluster.gpu.hbm_bandwidth_bytes_per_s
+    assert step_time.torch_ring_merge_s(job, layout, base) == pytest.approx(32 * per_layer / hbm)
+    # where K and V are repeated to every query head first (torchtitan up to v0.2.0), at that width
+    job, layout, base = _setup(cp=4, repeats_kv=True)
+    per_layer = 4 * 10 * 8192 * (2 * 4096 + 4096 + 2 * 4096)
     assert step_time.torch_ring_merge_s(job, layout, base) == pytest.approx(32 * per_layer / hbm)
 
 
