@@ -383,7 +383,9 @@ class LimitsOut(BaseModel):
         description="largest micro-batch that still fits this layout; 0: none; null: not computed"
     )
     max_seq_len: int | None = Field(
-        description="largest sequence length that still fits this layout; 0: none; null: not computed"
+        description="largest sequence length that still fits this layout in memory, within the model's "
+        "learned position table; a launch target's own cap (torchtitan's RoPE cache of its model config) "
+        "is said by that target's refusal, not here; 0: none; null: not computed"
     )
 
 
