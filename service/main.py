@@ -44,6 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             connect_timeout_s=settings.database_connect_timeout_s,
             statement_timeout_ms=settings.database_statement_timeout_ms,
             pool_timeout_s=settings.database_pool_timeout_s,
+            pool_connections=settings.database_pool_connections,
         )
         app.state.engine = engine
         app.state.sessionmaker = sessionmaker(engine, expire_on_commit=False)
@@ -81,7 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.connection_gate = ConnectionGate()
+    app.state.connection_gate = ConnectionGate(settings.database_pool_connections)
     app.state.metrics = Metrics()
     configure_logging(settings.log_level, settings.log_format)
     install_handlers(app)

@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     database_connect_timeout_s: int = Field(default=5, ge=2)
     database_statement_timeout_ms: int = Field(default=30_000, ge=100)
     database_pool_timeout_s: float = Field(default=10.0, gt=0, le=3600)  # inf overflowed a deadline
+    # Connections each worker process opens at most (and requests it lets use the database at once):
+    # every worker of every replica takes its own against PostgreSQL's max_connections (100 by default).
+    database_pool_connections: int = Field(default=15, ge=1, le=1000)
     # CPU-heavy requests (estimates, plans, capacity) run at most this many at once; the next waits
     # up to planning_queue_wait_s for a slot, then gets 503 with Retry-After.
     max_concurrent_planning: int = Field(default=8, ge=1, le=256)

@@ -68,9 +68,10 @@ def new_id() -> str:
     return "".join(reversed(chars))
 
 
-# The pool of a database file or server (SQLAlchemy's QueuePool defaults, named): POOL_SIZE connections
-# stay open, up to POOL_MAX_OVERFLOW more are opened under load. The ConnectionGate admits as many
-# requests at once as there are connections, so the pool itself never makes a request wait.
+# The pool of a database file or server, per process (SQLAlchemy's QueuePool defaults, named): up to
+# POOL_SIZE connections stay open, the rest of its capacity (PLANNER_DATABASE_POOL_CONNECTIONS) is opened
+# under load. The ConnectionGate admits as many requests at once as there are connections, so the pool
+# itself never makes a request wait.
 POOL_SIZE = 5
 POOL_MAX_OVERFLOW = 10
 POOL_CAPACITY = POOL_SIZE + POOL_MAX_OVERFLOW
@@ -83,11 +84,15 @@ def make_engine(
     connect_timeout_s: int = 5,
     statement_timeout_ms: int = 30_000,
     pool_timeout_s: float = 10.0,
+    pool_connections: int = POOL_CAPACITY,
 ) -> Engine:
     """Engine for SQLite (WAL, busy timeout, foreign keys on) or PostgreSQL via psycopg 3 with a
     connect timeout, a statement timeout and a pool wait: a database that accepts TCP but never
-    answers, a stuck statement or an exhausted pool ends as a 503, never a hung request."""
-    pool = {"pool_size": POOL_SIZE, "max_overflow": POOL_MAX_OVERFLOW, "pool_timeout": pool_timeout_s}
+    answers, a stuck statement or an exhausted pool ends as a 503, never a hung request.
+    ``pool_connections``: the most connections this process opens (PostgreSQL's max_connections is
+    shared by every worker of every replica)."""
+    size = min(POOL_SIZE, pool_connections)
+    pool = {"pool_size": size, "max_overflow": pool_connections - size, "pool_timeout": pool_timeout_s}
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
@@ -123,8 +128,8 @@ class ConnectionWaitTimeout(PoolTimeout):
 
 
 class ConnectionGate:
-    """At most POOL_CAPACITY requests use the database at once; the others wait in line, each until
-    its own deadline, counted from its arrival.
+    """At most ``capacity`` requests (the pool's connections) use the database at once; the others wait
+    in line, each until its own deadline, counted from its arrival.
 
     SQLAlchemy's pool wait does not hold a request's total: it starts when the request's thread
     asks (after it queued for a worker thread behind the hung ones), and a waiter woken by a failed

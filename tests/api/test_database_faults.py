@@ -320,3 +320,15 @@ def test_a_slow_upload_does_not_count_against_the_database_wait(sqlite_file: str
                 answer += chunk
     status_line = answer.split(b"\r\n", 1)[0].decode()
     assert " 201 " in status_line, answer[:400]
+
+
+def test_the_connections_a_worker_opens_are_a_setting(sqlite_file: str) -> None:
+    """15 connections per worker process, fixed: 4 replicas x 4 workers opened up to 240 against
+    PostgreSQL's default max_connections of 100 (operations review)."""
+    settings = Settings(database_url=f"sqlite:///{sqlite_file}", database_pool_connections=3)
+    with TestClient(create_app(settings)) as client:
+        engine = client.app.state.engine  # type: ignore[attr-defined]
+        assert engine.pool.size() + engine.pool._max_overflow == 3
+        gate = client.app.state.connection_gate  # type: ignore[attr-defined]
+        assert gate._slots._initial_value == 3
+        assert client.get("/v1/clusters").status_code == 200
