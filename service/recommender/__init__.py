@@ -344,8 +344,16 @@ def _search_memory_family(
     family: tuple[Structure, Sharding, int],
     sizes: tuple[int, ...],
     limit: int,
+    tp_overlap: bool = True,
 ) -> bool:
-    """Every recompute mode of one family (structure, sharding, interleaving); True if any fits."""
+    """Every recompute mode of one family (structure, sharding, interleaving); True if any fits.
+
+    Where the family overlaps TP communication by default (Megatron's userbuffers: 12 buffers of the
+    micro-batch's tokens x hidden, 6 GiB per GPU for a 70B at 32k tokens) and memory bounds it (no
+    member fits, or only with recompute or below the largest micro-batch), its twin with the overlap
+    off is searched too: slower collectives may fit where the buffers do not (a review: Llama 3.1 70B
+    at 32k tokens on 16 H100 had become infeasible when the buffers were counted, though tp 8 pp 2
+    with the overlap off fits at 74.7 GiB)."""
     s, sh, virtual = family
     if not sizes:
         result.log.add(
@@ -355,17 +363,18 @@ def _search_memory_family(
             "no micro-batch gives a multiple of pp micro-batches",
         )
         return False
-    best_index, fitted = -1, False
+    best_index, fitted, unbounded = -1, False, False
+    peer = job.cluster.gpu.peer_to_peer
     for recompute in recompute_order(sh.framework):
         result.families += 1
-        first = make_layout(s, sh, recompute, virtual, sizes[0], job.cluster.gpu.peer_to_peer)
+        first = make_layout(s, sh, recompute, virtual, sizes[0], peer, tp_overlap)
         violation = _violation(job, first)
         if violation is not None:
             result.log.add(f"invalid: {violation.rule}", 1, first, str(violation))
             continue
 
         def sized(i: int, recompute: Recompute = recompute) -> Layout:
-            return make_layout(s, sh, recompute, virtual, sizes[i], job.cluster.gpu.peer_to_peer)
+            return make_layout(s, sh, recompute, virtual, sizes[i], peer, tp_overlap)
 
         memory = result.memory_numbers(job, first)
         if evaluate.numbers_fit(job.cluster, memory, limit):
@@ -409,7 +418,14 @@ def _search_memory_family(
             continue  # it bounds nothing: the heavier recompute that follows may run at this size
         best_index = top
         if top == len(sizes) - 1:
+            unbounded = recompute is Recompute.NONE  # memory bounds nothing: the overlap costs none
             break
+    if (
+        tp_overlap
+        and not unbounded
+        and make_layout(s, sh, Recompute.NONE, virtual, sizes[0], peer).tp_comm_overlap
+    ):
+        fitted |= _search_memory_family(search, job, result, family, sizes, limit, tp_overlap=False)
     return fitted
 
 
@@ -965,8 +981,9 @@ def _lean_fit(
             continue
         ordered = options[::-1]  # the most sharded and offloaded first: the likeliest to fit
         for i, sh in enumerate(ordered):
+            # no TP overlap: its buffers are memory the family's overlap-off twin does without
             lean = make_layout(
-                s, sh, recompute_order(framework)[-1], 1, sizes[0], job.cluster.gpu.peer_to_peer
+                s, sh, recompute_order(framework)[-1], 1, sizes[0], job.cluster.gpu.peer_to_peer, False
             )
             if not search.rejections and _states_exceed(job, lean, limit):
                 # a miss only the log would hold: its model states alone exceed the limit, and so

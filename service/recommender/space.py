@@ -668,14 +668,19 @@ def make_layout(
     virtual: int,
     micro_batch: int,
     peer_to_peer: bool,
+    tp_overlap_allowed: bool = True,
 ) -> Layout:
     """The layout of these choices on GPUs with (or without) ``peer_to_peer`` access (shared: the
     search builds the same one at several steps, and a capacity sweep for every GPU type searching the
-    same count; a ``Layout`` is frozen)."""
+    same count; a ``Layout`` is frozen). ``tp_overlap_allowed`` False: TP communication exposed, where
+    the framework's default overlaps it (Megatron's userbuffers cost memory; the search tries that
+    twin where memory is short)."""
     flags = FRAMEWORKS[sharding.framework].flags
     sp = sequence_parallel_default(sharding.framework, structure.tp)
     own = sharding.megatron_lm
-    tp_overlap = tp_comm_overlap_default(sharding.framework, sp, sharding.torch_compile, peer_to_peer)
+    tp_overlap = tp_overlap_allowed and tp_comm_overlap_default(
+        sharding.framework, sp, sharding.torch_compile, peer_to_peer
+    )
     overlap = _overlap_grad_reduce(flags, structure, sharding)
     if own is not None:  # Megatron-LM's own: no overlapped reduce or TP communication
         tp_overlap, overlap = False, (False if structure.dp * structure.cp > 1 else None)
