@@ -17,9 +17,15 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PREFIX = "PLANNER_"
 # PLANNER_ variables that are not the service's settings: the test suite's PostgreSQL database
-# (tests/conftest.py, .ci/run)
+# (tests/conftest.py, .ci/run), and the service links Kubernetes puts in every pod for a Service named
+# "planner" (PLANNER_SERVICE_HOST, PLANNER_PORT, PLANNER_PORT_8000_TCP_ADDR, ...)
 NOT_SETTINGS = frozenset({"PLANNER_TEST_DATABASE_URL"})
-_ORIGIN = re.compile(r"^https?://[^/\s?#]+$")  # scheme://host[:port], as a browser's Origin header
+_SERVICE_LINK = re.compile(
+    r"^PLANNER_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_[A-Z]+)?)?)$"
+)
+_MISSPELT = 0.8  # difflib's ratio past which an unknown variable is taken for a misspelt setting
+# scheme://host[:port], as a browser's Origin header is (an app's own scheme too: tauri://localhost)
+_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s?#]+$")
 
 
 class Settings(BaseSettings):
@@ -92,7 +98,7 @@ class Settings(BaseSettings):
     def _origins_match_headers(cls, origins: list[str]) -> list[str]:
         # a browser's Origin is scheme://host[:port]: "https://ui.example/" (a trailing slash, a path)
         # never equals one, so the page would be refused while the setting looked right
-        bad = [origin for origin in origins if origin != "*" and not _ORIGIN.match(origin)]
+        bad = [origin for origin in origins if origin not in ("*", "null") and not _ORIGIN.match(origin)]
         if bad:
             raise ValueError(f"{', '.join(bad)}: an origin is scheme://host[:port], without a path or slash")
         return origins
@@ -109,10 +115,18 @@ def load_settings() -> Settings:
     known = {PREFIX + name.upper() for name in Settings.model_fields}
     problems = []
     for name in sorted(os.environ):
-        if name.upper().startswith(PREFIX) and name.upper() not in known and name not in NOT_SETTINGS:
-            close = difflib.get_close_matches(name.upper(), sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            problems.append(f"{name}: not a setting of this service{hint}")
+        upper = name.upper()
+        if (
+            not upper.startswith(PREFIX)
+            or upper in known
+            or upper in NOT_SETTINGS
+            or _SERVICE_LINK.match(upper)
+        ):
+            continue
+        # refused where it reads as a setting misspelt; another PLANNER_ variable is someone else's
+        close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=_MISSPELT)
+        if close:
+            problems.append(f"{name}: not a setting of this service (did you mean {close[0]}?)")
     try:
         settings = Settings()
     except ValidationError as exc:
