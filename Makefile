@@ -22,7 +22,7 @@ install: $(VENV)/.installed
 ## an earlier run are removed here.
 serve: install
 	$(PY) -m service.settings
-	$(VENV)/bin/alembic upgrade head
+	$(PY) -m service.persistence.schema
 	@if [ -n "$$PROMETHEUS_MULTIPROC_DIR" ]; then mkdir -p "$$PROMETHEUS_MULTIPROC_DIR" && rm -f "$$PROMETHEUS_MULTIPROC_DIR"/*.db; fi
 	$(VENV)/bin/uvicorn service.main:create_app --factory --no-access-log --host $(HOST) --port $(PORT) --workers $(WORKERS)
 

@@ -418,3 +418,26 @@ def test_migrations_started_together_run_one_after_the_other(migrated_url: str, 
 
     known = known_revisions()
     assert known is not None and versions == [(known[0],)]
+
+
+def test_the_start_command_migrates_except_a_later_releases_database(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    """The image ran `alembic upgrade head` before serving, which fails on a revision it does not know:
+    a replica of the previous release, restarted during a rollout or a rollback, never served (change
+    review). `python -m service.persistence.schema` migrates to head, and leaves a later release's
+    database as it is, saying so."""
+    from service.persistence.schema import known_revisions, migrate_unless_newer
+
+    known = known_revisions()
+    assert known is not None
+    url = scratch_url(migrated_url, tmp_path, "start")
+    assert migrate_unless_newer(url) == f"the database is at {known[0]}"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'a_later_release'"))
+    said = migrate_unless_newer(url)
+    assert "a_later_release, a later release's" in said and "not migrated" in said
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("a_later_release",)]
+    engine.dispose()

@@ -220,7 +220,10 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-SCHEMA_MISMATCH = "the database's schema is not this service's (run `alembic upgrade head`)"
+SCHEMA_MISMATCH = (
+    "the database's schema is not this service's (run `alembic upgrade head`; or a later release's "
+    "migration took away what this code reads)"
+)
 # PostgreSQL's undefined_table and undefined_column; SQLite says it in words
 _UNDEFINED_SQLSTATES = frozenset({"42P01", "42703"})
 _SQLITE_MISSING = ("no such table", "no such column", "has no column named")
@@ -353,7 +356,7 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
             errors=errors,
             instance=request.url.path,
         )
-    detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(status).phrase
+    detail = exc.detail if isinstance(exc.detail, str) else status_phrase(status)
     if status == 404 and detail == "Not Found":
         detail = f"No route matches {request.method} {request.url.path}"
     headers = dict(exc.headers or {})

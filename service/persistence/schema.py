@@ -53,3 +53,51 @@ def schema_problem(revision: str | None) -> str | None:
         before = f"the database's schema is at {revision}, before this service's {head}"
         return f"{before}: run `alembic upgrade head`"
     return None
+
+
+def migrate_unless_newer(database_url: str) -> str:
+    """``alembic upgrade head`` on ``database_url``, except where the database is at a revision this
+    code does not know (a later release migrated it: alembic would fail on "Can't locate revision", and
+    a rolled-back or restarting replica would never serve); what it did, in words."""
+    from alembic import command
+    from alembic.config import Config
+
+    from service.persistence.db import make_engine
+
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            revision = database_revision(conn)
+    finally:
+        engine.dispose()
+    known = known_revisions()
+    if known is not None and revision is not None and revision not in known[1]:
+        return (
+            f"the database is at {revision}, a later release's (this code's head is {known[0]}): not "
+            "migrated; it serves this code as long as that release's migrations only add to the schema"
+        )
+    config = Config(toml_file=str(_PYPROJECT))
+    config.attributes["database_url"] = database_url
+    command.upgrade(config, "head")
+    return f"the database is at {known[0] if known else 'head'}"
+
+
+def main() -> None:
+    """``python -m service.persistence.schema``: migrate the database of PLANNER_DATABASE_URL to this
+    code's head, unless a later release already migrated it (the image's and ``make serve``'s start)."""
+    import logging
+    import sys
+
+    from service.settings import SettingsError, get_settings
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s [%(name)s] %(message)s")
+    logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)  # the revisions it runs
+    try:
+        print(f"trainplan: {migrate_unless_newer(get_settings().database_url)}", file=sys.stderr)
+    except SettingsError as exc:
+        print(f"trainplan: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
