@@ -194,6 +194,10 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
             f"qlora with cp={lo.cp} or hybrid shard across nodes: Accelerate builds those meshes for "
             "FSDP2 only, which breaks bitsandbytes' NF4 weights (bitsandbytes#1945, accelerate#3874)"
         )
+    if lo.cp > 1 and for_gpu(plan.training, plan.cluster.gpu, plan.model).attention is Attention.EAGER:
+        # torch's context parallelism splits the sequence inside F.scaled_dot_product_attention only:
+        # eager attention would attend within each rank's shard (common.attention_duty; change review)
+        return f"cp={lo.cp} with eager attention: torch's context parallelism runs inside SDPA only"
     return None
 
 

@@ -11,6 +11,7 @@ import pytest
 from service.catalog.models import model
 from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import (
+    Attention,
     AttentionKind,
     Compile,
     Framework,
@@ -655,6 +656,8 @@ def test_accelerate_names_what_train_py_must_do_for_context_parallelism() -> Non
     plain = header(plan(framework=Framework.FSDP, zero_stage=3))
     assert "tp_plan" not in plain and "maybe_context_parallel" not in plain
     assert 'attn_implementation="flash_attention_2"' in plain
+    eager = plan(framework=Framework.FSDP, zero_stage=3, cp=2, train=training(attention=Attention.EAGER))
+    assert "runs inside SDPA only" in str(accelerate.refusal(eager))
     lora = training(method=Method.LORA)
     tp = plan(train=lora, framework=Framework.FSDP, zero_stage=3, tp=2)
     assert "transformers 5.24" in str(accelerate.refusal(tp))
