@@ -164,14 +164,21 @@ class Api:
 
 
 def migrate(database_url: str) -> None:
-    """``alembic upgrade head`` on the local database, as ``make serve`` does."""
+    """``alembic upgrade head`` on the local database, as ``make serve`` does; a database that does not
+    answer is one line (``Failure``), not a page of traceback (operations and change reviews)."""
     from alembic import command
     from alembic.config import Config
+    from sqlalchemy.exc import OperationalError
+
+    from service.persistence.db import driver_message
 
     root = Path(__file__).resolve().parents[1]
     config = Config(toml_file=str(root / "pyproject.toml"))
     config.attributes["database_url"] = database_url
-    command.upgrade(config, "head")
+    try:
+        command.upgrade(config, "head")
+    except OperationalError as exc:
+        raise Failure(f"cannot reach the database of PLANNER_DATABASE_URL: {driver_message(exc)}") from None
 
 
 def problem_text(response: httpx.Response, flags: Mapping[str, str] | None = None) -> str:
@@ -1742,17 +1749,13 @@ def _key_row(record: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _local_session() -> Any:
-    from sqlalchemy.exc import OperationalError
     from sqlalchemy.orm import Session
 
-    from service.persistence.db import driver_message, make_engine
+    from service.persistence.db import make_engine
     from service.settings import get_settings
 
     url = get_settings().database_url
-    try:
-        migrate(url)
-    except OperationalError as exc:  # a page of traceback for a database that does not answer
-        raise Failure(f"cannot reach the database of PLANNER_DATABASE_URL: {driver_message(exc)}") from None
+    migrate(url)
     engine = make_engine(url)
     try:
         with Session(engine) as session:
