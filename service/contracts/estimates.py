@@ -280,8 +280,9 @@ class MemoryPerGPUOut(BaseModel):
     tp_comm_buffers: int | None = Field(
         default=None,
         description="Transformer Engine's userbuffers under Megatron's --tp-comm-overlap "
-        "(layout.tp_comm_overlap): 12 buffers of seq_len x micro_batch_size / cp x hidden_size, outside "
-        "PyTorch's allocator; 0 otherwise" + _NOT_STORED,
+        "(layout.tp_comm_overlap): 12 buffers of seq_len x micro_batch_size / cp x hidden_size, 2 bytes "
+        "each element (8 of them 1 byte under fp8), outside PyTorch's allocator (their streams' cuBLAS "
+        "workspaces are in buffers); 0 otherwise" + _NOT_STORED,
     )
     peak_allocated_bytes: int | None = Field(
         default=None,

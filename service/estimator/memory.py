@@ -294,24 +294,35 @@ def nccl_buffer_bytes(layout: Layout, assume: MemoryAssumptions) -> float:
 # qkv_wgrad, fc1_dgrad, fc1_wgrad; external: proj_wgrad, fc2_wgrad), each with one buffer of that whole
 # shape (ring exchange: tp chunks of 1/tp of it; comm_gemm_overlap.cpp), in bf16, or 1 byte for the 8
 # all-gather ones under fp8 (fp8_buf), allocated with cuMemCreate / cudaMalloc outside PyTorch's
-# allocator; and a cuBLAS workspace per userbuffer stream (3 x (32 MiB + 1 KiB) on sm90+, 4 MiB each
-# before: taken at the larger). Torchtitan's Async TP is a torch.compile pass, not these.
+# allocator. Beside them a cuBLAS workspace per userbuffer stream, a torch tensor (torch.empty(...)
+# .repeat(3): inside the allocator, a buffer): 3 x (32 MiB + 1 KiB) on sm90+, 4 MiB each before, taken
+# at the larger. Torchtitan's Async TP is a torch.compile pass, not these.
 TE_UB_COMMUNICATORS = 12
 TE_UB_FP8_GATHERS = 8  # of them, the all-gathers' buffers, 1-byte under fp8
 TE_UB_WORKSPACE_BYTES = 3 * (32 * 2**20 + 2**10)
 
 
+def _te_userbuffers(layout: Layout) -> bool:
+    return layout.tp_comm_overlap and layout.framework is Framework.MEGATRON
+
+
 def tp_comm_buffer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
-    """Transformer Engine's userbuffers under Megatron's --tp-comm-overlap (``TE_UB_COMMUNICATORS``):
-    8B at 8k tokens 0.84 GiB, at 128k over cp 2 6.1 GiB (long-context review); none otherwise."""
-    if not (layout.tp_comm_overlap and layout.framework is Framework.MEGATRON):
+    """Transformer Engine's userbuffers under Megatron's --tp-comm-overlap (``TE_UB_COMMUNICATORS``),
+    outside the allocator: 8B at 8k tokens 0.75 GiB, at 128k over cp 2 6 GiB (long-context review);
+    none otherwise."""
+    if not _te_userbuffers(layout):
         return 0.0
     elements = training.seq_len * layout.micro_batch_size // layout.cp * model.hidden_size
     if training.precision is Precision.FP8:
         per_element = TE_UB_FP8_GATHERS * 1 + (TE_UB_COMMUNICATORS - TE_UB_FP8_GATHERS) * 2
     else:
         per_element = TE_UB_COMMUNICATORS * 2
-    return float(elements * per_element + TE_UB_WORKSPACE_BYTES)
+    return float(elements * per_element)
+
+
+def tp_comm_workspace_bytes(layout: Layout) -> float:
+    """The cuBLAS workspaces of TE's userbuffer streams (``TE_UB_WORKSPACE_BYTES``), a buffer."""
+    return float(TE_UB_WORKSPACE_BYTES) if _te_userbuffers(layout) else 0.0
 
 
 def fragmentation_bytes(dynamic_bytes: float, fragmentation_fraction: float) -> float:
@@ -556,17 +567,18 @@ def fused_expert_gradient_bytes(model: ModelSpec, layout: Layout, training: Trai
 
 
 @layout_memo("framework", "pp", "tp", "sequence_parallel", "cp", "ep", "micro_batch_size", "chunked_loss",
-             "torch_compile")  # fmt: skip
+             "torch_compile", "tp_comm_overlap")  # fmt: skip
 def activation_buffer_bytes(job: Job, layout: Layout) -> tuple[float, float]:
     """The activation-sized buffers of (every rank, the last rank): pipeline receive buffers, QLoRA
-    dequantisation, the adapted fused experts' weight gradient and PyTorch's ring attention buffers,
-    and those + the loss workspace."""
+    dequantisation, the adapted fused experts' weight gradient, PyTorch's ring attention buffers and
+    TE's userbuffer workspaces, and those + the loss workspace."""
     model, training = job.model, job.training
     buffers = (
         pipeline_buffer_bytes(model, layout, training)
         + dequantize_bytes(model, layout, training)
         + fused_expert_gradient_bytes(model, layout, training)
         + activations.torch_ring_buffer_bytes(model, layout, training, job.tuning.ring_attention_repeats_kv)
+        + tp_comm_workspace_bytes(layout)
     )
     return buffers, buffers + activations.loss_workspace_bytes(model, layout, training)
 
@@ -842,8 +854,14 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
         f"parts: model states, activations, buffers); peak reserved = allocated + the caching allocator's "
         f"fragmentation reserve, {assume.fragmentation_fraction:.0%} of what each moment allocates and "
         f"frees; device used (nvidia-smi) = reserved + CUDA context {assume.cuda_context_bytes // MiB} MiB "
-        f"+ NCCL {assume.nccl_bytes_per_group // MiB} MiB per process group; the fit compares device used "
-        "with the card's capacity",
+        f"+ NCCL {assume.nccl_bytes_per_group // MiB} MiB per process group"
+        + (
+            f" + Transformer Engine's TP-overlap userbuffers, {TE_UB_COMMUNICATORS} of tokens x hidden "
+            f"({tp_comm_buffer_bytes(job.model, layout, job.training) / MiB:,.0f} MiB)"
+            if _te_userbuffers(layout)
+            else ""
+        )
+        + "; the fit compares device used with the card's capacity",
         _moment_note(job, layout),
         "activations: "
         + (

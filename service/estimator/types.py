@@ -1249,7 +1249,8 @@ class MemoryStatistic(StrEnum):
     # allocator's segments (cudaMalloc'd), tensors + the free blocks it keeps cached
     RESERVED = "reserved"
     # nvidia-smi's "Memory-Usage" of the process, torch.cuda.mem_get_info's total - free: the reserved
-    # segments + the CUDA context + what NCCL allocates outside PyTorch's allocator
+    # segments + the CUDA context + what NCCL and Transformer Engine's userbuffers allocate outside
+    # PyTorch's allocator
     DEVICE_USED = "device_used"
 
 

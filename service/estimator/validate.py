@@ -108,7 +108,9 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             peft=True,  # Hugging Face PEFT under DeepSpeed (Trainer, accelerate)
             peft_expert_parallel=True,  # its EP plan's deepspeed.moe.layer.MoE over expert modules
             optimizer_in_backward=False,
-            # activation_checkpointing.cpu_checkpointing offloads the checkpoints themselves.
+            # activation_checkpointing.cpu_checkpointing offloads the checkpoints of deepspeed.checkpointing
+            # (model code that calls it; no launch target here does: launchers.common
+            # .activation_offload_refusal).
             activation_offload_needs_full_recompute=True,
             # deepspeed.checkpointing / HF gradient checkpointing wrap whole decoder layers
             recompute_modes=frozenset({Recompute.NONE, Recompute.FULL}),

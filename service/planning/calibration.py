@@ -150,7 +150,8 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
     if measured_peak is not None:
         # a peak of another statistic than device used (a torchtitan log's max reserved, a typed
         # max_memory_allocated) is compared as device used: plus what the estimate says it leaves out
-        # (CUDA context and NCCL's buffers; and fragmentation for allocated bytes), uncalibrated as
+        # (CUDA context, NCCL's buffers and TE's userbuffers; and fragmentation for allocated bytes),
+        # uncalibrated as
         # the dynamic parts are
         _, estimated = estimated_peak(per_gpu, run_observed.memory_statistic)
         left_out = per_gpu.device_used_bytes - estimated

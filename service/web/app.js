@@ -8,7 +8,7 @@ const GIB = 2 ** 30;
 // Engine's userbuffers (Megatron's TP overlap) the device used.
 const COMPONENTS = ["parameters", "gradients", "optimizer_states", "activations", "buffers",
   "fragmentation", "cuda_context", "nccl_buffers", "tp_comm_buffers"];
-// A plan stored before the statistics were named has one overhead in place of the last three.
+// A plan stored before the statistics were named has one overhead in place of the last four.
 const OLD_COMPONENTS = ["parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead"];
 // The three statistics the answer names; the fit compares the last with the card's capacity.
 const STATISTICS = [["peak_allocated_bytes", "peak allocated"], ["peak_reserved_bytes", "peak reserved"],
@@ -184,7 +184,7 @@ function memoryChart(candidates) {
     const lx = left + (k % 3) * 170, ly = top + row * candidates.length + 24 + Math.floor(k / 3) * 14;
     chart.append(svg("rect", { x: lx, y: ly, width: 10, height: 10, fill: COLOURS[k] }));
     const text = svg("text", { x: lx + 14, y: ly + 9, class: "legend" });
-    text.textContent = name.replace("_", " ");
+    text.textContent = name.replaceAll("_", " ");
     chart.append(text);
   });
   chart.setAttribute("viewBox", `0 0 ${width} ${height + 20}`);
@@ -194,14 +194,17 @@ function memoryChart(candidates) {
 // The chart's numbers as a table: for screen readers (the SVG is one image to them) and narrow screens.
 function memoryTable(candidates, caption) {
   const capacity = candidates[0].estimate.memory.capacity_bytes;
-  const components = componentsOf(candidates[0].estimate.memory.per_gpu);
+  // a component no candidate holds (TP userbuffers outside Megatron's TP overlap) gets no column, as the
+  // chart gives it no segment and the CLI no row
+  const components = componentsOf(candidates[0].estimate.memory.per_gpu)
+    .filter((name) => name !== "tp_comm_buffers" || candidates.some((c) => c.estimate.memory.per_gpu[name]));
   const rows = candidates.map((candidate, index) => {
     const m = candidate.estimate.memory.per_gpu;
     const statistics = STATISTICS.map(([key]) => (m[key] === undefined || m[key] === null ? "-" : fmt.gib(m[key])));
     return [candidate.label || `${index === 0 ? "★ " : ""}${layoutText(candidate.layout)}`,
       ...components.map((name) => fmt.gib(m[name] || 0)), ...statistics, fmt.gib(capacity - m.total)];
   });
-  const headers = ["layout", ...components.map((n) => n.replace("_", " ")), ...STATISTICS.map(([, name]) => name),
+  const headers = ["layout", ...components.map((n) => n.replaceAll("_", " ")), ...STATISTICS.map(([, name]) => name),
     "left on the card"];
   const t = table(headers, rows, caption);
   t.classList.add("memory-table", "numbers");

@@ -474,7 +474,7 @@ def test_three_statistics_differ_by_their_named_components(
 @pytest.mark.parametrize(
     ("precision", "cp", "micro", "per_element"),
     [
-        # 12 bf16 buffers of [s x b / cp, h]: 16 tokens x 8 wide x 24 bytes, and the workspaces
+        # 12 bf16 buffers of [s x b / cp, h]: 16 tokens x 8 wide x 24 bytes
         (Precision.BF16, 1, 1, 24),
         (Precision.BF16, 2, 1, 24),  # the shape is over cp (Megatron's input_shape)
         (Precision.BF16, 1, 2, 24),  # and grows with the micro-batch
@@ -485,20 +485,25 @@ def test_tp_comm_overlap_holds_transformer_engines_userbuffers_outside_the_alloc
     precision: Precision, cp: int, micro: int, per_element: int
 ) -> None:
     """Megatron's --tp-comm-overlap: TE's initialize_ub builds 12 communicators, each with a buffer of
-    [seq_length x micro_batch_size / cp, hidden_size] (Megatron-LM _initialize_tp_communicators), plus a
-    cuBLAS workspace per userbuffer stream, with cuMemCreate: device used holds them, the allocator's
-    statistics do not (long-context review: 6 GiB at 128k tokens on tp 4 cp 2, with 4.2 GiB headroom)."""
+    [seq_length x micro_batch_size / cp, hidden_size] (Megatron-LM _initialize_tp_communicators), with
+    cuMemCreate: device used holds them, the allocator's statistics do not (the userbuffer streams'
+    cuBLAS workspaces are torch tensors: buffers) (long-context review: 6 GiB at 128k tokens on tp 4
+    cp 2, with 4.2 GiB headroom)."""
     training = TrainingSpec(seq_len=16, global_batch_size=8, precision=precision)
     base = Layout(framework=Framework.MEGATRON, dp=8 // (2 * cp), tp=2, cp=cp, micro_batch_size=micro,
                   sequence_parallel=True)  # fmt: skip
     overlap = dataclasses.replace(base, tp_comm_overlap=True)
     plain = memory(TINY, cluster(8), base, training, ROUND_TUNING).per_gpu
     held = memory(TINY, cluster(8), overlap, training, ROUND_TUNING).per_gpu
-    ub = 16 * micro // cp * TINY.hidden_size * per_element + 3 * (32 * 2**20 + 2**10)
+    ub = 16 * micro // cp * TINY.hidden_size * per_element
+    workspace = 3 * (32 * 2**20 + 2**10)  # the userbuffer streams' cuBLAS workspaces: torch tensors
     assert (plain.tp_comm_buffers, held.tp_comm_buffers) == (0, ub)
-    assert held.peak_reserved_bytes == plain.peak_reserved_bytes  # outside PyTorch's allocator
-    assert held.device_used_bytes == plain.device_used_bytes + ub
-    assert held.overhead == plain.overhead + ub
+    assert held.buffers == plain.buffers + workspace  # inside the allocator
+    assert held.peak_allocated_bytes == plain.peak_allocated_bytes + workspace
+    assert (
+        held.device_used_bytes - held.peak_reserved_bytes
+        == plain.device_used_bytes - plain.peak_reserved_bytes + ub
+    )
     # FSDP's TP overlap (torchtitan's Async TP) is a torch.compile pass over symmetric memory, not these
     fsdp = dataclasses.replace(overlap, framework=Framework.FSDP, zero_stage=3, torch_compile=Compile.MODEL)
     assert memory(TINY, cluster(8), fsdp, training, ROUND_TUNING).per_gpu.tp_comm_buffers == 0

@@ -1,9 +1,9 @@
 """A run's peak is compared with the estimate's figure of the same statistic: a log that prints
 PyTorch's max reserved (torchtitan, Megatron) or max allocated (DeepSpeed), or a typed peak that says
 it is one of those (memory_statistic), is diagnosed against peak reserved / peak allocated, and
-calibrates as the device memory it implies (plus the CUDA context and NCCL's buffers the estimate
-counts outside the allocator), exactly as a typed nvidia-smi figure of that much would. A typed peak
-that does not say is taken as device used, and the diagnosis says it assumed so."""
+calibrates as the device memory it implies (plus the CUDA context, NCCL's buffers and TE's
+userbuffers the estimate counts outside the allocator), exactly as a typed nvidia-smi figure of that
+much would. A typed peak that does not say is taken as device used, and the diagnosis says it assumed so."""
 
 from __future__ import annotations
 
@@ -30,8 +30,12 @@ def test_a_reserved_peak_is_diagnosed_against_peak_reserved_and_calibrates_as_de
     assert plan.recommended is not None
     per_gpu = plan.recommended.estimate.memory.per_gpu
     assert per_gpu.peak_reserved_bytes is not None and per_gpu.peak_allocated_bytes is not None
-    left_out = per_gpu.device_used_bytes - per_gpu.peak_reserved_bytes  # CUDA context + NCCL buffers
-    assert left_out == (per_gpu.cuda_context or 0) + (per_gpu.nccl_buffers or 0) > 0
+    left_out = per_gpu.device_used_bytes - per_gpu.peak_reserved_bytes  # outside the allocator
+    assert (
+        left_out
+        == (per_gpu.cuda_context or 0) + (per_gpu.nccl_buffers or 0) + (per_gpu.tp_comm_buffers or 0)
+        > 0
+    )
 
     reserved = per_gpu.peak_reserved_bytes + GIB // 2
     logged = RunRecord(
