@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from sqlalchemy.orm import sessionmaker
 
 from service.api.main import api_router
@@ -22,6 +21,7 @@ from service.middleware import (
     JsonBodyMiddleware,
     MetricsMiddleware,
     NulRefusalMiddleware,
+    ProblemCORSMiddleware,
     RequestIdMiddleware,
 )
 from service.persistence.db import ConnectionGate, make_engine, serialize_sqlite_writes, sqlite_file_identity
@@ -94,7 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(NulRefusalMiddleware)
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            ProblemCORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["*"],
             allow_headers=["*"],

@@ -9,6 +9,9 @@ import time
 import uuid
 from urllib.parse import unquote_to_bytes
 
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.problems import problem_response
@@ -370,3 +373,35 @@ def _route_template(scope: Scope) -> str:
     route = scope.get("route")
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else "unmatched"
+
+
+_CORS_FIELDS = {
+    "origin": "header origin",
+    "method": "header access-control-request-method",
+    "headers": "header access-control-request-headers",
+    "private-network": "header access-control-request-private-network",
+}
+
+
+class ProblemCORSMiddleware(CORSMiddleware):
+    """Starlette's CORS, its refused preflight answered as every other error is: RFC 9457 problem+json
+    naming the origin, method or header refused (it was a text/plain "Disallowed CORS origin";
+    operations review)."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        refused = bytes(response.body).decode().removeprefix("Disallowed CORS ")
+        errors = [
+            {
+                "field": _CORS_FIELDS.get(what.strip(), what.strip()),
+                "message": "not allowed (PLANNER_CORS_ORIGINS)",
+            }
+            for what in refused.split(",")
+        ]
+        kept = {
+            k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")
+        }
+        detail = f"CORS preflight refused: {refused}"
+        return problem_response(400, detail, slug="cors-refused", errors=errors, headers=kept)
