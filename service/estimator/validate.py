@@ -176,10 +176,11 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # megatron/core/optimizer: Transformer Engine's FusedAdam (apex's without TE)
             torch_optimizer=False,
             # --optimizer choices adam, sgd, muon, lion, soap, ...: no 8-bit AdamW or Adafactor;
-            # --optimizer-cpu-offload builds HybridDeviceOptimizer with CPUAdam for adam, else CPUSGD
-            # (megatron/core/optimizer/__init__.py): Lion offloaded would train as SGD
+            # --optimizer-cpu-offload goes with --use-precision-aware-optimizer, which OptimizerConfig
+            # asserts is "only supported with adam" (optimizer_config.py): SGD or Lion offloaded does not
+            # start (Megatron review: the launch file was rendered and the estimate said nothing)
             optimizers=frozenset({Optimizer.ADAMW, Optimizer.SGD, Optimizer.LION}),
-            offloaded_optimizers=frozenset({Optimizer.ADAMW, Optimizer.SGD}),
+            offloaded_optimizers=frozenset({Optimizer.ADAMW}),
             nvme_optimizer_needs_stage_3=False,  # no NVMe offload at all (offload_devices)
             source="NVIDIA/Megatron-LM megatron/training/arguments.py validate_args",
         ),
@@ -1119,7 +1120,7 @@ def recompute_modules_violation(model: ModelSpec, layout: Layout) -> Violation:
     return None
 
 
-def moe_a2a_overlap_violation(model: ModelSpec, layout: Layout) -> Violation:
+def moe_a2a_overlap_violation(model: ModelSpec, layout: Layout, training: TrainingSpec) -> Violation:
     """Megatron's EP all-to-all overlap: the rules TransformerConfig.__post_init__ enforces."""
     field = "moe_a2a_overlap"
     if not layout.moe_a2a_overlap:
@@ -1135,6 +1136,13 @@ def moe_a2a_overlap_violation(model: ModelSpec, layout: Layout) -> Violation:
         return _bad(why, field, field)
     if layout.recompute is Recompute.FULL or RecomputeModule.MOE in layout.selective_modules:
         return _bad(f"{field} needs recompute none or selective without the moe module", field, field)
+    if training.mtp_num_layers > 1:
+        # transformer_config.py (Megatron-LM @d98e8a6): "MTP supports at most one layer when enabling
+        # overlap_moe_expert_parallel_comm"; plans proposed it with 2 MTP layers (Megatron review)
+        why = (
+            f"{field} with mtp_num_layers {training.mtp_num_layers}: Megatron overlaps at most one MTP layer"
+        )
+        return _bad(why, field, field)
     return None
 
 
@@ -1251,7 +1259,7 @@ def layout_violation(
         or training_violation(model, cluster, layout, training, caps)
         or fused_optimizer_batches_violation(layout, layout.accumulation_steps(training.global_batch_size))
         or recompute_violation(model, layout, caps)
-        or moe_a2a_overlap_violation(model, layout)
+        or moe_a2a_overlap_violation(model, layout, training)
         or moe_dispatcher_violation(model, cluster, layout)
         or unused_switch_violation(cluster, layout)
         or hybrid_shard_violation(cluster, layout)

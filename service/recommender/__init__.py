@@ -456,7 +456,9 @@ def _overlapped(search: _Search, layout: Layout) -> Layout | None:
     if not overlaps or layout.ep == 1 or search.model.moe is None or search.megatron_lm is not None:
         return None
     overlapped = dataclasses.replace(layout, moe_a2a_overlap=True)
-    return overlapped if moe_a2a_overlap_violation(search.model, overlapped) is None else None
+    return (
+        overlapped if moe_a2a_overlap_violation(search.model, overlapped, search.training) is None else None
+    )
 
 
 def _may_enter_top(search: _Search, job: Job, result: SearchResult, bound: Layout) -> bool:

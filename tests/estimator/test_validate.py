@@ -517,6 +517,16 @@ def test_moe_a2a_overlap_follows_megatrons_rules(layout: Layout, model: ModelSpe
     assert err.value.field == "moe_a2a_overlap"
 
 
+def test_moe_a2a_overlap_takes_at_most_one_mtp_layer() -> None:
+    """TransformerConfig: "MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm";
+    plans proposed it with two MTP layers (Megatron review)."""
+    layout = Layout(framework=Framework.MEGATRON, dp=16, ep=4, zero_stage=1, moe_a2a_overlap=True)
+    check(layout, model=MOE, training=dataclasses.replace(TRAIN, mtp_num_layers=1))
+    with pytest.raises(InvalidLayout, match="at most one MTP layer") as err:
+        check(layout, model=MOE, training=dataclasses.replace(TRAIN, mtp_num_layers=2))
+    assert err.value.field == "moe_a2a_overlap"
+
+
 @pytest.mark.parametrize(
     ("field", "text"),
     [("moe_dispatcher", "alltoall"), ("framework", "megatron"), ("recompute", "full")],
@@ -568,9 +578,10 @@ def test_deepspeed_nvme_optimizer_offload_needs_zero_3() -> None:
         (Framework.DEEPSPEED, 2, Optimizer.SGD, False),
         (Framework.DEEPSPEED, 2, Optimizer.ADAMW, True),
         (Framework.DEEPSPEED, 2, Optimizer.LION, True),
-        # megatron/core/optimizer: HybridDeviceOptimizer with CPUAdam for adam, else CPUSGD
+        # --optimizer-cpu-offload with --use-precision-aware-optimizer, which OptimizerConfig asserts is
+        # "only supported with adam" (Megatron review: SGD offloaded was accepted and did not start)
         (Framework.MEGATRON, 1, Optimizer.LION, False),
-        (Framework.MEGATRON, 1, Optimizer.SGD, True),
+        (Framework.MEGATRON, 1, Optimizer.SGD, False),
         (Framework.MEGATRON, 1, Optimizer.ADAMW, True),
     ],
 )
