@@ -27,6 +27,7 @@ from service.estimator.types import (
     Precision,
     QKNorm,
     Recompute,
+    RecomputeModule,
     RopeScalingKind,
     RouterScore,
     TrainingSpec,
@@ -138,6 +139,13 @@ def refusal(plan: Plan) -> Refusal:
         problems.append(f"num_experts ({model.moe.num_experts}) % ep ({lo.ep}) != 0")
     if model.moe is None and lo.ep > 1:
         problems.append(f"ep={lo.ep} on a dense model")
+    delayed = {RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM} & set(lo.selective_modules)
+    if plan.training.precision is Precision.FP8 and delayed:
+        # the fp8 recipe written here is delayed scaling (_precision_args: amax history), which
+        # TransformerConfig refuses with these: "Delayed scaling does not support moe_act and layernorm
+        # recompute for fp8" (Megatron review)
+        modules = ", ".join(sorted(delayed))
+        problems.append(f"recompute_modules {modules} with fp8: Megatron's delayed scaling refuses them")
     problems += _job_problems(model, plan.training)
     problems += optimizer_problems(plan.training)
     return "; ".join(problems) if problems else None

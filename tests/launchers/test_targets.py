@@ -1052,3 +1052,16 @@ def test_no_target_runs_a_layout_estimated_with_activation_offload(layout: dict[
         refuse = REFUSALS[target]
         assert "activation_offload" in str(refuse(plan(model=llama3_8b(), activation_offload=True, **layout)))
         assert "activation_offload" not in str(refuse(plan(model=llama3_8b(), **layout))), target
+
+
+def test_megatron_refuses_fp8_with_moe_act_or_layernorm_recompute() -> None:
+    """The fp8 recipe the launch writes is delayed scaling, which TransformerConfig refuses with
+    selective recompute of moe_act or layernorm (Megatron review: the estimate said nothing)."""
+    fp8 = training(precision=Precision.FP8)
+    for modules in ((RecomputeModule.MOE_ACT,), (RecomputeModule.LAYERNORM, RecomputeModule.CORE_ATTN)):
+        refused = plan(framework=Framework.MEGATRON, zero_stage=1, train=fp8, recompute=Recompute.SELECTIVE,
+                       recompute_modules=modules)  # fmt: skip
+        assert "delayed scaling" in str(megatron.refusal(refused))
+    kept = plan(framework=Framework.MEGATRON, zero_stage=1, train=fp8, recompute=Recompute.SELECTIVE,
+                recompute_modules=(RecomputeModule.CORE_ATTN,))  # fmt: skip
+    assert "delayed scaling" not in str(megatron.refusal(kept))
