@@ -191,9 +191,11 @@ def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
     if model.qk_norm in (QKNorm.FULL_WIDTH, QKNorm.L2):
         problems.append(f"q/k norm {model.qk_norm.value}: --qk-layernorm normalises per head only")
     if model.attention_sinks:
-        problems.append("attention sinks (GPT-OSS) are not a Megatron-LM GPT option")
+        # Megatron-Core has them (softmax_type learnable, TE >= 2.8) and NVIDIA trains GPT-OSS with
+        # Megatron-Bridge: not written or modelled here, which is what the refusal says (Megatron review)
+        problems.append("attention sinks (GPT-OSS) are not emitted for Megatron-LM here")
     if model.moe is not None and model.moe.expert_bias:
-        problems.append("biased experts (GPT-OSS) are not a Megatron-LM GPT option")
+        problems.append("biased experts (GPT-OSS) are not emitted for Megatron-LM here")
     if model.final_logit_softcapping:
         problems.append("final-logit soft-capping is not a Megatron-LM GPT option")
     if model.parallel_attn_mlp:

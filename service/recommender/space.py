@@ -617,7 +617,15 @@ class Unsupported(str):
         return made
 
 
+# Stages a framework runs that the service does not model, and what runs them: the search says so rather
+# than that the framework lacks them (Megatron review: Megatron-LM @d98e8a6 shards gradients and
+# parameters with Megatron-FSDP, --use-megatron-fsdp, and --use-torch-fsdp2)
+UNMODELLED_STAGES = {Framework.MEGATRON: "Megatron-FSDP (--use-megatron-fsdp) is not modelled"}
+
+
 def _unsupported_reason(framework: Framework, stage: int, violation: InvalidLayout) -> Unsupported:
+    if violation.rule == "zero_stage" and framework in UNMODELLED_STAGES:
+        return Unsupported(f"{framework.value} zero_stage {stage}: {UNMODELLED_STAGES[framework]}", stage)
     if violation.rule == "zero_pp":
         return Unsupported(f"{framework.value} does not support zero_stage {stage} with pp > 1", stage)
     if violation.rule == "zero_ep":

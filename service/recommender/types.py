@@ -84,7 +84,7 @@ class Candidate:
 class Rejection:
     """A group of layouts turned down for one reason, with one worked example."""
 
-    reason: str  # "does not fit in GPU memory", "invalid: pp_layers", "megatron does not support ..."
+    reason: str  # "does not fit in GPU memory", "invalid: pp_layers", "fsdp does not support zero_stage 1"
     count: int
     example: Layout
     detail: str  # the example's numbers or the rule's message

@@ -67,7 +67,7 @@ def test_7b_on_eight_80gb_gpus_is_sensible(tuning: Tuning) -> None:
 
 
 def test_a_rejected_zero_stage_is_shown_with_that_stage(tuning: Tuning) -> None:
-    """The rejection log's example of "megatron does not support zero_stage 2" had zero_stage 0: the
+    """The rejection log's example of "megatron zero_stage 2: ..." had zero_stage 0: the
     example is the rejected sharding's own."""
     result = recommend(
         model("llama-2-7b").spec,
@@ -77,9 +77,12 @@ def test_a_rejected_zero_stage_is_shown_with_that_stage(tuning: Tuning) -> None:
         tuning,
     )
     stages = {
-        r.reason: r.example.zero_stage for r in result.rejected if "does not support zero_stage" in r.reason
+        r.reason: r.example.zero_stage
+        for r in result.rejected
+        if "does not support zero_stage" in r.reason or "is not modelled" in r.reason
     }
-    assert {"megatron does not support zero_stage 2", "fsdp does not support zero_stage 1"} <= set(stages)
+    megatron = "megatron zero_stage 2: Megatron-FSDP (--use-megatron-fsdp) is not modelled"
+    assert {megatron, "fsdp does not support zero_stage 1"} <= set(stages)
     for reason, stage in stages.items():
         assert f"zero_stage {stage}" in reason, (reason, stage)
 
@@ -220,7 +223,7 @@ def test_rejections_carry_a_worked_example(tuning: Tuning) -> None:
     spec, c = model("llama-3-70b").spec, cluster("h100-sxm-80gb", nodes=2)
     result = recommend(spec, c, TrainingSpec(seq_len=8192, global_batch_size=64), Constraints(), tuning)
     reasons = {r.reason: r for r in result.rejected}
-    assert "megatron does not support zero_stage 3" in reasons
+    assert "megatron zero_stage 3: Megatron-FSDP (--use-megatron-fsdp) is not modelled" in reasons
     assert reasons["does not fit in GPU memory"].detail.endswith("over)")
     assert all(r.count >= 1 for r in result.rejected)
 

@@ -137,7 +137,7 @@ def test_shardings_follow_the_capability_table() -> None:
     s = Structure(gpus=16, dp=2, tp=4, pp=2, cp=1, ep=1)
     megatron, missing = shardings(Framework.MEGATRON, s, NO_OFFLOAD)
     assert {sh.zero_stage for sh in megatron} == {0, 1}
-    assert "megatron does not support zero_stage 3" in missing
+    assert "megatron zero_stage 3: Megatron-FSDP (--use-megatron-fsdp) is not modelled" in missing
     piped = Structure(gpus=16, dp=8, tp=1, pp=2, cp=1, ep=1)
     deepspeed, missing = shardings(Framework.DEEPSPEED, piped, NO_OFFLOAD)
     assert {sh.zero_stage for sh in deepspeed} == {0, 1}  # ZeRO-2/3 are incompatible with PP
