@@ -16,6 +16,7 @@ from service.estimator.caveats import (
     context_warnings,
     coverage_warnings,
     fitted_fractions,
+    moe_warnings,
     network_warnings,
     peft_sharding_warnings,
 )
@@ -246,6 +247,7 @@ def estimate_valid(
             *network_warnings(job.cluster),
             *context_warnings(job.model, training),
             *peft_sharding_warnings(job.model, layout, training),
+            *moe_warnings(job.model),
             *job.model.config_notes,  # what the config states that no figure reads (hf_config)
             *coverage_warnings(layout.world_size, job.counts.total, training),
         ),

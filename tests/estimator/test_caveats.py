@@ -201,3 +201,15 @@ def test_a_config_context_longer_than_its_scaling_reach_is_named_as_such() -> No
     )
     assert "trained to 131,072 (its config's context with its rope_scaling (llama3, factor 8))" in warning
     assert "65,536" not in warning
+
+
+def test_fine_grained_moe_estimates_say_their_step_is_optimistic() -> None:
+    """Published Megatron runs of Qwen3-30B-A3B took 1.2-3.3x the estimated step (REPORT, MoE class);
+    a plan's estimate said nothing of it (Megatron review). Mixtral's 8 wide experts are not fine-grained."""
+    from service.catalog.models import model
+    from service.estimator.caveats import moe_warnings
+
+    (warning,) = moe_warnings(model("qwen3-30b-a3b").spec)
+    assert "128 experts of width 768" in warning and "optimistic" in warning and "REPORT" in warning
+    assert moe_warnings(model("mixtral-8x7b").spec) == ()
+    assert moe_warnings(model("llama-3.1-8b").spec) == ()
