@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from service.estimator.memory import (
     most_model_states_bytes,
     stage_activations,
     stage_states,
+    tp_comm_buffer_bytes,
+    tp_comm_workspace_bytes,
 )
 from service.estimator.pipeline import stage_layers
 from service.estimator.tuning import Tuning
@@ -363,8 +366,11 @@ def _search_memory_family(
             "no micro-batch gives a multiple of pp micro-batches",
         )
         return False
-    best_index, fitted, unbounded = -1, False, False
+    best_index, fitted = -1, False
     peer = job.cluster.gpu.peer_to_peer
+    # the overlap-off twin is searched where a layout this family could not fit (the first miss of each
+    # recompute mode, or one layer fewer recomputed) would fit without TE's userbuffers
+    twin_may_fit = False
     for recompute in recompute_order(sh.framework):
         result.families += 1
         first = make_layout(s, sh, recompute, virtual, sizes[0], peer, tp_overlap)
@@ -379,7 +385,12 @@ def _search_memory_family(
         memory = result.memory_numbers(job, first)
         if evaluate.numbers_fit(job.cluster, memory, limit):
             top = _largest_fitting(result, job, sized, len(sizes), limit)  # sizes[0] fits
+            if tp_overlap and top < len(sizes) - 1:
+                twin_may_fit = twin_may_fit or _fits_without_userbuffers(result, job, sized(top + 1), limit)
         else:
+            twin_may_fit = twin_may_fit or (
+                tp_overlap and _fits_without_userbuffers(result, job, first, limit)
+            )
             # the one micro-batch of a step whose gradients follow its activations may fit where
             # the smallest, accumulating, does not (evaluate.largest_fitting)
             top = _only_micro_batch_fitting(result, job, sized(len(sizes) - 1), len(sizes) - 1, limit)
@@ -408,6 +419,13 @@ def _search_memory_family(
                 search, job, result, dataclasses.replace(layout, recompute=Recompute.NONE)
             ):
                 layout = _fewest_recomputed_layers(search, job, result, layout, limit)
+                fewer = (
+                    layout.recompute_num_layers or max(stage_layers(search.model.num_layers, layout))
+                ) - 1
+                if tp_overlap and fewer >= 1 and not twin_may_fit:
+                    twin_may_fit = _fits_without_userbuffers(
+                        result, job, dataclasses.replace(layout, recompute_num_layers=fewer), limit
+                    )
             refused &= _time_candidate(search, job, result, layout)
             overlapped = _overlapped(search, layout)
             if overlapped is not None and evaluate.numbers_fit(
@@ -418,15 +436,24 @@ def _search_memory_family(
             continue  # it bounds nothing: the heavier recompute that follows may run at this size
         best_index = top
         if top == len(sizes) - 1:
-            unbounded = recompute is Recompute.NONE  # memory bounds nothing: the overlap costs none
             break
-    if (
-        tp_overlap
-        and not unbounded
-        and make_layout(s, sh, Recompute.NONE, virtual, sizes[0], peer).tp_comm_overlap
-    ):
+    if twin_may_fit and not _dominated(search, job, result, family, sizes, {}, tp_overlap=False):
         fitted |= _search_memory_family(search, job, result, family, sizes, limit, tp_overlap=False)
     return fitted
+
+
+def _fits_without_userbuffers(result: SearchResult, job: Job, layout: Layout, limit: int) -> bool:
+    """Whether ``layout``, which does not fit, would with its TP communication exposed: less TE's
+    userbuffers (outside the allocator) and their streams' workspaces with their fragmentation (an
+    evaluation the family made already, memoised, and counted as every one is). False where it holds
+    none."""
+    if not layout.tp_comm_overlap:
+        return False
+    freed = tp_comm_buffer_bytes(job.model, layout, job.training) + tp_comm_workspace_bytes(layout) * (
+        1 + job.assume.fragmentation_fraction
+    )
+    total, cpu, nvme = result.memory_numbers(job, layout)
+    return evaluate.numbers_fit(job.cluster, (math.floor(total - freed), cpu, nvme), limit)
 
 
 def _micro_batches_timed(
@@ -722,8 +749,11 @@ def _dominated(
     family: tuple[Structure, Sharding, int],
     sizes: tuple[int, ...],
     ceilings: Ceilings,
+    tp_overlap: bool = True,
 ) -> bool:
-    """True when even the most favourable micro-batch cannot beat the current top k.
+    """True when even the most favourable micro-batch cannot beat the current top k (``tp_overlap``
+    False: of the family's twin with its TP communication exposed, which the ceiling, of the default
+    overlapped layouts, bounds too, being faster).
 
     Step time falls with the micro-batch (GEMM efficiency, fewer collectives) except the pipeline
     bubble and an overlapped EP all-to-all (``evaluate.rising_ep_comm_s``), and recompute only adds
@@ -752,7 +782,8 @@ def _dominated(
     if ceiling > threshold and DOMINATED in result.log.groups:
         result.log.groups[DOMINATED].count += 1
         return True
-    optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1], job.cluster.gpu.peer_to_peer)
+    peer = job.cluster.gpu.peer_to_peer
+    optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1], peer, tp_overlap)
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if _violation(job, optimistic) is not None:
         return False
