@@ -352,11 +352,12 @@ def _search_memory_family(
     """Every recompute mode of one family (structure, sharding, interleaving); True if any fits.
 
     Where the family overlaps TP communication by default (Megatron's userbuffers: 12 buffers of the
-    micro-batch's tokens x hidden, 6 GiB per GPU for a 70B at 32k tokens) and memory bounds it (no
-    member fits, or only with recompute or below the largest micro-batch), its twin with the overlap
-    off is searched too: slower collectives may fit where the buffers do not (a review: Llama 3.1 70B
-    at 32k tokens on 16 H100 had become infeasible when the buffers were counted, though tp 8 pp 2
-    with the overlap off fits at 74.7 GiB)."""
+    micro-batch's tokens x hidden, 6 GiB per GPU for a 70B at 32k tokens) and a layout it could not
+    fit (a recompute mode's first miss, or one layer fewer recomputed) would fit without the buffers,
+    its twin with the overlap off is searched too, unless its bound cannot enter the top k: slower
+    collectives may fit where the buffers do not (a review: Llama 3.1 70B at 32k tokens on 16 H100 had
+    become infeasible when the buffers were counted, though tp 8 pp 2 with the overlap off fits at
+    74.7 GiB)."""
     s, sh, virtual = family
     if not sizes:
         result.log.add(
