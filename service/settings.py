@@ -1,8 +1,8 @@
 """Service settings, read from the environment with the PLANNER_ prefix.
 
-``python -m service.settings`` checks them and exits 2 naming each bad variable: ``make serve`` and the
-image run it before uvicorn, whose worker processes would otherwise each fail on them and be started
-again and again, the port closed (operations review)."""
+``python -m service.settings`` checks them and exits 2 naming each bad or misspelt variable: ``make
+serve`` and the image run it before uvicorn, whose worker processes would otherwise each fail on them
+and be started again and again, the port closed (operations review)."""
 
 import difflib
 import json
@@ -109,9 +109,9 @@ class SettingsError(Exception):
 
 
 def load_settings() -> Settings:
-    """The settings of the environment; ``SettingsError`` naming every bad or unknown PLANNER_
-    variable (a misspelt PLANNER_REQUIRE_AUTHENTICATION=true was ignored, and the service served
-    without keys; operations review)."""
+    """The settings of the environment; ``SettingsError`` naming every PLANNER_ variable with a bad
+    value or that reads as a setting misspelt (a misspelt PLANNER_REQUIRE_AUTHENTICATION=true was
+    ignored, and the service served without keys; operations review)."""
     known = {PREFIX + name.upper() for name in Settings.model_fields}
     problems = []
     for name in sorted(os.environ):
