@@ -1873,10 +1873,17 @@ def openapi() -> None:
 def serve(host: str, port: int) -> None:
     """Migrate the database (PLANNER_DATABASE_URL) and serve the API."""
     import uvicorn
+    from sqlalchemy.exc import OperationalError
 
+    from service.persistence.db import driver_message
+    from service.persistence.schema import migrate_unless_newer
     from service.settings import get_settings
 
-    migrate(get_settings().database_url)
+    try:  # as the image and `make serve` start: a later release's database is left as it is
+        said = migrate_unless_newer(get_settings().database_url)
+    except OperationalError as exc:
+        raise Failure(f"cannot reach the database of PLANNER_DATABASE_URL: {driver_message(exc)}") from None
+    errors.print(f"trainplan: {escape(said)}")
     uvicorn.run("service.main:create_app", factory=True, host=host, port=port)
 
 

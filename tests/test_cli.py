@@ -1107,3 +1107,24 @@ def test_a_database_or_setting_that_does_not_work_is_one_line_not_a_traceback(
         assert bad.exit_code == 1 and "PLANNER_LOG_LEVEL" in bad.output and "Traceback" not in bad.output
     finally:
         get_settings.cache_clear()
+
+
+def test_serve_starts_as_the_image_does_on_a_later_releases_database(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`trainplan serve` ran `alembic upgrade head`, which fails on a revision this code does not know
+    (a later release migrated the database): it migrates as the image's start command does, leaving such
+    a database as it is, and serves (change review)."""
+    import uvicorn
+    from sqlalchemy import create_engine, text
+
+    served: list[str] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    assert run("serve").exit_code == 0 and served == ["service.main:create_app"]
+    engine = create_engine(database)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'a_later_release'"))
+    engine.dispose()
+    result = CliRunner().invoke(main, ["serve"])
+    assert result.exit_code == 0, result.output
+    assert "a later release's" in result.output and served == ["service.main:create_app"] * 2
