@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +31,6 @@ from service.estimator.memory import (
     most_model_states_bytes,
     stage_activations,
     stage_states,
-    tp_comm_buffer_bytes,
-    tp_comm_workspace_bytes,
 )
 from service.estimator.pipeline import stage_layers
 from service.estimator.tuning import Tuning
@@ -444,17 +441,11 @@ def _search_memory_family(
 
 
 def _fits_without_userbuffers(result: SearchResult, job: Job, layout: Layout, limit: int) -> bool:
-    """Whether ``layout``, which does not fit, would with its TP communication exposed: less TE's
-    userbuffers (outside the allocator) and their streams' workspaces with their fragmentation (an
-    evaluation the family made already, memoised, and counted as every one is). False where it holds
-    none."""
+    """Whether ``layout``, which does not fit, would with its TP communication exposed (its twin,
+    evaluated as every layout is: no TE userbuffers). False where it overlaps none."""
     if not layout.tp_comm_overlap:
         return False
-    freed = tp_comm_buffer_bytes(job.model, layout, job.training) + tp_comm_workspace_bytes(layout) * (
-        1 + job.assume.fragmentation_fraction
-    )
-    total, cpu, nvme = result.memory_numbers(job, layout)
-    return evaluate.numbers_fit(job.cluster, (math.floor(total - freed), cpu, nvme), limit)
+    return result.fits(job, dataclasses.replace(layout, tp_comm_overlap=False), limit)
 
 
 def _micro_batches_timed(
