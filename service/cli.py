@@ -17,7 +17,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
@@ -164,19 +164,25 @@ class Api:
 
 
 def migrate(database_url: str) -> None:
-    """``alembic upgrade head`` on the local database, as ``make serve`` does; a database that does not
-    answer is one line (``Failure``), not a page of traceback (operations and change reviews)."""
+    """``alembic upgrade head`` on the local database, as ``make serve`` does."""
     from alembic import command
-    from alembic.config import Config
+
+    from service.persistence.schema import alembic_config
+
+    with database_reached():
+        command.upgrade(alembic_config(database_url), "head")
+
+
+@contextlib.contextmanager
+def database_reached() -> Iterator[None]:
+    """A database that does not answer is one line (``Failure``), not a page of traceback (operations
+    and change reviews)."""
     from sqlalchemy.exc import OperationalError
 
     from service.persistence.db import driver_message
 
-    root = Path(__file__).resolve().parents[1]
-    config = Config(toml_file=str(root / "pyproject.toml"))
-    config.attributes["database_url"] = database_url
     try:
-        command.upgrade(config, "head")
+        yield
     except OperationalError as exc:
         raise Failure(f"cannot reach the database of PLANNER_DATABASE_URL: {driver_message(exc)}") from None
 
@@ -1873,16 +1879,12 @@ def openapi() -> None:
 def serve(host: str, port: int) -> None:
     """Migrate the database (PLANNER_DATABASE_URL) and serve the API."""
     import uvicorn
-    from sqlalchemy.exc import OperationalError
 
-    from service.persistence.db import driver_message
     from service.persistence.schema import migrate_unless_newer
     from service.settings import get_settings
 
-    try:  # as the image and `make serve` start: a later release's database is left as it is
+    with database_reached():  # as the image and `make serve` start: a later release's database stays
         said = migrate_unless_newer(get_settings().database_url)
-    except OperationalError as exc:
-        raise Failure(f"cannot reach the database of PLANNER_DATABASE_URL: {driver_message(exc)}") from None
     errors.print(f"trainplan: {escape(said)}")
     uvicorn.run("service.main:create_app", factory=True, host=host, port=port)
 

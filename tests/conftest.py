@@ -16,7 +16,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, make_url, text
 
 from service.main import create_app
-from service.persistence import models  # noqa: F401  (registers tables)
+from service.persistence import (
+    models,  # noqa: F401  (registers tables)
+    schema,
+)
 from service.persistence.db import Base, make_engine
 from service.settings import Settings
 
@@ -25,9 +28,7 @@ DB_FIXTURES = {"migrated_url", "db_engine", "app", "client"}
 
 
 def alembic_config(url: str) -> Config:
-    config = Config(toml_file=str(ROOT / "pyproject.toml"))
-    config.attributes["database_url"] = url
-    return config
+    return schema.alembic_config(url)
 
 
 def reset_postgres_schema(url: str) -> None:

@@ -10,9 +10,19 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from alembic.config import Config
 from sqlalchemy import Connection, inspect, text
 
 _PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"  # holds [tool.alembic]
+
+
+def alembic_config(database_url: str | None = None) -> Config:
+    """The migrations' alembic configuration (pyproject.toml's [tool.alembic]), on ``database_url``
+    where given (else migrations/env.py reads PLANNER_DATABASE_URL)."""
+    config = Config(toml_file=str(_PYPROJECT))
+    if database_url is not None:
+        config.attributes["database_url"] = database_url
+    return config
 
 
 @functools.cache
@@ -21,10 +31,9 @@ def known_revisions() -> tuple[str, frozenset[str]] | None:
     they are not installed with it (then nothing is checked)."""
     if not _PYPROJECT.exists():
         return None
-    from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    script = ScriptDirectory.from_config(Config(toml_file=str(_PYPROJECT)))
+    script = ScriptDirectory.from_config(alembic_config())
     head = script.get_current_head()
     if head is None:
         return None
@@ -60,7 +69,6 @@ def migrate_unless_newer(database_url: str) -> str:
     code does not know (a later release migrated it: alembic would fail on "Can't locate revision", and
     a rolled-back or restarting replica would never serve); what it did, in words."""
     from alembic import command
-    from alembic.config import Config
 
     from service.persistence.db import make_engine
 
@@ -76,9 +84,7 @@ def migrate_unless_newer(database_url: str) -> str:
             f"the database is at {revision}, a later release's (this code's head is {known[0]}): not "
             "migrated; it serves this code as long as that release's migrations only add to the schema"
         )
-    config = Config(toml_file=str(_PYPROJECT))
-    config.attributes["database_url"] = database_url
-    command.upgrade(config, "head")
+    command.upgrade(alembic_config(database_url), "head")
     return f"the database is at {known[0] if known else 'head'}"
 
 
