@@ -155,8 +155,8 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         and not (rec.recommended or rec.suggestions or rec.closest)
     ):
         raise too_big_to_plan(model, cluster, training, deadline)
-    result = plan_result(rec, model, cluster, training, request, runs)
-    artifacts, unsupported = render_artifacts(rec, model, cluster, training, request)
+    result, recommended = plan_result(rec, model, cluster, training, request, runs)
+    artifacts, unsupported = render_artifacts(recommended, model, cluster, training, request)
     result.unsupported_targets = unsupported
     result.suggestions_skipped = [SkippedOut(kind=s.kind, reason=s.reason) for s in rec.suggestions_skipped]
     result.closest = closest_out(rec.closest, model, training, searched.min_headroom_fraction)
@@ -170,7 +170,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         cluster_id=request.cluster.id if isinstance(request.cluster, ClusterRef) else None,
         cluster_snapshot=_jsonable(dataclasses.asdict(cluster)),
         hardware_key=key,
-        framework=rec.recommended.layout.framework.value if rec.recommended else None,
+        framework=recommended.layout.framework.value if recommended else None,
         model_name=request.model.preset or model.name,
         status=rec.status,
         request=request.model_dump(mode="json"),
@@ -328,10 +328,11 @@ def plan_result(
     training: TrainingSpec,
     request: PlanRequest,
     runs: HardwareRuns,
-) -> PlanResult:
+) -> tuple[PlanResult, Candidate | None]:
     """The stored result: candidates in their wire shape (estimate, score and rationale under the
-    calibration the runs on this hardware give their framework and job, the search's uncalibrated
-    figures beside them), rejected families, suggestions, search."""
+    calibration the runs on this hardware give their framework and job, ranked again on those
+    figures, the search's uncalibrated ones beside them), rejected families, suggestions, search;
+    and the recommended candidate, calibrated."""
     cost = request.constraints.gpu_hour_cost
     total = parameter_counts(model).total
     constraints = request.constraints.to_domain()
@@ -347,23 +348,22 @@ def plan_result(
     chosen = calibrated_candidates(
         rec, model, cluster, training, constraints, lambda layout: learned_for(layout).calibration
     )
-    searched = (rec.recommended, *rec.alternatives) if rec.recommended else ()
     outs = [
         candidate_out(
-            candidate,
+            c.candidate,
             training,
             total,
             calibration_out(
-                dataclasses.replace(learned_for(candidate.layout), calibration=applied),
-                None if applied.is_identity else original.estimate,
+                dataclasses.replace(learned_for(c.candidate.layout), calibration=c.calibration),
+                None if c.calibration.is_identity else c.searched.estimate,
             ),
             cost,
         )
-        for (candidate, applied), original in zip(chosen, searched, strict=True)
+        for c in chosen
     ]
-    recommended = rec.recommended
-    calibrated = any(not applied.is_identity for _, applied in chosen)
-    return PlanResult(
+    recommended = chosen[0].candidate if chosen else None
+    calibrated = any(not c.calibration.is_identity for c in chosen)
+    result = PlanResult(
         version=RESULT_VERSION,
         status="feasible" if rec.status == "feasible" else "infeasible",
         recommended=outs[0] if outs else None,
@@ -373,22 +373,27 @@ def plan_result(
         search=SearchStatsOut.model_validate(_jsonable(dataclasses.asdict(rec.search))),
         calibration=calibration_out(learned_for(recommended.layout)) if recommended else None,
     )
+    return result, recommended
 
 
 def render_artifacts(
-    rec: Recommendation, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, request: PlanRequest
+    recommended: Candidate | None,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    request: PlanRequest,
 ) -> tuple[list[StoredArtifact], dict[str, str]]:
     """The recommended layout's launcher files, and why each target that cannot express it can't."""
-    if rec.recommended is None or not request.launchers:
+    if recommended is None or not request.launchers:
         return [], {}
-    layout = rec.recommended.layout
+    layout = recommended.layout
     plan = Plan(
         model=model,
         cluster=sub_cluster(cluster, layout.world_size),
         training=training,
         layout=layout,
-        estimate=rec.recommended.estimate,
-        rationale=rec.recommended.rationale,
+        estimate=recommended.estimate,
+        rationale=recommended.rationale,
     )
     artifacts, unsupported = render(plan, request.launchers)
     files = [
