@@ -153,6 +153,16 @@ def test_a_plan_in_the_browser(served: str, browser: Any, tmp_path: Path) -> Non
     page.wait_for_selector("#run-result table.diagnosis")
     assert "peak memory per GPU (allocated)" in page.inner_text("#run-result table.diagnosis")
     assert "(allocated)" in page.inner_text("#runs table")
+    # a run typed as tokens/s alone shows them (the step column alone showed "-": page review)
+    page.check("input[name=run-source][value=typed]")
+    page.fill("#run\\.step_s", "")
+    page.fill("#run\\.peak_memory_gib", "")
+    page.select_option("#run\\.memory_statistic", "")
+    page.fill("#run\\.tokens_per_s", "75000")
+    page.click("#run-form button[type=submit]")
+    page.wait_for_function("document.querySelectorAll('#runs table tbody tr').length === 2")
+    header = page.locator("#runs table").first.locator("th").all_inner_texts()
+    assert "75,000" in [row[header.index("tokens/s")] for row in cells(page, "#runs table")]
     page.close()
 
 
@@ -278,6 +288,9 @@ def test_host_ram_per_node_makes_an_offload_plan(served: str, browser: Any) -> N
     assert first[header.index("device used (fit)")] == f"{per_gpu['total'] / 2**30:.1f} GiB"
     assert first[header.index("peak reserved")] == f"{per_gpu['peak_reserved_bytes'] / 2**30:.1f} GiB"
     assert first[header.index("optimizer states")] == f"{per_gpu['optimizer_states'] / 2**30:.1f} GiB"
+    # the host RAM the offload needs, per node, as the API states it (the page showed none: review)
+    host = plan["recommended"]["estimate"]["memory"]["cpu_per_node_bytes"]
+    assert f"host RAM {host / 2**30:.1f} GiB per node" in page.inner_text("#result .host-needs")
     page.close()
 
 
@@ -469,6 +482,41 @@ def test_an_api_error_appears_next_to_its_field(served: str, browser: Any) -> No
     page.click("#submit")
     page.wait_for_selector("#cluster\\.cpu_memory_gib_per_node + .field-error")
     assert page.get_attribute("#cluster\\.cpu_memory_gib_per_node", "aria-invalid") == "true"
+    # a limit the API states in bytes, quoted in the control's GiB (it read 17592186044416: review)
+    page.fill("#cluster\\.cpu_memory_gib_per_node", "20000")
+    page.click("#submit")
+    said_in_gib = "document.querySelector('#cluster\\\\.cpu_memory_gib_per_node + .field-error')"
+    page.wait_for_function(f"{said_in_gib}?.textContent.includes('GiB')")
+    said = page.inner_text("#cluster\\.cpu_memory_gib_per_node + .field-error")
+    assert "16,384 GiB" in said and "17592186044416" not in said
+    page.close()
+
+
+def test_a_new_answer_resets_the_launcher_note_and_defaults_read_in_the_pages_units(
+    served: str, browser: Any
+) -> None:
+    """The launcher note and each target's reason describe the plan shown: an error, or a capacity
+    comparison, after a plan put them back to the form's own text (they kept the old plan's: page
+    review). A network left out resolves to the part's, shown in GB/s (it read 50000000000 beside a
+    field in GB/s), and the fit's note says what headroom the search keeps."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    default_note = page.inner_text("#launchers-note")
+    job = {"model.preset": "gpt2", "cluster.gpu": "h100-sxm-80gb", "cluster.num_nodes": "2"}
+    new_plan(page, served, **job, **{"training.seq_len": "1024", "training.global_batch_size": "64"})
+    assert "render it" in page.inner_text("#launchers-note")
+    assert "cluster.inter_node_bandwidth_bytes_per_s 50 GB/s" in page.inner_text("#result .defaults")
+    assert "keeps 5.0% of it free (min_headroom_fraction)" in page.inner_text("#result p.memory-statistics")
+    page.fill("#training\\.seq_len", "0")
+    page.click("#submit")
+    page.wait_for_selector("#training\\.seq_len + .field-error")
+    assert page.inner_text("#launchers-note") == default_note
+    titles = page.eval_on_selector_all("#launchers option", "os => os.map((o) => o.title)")
+    assert not any(titles)
+    # the GB/s fields' help is the API's *_gbps field's, in GB/s (it was the bytes/s field's)
+    help_text = page.get_attribute("#cluster\\.inter_node_bandwidth_gbps", "title") or ""
+    assert "GB/s" in help_text and "25e9" not in help_text
     page.close()
 
 
@@ -634,6 +682,12 @@ def test_gpu_types_are_compared_from_the_plan_form(served: str, browser: Any) ->
     ).json()  # fmt: skip
     assert [row[0] for row in rows] == [o["gpu"] for o in answer["options"]]
     first = answer["options"][0]
-    assert rows[0][1] == "yes" and rows[0][4] == f"{round(first['tokens_per_s']):,}"
+    header = page.locator("#result table.capacity").first.locator("th").all_inner_texts()
+    assert rows[0][1] == "yes" and rows[0][header.index("tokens/s")] == f"{round(first['tokens_per_s']):,}"
+    # the network each option assumes (its reference node's), as the API states it
+    networks = [row[header.index("network per GPU")] for row in rows]
+    for option, shown in zip(answer["options"], networks, strict=True):
+        bandwidth = option["inter_node_bandwidth_bytes_per_s"]
+        assert shown == ("-" if not bandwidth else f"{float(f'{bandwidth / 1e9:.4g}'):g} GB/s"), option["gpu"]
     assert "GPU types fit" in page.inner_text("#busy")
     page.close()

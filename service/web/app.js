@@ -121,6 +121,7 @@ const fmt = {
   gib: (bytes) => `${(bytes / GIB).toFixed(1)} GiB`,
   int: (n) => Math.round(n).toLocaleString("en-US"),
   pct: (x) => `${(100 * x).toFixed(1)}%`,
+  num: (x) => (Number.isInteger(x) ? x : Number(x.toPrecision(4))).toLocaleString("en-US"),
   s: (x) => (x >= 86400 ? `${(x / 86400).toFixed(1)} d` : x >= 3600 ? `${(x / 3600).toFixed(1)} h` : `${x.toFixed(3)} s`),
 };
 
@@ -313,8 +314,8 @@ function calibrationBlock(estimate, planId) {
   if (!c || c.runs === 0) {
     box.append(el("h4", { text: "Not calibrated" }));
     const why = c && c.implausible_runs
-      ? `No run on this GPU type and framework counts yet: ${plural(c.implausible_runs, "run")} set aside as implausible (each run's diagnosis says why). `
-      : "No run has been recorded on this GPU type yet: the figures are the model's alone. ";
+      ? `No run on this hardware (GPU, node shape and links) and framework counts yet: ${plural(c.implausible_runs, "run")} set aside as implausible (each run's diagnosis says why). `
+      : "No run has been recorded on this hardware (the same GPU, node shape and links) yet: the figures are the model's alone. ";
     box.append(el("p", { class: "note" }, why, "Record a run (a pasted log will do) on ",
       el("a", { href: `#/plans/${planId}`, text: "the plan's page" }), "; later plans on this hardware use it."));
     return box;
@@ -323,7 +324,7 @@ function calibrationBlock(estimate, planId) {
   box.append(el("h4", { text: `Calibrated by ${plural(c.runs, "observed run")}` }));
   const parts = [`${fmt.int(c.time_runs)} gave a step time`, `${fmt.int(c.memory_runs)} a peak memory`];
   if (c.out_of_memory_runs) parts.push(`${fmt.int(c.out_of_memory_runs)} ran out of memory`);
-  let text = `Runs of plans on this GPU type (step time from every framework's, the rest from this framework's): ${parts.join(", ")}`;
+  let text = `Runs of plans on this hardware (step time from every framework's, the rest from this framework's): ${parts.join(", ")}`;
   if (c.implausible_runs) text += `; ${plural(c.implausible_runs, "run")} set aside as implausible`;
   box.append(el("p", { class: "calibration-runs", text: `${text}.` }));
   const known = Object.keys(FACTORS).filter((k) => f[k] !== undefined && f[k] !== null);
@@ -435,6 +436,23 @@ function warningsBlock(estimate, container) {
   if (warnings.length) container.append(el("h4", { text: "Warnings" }), list(warnings, "warnings"));
 }
 
+// A resolved default in the page's units: bandwidths in GB/s, byte counts in GiB (the API's are bytes).
+function defaultText(key, value) {
+  const n = Number(value);
+  if (value === "" || !Number.isFinite(n)) return value;
+  if (key.endsWith("_bytes_per_s")) return `${fmt.num(n / 1e9)} GB/s`;
+  if (key.endsWith("_bytes") || key.endsWith("_bytes_per_node")) return fmt.gib(n);
+  return value;
+}
+
+// Host RAM and NVMe per node an estimate needs (offloaded states and activations), or "" where none.
+function hostText(memory) {
+  const parts = [];
+  if (memory.cpu_per_node_bytes) parts.push(`host RAM ${fmt.gib(memory.cpu_per_node_bytes)}`);
+  if (memory.nvme_per_node_bytes) parts.push(`NVMe ${fmt.gib(memory.nvme_per_node_bytes)}`);
+  return parts.length ? `${parts.join(", ")} per node` : "";
+}
+
 function renderPlan(plan, container) {
   container.replaceChildren();
   container.append(el("p", { class: `status ${plan.status}` },
@@ -449,7 +467,7 @@ function renderPlan(plan, container) {
   }
   const chosen = Object.entries(plan.resolved_defaults || {});
   if (chosen.length) {
-    container.append(el("p", { class: "note defaults", text: `Defaults for this GPU: ${chosen.map(([k, v]) => `${k} ${v}`).join(", ")}` }));
+    container.append(el("p", { class: "note defaults", text: `Chosen for what the request left out: ${chosen.map(([k, v]) => `${k} ${defaultText(k, v)}`).join(", ")}` }));
   }
   const rec = plan.recommended;
   if (rec) {
@@ -467,10 +485,13 @@ function renderPlan(plan, container) {
     container.append(el("p", { class: "note memory-statistics", text:
       `The fit compares ${est.memory.fit_statistic === "device_used" || !est.memory.fit_statistic
         ? "device used (as nvidia-smi shows it: the caching allocator's reserve, the CUDA context and NCCL's buffers)"
-        : est.memory.fit_statistic} with the card's ${fmt.gib(est.memory.capacity_bytes)}. Peak allocated is ` +
+        : est.memory.fit_statistic} with the card's ${fmt.gib(est.memory.capacity_bytes)}; the search keeps ` +
+      `${fmt.pct(plan.request?.constraints?.min_headroom_fraction ?? 0.05)} of it free (min_headroom_fraction), so a ` +
+      "layout it rejects may still fit the card (its estimate then warns of thin headroom). Peak allocated is " +
       "PyTorch's max_memory_allocated, peak reserved its max_memory_reserved: compare a run's figure with the " +
       "statistic it reports." }));
     container.append(memoryFigure([rec, ...plan.alternatives], `Memory per GPU in GiB, card ${fmt.gib(est.memory.capacity_bytes)}`));
+    if (hostText(est.memory)) container.append(el("p", { class: "note host-needs", text: `Offload needs ${hostText(est.memory)}.` }));
     const stages = est.memory.per_stage || [];
     if (stages.length > 1) {
       // uneven pipeline stages: one bar per evaluated pipeline rank of the recommended layout
@@ -486,8 +507,8 @@ function renderPlan(plan, container) {
     }
     container.append(el("h4", { text: "Why this layout" }), list(rec.rationale, "rationale"));
     if (plan.alternatives.length) {
-      container.append(table(["layout", "memory", "tokens/s", "MFU", "calibration"], plan.alternatives.map((a) => [
-        layoutText(a.layout), fmt.gib(a.estimate.memory.per_gpu.total),
+      container.append(table(["layout", "memory", "host / NVMe", "tokens/s", "MFU", "calibration"], plan.alternatives.map((a) => [
+        layoutText(a.layout), fmt.gib(a.estimate.memory.per_gpu.total), hostText(a.estimate.memory) || "-",
         a.estimate.time ? fmt.int(a.estimate.time.tokens_per_s) : "-",
         a.estimate.time ? fmt.pct(a.estimate.time.mfu) : "-", calibrationSummary(a.estimate.calibration)]), "Alternatives"));
     }
@@ -499,7 +520,7 @@ function renderPlan(plan, container) {
   }
   if (plan.closest) {
     // infeasible: how far the layout that came closest is from fitting, component by component
-    container.append(el("h4", { text: `Closest layout: ${layoutText(plan.closest.layout)}, ${fmt.gib(plan.closest.over_bytes)} over` }));
+    container.append(el("h4", { text: `Closest layout: ${layoutText(plan.closest.layout)}, ${fmt.gib(plan.closest.over_bytes)} over what the search allows (the card less its headroom)` }));
     container.append(memoryFigure([{ ...plan.closest, label: layoutText(plan.closest.layout) }], "Memory of the closest layout in GiB"));
     container.append(calibrationBlock(plan.closest.estimate, plan.id));
     warningsBlock(plan.closest.estimate, container);
@@ -542,6 +563,13 @@ function fieldFor(form, field, prefix) {
   return null;
 }
 
+// An error's numbers in the unit its control is typed in (host RAM in GiB: the API quotes bytes).
+function inPageUnit(control, message) {
+  const scale = control && UNITS[control.dataset.unit];
+  if (!scale) return message;
+  return message.replace(/\b\d{7,}\b/g, (n) => `${fmt.num(Number(n) / scale)} ${control.dataset.unit}`);
+}
+
 function showErrors(form, summary, error, prefix = "") {
   const problem = error.problem || {};
   const errors = problem.errors && problem.errors.length ? problem.errors : [{ message: error.message }];
@@ -549,7 +577,7 @@ function showErrors(form, summary, error, prefix = "") {
   const items = el("ul");
   errors.forEach((e, i) => {
     const target = e.field ? fieldFor(form, e.field, prefix) : null;
-    const message = e.message || problem.detail || "invalid";
+    const message = inPageUnit(target, e.message || problem.detail || "invalid");
     if (target) {
       const id = `err-${i}-${target.id}`.replace(/[^A-Za-z0-9_-]/g, "-");
       target.setAttribute("aria-invalid", "true");
@@ -575,8 +603,9 @@ const OPENAPI_URL = "/openapi.json";
 // Each form and the operation whose request body it sends; its controls' ids are the body's field
 // paths after the prefix (or the path in data-field, where the page asks in its own unit).
 const FORMS = [["plan-form", "/v1/plans", ""], ["run-form", "/v1/plans/{plan_id}/runs", "run."]];
-// The page's units (data-unit) in the API's: host memory is typed in GiB, bandwidth in GB/s.
-const UNITS = { GiB: GIB, "GB/s": 1e9 };
+// The page's units (data-unit) in the API's: host memory is typed in GiB (bandwidth in GB/s is sent as
+// the API's own *_gbps fields).
+const UNITS = { GiB: GIB };
 // The page's words for some of the API's values; the set of values is the document's.
 const LABELS = { fewest_gpus: "fewest GPUs", time_to_train: "time to train", auto: "detect", deepspeed: "DeepSpeed",
   accelerate: "Accelerate", hf_trainer: "HF Trainer", megatron: "Megatron-LM", slurm: "Slurm", kubernetes: "Kubernetes",
@@ -733,12 +762,22 @@ function toggleSources(name) {
   });
 }
 
+// The launcher note and each target's "why not" describe the plan shown: back to the form's own text
+// when a new answer (or an error) replaces it.
+const LAUNCHERS_NOTE = document.getElementById("launchers-note")?.textContent;
+function resetLaunchersNote() {
+  const note = document.getElementById("launchers-note");
+  if (note && LAUNCHERS_NOTE !== undefined) note.textContent = LAUNCHERS_NOTE;
+  [...(document.getElementById("launchers")?.options || [])].forEach((o) => o.removeAttribute("title"));
+}
+
 async function submitPlan(event) {
   event.preventDefault();
   const form = event.target, summary = document.getElementById("form-errors"), result = document.getElementById("result");
   const busy = document.getElementById("busy"), button = document.getElementById("submit");
   clearErrors(form, summary);
   result.replaceChildren();
+  resetLaunchersNote();
   button.disabled = true;
   busy.textContent = "Searching layouts…";
   try {
@@ -768,6 +807,7 @@ function renderCapacity(answer, container) {
   const rows = answer.options.map((o) => [
     o.gpu, o.fits ? "yes" : "no",
     o.min_gpus ? `${fmt.int(o.min_gpus)} (${fmt.int(o.min_nodes)} × ${o.gpus_per_node})` : "-",
+    o.inter_node_bandwidth_bytes_per_s ? `${fmt.num(o.inter_node_bandwidth_bytes_per_s / 1e9)} GB/s` : "-",
     o.layout ? layoutText(o.layout) : "-",
     o.tokens_per_s ? fmt.int(o.tokens_per_s) : "-",
     o.num_gpus && o.num_gpus !== o.min_gpus ? fmt.int(o.num_gpus) : (o.min_gpus ? fmt.int(o.min_gpus) : "-"),
@@ -775,7 +815,7 @@ function renderCapacity(answer, container) {
     o.gpu_hours ? fmt.int(o.gpu_hours) : "-",
     `${o.note}${o.truncated ? " (search cut by the budget)" : ""}`,
   ]);
-  const t = table(["GPU", "fits", "fewest GPUs", "layout", "tokens/s", "timed on", "time to train", "GPU-hours", "notes"],
+  const t = table(["GPU", "fits", "fewest GPUs", "network per GPU", "layout", "tokens/s", "timed on", "time to train", "GPU-hours", "notes"],
     rows, "Capacity by GPU type");
   t.classList.add("capacity");
   container.append(t);
@@ -787,6 +827,7 @@ async function submitCapacity() {
   const button = document.getElementById("compare");
   clearErrors(form, summary);
   result.replaceChildren();
+  resetLaunchersNote();
   button.disabled = true;
   busy.textContent = "Comparing GPU types…";
   try {
@@ -888,8 +929,9 @@ async function showRuns(planId) {
   const box = document.getElementById("runs");
   box.replaceChildren();
   if (!runs.length) { box.append(el("p", { text: "No runs recorded yet." })); return; }
-  box.append(table(["recorded", "read from", "step", "peak memory", "diagnosis"], runs.map((r) => [
+  box.append(table(["recorded", "read from", "step", "tokens/s", "peak memory", "diagnosis"], runs.map((r) => [
     new Date(r.created_at).toLocaleString(), r.source ? `${r.source.format} log` : "typed figures", r.step_s ? fmt.s(r.step_s) : "-",
+    r.tokens_per_s ? fmt.int(r.tokens_per_s) : "-",
     r.peak_memory_bytes_per_gpu ? `${fmt.gib(r.peak_memory_bytes_per_gpu)}${r.memory_statistic ? ` (${r.memory_statistic})` : ""}` : (r.out_of_memory ? "out of memory" : "-"),
     Object.entries(r.diagnosis || {}).filter(([, v]) => v != null && !(Array.isArray(v) && !v.length))
       .map(([k, v]) => `${k}: ${diagnosisText(k, v)}`).join("; "),
