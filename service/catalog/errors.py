@@ -36,9 +36,16 @@ class UnknownCatalogEntry(LookupError):
             hint = ""
         # a model outside the catalog is still plannable from its config.json (the service fetches
         # nothing: it runs where Hugging Face may not be reachable)
+        # a GPU outside the catalog is plannable from its datasheet: a custom GPU object (the request
+        # names only "gb200": the answer said what is known, not that any other part can be described)
         other = (
-            "; a model outside the catalog: send its config.json as model.hf_config"
-            if kind == "model"
+            {
+                "model": "; a model outside the catalog: send its config.json as model.hf_config",
+                "gpu": "; a GPU outside the catalog: describe it from its datasheet (the API's cluster.gpu "
+                "as an object, the CLI's --gpu-spec FILE: name, memory_bytes, peak_flops_per_s, "
+                "hbm_bandwidth_bytes_per_s, and chip, e.g. gb200, for its die's efficiencies)",
+            }.get(kind, "")
+            if not ambiguous
             else ""
         )
         self.message = f"unknown {kind} {name!r}{hint}{other} (known: {', '.join(self.known)})"

@@ -242,7 +242,10 @@ def test_unknown_gpu_lists_known_names() -> None:
     assert isinstance(error, LookupError)
     assert (error.kind, error.name) == ("gpu", "nope")
     assert error.known == tuple(sorted(gpus()))
-    assert str(error).startswith("unknown gpu 'nope' (known: a10-24gb, a100-pcie-40gb, ")
+    assert str(error).startswith(
+        "unknown gpu 'nope'; a GPU outside the catalog: describe it from its datasheet"
+    )
+    assert "--gpu-spec FILE" in str(error) and "(known: a10-24gb, a100-pcie-40gb, " in str(error)
     assert "h100-sxm-80gb" in str(error)
 
 
@@ -253,6 +256,7 @@ def test_a_name_several_gpus_carry_lists_them() -> None:
     assert error.ambiguous
     assert error.candidates == ("h100-nvl-94gb", "h100-pcie-80gb", "h100-sxm-500w-96gb", "h100-sxm-80gb")
     assert str(error).startswith("unknown gpu 'h100'; it matches 4 entries: h100-nvl-94gb, ")
+    assert "outside the catalog" not in str(error)  # it is in the catalog, four times
 
 
 def test_unknown_gpu_entry_raises_too() -> None:
