@@ -32,7 +32,17 @@ from service.estimator.errors import EstimatorError
 from service.estimator.types import ClusterSpec, Framework, Layout, ModelSpec, Plan, Recompute, TrainingSpec
 from service.estimator.validate import FRAMEWORK_CAPABILITIES, training_violation
 from service.launchers import Target, runnable_targets
+from service.planning.estimates import TRAINING_FIELDS
 from service.recommender.space import megatron_lm_switches
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a framework runs the job with no layout, and the training field the reason is about (a
+    rule of ``training_violation`` that names one; None: a launcher's refusal, or no single field)."""
+
+    message: str
+    training_field: str | None = None
 
 
 def framework_refusal(
@@ -41,7 +51,7 @@ def framework_refusal(
     training: TrainingSpec,
     framework: Framework,
     launchers: Sequence[Target] | None = None,
-) -> str | None:
+) -> Refusal | None:
     """Why ``framework`` cannot run this model and training with any layout (through one of
     ``launchers``, None: any), or None when a launcher runs its plainest layout."""
     caps = FRAMEWORK_CAPABILITIES[framework]
@@ -57,7 +67,8 @@ def framework_refusal(
             continue
         violation = training_violation(model, one_gpu, layout, training, caps)
         if violation is not None:  # the rules it checks do not depend on the layout
-            return violation.message
+            field = violation.field if violation.field in TRAINING_FIELDS else None
+            return Refusal(violation.message, field)
         plan = Plan(model=model, cluster=one_gpu, training=training, layout=layout)
         runs, reasons = runnable_targets(plan, launchers)
         if runs:
@@ -65,7 +76,7 @@ def framework_refusal(
         refusals.append(
             _launcher_reasons(reasons) or f"none of the requested launchers runs {framework.value}"
         )
-    return refusals[0] if refusals else None
+    return Refusal(refusals[0]) if refusals else None
 
 
 def _launcher_reasons(reasons: dict[Target, str]) -> str:
@@ -117,7 +128,8 @@ def no_framework_runs(
     each framework's reason, and the frameworks that would run it without the request's limits; None
     when one of them runs it."""
     reasons = {fw: framework_refusal(model, cluster, training, fw, launchers) for fw in frameworks}
-    if any(reason is None for reason in reasons.values()):
+    refusals = {fw: refusal for fw, refusal in reasons.items() if refusal is not None}
+    if len(refusals) < len(reasons):
         return None
     others = [fw.value for fw in Framework if framework_refusal(model, cluster, training, fw) is None]
     would = (
@@ -125,9 +137,18 @@ def no_framework_runs(
         if others
         else "; no framework runs it: change the training (precision, method) or the model"
     )
+
+    def named(refusal: Refusal) -> str:
+        # where the training is what no framework runs, a reason names the training field it is about
+        # (phi-3-mini's fused q/k/v targeted in part said "training" for every framework, where the
+        # estimate names training.lora_targets: page review)
+        if field == "training" and refusal.training_field:
+            return f"training.{refusal.training_field}"
+        return field
+
     errors = [
-        {"field": field, "message": f"{fw.value}: {reason}", "type": "no_launcher"}
-        for fw, reason in reasons.items()
+        {"field": named(refusal), "message": f"{fw.value}: {refusal.message}", "type": "no_launcher"}
+        for fw, refusal in refusals.items()
     ]
     detail = (
         "no requested framework can run this model and training with any layout, so no plan can "

@@ -93,6 +93,20 @@ def test_a_job_no_requested_framework_runs_is_a_422_naming_why(client: TestClien
     assert client.get("/v1/plans").json()["items"] == []  # nothing stored
 
 
+def test_a_training_field_no_framework_runs_is_named_as_the_estimate_names_it(client: TestClient) -> None:
+    """LoRA on part of phi-3-mini's fused q/k/v: every framework's reason named "training", so the
+    page marked no control, where an estimate names training.lora_targets (page review). Megatron's
+    reason (no PEFT) is about the framework, not a training field: "training" as before."""
+    body = plan_body({"preset": "phi-3-mini"}, {"method": "lora", "lora_targets": ["q_proj", "v_proj"]}, {})
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)
+    fields = {e["message"].split(":")[0]: e["field"] for e in problem["errors"]}
+    assert fields == {
+        "deepspeed": "training.lora_targets",
+        "fsdp": "training.lora_targets",
+        "megatron": "training",
+    }
+
+
 @pytest.mark.parametrize(
     "body",
     [
