@@ -638,6 +638,12 @@ def test_a_plan_shows_its_warnings_and_its_rejections_examples(served: str, brow
     plan = httpx.get(f"{served}/v1/plans/{page.inner_text('#result .status a')}").json()
     warnings = plan["recommended"]["estimate"]["warnings"]
     assert warnings and page.locator("#result ul.warnings li").all_inner_texts() == warnings
+    # each alternative's warnings too (the page left them out: review)
+    alternatives = cells(page, "#result table:has(caption:text('Alternatives'))")
+    assert [row[-1] for row in alternatives] == [
+        "; ".join(a["estimate"]["warnings"]) or "-" for a in plan["alternatives"]
+    ]
+    assert any(row[-1] != "-" for row in alternatives)
     rejected = [row[2] for row in cells(page, "#result table:has(caption:text('Rejected layouts'))")]
     assert len(rejected) == len(plan["rejected"]) and all(text.split(" ")[0] in (
         "deepspeed", "fsdp", "megatron") for text in rejected)  # fmt: skip

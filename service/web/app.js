@@ -507,10 +507,11 @@ function renderPlan(plan, container) {
     }
     container.append(el("h4", { text: "Why this layout" }), list(rec.rationale, "rationale"));
     if (plan.alternatives.length) {
-      container.append(table(["layout", "memory", "host / NVMe", "tokens/s", "MFU", "calibration"], plan.alternatives.map((a) => [
+      container.append(table(["layout", "memory", "host / NVMe", "tokens/s", "MFU", "calibration", "warnings"], plan.alternatives.map((a) => [
         layoutText(a.layout), fmt.gib(a.estimate.memory.per_gpu.total), hostText(a.estimate.memory) || "-",
         a.estimate.time ? fmt.int(a.estimate.time.tokens_per_s) : "-",
-        a.estimate.time ? fmt.pct(a.estimate.time.mfu) : "-", calibrationSummary(a.estimate.calibration)]), "Alternatives"));
+        a.estimate.time ? fmt.pct(a.estimate.time.mfu) : "-", calibrationSummary(a.estimate.calibration),
+        (a.estimate.warnings || []).join("; ") || "-"]), "Alternatives"));
     }
   }
   if (plan.rejected.length) {
