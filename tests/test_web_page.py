@@ -136,6 +136,10 @@ def test_a_plan_in_the_browser(served: str, browser: Any, tmp_path: Path) -> Non
     # the plan is in the history and has its own page with a run form
     page.goto(f"{served}/#/plans")
     page.wait_for_selector("#plans-table tbody tr a")
+    # each stored plan says which cluster it is for (the history had no GPU: page review)
+    header = page.locator("#plans-table th").all_inner_texts()
+    shown = {row[0]: row for row in cells(page, "#plans-table")}
+    assert any(row[header.index("Cluster")] == "8 × h100-sxm-80gb" for row in shown.values())
     page.click("#plans-table tbody tr a")
     page.wait_for_selector("#plan-detail .status")
     page.check("input[name=run-source][value=typed]")

@@ -848,6 +848,13 @@ async function submitCapacity() {
 
 let nextCursor = null;
 
+// A stored plan's cluster as its snapshot states it: GPUs x part (nodes x GPUs per node).
+function clusterText(cluster) {
+  if (!cluster || !cluster.gpu) return "-";
+  const nodes = cluster.num_nodes ?? 1, per = cluster.gpus_per_node ?? 1;
+  return `${fmt.int(nodes * per)} × ${cluster.gpu.name}${nodes > 1 ? ` (${nodes} × ${per})` : ""}`;
+}
+
 async function loadPlans(append = false) {
   const model = value("filter-model"), status = value("filter-status");
   const query = new URLSearchParams({ limit: "20" });
@@ -867,13 +874,13 @@ async function loadPlans(append = false) {
   const body = document.querySelector("#plans-table tbody");
   if (!append) body.replaceChildren();
   if (!append && !page.items.length) {
-    body.append(el("tr", {}, el("td", { colspan: "5", text: model || status ? "No plan matches these filters." : "No plans stored yet." })));
+    body.append(el("tr", {}, el("td", { colspan: "6", text: model || status ? "No plan matches these filters." : "No plans stored yet." })));
   }
   for (const plan of page.items) {
     const rec = plan.recommended;
     const tr = el("tr");
     tr.append(el("td", {}, el("a", { href: `#/plans/${plan.id}`, text: new Date(plan.created_at).toLocaleString() })));
-    tr.append(el("td", { text: plan.model }), el("td", { text: plan.status }),
+    tr.append(el("td", { text: plan.model }), el("td", { text: clusterText(plan.cluster) }), el("td", { text: plan.status }),
       el("td", { text: rec ? layoutText(rec.layout) : "-" }),
       el("td", { text: rec && rec.estimate.time ? fmt.int(rec.estimate.time.tokens_per_s) : "-" }));
     body.append(tr);
