@@ -68,6 +68,12 @@ def new_plan(page: Any, served: str, **fields: str) -> None:
     page.wait_for_selector("#result .status", timeout=60_000)
 
 
+def page_number(x: float) -> str:
+    """A number as the page's fmt.num shows it: an integer whole, with thousands separators; else
+    four significant digits."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{float(f'{x:.4g}'):,g}"
+
+
 def cells(page: Any, table: str) -> list[list[str]]:
     """The body cells of the first ``table``, row by row, as the page shows them."""
     rows = page.locator(table).first.locator("tbody tr")
@@ -698,6 +704,27 @@ def test_gpu_types_are_compared_from_the_plan_form(served: str, browser: Any) ->
     networks = [row[header.index("network per GPU")] for row in rows]
     for option, shown in zip(answer["options"], networks, strict=True):
         bandwidth = option["inter_node_bandwidth_bytes_per_s"]
-        assert shown == ("-" if not bandwidth else f"{float(f'{bandwidth / 1e9:.4g}'):g} GB/s"), option["gpu"]
+        assert shown == ("-" if not bandwidth else f"{page_number(bandwidth / 1e9)} GB/s"), option["gpu"]
     assert "GPU types fit" in page.inner_text("#busy")
+    page.close()
+
+
+def test_a_price_per_gpu_hour_prices_the_plan_and_the_headline_says_what_ranked_it(
+    served: str, browser: Any
+) -> None:
+    """'Rank by: cost' had no price to type and the page showed neither the score nor what it meant
+    (page review): a price is sent as constraints.gpu_hour_cost, the headline shows the cost to train
+    and the objective's score, as the API states them."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    job = {"model.preset": "gpt2", "cluster.gpu": "h100-sxm-80gb", "training.seq_len": "1024"}
+    new_plan(
+        page, served, **job, **{"training.tokens": "1000000000", "constraints.objective": "cost",
+                                "constraints.gpu_hour_cost": "2.5"},
+    )  # fmt: skip
+    plan = httpx.get(f"{served}/v1/plans/{page.inner_text('#result .status a')}").json()
+    assert plan["request"]["constraints"]["gpu_hour_cost"] == 2.5
+    rec = plan["recommended"]
+    headline = page.inner_text("#result p.headline")
+    assert f"cost to train {page_number(rec['estimate']['cost_to_train'])}" in headline
+    assert f"ranked by cost: score {page_number(rec['score'])}" in headline
     page.close()

@@ -63,7 +63,12 @@ class PlanRequest(Strict):
 class CandidateOut(BaseModel):
     layout: dict[str, Any]
     estimate: EstimateOut
-    score: float
+    score: float = Field(
+        description="the objective's value for this layout (recommender.rank.score): throughput, tokens/s; "
+        "fewest_gpus, GPUs; cost, GPU-hours per million tokens times constraints.gpu_hour_cost (without "
+        "a price, the GPU-hours alone, which rank the same); time_to_train, seconds to train "
+        "training.tokens (without tokens, tokens/s, as throughput)"
+    )
     rationale: list[str]
 
 

@@ -121,7 +121,7 @@ const fmt = {
   gib: (bytes) => `${(bytes / GIB).toFixed(1)} GiB`,
   int: (n) => Math.round(n).toLocaleString("en-US"),
   pct: (x) => `${(100 * x).toFixed(1)}%`,
-  num: (x) => (Number.isInteger(x) ? x : Number(x.toPrecision(4))).toLocaleString("en-US"),
+  num: (x) => x.toLocaleString("en-US", Number.isInteger(x) ? {} : { maximumSignificantDigits: 4 }),
   s: (x) => (x >= 86400 ? `${(x / 86400).toFixed(1)} d` : x >= 3600 ? `${(x / 3600).toFixed(1)} h` : `${x.toFixed(3)} s`),
 };
 
@@ -477,7 +477,10 @@ function renderPlan(plan, container) {
       container.append(el("p", { class: "headline", text:
         `${fmt.int(est.time.tokens_per_s)} tokens/s · ${est.time.tflops_per_gpu.toFixed(1)} TFLOP/s per GPU · ` +
         `MFU ${fmt.pct(est.time.mfu)} · step ${fmt.s(est.time.step_s)}` +
-        (est.time_to_train_s ? ` · time to train ${fmt.s(est.time_to_train_s)}` : "") }));
+        (est.time_to_train_s ? ` · time to train ${fmt.s(est.time_to_train_s)}` : "") +
+        (est.cost_to_train != null ? ` · cost to train ${fmt.num(est.cost_to_train)} (at the GPU-hour price given)` : "") +
+        ` · ranked by ${LABELS[plan.request?.constraints?.objective] || plan.request?.constraints?.objective || "throughput"}: ` +
+        `score ${fmt.num(rec.score)}` }));
     }
     container.append(calibrationBlock(est, plan.id));
     warningsBlock(est, container);
@@ -743,6 +746,7 @@ function planBody() {
   if (tokens !== undefined) body.training.tokens = tokens;
   body.constraints = { top_k: number("constraints.top_k") };
   if (value("constraints.objective")) body.constraints.objective = value("constraints.objective");
+  if (number("constraints.gpu_hour_cost") !== undefined) body.constraints.gpu_hour_cost = number("constraints.gpu_hour_cost");
   body.launchers = [...document.getElementById("launchers").selectedOptions].map((o) => o.value);
   return body;
 }
