@@ -10,6 +10,7 @@ it with skips turned into failures (`make browser-test`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -727,4 +728,47 @@ def test_a_price_per_gpu_hour_prices_the_plan_and_the_headline_says_what_ranked_
     headline = page.inner_text("#result p.headline")
     assert f"cost to train {page_number(rec['estimate']['cost_to_train'])}" in headline
     assert f"ranked by cost: score {page_number(rec['score'])}" in headline
+    page.close()
+
+
+def test_a_gpu_outside_the_catalog_is_planned_from_its_datasheet(served: str, browser: Any) -> None:
+    """The page planned on catalog parts only (a custom GPU only through a stored cluster made with
+    the API: page review): a datasheet pasted as JSON is sent as cluster.gpu, the plan is made on it,
+    and an error inside it (cluster.gpu.memory_bytes) appears next to the pasted JSON."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{served}/")
+    page.wait_for_selector("body[data-ready=true]")
+    assert not page.is_visible("#custom-gpu")
+    page.check("#custom-gpu-toggle")
+    assert page.is_visible("#custom-gpu") and not page.is_visible("#cluster\\.gpu")
+    spec = {
+        "name": "lab-h20-96gb",
+        "chip": "h20",
+        "memory_bytes": 96 * 2**30,
+        "peak_flops_per_s": {"fp32": 44e12, "bf16": 148e12, "fp16": 148e12, "fp8": 296e12},
+        "hbm_bandwidth_bytes_per_s": 4.0e12,
+        "intra_node_bandwidth_bytes_per_s": 450e9,
+    }
+    page.fill("#custom-gpu", json.dumps(spec))
+    page.select_option("#model\\.preset", "llama-3.1-8b")
+    page.fill("#training\\.seq_len", "4096")
+    page.fill("#training\\.global_batch_size", "64")
+    page.click("#submit")
+    page.wait_for_selector("#result .status", timeout=60_000)
+    plan = httpx.get(f"{served}/v1/plans/{page.inner_text('#result .status a')}").json()
+    assert plan["request"]["cluster"]["gpu"]["name"] == "lab-h20-96gb"
+    assert plan["cluster"]["gpu"]["name"] == "lab-h20-96gb"
+    assert "Feasible" in page.inner_text("#result .status")
+    # a value past its limit, inside the pasted JSON: named next to it
+    page.fill("#custom-gpu", json.dumps(spec | {"memory_bytes": 1}))
+    page.click("#submit")
+    page.wait_for_selector("#custom-gpu + .field-error")
+    assert "cluster.gpu.memory_bytes" in page.inner_text("#form-errors")
+    assert page.get_attribute("#custom-gpu", "aria-invalid") == "true"
+    # not JSON: said before anything is sent
+    page.fill("#custom-gpu", "{not json")
+    page.click("#submit")
+    page.wait_for_function(
+        "document.querySelector('#custom-gpu + .field-error')?.textContent.includes('JSON')"
+    )
     page.close()

@@ -553,6 +553,10 @@ function fieldFor(form, field, prefix) {
   // a field the page asks for in its own unit (GB/s, GiB): the control whose data-field names it
   const inUnit = [...form.querySelectorAll("[data-field]")].find((node) => node.dataset.field === field);
   if (inUnit) return inUnit;
+  // a field inside a JSON a control holds (the custom GPU's cluster.gpu.memory_bytes), while it is shown
+  const holder = [...form.querySelectorAll("[data-holds]")].find((node) => !node.closest("[hidden]") &&
+    (field === node.dataset.holds || field.startsWith(`${node.dataset.holds}.`)));
+  if (holder) return holder;
   for (const id of [name, field]) {
     const node = document.getElementById(id);
     if (node && form.contains(node)) return node;
@@ -702,7 +706,33 @@ async function applyApiFields() {
 function value(id) { return document.getElementById(id).value.trim(); }
 function number(id) { const v = value(id); return v === "" ? undefined : Number(v); }
 
-function planBody() {
+// The inline cluster's GPU: the catalog part chosen, or a datasheet pasted as a custom GPU object.
+function chosenGpu() {
+  if (!document.getElementById("custom-gpu-toggle").checked) return value("cluster.gpu");
+  try { return JSON.parse(value("custom-gpu")); } catch (e) {
+    throw new ApiError(422, { title: "Unprocessable", detail: "the GPU's datasheet is not valid JSON",
+      errors: [{ field: "cluster.gpu", message: `not valid JSON: ${e.message}` }] });
+  }
+}
+
+// The form's cluster: a stored one, or one described (its GPU, nodes, links, host RAM and NVMe).
+function clusterBody() {
+  if (document.querySelector("input[name=cluster-source]:checked").value === "stored") return { id: value("cluster.id") };
+  const cluster = { gpu: chosenGpu(), num_nodes: number("cluster.num_nodes"), gpus_per_node: number("cluster.gpus_per_node") };
+  // the network and the measured bus bandwidths, typed and sent in GB/s (the API's *_gbps twins)
+  for (const field of ["inter_node_bandwidth_gbps", "measured_intra_node_bus_bandwidth_gbps", "measured_inter_node_bus_bandwidth_gbps"]) {
+    const gbps = number(`cluster.${field}`);
+    if (gbps !== undefined) cluster[field] = gbps;
+  }
+  // host RAM and NVMe per node, typed in GiB, sent in bytes: offload layouts need them
+  for (const [input, field] of [["cluster.cpu_memory_gib_per_node", "cpu_memory_bytes_per_node"], ["cluster.nvme_gib_per_node", "nvme_bytes_per_node"]]) {
+    const gib = number(input);
+    if (gib !== undefined) cluster[field] = Number.isFinite(gib) ? Math.round(gib * GIB) : gib;
+  }
+  return cluster;
+}
+
+function planBody(withCluster = true) {
   const body = { training: {}, constraints: {}, launchers: [] };
   const modelSource = document.querySelector("input[name=model-source]:checked").value;
   if (modelSource === "preset") body.model = { preset: value("model.preset") };
@@ -714,21 +744,8 @@ function planBody() {
     }
     body.model = { hf_config: config };
   }
-  if (document.querySelector("input[name=cluster-source]:checked").value === "stored") {
-    body.cluster = { id: value("cluster.id") };
-  } else {
-    body.cluster = { gpu: value("cluster.gpu"), num_nodes: number("cluster.num_nodes"), gpus_per_node: number("cluster.gpus_per_node") };
-    // the network and the measured bus bandwidths, typed and sent in GB/s (the API's *_gbps twins)
-    for (const field of ["inter_node_bandwidth_gbps", "measured_intra_node_bus_bandwidth_gbps", "measured_inter_node_bus_bandwidth_gbps"]) {
-      const gbps = number(`cluster.${field}`);
-      if (gbps !== undefined) body.cluster[field] = gbps;
-    }
-    // host RAM and NVMe per node, typed in GiB, sent in bytes: offload layouts need them
-    for (const [input, field] of [["cluster.cpu_memory_gib_per_node", "cpu_memory_bytes_per_node"], ["cluster.nvme_gib_per_node", "nvme_bytes_per_node"]]) {
-      const gib = number(input);
-      if (gib !== undefined) body.cluster[field] = Number.isFinite(gib) ? Math.round(gib * GIB) : gib;
-    }
-  }
+  // capacity places the model on each catalog GPU: it reads no cluster from the form
+  if (withCluster) body.cluster = clusterBody();
   body.training = { seq_len: number("training.seq_len"), global_batch_size: number("training.global_batch_size") };
   // left empty, precision and attention resolve from the GPU (the answer names what they became);
   // an empty method (the API's document unread) is the service's default
@@ -803,7 +820,7 @@ async function submitPlan(event) {
 // The capacity request of the form's model and training: each catalog GPU in its own reference node
 // (the form's cluster, constraints and launchers are a plan's; capacity asks for the fewest GPUs).
 function capacityBody() {
-  const plan = planBody();
+  const plan = planBody(false);
   return { model: plan.model, training: plan.training };
 }
 
@@ -1087,6 +1104,10 @@ async function start() {
   // the controls work before (and whatever) the lists load: a list that fails is said, not fatal
   document.querySelectorAll("input[name=model-source]").forEach((r) => r.addEventListener("change", () => toggleSources("model-source")));
   document.querySelectorAll("input[name=cluster-source]").forEach((r) => r.addEventListener("change", () => toggleSources("cluster-source")));
+  document.getElementById("custom-gpu-toggle").addEventListener("change", (event) => {
+    document.getElementById("custom-gpu-field").hidden = !event.target.checked;
+    document.getElementById("catalog-gpu-field").hidden = event.target.checked;
+  });
   document.querySelectorAll("input[name=run-source]").forEach((r) => r.addEventListener("change", () => toggleSources("run-source")));
   document.getElementById("training.method").addEventListener("change", toggleLora);
   document.getElementById("plan-form").addEventListener("submit", submitPlan);
