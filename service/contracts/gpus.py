@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
@@ -25,7 +25,7 @@ from service.contracts.common import (
 )
 from service.errors import Unprocessable
 from service.estimator.errors import InvalidHardware
-from service.estimator.types import GPUSpec, PeakFlops
+from service.estimator.types import CUSTOM_GPU_SOURCE, GPUSpec, PeakFlops
 
 MIN_POWER_W, MAX_POWER_W = 1.0, 10_000.0  # a board power outside these is a typo (a B200 is 1,000 W)
 MIN_CLOCK_HZ, MAX_CLOCK_HZ = 1e8, 1e10  # 100 MHz to 10 GHz
@@ -80,6 +80,12 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
         "as the catalog's parts of its chip have them (gv100 and tu104 do not), or, without a chip, "
         "whether it has a bf16 peak (every part with those kernels has one); the attention default "
         "follows (training.attention in resolved_defaults)",
+    )
+    vendor: Literal["nvidia", "amd"] | None = Field(
+        default=None,
+        description="who makes it: the Kubernetes resource its pods ask for (nvidia.com/gpu, amd.com/gpu) "
+        "and ROCm's settings in the launch files follow. Absent: its chip's (cdna2, cdna3: amd), else "
+        "nvidia",
     )
     peer_to_peer: bool = Field(
         default=True,
@@ -180,16 +186,24 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             intra_node_bandwidth_bytes_per_s=intra,
             pcie_bandwidth_bytes_per_s=pcie,
             defaulted=defaulted,
-            vendor="custom",
+            vendor=self._vendor(),
             chip=self.chip or "",
             flash_attention=self._flash_attention(),
             peer_to_peer=self.peer_to_peer,
-            source="supplied by the client",
+            source=CUSTOM_GPU_SOURCE,
             rated_power_w=self.rated_power_w,
             power_limit_w=self.power_limit_w,
             peak_clock_hz=self.peak_clock_hz,
             sustained_clock_hz=self.sustained_clock_hz,
         )
+
+    def _vendor(self) -> str:
+        """Stated, else the maker of the catalog's parts of its die, else NVIDIA's (a custom MI325X
+        was "custom", and its Kubernetes pods asked for nvidia.com/gpu: hardware review)."""
+        if self.vendor is not None:
+            return self.vendor
+        makers = {spec.vendor for spec in catalog_gpus().values() if spec.chip == self.chip}
+        return makers.pop() if self.chip and len(makers) == 1 else "nvidia"
 
     def _own_name(self) -> str:
         """The name, marked custom where it is a catalog part's: a 24 GiB spec named h100-sxm-80gb was

@@ -559,6 +559,10 @@ class PeakFlops:
                 return self.fp8
 
 
+# The source of a GPU a request describes (a custom GPU), not the catalog's
+CUSTOM_GPU_SOURCE = "supplied by the client"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GPUSpec:
     name: str

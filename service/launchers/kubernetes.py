@@ -29,6 +29,9 @@ from service.launchers.job import entry
 MANIFEST_NAME = "pytorchjob.yaml"
 TARGET = Target.KUBERNETES
 CONFIG_DIR = "/etc/trainplan/"  # the ConfigMap's mount point
+# The extended resource each vendor's Kubernetes device plugin advertises (NVIDIA/k8s-device-plugin;
+# ROCm/k8s-device-plugin: "amd.com/gpu"): an AMD node has no nvidia.com/gpu, so such pods never scheduled
+GPU_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
 IMAGE = "registry.example.com/trainplan/train:latest"  # placeholder: an image with the training code
 SHM_BYTES = "64Gi"  # /dev/shm for dataloader workers and NCCL; the container default (64 MiB) is too small
 
@@ -45,7 +48,8 @@ def _container(plan: Plan, command: list[str], env: list[tuple[str, str]], has_f
     }
     if env:
         container["env"] = [{"name": k, "value": v} for k, v in env]
-    container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
+    resource = GPU_RESOURCES.get(plan.cluster.gpu.vendor, GPU_RESOURCES["nvidia"])
+    container["resources"] = {"limits": {resource: gpus}, "requests": {resource: gpus}}
     container["volumeMounts"] = mounts
     return container
 

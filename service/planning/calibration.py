@@ -36,7 +36,7 @@ from service.estimator.calibration import (
     layout_family,
     shared_calibration,
 )
-from service.estimator.types import ClusterSpec, Estimate, Layout, MemoryStatistic
+from service.estimator.types import CUSTOM_GPU_SOURCE, ClusterSpec, Estimate, Layout, MemoryStatistic
 from service.feedback import ObservedRun, estimated_peak, measured_step_s
 from service.frameworks import Target, frameworks_of
 from service.persistence.db import utcnow
@@ -113,6 +113,10 @@ def _hardware_fields(cluster: ClusterSpec) -> dict[str, Any]:
     del fields["gpu"]["node_gpus"]
     # nor a driver's peer access, which the part's name already says (and keeps the keys of before)
     del fields["gpu"]["peer_to_peer"]
+    # a custom GPU's maker (stated, or its die's since 2026-12-06) is hashed as the "custom" every one
+    # was before: the same part keeps the key its runs are stored under
+    if fields["gpu"]["source"] == CUSTOM_GPU_SOURCE:
+        fields["gpu"]["vendor"] = "custom"
     return fields
 
 

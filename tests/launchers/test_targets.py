@@ -1065,3 +1065,17 @@ def test_megatron_refuses_fp8_with_moe_act_or_layernorm_recompute() -> None:
     kept = plan(framework=Framework.MEGATRON, zero_stage=1, train=fp8, recompute=Recompute.SELECTIVE,
                 recompute_modules=(RecomputeModule.CORE_ATTN,))  # fmt: skip
     assert "delayed scaling" not in str(megatron.refusal(kept))
+
+
+@pytest.mark.parametrize(("vendor", "resource"), [("nvidia", "nvidia.com/gpu"), ("amd", "amd.com/gpu")])
+def test_a_pytorchjob_asks_for_the_gpus_its_vendors_device_plugin_advertises(
+    vendor: str, resource: str
+) -> None:
+    """AMD's device plugin advertises amd.com/gpu (ROCm/k8s-device-plugin): an MI300X plan's pods asked
+    for nvidia.com/gpu and never scheduled (hardware review)."""
+    base = plan(framework=Framework.DEEPSPEED, nodes=2, zero_stage=1)
+    on = replace(base, cluster=replace(base.cluster, gpu=replace(base.cluster.gpu, vendor=vendor)))
+    files = render(on, [Target.KUBERNETES])[0]
+    (job,) = [f for f in files if f.name == "pytorchjob.yaml"]
+    asked = [line.strip() for line in job.content.splitlines() if "com/gpu:" in line]
+    assert asked and all(line == f"{resource}: 8" for line in asked), asked

@@ -39,3 +39,30 @@ def test_host_ram_and_nvme_are_not_the_gpus_hardware() -> None:
     stated = dataclasses.replace(plain, cpu_memory_bytes_per_node=2**41, nvme_bytes_per_node=2**43)
     assert hardware_key(stated) == hardware_key(plain)
     assert hardware_key(dataclasses.replace(plain, num_nodes=4)) != hardware_key(plain)
+
+
+MI325X = {
+    "name": "lab-mi325x",
+    "chip": "cdna3",
+    "memory_bytes": 256 * 2**30,
+    "peak_flops_per_s": {"fp32": 163.4e12, "bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12},
+    "hbm_bandwidth_bytes_per_s": 6e12,
+    "intra_node_bandwidth_bytes_per_s": 448e9,
+}
+
+
+def test_a_custom_gpus_maker_keeps_the_key_its_runs_were_stored_under() -> None:
+    """A custom GPU is made by its die's maker now (cdna3: amd; it was "custom" for every one, and
+    its Kubernetes pods asked for nvidia.com/gpu: hardware review), stated or not: the same part
+    keeps the key of main at d02453d, where its vendor was "custom"."""
+    inferred = ClusterIn(gpu=MI325X, num_nodes=1, gpus_per_node=8).to_domain()
+    stated = ClusterIn(gpu=MI325X | {"vendor": "amd"}, num_nodes=1, gpus_per_node=8).to_domain()
+    assert inferred.gpu.vendor == stated.gpu.vendor == "amd"
+    key = "52e2579102ea22d19aec5f46ae566a7e601d927088b4bbb24be4593dd6985a72"
+    assert hardware_key(inferred) == hardware_key(stated) == key
+    # no chip, no vendor: NVIDIA's, as assumed; a stated maker wins over the die's
+    bare = {k: v for k, v in MI325X.items() if k != "chip"}
+    assert ClusterIn(gpu=bare, num_nodes=1, gpus_per_node=8).to_domain().gpu.vendor == "nvidia"
+    assert (
+        ClusterIn(gpu=bare | {"vendor": "amd"}, num_nodes=1, gpus_per_node=8).to_domain().gpu.vendor == "amd"
+    )
