@@ -41,9 +41,13 @@ class UnknownCatalogEntry(LookupError):
         other = (
             {
                 "model": "; a model outside the catalog: send its config.json as model.hf_config",
-                "gpu": "; a GPU outside the catalog: describe it from its datasheet (the API's cluster.gpu "
-                "as an object, the CLI's --gpu-spec FILE: name, memory_bytes, peak_flops_per_s, "
-                "hbm_bandwidth_bytes_per_s, and chip, e.g. gb200, for its die's efficiencies)",
+                "gpu": "; a GPU outside the catalog: describe it from its datasheet (plans and estimates: "
+                "cluster.gpu as an object; the CLI: --gpu-spec FILE; capacity: a cluster stored with it, by "
+                "cluster_ids): name, memory_bytes, peak_flops_per_s (dense, not the sparse figures "
+                "datasheets print; fp32 required), hbm_bandwidth_bytes_per_s, "
+                "intra_node_bandwidth_bytes_per_s for NVLink (else the PCIe host link is assumed), and "
+                "chip, its die (gh100, gb100, cdna3, ...) or a product on one (gb200, h20, mi325x), left "
+                "out for a die the catalog lacks",
             }.get(kind, "")
             if not ambiguous
             else ""

@@ -141,7 +141,12 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
         if len(dies) == 1:
             return dies.pop()
         like = f" (its parts are on {', '.join(sorted(dies))}: name the die)" if dies else ""
-        raise ValueError(f"unknown chip {chip!r}{like}; known: {', '.join(known)}, or a catalog GPU's name")
+        raise ValueError(
+            f"unknown chip {chip!r}{like}; known: {', '.join(known)}, a catalog GPU's name, or a product "
+            f"on one of those dies ({', '.join(DIE_OF_PRODUCT)}); for a die the catalog lacks (B300, "
+            "MI355X, RTX 5090), leave chip out: the most conservative fitted efficiency applies, with a "
+            "warning"
+        )
 
     @field_validator("peak_flops_per_s")
     @classmethod
@@ -276,15 +281,20 @@ def unknown_entry_error(exc: UnknownCatalogEntry, field: str) -> dict[str, Any]:
     }
 
 
-# Parts the catalog does not list, by their die (the description's examples; NVIDIA's datasheets):
-# GH200's GPU, H800 and H20 are GH100; A800 and A30 GA100; L20 and RTX 6000 Ada AD102; B100 and
-# GB200's GPUs GB100 (the catalog's B200 die). Keys: the name's letters and digits, lower case
-# (a custom GPU with chip "GH200" was a 422 "unknown chip").
+# Parts the catalog does not list, by their die (gpus.toml's header; the vendors' architecture
+# whitepapers and datasheets): GH200's GPU, H800 and H20 are GH100; A800 and A30 GA100; L20 and RTX
+# 6000 Ada AD102; RTX 4070 Ti AD104; A40, RTX A6000 and RTX 3080 / 3090 Ti GA102; Titan V GV100; B100
+# and GB200's GPUs GB100 (the catalog's B200 die); MI210 and MI250 CDNA 2; MI300A and MI325X (the
+# MI300X's XCDs with HBM3E) CDNA 3. Keys: the name's letters and digits, lower case (a custom GPU
+# with chip "GH200" was a 422 "unknown chip"; "MI325X" still was: hardware review).
 DIE_OF_PRODUCT = {
     "gh200": "gh100", "h800": "gh100", "h20": "gh100",
     "a800": "ga100", "a30": "ga100",
-    "l20": "ad102", "rtx6000ada": "ad102",
+    "l20": "ad102", "rtx6000ada": "ad102", "rtx4070ti": "ad104",
+    "a40": "ga102", "a6000": "ga102", "rtxa6000": "ga102", "rtx3080": "ga102", "rtx3090ti": "ga102",
+    "titanv": "gv100",
     "b100": "gb100", "gb200": "gb100",
+    "mi210": "cdna2", "mi250": "cdna2", "mi300a": "cdna3", "mi325x": "cdna3",
 }  # fmt: skip
 
 

@@ -25,7 +25,8 @@ from service.estimator.types import (
 # whitepapers and datasheets: H800, H20 and GH200's GPU are GH100 dies; A800 and A30 GA100; L20 and
 # RTX 6000 Ada AD102; GB200's GPUs GB100), quoted by the warning.
 CHIP_EXAMPLES = (
-    "gh100 for H800, H20 or GH200, ga100 for A800 or A30, ad102 for L20 or RTX 6000 Ada, gb100 for GB200"
+    "gh100 for H800, H20 or GH200, ga100 for A800 or A30, ad102 for L20 or RTX 6000 Ada, gb100 for GB200, "
+    "cdna3 for MI325X; a die the catalog lacks (B300, MI355X, RTX 5090) has none to set"
 )
 
 

@@ -199,12 +199,17 @@ def test_a_custom_gpus_chip_by_a_product_on_a_catalog_die(client: TestClient) ->
         "hbm_bandwidth_bytes_per_s": 4e12,
     }
     for chip, die in (("GH200", "gh100"), ("H800", "gh100"), ("A800", "ga100"), ("RTX 6000 Ada", "ad102"),
-                      ("GB200", "gb100")):  # fmt: skip
+                      ("GB200", "gb100"), ("MI325X", "cdna3"), ("RTX A6000", "ga102")):  # fmt: skip
         body = {"model": "llama-3.2-1b", "cluster": {"gpu": gpu | {"chip": chip}, "num_gpus": 1},
                 "training": TRAINING}  # fmt: skip
         response = client.post("/v1/plans", json=body)
         assert response.status_code == 201, response.text
         assert response.json()["request"]["cluster"]["gpu"]["chip"] == die
+    # a die the catalog lacks: the 422 says to leave chip out (it said only what is known)
+    body = {"model": "llama-3.2-1b", "cluster": {"gpu": gpu | {"chip": "MI355X"}, "num_gpus": 1},
+            "training": TRAINING}  # fmt: skip
+    problem = client.post("/v1/plans", json=body).json()
+    assert problem["status"] == 422 and "leave chip out" in problem["errors"][0]["message"], problem
 
 
 def test_a_custom_gpu_has_only_the_peaks_its_die_has(client: TestClient) -> None:
