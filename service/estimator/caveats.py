@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.estimator.comm import used_link_defaults
 from service.estimator.job import Job
 from service.estimator.model_states import fused_expert_adapted_weights, peft_adapts_fused_experts
 from service.estimator.tuning import Tuning, conservative_peak_fraction
@@ -101,6 +102,10 @@ def network_warnings(cluster: ClusterSpec) -> tuple[str, ...]:
     """A network between nodes faster per GPU than any NIC: timed as stated (an NVLink domain across
     nodes is that fast), with the likelier reading said, since ``*_gbps`` inputs are GB/s and a NIC's
     rate is quoted in Gb/s (400 typed for 400 Gb/s NICs is 400 GB/s here, eight times the network)."""
+    return (*_nic_warnings(cluster), *_peer_link_warnings(cluster))
+
+
+def _nic_warnings(cluster: ClusterSpec) -> tuple[str, ...]:
     rate = cluster.inter_node_bandwidth_bytes_per_s
     if cluster.num_nodes == 1 or rate <= FASTEST_NIC_BYTES_PER_S:
         return ()
@@ -110,6 +115,31 @@ def network_warnings(cluster: ClusterSpec) -> tuple[str, ...]:
         f"nodes (GB200 NVL72) is; if it was NICs of {rate / 1e9:,.0f} Gb/s, that is {rate / 8e9:,.4g} GB/s "
         "(inter_node_bandwidth_gbps is in GB/s, bytes)",
     )
+
+
+def _peer_link_warnings(cluster: ClusterSpec) -> tuple[str, ...]:
+    """The link between a node's GPUs where the step rests on a figure nobody stated, or on one slower
+    than the network: a custom GB200 without intra_node_bandwidth_bytes_per_s was timed over PCIe (64
+    GB/s, 2.2x its step with NVLink's 900) with the assumption in a note alone, and a tray of 4 on an
+    NVLink fabric stated as the network put pipeline stages across trays (hardware review)."""
+    if cluster.gpus_per_node == 1:
+        return ()
+    intra, inter = cluster.intra_node_bandwidth_bytes_per_s, cluster.inter_node_bandwidth_bytes_per_s
+    out = []
+    if any(name == "intra_node_bandwidth_bytes_per_s" for name, _ in used_link_defaults(cluster)):
+        out.append(
+            f"{cluster.gpu.name}'s link between the GPUs of a node was not stated: its PCIe host link, "
+            f"{intra / 1e9:,.4g} GB/s per direction, is assumed; if they are joined by NVLink (or Infinity "
+            "Fabric), state intra_node_bandwidth_bytes_per_s: model parallelism and the gradient "
+            "reductions are timed on it"
+        )
+    if cluster.num_nodes > 1 and inter > intra:
+        out.append(
+            f"the network between nodes ({inter / 1e9:,.4g} GB/s per GPU) is faster than the link between "
+            f"a node's GPUs ({intra / 1e9:,.4g} GB/s): the search then places model parallelism across "
+            "nodes; state the node's own link (intra_node_bandwidth_bytes_per_s) if it is faster"
+        )
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- the trained context

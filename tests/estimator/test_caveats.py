@@ -159,6 +159,31 @@ def test_a_network_faster_than_any_nic_is_timed_as_stated_and_said() -> None:
     assert "400 GB/s per GPU is faster than any NIC" in said and "that is 50 GB/s" in said
 
 
+def test_a_link_between_a_nodes_gpus_nobody_stated_or_slower_than_the_network_is_a_warning() -> None:
+    """A custom GB200 without intra_node_bandwidth_bytes_per_s was timed over PCIe (2.2x its step with
+    NVLink) with the assumption in a note alone; a tray of 4 whose NVLink fabric was stated as the
+    network put model parallelism across trays, silently (hardware review)."""
+    from service.contracts.clusters import ClusterIn
+
+    gb200 = {
+        "name": "gb200",
+        "chip": "gb200",
+        "memory_bytes": 186 * 10**9,
+        "peak_flops_per_s": {"fp32": 80e12, "bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15},
+        "hbm_bandwidth_bytes_per_s": 8e12,
+    }
+    (said,) = network_warnings(ClusterIn(gpu=gb200, num_nodes=1, gpus_per_node=4).to_domain())
+    assert "link between the GPUs of a node was not stated" in said and "64 GB/s" in said
+    nvlink = gb200 | {"intra_node_bandwidth_bytes_per_s": 900e9}
+    assert network_warnings(ClusterIn(gpu=nvlink, num_nodes=1, gpus_per_node=4).to_domain()) == ()
+    assert network_warnings(ClusterIn(gpu=gb200, num_nodes=1, gpus_per_node=1).to_domain()) == ()  # no peers
+    fabric = ClusterIn(gpu=gb200, num_nodes=2, gpus_per_node=4, inter_node_bandwidth_bytes_per_s=90e9)
+    warnings = network_warnings(fabric.to_domain())
+    assert any("faster than the link between a node's GPUs (64 GB/s)" in w for w in warnings), warnings
+    # a catalog part's own link is stated by the catalog, and an HGX node's NVLink outruns its NICs
+    assert network_warnings(gpu_cluster(gpu("h100-sxm-80gb"), 16, 50e9)) == ()
+
+
 def test_rope_scaling_stretches_the_trained_context() -> None:
     """A review's case: Qwen2.5 with its documented YaRN (factor 4 of 32,768) at 131,072 tokens was
     warned it "needs RoPE scaling (rope_scaling in its config)", which the config has. The limit is
