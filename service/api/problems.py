@@ -165,6 +165,15 @@ _BOUND_WORDS = {
 }
 
 
+# What a value past a field's upper bound usually means, said with the bound: 72 GPUs per node is a
+# GB200 NVL72 rack, an NVLink domain of 18 compute trays of 4 (refused with the bare limit: hardware review)
+_PAST_THE_BOUND = {
+    "gpus_per_node": "a node is what one host runs (the launch files start gpus_per_node processes on "
+    "each); an NVLink domain across nodes, such as a GB200 NVL72 rack (18 trays of 4), is nodes of 4 with "
+    "the fabric's bandwidth per GPU as inter_node_bandwidth_bytes_per_s (NVLink 5: 900e9)",
+}
+
+
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     out = []
     errors = [_as_sent({**e, "loc": tuple(e.get("loc", ()))}, exc.body) for e in exc.errors()]
@@ -179,6 +188,8 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
             message = str(refused)  # its words, without pydantic's "Value error, "
             limit = refused.limit
             details = refused.details
+        if err.get("type") == "less_than_equal" and loc and loc[-1] in _PAST_THE_BOUND:
+            message = f"{message}: {_PAST_THE_BOUND[loc[-1]]}"
         entry: dict[str, Any] = {"field": _field_path(loc), "message": message}
         if err.get("type") == "json_invalid":
             # its loc is ("body", character position): the field is the body, the position said

@@ -211,3 +211,17 @@ def test_a_cluster_rule_broken_by_a_gbps_input_names_it(
     problem = assert_problem(client.post("/v1/estimates", json=body), 422)
     assert [e["field"] for e in problem["errors"]] == [f"cluster.{named}"]
     assert "_bytes_per_s" not in problem["detail"]
+
+
+def test_more_gpus_per_node_than_a_host_runs_says_how_an_nvlink_rack_is_described(client: TestClient) -> None:
+    """72 GPUs per node (a GB200 NVL72 rack) was refused with the bare limit: the 422 keeps the limit and
+    says that a node is what one host runs, and the rack's fabric is the network (hardware review)."""
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "cluster": {"gpu": "b200-sxm-180gb", "num_nodes": 1, "gpus_per_node": 72},
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+    }
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)
+    (error,) = problem["errors"]
+    assert error["field"] == "cluster.gpus_per_node" and error["limit"] == {"le": 64}
+    assert "less than or equal to 64" in error["message"] and "GB200 NVL72" in error["message"]
