@@ -191,6 +191,7 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             intra_node_bandwidth_bytes_per_s=intra,
             pcie_bandwidth_bytes_per_s=pcie,
             defaulted=defaulted,
+            notes=self._peak_notes(),
             vendor=self._vendor(),
             chip=self.chip or "",
             flash_attention=self._flash_attention(),
@@ -201,6 +202,39 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             peak_clock_hz=self.peak_clock_hz,
             sustained_clock_hz=self.sustained_clock_hz,
         )
+
+    def _peak_notes(self) -> tuple[str, ...]:
+        """Peaks that look mistaken, said with every estimate (the part is timed on them as stated): one
+        far above every catalog part of its die (of any die, without chip), as a datasheet's 2:4-sparse
+        figure is twice the dense one the estimate needs (a GB200 spec copied from NVIDIA's datasheet
+        was timed at 2.2x a B200's peak, silently: hardware review); a low precision's peak below a
+        higher one's (bf16 under fp32, fp8 under bf16), as when two were swapped."""
+        peaks = self.peak_flops_per_s
+        parts = [spec for spec in catalog_gpus().values() if not self.chip or spec.chip == self.chip]
+        of = f"the catalog's {self.chip} parts" if self.chip else "every catalog part"
+        notes = []
+        for precision in ("tf32", "bf16", "fp16", "fp8"):
+            stated = getattr(peaks, precision)
+            known = [(getattr(spec.peak_flops_per_s, precision), spec.name) for spec in parts]
+            known = [(peak, name) for peak, name in known if peak is not None]
+            if stated is None or not known:
+                continue
+            fastest, name = max(known)
+            if stated > SPARSE_LOOKING_RATIO * fastest:
+                notes.append(
+                    f"peak_flops_per_s.{precision} {stated / 1e12:,.0f} TFLOP/s is {stated / fastest:.1f}x "
+                    f"the fastest of {of} ({name}, {fastest / 1e12:,.0f}): timed as stated; datasheets print "
+                    "2:4-sparse peaks, twice the dense ones an estimate needs: if it is one, halve it"
+                )
+        for low, high in (("bf16", "fp32"), ("fp8", "bf16")):
+            low_peak, high_peak = getattr(peaks, low), getattr(peaks, high)
+            if low_peak is not None and high_peak is not None and low_peak < high_peak:
+                notes.append(
+                    f"peak_flops_per_s.{low} ({low_peak / 1e12:,.4g} TFLOP/s) is below {high} "
+                    f"({high_peak / 1e12:,.4g}): every part with {low} units runs it faster; timed as "
+                    "stated, check the two are not swapped"
+                )
+        return tuple(notes)
 
     def _vendor(self) -> str:
         """Stated, else the maker of the catalog's parts of its die, else NVIDIA's (a custom MI325X
@@ -256,6 +290,12 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
                 )
             )
         return pcie, intra, tuple(defaulted)
+
+
+# A custom peak above this multiple of its die's fastest catalog part is said (CustomGPU._peak_notes):
+# a 2:4-sparse figure is 2x the dense one, and a die's parts differ by clock and units by less (the
+# catalog's gh100 parts: 756 to 989 TFLOP/s bf16; GB200's GPU, 2.5 PF dense, is 1.1x the B200's)
+SPARSE_LOOKING_RATIO = 1.5
 
 
 def resolve_gpu(gpu: str | CustomGPU, field: str = "gpu") -> GPUSpec:

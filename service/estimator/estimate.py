@@ -244,6 +244,7 @@ def estimate_valid(
             *warnings_for(memory, job.cluster, layout),
             *attention_warnings(job, layout, step_time_factor),
             *chip_warnings(job),
+            *job.cluster.gpu.notes,  # what the GPU's figures look like (a custom GPU's sparse peaks)
             *network_warnings(job.cluster),
             *context_warnings(job.model, training),
             *peft_sharding_warnings(job.model, layout, training),

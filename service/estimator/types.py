@@ -600,6 +600,10 @@ class GPUSpec:
     # without its intra-node or PCIe bandwidth. The answer's assumptions repeat them (comm.
     # link_default_notes). How a figure was chosen, not hardware: calibration keys leave it out.
     defaulted: tuple[tuple[str, str], ...] = ()
+    # What the GPU's source states that looks mistaken, said with every estimate on it (a custom GPU's
+    # peaks far above its die's catalog parts: a datasheet's 2:4-sparse figure). Not hardware:
+    # calibration keys leave it out.
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (

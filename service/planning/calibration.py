@@ -107,6 +107,7 @@ def _hardware_fields(cluster: ClusterSpec) -> dict[str, Any]:
     # how a custom GPU's links were chosen is not hardware: a figure left out and the same figure
     # stated are one GPU (and keep the key clusters had before links could be left out)
     del fields["gpu"]["defaulted"]
+    del fields["gpu"]["notes"]  # what the request's figures look like, not hardware
     # nor is the node the part ships in (its network and size): the cluster's own are
     # inter_node_bandwidth and gpus_per_node
     del fields["gpu"]["node_network_bytes_per_s"]

@@ -122,6 +122,7 @@ def _option(
         notes = (*notes, "defaults for this GPU: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
     notes = (*notes, *link_default_notes(cluster))  # a custom GPU's links it left out, as assumed
     notes = (*notes, *gpu_chip_warnings(cluster.gpu, tuning))  # a custom GPU's efficiency, as a plan says
+    notes = (*notes, *cluster.gpu.notes)  # and its figures that look mistaken
     unfit = states_unfit(model, cluster, training, tuning, constraints, max(counts))
     if unfit is not None:
         capped = f" (constraints.max_gpus {cap:,})" if cap is not None else ""

@@ -270,3 +270,33 @@ def test_a_name_several_parts_carry_lists_them_where_the_node_size_is_left_out(
     (error,) = response.json()["errors"]
     assert error["field"] == field and error["type"] == "unknown_gpu" and error["ambiguous"] is True
     assert len(error["candidates"]) >= 2 and error["known"]
+
+
+def test_a_custom_gpus_peaks_that_look_sparse_or_swapped_are_said(client: TestClient) -> None:
+    """A GB200 described from NVIDIA's datasheet (2:4-sparse peaks, 2x the dense ones) was timed at
+    2.2x a B200's peak with no word; a spec whose bf16 peak sat below its fp32 one, silently too
+    (hardware review). Each is timed as stated and said; the dense GB200 is not."""
+    dense = {
+        "name": "gb200",
+        "chip": "gb200",
+        "memory_bytes": 186 * 10**9,
+        "peak_flops_per_s": {"fp32": 80e12, "bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15},
+        "hbm_bandwidth_bytes_per_s": 8e12,
+        "intra_node_bandwidth_bytes_per_s": 900e9,
+    }
+    sparse = dense | {"peak_flops_per_s": {"fp32": 80e12, "bf16": 5e15, "fp16": 5e15, "fp8": 10e15}}
+    swapped = dense | {"chip": None, "peak_flops_per_s": {"fp32": 2.5e15, "bf16": 80e12}}
+
+    def warnings(gpu: dict[str, object]) -> list[str]:
+        body = {"model": "llama-3.2-1b", "cluster": {"gpu": gpu, "num_gpus": 4, "gpus_per_node": 4},
+                "training": TRAINING, "layout": {"framework": "fsdp", "dp": 4, "zero_stage": 3}}  # fmt: skip
+        response = client.post("/v1/estimates", json=body)
+        assert response.status_code == 200, response.text
+        return [w for w in response.json()["warnings"] if w.startswith("peak_flops_per_s")]
+
+    assert warnings(dense) == []
+    said = warnings(sparse)
+    assert len(said) == 3 and all("2:4-sparse" in w for w in said), said
+    assert "peak_flops_per_s.bf16 5,000 TFLOP/s is 2.2x the fastest of the catalog's gb100 parts" in said[0]
+    (swap,) = warnings(swapped)
+    assert "peak_flops_per_s.bf16 (80 TFLOP/s) is below fp32 (2,500)" in swap
