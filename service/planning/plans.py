@@ -286,16 +286,20 @@ def delete_plan(plans: PlanRepository, plan_id: str) -> None:
 
 def candidate_out(
     candidate: Candidate,
+    cluster: ClusterSpec,
     training: TrainingSpec,
     total_parameters: int,
     calibration: CalibrationOut | None,
     gpu_hour_cost: float | None,
 ) -> CandidateOut:
     """A candidate in its wire shape; its estimate, score and rationale already under
-    ``calibration``, the one its estimate applied (planning.calibrated)."""
+    ``calibration``, the one its estimate applied (planning.calibrated). Its defaults name the link
+    figures a custom GPU left out that it is timed on, as an estimate of it names them (a plan's
+    candidates named the training's alone: hardware review)."""
     out = estimate_out(
         candidate.estimate, candidate.layout, training, total_parameters, gpu_hour_cost, calibration
     )
+    out.resolved_defaults |= chosen_link_defaults(sub_cluster(cluster, candidate.layout.world_size))
     return CandidateOut(
         layout=out.layout, estimate=out, score=candidate.score, rationale=list(candidate.rationale)
     )
@@ -351,6 +355,7 @@ def plan_result(
     outs = [
         candidate_out(
             c.candidate,
+            cluster,
             training,
             total,
             calibration_out(

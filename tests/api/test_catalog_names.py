@@ -300,3 +300,33 @@ def test_a_custom_gpus_peaks_that_look_sparse_or_swapped_are_said(client: TestCl
     assert "peak_flops_per_s.bf16 5,000 TFLOP/s is 2.2x the fastest of the catalog's gb100 parts" in said[0]
     (swap,) = warnings(swapped)
     assert "peak_flops_per_s.bf16 (80 TFLOP/s) is below fp32 (2,500)" in swap
+
+
+def test_a_plans_candidates_name_the_custom_gpus_link_defaults_as_an_estimate_does(
+    client: TestClient,
+) -> None:
+    """A custom GPU without its links: the plan and an estimate named the PCIe figures assumed, the
+    plan's recommended estimate did not (hardware review)."""
+    gpu = {
+        "name": "gb200",
+        "chip": "gb200",
+        "memory_bytes": 186 * 10**9,
+        "peak_flops_per_s": {"fp32": 80e12, "bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15},
+        "hbm_bandwidth_bytes_per_s": 8e12,
+    }
+    cluster = {"gpu": gpu, "num_nodes": 1, "gpus_per_node": 4}
+    plan = client.post("/v1/plans", json={"model": "llama-3.1-8b", "cluster": cluster, "training": TRAINING})
+    assert plan.status_code == 201, plan.text
+    recommended = plan.json()["recommended"]
+    estimate = client.post(
+        "/v1/estimates",
+        json={
+            "model": "llama-3.1-8b",
+            "cluster": cluster,
+            "training": TRAINING,
+            "layout": recommended["layout"],
+        },
+    ).json()
+    links = {k: v for k, v in estimate["resolved_defaults"].items() if k.startswith("cluster.gpu.")}
+    assert "cluster.gpu.intra_node_bandwidth_bytes_per_s" in links
+    assert {k: v for k, v in recommended["estimate"]["resolved_defaults"].items() if k in links} == links
