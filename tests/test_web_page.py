@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests import loopback
+from tests.custom_gpus import H20
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -741,14 +742,7 @@ def test_a_gpu_outside_the_catalog_is_planned_from_its_datasheet(served: str, br
     assert not page.is_visible("#custom-gpu")
     page.check("#custom-gpu-toggle")
     assert page.is_visible("#custom-gpu") and not page.is_visible("#cluster\\.gpu")
-    spec = {
-        "name": "lab-h20-96gb",
-        "chip": "h20",
-        "memory_bytes": 96 * 2**30,
-        "peak_flops_per_s": {"fp32": 44e12, "bf16": 148e12, "fp16": 148e12, "fp8": 296e12},
-        "hbm_bandwidth_bytes_per_s": 4.0e12,
-        "intra_node_bandwidth_bytes_per_s": 450e9,
-    }
+    spec = H20
     page.fill("#custom-gpu", json.dumps(spec))
     page.select_option("#model\\.preset", "llama-3.1-8b")
     page.fill("#training\\.seq_len", "4096")

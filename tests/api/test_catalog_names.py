@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.custom_gpus import GB200, GB200_NVLINK
+
 TRAINING = {"seq_len": 2048, "global_batch_size": 32}
 LAYOUT = {"framework": "fsdp", "dp": 8, "zero_stage": 3, "micro_batch_size": 1}
 
@@ -276,14 +278,7 @@ def test_a_custom_gpus_peaks_that_look_sparse_or_swapped_are_said(client: TestCl
     """A GB200 described from NVIDIA's datasheet (2:4-sparse peaks, 2x the dense ones) was timed at
     2.2x a B200's peak with no word; a spec whose bf16 peak sat below its fp32 one, silently too
     (hardware review). Each is timed as stated and said; the dense GB200 is not."""
-    dense = {
-        "name": "gb200",
-        "chip": "gb200",
-        "memory_bytes": 186 * 10**9,
-        "peak_flops_per_s": {"fp32": 80e12, "bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15},
-        "hbm_bandwidth_bytes_per_s": 8e12,
-        "intra_node_bandwidth_bytes_per_s": 900e9,
-    }
+    dense = GB200_NVLINK
     sparse = dense | {"peak_flops_per_s": {"fp32": 80e12, "bf16": 5e15, "fp16": 5e15, "fp8": 10e15}}
     swapped = dense | {"chip": None, "peak_flops_per_s": {"fp32": 2.5e15, "bf16": 80e12}}
 
@@ -307,14 +302,7 @@ def test_a_plans_candidates_name_the_custom_gpus_link_defaults_as_an_estimate_do
 ) -> None:
     """A custom GPU without its links: the plan and an estimate named the PCIe figures assumed, the
     plan's recommended estimate did not (hardware review)."""
-    gpu = {
-        "name": "gb200",
-        "chip": "gb200",
-        "memory_bytes": 186 * 10**9,
-        "peak_flops_per_s": {"fp32": 80e12, "bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15},
-        "hbm_bandwidth_bytes_per_s": 8e12,
-    }
-    cluster = {"gpu": gpu, "num_nodes": 1, "gpus_per_node": 4}
+    cluster = {"gpu": GB200, "num_nodes": 1, "gpus_per_node": 4}
     plan = client.post("/v1/plans", json={"model": "llama-3.1-8b", "cluster": cluster, "training": TRAINING})
     assert plan.status_code == 201, plan.text
     recommended = plan.json()["recommended"]

@@ -164,20 +164,13 @@ def test_a_link_between_a_nodes_gpus_nobody_stated_or_slower_than_the_network_is
     NVLink) with the assumption in a note alone; a tray of 4 whose NVLink fabric was stated as the
     network put model parallelism across trays, silently (hardware review)."""
     from service.contracts.clusters import ClusterIn
+    from tests.custom_gpus import GB200, GB200_NVLINK
 
-    gb200 = {
-        "name": "gb200",
-        "chip": "gb200",
-        "memory_bytes": 186 * 10**9,
-        "peak_flops_per_s": {"fp32": 80e12, "bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15},
-        "hbm_bandwidth_bytes_per_s": 8e12,
-    }
-    (said,) = network_warnings(ClusterIn(gpu=gb200, num_nodes=1, gpus_per_node=4).to_domain())
+    (said,) = network_warnings(ClusterIn(gpu=GB200, num_nodes=1, gpus_per_node=4).to_domain())
     assert "link between the GPUs of a node was not stated" in said and "64 GB/s" in said
-    nvlink = gb200 | {"intra_node_bandwidth_bytes_per_s": 900e9}
-    assert network_warnings(ClusterIn(gpu=nvlink, num_nodes=1, gpus_per_node=4).to_domain()) == ()
-    assert network_warnings(ClusterIn(gpu=gb200, num_nodes=1, gpus_per_node=1).to_domain()) == ()  # no peers
-    fabric = ClusterIn(gpu=gb200, num_nodes=2, gpus_per_node=4, inter_node_bandwidth_bytes_per_s=90e9)
+    assert network_warnings(ClusterIn(gpu=GB200_NVLINK, num_nodes=1, gpus_per_node=4).to_domain()) == ()
+    assert network_warnings(ClusterIn(gpu=GB200, num_nodes=1, gpus_per_node=1).to_domain()) == ()  # no peers
+    fabric = ClusterIn(gpu=GB200, num_nodes=2, gpus_per_node=4, inter_node_bandwidth_bytes_per_s=90e9)
     warnings = network_warnings(fabric.to_domain())
     assert any("faster than the link between a node's GPUs (64 GB/s)" in w for w in warnings), warnings
     # a catalog part's own link is stated by the catalog, and an HGX node's NVLink outruns its NICs

@@ -8,6 +8,7 @@ import dataclasses
 
 from service.contracts.clusters import ClusterIn
 from service.planning.calibration import hardware_key
+from tests.custom_gpus import MI325X
 
 POD = ClusterIn(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=8, inter_node_bandwidth_bytes_per_s=50e9)
 NODE = ClusterIn(gpu="a100-sxm-80gb", num_nodes=1, gpus_per_node=8)
@@ -39,16 +40,6 @@ def test_host_ram_and_nvme_are_not_the_gpus_hardware() -> None:
     stated = dataclasses.replace(plain, cpu_memory_bytes_per_node=2**41, nvme_bytes_per_node=2**43)
     assert hardware_key(stated) == hardware_key(plain)
     assert hardware_key(dataclasses.replace(plain, num_nodes=4)) != hardware_key(plain)
-
-
-MI325X = {
-    "name": "lab-mi325x",
-    "chip": "cdna3",
-    "memory_bytes": 256 * 2**30,
-    "peak_flops_per_s": {"fp32": 163.4e12, "bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12},
-    "hbm_bandwidth_bytes_per_s": 6e12,
-    "intra_node_bandwidth_bytes_per_s": 448e9,
-}
 
 
 def test_a_custom_gpus_maker_keeps_the_key_its_runs_were_stored_under() -> None:
