@@ -16,7 +16,7 @@ from service.estimator.types import ClusterSpec, Estimate, Layout, ModelSpec, Tr
 from service.estimator.validate import valid_micro_batch_sizes
 from service.recommender import rank
 from service.recommender.space import sub_cluster
-from service.recommender.types import Candidate, Constraints, Recommendation
+from service.recommender.types import Candidate, Constraints, Objective, Recommendation
 
 # What rank.rationale appends to the PP line when a layout without PP also fits (its
 # ``fits_without_pp``), and the index of its ``gpu_use`` line: the two things the search knew
@@ -81,7 +81,7 @@ def calibrated_candidates(
     )
     if not calibrated:
         return out  # the search's rationale already reads these numbers
-    return calibrated_rationale(rec.recommended, out, cluster, training)
+    return calibrated_rationale(rec.recommended, out, cluster, training, constraints.objective)
 
 
 def _with_estimate(
@@ -117,7 +117,11 @@ def ranked_again(chosen: list[Calibrated], constraints: Constraints) -> list[Cal
 
 
 def calibrated_rationale(
-    searched: Candidate, chosen: list[Calibrated], cluster: ClusterSpec, training: TrainingSpec
+    searched: Candidate,
+    chosen: list[Calibrated],
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    objective: Objective = Objective.THROUGHPUT,
 ) -> list[Calibrated]:
     """``chosen`` (recommended first) with every rationale written again from its estimate, as the
     recommender writes it (rank.rationale, rank.alternative_rationale); ``searched``: the search's
@@ -136,6 +140,7 @@ def calibrated_rationale(
         any(FITS_WITHOUT_PP in line for line in searched.rationale),
         searched.rationale[GPU_USE_LINE],
         batch_cap=max(valid_micro_batch_sizes(training, best.layout), default=None),
+        objective=objective,
     )
     out = [dataclasses.replace(first, candidate=dataclasses.replace(best, rationale=lines))]
     for c in alternatives:

@@ -226,19 +226,26 @@ def rationale(
     gpu_use: str,
     largest_micro_batch: int | None = None,
     batch_cap: int | None = None,
+    objective: Objective = Objective.THROUGHPUT,
 ) -> tuple[str, ...]:
     """Why this layout wins and what limits it, each line with its numbers; every claim about the
     layout is read from its fields and the cluster (tests/recommender/test_rationale.py checks them).
     ``largest_micro_batch``: the largest that fits within the plan's headroom (default: the
     estimate's limit, against the whole card); ``batch_cap``: the largest micro-batch the global
-    batch allows the layout at all, which, when that one fits, is what bounds it, not memory."""
+    batch allows the layout at all, which, when that one fits, is what bounds it, not memory;
+    ``objective``: what it was ranked by, in whose terms it is compared with the next."""
     assert estimate.time is not None
     t = estimate.time
     strides = group_strides(layout)
     gpus_per_node = cluster.gpus_per_node
     lines = [f"{t.tokens_per_s:,.0f} tokens/s, {t.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {t.mfu:.1%}"]
     lines.append(gpu_use)
-    if runner_up is not None and runner_up[1].time is not None:
+    other_gpus = runner_up[0].world_size if runner_up is not None else layout.world_size
+    if runner_up is not None and runner_up[1].time is not None and other_gpus != layout.world_size:
+        # on other GPU counts the objective is not tokens/s: a cost plan "tied within 0.5% of tokens/s"
+        # with a runner-up twice as fast on twice the GPUs (cost review)
+        lines.append(_compared_across_counts(objective, layout, t.tokens_per_s, runner_up))
+    elif runner_up is not None and runner_up[1].time is not None:
         gain = t.tokens_per_s / runner_up[1].time.tokens_per_s - 1
         if gain < 0 and _simpler_near_tie(layout, runner_up[0]):  # near_tie_winner put it first
             lines.append(
@@ -258,7 +265,10 @@ def rationale(
     if layout.tp > 1:
         where = "ACROSS nodes" if _spans_nodes(cluster, layout.tp, strides.tp) else "inside the node"
         sp = "on" if layout.sequence_parallel else "off"
-        lines.append(f"TP={layout.tp} {where} ({gpus_per_node} GPUs per node), sequence parallel {sp}")
+        # a job on part of one node runs on a sub-cluster as large as itself: its node size is not the
+        # cluster's ("TP=2 inside the node (2 GPUs per node)" on nodes of 8: cost review)
+        per_node = f" ({gpus_per_node} GPUs per node)" if cluster.num_nodes > 1 else ""
+        lines.append(f"TP={layout.tp} {where}{per_node}, sequence parallel {sp}")
     else:
         lines.append("TP=1: the model fits without tensor parallelism")
     if layout.cp > 1:
@@ -325,6 +335,38 @@ def rationale(
         lines.append(f"torch.compile: inductor fuses the pointwise ops between the GEMMs{loss}")
     lines.append(_biggest_overhead(estimate))
     return tuple(lines)
+
+
+def _compared_across_counts(
+    objective: Objective, layout: Layout, tokens_per_s: float, runner_up: tuple[Layout, Estimate]
+) -> str:
+    """The recommended layout against a runner-up on another GPU count, in the objective's terms:
+    GPU-hours per token for cost, GPUs for fewest GPUs, tokens/s for throughput and time to train
+    (the same GPUs' cost, and the time at any token count, are in proportion to it)."""
+    other, estimate = runner_up
+    assert estimate.time is not None
+    other_tokens_per_s, name = estimate.time.tokens_per_s, describe(other)
+    gpus, other_gpus = layout.world_size, other.world_size
+    if objective is Objective.FEWEST_GPUS:
+        return f"{gpus:,} GPUs, fewer than the next's {other_gpus:,} ({name})"
+    if objective is Objective.COST:
+        per_million = gpu_hours(time_to_train_s(1e6, tokens_per_s), gpus)
+        other_per_million = gpu_hours(time_to_train_s(1e6, other_tokens_per_s), other_gpus)
+        saving = 1 - per_million / other_per_million
+        said = f"{per_million:.4g} GPU-hours per million tokens against {other_per_million:.4g}"
+        if saving < TIE_FRACTION:
+            return (
+                f"ties on cost with the next ({name}, {other_gpus:,} GPUs): {said}, within "
+                f"{TIE_FRACTION:.1%}, below what the model resolves; either is a good choice"
+            )
+        return f"GPU-hours per token {saving:.1%} fewer than the next ({name}, {other_gpus:,} GPUs): {said}"
+    gain = tokens_per_s / other_tokens_per_s - 1
+    if gain < TIE_FRACTION:
+        return (
+            f"ties with the next ({name}, {other_gpus:,} GPUs): within {TIE_FRACTION:.1%} of tokens/s, "
+            "below what the model resolves; either is a good choice"
+        )
+    return f"tokens/s {gain:.1%} higher than the next ({name}, {other_gpus:,} GPUs)"
 
 
 def _simpler_near_tie(chosen: Layout, faster: Layout) -> bool:
