@@ -341,7 +341,10 @@ def train_args(plan: Plan) -> list[str]:
     ]  # fmt: skip
     if lo.tp > 1 and not lo.sequence_parallel:
         args.append("--parallelism.no-enable-sequence-parallel")
-    if lo.ep > 1:
+    if lo.ep > 1 or plan.model.moe is not None:
+        # stated for every MoE model, 1 too: deepseek_v3_16b's config function sets 8 and _671b's 2
+        # (torchtitan@4f9e9a4 models/deepseek_v3/config_registry.py), which a plan with ep = 1 inherited:
+        # a mesh that fails to build at dp 3, or EP 8 over borrowed TP ranks (torchtitan review)
         args += ["--parallelism.expert_parallel_degree", str(lo.ep)]
     if shard * lo.cp > 1:
         # FSDP shards over dp_shard x cp (parallel_dims.py: the "dp_shard_cp" mesh), so with dp_shard 1

@@ -217,6 +217,19 @@ def test_torchtitan_refuses_expert_parallelism_its_mesh_cannot_hold() -> None:
     assert "--parallelism.expert_parallel_degree" in torchtitan.train_args(sharded)
 
 
+def test_torchtitan_states_expert_parallelism_of_one_for_an_moe_model() -> None:
+    """deepseek_v3_16b's config function sets expert_parallel_degree 8 (torchtitan@4f9e9a4
+    models/deepseek_v3/config_registry.py:165), which a plan with ep = 1 inherited: at dp 3 the mesh
+    fails (efsdp = 3 // 8), with tp 2 it ran EP 8 the estimate never timed (torchtitan review)."""
+    lite = model("deepseek-v2-lite").spec
+    args = torchtitan.train_args(plan(model=lite, framework=Framework.FSDP, zero_stage=3))
+    assert _flag_values(args)["--parallelism.expert_parallel_degree"] == "1"
+    # a dense model's configs set none: nothing to state
+    assert "--parallelism.expert_parallel_degree" not in torchtitan.train_args(
+        plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3)
+    )
+
+
 # ---------------------------------------------------------------- the estimate's job is the shipped job
 
 
