@@ -247,6 +247,15 @@ def refusal(plan: Plan) -> Refusal:
         )
     if lo.zero_stage == 1:
         problems.append("FSDP has no optimizer-state-only sharding (ZeRO-1)")
+    if lo.zero_stage == 0 and lo.dp > 1:
+        # models/llama3/parallelize.py "Always run apply_fsdp_to_decoder": replicas are FSDP2 on a
+        # (dp_replicate, fsdp) mesh, whose gradients are all-reduced after every backward (trainer.py
+        # accumulates without set_requires_gradient_sync(False)); no DDP buckets (torchtitan review)
+        problems.append(
+            f"zero_stage 0 with dp={lo.dp}: torchtitan {VERSION} runs data-parallel replicas as FSDP2 on a "
+            "replicate mesh, all-reducing the gradients after every micro-batch, not the DDP the estimate "
+            "times (one reduction per step, its gradient buckets); use zero_stage 2 or 3"
+        )
     if (experts := expert_tensor_problem(lo.tp, lo.ep)) is not None:
         problems.append(experts)
     _, shard = _data_parallel(plan)

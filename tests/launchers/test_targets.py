@@ -217,6 +217,18 @@ def test_torchtitan_refuses_expert_parallelism_its_mesh_cannot_hold() -> None:
     assert "--parallelism.expert_parallel_degree" in torchtitan.train_args(sharded)
 
 
+def test_torchtitan_refuses_the_ddp_the_estimate_times_for_plain_data_parallelism() -> None:
+    """torchtitan 0.3.0 always applies FSDP2 (models/llama3/parallelize.py), on a replicate mesh where
+    nothing is sharded, all-reducing after every micro-batch: not the DDP zero_stage 0 is estimated
+    as (one reduction per step, its buckets; torchtitan review). One GPU has nothing to reduce."""
+    replicated = plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=0)
+    assert "zero_stage 0 with dp=8" in (torchtitan.refusal(replicated) or "")
+    one = replace(replicated, layout=replace(replicated.layout, dp=1), cluster=replace(
+        replicated.cluster, gpus_per_node=1))  # fmt: skip
+    assert "zero_stage 0" not in (torchtitan.refusal(one) or "")
+    assert torchtitan.refusal(plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3)) is None
+
+
 def test_torchtitan_states_expert_parallelism_of_one_for_an_moe_model() -> None:
     """deepseek_v3_16b's config function sets expert_parallel_degree 8 (torchtitan@4f9e9a4
     models/deepseek_v3/config_registry.py:165), which a plan with ep = 1 inherited: at dp 3 the mesh
