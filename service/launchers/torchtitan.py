@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from service.estimator.model_states import FSDP_REDUCE_DTYPE, hsdp_replicas
 from service.estimator.types import (
+    Attention,
     Compile,
     Method,
     ModelSpec,
@@ -220,6 +221,13 @@ def _training_problems(training: TrainingSpec) -> list[str]:
         problems.append(f"{training.method.value}: torchtitan {VERSION} trains full models only (no PEFT)")
     if training.precision in (Precision.FP16, Precision.FP8):
         problems.append(f"precision {training.precision} needs model converters not emitted here")
+    if training.attention is Attention.EAGER:
+        # models/common/config_utils.py: language models "always use block_causal masking" and sdpa
+        # "is no longer supported for language models"; the configs build flex attention
+        problems.append(
+            f"attention eager: torchtitan {VERSION}'s language models run FlexAttention (attn_backend "
+            "flex), nothing eager; leave attention out (or flash) for what it runs"
+        )
     if training.optimizer is not Optimizer.ADAMW:
         # components/optimizer/optimizer.py _resolve_optimizer_factory: "Adam" and "AdamW" only
         problems.append(
@@ -439,7 +447,12 @@ def render(plan: Plan) -> list[Artifact]:
         # said in the file (a fine-tune ran from a fresh init on the recipe's dataset; launch review)
         "It trains from a fresh initialisation on the config module's dataset and learning-rate\n"
         "schedule: to fine-tune, set --checkpoint.initial_load_path to the model's DCP checkpoint, and\n"
-        "the dataset, --lr_scheduler.warmup_steps and --optimizer.lr for this run's steps."
+        "the dataset, --lr_scheduler.warmup_steps and --optimizer.lr for this run's steps.\n"
+        # models/common/config_utils.py: flex attention with block_causal masks for language models
+        "Attention is FlexAttention with block-causal masks (each packed document attends within\n"
+        "itself); the estimate times a causal triangle over the whole sequence at FlashAttention-2's\n"
+        "rate: more FLOPs than those masks run where documents are shorter than seq_len, at a kernel\n"
+        "rate FlexAttention's need not reach."
     )
     content = script(plan, [shell_command(words)], env=environment(plan), header=header)
     return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

@@ -229,6 +229,20 @@ def test_torchtitan_refuses_the_ddp_the_estimate_times_for_plain_data_parallelis
     assert torchtitan.refusal(plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3)) is None
 
 
+def test_torchtitan_refuses_eager_attention_and_says_what_it_runs() -> None:
+    """torchtitan 0.3.0's language models run FlexAttention with block-causal masks
+    (models/common/config_utils.py): "eager" was rendered unchanged and estimated as the s x s square
+    at the GEMM rate (torchtitan review). The launch file says what attention runs."""
+    eager = plan(
+        model=llama3_8b(), framework=Framework.FSDP, zero_stage=3, train=training(attention=Attention.EAGER)
+    )
+    assert "attention eager" in (torchtitan.refusal(eager) or "")
+    flash = plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3)
+    assert torchtitan.refusal(flash) is None
+    (launch,) = torchtitan.render(flash)
+    assert "FlexAttention with block-causal masks" in launch.content
+
+
 def test_torchtitan_states_expert_parallelism_of_one_for_an_moe_model() -> None:
     """deepseek_v3_16b's config function sets expert_parallel_degree 8 (torchtitan@4f9e9a4
     models/deepseek_v3/config_registry.py:165), which a plan with ep = 1 inherited: at dp 3 the mesh

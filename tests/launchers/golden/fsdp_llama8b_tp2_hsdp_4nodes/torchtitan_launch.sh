@@ -3,6 +3,10 @@
 # It trains from a fresh initialisation on the config module's dataset and learning-rate
 # schedule: to fine-tune, set --checkpoint.initial_load_path to the model's DCP checkpoint, and
 # the dataset, --lr_scheduler.warmup_steps and --optimizer.lr for this run's steps.
+# Attention is FlexAttention with block-causal masks (each packed document attends within
+# itself); the estimate times a causal triangle over the whole sequence at FlashAttention-2's
+# rate: more FLOPs than those masks run where documents are shorter than seq_len, at a kernel
+# rate FlexAttention's need not reach.
 # trainplan layout for llama-3.1-8b: framework=fsdp, dp=16 tp=2 pp=1 cp=1 ep=1, sequence_parallel=true, zero_stage=3, offload_optimizer=none offload_params=none, recompute=full, micro_batch=1 accumulation=32, global_batch=512 seq_len=8192, precision=bf16, fsdp_hybrid_shard=true (4 replicas), world=32 (4 node(s) x 8 H100-SXM-80GB)
 set -euo pipefail
 # Run this same script on every node; set MASTER_ADDR to the first node's address.
