@@ -140,7 +140,9 @@ def score(constraints: Constraints, gpus: int, tokens_per_s: float, tokens: int 
         return float(gpus)
     if objective is Objective.COST:
         per_million = gpu_hours(time_to_train_s(1e6, tokens_per_s), gpus)
-        return per_million * (constraints.gpu_hour_cost or 1.0)
+        # the price as given, 0 too (a free cluster's score is 0, as documented); GPU-hours without one
+        price = constraints.gpu_hour_cost
+        return per_million * (1.0 if price is None else price)
     if objective is Objective.TIME_TO_TRAIN and tokens:
         return time_to_train_s(tokens, tokens_per_s)
     return tokens_per_s

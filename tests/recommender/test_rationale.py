@@ -184,3 +184,17 @@ def test_tp_inside_part_of_one_node_does_not_name_the_parts_size_as_the_nodes() 
     assert rec.recommended is not None and rec.recommended.layout.world_size < 8
     (tp_line,) = [line for line in rec.recommended.rationale if line.startswith("TP=")]
     assert "GPUs per node" not in tp_line, tp_line
+
+
+def test_a_cost_score_is_the_price_times_the_gpu_hours_a_free_price_too() -> None:
+    """gpu_hour_cost 0 scored the GPU-hours per million tokens, as if no price were given, where the
+    OpenAPI document says price x GPU-hours (cost review)."""
+    from service.recommender import rank
+
+    free = Constraints(objective=Objective.COST, gpu_hour_cost=0.0)
+    unpriced = Constraints(objective=Objective.COST)
+    priced = Constraints(objective=Objective.COST, gpu_hour_cost=2.5)
+    gpu_hours_per_million = 8 / 1000.0 * 1e6 / 3600
+    assert rank.score(free, 8, 1000.0, None) == 0.0
+    assert rank.score(unpriced, 8, 1000.0, None) == pytest.approx(gpu_hours_per_million)
+    assert rank.score(priced, 8, 1000.0, None) == pytest.approx(2.5 * gpu_hours_per_million)
