@@ -514,6 +514,12 @@ def time_table(estimate: dict[str, Any]) -> Table | None:
     return table
 
 
+def amount(value: float) -> str:
+    """A cost or GPU-hour figure: whole units from a thousand up, else four significant digits (a
+    7.75 cost printed as "8", 4.31 GPU-hours as "4", beside a 1.8 price: cost review)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def summary_lines(estimate: dict[str, Any]) -> list[str]:
     lines = []
     time = estimate.get("time")
@@ -524,7 +530,7 @@ def summary_lines(estimate: dict[str, Any]) -> list[str]:
         )
     if estimate.get("time_to_train_s") is not None:
         cost = estimate.get("cost_to_train")
-        priced = f", cost {cost:,.0f} at the GPU-hour price given" if cost is not None else ""
+        priced = f", cost {amount(cost)} at the GPU-hour price given" if cost is not None else ""
         lines.append(f"time to train {seconds(estimate['time_to_train_s'])}{priced}")
     return lines
 
@@ -589,17 +595,28 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
         for reason in rec["rationale"]:
             console.print(f"  - {escape(reason)}")
     if plan["alternatives"]:
+        # the GPUs each uses, and with total tokens its time and cost to train: an alternative twice as
+        # fast on twice the GPUs read as strictly better beside a cost objective's choice (cost review)
+        timed = any(alt["estimate"].get("time_to_train_s") is not None for alt in plan["alternatives"])
+        priced = any(alt["estimate"].get("cost_to_train") is not None for alt in plan["alternatives"])
         table = Listing(title="alternatives", title_justify="left")
-        for column in ("layout", "memory", "tokens/s", "MFU"):
+        columns = ["layout", "GPUs", "memory", "tokens/s", "MFU"]
+        columns += ["time to train"] * timed + ["cost"] * priced
+        for column in columns:
             table.add_column(column, justify="left" if column == "layout" else "right")
         for alt in plan["alternatives"]:
-            est = alt["estimate"]
+            est, split = alt["estimate"], alt["layout"]
             time = est.get("time") or {}
+            gpus = split["dp"] * split["tp"] * split["pp"] * split["cp"]
+            cost = est.get("cost_to_train")
             table.add_row(
-                layout_text(alt["layout"]),
+                layout_text(split),
+                f"{gpus:,}",
                 gib(est["memory"]["per_gpu"]["total"]),
                 f"{time.get('tokens_per_s', 0):,.0f}",
                 f"{time.get('mfu', 0):.1%}",
+                *([seconds(est.get("time_to_train_s"))] if timed else []),
+                *([amount(cost) if cost is not None else "-"] if priced else []),
             )
         console.print(table)
     if plan["rejected"]:
@@ -1351,8 +1368,8 @@ def print_capacity(options: list[dict[str, Any]], timed_on: bool) -> None:
             layout_text(option["layout"]) if option.get("layout") else "-",
             f"{option['tokens_per_s']:,.0f}" if option.get("tokens_per_s") else "-",
             seconds(option.get("time_to_train_s")),
-            f"{hours:,.0f}" if hours is not None else "-",
-            *([f"{cost:,.0f}" if cost is not None else "-"] if priced else []),
+            amount(hours) if hours is not None else "-",
+            *([amount(cost) if cost is not None else "-"] if priced else []),
         ]
         table.add_row(*row)
     console.print(table)

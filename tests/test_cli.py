@@ -844,6 +844,14 @@ def test_a_priced_plan_within_a_gpu_cap_says_its_cost(database: str) -> None:
         estimate["time_to_train_s"] / 3600 * world * 2
     )
     assert "cost " in words(run("plan", *args, "--gpu-hour-cost", "2").output)
+    said = run("plan", *args, "--max-gpus", "4", "--gpu-hour-cost", "2").output  # the plan above
+    # the cost to a hundredth, not whole units (a 7.75 cost printed "8": cost review)
+    assert f"cost {estimate['cost_to_train']:.4g} at the GPU-hour price given" in words(said)
+    # each alternative's GPUs, time and cost to train beside its tokens/s (cost review)
+    alternatives = [line for line in said.splitlines() if "GPUs" in line and "cost" in line]
+    assert alternatives, said
+    for alt in plan["alternatives"]:
+        assert f"{alt['estimate']['cost_to_train']:.4g}" in said
 
 
 def test_a_refused_field_is_named_with_the_flag_that_set_it(database: str) -> None:
