@@ -162,6 +162,9 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
     if unrunnable is not None:
         raise located(unrunnable)
     check_priced(request.gpu_hour_cost, training)
+    # the price in constraints too: a capacity answer ranks by no objective it would scale (it was
+    # ignored without tokens, where the same price at the top level was refused: cost review)
+    check_priced(request.constraints.gpu_hour_cost, training, "constraints.gpu_hour_cost")
     check_scale(model, None, training)
     constraints = dataclasses.replace(request.constraints.to_domain(), objective=Objective.FEWEST_GPUS)
     stored = [

@@ -311,3 +311,22 @@ def test_offload_over_catalog_cards_is_refused_as_an_input_the_answer_cannot_use
     assert (
         client.post("/v1/capacity", json=body | {"constraints": {"allow_offload": False}}).status_code == 200
     )
+
+
+@pytest.mark.parametrize("where", ["top", "constraints"])
+def test_a_price_without_tokens_is_refused_wherever_it_is_given(client: TestClient, where: str) -> None:
+    """A price prices the time to train, which needs training.tokens: given at the top level it was a
+    422, in constraints it was ignored, the options' cost null and nothing said (cost review)."""
+    body: dict[str, Any] = {
+        "model": {"preset": "llama-3.1-8b"},
+        "training": {"seq_len": 8192, "global_batch_size": 512},
+        "gpus": ["h100-sxm-80gb"],
+    }
+    if where == "top":
+        body["gpu_hour_cost"] = 2.5
+    else:
+        body["constraints"] = {"gpu_hour_cost": 2.5}
+    problem = assert_problem(client.post("/v1/capacity", json=body), 422)
+    field = "gpu_hour_cost" if where == "top" else "constraints.gpu_hour_cost"
+    assert [e["field"] for e in problem["errors"]] == [field]
+    assert "needs training.tokens" in problem["errors"][0]["message"]
