@@ -155,6 +155,7 @@ def family_prices(
     read later: a family name is kept for ``family_prices`` again with their GPU names (a family
     priced against clusters was refused naming parts the request never wrote)."""
     prices: dict[Any, Any] = {}
+    named_by: dict[Any, Any] = {}  # the key that priced each part first
     for name, price in value.items():
         parts = _family(name)
         if len(parts) > 1 and clustered:
@@ -163,10 +164,15 @@ def family_prices(
             parts = [part for part in parts if part in compared] or [name]
         for slug in parts:
             if prices.get(slug, price) != price:
+                # named by the key that priced it again, the other key in the words (the field read
+                # "gpu_hour_cost.gpu_hour_cost", the words named the key itself: cost review)
                 raise FieldError(
-                    f"gpu_hour_cost prices {slug} twice, differently ({name!r} names it too)", "gpu_hour_cost"
+                    f"gpu_hour_cost prices {slug} twice, differently: {named_by[slug]!r} at "
+                    f"{prices[slug]}, {name!r} at {price}",
+                    str(name),
                 )
             prices[slug] = price
+            named_by.setdefault(slug, name)
     return prices
 
 

@@ -182,7 +182,8 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
         try:
             per_gpu_price = family_prices(per_gpu_price, [c.gpu.name for c in stored])
         except FieldError as exc:
-            raise Unprocessable(str(exc), errors=[{"field": exc.field, "message": str(exc)}]) from exc
+            field = f"gpu_hour_cost.{exc.field}"  # the key of the price map (family_prices)
+            raise Unprocessable(str(exc), errors=[{"field": field, "message": str(exc)}]) from exc
     if per_gpu_price is not None:
         _check_prices(per_gpu_price, [c.gpu for c in stored] or gpus or list(catalog_gpus().values()))
     no_framework = _no_framework_runs(model, training, constraints, [c.gpu for c in stored] or gpus or None)

@@ -330,3 +330,18 @@ def test_a_price_without_tokens_is_refused_wherever_it_is_given(client: TestClie
     field = "gpu_hour_cost" if where == "top" else "constraints.gpu_hour_cost"
     assert [e["field"] for e in problem["errors"]] == [field]
     assert "needs training.tokens" in problem["errors"][0]["message"]
+
+
+def test_a_part_priced_twice_differently_names_both_keys(client: TestClient) -> None:
+    """{"h100": 2.5, "h100-sxm-80gb": 3} was refused at "gpu_hour_cost.gpu_hour_cost", its words
+    naming the second key as the other (cost review): the field is the key that priced it again, the
+    words name both keys and prices."""
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "training": {"seq_len": 8192, "global_batch_size": 512, "tokens": 10**12},
+        "gpu_hour_cost": {"h100": 2.5, "h100-sxm-80gb": "3"},
+    }
+    problem = assert_problem(client.post("/v1/capacity", json=body), 422)
+    (error,) = problem["errors"]
+    assert error["field"] == "gpu_hour_cost.h100-sxm-80gb", error
+    assert "'h100' at 2.5, 'h100-sxm-80gb' at 3" in error["message"], error
