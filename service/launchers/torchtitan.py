@@ -218,7 +218,12 @@ def _model_problem(model: ModelSpec) -> str | None:
 def _training_problems(training: TrainingSpec) -> list[str]:
     problems = []
     if training.method is not Method.FULL:
-        problems.append(f"{training.method.value}: torchtitan {VERSION} trains full models only (no PEFT)")
+        # 0.3.0 has a LoRAConverter (components/lora.py); only the debug model's
+        # llama3_debugmodel_float8_emulate_lora config function builds it, no flag does
+        problems.append(
+            f"{training.method.value}: torchtitan {VERSION}'s command line trains full models only (its "
+            "LoRAConverter is built by a debug model's config function alone, by no flag)"
+        )
     if training.precision in (Precision.FP16, Precision.FP8):
         problems.append(f"precision {training.precision} needs model converters not emitted here")
     if training.attention is Attention.EAGER:

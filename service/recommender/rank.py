@@ -250,8 +250,15 @@ def rationale(
     elif runner_up is not None and runner_up[1].time is not None:
         gain = t.tokens_per_s / runner_up[1].time.tokens_per_s - 1
         if gain < 0 and _simpler_near_tie(layout, runner_up[0]):  # near_tie_winner put it first
+            # on as many GPUs, faster is as much cheaper per token and shorter to train: said in the
+            # objective's terms where it is one of those (cost review: a 15T-token run's 1% is 45 days)
+            saving = 1 - 1 / (1 - gain)
+            terms = {
+                Objective.COST: f" ({saving:.1%} fewer GPU-hours per token)",
+                Objective.TIME_TO_TRAIN: f" ({saving:.1%} less time to train)",
+            }.get(objective, "")
             lines.append(
-                f"the next ({describe(runner_up[0])}) is {-gain:.1%} faster: a gain under "
+                f"the next ({describe(runner_up[0])}) is {-gain:.1%} faster{terms}: a gain under "
                 f"{NEAR_TIE_FRACTION:.0%} (what the estimate's two-figure efficiencies resolve) does not buy "
                 f"a model-parallel degree, and this layout's are lower, compared in order (pp, cp, tp, ep: "
                 f"{', '.join(map(str, parallel_degrees(layout)))} against "
