@@ -174,6 +174,14 @@ _PAST_THE_BOUND = {
 }
 
 
+# What an object takes, said where a key it does not take was sent (a GPU datasheet's fp4 and fp6 peaks,
+# copied into a custom GPU, read "Extra inputs are not permitted": hardware review)
+_KEYS_TAKEN = {
+    "peak_flops_per_s": "a custom GPU's peaks are fp32 (required), tf32, bf16, fp16 and fp8, the precisions "
+    "a run trains in here; leave out the others (fp4, fp6, int8)",
+}
+
+
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     out = []
     errors = [_as_sent({**e, "loc": tuple(e.get("loc", ()))}, exc.body) for e in exc.errors()]
@@ -190,6 +198,8 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
             details = refused.details
         if err.get("type") == "less_than_equal" and loc and loc[-1] in _PAST_THE_BOUND:
             message = f"{message}: {_PAST_THE_BOUND[loc[-1]]}"
+        if err.get("type") == "extra_forbidden" and len(loc) > 1 and loc[-2] in _KEYS_TAKEN:
+            message = f"{message}: {_KEYS_TAKEN[loc[-2]]}"
         entry: dict[str, Any] = {"field": _field_path(loc), "message": message}
         if err.get("type") == "json_invalid":
             # its loc is ("body", character position): the field is the body, the position said

@@ -318,3 +318,18 @@ def test_a_plans_candidates_name_the_custom_gpus_link_defaults_as_an_estimate_do
     links = {k: v for k, v in estimate["resolved_defaults"].items() if k.startswith("cluster.gpu.")}
     assert "cluster.gpu.intra_node_bandwidth_bytes_per_s" in links
     assert {k: v for k, v in recommended["estimate"]["resolved_defaults"].items() if k in links} == links
+
+
+def test_a_peak_in_a_precision_the_service_does_not_train_in_says_which_it_takes(client: TestClient) -> None:
+    """An MI355X's fp6 peak copied from its datasheet read "Extra inputs are not permitted" alone
+    (hardware review): the 422 names the peaks a custom GPU takes."""
+    gpu = GB200_NVLINK | {"chip": None, "peak_flops_per_s": {"fp32": 157e12, "bf16": 2.5e15, "fp6": 10e15}}
+    body = {
+        "model": "llama-3.2-1b",
+        "cluster": {"gpu": gpu, "num_gpus": 4, "gpus_per_node": 4},
+        "training": TRAINING,
+    }
+    problem = client.post("/v1/plans", json=body).json()
+    (error,) = problem["errors"]
+    assert error["field"] == "cluster.gpu.peak_flops_per_s.fp6"
+    assert "fp32 (required), tf32, bf16, fp16 and fp8" in error["message"], error
