@@ -102,7 +102,8 @@ def ranked_again(chosen: list[Calibrated], constraints: Constraints) -> list[Cal
     calibrates it more than its alternatives (which share its evidence at a lower weight), so the
     search's order can turn over: the recommended layout was shown slower than an alternative, and its
     rationale said a 1.9% gain was "under 1%" (page review). Only candidates on as many GPUs as the
-    search's recommended one may take its place: its rationale's GPU-use line is the search's."""
+    search's recommended one, and that fit after calibration, may take its place: its rationale's
+    GPU-use line is the search's."""
     gpus = chosen[0].candidate.layout.world_size
     objective = constraints.objective
 
@@ -111,7 +112,13 @@ def ranked_again(chosen: list[Calibrated], constraints: Constraints) -> list[Cal
         return time.tokens_per_s if time is not None else 0.0
 
     order = sorted(chosen, key=lambda c: rank.sort_key(objective, c.candidate.layout, tokens_per_s(c)))
-    same = [c for c in order if c.candidate.layout.world_size == gpus]
+    # one that fits after calibration (a layout's own runs may raise its memory past the card: it
+    # was recommended with "-37.9 GiB headroom", launch files and all: review of this stop)
+    same = [
+        c
+        for c in order
+        if c.candidate.layout.world_size == gpus and (c.candidate.estimate.fits or c is chosen[0])
+    ]
     best = same[rank.near_tie_winner(objective, [(c.candidate.layout, tokens_per_s(c)) for c in same])]
     return [best, *(c for c in order if c is not best)]
 
@@ -145,6 +152,6 @@ def calibrated_rationale(
     out = [dataclasses.replace(first, candidate=dataclasses.replace(best, rationale=lines))]
     for c in alternatives:
         alt = c.candidate
-        why = rank.alternative_rationale(alt.layout, alt.estimate, best.layout, best.estimate)
+        why = rank.alternative_rationale(alt.layout, alt.estimate, best.layout, best.estimate, objective)
         out.append(dataclasses.replace(c, candidate=dataclasses.replace(alt, rationale=why)))
     return out

@@ -1820,7 +1820,7 @@ def _candidates(
                 layout=layout,
                 estimate=est,
                 score=rank.score(constraints, layout.world_size, _tokens_per_s(est), training.tokens),
-                rationale=rank.alternative_rationale(layout, est, best_layout, best),
+                rationale=rank.alternative_rationale(layout, est, best_layout, best, constraints.objective),
             )
         )
     return tuple(out)

@@ -252,13 +252,15 @@ def rationale(
         if gain < 0 and _simpler_near_tie(layout, runner_up[0]):  # near_tie_winner put it first
             # on as many GPUs, faster is as much cheaper per token and shorter to train: said in the
             # objective's terms where it is one of those (cost review: a 15T-token run's 1% is 45 days)
-            saving = 1 - 1 / (1 - gain)
+            # gain = ours / theirs - 1 < 0: theirs is 1 / (1 + gain) - 1 faster and saves -gain of the
+            # GPU-hours and the time (review of this stop: the two were swapped, a third figure printed)
+            faster, saving = 1 / (1 + gain) - 1, -gain
             terms = {
                 Objective.COST: f" ({saving:.1%} fewer GPU-hours per token)",
                 Objective.TIME_TO_TRAIN: f" ({saving:.1%} less time to train)",
             }.get(objective, "")
             lines.append(
-                f"the next ({describe(runner_up[0])}) is {-gain:.1%} faster{terms}: a gain under "
+                f"the next ({describe(runner_up[0])}) is {faster:.1%} faster{terms}: a gain under "
                 f"{NEAR_TIE_FRACTION:.0%} (what the estimate's two-figure efficiencies resolve) does not buy "
                 f"a model-parallel degree, and this layout's are lower, compared in order (pp, cp, tp, ep: "
                 f"{', '.join(map(str, parallel_degrees(layout)))} against "
@@ -354,28 +356,41 @@ def _compared_across_counts(
     (the same GPUs' cost, and the time at any token count, are in proportion to it)."""
     other, estimate = runner_up
     assert estimate.time is not None
-    other_tokens_per_s, name = estimate.time.tokens_per_s, describe(other)
+    other_tokens_per_s, next_one = (
+        estimate.time.tokens_per_s,
+        f"the next ({describe(other)}, {other.world_size:,} GPUs)",
+    )
     gpus, other_gpus = layout.world_size, other.world_size
+    # where the next does better on the objective (a calibrated plan keeps the search's GPU count:
+    # planning.calibrated.ranked_again), it is said so, never as a tie (review of this stop)
+    kept = "; the plan keeps the GPU count the search chose, before this hardware's runs were applied"
     if objective is Objective.FEWEST_GPUS:
-        return f"{gpus:,} GPUs, fewer than the next's {other_gpus:,} ({name})"
+        if other_gpus < gpus:
+            return f"{next_one} uses fewer GPUs{kept}"
+        return f"{gpus:,} GPUs, fewer than {next_one}"
     if objective is Objective.COST:
         per_million = gpu_hours(time_to_train_s(1e6, tokens_per_s), gpus)
         other_per_million = gpu_hours(time_to_train_s(1e6, other_tokens_per_s), other_gpus)
         saving = 1 - per_million / other_per_million
         said = f"{per_million:.4g} GPU-hours per million tokens against {other_per_million:.4g}"
-        if saving < TIE_FRACTION:
+        if abs(saving) < TIE_FRACTION:
             return (
-                f"ties on cost with the next ({name}, {other_gpus:,} GPUs): {said}, within "
-                f"{TIE_FRACTION:.1%}, below what the model resolves; either is a good choice"
+                f"ties on cost with {next_one}: {said}, within {TIE_FRACTION:.1%}, below what the model "
+                "resolves; either is a good choice"
             )
-        return f"GPU-hours per token {saving:.1%} fewer than the next ({name}, {other_gpus:,} GPUs): {said}"
+        if saving < 0:
+            fewer = 1 - other_per_million / per_million
+            return f"{next_one} takes {fewer:.1%} fewer GPU-hours per token ({said}){kept}"
+        return f"GPU-hours per token {saving:.1%} fewer than {next_one}: {said}"
     gain = tokens_per_s / other_tokens_per_s - 1
-    if gain < TIE_FRACTION:
+    if abs(gain) < TIE_FRACTION:
         return (
-            f"ties with the next ({name}, {other_gpus:,} GPUs): within {TIE_FRACTION:.1%} of tokens/s, "
-            "below what the model resolves; either is a good choice"
+            f"ties with {next_one}: within {TIE_FRACTION:.1%} of tokens/s, below what the model resolves; "
+            "either is a good choice"
         )
-    return f"tokens/s {gain:.1%} higher than the next ({name}, {other_gpus:,} GPUs)"
+    if gain < 0:
+        return f"{next_one} is {1 / (1 + gain) - 1:.1%} faster{kept}"
+    return f"tokens/s {gain:.1%} higher than {next_one}"
 
 
 def _simpler_near_tie(chosen: Layout, faster: Layout) -> bool:
@@ -385,12 +400,28 @@ def _simpler_near_tie(chosen: Layout, faster: Layout) -> bool:
 
 
 def alternative_rationale(
-    layout: Layout, estimate: Estimate, best_layout: Layout, best: Estimate
+    layout: Layout,
+    estimate: Estimate,
+    best_layout: Layout,
+    best: Estimate,
+    objective: Objective = Objective.THROUGHPUT,
 ) -> tuple[str, ...]:
-    """How an alternative compares with the recommended layout."""
+    """How an alternative compares with the recommended layout: in tokens/s, and on another GPU count
+    under objective cost in GPU-hours per token too (a cost plan's alternative read "98.9% above the
+    recommended" on twice the GPUs: review of this stop)."""
     assert estimate.time is not None and best.time is not None
     slower = 1 - estimate.time.tokens_per_s / best.time.tokens_per_s
     headroom = estimate.memory.headroom_bytes / GiB
+    if layout.world_size != best_layout.world_size and objective is Objective.COST:
+        ours = gpu_hours(time_to_train_s(1e6, estimate.time.tokens_per_s), layout.world_size)
+        theirs = gpu_hours(time_to_train_s(1e6, best.time.tokens_per_s), best_layout.world_size)
+        more = ours / theirs - 1
+        how = f"{more:.1%} more" if more >= 0 else f"{-more:.1%} fewer"
+        return (
+            f"{estimate.time.tokens_per_s:,.0f} tokens/s on {layout.world_size:,} GPUs: {ours:.4g} GPU-hours "
+            f"per million tokens, {how} than the recommended; {headroom:.1f} GiB headroom",
+            _biggest_overhead(estimate),
+        )
     if slower >= 0:
         compared = f"{slower:.1%} below the recommended"
     elif _simpler_near_tie(best_layout, layout):

@@ -80,3 +80,50 @@ def test_calibrated_candidates_are_ranked_again_on_their_calibrated_figures() ->
     assert speeds[0] == max(speeds)
     assert chosen[0].candidate.estimate.max_micro_batch_size is not None  # the recommended one's limits
     assert "higher than the next" in chosen[0].candidate.rationale[2]
+
+
+def test_a_calibrated_runner_up_that_does_better_on_another_count_is_said_so() -> None:
+    """A run slowing the 8-GPU layouts of a cost plan left them recommended (a calibrated plan keeps the
+    search's GPU count) beside a 16-GPU runner-up 16% cheaper, and the rationale called it a tie
+    (review of this stop): it says the next takes fewer GPU-hours, and why the plan keeps its count."""
+    from service.recommender import Objective
+
+    spec, c = model("llama-3.1-8b").spec, cluster("h100-sxm-80gb", 2)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    constraints = Constraints(objective=Objective.COST, top_k=4)
+    rec = recommend(spec, c, training, constraints, default_tuning())
+    assert rec.recommended is not None and rec.recommended.layout.world_size == 8
+    assert any(alt.layout.world_size == 16 for alt in rec.alternatives)
+
+    def calibration_of(layout: Layout) -> Calibration:
+        return Calibration(step_time_factor=1.2 if layout.world_size == 8 else 1.0)
+
+    chosen = calibrated_candidates(rec, spec, c, training, constraints, calibration_of)
+    best, runner_up = chosen[0].candidate, chosen[1].candidate
+    assert best.layout.world_size == 8 and runner_up.layout.world_size == 16
+    line = best.rationale[2]
+    assert "ties" not in line and "fewer GPU-hours per token" in line and "keeps the GPU count" in line, line
+    # the alternative on twice the GPUs is compared in GPU-hours per token, not tokens/s alone
+    assert "GPU-hours per million tokens" in runner_up.rationale[0], runner_up.rationale[0]
+
+
+def test_a_calibrated_plan_does_not_promote_a_layout_that_no_longer_fits() -> None:
+    """A layout's own runs may raise its memory past the card: re-ranked on its calibrated speed, it was
+    recommended with "-37.9 GiB headroom" and launch files (review of this stop)."""
+    spec, c = model("llama-3.1-8b").spec, H100x8
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    constraints = Constraints(top_k=3)
+    rec = recommend(spec, c, training, constraints, default_tuning())
+    assert rec.recommended is not None and rec.alternatives
+    leader, first_alternative = rec.recommended.layout, rec.alternatives[0].layout
+
+    def calibration_of(layout: Layout) -> Calibration:
+        if layout == leader:
+            return Calibration(step_time_factor=1.1)
+        if layout == first_alternative:
+            return Calibration(memory_dynamic_factor=3.0)
+        return Calibration()
+
+    chosen = calibrated_candidates(rec, spec, c, training, constraints, calibration_of)
+    assert chosen[0].candidate.layout != first_alternative
+    assert chosen[0].candidate.estimate.fits

@@ -182,6 +182,7 @@ def test_tp_inside_part_of_one_node_does_not_name_the_parts_size_as_the_nodes() 
         default_tuning(),
     )
     assert rec.recommended is not None and rec.recommended.layout.world_size < 8
+    assert rec.recommended.layout.tp > 1  # the line under test is the TP > 1 one
     (tp_line,) = [line for line in rec.recommended.rationale if line.startswith("TP=")]
     assert "GPUs per node" not in tp_line, tp_line
 
@@ -204,8 +205,8 @@ def test_a_cost_score_is_the_price_times_the_gpu_hours_a_free_price_too() -> Non
     ("objective", "terms"),
     [
         (Objective.THROUGHPUT, ""),
-        (Objective.COST, " (0.8% fewer GPU-hours per token)"),
-        (Objective.TIME_TO_TRAIN, " (0.8% less time to train)"),
+        (Objective.COST, " (1.0% fewer GPU-hours per token)"),
+        (Objective.TIME_TO_TRAIN, " (1.0% less time to train)"),
     ],
 )
 def test_a_near_tie_is_said_in_the_objectives_terms(objective: Objective, terms: str) -> None:
@@ -224,9 +225,12 @@ def test_a_near_tie_is_said_in_the_objectives_terms(objective: Objective, terms:
     est = estimate(spec, c, simple, training, tuning=default_tuning())
     assert est.time is not None
     faster = dataclasses.replace(
-        est, time=dataclasses.replace(est.time, tokens_per_s=est.time.tokens_per_s * 1.008)
+        # 0.96% faster: 1 - 1 / 1.0096 = 0.951% fewer GPU-hours and less time (a formula that gave
+        # 0.942%, "0.9%", for them was caught by a review of this stop)
+        est,
+        time=dataclasses.replace(est.time, tokens_per_s=est.time.tokens_per_s * 1.0096),
     )
     lines = rank.rationale(simple, est, c, (split, faster), False, "uses all 8 GPUs", objective=objective)
-    assert lines[2].startswith(f"the next ({rank.describe(split)}) is 0.8% faster{terms}: a gain under 1%"), (
+    assert lines[2].startswith(f"the next ({rank.describe(split)}) is 1.0% faster{terms}: a gain under 1%"), (
         lines[2]
     )
