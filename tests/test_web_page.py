@@ -519,7 +519,9 @@ def test_a_new_answer_resets_the_launcher_note_and_defaults_read_in_the_pages_un
     new_plan(page, served, **job, **{"training.seq_len": "1024", "training.global_batch_size": "64"})
     assert "render it" in page.inner_text("#launchers-note")
     assert "cluster.inter_node_bandwidth_bytes_per_s 50 GB/s" in page.inner_text("#result .defaults")
-    assert "keeps 5.0% of it free (min_headroom_fraction)" in page.inner_text("#result p.memory-statistics")
+    assert "keeps 5.0% of it free (min_headroom_fraction, or more where" in page.inner_text(
+        "#result p.memory-statistics"
+    )
     page.fill("#training\\.seq_len", "0")
     page.click("#submit")
     page.wait_for_selector("#training\\.seq_len + .field-error")
@@ -728,7 +730,16 @@ def test_a_price_per_gpu_hour_prices_the_plan_and_the_headline_says_what_ranked_
     rec = plan["recommended"]
     headline = page.inner_text("#result p.headline")
     assert f"cost to train {page_number(rec['estimate']['cost_to_train'])}" in headline
-    assert f"ranked by cost: score {page_number(rec['score'])}" in headline
+    assert (
+        f"ranked by cost: score {page_number(rec['score'])} per million tokens (price × GPU-hours)"
+        in headline
+    )
+    # each alternative's GPUs beside its figures (the page compared tokens/s across GPU counts alone)
+    header = page.locator("#result table:has(caption:text('Alternatives')) th").all_inner_texts()
+    shown = cells(page, "#result table:has(caption:text('Alternatives'))")
+    for alt, row in zip(plan["alternatives"], shown, strict=True):
+        split = alt["layout"]
+        assert row[header.index("GPUs")] == f"{split['dp'] * split['tp'] * split['pp'] * split['cp']:,}"
     page.close()
 
 

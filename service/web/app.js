@@ -436,6 +436,17 @@ function warningsBlock(estimate, container) {
   if (warnings.length) container.append(el("h4", { text: "Warnings" }), list(warnings, "warnings"));
 }
 
+// What a plan's score counts (recommender.rank.score; the OpenAPI document's CandidateOut.score).
+function scoreUnit(plan) {
+  const constraints = plan.request?.constraints || {}, tokens = plan.request?.training?.tokens;
+  switch (constraints.objective) {
+    case "fewest_gpus": return "GPUs";
+    case "cost": return constraints.gpu_hour_cost != null ? "per million tokens (price × GPU-hours)" : "GPU-hours per million tokens";
+    case "time_to_train": return tokens ? "s to train" : "tokens/s";
+    default: return "tokens/s";
+  }
+}
+
 // A resolved default in the page's units: bandwidths in GB/s, byte counts in GiB (the API's are bytes).
 function defaultText(key, value) {
   const n = Number(value);
@@ -480,7 +491,7 @@ function renderPlan(plan, container) {
         (est.time_to_train_s ? ` · time to train ${fmt.s(est.time_to_train_s)}` : "") +
         (est.cost_to_train != null ? ` · cost to train ${fmt.num(est.cost_to_train)} (at the GPU-hour price given)` : "") +
         ` · ranked by ${LABELS[plan.request?.constraints?.objective] || plan.request?.constraints?.objective || "throughput"}: ` +
-        `score ${fmt.num(rec.score)}` }));
+        `score ${fmt.num(rec.score)} ${scoreUnit(plan)}` }));
     }
     container.append(calibrationBlock(est, plan.id));
     warningsBlock(est, container);
@@ -489,7 +500,8 @@ function renderPlan(plan, container) {
       `The fit compares ${est.memory.fit_statistic === "device_used" || !est.memory.fit_statistic
         ? "device used (as nvidia-smi shows it: the caching allocator's reserve, the CUDA context and NCCL's buffers)"
         : est.memory.fit_statistic} with the card's ${fmt.gib(est.memory.capacity_bytes)}; the search keeps ` +
-      `${fmt.pct(plan.request?.constraints?.min_headroom_fraction ?? 0.05)} of it free (min_headroom_fraction), so a ` +
+      `${fmt.pct(plan.request?.constraints?.min_headroom_fraction ?? 0.05)} of it free (min_headroom_fraction, or ` +
+      "more where this hardware's runs measured more memory), so a " +
       "layout it rejects may still fit the card (its estimate then warns of thin headroom). Peak allocated is " +
       "PyTorch's max_memory_allocated, peak reserved its max_memory_reserved: compare a run's figure with the " +
       "statistic it reports." }));
@@ -510,8 +522,9 @@ function renderPlan(plan, container) {
     }
     container.append(el("h4", { text: "Why this layout" }), list(rec.rationale, "rationale"));
     if (plan.alternatives.length) {
-      container.append(table(["layout", "memory", "host / NVMe", "tokens/s", "MFU", "calibration", "warnings"], plan.alternatives.map((a) => [
-        layoutText(a.layout), fmt.gib(a.estimate.memory.per_gpu.total), hostText(a.estimate.memory) || "-",
+      container.append(table(["layout", "GPUs", "memory", "host / NVMe", "tokens/s", "MFU", "calibration", "warnings"], plan.alternatives.map((a) => [
+        layoutText(a.layout), fmt.int(a.layout.dp * a.layout.tp * a.layout.pp * a.layout.cp),
+        fmt.gib(a.estimate.memory.per_gpu.total), hostText(a.estimate.memory) || "-",
         a.estimate.time ? fmt.int(a.estimate.time.tokens_per_s) : "-",
         a.estimate.time ? fmt.pct(a.estimate.time.mfu) : "-", calibrationSummary(a.estimate.calibration),
         (a.estimate.warnings || []).join("; ") || "-"]), "Alternatives"));
