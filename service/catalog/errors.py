@@ -47,7 +47,7 @@ class UnknownCatalogEntry(LookupError):
                 "datasheets print; fp32 required), hbm_bandwidth_bytes_per_s, "
                 "intra_node_bandwidth_bytes_per_s for NVLink (else the PCIe host link is assumed), and "
                 "chip, its die (gh100, gb100, cdna3, ...) or a product on one (gb200, h20, mi325x), left "
-                "out for a die the catalog lacks",
+                'out for a die the catalog lacks (then vendor "amd" for an AMD part)',
             }.get(kind, "")
             if not ambiguous
             else ""

@@ -163,7 +163,7 @@ def family_prices(
         elif len(parts) > 1 and compared is not None:
             parts = [part for part in parts if part in compared] or [name]
         for slug in parts:
-            if prices.get(slug, price) != price:
+            if slug in prices and _as_number(prices[slug]) != _as_number(price):
                 # named by the key that priced it again, the other key in the words (the field read
                 # "gpu_hour_cost.gpu_hour_cost", the words named the key itself: cost review)
                 raise FieldError(
@@ -174,6 +174,15 @@ def family_prices(
             prices[slug] = price
             named_by.setdefault(slug, name)
     return prices
+
+
+def _as_number(price: Any) -> Any:
+    """A price as the number pydantic makes of it after this validator ("2.5" and 2.5 are one price: the
+    two were refused as differing, "at 2.5, at 2.5": review of this stop); as given where it is none."""
+    try:
+        return float(price)
+    except (TypeError, ValueError):
+        return price
 
 
 def _family(name: str) -> list[str]:

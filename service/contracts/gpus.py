@@ -145,7 +145,7 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             f"unknown chip {chip!r}{like}; known: {', '.join(known)}, a catalog GPU's name, or a product "
             f"on one of those dies ({', '.join(DIE_OF_PRODUCT)}); for a die the catalog lacks (B300, "
             "MI355X, RTX 5090), leave chip out: the most conservative fitted efficiency applies, with a "
-            "warning"
+            'warning (and state vendor "amd" for an AMD part: its launch files follow it)'
         )
 
     @field_validator("peak_flops_per_s")
@@ -324,9 +324,10 @@ def unknown_entry_error(exc: UnknownCatalogEntry, field: str) -> dict[str, Any]:
 # Parts the catalog does not list, by their die (gpus.toml's header; the vendors' architecture
 # whitepapers and datasheets): GH200's GPU, H800 and H20 are GH100; A800 and A30 GA100; L20 and RTX
 # 6000 Ada AD102; RTX 4070 Ti AD104; A40, RTX A6000 and RTX 3080 / 3090 Ti GA102; Titan V GV100; B100
-# and GB200's GPUs GB100 (the catalog's B200 die); MI210 and MI250 CDNA 2; MI300A and MI325X (the
-# MI300X's XCDs with HBM3E) CDNA 3. Keys: the name's letters and digits, lower case (a custom GPU
-# with chip "GH200" was a 422 "unknown chip"; "MI325X" still was: hardware review).
+# and GB200's GPUs GB100 (the catalog's B200 die); MI210 CDNA 2 (an MI250's two GCDs are two GPUs, each
+# the catalog's mi250x-gcd part); MI300A and MI325X (the MI300X's XCDs with HBM3E) CDNA 3. Keys: the
+# name's letters and digits, lower case (a custom GPU with chip "GH200" was a 422 "unknown chip";
+# "MI325X" still was: hardware review).
 DIE_OF_PRODUCT = {
     "gh200": "gh100", "h800": "gh100", "h20": "gh100",
     "a800": "ga100", "a30": "ga100",
@@ -334,7 +335,7 @@ DIE_OF_PRODUCT = {
     "a40": "ga102", "a6000": "ga102", "rtxa6000": "ga102", "rtx3080": "ga102", "rtx3090ti": "ga102",
     "titanv": "gv100",
     "b100": "gb100", "gb200": "gb100",
-    "mi210": "cdna2", "mi250": "cdna2", "mi300a": "cdna3", "mi325x": "cdna3",
+    "mi210": "cdna2", "mi300a": "cdna3", "mi325x": "cdna3",
 }  # fmt: skip
 
 

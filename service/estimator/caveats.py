@@ -27,7 +27,8 @@ from service.estimator.types import (
 # RTX 6000 Ada AD102; GB200's GPUs GB100), quoted by the warning.
 CHIP_EXAMPLES = (
     "gh100 for H800, H20 or GH200, ga100 for A800 or A30, ad102 for L20 or RTX 6000 Ada, gb100 for GB200, "
-    "cdna3 for MI325X; a die the catalog lacks (B300, MI355X, RTX 5090) has none to set"
+    "cdna3 for MI325X; a die the catalog lacks (B300, MI355X, RTX 5090) has none to set: state vendor "
+    '"amd" for an AMD part then'
 )
 
 

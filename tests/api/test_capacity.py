@@ -345,3 +345,16 @@ def test_a_part_priced_twice_differently_names_both_keys(client: TestClient) -> 
     (error,) = problem["errors"]
     assert error["field"] == "gpu_hour_cost.h100-sxm-80gb", error
     assert "'h100' at 2.5, 'h100-sxm-80gb' at 3" in error["message"], error
+
+
+def test_a_price_sent_as_a_string_is_the_same_price_as_the_number(client: TestClient) -> None:
+    """{"h100": 2.5, "h100-sxm-80gb": "2.5"} was refused as pricing one part twice "differently: at
+    2.5, at 2.5" (review of this stop): the prices are compared as the numbers they become."""
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "training": {"seq_len": 8192, "global_batch_size": 512, "tokens": 10**12},
+        "gpus": ["h100-sxm-80gb"],
+        "gpu_hour_cost": {"h100": 2.5, "h100-sxm-80gb": "2.5"},
+    }
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text

@@ -246,6 +246,7 @@ def test_unknown_gpu_lists_known_names() -> None:
         "unknown gpu 'nope'; a GPU outside the catalog: describe it from its datasheet"
     )
     assert "--gpu-spec FILE" in str(error) and "(known: a10-24gb, a100-pcie-40gb, " in str(error)
+    assert 'vendor "amd" for an AMD part' in str(error)  # left out with chip, NVIDIA's is assumed
     assert "h100-sxm-80gb" in str(error)
 
 
