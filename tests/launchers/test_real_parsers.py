@@ -407,7 +407,7 @@ def test_adapter_files_load_into_peft_and_bitsandbytes(method: Method) -> None:
         else:
             assert "bnb_config.json" not in files
     for render in (torchtitan.render,):
-        with pytest.raises(Unsupported, match="no PEFT"):
+        with pytest.raises(Unsupported, match="trains full models only"):
             render(
                 factories.plan(
                     model=factories.llama3_8b(), train=training, framework=Framework.FSDP, zero_stage=3
