@@ -55,8 +55,8 @@ class CapacityRequest(Strict):
         default=1024,
         ge=1,
         le=100_000,
-        description="largest count of nodes searched for catalog GPUs; left out: 1,024 (cluster_ids: "
-        "each cluster's own nodes, and max_nodes is refused)",
+        description="largest count of nodes searched for catalog GPUs; left out: 1,024, or as many as "
+        "at_gpus needs (cluster_ids: each cluster's own nodes, and max_nodes is refused)",
         json_schema_extra=no_documented_default,  # sent at 1,024 by a generated client beside cluster_ids
     )
     at_gpus: int | None = Field(

@@ -358,3 +358,18 @@ def test_a_price_sent_as_a_string_is_the_same_price_as_the_number(client: TestCl
     }
     response = client.post("/v1/capacity", json=body)
     assert response.status_code == 200, response.text
+
+
+def test_at_gpus_past_the_default_nodes_is_timed_as_asked(client: TestClient) -> None:
+    """at_gpus 16,384 with max_nodes left out was timed on the default 1,024 nodes' 8,192 GPUs, a note
+    saying so (cost review): left out, max_nodes grows to hold at_gpus; stated, it still bounds it."""
+    body: dict[str, Any] = {
+        "model": {"preset": "llama-3.1-8b"},
+        "training": {"seq_len": 8192, "global_batch_size": 16384},
+        "gpus": ["h100-sxm-80gb"],
+        "at_gpus": 16384,
+    }
+    (option,) = client.post("/v1/capacity", json=body).json()["options"]
+    assert option["num_gpus"] == 16384, option
+    (bounded,) = client.post("/v1/capacity", json=body | {"max_nodes": 1024}).json()["options"]
+    assert bounded["num_gpus"] == 8192 and "timed on those" in bounded["note"], bounded
