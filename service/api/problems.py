@@ -23,6 +23,7 @@ from starlette.routing import Match
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.contracts.common import GB_PER_S, FieldError, Problem
+from service.contracts.gpus import PeakFlopsIn
 from service.errors import ServiceError
 from service.estimator.errors import EstimatorError
 from service.persistence.db import ConnectionWaitTimeout, WriterBusy, driver_message
@@ -177,8 +178,8 @@ _PAST_THE_BOUND = {
 # What an object takes, said where a key it does not take was sent (a GPU datasheet's fp4 and fp6 peaks,
 # copied into a custom GPU, read "Extra inputs are not permitted": hardware review)
 _KEYS_TAKEN = {
-    "peak_flops_per_s": "a custom GPU's peaks are fp32 (required), tf32, bf16, fp16 and fp8, the precisions "
-    "a run trains in here; leave out the others (fp4, fp6, int8)",
+    "peak_flops_per_s": f"a custom GPU's peaks are {', '.join(PeakFlopsIn.model_fields)} (fp32 "
+    "required), the precisions a run trains in here; leave out the others (fp4, fp6, int8)",
 }
 
 

@@ -133,13 +133,19 @@ def simplicity(layout: Layout) -> tuple[int, ...]:
     )
 
 
+def gpu_hours_per_million_tokens(tokens_per_s: float, gpus: int) -> float:
+    """GPU-hours a million tokens take on ``gpus`` GPUs at ``tokens_per_s``: what objective cost ranks
+    by (times the price), and what its rationale compares."""
+    return gpu_hours(time_to_train_s(1e6, tokens_per_s), gpus)
+
+
 def score(constraints: Constraints, gpus: int, tokens_per_s: float, tokens: int | None) -> float:
     """The objective's value: tokens/s, GPUs, price (or GPU-hours) per million tokens, or seconds."""
     objective = constraints.objective
     if objective is Objective.FEWEST_GPUS:
         return float(gpus)
     if objective is Objective.COST:
-        per_million = gpu_hours(time_to_train_s(1e6, tokens_per_s), gpus)
+        per_million = gpu_hours_per_million_tokens(tokens_per_s, gpus)
         # the price as given, 0 too (a free cluster's score is 0, as documented); GPU-hours without one
         price = constraints.gpu_hour_cost
         return per_million * (1.0 if price is None else price)
@@ -369,8 +375,8 @@ def _compared_across_counts(
             return f"{next_one} uses fewer GPUs{kept}"
         return f"{gpus:,} GPUs, fewer than {next_one}"
     if objective is Objective.COST:
-        per_million = gpu_hours(time_to_train_s(1e6, tokens_per_s), gpus)
-        other_per_million = gpu_hours(time_to_train_s(1e6, other_tokens_per_s), other_gpus)
+        per_million = gpu_hours_per_million_tokens(tokens_per_s, gpus)
+        other_per_million = gpu_hours_per_million_tokens(other_tokens_per_s, other_gpus)
         saving = 1 - per_million / other_per_million
         said = f"{per_million:.4g} GPU-hours per million tokens against {other_per_million:.4g}"
         if abs(saving) < TIE_FRACTION:
@@ -413,8 +419,8 @@ def alternative_rationale(
     slower = 1 - estimate.time.tokens_per_s / best.time.tokens_per_s
     headroom = estimate.memory.headroom_bytes / GiB
     if layout.world_size != best_layout.world_size and objective is Objective.COST:
-        ours = gpu_hours(time_to_train_s(1e6, estimate.time.tokens_per_s), layout.world_size)
-        theirs = gpu_hours(time_to_train_s(1e6, best.time.tokens_per_s), best_layout.world_size)
+        ours = gpu_hours_per_million_tokens(estimate.time.tokens_per_s, layout.world_size)
+        theirs = gpu_hours_per_million_tokens(best.time.tokens_per_s, best_layout.world_size)
         more = ours / theirs - 1
         how = f"{more:.1%} more" if more >= 0 else f"{-more:.1%} fewer"
         return (

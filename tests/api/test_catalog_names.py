@@ -332,4 +332,4 @@ def test_a_peak_in_a_precision_the_service_does_not_train_in_says_which_it_takes
     problem = client.post("/v1/plans", json=body).json()
     (error,) = problem["errors"]
     assert error["field"] == "cluster.gpu.peak_flops_per_s.fp6"
-    assert "fp32 (required), tf32, bf16, fp16 and fp8" in error["message"], error
+    assert "peaks are fp32, tf32, bf16, fp16, fp8 (fp32 required)" in error["message"], error
