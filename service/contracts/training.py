@@ -80,7 +80,13 @@ class TrainingIn(Strict):
         description="default: resolved from the GPU (flash where FlashAttention-2 runs, else sdpa's "
         "memory-efficient kernel) and named in the answer's resolved_defaults",
     )
-    tokens: int | None = Field(default=None, gt=0, le=10**16, description="total tokens, for time to train")
+    tokens: int | None = Field(
+        default=None,
+        gt=0,
+        le=10**16,
+        description="total tokens, for time to train: the whole optimizer steps (global batch x seq_len "
+        "tokens each) that consume them, at least one",
+    )
     mtp_num_layers: int = Field(
         default=0,
         ge=0,

@@ -28,6 +28,7 @@ from service.estimator.memory import assumptions as memory_assumptions
 from service.estimator.step_time import (
     core_kernel,
     peak_flops_per_s,
+    steps_to_train,
     sustained_peak_flops_per_s,
     time_to_train_s,
     unaligned_core_slowdown,
@@ -141,6 +142,17 @@ def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     return (peak_note(job), gemm, attention_core_note(job, layout), *links, *link_default_notes(job.cluster))
 
 
+def train_steps_notes(training: TrainingSpec) -> tuple[str, ...]:
+    """How many whole steps the time to train counts, where tokens are asked."""
+    if not training.tokens:
+        return ()
+    steps = steps_to_train(training.tokens, training.tokens_per_step)
+    return (
+        f"time to train: {steps:,} optimizer step{'s' if steps > 1 else ''} of {training.tokens_per_step:,} "
+        f"tokens (global batch x sequence) for the {training.tokens:,} tokens asked, the last step whole",
+    )
+
+
 def peak_note(job: Job) -> str:
     """The dense peak the step's matmuls run against, and the clock it assumes where not the datasheet's."""
     precision = job.training.precision
@@ -231,15 +243,19 @@ def estimate_valid(
         step_time_factor = capped_step_time_factor(time, step_time_factor)
     if step_time_factor != 1.0:
         time = calibrated_time(time, step_time_factor)
-    notes = (*memory_assumptions(job, layout), *time_assumptions(job, layout))
     training = job.training
+    notes = (*memory_assumptions(job, layout), *time_assumptions(job, layout), *train_steps_notes(training))
     return Estimate(
         fits=evaluate.memory_fits(memory, job.cluster),
         memory=memory,
         time=time,
         max_micro_batch_size=evaluate.max_micro_batch_size(job, layout, factor) if with_limits else None,
         max_seq_len=evaluate.max_seq_len(job, layout, factor) if with_limits else None,
-        time_to_train_s=time_to_train_s(training.tokens, time.tokens_per_s) if training.tokens else None,
+        time_to_train_s=(
+            time_to_train_s(training.tokens, training.tokens_per_step, time.tokens_per_s)
+            if training.tokens
+            else None
+        ),
         warnings=(
             *warnings_for(memory, job.cluster, layout),
             *attention_warnings(job, layout, step_time_factor),

@@ -1615,9 +1615,15 @@ def optimizer_step_bytes_of(job: Job, framework: Framework, grads_in_fp32: bool)
 # ---------------------------------------------------------------- training time and price
 
 
-def time_to_train_s(tokens: float, tokens_per_s: float) -> float:
-    """Wall time to consume ``tokens`` at a steady ``tokens_per_s``."""
-    return tokens / tokens_per_s
+def steps_to_train(tokens: int, tokens_per_step: int) -> int:
+    """Optimizer steps that consume ``tokens``: whole steps (a trainer runs a step's global batch or
+    none: Megatron's --train-iters, HF Trainer's max_steps), so a budget below one step is one."""
+    return -(-tokens // tokens_per_step)
+
+
+def time_to_train_s(tokens: int, tokens_per_step: int, tokens_per_s: float) -> float:
+    """Wall time of the steps that consume ``tokens`` (``steps_to_train``) at a steady ``tokens_per_s``."""
+    return steps_to_train(tokens, tokens_per_step) * tokens_per_step / tokens_per_s
 
 
 def training_time_s(total_flops: float, num_gpus: int, achieved_flops_per_s_per_gpu: float) -> float:

@@ -90,9 +90,7 @@ def _with_estimate(
     """``candidate`` with ``estimate`` and the score it gives."""
     score = candidate.score
     if estimate.time is not None:
-        score = rank.score(
-            constraints, candidate.layout.world_size, estimate.time.tokens_per_s, training.tokens
-        )
+        score = rank.score(constraints, candidate.layout.world_size, estimate.time.tokens_per_s, training)
     return dataclasses.replace(candidate, estimate=estimate, score=score)
 
 

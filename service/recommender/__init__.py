@@ -1792,7 +1792,7 @@ def _candidates(
         Candidate(
             layout=best_layout,
             estimate=best,
-            score=rank.score(constraints, best_layout.world_size, _tokens_per_s(best), training.tokens),
+            score=rank.score(constraints, best_layout.world_size, _tokens_per_s(best), training),
             rationale=rank.rationale(
                 best_layout,
                 best,
@@ -1819,7 +1819,7 @@ def _candidates(
             Candidate(
                 layout=layout,
                 estimate=est,
-                score=rank.score(constraints, layout.world_size, _tokens_per_s(est), training.tokens),
+                score=rank.score(constraints, layout.world_size, _tokens_per_s(est), training),
                 rationale=rank.alternative_rationale(layout, est, best_layout, best, constraints.objective),
             )
         )

@@ -174,7 +174,9 @@ def _option(
         run_gpus = layout.world_size
     if truncated:
         said.append(f"the request's {budget_words(budget)} cut this search: its layout is the best it found")
-    seconds = time_to_train_s(training.tokens, tokens_per_s) if training.tokens else None
+    seconds = (
+        time_to_train_s(training.tokens, training.tokens_per_step, tokens_per_s) if training.tokens else None
+    )
     hours = gpu_hours(seconds, run_gpus) if seconds is not None else None
     spans = max(gpus, run_gpus) > cluster.gpus_per_node
     return CapacityOption(

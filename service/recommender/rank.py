@@ -12,7 +12,16 @@ from typing import Protocol
 from service.estimator.comm import expert_stride, group_strides, link_for_group
 from service.estimator.model_states import hsdp_replicas, shard_degrees
 from service.estimator.step_time import gpu_hours, time_to_train_s
-from service.estimator.types import ClusterSpec, Compile, Estimate, Framework, Layout, Offload, Recompute
+from service.estimator.types import (
+    ClusterSpec,
+    Compile,
+    Estimate,
+    Framework,
+    Layout,
+    Offload,
+    Recompute,
+    TrainingSpec,
+)
 from service.estimator.validate import FRAMEWORK_CAPABILITIES
 from service.recommender.space import RECOMPUTE_COST_ORDER
 from service.recommender.types import Constraints, Objective
@@ -136,11 +145,12 @@ def simplicity(layout: Layout) -> tuple[int, ...]:
 def gpu_hours_per_million_tokens(tokens_per_s: float, gpus: int) -> float:
     """GPU-hours a million tokens take on ``gpus`` GPUs at ``tokens_per_s``: what objective cost ranks
     by (times the price), and what its rationale compares."""
-    return gpu_hours(time_to_train_s(1e6, tokens_per_s), gpus)
+    return gpu_hours(1e6 / tokens_per_s, gpus)
 
 
-def score(constraints: Constraints, gpus: int, tokens_per_s: float, tokens: int | None) -> float:
-    """The objective's value: tokens/s, GPUs, price (or GPU-hours) per million tokens, or seconds."""
+def score(constraints: Constraints, gpus: int, tokens_per_s: float, training: TrainingSpec) -> float:
+    """The objective's value: tokens/s, GPUs, price (or GPU-hours) per million tokens, or seconds (the
+    whole steps of ``training.tokens``, as the estimate's time to train)."""
     objective = constraints.objective
     if objective is Objective.FEWEST_GPUS:
         return float(gpus)
@@ -149,8 +159,8 @@ def score(constraints: Constraints, gpus: int, tokens_per_s: float, tokens: int 
         # the price as given, 0 too (a free cluster's score is 0, as documented); GPU-hours without one
         price = constraints.gpu_hour_cost
         return per_million * (1.0 if price is None else price)
-    if objective is Objective.TIME_TO_TRAIN and tokens:
-        return time_to_train_s(tokens, tokens_per_s)
+    if objective is Objective.TIME_TO_TRAIN and training.tokens:
+        return time_to_train_s(training.tokens, training.tokens_per_step, tokens_per_s)
     return tokens_per_s
 
 

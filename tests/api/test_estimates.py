@@ -50,7 +50,9 @@ def test_breakdown_adds_up_and_zero2_states_follow_the_paper(client: TestClient)
     time = result["time"]
     assert abs(time["step_s"] - sum(time["breakdown"].values())) < 1e-9 * time["step_s"]
     assert 0 < time["mfu"] <= time["hfu"] < 1
-    assert result["time_to_train_s"] == 10**9 / time["tokens_per_s"]
+    # 10^9 tokens in steps of 64 x 4096 = 262,144 tokens: 3,815 whole steps (3,814.7 rounded up)
+    assert result["time_to_train_s"] == pytest.approx(3_815 * time["step_s"], rel=1e-12)
+    assert "3,815 optimizer steps of 262,144 tokens" in " ".join(result["assumptions"])
     assert abs(result["cost_to_train"] - result["time_to_train_s"] / 3600 * 8 * 2.0) < 1e-6
     assert result["limits"]["max_micro_batch_size"] >= 1
     assert result["assumptions"]
@@ -667,3 +669,13 @@ def test_lora_targets_in_the_models_own_module_names(client: TestClient) -> None
                      "lora_targets": ["query", "value"]},
     }  # fmt: skip
     assert client.post("/v1/estimates", json=bert).status_code == 200
+
+
+def test_a_token_budget_below_one_step_takes_one_step(client: TestClient) -> None:
+    # 1,000 tokens of a 262,144-token step: the trainer runs one whole step, not 0.4% of one (review)
+    payload = body()
+    payload["training"]["tokens"] = 1000
+    result = post(client, payload)
+    assert result["time_to_train_s"] == pytest.approx(result["time"]["step_s"], rel=1e-12)
+    assert result["cost_to_train"] == pytest.approx(result["time"]["step_s"] / 3600 * 8 * 2.0, rel=1e-9)
+    assert "1 optimizer step of 262,144 tokens" in " ".join(result["assumptions"])

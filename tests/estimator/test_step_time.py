@@ -25,6 +25,7 @@ from service.estimator.step_time import (
     layer_traffic_bytes,
     step_base,
     step_parts,
+    steps_to_train,
     time_to_train_s,
     tokens_per_expert,
     training_time_s,
@@ -281,7 +282,18 @@ def test_narayanan_eq4_gpt3_training_days() -> None:
     )
     days = training_time_s(per_token * tokens, 1024, 140e12) / DAY_S
     assert 33.9 < days < 33.9 * 1.04
-    assert time_to_train_s(300e9, 1e6) == pytest.approx(3e5)
+    # 300e9 tokens in steps of 2048 x 1536 = 3,145,728 tokens: 95,368 whole steps (the last part-used)
+    assert steps_to_train(300 * 10**9, 3_145_728) == 95_368
+    assert time_to_train_s(300 * 10**9, 3_145_728, 1e6) == pytest.approx(95_368 * 3.145728)
+
+
+def test_time_to_train_counts_whole_steps() -> None:
+    # a budget below one step is one step; a multiple of the step is exact; one token more is a step more
+    assert steps_to_train(1, 4096) == 1
+    assert steps_to_train(4096, 4096) == 1
+    assert steps_to_train(4097, 4096) == 2
+    assert time_to_train_s(1000, 4096, 2048.0) == pytest.approx(2.0)  # one step of 2 s, not 0.49 s
+    assert time_to_train_s(8192, 4096, 2048.0) == pytest.approx(4.0)
 
 
 def test_cost() -> None:

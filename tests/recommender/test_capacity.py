@@ -31,7 +31,8 @@ def test_fewest_gpus_per_type_and_time_to_train() -> None:
     assert h100.fits and rtx.fits and h100.min_gpus and rtx.min_gpus
     assert h100.min_gpus <= rtx.min_gpus
     assert h100.tokens_per_s and h100.time_to_train_s
-    assert abs(h100.time_to_train_s - 1e11 / h100.tokens_per_s) < 1e-6
+    # 10^11 tokens in steps of 512 x 4,096: 47,684 whole steps (47,683.7 rounded up)
+    assert h100.time_to_train_s == pytest.approx(47_684 * 2_097_152 / h100.tokens_per_s, rel=1e-12)
     assert h100.gpu_hours == h100.time_to_train_s * (h100.num_gpus or 0) / 3600
     assert options[0].time_to_train_s == min(o.time_to_train_s or float("inf") for o in options)
 
@@ -98,7 +99,7 @@ def test_no_layout_at_requested_gpus_keeps_one_layout(monkeypatch: pytest.Monkey
     )
     assert option.fits and option.layout is not None and option.tokens_per_s is not None
     assert option.num_gpus == option.layout.world_size == option.min_gpus
-    assert option.time_to_train_s == time_to_train_s(1e11, option.tokens_per_s)
+    assert option.time_to_train_s == time_to_train_s(10**11, training.tokens_per_step, option.tokens_per_s)
     assert option.gpu_hours == option.time_to_train_s * option.num_gpus / 3600
     assert "1024" in option.note
 

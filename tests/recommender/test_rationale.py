@@ -196,9 +196,13 @@ def test_a_cost_score_is_the_price_times_the_gpu_hours_a_free_price_too() -> Non
     unpriced = Constraints(objective=Objective.COST)
     priced = Constraints(objective=Objective.COST, gpu_hour_cost=2.5)
     gpu_hours_per_million = 8 / 1000.0 * 1e6 / 3600
-    assert rank.score(free, 8, 1000.0, None) == 0.0
-    assert rank.score(unpriced, 8, 1000.0, None) == pytest.approx(gpu_hours_per_million)
-    assert rank.score(priced, 8, 1000.0, None) == pytest.approx(2.5 * gpu_hours_per_million)
+    assert rank.score(free, 8, 1000.0, TrainingSpec(seq_len=4096, global_batch_size=8)) == 0.0
+    assert rank.score(unpriced, 8, 1000.0, TrainingSpec(seq_len=4096, global_batch_size=8)) == pytest.approx(
+        gpu_hours_per_million
+    )
+    assert rank.score(priced, 8, 1000.0, TrainingSpec(seq_len=4096, global_batch_size=8)) == pytest.approx(
+        2.5 * gpu_hours_per_million
+    )
 
 
 @pytest.mark.parametrize(
