@@ -1153,6 +1153,14 @@ class Layout:
                     field="gradient_accumulation_steps",
                 )
             return self.gradient_accumulation_steps
+        if global_batch_size % self.dp:  # no micro-batch can split it: the degree is what to change
+            raise InvalidLayout(
+                f"global_batch_size ({global_batch_size}) is not divisible by dp ({self.dp}): each "
+                "data-parallel rank trains whole sequences, so no micro_batch_size splits it; give a dp "
+                "that divides the global batch, or a global_batch_size that dp divides",
+                rule="global_batch",
+                field="dp",
+            )
         if global_batch_size % per_step:
             raise InvalidLayout(
                 f"global_batch_size ({global_batch_size}) is not divisible by micro_batch_size "

@@ -150,6 +150,20 @@ def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestCl
     cases: list[tuple[dict[str, Any], dict[str, Any], str, str]] = [
         # (layout change, other body changes, rule, field)
         ({"dp": 4}, {}, "world_size", "layout.dp"),
+        # 60 sequences over dp 8: no micro-batch splits them, the degree is what to change (it named
+        # micro_batch_size, which the request left out; batch review)
+        (
+            {"dp": 8},
+            {"training": {"seq_len": 4096, "global_batch_size": 60, "tokens": 10**9}},
+            "global_batch",
+            "layout.dp",
+        ),
+        (
+            {"dp": 8, "micro_batch_size": 2},
+            {"training": {"seq_len": 4096, "global_batch_size": 24, "tokens": 10**9}},
+            "global_batch",
+            "layout.micro_batch_size",
+        ),
         (
             {"dp": 1, "tp": 8},
             {"model": {"preset": "gpt2"}, "training": GPT2},
