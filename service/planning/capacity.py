@@ -26,7 +26,7 @@ from service.estimator.validate import attention_precision_violation, hardware_v
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, hardware_keys, job_traits
 from service.planning.clusters import resolve_cluster
-from service.planning.estimates import check_priced, check_scale, located
+from service.planning.estimates import check_priced, check_scale, layout_out, located
 from service.planning.runnable import no_framework_runs
 from service.recommender.budget import NO_DEADLINE, Deadline, busy_words
 from service.recommender.capacity import CapacityOption, capacity, default_cluster, option_order
@@ -240,7 +240,7 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
                 for f in dataclasses.fields(o)
                 if f.name not in ("layout", "source")
             },
-            layout=dataclasses.asdict(o.layout) if o.layout else None,
+            layout=layout_out(o.layout, training) if o.layout else None,
             cluster_id=cid,
         )
         for o, cid in found

@@ -4,6 +4,7 @@ wire shape (also the shape of every candidate a plan stores)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -185,6 +186,13 @@ def with_fitting_sequence_parallel(layout: LayoutIn, seq_len: int) -> tuple[Layo
     return layout.model_copy(update={"sequence_parallel": False}), why
 
 
+def layout_out(layout: Layout, training: TrainingSpec) -> dict[str, Any]:
+    """The layout as answered, its derived fields filled in: gradient_accumulation_steps from the
+    global batch (global = micro x accumulation x dp), which a layout the search built leaves out."""
+    steps = layout.accumulation_steps(training.global_batch_size)
+    return dataclasses.asdict(dataclasses.replace(layout, gradient_accumulation_steps=steps))
+
+
 def check_priced(gpu_hour_cost: object, training: TrainingSpec, field: str = "gpu_hour_cost") -> None:
     """A gpu_hour_cost prices the time to train, which needs training.tokens: an estimate's
     cost_to_train, a capacity option's cost, a plan's candidates' cost_to_train (a plan ranked by
@@ -242,9 +250,6 @@ def estimate_out(
     cost_to_train = None
     if gpu_hour_cost is not None and result.time_to_train_s is not None:
         cost_to_train = cost(result.time_to_train_s, layout.world_size, gpu_hour_cost)
-    resolved = dataclasses.replace(
-        layout, gradient_accumulation_steps=layout.accumulation_steps(training.global_batch_size)
-    )
     return EstimateOut(
         fits=result.fits,
         memory=MemoryOut(
@@ -263,7 +268,7 @@ def estimate_out(
         limits=LimitsOut(max_micro_batch_size=result.max_micro_batch_size, max_seq_len=result.max_seq_len),
         time_to_train_s=result.time_to_train_s,
         cost_to_train=cost_to_train,
-        layout=dataclasses.asdict(resolved),
+        layout=layout_out(layout, training),
         parameters_total=total_parameters,
         warnings=list(result.warnings),
         assumptions=list(result.assumptions),

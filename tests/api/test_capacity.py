@@ -29,6 +29,9 @@ def test_per_gpu_type_fewest_gpus_time_and_cost(client: TestClient) -> None:
     # 16 bytes/param of states alone (108 GB) cannot sit on one 80 GiB card without sharding.
     assert h100["min_gpus"] >= 2
     # 2 x 10^9 tokens in steps of 32 x 1,024 tokens: 61,036 whole steps (61,035.2 rounded up)
+    # the layout as an estimate answers it: its accumulation derived (it was null; batch review)
+    layout = h100["layout"]
+    assert layout["gradient_accumulation_steps"] * layout["micro_batch_size"] * layout["dp"] == 32
     assert h100["time_to_train_s"] == pytest.approx(61_036 * 32_768 / h100["tokens_per_s"], rel=1e-12)
     assert abs(h100["cost"] - h100["gpu_hours"] * 2.5) < 1e-9 * h100["cost"]
     assert (
