@@ -381,7 +381,10 @@ class TimeOut(BaseModel):
 
 class LimitsOut(BaseModel):
     max_micro_batch_size: int | None = Field(
-        description="largest micro-batch that still fits this layout; 0: none; null: not computed"
+        description="largest micro-batch that still fits this layout among those the global batch allows "
+        "(divisors of global_batch_size / dp the layout's rules accept, e.g. a whole multiple of pp "
+        "micro-batches when interleaved): a larger one may fit in memory with another global batch; "
+        "0: none; null: not computed"
     )
     max_seq_len: int | None = Field(
         description="largest sequence length that still fits this layout in memory, within the model's "
