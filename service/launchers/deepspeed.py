@@ -52,13 +52,16 @@ def partition_method(plan: Plan) -> str:
     """PipelineModule's partition_method for the estimated split, '' when none gives it.
 
     An even split: balance the decoder layers alone ('type:' regex on their class name, which
-    DeepSpeed searches case-insensitively); the embedding and loss counted as a layer each: 'uniform'
-    over the layer specs [embedding, the decoder layers, the head], which since DeepSpeed 0.10.1 gives
-    the remainder to the first stages (runtime/utils.py partition_uniform), as the estimate did."""
+    DeepSpeed searches case-insensitively); a split derived with the embedding and loss counted as a
+    layer each: 'uniform' over the layer specs [embedding, the decoder layers, the head], which since
+    DeepSpeed 0.10.1 gives each stage units // stages specs and the first units % stages one more
+    (runtime/utils.py partition_uniform), as the estimate shares them (estimator.pipeline), whether
+    or not the stages divide the units: Qwen2.5-7B's 28 layers on pp 8 are 30 specs, 4 4 4 4 4 4 3 3
+    (it was refused as Megatron's even-units rule; pipeline review)."""
     split = pipeline_split(plan)
     if split.even:
         return "type:DecoderLayer"
-    if split.accounted and split.embedding and split.loss:
+    if not split.explicit and split.embedding and split.loss:
         return "uniform"
     return ""
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from service.catalog.models import model
+from service.estimator import pipeline
 from service.estimator.model_states import deepspeed_buckets
 from service.estimator.types import (
     Attention,
@@ -194,6 +195,29 @@ def test_every_target_renders_the_estimated_split_or_says_why() -> None:
     assert deepspeed.ds_config(ds)["pipeline"] == {"stages": 4, "partition": "uniform"}
     with pytest.raises(Unsupported, match="PipelineModule"):
         deepspeed.ds_config(replace(ds, layout=replace(ds.layout, pipeline_layers=(3, 6, 6, 3))))
+
+
+def deepspeed_partition_uniform(items: int, parts: int) -> list[int]:
+    """Specs per stage of DeepSpeed's partition_uniform (runtime/utils.py, 0.10.1+): items // parts
+    each, the first items % parts one more (written from its rule, for the check below)."""
+    share, extra = divmod(items, parts)
+    return [share + (1 if part < extra else 0) for part in range(parts)]
+
+
+@pytest.mark.parametrize(("layers", "pp"), [(28, 8), (34, 8), (18, 4), (30, 4), (32, 4), (62, 16), (14, 16)])
+def test_deepspeed_renders_every_derived_split_its_uniform_partition_gives(layers: int, pp: int) -> None:
+    # the estimate shares L + 2 units (embedding, layers, head) as DeepSpeed's partition_uniform shares
+    # its specs, whether or not pp divides them: Qwen2.5-7B's 28 layers on pp 8 ([3,4,4,4,4,4,3,2]
+    # layers, 30 specs 4 4 4 4 4 4 3 3) was refused as if only an even share rendered (pipeline review)
+    spec = replace(small_llama(), num_layers=layers)
+    ds = plan(nodes=pp // 8 or 1, model=spec, framework=Framework.DEEPSPEED, zero_stage=1, pp=pp)
+    stages = list(pipeline.stage_layers(layers, ds.layout))
+    if layers % pp == 0:
+        assert deepspeed.ds_config(ds)["pipeline"] == {"stages": pp, "partition": "type:DecoderLayer"}
+        return
+    assert deepspeed.ds_config(ds)["pipeline"] == {"stages": pp, "partition": "uniform"}
+    specs = deepspeed_partition_uniform(layers + 2, pp)
+    assert [specs[0] - 1, *specs[1:-1], specs[-1] - 1] == stages
 
 
 def test_torchtitan_pipeline_batch_accounting() -> None:
