@@ -7,7 +7,6 @@ target modules, last.
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from service.estimator import caveats, pipeline
 from service.estimator.defaults import for_gpu
 from service.estimator.model_states import FSDP_REDUCE_DTYPE, hsdp_replicas
 from service.estimator.params import lora_modules
+from service.estimator.step_time import steps_to_train
 from service.estimator.tuning import dp_overlap_default
 from service.estimator.types import Attention, Framework, Head, Layout, Method, Plan, Precision, Recompute
 from service.frameworks import Target as Target  # the registry's; re-exported for the targets
@@ -123,7 +123,7 @@ def train_steps(plan: Plan) -> int:
     """Optimizer steps for the token budget, or a fixed default when the spec gives none."""
     if plan.training.tokens is None:
         return DEFAULT_TRAIN_STEPS
-    return max(1, math.ceil(plan.training.tokens / plan.training.tokens_per_step))
+    return steps_to_train(plan.training.tokens, plan.training.tokens_per_step)  # what time to train counts
 
 
 @dataclass(frozen=True, slots=True)
