@@ -70,6 +70,7 @@ from service.estimator.model_states import (
     frozen_dtype_bytes,
     fused_expert_adapted_weights,
     fused_experts,
+    grad_reduce_bytes,
     layer_linears,
     megatron_grads_in_fp32,
     optimizer_step_bytes,
@@ -1448,14 +1449,23 @@ def pp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
 
 
 def tied_embedding_reduce_s(job: Job, layout: Layout) -> float:
-    """DeepSpeed's pipeline engine all-reduces the tied embedding's gradient between the first and the
-    last stage once per step, before the DP reduction, on the critical path (DeepSpeed
-    runtime/pipe/engine.py ``_exec_reduce_tied_grads``: ``dist.all_reduce`` of ``weight.grad``, or of
-    the bf16 optimizer's fp32 ``_hp_grad``). The weight is the vocabulary-parallel embedding, V h / t."""
+    """The tied embedding's gradient all-reduced between the first and the last stage once per step,
+    on the critical path, where pp > 1: DeepSpeed's pipeline engine before the DP reduction
+    (runtime/pipe/engine.py ``_exec_reduce_tied_grads``: ``dist.all_reduce`` of ``weight.grad``, or of
+    the bf16 optimizer's fp32 ``_hp_grad``); Megatron after it (core/distributed/finalize_model_grads.py
+    ``_allreduce_word_embedding_grads``, of the main_grad in the grad buffer's dtype: gemma-2b on
+    dp 8 pp 2 over two nodes adds ~25 ms that were not charged; pipeline review). FSDP's
+    torch.distributed.pipelining has no tied weights across stages. The weight is the
+    vocabulary-parallel embedding, V h / t."""
     model, precision = job.model, job.training.precision
-    if layout.pp == 1 or not model.tied_embeddings or layout.framework is not Framework.DEEPSPEED:
+    if layout.pp == 1 or not model.tied_embeddings:
         return 0.0
-    grad_bytes = 4 if precision is Precision.BF16 else element_bytes(precision)
+    if layout.framework is Framework.DEEPSPEED:
+        grad_bytes = 4 if precision is Precision.BF16 else element_bytes(precision)
+    elif layout.framework is Framework.MEGATRON:
+        grad_bytes = grad_reduce_bytes(precision, layout)
+    else:
+        return 0.0
     size_bytes = model.vocab_size * model.hidden_size / layout.tp * grad_bytes
     # the pair holds the same (tp, cp, dp) coordinates on stage 0 and stage pp-1
     link = tuned_link(job, 2, (layout.pp - 1) * layout.tp * layout.cp * layout.dp)
@@ -1472,6 +1482,7 @@ PARTS_FIELDS = (
     "recompute_modules",
     "tp_comm_overlap",
     "moe_a2a_overlap",
+    "grad_reduce_in_fp32",  # Megatron's tied-embedding all-reduce, in the grad buffer's dtype
 )
 
 
