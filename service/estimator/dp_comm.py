@@ -405,7 +405,7 @@ def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) ->
     backward = float(training_flops - forward - 3 * core)
     recomputed = kind_recompute_flops(job, kind, layout.recompute, layout.selective_modules, fused)
     redone = 1.0 if layout.recomputes_core else 0.0  # full and selective core_attn redo the core
-    share = recomputed_share(job, layout)
+    share = recomputed_share(job, layout, base.stage)
     backward += share * (recomputed - redone * core)
     # the routed experts' share of those FLOPs: forward once, backward (frozen_passes - 1) times, and
     # again where the recompute redoes them (full, or Megatron's moe module), as step_time counts them
@@ -508,13 +508,13 @@ def regathered_share(job: Job, kind: LayerKind, tp: int) -> float:
     return released / sum(modules)
 
 
-def backward_gather_factor(job: Job, layout: Layout, kind: LayerKind) -> float:
+def backward_gather_factor(job: Job, layout: Layout, kind: LayerKind, stage: int) -> float:
     """Gathers of a layer's parameters in one backward pass, in units of the whole layer: one, plus
     DeepSpeed ZeRO-3's re-gather of what the reuse distance releases between a checkpointed layer's
     recomputed forward and its backward (``regathered_share``), on the recomputed layers."""
     if layout.framework is not Framework.DEEPSPEED or layout.recompute is not Recompute.FULL:
         return 1.0
-    return 1.0 + recomputed_share(job, layout) * regathered_share(job, kind, layout.tp)
+    return 1.0 + recomputed_share(job, layout, stage) * regathered_share(job, kind, layout.tp)
 
 
 def sharded_exposed_s(job: Job, layout: Layout) -> float:
@@ -530,7 +530,9 @@ def sharded_exposed_s(job: Job, layout: Layout) -> float:
         forward_window, backward_window = kind_windows_s(job, layout, base, kind)
         first_gather_s = max(first_gather_s, unit.gather_s)
         forward += count * exposed_s(unit.gather_s, forward_window, hidden)
-        gather_s = backward_gather_factor(job, layout, kind) * unit.gather_s  # one backward's gathers
+        gather_s = (
+            backward_gather_factor(job, layout, kind, base.stage) * unit.gather_s
+        )  # one backward's gathers
         if overlapped:
             last_reduce_s = max(last_reduce_s, unit.reduce_s)
             reduce_exposed_s = exposed_s(unit.reduce_s, backward_window, hidden)

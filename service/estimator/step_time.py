@@ -165,11 +165,19 @@ def output_flops_per_token(job: Job) -> float:
 
 
 @layout_memo(*PIPELINE_FIELDS, "ep")
-def slowest_stage(job: Job, layout: Layout) -> int:
-    """The pipeline rank with the most FLOPs per token (the first of equals; ep reads as in
-    ``stage_flops_per_token``)."""
+def slowest_stage_candidates(job: Job, layout: Layout) -> tuple[int, ...]:
+    """The pipeline ranks whose time may be the step's (``step_base`` times each and keeps the
+    slowest): the one with the most FLOPs per token (the first of equals; ep reads as in
+    ``stage_flops_per_token``), and, where another holds more layers, the first with the most. A
+    stage's kernel launches and host issue scale with its layers, not its FLOPs: GPT-2's 12 layers
+    on pp 8 leave the last stage the output layer alone, the most FLOPs and no layer, while a stage
+    of two launch-bound layers takes twice as long; timing that last stage halved the step (the
+    pipeline review's uneven DeepSpeed splits, once rendered, were recommended on it)."""
     work = stage_flops_per_token(job, layout)
-    return work.index(max(work))
+    most_work = work.index(max(work))
+    layers = [sum(count for _, count in counts) for counts in rank_kind_counts(job, layout)]
+    most_layers = layers.index(max(layers))
+    return (most_work,) if layers[most_layers] <= layers[most_work] else (most_work, most_layers)
 
 
 def _ffn_width(model: ModelSpec, moe_layer: bool) -> int:
@@ -351,8 +359,7 @@ class StageShape:
 
 
 @layout_memo(*SHAPE_FIELDS)
-def stage_shape(job: Job, layout: Layout) -> StageShape:
-    stage = slowest_stage(job, layout)
+def stage_shape(job: Job, layout: Layout, stage: int) -> StageShape:
     counts = rank_kind_counts(job, layout)[stage]
     return StageShape(
         stage=stage,
@@ -436,7 +443,20 @@ def micro_batch_rates(job: Job, layout: Layout) -> MicroBatchRates:
 
 @layout_memo(*BASE_FIELDS)
 def step_base(job: Job, layout: Layout) -> StepBase:
-    shape, rates = stage_shape(job, layout), micro_batch_rates(job, layout)
+    """The base of the slowest stage: of ``slowest_stage_candidates``, the one whose compute takes
+    longest (the first of equals)."""
+    rates = micro_batch_rates(job, layout)
+    slowest: StepBase | None = None
+    for stage in slowest_stage_candidates(job, layout):
+        base = stage_base(job, layout, stage_shape(job, layout, stage), rates)
+        if slowest is None or base.compute_s > slowest.compute_s:
+            slowest = base
+    assert slowest is not None  # one candidate at least
+    return slowest
+
+
+def stage_base(job: Job, layout: Layout, shape: StageShape, rates: MicroBatchRates) -> StepBase:
+    """The step's base as pipeline rank ``shape.stage`` runs it."""
     base = StepBase(
         stage=shape.stage,
         layers=shape.layers,
@@ -677,7 +697,7 @@ def unaligned_core_step_s(job: Job, layout: Layout) -> float:
     """What an unaligned head_dim adds to the step: training passes plus the recomputed core."""
     base = step_base(job, layout)
     # full and selective core_attn redo the core (per-op AC saves the attention op's output)
-    recomputed = recomputed_share(job, layout) if layout.recomputes_core else 0.0
+    recomputed = recomputed_share(job, layout, base.stage) if layout.recomputes_core else 0.0
     return unaligned_core_s(job, layout, base, 3) + unaligned_core_s(job, layout, base, recomputed)
 
 
@@ -1084,11 +1104,11 @@ def kind_recompute_flops(
     return flops.layer_recompute_flops(job.model, kind, job.training, recompute, modules, fused_experts=fused)
 
 
-@layout_memo(*PIPELINE_FIELDS, "ep", "recompute_num_layers", "recompute_every_n_layers")
-def recomputed_share(job: Job, layout: Layout) -> float:
-    """The share of the slowest stage's layers that recompute (``recompute_num_layers``,
+@layout_memo(*PIPELINE_FIELDS, "recompute_num_layers", "recompute_every_n_layers")
+def recomputed_share(job: Job, layout: Layout, stage: int) -> float:
+    """The share of pipeline rank ``stage``'s layers that recompute (``recompute_num_layers``,
     ``recompute_every_n_layers``)."""
-    return rank_recomputed_fractions(job.model.num_layers, layout)[slowest_stage(job, layout)]
+    return rank_recomputed_fractions(job.model.num_layers, layout)[stage]
 
 
 def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
@@ -1121,7 +1141,7 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     routed = base.routed_flops if recompute is Recompute.FULL or RecomputeModule.MOE in modules else 0
     work_s = gemm_s(layout, base, per_token - core - routed, redone * base.core_work_flops, 0.0, routed)
     work_s += unaligned_core_s(job, layout, base, redone)
-    share = recomputed_share(job, layout)
+    share = recomputed_share(job, layout, base.stage)
     relaunched = share if recompute is Recompute.FULL else 0.0  # the others re-run a few of the kernels
     # a fully recomputed forward issues the forward's ops again, and waits on the host as it does
     work_s += host_wait(job, layout, base).forward_s if recompute is Recompute.FULL else 0.0
@@ -1129,12 +1149,12 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
     return max(share * (work_s + memory_s), launch_floor_s(job, layout, base, relaunched)) + synced_s
 
 
-def recomputed_collectives(job: Job, layout: Layout) -> tuple[float, float, float]:
+def recomputed_collectives(job: Job, layout: Layout, stage: int) -> tuple[float, float, float]:
     """TP collectives a recompute runs again in (attention, a dense MLP, an MoE block), per layer:
     full recompute re-runs the forward's one each; per-op AC saves the reduce-scatters but not the
     all-gathers before attention and the MLP. Megatron's selective mlp and moe modules re-run their
     MLP's forward collectives; core_attn, mla_up_proj and the elementwise ones none."""
-    share = recomputed_share(job, layout)
+    share = recomputed_share(job, layout, stage)
     if layout.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
         return share, share, share
     modules = layout.selective_modules
@@ -1154,7 +1174,9 @@ def tp_comm_s(job: Job, layout: Layout, base: StepBase, window_s: float) -> floa
     # (Korthikanti §4.2.2); Narayanan §3.3: volume 8 b s h (t-1)/t per layer.
     if layout.tp == 1:
         return 0.0
-    attention, dense, moe = recomputed_collectives(job, layout)  # each half: forward, backward, recompute
+    attention, dense, moe = recomputed_collectives(
+        job, layout, base.stage
+    )  # each half: forward, backward, recompute
     moe_layers = moe_layers_of(base.counts)
     moe_halves = moe_layers * moe_mlp_tp_factor(job, layout)
     collectives = (2 + attention) * base.layers + (2 + dense) * (base.layers - moe_layers)
@@ -1222,7 +1244,7 @@ def ulysses_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     )
     # forward and backward, and a whole layer's recomputed forward (a selective recompute redoes the
     # local attention inside DistributedAttention, not its all-to-alls)
-    redone = recomputed_share(job, layout) if layout.recompute is Recompute.FULL else 0.0
+    redone = recomputed_share(job, layout, base.stage) if layout.recompute is Recompute.FULL else 0.0
     passes = 2 + redone
     return base.micro_batches * base.layers * passes * one_pass
 
@@ -1236,7 +1258,7 @@ def p2p_ring_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     kv_width = max(model.kv_size / layout.tp, model.head_dim)
     chunk_bytes = 2 * base.tokens * kv_width * element_bytes(training.precision)
     link = base.links.cp
-    forwards = 1.0 + (recomputed_share(job, layout) if layout.recomputes_core else 0.0)
+    forwards = 1.0 + (recomputed_share(job, layout, base.stage) if layout.recomputes_core else 0.0)
     sends = (forwards + 2) * (layout.cp - 1)
     ring_s = sends * comm.p2p_s(chunk_bytes, link.bandwidth_bytes_per_s, link.latency_s)
     core_flops = layer_core_work_flops(layout, base)
@@ -1312,7 +1334,7 @@ def torch_ring_traffic(job: Job, layout: Layout, base: StepBase) -> RingTraffic:
         dkv_send_s=dkv_s,
         forward_hidden_s=min(gather_s, forward_step_s),
         backward_hidden_s=backward_hidden_s,
-        forwards=1.0 + (recomputed_share(job, layout) if layout.recomputes_core else 0.0),
+        forwards=1.0 + (recomputed_share(job, layout, base.stage) if layout.recomputes_core else 0.0),
     )
 
 
@@ -1332,7 +1354,7 @@ def torch_ring_merge_s(job: Job, layout: Layout, base: StepBase) -> float:
     # enable_gqa: torch's accumulators are zeros_like(key / value); long-context review)
     kv_width = ring_kv_width(model, job.tuning.ring_attention_repeats_kv)
     backward_bytes = layout.cp * per_element * rows * (model.q_size + kv_width)
-    forwards = 1.0 + (recomputed_share(job, layout) if layout.recomputes_core else 0.0)
+    forwards = 1.0 + (recomputed_share(job, layout, base.stage) if layout.recomputes_core else 0.0)
     moved = base.micro_batches * base.layers * (forwards * forward_bytes + backward_bytes)
     return moved / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
@@ -1392,7 +1414,7 @@ def ep_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     # each routed copy of a token (top_k of them) carries h values; SP splits tokens over tp; the
     # busiest rank receives expert_load_factor x the mean (padded: capacity x E rows are sent)
     tokens = base.tokens / (layout.tp if layout.sequence_parallel else 1)
-    collectives = 4 + (2.0 * recomputed_share(job, layout) if redispatches(layout) else 0.0)
+    collectives = 4 + (2.0 * recomputed_share(job, layout, base.stage) if redispatches(layout) else 0.0)
     if layout.moe_dispatcher is MoeDispatcher.FLEX:
         one = flex_dispatch_s(job, layout, tokens)
     else:

@@ -368,6 +368,7 @@ def recording(layout: Layout) -> RecordingLayout:
 EXTRA_ARGUMENTS: dict[str, Callable[[Layout], tuple[Any, ...]]] = {
     "recompute": lambda layout: tuple(Recompute),
     "rank": lambda layout: tuple(sorted({0, layout.pp - 1})),
+    "stage": lambda layout: tuple(sorted({0, layout.pp // 2, layout.pp - 1})),
     "kind": lambda layout: (LayerKind(False), LayerKind(True)),  # a dense and an MoE layer
 }
 

@@ -935,3 +935,29 @@ def test_ulysses_replicates_kv_heads_fewer_than_its_ranks() -> None:
 
     assert cp_comm_s(4) == pytest.approx(cp_comm_s(8), rel=1e-12)
     assert cp_comm_s(16) > cp_comm_s(8)
+
+
+def test_the_slowest_stage_is_timed_not_counted_in_flops() -> None:
+    # GPT-2 LoRA, DeepSpeed pp 8: 12 layers + embedding + head as 14 units over 8 stages (2 2 2 2 2 2
+    # 1 1: the last stage holds the output layer alone). That stage has the most FLOPs per token and no
+    # layer; a stage of two launch-bound layers takes longer (each layer's kernels cost their launch
+    # and host issue), and was not timed: pp 8 came out 10% faster than dp 16 on a quarter of the
+    # GPUs' work each (pipeline review's DeepSpeed splits, once rendered)
+    from service.estimator import step_time as st
+
+    spec = preset("gpt2").spec
+    training = TrainingSpec(seq_len=1024, global_batch_size=16, method=Method.LORA)
+    layout = Layout(framework=Framework.DEEPSPEED, dp=8, pp=8, zero_stage=0, micro_batch_size=1)
+    j = make_job(spec, cluster(A100, 64, 25e9), training, default_tuning())
+    layers = [sum(count for _, count in counts) for counts in st.rank_kind_counts(j, layout)]
+    assert layers == [1, 2, 2, 2, 2, 2, 1, 0]
+    work = st.stage_flops_per_token(j, layout)
+    assert work.index(max(work)) == 7 and st.slowest_stage_candidates(j, layout) == (7, 1)
+    base = st.step_base(j, layout)
+    assert base.stage == 1  # the two launch-bound layers outlast the output layer alone
+    rates = st.micro_batch_rates(j, layout)
+    head = st.stage_base(j, layout, st.stage_shape(j, layout, 7), rates)
+    assert base.compute_s > head.compute_s
+    # where the stage with the most FLOPs holds the most layers too, it alone is timed
+    even = dataclasses.replace(layout, pp=4, dp=16)
+    assert len(st.slowest_stage_candidates(j, even)) == 1

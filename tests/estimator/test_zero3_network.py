@@ -175,9 +175,9 @@ def test_a_gpt_layer_past_the_reuse_distance_regathers_its_attention() -> None:
     assert attention_share == pytest.approx(1 / 3, rel=1e-3)
     # h = 6144: q's backward is 22 h^2 = 0.83e9 away: every module is reused
     assert dp_comm.regathered_share(narrow, DENSE, 1) == 0.0
-    assert dp_comm.backward_gather_factor(wide, zero3(), DENSE) == pytest.approx(1 + attention_share)
-    assert dp_comm.backward_gather_factor(wide, zero3(recompute=Recompute.NONE), DENSE) == 1.0
-    assert dp_comm.backward_gather_factor(wide, zero3(Framework.FSDP), DENSE) == 1.0
+    assert dp_comm.backward_gather_factor(wide, zero3(), DENSE, 0) == pytest.approx(1 + attention_share)
+    assert dp_comm.backward_gather_factor(wide, zero3(recompute=Recompute.NONE), DENSE, 0) == 1.0
+    assert dp_comm.backward_gather_factor(wide, zero3(Framework.FSDP), DENSE, 0) == 1.0
 
 
 def test_the_third_gather_adds_its_share_of_every_blocked_backward(monkeypatch: pytest.MonkeyPatch) -> None:
