@@ -37,8 +37,8 @@ from service.launchers import runnable_targets
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, hardware_keys, job_traits
 from service.planning.clusters import read_from_catalog, resolve_cluster
+from service.recommender.runnable import TRAINING_FIELDS
 
-TRAINING_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainingSpec))
 LAYOUT_FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
 
 
