@@ -51,6 +51,7 @@ from service.estimator.validate import divisors, hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.headroom import allowed_bytes
 from service.recommender.rank import gib_needed
+from service.recommender.runnable import framework_refusal
 from service.recommender.space import (
     largest_runnable_world,
     largest_world,
@@ -468,6 +469,51 @@ class _Ask:
         )  # fmt: skip
         return found.recommended
 
+    def _refused(self, training: TrainingSpec, constraints: Constraints) -> str | None:
+        """Why none of the requested frameworks (through the requested launchers) trains ``training``
+        with any layout, each one's reason; None where one does."""
+        refusals = []
+        for framework in constraints.frameworks:
+            refusal = framework_refusal(self.model, self.cluster, training, framework, constraints.launchers)
+            if refusal is None:
+                return None
+            refusals.append(f"{framework.value}: {refusal.message}")
+        return "; ".join(refusals)
+
+    def _elsewhere(
+        self, budget: Budget, kind: str, what: str, training: TrainingSpec, constraints: Constraints
+    ) -> list[Suggestion] | None:
+        """``what`` where the requested frameworks and launchers train it with no layout (Megatron has
+        no PEFT, torchtitan trains full models only): said so, not "no layout fits", with the best
+        layout of the frameworks that do train it on the GPUs given, past the request's
+        ``constraints.frameworks`` / ``launchers``, where one fits (suggestions review: LoRA of a 70B on
+        8 A100-40GB asked of megatron said it did not fit; with deepspeed or fsdp it fits). None where
+        a requested framework trains it (its search found no layout that fits)."""
+        refused = self._refused(training, constraints)
+        if refused is None:
+            return None
+        others = tuple(
+            fw for fw in Framework if framework_refusal(self.model, self.cluster, training, fw) is None
+        )
+        named = what.split(" (")[0]
+        asked = ", ".join(fw.value for fw in constraints.frameworks)
+        if not others:
+            raise NoFit(f"no framework trains {named}: {refused}")
+        relaxed = dataclasses.replace(constraints, frameworks=others, launchers=None)
+        found = self._best(budget, relaxed, training=training)
+        if found is None:
+            raise NoFit(
+                f"the requested frameworks ({asked}) do not train {named} ({refused}), and with "
+                f"{', '.join(fw.value for fw in others)} no layout fits on the GPUs given"
+            )
+        past = f"constraints.frameworks ({asked})" + (
+            f" and launchers ({', '.join(t.value for t in constraints.launchers)})"
+            if constraints.launchers
+            else ""
+        )
+        also = f"{what} with {found.layout.framework.value}, past {past}, which do not train it ({refused})"
+        return [_on_the_gpus_given(kind, also, self.cluster, found, training)]
+
     def offload_within_the_nodes(self, budget: Budget) -> list[Suggestion]:
         found = self._best(budget, dataclasses.replace(self.constraints, allow_offload=True))
         if found is None:
@@ -607,6 +653,11 @@ class _Ask:
         loaded = dataclasses.replace(self.training, base_dtype=BaseDtype.COMPUTE)
         found = self._best(budget, self.constraints, training=loaded)
         if found is None:
+            dtype = loaded.precision.weight_dtype
+            what = f"the LoRA base loaded in {dtype} (training.base_dtype compute)"
+            elsewhere = self._elsewhere(budget, "base_dtype", what, loaded, self.constraints)
+            if elsewhere is not None:
+                return elsewhere
             raise NoFit(
                 f"no layout fits on the GPUs given with the LoRA base in {loaded.precision.weight_dtype}"
             )
@@ -647,8 +698,12 @@ class _Ask:
         changed = dataclasses.replace(self.training, **change)  # type: ignore[arg-type]
         found = self._best(budget, self.constraints, training=changed)
         if found is None:
-            raise NoFit(f"no layout fits on the GPUs given with {what.split(' (')[0]}")
-        made = _on_the_gpus_given(kind, what, self.cluster, found, changed)
+            elsewhere = self._elsewhere(budget, kind, what, changed, self.constraints)
+            if elsewhere is None:
+                raise NoFit(f"no layout fits on the GPUs given with {what.split(' (')[0]}")
+            made = elsewhere[0]
+        else:
+            made = _on_the_gpus_given(kind, what, self.cluster, found, changed)
         return [dataclasses.replace(made, **{name: value.value for name, value in change.items()})]  # type: ignore[arg-type]
 
     def peft(self, method: Method, budget: Budget) -> list[Suggestion]:
@@ -661,6 +716,9 @@ class _Ask:
         found = self._best(budget, constraints, training=peft)
         if found is not None:
             return [_on_the_gpus_given(method.value, what, self.cluster, found, peft)]
+        elsewhere = self._elsewhere(budget, method.value, what, peft, constraints)
+        if elsewhere is not None:
+            return elsewhere
         # not at this length: at the longest shorter one where it does (QLoRA at 4K may serve better
         # than the full method at 1K), where the model states fit at all
         gpus = self.cluster.world_size

@@ -650,3 +650,36 @@ def test_asking_kubernetes_too_never_makes_a_feasible_job_infeasible(client: Tes
     assert plain["status"] == more["status"] == "feasible"
     assert more["recommended"]["layout"] == plain["recommended"]["layout"]
     assert "kubernetes" in more["unsupported_targets"]
+
+
+def test_a_change_the_requested_frameworks_do_not_train_is_said_so_with_those_that_fit(
+    client: TestClient,
+) -> None:
+    """Llama 3.1 70B on 8 A100-40GB asked of megatron: LoRA, QLoRA and 8-bit AdamW were each skipped
+    as "no layout fits", though megatron trains none of them at all (a 422 when asked), and LoRA with
+    fsdp fits at 36.7 GiB (suggestions review). They are suggested with the framework that trains
+    them, past constraints.frameworks, saying why; applied, the suggestion fits as it states."""
+    body: dict[str, Any] = {
+        "model": {"preset": "llama-3.1-70b"},
+        "cluster": {"gpu": "a100-sxm-40gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 32},
+        "constraints": {"frameworks": ["megatron"]},
+    }
+    response = client.post("/v1/plans", json=body)
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert plan["status"] == "infeasible"
+    lora = next(s for s in plan["suggestions"] if s["kind"] == "lora")
+    assert "past constraints.frameworks (megatron)" in lora["detail"], lora
+    assert "lora needs PEFT adapters, which megatron does not have" in lora["detail"], lora
+    assert lora["layout"]["framework"] != "megatron" and lora["method"] == "lora"
+    for skipped in plan["suggestions_skipped"]:
+        if skipped["kind"] in ("lora", "qlora", "optimizer"):
+            assert "do not train" in skipped["reason"], skipped
+    applied = body | {
+        "training": body["training"] | {"method": "lora"},
+        "constraints": {"frameworks": [lora["layout"]["framework"]]},
+    }
+    replanned = client.post("/v1/plans", json=applied).json()
+    assert replanned["status"] == "feasible"
+    assert replanned["recommended"]["estimate"]["time"]["tokens_per_s"] == pytest.approx(lora["tokens_per_s"])
