@@ -317,11 +317,11 @@ def time_estimate(job: Job, layout: Layout) -> TimeEstimate:
     ignore causal sparsity: at long sequences that square is twice what a causal kernel runs, and an
     MFU on it passes 1). HFU = what the kernels execute (flash: the triangle; eager: the square),
     recompute included, over the same; the step runs exactly those FLOPs at rates at most the dense
-    peak (step_time.compute_s, recompute_s), so MFU <= HFU <= 1 (flops.py)."""
+    peak (step_time.compute_s, recompute_s; ``utilisation_peak_flops_per_s``), so MFU <= HFU <= 1."""
     breakdown = time_breakdown(time_parts(job, layout))
     step_s, gpus = breakdown.step_s, layout.world_size
     model, training = job.model, job.training
-    peak = st.peak_flops_per_s(job.cluster, training.precision)
+    peak = st.utilisation_peak_flops_per_s(job.cluster, training.precision)
     fused = fused_experts(model, layout)
     model_flops = flops.model_flops_per_step(model, training, fused_experts=fused)
     recomputed = recomputed_fraction(model.num_layers, layout)

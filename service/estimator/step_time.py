@@ -123,6 +123,17 @@ def peak_flops_per_s(cluster: ClusterSpec, precision: Precision) -> float:
     return peak
 
 
+def utilisation_peak_flops_per_s(cluster: ClusterSpec, precision: Precision) -> float:
+    """The dense peak MFU and HFU divide by: the fastest the step's kernels may run, the precision's
+    GEMM peak and, under fp8, bf16's, which attention's core runs at (``core_rates_flops_per_s``).
+    The precision's alone on every catalog part (fp8 outruns bf16 wherever it exists); a custom GPU
+    stating fp8 below bf16 (swapped, said by its notes) quoted MFU 1.10 on the precision's alone
+    (property review)."""
+    peak = peak_flops_per_s(cluster, precision)
+    bf16 = cluster.gpu.peak_flops_per_s.bf16
+    return max(peak, bf16) if precision is Precision.FP8 and bf16 is not None else peak
+
+
 def sustained_peak_flops_per_s(cluster: ClusterSpec, precision: Precision) -> float:
     """``peak_flops_per_s`` at the clock the GPU holds (``clocks.clock_fraction``): what the step's
     kernels run against. MFU and HFU stay on the datasheet peak, as published figures quote them."""

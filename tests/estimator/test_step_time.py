@@ -37,6 +37,7 @@ from service.estimator.types import (
     ClusterSpec,
     Compile,
     Framework,
+    GPUSpec,
     Layout,
     Method,
     ModelSpec,
@@ -961,3 +962,28 @@ def test_the_slowest_stage_is_timed_not_counted_in_flops() -> None:
     # where the stage with the most FLOPs holds the most layers too, it alone is timed
     even = dataclasses.replace(layout, pp=4, dp=16)
     assert len(st.slowest_stage_candidates(j, even)) == 1
+
+
+def test_utilisation_never_passes_one_when_a_custom_fp8_peak_is_below_bf16() -> None:
+    # a custom GPU stating fp8 below bf16 (swapped: its notes say so) is timed as stated, attention's
+    # core at bf16's rate: MFU and HFU divided by the fp8 peak alone came out 1.10 (property review)
+    gpu = GPUSpec(
+        name="swapped",
+        memory_bytes=80 * 2**30,
+        peak_flops_per_s=PeakFlops(fp32=1e16, bf16=1e16, fp8=2e15),
+        hbm_bandwidth_bytes_per_s=3.35e12,
+        intra_node_bandwidth_bytes_per_s=450e9,
+        pcie_bandwidth_bytes_per_s=32e9,
+        flash_attention=False,
+    )
+    c = ClusterSpec(
+        gpu=gpu, num_nodes=1, gpus_per_node=1, intra_node_bandwidth_bytes_per_s=450e9,
+        inter_node_bandwidth_bytes_per_s=50e9,
+    )  # fmt: skip
+    model = ModelSpec(
+        name="m", num_layers=1, hidden_size=1, num_attention_heads=2, num_kv_heads=2, head_dim=512,
+        ffn_hidden_size=1, vocab_size=1, max_position_embeddings=2**20,
+    )  # fmt: skip
+    training = TrainingSpec(seq_len=131072, global_batch_size=1, precision=Precision.FP8)
+    e = estimate(model, c, Layout(), training, tuning=default_tuning(), with_limits=False)
+    assert e.time is not None and 0 < e.time.mfu <= e.time.hfu <= 1
