@@ -823,6 +823,17 @@ class _Ask:
         if found is None and fewest.unfit is not None:
             raise NoFit(f"{cluster.gpu.name}: {fewest.unfit}")
         if found is None:
+            c = self.constraints
+            runnable = largest_runnable_world(self.model, cluster, training, c.frameworks, c.launchers)
+            if runnable < counts[-1] and runnable < largest_world(self.model, cluster, training):
+                # the climb stopped where the launchers' data parallelism does, not where memory did
+                # (suggestions review: "no layout fits on up to 512 GPUs" for a batch of 16)
+                raise NoFit(
+                    f"{cluster.gpu.name}: no layout fits on up to {runnable:,} GPUs, the most the requested "
+                    f"launchers use: they run data parallelism only, on at most the global batch "
+                    f"({training.global_batch_size}) GPUs; a larger global batch, or a launcher that "
+                    "splits the model, would let more GPUs train it"
+                )
             raise NoFit(f"{cluster.gpu.name}: no layout fits on up to {counts[-1]:,} GPUs")
         gpus, tokens_per_s, layout = found
         per_node = cluster.gpus_per_node

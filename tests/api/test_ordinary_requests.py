@@ -716,3 +716,21 @@ def test_an_infeasible_plan_reports_the_memory_miss_of_the_most_gpus_it_could_us
     ).json()
     assert estimated["fits"] is False
     assert estimated["memory"]["per_gpu"]["total"] == closest["estimate"]["memory"]["per_gpu"]["total"]
+
+
+def test_another_gpu_skipped_where_the_launchers_use_no_more_gpus_says_the_batch_bounds_it(
+    client: TestClient,
+) -> None:
+    """Llama 3.1 70B at batch 16 through the HF Trainer (data parallel only) on 8 RTX 4090s: H100s
+    were skipped as "no layout fits on up to 512 GPUs", though no more than 16 can train the batch:
+    32 H100s fit once the batch is 32 (suggestions review). The reason names the bound."""
+    body: dict[str, Any] = {
+        "model": {"preset": "llama-3.1-70b"},
+        "cluster": {"gpu": "rtx-4090-24gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 16},
+        "launchers": ["hf_trainer"],
+    }
+    plan = client.post("/v1/plans", json=body).json()
+    h100 = next(s for s in plan["suggestions_skipped"] if s["reason"].startswith("h100-sxm-80gb:"))
+    assert "on up to 16 GPUs, the most the requested launchers use" in h100["reason"], h100
+    assert "global batch (16)" in h100["reason"]
