@@ -530,9 +530,8 @@ def sharded_exposed_s(job: Job, layout: Layout) -> float:
         forward_window, backward_window = kind_windows_s(job, layout, base, kind)
         first_gather_s = max(first_gather_s, unit.gather_s)
         forward += count * exposed_s(unit.gather_s, forward_window, hidden)
-        gather_s = (
-            backward_gather_factor(job, layout, kind, base.stage) * unit.gather_s
-        )  # one backward's gathers
+        # one backward's gathers
+        gather_s = backward_gather_factor(job, layout, kind, base.stage) * unit.gather_s
         if overlapped:
             last_reduce_s = max(last_reduce_s, unit.reduce_s)
             reduce_exposed_s = exposed_s(unit.reduce_s, backward_window, hidden)

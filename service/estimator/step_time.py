@@ -1185,9 +1185,8 @@ def tp_comm_s(job: Job, layout: Layout, base: StepBase, window_s: float) -> floa
     # (Korthikanti §4.2.2); Narayanan §3.3: volume 8 b s h (t-1)/t per layer.
     if layout.tp == 1:
         return 0.0
-    attention, dense, moe = recomputed_collectives(
-        job, layout, base.stage
-    )  # each half: forward, backward, recompute
+    # each half: forward, backward, recompute
+    attention, dense, moe = recomputed_collectives(job, layout, base.stage)
     moe_layers = moe_layers_of(base.counts)
     moe_halves = moe_layers * moe_mlp_tp_factor(job, layout)
     collectives = (2 + attention) * base.layers + (2 + dense) * (base.layers - moe_layers)

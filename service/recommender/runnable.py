@@ -6,7 +6,8 @@ switch. A plan whose frameworks (and launchers) all refuse the job for such a re
 every layout, reject each for the same reason, then spend the request's budget on suggestions that
 keep the frameworks and so cannot succeed either; it ended as an infeasible plan with nothing in
 ``rejected`` or as a "too large to plan" 422 naming a 16-layer model. It is a 422 naming the field
-instead, with each framework's reason and those that would run it.
+instead (``planning.runnable``), with each framework's reason and those that would run it; the
+suggestions ask it of each change they try (a LoRA the requested frameworks do not train).
 
 A framework runs the job when its plainest layout (one GPU, no parallelism, no offload; no recompute
 or full recompute: Accelerate's MegatronLMPlugin runs full recompute only) passes the
