@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from service.estimator.params import (
     MTP_NORMS,
     LayerKind,
+    is_moe_layer,
     largest_module_parameters,
     lora_adapter_shapes,
     mla_down_parameters,
@@ -188,16 +189,37 @@ def moment_bytes(training: TrainingSpec, model: ModelSpec, assume: MemoryAssumpt
         return 2 * (1 + 4 / assume.adam_8bit_block_elements)
     if training.optimizer in (Optimizer.SGD, Optimizer.LION):
         return element
-    return element * adafactor_state_fraction(model)
+    return element * adafactor_state_fraction(model, training)
 
 
-def adafactor_state_fraction(model: ModelSpec) -> float:
-    """Adafactor's state elements per parameter: (rows + cols) / (rows x cols) over the matrices."""
+def adafactor_state_fraction(model: ModelSpec, training: TrainingSpec) -> float:
+    """Adafactor's state elements per trainable parameter: rows + cols per matrix it trains (a vector
+    keeps its own size), over the parameters. Full training: every layer's attention and MLP, an MoE
+    layer's routed experts, shared experts and router instead of the dense MLP, the embedding and
+    the norms. LoRA / QLoRA: the adapters alone, A (r x fan_in) and B (fan_out x r), about 1/r of
+    them, over one dense layer's adapters (an expert's differ by 2 / (fan_in + fan_out)): the whole
+    model's ratio was 170x too small for Llama 3.1 8B's rank-16 adapters, and fell as the vocabulary
+    grew (property review)."""
+    if training.method is not Method.FULL:
+        r = training.lora_rank
+        shapes = lora_adapter_shapes(model, adapted_linears(model, training), model.ffn_hidden_size)
+        if not shapes:  # no target on the model: nothing trains (validate refuses the request)
+            return 0.0
+        factored = sum(2 * r + fan_in + fan_out for _, fan_in, fan_out in shapes)
+        return factored / sum(r * (fan_in + fan_out) for _, fan_in, fan_out in shapes)
     h, q, kv, f = model.hidden_size, model.q_size, model.kv_size, model.ffn_hidden_size
     counts = parameter_counts(model)
-    mlp_mats = [(h, f)] * (3 if model.mlp.gated else 2)
-    layer = [(h, q), (h, kv), (h, kv), (q, h), *mlp_mats]
-    factored = model.num_layers * sum(r + c for r, c in layer) + model.vocab_size + h
+    per_mlp = 3 if model.mlp.gated else 2
+    attention = (h + q) + 2 * (h + kv) + (q + h)
+    dense = per_mlp * (h + f)
+    moe_layers = sum(1 for i in range(model.num_layers) if is_moe_layer(model, i))
+    moe = model.moe
+    routed = 0
+    if moe is not None:
+        routed = moe.num_experts * per_mlp * (h + moe.expert_ffn_hidden_size) + (h + moe.num_experts)
+        routed += moe.num_shared_experts * per_mlp * (h + moe.shared_expert_ffn_hidden_size)
+    factored = model.num_layers * attention + (model.num_layers - moe_layers) * dense + moe_layers * routed
+    factored += model.vocab_size + h
     vectors = counts.norms_per_layer * model.num_layers + counts.final_norm
     return (factored + vectors) / counts.total
 

@@ -24,7 +24,7 @@ from service.estimator.model_states import (
     shard_degrees,
     state_bytes,
 )
-from service.estimator.params import LayerKind
+from service.estimator.params import LayerKind, parameter_counts
 from service.estimator.types import (
     Attention,
     ClusterSpec,
@@ -182,7 +182,27 @@ def test_optimizer_moments() -> None:
     assert moment_bytes(dataclasses.replace(TRAIN, optimizer=Optimizer.ADAMW_8BIT), TINY, a) == 2.03125
     # Adafactor: per layer (8+8)x4 + (8+16)x3 = 136 row+col stats, x2 layers = 272, + embedding 32 + 8
     # = 312, + norms 2 x 16 + 8 = 40 vectors -> 352 / 1832 elements per parameter, times 4 bytes.
-    assert adafactor_state_fraction(TINY) == pytest.approx(352 / 1832)
+    assert adafactor_state_fraction(TINY, TRAIN) == pytest.approx(352 / 1832)
+
+
+def test_adafactor_factors_what_trains() -> None:
+    # LoRA rank r: A (r x in) keeps r + in, B (out x r) out + r: (2r + in + out) / (r (in + out)) of
+    # each adapter's parameters, about 1/r, not the base model's ratio (property review: 170x too
+    # small for Llama 3.1 8B's rank-16 adapters, and falling as the vocabulary grew)
+    lora = dataclasses.replace(TRAIN, method=Method.LORA, lora_rank=4, lora_targets=("q_proj", "v_proj"))
+    h, q, kv = TINY.hidden_size, TINY.q_size, TINY.kv_size
+    expected = (2 * 4 + h + q + 2 * 4 + h + kv) / (4 * (h + q) + 4 * (h + kv))
+    assert adafactor_state_fraction(TINY, lora) == pytest.approx(expected)
+    wider = dataclasses.replace(TINY, vocab_size=4 * TINY.vocab_size)
+    assert adafactor_state_fraction(wider, lora) == adafactor_state_fraction(TINY, lora)
+    # an MoE layer's experts are matrices too: E x 3 x (h + f_e), and the router h + E
+    moe = dataclasses.replace(TINY, moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=8))
+    counts = parameter_counts(moe)
+    attention = (h + q) + 2 * (h + kv) + (q + h)
+    experts = 4 * 3 * (h + 8) + (h + 4)
+    vectors = counts.norms_per_layer * moe.num_layers + counts.final_norm
+    factored = moe.num_layers * (attention + experts) + moe.vocab_size + h
+    assert adafactor_state_fraction(moe, TRAIN) == pytest.approx((factored + vectors) / counts.total)
 
 
 def test_rank_parameters_split_tp_and_pp() -> None:
