@@ -414,7 +414,9 @@ def grid_reads() -> dict[str, dict[str, tuple[Inputs, Layout]]]:
 def test_every_part_is_registered_once() -> None:
     names = [entry.name for entry in MEMOISED_PARTS]
     assert len(names) == len(set(names))
-    assert {"stage_states", "stage_activations", "step_base", "step_parts", "kind_layer_bytes"} <= set(names)
+    assert {"stage_states", "stage_activations", "stage_step_base", "step_parts", "kind_layer_bytes"} <= set(
+        names
+    )
     for entry in MEMOISED_PARTS:
         assert entry.fields and set(entry.fields) <= LAYOUT_FIELDS, entry
 
