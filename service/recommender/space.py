@@ -272,10 +272,19 @@ def structures(
             rest = gpus // (pp * tp)
             cps = divisors(rest)
             example = Layout(dp=rest, tp=tp, pp=pp)
-            if tp > cluster.gpus_per_node:
+            gpn = cluster.gpus_per_node
+            if tp > gpn or (gpus > gpn and gpn % tp):
+                # ranks fill nodes tp first: a tp that does not divide the node puts some groups on two
+                # nodes once the job spans several (tp 4 on 6-GPU nodes: ranks 4-7 are 2 + 2; odd
+                # node shapes review, where it was recommended with TE's intra-node overlap)
+                why = (
+                    f"tp ({tp}) > GPUs per node ({gpn})"
+                    if tp > gpn
+                    else f"tp ({tp}) does not divide the {gpn} GPUs per node, so some TP groups straddle two"
+                )
                 detail = (
-                    f"tp ({tp}) > GPUs per node ({cluster.gpus_per_node}): the search proposes no TP whose "
-                    "all-reduces cross nodes (an estimate of one answers, with a warning)"
+                    f"{why}: the search proposes no TP whose all-reduces cross nodes (an estimate of one "
+                    "answers, with a warning)"
                 )
                 log.add(TP_ACROSS_NODES, len(cps), example, detail)
                 continue

@@ -734,3 +734,27 @@ def test_another_gpu_skipped_where_the_launchers_use_no_more_gpus_says_the_batch
     h100 = next(s for s in plan["suggestions_skipped"] if s["reason"].startswith("h100-sxm-80gb:"))
     assert "on up to 16 GPUs, the most the requested launchers use" in h100["reason"], h100
     assert "global batch (16)" in h100["reason"]
+
+
+def test_on_six_gpu_nodes_no_tensor_parallel_group_straddles_two_nodes(client: TestClient) -> None:
+    """Llama 3 70B on 4 nodes of 6 H100s was recommended tp 4 (ranks 4-7 on two nodes), its launch
+    files asking TE's intra-node userbuffers overlap, at 16.9 s a step, where that overlap cannot
+    form: 20.4 s without it, slower than the tp 2 it listed (odd node shapes review). The search
+    proposes only a tp that divides the node once the job spans nodes; an estimate of tp 4 warns."""
+    body: dict[str, Any] = {
+        "model": {"preset": "llama-3-70b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 4, "gpus_per_node": 6},
+        "training": {"seq_len": 4096, "global_batch_size": 96},
+        "launchers": ["megatron"],
+    }
+    plan = client.post("/v1/plans", json=body).json()
+    assert plan["status"] == "feasible"
+    for candidate in (plan["recommended"], *plan["alternatives"]):
+        assert 6 % candidate["layout"]["tp"] == 0, candidate["layout"]
+    layout = {"framework": "megatron", "dp": 1, "tp": 4, "pp": 3, "cp": 2, "zero_stage": 1}
+    estimated = client.post(
+        "/v1/estimates", json={k: body[k] for k in ("model", "cluster", "training")} | {"layout": layout}
+    ).json()
+    assert any("does not divide the 6 GPUs per node" in w for w in estimated["warnings"]), estimated[
+        "warnings"
+    ]
