@@ -506,12 +506,17 @@ class _Ask:
                 f"the requested frameworks ({asked}) do not train {named} ({refused}), and with "
                 f"{', '.join(fw.value for fw in others)} no layout fits on the GPUs given"
             )
-        past = f"constraints.frameworks ({asked})" + (
-            f" and launchers ({', '.join(t.value for t in constraints.launchers)})"
-            if constraints.launchers
-            else ""
+        # what the layout found steps past: the requested frameworks where it runs another, the
+        # requested launchers where they were named (review of stop 48: "past constraints.frameworks
+        # (fsdp)" read wrong where fsdp was kept and only torchtitan passed)
+        launchers = ", ".join(t.value for t in constraints.launchers or ())
+        passed = [f"launchers ({launchers})"] if launchers else []
+        if found.layout.framework not in constraints.frameworks:
+            passed.insert(0, f"constraints.frameworks ({asked})")
+        also = (
+            f"{what} with {found.layout.framework.value}, past {' and '.join(passed)}, which do not train it "
+            f"({refused})"
         )
-        also = f"{what} with {found.layout.framework.value}, past {past}, which do not train it ({refused})"
         return [_on_the_gpus_given(kind, also, self.cluster, found, training)]
 
     def offload_within_the_nodes(self, budget: Budget) -> list[Suggestion]:

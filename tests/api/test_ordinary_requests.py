@@ -758,3 +758,21 @@ def test_on_six_gpu_nodes_no_tensor_parallel_group_straddles_two_nodes(client: T
     assert any("does not divide the 6 GPUs per node" in w for w in estimated["warnings"]), estimated[
         "warnings"
     ]
+
+
+def test_a_change_only_the_requested_launchers_do_not_train_names_the_launchers(client: TestClient) -> None:
+    """LoRA asked of fsdp through torchtitan alone (which trains full models only) is suggested with
+    fsdp through another launcher: it said "past constraints.frameworks (fsdp)", which it kept
+    (review of stop 48)."""
+    body: dict[str, Any] = {
+        "model": {"preset": "llama-3.1-70b"},
+        "cluster": {"gpu": "a100-sxm-40gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 32},
+        "constraints": {"frameworks": ["fsdp"]},
+        "launchers": ["torchtitan"],
+    }
+    plan = client.post("/v1/plans", json=body).json()
+    lora = next(s for s in plan["suggestions"] if s["kind"] == "lora")
+    assert lora["layout"]["framework"] == "fsdp", lora
+    assert "past launchers (torchtitan)" in lora["detail"], lora["detail"]
+    assert "constraints.frameworks" not in lora["detail"]
