@@ -1484,10 +1484,13 @@ def tied_embedding_reduce_s(job: Job, layout: Layout) -> float:
     the bf16 optimizer's fp32 ``_hp_grad``); Megatron after it (core/distributed/finalize_model_grads.py
     ``_allreduce_word_embedding_grads``, of the main_grad in the grad buffer's dtype: gemma-2b on
     dp 8 pp 2 over two nodes adds ~25 ms that were not charged; pipeline review). FSDP's
-    torch.distributed.pipelining has no tied weights across stages. The weight is the
-    vocabulary-parallel embedding, V h / t."""
+    torch.distributed.pipelining has no tied weights across stages. Megatron does it for an untied
+    model too where multi-token prediction runs (``mtp_num_layers``: the last stage embeds the shifted
+    tokens with its copy of the word embedding; the same function's ``or config.mtp_num_layers``).
+    The weight is the vocabulary-parallel embedding, V h / t."""
     model, precision = job.model, job.training.precision
-    if layout.pp == 1 or not model.tied_embeddings:
+    megatron_mtp = layout.framework is Framework.MEGATRON and job.training.mtp_num_layers > 0
+    if layout.pp == 1 or not (model.tied_embeddings or megatron_mtp):
         return 0.0
     if layout.framework is Framework.DEEPSPEED:
         grad_bytes = 4 if precision is Precision.BF16 else element_bytes(precision)

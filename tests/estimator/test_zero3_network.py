@@ -104,6 +104,25 @@ def test_megatron_all_reduces_a_tied_embedding_in_its_grad_buffer_dtype() -> Non
     )
 
 
+def test_megatron_all_reduces_the_embedding_an_mtp_block_shares() -> None:
+    # finalize_model_grads all-reduces the word embedding between the first and last stage where the
+    # model ties it or multi-token prediction runs (the last stage's MTP block embeds with its copy):
+    # an untied model with mtp_num_layers 1 on pp 2 was charged nothing (review of stop 48)
+    untied = dataclasses.replace(tiny_gpt(vocab=50_000), tied_embeddings=False)
+    c = gpu_cluster(A100, 16, 10e9)
+    layout = Layout(framework=Framework.MEGATRON, dp=1, tp=8, pp=2, zero_stage=1)
+    plain = job(untied, c, TrainingSpec(seq_len=1024, global_batch_size=16, precision=Precision.BF16))
+    assert step_time.tied_embedding_reduce_s(plain, layout) == 0.0
+    mtp = job(
+        untied,
+        c,
+        TrainingSpec(seq_len=1024, global_batch_size=16, precision=Precision.BF16, mtp_num_layers=1),
+    )
+    size = 50_000 * 1024 / 8 * 2  # bf16 main grads (grad_reduce_in_fp32 off by default)
+    expected = TUNING_BASE_S + 2 * TUNING_INTER_S + size / (10e9 * INTER_EFFICIENCY)
+    assert step_time.tied_embedding_reduce_s(mtp, layout) == pytest.approx(expected)
+
+
 def test_tied_embedding_all_reduce_only_where_a_pipeline_splits_a_tied_model() -> None:
     j, layout = tied_job()
     assert step_time.tied_embedding_reduce_s(j, dataclasses.replace(layout, pp=1, tp=8, dp=2)) == 0.0
