@@ -342,12 +342,21 @@ def pipeline_ranks(job: Job, layout: Layout) -> tuple[int, ...]:
     the first rank of each layer count the first rank does not have (an uneven split): a later rank
     with the same layers holds fewer micro-batches in flight, so it never needs more. Under FSDP
     (torch.distributed.pipelining) a middle rank keeps forward receive buffers the first rank has
-    none of, one per micro-batch not in flight (``pipelining_buffer_bytes``), so the first middle
-    rank of each layer count is evaluated whatever the first rank's: Llama 3 8B at pp 4 and 1,024
-    micro-batches needs 101 GiB on rank 1, 72 on rank 0 (pipeline review)."""
+    none of, one per micro-batch not in flight (``pipelining_buffer_bytes``), one more on each later
+    rank as one fewer is in flight: its memory is linear in the micro-batches in flight, largest at
+    the first or at the last middle rank of its layer count, and both are evaluated whatever the
+    first rank's: Llama 3 8B at pp 4 and 1,024 micro-batches needs 101 GiB on rank 1, 72 on rank 0
+    (pipeline review); with activations offloaded the later ranks need the most (review of stop 48)."""
     counts = rank_kind_counts(job, layout)
-    ranks: list[int] = [0]
-    seen = set() if layout.framework is Framework.FSDP else {counts[0]}
+    if layout.framework is Framework.FSDP:
+        first: dict[object, int] = {}
+        last: dict[object, int] = {}
+        for rank in range(1, layout.pp - 1):
+            first.setdefault(counts[rank], rank)
+            last[counts[rank]] = rank
+        middle = sorted({*first.values(), *last.values()})
+        return (0, *middle, layout.pp - 1) if layout.pp > 1 else (0,)
+    ranks, seen = [0], {counts[0]}
     for rank in range(1, layout.pp - 1):
         if counts[rank] not in seen:
             ranks.append(rank)

@@ -831,28 +831,19 @@ def test_megatron_keeps_mla_down_projections_whole_on_every_tp_rank() -> None:
     assert whole == pytest.approx(4 * mla_down_parameters(spec) * (1 - 1 / 4))
 
 
-@pytest.mark.parametrize("framework", [Framework.FSDP, Framework.MEGATRON, Framework.DEEPSPEED])
-@pytest.mark.parametrize("global_batch", [8, 64, 2048])
-def test_the_ranks_evaluated_hold_the_most_loaded_one(
-    framework: Framework, global_batch: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # pipeline_ranks skips ranks it proves need no more than one it keeps; evaluating every rank gives
-    # the same most-loaded figure. Under FSDP, torch.distributed.pipelining's forward receive buffers
-    # (one per micro-batch not in flight) make a middle rank the most loaded at many micro-batches:
-    # Llama 3 8B at pp 4 and 1,024 micro-batches needs ~101 GiB on rank 1, 72 on rank 0; the middle
-    # ranks were skipped and the layout said to fit at 77 GiB (pipeline review)
+def kept_and_every_rank(
+    preset: str, layout: Layout, training: TrainingSpec, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Estimate, Estimate]:
+    """The estimate on ``pipeline_ranks``, and on every pipeline rank (each on a fresh job: prepare()'s
+    shared one would keep its memos)."""
     import service.estimator.memory as memory_module
     from service.catalog.models import model
     from service.estimator.estimate import estimate_valid
     from service.estimator.job import make_job
 
-    spec = model("llama-3-8b").spec
-    training = TrainingSpec(seq_len=4096, global_batch_size=global_batch)
-    zero = 2 if framework is Framework.FSDP else 1
-    layout = Layout(framework=framework, dp=2, pp=4, zero_stage=zero, recompute=Recompute.FULL)
-    c = cluster(8)
+    spec, c = model(preset).spec, cluster(8)
 
-    def estimate() -> Estimate:  # a fresh job each time: prepare()'s shared one would keep its memos
+    def estimate() -> Estimate:
         return estimate_valid(make_job(spec, c, training, default_tuning()), layout, with_limits=False)
 
     kept = estimate()
@@ -863,10 +854,44 @@ def test_the_ranks_evaluated_hold_the_most_loaded_one(
     monkeypatch.setattr(memory_module, "pipeline_ranks", every_rank)
     monkeypatch.setattr(evaluate, "pipeline_ranks", every_rank)
     every = estimate()
-    assert len(every.memory.per_stage) == 4
+    assert len(every.memory.per_stage) == layout.pp
     assert kept.memory.per_gpu.total == every.memory.per_gpu.total
     assert kept.fits == every.fits
+    return kept, every
+
+
+@pytest.mark.parametrize("framework", [Framework.FSDP, Framework.MEGATRON, Framework.DEEPSPEED])
+@pytest.mark.parametrize("global_batch", [8, 64, 2048])
+def test_the_ranks_evaluated_hold_the_most_loaded_one(
+    framework: Framework, global_batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pipeline_ranks skips ranks it proves need no more than one it keeps; evaluating every rank gives
+    # the same most-loaded figure. Under FSDP, torch.distributed.pipelining's forward receive buffers
+    # (one per micro-batch not in flight) make a middle rank the most loaded at many micro-batches:
+    # Llama 3 8B at pp 4 and 1,024 micro-batches needs ~101 GiB on rank 1, 72 on rank 0; the middle
+    # ranks were skipped and the layout said to fit at 77 GiB (pipeline review)
+    training = TrainingSpec(seq_len=4096, global_batch_size=global_batch)
+    zero = 2 if framework is Framework.FSDP else 1
+    layout = Layout(framework=framework, dp=2, pp=4, zero_stage=zero, recompute=Recompute.FULL)
+    kept, every = kept_and_every_rank("llama-3-8b", layout, training, monkeypatch)
     if framework is Framework.FSDP and global_batch == 2048:
         assert not kept.fits
         worst = max(every.memory.per_stage, key=lambda stage: stage.memory.total)
         assert worst.rank == 1
+
+
+def test_with_activations_offloaded_a_later_middle_rank_is_the_most_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # activations offloaded, a micro-batch in flight costs the GPU little while each later middle rank
+    # keeps one more receive buffer: Qwen2.5-7B at pp 8 needs 80.24 GiB on rank 5, said to fit at
+    # 79.99 on ranks 0, 1, 6, 7 (review of stop 48)
+    training = TrainingSpec(seq_len=4096, global_batch_size=968)
+    layout = Layout(
+        framework=Framework.FSDP, pp=8, zero_stage=2, micro_batch_size=2, recompute=Recompute.FULL,
+        activation_offload=True,
+    )  # fmt: skip
+    kept, every = kept_and_every_rank("qwen2.5-7b", layout, training, monkeypatch)
+    assert not kept.fits
+    worst = max(every.memory.per_stage, key=lambda stage: stage.memory.total)
+    assert worst.rank == 5 and worst.rank in {stage.rank for stage in kept.memory.per_stage}
