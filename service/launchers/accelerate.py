@@ -54,6 +54,7 @@ from service.launchers.common import (
     refuse,
     script,
     shell_command,
+    steps_duty,
     tf32_environment,
     world_refusal,
 )
@@ -552,7 +553,9 @@ def _ulysses_duty(plan: Plan) -> str:
 def duties(plan: Plan) -> str:
     """What the training script must do for the layout, and where the launch runs from: the launch
     script's header, and the Slurm script's that runs this launch (``slurm.accelerate_render``)."""
-    text = model_duties(plan) + _script_duties(plan) + fsdp_reduce_duty(plan, "accelerator")
+    text = (
+        model_duties(plan) + _script_duties(plan) + steps_duty(plan) + fsdp_reduce_duty(plan, "accelerator")
+    )
     if plan.layout.framework is Framework.FSDP:
         text += _batch_duty(plan)
         text += pure_bf16_duty(plan)

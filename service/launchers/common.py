@@ -400,6 +400,20 @@ def model_duties(plan: Plan, config_dir: str = "") -> str:
     return head + checkpoint_duty(plan) + attention_duty(plan) + peft_header(plan, config_dir)
 
 
+def steps_duty(plan: Plan) -> str:
+    """How many optimizer steps the user's training loop must run, where the request gave tokens: the
+    steps the time to train counts (``train_steps``). DeepSpeed's config and Accelerate's have no
+    step count (the loop is the script's); the HF Trainer's max_steps and Megatron's --train-iters
+    carry it (review of stop 48: these files never stated the 3,815 steps the estimate timed)."""
+    if plan.training.tokens is None:
+        return ""
+    return (
+        f"\nsteps: {TRAIN_SCRIPT} must run {train_steps(plan):,} optimizer steps of global batch "
+        f"{plan.training.global_batch_size} ({plan.training.tokens_per_step:,} tokens each): the "
+        f"{plan.training.tokens:,} tokens the time to train counts."
+    )
+
+
 def z3_leaf_duty(plan: Plan) -> str:
     """DeepSpeed ZeRO-3 with peft's adapters on fused experts (``caveats.
     zero3_partitions_fused_expert_adapters``, which the estimate warns of): the MoE block must be a

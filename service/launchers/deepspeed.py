@@ -38,6 +38,7 @@ from service.launchers.common import (
     refuse,
     script,
     shell_command,
+    steps_duty,
     world_refusal,
     z3_leaf_duty,
 )
@@ -434,7 +435,7 @@ def render(plan: Plan) -> list[Artifact]:
             f"\ntf32: {TRAIN_SCRIPT} must set torch.backends.cuda.matmul.allow_tf32 = True (ds_config has no "
             "TF32 switch; without fp16/bf16 blocks it trains fp32)."
         )
-    header += model_duties(plan)
+    header += model_duties(plan) + steps_duty(plan)
     artifacts = [
         config,
         *peft_artifacts(plan, Target.DEEPSPEED),

@@ -22,6 +22,7 @@ from service.launchers.common import (
     model_duties,
     peft_artifacts,
     refuse,
+    steps_duty,
     tf32_environment,
     world_refusal,
 )
@@ -90,7 +91,7 @@ def entry(plan: Plan, wrapper: Target, config_dir: str = "", via: Target | None 
             "--deepspeed_config",
             config_dir + deepspeed.CONFIG_NAME,
         ]
-        duties = deepspeed.model_code_duties(plan) + model_duties(plan, config_dir)
+        duties = deepspeed.model_code_duties(plan) + model_duties(plan, config_dir) + steps_duty(plan)
         files = [file, *peft_artifacts(plan, wrapper)]
         return Entry(Target.DEEPSPEED, words, files, tf32_environment(plan), duties)
     if framework is Framework.MEGATRON:

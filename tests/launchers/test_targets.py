@@ -27,6 +27,7 @@ from service.estimator.types import (
     QKNorm,
     Recompute,
     RecomputeModule,
+    TrainingSpec,
 )
 from service.frameworks import FRAMEWORKS
 from service.launchers import (
@@ -1142,3 +1143,16 @@ def test_a_pytorchjob_asks_for_the_gpus_its_vendors_device_plugin_advertises(
     (job,) = [f for f in files if f.name == "pytorchjob.yaml"]
     asked = [line.strip() for line in job.content.splitlines() if "com/gpu:" in line]
     assert asked and all(line == f"{resource}: 8" for line in asked), asked
+
+
+def test_the_user_loops_are_told_the_steps_the_time_to_train_counts() -> None:
+    # DeepSpeed's and Accelerate's configs carry no step count (the loop is train.py's): their headers
+    # say how many optimizer steps the tokens take, as HF's max_steps and Megatron's --train-iters do
+    # (review of stop 48). 10^9 tokens in steps of 256 x 4,096: 954 steps (953.7 rounded up).
+    train = TrainingSpec(seq_len=4096, global_batch_size=256, tokens=10**9)
+    ds = plan(train=train, framework=Framework.DEEPSPEED, zero_stage=2)
+    script = next(a.content for a in deepspeed.render(ds) if a.name == deepspeed.LAUNCH_NAME)
+    assert "must run 954 optimizer steps of global batch 256 (1,048,576 tokens each)" in script
+    fsdp = plan(train=train, framework=Framework.FSDP, zero_stage=3)
+    assert "must run 954 optimizer steps" in accelerate.duties(fsdp)
+    assert "optimizer steps" not in accelerate.duties(plan(framework=Framework.FSDP, zero_stage=3))
