@@ -100,7 +100,9 @@ def _relief(layout: StoredLayout) -> str:
         steps.append("full activation recompute")
     if layout.micro_batch_size > 1:
         steps.append(f"micro_batch_size {layout.micro_batch_size} -> {layout.micro_batch_size // 2}")
-    if layout.zero_stage < 3 and layout.framework != "megatron":
+    # ZeRO shards over the data-parallel ranks: with one it frees nothing (a single GPU's OOM was told
+    # "zero_stage 0 -> 1"; memory review)
+    if layout.zero_stage < 3 and layout.framework != "megatron" and layout.dp > 1:
         steps.append(f"zero_stage {layout.zero_stage} -> {layout.zero_stage + 1}")
     return ", ".join(steps) if steps else "more GPUs or optimizer offload"
 

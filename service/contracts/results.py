@@ -204,6 +204,7 @@ class StoredLayout(Stored):
     far as a run's diagnosis reads it."""
 
     framework: str
+    dp: int = 1
     tp: int = 1
     pp: int = 1
     cp: int = 1

@@ -559,3 +559,19 @@ def test_a_megatron_moe_plan_with_multi_token_prediction_launches_what_was_estim
     assert ("--overlap-moe-expert-parallel-comm" in script) == layout["moe_a2a_overlap"]
     ep_line = next(line for line in plan["recommended"]["rationale"] if line.startswith("EP="))
     assert ("--overlap-moe-expert-parallel-comm" in ep_line) == layout["moe_a2a_overlap"]
+
+
+def test_out_of_memory_advice_shards_only_over_data_parallel_ranks(client: TestClient) -> None:
+    # LoRA 7B on one L4 (DeepSpeed dp 1, ZeRO-0) ran out of memory: "zero_stage 0 -> 1" shards over
+    # one rank and frees nothing; it is advised only where dp > 1 (memory review)
+    body = {
+        "model": {"preset": "llama-2-7b"},
+        "cluster": {"gpu": "l4-24gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 2048, "global_batch_size": 16, "method": "lora"},
+        "constraints": {"frameworks": ["deepspeed"]},
+        "launchers": [],
+    }
+    plan = create(client, body)
+    assert plan["recommended"]["layout"]["dp"] == 1
+    advice = client.post(f"/v1/plans/{plan['id']}/runs", json={"out_of_memory": True}).json()["diagnosis"]
+    assert not any("zero_stage" in line for line in advice["advice"]), advice["advice"]
