@@ -116,3 +116,42 @@ def test_a_misplaced_or_unknown_statistic_is_a_422_naming_it(
     assert "memory_statistic" in fields, problem
     assert says in fields["memory_statistic"]
     assert client.get(runs_url(plan)).json()["items"] == []
+
+
+def test_an_allocated_peak_below_the_model_states_is_implausible(client: TestClient) -> None:
+    """An allocated peak below the model states the GPU holds all step cannot be the plan's run: it
+    passed as the device-used figure it converts to (states plus the estimate's context, NCCL and
+    fragmentation) and lowered every later estimate (memory review)."""
+    plan = create(client, BODY)
+    memory = per_gpu(plan)
+    states = memory["parameters"] + memory["gradients"] + memory["optimizer_states"]
+    run = {"peak_memory_bytes_per_gpu": int(states * 0.95), "memory_statistic": "allocated"}
+    stored = post_run(client, plan["id"], run)
+    assert stored["diagnosis"]["implausible"] is True, stored["diagnosis"]
+    assert any("below the" in reason for reason in stored["diagnosis"]["implausible_reasons"])
+
+
+def test_a_layout_that_ran_still_fits_after_its_allocated_peak_calibrates(client: TestClient) -> None:
+    """A run that did not run out of memory used at most the card: its allocated peak plus what the
+    estimate adds for device used (its own fragmentation) may not put it past the card. Llama 2 7B's
+    FSDP layout on 8 A100-40GB ran at 34.5 GiB allocated and was then said not to fit at 40.5 GiB
+    (memory review)."""
+    body = {
+        "model": {"preset": "llama-2-7b"},
+        "cluster": {"gpu": "a100-pcie-40gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 2048, "global_batch_size": 64},
+        "constraints": {"frameworks": ["fsdp"], "top_k": 2},
+    }
+    plan = create(client, body)
+    capacity = plan["recommended"]["estimate"]["memory"]["capacity_bytes"]
+    allocated = per_gpu(plan)["peak_allocated_bytes"]
+    # most of the card allocated: with the estimate's fragmentation on top it would pass the card
+    run = {"peak_memory_bytes_per_gpu": int(0.86 * capacity), "memory_statistic": "allocated"}
+    assert run["peak_memory_bytes_per_gpu"] > allocated
+    stored = post_run(client, plan["id"], run)
+    assert stored["diagnosis"]["implausible"] is False, stored["diagnosis"]
+    layout = plan["recommended"]["layout"]
+    request = {k: body[k] for k in ("model", "cluster", "training")} | {"layout": layout}
+    again = client.post("/v1/estimates", json=request).json()
+    assert again["calibration"]["runs"] == 1
+    assert again["fits"] is True, again["memory"]
