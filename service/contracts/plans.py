@@ -109,7 +109,8 @@ class PlanOut(BaseModel):
         description="infeasible: what would make it fit, in the order a user can act: on the GPUs given "
         "(offload within the stated host RAM, torch.compile, LoRA, QLoRA, a shorter sequence), then more "
         "of the same GPU (or the host RAM offload needs), then other GPUs in whole nodes of their shape; "
-        "each with the layout, node shape, method and sequence it assumed"
+        "each with the layout, node shape, method and sequence it assumed; per_gpu_bytes is device used "
+        "(nvidia-smi's figure, the statistic the fit compares), null for more_gpus and other_gpu"
     )
     suggestions_skipped: list[dict[str, str]] = Field(
         default_factory=list,

@@ -89,7 +89,12 @@ class SuggestionOut(Stored):
     num_nodes: int | None = None
     gpus_per_node: int | None = None
     inter_node_bandwidth_bytes_per_s: float | None = None
-    per_gpu_bytes: int | None = None
+    per_gpu_bytes: int | None = Field(
+        default=None,
+        description="the layout's memory per GPU as device used (nvidia-smi's figure, the statistic the "
+        "fit compares with the card); null where the suggestion states GPUs and speed alone (more_gpus, "
+        "other_gpu: estimate its layout for the figures)",
+    )
     cpu_per_node_bytes: int | None = None
     tokens_per_s: float | None = None
     layout: dict[str, Any] | None = None
