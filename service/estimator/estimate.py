@@ -98,17 +98,12 @@ def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -
             f"tp ({layout.tp}) > GPUs per node ({cluster.gpus_per_node}): every layer's tensor-parallel "
             "collectives cross the network (the search never splits tp across nodes)"
         )
-    elif layout.world_size > cluster.gpus_per_node and cluster.gpus_per_node % layout.tp:
+    elif cluster.tp_straddles_nodes(layout.tp, layout.world_size):
         # ranks fill nodes tp first: some groups straddle two nodes, the slowest timed (comm.link_for_group)
-        overlap = (
-            "; Transformer Engine's userbuffers (tp_comm_overlap) build each TP group inside one node"
-            if layout.tp_comm_overlap
-            else ""
-        )
         out.append(
             f"tp ({layout.tp}) does not divide the {cluster.gpus_per_node} GPUs per node: some "
             "tensor-parallel groups straddle two nodes, their collectives over the network (the search "
-            f"never proposes such a tp){overlap}"
+            "never proposes such a tp)"
         )
     return tuple(out)
 

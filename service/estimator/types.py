@@ -706,6 +706,13 @@ class ClusterSpec:
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
 
+    def tp_straddles_nodes(self, tp: int, world_size: int) -> bool:
+        """Whether tensor-parallel groups of ``tp`` ranks, of a job of ``world_size`` GPUs, cross a node
+        boundary: ranks fill nodes tp first, so a tp above the node, or one the node's GPUs do not
+        divide once the job spans several nodes (tp 4 on nodes of 6: ranks 4-7 are 2 + 2)."""
+        gpn = self.gpus_per_node
+        return tp > gpn or (world_size > gpn and gpn % tp != 0)
+
 
 def _require_bus_bandwidth_within_link(
     name: str, value: float | None, link_name: str, link: float, hint: str

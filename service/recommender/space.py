@@ -273,7 +273,7 @@ def structures(
             cps = divisors(rest)
             example = Layout(dp=rest, tp=tp, pp=pp)
             gpn = cluster.gpus_per_node
-            if tp > gpn or (gpus > gpn and gpn % tp):
+            if cluster.tp_straddles_nodes(tp, gpus):
                 # ranks fill nodes tp first: a tp that does not divide the node puts some groups on two
                 # nodes once the job spans several (tp 4 on 6-GPU nodes: ranks 4-7 are 2 + 2; odd
                 # node shapes review, where it was recommended with TE's intra-node overlap)

@@ -758,6 +758,15 @@ def test_on_six_gpu_nodes_no_tensor_parallel_group_straddles_two_nodes(client: T
     assert any("does not divide the 6 GPUs per node" in w for w in estimated["warnings"]), estimated[
         "warnings"
     ]
+    # TE's userbuffers build each TP group inside one node: left out, the overlap defaults off there
+    # (it was credited, 17% of the step); asked for, it is refused (review of stop 48)
+    assert estimated["layout"]["tp_comm_overlap"] is False
+    assert estimated["resolved_defaults"]["layout.tp_comm_overlap"] == "false"
+    job = {k: body[k] for k in ("model", "cluster", "training")}
+    problem = assert_problem(
+        client.post("/v1/estimates", json=job | {"layout": layout | {"tp_comm_overlap": True}}), 422
+    )
+    assert problem["errors"][0]["field"] == "layout.tp_comm_overlap", problem
 
 
 def test_a_change_only_the_requested_launchers_do_not_train_names_the_launchers(client: TestClient) -> None:
