@@ -186,8 +186,8 @@ def slowest_stage_candidates(job: Job, layout: Layout) -> tuple[int, ...]:
     the output layer alone, the most FLOPs and the least time (review of stop 48's pipelines); an
     explicit [6, 5, 6, 1] on Gemma 2B puts 1.5 s on the last stage and 1.26 on the first, the
     heaviest in FLOPs; DeepSeek-V3's first stage of dense layers stands in for no MoE stage (the
-    newest commits' review). That for an explicit split (``pipeline_layers``); a derived one keeps
-    the two the estimate's shares make distinct (below)."""
+    newest commits' review). So for an explicit split (``pipeline_layers``); a derived one keeps the
+    FLOP-heaviest stage and the one with the most layers (below)."""
     work = stage_flops_per_token(job, layout)
     if layout.pipeline_layers is None:
         # a derived split: the stage with the most FLOPs and the one with the most layers (exact on every

@@ -165,11 +165,11 @@ def observation(run: RunRecord, plan: PlanRecord) -> Observation | None:
         left_out = per_gpu.device_used_bytes - estimated
         measured_peak += round(left_out / factors.memory_dynamic)
         if not run.out_of_memory:
-            # a run that did not run out of memory used at most the card: what the estimate adds to an
-            # allocated peak (its own fragmentation, sized for its own allocations) cannot put it past
-            # (34.5 GiB allocated on a 40 GB A100 became 40.5 GiB of device used, and the layout that
-            # ran was said not to fit; memory review)
-            # (less a few bytes: each calibrated part is rounded up to a byte)
+            # a run that did not run out of memory used at most the card (less a few bytes: each
+            # calibrated part is rounded up to a byte): what the estimate adds to an allocated peak
+            # (its own fragmentation, sized for its own allocations) cannot put it past (34.5 GiB
+            # allocated on a 40 GB A100 became 40.5 GiB of device used, and the layout that ran was
+            # said not to fit; memory review)
             measured_peak = min(measured_peak, estimate.memory.capacity_bytes - PARTS_ROUNDING_BYTES)
     # step x HFU is the step's hardware FLOPs per GPU over the dense peak: the step at HFU 1, the same
     # before and after a step-time factor (which divides HFU as it multiplies the step)
