@@ -656,21 +656,17 @@ class _Ask:
         """The LoRA base loaded in the compute dtype instead of fp32: half its bytes, and no 16-bit
         copies for autocast to make."""
         loaded = dataclasses.replace(self.training, base_dtype=BaseDtype.COMPUTE)
-        found = self._best(budget, self.constraints, training=loaded)
-        if found is None:
-            dtype = loaded.precision.weight_dtype
-            what = f"the LoRA base loaded in {dtype} (training.base_dtype compute)"
-            elsewhere = self._elsewhere(budget, "base_dtype", what, loaded, self.constraints)
-            if elsewhere is not None:
-                return elsewhere
-            raise NoFit(
-                f"no layout fits on the GPUs given with the LoRA base in {loaded.precision.weight_dtype}"
-            )
         dtype = loaded.precision.weight_dtype
         what = (
             f"the LoRA base loaded in {dtype} (training.base_dtype compute: "
             f"from_pretrained(torch_dtype=torch.{dtype}))"
         )
+        found = self._best(budget, self.constraints, training=loaded)
+        if found is None:
+            elsewhere = self._elsewhere(budget, "base_dtype", what, loaded, self.constraints)
+            if elsewhere is not None:
+                return elsewhere
+            raise NoFit(f"no layout fits on the GPUs given with the LoRA base in {dtype}")
         return [_on_the_gpus_given("base_dtype", what, self.cluster, found, loaded)]
 
     def fused_optimizer(self, budget: Budget) -> list[Suggestion]:
