@@ -54,6 +54,7 @@ from service.estimator.step_time import (
     StepParts,
     core_s_per_token,
     exposed_s,
+    fp8_layer_cast_s,
     gpu_parameters,
     group_links,
     kind_core_work_flops,
@@ -424,6 +425,12 @@ def kind_windows_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) ->
     # the collectives' stream has to itself: a window of FLOPs alone grew with the work while a
     # host-bound compute did not (a longer sequence made a shorter step); with the idle time added,
     # more work (or a slower GEMM) widens the window by at most what it lengthens the compute
+    # and its separate fp8 cast passes (torchao's), compute-stream work a faster fp8 GEMM adds: a
+    # window of the GEMMs alone shrank by more than the step did, and fp8 came out slower than bf16
+    # on a PCIe node's FSDP (precision review)
+    cast_forward_s, cast_backward_s = fp8_layer_cast_s(job, layout, base, kind)
+    forward_s += cast_forward_s
+    backward_s += cast_backward_s
     per_layer = base.micro_batches * base.layers
     if per_layer:
         forward_s += base.idle_forward_s / per_layer

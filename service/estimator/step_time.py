@@ -991,13 +991,14 @@ def gemm_s(
 
 
 @job_memo
-def fp8_cast_bytes_per_token(job: Job, kind: LayerKind, tp: int) -> float:
-    """HBM bytes per token one layer of ``kind`` moves casting its Linear layers' inputs and output
-    gradients to fp8 (``fp8_cast_bytes_per_element``), and the inputs again, transposed, for the
-    weight gradients (``fp8_transposed_cast_bytes_per_element``), on one tensor-parallel rank
-    (column-parallel inputs are whole, row-parallel inputs and column-parallel outputs 1/tp)."""
+def fp8_cast_pass_bytes_per_token(job: Job, kind: LayerKind, tp: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per token one layer of ``kind`` moves casting its Linear layers'
+    inputs to fp8 (forward: ``fp8_cast_bytes_per_element``), then its output gradients and, for the
+    weight gradients, its inputs again, transposed (backward: ``fp8_transposed_cast_bytes_per_element``),
+    on one tensor-parallel rank (column-parallel inputs are whole, row-parallel inputs and
+    column-parallel outputs 1/tp)."""
     cast, transposed = job.tuning.fp8_cast_bytes_per_element, job.tuning.fp8_transposed_cast_bytes_per_element
-    total = 0.0
+    forward = backward = 0.0
     for matmul in flops.layer_matmuls(job.model, kind.moe):
         in_features = matmul.flops / (2 * matmul.out_features)
         outputs = float(matmul.out_features)
@@ -1005,23 +1006,38 @@ def fp8_cast_bytes_per_token(job: Job, kind: LayerKind, tp: int) -> float:
             inputs = in_features / tp
         else:
             inputs, outputs = in_features, outputs / tp
-        total += (cast + transposed) * inputs + cast * outputs
-    return total
+        forward += cast * inputs
+        backward += transposed * inputs + cast * outputs
+    return forward, backward
+
+
+def fp8_layer_cast_s(job: Job, layout: Layout, base: StepBase, kind: LayerKind) -> tuple[float, float]:
+    """(forward, backward) time of one layer of ``kind``'s separate fp8 cast passes for one micro-batch
+    (a non-Megatron fp8 run, tuning.toml [memory_bound]): its activations per token, and the stage's
+    weight casts (forward) and casts transposed (backward), a layer's share of them. They run on the
+    compute stream, so the collectives hide under them (``dp_comm.kind_windows_s``); the step's
+    ``fp8_cast_s`` is their sum. Megatron-Core's Transformer Engine modules fuse the casts into the
+    norm and activation kernels: no separate pass."""
+    fused = layout.framework is Framework.MEGATRON
+    if job.training.precision is not Precision.FP8 or fused or not base.layers:
+        return 0.0, 0.0
+    forward, backward = fp8_cast_pass_bytes_per_token(job, kind, layout.tp)
+    weights = rank_parameters_of(job, layout, base.stage).linear / base.layers
+    tuning, bandwidth = job.tuning, job.cluster.gpu.hbm_bandwidth_bytes_per_s
+    forward_s = (base.tokens * forward + tuning.fp8_cast_bytes_per_element * weights) / bandwidth
+    backward_s = (base.tokens * backward + tuning.fp8_transposed_cast_bytes_per_element * weights) / bandwidth
+    return forward_s, backward_s
 
 
 def fp8_cast_s(job: Job, layout: Layout, base: StepBase) -> float:
-    """The separate fp8 cast passes of a non-Megatron fp8 run (tuning.toml [memory_bound]), all
-    micro-batches of the slowest stage: its layers' activations per token, and each weight cast
-    (forward) and cast transposed (backward) once per micro-batch. Megatron-Core's Transformer
-    Engine modules fuse the casts into the norm and activation kernels: no separate pass."""
+    """The separate fp8 cast passes of the slowest stage, all its layers and micro-batches
+    (``fp8_layer_cast_s``)."""
     if job.training.precision is not Precision.FP8 or layout.framework is Framework.MEGATRON:
         return 0.0
-    per_token = sum(count * fp8_cast_bytes_per_token(job, kind, layout.tp) for kind, count in base.counts)
-    linear = rank_parameters_of(job, layout, base.stage).linear
-    tuning = job.tuning
-    weights = (tuning.fp8_cast_bytes_per_element + tuning.fp8_transposed_cast_bytes_per_element) * linear
-    moved = base.micro_batches * (base.tokens * per_token + weights)
-    return moved / job.cluster.gpu.hbm_bandwidth_bytes_per_s
+    per_micro_batch = sum(
+        count * sum(fp8_layer_cast_s(job, layout, base, kind)) for kind, count in base.counts
+    )
+    return base.micro_batches * per_micro_batch
 
 
 def dequantize_s(job: Job, layout: Layout, base: StepBase, passes: float) -> float:

@@ -662,10 +662,10 @@ def test_fp8_casts_are_counted_per_linear_by_hand_and_only_outside_megatron() ->
     fp8 = TrainingSpec(seq_len=8192, global_batch_size=8, precision=Precision.FP8)
     j = make_job(llama, cluster(H100, 8, 50e9), fp8, default_tuning())
     kind = next(iter(j.kinds))
-    assert step_time.fp8_cast_bytes_per_token(j, kind, 1) == 8 * inputs + 5 * outputs
+    assert step_time.fp8_cast_pass_bytes_per_token(j, kind, 1) == (5 * inputs, 3 * inputs + 5 * outputs)
     # tp 8: column-parallel outputs and row-parallel inputs split, the rest whole
     split = 8 * (5 * h + (q + f) / 8) + 5 * ((q + 2 * kv + 2 * f) / 8 + 2 * h)
-    assert step_time.fp8_cast_bytes_per_token(j, kind, 8) == pytest.approx(split)
+    assert sum(step_time.fp8_cast_pass_bytes_per_token(j, kind, 8)) == pytest.approx(split)
     fsdp = Layout(framework=Framework.FSDP, dp=8, zero_stage=3)
     base = step_time.step_base(j, fsdp)
     assert step_time.fp8_cast_s(j, fsdp, base) > 0
@@ -673,6 +673,35 @@ def test_fp8_casts_are_counted_per_linear_by_hand_and_only_outside_megatron() ->
     assert step_time.fp8_cast_s(j, megatron, step_time.step_base(j, megatron)) == 0.0  # fused by TE
     bf16 = make_job(llama, j.cluster, dataclasses.replace(fp8, precision=Precision.BF16), default_tuning())
     assert step_time.fp8_cast_s(bf16, fsdp, step_time.step_base(bf16, fsdp)) == 0.0
+
+
+@pytest.mark.parametrize("gpu_name", ["h100-pcie-80gb", "l40s-48gb", "h100-sxm-80gb"])
+@pytest.mark.parametrize("compiled", [Compile.NONE, Compile.MODEL])
+def test_fp8_is_never_slower_than_bf16_on_the_same_layout(gpu_name: str, compiled: Compile) -> None:
+    """fp8 halves the GEMMs and adds cast passes on the same compute stream; the collectives hide
+    under both, so the step cannot grow. On a PCIe node's FSDP the casts were left out of the windows
+    and fp8 came out 4-5% slower than bf16 (precision review: Llama 3 8B, 9.75 vs 9.37 s)."""
+    from service.catalog.gpus import gpu as catalog_gpu
+
+    g = catalog_gpu(gpu_name)
+    c = ClusterSpec(
+        gpu=g,
+        num_nodes=1,
+        gpus_per_node=8,
+        intra_node_bandwidth_bytes_per_s=g.intra_node_bandwidth_bytes_per_s,
+        inter_node_bandwidth_bytes_per_s=50e9,
+    )
+    for name in ("llama-3-8b", "llama-2-13b"):
+        spec = preset(name).spec
+        for recompute in (Recompute.FULL, Recompute.NONE):
+            layout = Layout(
+                framework=Framework.FSDP, dp=8, zero_stage=3, recompute=recompute, torch_compile=compiled
+            )
+            steps = {}
+            for precision in (Precision.BF16, Precision.FP8):
+                training = TrainingSpec(seq_len=4096, global_batch_size=64, precision=precision)
+                steps[precision] = time(spec, c, layout, training, tuning=default_tuning()).step_s
+            assert steps[Precision.FP8] <= steps[Precision.BF16], (name, recompute, steps)
 
 
 def test_compiling_shortens_the_step_by_the_eager_traffic_and_the_loss_it_fuses() -> None:
