@@ -294,6 +294,18 @@ def _qwen_window(f: _Fields, num_layers: int) -> _Attention:
     return _attention(f, f.layer_types(default, (FULL, SLIDING)), window=window)
 
 
+def _moe_if_used(
+    moe: MoESpec | None, moe_layers: tuple[int, ...] | None, num_layers: int
+) -> tuple[MoESpec | None, tuple[int, ...] | None]:
+    """The MoE block and its layers, or (None, None) where the config puts it on no layer
+    (first_k_dense_replace or mlp_only_layers covering every layer, decoder_sparse_step past the
+    last): transformers builds every layer dense, and ModelSpec refuses an MoE block on none."""
+    if moe is None:
+        return None, None
+    used = len(moe_layers) if moe_layers is not None else num_layers // moe.layer_frequency
+    return (moe, moe_layers) if used else (None, None)
+
+
 def _moe_layers(indices: Iterable[int], num_layers: int) -> tuple[int, ...] | None:
     # None (every layer) when the MoE block is on all layers, else the sorted indices.
     chosen = tuple(sorted(set(indices)))
@@ -342,10 +354,12 @@ def _llama_like(
     hidden = f.required_int("hidden_size")
     head_dim = f.optional_int("head_dim") or head_dim_default or 0
     attention = attention or _Attention()
+    layers = f.required_int("num_hidden_layers")
+    moe, moe_layers = _moe_if_used(moe, moe_layers, layers)
     return ModelSpec(
         name=name,
         family=family or f.model_type,
-        num_layers=f.required_int("num_hidden_layers"),
+        num_layers=layers,
         hidden_size=hidden,
         num_attention_heads=heads,
         num_kv_heads=f.kv_heads("num_key_value_heads", kv_default, heads),
@@ -762,6 +776,7 @@ def _deepseek(f: _Fields, name: str, *, v3: bool) -> ModelSpec:
         shared_expert_ffn_hidden_size=shared * expert_width,
     )
     first_dense = f.int_or("first_k_dense_replace", 3 if v3 else 0)
+    used, moe_layers = _moe_if_used(moe, _moe_layers(range(max(first_dense, 0), layers), layers), layers)
     return ModelSpec(
         name=name,
         family=f.model_type,
@@ -778,8 +793,8 @@ def _deepseek(f: _Fields, name: str, *, v3: bool) -> ModelSpec:
         position_embedding=PositionEmbedding.ROPE,
         tied_embeddings=f.bool_or("tie_word_embeddings", False),
         mlp_bias=mlp_bias,
-        moe=moe,
-        moe_layers=_moe_layers(range(max(first_dense, 0), layers), layers),
+        moe=used,
+        moe_layers=moe_layers,
         mla=mla,
         mla_bias=f.bool_or("attention_bias", False),
     )
@@ -1308,6 +1323,8 @@ def _hyperparameters(f: _Fields, spec: ModelSpec) -> _ModelHparams:
     rope = _Rope()
     if spec.position_embedding is PositionEmbedding.ROPE and family.theta_keys:
         rope = _rope(f, family, spec.max_position_embeddings)
+        if AttentionKind.SLIDING not in spec.layer_types:  # no layer reads a local base
+            rope = rope._replace(rope_local_theta=None)
     router = _ROUTERS.get(f.model_type)
     return _ModelHparams(
         norm_eps=f.positive_float(family.eps_key, default=family.eps),

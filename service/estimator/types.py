@@ -134,6 +134,19 @@ class MoESpec:
                 rule="positive",
                 field="moe.shared_expert_ffn_hidden_size",
             )
+        # an input the model does not use is refused: these size or gate a shared expert
+        if not self.num_shared_experts:
+            for name, given in (
+                ("shared_expert_ffn_hidden_size", self.shared_expert_ffn_hidden_size != 0),
+                ("shared_expert_gate", self.shared_expert_gate),
+            ):
+                if given:
+                    raise InvalidModel(
+                        f"moe.{name} is of a shared expert, and moe.num_shared_experts is 0: give "
+                        "num_shared_experts, or leave it out",
+                        rule="unused",
+                        field=f"moe.{name}",
+                    )
 
 
 class RopeScalingKind(StrEnum):
@@ -354,6 +367,9 @@ class ModelSpec:
             "max_position_embeddings",
         ):
             _require_positive(InvalidModel, name, getattr(self, name))
+        if self.head_dim == 0 and self.mla is not None:
+            # MLA's query and key heads are nope + rope wide (hf_config sets the same)
+            object.__setattr__(self, "head_dim", self.mla.qk_head_dim)
         if self.head_dim == 0:
             if self.hidden_size % self.num_attention_heads:
                 raise InvalidModel(
@@ -386,6 +402,7 @@ class ModelSpec:
                 raise InvalidModel(f"{name} must be in [0, 1), got {getattr(self, name)}", field=name)
         self._check_layer_structure()
         self._check_encoder()
+        self._check_unused()
         for name, kind in _MODEL_ENUM_FIELDS:  # compared by identity, as Layout's (its check below)
             if type(getattr(self, name)) is not kind:
                 raise InvalidModel(
@@ -484,6 +501,66 @@ class ModelSpec:
                 raise InvalidModel(
                     f"{kind.value} layers need {name} > 0, got {value}", rule="layer_types", field=name
                 )
+
+    def _check_unused(self) -> None:
+        """An input the model does not use is refused (its figures would say it was modelled): a
+        window, chunk or local RoPE base without layers of that kind, MLA's fields without MLA and
+        q/k/v's with it, partial rotary without RoPE, and an MoE block on no layer."""
+        kinds = set(self.layer_types)
+        read_by = (
+            ("sliding_window", self.sliding_window is not None, AttentionKind.SLIDING),
+            ("attention_chunk_size", self.attention_chunk_size is not None, AttentionKind.CHUNKED),
+            ("rope_local_theta", self.rope_local_theta is not None, AttentionKind.SLIDING),
+        )
+        for name, given, kind in read_by:
+            if given and kind not in kinds:
+                raise InvalidModel(
+                    f"{name} is read only by {kind.value} layers, and layer_types names none: give "
+                    f"layer_types (every layer {kind.value!r} where all of them are), or leave {name} out",
+                    rule="unused",
+                    field=name,
+                )
+        if self.mla_bias and self.mla is None:
+            raise InvalidModel(
+                "mla_bias is of MLA's projections: it needs mla", rule="unused", field="mla_bias"
+            )
+        if self.mla is not None:
+            # DeepSeek's attention: q_a/q_b, kv_a/kv_b and o projections, a KV head per query head
+            # (hf_config: num_kv_heads = heads, head_dim = nope + rope), its biases mla_bias
+            wrong = (
+                ("num_kv_heads", self.num_kv_heads != self.num_attention_heads,
+                 f"MLA has a key and value head per query head ({self.num_attention_heads})"),
+                ("head_dim", self.head_dim != self.mla.qk_head_dim,
+                 f"MLA's heads are qk_nope_head_dim + qk_rope_head_dim = {self.mla.qk_head_dim} wide"),
+                ("qkv_bias", self.qkv_bias, "MLA's projections take mla_bias"),
+            )  # fmt: skip
+            for name, bad, why in wrong:
+                if bad:
+                    raise InvalidModel(f"{name} with mla: {why}", rule="unused", field=name)
+        if self.rotary_fraction != 1.0 and self.position_embedding is not PositionEmbedding.ROPE:
+            raise InvalidModel(
+                f"rotary_fraction {self.rotary_fraction} needs rotary position embeddings, got "
+                f"position_embedding {self.position_embedding.value!r}",
+                rule="unused",
+                field="rotary_fraction",
+            )
+        if self.moe is not None and not self._moe_layer_count():
+            explicit = self.moe_layers is not None
+            field = "moe_layers" if explicit else "moe.layer_frequency"
+            value = list(self.moe_layers or ()) if explicit else self.moe.layer_frequency
+            raise InvalidModel(
+                f"moe is on no layer ({field} {value} of {self.num_layers} layers): a dense model leaves "
+                "moe out",
+                rule="unused",
+                field=field,
+            )
+
+    def _moe_layer_count(self) -> int:
+        if self.moe is None:
+            return 0
+        if self.moe_layers is not None:
+            return len(self.moe_layers)
+        return self.num_layers // self.moe.layer_frequency
 
     def attention_kind(self, index: int) -> AttentionKind:
         """What decoder layer ``index`` attends to."""

@@ -785,3 +785,76 @@ def test_a_change_only_the_requested_launchers_do_not_train_names_the_launchers(
     assert lora["layout"]["framework"] == "fsdp", lora
     assert "past launchers (torchtitan)" in lora["detail"], lora["detail"]
     assert "constraints.frameworks" not in lora["detail"]
+
+
+MISTRAL_SHAPE = {
+    "num_layers": 4,
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "num_kv_heads": 2,
+    "ffn_hidden_size": 1024,
+    "vocab_size": 1000,
+}
+MLA = {
+    "q_lora_rank": 64,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 32,
+}
+MOE = {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 256}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"sliding_window": 4096}, "sliding_window"),  # no sliding layer: the step was a full model's
+        ({"attention_chunk_size": 1024}, "attention_chunk_size"),
+        ({"rope_local_theta": 10000.0}, "rope_local_theta"),
+        ({"mla_bias": True}, "mla_bias"),
+        ({"mla": MLA, "num_kv_heads": 4}, "num_kv_heads"),
+        ({"mla": MLA, "num_kv_heads": 8, "head_dim": 96}, "head_dim"),
+        ({"mla": MLA, "num_kv_heads": 8, "qkv_bias": True}, "qkv_bias"),
+        ({"position_embedding": "learned", "rotary_fraction": 0.25}, "rotary_fraction"),
+        ({"moe": {**MOE, "shared_expert_ffn_hidden_size": 512}}, "moe.shared_expert_ffn_hidden_size"),
+        ({"moe": {**MOE, "shared_expert_gate": True}}, "moe.shared_expert_gate"),
+        ({"moe": {**MOE, "layer_frequency": 8}}, "moe.layer_frequency"),  # 4 layers: none is MoE
+        ({"moe": MOE, "moe_layers": []}, "moe_layers"),
+    ],
+)
+def test_an_architecture_field_the_model_does_not_read_is_refused(
+    client: TestClient, extra: dict[str, Any], field: str
+) -> None:
+    """Accepted, echoed and ignored: a window without sliding layers, MLA's bias without MLA and
+    q/k/v's fields with it, partial rotary without RoPE, a shared expert's size or gate without one,
+    an MoE block on no layer (architecture review). The answer said they were modelled."""
+    architecture = {**MISTRAL_SHAPE, **extra}
+    body = {
+        "model": {"architecture": architecture},
+        "cluster": H100_X8,
+        "training": {"seq_len": 2048, "global_batch_size": 8},
+    }
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert [e["field"] for e in problem["errors"]] == [f"model.architecture.{field}"], problem
+
+
+def test_an_architecture_with_the_fields_its_layers_read_is_estimated(client: TestClient) -> None:
+    """The same fields where the model reads them: sliding layers with their window, MLA with its
+    own head width (head_dim defaults to nope + rope, as hf_config sets it), an MoE block on a layer."""
+    architecture = {
+        **MISTRAL_SHAPE,
+        "layer_types": ["sliding", "full", "sliding", "full"],
+        "sliding_window": 256,
+        "rope_local_theta": 10000.0,
+        "moe": {**MOE, "layer_frequency": 2},
+    }
+    body = {
+        "model": {"architecture": architecture},
+        "cluster": H100_X8,
+        "training": {"seq_len": 2048, "global_batch_size": 8},
+    }
+    assert client.post("/v1/estimates", json=body).status_code == 200
+    mla = {**MISTRAL_SHAPE, "num_kv_heads": 8, "mla": MLA, "mla_bias": True}
+    body["model"] = {"architecture": mla}
+    response = client.post("/v1/estimates", json=body)
+    assert response.status_code == 200, response.text

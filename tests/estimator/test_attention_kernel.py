@@ -37,12 +37,16 @@ def test_causal_keys_per_query_by_hand() -> None:
     # whole sequence of 4: queries see 1, 2, 3, 4 keys -> 2.5 = (s + 1) / 2
     assert flops.causal_keys_per_query(TINY, AttentionKind.FULL, 4) == 2.5
     # sliding window 2 over 5 tokens: 1, 2, 2, 2, 2 -> 9 / 5
-    sliding = dataclasses.replace(TINY, sliding_window=2)
+    sliding = dataclasses.replace(
+        TINY, sliding_window=2, layer_types=(AttentionKind.SLIDING,) * TINY.num_layers
+    )
     assert flops.causal_keys_per_query(sliding, AttentionKind.SLIDING, 5) == pytest.approx(9 / 5)
     # a window as long as the sequence is the whole triangle
     assert flops.causal_keys_per_query(sliding, AttentionKind.SLIDING, 2) == 1.5
     # chunks of 2 over 5 tokens: 1, 2 | 1, 2 | 1 -> 7 / 5
-    chunked = dataclasses.replace(TINY, attention_chunk_size=2)
+    chunked = dataclasses.replace(
+        TINY, attention_chunk_size=2, layer_types=(AttentionKind.CHUNKED,) * TINY.num_layers
+    )
     assert flops.causal_keys_per_query(chunked, AttentionKind.CHUNKED, 5) == pytest.approx(7 / 5)
 
 

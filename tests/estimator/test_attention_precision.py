@@ -116,7 +116,7 @@ def test_sdpa_runs_every_key_block_of_a_masked_sliding_layer() -> None:
     then skip no block, where FlashAttention-2 takes the window (config review, stop 44: Gemma 3 1B's
     sliding layers under SDPA were timed at their window, 1.69 s, against 1.94 s all full)."""
     gemma = preset("gemma-3-1b").spec
-    all_full = dataclasses.replace(gemma, layer_types=(), sliding_window=None)
+    all_full = dataclasses.replace(gemma, layer_types=(), sliding_window=None, rope_local_theta=None)
     cluster, layout = gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9), Layout(dp=8)
 
     def step_s(model: ModelSpec, attention: Attention) -> float:

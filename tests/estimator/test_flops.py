@@ -75,12 +75,16 @@ def test_causal_core_one_layer_s4_exactly() -> None:
     assert flops.model_flops_per_step(TINY, training, fused_experts=True) == 4896
     assert flops.hardware_flops_per_step(TINY, training, Recompute.NONE, fused_experts=True) == 4896
     # a sliding window of 2: queries see 1, 2, 2, 2 keys = 7 pairs -> 2 x 7 x 8 / 4 = 28 per token
-    sliding = dataclasses.replace(TINY, sliding_window=2)
+    sliding = dataclasses.replace(
+        TINY, sliding_window=2, layer_types=(AttentionKind.SLIDING,) * TINY.num_layers
+    )
     assert (
         flops.layer_core_causal_flops(sliding, LayerKind(moe=False, attention=AttentionKind.SLIDING), 4) == 28
     )
     # chunks of 3: 1, 2, 3 | 1 = 7 pairs, 28 per token as well
-    chunked = dataclasses.replace(TINY, attention_chunk_size=3)
+    chunked = dataclasses.replace(
+        TINY, attention_chunk_size=3, layer_types=(AttentionKind.CHUNKED,) * TINY.num_layers
+    )
     assert (
         flops.layer_core_causal_flops(chunked, LayerKind(moe=False, attention=AttentionKind.CHUNKED), 4) == 28
     )
@@ -272,9 +276,10 @@ def test_model_flops_never_exceed_executed_flops(
 ) -> None:
     """MFU <= HFU follows: the triangle is at most what any kernel executes (flash: the same; eager:
     the square, at least the triangle), and the square at most twice the triangle's count."""
-    model = dataclasses.replace(
-        gpt(layers, heads * head_dim, heads, vocab=1000, seq_len=seq_len), sliding_window=window
-    )
+    model = gpt(layers, heads * head_dim, heads, vocab=1000, seq_len=seq_len)
+    if window is not None:  # every layer sliding; the full layer's core is checked below all the same
+        sliding = (AttentionKind.SLIDING,) * layers
+        model = dataclasses.replace(model, sliding_window=window, layer_types=sliding)
     training = TrainingSpec(seq_len=seq_len, global_batch_size=1, attention=attention)
     for kind in (LayerKind(moe=False), LayerKind(moe=False, attention=AttentionKind.SLIDING)):
         causal = flops.layer_core_causal_flops(model, kind, seq_len)

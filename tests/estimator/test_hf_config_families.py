@@ -174,6 +174,22 @@ def test_deepseek_v3_by_hand() -> None:
     assert parameter_counts(spec).active_per_token == 65_968 - 2 * 3 * 64 * 16  # 2 of 4 experts idle
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        {**QWEN3_MOE, "mlp_only_layers": [0, 1, 2, 3]},
+        {**QWEN3_MOE, "decoder_sparse_step": 8, "mlp_only_layers": []},
+        {**DEEPSEEK, "model_type": "deepseek_v3", "num_hidden_layers": 2, "first_k_dense_replace": 2},
+    ],
+)
+def test_a_config_whose_moe_block_is_on_no_layer_is_a_dense_model(config: dict[str, Any]) -> None:
+    """transformers builds every layer dense where mlp_only_layers, decoder_sparse_step or
+    first_k_dense_replace leave no MoE layer: the model is dense, as ModelSpec (which refuses an MoE
+    block on no layer) must be given it."""
+    spec = build(config)
+    assert spec.moe is None and spec.moe_layers is None and spec.moe_router is None
+
+
 def test_deepseek_refusals() -> None:
     v3 = {**DEEPSEEK, "model_type": "deepseek_v3", "num_hidden_layers": 2}
     # transformers ignores moe_layer_freq (MoE on every layer >= first_k_dense_replace)
