@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from fastapi import APIRouter, Query
 from starlette.convertors import Convertor, register_url_convertor
@@ -13,7 +12,13 @@ from service.api.problems import PROBLEM_RESPONSES
 from service.catalog.models import ModelPreset, models
 from service.catalog.models import model as catalog_model
 from service.contracts.common import Page
-from service.contracts.models import ModelPresetOut, ParametersOut, ResolvedModel, ResolveRequest
+from service.contracts.models import (
+    ModelPresetOut,
+    ParametersOut,
+    ResolvedModel,
+    ResolveRequest,
+    architecture_dict,
+)
 from service.estimator.errors import InvalidModel
 from service.estimator.params import layer_parameters, parameter_counts, stage_parameter_counts
 from service.estimator.pipeline import stage_layers
@@ -37,21 +42,6 @@ class PresetName(Convertor[str]):
 
 register_url_convertor("preset_name", PresetName())
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROBLEM_RESPONSES)
-
-
-# ModelSpec's fields a config.json states beside the architecture (its notes, a 4-bit checkpoint),
-# which the explicit form has no field for: the answer gives the notes beside the architecture
-CONFIG_ONLY_FIELDS = ("name", "config_notes", "bnb_4bit_checkpoint", "dequantized_checkpoint")
-
-
-def architecture_dict(spec: ModelSpec) -> dict[str, Any]:
-    """The model as the explicit form takes it (``ArchitectureIn``: every field but the name, which
-    the answer gives beside it, and what only a config.json states), so an architecture shown can be
-    sent back as ``model.architecture``."""
-    fields = dataclasses.asdict(spec)
-    for name in CONFIG_ONLY_FIELDS:
-        del fields[name]
-    return fields
 
 
 def parameters_out(spec: ModelSpec, pp: int = 1) -> ParametersOut:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.catalog.models import model as catalog_model
@@ -213,6 +214,36 @@ class ArchitectureIn(Strict):
         )
 
 
+# ModelSpec's fields a config.json states beside the architecture (its notes, a 4-bit checkpoint),
+# which the explicit form has no field for: the answer gives the notes beside the architecture
+CONFIG_ONLY_FIELDS = ("name", "config_notes", "bnb_4bit_checkpoint", "dequantized_checkpoint")
+
+
+def architecture_dict(spec: ModelSpec) -> dict[str, Any]:
+    """The model as the explicit form takes it (``ArchitectureIn``: every field but the name, which
+    the answer gives beside it, and what only a config.json states), so an architecture shown can be
+    sent back as ``model.architecture``."""
+    fields = dataclasses.asdict(spec)
+    for name in CONFIG_ONLY_FIELDS:
+        del fields[name]
+    return fields
+
+
+def _within_architecture_limits(spec: ModelSpec, field: str) -> ModelSpec:
+    """A config.json's model held to the explicit form's limits (``ArchitectureIn``), so that what
+    the service resolves it to is an architecture it takes back: a rope_scaling factor of 1e305 in a
+    config was a 500 (an infinite context), and 1e7 resolved to an architecture the service refused."""
+    try:
+        ArchitectureIn.model_validate(json.loads(json.dumps(architecture_dict(spec))))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        message = f"the config's {where} ({error['input']!r}) is past what the service models: {error['msg']}"
+        named = {"field": f"{field}.hf_config.{where}", "rule": error["type"], "message": message}
+        raise Unprocessable(message, errors=[named]) from exc
+    return spec
+
+
 MAX_CONFIG_DEPTH = 32  # levels of objects and arrays in a pasted config.json
 
 
@@ -306,7 +337,8 @@ class ModelRef(Strict):
             if self.preset is not None:
                 return self._with_head(catalog_model(self.preset).spec)
             if self.hf_config is not None:
-                return model_from_hf_config(self.hf_config, name=self.name)
+                spec = model_from_hf_config(self.hf_config, name=self.name)
+                return _within_architecture_limits(spec, field)
             assert self.architecture is not None
             return self.architecture.to_domain(self.name or "custom")
         except UnknownCatalogEntry as exc:

@@ -157,9 +157,9 @@ def context_warnings(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...
     scaling = model.rope_scaling
     if scaling is not None and model.position_embedding is PositionEmbedding.ROPE:
         original = scaling.original_max_position_embeddings or model.max_position_embeddings
-        scaled = int(scaling.factor * original)
-        if seq <= max(limit, scaled):
+        if seq <= max(limit, scaling.factor * original):  # a float: a huge factor overflowed int()
             return ()
+        scaled = int(scaling.factor * original)  # below seq_len here
         # the config's own context where it is the longer (Llama 3.1: 131,072 with its llama3 scaling
         # factor 8 of 8,192), else what the scaling stretches its original context to
         kind = f"{scaling.kind.value}, factor {scaling.factor:g}"

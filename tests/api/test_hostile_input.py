@@ -285,3 +285,29 @@ def test_lora_targets_name_each_module_once(client: TestClient, targets: list[st
     problem = assert_problem(client.post("/v1/estimates", json=body), 422)
     (error,) = problem["errors"]
     assert error["field"] == "training.lora_targets" and says in error["message"], error
+
+
+@pytest.mark.parametrize("factor", [1e7, 1e305])
+@pytest.mark.parametrize("path", ["/v1/plans", "/v1/estimates", "/v1/models/resolve"])
+def test_a_config_past_the_explicit_forms_limits_is_a_422_naming_its_key(
+    client: TestClient, factor: float, path: str
+) -> None:
+    """A config.json's rope_scaling factor of 1e305 was a 500 (its context overflowed an int), and 1e7
+    resolved to an architecture the service then refused as model.architecture: a config is held to
+    the explicit form's limits, the key named (hostile review)."""
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "rope_scaling": {"rope_type": "linear", "factor": factor},
+    }
+    body: dict[str, Any] = {"model": {"hf_config": config}}
+    if path != "/v1/models/resolve":
+        body |= {"cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 1}}
+        body |= {"training": {"seq_len": 128, "global_batch_size": 1}}
+    problem = assert_problem(client.post(path, json=body), 422)
+    assert [e["field"] for e in problem["errors"]] == ["model.hf_config.rope_scaling.factor"], problem
+    assert "1000000" in problem["detail"]

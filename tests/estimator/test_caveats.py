@@ -231,3 +231,17 @@ def test_fine_grained_moe_estimates_say_their_step_is_optimistic() -> None:
     assert "128 experts of width 768" in warning and "optimistic" in warning and "REPORT" in warning
     assert moe_warnings(model("mixtral-8x7b").spec) == ()
     assert moe_warnings(model("llama-3.1-8b").spec) == ()
+
+
+def test_a_huge_rope_scaling_factor_reaches_past_any_sequence() -> None:
+    """factor x original context overflowed int() at a factor of 1e305 (a 500 from a config.json):
+    compared as a float, such a context covers every sequence, and a sequence past a finite one is
+    still warned about."""
+    from service.estimator.types import RopeScaling, RopeScalingKind
+
+    llama = preset("llama-3-8b").spec
+    huge = dataclasses.replace(llama, rope_scaling=RopeScaling(kind=RopeScalingKind.LINEAR, factor=1e305))
+    assert context_warnings(huge, TrainingSpec(seq_len=1 << 20, global_batch_size=1)) == ()
+    twice = dataclasses.replace(llama, rope_scaling=RopeScaling(kind=RopeScalingKind.LINEAR, factor=2.0))
+    (warning,) = context_warnings(twice, TrainingSpec(seq_len=1 << 20, global_batch_size=1))
+    assert "reaches 16,384" in warning
