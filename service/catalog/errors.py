@@ -8,6 +8,9 @@ from typing import Literal
 CatalogKind = Literal["gpu", "model", "tuning"]
 
 
+SHOWN_NAME_CHARS = 80  # of an unknown name, in the message
+
+
 class UnknownCatalogEntry(LookupError):
     """A name that no catalog entry carries (``names.resolve``); `known` lists the names that exist,
     sorted; `candidates` the entries it may mean: those carrying its words where `ambiguous` (it names
@@ -52,7 +55,13 @@ class UnknownCatalogEntry(LookupError):
             if not ambiguous
             else ""
         )
-        self.message = f"unknown {kind} {name!r}{hint}{other} (known: {', '.join(self.known)})"
+        # a long name is shown by its start: it was echoed whole, twice (a 750 KB name, a 1.5 MB answer)
+        shown = (
+            name
+            if len(name) <= SHOWN_NAME_CHARS
+            else f"{name[:SHOWN_NAME_CHARS]}... ({len(name):,} characters)"
+        )
+        self.message = f"unknown {kind} {shown!r}{hint}{other} (known: {', '.join(self.known)})"
         super().__init__(self.message)
 
 

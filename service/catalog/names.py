@@ -15,6 +15,9 @@ from service.catalog.errors import CatalogKind, UnknownCatalogEntry
 # Words that tell no entry apart: vendors' names in their product names, and the "-hf" of the
 # Hugging Face repos that hold a converted checkpoint (meta-llama/Llama-2-7b-hf).
 VENDOR_WORDS = frozenset({"nvidia", "amd", "instinct", "geforce", "tesla", "hf"})
+# Longer than any name an entry is written by (repo ids, published names): refused unread, so that a
+# request's work on names is bounded by their count
+MAX_NAME_CHARS = 200
 
 
 def normalised(name: str) -> str:
@@ -42,6 +45,8 @@ def resolve(
     ambiguous) or the closest slugs."""
     if name in aliases:
         return name
+    if len(name) > MAX_NAME_CHARS:  # longer than any entry's name: not matched word by word (bounded work)
+        raise UnknownCatalogEntry(kind, name, aliases)
     wanted = normalised(name)
     same = sorted(slug for slug, other in aliases.items() if wanted in map(normalised, (slug, *other)))
     if len(same) == 1:

@@ -15,6 +15,9 @@ from service.contracts.training import TrainingIn
 from service.estimator.scale import MAX_GPUS
 from service.recommender.types import Objective
 
+MAX_COMPARED = 64  # GPU names, cluster ids or prices in one capacity request
+MAX_NAME_CHARS = 128  # of a GPU name
+
 
 class CapacityConstraintsIn(ConstraintsIn):
     """A plan's constraints as capacity reads them: the fewest GPUs of each type (its one objective),
@@ -32,16 +35,16 @@ class CapacityRequest(Strict):
 
     model: ModelRef
     training: TrainingIn
-    gpus: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+    gpus: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]] | None = Field(
         default=None,
         min_length=1,
-        max_length=64,
+        max_length=MAX_COMPARED,
         description='catalog GPU names; one that names several parts ("h100") stands for each of them',
     )
     cluster_ids: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
         default=None,
         min_length=1,
-        max_length=64,
+        max_length=MAX_COMPARED,
         description="stored clusters (ids as ClusterRef takes them)",
     )
     gpus_per_node: int | None = Field(
@@ -78,6 +81,8 @@ class CapacityRequest(Strict):
         # ("h100": the four H100s, compared side by side, as capacity compares the whole catalog)
         if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
             return value  # pydantic names what is not a string
+        if len(value) > MAX_COMPARED:
+            return value  # refused by the field's max_length before any name is resolved
         return list(dict.fromkeys(slug for name in value for slug in _family(name)))
 
     @field_validator("gpu_hour_cost", mode="before")
@@ -87,6 +92,14 @@ class CapacityRequest(Strict):
         # (a key that names none of them is kept, and refused naming it: it would price nothing)
         if not isinstance(value, dict):
             return value
+        if len(value) > MAX_COMPARED:  # before any name is resolved: 40,000 keys took a minute
+            raise ValueError(
+                f"gpu_hour_cost prices {len(value):,} names; at most {MAX_COMPARED} (one per GPU type, "
+                "family or cluster the request compares)"
+            )
+        longest = max((len(name) for name in value if isinstance(name, str)), default=0)
+        if longest > MAX_NAME_CHARS:  # as a name in gpus; echoed in the refusal of a name it does not know
+            raise ValueError(f"gpu_hour_cost names a GPU in {longest:,} characters; at most {MAX_NAME_CHARS}")
         return family_prices(value, info.data.get("gpus"), clustered=info.data.get("cluster_ids") is not None)
 
     @model_validator(mode="after")

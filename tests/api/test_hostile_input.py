@@ -311,3 +311,44 @@ def test_a_config_past_the_explicit_forms_limits_is_a_422_naming_its_key(
     problem = assert_problem(client.post(path, json=body), 422)
     assert [e["field"] for e in problem["errors"]] == ["model.hf_config.rope_scaling.factor"], problem
     assert "1000000" in problem["detail"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"gpu_hour_cost": {f"h100-sxm-{i}gb": 1.0 for i in range(5_000)}}, "gpu_hour_cost"),
+        ({"gpus": [f"x{i}" for i in range(10_000)]}, "gpus"),
+        ({"gpu_hour_cost": {"h" * 100_000: 1.0}}, "gpu_hour_cost"),
+    ],
+)
+def test_capacity_counts_its_names_before_reading_them(
+    client: TestClient, extra: dict[str, Any], field: str
+) -> None:
+    """40,000 price keys (under the body limit) held the event loop for a minute, /healthz with it,
+    each name resolved against the catalog before the count was checked; 10,000 GPU names six seconds
+    (hostile review). Counted first: refused at once, the limit named, the answer short."""
+    body = {"model": {"preset": "gpt2"}, "training": {"seq_len": 1024, "global_batch_size": 8, "tokens": 1e9}}
+    response = client.post("/v1/capacity", json=body | extra)
+    problem = assert_problem(response, 422)
+    assert [e["field"] for e in problem["errors"]] == [field], problem
+    assert len(response.content) < 2_000
+
+
+def test_an_unknown_gpu_name_of_any_length_is_refused_unread_and_shown_by_its_start(
+    client: TestClient,
+) -> None:
+    """A 750 KB GPU name was matched word by word against the catalog and echoed whole, twice."""
+    from service.catalog.errors import UnknownCatalogEntry
+    from service.catalog.gpus import gpu as catalog_gpu
+
+    with pytest.raises(UnknownCatalogEntry) as refused:
+        catalog_gpu("z" * 750_000)
+    assert refused.value.candidates == () and len(refused.value.message) < 5_000
+    body = {
+        "model": {"preset": "gpt2"},
+        "cluster": {"gpu": "z" * 200_000, "gpus_per_node": 1},
+        "training": {"seq_len": 1024, "global_batch_size": 8},
+    }
+    response = client.post("/v1/estimates", json=body)
+    assert_problem(response, 422)
+    assert len(response.content) < 10_000
