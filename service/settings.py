@@ -52,8 +52,12 @@ class Settings(BaseSettings):
     # every worker of every replica takes its own against PostgreSQL's max_connections (100 by default).
     database_pool_connections: int = Field(default=15, ge=1, le=1000)
     # CPU-heavy requests (estimates, plans, capacity) run at most this many at once; the next waits
-    # up to planning_queue_wait_s for a slot, then gets 503 with Retry-After.
-    max_concurrent_planning: int = Field(default=8, ge=1, le=256)
+    # up to planning_queue_wait_s for a slot, then gets 503 with Retry-After. A process's threads
+    # share one interpreter lock, so n plans at once take n x request_budget_s of wall time, and past
+    # BUSY_WALL_FACTOR (6) x their budget each stops as "busy" with its work thrown away (eight at
+    # once on 2 cores: five 503 after 9.6 s, concurrency review): four finish within 4 x 1.5 s, with
+    # room beside them for estimates and a capacity request; the others wait, computing nothing.
+    max_concurrent_planning: int = Field(default=4, ge=1, le=256)
     # Capacity requests (capacity_budget_s of CPU each, every GPU type searched) have their own,
     # fewer slots: a process's threads share one interpreter lock, so n of them at once take n x
     # capacity_budget_s of wall time, and past BUSY_WALL_FACTOR (6) x their budget each stops as

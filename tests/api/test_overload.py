@@ -112,3 +112,15 @@ def test_capacity_requests_have_fewer_slots_of_their_own(tmp_path: Path) -> None
         finally:
             portal.call(state.capacity_slots.release)
         assert client.post("/v1/capacity", json=capacity).status_code == 200
+
+
+def test_the_default_planning_slots_all_finish_inside_the_busy_ceiling() -> None:
+    """Plans at once share one interpreter lock: n of them take about n x request_budget_s of wall
+    time, and each stops as busy (a 503, its work thrown away) past BUSY_WALL_FACTOR x its budget.
+    Eight slots at 1.5 s each outran the 9 s ceiling (five of eight 503 on 2 cores, concurrency
+    review); the defaults admit only what finishes with a third to spare for the rest."""
+    from service.recommender.budget import BUSY_WALL_FACTOR
+
+    defaults = Settings(database_url="sqlite://")
+    admitted_wall_s = defaults.max_concurrent_planning * defaults.request_budget_s
+    assert admitted_wall_s <= BUSY_WALL_FACTOR * defaults.request_budget_s * 2 / 3
