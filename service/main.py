@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         known_revisions()  # the migrations' head, which /readyz compares with the database's
         # the slots are the event loop's (their waiters hold no worker thread): made in it
         app.state.planning_slots = anyio.Semaphore(settings.max_concurrent_planning)
+        app.state.plans_in_flight = {}  # (owner, Idempotency-Key) -> set when that plan has answered
         app.state.estimate_slots = anyio.Semaphore(settings.max_concurrent_planning)
         app.state.capacity_slots = anyio.Semaphore(settings.max_concurrent_capacity)
         freeze_startup_objects()  # what startup made lives as long as the process

@@ -9,15 +9,18 @@ from typing import Annotated, TypeVar
 
 import anyio
 import anyio.from_thread
+import anyio.to_thread
 from fastapi import Depends, Header, Query, Request, Response
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.errors import Forbidden, ServiceUnavailable, Unauthorized, Unprocessable
+from service.errors import Conflict, Forbidden, ServiceUnavailable, Unauthorized, Unprocessable
 from service.persistence.db import ConnectionGate, sqlite_file_identity
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning import api_keys
 from service.planning.api_keys import Principal
+from service.planning.idempotency import is_stored
+from service.planning.plans import PLAN_SCOPE
 from service.recommender.budget import Deadline
 from service.settings import Settings
 
@@ -37,6 +40,9 @@ def check_database_file(request: Request) -> None:
             f"the database file {opened[0]} was removed or replaced while the service ran; "
             "restore it and restart the service"
         )
+
+
+IDEMPOTENCY_KEY_CHARS = 255
 
 
 def database_slot(request: Request) -> contextlib.AbstractContextManager[None]:
@@ -136,12 +142,60 @@ async def _slot(
         slots.release()
 
 
-async def planning_slot(request: Request) -> AsyncIterator[Deadline]:
-    """A slot for a plan's search: CPU-heavy, request_budget_s of work."""
+async def planning_slot(request: Request, principal: PrincipalDep) -> AsyncIterator[Deadline]:
+    """A slot for a plan's search: CPU-heavy, request_budget_s of work. A retry with an
+    Idempotency-Key takes none: one whose plan is stored only reads it back (it waited behind
+    searches for a slot, a 503 when they were busy), and one whose twin is still searching waits for
+    that answer, up to planning_queue_wait_s (then 409), and replays it (four at once with one key
+    each searched, and only the first was kept: concurrency review)."""
+    settings: Settings = request.app.state.settings
+    key = request.headers.get("idempotency-key")
+    deadline = Deadline(seconds=settings.request_budget_s, cancelled=client_gone(request))
+    if key is None or not 1 <= len(key) <= IDEMPOTENCY_KEY_CHARS:  # a bad key is refused by the route
+        async with _planning_slot(request) as deadline:
+            yield deadline
+        return
+    in_flight: dict[tuple[str, str], anyio.Event] = request.app.state.plans_in_flight
+    twin = (principal.owner, key)
+    while True:
+        running = in_flight.get(twin)
+        if running is not None:
+            with anyio.move_on_after(settings.planning_queue_wait_s):
+                await running.wait()
+            if not running.is_set():
+                raise Conflict(
+                    f"a plan with Idempotency-Key {key!r} is still being computed; retry when it has "
+                    "answered (the retry replays it)",
+                    errors=[
+                        {"field": "header.Idempotency-Key", "message": "in progress", "type": "idempotency"}
+                    ],
+                )
+            continue
+        if await anyio.to_thread.run_sync(_plan_stored, request, principal, key):
+            yield deadline  # the route replays it: no search
+            return
+        if twin not in in_flight:  # none began while the database was read: this one searches
+            break
+    done = in_flight[twin] = anyio.Event()
+    try:
+        async with _planning_slot(request) as deadline:
+            yield deadline
+    finally:
+        del in_flight[twin]
+        done.set()
+
+
+def _planning_slot(request: Request) -> contextlib.AbstractAsyncContextManager[Deadline]:
     settings: Settings = request.app.state.settings
     slots, count = request.app.state.planning_slots, settings.max_concurrent_planning
-    async with _slot(request, slots, "planning", count, settings.request_budget_s) as deadline:
-        yield deadline
+    return _slot(request, slots, "planning", count, settings.request_budget_s)
+
+
+def _plan_stored(request: Request, principal: Principal, key: str) -> bool:
+    check_database_file(request)
+    factory: sessionmaker[Session] = request.app.state.sessionmaker
+    with database_slot(request), factory(info={"owner": principal.owner}) as session:
+        return is_stored(session, key, PLAN_SCOPE)
 
 
 async def capacity_slot(request: Request) -> AsyncIterator[Deadline]:
@@ -262,7 +316,9 @@ PlanRepoDep = Annotated[PlanRepository, Depends(get_plan_repository)]
 
 IdempotencyKey = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", min_length=1, max_length=255, description="retry-safe key"),
+    Header(
+        alias="Idempotency-Key", min_length=1, max_length=IDEMPOTENCY_KEY_CHARS, description="retry-safe key"
+    ),
 ]
 
 

@@ -69,6 +69,12 @@ def _stored_resource(repo: PlanRepository, key: str, scope: str, digests: tuple[
     return found.resource_id
 
 
+def is_stored(session: Session, key: str, scope: str) -> bool:
+    """Whether a request with this key (of the session's owner, under ``scope``) created a resource:
+    a retry to replay, whatever its body (``create_once`` refuses another body)."""
+    return PlanRepository(session).idempotency_key(key, scope) is not None
+
+
 def create_once(
     session: Session,
     *,

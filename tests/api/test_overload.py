@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from alembic import command
 from fastapi.testclient import TestClient
 
@@ -124,3 +125,92 @@ def test_the_default_planning_slots_all_finish_inside_the_busy_ceiling() -> None
     defaults = Settings(database_url="sqlite://")
     admitted_wall_s = defaults.max_concurrent_planning * defaults.request_budget_s
     assert admitted_wall_s <= BUSY_WALL_FACTOR * defaults.request_budget_s * 2 / 3
+
+
+def test_a_retry_of_a_stored_plan_takes_no_planning_slot(tmp_path: Path) -> None:
+    """A retry whose plan is stored only reads it back: it waited behind searches for a slot and was
+    a 503 while they held them (concurrency review)."""
+    url = f"sqlite:///{tmp_path / 'replay.db'}"
+    command.upgrade(alembic_config(url), "head")
+    settings = Settings(database_url=url, max_concurrent_planning=1, planning_queue_wait_s=0.05)
+    plan = {"model": {"preset": "gpt2"}, "cluster": ESTIMATE["cluster"], "training": ESTIMATE["training"]}
+    headers = {"Idempotency-Key": "retry-me"}
+    with TestClient(create_app(settings)) as client:
+        first = client.post("/v1/plans", json=plan, headers=headers)
+        assert first.status_code == 201
+        state, portal = client.app.state, client.portal  # type: ignore[attr-defined]
+        assert portal is not None
+        portal.call(state.planning_slots.acquire_nowait)  # a search holds the one slot
+        try:
+            again = client.post("/v1/plans", json=plan, headers=headers)
+            assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+            assert again.json()["id"] == first.json()["id"]
+            assert_problem(client.post("/v1/plans", json=plan), 503)  # a new plan still waits for one
+        finally:
+            portal.call(state.planning_slots.release)
+
+
+def test_a_plan_whose_twin_is_computing_waits_for_it_and_replays_it(tmp_path: Path) -> None:
+    """Four plans at once with one Idempotency-Key each ran the whole search, and three were thrown
+    away (concurrency review): the others wait for the first's answer and replay it; past the queue
+    wait, a 409 says it is still being computed."""
+    import anyio
+
+    url = f"sqlite:///{tmp_path / 'twins.db'}"
+    command.upgrade(alembic_config(url), "head")
+    settings = Settings(database_url=url, planning_queue_wait_s=0.2)
+    plan = {"model": {"preset": "gpt2"}, "cluster": ESTIMATE["cluster"], "training": ESTIMATE["training"]}
+    headers = {"Idempotency-Key": "twin"}
+    with TestClient(create_app(settings)) as client:
+        state, portal = client.app.state, client.portal  # type: ignore[attr-defined]
+        assert portal is not None
+        running = portal.call(anyio.Event)
+        state.plans_in_flight[("local", "twin")] = running  # the first is searching
+        started = time.perf_counter()
+        problem = assert_problem(client.post("/v1/plans", json=plan, headers=headers), 409)
+        assert time.perf_counter() - started < 2
+        assert [e["field"] for e in problem["errors"]] == ["header.Idempotency-Key"]
+        del state.plans_in_flight[("local", "twin")]
+        portal.call(running.set)
+        first = client.post("/v1/plans", json=plan, headers=headers)
+        assert first.status_code == 201 and not state.plans_in_flight  # registered while it ran
+        again = client.post("/v1/plans", json=plan, headers=headers)
+        assert again.headers["idempotent-replayed"] == "true" and again.json()["id"] == first.json()["id"]
+
+
+def test_concurrent_plans_with_one_key_search_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three requests with one Idempotency-Key at once: one search, three answers of the one plan."""
+    import threading
+
+    import service.planning.plans as plans_module
+
+    searches = []
+    real = plans_module.recommend
+
+    def slow_recommend(*args: object, **kwargs: object) -> object:
+        searches.append(1)
+        time.sleep(0.5)  # the twins arrive while it searches
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plans_module, "recommend", slow_recommend)
+    url = f"sqlite:///{tmp_path / 'once.db'}"
+    command.upgrade(alembic_config(url), "head")
+    settings = Settings(database_url=url, planning_queue_wait_s=10)
+    plan = {"model": {"preset": "gpt2"}, "cluster": ESTIMATE["cluster"], "training": ESTIMATE["training"]}
+    with TestClient(create_app(settings)) as client:
+        answers: list[tuple[int, str]] = []
+
+        def post() -> None:
+            response = client.post("/v1/plans", json=plan, headers={"Idempotency-Key": "once"})
+            answers.append((response.status_code, response.json()["id"]))
+
+        threads = [threading.Thread(target=post) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.05)
+        for thread in threads:
+            thread.join()
+    assert len(searches) == 1
+    assert (
+        len(answers) == 3 and {status for status, _ in answers} == {201} and len({i for _, i in answers}) == 1
+    )
