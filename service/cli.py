@@ -1359,7 +1359,8 @@ def print_capacity(options: list[dict[str, Any]], timed_on: bool) -> None:
     for option in options:
         hours, cost = option.get("gpu_hours"), option.get("cost")
         # a search its share of the budget cut: a fit may exist that it did not reach, or a faster layout
-        fits = ("yes" if option["fits"] else "no") + (" (search cut)" if option.get("truncated") else "")
+        verdict = {True: "yes", False: "no", None: "unknown"}[option["fits"]]
+        fits = verdict + (" (search cut)" if option.get("truncated") else "")
         row = [
             escape(option["gpu"]),
             fits,

@@ -211,7 +211,10 @@ def _family(name: str) -> list[str]:
 class CapacityOptionOut(BaseModel):
     gpu: str
     cluster_id: str | None = None
-    fits: bool
+    fits: bool | None = Field(
+        description="whether a layout fits on min_gpus; null: unknown, its share of the request's budget "
+        "ran out before it found one (truncated, note)"
+    )
     min_gpus: int | None
     min_nodes: int | None
     gpus_per_node: int | None = Field(default=None, description="GPUs per node it was placed in")
@@ -233,5 +236,8 @@ class CapacityOptionOut(BaseModel):
 
 
 class CapacityOut(BaseModel):
-    options: list[CapacityOptionOut] = Field(description="fitting options first, fastest to train first")
+    options: list[CapacityOptionOut] = Field(
+        description="fitting options first, fastest to train first; then the unknown (fits null), then those "
+        "that do not fit"
+    )
     duration_s: float

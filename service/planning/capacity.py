@@ -154,7 +154,7 @@ def _calibrated(
         option,
         # past the card under the runs' memory factor: not a fit (it said fits beside "needs 81.9 GiB of
         # the card's 80.0" after an out-of-memory run; runs review)
-        fits=option.fits and found.fits,
+        fits=bool(option.fits) and found.fits,
         tokens_per_s=found.time.tokens_per_s,
         time_to_train_s=option.time_to_train_s * slower if option.time_to_train_s is not None else None,
         gpu_hours=option.gpu_hours * slower if option.gpu_hours is not None else None,

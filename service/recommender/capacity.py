@@ -41,7 +41,9 @@ from service.recommender.types import Constraints, Objective
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CapacityOption:
     gpu: str
-    fits: bool
+    # None: unknown, its share of the request's budget ran out before a fit was found (told "false", a
+    # client reading the boolean took the GPU type for one that cannot run the job: hostile review)
+    fits: bool | None
     min_gpus: int | None = None
     min_nodes: int | None = None
     gpus_per_node: int | None = None  # the nodes it was placed in
@@ -138,7 +140,8 @@ def _option(
             or f"no layout fits up to {max(counts)} GPUs"
             + (f" (constraints.max_gpus {cap:,})" if cap is not None else "")
         )
-        return CapacityOption(gpu=name, fits=False, note=why, evaluations=spent, truncated=truncated)
+        fits = None if truncated else False
+        return CapacityOption(gpu=name, fits=fits, note=why, evaluations=spent, truncated=truncated)
     gpus, tokens_per_s, layout = fewest.found
     gpn = cluster.gpus_per_node
     nodes = max(1, gpus // gpn)
@@ -316,11 +319,12 @@ def _placement_notes(gpu: GPUSpec, gpus_per_node: int | None) -> tuple[str, ...]
     return tuple(said)
 
 
-def option_order(option: CapacityOption) -> tuple[bool, float, float, int]:
-    """Fitting first, fastest to train first; without tokens to train (no time), the highest
-    throughput first; then the fewest GPUs."""
+def option_order(option: CapacityOption) -> tuple[int, float, float, int]:
+    """Fitting first, fastest to train first, then the unknown (searches the budget cut), then those
+    that do not fit; without tokens to train (no time), the highest throughput first; then the fewest
+    GPUs."""
     return (
-        not option.fits,
+        0 if option.fits else 1 if option.fits is None else 2,
         option.time_to_train_s or float("inf"),
         -(option.tokens_per_s or 0.0),
         option.min_gpus or 0,

@@ -840,7 +840,7 @@ function capacityBody() {
 function renderCapacity(answer, container) {
   container.replaceChildren(el("h3", { text: "GPU types compared" }));
   const rows = answer.options.map((o) => [
-    o.gpu, o.fits ? "yes" : "no",
+    o.gpu, o.fits === null ? "unknown (search cut)" : (o.fits ? "yes" : "no"),
     o.min_gpus ? `${fmt.int(o.min_gpus)} (${fmt.int(o.min_nodes)} × ${o.gpus_per_node})` : "-",
     o.inter_node_bandwidth_bytes_per_s ? `${fmt.num(o.inter_node_bandwidth_bytes_per_s / 1e9)} GB/s` : "-",
     o.layout ? layoutText(o.layout) : "-",

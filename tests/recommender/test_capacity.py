@@ -12,7 +12,7 @@ from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.step_time import time_to_train_s
 from service.estimator.types import ClusterSpec, Framework, Method, Precision, TrainingSpec
-from service.recommender.capacity import capacity, default_cluster
+from service.recommender.capacity import capacity, default_cluster, option_order
 from service.recommender.suggest import NVLINK_NODE_BYTES_PER_S, PCIE_NODE_BYTES_PER_S, with_gpu
 from service.recommender.types import Constraints, Objective, SearchStats
 
@@ -135,6 +135,18 @@ def test_the_request_shares_one_evaluation_budget_and_says_where_it_ran_out() ->
     )
     assert tight[1].truncated and tight[2].truncated
     assert all("evaluation budget" in o.note for o in tight[1:])
+    # cut before a fit: unknown, not "does not fit" (told false, a client took the A100s and L40Ss for
+    # parts that cannot run a job they run; hostile review); sorted after the fits
+    starved = capacity(
+        llama,
+        training,
+        default_tuning(),
+        gpus=types,
+        constraints=Constraints(objective=Objective.FEWEST_GPUS, max_evaluations=5),
+    )
+    unfinished = [o for o in starved if o.min_gpus is None]
+    assert unfinished and all(o.fits is None and o.truncated for o in unfinished)
+    assert [o.fits for o in sorted(starved, key=option_order)][-len(unfinished) :] == [None] * len(unfinished)
 
 
 def test_a_gpu_type_is_searched_up_to_max_nodes() -> None:
