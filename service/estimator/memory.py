@@ -28,6 +28,7 @@ from service.estimator.model_states import (
     deepspeed_assumption,
     deepspeed_buckets,
     experts_stay_16_bit,
+    frozen_bytes,
     frozen_dtype_bytes,
     fsdp_parameter_bytes,
     fused_expert_adapted_weights,
@@ -718,6 +719,15 @@ def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
     layout of ``framework`` on that many GPUs needs less (ZeRO-3 / FULL_SHARD's bound)."""
     sb = state_bytes_of(job, framework, False)  # Megatron's bf16 gradient buffer: the least
     return int(state_bytes_per_parameter(sb, framework) * job.counts.total / gpus)
+
+
+def min_frozen_base_bytes_per_gpu(job: Job, gpus: int) -> int:
+    """LoRA/QLoRA: the frozen base per GPU with every parameter at the fewest bytes any frozen one
+    takes (``model_states.frozen_bytes``: NF4's packed half byte under QLoRA) and sharded over ``gpus``
+    GPUs (ZeRO-3 and FSDP partition frozen parameters too): no layout on that many GPUs holds less of
+    it, whatever its framework."""
+    linear, other, _ = frozen_bytes(job.training, job.assume)
+    return int(min(linear, other) * job.counts.total / gpus)
 
 
 def min_gradient_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:

@@ -30,7 +30,7 @@ from service.estimator import evaluate
 from service.estimator.defaults import for_gpu
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
-from service.estimator.memory import cuda_context_bytes
+from service.estimator.memory import cuda_context_bytes, min_frozen_base_bytes_per_gpu
 from service.estimator.scale import MAX_MEMORY_BYTES, MAX_NVME_BYTES
 from service.estimator.tuning import Tuning
 from service.estimator.types import (
@@ -270,8 +270,18 @@ def states_unfit(
     offload rule); None where they can."""
     job = make_job(model, with_gpu(cluster, cluster.gpu, 1, gpus), training, tuning)
     offload = offload_devices(constraints.allow_offload, cluster)
-    bound = least_state_bytes(job, constraints.frameworks, offload, gpus)
     limit = allowed_bytes(cluster.gpu.memory_bytes, constraints.min_headroom_fraction)
+    if training.method is not Method.FULL:
+        # LoRA/QLoRA: the frozen base alone, as sharded as any framework shards it (without it, an
+        # absurd model's PEFT suggestion searched until the request's budget ran out: hostile review)
+        if offload.cpu or offload.nvme:
+            return None
+        base = min_frozen_base_bytes_per_gpu(job, gpus)
+        if base <= limit:
+            return None
+        what = f"the frozen base alone needs {base / GiB:.1f} GiB per GPU sharded over all {gpus:,} GPUs"
+        return f"{what} (nothing offloaded); {limit / GiB:.1f} GiB allowed"
+    bound = least_state_bytes(job, constraints.frameworks, offload, gpus)
     if bound is None or bound[0] <= limit:
         return None
     need, framework = bound
@@ -714,6 +724,14 @@ class _Ask:
         compile_it = self.constraints.torch_compile and method is not Method.QLORA
         constraints = dataclasses.replace(self.constraints, torch_compile=compile_it)
         what = f"{method.value} (rank {peft.lora_rank}, training.method {method.value})"
+        # the cheap bound first: a frozen base that cannot fit sharded over every GPU fits at no length,
+        # on no framework (searched, it took the request's budget from every suggestion after it)
+        gpus = self.cluster.world_size
+        unfit = states_unfit(self.model, self.cluster, peft, self.tuning, constraints, gpus)
+        if unfit is not None:
+            raise NoFit(
+                f"no layout fits on the GPUs given with {method.value} (rank {peft.lora_rank}): {unfit}"
+            )
         found = self._best(budget, constraints, training=peft)
         if found is not None:
             return [_on_the_gpus_given(method.value, what, self.cluster, found, peft)]
@@ -721,9 +739,7 @@ class _Ask:
         if elsewhere is not None:
             return elsewhere
         # not at this length: at the longest shorter one where it does (QLoRA at 4K may serve better
-        # than the full method at 1K), where the model states fit at all
-        gpus = self.cluster.world_size
-        unfit = states_unfit(self.model, self.cluster, peft, self.tuning, constraints, gpus)
+        # than the full method at 1K)
 
         def at(seq: int) -> Suggestion | None:
             shorter = dataclasses.replace(peft, seq_len=seq)
@@ -733,14 +749,12 @@ class _Ask:
             also = f"{what} with training.seq_len {seq} (from {self.training.seq_len})"
             return _on_the_gpus_given(method.value, also, self.cluster, fits, shorter)
 
-        shorter = None if unfit is not None or budget.exhausted() else self._longest(at)
+        shorter = None if budget.exhausted() else self._longest(at)
         if shorter is None:
             if budget.exhausted():
                 return []  # the collector says the budget ran out
             halvings = self._halvings()
-            why = f", whatever the sequence: {unfit}" if unfit else ""
-            if not unfit and halvings:
-                why = f", nor at training.seq_len {halvings[-1]}"
+            why = f", nor at training.seq_len {halvings[-1]}" if halvings else ""
             raise NoFit(f"no layout fits on the GPUs given with {method.value} (rank {peft.lora_rank}){why}")
         return [shorter]
 

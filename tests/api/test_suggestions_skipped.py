@@ -43,10 +43,13 @@ def test_a_shorter_sequence_the_states_rule_out_is_said_with_the_numbers(client:
     (sequence,) = why["shorter_sequence"]
     assert "the model states alone need 194.0 GiB per GPU" in sequence, sequence
     assert "GiB allowed" in sequence and "whatever the sequence" in sequence
-    # LoRA keeps a 16-bit 13B base (26 GB): searched, nothing fits, and said so; QLoRA fits
+    # LoRA keeps a 16-bit 13B base (26 GB): over the card before any search, said with the numbers
+    # (searched, an absurd model's LoRA took the request's budget from every suggestion after it:
+    # hostile review); QLoRA fits
     assert "qlora" in made and "lora" not in made
     assert why["lora"] == [
-        "no layout fits on the GPUs given with lora (rank 16), nor at training.seq_len 512"
+        "no layout fits on the GPUs given with lora (rank 16): the frozen base alone needs 24.2 GiB per "
+        "GPU sharded over all 1 GPUs (nothing offloaded); 22.8 GiB allowed"
     ]
     # every kind considered is either made or skipped with a reason
     considered = {"lora", "qlora", "shorter_sequence", "more_gpus", "offload", "other_gpu"}
