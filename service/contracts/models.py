@@ -137,6 +137,10 @@ class ArchitectureIn(Strict):
     mla: MLAIn | None = None
     mla_bias: bool = False
     final_logit_softcapping: bool = False
+    attn_logit_softcapping: bool = Field(
+        default=False,
+        description="Gemma 2's tanh cap on the attention scores (eager attention keeps its output)",
+    )
     hidden_dropout: float = Field(default=0.0, ge=0, lt=1, description="embedding and residual dropout")
     attention_dropout: float = Field(
         default=0.0, ge=0, lt=1, description="dropout on the attention probabilities"

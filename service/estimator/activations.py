@@ -314,6 +314,11 @@ def _hf_attention(
             sharded += (FP32_BYTES + (d if d < FP32_BYTES else 0)) * a * t * training.seq_len
         if core and model.attention_dropout > 0:  # the probabilities' dropout: its mask and output
             sharded += (MASK_BYTES + d) * a * t * training.seq_len
+        if core and model.attn_logit_softcapping:
+            # Gemma 2's eager_attention_forward: scores / c, tanh, * c before the mask and softmax;
+            # tanh keeps its output, one more s x s tensor in the model dtype (the division and the
+            # product by a constant keep nothing)
+            sharded += d * a * t * training.seq_len
     elif model.mla is not None:
         sharded += _hf_mla(model, training, t) + (FP32_BYTES * a * t if core else 0.0)
     else:
@@ -706,6 +711,10 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
         loss = d * t * logits / layout.tp + FP32_BYTES * t
     else:
         loss = FP32_BYTES * t * logits / layout.tp
+        if model.final_logit_softcapping:
+            # Gemma2ForCausalLM: logits / c, tanh, * c before the loss; tanh keeps its output, the
+            # logits in the model dtype (a fused or compiled loss caps inside its kernel: nothing more)
+            loss += d * t * logits / layout.tp
     # each multi-token-prediction depth (Megatron only) keeps its enorm input (the shifted tokens'
     # embedding), eh_proj's 2h input, its final norm's and output layer's inputs, its own fp32
     # logits and shifted labels; its decoder layer counts with the stage's layers

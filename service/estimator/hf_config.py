@@ -317,9 +317,8 @@ def _dense_width(f: _Fields, key: str, default: int, *, needed: bool) -> int:
     return f.required_int(key) if needed else f.int_or(key, default)
 
 
-def _final_softcap(f: _Fields, default: float | None) -> bool:
-    # Gemma 2 defaults to 30.0 (null turns it off), Gemma 3 to None.
-    key = "final_logit_softcapping"
+def _final_softcap(f: _Fields, default: float | None, key: str = "final_logit_softcapping") -> bool:
+    # Gemma 2 defaults to 30.0 (null turns it off), Gemma 3 to None; attn_logit_softcapping: 50.0, None
     if key in f.raw:
         f.float_or(key, 0.0)  # type check
         return f.raw[key] is not None
@@ -347,6 +346,7 @@ def _llama_like(
     qk_norm: QKNorm = QKNorm.NONE,
     attention_sinks: bool = False,
     final_logit_softcapping: bool = False,
+    attn_logit_softcapping: bool = False,
     family: str | None = None,
 ) -> ModelSpec:
     """Pre-norm RMSNorm decoders with separate (or Phi-3-fused) q/k/v and a gated MLP."""
@@ -384,6 +384,7 @@ def _llama_like(
         qk_norm=qk_norm,
         attention_sinks=attention_sinks,
         final_logit_softcapping=final_logit_softcapping,
+        attn_logit_softcapping=attn_logit_softcapping,
     )
 
 
@@ -500,8 +501,8 @@ def _gemma(f: _Fields, name: str) -> ModelSpec:
 def _gemma2(f: _Fields, name: str) -> ModelSpec:
     # Gemma2DecoderLayer: input, post_attention, pre_feedforward and post_feedforward RMSNorms;
     # layer_types default: sliding (sliding_window 4096) and full alternating, layer 0 sliding;
-    # final_logit_softcapping 30.0 (null: off). attn_logit_softcapping and query_pre_attn_scalar
-    # only rescale attention scores.
+    # final_logit_softcapping 30.0 and attn_logit_softcapping 50.0 (null: off); query_pre_attn_scalar
+    # only rescales attention scores.
     f.reject("use_bidirectional_attention", True, "the estimator models causal decoders")
     layers = f.required_int("num_hidden_layers")
     kinds = f.layer_types([SLIDING if (i + 1) % 2 else FULL for i in range(layers)], (FULL, SLIDING))
@@ -519,6 +520,7 @@ def _gemma2(f: _Fields, name: str) -> ModelSpec:
         norms_per_layer=4,
         attention=_attention(f, kinds, window=f.int_or_null("sliding_window", 4096)),
         final_logit_softcapping=_final_softcap(f, 30.0),
+        attn_logit_softcapping=_final_softcap(f, 50.0, "attn_logit_softcapping"),
     )
 
 
@@ -557,6 +559,7 @@ def _gemma3_text(f: _Fields, name: str) -> ModelSpec:
         attention=_attention(f, kinds, window=f.int_or_null("sliding_window", 4096)),
         qk_norm=QKNorm.PER_HEAD,
         final_logit_softcapping=_final_softcap(f, None),
+        attn_logit_softcapping=_final_softcap(f, None, "attn_logit_softcapping"),
         family="gemma3",
     )
 

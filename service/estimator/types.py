@@ -319,6 +319,9 @@ class ModelSpec:
     mla: MLASpec | None = None  # DeepSeek-V2/V3 attention instead of q/k/v/o of head_dim
     mla_bias: bool = False  # DeepSeek attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj
     final_logit_softcapping: bool = False  # Gemma 2: tanh(logits / c) * c, whose output autograd keeps
+    # Gemma 2: tanh(scores / c) * c before the softmax; eager attention keeps the tanh output of every
+    # s x s score (FlashAttention >= 2.6 caps inside its kernel, keeping nothing more)
+    attn_logit_softcapping: bool = False
     # Dropout the model trains with (its masks, and the attention probabilities' copies, are saved):
     # on the embedding and each residual branch (GPT-2 resid_pdrop/embd_pdrop, Megatron --hidden-dropout),
     # and on the attention probabilities (attn_pdrop, --attention-dropout). Modern LLMs train with 0.

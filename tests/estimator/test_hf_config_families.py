@@ -220,9 +220,10 @@ def test_gemma2_by_hand() -> None:
     assert parameter_counts(spec).total == 117_824
     assert spec.layer_types == (SLIDING, FULL, SLIDING) and spec.sliding_window == 4096
     assert spec.final_logit_softcapping and spec.mlp is MlpKind.GEGLU and spec.norms_per_layer == 4
+    assert spec.attn_logit_softcapping  # Gemma2Config's 50.0
     off = build({**GEMMA, "model_type": "gemma2", "num_hidden_layers": 3, "final_logit_softcapping": None,
-                 "sliding_window": None})  # fmt: skip
-    assert not off.final_logit_softcapping and off.layer_types == ()
+                 "sliding_window": None, "attn_logit_softcapping": None})  # fmt: skip
+    assert not off.final_logit_softcapping and off.layer_types == () and not off.attn_logit_softcapping
 
 
 def test_gemma3_text_and_wrapper_by_hand() -> None:
