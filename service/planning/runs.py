@@ -65,18 +65,22 @@ def add_run(
             # the run's one reference is its plan (its id is new): a concurrent request deleted the
             # plan after this one read it. The request rolls back; a retry would be told the same
             raise NotFound(f"plan {plan_id!r} does not exist (deleted while this run was stored)") from exc
-        # what the runs on this hardware now say for the plan's own job
+        return record.id, run_out(record, calibration_now())
+
+    def calibration_now() -> CalibrationOut | None:
+        """What the runs on this hardware now say for the plan's own job: the first answer's, and a
+        replay's (it answered null, where the first answer gave the factors: concurrency review)."""
         target = stored_traits(plan)
         calibration = (
             calibration_for(plans, (plan.hardware_key,), str(plan.framework), target) if target else None
         )
-        return record.id, run_out(record, calibration_out(calibration) if calibration else None)
+        return calibration_out(calibration) if calibration else None
 
     def replay(run_id: str) -> RunOut:
         record = plans.run(run_id)
         if record is None or record.plan_id != plan_id:
             raise NotFound(f"run {run_id} of plan {plan_id} has since been deleted")
-        return run_out(record, None)
+        return run_out(record, calibration_now())
 
     return create_once(
         session,

@@ -178,6 +178,8 @@ def test_a_retried_log_is_stored_once(client: TestClient, plan: dict[str, Any]) 
     )
     assert again.json()["id"] == first.json()["id"] and again.json()["source"] == first.json()["source"]
     assert len(client.get(url).json()["items"]) == 1
+    # the answer the first request got, its calibration included (a replay said null: concurrency review)
+    assert first.json()["calibration"] is not None and again.json() == first.json()
 
 
 def test_typed_runs_have_no_source(client: TestClient, plan: dict[str, Any]) -> None:
