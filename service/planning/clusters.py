@@ -250,7 +250,11 @@ def _save(repo: ClusterRepository, record: ClusterRecord) -> ClusterRecord:
     try:
         return repo.add(record)
     except IntegrityError as exc:  # a concurrent writer took the name between check and flush
-        raise Conflict(f"a cluster named {record.name!r} already exists") from exc
+        # named as the check names it (the existing id is not readable in the failed transaction)
+        raise Conflict(
+            f"a cluster named {record.name!r} already exists",
+            errors=[{"field": "name", "message": "must be unique"}],
+        ) from exc
 
 
 def resolve_cluster(

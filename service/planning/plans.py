@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.catalog import catalog_version
@@ -71,7 +72,18 @@ def create_plan(
 
     def create() -> tuple[str, PlanOut]:
         record = plan_record(session, request, deadline)
-        plans.add(record)
+        try:
+            plans.add(record)
+        except IntegrityError as exc:
+            if record.cluster_id is None:
+                raise
+            # its one reference is the stored cluster it was planned on (its id is new): deleted by a
+            # concurrent request after this one read it; what a retry is told, said now (it was a 409
+            # naming no field: concurrency review)
+            raise NotFound(
+                f"cluster {record.cluster_id!r} was deleted while this plan was computed",
+                errors=[{"field": "cluster.id", "message": "deleted while the plan was computed"}],
+            ) from exc
         return record.id, plan_out(record)
 
     def replay(plan_id: str) -> PlanOut:

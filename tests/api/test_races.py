@@ -129,7 +129,7 @@ def test_a_write_with_if_match_that_loses_a_race_is_a_412(
     assert client.get(f"/v1/clusters/{cluster['id']}").json()["description"] == "other"
 
 
-def test_a_plan_on_a_cluster_deleted_meanwhile_is_a_409(
+def test_a_plan_on_a_cluster_deleted_meanwhile_is_a_404_naming_the_cluster(
     client: TestClient, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = client.post("/v1/clusters", json=ONE_NODE).json()
@@ -137,8 +137,11 @@ def test_a_plan_on_a_cluster_deleted_meanwhile_is_a_409(
     interleave(monkeypatch, plans_planning, "render_artifacts", delete)  # after the cluster was read
     body = {"model": {"preset": "gpt2"}, "cluster": {"id": cluster["id"]},
             "training": {"seq_len": 128, "global_batch_size": 8}}  # fmt: skip
-    problem = assert_problem(client.post("/v1/plans", json=body), 409)
-    assert "concurrent change" in problem["detail"]
+    # what a retry is told, said at once (a 409 naming no field sent the retry to learn it: concurrency
+    # review); nothing stored
+    problem = assert_problem(client.post("/v1/plans", json=body), 404)
+    assert "deleted while this plan was computed" in problem["detail"]
+    assert [e["field"] for e in problem["errors"]] == ["cluster.id"]
     assert client.get("/v1/plans").json()["items"] == []
 
 
@@ -173,3 +176,16 @@ def test_a_run_posted_while_its_plan_is_deleted_is_a_404(
     assert "deleted while this run was stored" in problem["detail"]
     with db_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 0
+
+
+def test_a_name_taken_between_the_check_and_the_write_is_a_409_naming_it(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unique index catches what the check missed (a concurrent create took the name after it):
+    the 409 names the field, as the check's does (it named none: concurrency review)."""
+    assert client.post("/v1/clusters", json=ONE_NODE).status_code == 201
+    monkeypatch.setattr(clusters_planning, "_check_name_free", lambda *args: None)  # passed, then taken
+    problem = assert_problem(client.post("/v1/clusters", json=ONE_NODE), 409)
+    assert "already exists" in problem["detail"]
+    assert [e["field"] for e in problem["errors"]] == ["name"]
+    assert len(client.get("/v1/clusters").json()["items"]) == 1
