@@ -514,11 +514,12 @@ def op_sac_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
     for matmul, saved in zip(matmuls, flops.op_sac_saved(matmuls), strict=True):
         if not saved or (compiled and matmul.row_parallel):
             continue
-        if matmul.row_parallel and tp > 1:
+        if (matmul.row_parallel or matmul.replicated) and tp > 1:
             whole += d * t * matmul.out_features
         else:
             sharded += d * t * matmul.out_features
-    sharded += d * t * model.q_size + FP32_BYTES * model.num_attention_heads * t
+    # the attention op's output (heads x v: MLA's v_head_dim) and its logsumexp
+    sharded += d * t * model.v_size + FP32_BYTES * model.num_attention_heads * t
     if tp > 1 and layout.sequence_parallel and not compiled:
         replicated += 2 * d * t * h
     if moe_layer and model.moe is not None:  # topk's values and indices are saved

@@ -64,6 +64,7 @@ from service.estimator.types import (
     AttentionKind,
     Head,
     Method,
+    MLASpec,
     ModelSpec,
     MoESpec,
     Recompute,
@@ -235,11 +236,14 @@ def layer_matmul_flops(model: ModelSpec, moe_layer: bool) -> int:
 @dataclass(frozen=True, slots=True)
 class Matmul:
     """One weight matmul of a decoder layer, per token: its output width and FLOPs. ``row_parallel``:
-    under tensor parallelism its output is a full-width partial sum (o_proj, down_proj)."""
+    under tensor parallelism its output is a full-width partial sum (o_proj, down_proj);
+    ``replicated``: every tensor-parallel rank runs it whole (MLA's down projections, NoParallel in
+    torchtitan's DeepSeek-V3 plan: their latents are shared by every head)."""
 
     out_features: int
     flops: int
     row_parallel: bool
+    replicated: bool = False
 
 
 def layer_matmuls(model: ModelSpec, moe_layer: bool) -> tuple[Matmul, ...]:
@@ -247,14 +251,17 @@ def layer_matmuls(model: ModelSpec, moe_layer: bool) -> tuple[Matmul, ...]:
     q, k, v, o, then the MLP's gate (w1), up (w3) and down (w2) (gate and down without a gated MLP);
     an MoE layer's routed experts (top_k of them per token, the rows of one grouped matmul) and shared
     experts in the MLP's place. The router is left out: torchtitan's per-op AC always recomputes it
-    (force_recompute_mm_shapes_by_fqns = ["moe.router.gate"])."""
+    (force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]). MLA's attention runs wq_a and wq_b (or
+    wq), wkv_a, wkv_b and wo (torchtitan models/deepseek_v3 Attention; ``mla_projection_flops``)."""
     h, q, kv = model.hidden_size, model.q_size, model.kv_size
-    attention = (
+    attention: tuple[Matmul, ...] = (
         Matmul(q, 2 * h * q, False),
         Matmul(kv, 2 * h * kv, False),
         Matmul(kv, 2 * h * kv, False),
         Matmul(h, 2 * q * h, True),
     )
+    if model.mla is not None:
+        attention = _mla_matmuls(model, model.mla)
 
     def mlp(ffn: int, copies: int) -> tuple[Matmul, ...]:
         up = (Matmul(copies * ffn, copies * 2 * h * ffn, False),) * (2 if model.mlp.gated else 1)
@@ -266,6 +273,25 @@ def layer_matmuls(model: ModelSpec, moe_layer: bool) -> tuple[Matmul, ...]:
     routed = mlp(moe.expert_ffn_hidden_size, moe.top_k)
     shared = mlp(moe.shared_expert_ffn_hidden_size, moe.num_shared_experts) if moe.num_shared_experts else ()
     return attention + routed + shared
+
+
+def _mla_matmuls(model: ModelSpec, mla: MLASpec) -> tuple[Matmul, ...]:
+    """MLA's projections as ``Matmul``s: the query through its latent (wq_a h -> r_q, replicated;
+    wq_b r_q -> n qk) or a plain wq, the shared key/value latent with the rope key (wkv_a h -> r +
+    rope, replicated), its decompression (wkv_b r -> n (nope + v)) and wo (n v -> h)."""
+    h, n, r_q, r = model.hidden_size, model.num_attention_heads, mla.q_lora_rank, mla.kv_lora_rank
+    qk, kv_b = n * mla.qk_head_dim, n * (mla.qk_nope_head_dim + mla.v_head_dim)
+    if r_q is None:
+        query: tuple[Matmul, ...] = (Matmul(qk, 2 * h * qk, False),)
+    else:
+        query = (Matmul(r_q, 2 * h * r_q, False, replicated=True), Matmul(qk, 2 * r_q * qk, False))
+    latent = r + mla.qk_rope_head_dim
+    return (
+        *query,
+        Matmul(latent, 2 * h * latent, False, replicated=True),
+        Matmul(kv_b, 2 * r * kv_b, False),
+        Matmul(h, 2 * model.v_size * h, True),
+    )
 
 
 def op_sac_saved(matmuls: tuple[Matmul, ...]) -> tuple[bool, ...]:

@@ -1002,7 +1002,9 @@ def fp8_cast_pass_bytes_per_token(job: Job, kind: LayerKind, tp: int) -> tuple[f
     for matmul in flops.layer_matmuls(job.model, kind.moe):
         in_features = matmul.flops / (2 * matmul.out_features)
         outputs = float(matmul.out_features)
-        if matmul.row_parallel:
+        if matmul.replicated:
+            inputs = in_features  # whole on every rank, in and out
+        elif matmul.row_parallel:
             inputs = in_features / tp
         else:
             inputs, outputs = in_features, outputs / tp

@@ -330,3 +330,26 @@ def test_lora_on_fused_experts_runs_no_adapter_per_token_on_them() -> None:
     assert flops.lora_adapter_flops(oss, True, _lora(ALL), fused_experts=True) == only_attention
     experts = 4 * 3 * 2 * 16 * (2880 + 2880)
     assert flops.lora_adapter_flops(oss, True, _lora(ALL), fused_experts=False) == only_attention + experts
+
+
+def test_mla_layers_run_their_own_projections() -> None:
+    """DeepSeek's attention is wq_a, wq_b, wkv_a, wkv_b and wo (torchtitan models/deepseek_v3), not
+    q/k/v/o of a grouped-query model: per-op AC saved 875 MB of a V3 layer where those save 548, and
+    recomputed 1.00 GFLOP a token for 0.61 (architecture review). The latents' projections run whole
+    on every TP rank (NoParallel)."""
+    from service.catalog.models import model as preset
+
+    v3 = preset("deepseek-v3").spec
+    assert v3.mla is not None
+    attention = flops.layer_matmuls(v3, False)[:5]
+    assert [m.out_features for m in attention] == [1536, 128 * 192, 512 + 64, 128 * (128 + 128), 7168]
+    assert [m.replicated for m in attention] == [True, False, True, False, False]
+    assert [m.row_parallel for m in attention] == [False, False, False, False, True]
+    assert sum(m.flops for m in attention) == flops.mla_projection_flops(v3)
+    lite = preset("deepseek-v2-lite").spec  # no q_lora_rank: a plain wq
+    assert [m.out_features for m in flops.layer_matmuls(lite, False)[:4]] == [
+        16 * 192,
+        512 + 64,
+        16 * 256,
+        2048,
+    ]
