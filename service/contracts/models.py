@@ -182,6 +182,18 @@ class ArchitectureIn(Strict):
     )
     moe_router: MoERouterIn | None = Field(default=None, description="needs moe; default: the tool's own")
 
+    @model_validator(mode="after")
+    def _labels_read(self) -> ArchitectureIn:
+        # an input the model does not use is refused: only the classifier and QA heads have outputs
+        labelled = (Head.SEQUENCE_CLASSIFICATION, Head.QUESTION_ANSWERING)
+        if "num_labels" in self.model_fields_set and self.head not in labelled:
+            raise FieldError(
+                f"num_labels sizes a sequence_classification or question_answering head; head "
+                f"{self.head.value} has none of its own: leave it out",
+                "num_labels",
+            )
+        return self
+
     @field_validator("family")
     @classmethod
     def _known_family(cls, family: str) -> str:
@@ -230,6 +242,8 @@ def architecture_dict(spec: ModelSpec) -> dict[str, Any]:
     fields = dataclasses.asdict(spec)
     for name in CONFIG_ONLY_FIELDS:
         del fields[name]
+    if spec.head not in (Head.SEQUENCE_CLASSIFICATION, Head.QUESTION_ANSWERING):
+        del fields["num_labels"]  # no head of its own to size: refused as input (``_labels_read``)
     return fields
 
 
