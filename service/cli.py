@@ -4,9 +4,10 @@ Every command sends the request the HTTP API takes: to a running service with ``
 default, to the service in-process over the local database (``PLANNER_DATABASE_URL``, migrated first),
 so the numbers are the API's either way. Human output is aligned tables with units; ``--json`` prints
 the API's JSON (a listing: the API's page, with every item). Exit codes: 0 feasible (or done), 2 does
-not fit, 64 usage error (the command line itself: an unknown option, a missing or malformed value, a
---config file that is not there, flags missing or contradicting; BSD's EX_USAGE), 1 any other error
-(the API refused the request: one line naming the field and its flag; the service cannot be reached).
+not fit, 3 unknown (capacity: a GPU type's search cut before a fit, none found), 64 usage error (the
+command line itself: an unknown option, a missing or malformed value, a --config file that is not
+there, flags missing or contradicting; BSD's EX_USAGE), 1 any other error (the API refused the request:
+one line naming the field and its flag; the service cannot be reached).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from service.recommender.types import Objective
 from service.settings import SettingsError
 
 FEASIBLE, ERROR, INFEASIBLE, USAGE = 0, 1, 2, 64
+UNKNOWN = 3  # capacity: nothing fits of what was searched, and a GPU type's search was cut before a fit
 GIB = 2**30
 _GPUS = re.compile(r"^(?:(\d+)x)?(\d+)x([a-z0-9][a-z0-9.\-]*)$")
 _BAR_CHARS = 40  # the memory bar's width at the card's capacity
@@ -946,6 +948,7 @@ def main() -> None:
     Exit codes:
       0   fits (or the command did what it says)
       2   does not fit (plan infeasible, estimate over the card)
+      3   unknown (capacity: nothing fits of what was searched, a GPU type's search cut before a fit)
       64  usage error: an unknown option, a missing or malformed value, flags missing or contradicting
       1   any other error: the API refused the request, the service cannot be reached
     """
@@ -1337,7 +1340,15 @@ def capacity(
         emit(result, True)
     else:
         print_capacity(result["options"], timed_on=at_gpus is not None)
-    sys.exit(FEASIBLE if any(o["fits"] for o in result["options"]) else INFEASIBLE)
+    sys.exit(capacity_exit(result["options"]))
+
+
+def capacity_exit(options: list[dict[str, Any]]) -> int:
+    """0 where a GPU type fits; else 3 where a type's search was cut before a fit (fits null: unknown,
+    not "does not fit", which a scheduler script reads as final), else 2."""
+    if any(o["fits"] for o in options):
+        return FEASIBLE
+    return UNKNOWN if any(o["fits"] is None for o in options) else INFEASIBLE
 
 
 def print_capacity(options: list[dict[str, Any]], timed_on: bool) -> None:

@@ -264,7 +264,7 @@ def test_plan_out_that_cannot_be_a_directory_is_refused_before_planning(
 def test_help_documents_the_exit_codes(database: str) -> None:
     result = run("--help")
     assert result.exit_code == 0
-    for words in ("0   fits", "2   does not fit", "64  usage error", "1   any other error"):
+    for words in ("0   fits", "2   does not fit", "3   unknown", "64  usage error", "1   any other error"):
         assert words in result.output, result.output
 
 
@@ -1140,3 +1140,13 @@ def test_serve_starts_as_the_image_does_on_a_later_releases_database(
     result = CliRunner().invoke(main, ["serve"])
     assert result.exit_code == 0, result.output
     assert "a later release's" in result.output and served == ["service.main:create_app"] * 2
+
+
+def test_capacity_cut_before_any_fit_exits_3_not_2() -> None:
+    """A capacity whose GPU types' searches were all cut before a fit said "does not fit" (exit 2) beside
+    rows reading "unknown (search cut)" (change review): a scheduler script reads 2 as final."""
+    from service.cli import INFEASIBLE, UNKNOWN, capacity_exit
+
+    assert capacity_exit([{"fits": None}, {"fits": False}]) == UNKNOWN == 3
+    assert capacity_exit([{"fits": False}, {"fits": False}]) == INFEASIBLE
+    assert capacity_exit([{"fits": None}, {"fits": True}]) == 0

@@ -868,7 +868,9 @@ async function submitCapacity() {
   try {
     const answer = await api("POST", "/v1/capacity", capacityBody());
     renderCapacity(answer, result);
-    busy.textContent = `${answer.options.filter((o) => o.fits).length} of ${answer.options.length} GPU types fit`;
+    const unknown = answer.options.filter((o) => o.fits === null).length;
+    busy.textContent = `${answer.options.filter((o) => o.fits).length} of ${answer.options.length} GPU types fit`
+      + (unknown ? ` (${unknown} unknown: the search was cut before a fit)` : "");
     result.focus();
   } catch (error) {
     busy.textContent = "";
