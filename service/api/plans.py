@@ -227,7 +227,7 @@ def get_run(plan_id: str, run_id: str, plans: PlanRepoDep) -> RunOut:
     run = plans.run(run_id)
     if run is None or run.plan_id != plan_id:
         raise NotFound(f"plan {plan_id!r} has no run {run_id!r}")
-    return planning.run_out(run, None)
+    return planning.run_out(run)
 
 
 @router.get("/{plan_id}/runs", response_model=Page[RunOut])
@@ -246,7 +246,7 @@ def list_runs(
     except InvalidCursor as exc:
         raise Unprocessable(str(exc), errors=[{"field": "query.cursor", "message": str(exc)}]) from exc
     rows, next_cursor = plans.runs_page(plan_id, limit=limit, after_id=after)
-    return Page[RunOut](items=[planning.run_out(r, None) for r in rows], next_cursor=next_cursor)
+    return Page[RunOut](items=[planning.run_out(r) for r in rows], next_cursor=next_cursor)
 
 
 # The design's unversioned paths (`POST /plans` for schedulers): the same handlers, dependencies and

@@ -105,6 +105,8 @@ class RunRecord(Base):
     diagnosis: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # a run posted as a log: what was read, from which lines (service.runlogs.ParsedLog.stored)
     source: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
+    # the calibration the answer that stored it gave, which a retry with its Idempotency-Key replays
+    calibration: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     plan: Mapped[PlanRecord] = relationship(back_populates="runs")

@@ -9,7 +9,6 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.contracts.estimates import CalibrationOut
 from service.contracts.plans import LOG_STATISTIC_IS, RunIn, RunOut
 from service.contracts.results import PlanResult, RunDiagnosis, StoredLayout, StoredRequest
 from service.errors import Conflict, NotFound, Unprocessable
@@ -65,22 +64,22 @@ def add_run(
             # the run's one reference is its plan (its id is new): a concurrent request deleted the
             # plan after this one read it. The request rolls back; a retry would be told the same
             raise NotFound(f"plan {plan_id!r} does not exist (deleted while this run was stored)") from exc
-        return record.id, run_out(record, calibration_now())
-
-    def calibration_now() -> CalibrationOut | None:
-        """What the runs on this hardware now say for the plan's own job: the first answer's, and a
-        replay's (it answered null, where the first answer gave the factors: concurrency review)."""
+        # what the runs on this hardware now say for the plan's own job, stored with the run: a retry
+        # replays this answer whole (it answered null, and recomputed it would count the runs stored
+        # since: concurrency and change reviews)
         target = stored_traits(plan)
         calibration = (
             calibration_for(plans, (plan.hardware_key,), str(plan.framework), target) if target else None
         )
-        return calibration_out(calibration) if calibration else None
+        answered = calibration_out(calibration) if calibration else None
+        record.calibration = answered.model_dump(mode="json") if answered else None
+        return record.id, run_out(record, answered=True)
 
     def replay(run_id: str) -> RunOut:
         record = plans.run(run_id)
         if record is None or record.plan_id != plan_id:
             raise NotFound(f"run {run_id} of plan {plan_id} has since been deleted")
-        return run_out(record, calibration_now())
+        return run_out(record, answered=True)
 
     return create_once(
         session,
@@ -172,8 +171,9 @@ def with_plausibility(run: RunRecord) -> RunDiagnosis:
     return diagnosis
 
 
-def run_out(run: RunRecord, calibration: CalibrationOut | None) -> RunOut:
-    """A stored run in its wire shape; `calibration` only in the answer that stored it."""
+def run_out(run: RunRecord, *, answered: bool = False) -> RunOut:
+    """A stored run in its wire shape; its calibration only in the answer that stored it and its
+    replays (``answered``)."""
     return RunOut(
         id=run.id,
         plan_id=run.plan_id,
@@ -188,5 +188,5 @@ def run_out(run: RunRecord, calibration: CalibrationOut | None) -> RunOut:
         notes=run.notes,
         diagnosis=with_plausibility(run).out(),
         source=run.source,
-        calibration=calibration.model_dump(mode="json") if calibration else None,
+        calibration=run.calibration if answered else None,
     )

@@ -170,6 +170,8 @@ def test_a_retried_log_is_stored_once(client: TestClient, plan: dict[str, Any]) 
     url = f"/v1/plans/{plan['id']}/runs"
     body = {"log": log("deepspeed")}
     first = client.post(url, json=body, headers={"Idempotency-Key": "log-1"})
+    # another run between the two: the replay is still the first answer, not today's calibration
+    assert client.post(url, json={"step_s": 0.5}, headers={"Idempotency-Key": "typed"}).status_code == 201
     again = client.post(url, json=body, headers={"Idempotency-Key": "log-1"})
     assert (
         first.status_code == 201
@@ -177,8 +179,9 @@ def test_a_retried_log_is_stored_once(client: TestClient, plan: dict[str, Any]) 
         and again.headers["idempotent-replayed"] == "true"
     )
     assert again.json()["id"] == first.json()["id"] and again.json()["source"] == first.json()["source"]
-    assert len(client.get(url).json()["items"]) == 1
-    # the answer the first request got, its calibration included (a replay said null: concurrency review)
+    assert len(client.get(url).json()["items"]) == 2
+    # the answer the first request got, its calibration included (a replay said null: concurrency review;
+    # recomputed, it counted the run stored since: change review)
     assert first.json()["calibration"] is not None and again.json() == first.json()
 
 

@@ -93,7 +93,7 @@ def test_a_diagnosis_reads_back_and_goes_out_without_its_version(session: Sessio
     assert "version" not in run.diagnosis and run.diagnosis["implausible"] is False
     # stored before runs were checked: the check's verdict, the rest as stored
     stored.diagnosis = {k: v for k, v in stored.diagnosis.items() if k not in ("version", "implausible")}
-    again = planning.run_out(stored, None)
+    again = planning.run_out(stored)
     assert again.diagnosis == run.diagnosis
 
 
