@@ -247,19 +247,38 @@ def architecture_dict(spec: ModelSpec) -> dict[str, Any]:
     return fields
 
 
-def _within_architecture_limits(spec: ModelSpec, field: str) -> ModelSpec:
+def _within_architecture_limits(spec: ModelSpec, config: dict[str, Any], field: str) -> ModelSpec:
     """A config.json's model held to the explicit form's limits (``ArchitectureIn``), so that what
     the service resolves it to is an architecture it takes back: a rope_scaling factor of 1e305 in a
-    config was a 500 (an infinite context), and 1e7 resolved to an architecture the service refused."""
+    config was a 500 (an infinite context), and 1e7 resolved to an architecture the service refused.
+    The error names the config's key where it has the explicit form's name (at the top or in a
+    wrapper's text_config), else the config itself, with the explicit form's name in the message
+    (``norm_eps`` is rms_norm_eps or layer_norm_epsilon by family)."""
     try:
         ArchitectureIn.model_validate(json.loads(json.dumps(architecture_dict(spec))))
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        message = f"the config's {where} ({error['input']!r}) is past what the service models: {error['msg']}"
-        named = {"field": f"{field}.hf_config.{where}", "rule": error["type"], "message": message}
-        raise Unprocessable(message, errors=[named]) from exc
+        key = _config_key(config, [str(part) for part in error["loc"]])
+        said = f"the config's {key}" if key else f"the model it describes has {where}"
+        message = f"{said} ({error['input']!r}), past what the service models: {error['msg']}"
+        located = f"{field}.hf_config" + (f".{key}" if key else "")
+        raise Unprocessable(
+            message, errors=[{"field": located, "rule": error["type"], "message": message}]
+        ) from exc
     return spec
+
+
+def _config_key(config: dict[str, Any], path: list[str]) -> str | None:
+    """``path`` as a key of ``config``, at its top or in its text_config (a multimodal wrapper's), or
+    None where the config has no key of that name."""
+    for prefix, section in (("", config), ("text_config.", config.get("text_config"))):
+        node: Any = section
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return prefix + ".".join(path)
+    return None
 
 
 MAX_CONFIG_DEPTH = 32  # levels of objects and arrays in a pasted config.json
@@ -356,7 +375,7 @@ class ModelRef(Strict):
                 return self._with_head(catalog_model(self.preset).spec)
             if self.hf_config is not None:
                 spec = model_from_hf_config(self.hf_config, name=self.name)
-                return _within_architecture_limits(spec, field)
+                return _within_architecture_limits(spec, self.hf_config, field)
             assert self.architecture is not None
             return self.architecture.to_domain(self.name or "custom")
         except UnknownCatalogEntry as exc:

@@ -352,3 +352,39 @@ def test_an_unknown_gpu_name_of_any_length_is_refused_unread_and_shown_by_its_st
     response = client.post("/v1/estimates", json=body)
     assert_problem(response, 422)
     assert len(response.content) < 10_000
+
+
+def test_a_config_past_the_limits_names_the_configs_own_key(client: TestClient) -> None:
+    """The limit check named the explicit form's fields (norm_eps for rms_norm_eps, rope_scaling for a
+    wrapper's text_config.rope_scaling): the config's key where it has one, else the config itself
+    (change review)."""
+    llama = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+    }
+    eps = assert_problem(
+        client.post("/v1/models/resolve", json={"model": {"hf_config": {**llama, "rms_norm_eps": 2.0}}}), 422
+    )
+    assert [e["field"] for e in eps["errors"]] == ["model.hf_config"] and "norm_eps" in eps["detail"]
+    gemma3 = {
+        "model_type": "gemma3",
+        "text_config": {
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "intermediate_size": 128,
+            "vocab_size": 100,
+            "rope_scaling": {"rope_type": "linear", "factor": 2e6},
+        },
+    }
+    wrapped = assert_problem(client.post("/v1/models/resolve", json={"model": {"hf_config": gemma3}}), 422)
+    assert [e["field"] for e in wrapped["errors"]] == ["model.hf_config.text_config.rope_scaling.factor"], (
+        wrapped
+    )
