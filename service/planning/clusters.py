@@ -193,11 +193,23 @@ def delete_cluster(repo: ClusterRepository, cluster_id: str, if_match: str | Non
     check_version(record, None, if_match)
     plans = repo.plan_count(cluster_id)
     if plans:
-        raise Conflict(
-            f"cluster {cluster_id!r} is referenced by {plans} stored plan(s); delete those plans first",
-            errors=[{"field": "cluster_id", "message": "referenced by plans", "plans": plans}],
-        )
-    repo.delete(record)
+        raise _referenced(cluster_id, plans)
+    try:
+        repo.delete(record)
+    except IntegrityError as exc:
+        # a plan on it was stored between the count and the delete (SQLite: the row is not locked):
+        # the 409 the count would have given, its field named (change review)
+        raise _referenced(cluster_id, None) from exc
+
+
+def _referenced(cluster_id: str, plans: int | None) -> Conflict:
+    count = f"{plans} stored plan(s)" if plans is not None else "a plan stored meanwhile"
+    error: dict[str, object] = {"field": "cluster_id", "message": "referenced by plans"}
+    if plans is not None:
+        error["plans"] = plans
+    return Conflict(
+        f"cluster {cluster_id!r} is referenced by {count}; delete those plans first", errors=[error]
+    )
 
 
 def _apply(record: ClusterRecord, body: ClusterCreate) -> None:

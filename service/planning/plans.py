@@ -82,7 +82,13 @@ def create_plan(
             # naming no field: concurrency review)
             raise NotFound(
                 f"cluster {record.cluster_id!r} was deleted while this plan was computed",
-                errors=[{"field": "cluster.id", "message": "deleted while the plan was computed"}],
+                errors=[
+                    {
+                        "field": "cluster.id",
+                        "message": "deleted while the plan was computed",
+                        "type": "unknown_cluster",
+                    }
+                ],
             ) from exc
         return record.id, plan_out(record)
 

@@ -141,7 +141,7 @@ def test_a_plan_on_a_cluster_deleted_meanwhile_is_a_404_naming_the_cluster(
     # review); nothing stored
     problem = assert_problem(client.post("/v1/plans", json=body), 404)
     assert "deleted while this plan was computed" in problem["detail"]
-    assert [e["field"] for e in problem["errors"]] == ["cluster.id"]
+    assert [(e["field"], e["type"]) for e in problem["errors"]] == [("cluster.id", "unknown_cluster")]
     assert client.get("/v1/plans").json()["items"] == []
 
 
@@ -189,3 +189,18 @@ def test_a_name_taken_between_the_check_and_the_write_is_a_409_naming_it(
     assert "already exists" in problem["detail"]
     assert [e["field"] for e in problem["errors"]] == ["name"]
     assert len(client.get("/v1/clusters").json()["items"]) == 1
+
+
+def test_a_plan_stored_between_the_count_and_the_delete_is_the_409_naming_cluster_id(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite the cluster row is not locked: a plan stored after the delete counted none made the
+    foreign key refuse the delete, a 409 naming nothing (change review)."""
+    cluster = client.post("/v1/clusters", json=ONE_NODE).json()
+    body = {"model": {"preset": "gpt2"}, "cluster": {"id": cluster["id"]},
+            "training": {"seq_len": 128, "global_batch_size": 8}}  # fmt: skip
+    assert client.post("/v1/plans", json=body).status_code == 201
+    monkeypatch.setattr(ClusterRepository, "plan_count", lambda self, cluster_id: 0)  # counted before it
+    problem = assert_problem(client.delete(f"/v1/clusters/{cluster['id']}"), 409)
+    assert [e["field"] for e in problem["errors"]] == ["cluster_id"] and "referenced" in problem["detail"]
+    assert client.get(f"/v1/clusters/{cluster['id']}").status_code == 200
