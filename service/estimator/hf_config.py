@@ -713,7 +713,8 @@ def _qwen2_moe(f: _Fields, name: str) -> ModelSpec:
             num_shared_experts=1,
             shared_expert_ffn_hidden_size=f.int_or("shared_expert_intermediate_size", 5632),
             shared_expert_gate=True,
-            layer_frequency=step,
+            # mlp_only_layers lists the MoE layers below, which the frequency then does not choose
+            layer_frequency=1 if mlp_only else step,
         )
         if mlp_only:
             indices = [i for i in range(layers) if i not in mlp_only and (i + 1) % step == 0]

@@ -547,6 +547,13 @@ class ModelSpec:
                 rule="unused",
                 field="rotary_fraction",
             )
+        if self.moe is not None and self.moe_layers is not None and self.moe.layer_frequency != 1:
+            raise InvalidModel(
+                f"moe.layer_frequency {self.moe.layer_frequency} chooses the MoE layers where moe_layers "
+                "does not: give one of them",
+                rule="unused",
+                field="moe.layer_frequency",
+            )
         if self.moe is not None and not self._moe_layer_count():
             explicit = self.moe_layers is not None
             field = "moe_layers" if explicit else "moe.layer_frequency"

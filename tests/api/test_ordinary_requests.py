@@ -820,6 +820,7 @@ MOE = {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 256}
         ({"moe": {**MOE, "shared_expert_gate": True}}, "moe.shared_expert_gate"),
         ({"moe": {**MOE, "layer_frequency": 8}}, "moe.layer_frequency"),  # 4 layers: none is MoE
         ({"moe": MOE, "moe_layers": []}, "moe_layers"),
+        ({"moe": {**MOE, "layer_frequency": 2}, "moe_layers": [1, 3]}, "moe.layer_frequency"),
         ({"num_labels": 5}, "num_labels"),  # a causal LM's head has no labels to size
     ],
 )
