@@ -287,6 +287,16 @@ def test_lora_targets_name_each_module_once(client: TestClient, targets: list[st
     assert error["field"] == "training.lora_targets" and says in error["message"], error
 
 
+TINY_LLAMA = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 100,
+}
+
+
 @pytest.mark.parametrize("factor", [1e7, 1e305])
 @pytest.mark.parametrize("path", ["/v1/plans", "/v1/estimates", "/v1/models/resolve"])
 def test_a_config_past_the_explicit_forms_limits_is_a_422_naming_its_key(
@@ -295,15 +305,7 @@ def test_a_config_past_the_explicit_forms_limits_is_a_422_naming_its_key(
     """A config.json's rope_scaling factor of 1e305 was a 500 (its context overflowed an int), and 1e7
     resolved to an architecture the service then refused as model.architecture: a config is held to
     the explicit form's limits, the key named (hostile review)."""
-    config = {
-        "model_type": "llama",
-        "num_hidden_layers": 2,
-        "hidden_size": 64,
-        "num_attention_heads": 2,
-        "intermediate_size": 128,
-        "vocab_size": 100,
-        "rope_scaling": {"rope_type": "linear", "factor": factor},
-    }
+    config = {**TINY_LLAMA, "rope_scaling": {"rope_type": "linear", "factor": factor}}
     body: dict[str, Any] = {"model": {"hf_config": config}}
     if path != "/v1/models/resolve":
         body |= {"cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 1}}
@@ -358,14 +360,7 @@ def test_a_config_past_the_limits_names_the_configs_own_key(client: TestClient) 
     """The limit check named the explicit form's fields (norm_eps for rms_norm_eps, rope_scaling for a
     wrapper's text_config.rope_scaling): the config's key where it has one, else the config itself
     (change review)."""
-    llama = {
-        "model_type": "llama",
-        "num_hidden_layers": 2,
-        "hidden_size": 64,
-        "num_attention_heads": 2,
-        "intermediate_size": 128,
-        "vocab_size": 100,
-    }
+    llama = TINY_LLAMA
     eps = assert_problem(
         client.post("/v1/models/resolve", json={"model": {"hf_config": {**llama, "rms_norm_eps": 2.0}}}), 422
     )
