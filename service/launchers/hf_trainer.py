@@ -46,6 +46,7 @@ from service.launchers.common import (
     refuse,
     script,
     shell_command,
+    tf32_environment,
     torchrun_words,
     train_steps,
     world_refusal,
@@ -197,9 +198,12 @@ def training_arguments(plan: Plan, config_dir: str = "") -> tuple[dict[str, Any]
     # every parameter to fp32 under any: utils/fsdp_utils.py; a launch review)
     elif precision is Precision.FP16:
         args["fp16"] = True
-    elif precision is Precision.TF32:
+    elif precision is Precision.TF32 and plan.cluster.gpu.vendor != "amd":
         # fp32 training (neither bf16 nor fp16) with TrainingArguments.tf32: the Trainer sets
-        # torch.backends.cuda.matmul.allow_tf32 (transformers training_args.py)
+        # torch.backends.cuda.matmul.allow_tf32 (transformers training_args.py). On ROCm it raises
+        # ("--tf32 requires Ampere or a newer GPU arch, cuda>=11": is_torch_tf32_available() is False
+        # without torch.version.cuda; AMD review): there the launch environment switches TF32 on
+        # (``environment``), as the other targets' do
         args["tf32"] = True
     # FSDP checkpoints through fsdp_config; the Trainer refuses both switches at once.
     if lo.recompute is Recompute.FULL and "fsdp" not in parallel:
@@ -245,6 +249,12 @@ def entry_words(plan: Plan, config_dir: str = "") -> tuple[list[Word], list[Arti
     return [TRAIN_SCRIPT, *cli_flags(args)], files
 
 
+def environment(plan: Plan) -> list[tuple[str, str]]:
+    """The launch environment: an AMD GPU's TF32 switch (``common.tf32_environment``), which
+    TrainingArguments.tf32 cannot set on ROCm; none otherwise (the Trainer's flag sets it)."""
+    return tf32_environment(plan) if plan.cluster.gpu.vendor == "amd" else []
+
+
 def duties(plan: Plan, config_dir: str = "") -> str:
     """What train.py must do under the HF Trainer: for its own launch script, and for the Slurm /
     Kubernetes wrapper that runs it (``job``; config_dir: where that wrapper mounts the files)."""
@@ -272,6 +282,6 @@ def render(plan: Plan) -> list[Artifact]:
             name=LAUNCH_NAME,
             target=TARGET,
             media_type=SHELL,
-            content=script(plan, [shell_command(words)], header=header),
+            content=script(plan, [shell_command(words)], env=environment(plan), header=header),
         ),
     ]

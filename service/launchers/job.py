@@ -104,4 +104,5 @@ def entry(plan: Plan, wrapper: Target, config_dir: str = "", via: Target | None 
 def _hf_trainer_entry(plan: Plan, wrapper: Target, config_dir: str) -> Entry:
     words, files = hf_trainer.entry_words(plan, config_dir)
     files = [replace(f, target=wrapper) for f in files] + peft_artifacts(plan, wrapper)
-    return Entry(Target.HF_TRAINER, words, files, [], hf_trainer.duties(plan, config_dir))
+    env = hf_trainer.environment(plan)
+    return Entry(Target.HF_TRAINER, words, files, env, hf_trainer.duties(plan, config_dir))

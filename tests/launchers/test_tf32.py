@@ -96,3 +96,18 @@ def test_on_amd_the_launch_also_opens_hipblaslts_tf32_path() -> None:
         launch = by_name(RENDERERS[Target.TORCHTITAN](plan), "torchtitan_launch.sh").content
         assert EXPORT in launch.splitlines()
         assert ("export HIPBLASLT_ALLOW_TF32=1" in launch.splitlines()) is rocm
+
+
+def test_the_hf_trainer_on_amd_switches_tf32_by_the_environment_not_its_flag() -> None:
+    """TrainingArguments(tf32=True) raises on ROCm ("--tf32 requires Ampere or a newer GPU arch":
+    is_torch_tf32_available() is False without torch.version.cuda), so the run died at its start
+    (AMD review): the HF Trainer's launch exports hipBLASLt's switch instead, as the other targets'
+    do; on NVIDIA the Trainer's flag stays."""
+    nvidia = factories.plan(model=factories.llama3_8b(), train=TF32, framework=Framework.FSDP, zero_stage=3)
+    amd = dataclasses.replace(nvidia, cluster=dataclasses.replace(nvidia.cluster, gpu=gpu("mi300x-192gb")))
+    for plan, rocm in ((nvidia, False), (amd, True)):
+        artifacts = RENDERERS[Target.HF_TRAINER](plan)
+        args = json.loads(by_name(artifacts, "training_args.json").content)
+        assert ("tf32" in args) is not rocm
+        launch = by_name(artifacts, "hf_trainer_launch.sh").content.splitlines()
+        assert ("export HIPBLASLT_ALLOW_TF32=1" in launch) is rocm
