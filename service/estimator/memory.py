@@ -36,6 +36,7 @@ from service.estimator.model_states import (
     gathered_weight_bytes,
     grad_reduce_bytes,
     layer_quantized_weights,
+    lora_expert_parameters,
     lora_parameters,
     megatron_fp8_params,
     megatron_grads_in_fp32,
@@ -446,7 +447,8 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
         host_bytes=states.host_bytes,
         nvme_bytes=states.nvme_bytes,
         head_gradients=head,
-        optimizer_temporary=optimizer_temporary_bytes(training, sb, states.optimizer_states),
+        optimizer_temporary=optimizer_temporary_bytes(training, sb, states.optimizer_states)
+        + deepspeed_fp32_gradient_bytes(layout, sb, group_partitions(job, layout, rp, trainable, degrees)),
         tied_embedding_transient=head if job.model.tied_embeddings and layout.pp == 1 else 0.0,
         gradients_apart=gradients_in_own_pool(layout, degrees[0]),
     )
@@ -481,6 +483,46 @@ def optimizer_temporary_bytes(training: TrainingSpec, sb: StateBytes, optimizer_
     if training.optimizer_implementation is not OptimizerImplementation.FOREACH or not sb.moments:
         return 0.0
     return optimizer_states * (sb.master or sb.weights) / sb.moments
+
+
+# DeepSpeed ZeRO-3's sub_group_size default (elements): its optimizer steps one sub-group of the rank's
+# partition at a time (docs.deepspeed.ai config-json "sub_group_size": 1e9)
+DS_SUB_GROUP_ELEMENTS = 1e9
+
+
+def group_partitions(
+    job: Job, layout: Layout, rp: RankParameters, trainable: float, degrees: tuple[int, int]
+) -> tuple[float, float]:
+    """The rank's partitions of its trainable dense and expert parameters (ZeRO's optimizer shards:
+    dense over ``degrees[0]``, routed experts over the expert-data-parallel ``degrees[1]``), which
+    DeepSpeed keeps in separate optimizer groups (its MoE param groups)."""
+    if job.training.method is Method.FULL:
+        dense, expert = rp.dense, rp.expert
+    else:
+        expert = lora_expert_parameters(job.model, job.training, layout, rp)
+        dense = trainable - expert
+    return dense / degrees[0], expert / degrees[1]
+
+
+def deepspeed_fp32_gradient_bytes(layout: Layout, sb: StateBytes, partitions: tuple[float, float]) -> float:
+    """DeepSpeed's optimizer step under mixed precision: each optimizer group's reduced 16-bit gradient
+    partition converted to fp32 as its master's .grad, stepped, and freed before the next group's
+    (stage_1_and_2.py step: ``single_grad_partition = self.flatten(self.averaged_gradients[i]).to(fp32)``
+    ... ``single_partition_of_fp32_groups[i].grad = None``; stage3.py ``_prepare_fp32_grad_for_sub_group``,
+    one sub-group of at most ``sub_group_size`` elements at a time): 4 bytes per parameter of the
+    largest group's partition (``group_partitions``: the dense one, or an MoE model's expert one).
+    DeepSpeed's own estimator counts it (ZeRO-2 GPU = 2P + 18P/G: master 4, moments 8, this 4, the
+    16-bit gradient 2; shared/reference/formulas.md section 4); the 7B on eight 24 GB cards peaked 1.9
+    GB above the estimate without it (hand-derivation review). None with the optimizer offloaded (it
+    steps on the host) or without a master (fp32 training: the gradient is the fp32 one)."""
+    if layout.framework is not Framework.DEEPSPEED or layout.zero_stage == 0 or not sb.master:
+        return 0.0
+    if layout.offload_optimizer is not Offload.NONE:
+        return 0.0
+    largest = max(partitions)
+    if layout.zero_stage >= 3:
+        largest = min(largest, DS_SUB_GROUP_ELEMENTS)
+    return activations.FP32_BYTES * largest
 
 
 def head_gradient_bytes(job: Job, layout: Layout, rank: int, gradients: float, trainable: float) -> float:
