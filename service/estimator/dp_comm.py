@@ -55,13 +55,13 @@ from service.estimator.step_time import (
     core_s_per_token,
     exposed_s,
     fp8_layer_cast_s,
-    gpu_parameters,
     group_links,
     kind_core_work_flops,
     kind_recompute_flops,
     recomputed_share,
     routed_expert_flops,
     runs_torch_ring,
+    stage_gpu_parameter_groups,
     step_base,
     torch_ring_traffic,
     tuned_link,
@@ -147,10 +147,15 @@ def grad_reduce_collective(layout: Layout) -> comm.Collective:
 
 def dp_param_gather_s(job: Job, layout: Layout, parameters: float, link: comm.Link) -> float:
     """ZeRO-1/2 (dist-opt) all-gather of the updated 16-bit parameters after the step, in the
-    reduction's buckets (Megatron's param-gather buckets are its gradient buckets)."""
+    reduction's buckets (Megatron's param-gather buckets are its gradient buckets); DeepSpeed's in one
+    all_gather_into_tensor of the whole group (runtime/utils.py all_gather_dp_groups takes that path
+    wherever torch has it, ignoring allgather_bucket_size: a 512-rank gather was charged 479 calls'
+    latency, a third of its step; hand-derivation review)."""
     if job.training.method is not Method.FULL or layout.zero_stage not in (1, 2):
         return 0.0
     size = parameters * gathered_bytes_per_parameter(job, layout)
+    if layout.framework is Framework.DEEPSPEED:
+        return comm.group_all_gather_s(size, link)
     calls = replicated_bucket_calls(job, layout, parameters)
     return bucketed_s(comm.group_all_gather_s, size, link, calls)
 
@@ -180,18 +185,31 @@ def gradient_reductions(layout: Layout, micro_batches: int) -> int:
 
 
 # The layout fields the replicated collectives read: the split and the pipeline split (links and the
-# GPU's parameters), the sharding, the framework (buckets, gradient bytes) and the overlap (buckets).
+# GPU's parameters), the sharding and its groups (the experts' data-parallel group), the framework
+# (buckets, gradient bytes) and the overlap (buckets).
 REPLICATED_FIELDS = (*SPLIT_FIELDS, "pipeline_layers", "pipeline_account_for_embedding",
                      "pipeline_account_for_loss", "virtual_pipeline_stages", "zero_stage",
                      "framework", "overlap_grad_reduce", "grad_reduce_in_fp32",
-                     "fp8_param_gather")  # fmt: skip
+                     "fp8_param_gather", "fsdp_hybrid_shard", "dp_replicate")  # fmt: skip
 
 
 @layout_memo(*REPLICATED_FIELDS)
 def replicated_collectives_s(job: Job, layout: Layout) -> tuple[float, float]:
-    """(one gradient reduction, the parameter all-gather) with replicated parameters."""
-    parameters, link = gpu_parameters(job, layout), group_links(job, layout).dp
-    return dp_grad_reduce_s(job, layout, parameters, link), dp_param_gather_s(job, layout, parameters, link)
+    """(one gradient reduction, the parameter all-gather) with replicated parameters, on the most
+    loaded stage: the dense ones over the data-parallel group, the routed experts over the
+    expert-data-parallel one (DeepSpeed's MoE param groups reduce over expert_dp_process_group,
+    stage_1_and_2.py _configure_moe_settings; Megatron-Core's expert buffers over the expert-DP
+    group), nothing where that group is one rank. All of them over the DP group timed a Mixtral on
+    ep 8 and two nodes at half its exposed reduction (hand-derivation review)."""
+    dense, experts = max(stage_gpu_parameter_groups(job, layout), key=sum)
+    link = group_links(job, layout).dp
+    reduce_s = dp_grad_reduce_s(job, layout, dense, link)
+    gather_s = dp_param_gather_s(job, layout, dense, link)
+    if experts and shard_degrees(layout, job.cluster)[1] > 1:
+        experts_link = shard_links(job, layout).experts
+        reduce_s += dp_grad_reduce_s(job, layout, experts, experts_link)
+        gather_s += dp_param_gather_s(job, layout, experts, experts_link)
+    return reduce_s, gather_s
 
 
 def ddp_copies_gradients(job: Job, layout: Layout) -> bool:
