@@ -713,6 +713,14 @@ class GPUSpec:
         _require_below(self.power_limit_w, "power_limit_w", self.rated_power_w, "rated_power_w")
         _require_below(self.sustained_clock_hz, "sustained_clock_hz", self.peak_clock_hz, "peak_clock_hz")
 
+    @property
+    def tp_overlap_peer_access(self) -> bool:
+        """Whether TP communication overlap can map the TP peers' memory here: peer access
+        (``peer_to_peer``), on a die whose software has the mapping: PyTorch's SymmetricMemory (torchtitan's
+        Async TP) runs on ROCm only on gfx942 and gfx950 (torch ``evaluate_platform_supports_symm_mem``),
+        so not on an MI250X's gfx90a, where an overlap was credited 16% of the step (AMD review)."""
+        return self.peer_to_peer and self.chip not in NO_PEER_MEMORY_OVERLAP_CHIPS
+
 
 def _require_below(value: float | None, name: str, reference: float | None, reference_name: str) -> None:
     """A power limit or sustained clock needs the rated figure it scales from, and stays at or below it:
@@ -743,6 +751,11 @@ def _require_below(value: float | None, name: str, reference: float | None, refe
 # with NVLS, NCCL's default there, whose busbw "does not correspond to the bandwidth on the wire"
 # (NVIDIA/nccl-tests#212).
 MAX_BUS_BANDWIDTH_PER_LINK = 2.0
+
+
+# Dies whose software stack cannot map TP peers' memory for communication overlap (GPUSpec
+# .tp_overlap_peer_access): CDNA 2 (MI250X, gfx90a) has no PyTorch SymmetricMemory.
+NO_PEER_MEMORY_OVERLAP_CHIPS = frozenset({"cdna2"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

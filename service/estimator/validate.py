@@ -429,10 +429,16 @@ def peer_access_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
     CUDA IPC or multicast handles, NVIDIA/TransformerEngine #966 and #1071; torchtitan's Async TP
     through PyTorch's SymmetricMemory): GPUs without peer access (``GPUSpec.peer_to_peer``) cannot
     run it."""
-    if layout.tp_comm_overlap and not cluster.gpu.peer_to_peer:
+    if layout.tp_comm_overlap and not cluster.gpu.tp_overlap_peer_access:
+        why = (
+            "has no peer access between its GPUs"
+            if not cluster.gpu.peer_to_peer
+            else f"is on {cluster.gpu.chip}, whose ROCm stack maps no peer memory for it (PyTorch's "
+            "SymmetricMemory runs on gfx942 and gfx950 only)"
+        )
         return _bad(
             f"tp_comm_overlap maps the tp {layout.tp} peers' memory (Transformer Engine's userbuffers, "
-            f"PyTorch's SymmetricMemory): {cluster.gpu.name} has no peer access between its GPUs",
+            f"PyTorch's SymmetricMemory): {cluster.gpu.name} {why}",
             "peer_access",
             "tp_comm_overlap",
         )

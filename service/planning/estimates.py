@@ -59,7 +59,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     layout_in, chosen_micro = with_derived_micro_batch(layout_in, training.global_batch_size)
     layout_in, unsplit = with_fitting_sequence_parallel(layout_in, training.seq_len)
     # the TP overlap's default needs the tp peers' memory mapped: peer access, inside one node
-    peer_to_peer = cluster.gpu.peer_to_peer and not cluster.tp_straddles_nodes(
+    peer_to_peer = cluster.gpu.tp_overlap_peer_access and not cluster.tp_straddles_nodes(
         layout_in.tp, cluster.world_size
     )
     layout = layout_in.to_domain(peer_to_peer=peer_to_peer)

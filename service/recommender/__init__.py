@@ -360,12 +360,12 @@ def _search_memory_family(
         result.log.add(
             "invalid: virtual_pp",
             1,
-            make_layout(s, sh, Recompute.NONE, virtual, 1, job.cluster.gpu.peer_to_peer),
+            make_layout(s, sh, Recompute.NONE, virtual, 1, job.cluster.gpu.tp_overlap_peer_access),
             "no micro-batch gives a multiple of pp micro-batches",
         )
         return False
     best_index, fitted = -1, False
-    peer = job.cluster.gpu.peer_to_peer
+    peer = job.cluster.gpu.tp_overlap_peer_access
     # the overlap-off twin is searched where a layout this family could not fit (the first miss of each
     # recompute mode, or one layer fewer recomputed) would fit without TE's userbuffers
     twin_may_fit = False
@@ -684,7 +684,7 @@ def _search_structure(
             if _ceilings_lose(search, result, [ceilings.get((framework, v)) for v in virtuals]):
                 result.log.groups[DOMINATED].count += len(virtuals)  # no sharding changes a ceiling
                 continue
-            probe = make_layout(s, sh, Recompute.FULL, 1, 1, job.cluster.gpu.peer_to_peer)
+            probe = make_layout(s, sh, Recompute.FULL, 1, 1, job.cluster.gpu.tp_overlap_peer_access)
             valid = _violation(job, probe) is None
             if valid and not _states_fit(job, probe, limit):  # an invalid one is logged as such below
                 result.families += 1
@@ -711,7 +711,7 @@ def _log_unsupported(
         else:
             stage = reason.zero_stage if isinstance(reason, Unsupported) else 0
             example = make_layout(
-                s, Sharding(framework, stage), Recompute.NONE, 1, 1, job.cluster.gpu.peer_to_peer
+                s, Sharding(framework, stage), Recompute.NONE, 1, 1, job.cluster.gpu.tp_overlap_peer_access
             )
             result.log.add(reason, 1, example, reason)
 
@@ -774,7 +774,7 @@ def _dominated(
     if ceiling > threshold and DOMINATED in result.log.groups:
         result.log.groups[DOMINATED].count += 1
         return True
-    peer = job.cluster.gpu.peer_to_peer
+    peer = job.cluster.gpu.tp_overlap_peer_access
     optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1], peer, tp_overlap)
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if _violation(job, optimistic) is not None:
@@ -804,7 +804,9 @@ def _ceiling_key(
     most_micro_batches: int,
 ) -> tuple[float, ...] | None:
     s, sh, virtual = family
-    optimistic = make_layout(s, sh, Recompute.NONE, virtual, micro_batch, job.cluster.gpu.peer_to_peer)
+    optimistic = make_layout(
+        s, sh, Recompute.NONE, virtual, micro_batch, job.cluster.gpu.tp_overlap_peer_access
+    )
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if _violation(job, optimistic) is not None:
         return None
@@ -1008,7 +1010,13 @@ def _lean_fit(
         for i, sh in enumerate(ordered):
             # no TP overlap: its buffers are memory the family's overlap-off twin does without
             lean = make_layout(
-                s, sh, recompute_order(framework)[-1], 1, sizes[0], job.cluster.gpu.peer_to_peer, False
+                s,
+                sh,
+                recompute_order(framework)[-1],
+                1,
+                sizes[0],
+                job.cluster.gpu.tp_overlap_peer_access,
+                False,
             )
             if not search.rejections and _states_exceed(job, lean, limit):
                 # a miss only the log would hold: its model states alone exceed the limit, and so

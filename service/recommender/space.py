@@ -465,7 +465,7 @@ def dynamic_floor(
     one = Structure(gpus=1, dp=1, tp=1, pp=1, cp=1, ep=1)
     least: tuple[int, Layout] | None = None
     for recompute in recompute_order(framework):
-        layout = make_layout(one, sharding, recompute, 1, 1, job.cluster.gpu.peer_to_peer)
+        layout = make_layout(one, sharding, recompute, 1, 1, job.cluster.gpu.tp_overlap_peer_access)
         acts = stage_activations(job, layout)[0]  # pp 1: one rank
         # rank_peak_parts' start of the backward, with the gradients, the model states' buffers and
         # autocast copies left out (rank_total_bytes is the states + the largest moment's reservation)

@@ -72,3 +72,28 @@ def test_a_plan_on_them_times_no_tp_overlap(client: TestClient) -> None:
     plan = response.json()
     layouts = [plan["recommended"]["layout"], *(a["layout"] for a in plan["alternatives"])]
     assert layouts and not any(layout["tp_comm_overlap"] for layout in layouts)
+
+
+def test_an_mi250x_runs_no_tp_overlap_and_its_plans_credit_none(client: TestClient) -> None:
+    """PyTorch's SymmetricMemory runs on ROCm only on gfx942 and gfx950: an MI250X (gfx90a) plan
+    rendered torchtitan's Async TP and credited it 16% of the step (AMD review). Refused when asked,
+    off by default, never proposed."""
+    cluster = {"gpu": "mi250x-gcd-64gb", "num_nodes": 2, "gpus_per_node": 8}
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "cluster": cluster,
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+        "layout": {"framework": "fsdp", "dp": 8, "tp": 2, "zero_stage": 3, "sequence_parallel": True,
+                   "torch_compile": "model", "tp_comm_overlap": True},
+    }  # fmt: skip
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    assert [e["field"] for e in problem["errors"]] == ["layout.tp_comm_overlap"]
+    assert "gfx942" in problem["detail"]
+    del body["layout"]["tp_comm_overlap"]
+    assert client.post("/v1/estimates", json=body).json()["layout"]["tp_comm_overlap"] is False
+    plan = {k: v for k, v in body.items() if k != "layout"} | {
+        "constraints": {"frameworks": ["fsdp", "megatron"], "torch_compile": True, "top_k": 5}
+    }
+    answer = client.post("/v1/plans", json=plan).json()
+    layouts = [answer["recommended"]["layout"], *(a["layout"] for a in answer["alternatives"])]
+    assert layouts and not any(layout["tp_comm_overlap"] for layout in layouts)
