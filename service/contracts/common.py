@@ -77,6 +77,8 @@ ENUM_SPELLINGS: dict[str, str] = {
     "memory_reserved": "reserved",
     "nvidia_smi": "device_used",
     "nvml": "device_used",
+    "rocm_smi": "device_used",  # AMD's: the device's used VRAM, as nvidia-smi's on NVIDIA
+    "amd_smi": "device_used",
     "mem_get_info": "device_used",
 }
 

@@ -193,3 +193,22 @@ def test_any_casing_and_separators_of_a_name_read_as_its_entry(case: tuple[str, 
     slug, typed = case
     found = gpu_entry(typed).name if slug in {e.name for e in gpu_entries()} else model(typed).name
     assert found == slug, typed
+
+
+@pytest.mark.parametrize("name", ["AMD Instinct MI300X OAM", "AMD Instinct MI300X VF", "MI300X OAM"])
+def test_the_names_amds_tools_print_are_the_mi300x(name: str) -> None:
+    """rocm-smi's card series and rocminfo's name on SR-IOV hosts were 422s (AMD review)."""
+    from service.catalog.gpus import gpu
+
+    assert gpu(name).name == "mi300x-192gb"
+
+
+def test_amds_memory_tools_name_the_device_used_statistic() -> None:
+    from service.contracts.common import ENUM_SPELLINGS
+
+    assert (
+        ENUM_SPELLINGS["rocm_smi"]
+        == ENUM_SPELLINGS["amd_smi"]
+        == ENUM_SPELLINGS["nvidia_smi"]
+        == "device_used"
+    )
