@@ -27,6 +27,7 @@ def to_out(entry: GPUEntry) -> GPUOut:
         chip=spec.chip,
         flash_attention=spec.flash_attention,
         peer_to_peer=spec.peer_to_peer,
+        mesh_links=spec.mesh_links,
         memory_bytes=spec.memory_bytes,
         nominal_memory_bytes=entry.nominal_memory_bytes,
         peak_flops_per_s=PeakFlopsOut(

@@ -52,6 +52,7 @@ _ALLOWED_KEYS = (
     | frozenset(_PEAK_KEYS)
     | frozenset(_CLOCK_KEYS)
     | {"notes", "flash_attention", "peer_to_peer", "gpus_per_node", "node_network_bytes_per_s", "aliases"}
+    | {"mesh_links"}
     | {"ecc_reserved_fraction"}
 )
 
@@ -164,6 +165,7 @@ def _parse_entry(name: str, table: object) -> GPUEntry:
             sustained_clock_hz=clocks.get("sustained_clock_hz"),
             node_network_bytes_per_s=_node_network(name, table),
             node_gpus=_integer(name, table, "gpus_per_node") if "gpus_per_node" in table else None,
+            mesh_links=_integer(name, table, "mesh_links") if "mesh_links" in table else None,
         )
     except EstimatorError as error:
         key = _toml_key(error.field)

@@ -380,6 +380,12 @@ class GPUOut(BaseModel):
         description="CUDA peer access between a node's GPUs (NVLink or PCIe P2P); without it (GeForce RTX "
         "3090 and 4090) no TP communication overlap (layout.tp_comm_overlap) runs"
     )
+    mesh_links: int | None = Field(
+        default=None,
+        description="a node of GPUs in a fully connected mesh (MI300X's xGMI): each GPU's links to its "
+        "peers, intra_node_bandwidth_bytes_per_s their sum; a group of k of them uses k - 1 links. Null: a "
+        "switch (NVSwitch), every group at the whole bandwidth",
+    )
     memory_bytes: int = Field(
         description="what a process sees, and the fit is checked against: the memory sold, less the 1/16 "
         "GDDR6's ECC (on by default on data-center cards) keeps its check bits in"

@@ -217,13 +217,15 @@ def link_for_group(
         if nodes > cluster.num_nodes:  # the stride's count overshoots the cluster: its nodes hold it
             nodes = cluster.num_nodes
             ranks_per_node = math.ceil(group_size / nodes)
+    mesh = mesh_fraction(cluster, ranks_per_node)
+    measured = cluster.measured_intra_node_bus_bandwidth_bytes_per_s
     return Link(
         group_size=group_size,
         ranks_per_node=ranks_per_node,
         nodes=nodes,
         intra_bandwidth_bytes_per_s=achieved_bandwidth_bytes_per_s(
-            cluster.intra_node_bandwidth_bytes_per_s,
-            cluster.measured_intra_node_bus_bandwidth_bytes_per_s,
+            cluster.intra_node_bandwidth_bytes_per_s * mesh,
+            measured * mesh if measured is not None else None,
             intra_efficiency,
         ),
         inter_bandwidth_bytes_per_s=achieved_bandwidth_bytes_per_s(
@@ -235,6 +237,19 @@ def link_for_group(
         inter_latency_s=inter_latency_s,
         base_latency_s=base_latency_s,
     )
+
+
+def mesh_fraction(cluster: ClusterSpec, ranks_per_node: int) -> float:
+    """The share of a node's GPU-to-GPU bandwidth a group with ``ranks_per_node`` members in it uses:
+    on a fully connected mesh (``GPUSpec.mesh_links``: MI300X's 7 xGMI links), each member reaches
+    its ranks_per_node - 1 peers over one link each, so the group moves at most that many links'
+    worth (AMD's RCCL/xGMI note: each peer pair shares one 64 GB/s link; the 448 GB/s aggregate needs
+    collectives over all 7 peers); through a switch, every group gets the whole bandwidth (1). A tp 2
+    group on an MI300X was timed at all 7 links, 6.7x fast (AMD review)."""
+    links = cluster.gpu.mesh_links
+    if links is None or ranks_per_node < 2:
+        return 1.0
+    return min(1.0, (ranks_per_node - 1) / links)
 
 
 def _tiles_nodes(gpn: int, group_size: int, stride: int) -> bool:
@@ -303,6 +318,12 @@ def bus_bandwidth_notes(
                 "intra-node", intra, cluster.measured_intra_node_bus_bandwidth_bytes_per_s, intra_efficiency
             )
         )
+        links = cluster.gpu.mesh_links
+        if links is not None:
+            notes.append(
+                f"{cluster.gpu.name}'s GPUs are a mesh of {links} links each: a group of k of a node's GPUs "
+                f"moves over k - 1 of them, (k - 1)/{links} of that bandwidth (a tp 2 pair: 1/{links})"
+            )
     if cluster.num_nodes > 1:
         inter = cluster.inter_node_bandwidth_bytes_per_s
         notes.append(

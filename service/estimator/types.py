@@ -683,6 +683,11 @@ class GPUSpec:
     # GPUs in that node (8 on an HGX baseboard or an OAM platform, 8 MI250X GCDs on a Frontier
     # node); None: a PCIe card, whose server holds what its buyer chose. Not this cluster's node.
     node_gpus: int | None = None
+    # A node whose GPUs are a fully connected mesh of point-to-point links rather than a switch: the
+    # links each GPU has to its peers, ``intra_node_bandwidth_bytes_per_s`` their sum (MI300X: 7 xGMI
+    # of 64 GB/s). A group of k of a node's GPUs then uses k - 1 of them (``comm.link_for_group``).
+    # None: a switch (NVSwitch), every group at the whole bandwidth.
+    mesh_links: int | None = None
     # Link figures the GPU's source left out and the rule that chose each, (field, why): a custom GPU
     # without its intra-node or PCIe bandwidth. The answer's assumptions repeat them (comm.
     # link_default_notes). How a figure was chosen, not hardware: calibration keys leave it out.
@@ -707,6 +712,7 @@ class GPUSpec:
             "sustained_clock_hz",
             "node_network_bytes_per_s",
             "node_gpus",
+            "mesh_links",
         ):
             if getattr(self, name) is not None:
                 _require_positive(InvalidHardware, name, getattr(self, name))

@@ -190,3 +190,25 @@ def test_inside_a_node_an_all_reduce_runs_the_ring() -> None:
     assert comm.group_all_reduce_s(size, inside) > comm.tree_all_reduce_s(size, 8, 360e9, 1.9e-6)
     across = dataclasses.replace(inside, ranks_per_node=1, nodes=8)  # one rank per node: the tree may win
     assert comm.group_all_reduce_s(1e3, across) == pytest.approx(comm.all_reduce_s(1e3, 8, 45e9, 8e-6))
+
+
+def test_a_mesh_node_gives_a_group_of_k_gpus_k_minus_1_links() -> None:
+    """MI300X's 8 GPUs are a fully connected mesh of 7 xGMI links each (gpus.toml mesh_links): a tp 2
+    pair moves over one link, 1/7 of the node's 448 GB/s, where it was timed at all of it (AMD review);
+    behind NVSwitch every group gets the whole bandwidth."""
+    from service.catalog.gpus import gpu as catalog_gpu
+    from service.estimator import comm
+    from validation.cases import gpu_cluster
+
+    mi300x = gpu_cluster(catalog_gpu("mi300x-192gb"), 8, 50e9)
+    assert mi300x.gpu.mesh_links == 7
+    full = comm.link_for_group(mi300x, 8, 1).intra_bandwidth_bytes_per_s
+    for k in (2, 4, 8):
+        assert comm.link_for_group(mi300x, k, 1).intra_bandwidth_bytes_per_s == pytest.approx(
+            full * (k - 1) / 7
+        )
+    h100 = gpu_cluster(catalog_gpu("h100-sxm-80gb"), 8, 50e9)
+    assert (
+        comm.link_for_group(h100, 2, 1).intra_bandwidth_bytes_per_s
+        == comm.link_for_group(h100, 8, 1).intra_bandwidth_bytes_per_s
+    )
