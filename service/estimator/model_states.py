@@ -161,9 +161,16 @@ def deepspeed_assumption(model: ModelSpec, layout: Layout) -> str:
     if layout.framework is not Framework.DEEPSPEED or layout.zero_stage == 0:
         return ""
     b = deepspeed_buckets(model, layout)
+    squared = model.hidden_size**2
+    rule = (
+        'h^2, as Hugging Face\'s "auto"'
+        if b.reduce_bucket_elements == squared
+        else f'h^2 = {squared:.3g}, as Hugging Face\'s "auto", clamped to [{DS_MIN_BUCKET_ELEMENTS:.0e}, '
+        f"{DS_MAX_BUCKET_ELEMENTS:.0e}]"
+    )
     text = (
-        f"DeepSpeed reduce_bucket_size {b.reduce_bucket_elements:.3g} elements (h^2, as Hugging Face's "
-        f'"auto"), overlap_comm {str(b.overlap_comm).lower()}: '
+        f"DeepSpeed reduce_bucket_size {b.reduce_bucket_elements:.3g} elements ({rule}), overlap_comm "
+        f"{str(b.overlap_comm).lower()}: "
         f"{b.reduce_buffer_elements // b.reduce_bucket_elements} gradient bucket(s) allocated"
     )
     if layout.zero_stage == 3:

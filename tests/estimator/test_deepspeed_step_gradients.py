@@ -57,3 +57,18 @@ def test_an_moe_models_step_converts_its_largest_group() -> None:
         + result.memory.per_gpu.optimizer_states
     )
     assert states + 4 * expert * 0.95 <= result.memory.per_gpu.peak_allocated_bytes
+
+
+def test_the_bucket_note_says_where_the_clamp_chose_the_size() -> None:
+    """'reduce_bucket_size 1e+07 elements (h^2 ...)' for a 2048-wide model, whose h^2 is 4.19e6: the
+    clamp's floor chose it, and the note says so (hand-derivation review)."""
+    from service.estimator.model_states import deepspeed_assumption
+
+    small = deepspeed_assumption(
+        preset("llama-3.2-1b").spec, Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=1)
+    )
+    assert "h^2 = 4.19e+06" in small and "clamped to [1e+07, 5e+08]" in small
+    wide = deepspeed_assumption(
+        preset("llama-3-8b").spec, Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=1)
+    )
+    assert "1.68e+07 elements (h^2, as" in wide
