@@ -146,7 +146,28 @@ def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     links = bus_bandwidth_notes(
         job.cluster, tuning.intra_node_bus_efficiency, tuning.inter_node_bus_efficiency
     )
-    return (peak_note(job), gemm, attention_core_note(job, layout), *links, *link_default_notes(job.cluster))
+    return (
+        peak_note(job),
+        gemm,
+        attention_core_note(job, layout),
+        utilisation_note(job),
+        *links,
+        *link_default_notes(job.cluster),
+    )
+
+
+def utilisation_note(job: Job) -> str:
+    """What MFU counts, so that it can be compared with a framework's or a paper's figure."""
+    if flops.frozen_passes(job.training) == 2:
+        weights = "4 FLOPs per base parameter and token (forward and input gradients: a frozen base has no "
+        weights += "weight gradients)"
+    else:
+        weights = "6 FLOPs per parameter and token (forward, input and weight gradients)"
+    return (
+        f"MFU counts {weights}, the input embedding left out, plus attention's core over the causal "
+        "triangle (Megatron-LM's num_floating_point_operations; PaLM's 12 L h s counts the whole square); "
+        "HFU adds what recompute and the kernels execute"
+    )
 
 
 def train_steps_notes(training: TrainingSpec) -> tuple[str, ...]:

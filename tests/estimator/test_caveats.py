@@ -245,3 +245,25 @@ def test_a_huge_rope_scaling_factor_reaches_past_any_sequence() -> None:
     twice = dataclasses.replace(llama, rope_scaling=RopeScaling(kind=RopeScalingKind.LINEAR, factor=2.0))
     (warning,) = context_warnings(twice, TrainingSpec(seq_len=1 << 20, global_batch_size=1))
     assert "reaches 16,384" in warning
+
+
+def test_the_answer_says_what_mfu_counts() -> None:
+    """MFU's count (6 per parameter and token without the input embedding, attention's causal half;
+    LoRA's 4) was said only in flops.py: a user dividing by 6N got 0.60 for the answer's 0.43
+    (hand-derivation review)."""
+    from service.estimator.types import Method
+
+    llama = preset("llama-3-8b").spec
+    cluster_ = gpu("h100-sxm-80gb")
+    from validation.cases import gpu_cluster
+
+    c = gpu_cluster(cluster_, 8, 50e9)
+    for method, words in (
+        (Method.FULL, "6 FLOPs per parameter"),
+        (Method.LORA, "4 FLOPs per base parameter"),
+    ):
+        training = TrainingSpec(seq_len=2048, global_batch_size=8, method=method)
+        result = estimate(llama, c, Layout(framework=Framework.FSDP, dp=8, zero_stage=3), training,
+                          tuning=default_tuning(), with_limits=False)  # fmt: skip
+        (said,) = [a for a in result.assumptions if a.startswith("MFU counts")]
+        assert words in said and "causal triangle" in said
