@@ -112,8 +112,11 @@ def _hardware_fields(cluster: ClusterSpec) -> dict[str, Any]:
     # inter_node_bandwidth and gpus_per_node
     del fields["gpu"]["node_network_bytes_per_s"]
     del fields["gpu"]["node_gpus"]
-    # nor a driver's peer access, which the part's name already says (and keeps the keys of before)
+    # nor a driver's peer access or the links' topology (a mesh's links), which the part's name
+    # already says (and keeps the keys of before: mesh_links in the hash re-keyed every cluster's runs;
+    # review of stop 49)
     del fields["gpu"]["peer_to_peer"]
+    del fields["gpu"]["mesh_links"]
     # a custom GPU's maker (stated, or its die's since 2026-12-06) is hashed as the "custom" every one
     # was before: the same part keeps the key its runs are stored under
     if fields["gpu"]["source"] == CUSTOM_GPU_SOURCE:
