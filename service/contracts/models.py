@@ -15,7 +15,7 @@ from service.contracts.common import FieldError, Strict, catalog_slug, documente
 from service.contracts.gpus import unknown_entry_error
 from service.errors import Unprocessable
 from service.estimator.errors import EstimatorError
-from service.estimator.hf_config import SUPPORTED_MODEL_TYPES, model_from_hf_config
+from service.estimator.hf_config import SUPPORTED_MODEL_TYPES, TEXT_CONFIG_WRAPPERS, model_from_hf_config
 from service.estimator.scale import MAX_LAYERS
 from service.estimator.types import (
     AttentionKind,
@@ -270,9 +270,12 @@ def _within_architecture_limits(spec: ModelSpec, config: dict[str, Any], field: 
 
 
 def _config_key(config: dict[str, Any], path: list[str]) -> str | None:
-    """``path`` as a key of ``config``, at its top or in its text_config (a multimodal wrapper's), or
-    None where the config has no key of that name."""
-    for prefix, section in (("", config), ("text_config.", config.get("text_config"))):
+    """``path`` as a key of the section of ``config`` the reader took the model from (a multimodal
+    wrapper's text_config, else its top), or None where it has no key of that name."""
+    # where the reader took it: a wrapper's text_config, else the top
+    wrapper = config.get("model_type") in TEXT_CONFIG_WRAPPERS
+    sections = (("text_config.", config.get("text_config")),) if wrapper else (("", config),)
+    for prefix, section in sections:
         node: Any = section
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None

@@ -38,10 +38,25 @@ class Link:
     intra_latency_s: float  # per ring step between GPUs of a node
     inter_latency_s: float  # per ring step between nodes
     base_latency_s: float = 0.0  # once per collective (NCCL's launch and protocol set-up)
+    # one send between two GPUs of a node where that is less than the group's collectives get: a
+    # mesh's single link (``mesh_fraction``); None: the intra-node bandwidth
+    send_intra_bandwidth_bytes_per_s: float | None = None
 
     @property
     def spans_nodes(self) -> bool:
         return self.nodes > 1
+
+    @property
+    def send_intra_bytes_per_s(self) -> float:
+        """A point-to-point send's bandwidth between two GPUs of one node."""
+        send = self.send_intra_bandwidth_bytes_per_s
+        return self.intra_bandwidth_bytes_per_s if send is None else send
+
+    @property
+    def send_bandwidth_bytes_per_s(self) -> float:
+        """A point-to-point send's bottleneck: the network where the group spans nodes, else one send
+        inside a node (a pipeline's or a ring's: one link of a mesh, whatever the group's size)."""
+        return self.inter_bandwidth_bytes_per_s if self.spans_nodes else self.send_intra_bytes_per_s
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -219,6 +234,16 @@ def link_for_group(
             ranks_per_node = math.ceil(group_size / nodes)
     mesh = mesh_fraction(cluster, ranks_per_node)
     measured = cluster.measured_intra_node_bus_bandwidth_bytes_per_s
+    one_link = mesh_fraction(cluster, 2)  # a send between two GPUs: one link of a mesh
+    send = (
+        achieved_bandwidth_bytes_per_s(
+            cluster.intra_node_bandwidth_bytes_per_s * one_link,
+            measured * one_link if measured is not None else None,
+            intra_efficiency,
+        )
+        if one_link < 1.0
+        else None
+    )
     return Link(
         group_size=group_size,
         ranks_per_node=ranks_per_node,
@@ -236,6 +261,7 @@ def link_for_group(
         intra_latency_s=intra_latency_s,
         inter_latency_s=inter_latency_s,
         base_latency_s=base_latency_s,
+        send_intra_bandwidth_bytes_per_s=send,
     )
 
 

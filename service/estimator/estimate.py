@@ -158,15 +158,22 @@ def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
 
 def utilisation_note(job: Job) -> str:
     """What MFU counts, so that it can be compared with a framework's or a paper's figure."""
+    model = job.model
+    kind = "active parameter (an MoE layer's top_k routed experts)" if model.moe is not None else "parameter"
     if flops.frozen_passes(job.training) == 2:
-        weights = "4 FLOPs per base parameter and token (forward and input gradients: a frozen base has no "
+        weights = f"4 FLOPs per base {kind} and token (forward and input gradients: a frozen base has no "
         weights += "weight gradients)"
     else:
-        weights = "6 FLOPs per parameter and token (forward, input and weight gradients)"
+        weights = f"6 FLOPs per {kind} and token (forward, input and weight gradients)"
+    core = (
+        "the whole s x s square (a bidirectional encoder)"
+        if model.bidirectional
+        else "the causal triangle (Megatron-LM's num_floating_point_operations; PaLM's 12 L h s counts the "
+        "whole square)"
+    )
     return (
-        f"MFU counts {weights}, the input embedding left out, plus attention's core over the causal "
-        "triangle (Megatron-LM's num_floating_point_operations; PaLM's 12 L h s counts the whole square); "
-        "HFU adds what recompute and the kernels execute"
+        f"MFU counts {weights}, the input embedding left out, plus attention's core over {core}; HFU adds "
+        "what recompute and the kernels execute"
     )
 
 

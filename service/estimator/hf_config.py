@@ -1296,6 +1296,8 @@ _HPARAMS: dict[str, _Hparams] = {
 
 # the multimodal wrappers keep their language model's keys in text_config
 _TEXT_CONFIGS = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
+# the multimodal wrappers whose text model is read from their text_config
+TEXT_CONFIG_WRAPPERS = frozenset(_TEXT_CONFIGS)
 
 
 def _text_fields(config: Mapping[str, object], model_type: str) -> _Fields:

@@ -1307,7 +1307,7 @@ def p2p_ring_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     link = base.links.cp
     forwards = 1.0 + (recomputed_share(job, layout, base.stage) if layout.recomputes_core else 0.0)
     sends = (forwards + 2) * (layout.cp - 1)
-    ring_s = sends * comm.p2p_s(chunk_bytes, link.bandwidth_bytes_per_s, link.latency_s)
+    ring_s = sends * comm.p2p_s(chunk_bytes, link.send_bandwidth_bytes_per_s, link.latency_s)
     core_flops = layer_core_work_flops(layout, base)
     per_layer = max(0.0, ring_s - core_s_per_token(base, forwards * core_flops, 2 * core_flops))
     return base.micro_batches * base.layers * per_layer
@@ -1370,7 +1370,7 @@ def torch_ring_traffic(job: Job, layout: Layout, base: StepBase) -> RingTraffic:
     link = base.links.cp
     gather_s = comm.group_all_gather_s(layout.cp * kv_bytes, link)
     dkv_bytes = kv_bytes * FP32_BYTES / element_bytes(job.training.precision)
-    dkv_s = comm.p2p_s(dkv_bytes, link.bandwidth_bytes_per_s, link.latency_s)
+    dkv_s = comm.p2p_s(dkv_bytes, link.send_bandwidth_bytes_per_s, link.latency_s)
     step_flops = layer_core_work_flops(layout, base) / layout.cp
     forward_step_s = core_s_per_token(base, step_flops, 0.0)
     backward_step_s = core_s_per_token(base, 0.0, 2 * step_flops)
@@ -1505,14 +1505,14 @@ def pp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     # b s h / t bytes: Megatron's scatter/gather (or SP) splits the boundary tensor over tp
     size_bytes = base.tokens * job.model.hidden_size * element_bytes(job.training.precision) / layout.tp
     link = base.links.pp
-    across = comm.p2p_s(size_bytes, link.bandwidth_bytes_per_s, link.latency_s)
+    across = comm.p2p_s(size_bytes, link.send_bandwidth_bytes_per_s, link.latency_s)
     # a stage sends its activations forward and its gradients back each micro-batch (and chunk). With
     # several stages to a node (ranks ordered tp, cp, dp, pp) only the node's edge stages send across
     # it, one of their two sends: the busiest stage pays one send over the network and one inside
     # its node (a network review: 2 nodes of tp 4 x pp 2 were charged every send at network speed)
     inside = across
     if link.spans_nodes and link.ranks_per_node > 1:
-        inside = comm.p2p_s(size_bytes, link.intra_bandwidth_bytes_per_s, link.intra_latency_s)
+        inside = comm.p2p_s(size_bytes, link.send_intra_bytes_per_s, link.intra_latency_s)
     sends_s = layout.virtual_pipeline_stages * base.micro_batches * (across + inside)
     return sends_s + tied_embedding_reduce_s(job, layout)
 

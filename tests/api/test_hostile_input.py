@@ -379,6 +379,8 @@ def test_a_config_past_the_limits_names_the_configs_own_key(client: TestClient) 
             "rope_scaling": {"rope_type": "linear", "factor": 2e6},
         },
     }
+    # a top-level key of that name the wrapper's reader does not take is not the one named
+    gemma3 = {**gemma3, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
     wrapped = assert_problem(client.post("/v1/models/resolve", json={"model": {"hf_config": gemma3}}), 422)
     assert [e["field"] for e in wrapped["errors"]] == ["model.hf_config.text_config.rope_scaling.factor"], (
         wrapped

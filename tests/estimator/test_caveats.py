@@ -267,3 +267,16 @@ def test_the_answer_says_what_mfu_counts() -> None:
                           tuning=default_tuning(), with_limits=False)  # fmt: skip
         (said,) = [a for a in result.assumptions if a.startswith("MFU counts")]
         assert words in said and "causal triangle" in said
+
+
+def test_the_mfu_note_says_an_encoders_square_and_an_moes_active_parameters() -> None:
+    from validation.cases import gpu_cluster
+
+    c = gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9)
+    for name, words in (("bert-large-uncased", "whole s x s square"), ("mixtral-8x7b", "active parameter")):
+        spec = preset(name).spec
+        training = TrainingSpec(seq_len=512, global_batch_size=8)
+        result = estimate(spec, c, Layout(framework=Framework.FSDP, dp=8, zero_stage=3), training,
+                          tuning=default_tuning(), with_limits=False)  # fmt: skip
+        (said,) = [a for a in result.assumptions if a.startswith("MFU counts")]
+        assert words in said, said

@@ -212,3 +212,19 @@ def test_a_mesh_node_gives_a_group_of_k_gpus_k_minus_1_links() -> None:
         comm.link_for_group(h100, 2, 1).intra_bandwidth_bytes_per_s
         == comm.link_for_group(h100, 8, 1).intra_bandwidth_bytes_per_s
     )
+
+
+def test_a_send_on_a_mesh_moves_over_one_link_whatever_the_group() -> None:
+    """A pipeline's or a ring's send goes between two GPUs, over one link of a mesh: it took the
+    group's (k - 1)/7 share, so pp 8 on an MI300X sent 7x faster than pp 2 (review of this stop)."""
+    from service.catalog.gpus import gpu as catalog_gpu
+    from service.estimator import comm
+    from validation.cases import gpu_cluster
+
+    mi300x = gpu_cluster(catalog_gpu("mi300x-192gb"), 8, 50e9)
+    pair = comm.link_for_group(mi300x, 2, 1)
+    for k in (2, 4, 8):
+        link = comm.link_for_group(mi300x, k, 1)
+        assert link.send_bandwidth_bytes_per_s == pytest.approx(pair.intra_bandwidth_bytes_per_s)
+    h100 = comm.link_for_group(gpu_cluster(catalog_gpu("h100-sxm-80gb"), 8, 50e9), 8, 1)
+    assert h100.send_bandwidth_bytes_per_s == h100.intra_bandwidth_bytes_per_s
