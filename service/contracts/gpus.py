@@ -94,6 +94,14 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
         "communication overlap (layout.tp_comm_overlap: Transformer Engine's userbuffers, torchtitan's "
         "Async TP)",
     )
+    mesh_links: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="a node of these GPUs in a fully connected mesh rather than a switch (AMD's xGMI: 7 on "
+        "an MI300X or MI325X platform): each GPU's links to its peers, intra_node_bandwidth_bytes_per_s "
+        "their sum; a group of k of a node's GPUs uses k - 1 links, a send one. Absent: a switch (NVSwitch)",
+    )
     # Sustained clocks (service.estimator.clocks). That a limit comes with its rating and stays at or
     # below it is the domain's rule (GPUSpec), reported by to_domain under the field's path.
     rated_power_w: float | None = Field(
@@ -196,6 +204,7 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             chip=self.chip or "",
             flash_attention=self._flash_attention(),
             peer_to_peer=self.peer_to_peer,
+            mesh_links=self.mesh_links,
             source=CUSTOM_GPU_SOURCE,
             rated_power_w=self.rated_power_w,
             power_limit_w=self.power_limit_w,

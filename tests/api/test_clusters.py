@@ -70,6 +70,7 @@ def test_custom_gpu_round_trips(client: TestClient) -> None:
         "chip": None,  # not stated: the lowest peak fraction fitted on a die
         "flash_attention": None,  # not stated: its bf16 peak says it has the kernels (CustomGPU)
         "peer_to_peer": True,  # not stated: its GPUs reach each other's memory
+        "mesh_links": None,  # not stated: a switch between its GPUs
         "vendor": None,  # not stated: its die's maker, or NVIDIA's
         "peak_flops_per_s": {"fp32": 40e12, "bf16": 180e12, "tf32": None, "fp16": None, "fp8": None},
         # not stated: the part runs as its peaks are quoted (no power limit, no sustained clock)
