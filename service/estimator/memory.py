@@ -514,7 +514,9 @@ def deepspeed_fp32_gradient_bytes(layout: Layout, sb: StateBytes, partitions: tu
     DeepSpeed's own estimator counts it (ZeRO-2 GPU = 2P + 18P/G: master 4, moments 8, this 4, the
     16-bit gradient 2; shared/reference/formulas.md section 4); the 7B on eight 24 GB cards peaked 1.9
     GB above the estimate without it (hand-derivation review). None with the optimizer offloaded (it
-    steps on the host) or without a master (fp32 training: the gradient is the fp32 one)."""
+    steps on the host). Not counted without a master (fp32, tf32, bf16_pure): there the flatten's copy
+    of the partition and ZeRO-1/2's clone of the weights as its master are transients and states this
+    model leaves out (review of stop 49: about 2 x 4P/G in fp32)."""
     if layout.framework is not Framework.DEEPSPEED or layout.zero_stage == 0 or not sb.master:
         return 0.0
     if layout.offload_optimizer is not Offload.NONE:

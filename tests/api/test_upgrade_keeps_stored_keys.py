@@ -31,7 +31,15 @@ def _key_without(cluster_fields: dict[str, object], names: tuple[str, ...]) -> s
         if fields[name] is None:
             del fields[name]
     gpu = fields["gpu"]
-    for name in ("defaulted", "notes", "node_network_bytes_per_s", "node_gpus", "peer_to_peer", *names):
+    for name in (
+        "defaulted",
+        "notes",
+        "node_network_bytes_per_s",
+        "node_gpus",
+        "peer_to_peer",
+        "mesh_links",
+        *names,
+    ):
         del gpu[name]
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
