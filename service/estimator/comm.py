@@ -232,26 +232,14 @@ def link_for_group(
         if nodes > cluster.num_nodes:  # the stride's count overshoots the cluster: its nodes hold it
             nodes = cluster.num_nodes
             ranks_per_node = math.ceil(group_size / nodes)
-    mesh = mesh_fraction(cluster, ranks_per_node)
-    measured = cluster.measured_intra_node_bus_bandwidth_bytes_per_s
     one_link = mesh_fraction(cluster, 2)  # a send between two GPUs: one link of a mesh
-    send = (
-        achieved_bandwidth_bytes_per_s(
-            cluster.intra_node_bandwidth_bytes_per_s * one_link,
-            measured * one_link if measured is not None else None,
-            intra_efficiency,
-        )
-        if one_link < 1.0
-        else None
-    )
+    send = _intra_bytes_per_s(cluster, one_link, intra_efficiency) if one_link < 1.0 else None
     return Link(
         group_size=group_size,
         ranks_per_node=ranks_per_node,
         nodes=nodes,
-        intra_bandwidth_bytes_per_s=achieved_bandwidth_bytes_per_s(
-            cluster.intra_node_bandwidth_bytes_per_s * mesh,
-            measured * mesh if measured is not None else None,
-            intra_efficiency,
+        intra_bandwidth_bytes_per_s=_intra_bytes_per_s(
+            cluster, mesh_fraction(cluster, ranks_per_node), intra_efficiency
         ),
         inter_bandwidth_bytes_per_s=achieved_bandwidth_bytes_per_s(
             cluster.inter_node_bandwidth_bytes_per_s,
@@ -262,6 +250,17 @@ def link_for_group(
         inter_latency_s=inter_latency_s,
         base_latency_s=base_latency_s,
         send_intra_bandwidth_bytes_per_s=send,
+    )
+
+
+def _intra_bytes_per_s(cluster: ClusterSpec, share: float, efficiency: float) -> float:
+    """What NCCL achieves on ``share`` of a node's GPU-to-GPU links (``mesh_fraction``), nominal or as
+    the cluster measured all of them."""
+    measured = cluster.measured_intra_node_bus_bandwidth_bytes_per_s
+    return achieved_bandwidth_bytes_per_s(
+        cluster.intra_node_bandwidth_bytes_per_s * share,
+        measured * share if measured is not None else None,
+        efficiency,
     )
 
 

@@ -88,13 +88,8 @@ def mla_projection_flops(model: ModelSpec) -> int:
     """DeepSeek MLA projections, forward, per token, as transformers runs them in training (the
     latent is decompressed for every key by kv_b_proj; no weight absorption): q_a + q_b (or q_proj),
     kv_a_proj_with_mqa, kv_b_proj and o_proj."""
-    mla = model.mla
-    assert mla is not None
-    h, n, r_q = model.hidden_size, model.num_attention_heads, mla.q_lora_rank
-    q = 2 * h * n * mla.qk_head_dim if r_q is None else 2 * (h * r_q + r_q * n * mla.qk_head_dim)
-    kv_a = 2 * h * (mla.kv_lora_rank + mla.qk_rope_head_dim)
-    kv_b = 2 * mla.kv_lora_rank * n * (mla.qk_nope_head_dim + mla.v_head_dim)
-    return q + kv_a + kv_b + 2 * model.v_size * h
+    assert model.mla is not None
+    return sum(matmul.flops for matmul in _mla_matmuls(model, model.mla))
 
 
 def attention_core_flops(model: ModelSpec, span: int) -> int:

@@ -45,6 +45,7 @@ from service.estimator.types import (
     RopeScaling,
     RopeScalingKind,
     RouterScore,
+    moe_layer_total,
 )
 
 _MISSING = object()
@@ -300,10 +301,7 @@ def _moe_if_used(
     """The MoE block and its layers, or (None, None) where the config puts it on no layer
     (first_k_dense_replace or mlp_only_layers covering every layer, decoder_sparse_step past the
     last): transformers builds every layer dense, and ModelSpec refuses an MoE block on none."""
-    if moe is None:
-        return None, None
-    used = len(moe_layers) if moe_layers is not None else num_layers // moe.layer_frequency
-    return (moe, moe_layers) if used else (None, None)
+    return (moe, moe_layers) if moe_layer_total(moe, moe_layers, num_layers) else (None, None)
 
 
 def _moe_layers(indices: Iterable[int], num_layers: int) -> tuple[int, ...] | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from service.estimator import activations, pipeline
 from service.estimator.job import Job, job_memo, layout_memo, rank_kind_counts
 from service.estimator.model_states import (
+    DS_SUB_GROUP_ELEMENTS,
     SHARD_GROUP_FIELDS,
     MiB,
     ModelStates,
@@ -483,11 +484,6 @@ def optimizer_temporary_bytes(training: TrainingSpec, sb: StateBytes, optimizer_
     if training.optimizer_implementation is not OptimizerImplementation.FOREACH or not sb.moments:
         return 0.0
     return optimizer_states * (sb.master or sb.weights) / sb.moments
-
-
-# DeepSpeed ZeRO-3's sub_group_size default (elements): its optimizer steps one sub-group of the rank's
-# partition at a time (docs.deepspeed.ai config-json "sub_group_size": 1e9)
-DS_SUB_GROUP_ELEMENTS = 1e9
 
 
 def group_partitions(

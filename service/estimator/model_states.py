@@ -88,6 +88,9 @@ class RankParameters:
 # are 1 GB buckets that a 7B model fills only a few times per backward (little to overlap).
 # Clamped to [1e7, 5e8]: below 1e7 NCCL launch overhead dominates, above 5e8 is DeepSpeed's default.
 DS_MAX_BUCKET_ELEMENTS = 500_000_000
+# ZeRO-3's sub_group_size (elements), DeepSpeed's default, which the launcher renders: its optimizer
+# steps one sub-group of the rank's partition at a time (docs.deepspeed.ai config-json)
+DS_SUB_GROUP_ELEMENTS = 1_000_000_000
 DS_MIN_BUCKET_ELEMENTS = 10_000_000
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # DeepSpeed's default stage3_max_live_parameters
 DS_MAX_REUSE_DISTANCE = 1_000_000_000  # DeepSpeed's default stage3_max_reuse_distance (zero/config.py)

@@ -566,11 +566,7 @@ class ModelSpec:
             )
 
     def _moe_layer_count(self) -> int:
-        if self.moe is None:
-            return 0
-        if self.moe_layers is not None:
-            return len(self.moe_layers)
-        return self.num_layers // self.moe.layer_frequency
+        return moe_layer_total(self.moe, self.moe_layers, self.num_layers)
 
     def attention_kind(self, index: int) -> AttentionKind:
         """What decoder layer ``index`` attends to."""
@@ -757,6 +753,16 @@ def _require_below(value: float | None, name: str, reference: float | None, refe
 # with NVLS, NCCL's default there, whose busbw "does not correspond to the bandwidth on the wire"
 # (NVIDIA/nccl-tests#212).
 MAX_BUS_BANDWIDTH_PER_LINK = 2.0
+
+
+def moe_layer_total(moe: MoESpec | None, moe_layers: tuple[int, ...] | None, num_layers: int) -> int:
+    """Decoder layers with the MoE block: ``moe_layers``, else every layer_frequency-th of
+    ``num_layers`` ((i + 1) % k == 0, ``params.is_moe_layer``); 0 without ``moe``."""
+    if moe is None:
+        return 0
+    if moe_layers is not None:
+        return len(moe_layers)
+    return num_layers // moe.layer_frequency
 
 
 # Dies whose software stack cannot map TP peers' memory for communication overlap (GPUSpec

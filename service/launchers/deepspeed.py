@@ -12,7 +12,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.estimator.model_states import deepspeed_buckets, deepspeed_param_swap_buffer_elements
+from service.estimator.model_states import (
+    DS_SUB_GROUP_ELEMENTS,
+    deepspeed_buckets,
+    deepspeed_param_swap_buffer_elements,
+)
 from service.estimator.types import ModelSpec, Offload, Optimizer, Plan, Precision, Recompute, RouterScore
 from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
@@ -224,7 +228,7 @@ def zero_block(plan: Plan) -> dict[str, Any]:
             "stage3_param_persistence_threshold": b.param_persistence_threshold,
             "stage3_max_live_parameters": b.max_live_parameters,
             "stage3_max_reuse_distance": b.max_reuse_distance,
-            "sub_group_size": 1_000_000_000,
+            "sub_group_size": DS_SUB_GROUP_ELEMENTS,
             "stage3_gather_16bit_weights_on_model_save": True,
         }
     if lo.offload_optimizer is not Offload.NONE:
