@@ -274,8 +274,9 @@ def encoder_split_problem(model: ModelSpec, tp: int, pp: int, cp: int) -> str | 
     and none builds a pipeline of an HF model; nor does the estimate split an encoder's head over tp."""
     if not model.bidirectional or (tp == 1 and pp == 1 and cp == 1):
         return None
+    # no degree named: the search logs it once for every split it refuses (the example shows one)
     return (
-        f"tp={tp} pp={pp} cp={cp}: {model.name} is a bidirectional encoder, trained data-parallel only "
+        f"{model.name} is a bidirectional encoder, trained data-parallel only: tp, pp and cp of 1 "
         "(transformers has no tensor-parallel plan, pipeline or masked context parallelism for it)"
     )
 
@@ -285,7 +286,7 @@ def encoder_violation(model: ModelSpec, layout: Layout) -> Violation:
     if problem is None:
         return None
     field = next(name for name in ("tp", "pp", "cp") if getattr(layout, name) > 1)
-    return _bad(problem, "encoder_split", field)
+    return _bad(f"tp={layout.tp} pp={layout.pp} cp={layout.cp}: {problem}", "encoder_split", field)
 
 
 def tensor_parallel_violation(model: ModelSpec, tp: int) -> Violation:

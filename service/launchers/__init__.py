@@ -93,7 +93,7 @@ def framework_structure_refusal(
     if framework is Framework.FSDP and (pp > 1 or ep > 1):
         titan = torchtitan.job_refusal(model, training) or torchtitan.expert_tensor_problem(tp, ep)
         if titan is not None:
-            return f"pp={pp} ep={ep} with FSDP runs on torchtitan alone: {titan}"
+            return f"FSDP with pp or ep > 1 runs on torchtitan alone: {titan}"
     return None
 
 

@@ -151,12 +151,14 @@ def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
     return problems
 
 
+EXPERTS_OVER_TP = "ep > 1 with tp > 1: torchtitan's EP would take the TP ranks from the experts"
+
+
 def expert_tensor_problem(tp: int, ep: int) -> str | None:
     """0.3.0's expert_parallel_degree borrows ranks from dp_shard x cp x tp: with tp > 1 the experts
-    would not be tensor-parallel as estimated (expert tensor parallelism = tp)."""
-    if ep > 1 and tp > 1:
-        return f"ep={ep} with tp={tp}: torchtitan's EP would take the TP ranks from the experts"
-    return None
+    would not be tensor-parallel as estimated (expert tensor parallelism = tp). Names no degree (the
+    search logs it once for every split it refuses; a layout's refusal shows the layout)."""
+    return EXPERTS_OVER_TP if ep > 1 and tp > 1 else None
 
 
 # Every config rendered here trains with ChunkedLossWrapper (config_registry.py; components/loss.py:
