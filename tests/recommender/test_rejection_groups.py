@@ -19,7 +19,11 @@ JOBS = [
     # an MoE model on a large cluster: FSDP's pipeline and expert splits are torchtitan's alone
     ("deepseek-v3", cluster(nodes=2048), TrainingSpec(seq_len=4096, global_batch_size=4096)),
     # an encoder on several nodes: every split but data parallelism is refused
-    ("bert-large-uncased", cluster("a100-sxm-80gb", nodes=8), TrainingSpec(seq_len=512, global_batch_size=256)),
+    (
+        "bert-large-uncased",
+        cluster("a100-sxm-80gb", nodes=8),
+        TrainingSpec(seq_len=512, global_batch_size=256),
+    ),
 ]
 
 
