@@ -40,6 +40,7 @@ from service.estimator.memory import rank_parameters_of, state_bytes_of
 from service.estimator.model_states import (
     DS_MAX_REUSE_DISTANCE,
     SHARD_GROUP_FIELDS,
+    deepspeed_bf16_optimizer,
     deepspeed_buckets,
     deepspeed_overlap_comm,
     fused_experts,
@@ -151,8 +152,9 @@ def dp_param_gather_s(job: Job, layout: Layout, parameters: float, link: comm.Li
     all_gather_into_tensor of the whole group (runtime/utils.py all_gather_dp_groups takes that path
     wherever torch has it, ignoring allgather_bucket_size: a 512-rank gather was charged 479 calls'
     latency, a third of its step; hand-derivation review)."""
-    if job.training.method is not Method.FULL or layout.zero_stage not in (1, 2):
-        return 0.0
+    partitioned = layout.zero_stage in (1, 2) or deepspeed_bf16_optimizer(layout, job.training.precision)
+    if job.training.method is not Method.FULL or not partitioned:
+        return 0.0  # (DeepSpeed's BF16_Optimizer gathers as ZeRO-1 does: update_lp_params)
     size = parameters * gathered_bytes_per_parameter(job, layout)
     if layout.framework is Framework.DEEPSPEED:
         return comm.group_all_gather_s(size, link)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from service.estimator import activations, pipeline
 from service.estimator.job import Job, job_memo, layout_memo, rank_kind_counts
 from service.estimator.model_states import (
+    BF16_OPTIMIZER_GRAD_BYTES,
     DS_SUB_GROUP_ELEMENTS,
     SHARD_GROUP_FIELDS,
     MiB,
@@ -27,6 +28,7 @@ from service.estimator.model_states import (
     RankParameters,
     StateBytes,
     deepspeed_assumption,
+    deepspeed_bf16_optimizer,
     deepspeed_buckets,
     experts_stay_16_bit,
     frozen_bytes,
@@ -449,7 +451,7 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
         nvme_bytes=states.nvme_bytes,
         head_gradients=head,
         optimizer_temporary=optimizer_temporary_bytes(training, sb, states.optimizer_states)
-        + deepspeed_fp32_gradient_bytes(layout, sb, group_partitions(job, layout, rp, trainable, degrees)),
+        + deepspeed_fp32_gradient_bytes(job, layout, sb, rp, trainable, degrees),
         tied_embedding_transient=head if job.model.tied_embeddings and layout.pp == 1 else 0.0,
         gradients_apart=gradients_in_own_pool(layout, degrees[0]),
     )
@@ -500,27 +502,49 @@ def group_partitions(
     return dense / degrees[0], expert / degrees[1]
 
 
-def deepspeed_fp32_gradient_bytes(layout: Layout, sb: StateBytes, partitions: tuple[float, float]) -> float:
-    """DeepSpeed's optimizer step under mixed precision: each optimizer group's reduced 16-bit gradient
-    partition converted to fp32 as its master's .grad, stepped, and freed before the next group's
-    (stage_1_and_2.py step: ``single_grad_partition = self.flatten(self.averaged_gradients[i]).to(fp32)``
-    ... ``single_partition_of_fp32_groups[i].grad = None``; stage3.py ``_prepare_fp32_grad_for_sub_group``,
-    one sub-group of at most ``sub_group_size`` elements at a time): 4 bytes per parameter of the
-    largest group's partition (``group_partitions``: the dense one, or an MoE model's expert one).
-    DeepSpeed's own estimator counts it (ZeRO-2 GPU = 2P + 18P/G: master 4, moments 8, this 4, the
-    16-bit gradient 2; shared/reference/formulas.md section 4); the 7B on eight 24 GB cards peaked 1.9
-    GB above the estimate without it (hand-derivation review). None with the optimizer offloaded (it
-    steps on the host). Not counted without a master (fp32, tf32, bf16_pure): there the flatten's copy
-    of the partition and ZeRO-1/2's clone of the weights as its master are transients and states this
-    model leaves out (review of stop 49: about 2 x 4P/G in fp32)."""
-    if layout.framework is not Framework.DEEPSPEED or layout.zero_stage == 0 or not sb.master:
+def deepspeed_fp32_gradient_bytes(
+    job: Job, layout: Layout, sb: StateBytes, rp: RankParameters, trainable: float, degrees: tuple[int, int]
+) -> float:
+    """DeepSpeed's optimizer step under mixed precision: the fp32 copies of the gradients it makes
+    for its fp32 master, beside every 16-bit gradient (``group_partitions``: a dense group and an MoE
+    model's expert group, each over its own data-parallel group).
+
+    * ZeRO-1/2/3: each group's reduced 16-bit gradient partition converted to fp32 as its master's
+      .grad, stepped, and freed before the next group's (stage_1_and_2.py step: ``single_grad_partition
+      = self.flatten(self.averaged_gradients[i]).to(fp32)`` ... ``single_partition_of_fp32_groups[i].grad
+      = None``; stage3.py ``_prepare_fp32_grad_for_sub_group``, one sub-group of at most
+      ``sub_group_size`` elements at a time): 4 bytes per parameter of the largest group's partition.
+      DeepSpeed's own estimator counts it (ZeRO-2 GPU = 2P + 18P/G: master 4, moments 8, this 4, the
+      16-bit gradient 2; shared/reference/formulas.md section 4); the 7B on eight 24 GB cards peaked
+      1.9 GB above the estimate without it (hand-derivation review).
+    * ZeRO-0 in the pipeline engine with bf16 weights, ``BF16_Optimizer`` (``deepspeed_bf16_optimizer``):
+      every group's gradient partition cast to fp32 before one ``optimizer.step()``, freed after it
+      (bf16_optimizer.py ``step``): 4 bytes per parameter of all the partitions at once.
+    * ZeRO-0 otherwise, ``FP16_Optimizer`` (fp16, and bf16 without a pipeline: DDP_BFLOAT16): group by
+      group (dense, then expert), ``_flatten_dense_tensors([p.grad.to(fp32) for p in group])``: a
+      4-byte copy of each of the group's gradients and their 4-byte flat concatenation at once, while
+      its 16-bit gradients are freed only after it and the earlier groups' flat fp32 gradients stay as
+      their masters' .grad (fp16/fused_optimizer.py ``step``): 8 bytes per dense parameter, or 4 for
+      the flat dense gradients less their 16-bit ones, and 8 per expert parameter.
+
+    None with the optimizer offloaded (it steps on the host). Not counted without a master (fp32,
+    tf32, bf16_pure): there the flatten's copy of the partition and ZeRO-1/2's clone of the weights as
+    its master are transients and states this model leaves out (review of stop 49: about 2 x 4P/G in
+    fp32)."""
+    if layout.framework is not Framework.DEEPSPEED or not sb.master:
         return 0.0
     if layout.offload_optimizer is not Offload.NONE:
         return 0.0
-    largest = max(partitions)
+    fp32 = activations.FP32_BYTES
+    if layout.zero_stage == 0:
+        if deepspeed_bf16_optimizer(layout, job.training.precision):
+            return fp32 * sum(group_partitions(job, layout, rp, trainable, degrees))
+        dense, expert = group_partitions(job, layout, rp, trainable, (1, 1))
+        return max(2 * fp32 * dense, (fp32 - sb.gradients) * dense + 2 * fp32 * expert)
+    largest = max(group_partitions(job, layout, rp, trainable, degrees))
     if layout.zero_stage >= 3:
         largest = min(largest, DS_SUB_GROUP_ELEMENTS)
-    return activations.FP32_BYTES * largest
+    return fp32 * largest
 
 
 def head_gradient_bytes(job: Job, layout: Layout, rank: int, gradients: float, trainable: float) -> float:
@@ -786,11 +810,24 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
             f"parameter {fsdp_parameter_bytes(sb):g} B (FSDP's sharded {kept}), gradients {sb.gradients:g} B"
         )
     else:
-        states = f"weights {sb.weights:g} B, gradients {sb.gradients:g} B, master {sb.master:g} B"
+        bf16_optimizer = deepspeed_bf16_optimizer(layout, job.training.precision)
+        gradients = sb.gradients + BF16_OPTIMIZER_GRAD_BYTES if bf16_optimizer else sb.gradients
+        states = f"weights {sb.weights:g} B, gradients {gradients:g} B, master {sb.master:g} B"
     note = (
         f"model states per trainable parameter: {states}, optimizer moments {sb.moments:.4g} B "
         f"({job.training.optimizer.value})"
     )
+    if layout.framework is Framework.DEEPSPEED and layout.zero_stage == 0 and sb.master:
+        if deepspeed_bf16_optimizer(layout, job.training.precision):
+            note += (
+                "; DeepSpeed's pipeline engine steps bf16 at ZeRO-0 with BF16_Optimizer: master and moments "
+                "partitioned over dp as ZeRO-1, a flat bf16 gradient buffer beside each .grad"
+            )
+        else:
+            note += (
+                "; DeepSpeed steps ZeRO-0 with FP16_Optimizer: fp32 copies of each group's gradients "
+                "flattened at the step (8 B per parameter beside the 16-bit ones)"
+            )
     if layout.framework is Framework.MEGATRON and job.training.precision in (Precision.BF16, Precision.FP8):
         chosen = (
             "as set"

@@ -293,6 +293,29 @@ def megatron_fp8_params(layout: Layout, precision: Precision) -> bool:
     return layout.framework is Framework.MEGATRON and precision is Precision.FP8 and layout.zero_stage == 1
 
 
+def deepspeed_bf16_optimizer(layout: Layout, precision: Precision) -> bool:
+    """Whether DeepSpeed steps with its ``BF16_Optimizer``: the pipeline engine at ZeRO-0 with bf16
+    weights (bf16 training, and fp8, whose ds_config is bf16's). 0.19's engine.py
+    ``_do_optimizer_sanity_check`` returns BFLOAT16 where the model and the gradient accumulation
+    dtype are bf16 (``grad_accum_dtype`` unset: the model's, since PR #7515) under pipeline
+    parallelism, and DDP_BFLOAT16 (``FP16_Optimizer`` over bf16) without a pipeline. ``BF16_Optimizer``
+    (runtime/bf16_optimizer.py) partitions the fp32 master and its optimizer states over the
+    data-parallel group (the expert-data-parallel one for MoE groups) as ZeRO-1 does, accumulates
+    into a flat bf16 gradient buffer beside the parameters' ``.grad`` (which the pipeline engine
+    zeroes, never frees: ``clear_lp_grads``), casts every group's gradient partition to fp32 for the
+    step, and all-gathers the updated bf16 weights (``update_lp_params``)."""
+    return (
+        layout.framework is Framework.DEEPSPEED
+        and layout.zero_stage == 0
+        and layout.pp > 1
+        and precision in (Precision.BF16, Precision.FP8)
+    )
+
+
+# BF16_Optimizer's flat gradient accumulation buffer: grad_acc_dtype, bf16 where ds_config sets none
+BF16_OPTIMIZER_GRAD_BYTES = 2
+
+
 def state_bytes(
     training: TrainingSpec,
     framework: Framework,
@@ -672,15 +695,17 @@ class ModelStates:
         )
 
 
-def _divisors(layout: Layout, shard: int) -> tuple[int, int, int]:
+def _divisors(layout: Layout, shard: int, bf16_optimizer: bool) -> tuple[int, int, int]:
     # (weights, gradients, optimizer) divisors. ZeRO-1 shards the optimizer, ZeRO-2 also the
     # gradients, ZeRO-3 also the weights. FSDP has no optimizer-only stage: SHARD_GRAD_OP (2)
-    # already shards the fp32 parameters, gradients and optimizer.
+    # already shards the fp32 parameters, gradients and optimizer. DeepSpeed's BF16_Optimizer
+    # (``deepspeed_bf16_optimizer``) shards the optimizer at ZeRO-0.
     stage = layout.zero_stage
     if layout.framework is Framework.FSDP:
         sharded = shard if stage >= 2 else 1
         return sharded, sharded, sharded
-    return (shard if stage >= 3 else 1), (shard if stage >= 2 else 1), (shard if stage >= 1 else 1)
+    optimizer = shard if stage >= 1 or bf16_optimizer else 1
+    return (shard if stage >= 3 else 1), (shard if stage >= 2 else 1), optimizer
 
 
 # (parameters, gradients, optimizer states) and those + (host, NVMe) bytes: plain tuples, since
@@ -697,18 +722,21 @@ def _group_states(
     layout: Layout,
     shard: int,
     whole_bytes: float = 0.0,
+    bf16_optimizer: bool = False,
 ) -> _States:
     """Model states of ``count`` trainable and ``frozen`` frozen parameters sharded over ``shard``
-    ranks, and ``whole_bytes`` no sharding splits (QLoRA's constants: ``frozen_bytes``)."""
-    w_div, g_div, o_div = _divisors(layout, shard)
+    ranks, and ``whole_bytes`` no sharding splits (QLoRA's constants: ``frozen_bytes``);
+    ``bf16_optimizer``: DeepSpeed's (``deepspeed_bf16_optimizer``), its flat gradient buffer too."""
+    w_div, g_div, o_div = _divisors(layout, shard, bf16_optimizer)
     if layout.framework is Framework.FSDP:
         # The sharded parameter is the fp32 master (mixed) or the weights themselves. The 16-bit
         # copies gathered for compute are buffers (memory.gathered_parameter_bytes), not states.
         params = (count * fsdp_parameter_bytes(sb) + frozen * frozen_bytes_per) / w_div + whole_bytes
         return params, count * sb.gradients / g_div, count * sb.moments / o_div
+    gradients = sb.gradients + BF16_OPTIMIZER_GRAD_BYTES if bf16_optimizer else sb.gradients
     return (
         (count * sb.weights + frozen * frozen_bytes_per) / w_div + whole_bytes,
-        count * sb.gradients / g_div,
+        count * gradients / g_div,
         count * (sb.master + sb.moments) / o_div,
     )
 
@@ -804,10 +832,11 @@ def rank_model_states(
     degrees (``rank_parameters``, ``state_bytes``, ``shard_degrees``); ``ModelStates.of`` makes the
     record (the search's lean check sums them for every sharding it bounds, without one)."""
     parameters = gradients = optimizer_states = host = nvme = 0.0
+    bf16_optimizer = deepspeed_bf16_optimizer(layout, training.precision)
     for count, frozen_count, per_frozen, shard, whole in _state_groups(
         model, layout, training, rp, shards, assume
     ):
-        group = _group_states(count, frozen_count, per_frozen, sb, layout, shard, whole)
+        group = _group_states(count, frozen_count, per_frozen, sb, layout, shard, whole, bf16_optimizer)
         group_params, group_grads, group_optim, group_host, group_nvme = _offloaded(
             group, count, layout, shard, assume, whole
         )

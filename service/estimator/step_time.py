@@ -67,6 +67,7 @@ from service.estimator.memory import (
 from service.estimator.model_states import (
     SHARD_GROUP_FIELDS,
     adapted_linears,
+    deepspeed_bf16_optimizer,
     frozen_dtype_bytes,
     fused_expert_adapted_weights,
     fused_experts,
@@ -1533,7 +1534,9 @@ def tied_embedding_reduce_s(job: Job, layout: Layout) -> float:
     if layout.pp == 1 or not (model.tied_embeddings or megatron_mtp):
         return 0.0
     if layout.framework is Framework.DEEPSPEED:
-        grad_bytes = 4 if precision is Precision.BF16 else element_bytes(precision)
+        # the 16-bit weight.grad, or BF16_Optimizer's _hp_grad in its grad_acc_dtype: bf16 where
+        # ds_config sets none (model_states.BF16_OPTIMIZER_GRAD_BYTES; fp32 before DeepSpeed PR #7515)
+        grad_bytes = element_bytes(precision)
     elif layout.framework is Framework.MEGATRON:
         grad_bytes = grad_reduce_bytes(precision, layout)
     else:
@@ -1626,8 +1629,9 @@ _NO_OFFLOAD, _FULL_TRAINING = Offload.NONE, Method.FULL
 def sharded_parameters(job: Job, layout: Layout, parts: StepParts) -> float:
     """Parameters whose optimizer state this GPU owns: all of them, or under ZeRO >= 1 its shard of
     them as the model states hold it (``model_states.shard_degrees``: the dense ones over dp x cp, or
-    one HSDP replica of them; the routed experts over expert-DP)."""
-    if layout.zero_stage == 0:
+    one HSDP replica of them; the routed experts over expert-DP), as under DeepSpeed's BF16_Optimizer
+    at ZeRO-0 (``model_states.deepspeed_bf16_optimizer``)."""
+    if layout.zero_stage == 0 and not deepspeed_bf16_optimizer(layout, job.training.precision):
         return parts.parameters
     if job.model.moe is None:  # no routed experts: every stage shards over the one dense group
         return parts.parameters / shard_degrees(layout, job.cluster)[0]

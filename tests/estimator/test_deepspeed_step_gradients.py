@@ -5,12 +5,15 @@ under on a 7B over eight 24 GB cards (hand-derivation review)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from service.catalog.gpus import gpu
 from service.catalog.models import model as preset
 from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from service.estimator.params import parameter_counts
-from service.estimator.types import Framework, Layout, Offload, Recompute, TrainingSpec
+from service.estimator.types import Framework, Layout, Offload, Precision, Recompute, TrainingSpec
 from validation.cases import gpu_cluster
 
 
@@ -72,3 +75,86 @@ def test_the_bucket_note_says_where_the_clamp_chose_the_size() -> None:
         preset("llama-3-8b").spec, Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=1)
     )
     assert "1.68e+07 elements (h^2, as" in wide
+
+
+# ---------------------------------------------------------------- ZeRO-0: FP16_Optimizer, BF16_Optimizer
+
+
+def _ds_states(model, cluster, layout, training):  # type: ignore[no-untyped-def]
+    from service.estimator.memory import stage_states
+    from tests.estimator.helpers import job as make_job
+
+    return stage_states(make_job(model, cluster, training), layout)
+
+
+def test_zero0_without_a_pipeline_flattens_fp32_copies_of_every_gradient() -> None:
+    """FP16_Optimizer (fp16, and bf16 without a pipeline: engine.py DDP_BFLOAT16) flattens each
+    group's gradients as fp32 (``_flatten_dense_tensors([p.grad.to(fp32) ...])``): the list of copies and
+    the flat tensor, 8 B per parameter, while the 16-bit gradients are still alive. The states stay
+    whole: 2 + 2 + 4 + 8 bytes per parameter, nothing sharded at dp 8."""
+    llama = preset("llama-3.2-1b").spec
+    p = parameter_counts(llama).total
+    cluster = gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9)
+    layout = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=0, recompute=Recompute.FULL)
+    for precision in (Precision.BF16, Precision.FP16):
+        training = TrainingSpec(seq_len=512, global_batch_size=8, precision=precision)
+        (rank,) = _ds_states(llama, cluster, layout, training)
+        assert rank.optimizer_temporary == 8 * p
+        assert rank.gradients == 2 * p and rank.optimizer_states == 12 * p
+    fp32 = TrainingSpec(seq_len=512, global_batch_size=8, precision=Precision.FP32)
+    assert (
+        _ds_states(llama, cluster, layout, fp32)[0].optimizer_temporary == 0
+    )  # no master: the optimizer alone
+
+
+def test_zero0_moe_groups_flatten_in_turn() -> None:
+    """Dense group first: its flat fp32 gradients stay (4 B) and its 16-bit ones go (-2 B) while the
+    expert group is flattened (8 B): the larger of 8 D and 2 D + 8 E."""
+    mixtral = preset("mixtral-8x7b").spec
+    cluster = gpu_cluster(gpu("h200-sxm-141gb"), 8, 50e9)
+    training = TrainingSpec(seq_len=512, global_batch_size=8)
+    layout = Layout(framework=Framework.DEEPSPEED, dp=8, ep=8, zero_stage=0, recompute=Recompute.FULL)
+    counts = parameter_counts(mixtral)
+    experts = (counts.total - counts.active_per_token) * 8 / 6
+    dense, expert = counts.total - experts, experts / 8
+    (rank,) = _ds_states(mixtral, cluster, layout, training)
+    assert rank.optimizer_temporary == max(8 * dense, 2 * dense + 8 * expert)
+
+
+def test_zero0_in_the_pipeline_engine_partitions_its_bf16_optimizer() -> None:
+    """The pipeline engine at ZeRO-0 in bf16 steps with BF16_Optimizer: master and moments over dp (as
+    ZeRO-1), a flat bf16 gradient buffer beside .grad (2 + 2 B), every group's partition cast to fp32
+    for the step (4 B / dp), and the updated weights all-gathered; fp16 keeps FP16_Optimizer."""
+    llama = preset("llama-3.2-1b").spec
+    cluster = gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9)
+    training = TrainingSpec(seq_len=512, global_batch_size=16)
+    pipelined = Layout(framework=Framework.DEEPSPEED, dp=4, pp=2, zero_stage=0, recompute=Recompute.FULL)
+    zero1 = Layout(framework=Framework.DEEPSPEED, dp=4, pp=2, zero_stage=1, recompute=Recompute.FULL)
+    for bf16, one in zip(
+        _ds_states(llama, cluster, pipelined, training), _ds_states(llama, cluster, zero1, training)
+    ):
+        trainable = bf16.states.parameters / 2  # 2-byte weights, unsharded
+        assert bf16.optimizer_states == one.optimizer_states == math.ceil(12 * trainable / 4)
+        assert bf16.gradients == math.ceil(4 * trainable)
+        assert bf16.optimizer_temporary == 4 * trainable / 4
+    fp16 = dataclasses.replace(training, precision=Precision.FP16)
+    for rank in _ds_states(llama, cluster, pipelined, fp16):
+        trainable = rank.states.parameters / 2
+        assert rank.optimizer_states == math.ceil(12 * trainable) and rank.gradients == math.ceil(
+            2 * trainable
+        )
+    # the step: ZeRO-1's quarter of the optimizer's HBM traffic; the reduction: stage 0's all-reduce in
+    # MEMORY_OPT_ALLREDUCE_SIZE chunks (pipe/engine.py _bf16_reduce_grads), then the weights' all-gather,
+    # which FP16_Optimizer (fp16: every rank steps it all) does not run
+    tuning = default_tuning()
+
+    def breakdown(lo: Layout, t: TrainingSpec):  # type: ignore[no-untyped-def]
+        return estimate(llama, cluster, lo, t, tuning=tuning, with_limits=False).time.breakdown
+
+    bf16_step, zero1_step, fp16_step = (
+        breakdown(pipelined, training),
+        breakdown(zero1, training),
+        breakdown(pipelined, fp16),
+    )
+    assert bf16_step.optimizer_s == zero1_step.optimizer_s == fp16_step.optimizer_s / 4
+    assert bf16_step.dp_comm_exposed_s > fp16_step.dp_comm_exposed_s
