@@ -35,3 +35,16 @@ def test_another_gpu_keeps_only_the_network_measurement() -> None:
     # a one-node cluster's derived nodes get the default network, which nobody measured
     node = dataclasses.replace(POD, num_nodes=1, inter_node_bandwidth_bytes_per_s=450e9)
     assert with_gpu(node, H100, 4).measured_inter_node_bus_bandwidth_bytes_per_s is None
+
+
+def test_more_of_the_clusters_own_nodes_keep_its_stated_links() -> None:
+    """The cluster's own GPU on more nodes keeps the NVLink the user stated (and its measurement), as
+    an estimate on those nodes reads it; another GPU takes its catalog link (determinism review: a
+    more_gpus suggestion was timed on the catalog's 300 GB/s where the user stated 150)."""
+    slow = dataclasses.replace(
+        POD, intra_node_bandwidth_bytes_per_s=150e9, measured_intra_node_bus_bandwidth_bytes_per_s=120e9
+    )
+    more = with_gpu(slow, H100, 64)
+    assert more.intra_node_bandwidth_bytes_per_s == 150e9
+    assert more.measured_intra_node_bus_bandwidth_bytes_per_s == 120e9
+    assert with_gpu(slow, A100, 64).intra_node_bandwidth_bytes_per_s == A100.intra_node_bandwidth_bytes_per_s
