@@ -15,6 +15,7 @@ from service.contracts.clusters import (
     ClusterPatch,
     ClusterRef,
     ClusterReplace,
+    ClusterShape,
 )
 from service.contracts.gpus import CustomGPU
 from service.contracts.models import ModelRef
@@ -99,14 +100,12 @@ def _matches(if_match: str, version: int) -> bool:
     return "*" in tags or any(not tag.startswith("W/") and tag.strip('"') == str(version) for tag in tags)
 
 
-def read_from_catalog(model: ModelRef, cluster: ClusterRef | ClusterIn) -> dict[str, str]:
+def read_from_catalog(model: ModelRef, cluster: ClusterShape) -> dict[str, str]:
     """What the catalog filled in of a request (for the answer's ``resolved_defaults``): the slugs of
     names given otherwise (``{"model.preset": "llama-3.1-8b", "cluster.gpu": "h100-sxm-80gb"}`` for
-    "meta-llama/Llama-3.1-8B" on "H100 SXM5 80GB"), and an inline cluster's node and network left out."""
-    read = model.names_read()
-    if isinstance(cluster, ClusterIn):
-        read |= cluster.read_from_catalog()
-    return read
+    "meta-llama/Llama-3.1-8B" on "H100 SXM5 80GB"), and the cluster's node and network left out, inline
+    or stored (``cluster_form``: a stored cluster's defaults were named only in its own answer)."""
+    return model.names_read() | cluster.read_from_catalog()
 
 
 def stored_cluster(repo: ClusterRepository, cluster_id: str, *, for_write: bool = False) -> ClusterRecord:
@@ -269,18 +268,30 @@ def _save(repo: ClusterRepository, record: ClusterRecord) -> ClusterRecord:
         ) from exc
 
 
-def resolve_cluster(
+def cluster_form(
     cluster: ClusterRef | ClusterIn, repo: ClusterRepository, field: str = "cluster.id"
-) -> ClusterSpec:
-    """A stored cluster id or an inline cluster -> ClusterSpec. An unknown id (or another owner's)
-    is a 404 naming `field`, as the cluster's own URL answers: the request is well formed, the
-    resource it names is not there."""
+) -> ClusterShape:
+    """The cluster as given: inline, or the stored one's fields as they were written (its defaults
+    left out). An unknown id (or another owner's) is a 404 naming `field`, as the cluster's own URL
+    answers: the request is well formed, the resource it names is not there."""
     if isinstance(cluster, ClusterIn):
-        return cluster.to_domain(at="cluster.")
+        return cluster
     record = repo.get(cluster.id)
     if record is None:
         raise NotFound(
             f"cluster {cluster.id!r} does not exist",
             errors=[{"field": field, "message": "no stored cluster has this id", "type": "unknown_cluster"}],
         )
-    return ClusterCreate.model_validate(record_fields(record)).to_domain()
+    return ClusterCreate.model_validate(record_fields(record))
+
+
+def domain_cluster(form: ClusterShape) -> ClusterSpec:
+    """``cluster_form``'s cluster -> ClusterSpec, an inline one's errors named where it sits."""
+    return form.to_domain(at="cluster." if isinstance(form, ClusterIn) else "")
+
+
+def resolve_cluster(
+    cluster: ClusterRef | ClusterIn, repo: ClusterRepository, field: str = "cluster.id"
+) -> ClusterSpec:
+    """A stored cluster id or an inline cluster -> ClusterSpec (``cluster_form``)."""
+    return domain_cluster(cluster_form(cluster, repo, field))

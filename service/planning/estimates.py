@@ -36,7 +36,7 @@ from service.frameworks import sequence_parallel_default
 from service.launchers import runnable_targets
 from service.persistence.repository import ClusterRepository, PlanRepository
 from service.planning.calibration import calibration_for, calibration_out, hardware_keys, job_traits
-from service.planning.clusters import read_from_catalog, resolve_cluster
+from service.planning.clusters import cluster_form, domain_cluster, read_from_catalog
 from service.recommender.runnable import TRAINING_FIELDS
 
 LAYOUT_FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
@@ -51,7 +51,8 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     """Every number for one layout, with the factors learned from runs on this hardware and
     framework applied; nothing is stored."""
     model = request.model.to_domain()
-    cluster = resolve_cluster(request.cluster, ClusterRepository(session))
+    form = cluster_form(request.cluster, ClusterRepository(session))
+    cluster = domain_cluster(form)
     training = request.training.to_domain(cluster.gpu, model)
     check_priced(request.gpu_hour_cost, training)
     check_scale(model, cluster, training)
@@ -90,7 +91,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
         out.resolved_defaults["layout.sequence_parallel"] = "false"
         out.assumptions.append(unsplit)
     out.resolved_defaults |= chosen_link_defaults(cluster)  # a custom GPU's links it left out
-    out.resolved_defaults |= read_from_catalog(request.model, request.cluster)
+    out.resolved_defaults |= read_from_catalog(request.model, form)
     unrendered = launcher_warning(Plan(model=model, cluster=cluster, training=training, layout=layout))
     if unrendered is not None:
         out.warnings.append(unrendered)

@@ -47,7 +47,7 @@ from service.planning.calibration import (
     job_traits,
     runs_on,
 )
-from service.planning.clusters import read_from_catalog, resolve_cluster
+from service.planning.clusters import cluster_form, domain_cluster, read_from_catalog
 from service.planning.estimates import check_priced, check_scale, estimate_out, located
 from service.planning.idempotency import Outcome, create_once, request_digests
 from service.planning.runnable import no_framework_runs
@@ -114,7 +114,8 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     """The plan for a request, not yet added: searched with the headroom the stored runs ask for,
     within the request's budget (``deadline`` and ``constraints.max_evaluations``)."""
     model = request.model.to_domain()
-    cluster = resolve_cluster(request.cluster, ClusterRepository(session))
+    form = cluster_form(request.cluster, ClusterRepository(session))
+    cluster = domain_cluster(form)
     training = request.training.to_domain(cluster.gpu, model)
     hardware = hardware_violation(cluster, training)  # no layout changes what the GPU can run
     if hardware is not None:
@@ -182,7 +183,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         chosen_defaults(training)
         | request.training.adapter_defaults()
         | chosen_link_defaults(cluster)
-        | read_from_catalog(request.model, request.cluster)
+        | read_from_catalog(request.model, form)
     )
     return PlanRecord(
         cluster_id=request.cluster.id if isinstance(request.cluster, ClusterRef) else None,

@@ -256,3 +256,18 @@ def test_a_card_without_a_node_of_its_own_says_why_the_node_size_is_needed(
     (error,) = refused.json()["errors"]
     assert error["field"] == "cluster.gpus_per_node"
     assert "no node of its own" in error["message"] and "num_gpus up to 8" in error["message"]
+
+
+def test_a_stored_clusters_defaults_are_named_as_an_inline_ones(client: TestClient) -> None:
+    """A plan or estimate on a stored cluster that left its network out names the default it took, as
+    the same cluster inline does (determinism review: only the stored cluster's own answer said it)."""
+    fields = {"gpu": "h100-sxm-80gb", "num_nodes": 2}
+    stored = client.post("/v1/clusters", json={"name": "defaults-named", **fields})
+    assert stored.status_code == 201, stored.text
+    ref = {"id": stored.json()["id"]}
+    for cluster in (fields, ref):
+        chosen = _estimate(client, cluster)["resolved_defaults"]
+        assert chosen["cluster.inter_node_bandwidth_bytes_per_s"] == "50000000000", cluster
+        plan = client.post("/v1/plans", json={"model": MODEL, "cluster": cluster, "training": TRAINING})
+        assert plan.status_code == 201, plan.text
+        assert plan.json()["resolved_defaults"]["cluster.inter_node_bandwidth_bytes_per_s"] == "50000000000"
