@@ -440,6 +440,29 @@ def seconds(value: float | None) -> str:
     return f"{value:,.3f} s"
 
 
+# Layout switches a plan may set beside the degrees, printed as `estimate --set` takes them wherever they
+# are set (an estimate of a label without them resolves each to the framework's default: a plan's
+# deepspeed ZeRO-2 with overlap_grad_reduce true was 22% faster than the estimate of its label;
+# determinism review). The web page's layoutText prints the same.
+LABEL_SWITCHES = (
+    "etp",
+    "recompute_num_layers",
+    "recompute_every_n_layers",
+    "torch_compile",
+    "overlap_grad_reduce",
+    "grad_reduce_in_fp32",
+    "fp8_param_gather",
+    "moe_a2a_overlap",
+    "moe_capacity_factor",
+    "activation_offload",
+    "optimizer_in_backward",
+    "chunked_loss",
+    "dp_replicate",
+)
+# tri-state switches (None: the framework's default), printed when set either way
+LABEL_TRI_STATE = frozenset({"overlap_grad_reduce", "grad_reduce_in_fp32", "fp8_param_gather"})
+
+
 def layout_text(layout: dict[str, Any]) -> str:
     parts = [str(layout.get("framework"))]
     parts += [f"{k}={layout[k]}" for k in ("dp", "tp", "pp", "cp", "ep") if layout.get(k, 1) != 1]
@@ -448,10 +471,24 @@ def layout_text(layout: dict[str, Any]) -> str:
         parts.append(f"vpp={layout['virtual_pipeline_stages']}")
     parts.append(f"micro={layout.get('micro_batch_size')}")
     if layout.get("recompute", "none") != "none":
-        parts.append(f"recompute={layout['recompute']}")
+        modules = layout.get("recompute_modules")
+        parts.append(f"recompute={layout['recompute']}" + (f"({','.join(modules)})" if modules else ""))
     for key in ("offload_optimizer", "offload_params"):
         if layout.get(key, "none") != "none":
             parts.append(f"{key}={layout[key]}")
+    for key in LABEL_SWITCHES:
+        value = layout.get(key)
+        if value is None or value == "none" or (value is False and key not in LABEL_TRI_STATE):
+            continue
+        parts.append(f"{key}={str(value).lower()}")
+    if layout.get("moe_dispatcher", "alltoall") != "alltoall":
+        parts.append(f"moe_dispatcher={layout['moe_dispatcher']}")
+    # TP overlap: Megatron's default is on where the GPUs map peer memory, the others' off; printed where
+    # it can differ from what an estimate of the label resolves
+    overlap_tp = layout.get("tp_comm_overlap")
+    shown = overlap_tp or (overlap_tp is False and layout.get("framework") == "megatron")
+    if layout.get("tp", 1) > 1 and shown:
+        parts.append(f"tp_comm_overlap={str(overlap_tp).lower()}")
     return " ".join(parts)
 
 

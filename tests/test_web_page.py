@@ -777,3 +777,32 @@ def test_a_gpu_outside_the_catalog_is_planned_from_its_datasheet(served: str, br
         "document.querySelector('#custom-gpu + .field-error')?.textContent.includes('JSON')"
     )
     page.close()
+
+
+def test_the_pages_layout_label_is_the_clis(served: str, browser: Any) -> None:
+    """The page's layoutText prints what the CLI's layout_text prints (the switches a plan sets beside
+    the degrees, which an estimate of the label needs to give the plan's numbers:
+    tests/api/test_label_round_trip.py)."""
+    from service.cli import layout_text
+
+    plans = [
+        {"model": "olmo-2-13b", "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 2}},
+        {"model": "mixtral-8x7b", "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 2}},
+        {"model": "llama-3.1-70b", "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 2}},
+    ]
+    layouts = []
+    for body in plans:
+        answer = httpx.post(
+            f"{served}/v1/plans",
+            json={
+                **body,
+                "training": {"seq_len": 4096, "global_batch_size": 256},
+                "constraints": {"top_k": 3},
+            },
+            timeout=60,
+        ).json()
+        layouts += [c["layout"] for c in (answer["recommended"], *answer["alternatives"])]
+    page = browser.new_page()
+    page.goto(served)
+    labels = page.evaluate("(layouts) => layouts.map(layoutText)", layouts)
+    assert labels == [layout_text(layout) for layout in layouts]

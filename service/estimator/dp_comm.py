@@ -67,7 +67,7 @@ from service.estimator.step_time import (
     torch_ring_traffic,
     tuned_link,
 )
-from service.estimator.tuning import dp_overlap_default
+from service.estimator.tuning import Tuning, dp_overlap_default
 from service.estimator.types import Framework, Layout, Method, ModelSpec, Recompute, RecomputeModule
 
 # ---------------------------------------------------------------- the frameworks' bucket sizes
@@ -110,13 +110,19 @@ def bucketed_s(collective: comm.Collective, size_bytes: float, link: comm.Link, 
 
 
 def dp_overlapped(job: Job, layout: Layout) -> bool:
+    """``grad_reduce_overlapped`` under the job's tuning."""
+    return grad_reduce_overlapped(job.tuning, layout)
+
+
+def grad_reduce_overlapped(tuning: Tuning, layout: Layout) -> bool:
     """Whether the DP reduction runs under backward: DeepSpeed's overlap_comm as the launcher
-    renders it, else the layout's choice or the framework's default."""
+    renders it, else the layout's choice or the framework's default (what an estimate that leaves
+    ``overlap_grad_reduce`` out resolves it to, and names)."""
     if layout.framework is Framework.DEEPSPEED:
         return deepspeed_overlap_comm(layout)
     if layout.overlap_grad_reduce is not None:
         return layout.overlap_grad_reduce
-    return dp_overlap_default(job.tuning, layout.framework)
+    return dp_overlap_default(tuning, layout.framework)
 
 
 def replicated_bucket_calls(job: Job, layout: Layout, parameters: float) -> int:

@@ -25,6 +25,7 @@ from service.errors import Unprocessable
 from service.estimator import estimate
 from service.estimator.calibration import applied_calibration
 from service.estimator.defaults import chosen_defaults, chosen_link_defaults
+from service.estimator.dp_comm import grad_reduce_overlapped
 from service.estimator.errors import EstimatorError, InvalidLayout, InvalidTraining
 from service.estimator.model_states import hsdp_replicas
 from service.estimator.params import parameter_counts
@@ -84,6 +85,9 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     calibration = calibration_out(dataclasses.replace(learned, calibration=applied), uncalibrated)
     out = estimate_out(result, layout, training, total, request.gpu_hour_cost, calibration)
     out.resolved_defaults |= layout_in.chosen_defaults(peer_to_peer=peer_to_peer) | chosen_dp | chosen_micro
+    if layout.overlap_grad_reduce is None and layout.dp * layout.cp > 1:  # a reduction to overlap or not
+        overlapped = grad_reduce_overlapped(default_tuning(), layout)
+        out.resolved_defaults["layout.overlap_grad_reduce"] = str(overlapped).lower()
     if layout.dp_replicate is None and (replicas := hsdp_replicas(layout, cluster)) > 1:
         out.resolved_defaults["layout.dp_replicate"] = str(replicas)  # HSDP's: one shard group per node
     out.resolved_defaults |= request.training.adapter_defaults()

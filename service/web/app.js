@@ -125,10 +125,18 @@ const fmt = {
   s: (x) => (x >= 86400 ? `${(x / 86400).toFixed(1)} d` : x >= 3600 ? `${(x / 3600).toFixed(1)} h` : `${x.toFixed(3)} s`),
 };
 
+// The switches a plan may set beside the degrees, as service/cli.py's layout_text prints them (an estimate
+// of a label without them resolves each to the framework's default); tri-state ones printed either way.
+const LABEL_SWITCHES = [
+  "etp", "recompute_num_layers", "recompute_every_n_layers", "torch_compile", "overlap_grad_reduce",
+  "grad_reduce_in_fp32", "fp8_param_gather", "moe_a2a_overlap", "moe_capacity_factor", "activation_offload",
+  "optimizer_in_backward", "chunked_loss", "dp_replicate",
+];
+const LABEL_TRI_STATE = new Set(["overlap_grad_reduce", "grad_reduce_in_fp32", "fp8_param_gather"]);
+
 function layoutText(layout) {
   const parts = [layout.framework];
   for (const key of ["dp", "tp", "pp", "cp", "ep"]) if ((layout[key] ?? 1) !== 1) parts.push(`${key}=${layout[key]}`);
-  if (layout.etp != null) parts.push(`etp=${layout.etp}`);
   parts.push(`zero=${layout.zero_stage}`);
   if ((layout.virtual_pipeline_stages ?? 1) > 1) parts.push(`vpp=${layout.virtual_pipeline_stages}`);
   parts.push(`micro=${layout.micro_batch_size}`);
@@ -136,9 +144,16 @@ function layoutText(layout) {
     const modules = layout.recompute_modules ? `(${layout.recompute_modules.join(",")})` : "";
     parts.push(`recompute=${layout.recompute}${modules}`);
   }
-  if (layout.torch_compile && layout.torch_compile !== "none") parts.push(`compile=${layout.torch_compile}`);
-  if (layout.moe_a2a_overlap) parts.push("a2a_overlap");
   for (const key of ["offload_optimizer", "offload_params"]) if (layout[key] && layout[key] !== "none") parts.push(`${key}=${layout[key]}`);
+  for (const key of LABEL_SWITCHES) {
+    const value = layout[key];
+    if (value == null || value === "none" || (value === false && !LABEL_TRI_STATE.has(key))) continue;
+    parts.push(`${key}=${String(value).toLowerCase()}`);
+  }
+  if (layout.moe_dispatcher && layout.moe_dispatcher !== "alltoall") parts.push(`moe_dispatcher=${layout.moe_dispatcher}`);
+  const overlapTp = layout.tp_comm_overlap;
+  const shown = overlapTp === true || (overlapTp === false && layout.framework === "megatron");
+  if ((layout.tp ?? 1) > 1 && shown) parts.push(`tp_comm_overlap=${overlapTp}`);
   return parts.join(" ");
 }
 
