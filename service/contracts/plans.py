@@ -15,7 +15,7 @@ from service.contracts.training import TrainingIn
 from service.estimator.types import Framework, MemoryStatistic
 from service.launchers import Target
 from service.recommender import headroom
-from service.recommender.types import Constraints, Objective
+from service.recommender.types import MAX_EVALUATIONS, Constraints, Objective
 from service.runlogs.common import MemoryStatistic as LogStatistic
 
 # the most a GPU-hour is priced at (a plan's constraints.gpu_hour_cost, a capacity request's prices)
@@ -39,8 +39,19 @@ class ConstraintsIn(Strict):
         "stay eager",
     )
 
+    max_evaluations: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_EVALUATIONS,
+        description="a cap on the layouts the request evaluates (memory or step time): a search it cuts "
+        "(search.truncated_by 'evaluations') answers the same on any machine, where the request's CPU "
+        "time, which still bounds it, depends on the machine's load; default: "
+        f"{MAX_EVALUATIONS:,}",
+    )
+
     def to_domain(self) -> Constraints:
         return Constraints(
+            max_evaluations=MAX_EVALUATIONS if self.max_evaluations is None else self.max_evaluations,
             objective=self.objective,
             max_gpus=self.max_gpus,
             frameworks=tuple(dict.fromkeys(self.frameworks)) if self.frameworks else tuple(Framework),

@@ -1660,7 +1660,9 @@ def _recommend(
     if constraints.top_k == 1 and len(ranked) > 1 and ranked[1].key < ranked[0].key:
         faster = ranked[1]
         passed_over = (faster.layout, _full_estimate(result.jobs[faster.layout.world_size], faster.layout))
-    candidates = _candidates(chosen, constraints, training, result, cluster.world_size, passed_over)
+    candidates = _candidates(
+        chosen, constraints, training, result, cluster.world_size, passed_over, searched_within.reason
+    )
     rejected = tuple(
         Rejection(
             reason=reason,
@@ -1761,16 +1763,26 @@ def _tokens_per_s(est: Estimate) -> float:
     return est.time.tokens_per_s
 
 
-def gpu_use(layout: Layout, constraints: Constraints, result: SearchResult, total_gpus: int) -> str:
+def gpu_use(
+    layout: Layout, constraints: Constraints, result: SearchResult, total_gpus: int, cut_by: str | None = None
+) -> str:
     """How many of the cluster's GPUs the layout uses, and why not the others; and where the search
     stopped at its budget, that this is the best it reached (a cut search's answer read as the best
-    of all: bounded-work review)."""
+    of all: bounded-work review), and, where its time (``cut_by``) cut it, how to have the same cut on
+    any machine: the CPU time a search gets depends on the machine's load, so identical requests
+    recommended different layouts (determinism review), where ``constraints.max_evaluations`` cuts at
+    the same evaluation everywhere."""
     use = _gpu_use(layout, constraints, result, total_gpus)
     if result.truncated:
         use += (
             f"; the search stopped at its budget after {result.families:,} layout families: the best "
             "it reached, a faster layout may exist"
         )
+        if cut_by == "time":
+            use += (
+                f" (its CPU time, which the machine's load decides; constraints.max_evaluations "
+                f"{result.evaluations:,} cuts at the same layout on any machine)"
+            )
     return use
 
 
@@ -1796,6 +1808,7 @@ def _candidates(
     result: SearchResult,
     total: int,
     passed_over: tuple[Layout, Estimate] | None = None,
+    cut_by: str | None = None,
 ) -> tuple[Candidate, ...]:
     if not chosen:
         return ()
@@ -1814,7 +1827,7 @@ def _candidates(
                 cluster,
                 runner_up,
                 no_pp,
-                gpu_use(best_layout, constraints, result, total),
+                gpu_use(best_layout, constraints, result, total, cut_by),
                 # within the headroom the plan keeps, as the search chose it (the estimate's limit is
                 # against the whole card: "largest that fits: 4" where 4 was over the plan's 95%)
                 evaluate.max_micro_batch_size(

@@ -22,6 +22,10 @@ class Objective(StrEnum):
     TIME_TO_TRAIN = "time_to_train"  # shortest wall time for training.tokens
 
 
+# The most layout evaluations one request may make: Constraints.max_evaluations, its default and the API limit
+MAX_EVALUATIONS = 500_000
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Constraints:
     objective: Objective = Objective.THROUGHPUT
@@ -35,7 +39,7 @@ class Constraints:
     # The search stops (truncated) after this many layout evaluations (memory or step time): a
     # budget in work, not seconds, so that the answer depends on the request alone. It is checked
     # between families of layouts, so the family that crosses it finishes (a few evaluations over).
-    max_evaluations: int = 500_000
+    max_evaluations: int = MAX_EVALUATIONS
     # The launchers a plan must render in (one of them, of the layout's framework); None: any.
     launchers: tuple[Target, ...] | None = None
     # Compile the layouts of frameworks whose compiled run is modelled (FSDP: torchtitan
