@@ -866,12 +866,16 @@ class _Ask:
         # more GPUs than the request allows: said, not silently past it (bounded-work review)
         cap = self.constraints.max_gpus
         past = f", past constraints.max_gpus {cap}: raise it" if cap is not None and gpus > cap else ""
+        # another GPU's precision and attention: the request's where it stated them, else that GPU's
+        # own defaults (defaults.for_gpu), which the numbers depend on (determinism review)
+        attention = training.attention.value if training.attention else "the model's"
+        timed = f" ({training.precision.value}, {attention} attention)" if kind == "other_gpu" else ""
         return [
             Suggestion(
                 kind=kind,
                 detail=f"{gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.0f} GiB; {nodes} node"
                 f"{'s' if nodes > 1 else ''} of {min(per_node, gpus)}{across}) fit: "
-                f"{tokens_per_s:,.0f} tokens/s with {_layout_words(layout)}{offloading}{past}",
+                f"{tokens_per_s:,.0f} tokens/s{timed} with {_layout_words(layout)}{offloading}{past}",
                 gpu=cluster.gpu.name,
                 num_gpus=gpus,
                 num_nodes=nodes,
