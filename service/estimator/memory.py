@@ -520,12 +520,16 @@ def deepspeed_fp32_gradient_bytes(
     * ZeRO-0 in the pipeline engine with bf16 weights, ``BF16_Optimizer`` (``deepspeed_bf16_optimizer``):
       every group's gradient partition cast to fp32 before one ``optimizer.step()``, freed after it
       (bf16_optimizer.py ``step``): 4 bytes per parameter of all the partitions at once.
-    * ZeRO-0 otherwise, ``FP16_Optimizer`` (fp16, and bf16 without a pipeline: DDP_BFLOAT16): group by
-      group (dense, then expert), ``_flatten_dense_tensors([p.grad.to(fp32) for p in group])``: a
-      4-byte copy of each of the group's gradients and their 4-byte flat concatenation at once, while
-      its 16-bit gradients are freed only after it and the earlier groups' flat fp32 gradients stay as
-      their masters' .grad (fp16/fused_optimizer.py ``step``): 8 bytes per dense parameter, or 4 for
-      the flat dense gradients less their 16-bit ones, and 8 per expert parameter.
+    * ZeRO-0 otherwise (fp16, and bf16 without a pipeline: DDP_BFLOAT16), by the optimizer
+      (engine.py ``_configure_fp16_optimizer``): DeepSpeed's FusedAdam (ds_config's AdamW) steps in
+      ``FP16_Optimizer``, group by group (dense, then expert) ``_flatten_dense_tensors([p.grad.to(fp32)
+      for p in group])``: a 4-byte copy of each of the group's gradients and their 4-byte flat
+      concatenation at once, while its 16-bit gradients are freed only after it and the earlier groups'
+      flat fp32 gradients stay as their masters' .grad (fp16/fused_optimizer.py ``step``): 8 bytes per
+      dense parameter, or 4 for the flat dense gradients less their 16-bit ones, and 8 per expert
+      parameter. Any other optimizer (Lion, the script's SGD, 8-bit Adam, Adafactor) steps in
+      ``FP16_UnfusedOptimizer``: an fp32 copy of every gradient beside the 16-bit ones, all at once
+      (fp16/unfused_optimizer.py ``step``): 4 bytes per parameter.
 
     None with the optimizer offloaded (it steps on the host). Not counted without a master (fp32,
     tf32, bf16_pure): there the flatten's copy of the partition and ZeRO-1/2's clone of the weights as
@@ -540,6 +544,8 @@ def deepspeed_fp32_gradient_bytes(
         if deepspeed_bf16_optimizer(layout, job.training.precision):
             return fp32 * sum(group_partitions(job, layout, rp, trainable, degrees))
         dense, expert = group_partitions(job, layout, rp, trainable, (1, 1))
+        if job.training.optimizer is not Optimizer.ADAMW:
+            return fp32 * (dense + expert)
         return max(2 * fp32 * dense, (fp32 - sb.gradients) * dense + 2 * fp32 * expert)
     largest = max(group_partitions(job, layout, rp, trainable, degrees))
     if layout.zero_stage >= 3:
@@ -823,10 +829,15 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
                 "; DeepSpeed's pipeline engine steps bf16 at ZeRO-0 with BF16_Optimizer: master and moments "
                 "partitioned over dp as ZeRO-1, a flat bf16 gradient buffer beside each .grad"
             )
-        else:
+        elif job.training.optimizer is Optimizer.ADAMW:
             note += (
                 "; DeepSpeed steps ZeRO-0 with FP16_Optimizer: fp32 copies of each group's gradients "
                 "flattened at the step (8 B per parameter beside the 16-bit ones)"
+            )
+        else:
+            note += (
+                "; DeepSpeed steps ZeRO-0 with FP16_UnfusedOptimizer (not its FusedAdam): an fp32 copy of "
+                "every gradient at the step (4 B per parameter beside the 16-bit ones)"
             )
     if layout.framework is Framework.MEGATRON and job.training.precision in (Precision.BF16, Precision.FP8):
         chosen = (

@@ -13,7 +13,7 @@ from service.catalog.models import model as preset
 from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
 from service.estimator.params import parameter_counts
-from service.estimator.types import Framework, Layout, Offload, Precision, Recompute, TrainingSpec
+from service.estimator.types import Framework, Layout, Offload, Optimizer, Precision, Recompute, TrainingSpec
 from validation.cases import gpu_cluster
 
 
@@ -101,6 +101,10 @@ def test_zero0_without_a_pipeline_flattens_fp32_copies_of_every_gradient() -> No
         (rank,) = _ds_states(llama, cluster, layout, training)
         assert rank.optimizer_temporary == 8 * p
         assert rank.gradients == 2 * p and rank.optimizer_states == 12 * p
+    # any optimizer but DeepSpeed's FusedAdam steps in FP16_UnfusedOptimizer: an fp32 copy of every gradient
+    for optimizer in (Optimizer.SGD, Optimizer.ADAMW_8BIT, Optimizer.LION):
+        training = TrainingSpec(seq_len=512, global_batch_size=8, optimizer=optimizer)
+        assert _ds_states(llama, cluster, layout, training)[0].optimizer_temporary == 4 * p
     fp32 = TrainingSpec(seq_len=512, global_batch_size=8, precision=Precision.FP32)
     assert (
         _ds_states(llama, cluster, layout, fp32)[0].optimizer_temporary == 0
@@ -131,7 +135,9 @@ def test_zero0_in_the_pipeline_engine_partitions_its_bf16_optimizer() -> None:
     pipelined = Layout(framework=Framework.DEEPSPEED, dp=4, pp=2, zero_stage=0, recompute=Recompute.FULL)
     zero1 = Layout(framework=Framework.DEEPSPEED, dp=4, pp=2, zero_stage=1, recompute=Recompute.FULL)
     for bf16, one in zip(
-        _ds_states(llama, cluster, pipelined, training), _ds_states(llama, cluster, zero1, training)
+        _ds_states(llama, cluster, pipelined, training),
+        _ds_states(llama, cluster, zero1, training),
+        strict=True,
     ):
         trainable = bf16.states.parameters / 2  # 2-byte weights, unsharded
         assert bf16.optimizer_states == one.optimizer_states == math.ceil(12 * trainable / 4)
