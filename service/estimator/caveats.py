@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from service.estimator.comm import used_link_defaults
 from service.estimator.job import Job
 from service.estimator.model_states import fused_expert_adapted_weights, peft_adapts_fused_experts
-from service.estimator.tuning import Tuning, conservative_peak_fraction
+from service.estimator.tuning import Tuning, conservative_peak_fraction, fitted_die
 from service.estimator.types import (
     ClusterSpec,
     Framework,
@@ -38,22 +38,32 @@ def fitted_fractions(tuning: Tuning) -> str:
 
 
 def chip_warnings(job: Job) -> tuple[str, ...]:
-    """A GPU without ``chip`` (a custom part) is timed at the most conservative fitted efficiency
-    (``tuning.peak_fraction``, ``tuning.attention_kernel_rate``): say so, and what to set."""
+    """A GPU whose die has no fitted efficiency (a custom part without ``chip``, or a die no published run
+    measured) is timed at the most conservative fitted one (``tuning.peak_fraction``,
+    ``tuning.attention_kernel_rate``): say so, and what to set or record."""
     return gpu_chip_warnings(job.cluster.gpu, job.tuning)
 
 
 def gpu_chip_warnings(gpu: GPUSpec, tuning: Tuning) -> tuple[str, ...]:
-    """``chip_warnings`` of a GPU under ``tuning`` (a capacity option's, which has no job)."""
-    if gpu.chip or not tuning.peak_fraction_by_chip:
+    """``chip_warnings`` of a GPU under ``tuning`` (a capacity option's, which has no job); a catalog
+    die no published run measured (AMD's, Ada's, Turing's, GA102) is timed the same way, which the
+    answer says too: an MI300X at the lowest fitted fraction came out faster than an H100 with
+    nothing saying its efficiency is an assumption (stop 49's AMD review)."""
+    if not tuning.peak_fraction_by_chip or fitted_die(tuning, gpu):
         return ()
     fraction = conservative_peak_fraction(tuning)
-    return (
-        "custom GPU without chip: the most conservative fitted efficiency (GEMMs at "
-        f"{fraction:g} of the dense peak, the lowest of {fitted_fractions(tuning)}; "
-        "attention's core at its kernel's slowest published rate, at most the GEMM rate) is used; set chip "
-        f"to the GPU's die for the efficiency fitted on it ({CHIP_EXAMPLES})",
+    used = (
+        f"the most conservative fitted efficiency (GEMMs at {fraction:g} of the dense peak, the lowest of "
+        f"{fitted_fractions(tuning)}; attention's core at its kernel's slowest published rate, at most the "
+        "GEMM rate) is used"
     )
+    if gpu.chip:
+        return (
+            f"{gpu.name}'s die ({gpu.chip}) has no efficiency fitted on a measured run: {used}, so its "
+            "step time is an assumption; a run recorded on it (POST /v1/plans/{id}/runs) calibrates it",
+        )
+    what = f"set chip to the GPU's die for the efficiency fitted on it ({CHIP_EXAMPLES})"
+    return (f"custom GPU without chip: {used}; {what}",)
 
 
 # ---------------------------------------------------------------- peft on fused experts

@@ -109,6 +109,9 @@ def test_custom_gpu_without_chip_is_never_faster_than_the_catalog_part(
     assert unknown.memory == known.memory  # the die times the step, it holds no bytes
     assert any(w.startswith("custom GPU without chip") for w in unknown.warnings)
     assert not any(w.startswith("custom GPU without chip") for w in known.warnings)
+    # a catalog die no run measured says its step time is an assumption, as an unstated one does
+    unmeasured = f"{catalog.name}'s die ({catalog.chip}) has no efficiency fitted on a measured run"
+    assert any(w.startswith(unmeasured) for w in known.warnings) is not fitted_die(TUNING, catalog)
 
 
 def test_the_issue_case_h100_without_chip() -> None:
