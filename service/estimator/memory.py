@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from service.estimator import activations, pipeline
 from service.estimator.job import Job, job_memo, layout_memo, rank_kind_counts
 from service.estimator.model_states import (
-    BF16_OPTIMIZER_GRAD_BYTES,
     DS_SUB_GROUP_ELEMENTS,
     SHARD_GROUP_FIELDS,
     MiB,
@@ -30,6 +29,7 @@ from service.estimator.model_states import (
     deepspeed_assumption,
     deepspeed_bf16_optimizer,
     deepspeed_buckets,
+    deepspeed_master_clone,
     experts_stay_16_bit,
     frozen_bytes,
     frozen_dtype_bytes,
@@ -400,14 +400,22 @@ def rank_parameters_of(job: Job, layout: Layout, rank: int) -> RankParameters:
 
 
 @job_memo
-def state_bytes_of(job: Job, framework: Framework, grads_in_fp32: bool = True) -> StateBytes:
-    """``state_bytes`` of the job's training under ``framework`` (Megatron: gradients in fp32 or not)."""
-    return state_bytes(job.training, framework, job.model, job.assume, grads_in_fp32)
+def state_bytes_of(
+    job: Job,
+    framework: Framework,
+    grads_in_fp32: bool = True,
+    deepspeed_optimizer: tuple[bool, bool] = (False, False),
+) -> StateBytes:
+    """``state_bytes`` of the job's training under ``framework`` (Megatron: gradients in fp32 or not;
+    DeepSpeed: what its optimizer wrapper keeps, ``state_bytes``)."""
+    return state_bytes(job.training, framework, job.model, job.assume, grads_in_fp32, deepspeed_optimizer)
 
 
 def layout_state_bytes(job: Job, layout: Layout) -> StateBytes:
-    """``state_bytes_of`` the layout's framework and Megatron gradient dtype."""
-    return state_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout))
+    """``state_bytes_of`` the layout's framework, Megatron gradient dtype and DeepSpeed optimizer."""
+    precision = job.training.precision
+    deepspeed = (deepspeed_master_clone(layout, precision), deepspeed_bf16_optimizer(layout, precision))
+    return state_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout), deepspeed)
 
 
 def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
@@ -531,10 +539,11 @@ def deepspeed_fp32_gradient_bytes(
       ``FP16_UnfusedOptimizer``: an fp32 copy of every gradient beside the 16-bit ones, all at once
       (fp16/unfused_optimizer.py ``step``): 4 bytes per parameter.
 
-    None with the optimizer offloaded (it steps on the host). Not counted without a master (fp32,
-    tf32, bf16_pure): there the flatten's copy of the partition and ZeRO-1/2's clone of the weights as
-    its master are transients and states this model leaves out (review of stop 49: about 2 x 4P/G in
-    fp32)."""
+    Without mixed precision (fp32, tf32, bf16_pure) ZeRO-1/2's master is a clone of the partition in
+    the weights' dtype (``deepspeed_master_clone``, a state), and the step's flatten copies the
+    gradient partition in that dtype: its bytes per parameter, not 4. None with the optimizer
+    offloaded (it steps on the host); none where nothing is cloned (ZeRO-0 and ZeRO-3 step the
+    weights' own tensors in fp32 and bf16_pure)."""
     if layout.framework is not Framework.DEEPSPEED or not sb.master:
         return 0.0
     if layout.offload_optimizer is not Offload.NONE:
@@ -550,7 +559,7 @@ def deepspeed_fp32_gradient_bytes(
     largest = max(group_partitions(job, layout, rp, trainable, degrees))
     if layout.zero_stage >= 3:
         largest = min(largest, DS_SUB_GROUP_ELEMENTS)
-    return fp32 * largest
+    return sb.master * largest  # in the master's dtype: fp32, or the weights' own (deepspeed_master_clone)
 
 
 def head_gradient_bytes(job: Job, layout: Layout, rank: int, gradients: float, trainable: float) -> float:
@@ -816,9 +825,7 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
             f"parameter {fsdp_parameter_bytes(sb):g} B (FSDP's sharded {kept}), gradients {sb.gradients:g} B"
         )
     else:
-        bf16_optimizer = deepspeed_bf16_optimizer(layout, job.training.precision)
-        gradients = sb.gradients + BF16_OPTIMIZER_GRAD_BYTES if bf16_optimizer else sb.gradients
-        states = f"weights {sb.weights:g} B, gradients {gradients:g} B, master {sb.master:g} B"
+        states = f"weights {sb.weights:g} B, gradients {sb.gradients:g} B, master {sb.master:g} B"
     note = (
         f"model states per trainable parameter: {states}, optimizer moments {sb.moments:.4g} B "
         f"({job.training.optimizer.value})"

@@ -316,19 +316,39 @@ def deepspeed_bf16_optimizer(layout: Layout, precision: Precision) -> bool:
 BF16_OPTIMIZER_GRAD_BYTES = 2
 
 
+def deepspeed_master_clone(layout: Layout, precision: Precision) -> bool:
+    """Whether DeepSpeed's ZeRO-1/2 keeps a master copy of its partition without mixed precision (fp32,
+    tf32, bf16_pure): stage_1_and_2.py ``DeepSpeedZeroOptimizer.__init__`` clones every rank's
+    partition of the weights (``.detach().clone().to(master_weights_and_grads_dtype)``: fp32, or bf16
+    with ``bf16_master_weights_and_grads``) as the tensor the optimizer steps, a separate tensor even
+    in the weights' dtype; ZeRO-3 reuses its flat partition where the dtypes match
+    (stage3.py ``_create_fp32_partitions``), and ZeRO-0 steps the weights themselves. A 7B in fp32 at
+    ZeRO-2 on eight 40 GB cards was said to fit with 0.17 GiB spare without its 3.1 GiB (DeepSpeed
+    review)."""
+    return layout.framework is Framework.DEEPSPEED and layout.zero_stage in (1, 2) and precision not in MIXED
+
+
 def state_bytes(
     training: TrainingSpec,
     framework: Framework,
     model: ModelSpec,
     assume: MemoryAssumptions,
     grads_in_fp32: bool,
+    deepspeed_optimizer: tuple[bool, bool] = (False, False),
 ) -> StateBytes:
     """Bytes per trainable parameter by precision and framework (ZeRO §3.1; Megatron dist_optimizer.md);
-    ``grads_in_fp32``: Megatron's bf16/fp8 gradient buffer dtype (``megatron_grads_in_fp32``)."""
+    ``grads_in_fp32``: Megatron's bf16/fp8 gradient buffer dtype (``megatron_grads_in_fp32``);
+    ``deepspeed_optimizer``: (its ZeRO-1/2 master clone without mixed precision,
+    ``deepspeed_master_clone``; its BF16_Optimizer's flat gradient buffer, ``deepspeed_bf16_optimizer``)."""
     p = training.precision
     weights = 4 if p.stores_fp32 else 2  # fp32 and tf32: fp32 weights and gradients, no master
     master = 4.0 if p in MIXED else 0.0
     gradients: float = weights
+    master_clone, bf16_optimizer = deepspeed_optimizer
+    if master_clone:
+        master = weights  # the partition cloned in the weights' dtype
+    if bf16_optimizer:
+        gradients += BF16_OPTIMIZER_GRAD_BYTES
     if framework is Framework.MEGATRON and p in (Precision.BF16, Precision.FP8):
         # the DDP grad buffer: fp32 main grads (2 + 4 + 12 = 18 bytes) or, with grad_reduce_in_fp32
         # False, bf16 ones (16 bytes; core/distributed/param_and_grad_buffer.py: grad_dtype is
@@ -726,17 +746,16 @@ def _group_states(
 ) -> _States:
     """Model states of ``count`` trainable and ``frozen`` frozen parameters sharded over ``shard``
     ranks, and ``whole_bytes`` no sharding splits (QLoRA's constants: ``frozen_bytes``);
-    ``bf16_optimizer``: DeepSpeed's (``deepspeed_bf16_optimizer``), its flat gradient buffer too."""
+    ``bf16_optimizer``: DeepSpeed's (``deepspeed_bf16_optimizer``), which shards the optimizer at ZeRO-0."""
     w_div, g_div, o_div = _divisors(layout, shard, bf16_optimizer)
     if layout.framework is Framework.FSDP:
         # The sharded parameter is the fp32 master (mixed) or the weights themselves. The 16-bit
         # copies gathered for compute are buffers (memory.gathered_parameter_bytes), not states.
         params = (count * fsdp_parameter_bytes(sb) + frozen * frozen_bytes_per) / w_div + whole_bytes
         return params, count * sb.gradients / g_div, count * sb.moments / o_div
-    gradients = sb.gradients + BF16_OPTIMIZER_GRAD_BYTES if bf16_optimizer else sb.gradients
     return (
         (count * sb.weights + frozen * frozen_bytes_per) / w_div + whole_bytes,
-        count * gradients / g_div,
+        count * sb.gradients / g_div,
         count * (sb.master + sb.moments) / o_div,
     )
 

@@ -59,6 +59,7 @@ from service.estimator.job import (
 from service.estimator.memory import (
     AUTOCAST_CAST_TRAFFIC_BYTES,
     autocast_casts_weights,
+    layout_state_bytes,
     offloaded_activation_bytes,
     output_layer_weights,
     rank_parameters_of,
@@ -73,7 +74,6 @@ from service.estimator.model_states import (
     fused_experts,
     grad_reduce_bytes,
     layer_linears,
-    megatron_grads_in_fp32,
     optimizer_step_bytes,
     peft_adapts_fused_experts,
     shard_degrees,
@@ -1711,15 +1711,8 @@ def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
             rate /= job.tuning.torch_cpu_adam_slowdown
         return shard * job.cluster.gpus_per_node / rate
     # the states model_states counts, by precision, optimizer and framework, read and written once
-    step_bytes = shard * optimizer_step_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout))
+    step_bytes = shard * optimizer_step_bytes(layout_state_bytes(job, layout), layout.framework)
     return step_bytes / job.cluster.gpu.hbm_bandwidth_bytes_per_s
-
-
-@job_memo
-def optimizer_step_bytes_of(job: Job, framework: Framework, grads_in_fp32: bool) -> float:
-    """``optimizer_step_bytes`` of the job's states under ``framework`` (Megatron: gradients in fp32
-    or not, ``layout_state_bytes``): the same for every layout of the framework."""
-    return optimizer_step_bytes(state_bytes_of(job, framework, grads_in_fp32), framework)
 
 
 # ---------------------------------------------------------------- training time and price

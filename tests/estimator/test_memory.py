@@ -16,6 +16,7 @@ from service.catalog.tuning import default_tuning
 from service.estimator import activations, evaluate
 from service.estimator.memory import assumptions
 from service.estimator.model_states import (
+    MIXED,
     adafactor_state_fraction,
     deepspeed_assumption,
     deepspeed_buckets,
@@ -626,7 +627,13 @@ STAGES = {Framework.DEEPSPEED: [0, 1, 2, 3], Framework.FSDP: [0, 2, 3], Framewor
 def test_higher_zero_stage_never_raises_model_states(
     model: ModelSpec, training: TrainingSpec, fw: Framework, dp: int
 ) -> None:
-    totals = [states_total(model, Layout(framework=fw, dp=dp, zero_stage=z), training) for z in STAGES[fw]]
+    stages = STAGES[fw]
+    if fw is Framework.DEEPSPEED and training.precision not in MIXED:
+        # DeepSpeed's ZeRO-1/2 clone the partition as the master without mixed precision
+        # (model_states.deepspeed_master_clone), which ZeRO-0 does not hold: more than the moments it
+        # shards where they are small (SGD, 8-bit Adam, Adafactor) or dp is (one rank: a whole copy)
+        stages = [z for z in stages if z != 0]
+    totals = [states_total(model, Layout(framework=fw, dp=dp, zero_stage=z), training) for z in stages]
     assert all(a >= b - 1e-6 for a, b in itertools.pairwise(totals))
 
 
