@@ -192,6 +192,18 @@ def engine_refusal(plan: Plan) -> Refusal:
         return "optimizer offload needs ZeRO stage 1, 2 or 3"
     if plan.training.precision is Precision.BF16_PURE and lo.zero_stage == 0:
         return "bf16 master weights and optimizer states need ZeRO stage 1-3"
+    offloaded = lo.offload_optimizer is not Offload.NONE
+    if (
+        plan.training.precision is Precision.BF16_PURE
+        and offloaded
+        and plan.training.optimizer is not Optimizer.ADAMW
+    ):
+        # base_optimizer.py _configure_master_weights -> stage_1_and_2.py _enforce_cpu_offload /
+        # stage3.py _enforce_optimizer_offload: type(optimizer) is DeepSpeedCPUAdam (DeepSpeed review)
+        return (
+            f"optimizer {plan.training.optimizer.value} with bf16 master weights and optimizer offload: "
+            "DeepSpeed offloads bf16 master weights with DeepSpeedCPUAdam only (adamw)"
+        )
     return None
 
 
@@ -317,6 +329,10 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     }
     config |= _precision(plan)
     config |= _optimizer(plan)
+    if plan.training.optimizer in SCRIPT_OPTIMIZERS and lo.zero_stage >= 1:
+        # the script's optimizer is none of runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS: without
+        # this, engine.py _do_optimizer_sanity_check asserts at deepspeed.initialize (DeepSpeed review)
+        config["zero_allow_untested_optimizer"] = True
     config["zero_optimization"] = zero_block(plan)
     if lo.recompute is not Recompute.NONE:
         # Configures deepspeed.checkpointing (Megatron-DeepSpeed style model code); HF models

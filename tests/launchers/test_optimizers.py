@@ -65,6 +65,49 @@ def test_deepspeed_tells_the_script_which_optimizer_to_build(client: TestClient)
     assert '"optimizer"' not in launch_file(client, body, "ds_config.json")
 
 
+def test_a_script_optimizer_under_zero_is_allowed_as_untested() -> None:
+    """DeepSpeed asserts at deepspeed.initialize that a ZeRO optimizer is one it tested
+    (runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS: torch Adam/AdamW/Adagrad, FusedAdam, FusedLion and
+    its CPU ones) unless zero_allow_untested_optimizer: SGD, 8-bit Adam and Adafactor from the script
+    need it at ZeRO >= 1 (DeepSpeed review: every such plan failed at start-up); its own AdamW not."""
+    from service.estimator.types import Framework, Optimizer
+    from service.launchers.deepspeed import ds_config
+    from tests.launchers.factories import plan as make_plan
+    from tests.launchers.factories import training
+
+    for zero in (0, 1, 2, 3):
+        for optimizer in Optimizer:
+            built = make_plan(
+                train=training(optimizer=optimizer), framework=Framework.DEEPSPEED, zero_stage=zero
+            )
+            config = ds_config(built)
+            scripted = optimizer in (Optimizer.SGD, Optimizer.ADAMW_8BIT, Optimizer.ADAFACTOR)
+            assert config.get("zero_allow_untested_optimizer", False) is (scripted and zero >= 1), (
+                zero,
+                optimizer,
+            )
+
+
+def test_bf16_master_weights_offload_with_deepspeeds_cpu_adam_only() -> None:
+    """bf16_pure's master weights under optimizer offload: DeepSpeed takes DeepSpeedCPUAdam only
+    (stage_1_and_2.py _enforce_cpu_offload, stage3.py _enforce_optimizer_offload); Lion's DeepSpeedCPULion
+    is refused there, as the launcher says (DeepSpeed review)."""
+    from service.estimator.types import Framework, Offload, Optimizer, Precision
+    from service.launchers.deepspeed import engine_refusal
+    from tests.launchers.factories import plan as make_plan
+    from tests.launchers.factories import training
+
+    for optimizer, refused in ((Optimizer.LION, True), (Optimizer.ADAMW, False)):
+        built = make_plan(
+            train=training(optimizer=optimizer, precision=Precision.BF16_PURE),
+            framework=Framework.DEEPSPEED,
+            zero_stage=2,
+            offload_optimizer=Offload.CPU,
+        )
+        reason = engine_refusal(built)
+        assert (reason is not None and "DeepSpeedCPUAdam" in reason) is refused, reason
+
+
 def test_torchtitan_trains_llama_3_only_with_llama_3_1s_rope(client: TestClient) -> None:
     """torchtitan's llama3 flavors apply Llama 3.1's RoPE scaling (ComplexRoPE scaling="llama",
     factor 8): Llama 3 8B, which has none, matched llama3_8b by shape and trained another model."""
