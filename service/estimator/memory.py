@@ -80,9 +80,13 @@ def bucket_bytes(
     layout: Layout,
     assume: MemoryAssumptions,
     reduce_bytes: int,
+    bf16_optimizer: bool = False,
 ) -> float:
     """Gradient communication buckets (flat copies made for the reduction); ``reduce_bytes``: a
-    gradient element as reduced (``model_states.grad_reduce_bytes``)."""
+    gradient element as reduced (``model_states.grad_reduce_bytes``); ``bf16_optimizer``: DeepSpeed's
+    (``model_states.deepspeed_bf16_optimizer``), which all-reduces its flat gradient buffer of each
+    group in place (engine.py ``buffered_allreduce_fallback`` over ``get_grads_for_reduction``: one
+    tensor a bucket, which torch's flatten_dense_tensors returns as it is, no copy)."""
     # DeepSpeed 0: gradients flattened in MEMORY_OPT_ALLREDUCE_SIZE chunks for the all-reduce, and the
     # chunk cast to the communication dtype where it differs (engine.py allreduce_bucket:
     # tensor.to(communication_data_type); fp32 under Ulysses); 1-3: reduce_bucket_size buffers in the
@@ -92,6 +96,8 @@ def bucket_bytes(
     # FSDP 2/3: one unit's unsharded gradients before reduce-scatter. Megatron reduces in place.
     replicas = layout.dp * layout.cp
     if layout.framework is Framework.DEEPSPEED:
+        if bf16_optimizer:
+            return 0.0
         if layout.zero_stage == 0:
             chunk = min(trainable, assume.ds_stage0_allreduce_elements)
             cast = reduce_bytes if reduce_bytes != sb.gradients else 0
@@ -443,7 +449,8 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
             layer_quantized_weights(model, layout, training, rp),
         ),
     )
-    held += bucket_bytes(model, trainable, sb, layout, assume, reduce_bytes)
+    bf16_optimizer = deepspeed_bf16_optimizer(layout, training.precision)
+    held += bucket_bytes(model, trainable, sb, layout, assume, reduce_bytes, bf16_optimizer)
     parameters, gradients = math.ceil(states.parameters), math.ceil(states.gradients)
     optimizer_states = math.ceil(states.optimizer_states)
     head = head_gradient_bytes(job, layout, rank, states.gradients, trainable) if full else 0.0

@@ -145,6 +145,8 @@ def test_zero0_in_the_pipeline_engine_partitions_its_bf16_optimizer() -> None:
         assert bf16.optimizer_states == one.optimizer_states == math.ceil(12 * trainable / 4)
         assert bf16.gradients == math.ceil(4 * trainable)
         assert bf16.optimizer_temporary == 4 * trainable / 4
+        # its flat gradient buffer is all-reduced in place: no 5e8-element flatten chunk (DeepSpeed review)
+        assert bf16.held_buffers == 0
     fp16 = dataclasses.replace(training, precision=Precision.FP16)
     for rank in _ds_states(llama, cluster, pipelined, fp16):
         trainable = rank.states.parameters / 2
