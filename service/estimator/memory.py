@@ -80,13 +80,12 @@ def bucket_bytes(
     layout: Layout,
     assume: MemoryAssumptions,
     reduce_bytes: int,
-    bf16_optimizer: bool = False,
 ) -> float:
     """Gradient communication buckets (flat copies made for the reduction); ``reduce_bytes``: a
-    gradient element as reduced (``model_states.grad_reduce_bytes``); ``bf16_optimizer``: DeepSpeed's
-    (``model_states.deepspeed_bf16_optimizer``), which all-reduces its flat gradient buffer of each
-    group in place (engine.py ``buffered_allreduce_fallback`` over ``get_grads_for_reduction``: one
-    tensor a bucket, which torch's flatten_dense_tensors returns as it is, no copy)."""
+    gradient element as reduced (``model_states.grad_reduce_bytes``). DeepSpeed's BF16_Optimizer
+    (``StateBytes.sharded_optimizer_at_zero0``) all-reduces each group's flat gradient buffer in place
+    (engine.py ``buffered_allreduce_fallback`` over ``get_grads_for_reduction``: one tensor a bucket,
+    which torch's flatten_dense_tensors returns as it is, no copy)."""
     # DeepSpeed 0: gradients flattened in MEMORY_OPT_ALLREDUCE_SIZE chunks for the all-reduce, and the
     # chunk cast to the communication dtype where it differs (engine.py allreduce_bucket:
     # tensor.to(communication_data_type); fp32 under Ulysses); 1-3: reduce_bucket_size buffers in the
@@ -96,7 +95,7 @@ def bucket_bytes(
     # FSDP 2/3: one unit's unsharded gradients before reduce-scatter. Megatron reduces in place.
     replicas = layout.dp * layout.cp
     if layout.framework is Framework.DEEPSPEED:
-        if bf16_optimizer:
+        if sb.sharded_optimizer_at_zero0:
             return 0.0
         if layout.zero_stage == 0:
             chunk = min(trainable, assume.ds_stage0_allreduce_elements)
@@ -417,8 +416,10 @@ def state_bytes_of(
     return state_bytes(job.training, framework, job.model, job.assume, grads_in_fp32, deepspeed_optimizer)
 
 
+@layout_memo("framework", "zero_stage", "pp", "grad_reduce_in_fp32", memory=True)
 def layout_state_bytes(job: Job, layout: Layout) -> StateBytes:
-    """``state_bytes_of`` the layout's framework, Megatron gradient dtype and DeepSpeed optimizer."""
+    """``state_bytes_of`` the layout's framework, Megatron gradient dtype and DeepSpeed optimizer
+    (memoised: the memory and the step ask it for every layout they evaluate)."""
     precision = job.training.precision
     deepspeed = (deepspeed_master_clone(layout, precision), deepspeed_bf16_optimizer(layout, precision))
     return state_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout), deepspeed)
@@ -449,8 +450,7 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
             layer_quantized_weights(model, layout, training, rp),
         ),
     )
-    bf16_optimizer = deepspeed_bf16_optimizer(layout, training.precision)
-    held += bucket_bytes(model, trainable, sb, layout, assume, reduce_bytes, bf16_optimizer)
+    held += bucket_bytes(model, trainable, sb, layout, assume, reduce_bytes)
     parameters, gradients = math.ceil(states.parameters), math.ceil(states.gradients)
     optimizer_states = math.ceil(states.optimizer_states)
     head = head_gradient_bytes(job, layout, rank, states.gradients, trainable) if full else 0.0
@@ -557,7 +557,7 @@ def deepspeed_fp32_gradient_bytes(
         return 0.0
     fp32 = activations.FP32_BYTES
     if layout.zero_stage == 0:
-        if deepspeed_bf16_optimizer(layout, job.training.precision):
+        if sb.sharded_optimizer_at_zero0:  # BF16_Optimizer
             return fp32 * sum(group_partitions(job, layout, rp, trainable, degrees))
         dense, expert = group_partitions(job, layout, rp, trainable, (1, 1))
         if job.training.optimizer is not Optimizer.ADAMW:
@@ -838,7 +838,7 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
         f"({job.training.optimizer.value})"
     )
     if layout.framework is Framework.DEEPSPEED and layout.zero_stage == 0 and sb.master:
-        if deepspeed_bf16_optimizer(layout, job.training.precision):
+        if sb.sharded_optimizer_at_zero0:  # BF16_Optimizer
             note += (
                 "; DeepSpeed's pipeline engine steps bf16 at ZeRO-0 with BF16_Optimizer: master and moments "
                 "partitioned over dp as ZeRO-1, a flat bf16 gradient buffer beside each .grad"

@@ -60,6 +60,8 @@ class StateBytes:
     gradients: float
     master: float  # fp32 master weights; for FSDP the sharded fp32 parameter itself
     moments: float  # optimizer state proper
+    # DeepSpeed's BF16_Optimizer (deepspeed_bf16_optimizer): master and moments sharded at ZeRO-0
+    sharded_optimizer_at_zero0: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -359,7 +361,11 @@ def state_bytes(
     elif framework is Framework.FSDP and p in MIXED:
         gradients = 4  # gradients take the sharded fp32 parameter's dtype
     return StateBytes(
-        weights=weights, gradients=gradients, master=master, moments=moment_bytes(training, model, assume)
+        weights=weights,
+        gradients=gradients,
+        master=master,
+        moments=moment_bytes(training, model, assume),
+        sharded_optimizer_at_zero0=bf16_optimizer,
     )
 
 
@@ -742,12 +748,10 @@ def _group_states(
     layout: Layout,
     shard: int,
     whole_bytes: float = 0.0,
-    bf16_optimizer: bool = False,
 ) -> _States:
     """Model states of ``count`` trainable and ``frozen`` frozen parameters sharded over ``shard``
-    ranks, and ``whole_bytes`` no sharding splits (QLoRA's constants: ``frozen_bytes``);
-    ``bf16_optimizer``: DeepSpeed's (``deepspeed_bf16_optimizer``), which shards the optimizer at ZeRO-0."""
-    w_div, g_div, o_div = _divisors(layout, shard, bf16_optimizer)
+    ranks, and ``whole_bytes`` no sharding splits (QLoRA's constants: ``frozen_bytes``)."""
+    w_div, g_div, o_div = _divisors(layout, shard, sb.sharded_optimizer_at_zero0)
     if layout.framework is Framework.FSDP:
         # The sharded parameter is the fp32 master (mixed) or the weights themselves. The 16-bit
         # copies gathered for compute are buffers (memory.gathered_parameter_bytes), not states.
@@ -851,11 +855,10 @@ def rank_model_states(
     degrees (``rank_parameters``, ``state_bytes``, ``shard_degrees``); ``ModelStates.of`` makes the
     record (the search's lean check sums them for every sharding it bounds, without one)."""
     parameters = gradients = optimizer_states = host = nvme = 0.0
-    bf16_optimizer = deepspeed_bf16_optimizer(layout, training.precision)
     for count, frozen_count, per_frozen, shard, whole in _state_groups(
         model, layout, training, rp, shards, assume
     ):
-        group = _group_states(count, frozen_count, per_frozen, sb, layout, shard, whole, bf16_optimizer)
+        group = _group_states(count, frozen_count, per_frozen, sb, layout, shard, whole)
         group_params, group_grads, group_optim, group_host, group_nvme = _offloaded(
             group, count, layout, shard, assume, whole
         )
