@@ -133,7 +133,8 @@ FRAMEWORK_CAPABILITIES: MappingProxyType[Framework, Capabilities] = MappingProxy
             # the rendered ds_config's optimizer block: DeepSpeed builds FusedAdam (DeepSpeedCPUAdam
             # under offload) itself (runtime/engine.py _configure_basic_optimizer)
             torch_optimizer=False,
-            # any optimizer the script hands deepspeed.initialize; under ZeRO-Offload only those with
+            # any optimizer the script hands deepspeed.initialize (at ZeRO >= 1 ds_config allows it as
+            # untested: launchers.deepspeed.ds_config); under ZeRO-Offload only those with
             # a host kernel (runtime/engine.py _configure_optimizer: a client optimizer other than
             # DeepSpeedCPUAdam / DeepSpeedCPULion raises ZeRORuntimeException while
             # zero_force_ds_cpu_optimizer, default true, holds)
