@@ -924,6 +924,7 @@ PLAN_FLAGS = JOB_FLAGS | {
     "constraints.allow_offload": "--allow-offload",
     "constraints.min_headroom_fraction": "--min-headroom-fraction",
     "constraints.torch_compile": "--torch-compile",
+    "constraints.max_evaluations": "--max-evaluations",
     "launchers": "--launcher",
 }
 CAPACITY_FLAGS = (
@@ -941,6 +942,7 @@ CAPACITY_FLAGS = (
         "constraints.allow_offload": "--allow-offload",
         "constraints.min_headroom_fraction": "--min-headroom-fraction",
         "constraints.torch_compile": "--torch-compile",
+        "constraints.max_evaluations": "--max-evaluations",
     }
 )
 CLUSTER_FLAGS = SHAPE_FLAGS | {"name": "NAME", "description": "--description"}
@@ -1006,6 +1008,12 @@ compile_option = click.option(
     default=None,
     help="compile fsdp layouts with torch.compile (not qlora; megatron and deepspeed stay eager)",
 )
+evaluations_option = click.option(
+    "--max-evaluations",
+    type=int,
+    help="cap the layouts evaluated: the work is then split and cut by evaluations alone, the same "
+    "on every machine (default: the API's, cut by CPU time first)",
+)
 
 
 @main.command()
@@ -1034,6 +1042,7 @@ compile_option = click.option(
 )
 @headroom_option
 @compile_option
+@evaluations_option
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -1074,6 +1083,7 @@ def plan(
     allow_offload: bool | None,
     min_headroom_fraction: float | None,
     torch_compile: bool | None,
+    max_evaluations: int | None,
     out: Path | None,
     url: str | None,
     as_json: bool,
@@ -1084,7 +1094,7 @@ def plan(
     if gpu_hour_cost is not None:
         constraints["gpu_hour_cost"] = gpu_hour_cost
     constraints |= search_constraints(
-        frameworks, max_gpus, allow_offload, min_headroom_fraction, torch_compile
+        frameworks, max_gpus, allow_offload, min_headroom_fraction, torch_compile, max_evaluations
     )
     # --out without --launcher: the files of every target that runs the recommendation, which these
     # do not constrain (each runs it, or Slurm wraps it): a Kubernetes file would (its PyTorchJob
@@ -1238,6 +1248,7 @@ def search_constraints(
     allow_offload: bool | None,
     min_headroom_fraction: float | None,
     torch_compile: bool | None,
+    max_evaluations: int | None,
 ) -> dict[str, Any]:
     """The search constraints plan and capacity both take, as the API's fields: only those given
     (left out, the API's own defaults apply, which differ: capacity does not offload)."""
@@ -1247,6 +1258,7 @@ def search_constraints(
         "allow_offload": allow_offload,
         "min_headroom_fraction": min_headroom_fraction,
         "torch_compile": torch_compile,
+        "max_evaluations": max_evaluations,
     }
     return {field: value for field, value in given.items() if value is not None}
 
@@ -1310,6 +1322,7 @@ def layout_fields(items: tuple[str, ...]) -> dict[str, Any]:
 )
 @headroom_option
 @compile_option
+@evaluations_option
 @url_option
 @json_option
 def capacity(
@@ -1338,6 +1351,7 @@ def capacity(
     allow_offload: bool | None,
     min_headroom_fraction: float | None,
     torch_compile: bool | None,
+    max_evaluations: int | None,
     url: str | None,
     as_json: bool,
 ) -> None:
@@ -1367,7 +1381,7 @@ def capacity(
     if costs:
         body["gpu_hour_cost"] = gpu_hour_costs(costs)
     constraints = search_constraints(
-        frameworks, max_gpus, allow_offload, min_headroom_fraction, torch_compile
+        frameworks, max_gpus, allow_offload, min_headroom_fraction, torch_compile, max_evaluations
     )
     if constraints:
         body["constraints"] = constraints

@@ -43,9 +43,10 @@ class ConstraintsIn(Strict):
         default=None,
         ge=1,
         le=MAX_EVALUATIONS,
-        description="a cap on the layouts the request evaluates (memory or step time): a search it cuts "
-        "(search.truncated_by 'evaluations') answers the same on any machine, where the request's CPU "
-        "time, which still bounds it, depends on the machine's load; default: "
+        description="a cap on the layouts the request evaluates (memory or step time); stated, the "
+        "request's parts share evaluations rather than time, so a search it cuts (search.truncated_by "
+        "'evaluations') answers the same on any machine, where the request's CPU time, which still "
+        "bounds it ('time'), depends on the machine's load; default: "
         f"{MAX_EVALUATIONS:,}",
     )
 

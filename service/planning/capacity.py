@@ -200,7 +200,9 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
     if no_framework is not None:
         raise no_framework
     tuning = default_tuning()
-    budget = deadline.budget(constraints.max_evaluations)
+    budget = deadline.budget(
+        constraints.max_evaluations, stated=request.constraints.max_evaluations is not None
+    )
     max_nodes = (
         _nodes_for(request, gpus or list(catalog_gpus().values())) if not stored else request.max_nodes
     )

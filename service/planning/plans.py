@@ -147,7 +147,9 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         for family in LAYOUT_FAMILIES
     ]
     searched = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
-    budget = deadline.budget(constraints.max_evaluations)
+    budget = deadline.budget(
+        constraints.max_evaluations, stated=request.constraints.max_evaluations is not None
+    )
     if every and set(every) != set(constraints.launchers or every):
         # Kubernetes asked: a layout its PyTorchJob wraps first; where none fits, any asked target's
         # (Kubernetes then says why it cannot: asking for one more file never makes a feasible job

@@ -1249,13 +1249,16 @@ def _search_count(
     # searched after the bounded ones, in their own order, their ceilings computed as they come (a
     # 2.5T-parameter MoE on 4,096 H100s spent its whole budget on 1,814 of 2,473 structures' ceilings,
     # searched none and answered a fallback 1,000x slower than the search finds; bounded-work review)
+    # (of the evaluations left, where the request set its cap: Budget.split_by_evaluations; the
+    # ceilings' evaluations are charged with the search's, so they are counted here as they come)
     ordering = search.budget.share(time_fraction=CEILINGS_TIME_FRACTION)
+    before = result.evaluations
     bounded: list[tuple[tuple[tuple[float, ...] | None, Sizes, Ceilings], int, Structure]] = []
     for i, s in enumerate(found):
         if search.budget.exhausted(result.uncharged):
             result.truncated = True
             return False
-        if ordering.exhausted():
+        if ordering.exhausted(result.evaluations - before):
             bounded.append(((None, {}, {}), i, s))
             continue
         bounded.append((_structure_ceilings(search, job, result, s), i, s))
@@ -1770,8 +1773,8 @@ def gpu_use(
     stopped at its budget, that this is the best it reached (a cut search's answer read as the best
     of all: bounded-work review), and, where its time (``cut_by``) cut it, how to have the same cut on
     any machine: the CPU time a search gets depends on the machine's load, so identical requests
-    recommended different layouts (determinism review), where ``constraints.max_evaluations`` cuts at
-    the same evaluation everywhere."""
+    recommended different layouts (determinism review), where a ``constraints.max_evaluations`` the
+    time allows splits and cuts the work by evaluations alone (``Budget.split_by_evaluations``)."""
     use = _gpu_use(layout, constraints, result, total_gpus)
     if result.truncated:
         use += (
@@ -1780,8 +1783,9 @@ def gpu_use(
         )
         if cut_by == "time":
             use += (
-                f" (its CPU time, which the machine's load decides; constraints.max_evaluations "
-                f"{result.evaluations:,} cuts at the same layout on any machine)"
+                f" (its CPU time, which the machine's load decides, after {result.evaluations} "
+                "evaluations; a constraints.max_evaluations the time allows cuts by evaluations "
+                "alone, the same on every machine)"
             )
     return use
 

@@ -35,11 +35,19 @@ class Budget:
         cancelled: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_deadline: float | None = None,
+        split_by_evaluations: bool = False,
         _parent: Budget | None = None,
     ) -> None:
         if max_evaluations < 1:
             raise ValueError(f"a budget needs at least one evaluation, got {max_evaluations}")
         self.max_evaluations = max_evaluations
+        # the request set its evaluation cap: every part's share of the work is a share of the
+        # evaluations left, never of the time left, so that where the cap ends the work it ends it at
+        # the same evaluation on any machine (a time share ordered a search's structures by how
+        # many ceilings the CPU computed in time: the same capped request answered two layouts)
+        self.split_by_evaluations: bool = (
+            split_by_evaluations if _parent is None else _parent.split_by_evaluations
+        )
         self.spent = 0
         self._parent = _parent
         self._clock = clock
@@ -56,11 +64,14 @@ class Budget:
         the evaluations left (what a part leaves goes to the parts after it), charged to this budget
         too. The wall time is not split among parts: they run in the order that matters most, and
         the first ones take what they need (a fair split would leave every part of a large job
-        cut); ``time_fraction`` keeps the rest of the time left for what comes after this part."""
+        cut); ``time_fraction`` keeps the rest of the time left for what comes after this part (of
+        the evaluations left, where the request set its cap: ``split_by_evaluations``)."""
         fair = max(1, self.left() // max(1, parts))
         cap = fair if max_evaluations is None else min(fair, max_evaluations)
         seconds = None
-        if time_fraction is not None and (left := self._seconds_left()) is not None:
+        if time_fraction is not None and self.split_by_evaluations:
+            cap = min(cap, int(self.left() * time_fraction))
+        elif time_fraction is not None and (left := self._seconds_left()) is not None:
             seconds = left * time_fraction
         return Budget(max(1, cap), max_seconds=seconds, clock=self._clock, _parent=self)
 
@@ -139,9 +150,11 @@ class Deadline:
     cancelled: Callable[[], bool] | None = None
     started: float = field(default_factory=time.monotonic)
 
-    def budget(self, max_evaluations: int) -> Budget:
+    def budget(self, max_evaluations: int, *, stated: bool = False) -> Budget:
+        """The request's budget; ``stated``: the request set ``max_evaluations`` itself, so its parts
+        share evaluations, not time (``Budget.split_by_evaluations``)."""
         if self.seconds is None:
-            return Budget(max_evaluations, cancelled=self.cancelled)
+            return Budget(max_evaluations, cancelled=self.cancelled, split_by_evaluations=stated)
         wall = self.started + BUSY_WALL_FACTOR * self.seconds
         return Budget(
             max_evaluations,
@@ -149,6 +162,7 @@ class Deadline:
             cancelled=self.cancelled,
             clock=time.thread_time,
             wall_deadline=wall,
+            split_by_evaluations=stated,
         )
 
 

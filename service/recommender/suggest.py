@@ -32,7 +32,7 @@ from service.estimator.estimate import estimate
 from service.estimator.job import make_job
 from service.estimator.memory import cuda_context_bytes, min_frozen_base_bytes_per_gpu
 from service.estimator.scale import MAX_MEMORY_BYTES, MAX_NVME_BYTES
-from service.estimator.tuning import Tuning
+from service.estimator.tuning import Tuning, fitted_die
 from service.estimator.types import (
     BaseDtype,
     ClusterSpec,
@@ -870,6 +870,10 @@ class _Ask:
         # own defaults (defaults.for_gpu), which the numbers depend on (determinism review)
         attention = training.attention.value if training.attention else "the model's"
         timed = f" ({training.precision.value}, {attention} attention)" if kind == "other_gpu" else ""
+        if kind == "other_gpu" and not fitted_die(self.tuning, cluster.gpu):
+            # as its own plan's warning says (caveats.gpu_chip_warnings): its speed is an assumption
+            die = cluster.gpu.chip or "its die"
+            timed += f"; {die}'s efficiency is not fitted on a measured run, assumed"
         return [
             Suggestion(
                 kind=kind,
