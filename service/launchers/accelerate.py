@@ -476,6 +476,10 @@ def _script_duties(plan: Plan) -> str:
             "(training.optimizer_implementation); torch.optim's default on CUDA is foreach, which makes a "
             "temporary of the trainable parameters' size during the step."
         )
+    elif (built := deepspeed.SCRIPT_OPTIMIZERS.get(plan.training.optimizer)) is not None:
+        # the estimate's states are this optimizer's (model_states.moment_bytes): SGD with momentum
+        asked = plan.training.optimizer.value
+        text += f"\noptimizer {asked}: {TRAIN_SCRIPT} must build {built}, as estimated."
     if lo.cp > 1:
         text += (
             f"\ncp={lo.cp}: {TRAIN_SCRIPT} must run each forward and backward inside "

@@ -93,6 +93,13 @@ def refusal(plan: Plan) -> Refusal:
         return f"tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}: the HF Trainer runs data parallelism only"
     if plan.training.precision is Precision.FP8:
         return "TrainingArguments has no fp8 switch; use the accelerate target"
+    if plan.training.optimizer is Optimizer.SGD:
+        # trainer_optimizer.py _get_sgd builds torch.optim.SGD from lr and weight decay alone (no
+        # optim_args): no momentum buffer, another optimizer than the estimate's (bytes review)
+        return (
+            "optim sgd is torch.optim.SGD without momentum (the Trainer passes it no optim_args), not the "
+            "momentum SGD estimated; use the accelerate or deepspeed target"
+        )
     if lo.recompute_every_n_layers is not None:
         return "gradient checkpointing wraps every decoder layer, not every N-th"
     if lo.torch_compile is Compile.MODEL:

@@ -388,7 +388,7 @@ def test_the_notes_say_the_bytes_the_estimate_counts() -> None:
     ).assumptions  # fmt: skip
     text = " ".join(notes)
     assert "norms fp16" in text and "bf16" not in text
-    assert "parameter 4 B (FSDP's sharded master)" in text and "master 4 B" not in text
+    assert "parameter 4 B (DDP's unsharded master)" in text and "master 4 B" not in text  # zero_stage 0
 
 
 @pytest.mark.parametrize(("method", "kept"), [(Method.QLORA, True), (Method.LORA, False)])

@@ -124,3 +124,21 @@ def test_torchtitan_trains_llama_3_only_with_llama_3_1s_rope(client: TestClient)
         },
     )
     assert response.status_code == 422 and "Llama 3.1's RoPE" in response.text, response.text
+
+
+def test_the_hf_trainer_refuses_sgd_it_would_run_without_momentum() -> None:
+    """TrainingArguments' optim "sgd" is torch.optim.SGD from lr and weight decay alone
+    (trainer_optimizer.py _get_sgd: no optim_args), no momentum buffer: not the momentum SGD the
+    estimate holds 4 B of state for (bytes review). Accelerate's script is told to build it."""
+    from service.estimator.types import Framework, Optimizer
+    from service.launchers import accelerate, hf_trainer
+    from tests.launchers.factories import plan as make_plan
+    from tests.launchers.factories import training
+
+    for framework, zero in ((Framework.FSDP, 3), (Framework.DEEPSPEED, 2)):
+        sgd = make_plan(train=training(optimizer=Optimizer.SGD), framework=framework, zero_stage=zero)
+        reason = hf_trainer.refusal(sgd)
+        assert reason is not None and "without momentum" in reason
+        assert hf_trainer.refusal(make_plan(train=training(), framework=framework, zero_stage=zero)) is None
+    fsdp_sgd = make_plan(train=training(optimizer=Optimizer.SGD), framework=Framework.FSDP, zero_stage=3)
+    assert "torch.optim.SGD(momentum=0.9)" in accelerate.duties(fsdp_sgd)
