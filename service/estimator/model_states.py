@@ -4,7 +4,8 @@ Bytes per parameter follow ZeRO (Rajbhandari et al., arXiv:1910.02054 §3.1, §5
 weights, 2 of gradients and K = 12 of fp32 master weights and Adam moments, the master copy counted
 with the optimizer states; stage 1 shards the optimizer over the data-parallel group, stage 2 also
 the gradients, stage 3 also the weights. Megatron keeps bf16 main gradients by default, as NVIDIA's
-recipes run it (16 bytes, 4 + 12/d with the distributed optimizer), or fp32 ones with
+recipes run it (16 bytes, 4 + 12/d with the distributed optimizer, and at the step an fp32 copy of
+the gradients its optimizer steps, 4 or 4/d: ``megatron_casts_gradients``), or fp32 ones with
 ``Layout.grad_reduce_in_fp32`` True, Megatron-LM's own default (18 bytes, 6 + 12/d;
 Megatron-LM docs/user-guide/features/dist_optimizer.md). FSDP's
 sharded fp32 parameter is the master. The published estimators of DeepSpeed
@@ -356,8 +357,6 @@ def state_bytes(
         # False, bf16 ones (16 bytes; core/distributed/param_and_grad_buffer.py: grad_dtype is
         # fp32 only with grad_reduce_in_fp32)
         gradients = 4 if grads_in_fp32 else 2
-    elif framework is Framework.MEGATRON and p is Precision.FP16:
-        master = 8  # fp32 main params + an fp32 copy of the fp16 grads: 2 + 2 + 16 = 20 bytes
     elif framework is Framework.FSDP and p in MIXED:
         gradients = 4  # gradients take the sharded fp32 parameter's dtype
     return StateBytes(
@@ -378,11 +377,28 @@ def optimizer_step_bytes(sb: StateBytes, framework: Framework) -> float:
     # without one) and the moments read and written, the gradient read as stored. With a master,
     # DeepSpeed and Megatron then write the 16-bit weights from it (DeepSpeed's bit16 groups,
     # Megatron's _copy_main_params_to_model_params); FSDP casts its sharded fp32 parameter to 16 bits
-    # at the all-gather, not in the step. Megatron's fp16 master includes its fp32 gradient copy,
-    # which is written and read the same way.
+    # at the all-gather, not in the step. Megatron casts 16-bit main grads to fp32 first
+    # (megatron_casts_gradients), and the step reads that copy.
     parameter = sb.master or sb.weights
     copy = sb.weights if sb.master and framework is not Framework.FSDP else 0.0
+    if megatron_casts_gradients(sb, framework):
+        # the 16-bit main grads cast to fp32 (read, write) and the step reading the fp32 copy
+        return 2 * (parameter + sb.moments) + sb.gradients + 2 * FP32_GRADIENT_BYTES + copy
     return 2 * (parameter + sb.moments) + sb.gradients + copy
+
+
+FP32_GRADIENT_BYTES = 4  # an fp32 gradient element
+
+
+def megatron_casts_gradients(sb: StateBytes, framework: Framework) -> bool:
+    """Whether Megatron's optimizer casts 16-bit main grads to fp32 for its step: mixed precision (an
+    fp32 master) with a 16-bit grad buffer (fp16, or bf16/fp8 without grad_reduce_in_fp32).
+    Float16OptimizerWithFloat16Params ``_copy_model_grads_to_main_grads``: ``main_param.grad =
+    model_param.main_grad.float()``, DistributedOptimizer's the same on its shard (``shard_model_grad
+    .float()``): a new fp32 tensor per parameter (an fp32 buffer's .float() is the tensor itself),
+    alive until the next step's ``zero_grad`` (megatron/core/optimizer/optimizer.py,
+    distrib_optimizer.py)."""
+    return framework is Framework.MEGATRON and bool(sb.master) and sb.gradients < FP32_GRADIENT_BYTES
 
 
 def fsdp_parameter_bytes(sb: StateBytes) -> float:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from service.catalog.tuning import default_tuning
 from service.estimator import activations, evaluate
-from service.estimator.memory import assumptions
+from service.estimator.memory import assumptions, stage_states
 from service.estimator.model_states import (
     MIXED,
     adafactor_state_fraction,
@@ -141,9 +141,17 @@ def test_megatron_bytes_per_param_match_distributed_optimizer_table() -> None:
     recipe = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1), TRAIN)
     assert recipe.parameters + recipe.gradients + recipe.optimizer_states == 7 * TINY_P
     fp16 = dataclasses.replace(TRAIN, precision=Precision.FP16)
-    dist16 = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1), fp16)
-    # fp16: 4 + 16/d = 4 + 4 = 8 bytes per parameter.
-    assert dist16.parameters + dist16.gradients + dist16.optimizer_states == 8 * TINY_P
+    dist16_layout = Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1)
+    dist16 = states(TINY, c, dist16_layout, fp16)
+    # fp16: 4 + 16/d = 4 + 4 = 8 bytes per parameter at the step: 4 + 12/d held throughout, and the fp32
+    # copy of the fp16 main grads the step makes, 4/d, a step temporary (main_param.grad =
+    # main_grad.float(), freed by the next step's zero_grad), as with bf16 main grads
+    assert dist16.parameters + dist16.gradients + dist16.optimizer_states == 7 * TINY_P
+    for precision, layout in ((Precision.FP16, dist16_layout), (Precision.BF16, dist16_layout)):
+        (rank,) = stage_states(job(TINY, c, dataclasses.replace(TRAIN, precision=precision)), layout)
+        assert rank.optimizer_temporary == 4 * TINY_P / 4
+    fp32_grads = dataclasses.replace(dist16_layout, grad_reduce_in_fp32=True)
+    assert stage_states(job(TINY, c, TRAIN), fp32_grads)[0].optimizer_temporary == 0  # .float() is the tensor
 
 
 def test_fsdp_full_shard_keeps_fp32_master_as_the_parameter() -> None:
@@ -512,8 +520,9 @@ def test_tp_comm_overlap_holds_transformer_engines_userbuffers_outside_the_alloc
     cuBLAS workspaces are torch tensors: buffers) (long-context review: 6 GiB at 128k tokens on tp 4
     cp 2, with 4.2 GiB headroom)."""
     training = TrainingSpec(seq_len=16, global_batch_size=8, precision=precision)
+    # (fp32 main grads: no fp32 copy at the step, whose moment would be this tiny model's peak)
     base = Layout(framework=Framework.MEGATRON, dp=8 // (2 * cp), tp=2, cp=cp, micro_batch_size=micro,
-                  sequence_parallel=True)  # fmt: skip
+                  sequence_parallel=True, grad_reduce_in_fp32=True)  # fmt: skip
     overlap = dataclasses.replace(base, tp_comm_overlap=True)
     plain = memory(TINY, cluster(8), base, training, ROUND_TUNING).per_gpu
     held = memory(TINY, cluster(8), overlap, training, ROUND_TUNING).per_gpu

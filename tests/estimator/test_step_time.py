@@ -835,8 +835,9 @@ def test_traffic_bytes_are_megatrons_activations_less_what_only_waits_for_backwa
     [
         # (master + moments) read and written, the gradient read as stored, the 16-bit copy written
         (Framework.DEEPSPEED, Precision.BF16, Optimizer.ADAMW, 2 * (4 + 8) + 2 + 2),
-        (Framework.MEGATRON, Precision.BF16, Optimizer.ADAMW, 2 * (4 + 8) + 2 + 2),  # recipes' bf16 grads
-        (Framework.MEGATRON, Precision.FP16, Optimizer.ADAMW, 2 * (8 + 8) + 2 + 2),  # + fp32 grad copy
+        # Megatron's 16-bit main grads (the recipes' bf16, fp16's) cast to fp32 (written), the step reads it
+        (Framework.MEGATRON, Precision.BF16, Optimizer.ADAMW, 2 * (4 + 8) + 2 + 2 * 4 + 2),
+        (Framework.MEGATRON, Precision.FP16, Optimizer.ADAMW, 2 * (4 + 8) + 2 + 2 * 4 + 2),
         (Framework.FSDP, Precision.BF16, Optimizer.ADAMW, 2 * (4 + 8) + 4),  # cast at the all-gather
         # no master: the weights themselves are read and written
         (Framework.DEEPSPEED, Precision.BF16_PURE, Optimizer.ADAMW, 2 * (2 + 4) + 2),

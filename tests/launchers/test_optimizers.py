@@ -15,12 +15,14 @@ TRAINING = {"seq_len": 4096, "global_batch_size": 64, "precision": "bf16"}
 CLUSTER = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 2}
 
 
-def plan(client: TestClient, optimizer: str, framework: str, launcher: str) -> tuple[int, Any]:
+def plan(
+    client: TestClient, optimizer: str, framework: str, launcher: str, cluster: dict[str, Any] = CLUSTER
+) -> tuple[int, Any]:
     response = client.post(
         "/v1/plans",
         json={
             "model": {"preset": "llama-3.1-8b"},
-            "cluster": CLUSTER,
+            "cluster": cluster,
             "training": {**TRAINING, "optimizer": optimizer},
             "constraints": {"frameworks": [framework]},
             "launchers": [launcher],
@@ -52,7 +54,9 @@ def test_megatron_and_torchtitan_refuse_an_optimizer_they_do_not_have(
 def test_megatron_writes_the_optimizer_it_was_estimated_with(
     client: TestClient, optimizer: str, flag: str
 ) -> None:
-    status, body = plan(client, optimizer, "megatron", "megatron")
+    # four GPUs: on two, AdamW's 16 B a parameter and the fp32 copy of the bf16 main grads Megatron's
+    # step makes (4 B) are 80 GB each
+    status, body = plan(client, optimizer, "megatron", "megatron", {**CLUSTER, "gpus_per_node": 4})
     assert status == 201 and body["status"] == "feasible", body
     assert f"--optimizer {flag} " in launch_file(client, body, "megatron_launch.sh")
 

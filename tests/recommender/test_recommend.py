@@ -545,10 +545,12 @@ def test_where_tp_overlaps_buffers_do_not_fit_the_overlap_off_twin_is_searched()
     from service.recommender import Constraints, recommend
     from tests.recommender.helpers import cluster
 
-    training = TrainingSpec(seq_len=32_768, global_batch_size=8)
+    # (on 3 nodes at 64k tokens over cp 2: on 2 nodes nothing fits since Megatron's step holds an fp32
+    # copy of its bf16 main grads, 4 B per parameter at dp 1)
+    training = TrainingSpec(seq_len=65_536, global_batch_size=8)
     spec = preset("llama-3.1-70b").spec
     found = recommend(
-        spec, cluster(nodes=2), training, Constraints(), default_tuning(), with_suggestions=False
+        spec, cluster(nodes=3), training, Constraints(), default_tuning(), with_suggestions=False
     )
     assert found.recommended is not None
     layout, memory = found.recommended.layout, found.recommended.estimate.memory.per_gpu
@@ -557,7 +559,11 @@ def test_where_tp_overlaps_buffers_do_not_fit_the_overlap_off_twin_is_searched()
     from service.estimator.estimate import estimate
 
     with_buffers = estimate(
-        spec, cluster(nodes=2), overlapped, training, tuning=default_tuning(), with_limits=False
+        spec, cluster(nodes=3), overlapped, training, tuning=default_tuning(), with_limits=False
     )
-    # 12 buffers of 32k tokens x 8,192 wide in bf16
-    assert not with_buffers.fits and with_buffers.memory.per_gpu.tp_comm_buffers == 6 * 2**30
+    # 12 buffers of 32k tokens (64k over cp 2) x 8,192 wide in bf16, past the plan's headroom
+    from service.recommender import headroom
+
+    allowed = headroom.allowed_bytes(80 * 2**30, Constraints().min_headroom_fraction)
+    assert with_buffers.memory.per_gpu.device_used_bytes > allowed
+    assert with_buffers.memory.per_gpu.tp_comm_buffers == 6 * 2**30
