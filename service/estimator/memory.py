@@ -851,8 +851,6 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
         states = f"parameter {fsdp_parameter_bytes(sb):g} B ({held} {kept}), gradients {sb.gradients:g} B"
     else:
         states = f"weights {sb.weights:g} B, gradients {sb.gradients:g} B, master {sb.master:g} B"
-        if layout.framework is Framework.MEGATRON and job.training.precision is Precision.FP16:
-            states += " (fp32 main params and an fp32 copy of the fp16 grads)"
     note = (
         f"model states per trainable parameter: {states}, optimizer moments {sb.moments:.4g} B "
         f"({job.training.optimizer.value})"
