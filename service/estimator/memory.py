@@ -629,19 +629,26 @@ def stage_states(job: Job, layout: Layout) -> tuple[RankStates, ...]:
 @layout_memo(*MODEL_STATE_FIELDS, memory=True)
 def most_model_states_bytes(job: Job, layout: Layout) -> float:
     """The most weights, gradients and optimizer states that any of ``pipeline_ranks`` holds on its
-    GPU (``rank_model_states``, ``RankStates.states`` of ``stage_states``), without the buffers,
-    head gradients and transients ``rank_states`` adds: a lower bound on every layout of this
+    GPU (``rank_model_states``, ``RankStates.states`` of ``stage_states``) with Megatron's step copy
+    of its gradients, without the buffers, head gradients and other transients ``rank_states`` adds
+    (the step moment holds at least these): a lower bound on every layout of this
     sharding, for a check that rejects most of what it is asked (the search's lean check) without
     sizing the buffers (DeepSeek-V3's catalog capacity: about a fifth less CPU, bench/README.md)."""
     sb = layout_state_bytes(job, layout)
     degrees = shard_degrees(layout, job.cluster)
+    # and Megatron's fp32 copy of its 16-bit main grads, which the step holds beside them (a full
+    # fine-tune's: Megatron trains no adapters), so that the bound prunes what the step rules out
+    copies = megatron_casts_gradients(sb, layout.framework) and job.training.method is Method.FULL
     most = 0.0
     for rank in pipeline_ranks(job, layout):
         rp = rank_parameters_of(job, layout, rank)
         parameters, gradients, optimizer_states, _, _ = rank_model_states(
             job.model, layout, job.training, rp, sb, degrees, job.assume
         )
-        most = max(most, parameters + gradients + optimizer_states)
+        step = parameters + gradients + optimizer_states
+        if copies:
+            step += megatron_fp32_gradient_bytes(job, layout, sb, rp, rp.dense + rp.expert, degrees)
+        most = max(most, step)
     return most
 
 

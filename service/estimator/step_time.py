@@ -1522,7 +1522,8 @@ def tied_embedding_reduce_s(job: Job, layout: Layout) -> float:
     """The tied embedding's gradient all-reduced between the first and the last stage once per step,
     on the critical path, where pp > 1: DeepSpeed's pipeline engine before the DP reduction
     (runtime/pipe/engine.py ``_exec_reduce_tied_grads``: ``dist.all_reduce`` of ``weight.grad``, or of
-    the bf16 optimizer's fp32 ``_hp_grad``); Megatron after it (core/distributed/finalize_model_grads.py
+    the bf16 optimizer's ``_hp_grad`` in its grad_acc_dtype: bf16 since PR #7515, fp32 before); Megatron
+    after it (core/distributed/finalize_model_grads.py
     ``_allreduce_word_embedding_grads``, of the main_grad in the grad buffer's dtype: gemma-2b on
     dp 8 pp 2 over two nodes adds ~25 ms that were not charged; pipeline review). FSDP's
     torch.distributed.pipelining has no tied weights across stages. Megatron does it for an untied

@@ -816,11 +816,15 @@ def _ceiling_key(
 
 
 def _states_fit(job: Job, layout: Layout, limit: int) -> bool:
-    # model states alone (no activations, buffers or overhead): a lower bound on every rank's need,
-    # read off stage_states, which the family's members then share
+    # model states and what the optimizer step allocates beside them (no activations, buffers or
+    # overhead): the step moment's least, a lower bound on every rank's need, read off stage_states,
+    # which the family's members then share (its temporaries read the sharding alone)
     for rank_states in stage_states(job, layout):
         states = rank_states.states
-        if states.parameters + states.gradients + states.optimizer_states > limit:
+        if (
+            states.parameters + states.gradients + states.optimizer_states + rank_states.optimizer_temporary
+            > limit
+        ):
             return False
     return True
 
