@@ -886,7 +886,7 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
         )
         dtype = "fp32" if megatron_grads_in_fp32(layout) else "bf16 (--grad-reduce-in-bf16)"
         note += f"; gradient buffer and its reduce-scatter in {dtype} ({chosen})"
-    if megatron_casts_gradients(sb, layout.framework):
+    if megatron_casts_gradients(sb, layout.framework) and layout.offload_optimizer is Offload.NONE:
         note += (
             "; the step casts the 16-bit main grads to fp32 (4 B per parameter of its optimizer shard, "
             "until the next step)"

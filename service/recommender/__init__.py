@@ -1240,7 +1240,7 @@ def _launchable_frameworks(
     return dataclasses.replace(constraints, frameworks=tuple(kept)) if kept else None
 
 
-CEILINGS_TIME_FRACTION = 0.5  # of the time left, at most, for ordering a count's structures
+CEILINGS_TIME_FRACTION = 0.5  # of the time left (and of the evaluations, under a stated cap) for ordering
 
 
 def _search_count(
@@ -1255,7 +1255,11 @@ def _search_count(
     # searched none and answered a fallback 1,000x slower than the search finds; bounded-work review)
     # (of the evaluations left, where the request set its cap: Budget.split_by_evaluations; the
     # ceilings' evaluations are charged with the search's, so they are counted here as they come)
-    ordering = search.budget.share(time_fraction=CEILINGS_TIME_FRACTION)
+    ordering = search.budget.share(
+        time_fraction=CEILINGS_TIME_FRACTION,
+        evaluation_fraction=CEILINGS_TIME_FRACTION,
+        pending=result.uncharged,
+    )
     before = result.evaluations
     bounded: list[tuple[tuple[tuple[float, ...] | None, Sizes, Ceilings], int, Structure]] = []
     for i, s in enumerate(found):

@@ -41,10 +41,11 @@ class Budget:
         if max_evaluations < 1:
             raise ValueError(f"a budget needs at least one evaluation, got {max_evaluations}")
         self.max_evaluations = max_evaluations
-        # the request set its evaluation cap: every part's share of the work is a share of the
-        # evaluations left, never of the time left, so that where the cap ends the work it ends it at
-        # the same evaluation on any machine (a time share ordered a search's structures by how
-        # many ceilings the CPU computed in time: the same capped request answered two layouts)
+        # the request set its evaluation cap: a part that keeps the rest of the time for what follows
+        # (``share``'s ``evaluation_fraction``) keeps the rest of the evaluations too, so that where the
+        # cap binds before the time it ends the part at the same evaluation on any machine (a time share
+        # alone ordered a search's structures by how many ceilings the CPU computed in time: the same
+        # capped request answered two layouts)
         self.split_by_evaluations: bool = (
             split_by_evaluations if _parent is None else _parent.split_by_evaluations
         )
@@ -58,21 +59,30 @@ class Budget:
         self._reason: str | None = None  # "time" or "cancelled", once seen
 
     def share(
-        self, max_evaluations: int | None = None, parts: int = 1, time_fraction: float | None = None
+        self,
+        max_evaluations: int | None = None,
+        parts: int = 1,
+        time_fraction: float | None = None,
+        *,
+        evaluation_fraction: float | None = None,
+        pending: int = 0,
     ) -> Budget:
         """A part's budget: at most ``max_evaluations`` and an equal share among ``parts`` parts of
         the evaluations left (what a part leaves goes to the parts after it), charged to this budget
         too. The wall time is not split among parts: they run in the order that matters most, and
         the first ones take what they need (a fair split would leave every part of a large job
-        cut); ``time_fraction`` keeps the rest of the time left for what comes after this part (of
-        the evaluations left, where the request set its cap: ``split_by_evaluations``)."""
-        fair = max(1, self.left() // max(1, parts))
+        cut); ``time_fraction`` keeps the rest of the time left for what comes after this part, and
+        ``evaluation_fraction`` the rest of the evaluations left (``pending`` of them made, not yet
+        charged) where the request set its cap (``split_by_evaluations``), so that where the cap
+        binds first the part ends at the same evaluation on any machine."""
+        left = self.left() - pending  # ``pending``: evaluations made and not charged yet
+        fair = max(1, left // max(1, parts))
         cap = fair if max_evaluations is None else min(fair, max_evaluations)
+        if evaluation_fraction is not None and self.split_by_evaluations:
+            cap = min(cap, int(left * evaluation_fraction))
         seconds = None
-        if time_fraction is not None and self.split_by_evaluations:
-            cap = min(cap, int(self.left() * time_fraction))
-        elif time_fraction is not None and (left := self._seconds_left()) is not None:
-            seconds = left * time_fraction
+        if time_fraction is not None and (seconds_left := self._seconds_left()) is not None:
+            seconds = seconds_left * time_fraction
         return Budget(max(1, cap), max_seconds=seconds, clock=self._clock, _parent=self)
 
     def _seconds_left(self) -> float | None:

@@ -870,16 +870,18 @@ class _Ask:
         # own defaults (defaults.for_gpu), which the numbers depend on (determinism review)
         attention = training.attention.value if training.attention else "the model's"
         timed = f" ({training.precision.value}, {attention} attention)" if kind == "other_gpu" else ""
+        assumed = ""
         if kind == "other_gpu" and not fitted_die(self.tuning, cluster.gpu):
             # as its own plan's warning says (caveats.gpu_chip_warnings): its speed is an assumption
             die = cluster.gpu.chip or "its die"
-            timed += f"; {die}'s efficiency is not fitted on a measured run, assumed"
+            assumed = f" ({die}'s efficiency is not fitted on a measured run: its speed is assumed)"
         return [
             Suggestion(
                 kind=kind,
                 detail=f"{gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.0f} GiB; {nodes} node"
                 f"{'s' if nodes > 1 else ''} of {min(per_node, gpus)}{across}) fit: "
-                f"{tokens_per_s:,.0f} tokens/s{timed} with {_layout_words(layout)}{offloading}{past}",
+                f"{tokens_per_s:,.0f} tokens/s{timed} with {_layout_words(layout)}{offloading}{past}"
+                + assumed,
                 gpu=cluster.gpu.name,
                 num_gpus=gpus,
                 num_nodes=nodes,

@@ -15,6 +15,7 @@ from service.estimator.calibration import Calibration
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
 from service.estimator.memory import gradients_follow_activations
+from service.estimator.model_states import MIXED
 from service.estimator.types import Framework, GPUSpec, Method, Precision
 from service.estimator.validate import FRAMEWORK_CAPABILITIES
 from tests.invariants.cases import PEFT_FRAMEWORKS, Case, model_states, peak_of
@@ -145,6 +146,14 @@ def model_states_non_increasing_in_zero_stage(case: Case, higher_stage: int | No
     higher = sorted(s for s in caps.zero_stages if s > case.layout.zero_stage)
     if not higher:
         raise NotApplicable("no higher stage")
+    if (
+        case.layout.framework is Framework.DEEPSPEED
+        and case.layout.zero_stage == 0
+        and case.training.precision not in MIXED
+    ):
+        # DeepSpeed's ZeRO-1/2 clone the partition as the master without mixed precision
+        # (model_states.deepspeed_master_clone), a copy ZeRO-0 does not hold
+        raise NotApplicable("DeepSpeed's ZeRO-1 clones a master ZeRO-0 does not hold")
     other = _valid(case.replace(zero_stage=higher[0] if higher_stage is None else higher_stage))
     low = model_states(case.estimate().memory.per_gpu)
     high = model_states(other.estimate().memory.per_gpu)
