@@ -1011,8 +1011,8 @@ compile_option = click.option(
 evaluations_option = click.option(
     "--max-evaluations",
     type=int,
-    help="cap the layouts evaluated: the work is then split and cut by evaluations alone, the same "
-    "on every machine (default: the API's, cut by CPU time first)",
+    help="cap the layouts evaluated: where the cap cuts before the CPU time does, the answer is the "
+    "same on every machine (default: the API's, cut by CPU time first)",
 )
 
 

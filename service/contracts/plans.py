@@ -44,9 +44,9 @@ class ConstraintsIn(Strict):
         ge=1,
         le=MAX_EVALUATIONS,
         description="a cap on the layouts the request evaluates (memory or step time); stated, the "
-        "request's parts share evaluations rather than time, so a search it cuts (search.truncated_by "
-        "'evaluations') answers the same on any machine, where the request's CPU time, which still "
-        "bounds it ('time'), depends on the machine's load; default: "
+        "request's parts share its evaluations as well as its time, so a search it cuts before the time "
+        "does (search.truncated_by 'evaluations') answers the same on any machine, where the request's "
+        "CPU time ('time') depends on the machine's load; default: "
         f"{MAX_EVALUATIONS:,}",
     )
 
