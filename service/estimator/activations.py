@@ -62,7 +62,7 @@ NORMALISED_TOPK_FAMILIES = frozenset({"mixtral", "deepseek_v3"})
 # GPT-OSS experts' clamped GLU, (clamp(up) + 1) * g * sigmoid(alpha * g) with g = clamp(gate), keeps
 # five f-wide tensors (sigmoid, clamped gate, the gate product, up + 1, the output) instead of two.
 CLAMPED_GLU_FAMILIES = frozenset({"gpt_oss"})
-FP32_BYTES = 4
+FP32_BYTES = model_states.FP32_BYTES  # an fp32 element
 INDEX_BYTES = 8  # int64 token ids, labels and routing indices
 MASK_BYTES = 1  # dropout masks (Korthikanti counts 1 byte per element)
 

@@ -21,7 +21,6 @@ from service.estimator import activations, pipeline
 from service.estimator.job import Job, job_memo, layout_memo, rank_kind_counts
 from service.estimator.model_states import (
     DS_SUB_GROUP_ELEMENTS,
-    FP32_GRADIENT_BYTES,
     SHARD_GROUP_FIELDS,
     MiB,
     ModelStates,
@@ -585,7 +584,7 @@ def megatron_fp32_gradient_bytes(
     if not megatron_casts_gradients(sb, layout.framework) or layout.offload_optimizer is not Offload.NONE:
         return 0.0
     shards = degrees if layout.zero_stage >= 1 else (1, 1)
-    return FP32_GRADIENT_BYTES * sum(group_partitions(job, layout, rp, trainable, shards))
+    return activations.FP32_BYTES * sum(group_partitions(job, layout, rp, trainable, shards))
 
 
 def head_gradient_bytes(job: Job, layout: Layout, rank: int, gradients: float, trainable: float) -> float:

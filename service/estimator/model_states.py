@@ -383,11 +383,11 @@ def optimizer_step_bytes(sb: StateBytes, framework: Framework) -> float:
     copy = sb.weights if sb.master and framework is not Framework.FSDP else 0.0
     if megatron_casts_gradients(sb, framework):
         # the 16-bit main grads cast to fp32 (read, write) and the step reading the fp32 copy
-        return 2 * (parameter + sb.moments) + sb.gradients + 2 * FP32_GRADIENT_BYTES + copy
+        return 2 * (parameter + sb.moments) + sb.gradients + 2 * FP32_BYTES + copy
     return 2 * (parameter + sb.moments) + sb.gradients + copy
 
 
-FP32_GRADIENT_BYTES = 4  # an fp32 gradient element
+FP32_BYTES = 4  # an fp32 element (activations.FP32_BYTES reads it)
 
 
 def megatron_casts_gradients(sb: StateBytes, framework: Framework) -> bool:
@@ -398,7 +398,7 @@ def megatron_casts_gradients(sb: StateBytes, framework: Framework) -> bool:
     .float()``): a new fp32 tensor per parameter (an fp32 buffer's .float() is the tensor itself),
     alive until the next step's ``zero_grad`` (megatron/core/optimizer/optimizer.py,
     distrib_optimizer.py)."""
-    return framework is Framework.MEGATRON and bool(sb.master) and sb.gradients < FP32_GRADIENT_BYTES
+    return framework is Framework.MEGATRON and bool(sb.master) and sb.gradients < FP32_BYTES
 
 
 def fsdp_parameter_bytes(sb: StateBytes) -> float:
