@@ -151,14 +151,14 @@ def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
     return problems
 
 
-EXPERTS_OVER_TP = "ep > 1 with tp > 1: torchtitan's EP would take the TP ranks from the experts"
+EXPERTS_OVER_TP = "torchtitan's EP would take the TP ranks from the experts"
 
 
 def expert_tensor_problem(tp: int, ep: int) -> str | None:
     """0.3.0's expert_parallel_degree borrows ranks from dp_shard x cp x tp: with tp > 1 the experts
     would not be tensor-parallel as estimated (expert tensor parallelism = tp). Names no degree (the
-    search logs it once for every split it refuses; a layout's refusal shows the layout)."""
-    return EXPERTS_OVER_TP if ep > 1 and tp > 1 else None
+    search logs it once for every split it refuses; a layout's refusal names its own, ``refusal``)."""
+    return f"ep > 1 with tp > 1: {EXPERTS_OVER_TP}" if ep > 1 and tp > 1 else None
 
 
 # Every config rendered here trains with ChunkedLossWrapper (config_registry.py; components/loss.py:
@@ -271,8 +271,8 @@ def refusal(plan: Plan) -> Refusal:
             "replicate mesh, all-reducing the gradients after every micro-batch, not the DDP the estimate "
             "times (one reduction per step, its gradient buckets); use zero_stage 2 or 3"
         )
-    if (experts := expert_tensor_problem(lo.tp, lo.ep)) is not None:
-        problems.append(experts)
+    if expert_tensor_problem(lo.tp, lo.ep) is not None:
+        problems.append(f"ep={lo.ep} with tp={lo.tp}: {EXPERTS_OVER_TP}")
     _, shard = _data_parallel(plan)
     if lo.ep > 1 and (shard * lo.cp * lo.tp) % lo.ep:
         # ParallelDims.build_mesh: the experts' mesh is (pp, dp_replicate, efsdp, ep) with efsdp =

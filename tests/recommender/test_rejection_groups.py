@@ -36,3 +36,15 @@ def test_rejection_groups_do_not_name_the_splits_degrees(name: str, c, training:
     # a reason may name one of a few values (a ZeRO stage, 0-3), never a split's degrees
     assert all(len(reasons) <= 4 for reasons in templates.values()), max(templates.values(), key=len)
     assert len(rec.rejected) <= 40, [g.reason for g in rec.rejected]
+
+
+def test_a_single_layouts_refusal_still_names_its_degrees() -> None:
+    """The launcher's refusal of one layout says which degrees it refuses (the search's log groups by a
+    reason without them, the example layout beside it)."""
+    from service.estimator.types import Framework
+    from service.launchers import torchtitan
+    from tests.launchers.factories import plan
+
+    refused = plan(model=model("qwen3-30b-a3b").spec, framework=Framework.FSDP, zero_stage=3, tp=2, ep=4)
+    reason = torchtitan.refusal(refused)
+    assert reason is not None and "ep=4 with tp=2" in reason
