@@ -452,6 +452,7 @@ LABEL_SWITCHES = (
     "overlap_grad_reduce",
     "grad_reduce_in_fp32",
     "fp8_param_gather",
+    "precision_aware_optimizer",
     "moe_a2a_overlap",
     "moe_capacity_factor",
     "activation_offload",
@@ -460,7 +461,9 @@ LABEL_SWITCHES = (
     "dp_replicate",
 )
 # tri-state switches (None: the framework's default), printed when set either way
-LABEL_TRI_STATE = frozenset({"overlap_grad_reduce", "grad_reduce_in_fp32", "fp8_param_gather"})
+LABEL_TRI_STATE = frozenset(
+    {"overlap_grad_reduce", "grad_reduce_in_fp32", "fp8_param_gather", "precision_aware_optimizer"}
+)
 
 
 def layout_text(layout: dict[str, Any]) -> str:

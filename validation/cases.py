@@ -38,6 +38,7 @@ from service.estimator.hf_config import model_from_hf_config
 from service.estimator.job import prepare, rank_kind_counts
 from service.estimator.model_states import (
     ModelStates,
+    megatron_fused_adam_on_gpu,
     megatron_grads_in_fp32,
     rank_model_states,
     rank_parameters,
@@ -304,7 +305,9 @@ def flat_model_states(
     """The estimator's model-state formulas on a flat model's own counts (one pipeline rank)."""
     assume = default_tuning().memory
     rp = rank_parameters(model, counts, layout, 0, ((DENSE, model.num_layers),))
-    sb = state_bytes(training, layout.framework, model, assume, megatron_grads_in_fp32(layout))
+    fused = megatron_fused_adam_on_gpu(layout, training)
+    grads = megatron_grads_in_fp32(layout)
+    sb = state_bytes(training, layout.framework, model, assume, grads, (False, False), fused)
     degrees = shard_degrees(layout, cluster)
     return ModelStates.of(rank_model_states(model, layout, training, rp, sb, degrees, assume))
 
@@ -700,6 +703,7 @@ def megatron_h100(
         tp_comm_overlap=True,
         overlap_grad_reduce=True,
         grad_reduce_in_fp32=True,  # the README's flags name no --grad-reduce-in-bf16: Megatron-LM's fp32
+        precision_aware_optimizer=False,  # ... nor --use-precision-aware-optimizer: its own fp32 master
     )
     training = TrainingSpec(seq_len=4096, global_batch_size=batch, precision=Precision.BF16)
     return ThroughputCase(

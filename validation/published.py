@@ -430,6 +430,7 @@ def build_layout(row: Row, model: ModelSpec, caveats: list[str]) -> Layout:
             overlap_grad_reduce=switches["overlap_grad_reduce"],
             grad_reduce_in_fp32=ly.get("grad_reduce_in_fp32"),
             fp8_param_gather=ly.get("fp8_param_gather"),
+            precision_aware_optimizer=ly.get("precision_aware_optimizer"),
             moe_capacity_factor=moe_capacity_factor_of(ly),
             moe_dispatcher=moe_dispatcher_of(ly),
             torch_compile=compile_of(row),
@@ -558,6 +559,7 @@ _MAPPED_LAYOUT_KEYS = frozenset(
         "overlap_grad_reduce",
         "grad_reduce_in_fp32",  # Layout.grad_reduce_in_fp32 (Megatron's gradient buffer dtype)
         "fp8_param_gather",  # Layout.fp8_param_gather (Megatron --fp8-param-gather)
+        "precision_aware_optimizer",  # Layout.precision_aware_optimizer (--use-precision-aware-optimizer)
         "moe_token_drop",  # Layout.moe_capacity_factor (moe_capacity_factor_of)
         "tp_comm_overlap",
         "torch_compile",

@@ -178,6 +178,13 @@ class LayoutIn(Strict):
         "(no bf16 copy nor cached fp8 copy) and all-gathered in fp8 after the step; default: on there, "
         "as Megatron-Bridge's fp8 precision configs set it",
     )
+    precision_aware_optimizer: bool | None = Field(
+        default=None,
+        description="megatron, zero_stage 1, adamw: --use-precision-aware-optimizer, Transformer Engine's "
+        "FusedAdam keeping the master as the fp32 weights' low 16 bits (2 B, not 4) and stepping the main "
+        "grads without an fp32 copy (bf16; required with offload_optimizer); default: on for bf16 there, "
+        "as NVIDIA's performance recipes set it (Megatron-LM's own default is off: set false to run that)",
+    )
     pipeline_layers: list[Annotated[int, Field(ge=0, le=100_000)]] | None = Field(
         default=None,
         max_length=4096,

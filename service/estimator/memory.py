@@ -41,8 +41,8 @@ from service.estimator.model_states import (
     layer_quantized_weights,
     lora_expert_parameters,
     lora_parameters,
-    megatron_casts_gradients,
     megatron_fp8_params,
+    megatron_fused_adam_on_gpu,
     megatron_grads_in_fp32,
     peft_adapts_fused_experts,
     quantized_weights,
@@ -411,19 +411,26 @@ def state_bytes_of(
     framework: Framework,
     grads_in_fp32: bool = True,
     deepspeed_optimizer: tuple[bool, bool] = (False, False),
+    fused_adam_remainders: bool = False,
 ) -> StateBytes:
-    """``state_bytes`` of the job's training under ``framework`` (Megatron: gradients in fp32 or not;
-    DeepSpeed: what its optimizer wrapper keeps, ``state_bytes``)."""
-    return state_bytes(job.training, framework, job.model, job.assume, grads_in_fp32, deepspeed_optimizer)
+    """``state_bytes`` of the job's training under ``framework`` (Megatron: gradients in fp32 or not,
+    its precision-aware FusedAdam or not; DeepSpeed: what its optimizer wrapper keeps, ``state_bytes``)."""
+    training, model, assume = job.training, job.model, job.assume
+    fused = fused_adam_remainders
+    return state_bytes(training, framework, model, assume, grads_in_fp32, deepspeed_optimizer, fused)
 
 
-@layout_memo("framework", "zero_stage", "pp", "grad_reduce_in_fp32", memory=True)
+@layout_memo(
+    "framework", "zero_stage", "pp", "grad_reduce_in_fp32", "precision_aware_optimizer", "offload_optimizer",
+    memory=True,
+)  # fmt: skip
 def layout_state_bytes(job: Job, layout: Layout) -> StateBytes:
-    """``state_bytes_of`` the layout's framework, Megatron gradient dtype and DeepSpeed optimizer
-    (memoised: the memory and the step ask it for every layout they evaluate)."""
+    """``state_bytes_of`` the layout's framework, Megatron gradient dtype and optimizer, and DeepSpeed
+    optimizer (memoised: the memory and the step ask it for every layout they evaluate)."""
     precision = job.training.precision
     deepspeed = (deepspeed_master_clone(layout, precision), deepspeed_bf16_optimizer(layout, precision))
-    return state_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout), deepspeed)
+    fused = megatron_fused_adam_on_gpu(layout, job.training)
+    return state_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout), deepspeed, fused)
 
 
 def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
@@ -575,13 +582,13 @@ def megatron_fp32_gradient_bytes(
     job: Job, layout: Layout, sb: StateBytes, rp: RankParameters, trainable: float, degrees: tuple[int, int]
 ) -> float:
     """Megatron's step under mixed precision with 16-bit main grads (fp16, or bf16/fp8 without
-    grad_reduce_in_fp32: ``model_states.megatron_casts_gradients``): an fp32 copy of every gradient its
-    optimizer steps, the whole rank's (Float16OptimizerWithFloat16Params) or its distributed
-    optimizer's shard of each group (``group_partitions``), made before the step and freed by the next
-    step's zero_grad: 4 bytes per parameter beside every 16-bit gradient. A Llama 3.2 1B at ZeRO-0 on
-    eight 24 GB cards was said to fit by 20 MB with bf16 main grads and not with fp32 ones, which peak
-    the same (bytes review). None with the optimizer offloaded (the host's optimizer steps)."""
-    if not megatron_casts_gradients(sb, layout.framework) or layout.offload_optimizer is not Offload.NONE:
+    grad_reduce_in_fp32) and no precision-aware FusedAdam (``StateBytes.casts_gradients``): an fp32 copy
+    of every gradient its optimizer steps, the whole rank's (Float16OptimizerWithFloat16Params) or its
+    distributed optimizer's shard of each group (``group_partitions``), made before the step and freed
+    by the next step's zero_grad: 4 bytes per parameter beside every 16-bit gradient. A Llama 3.2 1B at
+    ZeRO-0 on eight 24 GB cards was said to fit by 20 MB with bf16 main grads and not with fp32 ones,
+    which peak the same (bytes review). None with the optimizer offloaded (the host's optimizer steps)."""
+    if not sb.casts_gradients or layout.offload_optimizer is not Offload.NONE:
         return 0.0
     shards = degrees if layout.zero_stage >= 1 else (1, 1)
     return activations.FP32_BYTES * sum(group_partitions(job, layout, rp, trainable, shards))
@@ -611,6 +618,7 @@ MODEL_STATE_FIELDS = (
     "optimizer_in_backward",  # no gradient outlives its unit
     "grad_reduce_in_fp32",  # Megatron's gradient buffer dtype
     "fp8_param_gather",  # Megatron's fp8 weights: no bf16 copy, no fp8 cache
+    "precision_aware_optimizer",  # Megatron's FusedAdam: a 2-byte master, no fp32 gradient copy
 )
 # ... and with the buffers they size
 STATE_FIELDS = (
@@ -637,7 +645,7 @@ def most_model_states_bytes(job: Job, layout: Layout) -> float:
     degrees = shard_degrees(layout, job.cluster)
     # and Megatron's fp32 copy of its 16-bit main grads, which the step holds beside them (a full
     # fine-tune's: Megatron trains no adapters), so that the bound prunes what the step rules out
-    copies = megatron_casts_gradients(sb, layout.framework) and job.training.method is Method.FULL
+    copies = sb.casts_gradients and job.training.method is Method.FULL
     most = 0.0
     for rank in pipeline_ranks(job, layout):
         rp = rank_parameters_of(job, layout, rank)
@@ -828,7 +836,8 @@ def offloaded_activation_bytes(job: Job, layout: Layout) -> float:
 def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
     """Model states per GPU with every state sharded over ``gpus`` GPUs and nothing offloaded: no
     layout of ``framework`` on that many GPUs needs less (ZeRO-3 / FULL_SHARD's bound)."""
-    sb = state_bytes_of(job, framework, False)  # Megatron's bf16 gradient buffer: the least
+    # Megatron's bf16 gradient buffer and precision-aware FusedAdam's 2-byte master: the least
+    sb = state_bytes_of(job, framework, False, (False, False), True)
     return int(state_bytes_per_parameter(sb, framework) * job.counts.total / gpus)
 
 
@@ -885,7 +894,17 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
         )
         dtype = "fp32" if megatron_grads_in_fp32(layout) else "bf16 (--grad-reduce-in-bf16)"
         note += f"; gradient buffer and its reduce-scatter in {dtype} ({chosen})"
-    if megatron_casts_gradients(sb, layout.framework) and layout.offload_optimizer is Offload.NONE:
+    if sb.master_remainders:
+        chosen = (
+            "as set"
+            if layout.precision_aware_optimizer is not None
+            else "NVIDIA's bf16 recipes' default; Megatron-LM's own is off: precision_aware_optimizer false"
+        )
+        note += (
+            "; --use-precision-aware-optimizer: Transformer Engine's FusedAdam keeps the master as the fp32 "
+            f"weights' low 16 bits (2 B) and steps the main grads as they are ({chosen})"
+        )
+    elif sb.casts_gradients and layout.offload_optimizer is Offload.NONE:
         note += (
             "; the step casts the 16-bit main grads to fp32 (4 B per parameter of its optimizer shard, "
             "until the next step)"

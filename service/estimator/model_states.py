@@ -4,11 +4,13 @@ Bytes per parameter follow ZeRO (Rajbhandari et al., arXiv:1910.02054 §3.1, §5
 weights, 2 of gradients and K = 12 of fp32 master weights and Adam moments, the master copy counted
 with the optimizer states; stage 1 shards the optimizer over the data-parallel group, stage 2 also
 the gradients, stage 3 also the weights. Megatron keeps bf16 main gradients by default, as NVIDIA's
-recipes run it (16 bytes, 4 + 12/d with the distributed optimizer, and at the step an fp32 copy of
-the gradients its optimizer steps, 4 or 4/d: ``megatron_casts_gradients``), or fp32 ones with
-``Layout.grad_reduce_in_fp32`` True, Megatron-LM's own default (18 bytes, 6 + 12/d;
-Megatron-LM docs/user-guide/features/dist_optimizer.md). FSDP's
-sharded fp32 parameter is the master. The published estimators of DeepSpeed
+recipes run it (16 bytes, 4 + 12/d with the distributed optimizer), or fp32 ones with
+``Layout.grad_reduce_in_fp32`` True, Megatron-LM's own default (18 bytes, 6 + 12/d; Megatron-LM
+docs/user-guide/features/dist_optimizer.md). Its distributed optimizer steps bf16 with Transformer
+Engine's precision-aware FusedAdam as NVIDIA's recipes run it (a 2-byte master beside the bf16
+weights: 4 + 10/d; ``megatron_precision_aware_optimizer``); otherwise its step casts 16-bit main
+grads to an fp32 copy, 4 or 4/d (``StateBytes.casts_gradients``). FSDP's sharded fp32 parameter is
+the master. The published estimators of DeepSpeed
 (``estimate_zero{2,3}_model_states_mem_needs``) and Megatron-LM
 (``compute_weight_and_optimizer_memory``), which validation compares these with, are reproduced
 exactly in ``validation/published_formulas.py``.
@@ -63,6 +65,12 @@ class StateBytes:
     moments: float  # optimizer state proper
     # DeepSpeed's BF16_Optimizer (deepspeed_bf16_optimizer): master and moments sharded at ZeRO-0
     sharded_optimizer_at_zero0: bool = False
+    # Megatron's step casts 16-bit main grads to an fp32 copy (mixed precision with a 16-bit grad
+    # buffer, no precision-aware FusedAdam)
+    casts_gradients: bool = False
+    # the master is the fp32 weights' low 16 bits beside the 16-bit weights (Transformer Engine's
+    # store_param_remainders): the step reads and writes both
+    master_remainders: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -296,6 +304,40 @@ def megatron_fp8_params(layout: Layout, precision: Precision) -> bool:
     return layout.framework is Framework.MEGATRON and precision is Precision.FP8 and layout.zero_stage == 1
 
 
+def megatron_precision_aware_optimizer(layout: Layout, training: TrainingSpec) -> bool:
+    """Whether Megatron runs --use-precision-aware-optimizer: the layout's ``precision_aware_optimizer``,
+    else on with optimizer offload (which validate_args requires it with) and, on the GPU, what NVIDIA's
+    performance recipes run: on for bf16 with the distributed optimizer and Adam (Megatron-Bridge's
+    scripts/performance setup and NeMo 2.0's performance helpers set it when the compute dtype is bf16;
+    megatron/core/optimizer/__init__.py refuses it without the distributed optimizer and
+    optimizer_config.py with any optimizer but adam). Megatron-LM's own default is off."""
+    if layout.framework is not Framework.MEGATRON:
+        return False
+    if layout.offload_optimizer is not Offload.NONE:
+        return True
+    if layout.precision_aware_optimizer is not None:
+        return layout.precision_aware_optimizer
+    return (
+        layout.zero_stage == 1
+        and training.precision is Precision.BF16
+        and training.optimizer is Optimizer.ADAMW
+    )
+
+
+def megatron_fused_adam_on_gpu(layout: Layout, training: TrainingSpec) -> bool:
+    """Whether the precision-aware FusedAdam steps on the GPU and keeps its master as remainders: bf16
+    weights with fp32 main params (``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, optimizer_config
+    .py), nothing offloaded. Transformer Engine's FusedAdam then holds the master as the fp32 weights'
+    low 16 bits (store_param_remainders, OptimizerConfig's default True, Transformer Engine >= 2.1:
+    2 B) and reads the bf16 main grads as they are (distrib_optimizer.py
+    ``_copy_model_grads_to_main_grads``: ``decoupled_grad`` is the grad buffer's view, no .float())."""
+    return (
+        training.precision is Precision.BF16
+        and layout.offload_optimizer is Offload.NONE
+        and megatron_precision_aware_optimizer(layout, training)
+    )
+
+
 def deepspeed_bf16_optimizer(layout: Layout, precision: Precision) -> bool:
     """Whether DeepSpeed steps with its ``BF16_Optimizer``: the pipeline engine at ZeRO-0 with bf16
     weights (bf16 training, and fp8, whose ds_config is bf16's). 0.19's engine.py
@@ -338,11 +380,14 @@ def state_bytes(
     assume: MemoryAssumptions,
     grads_in_fp32: bool,
     deepspeed_optimizer: tuple[bool, bool] = (False, False),
+    fused_adam_remainders: bool = False,
 ) -> StateBytes:
     """Bytes per trainable parameter by precision and framework (ZeRO §3.1; Megatron dist_optimizer.md);
     ``grads_in_fp32``: Megatron's bf16/fp8 gradient buffer dtype (``megatron_grads_in_fp32``);
     ``deepspeed_optimizer``: (its ZeRO-1/2 master clone without mixed precision,
-    ``deepspeed_master_clone``; its BF16_Optimizer's flat gradient buffer, ``deepspeed_bf16_optimizer``)."""
+    ``deepspeed_master_clone``; its BF16_Optimizer's flat gradient buffer, ``deepspeed_bf16_optimizer``);
+    ``fused_adam_remainders``: Megatron's precision-aware FusedAdam on the GPU
+    (``megatron_fused_adam_on_gpu``)."""
     p = training.precision
     weights = 4 if p.stores_fp32 else 2  # fp32 and tf32: fp32 weights and gradients, no master
     master = 4.0 if p in MIXED else 0.0
@@ -359,12 +404,24 @@ def state_bytes(
         gradients = 4 if grads_in_fp32 else 2
     elif framework is Framework.FSDP and p in MIXED:
         gradients = 4  # gradients take the sharded fp32 parameter's dtype
+    remainders = fused_adam_remainders and framework is Framework.MEGATRON and p is Precision.BF16
+    if remainders:
+        master = FP32_BYTES - weights  # the fp32 weights' low 16 bits
     return StateBytes(
         weights=weights,
         gradients=gradients,
         master=master,
         moments=moment_bytes(training, model, assume),
         sharded_optimizer_at_zero0=bf16_optimizer,
+        # Float16OptimizerWithFloat16Params ``_copy_model_grads_to_main_grads``: ``main_param.grad =
+        # model_param.main_grad.float()``, DistributedOptimizer's the same on its shard: a new fp32
+        # tensor per parameter (an fp32 buffer's .float() is the tensor itself), alive until the next
+        # step's zero_grad (megatron/core/optimizer/optimizer.py, distrib_optimizer.py)
+        casts_gradients=framework is Framework.MEGATRON
+        and bool(master)
+        and gradients < FP32_BYTES
+        and not remainders,
+        master_remainders=remainders,
     )
 
 
@@ -378,27 +435,19 @@ def optimizer_step_bytes(sb: StateBytes, framework: Framework) -> float:
     # DeepSpeed and Megatron then write the 16-bit weights from it (DeepSpeed's bit16 groups,
     # Megatron's _copy_main_params_to_model_params); FSDP casts its sharded fp32 parameter to 16 bits
     # at the all-gather, not in the step. Megatron casts 16-bit main grads to fp32 first
-    # (megatron_casts_gradients), and the step reads that copy.
+    # (StateBytes.casts_gradients), and the step reads that copy. Transformer Engine's FusedAdam
+    # with remainders reads and writes the 16-bit weights and the remainders that complete them.
+    if sb.master_remainders:
+        return 2 * (sb.weights + sb.master + sb.moments) + sb.gradients
     parameter = sb.master or sb.weights
     copy = sb.weights if sb.master and framework is not Framework.FSDP else 0.0
-    if megatron_casts_gradients(sb, framework):
+    if sb.casts_gradients:
         # the 16-bit main grads cast to fp32 (read, write) and the step reading the fp32 copy
         return 2 * (parameter + sb.moments) + sb.gradients + 2 * FP32_BYTES + copy
     return 2 * (parameter + sb.moments) + sb.gradients + copy
 
 
 FP32_BYTES = 4  # an fp32 element (activations.FP32_BYTES reads it)
-
-
-def megatron_casts_gradients(sb: StateBytes, framework: Framework) -> bool:
-    """Whether Megatron's optimizer casts 16-bit main grads to fp32 for its step: mixed precision (an
-    fp32 master) with a 16-bit grad buffer (fp16, or bf16/fp8 without grad_reduce_in_fp32).
-    Float16OptimizerWithFloat16Params ``_copy_model_grads_to_main_grads``: ``main_param.grad =
-    model_param.main_grad.float()``, DistributedOptimizer's the same on its shard (``shard_model_grad
-    .float()``): a new fp32 tensor per parameter (an fp32 buffer's .float() is the tensor itself),
-    alive until the next step's ``zero_grad`` (megatron/core/optimizer/optimizer.py,
-    distrib_optimizer.py)."""
-    return framework is Framework.MEGATRON and bool(sb.master) and sb.gradients < FP32_BYTES
 
 
 def fsdp_parameter_bytes(sb: StateBytes) -> float:

@@ -1203,6 +1203,12 @@ class Layout:
     # (no bf16 copy; Transformer Engine's fp8 data + its transpose, 2 B) and all-gathered in fp8
     # after the step. Megatron-Bridge's fp8 precision configs set it (mixed_precision.py).
     fp8_param_gather: bool | None = None  # None: on for Megatron fp8 with the distributed optimizer
+    # Megatron, distributed optimizer, AdamW: --use-precision-aware-optimizer, Transformer Engine's
+    # FusedAdam holding the master as the fp32 weights' low 16 bits beside the bf16 ones
+    # (store_param_remainders: 2 B, not 4) and stepping the main grads as they are (no fp32 copy).
+    # None: on for bf16, as NVIDIA's performance recipes set it (model_states.
+    # megatron_precision_aware_optimizer); Megatron-LM's own default is off: False runs that.
+    precision_aware_optimizer: bool | None = None
     # Decoder layers of each of the pp x v virtual pipeline stages, in model order; None: the
     # split ``service.estimator.pipeline.stage_layers`` derives (even, or embedding and loss
     # counted as a layer each).

@@ -9,7 +9,8 @@ Choices made here:
   would turn it off), ``tp_comm_overlap`` without tp > 1 and SP or on DeepSpeed, ``overlap_grad_reduce``
   with no data-parallel reduction, the pipeline-split flags without a pipeline,
   ``fsdp_hybrid_shard`` when the sharding group already fits in a node, ``grad_reduce_in_fp32``
-  outside Megatron's bf16/fp8 training and ``fp8_param_gather`` outside Megatron's fp8 training.
+  outside Megatron's bf16/fp8 training, ``fp8_param_gather`` outside Megatron's fp8 training and
+  ``precision_aware_optimizer`` outside Megatron.
 * ``tp_comm_overlap`` on FSDP is torchtitan's Async TP, an inductor pass: it needs ``torch_compile``
   (``tp_comm_overlap_compile_violation``).
 * The vocabulary needs no rule: Megatron pads it to a multiple of 128 x tp
@@ -504,6 +505,45 @@ def megatron_precision_violation(training: TrainingSpec, layout: Layout) -> Viol
         # megatron/training/arguments.py: "--fp8-param-gather only supported with distributed optimizer"
         return _bad(f"fp8_param_gather needs the distributed optimizer (zero_stage 1), got zero_stage "
                     f"{layout.zero_stage}", "fp8_param_gather", "fp8_param_gather")  # fmt: skip
+    return precision_aware_violation(training, layout)
+
+
+def precision_aware_violation(training: TrainingSpec, layout: Layout) -> Violation:
+    """Megatron's --use-precision-aware-optimizer, stated: where Megatron runs it and the estimate
+    models it (megatron/core/optimizer/__init__.py, optimizer_config.py, training/arguments.py)."""
+    stated = layout.precision_aware_optimizer
+    if stated is None:
+        return None
+    if layout.framework is not Framework.MEGATRON:
+        return _bad(f"precision_aware_optimizer is Megatron's --use-precision-aware-optimizer (framework "
+                    f"{layout.framework.value})", "unused", "precision_aware_optimizer")  # fmt: skip
+    offloaded = layout.offload_optimizer is not Offload.NONE
+    if not stated and offloaded:
+        # validate_args: "The optimizer cpu offload must be used in conjunction with
+        # --use-precision-aware-optimizer"
+        return _bad(f"precision_aware_optimizer false with offload_optimizer "
+                    f"{layout.offload_optimizer.value}: Megatron's optimizer offload runs only with "
+                    "--use-precision-aware-optimizer", "precision_aware_optimizer",
+                    "precision_aware_optimizer")  # fmt: skip
+    if not stated:
+        return None
+    if layout.zero_stage != 1:
+        # megatron/core/optimizer/__init__.py: "--use-precision-aware-optimizer only supported with
+        # distributed optimizer"
+        return _bad(f"precision_aware_optimizer needs the distributed optimizer (zero_stage 1), got "
+                    f"zero_stage {layout.zero_stage}", "precision_aware_optimizer",
+                    "precision_aware_optimizer")  # fmt: skip
+    if training.optimizer is not Optimizer.ADAMW:
+        # optimizer_config.py: "--use-precision-aware-optimizer only supported with adam"
+        return _bad(f"precision_aware_optimizer is Transformer Engine's FusedAdam: it needs optimizer "
+                    f"adamw, got {training.optimizer.value}", "precision_aware_optimizer",
+                    "precision_aware_optimizer")  # fmt: skip
+    if not offloaded and training.precision is not Precision.BF16:
+        # fp8 with current or block scaling keeps Megatron's own fp32 master and gradient copy
+        # (use_precision_aware_optimizer_no_fp8_or_ds_fp8); fp16 weights have no remainders to keep
+        return _bad(f"precision_aware_optimizer is modelled for precision bf16 (its 2-byte master beside "
+                    f"the bf16 weights), got {training.precision.value}", "precision_aware_optimizer",
+                    "precision_aware_optimizer")  # fmt: skip
     return None
 
 

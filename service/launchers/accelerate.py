@@ -14,7 +14,12 @@ from typing import Any
 import yaml
 
 from service.estimator.defaults import for_gpu
-from service.estimator.model_states import hsdp_replicas, megatron_fp8_params, megatron_grads_in_fp32
+from service.estimator.model_states import (
+    hsdp_replicas,
+    megatron_fp8_params,
+    megatron_grads_in_fp32,
+    megatron_precision_aware_optimizer,
+)
 from service.estimator.types import (
     Attention,
     Compile,
@@ -267,14 +272,15 @@ def _megatron_refusal(plan: Plan) -> Refusal:
         "--grad-reduce-in-bf16": plan.training.precision in (Precision.BF16, Precision.FP8)
         and not megatron_grads_in_fp32(lo),
         "--fp8-param-gather": megatron_fp8_params(lo, plan.training.precision),
+        "--use-precision-aware-optimizer": megatron_precision_aware_optimizer(lo, plan.training),
         "--overlap-grad-reduce": megatron_overlaps_grad_reduce(lo),
     }
     if any(recipes.values()):
         flags = " / ".join(flag for flag, on in recipes.items() if on)
         return (
             f"MegatronLMPlugin has no field for {flags} (NVIDIA's recipes, which the estimate takes by "
-            "default): use the megatron target, or set grad_reduce_in_fp32 true, fp8_param_gather false "
-            "and overlap_grad_reduce false"
+            "default): use the megatron target, or set grad_reduce_in_fp32 true, fp8_param_gather false, "
+            "precision_aware_optimizer false and overlap_grad_reduce false"
         )
     return None
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import math
 
-from service.estimator.model_states import megatron_fp8_params, megatron_grads_in_fp32
+from service.estimator.model_states import (
+    megatron_fp8_params,
+    megatron_grads_in_fp32,
+    megatron_precision_aware_optimizer,
+)
 from service.estimator.params import is_moe_layer
 from service.estimator.types import (
     AttentionKind,
@@ -581,13 +585,12 @@ def _parallel_args(plan: Plan) -> list[str]:
         args.append("--grad-reduce-in-bf16")
     if megatron_fp8_params(lo, precision):  # fp8 with the distributed optimizer only (validator)
         args.append("--fp8-param-gather")
+    if megatron_precision_aware_optimizer(lo, plan.training):
+        # Transformer Engine's FusedAdam: the master as remainders of the bf16 weights, the main grads
+        # stepped as they are (OptimizerConfig's store_param_remainders default); offload needs it
+        args.append("--use-precision-aware-optimizer")
     if lo.offload_optimizer is Offload.CPU:
-        args += [
-            "--optimizer-cpu-offload",
-            "--use-precision-aware-optimizer",
-            "--optimizer-offload-fraction",
-            "1.0",
-        ]
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"]
     return args
 
 

@@ -131,7 +131,7 @@ def calibrated_rationale(
     """``chosen`` (recommended first) with every rationale written again from its estimate, as the
     recommender writes it (rank.rationale, rank.alternative_rationale); ``searched``: the search's
     recommended candidate, for what only the search knew; ``training``: what bounds the micro-batch
-    besides memory (the global batch)."""
+    besides memory (the global batch), and what Megatron's optimizer runs under."""
     first, *alternatives = chosen
     best = first.candidate
     runner_up = (
@@ -146,6 +146,7 @@ def calibrated_rationale(
         searched.rationale[GPU_USE_LINE],
         batch_cap=max(valid_micro_batch_sizes(training, best.layout), default=None),
         objective=objective,
+        training=training,
     )
     out = [dataclasses.replace(first, candidate=dataclasses.replace(best, rationale=lines))]
     for c in alternatives:

@@ -1851,6 +1851,7 @@ def _candidates(
                 ),
                 max(valid_micro_batch_sizes(best_job.training, best_layout), default=None),
                 constraints.objective,
+                best_job.training,
             ),
         )
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from service.estimator.comm import expert_stride, group_strides, link_for_group
-from service.estimator.model_states import hsdp_replicas, shard_degrees
+from service.estimator.model_states import hsdp_replicas, megatron_fused_adam_on_gpu, shard_degrees
 from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.types import (
     ClusterSpec,
@@ -186,7 +186,7 @@ def describe(layout: Layout) -> str:
     return " ".join(parts)
 
 
-def _sharding_words(layout: Layout, cluster: ClusterSpec) -> str:
+def _sharding_words(layout: Layout, cluster: ClusterSpec, training: TrainingSpec | None) -> str:
     shards = layout.dp * layout.cp
     offload = [
         f"{what} offloaded to {device.value}"
@@ -197,7 +197,11 @@ def _sharding_words(layout: Layout, cluster: ClusterSpec) -> str:
     if layout.zero_stage == 0:
         return "no ZeRO sharding (model states replicated)" + tail
     if layout.framework is Framework.MEGATRON:
-        return f"distributed optimizer shards optimizer states over dp x cp = {shards}" + tail
+        fused = training is not None and megatron_fused_adam_on_gpu(layout, training)
+        kept = " (precision-aware: a 2-byte master, no fp32 copy of the grads)" if fused else ""
+        if shards == 1:
+            return f"distributed optimizer on one data-parallel rank, sharding nothing{kept}" + tail
+        return f"distributed optimizer shards optimizer states over dp x cp = {shards}{kept}" + tail
     if layout.framework is Framework.FSDP:
         mode = "FULL_SHARD" if layout.zero_stage == 3 else "SHARD_GRAD_OP"
         replicas = hsdp_replicas(layout, cluster)
@@ -245,13 +249,15 @@ def rationale(
     largest_micro_batch: int | None = None,
     batch_cap: int | None = None,
     objective: Objective = Objective.THROUGHPUT,
+    training: TrainingSpec | None = None,
 ) -> tuple[str, ...]:
     """Why this layout wins and what limits it, each line with its numbers; every claim about the
     layout is read from its fields and the cluster (tests/recommender/test_rationale.py checks them).
     ``largest_micro_batch``: the largest that fits within the plan's headroom (default: the
     estimate's limit, against the whole card); ``batch_cap``: the largest micro-batch the global
     batch allows the layout at all, which, when that one fits, is what bounds it, not memory;
-    ``objective``: what it was ranked by, in whose terms it is compared with the next."""
+    ``objective``: what it was ranked by, in whose terms it is compared with the next; ``training``:
+    what the layout trains (Megatron's optimizer under it)."""
     assert estimate.time is not None
     t = estimate.time
     strides = group_strides(layout)
@@ -331,7 +337,7 @@ def rationale(
         )
     else:
         lines.append("PP=1: no pipeline bubble")
-    lines.append(_sharding_words(layout, cluster))
+    lines.append(_sharding_words(layout, cluster, training))
     largest = estimate.max_micro_batch_size if largest_micro_batch is None else largest_micro_batch
     # within the plan's headroom where the search chose it so: beside limits.max_micro_batch_size (the
     # whole card's) "largest that fits: 2" read as a contradiction of its 4 (consistency review)

@@ -102,8 +102,8 @@ def _switches(
 ) -> list[dict[str, Any]]:
     """The framework switches the search sets: the recipes' (the Layout's defaults), or, for Megatron
     when the launchers leave its own target out, Megatron-LM's own (fp32 main gradients, no fp8
-    weight gather, no overlapped reduce: ``space.megatron_lm_switches``), which Accelerate's
-    MegatronLMPlugin runs and the recipes' it does not."""
+    weight gather, its own optimizer, no overlapped reduce: ``space.megatron_lm_switches``), which
+    Accelerate's MegatronLMPlugin runs and the recipes' it does not."""
     own = megatron_lm_switches(launchers, training.precision)
     if framework is not Framework.MEGATRON or own is None:
         return [{}]
@@ -111,6 +111,7 @@ def _switches(
         {
             "grad_reduce_in_fp32": own.grad_reduce_in_fp32,
             "fp8_param_gather": own.fp8_param_gather,
+            "precision_aware_optimizer": own.precision_aware_optimizer,
             "overlap_grad_reduce": None,  # one GPU: no reduce to overlap (the search's choice there)
         }
     ]

@@ -47,6 +47,7 @@ from service.estimator.types import (
     Method,
     ModelSpec,
     Offload,
+    Optimizer,
     Precision,
     Recompute,
     TrainingSpec,
@@ -524,10 +525,12 @@ def least_bytes_per_gpu(
 class MegatronLmSwitches:
     """Megatron-LM's own switches, for a plan that must launch through a target that cannot set
     NVIDIA's recipe ones the estimate takes by default (Accelerate's MegatronLMPlugin): fp32 main
-    gradients, bf16 weights, and no overlapped gradient reduce, TP or EP communication."""
+    gradients, bf16 weights, Megatron's own optimizer, and no overlapped gradient reduce, TP or EP
+    communication."""
 
     grad_reduce_in_fp32: bool | None  # True under bf16 / fp8 (None: no buffer dtype to choose)
     fp8_param_gather: bool | None  # False under fp8
+    precision_aware_optimizer: bool | None  # False under bf16 (offloaded: None, which needs it)
 
 
 def megatron_lm_switches(
@@ -541,6 +544,7 @@ def megatron_lm_switches(
     return MegatronLmSwitches(
         grad_reduce_in_fp32=True if mixed else None,
         fp8_param_gather=False if precision is Precision.FP8 else None,
+        precision_aware_optimizer=False if precision is Precision.BF16 else None,
     )
 
 
@@ -564,9 +568,18 @@ def shardings(
         refused = framework_structure_refusal(framework, *job, s.tp, s.pp, s.cp, s.ep)
         if refused is not None:  # every sharding would be evaluated, then refused by every launcher
             return [], [f"no launcher runs {framework.value} at this split: {refused}"]
-    ok, unsupported = _shardings(
-        framework, structure.pp > 1, structure.dp * structure.cp > 1, offload, compiled, structure.ep > 1
+    # Megatron's distributed optimizer on one data-parallel rank shards nothing, but under bf16 with
+    # Adam it is the precision-aware optimizer (a 2-byte master, no fp32 grad copy) that the
+    # recipes' switches run, which Megatron's optimizer without it is not
+    alone = (
+        framework is Framework.MEGATRON
+        and megatron_lm is None
+        and job is not None
+        and job[1].precision is Precision.BF16
+        and job[1].optimizer is Optimizer.ADAMW
     )
+    split = (structure.pp > 1, structure.dp * structure.cp > 1)
+    ok, unsupported = _shardings(framework, *split, offload, compiled, structure.ep > 1, alone)
     if megatron_lm is not None and framework is Framework.MEGATRON:
         return [dataclasses.replace(sh, megatron_lm=megatron_lm) for sh in ok], list(unsupported)
     return list(ok), list(unsupported)
@@ -580,8 +593,10 @@ def _shardings(
     offload: OffloadDevices,
     compiled: Compile,
     expert_parallel: bool = False,
+    optimizer_alone: bool = False,
 ) -> tuple[tuple[Sharding, ...], tuple[str, ...]]:
-    # the sharding rules read the framework, the stage, the offload devices and whether pp > 1 and ep > 1
+    # the sharding rules read the framework, the stage, the offload devices and whether pp > 1 and ep > 1;
+    # ``optimizer_alone``: stage 1 on one data-parallel rank runs another optimizer (``shardings``)
     caps = FRAMEWORKS[framework].capabilities
     ok: list[Sharding] = []
     unsupported: list[str] = []
@@ -606,7 +621,9 @@ def _shardings(
             if violation is not None and not sharding.offloads:
                 unsupported.append(_unsupported_reason(framework, stage, violation))
                 break  # the stage itself is unsupported: its offload variants go unsaid
-            if violation is None and (stage == 0 or data_parallel or sharding.offloads):
+            if violation is None and (
+                stage == 0 or data_parallel or sharding.offloads or (stage == 1 and optimizer_alone)
+            ):
                 # stage > 0 on one data-parallel rank shards over nothing, but is how DeepSpeed and
                 # FSDP offload a single GPU's optimizer (ZeRO-Offload) and parameters (ZeRO-Infinity)
                 ok.append(sharding)
@@ -720,6 +737,12 @@ def make_layout(
         overlap_grad_reduce=overlap,
         grad_reduce_in_fp32=None if own is None else own.grad_reduce_in_fp32,
         fp8_param_gather=None if own is None else own.fp8_param_gather,
+        # offloaded, Megatron needs it on (the optimizer's default there)
+        precision_aware_optimizer=(
+            None
+            if own is None or sharding.offload_optimizer is not Offload.NONE
+            else own.precision_aware_optimizer
+        ),
         torch_compile=sharding.torch_compile,
     )
 

@@ -129,10 +129,12 @@ const fmt = {
 // of a label without them resolves each to the framework's default); tri-state ones printed either way.
 const LABEL_SWITCHES = [
   "etp", "recompute_num_layers", "recompute_every_n_layers", "torch_compile", "overlap_grad_reduce",
-  "grad_reduce_in_fp32", "fp8_param_gather", "moe_a2a_overlap", "moe_capacity_factor", "activation_offload",
-  "optimizer_in_backward", "chunked_loss", "dp_replicate",
+  "grad_reduce_in_fp32", "fp8_param_gather", "precision_aware_optimizer", "moe_a2a_overlap",
+  "moe_capacity_factor", "activation_offload", "optimizer_in_backward", "chunked_loss", "dp_replicate",
 ];
-const LABEL_TRI_STATE = new Set(["overlap_grad_reduce", "grad_reduce_in_fp32", "fp8_param_gather"]);
+const LABEL_TRI_STATE = new Set([
+  "overlap_grad_reduce", "grad_reduce_in_fp32", "fp8_param_gather", "precision_aware_optimizer",
+]);
 
 function layoutText(layout) {
   const parts = [layout.framework];

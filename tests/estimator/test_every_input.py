@@ -241,6 +241,15 @@ LAYOUT_CASES = [
         training=dataclasses.replace(TRAINING, precision=Precision.FP8),
     ),
     Case("fp8_param_gather", MEGATRON, replace(MEGATRON, fp8_param_gather=True), refused=True),  # bf16
+    # Megatron-LM's own optimizer (the recipes' bf16 default is on): a 4-byte master, an fp32 grad copy
+    Case("precision_aware_optimizer", MEGATRON, replace(MEGATRON, precision_aware_optimizer=False)),
+    Case("precision_aware_optimizer", FSDP, replace(FSDP, precision_aware_optimizer=True), refused=True),
+    Case(  # Float16OptimizerWithFloat16Params: Megatron refuses it without the distributed optimizer
+        "precision_aware_optimizer",
+        MEGATRON,
+        replace(MEGATRON, zero_stage=0, precision_aware_optimizer=True),
+        refused=True,
+    ),
     Case("pipeline_layers", MEGATRON_PP, replace(MEGATRON_PP, pipeline_layers=(12, 20))),
     # 31 layers over 2 stages: [16, 15] with the embedding and the loss counted, [15, 16] with the embedding
     Case(

@@ -60,6 +60,7 @@ from service.estimator.types import (
     MoESpec,
     NormKind,
     Offload,
+    Optimizer,
     PositionEmbedding,
     Precision,
     Recompute,
@@ -236,6 +237,10 @@ def random_layout(rng: random.Random, spec: ModelSpec, world: int, training: Tra
     # HSDP's replica count (drawn last, as above): where the layout shards hybrid over an even dp
     if layout.fsdp_hybrid_shard and layout.dp % 2 == 0 and rng.random() < 0.5:
         layout = dataclasses.replace(layout, dp_replicate=2)
+    # Megatron's precision-aware optimizer, stated (drawn last, as above): where Megatron runs it
+    aware = framework is Framework.MEGATRON and zero == 1 and offload_optimizer is Offload.NONE
+    if aware and training.precision is Precision.BF16 and training.optimizer is Optimizer.ADAMW:
+        layout = dataclasses.replace(layout, precision_aware_optimizer=rng.choice((None, False, True)))
     return layout
 
 
@@ -320,6 +325,7 @@ GRID_COVERAGE: dict[str, set[Any]] = {
     "overlap_grad_reduce": {None, False, True},
     "grad_reduce_in_fp32": {None, False, True},
     "fp8_param_gather": {None, False, True},
+    "precision_aware_optimizer": {None, False, True},
     "moe_capacity_factor": {None, 1.0, 1.25},
     "moe_dispatcher": set(MoeDispatcher),
     "pipeline_account_for_embedding": {False, True},

@@ -5,6 +5,9 @@
 * ``fp8_param_gather``: fp8 GEMM weights (data + transpose, 2 B) instead of bf16 weights + the
   cached fp8 copy and transpose (2 + 2 B), all-gathered in fp8 (NVIDIA's fp8 recipes: the default here
   with the distributed optimizer).
+* ``precision_aware_optimizer``: the distributed optimizer's Transformer Engine FusedAdam under bf16,
+  its master the fp32 weights' low 16 bits (2 B) and no fp32 copy of the main grads (NVIDIA's
+  performance recipes: the default here), or Megatron's own (a 4 B master, the grads cast at the step).
 * Transformer Engine under fp8 saves each GEMM's input in fp8 (1 B) for backward.
 """
 
@@ -16,9 +19,21 @@ import pytest
 
 from service.estimator import activations, dp_comm
 from service.estimator.errors import InvalidLayout
-from service.estimator.memory import assumptions
-from service.estimator.model_states import grad_reduce_bytes
-from service.estimator.types import Framework, Layout, Precision, RecomputeModule, TrainingSpec
+from service.estimator.memory import assumptions, layout_state_bytes, rank_states
+from service.estimator.model_states import (
+    grad_reduce_bytes,
+    megatron_precision_aware_optimizer,
+    optimizer_step_bytes,
+)
+from service.estimator.types import (
+    Framework,
+    Layout,
+    Offload,
+    Optimizer,
+    Precision,
+    RecomputeModule,
+    TrainingSpec,
+)
 from service.estimator.validate import validate_layout
 from tests.estimator.helpers import job, states
 from tests.estimator.test_memory import TINY, TINY_P, cluster
@@ -37,13 +52,68 @@ def total(s: object) -> float:
 
 def test_bf16_gradient_buffer_is_two_bytes_per_parameter() -> None:
     c = cluster(4)
-    default = states(TINY, c, DIST, TRAIN)
-    fp32 = states(TINY, c, dataclasses.replace(DIST, grad_reduce_in_fp32=True), TRAIN)
+    own = dataclasses.replace(DIST, precision_aware_optimizer=False)  # Megatron's 4-byte fp32 master
+    default = states(TINY, c, own, TRAIN)
+    fp32 = states(TINY, c, dataclasses.replace(own, grad_reduce_in_fp32=True), TRAIN)
     # fp32 main grads (Megatron-LM's default): 2 + 4 + 12/4 = 9 B per parameter; bf16 grads: 2 + 2 + 3 = 7 B
     assert fp32.gradients == 4 * TINY_P and total(fp32) == 9 * TINY_P
     assert default.gradients == 2 * TINY_P and total(default) == 7 * TINY_P
-    lean = states(TINY, c, dataclasses.replace(DIST, grad_reduce_in_fp32=False), TRAIN)
+    lean = states(TINY, c, dataclasses.replace(own, grad_reduce_in_fp32=False), TRAIN)
     assert total(lean) == total(default)  # None is NVIDIA's recipes' choice, bf16
+
+
+def test_precision_aware_optimizer_keeps_a_two_byte_master_and_no_gradient_copy() -> None:
+    c = cluster(4)
+    j = job(TINY, c, TRAIN)
+    own = dataclasses.replace(DIST, precision_aware_optimizer=False)
+    aware = states(TINY, c, DIST, TRAIN)  # None: on for bf16 with the distributed optimizer and AdamW
+    assert aware == states(TINY, c, dataclasses.replace(DIST, precision_aware_optimizer=True), TRAIN)
+    # 2 B weights + 2 B bf16 grads + (2 B remainders + 8 B moments) / 4 = 6.5 B; Megatron's own 2 + 2 + 12/4
+    assert total(aware) == 6.5 * TINY_P and total(states(TINY, c, own, TRAIN)) == 7 * TINY_P
+    # the step: Megatron's own casts its 1/4 shard of the bf16 grads to fp32 (4 B each); FusedAdam reads them
+    sb_own, sb_aware = layout_state_bytes(j, own), layout_state_bytes(j, DIST)
+    assert (sb_own.casts_gradients, sb_aware.casts_gradients) == (True, False)
+    assert rank_states(j, own, 0).optimizer_temporary - rank_states(j, DIST, 0).optimizer_temporary == TINY_P
+    # HBM bytes per parameter of the step: own reads the fp32 master, moments and the bf16 grad, casts
+    # the grad (read 2 + write 4 + read the copy 4, as counted: 2 x 4 + 2) and writes master, moments and
+    # the bf16 weights: 2 (4 + 8) + 2 + 8 + 2 = 36; FusedAdam reads and writes weights, remainders and
+    # moments and reads the grad: 2 (2 + 2 + 8) + 2 = 26
+    assert optimizer_step_bytes(sb_own, Framework.MEGATRON) == 36
+    assert optimizer_step_bytes(sb_aware, Framework.MEGATRON) == 26
+    # fp32 main grads: the same 2-byte master, no copy to make either way
+    fp32 = dataclasses.replace(DIST, grad_reduce_in_fp32=True)
+    assert total(states(TINY, c, fp32, TRAIN)) == (2 + 4 + 2.5) * TINY_P
+
+
+def test_precision_aware_optimizer_is_the_bf16_recipes_only() -> None:
+    c = cluster(4)
+    # fp8 (current scaling keeps Megatron's fp32 master), fp16, the optimizer wrappers without the
+    # distributed optimizer, and any optimizer but Adam: Megatron's own optimizer, 4-byte master
+    for training, layout in (
+        (FP8, DIST),
+        (dataclasses.replace(TRAIN, precision=Precision.FP16), DIST),
+        (TRAIN, Layout(framework=Framework.MEGATRON, dp=4)),
+        (dataclasses.replace(TRAIN, optimizer=Optimizer.SGD), DIST),
+    ):
+        j = job(TINY, c, training)
+        assert not megatron_precision_aware_optimizer(layout, training)
+        assert not layout_state_bytes(j, layout).master_remainders
+        stated = dataclasses.replace(layout, precision_aware_optimizer=True)
+        with pytest.raises(InvalidLayout, match="precision_aware_optimizer"):
+            validate_layout(TINY, c, stated, training)
+    # offloaded, Megatron needs it (validate_args): on by default, refused off; the host keeps the master
+    offloaded = dataclasses.replace(DIST, offload_optimizer=Offload.CPU)
+    assert megatron_precision_aware_optimizer(offloaded, TRAIN)
+    assert not layout_state_bytes(job(TINY, c, TRAIN), offloaded).master_remainders
+    with pytest.raises(InvalidLayout, match="offload_optimizer cpu"):
+        validate_layout(TINY, c, dataclasses.replace(offloaded, precision_aware_optimizer=False), TRAIN)
+    with pytest.raises(InvalidLayout, match="precision_aware_optimizer"):  # Megatron's switch
+        validate_layout(
+            TINY,
+            c,
+            Layout(framework=Framework.FSDP, dp=4, zero_stage=3, precision_aware_optimizer=False),
+            TRAIN,
+        )
 
 
 def test_fp8_param_gather_drops_the_bf16_copy_and_the_fp8_cache() -> None:
@@ -113,3 +183,9 @@ def test_the_estimate_says_what_it_assumed() -> None:
     default = " ".join(assumptions(j, DIST))
     assert "in bf16 (--grad-reduce-in-bf16) (NVIDIA's recipes' default" in default
     assert "--fp8-param-gather, NVIDIA's fp8 recipes' default" in default
+    bf16 = job(TINY, cluster(4), TRAIN)
+    aware = " ".join(assumptions(bf16, DIST))
+    assert "--use-precision-aware-optimizer" in aware and "NVIDIA's bf16 recipes' default" in aware
+    assert "casts the 16-bit main grads" not in aware
+    own = " ".join(assumptions(bf16, dataclasses.replace(DIST, precision_aware_optimizer=False)))
+    assert "--use-precision-aware-optimizer" not in own and "casts the 16-bit main grads" in own

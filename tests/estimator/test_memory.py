@@ -129,17 +129,20 @@ def test_tiny_zero_stages(stage: int, expected: tuple[int, int, int]) -> None:
 
 def test_megatron_bytes_per_param_match_distributed_optimizer_table() -> None:
     c = cluster(4)
-    # the table counts Megatron-LM's own default for bf16: fp32 main grads (grad_reduce_in_fp32)
+    # the table counts Megatron-LM's own defaults for bf16: fp32 main grads (grad_reduce_in_fp32), its
+    # own fp32 master (no precision-aware optimizer)
     plain = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, grad_reduce_in_fp32=True), TRAIN)
     # bf16 params 2 + fp32 main grads 4 + fp32 master and Adam 12 = 18 bytes per parameter.
     assert plain.parameters + plain.gradients + plain.optimizer_states == 18 * TINY_P
-    dist_layout = Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1, grad_reduce_in_fp32=True)
+    own = {"grad_reduce_in_fp32": True, "precision_aware_optimizer": False}
+    dist_layout = Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1, **own)
     dist = states(TINY, c, dist_layout, TRAIN)
     # Distributed optimizer: 6 + 12/4 = 9 bytes per parameter.
     assert dist.parameters + dist.gradients + dist.optimizer_states == 9 * TINY_P
-    # NVIDIA's recipes' bf16 gradient buffer (the default): 2 bytes less per parameter
+    # NVIDIA's recipes' bf16 gradient buffer and precision-aware optimizer (the defaults): 2 bytes less
+    # per parameter, and a 2-byte master (its remainders): 2 + 2 + 10/4
     recipe = states(TINY, c, Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1), TRAIN)
-    assert recipe.parameters + recipe.gradients + recipe.optimizer_states == 7 * TINY_P
+    assert recipe.parameters + recipe.gradients + recipe.optimizer_states == 6.5 * TINY_P
     fp16 = dataclasses.replace(TRAIN, precision=Precision.FP16)
     dist16_layout = Layout(framework=Framework.MEGATRON, dp=4, zero_stage=1)
     dist16 = states(TINY, c, dist16_layout, fp16)
@@ -147,10 +150,13 @@ def test_megatron_bytes_per_param_match_distributed_optimizer_table() -> None:
     # copy of the fp16 main grads the step makes, 4/d, a step temporary (main_param.grad =
     # main_grad.float(), freed by the next step's zero_grad), as with bf16 main grads
     assert dist16.parameters + dist16.gradients + dist16.optimizer_states == 7 * TINY_P
-    for precision, layout in ((Precision.FP16, dist16_layout), (Precision.BF16, dist16_layout)):
+    # as bf16 main grads do under Megatron's own optimizer (the precision-aware one steps them as they are)
+    own_bf16 = dataclasses.replace(dist16_layout, precision_aware_optimizer=False)
+    for precision, layout in ((Precision.FP16, dist16_layout), (Precision.BF16, own_bf16)):
         (rank,) = stage_states(job(TINY, c, dataclasses.replace(TRAIN, precision=precision)), layout)
         assert rank.optimizer_temporary == 4 * TINY_P / 4
-    fp32_grads = dataclasses.replace(dist16_layout, grad_reduce_in_fp32=True)
+    assert stage_states(job(TINY, c, TRAIN), dist16_layout)[0].optimizer_temporary == 0
+    fp32_grads = dataclasses.replace(own_bf16, grad_reduce_in_fp32=True)
     assert stage_states(job(TINY, c, TRAIN), fp32_grads)[0].optimizer_temporary == 0  # .float() is the tensor
 
 

@@ -164,7 +164,14 @@ def test_megatron_formula_agrees_with_our_megatron_model_states() -> None:
     counts, training = parameter_counts(model), TrainingSpec(seq_len=4096, global_batch_size=64)
     for dist in (False, True):
         # the formula counts Megatron-LM's own default, fp32 main grads
-        lay = Layout(framework=Framework.MEGATRON, dp=4, tp=2, zero_stage=int(dist), grad_reduce_in_fp32=True)
+        lay = Layout(
+            framework=Framework.MEGATRON,
+            dp=4,
+            tp=2,
+            zero_stage=int(dist),
+            grad_reduce_in_fp32=True,
+            precision_aware_optimizer=False,  # the formula counts Megatron's own fp32 master
+        )
         s = states(model, cluster(gpu("h100", 80 * GiB), 8), lay, training)
         ref = megatron_weight_and_optimizer_bytes(counts, tp=2, pp=1, dp=4, distributed_optimizer=dist)
         assert s.parameters + s.gradients + s.optimizer_states == pytest.approx(ref, rel=1e-12)
@@ -300,6 +307,7 @@ def test_megatron_formula_agrees_with_our_moe_states_under_expert_tensor_paralle
         sequence_parallel=True,
         zero_stage=1,
         grad_reduce_in_fp32=True,  # the formula counts Megatron-LM's own default, fp32 main grads
+        precision_aware_optimizer=False,  # ... and its own fp32 master
     )
     s = states(mixtral, cluster(gpu("h100", 80 * GiB), 8), lay, training)
     ref = megatron_weight_and_optimizer_bytes(counts, tp=2, pp=1, dp=4, ep=ep, etp=etp)

@@ -16,6 +16,7 @@ from service.estimator import activations, flops
 from service.estimator.dp_comm import dp_comm_exposed_s, dp_grad_reduce_s, dp_param_gather_s
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
+from service.estimator.memory import layout_state_bytes
 from service.estimator.model_states import megatron_grads_in_fp32, optimizer_step_bytes, state_bytes
 from service.estimator.params import LayerKind, parameter_counts, stage_parameter_counts
 from service.estimator.step_time import (
@@ -872,9 +873,10 @@ def test_optimizer_step_updates_the_shard_the_model_states_hold() -> None:
     experts = counts.experts_per_moe_layer * FINE_MOE.num_layers
     owned = (stage_parameter_counts(FINE_MOE, moe)[0] - experts) / 16 + experts / 8 / 2
     assert zero_gpu_parameters(j, moe) == pytest.approx(owned)
-    # the same count as the memory's optimizer states (Megatron's master + moments, 12 B each)
-    assert states(FINE_MOE, cl, moe, training).optimizer_states == pytest.approx(12 * owned)
-    sb = state_bytes(training, Framework.MEGATRON, FINE_MOE, default_tuning().memory, False)
+    # the same count as the memory's optimizer states (the precision-aware optimizer's 2-byte master +
+    # the moments, 10 B each)
+    assert states(FINE_MOE, cl, moe, training).optimizer_states == pytest.approx(10 * owned)
+    sb = layout_state_bytes(j, moe)
     step_bytes = owned * optimizer_step_bytes(sb, Framework.MEGATRON)
     assert time(FINE_MOE, cl, moe, training).breakdown.optimizer_s == pytest.approx(
         step_bytes / H100.hbm_bandwidth_bytes_per_s

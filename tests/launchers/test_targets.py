@@ -51,7 +51,11 @@ GPT2_TRAINING = training(seq_len=1024)
 
 # What Accelerate's MegatronLMPlugin runs (Megatron-LM's own defaults); the estimate's defaults are NVIDIA's
 # recipes (bf16 gradient buffer, overlapped gradient reduce), which only the megatron target renders
-MEGATRON_LM_OWN: dict[str, Any] = {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False}
+MEGATRON_LM_OWN: dict[str, Any] = {
+    "grad_reduce_in_fp32": True,
+    "overlap_grad_reduce": False,
+    "precision_aware_optimizer": False,
+}
 
 
 def test_deepspeed_batch_counts_every_autotp_rank() -> None:
@@ -340,6 +344,13 @@ def test_megatron_renders_the_gradient_dtype_and_fp8_parameter_gather() -> None:
     assert "--grad-reduce-in-bf16" not in own and "--fp8-param-gather" not in own
     with pytest.raises(Unsupported, match="megatron target"):
         accelerate.render(plan(framework=Framework.MEGATRON, zero_stage=1))  # bf16: the bf16 buffer
+    # bf16's precision-aware optimizer (NVIDIA's recipes): rendered where the estimate takes it, and
+    # Megatron-LM's own optimizer where the layout says so
+    aware = _flag_values(megatron.megatron_args(plan(framework=Framework.MEGATRON, zero_stage=1)))
+    assert "--use-precision-aware-optimizer" in aware
+    own_optimizer = plan(framework=Framework.MEGATRON, zero_stage=1, precision_aware_optimizer=False)
+    assert "--use-precision-aware-optimizer" not in _flag_values(megatron.megatron_args(own_optimizer))
+    assert "--use-precision-aware-optimizer" not in own  # fp8: Megatron's own fp32 master
     megatron_lm_bf16 = plan(model=GPT2, train=GPT2_TRAINING, framework=Framework.MEGATRON, zero_stage=1,
                             recompute=Recompute.FULL, **MEGATRON_LM_OWN)  # fmt: skip
     assert accelerate.accelerate_config(megatron_lm_bf16)["distributed_type"] == "MEGATRON_LM"

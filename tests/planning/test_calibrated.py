@@ -92,15 +92,17 @@ def test_a_calibrated_runner_up_that_does_better_on_another_count_is_said_so() -
     training = TrainingSpec(seq_len=4096, global_batch_size=64)
     constraints = Constraints(objective=Objective.COST, top_k=4)
     rec = recommend(spec, c, training, constraints, default_tuning())
-    assert rec.recommended is not None and rec.recommended.layout.world_size == 8
-    assert any(alt.layout.world_size == 16 for alt in rec.alternatives)
+    # (4 GPUs since Megatron's distributed optimizer runs precision-aware; 8 before)
+    assert rec.recommended is not None
+    count = rec.recommended.layout.world_size
+    assert any(alt.layout.world_size > count for alt in rec.alternatives)
 
     def calibration_of(layout: Layout) -> Calibration:
-        return Calibration(step_time_factor=1.2 if layout.world_size == 8 else 1.0)
+        return Calibration(step_time_factor=1.2 if layout.world_size == count else 1.0)
 
     chosen = calibrated_candidates(rec, spec, c, training, constraints, calibration_of)
     best, runner_up = chosen[0].candidate, chosen[1].candidate
-    assert best.layout.world_size == 8 and runner_up.layout.world_size == 16
+    assert best.layout.world_size == count and runner_up.layout.world_size > count
     line = best.rationale[2]
     assert "ties" not in line and "fewer GPU-hours per token" in line and "keeps the GPU count" in line, line
     # the alternative on twice the GPUs is compared in GPU-hours per token, not tokens/s alone

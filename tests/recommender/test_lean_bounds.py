@@ -109,7 +109,9 @@ def test_states_never_grow_with_sharding_and_the_bound_never_exceeds_a_leans_mem
 
 @pytest.mark.parametrize(
     ("name", "gpus"),
-    [("llama-3.1-405b", ("a100-sxm-40gb", "l4-24gb")), ("mixtral-8x7b", ("rtx-4090-24gb", "a10-24gb"))],
+    # (the 405B's sweep on 40 GB A100s and L4s, since Megatron's distributed optimizer runs
+    # precision-aware, reaches no sharding the bound rules out: 90 evaluations either way)
+    [("llama-3.1-70b", ("a100-sxm-40gb", "l4-24gb")), ("mixtral-8x7b", ("rtx-4090-24gb", "a10-24gb"))],
 )
 def test_capacity_with_the_bound_answers_as_without_it_with_fewer_evaluations(
     name: str, gpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch

@@ -9,12 +9,13 @@ export CUDA_DEVICE_MAX_CONNECTIONS=1
 torchrun --standalone --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 \
     --pipeline-model-parallel-size 2 --context-parallel-size 1 --sequence-parallel --tp-comm-overlap \
     --num-layers-per-virtual-pipeline-stage 4 --use-distributed-optimizer --overlap-grad-reduce \
-    --overlap-param-gather --grad-reduce-in-bf16 --micro-batch-size 1 --global-batch-size 256 \
-    --train-iters 1000 --recompute-granularity selective --bf16 --num-layers 16 --hidden-size 1024 \
-    --ffn-hidden-size 2816 --num-attention-heads 16 --group-query-attention --num-query-groups 4 \
-    --seq-length 4096 --max-position-embeddings 4096 --position-embedding-type rope --rotary-base 10000 \
-    --swiglu --normalization RMSNorm --norm-epsilon 1e-05 --untie-embeddings-and-output-weights \
-    --disable-bias-linear --hidden-dropout 0.0 --attention-dropout 0.0 --mock-data --tokenizer-type NullTokenizer \
-    --vocab-size 32000 --no-create-attention-mask-in-dataloader --optimizer adam --lr 0.0003 --min-lr 3e-05 \
-    --lr-decay-style cosine --clip-grad 1.0 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 \
-    --adam-eps 1e-08 --log-interval 10 --eval-interval 1000 --eval-iters 10
+    --overlap-param-gather --grad-reduce-in-bf16 --use-precision-aware-optimizer --micro-batch-size 1 \
+    --global-batch-size 256 --train-iters 1000 --recompute-granularity selective --bf16 --num-layers 16 \
+    --hidden-size 1024 --ffn-hidden-size 2816 --num-attention-heads 16 --group-query-attention \
+    --num-query-groups 4 --seq-length 4096 --max-position-embeddings 4096 --position-embedding-type rope \
+    --rotary-base 10000 --swiglu --normalization RMSNorm --norm-epsilon 1e-05 \
+    --untie-embeddings-and-output-weights --disable-bias-linear --hidden-dropout 0.0 --attention-dropout 0.0 \
+    --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 \
+    --no-create-attention-mask-in-dataloader --optimizer adam --lr 0.0003 --min-lr 3e-05 --lr-decay-style cosine \
+    --clip-grad 1.0 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-08 --log-interval 10 \
+    --eval-interval 1000 --eval-iters 10
