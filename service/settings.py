@@ -84,6 +84,45 @@ class Settings(BaseSettings):
     def _level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
+    @field_validator("database_url")
+    @classmethod
+    def _database(cls, value: str) -> str:
+        # checked here, not at the first connection: a URL SQLAlchemy cannot parse, a dialect or
+        # driver it cannot load, or an SQLite file in no directory made every worker fail at startup
+        # with a traceback while `python -m service.settings` passed (operator review)
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+        try:
+            url = make_url(value)
+        except ArgumentError:
+            raise ValueError(
+                "not a database URL: sqlite:///path/to/file.db or postgresql+psycopg://user@host/database"
+            ) from None
+        shown = url.render_as_string(hide_password=True)
+        if url.drivername.split("+")[0] == "postgres":
+            # libpq's and many platforms' scheme, which SQLAlchemy 1.4+ does not take
+            raise ValueError(f"{shown}: write postgresql+psycopg:// (SQLAlchemy has no dialect postgres)")
+        if url.get_backend_name() not in ("sqlite", "postgresql"):
+            raise ValueError(f"{shown}: the service runs on SQLite or PostgreSQL (postgresql+psycopg://...)")
+        try:
+            url.get_dialect().import_dbapi()
+        except (NoSuchModuleError, ImportError) as exc:
+            raise ValueError(
+                f"{shown}: its driver is not installed ({exc}); PostgreSQL: postgresql+psycopg://"
+            ) from None
+        database = url.database or ""
+        if (
+            url.get_backend_name() == "sqlite"
+            and database
+            and database != ":memory:"
+            and not database.startswith("file:")
+        ):
+            folder = os.path.dirname(os.path.abspath(database))
+            if not os.path.isdir(folder):
+                raise ValueError(f"{shown}: the SQLite file's folder {folder} does not exist")
+        return value
+
     @field_validator("cors_origins", mode="before")
     @classmethod
     def _origins(cls, value: Any) -> Any:
@@ -105,7 +144,28 @@ class Settings(BaseSettings):
         bad = [origin for origin in origins if origin not in ("*", "null") and not _ORIGIN.match(origin)]
         if bad:
             raise ValueError(f"{', '.join(bad)}: an origin is scheme://host[:port], without a path or slash")
+        # ... and browsers serialise it with the host in lower case and without the scheme's default
+        # port (WHATWG URL, HTML's origin serialisation): "https://UI.example" or ":443" never matches
+        unsent = [origin for origin in origins if origin not in ("*", "null") and _as_sent(origin) != origin]
+        if unsent:
+            said = ", ".join(f"{origin} (a browser sends {_as_sent(origin)})" for origin in unsent)
+            raise ValueError(f"{said}: write each origin as browsers send it")
         return origins
+
+
+_DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443"}
+
+
+def _as_sent(origin: str) -> str:
+    """``origin`` as a browser's Origin header writes it: the host lower-cased, the scheme's default
+    port left out."""
+    scheme, _, rest = origin.partition("://")
+    host, colon, port = rest.rpartition(":") if not rest.endswith("]") else (rest, "", "")
+    if not colon or not port.isdigit():
+        host, port = rest, ""
+    if port and _DEFAULT_PORTS.get(scheme) == port:
+        port = ""
+    return f"{scheme}://{host.lower()}" + (f":{port}" if port else "")
 
 
 class SettingsError(Exception):

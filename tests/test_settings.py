@@ -57,3 +57,48 @@ def test_the_check_exits_2_before_any_worker_starts() -> None:
     assert bad.returncode == 2 and "PLANNER_LOG_LEVEL" in bad.stderr and "Traceback" not in bad.stderr
     good = subprocess.run([sys.executable, "-m", "service.settings"], env=environment, check=False)
     assert good.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("notaurl", "not a database URL"),
+        ("postgres://postgres@127.0.0.1/db", "write postgresql+psycopg://"),
+        ("mysql://x:secret@localhost/db", "runs on SQLite or PostgreSQL"),
+        ("sqlite:////nonexistent/dir/x.db", "folder /nonexistent/dir does not exist"),
+    ],
+)
+def test_a_database_url_that_cannot_connect_is_named_before_any_worker_starts(
+    monkeypatch: pytest.MonkeyPatch, url: str, said: str
+) -> None:
+    """The URL was never checked: `python -m service.settings` passed and every worker then failed at
+    startup with SQLAlchemy's traceback (postgres://, the scheme libpq and many platforms hand out, has
+    no SQLAlchemy dialect since 1.4; operator review). A password is never echoed."""
+    monkeypatch.setenv("PLANNER_DATABASE_URL", url)
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    text = str(raised.value)
+    assert "PLANNER_DATABASE_URL" in text and said in text and "secret" not in text, text
+
+
+def test_the_urls_the_service_runs_on_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    for url in ("sqlite://", "sqlite:///./trainplan.db", "postgresql+psycopg://u:p@127.0.0.1:5432/db"):
+        monkeypatch.setenv("PLANNER_DATABASE_URL", url)
+        assert load_settings().database_url == url
+
+
+def test_an_origin_no_browser_sends_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Browsers send the Origin with the host in lower case and no default port: https://UI.example.com
+    and https://ui.example.com:443 passed the check and then refused the page (operator review)."""
+    monkeypatch.setenv(
+        "PLANNER_CORS_ORIGINS", "https://UI.example.com,https://ui2.example.com:443,http://x:80"
+    )
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    text = str(raised.value)
+    for sent in ("https://ui.example.com)", "https://ui2.example.com)", "http://x)"):
+        assert f"(a browser sends {sent}" in text, text
+    monkeypatch.setenv(
+        "PLANNER_CORS_ORIGINS", "https://ui.example.com:8443,http://[::1]:8080,tauri://localhost"
+    )
+    assert len(load_settings().cors_origins) == 3
