@@ -34,14 +34,25 @@ class Outcome(Generic[T]):
     replayed: bool
 
 
-def request_digests(body: BaseModel) -> tuple[str, str]:
-    """(the digest stored with a new key, the digest a release before 2026-12-06 stored): the body's
-    fields as the client sent them (its defaults left out, so a field a later release adds, or a
-    default it changes, is not another body to a retry across the upgrade); and every field, defaults
-    included, as the digest was computed before (an upgrade review: every retry of a key stored by an
-    earlier release was refused as 'another request body')."""
+def request_digests(body: BaseModel) -> tuple[str, str, str]:
+    """(the digest stored with a new key, and those earlier releases stored): the body's fields as
+    the client sent them, its defaults and nulls left out (a null is the field left out: README), so
+    that a field a later release adds, or a default it changes, or a client's encoder writing null for
+    what it leaves unset, is not another body to a retry (operator review: a retry adding
+    "max_gpus": null was refused as 'another request body'); the same with the nulls kept, as a
+    release before 2026-12-07 computed it; and every field, defaults included, as one before
+    2026-12-06 did (an upgrade review: every retry of a key stored by an earlier release was refused)."""
     sent = body.model_dump(mode="json", exclude_unset=True)
-    return _digest(sent), _digest(body.model_dump(mode="json"))
+    return _digest(_without_nulls(sent)), _digest(sent), _digest(body.model_dump(mode="json"))
+
+
+def _without_nulls(value: object) -> object:
+    """``value`` with every null member of an object left out, at any depth (list items kept)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
 
 
 def _digest(fields: object) -> str:

@@ -160,6 +160,22 @@ def test_idempotency_key_replays_and_refuses_another_body(client: TestClient) ->
     assert len(client.get("/v1/plans").json()["items"]) == 1
 
 
+def test_a_retry_whose_encoder_writes_null_for_a_default_replays(client: TestClient) -> None:
+    """A null is the field left out (README): a retry adding "max_gpus": null, as a generated client
+    does once its OpenAPI document gains the nullable field, was refused as another body (operator
+    review); a key stored with the nulls in its body still replays both ways."""
+    body = plan_body(constraints={"top_k": 2})
+    first = create(client, body, key="fmt-1")
+    nulls = body | {"constraints": {"top_k": 2, "max_gpus": None}}
+    replay = client.post("/v1/plans", json=nulls, headers={"Idempotency-Key": "fmt-1"})
+    assert replay.status_code == 201 and replay.headers["idempotent-replayed"] == "true", replay.text
+    stored = create(client, nulls, key="fmt-2")
+    for sent in (nulls, body):
+        again = client.post("/v1/plans", json=sent, headers={"Idempotency-Key": "fmt-2"})
+        assert again.status_code == 201 and again.json()["id"] == stored["id"], again.text
+    assert first["id"] != stored["id"]
+
+
 def test_infeasible_job_is_stored_with_suggestions(client: TestClient) -> None:
     body = plan_body(
         model={"preset": "llama-2-70b"},
