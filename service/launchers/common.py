@@ -524,20 +524,28 @@ def peft_header(plan: Plan, config_dir: str = "") -> str:
 
 
 def pure_bf16_duty(plan: Plan) -> str:
-    """What the script must do for pure bf16 under Accelerate's sharded FSDP2 (its own target, or the HF
-    Trainer's), '' elsewhere: the launch sets no mixed precision, since FSDP2 there upcasts every
-    parameter to fp32 under any (accelerate 1.15.0 utils/fsdp_utils.py fsdp2_prepare_model:
-    param.data.to(torch.float32) where mixed_precision != "no"; a launch review), so the model must be
-    loaded in bf16 itself."""
+    """What the script must do for a full fine-tune in pure bf16 under the FSDP framework's Accelerate
+    and HF Trainer paths, '' elsewhere: load the model in bf16, which no launch setting does (the
+    Trainer's --bf16 and Accelerate's mixed precision autocast over whatever dtype the model was
+    loaded in, fp32 without torch_dtype: 4 + 4 B of weights and gradients where the estimate keeps
+    2 + 2; the budget fine-tuner's review found it said only where FSDP shards). Under the sharded
+    FSDP2 the launch sets no mixed precision besides, since FSDP2 there upcasts every parameter to
+    fp32 under any (accelerate 1.15.0 utils/fsdp_utils.py fsdp2_prepare_model: param.data.to(
+    torch.float32) where mixed_precision != "no"; a launch review). Adapters: ``peft_header`` says
+    the base's dtype."""
     lo = plan.layout
     if plan.training.precision is not Precision.BF16_PURE or lo.framework is not Framework.FSDP:
         return ""
-    if lo.zero_stage < 2:
+    if plan.training.method is not Method.FULL:
         return ""
+    why = (
+        "no mixed precision is set because Accelerate's FSDP2 upcasts every parameter to fp32 under any"
+        if lo.zero_stage >= 2
+        else "the bf16 switch autocasts over the dtype the model was loaded in, fp32 without torch_dtype"
+    )
     return (
         f"\nbf16_pure: {TRAIN_SCRIPT} must load the model with from_pretrained(..., "
-        "torch_dtype=torch.bfloat16): no mixed precision is set because Accelerate's FSDP2 upcasts every "
-        "parameter to fp32 under any, and the estimate keeps bf16 weights and states."
+        f"torch_dtype=torch.bfloat16): {why}, and the estimate keeps bf16 weights and states."
     )
 
 

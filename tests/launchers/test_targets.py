@@ -1058,6 +1058,13 @@ def test_accelerate_fsdp_accumulation_reduces_every_micro_batch_and_pure_bf16_is
     assert "bf16" not in hf_trainer.training_arguments(pure)[0]
     (launch,) = [a.content for a in hf_trainer.render(pure) if a.name == hf_trainer.LAUNCH_NAME]
     assert "torch_dtype=torch.bfloat16" in launch
+    # unsharded (one GPU, DDP) too: the Trainer's --bf16 autocasts over a model loaded in fp32 without
+    # torch_dtype, 4 + 4 B of weights and gradients where the estimate keeps 2 + 2 (fine-tuner review)
+    for stage in (0, 2):
+        one = plan(framework=Framework.FSDP, zero_stage=stage, train=training(precision=Precision.BF16_PURE))
+        (launch,) = [a.content for a in hf_trainer.render(one) if a.name == hf_trainer.LAUNCH_NAME]
+        assert "bf16_pure:" in launch and "torch_dtype=torch.bfloat16" in launch, launch
+        assert "bf16_pure:" in header(one)
 
 
 def test_every_train_py_launch_names_the_encoder_task_head_it_must_build() -> None:
