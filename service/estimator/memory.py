@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from service.estimator import activations, pipeline
 from service.estimator.job import Job, job_memo, layout_memo, rank_kind_counts
 from service.estimator.model_states import (
+    BNB_32BIT_STATE_BYTES,
     DS_SUB_GROUP_ELEMENTS,
     SHARD_GROUP_FIELDS,
     MiB,
@@ -30,6 +31,7 @@ from service.estimator.model_states import (
     deepspeed_bf16_optimizer,
     deepspeed_buckets,
     deepspeed_master_clone,
+    embedding_table_fraction,
     experts_stay_16_bit,
     frozen_bytes,
     frozen_dtype_bytes,
@@ -870,6 +872,14 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
         f"model states per trainable parameter: {states}, optimizer moments {sb.moments:.4g} B "
         f"({job.training.optimizer.value})"
     )
+    training = job.training
+    full = training.method is Method.FULL
+    if layout.framework is Framework.FSDP and training.optimizer is Optimizer.ADAMW_8BIT and full:
+        share = embedding_table_fraction(job.model)
+        note += (
+            f" on average: the embedding tables' {share:.1%} of the parameters keep 32-bit states "
+            f"({BNB_32BIT_STATE_BYTES} B; the HF Trainer's override of every nn.Embedding)"
+        )
     if layout.framework is Framework.DEEPSPEED and layout.zero_stage == 0 and sb.master:
         if sb.sharded_optimizer_at_zero0:  # BF16_Optimizer
             note += (

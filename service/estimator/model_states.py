@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from service.estimator.params import (
     MTP_NORMS,
     LayerKind,
+    embedding_parameters,
     is_moe_layer,
     largest_module_parameters,
     lora_adapter_shapes,
     mla_down_parameters,
     mtp_projection_parameters,
+    norm_parameters,
     parameter_counts,
     peft_moves_mlp_targets,
     peft_saved_head_parameters,
@@ -211,6 +213,29 @@ def moment_bytes(training: TrainingSpec, model: ModelSpec, assume: MemoryAssumpt
     if training.optimizer in (Optimizer.SGD, Optimizer.LION):
         return element
     return element * adafactor_state_fraction(model, training)
+
+
+# bitsandbytes' 32-bit states (optim_bits 32: fp32 state1 and state2)
+BNB_32BIT_STATE_BYTES = 8
+
+
+def embedding_table_fraction(model: ModelSpec) -> float:
+    """The share of the model's parameters in nn.Embedding tables (tokens, learned positions, token
+    types; an embedding norm is a LayerNorm), which a tied output layer shares."""
+    norm = norm_parameters(model) if model.embedding_norm else 0
+    return (embedding_parameters(model) - norm) / parameter_counts(model).total
+
+
+def fsdp_adam_8bit_moment_bytes(model: ModelSpec, eight_bit: float) -> float:
+    """8-bit AdamW's moments per parameter where its optimizer steps the model's own parameters (the
+    FSDP framework's DDP: the HF Trainer, Accelerate): the Trainer keeps every nn.Embedding's states in
+    32 bits (transformers trainer.py create_optimizer: register_module_override(module, "weight",
+    {"optim_bits": 32}) for each nn.Embedding when optim_bits is 8; Accelerate's script is told to do
+    the same), ``eight_bit`` bytes the others; averaged over the parameters, as ZeRO-less DDP holds
+    them all (Llama 3.2 3B's tied 394M-parameter table: +2.2 GiB, past a 24 GB card's headroom;
+    budget fine-tuner review). DeepSpeed's flattened partitions match no override."""
+    share = embedding_table_fraction(model)
+    return (1 - share) * eight_bit + share * BNB_32BIT_STATE_BYTES
 
 
 def adafactor_state_fraction(model: ModelSpec, training: TrainingSpec) -> float:
@@ -407,11 +432,18 @@ def state_bytes(
     remainders = fused_adam_remainders and framework is Framework.MEGATRON and p is Precision.BF16
     if remainders:
         master = FP32_BYTES - weights  # the fp32 weights' low 16 bits
+    moments = moment_bytes(training, model, assume)
+    if (
+        framework is Framework.FSDP
+        and training.optimizer is Optimizer.ADAMW_8BIT
+        and training.method is Method.FULL
+    ):
+        moments = fsdp_adam_8bit_moment_bytes(model, moments)
     return StateBytes(
         weights=weights,
         gradients=gradients,
         master=master,
-        moments=moment_bytes(training, model, assume),
+        moments=moments,
         sharded_optimizer_at_zero0=bf16_optimizer,
         # Float16OptimizerWithFloat16Params ``_copy_model_grads_to_main_grads``: ``main_param.grad =
         # model_param.main_grad.float()``, DistributedOptimizer's the same on its shard: a new fp32

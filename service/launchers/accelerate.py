@@ -58,6 +58,7 @@ from service.launchers.common import (
     pure_bf16_duty,
     refuse,
     script,
+    sharded_8bit_refusal,
     shell_command,
     steps_duty,
     tf32_environment,
@@ -169,6 +170,8 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
         return None
     if lo.zero_stage == 1:
         return "FSDP has no optimizer-state-only sharding (ZeRO-1)"
+    if (eight_bit := sharded_8bit_refusal(plan)) is not None:
+        return eight_bit
     if lo.pp > 1 or lo.ep > 1:
         return f"pp={lo.pp} ep={lo.ep}: Accelerate's FSDP v2 has no pipeline or expert parallelism"
     if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
@@ -481,6 +484,15 @@ def _script_duties(plan: Plan) -> str:
             f"\noptimizer: {TRAIN_SCRIPT} must build torch.optim.AdamW(..., {flag}=True), as estimated "
             "(training.optimizer_implementation); torch.optim's default on CUDA is foreach, which makes a "
             "temporary of the trainable parameters' size during the step."
+        )
+    elif plan.training.optimizer is Optimizer.ADAMW_8BIT and plan.training.method is Method.FULL:
+        # the estimate keeps the embedding tables' states in 32 bits, as the HF Trainer registers them
+        # (model_states.fsdp_adam_8bit_moment_bytes)
+        text += (
+            f"\noptimizer adamw_8bit: {TRAIN_SCRIPT} must build bitsandbytes.optim.AdamW8bit and, as the "
+            "HF Trainer does, keep every nn.Embedding's states in 32 bits: bitsandbytes.optim."
+            "GlobalOptimManager.get_instance().register_module_override(module, 'weight', "
+            "{'optim_bits': 32}) for each, as estimated."
         )
     elif (built := deepspeed.SCRIPT_OPTIMIZERS.get(plan.training.optimizer)) is not None:
         # the estimate's states are this optimizer's (model_states.moment_bytes): SGD with momentum

@@ -19,7 +19,17 @@ from service.estimator.model_states import FSDP_REDUCE_DTYPE, hsdp_replicas
 from service.estimator.params import lora_modules
 from service.estimator.step_time import steps_to_train
 from service.estimator.tuning import dp_overlap_default
-from service.estimator.types import Attention, Framework, Head, Layout, Method, Plan, Precision, Recompute
+from service.estimator.types import (
+    Attention,
+    Framework,
+    Head,
+    Layout,
+    Method,
+    Optimizer,
+    Plan,
+    Precision,
+    Recompute,
+)
 from service.frameworks import Target as Target  # the registry's; re-exported for the targets
 
 MASTER_PORT = 29500  # torchrun / DeepSpeed launcher default rendezvous port
@@ -185,6 +195,25 @@ def full_logits_refusal(plan: Plan) -> Refusal:
     Megatron-LM's) cannot run a layout estimated with a chunked loss, which keeps none of them."""
     if plan.layout.chunked_loss:
         return "chunked_loss: the loss computes the full logits here (no chunked loss is emitted)"
+    return None
+
+
+def sharded_8bit_refusal(plan: Plan) -> Refusal:
+    """bitsandbytes' 8-bit optimizers on FSDP's sharded parameters (the HF Trainer's and Accelerate's
+    FSDP, zero_stage >= 2): they do not step DTensor (FSDP2) or flat (FSDP1) parameters; bitsandbytes
+    issues #1633 (illegal memory access with FSDP2, open and reproduced in 2026) and #89 (8-bit
+    optimizers do not work with FSDP, open). DDP and DeepSpeed step whole or flattened partitions
+    bitsandbytes takes (budget fine-tuner review: the plan rendered it runnable)."""
+    lo = plan.layout
+    if (
+        lo.framework is Framework.FSDP
+        and lo.zero_stage >= 2
+        and plan.training.optimizer is Optimizer.ADAMW_8BIT
+    ):
+        return (
+            "bitsandbytes' 8-bit AdamW does not step FSDP's sharded parameters (bitsandbytes issues #1633 "
+            "and #89); use zero_stage 0 (DDP) or the deepspeed framework"
+        )
     return None
 
 

@@ -45,6 +45,7 @@ from service.launchers.common import (
     pure_bf16_duty,
     refuse,
     script,
+    sharded_8bit_refusal,
     shell_command,
     tf32_environment,
     torchrun_words,
@@ -117,6 +118,8 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
     lo = plan.layout
     if lo.zero_stage == 1:
         return "FSDP has no optimizer-state-only sharding (ZeRO-1)"
+    if (eight_bit := sharded_8bit_refusal(plan)) is not None:
+        return eight_bit
     if hsdp_replicas(lo, plan.cluster) > 1:
         return "HYBRID_SHARD is FSDP1-only in the Trainer; FSDP2 needs a 2-D device mesh"
     if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:

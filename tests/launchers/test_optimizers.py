@@ -146,3 +146,24 @@ def test_the_hf_trainer_refuses_sgd_it_would_run_without_momentum() -> None:
         assert hf_trainer.refusal(make_plan(train=training(), framework=framework, zero_stage=zero)) is None
     fsdp_sgd = make_plan(train=training(optimizer=Optimizer.SGD), framework=Framework.FSDP, zero_stage=3)
     assert "torch.optim.SGD(momentum=0.9)" in accelerate.duties(fsdp_sgd)
+
+
+def test_8bit_adam_runs_where_bitsandbytes_steps_the_parameters() -> None:
+    """bitsandbytes' 8-bit optimizers do not step FSDP's sharded parameters (its issues #1633, #89,
+    open): the HF Trainer and Accelerate refuse them at zero_stage >= 2, run them on DDP and DeepSpeed;
+    Accelerate's script keeps the embedding tables' states in 32 bits, as the Trainer does and the
+    estimate counts (fine-tuner review)."""
+    from service.estimator.types import Framework, Optimizer
+    from service.launchers import accelerate, hf_trainer
+    from tests.launchers.factories import plan as make_plan
+    from tests.launchers.factories import training
+
+    eight_bit = training(optimizer=Optimizer.ADAMW_8BIT)
+    sharded = make_plan(train=eight_bit, framework=Framework.FSDP, zero_stage=3)
+    for refusal in (hf_trainer.refusal, accelerate.refusal):
+        reason = refusal(sharded)
+        assert reason is not None and "#1633" in reason, reason
+        assert refusal(make_plan(train=eight_bit, framework=Framework.FSDP, zero_stage=0)) is None
+        assert refusal(make_plan(train=eight_bit, framework=Framework.DEEPSPEED, zero_stage=2)) is None
+    ddp = make_plan(train=eight_bit, framework=Framework.FSDP, zero_stage=0)
+    assert "register_module_override(module, 'weight', {'optim_bits': 32})" in accelerate.duties(ddp)
