@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, field_validator, model_validator
 
 from service.contracts.common import Strict, documented_maximum
 from service.estimator.defaults import HARDWARE_DEFAULT_FIELDS, for_gpu
@@ -105,21 +105,37 @@ class TrainingIn(Strict):
         "deepspeed refuses it (its engine casts the model to bf16 / fp16)",
     )
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _hf_optim_names(cls, data: Any) -> Any:
+    def _hf_optim_names(cls, data: Any, handler: ModelWrapValidatorHandler[TrainingIn]) -> TrainingIn:
         """An optimizer named as HF Trainer's optim names it (``HF_OPTIM_NAMES``): the optimizer, and
-        the implementation the name says unless the request states one."""
+        the implementation the name says unless the request states one; the name kept for the answer
+        (``optimizer_read``)."""
         if not isinstance(data, dict) or not isinstance(data.get("optimizer"), str):
-            return data
-        named = HF_OPTIM_NAMES.get(data["optimizer"].strip().lower().replace("-", "_"))
+            return handler(data)
+        name = data["optimizer"].strip().lower().replace("-", "_")
+        named = HF_OPTIM_NAMES.get(name)
         if named is None:
-            return data
+            return handler(data)
         optimizer, implementation = named
         data = {**data, "optimizer": optimizer.value}
         if implementation is not None and data.get("optimizer_implementation") is None:
             data["optimizer_implementation"] = implementation.value
-        return data
+        read = handler(data)
+        read._hf_optim_name = name
+        return read
+
+    def optimizer_read(self) -> dict[str, str]:
+        """How an HF Trainer optim name was read, for the answer's resolved_defaults: a paged
+        optimizer as the unpaged one (the same states on the GPU, paged to the host only under
+        pressure), which the launch files run (budget fine-tuner review: paged_adamw_8bit became
+        adamw_bnb_8bit unsaid)."""
+        name = self._hf_optim_name
+        if name is None or name == self.optimizer.value:
+            return {}
+        paged = " (paging, not modelled, moves its states to the host only under memory pressure)"
+        ran = f"{self.optimizer.value} as read from {name}"
+        return {"training.optimizer": ran + (paged if name.startswith("paged_") else "")}
 
     @field_validator("lora_targets")
     @classmethod
@@ -132,6 +148,8 @@ class TrainingIn(Strict):
             if twice:
                 raise ValueError(f"{', '.join(twice)} named more than once: each module takes one adapter")
         return targets
+
+    _hf_optim_name: str | None = PrivateAttr(default=None)
 
     def adapter_defaults(self) -> dict[str, str]:
         """The adapters' settings a LoRA / QLoRA request left out, as resolved (rank 16, every linear

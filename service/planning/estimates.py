@@ -90,7 +90,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
         out.resolved_defaults["layout.overlap_grad_reduce"] = str(overlapped).lower()
     if layout.dp_replicate is None and (replicas := hsdp_replicas(layout, cluster)) > 1:
         out.resolved_defaults["layout.dp_replicate"] = str(replicas)  # HSDP's: one shard group per node
-    out.resolved_defaults |= request.training.adapter_defaults()
+    out.resolved_defaults |= request.training.adapter_defaults() | request.training.optimizer_read()
     if unsplit is not None:
         out.resolved_defaults["layout.sequence_parallel"] = "false"
         out.assumptions.append(unsplit)

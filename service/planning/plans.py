@@ -184,6 +184,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     result.resolved_defaults = (
         chosen_defaults(training)
         | request.training.adapter_defaults()
+        | request.training.optimizer_read()
         | chosen_link_defaults(cluster)
         | read_from_catalog(request.model, form)
     )
