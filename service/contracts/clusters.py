@@ -358,6 +358,23 @@ class ClusterPatch(Strict):
         default=None, ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S
     )
 
+    # the `X_gbps` twins the PATCH sent (``ClusterShape._sent_as``): the merged cluster's errors name
+    # them as sent (a refused measured_intra_node_bus_bandwidth_gbps was named ..._bytes_per_s and its
+    # GB/s value called bytes; operator review)
+    _sent_as: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _twins_sent(cls, value: Any, handler: Callable[[Any], ClusterPatch]) -> ClusterPatch:
+        patch = handler(value)
+        if isinstance(value, dict):
+            patch._sent_as = {
+                key.removesuffix("_gbps") + "_bytes_per_s": key
+                for key in value
+                if isinstance(key, str) and key.endswith("_gbps")
+            }
+        return patch
+
     # the fields a PATCH may leave out but not null (their None is "not sent"): the schema says so
     null_refused: ClassVar[tuple[str, ...]] = (
         "name", "description", "gpu", "num_nodes", "gpus_per_node", "cpu_memory_bytes_per_node",

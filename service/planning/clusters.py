@@ -181,6 +181,7 @@ def update_cluster(
             for e in exc.errors()
         ]
         raise Unprocessable("the patched cluster is not valid", errors=errors) from exc
+    replacement._sent_as |= patch._sent_as  # its errors name the twins the PATCH sent
     _check_name_free(repo, replacement.name, record.id)
     _apply(record, replacement)
     return _save(repo, record)

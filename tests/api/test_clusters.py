@@ -395,6 +395,16 @@ def test_estimates_use_and_state_the_measurement_inline_or_stored(client: TestCl
     body["cluster"] |= {INTER: 44e9}
     problem = assert_problem(client.post("/v1/estimates", json=body), 422)
     assert problem["errors"][0]["field"] == f"cluster.{INTER}"
+    # a PATCH's GB/s twin past the link is named as sent, as POST and PUT name it (operator review)
+    twin = {"measured_intra_node_bus_bandwidth_gbps": 10_000}
+    created = client.post(
+        "/v1/clusters", json=twin | {"name": "fast", "gpu": "h100-sxm-80gb", "num_nodes": 1}
+    )
+    for response in (created, client.patch(f"/v1/clusters/{stored['id']}", json=twin)):
+        problem = assert_problem(response, 422)
+        (error,) = problem["errors"]
+        assert error["field"] == "measured_intra_node_bus_bandwidth_gbps", problem
+        assert "measured_intra_node_bus_bandwidth_gbps" in error["message"], problem
 
 
 def test_chunked_bodies_over_a_real_server(tmp_path: Path) -> None:
