@@ -40,6 +40,7 @@ from service.estimator.model_states import (
     ModelStates,
     megatron_fused_adam_on_gpu,
     megatron_grads_in_fp32,
+    megatron_master_remainders,
     rank_model_states,
     rank_parameters,
     shard_degrees,
@@ -305,7 +306,7 @@ def flat_model_states(
     """The estimator's model-state formulas on a flat model's own counts (one pipeline rank)."""
     assume = default_tuning().memory
     rp = rank_parameters(model, counts, layout, 0, ((DENSE, model.num_layers),))
-    fused = megatron_fused_adam_on_gpu(layout, training)
+    fused = (megatron_fused_adam_on_gpu(layout, training), megatron_master_remainders(layout, training))
     grads = megatron_grads_in_fp32(layout)
     sb = state_bytes(training, layout.framework, model, assume, grads, (False, False), fused)
     degrees = shard_degrees(layout, cluster)

@@ -181,9 +181,10 @@ class LayoutIn(Strict):
     precision_aware_optimizer: bool | None = Field(
         default=None,
         description="megatron, zero_stage 1, adamw: --use-precision-aware-optimizer, Transformer Engine's "
-        "FusedAdam keeping the master as the fp32 weights' low 16 bits (2 B, not 4) and stepping the main "
-        "grads without an fp32 copy (bf16; required with offload_optimizer); default: on for bf16 there, "
-        "as NVIDIA's performance recipes set it (Megatron-LM's own default is off: set false to run that)",
+        "FusedAdam stepping the main grads without an fp32 copy, its master over bf16 weights the fp32 "
+        "weights' low 16 bits (2 B, not 4; bf16, and fp8 with fp8_param_gather false; fp16 keeps 4 B); "
+        "required with offload_optimizer; default: on for bf16 there, as NVIDIA's performance recipes set "
+        "it (Megatron-LM's own default is off: set false to run that)",
     )
     pipeline_layers: list[Annotated[int, Field(ge=0, le=100_000)]] | None = Field(
         default=None,

@@ -46,6 +46,7 @@ from service.estimator.model_states import (
     megatron_fp8_params,
     megatron_fused_adam_on_gpu,
     megatron_grads_in_fp32,
+    megatron_master_remainders,
     peft_adapts_fused_experts,
     quantized_weights,
     rank_model_states,
@@ -413,25 +414,28 @@ def state_bytes_of(
     framework: Framework,
     grads_in_fp32: bool = True,
     deepspeed_optimizer: tuple[bool, bool] = (False, False),
-    fused_adam_remainders: bool = False,
+    megatron_fused_adam: tuple[bool, bool] = (False, False),
 ) -> StateBytes:
     """``state_bytes`` of the job's training under ``framework`` (Megatron: gradients in fp32 or not,
     its precision-aware FusedAdam or not; DeepSpeed: what its optimizer wrapper keeps, ``state_bytes``)."""
     training, model, assume = job.training, job.model, job.assume
-    fused = fused_adam_remainders
+    fused = megatron_fused_adam
     return state_bytes(training, framework, model, assume, grads_in_fp32, deepspeed_optimizer, fused)
 
 
 @layout_memo(
     "framework", "zero_stage", "pp", "grad_reduce_in_fp32", "precision_aware_optimizer", "offload_optimizer",
-    memory=True,
+    "fp8_param_gather", memory=True,
 )  # fmt: skip
 def layout_state_bytes(job: Job, layout: Layout) -> StateBytes:
     """``state_bytes_of`` the layout's framework, Megatron gradient dtype and optimizer, and DeepSpeed
     optimizer (memoised: the memory and the step ask it for every layout they evaluate)."""
     precision = job.training.precision
     deepspeed = (deepspeed_master_clone(layout, precision), deepspeed_bf16_optimizer(layout, precision))
-    fused = megatron_fused_adam_on_gpu(layout, job.training)
+    fused = (
+        megatron_fused_adam_on_gpu(layout, job.training),
+        megatron_master_remainders(layout, job.training),
+    )
     return state_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout), deepspeed, fused)
 
 
@@ -839,7 +843,7 @@ def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
     """Model states per GPU with every state sharded over ``gpus`` GPUs and nothing offloaded: no
     layout of ``framework`` on that many GPUs needs less (ZeRO-3 / FULL_SHARD's bound)."""
     # Megatron's bf16 gradient buffer and precision-aware FusedAdam's 2-byte master: the least
-    sb = state_bytes_of(job, framework, False, (False, False), True)
+    sb = state_bytes_of(job, framework, False, (False, False), (True, True))
     return int(state_bytes_per_parameter(sb, framework) * job.counts.total / gpus)
 
 
@@ -904,15 +908,21 @@ def _state_bytes_note(job: Job, layout: Layout) -> str:
         )
         dtype = "fp32" if megatron_grads_in_fp32(layout) else "bf16 (--grad-reduce-in-bf16)"
         note += f"; gradient buffer and its reduce-scatter in {dtype} ({chosen})"
-    if sb.master_remainders:
+    if megatron_fused_adam_on_gpu(layout, job.training):
         chosen = (
             "as set"
             if layout.precision_aware_optimizer is not None
             else "NVIDIA's bf16 recipes' default; Megatron-LM's own is off: precision_aware_optimizer false"
         )
+        master = (
+            "the master as the fp32 weights' low 16 bits (2 B; store_param_remainders, Transformer Engine "
+            ">= 2.1: an older one keeps 4 B)"
+            if sb.master_remainders
+            else "the fp32 master"
+        )
         note += (
-            "; --use-precision-aware-optimizer: Transformer Engine's FusedAdam keeps the master as the fp32 "
-            f"weights' low 16 bits (2 B) and steps the main grads as they are ({chosen})"
+            f"; --use-precision-aware-optimizer: Transformer Engine's FusedAdam keeps {master} and steps the "
+            f"main grads as they are ({chosen})"
         )
     elif sb.casts_gradients and layout.offload_optimizer is Offload.NONE:
         note += (

@@ -350,17 +350,28 @@ def megatron_precision_aware_optimizer(layout: Layout, training: TrainingSpec) -
 
 
 def megatron_fused_adam_on_gpu(layout: Layout, training: TrainingSpec) -> bool:
-    """Whether the precision-aware FusedAdam steps on the GPU and keeps its master as remainders: bf16
-    weights with fp32 main params (``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, optimizer_config
-    .py), nothing offloaded. Transformer Engine's FusedAdam then holds the master as the fp32 weights'
-    low 16 bits (store_param_remainders, OptimizerConfig's default True, Transformer Engine >= 2.1:
-    2 B) and reads the bf16 main grads as they are (distrib_optimizer.py
-    ``_copy_model_grads_to_main_grads``: ``decoupled_grad`` is the grad buffer's view, no .float())."""
+    """Whether the precision-aware FusedAdam steps on the GPU: Transformer Engine's FusedAdam holds
+    the master (``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, optimizer_config.py: bf16 and
+    fp16, and fp8 with delayed scaling, the launch file's recipe) and reads the 16-bit main grads as
+    they are (distrib_optimizer.py ``_copy_model_grads_to_main_grads``: ``decoupled_grad`` is the grad
+    buffer's view, no .float()); nothing offloaded. Over bf16 weights its master is the fp32 weights'
+    low 16 bits (``megatron_master_remainders``)."""
     return (
-        training.precision is Precision.BF16
+        training.precision in MIXED
         and layout.offload_optimizer is Offload.NONE
         and megatron_precision_aware_optimizer(layout, training)
     )
+
+
+def megatron_master_remainders(layout: Layout, training: TrainingSpec) -> bool:
+    """Whether the precision-aware FusedAdam keeps its master as remainders (2 B): over bf16 weights
+    (bf16, and fp8 without --fp8-param-gather), store_param_remainders (OptimizerConfig's default
+    True; Megatron turns it off below Transformer Engine 2.1: optimizer_config.py, and Transformer
+    Engine applies it to bfloat16 parameters only: fused_adam.py)."""
+    bf16_weights = training.precision is Precision.BF16 or (
+        training.precision is Precision.FP8 and not megatron_fp8_params(layout, training.precision)
+    )
+    return bf16_weights and megatron_fused_adam_on_gpu(layout, training)
 
 
 def deepspeed_bf16_optimizer(layout: Layout, precision: Precision) -> bool:
@@ -405,14 +416,14 @@ def state_bytes(
     assume: MemoryAssumptions,
     grads_in_fp32: bool,
     deepspeed_optimizer: tuple[bool, bool] = (False, False),
-    fused_adam_remainders: bool = False,
+    megatron_fused_adam: tuple[bool, bool] = (False, False),
 ) -> StateBytes:
     """Bytes per trainable parameter by precision and framework (ZeRO §3.1; Megatron dist_optimizer.md);
     ``grads_in_fp32``: Megatron's bf16/fp8 gradient buffer dtype (``megatron_grads_in_fp32``);
     ``deepspeed_optimizer``: (its ZeRO-1/2 master clone without mixed precision,
     ``deepspeed_master_clone``; its BF16_Optimizer's flat gradient buffer, ``deepspeed_bf16_optimizer``);
-    ``fused_adam_remainders``: Megatron's precision-aware FusedAdam on the GPU
-    (``megatron_fused_adam_on_gpu``)."""
+    ``megatron_fused_adam``: Megatron's precision-aware FusedAdam on the GPU (``megatron_fused_adam_on_gpu``,
+    no fp32 copy of the grads) and whether it keeps remainders (``megatron_master_remainders``)."""
     p = training.precision
     weights = 4 if p.stores_fp32 else 2  # fp32 and tf32: fp32 weights and gradients, no master
     master = 4.0 if p in MIXED else 0.0
@@ -429,7 +440,8 @@ def state_bytes(
         gradients = 4 if grads_in_fp32 else 2
     elif framework is Framework.FSDP and p in MIXED:
         gradients = 4  # gradients take the sharded fp32 parameter's dtype
-    remainders = fused_adam_remainders and framework is Framework.MEGATRON and p is Precision.BF16
+    fused, remainders = megatron_fused_adam if framework is Framework.MEGATRON else (False, False)
+    remainders = remainders and p in (Precision.BF16, Precision.FP8)  # over bf16 weights only
     if remainders:
         master = FP32_BYTES - weights  # the fp32 weights' low 16 bits
     moments = moment_bytes(training, model, assume)
@@ -452,7 +464,7 @@ def state_bytes(
         casts_gradients=framework is Framework.MEGATRON
         and bool(master)
         and gradients < FP32_BYTES
-        and not remainders,
+        and not fused,
         master_remainders=remainders,
     )
 
@@ -465,14 +477,15 @@ def optimizer_step_bytes(sb: StateBytes, framework: Framework) -> float:
     # moments the same way): the parameter it updates (the fp32 master, or the weights themselves
     # without one) and the moments read and written, the gradient read as stored. With a master,
     # DeepSpeed and Megatron then write the 16-bit weights from it (DeepSpeed's bit16 groups,
-    # Megatron's _copy_main_params_to_model_params); FSDP casts its sharded fp32 parameter to 16 bits
-    # at the all-gather, not in the step. Megatron casts 16-bit main grads to fp32 first
+    # Megatron's _copy_main_params_to_model_params: model_param.data.copy_(main_param), a pass that
+    # reads the master and writes the weights); FSDP casts its sharded fp32 parameter to 16 bits at
+    # the all-gather, not in the step. Megatron casts 16-bit main grads to fp32 first
     # (StateBytes.casts_gradients), and the step reads that copy. Transformer Engine's FusedAdam
     # with remainders reads and writes the 16-bit weights and the remainders that complete them.
     if sb.master_remainders:
         return 2 * (sb.weights + sb.master + sb.moments) + sb.gradients
     parameter = sb.master or sb.weights
-    copy = sb.weights if sb.master and framework is not Framework.FSDP else 0.0
+    copy = sb.master + sb.weights if sb.master and framework is not Framework.FSDP else 0.0
     if sb.casts_gradients:
         # the 16-bit main grads cast to fp32 (read, write) and the step reading the fp32 copy
         return 2 * (parameter + sb.moments) + sb.gradients + 2 * FP32_BYTES + copy

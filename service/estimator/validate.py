@@ -538,12 +538,18 @@ def precision_aware_violation(training: TrainingSpec, layout: Layout) -> Violati
         return _bad(f"precision_aware_optimizer is Transformer Engine's FusedAdam: it needs optimizer "
                     f"adamw, got {training.optimizer.value}", "precision_aware_optimizer",
                     "precision_aware_optimizer")  # fmt: skip
-    if not offloaded and training.precision is not Precision.BF16:
-        # fp8 with current or block scaling keeps Megatron's own fp32 master and gradient copy
-        # (use_precision_aware_optimizer_no_fp8_or_ds_fp8); fp16 weights have no remainders to keep
-        return _bad(f"precision_aware_optimizer is modelled for precision bf16 (its 2-byte master beside "
-                    f"the bf16 weights), got {training.precision.value}", "precision_aware_optimizer",
+    if not offloaded and training.precision not in (Precision.BF16, Precision.FP16, Precision.FP8):
+        return _bad(f"precision_aware_optimizer steps a master beside 16-bit weights: precision "
+                    f"{training.precision.value} keeps none", "unused",
                     "precision_aware_optimizer")  # fmt: skip
+    fp8_weights = model_states.megatron_fp8_params(layout, Precision.FP8)
+    if not offloaded and training.precision is Precision.FP8 and fp8_weights:
+        # Transformer Engine's FusedAdam over fp8 weights (--fp8-param-gather) is not modelled; over
+        # bf16 ones, under the delayed scaling the launch file sets (use_precision_aware_optimizer_no_
+        # fp8_or_ds_fp8, optimizer_config.py), it keeps bf16's remainders (Megatron review)
+        return _bad("precision_aware_optimizer with fp8 weights (fp8_param_gather, on by default with the "
+                    "distributed optimizer) is not modelled: set fp8_param_gather false",
+                    "precision_aware_optimizer", "precision_aware_optimizer")  # fmt: skip
     return None
 
 

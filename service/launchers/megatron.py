@@ -13,6 +13,7 @@ import math
 from service.estimator.model_states import (
     megatron_fp8_params,
     megatron_grads_in_fp32,
+    megatron_master_remainders,
     megatron_precision_aware_optimizer,
 )
 from service.estimator.params import is_moe_layer
@@ -705,5 +706,12 @@ def render(plan: Plan) -> list[Artifact]:
         "vocabulary): to fine-tune, add --load/--pretrained-checkpoint with a Megatron checkpoint of the\n"
         "model and --finetune, and --data-path with --tokenizer-type/--tokenizer-model for real data."
     )
+    if megatron_master_remainders(plan.layout, plan.training):
+        # OptimizerConfig turns store_param_remainders off below Transformer Engine 2.1, and FusedAdam
+        # then keeps a 4-byte master: 2 B per parameter of the optimizer shard more (Megatron review)
+        header += (
+            "\nThe estimate's 2-byte master (--use-precision-aware-optimizer, store_param_remainders) needs\n"
+            "Transformer Engine >= 2.1: an older one keeps a 4-byte fp32 master."
+        )
     content = script(plan, [shell_command(words)], env=environment(plan), header=header)
     return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

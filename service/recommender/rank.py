@@ -10,7 +10,12 @@ from __future__ import annotations
 from typing import Protocol
 
 from service.estimator.comm import expert_stride, group_strides, link_for_group
-from service.estimator.model_states import hsdp_replicas, megatron_fused_adam_on_gpu, shard_degrees
+from service.estimator.model_states import (
+    hsdp_replicas,
+    megatron_fused_adam_on_gpu,
+    megatron_master_remainders,
+    shard_degrees,
+)
 from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.types import (
     ClusterSpec,
@@ -197,11 +202,17 @@ def _sharding_words(layout: Layout, cluster: ClusterSpec, training: TrainingSpec
     if layout.zero_stage == 0:
         return "no ZeRO sharding (model states replicated)" + tail
     if layout.framework is Framework.MEGATRON:
-        fused = training is not None and megatron_fused_adam_on_gpu(layout, training)
-        kept = " (precision-aware: a 2-byte master, no fp32 copy of the grads)" if fused else ""
-        if shards == 1:
-            return f"distributed optimizer on one data-parallel rank, sharding nothing{kept}" + tail
-        return f"distributed optimizer shards optimizer states over dp x cp = {shards}{kept}" + tail
+        kept = ""
+        if training is not None and megatron_fused_adam_on_gpu(layout, training):
+            master = "a 2-byte master" if megatron_master_remainders(layout, training) else "its fp32 master"
+            kept = f" (precision-aware: {master}, no fp32 copy of the grads)"
+        dense, experts = shard_degrees(layout, cluster)
+        # the experts' states shard over their own data parallelism (Megatron's expert grid)
+        routed = f"; the experts' over their data parallelism, {experts}" if layout.ep > 1 else ""
+        if dense == 1:
+            unsharded = "dense states unsharded" if layout.ep > 1 else "sharding nothing"
+            return f"distributed optimizer on one data-parallel rank, {unsharded}{routed}{kept}" + tail
+        return f"distributed optimizer shards optimizer states over dp x cp = {shards}{routed}{kept}" + tail
     if layout.framework is Framework.FSDP:
         mode = "FULL_SHARD" if layout.zero_stage == 3 else "SHARD_GRAD_OP"
         replicas = hsdp_replicas(layout, cluster)

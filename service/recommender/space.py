@@ -568,15 +568,23 @@ def shardings(
         refused = framework_structure_refusal(framework, *job, s.tp, s.pp, s.cp, s.ep)
         if refused is not None:  # every sharding would be evaluated, then refused by every launcher
             return [], [f"no launcher runs {framework.value} at this split: {refused}"]
-    # Megatron's distributed optimizer on one data-parallel rank shards nothing, but under bf16 with
-    # Adam it is the precision-aware optimizer (a 2-byte master, no fp32 grad copy) that the
-    # recipes' switches run, which Megatron's optimizer without it is not
-    alone = (
-        framework is Framework.MEGATRON
-        and megatron_lm is None
-        and job is not None
-        and job[1].precision is Precision.BF16
-        and job[1].optimizer is Optimizer.ADAMW
+    # Megatron's distributed optimizer on one data-parallel rank shards no dense state, but it is
+    # what the recipes' switches need: under bf16 with Adam the precision-aware optimizer (a 2-byte
+    # master, no fp32 grad copy), under fp8 --fp8-param-gather (no bf16 weight copy), which
+    # Megatron's optimizer without it runs neither; and with ep > 1 it shards the experts' states
+    # over their own data parallelism, tp x dp x cp / (etp x ep) (Megatron review)
+    training = job[1] if job is not None else None
+    recipes = megatron_lm is None and training is not None
+    alone = framework is Framework.MEGATRON and (
+        structure.ep > 1
+        or (
+            recipes
+            and training is not None
+            and (
+                (training.precision is Precision.BF16 and training.optimizer is Optimizer.ADAMW)
+                or training.precision is Precision.FP8
+            )
+        )
     )
     split = (structure.pp > 1, structure.dp * structure.cp > 1)
     ok, unsupported = _shardings(framework, *split, offload, compiled, structure.ep > 1, alone)

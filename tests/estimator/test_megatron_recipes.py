@@ -75,32 +75,50 @@ def test_precision_aware_optimizer_keeps_a_two_byte_master_and_no_gradient_copy(
     assert (sb_own.casts_gradients, sb_aware.casts_gradients) == (True, False)
     assert rank_states(j, own, 0).optimizer_temporary - rank_states(j, DIST, 0).optimizer_temporary == TINY_P
     # HBM bytes per parameter of the step: own reads the fp32 master, moments and the bf16 grad, casts
-    # the grad (read 2 + write 4 + read the copy 4, as counted: 2 x 4 + 2) and writes master, moments and
-    # the bf16 weights: 2 (4 + 8) + 2 + 8 + 2 = 36; FusedAdam reads and writes weights, remainders and
-    # moments and reads the grad: 2 (2 + 2 + 8) + 2 = 26
-    assert optimizer_step_bytes(sb_own, Framework.MEGATRON) == 36
+    # the grad (read 2 + write 4 + read the copy 4, as counted: 2 x 4 + 2), writes master and moments,
+    # then copies the master to the bf16 weights (read 4, write 2): 2 (4 + 8) + 2 + 8 + 4 + 2 = 40;
+    # FusedAdam reads and writes weights, remainders and moments and reads the grad: 2 (2 + 2 + 8) + 2
+    # = 26
+    assert optimizer_step_bytes(sb_own, Framework.MEGATRON) == 40
     assert optimizer_step_bytes(sb_aware, Framework.MEGATRON) == 26
     # fp32 main grads: the same 2-byte master, no copy to make either way
     fp32 = dataclasses.replace(DIST, grad_reduce_in_fp32=True)
     assert total(states(TINY, c, fp32, TRAIN)) == (2 + 4 + 2.5) * TINY_P
 
 
-def test_precision_aware_optimizer_is_the_bf16_recipes_only() -> None:
+def test_precision_aware_optimizer_is_the_bf16_recipes_default_and_runs_where_megatron_runs_it() -> None:
     c = cluster(4)
-    # fp8 (current scaling keeps Megatron's fp32 master), fp16, the optimizer wrappers without the
-    # distributed optimizer, and any optimizer but Adam: Megatron's own optimizer, 4-byte master
+    fp16 = dataclasses.replace(TRAIN, precision=Precision.FP16)
+    # by default only bf16 with the distributed optimizer and Adam: fp8 and fp16 keep Megatron's own
+    # optimizer (NVIDIA's scripts set it for bf16), and so do ZeRO-0 and SGD
     for training, layout in (
         (FP8, DIST),
-        (dataclasses.replace(TRAIN, precision=Precision.FP16), DIST),
+        (fp16, DIST),
         (TRAIN, Layout(framework=Framework.MEGATRON, dp=4)),
         (dataclasses.replace(TRAIN, optimizer=Optimizer.SGD), DIST),
     ):
-        j = job(TINY, c, training)
         assert not megatron_precision_aware_optimizer(layout, training)
-        assert not layout_state_bytes(j, layout).master_remainders
+        assert layout_state_bytes(job(TINY, c, training), layout).casts_gradients
+    # stated, Megatron refuses it without the distributed optimizer and with any optimizer but Adam;
+    # over fp8 weights (--fp8-param-gather) it is not modelled
+    for training, layout in (
+        (TRAIN, Layout(framework=Framework.MEGATRON, dp=4)),
+        (dataclasses.replace(TRAIN, optimizer=Optimizer.SGD), DIST),
+        (FP8, DIST),
+    ):
         stated = dataclasses.replace(layout, precision_aware_optimizer=True)
         with pytest.raises(InvalidLayout, match="precision_aware_optimizer"):
             validate_layout(TINY, c, stated, training)
+    # fp16 (a 4-byte master, no fp32 copy of the grads) and fp8 over bf16 weights under the delayed
+    # scaling the launch file sets (bf16's remainders) run it (Megatron review)
+    aware = dataclasses.replace(DIST, precision_aware_optimizer=True)
+    validate_layout(TINY, c, aware, fp16)
+    sb16 = layout_state_bytes(job(TINY, c, fp16), aware)
+    assert (sb16.master, sb16.casts_gradients, sb16.master_remainders) == (4, False, False)
+    bf16_weights = dataclasses.replace(aware, fp8_param_gather=False)
+    validate_layout(TINY, c, bf16_weights, FP8)
+    sb8 = layout_state_bytes(job(TINY, c, FP8), bf16_weights)
+    assert (sb8.master, sb8.casts_gradients, sb8.master_remainders) == (2, False, True)
     # offloaded, Megatron needs it (validate_args): on by default, refused off; the host keeps the master
     offloaded = dataclasses.replace(DIST, offload_optimizer=Offload.CPU)
     assert megatron_precision_aware_optimizer(offloaded, TRAIN)

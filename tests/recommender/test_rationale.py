@@ -3,13 +3,14 @@ property checked over plans of many shapes (one GPU to hundreds, dense and MoE, 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
-from service.estimator.types import ClusterSpec, Framework, Layout, Method, Offload, TrainingSpec
+from service.estimator.types import ClusterSpec, Framework, Layout, Method, Offload, Precision, TrainingSpec
 from service.recommender import Candidate, Constraints, Objective, recommend
 from tests.recommender.helpers import cluster
 
@@ -241,3 +242,20 @@ def test_a_near_tie_is_said_in_the_objectives_terms(objective: Objective, terms:
     assert lines[2].startswith(f"the next ({rank.describe(split)}) is 1.0% faster{terms}: a gain under 1%"), (
         lines[2]
     )
+
+
+def test_a_distributed_optimizer_on_one_rank_says_what_it_shards_and_keeps() -> None:
+    """At dp x cp = 1 the distributed optimizer shards no dense state, but the experts' over their own
+    data parallelism (tp x dp x cp / (etp x ep) = 4 here): "sharding nothing" contradicted the
+    estimate's own optimizer states (Megatron review)."""
+    from service.recommender.rank import _sharding_words
+
+    bf16 = TrainingSpec(seq_len=4096, global_batch_size=64)
+    moe = Layout(framework=Framework.MEGATRON, dp=1, tp=8, ep=2, etp=1, zero_stage=1)
+    words = _sharding_words(moe, cluster(nodes=1), bf16)
+    assert words.startswith("distributed optimizer on one data-parallel rank, dense states unsharded")
+    assert "the experts' over their data parallelism, 4" in words and "a 2-byte master" in words
+    dense = Layout(framework=Framework.MEGATRON, dp=1, tp=8, zero_stage=1)
+    assert "sharding nothing" in _sharding_words(dense, cluster(nodes=1), bf16)
+    fp16 = dataclasses.replace(bf16, precision=Precision.FP16)
+    assert "precision-aware" not in _sharding_words(dense, cluster(nodes=1), fp16)  # Megatron's own

@@ -541,6 +541,31 @@ def test_recomputing_some_layers_a_smaller_micro_batch_is_timed_at_its_fewest() 
     assert any(c.layout.zero_stage == 1 and (c.layout.recompute_num_layers or 32) <= 14 for c in shown)
 
 
+def test_megatron_searches_its_distributed_optimizer_on_one_data_parallel_rank() -> None:
+    """The distributed optimizer at dp x cp = 1 shards no dense state, but is what the recipes'
+    switches need: under fp8 --fp8-param-gather (no bf16 weight copy), under bf16 the precision-aware
+    optimizer. Llama 3.1 70B in fp8 on 16 96 GB H100s was infeasible for Megatron (every dp-1 split
+    at ZeRO-0) where tp 8 pp 2 at ZeRO-1 fits with 7% headroom (Megatron review)."""
+    from service.catalog.models import model as preset
+    from service.catalog.tuning import default_tuning
+    from service.estimator.types import Precision, TrainingSpec
+    from service.recommender import Constraints, recommend
+    from tests.recommender.helpers import cluster
+
+    fp8 = TrainingSpec(seq_len=8192, global_batch_size=128, tokens=10**10, precision=Precision.FP8)
+    found = recommend(
+        preset("llama-3.1-70b").spec,
+        cluster("h100-sxm-500w-96gb", nodes=2),
+        fp8,
+        Constraints(frameworks=(Framework.MEGATRON,)),
+        default_tuning(),
+        with_suggestions=False,
+    )
+    assert found.recommended is not None, found.closest
+    layout = found.recommended.layout
+    assert (layout.dp, layout.cp, layout.zero_stage) == (1, 1, 1), layout
+
+
 def test_where_tp_overlaps_buffers_do_not_fit_the_overlap_off_twin_is_searched() -> None:
     """Megatron's TP overlap holds Transformer Engine's userbuffers (12 x seq x micro-batch / cp x
     hidden: 6 GiB per GPU for Llama 3.1 70B at 32k tokens). Counting them made this job infeasible (a
