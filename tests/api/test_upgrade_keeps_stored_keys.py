@@ -87,7 +87,7 @@ def test_a_retry_of_a_key_an_earlier_release_stored_replays(client: TestClient, 
 
     body = plan_body()
     first = create(client, body, key="retry-across-upgrade")
-    _, every_field = request_digests(PlanRequest.model_validate(body))
+    *_, every_field = request_digests(PlanRequest.model_validate(body))
     with db_engine.begin() as conn:  # as the earlier release stored it
         conn.execute(
             text("UPDATE idempotency_keys SET request_sha256 = :d WHERE key = :k"),
