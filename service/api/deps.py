@@ -32,14 +32,30 @@ def get_app_settings(request: Request) -> Settings:
     return settings
 
 
-def check_database_file(request: Request) -> None:
-    """503 when the SQLite file the service opened was deleted or replaced: its writes would be lost."""
+# the metric's reason for check_database_file's 503s (a fixed sentence: a metric label)
+DATABASE_FILE_REPLACED = "the SQLite database file was removed or replaced"
+
+
+def database_file_replaced(request: Request) -> str | None:
+    """Why the SQLite file the service opened can no longer be written (deleted or replaced: its
+    writes would be lost), or None."""
     opened = request.app.state.database_identity
     if opened is not None and sqlite_file_identity(request.app.state.engine) != opened:
-        raise ServiceUnavailable(
+        return (
             f"the database file {opened[0]} was removed or replaced while the service ran; "
             "restore it and restart the service"
         )
+    return None
+
+
+def check_database_file(request: Request) -> None:
+    """503 when the SQLite file the service opened was deleted or replaced, counted in
+    trainplan_database_unavailable_total as the README says of every database 503 (an alert on it
+    stayed silent while every write was refused; operator review)."""
+    why = database_file_replaced(request)
+    if why is not None:
+        request.app.state.metrics.observe_database_unavailable(DATABASE_FILE_REPLACED)
+        raise ServiceUnavailable(why)
 
 
 IDEMPOTENCY_KEY_CHARS = 255

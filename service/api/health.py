@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import Engine, text
 
-from service.api.deps import check_database_file, database_slot
+from service.api.deps import database_file_replaced, database_slot
 from service.errors import ServiceUnavailable
 from service.persistence.db import driver_message
 from service.persistence.schema import database_revision, schema_problem
@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 # readiness failures, counted with the requests' database 503s (fixed sentences: metric labels)
 READINESS_UNREACHABLE = "readiness: the database is not reachable"
 READINESS_SCHEMA = "readiness: the database's schema is not this service's"
+READINESS_REPLACED = "readiness: the SQLite database file was removed or replaced"
+READINESS_UNWRITABLE = "readiness: the SQLite database files are not writable"
 
 
 # async: answered on the event loop, never queued behind the worker threads a burst of plans holds
@@ -59,9 +61,13 @@ def readyz(request: Request) -> dict[str, str]:
         log.warning("not ready: %s", problem)
         request.app.state.metrics.observe_database_unavailable(READINESS_SCHEMA)
         raise ServiceUnavailable(problem)
-    check_database_file(request)
+    replaced = database_file_replaced(request)
+    if replaced is not None:
+        request.app.state.metrics.observe_database_unavailable(READINESS_REPLACED)
+        raise ServiceUnavailable(replaced)
     unwritable = _unwritable_sqlite_files(engine)
     if unwritable:
+        request.app.state.metrics.observe_database_unavailable(READINESS_UNWRITABLE)
         raise ServiceUnavailable(f"database files not writable: {', '.join(unwritable)}")
     return {"status": "ready", "database": engine.dialect.name}
 

@@ -152,6 +152,9 @@ def test_readyz_notices_an_unwritable_sqlite_file(sqlite_file: str, monkeypatch:
         client.get("/v1/clusters")  # opens the database: WAL mode creates the -wal file
         assert Path(wal).exists()
         assert_unavailable(client.get("/readyz"), "not writable", wal)
+        metrics = client.get("/metrics").text
+        reason = "readiness: the SQLite database files are not writable"
+        assert f'trainplan_database_unavailable_total{{reason="{reason}"}} 1' in metrics, metrics
 
 
 def test_a_deleted_database_file_is_a_503_not_lost_writes(sqlite_file: str) -> None:
@@ -165,6 +168,13 @@ def test_a_deleted_database_file_is_a_503_not_lost_writes(sqlite_file: str) -> N
         assert_unavailable(client.post("/v1/clusters", json=CLUSTER | {"name": "d"}), "removed or replaced")
         assert_unavailable(client.get("/readyz"), "removed or replaced")
         assert client.get("/healthz").status_code == 200
+        # counted as every database 503 is: an alert on the counter stayed silent (operator review)
+        metrics = client.get("/metrics").text
+        for reason in (
+            "the SQLite database file was removed or replaced",
+            "readiness: the SQLite database file was removed or replaced",
+        ):
+            assert f'trainplan_database_unavailable_total{{reason="{reason}"}} 1' in metrics, metrics
 
 
 def test_database_503s_are_counted_by_reason(sqlite_file: str) -> None:
