@@ -193,9 +193,28 @@ def lora_module_names(model: ModelSpec) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*own, *llama]))
 
 
+# The modules holding Llama's targets in the Hugging Face decoders named as Llama's (LlamaDecoderLayer's
+# self_attn and mlp): peft matches a target as a suffix of the module's name, so "self_attn.q_proj"
+# adapts every layer's q_proj as "q_proj" does (a 422 "unknown lora_targets" met that ordinary config;
+# fine-tuner review)
+LLAMA_TARGET_PARENTS = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
+
+
 def _module_targets(model: ModelSpec, name: str) -> tuple[str, ...]:
     if name in ALL_LINEAR:
         return (name,)
+    parent, _, last = name.rpartition(".")
+    dense_llama = _lora_groups(model) is None and model.moe is None and not model.bidirectional
+    if dense_llama and parent and LLAMA_TARGET_PARENTS.get(last) == parent:
+        return (last,)
     if model.bidirectional:
         return _ENCODER_MODULE_TARGETS.get(name, ())
     groups = _lora_groups(model) or ()

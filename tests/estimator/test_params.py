@@ -378,4 +378,9 @@ def test_a_models_own_lora_module_names_read_as_the_targets_they_hold() -> None:
     assert canonical_lora_targets(bert, ("dense",)) == ("o_proj", "up_proj", "down_proj")
     llama = model("llama-3-8b").spec
     assert canonical_lora_targets(llama, ("q_proj", "v_proj")) == ("q_proj", "v_proj")
+    # the module's parent too, as peft matches a suffix (fine-tuner review): every layer's q_proj; a
+    # path peft would not match, or that picks one layer, stays for TrainingSpec to refuse
+    assert canonical_lora_targets(llama, ("self_attn.q_proj", "mlp.down_proj")) == ("q_proj", "down_proj")
+    for unmatched in ("mlp.q_proj", "layers.0.self_attn.q_proj"):
+        assert canonical_lora_targets(llama, (unmatched,)) == (unmatched,)
     assert canonical_lora_targets(llama, ("qkv_proj",)) == ("qkv_proj",)  # not Llama's: refused later
