@@ -183,6 +183,11 @@ class ClusterShape(Strict):
                 if per_node is not None:
                     value["gpus_per_node"] = per_node
                     read["gpus_per_node"] = str(per_node)
+                elif "gpu" not in value:
+                    # the node size follows the GPU, which is what is missing: "gpus_per_node: Field
+                    # required" beside "gpu: Field required" named a field the client may leave out
+                    # (operator review); this stand-in never validates without the gpu it waits for
+                    value["gpus_per_node"] = 1
                 elif isinstance(value.get("gpu"), str | dict):
                     # a bare "Field required" left the client to guess why (scheduler review)
                     what = value["gpu"] if isinstance(value["gpu"], str) else "a custom GPU"

@@ -516,3 +516,11 @@ def test_a_cluster_create_retried_with_its_key_replays(client: TestClient) -> No
     assert assert_problem(other, 422)["errors"][0]["field"] == "header.Idempotency-Key"
     assert_problem(client.post("/v1/clusters", json=H100_NODE | {"name": "rack-7"}), 409)
     assert len(client.get("/v1/clusters").json()["items"]) == 1
+
+
+def test_a_cluster_without_its_gpu_names_the_gpu_alone(client: TestClient) -> None:
+    """gpus_per_node follows the GPU: a body without gpu was also told "gpus_per_node: Field required",
+    a field the client may leave out (operator review)."""
+    for body in ({"name": "z"}, {"name": "z", "num_gpus": 4}):
+        problem = assert_problem(client.post("/v1/clusters", json=body), 422)
+        assert [e["field"] for e in problem["errors"]] == ["gpu"], problem
