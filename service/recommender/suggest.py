@@ -378,8 +378,34 @@ def suggestions(
     others = [gpu for gpu in catalog if _bigger(gpu, cluster.gpu)]
     for i, gpu in enumerate(others):
         collect.run("other_gpu", len(others) - i, functools.partial(ask.other_gpu, gpu), gpu.name)
-    made = _in_order(collect.made)
-    return Suggestions(made=made, skipped=tuple(collect.skipped))
+    kept, dominated = _undominated(collect.made)
+    return Suggestions(made=_in_order(kept), skipped=tuple(collect.skipped) + dominated)
+
+
+def _undominated(made: list[Suggestion]) -> tuple[list[Suggestion], tuple[Skipped, ...]]:
+    """``made`` less each LoRA / QLoRA suggestion at a shorter sequence where the shorter sequence
+    alone, at least as long, fits on the GPUs given: the method change buys nothing there ("qlora with
+    training.seq_len 16384 fits" beside "training.seq_len 16384 fits", faster; fine-tuner review),
+    said among the skipped instead."""
+    shorter = [s.seq_len for s in made if s.kind == "shorter_sequence" and s.seq_len is not None]
+    longest = max(shorter, default=None)
+    kept: list[Suggestion] = []
+    skipped: list[Skipped] = []
+    for s in made:
+        if (
+            longest is not None
+            and s.kind in ("lora", "qlora")
+            and s.seq_len is not None
+            and s.seq_len <= longest
+        ):
+            reason = (
+                f"{s.kind} fits only at training.seq_len {s.seq_len}, where the sequence alone, "
+                f"training.seq_len {longest}, fits without changing the method"
+            )
+            skipped.append(Skipped(kind=s.kind, reason=reason))
+            continue
+        kept.append(s)
+    return kept, tuple(skipped)
 
 
 def _gpu_type_unfit(cluster: ClusterSpec, constraints: Constraints, tuning: Tuning) -> str | None:

@@ -89,3 +89,22 @@ def test_capacity_says_the_states_bound_with_its_numbers(client: TestClient) -> 
     assert not option["fits"]
     assert option["note"].startswith("the model states alone need "), option["note"]
     assert "sharded over all 1 GPUs" in option["note"] and "GiB allowed" in option["note"]
+
+
+def test_a_method_change_the_shorter_sequence_alone_makes_needless_is_skipped(client: TestClient) -> None:
+    """Qwen2.5-7B LoRA at 32k on one A100: "qlora with training.seq_len 16384 fits" came beside
+    "training.seq_len 16384 fits", faster: QLoRA bought nothing there (fine-tuner review). It is said
+    among the skipped, with the sequence that fits alone."""
+    result = plan(
+        client,
+        {
+            "model": {"preset": "qwen2.5-7b"},
+            "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 1},
+            "training": {"seq_len": 32768, "global_batch_size": 8, "method": "lora", "lora_rank": 16},
+        },
+    )
+    made = {s["kind"]: s for s in result["suggestions"]}
+    assert made["shorter_sequence"]["seq_len"] == 16384
+    assert "qlora" not in made
+    (why,) = skipped(result)["qlora"]
+    assert "training.seq_len 16384, fits without changing the method" in why, why
