@@ -195,8 +195,11 @@ class TrainingIn(Strict):
             if unknown := [t for t in targets if t not in ALL_LINEAR]:
                 # named with the model's own modules (TrainingSpec knows Llama's names alone)
                 raise InvalidTraining(
-                    f"unknown lora_targets {unknown} for {model.name}: its adaptable modules are "
-                    f"{list(lora_module_names(model))}",
+                    # the model's own modules and Llama's names read as the ones that hold them (Phi-3
+                    # has no q_proj, but takes it as its qkv_proj's share: fine-tuner review)
+                    f"unknown lora_targets {unknown} for {model.name}: lora_targets takes "
+                    f"{list(lora_module_names(model))} (its own modules, and Llama's names for the ones "
+                    "holding them), or all-linear",
                     rule="lora_target",
                     field="lora_targets",
                 )
