@@ -51,11 +51,11 @@ from service.launchers.common import (
     gradient_checkpointing_duty,
     hf_decoder_layer,
     layout_summary,
+    load_dtype_duty,
     megatron_overlaps_grad_reduce,
     model_duties,
     peft_artifacts,
     pipeline_split,
-    pure_bf16_duty,
     refuse,
     script,
     sharded_8bit_refusal,
@@ -80,7 +80,7 @@ def _mixed_precision(plan: Plan) -> str:
     if precision is Precision.BF16_PURE and lo.framework is Framework.FSDP and lo.zero_stage >= 2:
         # accelerate's FSDP2 upcasts every parameter to fp32 under any mixed precision
         # (utils/fsdp_utils.py: param.data = param.data.to(torch.float32) where mixed_precision != "no"):
-        # pure bf16 trains with none, the model loaded in bf16 (common.pure_bf16_duty; a launch review)
+        # pure bf16 trains with none, the model loaded in bf16 (common.load_dtype_duty; a launch review)
         return "no"
     return "bf16"  # bf16_pure elsewhere: autocast over a model loaded in bf16; fp8 is refused
 
@@ -580,7 +580,7 @@ def duties(plan: Plan) -> str:
     )
     if plan.layout.framework is Framework.FSDP:
         text += _batch_duty(plan)
-        text += pure_bf16_duty(plan)
+        text += load_dtype_duty(plan)
     if plan.layout.framework is Framework.DEEPSPEED:
         where = (
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."

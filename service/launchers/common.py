@@ -540,42 +540,54 @@ def peft_header(plan: Plan, config_dir: str = "") -> str:
         )
     elif plan.training.base_autocast:
         text += (
-            "\nlora: load the base model with from_pretrained(..., torch_dtype=torch.float32) (the "
+            "\nlora: load the base model with from_pretrained(..., dtype=torch.float32) (the "
             "estimate keeps it in fp32 and counts the 16-bit copies autocast makes)."
         )
     elif not plan.training.precision.stores_fp32:
         text += (
-            f"\nlora: load the base model with from_pretrained(..., torch_dtype=torch."
-            f"{plan.training.precision.weight_dtype}) (the "
-            "estimate keeps the frozen base in the compute dtype; without torch_dtype it loads in fp32)."
+            f"\nlora: load the base model with from_pretrained(..., dtype=torch."
+            f"{plan.training.precision.weight_dtype}) (the estimate keeps the frozen base in the compute "
+            f"dtype; {LOADED_DTYPE})."
         )
     return text
 
 
-def pure_bf16_duty(plan: Plan) -> str:
-    """What the script must do for a full fine-tune in pure bf16 under the FSDP framework's Accelerate
-    and HF Trainer paths, '' elsewhere: load the model in bf16, which no launch setting does (the
-    Trainer's --bf16 and Accelerate's mixed precision autocast over whatever dtype the model was
-    loaded in, fp32 without torch_dtype: 4 + 4 B of weights and gradients where the estimate keeps
-    2 + 2; the budget fine-tuner's review found it said only where FSDP shards). Under the sharded
-    FSDP2 the launch sets no mixed precision besides, since FSDP2 there upcasts every parameter to
-    fp32 under any (accelerate 1.15.0 utils/fsdp_utils.py fsdp2_prepare_model: param.data.to(
-    torch.float32) where mixed_precision != "no"; a launch review). Adapters: ``peft_header`` says
-    the base's dtype."""
-    lo = plan.layout
-    if plan.training.precision is not Precision.BF16_PURE or lo.framework is not Framework.FSDP:
+# What from_pretrained loads without a dtype: transformers 5 made dtype="auto" the default (the
+# checkpoint's own, its config's torch_dtype; fp32 before 5, as the 4.x docs said)
+LOADED_DTYPE = "without dtype transformers 5 loads the checkpoint's own dtype (fp32 for a float32 one)"
+
+
+def load_dtype_duty(plan: Plan) -> str:
+    """The dtype the script must load a full fine-tune's model in under the FSDP framework's
+    Accelerate and HF Trainer paths, '' elsewhere: no launch setting loads it (the Trainer's --bf16 and
+    Accelerate's mixed precision autocast over whatever the model was loaded in, and transformers 5
+    loads the checkpoint's own dtype: ``LOADED_DTYPE``). Pure bf16 keeps bf16 weights and states;
+    mixed precision on DDP (zero_stage 0) fp32 weights, the master autocast casts from (a bf16
+    checkpoint loaded as it is trains bf16 weights and moments, no master: other numbers than
+    estimated; change review). Sharded FSDP2 upcasts every parameter to fp32 under any mixed precision
+    (accelerate 1.15.0 utils/fsdp_utils.py fsdp2_prepare_model: param.data.to(torch.float32) where
+    mixed_precision != "no"; a launch review), so there pure bf16 is launched with none and mixed
+    precision needs no duty. Adapters: ``peft_header`` says the base's dtype."""
+    lo, training = plan.layout, plan.training
+    if lo.framework is not Framework.FSDP or training.method is not Method.FULL:
         return ""
-    if plan.training.method is not Method.FULL:
-        return ""
-    why = (
-        "no mixed precision is set because Accelerate's FSDP2 upcasts every parameter to fp32 under any"
-        if lo.zero_stage >= 2
-        else "the bf16 switch autocasts over the dtype the model was loaded in, fp32 without torch_dtype"
-    )
-    return (
-        f"\nbf16_pure: {TRAIN_SCRIPT} must load the model with from_pretrained(..., "
-        f"torch_dtype=torch.bfloat16): {why}, and the estimate keeps bf16 weights and states."
-    )
+    if training.precision is Precision.BF16_PURE:
+        why = (
+            "no mixed precision is set because Accelerate's FSDP2 upcasts every parameter to fp32 under any"
+            if lo.zero_stage >= 2
+            else f"the bf16 switch autocasts over the dtype the model was loaded in, and {LOADED_DTYPE}"
+        )
+        return (
+            f"\nbf16_pure: {TRAIN_SCRIPT} must load the model with from_pretrained(..., "
+            f"dtype=torch.bfloat16): {why}; the estimate keeps bf16 weights and states."
+        )
+    if lo.zero_stage == 0 and training.precision in (Precision.BF16, Precision.FP16):
+        return (
+            f"\n{training.precision.value}: {TRAIN_SCRIPT} must load the model with from_pretrained(..., "
+            f"dtype=torch.float32): the estimate keeps fp32 weights, the master autocast casts from, and "
+            f"{LOADED_DTYPE}: a bf16 one would train bf16 weights and moments without a master."
+        )
+    return ""
 
 
 def fsdp_reduce_duty(plan: Plan, accelerator: str) -> str:

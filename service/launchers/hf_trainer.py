@@ -40,9 +40,9 @@ from service.launchers.common import (
     fsdp_reduce_duty,
     full_logits_refusal,
     hf_decoder_layer,
+    load_dtype_duty,
     model_duties,
     peft_artifacts,
-    pure_bf16_duty,
     refuse,
     script,
     sharded_8bit_refusal,
@@ -272,7 +272,7 @@ def duties(plan: Plan, config_dir: str = "") -> str:
         model_duties(plan, config_dir)
         + z3_leaf_duty(plan)
         + fsdp_reduce_duty(plan, "trainer.accelerator")
-        + pure_bf16_duty(plan)
+        + load_dtype_duty(plan)
     )
 
 

@@ -697,7 +697,7 @@ class _Ask:
         dtype = loaded.precision.weight_dtype
         what = (
             f"the LoRA base loaded in {dtype} (training.base_dtype compute: "
-            f"from_pretrained(torch_dtype=torch.{dtype}))"
+            f"from_pretrained(dtype=torch.{dtype}))"
         )
         found = self._best(budget, self.constraints, training=loaded)
         if found is None:

@@ -1052,19 +1052,25 @@ def test_accelerate_fsdp_accumulation_reduces_every_micro_batch_and_pure_bf16_is
     assert "accelerator_config" not in hf_trainer.training_arguments(ddp)[0]
     pure = plan(framework=Framework.FSDP, zero_stage=3, train=training(precision=Precision.BF16_PURE))
     assert accelerate.accelerate_config(pure)["mixed_precision"] == "no"
-    assert "torch_dtype=torch.bfloat16" in header(pure)
+    assert "(..., dtype=torch.bfloat16)" in header(pure)
     assert accelerate.accelerate_config(sharded)["mixed_precision"] == "bf16"
     # the HF Trainer likewise: no bf16 flag under sharded FSDP, the model loaded in bf16
     assert "bf16" not in hf_trainer.training_arguments(pure)[0]
     (launch,) = [a.content for a in hf_trainer.render(pure) if a.name == hf_trainer.LAUNCH_NAME]
-    assert "torch_dtype=torch.bfloat16" in launch
-    # unsharded (one GPU, DDP) too: the Trainer's --bf16 autocasts over a model loaded in fp32 without
-    # torch_dtype, 4 + 4 B of weights and gradients where the estimate keeps 2 + 2 (fine-tuner review)
+    assert "(..., dtype=torch.bfloat16)" in launch
+    # unsharded (one GPU, DDP) too: the Trainer's --bf16 autocasts over the dtype the model was loaded
+    # in, the checkpoint's own under transformers 5 (fine-tuner review); and mixed precision on DDP
+    # keeps fp32 weights, which a bf16 checkpoint is not loaded as unless told (change review)
     for stage in (0, 2):
         one = plan(framework=Framework.FSDP, zero_stage=stage, train=training(precision=Precision.BF16_PURE))
         (launch,) = [a.content for a in hf_trainer.render(one) if a.name == hf_trainer.LAUNCH_NAME]
-        assert "bf16_pure:" in launch and "torch_dtype=torch.bfloat16" in launch, launch
+        assert "bf16_pure:" in launch and "(..., dtype=torch.bfloat16)" in launch, launch
         assert "bf16_pure:" in header(one)
+    for stage, duty in ((0, True), (2, False)):  # sharded FSDP2 upcasts to fp32 itself
+        mixed = plan(framework=Framework.FSDP, zero_stage=stage, train=training(precision=Precision.BF16))
+        (launch,) = [a.content for a in hf_trainer.render(mixed) if a.name == hf_trainer.LAUNCH_NAME]
+        assert ("(..., dtype=torch.float32)" in launch) is duty, launch
+        assert ("(..., dtype=torch.float32)" in header(mixed)) is duty
 
 
 def test_every_train_py_launch_names_the_encoder_task_head_it_must_build() -> None:
