@@ -72,9 +72,10 @@ class TrainingIn(Strict):
         default=None,
         max_length=64,
         description='LoRA/QLoRA only; default "all-linear". Llama\'s names (q_proj, k_proj, v_proj, o_proj, '
-        "gate_proj, up_proj, down_proj; on a dense Llama-style decoder also with their parent, as peft "
-        "matches a suffix: self_attn.q_proj, mlp.down_proj) or the model's own modules as peft takes them "
-        "(Phi-3's qkv_proj, GPT-2's c_attn, BERT's query): a fused module is adapted whole",
+        "gate_proj, up_proj, down_proj) or the model's own modules as peft takes them (Phi-3's qkv_proj, "
+        "GPT-2's c_attn, BERT's query), also with their parent where the model has it (self_attn.q_proj, "
+        "mlp.down_proj, Phi-3's self_attn.qkv_proj; an MoE model's attention), as peft matches a suffix: "
+        "a fused module is adapted whole",
     )
     attention: Attention | None = Field(
         default=None,

@@ -70,6 +70,9 @@ class StateBytes:
     # Megatron's step casts 16-bit main grads to an fp32 copy (mixed precision with a 16-bit grad
     # buffer, no precision-aware FusedAdam)
     casts_gradients: bool = False
+    # Transformer Engine's FusedAdam holds the master and writes the 16-bit weights in its kernel
+    # (Megatron's precision-aware optimizer: no separate copy back)
+    fused_master: bool = False
     # the master is the fp32 weights' low 16 bits beside the 16-bit weights (Transformer Engine's
     # store_param_remainders): the step reads and writes both
     master_remainders: bool = False
@@ -229,9 +232,12 @@ def embedding_table_fraction(model: ModelSpec) -> float:
 def fsdp_adam_8bit_moment_bytes(model: ModelSpec, eight_bit: float) -> float:
     """8-bit AdamW's moments per parameter where its optimizer steps the model's own parameters (the
     FSDP framework's DDP: the HF Trainer, Accelerate): the Trainer keeps every nn.Embedding's states in
-    32 bits (transformers trainer.py create_optimizer: register_module_override(module, "weight",
-    {"optim_bits": 32}) for each nn.Embedding when optim_bits is 8; Accelerate's script is told to do
-    the same), ``eight_bit`` bytes the others; averaged over the parameters, as ZeRO-less DDP holds
+    32 bits (transformers 5 trainer.py create_optimizer: register_module_override(module, "weight",
+    {"optim_bits": 32}) for each nn.Embedding where '"bitsandbytes" in str(optimizer_cls)' and
+    optim_bits is 8, which trainer_optimizer.py _get_bitsandbytes_optimizer passes for adamw_8bit,
+    adamw_bnb_8bit and paged_adamw_8bit; releases before it tested the class name Adam8bit, which
+    those names no longer build; Accelerate's script is told to do the same), ``eight_bit`` bytes the
+    others; averaged over the parameters, as ZeRO-less DDP holds
     them all (Llama 3.2 3B's tied 394M-parameter table: +2.2 GiB, past a 24 GB card's headroom;
     budget fine-tuner review). DeepSpeed's flattened partitions match no override."""
     share = embedding_table_fraction(model)
@@ -465,6 +471,7 @@ def state_bytes(
         and bool(master)
         and gradients < FP32_BYTES
         and not fused,
+        fused_master=fused and bool(master),
         master_remainders=remainders,
     )
 
@@ -481,9 +488,12 @@ def optimizer_step_bytes(sb: StateBytes, framework: Framework) -> float:
     # reads the master and writes the weights); FSDP casts its sharded fp32 parameter to 16 bits at
     # the all-gather, not in the step. Megatron casts 16-bit main grads to fp32 first
     # (StateBytes.casts_gradients), and the step reads that copy. Transformer Engine's FusedAdam
-    # with remainders reads and writes the 16-bit weights and the remainders that complete them.
-    if sb.master_remainders:
-        return 2 * (sb.weights + sb.master + sb.moments) + sb.gradients
+    # writes the 16-bit weights in its kernel, no copy back (multi_tensor_adam.cu AdamFunctorMaster;
+    # Megatron's _copy_main_params_to_model_params returns early under it), and with remainders reads
+    # them too, as the fp32 value's high half.
+    if sb.fused_master:
+        weights = 2 * sb.weights if sb.master_remainders else sb.weights
+        return 2 * (sb.master + sb.moments) + sb.gradients + weights
     parameter = sb.master or sb.weights
     copy = sb.master + sb.weights if sb.master and framework is not Framework.FSDP else 0.0
     if sb.casts_gradients:

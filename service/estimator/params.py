@@ -193,18 +193,18 @@ def lora_module_names(model: ModelSpec) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*own, *llama]))
 
 
-# The modules holding Llama's targets in the Hugging Face decoders named as Llama's (LlamaDecoderLayer's
-# self_attn and mlp): peft matches a target as a suffix of the module's name, so "self_attn.q_proj"
-# adapts every layer's q_proj as "q_proj" does (a 422 "unknown lora_targets" met that ordinary config;
-# fine-tuner review)
-LLAMA_TARGET_PARENTS = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
+# The parents of the adaptable modules in the Hugging Face decoders that name them as Llama's do
+# (LlamaDecoderLayer's self_attn and mlp; Phi-3's self_attn.qkv_proj and mlp.gate_up_proj): peft
+# matches a target as a suffix of the module's name, so "self_attn.q_proj" adapts every layer's q_proj
+# as "q_proj" does (a 422 "unknown lora_targets" met that ordinary config; fine-tuner review), each
+# parent with the targets it holds. An MoE layer's experts sit elsewhere (block_sparse_moe.experts.N,
+# mlp.experts.N), so "mlp." names no expert: on an MoE model only self_attn is read so.
+# ... the families with modules of their own names under those parents (GPT-2's attn and mlp,
+# NeoX's attention and mlp, Falcon's self_attention: not)
+SELF_ATTN_MLP_FAMILIES = frozenset({"phi3", "phi", "mixtral"})
+TARGET_PARENTS = {
+    "self_attn": frozenset({"q_proj", "k_proj", "v_proj", "o_proj"}),
+    "mlp": frozenset({"gate_proj", "up_proj", "down_proj"}),
 }
 
 
@@ -212,9 +212,11 @@ def _module_targets(model: ModelSpec, name: str) -> tuple[str, ...]:
     if name in ALL_LINEAR:
         return (name,)
     parent, _, last = name.rpartition(".")
-    dense_llama = _lora_groups(model) is None and model.moe is None and not model.bidirectional
-    if dense_llama and parent and LLAMA_TARGET_PARENTS.get(last) == parent:
-        return (last,)
+    named_so = LORA_MODULES.get(model.family) is None or model.family in SELF_ATTN_MLP_FAMILIES
+    if parent in TARGET_PARENTS and named_so and model.mla is None and not model.bidirectional:
+        held = _module_targets(model, last)
+        decoder = parent == "self_attn" or model.moe is None
+        return held if held and decoder and set(held) <= TARGET_PARENTS[parent] else ()
     if model.bidirectional:
         return _ENCODER_MODULE_TARGETS.get(name, ())
     groups = _lora_groups(model) or ()

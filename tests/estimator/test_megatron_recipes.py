@@ -115,6 +115,9 @@ def test_precision_aware_optimizer_is_the_bf16_recipes_default_and_runs_where_me
     validate_layout(TINY, c, aware, fp16)
     sb16 = layout_state_bytes(job(TINY, c, fp16), aware)
     assert (sb16.master, sb16.casts_gradients, sb16.master_remainders) == (4, False, False)
+    # its step: master and moments read and written, the fp16 grad read, the weights written in the
+    # kernel (no copy back reading the master again): 2 (4 + 8) + 2 + 2 = 28 (change review)
+    assert optimizer_step_bytes(sb16, Framework.MEGATRON) == 28
     bf16_weights = dataclasses.replace(aware, fp8_param_gather=False)
     validate_layout(TINY, c, bf16_weights, FP8)
     sb8 = layout_state_bytes(job(TINY, c, FP8), bf16_weights)

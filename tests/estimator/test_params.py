@@ -383,4 +383,14 @@ def test_a_models_own_lora_module_names_read_as_the_targets_they_hold() -> None:
     assert canonical_lora_targets(llama, ("self_attn.q_proj", "mlp.down_proj")) == ("q_proj", "down_proj")
     for unmatched in ("mlp.q_proj", "layers.0.self_attn.q_proj"):
         assert canonical_lora_targets(llama, (unmatched,)) == (unmatched,)
+    # Phi-3's fused modules under the same parents; an MoE model's attention (its experts are no
+    # "mlp." suffix); GPT-2's modules sit under attn and mlp, never self_attn (change review)
+    assert canonical_lora_targets(phi3, ("self_attn.qkv_proj", "mlp.gate_up_proj")) == (
+        "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj",
+    )  # fmt: skip
+    mixtral = model("mixtral-8x7b").spec
+    assert canonical_lora_targets(mixtral, ("self_attn.q_proj",)) == ("q_proj",)
+    assert canonical_lora_targets(mixtral, ("mlp.down_proj",)) == ("mlp.down_proj",)
+    assert canonical_lora_targets(gpt2, ("self_attn.c_attn",)) == ("self_attn.c_attn",)
+    assert canonical_lora_targets(gpt2, ("attn.c_attn",)) == ("q_proj", "k_proj", "v_proj")
     assert canonical_lora_targets(llama, ("qkv_proj",)) == ("qkv_proj",)  # not Llama's: refused later
