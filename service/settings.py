@@ -4,6 +4,7 @@
 serve`` and the image run it before uvicorn, whose worker processes would otherwise each fail on them
 and be started again and again, the port closed (operations review)."""
 
+import contextlib
 import difflib
 import json
 import os
@@ -25,7 +26,7 @@ _SERVICE_LINK = re.compile(
 )
 _MISSPELT = 0.8  # difflib's ratio past which an unknown variable is taken for a misspelt setting
 # scheme://host[:port], as a browser's Origin header is (an app's own scheme too: tauri://localhost)
-_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s?#]+$")
+_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s?#]+$", re.IGNORECASE)
 
 
 class Settings(BaseSettings):
@@ -157,12 +158,21 @@ _DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443"}
 
 
 def _as_sent(origin: str) -> str:
-    """``origin`` as a browser's Origin header writes it: the host lower-cased, the scheme's default
-    port left out."""
+    """``origin`` as a browser's Origin header writes it (WHATWG URL serialisation): the scheme and
+    host in lower case, an international host in punycode, the port as a number, left out where it is
+    the scheme's default (https://UI.example.com:443 -> https://ui.example.com, http://x:080 -> http://x,
+    https://bücher.example -> https://xn--bcher-kva.example; operator and change reviews)."""
     scheme, _, rest = origin.partition("://")
-    host, colon, port = rest.rpartition(":") if not rest.endswith("]") else (rest, "", "")
-    if not colon or not port.isdigit():
-        host, port = rest, ""
+    scheme = scheme.lower()
+    host, port = rest, ""
+    if not rest.endswith("]"):  # an IPv6 literal's colons are its own
+        before, colon, after = rest.rpartition(":")
+        if colon and after.isdigit():
+            host, port = before, str(int(after))
+    if not host.startswith("["):
+        # a name IDNA does not encode is compared as written, lower-cased
+        with contextlib.suppress(UnicodeError):
+            host = host.encode("idna").decode("ascii")
     if port and _DEFAULT_PORTS.get(scheme) == port:
         port = ""
     return f"{scheme}://{host.lower()}" + (f":{port}" if port else "")

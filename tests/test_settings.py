@@ -98,6 +98,15 @@ def test_an_origin_no_browser_sends_is_refused(monkeypatch: pytest.MonkeyPatch) 
     text = str(raised.value)
     for sent in ("https://ui.example.com)", "https://ui2.example.com)", "http://x)"):
         assert f"(a browser sends {sent}" in text, text
+    # an international host in punycode, a port as a number, the scheme in lower case (change review)
+    monkeypatch.setenv(
+        "PLANNER_CORS_ORIGINS", "https://bücher.example,http://127.0.0.1:080,HTTPS://ui.example"
+    )
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    text = str(raised.value)
+    for sent in ("https://xn--bcher-kva.example)", "http://127.0.0.1)", "https://ui.example)"):
+        assert f"(a browser sends {sent}" in text, text
     monkeypatch.setenv(
         "PLANNER_CORS_ORIGINS", "https://ui.example.com:8443,http://[::1]:8080,tauri://localhost"
     )
