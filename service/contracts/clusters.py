@@ -78,6 +78,18 @@ def _num_gpus_plannable(count: int, per_node: int) -> None:
         raise FieldError(f"num_gpus ({count:,}) is past {why}", "num_gpus", most)
 
 
+def gbps_twins_sent(value: Any) -> dict[str, str]:
+    """The `X_gbps` twins a request body sent, by the `X_bytes_per_s` field each stands for: what its
+    errors name (a request that sent inter_node_bandwidth_gbps was told of ..._bytes_per_s)."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        key.removesuffix("_gbps") + "_bytes_per_s": key
+        for key in value
+        if isinstance(key, str) and key.endswith("_gbps")
+    }
+
+
 class ClusterShape(Strict):
     """The hardware of a cluster; bandwidths per GPU, one direction, bytes/s."""
 
@@ -208,12 +220,7 @@ class ClusterShape(Strict):
                 read["num_nodes"] = str(value["num_nodes"])
         shape = handler(value)
         shape._read = read
-        if isinstance(value, dict):
-            shape._sent_as = {
-                key.removesuffix("_gbps") + "_bytes_per_s": key
-                for key in value
-                if isinstance(key, str) and key.endswith("_gbps")
-            }
+        shape._sent_as = gbps_twins_sent(value)
         return shape
 
     def _as_sent(self, text: str) -> str:
@@ -372,12 +379,7 @@ class ClusterPatch(Strict):
     @classmethod
     def _twins_sent(cls, value: Any, handler: Callable[[Any], ClusterPatch]) -> ClusterPatch:
         patch = handler(value)
-        if isinstance(value, dict):
-            patch._sent_as = {
-                key.removesuffix("_gbps") + "_bytes_per_s": key
-                for key in value
-                if isinstance(key, str) and key.endswith("_gbps")
-            }
+        patch._sent_as = gbps_twins_sent(value)
         return patch
 
     # the fields a PATCH may leave out but not null (their None is "not sent"): the schema says so
