@@ -457,6 +457,11 @@ def state_bytes(
         and training.method is Method.FULL
     ):
         moments = fsdp_adam_8bit_moment_bytes(model, moments)
+    if framework is Framework.FSDP and training.optimizer is Optimizer.LION:
+        # the HF Trainer's lion_32bit, bitsandbytes' Lion with optim_bits 32 (Accelerate's script is
+        # told to build the same): an fp32 momentum whatever the weights' dtype (Optimizer1State
+        # init_state: state1 float32), 4 B where pure bf16's element is 2 (bytes review, stop 50)
+        moments = FP32_BYTES
     return StateBytes(
         weights=weights,
         gradients=gradients,

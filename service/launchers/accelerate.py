@@ -494,6 +494,13 @@ def _script_duties(plan: Plan) -> str:
             "GlobalOptimManager.get_instance().register_module_override(module, 'weight', "
             "{'optim_bits': 32}) for each, as estimated."
         )
+    elif plan.training.optimizer is Optimizer.LION:
+        # the estimate's state is bitsandbytes' 32-bit Lion's, as the HF Trainer's lion_32bit builds it
+        # (model_states.state_bytes: an fp32 momentum)
+        text += (
+            f"\noptimizer lion: {TRAIN_SCRIPT} must build bitsandbytes.optim.Lion(..., optim_bits=32), "
+            "the HF Trainer's lion_32bit: an fp32 momentum, as estimated."
+        )
     elif (built := deepspeed.SCRIPT_OPTIMIZERS.get(plan.training.optimizer)) is not None:
         # the estimate's states are this optimizer's (model_states.moment_bytes): SGD with momentum
         asked = plan.training.optimizer.value

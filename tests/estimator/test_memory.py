@@ -220,6 +220,22 @@ def test_8bit_adam_keeps_the_embedding_tables_states_in_32_bits_where_it_steps_t
     assert layout_state_bytes(j, Layout(framework=Framework.FSDP)).moments == 2.03125
 
 
+def test_lion_on_the_fsdp_frameworks_paths_keeps_bitsandbytes_fp32_momentum() -> None:
+    """The HF Trainer's lion_32bit is bitsandbytes' Lion with optim_bits 32: an fp32 momentum whatever
+    the weights' dtype, 4 B where pure bf16 counted its element, 2 (bytes review, stop 50); DeepSpeed's
+    own Lion keeps the weights' dtype there."""
+    lion = dataclasses.replace(TRAIN, optimizer=Optimizer.LION, precision=Precision.BF16_PURE)
+    j = job(TINY, cluster(1), lion)
+    assert layout_state_bytes(j, Layout(framework=Framework.FSDP)).moments == 4
+    assert layout_state_bytes(j, Layout(framework=Framework.DEEPSPEED)).moments == 2
+    from service.launchers import accelerate
+    from tests.launchers.factories import plan as make_plan
+    from tests.launchers.factories import training
+
+    built = make_plan(train=training(optimizer=Optimizer.LION), framework=Framework.FSDP, zero_stage=3)
+    assert "bitsandbytes.optim.Lion(..., optim_bits=32)" in accelerate.duties(built)
+
+
 def test_adafactor_factors_what_trains() -> None:
     # LoRA rank r: A (r x in) keeps r + in, B (out x r) out + r: (2r + in + out) / (r (in + out)) of
     # each adapter's parameters, about 1/r, not the base model's ratio (property review: 170x too
