@@ -32,6 +32,7 @@ from rich.table import Table
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.contracts.common import enum_spelling
+from service.contracts.estimates import layout_label_switches
 from service.contracts.gpus import gpu_slug, reference_node
 from service.contracts.training import HF_OPTIM_NAMES
 from service.estimator.types import (
@@ -440,30 +441,11 @@ def seconds(value: float | None) -> str:
     return f"{value:,.3f} s"
 
 
-# Layout switches a plan may set beside the degrees, printed as `estimate --set` takes them wherever they
-# are set (an estimate of a label without them resolves each to the framework's default: a plan's
-# deepspeed ZeRO-2 with overlap_grad_reduce true was 22% faster than the estimate of its label;
-# determinism review). The web page's layoutText prints the same.
-LABEL_SWITCHES = (
-    "etp",
-    "recompute_num_layers",
-    "recompute_every_n_layers",
-    "torch_compile",
-    "overlap_grad_reduce",
-    "grad_reduce_in_fp32",
-    "fp8_param_gather",
-    "precision_aware_optimizer",
-    "moe_a2a_overlap",
-    "moe_capacity_factor",
-    "activation_offload",
-    "optimizer_in_backward",
-    "chunked_loss",
-    "dp_replicate",
-)
-# tri-state switches (None: the framework's default), printed when set either way
-LABEL_TRI_STATE = frozenset(
-    {"overlap_grad_reduce", "grad_reduce_in_fp32", "fp8_param_gather", "precision_aware_optimizer"}
-)
+# The switches a plan may set beside the degrees, printed as `estimate --set` takes them wherever they
+# are set (tri-state ones either way): the fields LayoutIn marks, as the page reads them from the OpenAPI
+# document.
+LABEL_SWITCHES = layout_label_switches()
+LABEL_TRI_STATE = frozenset(name for name, tri_state in LABEL_SWITCHES.items() if tri_state)
 
 
 def layout_text(layout: dict[str, Any]) -> str:

@@ -804,5 +804,6 @@ def test_the_pages_layout_label_is_the_clis(served: str, browser: Any) -> None:
         layouts += [c["layout"] for c in (answer["recommended"], *answer["alternatives"])]
     page = browser.new_page()
     page.goto(served)
+    page.wait_for_selector("body[data-ready=true]")  # the label's switches come from the OpenAPI document
     labels = page.evaluate("(layouts) => layouts.map(layoutText)", layouts)
     assert labels == [layout_text(layout) for layout in layouts]

@@ -234,8 +234,12 @@ def _document_inputs(schema: dict[str, Any], model: type[BaseModel]) -> None:
 
 def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
     """A property's schema that also admits null: its type or reference joined with null, its
-    title, description and default kept beside them."""
-    outer = {key: value for key, value in prop.items() if key in ("title", "description", "default")}
+    title, description, default and extensions (``x-``: the layout label's marks) kept beside them."""
+    outer = {
+        key: value
+        for key, value in prop.items()
+        if key in ("title", "description", "default") or key.startswith("x-")
+    }
     inner = {key: value for key, value in prop.items() if key not in outer}
     variants = inner["anyOf"] if list(inner) == ["anyOf"] else [inner]
     return {"anyOf": [*variants, {"type": "null"}], **outer}

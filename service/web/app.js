@@ -127,14 +127,15 @@ const fmt = {
 
 // The switches a plan may set beside the degrees, as service/cli.py's layout_text prints them (an estimate
 // of a label without them resolves each to the framework's default); tri-state ones printed either way.
-const LABEL_SWITCHES = [
-  "etp", "recompute_num_layers", "recompute_every_n_layers", "torch_compile", "overlap_grad_reduce",
-  "grad_reduce_in_fp32", "fp8_param_gather", "precision_aware_optimizer", "moe_a2a_overlap",
-  "moe_capacity_factor", "activation_offload", "optimizer_in_backward", "chunked_loss", "dp_replicate",
-];
-const LABEL_TRI_STATE = new Set([
-  "overlap_grad_reduce", "grad_reduce_in_fp32", "fp8_param_gather", "precision_aware_optimizer",
-]);
+// Read from the OpenAPI document (applyApiFields): the fields LayoutIn marks "x-label", in its order.
+let labelSwitches = [];
+let labelTriState = new Set();
+
+function readLabelSwitches(doc) {
+  const fields = Object.entries(doc.components?.schemas?.LayoutIn?.properties || {}).filter(([, f]) => f["x-label"]);
+  labelSwitches = fields.map(([name]) => name);
+  labelTriState = new Set(fields.filter(([, f]) => f["x-label"] === "tri-state").map(([name]) => name));
+}
 
 function layoutText(layout) {
   const parts = [layout.framework];
@@ -147,9 +148,9 @@ function layoutText(layout) {
     parts.push(`recompute=${layout.recompute}${modules}`);
   }
   for (const key of ["offload_optimizer", "offload_params"]) if (layout[key] && layout[key] !== "none") parts.push(`${key}=${layout[key]}`);
-  for (const key of LABEL_SWITCHES) {
+  for (const key of labelSwitches) {
     const value = layout[key];
-    if (value == null || value === "none" || (value === false && !LABEL_TRI_STATE.has(key))) continue;
+    if (value == null || value === "none" || (value === false && !labelTriState.has(key))) continue;
     parts.push(`${key}=${String(value).toLowerCase()}`);
   }
   if (layout.moe_dispatcher && layout.moe_dispatcher !== "alltoall") parts.push(`moe_dispatcher=${layout.moe_dispatcher}`);
@@ -710,13 +711,14 @@ function applyField(control, field) {
   if (field.description) control.title = field.description;
 }
 
-// Every control of the forms that sends an API field, from the document. Without the document the
-// page keeps what its HTML states: an enum's select offers only its empty option, which sends
-// nothing (the service's default applies), no launcher target is offered, and the limits are the
-// service's to report on submit.
+// Every control of the forms that sends an API field, and the layout label's switches, from the
+// document. Without the document the page keeps what its HTML states: an enum's select offers only its
+// empty option, which sends nothing (the service's default applies), no launcher target is offered,
+// the limits are the service's to report on submit, and a layout's label names its degrees alone.
 async function applyApiFields() {
   try {
     const doc = await api("GET", OPENAPI_URL);
+    readLabelSwitches(doc);
     for (const [formId, path, prefix] of FORMS) {
       const body = doc.paths[path]?.post?.requestBody?.content?.["application/json"]?.schema;
       if (!body) continue;

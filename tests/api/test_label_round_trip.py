@@ -138,3 +138,44 @@ def test_an_estimate_names_the_gradient_overlap_it_resolved(client: TestClient) 
         "layout.overlap_grad_reduce"
         not in client.post("/v1/estimates", json={**base, "layout": one}).json()["resolved_defaults"]
     )
+
+
+# LayoutIn's fields the label prints in its own words (the degrees, zero=, micro=, vpp=, recompute=(...),
+# the offloads, moe_dispatcher, tp_comm_overlap), and those no search sets (left to an estimate's defaults
+# in the label as in the plan: sequence parallelism as the framework's recipes set it, the derived pipeline
+# split, hybrid shard with its dp_replicate, gradient accumulation from the batch)
+LABEL_OWN_WORDS = {
+    "framework", "dp", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch_size", "virtual_pipeline_stages",
+    "recompute", "recompute_modules", "offload_optimizer", "offload_params", "moe_dispatcher",
+    "tp_comm_overlap",
+}  # fmt: skip
+NOT_SET_BY_THE_SEARCH = {
+    "sequence_parallel", "pipeline_layers", "pipeline_account_for_embedding", "pipeline_account_for_loss",
+    "fsdp_hybrid_shard", "gradient_accumulation_steps",
+}  # fmt: skip
+
+
+def test_every_layout_field_has_its_place_in_the_label() -> None:
+    """A layout option added to LayoutIn is printed by the label (marked ``LABEL_SWITCH`` or
+    ``LABEL_TRI_STATE``, which the CLI reads from the model and the page from the OpenAPI document) or
+    said here why not: the label cannot leave out, silently, a switch a plan sets."""
+    from service.cli import LABEL_SWITCHES
+    from service.contracts.estimates import LayoutIn
+
+    marked = set(LABEL_SWITCHES)
+    assert not marked & (LABEL_OWN_WORDS | NOT_SET_BY_THE_SEARCH)
+    assert set(LayoutIn.model_fields) == marked | LABEL_OWN_WORDS | NOT_SET_BY_THE_SEARCH
+    # a tri-state switch is a nullable boolean (null: the framework's default), printed true or false
+    for name, tri_state in LABEL_SWITCHES.items():
+        annotation = str(LayoutIn.model_fields[name].annotation)
+        assert tri_state == (annotation in ("bool | None", "typing.Optional[bool]")), (name, annotation)
+
+
+def test_the_openapi_document_marks_the_labels_switches(client: TestClient) -> None:
+    """The page reads the label's switches from the served document: the same, in the same order."""
+    from service.cli import LABEL_SWITCHES
+
+    properties = client.get("/openapi.json").json()["components"]["schemas"]["LayoutIn"]["properties"]
+    marks = {name: prop["x-label"] for name, prop in properties.items() if "x-label" in prop}
+    assert marks == {name: "tri-state" if tri else "switch" for name, tri in LABEL_SWITCHES.items()}
+    assert list(marks) == list(LABEL_SWITCHES)
