@@ -79,7 +79,8 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
         description="FlashAttention-2 kernels exist for it (NVIDIA Ampere or newer, AMD CDNA 2/3). Absent: "
         "as the catalog's parts of its chip have them (gv100 and tu104 do not), or, without a chip, "
         "whether it has a bf16 peak (every part with those kernels has one); the attention default "
-        "follows (training.attention in resolved_defaults)",
+        "follows (training.attention in resolved_defaults). True on a die without them (gv100, tu104) is "
+        "refused",
     )
     vendor: Literal["nvidia", "amd"] | None = Field(
         default=None,
@@ -155,6 +156,26 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             "MI355X, RTX 5090), leave chip out: the most conservative fitted efficiency applies, with a "
             'warning (and state vendor "amd" for an AMD part: its launch files follow it)'
         )
+
+    @field_validator("flash_attention")
+    @classmethod
+    def _kernels_the_die_has(cls, flash: bool | None, info: ValidationInfo) -> bool | None:
+        # as the die's matrix units below: a die either has FlashAttention-2's kernels or not (they need
+        # its tensor-core generation: flash-attn refuses sm_70 and sm_75), and a "gv100" part stated to
+        # have them got attn_implementation="flash_attention_2" launch files that fail at load (hardware
+        # review)
+        chip = info.data.get("chip")
+        if not flash or not chip:
+            return flash
+        parts = [spec for spec in catalog_gpus().values() if spec.chip == chip]
+        if parts and not any(spec.flash_attention for spec in parts):
+            names = ", ".join(spec.name for spec in parts)
+            raise ValueError(
+                f"the {chip} die has no FlashAttention-2 kernels (flash-attn needs NVIDIA Ampere or newer, "
+                f"AMD CDNA 2/3; the catalog's parts of it, {names}, have none): leave flash_attention out, "
+                "or name the die the part is built on"
+            )
+        return flash
 
     @field_validator("peak_flops_per_s")
     @classmethod

@@ -48,8 +48,8 @@ class TrainingIn(Strict):
     global_batch_size: int = Field(ge=1, le=100_000_000, description="sequences per optimizer step")
     precision: Precision | None = Field(
         default=None,
-        description="default: resolved from the GPU (bf16 where it has bf16 units, else fp16, else fp32; "
-        "never fp8) and named in the answer's resolved_defaults",
+        description="default: resolved from the GPU (bf16 where it has bf16 units as fast as its fp16 "
+        "ones, else fp16, else fp32; never fp8) and named in the answer's resolved_defaults",
     )
     optimizer: Optimizer = Field(
         default=Optimizer.ADAMW,

@@ -3,9 +3,10 @@
 A request that names only a model, a cluster and a training length must be valid on every GPU it
 can run on, so the fields whose best value depends on the part are not fixed constants:
 
-- precision: bf16 mixed precision where the GPU has bf16 matrix units (NVIDIA Ampere and newer,
-  AMD CDNA 2/3), fp16 mixed precision with loss scaling where it has fp16 units only (Volta,
-  Turing), fp32 otherwise. fp8 is never a default: it changes numerics and needs a recipe; nor is
+- precision: bf16 mixed precision where the GPU has bf16 matrix units as fast as its fp16 ones
+  (NVIDIA Ampere and newer, AMD CDNA 2/3), fp16 mixed precision with loss scaling where it has fp16
+  units only (Volta, Turing) or faster ones (AMD CDNA 1, the MI100: 184.6 fp16 against 92.3 bf16
+  TFLOP/s, AMD's datasheet), fp32 otherwise. fp8 is never a default: it changes numerics and needs a recipe; nor is
   tf32, which rounds every matmul's inputs to a 10-bit mantissa (a request opts in).
 - attention: FlashAttention-2 where its kernels exist (``GPUSpec.flash_attention``: Ampere and
   newer, CDNA 2/3), otherwise PyTorch SDPA: its memory-efficient kernel (xFormers' cutlass kernel,
@@ -37,9 +38,11 @@ HARDWARE_DEFAULT_FIELDS: tuple[str, ...] = ("precision", "attention")
 
 
 def best_precision(gpu: GPUSpec) -> Precision:
-    """bf16 mixed where the GPU has bf16 units, else fp16 mixed, else fp32."""
+    """bf16 mixed where the GPU has bf16 units at least as fast as its fp16 ones, else fp16 mixed
+    where it has fp16 units (a custom MI100 defaulted to bf16 at half its fp16 rate: its step twice
+    fp16's; hardware review), else fp32."""
     peaks = gpu.peak_flops_per_s
-    if peaks.bf16 is not None:
+    if peaks.bf16 is not None and (peaks.fp16 is None or peaks.bf16 >= peaks.fp16):
         return Precision.BF16
     if peaks.fp16 is not None:
         return Precision.FP16

@@ -232,6 +232,45 @@ def test_a_custom_gpu_has_only_the_peaks_its_die_has(client: TestClient) -> None
         assert client.post("/v1/plans", json=body).status_code == 201
 
 
+def test_a_custom_gpu_has_only_the_kernels_its_die_has(client: TestClient) -> None:
+    """FlashAttention-2's kernels need the die's tensor-core generation: a gv100 part stated to have them
+    got attn_implementation="flash_attention_2" launch files (hardware review); a 422 naming the field.
+    Left out, it is the die's (sdpa); stated false on a die with them, the user's (sdpa too)."""
+    v100 = {"name": "my-v100", "chip": "gv100", "memory_bytes": 32 * 2**30, "hbm_bandwidth_bytes_per_s": 9e11,
+            "peak_flops_per_s": {"fp32": 1.57e13, "fp16": 1.25e14}, "flash_attention": True}  # fmt: skip
+    body = {"model": "llama-3.2-1b", "cluster": {"gpu": v100, "num_gpus": 1}, "training": TRAINING}
+    refused = client.post("/v1/plans", json=body)
+    assert refused.status_code == 422
+    assert [e["field"] for e in refused.json()["errors"]] == ["cluster.gpu.flash_attention"]
+    assert "gv100 die has no FlashAttention-2 kernels" in refused.json()["detail"]
+    del v100["flash_attention"]
+    planned = client.post("/v1/plans", json=body)
+    assert planned.status_code == 201 and planned.json()["resolved_defaults"]["training.attention"] == "sdpa"
+    a100 = {"name": "my-a100", "chip": "ga100", "memory_bytes": 80 * 2**30, "hbm_bandwidth_bytes_per_s": 2e12,
+            "peak_flops_per_s": {"fp32": 1.95e13, "bf16": 3.12e14, "fp16": 3.12e14},
+            "flash_attention": False}  # fmt: skip
+    body = {"model": "llama-3.2-1b", "cluster": {"gpu": a100, "num_gpus": 1}, "training": TRAINING}
+    planned = client.post("/v1/plans", json=body)
+    assert planned.status_code == 201 and planned.json()["resolved_defaults"]["training.attention"] == "sdpa"
+
+
+def test_a_custom_gpus_default_precision_is_its_faster_16_bit_one(client: TestClient) -> None:
+    """AMD's MI100 (CDNA 1) runs fp16 at twice bf16's rate (184.6 against 92.3 TFLOP/s, AMD's datasheet): a
+    custom MI100 defaulted to bf16 and its step was twice fp16's (hardware review). Equal peaks keep
+    bf16 (no loss scaling)."""
+    mi100 = {"name": "mi100-32gb", "vendor": "amd", "memory_bytes": 32 * 2**30, "hbm_bandwidth_gbps": 1228.8,
+             "peak_flops_per_s": {"fp32": 46.1e12, "bf16": 92.3e12, "fp16": 184.6e12}}  # fmt: skip
+    body = {"model": "llama-3.2-1b", "cluster": {"gpu": mi100, "num_gpus": 1}, "training": TRAINING,
+            "layout": {"framework": "fsdp"}}  # fmt: skip
+    answer = client.post("/v1/estimates", json=body).json()
+    assert answer["resolved_defaults"]["training.precision"] == "fp16", answer
+    bf16 = client.post("/v1/estimates", json=body | {"training": TRAINING | {"precision": "bf16"}}).json()
+    assert answer["time"]["step_s"] < 0.75 * bf16["time"]["step_s"]
+    mi100["peak_flops_per_s"]["bf16"] = 184.6e12
+    answer = client.post("/v1/estimates", json=body).json()
+    assert answer["resolved_defaults"]["training.precision"] == "bf16", answer
+
+
 def test_more_gpus_per_node_than_the_part_ships_in_is_said(client: TestClient) -> None:
     """16 H100 SXM per node were timed as one 450 GB/s NVLink domain without a word (hardware review):
     the estimate says the part ships 8 per node."""
