@@ -424,10 +424,12 @@ def train_args(plan: Plan) -> list[str]:
         args.append("--compile.enable_async_tensor_parallel")
     else:
         args.append("--compile.no-enable-async-tensor-parallel")
-    if lo.pp > 1 or lo.ep > 1:
-        # 0.3.0 raises for PP with CUDA graphs, and for EP's all-to-all dispatcher (it synchronises
-        # with the CPU)
-        args.append("--training.disable_cuda_graphs")
+    # 0.3.0 captures the forward and backward as a CUDA graph by default on NVIDIA GPUs (trainer.py:
+    # wrap_with_cuda_graph unless training.disable_cuda_graphs), raising for PP and EP's all-to-all. The
+    # estimate times eager launches (tuning.toml [host_issue]) and gradients freed at zero_grad, where
+    # the graph zeroes them in place and keeps a pool of its own beside the eager step's (not modelled):
+    # off, so that the run is the job estimated (torchtitan review), as the header says
+    args.append("--training.disable_cuda_graphs")
     # torchtitan's "selective" is per-op AC (SelectiveAC), what selective_op estimates
     mode = {Recompute.NONE: "none", Recompute.SELECTIVE_OP: "selective", Recompute.FULL: "full"}[lo.recompute]
     args.append(f"activation_checkpoint:{mode}")  # a tyro subcommand: must come last
@@ -459,7 +461,10 @@ def render(plan: Plan) -> list[Artifact]:
         "Attention is FlexAttention with block-causal masks (each packed document attends within\n"
         "itself); the estimate times a causal triangle over the whole sequence at FlashAttention-2's\n"
         "rate: more FLOPs than those masks run where documents are shorter than seq_len, at a kernel\n"
-        "rate FlexAttention's need not reach."
+        "rate FlexAttention's need not reach.\n"
+        "CUDA graphs are off (--training.disable_cuda_graphs; torchtitan's default captures the forward\n"
+        "and backward): the estimate times eager kernel launches and frees the gradients at zero_grad;\n"
+        "a captured step keeps them and a graph memory pool beside the eager one, which it does not model."
     )
     content = script(plan, [shell_command(words)], env=environment(plan), header=header)
     return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

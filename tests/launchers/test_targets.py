@@ -232,6 +232,16 @@ def test_torchtitan_pipeline_batch_accounting() -> None:
     assert "--training.disable_cuda_graphs" in args and args[-1] == "activation_checkpoint:none"
 
 
+def test_torchtitan_runs_eager_as_estimated() -> None:
+    """torchtitan 0.3.0 captures the forward and backward as a CUDA graph unless told not to (trainer.py:
+    wrap_with_cuda_graph); the estimate times eager launches and frees the gradients at zero_grad, so every
+    file turns graphs off, not only those where 0.3.0 refuses them (pp, ep; torchtitan review)."""
+    args = torchtitan.train_args(plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3))
+    assert "--training.disable_cuda_graphs" in args
+    content = torchtitan.render(plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3))[0].content
+    assert "CUDA graphs are off" in content
+
+
 def test_torchtitan_refuses_expert_parallelism_its_mesh_cannot_hold() -> None:
     """torchtitan 0.3.0 builds the experts' mesh (pp, dp_replicate, efsdp, ep) with efsdp = dp_shard
     x cp x tp // ep (ParallelDims.build_mesh): unless ep divides that product the mesh does not
