@@ -19,6 +19,7 @@ from service.estimator.model_states import (
     MIXED,
     adafactor_state_fraction,
     deepspeed_assumption,
+    deepspeed_bf16_optimizer,
     deepspeed_buckets,
     lora_parameters,
     moment_bytes,
@@ -370,6 +371,19 @@ def test_pipeline_micro_batches_in_flight() -> None:
     assert activations.micro_batches_in_flight(Layout(pp=4, virtual_pipeline_stages=2), 0, 8) == 5.5
 
 
+def test_pytorchs_interleaved_schedule_warms_up_over_its_round() -> None:
+    # ScheduleInterleaved1F1B (torchtitan): (v-1) x m // max(1, m // p) warm-up chunks where Megatron's
+    # takes (v-1)p. pp 4, v 2: 6 micro-batches are one round of 6, rank 0 min(6 + 6 + 1, 12) / 2 = all 6,
+    # rank 1 (6 + 4 + 1) / 2 = 5.5 (Megatron's count: 4.5), rank 3 7 / 2 = 3.5; 8 are two rounds of 4,
+    # as Megatron's
+    fsdp = Layout(framework=Framework.FSDP, pp=4, virtual_pipeline_stages=2, zero_stage=3)
+    assert [activations.micro_batches_in_flight(fsdp, r, 6) for r in range(4)] == [6.0, 5.5, 4.5, 3.5]
+    megatron = Layout(framework=Framework.MEGATRON, pp=4, virtual_pipeline_stages=2, zero_stage=1)
+    assert activations.micro_batches_in_flight(fsdp, 0, 8) == activations.micro_batches_in_flight(
+        megatron, 0, 8
+    )
+
+
 def test_interleaved_micro_batches_in_flight_are_capped_by_the_micro_batches() -> None:
     # Megatron's interleaved warm-up, (v-1)p + 2(p-1-r) chunk forwards, is capped at all m x v of
     # them: pp 4, v 2, m 4 -> rank 0 min(4 + 6 + 1, 8) / 2 = 4 (not 5.5), rank 1 min(9, 8) / 2 = 4,
@@ -699,8 +713,14 @@ def test_more_tp_pp_dp_never_raises_model_states_per_gpu(
         if model.num_kv_heads % tp == 0:
             assert states_total(model, Layout(framework=fw, zero_stage=z, tp=tp), training) <= base + 1e-6
     for pp in (2, 4):
+        piped = Layout(framework=fw, zero_stage=z, pp=pp)
+        if deepspeed_bf16_optimizer(piped, training.precision):
+            # DeepSpeed's pipeline engine at ZeRO-0 with bf16 weights steps with BF16_Optimizer, whose flat
+            # bf16 gradient buffer sits beside every .grad: a pipeline adds that copy, which a model whose
+            # embedding outweighs its layers (the share pp moves off a rank) does not win back
+            continue
         if model.num_layers % pp == 0 and z <= 1 + 2 * (fw is Framework.FSDP):
-            assert states_total(model, Layout(framework=fw, zero_stage=z, pp=pp), training) <= base + 1e-6
+            assert states_total(model, piped, training) <= base + 1e-6
     for dp in (2, 8):
         assert states_total(model, Layout(framework=fw, zero_stage=z, dp=dp), training) <= base + 1e-6
 
