@@ -656,7 +656,9 @@ def micro_batches_in_flight(layout: Layout, rank: int, micro_batches: int) -> fl
     + 1 in steady state, each of L/(pv) layers; on rank 0 that is Korthikanti's factor
     1 + (p-1)/(pv) times p micro-batches. Megatron caps the warm-up at all m x v chunk forwards
     of the step (forward_backward_pipelining_with_interleaving), so with few micro-batches a rank
-    holds at most all m of them.
+    holds at most all m of them. PyTorch's ScheduleInterleaved1F1B (torchtitan) warms up with
+    (v-1) x its round's micro-batches, m // max(1, m // p), in place of p (schedules.py
+    ``_get_warmup_ops``): the same where p divides m, more where it does not (6 at pp 4).
     """
     p, v = layout.pp, layout.virtual_pipeline_stages
     # Megatron's combined 1F1B (moe_a2a_overlap) runs a forward beside a backward: one more micro-batch
@@ -666,7 +668,8 @@ def micro_batches_in_flight(layout: Layout, rank: int, micro_batches: int) -> fl
         return float(min(1 + overlap, micro_batches))
     if v == 1:
         return float(min(p - rank, micro_batches))
-    chunks = min((v - 1) * p + 2 * (p - 1 - rank) + 1 + overlap, micro_batches * v)
+    per_round = micro_batches // max(1, micro_batches // p) if layout.framework is Framework.FSDP else p
+    chunks = min((v - 1) * per_round + 2 * (p - 1 - rank) + 1 + overlap, micro_batches * v)
     return chunks / v
 
 

@@ -354,11 +354,32 @@ def batch_split_violation(training: TrainingSpec, layout: Layout) -> Violation:
 
 
 def interleaved_batches_violation(layout: Layout, micro_batches: int) -> Violation:
-    # Megatron's interleaved schedule needs the micro-batches to be a multiple of pp.
-    p = layout.pp
-    if layout.virtual_pipeline_stages > 1 and micro_batches % p:
+    """The micro-batches an interleaved schedule takes. Megatron's: a multiple of pp. PyTorch's
+    ScheduleInterleaved1F1B (torchtitan): a multiple of its rounds, max(1, m // pp)
+    (torch/distributed/pipelining/schedules.py), so 6 micro-batches at pp 4 run (a 422 before: torchtitan
+    review); fewer than pp run too, with a bubble the estimate's (p-1)/(v m) does not bound (each
+    chunk waits for the micro-batch to come round): refused as not modelled."""
+    p, m = layout.pp, micro_batches
+    if layout.virtual_pipeline_stages == 1:
+        return None
+    if layout.framework is not Framework.FSDP:
+        if m % p:
+            return _bad(f"micro-batches per step ({m}) % pp ({p}) != 0 with interleaving", "virtual_pp", "pp")
+        return None
+    if m < p:
         return _bad(
-            f"micro-batches per step ({micro_batches}) % pp ({p}) != 0 with interleaving", "virtual_pp", "pp"
+            f"micro-batches per step ({m}) < pp ({p}) with interleaving: PyTorch's Interleaved1F1B runs it "
+            "with a bubble the estimate does not model; give at least pp micro-batches",
+            "virtual_pp",
+            "pp",
+        )
+    rounds = m // p
+    if m % rounds:
+        return _bad(
+            f"micro-batches per step ({m}) must be a multiple of PyTorch's Interleaved1F1B rounds "
+            f"(m // pp = {rounds})",
+            "virtual_pp",
+            "pp",
         )
     return None
 

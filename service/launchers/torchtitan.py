@@ -25,7 +25,7 @@ from service.estimator.types import (
     RopeScalingKind,
     TrainingSpec,
 )
-from service.estimator.validate import tp_comm_overlap_compile_violation
+from service.estimator.validate import interleaved_batches_violation, tp_comm_overlap_compile_violation
 from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
     SHELL,
@@ -300,8 +300,8 @@ def refusal(plan: Plan) -> Refusal:
         problems.append(str(async_tp))
     if lo.pp > 1 and (reason := _split_problem(plan)):
         problems.append(reason)
-    if lo.virtual_pipeline_stages > 1 and accumulation(plan) % lo.pp:
-        problems.append(f"Interleaved1F1B needs microbatches ({accumulation(plan)}) % pp ({lo.pp}) == 0")
+    if (interleaved := interleaved_batches_violation(lo, accumulation(plan))) is not None:
+        problems.append(str(interleaved))
     return "; ".join(problems) if problems else None
 
 

@@ -618,3 +618,32 @@ def test_qlora_never_computes_in_fp8() -> None:
     assert refused.value.field == "precision"
     TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.LORA, precision=Precision.FP8)
     TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.QLORA, precision=Precision.BF16)
+
+
+@pytest.mark.parametrize(
+    ("framework", "global_batch", "refused"),
+    [
+        # Megatron's interleaved schedule: micro-batches a multiple of pp (4 here)
+        (Framework.MEGATRON, 24, "% pp (4) != 0"),
+        (Framework.MEGATRON, 32, None),
+        # PyTorch's ScheduleInterleaved1F1B: a multiple of max(1, m // pp) rounds (torchtitan review: 6 at
+        # pp 4 was refused as Megatron's rule); fewer than pp is not modelled
+        (Framework.FSDP, 24, None),
+        (Framework.FSDP, 20, None),
+        (Framework.FSDP, 36, "multiple of PyTorch's Interleaved1F1B rounds (m // pp = 2)"),
+        (Framework.FSDP, 12, "< pp (4) with interleaving"),
+    ],
+)
+def test_each_interleaved_schedule_takes_its_own_micro_batches(
+    framework: Framework, global_batch: int, refused: str | None
+) -> None:
+    # dp 4 x pp 4, micro-batch 1: global_batch / 4 micro-batches per step
+    layout = Layout(framework=framework, dp=4, pp=4, virtual_pipeline_stages=2, zero_stage=1 if framework
+                    is Framework.MEGATRON else 3)  # fmt: skip
+    training = dataclasses.replace(TRAIN, global_batch_size=global_batch)
+    if refused is None:
+        check(layout, training=training)
+        return
+    with pytest.raises(InvalidLayout) as err:
+        check(layout, training=training)
+    assert refused in str(err.value) and err.value.field == "pp"
