@@ -765,9 +765,12 @@ def _deepseek(f: _Fields, name: str, *, v3: bool) -> ModelSpec:
     num_experts = f.int_or("n_routed_experts", f.int_or(alias, 256 if v3 else 64))
     top_k = f.int_or("num_experts_per_tok", 8) if v3 else f.required_int("num_experts_per_tok")
     expert_width = f.int_or("moe_intermediate_size", 2048 if v3 else 1407)
-    shared = f.int_or("n_shared_experts", 1 if v3 else 2)
+    # an explicit null builds none: DeepSeek's modeling_deepseek.py (V2 and V3) and vLLM's deepseek_v2.py
+    # build shared_experts only `if config.n_shared_experts is not None` (MoE review: null was counted as 2)
+    stated = f.int_or_null("n_shared_experts", 1 if v3 else 2)
+    shared = 0 if stated is None else stated
     mlp_bias = False if v3 else f.bool_or("mlp_bias", False)
-    if shared < 0 or (shared == 0 and mlp_bias):
+    if shared < 0 or (stated == 0 and mlp_bias):
         # with mlp_bias, a zero-width shared MLP still has a down_proj bias of hidden_size
         raise f._error("n_shared_experts", f"= {shared} is not supported (mlp_bias {mlp_bias})")
     moe = MoESpec(

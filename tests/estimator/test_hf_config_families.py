@@ -157,6 +157,11 @@ def test_deepseek_v2_lite_style_by_hand() -> None:
     # a missing q_lora_rank is the class default 1536, not null
     default = build({k: v for k, v in config.items() if k != "q_lora_rank"})
     assert default.mla is not None and default.mla.q_lora_rank == 1536
+    # an explicit null n_shared_experts builds no shared MLP (modeling_deepseek.py: `if
+    # config.n_shared_experts is not None`; it was counted as the class default 2): 2 x 6,272 fewer
+    unshared = build({**config, "n_shared_experts": None})
+    assert unshared.moe is not None and unshared.moe.num_shared_experts == 0
+    assert parameter_counts(unshared).total == 99_160 - 2 * 6_272
 
 
 def test_deepseek_v3_by_hand() -> None:
