@@ -10,7 +10,7 @@ import io
 import re
 import zipfile
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.routing import APIRoute
@@ -32,7 +32,7 @@ from service.contracts.common import Page, catalog_slug
 from service.contracts.plans import ArtifactOut, PlanOut, PlanRequest, RunIn, RunOut
 from service.contracts.results import SearchStatsOut
 from service.errors import NotFound, Unprocessable
-from service.launchers.common import MEDIA_TYPES
+from service.launchers.common import JSON, MEDIA_TYPES
 from service.persistence.repository import InvalidCursor, PlanFilters, decode_cursor, encode_cursor
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=PROBLEM_RESPONSES)
@@ -91,7 +91,8 @@ def list_plans(
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     cluster_id: Annotated[str | None, Query(max_length=64)] = None,
     model: Annotated[str | None, Query(max_length=200)] = None,
-    status_: Annotated[str | None, Query(alias="status", pattern="^(feasible|infeasible)$")] = None,
+    # a Literal, not a pattern: its 422 lists the values (`allowed`; scheduler review)
+    status_: Annotated[Literal["feasible", "infeasible"] | None, Query(alias="status")] = None,
     created_after: Annotated[QueryTime | None, Query(description="ISO 8601; without an offset: UTC")] = None,
     created_before: Annotated[QueryTime | None, Query(description="ISO 8601; without an offset: UTC")] = None,
 ) -> Response:
@@ -194,7 +195,12 @@ def artifacts_bundle(plan_id: str, plans: PlanRepoDep) -> Response:
     response_class=Response,
     responses={
         200: {
-            "content": {media_type: {"schema": {"type": "string"}} for media_type in MEDIA_TYPES},
+            # a JSON file's schema is the parsed body's (OpenAPI 3.1): any JSON value, here an object; the
+            # others are text (scheduler review: declared a string, a generated client refused the object)
+            "content": {
+                media_type: {"schema": {"type": "object"} if media_type == JSON else {"type": "string"}}
+                for media_type in MEDIA_TYPES
+            },
             "description": "the file, raw, as its media type (the artifact's `media_type`)",
         }
     },

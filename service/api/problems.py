@@ -7,6 +7,7 @@ their OpenAPI documentation, shared by every router.
 
 from __future__ import annotations
 
+import ast
 import logging
 import re
 from collections.abc import Mapping
@@ -212,6 +213,8 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
         entry.update(details)
         if err.get("type") == "enum":  # the values it takes, as a bound's limit is given (integrator review)
             entry["allowed"] = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+        elif err.get("type") == "literal_error":  # zero_stage's 0, 1, 2 or 3 (scheduler review)
+            entry["allowed"] = _literal_values(str((err.get("ctx") or {}).get("expected", "")))
         ctx = err.get("ctx") or {}
         limits = {k: v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le", "max_length", "min_length")}
         if limits:
@@ -393,6 +396,18 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
 
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _literal_values(expected: str) -> list[Any]:
+    """A literal error's expected values as JSON values: pydantic writes them as reprs joined by ", "
+    and " or " (``0, 1, 2 or 3``; ``'a' or 'b'``)."""
+    values: list[Any] = []
+    for word in re.split(r", | or ", expected):
+        try:
+            values.append(ast.literal_eval(word))
+        except (ValueError, SyntaxError):
+            values.append(word)
+    return values
 
 
 def allowed_methods(request: Request) -> list[str]:

@@ -381,7 +381,9 @@ class ProblemError(BaseModel):
         default=None,
         description="the bound broken: ge, gt, le, lt, min_length, max_length (a body's: max_bytes)",
     )
-    allowed: list[str] | None = Field(default=None, description="the values an enum takes")
+    allowed: list[str | int] | None = Field(
+        default=None, description="the values an enum or a literal takes (zero_stage's are integers)"
+    )
     candidates: list[str] | None = Field(default=None, description="catalog entries an unknown name may mean")
     ambiguous: bool | None = Field(default=None, description="the name names several entries")
     known: list[str] | None = Field(default=None, description="every name the catalog has")

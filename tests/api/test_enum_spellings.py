@@ -129,3 +129,20 @@ def test_a_value_no_enum_member_spells_is_refused_with_the_values_it_takes(clien
     (error,) = refused.json()["errors"]
     assert error["field"] == "training.precision" and error["type"] == "enum"
     assert error["allowed"] == [p.value for p in Precision]
+
+
+def test_a_literal_outside_its_values_is_refused_with_the_values_it_takes(client: TestClient) -> None:
+    """zero_stage (0-3) and the plans' status filter are literals, not enums: their 422 gave the values in
+    words alone (scheduler review); `allowed` holds them as JSON values."""
+    body = {
+        "model": {"preset": "llama-3.2-1b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 2048, "global_batch_size": 32},
+        "layout": {"zero_stage": 4},
+    }
+    (error,) = client.post("/v1/estimates", json=body).json()["errors"]
+    assert (error["field"], error["allowed"]) == ("layout.zero_stage", [0, 1, 2, 3])
+    refused = client.get("/v1/plans", params={"status": "bogus"})
+    assert refused.status_code == 422
+    (error,) = refused.json()["errors"]
+    assert (error["field"], error["allowed"]) == ("query.status", ["feasible", "infeasible"])
