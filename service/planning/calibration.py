@@ -432,16 +432,32 @@ def uncalibrated_out(estimate: Estimate) -> UncalibratedOut:
 
 def headroom_for(
     constraints: Constraints, calibrations: Iterable[Calibration], capacity_bytes: int
-) -> Constraints:
+) -> tuple[Constraints, dict[str, str]]:
     """Make the search as conservative as the runs ask: a dynamic-memory factor above 1 (an OOM
-    sets one) widens the required headroom by the extra bytes it implies for that hardware."""
-    extra = 0.0
+    sets one) widens the required headroom by the extra bytes it implies for that hardware. With the
+    headroom searched, as ``resolved_defaults`` names it where the runs widened it (an infeasible plan
+    said "58.8 GiB allowed" of an 80 GiB card with nothing naming the stored run that took the rest;
+    scheduler review)."""
+    surplus, cause = 0.0, None
     for calibration in calibrations:
         if calibration.memory_dynamic_factor > 1.0 and calibration.reference_dynamic_bytes:
-            surplus = (calibration.memory_dynamic_factor - 1.0) * calibration.reference_dynamic_bytes
-            extra = max(extra, surplus / capacity_bytes)
-    if extra == 0.0:
-        return constraints
-    return dataclasses.replace(
-        constraints, min_headroom_fraction=headroom.widened(constraints.min_headroom_fraction, extra)
+            bytes_ = (calibration.memory_dynamic_factor - 1.0) * calibration.reference_dynamic_bytes
+            if bytes_ > surplus:
+                surplus, cause = bytes_, calibration
+    if cause is None:
+        return constraints, {}
+    asked = constraints.min_headroom_fraction
+    searched = headroom.widened(asked, surplus / capacity_bytes)
+    stored = [f"{cause.memory_runs} with a measured peak" if cause.memory_runs else "",
+              f"{cause.oom_runs} out of memory" if cause.oom_runs else ""]  # fmt: skip
+    runs = " and ".join(words for words in stored if words) or f"{cause.runs}"
+    said = (
+        f"{searched:.3f}: the request's {asked:g} and {surplus / 2**30:.1f} GiB more, what the memory factor "
+        f"{cause.memory_dynamic_factor:.2f} of the stored runs on this hardware ({runs}) adds to the "
+        f"{cause.reference_dynamic_bytes / 2**30:.1f} GiB of activations and buffers they were estimated to "
+        "hold; every layout is searched with it"
+    )
+    return (
+        dataclasses.replace(constraints, min_headroom_fraction=searched),
+        {"constraints.min_headroom_fraction": said},
     )

@@ -146,7 +146,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         for fw in constraints.frameworks
         for family in LAYOUT_FAMILIES
     ]
-    searched = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
+    searched, widened = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
     budget = deadline.budget(
         constraints.max_evaluations, stated=request.constraints.max_evaluations is not None
     )
@@ -187,6 +187,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         | request.training.optimizer_read()
         | chosen_link_defaults(cluster)
         | read_from_catalog(request.model, form)
+        | widened
     )
     return PlanRecord(
         cluster_id=request.cluster.id if isinstance(request.cluster, ClusterRef) else None,

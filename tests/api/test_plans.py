@@ -128,9 +128,14 @@ def test_an_out_of_memory_run_makes_the_next_plan_more_conservative(client: Test
     response = client.post(f"/v1/plans/{first['id']}/runs", json={"out_of_memory": True})
     assert response.status_code == 201
     assert "ran out of memory" in response.json()["diagnosis"]["advice"][0]
+    assert "constraints.min_headroom_fraction" not in first["resolved_defaults"]
     second = create(client, body)
     estimate = second["recommended"]["estimate"]
     assert estimate["calibration"]["out_of_memory_runs"] == 1
+    # the headroom the search kept, and why, named for feasible and infeasible plans alike (an infeasible
+    # one has no calibration to say it: scheduler review)
+    widened = second["resolved_defaults"]["constraints.min_headroom_fraction"]
+    assert "the request's 0.05 and" in widened and "(1 out of memory)" in widened, widened
     assert estimate["calibration"]["factors"]["memory_dynamic"] > 1
     # The new recommendation fits even with the dynamic memory scaled up past what ran out.
     assert estimate["fits"]
