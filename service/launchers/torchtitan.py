@@ -466,5 +466,16 @@ def render(plan: Plan) -> list[Artifact]:
         "and backward): the estimate times eager kernel launches and frees the gradients at zero_grad;\n"
         "a captured step keeps them and a graph memory pool beside the eager one, which it does not model."
     )
+    if plan.layout.cp > 1:
+        # distributed/context_parallel/api.py apply_cp_to_forward: FlexAttention's CP is
+        # torch's flex_cp_allgather (a blocking all-gather of K and V, reduce-scattered in the backward),
+        # not the SDPA ring (torchtitan review); the full-sequence K and V it hands the kernel are what
+        # FlexAttention saves for its backward
+        header += (
+            "\nContext parallelism runs FlexAttention's all-gather of K and V (flex_cp_allgather), which\n"
+            "waits for the whole sequence's K and V before the kernel and keeps them for the backward; the\n"
+            "estimate times and sizes PyTorch's SDPA ring (Accelerate's and earlier torchtitan's CP), which\n"
+            "overlaps its first block and keeps this rank's K and V alone."
+        )
     content = script(plan, [shell_command(words)], env=environment(plan), header=header)
     return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

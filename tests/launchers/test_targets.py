@@ -240,6 +240,14 @@ def test_torchtitan_runs_eager_as_estimated() -> None:
     assert "--training.disable_cuda_graphs" in args
     content = torchtitan.render(plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3))[0].content
     assert "CUDA graphs are off" in content
+    assert "flex_cp_allgather" not in content  # said where context parallelism runs it
+
+
+def test_torchtitan_says_its_context_parallelism_is_flexattentions_all_gather() -> None:
+    """torchtitan 0.3.0's CP under FlexAttention all-gathers K and V (flex_cp_allgather), not the SDPA
+    ring the estimate times (torchtitan review): the file says so."""
+    files = torchtitan.render(plan(model=llama3_8b(), framework=Framework.FSDP, zero_stage=3, cp=2))
+    assert "flex_cp_allgather" in files[0].content
 
 
 def test_torchtitan_refuses_expert_parallelism_its_mesh_cannot_hold() -> None:
