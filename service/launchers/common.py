@@ -362,11 +362,12 @@ def script(
     header: str = "",
     every_node: bool = True,
 ) -> str:
-    """A bash script: shebang, the layout comment, strict mode, exported env, the body."""
+    """A bash script: shebang, the layout comment, the header's notes, strict mode, exported env, the
+    body (the layout first: a file's notes grow, its second line says what it runs)."""
     lines = ["#!/usr/bin/env bash"]
+    lines += comment_lines(layout_summary(plan))
     if header:
         lines += comment_lines(header)
-    lines += comment_lines(layout_summary(plan))
     lines.append("set -euo pipefail")
     if plan.cluster.num_nodes > 1 and not every_node:
         lines += [

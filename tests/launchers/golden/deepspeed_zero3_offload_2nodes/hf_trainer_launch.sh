@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
+# trainplan layout for tiny-llama-0.4b: framework=deepspeed, dp=16 tp=1 pp=1 cp=1 ep=1, sequence_parallel=false, zero_stage=3, offload_optimizer=cpu offload_params=cpu, recompute=full, micro_batch=2 accumulation=8, global_batch=256 seq_len=4096, precision=bf16, world=16 (2 node(s) x 8 H100-SXM-80GB)
 # HF Trainer (transformers 5.24.0): train.py parses TrainingArguments with HfArgumentParser,
 # from these flags or from training_args.json (parse_json_file).
 # attention: train.py must load the model with from_pretrained(..., attn_implementation="flash_attention_2"): the estimate times flash attention.
-# trainplan layout for tiny-llama-0.4b: framework=deepspeed, dp=16 tp=1 pp=1 cp=1 ep=1, sequence_parallel=false, zero_stage=3, offload_optimizer=cpu offload_params=cpu, recompute=full, micro_batch=2 accumulation=8, global_batch=256 seq_len=4096, precision=bf16, world=16 (2 node(s) x 8 H100-SXM-80GB)
 set -euo pipefail
 # Run this same script on every node; set MASTER_ADDR to the first node's address.
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# trainplan layout for llama-3.1-8b: framework=fsdp, dp=16 tp=2 pp=1 cp=1 ep=1, sequence_parallel=true, zero_stage=3, offload_optimizer=none offload_params=none, recompute=full, micro_batch=1 accumulation=32, global_batch=512 seq_len=8192, precision=bf16, fsdp_hybrid_shard=true (4 replicas), world=32 (4 node(s) x 8 H100-SXM-80GB)
 # torchtitan 0.3.0: config module plus --section.field overrides (no TOML since 0.3.0).
 # It trains from a fresh initialisation on the config module's dataset and learning-rate
 # schedule: to fine-tune, set --checkpoint.initial_load_path to the model's DCP checkpoint, and
@@ -10,7 +11,6 @@
 # CUDA graphs are off (--training.disable_cuda_graphs; torchtitan's default captures the forward
 # and backward): the estimate times eager kernel launches and frees the gradients at zero_grad;
 # a captured step keeps them and a graph memory pool beside the eager one, which it does not model.
-# trainplan layout for llama-3.1-8b: framework=fsdp, dp=16 tp=2 pp=1 cp=1 ep=1, sequence_parallel=true, zero_stage=3, offload_optimizer=none offload_params=none, recompute=full, micro_batch=1 accumulation=32, global_batch=512 seq_len=8192, precision=bf16, fsdp_hybrid_shard=true (4 replicas), world=32 (4 node(s) x 8 H100-SXM-80GB)
 set -euo pipefail
 # Run this same script on every node; set MASTER_ADDR to the first node's address.
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"

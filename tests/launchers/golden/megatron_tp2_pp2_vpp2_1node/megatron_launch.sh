@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
+# trainplan layout for tiny-llama-0.4b: framework=megatron, dp=2 tp=2 pp=2 cp=1 ep=1, sequence_parallel=true, zero_stage=1, offload_optimizer=none offload_params=none, recompute=selective, micro_batch=1 accumulation=128, global_batch=256 seq_len=4096, precision=bf16, virtual_pipeline_stages=2, world=8 (1 node(s) x 8 H100-SXM-80GB)
 # Megatron-LM (main @d98e8a6): run from the Megatron-LM checkout, where pretrain_gpt.py lives.
 # It trains from random weights on mock data (--mock-data, a NullTokenizer of the model's
 # vocabulary): to fine-tune, add --load/--pretrained-checkpoint with a Megatron checkpoint of the
 # model and --finetune, and --data-path with --tokenizer-type/--tokenizer-model for real data.
 # The estimate's 2-byte master (--use-precision-aware-optimizer, store_param_remainders) needs
 # Transformer Engine >= 2.1: an older one keeps a 4-byte fp32 master.
-# trainplan layout for tiny-llama-0.4b: framework=megatron, dp=2 tp=2 pp=2 cp=1 ep=1, sequence_parallel=true, zero_stage=1, offload_optimizer=none offload_params=none, recompute=selective, micro_batch=1 accumulation=128, global_batch=256 seq_len=4096, precision=bf16, virtual_pipeline_stages=2, world=8 (1 node(s) x 8 H100-SXM-80GB)
 set -euo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 torchrun --standalone --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 \
