@@ -142,8 +142,8 @@ class PlanOut(BaseModel):
         '"meta-llama/Llama-3.1-8B", {"cluster.gpu": "h100-sxm-80gb"} for "H100 SXM5 80GB"), and an inline '
         "cluster's node and network left out, as its part's reference node has them "
         '({"cluster.gpus_per_node": "8", "cluster.inter_node_bandwidth_bytes_per_s": "50000000000"}), '
-        "and the headroom searched where stored runs' memory factor widened the request's "
-        "(constraints.min_headroom_fraction, with the runs and the bytes they add)",
+        "and the memory factor stored runs on this hardware set, which the search fitted each layout of "
+        "their framework and family with (search.memory_dynamic_factor)",
     )
     search: dict[str, Any]
     artifacts: list[ArtifactOut]

@@ -72,7 +72,8 @@ class RejectionOut(Stored):
     allowed_bytes: int | None = Field(
         default=None,
         description="a memory miss: what the need was compared with, the card less the plan's headroom "
-        "(constraints.min_headroom_fraction, widened where runs on this hardware measured more memory)",
+        "(constraints.min_headroom_fraction); the need is under the memory factor of runs on this hardware, "
+        "where resolved_defaults' search.memory_dynamic_factor names one",
     )
     capacity_bytes: int | None = Field(
         default=None, description="a memory miss: the card's memory (estimate.memory.capacity_bytes)"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,13 +36,19 @@ from service.estimator.calibration import (
     layout_family,
     shared_calibration,
 )
-from service.estimator.types import CUSTOM_GPU_SOURCE, ClusterSpec, Estimate, Layout, MemoryStatistic
+from service.estimator.types import (
+    CUSTOM_GPU_SOURCE,
+    ClusterSpec,
+    Estimate,
+    Framework,
+    Layout,
+    MemoryStatistic,
+)
 from service.feedback import ObservedRun, estimated_peak, measured_step_s
 from service.frameworks import Target, frameworks_of
 from service.persistence.db import utcnow
 from service.persistence.models import PlanRecord, RunRecord
 from service.persistence.repository import PlanRepository
-from service.recommender import headroom
 from service.recommender.types import Constraints
 from service.versions import estimator_version
 
@@ -430,34 +436,38 @@ def uncalibrated_out(estimate: Estimate) -> UncalibratedOut:
     )
 
 
-def headroom_for(
-    constraints: Constraints, calibrations: Iterable[Calibration], capacity_bytes: int
+def searched_with_runs(
+    constraints: Constraints, learned: Mapping[tuple[Framework, str], Calibration]
 ) -> tuple[Constraints, dict[str, str]]:
-    """Make the search as conservative as the runs ask: a dynamic-memory factor above 1 (an OOM
-    sets one) widens the required headroom by the extra bytes it implies for that hardware. With the
-    headroom searched, as ``resolved_defaults`` names it where the runs widened it (an infeasible plan
-    said "58.8 GiB allowed" of an 80 GiB card with nothing naming the stored run that took the rest;
-    scheduler review)."""
-    surplus, cause = 0.0, None
-    for calibration in calibrations:
-        if calibration.memory_dynamic_factor > 1.0 and calibration.reference_dynamic_bytes:
-            bytes_ = (calibration.memory_dynamic_factor - 1.0) * calibration.reference_dynamic_bytes
-            if bytes_ > surplus:
-                surplus, cause = bytes_, calibration
-    if cause is None:
+    """Make the search as conservative as the runs ask: each framework and layout family whose runs
+    on this hardware set a dynamic-memory factor above 1 (an out-of-memory run sets one) has every
+    layout fitted with its activations, buffers and overhead scaled by it, as the plan's calibrated
+    estimate of a kept layout then shows them (``Constraints.memory_dynamic_factors``). A flat
+    headroom for the largest surplus refused layouts that need less: one out-of-memory run at 25.6
+    GiB of activations took 17 GiB off every layout's room, and an 8B plan on 2 GPUs said infeasible
+    where its calibrated tp 2 layout fits (scheduler review). With what ``resolved_defaults`` names."""
+    raised = {key: c for key, c in learned.items() if c.memory_dynamic_factor > 1.0}
+    if not raised:
         return constraints, {}
-    asked = constraints.min_headroom_fraction
-    searched = headroom.widened(asked, surplus / capacity_bytes)
-    stored = [f"{cause.memory_runs} with a measured peak" if cause.memory_runs else "",
-              f"{cause.oom_runs} out of memory" if cause.oom_runs else ""]  # fmt: skip
-    runs = " and ".join(words for words in stored if words) or f"{cause.runs}"
-    said = (
-        f"{searched:.3f}: the request's {asked:g} and {surplus / 2**30:.1f} GiB more, what the memory factor "
-        f"{cause.memory_dynamic_factor:.2f} of the stored runs on this hardware ({runs}) adds to the "
-        f"{cause.reference_dynamic_bytes / 2**30:.1f} GiB of activations and buffers they were estimated to "
-        "hold; every layout is searched with it"
+    factors = tuple((fw, family, c.memory_dynamic_factor) for (fw, family), c in raised.items())
+
+    def runs(c: Calibration) -> str:
+        stored = [f"{c.memory_runs} with a measured peak" if c.memory_runs else "",
+                  f"{c.oom_runs} out of memory" if c.oom_runs else ""]  # fmt: skip
+        return " and ".join(words for words in stored if words) or f"{c.runs}"
+
+    grouped: dict[tuple[Framework, float, str], list[str]] = {}
+    for (fw, family), c in raised.items():
+        grouped.setdefault((fw, c.memory_dynamic_factor, runs(c)), []).append(family)
+    said = "; ".join(
+        f"{fw.value} {'every' if len(families) == len(LAYOUT_FAMILIES) else ', '.join(families)} layout "
+        f"x{factor:.2f} ({words} run(s))"
+        for (fw, factor, words), families in grouped.items()
     )
     return (
-        dataclasses.replace(constraints, min_headroom_fraction=searched),
-        {"constraints.min_headroom_fraction": said},
+        dataclasses.replace(constraints, memory_dynamic_factors=factors),
+        {
+            "search.memory_dynamic_factor": said + ": the stored runs on this hardware; each layout of these "
+            "is fitted with its activations, buffers and overhead scaled so, as its calibrated estimate shows"
+        },
     )

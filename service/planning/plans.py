@@ -43,9 +43,9 @@ from service.planning.calibration import (
     calibration_out,
     hardware_key,
     hardware_keys,
-    headroom_for,
     job_traits,
     runs_on,
+    searched_with_runs,
 )
 from service.planning.clusters import cluster_form, domain_cluster, read_from_catalog
 from service.planning.estimates import check_priced, check_scale, estimate_out, located
@@ -139,14 +139,14 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     key = hardware_key(cluster)
     plans = PlanRepository(session)
     runs = runs_on(plans, hardware_keys(cluster))
-    # no layout chosen yet: room for the largest memory factor any framework and family would apply
+    # no layout chosen yet: each framework and family's memory factor, which the search applies per layout
     before = job_traits(parameter_counts(model).total, training.seq_len)
-    calibrations = [
-        runs.learned(fw.value, dataclasses.replace(before, family=family)).calibration
+    learned = {
+        (fw, family): runs.learned(fw.value, dataclasses.replace(before, family=family)).calibration
         for fw in constraints.frameworks
         for family in LAYOUT_FAMILIES
-    ]
-    searched, widened = headroom_for(constraints, calibrations, cluster.gpu.memory_bytes)
+    }
+    searched, widened = searched_with_runs(constraints, learned)
     budget = deadline.budget(
         constraints.max_evaluations, stated=request.constraints.max_evaluations is not None
     )

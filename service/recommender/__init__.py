@@ -149,6 +149,8 @@ class SearchResult:
     _threshold: tuple[float, ...] | None = None  # the k-th best key's objective part, until best changes
     # per GPU count, the best layout kept on it (``_admission_key``)
     leaders: dict[int, Scored] = field(default_factory=dict)
+    # the memory factor each layout is fitted under (``Constraints.dynamic_factor``; set by ``search``)
+    dynamic_factor: Callable[[Layout], float] = field(default=lambda layout: 1.0)
 
     def ranked(self, objective: Objective | None = None) -> list[Scored]:
         """Best first by ``rank.sort_key``; with the ``objective``, the first is the layout with the
@@ -191,9 +193,10 @@ class SearchResult:
         self.charged += other.evaluations
 
     def memory_numbers(self, job: Job, layout: Layout) -> tuple[int, int, int]:
-        """``evaluate.memory_numbers``, counted against the budget."""
+        """``evaluate.memory_numbers`` under the stored runs' memory factor of the layout's family
+        (``Constraints.dynamic_factor``), counted against the budget."""
         self.memory_evaluations += 1
-        return evaluate.memory_numbers(job, layout)
+        return evaluate.memory_numbers(job, layout, self.dynamic_factor(layout))
 
     def fits(self, job: Job, layout: Layout, limit: int) -> bool:
         return evaluate.numbers_fit(job.cluster, self.memory_numbers(job, layout), limit)
@@ -519,7 +522,9 @@ def _largest_fitting(
         result.memory_evaluations += 1
         return sized(i)
 
-    return evaluate.largest_fitting(job, counted, count, limit, known_fit=0, peek=sized)
+    # the family's micro-batches share its framework and degrees: one memory factor
+    factor = result.dynamic_factor(sized(0))
+    return evaluate.largest_fitting(job, counted, count, limit, factor, known_fit=0, peek=sized)
 
 
 def _only_micro_batch_fitting(result: SearchResult, job: Job, layout: Layout, index: int, limit: int) -> int:
@@ -964,6 +969,7 @@ def _lean_key(search: _Search, job: Job, cluster: ClusterSpec) -> LeanKey | None
         search.megatron_lm,
         job.cluster.cpu_memory_bytes_per_node,
         job.cluster.nvme_bytes_per_node,
+        search.constraints.memory_dynamic_factors,  # the stored runs' memory factors the fits used
     )
 
 
@@ -1120,6 +1126,7 @@ def search(
     training = for_gpu(training, cluster.gpu, model)  # what the request left to the hardware, for this GPU
     budget = budget or Budget(constraints.max_evaluations)
     result = into if into is not None else SearchResult()
+    result.dynamic_factor = constraints.dynamic_factor
     try:
         with shared_memory_memos():  # or the caller's: a sweep over GPU types asks the same layouts
             _search_counts(

@@ -3,9 +3,9 @@
 A fitting layout keeps a fraction of GPU memory free (allocator behaviour and framework versions
 move real peaks by a few percent). By default that is the estimator's thin-headroom fraction, below
 which it flags a layout that fits: the search never proposes what the estimate would call thin. A
-request may ask for more (up to ``MAX_REQUESTED_FRACTION``), and runs that ran out of memory widen it
-(``widened``, up to ``MAX_FRACTION``). Read by the request schema, the search, its bounds and
-suggestions, calibration and a plan's closest layout.
+request may ask for more (up to ``MAX_REQUESTED_FRACTION``). Runs that ran out of memory do not widen
+it: they scale each layout's own dynamic memory (``Constraints.memory_dynamic_factors``). Read by the
+request schema, the search, its bounds and suggestions, calibration and a plan's closest layout.
 """
 
 from __future__ import annotations
@@ -14,14 +14,8 @@ from service.estimator.estimate import THIN_HEADROOM_FRACTION
 
 DEFAULT_FRACTION = THIN_HEADROOM_FRACTION  # 0.05
 MAX_REQUESTED_FRACTION = 0.5  # the most a request may ask to keep free
-MAX_FRACTION = 0.9  # the most calibration widens it to
 
 
 def allowed_bytes(capacity_bytes: int, headroom_fraction: float) -> int:
     """Bytes a layout may use on a card of ``capacity_bytes`` that keeps ``headroom_fraction`` free."""
     return int(capacity_bytes * (1.0 - headroom_fraction))
-
-
-def widened(headroom_fraction: float, extra_fraction: float) -> float:
-    """``headroom_fraction`` widened by ``extra_fraction`` of the card, at most ``MAX_FRACTION``."""
-    return min(MAX_FRACTION, headroom_fraction + extra_fraction)

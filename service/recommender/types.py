@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from service.estimator.calibration import layout_family
 from service.estimator.errors import InvalidTraining
 from service.estimator.types import Estimate, Framework, Layout
 from service.estimator.validate import FRAMEWORK_CAPABILITIES
@@ -45,6 +46,22 @@ class Constraints:
     # Compile the layouts of frameworks whose compiled run is modelled (FSDP: torchtitan
     # --compile.enable, HF Trainer torch_compile, accelerate's dynamo backend), model and loss.
     torch_compile: bool = False
+    # What stored runs on this hardware say of the activations, buffers and overhead the estimate
+    # leaves out ((framework, layout family, factor > 1): planning.calibration, the calibration a plan
+    # then applies to the layouts it keeps): every layout of the family is fitted with its own dynamic
+    # bytes so scaled, where a flat headroom for the largest surplus refused layouts that need less
+    # (scheduler review: one out-of-memory run at 25.6 GiB of activations took 17 GiB off every layout)
+    memory_dynamic_factors: tuple[tuple[Framework, str, float], ...] = ()
+
+    def dynamic_factor(self, layout: Layout) -> float:
+        """The memory factor of ``layout``'s framework and family (``calibration.layout_family``)."""
+        if not self.memory_dynamic_factors:
+            return 1.0
+        family = layout_family(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep)
+        for framework, of, factor in self.memory_dynamic_factors:
+            if framework is layout.framework and of == family:
+                return factor
+        return 1.0
 
     def __post_init__(self) -> None:
         if self.max_gpus is not None and self.max_gpus < 1:

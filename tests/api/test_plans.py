@@ -128,14 +128,14 @@ def test_an_out_of_memory_run_makes_the_next_plan_more_conservative(client: Test
     response = client.post(f"/v1/plans/{first['id']}/runs", json={"out_of_memory": True})
     assert response.status_code == 201
     assert "ran out of memory" in response.json()["diagnosis"]["advice"][0]
-    assert "constraints.min_headroom_fraction" not in first["resolved_defaults"]
+    assert "search.memory_dynamic_factor" not in first["resolved_defaults"]
     second = create(client, body)
     estimate = second["recommended"]["estimate"]
     assert estimate["calibration"]["out_of_memory_runs"] == 1
-    # the headroom the search kept, and why, named for feasible and infeasible plans alike (an infeasible
-    # one has no calibration to say it: scheduler review)
-    widened = second["resolved_defaults"]["constraints.min_headroom_fraction"]
-    assert "the request's 0.05 and" in widened and "(1 out of memory)" in widened, widened
+    # the factor the search fitted each layout with, and why, named for feasible and infeasible plans
+    # alike (an infeasible one has no calibration to say it: scheduler review)
+    said = second["resolved_defaults"]["search.memory_dynamic_factor"]
+    assert "x" in said and "(1 out of memory run(s))" in said, said
     assert estimate["calibration"]["factors"]["memory_dynamic"] > 1
     # The new recommendation fits even with the dynamic memory scaled up past what ran out.
     assert estimate["fits"]
@@ -155,6 +155,25 @@ def test_an_out_of_memory_run_makes_the_next_plan_more_conservative(client: Test
     assert second["recommended"]["layout"] != first["recommended"]["layout"] or (
         estimate["memory"]["per_gpu"]["total"] > first_total
     )
+
+
+def test_an_out_of_memory_run_costs_each_layout_its_own_dynamic_memory(client: TestClient) -> None:
+    """After one out-of-memory run of a layout with 25.6 GiB of activations, the search kept 17 GiB free
+    on every layout, and Llama 3.1 8B on 2 H100s was infeasible where its calibrated tp 2, full-recompute
+    layout (8 GiB of activations, scaled alike) fits; capacity said 2 GPUs (scheduler review). Each layout
+    is now fitted under the factor its calibrated estimate applies: the plan is feasible and its
+    recommendation fits as calibrated."""
+    body = plan_body(model={"preset": "llama-3.1-8b"}, training={"seq_len": 8192, "global_batch_size": 128})
+    body["cluster"] = {"gpu": "h100-sxm-80gb", "num_nodes": 1}
+    body["launchers"], body["constraints"] = [], {"top_k": 2}
+    first = create(client, body)
+    assert client.post(f"/v1/plans/{first['id']}/runs", json={"out_of_memory": True}).status_code == 201
+    two = create(client, body | {"constraints": body["constraints"] | {"max_gpus": 2}})
+    assert two["status"] == "feasible", two["rejected"][:2]
+    estimate = two["recommended"]["estimate"]
+    assert estimate["fits"] and estimate["calibration"]["factors"]["memory_dynamic"] > 1.5
+    # the layout that ran out does not come back
+    assert two["recommended"]["layout"] != first["recommended"]["layout"]
 
 
 def test_idempotency_key_replays_and_refuses_another_body(client: TestClient) -> None:

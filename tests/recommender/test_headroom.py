@@ -24,8 +24,3 @@ def test_allowed_bytes_is_the_card_less_the_headroom_rounded_down() -> None:
     assert headroom.allowed_bytes(80 * 2**30, 0.05) == int(80 * 2**30 * 0.95)
     assert headroom.allowed_bytes(1000, 0.0) == 1000
     assert headroom.allowed_bytes(999, 0.5) == 499  # never rounds up: a byte over is over
-
-
-def test_calibration_widens_it_at_most_to_the_cap() -> None:
-    assert headroom.widened(0.05, 0.1) == 0.05 + 0.1
-    assert headroom.widened(0.5, 0.7) == headroom.MAX_FRACTION == 0.9
