@@ -443,3 +443,52 @@ def test_the_start_command_migrates_except_a_later_releases_database(
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("a_later_release",)]
     engine.dispose()
+
+
+def test_a_custom_gpu_stored_with_what_its_die_cannot_have_reads_back_as_the_die_is(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    """A gv100 part stored with flash_attention true and a bf16 peak, before the validators refused
+    them, failed validation on every read: a 500 on its cluster, the cluster list and its plans
+    (change review). The migration drops the two; the cluster reads back and plans as the die is."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    url = scratch_url(migrated_url, tmp_path, "die_facts")
+    config = alembic_config(url)
+    command.upgrade(config, "8e3a6c0d2f51")  # the last revision before
+    engine = create_engine(url)
+    spec = {"name": "my-v100", "chip": "gv100", "memory_bytes": 32 * 2**30, "hbm_bandwidth_bytes_per_s": 9e11,
+            "peak_flops_per_s": {"fp32": 1.57e13, "fp16": 1.25e14, "bf16": 1.25e14},
+            "flash_attention": True}  # fmt: skip
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO clusters (id, name, description, gpu_name, gpu_spec, num_nodes,"
+                    " gpus_per_node, cpu_memory_bytes_per_node, nvme_bytes_per_node, created_at, updated_at)"
+                    " VALUES ('C1',"
+                    " 'old', '', NULL, :spec, 1, 8, 0, 0, '2026-12-01 00:00:00', '2026-12-01 00:00:00')"
+                ),
+                {"spec": json.dumps(spec)},
+            )
+        command.upgrade(config, "head")
+        with TestClient(create_app(Settings(database_url=url))) as client:
+            stored = client.get("/v1/clusters/C1")
+            assert stored.status_code == 200, stored.text
+            assert (
+                "flash_attention" not in stored.json()["gpu"] or not stored.json()["gpu"]["flash_attention"]
+            )
+            assert stored.json()["gpu"]["peak_flops_per_s"].get("bf16") is None
+            assert client.get("/v1/clusters").status_code == 200
+            body = {"model": "llama-3.2-1b", "cluster": {"id": "C1"},
+                    "training": {"seq_len": 1024, "global_batch_size": 8}}  # fmt: skip
+            planned = client.post("/v1/plans", json=body)
+            assert planned.status_code == 201, planned.text
+            assert planned.json()["resolved_defaults"]["training.attention"] == "sdpa"
+    finally:
+        engine.dispose()
