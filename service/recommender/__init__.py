@@ -621,20 +621,22 @@ Ceilings = dict[tuple[Framework, int], tuple[float, ...] | None]
 def _sizes(job: Job, s: Structure, framework: Framework, virtual: int, sizes_of: Sizes) -> tuple[int, ...]:
     sp = sequence_parallel_default(framework, s.tp)
     if (virtual, sp) not in sizes_of:
-        sizes_of[virtual, sp] = _micro_batches(job, s, virtual, sp)
+        sizes_of[virtual, sp] = _micro_batches(job, s, virtual, sp, framework)
     return sizes_of[virtual, sp]
 
 
-def _micro_batches(job: Job, s: Structure, virtual: int, sp: bool) -> tuple[int, ...]:
+def _micro_batches(job: Job, s: Structure, virtual: int, sp: bool, framework: Framework) -> tuple[int, ...]:
     """``micro_batch_sizes`` of the job's training, memoised with the memory parts: they read of
     the job the training alone (in ``memory_inputs``) and of the structure its dp, tp and pp (the
     splits of a count that differ in cp or ep share them), and the lean check asks them once per
     framework of every structure, for every GPU type of a sweep."""
     memo = job.memory_memos[_micro_batches]
-    key = (s.dp, s.tp, s.pp, virtual, sp)
+    # the interleaved schedule's rule: PyTorch's for FSDP, Megatron's otherwise (the only part the
+    # framework changes)
+    key = (s.dp, s.tp, s.pp, virtual, sp, framework is Framework.FSDP)
     found = memo.get(key)
     if found is None:
-        found = memo[key] = micro_batch_sizes(job.training, s, virtual, sp)
+        found = memo[key] = micro_batch_sizes(job.training, s, virtual, sp, framework)
     return cast(tuple[int, ...], found)
 
 
@@ -1013,7 +1015,7 @@ def _lean_fit(
         if unsupported and search.rejections:
             unbuilt.append((framework, unsupported))
         sp = sequence_parallel_default(framework, s.tp)
-        sizes = _micro_batches(job, s, 1, sp)
+        sizes = _micro_batches(job, s, 1, sp, framework)
         if not options or not sizes:
             continue
         ordered = options[::-1]  # the most sharded and offloaded first: the likeliest to fit

@@ -683,10 +683,13 @@ def virtual_stages(model: ModelSpec, framework: Framework, pp: int) -> tuple[int
 
 
 def micro_batch_sizes(
-    training: TrainingSpec, structure: Structure, virtual: int, sequence_parallel: bool
+    training: TrainingSpec, structure: Structure, virtual: int, sequence_parallel: bool, framework: Framework
 ) -> tuple[int, ...]:
-    """The micro-batches the validator accepts for this structure, interleaving and SP."""
+    """The micro-batches the validator accepts for this structure, interleaving and SP under
+    ``framework`` (whose interleaved schedule takes its own counts: ``interleaved_batches_violation``;
+    the search offered FSDP Megatron's, and so never 6 micro-batches at pp 4: change review)."""
     layout = Layout(
+        framework=framework,
         dp=structure.dp,
         tp=structure.tp,
         pp=structure.pp,

@@ -53,7 +53,7 @@ def _data_parallel_layouts(
     the two smallest micro-batches (memory grows with the micro-batch)."""
     s = Structure(gpus=gpus, dp=gpus, tp=1, pp=1, cp=1, ep=1)
     options, _ = shardings(framework, s, offload, compiled)
-    sizes = micro_batch_sizes(job.training, s, 1, False)[:2]
+    sizes = micro_batch_sizes(job.training, s, 1, False, framework)[:2]
     for sh in options:
         for recompute in recompute_order(framework):
             for size in sizes:

@@ -63,7 +63,7 @@ def test_states_never_grow_with_sharding_and_the_bound_never_exceeds_a_leans_mem
             if training_violation(spec, c, Layout(framework=framework), training, caps) is not None:
                 continue
             options, _ = shardings(framework, s, offload)
-            sizes = micro_batch_sizes(training, s, 1, sequence_parallel_default(framework, s.tp))
+            sizes = micro_batch_sizes(training, s, 1, sequence_parallel_default(framework, s.tp), framework)
             if not options or not sizes:
                 continue
             ordered = options[::-1]

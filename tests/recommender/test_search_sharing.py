@@ -163,8 +163,8 @@ def test_the_splits_memo_logs_what_the_generator_logs() -> None:
 
 @pytest.mark.parametrize("name", ["deepseek-v2-lite", "llama-3.1-70b"])
 def test_the_micro_batch_memo_key_names_what_the_sizes_read(name: str) -> None:
-    """``_micro_batches`` keys on (dp, tp, pp, interleaving, SP): every structure of the same key
-    has the same sizes (cp and ep are not read)."""
+    """``_micro_batches`` keys on (dp, tp, pp, interleaving, SP, FSDP's schedule): every structure of
+    the same key has the same sizes (cp and ep are not read)."""
     spec = model(name).spec
     c = cluster(nodes=4)
     training = TrainingSpec(seq_len=4096, global_batch_size=96)
@@ -174,10 +174,10 @@ def test_the_micro_batch_memo_key_names_what_the_sizes_read(name: str) -> None:
         for framework in Framework:
             for virtual in virtual_stages(spec, framework, s.pp):
                 for sp in (False, True):
-                    sizes = micro_batch_sizes(training, s, virtual, sp)
-                    key = (s.dp, s.tp, s.pp, virtual, sp)
+                    sizes = micro_batch_sizes(training, s, virtual, sp, framework)
+                    key = (s.dp, s.tp, s.pp, virtual, sp, framework is Framework.FSDP)
                     assert seen.setdefault(key, sizes) == sizes
-                    assert recommender._micro_batches(job, s, virtual, sp) == sizes
+                    assert recommender._micro_batches(job, s, virtual, sp, framework) == sizes
     assert len(seen) > 10
 
 
@@ -258,7 +258,7 @@ def test_the_model_states_alone_never_exceed_a_layouts_memory(name: str, method:
     for s in structures(spec, c, training, c.world_size, RejectionLog()):
         for framework in Framework:
             options, _ = shardings(framework, s, OffloadDevices(cpu=False, nvme=False))
-            sizes = micro_batch_sizes(training, s, 1, s.tp > 1)
+            sizes = micro_batch_sizes(training, s, 1, s.tp > 1, framework)
             for sh in options:
                 for recompute in recompute_order(framework):
                     if not sizes:

@@ -178,8 +178,12 @@ def test_interleaving_and_micro_batches() -> None:
     assert virtual_stages(spec, Framework.MEGATRON, 4) == (1, 2, 4, 8)
     training = TrainingSpec(seq_len=4096, global_batch_size=64)
     s = Structure(gpus=16, dp=4, tp=1, pp=4, cp=1, ep=1)
-    assert micro_batch_sizes(training, s, 1, False) == (1, 2, 4, 8, 16)
-    assert micro_batch_sizes(training, s, 2, False) == (1, 2, 4)  # 16 / b micro-batches % pp == 0
+    assert micro_batch_sizes(training, s, 1, False, Framework.MEGATRON) == (1, 2, 4, 8, 16)
+    assert micro_batch_sizes(training, s, 2, False, Framework.MEGATRON) == (
+        1,
+        2,
+        4,
+    )  # 16 / b micro-batches % pp == 0
 
 
 @pytest.mark.parametrize(
@@ -202,7 +206,7 @@ def test_the_sharding_does_not_change_a_familys_validity(
         for framework in Framework:
             options, _ = shardings(framework, s, ANY_OFFLOAD)
             for virtual in virtual_stages(spec, framework, s.pp):
-                sizes = micro_batch_sizes(training, s, virtual, s.tp > 1)
+                sizes = micro_batch_sizes(training, s, virtual, s.tp > 1, framework)
                 if not sizes:
                     continue
                 verdicts = set()
