@@ -35,7 +35,15 @@ class PeakFlopsIn(Strict):
     fp32: float = Field(ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
     tf32: float | None = Field(default=None, ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
     bf16: float | None = Field(default=None, ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
-    fp16: float | None = Field(default=None, ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
+    fp16: float | None = Field(
+        default=None,
+        ge=MIN_FLOPS_PER_S,
+        le=MAX_FLOPS_PER_S,
+        # PyTorch's fp16 matmuls accumulate in fp32: a GeForce datasheet's fp16-accumulate figure (RTX
+        # 4090: 330 against 165 TFLOP/s) is never reached, and above bf16's it would choose fp16 training
+        description="dense, with fp32 accumulate (PyTorch's matmuls; GeForce datasheets also print an "
+        "fp16-accumulate figure twice as high, which training never reaches)",
+    )
     fp8: float | None = Field(default=None, ge=MIN_FLOPS_PER_S, le=MAX_FLOPS_PER_S)
 
 
@@ -78,7 +86,8 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
         default=None,
         description="FlashAttention-2 kernels exist for it (NVIDIA Ampere or newer, AMD CDNA 2/3). Absent: "
         "as the catalog's parts of its chip have them (gv100 and tu104 do not), or, without a chip, "
-        "whether it has a bf16 peak (every part with those kernels has one); the attention default "
+        "whether it has a bf16 peak (every part with those kernels has one; an AMD part's as fast as "
+        "its fp16, which CDNA 1, the MI100, lacks); the attention default "
         "follows (training.attention in resolved_defaults). True on a die without them (gv100, tu104) is "
         "refused",
     )
@@ -292,7 +301,13 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             return self.flash_attention
         if self.chip:
             return all(spec.flash_attention for spec in catalog_gpus().values() if spec.chip == self.chip)
-        return self.peak_flops_per_s.bf16 is not None
+        peaks = self.peak_flops_per_s
+        if self._vendor() == "amd" and peaks.bf16 is not None and peaks.fp16 is not None:
+            # ROCm's port runs on CDNA 2/3 (MI200, MI300: bf16 as fast as fp16); CDNA 1 (MI100: bf16 at
+            # half fp16's rate) has bf16 units and no kernels (Dao-AILab/flash-attention README, "AMD ROCm
+            # Support"; change review: a custom MI100 got flash_attention_2 launch files)
+            return peaks.bf16 >= peaks.fp16
+        return peaks.bf16 is not None
 
     def _links(self) -> tuple[float, float, tuple[tuple[str, str], ...]]:
         """(PCIe, intra-node, what was left out and the rule that chose it). Each default is the

@@ -264,11 +264,14 @@ def test_a_custom_gpus_default_precision_is_its_faster_16_bit_one(client: TestCl
             "layout": {"framework": "fsdp"}}  # fmt: skip
     answer = client.post("/v1/estimates", json=body).json()
     assert answer["resolved_defaults"]["training.precision"] == "fp16", answer
+    # and no FlashAttention-2: ROCm's port runs on CDNA 2/3 alone (change review)
+    assert answer["resolved_defaults"]["training.attention"] == "sdpa", answer
     bf16 = client.post("/v1/estimates", json=body | {"training": TRAINING | {"precision": "bf16"}}).json()
     assert answer["time"]["step_s"] < 0.75 * bf16["time"]["step_s"]
-    mi100["peak_flops_per_s"]["bf16"] = 184.6e12
+    mi100["peak_flops_per_s"]["bf16"] = 184.6e12  # an MI200-like part
     answer = client.post("/v1/estimates", json=body).json()
     assert answer["resolved_defaults"]["training.precision"] == "bf16", answer
+    assert answer["resolved_defaults"]["training.attention"] == "flash", answer
 
 
 def test_more_gpus_per_node_than_the_part_ships_in_is_said(client: TestClient) -> None:
