@@ -19,6 +19,7 @@ from service.estimator.types import (
     Method,
     ModelSpec,
     PositionEmbedding,
+    RopeScalingKind,
     TrainingSpec,
 )
 
@@ -162,10 +163,19 @@ def context_warnings(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...
     another matter (learned positions have no row past the table at all: refused before). A config's
     ``rope_scaling`` stretches the positions to factor x its original context (transformers
     modeling_rope_utils: original_max_position_embeddings, else max_position_embeddings; Qwen2.5's
-    YaRN factor 4 from 32,768 is its documented 131,072-token setup)."""
+    YaRN factor 4 from 32,768 is its documented 131,072-token setup). Linear scaling (position
+    interpolation) without an original_max_position_embeddings is the exception: its configs state the
+    interpolated context (Gemma 3: 131,072 with factor 8, pre-trained at 32K and rescaled to 128K, Gemma 3
+    report §2; LLaMA-2-7B-32K: 32,768 with factor 8), and transformers' linear scaling never reads it, so
+    that is the limit (Gemma 3 at 1M tokens went unwarned: long-context review)."""
     limit, seq = model.max_position_embeddings, training.seq_len
     scaling = model.rope_scaling
-    if scaling is not None and model.position_embedding is PositionEmbedding.ROPE:
+    interpolated = (
+        scaling is not None
+        and scaling.kind is RopeScalingKind.LINEAR
+        and not scaling.original_max_position_embeddings
+    )
+    if scaling is not None and model.position_embedding is PositionEmbedding.ROPE and not interpolated:
         original = scaling.original_max_position_embeddings or model.max_position_embeddings
         if seq <= max(limit, scaling.factor * original):  # a float: a huge factor overflowed int()
             return ()
@@ -185,6 +195,12 @@ def context_warnings(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...
         )
     if seq <= limit or model.position_embedding is PositionEmbedding.LEARNED:
         return ()  # past a learned table's rows the request is refused (validate.position_table_violation)
+    if interpolated and scaling is not None and model.position_embedding is PositionEmbedding.ROPE:
+        return (
+            f"seq_len {seq:,} > max_position_embeddings {limit:,}: {model.name} was trained to {limit:,} "
+            f"positions (the context its linear rope_scaling, factor {scaling.factor:g}, interpolates to); "
+            f"past that it needs continued pretraining; the estimate counts {seq:,}-token sequences as asked",
+        )
     how = (
         "RoPE scaling (rope_scaling in its config) or continued pretraining at this length"
         if model.position_embedding is PositionEmbedding.ROPE

@@ -47,6 +47,21 @@ def test_no_warning_within_the_trained_context(name: str, seq_len: int) -> None:
     assert not context_warnings(preset(name).spec, TrainingSpec(seq_len=seq_len, global_batch_size=1))
 
 
+def test_linear_scaling_states_the_context_it_interpolates_to() -> None:
+    """Gemma 3's config states 131,072 positions with linear scaling factor 8 (pre-trained at 32K,
+    rescaled to 128K: Gemma 3 report §2); 262,144 and 1M tokens went unwarned as if 8 x 131,072 were
+    trained (long-context review). Llama 3.1's llama3 scaling names its original 8,192 and reaches
+    131,072 as before."""
+    gemma = preset("gemma-3-27b").spec
+    assert not context_warnings(gemma, TrainingSpec(seq_len=131_072, global_batch_size=1))
+    (warning,) = context_warnings(gemma, TrainingSpec(seq_len=262_144, global_batch_size=1))
+    assert "trained to 131,072 positions" in warning and "factor 8" in warning, warning
+    assert not context_warnings(
+        preset("llama-3.1-8b").spec, TrainingSpec(seq_len=131_072, global_batch_size=1)
+    )
+    assert context_warnings(preset("llama-3.1-8b").spec, TrainingSpec(seq_len=262_144, global_batch_size=1))
+
+
 def test_learned_positions_have_no_row_past_the_table() -> None:
     """Past a learned table's rows the embedding lookup fails at the first step, so no layout runs it:
     refused (it was estimated as fitting, and a plan said feasible, with a warning: small-model review,
@@ -240,9 +255,10 @@ def test_a_huge_rope_scaling_factor_reaches_past_any_sequence() -> None:
     from service.estimator.types import RopeScaling, RopeScalingKind
 
     llama = preset("llama-3-8b").spec
-    huge = dataclasses.replace(llama, rope_scaling=RopeScaling(kind=RopeScalingKind.LINEAR, factor=1e305))
+    # dynamic NTK scaling stretches max_position_embeddings (linear scaling states its reach instead)
+    huge = dataclasses.replace(llama, rope_scaling=RopeScaling(kind=RopeScalingKind.DYNAMIC, factor=1e305))
     assert context_warnings(huge, TrainingSpec(seq_len=1 << 20, global_batch_size=1)) == ()
-    twice = dataclasses.replace(llama, rope_scaling=RopeScaling(kind=RopeScalingKind.LINEAR, factor=2.0))
+    twice = dataclasses.replace(llama, rope_scaling=RopeScaling(kind=RopeScalingKind.DYNAMIC, factor=2.0))
     (warning,) = context_warnings(twice, TrainingSpec(seq_len=1 << 20, global_batch_size=1))
     assert "reaches 16,384" in warning
 
