@@ -70,7 +70,9 @@ class CapacityRequest(Strict):
         json_schema_extra=documented_maximum(MAX_GPUS.limit),  # scale.py's bound, refused with its reason
     )
     gpu_hour_cost: float | dict[str, float] | None = Field(
-        default=None, description="one price per GPU-hour, or one per GPU name"
+        default=None,
+        description="one price per GPU-hour, or one per GPU name (or family); with cluster_ids, a stored "
+        "cluster's id prices that cluster alone (an on-demand and a reserved pool of one GPU type)",
     )
     constraints: CapacityConstraintsIn = Field(default_factory=CapacityConstraintsIn)
 

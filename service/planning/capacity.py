@@ -77,6 +77,30 @@ def _no_framework_runs(
     return refused
 
 
+def _priced(
+    option: CapacityOption,
+    cluster_id: str | None,
+    cluster_price: dict[str, float],
+    per_gpu_price: dict[str, float] | None,
+    prices: object,
+) -> CapacityOption:
+    """``option`` at its cluster's own price where the request gave one (its cost is GPU-hours x that
+    price), and saying so where a price map left its GPU type (and cluster) out: its cost is null, where
+    a price no option used is refused (FinOps review: an unpriced A100 beside a priced H100 said nothing)."""
+    if cluster_id is not None and cluster_id in cluster_price:
+        price = cluster_price[cluster_id]
+        cost = option.gpu_hours * price if option.gpu_hours is not None else None
+        return dataclasses.replace(option, cost=cost)
+    if isinstance(prices, dict) and option.gpu not in (per_gpu_price or {}) and option.gpu_hours is not None:
+        said = (
+            f"gpu_hour_cost prices neither cluster {cluster_id} nor {option.gpu}: no cost"
+            if cluster_id is not None
+            else f"gpu_hour_cost has no price for {option.gpu}: no cost"
+        )
+        return dataclasses.replace(option, note="; ".join(n for n in (option.note, said) if n))
+    return option
+
+
 def _nodes_for(request: CapacityRequest, gpus: list[GPUSpec]) -> int:
     """``max_nodes`` as asked, or left out, its default grown to hold ``at_gpus`` on every GPU type
     compared: 16,384 GPUs asked were timed on the default 1,024 nodes' 8,192, said in a note alone
@@ -185,9 +209,14 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
     if not stored:
         _check_searched_scale(request, gpus or list(catalog_gpus().values()))
     prices = request.gpu_hour_cost
-    per_gpu_price = prices if isinstance(prices, dict) else None
     if isinstance(prices, float | int):
         constraints = dataclasses.replace(constraints, gpu_hour_cost=float(prices))
+    # a stored cluster's id prices that cluster alone (two pools of one GPU type at their own rates; the
+    # id was refused as "no GPU type": FinOps review); the other keys price GPU types as before
+    stored_ids = set(request.cluster_ids or [])
+    priced = prices if isinstance(prices, dict) else {}
+    cluster_price = {key: float(price) for key, price in priced.items() if key in stored_ids}
+    per_gpu_price = {key: price for key, price in priced.items() if key not in stored_ids} or None
     if per_gpu_price is not None and stored:  # a family name prices the clusters' parts of it
         try:
             per_gpu_price = family_prices(per_gpu_price, [c.gpu.name for c in stored])
@@ -234,6 +263,7 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
         found = [(o, None) for o in options(gpus=gpus)]
     if budget.reason == "busy":  # options cut for want of CPU others took: retried, not answered
         raise ServiceUnavailable(busy_words(deadline))
+    found = [(_priced(o, cid, cluster_price, per_gpu_price, prices), cid) for o, cid in found]
     found.sort(key=lambda pair: option_order(pair[0]))
     out = [
         CapacityOptionOut(

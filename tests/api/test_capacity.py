@@ -140,6 +140,38 @@ def test_a_family_price_prices_the_stored_clusters_parts_of_it(client: TestClien
     assert problem["errors"][0]["field"] == "gpu_hour_cost.a100"
 
 
+def test_a_stored_clusters_id_prices_that_cluster_alone(client: TestClient) -> None:
+    """An on-demand and a reserved pool of one GPU type at their own rates: the cluster ids as price keys
+    were a 422 ("no GPU type of the request is named ...": FinOps review). An id prices its cluster, a
+    GPU type the clusters of it no id priced, and an option no key prices says it has no cost."""
+    pool = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
+    on_demand = client.post("/v1/clusters", json=pool | {"name": "on-demand"}).json()["id"]
+    reserved = client.post("/v1/clusters", json=pool | {"name": "reserved"}).json()["id"]
+    other = client.post("/v1/clusters", json=pool | {"name": "other", "gpu": "h200-sxm-141gb"}).json()["id"]
+    body = {"model": {"preset": "gpt2"}, "training": TRAINING, "cluster_ids": [on_demand, reserved, other],
+            "gpu_hour_cost": {on_demand: 4.0, reserved: 2.0}}  # fmt: skip
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    options = {o["cluster_id"]: o for o in response.json()["options"]}
+    assert options[on_demand]["cost"] == pytest.approx(options[on_demand]["gpu_hours"] * 4.0)
+    assert options[reserved]["cost"] == pytest.approx(options[reserved]["gpu_hours"] * 2.0)
+    assert options[other]["cost"] is None and "no cost" in options[other]["note"]
+    # an id beside its GPU type's price: the id's
+    body["gpu_hour_cost"] = {"h100-sxm-80gb": 3.0, on_demand: 4.0}
+    options = {o["cluster_id"]: o for o in client.post("/v1/capacity", json=body).json()["options"]}
+    assert options[on_demand]["cost"] == pytest.approx(options[on_demand]["gpu_hours"] * 4.0)
+    assert options[reserved]["cost"] == pytest.approx(options[reserved]["gpu_hours"] * 3.0)
+
+
+def test_a_gpu_type_a_price_map_leaves_out_says_it_has_no_cost(client: TestClient) -> None:
+    body = {"model": {"preset": "gpt2"}, "training": TRAINING, "gpus": ["h100-sxm-80gb", "a100-sxm-80gb"],
+            "gpu_hour_cost": {"h100-sxm-80gb": 2}}  # fmt: skip
+    options = {o["gpu"]: o for o in client.post("/v1/capacity", json=body).json()["options"]}
+    assert options["h100-sxm-80gb"]["cost"] is not None and "no cost" not in options["h100-sxm-80gb"]["note"]
+    assert options["a100-sxm-80gb"]["cost"] is None
+    assert "gpu_hour_cost has no price for a100-sxm-80gb" in options["a100-sxm-80gb"]["note"]
+
+
 def test_a_capacity_price_has_the_plans_upper_bound(client: TestClient) -> None:
     """A review's case: 1e300 was answered as is and 1.7e308 overflowed to a null cost; a plan refuses
     over 1e6 per GPU-hour, and so does capacity, as a scalar and per GPU."""
