@@ -959,7 +959,8 @@ def test_capacity_at_gpus_shows_the_count_each_row_is_timed_on(database: str) ->
     result = run(*args, "--gpu", "h100-sxm-80gb", "--at-gpus", "20")
     said = words(result.output)
     assert result.exit_code == 0 and "timed on" in said, result.output
-    assert "asked for 20 GPUs; this option places whole nodes of 8: timed on 16" in said
+    assert "asked for 20 GPUs; past one node this option places whole nodes of 8" in said
+    assert "as many as the count fills: timed on 16" in said
 
 
 def test_keys_without_url_act_on_the_database_even_with_trainplan_url_exported(

@@ -153,7 +153,10 @@ def _option(
         # the option's GPUs are whole nodes of gpus_per_node (a part of one node below it)
         run_gpus = max(gpus, at_gpus // gpn * gpn)
         said.append(
-            f"asked for {at_gpus:,} GPUs; this option places whole nodes of {gpn}: timed on {run_gpus:,}"
+            # (below one node, a part of one: sub_cluster; past it, the whole nodes the count fills: FinOps
+            # review read "whole nodes" beside 3 GPUs timed as 3)
+            f"asked for {at_gpus:,} GPUs; past one node this option places whole nodes of {gpn}, as many as "
+            f"the count fills: timed on {run_gpus:,}"
         )
     elif at_gpus is not None:
         run_gpus = at_gpus

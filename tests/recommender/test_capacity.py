@@ -319,7 +319,10 @@ def test_at_gpus_below_a_node_is_timed_on_those_gpus() -> None:
 def test_at_gpus_between_nodes_and_past_max_nodes_say_what_was_timed() -> None:
     spec, h100 = model("llama-3-8b").spec, gpu("h100-sxm-80gb")
     (odd,) = capacity(spec, T8, default_tuning(), gpus=[h100], gpus_per_node=16, at_gpus=24)
-    assert odd.num_gpus == 16 and "asked for 24 GPUs; this option places whole nodes of 16" in odd.note
+    assert (
+        odd.num_gpus == 16
+        and "asked for 24 GPUs; past one node this option places whole nodes of 16" in odd.note
+    )
     (past,) = capacity(spec, T8, default_tuning(), gpus=[h100], max_nodes=2, at_gpus=64)
     assert past.num_gpus is not None and past.num_gpus <= 16
     assert "asked for 64 GPUs; max_nodes 2 of 8 GPUs holds 16" in past.note
