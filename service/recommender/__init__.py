@@ -1814,9 +1814,12 @@ def _gpu_use(layout: Layout, constraints: Constraints, result: SearchResult, tot
     capped = limit is not None and limit < total_gpus
     if capped and used == limit:
         return f"uses {used} of {total_gpus} GPUs: max_gpus {limit}"
-    if constraints.objective in (Objective.FEWEST_GPUS, Objective.COST):
-        objective = constraints.objective.value
-        return f"uses {used} of {total_gpus} GPUs: the objective ({objective}) prefers fewer"
+    if constraints.objective is Objective.FEWEST_GPUS:
+        return f"uses {used} of {total_gpus} GPUs: the objective (fewest_gpus) prefers fewer"
+    if constraints.objective is Objective.COST:
+        # cost is GPU-hours per token: fewer GPUs only where they train no slower per GPU (FinOps review:
+        # "prefers fewer" beside 48 of 64 chosen over a 16-GPU fit that cost more)
+        return f"uses {used} of {total_gpus} GPUs: the fewest GPU-hours per token (the objective: cost)"
     reason = result.idle_reason or "no larger count this cluster's node shape allows has a valid split"
     cap = f" (max_gpus {limit})" if capped else ""
     return f"uses {used} of {total_gpus} GPUs{cap}: {reason}"

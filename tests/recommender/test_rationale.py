@@ -109,6 +109,19 @@ def test_idle_gpus_are_explained() -> None:
     )
     assert fewest.recommended is not None
     assert any("prefers fewer" in line for line in fewest.recommended.rationale)
+    # cost: the fewest GPU-hours per token, not the fewest GPUs (FinOps review)
+    cheapest = recommend(
+        model(name).spec,
+        c,
+        training,
+        Constraints(objective=Objective.COST, gpu_hour_cost=2.0),
+        default_tuning(),
+    )
+    assert cheapest.recommended is not None
+    lines = [line for line in cheapest.recommended.rationale if line.startswith("uses ")]
+    assert all("prefers fewer" not in line for line in lines)
+    if cheapest.recommended.layout.world_size < c.world_size:
+        assert any("GPU-hours per token" in line for line in lines), lines
 
 
 def test_a_layout_line_names_megatrons_recompute_modules() -> None:
