@@ -666,6 +666,35 @@ def _olmo2(f: _Fields, name: str) -> ModelSpec:
     )
 
 
+def _olmoe(f: _Fields, name: str) -> ModelSpec:
+    # OlmoeDecoderLayer (transformers models/olmoe): pre-norm RMSNorms, input and post-attention (Llama's:
+    # the weight multiplies the cast output, unlike OLMo 2's); q_norm over all q heads (hidden_size) and
+    # k_norm over the kv heads' width, as OLMo 2's; attention_bias on q, k, v and o. OlmoeSparseMoeBlock on
+    # every layer: router h x E (no bias) and E SwiGLU experts of intermediate_size (OlmoeMLP, no bias), no
+    # shared expert; top-k of the fp32 softmax, cast to the model dtype, renormalised only with
+    # norm_topk_prob (OlmoeConfig's default false), as Qwen's. clip_qkv clamps q, k and v in place of
+    # nothing this estimate counts: refused where set (OLMoE-1B-7B leaves it null).
+    if f.raw.get("clip_qkv") is not None:
+        raise f._error("clip_qkv", f"= {f.raw['clip_qkv']!r}: clamping q, k and v is not modelled")
+    moe = MoESpec(
+        num_experts=f.int_or("num_experts", 64),
+        top_k=f.int_or("num_experts_per_tok", 8),
+        expert_ffn_hidden_size=f.int_or("intermediate_size", 2048),
+    )
+    bias = f.bool_or("attention_bias", False)
+    return _llama_like(
+        f,
+        name,
+        kv_default=None,
+        max_positions=4096,
+        qkv_bias=bias,
+        out_bias=bias,
+        moe=moe,
+        ffn_hidden_size=f.int_or("intermediate_size", 2048),
+        qk_norm=QKNorm.FULL_WIDTH,
+    )
+
+
 def _phi3(f: _Fields, name: str) -> ModelSpec:
     # Phi3: fused qkv_proj and gate_up_proj, no biases; same counts as separate projections.
     # sliding_window (default null) applies to every layer.
@@ -1060,6 +1089,7 @@ _BUILDERS: dict[str, Callable[[_Fields, str], ModelSpec]] = {
     "llama4_text": _llama4_text,
     "llama4": _llama4,
     "olmo2": _olmo2,
+    "olmoe": _olmoe,
     "phi3": _phi3,
     "phi": _phi,
     "gpt2": _gpt2,
@@ -1266,6 +1296,7 @@ _HPARAMS: dict[str, _Hparams] = {
     "gemma3_text": _Hparams(_RMS, 1e-6, theta=1e6, local_theta=1e4),
     "llama4_text": _Hparams(_RMS, 1e-5, theta=500000.0),  # Llama4TextConfig
     "olmo2": _Hparams(_RMS, 1e-5),
+    "olmoe": _Hparams(_RMS, 1e-5),  # OlmoeConfig rms_norm_eps=1e-05, rope_theta=10000.0
     "phi3": _Hparams(_RMS, 1e-5),
     "phi": _Hparams(_LN_EPS, 1e-5),
     "mixtral": _Hparams(_RMS, 1e-5, theta=1e6),

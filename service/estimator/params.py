@@ -656,7 +656,8 @@ def stage_parameter_counts(model: ModelSpec, layout: Layout, mtp_layers: int = 0
 # ("Cannot convert PEFT target(s) ..."). The names leave target_modules, so no dense MLP or shared
 # expert keeps an adapter. Measured on the meta device with peft 0.21.2 and transformers 5.25
 # (config review, stop 44: Qwen3-30B-A3B's LoRA r16 trains 996.5M parameters, 981.5M on experts).
-_PEFT_FUSED_EXPERT_FAMILIES = frozenset({"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
+# OLMoE's too: transformers' conversion_mapping maps "olmoe" onto the "qwen2_moe" pattern.
+_PEFT_FUSED_EXPERT_FAMILIES = frozenset({"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe"})
 
 
 def peft_moves_mlp_targets(model: ModelSpec) -> bool:

@@ -305,6 +305,7 @@ _HF_DECODER_LAYERS = {
     "llama4": "Llama4TextDecoderLayer",
     "gpt_oss": "GptOssDecoderLayer",
     "olmo2": "Olmo2DecoderLayer",
+    "olmoe": "OlmoeDecoderLayer",
     "granite": "GraniteDecoderLayer",
     "phi": "PhiDecoderLayer",
     "phi3": "Phi3DecoderLayer",

@@ -41,7 +41,7 @@ def refused(config: dict[str, Any]) -> str | None:
 def test_every_family_is_supported() -> None:
     assert {
         "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gemma2", "gemma3_text", "gemma3",
-        "llama4_text", "llama4", "gpt_oss", "olmo2", "granite", "phi3", "mistral", "mistral3",
+        "llama4_text", "llama4", "gpt_oss", "olmo2", "olmoe", "granite", "phi3", "mistral", "mistral3",
     } <= set(SUPPORTED_MODEL_TYPES)  # fmt: skip
 
 
@@ -339,6 +339,24 @@ def test_olmo2_by_hand() -> None:
     spec = build({**LLAMA_LIKE, "model_type": "olmo2"})
     assert spec.qk_norm is QKNorm.FULL_WIDTH and spec.norms_per_layer == 2
     assert parameter_counts(spec).total == 87_040
+
+
+def test_olmoe_1b_7b_by_hand() -> None:
+    """allenai/OLMoE-1B-7B-0924's config.json (a 422 before: MoE review). Embeddings 2 x 50,304 x 2,048 =
+    206,045,184; a layer: q, k, v, o 4 x 2,048^2 = 16,777,216, q_norm and k_norm 2 x 2,048, two norms
+    4,096, router 2,048 x 64 = 131,072, 64 experts of 3 x 2,048 x 1,024 = 402,653,184 -> 419,569,664;
+    x 16, + the final norm: 6,919,161,856 (the card's 6.9B), 1.28B active (its 1.3B)."""
+    config = {"model_type": "olmoe", "hidden_size": 2048, "intermediate_size": 1024,
+              "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 16,
+              "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "vocab_size": 50304,
+              "tie_word_embeddings": False, "clip_qkv": None, "max_position_embeddings": 4096,
+              "rope_theta": 10000.0, "rms_norm_eps": 1e-05}  # fmt: skip
+    spec = build(config)
+    assert spec.qk_norm is QKNorm.FULL_WIDTH and spec.moe is not None and spec.moe.num_shared_experts == 0
+    counts = parameter_counts(spec)
+    assert counts.total == 6_919_161_856
+    assert counts.active_per_token == 6_919_161_856 - 16 * 56 * 3 * 2048 * 1024  # 56 of 64 experts idle
+    assert refused({**config, "clip_qkv": 8.0}) == "hf_config.clip_qkv"
 
 
 def test_granite_by_hand() -> None:
