@@ -555,8 +555,10 @@ def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[flo
 def experts_stay_16_bit(model: ModelSpec, layout: Layout) -> bool:
     """Whether QLoRA leaves the routed experts in the compute dtype: fused expert parameters, which
     bitsandbytes does not quantize (it quantizes nn.Linear modules; only Llama 4's fused experts are
-    patched to be: ``fused_experts``, _QUANTIZED_FUSED_EXPERTS)."""
-    return fused_experts(model, layout) and model.family not in _QUANTIZED_FUSED_EXPERTS
+    patched to be, and only from a checkpoint already in bitsandbytes 4-bit: ``fused_experts``,
+    _QUANTIZED_FUSED_EXPERTS)."""
+    patched = model.family in _QUANTIZED_FUSED_EXPERTS and model.bnb_4bit_checkpoint
+    return fused_experts(model, layout) and not patched
 
 
 def quantized_weights(model: ModelSpec, layout: Layout, training: TrainingSpec, rp: RankParameters) -> float:
@@ -669,8 +671,12 @@ def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout, rp
     return total / layout.tp
 
 
-# Families whose routed experts bitsandbytes quantizes though they are fused parameters
-# (transformers quantizers/base.py MODULES_TO_PATCH_FOR_QUANTIZATION: Llama 4's experts only).
+# Families whose routed experts bitsandbytes quantizes though they are fused parameters (transformers
+# quantizers/base.py MODULES_TO_PATCH_FOR_QUANTIZATION: Llama 4's experts only), and only where the
+# checkpoint is pre-quantized: HfQuantizer.preprocess_model swaps the modules in `if self.pre_quantized`,
+# so a bf16 checkpoint loaded with a BitsAndBytesConfig (what the launch files do) keeps
+# Llama4TextExperts' 3-D bf16 parameters (PEFT review: Scout QLoRA on 2 H100s counted ~90 GiB of experts
+# per GPU as NF4).
 _QUANTIZED_FUSED_EXPERTS = frozenset({"llama4"})
 
 

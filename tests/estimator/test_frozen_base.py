@@ -413,6 +413,25 @@ def test_the_answer_says_the_fused_routed_experts_stay_16_bit_and_how_they_are_a
     assert not any(a.startswith("routed experts:") for a in dense.assumptions)
 
 
+def test_llama_4s_experts_are_nf4_only_from_a_pre_quantized_checkpoint() -> None:
+    """transformers swaps Llama4TextExperts for per-expert Linear modules bitsandbytes quantizes only in
+    HfQuantizer.preprocess_model's `if self.pre_quantized` (quantizers/base.py): a bf16 checkpoint loaded
+    with a BitsAndBytesConfig, as the launch files do, keeps the fused experts in bf16 (PEFT review:
+    Scout QLoRA on 2 H100s said fit with ~90 GiB of experts per GPU counted as NF4)."""
+    from service.estimator.model_states import experts_stay_16_bit
+
+    scout = preset("llama-4-scout-17b-16e").spec
+    fsdp = Layout(framework=Framework.FSDP)
+    assert experts_stay_16_bit(scout, fsdp)
+    assert not experts_stay_16_bit(dataclasses.replace(scout, bnb_4bit_checkpoint=True), fsdp)
+    training = TrainingSpec(seq_len=4096, global_batch_size=8, method=Method.QLORA)
+    two = gpu_cluster(H100, 2, 50e9)
+    layout = Layout(framework=Framework.FSDP, dp=2, zero_stage=3)
+    answer = estimate(scout, two, layout, training, tuning=default_tuning(), with_limits=False)
+    assert not answer.fits  # 96.6B bf16 expert parameters: ~90 GiB per GPU at dp 2
+    assert answer.memory.per_gpu.parameters > 80 * 2**30
+
+
 def test_peft_s_adapted_fused_experts_keep_their_whole_weight_for_backward() -> None:
     """peft's ParamWrapper folds each adapter into its fused expert parameter for the forward (W + s x
     BA, one baddbmm in the parameter's dtype: _LoraFactorsProxy) and the expert matmuls keep that
