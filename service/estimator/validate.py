@@ -911,6 +911,18 @@ def method_parallel_violation(training: TrainingSpec, layout: Layout) -> Violati
                 "qlora_model_parallel",
                 degree,
             )
+    if layout.framework is Framework.DEEPSPEED and layout.offload_params is not Offload.NONE:
+        # peft docs/source/accelerate/deepspeed.md, Caveats: "DeepSpeed Stage 3 and qlora when used with
+        # CPU offloading leads to more GPU memory usage when compared to disabling CPU offloading"; the
+        # estimate moved the NF4 base off the GPU (PEFT review: 70B QLoRA on one 24 GB card, 1 GiB on it)
+        return _bad(
+            f"qlora with deepspeed offload_params {layout.offload_params.value}: ZeRO-3's parameter offload "
+            "of a bitsandbytes NF4 base uses more GPU memory than without it (peft's DeepSpeed guide), which "
+            "is not modelled; keep the parameters on the GPU, or use fsdp's cpu offload (peft's FSDP + "
+            "QLoRA recipe)",
+            "qlora_offload",
+            "offload_params",
+        )
     return None
 
 

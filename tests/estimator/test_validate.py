@@ -647,3 +647,17 @@ def test_each_interleaved_schedule_takes_its_own_micro_batches(
     with pytest.raises(InvalidLayout) as err:
         check(layout, training=training)
     assert refused in str(err.value) and err.value.field == "pp"
+
+
+def test_qlora_refuses_deepspeeds_parameter_offload() -> None:
+    """peft's DeepSpeed guide: ZeRO-3 with QLoRA and CPU offloading takes more GPU memory than without;
+    the estimate had moved the NF4 base to the host (PEFT review). FSDP's cpu offload, peft's FSDP +
+    QLoRA recipe, stays."""
+    qlora = dataclasses.replace(TRAIN, method=Method.QLORA)
+    with pytest.raises(InvalidLayout) as err:
+        check(Layout(dp=16, zero_stage=3, offload_params=Offload.CPU, offload_optimizer=Offload.CPU),
+              training=qlora)  # fmt: skip
+    assert (err.value.rule, err.value.field) == ("qlora_offload", "offload_params")
+    check(Layout(dp=16, zero_stage=3, offload_optimizer=Offload.CPU), training=qlora)
+    check(Layout(framework=Framework.FSDP, dp=16, zero_stage=3, offload_params=Offload.CPU,
+                 offload_optimizer=Offload.CPU), training=qlora)  # fmt: skip
