@@ -185,7 +185,7 @@ def _clamp(value: float, bounds: tuple[float, float]) -> float:
     return min(max(value, bounds[0]), bounds[1])
 
 
-GB = 1e9
+GIB = 2**30  # the unit every memory figure of an answer is read in
 
 
 def implausibility(obs: Observation) -> tuple[str, ...]:
@@ -213,7 +213,7 @@ def implausibility(obs: Observation) -> tuple[str, ...]:
     if reported is not None and not obs.out_of_memory and reported > obs.capacity_bytes:
         # device used (nvidia-smi), reserved and allocated are all parts of the card's memory
         reasons.append(
-            f"peak {reported / GB:.4g} GB is above the card's {obs.capacity_bytes / GB:.4g} GB, and the "
+            f"peak {reported / GIB:.4g} GiB is above the card's {obs.capacity_bytes / GIB:.4g} GiB, and the "
             "run did not run out of memory: no memory statistic of a GPU exceeds its memory"
         )
     peak = obs.measured_peak_bytes
@@ -225,7 +225,7 @@ def implausibility(obs: Observation) -> tuple[str, ...]:
         held = reported if reported is not None else peak
         if held < obs.model_state_bytes:
             reasons.append(
-                f"peak {held / GB:.4g} GB is below the {obs.model_state_bytes / GB:.4g} GB of model "
+                f"peak {held / GIB:.4g} GiB is below the {obs.model_state_bytes / GIB:.4g} GiB of model "
                 "states (parameters, gradients, optimizer states) the most loaded GPU holds throughout"
             )
         estimated_bytes = obs.model_state_bytes + obs.dynamic_bytes
@@ -233,8 +233,8 @@ def implausibility(obs: Observation) -> tuple[str, ...]:
             estimated_bytes / IMPLAUSIBLE_RATIO <= peak <= estimated_bytes * IMPLAUSIBLE_RATIO
         ):
             reasons.append(
-                f"peak {peak / GB:.4g} GB is {peak / estimated_bytes:.3g}x the estimated "
-                f"{estimated_bytes / GB:.4g} GB, more than {IMPLAUSIBLE_RATIO:g}x off: another job than "
+                f"peak {peak / GIB:.4g} GiB is {peak / estimated_bytes:.3g}x the estimated "
+                f"{estimated_bytes / GIB:.4g} GiB, more than {IMPLAUSIBLE_RATIO:g}x off: another job than "
                 "the plan's, or a broken measurement"
             )
     if obs.out_of_memory and peak is not None and peak < obs.model_state_bytes:
@@ -242,16 +242,16 @@ def implausibility(obs: Observation) -> tuple[str, ...]:
         # reached before it ran out (an OOM "at 1 GB" on an 80 GB card set a memory factor of 1.6 for
         # every later plan; bounded-work review)
         reasons.append(
-            f"ran out of memory at a reported peak of {peak / GB:.4g} GB, below the "
-            f"{obs.model_state_bytes / GB:.4g} GB of model states the most loaded GPU holds throughout: "
+            f"ran out of memory at a reported peak of {peak / GIB:.4g} GiB, below the "
+            f"{obs.model_state_bytes / GIB:.4g} GiB of model states the most loaded GPU holds throughout: "
             "not the peak the run reached"
         )
     if obs.out_of_memory:
         estimated_bytes = obs.model_state_bytes + obs.dynamic_bytes
         if 0 < estimated_bytes * IMPLAUSIBLE_RATIO < obs.capacity_bytes:
             reasons.append(
-                f"ran out of {obs.capacity_bytes / GB:.4g} GB where the estimate is "
-                f"{estimated_bytes / GB:.4g} GB, more than {IMPLAUSIBLE_RATIO:g}x off: another job than "
+                f"ran out of {obs.capacity_bytes / GIB:.4g} GiB where the estimate is "
+                f"{estimated_bytes / GIB:.4g} GiB, more than {IMPLAUSIBLE_RATIO:g}x off: another job than "
                 "the plan's, or a leak"
             )
     return tuple(reasons)

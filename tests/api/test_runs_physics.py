@@ -101,7 +101,7 @@ def test_a_peak_below_the_model_states_is_stored_flagged_and_moves_no_factor(cli
     assert stored["peak_memory_bytes_per_gpu"] == 2**20
     diagnosis = stored["diagnosis"]
     assert diagnosis["implausible"] is True
-    assert f"below the {states / 1e9:.4g} GB of model states" in diagnosis["implausible_reasons"][0]
+    assert f"below the {states / 2**30:.4g} GiB of model states" in diagnosis["implausible_reasons"][0]
     assert not any("memory well below capacity" in line for line in diagnosis["advice"])
     assert_moves_nothing(client, plan, stored)
 
@@ -121,7 +121,7 @@ def test_a_peak_above_the_card_without_an_oom_is_stored_flagged_and_moves_no_fac
     diagnosis = stored["diagnosis"]
     assert diagnosis["implausible"] is True
     assert diagnosis["implausible_reasons"][0] == (
-        f"peak {peak / 1e9:.4g} GB is above the card's {card / 1e9:.4g} GB, and the run did not run out "
+        f"peak {peak / GiB:.4g} GiB is above the card's {card / GiB:.4g} GiB, and the run did not run out "
         "of memory: no memory statistic of a GPU exceeds its memory"
     )
     assert_moves_nothing(client, plan, stored)

@@ -79,14 +79,14 @@ def test_a_frameworks_own_deviation_counts_in_proportion_to_its_runs() -> None:
 
 # ---------------------------------------------------------------- runs checked before they count
 
-GB = 10**9
+GB = 2**30  # the answers' unit: the messages say GiB, as every memory figure does
 
 
 def measured(
     step_s: float | None = None, peak: int | None = None, oom: bool = False, peak_step_s: float | None = 2.0
 ) -> Observation:
     """A run of a plan estimated at 4 s a step (2 s: the step's FLOPs at the dense peak, HFU 0.5)
-    and 30 GB per GPU, 20 GB of them model states, on an 80 GB card."""
+    and 30 GiB per GPU, 20 GiB of them model states, on an 80 GiB card."""
     return Observation(
         model_state_bytes=20 * GB,
         dynamic_bytes=10 * GB,
@@ -132,20 +132,20 @@ def test_a_step_more_than_the_stated_factor_off_the_estimate_is_implausible() ->
 
 
 def test_a_peak_below_the_model_states_is_implausible() -> None:
-    # the issue's 1 MiB peak, and a peak just under the 20 GB of states
+    # the issue's 1 MiB peak, and a peak just under the 20 GiB of states
     tiny = implausibility(measured(peak=2**20))
-    assert "below the 20 GB of model states" in tiny[0] and "more than 4x off" in tiny[1]
+    assert "below the 20 GiB of model states" in tiny[0] and "more than 4x off" in tiny[1]
     (under,) = implausibility(measured(peak=20 * GB - 1))
-    assert under.startswith("peak 20 GB is below the 20 GB of model states")
+    assert under.startswith("peak 20 GiB is below the 20 GiB of model states")
     (huge,) = implausibility(measured(peak=121 * GB))
-    assert "4.03x the estimated 30 GB" in huge
+    assert "4.03x the estimated 30 GiB" in huge
 
 
 def test_a_peak_above_the_card_without_an_oom_is_implausible() -> None:
-    # 90 GB reported on an 80 GB card: within 4x of the 30 GB estimate, above the card
+    # 90 GiB reported on an 80 GiB card: within 4x of the 30 GiB estimate, above the card
     above = dataclasses.replace(measured(peak=90 * GB), reported_peak_bytes=90 * GB)
     reasons = implausibility(above)
-    assert reasons == ("peak 90 GB is above the card's 80 GB, and the run did not run out of memory: no "
+    assert reasons == ("peak 90 GiB is above the card's 80 GiB, and the run did not run out of memory: no "
                        "memory statistic of a GPU exceeds its memory",)  # fmt: skip
     # the card's whole memory is a possible peak; an OOM's reported figure is not a peak
     assert implausibility(dataclasses.replace(above, reported_peak_bytes=80 * GB)) == ()
@@ -155,9 +155,9 @@ def test_a_peak_above_the_card_without_an_oom_is_implausible() -> None:
 
 
 def test_an_out_of_memory_run_far_above_the_estimate_is_implausible() -> None:
-    assert implausibility(measured(oom=True)) == ()  # 80 GB < 4 x 30 GB
+    assert implausibility(measured(oom=True)) == ()  # 80 GiB < 4 x 30 GiB
     small = dataclasses.replace(measured(oom=True), model_state_bytes=GB, dynamic_bytes=GB)
-    assert "ran out of 80 GB where the estimate is 2 GB" in implausibility(small)[0]
+    assert "ran out of 80 GiB where the estimate is 2 GiB" in implausibility(small)[0]
 
 
 def test_implausible_runs_move_no_factor_and_are_counted() -> None:
@@ -359,8 +359,8 @@ def test_a_run_set_aside_is_named_with_its_reasons() -> None:
 
 
 def test_an_out_of_memory_run_below_its_model_states_is_implausible() -> None:
-    """An OOM "at 1 GB" on an 80 GB card with 20 GB of resident model states: not the peak the run
+    """An OOM "at 1 GiB" on an 80 GiB card with 20 GiB of resident model states: not the peak the run
     reached (it set a memory factor of 1.6 for every later plan; bounded-work review)."""
     (below,) = implausibility(dataclasses.replace(measured(peak=GB), out_of_memory=True))
-    assert below.startswith("ran out of memory at a reported peak of 1 GB, below the 20 GB of model states")
+    assert below.startswith("ran out of memory at a reported peak of 1 GiB, below the 20 GiB of model states")
     assert implausibility(dataclasses.replace(measured(peak=70 * GB), out_of_memory=True)) == ()
