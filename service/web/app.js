@@ -465,6 +465,12 @@ function scoreUnit(plan) {
   }
 }
 
+// The score as the figure it is shown beside (tokens/s in whole tokens: "79,997 tokens/s · score 80,000
+// tokens/s" read as two numbers; a UI review), other units to four figures.
+function scoreText(score, plan) {
+  return scoreUnit(plan) === "tokens/s" || scoreUnit(plan) === "GPUs" ? fmt.int(score) : fmt.num(score);
+}
+
 // A resolved default in the page's units: bandwidths in GB/s, byte counts in GiB (the API's are bytes).
 function defaultText(key, value) {
   const n = Number(value);
@@ -509,7 +515,7 @@ function renderPlan(plan, container) {
         (est.time_to_train_s ? ` · time to train ${fmt.s(est.time_to_train_s)}` : "") +
         (est.cost_to_train != null ? ` · cost to train ${fmt.num(est.cost_to_train)} (at the GPU-hour price given)` : "") +
         ` · ranked by ${LABELS[plan.request?.constraints?.objective] || plan.request?.constraints?.objective || "throughput"}: ` +
-        `score ${fmt.num(rec.score)} ${scoreUnit(plan)}` }));
+        `score ${scoreText(rec.score, plan)} ${scoreUnit(plan)}` }));
     }
     container.append(calibrationBlock(est, plan.id));
     warningsBlock(est, container);
@@ -576,7 +582,13 @@ function clearErrors(form, summary) {
   summary.hidden = true;
   summary.replaceChildren();
   form.querySelectorAll(".field-error").forEach((n) => n.remove());
-  form.querySelectorAll("[aria-invalid]").forEach((n) => { n.removeAttribute("aria-invalid"); n.removeAttribute("aria-describedby"); });
+  form.querySelectorAll("[aria-invalid]").forEach((n) => {
+    n.removeAttribute("aria-invalid");
+    // the field's own help (its unit, its note) again: an error had been named beside it
+    if (n.dataset.describedby) n.setAttribute("aria-describedby", n.dataset.describedby);
+    else n.removeAttribute("aria-describedby");
+    delete n.dataset.describedby;
+  });
 }
 
 function fieldFor(form, field, prefix) {
@@ -620,9 +632,16 @@ function showErrors(form, summary, error, prefix = "") {
     if (target) {
       const id = `err-${i}-${target.id}`.replace(/[^A-Za-z0-9_-]/g, "-");
       target.setAttribute("aria-invalid", "true");
-      target.setAttribute("aria-describedby", id);
+      // the error and the field's own help both (the help was cut off until a reload)
+      const own = target.dataset.describedby ?? target.getAttribute("aria-describedby") ?? "";
+      target.dataset.describedby = own;
+      target.setAttribute("aria-describedby", [id, own].filter(Boolean).join(" "));
       target.insertAdjacentElement("afterend", el("p", { class: "field-error", id, text: message }));
-      items.append(el("li", {}, el("a", { href: `#${target.id}`, text: `${e.field}: ${message}` })));
+      const link = el("a", { href: `#${target.id}`, text: `${e.field}: ${message}` });
+      // to the field without following the fragment: the address routes the page (a run form's link
+      // left the plan for the new-plan form)
+      link.addEventListener("click", (event) => { event.preventDefault(); target.focus(); });
+      items.append(el("li", {}, link));
     } else {
       items.append(el("li", { text: e.field ? `${e.field}: ${message}` : message }));
     }
@@ -957,6 +976,10 @@ async function showPlan(id) {
   detail.replaceChildren(el("p", { class: "note", text: "Loading the plan..." }));
   document.getElementById("runs").replaceChildren();
   document.getElementById("run-result").replaceChildren();
+  // nor the run form's errors and values typed for the plan before (they stayed, and could be posted here)
+  clearErrors(form, document.getElementById("run-errors"));
+  form.reset();
+  toggleSources("run-source");
   delete form.dataset.plan;
   form.hidden = true;  // shown once the plan has loaded: no run is recorded on a plan that is not there
   try {
@@ -978,8 +1001,16 @@ async function showPlan(id) {
       }
     });
     detail.append(again);
-    form.dataset.plan = plan.id;
-    form.hidden = false;
+    const title = document.getElementById("plan-title");
+    title.setAttribute("tabindex", "-1");
+    title.focus();  // the link that opened the plan is hidden now
+    if (plan.status === "infeasible") {
+      // the API refuses a run of a plan without a layout (409): no form to fill in vain
+      detail.append(el("p", { class: "note", text: "An infeasible plan has no layout a run could measure: no run is recorded on it." }));
+    } else {
+      form.dataset.plan = plan.id;
+      form.hidden = false;
+    }
     await showRuns(plan.id);
   } catch (error) {
     if (shownPlan === id) detail.replaceChildren(el("p", { class: "field-error", role: "alert", text: error.message }));
@@ -1005,6 +1036,7 @@ async function submitRun(event) {
   event.preventDefault();
   const form = event.target, summary = document.getElementById("run-errors");
   clearErrors(form, summary);
+  document.getElementById("run-result").replaceChildren();  // an earlier run's answer is not this one's
   let body;
   if (document.querySelector("input[name=run-source]:checked").value === "log") {
     // the log as the framework printed it: the service reads it (RunOut.source says what it read)
