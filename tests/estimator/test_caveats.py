@@ -174,6 +174,16 @@ def test_a_network_faster_than_any_nic_is_timed_as_stated_and_said() -> None:
     assert "400 GB/s per GPU is faster than any NIC" in said and "that is 50 GB/s" in said
 
 
+def test_a_network_share_above_the_gpus_host_link_is_said() -> None:
+    """100 typed for 100 Gb/s EDR on an A100 (PCIe Gen4, 32 GB/s) is 100 GB/s per GPU here, a rate no NIC
+    reaches a GPU at (its traffic crosses the PCIe host link); it passed silently below the fastest NIC's
+    100 GB/s (network review). The catalog's DGX A100 share (25 GB/s) says nothing."""
+    a100 = gpu("a100-sxm-40gb")
+    assert network_warnings(gpu_cluster(a100, 16, 25e9)) == ()
+    (said,) = network_warnings(gpu_cluster(a100, 16, 100e9))
+    assert "above a100-sxm-40gb's PCIe host link (32 GB/s)" in said and "that is 12.5 GB/s" in said
+
+
 def test_a_link_between_a_nodes_gpus_nobody_stated_or_slower_than_the_network_is_a_warning() -> None:
     """A custom GB200 without intra_node_bandwidth_bytes_per_s was timed over PCIe (2.2x its step with
     NVLink) with the assumption in a note alone; a tray of 4 whose NVLink fabric was stated as the
