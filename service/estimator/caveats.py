@@ -158,6 +158,17 @@ def _peer_link_warnings(cluster: ClusterSpec) -> tuple[str, ...]:
             "Fabric), state intra_node_bandwidth_bytes_per_s: model parallelism and the gradient "
             "reductions are timed on it"
         )
+    part = cluster.gpu.intra_node_bandwidth_bytes_per_s
+    if part > cluster.gpu.pcie_bandwidth_bytes_per_s and intra > part * (1 + 1e-9):
+        # NVLink's datasheet figure is both directions (A100: 600 GB/s for the 300 each way every figure
+        # here is): 600 typed for an A100 halved its TP time, silently (network review). A PCIe card's
+        # own figure is its host link, which an NVLink bridge stated here rightly exceeds.
+        out.append(
+            f"the link between a node's GPUs ({intra / 1e9:,.4g} GB/s per GPU, one direction) is above "
+            f"{cluster.gpu.name}'s own NVLink ({part / 1e9:,.4g} GB/s): timed as stated; a datasheet's "
+            "bidirectional figure is twice the one-way one (intra_node_bandwidth_bytes_per_s is one "
+            "direction)"
+        )
     if cluster.num_nodes > 1 and inter > intra:
         out.append(
             f"the network between nodes ({inter / 1e9:,.4g} GB/s per GPU) is faster than the link between "

@@ -184,6 +184,20 @@ def test_a_network_share_above_the_gpus_host_link_is_said() -> None:
     assert "above a100-sxm-40gb's PCIe host link (32 GB/s)" in said and "that is 12.5 GB/s" in said
 
 
+def test_an_nvlink_figure_above_the_parts_own_is_said() -> None:
+    """600 typed for an A100's NVLink (its datasheet's both directions; every figure here is one way)
+    halved its TP time silently (network review). A PCIe card's own figure is its host link: an NVLink
+    bridge stated above it is what the page asks for, and says nothing."""
+    import dataclasses
+
+    a100 = gpu_cluster(gpu("a100-sxm-40gb"), 8, 25e9)
+    assert network_warnings(a100) == ()
+    (said,) = network_warnings(dataclasses.replace(a100, intra_node_bandwidth_bytes_per_s=600e9))
+    assert "above a100-sxm-40gb's own NVLink (300 GB/s)" in said
+    bridged = gpu_cluster(gpu("a100-pcie-80gb"), 2, 25e9)
+    assert network_warnings(dataclasses.replace(bridged, intra_node_bandwidth_bytes_per_s=300e9)) == ()
+
+
 def test_a_link_between_a_nodes_gpus_nobody_stated_or_slower_than_the_network_is_a_warning() -> None:
     """A custom GB200 without intra_node_bandwidth_bytes_per_s was timed over PCIe (2.2x its step with
     NVLink) with the assumption in a note alone; a tray of 4 whose NVLink fabric was stated as the
