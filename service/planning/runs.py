@@ -106,6 +106,13 @@ def measurements(
     training = StoredRequest.read(plan.request).training
     gpus = gpu_count(layout)
     figures, conversions = from_log(parsed, seq_len=training.seq_len, gpus=gpus)
+    timed = parsed.step_s or parsed.tokens_per_s_per_gpu or parsed.samples_per_s
+    if not figures and timed is not None and not timed.steady:  # from_log left the start-up out
+        message = (
+            f"the log's {parsed.format} readings are all warm-up (the first steps of a launch, start-up "
+            "included), and it states no memory: nothing a run stores; paste a log past the first steps"
+        )
+        raise Unprocessable(message, errors=[{"field": "log", "message": message}])
     source = parsed.stored()
     source["conversions"] = conversions
     keep = {"framework_version": run.framework_version, "notes": run.notes}
@@ -125,15 +132,25 @@ def from_log(parsed: ParsedLog, *, seq_len: int, gpus: int) -> tuple[dict[str, A
     and whether it ran out of memory. Says each conversion."""
     figures: dict[str, Any] = {}
     conversions: list[str] = []
-    if parsed.step_s is not None:
+    timed = parsed.step_s or parsed.tokens_per_s_per_gpu or parsed.samples_per_s
+    if timed is not None and not timed.steady:
+        # start-up alone (the first steps of a launch): kept with the log, not as the run's time, which
+        # would move every later plan's step factor by start-up (a log of iteration 1 alone set it to its
+        # 3.0 bound; logs review)
+        conversions.append(
+            f"{timed.name} left out of the run: every reading of it is warm-up (start-up included), which "
+            "would calibrate later plans with start-up; a log past the first steps gives the steady figure"
+        )
+        timed = None
+    if timed is not None and parsed.step_s is not None:
         figures["step_s"] = parsed.step_s.value
-    elif parsed.tokens_per_s_per_gpu is not None:
+    elif timed is not None and parsed.tokens_per_s_per_gpu is not None:
         per_gpu = parsed.tokens_per_s_per_gpu.value
         figures["tokens_per_s"] = per_gpu * gpus
         conversions.append(
             f"tokens_per_s = {per_gpu:,.0f} tokens/s per GPU x {gpus} GPUs of the plan's layout"
         )
-    elif parsed.samples_per_s is not None:
+    elif timed is not None and parsed.samples_per_s is not None:
         samples = parsed.samples_per_s.value
         figures["tokens_per_s"] = samples * seq_len
         conversions.append(

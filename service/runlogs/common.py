@@ -103,8 +103,15 @@ def to_float(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def to_bytes(value: float, unit: str) -> int:
-    return round(value * UNITS[unit.lower()])
+# The most bytes a memory figure of a log may state: past it a figure is no GPU's (1e305 GiB overflowed
+# to inf and round() raised: a 500 from a pasted log; logs review). 1 PiB, a thousand times any card.
+MAX_MEMORY_BYTES = 2.0**50
+
+
+def to_bytes(value: float, unit: str) -> int | None:
+    """``value`` ``unit`` in bytes; None past ``MAX_MEMORY_BYTES`` or below 0 (no GPU's figure)."""
+    scaled = value * UNITS[unit.lower()]
+    return round(scaled) if 0 <= scaled <= MAX_MEMORY_BYTES else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +142,12 @@ class Readings:
     notes: list[str] = field(default_factory=list)
 
     def add_memory(self, statistic: MemoryStatistic, reading: Reading) -> None:
+        if not 0 <= reading.value <= MAX_MEMORY_BYTES:  # no GPU's figure (and inf would not round)
+            self.notes.append(
+                f"line {reading.line.number}: a {statistic} figure of {reading.value:.4g} bytes is no GPU's: "
+                "left out"
+            )
+            return
         self.memory.setdefault(statistic, []).append(reading)
 
     def timed(self) -> bool:
@@ -162,6 +175,7 @@ class Figure:
     how: str
     lines: tuple[int, ...]
     statistic: MemoryStatistic | None = None
+    steady: bool = True  # False: made of warm-up readings alone (start-up included)
 
     def stored(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "value": self.value, "unit": self.unit, "how": self.how}
@@ -176,14 +190,20 @@ def line_numbers(readings: Iterable[Reading]) -> tuple[int, ...]:
 
 
 def steady(readings: Sequence[Reading]) -> tuple[list[Reading], list[Reading]]:
-    """(steady, warm-up): a reading at step <= WARMUP_STEPS, or the first of its rank, is warm-up.
+    """(steady, warm-up): a reading at step <= WARMUP_STEPS, the first of its rank, or one whose
+    interval starts in the warm-up (its rank's reading before it was at step <= WARMUP_STEPS) is
+    warm-up. Megatron-LM's interval timer is not reset after the iteration-1 line (training.py
+    training_log, since c40b6ea: "log stats but don't reset accumulators"), so its iteration-10 line
+    averages steps 1-10, start-up included (logs review: a 20-iteration smoke test read 9.5% slow).
     Readings without a step number are all steady."""
-    seen: set[int | None] = set()
+    last: dict[int | None, int | None] = {}
     kept, skipped = [], []
     for reading in readings:
-        first = reading.line.rank not in seen
-        seen.add(reading.line.rank)
-        if reading.step is not None and (reading.step <= WARMUP_STEPS or first):
+        first = reading.line.rank not in last
+        before = last.get(reading.line.rank)
+        last[reading.line.rank] = reading.step
+        after_warm_up = before is not None and before <= WARMUP_STEPS
+        if reading.step is not None and (reading.step <= WARMUP_STEPS or first or after_warm_up):
             skipped.append(reading)
         else:
             kept.append(reading)
@@ -204,18 +224,19 @@ def median_figure(name: str, unit: str, readings: Sequence[Reading], what: str) 
         if skipped:
             readings_word = "reading" if len(skipped) == 1 else "readings"
             how += (
-                f"; {len(skipped)} warm-up {readings_word} skipped (step <= {WARMUP_STEPS} or a rank's first)"
+                f"; {len(skipped)} warm-up {readings_word} skipped (step <= {WARMUP_STEPS}, a rank's first, "
+                "or one whose interval starts there)"
             )
         used = kept
     else:
         used = list(readings)
         how = (
             f"median of {len(used)} {what} readings{spread}, every one of them warm-up (step <= "
-            f"{WARMUP_STEPS} or a rank's first): no steady-state reading in this log, so the figure "
-            "includes start-up; a longer excerpt gives a better one"
+            f"{WARMUP_STEPS}, a rank's first, or one whose interval starts there): no steady-state reading "
+            "in this log, so the figure includes start-up; a longer excerpt gives a better one"
         )
     value = statistics.median(r.value for r in used)
-    return Figure(name, value, unit, how, line_numbers(used))
+    return Figure(name, value, unit, how, line_numbers(used), steady=bool(kept))
 
 
 def memory_figure(memory: dict[MemoryStatistic, list[Reading]]) -> Figure | None:
@@ -245,7 +266,13 @@ def memory_figure(memory: dict[MemoryStatistic, list[Reading]]) -> Figure | None
 
 # ---------------------------------------------------------------- PyTorch's out-of-memory error
 
-_OOM = re.compile(r"(?:CUDA|HIP|XPU|MPS) out of memory|OutOfMemoryError")
+# the caching allocator's error, and the runtime's own where memory outside it ran out (cuBLAS workspaces,
+# NCCL buffers: c10's C10_CUDA_CHECK "CUDA error: out of memory", NCCL's "Cuda failure 'out of memory'";
+# a torchtitan run that crashed so was stored as a healthy one: logs review)
+_OOM = re.compile(
+    r"(?:CUDA|HIP|XPU|MPS) out of memory|OutOfMemoryError|(?:CUDA|HIP) error: out of memory"
+    r"|(?:Cuda|Hip) failure '?out of memory"
+)
 _SIZE = rf"({NUMBER}) ?([KMGT]i?B|B)\b"
 _OOM_FIELDS = {
     # PyTorch >= 2.1: "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which
@@ -289,8 +316,9 @@ def out_of_memory(lines: Sequence[Line]) -> OutOfMemory | None:
             if match:
                 groups = [g for g in match.groups() if g is not None]
                 value = to_float(groups[0])
-                if value is not None and len(groups) >= 2:
-                    quoted[key] = to_bytes(value, groups[1])
+                size = to_bytes(value, groups[1]) if value is not None and len(groups) >= 2 else None
+                if size is not None:
+                    quoted[key] = size
         gpu = _OOM_GPU.search(line.text)
         return OutOfMemory(line, int(gpu.group(1)) if gpu else None, quoted)
     return None

@@ -175,8 +175,11 @@ _DS_SEE_MEMORY = {
 # steps: "steps: G loss: L iter time (s): T samples/sec: S" (newer: "step: G / N loss: ..." and an
 # eta after); T the interval's mean step, S = train_batch_size / T, both with :0.3f (three decimals:
 # fewer means the line was cut there)
+# deepspeed/runtime/pipe/engine.py train_batch; since #5338 (Apr 2024) each extra loss the model reports
+# (an MoE's moe_loss) is printed as "name: value" between the loss and the iter time (logs review: a 422)
 _DS_PIPE = re.compile(
-    r"\bsteps?:\s*(\d+)(?:\s*/\s*\d+)?\s+loss:\s*\S+\s+iter time \(s\):\s*(\S*)(?:\s+samples/sec:\s*(\S*))?"
+    r"\bsteps?:\s*(\d+)(?:\s*/\s*\d+)?\s+loss:\s*\S+(?:\s+[A-Za-z_]\w*:\s*\S+)*?"
+    r"\s+iter time \(s\):\s*(\S*)(?:\s+samples/sec:\s*(\S*))?"
 )
 _THREE_DECIMALS = re.compile(r"\d+\.\d{3}")
 

@@ -23,15 +23,17 @@ def read(name: str) -> str:
 def test_megatron_iteration_lines_and_memory_report() -> None:
     parsed = parse_log(read("megatron"))
     assert parsed.format == "megatron"
-    assert parsed.step_s is not None and parsed.step_s.value == pytest.approx(2.6009)  # median, ms -> s
-    assert parsed.step_s.lines == (11, 14, 15, 16, 17)  # iteration 1 (18.7 s of start-up) skipped
-    assert parsed.tflops_per_gpu is not None and parsed.tflops_per_gpu.value == pytest.approx(211.1)
+    # median, ms -> s: iteration 1 (18.7 s of start-up) skipped, and iteration 10, whose interval Megatron's
+    # timer starts at iteration 1 (training_log does not reset it after the first line)
+    assert parsed.step_s is not None and parsed.step_s.value == pytest.approx(2.59845)
+    assert parsed.step_s.lines == (14, 15, 16, 17)
+    assert parsed.tflops_per_gpu is not None and parsed.tflops_per_gpu.value == pytest.approx(211.3)
     assert parsed.global_batch_size == 64
     # the largest figure of any rank: rank 0's max reserved after 10 iterations, in MiB
     assert parsed.peak_memory is not None and parsed.peak_memory.value == 42520.00 * MIB
     assert parsed.memory_statistic == "max_reserved" and parsed.peak_memory.lines == (12,)
     assert parsed.cut_lines == 1  # iteration 60 cut inside its elapsed time: not read as 25 ms
-    assert parsed.warmup_readings_skipped == 1
+    assert parsed.warmup_readings_skipped == 2
     assert parsed.out_of_memory is None
 
 
@@ -39,12 +41,13 @@ def test_torchtitan_step_lines_with_colours_from_two_ranks() -> None:
     parsed = parse_log(read("torchtitan"))
     assert parsed.format == "torchtitan"
     assert parsed.tokens_per_s_per_gpu is not None
-    assert parsed.tokens_per_s_per_gpu.value == pytest.approx(6641)  # steps 10-30 of ranks 0 and 4
-    assert parsed.mfu is not None and parsed.mfu.value == pytest.approx(0.3889)
-    assert parsed.tflops_per_gpu is not None and parsed.tflops_per_gpu.value == pytest.approx(384.63)
+    # steps 20-30 of ranks 0 and 4 (step 10's interval starts in the warm-up)
+    assert parsed.tokens_per_s_per_gpu.value == pytest.approx(6639.5)
+    assert parsed.mfu is not None and parsed.mfu.value == pytest.approx(0.3888)
+    assert parsed.tflops_per_gpu is not None and parsed.tflops_per_gpu.value == pytest.approx(384.545)
     assert parsed.peak_memory is not None and parsed.peak_memory.value == round(63.92 * GIB)  # rank 4
     assert parsed.memory_statistic == "max_reserved"
-    assert parsed.warmup_readings_skipped == 2  # step 1 of each rank
+    assert parsed.warmup_readings_skipped == 4  # steps 1 and 10 of each rank (10: its interval starts at 2)
     assert parsed.cut_lines == 1
     assert all("\x1b" not in e["text"] for e in parsed.stored()["excerpts"])
 
