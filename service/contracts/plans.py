@@ -198,8 +198,18 @@ class RunIn(Strict):
         f"figure of the same one ({STATISTIC_HELP}); only with peak_memory_bytes_per_gpu (a log says "
         f"its own); left out: {UNSTATED_PEAK_STATISTIC.value}, and the diagnosis says it was assumed",
     )
-    step_s: float | None = Field(default=None, ge=1e-3, le=1e7)  # no training step takes under 1 ms
-    tokens_per_s: float | None = Field(default=None, ge=1.0, le=1e12)
+    step_s: float | None = Field(
+        default=None, ge=1e-3, le=1e7, description="seconds per optimizer step (a global batch)"
+    )  # no training step takes under 1 ms
+    tokens_per_s: float | None = Field(
+        default=None,
+        ge=1.0,
+        le=1e12,
+        # undocumented, a per-GPU figure typed on a plan of 4 GPUs or fewer stayed within the 4x
+        # plausibility bound and calibrated wrongly (logs review)
+        description="tokens per second of the whole job, all GPUs together (torchtitan's tps is per GPU: "
+        "multiply by the GPUs)",
+    )
     gpu_utilization: float | None = Field(default=None, ge=0, le=1)
     out_of_memory: bool = False
     framework_version: str = Field(default="", max_length=100)
