@@ -127,6 +127,9 @@ class Api:
             context.call_on_close(self._stack.close)
 
     def client(self) -> httpx.Client:
+        if self.url and not self.url.startswith(("http://", "https://")):
+            # a malformed value is the command line's (exit 64), not an unreachable service's
+            raise Usage(f"--url {self.url!r} needs its scheme: http://{self.url} or https://{self.url}")
         if self._client is None:
             self._client = self._stack.enter_context(self._open())
         return self._client
@@ -152,18 +155,36 @@ class Api:
         migrate(settings.database_url)
         return TestClient(create_app(settings), raise_server_exceptions=False, headers=headers)
 
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def call(self, method: str, path: str, *, raw: bool = False, **kwargs: Any) -> Any:
+        """The answer's JSON (None for 204), or with ``raw`` its bytes (a plan's files). Anything else,
+        a redirect (an ingress sending http to https), a page that is not the API's (a login proxy, the
+        service's own page for a URL with a query), JSON not an object or list, is one line and exit 1
+        (each was a traceback: CLI review)."""
         try:
             response = self.client().request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise Failure(f"cannot reach {self.url}: {exc}") from exc
         if response.status_code >= 400:
             raise Failure(problem_text(response, self.flags))
-        if response.status_code == 204 or not response.content:
+        if response.is_redirect:
+            where = response.headers.get("location", "?")
+            raise Failure(f"{self.url} redirected {method} {path} to {where}: give --url as that address")
+        if response.status_code == 204:
             return None
+        if raw:
+            return response.content
         if response.headers.get("content-type", "").startswith("application/json"):
-            return response.json()
-        return response.content
+            try:
+                answer = response.json()
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict | list):
+                return answer
+        kind = response.headers.get("content-type", "no content type")
+        raise Failure(
+            f"{self.url} answered {method} {path} with {response.status_code} {kind}, not the API's JSON: is "
+            "--url the trainplan service's base address (no path or query)?"
+        )
 
 
 def migrate(database_url: str) -> None:
@@ -198,6 +219,8 @@ def problem_text(response: httpx.Response, flags: Mapping[str, str] | None = Non
     except ValueError:
         return f"HTTP {response.status_code}: {response.text[:200]}"
     detail = str(body.get("detail", response.reason_phrase))
+    if response.status_code == 401:  # the API's words are for HTTP clients; this one sends the variable
+        detail += " (the CLI sends TRAINPLAN_API_KEY as that header: set it)"
     named = []
     for error in body.get("errors", []):
         if isinstance(error, dict) and error.get("field"):
@@ -681,7 +704,7 @@ def write_artifacts(api: Api, plan: dict[str, Any], out: Path) -> list[Path]:
     try:
         out.mkdir(parents=True, exist_ok=True)
         for artifact in plan["artifacts"]:
-            content = api.call("GET", f"/v1/plans/{plan['id']}/artifacts/{artifact['name']}")
+            content = api.call("GET", f"/v1/plans/{plan['id']}/artifacts/{artifact['name']}", raw=True)
             path = out / artifact["name"]
             path.write_bytes(
                 content if isinstance(content, bytes) else json.dumps(content, indent=2).encode() + b"\n"
@@ -1655,6 +1678,9 @@ def runs_add(
         raise Usage("give --step-s or --tokens-per-s, not both (one is the other over the step's tokens)")
     if memory_statistic is not None and peak_gib is None:
         raise Usage("--memory-statistic says which statistic --peak-gib is: give --peak-gib")
+    if step_s is None and tokens_per_s is None and peak_gib is None and not oom:
+        # the API's 422 named its body fields and exited 1 (CLI review)
+        raise Usage("a run needs a figure: give --step-s or --tokens-per-s, --peak-gib, or --oom")
     body: dict[str, Any] = {"out_of_memory": oom, "notes": notes}
     if gpu_utilization is not None:
         body["gpu_utilization"] = gpu_utilization

@@ -1151,3 +1151,54 @@ def test_capacity_cut_before_any_fit_exits_3_not_2() -> None:
     assert capacity_exit([{"fits": None}, {"fits": False}]) == UNKNOWN == 3
     assert capacity_exit([{"fits": False}, {"fits": False}]) == INFEASIBLE
     assert capacity_exit([{"fits": None}, {"fits": True}]) == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body"),
+    [
+        (301, {"Location": "https://planner.example/v1/models"}, b""),  # an ingress sending http to https
+        (200, {"Content-Type": "text/html"}, b"<html>sign in</html>"),  # a login proxy
+        (200, {"Content-Type": "application/json"}, b"42"),  # JSON, not the API's
+    ],
+)
+def test_a_url_that_is_not_the_api_is_one_line_not_a_traceback(
+    status: int, headers: dict[str, str], body: bytes
+) -> None:
+    """CLI review: a redirect, an HTML page or JSON of another shape from --url ended in a TypeError
+    traceback; each is one line naming what answered, exit 1."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = CliRunner().invoke(main, ["models", "--url", url])
+    finally:
+        server.shutdown()
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    said = words(result.output)
+    assert ("redirected" in said) if status == 301 else ("not the API's JSON" in said)
+
+
+def test_a_run_without_a_figure_and_a_url_without_its_scheme_are_usage_errors() -> None:
+    """CLI review: both exited 1 with the API's or httpx's words, where the command line was what was
+    wrong (exit 64, the flags named)."""
+    result = CliRunner().invoke(main, ["runs", "add", "01M00000000000000000000000"])
+    assert result.exit_code == 64 and "--step-s" in words(result.output), result.output
+    result = CliRunner().invoke(main, ["models", "--url", "127.0.0.1:8000"])
+    assert result.exit_code == 64 and "http://127.0.0.1:8000" in words(result.output), result.output
