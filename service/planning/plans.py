@@ -146,7 +146,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         for fw in constraints.frameworks
         for family in LAYOUT_FAMILIES
     }
-    searched, widened = searched_with_runs(constraints, learned)
+    searched, run_factors = searched_with_runs(constraints, learned)
     budget = deadline.budget(
         constraints.max_evaluations, stated=request.constraints.max_evaluations is not None
     )
@@ -187,7 +187,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
         | request.training.optimizer_read()
         | chosen_link_defaults(cluster)
         | read_from_catalog(request.model, form)
-        | widened
+        | run_factors
     )
     return PlanRecord(
         cluster_id=request.cluster.id if isinstance(request.cluster, ClusterRef) else None,

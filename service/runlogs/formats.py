@@ -176,9 +176,11 @@ _DS_SEE_MEMORY = {
 # eta after); T the interval's mean step, S = train_batch_size / T, both with :0.3f (three decimals:
 # fewer means the line was cut there)
 # deepspeed/runtime/pipe/engine.py train_batch; since #5338 (Apr 2024) each extra loss the model reports
-# (an MoE's moe_loss) is printed as "name: value" between the loss and the iter time (logs review: a 422)
+# (an MoE's moe_loss) is printed as "name: value" between the loss and the iter time (logs review: a 422);
+# at most 8 of them: unbounded, the lazy repetition is quadratic in a line's tokens (lines are cut at
+# MAX_LINE_CHARS, and a search stays linear in them this way)
 _DS_PIPE = re.compile(
-    r"\bsteps?:\s*(\d+)(?:\s*/\s*\d+)?\s+loss:\s*\S+(?:\s+[A-Za-z_]\w*:\s*\S+)*?"
+    r"\bsteps?:\s*(\d+)(?:\s*/\s*\d+)?\s+loss:\s*\S+(?:\s+[A-Za-z_]\w*:\s*\S+){0,8}?"
     r"\s+iter time \(s\):\s*(\S*)(?:\s+samples/sec:\s*(\S*))?"
 )
 _THREE_DECIMALS = re.compile(r"\d+\.\d{3}")
