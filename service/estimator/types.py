@@ -806,8 +806,11 @@ class ClusterSpec:
             (
                 "measured_inter_node_bus_bandwidth_bytes_per_s",
                 "inter_node_bandwidth_bytes_per_s",
-                " (measure one GPU per node: the busbw of all of a node's GPUs across nodes is about "
-                "gpus_per_node x each GPU's network)",
+                # the field's own recipe (contracts.clusters MEASURED_INTER_DESCRIPTION): the hint read
+                # "measure one GPU per node", which on nodes sharing a NIC is refused again (network review)
+                " (give each GPU's share: the busbw of a run over every GPU of >= 2 nodes, divided by "
+                "gpus_per_node, about the node's network over its GPUs; a run with one GPU per node measures "
+                "the NIC it reaches, divided by the GPUs that share it)",
             ),
         ):
             _require_bus_bandwidth_within_link(

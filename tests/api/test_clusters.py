@@ -339,7 +339,7 @@ def test_a_measurement_over_what_its_link_allows_is_422_naming_the_field_and_bot
     problem = assert_problem(client.post("/v1/clusters", json=H100_NODE | {INTER: 380e9}), 422)
     assert problem["errors"][0]["field"] == INTER
     assert "(380 GB/s) is above 2 x inter_node_bandwidth_bytes_per_s (50 GB/s)" in problem["detail"]
-    assert "measure one GPU per node" in problem["detail"]
+    assert "divided by gpus_per_node" in problem["detail"]  # the field's recipe (network review)
     assert create(client, **{INTRA: 480e9})[INTRA] == 480e9  # NVLS on H100: above the link, allowed
     # lowering the link under a stored measurement is refused as a whole, and changes nothing
     stored = create(client, name="measured", **{INTER: 44e9})
