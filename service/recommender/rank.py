@@ -348,6 +348,16 @@ def rationale(
         )
     else:
         lines.append("PP=1: no pipeline bubble")
+    if layout.dp > 1:
+        # which link the data-parallel group's reductions cross, as TP's, CP's and PP's lines say theirs
+        # (a 16-rank reduce-scatter over a 3.125 GB/s network went unnamed: network review)
+        network = cluster.inter_node_bandwidth_bytes_per_s / 1e9
+        on = (
+            f"across nodes, over the network ({network:,.4g} GB/s per GPU)"
+            if _spans_nodes(cluster, layout.dp, strides.dp)
+            else "inside the node"
+        )
+        lines.append(f"DP={layout.dp} {on}: the gradients' reduction (and the shards' gathers) run there")
     lines.append(_sharding_words(layout, cluster, training))
     largest = estimate.max_micro_batch_size if largest_micro_batch is None else largest_micro_batch
     # within the plan's headroom where the search chose it so: beside limits.max_micro_batch_size (the

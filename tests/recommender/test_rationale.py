@@ -272,3 +272,25 @@ def test_a_distributed_optimizer_on_one_rank_says_what_it_shards_and_keeps() -> 
     assert "sharding nothing" in _sharding_words(dense, cluster(nodes=1), bf16)
     fp16 = dataclasses.replace(bf16, precision=Precision.FP16)
     assert "precision-aware" not in _sharding_words(dense, cluster(nodes=1), fp16)  # Megatron's own
+
+
+def test_the_rationale_says_which_link_the_data_parallel_group_crosses() -> None:
+    """TP's, CP's, EP's and PP's lines said where they run; DP's reductions (a 16-rank reduce-scatter over
+    a 3.125 GB/s network) went unnamed (network review)."""
+    from service.catalog.gpus import gpu
+    from service.estimator.estimate import estimate
+    from service.estimator.types import Recompute
+    from service.recommender import rank
+    from validation.cases import gpu_cluster
+
+    c = gpu_cluster(gpu("a100-sxm-40gb"), 32, 3.125e9)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    layout = Layout(framework=Framework.DEEPSPEED, dp=16, tp=2, zero_stage=1, recompute=Recompute.FULL)
+    answer = estimate(model("llama-2-7b").spec, c, layout, training, tuning=default_tuning())
+    lines = rank.rationale(layout, answer, c, None, True, "uses all 32 GPUs", training=training)
+    assert any(line.startswith("DP=16 across nodes, over the network (3.125 GB/s per GPU)") for line in lines)
+    one = gpu_cluster(gpu("a100-sxm-40gb"), 8, 3.125e9)
+    eight = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=1)
+    answer = estimate(model("llama-3.2-1b").spec, one, eight, training, tuning=default_tuning())
+    lines = rank.rationale(eight, answer, one, None, True, "uses all 8 GPUs", training=training)
+    assert any(line.startswith("DP=8 inside the node") for line in lines)
