@@ -502,6 +502,8 @@ def test_an_api_error_appears_next_to_its_field(served: str, browser: Any) -> No
     page.wait_for_function(f"{said_in_gib}?.textContent.includes('GiB')")
     said = page.inner_text("#cluster\\.cpu_memory_gib_per_node + .field-error")
     assert "16,384 GiB" in said and "17592186044416" not in said
+    # and the summary's own line above the list, where the problem's detail quoted the bytes (UI review)
+    assert "17592186044416" not in page.inner_text("#form-errors")
     page.close()
 
 

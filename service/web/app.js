@@ -624,7 +624,10 @@ function inPageUnit(control, message) {
 function showErrors(form, summary, error, prefix = "") {
   const problem = error.problem || {};
   const errors = problem.errors && problem.errors.length ? problem.errors : [{ message: error.message }];
-  summary.append(el("p", { text: `${problem.title || "Error"}: ${problem.detail || error.message}` }));
+  // one field's error: its numbers in that control's unit here too (host RAM's detail quoted bytes above
+  // the field's GiB line; a UI review)
+  const only = errors.length === 1 && errors[0].field ? fieldFor(form, errors[0].field, prefix) : null;
+  summary.append(el("p", { text: `${problem.title || "Error"}: ${inPageUnit(only, problem.detail || error.message)}` }));
   const items = el("ul");
   errors.forEach((e, i) => {
     const target = e.field ? fieldFor(form, e.field, prefix) : null;
