@@ -110,7 +110,8 @@ def measurements(
     if not figures and timed is not None and not timed.steady:  # from_log left the start-up out
         message = (
             f"the log's {parsed.format} readings are all warm-up (the first steps of a launch, start-up "
-            "included), and it states no memory: nothing a run stores; paste a log past the first steps"
+            "included), and no memory figure of it is kept: nothing a run stores; paste a log past the first "
+            "steps"
         )
         raise Unprocessable(message, errors=[{"field": "log", "message": message}])
     source = parsed.stored()
