@@ -562,6 +562,22 @@ def _batch_duty(plan: Plan) -> str:
     return text
 
 
+def _ds_batch_duty(plan: Plan) -> str:
+    """The micro-batch a DeepSpeed script's DataLoader must give: Accelerate takes
+    train_micro_batch_size_per_gpu from ds_config.json where it is a number (accelerate 1.15
+    accelerator.py _prepare_deepspeed: the DataLoader's batch_size is read only for "auto") and never
+    checks the DataLoader against it, so a larger DataLoader batch trains a larger global batch than
+    ds_config and the estimate say, silently (a review)."""
+    lo, training = plan.layout, plan.training
+    return (
+        f"\nbatch: {TRAIN_SCRIPT}'s DataLoader must give each process micro-batches of {lo.micro_batch_size} "
+        f"sequences of {training.seq_len} tokens, ds_config's train_micro_batch_size_per_gpu: Accelerate "
+        "does not check the DataLoader against it, and DeepSpeed steps the optimizer every "
+        f"{accumulation(plan)} micro-batches (gradient_accumulation_steps), a global batch of "
+        f"{training.global_batch_size} sequences as estimated only with that micro-batch."
+    )
+
+
 def _ulysses_duty(plan: Plan) -> str:
     """What train.py must do for DeepSpeed's Ulysses as Accelerate runs it (ALST): accelerate's
     examples/alst_ulysses_sequence_parallelism/sp-alst.py."""
@@ -592,7 +608,8 @@ def duties(plan: Plan) -> str:
         where = (
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."
         )
-        text += _ulysses_duty(plan) + deepspeed.model_code_duties(plan) + where
+        text += _ds_batch_duty(plan) + _ulysses_duty(plan)
+        text += deepspeed.model_code_duties(plan, accelerate=True) + where
     return text
 
 

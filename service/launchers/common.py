@@ -403,8 +403,9 @@ def gradient_checkpointing_duty(plan: Plan) -> str:
     if plan.layout.recompute is not Recompute.FULL:
         return ""
     return (
-        f"\nrecompute full: {TRAIN_SCRIPT} must call model.gradient_checkpointing_enable() (every decoder "
-        "layer keeps only its input, as estimated) before handing the model to the launcher."
+        f"\nrecompute full: {TRAIN_SCRIPT} must call model.activation_checkpointing_enable() (transformers "
+        "5.24; gradient_checkpointing_enable() is its deprecated alias, and the name before 5.x) so that "
+        "every decoder layer keeps only its input, as estimated, before handing the model to the launcher."
     )
 
 

@@ -392,10 +392,12 @@ def launch_words(plan: Plan) -> list[Word]:
     return words
 
 
-def model_code_duties(plan: Plan) -> str:
+def model_code_duties(plan: Plan, accelerate: bool = False) -> str:
     """What the training script's model code must build for DeepSpeed to run the layout as estimated
     (a pipeline module, MoE layers, Transformer Engine layers): ds_config.json cannot ask for them,
-    whichever launcher starts DeepSpeed (this target's, or Accelerate's DeepSpeed plugin)."""
+    whichever launcher starts DeepSpeed (this target's, or Accelerate's DeepSpeed plugin:
+    ``accelerate``, where the script hands its optimizer to accelerator.prepare, not to
+    deepspeed.initialize)."""
     header = ""
     if plan.layout.pp > 1:
         header += (
@@ -431,9 +433,21 @@ def model_code_duties(plan: Plan) -> str:
     if (built := SCRIPT_OPTIMIZERS.get(plan.training.optimizer)) is not None:
         # ds_config has an optimizer block for AdamW and Lion only (_optimizer): without one DeepSpeed
         # steps the client optimizer it is given (deepspeed.initialize(optimizer=...))
+        call = "deepspeed.initialize(optimizer=...)"
+        if accelerate:
+            call = "accelerator.prepare(model, optimizer, ...)"
         header += (
-            f"\noptimizer {plan.training.optimizer.value}: {TRAIN_SCRIPT} must build {built} and pass it as "
-            "deepspeed.initialize(optimizer=...), as estimated (ds_config names no optimizer)."
+            f"\noptimizer {plan.training.optimizer.value}: {TRAIN_SCRIPT} must build {built} and pass it to "
+            f"{call}, as estimated (ds_config names no optimizer)."
+        )
+    elif accelerate and _optimizer(plan):
+        # accelerate 1.15 accelerator.py _prepare_deepspeed: a torch optimizer beside ds_config's
+        # optimizer block is a ValueError; DummyOptim stands for the one DeepSpeed builds (a review)
+        kind = _optimizer(plan)["optimizer"]["type"]
+        header += (
+            f"\noptimizer {plan.training.optimizer.value}: ds_config.json builds DeepSpeed's {kind}, as "
+            f"estimated; {TRAIN_SCRIPT} must pass accelerate.utils.DummyOptim(model.parameters()) to "
+            "accelerator.prepare in its place (Accelerate refuses a torch optimizer beside ds_config's)."
         )
     return header
 

@@ -102,7 +102,14 @@ def refusal(plan: Plan) -> Refusal:
             "momentum SGD estimated; use the accelerate or deepspeed target"
         )
     if lo.recompute_every_n_layers is not None:
-        return "gradient checkpointing wraps every decoder layer, not every N-th"
+        # transformers 5.24 activation_checkpointing_kwargs every_n_layers checkpoints layer indices 0, N,
+        # 2N, ... (modeling_utils _set_gradient_checkpointing: layer_index % N == 0), ceil(L / N)
+        # layers, where the estimate (torchtitan's count % N == 0) recomputes floor(L / N), other ones
+        n = lo.recompute_every_n_layers
+        return (
+            f"the Trainer's every_n_layers={n} checkpoints layers 0, {n}, {2 * n}, ... (the first of each "
+            f"{n}), not every {n}-th counted from the first as estimated (torchtitan's)"
+        )
     if lo.torch_compile is Compile.MODEL:
         return "torch_compile compiles the model's forward, the loss of HF models with it: model_and_loss"
     if lo.recompute is Recompute.SELECTIVE_OP:  # whatever shards: plain DDP rendered no checkpointing at all
@@ -273,6 +280,22 @@ def duties(plan: Plan, config_dir: str = "") -> str:
         + z3_leaf_duty(plan)
         + fsdp_reduce_duty(plan, "trainer.accelerator")
         + load_dtype_duty(plan)
+        + _fsdp1_note(plan)
+    )
+
+
+def _fsdp1_note(plan: Plan) -> str:
+    """QLoRA's FSDP runs FSDP1 (``_fsdp_config``), which transformers 5.24 still builds while its
+    TrainingArguments logs it as deprecated, announced for removal in v5.20 (training_args.py
+    _fsdp_plugin_args): the file says so, so that an upgrade that drops it is no surprise (a review)."""
+    if plan.training.method is not Method.QLORA or plan.layout.framework is not Framework.FSDP:
+        return ""
+    if plan.layout.zero_stage == 0:
+        return ""
+    return (
+        "\nfsdp version 1: QLoRA stays on FSDP1 because FSDP2 breaks bitsandbytes' NF4 weights "
+        "(bitsandbytes#1945); transformers 5.24 runs it but logs it as deprecated (announced for removal "
+        "in v5.20): a later transformers may refuse this fsdp_config."
     )
 
 

@@ -167,3 +167,31 @@ def test_8bit_adam_runs_where_bitsandbytes_steps_the_parameters() -> None:
         assert refusal(make_plan(train=eight_bit, framework=Framework.DEEPSPEED, zero_stage=2)) is None
     ddp = make_plan(train=eight_bit, framework=Framework.FSDP, zero_stage=0)
     assert "register_module_override(module, 'weight', {'optim_bits': 32})" in accelerate.duties(ddp)
+
+
+def test_accelerate_hands_deepspeeds_optimizer_a_dummy_and_its_micro_batch() -> None:
+    """Accelerate 1.15 (accelerator.py _prepare_deepspeed) raises ValueError where the script passes a
+    torch optimizer beside ds_config's optimizer block, and takes train_micro_batch_size_per_gpu from
+    ds_config without checking the DataLoader's batch: the launch said neither, so an ordinary script
+    failed at prepare() or trained another global batch than estimated (an Accelerate review). A
+    script-built optimizer goes to accelerator.prepare, not deepspeed.initialize, under Accelerate."""
+    from service.estimator.types import Framework, Optimizer
+    from service.launchers import accelerate, deepspeed
+    from tests.launchers.factories import plan as make_plan
+    from tests.launchers.factories import training
+
+    def header(chosen: object, render: object) -> str:
+        files = {a.name: a.content for a in render(chosen)}  # type: ignore[operator]
+        return " ".join(next(c for n, c in files.items() if n.endswith("_launch.sh")).split())
+
+    adamw = make_plan(train=training(global_batch_size=64), framework=Framework.DEEPSPEED, zero_stage=3,
+                      micro_batch_size=4)  # fmt: skip
+    text = header(adamw, accelerate.render)
+    assert "accelerate.utils.DummyOptim(model.parameters())" in text, text
+    assert "micro-batches of 4 sequences" in text and "a global batch of 64 sequences" in text, text
+    assert "DummyOptim" not in header(adamw, deepspeed.render)  # deepspeed.initialize builds it there
+    sgd = make_plan(train=training(optimizer=Optimizer.SGD), framework=Framework.DEEPSPEED, zero_stage=2)
+    text = header(sgd, accelerate.render)
+    assert "accelerator.prepare(model, optimizer, ...)" in text and "deepspeed.initialize" not in text, text
+    assert "DummyOptim" not in text
+    assert "deepspeed.initialize(optimizer=...)" in header(sgd, deepspeed.render)

@@ -130,3 +130,31 @@ def test_deepspeed_refuses_its_native_moe_layers_under_zero_3() -> None:
     ):
         validate_layout(allowed.model, allowed.cluster, allowed.layout, allowed.training)
         assert REFUSALS[Target.DEEPSPEED](allowed) is None, allowed.layout
+
+
+def test_the_trainers_every_n_layers_refusal_says_which_layers_it_would_checkpoint() -> None:
+    """transformers 5.24 has activation_checkpointing_kwargs every_n_layers (modeling_utils
+    _set_gradient_checkpointing: layer_index % N == 0, layers 0, N, 2N, ...), so "wraps every decoder
+    layer" was no longer true; the estimate's count is torchtitan's (every N-th from the first), which
+    checkpoints other layers (ceil(L / N) against floor(L / N)): the refusal says that (an Accelerate
+    review)."""
+    from service.estimator.types import Framework, Recompute
+    from service.launchers import REFUSALS, Target
+    from tests.launchers.factories import plan
+
+    every = {"recompute": Recompute.FULL, "recompute_every_n_layers": 2}
+    chosen = plan(framework=Framework.FSDP, zero_stage=3, **every)
+    reason = REFUSALS[Target.HF_TRAINER](chosen) or ""
+    assert "checkpoints layers 0, 2, 4" in reason and "wraps every decoder layer" not in reason, reason
+
+
+def test_the_trainers_qlora_fsdp_file_says_it_runs_deprecated_fsdp1() -> None:
+    """transformers 5.24 logs FSDP1 as deprecated (training_args.py, announced for removal in v5.20);
+    QLoRA's fsdp_config stays on version 1 (FSDP2 breaks NF4): the launch says so (a review)."""
+    from service.estimator.types import Framework, Method
+    from service.launchers import hf_trainer
+    from tests.launchers.factories import plan, training
+
+    qlora = plan(train=training(method=Method.QLORA), framework=Framework.FSDP, zero_stage=3)
+    assert "fsdp version 1" in hf_trainer.duties(qlora)
+    assert "fsdp version 1" not in hf_trainer.duties(plan(framework=Framework.FSDP, zero_stage=3))

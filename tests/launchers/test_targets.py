@@ -794,7 +794,7 @@ def test_whole_layer_recompute_is_turned_on_where_no_file_can() -> None:
     said nothing, and the run kept every activation (36.6 GB where 21.9 GB was estimated for an 8B
     LoRA on a 4090). The launch header tells the script to checkpoint; where a key does it (FSDP's
     fsdp_activation_checkpointing, the Trainer's argument), nothing more is said."""
-    duty = "must call model.gradient_checkpointing_enable()"
+    duty = "must call model.activation_checkpointing_enable()"
     full = {"recompute": Recompute.FULL}
     for chosen in (
         plan(framework=Framework.DEEPSPEED, zero_stage=2, **full),

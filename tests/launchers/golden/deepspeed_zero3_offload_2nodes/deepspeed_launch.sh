@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # trainplan layout for tiny-llama-0.4b: framework=deepspeed, dp=16 tp=1 pp=1 cp=1 ep=1, sequence_parallel=false, zero_stage=3, offload_optimizer=cpu offload_params=cpu, recompute=full, micro_batch=2 accumulation=8, global_batch=256 seq_len=4096, precision=bf16, world=16 (2 node(s) x 8 H100-SXM-80GB)
 # DeepSpeed 0.19.8 launcher: starts every rank over ssh (pdsh) from this node.
-# recompute full: train.py must call model.gradient_checkpointing_enable() (every decoder layer keeps only its input, as estimated) before handing the model to the launcher.
+# recompute full: train.py must call model.activation_checkpointing_enable() (transformers 5.24; gradient_checkpointing_enable() is its deprecated alias, and the name before 5.x) so that every decoder layer keeps only its input, as estimated, before handing the model to the launcher.
 # attention: train.py must load the model with from_pretrained(..., attn_implementation="flash_attention_2"): the estimate times flash attention.
 set -euo pipefail
 # Run this script once, on the first node.
