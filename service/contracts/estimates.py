@@ -124,7 +124,13 @@ class LayoutIn(Strict):
     gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=1_000_000)
     activation_offload: bool = Field(default=False, json_schema_extra=LABEL_SWITCH)
     optimizer_in_backward: bool = Field(default=False, json_schema_extra=LABEL_SWITCH)
-    chunked_loss: bool = Field(default=False, json_schema_extra=LABEL_SWITCH)
+    chunked_loss: bool = Field(
+        default=False,
+        description="torchtitan's chunked cross-entropy (ChunkedLossWrapper, --loss.num_chunks 8): lm_head, "
+        "the loss and its backward run per eighth of the sequence inside the loss, into an fp32 "
+        "hidden-state gradient; the torchtitan launcher renders it (seq_len a multiple of 8)",
+        json_schema_extra=LABEL_SWITCH,
+    )
     torch_compile: Compile = Field(
         default=Compile.NONE,
         description="torch.compile (inductor), fsdp only: model compiles each decoder layer (torchtitan "

@@ -689,7 +689,8 @@ def first_stage_extra_bytes(model: ModelSpec, layout: Layout, training: Training
 def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
     # Final norm input, lm_head input and the fp32 log-softmax (HF upcasts logits; Megatron's
     # vocab-parallel cross-entropy keeps fp32 logits): 4sbh(1 + v/h)/t in Korthikanti §4.3.
-    # A chunked / fused loss keeps only the hidden-state gradient it computed in forward. Compiled
+    # A chunked loss (``CHUNKED_LOSS_CHUNKS``) keeps the fp32 hidden-state gradient it accumulates
+    # chunk by chunk in forward, and its 16-bit cast before the decoder's backward. Compiled
     # (inductor fuses log_softmax + nll_loss), the loss saves its 16-bit input logits and a fp32
     # logsumexp per token, and recomputes the softmax in its backward kernel.
     d, t, h = element_bytes(training.precision), local_tokens(layout, training), model.hidden_size
@@ -710,7 +711,9 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
         norm_and_input = (_hf_norm(model, training, t) + d * t * h) / sp
         norm_and_input += _gathered_input_excess(model, layout, training)  # the output layer's input
     if layout.chunked_loss:
-        loss = d * t * h
+        # torchtitan 0.3.0 components/loss.py ChunkedLossWrapper: GradAccumulator's fp32 buffer of the
+        # whole [b, s, h] (replicated on the TP axis), then .to(hidden_states.dtype) beside it
+        loss = (FP32_BYTES + d) * t * h
     elif layout.torch_compile is Compile.MODEL_AND_LOSS:
         loss = d * t * logits / layout.tp + FP32_BYTES * t
     else:
@@ -796,6 +799,12 @@ def stage_activation_bytes(
     return math.ceil(total)
 
 
+# torchtitan's ChunkedLossWrapper.Config.num_chunks default (0.3.0 components/loss.py), the
+# launcher's --loss.num_chunks: the sequence splits into this many equal chunks, one at a time in
+# the loss.
+CHUNKED_LOSS_CHUNKS = 8
+
+
 def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> int:
     """Transient fp32 logits-sized tensors around the loss (not saved, but alive at the peak)."""
     # HF: the fp32 upcast of the logits in forward, then the fp32 gradients of nll and log-softmax
@@ -805,10 +814,16 @@ def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpe
     # 4sbV/t (validation/data/loss_parallel.json: 4 fp32 logit shards at the peak against the plain
     # loss's 3, the same loss and gradients). torch.compile's fused backward kernel writes the
     # logits' 16-bit gradient only (2sbV/t).
-    if layout.chunked_loss:
-        return 0
     t = local_tokens(layout, training)
     logits = loss_logits_per_token(model, training.seq_len)
+    if layout.chunked_loss:
+        # one chunk's loss at a time (ChunkedLossWrapper: lm_head, loss and backward per chunk inside
+        # the loss call): its 16-bit logits, and the fp32 upcast, saved log-softmax and the two fp32
+        # gradients of nll and log-softmax, three of them alive at once (the plain loss's 3 x 4 bytes
+        # below, with the logits beside them); compiled, the fused kernel's 16-bit gradient instead
+        d = element_bytes(training.precision)
+        per_logit = 2 * d if layout.torch_compile is Compile.MODEL_AND_LOSS else d + 3 * FP32_BYTES
+        return math.ceil(per_logit * t * logits / (CHUNKED_LOSS_CHUNKS * layout.tp))
     if layout.torch_compile is Compile.MODEL_AND_LOSS:
         return math.ceil(element_bytes(training.precision) * t * logits / layout.tp)
     if model.head is not Head.CAUSAL_LM:

@@ -1075,7 +1075,10 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
     if job.training.precision is Precision.FP8:
         notes.append(fp8_note(layout))
     if layout.chunked_loss:
-        notes.append("chunked loss: no full-vocabulary logits, only the hidden-state gradient is kept")
+        notes.append(
+            f"chunked loss (torchtitan's, {activations.CHUNKED_LOSS_CHUNKS} chunks): one chunk's logits, "
+            "log-softmax and gradients at a time, and the fp32 hidden-state gradient they accumulate"
+        )
     elif layout.torch_compile is Compile.MODEL_AND_LOSS:
         notes.append(
             "torch.compile: the fused cross-entropy keeps the 16-bit logits and writes their 16-bit gradient "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.estimator.activations import CHUNKED_LOSS_CHUNKS
 from service.estimator.model_states import FSDP_REDUCE_DTYPE, hsdp_replicas
 from service.estimator.types import (
     Attention,
@@ -165,7 +166,7 @@ def expert_tensor_problem(tp: int, ep: int) -> str | None:
 # lm_head and the loss per num_chunks-th of the sequence, default 8). A chunked loss as estimated is
 # its 8 chunks; the estimate's full logits are one chunk (--loss.num_chunks 1: lm_head and the loss
 # over the whole sequence at once), not the 8 the config would otherwise train with.
-CHUNKS = 8
+CHUNKS = CHUNKED_LOSS_CHUNKS
 
 
 # models/llama3/__init__.py: every llama3 flavor is ComplexRoPE(theta=500000, scaling="llama"),

@@ -442,14 +442,27 @@ def test_interleaving_holds_no_more_than_all_micro_batches() -> None:
     )
 
 
-def test_chunked_loss_removes_fp32_logits() -> None:
+def test_chunked_loss_keeps_one_chunks_logits_and_the_fp32_hidden_gradient() -> None:
+    """torchtitan 0.3.0's ChunkedLossWrapper (components/loss.py): lm_head, the loss and its backward
+    run per eighth of the sequence inside the loss call, into GradAccumulator's fp32 [b, s, h] buffer,
+    cast to the hidden states' dtype before the decoder's backward. It was counted as one 16-bit
+    hidden-state gradient and no workspace: Qwen2.5-0.5B at 8K x 32 sequences "fit" with 49 GiB of
+    headroom while one chunk's logits alone are 46-65 GiB (an activation-memory review)."""
+    from service.estimator.activations import loss_workspace_bytes
+
     lay = Layout(framework=Framework.FSDP, micro_batch_size=2)
+    chunked_lay = dataclasses.replace(lay, chunked_loss=True)
     plain = stage_activation_bytes(TINY, cluster(1), lay, TRAIN, 0, 1)
-    chunked = stage_activation_bytes(
-        TINY, cluster(1), dataclasses.replace(lay, chunked_loss=True), TRAIN, 0, 1
-    )
-    # fp32 log-softmax 4 x (16 x 2 tokens) x 32 vocab = 4096 replaced by a 2 x 32 x 8 = 512 gradient.
-    assert plain - chunked == 4096 - 512
+    chunked = stage_activation_bytes(TINY, cluster(1), chunked_lay, TRAIN, 0, 1)
+    # fp32 log-softmax 4 x (16 x 2 tokens) x 32 vocab = 4096 replaced by the fp32 accumulator and its
+    # 16-bit cast, (4 + 2) x 32 tokens x 8 hidden = 1536
+    assert plain - chunked == 4096 - 1536
+    # one chunk of 32 / 8 = 4 tokens: 16-bit logits + 3 fp32 copies, (2 + 12) x 4 x 32 = 1792, against
+    # the plain loss's 2 fp32 copies of every logit, 2 x 4 x 32 x 32 = 8192
+    assert loss_workspace_bytes(TINY, chunked_lay, TRAIN) == 1792
+    assert loss_workspace_bytes(TINY, lay, TRAIN) == 8192
+    compiled = dataclasses.replace(chunked_lay, torch_compile=Compile.MODEL_AND_LOSS)
+    assert loss_workspace_bytes(TINY, compiled, TRAIN) == 2 * 2 * 4 * 32  # logits + their 16-bit grad
 
 
 @pytest.mark.parametrize(
