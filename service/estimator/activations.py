@@ -674,7 +674,9 @@ def micro_batches_in_flight(layout: Layout, rank: int, micro_batches: int) -> fl
 
 
 def first_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
-    # Token ids (int64) saved by the embedding; Megatron adds the embedding dropout mask (sbh, /t).
+    # Token ids (int64) saved by the embedding; Megatron adds the embedding dropout mask (sbh), on
+    # the sequence-parallel shard (/t) under SP only: without it the dropout runs on the whole
+    # [s, b, h] (Megatron-Core language_model_embedding.py forward; formulas.md §5 "without SP").
     # An embedding LayerNorm (BLOOM's word_embeddings_layernorm, BERT's embeddings.LayerNorm) saves
     # its input and fp32 mean and rstd (measured: bloom and bert, validation/data/activations.json).
     t = local_tokens(layout, training)
@@ -682,7 +684,8 @@ def first_stage_extra_bytes(model: ModelSpec, layout: Layout, training: Training
     if model.embedding_norm:
         extra += _hf_norm(model, training, t)
     if layout.framework is Framework.MEGATRON or model.hidden_dropout > 0:
-        extra += _hidden_mask(model) * t * model.hidden_size / layout.tp
+        sp = layout.tp if layout.sequence_parallel else 1
+        extra += _hidden_mask(model) * t * model.hidden_size / sp
     return extra
 
 

@@ -986,3 +986,18 @@ def test_with_activations_offloaded_a_later_middle_rank_is_the_most_loaded(
     assert not kept.fits
     worst = max(every.memory.per_stage, key=lambda stage: stage.memory.total)
     assert worst.rank == 5 and worst.rank in {stage.rank for stage in kept.memory.per_stage}
+
+
+def test_megatrons_embedding_dropout_mask_is_whole_without_sequence_parallelism() -> None:
+    """Megatron-Core's LanguageModelEmbedding runs its dropout on the sequence-parallel shard under SP
+    only; without SP on the whole [s, b, h] every tensor-parallel rank holds (formulas.md §5, "without
+    SP": s b h p, not over t). It was divided by tp either way (an activation-memory review)."""
+    from service.estimator.activations import first_stage_extra_bytes
+
+    model = dataclasses.replace(TINY, hidden_dropout=0.1)  # GPT-2's; Llama's 0 keeps no mask
+    tokens = TRAIN.seq_len  # micro-batch 1
+    plain = Layout(framework=Framework.MEGATRON, tp=2)
+    sp = dataclasses.replace(plain, sequence_parallel=True)
+    ids = 8 * tokens  # int64 token ids
+    assert first_stage_extra_bytes(model, plain, TRAIN) == ids + 1 * tokens * model.hidden_size
+    assert first_stage_extra_bytes(model, sp, TRAIN) == ids + 1 * tokens * model.hidden_size / 2
