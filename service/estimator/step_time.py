@@ -31,7 +31,7 @@ What overlaps with what, and by how much (the layout's ``tp_comm_overlap`` and
 * CP ring attention passes K/V around the ring under the attention compute; only the excess shows.
 * EP all-to-all (dispatch + combine, forward and backward: 4 per MoE layer) is fully exposed.
 * PP: bubble (p-1)/(v m) of the ideal time (Narayanan arXiv:2104.04473 §2.2, Llama 3 §3.3.2),
-  and point-to-point sends of b s h / t per micro-batch and chunk (scatter/gather or SP), exposed.
+  and point-to-point sends of b s h per micro-batch and chunk (/ t under SP or DeepSpeed's partitioned pipe), exposed.
 * Offload: PCIe traffic of 16-bit gradients down and parameters up, CPU-Adam on the host, NVMe
   reads and writes of the optimizer states, all exposed (DeepSpeed ZeRO-Offload arXiv:2101.06840
   overlaps part of it; we stay conservative).
@@ -1503,8 +1503,13 @@ def pp_comm_s(job: Job, layout: Layout, base: StepBase) -> float:
     """Point-to-point activations forward and gradients backward, v x per micro-batch."""
     if layout.pp == 1:
         return 0.0
-    # b s h / t bytes: Megatron's scatter/gather (or SP) splits the boundary tensor over tp
-    size_bytes = base.tokens * job.model.hidden_size * element_bytes(job.training.precision) / layout.tp
+    # b s h bytes, over tp where the boundary tensor is split: Megatron-Core sends the sequence-parallel
+    # shard under SP only (schedules.py get_tensor_shapes: seq_length // tp if sequence_parallel), as
+    # torch.distributed.pipelining sends the stage's output as it is; DeepSpeed's pipe engine
+    # partitions it over the model-parallel group whenever there is one (runtime/pipe/engine.py
+    # is_pipe_partitioned = is_model_parallel; the receiver all-gathers it inside its node)
+    split = layout.tp if layout.sequence_parallel or layout.framework is Framework.DEEPSPEED else 1
+    size_bytes = base.tokens * job.model.hidden_size * element_bytes(job.training.precision) / split
     link = base.links.pp
     across = comm.p2p_s(size_bytes, link.send_bandwidth_bytes_per_s, link.latency_s)
     # a stage sends its activations forward and its gradients back each micro-batch (and chunk). With

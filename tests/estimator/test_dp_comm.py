@@ -389,3 +389,31 @@ def test_deepspeeds_parameter_gather_is_one_collective_per_group() -> None:
     assert dp_comm.dp_param_gather_s(j, layout, parameters, link) == comm.group_all_gather_s(size, link)
     megatron = dataclasses.replace(layout, framework=Framework.MEGATRON)
     assert dp_comm.dp_param_gather_s(j, megatron, parameters, link) > comm.group_all_gather_s(size, link)
+
+
+@pytest.mark.parametrize(
+    ("framework", "sp", "split"),
+    [
+        (Framework.MEGATRON, True, 4),  # the sequence-parallel shard
+        (Framework.MEGATRON, False, 1),  # get_tensor_shapes: seq_length // tp only under SP
+        (Framework.FSDP, False, 1),  # pipelining sends the stage output as it is (Replicate)
+        (Framework.DEEPSPEED, False, 4),  # the pipe engine partitions it over the model-parallel group
+    ],
+)
+def test_pipeline_sends_the_tensor_parallel_shard_only_where_it_is_split(
+    framework: Framework, sp: bool, split: int
+) -> None:
+    """Megatron-Core's schedules send [s, b, h] // tp only where sequence parallelism splits it
+    (schedules.py get_tensor_shapes); without SP the whole tensor: pp_comm_s was tp times too small
+    (a pipeline review: Llama 2 7B at tp 8 pp 4 sent 1/8 of 33.5 MB). DeepSpeed's pipe engine
+    partitions its sends over tp whenever tp > 1 (engine.py is_pipe_partitioned)."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=16)
+    zero = 2 if framework is Framework.FSDP else 1
+    layout = Layout(framework=framework, tp=4, pp=4, zero_stage=zero, sequence_parallel=sp)
+    j = job(LLAMA_8B, h100s(16), training)
+    base = step_base(j, layout)
+    link = base.links.pp
+    size = base.tokens * LLAMA_8B.hidden_size * 2 / split
+    across = comm.p2p_s(size, link.bandwidth_bytes_per_s, link.latency_s)
+    inside = comm.p2p_s(size, link.intra_bandwidth_bytes_per_s, link.intra_latency_s)
+    assert step_parts(j, layout).pp_comm_s == pytest.approx(base.micro_batches * (across + inside))
