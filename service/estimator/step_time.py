@@ -31,7 +31,8 @@ What overlaps with what, and by how much (the layout's ``tp_comm_overlap`` and
 * CP ring attention passes K/V around the ring under the attention compute; only the excess shows.
 * EP all-to-all (dispatch + combine, forward and backward: 4 per MoE layer) is fully exposed.
 * PP: bubble (p-1)/(v m) of the ideal time (Narayanan arXiv:2104.04473 §2.2, Llama 3 §3.3.2),
-  and point-to-point sends of b s h per micro-batch and chunk (/ t under SP or DeepSpeed's partitioned pipe), exposed.
+  and point-to-point sends of b s h per micro-batch and chunk (/ t under SP or DeepSpeed's
+  partitioned pipe), exposed.
 * Offload: PCIe traffic of 16-bit gradients down and parameters up, CPU-Adam on the host, NVMe
   reads and writes of the optimizer states, all exposed (DeepSpeed ZeRO-Offload arXiv:2101.06840
   overlaps part of it; we stay conservative).

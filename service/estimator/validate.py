@@ -353,14 +353,25 @@ def batch_split_violation(training: TrainingSpec, layout: Layout) -> Violation:
     return None
 
 
-def interleaved_batches_violation(layout: Layout, micro_batches: int) -> Violation:
-    """The micro-batches an interleaved schedule takes. Megatron's: a multiple of pp. PyTorch's
-    ScheduleInterleaved1F1B (torchtitan): a multiple of its rounds, max(1, m // pp)
-    (torch/distributed/pipelining/schedules.py), so 6 micro-batches at pp 4 run (a 422 before: torchtitan
-    review); fewer than pp run too, with a bubble the estimate's (p-1)/(v m) does not bound (each
-    chunk waits for the micro-batch to come round): refused as not modelled."""
+def schedule_batches_violation(layout: Layout, micro_batches: int) -> Violation:
+    """The micro-batches a pipeline schedule takes. Megatron's interleaved: a multiple of pp.
+    PyTorch's (torchtitan, FSDP): Schedule1F1B raises ValueError below one micro-batch per stage
+    (torch/distributed/pipelining/schedules.py Schedule1F1B.__init__: "Number of microbatches ... must
+    be greater than or equal to the number of stages"; Megatron and DeepSpeed run fewer, with the
+    bubble (p-1)/m); ScheduleInterleaved1F1B a multiple of its rounds, max(1, m // pp), so 6
+    micro-batches at pp 4 run (a 422 before: torchtitan review); fewer than pp run too, with a bubble
+    the estimate's (p-1)/(v m) does not bound (each chunk waits for the micro-batch to come round):
+    refused as not modelled."""
     p, m = layout.pp, micro_batches
     if layout.virtual_pipeline_stages == 1:
+        if layout.framework is Framework.FSDP and 1 < p and m < p:
+            return _bad(
+                f"micro-batches per step ({m}) < pp ({p}): PyTorch's Schedule1F1B (torchtitan) refuses fewer "
+                "micro-batches than pipeline stages; give at least pp micro-batches (a larger "
+                "global_batch_size or a smaller micro_batch_size)",
+                "pipeline_batches",
+                "pp",
+            )
         return None
     if layout.framework is not Framework.FSDP:
         if m % p:
@@ -608,7 +619,7 @@ def micro_batch_violation(training: TrainingSpec, layout: Layout, micro_batch_si
         )
     micro_batches = training.global_batch_size // per_step
     return (
-        interleaved_batches_violation(layout, micro_batches)
+        schedule_batches_violation(layout, micro_batches)
         or sequence_parallel_violation(training, layout)
         or fused_optimizer_batches_violation(layout, micro_batches)
     )
@@ -1344,7 +1355,7 @@ def layout_violation(
         or pipeline_split_violation(model, layout)
         or interleaving_violation(layout, caps)
         # accumulation_steps is valid once batch_split_violation passed
-        or interleaved_batches_violation(layout, layout.accumulation_steps(training.global_batch_size))
+        or schedule_batches_violation(layout, layout.accumulation_steps(training.global_batch_size))
         or zero_with_pipeline_violation(layout, caps)
         or context_violation(model, layout, training)
         or ulysses_violation(model, layout)

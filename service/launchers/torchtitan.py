@@ -26,7 +26,7 @@ from service.estimator.types import (
     RopeScalingKind,
     TrainingSpec,
 )
-from service.estimator.validate import interleaved_batches_violation, tp_comm_overlap_compile_violation
+from service.estimator.validate import schedule_batches_violation, tp_comm_overlap_compile_violation
 from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
     SHELL,
@@ -301,7 +301,7 @@ def refusal(plan: Plan) -> Refusal:
         problems.append(str(async_tp))
     if lo.pp > 1 and (reason := _split_problem(plan)):
         problems.append(reason)
-    if (interleaved := interleaved_batches_violation(lo, accumulation(plan))) is not None:
+    if (interleaved := schedule_batches_violation(lo, accumulation(plan))) is not None:
         problems.append(str(interleaved))
     return "; ".join(problems) if problems else None
 

@@ -631,9 +631,9 @@ def _micro_batches(job: Job, s: Structure, virtual: int, sp: bool, framework: Fr
     splits of a count that differ in cp or ep share them), and the lean check asks them once per
     framework of every structure, for every GPU type of a sweep."""
     memo = job.memory_memos[_micro_batches]
-    # the interleaved schedule's rule: PyTorch's for FSDP, Megatron's otherwise (the only part the
-    # framework changes, and only with interleaving)
-    key = (s.dp, s.tp, s.pp, virtual, sp, virtual > 1 and framework is Framework.FSDP)
+    # the pipeline schedule's rule: PyTorch's for FSDP (at pp > 1), Megatron's otherwise (the only
+    # part the framework changes: schedule_batches_violation)
+    key = (s.dp, s.tp, s.pp, virtual, sp, s.pp > 1 and framework is Framework.FSDP)
     found = memo.get(key)
     if found is None:
         found = memo[key] = micro_batch_sizes(job.training, s, virtual, sp, framework)

@@ -686,7 +686,7 @@ def micro_batch_sizes(
     training: TrainingSpec, structure: Structure, virtual: int, sequence_parallel: bool, framework: Framework
 ) -> tuple[int, ...]:
     """The micro-batches the validator accepts for this structure, interleaving and SP under
-    ``framework`` (whose interleaved schedule takes its own counts: ``interleaved_batches_violation``;
+    ``framework`` (whose interleaved schedule takes its own counts: ``schedule_batches_violation``;
     the search offered FSDP Megatron's, and so never 6 micro-batches at pp 4: change review)."""
     layout = Layout(
         framework=framework,

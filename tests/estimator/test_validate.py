@@ -649,6 +649,31 @@ def test_each_interleaved_schedule_takes_its_own_micro_batches(
     assert refused in str(err.value) and err.value.field == "pp"
 
 
+@pytest.mark.parametrize(
+    ("framework", "global_batch", "refused"),
+    [
+        (Framework.FSDP, 8, "< pp (4): PyTorch's Schedule1F1B"),  # 2 micro-batches per step
+        (Framework.FSDP, 16, None),  # 4: one per stage
+        (Framework.MEGATRON, 8, None),  # Megatron and DeepSpeed run fewer, with the (p - 1) / m bubble
+        (Framework.DEEPSPEED, 8, None),
+    ],
+)
+def test_pytorchs_1f1b_takes_at_least_one_micro_batch_per_stage(
+    framework: Framework, global_batch: int, refused: str | None
+) -> None:
+    """torch.distributed.pipelining Schedule1F1B.__init__ raises ValueError where n_microbatches <
+    num_stages: torchtitan's 1F1B with 2 micro-batches at pp 4 was estimated and rendered, and failed at
+    start-up (a pipeline review); the interleaved schedule's rule was the only one checked."""
+    layout = Layout(framework=framework, dp=4, pp=4, zero_stage=0 if framework is Framework.FSDP else 1)
+    training = dataclasses.replace(TRAIN, global_batch_size=global_batch)
+    if refused is None:
+        check(layout, training=training)
+        return
+    with pytest.raises(InvalidLayout) as err:
+        check(layout, training=training)
+    assert refused in str(err.value) and err.value.field == "pp"
+
+
 def test_qlora_refuses_deepspeeds_parameter_offload() -> None:
     """peft's DeepSpeed guide: ZeRO-3 with QLoRA and CPU offloading takes more GPU memory than without;
     the estimate had moved the NF4 base to the host (PEFT review). FSDP's cpu offload, peft's FSDP +

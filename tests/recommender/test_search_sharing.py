@@ -175,7 +175,7 @@ def test_the_micro_batch_memo_key_names_what_the_sizes_read(name: str) -> None:
             for virtual in virtual_stages(spec, framework, s.pp):
                 for sp in (False, True):
                     sizes = micro_batch_sizes(training, s, virtual, sp, framework)
-                    key = (s.dp, s.tp, s.pp, virtual, sp, virtual > 1 and framework is Framework.FSDP)
+                    key = (s.dp, s.tp, s.pp, virtual, sp, s.pp > 1 and framework is Framework.FSDP)
                     assert seen.setdefault(key, sizes) == sizes
                     assert recommender._micro_batches(job, s, virtual, sp, framework) == sizes
     assert len(seen) > 10
