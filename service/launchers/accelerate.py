@@ -609,7 +609,7 @@ def duties(plan: Plan) -> str:
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."
         )
         text += _ds_batch_duty(plan) + _ulysses_duty(plan)
-        text += deepspeed.model_code_duties(plan, accelerate=True) + where
+        text += deepspeed.model_code_duties(plan, accelerate=True) + deepspeed.nvme_duty(plan) + where
     return text
 
 

@@ -252,8 +252,16 @@ def layout_summary(plan: Plan) -> str:
 
 
 def comment_lines(text: str) -> list[str]:
-    """A summary as shell/YAML comment lines."""
-    return [f"# {line}".rstrip() for line in text.splitlines()]
+    """A summary as shell/YAML comment lines, each character YAML can print: a name's control or
+    other unprintable character (ESC, DEL, U+FFFF) written as its escape, since YAML allows none in a
+    comment and a parser refused the whole file (YAML 1.2.2 §5.1 c-printable; a platform review)."""
+    return [f"# {_printable(line)}".rstrip() for line in text.splitlines()]
+
+
+def _printable(line: str) -> str:
+    if line.isprintable():
+        return line
+    return "".join(ch if ch.isprintable() or ch == "\t" else ascii(ch)[1:-1] for ch in line)
 
 
 def half_precision(plan: Plan) -> str | None:
@@ -319,12 +327,13 @@ _HF_DECODER_LAYERS = {
 }
 
 
-def dns_label(name: str) -> str:
-    """A DNS-1035 label (Kubernetes object names, Slurm job names): [a-z]([-a-z0-9]*[a-z0-9])?."""
+def dns_label(name: str, max_length: int = 63) -> str:
+    """A DNS-1035 label (Kubernetes object names, Slurm job names): [a-z]([-a-z0-9]*[a-z0-9])?, at
+    most ``max_length`` characters (a label's 63, less what another name appends to it)."""
     label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
     if not label or not label[0].isalpha():
         label = "job-" + label
-    return label[:63].rstrip("-")
+    return label[:max_length].rstrip("-")
 
 
 def torchrun_words(plan: Plan, *, rendezvous: str) -> list[Word]:

@@ -392,6 +392,28 @@ def launch_words(plan: Plan) -> list[Word]:
     return words
 
 
+def uses_nvme(plan: Plan) -> bool:
+    """Whether ds_config swaps optimizer states or parameters to ``NVME_PATH``."""
+    return Offload.NVME in (plan.layout.offload_optimizer, plan.layout.offload_params)
+
+
+def nvme_duty(plan: Plan) -> str:
+    """Where DeepSpeed's NVMe offload swaps: ds_config's nvme_path, which DeepSpeed creates if it can
+    (swap_tensor/optimizer_utils.py: os.makedirs(swap_folder, exist_ok=True)) wherever it is: on a
+    root disk, not the NVMe the estimate timed, or a PermissionError for a user who may not create it
+    (a platform review)."""
+    if not uses_nvme(plan):
+        return ""
+    need = ""
+    if plan.estimate is not None and plan.estimate.memory.nvme_per_node_bytes:
+        need = f", with {plan.estimate.memory.nvme_per_node_bytes / 2**30:,.0f} GiB free per node (estimated)"
+    return (
+        f"\nnvme offload: ds_config swaps to nvme_path {NVME_PATH}: every node must have its local NVMe "
+        f"mounted there, writable by the job{need}; elsewhere DeepSpeed makes the folder on whatever disk "
+        "holds it, not the NVMe the estimate timed."
+    )
+
+
 def model_code_duties(plan: Plan, accelerate: bool = False) -> str:
     """What the training script's model code must build for DeepSpeed to run the layout as estimated
     (a pipeline module, MoE layers, Transformer Engine layers): ds_config.json cannot ask for them,
@@ -456,7 +478,7 @@ def render(plan: Plan) -> list[Artifact]:
     refuse(Target.DEEPSPEED, refusal(plan))  # Ulysses too, which the shared ds_config leaves to Accelerate
     config = config_artifact(plan)
     header = "DeepSpeed 0.19.8 launcher: starts every rank over ssh (pdsh) from this node."
-    header += model_code_duties(plan)
+    header += model_code_duties(plan) + nvme_duty(plan)
     if plan.layout.tp > 1 and plan.layout.pp == 1:
         header += (
             f"\ntrain_batch_size counts AutoTP's {plan.layout.tp} tensor-parallel peers, which read the same "

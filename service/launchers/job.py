@@ -92,12 +92,15 @@ def entry(plan: Plan, wrapper: Target, config_dir: str = "", via: Target | None 
             config_dir + deepspeed.CONFIG_NAME,
         ]
         duties = deepspeed.model_code_duties(plan) + model_duties(plan, config_dir) + steps_duty(plan)
+        duties += deepspeed.nvme_duty(plan)
         files = [file, *peft_artifacts(plan, wrapper)]
         return Entry(Target.DEEPSPEED, words, files, tf32_environment(plan), duties)
     if framework is Framework.MEGATRON:
-        return Entry(Target.MEGATRON, megatron.entry_words(plan), [], megatron.environment(plan))
+        words = megatron.entry_words(plan)
+        return Entry(Target.MEGATRON, words, [], megatron.environment(plan), megatron.notes(plan))
     if torchtitan.refusal(plan) is None:
-        return Entry(Target.TORCHTITAN, torchtitan.entry_words(plan), [], torchtitan.environment(plan))
+        words = torchtitan.entry_words(plan)
+        return Entry(Target.TORCHTITAN, words, [], torchtitan.environment(plan), torchtitan.notes(plan))
     return _hf_trainer_entry(plan, wrapper, config_dir)
 
 

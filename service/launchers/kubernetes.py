@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from service.estimator.types import Plan
+from service.estimator.types import Framework, Plan
+from service.launchers import deepspeed
 from service.launchers.common import (
     YAML,
     Artifact,
@@ -36,11 +37,18 @@ IMAGE = "registry.example.com/trainplan/train:latest"  # placeholder: an image w
 SHM_BYTES = "64Gi"  # /dev/shm for dataloader workers and NCCL; the container default (64 MiB) is too small
 
 
+def _swaps_to_nvme(plan: Plan) -> bool:
+    """Whether the job runs DeepSpeed's NVMe offload (its ds_config's nvme_path)."""
+    return plan.layout.framework is Framework.DEEPSPEED and deepspeed.uses_nvme(plan)
+
+
 def _container(plan: Plan, command: list[str], env: list[tuple[str, str]], has_files: bool) -> dict[str, Any]:
     gpus = plan.cluster.gpus_per_node
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     if has_files:
         mounts.append({"name": "trainplan-config", "mountPath": CONFIG_DIR.rstrip("/"), "readOnly": True})
+    if _swaps_to_nvme(plan):
+        mounts.append({"name": "local-nvme", "mountPath": deepspeed.NVME_PATH})
     container: dict[str, Any] = {
         "name": "pytorch",  # the operator finds the training container by this name
         "image": IMAGE,
@@ -62,6 +70,12 @@ def _replica(
     ]
     if has_files:
         volumes.append({"name": "trainplan-config", "configMap": {"name": f"{name}-config"}})
+    if _swaps_to_nvme(plan):
+        # the node's NVMe, mounted at the same path on the host: DeepSpeed's swap files in the
+        # container's writable layer were ephemeral storage the kubelet evicts for, on another disk
+        # than the one timed (a platform review); Directory: a node without it does not start the pod
+        path = {"path": deepspeed.NVME_PATH, "type": "Directory"}
+        volumes.append({"name": "local-nvme", "hostPath": path})
     return {
         "replicas": replicas,
         "restartPolicy": "OnFailure",
@@ -76,7 +90,12 @@ def manifests(plan: Plan, via: Target | None = None) -> list[dict[str, Any]]:
     words = [*torchrun_words(plan, rendezvous="env"), *job.words]
     command = [w for w in words if not isinstance(w, Raw)]
     assert len(command) == len(words), "a Kubernetes command takes no shell expansions"
-    name = dns_label("trainplan-" + plan.model.name)
+    # the training operator names each replica's Service and pod <job>-<master|worker>-<index>
+    # (training-operator pkg/core/utils.go GenGeneralName), MASTER_ADDR the master's Service: each a
+    # DNS-1035 label of at most 63 characters, which its webhook does not check of the job's name, so
+    # a longer one never started (kubeflow/trainer#1101; a platform review)
+    suffix = max(len("-master-0"), len(f"-worker-{max(0, plan.cluster.num_nodes - 2)}"))
+    name = dns_label("trainplan-" + plan.model.name, 63 - suffix)
     has_files = bool(job.files)
     container = _container(plan, command, job.env, has_files)
     specs = {"Master": _replica(plan, 1, container, name, has_files)}

@@ -696,22 +696,29 @@ def entry_words(plan: Plan) -> list[Word]:
     return [ENTRY, *megatron_args(plan)]
 
 
-def render(plan: Plan) -> list[Artifact]:
-    words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), *entry_words(plan)]
-    header = (
-        f"Megatron-LM (main @d98e8a6): run from the Megatron-LM checkout, where {ENTRY} lives.\n"
-        # what the file cannot know: said in the file, not only in our code (a fine-tune of Llama ran
-        # from random weights on mock data; launch review)
-        "It trains from random weights on mock data (--mock-data, a NullTokenizer of the model's\n"
+def notes(plan: Plan) -> str:
+    """What the run does that the user would not assume: said in this target's launch script and in
+    the Slurm / Kubernetes wrappers that run its entry point (``job.entry``: a wrapper dropped them)."""
+    # what the file cannot know: said in the file, not only in our code (a fine-tune of Llama ran
+    # from random weights on mock data; launch review)
+    text = (
+        "\nIt trains from random weights on mock data (--mock-data, a NullTokenizer of the model's\n"
         "vocabulary): to fine-tune, add --load/--pretrained-checkpoint with a Megatron checkpoint of the\n"
         "model and --finetune, and --data-path with --tokenizer-type/--tokenizer-model for real data."
     )
     if megatron_master_remainders(plan.layout, plan.training):
         # OptimizerConfig turns store_param_remainders off below Transformer Engine 2.1, and FusedAdam
         # then keeps a 4-byte master: 2 B per parameter of the optimizer shard more (Megatron review)
-        header += (
+        text += (
             "\nThe estimate's 2-byte master (--use-precision-aware-optimizer, store_param_remainders) needs\n"
             "Transformer Engine >= 2.1: an older one keeps a 4-byte fp32 master."
         )
+    return text
+
+
+def render(plan: Plan) -> list[Artifact]:
+    words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), *entry_words(plan)]
+    header = f"Megatron-LM (main @d98e8a6): run from the Megatron-LM checkout, where {ENTRY} lives."
+    header += notes(plan)
     content = script(plan, [shell_command(words)], env=environment(plan), header=header)
     return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

@@ -450,12 +450,13 @@ def environment(plan: Plan) -> list[tuple[str, str]]:
     return [("PYTORCH_ALLOC_CONF", "expandable_segments:True"), *tf32_environment(plan)]
 
 
-def render(plan: Plan) -> list[Artifact]:
-    words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), *entry_words(plan)]
-    header = (
-        f"torchtitan {VERSION}: config module plus --section.field overrides (no TOML since 0.3.0).\n"
+def notes(plan: Plan) -> str:
+    """What the run does that the estimate or the user would not assume: said in this target's launch
+    script and in the Slurm / Kubernetes wrappers that run its entry point (``job.entry``: a wrapper
+    dropped them; a platform review)."""
+    text = (
         # said in the file (a fine-tune ran from a fresh init on the recipe's dataset; launch review)
-        "It trains from a fresh initialisation on the config module's dataset and learning-rate\n"
+        "\nIt trains from a fresh initialisation on the config module's dataset and learning-rate\n"
         "schedule: to fine-tune, set --checkpoint.initial_load_path to the model's DCP checkpoint, and\n"
         "the dataset, --lr_scheduler.warmup_steps and --optimizer.lr for this run's steps.\n"
         # models/common/config_utils.py: flex attention with block_causal masks for language models
@@ -472,11 +473,18 @@ def render(plan: Plan) -> list[Artifact]:
         # torch's flex_cp_allgather (a blocking all-gather of K and V, reduce-scattered in the backward),
         # not the SDPA ring (torchtitan review); the full-sequence K and V it hands the kernel are what
         # FlexAttention saves for its backward
-        header += (
+        text += (
             "\nContext parallelism runs FlexAttention's all-gather of K and V (flex_cp_allgather), which\n"
             "waits for the whole sequence's K and V before the kernel and keeps them for the backward; the\n"
             "estimate times and sizes PyTorch's SDPA ring (Accelerate's and earlier torchtitan's CP), which\n"
             "overlaps its first block and keeps this rank's K and V alone."
         )
+    return text
+
+
+def render(plan: Plan) -> list[Artifact]:
+    words: list[Word] = [*torchrun_words(plan, rendezvous="c10d"), *entry_words(plan)]
+    header = f"torchtitan {VERSION}: config module plus --section.field overrides (no TOML since 0.3.0)."
+    header += notes(plan)
     content = script(plan, [shell_command(words)], env=environment(plan), header=header)
     return [Artifact(name=LAUNCH_NAME, target=TARGET, media_type=SHELL, content=content)]

@@ -37,6 +37,7 @@ from service.launchers import (
     accelerate,
     deepspeed,
     hf_trainer,
+    kubernetes,
     megatron,
     render,
     torchtitan,
@@ -1198,3 +1199,74 @@ def test_the_user_loops_are_told_the_steps_the_time_to_train_counts() -> None:
     fsdp = plan(train=train, framework=Framework.FSDP, zero_stage=3)
     assert "must run 954 optimizer steps" in accelerate.duties(fsdp)
     assert "optimizer steps" not in accelerate.duties(plan(framework=Framework.FSDP, zero_stage=3))
+
+
+def test_a_pytorchjobs_name_leaves_room_for_its_replicas_services() -> None:
+    """The training operator names each replica's Service <job>-<master|worker>-<index> (MASTER_ADDR the
+    master's), a DNS-1035 label of at most 63 characters its webhook does not check: a 55-character
+    job name from a long Hugging Face id made 64-65 character Services and the job never started
+    (kubeflow/trainer#1101; a platform review)."""
+    import yaml
+
+    long = replace(small_llama(), name="mistralai/Mistral-Small-3.1-24B-Instruct-2503")
+    for nodes in (1, 2, 16, 128):
+        batch = training(global_batch_size=8 * nodes)
+        chosen = plan(nodes=nodes, model=long, train=batch, framework=Framework.FSDP, zero_stage=3)
+        job = next(d for d in kubernetes.manifests(chosen) if d["kind"] == "PyTorchJob")
+        name = job["metadata"]["name"]
+        assert name.startswith("trainplan-mistralai-mistral"), name
+        assert len(f"{name}-master-0") <= 63 and len(f"{name}-worker-{max(0, nodes - 2)}") <= 63, name
+        text = next(a.content for a in kubernetes.render(chosen) if a.name.endswith(".yaml"))
+        assert list(yaml.safe_load_all(text))
+
+
+def test_a_names_control_characters_leave_every_yaml_file_parseable() -> None:
+    """YAML allows no control character in a comment (1.2.2 §5.1): a model or GPU name with ESC, DEL or
+    U+FFFF in the files' header made pytorchjob.yaml and accelerate_config.yaml unparseable (201, then
+    kubectl refused them; a platform review). The header writes such characters as escapes."""
+    import yaml
+
+    for odd in ("m\x1bx", "m\x7fx", "m\x9bx", "m\x08x", "m\uffffx"):
+        chosen = plan(nodes=2, model=replace(small_llama(), name=odd), framework=Framework.FSDP, zero_stage=3)
+        for write in (kubernetes.render, accelerate.render):
+            for artifact in write(chosen):
+                if artifact.name.endswith(".yaml"):
+                    assert list(yaml.safe_load_all(artifact.content)), (odd, artifact.name)
+
+
+def test_deepspeeds_nvme_swap_path_is_mounted_and_said() -> None:
+    """ds_config's nvme_path is where DeepSpeed swaps (it makes the folder wherever that is): the
+    PyTorchJob mounted nothing there, so the swap went to the container's writable layer (ephemeral
+    storage the kubelet evicts for, not the NVMe timed), and no script said the path must be the
+    node's NVMe (a platform review)."""
+    from service.launchers import slurm
+
+    nvme = plan(nodes=2, framework=Framework.DEEPSPEED, zero_stage=3, offload_optimizer=Offload.NVME)
+    job = next(d for d in kubernetes.manifests(nvme) if d["kind"] == "PyTorchJob")
+    for spec in job["spec"]["pytorchReplicaSpecs"].values():
+        pod = spec["template"]["spec"]
+        assert {"name": "local-nvme", "hostPath": {"path": "/local_nvme", "type": "Directory"}} in pod[
+            "volumes"
+        ]
+        assert {"name": "local-nvme", "mountPath": "/local_nvme"} in pod["containers"][0]["volumeMounts"]
+    duty = "swaps to nvme_path /local_nvme"
+    for write in (kubernetes.render, slurm.render, deepspeed.render, accelerate.render):
+        assert any(duty in " ".join(a.content.split()) for a in write(nvme)), write
+    cpu = plan(nodes=2, framework=Framework.DEEPSPEED, zero_stage=3, offload_optimizer=Offload.CPU)
+    assert "local-nvme" not in json.dumps(kubernetes.manifests(cpu))
+    assert not any(duty in a.content for a in deepspeed.render(cpu))
+
+
+def test_the_wrappers_of_torchtitan_and_megatron_say_what_their_launch_scripts_say() -> None:
+    """torchtitan's launch script says the run starts from a fresh initialisation on the recipe's
+    dataset, with FlexAttention and CUDA graphs off; Megatron's that it trains on mock data: the Slurm
+    and Kubernetes wrappers running the same entry point said none of it (a platform review)."""
+    from service.launchers import slurm
+
+    for chosen, notes in (
+        (plan(nodes=2, model=llama3_8b(), framework=Framework.FSDP, zero_stage=3), torchtitan.notes),
+        (plan(nodes=2, framework=Framework.MEGATRON, tp=2, zero_stage=1), megatron.notes),
+    ):
+        first = notes(chosen).strip().splitlines()[0]
+        for write in (slurm.render, kubernetes.render):
+            assert any(first in a.content for a in write(chosen)), (write, chosen.layout.framework)
