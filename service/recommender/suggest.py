@@ -58,6 +58,7 @@ from service.recommender.space import (
     least_bytes_per_gpu,
     least_state_bytes,
     offload_devices,
+    requested_runnable,
 )
 from service.recommender.types import Candidate, Constraints, Objective, Skipped, Suggestion
 
@@ -283,7 +284,15 @@ def states_unfit(
             return None
         what = f"the frozen base alone needs {base / GiB:.1f} GiB per GPU sharded over all {gpus:,} GPUs"
         return f"{what} (nothing offloaded); {limit / GiB:.1f} GiB allowed"
-    bound = least_state_bytes(job, constraints.frameworks, offload, gpus)
+    # of the frameworks a requested launcher runs for this job, as the search bounds them: an
+    # infeasible plan quoted Megatron's 115 GiB floor beside the search's 131 GiB for the HF
+    # Trainer's, and the "no requested launcher runs megatron" it had said (an infeasible-jobs review)
+    runnable = tuple(
+        framework
+        for framework in constraints.frameworks
+        if requested_runnable(framework, model, training, constraints.launchers, cluster.gpu)
+    )
+    bound = least_state_bytes(job, runnable, offload, gpus) if runnable else None
     if bound is None or bound[0] <= limit:
         return None
     need, framework = bound
@@ -604,10 +613,17 @@ class _Ask:
         # offload the request did not allow: said, as offload_within_the_nodes says it (applied as its
         # fields say, the plan stayed infeasible; bounded-work review)
         allow = "" if self.constraints.allow_offload else "allow offload (constraints.allow_offload) and "
+        # on how many of the GPUs, and how: 343 tokens/s on 1 of 8 GPUs read as the 8-GPU figure (an
+        # infeasible-jobs review); the other suggestions say both (_on_the_gpus_given)
+        used, given = found.layout.world_size, self.cluster.world_size
+        where = f"the {given} GPUs given" if used == given else f"{used} of the {given} GPUs given"
+        if given == 1:
+            where = "the GPU given"
         return Suggestion(
             kind="offload",
             detail=f"{allow}offload with {gib_needed(memory.cpu_per_node_bytes)} GiB host RAM per node "
-            f"({verdict}): {memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)}",
+            f"({verdict}) on {where}: {memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)} with "
+            f"{_layout_words(found.layout)}",
             gpu=self.cluster.gpu.name,
             num_gpus=found.layout.world_size,  # the layout's GPUs, as _on_the_gpus_given says them
             num_nodes=max(1, found.layout.world_size // self.cluster.gpus_per_node),

@@ -599,3 +599,36 @@ def test_where_tp_overlaps_buffers_do_not_fit_the_overlap_off_twin_is_searched()
     allowed = headroom.allowed_bytes(80 * 2**30, Constraints().min_headroom_fraction)
     assert with_buffers.memory.per_gpu.device_used_bytes > allowed
     assert with_buffers.memory.per_gpu.tp_comm_buffers == 12 * 40_960 * 8_192 * 2
+
+
+def test_the_states_bound_of_a_suggestion_is_of_the_frameworks_a_requested_launcher_runs(
+    tuning: Tuning,
+) -> None:
+    """70B on 8 A100s asked for the HF Trainer: the search bounds DeepSpeed and FSDP (131 GiB of
+    states per GPU), the suggestions' bound took Megatron's 115 GiB as well, which the same answer
+    said no requested launcher runs (an infeasible-jobs review): one floor, of the frameworks run."""
+    from service.launchers import Target
+
+    spec, c = model("llama-3.1-70b").spec, cluster("a100-sxm-80gb")
+    training = TrainingSpec(seq_len=8192, global_batch_size=64)
+    trainer = Constraints(launchers=(Target.HF_TRAINER,))
+    unfit = states_unfit(spec, c, training, tuning, trainer, 8)
+    assert unfit is not None and "megatron" not in unfit, unfit
+    every = states_unfit(spec, c, training, tuning, Constraints(), 8)
+    assert every is not None and "megatron" in every  # Megatron's precision-aware optimizer: least
+    only_megatron = Constraints(frameworks=(Framework.MEGATRON,), launchers=(Target.HF_TRAINER,))
+    assert states_unfit(spec, c, training, tuning, only_megatron, 8) is None  # nothing runs: no bound
+
+
+def test_the_offload_suggestion_says_on_how_many_gpus_and_how(tuning: Tuning) -> None:
+    """ "offload ...: 56.9 GiB per GPU, 343 tokens/s" was a layout on 1 of the 8 GPUs given, read as the
+    8-GPU figure (an infeasible-jobs review): it says where and with which layout, as the others do."""
+    spec, c = model("llama-2-70b").spec, cluster("rtx-4090-24gb", host_gib=256)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    constraints = Constraints(allow_offload=False)
+    tips = suggestions(spec, c, training, constraints, tuning, catalog=[]).made
+    offload = next(t for t in tips if t.kind == "offload")
+    assert offload.layout is not None
+    used = offload.layout.world_size
+    where = "the 8 GPUs given" if used == 8 else f"{used} of the 8 GPUs given"
+    assert f"on {where}:" in offload.detail and f"with {offload.layout.framework.value} " in offload.detail
