@@ -1775,6 +1775,16 @@ def _closest(
         whole = estimate.memory.per_gpu.total / 2**30
         over = (estimate.memory.per_gpu.total - (group.allowed_bytes or 0)) / 2**30
         detail += f"; the whole layout estimated: {whole:.1f} GiB per GPU ({over:.1f} GiB over)"
+    if group.example_runs is False:
+        # every layout a requested launcher runs missed by more or was bounded: shown as the closest
+        # of all, said (it read as a layout to run: an infeasible-jobs review)
+        detail += "; no requested launcher runs this layout: every one they run misses by more"
+    total = estimate.memory.per_gpu.total
+    if group.allowed_bytes is not None and estimate.fits and total > group.allowed_bytes:
+        # fits the card, not the headroom the plan keeps: its estimate's "fits" alone read as a fit
+        allowed = group.allowed_bytes / 2**30
+        said = f"fits the card but not the {allowed:.1f} GiB per GPU the plan allows (its headroom)"
+        estimate = dataclasses.replace(estimate, warnings=(*estimate.warnings, said))
     return Candidate(layout=layout, estimate=estimate, score=0.0, rationale=(detail,)), None
 
 

@@ -108,3 +108,27 @@ def test_a_method_change_the_shorter_sequence_alone_makes_needless_is_skipped(cl
     assert "qlora" not in made
     (why,) = skipped(result)["qlora"]
     assert "training.seq_len 16384, fits without changing the method" in why, why
+
+
+def test_the_closest_miss_says_when_no_requested_launcher_runs_it_and_the_headroom_it_misses(
+    client: TestClient,
+) -> None:
+    """70B on 24 A100s for Accelerate's FSDP with 20% headroom: every layout Accelerate runs is bounded
+    by its model states (65.7 GiB on 16 GPUs), so the closest miss is a tp 2 pp 12 layout Accelerate
+    does not run, shown with its estimate's "fits": true and no word of either (an infeasible-jobs
+    review): the detail says no requested launcher runs it, the estimate that it misses the headroom."""
+    result = plan(
+        client,
+        {
+            "model": {"preset": "llama-3.1-70b"},
+            "cluster": {"gpu": "a100-sxm-80gb", "num_nodes": 3, "gpus_per_node": 8},
+            "training": {"seq_len": 8192, "global_batch_size": 64},
+            "constraints": {"frameworks": ["fsdp"], "min_headroom_fraction": 0.2},
+            "launchers": ["accelerate"],
+        },
+    )
+    closest = result["closest"]
+    assert "no requested launcher runs this layout" in closest["detail"], closest["detail"]
+    estimate = closest["estimate"]
+    assert estimate["fits"] is True  # on the card
+    assert any("not the 64.0 GiB per GPU the plan allows" in w for w in estimate["warnings"]), estimate
