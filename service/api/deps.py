@@ -4,6 +4,7 @@ request's session (the one place that commits, opened for that owner), and repos
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated, TypeVar
 
@@ -24,6 +25,7 @@ from service.planning.plans import PLAN_SCOPE
 from service.recommender.budget import Deadline
 from service.settings import Settings
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -41,9 +43,12 @@ def database_file_replaced(request: Request) -> str | None:
     writes would be lost), or None."""
     opened = request.app.state.database_identity
     if opened is not None and sqlite_file_identity(request.app.state.engine) != opened:
+        # the file's path to the log, not to whoever can reach the API or the probe, a caller without
+        # a valid key among them (a multi-tenant review), as the driver's words (health.readyz)
+        log.warning("the SQLite database file %s was removed or replaced while the service ran", opened[0])
         return (
-            f"the database file {opened[0]} was removed or replaced while the service ran; "
-            "restore it and restart the service"
+            "the SQLite database file was removed or replaced while the service ran (its path is in the "
+            "log); restore it and restart the service"
         )
     return None
 
@@ -91,7 +96,15 @@ def get_principal(request: Request) -> Principal:
     settings: Settings = request.app.state.settings
     if not settings.require_auth:
         return api_keys.LOCAL
-    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+    given = request.headers.getlist("authorization")
+    if len(given) > 1:
+        # not a list-valued field (RFC 9110 §5.3): which key acts was the first line's, silently, where
+        # a gateway added its own beside the client's (a multi-tenant review)
+        raise Unauthorized(
+            f"the request has {len(given)} Authorization headers; send one 'Authorization: Bearer <key>'",
+            errors=[{"field": "header.Authorization", "message": "more than one Authorization header"}],
+        )
+    scheme, _, secret = (given[0] if given else "").partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise Unauthorized(
             "this service requires an API key: send it as 'Authorization: Bearer <key>'",

@@ -68,7 +68,8 @@ def readyz(request: Request) -> dict[str, str]:
     unwritable = _unwritable_sqlite_files(engine)
     if unwritable:
         request.app.state.metrics.observe_database_unavailable(READINESS_UNWRITABLE)
-        raise ServiceUnavailable(f"database files not writable: {', '.join(unwritable)}")
+        log.warning("not ready: SQLite database files not writable: %s", ", ".join(unwritable))
+        raise ServiceUnavailable("the SQLite database files are not writable (their paths are in the log)")
     return {"status": "ready", "database": engine.dialect.name}
 
 

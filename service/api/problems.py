@@ -459,9 +459,31 @@ def _integers_as_int64(node: Any) -> None:
             _integers_as_int64(value)
 
 
+# The API key scheme (PLANNER_REQUIRE_AUTH=true: deps.get_principal reads it), named in the document
+# so that generated clients and /docs' Authorize send it: the document declared none, though every /v1
+# operation answers 401 without one (a multi-tenant review).
+BEARER_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "an API key (tp_...) as 'Authorization: Bearer <key>', where the service runs with "
+    "PLANNER_REQUIRE_AUTH=true; without it no key is read",
+}
+
+
+def _document_bearer_security(document: dict[str, Any]) -> None:
+    """Every /v1 operation (and the /plans aliases) takes the API key, or none where the deployment
+    requires none: OpenAPI's optional security, the key or the empty requirement."""
+    document.setdefault("components", {}).setdefault("securitySchemes", {})["apiKey"] = BEARER_SCHEME
+    for path, operations in document.get("paths", {}).items():
+        if path.startswith(("/v1/", "/plans")):
+            for operation in operations.values():
+                operation["security"] = [{"apiKey": []}, {}]
+
+
 def document_problem_schema(app: FastAPI) -> None:
     """Add the Problem schema to the OpenAPI document's components, where PROBLEM_RESPONSES refer,
-    and mark its integers 64-bit (``_integers_as_int64``)."""
+    mark its integers 64-bit (``_integers_as_int64``), and name the API key scheme the /v1
+    operations take (``_document_bearer_security``)."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -472,6 +494,7 @@ def document_problem_schema(app: FastAPI) -> None:
             schemas.update(problem.pop("$defs", {}))  # ProblemError, which its errors' items refer to
             schemas["Problem"] = problem
             _integers_as_int64(document)
+            _document_bearer_security(document)
         return app.openapi_schema or generate()
 
     app.openapi = openapi  # type: ignore[method-assign]

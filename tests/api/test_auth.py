@@ -94,6 +94,19 @@ def test_malformed_unknown_and_oversized_keys_are_401(
     assert_problem(client.get("/v1/plans", headers={"Authorization": authorization}), 401)
 
 
+def test_two_authorization_headers_are_refused_not_read_as_the_first(api: tuple[TestClient, Any]) -> None:
+    """Authorization is not a list-valued field (RFC 9110 §5.3): with a gateway's header beside the
+    client's the request acted as whichever came first, silently (a multi-tenant review)."""
+    client, keys = api
+    both = [
+        ("Authorization", keys["alice"]["Authorization"]),
+        ("Authorization", keys["bob"]["Authorization"]),
+    ]
+    problem = assert_problem(client.get("/v1/clusters", headers=both), 401)
+    assert "2 Authorization headers" in problem["detail"]
+    assert client.get("/v1/clusters", headers=keys["alice"]).status_code == 200
+
+
 def test_scopes_gate_writes_computations_and_key_management(api: tuple[TestClient, Any]) -> None:
     client, keys = api
     reader, alice, admin = keys["reader"], keys["alice"], keys["admin"]
@@ -309,3 +322,16 @@ def test_the_scopes_are_named_once_for_the_schema_the_service_and_the_cli() -> N
 
     choices = next(p for p in keys_create.params if p.name == "scopes").type.choices  # type: ignore[attr-defined]
     assert typing.get_args(Scope) == api_keys.SCOPES == tuple(choices)
+
+
+def test_the_openapi_document_names_the_api_key_scheme_every_v1_operation_takes(client: TestClient) -> None:
+    """Generated clients and /docs' Authorize send a key only where the document declares its scheme:
+    it declared none though every /v1 operation answers 401 without a key (a multi-tenant review).
+    Optional (the key or nothing): a deployment without PLANNER_REQUIRE_AUTH reads none."""
+    document = client.get("/openapi.json").json()
+    scheme = document["components"]["securitySchemes"]["apiKey"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            expected = [{"apiKey": []}, {}] if path.startswith(("/v1/", "/plans")) else None
+            assert operation.get("security") == expected, (method, path)
