@@ -588,6 +588,24 @@ def test_a_service_that_requires_keys_asks_for_one_once(tmp_path: Path, browser:
         page.wait_for_selector("body[data-ready=true]")
         assert len(asked) == 1 and "API key" in asked[0]
         assert page.locator("#model\\.preset option").count() > 10  # the catalog came with the key
+        # a file's download carries the key (a link the browser follows sends no header: a 401 where
+        # keys are required; a multi-tenant review), the single files and the zip alike
+        page.select_option("#model\\.preset", "llama-3.1-8b")
+        page.fill("#cluster\\.num_nodes", "1")
+        page.fill("#cluster\\.gpus_per_node", "8")
+        page.click("#submit")
+        page.wait_for_selector("#result ul.artifacts a", timeout=60_000)
+        links = page.locator("#result ul.artifacts a")
+        for index in (0, links.count() - 1):
+            with page.expect_download() as download:
+                links.nth(index).click()
+            saved = Path(download.value.path())
+            assert saved.stat().st_size > 0 and download.value.suggested_filename == links.nth(
+                index
+            ).get_attribute("download")
+            if index:
+                assert saved.read_bytes()[:2] == b"PK"  # the zip, not a problem document
+        assert len(asked) == 1
         page.close()
 
 

@@ -422,11 +422,43 @@ function launcherBlock(plan, container) {
     const button = el("button", { type: "button", class: "small", "aria-expanded": "false", text: "Preview" });
     button.setAttribute("aria-label", `Preview ${a.name}`);
     button.addEventListener("click", () => previewArtifact(a, button, preview, files));
-    files.append(el("li", {}, el("a", { href: a.url, download: a.name, text: a.name }),
+    files.append(el("li", {}, downloadLink(a.url, a.name, a.name, preview),
       ` (${a.target}, ${fmt.int(a.size_bytes)} bytes) `, button));
   });
-  files.append(el("li", {}, el("a", { href: `/v1/plans/${plan.id}/artifacts.zip`, download: `${plan.id}.zip`, text: "all files (zip)" })));
+  files.append(el("li", {}, downloadLink(`/v1/plans/${plan.id}/artifacts.zip`, `${plan.id}.zip`, "all files (zip)", preview)));
   container.append(files, preview);
+}
+
+// A file's download link. A link the browser follows sends no Authorization header, so where the tab
+// holds an API key (PLANNER_REQUIRE_AUTH=true) the click fetches the file with it, as the preview does,
+// and saves what came back: the plain link was a 401 there (a multi-tenant review).
+function downloadLink(href, name, text, preview) {
+  const link = el("a", { href, download: name, text });
+  link.addEventListener("click", async (event) => {
+    const key = sessionStorage.getItem(KEY_STORE);
+    if (!key) return; // no key: the browser's own download
+    event.preventDefault();
+    try {
+      const response = await fetch(href, { headers: { Authorization: `Bearer ${key}` } });
+      if (!response.ok) {
+        let problem = {};
+        try { problem = await response.json(); } catch { /* not a problem document */ }
+        throw new ApiError(response.status, problem);
+      }
+      const url = URL.createObjectURL(await response.blob());
+      const save = el("a", { href: url, download: name });
+      document.body.append(save);
+      save.click();
+      save.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 10000);
+    } catch (error) {
+      const said = el("pre", { tabindex: "0", class: "field-error", text: `Could not download ${name}: ${error.message}` });
+      preview.replaceChildren(said);
+      preview.hidden = false;
+      said.focus();
+    }
+  });
+  return link;
 }
 
 async function previewArtifact(artifact, button, preview, files) {
