@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.plans_in_flight = {}  # (owner, Idempotency-Key) -> set when that plan has answered
         app.state.estimate_slots = anyio.Semaphore(settings.max_concurrent_planning)
         app.state.capacity_slots = anyio.Semaphore(settings.max_concurrent_capacity)
+        app.state.owner_slots = {}  # (what, owner) -> that owner's share of them (deps.owner_share)
         freeze_startup_objects()  # what startup made lives as long as the process
         try:
             yield

@@ -146,29 +146,64 @@ def get_session(request: Request, principal: PrincipalDep) -> Iterator[Session]:
             raise
 
 
+def owner_share(count: int) -> int:
+    """The most of ``count`` slots one owner holds at once where keys are required: half, rounded up,
+    so that one owner's burst leaves the others a slot (four capacity requests of one team made
+    another's 0.7 s request a 503: a multi-tenant review); with one slot, that one."""
+    return max(1, -(-count // 2))
+
+
+def _owner_slots(request: Request, what: str, owner: str, count: int) -> anyio.Semaphore | None:
+    """The owner's share of the ``what`` slots (``owner_share``) where PLANNER_REQUIRE_AUTH makes
+    owners; None where every request is the local owner (its slots are all of them)."""
+    settings: Settings = request.app.state.settings
+    if not settings.require_auth:
+        return None
+    shares: dict[tuple[str, str], anyio.Semaphore] = request.app.state.owner_slots
+    share = shares.get((what, owner))
+    if share is None:
+        share = shares[(what, owner)] = anyio.Semaphore(owner_share(count))
+    return share
+
+
 @contextlib.asynccontextmanager
 async def _slot(
-    request: Request, slots: anyio.Semaphore, what: str, count: int, seconds: float
+    request: Request, slots: anyio.Semaphore, what: str, count: int, seconds: float, owner: str
 ) -> AsyncIterator[Deadline]:
-    """One of ``slots``: waits up to ``planning_queue_wait_s`` for one, else 503 with Retry-After.
-    It waits in the event loop, holding no worker thread: a burst of waiting plans once held the 40
-    threads the reads run in (a GET /v1/gpus took 6 s behind 60 plans). Yields the request's
-    deadline: ``seconds`` of work, and whether the client has gone."""
+    """One of ``slots`` (and of the owner's share of them, where keys are required): waits up to
+    ``planning_queue_wait_s`` for one, else 503 with Retry-After. It waits in the event loop, holding
+    no worker thread: a burst of waiting plans once held the 40 threads the reads run in (a GET
+    /v1/gpus took 6 s behind 60 plans). Yields the request's deadline: ``seconds`` of work, and
+    whether the client has gone."""
     settings: Settings = request.app.state.settings
+    share = _owner_slots(request, what, owner, count)
+    held: list[anyio.Semaphore] = []
+    gates = [gate for gate in (share, slots) if gate is not None]  # the owner's share first
     try:
         if settings.planning_queue_wait_s > 0:
-            with anyio.fail_after(settings.planning_queue_wait_s):
-                await slots.acquire()
+            with anyio.fail_after(settings.planning_queue_wait_s):  # one wait for both
+                for gate in gates:
+                    await gate.acquire()
+                    held.append(gate)
         else:  # 0: never queue. fail_after(0) cancels at acquire's checkpoint even with a slot free,
-            slots.acquire_nowait()  # so every request was a 503 on an idle server (operations review)
+            for gate in gates:  # so every request was a 503 on an idle server (operations review)
+                gate.acquire_nowait()
+                held.append(gate)
     except (TimeoutError, anyio.WouldBlock):
-        raise ServiceUnavailable(
-            f"all {count} {what} slots are busy (waited {settings.planning_queue_wait_s:g} s for one)"
-        ) from None
+        for gate in held:
+            gate.release()
+        waited = f"waited {settings.planning_queue_wait_s:g} s for one"
+        if share is not None and not held:
+            raise ServiceUnavailable(
+                f"this key's owner holds its {owner_share(count)} of the {count} {what} slots ({waited}): "
+                "where keys are required an owner holds at most half of them"
+            ) from None
+        raise ServiceUnavailable(f"all {count} {what} slots are busy ({waited})") from None
     try:
         yield Deadline(seconds=seconds, cancelled=client_gone(request))
     finally:
-        slots.release()
+        for gate in held:
+            gate.release()
 
 
 async def planning_slot(request: Request, principal: PrincipalDep) -> AsyncIterator[Deadline]:
@@ -181,7 +216,7 @@ async def planning_slot(request: Request, principal: PrincipalDep) -> AsyncItera
     key = request.headers.get("idempotency-key")
     deadline = Deadline(seconds=settings.request_budget_s, cancelled=client_gone(request))
     if key is None or not 1 <= len(key) <= IDEMPOTENCY_KEY_CHARS:  # a bad key is refused by the route
-        async with _planning_slot(request) as deadline:
+        async with _planning_slot(request, principal.owner) as deadline:
             yield deadline
         return
     in_flight: dict[tuple[str, str], anyio.Event] = request.app.state.plans_in_flight
@@ -207,17 +242,17 @@ async def planning_slot(request: Request, principal: PrincipalDep) -> AsyncItera
             break
     done = in_flight[twin] = anyio.Event()
     try:
-        async with _planning_slot(request) as deadline:
+        async with _planning_slot(request, principal.owner) as deadline:
             yield deadline
     finally:
         del in_flight[twin]
         done.set()
 
 
-def _planning_slot(request: Request) -> contextlib.AbstractAsyncContextManager[Deadline]:
+def _planning_slot(request: Request, owner: str) -> contextlib.AbstractAsyncContextManager[Deadline]:
     settings: Settings = request.app.state.settings
     slots, count = request.app.state.planning_slots, settings.max_concurrent_planning
-    return _slot(request, slots, "planning", count, settings.request_budget_s)
+    return _slot(request, slots, "planning", count, settings.request_budget_s, owner)
 
 
 def _plan_stored(request: Request, principal: Principal, key: str) -> bool:
@@ -227,21 +262,25 @@ def _plan_stored(request: Request, principal: Principal, key: str) -> bool:
         return is_stored(session, key, PLAN_SCOPE)
 
 
-async def capacity_slot(request: Request) -> AsyncIterator[Deadline]:
+async def capacity_slot(request: Request, principal: PrincipalDep) -> AsyncIterator[Deadline]:
     """A slot for a capacity request: capacity_budget_s of work, from a pool of its own
     (``Settings.max_concurrent_capacity``: fewer, so that those admitted finish)."""
     settings: Settings = request.app.state.settings
     slots, count = request.app.state.capacity_slots, settings.max_concurrent_capacity
-    async with _slot(request, slots, "capacity", count, settings.capacity_budget_s) as deadline:
+    async with _slot(
+        request, slots, "capacity", count, settings.capacity_budget_s, principal.owner
+    ) as deadline:
         yield deadline
 
 
-async def estimate_slot(request: Request) -> AsyncIterator[Deadline]:
+async def estimate_slot(request: Request, principal: PrincipalDep) -> AsyncIterator[Deadline]:
     """A slot for an estimate (milliseconds of work): its own, so that estimates do not queue behind
     a burst of searches."""
     settings: Settings = request.app.state.settings
     slots, count = request.app.state.estimate_slots, settings.max_concurrent_planning
-    async with _slot(request, slots, "estimate", count, settings.request_budget_s) as deadline:
+    async with _slot(
+        request, slots, "estimate", count, settings.request_budget_s, principal.owner
+    ) as deadline:
         yield deadline
 
 

@@ -214,3 +214,56 @@ def test_concurrent_plans_with_one_key_search_once(tmp_path: Path, monkeypatch: 
     assert (
         len(answers) == 3 and {status for status, _ in answers} == {201} and len({i for _, i in answers}) == 1
     )
+
+
+def test_where_keys_are_required_one_owner_holds_at_most_half_the_slots(tmp_path: Path) -> None:
+    """Four capacity requests of one team held both capacity slots and another team's 0.7 s request
+    was a 503 (a multi-tenant review): where keys make owners, an owner holds at most half of a
+    pool (rounded up); its next request waits for its own share, and another owner's finds a slot."""
+    import anyio
+    from sqlalchemy.orm import Session
+
+    from service.api.deps import owner_share
+    from service.persistence.db import make_engine
+    from service.planning.api_keys import create_key
+
+    assert [owner_share(n) for n in (1, 2, 3, 4)] == [1, 1, 2, 2]
+    url = f"sqlite:///{tmp_path / 'owners.db'}"
+    command.upgrade(alembic_config(url), "head")
+    engine = make_engine(url)
+    keys = {}
+    with Session(engine) as session:
+        for owner in ("alice", "bob"):
+            _, secret = create_key(session, owner=owner, name=owner, scopes=["read", "write"])
+            keys[owner] = {"Authorization": f"Bearer {secret}"}
+        session.commit()
+    engine.dispose()
+    settings = Settings(
+        database_url=url, require_auth=True, max_concurrent_capacity=2, planning_queue_wait_s=0.1
+    )
+    capacity = {
+        "model": {"preset": "gpt2"},
+        "training": {"seq_len": 128, "global_batch_size": 1},
+        "gpus": ["h100-sxm-80gb"],
+    }
+    with TestClient(create_app(settings)) as client:
+        state, portal = client.app.state, client.portal  # type: ignore[attr-defined]
+        assert portal is not None
+
+        def alice_computes() -> None:  # one of alice's capacity requests holds her share and a slot
+            share = state.owner_slots.setdefault(("capacity", "alice"), anyio.Semaphore(owner_share(2)))
+            share.acquire_nowait()
+            state.capacity_slots.acquire_nowait()
+
+        def alice_answers() -> None:
+            state.owner_slots[("capacity", "alice")].release()
+            state.capacity_slots.release()
+
+        portal.call(alice_computes)
+        try:
+            problem = assert_problem(client.post("/v1/capacity", json=capacity, headers=keys["alice"]), 503)
+            assert "holds its 1 of the 2 capacity slots" in problem["detail"], problem
+            assert client.post("/v1/capacity", json=capacity, headers=keys["bob"]).status_code == 200
+        finally:
+            portal.call(alice_answers)
+        assert client.post("/v1/capacity", json=capacity, headers=keys["alice"]).status_code == 200
