@@ -31,6 +31,7 @@ from service.estimator.defaults import for_gpu
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
 from service.estimator.memory import cuda_context_bytes, min_frozen_base_bytes_per_gpu
+from service.estimator.model_states import fused_expert_adapted_weights, peft_adapts_fused_experts
 from service.estimator.scale import MAX_MEMORY_BYTES, MAX_NVME_BYTES
 from service.estimator.tuning import Tuning, fitted_die
 from service.estimator.types import (
@@ -450,7 +451,9 @@ def _same_gpu_type(collect: _Collector, ask: _Ask, training: TrainingSpec, const
     if training.optimizer is Optimizer.ADAMW and training.method is Method.FULL:
         collect.run("optimizer", 4, ask.eight_bit_optimizer)
     for method in (Method.LORA, Method.QLORA):
-        if _order(method) > _order(training.method):
+        if _order(method) > _order(training.method) or _lora_unblocks_qlora(
+            ask.model, training, constraints, method
+        ):
             collect.run(method.value, 4, functools.partial(ask.peft, method))
     if training.seq_len > SHORTEST_SUGGESTED_SEQ:
         collect.run("shorter_sequence", 3, ask.shorter_sequence)
@@ -461,6 +464,24 @@ def _same_gpu_type(collect: _Collector, ask: _Ask, training: TrainingSpec, const
     if not collect.made and training.seq_len // 2 >= SHORTEST_SUGGESTED_SEQ:
         collect.run("offload", 2, functools.partial(ask.shorter_with, "offload"))
         collect.run("more_gpus", 2, functools.partial(ask.shorter_with, "more_gpus"))
+
+
+def _lora_unblocks_qlora(
+    model: ModelSpec, training: TrainingSpec, constraints: Constraints, method: Method
+) -> bool:
+    """Whether LoRA is worth asking of a QLoRA job: FSDP is all it may run on, and QLoRA's FSDP1
+    cannot shard a model whose fused experts peft adapts (``validate``'s peft_fused_experts_fsdp1
+    rule), where LoRA's FSDP2 can. QLoRA on Qwen3-30B-A3B over 8 L4s was told to buy other GPUs,
+    though LoRA fits the eight (a review of the ordinary requests)."""
+    if method is not Method.LORA or training.method is not Method.QLORA or model.moe is None:
+        return False
+    if constraints.frameworks != (Framework.FSDP,):  # DeepSpeed runs the QLoRA job itself
+        return False
+    one_expert_group = Layout(framework=Framework.FSDP, zero_stage=3)
+    return (
+        peft_adapts_fused_experts(model, one_expert_group)
+        and fused_expert_adapted_weights(model, training)[0] > 0
+    )
 
 
 def _order(method: Method) -> int:
@@ -893,7 +914,16 @@ class _Ask:
                     f"({training.global_batch_size}) GPUs; a larger global batch, or a launcher that "
                     "splits the model, would let more GPUs train it"
                 )
-            raise NoFit(f"{cluster.gpu.name}: no layout fits on up to {counts[-1]:,} GPUs")
+            why = ""
+            if _lora_unblocks_qlora(self.model, training, self.constraints, Method.LORA):
+                # every sharded layout broke QLoRA's FSDP1 rule, not memory (a review of the ordinary
+                # requests): said, with the change that lifts it
+                why = (
+                    ": qlora on fsdp shards none of them (its FSDP1 units leave peft's fused-expert adapters "
+                    "sharded, huggingface/peft#3080), so each holds the whole model; lora, deepspeed or "
+                    "attention targets only lift that"
+                )
+            raise NoFit(f"{cluster.gpu.name}: no layout fits on up to {counts[-1]:,} GPUs{why}")
         gpus, tokens_per_s, layout = found
         per_node = cluster.gpus_per_node
         nodes = max(1, gpus // per_node)

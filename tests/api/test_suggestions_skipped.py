@@ -132,3 +132,25 @@ def test_the_closest_miss_says_when_no_requested_launcher_runs_it_and_the_headro
     estimate = closest["estimate"]
     assert estimate["fits"] is True  # on the card
     assert any("not the 64.0 GiB per GPU the plan allows" in w for w in estimate["warnings"]), estimate
+
+
+def test_qlora_that_fsdp1_cannot_shard_is_told_lora_fits_and_why_more_gpus_do_not_help(
+    client: TestClient,
+) -> None:
+    """QLoRA of Qwen3-30B-A3B on FSDP alone: its FSDP1 units cannot shard the fused experts peft adapts
+    (validate's peft_fused_experts_fsdp1), so every sharded layout breaks a rule and the answer said
+    only "buy a B200" and "no layout fits on up to 1,024 GPUs", where LoRA (FSDP2) fits the 8 L4s
+    given (a review of the ordinary requests)."""
+    result = plan(
+        client,
+        {
+            "model": {"preset": "qwen3-30b-a3b"},
+            "cluster": {"gpu": "l4-24gb", "num_nodes": 1, "gpus_per_node": 8},
+            "training": {"seq_len": 2048, "global_batch_size": 16, "method": "qlora"},
+            "constraints": {"frameworks": ["fsdp"]},
+        },
+    )
+    lora = next(s for s in result["suggestions"] if s["kind"] == "lora")
+    assert "fits on the 8 GPUs given" in lora["detail"], lora
+    more = " ".join(skipped(result)["more_gpus"])
+    assert "huggingface/peft#3080" in more, more
