@@ -329,6 +329,8 @@ async def _estimator_error(request: Request, exc: Exception) -> JSONResponse:
     error: dict[str, Any] = {"field": exc.field or "body", "rule": exc.rule, "message": exc.message}
     if exc.limit is not None:
         error["limit"] = {"le": exc.limit}  # as pydantic's bounds say theirs
+    if exc.allowed is not None:
+        error["allowed"] = list(exc.allowed)  # as a literal's values are said
     errors = [error]
     return problem_response(422, exc.message, slug=exc.rule, errors=errors, instance=request.url.path)
 

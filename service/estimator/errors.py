@@ -8,21 +8,29 @@ class EstimatorError(ValueError):
 
     `rule` is a short stable slug naming the violated rule (e.g. ``world_size``) and `field`
     the input it concerns, so the web shell can turn it into a problem+json ``errors`` entry;
-    `limit` the most the input may be, where the rule is an upper bound.
+    `limit` the most the input may be, where the rule is an upper bound; `allowed` the values it
+    may take, where the rule admits only some.
     """
 
     def __init__(
-        self, message: str, *, rule: str = "invalid", field: str | None = None, limit: int | None = None
+        self,
+        message: str,
+        *,
+        rule: str = "invalid",
+        field: str | None = None,
+        limit: int | None = None,
+        allowed: tuple[str | int, ...] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.rule = rule
         self.field = field
         self.limit = limit
+        self.allowed = allowed
 
     def at(self, field: str | None) -> EstimatorError:
         """The same error about ``field`` (as the request body names the input)."""
-        return type(self)(self.message, rule=self.rule, field=field, limit=self.limit)
+        return type(self)(self.message, rule=self.rule, field=field, limit=self.limit, allowed=self.allowed)
 
 
 class InvalidModel(EstimatorError):

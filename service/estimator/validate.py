@@ -243,8 +243,18 @@ def _having(capability: str) -> str:
     return " or ".join(f.value for f, caps in FRAMEWORK_CAPABILITIES.items() if getattr(caps, capability))
 
 
-def _bad(message: str, rule: str, field: str) -> InvalidLayout:
-    return InvalidLayout(message, rule=rule, field=field)
+def _bad(
+    message: str,
+    rule: str,
+    field: str,
+    *,
+    limit: int | None = None,
+    allowed: tuple[str | int, ...] | None = None,
+) -> InvalidLayout:
+    """The refusal of ``field`` by ``rule``, with the bound (``limit``) or the values it admits
+    (``allowed``) where the rule has one: the answer's error entry carries them as the schema's
+    bounds do (a review of the ordinary requests: the text said "allows at most 2", the entry not)."""
+    return InvalidLayout(message, rule=rule, field=field, limit=limit, allowed=allowed)
 
 
 def world_violation(cluster: ClusterSpec, layout: Layout) -> Violation:
@@ -642,6 +652,7 @@ def zero_with_pipeline_violation(layout: Layout, caps: Capabilities) -> Violatio
             f"{caps.max_zero_stage_with_pp}",
             "zero_pp",
             "zero_stage",
+            limit=caps.max_zero_stage_with_pp,
         )
     return None
 
@@ -659,6 +670,7 @@ def zero_with_expert_parallel_violation(layout: Layout, caps: Capabilities) -> V
             f"{caps.max_zero_stage_with_ep}{native}",
             "zero_ep",
             "zero_stage",
+            limit=caps.max_zero_stage_with_ep,
         )
     return None
 
@@ -821,6 +833,7 @@ def sharding_violation(layout: Layout, caps: Capabilities) -> Violation:
             f"{name} has no zero_stage {layout.zero_stage} (allowed {sorted(caps.zero_stages)})",
             "zero_stage",
             "zero_stage",
+            allowed=tuple(sorted(caps.zero_stages)),
         )
     if layout.fsdp_hybrid_shard and (not caps.hybrid_shard or layout.zero_stage not in (2, 3)):
         return _bad(
@@ -885,12 +898,13 @@ def hardware_violation(cluster: ClusterSpec, training: TrainingSpec) -> Violatio
         return unrunnable
     peaks = cluster.gpu.peak_flops_per_s
     if peaks.of(training.precision) is None:
-        has = ", ".join(precision.value for precision in Precision if peaks.of(precision) is not None)
+        runs = tuple(precision.value for precision in Precision if peaks.of(precision) is not None)
         return _bad(
             f"{cluster.gpu.name} has no {training.precision.value} support (no {training.precision.value} "
-            f"peak in its spec); precisions it runs: {has}",
+            f"peak in its spec); precisions it runs: {', '.join(runs)}",
             "precision",
             "precision",
+            allowed=runs,
         )
     if training.attention is Attention.FLASH and not cluster.gpu.flash_attention:
         return _bad(

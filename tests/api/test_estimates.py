@@ -211,6 +211,21 @@ def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestCl
         assert any(ch.isdigit() for ch in problem["detail"]), problem["detail"]
 
 
+def test_a_rule_with_a_bound_or_a_set_of_values_gives_it_in_its_error_entry(client: TestClient) -> None:
+    """The text said "deepspeed allows at most 2" and "precisions it runs: fp32, fp16" while the entry
+    had neither ``limit`` nor ``allowed``, which the schema's bounds and enums give (api.md: each
+    error names the field and the limit; a review of the ordinary requests)."""
+    pp = assert_problem(client.post("/v1/estimates", json=body(dp=4, pp=2, zero_stage=3)), 422)["errors"][0]
+    assert (pp["rule"], pp["limit"]) == ("zero_pp", {"le": 1}), pp
+    stage = assert_problem(client.post("/v1/estimates", json=body(framework="fsdp", zero_stage=1)), 422)
+    assert stage["errors"][0]["allowed"] == [0, 2, 3], stage
+    v100 = body() | {"cluster": {"gpu": "v100-sxm2-32gb", "num_nodes": 1, "gpus_per_node": 8}}
+    v100["training"] = v100["training"] | {"precision": "bf16"}
+    precision = assert_problem(client.post("/v1/estimates", json=v100), 422)["errors"][0]
+    assert precision["field"] == "training.precision" and "bf16" not in precision["allowed"], precision
+    assert {"fp32", "fp16"} <= set(precision["allowed"]), precision
+
+
 def test_an_hsdp_replica_degree_shards_inside_each_replica(client: TestClient) -> None:
     # HSDP inside one node: 2 replicas of 4 ranks hold twice FULL_SHARD's 1/8 of the states
     full = post(client, body(framework="fsdp", zero_stage=3))
