@@ -269,6 +269,35 @@ def _within_architecture_limits(spec: ModelSpec, config: dict[str, Any], field: 
     return spec
 
 
+# The config.json keys each family states a ModelSpec field under, the commonest first
+# (transformers' attribute_map aliases: GPT-2's n_head, Falcon's num_kv_heads, ChatGLM's
+# multi_query_group_num).
+_SPEC_KEYS = {
+    "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"),
+    "num_attention_heads": ("num_attention_heads", "n_head"),
+    "num_layers": ("num_hidden_layers", "n_layer"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_hidden_size"),
+    "head_dim": ("head_dim",),
+    "vocab_size": ("vocab_size",),
+}
+
+
+def _config_field(config: dict[str, Any], spec_field: str, message: str) -> tuple[str, str]:
+    """Where in a config.json a rule of the model it describes (``ModelSpec``'s, named by its own
+    field) points, and the message: the key the config states it under; where it states none, the
+    config itself, the message saying the value is the model type's default (a Mixtral config without
+    num_key_value_heads was refused at "model.hf_config.num_kv_heads", a key no config has, for
+    MixtralConfig's default 8: a review of the ordinary requests)."""
+    keys = _SPEC_KEYS.get(spec_field, (spec_field,))
+    for key in keys:
+        found = _config_key(config, [key])
+        if found is not None:
+            return f"hf_config.{found}", message
+    default = f"{message} ({spec_field}: the config states no {keys[0]}, so the model type's default is used)"
+    return "hf_config", default
+
+
 def _config_key(config: dict[str, Any], path: list[str]) -> str | None:
     """``path`` as a key of the section of ``config`` the reader took the model from (a multimodal
     wrapper's text_config, else its top), or None where it has no key of that name."""
@@ -387,12 +416,15 @@ class ModelRef(Strict):
             prefix = "hf_config" if self.hf_config is not None else "architecture"
             if self.preset is not None:  # the head asked of a preset (_with_head)
                 prefix = "head"
-            where = exc.field or prefix
-            if not where.startswith(prefix):
+            where, message = exc.field or prefix, exc.message
+            if self.hf_config is not None and not where.startswith(prefix):
+                where, message = _config_field(self.hf_config, where, message)
+            elif not where.startswith(prefix):
                 where = f"{prefix}.{where}"
-            raise Unprocessable(
-                exc.message, errors=[{"field": f"{field}.{where}", "rule": exc.rule, "message": exc.message}]
-            ) from exc
+            error: dict[str, Any] = {"field": f"{field}.{where}", "rule": exc.rule, "message": message}
+            if exc.limit is not None:
+                error["limit"] = {"le": exc.limit}
+            raise Unprocessable(message, errors=[error]) from exc
 
     def _with_head(self, spec: ModelSpec) -> ModelSpec:
         """The preset with the head the request asks for (ModelSpec refuses an encoder's head on a

@@ -31,6 +31,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from service.estimator.errors import InvalidModel
+from service.estimator.scale import MAX_LAYERS
 from service.estimator.types import (
     AttentionKind,
     Head,
@@ -54,8 +55,11 @@ _MISSING = object()
 # of an estimate grows with the layer count, so an absurd one would pin a core.
 _DEFAULT_INT_LIMIT = 10_000_000
 _INT_LIMITS = {
-    "num_hidden_layers": 10_000,
-    "n_layer": 10_000,
+    # the layers the service plans for (scale.MAX_LAYERS): a config between it and a parse guard of
+    # 10,000 was refused again later as model.num_layers, a field the request never sent, at another
+    # limit (a review of the ordinary requests)
+    "num_hidden_layers": MAX_LAYERS.limit,
+    "n_layer": MAX_LAYERS.limit,
     "num_attention_heads": 10_000,
     "n_head": 10_000,
     "num_key_value_heads": 10_000,
@@ -94,12 +98,13 @@ class _Fields:
                 return key, self.raw[key]
         return keys[0], _MISSING
 
-    def _error(self, key: str, problem: str) -> InvalidModel:
+    def _error(self, key: str, problem: str, limit: int | None = None) -> InvalidModel:
         path = self.prefix + key
         return InvalidModel(
             f"hf_config (model_type {self.model_type!r}): {path!r} {problem}",
             rule="hf_config",
             field=f"hf_config.{path}",
+            limit=limit,
         )
 
     def required_int(self, *keys: str) -> int:
@@ -246,7 +251,7 @@ class _Fields:
             raise self._error(key, f"must be an integer, got {value!r}")
         limit = _INT_LIMITS.get(key, _DEFAULT_INT_LIMIT)
         if value > limit:
-            raise self._error(key, f"= {value} exceeds {limit:,} (the most this planner takes)")
+            raise self._error(key, f"= {value} exceeds {limit:,} (the most this planner takes)", limit)
         return value
 
 

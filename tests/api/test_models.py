@@ -205,3 +205,24 @@ def test_an_explicit_family_is_used_and_an_unknown_one_refused(client: TestClien
     )
     assert problem["errors"][0]["field"] == "model.architecture.family"
     assert "'gtp2' is not a model_type we know" in problem["errors"][0]["message"]
+
+
+def test_a_config_json_refusal_names_the_key_the_config_states_or_the_default_it_took(
+    client: TestClient,
+) -> None:
+    """A Mixtral config without num_key_value_heads was refused at "model.hf_config.num_kv_heads", a key
+    no config has, over MixtralConfig's default 8 it never sent; 2,000 layers were refused at
+    "model.num_layers" (past 1,024) though the parse guard had said 10,000 (a review of the ordinary
+    requests): a ModelSpec rule names the config's own key, or the config and the default it took, and a
+    config's layers have the one limit the service plans for."""
+    small = {"hidden_size": 256, "intermediate_size": 256, "num_attention_heads": 2, "vocab_size": 1000}
+    resolve = "/v1/models/resolve"
+    mixtral = {"model_type": "mixtral", "num_hidden_layers": 2, **small}
+    error = assert_problem(client.post(resolve, json={"model": {"hf_config": mixtral}}), 422)["errors"][0]
+    assert error["field"] == "model.hf_config" and "states no num_key_value_heads" in error["message"], error
+    stated = mixtral | {"num_key_value_heads": 3}
+    error = assert_problem(client.post(resolve, json={"model": {"hf_config": stated}}), 422)["errors"][0]
+    assert error["field"] == "model.hf_config.num_key_value_heads", error
+    deep = {"model_type": "llama", "num_hidden_layers": 2000, **small}
+    error = assert_problem(client.post(resolve, json={"model": {"hf_config": deep}}), 422)["errors"][0]
+    assert error["field"] == "model.hf_config.num_hidden_layers" and error["limit"] == {"le": 1024}, error

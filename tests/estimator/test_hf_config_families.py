@@ -402,7 +402,7 @@ def test_absurd_sizes_are_refused_before_any_work() -> None:
     # a million layers would cost minutes per request: the limit is the explicit-architecture form's
     config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
               "num_hidden_layers": 1_000_000, "vocab_size": 100}  # fmt: skip
-    with pytest.raises(InvalidModel, match=r"num_hidden_layers.*exceeds 10,000") as err:
+    with pytest.raises(InvalidModel, match=r"num_hidden_layers.*exceeds 1,024") as err:
         model_from_hf_config(config)
     assert err.value.field == "hf_config.num_hidden_layers"
 
