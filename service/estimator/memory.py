@@ -848,12 +848,20 @@ def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
 
 
 def min_frozen_base_bytes_per_gpu(job: Job, gpus: int) -> int:
-    """LoRA/QLoRA: the frozen base per GPU with every parameter at the fewest bytes any frozen one
-    takes (``model_states.frozen_bytes``: NF4's packed half byte under QLoRA) and sharded over ``gpus``
-    GPUs (ZeRO-3 and FSDP partition frozen parameters too): no layout on that many GPUs holds less of
-    it, whatever its framework."""
+    """LoRA/QLoRA: the frozen base per GPU, each parameter at the fewest bytes it may take
+    (``model_states.frozen_bytes``: NF4's packed half byte for QLoRA's quantized Linear weights) and
+    sharded over ``gpus`` GPUs (ZeRO-3 and FSDP partition frozen parameters too): no layout on that
+    many GPUs holds less of it, whatever its framework."""
     linear, other, _ = frozen_bytes(job.training, job.assume)
-    return int(min(linear, other) * job.counts.total / gpus)
+    counts = job.counts
+    # QLoRA trains data parallel only (ep 1), where transformers' fused experts stay in the compute
+    # dtype (``experts_stay_16_bit``): the bound quoted Qwen3-235B's base at a quarter of what every
+    # layout holds (a review of the ordinary requests); nor does bitsandbytes quantize the embedding,
+    # the output layer (transformers keeps the lm_head out) or the final norm
+    whole = counts.embedding + counts.output + counts.final_norm
+    if job.training.method is Method.QLORA and experts_stay_16_bit(job.model, Layout()):
+        whole += counts.moe_layers * counts.experts_per_moe_layer
+    return int((min(linear, other) * (counts.total - whole) + other * whole) / gpus)
 
 
 def min_gradient_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:

@@ -34,5 +34,7 @@ def test_the_frozen_base_bound_is_below_every_layouts_parameters(
         assert method is Method.QLORA and framework is Framework.FSDP and spec.moe is not None
         return
     assert bound <= result.memory.per_gpu.parameters
-    if zero == 3 and method is Method.LORA:  # sharded as the bound assumes: but for the adapters
-        assert bound >= 0.9 * result.memory.per_gpu.parameters
+    if zero == 3:  # sharded as the bound assumes: but for the adapters (and QLoRA's constants)
+        # QLoRA's fused experts stay 16-bit: the bound priced them at NF4's half byte, a quarter of
+        # what every layout holds for Qwen3 MoE (a review of the ordinary requests)
+        assert bound >= (0.9 if method is Method.LORA else 0.75) * result.memory.per_gpu.parameters
