@@ -21,7 +21,12 @@ from dataclasses import dataclass
 
 from service.estimator import flops, model_states
 from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
-from service.estimator.params import FUSED_QKV_FAMILIES, lora_adapter_shapes, loss_logits_per_token
+from service.estimator.params import (
+    FUSED_QKV_FAMILIES,
+    ROBERTA_FAMILIES,
+    lora_adapter_shapes,
+    loss_logits_per_token,
+)
 from service.estimator.types import (
     Attention,
     AttentionKind,
@@ -45,7 +50,7 @@ from service.estimator.types import (
 PYTHON_GELU_FAMILIES = frozenset({"gpt2", "phi"})
 # Eager softmax in the model dtype (no fp32 upcast and 16-bit copy): GPT-2, Falcon, and BERT / RoBERTa
 # (modeling_bert.py eager_attention_forward: nn.functional.softmax(attn_weights, dim=-1)).
-MODEL_DTYPE_SOFTMAX_FAMILIES = frozenset({"gpt2", "falcon", "bert", "roberta"})
+MODEL_DTYPE_SOFTMAX_FAMILIES = frozenset({"gpt2", "falcon", "bert", *ROBERTA_FAMILIES})
 # RMSNorms whose weight multiplies the fp32 normalised input (Gemma's (1 + weight) in fp32; OLMo 2's
 # weight * x before the cast; GPT-OSS keeps its norm weights in fp32), so that saved product is fp32.
 FP32_NORM_FAMILIES = frozenset({"gemma", "gemma2", "gemma3", "olmo2", "gpt_oss"})

@@ -31,6 +31,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from service.estimator.errors import InvalidModel
+from service.estimator.params import ROBERTA_FAMILIES
 from service.estimator.scale import MAX_LAYERS
 from service.estimator.types import (
     AttentionKind,
@@ -1080,6 +1081,17 @@ def _roberta(f: _Fields, name: str) -> ModelSpec:
     return _encoder(f, name, prefix="Roberta")
 
 
+def _xlm_roberta(f: _Fields, name: str) -> ModelSpec:
+    # modeling_xlm_roberta.py: RoBERTa's classes renamed (XLMRobertaConfig has its defaults), with a
+    # 250,002-token vocabulary in xlm-roberta-base/large (a review: the model type was refused)
+    return _encoder(f, name, prefix="XLMRoberta")
+
+
+def _camembert(f: _Fields, name: str) -> ModelSpec:
+    # modeling_camembert.py: RoBERTa's classes renamed, as XLM-RoBERTa's
+    return _encoder(f, name, prefix="Camembert")
+
+
 _BUILDERS: dict[str, Callable[[_Fields, str], ModelSpec]] = {
     "llama": _llama,
     "granite": _granite,
@@ -1109,6 +1121,8 @@ _BUILDERS: dict[str, Callable[[_Fields, str], ModelSpec]] = {
     "gpt_oss": _gpt_oss,
     "bert": _bert,
     "roberta": _roberta,
+    "xlm-roberta": _xlm_roberta,
+    "camembert": _camembert,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
@@ -1239,10 +1253,10 @@ def _check_decoder_head(config: Mapping[str, object]) -> None:
 # GPT-2's config class defaults its dropouts to 0.1 (resid_pdrop, embd_pdrop, attn_pdrop), as do
 # BertConfig and RobertaConfig (hidden_dropout_prob, attention_probs_dropout_prob); every other
 # family's to 0.
-_DROPOUT_DEFAULTS = {"gpt2": 0.1, "bert": 0.1, "roberta": 0.1}
+_DROPOUT_DEFAULTS = {"gpt2": 0.1, "bert": 0.1, **dict.fromkeys(ROBERTA_FAMILIES, 0.1)}
 # BERT-style configs name them hidden_dropout_prob (embeddings and both residual branches) and
 # attention_probs_dropout_prob (the attention probabilities)
-_ENCODER_FAMILIES = frozenset({"bert", "roberta"})
+_ENCODER_FAMILIES = frozenset({"bert", *ROBERTA_FAMILIES})
 
 
 def _dropout(config: Mapping[str, object], model_type: str) -> tuple[float, float]:
@@ -1328,7 +1342,8 @@ _HPARAMS: dict[str, _Hparams] = {
     "gpt2": _Hparams(_LN_EPSILON, 1e-5, theta_keys=()),
     "bloom": _Hparams(_LN_EPSILON, 1e-5, theta_keys=()),
     "bert": _Hparams(_LN_EPS, 1e-12, theta_keys=()),  # BertConfig layer_norm_eps=1e-12
-    "roberta": _Hparams(_LN_EPS, 1e-12, theta_keys=()),  # RobertaConfig: BertConfig's defaults
+    # RobertaConfig: BertConfig's defaults; XLMRobertaConfig and CamembertConfig RobertaConfig's
+    **dict.fromkeys(ROBERTA_FAMILIES, _Hparams(_LN_EPS, 1e-12, theta_keys=())),
 }
 
 # the multimodal wrappers keep their language model's keys in text_config

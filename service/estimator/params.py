@@ -43,6 +43,12 @@ class LayerKind(NamedTuple):
     attention: AttentionKind = AttentionKind.FULL
 
 
+# The families whose modeling file is RoBERTa's (transformers modeling_xlm_roberta.py and
+# modeling_camembert.py: every class "Copied from transformers.models.roberta.modeling_roberta"): its
+# classification head (dense and out_proj), its position ids past the padding index, its layers.
+ROBERTA_FAMILIES = frozenset({"roberta", "xlm-roberta", "camembert"})
+
+
 # The attention kernels transformers implements for a family, where it lacks some (its modeling file's
 # _supports_sdpa / _supports_flash_attn, transformers 5.24; eager always exists): BLOOM declares neither
 # (BloomAttention adds its ALiBi bias with baddbmm and materialises the scores); Gemma 2 and GPT-OSS
@@ -543,7 +549,7 @@ def peft_saved_head_parameters(model: ModelSpec) -> int:
     h = model.hidden_size
     if model.head is Head.SEQUENCE_CLASSIFICATION:
         classifier = (h + 1) * model.num_labels
-        return classifier + (h + 1) * h if model.family == "roberta" else classifier
+        return classifier + (h + 1) * h if model.family in ROBERTA_FAMILIES else classifier
     if model.head is Head.QUESTION_ANSWERING:
         return (h + 1) * model.num_labels
     return 0

@@ -953,7 +953,7 @@ def method_parallel_violation(training: TrainingSpec, layout: Layout) -> Violati
 
 # Families whose learned position ids start past padding_idx (modeling_roberta.py
 # create_position_ids_from_input_ids: padding_idx + 1 = 2 onward), so two table rows are never a position
-_POSITION_OFFSETS = {"roberta": 2}
+_POSITION_OFFSETS = dict.fromkeys(params.ROBERTA_FAMILIES, 2)
 
 
 def learned_positions(model: ModelSpec) -> int | None:

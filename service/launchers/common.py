@@ -324,6 +324,8 @@ _HF_DECODER_LAYERS = {
     # encoders: modeling_bert.py BertLayer, modeling_roberta.py RobertaLayer (the encoder's repeated block)
     "bert": "BertLayer",
     "roberta": "RobertaLayer",
+    "xlm-roberta": "XLMRobertaLayer",
+    "camembert": "CamembertLayer",
 }
 
 

@@ -156,3 +156,50 @@ def test_lora_on_an_encoder_task_head_trains_the_head_peft_saves(client: TestCli
     assert client.post("/v1/estimates", json=masked).json()["memory"]["per_gpu"]["optimizer_states"] == (
         12 * 294_912
     )
+
+
+def test_xlm_roberta_and_camembert_resolve_as_the_roberta_they_are(client: TestClient) -> None:
+    """transformers' XLM-RoBERTa and CamemBERT are RoBERTa's classes renamed ("Copied from
+    transformers.models.roberta.modeling_roberta"): their configs were refused (a model type not
+    supported; an encoder review). Each resolves as the same config read as RoBERTa does, but for its
+    family: xlm-roberta-base to 278,295,186 parameters (the model card's 278M), its launch files
+    wrapping XLMRobertaLayer."""
+    base = {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "vocab_size": 250002,
+        "max_position_embeddings": 514,
+        "type_vocab_size": 1,
+        "layer_norm_eps": 1e-5,
+    }
+
+    def resolve(model_type: str, prefix: str, head: str = "ForSequenceClassification") -> dict[str, Any]:
+        config = base | {"model_type": model_type, "architectures": [prefix + head]}
+        response = client.post("/v1/models/resolve", json={"model": {"hf_config": config}})
+        assert response.status_code == 200, response.text
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    roberta = resolve("roberta", "Roberta")
+    for model_type, prefix in (("xlm-roberta", "XLMRoberta"), ("camembert", "Camembert")):
+        other = resolve(model_type, prefix)
+        assert other["parameters"] == roberta["parameters"], model_type
+        assert other["architecture"]["family"] == model_type
+    assert resolve("xlm-roberta", "XLMRoberta", "ForMaskedLM")["parameters"]["total"] == 278_295_186
+    plan = client.post(
+        "/v1/plans",
+        json={
+            "model": {
+                "hf_config": base | {"model_type": "xlm-roberta", "architectures": ["XLMRobertaForMaskedLM"]}
+            },
+            "cluster": {"gpu": "a10-24gb", "num_nodes": 1, "gpus_per_node": 2},
+            "training": {"seq_len": 512, "global_batch_size": 32},
+            "constraints": {"frameworks": ["fsdp"]},
+            "launchers": ["accelerate"],
+        },
+    )
+    assert plan.status_code == 201 and plan.json()["status"] == "feasible", plan.text
+    files = {a["name"]: client.get(a["url"]).text for a in plan.json()["artifacts"]}
+    assert "XLMRobertaLayer" in files["accelerate_config.yaml"], files["accelerate_config.yaml"]
