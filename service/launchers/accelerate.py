@@ -50,6 +50,7 @@ from service.launchers.common import (
     full_logits_refusal,
     gradient_checkpointing_duty,
     hf_decoder_layer,
+    hyperparameter_note,
     layout_summary,
     load_dtype_duty,
     megatron_overlaps_grad_reduce,
@@ -609,7 +610,8 @@ def duties(plan: Plan) -> str:
             f"\nRun from the directory holding {CONFIG_NAME} and {deepspeed.CONFIG_NAME} (relative paths)."
         )
         text += _ds_batch_duty(plan) + _ulysses_duty(plan)
-        text += deepspeed.model_code_duties(plan, accelerate=True) + deepspeed.nvme_duty(plan) + where
+        text += deepspeed.model_code_duties(plan, accelerate=True) + deepspeed.nvme_duty(plan)
+        text += hyperparameter_note() + where
     return text
 
 

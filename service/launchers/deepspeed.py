@@ -36,6 +36,7 @@ from service.launchers.common import (
     activation_offload_refusal,
     full_logits_refusal,
     gradient_checkpointing_duty,
+    hyperparameter_note,
     model_duties,
     peft_artifacts,
     pipeline_split,
@@ -478,7 +479,7 @@ def render(plan: Plan) -> list[Artifact]:
     refuse(Target.DEEPSPEED, refusal(plan))  # Ulysses too, which the shared ds_config leaves to Accelerate
     config = config_artifact(plan)
     header = "DeepSpeed 0.19.8 launcher: starts every rank over ssh (pdsh) from this node."
-    header += model_code_duties(plan) + nvme_duty(plan)
+    header += model_code_duties(plan) + nvme_duty(plan) + hyperparameter_note()
     if plan.layout.tp > 1 and plan.layout.pp == 1:
         header += (
             f"\ntrain_batch_size counts AutoTP's {plan.layout.tp} tensor-parallel peers, which read the same "

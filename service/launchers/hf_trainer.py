@@ -40,6 +40,7 @@ from service.launchers.common import (
     fsdp_reduce_duty,
     full_logits_refusal,
     hf_decoder_layer,
+    hyperparameter_note,
     load_dtype_duty,
     model_duties,
     peft_artifacts,
@@ -281,6 +282,7 @@ def duties(plan: Plan, config_dir: str = "") -> str:
         + fsdp_reduce_duty(plan, "trainer.accelerator")
         + load_dtype_duty(plan)
         + _fsdp1_note(plan)
+        + hyperparameter_note()
     )
 
 

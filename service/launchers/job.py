@@ -19,6 +19,7 @@ from service.launchers.common import (
     Refusal,
     Target,
     Word,
+    hyperparameter_note,
     model_duties,
     peft_artifacts,
     refuse,
@@ -92,7 +93,7 @@ def entry(plan: Plan, wrapper: Target, config_dir: str = "", via: Target | None 
             config_dir + deepspeed.CONFIG_NAME,
         ]
         duties = deepspeed.model_code_duties(plan) + model_duties(plan, config_dir) + steps_duty(plan)
-        duties += deepspeed.nvme_duty(plan)
+        duties += deepspeed.nvme_duty(plan) + hyperparameter_note()
         files = [file, *peft_artifacts(plan, wrapper)]
         return Entry(Target.DEEPSPEED, words, files, tf32_environment(plan), duties)
     if framework is Framework.MEGATRON:

@@ -1270,3 +1270,22 @@ def test_the_wrappers_of_torchtitan_and_megatron_say_what_their_launch_scripts_s
         first = notes(chosen).strip().splitlines()[0]
         for write in (slurm.render, kubernetes.render):
             assert any(first in a.content for a in write(chosen)), (write, chosen.layout.framework)
+
+
+def test_every_file_that_writes_the_optimizer_settings_says_they_are_placeholders() -> None:
+    """lr 3e-4, beta2 0.95 and weight decay 0.1 are a pretraining recipe's; an encoder fine-tune's files
+    wrote them without a word (BERT fine-tunes at 2e-5 to 5e-5; an encoder review): each launch that
+    writes them says they are placeholders, the wrappers too."""
+    from service.launchers import slurm
+
+    said = "placeholders the estimate does not read"
+    for chosen, writes in (
+        (
+            plan(framework=Framework.DEEPSPEED, zero_stage=2),
+            (deepspeed.render, hf_trainer.render, accelerate.render),
+        ),
+        (plan(framework=Framework.MEGATRON, tp=2, zero_stage=1), (megatron.render,)),
+        (plan(framework=Framework.FSDP, zero_stage=3), (hf_trainer.render,)),
+    ):
+        for write in (*writes, slurm.render, kubernetes.render):
+            assert any(said in " ".join(a.content.split()) for a in write(chosen)), (write, chosen.layout)

@@ -5,6 +5,7 @@
 # batch: train.py's DataLoader must give each process micro-batches of 2 sequences of 4096 tokens, ds_config's train_micro_batch_size_per_gpu: Accelerate does not check the DataLoader against it, and DeepSpeed steps the optimizer every 8 micro-batches (gradient_accumulation_steps), a global batch of 256 sequences as estimated only with that micro-batch.
 # recompute full: train.py must call model.activation_checkpointing_enable() (transformers 5.24; gradient_checkpointing_enable() is its deprecated alias, and the name before 5.x) so that every decoder layer keeps only its input, as estimated, before handing the model to the launcher.
 # optimizer adamw: ds_config.json builds DeepSpeed's AdamW, as estimated; train.py must pass accelerate.utils.DummyOptim(model.parameters()) to accelerator.prepare in its place (Accelerate refuses a torch optimizer beside ds_config's).
+# optimizer settings (lr 0.0003, betas 0.9/0.95, weight decay 0.1, gradient clipping 1) are the Llama 2 pretraining recipe's, placeholders the estimate does not read: set this run's (a fine-tune takes a smaller learning rate).
 # Run from the directory holding accelerate_config.yaml and ds_config.json (relative paths).
 set -euo pipefail
 # Run this same script on every node; set MASTER_ADDR to the first node's address.

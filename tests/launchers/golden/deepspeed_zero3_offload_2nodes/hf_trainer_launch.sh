@@ -3,6 +3,7 @@
 # HF Trainer (transformers 5.24.0): train.py parses TrainingArguments with HfArgumentParser,
 # from these flags or from training_args.json (parse_json_file).
 # attention: train.py must load the model with from_pretrained(..., attn_implementation="flash_attention_2"): the estimate times flash attention.
+# optimizer settings (lr 0.0003, betas 0.9/0.95, weight decay 0.1, gradient clipping 1) are the Llama 2 pretraining recipe's, placeholders the estimate does not read: set this run's (a fine-tune takes a smaller learning rate).
 set -euo pipefail
 # Run this same script on every node; set MASTER_ADDR to the first node's address.
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"

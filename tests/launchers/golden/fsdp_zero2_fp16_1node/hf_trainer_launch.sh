@@ -4,6 +4,7 @@
 # from these flags or from training_args.json (parse_json_file).
 # attention: train.py must load the model with from_pretrained(..., attn_implementation="flash_attention_2"): the estimate times flash attention.
 # fsdp gradient reduce: before the model is prepared (accelerator.prepare; the Trainer's train() prepares it), set trainer.accelerator.state.fsdp_plugin.mixed_precision_policy = torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32, output_dtype=torch.float16): the estimate reduce-scatters gradients in float32, the plugin's own policy in float16.
+# optimizer settings (lr 0.0003, betas 0.9/0.95, weight decay 0.1, gradient clipping 1) are the Llama 2 pretraining recipe's, placeholders the estimate does not read: set this run's (a fine-tune takes a smaller learning rate).
 set -euo pipefail
 torchrun --standalone --nnodes 1 --nproc-per-node 8 train.py --output_dir output --max_steps 1000 \
     --per_device_train_batch_size 4 --gradient_accumulation_steps 8 --optim adamw_torch_fused \

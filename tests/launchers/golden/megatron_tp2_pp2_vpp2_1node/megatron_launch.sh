@@ -4,6 +4,7 @@
 # It trains from random weights on mock data (--mock-data, a NullTokenizer of the model's
 # vocabulary): to fine-tune, add --load/--pretrained-checkpoint with a Megatron checkpoint of the
 # model and --finetune, and --data-path with --tokenizer-type/--tokenizer-model for real data.
+# optimizer settings (lr 0.0003, betas 0.9/0.95, weight decay 0.1, gradient clipping 1) are the Llama 2 pretraining recipe's, placeholders the estimate does not read: set this run's (a fine-tune takes a smaller learning rate).
 # The estimate's 2-byte master (--use-precision-aware-optimizer, store_param_remainders) needs
 # Transformer Engine >= 2.1: an older one keeps a 4-byte fp32 master.
 set -euo pipefail
