@@ -280,6 +280,7 @@ _SPEC_KEYS = {
     "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_hidden_size"),
     "head_dim": ("head_dim",),
     "vocab_size": ("vocab_size",),
+    "num_labels": ("num_labels", "id2label"),
 }
 
 

@@ -65,6 +65,7 @@ from service.estimator.types import (
     Layout,
     Method,
     ModelSpec,
+    NormKind,
     Offload,
     Optimizer,
     OptimizerImplementation,
@@ -870,6 +871,16 @@ def min_gradient_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int
     return int(sb.gradients * job.counts.total / gpus)
 
 
+def _hf_activation_words(model: ModelSpec) -> str:
+    """What of a transformers model's saved tensors the activation note names: its norm's (RMSNorm
+    upcasts to fp32 and keeps it), and its loss's log-softmax (fp32 for a causal LM, which upcasts the
+    logits; an encoder's head takes them in the model dtype: ``activations.last_stage_extra_bytes``).
+    BERT's note named RMSNorm and an fp32 log-softmax it has neither of (an encoder review)."""
+    norm = "RMSNorm fp32 upcast" if model.norm is NormKind.RMSNORM else "LayerNorm"
+    loss = "fp32 log-softmax" if model.head is Head.CAUSAL_LM else "log-softmax in the model dtype"
+    return f"{norm}, {loss}"
+
+
 def _state_bytes_note(job: Job, layout: Layout) -> str:
     sb = layout_state_bytes(job, layout)
     if layout.framework is Framework.FSDP:
@@ -1069,7 +1080,7 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
         + (
             "Megatron-LM (Korthikanti et al. 2022, 16-bit, 1-byte dropout masks)"
             if layout.framework is Framework.MEGATRON
-            else "Hugging Face transformers tensors saved by autograd (RMSNorm fp32 upcast, fp32 log-softmax)"
+            else f"Hugging Face transformers tensors saved by autograd ({_hf_activation_words(job.model)})"
         ),
     ]
     if layout.framework is Framework.FSDP and layout.tp > 1 and layout.sequence_parallel:

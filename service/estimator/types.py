@@ -415,6 +415,15 @@ class ModelSpec:
 
     def _check_encoder(self) -> None:
         _require_positive(InvalidModel, "num_labels", self.num_labels)
+        if self.head is Head.QUESTION_ANSWERING and self.num_labels != 2:
+            # BertForQuestionAnswering.forward: start_logits, end_logits = logits.split(1, dim=-1),
+            # a ValueError for any other count (an encoder review: 3 was estimated and rendered)
+            raise InvalidModel(
+                f"a question_answering head has 2 labels (the span's start and end: transformers' "
+                f"*ForQuestionAnswering splits its logits in two), got num_labels {self.num_labels}",
+                rule="qa_labels",
+                field="num_labels",
+            )
         if self.type_vocab_size < 0:
             raise InvalidModel(
                 f"type_vocab_size must be >= 0, got {self.type_vocab_size}",

@@ -203,3 +203,35 @@ def test_xlm_roberta_and_camembert_resolve_as_the_roberta_they_are(client: TestC
     assert plan.status_code == 201 and plan.json()["status"] == "feasible", plan.text
     files = {a["name"]: client.get(a["url"]).text for a in plan.json()["artifacts"]}
     assert "XLMRobertaLayer" in files["accelerate_config.yaml"], files["accelerate_config.yaml"]
+
+
+def test_a_question_answering_head_takes_two_labels(client: TestClient) -> None:
+    """*ForQuestionAnswering splits its logits into the span's start and end (logits.split(1, dim=-1)):
+    num_labels 3 was estimated and rendered, and the run fails at its first forward (an encoder
+    review). Refused wherever it is stated; 2 (or left out) resolves."""
+    config = BERT_LARGE_QA | {"num_labels": 3}
+    error = assert_problem(client.post("/v1/models/resolve", json={"model": {"hf_config": config}}), 422)
+    assert error["errors"][0]["field"] == "model.hf_config.num_labels", error
+    assert error["errors"][0]["rule"] == "qa_labels"
+    two = BERT_LARGE_QA | {"num_labels": 2}
+    assert client.post("/v1/models/resolve", json={"model": {"hf_config": two}}).status_code == 200
+
+
+def test_an_encoders_activation_note_names_its_own_norm_and_loss(client: TestClient) -> None:
+    """BERT's estimate said its activations held an "RMSNorm fp32 upcast" and an "fp32 log-softmax":
+    BERT has LayerNorm and its head's loss runs in the model dtype (an encoder review)."""
+    response = client.post("/v1/estimates", json=estimate_body({"preset": "bert-large-uncased"}))
+    assert response.status_code == 200, response.text
+    note = next(a for a in response.json()["assumptions"] if a.startswith("activations:"))
+    assert "RMSNorm" not in note and "LayerNorm" in note and "model dtype" in note, note
+    llama = client.post(
+        "/v1/estimates",
+        json={
+            "model": {"preset": "llama-3.1-8b"},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+            "training": {"seq_len": 4096, "global_batch_size": 64},
+            "layout": {"framework": "fsdp", "zero_stage": 3},
+        },
+    )
+    note = next(a for a in llama.json()["assumptions"] if a.startswith("activations:"))
+    assert "RMSNorm fp32 upcast, fp32 log-softmax" in note, note
