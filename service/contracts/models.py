@@ -185,11 +185,11 @@ class ArchitectureIn(Strict):
     @model_validator(mode="after")
     def _labels_read(self) -> ArchitectureIn:
         # an input the model does not use is refused: only the classifier and QA heads have outputs
-        labelled = (Head.SEQUENCE_CLASSIFICATION, Head.QUESTION_ANSWERING)
+        labelled = (Head.SEQUENCE_CLASSIFICATION, Head.QUESTION_ANSWERING, Head.TOKEN_CLASSIFICATION)
         if "num_labels" in self.model_fields_set and self.head not in labelled:
             raise FieldError(
-                f"num_labels sizes a sequence_classification or question_answering head; head "
-                f"{self.head.value} has none of its own: leave it out",
+                "num_labels sizes a sequence_classification, question_answering or token_classification "
+                f"head; head {self.head.value} has none of its own: leave it out",
                 "num_labels",
             )
         return self
@@ -242,7 +242,7 @@ def architecture_dict(spec: ModelSpec) -> dict[str, Any]:
     fields = dataclasses.asdict(spec)
     for name in CONFIG_ONLY_FIELDS:
         del fields[name]
-    if spec.head not in (Head.SEQUENCE_CLASSIFICATION, Head.QUESTION_ANSWERING):
+    if spec.head not in (Head.SEQUENCE_CLASSIFICATION, Head.QUESTION_ANSWERING, Head.TOKEN_CLASSIFICATION):
         del fields["num_labels"]  # no head of its own to size: refused as input (``_labels_read``)
     return fields
 
@@ -344,14 +344,16 @@ class ModelRef(Strict):
     head: Head | None = Field(
         default=None,
         description="preset only: the task head to train instead of the preset's own; an encoder preset "
-        "(bert-*, roberta-*) takes masked_lm, sequence_classification or question_answering (fine-tuning "
-        "it for classification: transformers' *ForSequenceClassification); default: the preset's",
+        "(bert-*, roberta-*) takes masked_lm, sequence_classification, question_answering or "
+        "token_classification (fine-tuning it for classification: transformers' "
+        "*ForSequenceClassification); default: the preset's",
     )
     num_labels: int | None = Field(
         default=None,
         ge=1,
         le=1_000_000,
-        description="preset with head sequence_classification: the classifier's labels (default 2)",
+        description="preset with head sequence_classification or token_classification: the classifier's "
+        "labels (default 2)",
     )
 
     @field_validator("hf_config")
@@ -395,9 +397,13 @@ class ModelRef(Strict):
                 "head and num_labels change a preset; hf_config and architecture state their own",
                 "head" if self.head is not None else "num_labels",
             )
-        if self.num_labels is not None and self.head is not Head.SEQUENCE_CLASSIFICATION:
+        if self.num_labels is not None and self.head not in (
+            Head.SEQUENCE_CLASSIFICATION,
+            Head.TOKEN_CLASSIFICATION,
+        ):
             raise FieldError(
-                "num_labels is the classifier's: it needs head sequence_classification", "num_labels"
+                "num_labels is a classifier's: it needs head sequence_classification or token_classification",
+                "num_labels",
             )
         return self
 

@@ -750,6 +750,10 @@ def encoder_head_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec)
         return 3 * d * t * h + _hf_norm(model, training, t)
     if model.head is Head.QUESTION_ANSWERING:
         return d * t * h
+    if model.head is Head.TOKEN_CLASSIFICATION:
+        # BertForTokenClassification: dropout (classifier_dropout, default hidden_dropout_prob) on the
+        # last hidden state, its mask and output (the classifier's input), every token
+        return (_hidden_mask(model) + d) * t * h if model.hidden_dropout > 0 else d * t * h
     sequences = t / training.seq_len
     dropout = (_hidden_mask(model) + d) * sequences * h if model.hidden_dropout > 0 else 0.0
     return d * t * h + d * sequences * h + dropout
@@ -759,7 +763,7 @@ def encoder_label_bytes(model: ModelSpec, tokens: float, training: TrainingSpec)
     """The int64 labels an encoder head's loss keeps: one per token (masked LM), a start and an end
     position per sequence (question answering), one label per sequence (classification)."""
     sequences = tokens / training.seq_len
-    if model.head is Head.MASKED_LM:
+    if model.head in (Head.MASKED_LM, Head.TOKEN_CLASSIFICATION):
         return INDEX_BYTES * tokens
     if model.head is Head.QUESTION_ANSWERING:
         return 2 * INDEX_BYTES * sequences

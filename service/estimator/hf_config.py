@@ -1000,6 +1000,7 @@ _ENCODER_HEADS = {
     "ForMaskedLM": Head.MASKED_LM,
     "ForSequenceClassification": Head.SEQUENCE_CLASSIFICATION,
     "ForQuestionAnswering": Head.QUESTION_ANSWERING,
+    "ForTokenClassification": Head.TOKEN_CLASSIFICATION,
 }
 
 

@@ -337,8 +337,8 @@ def output_parameters(model: ModelSpec) -> int:
         case Head.SEQUENCE_CLASSIFICATION:
             # BertPooler dense h*h + h, classifier h*L + L (RobertaClassificationHead: dense and out_proj)
             return h * h + h + h * model.num_labels + model.num_labels
-        case Head.QUESTION_ANSWERING:
-            # qa_outputs h*L + L (L = num_labels, 2: start and end)
+        case Head.QUESTION_ANSWERING | Head.TOKEN_CLASSIFICATION:
+            # qa_outputs h*L + L (L = num_labels, 2: start and end); the token classifier h*L + L
             return h * model.num_labels + model.num_labels
         case Head.CAUSAL_LM:
             return decoder
@@ -347,10 +347,11 @@ def output_parameters(model: ModelSpec) -> int:
 def loss_logits_per_token(model: ModelSpec, seq_len: int) -> float:
     """Logits the loss runs over, per token of sequences of ``seq_len`` tokens: V for a language-model
     head (causal or masked: transformers scores every position), L start/end or label logits per
-    token for question answering, L per sequence for sequence classification."""
+    token for question answering and token classification, L per sequence for sequence
+    classification."""
     if model.head is Head.SEQUENCE_CLASSIFICATION:
         return model.num_labels / seq_len
-    if model.head is Head.QUESTION_ANSWERING:
+    if model.head in (Head.QUESTION_ANSWERING, Head.TOKEN_CLASSIFICATION):
         return float(model.num_labels)
     return float(model.vocab_size)
 
@@ -534,7 +535,7 @@ def head_matrices(model: ModelSpec) -> tuple[tuple[int, int], ...]:
             return ((h, h), (h, model.vocab_size))
         case Head.SEQUENCE_CLASSIFICATION:
             return ((h, h), (h, model.num_labels))
-        case Head.QUESTION_ANSWERING:
+        case Head.QUESTION_ANSWERING | Head.TOKEN_CLASSIFICATION:
             return ((h, model.num_labels),)
         case Head.CAUSAL_LM:
             return ((h, model.vocab_size),)
@@ -550,8 +551,8 @@ def peft_saved_head_parameters(model: ModelSpec) -> int:
     if model.head is Head.SEQUENCE_CLASSIFICATION:
         classifier = (h + 1) * model.num_labels
         return classifier + (h + 1) * h if model.family in ROBERTA_FAMILIES else classifier
-    if model.head is Head.QUESTION_ANSWERING:
-        return (h + 1) * model.num_labels
+    if model.head in (Head.QUESTION_ANSWERING, Head.TOKEN_CLASSIFICATION):
+        return (h + 1) * model.num_labels  # qa_outputs; PeftModelForTokenClassification's "classifier"
     return 0
 
 

@@ -71,6 +71,9 @@ class Head(StrEnum):
     SEQUENCE_CLASSIFICATION = "sequence_classification"
     # *ForQuestionAnswering (SQuAD): qa_outputs h -> 2 + bias on every token (start and end logits)
     QUESTION_ANSWERING = "question_answering"
+    # *ForTokenClassification (NER, POS tagging): dropout, then the classifier h -> num_labels + bias on
+    # every token, a label per token
+    TOKEN_CLASSIFICATION = "token_classification"
 
 
 class QKNorm(StrEnum):

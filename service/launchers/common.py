@@ -440,6 +440,7 @@ _HEAD_CLASSES = {
     Head.MASKED_LM: "AutoModelForMaskedLM",
     Head.SEQUENCE_CLASSIFICATION: "AutoModelForSequenceClassification",
     Head.QUESTION_ANSWERING: "AutoModelForQuestionAnswering",
+    Head.TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
 }
 
 
@@ -450,7 +451,8 @@ def model_duties(plan: Plan, config_dir: str = "") -> str:
     model = plan.model
     head = ""
     if model.head in _HEAD_CLASSES:
-        labels = f", num_labels={model.num_labels}" if model.head is Head.SEQUENCE_CLASSIFICATION else ""
+        labelled = (Head.SEQUENCE_CLASSIFICATION, Head.TOKEN_CLASSIFICATION)
+        labels = f", num_labels={model.num_labels}" if model.head in labelled else ""
         head = (
             f"\nmodel: {TRAIN_SCRIPT} must build {_HEAD_CLASSES[model.head]}.from_pretrained(...{labels}): "
             f"the estimate counts the {model.head.value} head."
@@ -662,6 +664,7 @@ _ENCODER_LORA_MODULES = {
 _ENCODER_TASK_TYPES = {
     Head.SEQUENCE_CLASSIFICATION: "SEQ_CLS",
     Head.QUESTION_ANSWERING: "QUESTION_ANS",
+    Head.TOKEN_CLASSIFICATION: "TOKEN_CLS",
     Head.MASKED_LM: None,
 }
 

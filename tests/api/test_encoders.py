@@ -235,3 +235,45 @@ def test_an_encoders_activation_note_names_its_own_norm_and_loss(client: TestCli
     )
     note = next(a for a in llama.json()["assumptions"] if a.startswith("activations:"))
     assert "RMSNorm fp32 upcast, fp32 log-softmax" in note, note
+
+
+def test_a_token_classification_head_is_estimated_and_launched(client: TestClient) -> None:
+    """NER and tagging fine-tunes (dslim/bert-base-NER: BertForTokenClassification, 9 labels) were
+    refused: the head is the encoder without a pooler, dropout and a classifier h -> L on every token,
+    a label per token (transformers modeling_bert.py; an encoder review). bert-base-cased's encoder
+    (108,310,272 with its pooler) less the pooler's 590,592, plus the classifier's 768 x 9 + 9:
+    107,726,601."""
+    labels = ["O", "B-MISC", "I-MISC", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"]
+    config = {
+        "model_type": "bert",
+        "architectures": ["BertForTokenClassification"],
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "vocab_size": 28996,
+        "max_position_embeddings": 512,
+        "type_vocab_size": 2,
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+    }
+    resolved = client.post("/v1/models/resolve", json={"model": {"hf_config": config}}).json()
+    assert resolved["architecture"]["head"] == "token_classification"
+    assert resolved["architecture"]["num_labels"] == 9
+    assert resolved["parameters"]["total"] == 107_726_601
+    plan = client.post(
+        "/v1/plans",
+        json={
+            "model": {"hf_config": config},
+            "cluster": {"gpu": "t4-16gb", "num_nodes": 1, "gpus_per_node": 1},
+            "training": {"seq_len": 128, "global_batch_size": 32, "precision": "fp16", "method": "lora"},
+            "launchers": ["hf_trainer"],
+        },
+    )
+    assert plan.status_code == 201 and plan.json()["status"] == "feasible", plan.text
+    files = {a["name"]: client.get(a["url"]).text for a in plan.json()["artifacts"]}
+    launch = " ".join(files["hf_trainer_launch.sh"].split())
+    assert "AutoModelForTokenClassification.from_pretrained(" in launch and "num_labels=9" in launch, launch
+    assert '"task_type": "TOKEN_CLS"' in files["lora_config.json"], files["lora_config.json"]
+    # a preset takes the head and its labels too
+    preset = {"preset": "bert-base-uncased", "head": "token_classification", "num_labels": 9}
+    assert client.post("/v1/models/resolve", json={"model": preset}).status_code == 200

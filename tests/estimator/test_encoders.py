@@ -68,6 +68,8 @@ def test_tiny_bert_parameters_by_hand() -> None:
         ("BertForSequenceClassification", 1450, 72 + 18),
         # qa_outputs 8*2 + 2
         ("BertForQuestionAnswering", 1378, 18),
+        # the token classifier 8*2 + 2, no pooler (add_pooling_layer=False)
+        ("BertForTokenClassification", 1378, 18),
     ],
 )
 def test_tiny_bert_task_heads_by_hand(architecture: str, total: int, output: int) -> None:
@@ -315,3 +317,15 @@ def test_chunked_loss_is_refused_where_there_is_no_vocabulary_to_chunk() -> None
         validate_layout(classifier, gpu_cluster(H100, 1, 50e9), chunked, training)
     assert refused.value.field == "chunked_loss"
     validate_layout(TINY, gpu_cluster(H100, 1, 50e9), chunked, training)  # masked LM: its vocabulary
+
+
+def test_a_token_classifiers_saved_tensors_by_hand() -> None:
+    """BertForTokenClassification: dropout on every token's last hidden state (its 1-byte mask and
+    output, the classifier's input), an int64 label per token."""
+    spec = model_from_hf_config(TINY_CONFIG | {"architectures": ["BertForTokenClassification"]})
+    training = TrainingSpec(seq_len=4, global_batch_size=2, precision=Precision.FP16)
+    layout = Layout(framework=Framework.DEEPSPEED, micro_batch_size=2)
+    tokens = 8  # 2 sequences of 4
+    assert activations.encoder_head_bytes(spec, layout, training) == (1 + 2) * tokens * 8
+    assert activations.encoder_label_bytes(spec, tokens, training) == 8 * tokens
+    assert activations.loss_logits_per_token(spec, 4) == 2  # num_labels logits per token
