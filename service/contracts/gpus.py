@@ -229,7 +229,7 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             intra_node_bandwidth_bytes_per_s=intra,
             pcie_bandwidth_bytes_per_s=pcie,
             defaulted=defaulted,
-            notes=self._peak_notes(),
+            notes=self._peak_notes() + self._link_notes(pcie, intra),
             vendor=self._vendor(),
             chip=self.chip or "",
             flash_attention=self._flash_attention(),
@@ -272,6 +272,44 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
                     f"peak_flops_per_s.{low} ({low_peak / 1e12:,.4g} TFLOP/s) is below {high} "
                     f"({high_peak / 1e12:,.4g}): every part with {low} units runs it faster; timed as "
                     "stated, check the two are not swapped"
+                )
+        if (
+            peaks.fp16 is not None
+            and peaks.bf16 is not None
+            and peaks.fp16 > SPARSE_LOOKING_RATIO * peaks.bf16
+        ):
+            # Ada and Ampere GeForce whitepapers print FP16 with FP16 accumulate at twice the FP32-
+            # accumulate rate, bf16's, which mixed-precision training runs: a custom RTX 4090 stating
+            # 330 TFLOP/s was timed (and defaulted to fp16) at twice its speed (a hardware review)
+            notes.append(
+                f"peak_flops_per_s.fp16 ({peaks.fp16 / 1e12:,.4g} TFLOP/s) is {peaks.fp16 / peaks.bf16:.1f}x "
+                f"bf16 ({peaks.bf16 / 1e12:,.4g}): GeForce datasheets print FP16 with FP16 accumulate, while "
+                "training accumulates in fp32 at the bf16 rate; timed as stated: if it is that figure, "
+                "state the fp32-accumulate one"
+            )
+        return tuple(notes)
+
+    def _link_notes(self, pcie: float, intra: float) -> tuple[str, ...]:
+        """Links far above every catalog part of the die (of any part, without chip), as datasheets'
+        bidirectional totals are twice the one-way figure this service reads (H100's "NVLink 900 GB/s"
+        is 450 each way): a custom H800 stated at 900 GB/s had its TP time cut by 40%, silently (a
+        hardware review)."""
+        parts = [spec for spec in catalog_gpus().values() if not self.chip or spec.chip == self.chip]
+        of = f"the catalog's {self.chip} parts" if self.chip else "every catalog part"
+        notes = []
+        for field, stated in (
+            ("intra_node_bandwidth_bytes_per_s", intra),
+            ("pcie_bandwidth_bytes_per_s", pcie),
+        ):
+            known = [(float(getattr(spec, field)), spec.name) for spec in parts]
+            if getattr(self, field) is None or not known:
+                continue  # a default is a catalog part's own
+            fastest, name = max(known)
+            if stated > SPARSE_LOOKING_RATIO * fastest:
+                notes.append(
+                    f"{field} {stated / 1e9:,.0f} GB/s is {stated / fastest:.1f}x the fastest of {of} "
+                    f"({name}, {fastest / 1e9:,.0f}): timed as stated; datasheets print links as the sum "
+                    "of both directions, twice the one-way figure this service reads: if it is one, halve it"
                 )
         return tuple(notes)
 

@@ -260,3 +260,29 @@ def test_a_custom_gpu_states_its_mesh_and_is_timed_on_it(client: TestClient) -> 
     )
     assert stored.status_code == 201, stored.text
     assert stored.json()["gpu"]["mesh_links"] == 7
+
+
+def test_a_custom_gpu_stating_bidirectional_links_or_fp16_accumulate_peaks_is_told(
+    client: TestClient,
+) -> None:
+    """Datasheets print NVLink as the sum of both directions (H100's 900 GB/s is 450 each way, what
+    this service reads) and GeForce peaks of FP16 with FP16 accumulate at twice the bf16 rate training
+    runs: a custom H800 at 900e9 and a custom 48 GB RTX 4090 at 330 TFLOP/s fp16 were timed as given,
+    with no word (a hardware review). Each is timed as stated and said; a catalog part's figures not."""
+    h800 = BARE_GPU | {
+        "name": "my-h800",
+        "chip": "gh100",
+        "peak_flops_per_s": {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12},
+        "intra_node_bandwidth_bytes_per_s": 900e9,
+    }
+    warned = [w for w in estimate(client, h800, per_node=8)["warnings"] if "both directions" in w]
+    assert len(warned) == 1 and "intra_node_bandwidth_bytes_per_s 900 GB/s is 2.0x" in warned[0], warned
+    one_way = h800 | {"intra_node_bandwidth_bytes_per_s": 450e9}
+    assert not [w for w in estimate(client, one_way, per_node=8)["warnings"] if "both directions" in w]
+    geforce = BARE_GPU | {
+        "name": "rtx-4090-48gb",
+        "chip": "ad102",
+        "peak_flops_per_s": {"fp32": 82.6e12, "bf16": 165.2e12, "fp16": 330.3e12},
+    }
+    warned = [w for w in estimate(client, geforce, per_node=1)["warnings"] if "FP16 accumulate" in w]
+    assert len(warned) == 1 and "2.0x bf16" in warned[0], warned
