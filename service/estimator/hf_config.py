@@ -252,7 +252,10 @@ class _Fields:
             raise self._error(key, f"must be an integer, got {value!r}")
         limit = _INT_LIMITS.get(key, _DEFAULT_INT_LIMIT)
         if value > limit:
-            raise self._error(key, f"= {value} exceeds {limit:,} (the most this planner takes)", limit)
+            said = "(the most this planner takes)"
+            if limit == MAX_LAYERS.limit and key in ("num_hidden_layers", "n_layer"):
+                said = f"(this service plans for that many; the largest published: {MAX_LAYERS.reference})"
+            raise self._error(key, f"= {value:,} exceeds {limit:,} {said}", limit)
         return value
 
 

@@ -59,7 +59,7 @@ PAST_THE_LIMITS = {
         {"model": {"hf_config": LLAMA_7B_CONFIG | {"num_hidden_layers": 10_000}},
          "cluster": H100 | {"num_nodes": 1024, "gpus_per_node": 8},
          "training": {"seq_len": 4096, "global_batch_size": 4096}},
-        "model.num_layers",
+        "model.hf_config.num_hidden_layers",  # where the config states it (a review of ordinary requests)
     ),
 }  # fmt: skip
 # Within every limit and still large: what the time budget has to hold.
