@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from service.estimator import evaluate
+from service.estimator.caveats import FASTEST_NIC_BYTES_PER_S
 from service.estimator.defaults import for_gpu
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
@@ -122,7 +123,10 @@ def with_gpu(
     NVLink was swapped for the catalog's 300 in a more_gpus suggestion, 4% faster than the same
     layout estimated on the user's links; determinism review). The cluster's measured busbw stays
     only on the links it was measured on: not another GPU's NVLink, nor the default network of a
-    one-node cluster (the tuning's efficiency applies there)."""
+    one-node cluster (the tuning's efficiency applies there). A network faster than any NIC
+    (``caveats.FASTEST_NIC_BYTES_PER_S``: a GB200 NVL72 rack's NVLink across its trays) is the
+    cluster's own GPU's fabric, not a network another GPU's nodes have: they get theirs (MI300X nodes
+    were offered "900 GB/s per GPU between nodes": a rack-scale review)."""
     same_link = gpu == cluster.gpu
     return dataclasses.replace(
         cluster,
@@ -135,6 +139,7 @@ def with_gpu(
         inter_node_bandwidth_bytes_per_s=(
             cluster.inter_node_bandwidth_bytes_per_s
             if cluster.num_nodes > 1
+            and (same_link or cluster.inter_node_bandwidth_bytes_per_s <= FASTEST_NIC_BYTES_PER_S)
             else reference_network_bytes_per_s(gpu)
         ),
         measured_intra_node_bus_bandwidth_bytes_per_s=(

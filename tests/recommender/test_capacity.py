@@ -300,6 +300,14 @@ def test_more_nodes_have_the_reference_network_of_the_gpu_they_run() -> None:
     assert (
         with_gpu(stated, gpu("a100-sxm-80gb")).inter_node_bandwidth_bytes_per_s == 12.5e9
     )  # the cluster's own
+    # an NVLink domain across nodes (a GB200 NVL72 rack stated as nodes of 4 at 900 GB/s) is its own
+    # GPU's fabric: another GPU's nodes have their own network (MI300X nodes were offered "900 GB/s
+    # per GPU between nodes": a rack-scale review); the same GPU keeps it
+    rack = dataclasses.replace(
+        default_cluster(gpu("b200-sxm-180gb"), 2, 4), inter_node_bandwidth_bytes_per_s=900e9
+    )
+    assert with_gpu(rack, gpu("mi300x-192gb"), 4, 8).inter_node_bandwidth_bytes_per_s == 50e9
+    assert with_gpu(rack, rack.gpu, 4).inter_node_bandwidth_bytes_per_s == 900e9
 
 
 T8 = TrainingSpec(seq_len=4096, global_batch_size=256, tokens=10**11)
