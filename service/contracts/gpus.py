@@ -62,7 +62,13 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
         "(the lowest GEMM peak fraction of any die, attention at its kernel's slowest published rate), "
         "with a warning, so the part is never estimated faster than a catalog part with the same peaks.",
     )
-    memory_bytes: int = Field(ge=MIN_MEMORY_BYTES, le=MAX_MEMORY_BYTES)
+    memory_bytes: int = Field(
+        ge=MIN_MEMORY_BYTES,
+        le=MAX_MEMORY_BYTES,
+        description="the memory a process sees, which the fit compares the device memory used with: "
+        "nvidia-smi's total (an L20's 46068 MiB with ECC on, of its 48 GB; an H100's 81559 MiB of 80 "
+        "GiB), not the capacity sold",
+    )
     peak_flops_per_s: PeakFlopsIn
     hbm_bandwidth_bytes_per_s: float = Field(ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S)
     intra_node_bandwidth_bytes_per_s: float | None = Field(
@@ -470,8 +476,9 @@ class GPUOut(BaseModel):
         "switch (NVSwitch), every group at the whole bandwidth",
     )
     memory_bytes: int = Field(
-        description="what a process sees, and the fit is checked against: the memory sold, less the 1/16 "
-        "GDDR6's ECC (on by default on data-center cards) keeps its check bits in"
+        description="what a process sees, and the fit is checked against: nvidia-smi's total where it is "
+        "published (an H100's 81559 MiB of its 80 GiB), else the memory sold less the 1/16 GDDR6's ECC "
+        "(on by default on data-center cards) keeps its check bits in"
     )
     nominal_memory_bytes: int = Field(description="the memory the part is sold with (its name's GB: GiB)")
     peak_flops_per_s: PeakFlopsOut
