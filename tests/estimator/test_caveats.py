@@ -174,6 +174,19 @@ def test_a_network_faster_than_any_nic_is_timed_as_stated_and_said() -> None:
     assert "400 GB/s per GPU is faster than any NIC" in said and "that is 50 GB/s" in said
 
 
+def test_an_nvlink_domain_stated_past_its_rack_is_said() -> None:
+    """A GB200 NVL72 rack stated as nodes of 4 at 900 GB/s is timed as stated; 576 GPUs so stated were
+    timed as one domain, though racks are joined by NICs (at most 100 GB/s per GPU): the data-parallel
+    time was 2.6x short (a rack-scale review). Past 72 GPUs it is said."""
+    b200 = gpu("b200-sxm-180gb")
+    rack = dataclasses.replace(gpu_cluster(b200, 72, 900e9), gpus_per_node=4, num_nodes=18)
+    (said,) = network_warnings(rack)
+    assert "faster than any NIC" in said
+    racks = dataclasses.replace(rack, num_nodes=144)
+    (said,) = network_warnings(racks)
+    assert "holds at most 72 GPUs" in said and "576 span several" in said, said
+
+
 def test_a_network_share_above_the_gpus_host_link_is_said() -> None:
     """100 typed for 100 Gb/s EDR on an A100 (PCIe Gen4, 32 GB/s) is 100 GB/s per GPU here, a rate no NIC
     reaches a GPU at (its traffic crosses the PCIe host link); it passed silently below the fastest NIC's
