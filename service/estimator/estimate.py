@@ -94,9 +94,19 @@ def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -
         )
     if layout.tp > cluster.gpus_per_node:
         # timed as it would run (its all-reduces over the network), but no plan recommends it
+        if cluster.inter_node_bandwidth_bytes_per_s >= cluster.intra_node_bandwidth_bytes_per_s:
+            # an NVLink domain across hosts (GB200 NVL72 trays of 4): the traffic stays on NVLink, what
+            # costs is Transformer Engine's TP overlap, which needs the group on one node (a rack-scale
+            # review: "crosses the network" read as a NIC's rate)
+            where = (
+                "collectives cross hosts over the stated inter-node link, without Transformer Engine's "
+                "communication overlap, which needs the group on one node"
+            )
+        else:
+            where = "collectives cross the network"
         out.append(
             f"tp ({layout.tp}) > GPUs per node ({cluster.gpus_per_node}): every layer's tensor-parallel "
-            "collectives cross the network (the search never splits tp across nodes)"
+            f"{where} (the search never splits tp across nodes)"
         )
     elif cluster.tp_straddles_nodes(layout.tp, layout.world_size):
         # ranks fill nodes tp first: some groups straddle two nodes, the slowest timed (comm.link_for_group)

@@ -333,3 +333,25 @@ def test_the_mfu_note_says_an_encoders_square_and_an_moes_active_parameters() ->
                           tuning=default_tuning(), with_limits=False)  # fmt: skip
         (said,) = [a for a in result.assumptions if a.startswith("MFU counts")]
         assert words in said, said
+
+
+def test_tp_across_hosts_of_an_nvlink_domain_is_not_said_to_cross_the_network() -> None:
+    """tp 8 on trays of 4 in an NVL72 rack (the network stated at NVLink's 900 GB/s) was said to "cross
+    the network"; it stays on NVLink and loses Transformer Engine's TP overlap (a rack-scale review). On
+    NICs it crosses the network."""
+    from service.catalog.models import model
+    from service.catalog.tuning import default_tuning
+    from service.estimator.estimate import estimate
+    from service.estimator.types import Framework, Layout, Recompute, TrainingSpec
+
+    b200 = gpu("b200-sxm-180gb")
+    spec, training = model("llama-3.1-8b").spec, TrainingSpec(seq_len=4096, global_batch_size=16)
+    layout = Layout(framework=Framework.MEGATRON, tp=8, dp=1, zero_stage=1, recompute=Recompute.SELECTIVE,
+                    sequence_parallel=True)  # fmt: skip
+    for network, said in (
+        (900e9, "cross hosts over the stated inter-node link"),
+        (50e9, "cross the network"),
+    ):
+        trays = dataclasses.replace(gpu_cluster(b200, 8, network), gpus_per_node=4, num_nodes=2)
+        warned = estimate(spec, trays, layout, training, tuning=default_tuning(), with_limits=False).warnings
+        assert any(w.startswith("tp (8) > GPUs per node (4)") and said in w for w in warned), warned
