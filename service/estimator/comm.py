@@ -194,9 +194,16 @@ def group_all_to_all_s(size_bytes: float, link: Link) -> float:
             size_bytes, n, link.intra_bandwidth_bytes_per_s, link.intra_latency_s
         )
     g = link.ranks_per_node
+    latency_s = link.base_latency_s + (n - 1) * link.inter_latency_s
+    if link.inter_bandwidth_bytes_per_s >= link.intra_bandwidth_bytes_per_s:
+        # a network as fast as NVLink is NVLink (a GB200 NVL72 rack stated as trays of 4): the peers in
+        # the tray and beyond it share the GPU's NVLink ports, one path, not two (ep 8 over two trays
+        # was timed 35% faster than inside one node of 8: a rack-scale review)
+        slower = min(link.inter_bandwidth_bytes_per_s, link.intra_bandwidth_bytes_per_s)
+        return latency_s + (n - 1) / n * size_bytes / slower
     inter = (n - g) / n * size_bytes / link.inter_bandwidth_bytes_per_s
     intra = (g - 1) / n * size_bytes / link.intra_bandwidth_bytes_per_s
-    return link.base_latency_s + (n - 1) * link.inter_latency_s + max(inter, intra)
+    return latency_s + max(inter, intra)
 
 
 # ---------------------------------------------------------------- placement
