@@ -361,8 +361,13 @@ def pipeline_ranks(job: Job, layout: Layout) -> tuple[int, ...]:
     rank as one fewer is in flight: its memory is linear in the micro-batches in flight, largest at
     the first or at the last middle rank of its layer count, and both are evaluated whatever the
     first rank's: Llama 3 8B at pp 4 and 1,024 micro-batches needs 101 GiB on rank 1, 72 on rank 0
-    (pipeline review); with activations offloaded the later ranks need the most (review of stop 48)."""
-    counts = rank_kind_counts(job, layout)
+    (pipeline review); with activations offloaded the later ranks need the most (review of stop 48).
+    Interleaved, a rank's chunks count too: of two ranks of as many layers, the later one may hold more
+    where its first chunk is heavier (``activations.layers_in_flight``)."""
+    counts: tuple[object, ...] = rank_kind_counts(job, layout)
+    if layout.virtual_pipeline_stages > 1:
+        split = pipeline.stage_layers(job.model.num_layers, layout)
+        counts = tuple((counts[rank], split[rank :: layout.pp]) for rank in range(layout.pp))
     if layout.framework is Framework.FSDP:
         first: dict[object, int] = {}
         last: dict[object, int] = {}
@@ -796,11 +801,13 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
         if layout.recomputes_some_layers
         else (1.0,) * layout.pp
     )
+    split = pipeline.stage_layers(job.model.num_layers, layout) if layout.virtual_pipeline_stages > 1 else ()
     for rank in pipeline_ranks(job, layout):
         in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches)
+        held = activations.layers_in_flight(layout, rank, micro_batches, split[rank :: layout.pp])
         per_micro = activations.rank_micro_batch_bytes(layer, kinds[rank], recomputed[rank])
-        total = activations.stage_activation_bytes(layout, layer, per_micro, rank, in_flight)
-        on_gpu, on_host = activation_split(layout, layer, per_micro, total, in_flight)
+        total = activations.stage_activation_bytes(layout, layer, per_micro, rank, in_flight, held)
+        on_gpu, on_host = activation_split(layout, layer, per_micro, total, held)
         received = pipelining_buffer_bytes(job.model, layout, job.training, rank, micro_batches, in_flight)
         out.append(
             RankActivations(

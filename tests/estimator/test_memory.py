@@ -1001,3 +1001,27 @@ def test_megatrons_embedding_dropout_mask_is_whole_without_sequence_parallelism(
     ids = 8 * tokens  # int64 token ids
     assert first_stage_extra_bytes(model, plain, TRAIN) == ids + 1 * tokens * model.hidden_size
     assert first_stage_extra_bytes(model, sp, TRAIN) == ids + 1 * tokens * model.hidden_size / 2
+
+
+def test_an_interleaved_rank_with_uneven_chunks_holds_what_the_schedule_holds() -> None:
+    """Megatron's interleaved schedule runs a group of pp micro-batches through chunk 0, then chunk 1,
+    ..., and the backward through the chunks in reverse: at the peak a rank holds more of chunk 0's.
+    80 layers over pp 8 x v 3 split 3, 4 x 9, 3 x 13, 2 (the embedding and the loss count as a layer
+    each): rank 1's chunks hold 4, 4 and 3 layers, and with 32 micro-batches its peak holds 116
+    layer-micro-batches (the schedule replayed step by step: 12 + 8 + 8 + 4 chunk forwards of the
+    warm-up, then 4 more of chunk 0 in the steady state against backwards of chunk 2), where the
+    average chunk gave 29 / 3 x 11 = 106.3 (a pipeline review); rank 7 (4, 3, 2) 67 against 51. Even
+    chunks are the formula's."""
+    from service.estimator.activations import layers_in_flight, micro_batches_in_flight
+    from service.estimator.pipeline import stage_layers
+
+    layout = Layout(framework=Framework.MEGATRON, tp=8, pp=8, virtual_pipeline_stages=3)
+    split = stage_layers(80, layout)
+    assert split == (3, *(4,) * 9, *(3,) * 13, 2)
+    for rank, held in ((1, 116), (7, 67)):
+        chunks = split[rank::8]
+        assert layers_in_flight(layout, rank, 32, chunks) * sum(chunks) == pytest.approx(held)
+    even = Layout(framework=Framework.MEGATRON, tp=8, pp=8, virtual_pipeline_stages=2)
+    for rank in range(8):
+        chunks = stage_layers(80, even)[rank::8]
+        assert layers_in_flight(even, rank, 32, chunks) == micro_batches_in_flight(even, rank, 32)
