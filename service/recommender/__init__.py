@@ -323,6 +323,7 @@ def _family_key(layout: Layout) -> tuple[object, ...]:
 
 def _log_memory(
     result: SearchResult,
+    cluster: ClusterSpec,
     layout: Layout,
     memory: tuple[int, int, int],
     limit: int,
@@ -330,11 +331,20 @@ def _log_memory(
     launched: tuple[_Search, Job] | None = None,
 ) -> None:
     """Log a miss. ``launched``: the search and job whose requested launchers the closest memory
-    miss should prefer (a plan's search, which shows it); None where no example is read."""
+    miss should prefer (a plan's search, which shows it); None where no example is read. A GPU miss
+    that also needs more host RAM than the nodes state says both (an offloading 405B layout was "8.4
+    GiB over" on the GPU while it needed 6 TiB of host RAM against 2 stated: an infeasible-jobs
+    review)."""
     total, cpu, _ = memory  # evaluate.memory_numbers
     if total > limit:
         runs = None if launched is None else functools.partial(_launchable, *launched, layout)
-        result.log.add_memory(MEMORY_REJECTION, count, layout, total, limit, runs=runs)
+        have = cluster.cpu_memory_bytes_per_node
+        host = ""
+        if have and cpu > have:
+            host = (
+                f", and {rank.gib_needed(cpu)} GiB host RAM per node where the nodes state {have / 2**30:.0f}"
+            )
+        result.log.add_memory(MEMORY_REJECTION, count, layout, total, limit, runs=runs, also=host)
     else:
         detail = f"needs {rank.gib_needed(cpu)} GiB host RAM per node"
         result.log.add("does not fit in host memory", count, layout, detail)
@@ -396,7 +406,7 @@ def _search_memory_family(
             # the smallest, accumulating, does not (evaluate.largest_fitting)
             top = _only_micro_batch_fitting(result, job, sized(len(sizes) - 1), len(sizes) - 1, limit)
             if top < 0:
-                _log_memory(result, first, memory, limit, 1, _shown(search, job))
+                _log_memory(result, job.cluster, first, memory, limit, 1, _shown(search, job))
                 continue
         fitted = True
         if top <= best_index:
@@ -696,7 +706,8 @@ def _search_structure(
             if valid and not _states_fit(job, probe, limit):  # an invalid one is logged as such below
                 result.families += 1
                 if search.rejections:  # evaluated for the log alone
-                    _log_memory(result, probe, result.memory_numbers(job, probe), limit, 1, (search, job))
+                    numbers = result.memory_numbers(job, probe)
+                    _log_memory(result, job.cluster, probe, numbers, limit, 1, (search, job))
                 continue
             for virtual in virtuals:
                 sizes = _sizes(job, s, framework, virtual, sizes_of)
@@ -1044,7 +1055,7 @@ def _lean_fit(
             memory = result.memory_numbers(job, lean)
             if evaluate.numbers_fit(job.cluster, memory, limit):
                 return True, lean
-            _log_memory(result, lean, memory, limit, 1, _shown(search, job))
+            _log_memory(result, job.cluster, lean, memory, limit, 1, _shown(search, job))
             if i == 0 and _leanest_states_exceed(job, lean, ordered, limit):
                 break  # no other sharding of the framework holds fewer model states
     for framework, unsupported in unbuilt:

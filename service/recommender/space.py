@@ -159,15 +159,18 @@ class RejectionLog:
         capacity: int,
         what: str = "needs",
         runs: Callable[[], bool] | None = None,
+        also: str = "",
     ) -> None:
         """Count a memory miss; its example is the closest miss, one a requested launcher runs
         where any does (``runs``, asked only when it decides: the closest a user cannot run tells
         them nothing to change). Without ``runs`` (a bound, or a search that reads no example),
-        the closest of all."""
+        the closest of all. ``also``: what else it misses, said after the GPU's figures (the host RAM
+        an offloading layout needs beyond what the nodes state)."""
         group = self.groups.get(reason)
         over = (need - capacity) / 2**30
         detail = (
             f"{what} {need / 2**30:.1f} GiB per GPU, {capacity / 2**30:.1f} GiB allowed ({over:.1f} GiB over)"
+            f"{also}"
         )
         if group is None:
             runnable = None if runs is None else runs()

@@ -154,3 +154,19 @@ def test_qlora_that_fsdp1_cannot_shard_is_told_lora_fits_and_why_more_gpus_do_no
     assert "fits on the 8 GPUs given" in lora["detail"], lora
     more = " ".join(skipped(result)["more_gpus"])
     assert "huggingface/peft#3080" in more, more
+
+
+def test_a_gpu_miss_that_also_needs_more_host_ram_than_stated_says_both(client: TestClient) -> None:
+    """405B on 8 H100s with 2 TiB of host RAM per node: the closest miss offloads to the host and was
+    "8.4 GiB over" on the GPU alone, while it needs 6 TiB of host RAM (an infeasible-jobs review)."""
+    result = plan(
+        client,
+        {
+            "model": {"preset": "llama-3.1-405b"},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8, "cpu_memory_bytes_per_node": 2**41},
+            "training": {"seq_len": 8192, "global_batch_size": 256},
+        },
+    )
+    memory = next(r for r in result["rejected"] if r["reason"] == "does not fit in GPU memory")
+    assert "GiB host RAM per node where the nodes state 2048" in memory["detail"], memory
+    assert "where the nodes state 2048" in result["closest"]["detail"]
