@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from service.estimator.types import Framework, GPUSpec, ModelSpec, Plan, TrainingSpec
+from service.estimator.types import Framework, GPUSpec, Method, ModelSpec, Plan, TrainingSpec
 from service.estimator.validate import encoder_split_problem
 from service.frameworks import FRAMEWORKS
 from service.launchers import accelerate, deepspeed, hf_trainer, job, kubernetes, megatron, slurm, torchtitan
@@ -84,10 +84,21 @@ def framework_structure_refusal(
       parallelism only; Slurm / Kubernetes wrap the deepspeed entry point).
     * FSDP with pp or ep > 1: Accelerate's FSDP2 and the HF Trainer have neither (their refusals say
       so first or refuse earlier), so torchtitan alone runs it, Slurm / Kubernetes through it:
-      refused where torchtitan refuses the job (``torchtitan.job_refusal``) or experts over tp."""
+      refused where torchtitan refuses the job (``torchtitan.job_refusal``) or experts over tp.
+    * QLoRA with cp > 1, whatever the framework: Accelerate builds context parallelism (FSDP2's mesh,
+      DeepSpeed's ALST) on a transformers model, which bitsandbytes' NF4 weights break
+      (``accelerate.refusal``); DeepSpeed's own target and the HF Trainer run none, torchtitan no
+      QLoRA, Megatron no PEFT. A capacity climb of a QLoRA job counted cp up to 32 and searched to
+      8,192 GPUs where data parallelism, at most the global batch, is all that runs (an
+      infeasible-jobs review)."""
     encoder = encoder_split_problem(model, tp, pp, cp)
     if encoder is not None:
         return encoder
+    if training.method is Method.QLORA and cp > 1:
+        return (
+            f"qlora with cp={cp}: no target runs it (Accelerate's context parallelism, FSDP2's or "
+            "DeepSpeed's ALST, breaks bitsandbytes' NF4 weights; the others run none with QLoRA)"
+        )
     if framework is Framework.DEEPSPEED:
         return deepspeed.structure_refusal(model, tp, pp, cp, ep)
     if framework is Framework.FSDP and (pp > 1 or ep > 1):

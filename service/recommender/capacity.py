@@ -28,6 +28,7 @@ from service.recommender.suggest import (
     PCIE_NODE_BYTES_PER_S,
     SUGGESTION_EVALUATIONS,
     budget_words,
+    data_parallel_ceiling,
     fewest_gpus,
     node_ladder,
     reference_network_bytes_per_s,
@@ -137,6 +138,7 @@ def _option(
             "before a fit"
             if truncated
             else fewest.unfit
+            or data_parallel_ceiling(model, cluster, training, constraints, max(counts))
             or f"no layout fits up to {max(counts)} GPUs"
             + (f" (constraints.max_gpus {cap:,})" if cap is not None else "")
         )

@@ -252,6 +252,13 @@ def largest_runnable_world(
     runnable = [f for f in frameworks if requested_runnable(f, model, training, launchers, cluster.gpu)]
     if runnable and all(data_parallel_only(f, model, launchers) for f in runnable):
         return min(training.global_batch_size, largest_world(model, cluster, training))
+    if (
+        runnable
+        and training.method is Method.QLORA
+        and all(framework_structure_refusal(f, model, training, 1, 1, 2, 1) is not None for f in runnable)
+    ):
+        # QLoRA splits nothing over tp, pp or ep, and no target runs it with context parallelism
+        return min(training.global_batch_size, largest_world(model, cluster, training))
     return largest_world(model, cluster, training)
 
 

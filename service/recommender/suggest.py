@@ -266,6 +266,31 @@ def fewest_gpus(
     return FewestGpus(found=found, evaluations=result.evaluations, truncated=result.truncated)
 
 
+def data_parallel_ceiling(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: Constraints, tried: int
+) -> str | None:
+    """Why no layout fit up to ``tried`` GPUs where the job's runnable layouts stop before it: data
+    parallelism alone runs it, on at most the global batch (the requested launchers run no model
+    parallelism, or QLoRA, which splits no weight and runs no context parallelism on any target), so
+    the climb stopped there, not where memory did; None where they do not (suggestions review: "no
+    layout fits on up to 512 GPUs" for a batch of 16; a QLoRA capacity note said 8,192 GPUs)."""
+    c = constraints
+    runnable = largest_runnable_world(model, cluster, training, c.frameworks, c.launchers)
+    if runnable >= tried or runnable >= largest_world(model, cluster, training):
+        return None
+    who = (
+        "qlora splits no weight and no target runs it with context parallelism"
+        if training.method is Method.QLORA
+        else "the requested launchers run data parallelism only"
+    )
+    return (
+        f"no layout fits on up to {runnable:,} GPUs, the most this job uses: {who}, on at most the global "
+        f"batch ({training.global_batch_size}) GPUs, and what each GPU holds of a sequence does not shrink "
+        "with more; a larger training.global_batch_size lets more GPUs in, a shorter training.seq_len needs "
+        "less of each"
+    )
+
+
 def states_unfit(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -908,17 +933,9 @@ class _Ask:
         if found is None and fewest.unfit is not None:
             raise NoFit(f"{cluster.gpu.name}: {fewest.unfit}")
         if found is None:
-            c = self.constraints
-            runnable = largest_runnable_world(self.model, cluster, training, c.frameworks, c.launchers)
-            if runnable < counts[-1] and runnable < largest_world(self.model, cluster, training):
-                # the climb stopped where the launchers' data parallelism does, not where memory did
-                # (suggestions review: "no layout fits on up to 512 GPUs" for a batch of 16)
-                raise NoFit(
-                    f"{cluster.gpu.name}: no layout fits on up to {runnable:,} GPUs, the most the requested "
-                    f"launchers use: they run data parallelism only, on at most the global batch "
-                    f"({training.global_batch_size}) GPUs; a larger global batch, or a launcher that "
-                    "splits the model, would let more GPUs train it"
-                )
+            runs_fewer = data_parallel_ceiling(self.model, cluster, training, self.constraints, counts[-1])
+            if runs_fewer is not None:
+                raise NoFit(f"{cluster.gpu.name}: {runs_fewer}")
             why = ""
             if _lora_unblocks_qlora(self.model, training, self.constraints, Method.LORA):
                 # every sharded layout broke QLoRA's FSDP1 rule, not memory (a review of the ordinary

@@ -413,3 +413,20 @@ def test_at_gpus_past_the_default_nodes_is_timed_as_asked(client: TestClient) ->
     assert option["num_gpus"] == 16384, option
     (bounded,) = client.post("/v1/capacity", json=body | {"max_nodes": 1024}).json()["options"]
     assert bounded["num_gpus"] == 8192 and "timed on those" in bounded["note"], bounded
+
+
+def test_a_qlora_capacity_that_data_parallelism_bounds_says_so(client: TestClient) -> None:
+    """QLoRA splits no weight over tp, pp or ep, and no target runs it with context parallelism: a
+    70B QLoRA at 8K on RTX 4090s was searched up to 8,192 GPUs (763 layouts) and said only "no layout
+    fits up to 8192 GPUs" (an infeasible-jobs review): the climb stops at the global batch and says
+    why, with what would change it."""
+    body = {
+        "model": {"preset": "llama-3.1-70b"},
+        "training": {"seq_len": 8192, "global_batch_size": 64, "method": "qlora"},
+        "gpus": ["rtx-4090-24gb"],
+    }
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    (option,) = response.json()["options"]
+    assert option["fits"] is False and "on up to 64 GPUs, the most this job uses" in option["note"], option
+    assert "no target runs it with context parallelism" in option["note"] and option["evaluations"] < 100

@@ -734,7 +734,10 @@ def test_another_gpu_skipped_where_the_launchers_use_no_more_gpus_says_the_batch
     }
     plan = client.post("/v1/plans", json=body).json()
     h100 = next(s for s in plan["suggestions_skipped"] if s["reason"].startswith("h100-sxm-80gb:"))
-    assert "on up to 16 GPUs, the most the requested launchers use" in h100["reason"], h100
+    assert (
+        "on up to 16 GPUs, the most this job uses: the requested launchers run data parallelism"
+        in h100["reason"]
+    )
     assert "global batch (16)" in h100["reason"]
 
 
