@@ -933,19 +933,19 @@ class _Ask:
         if found is None and fewest.unfit is not None:
             raise NoFit(f"{cluster.gpu.name}: {fewest.unfit}")
         if found is None:
+            if _lora_unblocks_qlora(self.model, training, self.constraints, Method.LORA):
+                # every sharded layout broke QLoRA's FSDP1 rule, not memory (a review of the ordinary
+                # requests): said, with the change that lifts it, before any GPU count's bound
+                raise NoFit(
+                    f"{cluster.gpu.name}: no layout fits on up to {counts[-1]:,} GPUs: qlora on fsdp shards "
+                    "none of them (its FSDP1 units leave peft's fused-expert adapters sharded, "
+                    "huggingface/peft#3080), so each holds the whole model; lora, deepspeed or attention "
+                    "targets only lift that"
+                )
             runs_fewer = data_parallel_ceiling(self.model, cluster, training, self.constraints, counts[-1])
             if runs_fewer is not None:
                 raise NoFit(f"{cluster.gpu.name}: {runs_fewer}")
-            why = ""
-            if _lora_unblocks_qlora(self.model, training, self.constraints, Method.LORA):
-                # every sharded layout broke QLoRA's FSDP1 rule, not memory (a review of the ordinary
-                # requests): said, with the change that lifts it
-                why = (
-                    ": qlora on fsdp shards none of them (its FSDP1 units leave peft's fused-expert adapters "
-                    "sharded, huggingface/peft#3080), so each holds the whole model; lora, deepspeed or "
-                    "attention targets only lift that"
-                )
-            raise NoFit(f"{cluster.gpu.name}: no layout fits on up to {counts[-1]:,} GPUs{why}")
+            raise NoFit(f"{cluster.gpu.name}: no layout fits on up to {counts[-1]:,} GPUs")
         gpus, tokens_per_s, layout = found
         per_node = cluster.gpus_per_node
         nodes = max(1, gpus // per_node)
