@@ -53,7 +53,7 @@ _ALLOWED_KEYS = (
     | frozenset(_CLOCK_KEYS)
     | {"notes", "flash_attention", "peer_to_peer", "gpus_per_node", "node_network_bytes_per_s", "aliases"}
     | {"mesh_links"}
-    | {"ecc_reserved_fraction", "device_total_bytes"}
+    | {"ecc_reserved_fraction"}
 )
 
 
@@ -192,19 +192,10 @@ def _names(name: str, table: dict[str, object], key: str) -> tuple[str, ...]:
 
 
 def _usable_memory(name: str, table: dict[str, object]) -> int:
-    """The memory a process sees: ``device_total_bytes`` where the entry states the total nvidia-smi
-    shows (HBM parts whose driver keeps some of the nominal GiB: an H100's 81559 MiB of 81920), else
-    ``memory_bytes`` less what ECC reserves where the part keeps its check bits in the same GDDR6
-    (``ecc_reserved_fraction``, on by default on data-center GDDR6 cards: 1/16, nvidia-smi's total
-    23034 MiB of an L4's 24 GiB; HBM's ECC is on extra dies). The fit compares the device memory used,
-    as nvidia-smi counts it, with this: it compared it with the nominal 80 GiB (a hardware review)."""
+    """The memory a process sees: ``memory_bytes`` less what ECC reserves where the part keeps its
+    check bits in the same GDDR6 (``ecc_reserved_fraction``, on by default on data-center GDDR6
+    cards: 1/16, nvidia-smi's total 23034 MiB of an L4's 24 GiB). HBM's ECC is on extra dies."""
     memory = _integer(name, table, "memory_bytes")
-    if "device_total_bytes" in table:
-        total = _integer(name, table, "device_total_bytes")
-        if "ecc_reserved_fraction" in table or not 0.9 * memory <= total <= memory:
-            why = f"must be within 90-100% of memory_bytes ({memory:,}), without ecc_reserved_fraction"
-            raise _invalid(name, "device_total_bytes", why)
-        return total
     if "ecc_reserved_fraction" not in table:
         return memory
     fraction = _number(name, table, "ecc_reserved_fraction")

@@ -65,9 +65,9 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
     memory_bytes: int = Field(
         ge=MIN_MEMORY_BYTES,
         le=MAX_MEMORY_BYTES,
-        description="the memory a process sees, which the fit compares the device memory used with: "
-        "nvidia-smi's total (an L20's 46068 MiB with ECC on, of its 48 GB; an H100's 81559 MiB of 80 "
-        "GiB), not the capacity sold",
+        description="the memory the fit compares the device memory used with: as the catalog states its "
+        "parts, the capacity sold in GiB (an 80 GB card's 80 x 2^30), less the 1/16 GDDR6's ECC keeps "
+        "where it is on (an L20's 46068 MiB, as nvidia-smi shows)",
     )
     peak_flops_per_s: PeakFlopsIn
     hbm_bandwidth_bytes_per_s: float = Field(ge=MIN_BANDWIDTH_BYTES_PER_S, le=MAX_BANDWIDTH_BYTES_PER_S)
@@ -476,9 +476,8 @@ class GPUOut(BaseModel):
         "switch (NVSwitch), every group at the whole bandwidth",
     )
     memory_bytes: int = Field(
-        description="what a process sees, and the fit is checked against: nvidia-smi's total where it is "
-        "published (an H100's 81559 MiB of its 80 GiB), else the memory sold less the 1/16 GDDR6's ECC "
-        "(on by default on data-center cards) keeps its check bits in"
+        description="what a process sees, and the fit is checked against: the memory sold, less the 1/16 "
+        "GDDR6's ECC (on by default on data-center cards) keeps its check bits in"
     )
     nominal_memory_bytes: int = Field(description="the memory the part is sold with (its name's GB: GiB)")
     peak_flops_per_s: PeakFlopsOut

@@ -97,13 +97,8 @@ def test_slug_states_the_memory_in_gib(entry: GPUEntry) -> None:
     # "80gb" means 80 GiB, the vendors' binary reading (see the header of gpus.toml).
     assert entry.name.endswith(f"-{entry.nominal_memory_bytes // GiB}gb")
     assert entry.nominal_memory_bytes % GiB == 0
-    # what a process sees: all of it, 15/16 where GDDR6's ECC keeps its check bits in it, or the total
-    # nvidia-smi shows where the entry states it (HBM parts whose driver keeps a few hundred MiB), in
-    # whole MiB as nvidia-smi prints it
-    sees = entry.spec.memory_bytes
-    assert sees in (entry.nominal_memory_bytes, entry.nominal_memory_bytes * 15 // 16) or (
-        0.98 * entry.nominal_memory_bytes <= sees < entry.nominal_memory_bytes and sees % 2**20 == 0
-    )
+    # what a process sees: all of it, or 15/16 where GDDR6's ECC keeps its check bits in it
+    assert entry.spec.memory_bytes in (entry.nominal_memory_bytes, entry.nominal_memory_bytes * 15 // 16)
 
 
 @pytest.mark.parametrize("entry", ALL_ENTRIES, ids=IDS)
@@ -152,12 +147,8 @@ def test_h100_sxm_datasheet() -> None:
     assert spec.peak_flops_per_s.fp8 == pytest.approx(1978.9e12)  # datasheet 3,958* sparse
     assert spec.hbm_bandwidth_bytes_per_s == pytest.approx(3.35e12)  # HBM3, 3.35 TB/s
     assert spec.intra_node_bandwidth_bytes_per_s == pytest.approx(450e9)  # NVLink4 900 GB/s bidir
-    # the fit's capacity is nvidia-smi's 81559 MiB of the 80 GiB (modal-labs/modal-client#2797), which
-    # the device memory used is counted against (it was the nominal 80 GiB: a hardware review)
-    assert spec.memory_bytes == 81559 * 2**20
-    assert gpu("h100-pcie-80gb").memory_bytes == 81559 * 2**20
-    assert gpu("a100-sxm-80gb").memory_bytes == 80 * GiB  # nvidia-smi 81920 MiB: all of it
-    assert gpu("v100-sxm2-32gb").memory_bytes == 32510 * 2**20
+    assert spec.memory_bytes == 80 * GiB  # nvidia-smi shows 81559 MiB of it
+    assert spec.memory_bytes > 81559 * 2**20
 
 
 def test_a100_datasheet() -> None:
