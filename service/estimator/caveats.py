@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.estimator.comm import used_link_defaults
+from service.estimator.comm import FASTEST_NIC_BYTES_PER_S, NVLINK_DOMAIN_GPUS, used_link_defaults
 from service.estimator.job import Job
 from service.estimator.model_states import fused_expert_adapted_weights, peft_adapts_fused_experts
 from service.estimator.tuning import Tuning, conservative_peak_fraction, fitted_die
@@ -104,14 +104,6 @@ def peft_sharding_warnings(model: ModelSpec, layout: Layout, training: TrainingS
 
 # ---------------------------------------------------------------- the network between nodes
 
-# The fastest network port a GPU has today: one 800 Gb/s ConnectX-8 SuperNIC per GPU (NVIDIA's
-# ConnectX-8 datasheet), 100 GB/s one way. More per GPU across nodes is an NVLink domain spanning
-# them (GB200 NVL72: 900 GB/s per GPU over 18 trays), or a NIC's Gb/s typed where GB/s is meant.
-FASTEST_NIC_BYTES_PER_S = 100e9
-# The most GPUs one NVLink domain joins today: a GB200 / GB300 NVL72 rack (NVIDIA's GB200 NVL72 page: 72
-# Blackwell GPUs in one NVLink domain; MNNVL's multi-node tuning guide: InfiniBand between domains).
-NVLINK_DOMAIN_GPUS = 72
-
 
 def network_warnings(cluster: ClusterSpec) -> tuple[str, ...]:
     """A network between nodes faster per GPU than any NIC: timed as stated (an NVLink domain across
@@ -142,11 +134,11 @@ def _nic_warnings(cluster: ClusterSpec) -> tuple[str, ...]:
         # (one 800 Gb/s ConnectX-8): 576 GPUs stated at 900 GB/s were timed as one domain, the data-
         # parallel time 2.6x short of the NICs' (a rack-scale review)
         return (
-            f"inter-node bandwidth {rate / 1e9:,.0f} GB/s per GPU is an NVLink domain's, and one holds at "
-            f"most {NVLINK_DOMAIN_GPUS} GPUs (GB200 NVL72): this cluster's {cluster.world_size:,} span "
-            f"several, joined by NICs (at most {FASTEST_NIC_BYTES_PER_S / 1e9:.0f} GB/s per GPU); timed as "
-            "stated, which overstates every group crossing a rack: state the NICs' rate to time those as "
-            "they run",
+            f"inter-node bandwidth {rate / 1e9:,.0f} GB/s per GPU is an NVLink domain's, and a GB200 NVL72 "
+            f"rack's holds {NVLINK_DOMAIN_GPUS} GPUs (a DGX GH200's NVLink Switch System 256): this "
+            f"cluster's {cluster.world_size:,} may span several, joined by NICs (at most "
+            f"{FASTEST_NIC_BYTES_PER_S / 1e9:.0f} GB/s per GPU); timed as stated, which overstates every "
+            "group crossing a rack: state the NICs' rate to time those as they run",
         )
     return (
         f"inter-node bandwidth {rate / 1e9:,.0f} GB/s per GPU is faster than any NIC (one 800 Gb/s port "

@@ -25,6 +25,14 @@ from dataclasses import dataclass
 
 from service.estimator.types import ClusterSpec, Layout
 
+# The fastest network port a GPU has today: one 800 Gb/s ConnectX-8 SuperNIC per GPU (NVIDIA's
+# ConnectX-8 datasheet), 100 GB/s one way. More per GPU across nodes is an NVLink domain spanning
+# them (GB200 NVL72: 900 GB/s per GPU over 18 trays), or a NIC's Gb/s typed where GB/s is meant.
+FASTEST_NIC_BYTES_PER_S = 100e9
+# The most GPUs one NVLink domain joins today: a GB200 / GB300 NVL72 rack (NVIDIA's GB200 NVL72 page: 72
+# Blackwell GPUs in one NVLink domain; MNNVL's multi-node tuning guide: InfiniBand between domains).
+NVLINK_DOMAIN_GPUS = 72
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Link:
@@ -41,6 +49,8 @@ class Link:
     # one send between two GPUs of a node where that is less than the group's collectives get: a
     # mesh's single link (``mesh_fraction``); None: the intra-node bandwidth
     send_intra_bandwidth_bytes_per_s: float | None = None
+    # the node's link and the network leave the GPU by one path (``shared_path``), not two
+    one_path: bool = False
 
     @property
     def spans_nodes(self) -> bool:
@@ -195,14 +205,13 @@ def group_all_to_all_s(size_bytes: float, link: Link) -> float:
         )
     g = link.ranks_per_node
     latency_s = link.base_latency_s + (n - 1) * link.inter_latency_s
-    if link.inter_bandwidth_bytes_per_s >= link.intra_bandwidth_bytes_per_s:
-        # a network as fast as NVLink is NVLink (a GB200 NVL72 rack stated as trays of 4): the peers in
-        # the tray and beyond it share the GPU's NVLink ports, one path, not two (ep 8 over two trays
-        # was timed 35% faster than inside one node of 8: a rack-scale review)
-        slower = min(link.inter_bandwidth_bytes_per_s, link.intra_bandwidth_bytes_per_s)
-        return latency_s + (n - 1) / n * size_bytes / slower
     inter = (n - g) / n * size_bytes / link.inter_bandwidth_bytes_per_s
     intra = (g - 1) / n * size_bytes / link.intra_bandwidth_bytes_per_s
+    if link.one_path:
+        # every peer's share leaves by the one path (``shared_path``), and the network's share is
+        # bounded by the network too: never faster for a faster network (ep 8 over two trays of an NVL72
+        # was 35% faster than inside one node of 8: a rack-scale review)
+        intra = (n - 1) / n * size_bytes / link.intra_bandwidth_bytes_per_s
     return latency_s + max(inter, intra)
 
 
@@ -257,7 +266,19 @@ def link_for_group(
         inter_latency_s=inter_latency_s,
         base_latency_s=base_latency_s,
         send_intra_bandwidth_bytes_per_s=send,
+        one_path=shared_path(cluster),
     )
+
+
+def shared_path(cluster: ClusterSpec) -> bool:
+    """Whether a GPU's traffic to the peers of its node and to the network leaves it by one path: a
+    PCIe card's peers and its NIC are both across its host link (GPUDirect through the PCIe switch),
+    and a network faster than any NIC (``FASTEST_NIC_BYTES_PER_S``) is an NVLink domain across
+    hosts, whose trays are reached by the same NVLink ports as the node's own; an NVLink node's NICs
+    hang off PCIe, a path of their own."""
+    gpu = cluster.gpu
+    pcie_only = gpu.intra_node_bandwidth_bytes_per_s <= gpu.pcie_bandwidth_bytes_per_s
+    return pcie_only or cluster.inter_node_bandwidth_bytes_per_s > FASTEST_NIC_BYTES_PER_S
 
 
 def _intra_bytes_per_s(cluster: ClusterSpec, share: float, efficiency: float) -> float:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from service.estimator import evaluate
-from service.estimator.caveats import FASTEST_NIC_BYTES_PER_S
+from service.estimator.comm import FASTEST_NIC_BYTES_PER_S
 from service.estimator.defaults import for_gpu
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job

@@ -184,7 +184,7 @@ def test_an_nvlink_domain_stated_past_its_rack_is_said() -> None:
     assert "faster than any NIC" in said
     racks = dataclasses.replace(rack, num_nodes=144)
     (said,) = network_warnings(racks)
-    assert "holds at most 72 GPUs" in said and "576 span several" in said, said
+    assert "rack's holds 72 GPUs" in said and "576 may span several" in said, said
 
 
 def test_a_network_share_above_the_gpus_host_link_is_said() -> None:

@@ -164,17 +164,28 @@ def test_an_all_to_all_across_nodes_sends_only_other_nodes_shares_over_the_nic()
     assert 8 / 16 * size / 45e9 == pytest.approx(1.49e-3, rel=1e-3)
     one_node = comm.Link(group_size=8, ranks_per_node=8, nodes=1, **speeds, **latencies)
     assert comm.group_all_to_all_s(size, one_node) == pytest.approx(7 * 5e-6 + 7 / 8 * size / 300e9)
-    # a node-local link slower than the NIC is the one path a GPU has: a PCIe card's peers and its NIC
-    # share its host link, an NVLink domain's trays its NVLink ports (a rack-scale review: ep 8 over two
-    # trays of 4 at NVLink's rate was 35% faster than inside one node of 8): all 15/16 S cross it
+    # a slow node-local link can bound it instead: its 7/16 S at 10 GB/s outlasts 8/16 S at 45 GB/s
     slow = dataclasses.replace(link, intra_bandwidth_bytes_per_s=10e9)
-    assert comm.group_all_to_all_s(size, slow) == pytest.approx(15 * 1e-5 + 15 / 16 * size / 10e9)
+    assert comm.group_all_to_all_s(size, slow) == pytest.approx(15 * 1e-5 + 7 / 16 * size / 10e9)
+    # where the node's link and the network leave the GPU by one path (a PCIe card's host link, an
+    # NVLink domain's ports: comm.shared_path), all 15/16 S cross it, the network's 8/16 S bound by the
+    # network too; two trays of 4 at NVLink's rate then take what one node of 8 takes (ep 8 was 35%
+    # faster across trays: a rack-scale review), and a faster network is never slower
+    shared = dataclasses.replace(slow, one_path=True)
+    assert comm.group_all_to_all_s(size, shared) == pytest.approx(15 * 1e-5 + 15 / 16 * size / 10e9)
     trays = comm.Link(group_size=8, ranks_per_node=4, nodes=2, intra_bandwidth_bytes_per_s=720e9,
-                      inter_bandwidth_bytes_per_s=810e9, **latencies)  # fmt: skip
+                      inter_bandwidth_bytes_per_s=810e9, one_path=True, **latencies)  # fmt: skip
     node = comm.Link(group_size=8, ranks_per_node=8, nodes=1, intra_bandwidth_bytes_per_s=720e9,
                      inter_bandwidth_bytes_per_s=45e9, **latencies)  # fmt: skip
     moved = comm.group_all_to_all_s(size, trays) - 7 * 1e-5
     assert moved == pytest.approx(comm.group_all_to_all_s(size, node) - 7 * 5e-6)
+    for one_path in (False, True):
+        times = [
+            comm.group_all_to_all_s(size, dataclasses.replace(link, intra_bandwidth_bytes_per_s=32e9,
+                                    inter_bandwidth_bytes_per_s=rate * 1e9, one_path=one_path))
+            for rate in (12.5, 25, 31.9, 32, 50, 400)
+        ]  # fmt: skip
+        assert times == sorted(times, reverse=True), (one_path, times)
 
 
 def test_inside_a_node_an_all_reduce_runs_the_ring() -> None:
