@@ -148,7 +148,7 @@ class ArchitectureIn(Strict):
     bidirectional: bool = Field(
         default=False,
         description="an encoder (BERT, RoBERTa): every query attends to every key, no causal mask; "
-        "with head masked_lm, sequence_classification or question_answering",
+        "with head masked_lm, sequence_classification, question_answering or token_classification",
     )
     type_vocab_size: int = Field(
         default=0, ge=0, le=1_000_000, description="token-type (segment) embedding rows: BERT 2, RoBERTa 1"
@@ -160,14 +160,14 @@ class ArchitectureIn(Strict):
     head: Head = Field(
         default=Head.CAUSAL_LM,
         description="what the last hidden states feed: causal_lm (a decoder's lm_head), or an encoder's "
-        "masked_lm, sequence_classification or question_answering head",
+        "masked_lm, sequence_classification, question_answering or token_classification head",
     )
     num_labels: int = Field(
         default=2,
         ge=1,
         le=1_000_000,
-        description="the task head's outputs: sequence_classification's labels, question_answering's "
-        "start and end (2)",
+        description="the task head's outputs: sequence_classification's and token_classification's "
+        "labels, question_answering's start and end (2)",
     )
     # no parameters, no memory or time: the launchers emit them so the run trains this model
     rope_theta: float | None = Field(

@@ -443,7 +443,8 @@ class ModelSpec:
                     if self.head is Head.CAUSAL_LM
                     else "is an encoder's: it needs bidirectional"
                 )
-                + "; an encoder takes masked_lm, sequence_classification or question_answering",
+                + "; an encoder takes "
+                + ", ".join(head.value for head in Head if head is not Head.CAUSAL_LM),
                 rule="head",
                 field="head",
             )
