@@ -189,9 +189,11 @@ async def _slot(
             for gate in gates:  # so every request was a 503 on an idle server (operations review)
                 gate.acquire_nowait()
                 held.append(gate)
-    except (TimeoutError, anyio.WouldBlock):
+    except BaseException as exc:  # a cancelled wait (the client gone) too: none of the held stays taken
         for gate in held:
             gate.release()
+        if not isinstance(exc, TimeoutError | anyio.WouldBlock):
+            raise
         waited = f"waited {settings.planning_queue_wait_s:g} s for one"
         if share is not None and not held:
             raise ServiceUnavailable(

@@ -267,3 +267,33 @@ def test_where_keys_are_required_one_owner_holds_at_most_half_the_slots(tmp_path
         finally:
             portal.call(alice_answers)
         assert client.post("/v1/capacity", json=capacity, headers=keys["alice"]).status_code == 200
+
+
+def test_a_cancelled_wait_for_a_slot_leaves_the_owners_share_free() -> None:
+    """The owner's share is taken before the pool's slot: a wait the server cancels (a client gone)
+    between the two kept the share taken for good, and every later request of that owner was a 503
+    (a review of this stop's commits)."""
+    import types
+
+    import anyio
+
+    from service.api import deps
+
+    settings = Settings(database_url="sqlite://", require_auth=True, max_concurrent_capacity=2,
+                        planning_queue_wait_s=5)  # fmt: skip
+    state = types.SimpleNamespace(settings=settings, owner_slots={})
+    request = types.SimpleNamespace(app=types.SimpleNamespace(state=state))
+
+    async def main() -> int:
+        pool = anyio.Semaphore(2)
+        pool.acquire_nowait()
+        pool.acquire_nowait()  # two of another owner's requests hold the pool
+        with anyio.move_on_after(0.1):  # alice's request waits, and is cancelled
+            async with deps._slot(request, pool, "capacity", 2, 8.0, "alice"):  # type: ignore[arg-type]
+                pass
+        pool.release()
+        pool.release()
+        share: anyio.Semaphore = state.owner_slots[("capacity", "alice")]
+        return share.value
+
+    assert anyio.run(main) == deps.owner_share(2)
