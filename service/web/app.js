@@ -744,12 +744,18 @@ function leftToTheApi(field) {
   return Boolean(field.nullable) && field.type !== "array" && field.default == null;
 }
 
+// Kubernetes' PyTorchJob runs torchrun entry points only: asked for beside others, it keeps the search to
+// the layouts those run (planning.plans.runner_targets), so the page's default plan, with every target
+// chosen, was slower than the API's and CLI's for the same job (a surfaces review). It starts unchosen.
+const NARROWS_THE_SEARCH = new Set(["kubernetes"]);
+
 function applyField(control, field) {
   const values = field.enum || field.items?.enum;
   if (values && control.tagName === "SELECT") {
     const own = leftToTheApi(field) ? [...control.options].filter((o) => o.value === "") : [];
-    // a list (the launcher targets) starts with every value chosen; otherwise the API's default
-    const chosen = (v) => control.multiple || (!own.length && v === field.default);
+    // a list (the launcher targets) starts with every value chosen but those that narrow the search;
+    // otherwise the API's default
+    const chosen = (v) => (control.multiple ? !NARROWS_THE_SEARCH.has(v) : !own.length && v === field.default);
     control.replaceChildren(...own, ...values.map((v) => el("option", { value: v, text: LABELS[v] || v, selected: chosen(v) ? "" : null })));
   }
   if (control.type === "number") {
