@@ -734,6 +734,28 @@ def test_gpu_types_are_compared_from_the_plan_form(served: str, browser: Any) ->
         bandwidth = option["inter_node_bandwidth_bytes_per_s"]
         assert shown == ("-" if not bandwidth else f"{page_number(bandwidth / 1e9)} GB/s"), option["gpu"]
     assert "GPU types fit" in page.inner_text("#busy")
+    # GPU-hours to four figures, the GPUs of part of a node as such, and a typed price priced (a
+    # surfaces review: 0.66 GPU-hours showed "1", 2 GPUs "2 (1 x 8)", and the price was dropped)
+    page.fill("#constraints\\.gpu_hour_cost", "2")
+    page.click("#compare")
+    page.wait_for_function("document.querySelectorAll('#result table.capacity th').length > 10")
+    rows = cells(page, "#result table.capacity")
+    header = page.locator("#result table.capacity").first.locator("th").all_inner_texts()
+    priced = httpx.post(
+        f"{served}/v1/capacity",
+        json={"model": {"preset": "llama-3.2-1b"}, "gpu_hour_cost": 2,
+              "training": {"seq_len": 2048, "global_batch_size": 64, "tokens": 1_000_000_000}},
+        timeout=60,
+    ).json()  # fmt: skip
+    for option, row in zip(priced["options"], rows, strict=True):
+        if option["gpu_hours"]:
+            assert row[header.index("GPU-hours")] == page_number(float(f"{option['gpu_hours']:.4g}")), option
+            assert row[header.index("cost")] == page_number(float(f"{option['cost']:.4g}")), option
+        if option["min_gpus"] and option["min_gpus"] < option["min_nodes"] * option["gpus_per_node"]:
+            assert (
+                row[header.index("fewest GPUs")]
+                == f"{option['min_gpus']} (of 1 node of {option['gpus_per_node']})"
+            )
     page.close()
 
 

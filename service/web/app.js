@@ -122,7 +122,8 @@ const fmt = {
   int: (n) => Math.round(n).toLocaleString("en-US"),
   pct: (x) => `${(100 * x).toFixed(1)}%`,
   num: (x) => x.toLocaleString("en-US", Number.isInteger(x) ? {} : { maximumSignificantDigits: 4 }),
-  s: (x) => (x >= 86400 ? `${(x / 86400).toFixed(1)} d` : x >= 3600 ? `${(x / 3600).toFixed(1)} h` : `${x.toFixed(3)} s`),
+  s: (x) => (x >= 86400 ? `${(x / 86400).toFixed(1)} d` : x >= 3600 ? `${(x / 3600).toFixed(1)} h`
+    : `${x.toLocaleString("en-US", { minimumFractionDigits: 3, maximumFractionDigits: 3 })} s`),
 };
 
 // The switches a plan may set beside the degrees, as service/cli.py's layout_text prints them (an estimate
@@ -913,23 +914,37 @@ async function submitPlan(event) {
 // (the form's cluster, constraints and launchers are a plan's; capacity asks for the fewest GPUs).
 function capacityBody() {
   const plan = planBody(false);
-  return { model: plan.model, training: plan.training };
+  const body = { model: plan.model, training: plan.training };
+  // the form's price prices each GPU type's option (a capacity request's own gpu_hour_cost): it was
+  // dropped, and the page had no cost column where the CLI's --gpu-hour-cost gives one (a surfaces review)
+  if (plan.constraints?.gpu_hour_cost != null) body.gpu_hour_cost = plan.constraints.gpu_hour_cost;
+  return body;
+}
+
+// The GPUs of a capacity option and the nodes they take: part of one node where fewer than a node's
+// (2 of a node of 8 read as "2 (1 × 8)", eight; a surfaces review).
+function fewestText(o) {
+  if (!o.min_gpus) return "-";
+  const whole = o.min_nodes * o.gpus_per_node;
+  return o.min_gpus < whole ? `${fmt.int(o.min_gpus)} (of 1 node of ${o.gpus_per_node})`
+    : `${fmt.int(o.min_gpus)} (${fmt.int(o.min_nodes)} × ${o.gpus_per_node})`;
 }
 
 function renderCapacity(answer, container) {
   container.replaceChildren(el("h3", { text: "GPU types compared" }));
   const rows = answer.options.map((o) => [
     o.gpu, o.fits === null ? "unknown (search cut)" : (o.fits ? "yes" : "no"),
-    o.min_gpus ? `${fmt.int(o.min_gpus)} (${fmt.int(o.min_nodes)} × ${o.gpus_per_node})` : "-",
+    fewestText(o),
     o.inter_node_bandwidth_bytes_per_s ? `${fmt.num(o.inter_node_bandwidth_bytes_per_s / 1e9)} GB/s` : "-",
     o.layout ? layoutText(o.layout) : "-",
     o.tokens_per_s ? fmt.int(o.tokens_per_s) : "-",
     o.num_gpus && o.num_gpus !== o.min_gpus ? fmt.int(o.num_gpus) : (o.min_gpus ? fmt.int(o.min_gpus) : "-"),
     o.time_to_train_s ? fmt.s(o.time_to_train_s) : "-",
-    o.gpu_hours ? fmt.int(o.gpu_hours) : "-",
+    o.gpu_hours ? fmt.num(o.gpu_hours) : "-", // four figures: 0.66 GPU-hours was "1", as the CLI's amount
+    o.cost != null ? fmt.num(o.cost) : "-",
     `${o.note}${o.truncated ? " (search cut by the budget)" : ""}`,
   ]);
-  const t = table(["GPU", "fits", "fewest GPUs", "network per GPU", "layout", "tokens/s", "timed on", "time to train", "GPU-hours", "notes"],
+  const t = table(["GPU", "fits", "fewest GPUs", "network per GPU", "layout", "tokens/s", "timed on", "time to train", "GPU-hours", "cost", "notes"],
     rows, "Capacity by GPU type");
   t.classList.add("capacity");
   container.append(t);
