@@ -27,6 +27,7 @@ from service.contracts.common import GB_PER_S, FieldError, Problem
 from service.contracts.gpus import PeakFlopsIn
 from service.errors import ServiceError
 from service.estimator.errors import EstimatorError
+from service.estimator.scale import MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
 from service.persistence.db import ConnectionWaitTimeout, WriterBusy, driver_message
 
 log = logging.getLogger("service.errors")
@@ -172,7 +173,20 @@ _BOUND_WORDS = {
 _PAST_THE_BOUND = {
     "gpus_per_node": "a node is what one host runs (the launch files start gpus_per_node processes on "
     "each); an NVLink domain across nodes, such as a GB200 NVL72 rack (18 trays of 4), is nodes of 4 with "
-    "the fabric's bandwidth per GPU as inter_node_bandwidth_bytes_per_s (NVLink 5: 900e9)",
+    "the fabric's bandwidth per GPU as inter_node_bandwidth_bytes_per_s (NVLink 5: 900e9), for one rack: "
+    "racks are joined by NICs",
+    # the scale bounds the schema documents as the fields' maxima (``scale.py``), with their reason: a
+    # looser first check said 10,000,000 where the documented maximum and the next check said 4,194,304
+    # (a surfaces review)
+    **{
+        name: f"past the {bound.limit:,} this service plans for (the largest published: {bound.reference})"
+        for name, bound in (
+            ("seq_len", MAX_SEQ_LEN),
+            ("num_layers", MAX_LAYERS),
+            ("num_gpus", MAX_GPUS),
+            ("at_gpus", MAX_GPUS),
+        )
+    },
 }
 
 

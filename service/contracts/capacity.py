@@ -65,7 +65,7 @@ class CapacityRequest(Strict):
     at_gpus: int | None = Field(
         default=None,
         ge=1,
-        le=10_000_000,
+        le=MAX_GPUS.limit,
         description="time the run on this many GPUs",
         json_schema_extra=documented_maximum(MAX_GPUS.limit),  # scale.py's bound, refused with its reason
     )

@@ -110,7 +110,7 @@ class ClusterShape(Strict):
     num_gpus: int | None = Field(
         default=None,
         ge=1,
-        le=MAX_NODES * MAX_GPUS_PER_NODE,
+        le=MAX_GPUS.limit,
         json_schema_extra=documented_maximum(MAX_GPUS.limit),  # refused past it naming the planner's bound
         description="all the GPUs, instead of num_nodes: whole nodes of gpus_per_node (the part's node when "
         "left out; fewer GPUs than a node are one node of them; up to "

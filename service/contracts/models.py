@@ -101,7 +101,7 @@ class ArchitectureIn(Strict):
         "(fused QKV or gate-up projections, fp32 norms, the decoder layer FSDP wraps)",
     )
     # scale.py's bound, refused past with its reason
-    num_layers: int = Field(ge=1, le=10_000, json_schema_extra=documented_maximum(MAX_LAYERS.limit))
+    num_layers: int = Field(ge=1, le=MAX_LAYERS.limit, json_schema_extra=documented_maximum(MAX_LAYERS.limit))
     hidden_size: int = Field(ge=1, le=1_000_000)
     num_attention_heads: int = Field(ge=1, le=10_000)
     num_kv_heads: int | None = Field(default=None, ge=1, le=10_000, description="default: MHA")

@@ -44,7 +44,7 @@ HF_OPTIM_NAMES: dict[str, tuple[Optimizer, OptimizerImplementation | None]] = {
 
 class TrainingIn(Strict):
     # the document states the scale bound the service refuses past, with its reasons (scale.py)
-    seq_len: int = Field(ge=1, le=10_000_000, json_schema_extra=documented_maximum(MAX_SEQ_LEN.limit))
+    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN.limit, json_schema_extra=documented_maximum(MAX_SEQ_LEN.limit))
     global_batch_size: int = Field(ge=1, le=100_000_000, description="sequences per optimizer step")
     precision: Precision | None = Field(
         default=None,

@@ -385,3 +385,20 @@ def test_a_config_past_the_limits_names_the_configs_own_key(client: TestClient) 
     assert [e["field"] for e in wrapped["errors"]] == ["model.hf_config.text_config.rope_scaling.factor"], (
         wrapped
     )
+
+
+@pytest.mark.parametrize("seq_len", [5_000_000, 20_000_000])
+def test_a_bound_past_the_documented_maximum_says_that_maximum(client: TestClient, seq_len: int) -> None:
+    """seq_len 20,000,000 was refused at "less than or equal to 10000000" (a looser first check), 5,000,000
+    at the 4,194,304 the schema documents: one bound, the documented one, with its reason (a surfaces
+    review)."""
+    body = {
+        "model": {"preset": "llama-2-7b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": seq_len, "global_batch_size": 8},
+        "layout": {},
+    }
+    problem = assert_problem(client.post("/v1/estimates", json=body), 422)
+    error = problem["errors"][0]
+    assert error["field"] == "training.seq_len" and error["limit"] == {"le": 4_194_304}, error
+    assert "the largest published" in error["message"]

@@ -53,7 +53,7 @@ PAST_THE_LIMITS = {
         {"model": {"architecture": BIG_MOE | {"num_layers": 10_000}, "name": "moe"},
          "cluster": H100 | {"num_nodes": 4_096, "gpus_per_node": 64},
          "training": {"seq_len": 4096, "global_batch_size": 1024}},
-        "model.num_layers",
+        "model.architecture.num_layers",  # as sent, at the schema's maximum (a surfaces review)
     ),
     "hf_config llama with 10,000 layers on 1,024 x 8": (
         {"model": {"hf_config": LLAMA_7B_CONFIG | {"num_hidden_layers": 10_000}},
