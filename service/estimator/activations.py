@@ -690,20 +690,20 @@ def layers_in_flight(layout: Layout, rank: int, micro_batches: int, chunk_layers
     pp 8 v 3 (split 3, 4 x 9, 3 x 13, 2) holds 116 layer-micro-batches on rank 1, where the average
     chunk gave 106 (a pipeline review). Even chunks: ``micro_batches_in_flight`` exactly."""
     v = layout.virtual_pipeline_stages
-    total = sum(chunk_layers)
-    if v == 1 or total == 0 or len(set(chunk_layers)) == 1:
+    if v == 1 or min(chunk_layers) == max(chunk_layers):
         return micro_batches_in_flight(layout, rank, micro_batches)
     p = layout.pp
     group = micro_batches // max(1, micro_batches // p) if layout.framework is Framework.FSDP else p
     overlap = 1 if layout.moe_a2a_overlap else 0
-    shares = tuple(layers / total for layers in chunk_layers)
-    return _interleaved_peak(p, v, rank, micro_batches, group, overlap, shares)
+    return _interleaved_peak(p, v, rank, micro_batches, group, overlap, chunk_layers)
 
 
 @functools.lru_cache(maxsize=4096)
 def _interleaved_peak(
-    p: int, v: int, rank: int, micro_batches: int, group: int, overlap: int, shares: tuple[float, ...]
+    p: int, v: int, rank: int, micro_batches: int, group: int, overlap: int, chunk_layers: tuple[int, ...]
 ) -> float:
+    total = sum(chunk_layers)
+    shares = tuple(layers / total for layers in chunk_layers)
     steps = micro_batches * v
     warmup = min((v - 1) * group + 2 * (p - 1 - rank) + overlap, steps)
     held = sum(shares[(k // group) % v] for k in range(warmup))

@@ -804,7 +804,10 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     split = pipeline.stage_layers(job.model.num_layers, layout) if layout.virtual_pipeline_stages > 1 else ()
     for rank in pipeline_ranks(job, layout):
         in_flight = activations.micro_batches_in_flight(layout, rank, micro_batches)
-        held = activations.layers_in_flight(layout, rank, micro_batches, split[rank :: layout.pp])
+        chunks = split[rank :: layout.pp]
+        held = in_flight
+        if chunks and min(chunks) != max(chunks):  # the rank's chunks differ
+            held = activations.layers_in_flight(layout, rank, micro_batches, chunks)
         per_micro = activations.rank_micro_batch_bytes(layer, kinds[rank], recomputed[rank])
         total = activations.stage_activation_bytes(layout, layer, per_micro, rank, in_flight, held)
         on_gpu, on_host = activation_split(layout, layer, per_micro, total, held)

@@ -38,8 +38,12 @@ def stage_layers(num_layers: int, layout: Layout) -> tuple[int, ...]:
     """Decoder layers of each of the pp x v virtual stages, in model order."""
     if layout.pipeline_layers is not None:
         return layout.pipeline_layers
-    stages = layout.pp * layout.virtual_pipeline_stages
     embedding, loss = accounts_for(num_layers, layout)
+    return _derived_split(num_layers, layout.pp * layout.virtual_pipeline_stages, embedding, loss)
+
+
+@functools.lru_cache(maxsize=4096)
+def _derived_split(num_layers: int, stages: int, embedding: int, loss: int) -> tuple[int, ...]:
     units = num_layers + embedding + loss
     share, extra = divmod(units, stages)
     split = [share + (1 if stage < extra else 0) for stage in range(stages)]
