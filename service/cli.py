@@ -227,6 +227,14 @@ def problem_text(response: httpx.Response, flags: Mapping[str, str] | None = Non
             field, message = str(error["field"]), str(error.get("message", ""))
             flag = flag_of(field, flags or {})
             field += f" ({flag})" if flag else ""
+            bounds = error.get("limit")
+            if flag and flag.endswith("-gib") and isinstance(bounds, dict):
+                # the API's bound is in bytes, the flag's value in GiB: said in the flag's unit too
+                # ("less than or equal to 17592186044416" for --host-gib 20000; a surfaces review)
+                said = [f"{k} {v / 2**30:,.6g} GiB" for k, v in bounds.items() if isinstance(v, int | float)]
+                message += f" ({', '.join(said)} in {flag}'s unit)" if said else ""
+                named.append(f"{field}: {message}")
+                continue
             named.append(field if message in detail else f"{field}: {message}")
     return f"HTTP {response.status_code}: {detail}" + (f" [field {'; '.join(named)}]" if named else "")
 

@@ -867,6 +867,9 @@ def test_a_refused_field_is_named_with_the_flag_that_set_it(database: str) -> No
     assert unknown.exit_code == 1 and "layout.experts (--set)" in words(unknown.output), unknown.output
     host = CliRunner().invoke(main, [*layout, "--host-gib", "-1"])
     assert host.exit_code == 1 and "cluster.cpu_memory_bytes_per_node (--host-gib)" in words(host.output)
+    # the API's bound is in bytes: said in the flag's GiB too (a surfaces review)
+    big = CliRunner().invoke(main, [*layout, "--host-gib", "20000"])
+    assert big.exit_code == 1 and "le 16,384 GiB in --host-gib's unit" in words(big.output), big.output
     from service.cli import ESTIMATE_FLAGS, PLAN_FLAGS, flag_of
 
     assert flag_of("constraints.frameworks.0", PLAN_FLAGS) == "--framework"  # an item: its list's flag
