@@ -691,10 +691,14 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
         console.print(table)
     closest = plan.get("closest")
     if closest is not None:
+        # over the card less the plan's headroom, as the page says; with the detail that says of which
+        # figure (a bound's states alone, or the whole layout) and what else it misses (a surfaces review)
         console.print(
             f"[bold]closest[/] {layout_text(closest['layout'])}: {gib(closest['over_bytes'])} over what the "
-            "GPU allows"
+            "plan allows (the card less its headroom)"
         )
+        if closest.get("detail"):
+            console.print(f"  {escape(str(closest['detail']))}")
         print_estimate(closest["estimate"], calibrated=False)
     for suggestion in plan["suggestions"]:
         console.print(f"[cyan]suggestion:[/] {escape(str(suggestion.get('detail') or suggestion))}")

@@ -286,6 +286,11 @@ def test_a_v100_job_naming_neither_precision_nor_attention_plans(database: str) 
     plan = json.loads(result.output)
     assert plan["resolved_defaults"] == {"training.precision": "fp16", "training.attention": "sdpa"}
     assert plan["suggestions"] and plan["closest"] is not None
+    # the tables say how far the closest layout is, of what, with the API's detail (a surfaces review)
+    shown = run("plan", *args[:-1])
+    said = " ".join(shown.output.split())
+    assert "over what the plan allows (the card less its headroom)" in said, shown.output
+    assert " ".join(plan["closest"]["detail"].split())[:60] in said
 
 
 def test_estimate_of_one_layout(database: str) -> None:

@@ -595,6 +595,9 @@ function renderPlan(plan, container) {
   if (plan.closest) {
     // infeasible: how far the layout that came closest is from fitting, component by component
     container.append(el("h4", { text: `Closest layout: ${layoutText(plan.closest.layout)}, ${fmt.gib(plan.closest.over_bytes)} over what the search allows (the card less its headroom)` }));
+    // which figure that is (a bound's states alone, or the whole layout) and what else it misses, as the
+    // API's detail says it (a surfaces review: neither surface showed it)
+    if (plan.closest.detail) container.append(el("p", { class: "closest-detail", text: plan.closest.detail }));
     container.append(memoryFigure([{ ...plan.closest, label: layoutText(plan.closest.layout) }], "Memory of the closest layout in GiB"));
     container.append(calibrationBlock(plan.closest.estimate, plan.id));
     warningsBlock(plan.closest.estimate, container);
