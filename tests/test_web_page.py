@@ -789,6 +789,10 @@ def test_a_price_per_gpu_hour_prices_the_plan_and_the_headline_says_what_ranked_
     for alt, row in zip(plan["alternatives"], shown, strict=True):
         split = alt["layout"]
         assert row[header.index("GPUs")] == f"{split['dp'] * split['tp'] * split['pp'] * split['cp']:,}"
+        # and each one's cost to train, as the CLI shows it (a surfaces review: a faster alternative on
+        # more GPUs read as strictly better beside the cost objective's pick)
+        assert row[header.index("cost")] == page_number(float(f"{alt['estimate']['cost_to_train']:.4g}"))
+        assert row[header.index("time to train")] != "-"
     page.close()
 
 

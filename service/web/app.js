@@ -579,11 +579,21 @@ function renderPlan(plan, container) {
     }
     container.append(el("h4", { text: "Why this layout" }), list(rec.rationale, "rationale"));
     if (plan.alternatives.length) {
-      container.append(table(["layout", "GPUs", "memory", "host / NVMe", "tokens/s", "MFU", "calibration", "warnings"], plan.alternatives.map((a) => [
+      // with total tokens each one's time, and with a price its cost, to train, as the CLI shows them: a
+      // layout twice as fast on twice the GPUs read as strictly better beside a cost objective's pick
+      // (a surfaces review)
+      const timed = plan.alternatives.some((a) => a.estimate.time_to_train_s != null);
+      const priced = plan.alternatives.some((a) => a.estimate.cost_to_train != null);
+      const head = ["layout", "GPUs", "memory", "host / NVMe", "tokens/s", "MFU",
+        ...(timed ? ["time to train"] : []), ...(priced ? ["cost"] : []), "calibration", "warnings"];
+      container.append(table(head, plan.alternatives.map((a) => [
         layoutText(a.layout), fmt.int(a.layout.dp * a.layout.tp * a.layout.pp * a.layout.cp),
         fmt.gib(a.estimate.memory.per_gpu.total), hostText(a.estimate.memory) || "-",
         a.estimate.time ? fmt.int(a.estimate.time.tokens_per_s) : "-",
-        a.estimate.time ? fmt.pct(a.estimate.time.mfu) : "-", calibrationSummary(a.estimate.calibration),
+        a.estimate.time ? fmt.pct(a.estimate.time.mfu) : "-",
+        ...(timed ? [a.estimate.time_to_train_s != null ? fmt.s(a.estimate.time_to_train_s) : "-"] : []),
+        ...(priced ? [a.estimate.cost_to_train != null ? fmt.num(a.estimate.cost_to_train) : "-"] : []),
+        calibrationSummary(a.estimate.calibration),
         (a.estimate.warnings || []).join("; ") || "-"]), "Alternatives"));
     }
   }
