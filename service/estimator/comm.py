@@ -49,8 +49,6 @@ class Link:
     # one send between two GPUs of a node where that is less than the group's collectives get: a
     # mesh's single link (``mesh_fraction``); None: the intra-node bandwidth
     send_intra_bandwidth_bytes_per_s: float | None = None
-    # the node's link and the network leave the GPU by one path (``shared_path``), not two
-    one_path: bool = False
 
     @property
     def spans_nodes(self) -> bool:
@@ -204,15 +202,9 @@ def group_all_to_all_s(size_bytes: float, link: Link) -> float:
             size_bytes, n, link.intra_bandwidth_bytes_per_s, link.intra_latency_s
         )
     g = link.ranks_per_node
-    latency_s = link.base_latency_s + (n - 1) * link.inter_latency_s
     inter = (n - g) / n * size_bytes / link.inter_bandwidth_bytes_per_s
     intra = (g - 1) / n * size_bytes / link.intra_bandwidth_bytes_per_s
-    if link.one_path:
-        # every peer's share leaves by the one path (``shared_path``), and the network's share is
-        # bounded by the network too: never faster for a faster network (ep 8 over two trays of an NVL72
-        # was 35% faster than inside one node of 8: a rack-scale review)
-        intra = (n - 1) / n * size_bytes / link.intra_bandwidth_bytes_per_s
-    return latency_s + max(inter, intra)
+    return link.base_latency_s + (n - 1) * link.inter_latency_s + max(inter, intra)
 
 
 # ---------------------------------------------------------------- placement
@@ -266,19 +258,7 @@ def link_for_group(
         inter_latency_s=inter_latency_s,
         base_latency_s=base_latency_s,
         send_intra_bandwidth_bytes_per_s=send,
-        one_path=shared_path(cluster),
     )
-
-
-def shared_path(cluster: ClusterSpec) -> bool:
-    """Whether a GPU's traffic to the peers of its node and to the network leaves it by one path: a
-    PCIe card's peers and its NIC are both across its host link (GPUDirect through the PCIe switch),
-    and a network faster than any NIC (``FASTEST_NIC_BYTES_PER_S``) is an NVLink domain across
-    hosts, whose trays are reached by the same NVLink ports as the node's own; an NVLink node's NICs
-    hang off PCIe, a path of their own."""
-    gpu = cluster.gpu
-    pcie_only = gpu.intra_node_bandwidth_bytes_per_s <= gpu.pcie_bandwidth_bytes_per_s
-    return pcie_only or cluster.inter_node_bandwidth_bytes_per_s > FASTEST_NIC_BYTES_PER_S
 
 
 def _intra_bytes_per_s(cluster: ClusterSpec, share: float, efficiency: float) -> float:

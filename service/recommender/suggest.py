@@ -124,7 +124,7 @@ def with_gpu(
     layout estimated on the user's links; determinism review). The cluster's measured busbw stays
     only on the links it was measured on: not another GPU's NVLink, nor the default network of a
     one-node cluster (the tuning's efficiency applies there). A network faster than any NIC
-    (``caveats.FASTEST_NIC_BYTES_PER_S``: a GB200 NVL72 rack's NVLink across its trays) is the
+    (``comm.FASTEST_NIC_BYTES_PER_S``: a GB200 NVL72 rack's NVLink across its trays) is the
     cluster's own GPU's fabric, not a network another GPU's nodes have: they get theirs (MI300X nodes
     were offered "900 GB/s per GPU between nodes": a rack-scale review)."""
     same_link = gpu == cluster.gpu
