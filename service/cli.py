@@ -231,12 +231,18 @@ def problem_text(response: httpx.Response, flags: Mapping[str, str] | None = Non
             if flag and flag.endswith("-gib") and isinstance(bounds, dict):
                 # the API's bound is in bytes, the flag's value in GiB: said in the flag's unit too
                 # ("less than or equal to 17592186044416" for --host-gib 20000; a surfaces review)
-                said = [f"{k} {v / 2**30:,.6g} GiB" for k, v in bounds.items() if isinstance(v, int | float)]
+                said = [f"{k} {_gib_words(v)} GiB" for k, v in bounds.items() if isinstance(v, int | float)]
                 message += f" ({', '.join(said)} in {flag}'s unit)" if said else ""
                 named.append(f"{field}: {message}")
                 continue
             named.append(field if message in detail else f"{field}: {message}")
     return f"HTTP {response.status_code}: {detail}" + (f" [field {'; '.join(named)}]" if named else "")
+
+
+def _gib_words(value: float) -> str:
+    """Bytes as GiB, whole where they are (2**50 is 1,048,576, not 1.04858e+06: a review)."""
+    gib = value / 2**30
+    return f"{gib:,.0f}" if gib.is_integer() else f"{gib:,.4f}".rstrip("0").rstrip(".")
 
 
 def flag_of(field: str, flags: Mapping[str, str]) -> str | None:

@@ -875,6 +875,9 @@ def test_a_refused_field_is_named_with_the_flag_that_set_it(database: str) -> No
     # the API's bound is in bytes: said in the flag's GiB too (a surfaces review)
     big = CliRunner().invoke(main, [*layout, "--host-gib", "20000"])
     assert big.exit_code == 1 and "le 16,384 GiB in --host-gib's unit" in words(big.output), big.output
+    from service.cli import _gib_words
+
+    assert _gib_words(2**50) == "1,048,576" and _gib_words(2**20) == "0.001"  # whole where whole
     from service.cli import ESTIMATE_FLAGS, PLAN_FLAGS, flag_of
 
     assert flag_of("constraints.frameworks.0", PLAN_FLAGS) == "--framework"  # an item: its list's flag

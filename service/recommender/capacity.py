@@ -30,6 +30,7 @@ from service.recommender.suggest import (
     budget_words,
     data_parallel_ceiling,
     fewest_gpus,
+    fsdp1_qlora_unfit,
     node_ladder,
     reference_network_bytes_per_s,
     reference_node_gpus,
@@ -138,6 +139,7 @@ def _option(
             "before a fit"
             if truncated
             else fewest.unfit
+            or fsdp1_qlora_unfit(model, cluster, training, constraints, max(counts))
             or data_parallel_ceiling(model, cluster, training, constraints, max(counts))
             or f"no layout fits up to {max(counts)} GPUs"
             + (f" (constraints.max_gpus {cap:,})" if cap is not None else "")

@@ -200,11 +200,12 @@ def climb_bound(
     largest = largest_world(model, cluster, training)
     runnable = largest_runnable_world(model, cluster, training, constraints.frameworks, constraints.launchers)
     within = tuple(n for n in counts if n <= runnable)
+    who = _data_parallel_only_why(training)
     if not within:
         if runnable < largest and counts and min(counts) <= largest:
             return (), (
-                f"the requested launchers run data parallelism only: at most the global batch "
-                f"({training.global_batch_size}) GPUs, fewer than the {min(counts)} tried first"
+                f"{who}: at most the global batch ({training.global_batch_size}) GPUs, fewer than the "
+                f"{min(counts)} tried first"
             )
         if counts:
             # no split of the job uses that many GPUs: said with what bounds it, not "no layout fits on
@@ -228,10 +229,7 @@ def climb_bound(
         return within, None
     cut = ""
     if len(within) < len(counts) and runnable < largest:
-        cut = (
-            f"the requested launchers run data parallelism only, on at most the global batch "
-            f"({training.global_batch_size}) GPUs; "
-        )
+        cut = f"{who}, on at most the global batch ({training.global_batch_size}) GPUs; "
     return (), f"{cut}no layout of {top:,} GPUs or fewer fits: {bound.words(limit)}"
 
 
@@ -266,6 +264,33 @@ def fewest_gpus(
     return FewestGpus(found=found, evaluations=result.evaluations, truncated=result.truncated)
 
 
+def _data_parallel_only_why(training: TrainingSpec) -> str:
+    """Why the job runs data parallel alone (``space.largest_runnable_world``): QLoRA, whatever was
+    asked, or the requested launchers (a QLoRA plan that asked for none was told "the requested
+    launchers run data parallelism only": a review of this stop's commits)."""
+    if training.method is Method.QLORA:
+        return "qlora splits no weight and no target runs it with context parallelism"
+    return "the requested launchers run data parallelism only"
+
+
+def fsdp1_qlora_unfit(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: Constraints, tried: int
+) -> str | None:
+    """Why nothing fit a QLoRA job FSDP alone runs, whose FSDP1 shards none of its layouts
+    (``_lora_unblocks_qlora``): every sharded one broke the rule, not memory, and the climb went as far
+    as data parallelism runs (a review of the ordinary requests; capacity said a larger batch would
+    help: a review of this stop's commits); None for any other job."""
+    if not _lora_unblocks_qlora(model, training, constraints, Method.LORA):
+        return None
+    c = constraints
+    searched = min(tried, largest_runnable_world(model, cluster, training, c.frameworks, c.launchers))
+    return (
+        f"no layout fits on up to {searched:,} GPUs: qlora on fsdp shards none of them (its FSDP1 units "
+        "leave peft's fused-expert adapters sharded, huggingface/peft#3080), so each holds the whole "
+        "model; lora, deepspeed or attention targets only lift that"
+    )
+
+
 def data_parallel_ceiling(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: Constraints, tried: int
 ) -> str | None:
@@ -278,11 +303,7 @@ def data_parallel_ceiling(
     runnable = largest_runnable_world(model, cluster, training, c.frameworks, c.launchers)
     if runnable >= tried or runnable >= largest_world(model, cluster, training):
         return None
-    who = (
-        "qlora splits no weight and no target runs it with context parallelism"
-        if training.method is Method.QLORA
-        else "the requested launchers run data parallelism only"
-    )
+    who = _data_parallel_only_why(training)
     return (
         f"no layout fits on up to {runnable:,} GPUs, the most this job uses: {who}, on at most the global "
         f"batch ({training.global_batch_size}) GPUs, and what each GPU holds of a sequence does not shrink "
@@ -933,15 +954,9 @@ class _Ask:
         if found is None and fewest.unfit is not None:
             raise NoFit(f"{cluster.gpu.name}: {fewest.unfit}")
         if found is None:
-            if _lora_unblocks_qlora(self.model, training, self.constraints, Method.LORA):
-                # every sharded layout broke QLoRA's FSDP1 rule, not memory (a review of the ordinary
-                # requests): said, with the change that lifts it, before any GPU count's bound
-                raise NoFit(
-                    f"{cluster.gpu.name}: no layout fits on up to {counts[-1]:,} GPUs: qlora on fsdp shards "
-                    "none of them (its FSDP1 units leave peft's fused-expert adapters sharded, "
-                    "huggingface/peft#3080), so each holds the whole model; lora, deepspeed or attention "
-                    "targets only lift that"
-                )
+            unsharded = fsdp1_qlora_unfit(self.model, cluster, training, self.constraints, counts[-1])
+            if unsharded is not None:  # the rule, not the count, stops it: said first
+                raise NoFit(f"{cluster.gpu.name}: {unsharded}")
             runs_fewer = data_parallel_ceiling(self.model, cluster, training, self.constraints, counts[-1])
             if runs_fewer is not None:
                 raise NoFit(f"{cluster.gpu.name}: {runs_fewer}")

@@ -430,3 +430,29 @@ def test_a_qlora_capacity_that_data_parallelism_bounds_says_so(client: TestClien
     (option,) = response.json()["options"]
     assert option["fits"] is False and "on up to 64 GPUs, the most this job uses" in option["note"], option
     assert "no target runs it with context parallelism" in option["note"] and option["evaluations"] < 100
+
+
+def test_a_qlora_job_fsdp1_cannot_shard_says_the_rule_in_capacity_and_a_plan_says_qlora_not_launchers(
+    client: TestClient,
+) -> None:
+    """Capacity of a QLoRA Qwen3-30B-A3B on FSDP alone advised a larger batch, where FSDP1 shards none
+    of its layouts (the rule, which a plan said); and a QLoRA plan that asked for no launcher was told
+    "the requested launchers run data parallelism only" (a review of this stop's commits)."""
+    body = {
+        "model": {"preset": "qwen3-30b-a3b"},
+        "training": {"seq_len": 4096, "global_batch_size": 8, "method": "qlora"},
+        "gpus": ["l4-24gb"],
+        "constraints": {"frameworks": ["fsdp"]},
+    }
+    (option,) = client.post("/v1/capacity", json=body).json()["options"]
+    assert "huggingface/peft#3080" in option["note"] and "on up to 8 GPUs" in option["note"], option
+    plan = client.post(
+        "/v1/plans",
+        json={
+            "model": {"preset": "llama-3.1-70b"},
+            "cluster": {"gpu": "l4-24gb", "num_nodes": 1, "gpus_per_node": 8},
+            "training": {"seq_len": 8192, "global_batch_size": 4, "method": "qlora"},
+        },
+    ).json()
+    reasons = " ".join(s["reason"] for s in plan["suggestions_skipped"])
+    assert "requested launchers" not in reasons and "qlora splits no weight" in reasons, reasons
