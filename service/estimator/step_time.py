@@ -413,7 +413,7 @@ def stage_shape(job: Job, layout: Layout, stage: int) -> StageShape:
 def gemm_efficiency(job: Job, width: float, tokens: float) -> float:
     """``tuning.matmul_efficiency`` of GEMMs ``width`` wide on ``tokens`` rows on the job's GPU: the
     same for every layout of one tensor-parallel degree and micro-batch."""
-    return matmul_efficiency(job.tuning, job.cluster.gpu, width, tokens)
+    return matmul_efficiency(job.tuning, job.cluster.gpu, width, tokens, precision=job.training.precision)
 
 
 @dataclass(slots=True, kw_only=True)  # built on every memo miss: not frozen (frozen __init__ is ~4x)
@@ -645,8 +645,9 @@ def expert_efficiency(job: Job, layout: Layout) -> float:
     h, f = model.hidden_size, moe.expert_ffn_hidden_size / layout.expert_tp
     up = (2 if model.mlp.gated else 1) * f
     width = min(h, moe.expert_ffn_hidden_size) / layout.expert_tp
-    up_efficiency = matmul_efficiency(tuning, gpu, width, rows, shape=(up, h))
-    down_efficiency = matmul_efficiency(tuning, gpu, width, rows, shape=(h, f))
+    precision = job.training.precision
+    up_efficiency = matmul_efficiency(tuning, gpu, width, rows, shape=(up, h), precision=precision)
+    down_efficiency = matmul_efficiency(tuning, gpu, width, rows, shape=(h, f), precision=precision)
     # FLOPs of each GEMM per row: 2 h up and 2 f h; time = FLOPs / efficiency
     return (up + f) / (up / up_efficiency + f / down_efficiency)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from service.estimator.clocks import clock_fraction
 from service.estimator.errors import InvalidHardware
-from service.estimator.types import Framework, GPUSpec
+from service.estimator.types import Framework, GPUSpec, Precision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,19 +261,54 @@ def peak_fraction(tuning: Tuning, gpu: GPUSpec) -> float:
 
 
 def matmul_efficiency(
-    tuning: Tuning, gpu: GPUSpec, width: float, tokens: float, shape: tuple[float, float] | None = None
+    tuning: Tuning,
+    gpu: GPUSpec,
+    width: float,
+    tokens: float,
+    shape: tuple[float, float] | None = None,
+    precision: Precision = Precision.BF16,
 ) -> float:
     """Fraction of peak a layer sustains for GEMM width ``h / tp`` and ``b s / cp`` tokens (the
     GEMMs' rows), never above what streaming the weights from HBM allows (``weight_streaming_bound``),
     or, given the GEMM's ``shape`` (N, K), what moving all three of its operands allows
-    (``gemm_roofline_bound``: an MoE expert's GEMM, whose rows are few and whose N and K are small)."""
+    (``gemm_roofline_bound``: an MoE expert's GEMM, whose rows are few and whose N and K are small),
+    each as a fraction of ``precision``'s peak."""
     width_factor = _interpolate_log2(tuning.width_points, width)
     tokens_factor = _interpolate_log2(tuning.tokens_points, tokens)
-    bound = weight_streaming_bound(gpu, tokens) if shape is None else gemm_roofline_bound(gpu, tokens, *shape)
+    if shape is None:
+        bound = weight_streaming_bound(gpu, tokens, precision)
+    else:
+        bound = gemm_roofline_bound(gpu, tokens, *shape, precision=precision)
     return min(peak_fraction(tuning, gpu) * width_factor * tokens_factor, bound)
 
 
-def gemm_roofline_bound(gpu: GPUSpec, rows: float, n: float, k: float) -> float:
+# The bytes of a GEMM operand in each precision: fp32 and tf32 matmuls read fp32 tensors, fp8's
+# Transformer Engine GEMMs fp8 ones.
+_OPERAND_BYTES = {
+    Precision.FP32: 4,
+    Precision.TF32: 4,
+    Precision.BF16: 2,
+    Precision.BF16_PURE: 2,
+    Precision.FP16: 2,
+    Precision.FP8: 1,
+}
+
+
+def _roofline_scale(gpu: GPUSpec, precision: Precision) -> float:
+    """2 / (operand bytes x the precision's peak at the sustained clock): a roofline's FLOP per byte of
+    16-bit operands times the HBM bandwidth, as a fraction of that precision's peak. Where the peak
+    scales as the bytes shrink (fp8 on tensor cores: twice bf16's, on half the bytes; tf32: half, on
+    twice) it is the 16-bit bound; fp32 on CUDA cores is not: its bound was the 16-bit fraction of the
+    fp32 peak, so a part with a lower bf16 peak got a higher fp32 roofline (an L40 timed 25% faster
+    than an L40S in fp32: an invariants review)."""
+    peaks = gpu.peak_flops_per_s
+    peak = peaks.of(precision) or peaks.bf16 or peaks.fp16 or peaks.fp32
+    return 2 / (_OPERAND_BYTES[precision] * peak * clock_fraction(gpu))
+
+
+def gemm_roofline_bound(
+    gpu: GPUSpec, rows: float, n: float, k: float, *, precision: Precision = Precision.BF16
+) -> float:
     """The roofline of one (rows x K) @ (K x N) GEMM whose three operands cross HBM once: 2 rows N K
     FLOPs over 2 (rows K + K N + rows N) bytes in 16 bits is rows N K / (rows K + K N + rows N) FLOP
     per byte (Williams et al., 'Roofline', CACM 2009), as a fraction of the 16-bit peak at the sustained
@@ -281,22 +316,19 @@ def gemm_roofline_bound(gpu: GPUSpec, rows: float, n: float, k: float) -> float:
     ``weight_streaming_bound``; it is symmetric in the three sizes, so the backward's GEMMs (dgrad: rows
     x K over N; wgrad: N x K over rows) share it."""
     intensity = rows * n * k / (rows * k + k * n + rows * n)
-    peaks = gpu.peak_flops_per_s
-    peak_16bit = peaks.bf16 or peaks.fp16 or peaks.fp32
-    return intensity * gpu.hbm_bandwidth_bytes_per_s / (peak_16bit * clock_fraction(gpu))
+    return intensity * gpu.hbm_bandwidth_bytes_per_s * _roofline_scale(gpu, precision)
 
 
-def weight_streaming_bound(gpu: GPUSpec, rows: float) -> float:
+def weight_streaming_bound(gpu: GPUSpec, rows: float, precision: Precision = Precision.BF16) -> float:
     """The roofline of a GEMM of ``rows`` rows against a weight matrix read from HBM: 2 rows K N FLOPs
     over the 2 K N bytes of 16-bit weights is ``rows`` FLOP per byte, so at most rows x bandwidth /
     peak of the 16-bit peak (fp8 halves the bytes and doubles the peak; tf32 the reverse: the same
     bound). It binds only for short rows (under ~300 on H100, ~150 on A100): tiny micro-batches, wide
     context parallelism, or fine-grained experts that see few tokens each. The peak is the one at the
     GPU's sustained clock (``clocks.clock_fraction``): HBM keeps its own clock, so a slower SM clock
-    leaves a larger share of the slower peak within the bandwidth's reach."""
-    peaks = gpu.peak_flops_per_s
-    peak_16bit = peaks.bf16 or peaks.fp16 or peaks.fp32
-    return rows * gpu.hbm_bandwidth_bytes_per_s / (peak_16bit * clock_fraction(gpu))
+    leaves a larger share of the slower peak within the bandwidth's reach. In ``precision``'s own
+    operand bytes and peak (``_roofline_scale``)."""
+    return rows * gpu.hbm_bandwidth_bytes_per_s * _roofline_scale(gpu, precision)
 
 
 def framework_attention_kernel(tuning: Tuning, gpu: GPUSpec, framework: Framework) -> str | None:

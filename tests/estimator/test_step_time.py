@@ -530,6 +530,31 @@ def test_short_gemms_are_bound_by_streaming_their_weights() -> None:
     assert matmul_efficiency(tuning, H100, 4096, 8192) < weight_streaming_bound(H100, 8192)
 
 
+def test_a_roofline_is_in_the_precisions_own_bytes_and_peak() -> None:
+    """fp32 on CUDA cores reads 4-byte operands: 64 rows stream at 64 / 2 FLOP per byte, whatever the
+    part's bf16 peak. The bound was the 16-bit fraction of the fp32 peak, so a part with a lower bf16
+    peak got a higher fp32 roofline: an L40 was timed 25% faster than an L40S in fp32, an A10G 22% faster
+    than an A10 (an invariants review). fp8 and tf32, whose peaks scale as their bytes, keep the 16-bit
+    bound."""
+    from service.catalog.gpus import gpu
+    from service.estimator.tuning import gemm_roofline_bound, weight_streaming_bound
+
+    l40, l40s = gpu("l40-48gb"), gpu("l40s-48gb")
+    for part in (l40, l40s):
+        flops = weight_streaming_bound(part, 64, Precision.FP32) * part.peak_flops_per_s.fp32
+        assert flops == pytest.approx(64 / 2 * part.hbm_bandwidth_bytes_per_s)  # independent of bf16
+        shaped = (
+            gemm_roofline_bound(part, 64, 768, 2048, precision=Precision.FP32) * part.peak_flops_per_s.fp32
+        )
+        assert shaped == pytest.approx(
+            64 * 768 * 2048 / (64 * 2048 + 2048 * 768 + 64 * 768) / 2 * part.hbm_bandwidth_bytes_per_s
+        )
+    for scaled in (Precision.FP8, Precision.TF32):  # the datasheets' rounding apart
+        assert weight_streaming_bound(H100, 64, scaled) == pytest.approx(
+            weight_streaming_bound(H100, 64), rel=1e-3
+        )
+
+
 def test_a_layer_costs_at_least_its_kernel_launches_by_hand() -> None:
     # TINY (1 layer), 2 sequences of 3 tokens, micro-batch 1: 2 micro-batches. 10 kernels per layer
     # forward at 1 ms each: forward + backward = 3 x 10 x 1 ms per micro-batch -> 0.06 s, far above
