@@ -551,7 +551,7 @@ def test_a_roofline_is_in_the_precisions_own_bytes_and_peak() -> None:
         )
     for scaled in (Precision.FP8, Precision.TF32):  # the datasheets' rounding apart
         assert weight_streaming_bound(H100, 64, scaled) == pytest.approx(
-            weight_streaming_bound(H100, 64), rel=1e-3
+            weight_streaming_bound(H100, 64), rel=2e-3
         )
 
 
