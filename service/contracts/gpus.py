@@ -255,17 +255,14 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
         was timed at 2.2x a B200's peak, silently: hardware review); a low precision's peak below a
         higher one's (bf16 under fp32, fp8 under bf16), as when two were swapped."""
         peaks = self.peak_flops_per_s
-        parts = [spec for spec in catalog_gpus().values() if not self.chip or spec.chip == self.chip]
-        of = f"the catalog's {self.chip} parts" if self.chip else "every catalog part"
+        parts, of = self._die_parts()
         notes = []
         for precision in ("tf32", "bf16", "fp16", "fp8"):
             stated = getattr(peaks, precision)
             known = [(getattr(spec.peak_flops_per_s, precision), spec.name) for spec in parts]
-            known = [(peak, name) for peak, name in known if peak is not None]
-            if stated is None or not known:
-                continue
-            fastest, name = max(known)
-            if stated > SPARSE_LOOKING_RATIO * fastest:
+            above = _far_above(stated, [(peak, name) for peak, name in known if peak is not None])
+            if stated is not None and above is not None:
+                fastest, name = above
                 notes.append(
                     f"peak_flops_per_s.{precision} {stated / 1e12:,.0f} TFLOP/s is {stated / fastest:.1f}x "
                     f"the fastest of {of} ({name}, {fastest / 1e12:,.0f}): timed as stated; datasheets print "
@@ -295,23 +292,27 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             )
         return tuple(notes)
 
+    def _die_parts(self) -> tuple[list[GPUSpec], str]:
+        """The catalog's parts of this die (every part, without chip), and those words."""
+        parts = [spec for spec in catalog_gpus().values() if not self.chip or spec.chip == self.chip]
+        return parts, f"the catalog's {self.chip} parts" if self.chip else "every catalog part"
+
     def _link_notes(self, pcie: float, intra: float) -> tuple[str, ...]:
         """Links far above every catalog part of the die (of any part, without chip), as datasheets'
         bidirectional totals are twice the one-way figure this service reads (H100's "NVLink 900 GB/s"
         is 450 each way): a custom H800 stated at 900 GB/s had its TP time cut by 40%, silently (a
         hardware review)."""
-        parts = [spec for spec in catalog_gpus().values() if not self.chip or spec.chip == self.chip]
-        of = f"the catalog's {self.chip} parts" if self.chip else "every catalog part"
+        parts, of = self._die_parts()
         notes = []
         for field, stated in (
             ("intra_node_bandwidth_bytes_per_s", intra),
             ("pcie_bandwidth_bytes_per_s", pcie),
         ):
-            known = [(float(getattr(spec, field)), spec.name) for spec in parts]
-            if getattr(self, field) is None or not known:
+            if getattr(self, field) is None:
                 continue  # a default is a catalog part's own
-            fastest, name = max(known)
-            if stated > SPARSE_LOOKING_RATIO * fastest:
+            above = _far_above(stated, [(float(getattr(spec, field)), spec.name) for spec in parts])
+            if above is not None:
+                fastest, name = above
                 notes.append(
                     f"{field} {stated / 1e9:,.0f} GB/s is {stated / fastest:.1f}x the fastest of {of} "
                     f"({name}, {fastest / 1e9:,.0f}): timed as stated; datasheets print links as the sum "
@@ -379,6 +380,15 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
                 )
             )
         return pcie, intra, tuple(defaulted)
+
+
+def _far_above(stated: float | None, known: list[tuple[float, str]]) -> tuple[float, str] | None:
+    """The fastest of ``known`` (figure, part) where ``stated`` is more than ``SPARSE_LOOKING_RATIO``
+    times it, else None."""
+    if stated is None or not known:
+        return None
+    fastest, name = max(known)
+    return (fastest, name) if stated > SPARSE_LOOKING_RATIO * fastest else None
 
 
 # A custom peak above this multiple of its die's fastest catalog part is said (CustomGPU._peak_notes):
