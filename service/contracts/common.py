@@ -247,9 +247,10 @@ def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
 
 def documented_maximum(limit: int) -> Callable[[dict[str, Any]], None]:
     """``json_schema_extra`` documenting ``limit`` as a field's maximum, on the field and on each
-    numeric branch of a nullable one: the server refuses past it with its reason (``scale.py``), while
-    the field's own ``le`` is a looser first check; a maximum beside an anyOf whose integer branch
-    said another let generated clients accept what the server refuses (integrator review)."""
+    numeric branch of a nullable one: the server refuses past it with its reason (``scale.py``; the
+    fields' ``le`` is the same bound, said with that reason: ``problems._PAST_THE_BOUND``); a maximum
+    beside an anyOf whose integer branch said another let generated clients accept what the server
+    refuses (integrator review)."""
 
     def document(schema: dict[str, Any]) -> None:
         schema["maximum"] = limit
