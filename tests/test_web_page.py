@@ -239,6 +239,10 @@ def test_a_log_pasted_as_a_run_calibrates_the_next_plan(browser: Any, tmp_path: 
         assert "max_reserved" in page.inner_text("#run-result .run-read")
         read = {row[0]: row for row in cells(page, "#run-result table.source-figures")}
         assert read["step_s"][1] == f"{step:.3f} s" and "median" in read["step_s"][2]
+        # other figures as the CLI prints them: four figures with separators, a fraction as a percentage
+        # ("6639.500 tokens/s" and "0.389 fraction": a surfaces review)
+        assert page.evaluate("figureText({value: 6639.5, unit: 'tokens/s'})") == "6,640 tokens/s"
+        assert page.evaluate("figureText({value: 0.3891, unit: 'fraction'})") == "38.9%"
         assert "Counted" in page.inner_text("#run-result .diagnosis-verdict")
         assert "+10.0%" in page.inner_text("#run-result table.diagnosis")
         assert "megatron log" in page.inner_text("#runs table")

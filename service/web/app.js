@@ -1154,10 +1154,15 @@ function diagnosisText(key, v) {
 
 function numberText(v) { return typeof v === "number" ? (Number.isInteger(v) ? fmt.int(v) : v.toFixed(3)) : JSON.stringify(v); }
 
+// A figure read from a log as the CLI's _figure_text prints it: a fraction as a percentage, other
+// units to four figures ("6639.500 tokens/s" and "mfu 0.389 fraction" where the CLI said 6,640 and
+// 38.9%: a surfaces review).
 function figureText(f) {
   if (f.unit === "bytes") return fmt.gib(f.value);
   if (f.unit === "s") return fmt.s(f.value);
-  return `${numberText(f.value)}${f.unit ? ` ${f.unit}` : ""}`;
+  if (f.unit === "fraction") return fmt.pct(f.value);
+  const value = typeof f.value === "number" ? fmt.num(Number(f.value.toPrecision(4))) : numberText(f.value);
+  return `${value}${f.unit ? ` ${f.unit}` : ""}`;
 }
 
 // What the service read from a pasted log (RunOut.source), how it judged the run (diagnosis) and
