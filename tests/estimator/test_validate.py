@@ -620,6 +620,16 @@ def test_qlora_never_computes_in_fp8() -> None:
     TrainingSpec(seq_len=4096, global_batch_size=64, method=Method.QLORA, precision=Precision.BF16)
 
 
+def schedule_check(layout: Layout, training: TrainingSpec, refused: str | None) -> None:
+    """``layout`` accepted (``refused`` None), or refused at pp with words ``refused``."""
+    if refused is None:
+        check(layout, training=training)
+        return
+    with pytest.raises(InvalidLayout) as err:
+        check(layout, training=training)
+    assert refused in str(err.value) and err.value.field == "pp"
+
+
 @pytest.mark.parametrize(
     ("framework", "global_batch", "refused"),
     [
@@ -640,13 +650,7 @@ def test_each_interleaved_schedule_takes_its_own_micro_batches(
     # dp 4 x pp 4, micro-batch 1: global_batch / 4 micro-batches per step
     layout = Layout(framework=framework, dp=4, pp=4, virtual_pipeline_stages=2, zero_stage=1 if framework
                     is Framework.MEGATRON else 3)  # fmt: skip
-    training = dataclasses.replace(TRAIN, global_batch_size=global_batch)
-    if refused is None:
-        check(layout, training=training)
-        return
-    with pytest.raises(InvalidLayout) as err:
-        check(layout, training=training)
-    assert refused in str(err.value) and err.value.field == "pp"
+    schedule_check(layout, dataclasses.replace(TRAIN, global_batch_size=global_batch), refused)
 
 
 @pytest.mark.parametrize(
@@ -665,13 +669,7 @@ def test_pytorchs_1f1b_takes_at_least_one_micro_batch_per_stage(
     num_stages: torchtitan's 1F1B with 2 micro-batches at pp 4 was estimated and rendered, and failed at
     start-up (a pipeline review); the interleaved schedule's rule was the only one checked."""
     layout = Layout(framework=framework, dp=4, pp=4, zero_stage=0 if framework is Framework.FSDP else 1)
-    training = dataclasses.replace(TRAIN, global_batch_size=global_batch)
-    if refused is None:
-        check(layout, training=training)
-        return
-    with pytest.raises(InvalidLayout) as err:
-        check(layout, training=training)
-    assert refused in str(err.value) and err.value.field == "pp"
+    schedule_check(layout, dataclasses.replace(TRAIN, global_batch_size=global_batch), refused)
 
 
 def test_qlora_refuses_deepspeeds_parameter_offload() -> None:
