@@ -155,7 +155,16 @@ def test_eight_large_plans_at_once_leave_an_estimate_answering(service: str) -> 
         outcomes = [future.result() for future in burst]
     assert estimate.status_code == 200, estimate.text
     assert took < 3.0, f"the estimate took {took:.2f} s behind eight large plans"
-    assert all(status in (201, 422) for status, _, _ in outcomes)
+    # the four slots' plans answer; the four behind them wait planning_queue_wait_s (5 s) while four
+    # budgets of 1.5 s CPU share one interpreter lock (up to 6 s of wall time), so a late one may be the
+    # designed 503 that says the slots were busy (CI's 2-core machine once answered one so, at 5.04 s)
+    slots = Settings.model_fields["max_concurrent_planning"].default
+    answered = [status for status, _, _ in outcomes if status in (201, 422)]
+    assert len(answered) >= slots, outcomes
+    for status, problem, _ in outcomes:
+        assert status in (201, 422, 503), problem
+        if status == 503:
+            assert "slots are busy" in problem["detail"], problem
 
 
 def test_a_plan_whose_client_hung_up_stops_and_stores_nothing(service: str) -> None:
