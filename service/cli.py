@@ -581,6 +581,34 @@ def amount(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
+def memory_lines(estimate: dict[str, Any]) -> list[str]:
+    """What the memory table leaves out and the page says: the headroom the fit leaves, the host RAM
+    and NVMe per node an offload needs, and the largest micro-batch and sequence this layout still
+    holds (``limits``; 0: none fits, null: not computed)."""
+    memory = estimate["memory"]
+    headroom, capacity = memory["headroom_bytes"], gib(memory["capacity_bytes"])
+    lines = [
+        f"headroom {gib(headroom)} of {capacity}" if headroom >= 0 else f"{gib(-headroom)} over {capacity}"
+    ]
+    host = [
+        f"{what} {gib(memory[key])}"
+        for what, key in (("host RAM", "cpu_per_node_bytes"), ("NVMe", "nvme_per_node_bytes"))
+        if memory.get(key)
+    ]
+    if host:
+        lines.append(f"offload needs {', '.join(host)} per node")
+    limits = estimate.get("limits") or {}
+    micro, seq = limits.get("max_micro_batch_size"), limits.get("max_seq_len")
+    said = []
+    if micro is not None:
+        said.append(f"micro-batch up to {micro:,}" if micro else "no micro-batch the global batch allows")
+    if seq is not None:
+        said.append(f"sequence up to {seq:,} tokens" if seq else "no sequence length")
+    if said:
+        lines.append(f"fits at this layout: {', '.join(said)}")
+    return lines
+
+
 def summary_lines(estimate: dict[str, Any]) -> list[str]:
     lines = []
     time = estimate.get("time")
@@ -602,6 +630,8 @@ def print_estimate(estimate: dict[str, Any], calibrated: bool = True) -> None:
     verdict = "[green]fits[/]" if estimate["fits"] else "[red]does not fit[/]"
     console.print(f"{layout_text(estimate['layout'])}: {verdict}")
     console.print(memory_table(estimate))
+    for line in memory_lines(estimate):
+        console.print(line)
     table = time_table(estimate)
     if table is not None:
         console.print(table)

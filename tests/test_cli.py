@@ -309,8 +309,24 @@ def test_estimate_of_one_layout(database: str) -> None:
     ]  # fmt: skip
     device_used = next(line for line in table.output.splitlines() if "device used (fit)" in line)
     assert f"{body['memory']['per_gpu']['device_used_bytes'] / 2**30:,.2f}" in device_used
-    # plain DDP of 8B on 80 GB cards: 16 bytes per parameter do not fit
-    assert run("estimate", *args, "--dp", "8", "--micro", "8").exit_code == 2
+    # what the page says beside the table, the CLI too: the headroom and the limits the answer holds
+    headroom, limits = body["memory"]["headroom_bytes"] / 2**30, body["limits"]
+    assert f"headroom {headroom:,.1f} GiB of 80.0 GiB" in table.output
+    micro, seq = limits["max_micro_batch_size"], limits["max_seq_len"]
+    assert f"fits at this layout: micro-batch up to {micro:,}, sequence up to {seq:,} tokens" in table.output
+    # and an offload's host RAM per node, where the layout needs some
+    offload = [*args, "--host-gib", "1024", "--framework", "deepspeed", "--dp", "8", "--zero", "3"]
+    offloaded = run("estimate", *offload, "--set", "offload_optimizer=cpu", "--json")
+    host = json.loads(offloaded.output)["memory"]["cpu_per_node_bytes"]
+    assert host > 0
+    said = run("estimate", *offload, "--set", "offload_optimizer=cpu").output
+    assert f"offload needs host RAM {host / 2**30:,.1f} GiB per node" in said, said
+    # plain DDP of 8B on 80 GB cards: 16 bytes per parameter do not fit, by what it says
+    ddp = run("estimate", *args, "--dp", "8", "--micro", "8")
+    over = -json.loads(run("estimate", *args, "--dp", "8", "--micro", "8", "--json").output)["memory"][
+        "headroom_bytes"
+    ]
+    assert ddp.exit_code == 2 and f"{over / 2**30:,.1f} GiB over 80.0 GiB" in ddp.output
     # what the request left out is named, as the API resolved it
     megatron = run("estimate", *args, "--framework", "megatron", "--dp", "2", "--tp", "4", "--zero", "1")
     assert "layout.sequence_parallel true" in megatron.output, megatron.output
