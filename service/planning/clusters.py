@@ -236,7 +236,7 @@ def _apply(record: ClusterRecord, body: ClusterCreate) -> None:
 # default: a row a release before them reads back (a rollback, alembic downgrade, is documented) holds
 # no key its strict CustomGPU refuses (an upgrade review: a description-only PATCH wrote peer_to_peer
 # into every custom GPU, and the rolled-back release answered 500 on GET /v1/clusters).
-_LATER_CUSTOM_GPU_DEFAULTS: dict[str, object] = {"peer_to_peer": True, "mesh_links": None}
+_LATER_CUSTOM_GPU_DEFAULTS: dict[str, object] = {"peer_to_peer": True, "vendor": None, "mesh_links": None}
 
 
 def stored_custom_gpu(gpu: CustomGPU) -> dict[str, Any]:

@@ -502,6 +502,32 @@ def test_a_custom_gpu_row_holds_no_later_field_at_its_default(client: TestClient
     assert client.get(f"/v1/clusters/{default['id']}").json()["gpu"]["peer_to_peer"] is True
 
 
+# CustomGPU's fields in the release before the first of those _LATER_CUSTOM_GPU_DEFAULTS names (9873b3a):
+# a row a rolled-back release reads holds none other, or its strict model answers 500 (vendor, added
+# after the guard, was written as null into every row: a data-lifecycle review)
+EARLIER_CUSTOM_GPU_FIELDS = frozenset({
+    "name", "chip", "memory_bytes", "peak_flops_per_s", "hbm_bandwidth_bytes_per_s",
+    "intra_node_bandwidth_bytes_per_s", "pcie_bandwidth_bytes_per_s", "flash_attention", "rated_power_w",
+    "power_limit_w", "peak_clock_hz", "sustained_clock_hz",
+})  # fmt: skip
+
+
+def test_a_custom_gpu_row_left_at_its_defaults_holds_only_fields_an_earlier_release_reads(
+    client: TestClient, db_engine: Any
+) -> None:
+    from sqlalchemy import text
+
+    created = create(client, name="lab", gpu=CUSTOM_GPU, num_nodes=1)
+    with db_engine.connect() as conn:
+        (value,) = conn.execute(
+            text("SELECT gpu_spec FROM clusters WHERE id = :id"), {"id": created["id"]}
+        ).one()
+    stored = json.loads(value) if isinstance(value, str) else value
+    assert set(stored) <= EARLIER_CUSTOM_GPU_FIELDS, sorted(set(stored) - EARLIER_CUSTOM_GPU_FIELDS)
+    # and every field of today's reads back at its default
+    assert client.get(f"/v1/clusters/{created['id']}").json()["gpu"]["vendor"] is None
+
+
 def test_a_cluster_create_retried_with_its_key_replays(client: TestClient) -> None:
     """Two reviews: POST /v1/clusters ignored Idempotency-Key (api.md: writes a scheduler may retry
     accept one), so a retry was a 409 'name taken'. The same key and body replay the cluster, 201 with
