@@ -301,7 +301,14 @@ def _optimizer(plan: Plan) -> dict[str, Any]:
 
 
 def batch_ranks(plan: Plan) -> int:
-    """The world size in DeepSpeed's batch assertion (runtime/config.py, DeepSpeedConfig.__init__).
+    """``counted_ranks`` of the plan's layout."""
+    lo = plan.layout
+    return counted_ranks(dp=lo.dp, tp=lo.tp, pp=lo.pp)
+
+
+def counted_ranks(*, dp: int, tp: int, pp: int) -> int:
+    """The world size in DeepSpeed's batch assertion (runtime/config.py, DeepSpeedConfig.__init__),
+    which its config print logs as world_size and its train_batch_size and samples/s count.
 
     With a pipeline, PipelineModule's topology is the mpu and the count is its data-parallel size.
     Without one, AutoTP (config-driven, or HF Trainer's tp_model_init) passes no mpu, so the count is
@@ -311,8 +318,7 @@ def batch_ranks(plan: Plan) -> int:
     Ulysses (cp > 1, tp = 1: Accelerate's ALST) the mpu is ALST's, without get_data_parallel_world_size,
     and the count is world / sequence-parallel size: dp again.
     """
-    lo = plan.layout
-    return lo.dp if lo.pp > 1 else lo.dp * lo.tp
+    return dp if pp > 1 else dp * tp
 
 
 def ds_config(plan: Plan) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from service.estimator.types import (
 )
 from service.feedback import ObservedRun, estimated_peak, measured_step_s
 from service.frameworks import Target, frameworks_of
+from service.launchers.deepspeed import counted_ranks
 from service.persistence.db import utcnow
 from service.persistence.models import PlanRecord, RunRecord
 from service.persistence.repository import PlanRepository
@@ -206,6 +207,27 @@ def gpu_count(layout: dict[str, Any]) -> int:
     return count
 
 
+def logged_ranks(layout: dict[str, Any], log_format: object) -> int:
+    """The world size a log of ``log_format`` states for a run of ``layout``: DeepSpeed's config print
+    logs the ranks its batch check counts, and its train_batch_size and samples/s count them
+    (``launchers.deepspeed.counted_ranks``: dp under its pipeline engine, every rank, tensor-parallel
+    peers included, under AutoTP); the others every GPU. A DeepSpeed plan's own log read as another
+    job's: its pipeline's world_size was dp, its AutoTP's batch tp times the plan's (a batch review)."""
+    if log_format == "deepspeed":
+        shape = StoredLayout.model_validate(layout)
+        return counted_ranks(dp=shape.dp, tp=shape.tp, pp=shape.pp)
+    return gpu_count(layout)
+
+
+def logged_batch_factor(layout: dict[str, Any], log_format: object) -> float:
+    """How many times the global batch a log of ``log_format`` counts for ``layout`` (its
+    train_batch_size, and the samples its samples/s count): ``logged_ranks`` over dp for DeepSpeed's,
+    1 for the others."""
+    if log_format == "deepspeed":
+        return logged_ranks(layout, log_format) / StoredLayout.model_validate(layout).dp
+    return 1.0
+
+
 # A log's card may report a little less than the catalog's (the driver's reserve: 79.1 GiB of an H100's
 # 80); more apart than this, it ran on another card.
 CAPACITY_TOLERANCE = 0.1
@@ -257,15 +279,22 @@ def another_job(run: RunRecord, plan: PlanRecord, capacity_bytes: int) -> tuple[
                 f"{plan.framework}: another framework's step"
             )
     planned = StoredRequest.read(plan.request).training.global_batch_size
-    batch = source.get("global_batch_size")
-    if isinstance(batch, int) and batch != planned:
-        reasons.append(f"its log trains global batch {batch}, the plan {planned}: another job's step")
     recommended = PlanResult.read(plan.result).recommended
+    batch = source.get("global_batch_size")
+    factor = logged_batch_factor(recommended.layout, printed) if recommended is not None else 1.0
+    if isinstance(batch, int) and batch != planned * factor:
+        counted = f" ({planned * factor:g} as its {printed} log counts it)" if factor != 1 else ""
+        reasons.append(
+            f"its log trains global batch {batch}, the plan {planned}{counted}: another job's step"
+        )
     world = source.get("world_size")
     if recommended is not None and isinstance(world, int):
-        gpus = gpu_count(recommended.layout)
-        if world != gpus:
-            reasons.append(f"its log ran on {world} GPUs, the plan's layout on {gpus}: another job's")
+        gpus, ranks = gpu_count(recommended.layout), logged_ranks(recommended.layout, printed)
+        if world != ranks:
+            counted = f" ({ranks} ranks as its {printed} log counts them)" if ranks != gpus else ""
+            reasons.append(
+                f"its log ran on {world} GPUs, the plan's layout on {gpus}{counted}: another job's"
+            )
     stated = _stated_flops_ratio(run, source, recommended)
     if stated is not None and not 1 / STATED_FLOPS_RATIO <= stated <= STATED_FLOPS_RATIO:
         reasons.append(

@@ -3,6 +3,7 @@ estimate (service.feedback), and the calibration they give later estimates."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,6 +21,8 @@ from service.planning.calibration import (
     calibration_for,
     calibration_out,
     gpu_count,
+    logged_batch_factor,
+    logged_ranks,
     observation,
     observed,
     stored_traits,
@@ -104,8 +107,9 @@ def measurements(
     except LogNotUnderstood as exc:
         raise Unprocessable(str(exc), errors=[{"field": "log", "message": str(exc)}]) from exc
     training = StoredRequest.read(plan.request).training
-    gpus = gpu_count(layout)
-    figures, conversions = from_log(parsed, seq_len=training.seq_len, gpus=gpus)
+    figures, conversions = from_log(
+        parsed, seq_len=training.seq_len, global_batch_size=training.global_batch_size, layout=layout
+    )
     timed = parsed.step_s or parsed.tokens_per_s_per_gpu or parsed.samples_per_s
     if not figures and timed is not None and not timed.steady:  # from_log left the start-up out
         message = (
@@ -113,6 +117,9 @@ def measurements(
             "included), and no memory figure of it is kept: nothing a run stores; paste a log past the first "
             "steps"
         )
+        raise Unprocessable(message, errors=[{"field": "log", "message": message}])
+    if not figures and conversions:  # a reading left out, and nothing else a run stores
+        message = f"the log states no figure a run stores: {'; '.join(conversions)}"
         raise Unprocessable(message, errors=[{"field": "log", "message": message}])
     source = parsed.stored()
     source["conversions"] = conversions
@@ -126,13 +133,30 @@ def measurements(
     return typed.model_dump(exclude={"log", "format"}), source
 
 
-def from_log(parsed: ParsedLog, *, seq_len: int, gpus: int) -> tuple[dict[str, Any], list[str]]:
-    """The typed run a log states: its steady step time where it prints one, else its throughput as
-    tokens/s of the whole job (torchtitan's tps is per GPU, DeepSpeed's samples are sequences of the
-    plan's length); the peak memory with the estimate's statistic its reading is of (LOG_STATISTIC_IS),
-    and whether it ran out of memory. Says each conversion."""
+def from_log(
+    parsed: ParsedLog, *, seq_len: int, global_batch_size: int, layout: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The typed run a log of a run of ``layout`` states: its steady step time where it prints one,
+    else its throughput as tokens/s of the whole job (torchtitan's tps is per GPU, DeepSpeed's samples
+    are sequences of the plan's length, counted by each rank its batch check counts:
+    ``logged_batch_factor``); the peak memory with the estimate's statistic its reading is of
+    (LOG_STATISTIC_IS), and whether it ran out of memory. Says each conversion."""
     figures: dict[str, Any] = {}
     conversions: list[str] = []
+    gpus = gpu_count(layout)
+    shape = StoredLayout.model_validate(layout)
+    micro_batches = global_batch_size // (shape.micro_batch_size * shape.dp)
+    if parsed.format == "accelerate" and parsed.step_s is not None and micro_batches > 1:
+        # tqdm's rate is per loop iteration, and what a loop iterates is the script's: a micro-batch
+        # (a bar over the DataLoader) or an optimizer step (HF's no_trainer examples tick on
+        # sync_gradients). At one micro-batch a step they agree; past it the reading was stored as the
+        # step, half the time at two micro-batches, and calibrated every later estimate (batch review)
+        conversions.append(
+            f"{parsed.step_s.name} left out of the run: tqdm's seconds per loop iteration are one optimizer "
+            f"step or one of its {micro_batches} micro-batches, as the script's loop ticks the bar; post "
+            "step_s as measured"
+        )
+        parsed = dataclasses.replace(parsed, step_s=None)
     timed = parsed.step_s or parsed.tokens_per_s_per_gpu or parsed.samples_per_s
     if timed is not None and not timed.steady:
         # start-up alone (the first steps of a launch): kept with the log, not as the run's time, which
@@ -153,10 +177,16 @@ def from_log(parsed: ParsedLog, *, seq_len: int, gpus: int) -> tuple[dict[str, A
         )
     elif timed is not None and parsed.samples_per_s is not None:
         samples = parsed.samples_per_s.value
-        figures["tokens_per_s"] = samples * seq_len
-        conversions.append(
-            f"tokens_per_s = {samples:g} samples/s x {seq_len} tokens per sample (the plan's seq_len)"
+        factor = logged_batch_factor(layout, parsed.format)
+        figures["tokens_per_s"] = samples * seq_len / factor
+        counted = (
+            f" / {factor:g} (its samples count each of the {logged_ranks(layout, parsed.format)} ranks "
+            f"DeepSpeed's batch check counts, tensor-parallel peers included, which read the same samples)"
+            if factor != 1
+            else ""
         )
+        per_sample = f"{seq_len} tokens per sample (the plan's seq_len)"
+        conversions.append(f"tokens_per_s = {samples:g} samples/s x {per_sample}{counted}")
     if parsed.peak_memory is not None:
         figures["peak_memory_bytes_per_gpu"] = round(parsed.peak_memory.value)
         if parsed.peak_memory.statistic is not None:  # memory_figure always names it

@@ -401,3 +401,86 @@ def test_a_deepspeed_pipeline_line_with_an_moe_loss_and_a_cuda_error_oom_are_rea
     crashed = parse_log("step: 20  loss: 1.0  memory: 60GiB(75.00%)  tps: 1,000  tflops: 1  mfu: 1%\n"
                         "[rank0]: RuntimeError: CUDA error: out of memory")  # fmt: skip
     assert crashed.out_of_memory is not None
+
+
+def _deepspeed_log(batch: int, world: int, samples_per_s: float) -> str:
+    head = [
+        f"[2025-02-20 16:40:09,872] [INFO] [config.py:1001:print]   train_batch_size ............. {batch}",
+        f"[2025-02-20 16:40:09,872] [INFO] [config.py:1001:print]   world_size ................... {world}",
+    ]
+    timers = [
+        f"[2025-02-20 16:4{i}:02,448] [INFO] [timer.py:264:stop] epoch=0/micro_step={40 * i}/"
+        f"global_step={10 * i}, "
+        f"RunningAvgSamplesPerSec={samples_per_s:.3f}, CurrSamplesPerSec={samples_per_s:.3f}, "
+        "MemAllocated=27.63GB, MaxMemAllocated=41.2GB"
+        for i in range(1, 8)
+    ]
+    return "\n".join(head + timers)
+
+
+def test_a_deepspeed_autotp_plans_own_log_is_its_job_at_its_own_rate(client: TestClient) -> None:
+    """DeepSpeed's batch check counts every rank under AutoTP (no mpu: dist.get_world_size()), so a
+    tp-2 run logs train_batch_size and samples/s twice the plan's (launchers.deepspeed.counted_ranks,
+    which its launch file says). Its own log was set aside as "global batch 128, the plan 64: another
+    job's" and read at twice its throughput (batch review)."""
+    body = {
+        "model": {"preset": "llama-3-8b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 32768, "global_batch_size": 64},
+        "constraints": {"frameworks": ["deepspeed"]},
+        "launchers": ["deepspeed"],  # its own launcher: AutoTP (Accelerate's ALST would take cp 8)
+    }
+    plan = create(client, body)
+    layout, step_s = plan["recommended"]["layout"], plan["recommended"]["estimate"]["time"]["step_s"]
+    tp, dp = layout["tp"], layout["dp"]
+    assert tp > 1 and layout["pp"] == 1, layout  # the case: AutoTP
+    counted = 64 * tp
+    run = post_log(client, plan["id"], _deepspeed_log(counted, dp * tp, counted / step_s), format="deepspeed")
+    assert run["diagnosis"]["implausible"] is False, run["diagnosis"]
+    assert run["tokens_per_s"] == pytest.approx(64 * 32768 / step_s, rel=1e-3)
+    assert run["diagnosis"]["step_time_error"] == pytest.approx(0, abs=1e-3)
+    assert any(f"/ {tp}" in c for c in run["source"]["conversions"]), run["source"]["conversions"]
+    # a log of the plan's batch as the plan states it is another job's under AutoTP: DeepSpeed would count 128
+    other = post_log(client, plan["id"], _deepspeed_log(64, dp * tp, 64 / step_s), format="deepspeed")
+    assert any("global batch 64, the plan 64" in r for r in other["diagnosis"]["implausible_reasons"])
+
+
+def test_a_deepspeed_pipeline_log_states_its_data_parallel_ranks(client: TestClient) -> None:
+    """Under DeepSpeed's pipeline engine the PipelineModule's topology is the mpu, and the config print's
+    world_size is its data-parallel size: a pp-8 run's own log ("world_size ... 1") was set aside as
+    having run on 1 GPU of the plan's 8 (batch review)."""
+    from service.planning.calibration import logged_batch_factor, logged_ranks
+
+    pipeline = {"framework": "deepspeed", "dp": 1, "tp": 1, "pp": 8, "cp": 1}
+    assert logged_ranks(pipeline, "deepspeed") == 1 and logged_batch_factor(pipeline, "deepspeed") == 1
+    autotp = {"framework": "deepspeed", "dp": 4, "tp": 2, "pp": 1, "cp": 1}
+    assert logged_ranks(autotp, "deepspeed") == 8 and logged_batch_factor(autotp, "deepspeed") == 2
+    # every other log counts the job's GPUs and its global batch
+    assert logged_ranks(pipeline, "megatron") == 8 and logged_batch_factor(autotp, "megatron") == 1
+
+
+def test_an_accelerate_bar_under_gradient_accumulation_is_not_a_step_time(client: TestClient) -> None:
+    """tqdm's s/it is one loop iteration: a micro-batch or an optimizer step, as the script ticks it.
+    A plan of two micro-batches a step stored the bar's 0.50 s/it as its 0.99 s step and calibrated the
+    hardware's step factor to 0.5 (batch review): left out, saying why; the peak is still kept."""
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 16},
+        "constraints": {"frameworks": ["fsdp"]},
+        "launchers": ["accelerate"],
+    }
+    plan = create(client, body)
+    layout = plan["recommended"]["layout"]
+    assert 16 // (layout["micro_batch_size"] * layout["dp"]) > 1, layout  # the case: it accumulates
+    bar = [f" {i}%|##   | {i}/100 [01:00<03:00,  0.50s/it]" for i in range(5, 12)]
+    text = "\n".join([*bar, "GPU Total Peak Memory consumed during the train (max): 40000"])
+    run = post_log(client, plan["id"], text, format="accelerate")
+    assert run["step_s"] is None and run["peak_memory_bytes_per_gpu"] == 40000 * MIB
+    assert any("left out of the run" in c for c in run["source"]["conversions"]), run["source"]
+    assert run["calibration"]["time_runs"] == 0
+    # without a figure the run could store, the log is refused saying why
+    refused = client.post(
+        f"/v1/plans/{plan['id']}/runs", json={"log": "\n".join(bar), "format": "accelerate"}
+    )
+    assert "post step_s as measured" in assert_problem(refused, 422)["detail"]
