@@ -23,7 +23,11 @@ from service.estimator.types import (
     Precision,
     TrainingSpec,
 )
-from service.estimator.validate import checkpoint_violation, position_table_violation
+from service.estimator.validate import (
+    checkpoint_violation,
+    flash_head_dim_violation,
+    position_table_violation,
+)
 
 # Hugging Face Trainer's optim names (transformers' OptimizerNames), as the optimizer they run and, where
 # the name says it, torch's implementation: adamw_torch is torch.optim.AdamW at its CUDA default
@@ -176,6 +180,8 @@ class TrainingIn(Strict):
                 raise table
             if (stored := checkpoint_violation(model, training)) is not None:
                 raise stored
+            if (wide := flash_head_dim_violation(model, training)) is not None:
+                raise wide
             return training if gpu is None else for_gpu(training, gpu, model)
         except InvalidTraining as exc:
             field = None if exc.field is None else f"training.{exc.field}"

@@ -33,6 +33,10 @@ from service.estimator.comm import used_link_defaults
 from service.estimator.params import transformers_attention
 from service.estimator.types import Attention, ClusterSpec, GPUSpec, ModelSpec, Precision, TrainingSpec
 
+# FlashAttention-2 and -3 (and PyTorch SDPA's flash backend, Transformer Engine's) take head dimensions
+# up to 256 (Dao-AILab/flash-attention README, "Head dimension up to 256"; flash_api.cpp's TORCH_CHECK).
+FLASH_MAX_HEAD_DIM = 256
+
 # The fields whose default depends on the GPU, in the order the answer lists them.
 HARDWARE_DEFAULT_FIELDS: tuple[str, ...] = ("precision", "attention")
 
@@ -51,10 +55,12 @@ def best_precision(gpu: GPUSpec) -> Precision:
 
 def best_attention(gpu: GPUSpec, precision: Precision, model: ModelSpec) -> Attention:
     """FlashAttention-2 where its kernels exist and take the training's activations (fp16 / bf16
-    only: flash_attn's interface asserts the dtype), else SDPA, which runs fp32 too; of those the
-    model's transformers implementation has (``params.transformers_attention``), else eager."""
+    only: flash_attn's interface asserts the dtype) and its heads (``FLASH_MAX_HEAD_DIM``), else
+    SDPA, which runs fp32 and any head too; of those the model's transformers implementation has
+    (``params.transformers_attention``), else eager."""
     has = transformers_attention(model)
-    if gpu.flash_attention and not precision.stores_fp32 and Attention.FLASH in has:
+    takes = not precision.stores_fp32 and model.head_dim <= FLASH_MAX_HEAD_DIM
+    if gpu.flash_attention and takes and Attention.FLASH in has:
         return Attention.FLASH
     return Attention.SDPA if Attention.SDPA in has else Attention.EAGER
 

@@ -48,10 +48,6 @@ from service.estimator.types import (
 )
 from service.estimator.validate import validate_layout
 
-# FlashAttention-2 and -3 (and PyTorch SDPA's flash backend) support head dimensions up to 256
-# (Dao-AILab/flash-attention README, "Head dimension up to 256").
-FLASH_MAX_HEAD_DIM = 256
-
 # Below this fraction of GPU memory left free, a layout that "fits" is flagged: allocator
 # behaviour and framework versions move real peaks by a few percent.
 THIN_HEADROOM_FRACTION = 0.05
@@ -130,11 +126,6 @@ def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tup
             f"multiple of {tuning.attention_alignment_bytes} bytes: eager "
             f"attention's QK^T and AV run at {tuning.unaligned_attention_core_factor:g} of the GEMM rate, "
             f"{added_s:.3g} s of each step; flash or sdpa attention pad head_dim to a multiple of 8"
-        )
-    if training.attention is Attention.FLASH and head_dim > FLASH_MAX_HEAD_DIM:
-        out.append(
-            f"head_dim {head_dim} > {FLASH_MAX_HEAD_DIM}: flash attention kernels do not support it "
-            "(flash-attn refuses; PyTorch SDPA falls back to a slower kernel); this estimate assumes flash"
         )
     return tuple(out)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from service.estimator import model_states, params, pipeline
+from service.estimator.defaults import FLASH_MAX_HEAD_DIM
 from service.estimator.errors import InvalidLayout, InvalidTraining
 from service.estimator.types import (
     MLP_LINEAR,
@@ -889,6 +890,24 @@ def attention_precision_violation(training: TrainingSpec) -> Violation:
     return None
 
 
+def flash_head_dim_violation(model: ModelSpec, training: TrainingSpec) -> InvalidTraining | None:
+    """FlashAttention named for heads wider than its kernels take (``defaults.FLASH_MAX_HEAD_DIM``:
+    flash_api.cpp checks head_size <= 256, and Transformer Engine's flash backend stops there too): the
+    run fails at its first forward. Left to the hardware, such a model gets SDPA
+    (``defaults.best_attention``); the estimate assumed flash with a warning, and the launch files
+    loaded the model with flash_attention_2 (a small-models review)."""
+    if training.attention is Attention.FLASH and model.head_dim > FLASH_MAX_HEAD_DIM:
+        return InvalidTraining(
+            f"attention flash: its kernels take head_dim up to {FLASH_MAX_HEAD_DIM}, and {model.name}'s is "
+            f"{model.head_dim} (the run fails at its first forward): use attention sdpa or eager, or leave "
+            "attention out (sdpa is chosen)",
+            rule="flash_head_dim",
+            field="attention",
+            limit=FLASH_MAX_HEAD_DIM,
+        )
+    return None
+
+
 def hardware_violation(cluster: ClusterSpec, training: TrainingSpec) -> Violation:
     """What the GPU cannot run, whatever the layout: a precision without matrix units for it (tf32 and
     bf16 before Ampere, fp8 before Hopper / Ada), FlashAttention where its kernels do not exist, and
@@ -1006,6 +1025,8 @@ def training_violation(
         return _bad(table.message, table.rule, "seq_len")
     if (stored := checkpoint_violation(model, training)) is not None:
         return _bad(stored.message, stored.rule, "method")
+    if (wide := flash_head_dim_violation(model, training)) is not None:
+        return _bad(wide.message, wide.rule, "attention", limit=FLASH_MAX_HEAD_DIM)
     kernels = params.transformers_attention(model)
     if (
         training.attention is not None

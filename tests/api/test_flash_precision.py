@@ -4,6 +4,7 @@ plan, capacity); left out, it resolves to sdpa and the answer says so."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -71,3 +72,46 @@ def test_the_attention_note_names_the_kernel_sdpa_runs_without_flash(client: Tes
     (note,) = [line for line in response.json()["assumptions"] if line.startswith("attention's core")]
     assert "PyTorch's memory-efficient kernel, no FlashAttention-2" in note and timed in note
     assert "fa2 kernel" not in note and "deepspeed's kernel" not in note
+
+
+# A config whose heads are wider than FlashAttention's kernels take (head_dim 512: one head of 512)
+WIDE_HEADS = {"model_type": "llama", "hidden_size": 512, "num_attention_heads": 1, "num_key_value_heads": 1,
+              "num_hidden_layers": 2, "intermediate_size": 256, "vocab_size": 32000}  # fmt: skip
+
+
+@pytest.mark.parametrize("face", ["estimate", "plan", "capacity"])
+def test_heads_past_flash_kernels_resolve_to_sdpa_and_flash_asked_is_a_422(
+    client: TestClient, face: str
+) -> None:
+    """A small-models review: head_dim 512 left to the hardware resolved to flash, which the estimate
+    then warned its kernels refuse, and the launch files loaded the model with flash_attention_2 (the run
+    fails at its first forward: flash_api.cpp checks head_size <= 256)."""
+    h100 = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1}
+    train = {"seq_len": 128, "global_batch_size": 8}
+    model = {"hf_config": WIDE_HEADS}
+    faces = {
+        "estimate": (
+            "/v1/estimates",
+            {"model": model, "cluster": h100, "training": train, "layout": {"dp": 1}},
+        ),
+        "plan": ("/v1/plans", {"model": model, "cluster": h100, "training": train}),
+        "capacity": ("/v1/capacity", {"model": model, "training": train, "gpus": ["h100-sxm-80gb"]}),
+    }
+    path, body = faces[face]
+    response = client.post(path, json=body)
+    assert response.status_code in (200, 201), response.text
+    answer = response.json()
+    if face == "capacity":
+        (option,) = answer["options"]
+        assert "training.attention sdpa" in option["note"], option
+    else:
+        assert answer["resolved_defaults"]["training.attention"] == "sdpa"
+    if face == "plan":
+        assert "flash_attention_2" not in json.dumps(answer), "a launch file loads the model with flash"
+    body["training"] = train | {"attention": "flash"}
+    (error,) = assert_problem(client.post(path, json=body), 422)["errors"]
+    assert (error["field"], error["rule"], error["limit"]) == (
+        "training.attention",
+        "flash_head_dim",
+        {"le": 256},
+    )

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from service.catalog.models import model as preset
 from service.catalog.tuning import default_tuning
 from service.estimator import activations, flops
+from service.estimator.defaults import for_gpu
 from service.estimator.dp_comm import dp_comm_exposed_s, dp_grad_reduce_s, dp_param_gather_s
+from service.estimator.errors import InvalidLayout
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
 from service.estimator.memory import layout_state_bytes
@@ -215,13 +217,14 @@ def test_estimate_warns_about_the_head_dim() -> None:
     (warning,) = [w for w in result.warnings if w.startswith("head_dim")]
     assert "head_dim 450 (900-byte rows) is not a multiple of 16 bytes" in warning
     assert f"{result.time.step_s - aligned_s:.3g} s of each step" in warning
-    # flash kernels stop at head_dim 256; an aligned head_dim under eager warns of nothing
+    # flash kernels stop at head_dim 256: asked for, refused (the run fails at its first forward);
+    # left to the hardware, SDPA; an aligned head_dim under eager warns of nothing
     flash = dataclasses.replace(case.training, attention=Attention.FLASH)
-    flash_warnings = estimate(
-        case.model, case.cluster, case.layout, flash, tuning=tuning, with_limits=False
-    ).warnings
-    (warning,) = [w for w in flash_warnings if w.startswith("head_dim")]  # (and the validated ranges')
-    assert warning.startswith("head_dim 450 > 256: flash attention kernels do not support it")
+    with pytest.raises(InvalidLayout, match=r"head_dim up to 256, and .* is 450") as refused:
+        estimate(case.model, case.cluster, case.layout, flash, tuning=tuning, with_limits=False)
+    assert refused.value.field == "attention" and refused.value.limit == 256
+    left = dataclasses.replace(case.training, attention=None, hardware_defaults=frozenset({"attention"}))
+    assert for_gpu(left, case.cluster.gpu, case.model).attention is Attention.SDPA
     narrower = dataclasses.replace(case.model, num_attention_heads=40, num_kv_heads=40, head_dim=0)  # 360
     quiet = estimate(narrower, case.cluster, case.layout, case.training, tuning=tuning, with_limits=False)
     assert not [w for w in quiet.warnings if w.startswith("head_dim")]
