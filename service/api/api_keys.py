@@ -1,4 +1,4 @@
-"""API keys (admin scope): create one for an owner (its secret is answered once), list, revoke.
+"""API keys (admin scope): create one for an owner (its secret is answered once), list, read one, revoke.
 
 Only under authentication: with PLANNER_REQUIRE_AUTH off every caller is the local owner with every
 scope, so anyone who reaches the port could make an admin key that stays valid once authentication
@@ -69,6 +69,13 @@ def list_api_keys(
     secret."""
     rows, next_cursor = api_keys.list_keys(session, owner, limit=limit, cursor=cursor)
     return Page[ApiKeyOut](items=[to_out(r) for r in rows], next_cursor=next_cursor)
+
+
+@router.get("/{key_id}", response_model=ApiKeyOut)
+def get_api_key(key_id: str, session: SessionDep) -> ApiKeyOut:
+    """One key (revoked or not, with when); never its secret. What a created key's Location names
+    (it answered 405 to GET: a data-lifecycle review)."""
+    return to_out(api_keys.get_key(session, key_id))
 
 
 @router.delete("/{key_id}", status_code=status.HTTP_204_NO_CONTENT)

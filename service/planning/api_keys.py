@@ -80,11 +80,17 @@ def list_keys(
     return ascending_page(session, query, ApiKeyRecord.id, limit=limit, after_id=after)
 
 
-def revoke_key(session: Session, key_id: str) -> ApiKeyRecord:
-    """Revoked from the next request on, on every replica (each request looks its key up)."""
+def get_key(session: Session, key_id: str) -> ApiKeyRecord:
+    """One key's record (never its secret, which only its digest keeps)."""
     record = session.get(ApiKeyRecord, key_id)
     if record is None:
         raise NotFound(f"API key {key_id!r} does not exist")
+    return record
+
+
+def revoke_key(session: Session, key_id: str) -> ApiKeyRecord:
+    """Revoked from the next request on, on every replica (each request looks its key up)."""
+    record = get_key(session, key_id)
     if record.revoked_at is None:
         record.revoked_at = utcnow()
         session.flush()

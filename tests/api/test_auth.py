@@ -141,6 +141,10 @@ def test_keys_are_created_once_listed_without_secrets_and_revoked_everywhere(
     assert key["secret"].startswith("tp_") and key["scopes"] == ["read", "write"]
     assert key["created_via"] == "api"
     assert created.headers["location"] == f"/v1/api-keys/{key['id']}"
+    # the Location answers GET (it was a 405: a data-lifecycle review): the key without its secret
+    read = client.get(created.headers["location"], headers=admin)
+    assert read.status_code == 200 and read.json() == {k: v for k, v in key.items() if k != "secret"}
+    assert client.get(created.headers["location"], headers=keys["alice"]).status_code == 403
     carol = {"Authorization": f"Bearer {key['secret']}"}
     assert client.post("/v1/clusters", json=BOX, headers=carol).status_code == 201
 
@@ -153,6 +157,10 @@ def test_keys_are_created_once_listed_without_secrets_and_revoked_everywhere(
     revoked = client.get("/v1/api-keys", params={"owner": "carol"}, headers=admin).json()["items"][0]
     assert revoked["revoked_at"] is not None
     assert_problem(client.delete("/v1/api-keys/01JAAAAAAAAAAAAAAAAAAAAAAA", headers=admin), 404)
+    assert_problem(client.get("/v1/api-keys/01JAAAAAAAAAAAAAAAAAAAAAAA", headers=admin), 404)
+    assert (
+        client.get(f"/v1/api-keys/{key['id']}", headers=admin).json()["revoked_at"] == revoked["revoked_at"]
+    )
     bad = client.post("/v1/api-keys", json={"owner": "carol", "scopes": ["root"]}, headers=admin)
     assert_problem(bad, 422)
     # a page at a time, as every list (a review's case: ?limit=1 was a 422)
