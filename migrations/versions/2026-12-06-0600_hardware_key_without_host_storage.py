@@ -7,7 +7,10 @@ now hashed at their "not stated" value, 0: the keys of clusters that never state
 This revision rekeys the plans (and their runs) whose cluster stated either, from the plan's stored
 cluster snapshot: each row's key is recomputed the old way first and rekeyed only where that
 reproduces the stored key (so a row whose key came from elsewhere is left as it is). The downgrade
-recomputes the old keys the same way.
+recomputes the old keys the same way, so it rekeys only rows keyed as this revision keyed them: a row
+stored by a later release, whose key hashes fields this frozen hash does not (the GPU's notes,
+peer_to_peer, mesh_links), is left under its key, which the release before this revision never
+computes (its runs calibrate nothing there; a data-lifecycle review found the docstring promised more).
 
 The hashing is frozen here as it was written on 2026-12-06 (a migration must not follow later code).
 
