@@ -20,7 +20,8 @@ CONTRACT = {
     ("post", "/v1/plans/{plan_id}/runs"), ("get", "/v1/plans/{plan_id}/runs"),
     ("get", "/v1/plans/{plan_id}/runs/{run_id}"),
     ("post", "/v1/capacity"),
-    ("post", "/v1/api-keys"), ("get", "/v1/api-keys"), ("delete", "/v1/api-keys/{key_id}"),
+    ("post", "/v1/api-keys"), ("get", "/v1/api-keys"), ("get", "/v1/api-keys/{key_id}"),
+    ("delete", "/v1/api-keys/{key_id}"),
 }  # fmt: skip
 # The design's unversioned plan paths: deprecated aliases of /v1/plans (issue 28).
 CONTRACT |= {(method, path.removeprefix("/v1")) for method, path in CONTRACT if path.startswith("/v1/plans")}
