@@ -1038,8 +1038,9 @@ def _errata_rows() -> Iterator[Row]:
     host = memory_estimate(*with_optimizer_offload(case)).cpu_per_node_bytes
     yield verdict(
         PUBLISHED_MEMORY, name, "verdict, optimizer offloaded", True, fits(*with_optimizer_offload(case)),
-        note=f"host {host / GB:.0f} GB per node = 16P (the erratum's 12P = {12 * p13 / GB:.0f} GB plus "
-        "the fp32 gradient copy CPU Adam needs)",
+        note=f"host {host / GB:.0f} GB per node = {host / p13:.0f}P (the erratum's 12P = "
+        f"{12 * p13 / GB:.0f} GB plus the fp32 gradient copy CPU Adam needs and DeepSpeed's 16-bit host "
+        "gradient buffer)",
     )  # fmt: skip
     for dp in ERRATUM_PURE_DP_DEGREES:
         case = erratum_7b_pure_data_parallel(dp)

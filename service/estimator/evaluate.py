@@ -14,7 +14,7 @@ import functools
 import math
 from collections.abc import Callable
 
-from service.estimator import dp_comm, flops
+from service.estimator import activations, dp_comm, flops
 from service.estimator import step_time as st
 from service.estimator.calibration import calibrated_bytes
 from service.estimator.job import Job, layout_memo, make_job
@@ -172,18 +172,25 @@ def most_loaded(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[
         parts = rank_memory_parts(job, states, acts, dynamic_factor, cast)
         if (total := sum(parts)) > heaviest_bytes:
             heaviest, heaviest_bytes = parts, total
-    host, nvme = host_and_nvme_bytes(all_states, all_acts)
+    host, nvme = host_and_nvme_bytes(all_states, all_acts, accumulates(job, layout))
     return heaviest, host, nvme
 
 
+def accumulates(job: Job, layout: Layout) -> bool:
+    """Whether a step of ``layout`` runs several micro-batches per data-parallel rank (what
+    ``RankStates.accumulation_host_bytes`` are allocated for)."""
+    return activations.micro_batches_per_step(layout, job.training) > 1
+
+
 def host_and_nvme_bytes(
-    all_states: tuple[RankStates, ...], all_acts: tuple[RankActivations, ...]
+    all_states: tuple[RankStates, ...], all_acts: tuple[RankActivations, ...], accumulating: bool
 ) -> tuple[float, float]:
-    """The largest host bytes (offloaded states and activations) and NVMe bytes per GPU of any of
-    these ranks."""
-    host, nvme = all_states[0].host_bytes + all_acts[0].on_host, all_states[0].nvme_bytes
-    for states, acts in zip(all_states[1:], all_acts[1:], strict=True):
-        host = max(host, states.host_bytes + acts.on_host)
+    """The largest host bytes (offloaded states, their buffers and activations; with
+    ``accumulating``, the accumulation's host buffers) and NVMe bytes per GPU of any of these ranks."""
+    host = nvme = 0.0
+    for states, acts in zip(all_states, all_acts, strict=True):
+        extra = states.accumulation_host_bytes if accumulating else 0.0
+        host = max(host, states.host_bytes + extra + acts.on_host)
         nvme = max(nvme, states.nvme_bytes)
     return host, nvme
 
@@ -211,7 +218,7 @@ def _memory_numbers(job: Job, layout: Layout, dynamic_factor: float) -> tuple[in
     all_states, all_acts = stage_states(job, layout), stage_activations(job, layout)
     casts = rank_autocast_bytes(job, layout)
     total = max(map(functools.partial(rank_total_bytes, job), all_states, all_acts, casts))
-    host, nvme = host_and_nvme_bytes(all_states, all_acts)
+    host, nvme = host_and_nvme_bytes(all_states, all_acts, accumulates(job, layout))
     return total, math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)
 
 

@@ -31,6 +31,7 @@ from service.estimator.model_states import (
     deepspeed_bf16_optimizer,
     deepspeed_buckets,
     deepspeed_master_clone,
+    deepspeed_param_swap_buffer_elements,
     embedding_table_fraction,
     experts_stay_16_bit,
     frozen_bytes,
@@ -397,7 +398,10 @@ class RankStates:
     model_states_bytes: int  # the three above: what every layout of this sharding holds
     buffers: float  # gradient buckets + gathered ZeRO-3 / FSDP parameters
     held_buffers: float  # of which held through the backward (gathered_parameter_bytes' first)
-    host_bytes: float
+    host_bytes: float  # offloaded states and the host buffers DeepSpeed keeps for them
+    # DeepSpeed ZeRO-1/2's pinned host copies of the gradients it accumulates under optimizer offload,
+    # allocated where a step has several micro-batches (``deepspeed_offload_host_bytes``)
+    accumulation_host_bytes: float
     nvme_bytes: float
     head_gradients: float  # head_gradient_bytes: the gradients alive when the backward starts
     optimizer_temporary: float  # optimizer_temporary_bytes: allocated by the step, beside every gradient
@@ -474,6 +478,7 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
     parameters, gradients = math.ceil(states.parameters), math.ceil(states.gradients)
     optimizer_states = math.ceil(states.optimizer_states)
     head = head_gradient_bytes(job, layout, rank, states.gradients, trainable) if full else 0.0
+    host_buffers, accumulation_host = deepspeed_offload_host_bytes(job, layout, sb, rp, trainable, degrees)
     return RankStates(
         states=states,
         parameters=parameters,
@@ -482,7 +487,8 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
         model_states_bytes=parameters + gradients + optimizer_states,
         buffers=held + released,
         held_buffers=held,
-        host_bytes=states.host_bytes,
+        host_bytes=states.host_bytes + host_buffers,
+        accumulation_host_bytes=accumulation_host,
         nvme_bytes=states.nvme_bytes,
         head_gradients=head,
         optimizer_temporary=optimizer_temporary_bytes(training, sb, states.optimizer_states)
@@ -491,6 +497,57 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
         tied_embedding_transient=head if job.model.tied_embeddings and layout.pp == 1 else 0.0,
         gradients_apart=gradients_in_own_pool(layout, degrees[0]),
     )
+
+
+# ZeRO-Infinity's optimizer swapper: buffer_count pinned buffers of the largest sub-group's partition in
+# the master's fp32 (swap_tensor/optimizer_utils.py OptimizerSwapper: SwapBufferManager(num_elems=
+# largest_numel, count=swap_config.buffer_count); zero/offload_config.py buffer_count default 4)
+DS_OPTIMIZER_SWAP_BUFFERS = 4
+# ... and its parameter swapper: buffer_count pinned buffers of buffer_size elements in the weights' dtype
+# (swap_tensor/partitioned_param_swapper.py AsyncPartitionedParameterSwapper; buffer_count default 5)
+DS_PARAM_SWAP_BUFFERS = 5
+
+
+def deepspeed_offload_host_bytes(
+    job: Job, layout: Layout, sb: StateBytes, rp: RankParameters, trainable: float, degrees: tuple[int, int]
+) -> tuple[float, float]:
+    """The host buffers DeepSpeed allocates beside the states it offloads, per GPU: (always, and where a
+    step accumulates several micro-batches). Read in DeepSpeed at edaa7221:
+
+    * ZeRO-3 with the optimizer offloaded: the reduced gradient partitions are accumulated in one flat
+      buffer of the gradient-accumulation dtype (the weights' 16 bits, fp32 in fp32 training) on the
+      host, pinned (stage3.py ``grad_partitions_flat_buffer``, on ``self.device``, the CPU under
+      offload): ``sb.gradients`` per partition parameter, beside the fp32 copies the CPU optimizer steps.
+    * ZeRO-3 with the optimizer on NVMe: the swapper's ``DS_OPTIMIZER_SWAP_BUFFERS`` pinned fp32 buffers
+      of the largest sub-group (at most ``sub_group_size``, ``DS_SUB_GROUP_ELEMENTS``), and the fp32
+      gradient buffer of that size the swapped sub-group steps from (stage3.py
+      ``initialize_optimizer_states``: ``gradient_buffer``); the states and fp32 gradients themselves
+      live on NVMe (``model_states._offloaded``).
+    * ZeRO-1/2 with the optimizer offloaded and gradient accumulation: each partition parameter's
+      gradient accumulated in a pinned host tensor of the weights' dtype (stage_1_and_2.py
+      ``async_accumulate_grad_in_cpu_via_gpu``: ``accumulated_grads_in_cpu``), allocated when a step
+      has more than one micro-batch: the second figure.
+    * NVMe parameter offload: the parameter swapper's ``DS_PARAM_SWAP_BUFFERS`` pinned buffers of
+      ``offload_param.buffer_size`` (``deepspeed_param_swap_buffer_elements``) in the weights' dtype.
+
+    A 13B ZeRO-3 NVMe plan on eight L4s passed a 64 GiB host at 48 GiB where these need about 143; ZeRO-3
+    CPU offload was counted 16 B per parameter where DeepSpeed holds 18 (an offload review)."""
+    if layout.framework is not Framework.DEEPSPEED:
+        return 0.0, 0.0
+    host = accumulating = 0.0
+    if layout.offload_optimizer is not Offload.NONE:
+        partitions = group_partitions(job, layout, rp, trainable, degrees)
+        if layout.zero_stage >= 3:
+            host += sb.gradients * sum(partitions)
+            if layout.offload_optimizer is Offload.NVME:
+                largest = min(max(partitions), DS_SUB_GROUP_ELEMENTS)
+                host += (DS_OPTIMIZER_SWAP_BUFFERS + 1) * activations.FP32_BYTES * largest
+        else:
+            accumulating = sb.weights * sum(partitions)
+    if layout.offload_params is Offload.NVME:
+        buffer = deepspeed_param_swap_buffer_elements(job.model, layout, job.cluster)
+        host += DS_PARAM_SWAP_BUFFERS * buffer * sb.weights
+    return host, accumulating
 
 
 def gradients_in_own_pool(layout: Layout, dense_shard: int) -> bool:

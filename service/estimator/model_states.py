@@ -907,11 +907,14 @@ def _offloaded(
     host = nvme = 0.0
     params, grads, optim = states
     if layout.offload_optimizer is not Offload.NONE:
-        host += count * assume.cpu_adam_grad_bytes / shard
+        fp32_gradients = count * assume.cpu_adam_grad_bytes / shard
         if layout.offload_optimizer is Offload.NVME:
-            nvme += optim
+            # ZeRO-Infinity swaps the fp32 gradients out with the states they update (stage3.py
+            # _swap_out_offload_fp32_gradients), a sub-group at a time in through host buffers
+            # (memory.deepspeed_offload_host_bytes)
+            nvme += optim + fp32_gradients
         else:
-            host += optim
+            host += optim + fp32_gradients
         optim = 0.0
         if not _gradients_stay_on_gpu(layout):
             grads = 0.0

@@ -101,6 +101,7 @@ from service.estimator.types import (
     MoeDispatcher,
     NormKind,
     Offload,
+    OptimizerImplementation,
     Precision,
     QKNorm,
     Recompute,
@@ -1668,24 +1669,65 @@ def offload_s(job: Job, layout: Layout, parts: StepParts) -> float:
     pcie = cluster.gpu.pcie_bandwidth_bytes_per_s
     shard = sharded_parameters(job, layout, parts)
     element = element_bytes(job.training.precision)  # 16-bit, or fp32 training's 4 bytes
+    nvme = tuning.nvme_bandwidth_bytes_per_s_per_node / cluster.gpus_per_node  # each GPU's share
     seconds = 0.0
     if layout.offload_optimizer is not _NO_OFFLOAD:
-        seconds += shard * (element + element) / pcie  # gradients down, updated parameters up: exposed
+        # gradients down, updated parameters up: exposed
+        seconds += shard * offload_gradient_pcie_bytes(layout, element, parts.micro_batches) / pcie
     if layout.offload_optimizer is Offload.NVME:
-        # the step reads and writes the optimizer states it keeps on NVMe (fp32 master and moments)
+        # the step reads and writes the optimizer states it keeps on NVMe (fp32 master and moments), and
+        # the fp32 gradients ZeRO-Infinity swaps out at the boundary and in for the step (stage3.py
+        # _swap_out_offload_fp32_gradients)
         states = state_bytes_of(job, layout.framework)
-        node_bytes = shard * cluster.gpus_per_node * 2 * (states.master + states.moments)
-        seconds += node_bytes / tuning.nvme_bandwidth_bytes_per_s_per_node
+        seconds += shard * 2 * (states.master + states.moments + FP32_BYTES) / nvme
+    if layout.offload_params is Offload.NVME:
+        seconds += shard * element / nvme  # the updated parameters written back after the step
     if layout.offload_params is not _NO_OFFLOAD:
-        # ZeRO-Infinity fetches this GPU's shard for forward and backward, prefetched
-        fetch_s = parts.micro_batches * 2 * element * shard / pcie
-        seconds += exposed_s(fetch_s, parts.compute_s, tuning.zero3_prefetch_hidden_fraction)
+        # ZeRO-Infinity fetches this GPU's shard for forward and backward, prefetched: from the host over
+        # PCIe, and from NVMe through the host's pinned buffers first (partitioned_param_swapper.py),
+        # the two streamed, so the slower link bounds it (NVMe was timed as the host's: an offload review)
+        fetched = parts.micro_batches * 2 * element * shard
+        link = min(pcie, nvme) if layout.offload_params is Offload.NVME else pcie
+        seconds += exposed_s(fetched / link, parts.compute_s, tuning.zero3_prefetch_hidden_fraction)
     if layout.activation_offload:
         # every micro-batch's offloaded activations go to the host in forward and come back in backward
         copy_s = parts.micro_batches * 2 * offloaded_activation_bytes(job, layout) / pcie
         window = parts.compute_s + parts.recompute_s
         seconds += exposed_s(copy_s, window, tuning.activation_offload_hidden_fraction)
     return seconds
+
+
+def steps_torch_unfused_on_host(job: Job, layout: Layout) -> bool:
+    """Whether the offloaded optimizer is torch.optim's foreach or for-loop step on the host: FSDP's,
+    where the training names an implementation other than fused (``OptimizerImplementation``)."""
+    return (
+        layout.framework is Framework.FSDP
+        and job.training.optimizer_implementation is not OptimizerImplementation.FUSED
+    )
+
+
+def offload_gradient_pcie_bytes(layout: Layout, element: int, micro_batches: int) -> float:
+    """Bytes per owned parameter a step moves over PCIe between the GPU and the host optimizer: the
+    gradients down and the updated 16-bit parameters up. DeepSpeed (edaa7221) accumulates a step's
+    micro-batches through the host:
+
+    * ZeRO-3 (stage3.py ``partition_grads``): each micro-batch's reduced partition goes to the host
+      flat buffer, which comes back to the GPU (the first micro-batch's copy, ``grad_buffer.to(device)``;
+      the later ones', to add to it) and the sum goes down again; at the boundary an fp32 copy goes to
+      the host for the CPU optimizer (``_offload_grad_partition_at_boundary``): 2 x element x m + 4.
+    * ZeRO-2 with accumulation (stage_1_and_2.py ``async_accumulate_grad_in_cpu_via_gpu``): each
+      micro-batch's partition up from the host's accumulation buffer and down again beside the one
+      copy of the sum; ZeRO-1 reduces at the boundary alone, once.
+
+    It counted one gradient each way per step: 0.2 s where a 16-micro-batch ZeRO-3 step moves 1.8 s
+    (an offload review). Megatron and FSDP: one gradient down, one parameter up."""
+    if layout.framework is not Framework.DEEPSPEED:
+        return 2.0 * element
+    if layout.zero_stage >= 3:
+        return 2.0 * element * micro_batches + FP32_BYTES + element
+    if layout.zero_stage == 2 and micro_batches > 1:
+        return element + 2.0 * element * micro_batches + element
+    return 2.0 * element
 
 
 def weight_cast_s(job: Job, layout: Layout, parts: StepParts) -> float:
@@ -1713,9 +1755,13 @@ def optimizer_s(job: Job, layout: Layout, parts: StepParts) -> float:
         return 0.0  # adapters only: negligible
     shard = sharded_parameters(job, layout, parts)
     if layout.offload_optimizer is not _NO_OFFLOAD:
-        # the host's CPU-Adam rate is shared by all GPUs of the node; FSDP steps PyTorch's AdamW there
+        # the host's CPU-Adam rate is shared by all GPUs of the node: DeepSpeed's CPU-Adam, and
+        # torch.optim's AdamW where its fused kernel runs on the host (vectorised and threaded as CPU-Adam:
+        # Megatron's HybridDeviceOptimizer builds torch's AdamW with fused=True, FSDP's launch files the
+        # fused implementation); torch's unfused paths at the measured slowdown. FSDP's fused step was
+        # timed 6.4x Megatron's same kernel (an optimizer review).
         rate = job.tuning.cpu_adam_params_per_s_per_node
-        if layout.framework is Framework.FSDP:
+        if steps_torch_unfused_on_host(job, layout):
             rate /= job.tuning.torch_cpu_adam_slowdown
         return shard * job.cluster.gpus_per_node / rate
     # the states model_states counts, by precision, optimizer and framework, read and written once

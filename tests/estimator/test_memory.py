@@ -291,8 +291,17 @@ def test_cpu_offload_moves_optimizer_and_gradients_to_host() -> None:
     # GPU keeps 2P bf16 weights; host: (12 + 4 fp32 grad copy) x P/4 = 7328 per GPU.
     assert (s.parameters, s.gradients, s.optimizer_states) == (3664, 0, 0)
     assert s.host_bytes == 7328
+    # two micro-batches a step (global 8 over dp 4): DeepSpeed accumulates each partition parameter's
+    # gradient in a pinned 16-bit host tensor (stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu),
+    # 2 x P/4 = 916 per GPU more; one micro-batch a step allocates none
     est = memory(TINY, cluster(4, per_node=4), lay, TRAIN)
-    assert est.cpu_per_node_bytes == 4 * 7328
+    assert est.cpu_per_node_bytes == 4 * (7328 + 916)
+    one = memory(TINY, cluster(4, per_node=4), lay, dataclasses.replace(TRAIN, global_batch_size=4))
+    assert one.cpu_per_node_bytes == 4 * 7328
+    # ZeRO-3 keeps every partition's 16-bit gradient in a pinned host flat buffer beside the fp32 copies
+    # (stage3.py grad_partitions_flat_buffer, on the CPU under offload), whatever the accumulation
+    zero3 = memory(TINY, cluster(4, per_node=4), dataclasses.replace(lay, zero_stage=3), TRAIN)
+    assert zero3.cpu_per_node_bytes == 4 * (7328 + 916)
 
 
 def test_zero_1_cpu_offload_keeps_the_16_bit_gradients_on_the_gpu() -> None:
@@ -1025,3 +1034,20 @@ def test_an_interleaved_rank_with_uneven_chunks_holds_what_the_schedule_holds() 
     for rank in range(8):
         chunks = stage_layers(80, even)[rank::8]
         assert layers_in_flight(even, rank, 32, chunks) == micro_batches_in_flight(even, rank, 32)
+
+
+def test_zero_infinity_keeps_its_swap_buffers_on_the_host_and_the_fp32_gradients_on_nvme() -> None:
+    """An offload review: a 13B ZeRO-3 plan with its optimizer on NVMe passed a 64 GiB host at 48 GiB,
+    where DeepSpeed pins four fp32 buffers of the largest sub-group for its swapper
+    (swap_tensor/optimizer_utils.py, buffer_count 4), steps each swapped sub-group from one more fp32
+    buffer (stage3.py initialize_optimizer_states), and keeps the 16-bit gradient partitions in a host
+    flat buffer; the fp32 gradients swap out to NVMe with the states (16 B per parameter there)."""
+    lay = Layout(dp=4, zero_stage=3, offload_optimizer=Offload.NVME)
+    part = 1832 / 4  # TINY's P over dp 4: one sub-group, smaller than sub_group_size
+    est = memory(TINY, cluster(4, per_node=4), lay, dataclasses.replace(TRAIN, global_batch_size=4))
+    assert est.cpu_per_node_bytes == 4 * math.ceil(2 * part + (4 + 1) * 4 * part)
+    assert est.nvme_per_node_bytes == 4 * math.ceil((12 + 4) * part)
+    # NVMe parameter offload pins five buffers of offload_param.buffer_size 16-bit elements per GPU
+    params = dataclasses.replace(lay, offload_params=Offload.NVME)
+    more = memory(TINY, cluster(4, per_node=4), params, dataclasses.replace(TRAIN, global_batch_size=4))
+    assert more.cpu_per_node_bytes - est.cpu_per_node_bytes == 4 * 5 * 100_000_000 * 2

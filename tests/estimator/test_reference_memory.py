@@ -259,10 +259,10 @@ def test_erratum_13b_on_4x32gb_needs_optimizer_offload() -> None:
     assert fits(model, c, offload, training)
     # GPU keeps 16-bit params 2P/4 = 6.5 GB (the article's "4P/4" also counts the 16-bit grads,
     # which ZeRO-Offload streams to the host). Host: 12P (master + moments, 156 GB) + 4P fp32
-    # gradient copy for CPU Adam = 16P = 208 GB per node.
+    # gradient copy for CPU Adam = the article's 16P = 208 GB per node, and DeepSpeed's pinned fp16
+    # flat buffer the partitions accumulate in (stage3.py grad_partitions_flat_buffer): 18P, 234 GB.
     assert est.per_gpu.parameters == pytest.approx(2 * p / 4, abs=1)
-    assert 12 * p <= est.cpu_per_node_bytes <= 16 * p + 1
-    assert est.cpu_per_node_bytes == pytest.approx(16 * p, abs=4)
+    assert est.cpu_per_node_bytes == pytest.approx(18 * p, abs=4)
 
 
 @pytest.mark.parametrize("dp", ERRATUM_PURE_DP_DEGREES)

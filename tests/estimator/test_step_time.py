@@ -47,6 +47,7 @@ from service.estimator.types import (
     MoESpec,
     Offload,
     Optimizer,
+    OptimizerImplementation,
     PeakFlops,
     Precision,
     Recompute,
@@ -1088,3 +1089,33 @@ def test_every_undominated_stage_is_a_candidate_for_the_slowest() -> None:
     first, last = (st.stage_step_base(j, layout, stage) for stage in (0, 3))
     assert last.compute_s > first.compute_s
     assert st.slowest_stage(j, layout) == 3
+
+
+def test_offload_time_follows_what_deepspeed_moves() -> None:
+    """Three cases of an offload review, each read in DeepSpeed (edaa7221): parameters on NVMe come
+    through the host from the node's NVMe, slower than from its RAM (they were timed alike); ZeRO-3's
+    gradients cross PCIe per micro-batch as the host buffer accumulates them (stage3.py partition_grads),
+    not once a step; and torch's fused AdamW on the host (Megatron's HybridDeviceOptimizer, FSDP's
+    fused launch) steps at the CPU-Adam rate, its unfused paths at the measured slowdown."""
+    model = preset("llama-2-13b").spec
+    node = dataclasses.replace(
+        cluster(A100, 8, 25e9), cpu_memory_bytes_per_node=2**40, nvme_bytes_per_node=4 * 2**40
+    )
+    training = TrainingSpec(seq_len=2048, global_batch_size=64)
+    zero3 = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=3, micro_batch_size=1,
+                   recompute=Recompute.FULL, offload_optimizer=Offload.CPU)  # fmt: skip
+    on_cpu = time(model, node, dataclasses.replace(zero3, offload_params=Offload.CPU), training)
+    on_nvme = time(model, node, dataclasses.replace(zero3, offload_params=Offload.NVME), training)
+    assert on_nvme.breakdown.offload_s > on_cpu.breakdown.offload_s
+    # eight micro-batches a step move more gradient bytes than one
+    one = time(model, node, zero3, dataclasses.replace(training, global_batch_size=8))
+    assert time(model, node, zero3, training).breakdown.offload_s > 2 * one.breakdown.offload_s
+    # the same host AdamW kernel, the same rate; foreach at torch_cpu_adam_slowdown
+    fsdp = Layout(framework=Framework.FSDP, dp=8, zero_stage=3, micro_batch_size=1, recompute=Recompute.FULL,
+                  offload_optimizer=Offload.CPU, offload_params=Offload.CPU)  # fmt: skip
+    fused = time(model, node, fsdp, training).breakdown.optimizer_s
+    foreach = dataclasses.replace(training, optimizer_implementation=OptimizerImplementation.FOREACH)
+    slowdown = default_tuning().torch_cpu_adam_slowdown
+    assert time(model, node, fsdp, foreach).breakdown.optimizer_s == pytest.approx(slowdown * fused)
+    deepspeed = time(model, node, dataclasses.replace(zero3, offload_params=Offload.CPU), training)
+    assert fused == pytest.approx(deepspeed.breakdown.optimizer_s)
