@@ -457,6 +457,14 @@ def state_bytes(
         and training.method is Method.FULL
     ):
         moments = fsdp_adam_8bit_moment_bytes(model, moments)
+    if framework is Framework.DEEPSPEED and training.optimizer is Optimizer.ADAFACTOR:
+        # DeepSpeed hands its optimizer flat 1-D fp32 partitions (stage_1_and_2.py: param_group["params"]
+        # = [single_partition_of_fp32_groups[i]]; stage3.py its flat sub-groups; BF16_Optimizer its flat
+        # groups), and transformers' Adafactor factors a tensor of 2 or more dimensions only (factored =
+        # len(grad_shape) >= 2; else exp_avg_sq = zeros_like(grad)): a whole fp32 second moment, 4 B per
+        # parameter where the factored rows and columns were counted (an optimizer review: +4 GB per GPU
+        # of Llama 3.1 8B over eight)
+        moments = FP32_BYTES
     if framework is Framework.FSDP and training.optimizer is Optimizer.LION:
         # the HF Trainer's lion_32bit, bitsandbytes' Lion with optim_bits 32 (Accelerate's script is
         # told to build the same): an fp32 momentum whatever the weights' dtype (Optimizer1State

@@ -199,6 +199,11 @@ def test_optimizer_moments() -> None:
     # Adafactor: per layer (8+8)x4 + (8+16)x3 = 136 row+col stats, x2 layers = 272, + embedding 32 + 8
     # = 312, + norms 2 x 16 + 8 = 40 vectors -> 352 / 1832 elements per parameter, times 4 bytes.
     assert adafactor_state_fraction(TINY, TRAIN) == pytest.approx(352 / 1832)
+    # ... where it steps the model's own tensors; DeepSpeed hands it flat 1-D partitions, which it does
+    # not factor (transformers' Adafactor: factored = len(grad_shape) >= 2): a whole fp32 second moment
+    adafactor = dataclasses.replace(TRAIN, optimizer=Optimizer.ADAFACTOR)
+    assert state_bytes(adafactor, Framework.FSDP, TINY, a, False).moments == pytest.approx(4 * 352 / 1832)
+    assert state_bytes(adafactor, Framework.DEEPSPEED, TINY, a, False).moments == 4
 
 
 def test_8bit_adam_keeps_the_embedding_tables_states_in_32_bits_where_it_steps_the_models_parameters() -> (
