@@ -14,10 +14,21 @@ from typing import Any
 
 from service.estimator.model_states import (
     DS_SUB_GROUP_ELEMENTS,
+    deepspeed_bf16_optimizer,
     deepspeed_buckets,
     deepspeed_param_swap_buffer_elements,
 )
-from service.estimator.types import ModelSpec, Offload, Optimizer, Plan, Precision, Recompute, RouterScore
+from service.estimator.params import stage_parameter_counts
+from service.estimator.types import (
+    Method,
+    ModelSpec,
+    Offload,
+    Optimizer,
+    Plan,
+    Precision,
+    Recompute,
+    RouterScore,
+)
 from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
     HYPERPARAMETERS,
@@ -160,6 +171,8 @@ def engine_refusal(plan: Plan) -> Refusal:
         return logits
     if (structural := structure_refusal(plan.model, lo.tp, lo.pp, lo.cp, lo.ep)) is not None:
         return f"tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}: {structural}"
+    if (partition := eight_bit_partition_refusal(plan)) is not None:
+        return partition
     if lo.pp > 1 and lo.zero_stage >= 2:
         return (
             f"ZeRO-{lo.zero_stage} with pp={lo.pp}: DeepSpeed's PipelineEngine asserts that ZeRO-2 "
@@ -298,6 +311,39 @@ def _optimizer(plan: Plan) -> dict[str, Any]:
     if kind == "AdamW":
         params["eps"] = hp.eps
     return {"optimizer": {"type": kind, "params": params}}
+
+
+# bitsandbytes passes a tensor's element count to its optimizer kernels as a C int32 (functional.py,
+# backends/cuda/ops.py: ct.c_int32(g.numel())): a larger count wraps negative and the kernel updates
+# nothing
+BNB_MAX_ELEMENTS = 2**31 - 1
+
+
+def eight_bit_partition_refusal(plan: Plan) -> Refusal:
+    """bitsandbytes' 8-bit AdamW over ZeRO-1/2's flat partition of a dense model's full training (and
+    the pipeline's BF16_Optimizer at ZeRO-0, which partitions as ZeRO-1 does): one 1-D fp32 tensor per
+    parameter group and rank (stage_1_and_2.py single_partition_of_fp32_groups), the
+    largest pipeline stage's parameters over tp and the data-parallel shard; past ``BNB_MAX_ELEMENTS``
+    its kernels get a wrapped count (an optimizer review: Llama 3.1 8B over two ranks is 4.0e9). ZeRO-3
+    steps sub-groups of at most sub_group_size (1e9) elements; an MoE model's groups split dense from
+    expert parameters, each smaller."""
+    lo, training = plan.layout, plan.training
+    flat = lo.zero_stage in (1, 2) or deepspeed_bf16_optimizer(lo, training.precision)
+    if (
+        training.optimizer is not Optimizer.ADAMW_8BIT
+        or not flat
+        or training.method is not Method.FULL
+        or plan.model.moe is not None
+    ):
+        return None
+    elements = max(stage_parameter_counts(plan.model, lo)) / lo.tp / (lo.dp * lo.cp)
+    if elements <= BNB_MAX_ELEMENTS:
+        return None
+    return (
+        f"adamw_8bit over ZeRO-{lo.zero_stage}'s flat fp32 partition of {elements:,.0f} elements per rank: "
+        f"bitsandbytes' kernels count elements in an int32 (at most {BNB_MAX_ELEMENTS:,}); use ZeRO-3 "
+        "(sub-groups of 1e9), more data-parallel ranks, or adamw"
+    )
 
 
 def batch_ranks(plan: Plan) -> int:

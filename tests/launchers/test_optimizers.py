@@ -195,3 +195,35 @@ def test_accelerate_hands_deepspeeds_optimizer_a_dummy_and_its_micro_batch() -> 
     assert "accelerator.prepare(model, optimizer, ...)" in text and "deepspeed.initialize" not in text, text
     assert "DummyOptim" not in text
     assert "deepspeed.initialize(optimizer=...)" in header(sgd, deepspeed.render)
+
+
+def test_8bit_adamw_over_a_zero_partition_past_int32_is_refused_and_not_proposed(client: TestClient) -> None:
+    """An optimizer review: Llama 3.1 8B over two ranks at ZeRO-1/2 is a 4.0e9-element flat partition,
+    which bitsandbytes' kernels count in an int32 (ct.c_int32(g.numel()) wraps negative): the plan
+    rendered it runnable. ZeRO-3's sub-groups (1e9) take it."""
+    from service.catalog.models import model as preset
+    from service.estimator.types import Framework, Layout, Optimizer, Plan, TrainingSpec
+    from service.launchers.deepspeed import engine_refusal
+    from validation.cases import H100, gpu_cluster
+
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, optimizer=Optimizer.ADAMW_8BIT)
+    spec, two = preset("llama-3.1-8b").spec, gpu_cluster(H100, 2, 5e10)
+    for stage, refused in ((1, True), (2, True), (3, False)):
+        layout = Layout(framework=Framework.DEEPSPEED, dp=2, zero_stage=stage)
+        reason = engine_refusal(Plan(model=spec, cluster=two, training=training, layout=layout))
+        assert (reason is not None) == refused, (stage, reason)
+        assert not refused or "int32" in str(reason)
+    # over eight ranks the partition is 1.0e9: it runs
+    eight = Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=2)
+    assert (
+        engine_refusal(Plan(model=spec, cluster=gpu_cluster(H100, 8, 5e10), training=training, layout=eight))
+        is None
+    )
+    # the pipeline's BF16_Optimizer at ZeRO-0 partitions as ZeRO-1 does: two stages of 4e9 over dp 1
+    piped = Layout(framework=Framework.DEEPSPEED, dp=1, pp=2, zero_stage=0)
+    assert "int32" in str(engine_refusal(Plan(model=spec, cluster=two, training=training, layout=piped)))
+    # the plan proposes a layout whose 8-bit step runs: none of those flat partitions
+    status, body = plan(client, "adamw_8bit", "deepspeed", "deepspeed")
+    chosen = body["recommended"]["layout"]
+    assert status == 201 and chosen["zero_stage"] not in (1, 2), chosen
+    assert not (chosen["zero_stage"] == 0 and chosen["pp"] > 1), chosen
