@@ -1012,7 +1012,9 @@ class TrainingSpec:
             and self.optimizer is not Optimizer.ADAMW
         ):
             # torch.optim has no Lion or Adafactor of its own (HF's Adafactor loops per parameter),
-            # bitsandbytes' 8-bit AdamW is its own kernel, and SGD's foreach step makes no temporary
+            # bitsandbytes' 8-bit AdamW is its own kernel, and SGD is modelled as torch's fused step,
+            # which the launch files ask for (its foreach step with weight decay makes a gradient-sized
+            # temporary: _multi_tensor_sgd's torch._foreach_add(grads, params, alpha=weight_decay))
             raise InvalidTraining(
                 f"optimizer_implementation foreach with optimizer {self.optimizer.value}: only torch.optim's "
                 "AdamW (optimizer adamw) has a multi-tensor step that allocates a parameter-sized temporary; "

@@ -293,7 +293,9 @@ def _precision(plan: Plan) -> dict[str, Any]:
 # The optimizers ds_config does not name, as the training script builds them (the estimate's states:
 # model_states.moment_bytes).
 SCRIPT_OPTIMIZERS = {
-    Optimizer.SGD: "torch.optim.SGD(momentum=0.9)",
+    # fused: the foreach step (torch's default on CUDA) adds the weight decay into a new gradient-sized
+    # tensor (_multi_tensor_sgd), which the estimate does not hold (optimizer review)
+    Optimizer.SGD: "torch.optim.SGD(momentum=0.9, fused=True)",
     Optimizer.ADAMW_8BIT: "bitsandbytes.optim.AdamW8bit",
     Optimizer.ADAFACTOR: "transformers.optimization.Adafactor",
 }

@@ -145,7 +145,7 @@ def test_the_hf_trainer_refuses_sgd_it_would_run_without_momentum() -> None:
         assert reason is not None and "without momentum" in reason
         assert hf_trainer.refusal(make_plan(train=training(), framework=framework, zero_stage=zero)) is None
     fsdp_sgd = make_plan(train=training(optimizer=Optimizer.SGD), framework=Framework.FSDP, zero_stage=3)
-    assert "torch.optim.SGD(momentum=0.9)" in accelerate.duties(fsdp_sgd)
+    assert "torch.optim.SGD(momentum=0.9, fused=True)" in accelerate.duties(fsdp_sgd)
 
 
 def test_8bit_adam_runs_where_bitsandbytes_steps_the_parameters() -> None:
