@@ -97,6 +97,10 @@ class SuggestionOut(Stored):
         "other_gpu: estimate its layout for the figures)",
     )
     cpu_per_node_bytes: int | None = None
+    nvme_per_node_bytes: int | None = Field(
+        default=None,
+        description="the NVMe per node the suggestion's layout offloads to (ZeRO-Infinity); null where none",
+    )
     tokens_per_s: float | None = None
     layout: dict[str, Any] | None = None
     method: str | None = None

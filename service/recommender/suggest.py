@@ -69,6 +69,7 @@ GiB = 2**30
 MAX_NODE_FACTOR = 64  # look for up to 64x the nodes given before giving up
 # Layout evaluations one suggestion may spend at most (about a second of work), of the request's budget.
 SUGGESTION_EVALUATIONS = 50_000
+MAX_HOST_PROBES = 5  # searches bisecting the least host RAM an offload suggestion needs
 SHORTEST_SUGGESTED_SEQ = 512  # a shorter sequence is tried by halving, down to this
 # The node and network a job placed on more GPUs than the request's one node assumes where its GPU's
 # catalog entry states none (a PCIe card, a custom GPU). A part with NVLink-class links: an HGX H100
@@ -664,7 +665,49 @@ class _Ask:
             # within the nodes' host RAM: the plan's own search offloaded so, or, not allowed to,
             # offload_within_the_nodes says it (the same layout, suggested once)
             return []
-        return [self._offload_suggestion(found)]
+        least = self._least_host(budget, found)
+        needs = least.estimate.memory
+        if (
+            have
+            and needs.cpu_per_node_bytes <= have
+            and needs.nvme_per_node_bytes <= self.cluster.nvme_bytes_per_node
+        ):
+            return []  # offload within the nodes: offload_within_the_nodes says it
+        return [self._offload_suggestion(least, fastest=None if least is found else found)]
+
+    def _least_host(self, budget: Budget, fastest: Candidate) -> Candidate:
+        """Of the layouts that fit offloading to the nodes' NVMe (as much as a node may state where
+        they state none), one that needs the least host RAM per node, bisected between the nodes'
+        own (nothing fits there: the plan's search) and the fastest's need, at most
+        ``MAX_HOST_PROBES`` searches; ``fastest`` where none fits within their NVMe. More host RAM
+        never makes a layout not fit, so the bisection holds. The fastest offload (CPU) asked for
+        1028 GiB per node where 257 with the NVMe the nodes state would do (an offload review)."""
+        nvme = self.cluster.nvme_bytes_per_node or MAX_NVME_BYTES
+        allowed = dataclasses.replace(self.constraints, allow_offload=True)
+
+        def fitting(host: int) -> Candidate | None:
+            on = dataclasses.replace(self.cluster, cpu_memory_bytes_per_node=host, nvme_bytes_per_node=nvme)
+            return self._best(budget, allowed, cluster=on)
+
+        best = fastest if fastest.estimate.memory.nvme_per_node_bytes <= nvme else fitting(MAX_MEMORY_BYTES)
+        if best is None:
+            return fastest
+        # nothing fits within the nodes' own where the plan's search offloaded; where it was not allowed
+        # to, from none
+        low = self.cluster.cpu_memory_bytes_per_node if self.constraints.allow_offload else 0
+        high = best.estimate.memory.cpu_per_node_bytes
+        for _ in range(MAX_HOST_PROBES):
+            if high - low <= GiB or budget.exhausted():
+                break
+            middle = -(-(low + high) // (2 * GiB)) * GiB  # whole GiB, as the suggestion says it
+            if middle >= high:
+                break
+            probe = fitting(middle)
+            if probe is None:
+                low = middle
+            else:
+                best, high = probe, probe.estimate.memory.cpu_per_node_bytes
+        return best
 
     def _offloaded(self, budget: Budget) -> Candidate | None:
         """The best layout on these GPUs allowed to offload to as much host RAM and NVMe as a node may
@@ -678,7 +721,9 @@ class _Ask:
         allowed = dataclasses.replace(self.constraints, allow_offload=True)
         return self._best(budget, allowed, cluster=unlimited)
 
-    def _offload_suggestion(self, found: Candidate) -> Suggestion:
+    def _offload_suggestion(self, found: Candidate, fastest: Candidate | None = None) -> Suggestion:
+        """``found`` as the suggestion; ``fastest``, a faster offload that needs more host RAM, said
+        beside it."""
         memory = found.estimate.memory
         have = self.cluster.cpu_memory_bytes_per_node
         verdict = "host RAM not stated" if not have else f"the nodes state {have / GiB:.0f} GiB"
@@ -694,8 +739,9 @@ class _Ask:
         return Suggestion(
             kind="offload",
             detail=f"{allow}offload with {gib_needed(memory.cpu_per_node_bytes)} GiB host RAM per node "
-            f"({verdict}) on {where}: {memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)} with "
-            f"{_layout_words(found.layout)}",
+            f"({verdict}){_nvme_words(memory.nvme_per_node_bytes, self.cluster)} on {where}: "
+            f"{memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)} with "
+            f"{_layout_words(found.layout)}{_faster_offload(fastest)}",
             gpu=self.cluster.gpu.name,
             num_gpus=found.layout.world_size,  # the layout's GPUs, as _on_the_gpus_given says them
             num_nodes=max(1, found.layout.world_size // self.cluster.gpus_per_node),
@@ -704,9 +750,11 @@ class _Ask:
             gpus_per_node=min(self.cluster.gpus_per_node, found.layout.world_size),
             per_gpu_bytes=memory.per_gpu.total,
             cpu_per_node_bytes=memory.cpu_per_node_bytes,
+            nvme_per_node_bytes=memory.nvme_per_node_bytes or None,
             tokens_per_s=_tokens_per_s(found),
             layout=found.layout,
-            on_the_gpus_given=bool(have and memory.cpu_per_node_bytes <= have),
+            on_the_gpus_given=bool(have and memory.cpu_per_node_bytes <= have)
+            and memory.nvme_per_node_bytes <= self.cluster.nvme_bytes_per_node,
         )
 
     def shorter_with(self, kind: str, budget: Budget) -> list[Suggestion]:
@@ -1071,3 +1119,23 @@ def _on_the_gpus_given(
         base_dtype=None if training.method is Method.FULL else training.base_dtype.value,
         on_the_gpus_given=True,
     )
+
+
+def _faster_offload(fastest: Candidate | None) -> str:
+    """What the fastest offload needs, beside a suggestion that needs less host RAM."""
+    if fastest is None:
+        return ""
+    host = fastest.estimate.memory.cpu_per_node_bytes
+    return (
+        f" (the fastest offload, {_speed(fastest)} with {_layout_words(fastest.layout)}, needs "
+        f"{gib_needed(host)} GiB host RAM per node)"
+    )
+
+
+def _nvme_words(nvme_bytes: int, cluster: ClusterSpec) -> str:
+    """The NVMe per node an offload suggestion's layout writes to, where it writes any."""
+    if not nvme_bytes:
+        return ""
+    stated = cluster.nvme_bytes_per_node
+    have = f"the nodes state {stated / GiB:.0f} GiB" if stated else "NVMe not stated"
+    return f" and {gib_needed(nvme_bytes)} GiB of NVMe per node ({have})"

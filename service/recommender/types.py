@@ -131,6 +131,7 @@ class Suggestion:
     inter_node_bandwidth_bytes_per_s: float | None = None  # the network it assumed, across nodes
     per_gpu_bytes: int | None = None
     cpu_per_node_bytes: int | None = None
+    nvme_per_node_bytes: int | None = None  # the NVMe per node its layout offloads to, where any
     tokens_per_s: float | None = None
     layout: Layout | None = None  # the layout it found, to plan or estimate as it states
     method: str | None = None  # the training.method it assumed, where it changes it

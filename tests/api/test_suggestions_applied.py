@@ -134,3 +134,30 @@ def test_an_offload_suggestions_host_ram_is_rounded_up_and_fits_once_applied(cli
     response = client.post("/v1/plans", json=applied)
     assert response.status_code == 201, response.text
     assert response.json()["status"] == "feasible"
+
+
+def test_an_offload_suggestion_asks_for_the_least_host_ram_with_the_nvme_the_nodes_state(
+    client: TestClient,
+) -> None:
+    """An offload review: 70B on 8 A100s with 128 GiB of host RAM and 8 TiB of NVMe was told to offload
+    with 1157 GiB of host RAM per node (the fastest offload, to the host), where ZeRO-Infinity on the
+    nodes' NVMe needs 150: the least host RAM is bisected and suggested, the fastest's need said beside
+    it, and applied as its fields say (the host RAM; the NVMe the nodes state) the plan is feasible."""
+    nvme = 8 * 2**40
+    body = {
+        "model": {"preset": "llama-2-70b"},
+        "cluster": {"gpu": "a100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8,
+                    "cpu_memory_bytes_per_node": 128 * GiB, "nvme_bytes_per_node": nvme},
+        "training": {"seq_len": 2048, "global_batch_size": 64},
+        "constraints": {"allow_offload": True},
+        "launchers": ["deepspeed"],
+    }  # fmt: skip
+    plan = _plan(client, body)  # infeasible
+    (offload,) = [s for s in plan["suggestions"] if s["kind"] == "offload"]
+    fastest = re.search(r"the fastest offload, .* needs (\d+) GiB host RAM per node", offload["detail"])
+    assert fastest is not None and offload["cpu_per_node_bytes"] < int(fastest.group(1)) * GiB / 2, offload
+    assert 0 < offload["nvme_per_node_bytes"] <= nvme and "GiB of NVMe per node" in offload["detail"]
+    host_gib = int(re.search(r"offload with (\d+) GiB host RAM", offload["detail"]).group(1))  # type: ignore[union-attr]
+    applied = dict(body, cluster=dict(body["cluster"], cpu_memory_bytes_per_node=host_gib * GiB))
+    response = client.post("/v1/plans", json=applied)
+    assert response.status_code == 201 and response.json()["status"] == "feasible", response.text

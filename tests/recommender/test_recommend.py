@@ -109,8 +109,12 @@ def test_70b_on_eight_24gb_gpus_is_infeasible_and_says_how_many(tuning: Tuning) 
     assert more.num_gpus is not None and more.num_gpus >= 48 and more.num_gpus % 8 == 0
     assert any(t.kind == "other_gpu" and t.gpu == "h100-sxm-80gb" and t.num_gpus for t in tips)
     offload = next(t for t in tips if t.kind == "offload")
-    assert offload.cpu_per_node_bytes is not None and offload.cpu_per_node_bytes > 256 * 2**30
-    assert "256 GiB" in offload.detail
+    # more than the nodes state: host RAM past their 256 GiB, or NVMe they do not state (the least host
+    # RAM, ZeRO-Infinity's, offloads the states to NVMe)
+    assert offload.cpu_per_node_bytes is not None and "256 GiB" in offload.detail
+    assert offload.cpu_per_node_bytes > 256 * 2**30 or offload.nvme_per_node_bytes
+    assert not offload.nvme_per_node_bytes or "GiB of NVMe per node (NVMe not stated)" in offload.detail
+    assert not offload.on_the_gpus_given
     # its GPUs and nodes are its layout's, as every suggestion on the GPUs given says them
     assert offload.layout is not None and offload.num_gpus == offload.layout.world_size
     assert offload.num_nodes == max(1, offload.layout.world_size // c.gpus_per_node)
