@@ -1447,6 +1447,8 @@ def capacity(
         emit(result, True)
     else:
         print_capacity(result["options"], timed_on=at_gpus is not None)
+        for warning in result.get("warnings", []):
+            console.print(f"[yellow]warning:[/] {escape(warning)}")
     sys.exit(capacity_exit(result["options"]))
 
 

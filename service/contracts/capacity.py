@@ -242,4 +242,9 @@ class CapacityOut(BaseModel):
         description="fitting options first, fastest to train first; then the unknown (fits null), then those "
         "that do not fit"
     )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what the model's config states that no figure reads (a checkpoint planned dequantized "
+        "from its stored format, a multimodal config's vision tower), as every estimate's warnings say it",
+    )
     duration_s: float

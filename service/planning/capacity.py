@@ -277,4 +277,6 @@ def capacity_for(session: Session, request: CapacityRequest, deadline: Deadline 
         )
         for o, cid in found
     ]
-    return CapacityOut(options=out, duration_s=time.perf_counter() - started)
+    return CapacityOut(
+        options=out, warnings=list(model.config_notes), duration_s=time.perf_counter() - started
+    )

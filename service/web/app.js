@@ -961,6 +961,7 @@ function renderCapacity(answer, container) {
     rows, "Capacity by GPU type");
   t.classList.add("capacity");
   container.append(t);
+  warningsBlock(answer, container); // what the model's config states that no figure reads, as an estimate says it
 }
 
 async function submitCapacity() {

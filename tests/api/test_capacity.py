@@ -456,3 +456,24 @@ def test_a_qlora_job_fsdp1_cannot_shard_says_the_rule_in_capacity_and_a_plan_say
     ).json()
     reasons = " ".join(s["reason"] for s in plan["suggestions_skipped"])
     assert "requested launchers" not in reasons and "qlora splits no weight" in reasons, reasons
+
+
+def test_capacity_says_what_the_config_states_that_no_figure_reads(client: TestClient) -> None:
+    """A quantized-checkpoints review: an fp8 checkpoint's estimate warns that it is planned dequantized;
+    POST /v1/capacity and `trainplan capacity` said nothing of it."""
+    config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+              "vocab_size": 128256,
+              "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}  # fmt: skip
+    training = {"seq_len": 4096, "global_batch_size": 64, "method": "lora"}
+    answer = client.post(
+        "/v1/capacity", json={"model": {"hf_config": config}, "training": training, "gpus": ["h100-sxm-80gb"]}
+    )
+    assert answer.status_code == 200, answer.text
+    estimate = client.post(
+        "/v1/estimates",
+        json={"model": {"hf_config": config}, "training": training, "layout": {"dp": 8},
+              "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}},
+    )  # fmt: skip
+    (said,) = [w for w in estimate.json()["warnings"] if w.startswith("quantization_config fp8")]
+    assert said in answer.json()["warnings"]
