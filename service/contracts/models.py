@@ -232,7 +232,13 @@ class ArchitectureIn(Strict):
 
 # ModelSpec's fields a config.json states beside the architecture (its notes, a 4-bit checkpoint),
 # which the explicit form has no field for: the answer gives the notes beside the architecture
-CONFIG_ONLY_FIELDS = ("name", "config_notes", "bnb_4bit_checkpoint", "dequantized_checkpoint")
+CONFIG_ONLY_FIELDS = (
+    "name",
+    "config_notes",
+    "bnb_4bit_checkpoint",
+    "bnb_4bit_constant_bits",
+    "dequantized_checkpoint",
+)
 
 
 def architecture_dict(spec: ModelSpec) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from service.estimator.errors import InvalidModel
+from service.estimator.model_states import NF4_SINGLE_CONSTANT_BITS
 from service.estimator.params import ROBERTA_FAMILIES
 from service.estimator.scale import MAX_LAYERS
 from service.estimator.types import (
@@ -1163,6 +1164,7 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
     spec = builder(_Fields(config, model_type), resolved)
     hidden, attention = _dropout(config, model_type)
     bnb_4bit, stored = _checkpoint_quantization(config, model_type)
+    constant_bits = _nf4_constant_bits(config, model_type) if bnb_4bit else None
     quantized = (_dequantized_note(stored),) if stored is not None else ()
     notes = (*quantized, *((_MULTIMODAL_NOTE,) if model_type in _TEXT_CONFIGS else ()))
     return dataclasses.replace(
@@ -1171,6 +1173,7 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         attention_dropout=attention,
         config_notes=notes,
         bnb_4bit_checkpoint=bnb_4bit,
+        bnb_4bit_constant_bits=constant_bits,
         dequantized_checkpoint=stored,
         **_hyperparameters(_text_fields(config, model_type), spec)._asdict(),
     )
@@ -1197,6 +1200,46 @@ def _dequantized_note(method: str) -> str:
     )
 
 
+# What a stored 4-bit checkpoint's quantization_config may keep in 16 bits beside what the estimate keeps
+# there anyway (the output layer; a multimodal wrapper's vision tower and projector, not planned)
+_SKIPPED_AS_ESTIMATED = frozenset(
+    {"lm_head", "output", "embed_out", "vision_tower", "vision_model", "visual", "multi_modal_projector"}
+)
+
+
+def _nf4_constant_bits(config: Mapping[str, object], model_type: str) -> float | None:
+    """A stored bitsandbytes 4-bit checkpoint's quantization constants per weight, from the saved
+    quantization_config that from_pretrained loads it with (transformers' quantizers/auto.py
+    merge_quantization_configs: "The `quantization_config` from the model will be used"; the launch
+    files' bnb_config.json is not applied to it): double-quantized or not (BitsAndBytesConfig's
+    default: not). What the estimate does not model is refused naming the key: modules kept in 16 bits
+    (llm_int8_skip_modules) past the output layer, and fp32 compute (bnb_4bit_compute_dtype), which
+    every estimate left unread (a quantized-checkpoints review: the MLPs skipped were 26 GiB per GPU
+    counted as NF4)."""
+    raw = config.get("quantization_config")
+    assert isinstance(raw, Mapping)  # _checkpoint_quantization checked it
+    f = _Fields(config, model_type)
+    skipped = raw.get("llm_int8_skip_modules") or []
+    if not isinstance(skipped, list) or not all(isinstance(name, str) for name in skipped):
+        raise f._error("quantization_config.llm_int8_skip_modules", "must be a list of module names")
+    unread = sorted(name for name in skipped if name.rsplit(".", 1)[-1] not in _SKIPPED_AS_ESTIMATED)
+    if unread:
+        raise f._error(
+            "quantization_config.llm_int8_skip_modules",
+            f"keeps {unread} in 16 bits: a 4-bit base with other modules unquantized than the output layer "
+            "is not modelled",
+        )
+    compute = raw.get("bnb_4bit_compute_dtype")
+    if isinstance(compute, str) and compute.removeprefix("torch.") in ("float32", "float"):
+        raise f._error(
+            "quantization_config.bnb_4bit_compute_dtype",
+            f"= {compute!r}: dequantizing to fp32 and fp32 matmuls are not modelled (the estimate computes "
+            "in the training's 16-bit precision)",
+        )
+    # double-quantized: as QLoRA's launch files quantize at load (the tuning's qlora_bits_per_param)
+    return None if raw.get("bnb_4bit_use_double_quant", False) is True else NF4_SINGLE_CONSTANT_BITS
+
+
 def _checkpoint_quantization(config: Mapping[str, object], model_type: str) -> tuple[bool, str | None]:
     """(whether the checkpoint's Linears are bitsandbytes 4-bit, the format of a checkpoint training
     loads dequantized) from ``quantization_config``: a 4-bit bitsandbytes base loads as QLoRA's NF4
@@ -1212,8 +1255,16 @@ def _checkpoint_quantization(config: Mapping[str, object], model_type: str) -> t
         raise f._error("quantization_config", "must be an object")
     method = raw.get("quant_method")
     if method == "bitsandbytes" or (method is None and ("load_in_4bit" in raw or "load_in_8bit" in raw)):
-        if raw.get("load_in_4bit") is True:
+        if raw.get("load_in_4bit") is True and raw.get("load_in_8bit") is not True:
             return True, None
+        if raw.get("load_in_8bit") is not True:
+            # neither set: no bitsandbytes format to read it in (it was refused as an 8-bit base it does
+            # not state: a quantized-checkpoints review)
+            raise f._error(
+                "quantization_config.load_in_4bit",
+                "is not true, nor is load_in_8bit: the config states no bitsandbytes format; give it "
+                "without quantization_config to plan the 16-bit model, or with load_in_4bit true for QLoRA",
+            )
         raise f._error(
             "quantization_config.load_in_8bit",
             "(a bitsandbytes 8-bit checkpoint): its LLM.int8 base is not modelled; give the config "

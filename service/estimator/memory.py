@@ -49,6 +49,7 @@ from service.estimator.model_states import (
     megatron_grads_in_fp32,
     megatron_master_remainders,
     peft_adapts_fused_experts,
+    qlora_bits_per_weight,
     quantized_weights,
     rank_model_states,
     rank_parameters,
@@ -920,7 +921,7 @@ def min_frozen_base_bytes_per_gpu(job: Job, gpus: int) -> int:
     (``model_states.frozen_bytes``: NF4's packed half byte for QLoRA's quantized Linear weights) and
     sharded over ``gpus`` GPUs (ZeRO-3 and FSDP partition frozen parameters too): no layout on that
     many GPUs holds less of it, whatever its framework."""
-    linear, other, _ = frozen_bytes(job.training, job.assume)
+    linear, other, _ = frozen_bytes(job.model, job.training, job.assume)
     counts = job.counts
     # QLoRA trains data parallel only (ep 1), where transformers' fused experts stay in the compute
     # dtype (``experts_stay_16_bit``): the bound quoted Qwen3-235B's base at a quarter of what every
@@ -1030,19 +1031,30 @@ def _state_notes(job: Job, layout: Layout) -> list[str]:
         notes.append(
             f"optimizer offload: host holds fp32 master + moments + a {assume.cpu_adam_grad_bytes}-byte "
             "gradient copy per parameter shard"
+            + (
+                " (on NVMe where offloaded there), and DeepSpeed's host buffers: ZeRO-3's 16-bit gradient "
+                "partitions, ZeRO-Infinity's swap buffers, ZeRO-1/2's accumulated gradients"
+                if layout.framework is Framework.DEEPSPEED
+                else ""
+            )
         )
     if training.optimizer is Optimizer.ADAMW_8BIT:
         notes.append(
             f"8-bit Adam: 1 B per moment + fp32 absmax per {assume.adam_8bit_block_elements} elements"
         )
     if training.optimizer is Optimizer.ADAFACTOR:
-        notes.append("Adafactor: factored second moment (rows + columns per matrix), no first moment")
+        second = (
+            "a whole fp32 second moment (DeepSpeed hands it flat 1-D partitions, which it does not factor)"
+            if layout.framework is Framework.DEEPSPEED
+            else "factored second moment (rows + columns per matrix)"
+        )
+        notes.append(f"Adafactor: {second}, no first moment")
     # the rest of a QLoRA base in the compute dtype (bnb_4bit_compute_dtype: fp16 where the GPU has no bf16)
     rest = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[training.precision.weight_dtype]
     if training.method is Method.QLORA:
         notes.append(
-            f"QLoRA: NF4 Linear weights at {assume.qlora_bits_per_param} bits (4 bits sharded, their "
-            f"constants on every rank); embeddings, head, norms {rest}"
+            f"QLoRA: NF4 Linear weights at {qlora_bits_per_weight(model, assume):.4g} bits (4 bits sharded, "
+            f"their constants on every rank); embeddings, head, norms {rest}"
         )
     if training.method is not Method.FULL and fused_experts(model, layout):
         # transformers 5's fused expert parameters: peft's target_modules match modules, bitsandbytes

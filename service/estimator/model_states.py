@@ -536,6 +536,11 @@ def state_bytes_per_parameter(sb: StateBytes, framework: Framework) -> float:
 # NF4 is a 4-bit data type: bitsandbytes packs two weights a byte into the parameter's storage
 # (Params4bit; its quant_storage dtype, bf16 for FSDP and ZeRO-3, only views the same bytes).
 NF4_BITS = 4
+# bitsandbytes' 4-bit blocks (blocksize 64): one fp32 absmax per block, 0.5 bits per weight, where the
+# checkpoint was saved without double quantization (which stores it in 8 bits with an fp32 constant per
+# 256 of them: the tuning's qlora_bits_per_param, Dettmers et al. arXiv:2305.14314 §3)
+NF4_BLOCK = 64
+NF4_SINGLE_CONSTANT_BITS = 32 / NF4_BLOCK
 
 
 def frozen_dtype_bytes(training: TrainingSpec) -> float:
@@ -544,7 +549,18 @@ def frozen_dtype_bytes(training: TrainingSpec) -> float:
     return 4.0 if training.precision.stores_fp32 or training.base_autocast else 2.0
 
 
-def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[float, float, float]:
+def qlora_bits_per_weight(model: ModelSpec, assume: MemoryAssumptions) -> float:
+    """Bits per NF4 Linear weight with its quantization constants: as a stored 4-bit checkpoint states
+    them (``ModelSpec.bnb_4bit_constant_bits``: its saved quantization_config is what from_pretrained
+    loads), else as QLoRA quantizes at load (the tuning's, double-quantized)."""
+    if model.bnb_4bit_constant_bits is not None:
+        return NF4_BITS + model.bnb_4bit_constant_bits
+    return assume.qlora_bits_per_param
+
+
+def frozen_bytes(
+    model: ModelSpec, training: TrainingSpec, assume: MemoryAssumptions
+) -> tuple[float, float, float]:
     """Bytes per frozen base parameter (LoRA/QLoRA): (a layer Linear weight's storage, every other
     parameter, a layer Linear weight's quantization constants)."""
     # LoRA: the base in the compute dtype (bf16, or fp32 under fp32 and tf32), or in fp32 where it
@@ -556,7 +572,7 @@ def frozen_bytes(training: TrainingSpec, assume: MemoryAssumptions) -> tuple[flo
     # constant (``_group_states``).
     other = frozen_dtype_bytes(training)
     if training.method is Method.QLORA:
-        return NF4_BITS / 8, other, (assume.qlora_bits_per_param - NF4_BITS) / 8
+        return NF4_BITS / 8, other, (qlora_bits_per_weight(model, assume) - NF4_BITS) / 8
     return other, other, 0.0
 
 
@@ -967,7 +983,7 @@ def _state_groups(
     dense_shard, expert_shard = shards
     if training.method is Method.FULL:
         return [(rp.dense, 0.0, 0.0, dense_shard, 0.0), (rp.expert, 0.0, 0.0, expert_shard, 0.0)]
-    linear_bytes, other_bytes, constant_bytes = frozen_bytes(training, assume)
+    linear_bytes, other_bytes, constant_bytes = frozen_bytes(model, training, assume)
     dense_linear = rp.linear - rp.expert  # routed experts are Linear weights only
     dense_frozen = dense_linear * linear_bytes + (rp.dense - dense_linear) * other_bytes
     adapters = lora_parameters(model, training, layout, rp)

@@ -77,6 +77,7 @@ from service.estimator.model_states import (
     layer_linears,
     optimizer_step_bytes,
     peft_adapts_fused_experts,
+    qlora_bits_per_weight,
     shard_degrees,
 )
 from service.estimator.params import loss_logits_per_token, stage_parameter_counts
@@ -1049,11 +1050,12 @@ def fp8_cast_s(job: Job, layout: Layout, base: StepBase) -> float:
 def dequantize_s(job: Job, layout: Layout, base: StepBase, passes: float) -> float:
     """QLoRA: bitsandbytes dequantises every NF4 weight to 16 bits before each matmul that reads it
     (forward, and the input-gradient half of backward): per pass it reads the packed weights
-    (``qlora_bits_per_param``) and writes 2 bytes per weight, memory-bound, every micro-batch."""
+    (``model_states.qlora_bits_per_weight``) and writes 2 bytes per weight, memory-bound, every
+    micro-batch."""
     if job.training.method is not Method.QLORA:
         return 0.0
     linear = rank_parameters_of(job, layout, base.stage).linear
-    bytes_per_weight = job.assume.qlora_bits_per_param / 8 + 2
+    bytes_per_weight = qlora_bits_per_weight(job.model, job.assume) / 8 + 2
     return base.micro_batches * passes * linear * bytes_per_weight / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 

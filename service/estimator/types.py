@@ -357,6 +357,10 @@ class ModelSpec:
     # The checkpoint's Linear weights are stored in bitsandbytes 4-bit (quantization_config
     # load_in_4bit): from_pretrained loads them so, and only QLoRA trains such a base.
     bnb_4bit_checkpoint: bool = False
+    # Such a checkpoint's quantization constants per weight where its saved quantization_config is not
+    # double-quantized (model_states.NF4_SINGLE_CONSTANT_BITS); None: double-quantized, as QLoRA's launch
+    # files quantize at load (the tuning's qlora_bits_per_param)
+    bnb_4bit_constant_bits: float | None = None
     # The format a checkpoint's weights are stored in where training loads them dequantized to the
     # training precision (quantization_config quant_method: "fp8", "mxfp4", "fbgemm_fp8",
     # "compressed-tensors"): the launch files say how the script loads it. None: stored unquantized.

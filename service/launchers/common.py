@@ -564,11 +564,22 @@ def peft_header(plan: Plan, config_dir: str = "") -> str:
         f"LoraConfig(**json.load(open({config_dir + LORA_CONFIG_NAME!r})))): only the adapters train."
     )
     if method is Method.QLORA:
-        text += (
-            f"\nqlora: load the base model with from_pretrained(..., quantization_config="
-            f"BitsAndBytesConfig(**json.load(open({config_dir + BNB_CONFIG_NAME!r})))) (NF4, double "
-            "quantisation)."
-        )
+        # the rest of the base (embeddings, head, norms) in the compute dtype, as estimated: the
+        # quantizer's update_dtype sets only a dtype left None, and transformers 5 loads the checkpoint's
+        # own otherwise (an fp32 OLMo 2 kept 1.5 GiB of fp32 tables: a quantized-checkpoints review)
+        dtype = f"dtype=torch.{plan.training.precision.weight_dtype}"
+        if plan.model.bnb_4bit_checkpoint:
+            # from_pretrained loads a stored 4-bit checkpoint with its own saved quantization_config
+            text += (
+                f"\nqlora: the checkpoint is stored in bitsandbytes 4-bit: load it with from_pretrained(..., "
+                f"{dtype}); its saved quantization_config applies (as estimated), not {BNB_CONFIG_NAME}."
+            )
+        else:
+            text += (
+                f"\nqlora: load the base model with from_pretrained(..., {dtype}, quantization_config="
+                f"BitsAndBytesConfig(**json.load(open({config_dir + BNB_CONFIG_NAME!r})))) (NF4, double "
+                "quantisation)."
+            )
     elif plan.training.base_autocast:
         text += (
             "\nlora: load the base model with from_pretrained(..., dtype=torch.float32) (the "

@@ -22,7 +22,8 @@ LLAMA: dict[str, Any] = {
     "vocab_size": 128256,
     "max_position_embeddings": 8192,
 }
-BNB_4BIT = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+BNB_4BIT = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": True}  # fmt: skip
 
 
 def _estimate(client: TestClient, config: dict[str, Any], method: str) -> Any:
@@ -47,12 +48,41 @@ def test_a_4bit_checkpoint_is_trained_by_qlora_only(client: TestClient, method: 
     assert qlora.json() == _estimate(client, LLAMA, "qlora").json()  # the same NF4 base either way
 
 
+def test_a_4bit_checkpoint_is_planned_with_its_own_quantization_config(client: TestClient) -> None:
+    """A quantized-checkpoints review: from_pretrained loads a stored 4-bit checkpoint with its saved
+    quantization_config (the launch files' bnb_config.json is not applied), whose other fields every
+    estimate ignored. Without double quantization its constants are an fp32 absmax per 64 weights
+    (0.5 bits, not 0.127): more memory; MLPs kept in 16 bits, or fp32 compute, are refused naming the
+    key."""
+    single = LLAMA | {"quantization_config": BNB_4BIT | {"bnb_4bit_use_double_quant": False}}
+    double = _estimate(client, LLAMA | {"quantization_config": BNB_4BIT}, "qlora").json()
+    plain = _estimate(client, single, "qlora").json()
+    linear = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)  # LLAMA's layer Linears (GQA)
+    more = plain["memory"]["per_gpu"]["parameters"] - double["memory"]["per_gpu"]["parameters"]
+    assert more == pytest.approx(linear * (0.5 - (8 / 64 + 32 / (64 * 256))) / 8, rel=0.02)
+    assert any("NF4 Linear weights at 4.5 bits" in a for a in plain["assumptions"]), plain["assumptions"]
+    for key, value in (("llm_int8_skip_modules", ["lm_head", "mlp"]), ("bnb_4bit_compute_dtype", "float32")):
+        config = LLAMA | {"quantization_config": BNB_4BIT | {key: value}}
+        refused = _estimate(client, config, "qlora")
+        assert refused.status_code == 422, refused.text
+        assert [e["field"] for e in refused.json()["errors"]] == [
+            f"model.hf_config.quantization_config.{key}"
+        ]
+    skipped_head = LLAMA | {"quantization_config": BNB_4BIT | {"llm_int8_skip_modules": ["lm_head"]}}
+    assert _estimate(client, skipped_head, "qlora").json()["memory"] == double["memory"]
+
+
 @pytest.mark.parametrize(
     ("quantization", "field"),
     [
         (
             {"quant_method": "bitsandbytes", "load_in_8bit": True},
             "model.hf_config.quantization_config.load_in_8bit",
+        ),
+        # neither format set: no bitsandbytes base (it was refused as an 8-bit one it does not state)
+        (
+            {"quant_method": "bitsandbytes", "load_in_4bit": False, "load_in_8bit": False},
+            "model.hf_config.quantization_config.load_in_4bit",
         ),
         ({"quant_method": "gptq", "bits": 4}, "model.hf_config.quantization_config.quant_method"),
         ({"quant_method": "awq", "bits": 4}, "model.hf_config.quantization_config.quant_method"),
@@ -126,3 +156,24 @@ def test_the_launch_files_say_how_to_load_a_checkpoint_stored_quantized(
     plain = dict(body, model={"hf_config": LLAMA})
     again = client.post("/v1/plans", json=plain).json()
     assert not any("checkpoint: its weights" in client.get(a["url"]).text for a in again["artifacts"])
+
+
+def test_qlora_launch_files_load_the_base_in_the_compute_dtype_and_a_stored_one_with_its_config(
+    client: TestClient,
+) -> None:
+    """A quantized-checkpoints review: the QLoRA header named no dtype, so transformers 5 loaded an fp32
+    checkpoint's embeddings, head and norms in fp32 (the estimate counts them 16-bit); and told a stored
+    4-bit checkpoint to load with bnb_config.json, which from_pretrained does not apply to it."""
+    for config, stored in ((LLAMA, False), (LLAMA | {"quantization_config": BNB_4BIT}, True)):
+        body = {
+            "model": {"hf_config": config},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+            "training": {"seq_len": 2048, "global_batch_size": 8, "method": "qlora"},
+            "launchers": ["hf_trainer"],
+        }
+        plan = client.post("/v1/plans", json=body)
+        assert plan.status_code == 201 and plan.json()["status"] == "feasible", plan.text
+        script = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/hf_trainer_launch.sh").text
+        assert "from_pretrained(..., dtype=torch.bfloat16" in script, script
+        assert ("its saved quantization_config applies" in script) == stored
+        assert ("quantization_config=BitsAndBytesConfig" in script) != stored
