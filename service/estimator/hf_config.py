@@ -1184,19 +1184,27 @@ _MULTIMODAL_NOTE = (
     "projector (vision_config) are not (a text-only fine-tune; one that trains the tower adds its "
     "parameters and activations)"
 )
-# Checkpoints stored in these formats load dequantizable, and training plans their weights in the
-# training precision: transformers' FP8 and MXFP4 quantizers dequantize on load where asked
-# (FineGrainedFP8Config / Mxfp4Config(dequantize=True), the documented fine-tuning path for
-# DeepSeek-V3's and GPT-OSS's official checkpoints), and Megatron's and torchtitan's conversions read
-# them into 16-bit weights.
-_DEQUANTIZED_FORMATS = frozenset({"fp8", "fbgemm_fp8", "mxfp4", "compressed-tensors"})
+# How transformers loads a checkpoint stored quantized with its weights dequantized for training
+# (``ModelSpec.dequantized_checkpoint``): Mxfp4Config and FineGrainedFP8Config take dequantize=True
+# (transformers 5 utils/quantization_config.py; the documented fine-tuning path for GPT-OSS's and
+# DeepSeek-V3's official checkpoints), compressed-tensors decompresses with run_compressed=False
+# (whatever its scheme, int4 or fp8); FBGEMM's fp8 layers neither train nor dequantize
+# (quantizer_fbgemm_fp8.py: is_trainable False), so such a checkpoint is converted to 16-bit weights
+# first (None). Megatron's and torchtitan's conversions read the 16-bit weights.
+DEQUANTIZING_CONFIGS: dict[str, str | None] = {
+    "mxfp4": "Mxfp4Config(dequantize=True)",
+    "fp8": "FineGrainedFP8Config(dequantize=True)",
+    "compressed-tensors": "CompressedTensorsConfig(run_compressed=False)",
+    "fbgemm_fp8": None,
+}
 
 
 def _dequantized_note(method: str) -> str:
+    loader = DEQUANTIZING_CONFIGS[method]
+    how = f"from_pretrained with {loader}" if loader else "a conversion to 16-bit weights before training"
     return (
         f"quantization_config {method}: the checkpoint's weights are planned dequantized to the training "
-        "precision, as training loads them (Mxfp4Config / FineGrainedFP8Config dequantize=True, or a "
-        "Megatron / torchtitan conversion), not in their stored format; the launch files say how"
+        f"precision, as training loads them ({how}), not in their stored format; the launch files say how"
     )
 
 
@@ -1270,7 +1278,7 @@ def _checkpoint_quantization(config: Mapping[str, object], model_type: str) -> t
             "(a bitsandbytes 8-bit checkpoint): its LLM.int8 base is not modelled; give the config "
             "without quantization_config to plan the 16-bit model",
         )
-    if isinstance(method, str) and method in _DEQUANTIZED_FORMATS:
+    if isinstance(method, str) and method in DEQUANTIZING_CONFIGS:
         return False, method
     raise f._error(
         "quantization_config.quant_method",

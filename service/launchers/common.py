@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from service.catalog.tuning import default_tuning
 from service.estimator import caveats, pipeline
 from service.estimator.defaults import for_gpu
+from service.estimator.hf_config import DEQUANTIZING_CONFIGS
 from service.estimator.model_states import FSDP_REDUCE_DTYPE, hsdp_replicas
 from service.estimator.params import lora_modules
 from service.estimator.step_time import steps_to_train
@@ -488,18 +489,6 @@ def z3_leaf_duty(plan: Plan) -> str:
     )
 
 
-# How transformers loads a checkpoint stored quantized with its weights dequantized for training
-# (``ModelSpec.dequantized_checkpoint``): Mxfp4Config and FineGrainedFP8Config take dequantize=True
-# (transformers 5 utils/quantization_config.py), compressed-tensors decompresses with
-# run_compressed=False; FBGEMM's fp8 layers neither train nor dequantize (quantizer_fbgemm_fp8.py:
-# is_trainable False), so such a checkpoint is converted first.
-_DEQUANTIZING_CONFIGS = {
-    "mxfp4": "Mxfp4Config(dequantize=True)",
-    "fp8": "FineGrainedFP8Config(dequantize=True)",
-    "compressed-tensors": "CompressedTensorsConfig(run_compressed=False)",
-}
-
-
 def checkpoint_duty(plan: Plan) -> str:
     """How the script loads a checkpoint stored quantized (fp8, mxfp4, ...) that the estimate plans
     dequantized to the training precision; '' for an unquantized one. Without it from_pretrained keeps
@@ -508,7 +497,7 @@ def checkpoint_duty(plan: Plan) -> str:
     stored = plan.model.dequantized_checkpoint
     if stored is None:
         return ""
-    config = _DEQUANTIZING_CONFIGS.get(stored)
+    config = DEQUANTIZING_CONFIGS.get(stored)
     if config is None or plan.training.method is Method.QLORA:
         # QLoRA quantizes a 16-bit base to NF4: from_pretrained takes one quantization_config
         why = "its layers do not train" if config is None else "QLoRA's NF4 quantizes a 16-bit base"
@@ -519,6 +508,22 @@ def checkpoint_duty(plan: Plan) -> str:
     return (
         f"\ncheckpoint: its weights are stored {stored}: {TRAIN_SCRIPT} must load them dequantized, "
         f"from_pretrained(..., quantization_config={config}), as the estimate plans them."
+    )
+
+
+def converted_checkpoint_duty(plan: Plan, loads: str) -> str:
+    """For a target that loads its own checkpoint format (Megatron-LM's --load, torchtitan's DCP),
+    not a Hugging Face one: a checkpoint stored quantized must be dequantized to 16-bit weights before
+    it is converted to ``loads``, as the estimate plans it ('' for an unquantized one). The config's
+    warning says the launch files say how; the Megatron file said nothing (a quantized-checkpoints
+    review)."""
+    stored = plan.model.dequantized_checkpoint
+    if stored is None:
+        return ""
+    return (
+        f"\ncheckpoint: its weights are stored {stored}: dequantize them to 16-bit weights (transformers'"
+        f" from_pretrained with {DEQUANTIZING_CONFIGS.get(stored) or 'a 16-bit conversion'}) before\n"
+        f"converting to {loads}, as the estimate plans them."
     )
 
 

@@ -47,6 +47,7 @@ from service.launchers.common import (
     Word,
     accumulation,
     activation_offload_refusal,
+    converted_checkpoint_duty,
     full_logits_refusal,
     hyperparameter_note,
     megatron_overlaps_grad_reduce,
@@ -707,7 +708,7 @@ def notes(plan: Plan) -> str:
         "vocabulary): to fine-tune, add --load/--pretrained-checkpoint with a Megatron checkpoint of the\n"
         "model and --finetune, and --data-path with --tokenizer-type/--tokenizer-model for real data."
     )
-    text += hyperparameter_note()
+    text += converted_checkpoint_duty(plan, "a Megatron checkpoint (--load)") + hyperparameter_note()
     if megatron_master_remainders(plan.layout, plan.training):
         # OptimizerConfig turns store_param_remainders off below Transformer Engine 2.1, and FusedAdam
         # then keeps a 4-byte master: 2 B per parameter of the optimizer shard more (Megatron review)

@@ -36,6 +36,7 @@ from service.launchers.common import (
     Word,
     accumulation,
     activation_offload_refusal,
+    converted_checkpoint_duty,
     pipeline_split,
     refuse,
     script,
@@ -468,6 +469,7 @@ def notes(plan: Plan) -> str:
         "and backward): the estimate times eager kernel launches and frees the gradients at zero_grad;\n"
         "a captured step keeps them and a graph memory pool beside the eager one, which it does not model."
     )
+    text += converted_checkpoint_duty(plan, "a DCP checkpoint (--checkpoint.initial_load_path)")
     if plan.layout.cp > 1:
         # distributed/context_parallel/api.py apply_cp_to_forward: FlexAttention's CP is
         # torch's flex_cp_allgather (a blocking all-gather of K and V, reduce-scattered in the backward),

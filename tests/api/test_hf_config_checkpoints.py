@@ -96,17 +96,24 @@ def test_a_base_stored_in_a_format_not_modelled_is_refused_naming_the_key(
     assert [e["field"] for e in refused.json()["errors"]] == [field]
 
 
-@pytest.mark.parametrize("method", ["fp8", "mxfp4", "fbgemm_fp8"])
+@pytest.mark.parametrize(
+    ("method", "loader"),
+    [("fp8", "FineGrainedFP8Config(dequantize=True)"), ("mxfp4", "Mxfp4Config(dequantize=True)"),
+     ("compressed-tensors", "CompressedTensorsConfig(run_compressed=False)"),
+     ("fbgemm_fp8", "a conversion to 16-bit weights")],
+)  # fmt: skip
 def test_a_checkpoint_stored_in_fp8_or_mxfp4_is_planned_dequantized_and_says_so(
-    client: TestClient, method: str
+    client: TestClient, method: str, loader: str
 ) -> None:
+    """Each format's note names its own loader (a quantized-checkpoints review: every note named the
+    fp8 and mxfp4 configs, for compressed-tensors and fbgemm_fp8 too)."""
     config = LLAMA | {"quantization_config": {"quant_method": method}}
     answer = _estimate(client, config, "full")
     assert answer.status_code == 200, answer.text
     plain = _estimate(client, LLAMA, "full").json()
     assert answer.json()["memory"] == plain["memory"]
     said = [w for w in answer.json()["warnings"] if w.startswith(f"quantization_config {method}")]
-    assert len(said) == 1 and "dequantized" in said[0]
+    assert len(said) == 1 and "dequantized" in said[0] and loader in said[0], said
 
 
 def test_a_multimodal_config_says_its_vision_tower_is_not_counted(client: TestClient) -> None:
@@ -177,3 +184,20 @@ def test_qlora_launch_files_load_the_base_in_the_compute_dtype_and_a_stored_one_
         assert "from_pretrained(..., dtype=torch.bfloat16" in script, script
         assert ("its saved quantization_config applies" in script) == stored
         assert ("quantization_config=BitsAndBytesConfig" in script) != stored
+
+
+def test_a_checkpoint_planned_dequantized_says_how_in_the_megatron_file_too(client: TestClient) -> None:
+    """A quantized-checkpoints review: the fp8 warning says "the launch files say how", and Megatron's
+    said nothing of the stored weights, which its --load conversion must dequantize first."""
+    body = {
+        "model": {"hf_config": LLAMA | {"quantization_config": {"quant_method": "fp8"}}},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+        "constraints": {"frameworks": ["megatron"]},
+        "launchers": ["megatron"],
+    }
+    plan = client.post("/v1/plans", json=body)
+    assert plan.status_code == 201 and plan.json()["status"] == "feasible", plan.text
+    script = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/megatron_launch.sh").text
+    assert "its weights are stored fp8: dequantize them to 16-bit weights" in script
+    assert "FineGrainedFP8Config(dequantize=True)" in script
