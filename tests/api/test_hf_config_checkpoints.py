@@ -201,3 +201,14 @@ def test_a_checkpoint_planned_dequantized_says_how_in_the_megatron_file_too(clie
     script = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/megatron_launch.sh").text
     assert "its weights are stored fp8: dequantize them to 16-bit weights" in script
     assert "FineGrainedFP8Config(dequantize=True)" in script
+
+
+@pytest.mark.parametrize(("preset", "stored"), [("gpt-oss-20b", "mxfp4"), ("deepseek-v3", "fp8")])
+def test_presets_of_checkpoints_stored_quantized_say_how_they_load(
+    client: TestClient, preset: str, stored: str
+) -> None:
+    """A quantized-checkpoints review: the GPT-OSS and DeepSeek-V3 presets name checkpoints stored in
+    MXFP4 and fp8 blocks, and were planned as 16-bit ones with no word of it: the same config pasted
+    got the note and the launch files' loader."""
+    notes = client.get(f"/v1/models/{preset}").json()["notes"]
+    assert any(note.startswith(f"quantization_config {stored}") for note in notes), notes
