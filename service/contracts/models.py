@@ -237,6 +237,7 @@ CONFIG_ONLY_FIELDS = (
     "config_notes",
     "bnb_4bit_checkpoint",
     "bnb_4bit_constant_bits",
+    "vision_tower",
     "dequantized_checkpoint",
 )
 

@@ -1174,6 +1174,7 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         config_notes=notes,
         bnb_4bit_checkpoint=bnb_4bit,
         bnb_4bit_constant_bits=constant_bits,
+        vision_tower=model_type in _TEXT_CONFIGS and "vision_config" in config,
         dequantized_checkpoint=stored,
         **_hyperparameters(_text_fields(config, model_type), spec)._asdict(),
     )
@@ -1181,7 +1182,8 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
 
 _MULTIMODAL_NOTE = (
     "multimodal config: the language model (text_config) is counted and planned; the vision tower and "
-    "projector (vision_config) are not (a text-only fine-tune; one that trains the tower adds its "
+    "projector (vision_config) are not (a text-only fine-tune: the launch files freeze them and keep the "
+    "adapters off them; their frozen weights are not counted, and one that trains the tower adds its "
     "parameters and activations)"
 )
 # How transformers loads a checkpoint stored quantized with its weights dequantized for training

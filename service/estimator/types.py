@@ -357,6 +357,10 @@ class ModelSpec:
     # The checkpoint's Linear weights are stored in bitsandbytes 4-bit (quantization_config
     # load_in_4bit): from_pretrained loads them so, and only QLoRA trains such a base.
     bnb_4bit_checkpoint: bool = False
+    # A multimodal wrapper's config (its vision_config beside the text_config): the language model is
+    # planned, the vision tower and projector are not, so the launch files freeze them and keep the
+    # adapters off them (hf_config's multimodal note says it)
+    vision_tower: bool = False
     # Such a checkpoint's quantization constants per weight where its saved quantization_config is not
     # double-quantized (model_states.NF4_SINGLE_CONSTANT_BITS); None: double-quantized, as QLoRA's launch
     # files quantize at load (the tuning's qlora_bits_per_param)

@@ -445,6 +445,25 @@ _HEAD_CLASSES = {
 }
 
 
+# A multimodal wrapper's modules outside its language model (transformers' Gemma3ForConditionalGeneration
+# and Mistral3's vision_tower and multi_modal_projector, Llama 4's vision_model), as a regular expression
+# over module names
+VISION_MODULES = r".*\b(vision_tower|vision_model|multi_modal_projector)\b.*"
+
+
+def vision_duty(plan: Plan) -> str:
+    """A multimodal wrapper's checkpoint loads its vision tower and projector beside the language model
+    the estimate plans (AutoModelForCausalLM builds Gemma3ForConditionalGeneration, with its tower
+    trainable: a multimodal review): the script freezes them, as the text-only fine-tune estimated."""
+    if not plan.model.vision_tower:
+        return ""
+    return (
+        f"\nmodel: a multimodal checkpoint; the estimate plans its language model alone: {TRAIN_SCRIPT} must "
+        "freeze the vision tower and projector (requires_grad_(False) on every parameter whose name matches "
+        f"{VISION_MODULES!r}); their frozen weights are not counted."
+    )
+
+
 def model_duties(plan: Plan, config_dir: str = "") -> str:
     """What the training script must build: an encoder's task head as estimated, then the adapters
     (``peft_header``). Every launch that runs the user's train.py says it (a review: a RoBERTa
@@ -458,7 +477,13 @@ def model_duties(plan: Plan, config_dir: str = "") -> str:
             f"\nmodel: {TRAIN_SCRIPT} must build {_HEAD_CLASSES[model.head]}.from_pretrained(...{labels}): "
             f"the estimate counts the {model.head.value} head."
         )
-    return head + checkpoint_duty(plan) + attention_duty(plan) + peft_header(plan, config_dir)
+    return (
+        head
+        + vision_duty(plan)
+        + checkpoint_duty(plan)
+        + attention_duty(plan)
+        + peft_header(plan, config_dir)
+    )
 
 
 def steps_duty(plan: Plan) -> str:
@@ -710,6 +735,11 @@ def peft_artifacts(plan: Plan, target: Target) -> list[Artifact]:
         "bias": "none",
         "task_type": "CAUSAL_LM",
     }
+    if plan.model.vision_tower:
+        # target_modules match by suffix, so a multimodal wrapper's vision tower took adapters too
+        # (SigLIP's q/k/v_proj in Gemma 3, Pixtral's in Mistral 3: a multimodal review); peft's
+        # exclude_modules, a regular expression here, keeps them to the language model as estimated
+        lora["exclude_modules"] = VISION_MODULES
     if plan.model.bidirectional:
         lora |= encoder_lora_fields(plan.model.head, training.lora_targets)
         if lora["task_type"] is None:

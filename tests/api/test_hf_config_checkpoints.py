@@ -7,6 +7,7 @@ language model's 3.88B with no note that SigLIP's 420M were left out."""
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -212,3 +213,37 @@ def test_presets_of_checkpoints_stored_quantized_say_how_they_load(
     got the note and the launch files' loader."""
     notes = client.get(f"/v1/models/{preset}").json()["notes"]
     assert any(note.startswith(f"quantization_config {stored}") for note in notes), notes
+
+
+def test_a_multimodal_checkpoints_launch_files_keep_its_vision_tower_out_as_estimated(
+    client: TestClient,
+) -> None:
+    """A multimodal review: the estimate plans Gemma 3's language model alone ("a text-only fine-tune"),
+    while from_pretrained builds Gemma3ForConditionalGeneration with a trainable vision tower and
+    lora_config.json's suffix targets put adapters on SigLIP's q/k/v_proj too. The launch files freeze
+    the tower and projector and exclude them from the adapters."""
+    text = {"model_type": "gemma3_text", "hidden_size": 256, "intermediate_size": 1024,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64,
+            "vocab_size": 32000}  # fmt: skip
+    config = {"model_type": "gemma3", "text_config": text, "vision_config": {"hidden_size": 1152}}
+    body = {
+        "model": {"hf_config": config},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 2048, "global_batch_size": 8, "method": "lora"},
+        "launchers": ["hf_trainer"],
+    }
+    plan = client.post("/v1/plans", json=body)
+    assert plan.status_code == 201 and plan.json()["status"] == "feasible", plan.text
+    files = {a["name"]: a for a in plan.json()["artifacts"]}
+    lora = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/lora_config.json").json()
+    assert lora["exclude_modules"] == r".*\b(vision_tower|vision_model|multi_modal_projector)\b.*"
+    assert re.fullmatch(
+        lora["exclude_modules"], "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj"
+    )
+    assert not re.fullmatch(lora["exclude_modules"], "model.language_model.layers.0.self_attn.q_proj")
+    script = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/hf_trainer_launch.sh").text
+    assert "must freeze the vision tower and projector" in script
+    # a text-only config has none of it
+    text_only = client.post("/v1/plans", json=body | {"model": {"hf_config": text}}).json()
+    plain = client.get(f"/v1/plans/{text_only['id']}/artifacts/lora_config.json").json()
+    assert "exclude_modules" not in plain and files

@@ -241,7 +241,8 @@ def test_gemma3_text_and_wrapper_by_hand() -> None:
     assert spec.qk_norm is QKNorm.PER_HEAD and not spec.final_logit_softcapping
     wrapped = build({"model_type": "gemma3", "text_config": text, "vision_config": {"hidden_size": 1152}})
     # the wrapper's text model, and a note that its vision tower is not counted
-    assert dataclasses.replace(wrapped, config_notes=()) == spec and wrapped.family == "gemma3"
+    assert dataclasses.replace(wrapped, config_notes=(), vision_tower=False) == spec
+    assert wrapped.family == "gemma3" and wrapped.vision_tower and not spec.vision_tower
     assert len(wrapped.config_notes) == 1 and "vision tower" in wrapped.config_notes[0]
     pattern = build({**text, "sliding_window_pattern": 2})
     assert pattern.layer_types == (SLIDING, FULL) * 3
@@ -389,7 +390,7 @@ def test_mistral_nemo_by_hand() -> None:
     default = build({k: v for k, v in nemo.items() if k != "sliding_window"})
     assert default.layer_types == (SLIDING, SLIDING) and default.sliding_window == 4096
     wrapped = build({"model_type": "mistral3", "text_config": nemo, "vision_config": {}})
-    assert dataclasses.replace(wrapped, config_notes=()) == spec
+    assert dataclasses.replace(wrapped, config_notes=(), vision_tower=False) == spec and wrapped.vision_tower
 
 
 def test_mixtral_sliding_window_when_given() -> None:
