@@ -32,7 +32,14 @@ MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
     (
         ModelSpec,
         ArchitectureIn,
-        {"name", "config_notes", "bnb_4bit_checkpoint", "dequantized_checkpoint"},
+        {
+            "name",
+            "config_notes",
+            "bnb_4bit_checkpoint",
+            "bnb_4bit_constant_bits",
+            "dequantized_checkpoint",
+            "vision_tower",
+        },
         set(),
     ),
     # hardware_defaults: which fields the request left out, derived from the wire's None values;

@@ -402,6 +402,10 @@ def applied_suggestion(request: dict[str, Any], suggestion: dict[str, Any]) -> d
         cluster["cpu_memory_bytes_per_node"] = max(
             cluster.get("cpu_memory_bytes_per_node", 0), suggestion["cpu_per_node_bytes"]
         )
+    if suggestion.get("nvme_per_node_bytes"):  # the NVMe a ZeRO-Infinity suggestion writes to
+        cluster["nvme_bytes_per_node"] = max(
+            cluster.get("nvme_bytes_per_node", 0), suggestion["nvme_per_node_bytes"]
+        )
     kind = suggestion.get("kind")
     if kind in ("lora", "qlora"):
         training["method"] = kind
