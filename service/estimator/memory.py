@@ -426,12 +426,24 @@ def state_bytes_of(
     grads_in_fp32: bool = True,
     deepspeed_optimizer: tuple[bool, bool] = (False, False),
     megatron_fused_adam: tuple[bool, bool] = (False, False),
+    flat_partitions: bool = False,
 ) -> StateBytes:
     """``state_bytes`` of the job's training under ``framework`` (Megatron: gradients in fp32 or not,
-    its precision-aware FusedAdam or not; DeepSpeed: what its optimizer wrapper keeps, ``state_bytes``)."""
+    its precision-aware FusedAdam or not; DeepSpeed: what its optimizer wrapper keeps, and whether it
+    steps flat partitions, ``state_bytes``)."""
     training, model, assume = job.training, job.model, job.assume
     fused = megatron_fused_adam
-    return state_bytes(training, framework, model, assume, grads_in_fp32, deepspeed_optimizer, fused)
+    return state_bytes(
+        training, framework, model, assume, grads_in_fp32, deepspeed_optimizer, fused, flat_partitions
+    )
+
+
+def deepspeed_flat_partitions(layout: Layout, precision: Precision) -> bool:
+    """Whether DeepSpeed's optimizer steps flat 1-D partitions: ZeRO-1/2/3, and the pipeline's
+    ``BF16_Optimizer`` at ZeRO-0 (``deepspeed_bf16_optimizer``); ZeRO-0 otherwise steps shaped tensors."""
+    return layout.framework is Framework.DEEPSPEED and (
+        layout.zero_stage >= 1 or deepspeed_bf16_optimizer(layout, precision)
+    )
 
 
 @layout_memo(
@@ -447,7 +459,8 @@ def layout_state_bytes(job: Job, layout: Layout) -> StateBytes:
         megatron_fused_adam_on_gpu(layout, job.training),
         megatron_master_remainders(layout, job.training),
     )
-    return state_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout), deepspeed, fused)
+    flat = deepspeed_flat_partitions(layout, precision)
+    return state_bytes_of(job, layout.framework, megatron_grads_in_fp32(layout), deepspeed, fused, flat)
 
 
 def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
@@ -1045,7 +1058,7 @@ def _state_notes(job: Job, layout: Layout) -> list[str]:
     if training.optimizer is Optimizer.ADAFACTOR:
         second = (
             "a whole fp32 second moment (DeepSpeed hands it flat 1-D partitions, which it does not factor)"
-            if layout.framework is Framework.DEEPSPEED
+            if deepspeed_flat_partitions(layout, training.precision)
             else "factored second moment (rows + columns per matrix)"
         )
         notes.append(f"Adafactor: {second}, no first moment")

@@ -423,6 +423,7 @@ def state_bytes(
     grads_in_fp32: bool,
     deepspeed_optimizer: tuple[bool, bool] = (False, False),
     megatron_fused_adam: tuple[bool, bool] = (False, False),
+    flat_partitions: bool = False,
 ) -> StateBytes:
     """Bytes per trainable parameter by precision and framework (ZeRO §3.1; Megatron dist_optimizer.md);
     ``grads_in_fp32``: Megatron's bf16/fp8 gradient buffer dtype (``megatron_grads_in_fp32``);
@@ -457,13 +458,15 @@ def state_bytes(
         and training.method is Method.FULL
     ):
         moments = fsdp_adam_8bit_moment_bytes(model, moments)
-    if framework is Framework.DEEPSPEED and training.optimizer is Optimizer.ADAFACTOR:
-        # DeepSpeed hands its optimizer flat 1-D fp32 partitions (stage_1_and_2.py: param_group["params"]
-        # = [single_partition_of_fp32_groups[i]]; stage3.py its flat sub-groups; BF16_Optimizer its flat
-        # groups), and transformers' Adafactor factors a tensor of 2 or more dimensions only (factored =
-        # len(grad_shape) >= 2; else exp_avg_sq = zeros_like(grad)): a whole fp32 second moment, 4 B per
-        # parameter where the factored rows and columns were counted (an optimizer review: +4 GB per GPU
-        # of Llama 3.1 8B over eight)
+    if framework is Framework.DEEPSPEED and flat_partitions and training.optimizer is Optimizer.ADAFACTOR:
+        # DeepSpeed's ZeRO optimizers hand their optimizer flat 1-D fp32 partitions (stage_1_and_2.py:
+        # param_group["params"] = [single_partition_of_fp32_groups[i]]; stage3.py its flat sub-groups; the
+        # pipeline's BF16_Optimizer its flat groups), and transformers' Adafactor factors a tensor of 2 or
+        # more dimensions only (factored = len(grad_shape) >= 2; else exp_avg_sq = zeros_like(grad)): a
+        # whole fp32 second moment, 4 B per parameter where the factored rows and columns were counted
+        # (an optimizer review: +4 GB per GPU of Llama 3.1 8B over eight). ZeRO-0 without the pipeline
+        # steps shaped tensors (FP16_UnfusedOptimizer's per-parameter fp32 clones, or the parameters
+        # themselves in fp32): factored (a change review)
         moments = FP32_BYTES
     if framework is Framework.FSDP and training.optimizer is Optimizer.LION:
         # the HF Trainer's lion_32bit, bitsandbytes' Lion with optim_bits 32 (Accelerate's script is

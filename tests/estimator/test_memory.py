@@ -203,7 +203,15 @@ def test_optimizer_moments() -> None:
     # not factor (transformers' Adafactor: factored = len(grad_shape) >= 2): a whole fp32 second moment
     adafactor = dataclasses.replace(TRAIN, optimizer=Optimizer.ADAFACTOR)
     assert state_bytes(adafactor, Framework.FSDP, TINY, a, False).moments == pytest.approx(4 * 352 / 1832)
-    assert state_bytes(adafactor, Framework.DEEPSPEED, TINY, a, False).moments == 4
+    flat = state_bytes(adafactor, Framework.DEEPSPEED, TINY, a, False, flat_partitions=True)
+    assert flat.moments == 4
+    # DeepSpeed's ZeRO-0 without a pipeline steps shaped tensors (FP16_UnfusedOptimizer's clones): factored
+    assert state_bytes(adafactor, Framework.DEEPSPEED, TINY, a, False).moments == pytest.approx(
+        4 * 352 / 1832
+    )
+    zero0 = layout_state_bytes(job(TINY, cluster(4), adafactor), Layout(framework=Framework.DEEPSPEED, dp=4))
+    zero1 = Layout(framework=Framework.DEEPSPEED, dp=4, zero_stage=1)
+    assert zero0.moments < 1 and layout_state_bytes(job(TINY, cluster(4), adafactor), zero1).moments == 4
 
 
 def test_8bit_adam_keeps_the_embedding_tables_states_in_32_bits_where_it_steps_the_models_parameters() -> (
