@@ -39,6 +39,7 @@ MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
             "bnb_4bit_constant_bits",
             "dequantized_checkpoint",
             "vision_tower",
+            "bnb_4bit_float_storage",
         },
         set(),
     ),

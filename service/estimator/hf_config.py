@@ -1175,6 +1175,7 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         bnb_4bit_checkpoint=bnb_4bit,
         bnb_4bit_constant_bits=constant_bits,
         vision_tower=model_type in _TEXT_CONFIGS and "vision_config" in config,
+        bnb_4bit_float_storage=not bnb_4bit or _nf4_float_storage(config),
         dequantized_checkpoint=stored,
         **_hyperparameters(_text_fields(config, model_type), spec)._asdict(),
     )
@@ -1248,6 +1249,14 @@ def _nf4_constant_bits(config: Mapping[str, object], model_type: str) -> float |
         )
     # double-quantized: as QLoRA's launch files quantize at load (the tuning's qlora_bits_per_param)
     return None if raw.get("bnb_4bit_use_double_quant", False) is True else NF4_SINGLE_CONSTANT_BITS
+
+
+def _nf4_float_storage(config: Mapping[str, object]) -> bool:
+    """Whether a stored 4-bit checkpoint packs its weights in a float dtype (bnb_4bit_quant_storage; absent:
+    BitsAndBytesConfig's default uint8), as from_pretrained keeps them (Params4bit.from_prequantized)."""
+    raw = config.get("quantization_config")
+    storage = raw.get("bnb_4bit_quant_storage", "uint8") if isinstance(raw, Mapping) else "uint8"
+    return isinstance(storage, str) and storage.removeprefix("torch.") in ("bfloat16", "float16", "float32")
 
 
 def _checkpoint_quantization(config: Mapping[str, object], model_type: str) -> tuple[bool, str | None]:

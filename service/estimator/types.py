@@ -361,6 +361,10 @@ class ModelSpec:
     # planned, the vision tower and projector are not, so the launch files freeze them and keep the
     # adapters off them (hf_config's multimodal note says it)
     vision_tower: bool = False
+    # Such a 4-bit checkpoint's packed weights are stored in a float dtype (bnb_4bit_quant_storage
+    # bfloat16 / float16 / float32), which FSDP and ZeRO-3 can shard; uint8, BitsAndBytesConfig's
+    # default, they cannot (launchers.common.stored_nf4_storage_refusal)
+    bnb_4bit_float_storage: bool = True
     # Such a checkpoint's quantization constants per weight where its saved quantization_config is not
     # double-quantized (model_states.NF4_SINGLE_CONSTANT_BITS); None: double-quantized, as QLoRA's launch
     # files quantize at load (the tuning's qlora_bits_per_param)

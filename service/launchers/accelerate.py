@@ -62,6 +62,7 @@ from service.launchers.common import (
     sharded_8bit_refusal,
     shell_command,
     steps_duty,
+    stored_nf4_storage_refusal,
     tf32_environment,
     world_refusal,
 )
@@ -171,7 +172,7 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
         return None
     if lo.zero_stage == 1:
         return "FSDP has no optimizer-state-only sharding (ZeRO-1)"
-    if (eight_bit := sharded_8bit_refusal(plan)) is not None:
+    if (eight_bit := sharded_8bit_refusal(plan) or stored_nf4_storage_refusal(plan)) is not None:
         return eight_bit
     if lo.pp > 1 or lo.ep > 1:
         return f"pp={lo.pp} ep={lo.ep}: Accelerate's FSDP v2 has no pipeline or expert parallelism"

@@ -233,6 +233,28 @@ def sharded_8bit_refusal(plan: Plan) -> Refusal:
     return None
 
 
+def stored_nf4_storage_refusal(plan: Plan) -> Refusal:
+    """A stored bitsandbytes 4-bit checkpoint whose packed weights are uint8 (``ModelSpec.
+    bnb_4bit_float_storage``): from_pretrained keeps its saved storage, which FSDP1's flat parameters
+    cannot flatten (torch fsdp _flat_param.py: "Cannot flatten integer dtype tensors") and ZeRO-3 cannot
+    partition (PEFT's FSDP / DeepSpeed ZeRO-3 QLoRA path stores them in the compute dtype); DDP and
+    ZeRO-1/2 keep them whole (a change review: such a plan rendered FSDP FULL_SHARD)."""
+    lo = plan.layout
+    if not plan.model.bnb_4bit_checkpoint or plan.model.bnb_4bit_float_storage:
+        return None
+    sharded = (lo.framework is Framework.FSDP and lo.zero_stage >= 2) or (
+        lo.framework is Framework.DEEPSPEED and lo.zero_stage >= 3
+    )
+    if not sharded:
+        return None
+    return (
+        f"the checkpoint packs its 4-bit weights as uint8 (bnb_4bit_quant_storage), which "
+        f"{lo.framework.value} ZeRO-{lo.zero_stage} cannot shard: train with ZeRO-"
+        f"{0 if lo.framework is Framework.FSDP else 2} or re-save the checkpoint with "
+        "bnb_4bit_quant_storage bfloat16"
+    )
+
+
 def activation_offload_refusal(plan: Plan) -> Refusal:
     """No target offloads activations, so a layout estimated with ``activation_offload`` runs without
     it: Megatron-LM's --cpu-offloading is not rendered (Megatron-Core refuses it with activation
@@ -749,7 +771,9 @@ def peft_artifacts(plan: Plan, target: Target) -> list[Artifact]:
             name=LORA_CONFIG_NAME, target=target, media_type=JSON, content=json.dumps(lora, indent=2) + "\n"
         )
     ]
-    if training.method is Method.QLORA:
+    if training.method is Method.QLORA and not plan.model.bnb_4bit_checkpoint:
+        # (a stored 4-bit checkpoint loads with its own saved quantization_config, which no file here
+        # changes: peft_header says so, and none is written)
         # NF4 with double-quantised constants: the estimate's qlora_bits_per_param (4.127 bits).
         # The packed weights are stored in the compute dtype: FSDP and ZeRO-3 shard only floating
         # storage (bitsandbytes#970's quant_storage; the FSDP / DeepSpeed ZeRO-3 QLoRA path of PEFT's

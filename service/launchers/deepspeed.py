@@ -55,6 +55,7 @@ from service.launchers.common import (
     script,
     shell_command,
     steps_duty,
+    stored_nf4_storage_refusal,
     world_refusal,
     z3_leaf_duty,
 )
@@ -171,7 +172,7 @@ def engine_refusal(plan: Plan) -> Refusal:
         return logits
     if (structural := structure_refusal(plan.model, lo.tp, lo.pp, lo.cp, lo.ep)) is not None:
         return f"tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}: {structural}"
-    if (partition := eight_bit_partition_refusal(plan)) is not None:
+    if (partition := eight_bit_partition_refusal(plan) or stored_nf4_storage_refusal(plan)) is not None:
         return partition
     if lo.pp > 1 and lo.zero_stage >= 2:
         return (

@@ -48,6 +48,7 @@ from service.launchers.common import (
     script,
     sharded_8bit_refusal,
     shell_command,
+    stored_nf4_storage_refusal,
     tf32_environment,
     torchrun_words,
     train_steps,
@@ -126,7 +127,7 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
     lo = plan.layout
     if lo.zero_stage == 1:
         return "FSDP has no optimizer-state-only sharding (ZeRO-1)"
-    if (eight_bit := sharded_8bit_refusal(plan)) is not None:
+    if (eight_bit := sharded_8bit_refusal(plan) or stored_nf4_storage_refusal(plan)) is not None:
         return eight_bit
     if hsdp_replicas(lo, plan.cluster) > 1:
         return "HYBRID_SHARD is FSDP1-only in the Trainer; FSDP2 needs a 2-D device mesh"

@@ -247,3 +247,37 @@ def test_a_multimodal_checkpoints_launch_files_keep_its_vision_tower_out_as_esti
     text_only = client.post("/v1/plans", json=body | {"model": {"hf_config": text}}).json()
     plain = client.get(f"/v1/plans/{text_only['id']}/artifacts/lora_config.json").json()
     assert "exclude_modules" not in plain and files
+
+
+def test_a_stored_checkpoint_packed_as_uint8_is_never_planned_sharded(client: TestClient) -> None:
+    """A change review: a stored 4-bit checkpoint whose quant storage is uint8 (BitsAndBytesConfig's
+    default, which from_pretrained keeps) was planned FSDP FULL_SHARD, which cannot flatten integer
+    tensors (ZeRO-3 cannot partition them either). Such layouts are refused, so the plan keeps the
+    weights whole on each rank; stored as bfloat16, they shard. Nor is bnb_config.json written for it:
+    the checkpoint's own config applies."""
+    wide = LLAMA | {"num_hidden_layers": 80, "hidden_size": 8192, "intermediate_size": 28672,
+                    "num_attention_heads": 64}  # fmt: skip
+    cluster = {"gpu": "rtx-4090-24gb", "num_nodes": 1, "gpus_per_node": 4}
+    training = {"seq_len": 2048, "global_batch_size": 16, "method": "qlora"}
+
+    def plan(storage: str | None) -> dict[str, Any]:
+        quantization = BNB_4BIT | ({"bnb_4bit_quant_storage": storage} if storage else {})
+        body = {"model": {"hf_config": wide | {"quantization_config": quantization}}, "cluster": cluster,
+                "training": training, "launchers": ["accelerate", "deepspeed"]}  # fmt: skip
+        response = client.post("/v1/plans", json=body)
+        assert response.status_code == 201, response.text
+        return dict(response.json())
+
+    for storage in (None, "uint8"):
+        packed = plan(storage)
+        layouts = [packed["recommended"]] if packed["recommended"] else []
+        layouts += packed["alternatives"]
+        for candidate in layouts:
+            lo = candidate["layout"]
+            sharded = (lo["framework"] == "fsdp" and lo["zero_stage"] >= 2) or (
+                lo["framework"] == "deepspeed" and lo["zero_stage"] >= 3
+            )
+            assert not sharded, lo
+        assert "bnb_config.json" not in {a["name"] for a in packed["artifacts"]}
+    floating = plan("bfloat16")
+    assert floating["status"] == "feasible"
