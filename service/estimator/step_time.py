@@ -1717,9 +1717,12 @@ def offload_gradient_pcie_bytes(layout: Layout, element: int, micro_batches: int
       flat buffer, which comes back to the GPU (the first micro-batch's copy, ``grad_buffer.to(device)``;
       the later ones', to add to it) and the sum goes down again; at the boundary an fp32 copy goes to
       the host for the CPU optimizer (``_offload_grad_partition_at_boundary``): 2 x element x m + 4.
-    * ZeRO-2 with accumulation (stage_1_and_2.py ``async_accumulate_grad_in_cpu_via_gpu``): each
-      micro-batch's partition up from the host's accumulation buffer and down again beside the one
-      copy of the sum; ZeRO-1 reduces at the boundary alone, once.
+    * ZeRO-1/2 (stage_1_and_2.py): at the boundary the partition goes down cast to fp32 on the GPU
+      first (``async_inplace_copy_grad_to_fp32_buffer_from_gpu``: ``src_tensor.to(master dtype)``);
+      with accumulation the host's accumulation buffer comes up and goes down again
+      (``async_accumulate_grad_in_cpu_via_gpu``, wherever ``micro_step_id > 0`` or the step is not at
+      its boundary): every micro-batch under ZeRO-2, which reduces each, and at the boundary alone
+      under ZeRO-1, which reduces there.
 
     It counted one gradient each way per step: 0.2 s where a 16-micro-batch ZeRO-3 step moves 1.8 s
     (an offload review). Megatron and FSDP: one gradient down, one parameter up."""
@@ -1727,9 +1730,8 @@ def offload_gradient_pcie_bytes(layout: Layout, element: int, micro_batches: int
         return 2.0 * element
     if layout.zero_stage >= 3:
         return 2.0 * element * micro_batches + FP32_BYTES + element
-    if layout.zero_stage == 2 and micro_batches > 1:
-        return element + 2.0 * element * micro_batches + element
-    return 2.0 * element
+    accumulated = 0 if micro_batches == 1 else micro_batches if layout.zero_stage == 2 else 1
+    return 2.0 * element * accumulated + FP32_BYTES + element
 
 
 def weight_cast_s(job: Job, layout: Layout, parts: StepParts) -> float:

@@ -1119,3 +1119,23 @@ def test_offload_time_follows_what_deepspeed_moves() -> None:
     assert time(model, node, fsdp, foreach).breakdown.optimizer_s == pytest.approx(slowdown * fused)
     deepspeed = time(model, node, dataclasses.replace(zero3, offload_params=Offload.CPU), training)
     assert fused == pytest.approx(deepspeed.breakdown.optimizer_s)
+
+
+def test_offload_gradient_pcie_bytes_by_hand() -> None:
+    """Bytes per owned parameter over PCIe a step of optimizer offload moves, bf16 (element 2), read in
+    DeepSpeed (edaa7221): ZeRO-3 2e m + 4 + e (partition_grads through the host flat buffer, the fp32
+    boundary copy, the parameter back); ZeRO-1/2 4 + e at one micro-batch (the fp32 cast happens on the
+    GPU), plus 2e per accumulating micro-batch under ZeRO-2 and once under ZeRO-1 (a change review)."""
+    from service.estimator.step_time import offload_gradient_pcie_bytes
+
+    def ds(stage: int) -> Layout:
+        return Layout(framework=Framework.DEEPSPEED, dp=8, zero_stage=stage, offload_optimizer=Offload.CPU)
+
+    assert offload_gradient_pcie_bytes(ds(3), 2, 1) == 2 * 2 * 1 + 4 + 2 == 10
+    assert offload_gradient_pcie_bytes(ds(3), 2, 4) == 2 * 2 * 4 + 4 + 2 == 22
+    assert offload_gradient_pcie_bytes(ds(2), 2, 1) == offload_gradient_pcie_bytes(ds(1), 2, 1) == 6
+    assert offload_gradient_pcie_bytes(ds(2), 2, 4) == 2 * 2 * 4 + 6 == 22
+    assert offload_gradient_pcie_bytes(ds(1), 2, 4) == 2 * 2 + 6 == 10
+    fsdp = Layout(framework=Framework.FSDP, dp=8, zero_stage=3, offload_optimizer=Offload.CPU,
+                  offload_params=Offload.CPU)  # fmt: skip
+    assert offload_gradient_pcie_bytes(fsdp, 2, 4) == 4
