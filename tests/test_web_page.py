@@ -308,6 +308,12 @@ def test_host_ram_per_node_makes_an_offload_plan(served: str, browser: Any) -> N
     # the host RAM the offload needs, per node, as the API states it (the page showed none: review)
     host = plan["recommended"]["estimate"]["memory"]["cpu_per_node_bytes"]
     assert f"host RAM {host / 2**30:.1f} GiB per node" in page.inner_text("#result .host-needs")
+    # the headroom and the limits, as the CLI says them (a change review: the page had neither)
+    estimate = plan["recommended"]["estimate"]
+    said = page.inner_text("#result .headroom")
+    assert f"Headroom {estimate['memory']['headroom_bytes'] / 2**30:.1f} GiB of" in said, said
+    micro = estimate["limits"]["max_micro_batch_size"]
+    assert micro is None or f"micro-batch up to {micro:,}" in said or "no micro-batch" in said, said
     page.close()
 
 

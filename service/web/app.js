@@ -513,6 +513,16 @@ function defaultText(key, value) {
   return value;
 }
 
+// The largest micro-batch and sequence the layout holds (limits; 0: none, null: not computed), in the CLI's words.
+function limitsText(estimate) {
+  const limits = estimate.limits || {};
+  const said = [];
+  const micro = limits.max_micro_batch_size, seq = limits.max_seq_len;
+  if (micro != null) said.push(micro ? `micro-batch up to ${fmt.int(micro)}` : "no micro-batch the global batch allows");
+  if (seq != null) said.push(seq ? `sequence up to ${fmt.int(seq)} tokens` : "no sequence length");
+  return said.join(", ");
+}
+
 // Host RAM and NVMe per node an estimate needs (offloaded states and activations), or "" where none.
 function hostText(memory) {
   const parts = [];
@@ -564,6 +574,11 @@ function renderPlan(plan, container) {
       "statistic it reports." }));
     container.append(memoryFigure([rec, ...plan.alternatives], `Memory per GPU in GiB, card ${fmt.gib(est.memory.capacity_bytes)}`));
     if (hostText(est.memory)) container.append(el("p", { class: "note host-needs", text: `Offload needs ${hostText(est.memory)}.` }));
+    // the headroom and the limits, as the CLI prints them beside its memory table
+    const limits = limitsText(est);
+    container.append(el("p", { class: "note headroom", text:
+      `Headroom ${fmt.gib(est.memory.headroom_bytes)} of ${fmt.gib(est.memory.capacity_bytes)} per GPU` +
+      (limits ? `; fits at this layout: ${limits}.` : ".") }));
     const stages = est.memory.per_stage || [];
     if (stages.length > 1) {
       // uneven pipeline stages: one bar per evaluated pipeline rank of the recommended layout
