@@ -732,7 +732,8 @@ def test_fp8_is_never_slower_than_bf16_on_the_same_layout(gpu_name: str, compile
             for precision in (Precision.BF16, Precision.FP8):
                 training = TrainingSpec(seq_len=4096, global_batch_size=64, precision=precision)
                 steps[precision] = time(spec, c, layout, training, tuning=default_tuning()).step_s
-            assert steps[Precision.FP8] <= steps[Precision.BF16], (name, recompute, steps)
+            # (to rounding: a step bound by its exposed DP time is that time whatever the compute)
+            assert steps[Precision.FP8] <= steps[Precision.BF16] * (1 + 1e-12), (name, recompute, steps)
 
 
 def test_compiling_shortens_the_step_by_the_eager_traffic_and_the_loss_it_fuses() -> None:
@@ -1139,3 +1140,24 @@ def test_offload_gradient_pcie_bytes_by_hand() -> None:
     fsdp = Layout(framework=Framework.FSDP, dp=8, zero_stage=3, offload_optimizer=Offload.CPU,
                   offload_params=Offload.CPU)  # fmt: skip
     assert offload_gradient_pcie_bytes(fsdp, 2, 4) == 4
+
+
+def test_fp8_times_the_output_layer_at_the_16_bit_rate() -> None:
+    """An fp8 review: the output layer (Megatron-Core's ColumnParallelLinear, torchao's filtered
+    "output") runs in bf16, but was timed at the fp8 GEMM rate: a larger vocabulary added half the
+    compute under fp8 that it adds under bf16. Now it adds the same."""
+    from service.estimator.types import ModelSpec as Spec
+
+    c = cluster(H100, 1, 5e10)
+    layout = Layout(framework=Framework.MEGATRON, dp=1, recompute=Recompute.NONE)
+    added = {}
+    for precision in (Precision.BF16, Precision.FP8):
+        training = TrainingSpec(seq_len=4096, global_batch_size=8, precision=precision)
+        steps = []
+        for vocab in (32768, 262144):
+            spec: Spec = dataclasses.replace(
+                preset("llama-3.2-1b").spec, vocab_size=vocab, tied_embeddings=False
+            )
+            steps.append(time(spec, c, layout, training).breakdown.compute_s)
+        added[precision] = steps[1] - steps[0]
+    assert added[Precision.FP8] == pytest.approx(added[Precision.BF16], rel=0.05), added
