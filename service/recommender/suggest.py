@@ -676,12 +676,13 @@ class _Ask:
         return [self._offload_suggestion(least, fastest=None if least is found else found)]
 
     def _least_host(self, budget: Budget, fastest: Candidate) -> Candidate:
-        """Of the layouts that fit offloading to the nodes' NVMe (as much as a node may state where
-        they state none), one that needs the least host RAM per node, bisected between the nodes'
-        own (nothing fits there: the plan's search) and the fastest's need, at most
-        ``MAX_HOST_PROBES`` searches; ``fastest`` where none fits within their NVMe. More host RAM
-        never makes a layout not fit, so the bisection holds. The fastest offload (CPU) asked for
-        1028 GiB per node where 257 with the NVMe the nodes state would do (an offload review)."""
+        """Of the layouts on as many GPUs as ``fastest`` that fit offloading to the nodes' NVMe (as much
+        as a node may state where they state none), one that needs the least host RAM per node,
+        bisected between the nodes' own (nothing fits there: the plan's search) and the fastest's
+        need, at most ``MAX_HOST_PROBES`` searches; ``fastest`` where none fits within their NVMe.
+        More host RAM never makes a layout not fit, so the bisection holds. The fastest offload (CPU)
+        asked for 1028 GiB per node where 257 with the NVMe the nodes state would do (an offload
+        review)."""
         nvme = self.cluster.nvme_bytes_per_node or MAX_NVME_BYTES
         allowed = dataclasses.replace(self.constraints, allow_offload=True)
 
@@ -703,7 +704,9 @@ class _Ask:
             if middle >= high:
                 break
             probe = fitting(middle)
-            if probe is None:
+            # on as many of the GPUs as the fastest: with less host RAM ZeRO-Infinity's buffers fit on
+            # fewer GPUs, down to one at a tenth of the speed (a change review), which is not the answer
+            if probe is None or probe.layout.world_size < fastest.layout.world_size:
                 low = middle
             else:
                 best, high = probe, probe.estimate.memory.cpu_per_node_bytes

@@ -141,8 +141,9 @@ def test_an_offload_suggestion_asks_for_the_least_host_ram_with_the_nvme_the_nod
 ) -> None:
     """An offload review: 70B on 8 A100s with 128 GiB of host RAM and 8 TiB of NVMe was told to offload
     with 1157 GiB of host RAM per node (the fastest offload, to the host), where ZeRO-Infinity on the
-    nodes' NVMe needs 150: the least host RAM is bisected and suggested, the fastest's need said beside
-    it, and applied as its fields say (the host RAM; the NVMe the nodes state) the plan is feasible."""
+    nodes' NVMe needs about 280 on the same eight GPUs: the least host RAM is bisected and suggested, the
+    fastest's need said beside it, and applied as its fields say (the host RAM; the NVMe the nodes
+    state) the plan is feasible."""
     nvme = 8 * 2**40
     body = {
         "model": {"preset": "llama-2-70b"},
@@ -156,6 +157,8 @@ def test_an_offload_suggestion_asks_for_the_least_host_ram_with_the_nvme_the_nod
     (offload,) = [s for s in plan["suggestions"] if s["kind"] == "offload"]
     fastest = re.search(r"the fastest offload, .* needs (\d+) GiB host RAM per node", offload["detail"])
     assert fastest is not None and offload["cpu_per_node_bytes"] < int(fastest.group(1)) * GiB / 2, offload
+    # on the GPUs the fastest uses (fewer GPUs need less host RAM, down to one at a tenth of the speed)
+    assert "on the 8 GPUs given" in offload["detail"] and offload["num_gpus"] == 8, offload
     assert 0 < offload["nvme_per_node_bytes"] <= nvme and "GiB of NVMe per node" in offload["detail"]
     host_gib = int(re.search(r"offload with (\d+) GiB host RAM", offload["detail"]).group(1))  # type: ignore[union-attr]
     applied = dict(body, cluster=dict(body["cluster"], cpu_memory_bytes_per_node=host_gib * GiB))
