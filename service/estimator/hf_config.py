@@ -1174,7 +1174,9 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         config_notes=notes,
         bnb_4bit_checkpoint=bnb_4bit,
         bnb_4bit_constant_bits=constant_bits,
-        vision_tower=model_type in _TEXT_CONFIGS and "vision_config" in config,
+        # a wrapper's tower is built whatever its config states (Gemma3Config fills in a default
+        # SiglipVisionConfig where vision_config is None; the presets keep the text_config alone)
+        vision_tower=model_type in _TEXT_CONFIGS,
         bnb_4bit_float_storage=not bnb_4bit or _nf4_float_storage(config),
         dequantized_checkpoint=stored,
         **_hyperparameters(_text_fields(config, model_type), spec)._asdict(),

@@ -924,11 +924,10 @@ def offloaded_activation_bytes(job: Job, layout: Layout) -> float:
 def min_state_bytes_per_gpu(job: Job, framework: Framework, gpus: int) -> int:
     """Model states per GPU with every state sharded over ``gpus`` GPUs and nothing offloaded: no
     layout of ``framework`` on that many GPUs needs less (ZeRO-3 / FULL_SHARD's bound)."""
-    # Megatron's bf16 gradient buffer and precision-aware FusedAdam's 2-byte master: the least. DeepSpeed
-    # over more than one GPU: its ZeRO partitions' (flat: Adafactor's whole second moment), which its
-    # ZeRO-0 (shaped tensors, factored, but 8 B a parameter unsharded) never holds less than
-    flat = framework is Framework.DEEPSPEED and gpus > 1
-    sb = state_bytes_of(job, framework, False, (False, False), (True, True), flat)
+    # Megatron's bf16 gradient buffer and precision-aware FusedAdam's 2-byte master: the least; and
+    # Adafactor factored, as DeepSpeed's ZeRO-0 steps it (shaped tensors, split by tp and pp: fp32
+    # Adafactor at tp 8 holds less than ZeRO-3's flat whole second moment over 8, a change review)
+    sb = state_bytes_of(job, framework, False, (False, False), (True, True))
     return int(state_bytes_per_parameter(sb, framework) * job.counts.total / gpus)
 
 

@@ -782,7 +782,8 @@ def fp8_output_layer_s(job: Job, layout: Layout, base: StepBase) -> float:
         sustained_peak_flops_per_s(job.cluster, Precision.BF16)
         / sustained_peak_flops_per_s(job.cluster, Precision.FP8)
     )
-    logits = flops.logits_training_flops(job.model, training)
+    # and each multi-token-prediction depth's, which runs the same output_layer (GPTModel._postprocess)
+    logits = flops.logits_training_flops(job.model, training) * (1 + training.mtp_num_layers)
     tokens = base.micro_batches * base.tokens / layout.tp
     return tokens * logits * (1.0 / bf16_flops_per_s - 1.0 / base.flops_per_s)
 
@@ -1738,10 +1739,11 @@ def offload_gradient_pcie_bytes(layout: Layout, element: int, micro_batches: int
       the host for the CPU optimizer (``_offload_grad_partition_at_boundary``): 2 x element x m + 4.
     * ZeRO-1/2 (stage_1_and_2.py): at the boundary the partition goes down cast to fp32 on the GPU
       first (``async_inplace_copy_grad_to_fp32_buffer_from_gpu``: ``src_tensor.to(master dtype)``);
-      with accumulation the host's accumulation buffer comes up and goes down again
+      with accumulation each partition goes to the host's accumulation buffer
       (``async_accumulate_grad_in_cpu_via_gpu``, wherever ``micro_step_id > 0`` or the step is not at
-      its boundary): every micro-batch under ZeRO-2, which reduces each, and at the boundary alone
-      under ZeRO-1, which reduces there.
+      its boundary), which comes up to be added to and goes down again from the second micro-batch
+      on (``micro_step_id > 0``): every micro-batch under ZeRO-2, which reduces each (e (2m - 1)),
+      and at the boundary alone under ZeRO-1, which reduces there (2e).
 
     It counted one gradient each way per step: 0.2 s where a 16-micro-batch ZeRO-3 step moves 1.8 s
     (an offload review). Megatron and FSDP: one gradient down, one parameter up."""
@@ -1749,8 +1751,12 @@ def offload_gradient_pcie_bytes(layout: Layout, element: int, micro_batches: int
         return 2.0 * element
     if layout.zero_stage >= 3:
         return 2.0 * element * micro_batches + FP32_BYTES + element
-    accumulated = 0 if micro_batches == 1 else micro_batches if layout.zero_stage == 2 else 1
-    return 2.0 * element * accumulated + FP32_BYTES + element
+    if micro_batches == 1:
+        return FP32_BYTES + element
+    # ZeRO-2: the first micro-batch's partition down, each later one's buffer up and down; ZeRO-1: the
+    # boundary's alone (micro_step_id > 0 there)
+    accumulated = (2.0 * micro_batches - 1.0) if layout.zero_stage == 2 else 2.0
+    return element * accumulated + FP32_BYTES + element
 
 
 def weight_cast_s(job: Job, layout: Layout, parts: StepParts) -> float:

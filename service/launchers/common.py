@@ -567,11 +567,13 @@ def converted_checkpoint_duty(plan: Plan, loads: str) -> str:
     stored = plan.model.dequantized_checkpoint
     if stored is None:
         return ""
-    return (
-        f"\ncheckpoint: its weights are stored {stored}: dequantize them to 16-bit weights (transformers'"
-        f" from_pretrained with {DEQUANTIZING_CONFIGS.get(stored) or 'a 16-bit conversion'}) before\n"
-        f"converting to {loads}, as the estimate plans them."
+    loader = DEQUANTIZING_CONFIGS.get(stored)
+    how = (
+        f"dequantize them to 16-bit weights (transformers' from_pretrained with {loader})"
+        if loader
+        else "convert them to 16-bit weights outside transformers (it neither trains nor dequantizes them)"
     )
+    return f"\ncheckpoint: its weights are stored {stored}: {how} before\nconverting to {loads}, as planned."
 
 
 # transformers' attn_implementation of each attention the estimate times

@@ -247,6 +247,11 @@ def test_a_multimodal_checkpoints_launch_files_keep_its_vision_tower_out_as_esti
     text_only = client.post("/v1/plans", json=body | {"model": {"hf_config": text}}).json()
     plain = client.get(f"/v1/plans/{text_only['id']}/artifacts/lora_config.json").json()
     assert "exclude_modules" not in plain and files
+    # a wrapper's preset states its text_config alone, and its tower is built all the same (Gemma3Config
+    # fills in a default SiglipVisionConfig): the same exclusion (a change review)
+    preset = client.post("/v1/plans", json=body | {"model": {"preset": "gemma-3-12b"}}).json()
+    excluded = client.get(f"/v1/plans/{preset['id']}/artifacts/lora_config.json").json()
+    assert excluded["exclude_modules"] == lora["exclude_modules"], excluded
 
 
 def test_a_stored_checkpoint_packed_as_uint8_is_never_planned_sharded(client: TestClient) -> None:

@@ -282,9 +282,8 @@ def test_llama4_by_hand() -> None:
     assert spec.qk_norm is QKNorm.L2
     assert build({**LLAMA4, "use_qk_norm": False}).qk_norm is QKNorm.NONE
     assert build({**LLAMA4, "moe_layers": [0]}).moe_layers == (0,)
-    assert (
-        dataclasses.replace(build({"model_type": "llama4", "text_config": LLAMA4}), config_notes=()) == spec
-    )
+    wrapped = build({"model_type": "llama4", "text_config": LLAMA4})
+    assert dataclasses.replace(wrapped, config_notes=(), vision_tower=False) == spec and wrapped.vision_tower
     # Llama 4 Scout's config.json: llama3 scaling with both frequency factors 1 (transformers
     # warns, the model runs); it was refused
     scout = {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,

@@ -1126,7 +1126,8 @@ def test_offload_gradient_pcie_bytes_by_hand() -> None:
     """Bytes per owned parameter over PCIe a step of optimizer offload moves, bf16 (element 2), read in
     DeepSpeed (edaa7221): ZeRO-3 2e m + 4 + e (partition_grads through the host flat buffer, the fp32
     boundary copy, the parameter back); ZeRO-1/2 4 + e at one micro-batch (the fp32 cast happens on the
-    GPU), plus 2e per accumulating micro-batch under ZeRO-2 and once under ZeRO-1 (a change review)."""
+    GPU), plus e (2m - 1) under ZeRO-2 (the first micro-batch's partition down, each later one's buffer
+    up and down) and 2e under ZeRO-1 (at its boundary) (change reviews)."""
     from service.estimator.step_time import offload_gradient_pcie_bytes
 
     def ds(stage: int) -> Layout:
@@ -1135,7 +1136,7 @@ def test_offload_gradient_pcie_bytes_by_hand() -> None:
     assert offload_gradient_pcie_bytes(ds(3), 2, 1) == 2 * 2 * 1 + 4 + 2 == 10
     assert offload_gradient_pcie_bytes(ds(3), 2, 4) == 2 * 2 * 4 + 4 + 2 == 22
     assert offload_gradient_pcie_bytes(ds(2), 2, 1) == offload_gradient_pcie_bytes(ds(1), 2, 1) == 6
-    assert offload_gradient_pcie_bytes(ds(2), 2, 4) == 2 * 2 * 4 + 6 == 22
+    assert offload_gradient_pcie_bytes(ds(2), 2, 4) == 2 * (2 * 4 - 1) + 6 == 20  # the first: down only
     assert offload_gradient_pcie_bytes(ds(1), 2, 4) == 2 * 2 + 6 == 10
     fsdp = Layout(framework=Framework.FSDP, dp=8, zero_stage=3, offload_optimizer=Offload.CPU,
                   offload_params=Offload.CPU)  # fmt: skip
@@ -1161,3 +1162,13 @@ def test_fp8_times_the_output_layer_at_the_16_bit_rate() -> None:
             steps.append(time(spec, c, layout, training).breakdown.compute_s)
         added[precision] = steps[1] - steps[0]
     assert added[Precision.FP8] == pytest.approx(added[Precision.BF16], rel=0.05), added
+    # and each multi-token-prediction depth's output layer, the same bf16 layer (GPTModel._postprocess)
+    with_mtp = {}
+    for precision in (Precision.BF16, Precision.FP8):
+        training = TrainingSpec(seq_len=4096, global_batch_size=8, precision=precision, mtp_num_layers=1)
+        steps = []
+        for vocab in (32768, 262144):
+            spec = dataclasses.replace(preset("llama-3.2-1b").spec, vocab_size=vocab, tied_embeddings=False)
+            steps.append(time(spec, c, layout, training).breakdown.compute_s)
+        with_mtp[precision] = steps[1] - steps[0]
+    assert with_mtp[Precision.FP8] == pytest.approx(with_mtp[Precision.BF16], rel=0.05), with_mtp

@@ -155,8 +155,15 @@ def test_the_count_bound_is_the_fully_sharded_states_of_each_framework(
     held = max(s.parameters + s.gradients + s.optimizer_states for s in stage_states(job, layout))
     bound = min_state_bytes_per_gpu(job, framework, 16)
     assert bound <= held
-    if framework is not Framework.MEGATRON and precision is not Precision.FP8:
+    flat = framework is Framework.DEEPSPEED and optimizer is Optimizer.ADAFACTOR
+    if framework is not Framework.MEGATRON and precision is not Precision.FP8 and not flat:
         assert held - bound <= 16  # whole bytes of rounding: the same states, fully sharded
+    if flat:
+        # DeepSpeed's ZeRO partitions give Adafactor a whole second moment; its ZeRO-0 split by tp steps
+        # shaped tensors, factored, and may hold less (fp32 at tp 8: a change review), so the bound
+        # keeps the factored moment
+        split = Layout(framework=framework, dp=2, tp=8, zero_stage=0, recompute=Recompute.FULL)
+        assert bound <= max(s.parameters + s.gradients + s.optimizer_states for s in stage_states(job, split))
 
 
 @pytest.mark.parametrize(
