@@ -833,7 +833,8 @@ def targets(summary: Summary) -> tuple[Target, ...]:
             median is not None and median <= 0.10,
         ),
         Target(
-            "memory within 10% on (every) held-out memory row",
+            "memory within 10% on every held-out memory row (the stricter earlier target; issue 27's is "
+            ">= 85%, judged in its memory section)",
             f"{mem.within}/{mem.expressible}",
             mem.expressible > 0 and mem.within == mem.expressible,
         ),
