@@ -41,9 +41,8 @@ def test_flash_with_fp32_activations_is_a_422_naming_the_field(
     assert f"precision {precision}" in error["message"] and "fp16 or bf16" in error["message"]
 
 
-@pytest.mark.parametrize("face", ["estimate", "plan", "capacity"])
-def test_left_out_it_resolves_to_sdpa_and_says_so(client: TestClient, face: str) -> None:
-    path, body = bodies(training(precision="fp32"))[face]
+def _resolved_sdpa(client: TestClient, face: str, path: str, body: dict[str, Any]) -> Any:
+    """The answer of ``face``, which says that the attention left out resolved to sdpa."""
     response = client.post(path, json=body)
     assert response.status_code in (200, 201), response.text
     answer = response.json()
@@ -51,6 +50,15 @@ def test_left_out_it_resolves_to_sdpa_and_says_so(client: TestClient, face: str)
         (option,) = answer["options"]
         assert "training.attention sdpa" in option["note"], option
     else:
+        assert answer["resolved_defaults"]["training.attention"] == "sdpa"
+    return answer
+
+
+@pytest.mark.parametrize("face", ["estimate", "plan", "capacity"])
+def test_left_out_it_resolves_to_sdpa_and_says_so(client: TestClient, face: str) -> None:
+    path, body = bodies(training(precision="fp32"))[face]
+    answer = _resolved_sdpa(client, face, path, body)
+    if face != "capacity":
         training_defaults = {
             k: v for k, v in answer["resolved_defaults"].items() if k.startswith("training.")
         }
@@ -98,14 +106,7 @@ def test_heads_past_flash_kernels_resolve_to_sdpa_and_flash_asked_is_a_422(
         "capacity": ("/v1/capacity", {"model": model, "training": train, "gpus": ["h100-sxm-80gb"]}),
     }
     path, body = faces[face]
-    response = client.post(path, json=body)
-    assert response.status_code in (200, 201), response.text
-    answer = response.json()
-    if face == "capacity":
-        (option,) = answer["options"]
-        assert "training.attention sdpa" in option["note"], option
-    else:
-        assert answer["resolved_defaults"]["training.attention"] == "sdpa"
+    answer = _resolved_sdpa(client, face, path, body)
     if face == "plan":
         assert "flash_attention_2" not in json.dumps(answer), "a launch file loads the model with flash"
     body["training"] = train | {"attention": "flash"}

@@ -49,6 +49,25 @@ def test_a_4bit_checkpoint_is_trained_by_qlora_only(client: TestClient, method: 
     assert qlora.json() == _estimate(client, LLAMA, "qlora").json()  # the same NF4 base either way
 
 
+def _one_gpu_plan(client: TestClient, config: dict[str, Any], method: str) -> dict[str, Any]:
+    """A feasible plan of ``config`` on one H100 that renders the HF Trainer's files."""
+    body = {
+        "model": {"hf_config": config},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 2048, "global_batch_size": 8, "method": method},
+        "launchers": ["hf_trainer"],
+    }
+    plan = client.post("/v1/plans", json=body)
+    assert plan.status_code == 201 and plan.json()["status"] == "feasible", plan.text
+    return dict(plan.json())
+
+
+def _file(client: TestClient, plan: dict[str, Any], name: str) -> Any:
+    response = client.get(f"/v1/plans/{plan['id']}/artifacts/{name}")
+    assert response.status_code == 200, response.text
+    return response.json() if name.endswith(".json") else response.text
+
+
 def test_a_4bit_checkpoint_is_planned_with_its_own_quantization_config(client: TestClient) -> None:
     """A quantized-checkpoints review: from_pretrained loads a stored 4-bit checkpoint with its saved
     quantization_config (the launch files' bnb_config.json is not applied), whose other fields every
@@ -173,15 +192,7 @@ def test_qlora_launch_files_load_the_base_in_the_compute_dtype_and_a_stored_one_
     checkpoint's embeddings, head and norms in fp32 (the estimate counts them 16-bit); and told a stored
     4-bit checkpoint to load with bnb_config.json, which from_pretrained does not apply to it."""
     for config, stored in ((LLAMA, False), (LLAMA | {"quantization_config": BNB_4BIT}, True)):
-        body = {
-            "model": {"hf_config": config},
-            "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
-            "training": {"seq_len": 2048, "global_batch_size": 8, "method": "qlora"},
-            "launchers": ["hf_trainer"],
-        }
-        plan = client.post("/v1/plans", json=body)
-        assert plan.status_code == 201 and plan.json()["status"] == "feasible", plan.text
-        script = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/hf_trainer_launch.sh").text
+        script = _file(client, _one_gpu_plan(client, config, "qlora"), "hf_trainer_launch.sh")
         assert "from_pretrained(..., dtype=torch.bfloat16" in script, script
         assert ("its saved quantization_config applies" in script) == stored
         assert ("quantization_config=BitsAndBytesConfig" in script) != stored
@@ -226,32 +237,23 @@ def test_a_multimodal_checkpoints_launch_files_keep_its_vision_tower_out_as_esti
             "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64,
             "vocab_size": 32000}  # fmt: skip
     config = {"model_type": "gemma3", "text_config": text, "vision_config": {"hidden_size": 1152}}
-    body = {
-        "model": {"hf_config": config},
-        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
-        "training": {"seq_len": 2048, "global_batch_size": 8, "method": "lora"},
-        "launchers": ["hf_trainer"],
-    }
-    plan = client.post("/v1/plans", json=body)
-    assert plan.status_code == 201 and plan.json()["status"] == "feasible", plan.text
-    files = {a["name"]: a for a in plan.json()["artifacts"]}
-    lora = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/lora_config.json").json()
+    plan = _one_gpu_plan(client, config, "lora")
+    lora = _file(client, plan, "lora_config.json")
     assert lora["exclude_modules"] == r".*\b(vision_tower|vision_model|multi_modal_projector)\b.*"
     assert re.fullmatch(
         lora["exclude_modules"], "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj"
     )
     assert not re.fullmatch(lora["exclude_modules"], "model.language_model.layers.0.self_attn.q_proj")
-    script = client.get(f"/v1/plans/{plan.json()['id']}/artifacts/hf_trainer_launch.sh").text
-    assert "must freeze the vision tower and projector" in script
+    assert "must freeze the vision tower and projector" in _file(client, plan, "hf_trainer_launch.sh")
     # a text-only config has none of it
-    text_only = client.post("/v1/plans", json=body | {"model": {"hf_config": text}}).json()
-    plain = client.get(f"/v1/plans/{text_only['id']}/artifacts/lora_config.json").json()
-    assert "exclude_modules" not in plain and files
+    assert "exclude_modules" not in _file(client, _one_gpu_plan(client, text, "lora"), "lora_config.json")
     # a wrapper's preset states its text_config alone, and its tower is built all the same (Gemma3Config
     # fills in a default SiglipVisionConfig): the same exclusion (a change review)
-    preset = client.post("/v1/plans", json=body | {"model": {"preset": "gemma-3-12b"}}).json()
-    excluded = client.get(f"/v1/plans/{preset['id']}/artifacts/lora_config.json").json()
-    assert excluded["exclude_modules"] == lora["exclude_modules"], excluded
+    body = {"model": {"preset": "gemma-3-12b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1},
+            "training": {"seq_len": 2048, "global_batch_size": 8, "method": "lora"},
+            "launchers": ["hf_trainer"]}  # fmt: skip
+    preset = client.post("/v1/plans", json=body).json()
+    assert _file(client, preset, "lora_config.json")["exclude_modules"] == lora["exclude_modules"]
 
 
 def test_a_stored_checkpoint_packed_as_uint8_is_never_planned_sharded(client: TestClient) -> None:
