@@ -681,8 +681,8 @@ class _Ask:
         bisected between the nodes' own (nothing fits there: the plan's search) and the fastest's
         need, at most ``MAX_HOST_PROBES`` searches; ``fastest`` where none fits within their NVMe.
         More host RAM never makes a layout not fit, so the bisection holds. The fastest offload (CPU)
-        asked for 1028 GiB per node where 257 with the NVMe the nodes state would do (an offload
-        review)."""
+        asked for 1157 GiB per node of 70B on eight A100s where 278 on the same GPUs with the nodes'
+        NVMe would do (an offload review)."""
         nvme = self.cluster.nvme_bytes_per_node or MAX_NVME_BYTES
         allowed = dataclasses.replace(self.constraints, allow_offload=True)
 
