@@ -6,7 +6,8 @@ can run on, so the fields whose best value depends on the part are not fixed con
 - precision: bf16 mixed precision where the GPU has bf16 matrix units as fast as its fp16 ones
   (NVIDIA Ampere and newer, AMD CDNA 2/3), fp16 mixed precision with loss scaling where it has fp16
   units only (Volta, Turing) or faster ones (AMD CDNA 1, the MI100: 184.6 fp16 against 92.3 bf16
-  TFLOP/s, AMD's datasheet), fp32 otherwise. fp8 is never a default: it changes numerics and needs
+  TFLOP/s, AMD's datasheet), fp32 otherwise, and fp32 where fp16 would be for a family whose
+  activations overflow it (``FP16_OVERFLOW_FAMILIES``: Gemma 2 and 3). fp8 is never a default: it changes numerics and needs
   a recipe; nor is tf32, which rounds every matmul's inputs to a 10-bit mantissa (a request opts in).
 - attention: FlashAttention-2 where its kernels exist (``GPUSpec.flash_attention``: Ampere and
   newer, CDNA 2/3), otherwise PyTorch SDPA: its memory-efficient kernel (xFormers' cutlass kernel,
@@ -36,6 +37,13 @@ from service.estimator.types import Attention, ClusterSpec, GPUSpec, ModelSpec, 
 # FlashAttention-2 and -3 (and PyTorch SDPA's flash backend, Transformer Engine's) take head dimensions
 # up to 256 (Dao-AILab/flash-attention README, "Head dimension up to 256"; flash_api.cpp's TORCH_CHECK).
 FLASH_MAX_HEAD_DIM = 256
+
+# Families whose activations exceed fp16's range (65,504) in training: Gemma 2 and 3 (their embeddings
+# are scaled up by sqrt(hidden) and their residual stream grows past it; Unsloth's "Gemma 3 Training
+# Fixes", unsloth.ai/blog/gemma3, and unsloth-zoo PR #174: infinite activations and NaN gradients on T4,
+# RTX 20-series and V100, whose matrix units are fp16 only). A loss scaler cannot help: it scales
+# gradients, not the forward's activations. Where fp16 would be the default, fp32 is.
+FP16_OVERFLOW_FAMILIES = frozenset({"gemma2", "gemma3"})
 
 # The fields whose default depends on the GPU, in the order the answer lists them.
 HARDWARE_DEFAULT_FIELDS: tuple[str, ...] = ("precision", "attention")
@@ -72,6 +80,8 @@ def for_gpu(training: TrainingSpec, gpu: GPUSpec, model: ModelSpec) -> TrainingS
     if training.attention is None:  # built without one: left to the hardware, and named so
         defaults = defaults | {"attention"}
     precision = best_precision(gpu) if "precision" in defaults else training.precision
+    if "precision" in defaults and precision is Precision.FP16 and model.family in FP16_OVERFLOW_FAMILIES:
+        precision = Precision.FP32  # its activations overflow fp16 (FP16_OVERFLOW_FAMILIES)
     attention = best_attention(gpu, precision, model) if "attention" in defaults else training.attention
     flash = gpu.flash_attention  # what SDPA dispatches to follows it, whatever the request said
     if (

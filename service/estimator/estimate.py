@@ -22,7 +22,7 @@ from service.estimator.caveats import (
 )
 from service.estimator.clocks import clock_note
 from service.estimator.comm import bus_bandwidth_notes, link_default_notes
-from service.estimator.defaults import for_gpu
+from service.estimator.defaults import FP16_OVERFLOW_FAMILIES, for_gpu
 from service.estimator.job import Job, prepare
 from service.estimator.memory import assumptions as memory_assumptions
 from service.estimator.step_time import (
@@ -112,6 +112,19 @@ def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -
             "never proposes such a tp)"
         )
     return tuple(out)
+
+
+def fp16_overflow_warnings(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
+    """fp16 asked for a family whose activations overflow it (``defaults.FP16_OVERFLOW_FAMILIES``): the
+    run fits and is timed, and trains to inf / NaN (an fp16 review: Gemma 3 on a T4 planned so, its
+    files setting fp16, with no word of it). Left to the hardware, such a model gets fp32 there."""
+    if training.precision is not Precision.FP16 or model.family not in FP16_OVERFLOW_FAMILIES:
+        return ()
+    return (
+        f"precision fp16: {model.family}'s activations exceed fp16's range (65,504) in training, so its "
+        "gradients become inf / NaN whatever the loss scale (it scales gradients, not activations): train "
+        "it in bf16 where the GPU has it, else fp32 (what a request leaving precision out gets here)",
+    )
 
 
 def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tuple[str, ...]:
@@ -299,6 +312,7 @@ def estimate_valid(
             *job.cluster.gpu.notes,  # what the GPU's figures look like (a custom GPU's sparse peaks)
             *network_warnings(job.cluster),
             *context_warnings(job.model, training),
+            *fp16_overflow_warnings(job.model, training),
             *peft_sharding_warnings(job.model, layout, training),
             *moe_warnings(job.model),
             *job.model.config_notes,  # what the config states that no figure reads (hf_config)

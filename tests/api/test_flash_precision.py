@@ -116,3 +116,35 @@ def test_heads_past_flash_kernels_resolve_to_sdpa_and_flash_asked_is_a_422(
         "flash_head_dim",
         {"le": 256},
     )
+
+
+@pytest.mark.parametrize("face", ["estimate", "plan", "capacity"])
+def test_gemma_on_an_fp16_only_gpu_defaults_to_fp32_and_fp16_asked_is_warned(
+    client: TestClient, face: str
+) -> None:
+    """An fp16 review: Gemma 3 on a T4 or V100 resolved to fp16, whose range its activations exceed
+    (Unsloth's Gemma 3 fixes: inf activations, NaN gradients on fp16-only GPUs), the plan fitting and its
+    files setting fp16. Left out, the precision is fp32 there, and says so; fp16 asked for is warned."""
+    train = {"seq_len": 1024, "global_batch_size": 8, "method": "lora"}
+    v100 = {"gpu": "v100-sxm2-32gb", "num_nodes": 1, "gpus_per_node": 1}
+    model = {"preset": "gemma-3-1b"}
+    faces = {
+        "estimate": ("/v1/estimates", {"model": model, "cluster": v100, "training": train,
+                                       "layout": {"dp": 1, "recompute": "full"}}),
+        "plan": ("/v1/plans", {"model": model, "cluster": v100, "training": train}),
+        "capacity": ("/v1/capacity", {"model": model, "training": train, "gpus": ["v100-sxm2-32gb"]}),
+    }  # fmt: skip
+    path, body = faces[face]
+    response = client.post(path, json=body)
+    assert response.status_code in (200, 201), response.text
+    answer = response.json()
+    if face == "capacity":
+        (option,) = answer["options"]
+        assert "training.precision fp32" in option["note"], option
+    else:
+        assert answer["resolved_defaults"]["training.precision"] == "fp32"
+    if face == "estimate":
+        asked = client.post(path, json=body | {"training": train | {"precision": "fp16"}}).json()
+        assert any(w.startswith("precision fp16: gemma3's activations exceed") for w in asked["warnings"])
+        llama = client.post(path, json=body | {"model": {"preset": "llama-3.2-1b"}}).json()
+        assert llama["resolved_defaults"]["training.precision"] == "fp16"  # other families keep fp16
