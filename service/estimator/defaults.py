@@ -7,8 +7,9 @@ can run on, so the fields whose best value depends on the part are not fixed con
   (NVIDIA Ampere and newer, AMD CDNA 2/3), fp16 mixed precision with loss scaling where it has fp16
   units only (Volta, Turing) or faster ones (AMD CDNA 1, the MI100: 184.6 fp16 against 92.3 bf16
   TFLOP/s, AMD's datasheet), fp32 otherwise, and fp32 where fp16 would be for a family whose
-  activations overflow it (``FP16_OVERFLOW_FAMILIES``: Gemma 2 and 3). fp8 is never a default: it changes numerics and needs
-  a recipe; nor is tf32, which rounds every matmul's inputs to a 10-bit mantissa (a request opts in).
+  activations overflow it (``FP16_OVERFLOW_FAMILIES``: Gemma 2 and 3). fp8 is never a default: it
+  changes numerics and needs a recipe; nor is tf32, which rounds every matmul's inputs to a 10-bit
+  mantissa (a request opts in).
 - attention: FlashAttention-2 where its kernels exist (``GPUSpec.flash_attention``: Ampere and
   newer, CDNA 2/3), otherwise PyTorch SDPA: its memory-efficient kernel (xFormers' cutlass kernel,
   which PyTorch ships for sm_50 and newer) never materialises the s x s scores either, except that
