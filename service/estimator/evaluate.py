@@ -26,6 +26,7 @@ from service.estimator.memory import (
     fragmentation_bytes,
     gradients_follow_activations,
     pipeline_ranks,
+    rank_states,
     stage_activations,
     stage_states,
 )
@@ -172,7 +173,7 @@ def most_loaded(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[
         parts = rank_memory_parts(job, states, acts, dynamic_factor, cast)
         if (total := sum(parts)) > heaviest_bytes:
             heaviest, heaviest_bytes = parts, total
-    host, nvme = host_and_nvme_bytes(all_states, all_acts, accumulates(job, layout))
+    host, nvme = host_and_nvme_bytes(job, layout, all_states, all_acts)
     return heaviest, host, nvme
 
 
@@ -183,16 +184,38 @@ def accumulates(job: Job, layout: Layout) -> bool:
 
 
 def host_and_nvme_bytes(
-    all_states: tuple[RankStates, ...], all_acts: tuple[RankActivations, ...], accumulating: bool
+    job: Job, layout: Layout, all_states: tuple[RankStates, ...], all_acts: tuple[RankActivations, ...]
 ) -> tuple[float, float]:
-    """The largest host bytes (offloaded states, their buffers and activations; with
-    ``accumulating``, the accumulation's host buffers) and NVMe bytes per GPU of any of these ranks."""
-    host = nvme = 0.0
-    for states, acts in zip(all_states, all_acts, strict=True):
-        extra = states.accumulation_host_bytes if accumulating else 0.0
-        host = max(host, states.host_bytes + extra + acts.on_host)
-        nvme = max(nvme, states.nvme_bytes)
-    return host, nvme
+    """Host bytes (offloaded states, their buffers and activations; where a step accumulates, the
+    accumulation's host buffers) and NVMe bytes per GPU of the most loaded node, as a share of it
+    (x GPUs per node is the node's): each GPU's own where a node holds one pipeline stage, else the
+    sum of the stages it holds. Megatron's and DeepSpeed's rank orders put the pipeline outermost
+    (tp-cp-ep-dp-pp; PipeDataParallelTopology's ['pipe', 'data']), so a node of G GPUs holds G / (tp cp
+    dp) consecutive stages where tp cp dp < G, and only the first and last hold the embedding and the
+    output layer: the heaviest stage times G counted Llama 3 8B's pp 8 on one node at 25 B per
+    parameter of host RAM where its stages hold 18 (a cross-check review)."""
+    accumulating = accumulates(job, layout)
+
+    def host_of(states: RankStates, on_host: float) -> float:
+        return states.host_bytes + (states.accumulation_host_bytes if accumulating else 0.0) + on_host
+
+    host = max(host_of(s, a.on_host) for s, a in zip(all_states, all_acts, strict=True))
+    nvme = max(s.nvme_bytes for s in all_states)
+    per_node = job.cluster.gpus_per_node
+    inner = layout.world_size // layout.pp  # the GPUs of one stage
+    if layout.pp == 1 or inner >= per_node or per_node % inner or not (host or nvme):
+        return host, nvme
+    # each stage's states (the evaluated ranks stand for the others only in their activations, whose
+    # host part, activation offload, none of the launchers runs: the most of any, an upper bound)
+    evaluated = dict(zip(pipeline_ranks(job, layout), all_states, strict=True))
+    on_host = max(a.on_host for a in all_acts)
+    stages = [evaluated.get(r) or rank_states(job, layout, r) for r in range(layout.pp)]
+    hosts = [host_of(s, on_host) for s in stages]
+    nvmes = [s.nvme_bytes for s in stages]
+    held = per_node // inner  # consecutive stages per node
+    node_host = max(sum(hosts[i : i + held]) for i in range(0, layout.pp, held))
+    node_nvme = max(sum(nvmes[i : i + held]) for i in range(0, layout.pp, held))
+    return node_host * inner / per_node, node_nvme * inner / per_node
 
 
 def memory_numbers(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> tuple[int, int, int]:
@@ -218,7 +241,7 @@ def _memory_numbers(job: Job, layout: Layout, dynamic_factor: float) -> tuple[in
     all_states, all_acts = stage_states(job, layout), stage_activations(job, layout)
     casts = rank_autocast_bytes(job, layout)
     total = max(map(functools.partial(rank_total_bytes, job), all_states, all_acts, casts))
-    host, nvme = host_and_nvme_bytes(all_states, all_acts, accumulates(job, layout))
+    host, nvme = host_and_nvme_bytes(job, layout, all_states, all_acts)
     return total, math.ceil(host * gpus_per_node), math.ceil(nvme * gpus_per_node)
 
 

@@ -1064,3 +1064,27 @@ def test_zero_infinity_keeps_its_swap_buffers_on_the_host_and_the_fp32_gradients
     params = dataclasses.replace(lay, offload_params=Offload.NVME)
     more = memory(TINY, cluster(4, per_node=4), params, dataclasses.replace(TRAIN, global_batch_size=4))
     assert more.cpu_per_node_bytes - est.cpu_per_node_bytes == 4 * 5 * 100_000_000 * 2
+
+
+def test_a_node_holding_several_pipeline_stages_needs_their_sum_of_host_ram() -> None:
+    """A cross-check review: Megatron's and DeepSpeed's rank orders put the pipeline outermost, so a
+    node of 8 GPUs at tp 1, dp 1, pp 8 holds all eight stages, and its host RAM under optimizer offload
+    is their sum (16 B per parameter of the model: fp32 master, moments and the gradient copy), not the
+    heaviest stage (the first, with the embedding) times 8: 25 B per parameter, a false 'does not fit'."""
+    from service.catalog.models import model as preset
+
+    spec = preset("llama-3-8b").spec
+    total = parameter_counts(spec).total
+    node = dataclasses.replace(cluster(8), cpu_memory_bytes_per_node=2**40)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    piped = Layout(framework=Framework.MEGATRON, pp=8, zero_stage=1, recompute=Recompute.SELECTIVE,
+                   offload_optimizer=Offload.CPU)  # fmt: skip
+    assert memory(spec, node, piped, training).cpu_per_node_bytes == pytest.approx(16 * total, rel=1e-6)
+    # the whole job on one node holds the model's states once, however split: two stages of four GPUs
+    # (each GPU a quarter of its stage's), or one stage over eight (as before: each GPU's share x 8)
+    for split in (dataclasses.replace(piped, pp=2, dp=4), dataclasses.replace(piped, pp=1, dp=8)):
+        assert memory(spec, node, split, training).cpu_per_node_bytes == pytest.approx(16 * total, rel=1e-6)
+    # over two nodes at pp 2, dp 8: a node holds one stage, the first (with the embedding) the most
+    two = dataclasses.replace(node, num_nodes=2)
+    first = memory(spec, two, dataclasses.replace(piped, pp=2, dp=8), training).cpu_per_node_bytes
+    assert 16 * total / 2 < first < 16 * total * 0.6
