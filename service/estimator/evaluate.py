@@ -194,16 +194,22 @@ def host_and_nvme_bytes(
     dp) consecutive stages where tp cp dp < G, and only the first and last hold the embedding and the
     output layer: the heaviest stage times G counted Llama 3 8B's pp 8 on one node at 25 B per
     parameter of host RAM where its stages hold 18 (a cross-check review)."""
+    host = nvme = extra = 0.0
+    for states, acts in zip(all_states, all_acts, strict=True):  # a loop: every layout evaluated asks it
+        host = max(host, states.host_bytes + acts.on_host)
+        nvme = max(nvme, states.nvme_bytes)
+        extra = max(extra, states.accumulation_host_bytes)
+    if not (host or nvme or extra):  # nothing offloaded (the search's common case)
+        return 0.0, 0.0
     accumulating = accumulates(job, layout)
 
     def host_of(states: RankStates, on_host: float) -> float:
         return states.host_bytes + (states.accumulation_host_bytes if accumulating else 0.0) + on_host
 
     host = max(host_of(s, a.on_host) for s, a in zip(all_states, all_acts, strict=True))
-    nvme = max(s.nvme_bytes for s in all_states)
     per_node = job.cluster.gpus_per_node
     inner = layout.world_size // layout.pp  # the GPUs of one stage
-    if layout.pp == 1 or inner >= per_node or per_node % inner or not (host or nvme):
+    if layout.pp == 1 or inner >= per_node or per_node % inner:
         return host, nvme
     # each stage's states (the evaluated ranks stand for the others only in their activations, whose
     # host part, activation offload, none of the launchers runs: the most of any, an upper bound)
