@@ -21,6 +21,8 @@ from service.estimator import activations, pipeline
 from service.estimator.job import Job, job_memo, layout_memo, rank_kind_counts
 from service.estimator.model_states import (
     BNB_32BIT_STATE_BYTES,
+    DS_OPTIMIZER_SWAP_BUFFERS,
+    DS_PARAM_SWAP_BUFFERS,
     DS_SUB_GROUP_ELEMENTS,
     SHARD_GROUP_FIELDS,
     MiB,
@@ -511,15 +513,6 @@ def rank_states(job: Job, layout: Layout, rank: int) -> RankStates:
         tied_embedding_transient=head if job.model.tied_embeddings and layout.pp == 1 else 0.0,
         gradients_apart=gradients_in_own_pool(layout, degrees[0]),
     )
-
-
-# ZeRO-Infinity's optimizer swapper: buffer_count pinned buffers of the largest sub-group's partition in
-# the master's fp32 (swap_tensor/optimizer_utils.py OptimizerSwapper: SwapBufferManager(num_elems=
-# largest_numel, count=swap_config.buffer_count); zero/offload_config.py buffer_count default 4)
-DS_OPTIMIZER_SWAP_BUFFERS = 4
-# ... and its parameter swapper: buffer_count pinned buffers of buffer_size elements in the weights' dtype
-# (swap_tensor/partitioned_param_swapper.py AsyncPartitionedParameterSwapper; buffer_count default 5)
-DS_PARAM_SWAP_BUFFERS = 5
 
 
 def deepspeed_offload_host_bytes(

@@ -834,6 +834,13 @@ def hsdp_replicas(layout: Layout, cluster: ClusterSpec) -> int:
 # swaps in through one, and AsyncPartitionedParameterSwapper.get_buffer asserts it fits ("More
 # elements ... than buffer size").
 DS_PARAM_SWAP_BUFFER_ELEMENTS = 100_000_000
+# ... pinned in the weights' dtype, this many of them (swap_tensor/partitioned_param_swapper.py
+# AsyncPartitionedParameterSwapper); the launcher writes neither count
+DS_PARAM_SWAP_BUFFERS = 5
+# ZeRO-Infinity's optimizer swapper: buffer_count pinned buffers of the largest sub-group's partition in
+# the master's fp32 (swap_tensor/optimizer_utils.py OptimizerSwapper: SwapBufferManager(num_elems=
+# largest_numel, count=swap_config.buffer_count); zero/offload_config.py buffer_count default 4)
+DS_OPTIMIZER_SWAP_BUFFERS = 4
 
 
 def deepspeed_param_swap_buffer_elements(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> int:

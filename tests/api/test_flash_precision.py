@@ -41,23 +41,30 @@ def test_flash_with_fp32_activations_is_a_422_naming_the_field(
     assert f"precision {precision}" in error["message"] and "fp16 or bf16" in error["message"]
 
 
-def _resolved_sdpa(client: TestClient, face: str, path: str, body: dict[str, Any]) -> Any:
-    """The answer of ``face``, which says that the attention left out resolved to sdpa."""
+def _resolved(
+    client: TestClient,
+    face: str,
+    path: str,
+    body: dict[str, Any],
+    field: str = "attention",
+    value: str = "sdpa",
+) -> Any:
+    """The answer of ``face``, which says that the training ``field`` left out resolved to ``value``."""
     response = client.post(path, json=body)
     assert response.status_code in (200, 201), response.text
     answer = response.json()
     if face == "capacity":
         (option,) = answer["options"]
-        assert "training.attention sdpa" in option["note"], option
+        assert f"training.{field} {value}" in option["note"], option
     else:
-        assert answer["resolved_defaults"]["training.attention"] == "sdpa"
+        assert answer["resolved_defaults"][f"training.{field}"] == value
     return answer
 
 
 @pytest.mark.parametrize("face", ["estimate", "plan", "capacity"])
 def test_left_out_it_resolves_to_sdpa_and_says_so(client: TestClient, face: str) -> None:
     path, body = bodies(training(precision="fp32"))[face]
-    answer = _resolved_sdpa(client, face, path, body)
+    answer = _resolved(client, face, path, body)
     if face != "capacity":
         training_defaults = {
             k: v for k, v in answer["resolved_defaults"].items() if k.startswith("training.")
@@ -106,7 +113,7 @@ def test_heads_past_flash_kernels_resolve_to_sdpa_and_flash_asked_is_a_422(
         "capacity": ("/v1/capacity", {"model": model, "training": train, "gpus": ["h100-sxm-80gb"]}),
     }
     path, body = faces[face]
-    answer = _resolved_sdpa(client, face, path, body)
+    answer = _resolved(client, face, path, body)
     if face == "plan":
         assert "flash_attention_2" not in json.dumps(answer), "a launch file loads the model with flash"
     body["training"] = train | {"attention": "flash"}
@@ -135,14 +142,7 @@ def test_gemma_on_an_fp16_only_gpu_defaults_to_fp32_and_fp16_asked_is_warned(
         "capacity": ("/v1/capacity", {"model": model, "training": train, "gpus": ["v100-sxm2-32gb"]}),
     }  # fmt: skip
     path, body = faces[face]
-    response = client.post(path, json=body)
-    assert response.status_code in (200, 201), response.text
-    answer = response.json()
-    if face == "capacity":
-        (option,) = answer["options"]
-        assert "training.precision fp32" in option["note"], option
-    else:
-        assert answer["resolved_defaults"]["training.precision"] == "fp32"
+    _resolved(client, face, path, body, "precision", "fp32")
     if face == "estimate":
         asked = client.post(path, json=body | {"training": train | {"precision": "fp16"}}).json()
         assert any(w.startswith("precision fp16: gemma3's activations exceed") for w in asked["warnings"])
