@@ -331,7 +331,7 @@ def sum_by_kind(counts: tuple[tuple[LayerKind, int], ...], value: Callable[[Laye
     return total
 
 
-@layout_memo(*pipeline.PIPELINE_FIELDS)
+@layout_memo(*pipeline.PIPELINE_FIELDS, memory=True)
 def rank_kind_counts(job: Job, layout: Layout) -> tuple[tuple[tuple[LayerKind, int], ...], ...]:
     """Layers of each kind on each pipeline rank (all of its virtual stages), with the multi-token
     prediction layers on the last: Megatron-Core builds them there (post_process), each with the

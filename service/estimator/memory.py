@@ -354,7 +354,7 @@ def fragmentation_bytes(dynamic_bytes: float, fragmentation_fraction: float) -> 
 # ---------------------------------------------------------------- one pipeline rank, memoised per job
 
 
-@layout_memo(*PIPELINE_FIELDS, "framework")  # framework: FSDP's receive buffers
+@layout_memo(*PIPELINE_FIELDS, "framework", memory=True)  # framework: FSDP's receive buffers
 def pipeline_ranks(job: Job, layout: Layout) -> tuple[int, ...]:
     """The pipeline ranks whose memory is evaluated: the first (Megatron's theoretical memory models
     it: the embedding and the most micro-batches in flight), the last (the logits), and between them
@@ -413,7 +413,7 @@ class RankStates:
 
 
 @layout_memo(
-    *PIPELINE_FIELDS, "tp", "ep", "etp", "framework"
+    *PIPELINE_FIELDS, "tp", "ep", "etp", "framework", memory=True
 )  # framework: Megatron's whole MLA down-projections
 def rank_parameters_of(job: Job, layout: Layout, rank: int) -> RankParameters:
     """``rank_parameters`` of the job's model on pipeline rank ``rank``."""
