@@ -147,14 +147,16 @@ class NulRefusalMiddleware:
         else:
             for name, value in scope["headers"]:
                 if b"\x00" in value:
-                    where = f"header {name.decode('latin-1')}"
+                    where = f"header.{name.decode('latin-1')}"
                     break
         if where is None:
             await self.app(scope, receive, send)
             return
+        # the field in the dotted form of every other error (header.Idempotency-Key, query.limit)
+        said = where.replace(".", " ", 1)
         response = problem_response(
             422,
-            f"the request's {where} contains the NUL character (%00), which no field accepts",
+            f"the request's {said} contains the NUL character (%00), which no field accepts",
             slug="validation-error",
             errors=[{"field": where, "message": "must not contain NUL (U+0000)"}],
             instance=scope["path"],
@@ -184,6 +186,10 @@ class JsonBodyMiddleware:
             return
         headers = dict(scope["headers"])
         declared = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        refused = _refused_body(scope, headers, declared)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
         if declared == "application/json" or declared.endswith("+json"):
             await self.app(scope, receive, send)
             return
@@ -218,10 +224,45 @@ class JsonBodyMiddleware:
             f"the body was sent with {said}; send it as JSON with content-type: application/json "
             "(curl: --json '{...}', or -H 'content-type: application/json')",
             slug="unsupported-media-type",
-            errors=[{"field": "header content-type", "message": "must be application/json"}],
+            errors=[{"field": "header.content-type", "message": "must be application/json"}],
             instance=scope["path"],
         )
         await response(scope, replayed, send)
+
+
+# A PATCH body is the fields to change (RFC 7396 merge patch, as application/json or
+# application/merge-patch+json); a JSON Patch's list of operations (RFC 6902) is another format
+_JSON_PATCH = "application/json-patch+json"
+_PATCH_FORMATS = "application/json, application/merge-patch+json"
+
+
+def _refused_body(scope: Scope, headers: dict[bytes, bytes], declared: str) -> Response | None:
+    """A 415 for a body the service cannot read as sent (RFC 9110 15.5.16): compressed (a gzip body was a
+    400 "not UTF-8", and a plain one labelled gzip was read as if decoded; no coding is decoded here, so
+    Accept-Encoding says identity), or a PATCH in JSON Patch's format, whose operations list was a 422
+    "Input should be a valid dictionary" (RFC 5789 2.2: 415 with Accept-Patch; HTTP-semantics review)."""
+    coding = headers.get(b"content-encoding", b"").decode("latin-1").strip().lower()
+    if coding and coding != "identity":
+        return problem_response(
+            415,
+            f"the body was sent with content-encoding {coding}; this service reads bodies uncompressed "
+            "(send it without a content-encoding)",
+            slug="unsupported-media-type",
+            errors=[{"field": "header.content-encoding", "message": "must be identity (or left out)"}],
+            instance=scope["path"],
+            headers={"Accept-Encoding": "identity"},
+        )
+    if scope["method"] == "PATCH" and declared == _JSON_PATCH:
+        return problem_response(
+            415,
+            f"a PATCH here sends the fields to change as a JSON object ({_PATCH_FORMATS}: RFC 7396 merge "
+            f"patch), not {_JSON_PATCH}'s list of operations",
+            slug="unsupported-media-type",
+            errors=[{"field": "header.content-type", "message": f"must be one of {_PATCH_FORMATS}"}],
+            instance=scope["path"],
+            headers={"Accept-Patch": _PATCH_FORMATS},
+        )
+    return None
 
 
 def _is_api(path: str) -> bool:
@@ -376,10 +417,10 @@ def _route_template(scope: Scope) -> str:
 
 
 _CORS_FIELDS = {
-    "origin": "header origin",
-    "method": "header access-control-request-method",
-    "headers": "header access-control-request-headers",
-    "private-network": "header access-control-request-private-network",
+    "origin": "header.origin",
+    "method": "header.access-control-request-method",
+    "headers": "header.access-control-request-headers",
+    "private-network": "header.access-control-request-private-network",
 }
 
 

@@ -309,6 +309,7 @@ def known_query(request: Request) -> None:
     taken = _query_names(route)
     unknown = [name for name in dict.fromkeys(request.query_params) if name not in taken]
     if not unknown:
+        _refuse_repeated(request)
         return
     takes = ", ".join(sorted(taken)) or "no query parameters"
     what = f"{request.method} {route.path} takes {takes}"
@@ -321,6 +322,28 @@ def known_query(request: Request) -> None:
         for name in unknown
     ]
     raise Unprocessable(f"unknown query parameter {', '.join(map(repr, unknown))}: {what}", errors=errors)
+
+
+def _refuse_repeated(request: Request) -> None:
+    """Refuse a query parameter given twice: every one the routes take holds one value, and the last
+    was read alone (GET /v1/gpus?vendor=amd&vendor=nvidia listed NVIDIA's parts only, as if filtered
+    by both; HTTP-semantics review)."""
+    params = request.query_params
+    repeated = [name for name in dict.fromkeys(params) if len(params.getlist(name)) > 1]
+    if not repeated:
+        return
+    errors = [
+        {
+            "field": f"query.{name}",
+            "message": f"given {len(values)} times ({', '.join(map(repr, values))}); it takes one value",
+            "type": "repeated",
+        }
+        for name, values in ((name, params.getlist(name)) for name in repeated)
+    ]
+    raise Unprocessable(
+        f"query parameter {', '.join(map(repr, repeated))} given more than once: each takes one value",
+        errors=errors,
+    )
 
 
 def _query_names(route: APIRoute) -> frozenset[str]:

@@ -33,7 +33,14 @@ from service.contracts.plans import ArtifactOut, PlanOut, PlanRequest, RunIn, Ru
 from service.contracts.results import SearchStatsOut
 from service.errors import NotFound, Unprocessable
 from service.launchers.common import JSON, MEDIA_TYPES
-from service.persistence.repository import InvalidCursor, PlanFilters, decode_cursor, encode_cursor
+from service.persistence.repository import (
+    PLANS_LIST,
+    RUNS_LIST,
+    InvalidCursor,
+    PlanFilters,
+    decode_cursor,
+    encode_cursor,
+)
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=PROBLEM_RESPONSES)
 
@@ -98,7 +105,7 @@ def list_plans(
 ) -> Response:
     """Newest first, filtered; pass `next_cursor` back as `cursor` for the next page."""
     try:
-        before = decode_cursor(cursor) if cursor else None
+        before = decode_cursor(cursor, PLANS_LIST) if cursor else None
     except InvalidCursor as exc:
         raise Unprocessable(str(exc), errors=[{"field": "query.cursor", "message": str(exc)}]) from exc
     filters = PlanFilters(
@@ -137,7 +144,7 @@ PAGE_CHUNK = 50  # plans read from the database at a time
 def _page_response(items: list[str], last_id: str | None) -> Response:
     """A ``Page[PlanOut]`` of items already serialized (each once, as its size was counted), whose
     next page begins after ``last_id`` (None: this is the last)."""
-    cursor = "null" if last_id is None else f'"{encode_cursor(last_id)}"'
+    cursor = "null" if last_id is None else f'"{encode_cursor(last_id, PLANS_LIST)}"'
     body = '{"items":[' + ",".join(items) + '],"next_cursor":' + cursor + "}"
     return Response(content=body, media_type="application/json")
 
@@ -248,7 +255,7 @@ def list_runs(
     """Oldest first; pass `next_cursor` back as `cursor` for the next page."""
     planning.stored_plan(plans, plan_id)
     try:
-        after = decode_cursor(cursor) if cursor else None
+        after = decode_cursor(cursor, RUNS_LIST) if cursor else None
     except InvalidCursor as exc:
         raise Unprocessable(str(exc), errors=[{"field": "query.cursor", "message": str(exc)}]) from exc
     rows, next_cursor = plans.runs_page(plan_id, limit=limit, after_id=after)

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import quote
 
 import sqlalchemy.exc
 import sqlalchemy.orm.exc
@@ -101,7 +102,9 @@ def problem_response(
         "detail": detail,
     }
     if instance is not None:
-        body["instance"] = instance
+        # a URI reference (RFC 9457 3.1.5), where callers give the decoded path: /v1/plans/%C3%A9%20x was
+        # answered as "/v1/plans/é x" (HTTP-semantics review)
+        body["instance"] = quote(instance, safe="/:@!$&'()*+,;=")
     if errors:
         body["errors"] = errors
     return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
@@ -429,11 +432,16 @@ def _literal_values(expected: str) -> list[Any]:
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves on this path (Starlette's 405 names only the first route's)."""
     routes = request.app.router.routes
-    return [
+    served = [
         method
         for method in METHODS
         if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
     ]
+    # HeadMiddleware answers HEAD wherever GET is served, outside the routes (FastAPI's routes, unlike
+    # Starlette's, do not add it): a 405's Allow named GET alone on every /v1 route (RFC 9110 15.5.6)
+    if "GET" in served and "HEAD" not in served:
+        served.insert(served.index("GET") + 1, "HEAD")
+    return served
 
 
 def _concurrent_change(request: Request, why: str) -> JSONResponse:

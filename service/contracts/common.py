@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -154,19 +155,41 @@ class FieldError(ValueError):
         self.details = details or {}
 
 
-def _refuse_nul(value: Any, where: str = "") -> None:
-    """PostgreSQL text cannot hold NUL (0x00), and no name or label needs one: refused everywhere."""
+def _refuse_unstorable(value: Any, where: str = "") -> None:
+    """Values no database column holds, refused everywhere, free-form objects (a model's hf_config)
+    included: a NaN or infinity, NUL (0x00), which PostgreSQL text cannot hold and no name or label
+    needs, and a lone UTF-16 surrogate (JSON's ``"\\ud800"`` without its pair), which no UTF-8 text
+    encodes (stored in a plan's hf_config it was a 500 at the insert; typed string fields refuse it at
+    parsing). Inside an object the refusal names the key's path under the field (``FieldError``)."""
     if isinstance(value, str):
         if "\x00" in value:
-            raise ValueError(f"{where or 'the value'} must not contain the NUL character (U+0000)")
+            _refuse(where, "must not contain the NUL character (U+0000)")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                _refuse(
+                    where, "must not contain a lone UTF-16 surrogate (U+D800-U+DFFF): no UTF-8 text holds one"
+                )
+    elif isinstance(value, float) and not math.isfinite(value):
+        # Python's json reads NaN and Infinity, which JSON has not (RFC 8259 6): typed fields refuse them
+        # (allow_inf_nan=False), a free-form object's were stored as null (HTTP-semantics review)
+        literal = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        _refuse(where, f"must be a finite number: JSON has no {literal} (RFC 8259)")
     elif isinstance(value, dict):
         for key, item in value.items():
             inner = f"{where}.{key}" if where else str(key)
-            _refuse_nul(key, inner)
-            _refuse_nul(item, inner)
+            _refuse_unstorable(key, inner)
+            _refuse_unstorable(item, inner)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _refuse_nul(item, f"{where}[{index}]")
+            _refuse_unstorable(item, f"{where}[{index}]")
+
+
+def _refuse(where: str, why: str) -> None:
+    if where:
+        raise FieldError(why, where)
+    raise ValueError(f"the value {why}")
 
 
 def _accepts_none(annotation: Any) -> bool:
@@ -281,7 +304,7 @@ class StrictFields(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _strict_types(cls, value: Any, info: ValidationInfo) -> Any:
-        _refuse_nul(value)
+        _refuse_unstorable(value)
         field = cls.model_fields.get(info.field_name or "")
         if field is not None and value is None and info.field_name in null_means_default(cls):
             return field.get_default(call_default_factory=True)

@@ -996,6 +996,7 @@ def position_table_violation(model: ModelSpec, training: TrainingSpec) -> Invali
         "rows, not modelled)",
         rule="position_table",
         field="seq_len",
+        limit=rows,
     )
 
 

@@ -26,18 +26,30 @@ class InvalidCursor(ValueError):
     pass
 
 
-def encode_cursor(last_id: str) -> str:
-    return base64.urlsafe_b64encode(last_id.encode()).decode().rstrip("=")
+# the lists a cursor pages (``encode_cursor``'s kind): their tables' names
+CLUSTERS_LIST = ClusterRecord.__tablename__
+PLANS_LIST = PlanRecord.__tablename__
+RUNS_LIST = RunRecord.__tablename__
 
 
-def decode_cursor(cursor: str) -> str:
+def encode_cursor(last_id: str, kind: str) -> str:
+    """The opaque cursor of a page of ``kind`` (a table's name) after ``last_id``: bound to its list,
+    so that another list's cursor is refused, not read as a position in this one (a clusters page's
+    cursor paged the plans from an arbitrary place; HTTP-semantics review)."""
+    return base64.urlsafe_b64encode(f"{kind}:{last_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, kind: str) -> str:
+    """The id a cursor of ``kind``'s list names (``encode_cursor``); InvalidCursor for any other."""
+    refused = InvalidCursor(f"cursor {cursor!r} is not one this service issued for this list")
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except ValueError as exc:  # binascii.Error, UnicodeDecodeError, non-ASCII input
-        raise InvalidCursor(f"cursor {cursor!r} is not one this service issued") from exc
-    if len(raw) != 26 or not raw.isalnum():
-        raise InvalidCursor(f"cursor {cursor!r} is not one this service issued")
-    return raw
+        raise refused from exc
+    issued_for, _, last_id = raw.rpartition(":")
+    if issued_for != kind or len(last_id) != 26 or not last_id.isalnum():
+        raise refused
+    return last_id
 
 
 def ascending_page(
@@ -54,7 +66,8 @@ def ascending_page(
     if after_id is not None:
         query = query.where(column > after_id)
     rows = session.scalars(query).all()
-    next_cursor = encode_cursor(getattr(rows[limit - 1], column.key)) if len(rows) > limit else None
+    kind = column.class_.__tablename__
+    next_cursor = encode_cursor(getattr(rows[limit - 1], column.key), kind) if len(rows) > limit else None
     return rows[:limit], next_cursor
 
 
@@ -157,7 +170,7 @@ class PlanRepository:
         if filters.created_before is not None:
             query = query.where(PlanRecord.created_at < filters.created_before)
         rows = self.session.scalars(query).all()
-        next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
+        next_cursor = encode_cursor(rows[limit - 1].id, PLANS_LIST) if len(rows) > limit else None
         return rows[:limit], next_cursor
 
     def idempotency_key(self, key: str, scope: str) -> IdempotencyKeyRecord | None:

@@ -71,7 +71,7 @@ def list_keys(
     """A page of keys in id order after ``cursor`` (a previous page's next_cursor), and the next
     page's cursor (None: the last page), as every list pages."""
     try:
-        after = decode_cursor(cursor) if cursor else None
+        after = decode_cursor(cursor, ApiKeyRecord.__tablename__) if cursor else None
     except InvalidCursor as exc:
         raise Unprocessable(str(exc), errors=[{"field": "query.cursor", "message": str(exc)}]) from exc
     query = select(ApiKeyRecord)

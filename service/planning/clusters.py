@@ -3,7 +3,7 @@ one), and the cluster a request names, a stored one by id or an inline one, as a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
@@ -75,15 +75,37 @@ def cluster_out(record: ClusterRecord) -> ClusterOut:
     )
 
 
-def check_version(record: ClusterRecord, version: int | None, if_match: str | None) -> None:
+class Preconditions(NamedTuple):
+    """A write's HTTP preconditions on the stored cluster (RFC 9110 13.1), each None where not sent."""
+
+    if_match: str | None = None
+    if_none_match: str | None = None
+
+
+UNCONDITIONAL = Preconditions()
+
+
+def check_version(record: ClusterRecord, version: int | None, preconditions: Preconditions) -> None:
     """Refuse a write made from an older version of the cluster: the body's ``version`` (409, as the
     contract says) or the If-Match header (412, as HTTP says); either absent: not checked. Two writers
-    who read the same version then each change a field no longer lose one change to the other."""
+    who read the same version then each change a field no longer lose one change to the other. An
+    If-None-Match that matches (``*``: the cluster exists; or its current ETag) is a 412 too: the
+    write was asked only where it would not (RFC 9110 13.1.2; it was ignored, and a PUT guarded by
+    ``If-None-Match: *`` overwrote the cluster it meant not to: HTTP-semantics review)."""
+    if_match, if_none_match = preconditions
     if if_match is not None and not _matches(if_match, record.version):
         raise PreconditionFailed(
             f"If-Match {if_match} does not match cluster {record.id!r}, now at version {record.version} "
             f'(ETag "{record.version}"): read it again and write from that',
             errors=[{"field": "header.If-Match", "message": "stale", "current_version": record.version}],
+        )
+    if if_none_match is not None and none_match_fails(if_none_match, record.version):
+        raise PreconditionFailed(
+            f"If-None-Match {if_none_match} matches cluster {record.id!r} (version {record.version}, "
+            f'ETag "{record.version}"): the write was asked only where it does not, so nothing changed',
+            errors=[
+                {"field": "header.If-None-Match", "message": "matches", "current_version": record.version}
+            ],
         )
     if version is not None and version != record.version:
         raise Conflict(
@@ -93,11 +115,23 @@ def check_version(record: ClusterRecord, version: int | None, if_match: str | No
         )
 
 
+def _tags(header: str) -> list[str]:
+    return [tag.strip() for tag in header.split(",")]
+
+
 def _matches(if_match: str, version: int) -> bool:
     """Whether an If-Match header names this version: "*", or a list of entity tags compared strongly
     (RFC 9110 13.1.1: a weak tag, W/"3", never matches for If-Match)."""
-    tags = [tag.strip() for tag in if_match.split(",")]
+    tags = _tags(if_match)
     return "*" in tags or any(not tag.startswith("W/") and tag.strip('"') == str(version) for tag in tags)
+
+
+def none_match_fails(if_none_match: str, version: int) -> bool:
+    """Whether an If-None-Match header's condition is false for this version: "*" (the resource
+    exists), or one of its entity tags names the version, compared weakly (RFC 9110 13.1.2: W/"3"
+    matches "3"). A GET so conditioned is a 304, a write a 412."""
+    tags = _tags(if_none_match)
+    return "*" in tags or any(tag.removeprefix("W/").strip('"') == str(version) for tag in tags)
 
 
 def read_from_catalog(model: ModelRef, cluster: ClusterShape) -> dict[str, str]:
@@ -157,21 +191,27 @@ def create_cluster_once(
 
 
 def replace_cluster(
-    repo: ClusterRepository, cluster_id: str, body: ClusterReplace, if_match: str | None = None
+    repo: ClusterRepository,
+    cluster_id: str,
+    body: ClusterReplace,
+    preconditions: Preconditions = UNCONDITIONAL,
 ) -> ClusterRecord:
     record = stored_cluster(repo, cluster_id, for_write=True)
-    check_version(record, body.version, if_match)
+    check_version(record, body.version, preconditions)
     _check_name_free(repo, body.name, record.id)
     _apply(record, body)
     return _save(repo, record)
 
 
 def update_cluster(
-    repo: ClusterRepository, cluster_id: str, patch: ClusterPatch, if_match: str | None = None
+    repo: ClusterRepository,
+    cluster_id: str,
+    patch: ClusterPatch,
+    preconditions: Preconditions = UNCONDITIONAL,
 ) -> ClusterRecord:
     """The stored cluster with the fields sent changed, validated as a whole."""
     record = stored_cluster(repo, cluster_id, for_write=True)
-    check_version(record, patch.version, if_match)
+    check_version(record, patch.version, preconditions)
     merged = record_fields(record) | patch.model_dump(exclude_unset=True, exclude={"version"})
     try:
         replacement = ClusterCreate.model_validate(merged)
@@ -187,10 +227,12 @@ def update_cluster(
     return _save(repo, record)
 
 
-def delete_cluster(repo: ClusterRepository, cluster_id: str, if_match: str | None = None) -> None:
+def delete_cluster(
+    repo: ClusterRepository, cluster_id: str, preconditions: Preconditions = UNCONDITIONAL
+) -> None:
     """Delete a cluster no stored plan refers to (and, with If-Match, that has not changed since)."""
     record = stored_cluster(repo, cluster_id, for_write=True)
-    check_version(record, None, if_match)
+    check_version(record, None, preconditions)
     plans = repo.plan_count(cluster_id)
     if plans:
         raise _referenced(cluster_id, plans)

@@ -210,7 +210,7 @@ def test_observed_runs_below_physical_bounds_are_refused(client: TestClient) -> 
 def test_method_not_allowed_names_every_method_and_health_answers_head(client: TestClient) -> None:
     response = client.put("/v1/clusters")
     assert_problem(response, 405)
-    assert response.headers["allow"] == "GET, POST"
+    assert response.headers["allow"] == "GET, HEAD, POST"
     assert client.head("/healthz").status_code == 200
     assert client.head("/readyz").status_code == 200
 

@@ -60,7 +60,7 @@ def test_cors_allows_only_configured_origins(migrated_url: str) -> None:
             "/v1/plans", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
         )
         problem = assert_problem(refused, 400)
-        assert problem["errors"][0]["field"] == "header origin" and "origin" in problem["detail"]
+        assert problem["errors"][0]["field"] == "header.origin" and "origin" in problem["detail"]
         # a page reads the ETag its If-Match sends back, a 503's Retry-After and a replay's marker
         exposed = {h.strip().lower() for h in ok.headers["access-control-expose-headers"].split(",")}
         assert {"etag", "retry-after", "idempotent-replayed", "location", "x-request-id"} <= exposed
