@@ -46,6 +46,7 @@ from service.launchers.common import (
     accumulation,
     activation_offload_refusal,
     comment_lines,
+    compiled_fp32_refusal,
     fsdp_reduce_duty,
     full_logits_refusal,
     gradient_checkpointing_duty,
@@ -93,6 +94,8 @@ def refusal(plan: Plan) -> Refusal:
         return world
     if (logits := full_logits_refusal(plan) or activation_offload_refusal(plan)) is not None:
         return logits
+    if (tf32 := compiled_fp32_refusal(plan)) is not None:
+        return tf32
     lo = plan.layout
     if lo.framework is Framework.MEGATRON and (job := megatron.job_refusal(plan.model, plan.training)):
         return job  # before the plugin's own limits: the plugin trains Megatron-LM's GPT model

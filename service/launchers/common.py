@@ -22,6 +22,7 @@ from service.estimator.step_time import steps_to_train
 from service.estimator.tuning import dp_overlap_default
 from service.estimator.types import (
     Attention,
+    Compile,
     Framework,
     Head,
     Layout,
@@ -204,6 +205,28 @@ def world_refusal(plan: Plan) -> Refusal:
             f"{cluster.num_nodes} nodes x {cluster.gpus_per_node})"
         )
     return None
+
+
+def compiled_fp32_refusal(plan: Plan) -> Refusal:
+    """Accelerate (and the HF Trainer, which hands it a TorchDynamoPlugin) switches fp32 matmuls to TF32
+    wherever a dynamo backend compiles without mixed precision on a CUDA device (accelerate 1.15
+    state.py AcceleratorState: ``torch.backends.cuda.matmul.allow_tf32 = True``): the files would run
+    fp32 training with compile at the TF32 rate, about 6x the fp32 rate estimated on an H100
+    (launch-consistency review). On a GPU without TF32 tensor cores the switch changes nothing; ROCm
+    routes fp32 matmuls to TF32 only under HIPBLASLT_ALLOW_TF32 (``ROCM_TF32_ENV``), not set then."""
+    gpu = plan.cluster.gpu
+    if (
+        plan.training.precision is not Precision.FP32
+        or plan.layout.torch_compile is Compile.NONE
+        or gpu.peak_flops_per_s.tf32 is None
+        or gpu.vendor == "amd"
+    ):
+        return None
+    return (
+        "precision fp32 with torch_compile: Accelerate switches the matmuls to TF32 under a dynamo "
+        "backend without mixed precision (AcceleratorState), so these files would train at the TF32 rate, "
+        "not the fp32 estimated; ask precision tf32 (what they run), or leave torch_compile off"
+    )
 
 
 def full_logits_refusal(plan: Plan) -> Refusal:

@@ -37,6 +37,7 @@ from service.launchers.common import (
     Word,
     accumulation,
     activation_offload_refusal,
+    compiled_fp32_refusal,
     fsdp_reduce_duty,
     full_logits_refusal,
     hf_decoder_layer,
@@ -92,6 +93,8 @@ def refusal(plan: Plan) -> Refusal:
         return "the layout is for Megatron-LM; the HF Trainer runs DeepSpeed or FSDP"
     if (logits := full_logits_refusal(plan) or activation_offload_refusal(plan)) is not None:
         return logits
+    if (tf32 := compiled_fp32_refusal(plan)) is not None:
+        return tf32  # the Trainer's Accelerator, which TrainingArguments' tf32=False does not keep off
     if lo.tp > 1 or lo.pp > 1 or lo.cp > 1 or lo.ep > 1:
         return f"tp={lo.tp} pp={lo.pp} cp={lo.cp} ep={lo.ep}: the HF Trainer runs data parallelism only"
     if plan.training.precision is Precision.FP8:

@@ -18,6 +18,7 @@ from service.estimator.model_states import (
 )
 from service.estimator.params import is_moe_layer
 from service.estimator.types import (
+    Attention,
     AttentionKind,
     GPUSpec,
     Method,
@@ -485,6 +486,11 @@ def _model_args(plan: Plan) -> list[str]:
         "--num-attention-heads", str(model.num_attention_heads),
     ]  # fmt: skip
     args += _attention_args(model)
+    if plan.training.attention is Attention.EAGER:
+        # the whole s x s square, as estimated: Transformer Engine's unfused DotProductAttention
+        # (language_module.py sets NVTE_UNFUSED_ATTN alone); --attention-backend's default, auto, runs
+        # its flash or cuDNN fused kernel, which the eager estimate's memory and time are not of
+        args += ["--attention-backend", "unfused"]
     args += [
         "--seq-length",
         str(seq),

@@ -86,7 +86,7 @@ MEGATRON_VALUED = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--expert-model-parallel-size", "--expert-tensor-parallel-size",
     "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
-    "--pipeline-model-parallel-layout",
+    "--pipeline-model-parallel-layout", "--attention-backend",
     "--optimizer", "--optimizer-offload-fraction", "--micro-batch-size", "--global-batch-size",
     "--train-iters",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--fp8-format",

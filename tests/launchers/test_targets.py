@@ -137,6 +137,16 @@ def test_megatron_full_recompute_names_method_and_layers() -> None:
     ]
 
 
+@pytest.mark.parametrize(("attention", "backend"), [(Attention.EAGER, "unfused"), (Attention.FLASH, None)])
+def test_megatron_runs_the_attention_estimated(attention: Attention, backend: str | None) -> None:
+    """Eager is estimated with the whole s x s square: Transformer Engine's unfused attention, which
+    --attention-backend's default (auto: flash or cuDNN fused) never runs (launch-consistency review)."""
+    args = megatron.megatron_args(
+        plan(framework=Framework.MEGATRON, tp=2, train=training(attention=attention))
+    )
+    assert checks.megatron_flags(args).get("--attention-backend") == backend
+
+
 def test_megatron_block_recompute_renders_the_estimated_layers() -> None:
     lo = {"framework": Framework.MEGATRON, "tp": 2, "recompute": Recompute.FULL, "recompute_num_layers": 3}
     args = megatron.megatron_args(plan(**lo))

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from service.catalog.gpus import gpu
-from service.estimator.types import Framework, Plan, Precision, TrainingSpec
+from service.estimator.types import Compile, Framework, Plan, Precision, TrainingSpec
 from service.launchers import REFUSALS, RENDERERS, Artifact, Target, Unsupported
+from service.launchers import render as render_targets
 from service.launchers.common import TF32_ENV
 from tests.launchers import factories
 from tests.launchers.checks import check_artifact
@@ -111,3 +112,25 @@ def test_the_hf_trainer_on_amd_switches_tf32_by_the_environment_not_its_flag() -
         assert ("tf32" in args) is not rocm
         launch = by_name(artifacts, "hf_trainer_launch.sh").content.splitlines()
         assert ("export HIPBLASLT_ALLOW_TF32=1" in launch) is rocm
+
+
+@pytest.mark.parametrize("target", [Target.ACCELERATE, Target.HF_TRAINER])
+def test_fp32_compiled_by_accelerate_is_refused_since_it_switches_tf32_on(target: Target) -> None:
+    """Accelerate sets torch.backends.cuda.matmul.allow_tf32 under a dynamo backend with mixed precision
+    "no" (AcceleratorState), the HF Trainer through its TorchDynamoPlugin: fp32 with compile would run at
+    the TF32 rate (launch-consistency review). Uncompiled fp32 and compiled tf32 render."""
+    factory = factories.plan(train=FP32, framework=Framework.FSDP, zero_stage=3)
+    h100 = dataclasses.replace(factory.cluster, gpu=gpu("h100-sxm-80gb"))  # the catalog's: its TF32 peak
+    plain = dataclasses.replace(factory, cluster=h100)
+    compiled = dataclasses.replace(
+        plain, layout=dataclasses.replace(plain.layout, torch_compile=Compile.MODEL_AND_LOSS)
+    )
+    _, refused = render_targets(compiled, [target])
+    assert "TF32" in refused[target]
+    for runs in (plain, dataclasses.replace(compiled, training=TF32)):
+        artifacts, refused = render_targets(runs, [target])
+        assert target not in refused and artifacts
+    v100 = dataclasses.replace(
+        compiled, cluster=dataclasses.replace(compiled.cluster, gpu=gpu("v100-sxm2-32gb"))
+    )
+    assert "TF32" not in (REFUSALS[target](v100) or "")
