@@ -28,7 +28,7 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from service.estimator.types import Compile, Framework
-from service.estimator.validate import FRAMEWORK_CAPABILITIES, Capabilities
+from service.estimator.validate import FRAMEWORK_CAPABILITIES, Capabilities, sequence_parallel_divisor_of
 
 
 class Target(StrEnum):
@@ -142,12 +142,18 @@ FRAMEWORKS: Mapping[Framework, FrameworkEntry] = MappingProxyType(
 )
 
 
-def sequence_parallel_default(framework: Framework, tp: int) -> bool:
+def sequence_parallel_default(framework: Framework, tp: int, cp: int = 1, seq_len: int | None = None) -> bool:
     """Whether ``framework``'s recipes shard the norm and dropout activations over the TP group at
     this tp (Megatron-Bridge / NeMo recipes set sequence_parallel with TP; torchtitan's TP plan
     always does; DeepSpeed AutoTP has none): what the search builds and an estimate assumes unless
-    told."""
-    return tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel
+    told. Off where ``seq_len`` (when given) does not split over the TP ranks
+    (``validate.sequence_parallel_divisor_of``: Megatron-LM asserts seq_len / cp % tp == 0 only under
+    --sequence-parallel): the search built only sequence-parallel TP layouts, so an odd sequence lost
+    every TP split (Llama 3.1 70B at 4,097 tokens on 16 H100s under Megatron: infeasible, where tp 4
+    pp 4 fits; odd-clusters review)."""
+    if not (tp > 1 and FRAMEWORKS[framework].flags.sequence_parallel):
+        return False
+    return seq_len is None or seq_len % sequence_parallel_divisor_of(framework, tp, cp) == 0
 
 
 def tp_comm_overlap_default(

@@ -12,6 +12,7 @@ per-stage split (the first stage holds the embedding, the last the final norm an
 
 from __future__ import annotations
 
+import functools
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -486,6 +487,7 @@ def layer_parameters(model: ModelSpec, index: int) -> int:
     return attention_parameters(model) + layer_norm_parameters(model) + mlp
 
 
+@functools.lru_cache(maxsize=256)  # per model: the validator asks it of every Megatron layout
 def moe_layer_count(model: ModelSpec) -> int:
     return sum(1 for i in range(model.num_layers) if is_moe_layer(model, i))
 

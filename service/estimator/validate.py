@@ -307,7 +307,43 @@ def tensor_parallel_violation(model: ModelSpec, tp: int) -> Violation:
     if model.num_attention_heads % tp:
         return _bad(f"num_attention_heads ({model.num_attention_heads}) % tp ({tp}) != 0", "heads_tp", "tp")
     if model.num_kv_heads % tp:
-        return _bad(f"num_kv_heads ({model.num_kv_heads}) % tp ({tp}) != 0", "kv_heads_tp", "tp")
+        # Megatron would replicate the query groups where tp is a multiple of them (attention.py: one
+        # group per partition), which the per-rank weights and FLOPs here do not model (odd-clusters review)
+        replicated = (
+            " (KV heads replicated over tp, as Megatron runs tp a multiple of them, are not modelled)"
+        )
+        multiple = tp % model.num_kv_heads == 0
+        return _bad(
+            f"num_kv_heads ({model.num_kv_heads}) % tp ({tp}) != 0{replicated if multiple else ''}",
+            "kv_heads_tp",
+            "tp",
+        )
+    return None
+
+
+def megatron_width_violation(model: ModelSpec, layout: Layout) -> Violation:
+    """Megatron splits each MLP's width over its tensor-parallel ranks with ``divide`` (core/utils.py
+    asserts numerator % denominator == 0): fc1 (2f under SwiGLU) and fc2 of every dense MLP and shared
+    expert over tp (tensor_parallel/layers.py ColumnParallelLinear / RowParallelLinear), and the routed
+    experts' over the expert tensor-parallel degree; a width they do not divide fails at model build
+    (a tp = 3 plan was rendered for a 16,000-wide MLP; odd-clusters review)."""
+    if layout.framework is not Framework.MEGATRON:
+        return None
+    tp, moe = layout.tp, model.moe
+    dense = moe is None or params.moe_layer_count(model) < model.num_layers
+    widths = [("ffn_hidden_size", model.ffn_hidden_size, tp, "tp")] if dense else []
+    if moe is not None and moe.num_shared_experts:
+        widths.append(("moe.shared_expert_ffn_hidden_size", moe.shared_expert_ffn_hidden_size, tp, "tp"))
+    if moe is not None and layout.etp is None:  # an etp given is expert_tensor_violation's
+        widths.append(("moe.expert_ffn_hidden_size", moe.expert_ffn_hidden_size, layout.expert_tp, "tp"))
+    for name, width, degree, field in widths:
+        if width % degree:
+            return _bad(
+                f"{name} ({width}) % {field} ({degree}) != 0: Megatron splits the MLP's width over the "
+                "tensor-parallel ranks evenly (its divide() asserts at model build)",
+                "mlp_width_tp",
+                field,
+            )
     return None
 
 
@@ -773,6 +809,19 @@ def expert_violation(model: ModelSpec, layout: Layout) -> Violation:
             "moe_capacity_factor",
         )
     ep = layout.ep
+    if ep == 1 and model.moe is not None and layout.tp > 1 and layout.framework is Framework.DEEPSPEED:
+        # AutoTP replaces nn.Linear and nn.Embedding modules only (auto_tp.py: 2-D weights); the routed
+        # experts at ep = 1 are the fused 3-D parameters transformers 5 builds (model_states.fused_experts),
+        # which then stay whole on every tp rank and run every token of the tp group: not what the
+        # estimate splits over tp (a Llama 4 Scout plan at tp 4 fit at 69 GiB where its experts alone
+        # need about 59 GiB more; 2025-26 configs review)
+        return _bad(
+            f"deepspeed tp = {layout.tp} with ep = 1: AutoTP splits nn.Linear modules only, and the routed "
+            "experts are fused 3-D parameters (transformers 5), left whole on every tp rank (not modelled); "
+            "use ep > 1 (deepspeed.moe.layer.MoE, which splits its experts over tp) or tp = 1",
+            "autotp_fused_experts",
+            "tp",
+        )
     if ep == 1:
         return None
     if model.moe is None:
@@ -1387,6 +1436,7 @@ def layout_violation(
         or world_violation(cluster, layout)
         or encoder_violation(model, layout)
         or tensor_parallel_violation(model, layout.tp)
+        or megatron_width_violation(model, layout)
         or sharding_violation(layout, caps)
         or pipeline_split_violation(model, layout)
         or interleaving_violation(layout, caps)

@@ -181,11 +181,10 @@ def with_fitting_sequence_parallel(layout: LayoutIn, seq_len: int) -> tuple[Layo
     sets it on is still refused."""
     if "sequence_parallel" in layout.model_fields_set or layout.tp == 1:
         return layout, None
-    if not sequence_parallel_default(layout.framework, layout.tp):
+    recipes = sequence_parallel_default(layout.framework, layout.tp)
+    if recipes == sequence_parallel_default(layout.framework, layout.tp, layout.cp, seq_len):
         return layout, None
     divisor = sequence_parallel_divisor_of(layout.framework, layout.tp, layout.cp)
-    if seq_len % divisor == 0:
-        return layout, None
     why = (
         f"sequence_parallel off: seq_len {seq_len} is not a multiple of {divisor}, what "
         f"{layout.framework.value} needs to split each sequence over tp {layout.tp}; its recipes turn it on "

@@ -373,7 +373,15 @@ def _search_memory_family(
         result.log.add(
             "invalid: virtual_pp",
             1,
-            make_layout(s, sh, Recompute.NONE, virtual, 1, job.cluster.gpu.tp_overlap_peer_access),
+            make_layout(
+                s,
+                sh,
+                Recompute.NONE,
+                virtual,
+                1,
+                job.cluster.gpu.tp_overlap_peer_access,
+                seq_len=job.training.seq_len,
+            ),
             "no micro-batch gives a multiple of pp micro-batches",
         )
         return False
@@ -384,14 +392,18 @@ def _search_memory_family(
     twin_may_fit = False
     for recompute in recompute_order(sh.framework):
         result.families += 1
-        first = make_layout(s, sh, recompute, virtual, sizes[0], peer, tp_overlap)
+        first = make_layout(
+            s, sh, recompute, virtual, sizes[0], peer, tp_overlap, seq_len=job.training.seq_len
+        )
         violation = _violation(job, first)
         if violation is not None:
             result.log.add(f"invalid: {violation.rule}", 1, first, str(violation))
             continue
 
         def sized(i: int, recompute: Recompute = recompute) -> Layout:
-            return make_layout(s, sh, recompute, virtual, sizes[i], peer, tp_overlap)
+            return make_layout(
+                s, sh, recompute, virtual, sizes[i], peer, tp_overlap, seq_len=job.training.seq_len
+            )
 
         memory = result.memory_numbers(job, first)
         if evaluate.numbers_fit(job.cluster, memory, limit):
@@ -629,7 +641,7 @@ Ceilings = dict[tuple[Framework, int], tuple[float, ...] | None]
 
 
 def _sizes(job: Job, s: Structure, framework: Framework, virtual: int, sizes_of: Sizes) -> tuple[int, ...]:
-    sp = sequence_parallel_default(framework, s.tp)
+    sp = sequence_parallel_default(framework, s.tp, s.cp, job.training.seq_len)
     if (virtual, sp) not in sizes_of:
         sizes_of[virtual, sp] = _micro_batches(job, s, virtual, sp, framework)
     return sizes_of[virtual, sp]
@@ -701,7 +713,15 @@ def _search_structure(
             if _ceilings_lose(search, result, [ceilings.get((framework, v)) for v in virtuals]):
                 result.log.groups[DOMINATED].count += len(virtuals)  # no sharding changes a ceiling
                 continue
-            probe = make_layout(s, sh, Recompute.FULL, 1, 1, job.cluster.gpu.tp_overlap_peer_access)
+            probe = make_layout(
+                s,
+                sh,
+                Recompute.FULL,
+                1,
+                1,
+                job.cluster.gpu.tp_overlap_peer_access,
+                seq_len=job.training.seq_len,
+            )
             valid = _violation(job, probe) is None
             if valid and not _states_fit(job, probe, limit):  # an invalid one is logged as such below
                 result.families += 1
@@ -729,7 +749,13 @@ def _log_unsupported(
         else:
             stage = reason.zero_stage if isinstance(reason, Unsupported) else 0
             example = make_layout(
-                s, Sharding(framework, stage), Recompute.NONE, 1, 1, job.cluster.gpu.tp_overlap_peer_access
+                s,
+                Sharding(framework, stage),
+                Recompute.NONE,
+                1,
+                1,
+                job.cluster.gpu.tp_overlap_peer_access,
+                seq_len=job.training.seq_len,
             )
             result.log.add(reason, 1, example, reason)
 
@@ -793,7 +819,9 @@ def _dominated(
         result.log.groups[DOMINATED].count += 1
         return True
     peer = job.cluster.gpu.tp_overlap_peer_access
-    optimistic = make_layout(s, sh, Recompute.NONE, virtual, sizes[-1], peer, tp_overlap)
+    optimistic = make_layout(
+        s, sh, Recompute.NONE, virtual, sizes[-1], peer, tp_overlap, seq_len=job.training.seq_len
+    )
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if _violation(job, optimistic) is not None:
         return False
@@ -823,7 +851,13 @@ def _ceiling_key(
 ) -> tuple[float, ...] | None:
     s, sh, virtual = family
     optimistic = make_layout(
-        s, sh, Recompute.NONE, virtual, micro_batch, job.cluster.gpu.tp_overlap_peer_access
+        s,
+        sh,
+        Recompute.NONE,
+        virtual,
+        micro_batch,
+        job.cluster.gpu.tp_overlap_peer_access,
+        seq_len=job.training.seq_len,
     )
     optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if _violation(job, optimistic) is not None:
@@ -1025,7 +1059,7 @@ def _lean_fit(
         options, unsupported = search.shardings(job, framework, s)
         if unsupported and search.rejections:
             unbuilt.append((framework, unsupported))
-        sp = sequence_parallel_default(framework, s.tp)
+        sp = sequence_parallel_default(framework, s.tp, s.cp, job.training.seq_len)
         sizes = _micro_batches(job, s, 1, sp, framework)
         if not options or not sizes:
             continue
@@ -1040,6 +1074,7 @@ def _lean_fit(
                 sizes[0],
                 job.cluster.gpu.tp_overlap_peer_access,
                 False,
+                seq_len=job.training.seq_len,
             )
             if not search.rejections and _states_exceed(job, lean, limit):
                 # a miss only the log would hold: its model states alone exceed the limit, and so
@@ -1540,10 +1575,15 @@ def _fewer_if_faster(
         reasons.append(why)
         leader, at = best, best.layout.world_size
     if at < gpus:  # gpu_use says why not all of them
-        result.idle_reason = (
-            f"{at} GPUs train faster ({leader.tokens_per_s:,.0f} tokens/s) than all {gpus} "
+        # where ``gpus`` is already fewer than the cluster's, the reason its larger counts ran nothing
+        # (``_run_search``) stays first: "than all 60" of a 70-GPU cluster hid why 70 had no split
+        # (odd-clusters review)
+        whole = "all " if gpus == cluster.world_size else ""
+        faster = (
+            f"{at} GPUs train faster ({leader.tokens_per_s:,.0f} tokens/s) than {whole}{gpus} "
             f"({first.tokens_per_s:,.0f}): {reasons[0]}"
         )
+        result.idle_reason = f"{result.idle_reason}; and {faster}" if result.idle_reason else faster
 
 
 def _better_shaped(

@@ -476,7 +476,15 @@ def dynamic_floor(
     one = Structure(gpus=1, dp=1, tp=1, pp=1, cp=1, ep=1)
     least: tuple[int, Layout] | None = None
     for recompute in recompute_order(framework):
-        layout = make_layout(one, sharding, recompute, 1, 1, job.cluster.gpu.tp_overlap_peer_access)
+        layout = make_layout(
+            one,
+            sharding,
+            recompute,
+            1,
+            1,
+            job.cluster.gpu.tp_overlap_peer_access,
+            seq_len=job.training.seq_len,
+        )
         acts = stage_activations(job, layout)[0]  # pp 1: one rank
         # rank_peak_parts' start of the backward, with the gradients, the model states' buffers and
         # autocast copies left out (rank_total_bytes is the states + the largest moment's reservation)
@@ -724,6 +732,8 @@ def make_layout(
     micro_batch: int,
     peer_to_peer: bool,
     tp_overlap_allowed: bool = True,
+    *,
+    seq_len: int,
 ) -> Layout:
     """The layout of these choices on GPUs with (or without) ``peer_to_peer`` access (shared: the
     search builds the same one at several steps, and a capacity sweep for every GPU type searching the
@@ -731,7 +741,7 @@ def make_layout(
     the framework's default overlaps it (Megatron's userbuffers cost memory; the search tries that
     twin where memory is short)."""
     flags = FRAMEWORKS[sharding.framework].flags
-    sp = sequence_parallel_default(sharding.framework, structure.tp)
+    sp = sequence_parallel_default(sharding.framework, structure.tp, structure.cp, seq_len)
     own = sharding.megatron_lm
     tp_overlap = tp_overlap_allowed and tp_comm_overlap_default(
         sharding.framework, sp, sharding.torch_compile, peer_to_peer

@@ -684,3 +684,48 @@ def test_qlora_refuses_deepspeeds_parameter_offload() -> None:
     check(Layout(dp=16, zero_stage=3, offload_optimizer=Offload.CPU), training=qlora)
     check(Layout(framework=Framework.FSDP, dp=16, zero_stage=3, offload_params=Offload.CPU,
                  offload_optimizer=Offload.CPU), training=qlora)  # fmt: skip
+
+
+def test_megatron_splits_every_mlp_width_evenly_over_tp() -> None:
+    """Megatron's ColumnParallelLinear / RowParallelLinear divide() the width by tp and assert (a tp 3
+    plan of a 16,000-wide MLP was rendered; odd-clusters review); other frameworks are not bound."""
+    wide = dataclasses.replace(
+        MODEL, num_attention_heads=48, num_kv_heads=6, hidden_size=6144, ffn_hidden_size=16000
+    )
+    three = ClusterSpec(
+        gpu=H100, num_nodes=1, gpus_per_node=6, intra_node_bandwidth_bytes_per_s=4.5e11,
+        inter_node_bandwidth_bytes_per_s=5e10,
+    )  # fmt: skip
+    train = TrainingSpec(seq_len=4098, global_batch_size=2)
+    with pytest.raises(InvalidLayout) as refused:
+        check(
+            Layout(framework=Framework.MEGATRON, dp=2, tp=3, zero_stage=1),
+            model=wide,
+            cluster=three,
+            training=train,
+        )
+    assert refused.value.rule == "mlp_width_tp" and "ffn_hidden_size (16000) % tp (3)" in str(refused.value)
+    check(
+        Layout(framework=Framework.DEEPSPEED, dp=2, tp=3, zero_stage=1),
+        model=wide,
+        cluster=three,
+        training=train,
+    )
+    shared = dataclasses.replace(
+        MOE,
+        moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=2048, num_shared_experts=1,
+                    shared_expert_ffn_hidden_size=2049),
+    )  # fmt: skip
+    with pytest.raises(InvalidLayout, match="shared_expert_ffn_hidden_size"):
+        check(Layout(framework=Framework.MEGATRON, dp=8, tp=2, ep=8, zero_stage=1, sequence_parallel=True),
+              model=shared)  # fmt: skip
+
+
+def test_deepspeed_autotp_of_fused_experts_is_refused() -> None:
+    """AutoTP splits nn.Linear modules; transformers 5's fused 3-D experts stay whole on every tp rank
+    (2025-26 configs review). With ep > 1 DeepSpeed's MoE layer splits them over tp (passes)."""
+    with pytest.raises(InvalidLayout) as refused:
+        check(Layout(framework=Framework.DEEPSPEED, dp=4, tp=4, zero_stage=3), model=MOE)
+    assert refused.value.rule == "autotp_fused_experts" and refused.value.field == "tp"
+    check(Layout(framework=Framework.DEEPSPEED, dp=4, tp=4, zero_stage=3), model=MODEL)
+    check(Layout(framework=Framework.DEEPSPEED, dp=16, zero_stage=3), model=MOE)

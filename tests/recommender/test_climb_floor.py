@@ -57,7 +57,9 @@ def _data_parallel_layouts(
     for sh in options:
         for recompute in recompute_order(framework):
             for size in sizes:
-                yield make_layout(s, sh, recompute, 1, size, job.cluster.gpu.peer_to_peer)
+                yield make_layout(
+                    s, sh, recompute, 1, size, job.cluster.gpu.peer_to_peer, seq_len=job.training.seq_len
+                )
 
 
 @pytest.mark.parametrize("card", ["h100-sxm-80gb", "v100-sxm2-32gb"])

@@ -68,7 +68,15 @@ def test_states_never_grow_with_sharding_and_the_bound_never_exceeds_a_leans_mem
                 continue
             ordered = options[::-1]
             leans = [
-                make_layout(s, sh, recompute_order(framework)[-1], 1, sizes[0], job.cluster.gpu.peer_to_peer)
+                make_layout(
+                    s,
+                    sh,
+                    recompute_order(framework)[-1],
+                    1,
+                    sizes[0],
+                    job.cluster.gpu.peer_to_peer,
+                    seq_len=job.training.seq_len,
+                )
                 for sh in ordered
             ]
             try:

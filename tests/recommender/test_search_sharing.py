@@ -263,7 +263,9 @@ def test_the_model_states_alone_never_exceed_a_layouts_memory(name: str, method:
                 for recompute in recompute_order(framework):
                     if not sizes:
                         continue
-                    layout = make_layout(s, sh, recompute, 1, sizes[0], c.gpu.peer_to_peer)
+                    layout = make_layout(
+                        s, sh, recompute, 1, sizes[0], c.gpu.peer_to_peer, seq_len=training.seq_len
+                    )
                     if recommender._violation(job, layout) is not None:
                         continue
                     need = evaluate.memory_numbers(job, layout)[0]

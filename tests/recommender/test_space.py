@@ -215,7 +215,15 @@ def test_the_sharding_does_not_change_a_familys_validity(
                         validate_layout(
                             spec,
                             c,
-                            make_layout(s, sh, Recompute.NONE, virtual, sizes[-1], c.gpu.peer_to_peer),
+                            make_layout(
+                                s,
+                                sh,
+                                Recompute.NONE,
+                                virtual,
+                                sizes[-1],
+                                c.gpu.peer_to_peer,
+                                seq_len=training.seq_len,
+                            ),
                             training,
                         )
                         verdicts.add("valid")
