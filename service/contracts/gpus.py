@@ -235,7 +235,7 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             intra_node_bandwidth_bytes_per_s=intra,
             pcie_bandwidth_bytes_per_s=pcie,
             defaulted=defaulted,
-            notes=self._peak_notes() + self._link_notes(pcie, intra),
+            notes=self._peak_notes() + self._link_notes(pcie, intra) + self._vendor_notes(),
             vendor=self._vendor(),
             chip=self.chip or "",
             flash_attention=self._flash_attention(),
@@ -320,13 +320,29 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
                 )
         return tuple(notes)
 
+    def _vendor_notes(self) -> tuple[str, ...]:
+        """Where the vendor was assumed from no maker at all (no vendor, no chip of one maker), say so:
+        it decides the launch files' device requests (Kubernetes' nvidia.com/gpu or amd.com/gpu) and the
+        TF32 switches, and an MI355X described without it was rendered pods asking for NVIDIA GPUs,
+        silently (defaults review)."""
+        if self.vendor is not None or self._chip_maker() is not None:
+            return ()
+        return (
+            f"vendor not stated for {self.name}, and no catalog chip names its maker: nvidia assumed (the "
+            "launch files request nvidia.com/gpu devices); state vendor (or chip) for another maker's GPU",
+        )
+
+    def _chip_maker(self) -> str | None:
+        """The maker of the catalog's parts of the stated chip, where they have one."""
+        makers = {spec.vendor for spec in catalog_gpus().values() if spec.chip == self.chip}
+        return makers.pop() if self.chip and len(makers) == 1 else None
+
     def _vendor(self) -> str:
         """Stated, else the maker of the catalog's parts of its die, else NVIDIA's (a custom MI325X
         was "custom", and its Kubernetes pods asked for nvidia.com/gpu: hardware review)."""
         if self.vendor is not None:
             return self.vendor
-        makers = {spec.vendor for spec in catalog_gpus().values() if spec.chip == self.chip}
-        return makers.pop() if self.chip and len(makers) == 1 else "nvidia"
+        return self._chip_maker() or "nvidia"
 
     def _own_name(self) -> str:
         """The name, marked custom where it is a catalog part's: a 24 GiB spec named h100-sxm-80gb was

@@ -237,6 +237,7 @@ CONFIG_ONLY_FIELDS = (
     "config_notes",
     "bnb_4bit_checkpoint",
     "bnb_4bit_constant_bits",
+    "bnb_4bit_compute_precision",
     "vision_tower",
     "bnb_4bit_float_storage",
     "dequantized_checkpoint",

@@ -44,6 +44,7 @@ from service.estimator.types import (
     MoESpec,
     NormKind,
     PositionEmbedding,
+    Precision,
     QKNorm,
     RopeScaling,
     RopeScalingKind,
@@ -1165,6 +1166,7 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
     hidden, attention = _dropout(config, model_type)
     bnb_4bit, stored = _checkpoint_quantization(config, model_type)
     constant_bits = _nf4_constant_bits(config, model_type) if bnb_4bit else None
+    compute = _nf4_compute_precision(config) if bnb_4bit else None
     quantized = (_dequantized_note(stored),) if stored is not None else ()
     notes = (*quantized, *((_MULTIMODAL_NOTE,) if model_type in _TEXT_CONFIGS else ()))
     return dataclasses.replace(
@@ -1174,6 +1176,7 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         config_notes=notes,
         bnb_4bit_checkpoint=bnb_4bit,
         bnb_4bit_constant_bits=constant_bits,
+        bnb_4bit_compute_precision=compute,
         # a wrapper's tower is built whatever its config states (Gemma3Config fills in a default
         # SiglipVisionConfig where vision_config is None; the presets keep the text_config alone)
         vision_tower=model_type in _TEXT_CONFIGS,
@@ -1251,6 +1254,19 @@ def _nf4_constant_bits(config: Mapping[str, object], model_type: str) -> float |
         )
     # double-quantized: as QLoRA's launch files quantize at load (the tuning's qlora_bits_per_param)
     return None if raw.get("bnb_4bit_use_double_quant", False) is True else NF4_SINGLE_CONSTANT_BITS
+
+
+# bnb_4bit_compute_dtype as saved (a torch dtype's name, "torch." or not) -> the precision it computes in
+_NF4_COMPUTE = {"bfloat16": Precision.BF16, "float16": Precision.FP16, "half": Precision.FP16}
+
+
+def _nf4_compute_precision(config: Mapping[str, object]) -> Precision | None:
+    """The precision a stored 4-bit checkpoint's Linear4bit layers compute in (its saved
+    bnb_4bit_compute_dtype: Linear4bit.forward casts its input to it), None where not stated (fp32 is
+    refused by ``_nf4_constant_bits``)."""
+    raw = config.get("quantization_config")
+    compute = raw.get("bnb_4bit_compute_dtype") if isinstance(raw, Mapping) else None
+    return _NF4_COMPUTE.get(compute.removeprefix("torch.")) if isinstance(compute, str) else None
 
 
 def _nf4_float_storage(config: Mapping[str, object]) -> bool:

@@ -369,6 +369,11 @@ class ModelSpec:
     # double-quantized (model_states.NF4_SINGLE_CONSTANT_BITS); None: double-quantized, as QLoRA's launch
     # files quantize at load (the tuning's qlora_bits_per_param)
     bnb_4bit_constant_bits: float | None = None
+    # Such a checkpoint's saved bnb_4bit_compute_dtype, bf16 or fp16, which from_pretrained builds its
+    # Linear4bit layers with whatever dtype the rest loads in: the training's precision (its default
+    # resolves to it, ``defaults.for_gpu``; another is refused, ``validate.checkpoint_violation``); None:
+    # not stated, or not such a checkpoint
+    bnb_4bit_compute_precision: Precision | None = None
     # The format a checkpoint's weights are stored in where training loads them dequantized to the
     # training precision (quantization_config quant_method: "fp8", "mxfp4", "fbgemm_fp8",
     # "compressed-tensors"): the launch files say how the script loads it. None: stored unquantized.

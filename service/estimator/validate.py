@@ -1054,6 +1054,16 @@ def checkpoint_violation(model: ModelSpec, training: TrainingSpec) -> InvalidTra
     NF4 base whatever the method: full training of it is refused by the Trainer ("You cannot perform
     fine-tuning on purely quantized models"), and LoRA on it is QLoRA (config review, stop 44: LoRA was
     planned on a 16-bit base of 52 GiB where the NF4 one, what loads, is 43)."""
+    stored = model.bnb_4bit_compute_precision
+    if stored is not None and training.precision is not stored:
+        return InvalidTraining(
+            f"precision {training.precision.value}: {model.name}'s 4-bit checkpoint computes in "
+            f"{stored.value} (its saved quantization_config's bnb_4bit_compute_dtype, which from_pretrained "
+            f"builds its Linear4bit layers with): train in {stored.value}, or quantize the 16-bit weights "
+            "at load (the config without quantization_config)",
+            rule="checkpoint_compute_dtype",
+            field="precision",
+        )
     if not model.bnb_4bit_checkpoint or training.method is Method.QLORA:
         return None
     return InvalidTraining(

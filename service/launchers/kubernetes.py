@@ -9,6 +9,8 @@ PET_NPROC_PER_NODE, which torchrun reads, so the command names no addresses.
 from __future__ import annotations
 
 import copy
+import hashlib
+import re
 from typing import Any
 
 import yaml
@@ -95,7 +97,11 @@ def manifests(plan: Plan, via: Target | None = None) -> list[dict[str, Any]]:
     # DNS-1035 label of at most 63 characters, which its webhook does not check of the job's name, so
     # a longer one never started (kubeflow/trainer#1101; a platform review)
     suffix = max(len("-master-0"), len(f"-worker-{max(0, plan.cluster.num_nodes - 2)}"))
-    name = dns_label("trainplan-" + plan.model.name, 63 - suffix)
+    # the plan's own digest after the model's name: two plans of one model named the same PyTorchJob and
+    # ConfigMap, so applying the second replaced the first's mounted files under its running pods
+    # (injection review); the same plan renders the same name
+    digest = _plan_digest(plan)
+    name = dns_label("trainplan-" + plan.model.name, 63 - suffix - len(digest) - 1) + "-" + digest
     has_files = bool(job.files)
     container = _container(plan, command, job.env, has_files)
     specs = {"Master": _replica(plan, 1, container, name, has_files)}
@@ -129,12 +135,36 @@ def manifests(plan: Plan, via: Target | None = None) -> list[dict[str, Any]]:
     return documents
 
 
+def _plan_digest(plan: Plan) -> str:
+    """Six hex digits of what tells the plan's jobs apart (the model, the cluster's shape, the training's
+    batch, sequence, precision and method, the layout as its summary writes it): the same for the same
+    plan in any process (no repr of a set, whose order the process's hash seed changes)."""
+    t, c = plan.training, plan.cluster
+    said = (
+        f"{plan.model.name}|{c.gpu.name}|{c.num_nodes}x{c.gpus_per_node}|{t.global_batch_size}|{t.seq_len}|"
+        f"{t.precision.value}|{t.method.value}|{layout_summary(plan)}"
+    )
+    return hashlib.sha256(said.encode()).hexdigest()[:6]
+
+
 class _Dumper(yaml.SafeDumper):
-    """Safe YAML, with multi-line strings (the ConfigMap's files) as literal blocks."""
+    """Safe YAML, with multi-line strings (the ConfigMap's files) as literal blocks, and quoted where a
+    YAML 1.2 or kubectl's reader would take the text for another type (``_NOT_TEXT``)."""
+
+
+# What a plain scalar reads as other than a string in YAML 1.2's core schema or go-yaml v2 (kubectl's,
+# through sigs.k8s.io/yaml: resolve.go's float pattern needs no dot): numbers (1e-08, 0x1F, .inf),
+# booleans (y, yes, on, true, any case) and nulls. PyYAML (YAML 1.1) left "1e-08" bare, which kubectl
+# read as a number in a container's command, a []string: the manifest was refused (injection review).
+_NOT_TEXT = re.compile(
+    r"[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|nan)|0[xob][0-9a-f_]+"
+    r"|y|n|yes|no|on|off|true|false|null|~|",
+    re.IGNORECASE,
+)
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    style = "|" if "\n" in value else None
+    style = "|" if "\n" in value else ("'" if _NOT_TEXT.fullmatch(value) else None)
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 

@@ -88,6 +88,8 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     if layout.overlap_grad_reduce is None and layout.dp * layout.cp > 1:  # a reduction to overlap or not
         overlapped = grad_reduce_overlapped(default_tuning(), layout)
         out.resolved_defaults["layout.overlap_grad_reduce"] = str(overlapped).lower()
+    if layout.moe_capacity_factor is None and model.moe is not None and layout.capacity_factor is not None:
+        out.resolved_defaults["layout.moe_capacity_factor"] = f"{layout.capacity_factor:g}"  # DeepSpeed MoE's
     if layout.dp_replicate is None and (replicas := hsdp_replicas(layout, cluster)) > 1:
         out.resolved_defaults["layout.dp_replicate"] = str(replicas)  # HSDP's: one shard group per node
     out.resolved_defaults |= request.training.adapter_defaults() | request.training.optimizer_read()

@@ -286,3 +286,19 @@ def test_a_custom_gpu_stating_bidirectional_links_or_fp16_accumulate_peaks_is_to
     }
     warned = [w for w in estimate(client, geforce, per_node=1)["warnings"] if "FP16 accumulate" in w]
     assert len(warned) == 1 and "2.0x bf16" in warned[0], warned
+
+
+def test_a_vendor_assumed_from_nothing_is_said_and_one_from_the_chip_or_given_is_not(
+    client: TestClient,
+) -> None:
+    """vendor decides the launch files' devices (Kubernetes' nvidia.com/gpu or amd.com/gpu): an MI355X
+    described without vendor or chip was rendered pods asking for NVIDIA GPUs, silently (defaults review)."""
+
+    def vendor_notes(gpu: dict[str, Any]) -> list[str]:
+        result = estimate(client, gpu, 1)
+        return [w for w in result["warnings"] + result["assumptions"] if "vendor not stated" in w]
+
+    (said,) = vendor_notes(BARE_GPU)
+    assert "nvidia assumed" in said and "state vendor" in said
+    assert vendor_notes({**BARE_GPU, "vendor": "amd"}) == []
+    assert vendor_notes({**BARE_GPU, "chip": "gh100"}) == []  # the chip's maker

@@ -708,3 +708,23 @@ def test_a_token_budget_below_one_step_takes_one_step(client: TestClient) -> Non
     assert result["time_to_train_s"] == pytest.approx(result["time"]["step_s"], rel=1e-12)
     assert result["cost_to_train"] == pytest.approx(result["time"]["step_s"] / 3600 * 8 * 2.0, rel=1e-9)
     assert "1 optimizer step of 262,144 tokens" in " ".join(result["assumptions"])
+
+
+def test_deepspeed_moes_default_capacity_factor_is_said_and_sent_back_is_the_same(client: TestClient) -> None:
+    """deepspeed.moe.layer.MoE drops what overflows a capacity factor of 1.0 unless told: a default that
+    changes what trains was echoed as null and said nowhere (defaults review)."""
+    payload = {
+        "model": {"preset": "mixtral-8x7b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 2},
+        "training": {"seq_len": 2048, "global_batch_size": 64},
+        "layout": {"framework": "deepspeed", "ep": 8, "zero_stage": 2},
+    }
+    left_out = post(client, payload)
+    assert left_out["resolved_defaults"]["layout.moe_capacity_factor"] == "1"
+    assert any(
+        a.startswith("MoE capacity factor 1 (deepspeed.moe.layer.MoE's default")
+        for a in left_out["assumptions"]
+    )
+    sent = post(client, {**payload, "layout": {**payload["layout"], "moe_capacity_factor": 1.0}})
+    assert sent["memory"] == left_out["memory"] and sent["time"] == left_out["time"]
+    assert "layout.moe_capacity_factor" not in sent["resolved_defaults"]

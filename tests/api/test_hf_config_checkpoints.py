@@ -288,3 +288,31 @@ def test_a_stored_checkpoint_packed_as_uint8_is_never_planned_sharded(client: Te
         assert "bnb_config.json" not in {a["name"] for a in packed["artifacts"]}
     floating = plan("bfloat16")
     assert floating["status"] == "feasible"
+
+
+def test_a_4bit_checkpoints_saved_compute_dtype_is_the_precision(client: TestClient) -> None:
+    """from_pretrained builds a stored checkpoint's Linear4bit layers with its saved bnb_4bit_compute_dtype
+    whatever dtype the rest loads in: a bf16 one on a T4 was timed at fp16, its GEMMs running bf16 on a
+    part without bf16 units (defaults review). The default follows it; another precision is refused."""
+    stored = LLAMA | {"quantization_config": BNB_4BIT | {"bnb_4bit_compute_dtype": "bfloat16"}}
+
+    def on(gpu: str, **training: Any) -> Any:
+        body = {
+            "model": {"hf_config": stored},
+            "cluster": {"gpu": gpu, "num_nodes": 1, "gpus_per_node": 1},
+            "training": {"seq_len": 2048, "global_batch_size": 8, "method": "qlora"} | training,
+            "layout": {"framework": "deepspeed", "zero_stage": 0, "dp": 1},
+        }
+        return client.post("/v1/estimates", json=body)
+
+    h100 = on("h100-sxm-80gb")
+    assert h100.status_code == 200 and h100.json()["resolved_defaults"]["training.precision"] == "bf16"
+    for gpu, training in (
+        ("t4-16gb", {}),
+        ("t4-16gb", {"precision": "fp16"}),
+        ("h100-sxm-80gb", {"precision": "fp16"}),
+    ):
+        refused = on(gpu, **training)
+        assert refused.status_code == 422, refused.text
+        (error,) = refused.json()["errors"]
+        assert error["field"] == "training.precision", error

@@ -1299,3 +1299,37 @@ def test_every_file_that_writes_the_optimizer_settings_says_they_are_placeholder
     ):
         for write in (*writes, slurm.render, kubernetes.render):
             assert any(said in " ".join(a.content.split()) for a in write(chosen)), (write, chosen.layout)
+
+
+def test_a_pytorchjobs_strings_stay_strings_for_kubectl() -> None:
+    """kubectl reads YAML with go-yaml v2, whose floats need no dot: PyYAML (YAML 1.1) wrote Megatron's
+    --adam-eps 1e-08 bare, kubectl read a number into a container's command ([]string) and refused the
+    manifest (injection review). Read here with go-yaml's float pattern added, every argument is text."""
+    import re
+
+    import yaml
+
+    class GoYaml(yaml.SafeLoader):
+        pass
+
+    go_float = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+    GoYaml.add_implicit_resolver("tag:yaml.org,2002:float", go_float, list("-+0123456789."))
+    chosen = plan(nodes=2, framework=Framework.MEGATRON, tp=2, zero_stage=1)
+    text = next(a.content for a in kubernetes.render(chosen) if a.name.endswith(".yaml"))
+    job = next(d for d in yaml.load_all(text, Loader=GoYaml) if d["kind"] == "PyTorchJob")
+    for spec in job["spec"]["pytorchReplicaSpecs"].values():
+        (container,) = spec["template"]["spec"]["containers"]
+        assert all(isinstance(word, str) for word in container["command"]), container["command"]
+        assert "1e-08" in container["command"]
+
+
+def test_two_plans_of_one_model_name_their_kubernetes_objects_apart() -> None:
+    """Named after the model alone, a second plan's ConfigMap replaced the first's files under its running
+    pods (injection review); the same plan keeps its name."""
+    first = plan(nodes=2, framework=Framework.DEEPSPEED, zero_stage=3, train=training(global_batch_size=64))
+    second = plan(nodes=2, framework=Framework.DEEPSPEED, zero_stage=3, train=training(global_batch_size=256))
+
+    def names(chosen: Plan) -> set[str]:
+        return {d["metadata"]["name"] for d in kubernetes.manifests(chosen)}
+
+    assert names(first) == names(first) and not names(first) & names(second)
