@@ -37,6 +37,7 @@ MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
             "config_notes",
             "bnb_4bit_checkpoint",
             "bnb_4bit_constant_bits",
+            "bnb_4bit_compute_precision",
             "dequantized_checkpoint",
             "vision_tower",
             "bnb_4bit_float_storage",

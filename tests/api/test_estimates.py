@@ -193,11 +193,13 @@ def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestCl
             "layout.dp_replicate",
         ),
         ({"dp": 8, "ep": 3}, {"model": mixtral}, "ep_experts", "layout.ep"),
-        # QLoRA's NF4 base trains data-parallel only
+        # DeepSpeed AutoTP leaves transformers' fused 3-D experts whole on every tp rank
+        ({"dp": 4, "tp": 2}, {"model": mixtral}, "autotp_fused_experts", "layout.tp"),
+        # QLoRA's NF4 base trains data-parallel only (tp: of a dense model, whose Linears AutoTP splits)
+        ({"dp": 4, "tp": 2}, {"training": QLORA}, "qlora_model_parallel", "layout.tp"),
         *(
             (degrees, {"model": mixtral, "training": QLORA}, "qlora_model_parallel", f"layout.{degree}")
             for degree, degrees in (
-                ("tp", {"dp": 4, "tp": 2}),
                 ("pp", {"dp": 4, "pp": 2, "zero_stage": 1}),
                 ("ep", {"dp": 8, "ep": 8}),
             )
