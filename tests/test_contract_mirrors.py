@@ -38,6 +38,7 @@ MIRRORS: list[tuple[type, type[BaseModel], set[str], set[str]]] = [
             "bnb_4bit_checkpoint",
             "bnb_4bit_constant_bits",
             "bnb_4bit_compute_precision",
+            "scaled_constants",
             "dequantized_checkpoint",
             "vision_tower",
             "bnb_4bit_float_storage",

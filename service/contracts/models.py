@@ -238,6 +238,7 @@ CONFIG_ONLY_FIELDS = (
     "bnb_4bit_checkpoint",
     "bnb_4bit_constant_bits",
     "bnb_4bit_compute_precision",
+    "scaled_constants",
     "vision_tower",
     "bnb_4bit_float_storage",
     "dequantized_checkpoint",

@@ -413,8 +413,18 @@ def _llama(f: _Fields, name: str) -> ModelSpec:
 
 def _granite(f: _Fields, name: str) -> ModelSpec:
     # GraniteConfig: Llama's modules and defaults; embedding_multiplier, attention_multiplier,
-    # residual_multiplier and logits_scaling are scalars without parameters.
-    return _llama(f, name)
+    # residual_multiplier and logits_scaling are scalars without parameters (no count or FLOP changes),
+    # which a framework building its own model must apply (``ModelSpec.scaled_constants``).
+    spec = _llama(f, name)
+    plain = {
+        "embedding_multiplier": 1.0,
+        "attention_multiplier": 1.0 / math.sqrt(spec.head_dim),  # GraniteAttention's scaling itself
+        "residual_multiplier": 1.0,
+        "logits_scaling": 1.0,
+    }
+    # GraniteConfig's defaults are 1.0 each, attention_multiplier too (not 1 / sqrt(head_dim))
+    scaled = tuple(key for key, value in plain.items() if not math.isclose(f.float_or(key, 1.0), value))
+    return dataclasses.replace(spec, scaled_constants=scaled)
 
 
 def _mistral(f: _Fields, name: str) -> ModelSpec:
@@ -1168,7 +1178,7 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
     constant_bits = _nf4_constant_bits(config, model_type) if bnb_4bit else None
     compute = _nf4_compute_precision(config) if bnb_4bit else None
     quantized = (_dequantized_note(stored),) if stored is not None else ()
-    notes = (*quantized, *((_MULTIMODAL_NOTE,) if model_type in _TEXT_CONFIGS else ()))
+    notes = (*quantized, *((_MULTIMODAL_NOTE,) if model_type in _TEXT_CONFIGS else ()), *_mtp_note(config))
     return dataclasses.replace(
         spec,
         hidden_dropout=hidden,
@@ -1183,6 +1193,21 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
         bnb_4bit_float_storage=not bnb_4bit or _nf4_float_storage(config),
         dequantized_checkpoint=stored,
         **_hyperparameters(_text_fields(config, model_type), spec)._asdict(),
+    )
+
+
+def _mtp_note(config: Mapping[str, object]) -> tuple[str, ...]:
+    """What a config's multi-token prediction depth (DeepSeek-V3's num_nextn_predict_layers) leaves to
+    the training: transformers builds no such layer (the count leaves them out), so they train only where
+    training.mtp_num_layers asks Megatron for them (the config stating 1 was read without a word;
+    2025-26 configs review)."""
+    depth = config.get("num_nextn_predict_layers")
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth <= 0:
+        return ()
+    return (
+        f"num_nextn_predict_layers {depth}: the checkpoint's multi-token prediction depth, which "
+        "transformers does not build (not counted); trained only where training.mtp_num_layers asks for "
+        f"it (megatron: mtp_num_layers {depth}, DeepSeek-V3's pretraining)",
     )
 
 

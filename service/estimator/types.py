@@ -322,6 +322,10 @@ class ModelSpec:
     mla: MLASpec | None = None  # DeepSeek-V2/V3 attention instead of q/k/v/o of head_dim
     mla_bias: bool = False  # DeepSeek attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj
     final_logit_softcapping: bool = False  # Gemma 2: tanh(logits / c) * c, whose output autograd keeps
+    # Granite's constant scalings that differ from a plain decoder's (embedding_multiplier,
+    # attention_multiplier other than 1 / sqrt(head_dim), residual_multiplier, logits_scaling): no
+    # parameters or FLOPs, but a framework building its own model must apply them (Megatron-LM cannot)
+    scaled_constants: tuple[str, ...] = ()
     # Gemma 2: tanh(scores / c) * c before the softmax; eager attention keeps the tanh output of every
     # s x s score (FlashAttention >= 2.6 caps inside its kernel, keeping nothing more)
     attn_logit_softcapping: bool = False

@@ -738,7 +738,7 @@ def context_violation(
         )
     if training.attention is Attention.EAGER:
         return _bad("context parallelism needs flash or sdpa attention, not eager", "cp_attention", "cp")
-    windowed = sorted({kind.value for kind in model.layer_types if kind is not AttentionKind.FULL})
+    windowed = sorted(kind.value for kind in binding_windows(model, training.seq_len))
     if layout.framework is Framework.FSDP and windowed:
         # torch's ring attention takes is_causal alone (_attention.py ``_is_causal_behavior``), and
         # Accelerate's context-parallel hook drops the attention mask and sets is_causal=True
@@ -752,6 +752,20 @@ def context_violation(
             "cp",
         )
     return None
+
+
+def binding_windows(model: ModelSpec, seq_len: int) -> frozenset[AttentionKind]:
+    """The layers' windowed attention kinds that mask a key at this sequence length: a sliding window
+    of fewer than ``seq_len`` keys, chunks of fewer than ``seq_len`` tokens. A window as long as the
+    sequence masks nothing (Phi-4-mini's 262,144-key window at 131,072 tokens was refused context
+    parallelism under FSDP as if its windows would be dropped; 2025-26 configs review)."""
+    found = set()
+    for kind in set(model.layer_types):
+        if (kind is AttentionKind.SLIDING and (model.sliding_window or 0) < seq_len) or (
+            kind is AttentionKind.CHUNKED and (model.attention_chunk_size or 0) < seq_len
+        ):
+            found.add(kind)
+    return frozenset(found)
 
 
 def ulysses_violation(model: ModelSpec, layout: Layout) -> Violation:

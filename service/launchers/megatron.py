@@ -19,7 +19,6 @@ from service.estimator.model_states import (
 from service.estimator.params import is_moe_layer
 from service.estimator.types import (
     Attention,
-    AttentionKind,
     GPUSpec,
     Method,
     MlpKind,
@@ -38,6 +37,7 @@ from service.estimator.types import (
     RouterScore,
     TrainingSpec,
 )
+from service.estimator.validate import binding_windows
 from service.frameworks import FRAMEWORKS
 from service.launchers.common import (
     HYPERPARAMETERS,
@@ -194,7 +194,7 @@ def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
         problems.append("ALiBi position embeddings are not in Megatron-LM's GPT model")
     if model.mlp is MlpKind.GEGLU:
         problems.append("GeGLU MLPs are not a pretrain_gpt.py flag (only --swiglu)")
-    if any(kind is not AttentionKind.FULL for kind in model.layer_types):
+    if binding_windows(model, training.seq_len):  # a window as long as the sequence masks nothing
         problems.append("sliding-window / chunked attention layers are not emitted for Megatron-LM")
     if model.qk_norm in (QKNorm.FULL_WIDTH, QKNorm.L2):
         problems.append(f"q/k norm {model.qk_norm.value}: --qk-layernorm normalises per head only")
@@ -206,6 +206,12 @@ def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
         problems.append("biased experts (GPT-OSS) are not emitted for Megatron-LM here")
     if model.final_logit_softcapping:
         problems.append("final-logit soft-capping is not a Megatron-LM GPT option")
+    if model.scaled_constants:
+        # Granite's forward multiplies by them (GraniteModel); Megatron-Core has no residual multiplier,
+        # and its files would train a plain Llama (2025-26 configs review)
+        problems.append(
+            f"{', '.join(model.scaled_constants)} (Granite's constant scalings): not Megatron-LM GPT options"
+        )
     if model.parallel_attn_mlp:
         # TransformerLayer runs attention, then the MLP on its output: no flag reads both off one input
         problems.append(

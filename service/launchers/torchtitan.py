@@ -9,6 +9,7 @@ line, so only models that match a registered flavor are rendered.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from service.estimator.activations import CHUNKED_LOSS_CHUNKS
@@ -176,8 +177,23 @@ CHUNKS = CHUNKED_LOSS_CHUNKS
 LLAMA3_ROPE = (500000.0, 8.0, 1.0, 4.0, 8192)
 
 
+# models/qwen3/__init__.py: every qwen3 flavor is CosSinRoPE(theta=1000000.0), no scaling
+QWEN3_ROPE_THETA = 1_000_000.0
+
+
 def _rope_problem(found: Flavor, model: ModelSpec) -> str | None:
     """Why the flavor's RoPE is not the model's (the run would train another model), or None."""
+    if found.module == "qwen3":
+        # a Qwen3 shape with another base (Qwen3-Coder-30B-A3B and the 2507 releases: 10,000,000) was
+        # launched on the flavor's 1,000,000 (2025-26 configs review)
+        theta = model.rope_theta if model.rope_theta is not None else QWEN3_ROPE_THETA
+        if math.isclose(theta, QWEN3_ROPE_THETA) and model.rope_scaling is None:
+            return None
+        scaled = "" if model.rope_scaling is None else f" and {model.rope_scaling.kind.value} scaling"
+        return (
+            f"torchtitan {VERSION}'s {found.config} applies RoPE base 1000000 without scaling; {model.name} "
+            f"has base {theta:g}{scaled}"
+        )
     if found.module != "llama3":
         return None
     scaling = model.rope_scaling

@@ -357,13 +357,16 @@ def test_each_framework_splits_the_sequence_its_own_way() -> None:
     check(fsdp, training=dataclasses.replace(TRAIN, seq_len=16_384, global_batch_size=2))
     # sliding-window layers: FSDP's ring would drop the window; DeepSpeed-Ulysses keeps it
     windowed = dataclasses.replace(
-        MODEL, sliding_window=4096, layer_types=(AttentionKind.SLIDING, AttentionKind.FULL) * 16
+        MODEL, sliding_window=2048, layer_types=(AttentionKind.SLIDING, AttentionKind.FULL) * 16
     )
     with pytest.raises(InvalidLayout) as err:
         check(Layout(framework=Framework.FSDP, dp=8, cp=2, zero_stage=3), model=windowed)
     assert err.value.rule == "cp_window"
     check(Layout(framework=Framework.FSDP, dp=16, zero_stage=3), model=windowed)
     check(Layout(framework=Framework.DEEPSPEED, dp=8, cp=2, zero_stage=3), model=windowed)
+    # a window as long as the sequence masks nothing (Phi-4-mini's 262,144 keys at 131,072 tokens)
+    unbinding = dataclasses.replace(windowed, sliding_window=TRAIN.seq_len)
+    check(Layout(framework=Framework.FSDP, dp=8, cp=2, zero_stage=3), model=unbinding)
 
 
 def test_max_seq_len_is_a_length_the_layout_splits() -> None:

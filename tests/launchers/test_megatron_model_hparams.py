@@ -61,7 +61,9 @@ def test_mistral_7b_base_and_its_refusal() -> None:
     # layer, which pretrain_gpt.py is not given: refused; without the window the base is emitted
     spec = model("mistral-7b").spec
     assert (spec.rope_theta, spec.norm_eps) == (10000.0, 1e-5)
-    assert "sliding-window" in refusal(spec)
+    assert "sliding-window" in (megatron.job_refusal(spec, training(seq_len=8192)) or "")
+    # a window of 4,096 keys masks nothing of a 4,096-token sequence: Megatron's full causal attention
+    assert megatron.job_refusal(spec, training(seq_len=4096)) is None
     unwindowed = dataclasses.replace(spec, layer_types=(), sliding_window=None)
     f = args_of(unwindowed)
     assert (f["--rotary-base"], f["--norm-epsilon"]) == ("10000", "1e-05")
@@ -253,3 +255,14 @@ def test_multi_token_prediction_runs_with_mla_yarn_only() -> None:
     yarn = RopeScaling(kind=RopeScalingKind.YARN, factor=4.0, original_max_position_embeddings=32768)
     reason = megatron.job_refusal(llama_with(yarn), mtp)
     assert reason is not None and "multi-token prediction with YaRN" in reason
+
+
+def test_granites_constant_scalings_are_refused() -> None:
+    """GraniteModel multiplies the embeddings, attention scores, residual branches and logits by
+    constants Megatron-LM's GPT has no flags for (no residual multiplier in Megatron-Core): its files
+    trained a plain Llama (2025-26 configs review). A Granite config with the plain values renders."""
+    granite = model("granite-3.3-8b").spec
+    reason = refusal(granite)
+    assert "residual_multiplier" in reason and "logits_scaling" in reason
+    plain = dataclasses.replace(granite, scaled_constants=())
+    assert megatron.job_refusal(plain, training()) is None

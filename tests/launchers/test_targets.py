@@ -1333,3 +1333,14 @@ def test_two_plans_of_one_model_name_their_kubernetes_objects_apart() -> None:
         return {d["metadata"]["name"] for d in kubernetes.manifests(chosen)}
 
     assert names(first) == names(first) and not names(first) & names(second)
+
+
+def test_torchtitan_refuses_a_qwen3_shape_with_another_rope_base() -> None:
+    """torchtitan 0.3.0's qwen3 flavors apply RoPE base 1,000,000 without scaling: the Qwen3-30B-A3B
+    shape with the 2507 / Coder releases' 10,000,000 was launched on it (2025-26 configs review)."""
+    from service.catalog.models import model as preset
+
+    qwen = preset("qwen3-30b-a3b").spec
+    assert torchtitan.job_refusal(qwen, training()) is None
+    reason = torchtitan.job_refusal(replace(qwen, rope_theta=10_000_000.0), training())
+    assert reason is not None and "RoPE base 1000000" in reason and "1e+07" in reason
