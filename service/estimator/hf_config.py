@@ -1147,6 +1147,23 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
 MAX_NAME_CHARS = 200  # a model's name, as plans store it
 
 
+def _architecture_hint(config: Mapping[str, object]) -> str:
+    """Where an unsupported model_type's ``architectures`` names a supported family's class (Kimi K2's
+    model_type kimi_k2 is a DeepseekV3ForCausalLM, loaded with trust_remote_code), what it would be read
+    as: the refusal says so (2025-26 configs review), without reading it so unasked."""
+    classes = config.get("architectures")
+    if not isinstance(classes, list) or not classes or not isinstance(classes[0], str):
+        return ""
+    stem = classes[0].lower().removesuffix("forcausallm")
+    found = next((t for t in SUPPORTED_MODEL_TYPES if t.replace("_", "").replace("-", "") == stem), None)
+    if found is None:
+        return ""
+    return (
+        f"; its architectures names {classes[0]}, a {found!r} model: sent with model_type {found!r} it is "
+        "read as one (the launch files then load it as that family, not with its remote code)"
+    )
+
+
 def model_from_hf_config(config: Mapping[str, object], *, name: str | None = None) -> ModelSpec:
     """The ModelSpec of a Hugging Face ``config.json`` (already parsed into a mapping)."""
     model_type = config.get("model_type")
@@ -1157,7 +1174,8 @@ def model_from_hf_config(config: Mapping[str, object], *, name: str | None = Non
     builder = _BUILDERS.get(model_type)
     if builder is None:
         raise InvalidModel(
-            f"hf_config model_type {model_type!r} is not supported; supported: {list(SUPPORTED_MODEL_TYPES)}",
+            f"hf_config model_type {model_type!r} is not supported; supported: {list(SUPPORTED_MODEL_TYPES)}"
+            + _architecture_hint(config),
             rule="hf_config_model_type",
             field="hf_config.model_type",
         )

@@ -475,3 +475,16 @@ def test_a_decoder_with_another_head_than_the_language_model_is_refused() -> Non
     for head in ("Qwen2ForCausalLM", "Qwen2LMHeadModel", "Qwen2VLForConditionalGeneration"):
         assert model_from_hf_config(QWEN2_SMALL | {"architectures": [head]}).vocab_size == 151936
     assert model_from_hf_config(QWEN2_SMALL).vocab_size == 151936  # no architectures: the checkpoint's own
+
+
+def test_an_unsupported_model_type_of_a_supported_class_says_what_it_would_be_read_as() -> None:
+    """Kimi K2's config says model_type kimi_k2 and architectures DeepseekV3ForCausalLM: the refusal
+    names the family its class is (2025-26 configs review); another unknown class adds nothing."""
+    from service.estimator.errors import InvalidModel
+    from service.estimator.hf_config import model_from_hf_config
+
+    with pytest.raises(InvalidModel, match="a 'deepseek_v3' model: sent with model_type 'deepseek_v3'"):
+        model_from_hf_config({"model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"]})
+    with pytest.raises(InvalidModel) as refused:
+        model_from_hf_config({"model_type": "foo", "architectures": ["FooForCausalLM"]})
+    assert "architectures" not in str(refused.value)
