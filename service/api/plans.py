@@ -35,11 +35,11 @@ from service.errors import NotFound, Unprocessable
 from service.launchers.common import JSON, MEDIA_TYPES
 from service.persistence.repository import (
     PLANS_LIST,
-    RUNS_LIST,
     InvalidCursor,
     PlanFilters,
     decode_cursor,
     encode_cursor,
+    runs_list,
 )
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=PROBLEM_RESPONSES)
@@ -255,7 +255,7 @@ def list_runs(
     """Oldest first; pass `next_cursor` back as `cursor` for the next page."""
     planning.stored_plan(plans, plan_id)
     try:
-        after = decode_cursor(cursor, RUNS_LIST) if cursor else None
+        after = decode_cursor(cursor, runs_list(plan_id)) if cursor else None
     except InvalidCursor as exc:
         raise Unprocessable(str(exc), errors=[{"field": "query.cursor", "message": str(exc)}]) from exc
     rows, next_cursor = plans.runs_page(plan_id, limit=limit, after_id=after)

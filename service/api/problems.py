@@ -102,8 +102,9 @@ def problem_response(
         "detail": detail,
     }
     if instance is not None:
-        # a URI reference (RFC 9457 3.1.5), where callers give the decoded path: /v1/plans/%C3%A9%20x was
-        # answered as "/v1/plans/é x" (HTTP-semantics review)
+        # a URI reference (RFC 9457 3.1.5) of the decoded path callers give (the scope's "path": Starlette's
+        # request.url.path is already partly re-encoded, ? # \ as %3F %23 %5C, which this encoded again):
+        # /v1/plans/%C3%A9%20x was answered as "/v1/plans/é x" (HTTP-semantics review)
         body["instance"] = quote(instance, safe="/:@!$&'()*+,;=")
     if errors:
         body["errors"] = errors
@@ -257,7 +258,7 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
         exc.detail,
         slug=exc.slug,
         errors=exc.errors,
-        instance=request.url.path,
+        instance=request.scope["path"],
         headers=headers,
     )
 
@@ -336,7 +337,7 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
         503,
         f"{why}; nothing was stored; retry after {RETRY_AFTER_S} s",
         slug="unavailable",
-        instance=request.url.path,
+        instance=request.scope["path"],
         headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
@@ -349,14 +350,14 @@ async def _estimator_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.allowed is not None:
         error["allowed"] = list(exc.allowed)  # as a literal's values are said
     errors = [error]
-    return problem_response(422, exc.message, slug=exc.rule, errors=errors, instance=request.url.path)
+    return problem_response(422, exc.message, slug=exc.rule, errors=errors, instance=request.scope["path"])
 
 
 async def _unknown_entry(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, UnknownCatalogEntry)
     # Reached from path lookups (GET /v1/gpus/{name}); names inside a body are turned into 422s
     # naming the field where the body is resolved (api/schemas/).
-    return problem_response(404, str(exc), slug="not-found", instance=request.url.path)
+    return problem_response(404, str(exc), slug="not-found", instance=request.scope["path"])
 
 
 async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
@@ -364,10 +365,12 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     errors = _validation_errors(exc)
     if any(e["type"] == "json_invalid" for e in errors):
         return problem_response(
-            400, "Malformed JSON body", slug="malformed-json", errors=errors, instance=request.url.path
+            400, "Malformed JSON body", slug="malformed-json", errors=errors, instance=request.scope["path"]
         )
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
-    return problem_response(422, detail, slug="validation-error", errors=errors, instance=request.url.path)
+    return problem_response(
+        422, detail, slug="validation-error", errors=errors, instance=request.scope["path"]
+    )
 
 
 # FastAPI's answer to a body json.loads raised on with anything but a JSONDecodeError (fastapi/routing.py)
@@ -398,7 +401,7 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
             f"Malformed JSON body: {reason}",
             slug="malformed-json",
             errors=errors,
-            instance=request.url.path,
+            instance=request.scope["path"],
         )
     detail = exc.detail if isinstance(exc.detail, str) else status_phrase(status)
     if status == 404 and detail == "Not Found":
@@ -411,7 +414,9 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
             f"Method {request.method} is not allowed on {request.url.path}; allowed: {', '.join(allowed)}"
         )
     slug = {404: "not-found", 405: "method-not-allowed"}.get(status, "http-error")
-    return problem_response(status, detail, slug=slug, instance=request.url.path, headers=headers or None)
+    return problem_response(
+        status, detail, slug=slug, instance=request.scope["path"], headers=headers or None
+    )
 
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
@@ -449,7 +454,7 @@ def _concurrent_change(request: Request, why: str) -> JSONResponse:
         409,
         f"{why}; nothing was stored: read the resource again and retry",
         slug="conflict",
-        instance=request.url.path,
+        instance=request.scope["path"],
     )
 
 
@@ -463,7 +468,7 @@ async def _stale_row(request: Request, exc: Exception) -> JSONResponse:
             412,
             f"If-Match {request.headers['if-match']}: {why}; nothing was stored: read it again",
             slug="precondition-failed",
-            instance=request.url.path,
+            instance=request.scope["path"],
         )
     return _concurrent_change(request, why)
 

@@ -24,6 +24,7 @@ from service.estimator.types import (
     TrainingSpec,
 )
 from service.estimator.validate import (
+    checkpoint_hardware_violation,
     checkpoint_violation,
     flash_head_dim_violation,
     position_table_violation,
@@ -178,6 +179,9 @@ class TrainingIn(Strict):
             training = self._to_domain(model)
             if (table := position_table_violation(model, training)) is not None:
                 raise table
+            # a GPU without the checkpoint's compute dtype first: no precision it runs is the checkpoint's
+            if gpu is not None and (unrun := checkpoint_hardware_violation(model, gpu)) is not None:
+                raise unrun
             if (stored := checkpoint_violation(model, training)) is not None:
                 raise stored
             if (wide := flash_head_dim_violation(model, training)) is not None:
@@ -213,7 +217,11 @@ class TrainingIn(Strict):
         return TrainingSpec(
             seq_len=self.seq_len,
             global_batch_size=self.global_batch_size,
-            precision=self.precision or Precision.BF16,  # a placeholder until for_gpu resolves it
+            # a placeholder until for_gpu resolves it: a stored 4-bit checkpoint's own compute dtype,
+            # which the rules before for_gpu compare with (checkpoint_violation)
+            precision=self.precision
+            or (model.bnb_4bit_compute_precision if model is not None else None)
+            or Precision.BF16,
             optimizer=self.optimizer,
             optimizer_implementation=self.optimizer_implementation,
             method=self.method,

@@ -81,14 +81,14 @@ def for_gpu(training: TrainingSpec, gpu: GPUSpec, model: ModelSpec) -> TrainingS
     if training.attention is None:  # built without one: left to the hardware, and named so
         defaults = defaults | {"attention"}
     precision = best_precision(gpu) if "precision" in defaults else training.precision
+    if "precision" in defaults and precision is Precision.FP16 and model.family in FP16_OVERFLOW_FAMILIES:
+        precision = Precision.FP32  # its activations overflow fp16 (FP16_OVERFLOW_FAMILIES)
     stored = model.bnb_4bit_compute_precision
     if "precision" in defaults and stored is not None:
         # a stored 4-bit checkpoint computes in its saved dtype whatever the rest loads in: trained in
         # another, its GEMMs ran bf16 on a T4 timed at fp16 (defaults review); where the GPU lacks it,
-        # hardware_violation says so naming the precision
+        # validate.checkpoint_hardware_violation says so
         precision = stored
-    if "precision" in defaults and precision is Precision.FP16 and model.family in FP16_OVERFLOW_FAMILIES:
-        precision = Precision.FP32  # its activations overflow fp16 (FP16_OVERFLOW_FAMILIES)
     attention = best_attention(gpu, precision, model) if "attention" in defaults else training.attention
     flash = gpu.flash_attention  # what SDPA dispatches to follows it, whatever the request said
     if (

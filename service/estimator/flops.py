@@ -113,8 +113,7 @@ def causal_keys_per_query(model: ModelSpec, kind: AttentionKind, seq_len: int) -
     if model.bidirectional:
         # BERT's self-attention (is_causal False): the flash kernels then run every key block too
         return float(seq_len)
-    if kind is AttentionKind.SLIDING and model.sliding_window is not None and model.sliding_window < seq_len:
-        w = model.sliding_window
+    if kind is AttentionKind.SLIDING and (w := model.attention_span(kind, seq_len)) < seq_len:
         return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
     if kind is AttentionKind.CHUNKED and model.attention_chunk_size is not None:
         c = min(model.attention_chunk_size, seq_len)

@@ -1158,6 +1158,9 @@ def _architecture_hint(config: Mapping[str, object]) -> str:
     found = next((t for t in SUPPORTED_MODEL_TYPES if t.replace("_", "").replace("-", "") == stem), None)
     if found is None:
         return ""
+    # a wrapper's text-only class (Gemma3ForCausalLM, Llama4ForCausalLM) is its text model's config, not
+    # the wrapper's with a text_config (the hint named gemma3, which then asked for one; change review)
+    found = _TEXT_CONFIGS.get(found, found)
     return (
         f"; its architectures names {classes[0]}, a {found!r} model: sent with model_type {found!r} it is "
         "read as one (the launch files then load it as that family, not with its remote code)"

@@ -38,6 +38,7 @@ from service.estimator.types import (
     ClusterSpec,
     Compile,
     Framework,
+    GPUSpec,
     Head,
     Layout,
     Method,
@@ -759,13 +760,11 @@ def binding_windows(model: ModelSpec, seq_len: int) -> frozenset[AttentionKind]:
     of fewer than ``seq_len`` keys, chunks of fewer than ``seq_len`` tokens. A window as long as the
     sequence masks nothing (Phi-4-mini's 262,144-key window at 131,072 tokens was refused context
     parallelism under FSDP as if its windows would be dropped; 2025-26 configs review)."""
-    found = set()
-    for kind in set(model.layer_types):
-        if (kind is AttentionKind.SLIDING and (model.sliding_window or 0) < seq_len) or (
-            kind is AttentionKind.CHUNKED and (model.attention_chunk_size or 0) < seq_len
-        ):
-            found.add(kind)
-    return frozenset(found)
+    return frozenset(
+        kind
+        for kind in set(model.layer_types)
+        if kind is not AttentionKind.FULL and model.attention_span(kind, seq_len) < seq_len
+    )
 
 
 def ulysses_violation(model: ModelSpec, layout: Layout) -> Violation:
@@ -1086,6 +1085,23 @@ def checkpoint_violation(model: ModelSpec, training: TrainingSpec) -> InvalidTra
         "or the config of its 16-bit weights",
         rule="checkpoint_quantization",
         field="method",
+    )
+
+
+def checkpoint_hardware_violation(model: ModelSpec, gpu: GPUSpec) -> InvalidTraining | None:
+    """A stored 4-bit checkpoint whose saved compute dtype (``ModelSpec.bnb_4bit_compute_precision``)
+    the GPU has no units for: every precision the GPU runs is another than the checkpoint computes in
+    (``checkpoint_violation``), so it is said once, with the way out (the change review found a V100
+    answering "runs fp16" for a bf16 checkpoint, then refusing fp16)."""
+    stored = model.bnb_4bit_compute_precision
+    if stored is None or gpu.peak_flops_per_s.of(stored) is not None:
+        return None
+    return InvalidTraining(
+        f"{model.name}'s 4-bit checkpoint computes in {stored.value} (its saved quantization_config's "
+        f"bnb_4bit_compute_dtype), which {gpu.name} has no {stored.value} units for: plan its 16-bit weights "
+        "(the config without quantization_config; QLoRA quantizes them at load in a precision the GPU runs)",
+        rule="checkpoint_compute_dtype",
+        field="precision",
     )
 
 

@@ -233,6 +233,11 @@ def _megatron_refusal(plan: Plan) -> Refusal:
             "RMSNorm or RoPE), or refuses the model type: it would train another network; use the megatron "
             "target"
         )
+    if for_gpu(plan.training, plan.cluster.gpu, plan.model).attention is Attention.EAGER:
+        # the plugin builds Megatron's GPT with --attention-backend at its default, auto (Transformer
+        # Engine's flash or fused kernel), and has no setting for it: eager's s x s square is not what runs
+        # (the megatron target passes --attention-backend unfused; change review)
+        return "attention eager: MegatronLMPlugin has no attention-backend setting; use the megatron target"
     if lo.cp > 1:
         # accelerator.py: dp_degree = num_processes // (tp_degree * pp_degree), then global_batch_size =
         # dp_degree x micro x num_micro_batches: cp x the plan's batch (launch review)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -100,7 +101,7 @@ def manifests(plan: Plan, via: Target | None = None) -> list[dict[str, Any]]:
     # the plan's own digest after the model's name: two plans of one model named the same PyTorchJob and
     # ConfigMap, so applying the second replaced the first's mounted files under its running pods
     # (injection review); the same plan renders the same name
-    digest = _plan_digest(plan)
+    digest = _rendered_digest(plan, command, job.env, job.files)
     name = dns_label("trainplan-" + plan.model.name, 63 - suffix - len(digest) - 1) + "-" + digest
     has_files = bool(job.files)
     container = _container(plan, command, job.env, has_files)
@@ -135,16 +136,18 @@ def manifests(plan: Plan, via: Target | None = None) -> list[dict[str, Any]]:
     return documents
 
 
-def _plan_digest(plan: Plan) -> str:
-    """Six hex digits of what tells the plan's jobs apart (the model, the cluster's shape, the training's
-    batch, sequence, precision and method, the layout as its summary writes it): the same for the same
-    plan in any process (no repr of a set, whose order the process's hash seed changes)."""
-    t, c = plan.training, plan.cluster
-    said = (
-        f"{plan.model.name}|{c.gpu.name}|{c.num_nodes}x{c.gpus_per_node}|{t.global_batch_size}|{t.seq_len}|"
-        f"{t.precision.value}|{t.method.value}|{layout_summary(plan)}"
-    )
-    return hashlib.sha256(said.encode()).hexdigest()[:6]
+def _rendered_digest(
+    plan: Plan, command: list[str], env: Sequence[tuple[str, str]], files: Sequence[Artifact]
+) -> str:
+    """Six hex digits of what the job runs: its command, environment and mounted files, the cluster's
+    shape and the layout as its summary writes it. Two plans that render anything differently (a LoRA
+    rank, a token budget, an optimizer) name their objects apart (a digest of the batch and shape alone
+    gave two LoRA ranks one ConfigMap; change review); the same plan names them alike in any process."""
+    c = plan.cluster
+    said = [layout_summary(plan), f"{c.gpu.name}|{c.num_nodes}x{c.gpus_per_node}", *command]
+    said += [f"{key}={value}" for key, value in env]
+    said += [f"{f.name}\n{f.content}" for f in files]
+    return hashlib.sha256("\0".join(said).encode()).hexdigest()[:6]
 
 
 class _Dumper(yaml.SafeDumper):

@@ -196,6 +196,15 @@ def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
         problems.append("GeGLU MLPs are not a pretrain_gpt.py flag (only --swiglu)")
     if binding_windows(model, training.seq_len):  # a window as long as the sequence masks nothing
         problems.append("sliding-window / chunked attention layers are not emitted for Megatron-LM")
+    if model.family == "llama4":
+        # its chunked layers are its RoPE layers: the full ones use no position embedding (no_rope_layers),
+        # and Llama4TextMoe multiplies the router scores into the experts' input; neither is emitted
+        # (a Maverick plan at 8,192 tokens, its chunks then masking nothing, rendered RoPE on every layer;
+        # change review)
+        problems.append(
+            "Llama 4's NoPE layers and router scores applied to the experts' input are not emitted for "
+            "Megatron-LM here"
+        )
     if model.qk_norm in (QKNorm.FULL_WIDTH, QKNorm.L2):
         problems.append(f"q/k norm {model.qk_norm.value}: --qk-layernorm normalises per head only")
     if model.attention_sinks:

@@ -17,7 +17,14 @@ from sqlalchemy import CursorResult, Select, delete, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 
 from service.persistence.db import WRITER_OPTION
-from service.persistence.models import LOCAL_OWNER, ClusterRecord, IdempotencyKeyRecord, PlanRecord, RunRecord
+from service.persistence.models import (
+    LOCAL_OWNER,
+    ApiKeyRecord,
+    ClusterRecord,
+    IdempotencyKeyRecord,
+    PlanRecord,
+    RunRecord,
+)
 
 Row = TypeVar("Row")
 
@@ -26,10 +33,19 @@ class InvalidCursor(ValueError):
     pass
 
 
-# the lists a cursor pages (``encode_cursor``'s kind): their tables' names
+# the lists a cursor pages (``encode_cursor``'s kind): their tables' names, and for a list within a
+# table, whose it is (a plan's runs, an owner's keys: a cursor of plan A's runs paged plan B's from A's
+# position, skipping B's older runs; change review)
 CLUSTERS_LIST = ClusterRecord.__tablename__
 PLANS_LIST = PlanRecord.__tablename__
-RUNS_LIST = RunRecord.__tablename__
+
+
+def runs_list(plan_id: str) -> str:
+    return f"{RunRecord.__tablename__}/{plan_id}"
+
+
+def keys_list(owner: str | None) -> str:
+    return f"{ApiKeyRecord.__tablename__}/{'' if owner is None else owner}"
 
 
 def encode_cursor(last_id: str, kind: str) -> str:
@@ -59,6 +75,7 @@ def ascending_page(
     *,
     limit: int,
     after_id: str | None,
+    kind: str,
 ) -> tuple[Sequence[Row], str | None]:
     """``limit`` rows of ``query`` in ``column`` (an id) order after ``after_id``, and the cursor of the
     page after them (the last id of this one; None: the last page)."""
@@ -66,7 +83,6 @@ def ascending_page(
     if after_id is not None:
         query = query.where(column > after_id)
     rows = session.scalars(query).all()
-    kind = column.class_.__tablename__
     next_cursor = encode_cursor(getattr(rows[limit - 1], column.key), kind) if len(rows) > limit else None
     return rows[:limit], next_cursor
 
@@ -105,7 +121,9 @@ class ClusterRepository:
 
     def list_page(self, *, limit: int, after_id: str | None) -> tuple[Sequence[ClusterRecord], str | None]:
         query = select(ClusterRecord).where(ClusterRecord.owner == self.owner)
-        return ascending_page(self.session, query, ClusterRecord.id, limit=limit, after_id=after_id)
+        return ascending_page(
+            self.session, query, ClusterRecord.id, limit=limit, after_id=after_id, kind=CLUSTERS_LIST
+        )
 
     def add(self, record: ClusterRecord) -> ClusterRecord:
         record.owner = self.owner
@@ -197,7 +215,9 @@ class PlanRepository:
     ) -> tuple[Sequence[RunRecord], str | None]:
         """The plan's runs, oldest first."""
         query = select(RunRecord).where(RunRecord.owner == self.owner, RunRecord.plan_id == plan_id)
-        return ascending_page(self.session, query, RunRecord.id, limit=limit, after_id=after_id)
+        return ascending_page(
+            self.session, query, RunRecord.id, limit=limit, after_id=after_id, kind=runs_list(plan_id)
+        )
 
     def runs_on_hardware(
         self, hardware_keys: Sequence[str], framework: str | None = None, *, limit: int | None = None

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from service.errors import NotFound, Unprocessable
 from service.persistence.db import utcnow
 from service.persistence.models import LOCAL_OWNER, ApiKeyRecord
-from service.persistence.repository import InvalidCursor, ascending_page, decode_cursor
+from service.persistence.repository import InvalidCursor, ascending_page, decode_cursor, keys_list
 
 # read: GET everything the owner has, and computations that store nothing (estimates, capacity,
 # model resolution);
@@ -71,13 +71,13 @@ def list_keys(
     """A page of keys in id order after ``cursor`` (a previous page's next_cursor), and the next
     page's cursor (None: the last page), as every list pages."""
     try:
-        after = decode_cursor(cursor, ApiKeyRecord.__tablename__) if cursor else None
+        after = decode_cursor(cursor, keys_list(owner)) if cursor else None
     except InvalidCursor as exc:
         raise Unprocessable(str(exc), errors=[{"field": "query.cursor", "message": str(exc)}]) from exc
     query = select(ApiKeyRecord)
     if owner is not None:
         query = query.where(ApiKeyRecord.owner == owner)
-    return ascending_page(session, query, ApiKeyRecord.id, limit=limit, after_id=after)
+    return ascending_page(session, query, ApiKeyRecord.id, limit=limit, after_id=after, kind=keys_list(owner))
 
 
 def get_key(session: Session, key_id: str) -> ApiKeyRecord:

@@ -488,3 +488,6 @@ def test_an_unsupported_model_type_of_a_supported_class_says_what_it_would_be_re
     with pytest.raises(InvalidModel) as refused:
         model_from_hf_config({"model_type": "foo", "architectures": ["FooForCausalLM"]})
     assert "architectures" not in str(refused.value)
+    # a wrapper's text-only class is its text model's config (gemma3 would ask for a text_config)
+    with pytest.raises(InvalidModel, match="a 'gemma3_text' model"):
+        model_from_hf_config({"model_type": "my_gemma3", "architectures": ["Gemma3ForCausalLM"]})

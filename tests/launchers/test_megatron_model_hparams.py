@@ -266,3 +266,13 @@ def test_granites_constant_scalings_are_refused() -> None:
     assert "residual_multiplier" in reason and "logits_scaling" in reason
     plain = dataclasses.replace(granite, scaled_constants=())
     assert megatron.job_refusal(plain, training()) is None
+
+
+def test_llama_4_is_refused_even_where_its_chunks_mask_nothing() -> None:
+    """Llama 4's chunked layers are its RoPE layers, the full ones NoPE, and its MoE scales the experts'
+    input by the router scores: at 8,192 tokens its chunks mask nothing, and a Maverick plan rendered RoPE on
+    every layer (change review)."""
+    maverick = model("llama-4-maverick-17b-128e").spec
+    for seq_len in (4096, 8192, 16384):
+        reason = megatron.job_refusal(maverick, training(seq_len=seq_len))
+        assert reason is not None and "NoPE" in reason

@@ -1328,11 +1328,18 @@ def test_two_plans_of_one_model_name_their_kubernetes_objects_apart() -> None:
     pods (injection review); the same plan keeps its name."""
     first = plan(nodes=2, framework=Framework.DEEPSPEED, zero_stage=3, train=training(global_batch_size=64))
     second = plan(nodes=2, framework=Framework.DEEPSPEED, zero_stage=3, train=training(global_batch_size=256))
+    lora = training(method=Method.LORA, lora_rank=16)
+    ranks = [
+        plan(nodes=2, framework=Framework.FSDP, zero_stage=3, train=replace(lora, lora_rank=r))
+        for r in (16, 64)
+    ]
 
     def names(chosen: Plan) -> set[str]:
         return {d["metadata"]["name"] for d in kubernetes.manifests(chosen)}
 
     assert names(first) == names(first) and not names(first) & names(second)
+    # what only a mounted file says (the adapters' rank) names them apart too (change review)
+    assert not names(ranks[0]) & names(ranks[1])
 
 
 def test_torchtitan_refuses_a_qwen3_shape_with_another_rope_base() -> None:
@@ -1344,3 +1351,21 @@ def test_torchtitan_refuses_a_qwen3_shape_with_another_rope_base() -> None:
     assert torchtitan.job_refusal(qwen, training()) is None
     reason = torchtitan.job_refusal(replace(qwen, rope_theta=10_000_000.0), training())
     assert reason is not None and "RoPE base 1000000" in reason and "1e+07" in reason
+
+
+def test_accelerates_megatron_plugin_refuses_eager_attention() -> None:
+    """MegatronLMPlugin has no attention-backend setting: Megatron's auto runs Transformer Engine's flash
+    or fused kernel, not the eager square estimated (change review); the megatron target runs it."""
+    from service.catalog.models import model as preset
+
+    gpt2 = preset("gpt2").spec
+    eager = plan(
+        model=gpt2, framework=Framework.MEGATRON, train=training(seq_len=1024, attention=Attention.EAGER)
+    )
+    reason = REFUSALS[Target.ACCELERATE](eager)
+    assert reason is not None and "attention eager" in reason
+    assert REFUSALS[Target.MEGATRON](eager) is None
+    flash = plan(
+        model=gpt2, framework=Framework.MEGATRON, train=training(seq_len=1024, attention=Attention.FLASH)
+    )
+    assert "attention" not in (REFUSALS[Target.ACCELERATE](flash) or "")
