@@ -156,7 +156,9 @@ class CapacityRequest(Strict):
             raise FieldError("gpu_hour_cost must be >= 0", "gpu_hour_cost")
         if any(v > MAX_GPU_HOUR_COST for v in values):  # as a plan's constraints.gpu_hour_cost
             raise FieldError(
-                f"gpu_hour_cost must be <= {MAX_GPU_HOUR_COST:,.0f} per GPU-hour", "gpu_hour_cost"
+                f"gpu_hour_cost must be <= {MAX_GPU_HOUR_COST:,.0f} per GPU-hour",
+                "gpu_hour_cost",
+                limit=int(MAX_GPU_HOUR_COST),
             )
         return self
 

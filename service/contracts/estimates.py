@@ -14,7 +14,7 @@ from pydantic_core import CoreSchema, core_schema
 from service.contracts.clusters import ClusterChoice
 from service.contracts.common import Strict, no_documented_default
 from service.contracts.models import ModelRef
-from service.contracts.training import TrainingIn
+from service.contracts.training import MAX_GLOBAL_BATCH, TrainingIn
 from service.estimator.calibration import OLDER_ESTIMATOR_WEIGHT, OTHER_FAMILY_WEIGHT, RECENCY_HALF_LIFE_DAYS
 from service.estimator.errors import InvalidLayout
 from service.estimator.types import (
@@ -115,13 +115,13 @@ class LayoutIn(Strict):
     micro_batch_size: int = Field(
         default=1,
         ge=1,
-        le=1_000_000,
+        le=MAX_GLOBAL_BATCH,  # as large as a global batch: the search answers such layouts (boundary review)
         description="sequences per GPU per forward; left out (or null): 1, or with "
         "gradient_accumulation_steps the global batch over it and dp (named in resolved_defaults)",
         json_schema_extra=no_documented_default,  # sent at 1 beside gradient_accumulation_steps: a 422
     )
     virtual_pipeline_stages: int = Field(default=1, ge=1, le=1024)
-    gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=1_000_000)
+    gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     activation_offload: bool = Field(default=False, json_schema_extra=LABEL_SWITCH)
     optimizer_in_backward: bool = Field(default=False, json_schema_extra=LABEL_SWITCH)
     chunked_loss: bool = Field(

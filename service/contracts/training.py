@@ -47,10 +47,14 @@ HF_OPTIM_NAMES: dict[str, tuple[Optimizer, OptimizerImplementation | None]] = {
 }
 
 
+# sequences per optimizer step: a layout's micro-batch and accumulation steps may each be as many
+MAX_GLOBAL_BATCH = 100_000_000
+
+
 class TrainingIn(Strict):
     # the document states the scale bound the service refuses past, with its reasons (scale.py)
     seq_len: int = Field(ge=1, le=MAX_SEQ_LEN.limit, json_schema_extra=documented_maximum(MAX_SEQ_LEN.limit))
-    global_batch_size: int = Field(ge=1, le=100_000_000, description="sequences per optimizer step")
+    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH, description="sequences per optimizer step")
     precision: Precision | None = Field(
         default=None,
         description="default: resolved from the GPU (bf16 where it has bf16 units as fast as its fp16 "

@@ -17,6 +17,7 @@ from service.contracts.clusters import (
     ClusterReplace,
     ClusterShape,
 )
+from service.contracts.common import FieldError
 from service.contracts.gpus import CustomGPU
 from service.contracts.models import ModelRef
 from service.errors import Conflict, NotFound, PreconditionFailed, Unprocessable
@@ -216,15 +217,32 @@ def update_cluster(
     try:
         replacement = ClusterCreate.model_validate(merged)
     except ValidationError as exc:  # e.g. a stored custom GPU that no longer validates
-        errors = [
-            {"field": ".".join(map(str, e["loc"])), "message": e["msg"], "type": e["type"]}
-            for e in exc.errors()
-        ]
-        raise Unprocessable("the patched cluster is not valid", errors=errors) from exc
+        raise Unprocessable("the patched cluster is not valid", errors=_patch_errors(exc)) from exc
     replacement._sent_as |= patch._sent_as  # its errors name the twins the PATCH sent
     _check_name_free(repo, replacement.name, record.id)
     _apply(record, replacement)
     return _save(repo, record)
+
+
+def _patch_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """The errors of a patched cluster as a POST names them: a model validator's refusal (``FieldError``,
+    the GPU count past the service's scale) names its field and limit, which the patch lost (field "",
+    no limit: a boundary review)."""
+    errors = []
+    for e in exc.errors():
+        refused = (e.get("ctx") or {}).get("error")
+        entry: dict[str, Any] = {
+            "field": ".".join(map(str, e["loc"])),
+            "message": e["msg"],
+            "type": e["type"],
+        }
+        if isinstance(refused, FieldError):
+            entry["field"] = ".".join(filter(None, (entry["field"], refused.field)))
+            entry["message"] = str(refused)
+            if refused.limit is not None:
+                entry["limit"] = {"le": refused.limit}
+        errors.append(entry)
+    return errors
 
 
 def delete_cluster(

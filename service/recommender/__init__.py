@@ -69,7 +69,6 @@ from service.recommender import headroom, rank
 from service.recommender.budget import Budget
 from service.recommender.collector import fewer_collections
 from service.recommender.space import (
-    MAX_CP,
     MegatronLmSwitches,
     OffloadDevices,
     RejectionLog,
@@ -82,6 +81,7 @@ from service.recommender.space import (
     least_bytes_per_gpu,
     least_state_bytes,
     make_layout,
+    max_cp,
     megatron_lm_switches,
     micro_batch_sizes,
     offload_devices,
@@ -1229,7 +1229,8 @@ def _search_counts(
         if gpus > largest:  # the cheap bound: no split uses this many GPUs, so none is built
             detail = (
                 f"{gpus} GPUs: no split of this job uses more than {largest:,} (dp <= global batch "
-                f"{training.global_batch_size}, tp <= a node, pp <= layers + 2, cp <= {MAX_CP} and "
+                f"{training.global_batch_size}, tp <= a node, pp <= layers + 2, "
+                f"cp <= {max_cp(training.seq_len)} and "
                 f"seq_len / 2{'; qlora: tp = pp = 1' if training.method is Method.QLORA else ''})"
             )
             result.log.add("invalid: past_every_split", 1, Layout(dp=gpus), detail)

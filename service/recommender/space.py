@@ -12,7 +12,7 @@ A layout is built in three layers, each generated lazily and pruned as early as 
   table, and the flags the search turns on);
 
 every rule is the validator's own (``service.estimator.validate``), called at the level where its
-fields are chosen; only keeping TP inside a node and ``MAX_CP`` are the search's policy;
+fields are chosen; only keeping TP inside a node and ``max_cp`` are the search's policy;
 * memory knobs (recompute, interleaving) and the micro-batch, chosen by the search.
 
 Sequence parallelism is switched on whenever tp > 1 where the framework has it: it shards what plain
@@ -76,6 +76,17 @@ from service.frameworks import (
 from service.launchers import data_parallel_only, framework_job_refusal, framework_structure_refusal
 
 MAX_CP = 32  # context parallelism beyond 32 ranks only pays off past the catalog's context lengths
+# ... and past them, as many ranks as keep this many tokens each: at the longest sequence a request may
+# give (4,194,304) no layout of cp <= 32 fit 405B where cp 64 on 4,096 H100s does (boundary review)
+CP_TOKENS_PER_RANK = 32_768
+
+
+def max_cp(seq_len: int) -> int:
+    """The largest context-parallel degree the search tries at this sequence length: ``MAX_CP``, or
+    more where each rank still keeps ``CP_TOKENS_PER_RANK`` tokens."""
+    return max(MAX_CP, seq_len // CP_TOKENS_PER_RANK)
+
+
 # Splits the search leaves out by its own choice, not a rule: an estimate of one answers. (They were
 # logged "invalid: tp_node" and "invalid: cp_seq", the latter the name of the validator's sequence
 # rule, though the estimate accepted both: a recommendation review.)
@@ -213,13 +224,13 @@ class Structure:
 def largest_world(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> int:
     """At least the GPUs any split ``structures`` yields uses, from its own rules: dp at most the global
     batch (global = micro x accumulation x dp), tp at most a node, pp at most num_layers + 2, cp at
-    most ``MAX_CP`` and half the sequence (load-balanced ring attention: seq_len % 2cp == 0), and QLoRA
+    most ``max_cp`` and half the sequence (load-balanced ring attention: seq_len % 2cp == 0), and QLoRA
     splits no weight over tp or pp (``method_parallel_violation``). Past it a count has no split: a
     search of it only logs rejections."""
     qlora = training.method is Method.QLORA
     tp = 1 if qlora else cluster.gpus_per_node
     pp = 1 if qlora else model.num_layers + 2
-    cp = min(MAX_CP, max(1, training.seq_len // 2))
+    cp = min(max_cp(training.seq_len), max(1, training.seq_len // 2))
     return training.global_batch_size * tp * pp * cp
 
 
@@ -274,8 +285,9 @@ def structures(
     (counted per rule: the first a split breaks, in the validator's order).
 
     The work is bounded whatever the cluster size: pp stops past num_layers + 2 (no split gives every
-    rank a layer), and a (pp, tp) that breaks a rule, or cp beyond ``MAX_CP``, is counted for all its
+    rank a layer), and a (pp, tp) that breaks a rule, or cp beyond ``max_cp``, is counted for all its
     cp at once."""
+    widest = max_cp(training.seq_len)
     for pp in divisors(gpus):
         if pp > model.num_layers + 2:
             break  # ascending: every larger pp leaves a rank without a layer; not splits at all
@@ -308,16 +320,16 @@ def structures(
                 if violation.rule != "pp_layers" or pp <= model.num_layers:
                     log.add(f"invalid: {violation.rule}", len(cps), example, str(violation))
                 continue
-            beyond = [cp for cp in cps if cp > MAX_CP]
+            beyond = [cp for cp in cps if cp > widest]
             if beyond:
                 wide = Layout(dp=rest // beyond[0], tp=tp, pp=pp, cp=beyond[0])
                 detail = (
-                    f"cp ({beyond[0]}) > {MAX_CP}, the largest context-parallel degree the search tries (an "
-                    "estimate of one answers)"
+                    f"cp ({beyond[0]}) > {widest}, the largest context-parallel degree the search tries at "
+                    f"{training.seq_len:,} tokens (an estimate of one answers)"
                 )
                 log.add(CP_PAST_MAX, len(beyond), wide, detail)
             for cp in cps:
-                if cp > MAX_CP:
+                if cp > widest:
                     break
                 layout = Layout(dp=rest // cp, tp=tp, pp=pp, cp=cp)
                 # the search's context parallelism is a ring (no launcher renders DeepSpeed-Ulysses)

@@ -72,7 +72,7 @@ def test_the_search_leaves_the_framework_out_and_answers_as_without_it() -> None
     )
     reason = "no launcher runs megatron for this model, training and GPU"
     assert every.log.groups[reason].count == 1 and reason not in without.log.groups
-    assert "chunked attention" in every.log.groups[reason].detail
+    assert "NoPE" in every.log.groups[reason].detail  # its 8,192-token chunks mask nothing at 4,096
     assert [(s.layout, s.key) for s in every.ranked()] == [(s.layout, s.key) for s in without.ranked()]
     assert (every.memory_evaluations, every.time_evaluations) == (
         without.memory_evaluations,

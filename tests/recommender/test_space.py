@@ -68,7 +68,7 @@ def test_structures_of_a_huge_cluster_are_bounded_work_with_exact_counts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # phi-3-mini (32 layers) on 14 million GPUs (2^19 x 27: 80 divisors): pp stops at 34, and a
-    # (pp, tp) that breaks a rule (or cp past MAX_CP) is counted for all its cp at once, not built
+    # (pp, tp) that breaks a rule (or cp past max_cp) is counted for all its cp at once, not built
     # layout by layout
     import service.recommender.space as space
 
@@ -230,3 +230,15 @@ def test_the_sharding_does_not_change_a_familys_validity(
                     except InvalidLayout as error:
                         verdicts.add(f"invalid: {error.rule}")
                 assert len(verdicts) <= 1, (s, framework, virtual, verdicts)
+
+
+def test_the_longest_sequences_search_context_parallelism_past_32() -> None:
+    """At 4,194,304 tokens (the longest a request may give) cp stopped at 32, so Llama 3.1 405B needed
+    98,304 H100s where cp 64 fits on 4,096 (boundary review): each cp rank keeps 32,768 tokens at least."""
+    assert [space.max_cp(s) for s in (4096, 1_048_576, 2_097_152, 4_194_304)] == [32, 32, 64, 128]
+    spec = model("llama-3.1-405b").spec
+    training = TrainingSpec(seq_len=4_194_304, global_batch_size=256)
+    log = RejectionLog()
+    found = list(structures(spec, cluster(nodes=512), training, 4096, log))
+    assert any(s.cp == 64 and s.tp == 8 and s.pp == 8 for s in found)
+    assert space.largest_world(spec, cluster(nodes=512), training) >= 256 * 8 * 128 * 128
