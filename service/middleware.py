@@ -219,13 +219,12 @@ class JsonBodyMiddleware:
             await self.app(scope, replayed, send)
             return
         said = f"content-type {declared}" if declared else "no content-type"
-        response = problem_response(
-            415,
+        response = _unsupported_media(
+            scope,
             f"the body was sent with {said}; send it as JSON with content-type: application/json "
             "(curl: --json '{...}', or -H 'content-type: application/json')",
-            slug="unsupported-media-type",
-            errors=[{"field": "header.content-type", "message": "must be application/json"}],
-            instance=scope["path"],
+            "content-type",
+            "must be application/json",
         )
         await response(scope, replayed, send)
 
@@ -243,26 +242,38 @@ def _refused_body(scope: Scope, headers: dict[bytes, bytes], declared: str) -> R
     "Input should be a valid dictionary" (RFC 5789 2.2: 415 with Accept-Patch; HTTP-semantics review)."""
     coding = headers.get(b"content-encoding", b"").decode("latin-1").strip().lower()
     if coding and coding != "identity":
-        return problem_response(
-            415,
+        return _unsupported_media(
+            scope,
             f"the body was sent with content-encoding {coding}; this service reads bodies uncompressed "
             "(send it without a content-encoding)",
-            slug="unsupported-media-type",
-            errors=[{"field": "header.content-encoding", "message": "must be identity (or left out)"}],
-            instance=scope["path"],
-            headers={"Accept-Encoding": "identity"},
+            "content-encoding",
+            "must be identity (or left out)",
+            {"Accept-Encoding": "identity"},
         )
     if scope["method"] == "PATCH" and declared == _JSON_PATCH:
-        return problem_response(
-            415,
+        return _unsupported_media(
+            scope,
             f"a PATCH here sends the fields to change as a JSON object ({_PATCH_FORMATS}: RFC 7396 merge "
             f"patch), not {_JSON_PATCH}'s list of operations",
-            slug="unsupported-media-type",
-            errors=[{"field": "header.content-type", "message": f"must be one of {_PATCH_FORMATS}"}],
-            instance=scope["path"],
-            headers={"Accept-Patch": _PATCH_FORMATS},
+            "content-type",
+            f"must be one of {_PATCH_FORMATS}",
+            {"Accept-Patch": _PATCH_FORMATS},
         )
     return None
+
+
+def _unsupported_media(
+    scope: Scope, detail: str, header: str, message: str, headers: dict[str, str] | None = None
+) -> Response:
+    """A 415 problem naming the request header that says how the body was sent."""
+    return problem_response(
+        415,
+        detail,
+        slug="unsupported-media-type",
+        errors=[{"field": f"header.{header}", "message": message}],
+        instance=scope["path"],
+        headers=headers,
+    )
 
 
 def _is_api(path: str) -> bool:
