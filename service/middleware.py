@@ -14,7 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.problems import problem_response
+from service.api.problems import instance_of, problem_response
 from service.logs import request_id_var
 from service.metrics import Metrics
 
@@ -67,7 +67,7 @@ class RequestIdMiddleware:
                 500,
                 f"internal server error; request id {request_id} identifies it in the logs",
                 slug="internal",
-                instance=scope["path"],
+                instance=instance_of(scope),
             )
             await response(scope, receive, send_with_id)
         finally:
@@ -159,7 +159,7 @@ class NulRefusalMiddleware:
             f"the request's {said} contains the NUL character (%00), which no field accepts",
             slug="validation-error",
             errors=[{"field": where, "message": "must not contain NUL (U+0000)"}],
-            instance=scope["path"],
+            instance=instance_of(scope),
         )
         await response(scope, receive, send)
 
@@ -271,7 +271,7 @@ def _unsupported_media(
         detail,
         slug="unsupported-media-type",
         errors=[{"field": f"header.{header}", "message": message}],
-        instance=scope["path"],
+        instance=instance_of(scope),
         headers=headers,
     )
 
@@ -366,7 +366,7 @@ class BodyLimitMiddleware:
             f"request body exceeds the limit of {self.max_bytes} bytes",
             slug="payload-too-large",
             errors=[{"field": "body", "message": "too large", "limit": {"max_bytes": self.max_bytes}}],
-            instance=scope["path"],
+            instance=instance_of(scope),
         )
         await response(scope, receive, send)
 

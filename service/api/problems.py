@@ -86,6 +86,16 @@ def status_phrase(status: int) -> str:
     return HTTPStatus(status).phrase
 
 
+def instance_of(scope: Mapping[str, Any]) -> str:
+    r"""The request's path as a URI reference (RFC 9457 3.1.5): the path as sent (ASGI's raw_path, still
+    percent-encoded: %2F and bytes that are not UTF-8 stay what they were), any byte a URI cannot hold
+    encoded. The decoded path was answered raw ("/v1/plans/é x"; HTTP-semantics review), then encoded
+    again (%2F became a slash, Starlette's url.path re-encoded ? # \ twice; change reviews)."""
+    raw = scope.get("raw_path")
+    sent = raw if isinstance(raw, bytes) and raw else str(scope.get("path", "")).encode()
+    return quote(sent, safe="/:@!$&'()*+,;=%")
+
+
 def problem_response(
     status: int,
     detail: str,
@@ -102,10 +112,7 @@ def problem_response(
         "detail": detail,
     }
     if instance is not None:
-        # a URI reference (RFC 9457 3.1.5) of the decoded path callers give (the scope's "path": Starlette's
-        # request.url.path is already partly re-encoded, ? # \ as %3F %23 %5C, which this encoded again):
-        # /v1/plans/%C3%A9%20x was answered as "/v1/plans/é x" (HTTP-semantics review)
-        body["instance"] = quote(instance, safe="/:@!$&'()*+,;=")
+        body["instance"] = instance
     if errors:
         body["errors"] = errors
     return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
@@ -258,7 +265,7 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
         exc.detail,
         slug=exc.slug,
         errors=exc.errors,
-        instance=request.scope["path"],
+        instance=instance_of(request.scope),
         headers=headers,
     )
 
@@ -337,7 +344,7 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
         503,
         f"{why}; nothing was stored; retry after {RETRY_AFTER_S} s",
         slug="unavailable",
-        instance=request.scope["path"],
+        instance=instance_of(request.scope),
         headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
@@ -350,14 +357,16 @@ async def _estimator_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.allowed is not None:
         error["allowed"] = list(exc.allowed)  # as a literal's values are said
     errors = [error]
-    return problem_response(422, exc.message, slug=exc.rule, errors=errors, instance=request.scope["path"])
+    return problem_response(
+        422, exc.message, slug=exc.rule, errors=errors, instance=instance_of(request.scope)
+    )
 
 
 async def _unknown_entry(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, UnknownCatalogEntry)
     # Reached from path lookups (GET /v1/gpus/{name}); names inside a body are turned into 422s
     # naming the field where the body is resolved (api/schemas/).
-    return problem_response(404, str(exc), slug="not-found", instance=request.scope["path"])
+    return problem_response(404, str(exc), slug="not-found", instance=instance_of(request.scope))
 
 
 async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
@@ -365,11 +374,15 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     errors = _validation_errors(exc)
     if any(e["type"] == "json_invalid" for e in errors):
         return problem_response(
-            400, "Malformed JSON body", slug="malformed-json", errors=errors, instance=request.scope["path"]
+            400,
+            "Malformed JSON body",
+            slug="malformed-json",
+            errors=errors,
+            instance=instance_of(request.scope),
         )
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
     return problem_response(
-        422, detail, slug="validation-error", errors=errors, instance=request.scope["path"]
+        422, detail, slug="validation-error", errors=errors, instance=instance_of(request.scope)
     )
 
 
@@ -401,7 +414,7 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
             f"Malformed JSON body: {reason}",
             slug="malformed-json",
             errors=errors,
-            instance=request.scope["path"],
+            instance=instance_of(request.scope),
         )
     detail = exc.detail if isinstance(exc.detail, str) else status_phrase(status)
     if status == 404 and detail == "Not Found":
@@ -415,7 +428,7 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
         )
     slug = {404: "not-found", 405: "method-not-allowed"}.get(status, "http-error")
     return problem_response(
-        status, detail, slug=slug, instance=request.scope["path"], headers=headers or None
+        status, detail, slug=slug, instance=instance_of(request.scope), headers=headers or None
     )
 
 
@@ -454,7 +467,7 @@ def _concurrent_change(request: Request, why: str) -> JSONResponse:
         409,
         f"{why}; nothing was stored: read the resource again and retry",
         slug="conflict",
-        instance=request.scope["path"],
+        instance=instance_of(request.scope),
     )
 
 
@@ -468,7 +481,7 @@ async def _stale_row(request: Request, exc: Exception) -> JSONResponse:
             412,
             f"If-Match {request.headers['if-match']}: {why}; nothing was stored: read it again",
             slug="precondition-failed",
-            instance=request.scope["path"],
+            instance=instance_of(request.scope),
         )
     return _concurrent_change(request, why)
 

@@ -58,7 +58,9 @@ class TrainingIn(Strict):
     precision: Precision | None = Field(
         default=None,
         description="default: resolved from the GPU (bf16 where it has bf16 units as fast as its fp16 "
-        "ones, else fp16, else fp32; never fp8) and named in the answer's resolved_defaults",
+        "ones, else fp16, else fp32; never fp8), a stored 4-bit checkpoint's saved bnb_4bit_compute_dtype "
+        "where its config states one (no other precision trains it), and named in the answer's "
+        "resolved_defaults",
     )
     optimizer: Optimizer = Field(
         default=Optimizer.ADAMW,

@@ -120,11 +120,18 @@ def fp16_overflow_warnings(model: ModelSpec, training: TrainingSpec) -> tuple[st
     files setting fp16, with no word of it). Left to the hardware, such a model gets fp32 there."""
     if training.precision is not Precision.FP16 or model.family not in FP16_OVERFLOW_FAMILIES:
         return ()
-    return (
+    overflow = (
         f"precision fp16: {model.family}'s activations exceed fp16's range (65,504) in training, so its "
-        "gradients become inf / NaN whatever the loss scale (it scales gradients, not activations): train "
-        "it in bf16 where the GPU has it, else fp32 (what a request leaving precision out gets here)",
+        "gradients become inf / NaN whatever the loss scale (it scales gradients, not activations): "
     )
+    if model.bnb_4bit_compute_precision is Precision.FP16:
+        # the checkpoint fixes fp16 (its saved compute dtype): no other precision trains it
+        fixed = "this 4-bit checkpoint computes in fp16 (its bnb_4bit_compute_dtype); plan its 16-bit "
+        return (
+            overflow + fixed + "weights in bf16 or fp32 instead (the config without quantization_config)",
+        )
+    left = "train it in bf16 where the GPU has it, else fp32 (what a request leaving precision out gets here)"
+    return (overflow + left,)
 
 
 def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from service.estimator.job import shared_memory_memos
 from service.estimator.step_time import gpu_hours, time_to_train_s
 from service.estimator.tuning import Tuning
 from service.estimator.types import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
-from service.estimator.validate import divisors, hardware_violation
+from service.estimator.validate import checkpoint_hardware_violation, divisors, hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.collector import fewer_collections
 from service.recommender.space import sub_cluster
@@ -115,6 +115,10 @@ def _option(
                 note=f"constraints.max_gpus {cap:,} is fewer than the {min(counts):,} GPUs searched first",
             )
         counts = within
+    if (stored := checkpoint_hardware_violation(model, cluster.gpu)) is not None:
+        # no precision runs a stored 4-bit checkpoint's compute dtype here: its own reason, not "ask for
+        # another precision", which the checkpoint refuses (change review)
+        return CapacityOption(gpu=name, fits=False, note=stored.message)
     training = for_gpu(training, cluster.gpu, model)
     unrunnable = hardware_violation(cluster, training)
     if unrunnable is not None:  # say why, rather than "nothing fits"

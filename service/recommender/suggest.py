@@ -49,7 +49,7 @@ from service.estimator.types import (
     OptimizerImplementation,
     TrainingSpec,
 )
-from service.estimator.validate import divisors, hardware_violation
+from service.estimator.validate import checkpoint_hardware_violation, divisors, hardware_violation
 from service.recommender.budget import Budget
 from service.recommender.headroom import allowed_bytes
 from service.recommender.rank import gib_needed
@@ -975,7 +975,7 @@ class _Ask:
         per_node = gpu.node_gpus or (self.cluster.gpus_per_node if self.cluster.num_nodes > 1 else None)
         other = with_gpu(self.cluster, gpu, 1, per_node or reference_node_gpus(gpu))
         training = for_gpu(self.training, gpu, self.model)
-        violation = hardware_violation(other, training)
+        violation = checkpoint_hardware_violation(self.model, gpu) or hardware_violation(other, training)
         if violation is not None:  # the request asked for what this part cannot run (fp8 on an MI250X)
             raise NoFit(f"{gpu.name}: {violation.message.removeprefix(gpu.name).lstrip()}")
         # from one card up: part of a node where that holds the job (one H100 for what needed four L4s)

@@ -331,3 +331,36 @@ def test_a_4bit_checkpoints_saved_compute_dtype_is_the_precision(client: TestCli
         (error,) = refused.json()["errors"]
         assert error["field"] == "training.precision", error
         assert "checkpoint computes in" in error["message"], error
+
+
+def test_capacity_and_warnings_say_what_a_stored_compute_dtype_leaves(client: TestClient) -> None:
+    """A GPU type without a bf16 checkpoint's dtype was told to "ask for another precision", which the
+    checkpoint refuses; a Gemma fp16 checkpoint's overflow warning advised precisions it refuses (change
+    review)."""
+    bf16 = LLAMA | {"quantization_config": BNB_4BIT | {"bnb_4bit_compute_dtype": "bfloat16"}}
+    body = {
+        "model": {"hf_config": bf16},
+        "training": {"seq_len": 2048, "global_batch_size": 8, "method": "qlora"},
+        "gpus": ["t4-16gb", "h100-sxm-80gb"],
+    }
+    answer = client.post("/v1/capacity", json=body)
+    assert answer.status_code == 200, answer.text
+    notes = {o["gpu"]: o["note"] for o in answer.json()["options"]}
+    assert "checkpoint computes in bf16" in notes["t4-16gb"] and "another precision" not in notes["t4-16gb"]
+    gemma = {
+        "model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
+        "quantization_config": BNB_4BIT | {"bnb_4bit_compute_dtype": "float16"},
+    }  # fmt: skip
+    estimate = client.post(
+        "/v1/estimates",
+        json={
+            "model": {"hf_config": gemma},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+            "training": {"seq_len": 2048, "global_batch_size": 8, "method": "qlora"},
+            "layout": {"framework": "deepspeed", "zero_stage": 0, "dp": 1},
+        },
+    )
+    assert estimate.status_code == 200, estimate.text
+    (overflow,) = [w for w in estimate.json()["warnings"] if "exceed fp16's range" in w]
+    assert "this 4-bit checkpoint computes in fp16" in overflow and "train it in bf16" not in overflow

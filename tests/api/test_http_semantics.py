@@ -112,7 +112,16 @@ def test_a_405_allows_head_wherever_get_is_served(client: TestClient) -> None:
     assert client.head("/v1/gpus").status_code == 200
 
 
-@pytest.mark.parametrize("sent", ["/v1/plans/%C3%A9%20x%3Cy", "/v1/plans/x%3Fy", "/v1/plans/x%23y%5Cz"])
+@pytest.mark.parametrize(
+    "sent",
+    [
+        "/v1/plans/%C3%A9%20x%3Cy",
+        "/v1/plans/x%3Fy",
+        "/v1/plans/x%23y%5Cz",
+        "/v1/plans/a%2Fb",
+        "/v1/plans/%FF",
+    ],
+)
 def test_a_problem_instance_is_a_uri_reference_of_the_path_sent(client: TestClient, sent: str) -> None:
     """Encoded once: ? # and \\ came back as %253F, %2523, %255C (Starlette's url.path re-encodes them;
     change review)."""
