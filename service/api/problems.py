@@ -217,11 +217,12 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
         refused = (err.get("ctx") or {}).get("error")
         message = err.get("msg", "")
         limit: int | None = None
+        least: float | None = None
         details: dict[str, Any] = {}
         if isinstance(refused, FieldError):  # a model validator's: it names the field it refuses
             loc = (*loc, *refused.field.split("."))
             message = str(refused)  # its words, without pydantic's "Value error, "
-            limit = refused.limit
+            limit, least = refused.limit, refused.least
             details = refused.details
         if err.get("type") == "less_than_equal" and loc and loc[-1] in _PAST_THE_BOUND:
             message = f"{message}: {_PAST_THE_BOUND[loc[-1]]}"
@@ -248,6 +249,8 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
             }
         elif limit is not None:
             entry["limit"] = {"le": limit}
+        elif least is not None:
+            entry["limit"] = {"ge": least}
         out.append(entry)
     return out
 

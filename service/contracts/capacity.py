@@ -153,7 +153,7 @@ class CapacityRequest(Strict):
         prices = self.gpu_hour_cost
         values = prices.values() if isinstance(prices, dict) else [prices] if prices is not None else []
         if any(v < 0 for v in values):
-            raise FieldError("gpu_hour_cost must be >= 0", "gpu_hour_cost")
+            raise FieldError("gpu_hour_cost must be >= 0", "gpu_hour_cost", least=0.0)
         if any(v > MAX_GPU_HOUR_COST for v in values):  # as a plan's constraints.gpu_hour_cost
             raise FieldError(
                 f"gpu_hour_cost must be <= {MAX_GPU_HOUR_COST:,.0f} per GPU-hour",

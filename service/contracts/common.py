@@ -145,11 +145,17 @@ class FieldError(ValueError):
     ``errors`` name ``field`` under the model (``api.problems``)."""
 
     def __init__(
-        self, message: str, field: str, limit: int | None = None, details: dict[str, Any] | None = None
+        self,
+        message: str,
+        field: str,
+        limit: int | None = None,
+        details: dict[str, Any] | None = None,
+        least: float | None = None,
     ) -> None:
         super().__init__(message)
         self.field = field
         self.limit = limit  # the most the field's quantity may be, where the rule is an upper bound
+        self.least = least  # the least it may be, where the rule is a lower bound
         # more of the error entry, as a route's own error would give it (an unknown catalog name's
         # type, candidates, ambiguous and known: ``gpus.unknown_entry_error``)
         self.details = details or {}

@@ -241,6 +241,8 @@ def _patch_errors(exc: ValidationError) -> list[dict[str, Any]]:
             entry["message"] = str(refused)
             if refused.limit is not None:
                 entry["limit"] = {"le": refused.limit}
+            elif refused.least is not None:
+                entry["limit"] = {"ge": refused.least}
         errors.append(entry)
     return errors
 

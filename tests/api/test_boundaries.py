@@ -45,12 +45,14 @@ def test_a_patched_cluster_past_the_gpu_limit_names_its_field_and_limit(client: 
     assert patch_error["limit"] == post_error["limit"]
 
 
-def test_capacitys_hourly_price_past_its_bound_names_the_limit(client: TestClient) -> None:
+def test_capacitys_hourly_price_past_either_bound_names_the_limit(client: TestClient) -> None:
     body = {
         "model": {"preset": "gpt2"},
         "training": {"seq_len": 1024, "global_batch_size": 8},
         "gpus": ["h100-sxm-80gb"],
-        "gpu_hour_cost": 1_000_001,
     }
-    (error,) = assert_problem(client.post("/v1/capacity", json=body), 422)["errors"]
-    assert error["field"] == "gpu_hour_cost" and error["limit"] == {"le": 1_000_000}
+    for price, limit in ((1_000_001, {"le": 1_000_000}), (-1, {"ge": 0.0})):
+        (error,) = assert_problem(client.post("/v1/capacity", json=body | {"gpu_hour_cost": price}), 422)[
+            "errors"
+        ]
+        assert error["field"] == "gpu_hour_cost" and error["limit"] == limit
