@@ -311,6 +311,22 @@ def moe_warnings(model: ModelSpec) -> tuple[str, ...]:
     )
 
 
+def capacity_warnings(model: ModelSpec, layout: Layout) -> tuple[str, ...]:
+    """A capacity the request did not ask for: deepspeed.moe.layer.MoE's default factor 1.0 with
+    drop_tokens=True (moe/layer.py), which the launch files leave as it is, drops the routed copies past
+    each expert's mean load, where the model's own MoE block (ep 1, Megatron's dropless) drops none: what
+    trains changes, so it is a warning every surface shows (as an assumption the CLI and the page never
+    showed it; defaults and parity reviews)."""
+    factor = layout.capacity_factor
+    if model.moe is None or factor is None or layout.moe_capacity_factor is not None:
+        return ()
+    return (
+        f"MoE capacity factor {factor:g} (deepspeed.moe.layer.MoE's default, drop_tokens=True): each "
+        f"expert takes at most {factor:g} x its mean load of routed tokens and drops the rest, where the "
+        "model's own MoE block drops none; set moe_capacity_factor for more room (memory and time grow)",
+    )
+
+
 def _count(n: float) -> str:
     """1.49B, 406B, 1.01T, 125M: three significant digits with the SI suffix parameter counts use."""
     for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):

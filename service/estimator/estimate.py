@@ -12,6 +12,7 @@ from service.estimator.calibration import (
     capped_step_time_factor,
 )
 from service.estimator.caveats import (
+    capacity_warnings,
     chip_warnings,
     context_warnings,
     coverage_warnings,
@@ -322,6 +323,7 @@ def estimate_valid(
             *fp16_overflow_warnings(job.model, training),
             *peft_sharding_warnings(job.model, layout, training),
             *moe_warnings(job.model),
+            *capacity_warnings(job.model, layout),
             *job.model.config_notes,  # what the config states that no figure reads (hf_config)
             *coverage_warnings(layout.world_size, job.counts.total, training),
         ),

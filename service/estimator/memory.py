@@ -1177,17 +1177,11 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
         )
     if layout.pp > 1:
         notes.append(_pipeline_note(job, layout))
-    if job.model.moe is not None and (factor := layout.capacity_factor) is not None:
-        # a default that changes what trains: DeepSpeed MoE drops what overflows its capacity
-        # (moe/sharded_moe.py top-k gating, drop_tokens=True; the defaults review found it silent)
-        default = (
-            " (deepspeed.moe.layer.MoE's default, drop_tokens=True)"
-            if layout.moe_capacity_factor is None
-            else ""
-        )
+    if job.model.moe is not None and (factor := layout.moe_capacity_factor) is not None:
+        # the factor asked for (DeepSpeed MoE's default is a warning: caveats.capacity_warnings)
         notes.append(
-            f"MoE capacity factor {factor:g}{default}: each expert's routed tokens padded to {factor:g} x "
-            "its mean load, the copies routed past it dropped (set moe_capacity_factor for another)"
+            f"MoE capacity factor {factor:g}: each expert's routed tokens padded to {factor:g} x its mean "
+            "load, the copies routed past it dropped"
         )
     notes += _state_notes(job, layout)
     if job.training.precision is Precision.FP8:

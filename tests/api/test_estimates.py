@@ -723,10 +723,11 @@ def test_deepspeed_moes_default_capacity_factor_is_said_and_sent_back_is_the_sam
     }
     left_out = post(client, payload)
     assert left_out["resolved_defaults"]["layout.moe_capacity_factor"] == "1"
-    assert any(
-        a.startswith("MoE capacity factor 1 (deepspeed.moe.layer.MoE's default")
-        for a in left_out["assumptions"]
-    )
+    # a warning, which the CLI and the page show (as an assumption neither showed it: parity review)
+    default = "MoE capacity factor 1 (deepspeed.moe.layer.MoE's default"
+    assert any(w.startswith(default) for w in left_out["warnings"])
     sent = post(client, {**payload, "layout": {**payload["layout"], "moe_capacity_factor": 1.0}})
     assert sent["memory"] == left_out["memory"] and sent["time"] == left_out["time"]
     assert "layout.moe_capacity_factor" not in sent["resolved_defaults"]
+    assert not any(w.startswith(default) for w in sent["warnings"])
+    assert any(a.startswith("MoE capacity factor 1:") for a in sent["assumptions"])
