@@ -29,6 +29,7 @@ from service.estimator.params import (
     largest_module_parameters,
     lora_adapter_shapes,
     mla_down_parameters,
+    moe_layer_count,
     mtp_projection_parameters,
     norm_parameters,
     parameter_counts,
@@ -683,19 +684,33 @@ def lora_parameters(model: ModelSpec, training: TrainingSpec, layout: Layout, rp
     """Trainable LoRA parameters on one GPU of a rank: r x (d_in + d_out) per targeted Linear of each
     of its layers (``rp.layers``, ``rp.moe_layers`` of them MoE), and an encoder task head's copy PEFT
     trains (``params.peft_saved_head_parameters``), split over tp."""
+    return _adapter_parameters(model, training, layout, rp.layers, rp.moe_layers) / layout.tp
+
+
+def _adapter_parameters(
+    model: ModelSpec, training: TrainingSpec, layout: Layout, layers: int, moe_layers: int
+) -> float:
+    """LoRA parameters over ``layers`` decoder layers, ``moe_layers`` of them MoE, and an encoder's
+    task head, before any tp split (``lora_parameters``)."""
     # (in, out) of each adapter (params.lora_adapter_shapes: a fused module's one, MLA's own modules)
     converted = peft_adapts_fused_experts(model, layout)
     shapes = lora_adapter_shapes(model, module_lora_targets(model, training, layout), model.ffn_hidden_size)
     per_layer: float = sum(fan_in + fan_out for _, fan_in, fan_out in shapes)
     per_layer *= training.lora_rank
-    total = rp.layers * per_layer
+    total = layers * per_layer
     if converted:
-        total += rp.moe_layers * fused_expert_adapter_parameters(model, training)
+        total += moe_layers * fused_expert_adapter_parameters(model, training)
     elif model.moe is not None:
-        total += rp.moe_layers * _lora_expert_parameters(model, model.moe, training, layout)
+        total += moe_layers * _lora_expert_parameters(model, model.moe, training, layout)
     # and an encoder's task head, which PEFT trains in full (encoders run data parallel only: one rank)
-    total += peft_saved_head_parameters(model)
-    return total / layout.tp
+    return total + peft_saved_head_parameters(model)
+
+
+def trains_adapters(model: ModelSpec, training: TrainingSpec, layout: Layout) -> bool:
+    """Whether ``training.lora_targets`` give peft any module of the whole model to adapt: peft raises
+    NoMatchingPeftModuleError where none matches (GPT-OSS's MLP names: its experts are fused parameters
+    peft does not convert, and it has no dense MLP, so the estimate trained nothing; PEFT review)."""
+    return _adapter_parameters(model, training, layout, model.num_layers, moe_layer_count(model)) > 0
 
 
 # Families whose routed experts bitsandbytes quantizes though they are fused parameters (transformers

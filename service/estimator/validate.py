@@ -1144,6 +1144,17 @@ def training_violation(
             "peft",
             "framework",
         )
+    if training.method is Method.LORA and layout.framework is Framework.DEEPSPEED and layout.tp > 1:
+        # AutoTP replaces each module its tp plan names (q_proj, ...), peft's lora.Linear wrapper
+        # included, with its own LinearLayer: the adapters are gone before the first step (deepspeed
+        # 0.19.8 + peft 0.21.2, two ranks: 180,224 trainable parameters before deepspeed.initialize, 0
+        # after; PEFT review). QLoRA's tp is method_parallel_violation's.
+        return _bad(
+            f"lora with deepspeed tp = {layout.tp}: AutoTP replaces the targeted modules, peft's LoRA "
+            "wrappers included, so no adapter trains; use tp = 1 (ZeRO shards the frozen base)",
+            "lora_autotp",
+            "tp",
+        )
     if training.method is not Method.FULL and layout.ep > 1 and not caps.peft_expert_parallel:
         # no launcher runs it (properties review: fsdp's estimate counted adapters on expert modules
         # only DeepSpeed's expert-parallel plan builds)
@@ -1165,6 +1176,14 @@ def training_violation(
             f"lora_targets {list(training.lora_targets)}: {model.name}'s MLP ({model.mlp.value}) has no "
             "gate projection, so no adapter would train; add q_proj, k_proj, v_proj, o_proj, up_proj "
             "or down_proj",
+            "lora_targets",
+            "lora_targets",
+        )
+    if training.method is not Method.FULL and not model_states.trains_adapters(model, training, layout):
+        return _bad(
+            f"lora_targets {list(training.lora_targets)} adapt no module of {model.name} (peft raises "
+            "'Target modules ... not found'): name attention projections, or MLP ones the model has as "
+            "modules",
             "lora_targets",
             "lora_targets",
         )

@@ -15,6 +15,7 @@ H100_NODE = {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8}
 
 # tokens: body() prices the run (gpu_hour_cost), which needs them
 QLORA = {"seq_len": 4096, "global_batch_size": 64, "tokens": 10**9, "method": "qlora"}
+LORA = {"seq_len": 4096, "global_batch_size": 64, "tokens": 10**9, "method": "lora"}
 
 
 def body(**layout: Any) -> dict[str, Any]:
@@ -195,6 +196,18 @@ def test_every_layout_rule_is_a_422_naming_rule_field_and_numbers(client: TestCl
         ({"dp": 8, "ep": 3}, {"model": mixtral}, "ep_experts", "layout.ep"),
         # DeepSpeed AutoTP leaves transformers' fused 3-D experts whole on every tp rank
         ({"dp": 4, "tp": 2}, {"model": mixtral}, "autotp_fused_experts", "layout.tp"),
+        # ... and replaces peft's LoRA wrappers with its own layers: no adapter trains (PEFT review)
+        ({"dp": 4, "tp": 2}, {"training": LORA}, "lora_autotp", "layout.tp"),
+        # GPT-OSS has no MLP module for these names (fused experts, no dense MLP): peft finds none
+        (
+            {"dp": 8},
+            {
+                "model": {"preset": "gpt-oss-20b"},
+                "training": LORA | {"lora_targets": ["gate_proj", "up_proj"]},
+            },
+            "lora_targets",
+            "training.lora_targets",
+        ),
         # QLoRA's NF4 base trains data-parallel only (tp: of a dense model, whose Linears AutoTP splits)
         ({"dp": 4, "tp": 2}, {"training": QLORA}, "qlora_model_parallel", "layout.tp"),
         *(

@@ -545,9 +545,11 @@ def test_slurm_asked_with_accelerate_wraps_the_accelerate_launch(client: TestCli
     # Kubernetes has no such wrapper: it says so, and what to run instead
     wrapped = client.post("/v1/plans", json=body | {"launchers": ["kubernetes", "accelerate"]}).json()
     assert "not accelerate launch" in wrapped["unsupported_targets"]["kubernetes"], wrapped
-    # Slurm alone still plans a layout its torchrun entry points run
+    # Slurm alone planned DeepSpeed AutoTP under LoRA, which trains no adapter (AutoTP replaces peft's
+    # wrappers: PEFT review); without it no layout its torchrun entry points run fits, and it says why
     alone = client.post("/v1/plans", json=body | {"launchers": ["slurm"]}).json()
-    assert alone["unsupported_targets"] == {} and {a["target"] for a in alone["artifacts"]} == {"slurm"}
+    assert alone["status"] == "infeasible", alone.get("recommended")
+    assert any(r["reason"] == "invalid: lora_autotp" for r in alone["rejected"]), alone["rejected"]
 
 
 def test_a_t4_job_resolves_what_turing_runs_and_plans(client: TestClient) -> None:
