@@ -25,6 +25,11 @@ LLAMA: dict[str, Any] = {
 }
 BNB_4BIT = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
             "bnb_4bit_use_double_quant": True}  # fmt: skip
+# Gemma 2 2B's shapes: a family whose activations overflow fp16 (defaults.FP16_OVERFLOW_FAMILIES)
+GEMMA2: dict[str, Any] = {
+    "model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
+}  # fmt: skip
 
 
 def _estimate(client: TestClient, config: dict[str, Any], method: str) -> Any:
@@ -315,10 +320,7 @@ def test_a_4bit_checkpoints_saved_compute_dtype_is_the_precision(client: TestCli
         answer = on(gpu, compute)
         assert answer.status_code == 200, answer.text
         assert answer.json()["resolved_defaults"]["training.precision"] == resolved
-    gemma = {
-        "model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
-    }  # fmt: skip
+    gemma = GEMMA2
     assert on("t4-16gb", "float16", gemma).json()["resolved_defaults"]["training.precision"] == "fp16"
     for gpu, compute, training in (
         ("h100-sxm-80gb", "bfloat16", {"precision": "fp16"}),
@@ -347,11 +349,7 @@ def test_capacity_and_warnings_say_what_a_stored_compute_dtype_leaves(client: Te
     assert answer.status_code == 200, answer.text
     notes = {o["gpu"]: o["note"] for o in answer.json()["options"]}
     assert "checkpoint computes in bf16" in notes["t4-16gb"] and "another precision" not in notes["t4-16gb"]
-    gemma = {
-        "model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
-        "quantization_config": BNB_4BIT | {"bnb_4bit_compute_dtype": "float16"},
-    }  # fmt: skip
+    gemma = GEMMA2 | {"quantization_config": BNB_4BIT | {"bnb_4bit_compute_dtype": "float16"}}
     estimate = client.post(
         "/v1/estimates",
         json={
