@@ -468,6 +468,12 @@ def gib(value: float) -> str:
     return f"{value / GIB:,.1f} GiB"
 
 
+def shortfall(over_bytes: float) -> str:
+    """How far a need is past the card: in MiB where GiB would print 0.0 beside "does not fit" (units
+    review: "0.0 GiB over 80.0 GiB" for 2.7 MiB)."""
+    return gib(over_bytes) if over_bytes >= 0.05 * GIB else f"{over_bytes / 2**20:,.1f} MiB"
+
+
 def seconds(value: float | None) -> str:
     if value is None:
         return "-"
@@ -588,7 +594,9 @@ def memory_lines(estimate: dict[str, Any]) -> list[str]:
     memory = estimate["memory"]
     headroom, capacity = memory["headroom_bytes"], gib(memory["capacity_bytes"])
     lines = [
-        f"headroom {gib(headroom)} of {capacity}" if headroom >= 0 else f"{gib(-headroom)} over {capacity}"
+        f"headroom {gib(headroom)} of {capacity}"
+        if headroom >= 0
+        else f"{shortfall(-headroom)} over {capacity}"
     ]
     host = [
         f"{what} {gib(memory[key])}"

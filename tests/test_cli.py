@@ -13,7 +13,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from service.cli import cluster_from_gpus, main
+from service.cli import cluster_from_gpus, main, memory_lines, shortfall
 from service.main import create_app
 from service.settings import Settings
 from tests.loopback import served
@@ -1229,3 +1229,11 @@ def test_a_run_without_a_figure_and_a_url_without_its_scheme_are_usage_errors() 
     assert result.exit_code == 64 and "--step-s" in words(result.output), result.output
     result = CliRunner().invoke(main, ["models", "--url", "127.0.0.1:8000"])
     assert result.exit_code == 64 and "http://127.0.0.1:8000" in words(result.output), result.output
+
+
+def test_a_shortfall_that_rounds_to_nothing_in_gib_is_said_in_mib() -> None:
+    # "0.0 GiB over 80.0 GiB" beside "does not fit" for 2.7 MiB (units review)
+    assert shortfall(2.7 * 2**20) == "2.7 MiB"
+    assert shortfall(2**30) == "1.0 GiB"
+    memory = {"headroom_bytes": -int(2.7 * 2**20), "capacity_bytes": 80 * 2**30}
+    assert memory_lines({"memory": memory})[0] == "2.7 MiB over 80.0 GiB"

@@ -260,8 +260,11 @@ def replicated_exposed_s(job: Job, layout: Layout, parts: StepParts) -> float:
     if not dp_overlapped(job, layout):
         return reductions * reduce_s + gather_s + copies_s
     # each reduction hides under its micro-batch's backward (2/3 of it, + its recompute); the parameter
-    # all-gather under the next step's first forward (Megatron --overlap-param-gather) (1/3)
-    per_micro_batch = (parts.compute_s + parts.recompute_s) / parts.micro_batches
+    # all-gather under the next step's first forward (Megatron --overlap-param-gather) (1/3). The
+    # window is the passes' wall time, the TP communication they wait on included: timed by compute
+    # alone, a lower clock on PCIe nodes (TP-bound) shrank it and made the step faster (custom-hardware
+    # review: 200 W 1.30 s against 350 W 1.32 s)
+    per_micro_batch = (parts.compute_s + parts.recompute_s + parts.tp_comm_s) / parts.micro_batches
     hidden = job.tuning.dp_overlap_max_hidden_fraction
     return (
         reductions * exposed_s(reduce_s, 2 / 3 * per_micro_batch, hidden)

@@ -18,7 +18,7 @@ from service.contracts.clusters import (
     ClusterShape,
 )
 from service.contracts.common import FieldError
-from service.contracts.gpus import CustomGPU
+from service.contracts.gpus import STORED, CustomGPU
 from service.contracts.models import ModelRef
 from service.errors import Conflict, NotFound, PreconditionFailed, Unprocessable
 from service.estimator.types import ClusterSpec
@@ -50,9 +50,11 @@ def record_fields(record: ClusterRecord) -> dict[str, Any]:
 def cluster_out(record: ClusterRecord) -> ClusterOut:
     """A stored cluster in its wire shape, with the defaults it follows resolved and named."""
     gpu: str | CustomGPU = (
-        CustomGPU.model_validate(record.gpu_spec) if record.gpu_spec is not None else str(record.gpu_name)
+        CustomGPU.model_validate(record.gpu_spec, context=STORED)
+        if record.gpu_spec is not None
+        else str(record.gpu_name)
     )
-    spec = ClusterCreate.model_validate(record_fields(record)).to_domain()
+    spec = ClusterCreate.model_validate(record_fields(record), context=STORED).to_domain()
     return ClusterOut(
         id=record.id,
         name=record.name,
@@ -345,7 +347,7 @@ def cluster_form(
             f"cluster {cluster.id!r} does not exist",
             errors=[{"field": field, "message": "no stored cluster has this id", "type": "unknown_cluster"}],
         )
-    return ClusterCreate.model_validate(record_fields(record))
+    return ClusterCreate.model_validate(record_fields(record), context=STORED)
 
 
 def domain_cluster(form: ClusterShape) -> ClusterSpec:

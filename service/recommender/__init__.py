@@ -87,6 +87,7 @@ from service.recommender.space import (
     offload_devices,
     recompute_order,
     search_compile,
+    sharded_example,
     shardings,
     structures,
     sub_cluster,
@@ -899,12 +900,7 @@ def _count_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: Sea
         return True
     need, framework = bound
     # the bound's layout: every state sharded over every GPU, as the framework can
-    zero = (
-        3
-        if 3 in FRAMEWORK_CAPABILITIES[framework].zero_stages
-        else max(FRAMEWORK_CAPABILITIES[framework].zero_stages)
-    )
-    example = Layout(dp=gpus, zero_stage=zero, framework=framework, recompute=recompute_order(framework)[-1])
+    example = sharded_example(job, framework, gpus, recompute_order(framework)[-1])
     what = f"the model states alone, sharded over all {gpus} GPUs, need"
     result.log.add_memory(MEMORY_REJECTION, 1, example, need, limit, what)
     return False

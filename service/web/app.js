@@ -119,6 +119,8 @@ async function allPages(path) {
 
 const fmt = {
   gib: (bytes) => `${(bytes / GIB).toFixed(1)} GiB`,
+  // what is left on the card: a shortfall under 0.05 GiB in MiB, not "-0.0 GiB" beside "does not fit"
+  left: (bytes) => (bytes < 0 && -bytes < 0.05 * GIB ? `-${(-bytes / 2 ** 20).toFixed(1)} MiB` : fmt.gib(bytes)),
   int: (n) => Math.round(n).toLocaleString("en-US"),
   pct: (x) => `${(100 * x).toFixed(1)}%`,
   num: (x) => x.toLocaleString("en-US", Number.isInteger(x) ? {} : { maximumSignificantDigits: 4 }),
@@ -222,7 +224,7 @@ function memoryTable(candidates, caption) {
     const m = candidate.estimate.memory.per_gpu;
     const statistics = STATISTICS.map(([key]) => (m[key] === undefined || m[key] === null ? "-" : fmt.gib(m[key])));
     return [candidate.label || `${index === 0 ? "★ " : ""}${layoutText(candidate.layout)}`,
-      ...components.map((name) => fmt.gib(m[name] || 0)), ...statistics, fmt.gib(capacity - m.total)];
+      ...components.map((name) => fmt.gib(m[name] || 0)), ...statistics, fmt.left(capacity - m.total)];
   });
   const headers = ["layout", ...components.map((n) => n.replaceAll("_", " ")), ...STATISTICS.map(([, name]) => name),
     "left on the card"];

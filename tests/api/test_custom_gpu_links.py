@@ -9,6 +9,7 @@ that host link, never the NVLink figure of a catalog part of the die (gh100 ship
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -260,6 +261,60 @@ def test_a_custom_gpu_states_its_mesh_and_is_timed_on_it(client: TestClient) -> 
     )
     assert stored.status_code == 201, stored.text
     assert stored.json()["gpu"]["mesh_links"] == 7
+
+
+def test_a_mesh_needs_the_links_it_splits_and_a_row_stored_before_the_rule_reads_back(
+    client: TestClient, db_engine: Any
+) -> None:
+    """mesh_links without intra_node_bandwidth_bytes_per_s split the PCIe host link it defaulted to
+    into 7 links: a tp 2 pair 7x slower than stating no topology (custom-hardware review). Refused,
+    naming the field; a cluster stored before the rule still reads back and plans, its mesh set aside
+    where the link defaulted."""
+    from sqlalchemy import text
+
+    from tests.custom_gpus import MI325X
+
+    bare_mesh = {key: value for key, value in MI325X.items() if key != "intra_node_bandwidth_bytes_per_s"}
+    bare_mesh["mesh_links"] = 7
+    body = {
+        "model": {"preset": "llama-3.1-8b"},
+        "cluster": {"gpu": bare_mesh, "num_nodes": 1, "gpus_per_node": 8},
+        "training": {"seq_len": 4096, "global_batch_size": 32},
+        "layout": {"framework": "megatron", "dp": 4, "tp": 2, "zero_stage": 1, "sequence_parallel": True},
+    }
+    refused = client.post("/v1/estimates", json=body)
+    assert refused.status_code == 422, refused.text
+    (error,) = refused.json()["errors"]
+    assert (
+        error["field"] == "cluster.gpu.mesh_links" and "intra_node_bandwidth_bytes_per_s" in error["message"]
+    )
+    stored = client.post(
+        "/v1/clusters", json={"name": "old-mesh", "gpu": bare_mesh, "num_nodes": 1, "gpus_per_node": 8}
+    )
+    assert stored.status_code == 422 and stored.json()["errors"][0]["field"] == "gpu.mesh_links"
+    # as a release before the rule stored it
+    made = client.post(
+        "/v1/clusters",
+        json={"name": "old-mesh", "gpu": MI325X | {"mesh_links": 7}, "num_nodes": 1, "gpus_per_node": 8},
+    ).json()
+    with db_engine.begin() as conn:
+        (value,) = conn.execute(
+            text("SELECT gpu_spec FROM clusters WHERE id = :id"), {"id": made["id"]}
+        ).one()
+        row = json.loads(value) if isinstance(value, str) else dict(value)
+        del row["intra_node_bandwidth_bytes_per_s"]
+        conn.execute(
+            text("UPDATE clusters SET gpu_spec = :spec WHERE id = :id"),
+            {"spec": json.dumps(row), "id": made["id"]},
+        )
+    read = client.get(f"/v1/clusters/{made['id']}")
+    assert read.status_code == 200, read.text
+    assert read.json()["gpu"]["mesh_links"] == 7
+    by_id = client.post("/v1/estimates", json=body | {"cluster": {"id": made["id"]}})
+    assert by_id.status_code == 200, by_id.text
+    plain = {key: value for key, value in bare_mesh.items() if key != "mesh_links"}
+    unmeshed = client.post("/v1/estimates", json=body | {"cluster": body["cluster"] | {"gpu": plain}})
+    assert by_id.json()["time"]["breakdown"]["tp_comm_s"] == unmeshed.json()["time"]["breakdown"]["tp_comm_s"]
 
 
 def test_a_custom_gpu_stating_bidirectional_links_or_fp16_accumulate_peaks_is_told(

@@ -103,11 +103,13 @@ def test_offload_suggested_within_what_a_node_may_state(client: TestClient) -> N
 
 
 def test_a_closest_miss_not_shown_says_why(client: TestClient) -> None:
-    # 1,001 sequences split over no dp of the bound's example (all 8 GPUs): no layout to estimate
+    # 1,001 sequences split over no dp of the bound's example (ZeRO-3 over all 8 GPUs): no layout to
+    # estimate (Megatron's example is tp 8, dp 1, which splits them: its closest is shown)
     body = {
         "model": {"preset": "llama-3.1-405b"},
         "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8},
         "training": {"seq_len": 8192, "global_batch_size": 1001},
+        "constraints": {"frameworks": ["deepspeed", "fsdp"]},
     }
     plan = _plan(client, body)
     assert plan["closest"] is None

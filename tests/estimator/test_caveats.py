@@ -11,9 +11,17 @@ from service.catalog.gpus import gpu
 from service.catalog.models import model as preset
 from service.catalog.tuning import default_tuning
 from service.estimator.caveats import VALIDATED_RANGES, context_warnings, coverage_warnings, network_warnings
-from service.estimator.estimate import estimate
+from service.estimator.estimate import estimate, warnings_for
 from service.estimator.params import parameter_counts
-from service.estimator.types import Estimate, Framework, Layout, ModelSpec, TrainingSpec
+from service.estimator.types import (
+    Estimate,
+    Framework,
+    Layout,
+    MemoryBreakdown,
+    MemoryEstimate,
+    ModelSpec,
+    TrainingSpec,
+)
 from validation import cases, published
 from validation.cases import gpu_cluster
 
@@ -355,3 +363,21 @@ def test_tp_across_hosts_of_an_nvlink_domain_is_not_said_to_cross_the_network() 
         trays = dataclasses.replace(gpu_cluster(b200, 8, network), gpus_per_node=4, num_nodes=2)
         warned = estimate(spec, trays, layout, training, tuning=default_tuning(), with_limits=False).warnings
         assert any(w.startswith("tp (8) > GPUs per node (4)") and said in w for w in warned), warned
+
+
+def test_a_shortfall_the_figures_round_away_says_by_how_much() -> None:
+    # "80.00 GiB needed per GPU, 80.00 GiB available" beside "does not fit" for 2.7 MiB (units review)
+    over = int(2.7 * 2**20)
+    tight = MemoryBreakdown(
+        parameters=80 * 2**30 + over, gradients=0, optimizer_states=0, activations=0, buffers=0,
+        fragmentation=0, cuda_context=0, nccl_buffers=0,
+    )  # fmt: skip
+    memory = MemoryEstimate(
+        per_gpu=tight, capacity_bytes=80 * 2**30, cpu_per_node_bytes=0, nvme_per_node_bytes=0
+    )
+    said = warnings_for(memory, gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9), Layout())
+    assert said[0] == "does not fit: 80.00 GiB needed per GPU, 80.00 GiB available (2.7 MiB over)"
+    far = dataclasses.replace(memory, capacity_bytes=64 * 2**30)
+    assert warnings_for(far, gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9), Layout())[0] == (
+        "does not fit: 80.00 GiB needed per GPU, 64.00 GiB available"
+    )

@@ -294,3 +294,47 @@ def test_the_rationale_says_which_link_the_data_parallel_group_crosses() -> None
     answer = estimate(model("llama-3.2-1b").spec, one, eight, training, tuning=default_tuning())
     lines = rank.rationale(eight, answer, one, None, True, "uses all 8 GPUs", training=training)
     assert any(line.startswith("DP=8 inside the node") for line in lines)
+
+
+# ---------------------------------------------------------------- what an infeasible plan says
+
+
+def test_the_best_offload_beside_a_suggestion_is_named_by_the_objective() -> None:
+    # cost picks the cheapest offload per token, which "the fastest offload, 2,552 tokens/s" named
+    # beside a 4,734 tokens/s suggestion (rationale review)
+    from service.recommender.suggest import BEST_OFFLOAD_WORDS
+
+    assert set(BEST_OFFLOAD_WORDS) == set(Objective)
+    spec = model("mixtral-8x7b").spec
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, tokens=10**9)
+    constraints = Constraints(objective=Objective.COST, gpu_hour_cost=1.2, frameworks=(Framework.DEEPSPEED,))
+    result = recommend(spec, cluster("a100-sxm-40gb"), training, constraints, default_tuning())
+    assert result.recommended is None
+    offloads = [s.detail for s in result.suggestions if s.kind == "offload" and "(the " in s.detail]
+    assert offloads, [s.detail for s in result.suggestions]
+    assert all("the cheapest offload per token" in d and "the fastest offload" not in d for d in offloads)
+
+
+def test_a_qlora_suggestion_says_it_drops_torch_compile() -> None:
+    # bitsandbytes' NF4 matmuls refuse compile (a 422 once applied): the suggestion searched without
+    # it, and said nothing (rationale review)
+    spec = model("llama-2-7b").spec
+    training = TrainingSpec(seq_len=4096, global_batch_size=16)
+    constraints = Constraints(objective=Objective.THROUGHPUT, allow_offload=False, torch_compile=True)
+    result = recommend(spec, cluster("a100-sxm-40gb", per_node=2), training, constraints, default_tuning())
+    (qlora,) = [s for s in result.suggestions if s.kind == "qlora"]
+    assert "without torch.compile (constraints.torch_compile false" in qlora.detail
+    (lora,) = [s for s in result.suggestions if s.kind == "lora"] or [None]
+    assert lora is None or "without torch.compile" not in lora.detail
+
+
+def test_the_closest_miss_of_a_framework_without_zero_3_shards_its_states() -> None:
+    # the bound's layout of Megatron-LM (no ZeRO-3) was its plain data parallelism, every weight
+    # replicated: 356.5 GiB "closest" where tp 8 needs 118 (rationale review)
+    spec = model("llama-3-70b").spec
+    training = TrainingSpec(seq_len=4096, global_batch_size=64, tokens=10**9)
+    result = recommend(spec, cluster("a100-sxm-40gb"), training, Constraints(), default_tuning())
+    assert result.recommended is None and result.closest is not None
+    layout = result.closest.layout
+    assert layout.tp * layout.pp == 8 or layout.zero_stage == 3, layout
+    assert result.closest.estimate.memory.per_gpu.total < 160 * 2**30
