@@ -291,6 +291,24 @@ _SPEC_KEYS = {
     "head_dim": ("head_dim",),
     "vocab_size": ("vocab_size",),
     "num_labels": ("num_labels", "id2label"),
+    # the MoE and rotary rules too, under the keys hf_config reads them from (a Qwen3-MoE config stating
+    # num_experts_per_tok 130 over 128 experts was answered "the config states no moe.top_k": hybrid
+    # review); a dotted key is a nested one
+    "moe.top_k": ("num_experts_per_tok",),
+    "moe.num_experts": ("n_routed_experts", "num_local_experts", "num_experts"),
+    "moe.expert_ffn_hidden_size": ("moe_intermediate_size",),
+    "moe.num_shared_experts": ("n_shared_experts",),
+    "moe.shared_expert_ffn_hidden_size": ("shared_expert_intermediate_size",),
+    "moe_router.num_groups": ("n_group",),
+    "moe_router.group_top_k": ("topk_group",),
+    "moe_router.score": ("scoring_func",),
+    "rotary_fraction": (
+        "partial_rotary_factor",
+        "rotary_pct",
+        "rope_parameters.partial_rotary_factor",
+        "rope_scaling.partial_rotary_factor",
+    ),
+    "rope_scaling": ("rope_scaling", "rope_parameters"),
 }
 
 
@@ -302,7 +320,7 @@ def _config_field(config: dict[str, Any], spec_field: str, message: str) -> tupl
     MixtralConfig's default 8: a review of the ordinary requests)."""
     keys = _SPEC_KEYS.get(spec_field, (spec_field,))
     for key in keys:
-        found = _config_key(config, [key])
+        found = _config_key(config, key.split("."))
         if found is not None:
             return f"hf_config.{found}", message
     default = f"{message} ({spec_field}: the config states no {keys[0]}, so the model type's default is used)"

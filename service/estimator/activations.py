@@ -278,8 +278,8 @@ def _hf_sdpa(model: ModelSpec, training: TrainingSpec, tokens: float, masked: bo
     # call given a mask (``masked``, Gemma 3's sliding layers): with a mask transformers does not
     # use SDPA's GQA, so k and v are repeated to every head, and SDPA turns the boolean b x 1 x s x s
     # mask into a new additive one in the model dtype, which the kernel keeps (measured; CUDA's
-    # mem-efficient kernel keeps it the same way). Not measured, so counted as unmasked: a fused-qkv
-    # family with a window (Phi-3), Llama 4's chunked layers.
+    # mem-efficient kernel keeps it the same way; Llama 4's chunked layers alike, measured on the CPU
+    # by a reviewer). Not measured, so counted as unmasked: a fused-qkv family with a window (Phi-3).
     d, q, kv = element_bytes(training.precision), model.q_size, model.kv_size
     rotary = model.position_embedding is PositionEmbedding.ROPE
     if model.family in flops.SDPA_EXPANDS_KV_FAMILIES:
@@ -331,10 +331,21 @@ def _hf_attention(
         sharded += _hf_sdpa(model, training, t, masked) + (FP32_BYTES * a * t if core else 0.0)
     # the residual dropout after o_proj keeps its mask
     replicated = d * t * h + _hf_mla_latents(model, training, t) + _hidden_mask(model) * t * h
-    return Split(replicated, sharded + _hf_qk_norm(model, training, t))
+    return Split(replicated, sharded + _hf_qk_norm(model, training, t, attention))
 
 
-def _hf_qk_norm(model: ModelSpec, training: TrainingSpec, tokens: float) -> float:
+def _hf_qk_norm(
+    model: ModelSpec, training: TrainingSpec, tokens: float, attention: AttentionKind = AttentionKind.FULL
+) -> float:
+    # Llama 4's weightless L2 norm (Llama4TextL2Norm: x.float() * rsqrt(mean(x^2) + eps), cast back) on
+    # q and k of its RoPE layers, which are its chunked ones (hf_config._llama4_text): autograd keeps
+    # the fp32 copy 4(q + kv) and one fp32 rsqrt per head row, measured on the CPU by a reviewer (1,320 B
+    # per layer and token on a tiny llama4_text); Scout's was not counted (hybrid-models review)
+    if model.qk_norm is QKNorm.L2:
+        if attention is not AttentionKind.CHUNKED:
+            return 0.0
+        heads = model.num_attention_heads + model.num_kv_heads
+        return tokens * FP32_BYTES * (model.q_size + model.kv_size + heads)
     # RMSNorm on q and k (Qwen3, Gemma 3 per head; OLMo 2 over all heads), measured: the fp32 upcast
     # 4(q + kv), one fp32 rsqrt per row, the normalised output 2(q + kv) (the weight's grad reads it;
     # fp32 4(q + kv) for the FP32_NORM_FAMILIES, and Gemma's fp32 (1 + weight) once per norm); the
@@ -516,7 +527,7 @@ def op_sac_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
     # (measured: the down projection's output, saved eager, is not compiled). An MoE layer's expert
     # outputs are scaled by the routing weights, whose gradient reads them: counted as eager.
     compiled = layout.torch_compile is not Compile.NONE and not moe_layer
-    matmuls = flops.layer_matmuls(model, moe_layer)
+    matmuls = flops.op_sac_matmuls(model, moe_layer)
     for matmul, saved in zip(matmuls, flops.op_sac_saved(matmuls), strict=True):
         if not saved or (compiled and matmul.row_parallel):
             continue
@@ -530,6 +541,10 @@ def op_sac_layer_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec,
         replicated += 2 * d * t * h
     if moe_layer and model.moe is not None:  # topk's values and indices are saved
         replicated += (FP32_BYTES + INDEX_BYTES) * t * model.moe.top_k
+        if layout.ep > 1:
+            # the token dispatcher's all_to_all_single (functional collectives) is among the comm ops
+            # SelectiveAC saves: the dispatched rows and the combined ones, top_k per token each
+            sharded += 2 * d * t * model.moe.top_k * h
     return Split(replicated, sharded).per_rank(tp, layout.sequence_parallel) + whole
 
 

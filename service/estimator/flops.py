@@ -167,17 +167,16 @@ def materialises_scores(model: ModelSpec, training: TrainingSpec) -> bool:
 
 
 def sdpa_window_mask(model: ModelSpec, training: TrainingSpec, attention: AttentionKind) -> bool:
-    """Whether transformers hands SDPA a sliding layer's mask instead of is_causal: once the sequence
-    reaches the window (masking_utils._ignore_causal_mask_sdpa); FlashAttention-2 takes the window
-    itself. With a mask SDPA's kernels run every key block (none skipped, ``layer_core_work_flops``)
-    and the mask is kept for backward (``activations``)."""
-    window = model.sliding_window
-    return (
-        training.attention is Attention.SDPA
-        and attention is AttentionKind.SLIDING
-        and window is not None
-        and training.seq_len >= window
-    )
+    """Whether transformers hands SDPA a sliding or chunked layer's mask instead of is_causal: once the
+    sequence reaches the window or chunk (masking_utils._ignore_causal_mask_sdpa: ``local_attention_size``
+    is either, create_chunked_causal_mask passing the chunk); FlashAttention-2 takes the window itself.
+    With a mask SDPA's kernels run every key block (none skipped, ``layer_core_work_flops``) and the
+    mask is kept for backward (``activations``). Llama 4's chunked layers were timed and sized as
+    unmasked: a reviewer's CPU trace of a tiny llama4_text showed the (1, 1, s, s) mask and k and v
+    repeated to every head on each chunked layer, as on Gemma 3's sliding ones (hybrid-models review)."""
+    span = {AttentionKind.SLIDING: model.sliding_window, AttentionKind.CHUNKED: model.attention_chunk_size}
+    local = span.get(attention)
+    return training.attention is Attention.SDPA and local is not None and training.seq_len >= local
 
 
 def runs_causal_kernel(model: ModelSpec, training: TrainingSpec) -> bool:
@@ -195,10 +194,11 @@ def layer_core_work_flops(model: ModelSpec, kind: LayerKind, training: TrainingS
     the whole square, ``layer_core_flops`` (config review, stop 44: Gemma 3's sliding layers under
     SDPA were timed at their window, faster than full attention)."""
     seq_len = training.seq_len
-    if sdpa_window_mask(model, training, kind.attention):  # the whole s x s, not the window's band
+    # the whole s x s, not the window's band or the chunk: SDPA handed the mask, and eager attention
+    # (transformers' eager_attention_forward multiplies q by every key, then masks) or SDPA's math
+    # kernel, which timed Gemma 2's sliding layers at their window (hybrid-models review)
+    if sdpa_window_mask(model, training, kind.attention) or not runs_causal_kernel(model, training):
         return float(layer_core_flops(model, kind._replace(attention=AttentionKind.FULL), seq_len))
-    if not runs_causal_kernel(model, training):
-        return float(layer_core_flops(model, kind, seq_len))
     return layer_core_causal_flops(model, kind, seq_len)
 
 
@@ -240,13 +240,12 @@ class Matmul:
     replicated: bool = False
 
 
-def layer_matmuls(model: ModelSpec, moe_layer: bool) -> tuple[Matmul, ...]:
-    """The weight matmuls of one decoder layer in forward order, as torchtitan's blocks run them:
-    q, k, v, o, then the MLP's gate (w1), up (w3) and down (w2) (gate and down without a gated MLP);
-    an MoE layer's routed experts (top_k of them per token, the rows of one grouped matmul) and shared
-    experts in the MLP's place. The router is left out: torchtitan's per-op AC always recomputes it
-    (force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]). MLA's attention runs wq_a and wq_b (or
-    wq), wkv_a, wkv_b and wo (torchtitan models/deepseek_v3 Attention; ``mla_projection_flops``)."""
+def layer_matmuls(model: ModelSpec, moe_layer: bool, fused_qkv: bool = False) -> tuple[Matmul, ...]:
+    """The weight matmuls of one decoder layer in forward order: q, k, v (one wqkv where ``fused_qkv``),
+    o, then the MLP's gate (w1), up (w3) and down (w2) (gate and down without a gated MLP); an MoE
+    layer's routed experts (top_k of them per token, the rows of one grouped matmul) and shared
+    experts in the MLP's place. The router is left out. MLA's attention runs wq_a and wq_b (or wq),
+    wkv_a, wkv_b and wo (torchtitan models/deepseek_v3 Attention; ``mla_projection_flops``)."""
     h, q, kv = model.hidden_size, model.q_size, model.kv_size
     attention: tuple[Matmul, ...] = (
         Matmul(q, 2 * h * q, False),
@@ -254,6 +253,8 @@ def layer_matmuls(model: ModelSpec, moe_layer: bool) -> tuple[Matmul, ...]:
         Matmul(kv, 2 * h * kv, False),
         Matmul(h, 2 * q * h, True),
     )
+    if fused_qkv:
+        attention = (Matmul(q + 2 * kv, 2 * h * (q + 2 * kv), False), attention[-1])
     if model.mla is not None:
         attention = _mla_matmuls(model, model.mla)
 
@@ -288,6 +289,24 @@ def _mla_matmuls(model: ModelSpec, mla: MLASpec) -> tuple[Matmul, ...]:
     )
 
 
+def op_sac_matmuls(model: ModelSpec, moe_layer: bool) -> tuple[Matmul, ...]:
+    """The matmuls torchtitan 0.3.0's per-op AC counts, in forward order: its blocks' fused wqkv
+    (models/common/attention.py; every registered llama3, qwen3 and gpt_oss flavor builds
+    fuse_qkv=True) and wo, or MLA's projections, then the dense MLP or an MoE layer's shared experts.
+    Neither the router (force_recompute_mm_shapes_by_fqns) nor the routed experts, whose
+    torch._grouped_mm is in neither the save list (PyTorch's compute_intensive_ops, torchtitan's own)
+    nor the mm count, are among them: both always recompute (``op_sac_recompute_flops``). A reviewer
+    logged the policy's decisions on torchtitan's own debugmodel_moe: wqkv saved, wo recomputed, the
+    router and the three grouped matmuls recomputed; q, k and v apart, with the experts in the count,
+    timed Qwen3-30B-A3B's recompute at half its cost (recompute review)."""
+    matmuls = layer_matmuls(model, moe_layer, fused_qkv=True)
+    if model.moe is None or not moe_layer:
+        return matmuls
+    attention = len(_mla_matmuls(model, model.mla)) if model.mla is not None else 2
+    routed = 3 if model.mlp.gated else 2
+    return matmuls[:attention] + matmuls[attention + routed :]
+
+
 def op_sac_saved(matmuls: tuple[Matmul, ...]) -> tuple[bool, ...]:
     """Which matmul outputs torchtitan's per-op AC saves: every second one (the 2nd, 4th, ...) is
     recomputed (SelectiveAC: ``mm_count % 2 == 0`` -> PREFER_RECOMPUTE, counted per block)."""
@@ -295,11 +314,18 @@ def op_sac_saved(matmuls: tuple[Matmul, ...]) -> tuple[bool, ...]:
 
 
 def op_sac_recompute_flops(model: ModelSpec, moe_layer: bool) -> int:
-    """Forward FLOPs per token per-op AC runs again: the unsaved matmuls (+ the MoE router)."""
-    matmuls = layer_matmuls(model, moe_layer)
+    """Forward FLOPs per token per-op AC runs again: the unsaved counted matmuls, and an MoE layer's
+    router and routed experts (``op_sac_matmuls``)."""
+    matmuls = op_sac_matmuls(model, moe_layer)
     recomputed = sum(m.flops for m, saved in zip(matmuls, op_sac_saved(matmuls), strict=True) if not saved)
-    router = 2 * model.hidden_size * model.moe.num_experts if model.moe is not None and moe_layer else 0
-    return recomputed + router
+    moe = model.moe
+    if moe is None or not moe_layer:
+        return recomputed
+    return (
+        recomputed
+        + 2 * model.hidden_size * moe.num_experts
+        + moe.top_k * mlp_flops(model, moe.expert_ffn_hidden_size)
+    )
 
 
 def logits_flops(model: ModelSpec) -> int:

@@ -278,7 +278,9 @@ def autocast_weight_bytes(job: Job, layout: Layout, rank: int) -> float:
     rp = rank_parameters_of(job, layout, rank)
     recomputed = 0.0  # selective policies recompute no matmul's weight use (per-op AC: counted as kept)
     if layout.recompute is Recompute.FULL:
-        recomputed = rank_recomputed_fractions(job.model.num_layers, layout)[rank]
+        recomputed = rank_recomputed_fractions(job.model.num_layers, layout, job.training.mtp_num_layers)[
+            rank
+        ]
     held = (1.0 - recomputed) * rp.linear + (rp.layer if recomputed > 0 else 0.0)
     return AUTOCAST_COPY_BYTES * (held + output_layer_weights(job, layout, rank))
 
@@ -861,7 +863,7 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
     out = []
     kinds = rank_kind_counts(job, layout)
     recomputed = (
-        rank_recomputed_fractions(job.model.num_layers, layout)
+        rank_recomputed_fractions(job.model.num_layers, layout, job.training.mtp_num_layers)
         if layout.recomputes_some_layers
         else (1.0,) * layout.pp
     )
@@ -903,7 +905,7 @@ def offloaded_activation_bytes(job: Job, layout: Layout) -> float:
         return 0.0
     layer = activations.layer_activations(job, layout)
     kinds = rank_kind_counts(job, layout)
-    recomputed = rank_recomputed_fractions(job.model.num_layers, layout)
+    recomputed = rank_recomputed_fractions(job.model.num_layers, layout, job.training.mtp_num_layers)
     return max(
         max(
             0.0,

@@ -108,12 +108,26 @@ def rank_layer_counts(num_layers: int, layout: Layout) -> tuple[int, ...]:
     return tuple(sum(split[rank :: layout.pp]) for rank in range(layout.pp))
 
 
-def rank_recomputed_fractions(num_layers: int, layout: Layout) -> tuple[float, ...]:
+def rank_recomputed_fractions(num_layers: int, layout: Layout, mtp_layers: int = 0) -> tuple[float, ...]:
     """The fraction of each pipeline rank's layers that recompute: with ``recompute_num_layers`` N
     the first N layers of each of its virtual stages (Megatron's block method, per model chunk); with
     ``recompute_every_n_layers`` N every N-th layer the rank builds (torchtitan's selective layer AC
     counts the blocks it wraps, per process, and checkpoints those whose count % N == 0: floor(L/N)
-    of L); else all of them (1.0; whether anything is recomputed is the layout's ``recompute``)."""
+    of L); else all of them (1.0; whether anything is recomputed is the layout's ``recompute``).
+    ``mtp_layers``: the multi-token-prediction layers the last rank builds besides its decoder
+    layers, which Megatron-Core does not recompute under the block method (multi_token_prediction.py:
+    "recompute_method == 'block' is not supported for MTP yet. Skipping recompute."; counted as
+    recomputed, DeepSeek-V2-Lite's MTP layer kept none of its activations: recompute review)."""
+    fractions = _decoder_recomputed_fractions(num_layers, layout)
+    if not mtp_layers or layout.recompute_num_layers is None:
+        return fractions
+    layers = rank_layer_counts(num_layers, layout)[-1]
+    last = fractions[-1] * layers / (layers + mtp_layers)
+    return (*fractions[:-1], last)
+
+
+def _decoder_recomputed_fractions(num_layers: int, layout: Layout) -> tuple[float, ...]:
+    """``rank_recomputed_fractions`` of the decoder layers alone."""
     n, every = layout.recompute_num_layers, layout.recompute_every_n_layers
     if every is not None:
         return tuple(

@@ -1182,7 +1182,7 @@ def kind_recompute_flops(
 def recomputed_share(job: Job, layout: Layout, stage: int) -> float:
     """The share of pipeline rank ``stage``'s layers that recompute (``recompute_num_layers``,
     ``recompute_every_n_layers``)."""
-    return rank_recomputed_fractions(job.model.num_layers, layout)[stage]
+    return rank_recomputed_fractions(job.model.num_layers, layout, job.training.mtp_num_layers)[stage]
 
 
 def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
@@ -1773,7 +1773,7 @@ def weight_cast_s(job: Job, layout: Layout, parts: StepParts) -> float:
     weights = rank_parameters_of(job, layout, stage).linear + output_layer_weights(job, layout, stage)
     passes = 1.0
     if layout.recompute is Recompute.FULL:
-        passes += rank_recomputed_fractions(job.model.num_layers, layout)[stage]
+        passes += rank_recomputed_fractions(job.model.num_layers, layout, job.training.mtp_num_layers)[stage]
     moved = parts.micro_batches * passes * AUTOCAST_CAST_TRAFFIC_BYTES * weights
     return moved / job.cluster.gpu.hbm_bandwidth_bytes_per_s
 

@@ -405,6 +405,12 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     if lo.pp > 1:
         # The script builds deepspeed.pipe.PipelineModule(num_stages=pp, partition_method=this).
         config["pipeline"] = {"stages": lo.pp, "partition": partition_method(plan)}
+        if lo.recompute is Recompute.FULL:
+            # the pipeline engine checkpoints its layers only past an interval of 0, the default
+            # (runtime/config.py get_pipeline_config; pipe/engine.py sets module.activation_checkpoint_
+            # interval from it): without it a pp 2 "recompute full" run kept every activation, 24.5
+            # GiB where 2.6 were estimated (recompute review)
+            config["pipeline"]["activation_checkpoint_interval"] = 1
     return config
 
 
@@ -478,9 +484,13 @@ def model_code_duties(plan: Plan, accelerate: bool = False) -> str:
     deepspeed.initialize)."""
     header = ""
     if plan.layout.pp > 1:
+        # recompute full: every layer checkpointed by the pipeline module itself (ds_config's pipeline
+        # block says so too), not by transformers' switch, which a PipelineModule of layer specs has not
+        checkpoint = ", activation_checkpoint_interval=1" if plan.layout.recompute is Recompute.FULL else ""
         header += (
             f"\n{TRAIN_SCRIPT} must build deepspeed.pipe.PipelineModule(num_stages={plan.layout.pp}, "
-            f"partition_method={partition_method(plan)!r}) over [embedding, decoder layers, head] specs."
+            f"partition_method={partition_method(plan)!r}{checkpoint}) over [embedding, decoder layers, "
+            "head] specs."
         )
     if plan.layout.ep > 1:
         # the estimate splits the experts over tp as well; DeepSpeed's MoE replicates them by default
@@ -507,7 +517,8 @@ def model_code_duties(plan: Plan, accelerate: bool = False) -> str:
     header += z3_leaf_duty(plan)
     if plan.training.precision is Precision.FP8:
         header += "\nfp8: the model code must use Transformer Engine layers; ds_config runs bf16 around them."
-    header += gradient_checkpointing_duty(plan)
+    if plan.layout.pp == 1:
+        header += gradient_checkpointing_duty(plan)
     if (built := SCRIPT_OPTIMIZERS.get(plan.training.optimizer)) is not None:
         # ds_config has an optimizer block for AdamW and Lion only (_optimizer): without one DeepSpeed
         # steps the client optimizer it is given (deepspeed.initialize(optimizer=...))

@@ -226,3 +226,37 @@ def test_a_config_json_refusal_names_the_key_the_config_states_or_the_default_it
     deep = {"model_type": "llama", "num_hidden_layers": 2000, **small}
     error = assert_problem(client.post(resolve, json={"model": {"hf_config": deep}}), 422)["errors"][0]
     assert error["field"] == "model.hf_config.num_hidden_layers" and error["limit"] == {"le": 1024}, error
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        (
+            {"model_type": "qwen3_moe", "hidden_size": 2048, "num_attention_heads": 32,
+             "num_key_value_heads": 4, "num_hidden_layers": 4, "intermediate_size": 6144,
+             "moe_intermediate_size": 768, "vocab_size": 151936, "num_experts": 128,
+             "num_experts_per_tok": 130},
+            "num_experts_per_tok",
+        ),
+        (
+            {"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 32, "num_hidden_layers": 4,
+             "intermediate_size": 8192, "vocab_size": 32064, "partial_rotary_factor": 1.5},
+            "partial_rotary_factor",
+        ),
+        (
+            {"model_type": "llama4_text", "hidden_size": 5120, "num_attention_heads": 40,
+             "num_key_value_heads": 8, "num_hidden_layers": 4, "intermediate_size": 8192,
+             "intermediate_size_mlp": 16384, "vocab_size": 202048, "num_local_experts": 0},
+            "num_local_experts",
+        ),
+    ],
+)  # fmt: skip
+def test_an_moe_or_rotary_rule_names_the_key_the_config_states(
+    client: TestClient, config: dict[str, object], key: str
+) -> None:
+    """Only the heads, widths and vocabulary were looked up in the config: top_k 130 over 128 experts
+    was answered at "model.hf_config", saying the config states no moe.top_k (hybrid review)."""
+    problem = assert_problem(client.post("/v1/models/resolve", json={"model": {"hf_config": config}}), 422)
+    (error,) = problem["errors"]
+    assert error["field"] == f"model.hf_config.{key}", error
+    assert "states no" not in error["message"], error

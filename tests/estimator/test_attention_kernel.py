@@ -59,6 +59,42 @@ def test_flash_executes_the_triangle_eager_the_square() -> None:
     assert flops.layer_core_work_flops(TINY, kind, flash) == 32
 
 
+def test_eager_and_masked_sdpa_run_the_whole_square_on_sliding_and_chunked_layers() -> None:
+    # transformers' eager_attention_forward multiplies q by every key and masks after (Gemma 2's
+    # sliding layers were timed at their window, faster than its full ones: hybrid-models review); SDPA
+    # is handed the mask of a sliding or chunked layer once the sequence reaches the window or chunk
+    # (masking_utils._ignore_causal_mask_sdpa), and its kernels then skip no block
+    windowed = dataclasses.replace(
+        TINY, layer_types=(AttentionKind.SLIDING,) * TINY.num_layers, sliding_window=2
+    )
+    chunked = dataclasses.replace(
+        TINY, layer_types=(AttentionKind.CHUNKED,) * TINY.num_layers, attention_chunk_size=2
+    )
+    square = flops.layer_core_work_flops(
+        TINY, LayerKind(moe=False), TrainingSpec(seq_len=3, global_batch_size=1, attention=Attention.EAGER)
+    )
+    assert square == 48
+    for model, attention_kind in ((windowed, AttentionKind.SLIDING), (chunked, AttentionKind.CHUNKED)):
+        kind = LayerKind(moe=False, attention=attention_kind)
+        for attention in (Attention.EAGER, Attention.SDPA):
+            training = TrainingSpec(seq_len=3, global_batch_size=1, attention=attention)
+            assert flops.layer_core_work_flops(model, kind, training) == square, (attention_kind, attention)
+        assert flops.sdpa_window_mask(
+            model, TrainingSpec(seq_len=2, global_batch_size=1, attention=Attention.SDPA), attention_kind
+        )
+        # below the window or chunk SDPA runs is_causal: the triangle
+        assert not flops.sdpa_window_mask(
+            dataclasses.replace(
+                model,
+                **{
+                    "sliding_window" if attention_kind is AttentionKind.SLIDING else "attention_chunk_size": 4
+                },
+            ),
+            TrainingSpec(seq_len=3, global_batch_size=1, attention=Attention.SDPA),
+            attention_kind,
+        )
+
+
 def test_catalog_reproduces_the_flashattention3_figures() -> None:
     # Shah et al. arXiv:2407.08608 Figure 5, causal, head dim 128, H100 SXM5: FA2 333 and cuDNN 529 TFLOP/s
     # forward at 8k; the causal backward is derived (the unmasked 318 and 518 x the forward's causal ratio)

@@ -73,9 +73,12 @@ def layer_bytes(recompute: str, compiled: bool) -> float:
 @pytest.mark.parametrize("compiled", [False, True])
 def test_per_op_ac_keeps_what_was_measured_per_layer(compiled: bool) -> None:
     """Eager: the block input and the outputs of wq, wv, w1, w2 and SDPA (15.56 units); compiled,
-    not w2's, which only feeds the residual add (13.56)."""
+    not w2's, which only feeds the residual add (13.56). Measured on torchtitan 9dec370's block, whose
+    wq, wk and wv are three mms (wk's recomputed); torchtitan 0.3.0's, which the estimate is of, fuses
+    them into one wqkv, saved whole: k's 128 columns more (``flops.op_sac_matmuls``)."""
     measured = variant("selective_op", compiled)["retained_per_layer_bytes"]
-    assert layer_bytes("selective_op", compiled) == pytest.approx(measured, rel=0.002)
+    fused_k = 2 * 128 * TOKENS  # bf16 x 2 kv heads x 64 over the tokens
+    assert layer_bytes("selective_op", compiled) == pytest.approx(measured + fused_k, rel=0.002)
 
 
 def test_compiled_layer_without_ac_keeps_15_units_less() -> None:

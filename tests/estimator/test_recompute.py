@@ -38,18 +38,43 @@ TINY = ModelSpec(
 
 
 def test_per_op_ac_saves_every_other_matmul_by_hand() -> None:
-    # Llama block: q(8) k(4) v(4) o(8) gate(16) up(16) down(8); the 2nd, 4th and 6th (k, o, up) recompute
-    matmuls = flops.layer_matmuls(TINY, False)
-    assert [m.out_features for m in matmuls] == [8, 4, 4, 8, 16, 16, 8]
-    assert flops.op_sac_saved(matmuls) == (True, False, True, False, True, False, True)
-    # recomputed forward FLOPs per token: k 2*8*4 + o 2*8*8 + up 2*8*16
-    assert flops.op_sac_recompute_flops(TINY, False) == 64 + 128 + 256
+    # the layer's matmuls: q(8) k(4) v(4) o(8) gate(16) up(16) down(8)
+    assert [m.out_features for m in flops.layer_matmuls(TINY, False)] == [8, 4, 4, 8, 16, 16, 8]
+    # torchtitan 0.3.0's block fuses q, k and v (wqkv 16): wqkv o gate up down, the 2nd and 4th (o, up)
+    # recompute
+    matmuls = flops.op_sac_matmuls(TINY, False)
+    assert [m.out_features for m in matmuls] == [16, 8, 16, 16, 8]
+    assert flops.op_sac_saved(matmuls) == (True, False, True, False, True)
+    # recomputed forward FLOPs per token: o 2*8*8 + up 2*8*16
+    assert flops.op_sac_recompute_flops(TINY, False) == 128 + 256
     training = TrainingSpec(seq_len=4, global_batch_size=1)
     layout = Layout(framework=Framework.FSDP, recompute=Recompute.SELECTIVE_OP)
-    # 4 tokens x 2 bytes x (input 8 + q 8 + v 4 + gate 16 + down 8 + attention output 8)
+    # 4 tokens x 2 bytes x (input 8 + wqkv 16 + gate 16 + down 8 + attention output 8)
     # + 4 tokens x fp32 logsumexp x 2 heads
-    expected = 4 * 2 * (8 + 8 + 4 + 16 + 8 + 8) + 4 * 4 * 2
+    expected = 4 * 2 * (8 + 16 + 16 + 8 + 8) + 4 * 4 * 2
     assert activations.layer_bytes(TINY, layout, training, DENSE, Recompute.SELECTIVE_OP) == expected
+
+
+TINY_ROUTED = dataclasses.replace(TINY, moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=4))
+
+
+def test_per_op_ac_always_recomputes_the_router_and_routed_experts_by_hand() -> None:
+    # torchtitan 0.3.0: the router's mm is forced to recompute and the experts' torch._grouped_mm is
+    # neither saved nor counted: an MoE layer counts wqkv (saved) and wo (recomputed) alone
+    matmuls = flops.op_sac_matmuls(TINY_ROUTED, True)
+    assert [m.out_features for m in matmuls] == [16, 8]
+    # o 2*8*8 + router 2*8*4 experts + 2 routed experts x 3 matrices x 2*8*4
+    assert flops.op_sac_recompute_flops(TINY_ROUTED, True) == 128 + 64 + 2 * 3 * 2 * 8 * 4
+    training = TrainingSpec(seq_len=4, global_batch_size=1)
+    moe = LayerKind(moe=True)
+    at = {ep: Layout(framework=Framework.FSDP, recompute=Recompute.SELECTIVE_OP, ep=ep) for ep in (1, 2)}
+    # 4 tokens x (2 bytes x (input 8 + wqkv 16 + attention output 8) + logsumexp 4 x 2 heads + topk's
+    # fp32 values and int64 indices for 2 experts)
+    one = 4 * 2 * (8 + 16 + 8) + 4 * 4 * 2 + 4 * (4 + 8) * 2
+    assert activations.layer_bytes(TINY_ROUTED, at[1], training, moe, Recompute.SELECTIVE_OP) == one
+    # under ep the dispatcher's all-to-all outputs are saved: 2 copies of 2 routed rows of 8 per token
+    two = activations.layer_bytes(TINY_ROUTED, at[2], training, moe, Recompute.SELECTIVE_OP)
+    assert two == one + 4 * 2 * 2 * 2 * 8
 
 
 def _tt_8b(gpus: int, recompute: Recompute) -> tuple[float, float]:
@@ -100,6 +125,18 @@ def test_block_method_recomputes_the_first_layers_of_each_chunk() -> None:
     assert pipeline.rank_recomputed_fractions(32, _megatron(None, v=2)) == (1.0, 1.0)
     uneven = dataclasses.replace(_megatron(4), pipeline_layers=(10, 22))
     assert pipeline.rank_recomputed_fractions(32, uneven) == (4 / 10, 4 / 22)
+
+
+def test_the_block_method_leaves_megatrons_mtp_layers_unrecomputed() -> None:
+    # multi_token_prediction.py: "recompute_method == 'block' is not supported for MTP yet. Skipping
+    # recompute." The last rank's MTP layer keeps its activations; uniform recomputes it (recompute review)
+    block = dataclasses.replace(_megatron(16), dp=8, tp=1, pp=1, sequence_parallel=False)
+    assert pipeline.rank_recomputed_fractions(16, block, mtp_layers=1) == (16 / 17,)
+    assert pipeline.rank_recomputed_fractions(16, block) == (1.0,)
+    staged = _megatron(3)  # pp 2 of 32 layers: 16 a rank, 3 recomputed; the MTP layer on the last
+    assert pipeline.rank_recomputed_fractions(32, staged, mtp_layers=1) == (3 / 16, 3 / 17)
+    uniform = dataclasses.replace(block, recompute_num_layers=None)
+    assert pipeline.rank_recomputed_fractions(16, uniform, mtp_layers=1) == (1.0,)
 
 
 def test_fewer_recomputed_layers_cost_memory_and_save_time() -> None:

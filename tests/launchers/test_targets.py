@@ -213,6 +213,26 @@ def test_every_target_renders_the_estimated_split_or_says_why() -> None:
         deepspeed.ds_config(replace(ds, layout=replace(ds.layout, pipeline_layers=(3, 6, 6, 3))))
 
 
+def test_deepspeed_pipeline_checkpoints_its_layers_where_the_layout_recomputes_them() -> None:
+    # the pipeline engine checkpoints past an activation_checkpoint_interval of 0, its default
+    # (runtime/config.py get_pipeline_config; pipe/engine.py): a pp 2 'recompute full' run kept every
+    # activation, and the header asked for transformers' switch, which a PipelineModule has not
+    # (recompute review)
+    full = plan(framework=Framework.DEEPSPEED, zero_stage=1, pp=2, recompute=Recompute.FULL)
+    assert deepspeed.ds_config(full)["pipeline"] == {
+        "stages": 2,
+        "partition": "type:DecoderLayer",
+        "activation_checkpoint_interval": 1,
+    }
+    duties = deepspeed.model_code_duties(full)
+    assert "partition_method='type:DecoderLayer', activation_checkpoint_interval=1)" in duties
+    assert "activation_checkpointing_enable" not in duties
+    kept = plan(framework=Framework.DEEPSPEED, zero_stage=1, pp=2)
+    assert "activation_checkpoint_interval" not in deepspeed.ds_config(kept)["pipeline"]
+    flat = plan(framework=Framework.DEEPSPEED, zero_stage=1, recompute=Recompute.FULL)
+    assert "activation_checkpointing_enable" in deepspeed.model_code_duties(flat)
+
+
 def deepspeed_partition_uniform(items: int, parts: int) -> list[int]:
     """Specs per stage of DeepSpeed's partition_uniform (runtime/utils.py, 0.10.1+): items // parts
     each, the first items % parts one more (written from its rule, for the check below)."""
