@@ -733,6 +733,10 @@ def test_higher_zero_stage_never_raises_model_states(
         # (model_states.deepspeed_master_clone), which ZeRO-0 does not hold: more than the moments it
         # shards where they are small (SGD, 8-bit Adam, Adafactor) or dp is (one rank: a whole copy)
         stages = [z for z in stages if z != 0]
+    if fw is Framework.DEEPSPEED and training.optimizer is Optimizer.ADAFACTOR:
+        # ZeRO-0 steps Adafactor on the shaped tensors, factored; ZeRO-1/2's flat partition cannot be
+        # (memory.min_state_bytes_per_gpu): at one rank the whole unfactored second moment is more
+        stages = [z for z in stages if z != 0]
     totals = [states_total(model, Layout(framework=fw, dp=dp, zero_stage=z), training) for z in stages]
     assert all(a >= b - 1e-6 for a, b in itertools.pairwise(totals))
 
