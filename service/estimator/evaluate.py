@@ -17,6 +17,7 @@ from collections.abc import Callable
 from service.estimator import activations, dp_comm, flops
 from service.estimator import step_time as st
 from service.estimator.calibration import calibrated_bytes
+from service.estimator.errors import EstimatorError
 from service.estimator.job import Job, layout_memo, make_job
 from service.estimator.memory import (
     MEMORY_FIELDS,
@@ -32,6 +33,7 @@ from service.estimator.memory import (
 )
 from service.estimator.model_states import fused_experts
 from service.estimator.pipeline import recomputed_fraction
+from service.estimator.scale import MAX_TOKENS_PER_STEP
 from service.estimator.types import (
     ClusterSpec,
     Layout,
@@ -42,7 +44,12 @@ from service.estimator.types import (
     TimeEstimate,
     step_total_s,
 )
-from service.estimator.validate import learned_positions, sequence_divisor, valid_micro_batch_sizes
+from service.estimator.validate import (
+    learned_positions,
+    sequence_divisor,
+    valid_micro_batch_sizes,
+    validate_layout,
+)
 
 # (parameters, gradients, optimizer states, activations, buffers, fragmentation, CUDA context, NCCL
 # buffers, TP userbuffers) of one GPU, in bytes: the first five are what PyTorch allocates, +
@@ -507,12 +514,21 @@ def max_seq_len(job: Job, layout: Layout, dynamic_factor: float = 1.0) -> int:
 
     def ok(seq_len: int) -> bool:
         training = dataclasses.replace(job.training, seq_len=seq_len)
+        try:
+            # the rules that read the sequence, which hold below a length (a window context parallelism
+            # cannot cross under FSDP: Mistral's dp 4 cp 2 answered 162,248 tokens, refused past 4,096;
+            # limits review)
+            validate_layout(job.model, job.cluster, layout, training)
+        except EstimatorError:
+            return False
         other = make_job(job.model, job.cluster, training, job.tuning)  # not shared: one-off
         return fits(other, layout, dynamic_factor=dynamic_factor)
 
-    # a learned position table has rows for so many positions: no longer sequence runs, whatever fits
+    # a learned position table has rows for so many positions: no longer sequence runs, whatever fits;
+    # nor past the tokens per step the service plans for (an answered 1,630,208 was a 422 at the batch)
     table = learned_positions(job.model)
     top = MAX_SEQ_LEN_SEARCHED if table is None else min(table, MAX_SEQ_LEN_SEARCHED)
+    top = min(top, MAX_TOKENS_PER_STEP.limit // job.training.global_batch_size)
     guess = _secant_root(total_bytes, job.cluster.gpu.memory_bytes, job.training.seq_len, step)
     return largest_satisfying(step, top, step, ok, None if guess is None else min(guess, top))
 
