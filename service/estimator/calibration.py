@@ -87,6 +87,22 @@ class JobTraits:
     parameters: int
     seq_len: int
     family: str | None = None  # layout_family; None: any (a search before it knows a layout)
+    # the arithmetic it ran: training.precision and training.method (None: not known, a plan stored
+    # before they were read back); another's runs calibrate nothing (``comparable``)
+    precision: str | None = None
+    method: str | None = None
+
+
+def comparable(run: JobTraits, target: JobTraits) -> bool:
+    """Whether a run of ``run`` may calibrate an estimate of ``target``: the same precision and
+    training method where both are known. The estimator's error is the kernels' it times (REPORT: its
+    fp32 rows +26%, its tf32 ones -22%, by the fp32 GEMM rate), and LoRA's step is another
+    computation: one fp32 run doubled every bf16, tf32 and LoRA estimate on its hardware, at weight 1
+    (calibration review)."""
+    return all(
+        mine is None or theirs is None or mine == theirs
+        for mine, theirs in ((run.precision, target.precision), (run.method, target.method))
+    )
 
 
 def layout_family(*, tp: int, pp: int, cp: int, ep: int) -> str:
@@ -350,16 +366,23 @@ def learn_calibration(stored: Sequence[Observation]) -> Calibration:
     sized = [o for o in observations if memory_ratio(o) is not None]
     ooms = [o for o in observations if oom_floor(o) is not None]
     memory = (
-        trusted(weighted_median([memory_ratio(o) or 0.0 for o in sized], [o.weight for o in sized]), sized)
+        _clamp(
+            trusted(
+                weighted_median([memory_ratio(o) or 0.0 for o in sized], [o.weight for o in sized]), sized
+            ),
+            MEMORY_FACTOR_BOUNDS,
+        )
         if sized
         else 1.0
     )
     if ooms:
+        # past the bounds too: clamped to 2.0, a floor of 4.51 let the layout that ran out of memory be
+        # recommended again, "fits" (calibration review)
         memory = max(memory, *(oom_floor(o) or 0.0 for o in ooms))
     timed = _timed(observations)
     time = _clamp(trusted(_weighted_time_median(timed), timed), TIME_FACTOR_BOUNDS) if timed else 1.0
     return Calibration(
-        memory_dynamic_factor=_clamp(memory, MEMORY_FACTOR_BOUNDS) if sized or ooms else 1.0,
+        memory_dynamic_factor=memory,
         step_time_factor=time,
         framework_step_time_factor=time,
         runs=len(observations),

@@ -32,6 +32,7 @@ from service.estimator.calibration import (
     Evidence,
     JobTraits,
     Observation,
+    comparable,
     evidence_weight,
     layout_family,
     shared_calibration,
@@ -43,6 +44,7 @@ from service.estimator.types import (
     Framework,
     Layout,
     MemoryStatistic,
+    TrainingSpec,
 )
 from service.feedback import ObservedRun, estimated_peak, measured_step_s
 from service.frameworks import Target, frameworks_of
@@ -315,12 +317,19 @@ def another_job(run: RunRecord, plan: PlanRecord, capacity_bytes: int) -> tuple[
 LAYOUT_FAMILIES = ("data-parallel", "model-parallel", "expert-parallel")
 
 
-def job_traits(parameters: int, seq_len: int, layout: Layout | None = None) -> JobTraits:
-    """The job being estimated; without a layout (a search that has not chosen one) any family."""
+def job_traits(parameters: int, training: TrainingSpec, layout: Layout | None = None) -> JobTraits:
+    """The job being estimated (its training resolved for the GPU); without a layout (a search that
+    has not chosen one) any family."""
     family = None
     if layout is not None:
         family = layout_family(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep)
-    return JobTraits(parameters=parameters, seq_len=seq_len, family=family)
+    return JobTraits(
+        parameters=parameters,
+        seq_len=training.seq_len,
+        family=family,
+        precision=training.precision.value,
+        method=training.method.value,
+    )
 
 
 def stored_traits(plan: PlanRecord) -> JobTraits | None:
@@ -329,10 +338,18 @@ def stored_traits(plan: PlanRecord) -> JobTraits | None:
     if recommended is None:
         return None
     layout = StoredLayout.model_validate(recommended.layout)
+    training = StoredRequest.read(plan.request).training
+    stated = training.model_extra or {}
+    # the precision the request gave, else the one the GPU resolved it to (resolved_defaults)
+    precision = stated.get("precision") or PlanResult.read(plan.result).resolved_defaults.get(
+        "training.precision"
+    )
     return JobTraits(
         parameters=recommended.estimate.parameters_total,
-        seq_len=StoredRequest.read(plan.request).training.seq_len,
+        seq_len=training.seq_len,
         family=layout_family(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep),
+        precision=str(precision) if precision else None,
+        method=str(stated.get("method") or "full"),
     )
 
 
@@ -363,26 +380,40 @@ class HardwareRuns:
     def learned(self, framework: str, target: JobTraits) -> Learned:
         """The framework's calibration on this hardware for ``target`` (``shared_calibration``), each
         run weighted by ``evidence_weight``."""
-        weighed = tuple((run, *evidence_weight(run.evidence, target)) for run in self.runs)
+        weighed = tuple(
+            (run, *evidence_weight(run.evidence, target))
+            for run in self.runs
+            if comparable(run.evidence.job, target)  # another precision's or method's calibrate nothing
+        )
         every = [dataclasses.replace(run.observation, weight=weight) for run, weight, _ in weighed]
         own = [o for o, (run, _, _) in zip(every, weighed, strict=True) if run.framework == framework]
         return Learned(calibration=shared_calibration(every, own), weighed=weighed)
 
 
-# The most recent runs on one hardware that calibrate its estimates. Every request on the hardware
-# reads them (an estimate, a plan, a run posted): 5,000 stored runs made an estimate take 5.8 s and a
-# plan a 422 (bounded-work review, stop 39). Older ones weigh less anyway (Evidence.age_days).
+# The most recent runs of each framework on one hardware that calibrate its estimates. Every request on
+# the hardware reads them (an estimate, a plan, a run posted): 5,000 stored runs made an estimate take
+# 5.8 s and a plan a 422 (bounded-work review, stop 39). Older ones weigh less anyway (Evidence.age_days).
 MAX_EVIDENCE_RUNS = 256
 
 
 def runs_on(repo: PlanRepository, keys: Sequence[str], now: datetime | None = None) -> HardwareRuns:
-    """The most recent ``MAX_EVIDENCE_RUNS`` runs on this hardware with what makes each evidence:
-    its age, the estimator version its plan's estimate came from, the job it ran."""
+    """The most recent ``MAX_EVIDENCE_RUNS`` runs of each framework on this hardware with what makes
+    each evidence: its age, the estimator version its plan's estimate came from, the job it ran. Per
+    framework: memory is calibrated by a framework's own runs, and 256 newer Megatron runs pushed
+    DeepSpeed's out-of-memory run out of the newest 256, its layout "fits" again (calibration review)."""
     now = now or utcnow()
     current = estimator_version()
     out = []
     traits_of: dict[str, JobTraits | None] = {}  # a plan's stored traits, parsed once for its runs
-    for run, plan in repo.runs_on_hardware(keys, limit=MAX_EVIDENCE_RUNS):
+    newest = sorted(
+        (
+            pair
+            for framework in Framework
+            for pair in repo.runs_on_hardware(keys, framework.value, limit=MAX_EVIDENCE_RUNS)
+        ),
+        key=lambda pair: pair[0].id,  # ULIDs: oldest first, as each framework's come
+    )
+    for run, plan in newest:
         if plan.id not in traits_of:
             traits_of[plan.id] = stored_traits(plan)
         obs, traits = observation(run, plan), traits_of[plan.id]
@@ -468,14 +499,16 @@ def uncalibrated_out(estimate: Estimate) -> UncalibratedOut:
 def searched_with_runs(
     constraints: Constraints, learned: Mapping[tuple[Framework, str], Calibration]
 ) -> tuple[Constraints, dict[str, str]]:
-    """Make the search as conservative as the runs ask: each framework and layout family whose runs
-    on this hardware set a dynamic-memory factor above 1 (an out-of-memory run sets one) has every
-    layout fitted with its activations, buffers and overhead scaled by it, as the plan's calibrated
-    estimate of a kept layout then shows them (``Constraints.memory_dynamic_factors``). A flat
+    """Fit the search's layouts as the runs measure them: each framework and layout family whose runs
+    on this hardware set a dynamic-memory factor other than 1 (an out-of-memory run sets one above)
+    has every layout fitted with its activations, buffers and overhead scaled by it, as the plan's
+    calibrated estimate of a kept layout then shows them (``Constraints.memory_dynamic_factors``).
+    Below 1 too: searched uncalibrated, a plan was infeasible where the calibrated estimate of its own
+    closest layout fit with 7 GiB to spare (calibration review). A flat
     headroom for the largest surplus refused layouts that need less: one out-of-memory run at 25.6
     GiB of activations took 17 GiB off every layout's room, and an 8B plan on 2 GPUs said infeasible
     where its calibrated tp 2 layout fits (scheduler review). With what ``resolved_defaults`` names."""
-    raised = {key: c for key, c in learned.items() if c.memory_dynamic_factor > 1.0}
+    raised = {key: c for key, c in learned.items() if c.memory_dynamic_factor != 1.0}
     if not raised:
         return constraints, {}
     factors = tuple((fw, family, c.memory_dynamic_factor) for (fw, family), c in raised.items())

@@ -152,13 +152,13 @@ def _calibrated(
     layout = option.layout
     if layout is None or option.num_gpus is None or not option.tokens_per_s:
         return option
-    target = job_traits(parameter_counts(model).total, training.seq_len, layout)
+    on_gpu = for_gpu(training, cluster.gpu, model)
+    target = job_traits(parameter_counts(model).total, on_gpu, layout)  # the precision the GPU resolves
     learned = calibration_for(runs, hardware_keys(cluster), layout.framework.value, target)
     calibration = learned.calibration
     if calibration.is_identity:
         return option
     placed = sub_cluster(cluster, option.num_gpus)
-    on_gpu = for_gpu(training, cluster.gpu, model)
     found = estimate(
         model, placed, layout, on_gpu, tuning=default_tuning(), calibration=calibration, with_limits=False
     )

@@ -66,7 +66,7 @@ def estimate_for(session: Session, request: EstimateRequest) -> EstimateOut:
     )
     layout = layout_in.to_domain(peer_to_peer=peer_to_peer)
     total = parameter_counts(model).total
-    target = job_traits(total, training.seq_len, layout)
+    target = job_traits(total, training, layout)
     learned = calibration_for(PlanRepository(session), hardware_keys(cluster), layout.framework.value, target)
     try:
         result = estimate(

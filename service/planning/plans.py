@@ -140,7 +140,7 @@ def plan_record(session: Session, request: PlanRequest, deadline: Deadline = NO_
     plans = PlanRepository(session)
     runs = runs_on(plans, hardware_keys(cluster))
     # no layout chosen yet: each framework and family's memory factor, which the search applies per layout
-    before = job_traits(parameter_counts(model).total, training.seq_len)
+    before = job_traits(parameter_counts(model).total, training)
     learned = {
         (fw, family): runs.learned(fw.value, dataclasses.replace(before, family=family)).calibration
         for fw in constraints.frameworks
@@ -366,7 +366,7 @@ def plan_result(
     learned: dict[tuple[str, str | None], Learned] = {}
 
     def learned_for(layout: Layout) -> Learned:
-        target = job_traits(total, training.seq_len, layout)
+        target = job_traits(total, training, layout)
         key = (layout.framework.value, target.family)
         if key not in learned:
             learned[key] = runs.learned(layout.framework.value, target)

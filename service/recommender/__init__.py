@@ -921,7 +921,12 @@ def _climb_can_fit(search: _Search, job: Job, gpus: int, limit: int, result: Sea
         search.constraints.launchers,
         search.constraints.torch_compile,
     )
-    if bound is None or bound.need_bytes <= limit:
+    if bound is None:
+        return True
+    # stored runs that measured less dynamic memory than estimated (a factor below 1) lower the floor
+    # of every layout: the bound stays one
+    least_factor = min((factor for _, _, factor in search.constraints.memory_dynamic_factors), default=1.0)
+    if bound.need_bytes - max(0.0, 1.0 - least_factor) * bound.dynamic_bytes <= limit:
         return True
     what = "the model states sharded over all GPUs, and what no data parallelism shrinks, need"
     result.log.add_memory(MEMORY_REJECTION, 1, bound.example, bound.need_bytes, limit, what)

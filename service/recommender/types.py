@@ -47,7 +47,7 @@ class Constraints:
     # --compile.enable, HF Trainer torch_compile, accelerate's dynamo backend), model and loss.
     torch_compile: bool = False
     # What stored runs on this hardware say of the activations, buffers and overhead the estimate
-    # leaves out ((framework, layout family, factor > 1): planning.calibration, the calibration a plan
+    # leaves out ((framework, layout family, factor): planning.calibration, the calibration a plan
     # then applies to the layouts it keeps): every layout of the family is fitted with its own dynamic
     # bytes so scaled, where a flat headroom for the largest surplus refused layouts that need less
     # (scheduler review: one out-of-memory run at 25.6 GiB of activations took 17 GiB off every layout)

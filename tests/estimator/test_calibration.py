@@ -364,3 +364,14 @@ def test_an_out_of_memory_run_below_its_model_states_is_implausible() -> None:
     (below,) = implausibility(dataclasses.replace(measured(peak=GB), out_of_memory=True))
     assert below.startswith("ran out of memory at a reported peak of 1 GiB, below the 20 GiB of model states")
     assert implausibility(dataclasses.replace(measured(peak=70 * GB), out_of_memory=True)) == ()
+
+
+def test_an_oom_floor_holds_past_the_factor_bounds() -> None:
+    # ran out of memory with (80 - 20) GiB free for an estimated 10 GiB of dynamic memory: the factor
+    # must reach 1.05 x 60 / 10 = 6.3 for that layout not to fit again; clamped to the bounds' 2.0 the
+    # same layout was recommended again, "fits" (calibration review). Measured ratios stay bounded.
+    floor = learn_calibration([measured(oom=True)])
+    assert floor.memory_dynamic_factor == pytest.approx(1.05 * 60 / 10)
+    assert floor.memory_dynamic_factor > MEMORY_FACTOR_BOUNDS[1]
+    sized = learn_calibration([measured(peak=20 * GB + 35 * GB)])  # 3.5x the dynamic estimate
+    assert sized.memory_dynamic_factor == MEMORY_FACTOR_BOUNDS[1]

@@ -90,3 +90,76 @@ def test_the_evidence_on_one_hardware_is_its_most_recent_runs(
         last = planning.add_run(session, plan.id, RunIn(step_s=factor * step_s)).value
     assert last.calibration is not None and last.calibration["runs"] == 3
     assert last.calibration["factors"]["step_time_learned"] == pytest.approx(1.2, rel=0.05)
+
+
+def test_another_frameworks_newer_runs_leave_a_frameworks_own_evidence(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest MAX_EVIDENCE_RUNS were taken across frameworks: 256 Megatron runs pushed
+    DeepSpeed's out-of-memory run out, and its layout 'fit' again, uncalibrated (calibration review).
+    Each framework keeps its own newest."""
+    from service.planning import calibration
+
+    monkeypatch.setattr(calibration, "MAX_EVIDENCE_RUNS", 3)
+    # a job whose out-of-memory run is plausible (its estimate within 4x of the card)
+    body = BODY | {"model": {"preset": "llama-3.1-8b"}, "training": {"seq_len": 4096, "global_batch_size": 64}}
+    deepspeed = planning.create_plan(session, PlanRequest.model_validate(body)).value
+    planning.add_run(session, deepspeed.id, RunIn(out_of_memory=True))
+    megatron_body = body | {"constraints": {"top_k": 1, "frameworks": ["megatron"]}, "launchers": ["megatron"]}
+    megatron = planning.create_plan(session, PlanRequest.model_validate(megatron_body)).value
+    assert megatron.recommended is not None and megatron.recommended.estimate.time is not None
+    for _ in range(4):
+        planning.add_run(session, megatron.id, RunIn(step_s=megatron.recommended.estimate.time.step_s))
+    assert deepspeed.recommended is not None
+    estimate = planning.estimate_for(
+        session,
+        EstimateRequest.model_validate(
+            {k: body[k] for k in ("model", "cluster", "training")} | {"layout": deepspeed.recommended.layout}
+        ),
+    )
+    assert estimate.calibration is not None and estimate.calibration.out_of_memory_runs == 1
+    assert not estimate.fits
+
+
+def test_a_run_calibrates_only_its_own_precision_and_method(session: Session) -> None:
+    """One fp32 run doubled the bf16, tf32 and LoRA estimates of its hardware, at weight 1: the
+    estimator's error is the kernels' it times (calibration review). Another precision's or method's
+    runs calibrate nothing."""
+    fp32 = BODY | {"training": BODY["training"] | {"precision": "fp32"}}
+    plan = planning.create_plan(session, PlanRequest.model_validate(fp32)).value
+    assert plan.recommended is not None and plan.recommended.estimate.time is not None
+    planning.add_run(session, plan.id, RunIn(step_s=2 * plan.recommended.estimate.time.step_s))
+
+    def calibration(training: dict[str, Any]) -> Any:
+        body = {"model": BODY["model"], "cluster": BODY["cluster"], "training": training}
+        assert plan.recommended is not None
+        request = EstimateRequest.model_validate(body | {"layout": plan.recommended.layout})
+        return planning.estimate_for(session, request).calibration
+
+    assert calibration(fp32["training"]) is not None
+    assert calibration(BODY["training"]) is None  # bf16, the H100's default
+    assert calibration(BODY["training"] | {"precision": "tf32"}) is None
+
+
+def test_runs_that_measured_less_memory_fit_the_search_as_they_do_the_estimate(session: Session) -> None:
+    """Factors below 1 were left out of the search: a plan was infeasible where the calibrated estimate
+    of its own closest layout fit (calibration review). Runs measuring 60% of the estimated dynamic
+    memory (factor 0.8, the bound) let the plan at a longer sequence keep a layout that fits so."""
+    body: dict[str, Any] = {
+        "model": {"preset": "llama-3.2-1b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 16384, "global_batch_size": 8},
+        "constraints": {"frameworks": ["fsdp"], "min_headroom_fraction": 0.0, "top_k": 1},
+    }
+    plan = planning.create_plan(session, PlanRequest.model_validate(body)).value
+    assert plan.recommended is not None
+    memory = plan.recommended.estimate.memory.per_gpu
+    states = memory.parameters + memory.gradients + memory.optimizer_states
+    peak = states + int(0.6 * (memory.device_used_bytes - states))
+    for _ in range(3):
+        planning.add_run(session, plan.id, RunIn(peak_memory_bytes_per_gpu=peak, memory_statistic="device_used"))
+    longer = body | {"training": {"seq_len": 36864, "global_batch_size": 8}}
+    again = planning.create_plan(session, PlanRequest.model_validate(longer)).value
+    assert again.status == "feasible", again.closest
+    assert again.recommended is not None and again.recommended.estimate.fits
+    assert again.resolved_defaults["search.memory_dynamic_factor"].startswith("fsdp")
