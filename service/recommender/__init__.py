@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -1174,12 +1174,15 @@ def search(
     found it fitting nothing). ``into``: a result to search on into, whose top k bounds these counts."""
     training = for_gpu(training, cluster.gpu, model)  # what the request left to the hardware, for this GPU
     budget = budget or Budget(constraints.max_evaluations)
+    climbed: Iterable[int] = counts
+    if stop_at_first_fit and not probe:
+        climbed = _with_splits(model, cluster, training, counts)
     result = into if into is not None else SearchResult()
     result.dynamic_factor = constraints.dynamic_factor
     try:
         with shared_memory_memos():  # or the caller's: a sweep over GPU types asks the same layouts
             _search_counts(
-                model, cluster, training, constraints, tuning, counts, stop_at_first_fit, budget, result,
+                model, cluster, training, constraints, tuning, climbed, stop_at_first_fit, budget, result,
                 rejections, probe, lean_first,
             )  # fmt: skip
     finally:
@@ -1194,7 +1197,7 @@ def _search_counts(
     training: TrainingSpec,
     constraints: Constraints,
     tuning: Tuning,
-    counts: tuple[int, ...],
+    counts: Iterable[int],
     stop_at_first_fit: bool,
     budget: Budget,
     result: SearchResult,
@@ -1361,6 +1364,54 @@ def _merge(found: SearchResult, more: SearchResult) -> None:
 
 
 MAX_FIRST_FIT_PROBES = 5  # whole-node counts bisected between two ladder steps (up to 32 nodes apart)
+# The whole-node counts below a ladder step with no split at all that a climb looks through for the
+# largest with one (``_with_splits``), and that a bisection between two steps keeps to
+MAX_SPLIT_SCAN = 64
+
+
+def _has_split(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, gpus: int) -> bool:
+    """Whether any split of ``gpus`` GPUs is valid (``structures`` yields one): a data-parallel-only
+    job (QLoRA) splits only counts its global batch divides. The splits read the GPUs per node, not
+    the GPU: every type of a capacity sweep asks the same (``_SPLITS``)."""
+    key = (model, cluster.gpus_per_node, training, gpus)
+    found = _SPLITS.get(key)
+    if found is None:
+        if len(_SPLITS) >= MAX_SPLIT_MEMO:
+            _SPLITS.clear()
+        found = _SPLITS[key] = (
+            next(structures(model, cluster, training, gpus, RejectionLog()), None) is not None
+        )
+    return found
+
+
+# whether a count has a split, by (model, GPUs per node, training, count): process-wide, bounded
+MAX_SPLIT_MEMO = 4096
+_SPLITS: dict[tuple[ModelSpec, int, TrainingSpec, int], bool] = {}
+
+
+def _with_splits(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, counts: tuple[int, ...]
+) -> Iterator[int]:
+    """A climb's ``counts``, each past one node that no split uses replaced by the largest whole-node
+    count below it (and above the step before) that one does, where any within ``MAX_SPLIT_SCAN``
+    nodes: past 16 nodes the ladder's 3-smooth steps may all miss the counts a batch splits over (QLoRA
+    of 405B on L4s at a batch of 320: 18, 24, 27, 32, 36 nodes, none dividing it, answered 'no layout
+    fits' where 20 nodes do; capacity review)."""
+    gpn = cluster.gpus_per_node
+    largest = largest_world(model, cluster, training)
+    previous = 0
+    for count in counts:  # lazily: a climb stops at its first fit
+        if count <= gpn or count % gpn or count > largest or _has_split(model, cluster, training, count):
+            yield count  # (past every split: logged so by the search, cheaply)
+        else:
+            low = max(previous // gpn, count // gpn - MAX_SPLIT_SCAN - 1)
+            for nodes in range(count // gpn - 1, low, -1):
+                if _has_split(model, cluster, training, nodes * gpn):
+                    yield nodes * gpn
+                    break
+            else:
+                yield count  # logged as the rules refuse it
+        previous = count
 
 
 def first_fit_between(
@@ -1459,20 +1510,29 @@ def fewest_between(
     if not below or fit % gpn or below[-1] % gpn:
         return fit
     lo, hi = below[-1] // gpn, fit // gpn  # nodes: lo fits nothing, hi fits
+    # the node counts between that any split uses: a count none does fits nothing, and a bisection
+    # over all of them took 21, 22 and 23 nodes (none dividing a QLoRA batch of 960) to say 24 where 20
+    # fit (capacity review); past MAX_SPLIT_SCAN counts, all of them
+    between = list(range(lo + 1, hi))
+    if len(between) <= MAX_SPLIT_SCAN:
+        between = [
+            n for n in between if _has_split(model, cluster, for_gpu(training, cluster.gpu, model), n * gpn)
+        ]
+    a, b = -1, len(between)  # indices: a fits nothing (lo), b fits (hi)
     for _ in range(MAX_FIRST_FIT_PROBES):
-        if hi - lo <= 1 or budget.exhausted():
+        if b - a <= 1 or budget.exhausted():
             break
-        mid = (lo + hi) // 2
+        mid = (a + b) // 2
         probed = search(
-            model, cluster, training, constraints, tuning, (mid * gpn,), budget=budget, rejections=False,
-            probe=True,
+            model, cluster, training, constraints, tuning, (between[mid] * gpn,), budget=budget,
+            rejections=False, probe=True,
         )  # fmt: skip
         found.add_charged(probed)
-        if any(job.cluster.world_size == mid * gpn for job, _ in probed.fallbacks):
-            hi = mid
+        if any(job.cluster.world_size == between[mid] * gpn for job, _ in probed.fallbacks):
+            b = mid
         else:
-            lo = mid
-    return hi * gpn
+            a = mid
+    return (between[b] if b < len(between) else hi) * gpn
 
 
 def _run_search(

@@ -477,3 +477,16 @@ def test_a_budget_the_bisection_spends_still_answers_the_lean_layout_that_fits(e
     )
     assert option.fits and option.truncated and option.min_gpus is not None
     assert "cut this search" in option.note
+
+
+@pytest.mark.parametrize(("seq_len", "batch"), [(1280, 320), (1344, 960)])
+def test_the_fewest_gpus_of_a_data_parallel_job_are_a_count_its_batch_splits_over(
+    seq_len: int, batch: int
+) -> None:
+    # QLoRA splits only over dp, so only counts dividing the batch hold a layout; past 16 nodes the
+    # climb's 3-smooth steps (18, 24, 27, 32, 36 nodes) all missed 320 ('no layout fits'), and the
+    # bisection between 18 and 24 probed 21, 22, 23 for 960 (24 answered where 20 fit): capacity review
+    spec = model("llama-3.1-405b").spec
+    training = TrainingSpec(seq_len=seq_len, global_batch_size=batch, method=Method.QLORA)
+    (option,) = capacity(spec, training, default_tuning(), gpus=[gpu("l4-24gb")])
+    assert option.fits and option.min_gpus == 160, option
