@@ -525,23 +525,15 @@ def with_optimizer_offload(case: MemoryCase) -> MemoryCase:
 # ---------------------------------------------------------------- measured HF activations
 
 # Cases whose CPU kernel is not the one CUDA runs, so not comparable with the estimator (which
-# models CUDA's). On the CPU, Falcon-7B's multi-query SDPA with an explicit mask takes PyTorch's math
-# fallback, which upcasts to fp32 and stores the s x s probabilities; CUDA runs the memory-efficient
-# kernel. The other way round, a grouped-query model's unmasked fp32 SDPA (transformers' enable_gqa)
-# runs the CPU's flash kernel, while CUDA's flash kernel takes 16 bits only and its memory-efficient
-# one no grouped heads, so CUDA runs the math kernel (flops.materialises_scores; measured on an H200,
-# validation/data/device_runs.json).
-_FALCON_MASKED = "falcon-7b-style-bfloat16-sdpa-b2-s64"
+# models CUDA's): a grouped-query model's unmasked fp32 SDPA (transformers' enable_gqa) runs the CPU's
+# flash kernel, while CUDA's flash kernel takes 16 bits only and its memory-efficient one no grouped
+# heads, so CUDA runs the math kernel (flops.materialises_scores; measured on an H200,
+# validation/data/device_runs.json). (Falcon-7B's multi-query SDPA, one kv head beside every query head
+# with a mask, takes PyTorch's math kernel on both, upcast to fp32 on both: compared.)
 
 
 def cpu_only_reason(case: dict[str, Any]) -> str | None:
     """Why a case of activations.json ran another kernel on the CPU than CUDA runs, or None."""
-    if case["id"] == _FALCON_MASKED:
-        return (
-            "excluded: on the CPU, Falcon-7B's multi-query SDPA with an explicit mask takes PyTorch's math "
-            "fallback (fp32 upcast, s x s probabilities saved); CUDA runs the memory-efficient kernel we "
-            "model"
-        )
     config = case["config"]
     heads = config.get("num_attention_heads")
     grouped = heads is not None and config.get("num_key_value_heads", heads) < heads

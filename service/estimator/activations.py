@@ -288,6 +288,10 @@ def _hf_sdpa(model: ModelSpec, training: TrainingSpec, tokens: float, masked: bo
         return d * tokens * ((q + 2 * kv) + ((q + kv) if rotary else 0))
     if masked:
         return d * tokens * 3 * q + d * tokens * training.seq_len
+    if model.head_dim > flops.SDPA_GQA_HEAD_DIM_MAX:
+        # transformers passes enable_gqa only up to head_dim 256 (use_gqa_in_sdpa): past it k and v are
+        # repeated to every head (a head_dim 512 Llama under-counted by 6 GiB: attention review)
+        return d * tokens * 3 * q
     return d * tokens * (q + 2 * kv)
 
 
@@ -307,7 +311,15 @@ def _hf_attention(
     h, q, kv, a = model.hidden_size, model.q_size, model.kv_size, model.num_attention_heads
     sharded = d * t * model.v_size  # the attention output, o_proj's input
     masked = flops.sdpa_window_mask(model, training, attention)
-    if flops.materialises_scores(model, training) and not masked:  # eager, or SDPA's math kernel
+    if flops.materialises_scores(model, training) and not masked and training.attention is Attention.SDPA:
+        # SDPA's math kernel upcasts 16-bit q, k and v to fp32 (attention.cpp, unless
+        # allow_fp16_bf16_reduction_math_sdp, off by default) and saves them and its fp32 probabilities:
+        # measured, Falcon-7B's exactly eager's tensors in fp32 (validation/data/activations.json)
+        kv_saved = q if model.num_kv_heads < a else kv
+        sharded += FP32_BYTES * t * (q + 2 * kv_saved) + (
+            FP32_BYTES * a * t * training.seq_len if core else 0.0
+        )
+    elif flops.materialises_scores(model, training) and not masked:  # eager
         kv_saved = q if model.num_kv_heads < a else kv
         sharded += d * t * (q + 2 * kv_saved)
         if core and model.attention_sinks:

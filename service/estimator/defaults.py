@@ -62,13 +62,21 @@ def best_precision(gpu: GPUSpec) -> Precision:
     return Precision.FP32
 
 
+def flash_refuses_dropout(model: ModelSpec) -> bool:
+    """Whether flash-attn's kernels refuse the model's attention: softcapped scores with dropout
+    (flash_api.cpp mha_fwd/mha_bwd: TORCH_CHECK(p_dropout == 0.f) where softcap > 0); Gemma 2 with
+    attention_dropout 0.1 defaulted to flash (attention review)."""
+    return bool(model.attn_logit_softcapping) and model.attention_dropout > 0
+
+
 def best_attention(gpu: GPUSpec, precision: Precision, model: ModelSpec) -> Attention:
     """FlashAttention-2 where its kernels exist and take the training's activations (fp16 / bf16
     only: flash_attn's interface asserts the dtype) and its heads (``FLASH_MAX_HEAD_DIM``), else
     SDPA, which runs fp32 and any head too; of those the model's transformers implementation has
     (``params.transformers_attention``), else eager."""
     has = transformers_attention(model)
-    takes = not precision.stores_fp32 and model.head_dim <= FLASH_MAX_HEAD_DIM
+    wide = model.head_dim > FLASH_MAX_HEAD_DIM
+    takes = not precision.stores_fp32 and not wide and not flash_refuses_dropout(model)
     if gpu.flash_attention and takes and Attention.FLASH in has:
         return Attention.FLASH
     return Attention.SDPA if Attention.SDPA in has else Attention.EAGER

@@ -146,9 +146,10 @@ def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tup
         added_s = unaligned_core_step_s(job, layout) * step_time_factor
         out.append(
             f"head_dim {head_dim} ({head_dim * element_bytes(training.precision)}-byte rows) is not a "
-            f"multiple of {tuning.attention_alignment_bytes} bytes: eager "
+            f"multiple of {tuning.attention_alignment_bytes} bytes: {training.attention} "
             f"attention's QK^T and AV run at {tuning.unaligned_attention_core_factor:g} of the GEMM rate, "
-            f"{added_s:.3g} s of each step; flash or sdpa attention pad head_dim to a multiple of 8"
+            f"{added_s:.3g} s of each step; flash kernels (flash, or sdpa where the GPU has them) pad "
+            "head_dim to a multiple of 8"
         )
     return tuple(out)
 
@@ -244,12 +245,24 @@ def attention_core_note(job: Job, layout: Layout) -> str:
     if flops.materialises_scores(job.model, job.training):
         masked = "unmasked" if job.model.bidirectional else "masked"
         math = "sdpa: PyTorch's math kernel, transformers' grouped-query call where no flash kernel runs"
+        if job.model.family in flops.SDPA_EXPANDS_KV_FAMILIES:
+            math = "sdpa: PyTorch's math kernel, Falcon's one kv head beside every query head (no enable_gqa)"
         named = "eager" if attention is Attention.EAGER else math
         return f"attention's core ({named}): the whole {masked} s x s square at the GEMM rate"
     # a bidirectional encoder's kernel runs every key block (flops.causal_keys_per_query)
     region = "whole s x s square (bidirectional)" if job.model.bidirectional else "causal triangle"
     kernel = core_kernel(job, layout)
     die = job.cluster.gpu.chip or "unstated"
+    if (
+        attention is Attention.SDPA
+        and flops.sdpa_refuses_flash(job.model)
+        and not job.training.precision.stores_fp32
+    ):
+        return (
+            f"attention's core (sdpa: PyTorch's memory-efficient kernel, its flash and cuDNN backends taking "
+            f"head dims up to 256 and q, k, v of one width): the {region} at the GEMM rate (no published "
+            "rate of it)"
+        )
     if not job.training.gpu_flash_kernels:
         # SDPA dispatches to its memory-efficient kernel where no flash kernel runs (pre-Ampere NVIDIA)
         named = f"{attention}: PyTorch's memory-efficient kernel, no FlashAttention-2 on the {die} die"

@@ -139,6 +139,8 @@ SDPA_EXPANDS_KV_FAMILIES = frozenset({"falcon"})
 # transformers passes SDPA enable_gqa=True, rather than repeating k and v, for an unmasked call whose
 # k and v head dims are equal and at most this (integrations/sdpa_attention.py use_gqa_in_sdpa)
 SDPA_GQA_HEAD_DIM_MAX = 256
+# PyTorch SDPA's memory-efficient kernel: 16-bit head dims in multiples of this (minimum_gemm_alignment)
+SDPA_MEM_EFFICIENT_ALIGNMENT = 8
 
 
 def materialises_scores(model: ModelSpec, training: TrainingSpec) -> bool:
@@ -156,6 +158,28 @@ def materialises_scores(model: ModelSpec, training: TrainingSpec) -> bool:
     within 1.5% of eager attention's."""
     if training.attention is Attention.EAGER:
         return True
+    if (
+        training.attention is Attention.SDPA
+        and model.family in SDPA_EXPANDS_KV_FAMILIES
+        and model.num_kv_heads == 1 < model.num_attention_heads
+    ):
+        # Falcon-7B's multi-query attention hands SDPA k and v of one head beside 71 query heads,
+        # without enable_gqa and with a mask (modeling_falcon.py): the fused kernels need equal heads
+        # (sdp_utils check_batch_size_and_num_heads_dense), so every GPU runs the math kernel. The
+        # new decoder architecture (40B, 180B) broadcasts k and v to every head first. (A new-
+        # architecture config of one kv head reads as 7B's here: none is published.) Estimated as the
+        # memory-efficient kernel, 7B fit on V100s at 27 GiB where eager's 48 does not (attention review)
+        return True
+    if (
+        training.attention is Attention.SDPA
+        and not training.gpu_flash_kernels
+        and not training.precision.stores_fp32
+        and model.head_dim % SDPA_MEM_EFFICIENT_ALIGNMENT
+    ):
+        # without flash kernels (V100, T4) SDPA's memory-efficient kernel needs 16-bit head dims in
+        # multiples of 8 (sdp_utils check_head_dim_size_mem_efficient, minimum_gemm_alignment); only
+        # its flash backend pads them (attention review: head_dim 100 on a V100)
+        return True
     return (
         training.attention is Attention.SDPA
         and (training.precision.stores_fp32 or not training.gpu_flash_kernels)
@@ -164,6 +188,16 @@ def materialises_scores(model: ModelSpec, training: TrainingSpec) -> bool:
         and model.head_dim <= SDPA_GQA_HEAD_DIM_MAX
         and model.family not in SDPA_EXPANDS_KV_FAMILIES
     )
+
+
+def sdpa_refuses_flash(model: ModelSpec) -> bool:
+    """Whether PyTorch SDPA's flash and cuDNN backends refuse the model's heads, leaving its memory-
+    efficient kernel (no published rate: the core's triangle at the GEMM rate, step_time.core_kernel):
+    a head dim past 256 (sdp_utils check_head_dim_size_flash, check_cudnn_tensor_shapes), or q and k
+    of another width than v (MLA: 192 and 128; 'Flash attention requires q,k,v to have the same last
+    dimension'). Timed at FlashAttention-2's rate, DeepSeek-V2-Lite and a head_dim 512 Llama were
+    faster than their kernel (attention review)."""
+    return model.head_dim > SDPA_GQA_HEAD_DIM_MAX or model.mla is not None
 
 
 def sdpa_window_mask(model: ModelSpec, training: TrainingSpec, attention: AttentionKind) -> bool:

@@ -534,6 +534,8 @@ def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
     training = job.training
     if training.attention is Attention.EAGER or training.precision.stores_fp32:
         return None
+    if training.attention is Attention.SDPA and flops.sdpa_refuses_flash(job.model):
+        return None  # SDPA's memory-efficient kernel: no published rate
     rate = attention_kernel_rate(job.tuning, job.cluster.gpu, layout.framework)
     fractions = attention_kernel_fractions(
         job.tuning, job.cluster.gpu, layout.framework, training.seq_len / layout.cp, job.model.bidirectional
@@ -550,6 +552,10 @@ def core_rates_flops_per_s(job: Job, layout: Layout, gemm_efficiency: float) -> 
     # QK^T and AV stay in bf16 (flash attention's 16-bit kernels)
     precision = job.training.precision
     gemm = Precision.BF16 if precision is Precision.FP8 else precision
+    if job.training.attention is Attention.SDPA and flops.materialises_scores(job.model, job.training):
+        # SDPA's math kernel upcasts 16-bit q, k and v and multiplies them in fp32 (attention.cpp;
+        # matmul's TF32 off by default, as the trainers leave it): at the fp32 peak
+        gemm = Precision.TF32 if precision is Precision.TF32 else Precision.FP32
     peak = sustained_peak_flops_per_s(job.cluster, gemm)
     kernel = core_kernel(job, layout)
     if kernel is None:
@@ -707,11 +713,11 @@ def loss_s(job: Job, layout: Layout, base: StepBase) -> float:
 def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, tuning: Tuning) -> float:
     """Extra time of eager attention's core (QK^T, AV) as a multiple of its time at the GEMM rate:
     ``1 / unaligned_attention_core_factor - 1`` when a head's row, head_dim x element bytes, is off
-    ``attention_alignment_bytes``, else 0. Flash and SDPA pad head_dim to a multiple of 8: 0. fp32
-    attention runs on CUDA cores, not tensor cores, and the measurements are 16-bit: 0; tf32's
-    4-byte rows were not measured either: 0."""
+    ``attention_alignment_bytes``, else 0; SDPA's math kernel alike (the same batched GEMMs). Flash
+    kernels pad head_dim to a multiple of 8: 0. fp32 attention runs on CUDA cores, not tensor cores,
+    and the measurements are 16-bit: 0; tf32's 4-byte rows were not measured either: 0."""
     # BigScience prequel: head_dim 108 (216 B) ran 1.30-1.40x the step of head_dim 144 (tuning.toml)
-    if training.attention is not Attention.EAGER or training.precision.stores_fp32:
+    if not flops.materialises_scores(model, training) or training.precision.stores_fp32:
         return 0.0
     if model.head_dim * element_bytes(training.precision) % tuning.attention_alignment_bytes == 0:
         return 0.0

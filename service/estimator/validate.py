@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from service.estimator import model_states, params, pipeline
-from service.estimator.defaults import FLASH_MAX_HEAD_DIM
+from service.estimator.defaults import FLASH_MAX_HEAD_DIM, flash_refuses_dropout
 from service.estimator.errors import InvalidLayout, InvalidTraining
 from service.estimator.types import (
     MLP_LINEAR,
@@ -966,6 +966,15 @@ def flash_head_dim_violation(model: ModelSpec, training: TrainingSpec) -> Invali
             rule="flash_head_dim",
             field="attention",
             limit=FLASH_MAX_HEAD_DIM,
+        )
+    if training.attention is Attention.FLASH and flash_refuses_dropout(model):
+        return InvalidTraining(
+            f"attention flash: flash-attn refuses softcapping with dropout ('Softcapping does not support "
+            f"dropout for now', flash_api.cpp), and {model.name} has both (attn_logit_softcapping, "
+            f"attention_dropout {model.attention_dropout:g}): use attention eager, or leave attention out "
+            "(eager is chosen)",
+            rule="flash_softcap_dropout",
+            field="attention",
         )
     return None
 

@@ -12,8 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from service.catalog.gpus import gpu
+from service.catalog.models import model as preset
 from service.catalog.tuning import default_tuning
-from service.estimator import flops, step_time
+from service.estimator import activations, defaults, flops, step_time, validate
+from service.estimator.errors import InvalidTraining
 from service.estimator.job import Job, prepare
 from service.estimator.params import LayerKind
 from service.estimator.tuning import attention_kernel_fractions
@@ -213,3 +216,65 @@ def test_eager_attention_is_never_faster_than_flash(gpu_name: str) -> None:
             assert result.time is not None
             steps[attention] = result.time.step_s
         assert steps[Attention.EAGER] >= steps[Attention.FLASH], (seq, steps)
+
+
+def test_sdpa_runs_the_kernel_pytorch_dispatches_to() -> None:
+    # attention review: each case was timed (and sized) as a kernel PyTorch does not run
+    sdpa = TrainingSpec(seq_len=2048, global_batch_size=8, attention=Attention.SDPA)
+    # Falcon-7B hands SDPA one kv head beside 71 query heads, no enable_gqa: the math kernel; 40B's new
+    # architecture broadcasts k and v to every head first
+    assert flops.materialises_scores(preset("falcon-7b").spec, sdpa)
+    falcon_40b = dataclasses.replace(preset("falcon-7b").spec, num_attention_heads=64, num_kv_heads=8)
+    assert not flops.materialises_scores(falcon_40b, sdpa)
+    # without flash kernels (V100) the memory-efficient kernel needs 16-bit head dims in multiples of 8
+    llama = preset("llama-2-7b").spec
+    odd = dataclasses.replace(llama, num_attention_heads=40, num_kv_heads=40, head_dim=100)
+    no_flash = dataclasses.replace(sdpa, precision=Precision.FP16, gpu_flash_kernels=False)
+    assert flops.materialises_scores(odd, no_flash) and not flops.materialises_scores(llama, no_flash)
+    assert not flops.materialises_scores(odd, dataclasses.replace(no_flash, gpu_flash_kernels=True))
+    # past head_dim 256, or q and k of another width than v (MLA), SDPA's flash and cuDNN backends refuse:
+    # its memory-efficient kernel at the GEMM rate; and transformers repeats k and v past 256
+    wide = dataclasses.replace(llama, num_kv_heads=8, head_dim=512)
+    job = prepare(wide, gpu_cluster(H100, 8, 50e9), sdpa, default_tuning())
+    assert (
+        flops.sdpa_refuses_flash(wide)
+        and step_time.core_kernel(job, Layout(framework=Framework.FSDP)) is None
+    )
+    assert flops.sdpa_refuses_flash(preset("deepseek-v2-lite").spec)
+    grouped = dataclasses.replace(wide, head_dim=128)
+    tokens = 2048 * 2
+    assert activations._hf_sdpa(wide, sdpa, tokens) == 2 * tokens * 3 * wide.q_size
+    assert activations._hf_sdpa(grouped, sdpa, tokens) == 2 * tokens * (grouped.q_size + 2 * grouped.kv_size)
+    # flash-attn refuses softcapped scores with dropout: Gemma 2 with attention dropout defaults to eager
+    gemma = dataclasses.replace(preset("gemma-2-9b").spec, attention_dropout=0.1)
+    assert defaults.best_attention(gpu("h100-sxm-80gb"), Precision.BF16, gemma) is Attention.EAGER
+    assert (
+        defaults.best_attention(gpu("h100-sxm-80gb"), Precision.BF16, preset("gemma-2-9b").spec)
+        is Attention.FLASH
+    )
+    refused = validate.flash_head_dim_violation(gemma, dataclasses.replace(sdpa, attention=Attention.FLASH))
+    assert isinstance(refused, InvalidTraining) and refused.rule == "flash_softcap_dropout"
+
+
+def test_sdpas_math_kernel_upcasts_16_bit_attention_to_fp32() -> None:
+    # attention.cpp: q, k, v .to(kFloat) unless allow_fp16_bf16_reduction_math_sdp (off by default), on
+    # every device: the kernel saves them and its probabilities in fp32, and multiplies at the fp32
+    # peak (measured: Falcon-7B's SDPA tensors are its eager ones in fp32, validation/data/activations.json)
+    v100 = gpu("v100-sxm2-32gb")
+    spec = preset("llama-3.1-8b").spec
+    sdpa = TrainingSpec(seq_len=1024, global_batch_size=8, attention=Attention.SDPA, precision=Precision.FP16)
+    no_flash = dataclasses.replace(sdpa, gpu_flash_kernels=False)
+    assert flops.materialises_scores(spec, no_flash)
+    layout = Layout(framework=Framework.FSDP)
+    tokens = 1024
+    math = activations._hf_attention(spec, layout, no_flash, True).sharded
+    eager = activations._hf_attention(
+        spec, layout, dataclasses.replace(no_flash, attention=Attention.EAGER), True
+    )
+    q, a = spec.q_size, spec.num_attention_heads
+    attention_output = 2 * tokens * spec.v_size
+    assert math == attention_output + 4 * tokens * 3 * q + 4 * a * tokens * 1024
+    assert eager.sharded == attention_output + 2 * tokens * 3 * q + (4 + 2) * a * tokens * 1024
+    job = prepare(spec, gpu_cluster(v100, 8, 25e9), no_flash, default_tuning())
+    forward, _ = step_time.core_rates_flops_per_s(job, layout, 1.0)
+    assert forward == v100.peak_flops_per_s.fp32

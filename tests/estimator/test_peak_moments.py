@@ -20,6 +20,7 @@ from service.estimator import activations, flops
 from service.estimator.errors import EstimatorError
 from service.estimator.estimate import estimate
 from service.estimator.memory import gradients_follow_activations, stage_activations, stage_states
+from service.estimator.params import LayerKind
 from service.estimator.types import (
     Attention,
     Framework,
@@ -202,9 +203,9 @@ def test_grouped_query_sdpa_in_fp32_saves_what_eager_saves() -> None:
 
 def test_a_gpu_without_flash_kernels_runs_grouped_query_sdpa_as_math() -> None:
     """On a V100 (no flash kernels) transformers' grouped-query SDPA in fp16 runs the math kernel: its
-    layer saves what eager attention saves, and its core computes the whole square; on an A100 the
-    flash kernel runs. The GPU decides through defaults.for_gpu (TrainingSpec.gpu_flash_kernels), so
-    jobs on the two never share memory memos."""
+    layer saves what eager attention saves, upcast to fp32 (and no 16-bit copy of the probabilities),
+    and its core computes the whole square; on an A100 the flash kernel runs. The GPU decides through
+    defaults.for_gpu (TrainingSpec.gpu_flash_kernels), so jobs on the two never share memory memos."""
     llama = preset("llama-3.1-8b").spec
     layout = Layout(framework=Framework.FSDP, dp=1, micro_batch_size=1)
     sdpa = TrainingSpec(seq_len=2048, global_batch_size=1, precision=Precision.FP16, attention=Attention.SDPA)
@@ -217,7 +218,11 @@ def test_a_gpu_without_flash_kernels_runs_grouped_query_sdpa_as_math() -> None:
 
     on_v100, on_a100 = layer(v100, sdpa), layer(a100, sdpa)
     assert not on_v100[0].training.gpu_flash_kernels and on_a100[0].training.gpu_flash_kernels
-    assert on_v100[1] == layer(v100, eager)[1]
+    # the attention tensors in fp32: q, k and v (repeated) 2 bytes more, the probabilities 2 fewer
+    q, heads = llama.q_size, llama.num_attention_heads
+    upcast = 2048 * (2 * 3 * q - 2 * heads * 2048)
+    full = LayerKind(moe=False)
+    assert on_v100[1][full] == pytest.approx(layer(v100, eager)[1][full] + upcast)
     assert on_a100[1] != layer(a100, eager)[1]
     assert flops.materialises_scores(llama, on_v100[0].training)
     assert not flops.materialises_scores(llama, on_a100[0].training)

@@ -102,10 +102,16 @@ def test_another_frameworks_newer_runs_leave_a_frameworks_own_evidence(
 
     monkeypatch.setattr(calibration, "MAX_EVIDENCE_RUNS", 3)
     # a job whose out-of-memory run is plausible (its estimate within 4x of the card)
-    body = BODY | {"model": {"preset": "llama-3.1-8b"}, "training": {"seq_len": 4096, "global_batch_size": 64}}
+    body = BODY | {
+        "model": {"preset": "llama-3.1-8b"},
+        "training": {"seq_len": 4096, "global_batch_size": 64},
+    }
     deepspeed = planning.create_plan(session, PlanRequest.model_validate(body)).value
     planning.add_run(session, deepspeed.id, RunIn(out_of_memory=True))
-    megatron_body = body | {"constraints": {"top_k": 1, "frameworks": ["megatron"]}, "launchers": ["megatron"]}
+    megatron_body = body | {
+        "constraints": {"top_k": 1, "frameworks": ["megatron"]},
+        "launchers": ["megatron"],
+    }
     megatron = planning.create_plan(session, PlanRequest.model_validate(megatron_body)).value
     assert megatron.recommended is not None and megatron.recommended.estimate.time is not None
     for _ in range(4):
@@ -157,7 +163,9 @@ def test_runs_that_measured_less_memory_fit_the_search_as_they_do_the_estimate(s
     states = memory.parameters + memory.gradients + memory.optimizer_states
     peak = states + int(0.6 * (memory.device_used_bytes - states))
     for _ in range(3):
-        planning.add_run(session, plan.id, RunIn(peak_memory_bytes_per_gpu=peak, memory_statistic="device_used"))
+        planning.add_run(
+            session, plan.id, RunIn(peak_memory_bytes_per_gpu=peak, memory_statistic="device_used")
+        )
     longer = body | {"training": {"seq_len": 36864, "global_batch_size": 8}}
     again = planning.create_plan(session, PlanRequest.model_validate(longer)).value
     assert again.status == "feasible", again.closest
