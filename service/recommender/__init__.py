@@ -64,7 +64,13 @@ from service.estimator.validate import (
     validate_layout,
 )
 from service.frameworks import FRAMEWORKS, sequence_parallel_default
-from service.launchers import Target, data_parallel_only, framework_job_refusal, runnable_targets
+from service.launchers import (
+    Target,
+    data_parallel_only,
+    framework_job_refusal,
+    framework_structure_refusal,
+    runnable_targets,
+)
 from service.recommender import headroom, rank
 from service.recommender.budget import Budget
 from service.recommender.collector import fewer_collections
@@ -1176,7 +1182,7 @@ def search(
     budget = budget or Budget(constraints.max_evaluations)
     climbed: Iterable[int] = counts
     if stop_at_first_fit and not probe:
-        climbed = _with_splits(model, cluster, training, counts)
+        climbed = _with_splits(model, cluster, training, counts, constraints.frameworks)
     result = into if into is not None else SearchResult()
     result.dynamic_factor = constraints.dynamic_factor
     try:
@@ -1369,28 +1375,42 @@ MAX_FIRST_FIT_PROBES = 5  # whole-node counts bisected between two ladder steps 
 MAX_SPLIT_SCAN = 64
 
 
-def _has_split(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, gpus: int) -> bool:
-    """Whether any split of ``gpus`` GPUs is valid (``structures`` yields one): a data-parallel-only
-    job (QLoRA) splits only counts its global batch divides. The splits read the GPUs per node, not
-    the GPU: every type of a capacity sweep asks the same (``_SPLITS``)."""
-    key = (model, cluster.gpus_per_node, training, gpus)
+def _has_split(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    gpus: int,
+    frameworks: tuple[Framework, ...],
+) -> bool:
+    """Whether any split of ``gpus`` GPUs is valid (``structures`` yields one) and some of
+    ``frameworks`` has a target that runs it (``framework_structure_refusal``): a data-parallel-only
+    job (QLoRA: no target runs its context parallelism) splits only counts its global batch divides.
+    The splits read the GPUs per node, not the GPU: every type of a capacity sweep asks the same
+    (``_SPLITS``)."""
+    key = (model, cluster.gpus_per_node, training, gpus, frameworks)
     found = _SPLITS.get(key)
     if found is None:
         if len(_SPLITS) >= MAX_SPLIT_MEMO:
             _SPLITS.clear()
-        found = _SPLITS[key] = (
-            next(structures(model, cluster, training, gpus, RejectionLog()), None) is not None
+        found = _SPLITS[key] = any(
+            framework_structure_refusal(framework, model, training, s.tp, s.pp, s.cp, s.ep) is None
+            for s in structures(model, cluster, training, gpus, RejectionLog())
+            for framework in frameworks
         )
     return found
 
 
 # whether a count has a split, by (model, GPUs per node, training, count): process-wide, bounded
 MAX_SPLIT_MEMO = 4096
-_SPLITS: dict[tuple[ModelSpec, int, TrainingSpec, int], bool] = {}
+_SPLITS: dict[tuple[ModelSpec, int, TrainingSpec, int, tuple[Framework, ...]], bool] = {}
 
 
 def _with_splits(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, counts: tuple[int, ...]
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    counts: tuple[int, ...],
+    frameworks: tuple[Framework, ...],
 ) -> Iterator[int]:
     """A climb's ``counts``, each past one node that no split uses replaced by the largest whole-node
     count below it (and above the step before) that one does, where any within ``MAX_SPLIT_SCAN``
@@ -1401,12 +1421,17 @@ def _with_splits(
     largest = largest_world(model, cluster, training)
     previous = 0
     for count in counts:  # lazily: a climb stops at its first fit
-        if count <= gpn or count % gpn or count > largest or _has_split(model, cluster, training, count):
+        if (
+            count <= gpn
+            or count % gpn
+            or count > largest
+            or _has_split(model, cluster, training, count, frameworks)
+        ):
             yield count  # (past every split: logged so by the search, cheaply)
         else:
             low = max(previous // gpn, count // gpn - MAX_SPLIT_SCAN - 1)
             for nodes in range(count // gpn - 1, low, -1):
-                if _has_split(model, cluster, training, nodes * gpn):
+                if _has_split(model, cluster, training, nodes * gpn, frameworks):
                     yield nodes * gpn
                     break
             else:
@@ -1512,17 +1537,20 @@ def fewest_between(
     lo, hi = below[-1] // gpn, fit // gpn  # nodes: lo fits nothing, hi fits
     # the node counts between that any split uses: a count none does fits nothing, and a bisection
     # over all of them took 21, 22 and 23 nodes (none dividing a QLoRA batch of 960) to say 24 where 20
-    # fit (capacity review); past MAX_SPLIT_SCAN counts, all of them
+    # fit (capacity review). A count without a split is dropped as the bisection meets it (at most
+    # MAX_SPLIT_SCAN of them), so a job every count splits asks no more than its probes
     between = list(range(lo + 1, hi))
-    if len(between) <= MAX_SPLIT_SCAN:
-        between = [
-            n for n in between if _has_split(model, cluster, for_gpu(training, cluster.gpu, model), n * gpn)
-        ]
+    trained = for_gpu(training, cluster.gpu, model)
     a, b = -1, len(between)  # indices: a fits nothing (lo), b fits (hi)
-    for _ in range(MAX_FIRST_FIT_PROBES):
-        if b - a <= 1 or budget.exhausted():
-            break
+    probes = dropped = 0
+    while b - a > 1 and probes < MAX_FIRST_FIT_PROBES and not budget.exhausted():
         mid = (a + b) // 2
+        splits = _has_split(model, cluster, trained, between[mid] * gpn, constraints.frameworks)
+        if dropped < MAX_SPLIT_SCAN and not splits:
+            del between[mid]
+            b, dropped = b - 1, dropped + 1
+            continue
+        probes += 1
         probed = search(
             model, cluster, training, constraints, tuning, (between[mid] * gpn,), budget=budget,
             rejections=False, probe=True,
