@@ -316,9 +316,11 @@ def _hf_attention(
         # allow_fp16_bf16_reduction_math_sdp, off by default) and saves them and its fp32 probabilities:
         # measured, Falcon-7B's exactly eager's tensors in fp32 (validation/data/activations.json)
         kv_saved = q if model.num_kv_heads < a else kv
-        sharded += FP32_BYTES * t * (q + 2 * kv_saved) + (
-            FP32_BYTES * a * t * training.seq_len if core else 0.0
-        )
+        sharded += FP32_BYTES * t * (q + 2 * kv_saved)
+        if core:
+            sharded += FP32_BYTES * a * t * training.seq_len
+        if core and model.attention_dropout > 0:  # at::dropout on the fp32 probabilities: mask and output
+            sharded += (MASK_BYTES + FP32_BYTES) * a * t * training.seq_len
     elif flops.materialises_scores(model, training) and not masked:  # eager
         kv_saved = q if model.num_kv_heads < a else kv
         sharded += d * t * (q + 2 * kv_saved)
@@ -890,7 +892,7 @@ CHUNKED_LOSS_CHUNKS = 8
 def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> int:
     """Transient fp32 logits-sized tensors around the loss (not saved, but alive at the peak)."""
     # HF: the fp32 upcast of the logits in forward, then the fp32 gradients of nll and log-softmax
-    # in backward (2 x 4sbV). Megatron's fused vocab-parallel cross-entropy: one 4sbV/t gradient.
+    # in backward (2 x 4sbV). Megatron's vocab-parallel cross-entropy: the 16-bit gradient, d sbV/t.
     # FSDP with TP (torchtitan's loss_parallel, DTensor's log-softmax and nll_loss handlers): the
     # backward makes a zeros grad_input, exp(x) and their sum beside the saved log-softmax, 3 x
     # 4sbV/t (validation/data/loss_parallel.json: 4 fp32 logit shards at the peak against the plain
@@ -913,9 +915,10 @@ def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpe
         # and of log_softmax in backward, 2 x d bytes per logit
         return math.ceil(2 * element_bytes(training.precision) * t * logits)
     if layout.framework is Framework.MEGATRON:
-        copies = 1
-    elif layout.framework is Framework.FSDP and layout.tp > 1:
-        copies = 3
-    else:
-        copies = 2
+        # its vocab-parallel cross-entropy runs in place on the one fp32 copy the activations count
+        # (max subtraction, exp, division, and the backward's softmax - one_hot, mul_): beside it only
+        # the logits' gradient cast back to the model dtype, 6 bytes a logit at the peak with the
+        # saved 4 (an embeddings reviewer's live-byte trace of cross_entropy.py: 6.25; counted 8)
+        return math.ceil(element_bytes(training.precision) * t * logits / layout.tp)
+    copies = 3 if layout.framework is Framework.FSDP and layout.tp > 1 else 2
     return math.ceil(copies * FP32_BYTES * t * logits / layout.tp)

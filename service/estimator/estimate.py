@@ -146,10 +146,10 @@ def attention_warnings(job: Job, layout: Layout, step_time_factor: float) -> tup
         added_s = unaligned_core_step_s(job, layout) * step_time_factor
         out.append(
             f"head_dim {head_dim} ({head_dim * element_bytes(training.precision)}-byte rows) is not a "
-            f"multiple of {tuning.attention_alignment_bytes} bytes: {training.attention} "
+            f"multiple of {tuning.attention_alignment_bytes} bytes: eager "
             f"attention's QK^T and AV run at {tuning.unaligned_attention_core_factor:g} of the GEMM rate, "
             f"{added_s:.3g} s of each step; flash kernels (flash, or sdpa where the GPU has them) pad "
-            "head_dim to a multiple of 8"
+            "head_dim to a multiple of 8, and sdpa's math kernel multiplies in fp32"
         )
     return tuple(out)
 
@@ -257,11 +257,15 @@ def attention_core_note(job: Job, layout: Layout) -> str:
         attention is Attention.SDPA
         and flops.sdpa_refuses_flash(job.model)
         and not job.training.precision.stores_fp32
+        and kernel is not None
     ):
+        # no published rate of it: no faster than the die's flash kernel (FlashAttention-2's paper has
+        # the memory-efficient kernel below it), as eager attention is held (change review)
         return (
             f"attention's core (sdpa: PyTorch's memory-efficient kernel, its flash and cuDNN backends taking "
-            f"head dims up to 256 and q, k, v of one width): the {region} at the GEMM rate (no published "
-            "rate of it)"
+            f"head dims up to 256 and q, k, v of one width): the {region} at no more than the die's "
+            f"{kernel.name} rates ({kernel.forward_fraction:.3f} forward, {kernel.backward_fraction:.3f} "
+            "backward of the 16-bit peak): no rate of it is published"
         )
     if not job.training.gpu_flash_kernels:
         # SDPA dispatches to its memory-efficient kernel where no flash kernel runs (pre-Ampere NVIDIA)

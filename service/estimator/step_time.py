@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass
 
 from service.estimator import activations, comm, flops
-from service.estimator.activations import FP32_BYTES, element_bytes, ring_kv_width
+from service.estimator.activations import FP32_BYTES, MASK_BYTES, element_bytes, ring_kv_width
 from service.estimator.clocks import clock_fraction
 from service.estimator.errors import InvalidTraining
 from service.estimator.job import (
@@ -254,13 +254,16 @@ def layer_traffic_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
         sharded += 2 * 2 * model.moe.top_k * h
     # eager attention materialises every s x s score and masks outside a window or chunk
     probabilities = 5 if model.attention_dropout > 0 else 2
-    scores = (
-        probabilities * model.num_attention_heads * training.seq_len
-        if flops.materialises_scores(model, training)
-        else 0
-    )
     scale = element_bytes(training.precision) / 2  # the table assumes 16-bit activations
-    return scale * (replicated + (sharded + scores) / t)
+    scores = 0.0
+    if flops.materialises_scores(model, training):
+        scores = scale * probabilities * model.num_attention_heads * training.seq_len
+        if training.attention is Attention.SDPA:
+            # SDPA's math kernel: fp32 probabilities (and its dropout's fp32 output beside the 1-byte
+            # mask), whatever the precision (attention.cpp upcasts; change review)
+            fp32 = FP32_BYTES + (MASK_BYTES + FP32_BYTES if model.attention_dropout > 0 else 0)
+            scores = fp32 * model.num_attention_heads * training.seq_len
+    return scale * (replicated + sharded / t) + scores / t
 
 
 @layout_memo("tp", "sequence_parallel", *PIPELINE_FIELDS)
@@ -534,8 +537,6 @@ def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
     training = job.training
     if training.attention is Attention.EAGER or training.precision.stores_fp32:
         return None
-    if training.attention is Attention.SDPA and flops.sdpa_refuses_flash(job.model):
-        return None  # SDPA's memory-efficient kernel: no published rate
     rate = attention_kernel_rate(job.tuning, job.cluster.gpu, layout.framework)
     fractions = attention_kernel_fractions(
         job.tuning, job.cluster.gpu, layout.framework, training.seq_len / layout.cp, job.model.bidirectional
@@ -713,11 +714,11 @@ def loss_s(job: Job, layout: Layout, base: StepBase) -> float:
 def unaligned_core_slowdown(model: ModelSpec, training: TrainingSpec, tuning: Tuning) -> float:
     """Extra time of eager attention's core (QK^T, AV) as a multiple of its time at the GEMM rate:
     ``1 / unaligned_attention_core_factor - 1`` when a head's row, head_dim x element bytes, is off
-    ``attention_alignment_bytes``, else 0; SDPA's math kernel alike (the same batched GEMMs). Flash
-    kernels pad head_dim to a multiple of 8: 0. fp32 attention runs on CUDA cores, not tensor cores,
-    and the measurements are 16-bit: 0; tf32's 4-byte rows were not measured either: 0."""
+    ``attention_alignment_bytes``, else 0. Flash kernels pad head_dim to a multiple of 8: 0. fp32
+    attention runs on CUDA cores, not tensor cores, and the measurements are 16-bit: 0, and so does
+    SDPA's math kernel, which upcasts to fp32; tf32's 4-byte rows were not measured either: 0."""
     # BigScience prequel: head_dim 108 (216 B) ran 1.30-1.40x the step of head_dim 144 (tuning.toml)
-    if not flops.materialises_scores(model, training) or training.precision.stores_fp32:
+    if training.attention is not Attention.EAGER or training.precision.stores_fp32:
         return 0.0
     if model.head_dim * element_bytes(training.precision) % tuning.attention_alignment_bytes == 0:
         return 0.0
@@ -1217,8 +1218,10 @@ def recompute_s(job: Job, layout: Layout, base: StepBase) -> float:
         memory_s += dequantize_s(job, layout, base, 1)  # the recomputed forward dequantises again
         # ... and folds the experts' adapters into their weights again
         memory_s += adapted_experts_s(job, layout, base, ADAPTED_EXPERT_FORWARD_PASSES)
-    # the recomputed forward's experts (full, or Megatron's moe module)
-    routed = base.routed_flops if recompute is Recompute.FULL or RecomputeModule.MOE in modules else 0
+    # the recomputed forward's experts (full, per-op AC, which always recomputes torchtitan's grouped
+    # matmuls, or Megatron's moe module), at the experts' rate
+    redoes_experts = recompute in (Recompute.FULL, Recompute.SELECTIVE_OP) or RecomputeModule.MOE in modules
+    routed = base.routed_flops if redoes_experts else 0
     work_s = gemm_s(layout, base, per_token - core - routed, redone * base.core_work_flops, 0.0, routed)
     work_s += unaligned_core_s(job, layout, base, redone)
     share = recomputed_share(job, layout, base.stage)

@@ -102,7 +102,11 @@ def framework_structure_refusal(
     if framework is Framework.DEEPSPEED:
         return deepspeed.structure_refusal(model, tp, pp, cp, ep)
     if framework is Framework.FSDP and (pp > 1 or ep > 1):
-        titan = torchtitan.job_refusal(model, training) or torchtitan.expert_tensor_problem(tp, ep)
+        titan = (
+            torchtitan.job_refusal(model, training)
+            or torchtitan.expert_tensor_problem(tp, ep)
+            or torchtitan.tied_pipeline_problem(model, pp)
+        )
         if titan is not None:
             return f"FSDP with pp or ep > 1 runs on torchtitan alone: {titan}"
     return None

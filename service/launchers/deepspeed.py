@@ -411,6 +411,11 @@ def ds_config(plan: Plan) -> dict[str, Any]:
             # interval from it): without it a pp 2 "recompute full" run kept every activation, 24.5
             # GiB where 2.6 were estimated (recompute review)
             config["pipeline"]["activation_checkpoint_interval"] = 1
+            # the embedding is checkpointed too (pipe/module.py _is_checkpointable: every layer with
+            # parameters), whose integer inputs the reentrant checkpoint cannot take: train_batch then
+            # fails "loss must be a scalar tensor with grad_fn" (change review, DeepSpeed 0.19.8 on the
+            # CPU); pipe/engine.py reads use_reentrant from this block
+            config["pipeline"]["use_reentrant"] = False
     return config
 
 
@@ -487,10 +492,19 @@ def model_code_duties(plan: Plan, accelerate: bool = False) -> str:
         # recompute full: every layer checkpointed by the pipeline module itself (ds_config's pipeline
         # block says so too), not by transformers' switch, which a PipelineModule of layer specs has not
         checkpoint = ", activation_checkpoint_interval=1" if plan.layout.recompute is Recompute.FULL else ""
+        # a tied head is the embedding's weight on the last stage: DeepSpeed keeps the two copies in step
+        # (its tied-gradient all-reduce, which the estimate times) only for TiedLayerSpecs of one key
+        tied = (
+            " The embedding and the head must be deepspeed.pipe.TiedLayerSpec('embed', ...) of one key, so "
+            "that the head shares the embedding's weight as estimated (plain LayerSpecs train an untied "
+            "head)."
+            if plan.model.tied_embeddings
+            else ""
+        )
         header += (
             f"\n{TRAIN_SCRIPT} must build deepspeed.pipe.PipelineModule(num_stages={plan.layout.pp}, "
             f"partition_method={partition_method(plan)!r}{checkpoint}) over [embedding, decoder layers, "
-            "head] specs."
+            f"head] specs.{tied}"
         )
     if plan.layout.ep > 1:
         # the estimate splits the experts over tp as well; DeepSpeed's MoE replicates them by default

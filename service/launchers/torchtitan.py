@@ -157,6 +157,19 @@ def _job_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
 EXPERTS_OVER_TP = "torchtitan's EP would take the TP ranks from the experts"
 
 
+def tied_pipeline_problem(model: ModelSpec, pp: int) -> str | None:
+    """A pipeline of a model whose output layer is its embedding: 0.3.0's
+    Decoder.Config.update_from_config raises NotImplementedError("Weight tying is not supported with
+    Pipeline Parallel.") (models/common/decoder.py), before training (Qwen3 0.6B and 1.7B are built
+    tied; an embeddings review saw their pp 2 plans rendered)."""
+    if model.tied_embeddings and pp > 1:
+        return (
+            f"pp={pp} with tied embeddings: torchtitan {VERSION} supports no weight tying under pipeline "
+            "parallelism"
+        )
+    return None
+
+
 def expert_tensor_problem(tp: int, ep: int) -> str | None:
     """0.3.0's expert_parallel_degree borrows ranks from dp_shard x cp x tp: with tp > 1 the experts
     would not be tensor-parallel as estimated (expert tensor parallelism = tp). Names no degree (the
@@ -291,6 +304,8 @@ def refusal(plan: Plan) -> Refusal:
         )
     if expert_tensor_problem(lo.tp, lo.ep) is not None:
         problems.append(f"ep={lo.ep} with tp={lo.tp}: {EXPERTS_OVER_TP}")
+    if (tied := tied_pipeline_problem(plan.model, lo.pp)) is not None:
+        problems.append(tied)
     _, shard = _data_parallel(plan)
     if lo.ep > 1 and (shard * lo.cp * lo.tp) % lo.ep:
         # ParallelDims.build_mesh: the experts' mesh is (pp, dp_replicate, efsdp, ep) with efsdp =

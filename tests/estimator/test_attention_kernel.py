@@ -17,6 +17,7 @@ from service.catalog.models import model as preset
 from service.catalog.tuning import default_tuning
 from service.estimator import activations, defaults, flops, step_time, validate
 from service.estimator.errors import InvalidTraining
+from service.estimator.estimate import attention_core_note
 from service.estimator.job import Job, prepare
 from service.estimator.params import LayerKind
 from service.estimator.tuning import attention_kernel_fractions
@@ -233,13 +234,13 @@ def test_sdpa_runs_the_kernel_pytorch_dispatches_to() -> None:
     assert flops.materialises_scores(odd, no_flash) and not flops.materialises_scores(llama, no_flash)
     assert not flops.materialises_scores(odd, dataclasses.replace(no_flash, gpu_flash_kernels=True))
     # past head_dim 256, or q and k of another width than v (MLA), SDPA's flash and cuDNN backends refuse:
-    # its memory-efficient kernel at the GEMM rate; and transformers repeats k and v past 256
+    # its memory-efficient kernel, no faster than the die's flash kernel (no rate of it is published;
+    # eager is held so too); and transformers repeats k and v past 256
     wide = dataclasses.replace(llama, num_kv_heads=8, head_dim=512)
     job = prepare(wide, gpu_cluster(H100, 8, 50e9), sdpa, default_tuning())
-    assert (
-        flops.sdpa_refuses_flash(wide)
-        and step_time.core_kernel(job, Layout(framework=Framework.FSDP)) is None
-    )
+    assert flops.sdpa_refuses_flash(wide)
+    note = attention_core_note(job, Layout(framework=Framework.FSDP))
+    assert "memory-efficient kernel" in note and "at no more than the die's fa2 rates" in note
     assert flops.sdpa_refuses_flash(preset("deepseek-v2-lite").spec)
     grouped = dataclasses.replace(wide, head_dim=128)
     tokens = 2048 * 2
@@ -278,3 +279,30 @@ def test_sdpas_math_kernel_upcasts_16_bit_attention_to_fp32() -> None:
     job = prepare(spec, gpu_cluster(v100, 8, 25e9), no_flash, default_tuning())
     forward, _ = step_time.core_rates_flops_per_s(job, layout, 1.0)
     assert forward == v100.peak_flops_per_s.fp32
+
+
+def test_sdpas_math_kernel_keeps_its_fp32_dropout_and_pays_no_16_bit_alignment() -> None:
+    # change review: the math kernel's dropout (at::dropout on the fp32 probabilities: a 1-byte mask
+    # and an fp32 output) was dropped, its fp32 probabilities were timed as 16-bit traffic, and the
+    # 16-bit misalignment penalty (tensor cores) was charged on its fp32 GEMMs
+    llama = preset("llama-3.1-8b").spec
+    dropped = dataclasses.replace(llama, attention_dropout=0.1)
+    math = TrainingSpec(
+        seq_len=1024,
+        global_batch_size=8,
+        attention=Attention.SDPA,
+        precision=Precision.FP16,
+        gpu_flash_kernels=False,
+    )
+    layout = Layout(framework=Framework.FSDP)
+    a, s, t = llama.num_attention_heads, 1024, 1024
+    plain = activations._hf_attention(llama, layout, math, True).sharded
+    assert activations._hf_attention(dropped, layout, math, True).sharded == plain + (1 + 4) * a * t * s
+    eager = dataclasses.replace(math, attention=Attention.EAGER)
+    kind = LayerKind(moe=False)
+    traffic = step_time.layer_traffic_bytes(llama, layout, math, kind)
+    assert traffic - step_time.layer_traffic_bytes(llama, layout, eager, kind) == (4 - 2) * a * s
+    odd = dataclasses.replace(llama, num_attention_heads=40, num_kv_heads=40, head_dim=100)
+    assert flops.materialises_scores(odd, math)
+    assert step_time.unaligned_core_slowdown(odd, math, default_tuning()) == 0.0
+    assert step_time.unaligned_core_slowdown(odd, eager, default_tuning()) > 0.0
