@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from service.catalog.errors import UnknownCatalogEntry
 from service.contracts.common import (
@@ -244,6 +254,32 @@ class ClusterShape(Strict):
         return self
 
     @model_validator(mode="after")
+    def _mesh_of_stated_links(self, info: ValidationInfo) -> ClusterShape:
+        # a mesh splits the links' sum (the GPU's intra_node_bandwidth_bytes_per_s or the cluster's)
+        # into its links; with neither the link defaults to the PCIe host link, which no mesh splits (a
+        # tp 2 pair was timed at 1/7 of it: custom-hardware review). A row stored before the rule reads
+        # back (``STORED``), its mesh set aside (``to_domain``).
+        if self._unsplit_mesh() and not (info.context or {}).get("stored"):
+            assert isinstance(self.gpu, CustomGPU)
+            raise FieldError(
+                f"mesh_links {self.gpu.mesh_links} splits the node's GPU-to-GPU bandwidth into its links, "
+                "but neither the GPU's nor the cluster's intra_node_bandwidth_bytes_per_s, their sum, is "
+                "stated: it would default to the PCIe host link, which no mesh splits; state it (an MI300X "
+                "platform: 448e9, 7 xGMI links of 64 GB/s) or leave mesh_links out",
+                "gpu.mesh_links",
+            )
+        return self
+
+    def _unsplit_mesh(self) -> bool:
+        """A custom GPU's mesh with no links' sum stated, on the GPU or the cluster."""
+        return (
+            isinstance(self.gpu, CustomGPU)
+            and self.gpu.mesh_links is not None
+            and self.gpu.intra_node_bandwidth_bytes_per_s is None
+            and self.intra_node_bandwidth_bytes_per_s is None
+        )
+
+    @model_validator(mode="after")
     def _num_gpus_agrees(self) -> ClusterShape:
         if self.num_gpus is not None and self.num_gpus != self.num_nodes * self.gpus_per_node:
             raise FieldError(
@@ -275,6 +311,8 @@ class ClusterShape(Strict):
         """The domain's cluster; ``at``: where it sits in the request body ("cluster." inline in an
         estimate or plan), which the GPU's errors name."""
         gpu = resolve_gpu(self.gpu, field=f"{at}gpu")
+        if self._unsplit_mesh():  # a row stored before _mesh_of_stated_links: no mesh splits the PCIe link
+            gpu = dataclasses.replace(gpu, mesh_links=None)
         intra = self.intra_node_bandwidth_bytes_per_s or gpu.intra_node_bandwidth_bytes_per_s
         inter = self.inter_node_bandwidth_bytes_per_s or self.network_default()
         if inter is None:

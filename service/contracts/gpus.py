@@ -48,7 +48,7 @@ class PeakFlopsIn(Strict):
 
 
 # The validation context of a stored row read back: rules added after it was written let it through
-# (``CustomGPU._mesh_of_stated_links``), where a request is refused
+# (``ClusterShape._mesh_of_stated_links``), where a request is refused
 STORED: dict[str, bool] = {"stored": True}
 
 
@@ -197,26 +197,6 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             )
         return flash
 
-    @field_validator("mesh_links")
-    @classmethod
-    def _mesh_of_stated_links(cls, links: int | None, info: ValidationInfo) -> int | None:
-        # a mesh splits the links' sum into its links; without it the GPU-to-GPU bandwidth defaults to
-        # the PCIe host link, which no mesh splits (a tp 2 pair was timed at 1/7 of it, 7x slower than
-        # stating no topology at all: custom-hardware review). A row stored before the rule reads back
-        # (``stored`` context), its mesh set aside where the link defaulted (``_to_domain``).
-        stated = (
-            "intra_node_bandwidth_bytes_per_s" not in info.data
-            or info.data["intra_node_bandwidth_bytes_per_s"] is not None
-        )  # (absent from the data: that field failed, its own error says so)
-        if links is None or stated or (info.context or {}).get("stored"):
-            return links
-        raise ValueError(
-            f"mesh_links {links} splits the node's GPU-to-GPU bandwidth into its links, but "
-            "intra_node_bandwidth_bytes_per_s, their sum, is not stated: it would default to the PCIe host "
-            "link, which no mesh splits; state it (an MI300X platform: 448e9, 7 xGMI links of 64 GB/s) or "
-            "leave mesh_links out"
-        )
-
     @field_validator("peak_flops_per_s")
     @classmethod
     def _peaks_the_die_has(cls, peaks: PeakFlopsIn, info: ValidationInfo) -> PeakFlopsIn:
@@ -265,8 +245,7 @@ class CustomGPU(StrictFields):  # in a union with str: no model validator (Stric
             chip=self.chip or "",
             flash_attention=self._flash_attention(),
             peer_to_peer=self.peer_to_peer,
-            # (a row stored before _mesh_of_stated_links: no mesh splits the PCIe link it defaulted to)
-            mesh_links=self.mesh_links if self.intra_node_bandwidth_bytes_per_s is not None else None,
+            mesh_links=self.mesh_links,
             source=CUSTOM_GPU_SOURCE,
             rated_power_w=self.rated_power_w,
             power_limit_w=self.power_limit_w,

@@ -361,7 +361,8 @@ def shared_calibration(hardware: Sequence[Observation], framework: Sequence[Obse
 
 def learn_calibration(stored: Sequence[Observation]) -> Calibration:
     """Factors from one framework's runs, the implausible ones left out; medians weighted by each
-    run's evidence weight. An OOM's floor holds whatever its weight: that job did not fit."""
+    run's evidence weight. An OOM's floor holds for its own job (weight 1) whatever the bounds, and
+    toward 1 as the job differs (floor ** weight)."""
     observations = plausible(stored)
     sized = [o for o in observations if memory_ratio(o) is not None]
     ooms = [o for o in observations if oom_floor(o) is not None]
@@ -377,8 +378,10 @@ def learn_calibration(stored: Sequence[Observation]) -> Calibration:
     )
     if ooms:
         # past the bounds too: clamped to 2.0, a floor of 4.51 let the layout that ran out of memory be
-        # recommended again, "fits" (calibration review)
-        memory = max(memory, *(oom_floor(o) or 0.0 for o in ooms))
+        # recommended again, "fits" (calibration review); as far as its job is this one (floor ** weight,
+        # whole for the same job: a phi-3-mini run's floor of 8.04 multiplied an 8B job's at weight 0.08,
+        # 178 GiB where 56 fit; change review), as the framework's own time factor is weighed
+        memory = max(memory, *((oom_floor(o) or 0.0) ** o.weight for o in ooms))
     timed = _timed(observations)
     time = _clamp(trusted(_weighted_time_median(timed), timed), TIME_FACTOR_BOUNDS) if timed else 1.0
     return Calibration(

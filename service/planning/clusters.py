@@ -215,9 +215,14 @@ def update_cluster(
     """The stored cluster with the fields sent changed, validated as a whole."""
     record = stored_cluster(repo, cluster_id, for_write=True)
     check_version(record, patch.version, preconditions)
-    merged = record_fields(record) | patch.model_dump(exclude_unset=True, exclude={"version"})
+    sent = patch.model_dump(exclude_unset=True, exclude={"version"})
+    merged = record_fields(record) | sent
+    # rules added since the row was stored hold for what the patch changes: a description edited on a
+    # cluster whose custom GPU states a mesh without its links' sum (stored before the rule) was a 422
+    # naming the GPU (change review)
+    touched = {"gpu", "intra_node_bandwidth_bytes_per_s"} & set(sent)
     try:
-        replacement = ClusterCreate.model_validate(merged)
+        replacement = ClusterCreate.model_validate(merged, context=None if touched else STORED)
     except ValidationError as exc:  # e.g. a stored custom GPU that no longer validates
         raise Unprocessable("the patched cluster is not valid", errors=_patch_errors(exc)) from exc
     replacement._sent_as |= patch._sent_as  # its errors name the twins the PATCH sent

@@ -1182,7 +1182,7 @@ def search(
     budget = budget or Budget(constraints.max_evaluations)
     climbed: Iterable[int] = counts
     if stop_at_first_fit and not probe:
-        climbed = _with_splits(model, cluster, training, counts, constraints.frameworks)
+        climbed = _with_splits(model, cluster, training, counts, constraints.frameworks, budget)
     result = into if into is not None else SearchResult()
     result.dynamic_factor = constraints.dynamic_factor
     try:
@@ -1372,7 +1372,7 @@ def _merge(found: SearchResult, more: SearchResult) -> None:
 MAX_FIRST_FIT_PROBES = 5  # whole-node counts bisected between two ladder steps (up to 32 nodes apart)
 # The whole-node counts below a ladder step with no split at all that a climb looks through for the
 # largest with one (``_with_splits``), and that a bisection between two steps keeps to
-MAX_SPLIT_SCAN = 64
+MAX_SPLIT_SCAN = 16
 
 
 def _has_split(
@@ -1411,6 +1411,7 @@ def _with_splits(
     training: TrainingSpec,
     counts: tuple[int, ...],
     frameworks: tuple[Framework, ...],
+    budget: Budget,
 ) -> Iterator[int]:
     """A climb's ``counts``, each past one node that no split uses replaced by the largest whole-node
     count below it (and above the step before) that one does, where any within ``MAX_SPLIT_SCAN``
@@ -1431,6 +1432,8 @@ def _with_splits(
         else:
             low = max(previous // gpn, count // gpn - MAX_SPLIT_SCAN - 1)
             for nodes in range(count // gpn - 1, low, -1):
+                if budget.exhausted():  # the scan is the request's work too (change review: 3 s)
+                    break
                 if _has_split(model, cluster, training, nodes * gpn, frameworks):
                     yield nodes * gpn
                     break

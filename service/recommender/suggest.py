@@ -1002,19 +1002,24 @@ class _Ask:
             raise NoFit(
                 f"{cluster.gpu.name}: more GPUs than the {MAX_SUGGESTED_GPUS:,} a suggestion proposes"
             )
+        constraints = self.constraints
+        if cluster.gpu != self.cluster.gpu:
+            # runs calibrate their own hardware: an H100's memory factor sized an H200 suggestion that
+            # its estimate then refused (change review)
+            constraints = dataclasses.replace(constraints, memory_dynamic_factors=())
         # the cheap bound: not even the model states fit on the most GPUs tried
-        unfit = states_unfit(self.model, cluster, training, self.tuning, self.constraints, counts[-1])
+        unfit = states_unfit(self.model, cluster, training, self.tuning, constraints, counts[-1])
         if unfit is not None:
             raise NoFit(f"{cluster.gpu.name}: {unfit}")
-        fewest = fewest_gpus(self.model, cluster, training, self.constraints, self.tuning, counts, budget)
+        fewest = fewest_gpus(self.model, cluster, training, constraints, self.tuning, counts, budget)
         found = fewest.found
         if found is None and fewest.unfit is not None:
             raise NoFit(f"{cluster.gpu.name}: {fewest.unfit}")
         if found is None:
-            unsharded = fsdp1_qlora_unfit(self.model, cluster, training, self.constraints, counts[-1])
+            unsharded = fsdp1_qlora_unfit(self.model, cluster, training, constraints, counts[-1])
             if unsharded is not None:  # the rule, not the count, stops it: said first
                 raise NoFit(f"{cluster.gpu.name}: {unsharded}")
-            runs_fewer = data_parallel_ceiling(self.model, cluster, training, self.constraints, counts[-1])
+            runs_fewer = data_parallel_ceiling(self.model, cluster, training, constraints, counts[-1])
             if runs_fewer is not None:
                 raise NoFit(f"{cluster.gpu.name}: {runs_fewer}")
             raise NoFit(f"{cluster.gpu.name}: no layout fits on up to {counts[-1]:,} GPUs")

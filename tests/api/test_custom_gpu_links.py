@@ -315,6 +315,19 @@ def test_a_mesh_needs_the_links_it_splits_and_a_row_stored_before_the_rule_reads
     plain = {key: value for key, value in bare_mesh.items() if key != "mesh_links"}
     unmeshed = client.post("/v1/estimates", json=body | {"cluster": body["cluster"] | {"gpu": plain}})
     assert by_id.json()["time"]["breakdown"]["tp_comm_s"] == unmeshed.json()["time"]["breakdown"]["tp_comm_s"]
+    # a description edited on it is no change to its GPU: accepted (a 422 naming the GPU: change review)
+    edited = client.patch(f"/v1/clusters/{made['id']}", json={"description": "rack 3"})
+    assert edited.status_code == 200, edited.text
+    # the links' sum stated on the cluster serves the mesh as on the GPU
+    on_cluster = body | {"cluster": body["cluster"] | {"intra_node_bandwidth_bytes_per_s": 448e9}}
+    on_gpu = body | {
+        "cluster": body["cluster"] | {"gpu": bare_mesh | {"intra_node_bandwidth_bytes_per_s": 448e9}}
+    }
+    times = [
+        client.post("/v1/estimates", json=b).json()["time"]["breakdown"]["tp_comm_s"]
+        for b in (on_cluster, on_gpu)
+    ]
+    assert times[0] == times[1]
 
 
 def test_a_custom_gpu_stating_bidirectional_links_or_fp16_accumulate_peaks_is_told(

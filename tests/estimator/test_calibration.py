@@ -375,3 +375,12 @@ def test_an_oom_floor_holds_past_the_factor_bounds() -> None:
     assert floor.memory_dynamic_factor > MEMORY_FACTOR_BOUNDS[1]
     sized = learn_calibration([measured(peak=20 * GB + 35 * GB)])  # 3.5x the dynamic estimate
     assert sized.memory_dynamic_factor == MEMORY_FACTOR_BOUNDS[1]
+
+
+def test_an_oom_floor_holds_as_far_as_its_job_is_this_one() -> None:
+    # floor ** weight: whole for the same job, toward 1 for another (a phi-3-mini run's floor of 8.04
+    # multiplied an 8B job's dynamic memory at weight 0.08: change review)
+    floor = 1.05 * 60 / 10
+    far = learn_calibration([dataclasses.replace(measured(oom=True), weight=0.25)])
+    assert far.memory_dynamic_factor == pytest.approx(floor**0.25)
+    assert learn_calibration([measured(oom=True)]).memory_dynamic_factor == pytest.approx(floor)

@@ -171,3 +171,38 @@ def test_runs_that_measured_less_memory_fit_the_search_as_they_do_the_estimate(s
     assert again.status == "feasible", again.closest
     assert again.recommended is not None and again.recommended.estimate.fits
     assert again.resolved_defaults["search.memory_dynamic_factor"].startswith("fsdp")
+
+
+def test_another_gpus_suggestion_is_sized_without_this_hardwares_runs(session: Session) -> None:
+    """An H100's runs (memory factor 0.8) sized an H200 suggestion, which the H200's own estimate then
+    refused (change review): runs calibrate their own hardware only."""
+    body: dict[str, Any] = {
+        "model": {"preset": "llama-3.2-1b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+        "training": {"seq_len": 16384, "global_batch_size": 8},
+        "constraints": {"frameworks": ["fsdp"], "min_headroom_fraction": 0.0, "top_k": 1},
+    }
+    plan = planning.create_plan(session, PlanRequest.model_validate(body)).value
+    assert plan.recommended is not None
+    memory = plan.recommended.estimate.memory.per_gpu
+    states = memory.parameters + memory.gradients + memory.optimizer_states
+    peak = states + int(0.6 * (memory.device_used_bytes - states))
+    for _ in range(3):
+        planning.add_run(
+            session, plan.id, RunIn(peak_memory_bytes_per_gpu=peak, memory_statistic="device_used")
+        )
+    longer = body | {"training": {"seq_len": 81920, "global_batch_size": 8}}
+    again = planning.create_plan(session, PlanRequest.model_validate(longer)).value
+    others = [s for s in again.suggestions if s["kind"] == "other_gpu" and s.get("layout")]
+    assert others, [s["kind"] for s in again.suggestions]
+    for suggestion in others:
+        placed = {key: suggestion[key] for key in ("gpu", "num_nodes", "gpus_per_node")}
+        request = EstimateRequest.model_validate(
+            {
+                "model": body["model"],
+                "cluster": placed,
+                "training": longer["training"],
+                "layout": suggestion["layout"],
+            }
+        )
+        assert planning.estimate_for(session, request).fits, suggestion["detail"]
