@@ -760,6 +760,18 @@ def first_stage_extra_bytes(model: ModelSpec, layout: Layout, training: Training
     return extra
 
 
+def logits_split(model: ModelSpec, layout: Layout) -> int:
+    """The ranks the output layer's logits are split over: tp, vocab-parallel; but whole on every rank
+    where DeepSpeed's AutoTP splits an untied head (transformers' tp plan: lm_head
+    "colwise_gather_output", a LinearLayer with gather_output: DeepSpeed 0.19.8
+    module_inject/tp_plan_converter.py), which then runs the loss on all of them: only a tied head is
+    made vocab-parallel (runtime/engine.py). Counted split, Llama 3 8B at tp 4 was 13 GB short
+    (embeddings review)."""
+    if layout.framework is Framework.DEEPSPEED and layout.tp > 1 and not model.tied_embeddings:
+        return 1
+    return layout.tp
+
+
 def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
     # Final norm input, lm_head input and the fp32 log-softmax (HF upcasts logits; Megatron's
     # vocab-parallel cross-entropy keeps fp32 logits): 4sbh(1 + v/h)/t in Korthikanti §4.3.
@@ -789,13 +801,13 @@ def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingS
         # whole [b, s, h] (replicated on the TP axis), then .to(hidden_states.dtype) beside it
         loss = (FP32_BYTES + d) * t * h
     elif layout.torch_compile is Compile.MODEL_AND_LOSS:
-        loss = d * t * logits / layout.tp + FP32_BYTES * t
+        loss = d * t * logits / logits_split(model, layout) + FP32_BYTES * t
     else:
-        loss = FP32_BYTES * t * logits / layout.tp
+        loss = FP32_BYTES * t * logits / logits_split(model, layout)
         if model.final_logit_softcapping:
             # Gemma2ForCausalLM: logits / c, tanh, * c before the loss; tanh keeps its output, the
             # logits in the model dtype (a fused or compiled loss caps inside its kernel: nothing more)
-            loss += d * t * logits / layout.tp
+            loss += d * t * logits / logits_split(model, layout)
     # each multi-token-prediction depth (Megatron only) keeps its enorm input (the shifted tokens'
     # embedding), eh_proj's 2h input, its final norm's and output layer's inputs, its own fp32
     # logits and shifted labels; its decoder layer counts with the stage's layers
@@ -907,9 +919,9 @@ def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpe
         # below, with the logits beside them); compiled, the fused kernel's 16-bit gradient instead
         d = element_bytes(training.precision)
         per_logit = 2 * d if layout.torch_compile is Compile.MODEL_AND_LOSS else d + 3 * FP32_BYTES
-        return math.ceil(per_logit * t * logits / (CHUNKED_LOSS_CHUNKS * layout.tp))
+        return math.ceil(per_logit * t * logits / (CHUNKED_LOSS_CHUNKS * logits_split(model, layout)))
     if layout.torch_compile is Compile.MODEL_AND_LOSS:
-        return math.ceil(element_bytes(training.precision) * t * logits / layout.tp)
+        return math.ceil(element_bytes(training.precision) * t * logits / logits_split(model, layout))
     if model.head is not Head.CAUSAL_LM:
         # an encoder's loss runs in the model dtype (``last_stage_extra_bytes``): the gradients of nll
         # and of log_softmax in backward, 2 x d bytes per logit
@@ -921,4 +933,4 @@ def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpe
         # saved 4 (an embeddings reviewer's live-byte trace of cross_entropy.py: 6.25; counted 8)
         return math.ceil(element_bytes(training.precision) * t * logits / layout.tp)
     copies = 3 if layout.framework is Framework.FSDP and layout.tp > 1 else 2
-    return math.ceil(copies * FP32_BYTES * t * logits / layout.tp)
+    return math.ceil(copies * FP32_BYTES * t * logits / logits_split(model, layout))

@@ -285,7 +285,7 @@ def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning, seq_len
         else tuning.loss_traffic_bytes_per_logit
     )
     # an encoder's question-answering or classification head: its few logits (params.loss_logits_per_token)
-    return per_logit * loss_logits_per_token(model, seq_len) / layout.tp
+    return per_logit * loss_logits_per_token(model, seq_len) / activations.logits_split(model, layout)
 
 
 @layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.catalog.models import model as preset
 from service.catalog.tuning import default_tuning
 from service.estimator import activations, evaluate
 from service.estimator.memory import assumptions, layout_state_bytes, stage_states
@@ -271,7 +272,7 @@ def test_adafactor_factors_what_trains() -> None:
 
 
 def test_rank_parameters_split_tp_and_pp() -> None:
-    lay = Layout(tp=2, pp=2)
+    lay = Layout(framework=Framework.MEGATRON, tp=2, pp=2)  # (DeepSpeed's AutoTP splits no untied embedding)
     first, last = rank_parameters(TINY, lay, 0), rank_parameters(TINY, lay, 1)
     # One layer per stage: (256 + 384) / 2 = 320 sharded + 16 replicated norms.
     # First: + embedding 256/2 = 128 -> 464. Last: + final norm 8 + lm_head 256/2 = 128 -> 472.
@@ -1092,3 +1093,26 @@ def test_a_node_holding_several_pipeline_stages_needs_their_sum_of_host_ram() ->
     two = dataclasses.replace(node, num_nodes=2)
     first = memory(spec, two, dataclasses.replace(piped, pp=2, dp=8), training).cpu_per_node_bytes
     assert 16 * total / 2 < first < 16 * total * 0.6
+
+
+def test_deepspeed_autotp_keeps_an_untied_models_embedding_and_logits_whole() -> None:
+    # embeddings review: AutoTP splits transformers' tp plan, lm_head "colwise_gather_output" (every
+    # rank then holds the whole logits and runs the loss on them) and skips the rowwise embedding; only
+    # a tied model is made vocab-parallel (DeepSpeed 0.19.8 runtime/engine.py, tp_plan_converter.py)
+    from service.estimator.model_states import rank_parameters
+
+    spec = preset("llama-3-8b").spec
+    assert not spec.tied_embeddings
+    deepspeed = Layout(framework=Framework.DEEPSPEED, dp=2, tp=4, zero_stage=1)
+    megatron = dataclasses.replace(deepspeed, framework=Framework.MEGATRON, sequence_parallel=True)
+    assert activations.logits_split(spec, deepspeed) == 1 and activations.logits_split(spec, megatron) == 4
+    tied = preset("llama-3.2-1b").spec
+    assert tied.tied_embeddings and activations.logits_split(tied, deepspeed) == 4
+    counts = parameter_counts(spec)
+    layers = ((LayerKind(moe=False), spec.num_layers),)
+    whole = rank_parameters(spec, counts, deepspeed, 0, layers).dense
+    split = rank_parameters(spec, counts, megatron, 0, layers).dense
+    assert whole - split == pytest.approx(counts.embedding * (1 - 1 / 4))
+    training = TrainingSpec(seq_len=8192, global_batch_size=2)
+    t = 8192  # one micro-batch of one sequence
+    assert activations.loss_workspace_bytes(spec, deepspeed, training) == 2 * 4 * t * spec.vocab_size
