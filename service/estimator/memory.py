@@ -1186,6 +1186,14 @@ def assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
             "load, the copies routed past it dropped"
         )
     notes += _state_notes(job, layout)
+    if job.training.method is not Method.FULL:
+        # peft's nn.Dropout before each adapter keeps its output and mask per input element where the
+        # dropout is on (PEFT's examples use 0.1, Axolotl's 0.05); the launch files set 0 (fine-tuning
+        # tables review: said nowhere)
+        notes.append(
+            "LoRA dropout 0 (peft's default, as the launch files set it): with lora_dropout > 0 each adapted "
+            "Linear also keeps a dropout output and mask of its input, 3 bytes an element in 16 bits"
+        )
     if job.training.precision is Precision.FP8:
         notes.append(fp8_note(layout))
     if layout.chunked_loss:

@@ -19,6 +19,7 @@ from service.estimator.types import (
     Layout,
     MemoryBreakdown,
     MemoryEstimate,
+    Method,
     ModelSpec,
     TrainingSpec,
 )
@@ -381,3 +382,17 @@ def test_a_shortfall_the_figures_round_away_says_by_how_much() -> None:
     assert warnings_for(far, gpu_cluster(gpu("h100-sxm-80gb"), 8, 50e9), Layout())[0] == (
         "does not fit: 80.00 GiB needed per GPU, 64.00 GiB available"
     )
+
+
+def test_a_lora_estimate_says_its_adapters_dropout_is_off() -> None:
+    # peft's lora_dropout > 0 keeps a dropout output and mask per adapted input (PEFT's examples 0.1):
+    # the estimate counts none, as its launch files set 0, and now says so (fine-tuning tables review)
+    spec = preset("llama-3.1-8b").spec
+    lora = TrainingSpec(seq_len=2048, global_batch_size=2, method=Method.LORA)
+    cluster = gpu_cluster(gpu("h100-sxm-80gb"), 1, 50e9)
+    fsdp = Layout(framework=Framework.FSDP)
+    said = estimate(spec, cluster, fsdp, lora, tuning=default_tuning()).assumptions
+    assert any(note.startswith("LoRA dropout 0") for note in said)
+    full = dataclasses.replace(lora, method=Method.FULL)
+    said = estimate(spec, cluster, fsdp, full, tuning=default_tuning()).assumptions
+    assert not any(note.startswith("LoRA dropout") for note in said)
