@@ -25,6 +25,7 @@ from service.estimator.job import Job, LayerKind, layout_memo, sum_by_kind
 from service.estimator.params import (
     FUSED_QKV_FAMILIES,
     ROBERTA_FAMILIES,
+    autotp_keeps_vocab_whole,
     lora_adapter_shapes,
     loss_logits_per_token,
 )
@@ -611,7 +612,7 @@ def recompute_working_bytes(job: Job, layout: Layout, recompute: Recompute) -> f
     return 0.0
 
 
-@layout_memo(*LAYER_FIELDS, "chunked_loss")
+@layout_memo(*LAYER_FIELDS, "chunked_loss", "pp")  # pp: AutoTP's whole logits (logits_split)
 def stage_extra_bytes(job: Job, layout: Layout) -> tuple[float, float]:
     """``first_stage_extra_bytes`` and ``last_stage_extra_bytes`` of the job."""
     model, training = job.model, job.training
@@ -632,7 +633,7 @@ class LayerActivations:
 
 
 @layout_memo(*LAYER_FIELDS, *MOE_FIELDS, "recompute", "recompute_num_layers", "recompute_every_n_layers",
-             "recompute_modules", "chunked_loss")  # fmt: skip
+             "recompute_modules", "chunked_loss", "pp")  # fmt: skip
 def layer_activations(job: Job, layout: Layout) -> LayerActivations:
     per_kind = kind_layer_bytes(job, layout, layout.recompute)
     partial = layout.recomputes_some_layers
@@ -761,15 +762,10 @@ def first_stage_extra_bytes(model: ModelSpec, layout: Layout, training: Training
 
 
 def logits_split(model: ModelSpec, layout: Layout) -> int:
-    """The ranks the output layer's logits are split over: tp, vocab-parallel; but whole on every rank
-    where DeepSpeed's AutoTP splits an untied head (transformers' tp plan: lm_head
-    "colwise_gather_output", a LinearLayer with gather_output: DeepSpeed 0.19.8
-    module_inject/tp_plan_converter.py), which then runs the loss on all of them: only a tied head is
-    made vocab-parallel (runtime/engine.py). Counted split, Llama 3 8B at tp 4 was 13 GB short
-    (embeddings review)."""
-    if layout.framework is Framework.DEEPSPEED and layout.tp > 1 and not model.tied_embeddings:
-        return 1
-    return layout.tp
+    """The ranks the output layer's logits are split over: tp, vocab-parallel; 1 where DeepSpeed's
+    AutoTP gathers them whole on every rank, which then runs the loss on all of them
+    (``params.autotp_keeps_vocab_whole``)."""
+    return 1 if autotp_keeps_vocab_whole(model, layout) else layout.tp
 
 
 def last_stage_extra_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
@@ -931,6 +927,8 @@ def loss_workspace_bytes(model: ModelSpec, layout: Layout, training: TrainingSpe
         # (max subtraction, exp, division, and the backward's softmax - one_hot, mul_): beside it only
         # the logits' gradient cast back to the model dtype, 6 bytes a logit at the peak with the
         # saved 4 (an embeddings reviewer's live-byte trace of cross_entropy.py: 6.25; counted 8)
+        if element_bytes(training.precision) == FP32_BYTES:
+            return 0  # fp32 logits: .float() is the tensor itself, the gradient already its dtype
         return math.ceil(element_bytes(training.precision) * t * logits / layout.tp)
     copies = 3 if layout.framework is Framework.FSDP and layout.tp > 1 else 2
     return math.ceil(copies * FP32_BYTES * t * logits / logits_split(model, layout))

@@ -381,7 +381,7 @@ def learn_calibration(stored: Sequence[Observation]) -> Calibration:
         # recommended again, "fits" (calibration review); as far as its job is this one (floor ** weight,
         # whole for the same job: a phi-3-mini run's floor of 8.04 multiplied an 8B job's at weight 0.08,
         # 178 GiB where 56 fit; change review), as the framework's own time factor is weighed
-        memory = max(memory, *((oom_floor(o) or 0.0) ** o.weight for o in ooms))
+        memory = max(memory, *(_weakened(oom_floor(o) or 0.0, o.weight) for o in ooms))
     timed = _timed(observations)
     time = _clamp(trusted(_weighted_time_median(timed), timed), TIME_FACTOR_BOUNDS) if timed else 1.0
     return Calibration(
@@ -398,6 +398,13 @@ def learn_calibration(stored: Sequence[Observation]) -> Calibration:
         framework_time_run_ids=tuple(o.run_id for o in timed),
         set_aside=set_aside(stored),
     )
+
+
+def _weakened(floor: float, weight: float) -> float:
+    """An OOM floor as far as its job is this one: ``floor ** weight`` above 1 (toward 1 as the job
+    differs); a floor at or below 1 raises nothing and is kept as it is (raised to a power it grew
+    toward 1, and a negative one, states past the card, has no real power: change review)."""
+    return floor**weight if floor > 1.0 else floor
 
 
 def calibrated_bytes(estimated_bytes: int, factor: float) -> int:

@@ -59,7 +59,7 @@ from service.estimator.model_states import (
     state_bytes,
     state_bytes_per_parameter,
 )
-from service.estimator.params import head_matrices
+from service.estimator.params import autotp_keeps_vocab_whole, head_matrices
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
@@ -180,6 +180,8 @@ def gathered_parameter_bytes(
     # and reduces one module's 16-bit gradients at a time (DeepSpeed's 4 x largest layer); norms
     # (under the persistence threshold) are never partitioned.
     largest = counts.largest_module / layout.tp
+    if autotp_keeps_vocab_whole(model, layout):  # the embedding, gathered and reduced whole
+        largest = max(largest, counts.embedding)
     ds = deepspeed_buckets(model, layout)
     live = min(largest + ds.prefetch_bucket_elements, ds.max_live_parameters)
     persistent = counts.norms_per_layer * rp.layers + counts.final_norm

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from service.estimator.params import (
     MTP_NORMS,
     LayerKind,
+    autotp_keeps_vocab_whole,
     embedding_parameters,
     is_moe_layer,
     largest_module_parameters,
@@ -649,11 +650,8 @@ def rank_parameters(
     # With pp > 1 and tied embeddings the last stage keeps its own copy of the word embedding.
     head = counts.output or (model.vocab_size * model.hidden_size if p > 1 else 0)
     if rank == 0:
-        # DeepSpeed's AutoTP leaves an untied model's embedding whole on every rank (transformers' tp
-        # plan's embedding_rowwise, which it skips; only a tied one is made vocab-parallel:
-        # runtime/engine.py; embeddings review)
-        whole = layout.framework is Framework.DEEPSPEED and not model.tied_embeddings
-        dense += counts.embedding / (1 if whole else t)
+        # DeepSpeed's AutoTP may leave the embedding whole on every rank (params.autotp_keeps_vocab_whole)
+        dense += counts.embedding / (1 if autotp_keeps_vocab_whole(model, layout) else t)
     if rank == p - 1:
         dense += counts.final_norm + head / t
     if rank == p - 1 and mtp_layers:

@@ -22,6 +22,7 @@ from service.estimator.types import (
     MLP_LINEAR,
     Attention,
     AttentionKind,
+    Framework,
     Head,
     Layout,
     MLASpec,
@@ -48,6 +49,19 @@ class LayerKind(NamedTuple):
 # modeling_camembert.py: every class "Copied from transformers.models.roberta.modeling_roberta"): its
 # classification head (dense and out_proj), its position ids past the padding index, its layers.
 ROBERTA_FAMILIES = frozenset({"roberta", "xlm-roberta", "camembert"})
+
+
+def autotp_keeps_vocab_whole(model: ModelSpec, layout: Layout) -> bool:
+    """Whether DeepSpeed's AutoTP (tp > 1) leaves the embedding whole on every rank and gathers the
+    whole logits there: an untied model (transformers' tp plan splits lm_head "colwise_gather_output"
+    and skips the rowwise embedding; only a tied one is made vocab-parallel, runtime/engine.py).
+    Counted split, Llama 3 8B at tp 4 was 13 GB short (embeddings review). (A family without a tp plan,
+    BLOOM or GPT-2, takes AutoTP's heuristic path, which keeps even a tied vocabulary whole; its DeepSpeed
+    tp layouts here are also the historic Megatron-DeepSpeed ones, vocab-parallel: counted split.)"""
+    if layout.framework is not Framework.DEEPSPEED or layout.tp == 1 or layout.pp > 1:
+        # (with pp > 1, tp is Megatron-DeepSpeed's, vocab-parallel: AutoTP joins no pipeline engine)
+        return False
+    return not model.tied_embeddings
 
 
 # The attention kernels transformers implements for a family, where it lacks some (its modeling file's

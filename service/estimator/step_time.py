@@ -80,7 +80,7 @@ from service.estimator.model_states import (
     qlora_bits_per_weight,
     shard_degrees,
 )
-from service.estimator.params import loss_logits_per_token, stage_parameter_counts
+from service.estimator.params import autotp_keeps_vocab_whole, loss_logits_per_token, stage_parameter_counts
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import (
     Tuning,
@@ -288,13 +288,13 @@ def loss_traffic_bytes(model: ModelSpec, layout: Layout, tuning: Tuning, seq_len
     return per_logit * loss_logits_per_token(model, seq_len) / activations.logits_split(model, layout)
 
 
-@layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")
+@layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp", "framework")  # framework: AutoTP's whole embedding
 def gpu_parameters(job: Job, layout: Layout) -> float:
     """Parameters on one GPU of the most loaded stage before ZeRO sharding (experts split by ep)."""
     return max(dense + experts for dense, experts in stage_gpu_parameter_groups(job, layout))
 
 
-@layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp")
+@layout_memo(*PIPELINE_FIELDS, "tp", "ep", "etp", "framework")
 def stage_gpu_parameter_groups(job: Job, layout: Layout) -> tuple[tuple[float, float], ...]:
     """(dense, routed experts) parameters on one GPU of each stage before ZeRO sharding (memoised:
     ``gpu_parameters`` and every sharding's ``zero_gpu_parameters`` read it)."""
@@ -304,9 +304,13 @@ def stage_gpu_parameter_groups(job: Job, layout: Layout) -> tuple[tuple[float, f
     counts = stage_parameter_counts(job.model, layout, job.training.mtp_num_layers)
     stages = zip(counts, rank_kind_counts(job, layout), strict=True)
     groups = []
-    for params, kinds in stages:
+    # an embedding AutoTP keeps whole on every rank (params.autotp_keeps_vocab_whole), as
+    # model_states.rank_parameters counts it (change review: timed split, held whole)
+    whole = job.counts.embedding * (1 - 1 / layout.tp) if autotp_keeps_vocab_whole(job.model, layout) else 0.0
+    for stage, (params, kinds) in enumerate(stages):
         experts = experts_per_layer * moe_layers_of(kinds)
-        groups.append(((params - experts) / layout.tp, experts / (layout.ep * layout.expert_tp)))
+        embedding = whole if stage == 0 else 0.0
+        groups.append(((params - experts) / layout.tp + embedding, experts / (layout.ep * layout.expert_tp)))
     return tuple(groups)
 
 
@@ -398,7 +402,7 @@ class StageShape:
     core_work_flops: float  # what its kernels execute of that (flash skips the masked blocks)
 
 
-@layout_memo(*SHAPE_FIELDS)
+@layout_memo(*SHAPE_FIELDS, "framework")  # framework: AutoTP's whole embedding (gpu_parameters)
 def stage_shape(job: Job, layout: Layout, stage: int) -> StageShape:
     counts = rank_kind_counts(job, layout)[stage]
     return StageShape(
@@ -537,6 +541,8 @@ def core_kernel(job: Job, layout: Layout) -> CoreKernel | None:
     training = job.training
     if training.attention is Attention.EAGER or training.precision.stores_fp32:
         return None
+    if flops.materialises_scores(job.model, training):
+        return None  # SDPA's math kernel: batched GEMMs over the square, at the (fp32) GEMM rate
     rate = attention_kernel_rate(job.tuning, job.cluster.gpu, layout.framework)
     fractions = attention_kernel_fractions(
         job.tuning, job.cluster.gpu, layout.framework, training.seq_len / layout.cp, job.model.bidirectional

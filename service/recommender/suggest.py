@@ -1002,11 +1002,10 @@ class _Ask:
             raise NoFit(
                 f"{cluster.gpu.name}: more GPUs than the {MAX_SUGGESTED_GPUS:,} a suggestion proposes"
             )
-        constraints = self.constraints
-        if cluster.gpu != self.cluster.gpu:
-            # runs calibrate their own hardware: an H100's memory factor sized an H200 suggestion that
-            # its estimate then refused (change review)
-            constraints = dataclasses.replace(constraints, memory_dynamic_factors=())
+        # runs calibrate their own hardware (its GPU, nodes and GPUs per node: planning.calibration's
+        # hardware key), which more or other GPUs are not: an H100's memory factor sized an H200 (and a
+        # 2-GPU) suggestion that its own estimate then refused (change reviews)
+        constraints = dataclasses.replace(self.constraints, memory_dynamic_factors=())
         # the cheap bound: not even the model states fit on the most GPUs tried
         unfit = states_unfit(self.model, cluster, training, self.tuning, constraints, counts[-1])
         if unfit is not None:

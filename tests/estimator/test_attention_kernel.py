@@ -306,3 +306,15 @@ def test_sdpas_math_kernel_keeps_its_fp32_dropout_and_pays_no_16_bit_alignment()
     assert flops.materialises_scores(odd, math)
     assert step_time.unaligned_core_slowdown(odd, math, default_tuning()) == 0.0
     assert step_time.unaligned_core_slowdown(odd, eager, default_tuning()) > 0.0
+
+
+def test_sdpas_math_kernel_has_no_flash_rate() -> None:
+    # change review: the math kernel's core was timed at FA2's 16-bit fractions of the fp32 peak
+    # (Falcon-7B on an H100: 21.5 TFLOP/s); its batched GEMMs run at the fp32 GEMM rate
+    falcon = preset("falcon-7b").spec
+    sdpa = TrainingSpec(seq_len=2048, global_batch_size=8, attention=Attention.SDPA)
+    job = prepare(falcon, gpu_cluster(H100, 8, 50e9), sdpa, default_tuning())
+    assert flops.materialises_scores(falcon, job.training)
+    assert step_time.core_kernel(job, Layout(framework=Framework.FSDP)) is None
+    forward, _ = step_time.core_rates_flops_per_s(job, Layout(framework=Framework.FSDP), 0.55)
+    assert forward == pytest.approx(0.55 * H100.peak_flops_per_s.fp32)

@@ -384,3 +384,13 @@ def test_an_oom_floor_holds_as_far_as_its_job_is_this_one() -> None:
     far = learn_calibration([dataclasses.replace(measured(oom=True), weight=0.25)])
     assert far.memory_dynamic_factor == pytest.approx(floor**0.25)
     assert learn_calibration([measured(oom=True)]).memory_dynamic_factor == pytest.approx(floor)
+
+
+def test_an_oom_floor_at_or_below_one_is_kept_whatever_its_weight() -> None:
+    # raised to a weight below 1 a floor under 1 grew toward 1 (above a same-job factor of 0.85), and a
+    # negative one (states past the card) became complex (change review)
+    from service.estimator.calibration import _weakened
+
+    assert _weakened(0.35, 0.05) == 0.35
+    assert _weakened(-0.5, 0.5) == -0.5
+    assert _weakened(4.0, 0.5) == pytest.approx(2.0)

@@ -487,7 +487,7 @@ def test_the_check_reports_a_part_whose_key_misses_a_field(monkeypatch: pytest.M
     }
     assert found == {
         "pipeline_depth": {"pp"},
-        "parameters_per_gpu": split | {"ep", "etp"},
+        "parameters_per_gpu": split | {"ep", "etp", "framework"},
         "gpus": {"pp", "cp"},
     }
     # at run time each such part reads a view of its key, so the unkeyed read is caught: the value is
@@ -804,7 +804,7 @@ def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
     # the same.
     spec = spec_of(name)
     training = TrainingSpec(seq_len=2048, global_batch_size=8, attention=Attention.EAGER)
-    layout = Layout(tp=2, sequence_parallel=True)
+    layout = Layout(framework=Framework.MEGATRON, tp=2, sequence_parallel=True)  # (AutoTP keeps some whole)
     job = make_job(spec, cluster(1), training, default_tuning())
     kinds = [layer_kind(spec, i) for i in range(spec.num_layers)]
     assert job.layer_kinds == tuple(kinds) and set(job.kinds) == set(kinds)

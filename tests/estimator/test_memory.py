@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from service.catalog.models import model as preset
 from service.catalog.tuning import default_tuning
-from service.estimator import activations, evaluate
+from service.estimator import activations, evaluate, step_time
+from service.estimator.job import make_job
 from service.estimator.memory import assumptions, layout_state_bytes, stage_states
 from service.estimator.model_states import (
     MIXED,
@@ -1116,3 +1117,12 @@ def test_deepspeed_autotp_keeps_an_untied_models_embedding_and_logits_whole() ->
     training = TrainingSpec(seq_len=8192, global_batch_size=2)
     t = 8192  # one micro-batch of one sequence
     assert activations.loss_workspace_bytes(spec, deepspeed, training) == 2 * 4 * t * spec.vocab_size
+    # the step times the same parameters the memory holds (change review: timed split, held whole)
+    job = make_job(spec, cluster(8), training, default_tuning())
+    held = rank_parameters(spec, counts, deepspeed, 0, layers).dense
+    assert step_time.gpu_parameters(job, deepspeed) == pytest.approx(held, rel=1e-3)  # (norms split there)
+    # with a pipeline, DeepSpeed's tp is Megatron-DeepSpeed's (AutoTP joins no pipeline engine): split
+    assert activations.logits_split(spec, dataclasses.replace(deepspeed, pp=2, dp=1)) == 4
+    # Megatron in fp32: the cross-entropy's in-place copy is the logits themselves, no 16-bit gradient
+    fp32 = dataclasses.replace(training, precision=Precision.FP32)
+    assert activations.loss_workspace_bytes(spec, megatron, fp32) == 0

@@ -447,7 +447,7 @@ def test_fewer_gpus_are_chosen_where_the_nodes_do_not_divide_the_batch() -> None
         # AutoTP splitting its fused experts, which AutoTP does not (validate's autotp_fused_experts)
         ("llama-2-13b", "v100-sxm2-16gb", 32, 6.25e9,
          TrainingSpec(seq_len=1024, global_batch_size=128, precision=Precision.FP16),
-         "exposed DP communication"),
+         "over the network (6.25 GB/s per GPU)"),
     ],
 )  # fmt: skip
 def test_twice_the_gpus_never_train_slower(
