@@ -147,17 +147,19 @@ def test_a_run_calibrates_only_its_own_precision_and_method(session: Session) ->
     assert calibration(BODY["training"] | {"precision": "tf32"}) is None
 
 
-def test_runs_that_measured_less_memory_fit_the_search_as_they_do_the_estimate(session: Session) -> None:
-    """Factors below 1 were left out of the search: a plan was infeasible where the calibrated estimate
-    of its own closest layout fit (calibration review). Runs measuring 60% of the estimated dynamic
-    memory (factor 0.8, the bound) let the plan at a longer sequence keep a layout that fits so."""
-    body: dict[str, Any] = {
-        "model": {"preset": "llama-3.2-1b"},
-        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
-        "training": {"seq_len": 16384, "global_batch_size": 8},
-        "constraints": {"frameworks": ["fsdp"], "min_headroom_fraction": 0.0, "top_k": 1},
-    }
-    plan = planning.create_plan(session, PlanRequest.model_validate(body)).value
+# a 1B plan on one H100 whose three runs measured 60% of its estimated dynamic memory (factor 0.8, the
+# bound of the memory factor)
+SMALL_ON_ONE_H100: dict[str, Any] = {
+    "model": {"preset": "llama-3.2-1b"},
+    "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
+    "training": {"seq_len": 16384, "global_batch_size": 8},
+    "constraints": {"frameworks": ["fsdp"], "min_headroom_fraction": 0.0, "top_k": 1},
+}
+
+
+def _h100_with_runs_of_less_memory(session: Session) -> dict[str, Any]:
+    """``SMALL_ON_ONE_H100`` planned, and its three runs at 60% of the estimated dynamic memory stored."""
+    plan = planning.create_plan(session, PlanRequest.model_validate(SMALL_ON_ONE_H100)).value
     assert plan.recommended is not None
     memory = plan.recommended.estimate.memory.per_gpu
     states = memory.parameters + memory.gradients + memory.optimizer_states
@@ -166,6 +168,14 @@ def test_runs_that_measured_less_memory_fit_the_search_as_they_do_the_estimate(s
         planning.add_run(
             session, plan.id, RunIn(peak_memory_bytes_per_gpu=peak, memory_statistic="device_used")
         )
+    return SMALL_ON_ONE_H100
+
+
+def test_runs_that_measured_less_memory_fit_the_search_as_they_do_the_estimate(session: Session) -> None:
+    """Factors below 1 were left out of the search: a plan was infeasible where the calibrated estimate
+    of its own closest layout fit (calibration review). Runs measuring 60% of the estimated dynamic
+    memory (factor 0.8, the bound) let the plan at a longer sequence keep a layout that fits so."""
+    body = _h100_with_runs_of_less_memory(session)
     longer = body | {"training": {"seq_len": 36864, "global_batch_size": 8}}
     again = planning.create_plan(session, PlanRequest.model_validate(longer)).value
     assert again.status == "feasible", again.closest
@@ -176,21 +186,7 @@ def test_runs_that_measured_less_memory_fit_the_search_as_they_do_the_estimate(s
 def test_another_gpus_suggestion_is_sized_without_this_hardwares_runs(session: Session) -> None:
     """An H100's runs (memory factor 0.8) sized an H200 suggestion, which the H200's own estimate then
     refused (change review): runs calibrate their own hardware only."""
-    body: dict[str, Any] = {
-        "model": {"preset": "llama-3.2-1b"},
-        "cluster": {"gpu": "h100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 1},
-        "training": {"seq_len": 16384, "global_batch_size": 8},
-        "constraints": {"frameworks": ["fsdp"], "min_headroom_fraction": 0.0, "top_k": 1},
-    }
-    plan = planning.create_plan(session, PlanRequest.model_validate(body)).value
-    assert plan.recommended is not None
-    memory = plan.recommended.estimate.memory.per_gpu
-    states = memory.parameters + memory.gradients + memory.optimizer_states
-    peak = states + int(0.6 * (memory.device_used_bytes - states))
-    for _ in range(3):
-        planning.add_run(
-            session, plan.id, RunIn(peak_memory_bytes_per_gpu=peak, memory_statistic="device_used")
-        )
+    body = _h100_with_runs_of_less_memory(session)
     longer = body | {"training": {"seq_len": 81920, "global_batch_size": 8}}
     again = planning.create_plan(session, PlanRequest.model_validate(longer)).value
     others = [s for s in again.suggestions if s["kind"] in ("other_gpu", "more_gpus") and s.get("layout")]
