@@ -1371,7 +1371,7 @@ def _merge(found: SearchResult, more: SearchResult) -> None:
 
 MAX_FIRST_FIT_PROBES = 5  # whole-node counts bisected between two ladder steps (up to 32 nodes apart)
 # The whole-node counts below a ladder step with no split at all that a climb looks through for the
-# largest with one (``_with_splits``), and that a bisection between two steps keeps to
+# largest with one (``_with_splits``)
 MAX_SPLIT_SCAN = 16
 
 
