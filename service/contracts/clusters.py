@@ -270,6 +270,23 @@ class ClusterShape(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _mesh_connects_the_node(self, info: ValidationInfo) -> ClusterShape:
+        # a fully connected node of n GPUs gives each n - 1 links: fewer cannot reach every peer, and a
+        # group timed at (k - 1) / mesh_links of the links' sum is then no mesh the node has (a custom
+        # MI325X with mesh_links 1 on 8 GPUs was timed as fully connected: custom-hardware review)
+        links = self.gpu.mesh_links if isinstance(self.gpu, CustomGPU) else None
+        stored = (info.context or {}).get("stored")  # a row stored before the rule reads back
+        if links is not None and self.gpus_per_node > links + 1 and not stored:
+            raise FieldError(
+                f"mesh_links {links} cannot connect {self.gpus_per_node} GPUs a node in a full mesh (each "
+                f"needs {self.gpus_per_node - 1} links, one per peer): give gpus_per_node at most "
+                f"{links + 1}, or leave mesh_links out for a switch",
+                "gpus_per_node",
+                links + 1,
+            )
+        return self
+
     def _unsplit_mesh(self) -> bool:
         """A custom GPU's mesh with no links' sum stated, on the GPU or the cluster."""
         return (

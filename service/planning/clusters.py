@@ -220,7 +220,7 @@ def update_cluster(
     # rules added since the row was stored hold for what the patch changes: a description edited on a
     # cluster whose custom GPU states a mesh without its links' sum (stored before the rule) was a 422
     # naming the GPU (change review)
-    touched = {"gpu", "intra_node_bandwidth_bytes_per_s"} & set(sent)
+    touched = {"gpu", "intra_node_bandwidth_bytes_per_s", "gpus_per_node"} & set(sent)
     try:
         replacement = ClusterCreate.model_validate(merged, context=None if touched else STORED)
     except ValidationError as exc:  # e.g. a stored custom GPU that no longer validates

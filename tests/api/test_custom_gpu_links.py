@@ -330,6 +330,28 @@ def test_a_mesh_needs_the_links_it_splits_and_a_row_stored_before_the_rule_reads
     assert times[0] == times[1]
 
 
+def test_a_mesh_connects_every_gpu_of_its_node(client: TestClient) -> None:
+    """A fully connected node of n GPUs gives each n - 1 links: mesh_links 1 on 8 GPUs was timed as a
+    full mesh (custom-hardware review). Fewer links than peers are refused, naming gpus_per_node."""
+    from tests.custom_gpus import MI325X
+
+    def estimate_on(links: int, per_node: int) -> Any:
+        body = {
+            "model": {"preset": "llama-3.1-8b"},
+            "cluster": {"gpu": MI325X | {"mesh_links": links}, "num_nodes": 1, "gpus_per_node": per_node},
+            "training": {"seq_len": 4096, "global_batch_size": 32},
+            "layout": {"framework": "fsdp", "dp": per_node},
+        }
+        return client.post("/v1/estimates", json=body)
+
+    refused = estimate_on(1, 8)
+    assert refused.status_code == 422
+    (error,) = refused.json()["errors"]
+    assert error["field"] == "cluster.gpus_per_node" and error["limit"] == {"le": 2}
+    assert estimate_on(7, 16).status_code == 422
+    assert estimate_on(7, 8).status_code == 200 and estimate_on(3, 4).status_code == 200
+
+
 def test_a_custom_gpu_stating_bidirectional_links_or_fp16_accumulate_peaks_is_told(
     client: TestClient,
 ) -> None:
