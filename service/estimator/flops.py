@@ -192,11 +192,12 @@ def materialises_scores(model: ModelSpec, training: TrainingSpec) -> bool:
 
 def sdpa_refuses_flash(model: ModelSpec) -> bool:
     """Whether PyTorch SDPA's flash and cuDNN backends refuse the model's heads, leaving its memory-
-    efficient kernel (no published rate: the core's triangle at the GEMM rate, step_time.core_kernel):
+    efficient kernel (no published rate: timed at no more than the die's flash kernel, as eager is held;
+    estimate.attention_core_note says so):
     a head dim past 256 (sdp_utils check_head_dim_size_flash, check_cudnn_tensor_shapes), or q and k
     of another width than v (MLA: 192 and 128; 'Flash attention requires q,k,v to have the same last
-    dimension'). Timed at FlashAttention-2's rate, DeepSeek-V2-Lite and a head_dim 512 Llama were
-    faster than their kernel (attention review)."""
+    dimension'). Transformers then repeats k and v past head_dim 256 (activations._hf_sdpa); the
+    attention review found both cases named FlashAttention-2's kernel."""
     return model.head_dim > SDPA_GQA_HEAD_DIM_MAX or model.mla is not None
 
 
