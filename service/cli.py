@@ -650,6 +650,8 @@ def print_estimate(estimate: dict[str, Any], calibrated: bool = True) -> None:
             console.print(escape(line))
     for warning in estimate.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(warning)}")
+    for assumption in estimate.get("assumptions", []):  # what the figures rest on, as the API and page say
+        console.print(f"[dim]assumed: {escape(assumption)}[/]")
 
 
 def calibration_lines(calibration: dict[str, Any] | None) -> list[str]:

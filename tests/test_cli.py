@@ -301,6 +301,11 @@ def test_estimate_of_one_layout(database: str) -> None:
     assert body["fits"] and body["layout"]["dp"] == 8
     table = run("estimate", *args, "--framework", "fsdp", "--dp", "8", "--zero", "3")
     assert "fits" in table.output and "step time" in table.output
+    # what the figures rest on (peaks, efficiencies, statistics), each as the API says it: the CLI printed
+    # none of it
+    flat = " ".join(table.output.split())
+    assert body["assumptions"]
+    assert all(f"assumed: {' '.join(a.split())}" in flat for a in body["assumptions"]), flat
     # the memory table names the three statistics, each after the components it adds, and the fit's
     rows = [line.split("│")[1].strip() for line in table.output.splitlines() if line.count("│") == 4]
     assert rows[:11] == [

@@ -689,6 +689,9 @@ def test_a_plan_shows_its_warnings_and_its_rejections_examples(served: str, brow
     plan = httpx.get(f"{served}/v1/plans/{page.inner_text('#result .status a')}").json()
     warnings = plan["recommended"]["estimate"]["warnings"]
     assert warnings and page.locator("#result ul.warnings li").all_inner_texts() == warnings
+    # and what its figures rest on, folded (the page showed none of the API's assumptions)
+    assumptions = plan["recommended"]["estimate"]["assumptions"]
+    assert assumptions and page.locator("#result ul.assumptions li").all_text_contents() == assumptions
     # each alternative's warnings too (the page left them out: review)
     alternatives = cells(page, "#result table:has(caption:text('Alternatives'))")
     assert [row[-1] for row in alternatives] == [

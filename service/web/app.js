@@ -489,6 +489,16 @@ function warningsBlock(estimate, container) {
   if (warnings.length) container.append(el("h4", { text: "Warnings" }), list(warnings, "warnings"));
 }
 
+// What an estimate's figures rest on (its peaks, efficiencies, statistics), as the API and the CLI say
+// them: folded, since every estimate has several.
+function assumptionsBlock(estimate, container) {
+  const assumptions = estimate?.assumptions || [];
+  if (!assumptions.length) return;
+  const box = el("details", { class: "assumptions" });
+  box.append(el("summary", { text: `Assumptions (${assumptions.length})` }), list(assumptions, "assumptions"));
+  container.append(box);
+}
+
 // What a plan's score counts (recommender.rank.score; the OpenAPI document's CandidateOut.score).
 function scoreUnit(plan) {
   const constraints = plan.request?.constraints || {}, tokens = plan.request?.training?.tokens;
@@ -564,6 +574,7 @@ function renderPlan(plan, container) {
     }
     container.append(calibrationBlock(est, plan.id));
     warningsBlock(est, container);
+    assumptionsBlock(est, container);
     container.append(el("h4", { text: "Memory per GPU (most-loaded rank)" }));
     container.append(el("p", { class: "note memory-statistics", text:
       `The fit compares ${est.memory.fit_statistic === "device_used" || !est.memory.fit_statistic
@@ -628,6 +639,7 @@ function renderPlan(plan, container) {
     container.append(memoryFigure([{ ...plan.closest, label: layoutText(plan.closest.layout) }], "Memory of the closest layout in GiB"));
     container.append(calibrationBlock(plan.closest.estimate, plan.id));
     warningsBlock(plan.closest.estimate, container);
+    assumptionsBlock(plan.closest.estimate, container);
   }
   if (plan.suggestions.length) {
     container.append(el("h4", { text: "What would make it fit" }), list(plan.suggestions.map((s) => s.detail || s.kind), "suggestions"));
