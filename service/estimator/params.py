@@ -219,7 +219,8 @@ def lora_module_names(model: ModelSpec) -> tuple[str, ...]:
 # matches a target as a suffix of the module's name, so "self_attn.q_proj" adapts every layer's q_proj
 # as "q_proj" does (a 422 "unknown lora_targets" met that ordinary config; fine-tuner review), each
 # parent with the targets it holds. An MoE layer's experts sit elsewhere (block_sparse_moe.experts.N,
-# mlp.experts.N), so "mlp." names no expert: on an MoE model only self_attn is read so.
+# mlp.experts.N), so "mlp." names no expert: on an MoE model only self_attn is read so, but where peft
+# maps the experts' names by suffix (``_expert_target_names``).
 # ... the families with modules of their own names under those parents (GPT-2's attn and mlp,
 # NeoX's attention and mlp, Falcon's self_attention: not)
 SELF_ATTN_MLP_FAMILIES = frozenset({"phi3", "phi", "mixtral"})
@@ -233,6 +234,11 @@ def _module_targets(model: ModelSpec, name: str) -> tuple[str, ...]:
     if name in ALL_LINEAR:
         return (name,)
     parent, _, last = name.rpartition(".")
+    if parent and peft_moves_mlp_targets(model) and last in _expert_target_names(model):
+        # peft moves any target equal to or ending in ".<name>" of the experts' v4 names onto the
+        # fused experts (_convert_peft_config_moe: target.endswith(f".{old_name}")), so "mlp.down_proj"
+        # trains what "down_proj" does there (a 422 "unknown lora_targets" on Qwen3-30B-A3B)
+        return _module_targets(model, last)
     named_so = LORA_MODULES.get(model.family) is None or model.family in SELF_ATTN_MLP_FAMILIES
     if parent in TARGET_PARENTS and named_so and model.mla is None and not model.bidirectional:
         held = _module_targets(model, last)
@@ -681,6 +687,16 @@ def stage_parameter_counts(model: ModelSpec, layout: Layout, mtp_layers: int = 0
 # (config review, stop 44: Qwen3-30B-A3B's LoRA r16 trains 996.5M parameters, 981.5M on experts).
 # OLMoE's too: transformers' conversion_mapping maps "olmoe" onto the "qwen2_moe" pattern.
 _PEFT_FUSED_EXPERT_FAMILIES = frozenset({"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe"})
+
+
+def _expert_target_names(model: ModelSpec) -> frozenset[str]:
+    """The MLP target names peft maps onto ``peft_moves_mlp_targets``' fused experts
+    (_MOE_TARGET_MODULE_MAPPING's keys): Mixtral's w1, w3 and w2, the qwen2_moe pattern's gate_proj,
+    up_proj and down_proj (the model's own MLP modules, ``LORA_MODULES``)."""
+    groups = _lora_groups(model)
+    if groups is None:
+        return MLP_LINEAR
+    return frozenset(module for held, module in groups if set(held) <= MLP_LINEAR)
 
 
 def peft_moves_mlp_targets(model: ModelSpec) -> bool:

@@ -391,6 +391,13 @@ def test_a_models_own_lora_module_names_read_as_the_targets_they_hold() -> None:
     mixtral = model("mixtral-8x7b").spec
     assert canonical_lora_targets(mixtral, ("self_attn.q_proj",)) == ("q_proj",)
     assert canonical_lora_targets(mixtral, ("mlp.down_proj",)) == ("mlp.down_proj",)
+    # where peft moves the MLP targets onto fused experts it maps any name ending in the experts' own
+    # ("mlp.down_proj" on Qwen3-MoE, "block_sparse_moe.experts.w2" on Mixtral: _convert_peft_config_moe)
+    assert canonical_lora_targets(mixtral, ("block_sparse_moe.experts.w2",)) == ("down_proj",)
+    qwen3_moe = model("qwen3-30b-a3b").spec
+    assert canonical_lora_targets(qwen3_moe, ("mlp.down_proj", "self_attn.q_proj")) == ("down_proj", "q_proj")
+    assert canonical_lora_targets(qwen3_moe, ("mlp.experts.gate_proj",)) == ("gate_proj",)
+    assert canonical_lora_targets(model("deepseek-v3").spec, ("mlp.up_proj",)) == ("up_proj",)
     assert canonical_lora_targets(gpt2, ("self_attn.c_attn",)) == ("self_attn.c_attn",)
     assert canonical_lora_targets(gpt2, ("attn.c_attn",)) == ("q_proj", "k_proj", "v_proj")
     assert canonical_lora_targets(llama, ("qkv_proj",)) == ("qkv_proj",)  # not Llama's: refused later
