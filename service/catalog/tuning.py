@@ -136,7 +136,9 @@ class HostTable(_Table):
     cpu_adam_source: Source
     torch_cpu_adam_slowdown: Positive = Field(description="PyTorch AdamW on CPU tensors vs DeepSpeed's")
     torch_cpu_adam_source: Source
-    nvme_bandwidth_bytes_per_s_per_node: Positive = Field(description="when the cluster gives none")
+    nvme_bandwidth_bytes_per_s_per_node: Positive = Field(
+        description="every node's (no cluster field states it)"
+    )
     nvme_source: Source
 
 

@@ -351,6 +351,16 @@ def bus_bandwidth_notes(
                 "intra-node", intra, cluster.measured_intra_node_bus_bandwidth_bytes_per_s, intra_efficiency
             )
         )
+        if not cluster.gpu.peer_to_peer and cluster.measured_intra_node_bus_bandwidth_bytes_per_s is None:
+            # NCCL's SHM transport: every byte is written to and read from host memory, whose bandwidth
+            # bounds it below the PCIe figure (8 RTX 5090s: 28 GB/s bus bandwidth on PCIe 5; NCCL's
+            # maintainers, NVIDIA/nccl#1639); not modelled: a measured figure replaces the nominal one
+            notes.append(
+                f"{cluster.gpu.name} has no peer-to-peer between GPUs: NCCL stages their traffic through "
+                "host memory, whose bandwidth bounds it below the figure above (not modelled); state "
+                "measured_intra_node_bus_bandwidth_bytes_per_s (nccl-tests all_reduce_perf's busbw) to "
+                "time it at what the node measures"
+            )
         links = cluster.gpu.mesh_links
         if links is not None:
             notes.append(

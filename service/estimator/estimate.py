@@ -30,6 +30,7 @@ from service.estimator.step_time import (
     core_kernel,
     peak_flops_per_s,
     steps_to_train,
+    steps_torch_unfused_on_host,
     sustained_peak_flops_per_s,
     time_to_train_s,
     unaligned_core_slowdown,
@@ -43,6 +44,7 @@ from service.estimator.types import (
     Estimate,
     Layout,
     MemoryEstimate,
+    Method,
     ModelSpec,
     Offload,
     Precision,
@@ -76,6 +78,16 @@ def warnings_for(memory: MemoryEstimate, cluster: ClusterSpec, layout: Layout) -
         out.append(
             f"host RAM: {memory.cpu_per_node_bytes / 2**30:.1f} GiB needed per node, "
             f"{cluster.cpu_memory_bytes_per_node / 2**30:.1f} GiB available"
+        )
+    elif memory.cpu_per_node_bytes > (1 - THIN_HEADROOM_FRACTION) * cluster.cpu_memory_bytes_per_node > 0:
+        # what the figure counts is the offload's own; the OS and each training process (Python, the
+        # libraries, the CUDA driver's host side) need host RAM too: an offload plan on 134.6 of 136 GiB
+        # was answered without a word (workstation review)
+        free = (cluster.cpu_memory_bytes_per_node - memory.cpu_per_node_bytes) / 2**30
+        out.append(
+            f"thin host RAM headroom: {free:.1f} GiB free per node (< 5%) of "
+            f"{cluster.cpu_memory_bytes_per_node / 2**30:.1f} GiB beside what the offload holds; the OS "
+            "and each training process need host RAM of their own"
         )
     if cluster.nvme_bytes_per_node and memory.nvme_per_node_bytes > cluster.nvme_bytes_per_node:
         out.append(
@@ -178,7 +190,34 @@ def time_assumptions(job: Job, layout: Layout) -> tuple[str, ...]:
         utilisation_note(job),
         *links,
         *link_default_notes(job.cluster),
+        *offload_rate_notes(job, layout),
     )
+
+
+def offload_rate_notes(job: Job, layout: Layout) -> tuple[str, ...]:
+    """The host-side rates an offloading step was timed at (``step_time.optimizer_s`` and
+    ``offload_s``), which no cluster field states: the answer named the PCIe link alone, while the
+    host's Adam and its NVMe were most of a workstation's step (workstation review)."""
+    out = []
+    tuning, node = job.tuning, job.cluster.gpus_per_node
+    if layout.offload_optimizer is not Offload.NONE and job.training.method is Method.FULL:
+        rate = tuning.cpu_adam_params_per_s_per_node
+        slower = steps_torch_unfused_on_host(job, layout)
+        kind = (
+            f"PyTorch's unfused AdamW on CPU tensors, {tuning.torch_cpu_adam_slowdown:g}x slower than"
+            if slower
+            else "the host's vectorised Adam (DeepSpeed's CPU-Adam, or torch's fused AdamW), as"
+        )
+        out.append(
+            f"optimizer step on the host: {kind} {rate:.3g} parameters/s per node shared by its {node} "
+            "GPU(s) (tuning: a two-socket server host, not measured on this cluster's)"
+        )
+    if Offload.NVME in (layout.offload_optimizer, layout.offload_params):
+        out.append(
+            f"NVMe offload at {tuning.nvme_bandwidth_bytes_per_s_per_node / 1e9:g} GB/s per node shared by "
+            f"its {node} GPU(s) (tuning: a DGX-2's NVMe array, ZeRO-Infinity; one drive is slower)"
+        )
+    return tuple(out)
 
 
 def utilisation_note(job: Job) -> str:

@@ -175,7 +175,7 @@ class Tuning:
     ring_attention_repeats_kv: bool = False
     cpu_adam_params_per_s_per_node: float  # DeepSpeed CPU-Adam, whole host
     torch_cpu_adam_slowdown: float  # PyTorch's AdamW on CPU tensors (FSDP CPU offload) vs DeepSpeed's
-    nvme_bandwidth_bytes_per_s_per_node: float  # when the cluster gives none
+    nvme_bandwidth_bytes_per_s_per_node: float  # every node's (no cluster field states it)
     memory: MemoryAssumptions  # the memory model's allowances
     sources: tuple[str, ...] = ()
 
