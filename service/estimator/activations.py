@@ -283,7 +283,10 @@ def _hf_sdpa(model: ModelSpec, training: TrainingSpec, tokens: float, masked: bo
     # by a reviewer). Not measured, so counted as unmasked: a fused-qkv family with a window (Phi-3).
     d, q, kv = element_bytes(training.precision), model.q_size, model.kv_size
     rotary = model.position_embedding is PositionEmbedding.ROPE
-    if model.family in flops.SDPA_EXPANDS_KV_FAMILIES:
+    if model.family in flops.SDPA_EXPANDS_KV_FAMILIES and training.attention is Attention.SDPA:
+        # SDPA's call only (FalconAttention); FalconFlashAttention2 keeps k and v at the kv heads and
+        # builds no mask (create_causal_mask returns None for flash_attention_2 without padding), so
+        # flash falls to the fused qkv below (metamorphic review: a b x s x s mask per layer counted)
         return d * tokens * 3 * q + d * tokens * training.seq_len  # mask: b x s_local x s
     if model.family in FUSED_QKV_FAMILIES:
         return d * tokens * ((q + 2 * kv) + ((q + kv) if rotary else 0))
