@@ -115,10 +115,12 @@ def _overlap_grad_reduce(flags: FrameworkFlags, structure: Structure, sharding: 
 
 
 def gpu_counts(cluster: ClusterSpec, max_gpus: int | None = None) -> tuple[int, ...]:
-    """GPU counts a job may use: divisors of one node, then whole nodes (3-smooth counts past 16)."""
+    """GPU counts a job may use: divisors of one node, and a ``max_gpus`` inside one node (dp 3 x tp 2
+    of 6 GPUs on an 8-GPU node: a plan capped at 6 used 4, saying no larger count had a split; search
+    optimality review), then whole nodes (3-smooth counts past 16)."""
     gpn, nodes = cluster.gpus_per_node, cluster.num_nodes
     limit = min(cluster.world_size, max_gpus or cluster.world_size)
-    within = [d for d in divisors(gpn) if d < gpn]
+    within = sorted({*(d for d in divisors(gpn) if d < gpn), *([limit] if limit < gpn else [])})
     node_counts = sorted({*range(1, min(nodes, 16) + 1), *three_smooth_up_to(nodes), nodes})
     return tuple(n for n in (*within, *(k * gpn for k in node_counts)) if n <= limit)
 
@@ -297,7 +299,15 @@ def structures(
             cps = divisors(rest)
             example = Layout(dp=rest, tp=tp, pp=pp)
             gpn = cluster.gpus_per_node
-            if cluster.tp_straddles_nodes(tp, gpus):
+            violation = (
+                tensor_parallel_violation(model, tp)
+                or pipeline_split_violation(model, example)
+                or method_parallel_violation(training, example)
+            )
+            # a split that breaks a rule is logged by it before whether its TP crosses nodes, which an
+            # estimate answers (tp 16 of 8 kv heads was "not searched: tp across nodes ... an estimate
+            # of one answers", where the estimate is a 422; search optimality review)
+            if violation is None and cluster.tp_straddles_nodes(tp, gpus):
                 # ranks fill nodes tp first: a tp that does not divide the node puts some groups on two
                 # nodes once the job spans several (tp 4 on 6-GPU nodes: ranks 4-7 are 2 + 2; odd
                 # node shapes review, where it was recommended with TE's intra-node overlap)
@@ -312,11 +322,6 @@ def structures(
                 )
                 log.add(TP_ACROSS_NODES, len(cps), example, detail)
                 continue
-            violation = (
-                tensor_parallel_violation(model, tp)
-                or pipeline_split_violation(model, example)
-                or method_parallel_violation(training, example)
-            )
             if violation is not None:
                 if violation.rule != "pp_layers" or pp <= model.num_layers:
                     log.add(f"invalid: {violation.rule}", len(cps), example, str(violation))

@@ -45,6 +45,25 @@ def test_gpu_counts_are_node_multiples_past_one_node() -> None:
     counts = gpu_counts(cluster(nodes=4))
     assert counts == (1, 2, 4, 8, 16, 24, 32)
     assert gpu_counts(cluster(nodes=4), max_gpus=20) == (1, 2, 4, 8, 16)
+    # a cap inside one node is a count of its own (6 of 8: dp 3 x tp 2), not only the node's divisors
+    assert gpu_counts(cluster(nodes=4), max_gpus=6) == (1, 2, 4, 6)
+
+
+def test_a_split_that_breaks_a_rule_is_logged_by_it_not_as_crossing_nodes() -> None:
+    """tp 16 of Llama 3.1 8B's 8 kv heads is invalid (an estimate of it is a 422), so it is not logged
+    as a TP that crosses nodes, whose detail says an estimate answers (search optimality review)."""
+    log = RejectionLog()
+    list(
+        structures(
+            model("llama-3.1-8b").spec,
+            cluster(nodes=2),
+            TrainingSpec(seq_len=4096, global_batch_size=32),
+            16,
+            log,
+        )
+    )
+    assert space.TP_ACROSS_NODES not in log.groups
+    assert log.groups["invalid: kv_heads_tp"].example.tp == 16
 
 
 def test_structures_respect_the_rules() -> None:
@@ -61,7 +80,8 @@ def test_structures_respect_the_rules() -> None:
     # every pp: 126 = 2 x 63 divides by 1 and 2 only, the others split unevenly (Llama 3's 7, 8 x 14,
     # 7 on 16 stages); on 128 stages the first holds only the embedding and the last only the loss
     assert {s.pp for s in found} == {1, 2, 4, 8, 16, 32, 64, 128}
-    assert log.groups[space.TP_ACROSS_NODES].count > 0
+    # tp past the node breaks 405B's 8 kv heads first: logged by that rule, not as crossing nodes
+    assert space.TP_ACROSS_NODES not in log.groups and log.groups["invalid: kv_heads_tp"].count > 0
     small = list(structures(dataclasses.replace(spec, num_layers=60), cluster(nodes=16), training, 128, log))
     assert max(s.pp for s in small) == 32  # 62 units do not cover 64 stages (pp > layers: not logged)
 
