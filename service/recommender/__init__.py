@@ -7,7 +7,8 @@ the micro-batch). Each GPU count is one estimator ``Job``; the memory and time o
 the estimator's own (``estimator.evaluate``: plain numbers to decide fit and rank, result objects
 only for the layouts returned), and what is returned is its ``estimate``. Families that cannot fit at
 micro-batch 1 are cut before any time is computed; more recompute is only tried when it allows a
-larger micro-batch, offload only when nothing fits without it. The search's budget counts layout
+larger micro-batch, offload only where its twin without offload does not fit (a lighter recompute or a
+larger micro-batch than that twin's). The search's budget counts layout
 evaluations, so its answer depends on the request alone. A pure library, like the estimator.
 """
 
@@ -156,6 +157,12 @@ class SearchResult:
     _threshold: tuple[float, ...] | None = None  # the k-th best key's objective part, until best changes
     # per GPU count, the best layout kept on it (``_admission_key``)
     leaders: dict[int, Scored] = field(default_factory=dict)
+    # the largest micro-batch index that fits without offload, by family (structure, sharding,
+    # interleaving, TP overlap) and recompute (-1: none): what an offloaded twin family can only add to
+    plain_tops: dict[tuple[object, ...], dict[Recompute, int]] = field(default_factory=dict)
+    # the families without offload (structure, sharding, interleaving) that ``_dominated`` cut: their
+    # offloaded twins, no faster, are cut unevaluated
+    dominated_plain: set[tuple[object, ...]] = field(default_factory=set)
     # the memory factor each layout is fitted under (``Constraints.dynamic_factor``; set by ``search``)
     dynamic_factor: Callable[[Layout], float] = field(default=lambda layout: 1.0)
 
@@ -397,7 +404,13 @@ def _search_memory_family(
     # the overlap-off twin is searched where a layout this family could not fit (the first miss of each
     # recompute mode, or one layer fewer recomputed) would fit without TE's userbuffers
     twin_may_fit = False
+    plain = dataclasses.replace(sh, offload_optimizer=Offload.NONE, offload_params=Offload.NONE)
+    tops = result.plain_tops.setdefault((s, plain, virtual, tp_overlap), {})
     for recompute in recompute_order(sh.framework):
+        if sh.offloads and tops.get(recompute) == len(sizes) - 1:
+            # its twin without offload fits every micro-batch at this recompute, faster and without
+            # host RAM (_twin_fits), and at every heavier one too
+            break
         result.families += 1
         first = make_layout(
             s, sh, recompute, virtual, sizes[0], peer, tp_overlap, seq_len=job.training.seq_len
@@ -412,8 +425,16 @@ def _search_memory_family(
                 s, sh, recompute, virtual, sizes[i], peer, tp_overlap, seq_len=job.training.seq_len
             )
 
-        memory = result.memory_numbers(job, first)
-        if evaluate.numbers_fit(job.cluster, memory, limit):
+        known = tops.get(recompute, -1) if sh.offloads else -1
+        if known >= 0:
+            # the twin without offload fits up to sizes[known], faster: only a larger micro-batch can gain
+            if result.fits(job, sized(known + 1), limit):
+                top = _largest_fitting(result, job, sized, len(sizes), limit, known + 1)
+            else:
+                top = _only_micro_batch_fitting(result, job, sized(len(sizes) - 1), len(sizes) - 1, limit)
+                if top < 0:
+                    continue
+        elif evaluate.numbers_fit(job.cluster, memory := result.memory_numbers(job, first), limit):
             top = _largest_fitting(result, job, sized, len(sizes), limit)  # sizes[0] fits
             if tp_overlap and top < len(sizes) - 1:
                 twin_may_fit = twin_may_fit or _fits_without_userbuffers(result, job, sized(top + 1), limit)
@@ -425,8 +446,12 @@ def _search_memory_family(
             # the smallest, accumulating, does not (evaluate.largest_fitting)
             top = _only_micro_batch_fitting(result, job, sized(len(sizes) - 1), len(sizes) - 1, limit)
             if top < 0:
+                if not sh.offloads:
+                    tops[recompute] = -1
                 _log_memory(result, job.cluster, first, memory, limit, 1, _shown(search, job))
                 continue
+        if not sh.offloads:
+            tops[recompute] = top
         fitted = True
         if top <= best_index:
             continue  # more recompute without a larger micro-batch only costs time
@@ -445,6 +470,12 @@ def _search_memory_family(
         refused = True  # every layout of this recompute timed here runs on no requested launcher
         for i in timed:
             layout = sized(i)
+            if sh.offloads and _twin_fits(result, job, layout, limit):
+                # the same layout without offload fits: it is as fast or faster and needs no host RAM,
+                # so this one only shadows it among the alternatives (the 405B's runner-up was the winner
+                # plus CPU offload once offload was searched beside layouts that fit)
+                refused = False
+                continue
             if partial and _may_enter_top(
                 search, job, result, dataclasses.replace(layout, recompute=Recompute.NONE)
             ):
@@ -470,6 +501,12 @@ def _search_memory_family(
     if twin_may_fit and not _dominated(search, job, result, family, sizes, {}, tp_overlap=False):
         fitted |= _search_memory_family(search, job, result, family, sizes, limit, tp_overlap=False)
     return fitted
+
+
+def _twin_fits(result: SearchResult, job: Job, layout: Layout, limit: int) -> bool:
+    """Whether ``layout`` without its offloads fits (and is valid)."""
+    twin = dataclasses.replace(layout, offload_optimizer=Offload.NONE, offload_params=Offload.NONE)
+    return _violation(job, twin) is None and result.fits(job, twin, limit)
 
 
 def _fits_without_userbuffers(result: SearchResult, job: Job, layout: Layout, limit: int) -> bool:
@@ -542,9 +579,9 @@ def _fewest_recomputed_layers(
 
 
 def _largest_fitting(
-    result: SearchResult, job: Job, sized: Callable[[int], Layout], count: int, limit: int
+    result: SearchResult, job: Job, sized: Callable[[int], Layout], count: int, limit: int, known_fit: int = 0
 ) -> int:
-    """``evaluate.largest_fitting`` above index 0 (which fits), each layout it evaluates counted
+    """``evaluate.largest_fitting`` above ``known_fit`` (which fits), each layout it evaluates counted
     against the budget."""
 
     def counted(i: int) -> Layout:
@@ -553,7 +590,7 @@ def _largest_fitting(
 
     # the family's micro-batches share its framework and degrees: one memory factor
     factor = result.dynamic_factor(sized(0))
-    return evaluate.largest_fitting(job, counted, count, limit, factor, known_fit=0, peek=sized)
+    return evaluate.largest_fitting(job, counted, count, limit, factor, known_fit=known_fit, peek=sized)
 
 
 def _only_micro_batch_fitting(result: SearchResult, job: Job, layout: Layout, index: int, limit: int) -> int:
@@ -712,11 +749,16 @@ def _search_structure(
     for framework in search.constraints.frameworks:
         options, unsupported = search.shardings(job, framework, s)
         _log_unsupported(job, result, s, framework, unsupported)
-        fitted = False
         virtuals = virtual_stages(search.model, framework, s.pp)
+        # the interleavings where a sharding without offload fitted its family's fastest member: offload
+        # only frees memory (it adds host traffic and a host step), so there it buys nothing; elsewhere
+        # it may buy less recompute or a larger micro-batch (a 1B on one A100 recomputed everything at
+        # 14,679 tokens/s where optimizer offload ran without recompute at 18,435; search optimality
+        # review: offload was searched only where nothing fitted without it)
+        roomy: set[int] = set()
         for sh in options:
-            if sh.offloads and fitted:
-                continue  # offload only where nothing fits without it
+            if sh.offloads and roomy.issuperset(virtuals):
+                continue
             if _ceilings_lose(search, result, [ceilings.get((framework, v)) for v in virtuals]):
                 result.log.groups[DOMINATED].count += len(virtuals)  # no sharding changes a ceiling
                 continue
@@ -738,12 +780,59 @@ def _search_structure(
                 continue
             for virtual in virtuals:
                 sizes = _sizes(job, s, framework, virtual, sizes_of)
-                if _dominated(search, job, result, (s, sh, virtual), sizes, ceilings):
+                if sh.offloads and virtual in roomy:
                     continue
-                fitted |= _search_memory_family(search, job, result, (s, sh, virtual), sizes, limit)
+                plain = (
+                    s,
+                    dataclasses.replace(sh, offload_optimizer=Offload.NONE, offload_params=Offload.NONE),
+                    virtual,
+                )
+                if sh.offloads and plain in result.dominated_plain:
+                    # offload only adds time to its twin's, whose bound already lost
+                    result.log.groups[DOMINATED].count += 1
+                    continue
+                if _dominated(search, job, result, (s, sh, virtual), sizes, ceilings):
+                    if not sh.offloads:
+                        result.dominated_plain.add(plain)
+                    continue
+                fitted = _search_memory_family(search, job, result, (s, sh, virtual), sizes, limit)
+                if (
+                    fitted
+                    and not sh.offloads
+                    and _fastest_fits(search, result, job, (s, sh, virtual), sizes, limit)
+                ):
+                    roomy.add(virtual)
                 if search.budget.exhausted(result.uncharged):
                     result.truncated = True
                     return
+
+
+def _fastest_fits(
+    search: _Search,
+    result: SearchResult,
+    job: Job,
+    family: tuple[Structure, Sharding, int],
+    sizes: tuple[int, ...],
+    limit: int,
+) -> bool:
+    """Whether the family's fastest member fits: its framework's fastest recompute at the largest
+    micro-batch, with Megatron's EP all-to-all overlap where it applies (one more micro-batch in
+    flight): no other member of its structure, offloaded or not, is faster for the memory it frees."""
+    s, sh, virtual = family
+    fastest = make_layout(
+        s,
+        sh,
+        recompute_order(sh.framework)[0],
+        virtual,
+        sizes[-1],
+        job.cluster.gpu.tp_overlap_peer_access,
+        seq_len=job.training.seq_len,
+    )
+    overlapped = _overlapped(search, fastest)
+    return all(
+        _violation(job, layout) is None and result.fits(job, layout, limit)
+        for layout in (fastest, *([overlapped] if overlapped is not None else []))
+    )
 
 
 def _log_unsupported(

@@ -1,0 +1,51 @@
+"""Offload is searched where it frees memory for something faster, not only where nothing fits
+without it (search optimality review): Llama 3.2 1B on one A100-40GB at 8,192 tokens recomputed every
+layer without offload (14,679 tokens/s) where ZeRO-1 with the optimizer on the host runs without
+recompute (18,435); and an offloaded layout whose twin without offload fits is never kept beside it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from service.catalog.models import model
+from service.catalog.tuning import default_tuning
+from service.estimator.estimate import estimate
+from service.estimator.types import Framework, Layout, Offload, Recompute, TrainingSpec
+from service.recommender import Constraints, recommend
+from service.recommender.headroom import DEFAULT_FRACTION, allowed_bytes
+from tests.recommender.helpers import cluster
+
+TUNING = default_tuning()
+
+
+def test_offload_that_saves_the_recompute_is_found() -> None:
+    spec = model("llama-3.2-1b").spec
+    node = cluster("a100-sxm-40gb", nodes=1, per_node=1, host_gib=1024)
+    training = TrainingSpec(seq_len=8192, global_batch_size=256)
+    found = recommend(spec, node, training, Constraints(top_k=3), TUNING, with_suggestions=False)
+    assert found.recommended is not None and found.recommended.estimate.time is not None
+    offloaded = Layout(
+        framework=Framework.DEEPSPEED, dp=1, zero_stage=1, offload_optimizer=Offload.CPU,
+        recompute=Recompute.NONE, micro_batch_size=1,
+    )  # fmt: skip
+    direct = estimate(spec, node, offloaded, training, tuning=TUNING)
+    assert direct.memory.per_gpu.total <= allowed_bytes(node.gpu.memory_bytes, DEFAULT_FRACTION)
+    assert direct.time is not None
+    # the plan is at least as fast as that layout, which fits within its headroom
+    assert found.recommended.estimate.time.tokens_per_s >= direct.time.tokens_per_s * (1 - 1e-9)
+    assert found.recommended.layout.recompute is Recompute.NONE
+
+
+def test_no_offloaded_layout_is_kept_whose_twin_without_offload_fits() -> None:
+    spec = model("llama-3.1-8b").spec
+    node = cluster("a100-sxm-80gb", nodes=1, per_node=8, host_gib=2048)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    found = recommend(spec, node, training, Constraints(top_k=5), TUNING, with_suggestions=False)
+    limit = allowed_bytes(node.gpu.memory_bytes, DEFAULT_FRACTION)
+    for candidate in [found.recommended, *found.alternatives]:
+        assert candidate is not None
+        layout = candidate.layout
+        if layout.offload_optimizer is Offload.NONE and layout.offload_params is Offload.NONE:
+            continue
+        twin = dataclasses.replace(layout, offload_optimizer=Offload.NONE, offload_params=Offload.NONE)
+        assert estimate(spec, node, twin, training, tuning=TUNING).memory.per_gpu.total > limit, layout
