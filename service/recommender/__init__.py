@@ -1379,17 +1379,24 @@ def _launchable_frameworks(
     for framework in constraints.frameworks:
         targets = FRAMEWORKS[framework].targets
         reason = framework_job_refusal(framework, model, training, gpu)
+        adapters = training.method is not Method.FULL and not FRAMEWORK_CAPABILITIES[framework].peft
         if requested is not None and not set(targets) & set(requested):
             # none of the requested launchers runs the framework at all: its layouts were built,
             # evaluated and refused one by one ("none of the requested launchers runs this framework")
             what = f"no requested launcher runs {framework.value}"
             runs = ", ".join(t.value for t in targets)
             result.log.add(what, 1, Layout(framework=framework), f"{framework.value} runs on {runs}")
-        elif reason is None:
-            kept.append(framework)
-        else:
+        elif reason is not None:
             what = f"no launcher runs {framework.value} for this model, training and GPU"
             result.log.add(what, 1, Layout(framework=framework), reason)
+        elif adapters:
+            # no split of it trains adapters: its splits were logged as launchers' refusals of one
+            # parallel degree ("no launcher runs megatron at this split: qlora with cp=2"; search review)
+            what = f"{framework.value} trains no {training.method.value}"
+            detail = f"{training.method.value} needs PEFT adapters, which {framework.value} does not have"
+            result.log.add(what, 1, Layout(framework=framework), detail)
+        else:
+            kept.append(framework)
     if len(kept) == len(constraints.frameworks):
         return constraints
     return dataclasses.replace(constraints, frameworks=tuple(kept)) if kept else None

@@ -10,7 +10,7 @@ import dataclasses
 from service.catalog.models import model
 from service.catalog.tuning import default_tuning
 from service.estimator.estimate import estimate
-from service.estimator.types import Framework, Layout, Offload, Recompute, TrainingSpec
+from service.estimator.types import Framework, Layout, Method, Offload, Recompute, TrainingSpec
 from service.recommender import Constraints, recommend
 from service.recommender.headroom import DEFAULT_FRACTION, allowed_bytes
 from tests.recommender.helpers import cluster
@@ -49,3 +49,15 @@ def test_no_offloaded_layout_is_kept_whose_twin_without_offload_fits() -> None:
             continue
         twin = dataclasses.replace(layout, offload_optimizer=Offload.NONE, offload_params=Offload.NONE)
         assert estimate(spec, node, twin, training, tuning=TUNING).memory.per_gpu.total > limit, layout
+
+
+def test_a_framework_without_peft_is_logged_once_for_adapters_not_per_split() -> None:
+    """Megatron trains no adapters at any split: a QLoRA plan said "no launcher runs megatron at this
+    split: qlora with cp=2", as if another split would do (search optimality review)."""
+    spec = model("llama-3.1-8b").spec
+    node = cluster("rtx-4090-24gb", nodes=1, per_node=2)
+    training = TrainingSpec(seq_len=4096, global_batch_size=16, method=Method.QLORA)
+    found = recommend(spec, node, training, Constraints(), TUNING, with_suggestions=False)
+    reasons = [r.reason for r in found.rejected]
+    assert "megatron trains no qlora" in reasons
+    assert not any(r.startswith("no launcher runs megatron") for r in reasons), reasons
