@@ -94,8 +94,16 @@ def shared_memory_memos() -> Iterator[None]:
 
 def memory_inputs(job: Job) -> tuple[object, ...]:
     """Everything of the job the memory parts read: the model (its counts and layer kinds follow),
-    the training, the memory assumptions, and the GPUs per node (FSDP's hybrid shard)."""
-    return (job.model, job.training, job.assume, job.cluster.gpus_per_node)
+    the training, the memory assumptions, whether torch's ring attention repeats k and v (its
+    buffers: ``memory.activation_buffer_bytes``; a second tuning in one shared block read the first's,
+    library review) and the GPUs per node (FSDP's hybrid shard)."""
+    return (
+        job.model,
+        job.training,
+        job.assume,
+        job.tuning.ring_attention_repeats_kv,
+        job.cluster.gpus_per_node,
+    )
 
 
 def make_job(

@@ -6,6 +6,7 @@ validate themselves in ``__post_init__`` and raise domain errors that quote the 
 
 from __future__ import annotations
 
+import math
 import operator
 import typing
 from dataclasses import dataclass, field
@@ -21,8 +22,12 @@ from service.estimator.errors import (
 
 
 def _require_positive(cls: type[EstimatorError], name: str, value: float) -> None:
+    # finite too: an infinite peak timed every step as NaN, an infinite capacity factor overflowed
+    # (library review; the API's schemas refuse inf and nan, the library's callers need not)
     if not value > 0:
         raise cls(f"{name} must be > 0, got {value}", rule="positive", field=name)
+    if not math.isfinite(value):
+        raise cls(f"{name} must be finite, got {value}", rule="positive", field=name)
 
 
 # ---------------------------------------------------------------- model
@@ -130,10 +135,14 @@ class MoESpec:
                 field="moe.top_k",
             )
         if self.num_shared_experts < 0:
-            raise InvalidModel("moe.num_shared_experts must be >= 0", field="moe.num_shared_experts")
+            raise InvalidModel(
+                f"moe.num_shared_experts must be >= 0, got {self.num_shared_experts}",
+                field="moe.num_shared_experts",
+            )
         if self.num_shared_experts and self.shared_expert_ffn_hidden_size <= 0:
             raise InvalidModel(
-                "moe.shared_expert_ffn_hidden_size must be > 0 when shared experts exist",
+                f"moe.shared_expert_ffn_hidden_size must be > 0 when shared experts exist "
+                f"({self.num_shared_experts}), got {self.shared_expert_ffn_hidden_size}",
                 rule="positive",
                 field="moe.shared_expert_ffn_hidden_size",
             )
@@ -1274,9 +1283,11 @@ class Layout:
             _require_positive(InvalidLayout, "etp", self.etp)
         if self.dp_replicate is not None:
             _require_positive(InvalidLayout, "dp_replicate", self.dp_replicate)
-        if self.moe_capacity_factor is not None and not self.moe_capacity_factor > 0.0:
+        if self.moe_capacity_factor is not None and not (
+            self.moe_capacity_factor > 0.0 and math.isfinite(self.moe_capacity_factor)
+        ):
             raise InvalidLayout(
-                f"moe_capacity_factor must be > 0, got {self.moe_capacity_factor}",
+                f"moe_capacity_factor must be finite and > 0, got {self.moe_capacity_factor}",
                 rule="moe_capacity_factor",
                 field="moe_capacity_factor",
             )

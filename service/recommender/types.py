@@ -5,6 +5,7 @@ Frozen dataclasses, SI units with the unit in the name, like ``service.estimator
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -80,7 +81,18 @@ class Constraints:
                 f"max_evaluations must be >= 1, got {self.max_evaluations}", field="max_evaluations"
             )
         if self.gpu_hour_cost is not None and self.gpu_hour_cost < 0:
-            raise InvalidTraining("gpu_hour_cost must be >= 0", field="gpu_hour_cost")
+            raise InvalidTraining(
+                f"gpu_hour_cost must be >= 0, got {self.gpu_hour_cost}", field="gpu_hour_cost"
+            )
+        for framework, family, factor in self.memory_dynamic_factors:
+            # a stored run's factor: the API's calibration bounds it, a library caller may not (0 made
+            # a 5,980 GiB layout "fit" an 80 GiB card, nan and inf raised ValueError: library review)
+            if not (factor > 0 and math.isfinite(factor)):
+                raise InvalidTraining(
+                    f"memory_dynamic_factors: {framework} {family}'s factor must be finite and > 0, "
+                    f"got {factor}",
+                    field="memory_dynamic_factors",
+                )
         compilable = [f for f in self.frameworks if FRAMEWORK_CAPABILITIES[f].torch_compile is None]
         if self.torch_compile and not compilable:
             named = ", ".join(f.value for f in self.frameworks)

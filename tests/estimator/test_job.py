@@ -850,3 +850,34 @@ def test_per_layer_quantities_depend_only_on_the_layer_kind(name: str) -> None:
         layer = activations.layer_activations(job, dataclasses.replace(layout, recompute=recompute))
         whole = activations.rank_micro_batch_bytes(layer, rank_kind_counts(job, layout)[0], 1.0)
         assert whole == pytest.approx(saved, rel=1e-12)
+
+
+def test_jobs_of_two_tunings_share_no_memory_part_that_reads_the_tuning() -> None:
+    """Torch's ring attention buffers read ``Tuning.ring_attention_repeats_kv``: a second tuning in one
+    ``shared_memory_memos()`` block read the first one's memory (library review: 173,443,605,464 bytes
+    where its own job gives 174,844,838,544)."""
+    import dataclasses
+
+    from service.catalog.gpus import gpu
+    from service.catalog.models import model
+    from service.catalog.tuning import default_tuning
+    from service.estimator import evaluate
+    from service.estimator.job import make_job, shared_memory_memos
+    from service.estimator.types import Attention, ClusterSpec, Framework, Layout, Precision
+
+    h100 = gpu("h100-sxm-80gb")
+    node = ClusterSpec(gpu=h100, num_nodes=1, gpus_per_node=8,
+                       intra_node_bandwidth_bytes_per_s=h100.intra_node_bandwidth_bytes_per_s,
+                       inter_node_bandwidth_bytes_per_s=50e9)  # fmt: skip
+    spec = model("llama-3-8b").spec
+    training = TrainingSpec(
+        seq_len=32768, global_batch_size=8, precision=Precision.BF16, attention=Attention.FLASH
+    )
+    layout = Layout(framework=Framework.FSDP, dp=4, cp=2, zero_stage=3)
+    tuning = default_tuning()
+    repeats = dataclasses.replace(tuning, ring_attention_repeats_kv=not tuning.ring_attention_repeats_kv)
+    alone = evaluate.memory_estimate(make_job(spec, node, training, repeats), layout).per_gpu.total
+    with shared_memory_memos():
+        evaluate.memory_estimate(make_job(spec, node, training, tuning), layout)
+        shared = evaluate.memory_estimate(make_job(spec, node, training, repeats), layout).per_gpu.total
+    assert shared == alone

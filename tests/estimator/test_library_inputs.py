@@ -1,0 +1,47 @@
+"""What a library caller may pass that the API's schemas refuse (library review): non-finite numbers
+are domain errors naming the field, and the messages quote the number given."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from service.catalog.gpus import gpu
+from service.catalog.models import model
+from service.estimator.errors import InvalidHardware, InvalidLayout, InvalidModel, InvalidTraining
+from service.estimator.types import Framework, Layout, PeakFlops
+from service.recommender.types import Constraints
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_non_finite_numbers_are_domain_errors(value: float) -> None:
+    with pytest.raises(InvalidLayout) as raised:
+        Layout(dp=2, ep=2, moe_capacity_factor=value)
+    assert raised.value.field == "moe_capacity_factor" and str(value) in str(raised.value)
+    with pytest.raises(InvalidHardware):
+        PeakFlops(fp32=value, bf16=1e15)
+    with pytest.raises((InvalidHardware, InvalidModel)):
+        dataclasses.replace(gpu("h100-sxm-80gb"), memory_bytes=value)
+    factors = ((Framework.DEEPSPEED, "data-parallel", value),)
+    with pytest.raises(InvalidTraining) as raised:
+        Constraints(memory_dynamic_factors=factors)
+    assert raised.value.field == "memory_dynamic_factors"
+
+
+@pytest.mark.parametrize("value", [0.0, -5.0])
+def test_a_memory_factor_at_or_below_zero_is_refused(value: float) -> None:
+    with pytest.raises(InvalidTraining, match=f"got {value}"):
+        Constraints(memory_dynamic_factors=((Framework.FSDP, "data-parallel", value),))
+
+
+def test_the_messages_quote_the_number_given() -> None:
+    moe = model("mixtral-8x7b").spec.moe
+    assert moe is not None
+    with pytest.raises(InvalidModel, match="got -1"):
+        dataclasses.replace(moe, num_shared_experts=-1)
+    with pytest.raises(InvalidModel, match=r"\(1\), got 0"):
+        dataclasses.replace(moe, num_shared_experts=1, shared_expert_ffn_hidden_size=0)
+    with pytest.raises(InvalidTraining, match="got -1"):
+        Constraints(gpu_hour_cost=-1)
