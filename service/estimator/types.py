@@ -21,6 +21,13 @@ from service.estimator.errors import (
 )
 
 
+def _require_tuple(cls: type[EstimatorError], name: str, value: object) -> None:
+    """A tuple field given as a list (peft's own spelling of target_modules) is refused by name: the
+    memos hash it, and a list raised TypeError (library review)."""
+    if value is not None and type(value) is not tuple:
+        raise cls(f"{name} must be a tuple, got {type(value).__name__} {value!r}", rule="type", field=name)
+
+
 def _require_positive(cls: type[EstimatorError], name: str, value: float) -> None:
     # finite too: an infinite peak timed every step as NaN, an infinite capacity factor overflowed
     # (library review; the API's schemas refuse inf and nan, the library's callers need not)
@@ -523,6 +530,8 @@ class ModelSpec:
             )
 
     def _check_layer_structure(self) -> None:
+        _require_tuple(InvalidModel, "layer_types", self.layer_types)
+        _require_tuple(InvalidModel, "moe_layers", self.moe_layers)
         if self.moe_layers is not None:
             bad = [i for i in self.moe_layers if not 0 <= i < self.num_layers]
             if bad or len(set(self.moe_layers)) != len(self.moe_layers):
@@ -1008,6 +1017,13 @@ class TrainingSpec:
     hardware_defaults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        # compared by identity and hashed by the memos, as Layout's: a plain string raised
+        # AttributeError deep in the estimate, a list TypeError (library review)
+        for name, kind in _TRAINING_ENUM_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not kind and not (value is None and name == "attention"):
+                raise InvalidTraining(f"{name} must be a {kind.__name__}, got {value!r}", field=name)
+        _require_tuple(InvalidTraining, "lora_targets", self.lora_targets)
         _require_positive(InvalidTraining, "seq_len", self.seq_len)
         stray = self.hardware_defaults - {"precision", "attention"}
         if stray:
@@ -1299,6 +1315,8 @@ class Layout:
                 if type(getattr(self, name)) is not kind:
                     why = f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}"
                     raise InvalidLayout(why, rule="type", field=name)
+        _require_tuple(InvalidLayout, "recompute_modules", self.recompute_modules)
+        _require_tuple(InvalidLayout, "pipeline_layers", self.pipeline_layers)
         modules = self.recompute_modules
         if modules is not None and (not modules or len(set(modules)) != len(modules)):
             raise InvalidLayout(
@@ -1399,6 +1417,11 @@ LAYOUT_ENUM_FIELDS = enum_fields(Layout)
 _LAYOUT_ENUM_VALUES = operator.attrgetter(*(name for name, _ in LAYOUT_ENUM_FIELDS))
 _LAYOUT_ENUM_TYPES = tuple(kind for _, kind in LAYOUT_ENUM_FIELDS)
 _MODEL_ENUM_FIELDS = enum_fields(ModelSpec)
+# TrainingSpec's, its optional attention among them
+_TRAINING_ENUM_FIELDS: tuple[tuple[str, type[StrEnum]], ...] = (
+    *enum_fields(TrainingSpec),
+    ("attention", Attention),
+)
 
 
 # ---------------------------------------------------------------- outputs

@@ -45,3 +45,24 @@ def test_the_messages_quote_the_number_given() -> None:
         dataclasses.replace(moe, num_shared_experts=1, shared_expert_ffn_hidden_size=0)
     with pytest.raises(InvalidTraining, match="got -1"):
         Constraints(gpu_hour_cost=-1)
+
+
+def test_plain_strings_and_lists_are_refused_by_field() -> None:
+    from service.estimator.types import Method, Precision, TrainingSpec
+
+    with pytest.raises(InvalidTraining) as raised:
+        TrainingSpec(seq_len=16, global_batch_size=1, precision="bf16")  # type: ignore[arg-type]
+    assert raised.value.field == "precision"
+    with pytest.raises(InvalidTraining) as raised:
+        TrainingSpec(seq_len=16, global_batch_size=1, method=Method.LORA, base_dtype="fp32")  # type: ignore[arg-type]
+    assert raised.value.field == "base_dtype"
+    with pytest.raises(InvalidTraining) as raised:
+        TrainingSpec(seq_len=16, global_batch_size=1, method=Method.LORA, lora_targets=["q_proj"])  # type: ignore[arg-type]
+    assert raised.value.field == "lora_targets"
+    with pytest.raises(InvalidLayout) as raised:
+        Layout(pp=2, pipeline_layers=[8, 8])  # type: ignore[arg-type]
+    assert raised.value.field == "pipeline_layers"
+    with pytest.raises(InvalidModel) as raised:
+        dataclasses.replace(model("gemma-3-1b").spec, layer_types=list(model("gemma-3-1b").spec.layer_types))
+    assert raised.value.field == "layer_types"
+    assert TrainingSpec(seq_len=16, global_batch_size=1, precision=Precision.FP16).attention is None
