@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from service.estimator import evaluate
+from service.estimator.activations import CHUNKED_LOSS_CHUNKS
 from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError, InvalidTraining
 from service.estimator.estimate import estimate_valid
@@ -41,6 +42,7 @@ from service.estimator.types import (
     Estimate,
     Framework,
     GPUSpec,
+    Head,
     Layout,
     Method,
     ModelSpec,
@@ -72,6 +74,7 @@ from service.launchers import (
     framework_structure_refusal,
     runnable_targets,
 )
+from service.launchers.torchtitan import job_refusal as torchtitan_job_refusal
 from service.recommender import headroom, rank
 from service.recommender.budget import Budget
 from service.recommender.collector import fewer_collections
@@ -269,11 +272,33 @@ class _Search:
         # what space.shardings reads of the structure: whether etp is set, the degrees the launchers'
         # refusals read, and whether anything is data parallel
         split = (s.etp is None, s.tp, s.pp, s.cp, s.ep, s.dp * s.cp > 1)
-        key = (framework, split, self.offload, compiled, self.megatron_lm)
+        chunked = self.chunked(framework)
+        key = (framework, split, self.offload, compiled, self.megatron_lm, chunked)
         found = memo.get(key)
         if found is None:
-            found = memo[key] = shardings(framework, s, self.offload, compiled, self.megatron_lm, self.job)
+            found = memo[key] = shardings(
+                framework, s, self.offload, compiled, self.megatron_lm, self.job, chunked
+            )
         return cast(tuple[list[Sharding], list[str]], found)
+
+    def chunked(self, framework: Framework) -> bool:
+        """Whether the search tries ``framework``'s layouts with a chunked loss too: torchtitan's
+        ChunkedLossWrapper (``--loss.num_chunks``), which only it renders, where a requested launcher is
+        torchtitan and it trains the job with its sequence in whole chunks (a plan used 4 GPUs for Llama
+        3.1 8B at 16k tokens where 2 fit chunked; search optimality review). Its layouts are searched as
+        offloaded ones are, where their twin without it does not fit (``Sharding.frees_memory``)."""
+        return (
+            Target.TORCHTITAN in FRAMEWORKS[framework].targets
+            and (self.constraints.launchers is None or Target.TORCHTITAN in self.constraints.launchers)
+            and self.model.head is Head.CAUSAL_LM
+            # it frees memory where the vocabulary is at least the hidden size (every LLM's): its fp32
+            # hidden-state gradient, 4h + 2h per token, against the plain loss's fp32 logits, 12 V at
+            # its peak (activations.last_stage_extra_bytes, loss_workspace_bytes), so a lean layout
+            # that misses with it misses without it (_lean_fit)
+            and self.model.vocab_size >= self.model.hidden_size
+            and self.training.seq_len % CHUNKED_LOSS_CHUNKS == 0
+            and torchtitan_job_refusal(self.model, self.training) is None
+        )
 
     def data_parallel_only(self, framework: Framework) -> bool:
         """``launchers.data_parallel_only`` of ``framework`` for this search's model and launchers."""
@@ -404,12 +429,11 @@ def _search_memory_family(
     # the overlap-off twin is searched where a layout this family could not fit (the first miss of each
     # recompute mode, or one layer fewer recomputed) would fit without TE's userbuffers
     twin_may_fit = False
-    plain = dataclasses.replace(sh, offload_optimizer=Offload.NONE, offload_params=Offload.NONE)
-    tops = result.plain_tops.setdefault((s, plain, virtual, tp_overlap), {})
+    tops = result.plain_tops.setdefault((s, sh.plain, virtual, tp_overlap), {})
     for recompute in recompute_order(sh.framework):
-        if sh.offloads and tops.get(recompute) == len(sizes) - 1:
-            # its twin without offload fits every micro-batch at this recompute, faster and without
-            # host RAM (_twin_fits), and at every heavier one too
+        if sh.frees_memory and tops.get(recompute) == len(sizes) - 1:
+            # its plain twin fits every micro-batch at this recompute, no slower and without host RAM
+            # or a chunked loss (_twin_fits), and at every heavier one too
             break
         result.families += 1
         first = make_layout(
@@ -425,7 +449,7 @@ def _search_memory_family(
                 s, sh, recompute, virtual, sizes[i], peer, tp_overlap, seq_len=job.training.seq_len
             )
 
-        known = tops.get(recompute, -1) if sh.offloads else -1
+        known = tops.get(recompute, -1) if sh.frees_memory else -1
         if known >= 0:
             # the twin without offload fits up to sizes[known], faster: only a larger micro-batch can gain
             if result.fits(job, sized(known + 1), limit):
@@ -446,11 +470,11 @@ def _search_memory_family(
             # the smallest, accumulating, does not (evaluate.largest_fitting)
             top = _only_micro_batch_fitting(result, job, sized(len(sizes) - 1), len(sizes) - 1, limit)
             if top < 0:
-                if not sh.offloads:
+                if not sh.frees_memory:
                     tops[recompute] = -1
                 _log_memory(result, job.cluster, first, memory, limit, 1, _shown(search, job))
                 continue
-        if not sh.offloads:
+        if not sh.frees_memory:
             tops[recompute] = top
         fitted = True
         if top <= best_index:
@@ -470,10 +494,11 @@ def _search_memory_family(
         refused = True  # every layout of this recompute timed here runs on no requested launcher
         for i in timed:
             layout = sized(i)
-            if sh.offloads and _twin_fits(result, job, layout, limit):
-                # the same layout without offload fits: it is as fast or faster and needs no host RAM,
-                # so this one only shadows it among the alternatives (the 405B's runner-up was the winner
-                # plus CPU offload once offload was searched beside layouts that fit)
+            if sh.frees_memory and _twin_fits(result, job, layout, limit):
+                # the same layout without offload (or a chunked loss) fits: as fast or faster, needing no
+                # host RAM and running on more launchers, so this one only shadows it among the
+                # alternatives (the 405B's runner-up was the winner plus CPU offload once offload was
+                # searched beside layouts that fit)
                 refused = False
                 continue
             if partial and _may_enter_top(
@@ -504,8 +529,10 @@ def _search_memory_family(
 
 
 def _twin_fits(result: SearchResult, job: Job, layout: Layout, limit: int) -> bool:
-    """Whether ``layout`` without its offloads fits (and is valid)."""
-    twin = dataclasses.replace(layout, offload_optimizer=Offload.NONE, offload_params=Offload.NONE)
+    """Whether ``layout`` without its offloads and chunked loss fits (and is valid)."""
+    twin = dataclasses.replace(
+        layout, offload_optimizer=Offload.NONE, offload_params=Offload.NONE, chunked_loss=False
+    )
     return _violation(job, twin) is None and result.fits(job, twin, limit)
 
 
@@ -750,14 +777,15 @@ def _search_structure(
         options, unsupported = search.shardings(job, framework, s)
         _log_unsupported(job, result, s, framework, unsupported)
         virtuals = virtual_stages(search.model, framework, s.pp)
-        # the interleavings where a sharding without offload fitted its family's fastest member: offload
-        # only frees memory (it adds host traffic and a host step), so there it buys nothing; elsewhere
+        # the interleavings where a plain sharding (no offload, no chunked loss) fitted its family's fastest
+        # member: offload only frees memory (it adds host traffic and a host step), and so does a chunked
+        # loss, so there they buy nothing; elsewhere
         # it may buy less recompute or a larger micro-batch (a 1B on one A100 recomputed everything at
         # 14,679 tokens/s where optimizer offload ran without recompute at 18,435; search optimality
         # review: offload was searched only where nothing fitted without it)
         roomy: set[int] = set()
         for sh in options:
-            if sh.offloads and roomy.issuperset(virtuals):
+            if sh.frees_memory and roomy.issuperset(virtuals):
                 continue
             if _ceilings_lose(search, result, [ceilings.get((framework, v)) for v in virtuals]):
                 result.log.groups[DOMINATED].count += len(virtuals)  # no sharding changes a ceiling
@@ -780,25 +808,21 @@ def _search_structure(
                 continue
             for virtual in virtuals:
                 sizes = _sizes(job, s, framework, virtual, sizes_of)
-                if sh.offloads and virtual in roomy:
+                if sh.frees_memory and virtual in roomy:
                     continue
-                plain = (
-                    s,
-                    dataclasses.replace(sh, offload_optimizer=Offload.NONE, offload_params=Offload.NONE),
-                    virtual,
-                )
-                if sh.offloads and plain in result.dominated_plain:
-                    # offload only adds time to its twin's, whose bound already lost
+                plain = (s, sh.plain, virtual)
+                if sh.frees_memory and plain in result.dominated_plain:
+                    # offload only adds time to its twin's, a chunked loss none: the twin's bound lost
                     result.log.groups[DOMINATED].count += 1
                     continue
                 if _dominated(search, job, result, (s, sh, virtual), sizes, ceilings):
-                    if not sh.offloads:
+                    if not sh.frees_memory:
                         result.dominated_plain.add(plain)
                     continue
                 fitted = _search_memory_family(search, job, result, (s, sh, virtual), sizes, limit)
                 if (
                     fitted
-                    and not sh.offloads
+                    and not sh.frees_memory
                     and _fastest_fits(search, result, job, (s, sh, virtual), sizes, limit)
                 ):
                     roomy.add(virtual)
@@ -1160,6 +1184,10 @@ def _lean_fit(
         if not options or not sizes:
             continue
         ordered = options[::-1]  # the most sharded and offloaded first: the likeliest to fit
+        if search.chunked(framework):
+            # each chunked-loss sharding needs less than its plain twin (_Search.chunked): the twins
+            # would only miss again
+            ordered = [sh for sh in ordered if sh.chunked_loss]
         for i, sh in enumerate(ordered):
             # no TP overlap: its buffers are memory the family's overlap-off twin does without
             lean = make_layout(

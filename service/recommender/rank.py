@@ -130,9 +130,12 @@ def recompute_words(layout: Layout) -> str:
 
 
 def simplicity(layout: Layout) -> tuple[int, ...]:
-    """Fewer moving parts first: no pipeline, no CP, narrow TP, no offload, low ZeRO stage, no recompute."""
-    offload = int(layout.offload_optimizer is not Offload.NONE) + int(
-        layout.offload_params is not Offload.NONE
+    """Fewer moving parts first: no pipeline, no CP, narrow TP, no offload (nor a chunked loss, which
+    one launcher runs), low ZeRO stage, no recompute."""
+    offload = (
+        int(layout.offload_optimizer is not Offload.NONE)
+        + int(layout.offload_params is not Offload.NONE)
+        + int(layout.chunked_loss)
     )
     recompute = RECOMPUTE_COST_ORDER.index(layout.recompute)
     return (
@@ -186,6 +189,8 @@ def describe(layout: Layout) -> str:
     parts += [f"recompute={recompute_words(layout)}", f"micro_batch={layout.micro_batch_size}"]
     if layout.torch_compile is not Compile.NONE:
         parts.append(f"torch_compile={layout.torch_compile.value}")
+    if layout.chunked_loss:
+        parts.append("chunked_loss")
     if layout.moe_a2a_overlap:
         parts.append("a2a_overlap")
     return " ".join(parts)
@@ -384,6 +389,11 @@ def rationale(
     )
     if memory.cpu_per_node_bytes:
         lines.append(f"offload needs {gib_needed(memory.cpu_per_node_bytes)} GiB host RAM per node")
+    if layout.chunked_loss:
+        lines.append(
+            "chunked loss (torchtitan's ChunkedLossWrapper): the logits an eighth of the sequence at a time, "
+            "to fit; only the torchtitan launcher runs it"
+        )
     if layout.torch_compile is not Compile.NONE:
         loss = " and the loss (no fp32 logits)" if layout.torch_compile is Compile.MODEL_AND_LOSS else ""
         lines.append(f"torch.compile: inductor fuses the pointwise ops between the GEMMs{loss}")

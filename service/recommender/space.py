@@ -396,10 +396,26 @@ class Sharding:
     offload_params: Offload = Offload.NONE
     torch_compile: Compile = Compile.NONE
     megatron_lm: MegatronLmSwitches | None = None  # Megatron only: Megatron-LM's own switches
+    chunked_loss: bool = False  # torchtitan's ChunkedLossWrapper: the logits a chunk at a time
 
     @property
     def offloads(self) -> bool:
         return self.offload_optimizer is not Offload.NONE or self.offload_params is not Offload.NONE
+
+    @property
+    def frees_memory(self) -> bool:
+        """Whether it is its ``plain`` twin with memory freed (offload, at some time; a chunked loss):
+        worth a search only where the twin does not fit."""
+        return self.chunked_loss or self.offloads
+
+    @property
+    def plain(self) -> Sharding:
+        """This sharding without offload or a chunked loss."""
+        if not self.frees_memory:
+            return self
+        return dataclasses.replace(
+            self, offload_optimizer=Offload.NONE, offload_params=Offload.NONE, chunked_loss=False
+        )
 
 
 # The offload choices, in the order the search tries them: none, then host memory, then NVMe.
@@ -633,11 +649,13 @@ def shardings(
     compiled: Compile = Compile.NONE,
     megatron_lm: MegatronLmSwitches | None = None,
     job: tuple[ModelSpec, TrainingSpec] | None = None,
+    chunked: bool = False,
 ) -> tuple[list[Sharding], list[str]]:
     """What ``framework`` supports for this structure (the validator's sharding rules), and why it
     does not support the stages it does not (for the rejection log); each compiled as ``compiled``,
-    Megatron's with ``megatron_lm``'s switches where given. With the ``job`` (model, training) a
-    search plans: none where no launcher runs the framework at this split
+    Megatron's with ``megatron_lm``'s switches where given, and with ``chunked`` each followed by its
+    chunked-loss twin (so that reversed, the list starts with the leanest). With the ``job`` (model,
+    training) a search plans: none where no launcher runs the framework at this split
     (``launchers.framework_structure_refusal``)."""
     if structure.etp is not None and not FRAMEWORKS[framework].capabilities.expert_tensor_parallel:
         return [], []  # a framework without Megatron's etp splits the experts over tp: etp = tp
@@ -668,6 +686,8 @@ def shardings(
     ok, unsupported = _shardings(framework, *split, offload, compiled, structure.ep > 1, alone)
     if megatron_lm is not None and framework is Framework.MEGATRON:
         return [dataclasses.replace(sh, megatron_lm=megatron_lm) for sh in ok], list(unsupported)
+    if chunked:
+        return [x for sh in ok for x in (sh, dataclasses.replace(sh, chunked_loss=True))], list(unsupported)
     return list(ok), list(unsupported)
 
 
@@ -835,6 +855,7 @@ def make_layout(
             else own.precision_aware_optimizer
         ),
         torch_compile=sharding.torch_compile,
+        chunked_loss=sharding.chunked_loss,
     )
 
 

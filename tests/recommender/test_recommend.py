@@ -136,10 +136,16 @@ def test_the_suggestions_states_bound_is_the_searchs_and_lets_stated_host_ram_of
 
 def test_an_fsdp_job_that_fits_only_compiled_is_told_so(tuning: Tuning) -> None:
     """Llama-3.1-8B at 16K on two H100s: eager FSDP keeps fp32 logits (3 copies at the loss's peak)
-    and does not fit; compiled (model and loss) it does, and the suggestion is the compiled plan."""
+    and does not fit on Accelerate; compiled (model and loss) it does, and the suggestion is the
+    compiled plan. torchtitan's chunked loss fits it too, where torchtitan may run it."""
+    from service.launchers import Target
+
     spec, c = model("llama-3.1-8b").spec, cluster(per_node=2)
     training = TrainingSpec(seq_len=16384, global_batch_size=8)
-    constraints = Constraints(frameworks=(Framework.FSDP,), allow_offload=False)
+    anywhere = Constraints(frameworks=(Framework.FSDP,), allow_offload=False)
+    chunked = recommend(spec, c, training, anywhere, tuning, with_suggestions=False).recommended
+    assert chunked is not None and chunked.layout.chunked_loss and chunked.layout.world_size == 2
+    constraints = dataclasses.replace(anywhere, launchers=(Target.ACCELERATE,))
     assert recommend(spec, c, training, constraints, tuning, with_suggestions=False).recommended is None
     tips = suggestions(spec, c, training, constraints, tuning, catalog=[gpu("h100-sxm-80gb")]).made
     compiled = next(t for t in tips if t.kind == "torch_compile")
