@@ -378,9 +378,15 @@ def unit_collectives(job: Job, layout: Layout, kind: LayerKind) -> UnitCollectiv
     reduce_s = bucketed_s(comm.group_reduce_scatter_s, unit.dense * g, links.dense, reduces)
     if unit.experts:
         reduce_s += comm.group_reduce_scatter_s(unit.experts * g, links.experts)
-    if links.replicas is not None:  # HYBRID_SHARD: the shard all-reduced across the replicas
-        shard = shard_degrees(layout, job.cluster)[0]
-        reduce_s += comm.group_all_reduce_s(elements * g / shard, links.replicas)
+    if links.replicas is not None:
+        # HYBRID_SHARD: each parameter group's shard all-reduced across the replicas (torch
+        # _fsdp_collectives.py foreach_reduce: the reduce-scatter output), the routed experts' over
+        # their own shard group, efsdp = fsdp x tp / ep (torchtitan parallel_dims.py): at efsdp 1 their
+        # whole gradient (divided by the dense shard, Qwen3-30B-A3B's HSDP step was 3.6x too fast;
+        # hybrid-sharding review)
+        dense_shard, expert_shard = shard_degrees(layout, job.cluster)
+        shard_elements = unit.dense / dense_shard + unit.experts / expert_shard
+        reduce_s += comm.group_all_reduce_s(shard_elements * g, links.replicas)
     return UnitCollectives(gather_s=gather_s, reduce_s=reduce_s)
 
 

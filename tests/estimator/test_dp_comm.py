@@ -229,6 +229,28 @@ def test_hybrid_shard_trades_gathers_across_nodes_for_an_all_reduce() -> None:
     assert time(LLAMA_8B, cl, hybrid, training).step_s < time(LLAMA_8B, cl, full, training).step_s
 
 
+def test_hybrid_shard_all_reduces_the_experts_shard_over_their_own_group() -> None:
+    """HSDP with ep 8 on 32 GPUs (4 nodes of 8): the dense shard group is a node's 8 ranks, the routed
+    experts' efsdp = 8 x 1 / 8 = 1, so each rank all-reduces its experts' whole gradient across the 4
+    replicas, not an eighth of it (hybrid-sharding review: Qwen3-30B-A3B's step was 3.6x too fast)."""
+    qwen = preset("qwen3-30b-a3b").spec
+    cl = gpu_cluster(H100, 32, 12.5e9)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    hybrid = Layout(framework=Framework.FSDP, dp=32, ep=8, zero_stage=3, fsdp_hybrid_shard=True)
+    j = job(qwen, cl, training)
+    moe = LayerKind(moe=True)
+    unit = dp_comm.unit_parameters(j, moe, 1, 8, 1)
+    links = dp_comm.shard_links(j, hybrid)
+    assert links.replicas is not None and links.replicas.group_size == 4
+    assert dp_comm.shard_degrees(hybrid, cl) == (8, 1)
+    g = 4  # fp32 gradients (MixedPrecisionPolicy reduce_dtype float32)
+    across = comm.group_all_reduce_s((unit.dense / 8 + unit.experts) * g, links.replicas)
+    inside = comm.group_reduce_scatter_s(unit.dense * g, links.dense) + comm.group_reduce_scatter_s(
+        unit.experts * g, links.experts
+    )
+    assert dp_comm.unit_collectives(j, hybrid, moe).reduce_s == pytest.approx(inside + across, rel=1e-3)
+
+
 def test_an_hsdp_replica_degree_sets_the_shard_group() -> None:
     """dp_replicate (torchtitan's data_parallel_replicate_degree): 32 replicas of 16-rank shard groups
     on 64 nodes of 8 gather across two nodes and hold half the default hybrid's shard (8 ranks, one
