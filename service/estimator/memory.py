@@ -43,6 +43,7 @@ from service.estimator.model_states import (
     fused_experts,
     gathered_weight_bytes,
     grad_reduce_bytes,
+    hsdp_replicas,
     layer_quantized_weights,
     lora_expert_parameters,
     lora_parameters,
@@ -63,6 +64,7 @@ from service.estimator.params import autotp_keeps_vocab_whole, head_matrices
 from service.estimator.pipeline import PIPELINE_FIELDS, rank_recomputed_fractions
 from service.estimator.tuning import MemoryAssumptions
 from service.estimator.types import (
+    ClusterSpec,
     Compile,
     Framework,
     Head,
@@ -287,10 +289,12 @@ def autocast_weight_bytes(job: Job, layout: Layout, rank: int) -> float:
     return AUTOCAST_COPY_BYTES * (held + output_layer_weights(job, layout, rank))
 
 
-def communicator_count(layout: Layout) -> int:
-    """Process groups with more than one rank: data (x context), context, tensor, pipeline, expert."""
+def communicator_count(layout: Layout, cluster: ClusterSpec) -> int:
+    """Process groups with more than one rank: data (x context), context, tensor, pipeline, expert,
+    and HSDP's replicate group beside its shard group (FSDP2 all-gathers and reduce-scatters on the
+    shard group, all-reduces on the replicate one: _fsdp_collectives.py; hybrid-sharding review)."""
     groups = (layout.dp * layout.cp > 1) + (layout.cp > 1) + (layout.tp > 1) + (layout.pp > 1)
-    return groups + (layout.ep > 1)
+    return groups + (layout.ep > 1) + (hsdp_replicas(layout, cluster) > 1)
 
 
 def cuda_context_bytes(assume: MemoryAssumptions) -> float:
@@ -301,12 +305,12 @@ def cuda_context_bytes(assume: MemoryAssumptions) -> float:
     return float(assume.cuda_context_bytes)
 
 
-def nccl_buffer_bytes(layout: Layout, assume: MemoryAssumptions) -> float:
+def nccl_buffer_bytes(layout: Layout, cluster: ClusterSpec, assume: MemoryAssumptions) -> float:
     """NCCL's buffers: each communicator allocates, per channel and per peer it connects to, a FIFO
     per protocol (Simple NCCL_BUFFSIZE = 4 MiB, LL128, LL), with cudaMalloc / cuMem outside PyTorch's
     allocator; communicators do not share them (NVIDIA/nccl#864, #986). One allowance per process
     group with more than one rank (``communicator_count``)."""
-    return float(assume.nccl_bytes_per_group * communicator_count(layout))
+    return float(assume.nccl_bytes_per_group * communicator_count(layout, cluster))
 
 
 # Transformer Engine's userbuffers for Megatron-LM's --tp-comm-overlap (TE >= 2.7 with Megatron-LM main
@@ -820,6 +824,8 @@ ACTIVATION_FIELDS = (
     "moe_a2a_overlap",
     "moe_capacity_factor",  # the routed experts' padded capacity (activations._moe_mlp)
     "tp_comm_overlap",  # Transformer Engine's userbuffers (tp_comm_buffer_bytes)
+    "fsdp_hybrid_shard",  # HSDP's replicate communicator (nccl_buffer_bytes)
+    "dp_replicate",
 )
 
 
@@ -858,7 +864,7 @@ def stage_activations(job: Job, layout: Layout) -> tuple[RankActivations, ...]:
         backward_end_activation_bytes(job, layout) if gradients_follow_activations(job, layout) else None
     )
     every_rank, last_rank = activation_buffer_bytes(job, layout)
-    context, nccl = cuda_context_bytes(job.assume), nccl_buffer_bytes(layout, job.assume)
+    context, nccl = cuda_context_bytes(job.assume), nccl_buffer_bytes(layout, job.cluster, job.assume)
     userbuffers = tp_comm_buffer_bytes(job.model, layout, job.training)
     outside_allocator = math.ceil(context) + math.ceil(nccl) + math.ceil(userbuffers)
     micro_batches = activations.micro_batches_per_step(layout, job.training)

@@ -208,6 +208,15 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
             f"qlora with cp={lo.cp} or hybrid shard across nodes: Accelerate builds those meshes for "
             "FSDP2 only, which breaks bitsandbytes' NF4 weights (bitsandbytes#1945, accelerate#3874)"
         )
+    replicate, shard = _dp_split(plan)
+    if lo.cp > 1 and replicate > 1 and shard == 1:
+        # accelerate 1.15 parallelism_config.py _validate_accelerator: "Tensor/Context parallelism
+        # (tp/cp_size > 1) cannot be used with pure data parallelism (dp_replicate_size > 1 and
+        # dp_shard_size == 1)" (hybrid-sharding review: the file rendered and did not start)
+        return (
+            f"cp={lo.cp} with dp_replicate = dp ({replicate}): Accelerate's ParallelismConfig refuses "
+            "context parallelism beside pure replication (dp_shard_size 1)"
+        )
     if lo.cp > 1 and for_gpu(plan.training, plan.cluster.gpu, plan.model).attention is Attention.EAGER:
         # torch's context parallelism splits the sequence inside F.scaled_dot_product_attention only:
         # eager attention would attend within each rank's shard (common.attention_duty; change review)

@@ -133,7 +133,13 @@ def _fsdp_refusal(plan: Plan) -> Refusal:
     if (eight_bit := sharded_8bit_refusal(plan) or stored_nf4_storage_refusal(plan)) is not None:
         return eight_bit
     if hsdp_replicas(lo, plan.cluster) > 1:
-        return "HYBRID_SHARD is FSDP1-only in the Trainer; FSDP2 needs a 2-D device mesh"
+        # the Trainer builds HSDP's 2-D mesh only from a ParallelismConfig (TrainingArguments'
+        # parallelism_config, or accelerate launch's environment), which this target renders none of
+        # (hybrid-sharding review: the reason said FSDP2 had no such mesh)
+        return (
+            "HSDP (dp_replicate > 1): this target renders no ParallelismConfig, the 2-D mesh FSDP2's "
+            "hybrid shard needs; the accelerate target renders one"
+        )
     if lo.offload_optimizer is Offload.NVME or lo.offload_params is Offload.NVME:
         return "FSDP offloads to CPU memory only, not NVMe"
     if (lo.offload_optimizer is Offload.NONE) != (lo.offload_params is Offload.NONE):

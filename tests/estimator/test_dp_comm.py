@@ -439,3 +439,17 @@ def test_pipeline_sends_the_tensor_parallel_shard_only_where_it_is_split(
     across = comm.p2p_s(size, link.bandwidth_bytes_per_s, link.latency_s)
     inside = comm.p2p_s(size, link.intra_bandwidth_bytes_per_s, link.intra_latency_s)
     assert step_parts(j, layout).pp_comm_s == pytest.approx(base.micro_batches * (across + inside))
+
+
+def test_hsdp_holds_one_more_communicator_than_full_shard() -> None:
+    """FSDP2's HSDP all-gathers and reduce-scatters on the shard group and all-reduces on the replicate
+    group: NCCL's buffers of one more communicator (hybrid-sharding review: the same 0.25 GiB both)."""
+    cl = h100s(32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=64)
+    full = Layout(framework=Framework.FSDP, dp=32, zero_stage=3)
+    hybrid = dataclasses.replace(full, fsdp_hybrid_shard=True)
+    extra = (
+        memory(LLAMA_8B, cl, hybrid, training).per_gpu.nccl_buffers
+        - memory(LLAMA_8B, cl, full, training).per_gpu.nccl_buffers
+    )
+    assert extra == default_tuning().memory.nccl_bytes_per_group
