@@ -62,6 +62,7 @@ from service.estimator.validate import (
     hardware_violation,
     layout_violation,
     moe_a2a_overlap_violation,
+    moe_dispatcher_violation,
     training_violation,
     valid_micro_batch_sizes,
     validate_layout,
@@ -513,11 +514,10 @@ def _search_memory_family(
                         result, job, dataclasses.replace(layout, recompute_num_layers=fewer), limit
                     )
             refused &= _time_candidate(search, job, result, layout)
-            overlapped = _overlapped(search, layout)
-            if overlapped is not None and evaluate.numbers_fit(
-                job.cluster, result.memory_numbers(job, overlapped), limit
-            ):
-                refused &= _time_candidate(search, job, result, overlapped)  # one more micro-batch in flight
+            for twin in _dispatch_variants(search, job, layout)[1:]:
+                # the overlapped all-to-all holds one more micro-batch in flight; flex its own buffers
+                if evaluate.numbers_fit(job.cluster, result.memory_numbers(job, twin), limit):
+                    refused &= _time_candidate(search, job, result, twin)
         if refused:
             continue  # it bounds nothing: the heavier recompute that follows may run at this size
         best_index = top
@@ -574,6 +574,38 @@ def _overlapped(search: _Search, layout: Layout) -> Layout | None:
     return (
         overlapped if moe_a2a_overlap_violation(search.model, overlapped, search.training) is None else None
     )
+
+
+def _flexed(search: _Search, job: Job, layout: Layout) -> Layout | None:
+    """``layout`` with Megatron's flex token dispatcher (HybridEP), where its rules allow it (Megatron,
+    MoE, ep > 1, etp 1, Hopper or Blackwell GPUs on NVLink: ``moe_dispatcher_violation``); None
+    elsewhere. Its dispatch is timed on its own links (``step_time.flex_dispatch_s``): the search
+    times both (a Qwen3-235B plan on 64 H100s was limited by its all-to-all, flex 6% faster at the same
+    memory; search optimality review)."""
+    flex = FRAMEWORKS[layout.framework].capabilities.flex_dispatcher
+    if not flex or layout.ep == 1 or search.model.moe is None or search.megatron_lm is not None:
+        return None
+    flexed = dataclasses.replace(layout, moe_dispatcher=MoeDispatcher.FLEX)
+    return flexed if moe_dispatcher_violation(search.model, job.cluster, flexed) is None else None
+
+
+def _dispatch_variants(
+    search: _Search, job: Job, layout: Layout, least_exposed: bool = False
+) -> list[Layout]:
+    """``layout`` and its twins the search also times: with the EP all-to-all overlapped
+    (``_overlapped``), with the flex dispatcher (``_flexed``), and with both where the rules allow.
+    ``least_exposed``: only those a bound needs, the overlapped one in place of ``layout`` (the
+    overlap only hides the all-to-all) and its flex twin."""
+    overlapped = _overlapped(search, layout)
+    if least_exposed:
+        found = [overlapped or layout]
+    else:
+        found = [layout, *([overlapped] if overlapped is not None else [])]
+    for base in list(found):
+        flexed = _flexed(search, job, base)
+        if flexed is not None and _violation(job, flexed) is None:
+            found.append(flexed)
+    return found
 
 
 def _may_enter_top(search: _Search, job: Job, result: SearchResult, bound: Layout) -> bool:
@@ -852,11 +884,9 @@ def _fastest_fits(
         job.cluster.gpu.tp_overlap_peer_access,
         seq_len=job.training.seq_len,
     )
-    overlapped = _overlapped(search, fastest)
-    return all(
-        _violation(job, layout) is None and result.fits(job, layout, limit)
-        for layout in (fastest, *([overlapped] if overlapped is not None else []))
-    )
+    if _violation(job, fastest) is not None:
+        return False
+    return all(result.fits(job, layout, limit) for layout in _dispatch_variants(search, job, fastest))
 
 
 def _log_unsupported(
@@ -939,17 +969,19 @@ def _dominated(
         result.log.groups[DOMINATED].count += 1
         return True
     peer = job.cluster.gpu.tp_overlap_peer_access
-    optimistic = make_layout(
+    plain = make_layout(
         s, sh, Recompute.NONE, virtual, sizes[-1], peer, tp_overlap, seq_len=job.training.seq_len
     )
-    optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
-    if _violation(job, optimistic) is not None:
+    if _violation(job, plain) is not None:
         return False
-    parts = result.time_parts(job, optimistic)
-    least_bubble_s = result.floor_s(job, optimistic, most) - result.floor_s(job, optimistic)
-    rising_s = evaluate.rising_ep_comm_s(optimistic, parts[EP_COMM])  # floor_s leaves it out too
-    step_s = step_total_s(*parts) - parts[PP_BUBBLE] - rising_s + least_bubble_s
-    best_tokens_per_s = search.training.tokens_per_step / step_s
+    best_tokens_per_s, optimistic = 0.0, plain
+    for variant in _dispatch_variants(search, job, plain, least_exposed=True):
+        parts = result.time_parts(job, variant)
+        least_bubble_s = result.floor_s(job, variant, most) - result.floor_s(job, variant)
+        rising_s = evaluate.rising_ep_comm_s(variant, parts[EP_COMM])  # floor_s leaves it out too
+        step_s = step_total_s(*parts) - parts[PP_BUBBLE] - rising_s + least_bubble_s
+        if search.training.tokens_per_step / step_s > best_tokens_per_s:
+            best_tokens_per_s, optimistic = search.training.tokens_per_step / step_s, variant
     if _admission_key(search, result, rank.parallel_degrees(s), s.gpus, best_tokens_per_s) <= threshold:
         return False
     result.log.add(
@@ -979,10 +1011,10 @@ def _ceiling_key(
         job.cluster.gpu.tp_overlap_peer_access,
         seq_len=job.training.seq_len,
     )
-    optimistic = _overlapped(search, optimistic) or optimistic  # the least exposed all-to-all
     if _violation(job, optimistic) is not None:
         return None
-    floor = result.floor_s(job, optimistic, most_micro_batches)
+    variants = _dispatch_variants(search, job, optimistic, least_exposed=True)
+    floor = min(result.floor_s(job, variant, most_micro_batches) for variant in variants)
     ceiling = search.training.tokens_per_step / (floor * (1 - _FLOOR_SLACK))
     return _admission_key(search, result, rank.parallel_degrees(s), s.gpus, ceiling)
 
