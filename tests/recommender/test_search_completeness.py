@@ -1,8 +1,8 @@
-"""What the search tries beside the obvious (search optimality reviews). Offload is searched where it
-frees memory for something faster, not only where nothing fits
-without it (search optimality review): Llama 3.2 1B on one A100-40GB at 8,192 tokens recomputed every
-layer without offload (14,679 tokens/s) where ZeRO-1 with the optimizer on the host runs without
-recompute (18,435); and an offloaded layout whose twin without offload fits is never kept beside it."""
+"""What the search tries beside the obvious (search optimality reviews): offload where it frees
+memory for something faster, not only where nothing fits without it (Llama 3.2 1B on one A100-40GB at
+8,192 tokens recomputed every layer at 14,679 tokens/s where ZeRO-1 with the optimizer on the host runs
+without recompute at 18,435), never an offloaded layout whose twin without offload fits; a framework
+without PEFT left out once; Megatron's flex dispatcher."""
 
 from __future__ import annotations
 
