@@ -24,6 +24,7 @@ from typing import cast
 
 from service.estimator import evaluate
 from service.estimator.activations import CHUNKED_LOSS_CHUNKS
+from service.estimator.calibration import Calibration
 from service.estimator.defaults import for_gpu
 from service.estimator.errors import EstimatorError, InvalidTraining
 from service.estimator.estimate import estimate_valid
@@ -1921,10 +1922,15 @@ def _with_work(result: SearchResult, work: SearchResult) -> SearchResult:
 MAX_FALLBACK_COUNTS = 8
 
 
-def _full_estimate(job: Job, layout: Layout) -> Estimate:
-    """The estimate of a layout the search keeps: everything but the sequence-length limit."""
-    result = estimate_valid(job, layout, with_limits=False)
-    return dataclasses.replace(result, max_micro_batch_size=evaluate.max_micro_batch_size(job, layout))
+def _full_estimate(job: Job, layout: Layout, memory_factor: float = 1.0) -> Estimate:
+    """The estimate of a layout the search keeps: everything but the sequence-length limit, its memory
+    scaled by the factor the search fitted it with (``Constraints.dynamic_factor``: a library caller's
+    stored-run factors; its candidates read "fits: false" where the search had fitted them scaled;
+    library review)."""
+    calibration = Calibration(memory_dynamic_factor=memory_factor)
+    result = estimate_valid(job, layout, with_limits=False, calibration=calibration)
+    most = evaluate.max_micro_batch_size(job, layout, memory_factor)
+    return dataclasses.replace(result, max_micro_batch_size=most)
 
 
 def recommend(
@@ -1974,13 +1980,18 @@ def _recommend(
     ranked = result.ranked(constraints.objective)
     for scored in ranked[: constraints.top_k]:
         job = result.jobs[scored.layout.world_size]
-        chosen.append((scored.layout, job, _full_estimate(job, scored.layout)))
+        factor = constraints.dynamic_factor(scored.layout)
+        chosen.append((scored.layout, job, _full_estimate(job, scored.layout, factor)))
     # a near tie put a slower layout first and top_k 1 shows nothing after it: its rationale still
     # names the faster layout it was preferred to, and by how much
     passed_over = None
     if constraints.top_k == 1 and len(ranked) > 1 and ranked[1].key < ranked[0].key:
         faster = ranked[1]
-        passed_over = (faster.layout, _full_estimate(result.jobs[faster.layout.world_size], faster.layout))
+        factor = constraints.dynamic_factor(faster.layout)
+        passed_over = (
+            faster.layout,
+            _full_estimate(result.jobs[faster.layout.world_size], faster.layout, factor),
+        )
     candidates = _candidates(
         chosen, constraints, training, result, cluster.world_size, passed_over, searched_within.reason
     )

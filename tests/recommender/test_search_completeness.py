@@ -87,3 +87,19 @@ def test_megatron_moe_plans_time_the_flex_dispatcher_too() -> None:
                         tuning=TUNING)  # fmt: skip
         assert twin.time is not None and candidate.estimate.time is not None
         assert twin.time.tokens_per_s <= candidate.estimate.time.tokens_per_s * (1 + 1e-9) or not twin.fits
+
+
+def test_a_library_search_with_memory_factors_reports_its_candidates_scaled() -> None:
+    """recommend() with stored runs' memory factors fits each layout with its dynamic bytes scaled; the
+    candidates' estimates were unscaled, so a "feasible" plan's winner read "fits: false" (library
+    review: 94.97 GiB on an 80 GiB card at factor 0.5)."""
+    spec = model("llama-3.2-3b").spec
+    node = cluster("h100-sxm-80gb", nodes=1, per_node=1)
+    training = TrainingSpec(seq_len=8192, global_batch_size=64)
+    factors = tuple((framework, "data-parallel", 0.5) for framework in Framework)
+    found = recommend(spec, node, training, Constraints(memory_dynamic_factors=factors), TUNING,
+                      with_suggestions=False)  # fmt: skip
+    assert found.recommended is not None
+    for candidate in [found.recommended, *found.alternatives]:
+        assert candidate.estimate.fits, candidate.layout
+        assert candidate.estimate.memory.per_gpu.total <= node.gpu.memory_bytes
