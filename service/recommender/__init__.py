@@ -80,6 +80,7 @@ from service.launchers.torchtitan import job_refusal as torchtitan_job_refusal
 from service.recommender import headroom, rank
 from service.recommender.budget import Budget
 from service.recommender.collector import fewer_collections
+from service.recommender.runnable import framework_refusal
 from service.recommender.space import (
     MegatronLmSwitches,
     OffloadDevices,
@@ -1922,6 +1923,28 @@ def _with_work(result: SearchResult, work: SearchResult) -> SearchResult:
 MAX_FALLBACK_COUNTS = 8
 
 
+def _refuse_unrunnable(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: Constraints
+) -> None:
+    """A domain error where no requested framework runs the job with any layout
+    (``runnable.framework_refusal``), as the API's 422 before its search (``planning.runnable``): a
+    library caller's search rejected every layout and its suggestions said no layout fitted on up to
+    1,024 GPUs, of a 1B model Megatron-LM refused for its RoPE scaling (library review)."""
+    refusals = {
+        framework: framework_refusal(model, cluster, training, framework, constraints.launchers)
+        for framework in constraints.frameworks
+    }
+    if all(refusal is not None for refusal in refusals.values()):
+        reasons = " | ".join(
+            f"{framework.value}: {refusal.message}" for framework, refusal in refusals.items() if refusal
+        )
+        raise InvalidTraining(
+            f"no requested framework can run this model and training with any layout: {reasons}",
+            rule="no_launcher",
+            field="constraints.frameworks",
+        )
+
+
 def _full_estimate(job: Job, layout: Layout, memory_factor: float = 1.0) -> Estimate:
     """The estimate of a layout the search keeps: everything but the sequence-length limit, its memory
     scaled by the factor the search fitted it with (``Constraints.dynamic_factor``: a library caller's
@@ -1972,6 +1995,7 @@ def _recommend(
     budget = budget or Budget(constraints.max_evaluations)
     started = time.perf_counter()
     training = for_gpu(training, cluster.gpu, model)
+    _refuse_unrunnable(model, cluster, training, constraints)
     # with suggestions to make if nothing fits, the search leaves them a part of the time: a search
     # the budget cuts keeps the leanest layout that fits, so its answer is still a plan
     searched_within = budget.share(time_fraction=SEARCH_TIME_FRACTION) if with_suggestions else budget

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from service.estimator import evaluate
 from service.estimator.comm import FASTEST_NIC_BYTES_PER_S
 from service.estimator.defaults import for_gpu
+from service.estimator.errors import InvalidTraining
 from service.estimator.estimate import estimate
 from service.estimator.job import make_job
 from service.estimator.memory import cuda_context_bytes, min_frozen_base_bytes_per_gpu
@@ -583,10 +584,15 @@ class _Ask:
         from service.recommender import recommend
 
         asked = dataclasses.replace(constraints or self.constraints, top_k=1)
-        found = recommend(
-            self.model, cluster or self.cluster, training or self.training, asked, self.tuning,
-            with_suggestions=False, budget=budget,
-        )  # fmt: skip
+        try:
+            found = recommend(
+                self.model, cluster or self.cluster, training or self.training, asked, self.tuning,
+                with_suggestions=False, budget=budget,
+            )  # fmt: skip
+        except InvalidTraining as refused:
+            if refused.rule == "no_launcher":  # no requested framework runs the change: none found
+                return None
+            raise
         return found.recommended
 
     def _refused(self, training: TrainingSpec, constraints: Constraints) -> str | None:

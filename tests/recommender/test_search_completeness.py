@@ -103,3 +103,17 @@ def test_a_library_search_with_memory_factors_reports_its_candidates_scaled() ->
     for candidate in [found.recommended, *found.alternatives]:
         assert candidate.estimate.fits, candidate.layout
         assert candidate.estimate.memory.per_gpu.total <= node.gpu.memory_bytes
+
+
+def test_a_library_search_no_requested_framework_runs_is_a_domain_error() -> None:
+    """Megatron-LM refuses Llama 3.2's RoPE scaling: a Megatron-only recommend() rejected every layout
+    and suggested more GPUs; it is the API's 422 before a search, a domain error here (library review)."""
+    import pytest
+
+    from service.estimator.errors import InvalidTraining
+
+    spec = model("llama-3.2-1b").spec
+    only = Constraints(frameworks=(Framework.MEGATRON,))
+    with pytest.raises(InvalidTraining) as raised:
+        recommend(spec, cluster(nodes=1), TrainingSpec(seq_len=4096, global_batch_size=64), only, TUNING)
+    assert raised.value.field == "constraints.frameworks" and "megatron:" in str(raised.value)
