@@ -108,6 +108,10 @@ def _option(
         top = cap // cluster.gpus_per_node * cluster.gpus_per_node
         if within and within[-1] < top <= counts[-1] and top >= cluster.gpus_per_node:
             within = (*within, top)  # (never past the counts the option may use: its cluster, max_nodes)
+        if cap < cluster.gpus_per_node and cap not in within and cap <= counts[-1]:
+            # a cap inside one node is a count of its own, as a plan's (space.gpu_counts: 6 of an
+            # 8-GPU node answered "no fit" where a fewest-GPU plan fits 6; change review)
+            within = tuple(sorted((*within, cap)))
         if not within:
             return CapacityOption(
                 gpu=name,

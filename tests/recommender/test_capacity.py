@@ -490,3 +490,13 @@ def test_the_fewest_gpus_of_a_data_parallel_job_are_a_count_its_batch_splits_ove
     training = TrainingSpec(seq_len=seq_len, global_batch_size=batch, method=Method.QLORA)
     (option,) = capacity(spec, training, default_tuning(), gpus=[gpu("l4-24gb")])
     assert option.fits and option.min_gpus == 160, option
+
+
+def test_a_cap_inside_one_node_is_a_count_as_in_a_plan() -> None:
+    """Qwen3-14B on A100-40GBs capped at 6 GPUs: a fewest-GPU plan fits 6 (tp 2 pp 3); capacity tried
+    the node's divisors 1, 2 and 4 alone and said nothing fits (change review)."""
+    training = TrainingSpec(seq_len=4096, global_batch_size=48)
+    capped = Constraints(max_gpus=6)
+    (option,) = capacity(model("qwen3-14b").spec, training, default_tuning(), gpus=[gpu("a100-sxm-40gb")],
+                         max_nodes=1, constraints=capped)  # fmt: skip
+    assert option.fits and option.min_gpus == 6
