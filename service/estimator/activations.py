@@ -283,11 +283,19 @@ def _hf_sdpa(model: ModelSpec, training: TrainingSpec, tokens: float, masked: bo
     # by a reviewer). Not measured, so counted as unmasked: a fused-qkv family with a window (Phi-3).
     d, q, kv = element_bytes(training.precision), model.q_size, model.kv_size
     rotary = model.position_embedding is PositionEmbedding.ROPE
-    if model.family in flops.SDPA_EXPANDS_KV_FAMILIES and training.attention is Attention.SDPA:
-        # SDPA's call only (FalconAttention); FalconFlashAttention2 keeps k and v at the kv heads and
-        # builds no mask (create_causal_mask returns None for flash_attention_2 without padding), so
-        # flash falls to the fused qkv below (metamorphic review: a b x s x s mask per layer counted)
-        return d * tokens * 3 * q + d * tokens * training.seq_len  # mask: b x s_local x s
+    if model.family in flops.SDPA_EXPANDS_KV_FAMILIES:
+        if training.attention is Attention.SDPA:
+            return d * tokens * 3 * q + d * tokens * training.seq_len  # mask: b x s_local x s
+        # FalconFlashAttention2 (transformers 5.24 modeling_falcon.py) builds no mask (create_causal_mask
+        # returns None for flash_attention_2 without padding: metamorphic review, a b x s x s mask per
+        # layer counted) and saves its rotated q and k and its v. _split_heads copies k and v out of
+        # the fused output (fused_qkv[..., [-2], :]), which then nothing keeps: 7B's multi-query heads
+        # save q + 2 kv; the new decoder architecture (40B, 180B) broadcasts k and v to every head
+        # and flattens them (copies), 3 q (change review, measured on the CPU with a stand-in kernel
+        # saving q, k, v as flash-attn does: 4,784,128 and 25,165,824 B where 9.5 and 18.4 MB counted)
+        if model.num_kv_heads == 1 < model.num_attention_heads:
+            return d * tokens * (q + 2 * kv)
+        return d * tokens * 3 * q
     if model.family in FUSED_QKV_FAMILIES:
         return d * tokens * ((q + 2 * kv) + ((q + kv) if rotary else 0))
     if masked:
