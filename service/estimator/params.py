@@ -239,6 +239,11 @@ def _module_targets(model: ModelSpec, name: str) -> tuple[str, ...]:
         # fused experts (_convert_peft_config_moe: target.endswith(f".{old_name}")), so "mlp.down_proj"
         # trains what "down_proj" does there (a 422 "unknown lora_targets" on Qwen3-30B-A3B)
         return _module_targets(model, last)
+    if parent == "self_attn" and model.mla is not None:
+        # DeepSeek's latent attention modules sit under self_attn (DeepseekV3DecoderLayer), where peft
+        # matches them by suffix as any decoder's ("self_attn.o_proj" was a 422; change review)
+        held = _module_targets(model, last)
+        return held if held and set(held) <= TARGET_PARENTS["self_attn"] else ()
     named_so = LORA_MODULES.get(model.family) is None or model.family in SELF_ATTN_MLP_FAMILIES
     if parent in TARGET_PARENTS and named_so and model.mla is None and not model.bidirectional:
         held = _module_targets(model, last)

@@ -530,7 +530,8 @@ class ModelSpec:
             )
 
     def _check_layer_structure(self) -> None:
-        _require_tuple(InvalidModel, "layer_types", self.layer_types)
+        for name in ("layer_types", "scaled_constants", "config_notes"):
+            _require_tuple(InvalidModel, name, getattr(self, name))
         _require_tuple(InvalidModel, "moe_layers", self.moe_layers)
         if self.moe_layers is not None:
             bad = [i for i in self.moe_layers if not 0 <= i < self.num_layers]
@@ -746,6 +747,8 @@ class GPUSpec:
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("defaulted", "notes"):
+            _require_tuple(InvalidHardware, name, getattr(self, name))
         for name in (
             "memory_bytes",
             "hbm_bandwidth_bytes_per_s",
@@ -849,9 +852,13 @@ class ClusterSpec:
         ):
             _require_positive(InvalidHardware, name, getattr(self, name))
         for name in ("cpu_memory_bytes_per_node", "nvme_bytes_per_node"):
-            if getattr(self, name) < 0:
+            # finite too: NaN host RAM made every layout "not fit in host memory", offloaded or not
+            # (change review)
+            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
                 raise InvalidHardware(
-                    f"{name} must be >= 0, got {getattr(self, name)}", rule="non_negative", field=name
+                    f"{name} must be a finite number >= 0, got {getattr(self, name)}",
+                    rule="non_negative",
+                    field=name,
                 )
         for measured, nominal, hint in (
             ("measured_intra_node_bus_bandwidth_bytes_per_s", "intra_node_bandwidth_bytes_per_s", ""),
@@ -1024,6 +1031,12 @@ class TrainingSpec:
             if type(value) is not kind and not (value is None and name == "attention"):
                 raise InvalidTraining(f"{name} must be a {kind.__name__}, got {value!r}", field=name)
         _require_tuple(InvalidTraining, "lora_targets", self.lora_targets)
+        if type(self.hardware_defaults) is not frozenset:
+            raise InvalidTraining(
+                f"hardware_defaults must be a frozenset, got {self.hardware_defaults!r}",
+                rule="type",
+                field="hardware_defaults",
+            )
         _require_positive(InvalidTraining, "seq_len", self.seq_len)
         stray = self.hardware_defaults - {"precision", "attention"}
         if stray:

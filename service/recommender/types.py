@@ -65,7 +65,7 @@ class Constraints:
         return 1.0
 
     def __post_init__(self) -> None:
-        if self.max_gpus is not None and self.max_gpus < 1:
+        if self.max_gpus is not None and not self.max_gpus >= 1:  # NaN too (change review)
             raise InvalidTraining(f"max_gpus must be >= 1, got {self.max_gpus}", field="max_gpus")
         if not self.frameworks:
             raise InvalidTraining("frameworks must name at least one framework", field="frameworks")
@@ -74,13 +74,15 @@ class Constraints:
                 f"min_headroom_fraction must be in [0, 1), got {self.min_headroom_fraction}",
                 field="min_headroom_fraction",
             )
-        if self.top_k < 1:
+        if not self.top_k >= 1:
             raise InvalidTraining(f"top_k must be >= 1, got {self.top_k}", field="top_k")
-        if self.max_evaluations < 1:
+        if not self.max_evaluations >= 1:
             raise InvalidTraining(
                 f"max_evaluations must be >= 1, got {self.max_evaluations}", field="max_evaluations"
             )
-        if self.gpu_hour_cost is not None and self.gpu_hour_cost < 0:
+        if self.gpu_hour_cost is not None and not (
+            self.gpu_hour_cost >= 0 and math.isfinite(self.gpu_hour_cost)
+        ):
             raise InvalidTraining(
                 f"gpu_hour_cost must be >= 0, got {self.gpu_hour_cost}", field="gpu_hour_cost"
             )

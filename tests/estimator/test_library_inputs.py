@@ -66,3 +66,30 @@ def test_plain_strings_and_lists_are_refused_by_field() -> None:
         dataclasses.replace(model("gemma-3-1b").spec, layer_types=list(model("gemma-3-1b").spec.layer_types))
     assert raised.value.field == "layer_types"
     assert TrainingSpec(seq_len=16, global_batch_size=1, precision=Precision.FP16).attention is None
+
+
+def test_more_non_finite_numbers_and_lists_are_refused_by_field() -> None:
+    """Change review: NaN host RAM made every layout "not fit in host memory", NaN costs and caps
+    passed; lists in GPUSpec's and ModelSpec's tuple fields and a set of hardware_defaults raised
+    TypeError deep in the estimate."""
+    from service.estimator.types import ClusterSpec, TrainingSpec
+
+    h100 = gpu("h100-sxm-80gb")
+    for name in ("cpu_memory_bytes_per_node", "nvme_bytes_per_node"):
+        with pytest.raises(InvalidHardware) as raised:
+            ClusterSpec(gpu=h100, num_nodes=1, gpus_per_node=8, intra_node_bandwidth_bytes_per_s=4.5e11,
+                        inter_node_bandwidth_bytes_per_s=5e10, **{name: math.nan})  # fmt: skip
+        assert raised.value.field == name
+    for field, value in (("gpu_hour_cost", math.nan), ("max_gpus", math.nan), ("top_k", math.nan)):
+        with pytest.raises(InvalidTraining) as raised:
+            Constraints(**{field: value})
+        assert raised.value.field == field
+    with pytest.raises(InvalidHardware) as raised:
+        dataclasses.replace(h100, notes=["a note"])
+    assert raised.value.field == "notes"
+    with pytest.raises(InvalidModel) as raised:
+        dataclasses.replace(model("llama-3-8b").spec, config_notes=["a note"])
+    assert raised.value.field == "config_notes"
+    with pytest.raises(InvalidTraining) as raised:
+        TrainingSpec(seq_len=16, global_batch_size=1, hardware_defaults={"precision"})  # type: ignore[arg-type]
+    assert raised.value.field == "hardware_defaults"

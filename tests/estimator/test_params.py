@@ -398,6 +398,12 @@ def test_a_models_own_lora_module_names_read_as_the_targets_they_hold() -> None:
     assert canonical_lora_targets(qwen3_moe, ("mlp.down_proj", "self_attn.q_proj")) == ("down_proj", "q_proj")
     assert canonical_lora_targets(qwen3_moe, ("mlp.experts.gate_proj",)) == ("gate_proj",)
     assert canonical_lora_targets(model("deepseek-v3").spec, ("mlp.up_proj",)) == ("up_proj",)
+    # and its latent attention's modules under self_attn, as peft matches them
+    deepseek = model("deepseek-v3").spec
+    assert canonical_lora_targets(deepseek, ("self_attn.o_proj",)) == ("o_proj",)
+    assert canonical_lora_targets(deepseek, ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa")) == (
+        "q_proj", "k_proj", "v_proj",
+    )  # fmt: skip
     assert canonical_lora_targets(gpt2, ("self_attn.c_attn",)) == ("self_attn.c_attn",)
     assert canonical_lora_targets(gpt2, ("attn.c_attn",)) == ("q_proj", "k_proj", "v_proj")
     assert canonical_lora_targets(llama, ("qkv_proj",)) == ("qkv_proj",)  # not Llama's: refused later
