@@ -500,6 +500,11 @@ def _search_memory_family(
         refused = True  # every layout of this recompute timed here runs on no requested launcher
         for i in timed:
             layout = sized(i)
+            if sh.frees_memory and not _may_enter_top(search, job, result, _plain_bound(layout)):
+                # no faster than its plain twin without recompute (offload only adds time, a chunked loss
+                # none), which cannot enter the top k: nor can this, whatever it recomputes
+                refused = False
+                continue
             if partial and _may_enter_top(
                 search, job, result, dataclasses.replace(layout, recompute=Recompute.NONE)
             ):
@@ -531,6 +536,18 @@ def _search_memory_family(
     if twin_may_fit and not _dominated(search, job, result, family, sizes, {}, tp_overlap=False):
         fitted |= _search_memory_family(search, job, result, family, sizes, limit, tp_overlap=False)
     return fitted
+
+
+def _plain_bound(layout: Layout) -> Layout:
+    """``layout`` without recompute, offload or a chunked loss: at least as fast."""
+    return dataclasses.replace(
+        layout,
+        recompute=Recompute.NONE,
+        recompute_num_layers=None,
+        offload_optimizer=Offload.NONE,
+        offload_params=Offload.NONE,
+        chunked_loss=False,
+    )
 
 
 def _twin_fits(result: SearchResult, job: Job, layout: Layout, limit: int) -> bool:
