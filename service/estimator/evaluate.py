@@ -299,11 +299,15 @@ def memory_breakdown(parts: MemoryParts) -> MemoryBreakdown:
     )
 
 
-def numbers_fit(cluster: ClusterSpec, numbers: tuple[int, int, int], limit_bytes: int) -> bool:
+def numbers_fit(
+    cluster: ClusterSpec, numbers: tuple[int, int, int], limit_bytes: int, host_limit_bytes: int | None = None
+) -> bool:
     """The one fit predicate: the per-GPU total within ``limit_bytes``, host RAM and NVMe per node
-    within the node's where the cluster states them (0 = not stated)."""
+    within the node's where the cluster states them (0 = not stated); host RAM within
+    ``host_limit_bytes`` where given (a plan's search keeps some of it free: recommender.headroom)."""
     total, cpu, nvme = numbers
-    cpu_ok = not cluster.cpu_memory_bytes_per_node or cpu <= cluster.cpu_memory_bytes_per_node
+    host = cluster.cpu_memory_bytes_per_node if host_limit_bytes is None else host_limit_bytes
+    cpu_ok = not cluster.cpu_memory_bytes_per_node or cpu <= host
     nvme_ok = not cluster.nvme_bytes_per_node or nvme <= cluster.nvme_bytes_per_node
     return total <= limit_bytes and cpu_ok and nvme_ok
 
@@ -314,10 +318,17 @@ def memory_fits(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
     return numbers_fit(cluster, numbers, memory.capacity_bytes)
 
 
-def fits(job: Job, layout: Layout, limit_bytes: int | None = None, dynamic_factor: float = 1.0) -> bool:
-    """Whether ``layout`` fits within ``limit_bytes`` per GPU (default: the GPU's capacity)."""
+def fits(
+    job: Job,
+    layout: Layout,
+    limit_bytes: int | None = None,
+    dynamic_factor: float = 1.0,
+    host_limit_bytes: int | None = None,
+) -> bool:
+    """Whether ``layout`` fits within ``limit_bytes`` per GPU (default: the GPU's capacity) and
+    ``host_limit_bytes`` of host RAM per node (default: the node's stated RAM)."""
     limit = job.cluster.gpu.memory_bytes if limit_bytes is None else limit_bytes
-    return numbers_fit(job.cluster, memory_numbers(job, layout, dynamic_factor), limit)
+    return numbers_fit(job.cluster, memory_numbers(job, layout, dynamic_factor), limit, host_limit_bytes)
 
 
 # ---------------------------------------------------------------- time
@@ -466,6 +477,7 @@ def largest_fitting(
     *,
     known_fit: int = -1,
     peek: Callable[[int], Layout] | None = None,
+    host_limit_bytes: int | None = None,
 ) -> int:
     """The index of the largest of ``count`` layouts ``layouts(0..count-1)`` (micro-batches in
     ascending order) that fits; -1 if none. ``known_fit``: an index already known to fit, so the
@@ -478,10 +490,12 @@ def largest_fitting(
     one before it. That one is tried first."""
     last = count - 1
     if last > known_fit and gradients_follow_activations(job, (peek or layouts)(last)):
-        if fits(job, layouts(last), limit_bytes, dynamic_factor):
+        if fits(job, layouts(last), limit_bytes, dynamic_factor, host_limit_bytes):
             return last
         last -= 1
-    return bisect_largest(known_fit, last, lambda i: fits(job, layouts(i), limit_bytes, dynamic_factor))
+    return bisect_largest(
+        known_fit, last, lambda i: fits(job, layouts(i), limit_bytes, dynamic_factor, host_limit_bytes)
+    )
 
 
 def max_micro_batch_size(

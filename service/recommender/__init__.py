@@ -219,7 +219,7 @@ class SearchResult:
         return evaluate.memory_numbers(job, layout, self.dynamic_factor(layout))
 
     def fits(self, job: Job, layout: Layout, limit: int) -> bool:
-        return evaluate.numbers_fit(job.cluster, self.memory_numbers(job, layout), limit)
+        return _numbers_fit(job, self.memory_numbers(job, layout), limit)
 
     def step_numbers(self, job: Job, layout: Layout) -> tuple[float, float]:
         """``evaluate.step_numbers``, counted against the budget."""
@@ -382,13 +382,18 @@ def _log_memory(
         runs = None if launched is None else functools.partial(_launchable, *launched, layout)
         have = cluster.cpu_memory_bytes_per_node
         host = ""
-        if have and cpu > have:
+        if have and cpu > headroom.allowed_host_bytes(have):
             host = (
                 f", and {rank.gib_needed(cpu)} GiB host RAM per node where the nodes state {have / 2**30:.0f}"
             )
         result.log.add_memory(MEMORY_REJECTION, count, layout, total, limit, runs=runs, also=host)
     else:
-        detail = f"needs {rank.gib_needed(cpu)} GiB host RAM per node"
+        have = cluster.cpu_memory_bytes_per_node
+        allowed = headroom.allowed_host_bytes(have) / 2**30
+        detail = (
+            f"needs {rank.gib_needed(cpu)} GiB host RAM per node, over the {allowed:.1f} GiB a plan uses of "
+            f"the nodes' {have / 2**30:.1f} (5% kept for the OS and the training processes)"
+        )
         result.log.add("does not fit in host memory", count, layout, detail)
 
 
@@ -465,7 +470,7 @@ def _search_memory_family(
                 top = _only_micro_batch_fitting(result, job, sized(len(sizes) - 1), len(sizes) - 1, limit)
                 if top < 0:
                     continue
-        elif evaluate.numbers_fit(job.cluster, memory := result.memory_numbers(job, first), limit):
+        elif _numbers_fit(job, memory := result.memory_numbers(job, first), limit):
             top = _largest_fitting(result, job, sized, len(sizes), limit)  # sizes[0] fits
             if tp_overlap and top < len(sizes) - 1:
                 twin_may_fit = twin_may_fit or _fits_without_userbuffers(result, job, sized(top + 1), limit)
@@ -526,7 +531,7 @@ def _search_memory_family(
             refused &= _time_candidate(search, job, result, layout)
             for twin in _dispatch_variants(search, job, layout)[1:]:
                 # the overlapped all-to-all holds one more micro-batch in flight; flex its own buffers
-                if evaluate.numbers_fit(job.cluster, result.memory_numbers(job, twin), limit):
+                if _numbers_fit(job, result.memory_numbers(job, twin), limit):
                     refused &= _time_candidate(search, job, result, twin)
         if refused:
             continue  # it bounds nothing: the heavier recompute that follows may run at this size
@@ -548,6 +553,14 @@ def _plain_bound(layout: Layout) -> Layout:
         offload_params=Offload.NONE,
         chunked_loss=False,
     )
+
+
+def _numbers_fit(job: Job, numbers: tuple[int, int, int], limit: int) -> bool:
+    """``evaluate.numbers_fit`` as a plan allows: within ``limit`` per GPU, and within the host RAM
+    per node the headroom policy leaves of the nodes' (``headroom.allowed_host_bytes``): a plan never
+    proposes what its estimate calls thin."""
+    host = headroom.allowed_host_bytes(job.cluster.cpu_memory_bytes_per_node)
+    return evaluate.numbers_fit(job.cluster, numbers, limit, host)
 
 
 def _twin_fits(result: SearchResult, job: Job, layout: Layout, limit: int) -> bool:
@@ -671,7 +684,10 @@ def _largest_fitting(
 
     # the family's micro-batches share its framework and degrees: one memory factor
     factor = result.dynamic_factor(sized(0))
-    return evaluate.largest_fitting(job, counted, count, limit, factor, known_fit=known_fit, peek=sized)
+    host = headroom.allowed_host_bytes(job.cluster.cpu_memory_bytes_per_node)
+    return evaluate.largest_fitting(
+        job, counted, count, limit, factor, known_fit=known_fit, peek=sized, host_limit_bytes=host
+    )
 
 
 def _only_micro_batch_fitting(result: SearchResult, job: Job, layout: Layout, index: int, limit: int) -> int:
@@ -679,7 +695,7 @@ def _only_micro_batch_fitting(result: SearchResult, job: Job, layout: Layout, in
     gradients follow its activations and it fits; else -1."""
     if index == 0 or not gradients_follow_activations(job, layout):
         return -1
-    return index if evaluate.numbers_fit(job.cluster, result.memory_numbers(job, layout), limit) else -1
+    return index if _numbers_fit(job, result.memory_numbers(job, layout), limit) else -1
 
 
 def _time_candidate(search: _Search, job: Job, result: SearchResult, layout: Layout) -> bool:
@@ -1266,7 +1282,7 @@ def _lean_fit(
             if _violation(job, lean) is not None:
                 return True, None
             memory = result.memory_numbers(job, lean)
-            if evaluate.numbers_fit(job.cluster, memory, limit):
+            if _numbers_fit(job, memory, limit):
                 return True, lean
             _log_memory(result, job.cluster, lean, memory, limit, 1, _shown(search, job))
             if i == 0 and _leanest_states_exceed(job, lean, ordered, limit):

@@ -52,7 +52,7 @@ from service.estimator.types import (
 )
 from service.estimator.validate import checkpoint_hardware_violation, divisors, hardware_violation
 from service.recommender.budget import Budget
-from service.recommender.headroom import allowed_bytes
+from service.recommender.headroom import allowed_bytes, allowed_host_bytes, host_to_state
 from service.recommender.rank import gib_needed
 from service.recommender.runnable import framework_refusal
 from service.recommender.space import (
@@ -667,7 +667,7 @@ class _Ask:
             )
         memory = found.estimate.memory
         have = self.cluster.cpu_memory_bytes_per_node
-        if have and memory.cpu_per_node_bytes <= have:
+        if have and memory.cpu_per_node_bytes <= allowed_host_bytes(have):
             # within the nodes' host RAM: the plan's own search offloaded so, or, not allowed to,
             # offload_within_the_nodes says it (the same layout, suggested once)
             return []
@@ -675,7 +675,7 @@ class _Ask:
         needs = least.estimate.memory
         if (
             have
-            and needs.cpu_per_node_bytes <= have
+            and needs.cpu_per_node_bytes <= allowed_host_bytes(have)
             and needs.nvme_per_node_bytes <= self.cluster.nvme_bytes_per_node
         ):
             return []  # offload within the nodes: offload_within_the_nodes says it
@@ -701,8 +701,9 @@ class _Ask:
             return fastest
         # nothing fits within the nodes' own where the plan's search offloaded; where it was not allowed
         # to, from none
+        # (host RAM a node states: a plan uses what the headroom policy leaves of it, host_to_state)
         low = self.cluster.cpu_memory_bytes_per_node if self.constraints.allow_offload else 0
-        high = best.estimate.memory.cpu_per_node_bytes
+        high = host_to_state(best.estimate.memory.cpu_per_node_bytes)
         for _ in range(MAX_HOST_PROBES):
             if high - low <= GiB or budget.exhausted():
                 break
@@ -715,7 +716,7 @@ class _Ask:
             if probe is None or probe.layout.world_size < fastest.layout.world_size:
                 low = middle
             else:
-                best, high = probe, probe.estimate.memory.cpu_per_node_bytes
+                best, high = probe, host_to_state(probe.estimate.memory.cpu_per_node_bytes)
         return best
 
     def _offloaded(self, budget: Budget) -> Candidate | None:
@@ -736,6 +737,8 @@ class _Ask:
         memory = found.estimate.memory
         have = self.cluster.cpu_memory_bytes_per_node
         verdict = "host RAM not stated" if not have else f"the nodes state {have / GiB:.0f} GiB"
+        # what a node must state: the layout's need and the 5% a plan keeps free (headroom)
+        stated = host_to_state(memory.cpu_per_node_bytes)
         # offload the request did not allow: said, as offload_within_the_nodes says it (applied as its
         # fields say, the plan stayed infeasible; bounded-work review)
         allow = "" if self.constraints.allow_offload else "allow offload (constraints.allow_offload) and "
@@ -747,7 +750,7 @@ class _Ask:
             where = "the GPU given"
         return Suggestion(
             kind="offload",
-            detail=f"{allow}offload with {gib_needed(memory.cpu_per_node_bytes)} GiB host RAM per node "
+            detail=f"{allow}offload with {stated // GiB} GiB host RAM per node "
             f"({verdict}){_nvme_words(memory.nvme_per_node_bytes, self.cluster)} on {where}: "
             f"{memory.per_gpu.total / GiB:.1f} GiB per GPU, {_speed(found)} with "
             f"{_layout_words(found.layout)}{_best_offload(best, self.constraints.objective)}",
@@ -758,11 +761,11 @@ class _Ask:
             # num_gpus 4 was a 422 once applied; bounded-work review)
             gpus_per_node=min(self.cluster.gpus_per_node, found.layout.world_size),
             per_gpu_bytes=memory.per_gpu.total,
-            cpu_per_node_bytes=memory.cpu_per_node_bytes,
+            cpu_per_node_bytes=stated,
             nvme_per_node_bytes=memory.nvme_per_node_bytes or None,
             tokens_per_s=_tokens_per_s(found),
             layout=found.layout,
-            on_the_gpus_given=bool(have and memory.cpu_per_node_bytes <= have)
+            on_the_gpus_given=bool(have and memory.cpu_per_node_bytes <= allowed_host_bytes(have))
             and memory.nvme_per_node_bytes <= self.cluster.nvme_bytes_per_node,
         )
 
@@ -1037,7 +1040,7 @@ class _Ask:
         if _offloads(layout):  # the host RAM it takes, said and stated: the suggestion needs it
             placed = with_gpu(cluster, cluster.gpu, nodes, min(per_node, gpus))
             memory = estimate(self.model, placed, layout, training, tuning=self.tuning).memory
-            host = memory.cpu_per_node_bytes
+            host = host_to_state(memory.cpu_per_node_bytes) if memory.cpu_per_node_bytes else None
         offloading = f", offloading to {gib_needed(host)} GiB of host RAM per node" if host else ""
         # more GPUs than the request allows: said, not silently past it (bounded-work review)
         cap = self.constraints.max_gpus
@@ -1113,8 +1116,9 @@ def _on_the_gpus_given(
         if used == given
         else f"{used} of the {given} GPUs given"
     )
-    host = est.memory.cpu_per_node_bytes
-    # an offloading layout's host RAM, said where the change named is not the offload itself
+    host = host_to_state(est.memory.cpu_per_node_bytes) if est.memory.cpu_per_node_bytes else 0
+    # an offloading layout's host RAM (as a node must state it), said where the change named is not the
+    # offload itself
     offloading = (
         f", offloading to {gib_needed(host)} GiB of host RAM per node"
         if host and kind != "offload" and _offloads(found.layout)
@@ -1130,7 +1134,7 @@ def _on_the_gpus_given(
         num_nodes=max(1, found.layout.world_size // cluster.gpus_per_node),
         gpus_per_node=min(cluster.gpus_per_node, found.layout.world_size),
         per_gpu_bytes=est.memory.per_gpu.total,
-        cpu_per_node_bytes=est.memory.cpu_per_node_bytes or None,
+        cpu_per_node_bytes=host or None,
         tokens_per_s=_tokens_per_s(found),
         layout=found.layout,
         method=training.method.value,

@@ -135,3 +135,33 @@ def test_offload_that_saves_recomputed_layers_is_found_where_the_twin_fits_recom
     assert direct.time is not None
     assert direct.memory.per_gpu.total <= allowed_bytes(node.gpu.memory_bytes, DEFAULT_FRACTION)
     assert found.recommended.estimate.time.tokens_per_s >= direct.time.tokens_per_s * (1 - 1e-9)
+
+
+def test_a_plan_keeps_host_ram_free_as_its_estimate_warns() -> None:
+    """An offload plan on 4 RTX 4090s used 134.6 of 136 GiB of host RAM and its own estimate warned
+    "thin host RAM headroom" (workstation and change reviews): a plan keeps 5% of the host RAM free,
+    as it keeps 5% of the GPU's, and a node stating host_to_state(need) holds the layout again."""
+    from service.recommender.headroom import allowed_host_bytes, host_to_state
+
+    spec = model("llama-3.1-8b").spec
+    training = TrainingSpec(seq_len=2048, global_batch_size=32)
+
+    def best(host_gib: float) -> tuple[Layout, int] | None:
+        node = dataclasses.replace(
+            cluster("rtx-4090-24gb", per_node=4), cpu_memory_bytes_per_node=int(host_gib * 2**30)
+        )
+        found = recommend(spec, node, training, Constraints(), TUNING, with_suggestions=False).recommended
+        if found is None:
+            return None
+        assert not any(w.startswith("thin host RAM") for w in found.estimate.warnings), (
+            found.estimate.warnings
+        )
+        return found.layout, found.estimate.memory.cpu_per_node_bytes
+
+    roomy = best(1024)
+    assert roomy is not None and roomy[1] > 0
+    layout, need = roomy
+    tight = best(need * 1.02 / 2**30)
+    assert tight is None or tight[0] != layout or tight[1] <= allowed_host_bytes(int(need * 1.02))
+    again = best(host_to_state(need) / 2**30)
+    assert again is not None and again[1] <= allowed_host_bytes(host_to_state(need))
