@@ -31,10 +31,9 @@ def _require_tuple(cls: type[EstimatorError], name: str, value: object) -> None:
 def _require_positive(cls: type[EstimatorError], name: str, value: float) -> None:
     # finite too: an infinite peak timed every step as NaN, an infinite capacity factor overflowed
     # (library review; the API's schemas refuse inf and nan, the library's callers need not)
-    if not value > 0:
-        raise cls(f"{name} must be > 0, got {value}", rule="positive", field=name)
-    if not math.isfinite(value):
-        raise cls(f"{name} must be finite, got {value}", rule="positive", field=name)
+    if not 0 < value < math.inf:  # one comparison chain: NaN and inf fail it too (a Layout per layout)
+        why = "must be > 0" if not value > 0 else "must be finite"
+        raise cls(f"{name} {why}, got {value}", rule="positive", field=name)
 
 
 # ---------------------------------------------------------------- model
@@ -1328,9 +1327,11 @@ class Layout:
                 if type(getattr(self, name)) is not kind:
                     why = f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}"
                     raise InvalidLayout(why, rule="type", field=name)
-        _require_tuple(InvalidLayout, "recompute_modules", self.recompute_modules)
-        _require_tuple(InvalidLayout, "pipeline_layers", self.pipeline_layers)
         modules = self.recompute_modules
+        if modules is not None and type(modules) is not tuple:  # inline: a Layout per layout searched
+            _require_tuple(InvalidLayout, "recompute_modules", modules)
+        if self.pipeline_layers is not None and type(self.pipeline_layers) is not tuple:
+            _require_tuple(InvalidLayout, "pipeline_layers", self.pipeline_layers)
         if modules is not None and (not modules or len(set(modules)) != len(modules)):
             raise InvalidLayout(
                 "recompute_modules must name each module once, at least one; got "

@@ -252,6 +252,8 @@ class _Search:
     megatron_lm: MegatronLmSwitches | None = None
     # the caller reads the rejection log (``search``'s ``rejections``): every miss is evaluated
     rejections: bool = True
+    # ``chunked`` by framework, asked for every structure of every count
+    _chunked: dict[Framework, bool] = field(default_factory=dict, compare=False)
 
     @property
     def job(self) -> tuple[ModelSpec, TrainingSpec]:
@@ -285,6 +287,12 @@ class _Search:
         return cast(tuple[list[Sharding], list[str]], found)
 
     def chunked(self, framework: Framework) -> bool:
+        found = self._chunked.get(framework)
+        if found is None:
+            found = self._chunked[framework] = self._chunks(framework)
+        return found
+
+    def _chunks(self, framework: Framework) -> bool:
         """Whether the search tries ``framework``'s layouts with a chunked loss too: torchtitan's
         ChunkedLossWrapper (``--loss.num_chunks``), which only it renders, where a requested launcher is
         torchtitan and it trains the job with its sequence in whole chunks (a plan used 4 GPUs for Llama
