@@ -632,9 +632,10 @@ def summary_lines(estimate: dict[str, Any]) -> list[str]:
     return lines
 
 
-def print_estimate(estimate: dict[str, Any], calibrated: bool = True) -> None:
+def print_estimate(estimate: dict[str, Any], calibrated: bool = True, assumptions: bool = True) -> None:
     """An estimate as tables and lines; ``calibrated``: whether the service calibrates such an estimate
-    (a plan's closest layout is the search's, never calibrated)."""
+    (a plan's closest layout is the search's, never calibrated); ``assumptions``: with what its figures
+    rest on (a plan prints them after its rationale: ``print_assumptions``)."""
     verdict = "[green]fits[/]" if estimate["fits"] else "[red]does not fit[/]"
     console.print(f"{layout_text(estimate['layout'])}: {verdict}")
     console.print(memory_table(estimate))
@@ -650,7 +651,13 @@ def print_estimate(estimate: dict[str, Any], calibrated: bool = True) -> None:
             console.print(escape(line))
     for warning in estimate.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(warning)}")
-    for assumption in estimate.get("assumptions", []):  # what the figures rest on, as the API and page say
+    if assumptions:
+        print_assumptions(estimate)
+
+
+def print_assumptions(estimate: dict[str, Any]) -> None:
+    """What an estimate's figures rest on (peaks, efficiencies, statistics), as the API and page say."""
+    for assumption in estimate.get("assumptions", []):
         console.print(f"[dim]assumed: {escape(assumption)}[/]")
 
 
@@ -692,7 +699,7 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
     rec = plan.get("recommended")
     if rec is not None:
         console.print(f"[bold]recommended[/] {layout_text(rec['layout'])}")
-        print_estimate(rec["estimate"])
+        print_estimate(rec["estimate"], assumptions=False)
         for reason in rec["rationale"]:
             console.print(f"  - {escape(reason)}")
     if plan["alternatives"]:
@@ -753,6 +760,8 @@ def print_plan(plan: dict[str, Any], asked: set[str]) -> None:
     for target, why in plan["unsupported_targets"].items():
         if target in asked:  # not the ones --out added
             console.print(f"[yellow]{target}:[/] {escape(why)}")
+    if rec is not None:  # what the recommended figures rest on, last: the plan's answer reads first
+        print_assumptions(rec["estimate"])
 
 
 def write_artifacts(api: Api, plan: dict[str, Any], out: Path) -> list[Path]:
