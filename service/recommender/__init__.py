@@ -391,8 +391,10 @@ def _log_memory(
         have = cluster.cpu_memory_bytes_per_node
         host = ""
         if have and cpu > headroom.allowed_host_bytes(have):
+            allowed = headroom.allowed_host_bytes(have) / 2**30
             host = (
-                f", and {rank.gib_needed(cpu)} GiB host RAM per node where the nodes state {have / 2**30:.0f}"
+                f", and {rank.gib_needed(cpu)} GiB host RAM per node over the {allowed:.1f} GiB a plan "
+                f"uses of the nodes' {have / 2**30:.1f}"
             )
         result.log.add_memory(MEMORY_REJECTION, count, layout, total, limit, runs=runs, also=host)
     else:
@@ -2247,6 +2249,7 @@ def _candidates(
                 evaluate.max_micro_batch_size(
                     best_job,
                     best_layout,
+                    constraints.dynamic_factor(best_layout),  # as the search fitted it (change review)
                     limit_bytes=headroom.allowed_bytes(
                         cluster.gpu.memory_bytes, constraints.min_headroom_fraction
                     ),

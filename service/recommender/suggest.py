@@ -652,7 +652,8 @@ class _Ask:
             raise NoFit(f"no layout fits offloading to the nodes' {host:.0f} GiB of host RAM per node")
         host = found.estimate.memory.cpu_per_node_bytes
         what = (
-            f"allow offload (constraints.allow_offload): {host / GiB:.0f} GiB of the nodes' host RAM per node"
+            f"allow offload (constraints.allow_offload): {gib_needed(host)} GiB of the nodes' host RAM per "
+            "node"
         )
         return [_on_the_gpus_given("offload", what, self.cluster, found, self.training)]
 
@@ -1040,7 +1041,7 @@ class _Ask:
         if _offloads(layout):  # the host RAM it takes, said and stated: the suggestion needs it
             placed = with_gpu(cluster, cluster.gpu, nodes, min(per_node, gpus))
             memory = estimate(self.model, placed, layout, training, tuning=self.tuning).memory
-            host = host_to_state(memory.cpu_per_node_bytes) if memory.cpu_per_node_bytes else None
+            host = memory.cpu_per_node_bytes
         offloading = f", offloading to {gib_needed(host)} GiB of host RAM per node" if host else ""
         # more GPUs than the request allows: said, not silently past it (bounded-work review)
         cap = self.constraints.max_gpus
@@ -1116,9 +1117,8 @@ def _on_the_gpus_given(
         if used == given
         else f"{used} of the {given} GPUs given"
     )
-    host = host_to_state(est.memory.cpu_per_node_bytes) if est.memory.cpu_per_node_bytes else 0
-    # an offloading layout's host RAM (as a node must state it), said where the change named is not the
-    # offload itself
+    host = est.memory.cpu_per_node_bytes  # within the nodes' allowance: the search kept it there
+    # an offloading layout's host RAM, said where the change named is not the offload itself
     offloading = (
         f", offloading to {gib_needed(host)} GiB of host RAM per node"
         if host and kind != "offload" and _offloads(found.layout)
@@ -1159,10 +1159,12 @@ def _best_offload(best: Candidate | None, objective: Objective) -> str:
     host RAM."""
     if best is None:
         return ""
-    host = best.estimate.memory.cpu_per_node_bytes
+    # as the suggestion beside it states its own: what a node must state (host_to_state), not the need
+    # (a node stating the need got nothing: change review)
+    host = host_to_state(best.estimate.memory.cpu_per_node_bytes)
     return (
-        f" ({BEST_OFFLOAD_WORDS[objective]}, {_speed(best)} with {_layout_words(best.layout)}, needs "
-        f"{gib_needed(host)} GiB host RAM per node)"
+        f" ({BEST_OFFLOAD_WORDS[objective]}, {_speed(best)} with {_layout_words(best.layout)}, with "
+        f"{host // GiB} GiB host RAM per node)"
     )
 
 

@@ -65,7 +65,12 @@ class Constraints:
         return 1.0
 
     def __post_init__(self) -> None:
-        if self.max_gpus is not None and not self.max_gpus >= 1:  # NaN too (change review)
+        for name in ("max_gpus", "top_k", "max_evaluations"):
+            # whole numbers: a float or inf cap reached slices and GPU counts as a TypeError (change review)
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int):
+                raise InvalidTraining(f"{name} must be a whole number, got {value!r}", field=name)
+        if self.max_gpus is not None and not self.max_gpus >= 1:
             raise InvalidTraining(f"max_gpus must be >= 1, got {self.max_gpus}", field="max_gpus")
         if not self.frameworks:
             raise InvalidTraining("frameworks must name at least one framework", field="frameworks")

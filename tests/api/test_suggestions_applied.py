@@ -157,7 +157,7 @@ def test_an_offload_suggestion_asks_for_the_least_host_ram_with_the_nvme_the_nod
     }  # fmt: skip
     plan = _plan(client, body)  # infeasible
     (offload,) = [s for s in plan["suggestions"] if s["kind"] == "offload"]
-    fastest = re.search(r"the fastest offload, .* needs (\d+) GiB host RAM per node", offload["detail"])
+    fastest = re.search(r"the fastest offload, .* with (\d+) GiB host RAM per node", offload["detail"])
     assert fastest is not None and offload["cpu_per_node_bytes"] < int(fastest.group(1)) * GiB / 2, offload
     # on the GPUs the fastest uses (fewer GPUs need less host RAM, down to one at a tenth of the speed)
     assert "on the 8 GPUs given" in offload["detail"] and offload["num_gpus"] == 8, offload

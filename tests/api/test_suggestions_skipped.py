@@ -168,5 +168,5 @@ def test_a_gpu_miss_that_also_needs_more_host_ram_than_stated_says_both(client: 
         },
     )
     memory = next(r for r in result["rejected"] if r["reason"] == "does not fit in GPU memory")
-    assert "GiB host RAM per node where the nodes state 2048" in memory["detail"], memory
-    assert "where the nodes state 2048" in result["closest"]["detail"]
+    assert "GiB a plan uses of the nodes' 2048.0" in memory["detail"], memory
+    assert "of the nodes' 2048.0" in result["closest"]["detail"]

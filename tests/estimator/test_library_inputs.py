@@ -93,3 +93,10 @@ def test_more_non_finite_numbers_and_lists_are_refused_by_field() -> None:
     with pytest.raises(InvalidTraining) as raised:
         TrainingSpec(seq_len=16, global_batch_size=1, hardware_defaults={"precision"})  # type: ignore[arg-type]
     assert raised.value.field == "hardware_defaults"
+
+
+def test_whole_number_constraints_refuse_floats_and_infinity() -> None:
+    for field, value in (("top_k", math.inf), ("max_gpus", 6.5), ("top_k", 2.5), ("max_evaluations", 1e9)):
+        with pytest.raises(InvalidTraining) as raised:
+            Constraints(**{field: value})
+        assert raised.value.field == field
