@@ -399,12 +399,17 @@ def _log_memory(
         result.log.add_memory(MEMORY_REJECTION, count, layout, total, limit, runs=runs, also=host)
     else:
         have = cluster.cpu_memory_bytes_per_node
-        allowed = headroom.allowed_host_bytes(have) / 2**30
-        detail = (
-            f"needs {rank.gib_needed(cpu)} GiB host RAM per node, over the {allowed:.1f} GiB a plan uses of "
-            f"the nodes' {have / 2**30:.1f} (5% kept for the OS and the training processes)"
-        )
-        result.log.add("does not fit in host memory", count, layout, detail)
+        if have and cpu > headroom.allowed_host_bytes(have):
+            allowed = headroom.allowed_host_bytes(have) / 2**30
+            detail = (
+                f"needs {rank.gib_needed(cpu)} GiB host RAM per node, over the {allowed:.1f} GiB a plan uses "
+                f"of the nodes' {have / 2**30:.1f} (5% kept for the OS and the training processes)"
+            )
+            result.log.add("does not fit in host memory", count, layout, detail)
+        else:  # the NVMe the nodes state (numbers_fit)
+            nvme, stated = memory[2], cluster.nvme_bytes_per_node / 2**30
+            detail = f"needs {rank.gib_needed(nvme)} GiB NVMe per node, over the nodes' {stated:.1f}"
+            result.log.add("does not fit in NVMe", count, layout, detail)
 
 
 def _search_memory_family(

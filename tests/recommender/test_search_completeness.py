@@ -170,3 +170,17 @@ def test_a_plan_keeps_host_ram_free_as_its_estimate_warns() -> None:
     assert tight is None or tight[0] != layout or tight[1] <= allowed_host_bytes(int(need * 1.02))
     again = best(host_to_state(need) / 2**30)
     assert again is not None and again[1] <= allowed_host_bytes(host_to_state(need))
+
+
+def test_a_miss_past_the_gpu_limit_names_host_ram_or_nvme_as_it_is() -> None:
+    """A layout within the GPU limit that misses is logged by what it misses: the host RAM allowance
+    (5% of the stated RAM kept free), or the nodes' NVMe (it was "needs 0 GiB host RAM" for both)."""
+    from service.recommender import SearchResult, _log_memory
+
+    node = dataclasses.replace(cluster(host_gib=100), nvme_bytes_per_node=10 * 2**30)
+    found = SearchResult()
+    _log_memory(found, node, Layout(), (1, 5 * 2**30, 20 * 2**30), 2**40, 1)
+    _log_memory(found, node, Layout(), (1, 99 * 2**30, 0), 2**40, 1)
+    assert "20 GiB NVMe per node, over the nodes' 10.0" in found.log.groups["does not fit in NVMe"].detail
+    host = found.log.groups["does not fit in host memory"].detail
+    assert "99 GiB host RAM per node, over the 95.0 GiB a plan uses of the nodes' 100.0" in host, host
