@@ -529,9 +529,8 @@ class ModelSpec:
             )
 
     def _check_layer_structure(self) -> None:
-        for name in ("layer_types", "scaled_constants", "config_notes"):
+        for name in ("layer_types", "scaled_constants", "config_notes", "moe_layers"):
             _require_tuple(InvalidModel, name, getattr(self, name))
-        _require_tuple(InvalidModel, "moe_layers", self.moe_layers)
         if self.moe_layers is not None:
             bad = [i for i in self.moe_layers if not 0 <= i < self.num_layers]
             if bad or len(set(self.moe_layers)) != len(self.moe_layers):
@@ -853,7 +852,7 @@ class ClusterSpec:
         for name in ("cpu_memory_bytes_per_node", "nvme_bytes_per_node"):
             # finite too: NaN host RAM made every layout "not fit in host memory", offloaded or not
             # (change review)
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
+            if not 0 <= getattr(self, name) < math.inf:
                 raise InvalidHardware(
                     f"{name} must be a finite number >= 0, got {getattr(self, name)}",
                     rule="non_negative",
@@ -1311,9 +1310,7 @@ class Layout:
             _require_positive(InvalidLayout, "etp", self.etp)
         if self.dp_replicate is not None:
             _require_positive(InvalidLayout, "dp_replicate", self.dp_replicate)
-        if self.moe_capacity_factor is not None and not (
-            self.moe_capacity_factor > 0.0 and math.isfinite(self.moe_capacity_factor)
-        ):
+        if self.moe_capacity_factor is not None and not 0 < self.moe_capacity_factor < math.inf:
             raise InvalidLayout(
                 f"moe_capacity_factor must be finite and > 0, got {self.moe_capacity_factor}",
                 rule="moe_capacity_factor",

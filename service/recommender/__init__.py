@@ -403,7 +403,8 @@ def _log_memory(
             allowed = headroom.allowed_host_bytes(have) / 2**30
             detail = (
                 f"needs {rank.gib_needed(cpu)} GiB host RAM per node, over the {allowed:.1f} GiB a plan uses "
-                f"of the nodes' {have / 2**30:.1f} (5% kept for the OS and the training processes)"
+                f"of the nodes' {have / 2**30:.1f} ({headroom.HOST_FRACTION:.0%} kept for the OS and the "
+                "training processes)"
             )
             result.log.add("does not fit in host memory", count, layout, detail)
         else:  # the NVMe the nodes state (numbers_fit)
@@ -559,7 +560,7 @@ def _search_memory_family(
 
 
 def _plain_bound(layout: Layout) -> Layout:
-    """``layout`` without recompute, offload or a chunked loss: at least as fast."""
+    """``layout``'s plain twin (``_twin_fits``) without recompute: at least as fast."""
     return dataclasses.replace(
         layout,
         recompute=Recompute.NONE,

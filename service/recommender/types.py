@@ -70,7 +70,7 @@ class Constraints:
             value = getattr(self, name)
             if value is not None and (type(value) is not int):
                 raise InvalidTraining(f"{name} must be a whole number, got {value!r}", field=name)
-        if self.max_gpus is not None and not self.max_gpus >= 1:
+        if self.max_gpus is not None and self.max_gpus < 1:
             raise InvalidTraining(f"max_gpus must be >= 1, got {self.max_gpus}", field="max_gpus")
         if not self.frameworks:
             raise InvalidTraining("frameworks must name at least one framework", field="frameworks")
@@ -79,22 +79,20 @@ class Constraints:
                 f"min_headroom_fraction must be in [0, 1), got {self.min_headroom_fraction}",
                 field="min_headroom_fraction",
             )
-        if not self.top_k >= 1:
+        if self.top_k < 1:
             raise InvalidTraining(f"top_k must be >= 1, got {self.top_k}", field="top_k")
-        if not self.max_evaluations >= 1:
+        if self.max_evaluations < 1:
             raise InvalidTraining(
                 f"max_evaluations must be >= 1, got {self.max_evaluations}", field="max_evaluations"
             )
-        if self.gpu_hour_cost is not None and not (
-            self.gpu_hour_cost >= 0 and math.isfinite(self.gpu_hour_cost)
-        ):
+        if self.gpu_hour_cost is not None and not 0 <= self.gpu_hour_cost < math.inf:
             raise InvalidTraining(
                 f"gpu_hour_cost must be >= 0, got {self.gpu_hour_cost}", field="gpu_hour_cost"
             )
         for framework, family, factor in self.memory_dynamic_factors:
             # a stored run's factor: the API's calibration bounds it, a library caller may not (0 made
             # a 5,980 GiB layout "fit" an 80 GiB card, nan and inf raised ValueError: library review)
-            if not (factor > 0 and math.isfinite(factor)):
+            if not 0 < factor < math.inf:
                 raise InvalidTraining(
                     f"memory_dynamic_factors: {framework} {family}'s factor must be finite and > 0, "
                     f"got {factor}",
